@@ -227,6 +227,14 @@ pub unsafe fn init<P: Plugin>(
     if log::set_logger(&FORWARD).is_ok() {
         log::set_max_level(host.log_level());
     }
+    // This cdylib has its own copy of std, so this hook sees only the
+    // plugin's panics: report them through the host's log instead of stderr.
+    // The firewall in `guard` still turns each one into an error object.
+    std::panic::set_hook(Box::new(|info| {
+        if let Some(host) = HOST.get() {
+            host.log(log::Level::Error, &format!("panic: {info}"));
+        }
+    }));
     let mut ops = empty_op_table();
     set_ops(&mut ops);
     let table = Box::into_raw(Box::new(plugin_table::<P>(Box::leak(Box::new(ops)))));

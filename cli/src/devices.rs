@@ -1,0 +1,144 @@
+//! `polychip devices`: a table (or JSON) of every device of every plugin
+//! found through `POLYCHIP_PLUGIN_PATH` and the bundled location, and one
+//! line per plugin that failed to load. Exits 1 when any plugin failed.
+
+use std::process::ExitCode;
+
+use polychip_host::{Device, Runtime};
+use serde_json::{Value, json};
+
+/// Options of `polychip devices`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+fn memory_kind(device: &Device) -> &'static str {
+    let props = device.props();
+    match (props.host_visible, props.rdma_exportable) {
+        (true, true) => "host-visible, RDMA",
+        (true, false) => "host-visible",
+        (false, true) => "private, RDMA",
+        (false, false) => "private",
+    }
+}
+
+fn gib(bytes: u64) -> String {
+    format!("{:.2} GiB", bytes as f64 / (1u64 << 30) as f64)
+}
+
+fn tflops(flops: f64) -> String {
+    format!("{:.3}", flops / 1e12)
+}
+
+fn device_json(device: &Device) -> Value {
+    let p = device.props();
+    let plugin = device.plugin();
+    let (major, minor) = plugin.abi_version();
+    let ops = plugin.ops();
+    json!({
+        "id": device.to_string(),
+        "vendor": plugin.vendor(),
+        "plugin_version": plugin.version(),
+        "plugin_path": plugin.path().display().to_string(),
+        "abi_version": format!("{major}.{minor}"),
+        "index": device.index(),
+        "name": p.name,
+        "memory_bytes": p.memory_bytes,
+        "host_visible": p.host_visible,
+        "rdma_exportable": p.rdma_exportable,
+        "compute_units": p.compute_units,
+        "peak_flops": { "f32": p.peak_flops_f32, "bf16": p.peak_flops_bf16, "f16": p.peak_flops_f16 },
+        "memory_bandwidth": p.memory_bandwidth,
+        "link_bandwidth": p.link_bandwidth,
+        "ops_implemented": ops.implemented(),
+        "ops_missing": ops.missing(),
+    })
+}
+
+fn print_table(runtime: &Runtime) {
+    let header = [
+        "device",
+        "name",
+        "memory",
+        "f32 TFLOP/s",
+        "bf16",
+        "f16",
+        "memory kind",
+        "ABI",
+        "ops",
+    ];
+    let mut rows = vec![header.map(String::from).to_vec()];
+    for d in runtime.devices() {
+        let p = d.props();
+        let (major, minor) = d.plugin().abi_version();
+        let ops = d.plugin().ops();
+        rows.push(vec![
+            d.to_string(),
+            p.name.clone(),
+            gib(p.memory_bytes),
+            tflops(p.peak_flops_f32),
+            tflops(p.peak_flops_bf16),
+            tflops(p.peak_flops_f16),
+            memory_kind(d).to_string(),
+            format!("{major}.{minor}"),
+            format!("{}/{}", ops.implemented().len(), ops.total()),
+        ]);
+    }
+    let widths: Vec<usize> = (0..header.len())
+        .map(|c| rows.iter().map(|r| r[c].chars().count()).max().unwrap_or(0))
+        .collect();
+    for row in &rows {
+        let line: Vec<String> = row
+            .iter()
+            .zip(&widths)
+            .map(|(cell, w)| format!("{cell:<w$}"))
+            .collect();
+        println!("{}", line.join("  ").trim_end());
+    }
+    if runtime.devices().is_empty() {
+        println!(
+            "(no devices: no plugin loaded; set POLYCHIP_PLUGIN_PATH or build the bundled plugins with `cargo build --workspace`)"
+        );
+    }
+    for plugin in runtime.plugins() {
+        let missing = plugin.ops().missing();
+        if !missing.is_empty() {
+            println!(
+                "note: {} does not implement: {}",
+                plugin.vendor(),
+                missing.join(", ")
+            );
+        }
+    }
+    for failure in runtime.failures() {
+        println!("failed to load: {}", failure.error);
+    }
+}
+
+/// Runs the subcommand.
+pub fn run(args: &Args) -> ExitCode {
+    let runtime = Runtime::from_env();
+    if args.json {
+        let doc = json!({
+            "devices": runtime.devices().iter().map(device_json).collect::<Vec<_>>(),
+            "failures": runtime.failures().iter().map(|f| json!({
+                "path": f.path.display().to_string(),
+                "error": f.error.to_string(),
+            })).collect::<Vec<_>>(),
+        });
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&doc).expect("JSON values serialize")
+        );
+    } else {
+        print_table(&runtime);
+    }
+    if runtime.failures().is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}

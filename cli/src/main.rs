@@ -1,0 +1,34 @@
+//! `polychip`: the command-line tool for cluster operators and vendors.
+//!
+//! Each subcommand lives in its own module; this file parses the command line,
+//! installs the logger (`POLYCHIP_LOG`, e.g. `debug`), and dispatches.
+
+#![forbid(unsafe_code)]
+
+mod devices;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// Use AI chips from several vendors in one job.
+#[derive(Debug, Parser)]
+#[command(name = "polychip", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// List every device of every loaded plugin, and plugins that failed to load.
+    Devices(devices::Args),
+}
+
+fn main() -> ExitCode {
+    env_logger::Builder::from_env(env_logger::Env::new().filter_or("POLYCHIP_LOG", "warn")).init();
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Devices(args) => devices::run(&args),
+    }
+}

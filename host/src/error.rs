@@ -1,0 +1,164 @@
+//! The host's error type: every failure names the plugin file or vendor,
+//! the function or operator, and the cause.
+
+use std::path::PathBuf;
+
+use polychip_plugin_sdk::ErrorCode;
+use polychip_plugin_sdk::check::ArgError;
+
+/// Why a plugin could not be loaded, or a call failed.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum HostError {
+    /// The file could not be opened as a shared library.
+    #[error("{path}: not a loadable shared library: {reason}")]
+    NotALibrary {
+        /// The plugin file.
+        path: PathBuf,
+        /// The dynamic loader's message.
+        reason: String,
+    },
+    /// The library has no polychip entry symbol at all.
+    #[error(
+        "{path}: no entry symbol polychip_plugin_init_v1; this is not a polychip plugin (or it hides its entry symbol)"
+    )]
+    NoEntrySymbol {
+        /// The plugin file.
+        path: PathBuf,
+    },
+    /// The plugin speaks an ABI version this host does not accept.
+    #[error(
+        "{path}: plugin ABI {plugin_major}.{plugin_minor} is not compatible with this host's ABI {host_major}.{host_minor} (accepts {host_major}.{min_minor} and newer minors of major {host_major})"
+    )]
+    VersionMismatch {
+        /// The plugin file.
+        path: PathBuf,
+        /// The plugin's major.
+        plugin_major: u32,
+        /// The plugin's minor (0 when unknown).
+        plugin_minor: u32,
+        /// This host's major.
+        host_major: u32,
+        /// This host's minor.
+        host_minor: u32,
+        /// The oldest minor this host accepts.
+        min_minor: u32,
+    },
+    /// The plugin's entry function reported an error.
+    #[error("{path}: initialisation failed ({code}): {message}")]
+    InitFailed {
+        /// The plugin file.
+        path: PathBuf,
+        /// The error's code.
+        code: ErrorCode,
+        /// The plugin's message.
+        message: String,
+    },
+    /// A struct the plugin returned is smaller than the ABI requires.
+    #[error(
+        "{path}: {structure}.struct_size is {size} bytes but ABI 1.0 requires at least {required}"
+    )]
+    StructTooSmall {
+        /// The plugin file.
+        path: PathBuf,
+        /// Which struct.
+        structure: &'static str,
+        /// Its reported size.
+        size: usize,
+        /// The minimum.
+        required: usize,
+    },
+    /// The plugin's table lacks a function every plugin must provide.
+    #[error("{path}: required function {function} is NULL in the plugin table")]
+    MissingFunction {
+        /// The plugin file.
+        path: PathBuf,
+        /// The function's field name.
+        function: &'static str,
+    },
+    /// The plugin broke the ABI contract in a way the host detected.
+    #[error("{plugin}: {function}: broke the ABI contract: {what}")]
+    Contract {
+        /// The plugin's vendor or file.
+        plugin: String,
+        /// The function.
+        function: &'static str,
+        /// What happened.
+        what: String,
+    },
+    /// A plugin function returned an error object.
+    #[error("{plugin}: {function} failed ({code}): {message}")]
+    Plugin {
+        /// The plugin's vendor.
+        plugin: String,
+        /// The function or operator.
+        function: &'static str,
+        /// The error's code.
+        code: ErrorCode,
+        /// The plugin's message.
+        message: String,
+    },
+    /// The plugin's op table has no entry for this operator.
+    #[error("{plugin}: operator {op} is not implemented (its op-table entry is NULL)")]
+    OpUnimplemented {
+        /// The plugin's vendor.
+        plugin: String,
+        /// The operator.
+        op: &'static str,
+    },
+    /// The host refused an operator's arguments before calling the plugin.
+    #[error("{plugin}: {source}")]
+    InvalidArguments {
+        /// The plugin's vendor.
+        plugin: String,
+        /// What is wrong.
+        source: ArgError,
+    },
+    /// A host-side misuse: wrong device, wrong buffer size, bad index.
+    #[error("{0}")]
+    Usage(String),
+}
+
+impl HostError {
+    /// The same error with the plugin named by `label` (at load time, the
+    /// file and vendor rather than the vendor alone).
+    pub(crate) fn with_plugin_label(self, label: String) -> HostError {
+        match self {
+            HostError::Contract { function, what, .. } => HostError::Contract {
+                plugin: label,
+                function,
+                what,
+            },
+            HostError::Plugin {
+                function,
+                code,
+                message,
+                ..
+            } => HostError::Plugin {
+                plugin: label,
+                function,
+                code,
+                message,
+            },
+            other => other,
+        }
+    }
+
+    /// The ABI error code closest to this error, for callers that branch on it.
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            HostError::Plugin { code, .. } | HostError::InitFailed { code, .. } => *code,
+            HostError::VersionMismatch { .. } => ErrorCode::VersionMismatch,
+            HostError::OpUnimplemented { .. } => ErrorCode::Unimplemented,
+            HostError::InvalidArguments { source, .. } => source.code(),
+            HostError::Usage(_) => ErrorCode::InvalidArgument,
+            HostError::NotALibrary { .. }
+            | HostError::NoEntrySymbol { .. }
+            | HostError::StructTooSmall { .. }
+            | HostError::MissingFunction { .. }
+            | HostError::Contract { .. } => ErrorCode::Internal,
+        }
+    }
+}
+
+/// The host's result type.
+pub type Result<T, E = HostError> = std::result::Result<T, E>;

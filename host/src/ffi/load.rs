@@ -1,0 +1,295 @@
+//! Opening a plugin library, calling its entry symbol, and checking what it
+//! returns: versions, struct sizes, required functions.
+//!
+//! Libraries are opened with `RTLD_NOW | RTLD_LOCAL` (so one vendor's symbols
+//! never satisfy another's, and a missing symbol fails at load, not at first
+//! call) and never unloaded. Each file is initialised once per process;
+//! loading it again returns the same [`Plugin`].
+
+use std::collections::HashMap;
+use std::ffi::{CStr, c_char, c_void};
+use std::mem::{offset_of, size_of};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use libloading::os::unix::{Library, RTLD_LOCAL, RTLD_NOW};
+use polychip_plugin_sdk::abi::{
+    POLYCHIP_ABI_MAJOR, POLYCHIP_ABI_MIN_MINOR, POLYCHIP_ABI_MINOR, POLYCHIP_PLUGIN_INIT_V1_SYMBOL,
+    PolychipHostApi, PolychipLogLevel, PolychipOpTable, PolychipPluginApi, PolychipPluginInitV1,
+};
+
+use crate::error::{HostError, Result};
+use crate::ffi::errors;
+use crate::ffi::plugin::Plugin;
+
+/// How to load plugins.
+#[derive(Debug, Clone)]
+pub struct LoadOptions {
+    /// The oldest ABI minor accepted; defaults to `POLYCHIP_ABI_MIN_MINOR`.
+    pub min_minor: u32,
+}
+
+impl Default for LoadOptions {
+    fn default() -> Self {
+        LoadOptions {
+            min_minor: POLYCHIP_ABI_MIN_MINOR,
+        }
+    }
+}
+
+/// What the host's log callback knows about the plugin it serves.
+struct LogContext {
+    label: String,
+}
+
+unsafe extern "C" fn log_callback(
+    ctx: *mut c_void,
+    level: PolychipLogLevel,
+    message: *const c_char,
+    len: usize,
+) {
+    // SAFETY: `ctx` is the leaked LogContext this host table was built with.
+    let label = unsafe { &(*ctx.cast::<LogContext>()).label };
+    // SAFETY: the ABI says `message` has `len` readable bytes for the call.
+    let message = unsafe { errors::lossy(message, len) };
+    let level = match level {
+        0 | 1 => log::Level::Error,
+        2 => log::Level::Warn,
+        3 => log::Level::Info,
+        4 => log::Level::Debug,
+        _ => log::Level::Trace,
+    };
+    log::log!(target: "polychip::plugin", level, "{label}: {message}");
+}
+
+fn host_table(label: String) -> &'static PolychipHostApi {
+    let context = Box::into_raw(Box::new(LogContext { label })).cast::<c_void>();
+    let log_level = match log::max_level() {
+        log::LevelFilter::Off => 0,
+        level => level as PolychipLogLevel,
+    };
+    Box::leak(Box::new(PolychipHostApi {
+        struct_size: size_of::<PolychipHostApi>(),
+        abi_major: POLYCHIP_ABI_MAJOR,
+        abi_minor: POLYCHIP_ABI_MINOR,
+        context,
+        log: Some(log_callback),
+        log_level,
+        error_new: Some(errors::error_new),
+        error_destroy: Some(errors::error_destroy),
+    }))
+}
+
+static LOADED: Mutex<Option<HashMap<PathBuf, Arc<Plugin>>>> = Mutex::new(None);
+
+/// Loads the plugin at `path` (or returns it if this process loaded it
+/// already) and checks it against `options`.
+pub fn load_plugin(path: &Path, options: &LoadOptions) -> Result<Arc<Plugin>> {
+    let key = path.canonicalize().unwrap_or_else(|_| path.to_path_buf());
+    let mut loaded = LOADED.lock().unwrap_or_else(|e| e.into_inner());
+    let cache = loaded.get_or_insert_with(HashMap::new);
+    let plugin = match cache.get(&key) {
+        Some(p) => p.clone(),
+        None => {
+            let p = Arc::new(open(path)?);
+            cache.insert(key, p.clone());
+            p
+        }
+    };
+    let (major, minor) = plugin.abi_version();
+    if minor < options.min_minor {
+        return Err(version_mismatch(path, major, minor, options.min_minor));
+    }
+    Ok(plugin)
+}
+
+fn version_mismatch(
+    path: &Path,
+    plugin_major: u32,
+    plugin_minor: u32,
+    min_minor: u32,
+) -> HostError {
+    HostError::VersionMismatch {
+        path: path.to_path_buf(),
+        plugin_major,
+        plugin_minor,
+        host_major: POLYCHIP_ABI_MAJOR,
+        host_minor: POLYCHIP_ABI_MINOR,
+        min_minor,
+    }
+}
+
+fn open(path: &Path) -> Result<Plugin> {
+    let path_buf = path.to_path_buf();
+    // SAFETY: loading a library runs its initialisers. Plugins are trusted code
+    // by design (like any driver); RTLD_LOCAL keeps their symbols apart.
+    let library = unsafe { Library::open(Some(path), RTLD_NOW | RTLD_LOCAL) }.map_err(|e| {
+        HostError::NotALibrary {
+            path: path_buf.clone(),
+            reason: e.to_string(),
+        }
+    })?;
+    let library: &'static Library = Box::leak(Box::new(library));
+    // SAFETY: the symbol, if present, has the entry type the ABI defines.
+    let entry = match unsafe {
+        library.get::<PolychipPluginInitV1>(POLYCHIP_PLUGIN_INIT_V1_SYMBOL.as_bytes())
+    } {
+        Ok(symbol) => *symbol,
+        Err(_) => return Err(missing_entry(library, path)),
+    };
+    let label = path.file_name().map_or_else(
+        || path.display().to_string(),
+        |n| n.to_string_lossy().into_owned(),
+    );
+    let host = host_table(label);
+    let mut out: *const PolychipPluginApi = std::ptr::null();
+    // SAFETY: `host` is a complete, immortal host table and `out` is writable;
+    // this is the entry contract.
+    let error = unsafe { entry(host, &mut out) };
+    match errors::take(error) {
+        Ok(None) => {}
+        Ok(Some((code, message))) => {
+            return Err(HostError::InitFailed {
+                path: path_buf,
+                code,
+                message,
+            });
+        }
+        Err(()) => {
+            return Err(HostError::Contract {
+                plugin: path.display().to_string(),
+                function: "polychip_plugin_init_v1",
+                what: "returned an error pointer the host never created".into(),
+            });
+        }
+    }
+    if out.is_null() {
+        return Err(HostError::Contract {
+            plugin: path.display().to_string(),
+            function: "polychip_plugin_init_v1",
+            what: "returned success but did not write its plugin table".into(),
+        });
+    }
+    // SAFETY: the plugin wrote a pointer to its static table, which starts
+    // with struct_size, abi_major and abi_minor in every major.
+    let api = unsafe { read_plugin_table(path, out)? };
+    // SAFETY: a non-NULL ops pointer addresses a static table starting with struct_size.
+    let ops = unsafe { read_op_table(path, api.ops)? };
+    // SAFETY: the vendor and version strings are static NUL-terminated strings per the ABI.
+    let (vendor, version) = unsafe {
+        (
+            read_str(path, "vendor", api.vendor)?,
+            read_str(path, "plugin_version", api.plugin_version)?,
+        )
+    };
+    let label = format!("{} ({vendor})", path.display());
+    Plugin::new(path_buf, vendor, version, api, ops).map_err(|e| e.with_plugin_label(label))
+}
+
+fn missing_entry(library: &Library, path: &Path) -> HostError {
+    for major in 2..=9u32 {
+        let name = format!("polychip_plugin_init_v{major}");
+        // SAFETY: only the symbol's presence is checked; it is never called.
+        if unsafe { library.get::<*const c_void>(name.as_bytes()) }.is_ok() {
+            return version_mismatch(path, major, 0, POLYCHIP_ABI_MIN_MINOR);
+        }
+    }
+    HostError::NoEntrySymbol {
+        path: path.to_path_buf(),
+    }
+}
+
+/// # Safety
+/// `ptr` addresses a readable plugin table of at least its own `struct_size`.
+unsafe fn read_plugin_table(
+    path: &Path,
+    ptr: *const PolychipPluginApi,
+) -> Result<PolychipPluginApi> {
+    let too_small = |size: usize, required: usize| HostError::StructTooSmall {
+        path: path.to_path_buf(),
+        structure: "PolychipPluginApi",
+        size,
+        required,
+    };
+    // SAFETY: struct_size is the first field of every plugin table.
+    let size = unsafe { ptr.cast::<usize>().read() };
+    let version_end = offset_of!(PolychipPluginApi, abi_minor) + size_of::<u32>();
+    if size < version_end {
+        return Err(too_small(size, size_of::<PolychipPluginApi>()));
+    }
+    // SAFETY: the table is at least `version_end` bytes, which covers both versions.
+    let (major, minor) = unsafe { ((*ptr).abi_major, (*ptr).abi_minor) };
+    if major != POLYCHIP_ABI_MAJOR {
+        return Err(version_mismatch(path, major, minor, POLYCHIP_ABI_MIN_MINOR));
+    }
+    if size < size_of::<PolychipPluginApi>() {
+        return Err(too_small(size, size_of::<PolychipPluginApi>()));
+    }
+    // SAFETY: the table holds every 1.0 field; a newer minor only appends.
+    let api = unsafe { *ptr };
+    let required = [
+        ("device_count", api.device_count.is_some()),
+        ("device_props", api.device_props.is_some()),
+        ("mem_alloc", api.mem_alloc.is_some()),
+        ("mem_free", api.mem_free.is_some()),
+        ("stream_create", api.stream_create.is_some()),
+        ("stream_destroy", api.stream_destroy.is_some()),
+        ("stream_synchronize", api.stream_synchronize.is_some()),
+        ("event_create", api.event_create.is_some()),
+        ("event_destroy", api.event_destroy.is_some()),
+        ("event_record", api.event_record.is_some()),
+        ("stream_wait_event", api.stream_wait_event.is_some()),
+        ("event_synchronize", api.event_synchronize.is_some()),
+        ("memcpy_h2d", api.memcpy_h2d.is_some()),
+        ("memcpy_d2h", api.memcpy_d2h.is_some()),
+        ("memcpy_d2d", api.memcpy_d2d.is_some()),
+        ("ops", !api.ops.is_null()),
+    ];
+    if let Some((function, _)) = required.iter().find(|(_, present)| !present) {
+        return Err(HostError::MissingFunction {
+            path: path.to_path_buf(),
+            function,
+        });
+    }
+    Ok(api)
+}
+
+/// # Safety
+/// `ptr` is non-NULL and addresses a readable op table of at least its own `struct_size`.
+unsafe fn read_op_table(path: &Path, ptr: *const PolychipOpTable) -> Result<PolychipOpTable> {
+    // SAFETY: struct_size is the first field.
+    let size = unsafe { ptr.cast::<usize>().read() };
+    if size < size_of::<usize>() {
+        return Err(HostError::StructTooSmall {
+            path: path.to_path_buf(),
+            structure: "PolychipOpTable",
+            size,
+            required: size_of::<usize>(),
+        });
+    }
+    let mut table = std::mem::MaybeUninit::<PolychipOpTable>::zeroed();
+    let n = size.min(size_of::<PolychipOpTable>());
+    // SAFETY: the plugin's table has `size >= n` readable bytes; an all-zero
+    // table is valid (every entry None), so entries a shorter (older) table
+    // lacks read as "not implemented".
+    Ok(unsafe {
+        std::ptr::copy_nonoverlapping(ptr.cast::<u8>(), table.as_mut_ptr().cast::<u8>(), n);
+        table.assume_init()
+    })
+}
+
+/// # Safety
+/// `ptr` is NULL or a NUL-terminated string valid for the process.
+unsafe fn read_str(path: &Path, field: &'static str, ptr: *const c_char) -> Result<String> {
+    if ptr.is_null() {
+        return Err(HostError::Contract {
+            plugin: path.display().to_string(),
+            function: "polychip_plugin_init_v1",
+            what: format!("the plugin table's {field} is NULL"),
+        });
+    }
+    // SAFETY: guaranteed by the caller.
+    Ok(unsafe { CStr::from_ptr(ptr) }
+        .to_string_lossy()
+        .into_owned())
+}

@@ -1,0 +1,339 @@
+//! A loaded plugin: its checked tables, and one safe method per table
+//! function that turns the returned error object into a [`HostError`].
+
+use std::ffi::c_void;
+use std::path::{Path, PathBuf};
+use std::ptr::{NonNull, null_mut};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use polychip_plugin_sdk::DeviceProps;
+use polychip_plugin_sdk::abi::{
+    PolychipDeviceProps, PolychipError, PolychipEvent, PolychipOpTable, PolychipPluginApi,
+    PolychipStream,
+};
+
+use crate::error::{HostError, Result};
+use crate::ffi::errors;
+
+/// A plugin's stream handle.
+#[derive(Debug)]
+pub struct RawStream(pub(crate) NonNull<PolychipStream>);
+/// A plugin's event handle.
+#[derive(Debug)]
+pub struct RawEvent(pub(crate) NonNull<PolychipEvent>);
+
+// SAFETY: handles are opaque tokens; the ABI makes plugin functions
+// thread-safe and the host serializes calls per stream.
+unsafe impl Send for RawStream {}
+// SAFETY: as above.
+unsafe impl Send for RawEvent {}
+
+/// Which operators a plugin implements (non-NULL op-table entries).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OpSet {
+    entries: Vec<(&'static str, bool)>,
+}
+
+impl OpSet {
+    fn of(ops: &PolychipOpTable) -> OpSet {
+        OpSet {
+            entries: vec![
+                ("fill", ops.fill.is_some()),
+                ("copy", ops.copy.is_some()),
+                ("cast", ops.cast.is_some()),
+                ("add", ops.add.is_some()),
+                ("sub", ops.sub.is_some()),
+                ("mul", ops.mul.is_some()),
+                ("div", ops.div.is_some()),
+                ("matmul", ops.matmul.is_some()),
+                ("softmax", ops.softmax.is_some()),
+            ],
+        }
+    }
+
+    /// Names of implemented operators.
+    pub fn implemented(&self) -> Vec<&'static str> {
+        self.entries.iter().filter(|e| e.1).map(|e| e.0).collect()
+    }
+
+    /// Names of operators whose entry is NULL.
+    pub fn missing(&self) -> Vec<&'static str> {
+        self.entries.iter().filter(|e| !e.1).map(|e| e.0).collect()
+    }
+
+    /// Number of operators in the ABI this host speaks.
+    pub fn total(&self) -> usize {
+        self.entries.len()
+    }
+}
+
+/// A loaded, checked plugin. Never unloaded; shared by every device it drives.
+#[derive(Debug)]
+pub struct Plugin {
+    path: PathBuf,
+    vendor: String,
+    version: String,
+    api: PolychipPluginApi,
+    pub(crate) ops: PolychipOpTable,
+    devices: Vec<DeviceProps>,
+    unimplemented_calls: AtomicU64,
+}
+
+// SAFETY: the table's pointers are static (plugins are never unloaded) and the
+// ABI requires every plugin function to be thread-safe.
+unsafe impl Send for Plugin {}
+// SAFETY: as above.
+unsafe impl Sync for Plugin {}
+
+type Entry<A> =
+    Option<unsafe extern "C" fn(u32, *mut PolychipStream, *const A) -> *mut PolychipError>;
+
+impl Plugin {
+    pub(crate) fn new(
+        path: PathBuf,
+        vendor: String,
+        version: String,
+        api: PolychipPluginApi,
+        ops: PolychipOpTable,
+    ) -> Result<Plugin> {
+        let mut plugin = Plugin {
+            path,
+            vendor,
+            version,
+            api,
+            ops,
+            devices: Vec::new(),
+            unimplemented_calls: AtomicU64::new(0),
+        };
+        let count = plugin.device_count()?;
+        plugin.devices = (0..count)
+            .map(|i| plugin.query_props(i))
+            .collect::<Result<_>>()?;
+        Ok(plugin)
+    }
+
+    /// The file it was loaded from.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The vendor's name.
+    pub fn vendor(&self) -> &str {
+        &self.vendor
+    }
+
+    /// The plugin's own version.
+    pub fn version(&self) -> &str {
+        &self.version
+    }
+
+    /// The ABI (major, minor) the plugin was built for.
+    pub fn abi_version(&self) -> (u32, u32) {
+        (self.api.abi_major, self.api.abi_minor)
+    }
+
+    /// Properties of each device, queried at load time.
+    pub fn devices(&self) -> &[DeviceProps] {
+        &self.devices
+    }
+
+    /// Which operators it implements.
+    pub fn ops(&self) -> OpSet {
+        OpSet::of(&self.ops)
+    }
+
+    /// How many operator calls found a NULL entry.
+    pub fn unimplemented_calls(&self) -> u64 {
+        self.unimplemented_calls.load(Ordering::Relaxed)
+    }
+
+    fn check(&self, function: &'static str, error: *mut PolychipError) -> Result<()> {
+        match errors::take(error) {
+            Ok(None) => Ok(()),
+            Ok(Some((code, message))) => Err(HostError::Plugin {
+                plugin: self.vendor.clone(),
+                function,
+                code,
+                message,
+            }),
+            Err(()) => Err(HostError::Contract {
+                plugin: self.vendor.clone(),
+                function,
+                what: "returned an error pointer the host never created".into(),
+            }),
+        }
+    }
+
+    fn device_count(&self) -> Result<u32> {
+        let mut count = 0u32;
+        // SAFETY: required function (checked at load); `count` is writable.
+        let e = unsafe { self.api.device_count.expect("checked at load")(&mut count) };
+        self.check("device_count", e)?;
+        Ok(count)
+    }
+
+    fn query_props(&self, device: u32) -> Result<DeviceProps> {
+        let mut raw = PolychipDeviceProps::default();
+        // SAFETY: required function; `raw` is a writable, zeroed struct whose
+        // struct_size says how much the plugin may write.
+        let e = unsafe { self.api.device_props.expect("checked at load")(device, &mut raw) };
+        self.check("device_props", e)?;
+        Ok(DeviceProps::from_raw(&raw))
+    }
+
+    /// `mem_alloc`.
+    pub fn mem_alloc(&self, device: u32, bytes: u64) -> Result<*mut c_void> {
+        let mut ptr = null_mut();
+        // SAFETY: required function; `ptr` is writable.
+        let e = unsafe { self.api.mem_alloc.expect("checked at load")(device, bytes, &mut ptr) };
+        self.check("mem_alloc", e)?;
+        if ptr.is_null() && bytes > 0 {
+            return Err(HostError::Contract {
+                plugin: self.vendor.clone(),
+                function: "mem_alloc",
+                what: format!("returned success and a NULL pointer for {bytes} bytes"),
+            });
+        }
+        Ok(ptr)
+    }
+
+    /// `mem_free`.
+    ///
+    /// # Safety
+    /// `ptr` came from [`Plugin::mem_alloc`] on `device` and no work uses it.
+    pub unsafe fn mem_free(&self, device: u32, ptr: *mut c_void) -> Result<()> {
+        // SAFETY: required function; the caller guarantees `ptr`.
+        let e = unsafe { self.api.mem_free.expect("checked at load")(device, ptr) };
+        self.check("mem_free", e)
+    }
+
+    /// `memcpy_h2d`, `memcpy_d2h` or `memcpy_d2d`, chosen by `function`.
+    ///
+    /// # Safety
+    /// The ABI's copy contract: valid ranges, host memory alive until the stream reaches the copy.
+    pub unsafe fn memcpy(
+        &self,
+        function: &'static str,
+        device: u32,
+        stream: Option<&RawStream>,
+        dst: *mut c_void,
+        src: *const c_void,
+        bytes: u64,
+    ) -> Result<()> {
+        let f = match function {
+            "memcpy_h2d" => self.api.memcpy_h2d,
+            "memcpy_d2h" => self.api.memcpy_d2h,
+            _ => self.api.memcpy_d2d,
+        };
+        let stream = stream.map_or(null_mut(), |s| s.0.as_ptr());
+        // SAFETY: required function; the caller guarantees the ranges.
+        let e = unsafe { f.expect("checked at load")(device, stream, dst, src, bytes) };
+        self.check(function, e)
+    }
+
+    /// `stream_create`.
+    pub fn stream_create(&self, device: u32) -> Result<RawStream> {
+        let mut out = null_mut();
+        // SAFETY: required function; `out` is writable.
+        let e = unsafe { self.api.stream_create.expect("checked at load")(device, &mut out) };
+        self.check("stream_create", e)?;
+        NonNull::new(out)
+            .map(RawStream)
+            .ok_or_else(|| self.null_handle("stream_create"))
+    }
+
+    /// `stream_destroy`.
+    pub fn stream_destroy(&self, stream: RawStream) -> Result<()> {
+        // SAFETY: required function; the handle came from stream_create and is given up.
+        let e = unsafe { self.api.stream_destroy.expect("checked at load")(stream.0.as_ptr()) };
+        self.check("stream_destroy", e)
+    }
+
+    /// `stream_synchronize`.
+    pub fn stream_synchronize(&self, stream: &RawStream) -> Result<()> {
+        // SAFETY: required function; a live handle.
+        let e = unsafe { self.api.stream_synchronize.expect("checked at load")(stream.0.as_ptr()) };
+        self.check("stream_synchronize", e)
+    }
+
+    /// `event_create`.
+    pub fn event_create(&self, device: u32) -> Result<RawEvent> {
+        let mut out = null_mut();
+        // SAFETY: required function; `out` is writable.
+        let e = unsafe { self.api.event_create.expect("checked at load")(device, &mut out) };
+        self.check("event_create", e)?;
+        NonNull::new(out)
+            .map(RawEvent)
+            .ok_or_else(|| self.null_handle("event_create"))
+    }
+
+    /// `event_destroy`.
+    pub fn event_destroy(&self, event: RawEvent) -> Result<()> {
+        // SAFETY: required function; the handle came from event_create and is given up.
+        let e = unsafe { self.api.event_destroy.expect("checked at load")(event.0.as_ptr()) };
+        self.check("event_destroy", e)
+    }
+
+    /// `event_record`.
+    pub fn event_record(&self, event: &RawEvent, stream: Option<&RawStream>) -> Result<()> {
+        let stream = stream.map_or(null_mut(), |s| s.0.as_ptr());
+        // SAFETY: required function; live handles.
+        let e =
+            unsafe { self.api.event_record.expect("checked at load")(event.0.as_ptr(), stream) };
+        self.check("event_record", e)
+    }
+
+    /// `stream_wait_event`.
+    pub fn stream_wait_event(&self, stream: Option<&RawStream>, event: &RawEvent) -> Result<()> {
+        let stream = stream.map_or(null_mut(), |s| s.0.as_ptr());
+        // SAFETY: required function; live handles.
+        let e = unsafe {
+            self.api.stream_wait_event.expect("checked at load")(stream, event.0.as_ptr())
+        };
+        self.check("stream_wait_event", e)
+    }
+
+    /// `event_synchronize`.
+    pub fn event_synchronize(&self, event: &RawEvent) -> Result<()> {
+        // SAFETY: required function; a live handle.
+        let e = unsafe { self.api.event_synchronize.expect("checked at load")(event.0.as_ptr()) };
+        self.check("event_synchronize", e)
+    }
+
+    fn null_handle(&self, function: &'static str) -> HostError {
+        HostError::Contract {
+            plugin: self.vendor.clone(),
+            function,
+            what: "returned success and a NULL handle".into(),
+        }
+    }
+
+    /// Calls operator entry `entry` named `op`.
+    ///
+    /// # Safety
+    /// `args` satisfies the operator's contract: its tensors address live
+    /// memory of `device` that stays alive until the stream reaches the op.
+    pub(crate) unsafe fn call_op<A>(
+        &self,
+        op: &'static str,
+        entry: Entry<A>,
+        device: u32,
+        stream: Option<&RawStream>,
+        args: &A,
+    ) -> Result<()> {
+        let Some(f) = entry else {
+            self.unimplemented_calls.fetch_add(1, Ordering::Relaxed);
+            return Err(HostError::OpUnimplemented {
+                plugin: self.vendor.clone(),
+                op,
+            });
+        };
+        let stream = stream.map_or(null_mut(), |s| s.0.as_ptr());
+        // SAFETY: a non-NULL entry of a checked table; the caller guarantees `args`.
+        let e = unsafe { f(device, stream, args) };
+        if e.is_null() {
+            return Ok(());
+        }
+        self.check(op, e)
+    }
+}

@@ -1,0 +1,108 @@
+//! The set of loaded plugins and all their devices: what a framework or the
+//! `polychip` command starts from.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use crate::device::Device;
+use crate::discovery;
+use crate::error::HostError;
+use crate::ffi::{LoadOptions, Plugin, load_plugin};
+
+/// A plugin file that did not load, and why.
+#[derive(Debug, Clone)]
+pub struct LoadFailure {
+    /// The file.
+    pub path: PathBuf,
+    /// The reason, naming the file and the cause.
+    pub error: HostError,
+}
+
+/// Loaded plugins and their devices. Plugins that fail to load are recorded
+/// in [`Runtime::failures`] and the rest keep working.
+#[derive(Debug, Default)]
+pub struct Runtime {
+    plugins: Vec<Arc<Plugin>>,
+    devices: Vec<Device>,
+    failures: Vec<LoadFailure>,
+}
+
+impl Runtime {
+    /// Loads every plugin that `POLYCHIP_PLUGIN_PATH` and the bundled
+    /// location name (see [`crate::discovery`]).
+    pub fn from_env() -> Runtime {
+        let (files, problems) = discovery::discover();
+        let mut runtime = Runtime::load(&files, &LoadOptions::default());
+        runtime
+            .failures
+            .extend(problems.into_iter().map(|p| LoadFailure {
+                error: HostError::Usage(format!("{}: {}", p.path.display(), p.reason)),
+                path: p.path,
+            }));
+        runtime
+    }
+
+    /// Loads the given plugin files.
+    pub fn load(files: &[impl AsRef<Path>], options: &LoadOptions) -> Runtime {
+        let mut runtime = Runtime::default();
+        for file in files {
+            // A failure is recorded in `failures`; loading goes on with the rest.
+            let _ = runtime.add(file.as_ref(), options);
+        }
+        runtime
+    }
+
+    /// Loads one more plugin file; on failure records it and returns the error.
+    pub fn add(&mut self, file: &Path, options: &LoadOptions) -> Result<Arc<Plugin>, HostError> {
+        match load_plugin(file, options) {
+            Ok(plugin) => {
+                if !self.plugins.iter().any(|p| Arc::ptr_eq(p, &plugin)) {
+                    log::debug!(
+                        "loaded {} {} ({} device(s)) from {}",
+                        plugin.vendor(),
+                        plugin.version(),
+                        plugin.devices().len(),
+                        file.display()
+                    );
+                    for index in 0..plugin.devices().len() as u32 {
+                        self.devices.push(Device::new(plugin.clone(), index));
+                    }
+                    self.plugins.push(plugin.clone());
+                }
+                Ok(plugin)
+            }
+            Err(error) => {
+                log::warn!("{error}");
+                self.failures.push(LoadFailure {
+                    path: file.to_path_buf(),
+                    error: error.clone(),
+                });
+                Err(error)
+            }
+        }
+    }
+
+    /// Loaded plugins, in load order.
+    pub fn plugins(&self) -> &[Arc<Plugin>] {
+        &self.plugins
+    }
+
+    /// Every device of every loaded plugin.
+    pub fn devices(&self) -> &[Device] {
+        &self.devices
+    }
+
+    /// Plugins that failed to load.
+    pub fn failures(&self) -> &[LoadFailure] {
+        &self.failures
+    }
+
+    /// The devices of the plugin whose vendor is `vendor` (case-insensitive).
+    pub fn devices_of(&self, vendor: &str) -> Vec<Device> {
+        self.devices
+            .iter()
+            .filter(|d| d.plugin().vendor().eq_ignore_ascii_case(vendor))
+            .cloned()
+            .collect()
+    }
+}

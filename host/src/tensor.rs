@@ -1,0 +1,382 @@
+//! Tensors: a shared device buffer plus a dtype, shape, strides and offset,
+//! and the host's copies of their elements to and from host memory and
+//! between devices of any vendors.
+
+use std::ffi::c_void;
+use std::sync::Arc;
+
+use polychip_plugin_sdk::abi::{POLYCHIP_DEVICE_TYPE_EXT, PolychipDevice, PolychipTensor};
+use polychip_plugin_sdk::{DType, Shape, TensorDesc, contiguous_strides};
+
+use crate::device::Device;
+use crate::element::Element;
+use crate::error::{HostError, Result};
+use crate::memory::Buffer;
+
+/// A strided view of device memory. Cloning shares the memory.
+#[derive(Debug, Clone)]
+pub struct Tensor {
+    buffer: Arc<Buffer>,
+    dtype: DType,
+    shape: Vec<i64>,
+    strides: Vec<i64>,
+    offset: u64,
+}
+
+/// Calls `f` with the element offset of every index of `shape` under
+/// `strides`, in row-major index order.
+fn for_each_offset(shape: &[i64], strides: &[i64], mut f: impl FnMut(i64)) {
+    if shape.contains(&0) {
+        return;
+    }
+    let mut index = vec![0i64; shape.len()];
+    let mut offset = 0i64;
+    loop {
+        f(offset);
+        let mut k = shape.len();
+        loop {
+            if k == 0 {
+                return;
+            }
+            k -= 1;
+            index[k] += 1;
+            offset += strides[k];
+            if index[k] < shape[k] {
+                break;
+            }
+            offset -= strides[k] * shape[k];
+            index[k] = 0;
+        }
+    }
+}
+
+impl Tensor {
+    pub(crate) fn compact(buffer: Arc<Buffer>, dtype: DType, shape: &[i64]) -> Tensor {
+        Tensor {
+            buffer,
+            dtype,
+            shape: shape.to_vec(),
+            strides: contiguous_strides(shape),
+            offset: 0,
+        }
+    }
+
+    /// The device holding it.
+    pub fn device(&self) -> &Device {
+        self.buffer.device()
+    }
+
+    /// Its memory.
+    pub fn buffer(&self) -> &Arc<Buffer> {
+        &self.buffer
+    }
+
+    /// Element type.
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// Extents.
+    pub fn shape(&self) -> &[i64] {
+        &self.shape
+    }
+
+    /// Strides in elements.
+    pub fn strides(&self) -> &[i64] {
+        &self.strides
+    }
+
+    /// Offset of element `(0, ...)` in bytes from the buffer's start.
+    pub fn byte_offset(&self) -> u64 {
+        self.offset
+    }
+
+    /// Number of elements.
+    pub fn numel(&self) -> usize {
+        self.shape.iter().map(|&d| d as usize).product()
+    }
+
+    /// The checked descriptor the operator checks take.
+    pub fn desc(&self) -> TensorDesc<'_> {
+        TensorDesc::new(
+            self.buffer
+                .ptr()
+                .cast::<u8>()
+                .wrapping_add(self.offset as usize),
+            self.dtype,
+            &self.shape,
+            Some(&self.strides),
+        )
+    }
+
+    /// The ABI descriptor; borrows `self` for the pointers inside.
+    pub fn raw(&self) -> PolychipTensor {
+        PolychipTensor {
+            data: self.buffer.ptr(),
+            device: PolychipDevice {
+                device_type: POLYCHIP_DEVICE_TYPE_EXT,
+                device_id: self.device().index() as i32,
+            },
+            ndim: self.shape.len() as i32,
+            dtype: self.dtype.to_raw(),
+            shape: self.shape.as_ptr(),
+            strides: self.strides.as_ptr(),
+            byte_offset: self.offset,
+        }
+    }
+
+    /// Whether the elements are compact and row-major.
+    pub fn is_compact(&self) -> bool {
+        self.desc().is_contiguous()
+    }
+
+    /// A view with other extents, strides (elements) and offset (elements
+    /// from this view's first element), checked to stay inside the buffer.
+    pub fn as_strided(
+        &self,
+        shape: &[i64],
+        strides: &[i64],
+        offset_elements: i64,
+    ) -> Result<Tensor> {
+        if shape.len() != strides.len() || shape.iter().any(|&d| d < 0) {
+            return Err(HostError::Usage(format!(
+                "as_strided: shape {} and strides {} do not describe a view",
+                Shape::from(shape),
+                Shape::from(strides)
+            )));
+        }
+        let offset = self.offset as i64 + offset_elements * self.dtype.size() as i64;
+        let view = Tensor {
+            buffer: self.buffer.clone(),
+            dtype: self.dtype,
+            shape: shape.to_vec(),
+            strides: strides.to_vec(),
+            offset: offset.max(0) as u64,
+        };
+        if let Some((lo, hi)) = view.desc().byte_span() {
+            if offset < 0 || offset + lo < 0 || (offset + hi) as u64 > self.buffer.len() {
+                return Err(HostError::Usage(format!(
+                    "as_strided: a view of shape {} with strides {} at element offset {offset_elements} reaches outside its {}-byte buffer",
+                    Shape::from(shape),
+                    Shape::from(strides),
+                    self.buffer.len()
+                )));
+            }
+        }
+        Ok(view)
+    }
+
+    /// The view with dimensions `d0` and `d1` swapped.
+    pub fn transpose(&self, d0: usize, d1: usize) -> Result<Tensor> {
+        if d0 >= self.shape.len() || d1 >= self.shape.len() {
+            return Err(HostError::Usage(format!(
+                "transpose({d0}, {d1}) of a tensor with {} dimensions",
+                self.shape.len()
+            )));
+        }
+        let mut t = self.clone();
+        t.shape.swap(d0, d1);
+        t.strides.swap(d0, d1);
+        Ok(t)
+    }
+
+    /// The same compact elements under another shape.
+    pub fn reshape(&self, shape: &[i64]) -> Result<Tensor> {
+        let numel: i64 = shape.iter().product();
+        if !self.is_compact() || shape.iter().any(|&d| d < 0) || numel as usize != self.numel() {
+            return Err(HostError::Usage(format!(
+                "reshape: cannot view a {} tensor of shape {} as {}",
+                if self.is_compact() {
+                    "compact"
+                } else {
+                    "strided"
+                },
+                Shape::from(self.shape.as_slice()),
+                Shape::from(shape)
+            )));
+        }
+        let mut t = self.clone();
+        t.shape = shape.to_vec();
+        t.strides = contiguous_strides(shape);
+        Ok(t)
+    }
+
+    fn device_addr(&self, byte: i64) -> *mut c_void {
+        self.buffer
+            .ptr()
+            .cast::<u8>()
+            .wrapping_offset(self.offset as isize + byte as isize)
+            .cast()
+    }
+
+    /// Copies `bytes.len()` bytes from device address `offset` (relative to
+    /// element 0) to host memory, on the default stream.
+    fn d2h(&self, byte: i64, out: &mut [u8]) -> Result<()> {
+        let device = self.device();
+        // SAFETY: `out` is writable for its length, the device range lies in
+        // the buffer (callers stay within the tensor's span), and the default
+        // stream completes the copy before returning.
+        unsafe {
+            device.plugin().memcpy(
+                "memcpy_d2h",
+                device.index(),
+                None,
+                out.as_mut_ptr().cast(),
+                self.device_addr(byte),
+                out.len() as u64,
+            )
+        }
+    }
+
+    fn h2d(&self, byte: i64, data: &[u8]) -> Result<()> {
+        let device = self.device();
+        // SAFETY: as in `d2h`, with `data` readable.
+        unsafe {
+            device.plugin().memcpy(
+                "memcpy_h2d",
+                device.index(),
+                None,
+                self.device_addr(byte),
+                data.as_ptr().cast(),
+                data.len() as u64,
+            )
+        }
+    }
+
+    /// The elements in row-major order as native-endian bytes.
+    pub fn read_bytes(&self) -> Result<Vec<u8>> {
+        let size = self.dtype.size();
+        let Some((lo, hi)) = self.desc().byte_span() else {
+            return Ok(Vec::new());
+        };
+        let mut span = vec![0u8; (hi - lo) as usize];
+        self.d2h(lo, &mut span)?;
+        if self.is_compact() {
+            return Ok(span);
+        }
+        let mut out = Vec::with_capacity(self.numel() * size);
+        for_each_offset(&self.shape, &self.strides, |e| {
+            let at = (e * size as i64 - lo) as usize;
+            out.extend_from_slice(&span[at..at + size]);
+        });
+        Ok(out)
+    }
+
+    /// Overwrites the elements from row-major native-endian bytes.
+    pub fn write_bytes(&self, data: &[u8]) -> Result<()> {
+        let size = self.dtype.size();
+        if data.len() != self.numel() * size {
+            return Err(HostError::Usage(format!(
+                "{} bytes do not fill a {} tensor of shape {} ({} bytes)",
+                data.len(),
+                self.dtype,
+                Shape::from(self.shape.as_slice()),
+                self.numel() * size
+            )));
+        }
+        let Some((lo, hi)) = self.desc().byte_span() else {
+            return Ok(());
+        };
+        if self.is_compact() {
+            return self.h2d(lo, data);
+        }
+        let mut span = vec![0u8; (hi - lo) as usize];
+        self.d2h(lo, &mut span)?;
+        let mut src = data.chunks_exact(size);
+        for_each_offset(&self.shape, &self.strides, |e| {
+            let at = (e * size as i64 - lo) as usize;
+            span[at..at + size].copy_from_slice(src.next().expect("numel chunks"));
+        });
+        self.h2d(lo, &span)
+    }
+
+    /// The elements in row-major order.
+    pub fn to_vec<T: Element>(&self) -> Result<Vec<T>> {
+        if T::DTYPE != self.dtype {
+            return Err(HostError::Usage(format!(
+                "to_vec::<{}>() of a {} tensor",
+                T::DTYPE,
+                self.dtype
+            )));
+        }
+        Ok(T::from_bytes(&self.read_bytes()?))
+    }
+
+    /// A compact copy on `dst`, which may belong to another vendor. When one
+    /// side's memory is host-visible the bytes move in one copy by the other
+    /// side's plugin; otherwise they are staged through host memory.
+    pub fn to_device(&self, dst: &Device) -> Result<Tensor> {
+        let out = dst.empty(self.dtype, &self.shape)?;
+        let bytes = (self.numel() * self.dtype.size()) as u64;
+        if bytes == 0 {
+            return Ok(out);
+        }
+        let src = self.device();
+        if self.is_compact() && src != dst {
+            if src.props().host_visible {
+                // SAFETY: the source is host-visible memory holding `bytes`
+                // bytes from device_addr(0); the destination is a fresh
+                // allocation of the same size; the default stream completes the copy.
+                return unsafe {
+                    dst.plugin().memcpy(
+                        "memcpy_h2d",
+                        dst.index(),
+                        None,
+                        out.buffer.ptr(),
+                        self.device_addr(0),
+                        bytes,
+                    )
+                }
+                .map(|()| out);
+            }
+            if dst.props().host_visible {
+                // SAFETY: as above, with the destination host-visible.
+                return unsafe {
+                    src.plugin().memcpy(
+                        "memcpy_d2h",
+                        src.index(),
+                        None,
+                        out.buffer.ptr(),
+                        self.device_addr(0),
+                        bytes,
+                    )
+                }
+                .map(|()| out);
+            }
+        }
+        if src == dst && self.is_compact() {
+            // SAFETY: both ranges lie in live allocations of this device and do not overlap.
+            unsafe {
+                src.plugin().memcpy(
+                    "memcpy_d2d",
+                    src.index(),
+                    None,
+                    out.buffer.ptr(),
+                    self.device_addr(0),
+                    bytes,
+                )?;
+            }
+            return Ok(out);
+        }
+        out.write_bytes(&self.read_bytes()?)?;
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::for_each_offset;
+
+    #[test]
+    fn offsets_follow_strides_in_row_major_order() {
+        let mut seen = Vec::new();
+        for_each_offset(&[2, 3], &[1, 2], |o| seen.push(o));
+        assert_eq!(seen, [0, 2, 4, 1, 3, 5]);
+        seen.clear();
+        for_each_offset(&[], &[], |o| seen.push(o));
+        assert_eq!(seen, [0], "a scalar has one element");
+        seen.clear();
+        for_each_offset(&[3, 0], &[1, 1], |o| seen.push(o));
+        assert!(seen.is_empty());
+    }
+}

@@ -1,0 +1,187 @@
+/*
+ * A deliberately small plugin against include/polychip.h, compiled by the
+ * integration tests in several variants (one -D flag each) to check how the
+ * host treats plugins that break the ABI's rules. The default variant is a
+ * working plugin with one host-memory device and only the `fill` operator.
+ *
+ *   FAKE_MAJOR2            exports polychip_plugin_init_v2 instead of _v1
+ *   FAKE_TABLE_MAJOR2      exports _v1 but its table says ABI major 2
+ *   FAKE_NO_ENTRY          exports no entry symbol at all
+ *   FAKE_SMALL_TABLE       its table's struct_size covers only the versions
+ *   FAKE_NULL_MEM_ALLOC    its table lacks the required mem_alloc
+ *   FAKE_NEEDS_HOST_1_7    refuses hosts older than ABI 1.7
+ *   FAKE_FOREIGN_ERROR     device_count returns an error the host never made
+ *   FAKE_NEWER_MINOR       claims ABI 1.9 with a larger (appended) table
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "polychip.h"
+
+static const PolychipHostApi *g_host;
+
+static PolychipError *fail(PolychipErrorCode code, const char *message) {
+    return g_host->error_new(g_host->context, code, message, strlen(message));
+}
+
+static PolychipError *device_count(uint32_t *out_count) {
+#ifdef FAKE_FOREIGN_ERROR
+    static int not_an_error;
+    (void)out_count;
+    return (PolychipError *)&not_an_error;
+#else
+    if (!out_count) return fail(POLYCHIP_ERROR_INVALID_ARGUMENT, "fake: out_count is NULL");
+    *out_count = 1;
+    return NULL;
+#endif
+}
+
+static PolychipError *device_props(uint32_t device, PolychipDeviceProps *out) {
+    PolychipDeviceProps props;
+    size_t n;
+    if (device != 0 || !out) return fail(POLYCHIP_ERROR_INVALID_ARGUMENT, "fake: bad device_props call");
+    memset(&props, 0, sizeof props);
+    strcpy(props.name, "Fake F0");
+    props.memory_bytes = 1u << 20;
+    props.memory_flags = POLYCHIP_MEMORY_HOST_VISIBLE;
+    n = out->struct_size < sizeof props ? out->struct_size : sizeof props;
+    props.struct_size = n;
+    memcpy(out, &props, n);
+    return NULL;
+}
+
+static PolychipError *mem_alloc(uint32_t device, uint64_t bytes, void **out_ptr) {
+    void *p;
+    (void)device;
+    if (bytes > (1u << 20)) return fail(POLYCHIP_ERROR_OUT_OF_MEMORY, "fake: more than 1 MiB requested");
+    p = bytes ? calloc(1, (size_t)bytes) : NULL;
+    if (bytes && !p) return fail(POLYCHIP_ERROR_OUT_OF_MEMORY, "fake: calloc failed");
+    *out_ptr = p;
+    return NULL;
+}
+
+static PolychipError *mem_free(uint32_t device, void *ptr) {
+    (void)device;
+    free(ptr);
+    return NULL;
+}
+
+static PolychipError *stream_create(uint32_t device, PolychipStream **out) {
+    (void)device;
+    *out = (PolychipStream *)malloc(1);
+    return NULL;
+}
+static PolychipError *stream_destroy(PolychipStream *s) { free(s); return NULL; }
+static PolychipError *stream_synchronize(PolychipStream *s) { (void)s; return NULL; }
+static PolychipError *event_create(uint32_t device, PolychipEvent **out) {
+    (void)device;
+    *out = (PolychipEvent *)malloc(1);
+    return NULL;
+}
+static PolychipError *event_destroy(PolychipEvent *e) { free(e); return NULL; }
+static PolychipError *event_record(PolychipEvent *e, PolychipStream *s) { (void)e; (void)s; return NULL; }
+static PolychipError *stream_wait_event(PolychipStream *s, PolychipEvent *e) { (void)e; (void)s; return NULL; }
+static PolychipError *event_synchronize(PolychipEvent *e) { (void)e; return NULL; }
+
+static PolychipError *memcpy_any(uint32_t device, PolychipStream *s, void *dst, const void *src, uint64_t bytes) {
+    (void)device;
+    (void)s;
+    memcpy(dst, src, (size_t)bytes);
+    return NULL;
+}
+
+/* fill for compact f32 tensors only. */
+static PolychipError *fill(uint32_t device, PolychipStream *s, const PolychipFillArgs *args) {
+    const PolychipTensor *t;
+    int64_t n = 1;
+    int32_t i;
+    float *p;
+    (void)device;
+    (void)s;
+    if (!args || args->struct_size < sizeof *args) return fail(POLYCHIP_ERROR_INVALID_ARGUMENT, "fake: fill args");
+    t = &args->out;
+    if (t->dtype.code != POLYCHIP_DTYPE_CODE_FLOAT || t->dtype.bits != 32)
+        return fail(POLYCHIP_ERROR_UNIMPLEMENTED, "fake: fill supports f32 only");
+    for (i = t->ndim - 1; i >= 0; i--) {
+        if (t->strides && t->shape[i] != 1 && t->strides[i] != n)
+            return fail(POLYCHIP_ERROR_UNIMPLEMENTED, "fake: fill supports compact tensors only");
+        n *= t->shape[i];
+    }
+    p = (float *)((char *)t->data + t->byte_offset);
+    for (i = 0; i < n; i++) p[i] = (float)args->value;
+    return NULL;
+}
+
+static const PolychipOpTable ops = {
+    sizeof(PolychipOpTable), fill, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+};
+
+/* A table from a hypothetical newer minor: 1.0's table plus appended fields. */
+typedef struct {
+    PolychipPluginApi v1_0;
+    void *appended_in_1_9;
+} NewerTable;
+
+static NewerTable table = {
+    {
+        sizeof(PolychipPluginApi),
+        POLYCHIP_ABI_MAJOR,
+        POLYCHIP_ABI_MINOR,
+        "Fake",
+        "0.1.0",
+        device_count,
+        device_props,
+        mem_alloc,
+        mem_free,
+        stream_create,
+        stream_destroy,
+        stream_synchronize,
+        event_create,
+        event_destroy,
+        event_record,
+        stream_wait_event,
+        event_synchronize,
+        memcpy_any,
+        memcpy_any,
+        memcpy_any,
+        &ops,
+    },
+    NULL,
+};
+
+static PolychipError *init(const PolychipHostApi *host, const PolychipPluginApi **out_plugin) {
+    if (!host || host->struct_size < sizeof *host || !out_plugin) return NULL;
+    g_host = host;
+#ifdef FAKE_NEEDS_HOST_1_7
+    if (host->abi_minor < 7) return fail(POLYCHIP_ERROR_VERSION_MISMATCH, "fake needs a host of ABI 1.7 or newer");
+#endif
+#ifdef FAKE_TABLE_MAJOR2
+    table.v1_0.abi_major = 2;
+#endif
+#ifdef FAKE_SMALL_TABLE
+    table.v1_0.struct_size = offsetof(PolychipPluginApi, vendor);
+#endif
+#ifdef FAKE_NULL_MEM_ALLOC
+    table.v1_0.mem_alloc = NULL;
+#endif
+#ifdef FAKE_NEWER_MINOR
+    table.v1_0.struct_size = sizeof(NewerTable);
+    table.v1_0.abi_minor = 9;
+#endif
+    *out_plugin = &table.v1_0;
+    return NULL;
+}
+
+#if defined(FAKE_MAJOR2)
+POLYCHIP_EXPORT PolychipError *polychip_plugin_init_v2(const PolychipHostApi *host, const PolychipPluginApi **out);
+PolychipError *polychip_plugin_init_v2(const PolychipHostApi *host, const PolychipPluginApi **out) {
+    return init(host, out);
+}
+#elif defined(FAKE_NO_ENTRY)
+POLYCHIP_EXPORT int not_a_polychip_plugin(void);
+int not_a_polychip_plugin(void) { return init(NULL, NULL) == NULL; }
+#else
+PolychipError *polychip_plugin_init_v1(const PolychipHostApi *host, const PolychipPluginApi **out_plugin) {
+    return init(host, out_plugin);
+}
+#endif

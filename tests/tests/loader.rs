@@ -1,0 +1,211 @@
+//! How the host treats plugins that break the ABI's rules: each gives an
+//! error naming the file and the cause, and the host keeps working with the
+//! other plugins.
+
+mod common;
+
+use polychip_host::{DType, ErrorCode, HostError, LoadOptions, Runtime};
+
+fn load_error(define: &str) -> HostError {
+    let path = common::fake_plugin(Some(define));
+    let mut runtime = Runtime::default();
+    let error = runtime
+        .add(&path, &LoadOptions::default())
+        .expect_err("the plugin must be refused");
+    let message = error.to_string();
+    assert!(
+        message.contains(path.to_str().unwrap()),
+        "the message names the file: {message}"
+    );
+    error
+}
+
+#[test]
+fn a_plugin_of_another_major_is_refused_naming_both_versions() {
+    let error = load_error("FAKE_MAJOR2");
+    assert!(
+        matches!(
+            error,
+            HostError::VersionMismatch {
+                plugin_major: 2,
+                host_major: 1,
+                ..
+            }
+        ),
+        "{error:?}"
+    );
+    let error = load_error("FAKE_TABLE_MAJOR2");
+    assert!(
+        matches!(
+            error,
+            HostError::VersionMismatch {
+                plugin_major: 2,
+                ..
+            }
+        ),
+        "{error:?}"
+    );
+    assert!(
+        error
+            .to_string()
+            .contains("plugin ABI 2.0 is not compatible with this host's ABI 1.0"),
+        "{error}"
+    );
+}
+
+#[test]
+fn a_minor_older_than_the_minimum_is_refused() {
+    let path = common::fake_plugin(None);
+    let mut runtime = Runtime::default();
+    let error = runtime
+        .add(&path, &LoadOptions { min_minor: 3 })
+        .unwrap_err();
+    assert!(
+        error
+            .to_string()
+            .contains("plugin ABI 1.0 is not compatible"),
+        "{error}"
+    );
+    assert!(
+        error.to_string().contains("accepts 1.3 and newer"),
+        "{error}"
+    );
+}
+
+#[test]
+fn a_plugin_may_refuse_a_host_that_is_too_old() {
+    let error = load_error("FAKE_NEEDS_HOST_1_7");
+    assert_eq!(error.code(), ErrorCode::VersionMismatch);
+    assert!(
+        error
+            .to_string()
+            .contains("fake needs a host of ABI 1.7 or newer"),
+        "{error}"
+    );
+}
+
+#[test]
+fn a_newer_minor_with_an_appended_table_loads() {
+    let plugin = common::load(&common::fake_plugin(Some("FAKE_NEWER_MINOR")));
+    assert_eq!(plugin.abi_version(), (1, 9));
+    assert_eq!(plugin.devices().len(), 1);
+}
+
+#[test]
+fn a_library_without_the_entry_symbol_is_refused() {
+    let error = load_error("FAKE_NO_ENTRY");
+    assert!(
+        matches!(error, HostError::NoEntrySymbol { .. }),
+        "{error:?}"
+    );
+    assert!(
+        error
+            .to_string()
+            .contains("no entry symbol polychip_plugin_init_v1")
+    );
+}
+
+#[test]
+fn a_too_small_struct_size_is_refused() {
+    let error = load_error("FAKE_SMALL_TABLE");
+    assert!(
+        matches!(
+            error,
+            HostError::StructTooSmall {
+                structure: "PolychipPluginApi",
+                ..
+            }
+        ),
+        "{error:?}"
+    );
+}
+
+#[test]
+fn a_null_required_function_is_refused_by_name() {
+    let error = load_error("FAKE_NULL_MEM_ALLOC");
+    assert!(
+        matches!(
+            error,
+            HostError::MissingFunction {
+                function: "mem_alloc",
+                ..
+            }
+        ),
+        "{error:?}"
+    );
+    assert!(
+        error
+            .to_string()
+            .contains("required function mem_alloc is NULL")
+    );
+}
+
+#[test]
+fn an_error_pointer_the_host_never_made_is_a_contract_violation() {
+    let error = load_error("FAKE_FOREIGN_ERROR");
+    assert!(
+        matches!(
+            error,
+            HostError::Contract {
+                function: "device_count",
+                ..
+            }
+        ),
+        "{error:?}"
+    );
+}
+
+#[test]
+fn a_file_that_is_not_a_shared_library_is_refused() {
+    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    let path = dir.join("not_a_library.so");
+    std::fs::write(&path, "this is text, not ELF\n").unwrap();
+    let mut runtime = Runtime::default();
+    let error = runtime.add(&path, &LoadOptions::default()).unwrap_err();
+    assert!(matches!(error, HostError::NotALibrary { .. }), "{error:?}");
+    assert!(
+        error.to_string().contains("not a loadable shared library"),
+        "{error}"
+    );
+}
+
+#[test]
+fn a_null_operator_entry_is_reported_and_counted_and_the_rest_works() {
+    let path = common::fake_plugin(None);
+    let device = common::first_device(&path);
+    let t = device.zeros(DType::F32, &[4]).unwrap();
+    device.exec().fill(&t, 2.5).unwrap();
+    assert_eq!(t.to_vec::<f32>().unwrap(), [2.5; 4]);
+    let before = device.plugin().unimplemented_calls();
+    let error = device.exec().add(&t, &t, &t).unwrap_err();
+    assert!(
+        matches!(error, HostError::OpUnimplemented { op: "add", .. }),
+        "{error:?}"
+    );
+    assert_eq!(
+        error.to_string(),
+        "Fake: operator add is not implemented (its op-table entry is NULL)"
+    );
+    assert_eq!(device.plugin().unimplemented_calls(), before + 1);
+    assert!(device.plugin().ops().missing().contains(&"matmul"));
+}
+
+#[test]
+fn failures_do_not_stop_the_other_plugins() {
+    let bad = common::fake_plugin(Some("FAKE_NULL_MEM_ALLOC"));
+    let good = common::cobalt_path();
+    let runtime = Runtime::load(&[bad.clone(), good], &LoadOptions::default());
+    assert_eq!(runtime.failures().len(), 1);
+    assert_eq!(runtime.failures()[0].path, bad);
+    let device = &runtime.devices_of("cobalt")[0];
+    let t = device.from_slice(&[1.0f32, 2.0], &[2]).unwrap();
+    assert_eq!(t.to_vec::<f32>().unwrap(), [1.0, 2.0]);
+}
+
+#[test]
+fn loading_the_same_file_twice_returns_the_same_plugin() {
+    let path = common::fake_plugin(None);
+    let a = common::load(&path);
+    let b = common::load(&path);
+    assert!(std::sync::Arc::ptr_eq(&a, &b));
+}
