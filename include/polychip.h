@@ -345,7 +345,9 @@ typedef struct PolychipOpTable {
 // is thread-safe; functions taking a stream may be called concurrently for
 // different streams, and must be serialized by the caller for one stream.
 // Out-params are written only on success. `stream` NULL means the device's
-// default stream, whose work completes before the call returns.
+// default stream, whose work completes before the call returns; the default
+// stream does not wait for work queued on other streams (synchronize them,
+// or wait for an event, first).
 typedef struct PolychipPluginApi {
   // Size of this struct as the plugin knows it.
   size_t struct_size;

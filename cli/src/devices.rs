@@ -29,8 +29,21 @@ fn gib(bytes: u64) -> String {
     format!("{:.2} GiB", bytes as f64 / (1u64 << 30) as f64)
 }
 
-fn tflops(flops: f64) -> String {
-    format!("{:.3}", flops / 1e12)
+/// FLOP/s with a unit that keeps three significant digits readable.
+fn flops(value: f64) -> String {
+    let (scaled, unit) = if value >= 1e12 {
+        (value / 1e12, "T")
+    } else {
+        (value / 1e9, "G")
+    };
+    let digits = if scaled >= 100.0 {
+        0
+    } else if scaled >= 10.0 {
+        1
+    } else {
+        2
+    };
+    format!("{scaled:.digits$} {unit}")
 }
 
 fn device_json(device: &Device) -> Value {
@@ -63,7 +76,7 @@ fn print_table(runtime: &Runtime) {
         "device",
         "name",
         "memory",
-        "f32 TFLOP/s",
+        "f32 FLOP/s",
         "bf16",
         "f16",
         "memory kind",
@@ -79,9 +92,9 @@ fn print_table(runtime: &Runtime) {
             d.to_string(),
             p.name.clone(),
             gib(p.memory_bytes),
-            tflops(p.peak_flops_f32),
-            tflops(p.peak_flops_bf16),
-            tflops(p.peak_flops_f16),
+            flops(p.peak_flops_f32),
+            flops(p.peak_flops_bf16),
+            flops(p.peak_flops_f16),
             memory_kind(d).to_string(),
             format!("{major}.{minor}"),
             format!("{}/{}", ops.implemented().len(), ops.total()),

@@ -72,7 +72,7 @@ impl Runtime {
                 Ok(plugin)
             }
             Err(error) => {
-                log::warn!("{error}");
+                log::info!("{error}");
                 self.failures.push(LoadFailure {
                     path: file.to_path_buf(),
                     error: error.clone(),

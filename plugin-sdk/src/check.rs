@@ -142,19 +142,43 @@ fn shape_is(
     }
 }
 
-/// An output must not write one element twice: no zero stride on an extent
-/// above one.
+/// An output must not write one element twice. The test is the usual
+/// sufficient one: ordered by stride magnitude, each dimension's stride must
+/// step over everything the smaller dimensions reach. Views it rejects that
+/// do not overlap are exotic interleavings no framework produces.
 fn writable(op: &'static str, tensor: &'static str, t: &TensorDesc) -> Checked {
-    if let Some(strides) = t.strides {
-        if let Some(k) = (0..t.ndim()).find(|&k| strides[k] == 0 && t.shape[k] > 1) {
+    let Some(strides) = t.strides else {
+        return Ok(());
+    };
+    if t.shape.contains(&0) {
+        return Ok(());
+    }
+    let mut dims: [(u64, u64); 16] = [(0, 0); 16];
+    let mut n = 0;
+    for (&extent, &stride) in t.shape.iter().zip(strides) {
+        if extent > 1 {
+            if n == dims.len() {
+                return Ok(()); // more than 16 non-trivial dimensions: not checked
+            }
+            dims[n] = (stride.unsigned_abs(), extent as u64);
+            n += 1;
+        }
+    }
+    let dims = &mut dims[..n];
+    dims.sort_unstable();
+    let mut reach = 0u64;
+    for &(stride, extent) in dims.iter() {
+        if stride <= reach {
             return Err(ArgError::Invalid {
                 op,
                 message: format!(
-                    "output {tensor} has stride 0 in dimension {k} of extent {}; outputs must not overlap themselves",
-                    t.shape[k]
+                    "output {tensor} with shape {} and strides {} writes some elements more than once; outputs must not overlap themselves",
+                    Shape::from(t.shape),
+                    Shape::from(strides)
                 ),
             });
         }
+        reach = reach.saturating_add(stride.saturating_mul(extent - 1));
     }
     Ok(())
 }
@@ -184,11 +208,37 @@ pub fn broadcast_shapes(a: &[i64], b: &[i64]) -> Option<Vec<i64>> {
     Some(out)
 }
 
+/// Whether `a` and `b` broadcast to exactly `out` (no allocation: this runs
+/// on every elementwise call).
+#[inline]
+fn broadcasts_to(a: &[i64], b: &[i64], out: &[i64]) -> bool {
+    let n = out.len();
+    if a.len() > n || b.len() > n || a.len().max(b.len()) != n {
+        return false;
+    }
+    (0..n).all(|i| {
+        let da = if i < n - a.len() {
+            1
+        } else {
+            a[i - (n - a.len())]
+        };
+        let db = if i < n - b.len() {
+            1
+        } else {
+            b[i - (n - b.len())]
+        };
+        let d = out[i];
+        (da == d || da == 1) && (db == d || db == 1) && (da == d || db == d)
+    })
+}
+
+#[inline]
 /// `fill`: any dtype, a writable output.
 pub fn fill(out: &TensorDesc) -> Checked {
     writable("fill", "out", out)
 }
 
+#[inline]
 /// `copy`: same dtype and shape.
 pub fn copy(src: &TensorDesc, dst: &TensorDesc) -> Checked {
     same_dtype("copy", ("src", src), ("dst", dst))?;
@@ -196,6 +246,7 @@ pub fn copy(src: &TensorDesc, dst: &TensorDesc) -> Checked {
     writable("copy", "dst", dst)
 }
 
+#[inline]
 /// `cast`: floating dtypes, same shape.
 pub fn cast(src: &TensorDesc, dst: &TensorDesc) -> Checked {
     float("cast", "src", src)?;
@@ -204,29 +255,32 @@ pub fn cast(src: &TensorDesc, dst: &TensorDesc) -> Checked {
     writable("cast", "dst", dst)
 }
 
+#[inline]
 /// `add`, `sub`, `mul`, `div`: one floating dtype, `out` has the broadcast shape.
 pub fn binary(op: &'static str, a: &TensorDesc, b: &TensorDesc, out: &TensorDesc) -> Checked {
     float(op, "a", a)?;
     same_dtype(op, ("a", a), ("b", b))?;
     same_dtype(op, ("a", a), ("out", out))?;
-    let Some(shape) = broadcast_shapes(a.shape, b.shape) else {
-        return Err(ArgError::ShapeMismatch {
+    if !broadcasts_to(a.shape, b.shape, out.shape) {
+        let Some(shape) = broadcast_shapes(a.shape, b.shape) else {
+            return Err(ArgError::ShapeMismatch {
+                op,
+                tensor: "b",
+                actual: Shape::from(b.shape),
+                expected: format!(
+                    "it does not broadcast with a's shape {}",
+                    Shape::from(a.shape)
+                ),
+            });
+        };
+        shape_is(
             op,
-            tensor: "b",
-            actual: Shape::from(b.shape),
-            expected: format!(
-                "it does not broadcast with a's shape {}",
-                Shape::from(a.shape)
-            ),
-        });
-    };
-    shape_is(
-        op,
-        "out",
-        out,
-        &shape,
-        "it must equal the broadcast shape of a and b",
-    )?;
+            "out",
+            out,
+            &shape,
+            "it must equal the broadcast shape of a and b",
+        )?;
+    }
     writable(op, "out", out)
 }
 
@@ -303,6 +357,7 @@ pub fn matmul(
     Ok(MatmulDims { batch, m, k, n })
 }
 
+#[inline]
 /// `softmax`: one floating dtype, same shape, rank >= 1.
 pub fn softmax(input: &TensorDesc, out: &TensorDesc) -> Checked {
     const OP: &str = "softmax";
@@ -334,6 +389,25 @@ mod tests {
         assert_eq!(broadcast_shapes(&[], &[2]), Some(vec![2]));
         assert_eq!(broadcast_shapes(&[0], &[1]), Some(vec![0]));
         assert_eq!(broadcast_shapes(&[2, 3], &[3, 2]), None);
+        for (a, b) in [
+            (&[3i64, 1, 5][..], &[4i64, 1][..]),
+            (&[2, 3], &[3]),
+            (&[1], &[0]),
+            (&[], &[]),
+            (&[2, 1], &[1, 2]),
+        ] {
+            let out = broadcast_shapes(a, b).unwrap();
+            assert!(broadcasts_to(a, b, &out), "{a:?} {b:?}");
+            assert!(
+                !broadcasts_to(a, b, &[out.as_slice(), &[1]].concat()),
+                "an extra dimension is not the broadcast shape"
+            );
+        }
+        assert!(!broadcasts_to(&[2, 3], &[3], &[1, 3]));
+        assert!(
+            !broadcasts_to(&[1, 3], &[1, 3], &[2, 3]),
+            "out may not be larger than both"
+        );
     }
 
     #[test]
@@ -424,9 +498,31 @@ mod tests {
 
     #[test]
     fn outputs_must_not_self_overlap() {
-        let shape = [4i64];
-        let strides = [0i64];
-        let out = TensorDesc::new(std::ptr::null_mut(), DType::F32, &shape, Some(&strides));
-        assert_eq!(fill(&out).unwrap_err().code(), ErrorCode::InvalidArgument);
+        let out = |shape: &'static [i64], strides: &'static [i64]| {
+            TensorDesc::new(std::ptr::null_mut(), DType::F32, shape, Some(strides))
+        };
+        assert_eq!(
+            fill(&out(&[4], &[0])).unwrap_err().code(),
+            ErrorCode::InvalidArgument
+        );
+        assert!(
+            fill(&out(&[2, 2], &[1, 1])).is_err(),
+            "strides [1, 1] write element 1 twice"
+        );
+        let err = fill(&out(&[3, 2], &[1, 2])).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "fill: output out with shape [3, 2] and strides [1, 2] writes some elements more than once; outputs must not overlap themselves"
+        );
+        assert!(
+            fill(&out(&[2, 3], &[1, 2])).is_ok(),
+            "a transposed compact view"
+        );
+        assert!(fill(&out(&[2, 3], &[-3, 1])).is_ok(), "a flipped view");
+        assert!(
+            fill(&out(&[1, 5], &[0, 1])).is_ok(),
+            "size-1 dimensions may have any stride"
+        );
+        assert!(fill(&out(&[4, 2], &[10, 3])).is_ok(), "a sparse view");
     }
 }

@@ -207,6 +207,17 @@ pub unsafe fn init<P: Plugin>(
             ),
         ));
     }
+    if log::set_logger(&FORWARD).is_ok() {
+        log::set_max_level(host.log_level());
+    }
+    // This cdylib has its own copy of std, so this hook sees only the
+    // plugin's panics: report them through the host's log instead of stderr.
+    // The firewall in `guard` still turns each one into an error object.
+    std::panic::set_hook(Box::new(|info| {
+        if let Some(host) = HOST.get() {
+            host.log(log::Level::Error, &format!("panic: {info}"));
+        }
+    }));
     let created = match catch_unwind(|| P::new(host)) {
         Ok(Ok(p)) => p,
         Ok(Err(e)) => return host.make_error(&e),
@@ -224,17 +235,6 @@ pub unsafe fn init<P: Plugin>(
         Box::into_raw(Box::new(created)).cast::<()>(),
         Ordering::Release,
     );
-    if log::set_logger(&FORWARD).is_ok() {
-        log::set_max_level(host.log_level());
-    }
-    // This cdylib has its own copy of std, so this hook sees only the
-    // plugin's panics: report them through the host's log instead of stderr.
-    // The firewall in `guard` still turns each one into an error object.
-    std::panic::set_hook(Box::new(|info| {
-        if let Some(host) = HOST.get() {
-            host.log(log::Level::Error, &format!("panic: {info}"));
-        }
-    }));
     let mut ops = empty_op_table();
     set_ops(&mut ops);
     let table = Box::into_raw(Box::new(plugin_table::<P>(Box::leak(Box::new(ops)))));

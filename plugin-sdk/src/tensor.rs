@@ -85,6 +85,7 @@ fn fill_contiguous(shape: &[i64], out: &mut [i64]) {
 
 impl<'a> TensorDesc<'a> {
     /// A descriptor for `data` with the given layout, unchecked.
+    #[inline]
     pub fn new(data: *mut u8, dtype: DType, shape: &'a [i64], strides: Option<&'a [i64]>) -> Self {
         TensorDesc {
             data,
@@ -94,6 +95,7 @@ impl<'a> TensorDesc<'a> {
         }
     }
 
+    #[inline]
     /// Checks a raw descriptor for operator `op`'s argument `name` on plugin
     /// device `device`.
     ///
@@ -158,16 +160,19 @@ impl<'a> TensorDesc<'a> {
         })
     }
 
+    #[inline]
     /// Number of dimensions.
     pub fn ndim(&self) -> usize {
         self.shape.len()
     }
 
+    #[inline]
     /// Number of elements (0 when any extent is 0).
     pub fn numel(&self) -> usize {
         self.shape.iter().map(|&d| d as usize).product()
     }
 
+    #[inline]
     /// The strides in elements, computed when the descriptor had none.
     pub fn strides(&self) -> Strides<'a> {
         match self.strides {
@@ -181,6 +186,7 @@ impl<'a> TensorDesc<'a> {
         }
     }
 
+    #[inline]
     /// Whether the elements are compact and row-major (ignoring the strides
     /// of extent-1 dimensions).
     pub fn is_contiguous(&self) -> bool {
@@ -197,6 +203,7 @@ impl<'a> TensorDesc<'a> {
         true
     }
 
+    #[inline]
     /// The byte range `[lo, hi)` relative to `data` that the tensor's elements
     /// occupy; `None` for an empty tensor.
     pub fn byte_span(&self) -> Option<(i64, i64)> {

@@ -121,14 +121,18 @@ fn version_mismatch(
 
 fn open(path: &Path) -> Result<Plugin> {
     let path_buf = path.to_path_buf();
+    // dlopen searches the library path for a name without a slash; a plugin
+    // path always means that file.
+    let absolute = std::path::absolute(path).unwrap_or_else(|_| path_buf.clone());
     // SAFETY: loading a library runs its initialisers. Plugins are trusted code
     // by design (like any driver); RTLD_LOCAL keeps their symbols apart.
-    let library = unsafe { Library::open(Some(path), RTLD_NOW | RTLD_LOCAL) }.map_err(|e| {
-        HostError::NotALibrary {
-            path: path_buf.clone(),
-            reason: e.to_string(),
-        }
-    })?;
+    let library =
+        unsafe { Library::open(Some(&absolute), RTLD_NOW | RTLD_LOCAL) }.map_err(|e| {
+            HostError::NotALibrary {
+                path: path_buf.clone(),
+                reason: error_chain(&e),
+            }
+        })?;
     let library: &'static Library = Box::leak(Box::new(library));
     // SAFETY: the symbol, if present, has the entry type the ABI defines.
     let entry = match unsafe {
@@ -184,6 +188,19 @@ fn open(path: &Path) -> Result<Plugin> {
     };
     let label = format!("{} ({vendor})", path.display());
     Plugin::new(path_buf, vendor, version, api, ops).map_err(|e| e.with_plugin_label(label))
+}
+
+/// An error's message followed by its sources' (libloading puts the dynamic
+/// loader's own words in the source).
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
 }
 
 fn missing_entry(library: &Library, path: &Path) -> HostError {

@@ -89,7 +89,9 @@ pub struct PolychipHostApi {
 /// is thread-safe; functions taking a stream may be called concurrently for
 /// different streams, and must be serialized by the caller for one stream.
 /// Out-params are written only on success. `stream` NULL means the device's
-/// default stream, whose work completes before the call returns.
+/// default stream, whose work completes before the call returns; the default
+/// stream does not wait for work queued on other streams (synchronize them,
+/// or wait for an event, first).
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct PolychipPluginApi {
