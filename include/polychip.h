@@ -379,21 +379,24 @@ typedef struct PolychipPluginApi {
   // Create a stream on `device`.
   struct PolychipError *(*stream_create)(uint32_t device,
                                          struct PolychipStream **out_stream);
-  // Wait for a stream's work, then destroy it.
+  // Wait for a stream's work, then destroy it. NULL is `INVALID_ARGUMENT`.
   struct PolychipError *(*stream_destroy)(struct PolychipStream *stream);
   // Block until all work enqueued on `stream` has completed. Errors from
-  // that work are reported here if not reported earlier.
+  // that work are reported here if not reported earlier. NULL (the
+  // default stream, which never has pending work) returns success.
   struct PolychipError *(*stream_synchronize)(struct PolychipStream *stream);
   // Create an event on `device`. A new event counts as completed.
   struct PolychipError *(*event_create)(uint32_t device,
                                         struct PolychipEvent **out_event);
-  // Destroy an event. Pending waits on it still complete.
+  // Destroy an event. Pending waits on it still complete. NULL is
+  // `INVALID_ARGUMENT`.
   struct PolychipError *(*event_destroy)(struct PolychipEvent *event);
   // Record `event` at the current end of `stream` (NULL: default stream).
   struct PolychipError *(*event_record)(struct PolychipEvent *event,
                                         struct PolychipStream *stream);
   // Make later work on `stream` wait until `event` completes, without
-  // blocking the caller.
+  // blocking the caller (NULL `stream`: the caller blocks, since the default
+  // stream runs work at once).
   struct PolychipError *(*stream_wait_event)(struct PolychipStream *stream,
                                              struct PolychipEvent *event);
   // Block the caller until `event` completes.
@@ -430,8 +433,11 @@ typedef struct PolychipPluginApi {
 // Called once per process, from one thread. `host` is valid for the life of
 // the process. On success the plugin writes a pointer to its static table to
 // `*out_plugin` and returns NULL; on failure it returns an error made with
-// `host->error_new` (when the host table is large enough to hold it) and
-// leaves `*out_plugin` untouched.
+// `host->error_new` and leaves `*out_plugin` untouched. When it cannot make
+// an error (`host` or `out_plugin` NULL, or the host table too small to hold
+// `error_new`), it returns NULL without writing `*out_plugin`: a host sets
+// `*out_plugin = NULL` before the call and treats "no error and still NULL"
+// as a failure.
 typedef struct PolychipError *(*PolychipPluginInitV1)(const struct PolychipHostApi *host,
                                                       const struct PolychipPluginApi **out_plugin);
 
@@ -483,8 +489,6 @@ typedef struct PolychipError *(*PolychipPluginInitV1)(const struct PolychipHostA
 
 
 
-#endif  /* POLYCHIP_H */
-
 /* Marks the one symbol a plugin exports. Build with -fvisibility=hidden. */
 #if defined(_WIN32)
 #define POLYCHIP_EXPORT __declspec(dllexport)
@@ -508,3 +512,5 @@ POLYCHIP_EXPORT PolychipError *polychip_plugin_init_v1(const PolychipHostApi *ho
 #ifdef __cplusplus
 }  /* extern "C" */
 #endif
+
+#endif  /* POLYCHIP_H */

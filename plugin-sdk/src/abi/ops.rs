@@ -4,9 +4,10 @@
 //! `PolychipError *op(uint32_t device, PolychipStream *stream, const Polychip<Op>Args *args)`.
 //! `stream` NULL means the device's default stream, on which work completes
 //! before the call returns. Each `*Args` struct starts with `struct_size`, so
-//! an operator gains optional arguments at the end without a new entry; a
-//! plugin reading a field beyond `args->struct_size` uses the field's
-//! documented default instead.
+//! an operator gains optional arguments at the end without a new entry. Every
+//! field present in 1.0 is required (`struct_size` must cover it); a field
+//! appended by a later minor documents the default a plugin uses when
+//! `args->struct_size` does not reach it.
 //!
 //! A NULL entry means "not implemented". Entries are only ever appended to
 //! [`PolychipOpTable`], so a table from an older minor is a prefix of a newer
@@ -16,7 +17,11 @@
 //! - all tensors are on `device`; outputs are written, inputs are only read;
 //! - an output may alias an input only where the operator says "in place";
 //! - floating operators accept f32, f16, bf16 and f64; f16 and bf16 are
-//!   computed in f32 and rounded to nearest even once per output element;
+//!   computed in at least f32 precision and rounded to nearest even once per
+//!   output element;
+//! - an output must not overlap itself (a zero stride on an extent above one,
+//!   or strides that reach one element twice); the host never passes one and
+//!   a plugin may refuse it with `POLYCHIP_ERROR_INVALID_ARGUMENT`;
 //! - thread safety: calls on different streams may run concurrently; calls on
 //!   one stream must be serialized by the caller.
 

@@ -136,18 +136,20 @@ pub struct PolychipPluginApi {
             out_stream: *mut *mut PolychipStream,
         ) -> *mut PolychipError,
     >,
-    /// Wait for a stream's work, then destroy it.
+    /// Wait for a stream's work, then destroy it. NULL is `INVALID_ARGUMENT`.
     pub stream_destroy:
         Option<unsafe extern "C" fn(stream: *mut PolychipStream) -> *mut PolychipError>,
     /// Block until all work enqueued on `stream` has completed. Errors from
-    /// that work are reported here if not reported earlier.
+    /// that work are reported here if not reported earlier. NULL (the
+    /// default stream, which never has pending work) returns success.
     pub stream_synchronize:
         Option<unsafe extern "C" fn(stream: *mut PolychipStream) -> *mut PolychipError>,
     /// Create an event on `device`. A new event counts as completed.
     pub event_create: Option<
         unsafe extern "C" fn(device: u32, out_event: *mut *mut PolychipEvent) -> *mut PolychipError,
     >,
-    /// Destroy an event. Pending waits on it still complete.
+    /// Destroy an event. Pending waits on it still complete. NULL is
+    /// `INVALID_ARGUMENT`.
     pub event_destroy:
         Option<unsafe extern "C" fn(event: *mut PolychipEvent) -> *mut PolychipError>,
     /// Record `event` at the current end of `stream` (NULL: default stream).
@@ -158,7 +160,8 @@ pub struct PolychipPluginApi {
         ) -> *mut PolychipError,
     >,
     /// Make later work on `stream` wait until `event` completes, without
-    /// blocking the caller.
+    /// blocking the caller (NULL `stream`: the caller blocks, since the default
+    /// stream runs work at once).
     pub stream_wait_event: Option<
         unsafe extern "C" fn(
             stream: *mut PolychipStream,
@@ -212,8 +215,11 @@ pub struct PolychipPluginApi {
 /// Called once per process, from one thread. `host` is valid for the life of
 /// the process. On success the plugin writes a pointer to its static table to
 /// `*out_plugin` and returns NULL; on failure it returns an error made with
-/// `host->error_new` (when the host table is large enough to hold it) and
-/// leaves `*out_plugin` untouched.
+/// `host->error_new` and leaves `*out_plugin` untouched. When it cannot make
+/// an error (`host` or `out_plugin` NULL, or the host table too small to hold
+/// `error_new`), it returns NULL without writing `*out_plugin`: a host sets
+/// `*out_plugin = NULL` before the call and treats "no error and still NULL"
+/// as a failure.
 pub type PolychipPluginInitV1 = unsafe extern "C" fn(
     host: *const PolychipHostApi,
     out_plugin: *mut *const PolychipPluginApi,

@@ -1,0 +1,205 @@
+/*
+ * Internal declarations shared by the Cobalt plugin's C files.
+ *
+ * Cobalt is the polychip example plugin written in plain C11 against
+ * include/polychip.h only: a slow, synchronous "chip" with a small private
+ * memory that the host cannot read directly (bytes are stored encoded).
+ * The files split by concern:
+ *   plugin.c    the entry symbol, the plugin table, configuration, errors, logs
+ *   streams.c   streams and events (trivial: the chip is synchronous)
+ *   memory.c    per-device arenas, the allocator, byte encoding, copies
+ *   convert.c   f16/bf16 conversions and dtype-generic element reads/writes
+ *   tensor.c    tensor descriptor checks, broadcasting, gather and scatter
+ *   ops_data.c, ops_elementwise.c, ops_matmul.c, ops_softmax.c  the operators
+ * Nothing here is exported: the library is built with -fvisibility=hidden and
+ * only polychip_plugin_init_v1 carries POLYCHIP_EXPORT.
+ */
+
+#ifndef COBALT_INTERNAL_H
+#define COBALT_INTERNAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "polychip.h"
+
+#if defined(__GNUC__)
+#define COBALT_PRINTF(fmt_index, first_arg) __attribute__((format(printf, fmt_index, first_arg)))
+#else
+#define COBALT_PRINTF(fmt_index, first_arg)
+#endif
+
+/* Limits and defaults. */
+#define COBALT_MAX_DEVICES 16u
+#define COBALT_DEFAULT_DEVICES 1u
+#define COBALT_DEFAULT_MEMORY_MIB 256u
+#define COBALT_MAX_MEMORY_MIB 65536u
+#define COBALT_ALIGNMENT 64u
+#define COBALT_MAX_DIMS 16
+
+/* Whether a struct that says it is `size` bytes long contains all of `field`. */
+#define COBALT_HAS_FIELD(size, type, field) \
+    ((size) >= offsetof(type, field) + sizeof(((type *)0)->field))
+/* The byte just past `field` of `type`. */
+#define COBALT_FIELD_END(type, field) (offsetof(type, field) + sizeof(((type *)0)->field))
+
+/* ---- plugin.c: errors, logging, configuration ---------------------------- */
+
+/* A host error object with `code` and a printf-formatted message. */
+PolychipError *cobalt_error(PolychipErrorCode code, const char *fmt, ...) COBALT_PRINTF(2, 3);
+/* A record through the host's log callback, when it has one. */
+void cobalt_log(PolychipLogLevel level, const char *fmt, ...) COBALT_PRINTF(2, 3);
+/* Number of configured devices. */
+uint32_t cobalt_devices(void);
+/* INVALID_ARGUMENT unless `device` is a valid index; `what` names the caller. */
+PolychipError *cobalt_check_device(uint32_t device, const char *what);
+
+/* ---- streams.c ----------------------------------------------------------- */
+
+/* INVALID_ARGUMENT unless `stream` is NULL or a live stream of `device`. */
+PolychipError *cobalt_check_stream(uint32_t device, const PolychipStream *stream, const char *what);
+PolychipError *cobalt_stream_create(uint32_t device, PolychipStream **out_stream);
+PolychipError *cobalt_stream_destroy(PolychipStream *stream);
+PolychipError *cobalt_stream_synchronize(PolychipStream *stream);
+PolychipError *cobalt_event_create(uint32_t device, PolychipEvent **out_event);
+PolychipError *cobalt_event_destroy(PolychipEvent *event);
+PolychipError *cobalt_event_record(PolychipEvent *event, PolychipStream *stream);
+PolychipError *cobalt_stream_wait_event(PolychipStream *stream, PolychipEvent *event);
+PolychipError *cobalt_event_synchronize(PolychipEvent *event);
+
+/* ---- memory.c ------------------------------------------------------------ */
+
+/* Sets every device's capacity; called once from init. */
+void cobalt_memory_init(uint64_t capacity_bytes);
+/* Capacity of each device in bytes. */
+uint64_t cobalt_memory_capacity(void);
+PolychipError *cobalt_mem_alloc(uint32_t device, uint64_t bytes, void **out_ptr);
+PolychipError *cobalt_mem_free(uint32_t device, void *ptr);
+PolychipError *cobalt_memcpy_h2d(uint32_t device, PolychipStream *stream, void *dst,
+                                 const void *src, uint64_t bytes);
+PolychipError *cobalt_memcpy_d2h(uint32_t device, PolychipStream *stream, void *dst,
+                                 const void *src, uint64_t bytes);
+PolychipError *cobalt_memcpy_d2d(uint32_t device, PolychipStream *stream, void *dst,
+                                 const void *src, uint64_t bytes);
+/*
+ * Checks that the `len` bytes at device address `addr` lie inside one live
+ * allocation of `device` (INVALID_ARGUMENT naming `what` otherwise); on
+ * success stores the device's arena base and the range's offset in it.
+ */
+PolychipError *cobalt_check_range(uint32_t device, const char *what, uintptr_t addr, uint64_t len,
+                                  uint8_t **out_arena, uint64_t *out_offset);
+/*
+ * dst[i] = src[i] XOR key(offset + i) for i < n: encodes plain bytes for, or
+ * decodes stored bytes from, arena offset `offset`. dst may equal src.
+ */
+void cobalt_xcode(uint8_t *dst, const uint8_t *src, uint64_t offset, size_t n);
+
+/* ---- convert.c ----------------------------------------------------------- */
+
+typedef enum cobalt_dtype {
+    COBALT_F32,
+    COBALT_F16,
+    COBALT_BF16,
+    COBALT_F64,
+    COBALT_I32,
+    COBALT_I64,
+    COBALT_U8,
+    COBALT_BOOL
+} cobalt_dtype;
+
+/* "f32", "bf16", ... */
+const char *cobalt_dtype_name(cobalt_dtype dtype);
+size_t cobalt_dtype_size(cobalt_dtype dtype);
+int cobalt_dtype_is_float(cobalt_dtype dtype);
+/* Maps a DLPack dtype to ours; 0 when it is not one of ABI v1's. */
+int cobalt_dtype_from_abi(PolychipDataType abi, cobalt_dtype *out);
+
+float cobalt_f16_to_f32(uint16_t bits);
+float cobalt_bf16_to_f32(uint16_t bits);
+/* Round to nearest even, directly from the double (no double rounding). */
+uint16_t cobalt_f64_to_f16(double value);
+uint16_t cobalt_f64_to_bf16(double value);
+
+/* Reads one element of a floating dtype (exactly). */
+double cobalt_read_f64(cobalt_dtype dtype, const uint8_t *src);
+/* Reads one element of f32, f16 or bf16 (exactly); f64 is rounded. */
+float cobalt_read_f32(cobalt_dtype dtype, const uint8_t *src);
+/*
+ * Writes `value` as one element of any dtype: floats round to nearest even;
+ * integers truncate toward zero and saturate (NaN becomes 0); bool is
+ * `value != 0`.
+ */
+void cobalt_write_f64(cobalt_dtype dtype, uint8_t *dst, double value);
+/* Writes a float as one element of a floating dtype, rounding once. */
+void cobalt_write_f32(cobalt_dtype dtype, uint8_t *dst, float value);
+
+/* ---- tensor.c ------------------------------------------------------------ */
+
+/* A checked tensor descriptor whose every element lies in one allocation. */
+typedef struct cobalt_view {
+    cobalt_dtype dtype;
+    size_t elem_size;
+    int ndim;
+    int64_t shape[COBALT_MAX_DIMS];
+    int64_t strides[COBALT_MAX_DIMS]; /* in elements */
+    int64_t numel;
+    uint8_t *arena;  /* the device's arena; NULL when numel == 0 */
+    int64_t origin;  /* arena byte offset of element (0, ..., 0) */
+} cobalt_view;
+
+/* Room for "[a, b, ...]" with COBALT_MAX_DIMS 20-digit entries. */
+#define COBALT_SHAPE_STR_BYTES 400
+/* Writes "[2, 3]" into buf and returns it. */
+const char *cobalt_shape_str(char *buf, int ndim, const int64_t *shape);
+
+/*
+ * Checks operator `op`'s tensor argument `name` for `device` and fills `out`:
+ * device type and id, rank, extents, dtype, and that the byte extent implied
+ * by shape, strides and byte_offset lies inside one live allocation.
+ */
+PolychipError *cobalt_view_init(cobalt_view *out, const PolychipTensor *tensor, uint32_t device,
+                                const char *op, const char *name);
+/* Whether two shapes are equal. */
+int cobalt_same_shape(int ndim_a, const int64_t *a, int ndim_b, const int64_t *b);
+/* NumPy broadcast shape of a and b (right-aligned); 0 when incompatible. */
+int cobalt_broadcast_shape(int ndim_a, const int64_t *a, int ndim_b, const int64_t *b,
+                           int *out_ndim, int64_t *out_shape);
+/* `in` viewed with shape `shape` (zero strides on broadcast dims); 0 when incompatible. */
+int cobalt_view_broadcast(const cobalt_view *in, int ndim, const int64_t *shape, cobalt_view *out);
+
+/* Device elements to a contiguous row-major plain buffer, decoding. */
+void cobalt_gather(const cobalt_view *view, void *plain);
+/* A contiguous row-major plain buffer to the device elements, encoding. */
+void cobalt_scatter(const cobalt_view *view, const void *plain);
+
+/* malloc of count * size bytes (at least 1); NULL with *error set (OUT_OF_MEMORY naming `op`) on failure. */
+void *cobalt_scratch(const char *op, int64_t count, size_t size, PolychipError **error);
+/* A new buffer with a floating view's elements as float / double. */
+PolychipError *cobalt_load_f32(const char *op, const cobalt_view *view, float **out);
+PolychipError *cobalt_load_f64(const char *op, const cobalt_view *view, double **out);
+/* Writes values (row-major, view->numel of them) to a view, rounding once. */
+PolychipError *cobalt_store_f32(const char *op, const cobalt_view *view, const float *values);
+PolychipError *cobalt_store_f64(const char *op, const cobalt_view *view, const double *values);
+
+/*
+ * The checks every operator starts with: a valid device, a stream of that
+ * device (or NULL), non-NULL args whose struct_size covers `needed` bytes.
+ */
+PolychipError *cobalt_op_begin(const char *op, uint32_t device, const PolychipStream *stream,
+                               const void *args, size_t needed, const char *last_field);
+
+/* ---- the operators (ops_*.c) --------------------------------------------- */
+
+PolychipError *cobalt_op_fill(uint32_t device, PolychipStream *stream, const PolychipFillArgs *args);
+PolychipError *cobalt_op_copy(uint32_t device, PolychipStream *stream, const PolychipCopyArgs *args);
+PolychipError *cobalt_op_cast(uint32_t device, PolychipStream *stream, const PolychipCastArgs *args);
+PolychipError *cobalt_op_add(uint32_t device, PolychipStream *stream, const PolychipBinaryArgs *args);
+PolychipError *cobalt_op_sub(uint32_t device, PolychipStream *stream, const PolychipBinaryArgs *args);
+PolychipError *cobalt_op_mul(uint32_t device, PolychipStream *stream, const PolychipBinaryArgs *args);
+PolychipError *cobalt_op_div(uint32_t device, PolychipStream *stream, const PolychipBinaryArgs *args);
+PolychipError *cobalt_op_matmul(uint32_t device, PolychipStream *stream,
+                                const PolychipMatmulArgs *args);
+PolychipError *cobalt_op_softmax(uint32_t device, PolychipStream *stream,
+                                 const PolychipSoftmaxArgs *args);
+
+#endif /* COBALT_INTERNAL_H */
