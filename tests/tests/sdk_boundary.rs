@@ -71,8 +71,8 @@ fn plugin() -> &'static PolychipPluginApi {
 #[test]
 fn the_sdk_refuses_bad_arguments_with_error_objects() {
     let api = plugin();
-    // SAFETY (whole test): each call passes deliberately bad arguments that the
-    // SDK must detect before touching them; valid pointers are valid.
+    // SAFETY: each call passes deliberately bad arguments that the SDK must
+    // detect before touching them; every pointer that is not NULL is valid.
     unsafe {
         // NULL out-params.
         let (code, msg) = take(api.device_count.unwrap()(null_mut())).unwrap();
