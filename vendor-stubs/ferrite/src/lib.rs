@@ -55,16 +55,6 @@ impl Ferrite {
     }
 }
 
-/// Logs during [`Plugin::new`], before the SDK has installed its forwarding
-/// logger: straight to the host then, through `log` once it exists.
-fn early_log(host: &Host, level: log::Level, message: &str) {
-    if log::max_level() != log::LevelFilter::Off {
-        log::log!(level, "{message}");
-    } else if level <= host.log_level() {
-        host.log(level, message);
-    }
-}
-
 impl Plugin for Ferrite {
     type Stream = Stream;
     type Event = Event;
@@ -72,17 +62,13 @@ impl Plugin for Ferrite {
     const VENDOR: &'static CStr = c"Ferrite";
     const VERSION: &'static CStr = c"1.0.0";
 
-    fn new(host: &Host) -> Result<Self> {
-        let config =
-            Config::from_env(|w| early_log(host, log::Level::Warn, &format!("Ferrite: {w}")));
-        early_log(
-            host,
-            log::Level::Info,
-            &format!(
-                "Ferrite 1.0.0: {} device(s) of {} MiB",
-                config.devices,
-                config.memory_bytes >> 20
-            ),
+    fn new(_host: &Host) -> Result<Self> {
+        // The SDK forwards `log` records to the host from before `new` runs.
+        let config = Config::from_env(|w| log::warn!("Ferrite: {w}"));
+        log::info!(
+            "Ferrite 1.0.0: {} device(s) of {} MiB",
+            config.devices,
+            config.memory_bytes >> 20
         );
         Ok(Ferrite::with_config(config))
     }

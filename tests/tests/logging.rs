@@ -1,0 +1,83 @@
+//! Plugins log through the host's callback: records from a C plugin
+//! (`host->log`) and from a Rust plugin (the `log` crate, forwarded by the
+//! SDK) arrive in the host process's logger, tagged with the plugin's file.
+
+mod common;
+
+use std::sync::Mutex;
+
+use polychip_host::{LoadOptions, Runtime};
+
+static RECORDS: Mutex<Vec<(log::Level, String, String)>> = Mutex::new(Vec::new());
+
+struct Capture;
+
+impl log::Log for Capture {
+    fn enabled(&self, _: &log::Metadata<'_>) -> bool {
+        true
+    }
+    fn log(&self, record: &log::Record<'_>) {
+        RECORDS.lock().unwrap().push((
+            record.level(),
+            record.target().to_string(),
+            record.args().to_string(),
+        ));
+    }
+    fn flush(&self) {}
+}
+
+#[test]
+fn plugin_log_records_reach_the_host_logger() {
+    log::set_logger(&Capture).unwrap();
+    log::set_max_level(log::LevelFilter::Debug);
+    let runtime = Runtime::load(
+        &[common::cobalt_path(), common::ferrite_path()],
+        &LoadOptions::default(),
+    );
+    assert!(runtime.failures().is_empty(), "{:?}", runtime.failures());
+    let cobalt = &runtime.devices_of("cobalt")[0];
+    drop(cobalt.alloc(4096).unwrap());
+    let records = RECORDS.lock().unwrap();
+    let from = |file: &str| {
+        records
+            .iter()
+            .filter(|(_, target, message)| {
+                target == "polychip::plugin" && message.starts_with(&format!("{file}: "))
+            })
+            .count()
+    };
+    assert!(
+        from("libpolychip_vendor_cobalt.so") > 0,
+        "no Cobalt records in {records:?}"
+    );
+    let ferrite_info = records.iter().any(|(level, _, m)| {
+        *level == log::Level::Info && m.starts_with("libpolychip_vendor_ferrite.so: Ferrite 1.0.0:")
+    });
+    assert!(ferrite_info, "no Ferrite record in {records:?}");
+}
+
+#[test]
+fn bundled_plugins_export_only_the_entry_symbol() {
+    let Ok(out) = std::process::Command::new("nm")
+        .args(["-D", "--defined-only"])
+        .arg(common::ferrite_path())
+        .output()
+    else {
+        eprintln!("skipped: nm is not installed (scripts/install-deps installs binutils)");
+        return;
+    };
+    let text = String::from_utf8_lossy(&out.stdout);
+    let functions: Vec<&str> = text
+        .lines()
+        .filter_map(|l| {
+            let mut parts = l.split_whitespace();
+            let (_, kind, name) = (parts.next()?, parts.next()?, parts.next()?);
+            (kind == "T").then_some(name)
+        })
+        .collect();
+    assert_eq!(
+        functions,
+        ["polychip_plugin_init_v1"],
+        "Ferrite exports: {text}"
+    );
+}
