@@ -22,7 +22,7 @@
 
 // The ABI minor version this header describes. Minors only append: new
 // fields at the end of structs, new entries at the end of tables, new codes.
-#define POLYCHIP_ABI_MINOR 0
+#define POLYCHIP_ABI_MINOR 1
 
 // The oldest minor of major 1 that a host built from this header accepts.
 #define POLYCHIP_ABI_MIN_MINOR 0
@@ -37,6 +37,9 @@
 // Device memory can be exported for RDMA registration (dma-buf or
 // equivalent), so a NIC can read and write it directly.
 #define POLYCHIP_MEMORY_RDMA_EXPORTABLE 2
+
+// The number of operators in this minor's op table.
+#define POLYCHIP_OP_COUNT 47
 
 // Signed integer (DLPack `kDLInt`).
 #define POLYCHIP_DTYPE_CODE_INT 0
@@ -59,6 +62,9 @@
 // A plugin's device (DLPack `kDLExtDev`).
 #define POLYCHIP_DEVICE_TYPE_EXT 12
 
+// Which activation a backward operator differentiates ([`Plugin::activation_backward`]).
+typedef struct ActivationOp ActivationOp;
+
 // An element type supported by ABI v1.
 typedef struct DType DType;
 
@@ -73,6 +79,12 @@ typedef struct PolychipEvent PolychipEvent;
 // A plugin's stream: an in-order queue of work on one device. Opaque to the
 // host; created and destroyed by the plugin.
 typedef struct PolychipStream PolychipStream;
+
+// Which reduction ([`Plugin::reduce`]).
+typedef struct ReduceOp ReduceOp;
+
+// Which unary operator ([`Plugin::unary`]).
+typedef struct UnaryOp UnaryOp;
 
 // A code from the closed set of `POLYCHIP_ERROR_*` constants.
 typedef uint32_t PolychipErrorCode;
@@ -194,9 +206,9 @@ typedef struct PolychipTensor {
   uint64_t byte_offset;
 } PolychipTensor;
 
-// `out[...] = value`, converted to `out`'s dtype (round to nearest even for
-// floats, truncation toward zero for integers, `value != 0` for bool).
-// Any dtype, any strides (no zero strides).
+// `out[...] = value`, converted to `out`'s dtype: round to nearest even for
+// floats; for integers truncation toward zero, saturating at the type's
+// range, NaN giving 0; `value != 0` for bool. Any dtype, any strides.
 typedef struct PolychipFillArgs {
   // Size of this struct as the host knows it.
   size_t struct_size;
@@ -313,6 +325,514 @@ typedef struct PolychipError *(*PolychipSoftmaxFn)(uint32_t device,
                                                    struct PolychipStream *stream,
                                                    const struct PolychipSoftmaxArgs *args);
 
+// `out = f(input)` for `neg`, `exp`, `log`, `sqrt`, `rsqrt` (`1/sqrt(x)`),
+// `tanh`, `relu` (`max(x, 0)`, NaN stays NaN), `silu` (`x * sigmoid(x)`) and
+// `gelu` (the tanh form, `0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`).
+// IEEE semantics at the edges: `log(0) = -inf`, `log(-1) = NaN`,
+// `sqrt(-0) = -0`, `rsqrt(0) = +inf`, `exp(large) = +inf`.
+typedef struct PolychipUnaryArgs {
+  // Size of this struct as the host knows it.
+  size_t struct_size;
+  // Input.
+  struct PolychipTensor input;
+  // Output: same shape and dtype.
+  struct PolychipTensor out;
+} PolychipUnaryArgs;
+
+// An operator entry taking [`PolychipUnaryArgs`].
+typedef struct PolychipError *(*PolychipUnaryFn)(uint32_t device,
+                                                 struct PolychipStream *stream,
+                                                 const struct PolychipUnaryArgs *args);
+
+// `out = input ^ exponent` (C's `pow` semantics, including `pow(x, 0) = 1`).
+typedef struct PolychipPowScalarArgs {
+  // Size of this struct as the host knows it.
+  size_t struct_size;
+  // Base.
+  struct PolychipTensor input;
+  // Output: same shape and dtype.
+  struct PolychipTensor out;
+  // The exponent.
+  double exponent;
+} PolychipPowScalarArgs;
+
+// An operator entry taking [`PolychipPowScalarArgs`].
+typedef struct PolychipError *(*PolychipPowScalarFn)(uint32_t device,
+                                                     struct PolychipStream *stream,
+                                                     const struct PolychipPowScalarArgs *args);
+
+// `grad_in = grad_out * f'(input)` for `relu_backward` (derivative 1 where
+// `input > 0`, else 0), `silu_backward` (`s (1 + x (1 - s))`, `s =
+// sigmoid(x)`) and `gelu_backward` (derivative of the tanh form).
+typedef struct PolychipActivationBackwardArgs {
+  // Size of this struct as the host knows it.
+  size_t struct_size;
+  // Gradient of the activation's output.
+  struct PolychipTensor grad_out;
+  // The activation's input (saved from the forward pass).
+  struct PolychipTensor input;
+  // Gradient of the activation's input; same shape and dtype.
+  struct PolychipTensor grad_in;
+} PolychipActivationBackwardArgs;
+
+// An operator entry taking [`PolychipActivationBackwardArgs`].
+typedef struct PolychipError *(*PolychipActivationBackwardFn)(uint32_t device,
+                                                              struct PolychipStream *stream,
+                                                              const struct PolychipActivationBackwardArgs *args);
+
+// Fused SwiGLU, `out = silu(gate) * up`.
+typedef struct PolychipSwigluArgs {
+  // Size of this struct as the host knows it.
+  size_t struct_size;
+  // Gate projection.
+  struct PolychipTensor gate;
+  // Up projection; same shape and dtype as `gate`.
+  struct PolychipTensor up;
+  // Output; same shape and dtype.
+  struct PolychipTensor out;
+} PolychipSwigluArgs;
+
+// An operator entry taking [`PolychipSwigluArgs`].
+typedef struct PolychipError *(*PolychipSwigluFn)(uint32_t device,
+                                                  struct PolychipStream *stream,
+                                                  const struct PolychipSwigluArgs *args);
+
+// Backward of fused SwiGLU: `grad_gate = grad_out * up * silu'(gate)`,
+// `grad_up = grad_out * silu(gate)`.
+typedef struct PolychipSwigluBackwardArgs {
+  // Size of this struct as the host knows it.
+  size_t struct_size;
+  // Gate projection (forward input).
+  struct PolychipTensor gate;
+  // Up projection (forward input).
+  struct PolychipTensor up;
+  // Gradient of the output.
+  struct PolychipTensor grad_out;
+  // Gradient of `gate`.
+  struct PolychipTensor grad_gate;
+  // Gradient of `up`.
+  struct PolychipTensor grad_up;
+} PolychipSwigluBackwardArgs;
+
+// An operator entry taking [`PolychipSwigluBackwardArgs`].
+typedef struct PolychipError *(*PolychipSwigluBackwardFn)(uint32_t device,
+                                                          struct PolychipStream *stream,
+                                                          const struct PolychipSwigluBackwardArgs *args);
+
+// A reduction over one dimension: `sum`, `mean`, `max` and `argmax`.
+//
+// `out` has `input`'s shape with dimension `dim` removed, or set to 1 when
+// `keepdim` is nonzero. `sum`, `mean` and `max` keep `input`'s floating
+// dtype and accumulate in at least f32; `argmax` writes i64 indices (the
+// first maximum; the first NaN if there is one). Over an empty dimension:
+// `sum` is 0, `mean` is NaN, `max` is `-inf`, and `argmax` is an
+// `INVALID_ARGUMENT` error. `max` propagates NaN.
+typedef struct PolychipReduceArgs {
+  // Size of this struct as the host knows it.
+  size_t struct_size;
+  // Input.
+  struct PolychipTensor input;
+  // Output.
+  struct PolychipTensor out;
+  // The reduced dimension; negative counts from the end (`-1` is the last).
+  int32_t dim;
+  // Nonzero: keep the reduced dimension with extent 1.
+  uint8_t keepdim;
+} PolychipReduceArgs;
+
+// An operator entry taking [`PolychipReduceArgs`].
+typedef struct PolychipError *(*PolychipReduceFn)(uint32_t device,
+                                                  struct PolychipStream *stream,
+                                                  const struct PolychipReduceArgs *args);
+
+// `out = sum(input^2)` over every element, accumulated in at least f32:
+// the global term of gradient-norm clipping. `out` is a 0-dimensional f32
+// tensor.
+typedef struct PolychipSumSquaresArgs {
+  // Size of this struct as the host knows it.
+  size_t struct_size;
+  // Input, any floating dtype and shape.
+  struct PolychipTensor input;
+  // 0-dimensional f32 output.
+  struct PolychipTensor out;
+} PolychipSumSquaresArgs;
+
+// An operator entry taking [`PolychipSumSquaresArgs`].
+typedef struct PolychipError *(*PolychipSumSquaresFn)(uint32_t device,
+                                                      struct PolychipStream *stream,
+                                                      const struct PolychipSumSquaresArgs *args);
+
+// `out = input @ weight^T + bias`, with `input` `[..., K]`, `weight`
+// `[N, K]`, `bias` `[N]` (ignored when `has_bias` is zero) and `out`
+// `[..., N]`, one floating dtype. Accumulates in at least f32. Its backward
+// is two matmuls and a `sum`.
+typedef struct PolychipLinearArgs {
+  // Size of this struct as the host knows it.
+  size_t struct_size;
+  // `[..., K]`.
+  struct PolychipTensor input;
+  // `[N, K]`.
+  struct PolychipTensor weight;
+  // `[N]`; not read when `has_bias` is zero.
+  struct PolychipTensor bias;
+  // `[..., N]`.
+  struct PolychipTensor out;
+  // Nonzero: add `bias`.
+  uint8_t has_bias;
+} PolychipLinearArgs;
+
+// An operator entry taking [`PolychipLinearArgs`].
+typedef struct PolychipError *(*PolychipLinearFn)(uint32_t device,
+                                                  struct PolychipStream *stream,
+                                                  const struct PolychipLinearArgs *args);
+
+// Backward of `softmax` (`grad_in = y * (g - sum(g * y))`) or of
+// `log_softmax` (`grad_in = g - exp(y) * sum(g)`), over the last dimension,
+// where `y` is the forward output.
+typedef struct PolychipSoftmaxBackwardArgs {
+  // Size of this struct as the host knows it.
+  size_t struct_size;
+  // The forward output (probabilities, or log-probabilities).
+  struct PolychipTensor out;
+  // Gradient of the forward output.
+  struct PolychipTensor grad_out;
+  // Gradient of the forward input; same shape and dtype.
+  struct PolychipTensor grad_in;
+} PolychipSoftmaxBackwardArgs;
+
+// An operator entry taking [`PolychipSoftmaxBackwardArgs`].
+typedef struct PolychipError *(*PolychipSoftmaxBackwardFn)(uint32_t device,
+                                                           struct PolychipStream *stream,
+                                                           const struct PolychipSoftmaxBackwardArgs *args);
+
+// RMSNorm: `out = input * inv_rms * weight`, `inv_rms = 1 / sqrt(mean(x^2) + eps)`.
+typedef struct PolychipRmsNormArgs {
+  // Size of this struct as the host knows it.
+  size_t struct_size;
+  // `[..., H]`.
+  struct PolychipTensor input;
+  // `[H]`.
+  struct PolychipTensor weight;
+  // `[..., H]`.
+  struct PolychipTensor out;
+  // `[...]` f32: saved for the backward pass.
+  struct PolychipTensor inv_rms;
+  // Added to the mean square.
+  double eps;
+} PolychipRmsNormArgs;
+
+// An operator entry taking [`PolychipRmsNormArgs`].
+typedef struct PolychipError *(*PolychipRmsNormFn)(uint32_t device,
+                                                   struct PolychipStream *stream,
+                                                   const struct PolychipRmsNormArgs *args);
+
+// Backward of RMSNorm: writes (does not accumulate) `grad_input` and
+// `grad_weight` (summed over rows in at least f32).
+typedef struct PolychipRmsNormBackwardArgs {
+  // Size of this struct as the host knows it.
+  size_t struct_size;
+  // `[..., H]`.
+  struct PolychipTensor grad_out;
+  // `[..., H]`: the forward input.
+  struct PolychipTensor input;
+  // `[H]`.
+  struct PolychipTensor weight;
+  // `[...]` f32 from the forward pass.
+  struct PolychipTensor inv_rms;
+  // `[..., H]`.
+  struct PolychipTensor grad_input;
+  // `[H]`.
+  struct PolychipTensor grad_weight;
+} PolychipRmsNormBackwardArgs;
+
+// An operator entry taking [`PolychipRmsNormBackwardArgs`].
+typedef struct PolychipError *(*PolychipRmsNormBackwardFn)(uint32_t device,
+                                                           struct PolychipStream *stream,
+                                                           const struct PolychipRmsNormBackwardArgs *args);
+
+// LayerNorm: `out = (input - mean) * rstd * weight + bias`, `rstd = 1 /
+// sqrt(var + eps)` with the biased variance.
+typedef struct PolychipLayerNormArgs {
+  // Size of this struct as the host knows it.
+  size_t struct_size;
+  // `[..., H]`.
+  struct PolychipTensor input;
+  // `[H]`.
+  struct PolychipTensor weight;
+  // `[H]`.
+  struct PolychipTensor bias;
+  // `[..., H]`.
+  struct PolychipTensor out;
+  // `[...]` f32: saved for the backward pass.
+  struct PolychipTensor mean;
+  // `[...]` f32: saved for the backward pass.
+  struct PolychipTensor rstd;
+  // Added to the variance.
+  double eps;
+} PolychipLayerNormArgs;
+
+// An operator entry taking [`PolychipLayerNormArgs`].
+typedef struct PolychipError *(*PolychipLayerNormFn)(uint32_t device,
+                                                     struct PolychipStream *stream,
+                                                     const struct PolychipLayerNormArgs *args);
+
+// Backward of LayerNorm: writes `grad_input`, `grad_weight` and `grad_bias`.
+typedef struct PolychipLayerNormBackwardArgs {
+  // Size of this struct as the host knows it.
+  size_t struct_size;
+  // `[..., H]`.
+  struct PolychipTensor grad_out;
+  // `[..., H]`: the forward input.
+  struct PolychipTensor input;
+  // `[H]`.
+  struct PolychipTensor weight;
+  // `[...]` f32 from the forward pass.
+  struct PolychipTensor mean;
+  // `[...]` f32 from the forward pass.
+  struct PolychipTensor rstd;
+  // `[..., H]`.
+  struct PolychipTensor grad_input;
+  // `[H]`.
+  struct PolychipTensor grad_weight;
+  // `[H]`.
+  struct PolychipTensor grad_bias;
+} PolychipLayerNormBackwardArgs;
+
+// An operator entry taking [`PolychipLayerNormBackwardArgs`].
+typedef struct PolychipError *(*PolychipLayerNormBackwardFn)(uint32_t device,
+                                                             struct PolychipStream *stream,
+                                                             const struct PolychipLayerNormBackwardArgs *args);
+
+// Rotary position embedding (`rope`), and its backward (`rope_backward`,
+// the rotation by `-theta`, which is also its inverse).
+//
+// `input` is `[batch, seq, heads, head_dim]` with an even `head_dim = D`;
+// `cos` and `sin` are f32 `[seq, D/2]` tables. Pair `j` of a head is
+// `(x[2j], x[2j+1])` when `interleaved` is nonzero (GPT-J layout) and
+// `(x[j], x[j + D/2])` otherwise (GPT-NeoX/LLaMA half-split layout); it is
+// rotated as `(a cos - b sin, a sin + b cos)` with the angle of its position
+// and `j`. In place: `out` may be exactly `input`.
+typedef struct PolychipRopeArgs {
+  // Size of this struct as the host knows it.
+  size_t struct_size;
+  // `[batch, seq, heads, D]`.
+  struct PolychipTensor input;
+  // `[seq, D/2]` f32.
+  struct PolychipTensor cos;
+  // `[seq, D/2]` f32.
+  struct PolychipTensor sin;
+  // Same shape and dtype as `input`.
+  struct PolychipTensor out;
+  // Nonzero: interleaved pairs; zero: half-split pairs.
+  uint8_t interleaved;
+} PolychipRopeArgs;
+
+// An operator entry taking [`PolychipRopeArgs`].
+typedef struct PolychipError *(*PolychipRopeFn)(uint32_t device,
+                                                struct PolychipStream *stream,
+                                                const struct PolychipRopeArgs *args);
+
+// `out = softmax(scale * q k^T + mask) v`, and the log-sum-exp of each
+// scaled, masked row in `lse` (f32 `[batch, heads_q, seq_q]`) for the
+// backward pass.
+typedef struct PolychipAttentionArgs {
+  // Size of this struct as the host knows it.
+  size_t struct_size;
+  // Queries.
+  struct PolychipTensor q;
+  // Keys.
+  struct PolychipTensor k;
+  // Values.
+  struct PolychipTensor v;
+  // `[batch, heads_q, seq_q, D]`, the dtype of `q`.
+  struct PolychipTensor out;
+  // `[batch, heads_q, seq_q]` f32.
+  struct PolychipTensor lse;
+  // Multiplies `q k^T`; usually `1 / sqrt(D)`.
+  double scale;
+  // Nonzero: apply the causal mask.
+  uint8_t causal;
+} PolychipAttentionArgs;
+
+// An operator entry taking [`PolychipAttentionArgs`].
+typedef struct PolychipError *(*PolychipAttentionFn)(uint32_t device,
+                                                     struct PolychipStream *stream,
+                                                     const struct PolychipAttentionArgs *args);
+
+// Backward of attention: writes (does not accumulate) `grad_q`, `grad_k`
+// and `grad_v` (the latter two summed over the query heads that share each
+// key/value head), from the forward inputs, `out` and `lse`.
+typedef struct PolychipAttentionBackwardArgs {
+  // Size of this struct as the host knows it.
+  size_t struct_size;
+  // Queries.
+  struct PolychipTensor q;
+  // Keys.
+  struct PolychipTensor k;
+  // Values.
+  struct PolychipTensor v;
+  // The forward output.
+  struct PolychipTensor out;
+  // The forward log-sum-exp, f32.
+  struct PolychipTensor lse;
+  // Gradient of `out`.
+  struct PolychipTensor grad_out;
+  // Gradient of `q`.
+  struct PolychipTensor grad_q;
+  // Gradient of `k`.
+  struct PolychipTensor grad_k;
+  // Gradient of `v`.
+  struct PolychipTensor grad_v;
+  // As in the forward pass.
+  double scale;
+  // As in the forward pass.
+  uint8_t causal;
+} PolychipAttentionBackwardArgs;
+
+// An operator entry taking [`PolychipAttentionBackwardArgs`].
+typedef struct PolychipError *(*PolychipAttentionBackwardFn)(uint32_t device,
+                                                             struct PolychipStream *stream,
+                                                             const struct PolychipAttentionBackwardArgs *args);
+
+// Embedding lookup, `out[i..., :] = weight[indices[i...], :]`.
+typedef struct PolychipEmbeddingArgs {
+  // Size of this struct as the host knows it.
+  size_t struct_size;
+  // `[V, H]`, floating.
+  struct PolychipTensor weight;
+  // Any shape, i32 or i64, each in `[0, V)`.
+  struct PolychipTensor indices;
+  // `[indices..., H]`, the dtype of `weight`.
+  struct PolychipTensor out;
+} PolychipEmbeddingArgs;
+
+// An operator entry taking [`PolychipEmbeddingArgs`].
+typedef struct PolychipError *(*PolychipEmbeddingFn)(uint32_t device,
+                                                     struct PolychipStream *stream,
+                                                     const struct PolychipEmbeddingArgs *args);
+
+// Embedding backward: `grad_weight[indices[i...], :] += grad_out[i..., :]`,
+// accumulating into `grad_weight` (repeated indices add up; accumulate in
+// at least f32 per update).
+typedef struct PolychipEmbeddingBackwardArgs {
+  // Size of this struct as the host knows it.
+  size_t struct_size;
+  // `[indices..., H]`.
+  struct PolychipTensor grad_out;
+  // Any shape, i32 or i64, each in `[0, V)`.
+  struct PolychipTensor indices;
+  // `[V, H]`: accumulated into.
+  struct PolychipTensor grad_weight;
+} PolychipEmbeddingBackwardArgs;
+
+// An operator entry taking [`PolychipEmbeddingBackwardArgs`].
+typedef struct PolychipError *(*PolychipEmbeddingBackwardFn)(uint32_t device,
+                                                             struct PolychipStream *stream,
+                                                             const struct PolychipEmbeddingBackwardArgs *args);
+
+// Mean cross-entropy of `logits` `[N, C]` against class `targets` `[N]`
+// (i32 or i64): `loss = mean over rows with target != ignore_index of
+// (logsumexp(row) - row[target])`, in at least f32. If every row is ignored
+// the loss is NaN. A target outside `[0, C)` that is not `ignore_index` is
+// an `INVALID_ARGUMENT` error.
+typedef struct PolychipCrossEntropyArgs {
+  // Size of this struct as the host knows it.
+  size_t struct_size;
+  // `[N, C]`, floating.
+  struct PolychipTensor logits;
+  // `[N]`, i32 or i64.
+  struct PolychipTensor targets;
+  // 0-dimensional f32.
+  struct PolychipTensor loss;
+  // Rows whose target equals this are skipped (PyTorch's default is -100).
+  int64_t ignore_index;
+} PolychipCrossEntropyArgs;
+
+// An operator entry taking [`PolychipCrossEntropyArgs`].
+typedef struct PolychipError *(*PolychipCrossEntropyFn)(uint32_t device,
+                                                        struct PolychipStream *stream,
+                                                        const struct PolychipCrossEntropyArgs *args);
+
+// Backward of the mean cross-entropy: `grad_logits = grad_loss *
+// (softmax(row) - onehot(target)) / count` for counted rows, 0 for ignored
+// rows, where `count` is the number of rows not ignored.
+typedef struct PolychipCrossEntropyBackwardArgs {
+  // Size of this struct as the host knows it.
+  size_t struct_size;
+  // `[N, C]`.
+  struct PolychipTensor logits;
+  // `[N]`, i32 or i64.
+  struct PolychipTensor targets;
+  // `[N, C]`, the dtype of `logits`.
+  struct PolychipTensor grad_logits;
+  // The gradient of the loss (1 for a loss that is the objective).
+  double grad_loss;
+  // As in the forward pass.
+  int64_t ignore_index;
+} PolychipCrossEntropyBackwardArgs;
+
+// An operator entry taking [`PolychipCrossEntropyBackwardArgs`].
+typedef struct PolychipError *(*PolychipCrossEntropyBackwardFn)(uint32_t device,
+                                                                struct PolychipStream *stream,
+                                                                const struct PolychipCrossEntropyBackwardArgs *args);
+
+// One AdamW step, in place, element by element (decoupled weight decay,
+// bias correction):
+//
+// ```text
+// p -= lr * weight_decay * p
+// m = beta1 m + (1 - beta1) g
+// v = beta2 v + (1 - beta2) g^2
+// p -= lr * (m / (1 - beta1^step)) / (sqrt(v / (1 - beta2^step)) + eps)
+// ```
+//
+// `param` and `grad` share a floating dtype; `exp_avg` (`m`) and
+// `exp_avg_sq` (`v`) are f32; all four have one shape. Computed in at least f32.
+typedef struct PolychipAdamwArgs {
+  // Size of this struct as the host knows it.
+  size_t struct_size;
+  // Parameters, updated.
+  struct PolychipTensor param;
+  // Gradients, read.
+  struct PolychipTensor grad;
+  // First moment, f32, updated.
+  struct PolychipTensor exp_avg;
+  // Second moment, f32, updated.
+  struct PolychipTensor exp_avg_sq;
+  // Learning rate.
+  double lr;
+  // First-moment decay.
+  double beta1;
+  // Second-moment decay.
+  double beta2;
+  // Added to the denominator.
+  double eps;
+  // Decoupled weight decay.
+  double weight_decay;
+  // The 1-based step number, for bias correction.
+  int64_t step;
+} PolychipAdamwArgs;
+
+// An operator entry taking [`PolychipAdamwArgs`].
+typedef struct PolychipError *(*PolychipAdamwFn)(uint32_t device,
+                                                 struct PolychipStream *stream,
+                                                 const struct PolychipAdamwArgs *args);
+
+// `tensor *= alpha` in place (gradient clipping).
+typedef struct PolychipScaleArgs {
+  // Size of this struct as the host knows it.
+  size_t struct_size;
+  // Floating tensor, updated.
+  struct PolychipTensor tensor;
+  // The factor.
+  double alpha;
+} PolychipScaleArgs;
+
+// An operator entry taking [`PolychipScaleArgs`].
+typedef struct PolychipError *(*PolychipScaleFn)(uint32_t device,
+                                                 struct PolychipStream *stream,
+                                                 const struct PolychipScaleArgs *args);
+
 // The operator table. Append-only: a new operator is a new field at the end,
 // introduced by a new minor version. NULL entries are "not implemented".
 typedef struct PolychipOpTable {
@@ -336,6 +856,82 @@ typedef struct PolychipOpTable {
   PolychipMatmulFn matmul;
   // Softmax over the last dimension. Since 1.0.
   PolychipSoftmaxFn softmax;
+  // `-x`. Since 1.1.
+  PolychipUnaryFn neg;
+  // `e^x`. Since 1.1.
+  PolychipUnaryFn exp;
+  // Natural logarithm. Since 1.1.
+  PolychipUnaryFn log;
+  // Square root. Since 1.1.
+  PolychipUnaryFn sqrt;
+  // `1 / sqrt(x)`. Since 1.1.
+  PolychipUnaryFn rsqrt;
+  // Hyperbolic tangent. Since 1.1.
+  PolychipUnaryFn tanh;
+  // `x ^ exponent`. Since 1.1.
+  PolychipPowScalarFn pow_scalar;
+  // `max(x, 0)`. Since 1.1.
+  PolychipUnaryFn relu;
+  // Backward of `relu`. Since 1.1.
+  PolychipActivationBackwardFn relu_backward;
+  // `x * sigmoid(x)`. Since 1.1.
+  PolychipUnaryFn silu;
+  // Backward of `silu`. Since 1.1.
+  PolychipActivationBackwardFn silu_backward;
+  // GELU, tanh form. Since 1.1.
+  PolychipUnaryFn gelu;
+  // Backward of `gelu`. Since 1.1.
+  PolychipActivationBackwardFn gelu_backward;
+  // `silu(gate) * up`. Since 1.1.
+  PolychipSwigluFn swiglu;
+  // Backward of `swiglu`. Since 1.1.
+  PolychipSwigluBackwardFn swiglu_backward;
+  // Sum over a dimension. Since 1.1.
+  PolychipReduceFn sum;
+  // Mean over a dimension. Since 1.1.
+  PolychipReduceFn mean;
+  // Maximum over a dimension. Since 1.1.
+  PolychipReduceFn max;
+  // Index of the maximum over a dimension (i64). Since 1.1.
+  PolychipReduceFn argmax;
+  // Global sum of squares (f32 scalar). Since 1.1.
+  PolychipSumSquaresFn sum_squares;
+  // `input @ weight^T + bias`. Since 1.1.
+  PolychipLinearFn linear;
+  // Backward of `softmax`. Since 1.1.
+  PolychipSoftmaxBackwardFn softmax_backward;
+  // Log-softmax over the last dimension (takes [`PolychipSoftmaxArgs`]). Since 1.1.
+  PolychipSoftmaxFn log_softmax;
+  // Backward of `log_softmax`. Since 1.1.
+  PolychipSoftmaxBackwardFn log_softmax_backward;
+  // RMSNorm, returning the inverse RMS. Since 1.1.
+  PolychipRmsNormFn rms_norm;
+  // Backward of `rms_norm`. Since 1.1.
+  PolychipRmsNormBackwardFn rms_norm_backward;
+  // LayerNorm, returning mean and rstd. Since 1.1.
+  PolychipLayerNormFn layer_norm;
+  // Backward of `layer_norm`. Since 1.1.
+  PolychipLayerNormBackwardFn layer_norm_backward;
+  // Rotary position embedding. Since 1.1.
+  PolychipRopeFn rope;
+  // Backward of `rope` (rotation by `-theta`). Since 1.1.
+  PolychipRopeFn rope_backward;
+  // Scaled-dot-product attention with GQA and causal mask, returning the log-sum-exp. Since 1.1.
+  PolychipAttentionFn attention;
+  // Backward of `attention`. Since 1.1.
+  PolychipAttentionBackwardFn attention_backward;
+  // Embedding lookup. Since 1.1.
+  PolychipEmbeddingFn embedding;
+  // Embedding backward (accumulates). Since 1.1.
+  PolychipEmbeddingBackwardFn embedding_backward;
+  // Mean cross-entropy with `ignore_index`. Since 1.1.
+  PolychipCrossEntropyFn cross_entropy;
+  // Backward of `cross_entropy`. Since 1.1.
+  PolychipCrossEntropyBackwardFn cross_entropy_backward;
+  // One AdamW step in place. Since 1.1.
+  PolychipAdamwFn adamw;
+  // `x *= alpha` in place. Since 1.1.
+  PolychipScaleFn scale;
 } PolychipOpTable;
 
 // What a plugin gives the host.
@@ -484,6 +1080,12 @@ typedef struct PolychipError *(*PolychipPluginInitV1)(const struct PolychipHostA
 
 // Very detailed tracing.
 #define POLYCHIP_LOG_TRACE 5
+
+
+
+
+
+
 
 
 

@@ -26,8 +26,10 @@ pub use element::Element;
 pub use error::{HostError, Result};
 pub use ffi::{LoadOptions, OpSet, Plugin};
 pub use memory::Buffer;
-pub use ops::{Exec, MatmulOptions};
-pub use polychip_plugin_sdk::{BinaryOp, DType, DeviceProps, ErrorCode};
+pub use ops::{AdamwOptions, Exec, MatmulOptions};
+pub use polychip_plugin_sdk::{
+    ActivationOp, BinaryOp, DType, DeviceProps, ErrorCode, ReduceOp, UnaryOp,
+};
 pub use runtime::{LoadFailure, Runtime};
 pub use stream::{Event, Stream};
 pub use tensor::Tensor;

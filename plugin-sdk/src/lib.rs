@@ -9,6 +9,7 @@
 //! error objects so that none unwinds into the host.
 
 pub mod abi;
+mod args;
 pub mod check;
 mod device;
 mod dtype;
@@ -18,14 +19,13 @@ mod plugin;
 mod tensor;
 
 #[doc(hidden)]
-#[path = "export.rs"]
+#[path = "export/mod.rs"]
 pub mod __export;
 
+pub use args::*;
 pub use device::DeviceProps;
 pub use dtype::DType;
 pub use error::{Error, ErrorCode, Result};
 pub use host::{Host, has_field};
-pub use plugin::{
-    BinaryArgs, BinaryOp, CopyArgs, CopyKind, FillArgs, MatmulArgs, Plugin, Queue, SoftmaxArgs,
-};
+pub use plugin::{CopyKind, Plugin, Queue};
 pub use tensor::{Shape, Strides, TensorDesc, contiguous_strides};

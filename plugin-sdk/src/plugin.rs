@@ -3,10 +3,10 @@
 
 use std::ffi::CStr;
 
+use crate::args::*;
 use crate::device::DeviceProps;
 use crate::error::{Error, Result};
 use crate::host::Host;
-use crate::tensor::TensorDesc;
 
 /// Where work goes: a device and one of its streams (`None`: the device's
 /// default stream, whose work must complete before the call returns).
@@ -34,93 +34,6 @@ pub enum CopyKind {
     DeviceToHost,
     /// Device memory to device memory on one device.
     DeviceToDevice,
-}
-
-/// Arguments of `fill`, checked by [`crate::check::fill`].
-#[derive(Debug, Clone, Copy)]
-pub struct FillArgs<'a> {
-    /// Output.
-    pub out: TensorDesc<'a>,
-    /// The value.
-    pub value: f64,
-}
-
-/// Arguments of `copy` and `cast`, checked by [`crate::check::copy`] or
-/// [`crate::check::cast`].
-#[derive(Debug, Clone, Copy)]
-pub struct CopyArgs<'a> {
-    /// Source.
-    pub src: TensorDesc<'a>,
-    /// Destination.
-    pub dst: TensorDesc<'a>,
-}
-
-/// Which elementwise binary operator.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum BinaryOp {
-    /// `a + alpha * b`.
-    Add,
-    /// `a - alpha * b`.
-    Sub,
-    /// `a * b`.
-    Mul,
-    /// `a / b`.
-    Div,
-}
-
-impl BinaryOp {
-    /// The operator's name in the op table.
-    pub const fn name(self) -> &'static str {
-        match self {
-            BinaryOp::Add => "add",
-            BinaryOp::Sub => "sub",
-            BinaryOp::Mul => "mul",
-            BinaryOp::Div => "div",
-        }
-    }
-}
-
-/// Arguments of `add`, `sub`, `mul`, `div`, checked by [`crate::check::binary`].
-#[derive(Debug, Clone, Copy)]
-pub struct BinaryArgs<'a> {
-    /// Which operator.
-    pub op: BinaryOp,
-    /// Left operand.
-    pub a: TensorDesc<'a>,
-    /// Right operand.
-    pub b: TensorDesc<'a>,
-    /// Result.
-    pub out: TensorDesc<'a>,
-    /// Scale of `b` for add and sub.
-    pub alpha: f64,
-}
-
-/// Arguments of `matmul`, checked by [`crate::check::matmul`].
-#[derive(Debug, Clone, Copy)]
-pub struct MatmulArgs<'a> {
-    /// Left operand.
-    pub a: TensorDesc<'a>,
-    /// Right operand.
-    pub b: TensorDesc<'a>,
-    /// Result and accumulator.
-    pub out: TensorDesc<'a>,
-    /// Scale of the product.
-    pub alpha: f64,
-    /// Scale of the previous `out`; 0 means `out` is not read.
-    pub beta: f64,
-    /// Transpose the last two dimensions of `a`.
-    pub transpose_a: bool,
-    /// Transpose the last two dimensions of `b`.
-    pub transpose_b: bool,
-}
-
-/// Arguments of `softmax`, checked by [`crate::check::softmax`].
-#[derive(Debug, Clone, Copy)]
-pub struct SoftmaxArgs<'a> {
-    /// Logits.
-    pub input: TensorDesc<'a>,
-    /// Probabilities.
-    pub out: TensorDesc<'a>,
 }
 
 fn unimplemented_op(op: &str) -> Error {
@@ -238,5 +151,278 @@ pub trait Plugin: Sized + Send + Sync + 'static {
     unsafe fn softmax(&self, queue: Queue<'_, Self::Stream>, args: &SoftmaxArgs<'_>) -> Result<()> {
         let _ = (queue, args);
         Err(unimplemented_op("softmax"))
+    }
+    /// The unary operators (`neg` … `gelu`). Since ABI 1.1.
+    ///
+    /// # Safety
+    /// As for [`Plugin::fill`].
+    unsafe fn unary(
+        &self,
+        queue: Queue<'_, Self::Stream>,
+        op: UnaryOp,
+        args: &UnaryArgs<'_>,
+    ) -> Result<()> {
+        let _ = (queue, args);
+        Err(unimplemented_op(op.name()))
+    }
+    /// `pow_scalar`. Since ABI 1.1.
+    ///
+    /// # Safety
+    /// As for [`Plugin::fill`].
+    unsafe fn pow_scalar(
+        &self,
+        queue: Queue<'_, Self::Stream>,
+        args: &PowScalarArgs<'_>,
+    ) -> Result<()> {
+        let _ = (queue, args);
+        Err(unimplemented_op("pow_scalar"))
+    }
+    /// `relu_backward`, `silu_backward`, `gelu_backward`. Since ABI 1.1.
+    ///
+    /// # Safety
+    /// As for [`Plugin::fill`].
+    unsafe fn activation_backward(
+        &self,
+        queue: Queue<'_, Self::Stream>,
+        op: ActivationOp,
+        args: &ActivationBackwardArgs<'_>,
+    ) -> Result<()> {
+        let _ = (queue, args);
+        Err(unimplemented_op(op.name()))
+    }
+    /// `swiglu`. Since ABI 1.1.
+    ///
+    /// # Safety
+    /// As for [`Plugin::fill`].
+    unsafe fn swiglu(&self, queue: Queue<'_, Self::Stream>, args: &SwigluArgs<'_>) -> Result<()> {
+        let _ = (queue, args);
+        Err(unimplemented_op("swiglu"))
+    }
+    /// `swiglu_backward`. Since ABI 1.1.
+    ///
+    /// # Safety
+    /// As for [`Plugin::fill`].
+    unsafe fn swiglu_backward(
+        &self,
+        queue: Queue<'_, Self::Stream>,
+        args: &SwigluBackwardArgs<'_>,
+    ) -> Result<()> {
+        let _ = (queue, args);
+        Err(unimplemented_op("swiglu_backward"))
+    }
+    /// `sum`, `mean`, `max`, `argmax`. Since ABI 1.1.
+    ///
+    /// # Safety
+    /// As for [`Plugin::fill`].
+    unsafe fn reduce(
+        &self,
+        queue: Queue<'_, Self::Stream>,
+        op: ReduceOp,
+        args: &ReduceArgs<'_>,
+    ) -> Result<()> {
+        let _ = (queue, args);
+        Err(unimplemented_op(op.name()))
+    }
+    /// `sum_squares`. Since ABI 1.1.
+    ///
+    /// # Safety
+    /// As for [`Plugin::fill`].
+    unsafe fn sum_squares(
+        &self,
+        queue: Queue<'_, Self::Stream>,
+        args: &SumSquaresArgs<'_>,
+    ) -> Result<()> {
+        let _ = (queue, args);
+        Err(unimplemented_op("sum_squares"))
+    }
+    /// `linear`. Since ABI 1.1.
+    ///
+    /// # Safety
+    /// As for [`Plugin::fill`].
+    unsafe fn linear(&self, queue: Queue<'_, Self::Stream>, args: &LinearArgs<'_>) -> Result<()> {
+        let _ = (queue, args);
+        Err(unimplemented_op("linear"))
+    }
+    /// `log_softmax`. Since ABI 1.1.
+    ///
+    /// # Safety
+    /// As for [`Plugin::fill`].
+    unsafe fn log_softmax(
+        &self,
+        queue: Queue<'_, Self::Stream>,
+        args: &SoftmaxArgs<'_>,
+    ) -> Result<()> {
+        let _ = (queue, args);
+        Err(unimplemented_op("log_softmax"))
+    }
+    /// `softmax_backward` (`log` false) and `log_softmax_backward` (`log` true). Since ABI 1.1.
+    ///
+    /// # Safety
+    /// As for [`Plugin::fill`].
+    unsafe fn softmax_backward(
+        &self,
+        queue: Queue<'_, Self::Stream>,
+        log: bool,
+        args: &SoftmaxBackwardArgs<'_>,
+    ) -> Result<()> {
+        let _ = (queue, args);
+        Err(unimplemented_op(if log {
+            "log_softmax_backward"
+        } else {
+            "softmax_backward"
+        }))
+    }
+    /// `rms_norm`. Since ABI 1.1.
+    ///
+    /// # Safety
+    /// As for [`Plugin::fill`].
+    unsafe fn rms_norm(
+        &self,
+        queue: Queue<'_, Self::Stream>,
+        args: &RmsNormArgs<'_>,
+    ) -> Result<()> {
+        let _ = (queue, args);
+        Err(unimplemented_op("rms_norm"))
+    }
+    /// `rms_norm_backward`. Since ABI 1.1.
+    ///
+    /// # Safety
+    /// As for [`Plugin::fill`].
+    unsafe fn rms_norm_backward(
+        &self,
+        queue: Queue<'_, Self::Stream>,
+        args: &RmsNormBackwardArgs<'_>,
+    ) -> Result<()> {
+        let _ = (queue, args);
+        Err(unimplemented_op("rms_norm_backward"))
+    }
+    /// `layer_norm`. Since ABI 1.1.
+    ///
+    /// # Safety
+    /// As for [`Plugin::fill`].
+    unsafe fn layer_norm(
+        &self,
+        queue: Queue<'_, Self::Stream>,
+        args: &LayerNormArgs<'_>,
+    ) -> Result<()> {
+        let _ = (queue, args);
+        Err(unimplemented_op("layer_norm"))
+    }
+    /// `layer_norm_backward`. Since ABI 1.1.
+    ///
+    /// # Safety
+    /// As for [`Plugin::fill`].
+    unsafe fn layer_norm_backward(
+        &self,
+        queue: Queue<'_, Self::Stream>,
+        args: &LayerNormBackwardArgs<'_>,
+    ) -> Result<()> {
+        let _ = (queue, args);
+        Err(unimplemented_op("layer_norm_backward"))
+    }
+    /// `rope` (`backward` false) and `rope_backward` (`backward` true). Since ABI 1.1.
+    ///
+    /// # Safety
+    /// As for [`Plugin::fill`].
+    unsafe fn rope(
+        &self,
+        queue: Queue<'_, Self::Stream>,
+        backward: bool,
+        args: &RopeArgs<'_>,
+    ) -> Result<()> {
+        let _ = (queue, args);
+        Err(unimplemented_op(if backward {
+            "rope_backward"
+        } else {
+            "rope"
+        }))
+    }
+    /// `attention`. Since ABI 1.1.
+    ///
+    /// # Safety
+    /// As for [`Plugin::fill`].
+    unsafe fn attention(
+        &self,
+        queue: Queue<'_, Self::Stream>,
+        args: &AttentionArgs<'_>,
+    ) -> Result<()> {
+        let _ = (queue, args);
+        Err(unimplemented_op("attention"))
+    }
+    /// `attention_backward`. Since ABI 1.1.
+    ///
+    /// # Safety
+    /// As for [`Plugin::fill`].
+    unsafe fn attention_backward(
+        &self,
+        queue: Queue<'_, Self::Stream>,
+        args: &AttentionBackwardArgs<'_>,
+    ) -> Result<()> {
+        let _ = (queue, args);
+        Err(unimplemented_op("attention_backward"))
+    }
+    /// `embedding`. Since ABI 1.1.
+    ///
+    /// # Safety
+    /// As for [`Plugin::fill`].
+    unsafe fn embedding(
+        &self,
+        queue: Queue<'_, Self::Stream>,
+        args: &EmbeddingArgs<'_>,
+    ) -> Result<()> {
+        let _ = (queue, args);
+        Err(unimplemented_op("embedding"))
+    }
+    /// `embedding_backward`. Since ABI 1.1.
+    ///
+    /// # Safety
+    /// As for [`Plugin::fill`].
+    unsafe fn embedding_backward(
+        &self,
+        queue: Queue<'_, Self::Stream>,
+        args: &EmbeddingBackwardArgs<'_>,
+    ) -> Result<()> {
+        let _ = (queue, args);
+        Err(unimplemented_op("embedding_backward"))
+    }
+    /// `cross_entropy`. Since ABI 1.1.
+    ///
+    /// # Safety
+    /// As for [`Plugin::fill`].
+    unsafe fn cross_entropy(
+        &self,
+        queue: Queue<'_, Self::Stream>,
+        args: &CrossEntropyArgs<'_>,
+    ) -> Result<()> {
+        let _ = (queue, args);
+        Err(unimplemented_op("cross_entropy"))
+    }
+    /// `cross_entropy_backward`. Since ABI 1.1.
+    ///
+    /// # Safety
+    /// As for [`Plugin::fill`].
+    unsafe fn cross_entropy_backward(
+        &self,
+        queue: Queue<'_, Self::Stream>,
+        args: &CrossEntropyBackwardArgs<'_>,
+    ) -> Result<()> {
+        let _ = (queue, args);
+        Err(unimplemented_op("cross_entropy_backward"))
+    }
+    /// `adamw`. Since ABI 1.1.
+    ///
+    /// # Safety
+    /// As for [`Plugin::fill`].
+    unsafe fn adamw(&self, queue: Queue<'_, Self::Stream>, args: &AdamwArgs<'_>) -> Result<()> {
+        let _ = (queue, args);
+        Err(unimplemented_op("adamw"))
+    }
+    /// `scale`. Since ABI 1.1.
+    ///
+    /// # Safety
+    /// As for [`Plugin::fill`].
+    unsafe fn scale(&self, queue: Queue<'_, Self::Stream>, args: &ScaleArgs<'_>) -> Result<()> {
+        let _ = (queue, args);
+        Err(unimplemented_op("scale"))
     }
 }

@@ -42,13 +42,35 @@ fn c_and_rust_agree_on_every_layout() {
         PolychipDeviceProps { struct_size, name, memory_bytes, memory_flags, compute_units, peak_flops_f32, peak_flops_bf16, peak_flops_f16, memory_bandwidth, link_bandwidth }
         PolychipHostApi { struct_size, abi_major, abi_minor, context, log, log_level, error_new, error_destroy }
         PolychipPluginApi { struct_size, abi_major, abi_minor, vendor, plugin_version, device_count, device_props, mem_alloc, mem_free, stream_create, stream_destroy, stream_synchronize, event_create, event_destroy, event_record, stream_wait_event, event_synchronize, memcpy_h2d, memcpy_d2h, memcpy_d2d, ops }
-        PolychipOpTable { struct_size, fill, copy, cast, add, sub, mul, div, matmul, softmax }
+        PolychipOpTable { struct_size, fill, copy, cast, add, sub, mul, div, matmul, softmax, neg, exp, log, sqrt, rsqrt, tanh, pow_scalar, relu, relu_backward, silu, silu_backward, gelu, gelu_backward, swiglu, swiglu_backward, sum, mean, max, argmax, sum_squares, linear, softmax_backward, log_softmax, log_softmax_backward, rms_norm, rms_norm_backward, layer_norm, layer_norm_backward, rope, rope_backward, attention, attention_backward, embedding, embedding_backward, cross_entropy, cross_entropy_backward, adamw, scale }
         PolychipFillArgs { struct_size, out, value }
         PolychipCopyArgs { struct_size, src, dst }
         PolychipCastArgs { struct_size, src, dst }
         PolychipBinaryArgs { struct_size, a, b, out, alpha }
         PolychipMatmulArgs { struct_size, a, b, out, alpha, beta, transpose_a, transpose_b }
         PolychipSoftmaxArgs { struct_size, input, out }
+        PolychipUnaryArgs { struct_size, input, out }
+        PolychipPowScalarArgs { struct_size, input, out, exponent }
+        PolychipActivationBackwardArgs { struct_size, grad_out, input, grad_in }
+        PolychipSwigluArgs { struct_size, gate, up, out }
+        PolychipSwigluBackwardArgs { struct_size, gate, up, grad_out, grad_gate, grad_up }
+        PolychipReduceArgs { struct_size, input, out, dim, keepdim }
+        PolychipSumSquaresArgs { struct_size, input, out }
+        PolychipSoftmaxBackwardArgs { struct_size, out, grad_out, grad_in }
+        PolychipRmsNormArgs { struct_size, input, weight, out, inv_rms, eps }
+        PolychipRmsNormBackwardArgs { struct_size, grad_out, input, weight, inv_rms, grad_input, grad_weight }
+        PolychipLayerNormArgs { struct_size, input, weight, bias, out, mean, rstd, eps }
+        PolychipLayerNormBackwardArgs { struct_size, grad_out, input, weight, mean, rstd, grad_input, grad_weight, grad_bias }
+        PolychipRopeArgs { struct_size, input, cos, sin, out, interleaved }
+        PolychipAttentionArgs { struct_size, q, k, v, out, lse, scale, causal }
+        PolychipAttentionBackwardArgs { struct_size, q, k, v, out, lse, grad_out, grad_q, grad_k, grad_v, scale, causal }
+        PolychipLinearArgs { struct_size, input, weight, bias, out, has_bias }
+        PolychipEmbeddingArgs { struct_size, weight, indices, out }
+        PolychipEmbeddingBackwardArgs { struct_size, grad_out, indices, grad_weight }
+        PolychipCrossEntropyArgs { struct_size, logits, targets, loss, ignore_index }
+        PolychipCrossEntropyBackwardArgs { struct_size, logits, targets, grad_logits, grad_loss, ignore_index }
+        PolychipAdamwArgs { struct_size, param, grad, exp_avg, exp_avg_sq, lr, beta1, beta2, eps, weight_decay, step }
+        PolychipScaleArgs { struct_size, tensor, alpha }
     };
     let constants = [
         ("POLYCHIP_ABI_MAJOR", POLYCHIP_ABI_MAJOR as usize),

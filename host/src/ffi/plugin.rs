@@ -37,17 +37,7 @@ pub struct OpSet {
 impl OpSet {
     fn of(ops: &PolychipOpTable) -> OpSet {
         OpSet {
-            entries: vec![
-                ("fill", ops.fill.is_some()),
-                ("copy", ops.copy.is_some()),
-                ("cast", ops.cast.is_some()),
-                ("add", ops.add.is_some()),
-                ("sub", ops.sub.is_some()),
-                ("mul", ops.mul.is_some()),
-                ("div", ops.div.is_some()),
-                ("matmul", ops.matmul.is_some()),
-                ("softmax", ops.softmax.is_some()),
-            ],
+            entries: ops.entries().to_vec(),
         }
     }
 

@@ -5,6 +5,10 @@
 use std::mem::size_of;
 
 use polychip_plugin_sdk::BinaryOp;
+
+mod nn;
+
+pub use nn::AdamwOptions;
 use polychip_plugin_sdk::abi::{
     PolychipBinaryArgs, PolychipCastArgs, PolychipCopyArgs, PolychipFillArgs, PolychipMatmulArgs,
     PolychipSoftmaxArgs,
@@ -52,7 +56,23 @@ impl<'a> Exec<'a> {
         Exec { device, stream }
     }
 
-    fn on_device(&self, op: &'static str, tensors: &[(&'static str, &Tensor)]) -> Result<()> {
+    /// The device the operators run on.
+    pub fn device(&self) -> &Device {
+        self.device
+    }
+
+    /// Keeps a buffer alive until the stream synchronizes.
+    fn pin(&self, t: &Tensor) {
+        if let Some(stream) = self.stream {
+            stream.pin(t.buffer());
+        }
+    }
+
+    pub(crate) fn on_device(
+        &self,
+        op: &'static str,
+        tensors: &[(&'static str, &Tensor)],
+    ) -> Result<()> {
         for (name, t) in tensors {
             if t.device() != self.device {
                 return Err(HostError::Usage(format!(
@@ -65,14 +85,14 @@ impl<'a> Exec<'a> {
         Ok(())
     }
 
-    fn invalid(&self, source: ArgError) -> HostError {
+    pub(crate) fn invalid(&self, source: ArgError) -> HostError {
         HostError::InvalidArguments {
             plugin: self.device.plugin().vendor().to_string(),
             source,
         }
     }
 
-    fn call<A>(
+    pub(crate) fn call<A>(
         &self,
         op: &'static str,
         entry: Option<
@@ -98,10 +118,8 @@ impl<'a> Exec<'a> {
                 args,
             )?
         };
-        if let Some(stream) = self.stream {
-            for (_, t) in tensors {
-                stream.pin(t.buffer());
-            }
+        for (_, t) in tensors {
+            self.pin(t);
         }
         Ok(())
     }

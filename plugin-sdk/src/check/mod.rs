@@ -4,6 +4,10 @@
 //! typed error naming the op and shapes), and the Rust SDK runs them again on
 //! the plugin's side of the boundary (so a plugin never trusts its caller).
 
+mod nn;
+
+pub use nn::*;
+
 use crate::dtype::DType;
 use crate::error::ErrorCode;
 use crate::tensor::{Shape, TensorDesc};
@@ -88,11 +92,11 @@ impl ArgError {
     }
 }
 
-type Checked = Result<(), ArgError>;
+pub(crate) type Checked = Result<(), ArgError>;
 
 const FLOATS: &str = "f32, f16, bf16 and f64";
 
-fn float(op: &'static str, tensor: &'static str, t: &TensorDesc) -> Checked {
+pub(crate) fn float(op: &'static str, tensor: &'static str, t: &TensorDesc) -> Checked {
     if t.dtype.is_float() {
         Ok(())
     } else {
@@ -105,7 +109,7 @@ fn float(op: &'static str, tensor: &'static str, t: &TensorDesc) -> Checked {
     }
 }
 
-fn same_dtype(
+pub(crate) fn same_dtype(
     op: &'static str,
     lhs: (&'static str, &TensorDesc),
     rhs: (&'static str, &TensorDesc),
@@ -123,7 +127,7 @@ fn same_dtype(
     }
 }
 
-fn shape_is(
+pub(crate) fn shape_is(
     op: &'static str,
     tensor: &'static str,
     t: &TensorDesc,
@@ -146,7 +150,7 @@ fn shape_is(
 /// sufficient one: ordered by stride magnitude, each dimension's stride must
 /// step over everything the smaller dimensions reach. Views it rejects that
 /// do not overlap are exotic interleavings no framework produces.
-fn writable(op: &'static str, tensor: &'static str, t: &TensorDesc) -> Checked {
+pub(crate) fn writable(op: &'static str, tensor: &'static str, t: &TensorDesc) -> Checked {
     let Some(strides) = t.strides else {
         return Ok(());
     };

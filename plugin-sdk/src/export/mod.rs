@@ -16,12 +16,9 @@ use crate::abi::{
     self, PolychipDeviceProps, PolychipError, PolychipEvent, PolychipHostApi, PolychipOpTable,
     PolychipPluginApi, PolychipStream,
 };
-use crate::check;
 use crate::error::{Error, ErrorCode, Result};
 use crate::host::Host;
-use crate::plugin::{
-    BinaryArgs, BinaryOp, CopyArgs, CopyKind, FillArgs, MatmulArgs, Plugin, Queue, SoftmaxArgs,
-};
+use crate::plugin::{CopyKind, Plugin, Queue};
 use crate::tensor::TensorDesc;
 
 static HOST: OnceLock<Host> = OnceLock::new();
@@ -262,18 +259,11 @@ impl log::Log for Forward {
 }
 
 fn empty_op_table() -> PolychipOpTable {
-    PolychipOpTable {
-        struct_size: size_of::<PolychipOpTable>(),
-        fill: None,
-        copy: None,
-        cast: None,
-        add: None,
-        sub: None,
-        mul: None,
-        div: None,
-        matmul: None,
-        softmax: None,
-    }
+    // SAFETY: every entry is an `Option<fn>`, for which all-zero bytes are
+    // `None`, and struct_size is an integer; the table is valid zeroed.
+    let mut table: PolychipOpTable = unsafe { std::mem::zeroed() };
+    table.struct_size = size_of::<PolychipOpTable>();
+    table
 }
 
 fn plugin_table<P: Plugin>(ops: &'static PolychipOpTable) -> PolychipPluginApi {
@@ -574,193 +564,11 @@ unsafe fn tensor<'a>(
     Ok(unsafe { TensorDesc::from_raw(op, name, device, raw)? })
 }
 
-unsafe extern "C" fn fill<P: Plugin>(
-    device: u32,
-    stream: *mut PolychipStream,
-    args: *const abi::PolychipFillArgs,
-) -> *mut PolychipError {
-    guard::<P>("fill", || {
-        // SAFETY: the host passes readable args and live handles per the ABI.
-        unsafe {
-            let raw = args_ref("fill", args)?;
-            let queue = queue::<P>("fill", device, stream)?;
-            let out = tensor("fill", "out", device, &raw.out)?;
-            check::fill(&out)?;
-            plugin::<P>().fill(
-                queue,
-                &FillArgs {
-                    out,
-                    value: raw.value,
-                },
-            )
-        }
-    })
-}
+mod basic;
+mod entries;
+mod nn;
 
-unsafe extern "C" fn copy<P: Plugin>(
-    device: u32,
-    stream: *mut PolychipStream,
-    args: *const abi::PolychipCopyArgs,
-) -> *mut PolychipError {
-    guard::<P>("copy", || {
-        // SAFETY: the host passes readable args and live handles per the ABI.
-        unsafe {
-            let raw = args_ref("copy", args)?;
-            let queue = queue::<P>("copy", device, stream)?;
-            let src = tensor("copy", "src", device, &raw.src)?;
-            let dst = tensor("copy", "dst", device, &raw.dst)?;
-            check::copy(&src, &dst)?;
-            plugin::<P>().copy(queue, &CopyArgs { src, dst })
-        }
-    })
-}
-
-unsafe extern "C" fn cast<P: Plugin>(
-    device: u32,
-    stream: *mut PolychipStream,
-    args: *const abi::PolychipCastArgs,
-) -> *mut PolychipError {
-    guard::<P>("cast", || {
-        // SAFETY: the host passes readable args and live handles per the ABI.
-        unsafe {
-            let raw = args_ref("cast", args)?;
-            let queue = queue::<P>("cast", device, stream)?;
-            let src = tensor("cast", "src", device, &raw.src)?;
-            let dst = tensor("cast", "dst", device, &raw.dst)?;
-            check::cast(&src, &dst)?;
-            plugin::<P>().cast(queue, &CopyArgs { src, dst })
-        }
-    })
-}
-
-const fn binary_op(code: u8) -> BinaryOp {
-    match code {
-        0 => BinaryOp::Add,
-        1 => BinaryOp::Sub,
-        2 => BinaryOp::Mul,
-        _ => BinaryOp::Div,
-    }
-}
-
-unsafe extern "C" fn binary<P: Plugin, const OP: u8>(
-    device: u32,
-    stream: *mut PolychipStream,
-    args: *const abi::PolychipBinaryArgs,
-) -> *mut PolychipError {
-    let op = binary_op(OP);
-    let name = op.name();
-    guard::<P>(name, || {
-        // SAFETY: the host passes readable args and live handles per the ABI.
-        unsafe {
-            let raw = args_ref(name, args)?;
-            let queue = queue::<P>(name, device, stream)?;
-            let a = tensor(name, "a", device, &raw.a)?;
-            let b = tensor(name, "b", device, &raw.b)?;
-            let out = tensor(name, "out", device, &raw.out)?;
-            check::binary(name, &a, &b, &out)?;
-            plugin::<P>().binary(
-                queue,
-                &BinaryArgs {
-                    op,
-                    a,
-                    b,
-                    out,
-                    alpha: raw.alpha,
-                },
-            )
-        }
-    })
-}
-
-unsafe extern "C" fn matmul<P: Plugin>(
-    device: u32,
-    stream: *mut PolychipStream,
-    args: *const abi::PolychipMatmulArgs,
-) -> *mut PolychipError {
-    guard::<P>("matmul", || {
-        // SAFETY: the host passes readable args and live handles per the ABI.
-        unsafe {
-            let raw = args_ref("matmul", args)?;
-            let queue = queue::<P>("matmul", device, stream)?;
-            let a = tensor("matmul", "a", device, &raw.a)?;
-            let b = tensor("matmul", "b", device, &raw.b)?;
-            let out = tensor("matmul", "out", device, &raw.out)?;
-            let (transpose_a, transpose_b) = (raw.transpose_a != 0, raw.transpose_b != 0);
-            check::matmul(&a, &b, &out, transpose_a, transpose_b)?;
-            let args = MatmulArgs {
-                a,
-                b,
-                out,
-                alpha: raw.alpha,
-                beta: raw.beta,
-                transpose_a,
-                transpose_b,
-            };
-            plugin::<P>().matmul(queue, &args)
-        }
-    })
-}
-
-unsafe extern "C" fn softmax<P: Plugin>(
-    device: u32,
-    stream: *mut PolychipStream,
-    args: *const abi::PolychipSoftmaxArgs,
-) -> *mut PolychipError {
-    guard::<P>("softmax", || {
-        // SAFETY: the host passes readable args and live handles per the ABI.
-        unsafe {
-            let raw = args_ref("softmax", args)?;
-            let queue = queue::<P>("softmax", device, stream)?;
-            let input = tensor("softmax", "input", device, &raw.input)?;
-            let out = tensor("softmax", "out", device, &raw.out)?;
-            check::softmax(&input, &out)?;
-            plugin::<P>().softmax(queue, &SoftmaxArgs { input, out })
-        }
-    })
-}
-
-/// Op-table entries for the plugin type `P`, one function per table field;
-/// [`crate::export_plugin!`] calls the ones a plugin lists.
-pub mod ops {
-    use super::*;
-
-    /// The `fill` entry.
-    pub fn fill<P: Plugin>() -> abi::PolychipFillFn {
-        Some(super::fill::<P>)
-    }
-    /// The `copy` entry.
-    pub fn copy<P: Plugin>() -> abi::PolychipCopyFn {
-        Some(super::copy::<P>)
-    }
-    /// The `cast` entry.
-    pub fn cast<P: Plugin>() -> abi::PolychipCastFn {
-        Some(super::cast::<P>)
-    }
-    /// The `add` entry.
-    pub fn add<P: Plugin>() -> abi::PolychipBinaryFn {
-        Some(super::binary::<P, 0>)
-    }
-    /// The `sub` entry.
-    pub fn sub<P: Plugin>() -> abi::PolychipBinaryFn {
-        Some(super::binary::<P, 1>)
-    }
-    /// The `mul` entry.
-    pub fn mul<P: Plugin>() -> abi::PolychipBinaryFn {
-        Some(super::binary::<P, 2>)
-    }
-    /// The `div` entry.
-    pub fn div<P: Plugin>() -> abi::PolychipBinaryFn {
-        Some(super::binary::<P, 3>)
-    }
-    /// The `matmul` entry.
-    pub fn matmul<P: Plugin>() -> abi::PolychipMatmulFn {
-        Some(super::matmul::<P>)
-    }
-    /// The `softmax` entry.
-    pub fn softmax<P: Plugin>() -> abi::PolychipSoftmaxFn {
-        Some(super::softmax::<P>)
-    }
-}
+pub use entries::ops;
 
 /// Exports a [`Plugin`] as this cdylib's `polychip_plugin_init_v1`, with the
 /// listed operators in its op table (the others are NULL, "not implemented").
