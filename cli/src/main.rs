@@ -5,6 +5,7 @@
 
 #![forbid(unsafe_code)]
 
+mod conform;
 mod devices;
 
 use std::process::ExitCode;
@@ -23,6 +24,8 @@ struct Cli {
 enum Command {
     /// List every device of every loaded plugin, and plugins that failed to load.
     Devices(devices::Args),
+    /// Check every operator of a plugin against the CPU reference.
+    Conform(conform::Args),
 }
 
 fn main() -> ExitCode {
@@ -30,5 +33,6 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Devices(args) => devices::run(&args),
+        Command::Conform(args) => conform::run(&args),
     }
 }

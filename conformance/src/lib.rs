@@ -1,8 +1,21 @@
-//! The operator conformance suite (issue 3): a CPU reference of every
-//! operator computed in f64, seeded test cases, a tolerance table per
-//! (operator, dtype), and a runner that checks a plugin in a child process.
-//!
-//! Nothing is here yet; the v1 operators are covered for now by the
-//! integration tests in `tests/tests/ops.rs`.
+//! The operator conformance suite of polychip (issue 3): it checks every
+//! operator of every plugin against a CPU reference. This crate holds the
+//! reference ([`reference`](mod@reference)), an obviously correct f64
+//! implementation of each operator of the op table, written from the ABI's
+//! doc comments for clarity rather than speed and sharing no code with any
+//! plugin. The seeded test cases, the tolerance table per (operator, dtype)
+//! and the runner that checks a plugin in a child process are to come in
+//! other modules.
 
 #![forbid(unsafe_code)]
+
+pub mod case;
+pub mod cases;
+pub mod compare;
+pub mod reference;
+pub mod report;
+pub mod runner;
+pub mod suite;
+pub mod tolerance;
+pub mod values;
+pub mod waivers;

@@ -1,0 +1,252 @@
+//! `polychip conform`: the operator conformance suite on one plugin (or every
+//! plugin found), each unit of cases in a child process so that a crash fails
+//! a case instead of the run. Prints a summary table; `--json` and `--junit`
+//! write machine reports. Exits 1 when any implemented, unwaived case fails,
+//! 2 when the command line or a file is wrong.
+
+use std::io::{IsTerminal, Write};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Instant;
+
+use polychip_conformance::report::Report;
+use polychip_conformance::runner::CaseResult;
+use polychip_conformance::suite::{self, Isolation, Unit};
+use polychip_conformance::waivers::Waivers;
+use polychip_host::{DType, LoadOptions, Runtime};
+use regex::Regex;
+
+/// Options of `polychip conform`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// The plugin to check (default: every plugin polychip devices would load).
+    #[arg(long)]
+    plugin: Option<PathBuf>,
+    /// The plugin's device to run on.
+    #[arg(long, default_value_t = 0)]
+    device: u32,
+    /// Only operators whose name matches this regular expression.
+    #[arg(long)]
+    ops: Option<String>,
+    /// Only these dtypes (comma-separated: f32,f16,bf16,f64,...).
+    #[arg(long, value_delimiter = ',')]
+    dtype: Vec<String>,
+    /// Run only case number N of the selected operator and dtype (replay).
+    #[arg(long)]
+    case: Option<usize>,
+    /// A TOML file of waivers: skipped cases and loosened tolerances, each with a reason.
+    #[arg(long)]
+    waivers: Option<PathBuf>,
+    /// Write the report as JSON to this file.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Write the report as JUnit XML to this file.
+    #[arg(long)]
+    junit: Option<PathBuf>,
+    /// Run the plugin in this process (faster; a crash ends the run).
+    #[arg(long)]
+    no_isolate: bool,
+    /// Internal: run one unit and print JSON lines (the child process).
+    #[arg(long, hide = true)]
+    worker: bool,
+    /// Internal: the first case of the unit for a worker.
+    #[arg(long, hide = true, default_value_t = 0)]
+    start: usize,
+}
+
+fn usage(message: String) -> ExitCode {
+    eprintln!("polychip conform: {message}");
+    ExitCode::from(2)
+}
+
+fn parse_dtypes(names: &[String]) -> Result<Vec<DType>, String> {
+    names
+        .iter()
+        .map(|n| {
+            DType::from_name(n.trim()).ok_or_else(|| {
+                format!("unknown dtype {n:?} (expected f32, f16, bf16, f64, i32, i64, u8 or bool)")
+            })
+        })
+        .collect()
+}
+
+/// Runs the subcommand.
+pub fn run(args: &Args) -> ExitCode {
+    let ops = match args.ops.as_deref().map(Regex::new).transpose() {
+        Ok(r) => r,
+        Err(e) => return usage(format!("--ops is not a valid regular expression: {e}")),
+    };
+    let dtypes = match parse_dtypes(&args.dtype) {
+        Ok(d) => d,
+        Err(e) => return usage(e),
+    };
+    let waivers = match &args.waivers {
+        Some(p) => match Waivers::load(p) {
+            Ok(w) => w,
+            Err(e) => return usage(e),
+        },
+        None => Waivers::default(),
+    };
+    let units = suite::select(ops.as_ref(), &dtypes);
+    if units.is_empty() {
+        return usage("no operator and dtype match --ops and --dtype".into());
+    }
+    if args.case.is_some() && units.len() != 1 {
+        return usage(format!(
+            "--case replays one case, but --ops and --dtype select {} (operator, dtype) pairs",
+            units.len()
+        ));
+    }
+    if args.worker {
+        return worker(args, &units, &waivers);
+    }
+    let plugins = match &args.plugin {
+        Some(p) => vec![p.clone()],
+        None => Runtime::from_env()
+            .plugins()
+            .iter()
+            .map(|p| p.path().to_path_buf())
+            .collect(),
+    };
+    if plugins.is_empty() {
+        return usage("no plugin to check: give --plugin PATH or build the bundled plugins".into());
+    }
+    let mut reports = Vec::new();
+    let mut all_results = Vec::new();
+    for plugin in &plugins {
+        match check_plugin(args, plugin, &units, &waivers) {
+            Ok((report, results)) => {
+                print!("{}", report.table());
+                reports.push(report);
+                all_results.push(results);
+            }
+            Err(e) => return usage(e),
+        }
+    }
+    if let Some(path) = &args.json {
+        let doc = if reports.len() == 1 {
+            serde_json::to_string_pretty(&reports[0])
+        } else {
+            serde_json::to_string_pretty(&reports)
+        };
+        if let Err(e) = std::fs::write(path, doc.expect("reports serialize")) {
+            return usage(format!(
+                "{}: cannot write the JSON report: {e}",
+                path.display()
+            ));
+        }
+    }
+    if let Some(path) = &args.junit {
+        let xml: String = reports
+            .iter()
+            .zip(&all_results)
+            .map(|(r, res)| r.junit(res))
+            .collect();
+        if let Err(e) = std::fs::write(path, xml) {
+            return usage(format!(
+                "{}: cannot write the JUnit report: {e}",
+                path.display()
+            ));
+        }
+    }
+    if reports.iter().all(Report::ok) {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
+fn check_plugin(
+    args: &Args,
+    plugin: &Path,
+    units: &[Unit],
+    waivers: &Waivers,
+) -> Result<(Report, Vec<CaseResult>), String> {
+    let runtime = Runtime::load(&[plugin], &LoadOptions::default());
+    if let Some(f) = runtime.failures().first() {
+        return Err(f.error.to_string());
+    }
+    let loaded = &runtime.plugins()[0];
+    let vendor = format!("{} {}", loaded.vendor(), loaded.version());
+    let device_count = loaded.devices().len() as u32;
+    if args.device >= device_count {
+        return Err(format!(
+            "{}: device {} does not exist; {vendor} has {device_count} device(s)",
+            plugin.display(),
+            args.device
+        ));
+    }
+    let total: usize = units
+        .iter()
+        .map(|u| if args.case.is_some() { 1 } else { u.len() })
+        .sum();
+    let progress = std::io::stderr().is_terminal();
+    let started = Instant::now();
+    let mut results = Vec::new();
+    let mut on_result = |r: CaseResult| {
+        if progress {
+            let done = results.len() + 1;
+            let width = 30;
+            let filled = done * width / total.max(1);
+            eprint!(
+                "\r[{}{}] {done}/{total} {} {}          ",
+                "#".repeat(filled),
+                " ".repeat(width - filled),
+                r.op,
+                r.dtype
+            );
+            let _ = std::io::stderr().flush();
+        }
+        results.push(r);
+    };
+    if args.no_isolate {
+        let device = runtime.devices()[args.device as usize].clone();
+        for &unit in units {
+            suite::run_unit(&device, unit, 0, args.case, waivers, &mut on_result);
+        }
+    } else {
+        let exe = std::env::current_exe()
+            .map_err(|e| format!("cannot find the polychip executable to start workers: {e}"))?;
+        let iso = Isolation {
+            exe,
+            plugin: plugin.to_path_buf(),
+            device: args.device,
+            waivers: args.waivers.clone(),
+        };
+        for &unit in units {
+            suite::run_unit_isolated(&iso, unit, args.case, &mut on_result);
+        }
+    }
+    if progress {
+        eprint!("\r{}\r", " ".repeat(80));
+    }
+    let report = Report::new(
+        &plugin.display().to_string(),
+        &vendor,
+        args.device,
+        &results,
+        waivers,
+        started.elapsed().as_secs_f64(),
+    );
+    Ok((report, results))
+}
+
+fn worker(args: &Args, units: &[Unit], waivers: &Waivers) -> ExitCode {
+    let Some(plugin) = &args.plugin else {
+        return usage("--worker needs --plugin".into());
+    };
+    let runtime = Runtime::load(&[plugin], &LoadOptions::default());
+    if let Some(f) = runtime.failures().first() {
+        return usage(f.error.to_string());
+    }
+    let Some(device) = runtime.devices().get(args.device as usize).cloned() else {
+        return usage(format!("device {} does not exist", args.device));
+    };
+    let mut out = std::io::stdout().lock();
+    for &unit in units {
+        suite::run_unit(&device, unit, args.start, args.case, waivers, |r| {
+            suite::emit_line(&mut out, &r)
+        });
+    }
+    ExitCode::SUCCESS
+}

@@ -1,0 +1,411 @@
+//! Cases of the ABI 1.0 operators: fill, copy, cast, the elementwise binary
+//! operators, matmul and softmax.
+
+use polychip_host::{BinaryOp, DType, MatmulOptions};
+
+use super::{FLOATS4, OpInfo, Rng, case, inout, input, numel, output, shape_label, specials};
+use crate::case::{Case, Layout};
+use crate::reference::{self, Dense};
+use crate::tolerance::Tolerance;
+
+pub(super) fn ops() -> Vec<OpInfo> {
+    vec![
+        OpInfo {
+            name: "fill",
+            dtypes: &DType::ALL,
+            cases: fill,
+        },
+        OpInfo {
+            name: "copy",
+            dtypes: &DType::ALL,
+            cases: copy,
+        },
+        OpInfo {
+            name: "cast",
+            dtypes: FLOATS4,
+            cases: cast,
+        },
+        OpInfo {
+            name: "add",
+            dtypes: FLOATS4,
+            cases: |d| binary(BinaryOp::Add, d),
+        },
+        OpInfo {
+            name: "sub",
+            dtypes: FLOATS4,
+            cases: |d| binary(BinaryOp::Sub, d),
+        },
+        OpInfo {
+            name: "mul",
+            dtypes: FLOATS4,
+            cases: |d| binary(BinaryOp::Mul, d),
+        },
+        OpInfo {
+            name: "div",
+            dtypes: FLOATS4,
+            cases: |d| binary(BinaryOp::Div, d),
+        },
+        OpInfo {
+            name: "matmul",
+            dtypes: FLOATS4,
+            cases: matmul,
+        },
+        OpInfo {
+            name: "softmax",
+            dtypes: FLOATS4,
+            cases: softmax,
+        },
+    ]
+}
+
+/// Values suited to `dtype`: floats in [-4, 4), integers in a small range,
+/// booleans 0/1.
+fn any_values(rng: &mut Rng, dtype: DType, n: usize) -> Vec<f64> {
+    match dtype {
+        DType::Bool => (0..n).map(|_| rng.below(2) as f64).collect(),
+        DType::U8 => (0..n).map(|_| rng.below(256) as f64).collect(),
+        DType::I32 | DType::I64 => (0..n).map(|_| rng.below(2001) as f64 - 1000.0).collect(),
+        _ => rng.values(dtype, n, -4.0, 4.0),
+    }
+}
+
+fn fill(dtype: DType) -> Vec<Case> {
+    let mut cases = Vec::new();
+    let shapes: [(&[usize], Layout); 4] = [
+        (&[], Layout::Contiguous),
+        (&[5], Layout::Contiguous),
+        (&[3, 4], Layout::Strided),
+        (&[0, 3], Layout::Contiguous),
+    ];
+    for (shape, layout) in shapes {
+        for value in [2.5, -3.75, 1e10, f64::NAN] {
+            let label = format!("{} value {value}", shape_label(shape, layout));
+            let out_shape = shape.to_vec();
+            cases.push(case(
+                "fill",
+                dtype,
+                label,
+                vec![output("out", dtype, shape, layout)],
+                Tolerance::EXACT,
+                move |exec, t| exec.fill(&t[0], value),
+                move |_| Ok(vec![reference::fill(&out_shape, value)?]),
+            ));
+        }
+    }
+    cases
+}
+
+fn copy(dtype: DType) -> Vec<Case> {
+    let mut rng = Rng::for_case("copy", dtype);
+    let mut cases = Vec::new();
+    let layouts = [
+        (&[3usize, 4][..], Layout::Transposed, Layout::Contiguous),
+        (&[5, 6], Layout::Contiguous, Layout::Strided),
+        (&[2, 3, 7], Layout::Strided, Layout::Transposed),
+        (&[], Layout::Contiguous, Layout::Contiguous),
+        (&[0, 4], Layout::Contiguous, Layout::Contiguous),
+        (&[64, 33], Layout::Contiguous, Layout::Contiguous),
+    ];
+    for (shape, src_layout, dst_layout) in layouts {
+        let values = any_values(&mut rng, dtype, numel(shape));
+        let label = format!("{} to {dst_layout}", shape_label(shape, src_layout));
+        cases.push(case(
+            "copy",
+            dtype,
+            label,
+            vec![
+                input("src", dtype, shape, values, src_layout),
+                output("dst", dtype, shape, dst_layout),
+            ],
+            Tolerance::EXACT,
+            |exec, t| exec.copy(&t[0], &t[1]),
+            |d| Ok(vec![reference::copy(&d[0])?]),
+        ));
+    }
+    cases
+}
+
+fn cast(dtype: DType) -> Vec<Case> {
+    let mut rng = Rng::for_case("cast", dtype);
+    let mut cases = Vec::new();
+    for target in FLOATS4.iter().copied() {
+        let mut values = rng.values(dtype, 200, -1000.0, 1000.0);
+        values.extend(rng.values(dtype, 100, -1e-3, 1e-3));
+        values.extend(specials(dtype));
+        // Ties and near-ties of the target's precision, where round-to-
+        // nearest-even and truncation differ.
+        let u = crate::values::ulp(target, 1.0);
+        for k in 0..16 {
+            let base = 1.0 + k as f64 * u;
+            values.push(crate::values::round_to(dtype, base + u / 2.0));
+            values.push(crate::values::round_to(dtype, -(base + 0.75 * u)));
+        }
+        let n = values.len();
+        for layout in [Layout::Contiguous, Layout::Strided] {
+            cases.push(case(
+                "cast",
+                dtype,
+                format!("to {target} [{n}] {layout}"),
+                vec![
+                    input("src", dtype, &[n], values.clone(), layout),
+                    output("dst", target, &[n], Layout::Contiguous),
+                ],
+                Tolerance::EXACT,
+                |exec, t| exec.cast(&t[0], &t[1]),
+                |d| Ok(vec![reference::cast(&d[0])?]),
+            ));
+        }
+    }
+    cases
+}
+
+fn binary(op: BinaryOp, dtype: DType) -> Vec<Case> {
+    let name = op.name();
+    let mut rng = Rng::for_case(name, dtype);
+    let alpha = if matches!(op, BinaryOp::Add | BinaryOp::Sub) {
+        0.5
+    } else {
+        1.0
+    };
+    let mut cases = Vec::new();
+    let pairs: [(&[usize], &[usize], Layout); 7] = [
+        (&[3, 4], &[3, 4], Layout::Contiguous),
+        (&[2, 3], &[3], Layout::Contiguous),
+        (&[3, 1, 5], &[4, 1], Layout::Contiguous),
+        (&[], &[4], Layout::Contiguous),
+        (&[0, 3], &[3], Layout::Contiguous),
+        (&[64, 65], &[64, 65], Layout::Transposed),
+        (&[7, 9], &[1, 9], Layout::Strided),
+    ];
+    for (a_shape, b_shape, layout) in pairs {
+        let out_shape = reference::broadcast_shapes(a_shape, b_shape).expect("the pairs broadcast");
+        let a = rng.values(dtype, numel(a_shape), -4.0, 4.0);
+        let b: Vec<f64> = rng
+            .values(dtype, numel(b_shape), 0.25, 4.0)
+            .into_iter()
+            .map(|v| if rng.below(2) == 0 { v } else { -v })
+            .collect();
+        let label = format!(
+            "{} {} {layout}",
+            shape_label(a_shape, Layout::Contiguous),
+            shape_label(b_shape, Layout::Contiguous)
+        );
+        cases.push(binary_case(
+            op,
+            dtype,
+            label,
+            (a_shape, a),
+            (b_shape, b),
+            &out_shape,
+            layout,
+            alpha,
+        ));
+    }
+    // Special values against each other: every pair of NaN, ±inf, ±0, max, ...
+    let s = specials(dtype);
+    let n = s.len();
+    let a: Vec<f64> = (0..n * n).map(|i| s[i / n]).collect();
+    let b: Vec<f64> = (0..n * n).map(|i| s[i % n]).collect();
+    cases.push(binary_case(
+        op,
+        dtype,
+        "special values".into(),
+        (&[n * n], a),
+        (&[n * n], b),
+        &[n * n],
+        Layout::Contiguous,
+        alpha,
+    ));
+    cases
+}
+
+#[allow(clippy::too_many_arguments)]
+fn binary_case(
+    op: BinaryOp,
+    dtype: DType,
+    label: String,
+    a: (&[usize], Vec<f64>),
+    b: (&[usize], Vec<f64>),
+    out_shape: &[usize],
+    layout: Layout,
+    alpha: f64,
+) -> Case {
+    let a_layout = if a.0.len() >= 2 {
+        layout
+    } else {
+        Layout::Contiguous
+    };
+    case(
+        op.name(),
+        dtype,
+        label,
+        vec![
+            input("a", dtype, a.0, a.1, a_layout),
+            input("b", dtype, b.0, b.1, Layout::Contiguous),
+            output("out", dtype, out_shape, Layout::Contiguous),
+        ],
+        // One rounding of the result, one of alpha * b.
+        Tolerance::ulps(2.0),
+        move |exec, t| exec.binary(op, &t[0], &t[1], &t[2], alpha),
+        move |d| {
+            let r = match op {
+                BinaryOp::Add => reference::add(&d[0], &d[1], alpha),
+                BinaryOp::Sub => reference::sub(&d[0], &d[1], alpha),
+                BinaryOp::Mul => reference::mul(&d[0], &d[1], alpha),
+                BinaryOp::Div => reference::div(&d[0], &d[1], alpha),
+            };
+            Ok(vec![r?])
+        },
+    )
+}
+
+fn matmul(dtype: DType) -> Vec<Case> {
+    let mut rng = Rng::for_case("matmul", dtype);
+    let mut cases = Vec::new();
+    // (batch of a, batch of b, m, k, n, transpose_a, transpose_b, alpha, beta)
+    let plans: [(
+        &[usize],
+        &[usize],
+        usize,
+        usize,
+        usize,
+        bool,
+        bool,
+        f64,
+        f64,
+    ); 9] = [
+        (&[], &[], 1, 1, 1, false, false, 1.0, 0.0),
+        (&[], &[], 3, 5, 4, false, false, 1.0, 0.0),
+        (&[], &[], 17, 33, 9, true, false, 1.0, 0.0),
+        (&[], &[], 16, 24, 20, false, true, 1.5, 0.5),
+        (&[], &[], 64, 128, 48, true, true, 1.0, 0.0),
+        (&[2], &[], 5, 7, 3, false, false, 1.0, 0.0),
+        (&[2, 3], &[1, 3], 4, 6, 5, false, true, -2.0, 1.0),
+        (&[], &[], 4, 0, 3, false, false, 1.0, 0.5),
+        (&[], &[], 8, 300, 8, false, false, 1.0, 0.0),
+    ];
+    for (ba, bb, m, k, n, ta, tb, alpha, beta) in plans {
+        let a_shape: Vec<usize> = ba
+            .iter()
+            .copied()
+            .chain(if ta { [k, m] } else { [m, k] })
+            .collect();
+        let b_shape: Vec<usize> = bb
+            .iter()
+            .copied()
+            .chain(if tb { [n, k] } else { [k, n] })
+            .collect();
+        let batch = reference::broadcast_shapes(ba, bb).expect("batches broadcast");
+        let out_shape: Vec<usize> = batch.iter().copied().chain([m, n]).collect();
+        let a = rng.values(dtype, numel(&a_shape), -2.0, 2.0);
+        let b = rng.values(dtype, numel(&b_shape), -2.0, 2.0);
+        let out = if beta == 0.0 {
+            output("out", dtype, &out_shape, Layout::Contiguous)
+        } else {
+            inout(
+                "out",
+                dtype,
+                &out_shape,
+                rng.values(dtype, numel(&out_shape), -1.0, 1.0),
+                Layout::Contiguous,
+            )
+        };
+        let a_layout = if m > 1 && k > 1 && rng.below(2) == 0 {
+            Layout::Transposed
+        } else {
+            Layout::Contiguous
+        };
+        let label = format!(
+            "a {:?} b {:?} ta {ta} tb {tb} alpha {alpha} beta {beta}{}",
+            a_shape,
+            b_shape,
+            if a_layout == Layout::Transposed {
+                " a transposed in memory"
+            } else {
+                ""
+            }
+        );
+        let options = MatmulOptions {
+            transpose_a: ta,
+            transpose_b: tb,
+            alpha,
+            beta,
+        };
+        cases.push(case(
+            "matmul",
+            dtype,
+            label,
+            vec![
+                input("a", dtype, &a_shape, a, a_layout),
+                input("b", dtype, &b_shape, b, Layout::Contiguous),
+                out,
+            ],
+            Tolerance::sum(4.0, k + 2),
+            move |exec, t| exec.matmul(&t[0], &t[1], &t[2], options),
+            move |d| {
+                Ok(vec![reference::matmul(
+                    &d[0], &d[1], &d[2], ta, tb, alpha, beta,
+                )?])
+            },
+        ));
+    }
+    cases
+}
+
+fn softmax(dtype: DType) -> Vec<Case> {
+    let mut rng = Rng::for_case("softmax", dtype);
+    let mut cases = Vec::new();
+    let shapes: [(&[usize], Layout); 6] = [
+        (&[5], Layout::Contiguous),
+        (&[3, 7], Layout::Transposed),
+        (&[2, 3, 64], Layout::Contiguous),
+        (&[4, 1000], Layout::Contiguous),
+        (&[6, 9], Layout::Strided),
+        (&[3, 0], Layout::Contiguous),
+    ];
+    for (shape, layout) in shapes {
+        let x = rng.values(dtype, numel(shape), -8.0, 8.0);
+        cases.push(softmax_case(
+            dtype,
+            shape_label(shape, layout),
+            shape,
+            x,
+            layout,
+        ));
+    }
+    // Logits near 1000 overflow exp unless the row maximum is subtracted;
+    // a -inf logit gets probability 0; a row of -inf is NaN.
+    let big = [1000.0, 1001.0, 1002.0, 999.0];
+    let neg_inf = [f64::NEG_INFINITY, 0.0, 1.0, 2.0];
+    let all_inf = [f64::NEG_INFINITY; 4];
+    let mut x: Vec<f64> = big
+        .iter()
+        .map(|&v| crate::values::round_to(dtype, v))
+        .collect();
+    x.extend(neg_inf);
+    x.extend(all_inf);
+    cases.push(softmax_case(
+        dtype,
+        "large logits, -inf, an all -inf row".into(),
+        &[3, 4],
+        x,
+        Layout::Contiguous,
+    ));
+    cases
+}
+
+fn softmax_case(dtype: DType, label: String, shape: &[usize], x: Vec<f64>, layout: Layout) -> Case {
+    let n = shape.last().copied().unwrap_or(1);
+    case(
+        "softmax",
+        dtype,
+        label,
+        vec![
+            input("input", dtype, shape, x, layout),
+            output("out", dtype, shape, Layout::Contiguous),
+        ],
+        Tolerance::sum(8.0, n),
+        |exec, t| exec.softmax(&t[0], &t[1]),
+        |d: &[Dense]| Ok(vec![reference::softmax(&d[0])?]),
+    )
+}

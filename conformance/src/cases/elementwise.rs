@@ -1,0 +1,449 @@
+//! Cases of the ABI 1.1 elementwise operators (unary math, activations and
+//! their backward operators, SwiGLU) and reductions.
+
+use polychip_host::{ActivationOp, DType, ReduceOp, UnaryOp};
+
+use super::{FLOATS3, OpInfo, Rng, case, input, numel, output, shape_label, specials};
+use crate::case::{Case, Layout};
+use crate::reference::{self, Dense};
+use crate::tolerance::Tolerance;
+
+pub(super) fn ops() -> Vec<OpInfo> {
+    let mut ops = Vec::new();
+    for op in UnaryOp::ALL {
+        if matches!(op, UnaryOp::Relu | UnaryOp::Silu | UnaryOp::Gelu) {
+            continue;
+        }
+        ops.push(OpInfo {
+            name: op.name(),
+            dtypes: FLOATS3,
+            cases: unary_cases(op),
+        });
+    }
+    ops.push(OpInfo {
+        name: "pow_scalar",
+        dtypes: FLOATS3,
+        cases: pow_scalar,
+    });
+    for (op, act) in [
+        (UnaryOp::Relu, ActivationOp::Relu),
+        (UnaryOp::Silu, ActivationOp::Silu),
+        (UnaryOp::Gelu, ActivationOp::Gelu),
+    ] {
+        ops.push(OpInfo {
+            name: op.name(),
+            dtypes: FLOATS3,
+            cases: unary_cases(op),
+        });
+        ops.push(OpInfo {
+            name: act.name(),
+            dtypes: FLOATS3,
+            cases: activation_cases(act),
+        });
+    }
+    ops.push(OpInfo {
+        name: "swiglu",
+        dtypes: FLOATS3,
+        cases: swiglu,
+    });
+    ops.push(OpInfo {
+        name: "swiglu_backward",
+        dtypes: FLOATS3,
+        cases: swiglu_backward,
+    });
+    for op in ReduceOp::ALL {
+        ops.push(OpInfo {
+            name: op.name(),
+            dtypes: FLOATS3,
+            cases: reduce_cases(op),
+        });
+    }
+    ops.push(OpInfo {
+        name: "sum_squares",
+        dtypes: FLOATS3,
+        cases: sum_squares,
+    });
+    ops
+}
+
+const SHAPES: [(&[usize], Layout); 6] = [
+    (&[], Layout::Contiguous),
+    (&[7], Layout::Contiguous),
+    (&[3, 5], Layout::Transposed),
+    (&[4, 6], Layout::Strided),
+    (&[0, 3], Layout::Contiguous),
+    (&[2, 3, 67], Layout::Contiguous),
+];
+
+fn unary_reference(op: UnaryOp, x: &Dense) -> Result<Dense, reference::RefError> {
+    match op {
+        UnaryOp::Neg => reference::neg(x),
+        UnaryOp::Exp => reference::exp(x),
+        UnaryOp::Log => reference::log(x),
+        UnaryOp::Sqrt => reference::sqrt(x),
+        UnaryOp::Rsqrt => reference::rsqrt(x),
+        UnaryOp::Tanh => reference::tanh(x),
+        UnaryOp::Relu => reference::relu(x),
+        UnaryOp::Silu => reference::silu(x),
+        UnaryOp::Gelu => reference::gelu(x),
+    }
+}
+
+fn unary_cases(op: UnaryOp) -> fn(DType) -> Vec<Case> {
+    match op {
+        UnaryOp::Neg => |d| unary(UnaryOp::Neg, d),
+        UnaryOp::Exp => |d| unary(UnaryOp::Exp, d),
+        UnaryOp::Log => |d| unary(UnaryOp::Log, d),
+        UnaryOp::Sqrt => |d| unary(UnaryOp::Sqrt, d),
+        UnaryOp::Rsqrt => |d| unary(UnaryOp::Rsqrt, d),
+        UnaryOp::Tanh => |d| unary(UnaryOp::Tanh, d),
+        UnaryOp::Relu => |d| unary(UnaryOp::Relu, d),
+        UnaryOp::Silu => |d| unary(UnaryOp::Silu, d),
+        UnaryOp::Gelu => |d| unary(UnaryOp::Gelu, d),
+    }
+}
+
+fn unary(op: UnaryOp, dtype: DType) -> Vec<Case> {
+    let mut rng = Rng::for_case(op.name(), dtype);
+    let (lo, hi) = match op {
+        UnaryOp::Log | UnaryOp::Sqrt | UnaryOp::Rsqrt => (0.01, 10.0),
+        UnaryOp::Exp => (-10.0, 10.0),
+        _ => (-4.0, 4.0),
+    };
+    let tolerance = match op {
+        UnaryOp::Neg | UnaryOp::Relu => Tolerance::EXACT,
+        // Computed in f32 (or better) and rounded once; f32 outputs of
+        // transcendental functions may be a few ULPs off.
+        _ => Tolerance::ulps(8.0),
+    };
+    let mut cases = Vec::new();
+    for (shape, layout) in SHAPES {
+        let x = rng.values(dtype, numel(shape), lo, hi);
+        cases.push(unary_case(
+            op,
+            dtype,
+            shape_label(shape, layout),
+            shape,
+            x,
+            layout,
+            tolerance,
+        ));
+    }
+    // IEEE edge cases where the operator defines them (silu and gelu at
+    // ±inf are left undefined by the ABI).
+    if !matches!(op, UnaryOp::Silu | UnaryOp::Gelu) {
+        let s = specials(dtype);
+        cases.push(unary_case(
+            op,
+            dtype,
+            "NaN, ±inf, ±0, max, subnormals".into(),
+            &[s.len()],
+            s,
+            Layout::Contiguous,
+            tolerance,
+        ));
+    }
+    cases
+}
+
+fn unary_case(
+    op: UnaryOp,
+    dtype: DType,
+    label: String,
+    shape: &[usize],
+    x: Vec<f64>,
+    layout: Layout,
+    tolerance: Tolerance,
+) -> Case {
+    case(
+        op.name(),
+        dtype,
+        label,
+        vec![
+            input("input", dtype, shape, x, layout),
+            output("out", dtype, shape, Layout::Contiguous),
+        ],
+        tolerance,
+        move |exec, t| exec.unary(op, &t[0], &t[1]),
+        move |d| Ok(vec![unary_reference(op, &d[0])?]),
+    )
+}
+
+fn pow_scalar(dtype: DType) -> Vec<Case> {
+    let mut rng = Rng::for_case("pow_scalar", dtype);
+    let mut cases = Vec::new();
+    for (exponent, lo) in [
+        (2.0, -3.0),
+        (3.0, -3.0),
+        (-1.0, 0.1),
+        (0.5, 0.0),
+        (0.0, -3.0),
+        (1.7, 0.01),
+    ] {
+        let mut x = rng.values(dtype, 40, lo, 3.0);
+        if exponent == 0.0 {
+            x.extend([f64::NAN, 0.0, f64::INFINITY]);
+        }
+        let n = x.len();
+        cases.push(case(
+            "pow_scalar",
+            dtype,
+            format!("exponent {exponent} [{n}]"),
+            vec![
+                input("input", dtype, &[n], x, Layout::Contiguous),
+                output("out", dtype, &[n], Layout::Contiguous),
+            ],
+            Tolerance::ulps(8.0),
+            move |exec, t| exec.pow_scalar(&t[0], &t[1], exponent),
+            move |d| Ok(vec![reference::pow_scalar(&d[0], exponent)?]),
+        ));
+    }
+    cases
+}
+
+fn activation_cases(op: ActivationOp) -> fn(DType) -> Vec<Case> {
+    match op {
+        ActivationOp::Relu => |d| activation_backward(ActivationOp::Relu, d),
+        ActivationOp::Silu => |d| activation_backward(ActivationOp::Silu, d),
+        ActivationOp::Gelu => |d| activation_backward(ActivationOp::Gelu, d),
+    }
+}
+
+fn activation_backward(op: ActivationOp, dtype: DType) -> Vec<Case> {
+    let mut rng = Rng::for_case(op.name(), dtype);
+    let mut cases = Vec::new();
+    for (shape, layout) in SHAPES {
+        let g = rng.values(dtype, numel(shape), -2.0, 2.0);
+        let x = rng.values(dtype, numel(shape), -5.0, 5.0);
+        cases.push(case(
+            op.name(),
+            dtype,
+            shape_label(shape, layout),
+            vec![
+                input("grad_out", dtype, shape, g, Layout::Contiguous),
+                input("input", dtype, shape, x, layout),
+                output("grad_in", dtype, shape, Layout::Contiguous),
+            ],
+            if op == ActivationOp::Relu {
+                Tolerance::EXACT
+            } else {
+                Tolerance::ulps(8.0)
+            },
+            move |exec, t| exec.activation_backward(op, &t[0], &t[1], &t[2]),
+            move |d| {
+                let r = match op {
+                    ActivationOp::Relu => reference::relu_backward(&d[0], &d[1]),
+                    ActivationOp::Silu => reference::silu_backward(&d[0], &d[1]),
+                    ActivationOp::Gelu => reference::gelu_backward(&d[0], &d[1]),
+                };
+                Ok(vec![r?])
+            },
+        ));
+    }
+    cases
+}
+
+fn swiglu(dtype: DType) -> Vec<Case> {
+    let mut rng = Rng::for_case("swiglu", dtype);
+    SHAPES
+        .iter()
+        .map(|&(shape, layout)| {
+            let gate = rng.values(dtype, numel(shape), -5.0, 5.0);
+            let up = rng.values(dtype, numel(shape), -2.0, 2.0);
+            case(
+                "swiglu",
+                dtype,
+                shape_label(shape, layout),
+                vec![
+                    input("gate", dtype, shape, gate, layout),
+                    input("up", dtype, shape, up, Layout::Contiguous),
+                    output("out", dtype, shape, Layout::Contiguous),
+                ],
+                Tolerance::ulps(8.0),
+                |exec, t| exec.swiglu(&t[0], &t[1], &t[2]),
+                |d| Ok(vec![reference::swiglu(&d[0], &d[1])?]),
+            )
+        })
+        .collect()
+}
+
+fn swiglu_backward(dtype: DType) -> Vec<Case> {
+    let mut rng = Rng::for_case("swiglu_backward", dtype);
+    SHAPES
+        .iter()
+        .map(|&(shape, layout)| {
+            let n = numel(shape);
+            let (gate, up, g) = (
+                rng.values(dtype, n, -5.0, 5.0),
+                rng.values(dtype, n, -2.0, 2.0),
+                rng.values(dtype, n, -2.0, 2.0),
+            );
+            case(
+                "swiglu_backward",
+                dtype,
+                shape_label(shape, layout),
+                vec![
+                    input("gate", dtype, shape, gate, layout),
+                    input("up", dtype, shape, up, Layout::Contiguous),
+                    input("grad_out", dtype, shape, g, Layout::Contiguous),
+                    output("grad_gate", dtype, shape, Layout::Contiguous),
+                    output("grad_up", dtype, shape, Layout::Contiguous),
+                ],
+                Tolerance::ulps(16.0),
+                |exec, t| exec.swiglu_backward(&t[0], &t[1], &t[2], &t[3], &t[4]),
+                |d| {
+                    let (gg, gu) = reference::swiglu_backward(&d[0], &d[1], &d[2])?;
+                    Ok(vec![gg, gu])
+                },
+            )
+        })
+        .collect()
+}
+
+fn reduce_cases(op: ReduceOp) -> fn(DType) -> Vec<Case> {
+    match op {
+        ReduceOp::Sum => |d| reduce(ReduceOp::Sum, d),
+        ReduceOp::Mean => |d| reduce(ReduceOp::Mean, d),
+        ReduceOp::Max => |d| reduce(ReduceOp::Max, d),
+        ReduceOp::Argmax => |d| reduce(ReduceOp::Argmax, d),
+    }
+}
+
+fn reduce(op: ReduceOp, dtype: DType) -> Vec<Case> {
+    let mut rng = Rng::for_case(op.name(), dtype);
+    let mut cases = Vec::new();
+    let plans: [(&[usize], i32, bool, Layout); 9] = [
+        (&[3, 5, 7], 0, false, Layout::Contiguous),
+        (&[3, 5, 7], 1, true, Layout::Contiguous),
+        (&[3, 5, 7], -1, false, Layout::Strided),
+        (&[6, 9], 0, true, Layout::Transposed),
+        (&[1000], 0, false, Layout::Contiguous),
+        (&[4, 3000], -1, false, Layout::Contiguous),
+        (&[1, 1], 1, false, Layout::Contiguous),
+        (&[4, 0], 1, false, Layout::Contiguous),
+        (&[0, 4], 1, true, Layout::Contiguous),
+    ];
+    for (shape, dim, keepdim, layout) in plans {
+        // Small integers make ties, which argmax must break by first index.
+        let x = if op == ReduceOp::Argmax && shape.len() == 3 {
+            (0..numel(shape)).map(|_| rng.below(5) as f64).collect()
+        } else {
+            rng.values(dtype, numel(shape), -4.0, 4.0)
+        };
+        let label = format!("{} dim {dim} keepdim {keepdim}", shape_label(shape, layout));
+        cases.push(reduce_case(
+            op, dtype, label, shape, x, dim, keepdim, layout,
+        ));
+    }
+    if matches!(op, ReduceOp::Max | ReduceOp::Argmax | ReduceOp::Sum) {
+        let x = vec![
+            1.0,
+            f64::NAN,
+            3.0,
+            2.0,
+            f64::INFINITY,
+            1.0,
+            -1.0,
+            f64::NEG_INFINITY,
+            -2.0,
+        ];
+        cases.push(reduce_case(
+            op,
+            dtype,
+            "NaN and infinities in rows".into(),
+            &[3, 3],
+            x,
+            1,
+            false,
+            Layout::Contiguous,
+        ));
+    }
+    cases
+}
+
+#[allow(clippy::too_many_arguments)]
+fn reduce_case(
+    op: ReduceOp,
+    dtype: DType,
+    label: String,
+    shape: &[usize],
+    x: Vec<f64>,
+    dim: i32,
+    keepdim: bool,
+    layout: Layout,
+) -> Case {
+    let d = if dim < 0 {
+        (dim + shape.len() as i32) as usize
+    } else {
+        dim as usize
+    };
+    let mut out_shape = shape.to_vec();
+    if keepdim {
+        out_shape[d] = 1;
+    } else {
+        out_shape.remove(d);
+    }
+    let n = shape[d];
+    let (out_dtype, tolerance) = match op {
+        ReduceOp::Sum => (dtype, Tolerance::sum(2.0, n)),
+        ReduceOp::Mean => (dtype, Tolerance::sum(4.0, n)),
+        ReduceOp::Max => (dtype, Tolerance::EXACT),
+        ReduceOp::Argmax => (DType::I64, Tolerance::EXACT),
+    };
+    case(
+        op.name(),
+        dtype,
+        label,
+        vec![
+            input("input", dtype, shape, x, layout),
+            output("out", out_dtype, &out_shape, Layout::Contiguous),
+        ],
+        tolerance,
+        move |exec, t| exec.reduce(op, &t[0], &t[1], dim, keepdim),
+        move |dense| {
+            let dim = i64::from(dim);
+            Ok(vec![match op {
+                ReduceOp::Sum => reference::sum(&dense[0], dim, keepdim)?,
+                ReduceOp::Mean => reference::mean(&dense[0], dim, keepdim)?,
+                ReduceOp::Max => reference::max(&dense[0], dim, keepdim)?,
+                ReduceOp::Argmax => {
+                    let i = reference::argmax(&dense[0], dim, keepdim)?;
+                    Dense {
+                        shape: i.shape,
+                        data: i.data.into_iter().map(|v| v as f64).collect(),
+                    }
+                }
+            }])
+        },
+    )
+}
+
+fn sum_squares(dtype: DType) -> Vec<Case> {
+    let mut rng = Rng::for_case("sum_squares", dtype);
+    let shapes: [(&[usize], Layout); 6] = [
+        (&[], Layout::Contiguous),
+        (&[7], Layout::Contiguous),
+        (&[33, 65], Layout::Transposed),
+        (&[16, 9], Layout::Strided),
+        (&[4096], Layout::Contiguous),
+        (&[0], Layout::Contiguous),
+    ];
+    shapes
+        .iter()
+        .map(|&(shape, layout)| {
+            let x = rng.values(dtype, numel(shape), -3.0, 3.0);
+            case(
+                "sum_squares",
+                dtype,
+                shape_label(shape, layout),
+                vec![
+                    input("input", dtype, shape, x, layout),
+                    output("out", DType::F32, &[], Layout::Contiguous),
+                ],
+                Tolerance::sum(2.0, numel(shape)),
+                |exec, t| exec.sum_squares(&t[0], &t[1]),
+                |d| Ok(vec![reference::sum_squares(&d[0])?]),
+            )
+        })
+        .collect()
+}

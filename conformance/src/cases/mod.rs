@@ -1,0 +1,209 @@
+//! Seeded cases for every (operator, dtype), and the builders they share.
+//!
+//! Each operator family has a file with one generator per operator; a
+//! generator returns the same cases for the same dtype every time (its random
+//! values come from a seed derived from the operator's name and the dtype),
+//! so a case is identified by (operator, dtype, index) and a child process
+//! can rebuild exactly the case its parent asked for.
+
+mod basic;
+mod elementwise;
+mod nn;
+mod training;
+
+use std::sync::Arc;
+
+use polychip_host::{DType, Exec, Tensor};
+
+use crate::case::{Case, Layout, Role, TensorSpec};
+use crate::reference::{Dense, RefError};
+use crate::tolerance::Tolerance;
+use crate::values::round_to;
+
+/// An operator the suite knows, the dtypes it is tested in, and its cases.
+#[derive(Debug, Clone, Copy)]
+pub struct OpInfo {
+    /// The operator, as named in the op table.
+    pub name: &'static str,
+    /// The dtypes it is tested in.
+    pub dtypes: &'static [DType],
+    /// Its cases for one dtype.
+    pub cases: fn(DType) -> Vec<Case>,
+}
+
+/// Floating dtypes of the ABI 1.0 operators.
+pub const FLOATS4: &[DType] = &[DType::F32, DType::F16, DType::BF16, DType::F64];
+/// Floating dtypes of the ABI 1.1 operators.
+pub const FLOATS3: &[DType] = &[DType::F32, DType::F16, DType::BF16];
+
+/// Every operator of ABI 1.1, in op-table order.
+pub fn registry() -> Vec<OpInfo> {
+    let mut ops = basic::ops();
+    ops.extend(elementwise::ops());
+    ops.extend(nn::ops());
+    ops.extend(training::ops());
+    ops
+}
+
+/// The cases of `op` in `dtype` (empty when the op is unknown or not tested
+/// in that dtype).
+pub fn cases(op: &str, dtype: DType) -> Vec<Case> {
+    registry()
+        .into_iter()
+        .find(|o| o.name == op && o.dtypes.contains(&dtype))
+        .map(|o| (o.cases)(dtype))
+        .unwrap_or_default()
+}
+
+/// A small deterministic generator (xorshift64*), seeded per (op, dtype).
+#[derive(Debug, Clone)]
+pub struct Rng(u64);
+
+impl Rng {
+    /// A generator whose sequence depends only on `op` and `dtype`.
+    pub fn for_case(op: &str, dtype: DType) -> Rng {
+        let mut h = 0xcbf2_9ce4_8422_2325u64;
+        for b in op.bytes().chain(dtype.name().bytes()) {
+            h = (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3);
+        }
+        Rng(h | 1)
+    }
+
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    /// Uniform in `[lo, hi)`.
+    pub fn uniform(&mut self, lo: f64, hi: f64) -> f64 {
+        lo + (hi - lo) * ((self.next() >> 11) as f64 / (1u64 << 53) as f64)
+    }
+
+    /// Uniform integer in `[0, n)`.
+    pub fn below(&mut self, n: usize) -> usize {
+        (self.next() % n.max(1) as u64) as usize
+    }
+
+    /// `n` values uniform in `[lo, hi)`, rounded to `dtype`.
+    pub fn values(&mut self, dtype: DType, n: usize, lo: f64, hi: f64) -> Vec<f64> {
+        (0..n)
+            .map(|_| round_to(dtype, self.uniform(lo, hi)))
+            .collect()
+    }
+}
+
+/// Number of elements of a shape.
+pub fn numel(shape: &[usize]) -> usize {
+    shape.iter().product()
+}
+
+/// An input tensor.
+pub fn input(
+    name: &'static str,
+    dtype: DType,
+    shape: &[usize],
+    values: Vec<f64>,
+    layout: Layout,
+) -> TensorSpec {
+    assert_eq!(
+        values.len(),
+        numel(shape),
+        "{name}: values do not fill {shape:?}"
+    );
+    TensorSpec {
+        name,
+        role: Role::Input,
+        dtype,
+        shape: shape.to_vec(),
+        values: values.into_iter().map(|v| round_to(dtype, v)).collect(),
+        layout,
+    }
+}
+
+/// An output tensor (poisoned before the call).
+pub fn output(name: &'static str, dtype: DType, shape: &[usize], layout: Layout) -> TensorSpec {
+    TensorSpec {
+        name,
+        role: Role::Output,
+        dtype,
+        shape: shape.to_vec(),
+        values: vec![0.0; numel(shape)],
+        layout,
+    }
+}
+
+/// A tensor read and written in place.
+pub fn inout(
+    name: &'static str,
+    dtype: DType,
+    shape: &[usize],
+    values: Vec<f64>,
+    layout: Layout,
+) -> TensorSpec {
+    TensorSpec {
+        role: Role::InOut,
+        ..input(name, dtype, shape, values, layout)
+    }
+}
+
+/// Builds a case from its parts.
+pub fn case(
+    op: &'static str,
+    dtype: DType,
+    label: impl Into<String>,
+    tensors: Vec<TensorSpec>,
+    tolerance: Tolerance,
+    call: impl Fn(&Exec<'_>, &[Tensor]) -> polychip_host::Result<()> + Send + Sync + 'static,
+    reference: impl Fn(&[Dense]) -> Result<Vec<Dense>, RefError> + Send + Sync + 'static,
+) -> Case {
+    Case {
+        op,
+        dtype,
+        label: label.into(),
+        tensors,
+        call: Arc::new(call),
+        reference: Arc::new(reference),
+        tolerance,
+    }
+}
+
+/// A label like `[3, 5] transposed`.
+pub fn shape_label(shape: &[usize], layout: Layout) -> String {
+    let dims: Vec<String> = shape.iter().map(|d| d.to_string()).collect();
+    if layout == Layout::Contiguous {
+        format!("[{}]", dims.join(", "))
+    } else {
+        format!("[{}] {layout}", dims.join(", "))
+    }
+}
+
+/// Special floating values of `dtype`: NaN, ±inf, ±0, the largest finite
+/// value, and the smallest subnormal.
+pub fn specials(dtype: DType) -> Vec<f64> {
+    let (max, tiny) = match dtype {
+        DType::F64 => (f64::MAX, f64::from_bits(1)),
+        DType::F32 => (f64::from(f32::MAX), f64::from(f32::from_bits(1))),
+        DType::F16 => (65504.0, 2f64.powi(-24)),
+        DType::BF16 => (
+            f64::from(half::bf16::MAX),
+            f64::from(half::bf16::from_bits(1)),
+        ),
+        _ => (0.0, 0.0),
+    };
+    vec![
+        f64::NAN,
+        f64::INFINITY,
+        f64::NEG_INFINITY,
+        0.0,
+        -0.0,
+        max,
+        -max,
+        tiny,
+        -tiny,
+        1.0,
+        -1.0,
+        0.5,
+    ]
+}

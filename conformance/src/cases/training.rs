@@ -1,0 +1,7 @@
+//! Placeholder until the cases are written.
+
+use super::OpInfo;
+
+pub(super) fn ops() -> Vec<OpInfo> {
+    Vec::new()
+}

@@ -1,0 +1,320 @@
+//! The conformance report: per (operator, dtype) counts and error
+//! statistics, every failure with the command that replays it, every waiver
+//! in full; as a table for people, JSON for machines and JUnit XML for CI.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use serde::Serialize;
+
+use crate::compare::Stats;
+use crate::runner::{CaseResult, Status};
+use crate::waivers::Waivers;
+
+/// One (operator, dtype) row.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Row {
+    /// Operator.
+    pub op: String,
+    /// Dtype.
+    pub dtype: String,
+    /// Cases passed.
+    pub passed: usize,
+    /// Cases failed.
+    pub failed: usize,
+    /// Cases the plugin does not implement.
+    pub not_implemented: usize,
+    /// Cases skipped by a waiver.
+    pub skipped: usize,
+    /// Cases passed under a loosened tolerance (also counted in `passed`).
+    pub passed_loosened: usize,
+    /// Error statistics over the cases that ran.
+    pub stats: Stats,
+    /// Seconds in the plugin.
+    pub plugin_seconds: f64,
+    /// Seconds in the reference.
+    pub reference_seconds: f64,
+}
+
+/// A failed case and how to replay it.
+#[derive(Debug, Clone, Serialize)]
+pub struct Failure {
+    /// The result.
+    pub result: CaseResult,
+    /// A command that runs exactly this case again.
+    pub replay: String,
+}
+
+/// The whole report for one plugin.
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    /// The plugin file.
+    pub plugin: String,
+    /// Its vendor and version.
+    pub vendor: String,
+    /// The device index tested.
+    pub device: u32,
+    /// One row per (operator, dtype), in suite order.
+    pub rows: Vec<Row>,
+    /// Every failure.
+    pub failures: Vec<Failure>,
+    /// The waivers in force, in full.
+    pub waivers: Waivers,
+    /// Wall-clock seconds of the whole run.
+    pub seconds: f64,
+}
+
+impl Report {
+    /// Builds the report from results in suite order.
+    pub fn new(
+        plugin: &str,
+        vendor: &str,
+        device: u32,
+        results: &[CaseResult],
+        waivers: &Waivers,
+        seconds: f64,
+    ) -> Report {
+        let mut order = Vec::new();
+        let mut rows: BTreeMap<(String, String), Row> = BTreeMap::new();
+        let mut failures = Vec::new();
+        for r in results {
+            let key = (r.op.clone(), r.dtype.clone());
+            if !rows.contains_key(&key) {
+                order.push(key.clone());
+            }
+            let row = rows.entry(key).or_insert_with(|| Row {
+                op: r.op.clone(),
+                dtype: r.dtype.clone(),
+                ..Row::default()
+            });
+            match r.status {
+                Status::Passed => row.passed += 1,
+                Status::Failed => row.failed += 1,
+                Status::NotImplemented => row.not_implemented += 1,
+                Status::Skipped => row.skipped += 1,
+            }
+            if r.status == Status::Passed && waivers.find(&r.op, &r.dtype).is_some() {
+                row.passed_loosened += 1;
+            }
+            row.stats.merge(&r.stats);
+            row.plugin_seconds += r.plugin_seconds;
+            row.reference_seconds += r.reference_seconds;
+            if r.status == Status::Failed {
+                failures.push(Failure {
+                    result: r.clone(),
+                    replay: format!("polychip conform --plugin {plugin} --device {device} --ops '^{}$' --dtype {} --case {}", r.op, r.dtype, r.index),
+                });
+            }
+        }
+        Report {
+            plugin: plugin.to_string(),
+            vendor: vendor.to_string(),
+            device,
+            rows: order
+                .into_iter()
+                .map(|k| rows.remove(&k).expect("ordered keys"))
+                .collect(),
+            failures,
+            waivers: waivers.clone(),
+            seconds,
+        }
+    }
+
+    /// Totals over every row: (passed, failed, not implemented, skipped).
+    pub fn totals(&self) -> (usize, usize, usize, usize) {
+        self.rows.iter().fold((0, 0, 0, 0), |t, r| {
+            (
+                t.0 + r.passed,
+                t.1 + r.failed,
+                t.2 + r.not_implemented,
+                t.3 + r.skipped,
+            )
+        })
+    }
+
+    /// Whether every implemented, unwaived case passed.
+    pub fn ok(&self) -> bool {
+        self.totals().1 == 0
+    }
+
+    /// The report as a table for people.
+    pub fn table(&self) -> String {
+        let mut out = String::new();
+        let _ = writeln!(
+            out,
+            "conformance of {} ({}), device {}",
+            self.vendor, self.plugin, self.device
+        );
+        let header = [
+            "op",
+            "dtype",
+            "pass",
+            "fail",
+            "n/i",
+            "skip",
+            "max abs",
+            "max rel",
+            "max ulp",
+            "mean ulp",
+            "nan/inf",
+            "plugin ms",
+            "ref ms",
+        ];
+        let mut lines = vec![header.map(String::from).to_vec()];
+        for r in &self.rows {
+            let ran = r.stats.elements > 0;
+            let num = |v: f64| if ran { format!("{v:.2e}") } else { "-".into() };
+            lines.push(vec![
+                r.op.clone(),
+                r.dtype.clone(),
+                if r.passed_loosened > 0 {
+                    format!("{}*", r.passed)
+                } else {
+                    r.passed.to_string()
+                },
+                r.failed.to_string(),
+                r.not_implemented.to_string(),
+                r.skipped.to_string(),
+                num(r.stats.max_abs),
+                num(r.stats.max_rel),
+                if ran {
+                    format!("{:.1}", r.stats.max_ulp)
+                } else {
+                    "-".into()
+                },
+                if ran {
+                    format!("{:+.3}", r.stats.mean_signed_ulp())
+                } else {
+                    "-".into()
+                },
+                r.stats.nan_inf_mismatches.to_string(),
+                format!("{:.2}", r.plugin_seconds * 1e3),
+                format!("{:.2}", r.reference_seconds * 1e3),
+            ]);
+        }
+        let widths: Vec<usize> = (0..header.len())
+            .map(|c| lines.iter().map(|l| l[c].len()).max().unwrap_or(0))
+            .collect();
+        for l in &lines {
+            let cells: Vec<String> = l
+                .iter()
+                .zip(&widths)
+                .enumerate()
+                .map(|(i, (c, w))| {
+                    if i < 2 {
+                        format!("{c:<w$}")
+                    } else {
+                        format!("{c:>w$}")
+                    }
+                })
+                .collect();
+            let _ = writeln!(out, "{}", cells.join("  "));
+        }
+        let (p, f, n, s) = self.totals();
+        let _ = writeln!(
+            out,
+            "\n{p} passed, {f} failed, {n} not implemented, {s} skipped in {:.1} s",
+            self.seconds
+        );
+        if self.rows.iter().any(|r| r.passed_loosened > 0) {
+            let _ = writeln!(
+                out,
+                "* passed under a loosened tolerance (see the waivers below)"
+            );
+        }
+        if !self.waivers.waivers.is_empty() {
+            let _ = writeln!(
+                out,
+                "\nwaivers from {}:",
+                self.waivers.path.as_deref().unwrap_or("?")
+            );
+            for w in &self.waivers.waivers {
+                let dtype = w.dtype.as_deref().unwrap_or("every dtype");
+                let what = match w.factor {
+                    Some(f) => format!("tolerance x{f}"),
+                    None => "skipped".into(),
+                };
+                let _ = writeln!(out, "  {} {dtype}: {what}: {}", w.op, w.reason);
+            }
+        }
+        for f in &self.failures {
+            let r = &f.result;
+            let _ = writeln!(
+                out,
+                "\nFAILED {} {} case {} ({}): {}\n  replay: {}",
+                r.op, r.dtype, r.index, r.label, r.message, f.replay
+            );
+        }
+        out
+    }
+
+    /// The report as JUnit XML: one test suite per operator, one test case
+    /// per (operator, dtype, case).
+    pub fn junit(&self, results: &[CaseResult]) -> String {
+        let esc = |s: &str| {
+            s.replace('&', "&amp;")
+                .replace('<', "&lt;")
+                .replace('>', "&gt;")
+                .replace('"', "&quot;")
+        };
+        let (_, failed, _, skipped) = self.totals();
+        let mut out = String::new();
+        let _ = writeln!(out, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>");
+        let _ = writeln!(
+            out,
+            "<testsuites name=\"polychip conformance: {}\" tests=\"{}\" failures=\"{failed}\" skipped=\"{skipped}\" time=\"{:.3}\">",
+            esc(&self.vendor),
+            results.len(),
+            self.seconds
+        );
+        let mut ops: Vec<&str> = Vec::new();
+        for r in results {
+            if !ops.contains(&r.op.as_str()) {
+                ops.push(&r.op);
+            }
+        }
+        for op in ops {
+            let mine: Vec<&CaseResult> = results.iter().filter(|r| r.op == op).collect();
+            let fails = mine.iter().filter(|r| r.status == Status::Failed).count();
+            let _ = writeln!(
+                out,
+                "  <testsuite name=\"{}\" tests=\"{}\" failures=\"{fails}\">",
+                esc(op),
+                mine.len()
+            );
+            for r in mine {
+                let name = format!("{} {} #{} {}", r.op, r.dtype, r.index, r.label);
+                let _ = write!(
+                    out,
+                    "    <testcase classname=\"{}.{}\" name=\"{}\" time=\"{:.6}\"",
+                    esc(&r.op),
+                    esc(&r.dtype),
+                    esc(&name),
+                    r.plugin_seconds
+                );
+                match r.status {
+                    Status::Passed => {
+                        let _ = writeln!(out, "/>");
+                    }
+                    Status::Failed => {
+                        let _ = writeln!(
+                            out,
+                            ">\n      <failure message=\"{}\"/>\n    </testcase>",
+                            esc(&r.message)
+                        );
+                    }
+                    Status::NotImplemented | Status::Skipped => {
+                        let _ = writeln!(
+                            out,
+                            ">\n      <skipped message=\"{}\"/>\n    </testcase>",
+                            esc(&r.message)
+                        );
+                    }
+                }
+            }
+            let _ = writeln!(out, "  </testsuite>");
+        }
+        let _ = writeln!(out, "</testsuites>");
+        out
+    }
+}
