@@ -1,0 +1,189 @@
+//! `polychip conform` as a vendor runs it: the planted-bug plugin is caught
+//! bug by bug with the operator named, the bundled plugins pass, a failure
+//! replays from its printed command, and waivers are listed and counted
+//! apart.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+fn profile_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_polychip"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+fn plugin(name: &str) -> String {
+    let dir = profile_dir();
+    for p in [dir.join(name), dir.join("deps").join(name)] {
+        if p.exists() {
+            return p.display().to_string();
+        }
+    }
+    panic!("{name} is not built: run `cargo build --workspace` first");
+}
+
+fn conform(args: &[&str]) -> (i32, String, serde_json::Value) {
+    let json = std::env::temp_dir().join(format!(
+        "conform-{}-{}.json",
+        std::process::id(),
+        args.join("_").len()
+    ));
+    let out = Command::new(env!("CARGO_BIN_EXE_polychip"))
+        .arg("conform")
+        .args(args)
+        .arg("--json")
+        .arg(&json)
+        .output()
+        .expect("run polychip conform");
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    let doc = std::fs::read_to_string(&json)
+        .map(|s| serde_json::from_str(&s).expect("valid JSON report"))
+        .unwrap_or(serde_json::Value::Null);
+    std::fs::remove_file(&json).ok();
+    (out.status.code().unwrap_or(-1), text, doc)
+}
+
+fn failures_of<'a>(doc: &'a serde_json::Value, op: &str) -> Vec<&'a str> {
+    doc["failures"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|f| f["result"]["op"] == op)
+        .map(|f| f["result"]["message"].as_str().unwrap())
+        .collect()
+}
+
+#[test]
+fn every_planted_bug_is_flagged_by_operator() {
+    let planted = plugin("libpolychip_testplugin_planted.so");
+    let (code, text, doc) = conform(&["--plugin", &planted, "--dtype", "f32"]);
+    assert_eq!(code, 1, "failures make the exit status 1:\n{text}");
+    let softmax = failures_of(&doc, "softmax");
+    assert!(
+        softmax
+            .iter()
+            .any(|m| m.contains("outside tolerance") && m.contains("got NaN")),
+        "softmax overflow: {softmax:?}"
+    );
+    let cast = failures_of(&doc, "cast");
+    assert!(
+        cast.iter()
+            .any(|m| m.contains("output dst") && m.contains("outside tolerance")),
+        "bf16 truncation: {cast:?}"
+    );
+    let add = failures_of(&doc, "add");
+    assert!(!add.is_empty(), "a's strides are ignored by add");
+    assert!(doc["failures"].as_array().unwrap().iter().any(|f| {
+        f["result"]["op"] == "add"
+            && f["result"]["label"]
+                .as_str()
+                .unwrap()
+                .contains("transposed")
+    }));
+    let exp = failures_of(&doc, "exp");
+    assert!(
+        exp.iter().any(|m| m.contains("input input was modified")),
+        "exp writes its input: {exp:?}"
+    );
+    let mul = failures_of(&doc, "mul");
+    assert!(
+        mul.iter().any(|m| m.contains("never wrote")),
+        "mul leaves an element unwritten: {mul:?}"
+    );
+    let sqrt = failures_of(&doc, "sqrt");
+    assert!(
+        sqrt.iter()
+            .any(|m| m.contains("crashed") && m.contains("SIGSEGV")),
+        "sqrt segfaults on 7 elements: {sqrt:?}"
+    );
+    let matmul = failures_of(&doc, "matmul");
+    assert!(
+        matmul.iter().any(|m| m.contains("panicked")),
+        "matmul panics: {matmul:?}"
+    );
+    // The suite went on after the segfault: sqrt's other cases ran and passed.
+    let rows = doc["rows"].as_array().unwrap();
+    let sqrt_row = rows.iter().find(|r| r["op"] == "sqrt").unwrap();
+    assert!(sqrt_row["passed"].as_u64().unwrap() > 0);
+    // Correct operators pass.
+    let fill_row = rows.iter().find(|r| r["op"] == "fill").unwrap();
+    assert_eq!(fill_row["failed"], 0);
+    // Every failure prints a command that replays it.
+    assert!(text.contains("replay: polychip conform --plugin"), "{text}");
+}
+
+#[test]
+fn a_printed_replay_command_reruns_exactly_that_case() {
+    let planted = plugin("libpolychip_testplugin_planted.so");
+    let (_, _, doc) = conform(&["--plugin", &planted, "--ops", "^mul$", "--dtype", "f32"]);
+    let replay = doc["failures"][0]["replay"].as_str().unwrap().to_string();
+    let case = replay.rsplit_once("--case ").unwrap().1.to_string();
+    let (code, text, doc) = conform(&[
+        "--plugin", &planted, "--ops", "^mul$", "--dtype", "f32", "--case", &case,
+    ]);
+    assert_eq!(code, 1, "{text}");
+    let rows = doc["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0]["failed"], 1);
+    assert_eq!(rows[0]["passed"], 0);
+}
+
+#[test]
+fn waivers_are_listed_in_full_and_counted_apart() {
+    let planted = plugin("libpolychip_testplugin_planted.so");
+    let file = std::env::temp_dir().join(format!("waivers-{}.toml", std::process::id()));
+    std::fs::write(
+        &file,
+        "[[waiver]]\nop = \"mul\"\naction = \"skip\"\nreason = \"known bug 123: last element\"\n",
+    )
+    .unwrap();
+    let (code, text, doc) = conform(&[
+        "--plugin",
+        &planted,
+        "--ops",
+        "^mul$",
+        "--dtype",
+        "f32",
+        "--waivers",
+        file.to_str().unwrap(),
+    ]);
+    std::fs::remove_file(&file).ok();
+    assert_eq!(code, 0, "skipped cases are not failures:\n{text}");
+    assert!(
+        text.contains("mul every dtype: skipped: known bug 123: last element"),
+        "{text}"
+    );
+    assert_eq!(doc["rows"][0]["passed"], 0);
+    assert!(doc["rows"][0]["skipped"].as_u64().unwrap() > 0);
+    assert_eq!(
+        doc["waivers"]["waivers"][0]["reason"],
+        "known bug 123: last element"
+    );
+}
+
+#[test]
+fn bad_arguments_are_usage_errors() {
+    let (code, text, _) = conform(&["--ops", "(", "--plugin", "x"]);
+    assert_eq!(code, 2);
+    assert!(
+        text.contains("--ops is not a valid regular expression"),
+        "{text}"
+    );
+    let (code, text, _) = conform(&["--dtype", "f8"]);
+    assert_eq!(code, 2);
+    assert!(text.contains("unknown dtype \"f8\""), "{text}");
+}
+
+#[test]
+fn the_bundled_plugins_pass_every_case_they_implement() {
+    for name in [
+        "libpolychip_vendor_ferrite.so",
+        "libpolychip_vendor_cobalt.so",
+    ] {
+        let (code, text, doc) = conform(&["--plugin", &plugin(name)]);
+        assert_eq!(code, 0, "{name}:\n{text}");
+        assert_eq!(doc["failures"].as_array().unwrap().len(), 0, "{name}");
+    }
+}
