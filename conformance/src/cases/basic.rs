@@ -259,21 +259,14 @@ fn binary_case(
     )
 }
 
+/// (batch of a, batch of b, m, k, n, transpose_a, transpose_b, alpha, beta).
+type MatmulPlan = (&'static [usize], &'static [usize], usize, usize, usize, bool, bool, f64, f64);
+
 fn matmul(dtype: DType) -> Vec<Case> {
     let mut rng = Rng::for_case("matmul", dtype);
     let mut cases = Vec::new();
     // (batch of a, batch of b, m, k, n, transpose_a, transpose_b, alpha, beta)
-    let plans: [(
-        &[usize],
-        &[usize],
-        usize,
-        usize,
-        usize,
-        bool,
-        bool,
-        f64,
-        f64,
-    ); 9] = [
+    let plans: [MatmulPlan; 9] = [
         (&[], &[], 1, 1, 1, false, false, 1.0, 0.0),
         (&[], &[], 3, 5, 4, false, false, 1.0, 0.0),
         (&[], &[], 17, 33, 9, true, false, 1.0, 0.0),
