@@ -17,6 +17,11 @@ fn polychip(args: &[&str], plugin_path: Option<&str>) -> (bool, String) {
     (out.status.success(), text)
 }
 
+/// The number of operators in the ABI this build speaks.
+fn polychip_plugin_sdk_op_count() -> usize {
+    polychip_host::ffi::OP_COUNT
+}
+
 #[test]
 fn lists_every_device_of_both_bundled_plugins() {
     let (ok, text) = polychip(&["devices"], None);
@@ -40,7 +45,9 @@ fn lists_every_device_of_both_bundled_plugins() {
         .find(|l| l.starts_with("Cobalt:0"))
         .expect("a Cobalt row");
     assert!(
-        cobalt.contains("private") && cobalt.contains("1.0") && cobalt.contains("9/9"),
+        cobalt.contains("private")
+            && cobalt.contains("1.1")
+            && cobalt.contains(&format!("{0}/{0}", polychip_host::ffi::OP_COUNT)),
         "{cobalt}"
     );
 }
@@ -56,7 +63,7 @@ fn json_describes_devices_for_machines() {
         .find(|d| d["id"] == "Ferrite:0")
         .expect("Ferrite:0");
     assert_eq!(ferrite["host_visible"], true);
-    assert_eq!(ferrite["abi_version"], "1.0");
+    assert_eq!(ferrite["abi_version"], "1.1");
     assert!(ferrite["peak_flops"]["f32"].as_f64().unwrap() > 0.0);
     assert!(ferrite["memory_bytes"].as_u64().unwrap() > 0);
     let cobalt = devices

@@ -113,7 +113,8 @@ static PolychipError *fill(uint32_t device, PolychipStream *s, const PolychipFil
 }
 
 static const PolychipOpTable ops = {
-    sizeof(PolychipOpTable), fill, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+    .struct_size = sizeof(PolychipOpTable),
+    .fill = fill,
 };
 
 /* A table from a hypothetical newer minor: 1.0's table plus appended fields. */

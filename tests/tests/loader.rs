@@ -5,6 +5,7 @@
 mod common;
 
 use polychip_host::{DType, ErrorCode, HostError, LoadOptions, Runtime};
+use polychip_plugin_sdk::abi::POLYCHIP_ABI_MINOR as MINOR;
 
 fn load_error(define: &str) -> HostError {
     let path = common::fake_plugin(Some(define));
@@ -46,9 +47,9 @@ fn a_plugin_of_another_major_is_refused_naming_both_versions() {
         "{error:?}"
     );
     assert!(
-        error
-            .to_string()
-            .contains("plugin ABI 2.0 is not compatible with this host's ABI 1.0"),
+        error.to_string().contains(&format!(
+            "plugin ABI 2.{MINOR} is not compatible with this host's ABI 1.{MINOR}"
+        )),
         "{error}"
     );
 }
@@ -58,16 +59,23 @@ fn a_minor_older_than_the_minimum_is_refused() {
     let path = common::fake_plugin(None);
     let mut runtime = Runtime::default();
     let error = runtime
-        .add(&path, &LoadOptions { min_minor: 3 })
+        .add(
+            &path,
+            &LoadOptions {
+                min_minor: MINOR + 1,
+            },
+        )
         .unwrap_err();
     assert!(
         error
             .to_string()
-            .contains("plugin ABI 1.0 is not compatible"),
+            .contains(&format!("plugin ABI 1.{MINOR} is not compatible")),
         "{error}"
     );
     assert!(
-        error.to_string().contains("accepts 1.3 and newer"),
+        error
+            .to_string()
+            .contains(&format!("accepts 1.{} and newer", MINOR + 1)),
         "{error}"
     );
 }

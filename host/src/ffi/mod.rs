@@ -8,3 +8,6 @@ mod plugin;
 
 pub use load::{LoadOptions, load_plugin};
 pub use plugin::{OpSet, Plugin, RawEvent, RawStream};
+
+/// The number of operators in the ABI this host speaks.
+pub const OP_COUNT: usize = polychip_plugin_sdk::abi::POLYCHIP_OP_COUNT;

@@ -10,7 +10,12 @@
  *   memory.c    per-device arenas, the allocator, byte encoding, copies
  *   convert.c   f16/bf16 conversions and dtype-generic element reads/writes
  *   tensor.c    tensor descriptor checks, broadcasting, gather and scatter
- *   ops_data.c, ops_elementwise.c, ops_matmul.c, ops_softmax.c  the operators
+ *   ops_check.c argument checks and loads shared by the ABI 1.1 operators
+ *   ops_data.c, ops_elementwise.c, ops_matmul.c, ops_softmax.c  the 1.0 operators
+ *   ops_unary.c, ops_activation.c, ops_reduce.c, ops_softmax_grad.c,
+ *   ops_linear.c, ops_norm.c, ops_rope.c, ops_attention.c,
+ *   ops_attention_grad.c, ops_embedding.c, ops_loss.c, ops_training.c
+ *               the operators ABI 1.1 added
  * Nothing here is exported: the library is built with -fvisibility=hidden and
  * only polychip_plugin_init_v1 carries POLYCHIP_EXPORT.
  */
@@ -188,6 +193,99 @@ PolychipError *cobalt_store_f64(const char *op, const cobalt_view *view, const d
 PolychipError *cobalt_op_begin(const char *op, uint32_t device, const PolychipStream *stream,
                                const void *args, size_t needed, const char *last_field);
 
+/* ---- ops_check.c: checks shared by the ABI 1.1 operators ----------------- */
+
+/* One tensor argument of an operator: where to put its view, and its name. */
+typedef struct cobalt_arg {
+    cobalt_view *view;
+    const PolychipTensor *tensor;
+    const char *name;
+} cobalt_arg;
+
+/*
+ * cobalt_op_begin for an operator of ABI 1.1, whose every field is required:
+ * struct_size must be at least sizeof(type) (as the ABI 1.1 header has it).
+ */
+PolychipError *cobalt_op_begin_args(const char *op, uint32_t device, const PolychipStream *stream,
+                                    const void *args, size_t size, const char *type);
+#define COBALT_BEGIN(op, device, stream, args, type) \
+    cobalt_op_begin_args(op, device, stream, args, sizeof(type), #type)
+/* cobalt_view_init for each of `count` arguments, stopping at the first error. */
+PolychipError *cobalt_views(const char *op, uint32_t device, const cobalt_arg *list, int count);
+/*
+ * DTYPE_MISMATCH unless the first argument has a floating dtype the 1.1
+ * operators take (f32, f16 or bf16) and every other argument has the same
+ * dtype.
+ */
+PolychipError *cobalt_need_float(const char *op, const cobalt_arg *list, int count);
+/* DTYPE_MISMATCH unless `v` is f32; `role` says what the tensor holds. */
+PolychipError *cobalt_need_f32(const char *op, const char *name, const cobalt_view *v,
+                               const char *role);
+/* DTYPE_MISMATCH unless `v` holds indices (i32 or i64). */
+PolychipError *cobalt_need_index(const char *op, const char *name, const cobalt_view *v);
+/* SHAPE_MISMATCH unless every argument has the first one's shape. */
+PolychipError *cobalt_need_same_shapes(const char *op, const cobalt_arg *list, int count);
+/*
+ * SHAPE_MISMATCH unless `v` (argument `name`) has exactly `shape`, which
+ * follows from argument `ref_name` (`ref`):
+ * "cobalt: op: name has shape A but ref_name has shape B; name must have shape C".
+ */
+PolychipError *cobalt_need_shape(const char *op, const char *name, const cobalt_view *v,
+                                 const char *ref_name, const cobalt_view *ref, int ndim,
+                                 const int64_t *shape);
+/* SHAPE_MISMATCH unless `v` has `ndim` dims; `layout` describes them ("[batch, seq, heads, D]"). */
+PolychipError *cobalt_need_ndim(const char *op, const char *name, const cobalt_view *v, int ndim,
+                                const char *layout);
+/*
+ * INVALID_ARGUMENT when output `name` would write some element twice (a
+ * zero stride on an extent above 1, or strides that interleave). Like the
+ * host's check, it is conservative: dims sorted by |stride| must each step
+ * past everything the smaller ones reach.
+ */
+PolychipError *cobalt_need_writable(const char *op, const char *name, const cobalt_view *v);
+/* SHAPE_MISMATCH unless `v` has at least one dimension; `layout` describes it. */
+PolychipError *cobalt_need_rank1(const char *op, const char *name, const cobalt_view *v,
+                                 const char *layout);
+/* A new buffer with an index view's elements as int64_t. */
+PolychipError *cobalt_load_indices(const char *op, const cobalt_view *view, int64_t **out);
+/* Frees every pointer in `list` (NULL entries included). */
+void cobalt_free_all(void **list, int count);
+
+/* ---- ops_unary.c and ops_activation.c: elementwise helpers --------------- */
+
+/* out[k] = f(in[0], ..., in[n_in - 1]) for one element; `param` is per call. */
+typedef void (*cobalt_pointwise_fn)(const double *in, double *out, double param);
+/*
+ * Runs an elementwise operator: `list` holds `n_in` inputs then `n_out`
+ * outputs (at most 5 in all), which must share one floating dtype and one
+ * shape. Inputs are read in double before any output is written, so an
+ * output may be exactly an input.
+ */
+PolychipError *cobalt_pointwise(const char *op, uint32_t device, const cobalt_arg *list, int n_in,
+                                int n_out, cobalt_pointwise_fn fn, double param);
+/* sigmoid(x), silu(x) = x sigmoid(x), and gelu (tanh form) with derivatives. */
+double cobalt_sigmoid(double x);
+double cobalt_silu(double x);
+double cobalt_silu_grad(double x);
+double cobalt_gelu(double x);
+double cobalt_gelu_grad(double x);
+
+/* ---- ops_attention.c: the geometry attention and its backward share ------- */
+
+typedef struct cobalt_attention_dims {
+    int64_t batch, heads_q, heads_kv, seq_q, seq_kv, d;
+    int64_t group; /* query heads per key/value head */
+} cobalt_attention_dims;
+
+/*
+ * Checks q [batch, heads_q, seq_q, D], k and v [batch, heads_kv, seq_kv, D]
+ * (heads_q a multiple of heads_kv) and fills `dims`.
+ */
+PolychipError *cobalt_attention_dims_of(const char *op, const cobalt_view *q, const cobalt_view *k,
+                                        const cobalt_view *v, cobalt_attention_dims *dims);
+/* How many keys (a prefix 0..n-1) query `i` sees. */
+int64_t cobalt_attention_visible(const cobalt_attention_dims *dims, int causal, int64_t i);
+
 /* ---- the operators (ops_*.c) --------------------------------------------- */
 
 PolychipError *cobalt_op_fill(uint32_t device, PolychipStream *stream, const PolychipFillArgs *args);
@@ -201,5 +299,48 @@ PolychipError *cobalt_op_matmul(uint32_t device, PolychipStream *stream,
                                 const PolychipMatmulArgs *args);
 PolychipError *cobalt_op_softmax(uint32_t device, PolychipStream *stream,
                                  const PolychipSoftmaxArgs *args);
+
+/* ABI 1.1. The entry type of each operator in PolychipOpTable. */
+#define COBALT_OP(name, args_type) \
+    PolychipError *cobalt_op_##name(uint32_t device, PolychipStream *stream, const args_type *args)
+COBALT_OP(neg, PolychipUnaryArgs);
+COBALT_OP(exp, PolychipUnaryArgs);
+COBALT_OP(log, PolychipUnaryArgs);
+COBALT_OP(sqrt, PolychipUnaryArgs);
+COBALT_OP(rsqrt, PolychipUnaryArgs);
+COBALT_OP(tanh, PolychipUnaryArgs);
+COBALT_OP(pow_scalar, PolychipPowScalarArgs);
+COBALT_OP(relu, PolychipUnaryArgs);
+COBALT_OP(relu_backward, PolychipActivationBackwardArgs);
+COBALT_OP(silu, PolychipUnaryArgs);
+COBALT_OP(silu_backward, PolychipActivationBackwardArgs);
+COBALT_OP(gelu, PolychipUnaryArgs);
+COBALT_OP(gelu_backward, PolychipActivationBackwardArgs);
+COBALT_OP(swiglu, PolychipSwigluArgs);
+COBALT_OP(swiglu_backward, PolychipSwigluBackwardArgs);
+COBALT_OP(sum, PolychipReduceArgs);
+COBALT_OP(mean, PolychipReduceArgs);
+COBALT_OP(max, PolychipReduceArgs);
+COBALT_OP(argmax, PolychipReduceArgs);
+COBALT_OP(sum_squares, PolychipSumSquaresArgs);
+COBALT_OP(linear, PolychipLinearArgs);
+COBALT_OP(softmax_backward, PolychipSoftmaxBackwardArgs);
+COBALT_OP(log_softmax, PolychipSoftmaxArgs);
+COBALT_OP(log_softmax_backward, PolychipSoftmaxBackwardArgs);
+COBALT_OP(rms_norm, PolychipRmsNormArgs);
+COBALT_OP(rms_norm_backward, PolychipRmsNormBackwardArgs);
+COBALT_OP(layer_norm, PolychipLayerNormArgs);
+COBALT_OP(layer_norm_backward, PolychipLayerNormBackwardArgs);
+COBALT_OP(rope, PolychipRopeArgs);
+COBALT_OP(rope_backward, PolychipRopeArgs);
+COBALT_OP(attention, PolychipAttentionArgs);
+COBALT_OP(attention_backward, PolychipAttentionBackwardArgs);
+COBALT_OP(embedding, PolychipEmbeddingArgs);
+COBALT_OP(embedding_backward, PolychipEmbeddingBackwardArgs);
+COBALT_OP(cross_entropy, PolychipCrossEntropyArgs);
+COBALT_OP(cross_entropy_backward, PolychipCrossEntropyBackwardArgs);
+COBALT_OP(adamw, PolychipAdamwArgs);
+COBALT_OP(scale, PolychipScaleArgs);
+#undef COBALT_OP
 
 #endif /* COBALT_INTERNAL_H */

@@ -6,6 +6,9 @@
  * that device bytes really are stored encoded), copies, streams, events and
  * every operator against values computed here.
  *
+ * The checks of the operators ABI 1.1 added live in driver_*.c, which share
+ * this file's helpers through driver.h.
+ *
  * Usage: driver <plugin library> [expected devices] [expected MiB per device]
  * (defaults 1 and 256). Prints "ok" and exits 0 when every check passes;
  * otherwise prints the failed check and exits 1.
@@ -14,20 +17,10 @@
 #define _POSIX_C_SOURCE 200809L
 
 #include <dlfcn.h>
-#include <math.h>
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
 
-#include "polychip.h"
+#include "driver.h"
 
 /* ---- the host side ------------------------------------------------------- */
-
-struct PolychipError {
-    PolychipErrorCode code;
-    char *message;
-};
 
 static PolychipError *host_error_new(void *ctx, PolychipErrorCode code, const char *message,
                                      size_t len) {
@@ -46,7 +39,7 @@ static PolychipError *host_error_new(void *ctx, PolychipErrorCode code, const ch
     return error;
 }
 
-static void host_error_destroy(void *ctx, PolychipError *error) {
+void host_error_destroy(void *ctx, PolychipError *error) {
     (void)ctx;
     if (error != NULL) {
         free(error->message);
@@ -80,42 +73,31 @@ static PolychipHostApi host_table(void) {
 
 /* ---- checking helpers ---------------------------------------------------- */
 
-#define CHECK(cond, ...)                                                        \
-    do {                                                                        \
-        if (!(cond)) {                                                          \
-            fprintf(stderr, "FAILED at driver.c:%d: %s\n  ", __LINE__, #cond); \
-            fprintf(stderr, __VA_ARGS__);                                       \
-            fputc('\n', stderr);                                                \
-            exit(1);                                                            \
-        }                                                                       \
-    } while (0)
-
-static void expect_ok_at(PolychipError *error, const char *what, int line) {
+void expect_ok_at(PolychipError *error, const char *what, const char *file, int line) {
     if (error != NULL) {
-        fprintf(stderr, "FAILED at driver.c:%d: %s returned error %u: %s\n", line, what,
+        fprintf(stderr, "FAILED at %s:%d: %s returned error %u: %s\n", file, line, what,
                 (unsigned)error->code, error->message);
         exit(1);
     }
 }
-#define OK(call) expect_ok_at((call), #call, __LINE__)
 
-static void expect_error_at(PolychipError *error, PolychipErrorCode code, const char *what, int line) {
+void expect_error_at(PolychipError *error, PolychipErrorCode code, const char *what,
+                     const char *file, int line) {
     if (error == NULL) {
-        fprintf(stderr, "FAILED at driver.c:%d: %s succeeded; expected error %u\n", line, what,
+        fprintf(stderr, "FAILED at %s:%d: %s succeeded; expected error %u\n", file, line, what,
                 (unsigned)code);
         exit(1);
     }
     if (error->code != code || error->message[0] == '\0') {
-        fprintf(stderr, "FAILED at driver.c:%d: %s: expected error %u, got %u: \"%s\"\n", line, what,
+        fprintf(stderr, "FAILED at %s:%d: %s: expected error %u, got %u: \"%s\"\n", file, line, what,
                 (unsigned)code, (unsigned)error->code, error->message);
         exit(1);
     }
     printf("expected error %u: %s\n", (unsigned)code, error->message);
     host_error_destroy(NULL, error);
 }
-#define ERR(code, call) expect_error_at((call), (code), #call, __LINE__)
 
-static int close_to(double got, double want, double tolerance) {
+int close_to(double got, double want, double tolerance) {
     if (isnan(want)) {
         return isnan(got);
     }
@@ -127,32 +109,32 @@ static int close_to(double got, double want, double tolerance) {
 
 /* ---- the plugin under test ----------------------------------------------- */
 
-static const PolychipPluginApi *P;
-static const PolychipOpTable *OPS;
+const PolychipPluginApi *P;
+const PolychipOpTable *OPS;
 
-static const PolychipDataType F32 = {POLYCHIP_DTYPE_CODE_FLOAT, 32, 1};
-static const PolychipDataType F16 = {POLYCHIP_DTYPE_CODE_FLOAT, 16, 1};
-static const PolychipDataType BF16 = {POLYCHIP_DTYPE_CODE_BFLOAT, 16, 1};
-static const PolychipDataType F64 = {POLYCHIP_DTYPE_CODE_FLOAT, 64, 1};
-static const PolychipDataType I32 = {POLYCHIP_DTYPE_CODE_INT, 32, 1};
-static const PolychipDataType I64 = {POLYCHIP_DTYPE_CODE_INT, 64, 1};
-static const PolychipDataType U8 = {POLYCHIP_DTYPE_CODE_UINT, 8, 1};
-static const PolychipDataType BOOL = {POLYCHIP_DTYPE_CODE_BOOL, 8, 1};
+const PolychipDataType F32 = {POLYCHIP_DTYPE_CODE_FLOAT, 32, 1};
+const PolychipDataType F16 = {POLYCHIP_DTYPE_CODE_FLOAT, 16, 1};
+const PolychipDataType BF16 = {POLYCHIP_DTYPE_CODE_BFLOAT, 16, 1};
+const PolychipDataType F64 = {POLYCHIP_DTYPE_CODE_FLOAT, 64, 1};
+const PolychipDataType I32 = {POLYCHIP_DTYPE_CODE_INT, 32, 1};
+const PolychipDataType I64 = {POLYCHIP_DTYPE_CODE_INT, 64, 1};
+const PolychipDataType U8 = {POLYCHIP_DTYPE_CODE_UINT, 8, 1};
+const PolychipDataType BOOL = {POLYCHIP_DTYPE_CODE_BOOL, 8, 1};
 
-static void *upload(const void *src, size_t bytes) {
+void *upload(const void *src, size_t bytes) {
     void *ptr = NULL;
     OK(P->mem_alloc(0, bytes, &ptr));
     OK(P->memcpy_h2d(0, NULL, ptr, src, bytes));
     return ptr;
 }
 
-static void download(void *dst, const void *device_src, size_t bytes) {
+void download(void *dst, const void *device_src, size_t bytes) {
     OK(P->memcpy_d2h(0, NULL, dst, device_src, bytes));
 }
 
-static void release(void *ptr) { OK(P->mem_free(0, ptr)); }
+void release(void *ptr) { OK(P->mem_free(0, ptr)); }
 
-static PolychipTensor tensor(void *data, PolychipDataType dtype, int32_t ndim, const int64_t *shape,
+PolychipTensor tensor(void *data, PolychipDataType dtype, int32_t ndim, const int64_t *shape,
                              const int64_t *strides, uint64_t byte_offset) {
     PolychipTensor t;
     memset(&t, 0, sizeof t);
@@ -230,7 +212,7 @@ static PolychipError *softmax(PolychipTensor input, PolychipTensor out) {
     return OPS->softmax(0, NULL, &args);
 }
 
-static float bits_to_f32(uint32_t bits) {
+float bits_to_f32(uint32_t bits) {
     float value;
     memcpy(&value, &bits, sizeof value);
     return value;
@@ -272,7 +254,8 @@ static void check_table(void) {
     CHECK(P->struct_size >= sizeof(PolychipPluginApi), "plugin table is %zu bytes", P->struct_size);
     CHECK(P->abi_major == POLYCHIP_ABI_MAJOR, "abi_major %u", (unsigned)P->abi_major);
     CHECK(strcmp(P->vendor, "Cobalt") == 0, "vendor \"%s\"", P->vendor);
-    CHECK(strcmp(P->plugin_version, "1.0.0") == 0, "plugin_version \"%s\"", P->plugin_version);
+    CHECK(P->abi_minor == POLYCHIP_ABI_MINOR, "abi_minor %u", (unsigned)P->abi_minor);
+    CHECK(strcmp(P->plugin_version, "1.1.0") == 0, "plugin_version \"%s\"", P->plugin_version);
     CHECK(P->device_count && P->device_props && P->mem_alloc && P->mem_free && P->stream_create &&
               P->stream_destroy && P->stream_synchronize && P->event_create && P->event_destroy &&
               P->event_record && P->stream_wait_event && P->event_synchronize && P->memcpy_h2d &&
@@ -282,6 +265,14 @@ static void check_table(void) {
     CHECK(OPS->fill && OPS->copy && OPS->cast && OPS->add && OPS->sub && OPS->mul && OPS->div &&
               OPS->matmul && OPS->softmax,
           "an operator of ABI 1.0 is missing");
+    /* Every entry of the table, ABI 1.1's included, is implemented. */
+    size_t entries = (sizeof(PolychipOpTable) - offsetof(PolychipOpTable, fill)) / sizeof(void (*)(void));
+    for (size_t i = 0; i < entries; i++) {
+        void (*entry)(void);
+        memcpy(&entry, (const char *)OPS + offsetof(PolychipOpTable, fill) + i * sizeof entry, sizeof entry);
+        CHECK(entry != NULL, "operator entry %zu of %zu is NULL", i, entries);
+    }
+    CHECK(entries == 47, "the op table has %zu entries; ABI 1.1 has 9 + 38", entries);
 }
 
 static void check_devices(uint32_t expected_devices, uint64_t expected_bytes) {
@@ -936,6 +927,11 @@ int main(int argc, char **argv) {
     check_elementwise();
     check_matmul();
     check_softmax();
+    check_unary_ops();
+    check_reduce_ops();
+    check_norm_ops();
+    check_attention_ops();
+    check_training_ops();
     printf("ok\n");
     return 0;
 }

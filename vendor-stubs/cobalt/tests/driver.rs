@@ -1,5 +1,6 @@
 //! Runs `tests/driver.c`, a small polychip host written in C against
-//! `include/polychip.h` only, against the Cobalt plugin this crate builds.
+//! `include/polychip.h` only, against the Cobalt plugin this crate builds;
+//! `tests/driver_*.c` add its checks of the operators ABI 1.1 added.
 //!
 //! The driver is compiled once into `CARGO_TARGET_TMPDIR` with the C compiler
 //! the `cc` crate finds (strict C11, warnings as errors), then run with the
@@ -11,6 +12,18 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::OnceLock;
+
+/// The driver's C files (in `tests/`): the host and the ABI 1.0 checks, the
+/// shared helpers, and one file of ABI 1.1 operator checks per concern.
+const DRIVER_SOURCES: &[&str] = &[
+    "driver.c",
+    "driver_util.c",
+    "driver_unary.c",
+    "driver_reduce.c",
+    "driver_norm.c",
+    "driver_attention.c",
+    "driver_training.c",
+];
 
 /// The compiled driver, built on first use.
 fn driver() -> &'static Path {
@@ -35,7 +48,11 @@ fn compile_driver() -> PathBuf {
         .args(["-std=c11", "-Wall", "-Wextra", "-Werror", "-pedantic"])
         .arg("-I")
         .arg(&include_dir)
-        .arg(manifest_dir.join("tests/driver.c"))
+        .args(
+            DRIVER_SOURCES
+                .iter()
+                .map(|file| manifest_dir.join("tests").join(file)),
+        )
         .arg("-o")
         .arg(&executable)
         .args(["-ldl", "-lm"]);
