@@ -15,6 +15,7 @@ pub mod compare;
 pub mod reference;
 pub mod report;
 pub mod runner;
+pub mod shrink;
 pub mod suite;
 pub mod tolerance;
 pub mod values;

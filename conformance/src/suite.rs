@@ -83,8 +83,16 @@ pub fn run_unit(
                 plugin_seconds: 0.0,
                 reference_seconds: 0.0,
             },
-            Some(w) => run_case(device, case, index, w.factor.unwrap_or(1.0)),
-            None => run_case(device, case, index, 1.0),
+            _ => {
+                let factor = waiver.and_then(|w| w.factor).unwrap_or(1.0);
+                let mut r = run_case(device, case, index, factor);
+                if r.status == Status::Failed {
+                    if let Some(summary) = crate::shrink::shrink(device, case, index, factor) {
+                        r.message = format!("{}; {summary}", r.message);
+                    }
+                }
+                r
+            }
         };
         emit(result);
     }

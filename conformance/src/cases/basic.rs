@@ -260,7 +260,17 @@ fn binary_case(
 }
 
 /// (batch of a, batch of b, m, k, n, transpose_a, transpose_b, alpha, beta).
-type MatmulPlan = (&'static [usize], &'static [usize], usize, usize, usize, bool, bool, f64, f64);
+type MatmulPlan = (
+    &'static [usize],
+    &'static [usize],
+    usize,
+    usize,
+    usize,
+    bool,
+    bool,
+    f64,
+    f64,
+);
 
 fn matmul(dtype: DType) -> Vec<Case> {
     let mut rng = Rng::for_case("matmul", dtype);
