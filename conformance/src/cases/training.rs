@@ -785,6 +785,20 @@ mod tests {
     }
 
     #[test]
+    fn every_op_has_transposed_and_strided_tensors() {
+        for info in ops() {
+            let cases = (info.cases)(DType::F32);
+            for layout in [Layout::Transposed, Layout::Strided] {
+                let found = cases
+                    .iter()
+                    .flat_map(|c| &c.tensors)
+                    .any(|t| t.layout == layout);
+                assert!(found, "{}: no {layout} tensor", info.name);
+            }
+        }
+    }
+
+    #[test]
     fn ops_are_in_op_table_order_and_cases_are_deterministic() {
         let names: Vec<&str> = ops().iter().map(|o| o.name).collect();
         assert_eq!(
