@@ -177,7 +177,7 @@ fn bad_arguments_are_usage_errors() {
 }
 
 #[test]
-fn the_bundled_plugins_pass_every_case_they_implement() {
+fn the_bundled_plugins_implement_and_pass_every_operator_in_every_dtype() {
     for name in [
         "libpolychip_vendor_ferrite.so",
         "libpolychip_vendor_cobalt.so",
@@ -185,5 +185,12 @@ fn the_bundled_plugins_pass_every_case_they_implement() {
         let (code, text, doc) = conform(&["--plugin", &plugin(name)]);
         assert_eq!(code, 0, "{name}:\n{text}");
         assert_eq!(doc["failures"].as_array().unwrap().len(), 0, "{name}");
+        let rows = doc["rows"].as_array().unwrap();
+        let ops: std::collections::HashSet<&str> = rows.iter().map(|r| r["op"].as_str().unwrap()).collect();
+        assert_eq!(ops.len(), polychip_host::ffi::OP_COUNT, "{name}: every operator of the ABI is tested");
+        for r in rows {
+            assert_eq!(r["not_implemented"], 0, "{name} implements {} {}", r["op"], r["dtype"]);
+            assert!(r["passed"].as_u64().unwrap() > 0, "{name}: {} {} ran no case", r["op"], r["dtype"]);
+        }
     }
 }

@@ -17,11 +17,6 @@ fn polychip(args: &[&str], plugin_path: Option<&str>) -> (bool, String) {
     (out.status.success(), text)
 }
 
-/// The number of operators in the ABI this build speaks.
-fn polychip_plugin_sdk_op_count() -> usize {
-    polychip_host::ffi::OP_COUNT
-}
-
 #[test]
 fn lists_every_device_of_both_bundled_plugins() {
     let (ok, text) = polychip(&["devices"], None);
