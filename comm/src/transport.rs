@@ -1,0 +1,45 @@
+//! The one-sided transport interface every collective is written over,
+//! shaped like RDMA: each rank registers memory regions that its peers may
+//! write into, a write is followed by a signal (like an RDMA write with
+//! immediate data), and a rank waits for its own signal counters to reach a
+//! value. Shared memory, TCP and RDMA verbs implement it.
+
+use std::time::Instant;
+
+use crate::error::Result;
+
+/// A region registered on every rank by a collective call of
+/// [`Transport::register`]: the same id names each rank's own copy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct RegionId(pub u32);
+
+/// A signal counter of the local rank that peers increment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct SignalId(pub u32);
+
+/// A one-sided transport between the ranks of one job.
+///
+/// Ordering: a signal a peer raises after a write is seen only after the
+/// written bytes are visible in the region. Writes from one peer to one
+/// region are applied in order.
+pub trait Transport: Send + Sync {
+    /// This rank.
+    fn rank(&self) -> usize;
+    /// Number of ranks.
+    fn world_size(&self) -> usize;
+    /// A short name: `shm`, `tcp` or `verbs`.
+    fn name(&self) -> &'static str;
+    /// Registers a region of `len` bytes on every rank (a collective call:
+    /// every rank calls it with the same `len`, in the same order) and
+    /// returns its id and this rank's copy. The memory stays registered and
+    /// valid for the transport's lifetime.
+    fn register(&self, len: usize) -> Result<(RegionId, *mut u8)>;
+    /// Copies `data` into `peer`'s copy of `region` at `offset`, then adds one
+    /// to `peer`'s counter `signal`. May return before the bytes arrive.
+    fn write(&self, peer: usize, region: RegionId, offset: usize, data: &[u8], signal: SignalId) -> Result<()>;
+    /// Waits until this rank's counter `signal` reaches at least `value`, or
+    /// fails at `deadline` or when a peer is lost.
+    fn wait(&self, signal: SignalId, value: u64, deadline: Instant) -> Result<()>;
+    /// The current value of this rank's counter `signal`.
+    fn signal_value(&self, signal: SignalId) -> u64;
+}
