@@ -282,7 +282,8 @@ typedef struct PolychipError *(*PolychipBinaryFn)(uint32_t device,
 // `a` is `[..., M, K]` (`[..., K, M]` when `transpose_a`), `b` is
 // `[..., K, N]` (`[..., N, K]` when `transpose_b`), `out` is `[..., M, N]`.
 // The batch dimensions of `a` and `b` broadcast to those of `out`. When
-// `beta == 0`, `out` is not read (NaN in it does not propagate). One floating
+// `beta == 0`, `out` is not read (NaN in it does not propagate); when
+// `alpha == 0`, `a` and `b` are not read (BLAS conventions). One floating
 // dtype for all three; f16 and bf16 accumulate in f32.
 typedef struct PolychipMatmulArgs {
   // Size of this struct as the host knows it.
