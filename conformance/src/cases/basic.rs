@@ -352,6 +352,39 @@ fn matmul(dtype: DType) -> Vec<Case> {
             },
         ));
     }
+    // alpha == 0 reads neither a nor b: NaN there must not reach out.
+    let a = vec![f64::NAN; 12];
+    let b = rng.values(dtype, 12, -2.0, 2.0);
+    let out = inout(
+        "out",
+        dtype,
+        &[3, 3],
+        rng.values(dtype, 9, -1.0, 1.0),
+        Layout::Contiguous,
+    );
+    let options = MatmulOptions {
+        transpose_a: false,
+        transpose_b: false,
+        alpha: 0.0,
+        beta: 0.5,
+    };
+    cases.push(case(
+        "matmul",
+        dtype,
+        "alpha 0 with NaN in a",
+        vec![
+            input("a", dtype, &[3, 4], a, Layout::Contiguous),
+            input("b", dtype, &[4, 3], b, Layout::Contiguous),
+            out,
+        ],
+        Tolerance::ulps(2.0),
+        move |exec, t| exec.matmul(&t[0], &t[1], &t[2], options),
+        |d| {
+            Ok(vec![reference::matmul(
+                &d[0], &d[1], &d[2], false, false, 0.0, 0.5,
+            )?])
+        },
+    ));
     cases
 }
 

@@ -226,7 +226,12 @@ PolychipError *cobalt_op_matmul(uint32_t device, PolychipStream *stream,
     } else {
         result = cobalt_scratch(op, out.numel, sizeof *result, &error);
     }
-    if (error == NULL) {
+    if (error == NULL && args->alpha == 0.0) {
+        /* alpha == 0: a and b are not read (BLAS), so NaN in them cannot leak. */
+        for (int64_t i = 0; !accumulate && i < out.numel; i++) {
+            result[i] = 0.0;
+        }
+    } else if (error == NULL) {
         error = multiply(op, &wide_a, &wide_b, batches, m, k, n, args->alpha, accumulate, result);
     }
     if (error == NULL) {
