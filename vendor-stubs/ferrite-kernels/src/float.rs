@@ -1,6 +1,7 @@
 //! The natively computed floating-point types (`f32`, `f64`) behind one small
-//! trait so arithmetic kernels can be written once, plus an `exp` for `f32`
-//! built only from operations the compiler can vectorize.
+//! trait so arithmetic kernels can be written once, plus `exp`, `tanh` and
+//! the logistic sigmoid for `f32` built only from operations the compiler
+//! can vectorize.
 
 use std::ops::{Add, Div, Mul, Sub};
 
@@ -51,11 +52,33 @@ impl Real for f64 {
 /// `-inf` gives 0 and `+inf` gives `+inf`.
 #[inline(always)]
 pub(crate) fn exp_f32(x: f32) -> f32 {
+    // Clamp to where the result saturates (NaN stays NaN).
+    let x = x.clamp(-105.0, 89.0);
+    let (y, ni) = exp_reduced(x);
+    let n1 = ni >> 1;
+    let n2 = ni.wrapping_sub(n1);
+    let s1 = f32::from_bits((n1.wrapping_add(127) as u32) << 23);
+    let s2 = f32::from_bits((n2.wrapping_add(127) as u32) << 23);
+    y * s1 * s2
+}
+
+/// `e^x` like [`exp_f32`] but for softmax arguments (`x <= 88`): one
+/// scaling step, and results below the normal range flushed to zero
+/// (`-inf` gives exactly 0). A few operations cheaper per element.
+#[inline(always)]
+pub(crate) fn exp_softmax(x: f32) -> f32 {
+    const LOW: f32 = -87.33;
+    let (y, ni) = exp_reduced(x.clamp(LOW, 88.0));
+    let r = y * f32::from_bits((ni.wrapping_add(127) as u32) << 23);
+    if x < LOW { 0.0 } else { r }
+}
+
+/// `(e^r, n)` with `x = n ln2 + r`, `|r| <= ln2 / 2`, for clamped `x`.
+#[inline(always)]
+fn exp_reduced(x: f32) -> (f32, i32) {
     const MAGIC: f32 = 12_582_912.0; // 1.5 * 2^23: adding it rounds to an integer.
     const LN2_HI: f32 = 0.693_359_4; // 355/512, exact in few bits.
     const LN2_LO: f32 = -2.121_944_4e-4;
-    // Clamp to where the result saturates (NaN stays NaN).
-    let x = x.clamp(-105.0, 89.0);
     let t = x * std::f32::consts::LOG2_E + MAGIC;
     let n = t - MAGIC;
     let ni = (t.to_bits() as i32).wrapping_sub(MAGIC.to_bits() as i32);
@@ -66,17 +89,37 @@ pub(crate) fn exp_f32(x: f32) -> f32 {
     p = p * r + 4.166_579_6e-2;
     p = p * r + 1.666_666_5e-1;
     p = p * r + 0.5;
-    let y = p * r * r + r + 1.0;
-    let n1 = ni >> 1;
-    let n2 = ni.wrapping_sub(n1);
-    let s1 = f32::from_bits((n1.wrapping_add(127) as u32) << 23);
-    let s2 = f32::from_bits((n2.wrapping_add(127) as u32) << 23);
-    y * s1 * s2
+    (p * r * r + r + 1.0, ni)
+}
+
+/// `tanh(x)` for `f32` within a few ulps, branch-free: an odd minimax
+/// polynomial (Cephes) below `|x| = 0.625`, where `1 - 2/(e^{2x} + 1)` would
+/// cancel, and that expression above it (saturating to 1 once `e^{2x}`
+/// overflows). The sign is copied back, so `tanh(-0) = -0`; NaN stays NaN.
+#[inline(always)]
+pub(crate) fn tanh_f32(x: f32) -> f32 {
+    let a = x.abs();
+    let z = a * a;
+    let mut p = -5.704_988_7e-3_f32;
+    p = p * z + 2.063_909e-2;
+    p = p * z - 5.373_971_6e-2;
+    p = p * z + 1.333_144_2e-1;
+    p = p * z - 3.333_328e-1;
+    let small = a + a * (z * p);
+    let large = 1.0 - 2.0 / (exp_f32(a + a) + 1.0);
+    (if a < 0.625 { small } else { large }).copysign(x)
+}
+
+/// The logistic sigmoid `1 / (1 + e^-x)`: 0 at `-inf`, 1 at `+inf`, relative
+/// accuracy of a few ulps everywhere (no cancellation on either side).
+#[inline(always)]
+pub(crate) fn sigmoid_f32(x: f32) -> f32 {
+    1.0 / (1.0 + exp_f32(-x))
 }
 
 #[cfg(test)]
 mod tests {
-    use super::exp_f32;
+    use super::{exp_f32, exp_softmax, sigmoid_f32, tanh_f32};
 
     #[test]
     fn exp_matches_std() {
@@ -102,5 +145,54 @@ mod tests {
         assert_eq!(exp_f32(100.0), f32::INFINITY);
         assert!(exp_f32(f32::NAN).is_nan());
         assert_eq!(exp_f32(88.5), (88.5f64).exp() as f32);
+        let mut x = -87.3f32;
+        while x < 88.0 {
+            let want = (x as f64).exp();
+            let got = exp_softmax(x) as f64;
+            assert!(
+                ((got - want) / want).abs() < 3.0 * f32::EPSILON as f64,
+                "x={x}"
+            );
+            x += 0.0173;
+        }
+        assert_eq!(exp_softmax(f32::NEG_INFINITY), 0.0);
+        assert_eq!(exp_softmax(-100.0), 0.0);
+        assert!(exp_softmax(f32::NAN).is_nan());
+    }
+
+    #[test]
+    fn tanh_and_sigmoid_match_std() {
+        let mut worst = (0.0f64, 0.0f64);
+        let mut x = -30.0f32;
+        while x < 30.0 {
+            let t = (x as f64).tanh();
+            let s = 1.0 / (1.0 + (-(x as f64)).exp());
+            let rel = |got: f32, want: f64| ((got as f64 - want) / want).abs();
+            if t != 0.0 {
+                worst.0 = worst.0.max(rel(tanh_f32(x), t));
+            }
+            worst.1 = worst.1.max(rel(sigmoid_f32(x), s));
+            x += 0.000_731;
+        }
+        for x in [1e-30f32, 1e-6, 0.3, 0.624, 0.626, 5.0] {
+            let want = (x as f64).tanh();
+            worst.0 = worst.0.max(((tanh_f32(x) as f64 - want) / want).abs());
+        }
+        assert!(
+            worst.0 < 4.0 * f32::EPSILON as f64,
+            "tanh worst {}",
+            worst.0
+        );
+        assert!(
+            worst.1 < 4.0 * f32::EPSILON as f64,
+            "sigmoid worst {}",
+            worst.1
+        );
+        assert_eq!(tanh_f32(f32::INFINITY), 1.0);
+        assert_eq!(tanh_f32(f32::NEG_INFINITY), -1.0);
+        assert_eq!(tanh_f32(-0.0).to_bits(), (-0.0f32).to_bits());
+        assert!(tanh_f32(f32::NAN).is_nan() && sigmoid_f32(f32::NAN).is_nan());
+        assert_eq!(sigmoid_f32(f32::NEG_INFINITY), 0.0);
+        assert_eq!(sigmoid_f32(f32::INFINITY), 1.0);
     }
 }

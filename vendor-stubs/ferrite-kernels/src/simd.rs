@@ -33,17 +33,17 @@ pub(crate) fn has_avx2() -> bool {
     }
 }
 
-/// `simd_dispatch!(unsafe fn name[generics](args) => imp[type args]);`
+/// `simd_dispatch!(vis unsafe fn name[generics](args) => imp[type args]);`
 /// defines `name`, which calls the `#[inline(always)]` function `imp`
 /// (same arguments, unit result) compiled for AVX2/FMA/F16C when the CPU
 /// supports it, and the baseline build otherwise. `name` has `imp`'s
 /// safety contract.
 macro_rules! simd_dispatch {
-    (unsafe fn $name:ident[$($gen:tt)*]($($arg:ident: $ty:ty),* $(,)?) => $imp:ident[$($targs:ty),*]) => {
+    ($vis:vis unsafe fn $name:ident[$($gen:tt)*]($($arg:ident: $ty:ty),* $(,)?) => $imp:ident[$($targs:ty),*]) => {
         /// Dispatching wrapper; see the inner implementation for the
         /// safety contract.
         #[inline(always)]
-        unsafe fn $name<$($gen)*>($($arg: $ty),*) {
+        $vis unsafe fn $name<$($gen)*>($($arg: $ty),*) {
             #[cfg(target_arch = "x86_64")]
             #[target_feature(enable = "avx2,fma,f16c")]
             unsafe fn avx2<$($gen)*>($($arg: $ty),*) {

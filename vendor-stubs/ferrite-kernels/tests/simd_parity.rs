@@ -4,46 +4,9 @@
 
 mod common;
 
+use common::parity::{awkward, bits};
 use common::{FLOATS, Layout, Tensor};
-use ferrite_kernels::{BinaryOp, DType, binary, cast, matmul, set_simd_enabled, softmax};
-
-/// Data with normal, subnormal-range, huge, zero, infinite and NaN values
-/// (specials only in some stretches, so most softmax rows stay finite).
-fn awkward(dt: DType, shape: &[i64], layout: &Layout, seed: u64) -> Tensor {
-    let specials = [
-        0.0,
-        -0.0,
-        1e-6,
-        -3e-5,
-        6e4,
-        7e4,
-        1e30,
-        f64::INFINITY,
-        f64::NAN,
-        1e-40,
-    ];
-    Tensor::from_fn(dt, shape, layout, |i| {
-        if i % 7 == 3 && (i / 256) % 3 == 0 {
-            specials[(i / 7) % specials.len()]
-        } else {
-            common::rnd(seed, i) * 40.0
-        }
-    })
-}
-
-/// Element bits, with every NaN mapped to one value (NaN sign and payload
-/// depend on operand order, which the compiler may choose differently).
-fn bits(t: &Tensor) -> Vec<u64> {
-    (0..t.numel())
-        .map(|i| {
-            if t.get(i).is_nan() {
-                u64::MAX
-            } else {
-                t.bits(i)
-            }
-        })
-        .collect()
-}
+use ferrite_kernels::{BinaryOp, binary, cast, matmul, set_simd_enabled, softmax};
 
 /// Runs `f` with and without SIMD on fresh outputs and compares the bits.
 fn both_ways(what: &str, mut f: impl FnMut() -> Tensor) {

@@ -164,6 +164,28 @@ pub unsafe fn launch<const N: usize, K>(
 where
     K: FnOnce(&[View<'_>; N]) -> Result<(), KernelError> + Send + 'static,
 {
+    // SAFETY: forwarded contract; one output, the last operand.
+    unsafe { launch_outputs(memory, queue, op, args, 1, kernel) }
+}
+
+/// [`launch`] for an operator whose last `outputs` operands are its
+/// outputs: the kernel is skipped only when every output is empty (an
+/// operator with an empty input may still have to write zeros elsewhere,
+/// e.g. a weight gradient over zero rows).
+///
+/// # Safety
+/// As for [`launch`].
+pub unsafe fn launch_outputs<const N: usize, K>(
+    memory: &Memory,
+    queue: Queue<'_, Stream>,
+    op: &'static str,
+    args: [(&'static str, &TensorDesc<'_>); N],
+    outputs: usize,
+    kernel: K,
+) -> Result<()>
+where
+    K: FnOnce(&[View<'_>; N]) -> Result<(), KernelError> + Send + 'static,
+{
     let strides = args.each_ref().map(|(_, desc)| desc.strides());
     let views: [View<'_>; N] = std::array::from_fn(|i| View {
         ptr: args[i].1.data,
@@ -178,7 +200,10 @@ where
         &args.map(|(name, _)| name),
         &views,
     )?;
-    if views[N - 1].shape.contains(&0) {
+    if views[N - outputs.min(N)..]
+        .iter()
+        .all(|v| v.shape.contains(&0))
+    {
         // An empty output: nothing to compute (and an empty operand may
         // carry any pointer, even NULL, which the kernels need not expect).
         return Ok(());

@@ -3,10 +3,20 @@
 //! `f64`, a deterministic value generator, and tolerance helpers.
 #![allow(dead_code)]
 
+pub mod attention;
+pub mod norm;
+pub mod parity;
+pub mod pointwise;
+mod tol;
+
+pub use tol::*;
+
 use ferrite_kernels::{DType, View};
 use half::{bf16, f16};
 
 pub const FLOATS: [DType; 4] = [DType::F32, DType::F16, DType::BF16, DType::F64];
+/// The dtypes the ABI 1.1 floating operators must support.
+pub const FLOATS32: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
 
 /// Unit roundoff of a float dtype.
 pub fn eps(dt: DType) -> f64 {
