@@ -7,6 +7,7 @@
 
 mod conform;
 mod devices;
+mod launch;
 
 use std::process::ExitCode;
 
@@ -26,6 +27,8 @@ enum Command {
     Devices(devices::Args),
     /// Check every operator of a plugin against the CPU reference.
     Conform(conform::Args),
+    /// Start N local ranks of a command, like torchrun --standalone.
+    Launch(launch::Args),
 }
 
 fn main() -> ExitCode {
@@ -34,5 +37,6 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Devices(args) => devices::run(&args),
         Command::Conform(args) => conform::run(&args),
+        Command::Launch(args) => launch::run(&args),
     }
 }

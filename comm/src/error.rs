@@ -57,6 +57,15 @@ pub enum CommError {
     /// The caller passed something unusable.
     #[error("{0}")]
     Usage(String),
+    /// A transport cannot be used on this machine (e.g. no RDMA device or
+    /// no kernel support): not a failure of the job; pick another transport.
+    #[error("{reason}")]
+    Unavailable {
+        /// The transport's short name (`verbs`).
+        transport: &'static str,
+        /// Why, in words.
+        reason: String,
+    },
 }
 
 /// The communication layer's result type.

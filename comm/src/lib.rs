@@ -6,8 +6,15 @@
 //!
 //! Work in progress: see the module list for what exists.
 
+pub mod collectives;
+pub mod env;
 pub mod error;
+pub mod launch;
+pub mod shm;
 pub mod store;
+pub mod tcp;
+pub mod tcp_store;
 pub mod transport;
+pub mod verbs;
 
 pub use error::{CommError, Result};

@@ -1,0 +1,224 @@
+//! `polychip launch` as a user runs it: the rank variables every child
+//! sees, `[rank K] ` prefixes, a failing rank stopping the job with its
+//! exit code, `--devices`, and usage errors.
+
+use std::io::Read;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+struct Run {
+    code: Option<i32>,
+    stdout: String,
+    stderr: String,
+    elapsed: Duration,
+}
+
+/// Runs `polychip launch ARGS`, killing it if it takes over a minute.
+fn launch(args: &[&str]) -> Run {
+    let start = Instant::now();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_polychip"))
+        .arg("launch")
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run polychip");
+    let mut out = child.stdout.take().unwrap();
+    let mut err = child.stderr.take().unwrap();
+    let out = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = out.read_to_string(&mut s);
+        s
+    });
+    let err = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = err.read_to_string(&mut s);
+        s
+    });
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if start.elapsed() > Duration::from_secs(60) {
+            let _ = child.kill();
+            panic!("polychip launch {args:?} ran for over a minute");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let elapsed = start.elapsed();
+    Run {
+        code: status.code(),
+        stdout: out.join().unwrap(),
+        stderr: err.join().unwrap(),
+        elapsed,
+    }
+}
+
+fn sorted_lines(text: &str) -> Vec<String> {
+    let mut lines: Vec<String> = text.lines().map(str::to_string).collect();
+    lines.sort();
+    lines
+}
+
+#[test]
+fn every_rank_gets_its_variables_and_a_prefix() {
+    let run = launch(&[
+        "-n",
+        "3",
+        "--",
+        "sh",
+        "-c",
+        "echo rank $RANK of $WORLD_SIZE local $LOCAL_RANK of $LOCAL_WORLD_SIZE at $MASTER_ADDR launcher $POLYCHIP_LAUNCHER; echo oops >&2",
+    ]);
+    assert_eq!(run.code, Some(0), "{}{}", run.stdout, run.stderr);
+    assert_eq!(
+        sorted_lines(&run.stdout),
+        (0..3)
+            .map(|k| format!("[rank {k}] rank {k} of 3 local {k} of 3 at 127.0.0.1 launcher 1"))
+            .collect::<Vec<_>>()
+    );
+    assert_eq!(
+        sorted_lines(&run.stderr),
+        (0..3)
+            .map(|k| format!("[rank {k}] oops"))
+            .collect::<Vec<_>>()
+    );
+}
+
+#[test]
+fn ranks_share_one_free_master_port() {
+    let run = launch(&["-n", "2", "--", "sh", "-c", "echo $MASTER_PORT"]);
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    let ports: Vec<u16> = run
+        .stdout
+        .lines()
+        .map(|l| l.split_once("] ").unwrap().1.parse().unwrap())
+        .collect();
+    assert_eq!(ports.len(), 2);
+    assert_eq!(ports[0], ports[1]);
+    assert_ne!(ports[0], 0);
+}
+
+#[test]
+fn long_output_lines_are_never_mixed() {
+    // Each rank prints 200 lines of 2000 characters.
+    let script = "i=0; line=$(printf \"%02000d\" $RANK); while [ $i -lt 200 ]; do echo $line; i=$((i+1)); done";
+    let run = launch(&["-n", "4", "--", "sh", "-c", script]);
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    let lines: Vec<&str> = run.stdout.lines().collect();
+    assert_eq!(lines.len(), 800);
+    for line in lines {
+        let (prefix, body) = line.split_once("] ").unwrap();
+        let rank = prefix.strip_prefix("[rank ").unwrap();
+        assert_eq!(body.len(), 2000, "{prefix}");
+        assert!(body.ends_with(rank) && body.trim_end_matches(rank).chars().all(|c| c == '0'));
+    }
+}
+
+#[test]
+fn a_failing_rank_stops_the_others_and_sets_the_exit_code() {
+    let run = launch(&[
+        "-n",
+        "3",
+        "--",
+        "sh",
+        "-c",
+        "echo started; if [ $RANK = 1 ]; then exit 7; fi; sleep 30",
+    ]);
+    assert_eq!(run.code, Some(7), "{}{}", run.stdout, run.stderr);
+    assert!(
+        run.elapsed < Duration::from_secs(20),
+        "took {:?}",
+        run.elapsed
+    );
+    assert!(
+        run.stderr
+            .contains("polychip launch: rank 1 exited with code 7"),
+        "{}",
+        run.stderr
+    );
+}
+
+#[test]
+fn a_killed_rank_exits_1_and_names_the_signal() {
+    let run = launch(&[
+        "-n",
+        "2",
+        "--",
+        "sh",
+        "-c",
+        "if [ $RANK = 0 ]; then kill -9 $$; fi; sleep 30",
+    ]);
+    assert_eq!(run.code, Some(1), "{}", run.stderr);
+    assert!(
+        run.elapsed < Duration::from_secs(20),
+        "took {:?}",
+        run.elapsed
+    );
+    assert!(
+        run.stderr
+            .contains("polychip launch: rank 0 killed by signal 9"),
+        "{}",
+        run.stderr
+    );
+}
+
+#[test]
+fn devices_are_distributed_one_per_rank() {
+    let run = launch(&[
+        "-n",
+        "3",
+        "--devices",
+        "ferrite:0,ferrite:1,cobalt:0",
+        "--",
+        "sh",
+        "-c",
+        "echo $POLYCHIP_DEVICE",
+    ]);
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    assert_eq!(
+        sorted_lines(&run.stdout),
+        [
+            "[rank 0] ferrite:0",
+            "[rank 1] ferrite:1",
+            "[rank 2] cobalt:0"
+        ]
+    );
+    let run = launch(&[
+        "-n",
+        "2",
+        "--devices",
+        "cobalt:0",
+        "--",
+        "sh",
+        "-c",
+        "echo $POLYCHIP_DEVICE",
+    ]);
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    assert_eq!(
+        sorted_lines(&run.stdout),
+        ["[rank 0] cobalt:0", "[rank 1] cobalt:0"]
+    );
+}
+
+#[test]
+fn usage_errors() {
+    let run = launch(&["-n", "3", "--devices", "a,b", "--", "true"]);
+    assert_eq!(run.code, Some(2));
+    assert!(
+        run.stderr.contains("has 2 entries but -n is 3"),
+        "{}",
+        run.stderr
+    );
+    assert!(run.stdout.is_empty());
+    let run = launch(&["-n", "0", "--", "true"]);
+    assert_eq!(run.code, Some(2), "{}", run.stderr);
+    // No command.
+    let run = launch(&["-n", "2"]);
+    assert_eq!(run.code, Some(2), "{}", run.stderr);
+    // A command that does not exist.
+    let run = launch(&["-n", "2", "--", "/nonexistent/polychip-test-program"]);
+    assert_eq!(run.code, Some(1), "{}", run.stderr);
+    assert!(run.stderr.contains("could not start"), "{}", run.stderr);
+}

@@ -1,0 +1,200 @@
+//! The message layer under every operation: a sender writes a header and a
+//! payload into its slot on the receiver and raises the receiver's data
+//! signal for (class, sender); the receiver checks the header, reads the
+//! payload in place and returns a credit that frees the slot.
+
+use super::{Communicator, DType, HDR, NSLOT, ReduceOp, SCRATCH, SLOT};
+use crate::error::{CommError, Result};
+use crate::transport::SignalId;
+
+/// Payloads up to this size are copied next to their header and sent in one write.
+pub(super) const SMALL_WRITE: usize = 4096;
+
+/// Operation names, in header-code order.
+pub(crate) const KINDS: [&str; 8] = [
+    "all_reduce",
+    "reduce_scatter",
+    "all_gather",
+    "broadcast",
+    "reduce",
+    "all_to_all",
+    "send/recv",
+    "barrier",
+];
+
+/// What a message belongs to; compared by the receiver.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Header {
+    pub(super) kind: &'static str,
+    pub(super) dtype: Option<DType>,
+    pub(super) op: Option<ReduceOp>,
+    pub(super) root: usize,
+    pub(super) count: usize,
+    pub(super) seq: u64,
+}
+
+impl Header {
+    pub(super) fn words(&self, len: usize) -> [u64; 4] {
+        let kind = KINDS.iter().position(|k| *k == self.kind).unwrap_or(0) as u64 + 1;
+        let w0 = kind
+            | self.dtype.map_or(0, DType::code) << 8
+            | self.op.map_or(0, ReduceOp::code) << 16
+            | (self.root as u64) << 32;
+        [w0, self.count as u64, self.seq, len as u64]
+    }
+
+    fn describe(w: &[u64; 4]) -> String {
+        let kind = KINDS
+            .get((w[0] & 0xff) as usize - 1)
+            .copied()
+            .unwrap_or("?");
+        let dtype = [DType::F32, DType::F16, DType::BF16, DType::I32, DType::I64]
+            .into_iter()
+            .find(|d| d.code() == (w[0] >> 8) & 0xff);
+        let op = [ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max, ReduceOp::Min]
+            .into_iter()
+            .find(|o| o.code() == (w[0] >> 16) & 0xff);
+        let mut s = format!(
+            "{kind} of {} x {}",
+            w[1],
+            dtype.map_or("bytes", DType::name)
+        );
+        if let Some(op) = op {
+            s += &format!(" ({})", op.name());
+        }
+        format!(
+            "{s}, root {}, call #{}, {}-byte message",
+            w[0] >> 32,
+            w[2],
+            w[3]
+        )
+    }
+}
+
+impl Communicator {
+    pub(super) fn wait(
+        &mut self,
+        signal: SignalId,
+        value: u64,
+        what: impl Fn() -> String,
+    ) -> Result<()> {
+        let (op, timeout) = (self.op.to_string(), self.timeout);
+        let r = self
+            .transport
+            .wait(signal, value, self.deadline)
+            .map_err(|e| match e {
+                CommError::Timeout { rank, .. } => CommError::Timeout {
+                    rank,
+                    op,
+                    after: timeout,
+                    waiting_for: what(),
+                },
+                CommError::PeerLost {
+                    rank, peer, why, ..
+                } => CommError::PeerLost {
+                    rank,
+                    op,
+                    peer,
+                    why,
+                },
+                CommError::Io { rank, message, .. } => CommError::Io { rank, op, message },
+                e => e,
+            });
+        r.map_err(|e| self.fail(e))
+    }
+
+    fn slot(&self, class: usize, sender: usize, index: u64) -> usize {
+        ((class * self.world + sender) * NSLOT as usize + (index % NSLOT) as usize) * (HDR + SLOT)
+    }
+
+    /// Sends one message (at most [`SLOT`] bytes) to `peer`.
+    pub(crate) fn put(
+        &mut self,
+        class: usize,
+        peer: usize,
+        h: &Header,
+        payload: &[u8],
+    ) -> Result<()> {
+        let m = self.sent[peer][class];
+        if m >= NSLOT {
+            let credit = SignalId((128 + class * 64 + peer) as u32);
+            self.wait(credit, m - NSLOT + 1, || {
+                format!("rank {peer} to free a staging slot (message {m})")
+            })?;
+        }
+        let off = self.slot(class, self.rank, m);
+        let words = h.words(payload.len());
+        let data = SignalId((class * 64 + self.rank) as u32);
+        // Small messages go as one write (header and payload contiguous).
+        let small = payload.len() <= SMALL_WRITE;
+        let mut scratch = std::mem::take(&mut self.scratch);
+        scratch
+            .chunks_exact_mut(8)
+            .zip(words)
+            .for_each(|(b, w)| b.copy_from_slice(&w.to_ne_bytes()));
+        let r = if small {
+            scratch[HDR..HDR + payload.len()].copy_from_slice(payload);
+            let whole = &scratch[..HDR + payload.len()];
+            self.transport.write(peer, self.region, off, whole, data)
+        } else {
+            let r = self
+                .transport
+                .write(peer, self.region, off, &scratch[..32], SCRATCH);
+            r.and_then(|()| {
+                self.transport
+                    .write(peer, self.region, off + HDR, payload, data)
+            })
+        };
+        self.scratch = scratch;
+        r.map_err(|e| self.fail(e))?;
+        self.sent[peer][class] = m + 1;
+        Ok(())
+    }
+
+    /// Waits for the next message from `peer` and returns the offset of its
+    /// payload (of `len` bytes) in the staging view; call [`Self::release`]
+    /// when done with it.
+    pub(crate) fn take(
+        &mut self,
+        class: usize,
+        peer: usize,
+        h: &Header,
+        len: usize,
+    ) -> Result<usize> {
+        let m = self.received[peer][class];
+        let data = SignalId((class * 64 + peer) as u32);
+        let kind = h.kind;
+        self.wait(data, m + 1, || {
+            format!("rank {peer}'s message #{m} for {kind}")
+        })?;
+        let off = self.slot(class, peer, m);
+        let mut got = [0u64; 4];
+        let raw = self.view.bytes(off, 32).chunks_exact(8);
+        got.iter_mut()
+            .zip(raw)
+            .for_each(|(w, b)| *w = u64::from_ne_bytes(b.try_into().expect("8 bytes")));
+        let want = h.words(len);
+        if got != want {
+            let message = format!(
+                "rank {peer} called {}, this rank called {}",
+                Header::describe(&got),
+                Header::describe(&want)
+            );
+            return Err(self.fail(CommError::Mismatch {
+                rank: self.rank,
+                op: h.kind.into(),
+                message,
+            }));
+        }
+        Ok(off + HDR)
+    }
+
+    /// Returns the slot of `peer`'s oldest unreleased message.
+    pub(crate) fn release(&mut self, class: usize, peer: usize) -> Result<()> {
+        self.received[peer][class] += 1;
+        let credit = SignalId((128 + class * 64 + self.rank) as u32);
+        self.transport
+            .write(peer, self.region, 0, &[], credit)
+            .map_err(|e| self.fail(e))
+    }
+}

@@ -1,0 +1,222 @@
+//! Collectives on host memory, written once over the one-sided
+//! [`Transport`]. Setup registers one staging region per rank (2 message
+//! classes x world senders x 4 slots of 256 KiB + a 64-byte header); it is
+//! reused by every call, nothing is allocated per call.
+//!
+//! Messages: a sender writes a header (operation, dtype, op, root, count,
+//! call number, length) and a payload into its slot on the receiver and
+//! raises the receiver's data signal for (class, sender); the receiver checks
+//! the header (a disagreement between ranks is [`CommError::Mismatch`]),
+//! consumes the payload in place and returns a credit. Slots form a ring of
+//! four per (class, sender), so up to four messages are in flight.
+//!
+//! Algorithms (see `ops.rs`): all-reduce up to 32 KiB sends the whole buffer
+//! to every peer and each rank reduces locally; above, a pipelined direct
+//! reduce-scatter + all-gather in chunks of `world x 256 KiB`: rank `j`
+//! reduces segment `j` of every chunk and sends it back to all (the same
+//! traffic as a ring, in two steps instead of `2(n-1)`).
+//!
+//! Determinism: every reduction combines the ranks' inputs in rank order
+//! (`((x0 op x1) op x2)...`) and each element is reduced by exactly one rank,
+//! whichever algorithm runs, so results are bit-identical between runs and
+//! across ranks. [`Communicator::set_deterministic`] records the request;
+//! there is no faster non-deterministic path today.
+//!
+//! After any error the communicator is unusable (the ranks' message
+//! sequences may disagree): later calls fail at once.
+
+mod channel;
+mod movement;
+mod ops;
+mod reduce;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+pub use reduce::{DType, ReduceOp};
+
+use crate::error::{CommError, Result};
+use crate::shm::{RegionView, ShmTransport};
+use crate::store::Store;
+use crate::transport::{RegionId, SignalId, Transport};
+use channel::Header;
+
+/// Payload bytes per staging slot (also the pipeline's segment size).
+pub const SLOT: usize = 256 << 10;
+const HDR: usize = 64;
+const NSLOT: u64 = 4;
+const CLASSES: usize = 2;
+/// Largest world the signal layout supports.
+pub const MAX_WORLD: usize = 63;
+const SCRATCH: SignalId = SignalId(255);
+
+/// A group of ranks running collectives over one transport.
+pub struct Communicator {
+    transport: Arc<dyn Transport>,
+    rank: usize,
+    world: usize,
+    region: RegionId,
+    view: RegionView,
+    sent: Vec<[u64; CLASSES]>,
+    received: Vec<[u64; CLASSES]>,
+    seq: u64,
+    timeout: Duration,
+    deterministic: bool,
+    broken: Option<String>,
+    op: &'static str,
+    deadline: Instant,
+    scratch: Vec<u8>,
+}
+
+impl std::fmt::Debug for Communicator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let t = self.transport.name();
+        write!(
+            f,
+            "Communicator {{ {t}, rank {} of {}, calls {}, broken {:?} }}",
+            self.rank, self.world, self.seq, self.broken
+        )
+    }
+}
+
+/// The default deadline: `POLYCHIP_COMM_TIMEOUT_SECS` or 60 s.
+pub fn default_timeout() -> Duration {
+    let secs = std::env::var("POLYCHIP_COMM_TIMEOUT_SECS")
+        .ok()
+        .and_then(|s| s.trim().parse::<f64>().ok());
+    secs.filter(|s| *s > 0.0)
+        .map_or(Duration::from_secs(60), Duration::from_secs_f64)
+}
+
+impl Communicator {
+    /// Builds a communicator over a connected transport (a collective call:
+    /// every rank registers its staging region).
+    pub fn new(transport: Arc<dyn Transport>) -> Result<Communicator> {
+        let (rank, world) = (transport.rank(), transport.world_size());
+        if world == 0 || world > MAX_WORLD {
+            return Err(CommError::Usage(format!(
+                "communicator: world size {world} not in 1..={MAX_WORLD}"
+            )));
+        }
+        let len = CLASSES * world * NSLOT as usize * (HDR + SLOT);
+        let (region, ptr) = transport.register(len)?;
+        // SAFETY: the transport keeps its regions mapped for its lifetime, and we hold an Arc to it.
+        let view = unsafe { RegionView::new(ptr, len) };
+        let timeout = default_timeout();
+        let (sent, received) = (vec![[0; CLASSES]; world], vec![[0; CLASSES]; world]);
+        Ok(Communicator {
+            transport,
+            rank,
+            world,
+            region,
+            view,
+            sent,
+            received,
+            seq: 0,
+            timeout,
+            deterministic: false,
+            broken: None,
+            op: "setup",
+            deadline: Instant::now(),
+            scratch: vec![0; HDR + channel::SMALL_WRITE],
+        })
+    }
+
+    /// Connects `rank` of `world` on this machine over shared memory, the
+    /// job name agreed through `store`.
+    pub fn shm(store: &dyn Store, rank: usize, world: usize) -> Result<Communicator> {
+        Communicator::new(Arc::new(ShmTransport::new(
+            store,
+            rank,
+            world,
+            default_timeout(),
+        )?))
+    }
+
+    /// This rank.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// Number of ranks.
+    pub fn world_size(&self) -> usize {
+        self.world
+    }
+
+    /// The transport underneath.
+    pub fn transport(&self) -> &Arc<dyn Transport> {
+        &self.transport
+    }
+
+    /// Sets the deadline of every later operation.
+    pub fn set_timeout(&mut self, timeout: Duration) {
+        self.timeout = timeout;
+    }
+
+    /// The deadline of each operation.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// Requests bit-identical results between runs. Every algorithm here
+    /// already reduces in a fixed rank order, so this only records the
+    /// request (see the module documentation).
+    pub fn set_deterministic(&mut self, on: bool) {
+        self.deterministic = on;
+    }
+
+    /// Whether deterministic results were requested.
+    pub fn deterministic(&self) -> bool {
+        self.deterministic
+    }
+
+    /// Starts an operation: checks the communicator is usable, sets the
+    /// deadline and returns the call's header.
+    fn begin(
+        &mut self,
+        kind: &'static str,
+        dtype: Option<DType>,
+        op: Option<ReduceOp>,
+        root: usize,
+        count: usize,
+        collective: bool,
+    ) -> Result<Header> {
+        if let Some(why) = &self.broken {
+            return Err(CommError::Usage(format!(
+                "rank {}: {kind}: communicator unusable after an earlier error: {why}",
+                self.rank
+            )));
+        }
+        if root >= self.world {
+            return Err(CommError::Usage(format!(
+                "rank {}: {kind}: rank {root} out of range (world {})",
+                self.rank, self.world
+            )));
+        }
+        self.op = kind;
+        self.deadline = Instant::now() + self.timeout;
+        let seq = if collective {
+            self.seq += 1;
+            self.seq
+        } else {
+            0
+        };
+        Ok(Header {
+            kind,
+            dtype,
+            op,
+            root,
+            count,
+            seq,
+        })
+    }
+
+    fn fail(&mut self, e: CommError) -> CommError {
+        self.broken = Some(e.to_string());
+        e
+    }
+
+    fn usage(&self, message: String) -> CommError {
+        CommError::Usage(format!("rank {}: {}: {message}", self.rank, self.op))
+    }
+}

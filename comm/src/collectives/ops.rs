@@ -1,0 +1,213 @@
+//! The reductions (all-reduce, reduce-scatter, reduce), over the message
+//! layer of `channel.rs`. Large buffers move in
+//! pieces of at most [`SLOT`] bytes; a rank sends piece `p + 1` before it
+//! consumes piece `p`, so copies and reductions overlap across ranks.
+
+use std::ops::Range;
+
+use super::reduce::fold;
+use super::{Communicator, DType, ReduceOp, SLOT};
+use crate::error::Result;
+
+/// All-reduce buffers up to this many bytes take the one-step path.
+const SMALL: usize = 32 << 10;
+
+/// Element range of piece `p` (pieces of `seg` elements) clipped to `count`.
+pub(super) fn piece(count: usize, seg: usize, p: usize) -> Range<usize> {
+    (p * seg).min(count)..((p + 1) * seg).min(count)
+}
+
+fn bytes(r: Range<usize>, es: usize) -> Range<usize> {
+    r.start * es..r.end * es
+}
+
+impl Communicator {
+    pub(super) fn peers(&self) -> impl Iterator<Item = usize> + use<> {
+        let (me, n) = (self.rank, self.world);
+        (1..n).map(move |i| (me + i) % n)
+    }
+
+    fn count(&self, len: usize, dtype: Option<DType>, kind: &str) -> Result<usize> {
+        let es = dtype.map_or(1, DType::size);
+        match len % es {
+            0 => Ok(len / es),
+            _ => Err(self.usage(format!(
+                "{kind}: {len} bytes is not a whole number of {}",
+                dtype.map_or("bytes", DType::name)
+            ))),
+        }
+    }
+
+    /// Pieces of `count` elements: (elements per piece, number of pieces >= 1).
+    pub(super) fn split(count: usize, dtype: Option<DType>) -> (usize, usize) {
+        let seg = SLOT / dtype.map_or(1, DType::size);
+        (seg, count.div_ceil(seg).max(1))
+    }
+
+    /// Reduces `buf` across ranks in place: every rank ends with the result.
+    pub fn all_reduce(&mut self, buf: &mut [u8], dtype: DType, op: ReduceOp) -> Result<()> {
+        self.all_reduce_impl(None, buf, dtype, op)
+    }
+
+    /// Reduces every rank's `send` into every rank's `recv` (same length).
+    pub fn all_reduce_into(
+        &mut self,
+        send: &[u8],
+        recv: &mut [u8],
+        dtype: DType,
+        op: ReduceOp,
+    ) -> Result<()> {
+        if send.len() != recv.len() {
+            return Err(self.usage(format!(
+                "all_reduce: send has {} bytes, recv {}",
+                send.len(),
+                recv.len()
+            )));
+        }
+        self.all_reduce_impl(Some(send), recv, dtype, op)
+    }
+
+    fn all_reduce_impl(
+        &mut self,
+        src: Option<&[u8]>,
+        out: &mut [u8],
+        dtype: DType,
+        op: ReduceOp,
+    ) -> Result<()> {
+        let count = self.count(out.len(), Some(dtype), "all_reduce")?;
+        let h = self.begin("all_reduce", Some(dtype), Some(op), 0, count, true)?;
+        let (me, n, es, view) = (self.rank, self.world, dtype.size(), self.view);
+        let mut inputs: [&[u8]; super::MAX_WORLD] = [&[]; super::MAX_WORLD];
+        if n == 1 || out.len() <= SMALL {
+            for peer in self.peers() {
+                self.put(0, peer, &h, src.unwrap_or(out))?;
+            }
+            for peer in self.peers() {
+                inputs[peer] = view.bytes(self.take(0, peer, &h, out.len())?, out.len());
+            }
+            fold(dtype, op, out, src, me, &inputs[..n]);
+            return self.peers().try_for_each(|peer| self.release(0, peer));
+        }
+        // Chunk k = n segments of `seg` elements; rank j reduces segment j.
+        let seg = SLOT / es;
+        let chunks = count.div_ceil(seg * n);
+        let range = |k: usize, j: usize| bytes(piece(count, seg, k * n + j), es);
+        let scatter = |c: &mut Communicator, out: &[u8], k: usize| -> Result<()> {
+            for peer in c.peers() {
+                c.put(0, peer, &h, &src.unwrap_or(out)[range(k, peer)])?;
+            }
+            Ok(())
+        };
+        scatter(self, out, 0)?;
+        for k in 0..chunks {
+            if k + 1 < chunks {
+                scatter(self, out, k + 1)?;
+            }
+            let mine = range(k, me);
+            for peer in self.peers() {
+                inputs[peer] = view.bytes(self.take(0, peer, &h, mine.len())?, mine.len());
+            }
+            fold(
+                dtype,
+                op,
+                &mut out[mine.clone()],
+                src.map(|s| &s[mine.clone()]),
+                me,
+                &inputs[..n],
+            );
+            for peer in self.peers() {
+                self.release(0, peer)?;
+                self.put(1, peer, &h, &out[mine.clone()])?;
+            }
+            for peer in self.peers() {
+                let theirs = range(k, peer);
+                let off = self.take(1, peer, &h, theirs.len())?;
+                out[theirs.clone()].copy_from_slice(view.bytes(off, theirs.len()));
+                self.release(1, peer)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Reduces every rank's `send` (`world` blocks) and leaves block `rank`
+    /// of the result in `recv`.
+    pub fn reduce_scatter(
+        &mut self,
+        send: &[u8],
+        recv: &mut [u8],
+        dtype: DType,
+        op: ReduceOp,
+    ) -> Result<()> {
+        let count = self.count(recv.len(), Some(dtype), "reduce_scatter")?;
+        if send.len() != recv.len() * self.world {
+            return Err(self.usage(format!(
+                "send has {} bytes, expected world x {}",
+                send.len(),
+                recv.len()
+            )));
+        }
+        let h = self.begin("reduce_scatter", Some(dtype), Some(op), 0, count, true)?;
+        let (me, n, es, view) = (self.rank, self.world, dtype.size(), self.view);
+        let (seg, pieces) = Self::split(count, Some(dtype));
+        let rl = recv.len();
+        let block = |j: usize, p: usize| {
+            let r = bytes(piece(count, seg, p), es);
+            r.start + j * rl..r.end + j * rl
+        };
+        let mut inputs: [&[u8]; super::MAX_WORLD] = [&[]; super::MAX_WORLD];
+        for p in 0..=pieces {
+            if p < pieces {
+                for peer in self.peers() {
+                    self.put(0, peer, &h, &send[block(peer, p)])?;
+                }
+            }
+            let Some(p) = p.checked_sub(1) else { continue };
+            let r = bytes(piece(count, seg, p), es);
+            for peer in self.peers() {
+                inputs[peer] = view.bytes(self.take(0, peer, &h, r.len())?, r.len());
+            }
+            fold(
+                dtype,
+                op,
+                &mut recv[r],
+                Some(&send[block(me, p)]),
+                me,
+                &inputs[..n],
+            );
+            for peer in self.peers() {
+                self.release(0, peer)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Reduces every rank's `buf` into `root`'s `buf` (the others' are unchanged).
+    pub fn reduce(
+        &mut self,
+        buf: &mut [u8],
+        dtype: DType,
+        op: ReduceOp,
+        root: usize,
+    ) -> Result<()> {
+        let count = self.count(buf.len(), Some(dtype), "reduce")?;
+        let h = self.begin("reduce", Some(dtype), Some(op), root, count, true)?;
+        let (me, n, es, view) = (self.rank, self.world, dtype.size(), self.view);
+        let (seg, pieces) = Self::split(count, Some(dtype));
+        let mut inputs: [&[u8]; super::MAX_WORLD] = [&[]; super::MAX_WORLD];
+        for p in 0..pieces {
+            let r = bytes(piece(count, seg, p), es);
+            if me != root {
+                self.put(0, root, &h, &buf[r])?;
+                continue;
+            }
+            for peer in self.peers() {
+                inputs[peer] = view.bytes(self.take(0, peer, &h, r.len())?, r.len());
+            }
+            fold(dtype, op, &mut buf[r], None, me, &inputs[..n]);
+            for peer in self.peers() {
+                self.release(0, peer)?;
+            }
+        }
+        Ok(())
+    }
+}

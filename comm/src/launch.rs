@@ -1,0 +1,480 @@
+//! The library side of `polychip launch -n N [--devices SPEC] -- CMD ...`,
+//! a one-machine launcher like `torchrun --standalone`: it picks a free port
+//! on 127.0.0.1, starts N copies of the command with the torchrun variables
+//! (`RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `LOCAL_WORLD_SIZE`, `MASTER_ADDR`,
+//! `MASTER_PORT`) plus `POLYCHIP_LAUNCHER=1` and, with a device list,
+//! `POLYCHIP_DEVICE`; prefixes every line they print with `[rank K] `; and
+//! when one rank fails, stops the others (SIGTERM to each rank's process
+//! group, SIGKILL after a grace period) and reports that rank's failure.
+//! SIGINT, SIGTERM and SIGHUP sent to the launcher while it runs are passed
+//! on to every rank the same way. Ranks' stdin is empty (`/dev/null`).
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpListener;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::mpsc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crate::error::{CommError, Result};
+
+/// What to launch.
+#[derive(Debug, Clone)]
+pub struct LaunchOptions {
+    /// Number of ranks (processes) to start.
+    pub nproc: usize,
+    /// Devices, comma-separated, one per rank (`ferrite:0,ferrite:1`) or one
+    /// for all; each rank gets its entry as `POLYCHIP_DEVICE`.
+    pub devices: Option<String>,
+    /// The program and its arguments.
+    pub command: Vec<String>,
+    /// How long ranks being stopped get between SIGTERM and SIGKILL.
+    pub grace: Duration,
+}
+
+impl LaunchOptions {
+    /// `nproc` ranks of `command`, no device list, a 5 s grace period.
+    pub fn new(nproc: usize, command: Vec<String>) -> LaunchOptions {
+        LaunchOptions {
+            nproc,
+            devices: None,
+            command,
+            grace: Duration::from_secs(5),
+        }
+    }
+}
+
+/// How a launch ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LaunchOutcome {
+    /// 0 when every rank exited 0; the failing rank's exit code when it
+    /// exited non-zero; 1 when it was killed by a signal; 128 + the signal
+    /// when the launcher itself was interrupted.
+    pub exit_code: i32,
+    /// The rank whose failure ended the job (the first seen), if any.
+    pub failed_rank: Option<usize>,
+    /// The signal that killed the failing rank (or interrupted the
+    /// launcher), if that is how it ended.
+    pub signal: Option<i32>,
+    /// One sentence: "all 4 ranks exited 0", "rank 1 exited with code 7",
+    /// "rank 2 killed by signal 9".
+    pub description: String,
+}
+
+impl LaunchOutcome {
+    /// Whether every rank exited 0.
+    pub fn success(&self) -> bool {
+        self.exit_code == 0 && self.failed_rank.is_none()
+    }
+}
+
+/// Splits a `--devices` list into one entry per rank: `nproc` entries, or
+/// one entry given to every rank.
+pub fn parse_devices(spec: &str, nproc: usize) -> Result<Vec<String>> {
+    let entries: Vec<String> = spec.split(',').map(|s| s.trim().to_string()).collect();
+    if entries.iter().any(String::is_empty) {
+        return Err(CommError::Usage(format!(
+            "--devices {spec:?} has an empty entry; give a comma-separated list like \
+             ferrite:0,ferrite:1"
+        )));
+    }
+    match entries.len() {
+        1 => Ok(vec![entries[0].clone(); nproc]),
+        n if n == nproc => Ok(entries),
+        n => Err(CommError::Usage(format!(
+            "--devices {spec:?} has {n} entries but -n is {nproc}: give one device per rank, \
+             or a single device for all ranks"
+        ))),
+    }
+}
+
+/// A free TCP port on 127.0.0.1 (the OS's pick; free when we looked).
+pub fn free_port() -> Result<u16> {
+    let listener = TcpListener::bind(("127.0.0.1", 0)).map_err(|e| CommError::Io {
+        rank: 0,
+        op: "launch".into(),
+        message: format!("could not find a free port on 127.0.0.1: {e}"),
+    })?;
+    listener
+        .local_addr()
+        .map(|a| a.port())
+        .map_err(|e| CommError::Io {
+            rank: 0,
+            op: "launch".into(),
+            message: format!("could not find a free port on 127.0.0.1: {e}"),
+        })
+}
+
+/// Starts the ranks, forwards their output, and waits for them all.
+/// `Ok` carries how the job ended (failed ranks included); `Err` means the
+/// options were unusable or a rank could not be started.
+pub fn launch(opts: &LaunchOptions) -> Result<LaunchOutcome> {
+    if opts.nproc == 0 {
+        return Err(CommError::Usage(
+            "-n must be at least 1 (the number of ranks to start)".into(),
+        ));
+    }
+    let Some(program) = opts.command.first() else {
+        return Err(CommError::Usage(
+            "no command to launch: give it after `--`, e.g. `polychip launch -n 2 -- python \
+             train.py`"
+                .into(),
+        ));
+    };
+    let devices = match &opts.devices {
+        Some(spec) => Some(parse_devices(spec, opts.nproc)?),
+        None => None,
+    };
+    let port = free_port()?;
+    let signals = SignalGuard::install();
+
+    let (done_tx, done_rx) = mpsc::channel::<()>();
+    let mut ranks: Vec<Rank> = Vec::with_capacity(opts.nproc);
+    for rank in 0..opts.nproc {
+        let mut cmd = Command::new(program);
+        cmd.args(&opts.command[1..])
+            .env("RANK", rank.to_string())
+            .env("WORLD_SIZE", opts.nproc.to_string())
+            .env("LOCAL_RANK", rank.to_string())
+            .env("LOCAL_WORLD_SIZE", opts.nproc.to_string())
+            .env("MASTER_ADDR", "127.0.0.1")
+            .env("MASTER_PORT", port.to_string())
+            .env("POLYCHIP_LAUNCHER", "1")
+            // In their own process groups, ranks reading the terminal would
+            // be stopped (SIGTTIN) and hang the job: they read nothing.
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            // Its own process group, so stopping a rank stops what it started.
+            .process_group(0);
+        if let Some(devices) = &devices {
+            cmd.env("POLYCHIP_DEVICE", &devices[rank]);
+        }
+        #[cfg(target_os = "linux")]
+        {
+            // Die with the launcher even if it is killed with SIGKILL.
+            let die_with_parent = || {
+                // SAFETY: prctl with PR_SET_PDEATHSIG takes an integer
+                // signal number and no pointers.
+                unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) };
+                Ok(())
+            };
+            // SAFETY: the closure runs in the child between fork and exec
+            // and only calls prctl, which is async-signal-safe; it touches
+            // no memory shared with the parent.
+            unsafe { cmd.pre_exec(die_with_parent) };
+        }
+        match cmd.spawn() {
+            Ok(mut child) => {
+                let mut readers = Vec::with_capacity(2);
+                if let Some(out) = child.stdout.take() {
+                    readers.push(forward(rank, out, false, done_tx.clone()));
+                }
+                if let Some(err) = child.stderr.take() {
+                    readers.push(forward(rank, err, true, done_tx.clone()));
+                }
+                ranks.push(Rank {
+                    child,
+                    status: None,
+                    readers,
+                });
+            }
+            Err(e) => {
+                stop_all(&mut ranks, libc::SIGTERM, opts.grace);
+                drop(signals);
+                return Err(CommError::Io {
+                    rank,
+                    op: "launch".into(),
+                    message: format!("could not start {program:?}: {e}"),
+                });
+            }
+        }
+    }
+    drop(done_tx);
+
+    let mut failure: Option<(usize, ExitStatus)> = None;
+    let mut interrupted: Option<i32> = None;
+    let mut kill_at: Option<Instant> = None;
+    loop {
+        let mut running = 0;
+        for (rank, r) in ranks.iter_mut().enumerate() {
+            if r.status.is_some() {
+                continue;
+            }
+            match r.child.try_wait() {
+                Ok(Some(status)) => {
+                    r.status = Some(status);
+                    if !status.success() && failure.is_none() && interrupted.is_none() {
+                        failure = Some((rank, status));
+                    }
+                }
+                Ok(None) => running += 1,
+                Err(e) => {
+                    log::warn!("polychip launch: cannot wait for rank {rank}: {e}");
+                    running += 1;
+                }
+            }
+        }
+        if running == 0 {
+            break;
+        }
+        let caught = SIGNALLED.swap(0, Ordering::SeqCst);
+        if caught != 0 && interrupted.is_none() {
+            interrupted = Some(caught);
+            signal_all(&ranks, caught);
+            kill_at = Some(Instant::now() + opts.grace);
+        }
+        if failure.is_some() && kill_at.is_none() {
+            signal_all(&ranks, libc::SIGTERM);
+            kill_at = Some(Instant::now() + opts.grace);
+        }
+        if kill_at.is_some_and(|t| Instant::now() >= t) {
+            signal_all(&ranks, libc::SIGKILL);
+            kill_at = Some(Instant::now() + Duration::from_secs(3600));
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    if failure.is_some() || interrupted.is_some() {
+        // Whatever the ranks started is stopped too.
+        signal_all(&ranks, libc::SIGKILL);
+    }
+    drop(signals);
+
+    // Let the readers print what is left. A grandchild that left its
+    // rank's process group may hold a pipe open; do not wait for it long.
+    let readers: Vec<JoinHandle<()>> = ranks.iter_mut().flat_map(|r| r.readers.drain(..)).collect();
+    let deadline = Instant::now() + Duration::from_secs(2);
+    let mut finished = 0;
+    while finished < readers.len() {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match done_rx.recv_timeout(left) {
+            Ok(()) => finished += 1,
+            Err(_) => break,
+        }
+    }
+    for handle in readers {
+        if handle.is_finished() {
+            let _ = handle.join();
+        }
+    }
+
+    Ok(outcome(opts.nproc, failure, interrupted))
+}
+
+fn outcome(
+    nproc: usize,
+    failure: Option<(usize, ExitStatus)>,
+    interrupted: Option<i32>,
+) -> LaunchOutcome {
+    if let Some(sig) = interrupted {
+        return LaunchOutcome {
+            exit_code: 128 + sig,
+            failed_rank: None,
+            signal: Some(sig),
+            description: format!("interrupted by signal {sig}; stopped all {nproc} ranks"),
+        };
+    }
+    match failure {
+        None => LaunchOutcome {
+            exit_code: 0,
+            failed_rank: None,
+            signal: None,
+            description: if nproc == 1 {
+                "the rank exited 0".to_string()
+            } else {
+                format!("all {nproc} ranks exited 0")
+            },
+        },
+        Some((rank, status)) => match (status.code(), status.signal()) {
+            (Some(code), _) => LaunchOutcome {
+                exit_code: code,
+                failed_rank: Some(rank),
+                signal: None,
+                description: format!("rank {rank} exited with code {code}"),
+            },
+            (None, sig) => LaunchOutcome {
+                exit_code: 1,
+                failed_rank: Some(rank),
+                signal: sig,
+                description: match sig {
+                    Some(sig) => format!("rank {rank} killed by signal {sig}"),
+                    None => format!("rank {rank} failed ({status})"),
+                },
+            },
+        },
+    }
+}
+
+#[derive(Debug)]
+struct Rank {
+    child: Child,
+    status: Option<ExitStatus>,
+    readers: Vec<JoinHandle<()>>,
+}
+
+/// Sends `sig` to every rank's process group (ranks that exited included:
+/// what they started may still run).
+fn signal_all(ranks: &[Rank], sig: i32) {
+    for r in ranks {
+        let Ok(pgid) = libc::pid_t::try_from(r.child.id()) else {
+            continue;
+        };
+        // SAFETY: kill takes plain integers; a negative pid names the
+        // process group the child leads (set up with process_group(0)).
+        // Errors (no such group any more) are harmless and ignored.
+        unsafe {
+            libc::kill(-pgid, sig);
+        }
+    }
+}
+
+/// Stops ranks already started (when a later one could not start).
+fn stop_all(ranks: &mut [Rank], sig: i32, grace: Duration) {
+    signal_all(ranks, sig);
+    let deadline = Instant::now() + grace;
+    for r in ranks.iter_mut() {
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = r.child.try_wait() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+    signal_all(ranks, libc::SIGKILL);
+    for r in ranks.iter_mut() {
+        let _ = r.child.wait();
+    }
+}
+
+/// Copies `from` line by line to our stdout (or stderr) with a
+/// `[rank K] ` prefix, each line in one locked write so lines of different
+/// ranks never mix. Signals `done` at end of stream.
+fn forward(
+    rank: usize,
+    from: impl Read + Send + 'static,
+    to_stderr: bool,
+    done: mpsc::Sender<()>,
+) -> JoinHandle<()> {
+    std::thread::spawn(move || {
+        let prefix = format!("[rank {rank}] ");
+        let mut reader = BufReader::new(from);
+        let mut line = Vec::new();
+        let mut out = Vec::new();
+        loop {
+            line.clear();
+            match reader.read_until(b'\n', &mut line) {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {}
+            }
+            out.clear();
+            out.extend_from_slice(prefix.as_bytes());
+            out.extend_from_slice(&line);
+            if !line.ends_with(b"\n") {
+                out.push(b'\n');
+            }
+            let written = if to_stderr {
+                let mut e = std::io::stderr().lock();
+                e.write_all(&out).and_then(|()| e.flush())
+            } else {
+                let mut o = std::io::stdout().lock();
+                o.write_all(&out).and_then(|()| o.flush())
+            };
+            if written.is_err() {
+                // Our own output is gone; keep draining so the rank does
+                // not block on a full pipe.
+                let _ = std::io::copy(&mut reader, &mut std::io::sink());
+                break;
+            }
+        }
+        let _ = done.send(());
+    })
+}
+
+/// The last of SIGINT, SIGTERM, SIGHUP received while a launch runs.
+static SIGNALLED: AtomicI32 = AtomicI32::new(0);
+
+extern "C" fn on_signal(sig: libc::c_int) {
+    SIGNALLED.store(sig, Ordering::SeqCst);
+}
+
+/// Catches SIGINT, SIGTERM and SIGHUP for the launch's duration, and puts
+/// the previous handlers back when dropped.
+struct SignalGuard {
+    previous: Vec<(libc::c_int, libc::sigaction)>,
+}
+
+impl std::fmt::Debug for SignalGuard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SignalGuard").finish_non_exhaustive()
+    }
+}
+
+impl SignalGuard {
+    fn install() -> SignalGuard {
+        SIGNALLED.store(0, Ordering::SeqCst);
+        let mut previous = Vec::new();
+        for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+            // SAFETY: sigaction is plain data; all-zero is a valid value
+            // (no handler, empty mask, no flags) that we then fill in.
+            let mut action: libc::sigaction = unsafe { std::mem::zeroed() };
+            action.sa_sigaction = on_signal as extern "C" fn(libc::c_int) as libc::sighandler_t;
+            action.sa_flags = libc::SA_RESTART;
+            // SAFETY: as above, a zeroed sigaction to receive the old one.
+            let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
+            // SAFETY: both pointers are to live, initialised sigaction
+            // values; the handler only stores to an atomic, which is
+            // async-signal-safe.
+            let rc = unsafe {
+                libc::sigemptyset(&mut action.sa_mask);
+                libc::sigaction(sig, &action, &mut old)
+            };
+            if rc == 0 {
+                previous.push((sig, old));
+            }
+        }
+        SignalGuard { previous }
+    }
+}
+
+impl Drop for SignalGuard {
+    fn drop(&mut self) {
+        for (sig, old) in &self.previous {
+            // SAFETY: `old` is the action sigaction gave us for `sig`.
+            unsafe {
+                libc::sigaction(*sig, old, std::ptr::null_mut());
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn device_lists() {
+        assert_eq!(parse_devices("ferrite:0", 3).unwrap(), vec!["ferrite:0"; 3]);
+        assert_eq!(
+            parse_devices("ferrite:0, ferrite:1,cobalt:0", 3).unwrap(),
+            vec!["ferrite:0", "ferrite:1", "cobalt:0"]
+        );
+        let err = parse_devices("a,b", 3).unwrap_err().to_string();
+        assert!(err.contains("has 2 entries but -n is 3"), "{err}");
+        assert!(parse_devices("a,,b", 3).is_err());
+    }
+
+    #[test]
+    fn outcomes() {
+        let ok = outcome(2, None, None);
+        assert!(ok.success());
+        assert_eq!(ok.description, "all 2 ranks exited 0");
+        let failed = outcome(3, Some((1, ExitStatus::from_raw(7 << 8))), None);
+        assert_eq!((failed.exit_code, failed.failed_rank), (7, Some(1)));
+        assert_eq!(failed.description, "rank 1 exited with code 7");
+        let killed = outcome(3, Some((2, ExitStatus::from_raw(9))), None);
+        assert_eq!((killed.exit_code, killed.signal), (1, Some(9)));
+        assert_eq!(killed.description, "rank 2 killed by signal 9");
+    }
+}

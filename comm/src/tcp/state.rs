@@ -1,0 +1,255 @@
+//! The state a TCP transport shares with its receiver threads: registered
+//! regions (page-aligned, zeroed, pre-faulted memory owned here), the signal
+//! counters with the condition variable waiters block on, and the first
+//! failure (a lost peer or a protocol violation), which every later call
+//! reports.
+
+use std::alloc::Layout;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::error::{CommError, Result};
+use crate::transport::{RegionId, SignalId};
+
+/// Number of signal counters per rank: ids `0..MAX_SIGNALS`.
+pub const MAX_SIGNALS: usize = 4096;
+
+const PAGE: usize = 4096;
+
+/// One rank's copy of a registered region.
+#[derive(Debug)]
+pub(crate) struct Region {
+    ptr: NonNull<u8>,
+    len: usize,
+    layout: Layout,
+}
+
+// SAFETY: the region is plain heap memory owned by the transport; which
+// thread touches which bytes when is governed by the transport contract
+// (a range is written by one peer and read only after its signal).
+unsafe impl Send for Region {}
+// SAFETY: as above; the struct itself is never mutated after creation.
+unsafe impl Sync for Region {}
+
+impl Drop for Region {
+    fn drop(&mut self) {
+        // SAFETY: `ptr` came from `alloc_zeroed(self.layout)` and is freed once.
+        unsafe { std::alloc::dealloc(self.ptr.as_ptr(), self.layout) };
+    }
+}
+
+/// Why the transport failed.
+#[derive(Debug, Clone)]
+enum Failure {
+    Lost { peer: usize, why: String },
+    Protocol { peer: usize, message: String },
+}
+
+/// State shared between the transport and its receiver threads.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    pub rank: usize,
+    pub world_size: usize,
+    pub timeout: Duration,
+    /// Set by `Drop`, so receivers exiting on shutdown record no failure.
+    pub closing: AtomicBool,
+    regions: Mutex<Vec<Region>>,
+    registered: Condvar,
+    counters: Box<[AtomicU64]>,
+    failed: AtomicBool,
+    failure: Mutex<Option<Failure>>,
+    sleepers: AtomicUsize,
+    lock: Mutex<()>,
+    wake: Condvar,
+}
+
+impl Shared {
+    pub fn new(rank: usize, world_size: usize, timeout: Duration) -> Shared {
+        Shared {
+            rank,
+            world_size,
+            timeout,
+            closing: AtomicBool::new(false),
+            regions: Mutex::new(Vec::new()),
+            registered: Condvar::new(),
+            counters: (0..MAX_SIGNALS).map(|_| AtomicU64::new(0)).collect(),
+            failed: AtomicBool::new(false),
+            failure: Mutex::new(None),
+            sleepers: AtomicUsize::new(0),
+            lock: Mutex::new(()),
+            wake: Condvar::new(),
+        }
+    }
+
+    pub fn io(&self, op: &str, e: impl std::fmt::Display) -> CommError {
+        CommError::Io {
+            rank: self.rank,
+            op: format!("tcp {op}"),
+            message: e.to_string(),
+        }
+    }
+
+    pub fn register(&self, len: usize) -> Result<(RegionId, *mut u8)> {
+        let layout = Layout::from_size_align(len.max(1).next_multiple_of(PAGE), PAGE)
+            .map_err(|e| CommError::Usage(format!("tcp register: {len} bytes: {e}")))?;
+        // SAFETY: the layout has a non-zero size.
+        let ptr = NonNull::new(unsafe { std::alloc::alloc_zeroed(layout) })
+            .ok_or_else(|| self.io("register", format!("cannot allocate {len} bytes")))?;
+        // Fault every page in now, not during the first transfer.
+        for page in (0..layout.size()).step_by(PAGE) {
+            // SAFETY: `page` is inside the allocation of `layout.size()` bytes.
+            unsafe { ptr.as_ptr().add(page).write_volatile(0) };
+        }
+        let mut regions = self.regions.lock().unwrap_or_else(|e| e.into_inner());
+        let id = u32::try_from(regions.len())
+            .map_err(|_| CommError::Usage("tcp register: too many regions".into()))?;
+        regions.push(Region { ptr, len, layout });
+        drop(regions);
+        self.registered.notify_all();
+        Ok((RegionId(id), ptr.as_ptr()))
+    }
+
+    /// The length and base of a registered region.
+    pub fn region(&self, id: RegionId) -> Option<(usize, *mut u8)> {
+        let regions = self.regions.lock().unwrap_or_else(|e| e.into_inner());
+        regions.get(id.0 as usize).map(|r| (r.len, r.ptr.as_ptr()))
+    }
+
+    /// Like [`Shared::region`], but waits (until `deadline`) for a region a
+    /// peer already writes to and this rank has not registered yet.
+    pub fn region_when_registered(
+        &self,
+        id: RegionId,
+        deadline: Instant,
+    ) -> Option<(usize, *mut u8)> {
+        let mut regions = self.regions.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            if let Some(r) = regions.get(id.0 as usize) {
+                return Some((r.len, r.ptr.as_ptr()));
+            }
+            let now = Instant::now();
+            if now >= deadline || self.closing.load(Ordering::Relaxed) {
+                return None;
+            }
+            regions = self
+                .registered
+                .wait_timeout(regions, deadline - now)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+
+    /// Marks the transport closing and wakes receivers waiting for regions.
+    pub fn close(&self) {
+        self.closing.store(true, Ordering::SeqCst);
+        drop(self.regions.lock().unwrap_or_else(|e| e.into_inner()));
+        self.registered.notify_all();
+    }
+
+    pub fn counter(&self, signal: SignalId) -> Option<&AtomicU64> {
+        self.counters.get(signal.0 as usize)
+    }
+
+    /// Adds one to `signal` (after the payload is in place) and wakes waiters.
+    pub fn raise(&self, signal: SignalId) {
+        // SeqCst pairs with the sleeper count in `block_until`: either the
+        // sleeper sees the new value or this sees the sleeper.
+        self.counters[signal.0 as usize].fetch_add(1, Ordering::SeqCst);
+        self.wake_all();
+    }
+
+    fn wake_all(&self) {
+        if self.sleepers.load(Ordering::SeqCst) > 0 {
+            drop(self.lock.lock().unwrap_or_else(|e| e.into_inner()));
+            self.wake.notify_all();
+        }
+    }
+
+    pub fn fail_lost(&self, peer: usize, why: String) {
+        self.fail(Failure::Lost { peer, why });
+    }
+
+    pub fn fail_protocol(&self, peer: usize, message: String) {
+        self.fail(Failure::Protocol { peer, message });
+    }
+
+    fn fail(&self, failure: Failure) {
+        if self.closing.load(Ordering::SeqCst) {
+            return;
+        }
+        let mut first = self.failure.lock().unwrap_or_else(|e| e.into_inner());
+        if first.is_none() {
+            log::warn!("tcp rank {}: {failure:?}", self.rank);
+            *first = Some(failure);
+            self.failed.store(true, Ordering::SeqCst);
+        }
+        drop(first);
+        drop(self.lock.lock().unwrap_or_else(|e| e.into_inner()));
+        self.wake.notify_all();
+    }
+
+    /// The first failure, as an error of operation `op`.
+    pub fn failure_error(&self, op: &str) -> Option<CommError> {
+        let first = self.failure.lock().unwrap_or_else(|e| e.into_inner());
+        let op = format!("tcp {op}");
+        Some(match first.clone()? {
+            Failure::Lost { peer, why } => CommError::PeerLost {
+                rank: self.rank,
+                op,
+                peer,
+                why,
+            },
+            Failure::Protocol { peer, message } => CommError::Mismatch {
+                rank: self.rank,
+                op,
+                message: format!("peer rank {peer} broke the protocol: {message}"),
+            },
+        })
+    }
+
+    /// Fails with the first failure, if any.
+    pub fn check(&self, op: &str) -> Result<()> {
+        if self.failed.load(Ordering::Acquire) {
+            return Err(self.failure_error(op).expect("failed is set after failure"));
+        }
+        Ok(())
+    }
+
+    /// Blocks until `counter >= value`, a failure or `deadline`.
+    pub fn block_until(&self, counter: &AtomicU64, value: u64, deadline: Instant) -> Result<()> {
+        self.sleepers.fetch_add(1, Ordering::SeqCst);
+        let mut guard = self.lock.lock().unwrap_or_else(|e| e.into_inner());
+        let result = loop {
+            if counter.load(Ordering::SeqCst) >= value {
+                break Ok(());
+            }
+            if let Err(e) = self.check("wait") {
+                // Bytes that arrived before the loss still count.
+                break if counter.load(Ordering::SeqCst) >= value {
+                    Ok(())
+                } else {
+                    Err(e)
+                };
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                break Err(CommError::Timeout {
+                    rank: self.rank,
+                    op: "tcp wait".into(),
+                    after: Duration::ZERO,
+                    waiting_for: String::new(),
+                });
+            }
+            guard = self
+                .wake
+                .wait_timeout(guard, deadline - now)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        };
+        drop(guard);
+        self.sleepers.fetch_sub(1, Ordering::SeqCst);
+        result
+    }
+}

@@ -1,0 +1,721 @@
+//! The rendezvous [`Store`] across processes: rank 0 serves a key-value map
+//! on `MASTER_ADDR:MASTER_PORT` and every rank (rank 0 too) is a client of
+//! it. The wire protocol is small and length-prefixed (all integers little
+//! endian):
+//!
+//! * handshake: the client sends `PCST` and a version byte; the server
+//!   answers the same five bytes.
+//! * request: an op byte (`1` SET, `2` GET, `3` ADD), the key (u32 length
+//!   and bytes), then SET: the value (u32 length and bytes); GET: the
+//!   timeout in milliseconds (u64); ADD: the delta (i64).
+//! * reply: a status byte (`0` ok, `1` timed out, `2` error), then ok: SET
+//!   nothing, GET the value (u32 length and bytes), ADD the new value
+//!   (i64); error: a message (u32 length and UTF-8 bytes).
+//!
+//! The server runs one thread per client, so a GET waiting for its key
+//! blocks nobody else. Dropping rank 0's [`TcpStore`] stops the server and
+//! closes every connection: the other ranks then see errors, not hangs. To
+//! end a job cleanly, every rank passes a final [`barrier`], the others drop
+//! their stores, and rank 0 calls [`TcpStore::wait_for_others_to_leave`]
+//! before dropping its own.
+//! Every socket read and write has a deadline.
+
+use std::collections::HashMap;
+use std::io::{self, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crate::env::RankInfo;
+use crate::error::{CommError, Result};
+use crate::store::Store;
+
+const MAGIC: &[u8; 5] = b"PCST\x01";
+const OP_SET: u8 = 1;
+const OP_GET: u8 = 2;
+const OP_ADD: u8 = 3;
+const STATUS_OK: u8 = 0;
+const STATUS_TIMEOUT: u8 = 1;
+const STATUS_ERROR: u8 = 2;
+/// Longest key accepted.
+const MAX_KEY: usize = 64 << 10;
+/// Largest value accepted.
+const MAX_VALUE: usize = 1 << 30;
+/// How long SET and ADD may take, and how much longer than its own timeout
+/// a GET's reply may take, before the connection is declared dead.
+const IO_GRACE: Duration = Duration::from_secs(30);
+
+/// A [`Store`] shared by the processes of a job through rank 0's server.
+#[derive(Debug)]
+pub struct TcpStore {
+    rank: usize,
+    addr: String,
+    port: u16,
+    client: Mutex<Client>,
+    server: Option<Server>,
+}
+
+#[derive(Debug)]
+struct Client {
+    stream: TcpStream,
+    /// Set when a reply was cut off: the stream is out of step for good.
+    broken: Option<String>,
+}
+
+impl TcpStore {
+    /// Joins the job's store: rank 0 first starts the server on
+    /// `info.master_addr:info.master_port` (port 0 picks a free one; see
+    /// [`TcpStore::port`]); then every rank connects, retrying with a short
+    /// backoff until `timeout` has passed.
+    pub fn connect(info: &RankInfo, timeout: Duration) -> Result<TcpStore> {
+        let rank = info.rank;
+        let deadline = Instant::now().checked_add(timeout);
+        let (server, port) = if rank == 0 {
+            let server = Server::start(&info.master_addr, info.master_port)?;
+            let port = server.port;
+            (Some(server), port)
+        } else {
+            if info.master_port == 0 {
+                return Err(CommError::Usage(format!(
+                    "rank {rank}: MASTER_PORT is 0, which only rank 0 may use (to pick a free \
+                     port); the other ranks need the port rank 0 serves on"
+                )));
+            }
+            (None, info.master_port)
+        };
+        let addr = info.master_addr.clone();
+        let stream = connect_with_retry(rank, &addr, port, timeout, deadline)?;
+        let store = TcpStore {
+            rank,
+            addr,
+            port,
+            client: Mutex::new(Client {
+                stream,
+                broken: None,
+            }),
+            server,
+        };
+        Ok(store)
+    }
+
+    /// The port the store is served on (the one picked when rank 0 was
+    /// given port 0).
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// This rank.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// On rank 0: waits until every other rank has closed its connection
+    /// (dropped its store), so that dropping this store (which stops the
+    /// server) cannot cut off a rank still finishing its last request. Call
+    /// it last, after the ranks' final [`barrier`].
+    pub fn wait_for_others_to_leave(&self, timeout: Duration) -> Result<()> {
+        let op = "store shutdown";
+        let Some(server) = &self.server else {
+            return Err(CommError::Usage(format!(
+                "rank {}: {op}: only rank 0 serves the store and can wait for the others to leave",
+                self.rank
+            )));
+        };
+        let shared = &server.shared;
+        let deadline = Instant::now().checked_add(timeout);
+        let mut live = shared.live.lock().unwrap_or_else(|e| e.into_inner());
+        // Rank 0's own connection stays.
+        while *live > 1 {
+            live = match deadline {
+                Some(deadline) => {
+                    let now = Instant::now();
+                    if now >= deadline {
+                        return Err(CommError::Timeout {
+                            rank: self.rank,
+                            op: op.to_string(),
+                            after: timeout,
+                            waiting_for: format!(
+                                "{} other rank(s) still connected to the rendezvous store at {} \
+                                 to disconnect",
+                                *live - 1,
+                                self.where_()
+                            ),
+                        });
+                    }
+                    shared
+                        .left
+                        .wait_timeout(live, deadline - now)
+                        .unwrap_or_else(|e| e.into_inner())
+                        .0
+                }
+                None => shared.left.wait(live).unwrap_or_else(|e| e.into_inner()),
+            };
+        }
+        Ok(())
+    }
+
+    /// `host:port` of the store, for messages.
+    fn where_(&self) -> String {
+        format!("{}:{}", self.addr, self.port)
+    }
+
+    /// Sends one request and reads its reply status, holding the connection
+    /// for the whole exchange. `read_reply` reads the payload after an ok.
+    fn call<T>(
+        &self,
+        op: &str,
+        request: &[u8],
+        reply_deadline: Option<Duration>,
+        read_reply: impl FnOnce(&mut TcpStream) -> io::Result<T>,
+    ) -> Result<Reply<T>> {
+        let mut client = self.client.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(why) = &client.broken {
+            return Err(self.lost(op, why.clone()));
+        }
+        let result = (|| {
+            client.stream.set_write_timeout(Some(IO_GRACE))?;
+            client.stream.write_all(request)?;
+            client.stream.set_read_timeout(reply_deadline)?;
+            let status = read_u8(&mut client.stream)?;
+            match status {
+                STATUS_OK => Ok(Reply::Ok(read_reply(&mut client.stream)?)),
+                STATUS_TIMEOUT => Ok(Reply::TimedOut),
+                STATUS_ERROR => {
+                    let message = read_bytes(&mut client.stream, MAX_VALUE)?;
+                    Ok(Reply::Error(String::from_utf8_lossy(&message).into_owned()))
+                }
+                other => Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("the store answered with unknown status {other}"),
+                )),
+            }
+        })();
+        result.map_err(|e| {
+            let why = describe_io(&e);
+            let why = if matches!(
+                e.kind(),
+                io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+            ) {
+                "it stopped answering".to_string()
+            } else if e.kind() == io::ErrorKind::UnexpectedEof {
+                "it closed the connection (rank 0 exited or dropped its store)".to_string()
+            } else {
+                why
+            };
+            client.broken = Some(why.clone());
+            self.lost(op, why)
+        })
+    }
+
+    fn lost(&self, op: &str, why: String) -> CommError {
+        CommError::PeerLost {
+            rank: self.rank,
+            op: op.to_string(),
+            peer: 0,
+            why: format!("the rendezvous store at {} failed: {why}", self.where_()),
+        }
+    }
+
+    fn refused(&self, op: &str, message: String) -> CommError {
+        CommError::Io {
+            rank: self.rank,
+            op: op.to_string(),
+            message,
+        }
+    }
+}
+
+enum Reply<T> {
+    Ok(T),
+    TimedOut,
+    Error(String),
+}
+
+impl Store for TcpStore {
+    fn set(&self, key: &str, value: &[u8]) -> Result<()> {
+        let op = "store set";
+        check_key(self.rank, op, key)?;
+        if value.len() > MAX_VALUE {
+            return Err(CommError::Usage(format!(
+                "rank {}: {op}: the value for key {key:?} is {} bytes; the store takes at most {MAX_VALUE}",
+                self.rank,
+                value.len()
+            )));
+        }
+        let mut request = vec![OP_SET];
+        put_bytes(&mut request, key.as_bytes());
+        put_bytes(&mut request, value);
+        match self.call(op, &request, Some(IO_GRACE), |_| Ok(()))? {
+            Reply::Ok(()) => Ok(()),
+            Reply::TimedOut => Err(self.lost(op, "it answered a SET with a timeout".into())),
+            Reply::Error(m) => Err(self.refused(op, m)),
+        }
+    }
+
+    fn get(&self, key: &str, timeout: Duration) -> Result<Vec<u8>> {
+        let op = "store get";
+        check_key(self.rank, op, key)?;
+        let ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
+        let mut request = vec![OP_GET];
+        put_bytes(&mut request, key.as_bytes());
+        request.extend_from_slice(&ms.to_le_bytes());
+        let reply_deadline = timeout.checked_add(IO_GRACE);
+        match self.call(op, &request, reply_deadline, |s| read_bytes(s, MAX_VALUE))? {
+            Reply::Ok(v) => Ok(v),
+            Reply::TimedOut => Err(CommError::Timeout {
+                rank: self.rank,
+                op: op.to_string(),
+                after: timeout,
+                waiting_for: format!("key {key:?} in the rendezvous store at {}", self.where_()),
+            }),
+            Reply::Error(m) => Err(self.refused(op, m)),
+        }
+    }
+
+    fn add(&self, key: &str, delta: i64) -> Result<i64> {
+        let op = "store add";
+        check_key(self.rank, op, key)?;
+        let mut request = vec![OP_ADD];
+        put_bytes(&mut request, key.as_bytes());
+        request.extend_from_slice(&delta.to_le_bytes());
+        match self.call(op, &request, Some(IO_GRACE), read_i64)? {
+            Reply::Ok(v) => Ok(v),
+            Reply::TimedOut => Err(self.lost(op, "it answered an ADD with a timeout".into())),
+            Reply::Error(m) => Err(self.refused(op, m)),
+        }
+    }
+}
+
+impl Drop for TcpStore {
+    fn drop(&mut self) {
+        let client = self.client.get_mut().unwrap_or_else(|e| e.into_inner());
+        let _ = client.stream.shutdown(Shutdown::Both);
+        if let Some(server) = self.server.take() {
+            server.stop();
+        }
+    }
+}
+
+/// Waits until every one of `world` ranks has called `barrier` with the
+/// same `key_prefix` (at most `timeout`). Each barrier needs its own prefix:
+/// the keys `{key_prefix}/arrived` and `{key_prefix}/done` are used once.
+pub fn barrier(
+    store: &dyn Store,
+    key_prefix: &str,
+    rank: usize,
+    world: usize,
+    timeout: Duration,
+) -> Result<()> {
+    let arrived_key = format!("{key_prefix}/arrived");
+    let done_key = format!("{key_prefix}/done");
+    let arrived = store.add(&arrived_key, 1)?;
+    if arrived == world as i64 {
+        store.set(&done_key, b"1")?;
+    }
+    match store.get(&done_key, timeout) {
+        Ok(_) => Ok(()),
+        Err(CommError::Timeout { .. }) => {
+            let arrived = store.add(&arrived_key, 0).unwrap_or(arrived);
+            Err(CommError::Timeout {
+                rank,
+                op: "barrier".to_string(),
+                after: timeout,
+                waiting_for: format!(
+                    "all {world} ranks at barrier {key_prefix:?} (only {arrived} arrived)"
+                ),
+            })
+        }
+        Err(e) => Err(e),
+    }
+}
+
+fn check_key(rank: usize, op: &str, key: &str) -> Result<()> {
+    if key.len() > MAX_KEY {
+        return Err(CommError::Usage(format!(
+            "rank {rank}: {op}: a key of {} bytes is longer than the store's limit of {MAX_KEY}",
+            key.len()
+        )));
+    }
+    Ok(())
+}
+
+/// The OS's words for an I/O error, without the "(os error N)" tail, in
+/// lower case: "connection refused".
+fn describe_io(e: &io::Error) -> String {
+    let text = e.to_string();
+    let text = match text.find(" (os error") {
+        Some(i) => &text[..i],
+        None => &text[..],
+    };
+    let mut chars = text.chars();
+    match chars.next() {
+        Some(c) => c.to_lowercase().chain(chars).collect(),
+        None => String::new(),
+    }
+}
+
+/// "30s" for whole seconds, Debug form otherwise.
+fn human(d: Duration) -> String {
+    if d.subsec_nanos() == 0 {
+        format!("{}s", d.as_secs())
+    } else {
+        format!("{d:?}")
+    }
+}
+
+fn connect_with_retry(
+    rank: usize,
+    addr: &str,
+    port: u16,
+    timeout: Duration,
+    deadline: Option<Instant>,
+) -> Result<TcpStream> {
+    let mut backoff = Duration::from_millis(10);
+    loop {
+        let remaining = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+        let last_error = match try_connect(addr, port, remaining) {
+            Ok(stream) => return Ok(stream),
+            Err(e) => e,
+        };
+        let remaining = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+        if remaining.is_some_and(|r| r.is_zero()) {
+            return Err(CommError::Io {
+                rank,
+                op: format!(
+                    "could not reach the rendezvous store at {addr}:{port} within {}",
+                    human(timeout)
+                ),
+                message: last_error,
+            });
+        }
+        let sleep = remaining.map_or(backoff, |r| r.min(backoff));
+        std::thread::sleep(sleep);
+        backoff = (backoff * 2).min(Duration::from_millis(500));
+    }
+}
+
+/// One attempt: resolve, connect and handshake. `Err` is the reason, for
+/// the message after the last attempt.
+fn try_connect(
+    addr: &str,
+    port: u16,
+    remaining: Option<Duration>,
+) -> std::result::Result<TcpStream, String> {
+    let addrs: Vec<SocketAddr> = (addr, port)
+        .to_socket_addrs()
+        .map_err(|e| format!("cannot resolve {addr:?}: {}", describe_io(&e)))?
+        .collect();
+    let limit = remaining
+        .unwrap_or(Duration::from_secs(10))
+        .clamp(Duration::from_millis(10), Duration::from_secs(10));
+    let mut last = format!("{addr:?} resolves to no address");
+    for sa in addrs {
+        match TcpStream::connect_timeout(&sa, limit) {
+            Ok(mut stream) => {
+                let _ = stream.set_nodelay(true);
+                let shake = (|| {
+                    stream.set_write_timeout(Some(limit))?;
+                    stream.set_read_timeout(Some(limit))?;
+                    stream.write_all(MAGIC)?;
+                    let mut answer = [0u8; 5];
+                    stream.read_exact(&mut answer)?;
+                    Ok::<_, io::Error>(answer)
+                })();
+                match shake {
+                    Ok(answer) if &answer == MAGIC => return Ok(stream),
+                    Ok(_) => {
+                        last = "something else is listening there (it does not speak the \
+                                polychip store protocol)"
+                            .to_string()
+                    }
+                    Err(e) => last = format!("handshake failed: {}", describe_io(&e)),
+                }
+            }
+            Err(e) => last = describe_io(&e),
+        }
+    }
+    Err(last)
+}
+
+// ---------------------------------------------------------------- server
+
+#[derive(Debug, Default)]
+struct Shared {
+    map: Mutex<HashMap<String, Vec<u8>>>,
+    changed: Condvar,
+    stop: AtomicBool,
+    /// Open connections (to shut down on stop) and their threads.
+    clients: Mutex<Vec<(TcpStream, JoinHandle<()>)>>,
+    /// Number of connected clients (rank 0's own included).
+    live: Mutex<usize>,
+    left: Condvar,
+}
+
+#[derive(Debug)]
+struct Server {
+    port: u16,
+    shared: Arc<Shared>,
+    accept: Option<JoinHandle<()>>,
+}
+
+impl Server {
+    fn start(addr: &str, port: u16) -> Result<Server> {
+        let listener = TcpListener::bind((addr, port)).map_err(|e| CommError::Io {
+            rank: 0,
+            op: format!("could not serve the rendezvous store on {addr}:{port}"),
+            message: describe_io(&e),
+        })?;
+        let io_err = |e: io::Error| CommError::Io {
+            rank: 0,
+            op: format!("rendezvous store on {addr}:{port}"),
+            message: describe_io(&e),
+        };
+        let port = listener.local_addr().map_err(io_err)?.port();
+        listener.set_nonblocking(true).map_err(io_err)?;
+        let shared = Arc::new(Shared::default());
+        let accept_shared = Arc::clone(&shared);
+        let accept = std::thread::Builder::new()
+            .name(format!("store-server:{port}"))
+            .spawn(move || accept_loop(listener, accept_shared))
+            .map_err(io_err)?;
+        log::debug!("rendezvous store serving on {addr}:{port}");
+        Ok(Server {
+            port,
+            shared,
+            accept: Some(accept),
+        })
+    }
+
+    fn stop(mut self) {
+        self.shared.stop.store(true, Ordering::SeqCst);
+        {
+            // Take the map lock so no GET is between its stop check and its
+            // wait when we notify.
+            let _map = self.shared.map.lock().unwrap_or_else(|e| e.into_inner());
+            self.shared.changed.notify_all();
+        }
+        if let Some(accept) = self.accept.take() {
+            let _ = accept.join();
+        }
+        let clients = std::mem::take(
+            &mut *self
+                .shared
+                .clients
+                .lock()
+                .unwrap_or_else(|e| e.into_inner()),
+        );
+        // Shutting down only the reading side wakes handlers waiting for a
+        // request but lets one that is answering finish its reply.
+        for (stream, _) in &clients {
+            let _ = stream.shutdown(Shutdown::Read);
+        }
+        for (_, handle) in clients {
+            let _ = handle.join();
+        }
+    }
+}
+
+fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
+    while !shared.stop.load(Ordering::SeqCst) {
+        match listener.accept() {
+            Ok((stream, peer)) => {
+                let Ok(clone) = stream.try_clone() else {
+                    continue;
+                };
+                let _ = stream.set_nonblocking(false);
+                let _ = stream.set_nodelay(true);
+                *shared.live.lock().unwrap_or_else(|e| e.into_inner()) += 1;
+                let thread_shared = Arc::clone(&shared);
+                let spawned = std::thread::Builder::new()
+                    .name(format!("store-client:{peer}"))
+                    .spawn(move || {
+                        if let Err(e) = serve_client(stream, &thread_shared) {
+                            log::debug!("rendezvous store: client {peer}: {e}");
+                        }
+                        *thread_shared.live.lock().unwrap_or_else(|e| e.into_inner()) -= 1;
+                        thread_shared.left.notify_all();
+                    });
+                if spawned.is_err() {
+                    *shared.live.lock().unwrap_or_else(|e| e.into_inner()) -= 1;
+                }
+                if let Ok(handle) = spawned {
+                    let mut clients = shared.clients.lock().unwrap_or_else(|e| e.into_inner());
+                    // Reap finished clients so the list does not grow.
+                    let (done, live): (Vec<_>, Vec<_>) =
+                        clients.drain(..).partition(|(_, h)| h.is_finished());
+                    *clients = live;
+                    clients.push((clone, handle));
+                    drop(clients);
+                    for (_, h) in done {
+                        let _ = h.join();
+                    }
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Err(e) => {
+                log::debug!("rendezvous store: accept failed: {e}");
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    }
+}
+
+/// Serves one client until it disconnects or the server stops.
+fn serve_client(mut stream: TcpStream, shared: &Shared) -> io::Result<()> {
+    stream.set_write_timeout(Some(IO_GRACE))?;
+    stream.set_read_timeout(Some(IO_GRACE))?;
+    let mut hello = [0u8; 5];
+    stream.read_exact(&mut hello)?;
+    if &hello != MAGIC {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "not a polychip store client",
+        ));
+    }
+    stream.write_all(MAGIC)?;
+    // Between requests a client may stay quiet for as long as it likes.
+    loop {
+        stream.set_read_timeout(None)?;
+        let op = match read_u8(&mut stream) {
+            Ok(op) => op,
+            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(()),
+            Err(e) => return Err(e),
+        };
+        if shared.stop.load(Ordering::SeqCst) {
+            return Ok(());
+        }
+        stream.set_read_timeout(Some(IO_GRACE))?;
+        let key = read_bytes(&mut stream, MAX_KEY)?;
+        let key = String::from_utf8_lossy(&key).into_owned();
+        let mut reply = Vec::new();
+        match op {
+            OP_SET => {
+                let value = read_bytes(&mut stream, MAX_VALUE)?;
+                let mut map = shared.map.lock().unwrap_or_else(|e| e.into_inner());
+                map.insert(key, value);
+                drop(map);
+                shared.changed.notify_all();
+                reply.push(STATUS_OK);
+            }
+            OP_GET => {
+                let ms = read_u64(&mut stream)?;
+                match wait_for(shared, &key, Duration::from_millis(ms)) {
+                    Some(value) => {
+                        reply.push(STATUS_OK);
+                        put_bytes(&mut reply, &value);
+                    }
+                    None if shared.stop.load(Ordering::SeqCst) => return Ok(()),
+                    None => reply.push(STATUS_TIMEOUT),
+                }
+            }
+            OP_ADD => {
+                let delta = read_i64(&mut stream)?;
+                let mut map = shared.map.lock().unwrap_or_else(|e| e.into_inner());
+                let old = match map.get(&key) {
+                    None => Some(0),
+                    Some(v) => std::str::from_utf8(v)
+                        .ok()
+                        .and_then(|s| s.trim().parse::<i64>().ok()),
+                };
+                match old {
+                    Some(old) => {
+                        let new = old.wrapping_add(delta);
+                        map.insert(key, new.to_string().into_bytes());
+                        drop(map);
+                        shared.changed.notify_all();
+                        reply.push(STATUS_OK);
+                        reply.extend_from_slice(&new.to_le_bytes());
+                    }
+                    None => {
+                        drop(map);
+                        reply.push(STATUS_ERROR);
+                        let message = format!(
+                            "key {key:?} holds a value that is not an integer, so ADD cannot add to it"
+                        );
+                        put_bytes(&mut reply, message.as_bytes());
+                    }
+                }
+            }
+            other => {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("unknown op {other}"),
+                ));
+            }
+        }
+        stream.write_all(&reply)?;
+    }
+}
+
+/// Waits (at most `timeout`) for `key`; `None` on timeout or server stop.
+fn wait_for(shared: &Shared, key: &str, timeout: Duration) -> Option<Vec<u8>> {
+    let deadline = Instant::now().checked_add(timeout);
+    let mut map = shared.map.lock().unwrap_or_else(|e| e.into_inner());
+    loop {
+        if let Some(value) = map.get(key) {
+            return Some(value.clone());
+        }
+        if shared.stop.load(Ordering::SeqCst) {
+            return None;
+        }
+        map = match deadline {
+            Some(deadline) => {
+                let now = Instant::now();
+                if now >= deadline {
+                    return None;
+                }
+                shared
+                    .changed
+                    .wait_timeout(map, deadline - now)
+                    .unwrap_or_else(|e| e.into_inner())
+                    .0
+            }
+            None => shared.changed.wait(map).unwrap_or_else(|e| e.into_inner()),
+        };
+    }
+}
+
+// ------------------------------------------------------------- wire format
+
+fn put_bytes(out: &mut Vec<u8>, bytes: &[u8]) {
+    // Lengths are checked against MAX_KEY / MAX_VALUE (< 4 GiB) first.
+    out.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
+    out.extend_from_slice(bytes);
+}
+
+fn read_u8(r: &mut impl Read) -> io::Result<u8> {
+    let mut b = [0u8; 1];
+    r.read_exact(&mut b)?;
+    Ok(b[0])
+}
+
+fn read_u64(r: &mut impl Read) -> io::Result<u64> {
+    let mut b = [0u8; 8];
+    r.read_exact(&mut b)?;
+    Ok(u64::from_le_bytes(b))
+}
+
+fn read_i64(r: &mut impl Read) -> io::Result<i64> {
+    let mut b = [0u8; 8];
+    r.read_exact(&mut b)?;
+    Ok(i64::from_le_bytes(b))
+}
+
+fn read_bytes(r: &mut impl Read, max: usize) -> io::Result<Vec<u8>> {
+    let mut b = [0u8; 4];
+    r.read_exact(&mut b)?;
+    let len = u32::from_le_bytes(b) as usize;
+    if len > max {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("a field of {len} bytes is longer than the limit of {max}"),
+        ));
+    }
+    let mut v = vec![0u8; len];
+    r.read_exact(&mut v)?;
+    Ok(v)
+}

@@ -1,0 +1,313 @@
+//! Collectives with threads as ranks (a `MemoryStore` shared through an Arc,
+//! one `ShmTransport` per thread), checked against host references: exact
+//! for integers, within a few ulps scaled by the world size for floats.
+
+use std::sync::{Arc, Barrier};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use half::{bf16, f16};
+use polychip_comm::CommError;
+use polychip_comm::collectives::{Communicator, DType, ReduceOp};
+use polychip_comm::shm::ShmTransport;
+use polychip_comm::store::MemoryStore;
+
+const DTYPES: [DType; 5] = [DType::F32, DType::F16, DType::BF16, DType::I32, DType::I64];
+const OPS: [ReduceOp; 4] = [ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max, ReduceOp::Min];
+const SIZES: [usize; 5] = [0, 1, 7, 1000, 65537];
+
+/// Runs `f` on `n` thread ranks and returns their results in rank order.
+fn world<T: Send>(n: usize, f: impl Fn(&mut Communicator) -> T + Sync) -> Vec<T> {
+    let store = Arc::new(MemoryStore::new());
+    thread::scope(|s| {
+        let handles: Vec<_> = (0..n)
+            .map(|r| {
+                let (store, f) = (store.clone(), &f);
+                s.spawn(move || {
+                    let t =
+                        ShmTransport::new(&*store, r, n, Duration::from_secs(20)).expect("connect");
+                    let mut c = Communicator::new(Arc::new(t)).expect("communicator");
+                    c.set_timeout(Duration::from_secs(2));
+                    f(&mut c)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("rank panicked"))
+            .collect()
+    })
+}
+
+fn hash(x: u64) -> u64 {
+    let mut z = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// Rank `rank`'s input of `count` elements for call `seed`.
+fn input(dtype: DType, rank: usize, count: usize, seed: u64) -> Vec<u8> {
+    let mut out = Vec::with_capacity(count * dtype.size());
+    for i in 0..count {
+        let h = hash(seed << 40 ^ (rank as u64) << 32 ^ i as u64);
+        let f = ((h % 2001) as f64 - 1000.0) / 256.0;
+        match dtype {
+            DType::F32 => out.extend((f as f32).to_ne_bytes()),
+            DType::F16 => out.extend(f16::from_f64(f).to_ne_bytes()),
+            DType::BF16 => out.extend(bf16::from_f64(f).to_ne_bytes()),
+            DType::I32 => out.extend((h as i32).to_ne_bytes()),
+            DType::I64 => out.extend((h as i64).to_ne_bytes()),
+        }
+    }
+    out
+}
+
+fn float(dtype: DType, b: &[u8], i: usize) -> f64 {
+    match dtype {
+        DType::F32 => f32::from_ne_bytes(b[i * 4..i * 4 + 4].try_into().unwrap()) as f64,
+        DType::F16 => f16::from_ne_bytes(b[i * 2..i * 2 + 2].try_into().unwrap()).to_f64(),
+        DType::BF16 => bf16::from_ne_bytes(b[i * 2..i * 2 + 2].try_into().unwrap()).to_f64(),
+        _ => unreachable!(),
+    }
+}
+
+fn int(dtype: DType, b: &[u8], i: usize) -> i64 {
+    match dtype {
+        DType::I32 => i32::from_ne_bytes(b[i * 4..i * 4 + 4].try_into().unwrap()) as i64,
+        _ => i64::from_ne_bytes(b[i * 8..i * 8 + 8].try_into().unwrap()),
+    }
+}
+
+/// Checks `got` (elements `first..first + len` of the reduction) against a reference.
+fn check(dtype: DType, op: ReduceOp, inputs: &[Vec<u8>], first: usize, got: &[u8], what: &str) {
+    let n = inputs.len();
+    for k in 0..got.len() / dtype.size() {
+        let i = first + k;
+        if matches!(dtype, DType::I32 | DType::I64) {
+            let xs = inputs.iter().map(|b| int(dtype, b, i));
+            let want = match (dtype, op) {
+                (DType::I32, ReduceOp::Sum | ReduceOp::Avg) => {
+                    xs.fold(0i32, |a, x| a.wrapping_add(x as i32)) as i64
+                        / if op == ReduceOp::Avg { n as i64 } else { 1 }
+                }
+                (_, ReduceOp::Sum | ReduceOp::Avg) => {
+                    xs.fold(0i64, |a, x| a.wrapping_add(x))
+                        / if op == ReduceOp::Avg { n as i64 } else { 1 }
+                }
+                (_, ReduceOp::Max) => xs.max().unwrap(),
+                (_, ReduceOp::Min) => xs.min().unwrap(),
+            };
+            assert_eq!(int(dtype, got, k), want, "{what}: element {i}");
+            continue;
+        }
+        let xs: Vec<f64> = inputs.iter().map(|b| float(dtype, b, i)).collect();
+        let want = match op {
+            ReduceOp::Sum => xs.iter().sum(),
+            ReduceOp::Avg => xs.iter().sum::<f64>() / n as f64,
+            ReduceOp::Max => xs.iter().copied().fold(f64::MIN, f64::max),
+            ReduceOp::Min => xs.iter().copied().fold(f64::MAX, f64::min),
+        };
+        let eps = match dtype {
+            DType::F32 => f32::EPSILON as f64,
+            DType::F16 => 2f64.powi(-10),
+            _ => 2f64.powi(-7),
+        };
+        let tol = 2.0 * n as f64 * eps * xs.iter().map(|x| x.abs()).sum::<f64>() + 1e-30;
+        let g = float(dtype, got, k);
+        assert!(
+            (g - want).abs() <= tol,
+            "{what}: element {i}: got {g}, want {want}"
+        );
+    }
+}
+
+fn every_operation(n: usize) {
+    world(n, |c| {
+        let (me, mut seed) = (c.rank(), 0u64);
+        for dtype in DTYPES {
+            for count in SIZES {
+                seed += 1;
+                let what =
+                    |op: &str| format!("world {n} rank {me} {op} {} x {count}", dtype.name());
+                let inputs: Vec<Vec<u8>> = (0..n).map(|r| input(dtype, r, count, seed)).collect();
+                for op in OPS {
+                    let mut buf = inputs[me].clone();
+                    c.all_reduce(&mut buf, dtype, op).unwrap();
+                    check(dtype, op, &inputs, 0, &buf, &what(op.name()));
+                }
+                let mut out = vec![0u8; inputs[me].len()];
+                c.all_reduce_into(&inputs[me], &mut out, dtype, ReduceOp::Sum)
+                    .unwrap();
+                check(
+                    dtype,
+                    ReduceOp::Sum,
+                    &inputs,
+                    0,
+                    &out,
+                    &what("all_reduce_into"),
+                );
+                let mut buf = inputs[me].clone();
+                let root = count % n;
+                c.reduce(&mut buf, dtype, ReduceOp::Max, root).unwrap();
+                match me == root {
+                    true => check(dtype, ReduceOp::Max, &inputs, 0, &buf, &what("reduce")),
+                    false => assert_eq!(buf, inputs[me], "{}", what("reduce (non-root)")),
+                }
+                // reduce_scatter: each rank's send holds n blocks of `count`.
+                let big: Vec<Vec<u8>> = (0..n).map(|r| input(dtype, r, count * n, seed)).collect();
+                let mut part = vec![0u8; count * dtype.size()];
+                c.reduce_scatter(&big[me], &mut part, dtype, ReduceOp::Sum)
+                    .unwrap();
+                check(
+                    dtype,
+                    ReduceOp::Sum,
+                    &big,
+                    me * count,
+                    &part,
+                    &what("reduce_scatter"),
+                );
+                let mut all = vec![0u8; inputs[me].len() * n];
+                c.all_gather(&inputs[me], &mut all).unwrap();
+                assert_eq!(all, inputs.concat(), "{}", what("all_gather"));
+                let mut a2a = vec![0u8; big[me].len()];
+                c.all_to_all(&big[me], &mut a2a).unwrap();
+                let b = count * dtype.size();
+                let want: Vec<u8> = (0..n)
+                    .flat_map(|j| big[j][me * b..(me + 1) * b].to_vec())
+                    .collect();
+                assert_eq!(a2a, want, "{}", what("all_to_all"));
+                let mut buf = inputs[me].clone();
+                c.broadcast(&mut buf, root).unwrap();
+                assert_eq!(buf, inputs[root], "{}", what("broadcast"));
+                c.send(&inputs[me], (me + 1) % n).unwrap();
+                let mut got = vec![0u8; b];
+                c.recv(&mut got, (me + n - 1) % n).unwrap();
+                assert_eq!(got, inputs[(me + n - 1) % n], "{}", what("send/recv"));
+                c.barrier().unwrap();
+            }
+        }
+    });
+}
+
+#[test]
+fn every_operation_world_2() {
+    every_operation(2);
+}
+
+#[test]
+fn every_operation_world_3() {
+    every_operation(3);
+}
+
+#[test]
+fn every_operation_world_4() {
+    every_operation(4);
+}
+
+#[test]
+fn all_reduce_64_mib_f32() {
+    let count = 16 << 20;
+    world(2, |c| {
+        c.set_timeout(Duration::from_secs(60)); // a debug build reduces slowly
+        let me = c.rank();
+        let mut buf: Vec<u8> = (0..count)
+            .flat_map(|i| ((i % 1000) as f32 * (me as f32 + 1.0)).to_ne_bytes())
+            .collect();
+        c.all_reduce(&mut buf, DType::F32, ReduceOp::Sum).unwrap();
+        for (i, b) in buf.chunks_exact(4).enumerate() {
+            assert_eq!(
+                f32::from_ne_bytes(b.try_into().unwrap()),
+                (i % 1000) as f32 * 3.0,
+                "element {i}"
+            );
+        }
+    });
+}
+
+#[test]
+fn deterministic_mode_is_bit_identical() {
+    let count = 300_001;
+    let runs: Vec<Vec<Vec<u8>>> = (0..2)
+        .map(|_| {
+            world(3, |c| {
+                c.set_deterministic(true);
+                let mut buf = input(DType::F32, c.rank(), count, 7);
+                c.all_reduce(&mut buf, DType::F32, ReduceOp::Sum).unwrap();
+                buf
+            })
+        })
+        .collect();
+    assert!(runs[0].iter().all(|r| *r == runs[0][0]), "ranks disagree");
+    assert_eq!(runs[0], runs[1], "runs differ");
+}
+
+#[test]
+fn missing_rank_times_out() {
+    let gate = Barrier::new(3);
+    let results = world(3, |c| {
+        let start = Instant::now();
+        let r = if c.rank() == 2 {
+            Ok(())
+        } else {
+            c.all_reduce(&mut [0u8; 64], DType::F32, ReduceOp::Sum)
+        };
+        gate.wait();
+        (r, start.elapsed())
+    });
+    for (rank, (r, took)) in results.iter().take(2).enumerate() {
+        let e = r.clone().expect_err("a rank never arrived");
+        assert!(matches!(e, CommError::Timeout { .. }), "{e}");
+        assert!(
+            e.to_string()
+                .starts_with(&format!("rank {rank}: all_reduce:"))
+                && e.to_string().contains("rank 2"),
+            "{e}"
+        );
+        assert!(*took < Duration::from_secs(4), "took {took:?}");
+    }
+}
+
+#[test]
+fn lost_peer_is_reported() {
+    let results = world(2, |c| match c.rank() {
+        0 => Some(c.all_reduce(&mut [0u8; 1 << 20], DType::F32, ReduceOp::Sum)),
+        _ => None,
+    });
+    let e = results[0].clone().unwrap().expect_err("rank 1 left");
+    assert!(matches!(e, CommError::PeerLost { peer: 1, .. }), "{e}");
+    assert!(
+        e.to_string()
+            .starts_with("rank 0: all_reduce: peer rank 1 is gone"),
+        "{e}"
+    );
+}
+
+#[test]
+fn mismatched_counts_and_dtypes() {
+    for dtype_differs in [false, true] {
+        let results = world(2, |c| {
+            let me = c.rank();
+            let (len, dtype) = match (dtype_differs, me) {
+                (false, _) => (4000 + 4 * me, DType::F32),
+                (true, 0) => (4000, DType::F32),
+                (true, _) => (4000, DType::I32),
+            };
+            let r = c.all_reduce(&mut vec![0u8; len], dtype, ReduceOp::Sum);
+            let again = c.barrier();
+            (r, again)
+        });
+        for (r, again) in results {
+            let e = r.expect_err("mismatch");
+            assert!(matches!(e, CommError::Mismatch { .. }), "{e}");
+            assert!(
+                e.to_string().contains("rank") && e.to_string().contains("this rank called"),
+                "{e}"
+            );
+            assert!(
+                again.is_err(),
+                "a broken communicator must refuse further calls"
+            );
+        }
+    }
+}

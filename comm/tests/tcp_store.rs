@@ -1,0 +1,322 @@
+//! The TCP rendezvous store with threads as ranks on 127.0.0.1: rank 0
+//! serves on a port the OS picks, the others connect to it.
+
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use polychip_comm::CommError;
+use polychip_comm::env::RankInfo;
+use polychip_comm::store::Store;
+use polychip_comm::tcp_store::{TcpStore, barrier};
+
+const TIMEOUT: Duration = Duration::from_secs(20);
+
+fn info(rank: usize, world: usize, port: u16) -> RankInfo {
+    RankInfo {
+        rank,
+        world_size: world,
+        local_rank: rank,
+        local_world_size: world,
+        master_addr: "127.0.0.1".into(),
+        master_port: port,
+        launcher: "none",
+    }
+}
+
+/// Rank 0's store (and server) plus `world - 1` clients.
+fn job(world: usize) -> (TcpStore, Vec<TcpStore>) {
+    let server = TcpStore::connect(&info(0, world, 0), TIMEOUT).unwrap();
+    let port = server.port();
+    assert_ne!(port, 0);
+    let clients = (1..world)
+        .map(|r| TcpStore::connect(&info(r, world, port), TIMEOUT).unwrap())
+        .collect();
+    (server, clients)
+}
+
+#[test]
+fn set_get_add_across_ranks() {
+    let (rank0, others) = job(5);
+    let stores: Vec<Arc<TcpStore>> = std::iter::once(rank0).chain(others).map(Arc::new).collect();
+    let handles: Vec<_> = stores
+        .iter()
+        .cloned()
+        .enumerate()
+        .map(|(rank, s)| {
+            thread::spawn(move || {
+                s.set(&format!("addr/{rank}"), format!("host-{rank}").as_bytes())
+                    .unwrap();
+                let mut last = 0;
+                for _ in 0..10 {
+                    last = s.add("counter", 1).unwrap();
+                }
+                assert!(last >= 10);
+                barrier(&*s, "b1", rank, 5, TIMEOUT).unwrap();
+                // After the barrier everyone has set its address and added.
+                for peer in 0..5 {
+                    let v = s.get(&format!("addr/{peer}"), TIMEOUT).unwrap();
+                    assert_eq!(v, format!("host-{peer}").into_bytes());
+                }
+                assert_eq!(s.add("counter", 0).unwrap(), 50);
+                barrier(&*s, "b2", rank, 5, TIMEOUT).unwrap();
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().unwrap();
+    }
+    // Overwrite, empty and binary values.
+    stores[1].set("k", b"one").unwrap();
+    stores[2].set("k", &[0, 255, 10]).unwrap();
+    assert_eq!(stores[3].get("k", TIMEOUT).unwrap(), vec![0, 255, 10]);
+    stores[4].set("empty", b"").unwrap();
+    assert_eq!(stores[0].get("empty", TIMEOUT).unwrap(), Vec::<u8>::new());
+    assert_eq!(stores[0].add("neg", -3).unwrap(), -3);
+    // ADD on a value that is not a number is refused, not crashed on.
+    let e = stores[1].add("k", 1).unwrap_err().to_string();
+    assert!(e.contains("not an integer"), "{e}");
+    // The connection still works afterwards.
+    assert_eq!(stores[1].add("neg", 1).unwrap(), -2);
+}
+
+#[test]
+fn get_waits_for_a_later_set_without_blocking_others() {
+    let (rank0, mut others) = job(3);
+    let waiter = others.remove(0);
+    let setter = others.remove(0);
+    let start = Instant::now();
+    let t = thread::spawn(move || {
+        let v = waiter.get("late", TIMEOUT).unwrap();
+        (v, waiter)
+    });
+    thread::sleep(Duration::from_millis(200));
+    // While rank 1 waits, rank 0 and rank 2 are served.
+    rank0.set("other", b"x").unwrap();
+    assert_eq!(setter.get("other", TIMEOUT).unwrap(), b"x");
+    setter.set("late", b"here").unwrap();
+    let (v, _waiter) = t.join().unwrap();
+    assert_eq!(v, b"here");
+    assert!(start.elapsed() < TIMEOUT);
+}
+
+#[test]
+fn get_times_out_with_a_clear_error() {
+    let (_rank0, others) = job(2);
+    let start = Instant::now();
+    let e = others[0]
+        .get("never", Duration::from_millis(300))
+        .unwrap_err();
+    let elapsed = start.elapsed();
+    assert!(elapsed >= Duration::from_millis(300), "{elapsed:?}");
+    assert!(elapsed < Duration::from_secs(10), "{elapsed:?}");
+    assert!(matches!(e, CommError::Timeout { rank: 1, .. }), "{e:?}");
+    let text = e.to_string();
+    assert!(
+        text.starts_with("rank 1: store get: timed out after 300ms"),
+        "{text}"
+    );
+    assert!(text.contains("key \"never\""), "{text}");
+    assert!(text.contains("127.0.0.1:"), "{text}");
+    // The connection is still usable after a timeout.
+    others[0].set("after", b"1").unwrap();
+    assert_eq!(others[0].get("after", TIMEOUT).unwrap(), b"1");
+}
+
+#[test]
+fn dropping_rank_0_fails_clients_quickly() {
+    let (rank0, mut others) = job(3);
+    others[0].set("k", b"v").unwrap();
+    let waiter = others.remove(1);
+    let t = thread::spawn(move || {
+        let start = Instant::now();
+        let r = waiter.get("never", Duration::from_secs(60));
+        (r, start.elapsed())
+    });
+    thread::sleep(Duration::from_millis(200));
+    let start = Instant::now();
+    drop(rank0);
+    assert!(start.elapsed() < Duration::from_secs(10));
+    let (r, waited) = t.join().unwrap();
+    let e = r.unwrap_err();
+    assert!(waited < Duration::from_secs(20), "{waited:?}");
+    assert!(
+        matches!(
+            e,
+            CommError::PeerLost {
+                rank: 2,
+                peer: 0,
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    let start = Instant::now();
+    let e = others[0].get("k", Duration::from_secs(60)).unwrap_err();
+    assert!(start.elapsed() < Duration::from_secs(10));
+    assert!(
+        matches!(
+            e,
+            CommError::PeerLost {
+                rank: 1,
+                peer: 0,
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    assert!(
+        e.to_string().contains("rendezvous store at 127.0.0.1:"),
+        "{e}"
+    );
+    assert!(others[0].add("k", 1).is_err());
+}
+
+#[test]
+fn connecting_to_nothing_names_the_address() {
+    // A port that was free a moment ago.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let start = Instant::now();
+    let e = TcpStore::connect(&info(3, 4, port), Duration::from_millis(500)).unwrap_err();
+    assert!(start.elapsed() < Duration::from_secs(10));
+    let text = e.to_string();
+    assert!(
+        text.starts_with(&format!(
+            "rank 3: could not reach the rendezvous store at 127.0.0.1:{port} within 500ms: "
+        )),
+        "{text}"
+    );
+    assert!(text.contains("connection refused"), "{text}");
+}
+
+#[test]
+fn clients_may_start_before_rank_0() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let early = thread::spawn(move || TcpStore::connect(&info(1, 2, port), TIMEOUT));
+    thread::sleep(Duration::from_millis(300));
+    let rank0 = TcpStore::connect(&info(0, 2, port), TIMEOUT).unwrap();
+    assert_eq!(rank0.port(), port);
+    let client = early.join().unwrap().unwrap();
+    client.set("hello", b"world").unwrap();
+    assert_eq!(rank0.get("hello", TIMEOUT).unwrap(), b"world");
+}
+
+#[test]
+fn port_0_is_only_for_rank_0() {
+    let e = TcpStore::connect(&info(2, 4, 0), TIMEOUT).unwrap_err();
+    assert!(matches!(e, CommError::Usage(_)), "{e:?}");
+    assert!(e.to_string().contains("MASTER_PORT is 0"), "{e}");
+}
+
+#[test]
+fn barrier_times_out_naming_the_missing_ranks() {
+    let (rank0, _others) = job(3);
+    let e = barrier(&rank0, "lonely", 0, 3, Duration::from_millis(200)).unwrap_err();
+    let text = e.to_string();
+    assert!(text.contains("barrier"), "{text}");
+    assert!(text.contains("only 1 arrived"), "{text}");
+}
+
+#[test]
+fn something_else_on_the_port_is_reported() {
+    use std::io::Write;
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let t = thread::spawn(move || {
+        // Answer every connection with garbage.
+        listener.set_nonblocking(true).unwrap();
+        let end = Instant::now() + Duration::from_secs(2);
+        while Instant::now() < end {
+            if let Ok((mut s, _)) = listener.accept() {
+                let _ = s.write_all(b"HTTP/1.1 400\r\n");
+            }
+            thread::sleep(Duration::from_millis(5));
+        }
+    });
+    let e = TcpStore::connect(&info(1, 2, port), Duration::from_millis(300)).unwrap_err();
+    assert!(e.to_string().contains("does not speak"), "{e}");
+    t.join().unwrap();
+}
+
+/// Real processes: `launch` starts three copies of this test binary, each
+/// running only [`launched_rank`], which rendezvous through the store.
+#[test]
+fn processes_rendezvous_under_launch() {
+    use polychip_comm::launch::{LaunchOptions, launch};
+    let exe = std::env::current_exe().unwrap();
+    let mut opts = LaunchOptions::new(
+        3,
+        vec![
+            exe.to_string_lossy().into_owned(),
+            "launched_rank".into(),
+            "--exact".into(),
+            "--quiet".into(),
+            "--test-threads=1".into(),
+        ],
+    );
+    opts.grace = Duration::from_secs(2);
+    let outcome = launch(&opts).unwrap();
+    assert!(outcome.success(), "{outcome:?}");
+}
+
+/// One rank of [`processes_rendezvous_under_launch`]; does nothing when run
+/// by the ordinary test harness.
+#[test]
+fn launched_rank() {
+    if std::env::var("POLYCHIP_LAUNCHER").as_deref() != Ok("1") {
+        return;
+    }
+    let me = polychip_comm::env::from_env().unwrap();
+    assert_eq!(me.launcher, "polychip launch");
+    assert_eq!(me.world_size, 3);
+    let store = TcpStore::connect(&me, TIMEOUT).unwrap();
+    store
+        .set(
+            &format!("pid/{}", me.rank),
+            std::process::id().to_string().as_bytes(),
+        )
+        .unwrap();
+    barrier(&store, "up", me.rank, me.world_size, TIMEOUT).unwrap();
+    for peer in 0..me.world_size {
+        store.get(&format!("pid/{peer}"), TIMEOUT).unwrap();
+    }
+    assert!(store.add("sum", me.rank as i64 + 1).unwrap() > 0);
+    // Rank 0 serves the store: it leaves last.
+    barrier(&store, "done", me.rank, me.world_size, TIMEOUT).unwrap();
+    if me.rank == 0 {
+        assert_eq!(store.add("sum", 0).unwrap(), 6);
+        store.wait_for_others_to_leave(TIMEOUT).unwrap();
+    }
+}
+
+#[test]
+fn rank_0_waits_for_the_others_to_leave() {
+    let (rank0, mut others) = job(3);
+    let e = others[0]
+        .wait_for_others_to_leave(Duration::from_millis(10))
+        .unwrap_err();
+    assert!(matches!(e, CommError::Usage(_)), "{e:?}");
+    let e = rank0
+        .wait_for_others_to_leave(Duration::from_millis(200))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("2 other rank(s) still connected"), "{e}");
+    let last = others.pop().unwrap();
+    drop(others);
+    let t = thread::spawn(move || {
+        thread::sleep(Duration::from_millis(200));
+        last.set("bye", b"1").unwrap();
+        drop(last);
+    });
+    rank0.wait_for_others_to_leave(TIMEOUT).unwrap();
+    assert_eq!(rank0.get("bye", TIMEOUT).unwrap(), b"1");
+    t.join().unwrap();
+}
