@@ -1,5 +1,5 @@
 //! The RDMA verbs transport (InfiniBand / RoCE), behind the `verbs` cargo
-//! feature: [`VerbsTransport`] implements the one-sided
+//! feature: `VerbsTransport` implements the one-sided
 //! [`Transport`](crate::transport::Transport) with one reliable-connected
 //! queue pair per pair of ranks, RDMA WRITEs from registered staging memory
 //! and RDMA WRITE WITH IMMEDIATE for signals. [`rdma_availability`] is always
