@@ -5,6 +5,7 @@
 
 #![forbid(unsafe_code)]
 
+mod bench;
 mod conform;
 mod devices;
 mod launch;
@@ -29,6 +30,8 @@ enum Command {
     Conform(conform::Args),
     /// Start N local ranks of a command, like torchrun --standalone.
     Launch(launch::Args),
+    /// Benchmarks: `polychip bench comm` times the collectives.
+    Bench(bench::Args),
 }
 
 fn main() -> ExitCode {
@@ -38,5 +41,6 @@ fn main() -> ExitCode {
         Command::Devices(args) => devices::run(&args),
         Command::Conform(args) => conform::run(&args),
         Command::Launch(args) => launch::run(&args),
+        Command::Bench(args) => bench::run(&args),
     }
 }

@@ -6,11 +6,15 @@
 //!
 //! Work in progress: see the module list for what exists.
 
+pub mod bench;
+pub mod bootstrap;
 pub mod collectives;
+pub mod device;
 pub mod env;
 pub mod error;
 pub mod launch;
 pub mod shm;
+pub mod split;
 pub mod store;
 pub mod tcp;
 pub mod tcp_store;

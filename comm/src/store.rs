@@ -36,7 +36,10 @@ impl MemoryStore {
 
 impl Store for MemoryStore {
     fn set(&self, key: &str, value: &[u8]) -> Result<()> {
-        self.map.lock().unwrap_or_else(|e| e.into_inner()).insert(key.to_string(), value.to_vec());
+        self.map
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(key.to_string(), value.to_vec());
         self.changed.notify_all();
         Ok(())
     }
@@ -50,15 +53,27 @@ impl Store for MemoryStore {
             }
             let now = Instant::now();
             if now >= deadline {
-                return Err(CommError::Timeout { rank: 0, op: "store get".into(), after: timeout, waiting_for: format!("key {key:?}") });
+                return Err(CommError::Timeout {
+                    rank: 0,
+                    op: "store get".into(),
+                    after: timeout,
+                    waiting_for: format!("key {key:?}"),
+                });
             }
-            map = self.changed.wait_timeout(map, deadline - now).unwrap_or_else(|e| e.into_inner()).0;
+            map = self
+                .changed
+                .wait_timeout(map, deadline - now)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
         }
     }
 
     fn add(&self, key: &str, delta: i64) -> Result<i64> {
         let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
-        let old = map.get(key).and_then(|v| std::str::from_utf8(v).ok()?.parse::<i64>().ok()).unwrap_or(0);
+        let old = map
+            .get(key)
+            .and_then(|v| std::str::from_utf8(v).ok()?.parse::<i64>().ok())
+            .unwrap_or(0);
         let new = old + delta;
         map.insert(key.to_string(), new.to_string().into_bytes());
         drop(map);

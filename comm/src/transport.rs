@@ -36,7 +36,14 @@ pub trait Transport: Send + Sync {
     fn register(&self, len: usize) -> Result<(RegionId, *mut u8)>;
     /// Copies `data` into `peer`'s copy of `region` at `offset`, then adds one
     /// to `peer`'s counter `signal`. May return before the bytes arrive.
-    fn write(&self, peer: usize, region: RegionId, offset: usize, data: &[u8], signal: SignalId) -> Result<()>;
+    fn write(
+        &self,
+        peer: usize,
+        region: RegionId,
+        offset: usize,
+        data: &[u8],
+        signal: SignalId,
+    ) -> Result<()>;
     /// Waits until this rank's counter `signal` reaches at least `value`, or
     /// fails at `deadline` or when a peer is lost.
     fn wait(&self, signal: SignalId, value: u64, deadline: Instant) -> Result<()>;

@@ -66,6 +66,7 @@ pub struct Communicator {
     op: &'static str,
     deadline: Instant,
     scratch: Vec<u8>,
+    store: Option<Arc<dyn Store>>,
 }
 
 impl std::fmt::Debug for Communicator {
@@ -119,6 +120,7 @@ impl Communicator {
             op: "setup",
             deadline: Instant::now(),
             scratch: vec![0; HDR + channel::SMALL_WRITE],
+            store: None,
         })
     }
 
@@ -146,6 +148,22 @@ impl Communicator {
     /// The transport underneath.
     pub fn transport(&self) -> &Arc<dyn Transport> {
         &self.transport
+    }
+
+    /// Records the rendezvous store the ranks connected through, so that
+    /// [`Communicator::split`] can set up sub-communicators.
+    pub fn set_store(&mut self, store: Arc<dyn Store>) {
+        self.store = Some(store);
+    }
+
+    /// Why the communicator is unusable (after an error), if it is.
+    pub fn broken(&self) -> Option<&str> {
+        self.broken.as_deref()
+    }
+
+    /// The rendezvous store recorded with [`Communicator::set_store`].
+    pub fn store(&self) -> Option<&Arc<dyn Store>> {
+        self.store.as_ref()
     }
 
     /// Sets the deadline of every later operation.
@@ -212,6 +230,30 @@ impl Communicator {
     }
 
     fn fail(&mut self, e: CommError) -> CommError {
+        // Name the collective too when the transport's step failed.
+        let within = |op: String| match op == self.op {
+            true => op,
+            false => format!("{}: {op}", self.op),
+        };
+        let e = match e {
+            CommError::PeerLost {
+                rank,
+                op,
+                peer,
+                why,
+            } => CommError::PeerLost {
+                rank,
+                op: within(op),
+                peer,
+                why,
+            },
+            CommError::Io { rank, op, message } => CommError::Io {
+                rank,
+                op: within(op),
+                message,
+            },
+            e => e,
+        };
         self.broken = Some(e.to_string());
         e
     }

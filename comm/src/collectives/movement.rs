@@ -42,7 +42,7 @@ impl Communicator {
         recv: &mut [u8],
     ) -> Result<()> {
         let (me, view, b) = (self.rank, self.view, h.count);
-        let (seg, pieces) = Self::split(b, None);
+        let (seg, pieces) = Self::segments(b, None);
         recv[me * b..(me + 1) * b].copy_from_slice(part(me));
         for p in 0..=pieces {
             if p < pieces {
@@ -65,7 +65,7 @@ impl Communicator {
     /// Copies `root`'s `buf` into every rank's `buf`.
     pub fn broadcast(&mut self, buf: &mut [u8], root: usize) -> Result<()> {
         let h = self.begin("broadcast", None, None, root, buf.len(), true)?;
-        let (seg, pieces) = Self::split(buf.len(), None);
+        let (seg, pieces) = Self::segments(buf.len(), None);
         let view = self.view;
         for p in 0..pieces {
             let r = piece(buf.len(), seg, p);
@@ -90,7 +90,7 @@ impl Communicator {
         if peer == self.rank {
             return Err(self.usage("send to self".into()));
         }
-        let (seg, pieces) = Self::split(buf.len(), None);
+        let (seg, pieces) = Self::segments(buf.len(), None);
         (0..pieces).try_for_each(|p| self.put(1, peer, &h, &buf[piece(buf.len(), seg, p)]))
     }
 
@@ -100,7 +100,7 @@ impl Communicator {
         if peer == self.rank || peer >= self.world {
             return Err(self.usage(format!("recv from rank {peer}")));
         }
-        let (seg, pieces) = Self::split(buf.len(), None);
+        let (seg, pieces) = Self::segments(buf.len(), None);
         let view = self.view;
         for p in 0..pieces {
             let r = piece(buf.len(), seg, p);

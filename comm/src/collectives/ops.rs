@@ -39,7 +39,7 @@ impl Communicator {
     }
 
     /// Pieces of `count` elements: (elements per piece, number of pieces >= 1).
-    pub(super) fn split(count: usize, dtype: Option<DType>) -> (usize, usize) {
+    pub(super) fn segments(count: usize, dtype: Option<DType>) -> (usize, usize) {
         let seg = SLOT / dtype.map_or(1, DType::size);
         (seg, count.div_ceil(seg).max(1))
     }
@@ -148,7 +148,7 @@ impl Communicator {
         }
         let h = self.begin("reduce_scatter", Some(dtype), Some(op), 0, count, true)?;
         let (me, n, es, view) = (self.rank, self.world, dtype.size(), self.view);
-        let (seg, pieces) = Self::split(count, Some(dtype));
+        let (seg, pieces) = Self::segments(count, Some(dtype));
         let rl = recv.len();
         let block = |j: usize, p: usize| {
             let r = bytes(piece(count, seg, p), es);
@@ -192,7 +192,7 @@ impl Communicator {
         let count = self.count(buf.len(), Some(dtype), "reduce")?;
         let h = self.begin("reduce", Some(dtype), Some(op), root, count, true)?;
         let (me, n, es, view) = (self.rank, self.world, dtype.size(), self.view);
-        let (seg, pieces) = Self::split(count, Some(dtype));
+        let (seg, pieces) = Self::segments(count, Some(dtype));
         let mut inputs: [&[u8]; super::MAX_WORLD] = [&[]; super::MAX_WORLD];
         for p in 0..pieces {
             let r = bytes(piece(count, seg, p), es);

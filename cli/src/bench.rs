@@ -1,0 +1,215 @@
+//! `polychip bench comm [--ops LIST] [--sizes LIST] [--transport shm|tcp|auto]
+//! [--dtype f32] [-n N]`: times the collectives of `polychip-comm` and prints
+//! nccl-tests columns (see `polychip_comm::bench`). Run outside a launcher
+//! (no `RANK`, `OMPI_COMM_WORLD_RANK` or `SLURM_PROCID`), it starts itself as
+//! `-n` ranks (default `POLYCHIP_BENCH_RANKS`, else 2) through the
+//! `polychip launch` library, with `POLYCHIP_TRANSPORT` set when
+//! `--transport` is given; rank 0 writes the table to a file that this
+//! process prints, so the table comes without the launcher's `[rank 0] `
+//! prefix. Inside a launcher each process is one rank: it starts the job
+//! with `polychip_comm::bootstrap` (store, transport choice, clean
+//! shutdown), runs the benchmark, and rank 0 prints the table.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use clap::Subcommand;
+use polychip_comm::CommError;
+use polychip_comm::bench::{self, BenchOptions};
+use polychip_comm::bootstrap::{self, InitOptions, TransportKind};
+use polychip_comm::launch::{LaunchOptions, launch};
+
+/// Options of `polychip bench`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    #[command(subcommand)]
+    what: What,
+}
+
+#[derive(Debug, Subcommand)]
+enum What {
+    /// Time the collectives (all-reduce, all-gather, ...) across local ranks.
+    Comm(CommArgs),
+}
+
+/// Options of `polychip bench comm`.
+#[derive(Debug, clap::Args)]
+struct CommArgs {
+    /// Operations, comma-separated: all_reduce, all_gather, reduce_scatter,
+    /// broadcast, reduce, all_to_all, sendrecv, barrier, or `all`.
+    #[arg(long, value_name = "LIST", default_value = "all")]
+    ops: String,
+    /// Buffer sizes, comma-separated, in bytes or with K, M, G (default
+    /// 4K,64K,1M,16M,64M).
+    #[arg(long, value_name = "LIST")]
+    sizes: Option<String>,
+    /// The transport: shm (one machine), tcp, verbs (RDMA) or auto (shm when
+    /// every rank is on this machine). Default: `POLYCHIP_TRANSPORT`, else auto.
+    #[arg(long, value_name = "KIND")]
+    transport: Option<String>,
+    /// Element type: f32, bf16, f16, i32 or i64.
+    #[arg(long, value_name = "TYPE", default_value = "f32")]
+    dtype: String,
+    /// Ranks to start when not already inside a launcher (default
+    /// `POLYCHIP_BENCH_RANKS`, else 2).
+    #[arg(short = 'n', long = "nproc", value_name = "N")]
+    nproc: Option<usize>,
+    /// Timed iterations per row (default about 2e9 / bytes, 20..=20000).
+    #[arg(long, value_name = "N")]
+    iters: Option<usize>,
+    /// Where rank 0 writes the table instead of stdout (used when this
+    /// command launches itself).
+    #[arg(long, value_name = "PATH", hide = true)]
+    table_out: Option<PathBuf>,
+}
+
+/// Runs `polychip bench`.
+pub fn run(args: &Args) -> ExitCode {
+    let What::Comm(args) = &args.what;
+    let result = match inside_launcher() {
+        true => rank(args),
+        false => relaunch(args),
+    };
+    match result {
+        Ok(code) => code,
+        Err(CommError::Usage(message)) => {
+            eprintln!("polychip bench comm: {message}");
+            ExitCode::from(2)
+        }
+        Err(e) => {
+            eprintln!("polychip bench comm: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn inside_launcher() -> bool {
+    ["RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID"]
+        .iter()
+        .any(|v| std::env::var(v).is_ok_and(|s| !s.trim().is_empty()))
+}
+
+fn options(args: &CommArgs) -> polychip_comm::Result<BenchOptions> {
+    let mut options = BenchOptions {
+        ops: bench::parse_ops(&args.ops)?,
+        dtype: bench::parse_dtype(&args.dtype)?,
+        iters: args.iters,
+        ..BenchOptions::default()
+    };
+    if let Some(sizes) = &args.sizes {
+        options.sizes = bench::parse_sizes(sizes)?;
+    }
+    Ok(options)
+}
+
+fn transport_kind(args: &CommArgs) -> polychip_comm::Result<String> {
+    let kind = args
+        .transport
+        .clone()
+        .or_else(|| std::env::var("POLYCHIP_TRANSPORT").ok())
+        .unwrap_or_else(|| "auto".into())
+        .trim()
+        .to_ascii_lowercase();
+    match kind.as_str() {
+        "shm" | "tcp" | "verbs" | "auto" => Ok(kind),
+        _ => Err(CommError::Usage(format!(
+            "unknown transport {kind:?}: expected shm, tcp, verbs or auto"
+        ))),
+    }
+}
+
+/// Starts this command again as the ranks of a local job and prints the
+/// table rank 0 leaves in a file.
+fn relaunch(args: &CommArgs) -> polychip_comm::Result<ExitCode> {
+    // Check the options here, so that mistakes are reported once.
+    options(args)?;
+    let kind = transport_kind(args)?;
+    let nproc = match args.nproc {
+        Some(n) => n,
+        None => match std::env::var("POLYCHIP_BENCH_RANKS") {
+            Ok(s) => s.trim().parse().map_err(|_| {
+                CommError::Usage(format!("POLYCHIP_BENCH_RANKS={s:?} is not a number"))
+            })?,
+            Err(_) => 2,
+        },
+    };
+    let exe = std::env::current_exe().map_err(|e| CommError::Io {
+        rank: 0,
+        op: "bench".into(),
+        message: format!("cannot find the polychip executable: {e}"),
+    })?;
+    let table = std::env::temp_dir().join(format!(
+        "polychip-bench-comm-{}-{}.txt",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos())
+    ));
+    // `env` passes the transport choice on: the launcher copies this
+    // process's environment, which safe code cannot change.
+    let mut command = vec!["env".to_string(), format!("POLYCHIP_TRANSPORT={kind}")];
+    // The TCP transport warns that a peer is "lost" when the peer closes
+    // first at the end of the job, which every run does; real failures
+    // still end the run with an error.
+    if std::env::var_os("POLYCHIP_LOG").is_none() {
+        command.push("POLYCHIP_LOG=warn,polychip_comm::tcp::state=error".into());
+    }
+    command.push(exe.display().to_string());
+    command.extend(std::env::args().skip(1));
+    command.push("--table-out".into());
+    command.push(table.display().to_string());
+    let outcome = launch(&LaunchOptions::new(nproc, command));
+    let printed = print_table(&table);
+    let _ = std::fs::remove_file(&table);
+    let outcome = outcome?;
+    if !outcome.success() {
+        eprintln!("polychip bench comm: {}", outcome.description);
+        let code = u8::try_from(outcome.exit_code)
+            .ok()
+            .filter(|&c| c != 0)
+            .unwrap_or(1);
+        return Ok(ExitCode::from(code));
+    }
+    printed.map_err(|e| CommError::Io {
+        rank: 0,
+        op: "bench".into(),
+        message: format!("rank 0 left no table in {}: {e}", table.display()),
+    })?;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn print_table(path: &Path) -> std::io::Result<()> {
+    let text = std::fs::read_to_string(path)?;
+    print!("{text}");
+    Ok(())
+}
+
+/// One rank of the job: connect, time, and (rank 0) report.
+fn rank(args: &CommArgs) -> polychip_comm::Result<ExitCode> {
+    let options = options(args)?;
+    let mut init = InitOptions::from_env()?;
+    if args.transport.is_some() {
+        init.transport = TransportKind::parse(&transport_kind(args)?)?;
+    }
+    let mut job = bootstrap::init_with(polychip_comm::env::from_env()?, init)?;
+    let (rank, world) = (job.info().rank, job.info().world_size);
+    let transport = job.transport_choice().0.name();
+    let rows = bench::run(&mut job, &options)?;
+    if rank == 0 {
+        let text = format!(
+            "# polychip bench comm: {world} ranks, transport {transport}, redop sum\n{}",
+            bench::format_table(&rows)
+        );
+        match &args.table_out {
+            Some(path) => std::fs::write(path, text).map_err(|e| CommError::Io {
+                rank,
+                op: "bench".into(),
+                message: format!("cannot write {}: {e}", path.display()),
+            })?,
+            None => print!("{text}"),
+        }
+    }
+    // A final store barrier, then the transport closes (see `bootstrap`).
+    job.finish()?;
+    Ok(ExitCode::SUCCESS)
+}

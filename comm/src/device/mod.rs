@@ -1,0 +1,332 @@
+//! Collectives on device tensors of any vendor's plugin (see DESIGN.md,
+//! "Communication"). A [`DeviceComm`] borrows a host [`Communicator`] and
+//! owns a [`StagingPool`]; each tensor argument takes one of two paths,
+//! chosen from its device's properties:
+//!
+//! - [`Path::DeviceDirect`] when the plugin reports host-visible memory: the
+//!   collective reads and writes the device memory in place through a host
+//!   slice; no plugin copy at all. (`rdma_exportable` alone does not qualify:
+//!   the transports here register their own regions.)
+//! - [`Path::Staged`] otherwise (CPU-mediated): the plugin's `memcpy_d2h`
+//!   copies into pooled, page-aligned, pre-faulted host buffers, the host
+//!   collective runs there, and `memcpy_h2d` copies the result back,
+//!   overlapped chunk by chunk for large tensors (see `pipeline.rs`).
+//!
+//! Ranks of one call may take different paths (a Ferrite rank device-direct,
+//! a Cobalt rank staged): every rank issues the same host collectives, one
+//! per chunk of [`DeviceComm::chunk_bytes`], which must therefore be equal
+//! on every rank (the default is). Tensors must be compact; while a call
+//! runs, no device work or other thread may use their memory (synchronize
+//! the streams that produce them first).
+
+mod pipeline;
+mod staging;
+
+use polychip_host::{Device, Tensor};
+
+pub use pipeline::DEPTH;
+pub use staging::StagingPool;
+
+use crate::collectives::{Communicator, DType, ReduceOp};
+use crate::error::{CommError, Result};
+use pipeline::{Chunked, Ctx, overlap};
+
+/// Default bytes per chunk of a chunkable call.
+pub const CHUNK: usize = 4 << 20;
+
+/// How a tensor's bytes reach the host collective.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Path {
+    /// In place, through host-visible device memory.
+    DeviceDirect,
+    /// Copied through host staging buffers by the plugin.
+    Staged,
+}
+
+impl Path {
+    /// The path tensors on `device` take.
+    pub fn of(device: &Device) -> Path {
+        if device.props().host_visible {
+            Path::DeviceDirect
+        } else {
+            Path::Staged
+        }
+    }
+}
+
+/// The communication dtype of a device dtype (F32, F16, BF16, I32, I64).
+pub fn comm_dtype(dtype: polychip_host::DType) -> Result<DType> {
+    use polychip_host::DType as H;
+    match dtype {
+        H::F32 => Ok(DType::F32),
+        H::F16 => Ok(DType::F16),
+        H::BF16 => Ok(DType::BF16),
+        H::I32 => Ok(DType::I32),
+        H::I64 => Ok(DType::I64),
+        other => Err(CommError::Usage(format!(
+            "collectives do not reduce {other} tensors (f32, f16, bf16, i32, i64 only)"
+        ))),
+    }
+}
+
+/// Collectives on device tensors over a borrowed [`Communicator`].
+pub struct DeviceComm<'c> {
+    comm: &'c mut Communicator,
+    pool: StagingPool,
+    chunk: usize,
+    last: Option<Path>,
+}
+
+impl std::fmt::Debug for DeviceComm<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (c, p, l) = (&self.comm, &self.pool, self.last);
+        write!(
+            f,
+            "DeviceComm {{ {c:?}, {p:?}, chunk {}, last {l:?} }}",
+            self.chunk
+        )
+    }
+}
+
+impl<'c> DeviceComm<'c> {
+    /// Device collectives over `comm`, with an empty staging pool.
+    pub fn new(comm: &'c mut Communicator) -> DeviceComm<'c> {
+        DeviceComm::with_pool(comm, StagingPool::new())
+    }
+
+    /// Device collectives over `comm`, reusing `pool` (see [`Self::into_pool`]).
+    pub fn with_pool(comm: &'c mut Communicator, pool: StagingPool) -> DeviceComm<'c> {
+        DeviceComm {
+            comm,
+            pool,
+            chunk: CHUNK,
+            last: None,
+        }
+    }
+
+    /// Gives the staging pool back, to keep it across borrows of the communicator.
+    pub fn into_pool(self) -> StagingPool {
+        self.pool
+    }
+
+    /// The host communicator.
+    pub fn comm(&mut self) -> &mut Communicator {
+        self.comm
+    }
+
+    /// The staging pool.
+    pub fn pool(&self) -> &StagingPool {
+        &self.pool
+    }
+
+    /// Sets the chunk size (rounded up to a multiple of 8 bytes). Every rank
+    /// must use the same value.
+    pub fn set_chunk_bytes(&mut self, bytes: usize) {
+        self.chunk = bytes.max(1).next_multiple_of(8);
+    }
+
+    /// Bytes per chunk of a chunkable call.
+    pub fn chunk_bytes(&self) -> usize {
+        self.chunk
+    }
+
+    /// The path of the last call: [`Path::Staged`] when any of its tensors
+    /// was staged. `None` before the first call.
+    pub fn last_path(&self) -> Option<Path> {
+        self.last
+    }
+
+    fn ctx(&self, op: &'static str) -> Ctx {
+        Ctx {
+            rank: self.comm.rank(),
+            op,
+        }
+    }
+
+    /// Checks `t` is compact and inside its buffer; returns its byte length.
+    fn check(&self, op: &str, t: &Tensor) -> Result<usize> {
+        let rank = self.comm.rank();
+        if !t.is_compact() {
+            return Err(CommError::Usage(format!(
+                "rank {rank}: {op}: the tensor on {} of shape {:?} with strides {:?} is not compact",
+                t.device(),
+                t.shape(),
+                t.strides()
+            )));
+        }
+        let bytes = t.numel() * t.dtype().size();
+        if t.byte_offset() + bytes as u64 > t.buffer().len() {
+            return Err(CommError::Usage(format!(
+                "rank {rank}: {op}: a {bytes}-byte tensor at offset {} passes the end of its {}-byte buffer",
+                t.byte_offset(),
+                t.buffer().len()
+            )));
+        }
+        Ok(bytes)
+    }
+
+    fn record(&mut self, tensors: &[&Tensor]) {
+        let staged = tensors.iter().any(|t| Path::of(t.device()) == Path::Staged);
+        self.last = Some(if staged {
+            Path::Staged
+        } else {
+            Path::DeviceDirect
+        });
+    }
+
+    fn distinct(&self, op: &str, a: (&Tensor, usize), b: (&Tensor, usize)) -> Result<()> {
+        if overlap(a.0, a.1, b.0, b.1) {
+            return Err(CommError::Usage(format!(
+                "rank {}: {op}: the send and receive tensors share memory",
+                self.comm.rank()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Reduces `t` across ranks in place.
+    pub fn all_reduce(&mut self, t: &Tensor, op: ReduceOp) -> Result<()> {
+        let (bytes, dtype) = (self.check("all_reduce", t)?, comm_dtype(t.dtype())?);
+        self.record(&[t]);
+        let args = Chunked {
+            src: None,
+            dst: Some(t),
+            load: true,
+            bytes,
+        };
+        let mut f = |c: &mut Communicator, _: Option<&[u8]>, d: Option<&mut [u8]>| {
+            c.all_reduce(d.expect("dst"), dtype, op)
+        };
+        self.chunked(self.ctx("all_reduce"), args, &mut f)
+    }
+
+    /// Reduces every rank's `send` into every rank's `recv` (same dtype and
+    /// size; the same tensor twice means in place).
+    pub fn all_reduce_into(&mut self, send: &Tensor, recv: &Tensor, op: ReduceOp) -> Result<()> {
+        let sb = self.check("all_reduce", send)?;
+        let (rb, dtype) = (self.check("all_reduce", recv)?, comm_dtype(recv.dtype())?);
+        if send.dtype() != recv.dtype() || sb != rb {
+            return Err(CommError::Usage(format!(
+                "rank {}: all_reduce: send is {} {:?}, recv {} {:?}",
+                self.comm.rank(),
+                send.dtype(),
+                send.shape(),
+                recv.dtype(),
+                recv.shape()
+            )));
+        }
+        if std::sync::Arc::ptr_eq(send.buffer(), recv.buffer())
+            && send.byte_offset() == recv.byte_offset()
+        {
+            return self.all_reduce(recv, op);
+        }
+        self.distinct("all_reduce", (send, sb), (recv, rb))?;
+        self.record(&[send, recv]);
+        let args = Chunked {
+            src: Some(send),
+            dst: Some(recv),
+            load: false,
+            bytes: rb,
+        };
+        let mut f = |c: &mut Communicator, s: Option<&[u8]>, d: Option<&mut [u8]>| {
+            c.all_reduce_into(s.expect("src"), d.expect("dst"), dtype, op)
+        };
+        self.chunked(self.ctx("all_reduce"), args, &mut f)
+    }
+
+    /// Concatenates every rank's `send` into `recv` (world times as many
+    /// elements, in rank order).
+    pub fn all_gather(&mut self, send: &Tensor, recv: &Tensor) -> Result<()> {
+        let (sb, rb) = (
+            self.check("all_gather", send)?,
+            self.check("all_gather", recv)?,
+        );
+        self.same_dtype("all_gather", send, recv)?;
+        self.distinct("all_gather", (send, sb), (recv, rb))?;
+        self.record(&[send, recv]);
+        self.whole(self.ctx("all_gather"), (send, sb), (recv, rb), |c, s, d| {
+            c.all_gather(s, d)
+        })
+    }
+
+    /// Reduces every rank's `send` (world blocks) and leaves block `rank`
+    /// of the result in `recv`.
+    pub fn reduce_scatter(&mut self, send: &Tensor, recv: &Tensor, op: ReduceOp) -> Result<()> {
+        let (sb, rb) = (
+            self.check("reduce_scatter", send)?,
+            self.check("reduce_scatter", recv)?,
+        );
+        self.same_dtype("reduce_scatter", send, recv)?;
+        let dtype = comm_dtype(recv.dtype())?;
+        self.distinct("reduce_scatter", (send, sb), (recv, rb))?;
+        self.record(&[send, recv]);
+        self.whole(
+            self.ctx("reduce_scatter"),
+            (send, sb),
+            (recv, rb),
+            |c, s, d| c.reduce_scatter(s, d, dtype, op),
+        )
+    }
+
+    fn same_dtype(&self, op: &str, a: &Tensor, b: &Tensor) -> Result<()> {
+        if a.dtype() != b.dtype() {
+            return Err(CommError::Usage(format!(
+                "rank {}: {op}: send is {}, recv {}",
+                self.comm.rank(),
+                a.dtype(),
+                b.dtype()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Copies `root`'s `t` into every rank's `t`.
+    pub fn broadcast(&mut self, t: &Tensor, root: usize) -> Result<()> {
+        let bytes = self.check("broadcast", t)?;
+        self.record(&[t]);
+        let load = self.comm.rank() == root;
+        let args = Chunked {
+            src: None,
+            dst: Some(t),
+            load,
+            bytes,
+        };
+        let mut f = |c: &mut Communicator, _: Option<&[u8]>, d: Option<&mut [u8]>| {
+            c.broadcast(d.expect("dst"), root)
+        };
+        self.chunked(self.ctx("broadcast"), args, &mut f)
+    }
+
+    /// Sends `t` to `peer`, which calls [`DeviceComm::recv`] with a tensor of
+    /// the same byte size.
+    pub fn send(&mut self, t: &Tensor, peer: usize) -> Result<()> {
+        let bytes = self.check("send", t)?;
+        self.record(&[t]);
+        let args = Chunked {
+            src: Some(t),
+            dst: None,
+            load: false,
+            bytes,
+        };
+        let mut f = |c: &mut Communicator, s: Option<&[u8]>, _: Option<&mut [u8]>| {
+            c.send(s.expect("src"), peer)
+        };
+        self.chunked(self.ctx("send"), args, &mut f)
+    }
+
+    /// Receives into `t` what `peer` sent with [`DeviceComm::send`].
+    pub fn recv(&mut self, t: &Tensor, peer: usize) -> Result<()> {
+        let bytes = self.check("recv", t)?;
+        self.record(&[t]);
+        let args = Chunked {
+            src: None,
+            dst: Some(t),
+            load: false,
+            bytes,
+        };
+        let mut f = |c: &mut Communicator, _: Option<&[u8]>, d: Option<&mut [u8]>| {
+            c.recv(d.expect("dst"), peer)
+        };
+        self.chunked(self.ctx("recv"), args, &mut f)
+    }
+}

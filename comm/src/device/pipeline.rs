@@ -1,0 +1,308 @@
+//! How one call moves its tensors: device-direct tensors become host slices
+//! over their (host-visible) device memory; staged tensors are copied
+//! through the [`StagingPool`] with their plugin's `memcpy_d2h` /
+//! `memcpy_h2d` on the default stream (complete when the copy returns).
+//!
+//! Chunkable operations (all-reduce, broadcast, send/recv) run as one host
+//! collective per chunk of [`DeviceComm::chunk_bytes`] on every rank,
+//! whatever its path, so the ranks' call sequences always agree. When a
+//! tensor is staged and there is more than one chunk, a loader thread copies
+//! chunk `k + 1` device-to-host and a storer thread copies chunk `k - 1`
+//! host-to-device while this thread runs the collective on chunk `k`; the
+//! chunks circulate through [`DEPTH`] staging slots.
+
+use std::ffi::c_void;
+use std::ops::Range;
+use std::sync::mpsc;
+use std::thread;
+
+use polychip_host::{HostError, Tensor};
+
+use super::{DeviceComm, Path, StagingPool};
+use crate::collectives::Communicator;
+use crate::error::{CommError, Result};
+
+/// Staging slots in flight in a pipelined call.
+pub const DEPTH: usize = 4;
+
+/// A staging slot: (source half, destination half).
+type Slot<'p> = (&'p mut [u8], &'p mut [u8]);
+
+/// The rank and operation that errors name.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Ctx {
+    pub rank: usize,
+    pub op: &'static str,
+}
+
+impl Ctx {
+    fn host(self, what: &str, e: HostError) -> CommError {
+        CommError::Io {
+            rank: self.rank,
+            op: format!("{} ({what})", self.op),
+            message: e.to_string(),
+        }
+    }
+}
+
+fn addr(t: &Tensor, at: usize) -> *mut c_void {
+    let start = t.byte_offset() as usize + at;
+    t.buffer().ptr().cast::<u8>().wrapping_add(start).cast()
+}
+
+/// Copies bytes `at..at + out.len()` of compact tensor `t` to `out`.
+fn d2h(ctx: Ctx, t: &Tensor, at: usize, out: &mut [u8]) -> Result<()> {
+    if out.is_empty() {
+        return Ok(());
+    }
+    let d = t.device();
+    // SAFETY: callers pass ranges inside the tensor's extent, which
+    // `DeviceComm::check` verified lies inside its live buffer; `out` is
+    // writable for its length; the default stream completes the copy
+    // before the call returns, so `out` outlives it.
+    unsafe {
+        let dst = out.as_mut_ptr().cast();
+        let n = out.len() as u64;
+        d.plugin()
+            .memcpy("memcpy_d2h", d.index(), None, dst, addr(t, at), n)
+    }
+    .map_err(|e| ctx.host("device-to-host staging copy", e))
+}
+
+/// Copies `data` to bytes `at..at + data.len()` of compact tensor `t`.
+fn h2d(ctx: Ctx, t: &Tensor, at: usize, data: &[u8]) -> Result<()> {
+    if data.is_empty() {
+        return Ok(());
+    }
+    let d = t.device();
+    // SAFETY: as in `d2h`, with `data` readable.
+    unsafe {
+        let src = data.as_ptr().cast();
+        let n = data.len() as u64;
+        d.plugin()
+            .memcpy("memcpy_h2d", d.index(), None, addr(t, at), src, n)
+    }
+    .map_err(|e| ctx.host("host-to-device staging copy", e))
+}
+
+/// The first `bytes` bytes of `t`'s elements, as host memory.
+///
+/// # Safety
+/// `t` is on a host-visible device and compact, `bytes` does not pass the
+/// end of its buffer, and while the slice lives nothing else (another
+/// argument of the call, device work, another thread) uses that memory.
+#[expect(
+    clippy::mut_from_ref,
+    reason = "the memory is the device's, not the Tensor handle's; exclusive use is the caller's contract"
+)]
+pub(super) unsafe fn host_slice(t: &Tensor, bytes: usize) -> &mut [u8] {
+    if bytes == 0 {
+        return &mut [];
+    }
+    // SAFETY: the caller's contract: host-visible memory of `bytes` bytes
+    // inside a live allocation that `t` keeps alive, used by nothing else.
+    unsafe { std::slice::from_raw_parts_mut(addr(t, 0).cast(), bytes) }
+}
+
+fn staged(t: Option<&Tensor>) -> Option<&Tensor> {
+    t.filter(|t| Path::of(t.device()) == Path::Staged)
+}
+
+/// One chunkable call: `src` is read, `dst` written (and read first when
+/// `load`), both `bytes` long; `op` runs the host collective on a chunk.
+pub(super) struct Chunked<'t> {
+    pub src: Option<&'t Tensor>,
+    pub dst: Option<&'t Tensor>,
+    pub load: bool,
+    pub bytes: usize,
+}
+
+type ChunkOp<'o> =
+    dyn FnMut(&mut Communicator, Option<&[u8]>, Option<&mut [u8]>) -> Result<()> + 'o;
+
+impl DeviceComm<'_> {
+    /// Runs a chunkable call (see the module documentation).
+    pub(super) fn chunked(&mut self, ctx: Ctx, a: Chunked<'_>, op: &mut ChunkOp<'_>) -> Result<()> {
+        let (bytes, chunk) = (a.bytes, self.chunk);
+        let chunks = bytes.div_ceil(chunk).max(1);
+        let range = move |k: usize| (k * chunk).min(bytes)..((k + 1) * chunk).min(bytes);
+        let (src_st, dst_st) = (staged(a.src), staged(a.dst));
+        // SAFETY: `check` verified compactness and extent; the callers
+        // reject overlapping arguments; the API documents that the tensors
+        // are not in use elsewhere during the call.
+        let src_host = a
+            .src
+            .filter(|_| src_st.is_none())
+            .map(|t| &*unsafe { host_slice(t, bytes) });
+        // SAFETY: as above.
+        let mut dst_host = a
+            .dst
+            .filter(|_| dst_st.is_none())
+            .map(|t| unsafe { host_slice(t, bytes) });
+        let comm = &mut *self.comm;
+        if src_st.is_none() && dst_st.is_none() {
+            for k in 0..chunks {
+                let d = dst_host.as_deref_mut().map(|d| &mut d[range(k)]);
+                op(comm, src_host.map(|s| &s[range(k)]), d)?;
+            }
+            return Ok(());
+        }
+        let load = move |k: usize, slot: &mut Slot<'_>| -> Result<()> {
+            let r = range(k);
+            if let Some(t) = src_st {
+                d2h(ctx, t, r.start, &mut slot.0[..r.len()])?;
+            }
+            match dst_st {
+                Some(t) if a.load => d2h(ctx, t, r.start, &mut slot.1[..r.len()]),
+                _ => Ok(()),
+            }
+        };
+        let store = move |k: usize, slot: &Slot<'_>| -> Result<()> {
+            let r = range(k);
+            dst_st.map_or(Ok(()), |t| h2d(ctx, t, r.start, &slot.1[..r.len()]))
+        };
+        let mut run = |k: usize, slot: &mut Slot<'_>| -> Result<()> {
+            let r = range(k);
+            let s = match src_st {
+                Some(_) => Some(&slot.0[..r.len()]),
+                None => src_host.map(|s| &s[r.clone()]),
+            };
+            let d = match dst_st {
+                Some(_) => Some(&mut slot.1[..r.len()]),
+                None => dst_host.as_deref_mut().map(|d| &mut d[r.clone()]),
+            };
+            op(comm, s, d)
+        };
+        let slots = slots(
+            &mut self.pool,
+            chunks.min(DEPTH),
+            bytes.min(chunk),
+            src_st.is_some(),
+            dst_st.is_some(),
+        );
+        if chunks == 1 {
+            let mut slot = slots.into_iter().next().expect("one slot");
+            load(0, &mut slot)?;
+            run(0, &mut slot)?;
+            return store(0, &slot);
+        }
+        pipeline(ctx, chunks, slots, load, &mut run, store)
+    }
+
+    /// Runs a call that is not chunked (all-gather, reduce-scatter): `src`
+    /// (`sb` bytes) is read and `dst` (`db` bytes) written, each staged whole
+    /// when its device is not host-visible.
+    pub(super) fn whole(
+        &mut self,
+        ctx: Ctx,
+        (src, sb): (&Tensor, usize),
+        (dst, db): (&Tensor, usize),
+        op: impl FnOnce(&mut Communicator, &[u8], &mut [u8]) -> Result<()>,
+    ) -> Result<()> {
+        let (src_st, dst_st) = (staged(Some(src)).is_some(), staged(Some(dst)).is_some());
+        let mut bufs = self
+            .pool
+            .take(&[if src_st { sb } else { 0 }, if dst_st { db } else { 0 }]);
+        let (b1, b0) = (bufs.pop().expect("two"), bufs.pop().expect("two"));
+        let s: &[u8] = if src_st {
+            d2h(ctx, src, 0, b0)?;
+            b0
+        } else {
+            // SAFETY: `check` verified compactness and extent; the caller
+            // rejected overlap with `dst`; the API documents exclusive use.
+            unsafe { host_slice(src, sb) }
+        };
+        let d: &mut [u8] = if dst_st {
+            b1
+        } else {
+            // SAFETY: as above.
+            unsafe { host_slice(dst, db) }
+        };
+        op(self.comm, s, d)?;
+        if dst_st { h2d(ctx, dst, 0, d) } else { Ok(()) }
+    }
+}
+
+/// `n` staging slots of `len` bytes per staged half.
+fn slots(pool: &mut StagingPool, n: usize, len: usize, src: bool, dst: bool) -> Vec<Slot<'_>> {
+    let sizes: Vec<usize> = (0..2 * n)
+        .map(|i| {
+            if (i % 2 == 0 && src) || (i % 2 == 1 && dst) {
+                len
+            } else {
+                0
+            }
+        })
+        .collect();
+    let mut bufs = pool.take(&sizes).into_iter();
+    (0..n)
+        .map(|_| (bufs.next().expect("2n"), bufs.next().expect("2n")))
+        .collect()
+}
+
+/// The overlapped loop: loader thread, this thread, storer thread.
+fn pipeline<'p>(
+    ctx: Ctx,
+    chunks: usize,
+    slots: Vec<Slot<'p>>,
+    load: impl Fn(usize, &mut Slot<'p>) -> Result<()> + Send,
+    run: &mut dyn FnMut(usize, &mut Slot<'p>) -> Result<()>,
+    store: impl Fn(usize, &Slot<'p>) -> Result<()> + Send,
+) -> Result<()> {
+    thread::scope(|s| {
+        let (free_tx, free_rx) = mpsc::channel::<Slot<'p>>();
+        let (full_tx, full_rx) = mpsc::channel::<Result<Slot<'p>>>();
+        let (done_tx, done_rx) = mpsc::channel::<(usize, Slot<'p>)>();
+        for slot in slots {
+            free_tx.send(slot).expect("the receiver is here");
+        }
+        s.spawn(move || {
+            for k in 0..chunks {
+                let Ok(mut slot) = free_rx.recv() else { return };
+                let loaded = load(k, &mut slot).map(|()| slot);
+                let failed = loaded.is_err();
+                if full_tx.send(loaded).is_err() || failed {
+                    return;
+                }
+            }
+        });
+        let storer = s.spawn(move || -> Result<()> {
+            while let Ok((k, slot)) = done_rx.recv() {
+                store(k, &slot)?;
+                // The loader may have finished: a closed channel is fine.
+                let _ = free_tx.send(slot);
+            }
+            Ok(())
+        });
+        let result = (|| -> Result<()> {
+            for k in 0..chunks {
+                let mut slot = full_rx.recv().map_err(|_| stopped(ctx))??;
+                run(k, &mut slot)?;
+                done_tx.send((k, slot)).map_err(|_| stopped(ctx))?;
+            }
+            Ok(())
+        })();
+        drop((done_tx, full_rx));
+        let stored = storer.join().unwrap_or_else(|_| Err(stopped(ctx)));
+        stored.and(result)
+    })
+}
+
+fn stopped(ctx: Ctx) -> CommError {
+    CommError::Io {
+        rank: ctx.rank,
+        op: ctx.op.into(),
+        message: "a staging copy thread stopped early".into(),
+    }
+}
+
+/// Whether the byte ranges of two compact tensors share memory.
+pub(super) fn overlap(a: &Tensor, ab: usize, b: &Tensor, bb: usize) -> bool {
+    let span = |t: &Tensor, n: usize| -> Range<u64> { t.byte_offset()..t.byte_offset() + n as u64 };
+    let (x, y) = (span(a, ab), span(b, bb));
+    std::sync::Arc::ptr_eq(a.buffer(), b.buffer())
+        && ab > 0
+        && bb > 0
+        && x.start < y.end
+        && y.start < x.end
+}

@@ -1,0 +1,290 @@
+//! Collectives on device tensors with threads as ranks whose devices mix
+//! vendors: Ferrite (host-visible memory: device-direct) and Cobalt (private,
+//! encoded memory: staged through host buffers). Values are small integers,
+//! so every reduction is exact and results compare bit for bit with a host
+//! reference. Needs `cargo build --workspace` first (for Ferrite's library).
+
+use std::path::PathBuf;
+use std::sync::{Arc, OnceLock};
+use std::thread;
+use std::time::Duration;
+
+use half::bf16;
+use polychip_comm::CommError;
+use polychip_comm::collectives::{Communicator, ReduceOp};
+use polychip_comm::device::{DeviceComm, Path};
+use polychip_comm::shm::ShmTransport;
+use polychip_comm::store::MemoryStore;
+use polychip_host::{DType, Device, LoadOptions, Runtime, Tensor};
+
+const SIZES: [usize; 5] = [0, 1, 1000, 1 << 20, (1 << 21) + 3];
+
+fn ferrite_path() -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable path");
+    let dir = exe.parent().and_then(|d| d.parent()).expect("profile dir");
+    let file = "libpolychip_vendor_ferrite.so";
+    [dir.join(file), dir.join("deps").join(file)]
+        .into_iter()
+        .find(|p| p.exists())
+        .unwrap_or_else(|| {
+            panic!(
+                "{file} is not in {}: run `cargo build --workspace` first",
+                dir.display()
+            )
+        })
+}
+
+/// Loads Ferrite and Cobalt once per process; returns `vendor:index`.
+fn device(vendor: &str, index: usize) -> Device {
+    static RUNTIME: OnceLock<Runtime> = OnceLock::new();
+    let rt = RUNTIME.get_or_init(|| {
+        let files = [ferrite_path(), PathBuf::from(cobalt::LIBRARY_PATH)];
+        let rt = Runtime::load(&files, &LoadOptions::default());
+        assert!(rt.failures().is_empty(), "{:?}", rt.failures());
+        rt
+    });
+    rt.devices_of(vendor)[index].clone()
+}
+
+/// The mixed world: Ferrite:0 (direct), Cobalt:0 (staged), Ferrite:1 (direct).
+fn mixed() -> Vec<Device> {
+    vec![
+        device("ferrite", 0),
+        device("cobalt", 0),
+        device("ferrite", 1),
+    ]
+}
+
+/// Runs `f` on one thread rank per device; results in rank order.
+fn world<T: Send>(devices: &[Device], f: impl Fn(&Device, &mut DeviceComm) -> T + Sync) -> Vec<T> {
+    let (store, n) = (Arc::new(MemoryStore::new()), devices.len());
+    thread::scope(|s| {
+        let handles: Vec<_> = devices
+            .iter()
+            .enumerate()
+            .map(|(r, d)| {
+                let (store, f) = (store.clone(), &f);
+                s.spawn(move || {
+                    let t =
+                        ShmTransport::new(&*store, r, n, Duration::from_secs(20)).expect("connect");
+                    let mut c = Communicator::new(Arc::new(t)).expect("communicator");
+                    c.set_timeout(Duration::from_secs(20));
+                    f(d, &mut DeviceComm::new(&mut c))
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("rank panicked"))
+            .collect()
+    })
+}
+
+/// Rank `rank`'s input: small integers, exact in every float dtype.
+fn values(rank: usize, count: usize) -> Vec<f32> {
+    (0..count)
+        .map(|i| ((i * 7 + rank * 5) % 17) as f32 - 8.0)
+        .collect()
+}
+
+fn encode(dtype: DType, xs: &[f32]) -> Vec<u8> {
+    match dtype {
+        DType::F32 => xs.iter().flat_map(|x| x.to_ne_bytes()).collect(),
+        DType::BF16 => xs
+            .iter()
+            .flat_map(|&x| bf16::from_f32(x).to_ne_bytes())
+            .collect(),
+        _ => unreachable!(),
+    }
+}
+
+fn tensor(d: &Device, dtype: DType, xs: &[f32]) -> Tensor {
+    let t = d.empty(dtype, &[xs.len() as i64]).unwrap();
+    t.write_bytes(&encode(dtype, xs)).unwrap();
+    t
+}
+
+fn sum(n: usize, count: usize) -> Vec<f32> {
+    let inputs: Vec<Vec<f32>> = (0..n).map(|r| values(r, count)).collect();
+    (0..count)
+        .map(|i| inputs.iter().map(|x| x[i]).sum())
+        .collect()
+}
+
+fn expect_paths(devices: &[Device]) -> Vec<Path> {
+    devices.iter().map(Path::of).collect()
+}
+
+#[test]
+fn all_reduce_across_direct_and_staged_ranks() {
+    let devices = mixed();
+    let paths = world(&devices, |d, dc| {
+        let me = dc.comm().rank();
+        for dtype in [DType::F32, DType::BF16] {
+            for count in SIZES {
+                let t = tensor(d, dtype, &values(me, count));
+                dc.all_reduce(&t, ReduceOp::Sum).unwrap();
+                let want = encode(dtype, &sum(3, count));
+                assert!(
+                    t.read_bytes().unwrap() == want,
+                    "rank {me} {dtype} x {count}"
+                );
+            }
+        }
+        dc.last_path().unwrap()
+    });
+    assert_eq!(
+        paths,
+        [Path::DeviceDirect, Path::Staged, Path::DeviceDirect]
+    );
+    assert_eq!(paths, expect_paths(&devices));
+}
+
+#[test]
+fn all_reduce_into_pipelines_many_small_chunks() {
+    let devices = mixed();
+    world(&devices, |d, dc| {
+        let me = dc.comm().rank();
+        dc.set_chunk_bytes(1000);
+        let count = 10_007;
+        // Send staged on the Cobalt rank, receive always on Ferrite (direct).
+        let recv_dev = device("ferrite", me % 2);
+        let send = tensor(d, DType::F32, &values(me, count));
+        let recv = recv_dev.zeros(DType::F32, &[count as i64]).unwrap();
+        dc.all_reduce_into(&send, &recv, ReduceOp::Max).unwrap();
+        let inputs: Vec<Vec<f32>> = (0..3).map(|r| values(r, count)).collect();
+        let want: Vec<f32> = (0..count)
+            .map(|i| inputs.iter().map(|x| x[i]).fold(f32::MIN, f32::max))
+            .collect();
+        assert_eq!(recv.to_vec::<f32>().unwrap(), want, "rank {me}");
+        assert_eq!(
+            send.to_vec::<f32>().unwrap(),
+            values(me, count),
+            "send unchanged"
+        );
+        // In place, staged on the Cobalt rank, many chunks.
+        dc.all_reduce(&send, ReduceOp::Sum).unwrap();
+        assert_eq!(send.to_vec::<f32>().unwrap(), sum(3, count), "rank {me}");
+    });
+}
+
+#[test]
+fn all_gather_reduce_scatter_and_broadcast_across_mixed_ranks() {
+    let devices = mixed();
+    world(&devices, |d, dc| {
+        let me = dc.comm().rank();
+        for count in [0, 1, 1000, 300_001] {
+            let send = tensor(d, DType::F32, &values(me, count));
+            let recv = d.zeros(DType::F32, &[3 * count as i64]).unwrap();
+            dc.all_gather(&send, &recv).unwrap();
+            let want: Vec<f32> = (0..3).flat_map(|r| values(r, count)).collect();
+            assert_eq!(
+                recv.to_vec::<f32>().unwrap(),
+                want,
+                "all_gather rank {me} x {count}"
+            );
+
+            let out = d.zeros(DType::F32, &[count as i64]).unwrap();
+            dc.reduce_scatter(&recv, &out, ReduceOp::Sum).unwrap();
+            let want: Vec<f32> = values(me, count).iter().map(|x| 3.0 * x).collect();
+            assert_eq!(
+                out.to_vec::<f32>().unwrap(),
+                want,
+                "reduce_scatter rank {me}"
+            );
+
+            for root in 0..3 {
+                let t = tensor(d, DType::BF16, &values(me, count));
+                dc.broadcast(&t, root).unwrap();
+                let want = encode(DType::BF16, &values(root, count));
+                assert!(
+                    t.read_bytes().unwrap() == want,
+                    "broadcast from {root} to {me} x {count}"
+                );
+            }
+        }
+    });
+}
+
+#[test]
+fn send_recv_between_vendors() {
+    let devices = [device("cobalt", 0), device("ferrite", 0)];
+    world(&devices, |d, dc| {
+        let me = dc.comm().rank();
+        for count in [0, 5, (3 << 20) + 1] {
+            let t = if me == 0 {
+                let t = tensor(d, DType::F32, &values(7, count));
+                dc.send(&t, 1).unwrap();
+                t
+            } else {
+                let t = d.zeros(DType::F32, &[count as i64]).unwrap();
+                dc.recv(&t, 0).unwrap();
+                t
+            };
+            assert_eq!(
+                t.to_vec::<f32>().unwrap(),
+                values(7, count),
+                "rank {me} x {count}"
+            );
+            assert_eq!(dc.last_path(), Some(Path::of(d)));
+        }
+    });
+}
+
+#[test]
+fn staging_pool_does_not_grow_on_repeated_calls() {
+    let devices = mixed();
+    world(&devices, |d, dc| {
+        let me = dc.comm().rank();
+        let count = (3 << 20) + 17;
+        let t = tensor(d, DType::F32, &values(me, count));
+        let g = d.zeros(DType::F32, &[3 * 1000]).unwrap();
+        let s = tensor(d, DType::F32, &values(me, 1000));
+        dc.all_reduce(&t, ReduceOp::Sum).unwrap();
+        dc.all_gather(&s, &g).unwrap();
+        let after_first = dc.pool().allocations();
+        for _ in 0..5 {
+            dc.all_reduce(&t, ReduceOp::Sum).unwrap();
+            dc.all_gather(&s, &g).unwrap();
+            let small = tensor(d, DType::F32, &values(me, 10));
+            dc.all_reduce(&small, ReduceOp::Sum).unwrap();
+        }
+        assert_eq!(dc.pool().allocations(), after_first, "rank {me}");
+        if Path::of(d) == Path::Staged {
+            assert!(after_first > 0 && dc.pool().bytes() >= 4 << 20);
+        } else {
+            assert_eq!(after_first, 0, "a device-direct rank stages nothing");
+        }
+    });
+}
+
+#[test]
+fn non_compact_and_unsupported_dtypes_are_usage_errors() {
+    world(&[device("cobalt", 0)], |d, dc| {
+        let t = d
+            .zeros(DType::F32, &[2, 3])
+            .unwrap()
+            .transpose(0, 1)
+            .unwrap();
+        let Err(CommError::Usage(m)) = dc.all_reduce(&t, ReduceOp::Sum) else {
+            panic!("a strided tensor was accepted")
+        };
+        assert!(
+            m.contains("[3, 2]") && m.contains("[1, 3]") && m.contains("not compact"),
+            "{m}"
+        );
+        let f64s = d.zeros(DType::F64, &[4]).unwrap();
+        let Err(CommError::Usage(m)) = dc.all_reduce(&f64s, ReduceOp::Sum) else {
+            panic!("an f64 reduction was accepted")
+        };
+        assert!(m.contains("f64"), "{m}");
+        let a = d.zeros(DType::F32, &[8]).unwrap();
+        let view = a.as_strided(&[4], &[1], 2).unwrap();
+        let Err(CommError::Usage(m)) =
+            dc.all_reduce_into(&a.as_strided(&[4], &[1], 0).unwrap(), &view, ReduceOp::Sum)
+        else {
+            panic!("overlapping send and recv were accepted")
+        };
+        assert!(m.contains("share memory"), "{m}");
+    });
+}
