@@ -1,0 +1,247 @@
+//! Cases of scaled-dot-product attention, forward and backward.
+
+use super::*;
+
+// ---------------------------------------------------------------------------
+// Attention.
+
+/// One attention shape: `q [b, hq, sq, d]`, `k`, `v [b, hkv, skv, d]`.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct AttentionPlan {
+    pub(super) label: &'static str,
+    pub(super) b: usize,
+    pub(super) hq: usize,
+    pub(super) hkv: usize,
+    pub(super) sq: usize,
+    pub(super) skv: usize,
+    pub(super) d: usize,
+    pub(super) causal: bool,
+    /// Layouts of q, k, v and of the outputs.
+    pub(super) layouts: [Layout; 4],
+    /// Small integers in q (6 to 9) and k (15 to 17) with `scale = 1/8`:
+    /// scores of 96 to 160 (exp overflows f32 unless the row maximum is
+    /// subtracted) that differ by a few units between keys, so that the
+    /// softmax is neither uniform nor one-hot. The scores are exact in any
+    /// kernel that accumulates in f32: random scores of that size would
+    /// carry rounding errors of about 100 u(f32) each, which the softmax
+    /// turns into relative errors of its weights far above the tolerance.
+    /// (A one-hot softmax would make the gradients cancel to almost nothing
+    /// against the intermediate terms, an ill-conditioned case.)
+    pub(super) large_scores: bool,
+}
+
+const fn plan(
+    label: &'static str,
+    [b, hq, hkv, sq, skv, d]: [usize; 6],
+    causal: bool,
+    layouts: [Layout; 4],
+) -> AttentionPlan {
+    AttentionPlan {
+        label,
+        b,
+        hq,
+        hkv,
+        sq,
+        skv,
+        d,
+        causal,
+        layouts,
+        large_scores: false,
+    }
+}
+
+pub(super) const ATTENTION_PLANS: [AttentionPlan; 12] = [
+    plan("[1, 2, 8, 16]", [1, 2, 2, 8, 8, 16], false, [C; 4]),
+    plan("causal [2, 2, 16, 32]", [2, 2, 2, 16, 16, 32], true, [C; 4]),
+    plan(
+        "causal seq_q 8 < seq_kv 16 gqa 4/2",
+        [1, 4, 2, 8, 16, 16],
+        true,
+        [C; 4],
+    ),
+    plan(
+        "seq_q 12 seq_kv 20 gqa 8/1",
+        [1, 8, 1, 12, 20, 8],
+        false,
+        [C; 4],
+    ),
+    plan(
+        "causal seq_q 12 > seq_kv 5 gqa 2/1 (7 queries see no key)",
+        [1, 2, 1, 12, 5, 16],
+        true,
+        [C; 4],
+    ),
+    plan(
+        "causal decoding seq_q 1 seq_kv 48",
+        [2, 2, 2, 1, 48, 32],
+        true,
+        [C; 4],
+    ),
+    plan("seq_kv 1", [1, 2, 2, 5, 1, 8], false, [C; 4]),
+    plan(
+        "single query and key, head_dim 2",
+        [1, 1, 1, 1, 1, 2],
+        true,
+        [C; 4],
+    ),
+    plan(
+        "[1, 2, 10, 16] q transposed k strided",
+        [1, 2, 2, 10, 10, 16],
+        false,
+        [T, S, C, C],
+    ),
+    plan(
+        "causal seq_q 7 seq_kv 9 v transposed outputs strided",
+        [1, 2, 2, 7, 9, 8],
+        true,
+        [C, C, T, S],
+    ),
+    AttentionPlan {
+        large_scores: true,
+        ..plan("large scores", [1, 2, 2, 6, 6, 8], false, [C; 4])
+    },
+    AttentionPlan {
+        large_scores: true,
+        ..plan("causal large scores", [2, 2, 1, 8, 8, 8], true, [C; 4])
+    },
+];
+
+impl AttentionPlan {
+    fn shapes(&self) -> ([usize; 4], [usize; 4]) {
+        (
+            [self.b, self.hq, self.sq, self.d],
+            [self.b, self.hkv, self.skv, self.d],
+        )
+    }
+
+    fn scale(&self) -> f64 {
+        if self.large_scores {
+            0.125
+        } else {
+            1.0 / (self.d as f64).sqrt()
+        }
+    }
+
+    /// Random q, k, v.
+    fn qkv(&self, rng: &mut Rng, dtype: DType) -> [Vec<f64>; 3] {
+        let (qs, ks) = self.shapes();
+        let (nq, nk) = (numel(&qs), numel(&ks));
+        if self.large_scores {
+            let q = (0..nq).map(|_| 6.0 + rng.below(4) as f64).collect();
+            let k = (0..nk).map(|_| 15.0 + rng.below(3) as f64).collect();
+            [q, k, rng.values(dtype, nk, -1.0, 1.0)]
+        } else {
+            [
+                rng.values(dtype, nq, -1.0, 1.0),
+                rng.values(dtype, nk, -1.0, 1.0),
+                rng.values(dtype, nk, -1.0, 1.0),
+            ]
+        }
+    }
+
+    fn inputs(&self, dtype: DType, qkv: [Vec<f64>; 3]) -> Vec<TensorSpec> {
+        let (qs, ks) = self.shapes();
+        let [q, k, v] = qkv;
+        vec![
+            input("q", dtype, &qs, q, self.layouts[0]),
+            input("k", dtype, &ks, k, self.layouts[1]),
+            input("v", dtype, &ks, v, self.layouts[2]),
+        ]
+    }
+}
+
+pub(super) fn attention_cases(dtype: DType) -> Vec<Case> {
+    let mut rng = Rng::for_case("attention", dtype);
+    let mut cases = Vec::new();
+    for p in ATTENTION_PLANS {
+        let (qs, _) = p.shapes();
+        let mut tensors = p.inputs(dtype, p.qkv(&mut rng, dtype));
+        tensors.push(output("out", dtype, &qs, p.layouts[3]));
+        tensors.push(output("lse", DType::F32, &qs[..3], p.layouts[3]));
+        let (scale, causal) = (p.scale(), p.causal);
+        cases.push(case(
+            "attention",
+            dtype,
+            p.label,
+            tensors,
+            // Dot products over head_dim, a softmax over seq_kv, and the
+            // weighted sum of seq_kv values.
+            Tolerance::sum(16.0, p.skv + p.d),
+            move |exec, t| exec.attention(&t[0], &t[1], &t[2], &t[3], &t[4], scale, causal),
+            move |d| {
+                let (out, lse) = reference::attention(&d[0], &d[1], &d[2], scale, causal)?;
+                Ok(vec![out, lse])
+            },
+        ));
+    }
+    cases
+}
+
+pub(super) fn attention_backward_cases(dtype: DType) -> Vec<Case> {
+    let mut rng = Rng::for_case("attention_backward", dtype);
+    let mut cases = Vec::new();
+    // Every plan, and the first once more with the saved out transposed
+    // and grad_out strided.
+    let mut plans: Vec<(AttentionPlan, String, [Layout; 2])> = ATTENTION_PLANS
+        .iter()
+        .map(|p| (*p, p.label.to_string(), [C, C]))
+        .collect();
+    let first = ATTENTION_PLANS[0];
+    plans.push((
+        first,
+        format!("{} saved out transposed grad_out strided", first.label),
+        [T, S],
+    ));
+    for (p, name, [l_out, l_grad]) in plans {
+        let (qs, ks) = p.shapes();
+        let qkv = p.qkv(&mut rng, dtype);
+        let (scale, causal) = (p.scale(), p.causal);
+        let (out, lse) = reference::attention(
+            &Dense::new(&qs, qkv[0].clone()),
+            &Dense::new(&ks, qkv[1].clone()),
+            &Dense::new(&ks, qkv[2].clone()),
+            scale,
+            causal,
+        )
+        .expect("valid shapes");
+        let g = rng.values(dtype, numel(&qs), -1.0, 1.0);
+        // grad_q sums over seq_kv; grad_k and grad_v over the seq_q queries
+        // of every query head of a group; each term is a dot product over
+        // head_dim.
+        let mut n = p.skv + p.sq * (p.hq / p.hkv) + p.d;
+        if p.large_scores {
+            // grad_q = scale sum_j dS_ij k_j with sum_j dS_ij = 0 and k about
+            // 16 + (-1, 0 or 1): the common 16 cancels, leaving the f32
+            // rounding errors of terms 16 times the size of the result.
+            n *= 16;
+        }
+        let mut tensors = p.inputs(dtype, qkv);
+        tensors.extend([
+            input("out", dtype, &qs, stored(dtype, &out), l_out),
+            input("lse", DType::F32, &qs[..3], stored(DType::F32, &lse), l_out),
+            input("grad_out", dtype, &qs, g, l_grad),
+            output("grad_q", dtype, &qs, p.layouts[3]),
+            output("grad_k", dtype, &ks, p.layouts[3]),
+            output("grad_v", dtype, &ks, p.layouts[3]),
+        ]);
+        cases.push(case(
+            "attention_backward",
+            dtype,
+            name,
+            tensors,
+            Tolerance::sum(32.0, n),
+            move |exec, t| {
+                exec.attention_backward(
+                    &t[0], &t[1], &t[2], &t[3], &t[4], &t[5], &t[6], &t[7], &t[8], scale, causal,
+                )
+            },
+            move |d| {
+                let (gq, gk, gv) = reference::attention_backward(
+                    &d[0], &d[1], &d[2], &d[3], &d[4], &d[5], scale, causal,
+                )?;
+                Ok(vec![gq, gk, gv])
+            },
+        ));
+    }
+    cases
+}

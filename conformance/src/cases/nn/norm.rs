@@ -1,0 +1,308 @@
+//! Cases of RMSNorm and LayerNorm, forward and backward.
+
+use super::*;
+
+/// Normalisation shapes with the layouts of (input, parameters, outputs).
+const NORM_PLANS: [(&[usize], Layout, Layout, Layout); 9] = [
+    (&[64], C, C, C),
+    (&[3, 1], C, C, C),
+    (&[1, 1, 16], C, C, C),
+    (&[4, 32], T, C, C),
+    (&[2, 3, 48], C, C, C),
+    (&[4, 1000], C, C, C),
+    (&[5, 24], S, S, C),
+    (&[6, 20], C, C, S),
+    (&[0, 8], C, C, C),
+];
+
+/// The label of a normalisation case; `backward` names the tensors that
+/// share each layout in the backward operators.
+fn norm_label(shape: &[usize], l: (Layout, Layout, Layout), backward: bool) -> String {
+    let names = if backward {
+        ["input and grad_out", "weight and statistics", "gradients"]
+    } else {
+        ["input", "params", "outputs"]
+    };
+    label(shape, &[(names[0], l.0), (names[1], l.1), (names[2], l.2)])
+}
+
+fn rms_norm_case(
+    dtype: DType,
+    label: String,
+    shape: &[usize],
+    x: Vec<f64>,
+    w: Vec<f64>,
+    eps: f64,
+    l: (Layout, Layout, Layout),
+) -> Case {
+    let h = last(shape);
+    let stats = &shape[..shape.len() - 1];
+    case(
+        "rms_norm",
+        dtype,
+        label,
+        vec![
+            input("input", dtype, shape, x, l.0),
+            input("weight", dtype, &[h], w, l.1),
+            output("out", dtype, shape, l.2),
+            output("inv_rms", DType::F32, stats, l.2),
+        ],
+        Tolerance::sum(8.0, h),
+        move |exec, t| exec.rms_norm(&t[0], &t[1], &t[2], &t[3], eps),
+        move |d| {
+            let (out, inv_rms) = reference::rms_norm(&d[0], &d[1], eps)?;
+            Ok(vec![out, inv_rms])
+        },
+    )
+}
+
+pub(super) fn rms_norm_cases(dtype: DType) -> Vec<Case> {
+    let mut rng = Rng::for_case("rms_norm", dtype);
+    let mut cases = Vec::new();
+    for (shape, l0, l1, l2) in NORM_PLANS {
+        let x = rng.values(dtype, numel(shape), -2.0, 2.0);
+        let w = rng.values(dtype, last(shape), 0.5, 1.5);
+        let name = norm_label(shape, (l0, l1, l2), false);
+        cases.push(rms_norm_case(dtype, name, shape, x, w, 1e-6, (l0, l1, l2)));
+    }
+    // eps must be used: a large one changes every value; a row of zeros
+    // has inv_rms = 1 / sqrt(eps) and an output of zeros.
+    let shape = [4, 16];
+    let mut x = rng.values(dtype, 64, -0.5, 0.5);
+    x[16..32].fill(0.0);
+    let w = rng.values(dtype, 16, -1.5, 1.5);
+    cases.push(rms_norm_case(
+        dtype,
+        "[4, 16] eps 0.1, a row of zeros".into(),
+        &shape,
+        x.clone(),
+        w.clone(),
+        0.1,
+        (C, C, C),
+    ));
+    cases.push(rms_norm_case(
+        dtype,
+        "[4, 16] eps 1e-6, a row of zeros".into(),
+        &shape,
+        x,
+        w,
+        1e-6,
+        (C, C, C),
+    ));
+    cases
+}
+
+pub(super) fn rms_norm_backward_cases(dtype: DType) -> Vec<Case> {
+    let mut rng = Rng::for_case("rms_norm_backward", dtype);
+    let mut cases = Vec::new();
+    for (shape, l0, l1, l2) in NORM_PLANS {
+        let (h, n) = (last(shape), numel(shape));
+        let stats = &shape[..shape.len() - 1];
+        // With H = 1 the gradient is r g w (1 - x^2 r^2) = r^3 g w eps: for
+        // a small eps it cancels to almost nothing, and any f32 kernel is
+        // off by about u(f32) |r g w| there, far more than the result (an
+        // ill-conditioned case, not a tolerance matter). The statistics of
+        // a forward pass with eps 1 keep it well-conditioned.
+        let eps = if h == 1 { 1.0 } else { 1e-6 };
+        let mut name = norm_label(shape, (l0, l1, l2), true);
+        if h == 1 {
+            name.push_str(" eps 1");
+        }
+        let x = rng.values(dtype, n, -2.0, 2.0);
+        let w = rng.values(dtype, h, 0.5, 1.5);
+        let g = rng.values(dtype, n, -1.0, 1.0);
+        let (_, inv_rms) = reference::rms_norm(
+            &Dense::new(shape, x.clone()),
+            &Dense::new(&[h], w.clone()),
+            eps,
+        )
+        .expect("valid shapes");
+        cases.push(case(
+            "rms_norm_backward",
+            dtype,
+            name,
+            vec![
+                input("grad_out", dtype, shape, g, l0),
+                input("input", dtype, shape, x, l0),
+                input("weight", dtype, &[h], w, l1),
+                input(
+                    "inv_rms",
+                    DType::F32,
+                    stats,
+                    stored(DType::F32, &inv_rms),
+                    l1,
+                ),
+                output("grad_input", dtype, shape, l2),
+                output("grad_weight", dtype, &[h], l2),
+            ],
+            // grad_input sums over the row, grad_weight over the rows.
+            Tolerance::sum(8.0, h + rows(shape)),
+            |exec, t| exec.rms_norm_backward(&t[0], &t[1], &t[2], &t[3], &t[4], &t[5]),
+            |d| {
+                let (gi, gw) = reference::rms_norm_backward(&d[0], &d[1], &d[2], &d[3])?;
+                Ok(vec![gi, gw])
+            },
+        ));
+    }
+    cases
+}
+
+#[allow(clippy::too_many_arguments)]
+fn layer_norm_case(
+    dtype: DType,
+    label: String,
+    shape: &[usize],
+    x: Vec<f64>,
+    w: Vec<f64>,
+    b: Vec<f64>,
+    eps: f64,
+    l: (Layout, Layout, Layout),
+) -> Case {
+    let h = last(shape);
+    let stats = &shape[..shape.len() - 1];
+    // A row's mean is known to within about h u(f32) |mean| after an f32
+    // sum (half an ULP of |mean| at best), and every output moves by that
+    // error times rstd: subtracting the mean has the condition number
+    // |mean| rstd, which multiplies the accumulation (1 for rows centred
+    // on 0, about 2 for the usual cases here, hundreds for rows far from 0).
+    let xr: Vec<f64> = x.iter().map(|&v| round_to(dtype, v)).collect();
+    let (_, mean, rstd) = reference::layer_norm(
+        &Dense::new(shape, xr),
+        &Dense::new(&[h], w.clone()),
+        &Dense::new(&[h], b.clone()),
+        eps,
+    )
+    .expect("valid shapes");
+    let cond = mean
+        .data
+        .iter()
+        .zip(&rstd.data)
+        .map(|(m, r)| (m * r).abs())
+        .fold(0.0, f64::max);
+    case(
+        "layer_norm",
+        dtype,
+        label,
+        vec![
+            input("input", dtype, shape, x, l.0),
+            input("weight", dtype, &[h], w, l.1),
+            input("bias", dtype, &[h], b, l.1),
+            output("out", dtype, shape, l.2),
+            output("mean", DType::F32, stats, l.2),
+            output("rstd", DType::F32, stats, l.2),
+        ],
+        Tolerance::sum(8.0, h * (1 + cond.ceil() as usize)),
+        move |exec, t| exec.layer_norm(&t[0], &t[1], &t[2], &t[3], &t[4], &t[5], eps),
+        move |d| {
+            let (out, mean, rstd) = reference::layer_norm(&d[0], &d[1], &d[2], eps)?;
+            Ok(vec![out, mean, rstd])
+        },
+    )
+}
+
+pub(super) fn layer_norm_cases(dtype: DType) -> Vec<Case> {
+    let mut rng = Rng::for_case("layer_norm", dtype);
+    let mut cases = Vec::new();
+    for (shape, l0, l1, l2) in NORM_PLANS {
+        let h = last(shape);
+        // Rows with a mean of about 1, not 0, so that the mean matters.
+        let x = rng.values(dtype, numel(shape), -1.0, 3.0);
+        let w = rng.values(dtype, h, 0.5, 1.5);
+        let b = rng.values(dtype, h, -0.5, 0.5);
+        let name = norm_label(shape, (l0, l1, l2), false);
+        cases.push(layer_norm_case(
+            dtype,
+            name,
+            shape,
+            x,
+            w,
+            b,
+            1e-5,
+            (l0, l1, l2),
+        ));
+    }
+    // Rows with a mean of 100 and a standard deviation of 0.3, where the
+    // tolerance above grows with the condition number (about 350): the
+    // variance computed as E[x^2] - E[x]^2 in f32 still fails, its error of
+    // a few u(f32) E[x^2] = 1e4 u(f32) being a few percent of the variance,
+    // while two passes or Welford's method are well within it.
+    let x: Vec<f64> = rng.values(DType::F64, 8 * 64, 99.5, 100.5);
+    let w = rng.values(dtype, 64, 0.5, 1.5);
+    let b = rng.values(dtype, 64, -0.5, 0.5);
+    cases.push(layer_norm_case(
+        dtype,
+        "[8, 64] rows with mean 100".into(),
+        &[8, 64],
+        x,
+        w,
+        b,
+        1e-5,
+        (C, C, C),
+    ));
+    // eps must be used.
+    let x = rng.values(dtype, 48, -0.1, 0.1);
+    let w = rng.values(dtype, 16, 0.5, 1.5);
+    let b = rng.values(dtype, 16, -0.5, 0.5);
+    cases.push(layer_norm_case(
+        dtype,
+        "[3, 16] eps 0.01".into(),
+        &[3, 16],
+        x,
+        w,
+        b,
+        0.01,
+        (C, C, C),
+    ));
+    cases
+}
+
+pub(super) fn layer_norm_backward_cases(dtype: DType) -> Vec<Case> {
+    let mut rng = Rng::for_case("layer_norm_backward", dtype);
+    let mut cases = Vec::new();
+    let eps = 1e-5;
+    for (shape, l0, l1, l2) in NORM_PLANS {
+        let (h, n) = (last(shape), numel(shape));
+        let stats = &shape[..shape.len() - 1];
+        let x = rng.values(dtype, n, -1.0, 3.0);
+        let w = rng.values(dtype, h, 0.5, 1.5);
+        let b = rng.values(dtype, h, -0.5, 0.5);
+        let g = rng.values(dtype, n, -1.0, 1.0);
+        let (_, mean, rstd) = reference::layer_norm(
+            &Dense::new(shape, x.clone()),
+            &Dense::new(&[h], w.clone()),
+            &Dense::new(&[h], b),
+            eps,
+        )
+        .expect("valid shapes");
+        cases.push(case(
+            "layer_norm_backward",
+            dtype,
+            norm_label(shape, (l0, l1, l2), true),
+            vec![
+                input("grad_out", dtype, shape, g, l0),
+                input("input", dtype, shape, x, l0),
+                input("weight", dtype, &[h], w, l1),
+                input("mean", DType::F32, stats, stored(DType::F32, &mean), l1),
+                input("rstd", DType::F32, stats, stored(DType::F32, &rstd), l1),
+                output("grad_input", dtype, shape, l2),
+                output("grad_weight", dtype, &[h], l2),
+                output("grad_bias", dtype, &[h], l2),
+            ],
+            // grad_input sums over the row, grad_weight and grad_bias over
+            // the rows.
+            Tolerance::sum(8.0, h + rows(shape)),
+            |exec, t| {
+                exec.layer_norm_backward(&t[0], &t[1], &t[2], &t[3], &t[4], &t[5], &t[6], &t[7])
+            },
+            |d| {
+                let (gi, gw, gb) =
+                    reference::layer_norm_backward(&d[0], &d[1], &d[2], &d[3], &d[4])?;
+                Ok(vec![gi, gw, gb])
+            },
+        ));
+    }
+    cases
+}
+
+// ---------------------------------------------------------------------------
+// Rotary embeddings.

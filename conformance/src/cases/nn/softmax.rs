@@ -1,0 +1,128 @@
+//! Cases of softmax_backward, log_softmax and log_softmax_backward.
+
+use super::*;
+
+/// Row-wise shapes with the layouts of (first input, second input, output).
+const ROW_PLANS: [(&[usize], Layout, Layout, Layout); 8] = [
+    (&[5], C, C, C),
+    (&[1, 1], C, C, C),
+    (&[3, 7], T, C, C),
+    (&[2, 3, 17], C, C, C),
+    (&[4, 1000], C, C, C),
+    (&[6, 9], C, S, S),
+    (&[5, 12], S, T, T),
+    (&[0, 8], C, C, C),
+];
+
+/// `softmax_backward` or `log_softmax_backward` (`log`), whose `out` is the
+/// forward output of random logits, rounded to the dtype.
+fn softmax_family_backward(op: &'static str, log: bool, dtype: DType) -> Vec<Case> {
+    let mut rng = Rng::for_case(op, dtype);
+    let forward = |x: &Dense| {
+        let y = if log {
+            reference::log_softmax(x)
+        } else {
+            reference::softmax(x)
+        };
+        y.expect("row-wise shapes are valid")
+    };
+    let mut cases = Vec::new();
+    let mut push =
+        |label: String, shape: &[usize], logits: Vec<f64>, g: Vec<f64>, l: [Layout; 3]| {
+            let y = stored(dtype, &forward(&Dense::new(shape, logits)));
+            let n = last(shape);
+            cases.push(case(
+                op,
+                dtype,
+                label,
+                vec![
+                    input("out", dtype, shape, y, l[0]),
+                    input("grad_out", dtype, shape, g, l[1]),
+                    output("grad_in", dtype, shape, l[2]),
+                ],
+                // A dot product (or sum) over the row, then a few roundings.
+                Tolerance::sum(8.0, n),
+                move |exec, t| exec.softmax_backward(log, &t[0], &t[1], &t[2]),
+                move |d| {
+                    let r = if log {
+                        reference::log_softmax_backward(&d[0], &d[1])
+                    } else {
+                        reference::softmax_backward(&d[0], &d[1])
+                    };
+                    Ok(vec![r?])
+                },
+            ));
+        };
+    for (shape, l0, l1, l2) in ROW_PLANS {
+        let n = numel(shape);
+        let logits = rng.values(DType::F64, n, -4.0, 4.0);
+        let g = rng.values(dtype, n, -1.0, 1.0);
+        let name = label(shape, &[("out", l0), ("grad_out", l1), ("grad_in", l2)]);
+        push(name, shape, logits, g, [l0, l1, l2]);
+    }
+    // Masked logits: probability 0 (log-probability -inf), whose gradient
+    // is 0 (softmax) or grad_out itself (log_softmax).
+    let shape = [4, 6];
+    let mut logits = rng.values(DType::F64, 24, -4.0, 4.0);
+    for i in [1, 4, 7, 8, 15, 23] {
+        logits[i] = f64::NEG_INFINITY;
+    }
+    let g = rng.values(dtype, 24, -1.0, 1.0);
+    push("masked logits (-inf)".into(), &shape, logits, g, [C; 3]);
+    cases
+}
+
+pub(super) fn softmax_backward_cases(dtype: DType) -> Vec<Case> {
+    softmax_family_backward("softmax_backward", false, dtype)
+}
+
+pub(super) fn log_softmax_backward_cases(dtype: DType) -> Vec<Case> {
+    softmax_family_backward("log_softmax_backward", true, dtype)
+}
+
+pub(super) fn log_softmax_cases(dtype: DType) -> Vec<Case> {
+    let mut rng = Rng::for_case("log_softmax", dtype);
+    let mut cases = Vec::new();
+    let mut push = |label: String, shape: &[usize], x: Vec<f64>, l: [Layout; 2], n: usize| {
+        cases.push(case(
+            "log_softmax",
+            dtype,
+            label,
+            vec![
+                input("input", dtype, shape, x, l[0]),
+                output("out", dtype, shape, l[1]),
+            ],
+            Tolerance::sum(8.0, n),
+            |exec, t| exec.log_softmax(&t[0], &t[1]),
+            |d| Ok(vec![reference::log_softmax(&d[0])?]),
+        ));
+    };
+    for (shape, l0, _, l2) in ROW_PLANS {
+        let x = rng.values(dtype, numel(shape), -8.0, 8.0);
+        let name = label(shape, &[("input", l0), ("out", l2)]);
+        push(name, shape, x, [l0, l2], last(shape));
+    }
+    // Logits near 1000 overflow exp unless the row maximum is subtracted; a
+    // -inf logit has log-probability -inf; a row of -inf is NaN. The result
+    // of a logit near 1000 is only known to an ULP of 1000 in f32 (the
+    // problem's condition number is |x| / |out|), so a backward-stable f32
+    // kernel such as `x - (max + log(sum))` is off by up to 1000 u(f32):
+    // 500 more terms of accumulation.
+    let inf = f64::NEG_INFINITY;
+    let x = vec![
+        1000.0, 1002.0, 1004.0, 996.0, //
+        inf, 0.0, 1.0, 2.0, //
+        inf, inf, inf, inf,
+    ];
+    push(
+        "large logits, -inf, an all -inf row".into(),
+        &[3, 4],
+        x,
+        [C, C],
+        4 + 500,
+    );
+    cases
+}
+
+// ---------------------------------------------------------------------------
+// RMSNorm and LayerNorm.
