@@ -1,0 +1,235 @@
+//! Cases of cross-entropy and its backward.
+
+use super::*;
+
+// ---------------------------------------------------------------------------
+// Cross-entropy.
+
+/// One cross-entropy case: logits `[N, C]` and targets `[N]`.
+pub(super) struct CrossEntropyPlan {
+    label: String,
+    logits: Vec<f64>,
+    n: usize,
+    c: usize,
+    targets: Vec<f64>,
+    idx_dtype: DType,
+    ignore_index: i64,
+    /// Layouts of logits (and grad_logits) and targets.
+    layouts: [Layout; 2],
+    /// Extra accumulation terms for logits far from 0 (see where it is set).
+    extra: usize,
+}
+
+/// The plans shared by the forward and backward operators.
+pub(super) fn cross_entropy_plans(rng: &mut Rng, dtype: DType) -> Vec<CrossEntropyPlan> {
+    let mut plans = Vec::new();
+    let mut plan = |rng: &mut Rng,
+                    label: &str,
+                    (n, c): (usize, usize),
+                    idx_dtype: DType,
+                    ignore_index: i64,
+                    targets: Option<Vec<i64>>,
+                    lay: [Layout; 2],
+                    offset: f64| {
+        let targets = targets.unwrap_or_else(|| (0..n).map(|_| rng.below(c) as i64).collect());
+        let logits = rng.values(dtype, n * c, offset - 4.0, offset + 4.0);
+        let mut name = format!("{label} [{n}, {c}] {idx_dtype}");
+        if ignore_index != -100 {
+            name.push_str(&format!(" ignore_index {ignore_index}"));
+        }
+        name.push_str(&layouts(&[("logits", lay[0]), ("targets", lay[1])]));
+        plans.push(CrossEntropyPlan {
+            label: name,
+            logits,
+            n,
+            c,
+            targets: targets.into_iter().map(|t| t as f64).collect(),
+            idx_dtype,
+            ignore_index,
+            layouts: lay,
+            // A log-sum-exp of logits near `offset` is rounded at that
+            // magnitude in f32: |offset| u(f32) more per row, i.e. about
+            // |offset| / 2 more terms of accumulation against a loss of a
+            // few units.
+            extra: (offset.abs() / 2.0) as usize,
+        });
+    };
+    plan(rng, "random", (8, 10), DType::I64, -100, None, [C; 2], 0.0);
+    plan(rng, "random", (8, 10), DType::I32, -100, None, [C; 2], 0.0);
+    plan(
+        rng,
+        "single class",
+        (3, 1),
+        DType::I64,
+        -100,
+        Some(vec![0; 3]),
+        [C; 2],
+        0.0,
+    );
+    plan(
+        rng,
+        "single row",
+        (1, 17),
+        DType::I32,
+        -100,
+        Some(vec![16]),
+        [C; 2],
+        0.0,
+    );
+    plan(
+        rng,
+        "long rows",
+        (16, 1000),
+        DType::I32,
+        -100,
+        None,
+        [C; 2],
+        0.0,
+    );
+    let t = vec![4, -100, 0, 49, -100, 7];
+    plan(
+        rng,
+        "ignored rows",
+        (6, 50),
+        DType::I64,
+        -100,
+        Some(t),
+        [C; 2],
+        0.0,
+    );
+    let t = vec![3, 1, 3, 0, 6, 3, 2];
+    plan(
+        rng,
+        "ignored rows",
+        (7, 7),
+        DType::I32,
+        3,
+        Some(t),
+        [C; 2],
+        0.0,
+    );
+    let t = vec![-1, 2, -1, 0];
+    plan(
+        rng,
+        "ignored rows",
+        (4, 5),
+        DType::I64,
+        -1,
+        Some(t),
+        [C; 2],
+        0.0,
+    );
+    plan(
+        rng,
+        "all rows ignored",
+        (4, 6),
+        DType::I64,
+        -100,
+        Some(vec![-100; 4]),
+        [C; 2],
+        0.0,
+    );
+    plan(rng, "random", (12, 9), DType::I64, -100, None, [T, C], 0.0);
+    plan(rng, "random", (10, 6), DType::I32, -100, None, [S, S], 0.0);
+    plan(
+        rng,
+        "logits near 100",
+        (4, 16),
+        DType::I64,
+        -100,
+        None,
+        [C; 2],
+        100.0,
+    );
+    let t = vec![1, 5, 0];
+    plan(
+        rng,
+        "target out of range",
+        (3, 5),
+        DType::I64,
+        -100,
+        Some(t),
+        [C; 2],
+        0.0,
+    );
+    let t = vec![1, -1, 0];
+    plan(
+        rng,
+        "negative target out of range",
+        (3, 5),
+        DType::I32,
+        -100,
+        Some(t),
+        [C; 2],
+        0.0,
+    );
+    plans
+}
+
+pub(super) fn cross_entropy_cases(dtype: DType) -> Vec<Case> {
+    let mut rng = Rng::for_case("cross_entropy", dtype);
+    cross_entropy_plans(&mut rng, dtype)
+        .into_iter()
+        .map(|p| {
+            let ignore = p.ignore_index;
+            case(
+                "cross_entropy",
+                dtype,
+                p.label,
+                vec![
+                    input("logits", dtype, &[p.n, p.c], p.logits, p.layouts[0]),
+                    input("targets", p.idx_dtype, &[p.n], p.targets, p.layouts[1]),
+                    output("loss", DType::F32, &[], C),
+                ],
+                // A log-sum-exp over C per row, a mean over N rows.
+                Tolerance::sum(8.0, p.c + p.n + p.extra),
+                move |exec, t| exec.cross_entropy(&t[0], &t[1], &t[2], ignore),
+                move |d| {
+                    Ok(vec![reference::cross_entropy(
+                        &d[0],
+                        &indices(&d[1]),
+                        ignore,
+                    )?])
+                },
+            )
+        })
+        .collect()
+}
+
+pub(super) fn cross_entropy_backward_cases(dtype: DType) -> Vec<Case> {
+    let mut rng = Rng::for_case("cross_entropy_backward", dtype);
+    let plans = cross_entropy_plans(&mut rng, dtype);
+    let mut cases = Vec::new();
+    for (i, p) in plans.into_iter().enumerate() {
+        // The usual 1, and another gradient of the loss now and then.
+        let grad_loss = if i % 3 == 2 { -0.375 } else { 1.0 };
+        let ignore = p.ignore_index;
+        let label = if grad_loss == 1.0 {
+            p.label
+        } else {
+            format!("{} grad_loss {grad_loss}", p.label)
+        };
+        cases.push(case(
+            "cross_entropy_backward",
+            dtype,
+            label,
+            vec![
+                input("logits", dtype, &[p.n, p.c], p.logits, p.layouts[0]),
+                input("targets", p.idx_dtype, &[p.n], p.targets, p.layouts[1]),
+                output("grad_logits", dtype, &[p.n, p.c], p.layouts[0]),
+            ],
+            // A softmax over C per row (the count of rows is exact).
+            Tolerance::sum(8.0, p.c + p.extra),
+            move |exec, t| exec.cross_entropy_backward(&t[0], &t[1], &t[2], grad_loss, ignore),
+            move |d| {
+                Ok(vec![reference::cross_entropy_backward(
+                    &d[0],
+                    &indices(&d[1]),
+                    grad_loss,
+                    ignore,
+                )?])
+            },
+        ));
+    }
+    cases
+}

@@ -1,0 +1,209 @@
+//! Cases of the ABI 1.1 operators a training step needs around the layers:
+//! linear, embedding and its backward, cross-entropy and its backward,
+//! AdamW and scaling.
+//!
+//! Index tensors are `Dense` tensors of integers in the case (i32 in some
+//! cases, i64 in others) and become [`Indices`] inside the reference
+//! closures. An index out of range must be refused.
+
+mod embedding;
+mod linear;
+mod loss;
+mod optim;
+
+use embedding::*;
+use linear::*;
+use loss::*;
+use optim::*;
+
+use polychip_host::{AdamwOptions, DType};
+
+use super::{FLOATS3, OpInfo, Rng, case, inout, input, numel, output, shape_label, specials};
+use crate::case::{Case, Layout};
+use crate::reference::{self, Dense, Indices};
+use crate::tolerance::Tolerance;
+
+pub(super) const C: Layout = Layout::Contiguous;
+pub(super) const T: Layout = Layout::Transposed;
+pub(super) const S: Layout = Layout::Strided;
+
+pub(super) fn ops() -> Vec<OpInfo> {
+    vec![
+        OpInfo {
+            name: "linear",
+            dtypes: FLOATS3,
+            cases: linear_cases,
+        },
+        OpInfo {
+            name: "embedding",
+            dtypes: FLOATS3,
+            cases: embedding_cases,
+        },
+        OpInfo {
+            name: "embedding_backward",
+            dtypes: FLOATS3,
+            cases: embedding_backward_cases,
+        },
+        OpInfo {
+            name: "cross_entropy",
+            dtypes: FLOATS3,
+            cases: cross_entropy_cases,
+        },
+        OpInfo {
+            name: "cross_entropy_backward",
+            dtypes: FLOATS3,
+            cases: cross_entropy_backward_cases,
+        },
+        OpInfo {
+            name: "adamw",
+            dtypes: FLOATS3,
+            cases: adamw_cases,
+        },
+        OpInfo {
+            name: "scale",
+            dtypes: FLOATS3,
+            cases: scale_cases,
+        },
+    ]
+}
+
+/// The integer values of an index tensor as the reference takes them.
+pub(super) fn indices(d: &Dense) -> Indices {
+    Indices::new(&d.shape, d.data.iter().map(|&v| v as i64).collect())
+}
+
+/// ` name layout` for every tensor that is not contiguous.
+pub(super) fn layouts(layouts: &[(&str, Layout)]) -> String {
+    let mut s = String::new();
+    for (name, layout) in layouts {
+        if *layout != C {
+            s.push_str(&format!(" {name} {layout}"));
+        }
+    }
+    s
+}
+
+/// The most times one index occurs in `idx`.
+pub(super) fn max_repeats(idx: &[f64]) -> usize {
+    let mut sorted: Vec<i64> = idx.iter().map(|&v| v as i64).collect();
+    sorted.sort_unstable();
+    sorted
+        .chunk_by(|a, b| a == b)
+        .map(<[i64]>::len)
+        .max()
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashSet;
+
+    use super::*;
+    use crate::case::{Role, TensorSpec};
+
+    /// Cases whose reference must fail (the plugin must refuse them).
+    fn refused(label: &str) -> bool {
+        label.contains("out of range") || label.contains("step 0")
+    }
+
+    #[test]
+    fn every_case_is_well_formed_and_its_reference_runs() {
+        for info in ops() {
+            for &dtype in info.dtypes {
+                let cases = (info.cases)(dtype);
+                assert!(!cases.is_empty(), "{} {dtype}: no cases", info.name);
+                let mut labels = HashSet::new();
+                for c in &cases {
+                    assert_eq!((c.op, c.dtype), (info.name, dtype), "{c:?}");
+                    assert!(labels.insert(c.label.clone()), "{c:?}: duplicate label");
+                    for t in &c.tensors {
+                        assert_eq!(t.values.len(), numel(&t.shape), "{c:?} {}", t.name);
+                        assert!(numel(&t.shape) <= 20_000, "{c:?} {} is too large", t.name);
+                    }
+                    let dense: Vec<Dense> = c.tensors.iter().map(TensorSpec::dense).collect();
+                    match (c.reference)(&dense) {
+                        Ok(out) => {
+                            assert!(!refused(&c.label), "{c:?}: the reference accepts it");
+                            let written: Vec<&TensorSpec> =
+                                c.tensors.iter().filter(|t| t.role != Role::Input).collect();
+                            assert_eq!(out.len(), written.len(), "{c:?}");
+                            for (o, t) in out.iter().zip(written) {
+                                assert_eq!(o.shape, t.shape, "{c:?} {}", t.name);
+                            }
+                        }
+                        Err(e) => assert!(refused(&c.label), "{c:?}: {e}"),
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn every_op_has_transposed_and_strided_tensors() {
+        for info in ops() {
+            let cases = (info.cases)(DType::F32);
+            for layout in [Layout::Transposed, Layout::Strided] {
+                let found = cases
+                    .iter()
+                    .flat_map(|c| &c.tensors)
+                    .any(|t| t.layout == layout);
+                assert!(found, "{}: no {layout} tensor", info.name);
+            }
+        }
+    }
+
+    #[test]
+    fn ops_are_in_op_table_order_and_cases_are_deterministic() {
+        let names: Vec<&str> = ops().iter().map(|o| o.name).collect();
+        assert_eq!(
+            names,
+            [
+                "linear",
+                "embedding",
+                "embedding_backward",
+                "cross_entropy",
+                "cross_entropy_backward",
+                "adamw",
+                "scale",
+            ]
+        );
+        for info in ops() {
+            let (a, b) = ((info.cases)(DType::F16), (info.cases)(DType::F16));
+            for (x, y) in a.iter().zip(&b) {
+                let values = |c: &Case| -> Vec<Vec<u64>> {
+                    c.tensors
+                        .iter()
+                        .map(|t| t.values.iter().map(|v| v.to_bits()).collect())
+                        .collect()
+                };
+                assert_eq!((&x.label, values(x)), (&y.label, values(y)));
+            }
+        }
+    }
+
+    #[test]
+    fn index_cases_cover_both_index_dtypes_and_the_special_losses() {
+        for cases in [
+            embedding_cases(DType::F32),
+            embedding_backward_cases(DType::F32),
+            cross_entropy_cases(DType::F32),
+            cross_entropy_backward_cases(DType::F32),
+        ] {
+            let index_dtypes: HashSet<DType> = cases
+                .iter()
+                .flat_map(|c| c.tensors.iter().map(|t| t.dtype))
+                .filter(|d| matches!(d, DType::I32 | DType::I64))
+                .collect();
+            assert_eq!(index_dtypes.len(), 2);
+        }
+        let ce = cross_entropy_cases(DType::BF16);
+        let all_ignored = ce
+            .iter()
+            .find(|c| c.label.starts_with("all rows ignored"))
+            .unwrap();
+        let dense: Vec<Dense> = all_ignored.tensors.iter().map(TensorSpec::dense).collect();
+        assert!((all_ignored.reference)(&dense).unwrap()[0].data[0].is_nan());
+        assert_eq!(max_repeats(&[3.0, 7.0, 3.0, 0.0, 3.0]), 3);
+        assert_eq!(max_repeats(&[]), 0);
+    }
+}
