@@ -4,9 +4,13 @@
 //! typed error naming the op and shapes), and the Rust SDK runs them again on
 //! the plugin's side of the boundary (so a plugin never trusts its caller).
 
+mod layers;
 mod nn;
+mod training;
 
+pub use layers::*;
 pub use nn::*;
+pub use training::*;
 
 use crate::dtype::DType;
 use crate::error::ErrorCode;

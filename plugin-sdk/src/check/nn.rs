@@ -1,7 +1,8 @@
-//! Argument rules of the operators added in ABI 1.1 (elementwise math and
-//! activations, reductions, normalisations, rotary embeddings, attention,
-//! embedding, cross-entropy, AdamW). Their floating tensors are f32, f16 or
-//! bf16; statistics are f32; indices are i32 or i64.
+//! Argument rules of the elementwise, reduction, linear and softmax-family
+//! operators added in ABI 1.1, and the helpers every 1.1 rule shares (the
+//! layer operators are in `layers.rs`, the training-step ones in
+//! `training.rs`). Floating tensors of 1.1 operators are f32, f16 or bf16;
+//! statistics are f32; indices are i32 or i64.
 
 use super::{ArgError, Checked, same_dtype, shape_is, writable};
 use crate::dtype::DType;
@@ -9,7 +10,7 @@ use crate::tensor::{Shape, TensorDesc};
 
 const LOW: &str = "f32, f16 and bf16";
 
-fn low(op: &'static str, tensor: &'static str, t: &TensorDesc) -> Checked {
+pub(super) fn low(op: &'static str, tensor: &'static str, t: &TensorDesc) -> Checked {
     if matches!(t.dtype, DType::F32 | DType::F16 | DType::BF16) {
         Ok(())
     } else {
@@ -22,7 +23,7 @@ fn low(op: &'static str, tensor: &'static str, t: &TensorDesc) -> Checked {
     }
 }
 
-fn f32_only(op: &'static str, tensor: &'static str, t: &TensorDesc) -> Checked {
+pub(super) fn f32_only(op: &'static str, tensor: &'static str, t: &TensorDesc) -> Checked {
     if t.dtype == DType::F32 {
         Ok(())
     } else {
@@ -35,7 +36,7 @@ fn f32_only(op: &'static str, tensor: &'static str, t: &TensorDesc) -> Checked {
     }
 }
 
-fn index(op: &'static str, tensor: &'static str, t: &TensorDesc) -> Checked {
+pub(super) fn index(op: &'static str, tensor: &'static str, t: &TensorDesc) -> Checked {
     if matches!(t.dtype, DType::I32 | DType::I64) {
         Ok(())
     } else {
@@ -48,7 +49,13 @@ fn index(op: &'static str, tensor: &'static str, t: &TensorDesc) -> Checked {
     }
 }
 
-fn rank(op: &'static str, tensor: &'static str, t: &TensorDesc, min: usize, what: &str) -> Checked {
+pub(super) fn rank(
+    op: &'static str,
+    tensor: &'static str,
+    t: &TensorDesc,
+    min: usize,
+    what: &str,
+) -> Checked {
     if t.ndim() >= min {
         Ok(())
     } else {
@@ -61,7 +68,7 @@ fn rank(op: &'static str, tensor: &'static str, t: &TensorDesc, min: usize, what
     }
 }
 
-fn exact_rank(
+pub(super) fn exact_rank(
     op: &'static str,
     tensor: &'static str,
     t: &TensorDesc,
@@ -81,7 +88,7 @@ fn exact_rank(
 }
 
 /// Every tensor in `others` has `first`'s dtype and shape.
-fn like(
+pub(super) fn like(
     op: &'static str,
     first: (&'static str, &TensorDesc),
     others: &[(&'static str, &TensorDesc)],
@@ -100,11 +107,11 @@ fn like(
 }
 
 /// The shape without its last dimension.
-fn rows<'a>(t: &TensorDesc<'a>) -> &'a [i64] {
+pub(super) fn rows<'a>(t: &TensorDesc<'a>) -> &'a [i64] {
     &t.shape[..t.ndim().saturating_sub(1)]
 }
 
-fn last(t: &TensorDesc) -> i64 {
+pub(super) fn last(t: &TensorDesc) -> i64 {
     t.shape.last().copied().unwrap_or(1)
 }
 
@@ -287,348 +294,10 @@ pub fn softmax_backward(
     writable(op, "grad_in", grad_in)
 }
 
-/// A normalisation's parameter `[H]` and its statistics `[...]` in f32.
-fn norm_params(
-    op: &'static str,
-    input: &TensorDesc,
-    params: &[(&'static str, &TensorDesc)],
-    stats: &[(&'static str, &TensorDesc)],
-) -> Checked {
-    low(op, "input", input)?;
-    rank(op, "input", input, 1, "at least 1 dimension")?;
-    let h = [last(input)];
-    for &(name, p) in params {
-        same_dtype(op, ("input", input), (name, p))?;
-        shape_is(
-            op,
-            name,
-            p,
-            &h,
-            "it must be [H] where H is input's last dimension:",
-        )?;
-    }
-    for &(name, s) in stats {
-        f32_only(op, name, s)?;
-        shape_is(
-            op,
-            name,
-            s,
-            rows(input),
-            "it must be input's shape without its last dimension:",
-        )?;
-    }
-    Ok(())
-}
-
-/// `rms_norm`.
-pub fn rms_norm(
-    input: &TensorDesc,
-    weight: &TensorDesc,
-    out: &TensorDesc,
-    inv_rms: &TensorDesc,
-) -> Checked {
-    const OP: &str = "rms_norm";
-    norm_params(OP, input, &[("weight", weight)], &[("inv_rms", inv_rms)])?;
-    like(OP, ("input", input), &[("out", out)])?;
-    writable(OP, "out", out)?;
-    writable(OP, "inv_rms", inv_rms)
-}
-
-/// `rms_norm_backward`.
-pub fn rms_norm_backward(
-    grad_out: &TensorDesc,
-    input: &TensorDesc,
-    weight: &TensorDesc,
-    inv_rms: &TensorDesc,
-    grad_input: &TensorDesc,
-    grad_weight: &TensorDesc,
-) -> Checked {
-    const OP: &str = "rms_norm_backward";
-    norm_params(
-        OP,
-        input,
-        &[("weight", weight), ("grad_weight", grad_weight)],
-        &[("inv_rms", inv_rms)],
-    )?;
-    like(
-        OP,
-        ("input", input),
-        &[("grad_out", grad_out), ("grad_input", grad_input)],
-    )?;
-    writable(OP, "grad_input", grad_input)?;
-    writable(OP, "grad_weight", grad_weight)
-}
-
-/// `layer_norm`.
-pub fn layer_norm(
-    input: &TensorDesc,
-    weight: &TensorDesc,
-    bias: &TensorDesc,
-    out: &TensorDesc,
-    mean: &TensorDesc,
-    rstd: &TensorDesc,
-) -> Checked {
-    const OP: &str = "layer_norm";
-    norm_params(
-        OP,
-        input,
-        &[("weight", weight), ("bias", bias)],
-        &[("mean", mean), ("rstd", rstd)],
-    )?;
-    like(OP, ("input", input), &[("out", out)])?;
-    for (name, t) in [("out", out), ("mean", mean), ("rstd", rstd)] {
-        writable(OP, name, t)?;
-    }
-    Ok(())
-}
-
-/// `layer_norm_backward`.
-#[allow(clippy::too_many_arguments)]
-pub fn layer_norm_backward(
-    grad_out: &TensorDesc,
-    input: &TensorDesc,
-    weight: &TensorDesc,
-    mean: &TensorDesc,
-    rstd: &TensorDesc,
-    grad_input: &TensorDesc,
-    grad_weight: &TensorDesc,
-    grad_bias: &TensorDesc,
-) -> Checked {
-    const OP: &str = "layer_norm_backward";
-    norm_params(
-        OP,
-        input,
-        &[
-            ("weight", weight),
-            ("grad_weight", grad_weight),
-            ("grad_bias", grad_bias),
-        ],
-        &[("mean", mean), ("rstd", rstd)],
-    )?;
-    like(
-        OP,
-        ("input", input),
-        &[("grad_out", grad_out), ("grad_input", grad_input)],
-    )?;
-    for (name, t) in [
-        ("grad_input", grad_input),
-        ("grad_weight", grad_weight),
-        ("grad_bias", grad_bias),
-    ] {
-        writable(OP, name, t)?;
-    }
-    Ok(())
-}
-
-/// `rope` and `rope_backward`: `input [B, S, H, D]` with D even, f32
-/// `cos`/`sin` `[S, D/2]`.
-pub fn rope(
-    op: &'static str,
-    input: &TensorDesc,
-    cos: &TensorDesc,
-    sin: &TensorDesc,
-    out: &TensorDesc,
-) -> Checked {
-    low(op, "input", input)?;
-    exact_rank(op, "input", input, 4, "[batch, seq, heads, head_dim]")?;
-    let (s, d) = (input.shape[1], input.shape[3]);
-    if d % 2 != 0 {
-        return Err(ArgError::ShapeMismatch {
-            op,
-            tensor: "input",
-            actual: Shape::from(input.shape),
-            expected: format!("its head_dim {d} must be even"),
-        });
-    }
-    for (name, t) in [("cos", cos), ("sin", sin)] {
-        f32_only(op, name, t)?;
-        shape_is(op, name, t, &[s, d / 2], "it must be [seq, head_dim / 2] =")?;
-    }
-    like(op, ("input", input), &[("out", out)])?;
-    writable(op, "out", out)
-}
-
-/// The attention dimensions `(batch, heads_q, seq_q, heads_kv, seq_kv, head_dim)`.
-fn attention_dims(
-    op: &'static str,
-    q: &TensorDesc,
-    k: &TensorDesc,
-    v: &TensorDesc,
-) -> Result<[i64; 6], ArgError> {
-    low(op, "q", q)?;
-    for (name, t) in [("q", q), ("k", k), ("v", v)] {
-        exact_rank(op, name, t, 4, "[batch, heads, seq, head_dim]")?;
-    }
-    same_dtype(op, ("q", q), ("k", k))?;
-    like(op, ("k", k), &[("v", v)])?;
-    let [b, hq, sq, d] = [q.shape[0], q.shape[1], q.shape[2], q.shape[3]];
-    let [bk, hkv, skv, dk] = [k.shape[0], k.shape[1], k.shape[2], k.shape[3]];
-    if bk != b || dk != d || hkv == 0 || hq % hkv != 0 {
-        return Err(ArgError::ShapeMismatch {
-            op,
-            tensor: "k",
-            actual: Shape::from(k.shape),
-            expected: format!(
-                "it must be [{b}, heads_kv, seq_kv, {d}] with heads_kv dividing q's {hq} heads (q has shape {})",
-                Shape::from(q.shape)
-            ),
-        });
-    }
-    Ok([b, hq, sq, hkv, skv, d])
-}
-
-/// `attention`.
-pub fn attention(
-    q: &TensorDesc,
-    k: &TensorDesc,
-    v: &TensorDesc,
-    out: &TensorDesc,
-    lse: &TensorDesc,
-) -> Checked {
-    const OP: &str = "attention";
-    let [b, hq, sq, ..] = attention_dims(OP, q, k, v)?;
-    like(OP, ("q", q), &[("out", out)])?;
-    f32_only(OP, "lse", lse)?;
-    shape_is(
-        OP,
-        "lse",
-        lse,
-        &[b, hq, sq],
-        "it must be [batch, heads_q, seq_q] =",
-    )?;
-    writable(OP, "out", out)?;
-    writable(OP, "lse", lse)
-}
-
-/// `attention_backward`.
-#[allow(clippy::too_many_arguments)]
-pub fn attention_backward(
-    q: &TensorDesc,
-    k: &TensorDesc,
-    v: &TensorDesc,
-    out: &TensorDesc,
-    lse: &TensorDesc,
-    grad_out: &TensorDesc,
-    grad_q: &TensorDesc,
-    grad_k: &TensorDesc,
-    grad_v: &TensorDesc,
-) -> Checked {
-    const OP: &str = "attention_backward";
-    let [b, hq, sq, ..] = attention_dims(OP, q, k, v)?;
-    like(
-        OP,
-        ("q", q),
-        &[("out", out), ("grad_out", grad_out), ("grad_q", grad_q)],
-    )?;
-    like(OP, ("k", k), &[("grad_k", grad_k), ("grad_v", grad_v)])?;
-    f32_only(OP, "lse", lse)?;
-    shape_is(
-        OP,
-        "lse",
-        lse,
-        &[b, hq, sq],
-        "it must be [batch, heads_q, seq_q] =",
-    )?;
-    for (name, t) in [("grad_q", grad_q), ("grad_k", grad_k), ("grad_v", grad_v)] {
-        writable(OP, name, t)?;
-    }
-    Ok(())
-}
-
-/// `embedding` and `embedding_backward`: `table [V, H]`, indices of any
-/// shape, `rows [indices..., H]`.
-pub fn embedding(
-    op: &'static str,
-    table: (&'static str, &TensorDesc),
-    indices: &TensorDesc,
-    rows_t: (&'static str, &TensorDesc),
-) -> Checked {
-    low(op, table.0, table.1)?;
-    exact_rank(op, table.0, table.1, 2, "[V, H]")?;
-    index(op, "indices", indices)?;
-    same_dtype(op, table, rows_t)?;
-    let mut expected = indices.shape.to_vec();
-    expected.push(table.1.shape[1]);
-    shape_is(
-        op,
-        rows_t.0,
-        rows_t.1,
-        &expected,
-        "it must be indices' shape followed by H:",
-    )?;
-    let written = if op == "embedding" { rows_t } else { table };
-    writable(op, written.0, written.1)
-}
-
-/// `cross_entropy`: `logits [N, C]`, `targets [N]`, a 0-dimensional f32 loss.
-pub fn cross_entropy(logits: &TensorDesc, targets: &TensorDesc, loss: &TensorDesc) -> Checked {
-    const OP: &str = "cross_entropy";
-    logits_targets(OP, logits, targets)?;
-    f32_only(OP, "loss", loss)?;
-    exact_rank(OP, "loss", loss, 0, "0-dimensional")
-}
-
-fn logits_targets(op: &'static str, logits: &TensorDesc, targets: &TensorDesc) -> Checked {
-    low(op, "logits", logits)?;
-    exact_rank(op, "logits", logits, 2, "[N, C]")?;
-    index(op, "targets", targets)?;
-    shape_is(
-        op,
-        "targets",
-        targets,
-        &logits.shape[..1],
-        "it must be [N] =",
-    )
-}
-
-/// `cross_entropy_backward`.
-pub fn cross_entropy_backward(
-    logits: &TensorDesc,
-    targets: &TensorDesc,
-    grad_logits: &TensorDesc,
-) -> Checked {
-    const OP: &str = "cross_entropy_backward";
-    logits_targets(OP, logits, targets)?;
-    like(OP, ("logits", logits), &[("grad_logits", grad_logits)])?;
-    writable(OP, "grad_logits", grad_logits)
-}
-
-/// `adamw`: parameters and gradients of one floating dtype, f32 moments, one
-/// shape, and a step of at least 1.
-pub fn adamw(
-    param: &TensorDesc,
-    grad: &TensorDesc,
-    exp_avg: &TensorDesc,
-    exp_avg_sq: &TensorDesc,
-    step: i64,
-) -> Checked {
-    const OP: &str = "adamw";
-    low(OP, "param", param)?;
-    like(OP, ("param", param), &[("grad", grad)])?;
-    for (name, t) in [("exp_avg", exp_avg), ("exp_avg_sq", exp_avg_sq)] {
-        f32_only(OP, name, t)?;
-        shape_is(OP, name, t, param.shape, "it must equal param's shape")?;
-        writable(OP, name, t)?;
-    }
-    writable(OP, "param", param)?;
-    if step < 1 {
-        return Err(ArgError::Invalid {
-            op: OP,
-            message: format!("step is {step}; bias correction needs a step of at least 1"),
-        });
-    }
-    Ok(())
-}
-
-/// `scale`: a floating tensor updated in place.
-pub fn scale(tensor: &TensorDesc) -> Checked {
-    low("scale", "tensor", tensor)?;
-    writable("scale", "tensor", tensor)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::check::*;
     use crate::error::ErrorCode;
 
     fn t(dtype: DType, shape: &[i64]) -> TensorDesc<'_> {
