@@ -6,14 +6,16 @@ use std::mem::size_of;
 
 use polychip_plugin_sdk::BinaryOp;
 
-mod nn;
+mod elementwise;
+mod layers;
+mod training;
 
-pub use nn::AdamwOptions;
 use polychip_plugin_sdk::abi::{
     PolychipBinaryArgs, PolychipCastArgs, PolychipCopyArgs, PolychipFillArgs, PolychipMatmulArgs,
     PolychipSoftmaxArgs,
 };
 use polychip_plugin_sdk::check::{self, ArgError};
+pub use training::AdamwOptions;
 
 use crate::device::Device;
 use crate::error::{HostError, Result};
