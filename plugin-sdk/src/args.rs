@@ -91,7 +91,7 @@ pub struct SoftmaxArgs<'a> {
     pub out: TensorDesc<'a>,
 }
 
-/// Which unary operator ([`Plugin::unary`]).
+/// Which unary operator ([`crate::Plugin::unary`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum UnaryOp {
     /// `-x`.
@@ -144,7 +144,7 @@ impl UnaryOp {
     }
 }
 
-/// Which activation a backward operator differentiates ([`Plugin::activation_backward`]).
+/// Which activation a backward operator differentiates ([`crate::Plugin::activation_backward`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ActivationOp {
     /// `relu_backward`.
@@ -169,7 +169,7 @@ impl ActivationOp {
     }
 }
 
-/// Which reduction ([`Plugin::reduce`]).
+/// Which reduction ([`crate::Plugin::reduce`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ReduceOp {
     /// `sum`.

@@ -103,7 +103,7 @@ unsafe impl Send for RegionView {}
 unsafe impl Sync for RegionView {}
 
 impl RegionView {
-    /// Wraps the pointer [`Transport::register`] returned for `len` bytes.
+    /// Wraps the pointer [`crate::transport::Transport::register`] returned for `len` bytes.
     ///
     /// # Safety
     /// `ptr` must be valid for `len` bytes for as long as the view is used.

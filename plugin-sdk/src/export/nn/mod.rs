@@ -1,6 +1,6 @@
 //! The `extern "C"` shims of the operators added in ABI 1.1: each reads
 //! its args struct, checks the tensors with [`crate::check`], and calls the
-//! [`Plugin`] method. Operators that share an args struct share a shim, told
+//! [`crate::Plugin`] method. Operators that share an args struct share a shim, told
 //! apart by a const parameter.
 
 mod elementwise;
