@@ -71,10 +71,11 @@ fn any_values(rng: &mut Rng, dtype: DType, n: usize) -> Vec<f64> {
 
 fn fill(dtype: DType) -> Vec<Case> {
     let mut cases = Vec::new();
-    let shapes: [(&[usize], Layout); 4] = [
+    let shapes: [(&[usize], Layout); 5] = [
         (&[], Layout::Contiguous),
         (&[5], Layout::Contiguous),
         (&[3, 4], Layout::Strided),
+        (&[4, 3], Layout::Transposed),
         (&[0, 3], Layout::Contiguous),
     ];
     for (shape, layout) in shapes {
@@ -318,6 +319,12 @@ fn matmul(dtype: DType) -> Vec<Case> {
         } else {
             Layout::Contiguous
         };
+        // The batched plan reads b through a stride-2 view.
+        let b_layout = if ba.len() == 1 {
+            Layout::Strided
+        } else {
+            Layout::Contiguous
+        };
         let label = format!(
             "a {:?} b {:?} ta {ta} tb {tb} alpha {alpha} beta {beta}{}",
             a_shape,
@@ -340,7 +347,7 @@ fn matmul(dtype: DType) -> Vec<Case> {
             label,
             vec![
                 input("a", dtype, &a_shape, a, a_layout),
-                input("b", dtype, &b_shape, b, Layout::Contiguous),
+                input("b", dtype, &b_shape, b, b_layout),
                 out,
             ],
             Tolerance::sum(4.0, k + 2),

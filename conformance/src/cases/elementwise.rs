@@ -184,13 +184,18 @@ fn pow_scalar(dtype: DType) -> Vec<Case> {
         if exponent == 0.0 {
             x.extend([f64::NAN, 0.0, f64::INFINITY]);
         }
+        let layout = if exponent == 3.0 || exponent == 0.5 {
+            Layout::Strided
+        } else {
+            Layout::Contiguous
+        };
         let n = x.len();
         cases.push(case(
             "pow_scalar",
             dtype,
-            format!("exponent {exponent} [{n}]"),
+            format!("exponent {exponent} [{n}] {layout}"),
             vec![
-                input("input", dtype, &[n], x, Layout::Contiguous),
+                input("input", dtype, &[n], x, layout),
                 output("out", dtype, &[n], Layout::Contiguous),
             ],
             Tolerance::ulps(8.0),
@@ -330,7 +335,20 @@ fn reduce(op: ReduceOp, dtype: DType) -> Vec<Case> {
         } else {
             rng.values(dtype, numel(shape), -4.0, 4.0)
         };
-        let label = format!("{} dim {dim} keepdim {keepdim}", shape_label(shape, layout));
+        let d = if dim < 0 {
+            shape.len() - dim.unsigned_abs() as usize
+        } else {
+            dim as usize
+        };
+        let refuse = if op == ReduceOp::Argmax && shape[d] == 0 {
+            ", an empty dimension: must be refused"
+        } else {
+            ""
+        };
+        let label = format!(
+            "{} dim {dim} keepdim {keepdim}{refuse}",
+            shape_label(shape, layout)
+        );
         cases.push(reduce_case(
             op, dtype, label, shape, x, dim, keepdim, layout,
         ));

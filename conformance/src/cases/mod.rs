@@ -207,3 +207,78 @@ pub fn specials(dtype: DType) -> Vec<f64> {
         0.5,
     ]
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashSet;
+
+    use super::*;
+    use crate::case::Role;
+
+    /// Cases whose reference must fail (the plugin must refuse them).
+    fn refused(label: &str) -> bool {
+        label.contains("out of range")
+            || label.contains("step 0")
+            || label.contains("must be refused")
+    }
+
+    #[test]
+    fn every_case_is_well_formed_and_its_reference_runs() {
+        for info in registry() {
+            for &dtype in info.dtypes {
+                let cases = (info.cases)(dtype);
+                assert!(!cases.is_empty(), "{} {dtype}: no cases", info.name);
+                let mut labels = HashSet::new();
+                for c in &cases {
+                    assert_eq!((c.op, c.dtype), (info.name, dtype), "{c:?}");
+                    assert!(labels.insert(c.label.clone()), "{c:?}: duplicate label");
+                    for t in &c.tensors {
+                        assert_eq!(t.values.len(), numel(&t.shape), "{c:?} {}", t.name);
+                        assert!(numel(&t.shape) <= 20_000, "{c:?} {} is too large", t.name);
+                    }
+                    let dense: Vec<Dense> = c.tensors.iter().map(TensorSpec::dense).collect();
+                    match (c.reference)(&dense) {
+                        Ok(out) => {
+                            assert!(!refused(&c.label), "{c:?}: the reference accepts it");
+                            let written: Vec<&TensorSpec> =
+                                c.tensors.iter().filter(|t| t.role != Role::Input).collect();
+                            assert_eq!(out.len(), written.len(), "{c:?}");
+                            for (o, t) in out.iter().zip(written) {
+                                assert_eq!(o.shape, t.shape, "{c:?} {}", t.name);
+                            }
+                        }
+                        Err(e) => assert!(refused(&c.label), "{c:?}: {e}"),
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn every_op_has_strided_tensors_and_every_multi_dimensional_op_transposed_ones() {
+        for info in registry() {
+            let cases = (info.cases)(info.dtypes[0]);
+            let tensors = || cases.iter().flat_map(|c| &c.tensors);
+            assert!(
+                tensors().any(|t| t.layout == Layout::Strided),
+                "{}: no strided tensor",
+                info.name
+            );
+            if tensors().any(|t| t.shape.len() >= 2) {
+                assert!(
+                    tensors().any(|t| t.layout == Layout::Transposed),
+                    "{}: no transposed tensor",
+                    info.name
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn the_registry_covers_every_operator_of_the_abi_once() {
+        let names: Vec<&str> = registry().iter().map(|o| o.name).collect();
+        let unique: HashSet<&str> = names.iter().copied().collect();
+        assert_eq!(unique.len(), names.len(), "an operator is registered twice");
+        assert_eq!(names.len(), polychip_host::ffi::OP_COUNT);
+    }
+}
