@@ -192,7 +192,7 @@ fn large_writes_both_ways_at_once_do_not_deadlock() {
 }
 
 #[test]
-fn a_dropped_rank_is_peer_lost_on_the_others() {
+fn a_crashed_rank_is_peer_lost_on_the_others() {
     let mut ranks = mesh(3);
     let dropped = ranks.pop().expect("rank 2");
     let survivors = thread::spawn(move || {
@@ -210,7 +210,8 @@ fn a_dropped_rank_is_peer_lost_on_the_others() {
         })
     });
     thread::sleep(Duration::from_millis(100));
-    drop(dropped);
+    // A crash: no goodbye (a clean drop is a departure, tested below).
+    dropped.abort_for_test();
     for (rank, (err, waited, later, again)) in
         survivors.join().expect("survivors").into_iter().enumerate()
     {
@@ -368,4 +369,149 @@ fn bad_arguments_are_usage_errors() {
             Err(CommError::Usage(_))
         ));
     });
+}
+
+/// Rank 1 of a 2-rank communicator drops everything right after its last
+/// all-reduce, while rank 0 may still be finishing the call and returning
+/// credits: rank 0 sees no error. Later writes to the departed rank are
+/// discarded, and a wait only it could satisfy fails at once as "left the
+/// job".
+#[test]
+fn a_rank_leaving_right_after_its_last_collective_is_not_an_error() {
+    use polychip_comm::collectives::{Communicator, DType, ReduceOp};
+    for (round, count) in [1usize, 1000, 300_000]
+        .into_iter()
+        .cycle()
+        .take(12)
+        .enumerate()
+    {
+        let ranks = mesh(2);
+        let handles: Vec<_> = ranks
+            .into_iter()
+            .map(|t| {
+                thread::spawn(move || {
+                    let t = Arc::new(t);
+                    let me = t.rank();
+                    let mut c = Communicator::new(t.clone()).expect("communicator");
+                    c.set_timeout(Duration::from_secs(20));
+                    let mut v: Vec<u8> = (0..count)
+                        .flat_map(|i| ((i + me) as f32).to_ne_bytes())
+                        .collect();
+                    for _ in 0..3 {
+                        c.all_reduce(&mut v, DType::F32, ReduceOp::Sum)
+                            .unwrap_or_else(|e| panic!("round {round}: rank {me}: {e}"));
+                    }
+                    drop(c);
+                    if me == 1 {
+                        // Leave at once.
+                        drop(t);
+                        return;
+                    }
+                    // Rank 0: wait until the departure is visible, then
+                    // check what writes and waits do.
+                    let (id, _) = t.register(16).expect("register");
+                    let start = Instant::now();
+                    let err = t
+                        .wait(SignalId(4000), 1, soon(20))
+                        .expect_err("rank 1 left");
+                    assert!(start.elapsed() < Duration::from_secs(5));
+                    match &err {
+                        CommError::PeerLost {
+                            rank: 0,
+                            peer: 1,
+                            why,
+                            ..
+                        } => {
+                            assert_eq!(why, "left the job", "{err}")
+                        }
+                        other => panic!("expected PeerLost, got {other}"),
+                    }
+                    t.write(1, id, 0, &[1; 16], SignalId(0))
+                        .expect("a write to a departed peer is discarded");
+                })
+            })
+            .collect();
+        for h in handles {
+            h.join().expect("rank thread");
+        }
+    }
+}
+
+/// A rank that goes away without a goodbye (a crash) is still a lost peer
+/// on writes and waits.
+#[test]
+fn a_crash_without_goodbye_is_still_peer_lost() {
+    let mut ranks = mesh(2);
+    let crashed = ranks.pop().expect("rank 1");
+    let survivor = ranks.pop().expect("rank 0");
+    crashed.abort_for_test();
+    let (id, _) = survivor.register(16).expect("register");
+    let err = survivor
+        .wait(SignalId(0), 1, soon(20))
+        .expect_err("rank 1 crashed");
+    let later = survivor
+        .write(1, id, 0, &[1], SignalId(0))
+        .expect_err("failed transport");
+    for e in [err, later] {
+        match &e {
+            CommError::PeerLost {
+                rank: 0,
+                peer: 1,
+                why,
+                ..
+            } => {
+                assert_ne!(why, "left the job", "{e}")
+            }
+            other => panic!("expected PeerLost, got {other}"),
+        }
+    }
+}
+
+/// In a 3-rank mesh, rank 2 leaves cleanly: the others can still talk to
+/// each other, writes to rank 2 are discarded, and a wait nobody satisfies
+/// ends at its deadline as PeerLost naming rank 2 ("left the job").
+#[test]
+fn a_clean_departure_fails_waits_only_at_the_deadline() {
+    let mut ranks = mesh(3);
+    drop(ranks.pop().expect("rank 2"));
+    let results = each(ranks, |t| {
+        let (id, mem) = region(t, 16);
+        let (me, peer) = (t.rank(), 1 - t.rank());
+        // Writes to the departed rank are discarded (once its goodbye is
+        // in, and before: the socket is merely shut down).
+        for _ in 0..3 {
+            t.write(2, id, 0, &[9; 16], SignalId(5)).expect("discarded");
+            thread::sleep(Duration::from_millis(20));
+        }
+        t.write(peer, id, me * 8, &[me as u8 + 1; 8], SignalId(1))
+            .expect("write");
+        t.wait(SignalId(1), 1, soon(10))
+            .expect("the live peer still writes");
+        let got = mem.read(peer * 8..peer * 8 + 8);
+        let start = Instant::now();
+        let err = t
+            .wait(SignalId(7), 1, start + Duration::from_millis(300))
+            .expect_err("nobody writes");
+        let waited = start.elapsed();
+        thread::sleep(Duration::from_millis(100));
+        (got, err, waited, peer)
+    });
+    for (rank, (got, err, waited, peer)) in results.into_iter().enumerate() {
+        assert_eq!(got, [peer as u8 + 1; 8]);
+        assert!(
+            waited >= Duration::from_millis(300) && waited < Duration::from_secs(2),
+            "{waited:?}"
+        );
+        match &err {
+            CommError::PeerLost {
+                rank: r,
+                peer: 2,
+                why,
+                ..
+            } => {
+                assert_eq!((*r, why.as_str()), (rank, "left the job"), "{err}")
+            }
+            other => panic!("rank {rank}: expected PeerLost, got {other}"),
+        }
+    }
 }

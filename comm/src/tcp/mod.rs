@@ -5,6 +5,15 @@
 //! of the region and then raises the signal. Waiters spin briefly, then block
 //! on a condition variable; the first lost peer or protocol violation fails
 //! every later `wait` and `write`.
+//!
+//! Shutdown: a dropped transport first sends a GOODBYE frame to every peer.
+//! A peer that said goodbye has left the job cleanly, which is not a
+//! failure: it can no longer receive, so later writes to it return `Ok` and
+//! are discarded (collectives only write to a departed peer when returning
+//! the credits of their last call), and nothing more will come from it, so
+//! a wait fails with `PeerLost` ("left the job") once it cannot be satisfied:
+//! at once when every peer has left, otherwise at the deadline. A connection
+//! that ends without a GOODBYE (a crash) is a lost peer, as above.
 
 mod mesh;
 mod recv;
@@ -75,6 +84,8 @@ pub struct TcpTransport {
     senders: Vec<Option<Mutex<TcpStream>>>,
     receivers: Vec<JoinHandle<()>>,
     spin: Duration,
+    /// Whether `Drop` says goodbye (cleared only by `abort_for_test`).
+    goodbye: bool,
 }
 
 impl TcpTransport {
@@ -126,7 +137,16 @@ impl TcpTransport {
             senders,
             receivers,
             spin: options.spin,
+            goodbye: true,
         })
+    }
+
+    /// Drops the transport like a crash would: the sockets are shut down
+    /// without a GOODBYE, so peers see a lost peer. For tests.
+    #[doc(hidden)]
+    pub fn abort_for_test(mut self) {
+        self.goodbye = false;
+        drop(self);
     }
 }
 
@@ -179,6 +199,10 @@ impl Transport for TcpTransport {
             )));
         }
         shared.check("write")?;
+        if shared.has_left(peer) {
+            // A peer that left can no longer receive: discard.
+            return Ok(());
+        }
         let Some(sender) = &self.senders[peer] else {
             // SAFETY: the range is inside this rank's copy (checked above),
             // and by the transport contract nobody else touches it until
@@ -194,11 +218,18 @@ impl Transport for TcpTransport {
             len: data.len() as u64,
         };
         let stream = sender.lock().unwrap_or_else(|e| e.into_inner());
-        recv::send_frame(&stream, &header.encode(), data).map_err(|e| {
+        let sent = recv::send_frame(&stream, &header.encode(), data);
+        drop(stream);
+        sent.or_else(|e| {
+            // The peer may have said goodbye and shut its socket down
+            // before its receiver here read the GOODBYE.
+            if shared.left_after_send_failure(peer) {
+                return Ok(());
+            }
             shared.fail_lost(peer, format!("send failed: {e}"));
-            shared
+            Err(shared
                 .failure_error("write")
-                .unwrap_or_else(|| shared.io("write", e))
+                .unwrap_or_else(|| shared.io("write", e)))
         })
     }
 
@@ -252,6 +283,10 @@ impl Drop for TcpTransport {
         self.shared.close();
         for sender in self.senders.iter().flatten() {
             let stream = sender.lock().unwrap_or_else(|e| e.into_inner());
+            if self.goodbye {
+                // Best effort: a peer that is already gone needs no goodbye.
+                let _ = recv::send_frame(&stream, &recv::Header::goodbye(), &[]);
+            }
             let _ = stream.shutdown(Shutdown::Both);
         }
         for handle in self.receivers.drain(..) {

@@ -14,6 +14,9 @@ use super::state::{MAX_SIGNALS, Shared};
 use crate::transport::{RegionId, SignalId};
 
 const MAGIC: u32 = 0x5043_5457; // "PCTW"
+/// The magic of the GOODBYE frame a transport sends every peer when it is
+/// dropped: the rest of its header is zero and no payload follows.
+const GOODBYE_MAGIC: u32 = 0x5043_5447; // "PCTG"
 pub(crate) const HEADER_LEN: usize = 32;
 /// Payloads below this size come through the receiver's buffer (fewer system
 /// calls); larger ones are read straight into the region.
@@ -39,18 +42,29 @@ impl Header {
         b
     }
 
-    fn decode(b: &[u8; HEADER_LEN]) -> Result<Header, String> {
+    /// The GOODBYE frame.
+    pub fn goodbye() -> [u8; HEADER_LEN] {
+        let mut b = [0u8; HEADER_LEN];
+        b[0..4].copy_from_slice(&GOODBYE_MAGIC.to_le_bytes());
+        b
+    }
+
+    /// The header of a write, or `None` for a GOODBYE frame.
+    fn decode(b: &[u8; HEADER_LEN]) -> Result<Option<Header>, String> {
         let word = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().expect("4 bytes"));
         let long = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
+        if word(0) == GOODBYE_MAGIC && b[4..].iter().all(|&x| x == 0) {
+            return Ok(None);
+        }
         if word(0) != MAGIC {
             return Err(format!("bad frame magic {:#x}", word(0)));
         }
-        Ok(Header {
+        Ok(Some(Header {
             region: word(4),
             signal: word(8),
             offset: long(16),
             len: long(24),
-        })
+        }))
     }
 }
 
@@ -90,14 +104,26 @@ pub(crate) fn send_frame(stream: &TcpStream, header: &[u8], payload: &[u8]) -> i
 }
 
 /// The receiver thread for `peer`: runs until the connection ends, then
-/// records the loss (unless the transport is closing).
+/// records the loss (unless the transport is closing or the peer said
+/// goodbye first).
 pub(crate) fn run(shared: Arc<Shared>, peer: usize, stream: TcpStream) {
+    receive(&shared, peer, stream);
+    shared.peer_gone(peer);
+}
+
+fn receive(shared: &Shared, peer: usize, stream: TcpStream) {
     let mut reader = BufReader::with_capacity(READ_BUFFER, stream);
     // Regions are never unregistered, so (len, base) pairs stay valid.
     let mut regions: Vec<(usize, *mut u8)> = Vec::new();
     loop {
         let mut raw = [0u8; HEADER_LEN];
         if let Err(e) = reader.read_exact(&mut raw) {
+            if shared.has_left(peer) {
+                // The peer said goodbye: whatever ends the connection now
+                // (its FIN, or a reset because it did not read our last
+                // credits) is part of a clean exit.
+                return;
+            }
             let why = if e.kind() == io::ErrorKind::UnexpectedEof {
                 "connection closed".to_string()
             } else {
@@ -107,8 +133,12 @@ pub(crate) fn run(shared: Arc<Shared>, peer: usize, stream: TcpStream) {
             return;
         }
         let header = match Header::decode(&raw) {
-            Ok(h) => h,
-            Err(message) => return violation(&shared, peer, &reader, message),
+            Ok(Some(h)) => h,
+            Ok(None) => {
+                shared.peer_left(peer);
+                continue;
+            }
+            Err(message) => return violation(shared, peer, &reader, message),
         };
         let id = header.region as usize;
         while regions.len() <= id {
@@ -120,7 +150,7 @@ pub(crate) fn run(shared: Arc<Shared>, peer: usize, stream: TcpStream) {
                         "write to region {id}, which this rank has not registered (it has {})",
                         regions.len()
                     );
-                    return violation(&shared, peer, &reader, message);
+                    return violation(shared, peer, &reader, message);
                 }
             }
         }
@@ -131,11 +161,11 @@ pub(crate) fn run(shared: Arc<Shared>, peer: usize, stream: TcpStream) {
                 "write of {} bytes at offset {} overflows region {id} of {len} bytes",
                 header.len, header.offset
             );
-            return violation(&shared, peer, &reader, message);
+            return violation(shared, peer, &reader, message);
         }
         if header.signal as usize >= MAX_SIGNALS {
             let message = format!("signal {} is not below {MAX_SIGNALS}", header.signal);
-            return violation(&shared, peer, &reader, message);
+            return violation(shared, peer, &reader, message);
         }
         // SAFETY: [offset, offset + len) lies inside the live region (checked
         // above; regions live as long as `shared`). By the transport contract

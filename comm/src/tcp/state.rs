@@ -6,7 +6,7 @@
 
 use std::alloc::Layout;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -17,6 +17,14 @@ use crate::transport::{RegionId, SignalId};
 pub const MAX_SIGNALS: usize = 4096;
 
 const PAGE: usize = 4096;
+
+/// Peer states: connected, left cleanly (sent GOODBYE), or gone otherwise.
+const ALIVE: u8 = 0;
+const LEFT: u8 = 1;
+const GONE: u8 = 2;
+
+/// What a wait failing because of a clean departure reports.
+pub(crate) const LEFT_THE_JOB: &str = "left the job";
 
 /// One rank's copy of a registered region.
 #[derive(Debug)]
@@ -60,6 +68,11 @@ pub(crate) struct Shared {
     counters: Box<[AtomicU64]>,
     failed: AtomicBool,
     failure: Mutex<Option<Failure>>,
+    /// Per peer: [`ALIVE`], [`LEFT`] (it said goodbye) or [`GONE`] (its
+    /// receiver thread ended without a goodbye).
+    peers: Box<[AtomicU8]>,
+    /// How many peers said goodbye.
+    departed: AtomicUsize,
     sleepers: AtomicUsize,
     lock: Mutex<()>,
     wake: Condvar,
@@ -77,6 +90,8 @@ impl Shared {
             counters: (0..MAX_SIGNALS).map(|_| AtomicU64::new(0)).collect(),
             failed: AtomicBool::new(false),
             failure: Mutex::new(None),
+            peers: (0..world_size).map(|_| AtomicU8::new(ALIVE)).collect(),
+            departed: AtomicUsize::new(0),
             sleepers: AtomicUsize::new(0),
             lock: Mutex::new(()),
             wake: Condvar::new(),
@@ -171,6 +186,73 @@ impl Shared {
         self.fail(Failure::Lost { peer, why });
     }
 
+    /// Records that `peer` said goodbye: it can no longer receive, and
+    /// nothing more will come from it. Not a failure (logged at debug).
+    pub fn peer_left(&self, peer: usize) {
+        if self.peers[peer]
+            .compare_exchange(ALIVE, LEFT, Ordering::SeqCst, Ordering::SeqCst)
+            .is_ok()
+        {
+            log::debug!("tcp rank {}: peer rank {peer} left the job", self.rank);
+            self.departed.fetch_add(1, Ordering::SeqCst);
+            drop(self.lock.lock().unwrap_or_else(|e| e.into_inner()));
+            self.wake.notify_all();
+        }
+    }
+
+    /// Records that `peer`'s receiver ended without a goodbye.
+    pub fn peer_gone(&self, peer: usize) {
+        let _ = self.peers[peer].compare_exchange(ALIVE, GONE, Ordering::SeqCst, Ordering::SeqCst);
+    }
+
+    /// Whether `peer` said goodbye.
+    pub fn has_left(&self, peer: usize) -> bool {
+        self.peers[peer].load(Ordering::SeqCst) == LEFT
+    }
+
+    /// After a failed send to `peer`: waits (briefly) for its receiver to
+    /// tell a goodbye (the peer shut its socket after leaving) from a loss,
+    /// and returns whether the peer left cleanly.
+    pub fn left_after_send_failure(&self, peer: usize) -> bool {
+        let deadline = Instant::now() + self.timeout.min(Duration::from_secs(2));
+        loop {
+            match self.peers[peer].load(Ordering::SeqCst) {
+                LEFT => return true,
+                GONE => return false,
+                _ if Instant::now() >= deadline || self.closing.load(Ordering::Relaxed) => {
+                    return false;
+                }
+                _ => std::thread::sleep(Duration::from_millis(1)),
+            }
+        }
+    }
+
+    /// The first peer that left cleanly, if any.
+    fn first_departed(&self) -> Option<usize> {
+        if self.departed.load(Ordering::SeqCst) == 0 {
+            return None;
+        }
+        (0..self.world_size).find(|&p| self.has_left(p))
+    }
+
+    /// A wait's error when a departed peer may be the reason it cannot be
+    /// satisfied: immediately when every peer has left (nobody can raise a
+    /// signal any more), and at the deadline when any has.
+    fn departure_error(&self, at_deadline: bool) -> Option<CommError> {
+        let departed = self.departed.load(Ordering::SeqCst);
+        let everyone = departed > 0 && departed + 1 >= self.world_size;
+        if !(everyone || at_deadline) {
+            return None;
+        }
+        let peer = self.first_departed()?;
+        Some(CommError::PeerLost {
+            rank: self.rank,
+            op: "tcp wait".into(),
+            peer,
+            why: LEFT_THE_JOB.into(),
+        })
+    }
+
     pub fn fail_protocol(&self, peer: usize, message: String) {
         self.fail(Failure::Protocol { peer, message });
     }
@@ -234,6 +316,9 @@ impl Shared {
                 };
             }
             let now = Instant::now();
+            if let Some(e) = self.departure_error(now >= deadline) {
+                break Err(e);
+            }
             if now >= deadline {
                 break Err(CommError::Timeout {
                     rank: self.rank,
