@@ -1,0 +1,12 @@
+//! HeteroAuto, polychip's heterogeneous parallel planner (issue 5, in
+//! progress): given a cluster of uneven chips and a LLaMA-family model, how
+//! to train it. Pure computation, no FFI.
+//!
+//! - [`schedule`]: the per-stage timings of one training step that a plan
+//!   implies, the interface between the cost model and the simulator;
+//! - [`sim`]: a discrete-event simulator of the 1F1B pipeline schedule with
+//!   unequal stages, which also writes a Chrome trace of the timeline.
+
+#![forbid(unsafe_code)]
+
+pub mod schedule;

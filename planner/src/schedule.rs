@@ -1,0 +1,85 @@
+//! The timings of one training step of one pipeline (one data-parallel
+//! replica), as the cost model predicts them and the simulator consumes
+//! them. Times are in seconds.
+
+use serde::{Deserialize, Serialize};
+
+/// One pipeline stage's costs per micro-batch and per step.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StageTiming {
+    /// A name for traces, e.g. `"stage 0 (A100 x8, layers 0-23)"`.
+    pub name: String,
+    /// Forward time of one micro-batch on this stage.
+    pub forward: f64,
+    /// Backward time of one micro-batch on this stage.
+    pub backward: f64,
+    /// Time to send one micro-batch's activations to the next stage (and,
+    /// equally, the activation gradient back from it); 0 for the last stage.
+    pub send_next: f64,
+    /// The stage's data-parallel gradient all-reduce after the last backward
+    /// (the part not overlapped with computation).
+    pub dp_allreduce: f64,
+    /// The optimizer step after the all-reduce.
+    pub optimizer: f64,
+}
+
+/// One pipeline's step: its stages in order and the micro-batch count.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Schedule {
+    /// Stages, first to last.
+    pub stages: Vec<StageTiming>,
+    /// Micro-batches per step (`m`).
+    pub microbatches: usize,
+}
+
+impl Schedule {
+    /// The analytic 1F1B step time with unequal stages (Metis, AMP):
+    /// `T = (m - 1) * max_i t_i + sum_i t_i + p2p + max_i (dp_i + opt_i)`,
+    /// where `t_i = forward_i + backward_i`, and `p2p` is the forward and
+    /// backward transfers of one micro-batch through the whole pipeline
+    /// (`2 * sum_i send_next_i`).
+    pub fn analytic_step_time(&self) -> f64 {
+        let t: Vec<f64> = self.stages.iter().map(|s| s.forward + s.backward).collect();
+        let max = t.iter().cloned().fold(0.0, f64::max);
+        let sum: f64 = t.iter().sum();
+        let p2p: f64 = 2.0 * self.stages.iter().map(|s| s.send_next).sum::<f64>();
+        let tail = self
+            .stages
+            .iter()
+            .map(|s| s.dp_allreduce + s.optimizer)
+            .fold(0.0, f64::max);
+        let m = self.microbatches.max(1) as f64;
+        (m - 1.0) * max + sum + p2p + tail
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stage(f: f64, b: f64) -> StageTiming {
+        StageTiming {
+            name: String::new(),
+            forward: f,
+            backward: b,
+            send_next: 0.0,
+            dp_allreduce: 0.0,
+            optimizer: 0.0,
+        }
+    }
+
+    #[test]
+    fn equal_stages_give_the_textbook_bubble() {
+        // p equal stages of t each, m micro-batches: (m + p - 1) * t, so the
+        // bubble fraction is (p - 1) / (m + p - 1).
+        let (p, m, t) = (4usize, 8usize, 1.0);
+        let s = Schedule {
+            stages: (0..p).map(|_| stage(t / 3.0, 2.0 * t / 3.0)).collect(),
+            microbatches: m,
+        };
+        let time = s.analytic_step_time();
+        assert!((time - (m + p - 1) as f64 * t).abs() < 1e-12);
+        let bubble = 1.0 - (m as f64 * t) / time;
+        assert!((bubble - (p - 1) as f64 / (m + p - 1) as f64).abs() < 1e-12);
+    }
+}
