@@ -1,0 +1,318 @@
+//! Tests of the 1F1B simulator: textbook results for equal stages, its
+//! measured relation to the analytic step time, the 1F1B order and the
+//! dependencies read back from the events, edge cases, and the Chrome trace.
+
+use polychip_planner::schedule::{Schedule, StageTiming};
+use polychip_planner::sim::{Event, EventKind, SimResult, chrome_trace, simulate};
+
+const EPS: f64 = 1e-9;
+
+/// Xorshift64: deterministic random schedules without a dependency.
+struct Rng(u64);
+impl Rng {
+    fn f(&mut self) -> f64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        (self.0 >> 11) as f64 / (1u64 << 53) as f64
+    }
+    fn n(&mut self, lo: usize, hi: usize) -> usize {
+        (lo + (self.f() * (hi - lo + 1) as f64) as usize).min(hi)
+    }
+}
+
+fn st(f: f64, b: f64, send: f64) -> StageTiming {
+    StageTiming {
+        name: String::new(),
+        forward: f,
+        backward: b,
+        send_next: send,
+        dp_allreduce: 0.0,
+        optimizer: 0.0,
+    }
+}
+
+fn sched(stages: Vec<StageTiming>, m: usize) -> Schedule {
+    let mut stages = stages;
+    if let Some(last) = stages.last_mut() {
+        last.send_next = 0.0;
+    }
+    Schedule {
+        stages,
+        microbatches: m,
+    }
+}
+
+/// A random schedule: `p` stages, `m` micro-batches, sends up to `c`.
+fn random(r: &mut Rng, p: usize, m: usize, c: f64, tail: bool) -> Schedule {
+    let stages = (0..p)
+        .map(|_| {
+            let f = 0.1 + r.f();
+            let mut s = st(f, f * (1.0 + 2.0 * r.f()), c * r.f());
+            if tail {
+                (s.dp_allreduce, s.optimizer) = (r.f(), 0.1 * r.f());
+            }
+            s
+        })
+        .collect();
+    sched(stages, m)
+}
+
+fn compute(res: &SimResult, i: usize) -> Vec<&Event> {
+    let kinds = [EventKind::Forward, EventKind::Backward];
+    res.events
+        .iter()
+        .filter(|e| e.stage == i && kinds.contains(&e.kind))
+        .collect()
+}
+
+fn end_of(res: &SimResult, stage: usize, kind: EventKind, j: usize) -> f64 {
+    res.events
+        .iter()
+        .find(|e| e.stage == stage && e.kind == kind && e.microbatch == Some(j))
+        .unwrap()
+        .end
+}
+
+#[test]
+fn equal_stages_give_the_textbook_step_and_bubble() {
+    for p in 1..=6 {
+        for m in 1..=12 {
+            let res = simulate(&sched((0..p).map(|_| st(0.25, 0.5, 0.0)).collect(), m));
+            let want = (m + p - 1) as f64 * 0.75;
+            assert!(
+                (res.step_time - want).abs() < EPS,
+                "p{p} m{m}: {} vs {want}",
+                res.step_time
+            );
+            let bubble = (p - 1) as f64 / (m + p - 1) as f64;
+            assert!((res.bubble_fraction - bubble).abs() < EPS);
+            assert!(
+                res.stage_busy
+                    .iter()
+                    .all(|&b| (b - m as f64 * 0.75).abs() < EPS)
+            );
+        }
+    }
+}
+
+#[test]
+fn equal_stages_with_transfers_match_the_analytic_time_only_for_few_microbatches() {
+    // Measured: with equal stages and sends of c, sim == analytic for m <= 2;
+    // beyond, 1F1B's bounded in-flight window exposes part of the round trip
+    // in the steady state too, so sim >= analytic (e.g. p = 2, m = 8,
+    // f = 1, b = 2, c = 0.5: 3.0 more). The analytic formula counts p2p once.
+    for p in 2..=6 {
+        for m in 1..=16 {
+            for c in [0.01, 0.1, 0.5] {
+                let s = sched((0..p).map(|_| st(1.0, 2.0, c)).collect(), m);
+                let (sim, an) = (simulate(&s).step_time, s.analytic_step_time());
+                assert!(sim >= an - EPS, "p{p} m{m} c{c}: {sim} < {an}");
+                if m <= 2 {
+                    assert!((sim - an).abs() < EPS, "p{p} m{m} c{c}: {sim} vs {an}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn unequal_stages_versus_the_analytic_time() {
+    let mut r = Rng(0x9e37_79b9_7f4a_7c15);
+    let (mut lo, mut hi, mut lo_c, mut hi_c) = (f64::MAX, f64::MIN, f64::MAX, f64::MIN);
+    for _ in 0..20_000 {
+        let p = r.n(1, 8);
+        let m = r.n(p, 4 * p);
+        for c in [0.0, 0.2] {
+            let s = random(&mut r, p, m, c, false);
+            let (sim, an) = (simulate(&s).step_time, s.analytic_step_time());
+            let d = (sim - an) / an;
+            // Lower bounds any schedule obeys: the slowest stage's compute,
+            // and one micro-batch's round trip through the pipeline.
+            let t: Vec<f64> = s.stages.iter().map(|x| x.forward + x.backward).collect();
+            let p2p: f64 = 2.0 * s.stages.iter().map(|x| x.send_next).sum::<f64>();
+            assert!(sim >= m as f64 * t.iter().cloned().fold(0.0, f64::max) - EPS);
+            assert!(sim >= t.iter().sum::<f64>() + p2p - EPS);
+            if c == 0.0 {
+                (lo, hi) = (lo.min(d), hi.max(d));
+            } else {
+                (lo_c, hi_c) = (lo_c.min(d), hi_c.max(d));
+            }
+        }
+    }
+    println!("m >= p, no transfers: (sim - analytic) / analytic in [{lo:.4}, {hi:.4}]");
+    println!("m >= p, sends <= 0.2: (sim - analytic) / analytic in [{lo_c:.4}, {hi_c:.4}]");
+    assert!(hi < 0.01 && lo > -0.3, "no transfers: [{lo}, {hi}]");
+}
+
+#[test]
+fn a_dominant_slowest_stage_keeps_the_simulation_under_the_analytic_time() {
+    // Without transfers, when one stage is slowest in both forward and
+    // backward (anywhere in the pipeline), sim <= analytic.
+    let mut r = Rng(777);
+    for _ in 0..20_000 {
+        let p = r.n(2, 6);
+        let m = r.n(1, 3 * p);
+        let mut s = random(&mut r, p, m, 0.0, false);
+        let k = r.n(0, p - 1);
+        (s.stages[k].forward, s.stages[k].backward) = (1.2, 3.1);
+        assert!(simulate(&s).step_time <= s.analytic_step_time() + EPS);
+    }
+}
+
+#[test]
+fn a_non_dominant_slowest_stage_can_exceed_the_analytic_time() {
+    // Stage 1 is slowest overall (t = 6) but stage 0 has the slowest forward:
+    // 1F1B's fixed order stalls, 53 against the analytic 51.
+    let s = sched(
+        vec![
+            st(4.0, 1.0, 0.0),
+            st(1.0, 5.0, 0.0),
+            st(1.0, 1.0, 0.0),
+            st(1.0, 1.0, 0.0),
+        ],
+        7,
+    );
+    assert_eq!(s.analytic_step_time(), 51.0);
+    assert!((simulate(&s).step_time - 53.0).abs() < EPS);
+}
+
+#[test]
+fn events_follow_1f1b_and_respect_every_dependency() {
+    let mut r = Rng(42);
+    for _ in 0..2_000 {
+        let p = r.n(1, 7);
+        let m = r.n(1, 12);
+        let s = random(&mut r, p, m, 0.3, true);
+        let res = simulate(&s);
+        let mut step = 0.0f64;
+        for i in 0..p {
+            let ev = compute(&res, i);
+            assert_eq!(ev.len(), 2 * m);
+            let warm = (p - i).min(m);
+            let (mut inflight, mut nf, mut nb, mut free) = (0usize, 0usize, 0usize, 0.0f64);
+            for (k, e) in ev.iter().enumerate() {
+                let j = e.microbatch.unwrap();
+                let ready = if e.kind == EventKind::Forward {
+                    assert_eq!(j, nf);
+                    (nf, inflight) = (nf + 1, inflight + 1);
+                    if i == 0 {
+                        0.0
+                    } else {
+                        end_of(&res, i - 1, EventKind::Forward, j) + s.stages[i - 1].send_next
+                    }
+                } else {
+                    assert_eq!(j, nb);
+                    (nb, inflight) = (nb + 1, inflight - 1);
+                    if i + 1 == p {
+                        end_of(&res, i, EventKind::Forward, j)
+                    } else {
+                        end_of(&res, i + 1, EventKind::Backward, j) + s.stages[i].send_next
+                    }
+                };
+                assert!(inflight <= warm, "stage {i} holds {inflight} > {warm}");
+                // 1F1B order: `warm` forwards, then B/F alternating, then Bs.
+                let fwd = k < warm || (k - warm) % 2 == 1 && k < 2 * m - warm;
+                assert_eq!(e.kind == EventKind::Forward, fwd, "stage {i} op {k}");
+                // No overlap, and it starts as soon as both stage and input allow.
+                assert!(e.start >= free - EPS && e.start >= ready - EPS);
+                assert!(
+                    (e.start - free.max(ready)).abs() < EPS,
+                    "stage {i} idles needlessly"
+                );
+                free = e.end;
+            }
+            let upd: Vec<&Event> = res
+                .events
+                .iter()
+                .filter(|e| e.stage == i && !e.kind.is_transfer() && e.microbatch.is_none())
+                .collect();
+            assert_eq!(upd.len(), 2);
+            assert!((upd[0].start - free).abs() < EPS && (upd[1].start - upd[0].end).abs() < EPS);
+            assert!((upd[1].end - upd[1].start - s.stages[i].optimizer).abs() < EPS);
+            step = step.max(upd[1].end);
+        }
+        assert!((res.step_time - step).abs() < EPS);
+        for e in res.events.iter().filter(|e| e.kind.is_transfer()) {
+            let (kind, link) = match e.kind {
+                EventKind::SendActivation => (EventKind::Forward, e.stage),
+                _ => (EventKind::Backward, e.stage - 1),
+            };
+            let j = e.microbatch.unwrap();
+            assert!((e.start - end_of(&res, e.stage, kind, j)).abs() < EPS);
+            assert!((e.end - e.start - s.stages[link].send_next).abs() < EPS);
+        }
+    }
+}
+
+#[test]
+fn single_stage_and_single_microbatch() {
+    // p = 1: m forward/backward pairs back to back, then the tail.
+    let mut one = st(1.0, 2.0, 0.7);
+    (one.dp_allreduce, one.optimizer) = (0.5, 0.25);
+    let res = simulate(&sched(vec![one], 5));
+    assert!((res.step_time - (5.0 * 3.0 + 0.75)).abs() < EPS);
+    assert!((res.bubble_fraction - 0.75 / 15.75).abs() < EPS);
+    assert!(res.events.iter().all(|e| !e.kind.is_transfer()));
+    // m = 1: one round trip; m = 0 is treated as 1, as the analytic time does.
+    let stages = vec![st(1.0, 2.0, 0.5), st(2.0, 3.0, 0.25), st(0.5, 1.0, 0.0)];
+    for m in [0, 1] {
+        let s = sched(stages.clone(), m);
+        let res = simulate(&s);
+        assert!((res.step_time - (9.5 + 1.5)).abs() < EPS);
+        assert!((res.step_time - s.analytic_step_time()).abs() < EPS);
+    }
+    // No stages: an empty step.
+    let res = simulate(&sched(vec![], 4));
+    assert_eq!(
+        (res.step_time, res.events.len(), res.bubble_fraction),
+        (0.0, 0, 0.0)
+    );
+}
+
+#[test]
+fn chrome_trace_has_one_row_per_stage_and_one_x_per_event() {
+    let s = random(&mut Rng(5), 3, 6, 0.2, true);
+    let res = simulate(&s);
+    let names: Vec<String> = (0..3).map(|i| format!("stage {i} (H100 x8)")).collect();
+    let trace = chrome_trace(&res, &names);
+    let evs = trace["traceEvents"].as_array().unwrap();
+    let xs: Vec<_> = evs.iter().filter(|e| e["ph"] == "X").collect();
+    assert_eq!(xs.len(), res.events.len());
+    assert_eq!(
+        res.events.iter().filter(|e| e.kind.is_transfer()).count(),
+        2 * 6 * 2
+    );
+    let thread = |tid: u64| {
+        evs.iter()
+            .find(|e| e["ph"] == "M" && e["name"] == "thread_name" && e["tid"] == tid)
+            .map(|e| e["args"]["name"].as_str().unwrap().to_string())
+    };
+    for (i, n) in names.iter().enumerate() {
+        assert_eq!(thread(i as u64).as_deref(), Some(n.as_str()));
+    }
+    for x in &xs {
+        assert_eq!(x["pid"], 0);
+        assert!(thread(x["tid"].as_u64().unwrap()).is_some_and(|n| !n.is_empty()));
+        assert!(x["ts"].as_f64().unwrap() >= 0.0 && x["dur"].as_f64().unwrap() >= 0.0);
+        assert!(
+            x["name"].is_string() && x["cat"].is_string() && x["args"].get("microbatch").is_some()
+        );
+    }
+    let f0 = xs
+        .iter()
+        .find(|x| x["name"] == "forward 0" && x["tid"] == 1)
+        .unwrap();
+    let e = res
+        .events
+        .iter()
+        .find(|e| e.stage == 1 && e.kind == EventKind::Forward)
+        .unwrap();
+    assert!((f0["ts"].as_f64().unwrap() - e.start * 1e6).abs() < 1e-3);
+    assert_eq!(f0["args"]["microbatch"], 0);
+    assert!(
+        serde_json::to_string(&trace)
+            .unwrap()
+            .contains("traceEvents")
+    );
+}
