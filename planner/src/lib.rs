@@ -9,5 +9,10 @@
 
 #![forbid(unsafe_code)]
 
+pub mod cluster;
+pub mod cost;
+pub mod error;
+pub mod model;
 pub mod schedule;
+pub mod settings;
 pub mod sim;

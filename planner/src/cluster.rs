@@ -1,0 +1,390 @@
+//! Clusters of uneven chips: chip types (count, chips per node, memory, peak
+//! FLOP/s per dtype, sustained efficiency, intra-node and NIC bandwidth) and
+//! the network between nodes, read from TOML or seeded from
+//! `polychip devices --json`. Bandwidths are bytes/s per direction, FLOP/s
+//! are per chip; a node holds chips of one type only.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::error::{SpecError, read_file};
+use crate::settings::Dtype;
+
+/// Sustained fraction of peak assumed for devices seeded from
+/// `polychip devices --json`, which reports peaks only.
+pub const DEFAULT_EFFICIENCY: f64 = 0.5;
+
+/// NIC and inter-node bandwidth assumed for a seeded cluster, 25 GB/s
+/// (a 200 Gb/s RoCE port); the JSON does not report the network.
+pub const DEFAULT_NIC_BANDWIDTH: f64 = 25e9;
+
+/// Peak matmul FLOP/s of one chip per dtype.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PeakFlops {
+    /// f32.
+    pub f32: f64,
+    /// bf16.
+    pub bf16: f64,
+    /// f16.
+    pub f16: f64,
+}
+
+impl PeakFlops {
+    /// The peak for `dtype`.
+    pub fn get(&self, dtype: Dtype) -> f64 {
+        match dtype {
+            Dtype::F32 => self.f32,
+            Dtype::Bf16 => self.bf16,
+            Dtype::F16 => self.f16,
+        }
+    }
+}
+
+/// One kind of chip in the cluster and how many of it there are.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ChipType {
+    /// Unique name, e.g. `"A100"`.
+    pub name: String,
+    /// Chips of this type in the cluster.
+    pub count: u64,
+    /// Chips per node; divides `count`.
+    pub chips_per_node: u64,
+    /// Memory per chip in bytes.
+    pub memory_bytes: u64,
+    /// Peak FLOP/s per dtype.
+    pub peak_flops: PeakFlops,
+    /// Sustained fraction of peak a transformer layer reaches, in (0, 1].
+    pub efficiency: f64,
+    /// Chip-to-chip bandwidth inside a node (NVLink and peers), bytes/s.
+    pub intra_node_bandwidth: f64,
+    /// Network bandwidth per chip out of its node, bytes/s.
+    pub nic_bandwidth: f64,
+    /// Memory bandwidth, bytes/s, for the optimizer step; optional (the
+    /// step is then counted as free).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_bandwidth: Option<f64>,
+}
+
+impl ChipType {
+    /// Nodes of this type: `count / chips_per_node`.
+    pub fn nodes(&self) -> u64 {
+        self.count / self.chips_per_node.max(1)
+    }
+
+    /// Sustained FLOP/s of one chip for `dtype`: peak times efficiency.
+    pub fn sustained_flops(&self, dtype: Dtype) -> f64 {
+        self.peak_flops.get(dtype) * self.efficiency
+    }
+
+    /// Checks every field, naming it and its value on failure.
+    pub fn validate(&self) -> Result<(), SpecError> {
+        let bad = |problem: String| SpecError::Chip {
+            chip: self.name.clone(),
+            problem,
+        };
+        if self.count == 0 {
+            return Err(bad("count is 0; it must be at least 1".into()));
+        }
+        if self.chips_per_node == 0 {
+            return Err(bad("chips_per_node is 0; it must be at least 1".into()));
+        }
+        if self.count % self.chips_per_node != 0 {
+            return Err(bad(format!(
+                "chips_per_node {} does not divide count {}",
+                self.chips_per_node, self.count
+            )));
+        }
+        if self.memory_bytes == 0 {
+            return Err(bad("memory_bytes is 0; it must be positive".into()));
+        }
+        let positive = [
+            ("peak_flops.f32", self.peak_flops.f32),
+            ("peak_flops.bf16", self.peak_flops.bf16),
+            ("peak_flops.f16", self.peak_flops.f16),
+            ("intra_node_bandwidth", self.intra_node_bandwidth),
+            ("nic_bandwidth", self.nic_bandwidth),
+            ("memory_bandwidth", self.memory_bandwidth.unwrap_or(1.0)),
+        ];
+        for (field, value) in positive {
+            if !(value.is_finite() && value > 0.0) {
+                return Err(bad(format!(
+                    "{field} {value} is not a positive finite number"
+                )));
+            }
+        }
+        if !(self.efficiency > 0.0 && self.efficiency <= 1.0) {
+            return Err(bad(format!(
+                "efficiency {} is outside (0, 1]; it is the sustained fraction of peak",
+                self.efficiency
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// A cluster: its chip types and the network that joins their nodes.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterSpec {
+    /// The chip types, each with its own nodes.
+    pub chip_types: Vec<ChipType>,
+    /// Bandwidth of the network between nodes per chip-to-chip flow, bytes/s
+    /// per direction; a cross-node transfer gets the least of this and both
+    /// ends' NIC bandwidth.
+    pub inter_node_bandwidth: f64,
+}
+
+impl ClusterSpec {
+    /// Parses and validates a cluster from TOML text.
+    pub fn from_toml_str(text: &str) -> Result<Self, SpecError> {
+        let cluster: ClusterSpec = toml::from_str(text).map_err(|source| SpecError::Toml {
+            what: "cluster",
+            source,
+        })?;
+        cluster.validate()?;
+        Ok(cluster)
+    }
+
+    /// Reads, parses and validates a cluster TOML file.
+    pub fn load(path: &Path) -> Result<Self, SpecError> {
+        Self::from_toml_str(&read_file(path)?)
+    }
+
+    /// Checks every chip type, unique names, and the network.
+    pub fn validate(&self) -> Result<(), SpecError> {
+        if self.chip_types.is_empty() {
+            return Err(SpecError::Cluster("it has no chip types".into()));
+        }
+        let mut seen = std::collections::BTreeSet::new();
+        for chip in &self.chip_types {
+            if chip.name.trim().is_empty() {
+                return Err(SpecError::Cluster("a chip type has an empty name".into()));
+            }
+            if !seen.insert(chip.name.as_str()) {
+                return Err(SpecError::Cluster(format!(
+                    "chip type \"{}\" appears twice; names must be unique",
+                    chip.name
+                )));
+            }
+            chip.validate()?;
+        }
+        let bw = self.inter_node_bandwidth;
+        if !(bw.is_finite() && bw > 0.0) {
+            return Err(SpecError::Cluster(format!(
+                "inter_node_bandwidth {bw} is not a positive finite number"
+            )));
+        }
+        Ok(())
+    }
+
+    /// All chips of all types.
+    pub fn total_chips(&self) -> u64 {
+        self.chip_types.iter().map(|c| c.count).sum()
+    }
+
+    /// The chip type called `name`.
+    pub fn chip(&self, name: &str) -> Option<&ChipType> {
+        self.chip_types.iter().find(|c| c.name == name)
+    }
+
+    /// Bandwidth between a chip of type `a` and one of type `b`: the
+    /// intra-node link of `a` when they share a node (then `a` and `b` are
+    /// the same type), otherwise the least of both NICs and the network.
+    pub fn link_bandwidth(&self, a: &ChipType, b: &ChipType, same_node: bool) -> f64 {
+        if same_node {
+            a.intra_node_bandwidth.min(b.intra_node_bandwidth)
+        } else {
+            a.nic_bandwidth
+                .min(b.nic_bandwidth)
+                .min(self.inter_node_bandwidth)
+        }
+    }
+
+    /// Seeds a cluster from `polychip devices --json` output (the whole
+    /// document, or just its `devices` array): one chip type per distinct
+    /// device name, all on one node, with `memory_bytes` and
+    /// `peak_flops.{f32,bf16,f16}` the least over that name's devices,
+    /// `link_bandwidth` as the intra-node bandwidth (or
+    /// [`DEFAULT_NIC_BANDWIDTH`] where it is 0), [`DEFAULT_NIC_BANDWIDTH`]
+    /// for the NIC and the network, and [`DEFAULT_EFFICIENCY`]. Edit the
+    /// result for a real multi-node cluster.
+    pub fn from_devices_json(json: &Value) -> Result<Self, SpecError> {
+        let devices = match json.get("devices") {
+            Some(d) => d,
+            None => json,
+        };
+        let devices = devices.as_array().ok_or_else(|| {
+            SpecError::DevicesJson("expected a \"devices\" array or an array of devices".into())
+        })?;
+        let mut types: BTreeMap<String, ChipType> = BTreeMap::new();
+        let mut order = Vec::new();
+        for (i, dev) in devices.iter().enumerate() {
+            let name = dev
+                .get("name")
+                .and_then(Value::as_str)
+                .ok_or_else(|| SpecError::DevicesJson(format!("device {i} has no \"name\"")))?;
+            let num = |path: &[&str]| -> Result<f64, SpecError> {
+                let mut v = dev;
+                for key in path {
+                    v = v.get(key).unwrap_or(&Value::Null);
+                }
+                v.as_f64().ok_or_else(|| {
+                    SpecError::DevicesJson(format!(
+                        "device {i} (\"{name}\") has no number at \"{}\"",
+                        path.join(".")
+                    ))
+                })
+            };
+            let memory = dev
+                .get("memory_bytes")
+                .and_then(Value::as_u64)
+                .ok_or_else(|| {
+                    SpecError::DevicesJson(format!(
+                        "device {i} (\"{name}\") has no \"memory_bytes\""
+                    ))
+                })?;
+            let peak = PeakFlops {
+                f32: num(&["peak_flops", "f32"])?,
+                bf16: num(&["peak_flops", "bf16"])?,
+                f16: num(&["peak_flops", "f16"])?,
+            };
+            let link = num(&["link_bandwidth"])?;
+            let mem_bw = dev.get("memory_bandwidth").and_then(Value::as_f64);
+            match types.get_mut(name) {
+                Some(t) => {
+                    t.count += 1;
+                    t.chips_per_node += 1;
+                    t.memory_bytes = t.memory_bytes.min(memory);
+                    t.peak_flops.f32 = t.peak_flops.f32.min(peak.f32);
+                    t.peak_flops.bf16 = t.peak_flops.bf16.min(peak.bf16);
+                    t.peak_flops.f16 = t.peak_flops.f16.min(peak.f16);
+                }
+                None => {
+                    order.push(name.to_string());
+                    let link = if link > 0.0 {
+                        link
+                    } else {
+                        DEFAULT_NIC_BANDWIDTH
+                    };
+                    types.insert(
+                        name.to_string(),
+                        ChipType {
+                            name: name.to_string(),
+                            count: 1,
+                            chips_per_node: 1,
+                            memory_bytes: memory,
+                            peak_flops: peak,
+                            efficiency: DEFAULT_EFFICIENCY,
+                            intra_node_bandwidth: link,
+                            nic_bandwidth: DEFAULT_NIC_BANDWIDTH,
+                            memory_bandwidth: mem_bw.filter(|b| *b > 0.0),
+                        },
+                    );
+                }
+            }
+        }
+        let cluster = ClusterSpec {
+            chip_types: order.iter().filter_map(|n| types.remove(n)).collect(),
+            inter_node_bandwidth: DEFAULT_NIC_BANDWIDTH,
+        };
+        cluster.validate()?;
+        Ok(cluster)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const A100: &str = r#"
+inter_node_bandwidth = 25e9
+[[chip_types]]
+name = "A100"
+count = 24
+chips_per_node = 8
+memory_bytes = 85899345920
+peak_flops = { f32 = 19.5e12, bf16 = 312e12, f16 = 312e12 }
+efficiency = 0.5
+intra_node_bandwidth = 300e9
+nic_bandwidth = 25e9
+"#;
+
+    #[test]
+    fn parses_and_reports_field_errors() {
+        let c = ClusterSpec::from_toml_str(A100).unwrap();
+        assert_eq!(c.total_chips(), 24);
+        assert_eq!(c.chip("A100").unwrap().nodes(), 3);
+        let err = ClusterSpec::from_toml_str(&A100.replace("= 8\n", "= 16\n"))
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            err,
+            "chip type \"A100\": chips_per_node 16 does not divide count 24"
+        );
+        let err = ClusterSpec::from_toml_str(&A100.replace("0.5", "1.5"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with("chip type \"A100\": efficiency 1.5 is outside"),
+            "{err}"
+        );
+        let err = ClusterSpec::from_toml_str(
+            &A100.replace("nic_bandwidth = 25e9", "nic_bandwidth = 0.0"),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("nic_bandwidth 0 is not"), "{err}");
+        let err = ClusterSpec::from_toml_str(&A100.replace("efficiency", "eff"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.starts_with("could not parse cluster TOML"), "{err}");
+    }
+
+    #[test]
+    fn link_bandwidth_takes_the_slowest_hop() {
+        let c = ClusterSpec::from_toml_str(A100).unwrap();
+        let a = c.chip("A100").unwrap();
+        let mut b = a.clone();
+        b.nic_bandwidth = 12.5e9;
+        assert_eq!(c.link_bandwidth(a, a, true), 300e9);
+        assert_eq!(c.link_bandwidth(a, &b, false), 12.5e9);
+        assert_eq!(c.link_bandwidth(a, a, false), 25e9);
+    }
+
+    #[test]
+    fn seeds_from_devices_json() {
+        let dev = |name: &str, mem: u64| {
+            serde_json::json!({
+                "id": "x", "name": name, "memory_bytes": mem,
+                "peak_flops": { "f32": 1e12, "bf16": 4e12, "f16": 4e12 },
+                "memory_bandwidth": 1e11, "link_bandwidth": 0.0,
+            })
+        };
+        let doc = serde_json::json!({
+            "devices": [dev("ferrite", 8 << 30), dev("cobalt", 4 << 30), dev("ferrite", 6 << 30)],
+            "failures": [],
+        });
+        let c = ClusterSpec::from_devices_json(&doc).unwrap();
+        assert_eq!(c.chip_types.len(), 2);
+        let f = &c.chip_types[0];
+        assert_eq!(
+            (f.name.as_str(), f.count, f.chips_per_node),
+            ("ferrite", 2, 2)
+        );
+        assert_eq!(f.memory_bytes, 6 << 30);
+        assert_eq!(f.intra_node_bandwidth, DEFAULT_NIC_BANDWIDTH);
+        assert_eq!(c.chip_types[1].count, 1);
+        let err = ClusterSpec::from_devices_json(&serde_json::json!([{"name": "x"}]))
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            err,
+            "devices JSON: device 0 (\"x\") has no \"memory_bytes\""
+        );
+    }
+}

@@ -1,0 +1,172 @@
+//! Training settings: global batch in sequences, compute dtype,
+//! recomputation, optimizer-state sharding and the micro-batch sizes the
+//! planner may try; read from TOML with defaults for everything but the
+//! global batch.
+
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{SpecError, read_file};
+
+/// The dtype matmuls run in (and activations are stored in).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Dtype {
+    /// 32-bit float: no master copy, 4-byte weights and activations.
+    F32,
+    /// bfloat16 mixed precision (the default).
+    #[default]
+    Bf16,
+    /// float16 mixed precision.
+    F16,
+}
+
+impl Dtype {
+    /// Bytes per element.
+    pub fn bytes(self) -> u64 {
+        match self {
+            Dtype::F32 => 4,
+            Dtype::Bf16 | Dtype::F16 => 2,
+        }
+    }
+}
+
+/// Activation recomputation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Recompute {
+    /// Keep every activation (the default).
+    #[default]
+    None,
+    /// Recompute the attention scores in the backward pass (Korthikanti et
+    /// al.): `34 s b h / t` bytes per layer.
+    Selective,
+    /// Keep only each layer's input and recompute the layer: `2 s b h`.
+    Full,
+}
+
+/// How to train: batch, precision, memory savers.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TrainingSettings {
+    /// Sequences per optimizer step, over all data-parallel replicas.
+    pub global_batch: u64,
+    /// Compute dtype; `bf16` by default.
+    #[serde(default)]
+    pub dtype: Dtype,
+    /// Recomputation; `none` by default.
+    #[serde(default)]
+    pub recompute: Recompute,
+    /// Shard the optimizer state over data-parallel replicas (ZeRO-1):
+    /// `6 + 12/d` bytes per parameter instead of 18. Off by default.
+    #[serde(default)]
+    pub shard_optimizer: bool,
+    /// Keep gradients in bf16 (16 bytes per parameter instead of 18).
+    #[serde(default)]
+    pub bf16_gradients: bool,
+    /// Attention runs as flash attention, which stores no `a s^2` score
+    /// matrices: `34 s b h / t` bytes per layer. On by default.
+    #[serde(default = "yes")]
+    pub flash_attention: bool,
+    /// Micro-batch sizes (sequences) the planner may choose from.
+    #[serde(default = "default_micro_batches")]
+    pub micro_batch_sizes: Vec<u64>,
+}
+
+fn yes() -> bool {
+    true
+}
+
+fn default_micro_batches() -> Vec<u64> {
+    vec![1, 2, 4, 8]
+}
+
+impl TrainingSettings {
+    /// The defaults with a given global batch.
+    pub fn new(global_batch: u64) -> Self {
+        TrainingSettings {
+            global_batch,
+            dtype: Dtype::default(),
+            recompute: Recompute::default(),
+            shard_optimizer: false,
+            bf16_gradients: false,
+            flash_attention: true,
+            micro_batch_sizes: default_micro_batches(),
+        }
+    }
+
+    /// Parses and validates settings from TOML text.
+    pub fn from_toml_str(text: &str) -> Result<Self, SpecError> {
+        let s: TrainingSettings = toml::from_str(text).map_err(|source| SpecError::Toml {
+            what: "training settings",
+            source,
+        })?;
+        s.validate()?;
+        Ok(s)
+    }
+
+    /// Reads, parses and validates a settings TOML file.
+    pub fn load(path: &Path) -> Result<Self, SpecError> {
+        Self::from_toml_str(&read_file(path)?)
+    }
+
+    /// Checks the batch and the micro-batch candidates.
+    pub fn validate(&self) -> Result<(), SpecError> {
+        if self.global_batch == 0 {
+            return Err(SpecError::Settings(
+                "global_batch is 0; it must be at least 1".into(),
+            ));
+        }
+        if self.micro_batch_sizes.is_empty() {
+            return Err(SpecError::Settings(
+                "micro_batch_sizes is empty; give at least one size".into(),
+            ));
+        }
+        if self.micro_batch_sizes.contains(&0) {
+            return Err(SpecError::Settings(
+                "micro_batch_sizes contains 0; sizes must be at least 1".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Bytes per gradient element: 2 with bf16 gradients, else 4.
+    pub fn grad_bytes(&self) -> f64 {
+        if self.bf16_gradients { 2.0 } else { 4.0 }
+    }
+
+    /// Optimizer-state bytes per parameter before sharding: fp32 master
+    /// copy plus Adam's two moments (12) in mixed precision; the two moments
+    /// (8) in f32, where the weights are the master copy.
+    pub fn optimizer_bytes(&self) -> f64 {
+        match self.dtype {
+            Dtype::F32 => 8.0,
+            Dtype::Bf16 | Dtype::F16 => 12.0,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_and_parsing() {
+        let s = TrainingSettings::from_toml_str("global_batch = 512").unwrap();
+        assert_eq!(s, TrainingSettings::new(512));
+        let s = TrainingSettings::from_toml_str(
+            "global_batch = 64\ndtype = \"f16\"\nrecompute = \"selective\"\nshard_optimizer = true",
+        )
+        .unwrap();
+        assert_eq!((s.dtype, s.recompute), (Dtype::F16, Recompute::Selective));
+        assert!(s.shard_optimizer);
+        let err = TrainingSettings::from_toml_str("global_batch = 0")
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            err,
+            "training settings: global_batch is 0; it must be at least 1"
+        );
+    }
+}
