@@ -62,12 +62,6 @@
 // A plugin's device (DLPack `kDLExtDev`).
 #define POLYCHIP_DEVICE_TYPE_EXT 12
 
-// Which activation a backward operator differentiates ([`Plugin::activation_backward`]).
-typedef struct ActivationOp ActivationOp;
-
-// An element type supported by ABI v1.
-typedef struct DType DType;
-
 // An error object. Opaque: created by the host's `error_new`, owned by
 // whoever holds the pointer, freed by the host's `error_destroy`.
 typedef struct PolychipError PolychipError;
@@ -79,12 +73,6 @@ typedef struct PolychipEvent PolychipEvent;
 // A plugin's stream: an in-order queue of work on one device. Opaque to the
 // host; created and destroyed by the plugin.
 typedef struct PolychipStream PolychipStream;
-
-// Which reduction ([`Plugin::reduce`]).
-typedef struct ReduceOp ReduceOp;
-
-// Which unary operator ([`Plugin::unary`]).
-typedef struct UnaryOp UnaryOp;
 
 // A code from the closed set of `POLYCHIP_ERROR_*` constants.
 typedef uint32_t PolychipErrorCode;

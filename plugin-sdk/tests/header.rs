@@ -19,6 +19,15 @@ fn committed_header_is_fresh() {
         .expect("cbindgen generates the header")
         .write(&mut generated);
     let generated = String::from_utf8(generated).expect("header is UTF-8");
+    // Everything the header declares belongs to the ABI's namespace; a Rust
+    // type of the SDK leaking in (cbindgen follows associated constants)
+    // would be announced to every vendor as part of the contract.
+    for line in generated.lines() {
+        let declares = line.starts_with("typedef") || line.starts_with("#define") || line.starts_with("struct ");
+        if declares && !line.contains("Polychip") && !line.contains("POLYCHIP") {
+            panic!("include/polychip.h would declare a name outside the ABI: {line}");
+        }
+    }
     let committed = std::fs::read_to_string(&header_path).unwrap_or_default();
     if committed == generated {
         return;
