@@ -113,15 +113,17 @@ fn main() {
         }));
     }
     let (h, d) = (flops / median(host) / 1e9, flops / median(direct) / 1e9);
+    // ANCHORS.md's estimate of the machine's f32 FMA peak (2 cores); a good
+    // kernel exceeds it, so it is a yardstick rather than a ceiling.
     let peak = 190.0;
     println!("matmul: f32 1024x1024x1024, median of {mm_rounds} rounds x 3 calls");
     println!(
-        "  through the host   {h:7.1} GFLOP/s ({:.0}% of the ~{peak} GFLOP/s machine peak)",
-        100.0 * h / peak
+        "  through the host   {h:7.1} GFLOP/s ({:.2}x the {peak} GFLOP/s peak estimate)",
+        h / peak
     );
     println!(
-        "  kernel called directly {d:3.1} GFLOP/s ({:.0}% of peak)",
-        100.0 * d / peak
+        "  kernel called directly {d:3.1} GFLOP/s ({:.2}x the estimate)",
+        d / peak
     );
     println!("  ratio host/direct  {:.3} (target >= 0.97)", h / d);
     assert_eq!(c.to_vec::<f32>().unwrap()[0], 0.5 * 0.25 * n as f32);
