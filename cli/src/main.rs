@@ -9,6 +9,7 @@ mod bench;
 mod conform;
 mod devices;
 mod launch;
+mod plan;
 
 use std::process::ExitCode;
 
@@ -32,6 +33,8 @@ enum Command {
     Launch(launch::Args),
     /// Benchmarks: `polychip bench comm` times the collectives.
     Bench(bench::Args),
+    /// Plan how to train a model on a cluster of uneven chips (HeteroAuto).
+    Plan(plan::Args),
 }
 
 fn main() -> ExitCode {
@@ -42,5 +45,6 @@ fn main() -> ExitCode {
         Command::Conform(args) => conform::run(&args),
         Command::Launch(args) => launch::run(&args),
         Command::Bench(args) => bench::run(&args),
+        Command::Plan(args) => plan::run(&args),
     }
 }

@@ -5,7 +5,9 @@
 //! - [`schedule`]: the per-stage timings of one training step that a plan
 //!   implies, the interface between the cost model and the simulator;
 //! - [`sim`]: a discrete-event simulator of the 1F1B pipeline schedule with
-//!   unequal stages, which also writes a Chrome trace of the timeline.
+//!   unequal stages, which also writes a Chrome trace of the timeline;
+//! - [`plan`]: a plan (data-parallel groups of pipelines) and its predictions;
+//! - [`search`]: the search for the fastest plan, and the HeteroSpeedupRatio.
 
 #![forbid(unsafe_code)]
 
@@ -13,6 +15,8 @@ pub mod cluster;
 pub mod cost;
 pub mod error;
 pub mod model;
+pub mod plan;
 pub mod schedule;
+pub mod search;
 pub mod settings;
 pub mod sim;

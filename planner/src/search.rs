@@ -1,0 +1,1065 @@
+//! The HeteroAuto search: from a cluster, a model and training settings to
+//! the fastest [`Plan`] the cost model predicts.
+//!
+//! The space (HeteroPP's rules plus relaxations):
+//!
+//! - `d` data-parallel replicas of one pipeline, `d` a divisor of the global
+//!   batch `B` (chosen first);
+//! - per chip type: unused, or `k` stages of `t` chips each (`t` in
+//!   {1, 2, 4, 8} dividing its chips per node, `d k t` at most its count):
+//!   a large group of one type forms several stages. `--exhaustive` tries
+//!   every `k`; so does the default search for a `d` whose (type, t, k)
+//!   combinations number at most [`PlanOptions::full_enumeration_budget`]
+//!   (every cluster of up to about 32 chips); beyond that it takes, for
+//!   each `t`, only the largest `k` (HeteroPP's rule: all of the type's
+//!   chips that `d` replicas can use);
+//! - the order of the types along the pipeline: HeteroPP's (more memory
+//!   first) and, as a relaxation, every other order (all permutations for up
+//!   to 4 used types; beyond that, memory-first and speed-first only);
+//! - layers per stage: the min-max placement (binary search on the
+//!   bottleneck time, greedy fill, which is exact for contiguous stages)
+//!   under each stage's memory cap ([`stage_memory`] must fit
+//!   `memory_bytes`); the same in both modes (placements are not
+//!   enumerated);
+//! - micro-batch size `b` from `settings.micro_batch_sizes` with `d b`
+//!   dividing `B`, count `m = B / (d b)`.
+//!
+//! The default search prunes combinations whose total memory cannot hold
+//! the weights, gradients and optimizer state (a lower bound), skips those
+//! whose lower bound on the step time is no better than the best so far
+//! (both sound), and stops trying larger micro-batches once none fits (a
+//! heuristic). Where every `k` is tried, a cluster with more chips offers
+//! every HeteroPP plan of the smaller one, so the predicted throughput does
+//! not drop when chips are added; above the budget this is not guaranteed.
+//!
+//! The relaxation "mixed data-parallel groups": each chip type's best plan
+//! alone becomes a group of replicas, and the global batch is split among
+//! the groups in proportion to speed (micro-batch by micro-batch to the
+//! group that would finish soonest); all replicas share one gradient
+//! all-reduce. It is kept when it is faster.
+//!
+//! HeteroSpeedupRatio: the plan's tokens/s over the sum, over chip types, of
+//! the best tokens/s that type reaches alone (planned by this same search on
+//! a cluster of only that type, with the same global batch). A type that
+//! cannot hold the model alone contributes 0; when no type can, the ratio
+//! is undefined (`None`). A single-type cluster gives exactly 1. Each type
+//! alone gets the whole global batch (more micro-batches, a smaller
+//! bubble), so the ratio can fall below 1 even for a good mixed plan.
+
+use std::time::Instant;
+
+use serde::{Deserialize, Serialize};
+
+use crate::cluster::{ChipType, ClusterSpec};
+use crate::cost::{
+    Boundary, Microbatching, StageShape, allreduce_time, dp_bandwidth, stage_memory, stage_params,
+    stage_timing,
+};
+use crate::error::SpecError;
+use crate::model::ModelSpec;
+use crate::plan::{Plan, PlanKind, Replica, StagePlan};
+use crate::settings::TrainingSettings;
+
+/// Tensor-parallel degrees the search tries (those dividing chips per node).
+pub const TP_DEGREES: [u64; 4] = [1, 2, 4, 8];
+
+/// How to search.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PlanOptions {
+    /// Enumerate every plan of the space without pruning.
+    pub exhaustive: bool,
+    /// Try the mixed data-parallel groups relaxation.
+    pub mixed_replicas: bool,
+    /// Compute the HeteroSpeedupRatio (plans each chip type alone).
+    pub speedup_ratio: bool,
+    /// The default search tries every stage count per type (as
+    /// `exhaustive` does) for a data-parallel degree whose combinations of
+    /// (type, tp, stage count) number at most this; above it, only the
+    /// largest stage count per tp. 0: always the largest only (HeteroPP's
+    /// rule).
+    pub full_enumeration_budget: u64,
+}
+
+/// The default [`PlanOptions::full_enumeration_budget`]: every cluster of
+/// up to about 32 chips is searched over every stage count.
+pub const FULL_ENUMERATION_BUDGET: u64 = 100_000;
+
+impl Default for PlanOptions {
+    fn default() -> Self {
+        PlanOptions {
+            exhaustive: false,
+            mixed_replicas: true,
+            speedup_ratio: true,
+            full_enumeration_budget: FULL_ENUMERATION_BUDGET,
+        }
+    }
+}
+
+/// Why no plan came out.
+#[derive(Debug, thiserror::Error)]
+pub enum PlanError {
+    /// An input was invalid.
+    #[error(transparent)]
+    Spec(#[from] SpecError),
+    /// The whole cluster's memory cannot hold the model's training state.
+    #[error(
+        "the {model} model needs at least {} for weights, gradients and optimizer state; the cluster has {} of memory in total: {} short",
+        fmt_bytes(*.needed),
+        fmt_bytes(*.available),
+        fmt_bytes(.needed - .available)
+    )]
+    DoesNotFit {
+        /// The model's name.
+        model: String,
+        /// Bytes the training state needs at least.
+        needed: f64,
+        /// Bytes the cluster has.
+        available: f64,
+    },
+    /// The state fits in total, but no plan of the space fits every stage.
+    #[error("{0}")]
+    NoFeasiblePlan(String),
+}
+
+/// Bytes as TB (decimal) with two decimals, or GB below 1 TB.
+pub fn fmt_bytes(b: f64) -> String {
+    if b >= 1e12 {
+        format!("{:.2} TB", b / 1e12)
+    } else {
+        format!("{:.2} GB", b / 1e9)
+    }
+}
+
+/// One chip type's best throughput alone.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AloneThroughput {
+    /// The chip type.
+    pub chip: String,
+    /// Its chips.
+    pub chips: u64,
+    /// Best predicted tokens/s alone; 0 when the model does not fit it.
+    pub tokens_per_s: f64,
+}
+
+/// The search's answer.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PlanReport {
+    /// The fastest plan found.
+    pub plan: Plan,
+    /// Tokens/s over the sum of each type's best alone; `None` when no type
+    /// fits the model alone (or the ratio was not asked for).
+    pub hetero_speedup_ratio: Option<f64>,
+    /// Each type's best alone (empty when the ratio was not asked for).
+    pub alone: Vec<AloneThroughput>,
+    /// Candidate plans evaluated (layer placement and step time), including
+    /// those of the alone searches.
+    pub candidates: u64,
+    /// Wall-clock search time, seconds.
+    pub search_seconds: f64,
+    /// Whether the search was exhaustive.
+    pub exhaustive: bool,
+}
+
+/// Bytes of weights, gradients and optimizer state of the whole model when
+/// held once (the least any plan needs, `d = 1`).
+pub fn training_state_bytes(model: &ModelSpec, settings: &TrainingSettings) -> f64 {
+    model.total_params() as f64
+        * (settings.dtype.bytes() as f64 + settings.grad_bytes() + settings.optimizer_bytes())
+}
+
+/// Plans `model` on `cluster`.
+pub fn plan(
+    model: &ModelSpec,
+    cluster: &ClusterSpec,
+    settings: &TrainingSettings,
+    options: &PlanOptions,
+) -> Result<PlanReport, PlanError> {
+    let start = Instant::now();
+    model.validate()?;
+    cluster.validate()?;
+    settings.validate()?;
+    let needed = training_state_bytes(model, settings);
+    let available: f64 = cluster
+        .chip_types
+        .iter()
+        .map(|c| c.count as f64 * c.memory_bytes as f64)
+        .sum();
+    if available < needed {
+        return Err(PlanError::DoesNotFit {
+            model: model.name.clone(),
+            needed,
+            available,
+        });
+    }
+    let mut candidates = 0u64;
+    let single = cluster.chip_types.len() == 1;
+    // Each type alone: for the ratio and the mixed-groups relaxation.
+    let mut alone_best: Vec<Option<Best>> = Vec::new();
+    if !single && (options.speedup_ratio || options.mixed_replicas) {
+        for chip in &cluster.chip_types {
+            let sub = ClusterSpec {
+                chip_types: vec![chip.clone()],
+                inter_node_bandwidth: cluster.inter_node_bandwidth,
+            };
+            let mut ctx = Ctx::new(model, &sub, settings, options);
+            let best = ctx.search_heteropp();
+            candidates += ctx.candidates;
+            alone_best.push(best.map(|b| b.with_types(&[cluster_index(cluster, &chip.name)])));
+        }
+    }
+    let mut ctx = Ctx::new(model, cluster, settings, options);
+    let mut best = ctx.search_heteropp().map(Choice::Pp);
+    if options.mixed_replicas && !single {
+        let groups: Vec<Best> = alone_best.iter().flatten().cloned().collect();
+        if groups.len() >= 2
+            && let Some(mixed) = ctx.mixed(&groups)
+        {
+            let better = match &best {
+                Some(b) => mixed.time < b.time(),
+                None => true,
+            };
+            if better {
+                best = Some(Choice::Mixed(mixed));
+            }
+        }
+    }
+    candidates += ctx.candidates;
+    let Some(best) = best else {
+        let b_min = settings
+            .micro_batch_sizes
+            .iter()
+            .min()
+            .copied()
+            .unwrap_or(1);
+        return Err(PlanError::NoFeasiblePlan(format!(
+            "no plan fits the {} model on this cluster: its weights, gradients and optimizer state need {} of the cluster's {}, but no split into at most {} stages of one chip type each (tensor parallel up to 8 inside a node) whose data-parallel degree divides the global batch of {} leaves room for the activations of {b_min}-sequence micro-batches; try --recompute full, --shard-optimizer or another global batch",
+            model.name,
+            fmt_bytes(needed),
+            fmt_bytes(available),
+            model.layers,
+            settings.global_batch
+        )));
+    };
+    let plan = ctx.build(&best);
+    let (alone, ratio) = if !options.speedup_ratio {
+        (Vec::new(), None)
+    } else if single {
+        let c = &cluster.chip_types[0];
+        let alone = vec![AloneThroughput {
+            chip: c.name.clone(),
+            chips: c.count,
+            tokens_per_s: plan.tokens_per_s,
+        }];
+        (alone, Some(1.0))
+    } else {
+        let alone: Vec<AloneThroughput> = cluster
+            .chip_types
+            .iter()
+            .zip(&alone_best)
+            .map(|(c, b)| AloneThroughput {
+                chip: c.name.clone(),
+                chips: c.count,
+                tokens_per_s: b.as_ref().map_or(0.0, |b| {
+                    (settings.global_batch * model.seq_len) as f64 / b.time
+                }),
+            })
+            .collect();
+        let sum: f64 = alone.iter().map(|a| a.tokens_per_s).sum();
+        let ratio = (sum > 0.0).then(|| plan.tokens_per_s / sum);
+        (alone, ratio)
+    };
+    Ok(PlanReport {
+        plan,
+        hetero_speedup_ratio: ratio,
+        alone,
+        candidates,
+        search_seconds: start.elapsed().as_secs_f64(),
+        exhaustive: options.exhaustive,
+    })
+}
+
+fn cluster_index(cluster: &ClusterSpec, name: &str) -> usize {
+    cluster
+        .chip_types
+        .iter()
+        .position(|c| c.name == name)
+        .unwrap_or(0)
+}
+
+/// `k` consecutive stages of chip type `ty` (an index into the cluster's
+/// types), `tp` chips each.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Seg {
+    ty: usize,
+    tp: u64,
+    k: u64,
+}
+
+/// A pipeline's stages in order: (chip type, tp, same node as the next).
+type StageList = Vec<(usize, u64, bool)>;
+
+/// The best HeteroPP candidate of a search.
+#[derive(Debug, Clone)]
+struct Best {
+    segs: Vec<Seg>,
+    d: u64,
+    b: u64,
+    m: u64,
+    layers: Vec<u64>,
+    time: f64,
+}
+
+impl Best {
+    /// Re-indexes the chip types of a single-type search into the full
+    /// cluster's.
+    fn with_types(mut self, map: &[usize]) -> Self {
+        for s in &mut self.segs {
+            s.ty = map[s.ty];
+        }
+        self
+    }
+}
+
+/// One group of a mixed plan: a pipeline, its replicas and its share.
+#[derive(Debug, Clone)]
+struct Group {
+    segs: Vec<Seg>,
+    d: u64,
+    b: u64,
+    m: u64,
+    layers: Vec<u64>,
+}
+
+#[derive(Debug, Clone)]
+struct Mixed {
+    groups: Vec<Group>,
+    time: f64,
+}
+
+#[derive(Debug, Clone)]
+enum Choice {
+    Pp(Best),
+    Mixed(Mixed),
+}
+
+impl Choice {
+    fn time(&self) -> f64 {
+        match self {
+            Choice::Pp(b) => b.time,
+            Choice::Mixed(m) => m.time,
+        }
+    }
+}
+
+/// Per-stage costs of one placement: `t_i(n) = n c_i + (last ? h : 0)`,
+/// memory cap `nmax_i` layers.
+struct StageCoef {
+    c: f64,
+    nmax: u64,
+}
+
+/// Summary of a placed pipeline for the analytic step time.
+struct Placed {
+    layers: Vec<u64>,
+    max_t: f64,
+    sum_t: f64,
+    p2p: f64,
+    tail: f64,
+}
+
+impl Placed {
+    fn time(&self, m: u64) -> f64 {
+        (m.max(1) - 1) as f64 * self.max_t + self.sum_t + self.p2p + self.tail
+    }
+}
+
+struct Ctx<'a> {
+    model: &'a ModelSpec,
+    cluster: &'a ClusterSpec,
+    settings: &'a TrainingSettings,
+    exhaustive: bool,
+    budget: u64,
+    /// Per (type, tp, micro-batch size): forward + backward time of one
+    /// layer, and the extra of the last layer (the head).
+    layer_time: std::collections::HashMap<(usize, u64, u64), (f64, f64)>,
+    /// The model with 4 more layers, for per-layer coefficients away from
+    /// the embedding and head.
+    big: ModelSpec,
+    candidates: u64,
+}
+
+impl<'a> Ctx<'a> {
+    fn new(
+        model: &'a ModelSpec,
+        cluster: &'a ClusterSpec,
+        settings: &'a TrainingSettings,
+        options: &PlanOptions,
+    ) -> Self {
+        let mut big = model.clone();
+        big.layers += 4;
+        Ctx {
+            model,
+            cluster,
+            settings,
+            exhaustive: options.exhaustive,
+            budget: options.full_enumeration_budget,
+            layer_time: Default::default(),
+            big,
+            candidates: 0,
+        }
+    }
+
+    fn chip(&self, ty: usize) -> &'a ChipType {
+        &self.cluster.chip_types[ty]
+    }
+
+    /// Expands segments into stages: (type, tp, same node as the next).
+    fn stages(&self, segs: &[Seg]) -> StageList {
+        let mut out = Vec::new();
+        for s in segs {
+            let cpn = self.chip(s.ty).chips_per_node;
+            for q in 0..s.k {
+                let same = q + 1 < s.k && ((q + 1) * s.tp) % cpn != 0;
+                out.push((s.ty, s.tp, same));
+            }
+        }
+        out
+    }
+
+    fn shape<'c>(
+        &self,
+        chip: &'c ChipType,
+        layers: std::ops::Range<u64>,
+        index: usize,
+        p: usize,
+        dp: u64,
+        tp: u64,
+    ) -> StageShape<'c> {
+        StageShape {
+            chip,
+            layers,
+            index,
+            num_stages: p,
+            dp,
+            tp,
+            next: None,
+        }
+    }
+
+    fn layer_time(&mut self, ty: usize, tp: u64, b: u64) -> (f64, f64) {
+        if let Some(&v) = self.layer_time.get(&(ty, tp, b)) {
+            return v;
+        }
+        let (model, chip, l) = (self.model, self.chip(ty), self.model.layers);
+        let mbt = Microbatching { size: b, count: 1 };
+        let mid = self.shape(chip, 1..2, 1, 3, 1, tp);
+        let mid = stage_timing(&self.big, self.settings, self.cluster, &mid, mbt);
+        let c = mid.forward + mid.backward;
+        let last = self.shape(chip, l - 1..l, 0, 1, 1, tp);
+        let last = stage_timing(model, self.settings, self.cluster, &last, mbt);
+        let v = (c, last.forward + last.backward - c);
+        self.layer_time.insert((ty, tp, b), v);
+        v
+    }
+
+    /// Places the layers on the stages `st` (min-max under memory caps) for
+    /// `dp` replicas in all, micro-batches of `b`, `m` per step (`None`:
+    /// assume the most in flight), and sums up the step-time terms.
+    fn place(
+        &mut self,
+        st: &[(usize, u64, bool)],
+        dp: u64,
+        b: u64,
+        m: Option<u64>,
+    ) -> Option<Placed> {
+        let (model, settings) = (self.model, self.settings);
+        let l = model.layers;
+        let p = st.len();
+        if p as u64 > l || p == 0 {
+            return None;
+        }
+        let mb = Microbatching {
+            size: b,
+            count: m.unwrap_or(u64::MAX),
+        };
+        let lb = self.big.layers;
+        let mut coefs = Vec::with_capacity(p);
+        let mut head = 0.0;
+        for (i, &(ty, tp, _)) in st.iter().enumerate() {
+            let chip = self.chip(ty);
+            let cap = chip.memory_bytes as f64;
+            let nmax = if p == 1 {
+                let mem = stage_memory(model, settings, &self.shape(chip, 0..l, 0, 1, dp, tp), mb);
+                if mem.total <= cap { l } else { 0 }
+            } else {
+                let (r1, r2) = if i == 0 {
+                    (0..1, 0..2)
+                } else if i + 1 == p {
+                    (lb - 1..lb, lb - 2..lb)
+                } else {
+                    (1..2, 1..3)
+                };
+                let m1 = stage_memory(&self.big, settings, &self.shape(chip, r1, i, p, dp, tp), mb)
+                    .total;
+                let m2 = stage_memory(&self.big, settings, &self.shape(chip, r2, i, p, dp, tp), mb)
+                    .total;
+                let per = m2 - m1;
+                if m1 > cap {
+                    0
+                } else if per <= 0.0 {
+                    l
+                } else {
+                    (1 + ((cap - m1) / per).floor() as u64).min(l)
+                }
+            };
+            if nmax == 0 {
+                return None;
+            }
+            let (c, h) = self.layer_time(ty, tp, b);
+            if i + 1 == p {
+                head = h;
+            }
+            coefs.push(StageCoef { c, nmax });
+        }
+        let layers = min_max(&coefs, head, l)?;
+        // The step-time terms, as cost::stage_timing computes them.
+        let sbh = (model.seq_len * b * model.hidden * settings.dtype.bytes()) as f64;
+        let (mut max_t, mut sum_t, mut p2p, mut tail) = (0.0f64, 0.0, 0.0, 0.0f64);
+        let mut start = 0;
+        for (i, (&(ty, tp, same), &n)) in st.iter().zip(&layers).enumerate() {
+            let chip = self.chip(ty);
+            let mut t = n as f64 * coefs[i].c;
+            if i + 1 == p {
+                t += head;
+            } else {
+                let (nty, _, _) = st[i + 1];
+                p2p += 2.0 * sbh / self.cluster.link_bandwidth(chip, self.chip(nty), same);
+            }
+            max_t = max_t.max(t);
+            sum_t += t;
+            let params = stage_params(model, &(start..start + n)) as f64 / tp as f64;
+            let ar = allreduce_time(
+                params * settings.grad_bytes(),
+                dp,
+                dp_bandwidth(self.cluster, chip, dp, tp),
+            );
+            let shard = if settings.shard_optimizer {
+                dp as f64
+            } else {
+                1.0
+            };
+            let opt = chip.memory_bandwidth.map_or(0.0, |bw| {
+                let per = settings.grad_bytes()
+                    + settings.dtype.bytes() as f64
+                    + 2.0 * settings.optimizer_bytes();
+                params / shard * per / bw
+            });
+            tail = tail.max(ar + opt);
+            start += n;
+        }
+        Some(Placed {
+            layers,
+            max_t,
+            sum_t,
+            p2p,
+            tail,
+        })
+    }
+
+    /// The best HeteroPP plan over every chip type of the cluster.
+    fn search_heteropp(&mut self) -> Option<Best> {
+        let big_b = self.settings.global_batch;
+        let l = self.model.layers;
+        let nty = self.cluster.chip_types.len();
+        let max_count = self.cluster.chip_types.iter().map(|c| c.count).max()?;
+        let mut sizes = self.settings.micro_batch_sizes.clone();
+        sizes.sort_unstable();
+        sizes.dedup();
+        let mut best: Option<Best> = None;
+        for d in (1..=max_count.min(big_b)).filter(|d| big_b % d == 0) {
+            // Options per type: None (unused) or (tp, k).
+            let maxks = |ty: usize| {
+                let chip = self.chip(ty);
+                TP_DEGREES
+                    .iter()
+                    .filter(|&&tp| chip.chips_per_node % tp == 0)
+                    .map(|&tp| (tp, (chip.count / (d * tp)).min(l)))
+                    .filter(|&(_, k)| k > 0)
+                    .collect::<Vec<_>>()
+            };
+            let combos = (0..nty).fold(1u64, |acc, ty| {
+                let n: u64 = maxks(ty).iter().map(|&(_, k)| k).sum();
+                acc.saturating_mul(1 + n)
+            });
+            let every_k = self.exhaustive || combos <= self.budget;
+            let opts: Vec<Vec<Option<(u64, u64)>>> = (0..nty)
+                .map(|ty| {
+                    // Most stages first, so that good plans come early and
+                    // the lower bound prunes more.
+                    let mut o = Vec::new();
+                    for (tp, maxk) in maxks(ty) {
+                        if every_k {
+                            o.extend((1..=maxk).rev().map(|k| Some((tp, k))));
+                        } else {
+                            o.push(Some((tp, maxk)));
+                        }
+                    }
+                    o.push(None);
+                    o
+                })
+                .collect();
+            let mut idx = vec![0usize; nty];
+            loop {
+                let used: Vec<Seg> = (0..nty)
+                    .filter_map(|ty| opts[ty][idx[ty]].map(|(tp, k)| Seg { ty, tp, k }))
+                    .collect();
+                let stages: u64 = used.iter().map(|s| s.k).sum();
+                if !used.is_empty() && stages <= l && self.memory_may_fit(&used, d) {
+                    self.try_sizes(&used, d, &sizes, &mut best);
+                }
+                // Next combination.
+                let mut t = 0;
+                while t < nty {
+                    idx[t] += 1;
+                    if idx[t] < opts[t].len() {
+                        break;
+                    }
+                    idx[t] = 0;
+                    t += 1;
+                }
+                if t == nty {
+                    break;
+                }
+            }
+        }
+        best
+    }
+
+    /// Lower bound: the chips of one replica must hold the training state
+    /// (always true in exhaustive mode, which does not prune).
+    fn memory_may_fit(&self, used: &[Seg], d: u64) -> bool {
+        if self.exhaustive {
+            return true;
+        }
+        let s = self.settings;
+        let shard = if s.shard_optimizer { d as f64 } else { 1.0 };
+        let need = self.model.total_params() as f64
+            * (s.dtype.bytes() as f64 + s.grad_bytes() + s.optimizer_bytes() / shard);
+        let have: f64 = used
+            .iter()
+            .map(|g| (g.k * g.tp) as f64 * self.chip(g.ty).memory_bytes as f64)
+            .sum();
+        have >= need
+    }
+
+    /// Type orders to try: HeteroPP's (more memory first) first, then every
+    /// other permutation (up to 4 types) or faster-first.
+    fn orders(&self, used: &[Seg]) -> Vec<Vec<Seg>> {
+        let dtype = self.settings.dtype;
+        let mut base = used.to_vec();
+        base.sort_by(|a, b| {
+            let (ca, cb) = (self.chip(a.ty), self.chip(b.ty));
+            cb.memory_bytes.cmp(&ca.memory_bytes).then(a.ty.cmp(&b.ty))
+        });
+        let mut out = vec![base.clone()];
+        if used.len() <= 4 {
+            let mut perms = Vec::new();
+            permutations(&mut base.clone(), 0, &mut perms);
+            out.extend(perms.into_iter().filter(|p| *p != base));
+        } else {
+            let mut fast = base.clone();
+            fast.sort_by(|a, b| {
+                let (ca, cb) = (self.chip(a.ty), self.chip(b.ty));
+                cb.sustained_flops(dtype)
+                    .total_cmp(&ca.sustained_flops(dtype))
+                    .then(a.ty.cmp(&b.ty))
+            });
+            if fast != base {
+                out.push(fast);
+            }
+        }
+        out
+    }
+
+    /// Tries every micro-batch size and type order for one choice of
+    /// `d` and (type, tp, stage count). The default search skips a size
+    /// whose lower bound on the step time is no better than the best so far,
+    /// and stops at the first size for which no order fits in memory. The
+    /// bound, the same for every order, with `c_i` a layer's time on stage
+    /// `i` and at least one layer per stage: `(m - 1) max(L / sum_i (1 /
+    /// c_i), max_i c_i) + sum_i c_i + (L - p) min_i c_i` (no head,
+    /// transfers or tail).
+    fn try_sizes(&mut self, used: &[Seg], d: u64, sizes: &[u64], best: &mut Option<Best>) {
+        let big_b = self.settings.global_batch;
+        let mut orders: Vec<(Vec<Seg>, StageList)> = Vec::new();
+        for &b in sizes {
+            if big_b % (d * b) != 0 {
+                continue;
+            }
+            let m = big_b / (d * b);
+            if !self.exhaustive
+                && let Some(x) = best.as_ref()
+            {
+                let l = self.model.layers as f64;
+                let (mut speed, mut sum_c, mut max_c, mut min_c, mut p) =
+                    (0.0, 0.0, 0.0f64, f64::INFINITY, 0.0);
+                for g in used {
+                    let c = self.layer_time(g.ty, g.tp, b).0;
+                    speed += g.k as f64 / c;
+                    sum_c += g.k as f64 * c;
+                    max_c = max_c.max(c);
+                    min_c = min_c.min(c);
+                    p += g.k as f64;
+                }
+                let bottleneck = (l / speed).max(max_c);
+                let bound = (m - 1) as f64 * bottleneck + sum_c + (l - p) * min_c;
+                if bound >= x.time {
+                    continue;
+                }
+            }
+            if orders.is_empty() {
+                orders = self
+                    .orders(used)
+                    .into_iter()
+                    .map(|o| {
+                        let st = self.stages(&o);
+                        (o, st)
+                    })
+                    .collect();
+            }
+            let mut any = false;
+            for (order, st) in &orders {
+                self.candidates += 1;
+                let Some(placed) = self.place(st, d, b, Some(m)) else {
+                    continue;
+                };
+                any = true;
+                let time = placed.time(m);
+                if best.as_ref().is_none_or(|x| time < x.time) {
+                    *best = Some(Best {
+                        segs: order.clone(),
+                        d,
+                        b,
+                        m,
+                        layers: placed.layers,
+                        time,
+                    });
+                }
+            }
+            if !any && !self.exhaustive {
+                break;
+            }
+        }
+    }
+
+    /// Mixed groups: each of `alone` (one type's best pipeline) keeps its
+    /// pipeline and replicas; the batch is split micro-batch by micro-batch.
+    fn mixed(&mut self, alone: &[Best]) -> Option<Mixed> {
+        let dp: u64 = alone.iter().map(|g| g.d).sum();
+        let mut placed = Vec::new();
+        for g in alone {
+            let st = self.stages(&g.segs);
+            self.candidates += 1;
+            placed.push(self.place(&st, dp, g.b, None)?);
+        }
+        let big_b = self.settings.global_batch;
+        let mut m = vec![0u64; alone.len()];
+        let mut total = 0;
+        while total < big_b {
+            let mut pick: Option<(usize, f64)> = None;
+            for (i, g) in alone.iter().enumerate() {
+                if total + g.d * g.b > big_b {
+                    continue;
+                }
+                let t = placed[i].time(m[i] + 1);
+                if pick.is_none_or(|(_, bt)| t < bt) {
+                    pick = Some((i, t));
+                }
+            }
+            let (i, _) = pick?;
+            m[i] += 1;
+            total += alone[i].d * alone[i].b;
+        }
+        let groups: Vec<Group> = alone
+            .iter()
+            .zip(placed)
+            .zip(&m)
+            .filter(|(_, m)| **m > 0)
+            .map(|((g, p), &m)| Group {
+                segs: g.segs.clone(),
+                d: g.d,
+                b: g.b,
+                m,
+                layers: p.layers,
+            })
+            .collect();
+        if groups.len() < 2 {
+            return None;
+        }
+        // Re-place with the real replica count and micro-batch counts.
+        let dp: u64 = groups.iter().map(|g| g.d).sum();
+        let mut time = 0.0f64;
+        let mut out = Vec::new();
+        for g in groups {
+            let st = self.stages(&g.segs);
+            let p = self.place(&st, dp, g.b, Some(g.m))?;
+            time = time.max(p.time(g.m));
+            out.push(Group {
+                layers: p.layers.clone(),
+                ..g
+            });
+        }
+        Some(Mixed { groups: out, time })
+    }
+
+    /// The full plan with every prediction.
+    fn build(&self, choice: &Choice) -> Plan {
+        let groups: Vec<Group> = match choice {
+            Choice::Pp(b) => vec![Group {
+                segs: b.segs.clone(),
+                d: b.d,
+                b: b.b,
+                m: b.m,
+                layers: b.layers.clone(),
+            }],
+            Choice::Mixed(m) => m.groups.clone(),
+        };
+        let dp: u64 = groups.iter().map(|g| g.d).sum();
+        let (model, settings) = (self.model, self.settings);
+        let mut replicas: Vec<Replica> = groups
+            .iter()
+            .map(|g| {
+                let st = self.stages(&g.segs);
+                let p = st.len();
+                let mb = Microbatching {
+                    size: g.b,
+                    count: g.m,
+                };
+                let mut start = 0;
+                let mut stages = Vec::with_capacity(p);
+                for (i, (&(ty, tp, same), &n)) in st.iter().zip(&g.layers).enumerate() {
+                    let chip = self.chip(ty);
+                    let mut shape = self.shape(chip, start..start + n, i, p, dp, tp);
+                    shape.next = st.get(i + 1).map(|&(nty, _, _)| Boundary {
+                        chip: self.chip(nty),
+                        same_node: same,
+                    });
+                    stages.push(StagePlan {
+                        chip: chip.name.clone(),
+                        tp,
+                        first_layer: start,
+                        end_layer: start + n,
+                        memory: stage_memory(model, settings, &shape, mb),
+                        memory_capacity: chip.memory_bytes,
+                        mfu: 0.0,
+                        timing: stage_timing(model, settings, self.cluster, &shape, mb),
+                    });
+                    start += n;
+                }
+                let mut r = Replica {
+                    copies: g.d,
+                    stages,
+                    micro_batch_size: g.b,
+                    micro_batches: g.m,
+                    sequences: g.d * g.b * g.m,
+                    step_time_analytic: 0.0,
+                    step_time_simulated: 0.0,
+                    bubble_fraction: 0.0,
+                };
+                r.step_time_analytic = r.schedule().analytic_step_time();
+                let sim = r.simulate();
+                r.step_time_simulated = sim.step_time;
+                r.bubble_fraction = sim.bubble_fraction;
+                r
+            })
+            .collect();
+        let slowest = |f: fn(&Replica) -> f64| replicas.iter().map(f).fold(0.0, f64::max);
+        let step_a = slowest(|r| r.step_time_analytic);
+        let step_s = slowest(|r| r.step_time_simulated);
+        let tokens = (settings.global_batch * model.seq_len) as f64;
+        let dtype = settings.dtype;
+        let mut peak = 0.0;
+        for r in &mut replicas {
+            for s in &mut r.stages {
+                let chip = self.cluster.chip(&s.chip).expect("chip of the plan");
+                let n = (s.end_layer - s.first_layer) as f64;
+                let mut fwd = n * model.layer_forward_flops(r.micro_batch_size);
+                if s.end_layer == model.layers {
+                    fwd += model.head_forward_flops(r.micro_batch_size);
+                }
+                let stage_peak = chip.peak_flops.get(dtype) * s.tp as f64;
+                s.mfu = 3.0 * fwd * r.micro_batches as f64 / (step_s * stage_peak);
+                peak += stage_peak * r.copies as f64;
+            }
+        }
+        let bubble = replicas
+            .iter()
+            .max_by(|a, b| a.step_time_simulated.total_cmp(&b.step_time_simulated))
+            .map_or(0.0, |r| r.bubble_fraction);
+        let chips_used = replicas.iter().map(Replica::chips).sum();
+        Plan {
+            model: model.name.clone(),
+            kind: match choice {
+                Choice::Pp(_) => PlanKind::HeteroPp,
+                Choice::Mixed(_) => PlanKind::MixedReplicas,
+            },
+            dp,
+            replicas,
+            global_batch: settings.global_batch,
+            seq_len: model.seq_len,
+            step_time_analytic: step_a,
+            step_time_simulated: step_s,
+            tokens_per_s: tokens / step_a,
+            tokens_per_s_simulated: tokens / step_s,
+            bubble_fraction: bubble,
+            mfu: model.flops_per_iteration(settings.global_batch) / (step_s * peak),
+            chips_used,
+        }
+    }
+}
+
+/// Every permutation of `v[k..]` (with `v[..k]` fixed), appended to `out`.
+fn permutations(v: &mut Vec<Seg>, k: usize, out: &mut Vec<Vec<Seg>>) {
+    if k == v.len() {
+        out.push(v.clone());
+        return;
+    }
+    for i in k..v.len() {
+        v.swap(k, i);
+        permutations(v, k + 1, out);
+        v.swap(k, i);
+    }
+}
+
+/// Min-max contiguous placement of `l` layers on stages with per-layer time
+/// `c_i` (the last stage also `head`) and at most `nmax_i` layers each, at
+/// least one each: binary search on the bottleneck time; for a bound, each
+/// stage greedily takes as many layers as fit (optimal for contiguous
+/// stages, since taking more never hurts the later ones).
+fn min_max(coefs: &[StageCoef], head: f64, l: u64) -> Option<Vec<u64>> {
+    let p = coefs.len();
+    let fill = |bound: f64, mut out: Option<&mut Vec<u64>>| -> bool {
+        let mut left = l;
+        for (i, s) in coefs.iter().enumerate() {
+            let later = (p - 1 - i) as u64;
+            if i + 1 == p {
+                if left == 0 || left > s.nmax || left as f64 * s.c + head > bound {
+                    return false;
+                }
+                if let Some(o) = out.as_mut() {
+                    o.push(left);
+                }
+            } else {
+                let by_time = if s.c > 0.0 {
+                    (bound / s.c).floor().min(l as f64) as u64
+                } else {
+                    l
+                };
+                let n = s.nmax.min(by_time).min(left.saturating_sub(later));
+                if n == 0 {
+                    return false;
+                }
+                if let Some(o) = out.as_mut() {
+                    o.push(n);
+                }
+                left -= n;
+            }
+        }
+        true
+    };
+    let maxc = coefs.iter().map(|s| s.c).fold(0.0, f64::max);
+    let mut hi = l as f64 * maxc + head.max(0.0);
+    hi *= 1.0 + 1e-12;
+    if !fill(hi, None) {
+        return None;
+    }
+    let mut lo = 0.0;
+    for _ in 0..64 {
+        if hi - lo <= hi * 1e-12 {
+            break;
+        }
+        let mid = 0.5 * (lo + hi);
+        if fill(mid, None) {
+            hi = mid;
+        } else {
+            lo = mid;
+        }
+    }
+    let mut out = Vec::with_capacity(p);
+    fill(hi, Some(&mut out));
+    Some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn example(name: &str) -> ClusterSpec {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/clusters/");
+        ClusterSpec::load(format!("{dir}{name}").as_ref()).unwrap()
+    }
+
+    /// The search's own step-time sum equals the analytic step time of the
+    /// schedule built from `cost::stage_timing`.
+    #[test]
+    fn fast_step_time_matches_the_schedule() {
+        let settings = TrainingSettings::new(1024);
+        let opts = PlanOptions::default();
+        let mut mixed_checked = 0;
+        for file in ["h2-like-1024.toml", "china-mobile-3-vendor.toml"] {
+            let cluster = example(file);
+            for model in [ModelSpec::llama_70b(), ModelSpec::h2_100b()] {
+                let mut ctx = Ctx::new(&model, &cluster, &settings, &opts);
+                let best = ctx.search_heteropp().unwrap();
+                let time = best.time;
+                let plan = ctx.build(&Choice::Pp(best.clone()));
+                let rel = (plan.step_time_analytic - time).abs() / time;
+                assert!(rel < 1e-9, "{file}: {time} vs {}", plan.step_time_analytic);
+                assert!(plan.fits());
+                let alone: Vec<Best> = (0..cluster.chip_types.len())
+                    .map(|ty| {
+                        let mut b = best.clone();
+                        b.segs = vec![Seg { ty, tp: 8, k: 8 }];
+                        b.d = 2;
+                        b.b = 1;
+                        b
+                    })
+                    .collect();
+                if let Some(mixed) = ctx.mixed(&alone) {
+                    let plan = ctx.build(&Choice::Mixed(mixed.clone()));
+                    let rel = (plan.step_time_analytic - mixed.time).abs() / mixed.time;
+                    assert!(
+                        rel < 1e-9,
+                        "{file} mixed: {} vs {}",
+                        mixed.time,
+                        plan.step_time_analytic
+                    );
+                    assert_eq!(plan.replicas.iter().map(|r| r.sequences).sum::<u64>(), 1024);
+                    assert!(plan.fits());
+                    mixed_checked += 1;
+                }
+            }
+        }
+        assert!(mixed_checked >= 2, "{mixed_checked}");
+    }
+
+    #[test]
+    fn min_max_balances_and_respects_caps() {
+        let s = |c: f64, nmax: u64| StageCoef { c, nmax };
+        assert_eq!(
+            min_max(&[s(1.0, 100), s(1.0, 100)], 0.0, 10),
+            Some(vec![5, 5])
+        );
+        // A twice-as-fast first stage takes twice the layers.
+        assert_eq!(
+            min_max(&[s(0.5, 100), s(1.0, 100)], 0.0, 9),
+            Some(vec![6, 3])
+        );
+        // A memory cap moves layers on.
+        assert_eq!(
+            min_max(&[s(1.0, 2), s(1.0, 100)], 0.0, 10),
+            Some(vec![2, 8])
+        );
+        assert_eq!(min_max(&[s(1.0, 2), s(1.0, 2)], 0.0, 10), None);
+    }
+}
