@@ -23,7 +23,9 @@ fn committed_header_is_fresh() {
     // type of the SDK leaking in (cbindgen follows associated constants)
     // would be announced to every vendor as part of the contract.
     for line in generated.lines() {
-        let declares = line.starts_with("typedef") || line.starts_with("#define") || line.starts_with("struct ");
+        let declares = line.starts_with("typedef")
+            || line.starts_with("#define")
+            || line.starts_with("struct ");
         if declares && !line.contains("Polychip") && !line.contains("POLYCHIP") {
             panic!("include/polychip.h would declare a name outside the ABI: {line}");
         }
