@@ -10,7 +10,7 @@ use half::{bf16, f16};
 use polychip_comm::CommError;
 use polychip_comm::collectives::{Communicator, DType, ReduceOp};
 use polychip_comm::shm::ShmTransport;
-use polychip_comm::store::MemoryStore;
+use polychip_comm::store::{MemoryStore, Store};
 
 const DTYPES: [DType; 5] = [DType::F32, DType::F16, DType::BF16, DType::I32, DType::I64];
 const OPS: [ReduceOp; 4] = [ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max, ReduceOp::Min];
@@ -28,6 +28,16 @@ fn world<T: Send>(n: usize, f: impl Fn(&mut Communicator) -> T + Sync) -> Vec<T>
                         ShmTransport::new(&*store, r, n, Duration::from_secs(20)).expect("connect");
                     let mut c = Communicator::new(Arc::new(t)).expect("communicator");
                     c.set_timeout(Duration::from_secs(2));
+                    // Every rank finishes connecting before any starts its
+                    // part: a rank that leaves at once (the lost-peer test)
+                    // must not vanish while a slower peer is still mapping
+                    // its regions.
+                    store.set(&format!("ready/{r}"), b"1").expect("store");
+                    for k in 0..n {
+                        store
+                            .get(&format!("ready/{k}"), Duration::from_secs(30))
+                            .expect("peers ready");
+                    }
                     f(&mut c)
                 })
             })
