@@ -31,7 +31,7 @@ fn bench_comm_prints_correct_rows() {
         "exit {:?}\nstdout:\n{stdout}\nstderr:\n{stderr}",
         out.status
     );
-    assert!(elapsed < Duration::from_secs(30), "took {elapsed:?}");
+    assert!(elapsed < Duration::from_secs(120), "took {elapsed:?}");
     let header = stdout
         .lines()
         .find(|l| l.contains("size(B)"))

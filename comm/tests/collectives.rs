@@ -274,7 +274,7 @@ fn missing_rank_times_out() {
                 && e.to_string().contains("rank 2"),
             "{e}"
         );
-        assert!(*took < Duration::from_secs(4), "took {took:?}");
+        assert!(*took < Duration::from_secs(15), "took {took:?}");
     }
 }
 

@@ -215,7 +215,7 @@ fn a_crashed_rank_is_peer_lost_on_the_others() {
     for (rank, (err, waited, later, again)) in
         survivors.join().expect("survivors").into_iter().enumerate()
     {
-        assert!(waited < Duration::from_secs(2), "noticed after {waited:?}");
+        assert!(waited < Duration::from_secs(10), "noticed after {waited:?}");
         for e in [err, later, again] {
             match e {
                 CommError::PeerLost { rank: r, peer, .. } => {
@@ -236,7 +236,7 @@ fn a_wait_with_no_writer_times_out_at_the_deadline() {
             .expect_err("nobody writes");
         let waited = start.elapsed();
         assert!(
-            waited >= Duration::from_millis(300) && waited < Duration::from_secs(2),
+            waited >= Duration::from_millis(300) && waited < Duration::from_secs(10),
             "{waited:?}"
         );
         match &err {
@@ -499,7 +499,7 @@ fn a_clean_departure_fails_waits_only_at_the_deadline() {
     for (rank, (got, err, waited, peer)) in results.into_iter().enumerate() {
         assert_eq!(got, [peer as u8 + 1; 8]);
         assert!(
-            waited >= Duration::from_millis(300) && waited < Duration::from_secs(2),
+            waited >= Duration::from_millis(300) && waited < Duration::from_secs(10),
             "{waited:?}"
         );
         match &err {
