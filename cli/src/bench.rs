@@ -148,12 +148,6 @@ fn relaunch(args: &CommArgs) -> polychip_comm::Result<ExitCode> {
     // `env` passes the transport choice on: the launcher copies this
     // process's environment, which safe code cannot change.
     let mut command = vec!["env".to_string(), format!("POLYCHIP_TRANSPORT={kind}")];
-    // The TCP transport warns that a peer is "lost" when the peer closes
-    // first at the end of the job, which every run does; real failures
-    // still end the run with an error.
-    if std::env::var_os("POLYCHIP_LOG").is_none() {
-        command.push("POLYCHIP_LOG=warn,polychip_comm::tcp::state=error".into());
-    }
     command.push(exe.display().to_string());
     command.extend(std::env::args().skip(1));
     command.push("--table-out".into());

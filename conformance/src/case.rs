@@ -102,13 +102,3 @@ impl fmt::Debug for Case {
         write!(f, "Case({} {} {})", self.op, self.dtype, self.label)
     }
 }
-
-impl Case {
-    /// The size of the case: the number of elements of all its tensors.
-    pub fn size(&self) -> usize {
-        self.tensors
-            .iter()
-            .map(|t| t.values.len().max(t.shape.iter().product()))
-            .sum()
-    }
-}

@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::case::{Case, Layout, Role, TensorSpec};
 use crate::compare::{Stats, compare};
-use crate::reference::Dense;
+use crate::reference::{Dense, RefError};
 use crate::values::{POISON_BYTE, from_bytes, round_to, to_bytes};
 
 /// How a case ended.
@@ -101,21 +101,33 @@ fn result(case: &Case, index: usize, status: Status, message: String) -> CaseRes
 /// Runs `case` (number `index` of its list) on `device`, scaling every
 /// tolerance by `factor` (1 unless a waiver loosens it).
 pub fn run_case(device: &Device, case: &Case, index: usize, factor: f64) -> CaseResult {
-    let first = run_with_poison(device, case, index, factor, POISON_BYTE);
+    // The reference depends only on the case, so it runs once for both passes.
+    let dense: Vec<_> = case.tensors.iter().map(TensorSpec::dense).collect();
+    let started = Instant::now();
+    let expected = (case.reference)(&dense);
+    let reference = Reference {
+        expected: &expected,
+        seconds: started.elapsed().as_secs_f64(),
+    };
+    let first = run_with_poison(device, case, index, factor, POISON_BYTE, &reference);
     // The usual poison is NaN, so an output element whose expected value is
     // NaN cannot show it was never written: run once more with zeros.
-    let expects_nan = || {
-        let dense: Vec<_> = case.tensors.iter().map(TensorSpec::dense).collect();
-        (case.reference)(&dense)
-            .is_ok_and(|outs| outs.iter().any(|o| o.data.iter().any(|v| v.is_nan())))
-    };
-    if first.status == Status::Passed && expects_nan() {
-        let second = run_with_poison(device, case, index, factor, 0);
+    let expects_nan = expected
+        .as_ref()
+        .is_ok_and(|outs| outs.iter().any(|o| o.data.iter().any(|v| v.is_nan())));
+    if first.status == Status::Passed && expects_nan {
+        let second = run_with_poison(device, case, index, factor, 0, &reference);
         if second.status == Status::Failed {
             return second;
         }
     }
     first
+}
+
+/// The reference's answer for a case, computed once, and how long it took.
+struct Reference<'a> {
+    expected: &'a Result<Vec<Dense>, RefError>,
+    seconds: f64,
 }
 
 /// Reads back every tensor that is not an output and names those that
@@ -156,6 +168,7 @@ fn run_with_poison(
     index: usize,
     factor: f64,
     poison: u8,
+    reference: &Reference<'_>,
 ) -> CaseResult {
     let fail = |message: String| result(case, index, Status::Failed, message);
     let mut uploaded = Vec::new();
@@ -171,17 +184,14 @@ fn run_with_poison(
     let outcome = (case.call)(&exec, &tensors);
     let plugin_seconds = started.elapsed().as_secs_f64();
 
-    let dense: Vec<_> = case.tensors.iter().map(TensorSpec::dense).collect();
-    let started = Instant::now();
-    let expected = (case.reference)(&dense);
-    let reference_seconds = started.elapsed().as_secs_f64();
+    let (expected, reference_seconds) = (reference.expected, reference.seconds);
     let timed = |mut r: CaseResult| {
         r.plugin_seconds = plugin_seconds;
         r.reference_seconds = reference_seconds;
         r
     };
 
-    match (&outcome, &expected) {
+    match (&outcome, expected) {
         (Err(HostError::OpUnimplemented { .. }), _) => {
             return result(
                 case,
@@ -213,7 +223,7 @@ fn run_with_poison(
         }
         (Ok(()), Ok(_)) => {}
     }
-    let expected = expected.expect("checked above");
+    let expected = expected.as_ref().expect("checked above");
 
     let mut stats = Stats::default();
     let mut problems = modified_inputs(case, &uploaded, &[Role::Input]);

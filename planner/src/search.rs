@@ -192,10 +192,11 @@ pub fn plan(
         });
     }
     let mut candidates = 0u64;
-    let single = cluster.chip_types.len() == 1;
-    // Each type alone: for the ratio and the mixed-groups relaxation.
+    // Each type alone: for the ratio and the mixed-groups relaxation. A
+    // single-type cluster is planned alone too, so that its ratio of exactly
+    // 1 is a result of the search, not an assumption.
     let mut alone_best: Vec<Option<Best>> = Vec::new();
-    if !single && (options.speedup_ratio || options.mixed_replicas) {
+    if options.speedup_ratio || options.mixed_replicas {
         for chip in &cluster.chip_types {
             let sub = ClusterSpec {
                 chip_types: vec![chip.clone()],
@@ -209,7 +210,7 @@ pub fn plan(
     }
     let mut ctx = Ctx::new(model, cluster, settings, options);
     let mut best = ctx.search_heteropp().map(Choice::Pp);
-    if options.mixed_replicas && !single {
+    if options.mixed_replicas {
         let groups: Vec<Best> = alone_best.iter().flatten().cloned().collect();
         if groups.len() >= 2
             && let Some(mixed) = ctx.mixed(&groups)
@@ -243,14 +244,6 @@ pub fn plan(
     let plan = ctx.build(&best);
     let (alone, ratio) = if !options.speedup_ratio {
         (Vec::new(), None)
-    } else if single {
-        let c = &cluster.chip_types[0];
-        let alone = vec![AloneThroughput {
-            chip: c.name.clone(),
-            chips: c.count,
-            tokens_per_s: plan.tokens_per_s,
-        }];
-        (alone, Some(1.0))
     } else {
         let alone: Vec<AloneThroughput> = cluster
             .chip_types
@@ -265,7 +258,10 @@ pub fn plan(
             })
             .collect();
         let sum: f64 = alone.iter().map(|a| a.tokens_per_s).sum();
-        let ratio = (sum > 0.0).then(|| plan.tokens_per_s / sum);
+        // Both sides from the search's step times, through one formula, so
+        // that equal plans give a ratio of exactly 1.
+        let mixed = (settings.global_batch * model.seq_len) as f64 / best.time();
+        let ratio = (sum > 0.0).then(|| mixed / sum);
         (alone, ratio)
     };
     Ok(PlanReport {
