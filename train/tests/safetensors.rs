@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use polychip_host::DType;
 use polychip_train::TrainError;
-use polychip_train::checkpoint::{CHECKSUM_KEY, SafeTensors, StoredTensor, crc64};
+use polychip_train::safetensors::{CHECKSUM_KEY, SafeTensors, StoredTensor, crc64};
 
 fn scratch_dir(name: &str) -> PathBuf {
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))

@@ -1,0 +1,368 @@
+//! The model's shape and the training hyper-parameters: presets, TOML files
+//! and their validation (every message names the field and the value).
+
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Result, TrainError};
+
+/// The shape of a LLaMA-architecture decoder over byte tokens.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelConfig {
+    /// A name for reports and checkpoints.
+    pub name: String,
+    /// Vocabulary size; 256 for byte-level tokens.
+    #[serde(default = "byte_vocab")]
+    pub vocab: usize,
+    /// Hidden size.
+    pub dim: usize,
+    /// Transformer blocks.
+    pub layers: usize,
+    /// Query heads.
+    pub heads: usize,
+    /// Key/value heads (grouped-query attention); divides `heads`.
+    pub kv_heads: usize,
+    /// Inner width of the SwiGLU feed-forward block.
+    pub ffn: usize,
+    /// Tokens per training sequence.
+    pub seq_len: usize,
+    /// RMSNorm epsilon.
+    #[serde(default = "default_eps")]
+    pub norm_eps: f64,
+    /// Rotary embedding base.
+    #[serde(default = "default_theta")]
+    pub rope_theta: f64,
+}
+
+fn byte_vocab() -> usize {
+    256
+}
+fn default_eps() -> f64 {
+    1e-5
+}
+fn default_theta() -> f64 {
+    10000.0
+}
+
+/// The model presets [`ModelConfig::preset`] knows.
+pub const MODEL_PRESETS: [&str; 3] = ["mini", "tiny", "small"];
+
+impl ModelConfig {
+    fn new(name: &str, dim: usize, layers: usize, heads: usize, kv: usize, ffn: usize) -> Self {
+        ModelConfig {
+            name: name.into(),
+            vocab: 256,
+            dim,
+            layers,
+            heads,
+            kv_heads: kv,
+            ffn,
+            seq_len: 64,
+            norm_eps: default_eps(),
+            rope_theta: default_theta(),
+        }
+    }
+
+    /// A preset: `mini` (tests: 2 blocks of width 32, sequences of 16),
+    /// `tiny` (the default: 4 blocks of width 64, 0.2 M parameters) or
+    /// `small` (6 blocks of width 128, sequences of 128).
+    pub fn preset(name: &str) -> Result<Self> {
+        Ok(match name {
+            "mini" => ModelConfig {
+                seq_len: 16,
+                ..Self::new("mini", 32, 2, 4, 2, 64)
+            },
+            "tiny" => Self::new("tiny", 64, 4, 4, 2, 176),
+            "small" => ModelConfig {
+                seq_len: 128,
+                ..Self::new("small", 128, 6, 8, 4, 352)
+            },
+            other => {
+                return Err(TrainError::Config(format!(
+                    "unknown model preset {other:?}; the presets are {}, or give a TOML file",
+                    MODEL_PRESETS.join(", ")
+                )));
+            }
+        })
+    }
+
+    /// A preset name or the path of a TOML file with the fields of this struct.
+    pub fn from_arg(arg: &str) -> Result<Self> {
+        if MODEL_PRESETS.contains(&arg) {
+            return Self::preset(arg);
+        }
+        let path = Path::new(arg);
+        if !path.exists() {
+            return Self::preset(arg);
+        }
+        let text = std::fs::read_to_string(path).map_err(|e| TrainError::io(path, e))?;
+        let cfg: ModelConfig = toml::from_str(&text)
+            .map_err(|e| TrainError::Config(format!("model file {}: {e}", path.display())))?;
+        cfg.validate()
+            .map_err(|e| TrainError::Config(format!("model file {}: {e}", path.display())))?;
+        Ok(cfg)
+    }
+
+    /// Checks that the shape is usable; the message names the field.
+    pub fn validate(&self) -> std::result::Result<(), String> {
+        let positive = [
+            ("vocab", self.vocab),
+            ("dim", self.dim),
+            ("layers", self.layers),
+            ("heads", self.heads),
+            ("kv_heads", self.kv_heads),
+            ("ffn", self.ffn),
+            ("seq_len", self.seq_len),
+        ];
+        for (field, v) in positive {
+            if v == 0 {
+                return Err(format!("{field} must be positive, not 0"));
+            }
+        }
+        if self.dim % self.heads != 0 {
+            return Err(format!(
+                "dim {} is not a multiple of heads {}",
+                self.dim, self.heads
+            ));
+        }
+        if self.heads % self.kv_heads != 0 {
+            return Err(format!(
+                "heads {} is not a multiple of kv_heads {}",
+                self.heads, self.kv_heads
+            ));
+        }
+        if self.head_dim() % 2 != 0 {
+            return Err(format!(
+                "the head dimension dim / heads = {} must be even for rotary embeddings",
+                self.head_dim()
+            ));
+        }
+        if self.vocab > i32::MAX as usize {
+            return Err(format!("vocab {} does not fit i32 token ids", self.vocab));
+        }
+        if !(self.norm_eps > 0.0 && self.norm_eps.is_finite()) {
+            return Err(format!("norm_eps must be positive, not {}", self.norm_eps));
+        }
+        if !(self.rope_theta > 1.0 && self.rope_theta.is_finite()) {
+            return Err(format!("rope_theta must exceed 1, not {}", self.rope_theta));
+        }
+        Ok(())
+    }
+
+    /// `dim / heads`.
+    pub fn head_dim(&self) -> usize {
+        self.dim / self.heads
+    }
+
+    /// Parameters of the whole model.
+    pub fn parameters(&self) -> usize {
+        let (d, kv) = (self.dim, self.kv_heads * self.head_dim());
+        let layer = 2 * d + 2 * d * d + 2 * d * kv + 3 * d * self.ffn;
+        2 * self.vocab * d + d + self.layers * layer
+    }
+
+    /// The same shape as the planner describes models.
+    pub fn planner_spec(&self) -> polychip_planner::model::ModelSpec {
+        polychip_planner::model::ModelSpec {
+            name: self.name.clone(),
+            layers: self.layers as u64,
+            hidden: self.dim as u64,
+            ffn: self.ffn as u64,
+            heads: self.heads as u64,
+            kv_heads: self.kv_heads as u64,
+            vocab: self.vocab as u64,
+            seq_len: self.seq_len as u64,
+        }
+    }
+}
+
+/// The numeric format of activations, weights' compute copies and gradients.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Precision {
+    /// Everything in f32.
+    #[default]
+    F32,
+    /// Compute in bf16 (activations, weight copies, per-step gradients);
+    /// f32 master weights, optimizer state, gradient reduction and loss.
+    Bf16,
+}
+
+impl Precision {
+    /// The compute dtype.
+    pub fn dtype(self) -> polychip_host::DType {
+        match self {
+            Precision::F32 => polychip_host::DType::F32,
+            Precision::Bf16 => polychip_host::DType::BF16,
+        }
+    }
+
+    /// Parses `f32` or `bf16`.
+    pub fn parse(s: &str) -> Result<Self> {
+        match s {
+            "f32" => Ok(Precision::F32),
+            "bf16" => Ok(Precision::Bf16),
+            other => Err(TrainError::Config(format!(
+                "unknown precision {other:?}; use f32 or bf16"
+            ))),
+        }
+    }
+}
+
+/// Optimizer, schedule, batch and bookkeeping settings.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TrainConfig {
+    /// Optimizer steps to run (the schedule ends here).
+    pub steps: u64,
+    /// Sequences per optimizer step, over all replicas.
+    pub global_batch: usize,
+    /// Peak learning rate.
+    pub lr: f64,
+    /// Final learning rate of the cosine decay.
+    pub min_lr: f64,
+    /// Linear warm-up steps.
+    pub warmup: u64,
+    /// Decoupled weight decay (AdamW) of matrices; norms and embeddings
+    /// are not decayed.
+    pub weight_decay: f64,
+    /// AdamW beta1.
+    pub beta1: f64,
+    /// AdamW beta2.
+    pub beta2: f64,
+    /// AdamW epsilon.
+    pub eps: f64,
+    /// Gradient-norm clipping threshold; 0 turns clipping off.
+    pub clip: f64,
+    /// Seed of initialization and data order.
+    pub seed: u64,
+    /// Compute precision.
+    pub precision: Precision,
+    /// Validate every this many steps (and after the last); 0 = only at the end.
+    pub eval_every: u64,
+    /// Sequences of the validation batch.
+    pub eval_sequences: usize,
+}
+
+impl Default for TrainConfig {
+    fn default() -> Self {
+        TrainConfig {
+            steps: 200,
+            global_batch: 16,
+            lr: 3e-3,
+            min_lr: 3e-4,
+            warmup: 20,
+            weight_decay: 0.1,
+            beta1: 0.9,
+            beta2: 0.95,
+            eps: 1e-8,
+            clip: 1.0,
+            seed: 1234,
+            precision: Precision::F32,
+            eval_every: 50,
+            eval_sequences: 16,
+        }
+    }
+}
+
+impl TrainConfig {
+    /// Checks the values; the message names the field.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |m: String| Err(TrainError::Config(m));
+        if self.global_batch == 0 {
+            return bad("global_batch must be positive".into());
+        }
+        if !(self.lr > 0.0 && self.lr.is_finite()) {
+            return bad(format!("lr must be positive, not {}", self.lr));
+        }
+        if !(self.min_lr >= 0.0 && self.min_lr <= self.lr) {
+            return bad(format!(
+                "min_lr {} must lie in [0, lr = {}]",
+                self.min_lr, self.lr
+            ));
+        }
+        for (name, b) in [("beta1", self.beta1), ("beta2", self.beta2)] {
+            if !(0.0..1.0).contains(&b) {
+                return bad(format!("{name} must lie in [0, 1), not {b}"));
+            }
+        }
+        if !(self.clip >= 0.0 && self.clip.is_finite()) {
+            return bad(format!(
+                "clip must be 0 (off) or positive, not {}",
+                self.clip
+            ));
+        }
+        if !(self.weight_decay >= 0.0) || !(self.eps > 0.0) {
+            return bad(format!(
+                "weight_decay ({}) must be non-negative and eps ({}) positive",
+                self.weight_decay, self.eps
+            ));
+        }
+        Ok(())
+    }
+
+    /// The learning rate of 1-based step `step`: linear warm-up to `lr`,
+    /// then cosine decay to `min_lr` at `steps`.
+    pub fn lr_at(&self, step: u64) -> f64 {
+        if self.warmup > 0 && step <= self.warmup {
+            return self.lr * step as f64 / self.warmup as f64;
+        }
+        let span = self.steps.saturating_sub(self.warmup).max(1) as f64;
+        let t = ((step - self.warmup.min(step)) as f64 / span).min(1.0);
+        self.min_lr + 0.5 * (self.lr - self.min_lr) * (1.0 + (std::f64::consts::PI * t).cos())
+    }
+
+    /// Reads a TOML file of these fields (missing ones take defaults).
+    pub fn load(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path).map_err(|e| TrainError::io(path, e))?;
+        let cfg: TrainConfig = toml::from_str(&text)
+            .map_err(|e| TrainError::Config(format!("training file {}: {e}", path.display())))?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn presets_validate_and_count_parameters() {
+        for name in MODEL_PRESETS {
+            let m = ModelConfig::preset(name).unwrap();
+            m.validate().unwrap();
+            assert_eq!(
+                m.parameters() as u64,
+                m.planner_spec().total_params(),
+                "{name}"
+            );
+        }
+        let err = ModelConfig::preset("huge").unwrap_err().to_string();
+        assert!(err.contains("\"huge\"") && err.contains("tiny"), "{err}");
+    }
+
+    #[test]
+    fn bad_shapes_are_named() {
+        let mut m = ModelConfig::preset("tiny").unwrap();
+        m.kv_heads = 3;
+        assert!(m.validate().unwrap_err().contains("kv_heads 3"));
+        m.kv_heads = 2;
+        m.dim = 62;
+        assert!(m.validate().unwrap_err().contains("dim 62"));
+    }
+
+    #[test]
+    fn schedule_warms_up_then_decays() {
+        let c = TrainConfig {
+            steps: 100,
+            warmup: 10,
+            ..TrainConfig::default()
+        };
+        assert!((c.lr_at(5) - c.lr / 2.0).abs() < 1e-12);
+        assert!((c.lr_at(10) - c.lr).abs() < 1e-12);
+        assert!((c.lr_at(100) - c.min_lr).abs() < 1e-12);
+        assert!(c.lr_at(55) < c.lr && c.lr_at(55) > c.min_lr);
+    }
+}

@@ -1,0 +1,772 @@
+//! One pipeline stage of the LLaMA-architecture decoder on one device:
+//! its parameters (f32 master weights, AdamW state, gradients, and a bf16
+//! compute copy in bf16 mode) and the forward and backward pass of a
+//! micro-batch, every operator dispatched through the host to the device's
+//! plugin.
+//!
+//! Per block: `h1 = rms_norm(x)`, `q, k, v = h1 Wq^T, h1 Wk^T, h1 Wv^T`,
+//! rotary embeddings on q and k, causal grouped-query attention,
+//! `x2 = x + attn Wo^T`, `h2 = rms_norm(x2)`,
+//! `x3 = x2 + swiglu(h2 W1^T, h2 W3^T) W2^T`. The last stage adds the final
+//! norm, the output head and the mean cross-entropy.
+
+pub mod ops;
+
+use std::cell::RefCell;
+
+use polychip_host::{AdamwOptions, DType, Device, Tensor};
+
+use crate::config::{ModelConfig, Precision, TrainConfig};
+use crate::error::Result;
+use crate::params::{ParamSpec, StageRange, block, stage_params};
+use ops::{OpRecord, Ops};
+
+/// One parameter on the device.
+#[derive(Debug)]
+pub struct Param {
+    /// Name, shape and initialization.
+    pub spec: ParamSpec,
+    /// f32 master value.
+    pub value: Tensor,
+    /// Compute copy (bf16 mode only).
+    pub compute: Option<Tensor>,
+    /// Gradient accumulated over the step's micro-batches, compute dtype.
+    pub grad: Tensor,
+    /// f32 gradient for reduction and the optimizer (bf16 mode only).
+    pub grad32: Option<Tensor>,
+    /// AdamW first moment.
+    pub exp_avg: Tensor,
+    /// AdamW second moment.
+    pub exp_avg_sq: Tensor,
+}
+
+impl Param {
+    /// The weight the forward pass reads.
+    pub fn weight(&self) -> &Tensor {
+        self.compute.as_ref().unwrap_or(&self.value)
+    }
+
+    /// The f32 gradient the optimizer reads (after [`Stage::finish_grads`]).
+    pub fn grad_f32(&self) -> &Tensor {
+        self.grad32.as_ref().unwrap_or(&self.grad)
+    }
+}
+
+/// What the first stage's input is, or the activation a later stage received.
+#[derive(Debug)]
+pub enum StageInput {
+    /// Token ids `[b, s]` (i32) on the device: the first stage.
+    Tokens(Tensor),
+    /// The previous stage's output `[b, s, dim]`.
+    Hidden(Tensor),
+}
+
+/// Activations of one block kept for its backward pass.
+#[derive(Debug)]
+struct BlockSaved {
+    x: Tensor,
+    h1: Tensor,
+    inv1: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    attn: Tensor,
+    lse: Tensor,
+    x2: Tensor,
+    h2: Tensor,
+    inv2: Tensor,
+    gate: Tensor,
+    up: Tensor,
+    act: Tensor,
+}
+
+/// Activations of the final norm and head.
+#[derive(Debug)]
+struct HeadSaved {
+    x: Tensor,
+    hn: Tensor,
+    inv: Tensor,
+    logits: Tensor,
+    targets: Tensor,
+}
+
+/// Everything a micro-batch's backward pass needs.
+#[derive(Debug)]
+pub struct Saved {
+    batch: usize,
+    tokens: Option<Tensor>,
+    blocks: Vec<BlockSaved>,
+    head: Option<HeadSaved>,
+}
+
+/// One pipeline stage's parameters and passes on one device.
+#[derive(Debug)]
+pub struct Stage {
+    cfg: ModelConfig,
+    range: StageRange,
+    precision: Precision,
+    device: Device,
+    params: Vec<Param>,
+    cos: Tensor,
+    sin: Tensor,
+    tape: Option<RefCell<Vec<OpRecord>>>,
+}
+
+impl Stage {
+    /// Allocates the stage's parameters on `device`, initialized from
+    /// `seed` (the same values whatever the split), and zeroed AdamW state.
+    pub fn new(
+        cfg: &ModelConfig,
+        range: StageRange,
+        precision: Precision,
+        device: &Device,
+        seed: u64,
+    ) -> Result<Stage> {
+        let dt = precision.dtype();
+        let mut params = Vec::new();
+        for spec in stage_params(cfg, &range) {
+            let value = device.from_slice(&spec.initial_values(seed), &spec.shape)?;
+            let bf16 = precision == Precision::Bf16;
+            let compute = match bf16 {
+                true => Some(device.empty(dt, &spec.shape)?),
+                false => None,
+            };
+            let grad32 = match bf16 {
+                true => Some(device.zeros(DType::F32, &spec.shape)?),
+                false => None,
+            };
+            params.push(Param {
+                grad: device.zeros(dt, &spec.shape)?,
+                exp_avg: device.zeros(DType::F32, &spec.shape)?,
+                exp_avg_sq: device.zeros(DType::F32, &spec.shape)?,
+                spec,
+                value,
+                compute,
+                grad32,
+            });
+        }
+        let (cos, sin) = rope_tables(cfg);
+        let half = (cfg.head_dim() / 2) as i64;
+        let shape = [cfg.seq_len as i64, half];
+        let stage = Stage {
+            cfg: cfg.clone(),
+            range,
+            precision,
+            cos: device.from_slice(&cos, &shape)?,
+            sin: device.from_slice(&sin, &shape)?,
+            device: device.clone(),
+            params,
+            tape: None,
+        };
+        stage.refresh_compute_weights()?;
+        Ok(stage)
+    }
+
+    /// The blocks and ends it holds.
+    pub fn range(&self) -> StageRange {
+        self.range
+    }
+
+    /// The device it runs on.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// The model's shape.
+    pub fn config(&self) -> &ModelConfig {
+        &self.cfg
+    }
+
+    /// Its parameters, in [`stage_params`] order.
+    pub fn params(&self) -> &[Param] {
+        &self.params
+    }
+
+    /// The compute dtype.
+    pub fn dtype(&self) -> DType {
+        self.precision.dtype()
+    }
+
+    /// Starts (or stops, with `false`) recording every operator call.
+    pub fn record(&mut self, on: bool) {
+        self.tape = on.then(|| RefCell::new(Vec::new()));
+    }
+
+    /// The calls recorded since [`Stage::record`].
+    pub fn take_records(&mut self) -> Vec<OpRecord> {
+        self.tape.as_ref().map(|t| t.take()).unwrap_or_default()
+    }
+
+    fn ops(&self) -> Ops<'_> {
+        Ops::new(self.device.exec(), self.tape.as_ref())
+    }
+
+    fn empty(&self, shape: &[usize]) -> Result<Tensor> {
+        let s: Vec<i64> = shape.iter().map(|&d| d as i64).collect();
+        Ok(self.device.empty(self.dtype(), &s)?)
+    }
+
+    fn empty_f32(&self, shape: &[usize]) -> Result<Tensor> {
+        let s: Vec<i64> = shape.iter().map(|&d| d as i64).collect();
+        Ok(self.device.empty(DType::F32, &s)?)
+    }
+
+    fn block_param(&self, layer: usize, which: usize) -> &Param {
+        let base = usize::from(self.range.embed) + (layer - self.range.first_layer) * 9;
+        &self.params[base + which]
+    }
+
+    fn head_params(&self) -> (&Param, &Param) {
+        let n = self.params.len();
+        (&self.params[n - 2], &self.params[n - 1])
+    }
+
+    /// Zeroes the gradients (start of a step).
+    pub fn zero_grads(&self) -> Result<()> {
+        let ops = self.ops();
+        for p in &self.params {
+            ops.fill(&p.grad, 0.0)?;
+        }
+        Ok(())
+    }
+
+    /// After the last micro-batch: the f32 gradients the reduction and the
+    /// optimizer read (a cast in bf16 mode, nothing in f32).
+    pub fn finish_grads(&self) -> Result<()> {
+        let ops = self.ops();
+        for p in &self.params {
+            if let Some(g32) = &p.grad32 {
+                ops.cast(&p.spec.name, &p.grad, g32)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Copies the master weights into the compute copies (bf16 mode).
+    pub fn refresh_compute_weights(&self) -> Result<()> {
+        let ops = self.ops();
+        for p in &self.params {
+            if let Some(c) = &p.compute {
+                ops.cast(&p.spec.name, &p.value, c)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Forward pass of a micro-batch of `b` sequences. Returns what the
+    /// backward pass needs, the output activation `[b, s, dim]` (not for
+    /// the last stage) and, on the last stage, the micro-batch's mean loss.
+    /// `targets` (i32 `[b * s]`) is required on the last stage.
+    pub fn forward(
+        &self,
+        input: StageInput,
+        targets: Option<Tensor>,
+    ) -> Result<(Saved, Option<Tensor>, Option<f32>)> {
+        let c = &self.cfg;
+        let ops = self.ops();
+        let (mut x, tokens, b) = match input {
+            StageInput::Tokens(tokens) => {
+                let b = tokens.shape()[0] as usize;
+                let x = self.empty(&[b, c.seq_len, c.dim])?;
+                ops.embedding("tok_embeddings", self.params[0].weight(), &tokens, &x)?;
+                (x, Some(tokens), b)
+            }
+            StageInput::Hidden(x) => {
+                let b = x.shape()[0] as usize;
+                (x, None, b)
+            }
+        };
+        let mut blocks = Vec::with_capacity(self.range.end_layer - self.range.first_layer);
+        for layer in self.range.layers() {
+            let (saved, out) = self.block_forward(layer, x, b)?;
+            blocks.push(saved);
+            x = out;
+        }
+        if !self.range.head {
+            return Ok((
+                Saved {
+                    batch: b,
+                    tokens,
+                    blocks,
+                    head: None,
+                },
+                Some(x),
+                None,
+            ));
+        }
+        let targets = targets.ok_or_else(|| {
+            crate::TrainError::Plan("the last stage's forward pass needs the targets".into())
+        })?;
+        let (norm, out_w) = self.head_params();
+        let n = b * c.seq_len;
+        let hn = self.empty(&[b, c.seq_len, c.dim])?;
+        let inv = self.empty_f32(&[b, c.seq_len])?;
+        ops.rms_norm("norm", &x, norm.weight(), &hn, &inv, c.norm_eps)?;
+        let logits = self.empty(&[n, c.vocab])?;
+        let hn2 = hn.reshape(&[n as i64, c.dim as i64])?;
+        ops.linear("output", &hn2, out_w.weight(), &logits)?;
+        let loss_t = self.empty_f32(&[])?;
+        ops.cross_entropy("loss", &logits, &targets, &loss_t)?;
+        let loss = loss_t.to_vec::<f32>()?[0];
+        let head = HeadSaved {
+            x,
+            hn: hn2,
+            inv,
+            logits,
+            targets,
+        };
+        Ok((
+            Saved {
+                batch: b,
+                tokens,
+                blocks,
+                head: Some(head),
+            },
+            None,
+            Some(loss),
+        ))
+    }
+
+    fn block_forward(&self, layer: usize, x: Tensor, b: usize) -> Result<(BlockSaved, Tensor)> {
+        let c = &self.cfg;
+        let ops = self.ops();
+        let (s, d, hd) = (c.seq_len, c.dim, c.head_dim());
+        let p = |w| self.block_param(layer, w).weight();
+        let at = |what: &str| format!("layers.{layer}.{what}");
+        let h1 = self.empty(&[b, s, d])?;
+        let inv1 = self.empty_f32(&[b, s])?;
+        ops.rms_norm(
+            &at("attention_norm"),
+            &x,
+            p(block::ATTN_NORM),
+            &h1,
+            &inv1,
+            c.norm_eps,
+        )?;
+        let q0 = self.empty(&[b, s, c.heads, hd])?;
+        let k0 = self.empty(&[b, s, c.kv_heads, hd])?;
+        let v = self.empty(&[b, s, c.kv_heads, hd])?;
+        let flat = |t: &Tensor, w: usize| t.reshape(&[b as i64, s as i64, w as i64]);
+        ops.linear(
+            &at("attention.wq"),
+            &h1,
+            p(block::WQ),
+            &flat(&q0, c.heads * hd)?,
+        )?;
+        ops.linear(
+            &at("attention.wk"),
+            &h1,
+            p(block::WK),
+            &flat(&k0, c.kv_heads * hd)?,
+        )?;
+        ops.linear(
+            &at("attention.wv"),
+            &h1,
+            p(block::WV),
+            &flat(&v, c.kv_heads * hd)?,
+        )?;
+        let q = self.empty(&[b, s, c.heads, hd])?;
+        let k = self.empty(&[b, s, c.kv_heads, hd])?;
+        ops.rope(
+            &at("attention.rope_q"),
+            false,
+            &q0,
+            &self.cos,
+            &self.sin,
+            &q,
+        )?;
+        ops.rope(
+            &at("attention.rope_k"),
+            false,
+            &k0,
+            &self.cos,
+            &self.sin,
+            &k,
+        )?;
+        drop((q0, k0));
+        let attn = self.empty(&[b, s, c.heads, hd])?;
+        let lse = self.empty_f32(&[b, c.heads, s])?;
+        let scale = 1.0 / (hd as f64).sqrt();
+        ops.attention(
+            &at("attention"),
+            &q.transpose(1, 2)?,
+            &k.transpose(1, 2)?,
+            &v.transpose(1, 2)?,
+            &attn.transpose(1, 2)?,
+            &lse,
+            scale,
+        )?;
+        let o = self.empty(&[b, s, d])?;
+        ops.linear(
+            &at("attention.wo"),
+            &flat(&attn, c.heads * hd)?,
+            p(block::WO),
+            &o,
+        )?;
+        let x2 = self.empty(&[b, s, d])?;
+        ops.add(&at("attention.residual"), &x, &o, &x2)?;
+        drop(o);
+        let h2 = self.empty(&[b, s, d])?;
+        let inv2 = self.empty_f32(&[b, s])?;
+        ops.rms_norm(
+            &at("ffn_norm"),
+            &x2,
+            p(block::FFN_NORM),
+            &h2,
+            &inv2,
+            c.norm_eps,
+        )?;
+        let gate = self.empty(&[b, s, c.ffn])?;
+        let up = self.empty(&[b, s, c.ffn])?;
+        ops.linear(&at("feed_forward.w1"), &h2, p(block::W1), &gate)?;
+        ops.linear(&at("feed_forward.w3"), &h2, p(block::W3), &up)?;
+        let act = self.empty(&[b, s, c.ffn])?;
+        ops.swiglu(&at("feed_forward.swiglu"), &gate, &up, &act)?;
+        let f = self.empty(&[b, s, d])?;
+        ops.linear(&at("feed_forward.w2"), &act, p(block::W2), &f)?;
+        let x3 = self.empty(&[b, s, d])?;
+        ops.add(&at("feed_forward.residual"), &x2, &f, &x3)?;
+        let saved = BlockSaved {
+            x,
+            h1,
+            inv1,
+            q,
+            k,
+            v,
+            attn,
+            lse,
+            x2,
+            h2,
+            inv2,
+            gate,
+            up,
+            act,
+        };
+        Ok((saved, x3))
+    }
+
+    /// Backward pass of a micro-batch: accumulates the parameters'
+    /// gradients and returns the gradient of the stage's input activation
+    /// (not on the first stage). The last stage starts from the loss with
+    /// weight `loss_weight` (the micro-batch's share of the global batch);
+    /// other stages from `grad_out`, the next stage's input gradient.
+    pub fn backward(
+        &self,
+        saved: Saved,
+        grad_out: Option<Tensor>,
+        loss_weight: f64,
+    ) -> Result<Option<Tensor>> {
+        let c = &self.cfg;
+        let ops = self.ops();
+        let b = saved.batch;
+        let (s, d) = (c.seq_len, c.dim);
+        let mut g = match saved.head {
+            Some(h) => {
+                let (norm, out_w) = self.head_params();
+                let n = (b * s) as i64;
+                let gl = self.empty(&[b * s, c.vocab])?;
+                ops.cross_entropy_backward("loss", &h.logits, &h.targets, &gl, loss_weight)?;
+                let ghn = self.empty(&[b, s, d])?;
+                let ghn2 = ghn.reshape(&[n, d as i64])?;
+                ops.matmul("output", &gl, out_w.weight(), &ghn2, false, false, false)?;
+                ops.matmul("output", &gl, &h.hn, &out_w.grad, true, false, true)?;
+                let gx = self.empty(&[b, s, d])?;
+                let gw = self.empty(&[d])?;
+                let w = norm.weight();
+                ops.rms_norm_backward("norm", &ghn, &h.x, w, &h.inv, &gx, &gw)?;
+                ops.add("norm", &norm.grad, &gw, &norm.grad)?;
+                gx
+            }
+            None => grad_out.ok_or_else(|| {
+                crate::TrainError::Plan("a middle stage's backward pass needs grad_out".into())
+            })?,
+        };
+        for (layer, bs) in self.range.layers().zip(saved.blocks).rev() {
+            g = self.block_backward(layer, bs, g, b)?;
+        }
+        match saved.tokens {
+            Some(tokens) => {
+                let emb = &self.params[0];
+                ops.embedding_backward("tok_embeddings", &g, &tokens, &emb.grad)?;
+                Ok(None)
+            }
+            None => Ok(Some(g)),
+        }
+    }
+
+    fn block_backward(&self, layer: usize, sv: BlockSaved, g3: Tensor, b: usize) -> Result<Tensor> {
+        let c = &self.cfg;
+        let ops = self.ops();
+        let (s, d, hd) = (c.seq_len, c.dim, c.head_dim());
+        let n = (b * s) as i64;
+        let p = |w| self.block_param(layer, w);
+        let at = |what: &str| format!("layers.{layer}.{what} (backward)");
+        let rows = |t: &Tensor, w: usize| t.reshape(&[n, w as i64]);
+        // Feed-forward: x3 = x2 + swiglu(h2 W1^T, h2 W3^T) W2^T.
+        let g3r = rows(&g3, d)?;
+        let ga = self.empty(&[b, s, c.ffn])?;
+        let w2 = p(block::W2);
+        ops.matmul(
+            &at("feed_forward.w2"),
+            &g3r,
+            w2.weight(),
+            &rows(&ga, c.ffn)?,
+            false,
+            false,
+            false,
+        )?;
+        ops.matmul(
+            &at("feed_forward.w2"),
+            &g3r,
+            &rows(&sv.act, c.ffn)?,
+            &w2.grad,
+            true,
+            false,
+            true,
+        )?;
+        let gg = self.empty(&[b, s, c.ffn])?;
+        let gu = self.empty(&[b, s, c.ffn])?;
+        ops.swiglu_backward(
+            &at("feed_forward.swiglu"),
+            [&sv.gate, &sv.up, &ga],
+            &gg,
+            &gu,
+        )?;
+        drop(ga);
+        let gh2 = self.empty(&[b, s, d])?;
+        let (gh2r, ggr, gur) = (rows(&gh2, d)?, rows(&gg, c.ffn)?, rows(&gu, c.ffn)?);
+        let h2r = rows(&sv.h2, d)?;
+        let (w1, w3) = (p(block::W1), p(block::W3));
+        ops.matmul(
+            &at("feed_forward.w1"),
+            &ggr,
+            w1.weight(),
+            &gh2r,
+            false,
+            false,
+            false,
+        )?;
+        ops.matmul(
+            &at("feed_forward.w3"),
+            &gur,
+            w3.weight(),
+            &gh2r,
+            false,
+            false,
+            true,
+        )?;
+        ops.matmul(
+            &at("feed_forward.w1"),
+            &ggr,
+            &h2r,
+            &w1.grad,
+            true,
+            false,
+            true,
+        )?;
+        ops.matmul(
+            &at("feed_forward.w3"),
+            &gur,
+            &h2r,
+            &w3.grad,
+            true,
+            false,
+            true,
+        )?;
+        drop((gg, gu));
+        let g2 = self.empty(&[b, s, d])?;
+        let gw = self.empty(&[d])?;
+        let fnorm = p(block::FFN_NORM);
+        let label = at("ffn_norm");
+        ops.rms_norm_backward(&label, &gh2, &sv.x2, fnorm.weight(), &sv.inv2, &g2, &gw)?;
+        ops.add(&label, &fnorm.grad, &gw, &fnorm.grad)?;
+        ops.add(&at("feed_forward.residual"), &g2, &g3, &g2)?;
+        drop((g3, gh2));
+        // Attention: x2 = x + attn Wo^T.
+        let g2r = rows(&g2, d)?;
+        let qw = c.heads * hd;
+        let kvw = c.kv_heads * hd;
+        let gattn = self.empty(&[b, s, c.heads, hd])?;
+        let wo = p(block::WO);
+        ops.matmul(
+            &at("attention.wo"),
+            &g2r,
+            wo.weight(),
+            &rows(&gattn, qw)?,
+            false,
+            false,
+            false,
+        )?;
+        ops.matmul(
+            &at("attention.wo"),
+            &g2r,
+            &rows(&sv.attn, qw)?,
+            &wo.grad,
+            true,
+            false,
+            true,
+        )?;
+        let gq = self.empty(&[b, s, c.heads, hd])?;
+        let gk = self.empty(&[b, s, c.kv_heads, hd])?;
+        let gv = self.empty(&[b, s, c.kv_heads, hd])?;
+        let t = |x: &Tensor| x.transpose(1, 2);
+        let scale = 1.0 / (hd as f64).sqrt();
+        ops.attention_backward(
+            &at("attention"),
+            [
+                &t(&sv.q)?,
+                &t(&sv.k)?,
+                &t(&sv.v)?,
+                &t(&sv.attn)?,
+                &sv.lse,
+                &t(&gattn)?,
+            ],
+            [&t(&gq)?, &t(&gk)?, &t(&gv)?],
+            scale,
+        )?;
+        drop(gattn);
+        let gq0 = self.empty(&[b, s, c.heads, hd])?;
+        let gk0 = self.empty(&[b, s, c.kv_heads, hd])?;
+        ops.rope(
+            &at("attention.rope_q"),
+            true,
+            &gq,
+            &self.cos,
+            &self.sin,
+            &gq0,
+        )?;
+        ops.rope(
+            &at("attention.rope_k"),
+            true,
+            &gk,
+            &self.cos,
+            &self.sin,
+            &gk0,
+        )?;
+        drop((gq, gk));
+        let gh1 = self.empty(&[b, s, d])?;
+        let gh1r = rows(&gh1, d)?;
+        let h1r = rows(&sv.h1, d)?;
+        let (wq, wk, wv) = (p(block::WQ), p(block::WK), p(block::WV));
+        let (gq0r, gk0r, gvr) = (rows(&gq0, qw)?, rows(&gk0, kvw)?, rows(&gv, kvw)?);
+        ops.matmul(
+            &at("attention.wq"),
+            &gq0r,
+            wq.weight(),
+            &gh1r,
+            false,
+            false,
+            false,
+        )?;
+        ops.matmul(
+            &at("attention.wk"),
+            &gk0r,
+            wk.weight(),
+            &gh1r,
+            false,
+            false,
+            true,
+        )?;
+        ops.matmul(
+            &at("attention.wv"),
+            &gvr,
+            wv.weight(),
+            &gh1r,
+            false,
+            false,
+            true,
+        )?;
+        ops.matmul(
+            &at("attention.wq"),
+            &gq0r,
+            &h1r,
+            &wq.grad,
+            true,
+            false,
+            true,
+        )?;
+        ops.matmul(
+            &at("attention.wk"),
+            &gk0r,
+            &h1r,
+            &wk.grad,
+            true,
+            false,
+            true,
+        )?;
+        ops.matmul(&at("attention.wv"), &gvr, &h1r, &wv.grad, true, false, true)?;
+        let gx = self.empty(&[b, s, d])?;
+        let gw = self.empty(&[d])?;
+        let anorm = p(block::ATTN_NORM);
+        let label = at("attention_norm");
+        ops.rms_norm_backward(&label, &gh1, &sv.x, anorm.weight(), &sv.inv1, &gx, &gw)?;
+        ops.add(&label, &anorm.grad, &gw, &anorm.grad)?;
+        ops.add(&at("attention.residual"), &gx, &g2, &gx)?;
+        Ok(gx)
+    }
+
+    /// This stage's sum of squared f32 gradients (for clipping).
+    pub fn grad_sum_squares(&self) -> Result<f64> {
+        let ops = self.ops();
+        let out = self.empty_f32(&[])?;
+        let mut total = 0.0;
+        for p in &self.params {
+            ops.sum_squares(&p.spec.name, p.grad_f32(), &out)?;
+            total += f64::from(out.to_vec::<f32>()?[0]);
+        }
+        Ok(total)
+    }
+
+    /// Scales the f32 gradients by `alpha` (clipping).
+    pub fn scale_grads(&self, alpha: f64) -> Result<()> {
+        let ops = self.ops();
+        for p in &self.params {
+            ops.scale(&p.spec.name, p.grad_f32(), alpha)?;
+        }
+        Ok(())
+    }
+
+    /// One AdamW step of every parameter (1-based `step`, learning rate
+    /// `lr`), then refreshes the compute copies.
+    pub fn adamw(&self, t: &TrainConfig, step: u64, lr: f64) -> Result<()> {
+        let ops = self.ops();
+        for p in &self.params {
+            let h = AdamwOptions {
+                lr,
+                beta1: t.beta1,
+                beta2: t.beta2,
+                eps: t.eps,
+                weight_decay: if p.spec.decayed() {
+                    t.weight_decay
+                } else {
+                    0.0
+                },
+                step: step as i64,
+            };
+            let label = format!("{} (optimizer)", p.spec.name);
+            ops.adamw(
+                &label,
+                [&p.value, p.grad_f32(), &p.exp_avg, &p.exp_avg_sq],
+                &h,
+            )?;
+        }
+        self.refresh_compute_weights()
+    }
+}
+
+/// The rotary tables `[seq_len, head_dim / 2]`: `cos(pos * theta^(-2i/hd))`
+/// and the sines.
+pub fn rope_tables(cfg: &ModelConfig) -> (Vec<f32>, Vec<f32>) {
+    let half = cfg.head_dim() / 2;
+    let mut cos = Vec::with_capacity(cfg.seq_len * half);
+    let mut sin = Vec::with_capacity(cfg.seq_len * half);
+    for pos in 0..cfg.seq_len {
+        for i in 0..half {
+            let freq = cfg.rope_theta.powf(-2.0 * i as f64 / cfg.head_dim() as f64);
+            let angle = pos as f64 * freq;
+            cos.push(angle.cos() as f32);
+            sin.push(angle.sin() as f32);
+        }
+    }
+    (cos, sin)
+}

@@ -1,0 +1,251 @@
+//! The model's parameters: their names (Meta's LLaMA names, so checkpoints
+//! read like any LLaMA checkpoint), shapes, which stage holds them, and a
+//! deterministic initialization keyed by (seed, name), so that every split
+//! of the model over stages starts from the same weights.
+
+use crate::config::ModelConfig;
+
+/// The part of the model one pipeline stage holds: blocks
+/// `first_layer..end_layer`, plus the token embedding when it starts at
+/// block 0 and the final norm and output head when it ends at the last.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StageRange {
+    /// First block, 0-based.
+    pub first_layer: usize,
+    /// One past the last block.
+    pub end_layer: usize,
+    /// Holds the token embedding (it is the first stage).
+    pub embed: bool,
+    /// Holds the final norm, the output head and the loss (the last stage).
+    pub head: bool,
+}
+
+impl StageRange {
+    /// Blocks `first..end` of a model of `layers` blocks.
+    pub fn new(first: usize, end: usize, layers: usize) -> StageRange {
+        StageRange {
+            first_layer: first,
+            end_layer: end,
+            embed: first == 0,
+            head: end == layers,
+        }
+    }
+
+    /// The whole model on one stage.
+    pub fn whole(cfg: &ModelConfig) -> StageRange {
+        StageRange::new(0, cfg.layers, cfg.layers)
+    }
+
+    /// Blocks held.
+    pub fn layers(&self) -> std::ops::Range<usize> {
+        self.first_layer..self.end_layer
+    }
+}
+
+/// How a parameter starts and whether weight decay applies to it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Init {
+    /// Normal with this standard deviation; a decayed matrix.
+    Normal(f64),
+    /// Normal with this standard deviation; not decayed (embedding).
+    Embedding(f64),
+    /// All ones; not decayed (norm weights).
+    Ones,
+}
+
+/// One parameter's name, shape and initialization.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ParamSpec {
+    /// Its name, e.g. `layers.3.attention.wq.weight`.
+    pub name: String,
+    /// Its shape.
+    pub shape: Vec<i64>,
+    /// How it starts.
+    pub init: Init,
+}
+
+impl ParamSpec {
+    /// Elements.
+    pub fn numel(&self) -> usize {
+        self.shape.iter().product::<i64>() as usize
+    }
+
+    /// Whether AdamW's weight decay applies.
+    pub fn decayed(&self) -> bool {
+        matches!(self.init, Init::Normal(_))
+    }
+
+    /// Its initial values for `seed`: the same on every rank and in every
+    /// plan.
+    pub fn initial_values(&self, seed: u64) -> Vec<f32> {
+        let n = self.numel();
+        let std = match self.init {
+            Init::Ones => return vec![1.0; n],
+            Init::Normal(s) | Init::Embedding(s) => s,
+        };
+        let mut rng = SplitMix64::new(seed ^ fnv1a(self.name.as_bytes()));
+        let mut out = Vec::with_capacity(n);
+        while out.len() < n {
+            // Box-Muller: two uniforms in (0, 1] give two normals.
+            let u1 = ((rng.next() >> 11) as f64 + 1.0) / (1u64 << 53) as f64;
+            let u2 = (rng.next() >> 11) as f64 / (1u64 << 53) as f64;
+            let r = (-2.0 * u1.ln()).sqrt();
+            let t = 2.0 * std::f64::consts::PI * u2;
+            out.push((std * r * t.cos()) as f32);
+            if out.len() < n {
+                out.push((std * r * t.sin()) as f32);
+            }
+        }
+        out
+    }
+}
+
+/// The names of block `i`'s parameters, in the order [`stage_params`] lists them.
+pub const BLOCK_PARAMS: [&str; 9] = [
+    "attention_norm.weight",
+    "attention.wq.weight",
+    "attention.wk.weight",
+    "attention.wv.weight",
+    "attention.wo.weight",
+    "ffn_norm.weight",
+    "feed_forward.w1.weight",
+    "feed_forward.w3.weight",
+    "feed_forward.w2.weight",
+];
+
+/// Index of each block parameter in [`BLOCK_PARAMS`].
+pub mod block {
+    /// RMSNorm before attention.
+    pub const ATTN_NORM: usize = 0;
+    /// Query projection.
+    pub const WQ: usize = 1;
+    /// Key projection.
+    pub const WK: usize = 2;
+    /// Value projection.
+    pub const WV: usize = 3;
+    /// Output projection.
+    pub const WO: usize = 4;
+    /// RMSNorm before the FFN.
+    pub const FFN_NORM: usize = 5;
+    /// FFN gate.
+    pub const W1: usize = 6;
+    /// FFN up.
+    pub const W3: usize = 7;
+    /// FFN down.
+    pub const W2: usize = 8;
+}
+
+/// The parameters a stage holds: embedding (first stage), 9 per block,
+/// then final norm and output head (last stage).
+pub fn stage_params(cfg: &ModelConfig, range: &StageRange) -> Vec<ParamSpec> {
+    let (d, v, f) = (cfg.dim as i64, cfg.vocab as i64, cfg.ffn as i64);
+    let q = (cfg.heads * cfg.head_dim()) as i64;
+    let kv = (cfg.kv_heads * cfg.head_dim()) as i64;
+    let std = 0.02;
+    // GPT-2's scaling of the projections that feed the residual stream.
+    let out_std = std / (2.0 * cfg.layers as f64).sqrt();
+    let mut specs = Vec::new();
+    let mut push = |name: String, shape: Vec<i64>, init| {
+        specs.push(ParamSpec { name, shape, init });
+    };
+    if range.embed {
+        push(
+            "tok_embeddings.weight".into(),
+            vec![v, d],
+            Init::Embedding(std),
+        );
+    }
+    for i in range.layers() {
+        let shapes: [(Vec<i64>, Init); 9] = [
+            (vec![d], Init::Ones),
+            (vec![q, d], Init::Normal(std)),
+            (vec![kv, d], Init::Normal(std)),
+            (vec![kv, d], Init::Normal(std)),
+            (vec![d, q], Init::Normal(out_std)),
+            (vec![d], Init::Ones),
+            (vec![f, d], Init::Normal(std)),
+            (vec![f, d], Init::Normal(std)),
+            (vec![d, f], Init::Normal(out_std)),
+        ];
+        for (name, (shape, init)) in BLOCK_PARAMS.iter().zip(shapes) {
+            push(format!("layers.{i}.{name}"), shape, init);
+        }
+    }
+    if range.head {
+        push("norm.weight".into(), vec![d], Init::Ones);
+        push("output.weight".into(), vec![v, d], Init::Normal(std));
+    }
+    specs
+}
+
+/// FNV-1a of bytes (seeds per parameter name).
+pub fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
+/// Steele, Lea and Flood's SplitMix64 generator.
+#[derive(Debug, Clone)]
+pub struct SplitMix64(u64);
+
+impl SplitMix64 {
+    /// A generator from a seed.
+    pub fn new(seed: u64) -> Self {
+        SplitMix64(seed)
+    }
+
+    /// The next 64 random bits.
+    pub fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stages_partition_the_parameters() {
+        let cfg = ModelConfig::preset("tiny").unwrap();
+        let whole = stage_params(&cfg, &StageRange::whole(&cfg));
+        let split: Vec<_> = [(0, 1), (1, 3), (3, 4)]
+            .iter()
+            .flat_map(|&(a, b)| stage_params(&cfg, &StageRange::new(a, b, cfg.layers)))
+            .collect();
+        let mut a: Vec<_> = whole.iter().map(|p| &p.name).collect();
+        let mut b: Vec<_> = split.iter().map(|p| &p.name).collect();
+        a.sort();
+        b.sort();
+        assert_eq!(a, b);
+        let total: usize = whole.iter().map(ParamSpec::numel).sum();
+        assert_eq!(total, cfg.parameters());
+    }
+
+    #[test]
+    fn initialization_depends_on_seed_and_name_only() {
+        let cfg = ModelConfig::preset("mini").unwrap();
+        let p = &stage_params(&cfg, &StageRange::new(1, 2, 2))[1];
+        let q = stage_params(&cfg, &StageRange::whole(&cfg))
+            .into_iter()
+            .find(|s| s.name == p.name)
+            .unwrap();
+        assert_eq!(p.initial_values(7), q.initial_values(7));
+        assert_ne!(p.initial_values(7), p.initial_values(8));
+        let v = p.initial_values(7);
+        let mean = v.iter().map(|&x| f64::from(x)).sum::<f64>() / v.len() as f64;
+        let var = v
+            .iter()
+            .map(|&x| (f64::from(x) - mean).powi(2))
+            .sum::<f64>()
+            / v.len() as f64;
+        assert!(
+            mean.abs() < 0.003 && (var.sqrt() - 0.02).abs() < 0.003,
+            "{mean} {var}"
+        );
+    }
+}

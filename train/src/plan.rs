@@ -1,0 +1,361 @@
+//! The layout a training job runs: groups of identical pipelines
+//! (data-parallel replicas), each pipeline a list of stages (a device and a
+//! block range), and its micro-batching. Ranks are numbered group by group,
+//! replica by replica, stage by stage. Read from TOML/JSON, built from the
+//! planner's answer, or written on the command line (`--stages`).
+
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use crate::config::ModelConfig;
+use crate::error::{Result, TrainError};
+use crate::params::StageRange;
+
+/// One pipeline stage: which device runs which blocks.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StagePlan {
+    /// `vendor` (the next unused device of that vendor) or `vendor:index`.
+    pub device: String,
+    /// Blocks `[first, end)`.
+    pub layers: [usize; 2],
+}
+
+/// `copies` identical pipelines.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GroupPlan {
+    /// Identical replicas of this pipeline.
+    #[serde(default = "one")]
+    pub copies: usize,
+    /// Sequences per micro-batch.
+    pub micro_batch_size: usize,
+    /// Micro-batches per step per replica.
+    pub micro_batches: usize,
+    /// Its stages, first to last.
+    pub stages: Vec<StagePlan>,
+}
+
+fn one() -> usize {
+    1
+}
+
+/// A whole training layout.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TrainPlan {
+    /// Groups of replicas.
+    #[serde(rename = "group")]
+    pub groups: Vec<GroupPlan>,
+}
+
+/// What one rank does.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Role {
+    /// The rank.
+    pub rank: usize,
+    /// Its group.
+    pub group: usize,
+    /// Its replica, counted over all groups.
+    pub replica: usize,
+    /// Its stage in the pipeline.
+    pub stage: usize,
+    /// Stages of its pipeline.
+    pub stages: usize,
+    /// Its device, `vendor:index`.
+    pub device: String,
+    /// Its blocks.
+    pub range: StageRange,
+    /// Sequences per micro-batch.
+    pub micro_batch_size: usize,
+    /// Micro-batches per step.
+    pub micro_batches: usize,
+    /// The first sequence of the global batch its replica takes.
+    pub first_sequence: usize,
+    /// The rank of the previous stage of its pipeline.
+    pub prev: Option<usize>,
+    /// The rank of the next stage of its pipeline.
+    pub next: Option<usize>,
+}
+
+impl TrainPlan {
+    /// The whole model on one device, `micro_batches` micro-batches of `mbs`.
+    pub fn single(device: &str, layers: usize, mbs: usize, micro_batches: usize) -> TrainPlan {
+        TrainPlan {
+            groups: vec![GroupPlan {
+                copies: 1,
+                micro_batch_size: mbs,
+                micro_batches,
+                stages: vec![StagePlan {
+                    device: device.to_string(),
+                    layers: [0, layers],
+                }],
+            }],
+        }
+    }
+
+    /// Parses `--stages "ferrite:0=0..3,cobalt:0=3..4"` (one pipeline) with
+    /// `copies` replicas.
+    pub fn parse_stages(
+        spec: &str,
+        copies: usize,
+        mbs: usize,
+        micro_batches: usize,
+    ) -> Result<TrainPlan> {
+        let mut stages = Vec::new();
+        for part in spec.split(',') {
+            let part = part.trim();
+            let bad = || {
+                TrainError::Config(format!(
+                    "--stages entry {part:?} is not DEVICE=FIRST..END (e.g. ferrite:0=0..3)"
+                ))
+            };
+            let (device, range) = part.split_once('=').ok_or_else(bad)?;
+            let (a, b) = range.split_once("..").ok_or_else(bad)?;
+            let first = a.trim().parse().map_err(|_| bad())?;
+            let end = b.trim().parse().map_err(|_| bad())?;
+            stages.push(StagePlan {
+                device: device.trim().to_string(),
+                layers: [first, end],
+            });
+        }
+        Ok(TrainPlan {
+            groups: vec![GroupPlan {
+                copies,
+                micro_batch_size: mbs,
+                micro_batches,
+                stages,
+            }],
+        })
+    }
+
+    /// Reads a plan file: TOML (`[[group]]` tables) or JSON (`.json`).
+    pub fn load(path: &Path) -> Result<TrainPlan> {
+        let text = std::fs::read_to_string(path).map_err(|e| TrainError::io(path, e))?;
+        let parsed = if path.extension().is_some_and(|e| e == "json") {
+            serde_json::from_str(&text).map_err(|e| e.to_string())
+        } else {
+            toml::from_str(&text).map_err(|e| e.to_string())
+        };
+        parsed.map_err(|e| TrainError::Plan(format!("plan file {}: {e}", path.display())))
+    }
+
+    /// Ranks the plan needs.
+    pub fn world_size(&self) -> usize {
+        self.groups.iter().map(|g| g.copies * g.stages.len()).sum()
+    }
+
+    /// Replicas over all groups.
+    pub fn replicas(&self) -> usize {
+        self.groups.iter().map(|g| g.copies).sum()
+    }
+
+    /// Sequences per step.
+    pub fn global_batch(&self) -> usize {
+        self.groups
+            .iter()
+            .map(|g| g.copies * g.micro_batch_size * g.micro_batches)
+            .sum()
+    }
+
+    /// Checks the plan against the model and the global batch; messages
+    /// name the group and stage.
+    pub fn validate(&self, cfg: &ModelConfig, global_batch: usize) -> Result<()> {
+        let bad = |m: String| Err(TrainError::Plan(m));
+        if self.groups.is_empty() {
+            return bad("it has no groups".into());
+        }
+        for (gi, g) in self.groups.iter().enumerate() {
+            if g.copies == 0 || g.micro_batch_size == 0 || g.micro_batches == 0 {
+                return bad(format!(
+                    "group {gi}: copies ({}), micro_batch_size ({}) and micro_batches ({}) must be positive",
+                    g.copies, g.micro_batch_size, g.micro_batches
+                ));
+            }
+            if g.stages.is_empty() {
+                return bad(format!("group {gi} has no stages"));
+            }
+            let mut next = 0;
+            for (si, s) in g.stages.iter().enumerate() {
+                let [a, b] = s.layers;
+                if a != next || b <= a {
+                    return bad(format!(
+                        "group {gi} stage {si} ({}) holds blocks {a}..{b}, but it must start at \
+                         block {next} and hold at least one block",
+                        s.device
+                    ));
+                }
+                next = b;
+            }
+            if next != cfg.layers {
+                return bad(format!(
+                    "group {gi}'s stages end at block {next}, but the model {} has {} blocks",
+                    cfg.name, cfg.layers
+                ));
+            }
+        }
+        if self.global_batch() != global_batch {
+            let parts: Vec<String> = self
+                .groups
+                .iter()
+                .map(|g| {
+                    format!(
+                        "{} x {} x {}",
+                        g.copies, g.micro_batch_size, g.micro_batches
+                    )
+                })
+                .collect();
+            return bad(format!(
+                "its replicas take {} sequences per step ({} as copies x micro_batch_size x \
+                 micro_batches) but the global batch is {global_batch}",
+                self.global_batch(),
+                parts.join(" + ")
+            ));
+        }
+        Ok(())
+    }
+
+    /// Every rank's role. `devices` lists the devices present as
+    /// `vendor:index` (lower case vendor); a stage naming only a vendor gets
+    /// the next one not named elsewhere.
+    pub fn roles(&self, cfg: &ModelConfig, devices: &[String]) -> Result<Vec<Role>> {
+        let mut explicit: Vec<String> = Vec::new();
+        for g in &self.groups {
+            for s in &g.stages {
+                if s.device.contains(':') {
+                    explicit.push(s.device.to_lowercase());
+                }
+            }
+        }
+        let mut used: Vec<String> = Vec::new();
+        let mut roles = Vec::new();
+        let (mut rank, mut replica, mut first_seq) = (0, 0, 0);
+        for (gi, g) in self.groups.iter().enumerate() {
+            for _ in 0..g.copies {
+                let base = rank;
+                for (si, s) in g.stages.iter().enumerate() {
+                    let want = s.device.to_lowercase();
+                    let named = want.contains(':');
+                    let device = if named {
+                        if !devices.contains(&want) {
+                            return Err(TrainError::Plan(format!(
+                                "group {gi} stage {si} asks for device {want}, which is not \
+                                 present; the devices are {}",
+                                devices.join(", ")
+                            )));
+                        }
+                        want
+                    } else {
+                        let prefix = format!("{want}:");
+                        devices
+                            .iter()
+                            .find(|d| {
+                                d.starts_with(&prefix) && !explicit.contains(d) && !used.contains(d)
+                            })
+                            .cloned()
+                            .ok_or_else(|| {
+                                TrainError::Plan(format!(
+                                    "group {gi} stage {si} asks for a {want} device, but every \
+                                     {want} device is taken; the devices are {}",
+                                    devices.join(", ")
+                                ))
+                            })?
+                    };
+                    if !named {
+                        used.push(device.clone());
+                    }
+                    let p = g.stages.len();
+                    roles.push(Role {
+                        rank,
+                        group: gi,
+                        replica,
+                        stage: si,
+                        stages: p,
+                        device,
+                        range: StageRange::new(s.layers[0], s.layers[1], cfg.layers),
+                        micro_batch_size: g.micro_batch_size,
+                        micro_batches: g.micro_batches,
+                        first_sequence: first_seq,
+                        prev: (si > 0).then(|| base + si - 1),
+                        next: (si + 1 < p).then(|| base + si + 1),
+                    });
+                    rank += 1;
+                }
+                replica += 1;
+                first_seq += g.micro_batch_size * g.micro_batches;
+            }
+        }
+        Ok(roles)
+    }
+
+    /// A one-line description, e.g. `1 x [ferrite:0 0..3 | cobalt:0 3..4] b=2 m=4`.
+    pub fn describe(&self) -> String {
+        let groups: Vec<String> = self
+            .groups
+            .iter()
+            .map(|g| {
+                let stages: Vec<String> = g
+                    .stages
+                    .iter()
+                    .map(|s| format!("{} {}..{}", s.device, s.layers[0], s.layers[1]))
+                    .collect();
+                format!(
+                    "{} x [{}] b={} m={}",
+                    g.copies,
+                    stages.join(" | "),
+                    g.micro_batch_size,
+                    g.micro_batches
+                )
+            })
+            .collect();
+        groups.join(" + ")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn devices() -> Vec<String> {
+        ["ferrite:0", "ferrite:1", "cobalt:0"]
+            .map(String::from)
+            .to_vec()
+    }
+
+    #[test]
+    fn roles_number_ranks_and_link_stages() {
+        let cfg = ModelConfig::preset("tiny").unwrap();
+        let plan = TrainPlan::parse_stages("ferrite=0..3,cobalt:0=3..4", 1, 2, 4).unwrap();
+        plan.validate(&cfg, 8).unwrap();
+        let roles = plan.roles(&cfg, &devices()).unwrap();
+        assert_eq!(roles.len(), 2);
+        assert_eq!(roles[0].device, "ferrite:0");
+        assert_eq!((roles[0].prev, roles[0].next), (None, Some(1)));
+        assert_eq!(roles[1].device, "cobalt:0");
+        assert!(roles[1].range.head && !roles[1].range.embed);
+    }
+
+    #[test]
+    fn bad_plans_name_the_problem() {
+        let cfg = ModelConfig::preset("tiny").unwrap();
+        let gap = TrainPlan::parse_stages("ferrite=0..2,cobalt=3..4", 1, 2, 4).unwrap();
+        let e = gap.validate(&cfg, 8).unwrap_err().to_string();
+        assert!(e.contains("stage 1") && e.contains("block 2"), "{e}");
+        let short = TrainPlan::parse_stages("ferrite=0..3", 1, 2, 4).unwrap();
+        assert!(
+            short
+                .validate(&cfg, 8)
+                .unwrap_err()
+                .to_string()
+                .contains("end at block 3")
+        );
+        let batch = TrainPlan::parse_stages("ferrite=0..4", 1, 2, 4).unwrap();
+        let e = batch.validate(&cfg, 16).unwrap_err().to_string();
+        assert!(e.contains("8 sequences") && e.contains("16"), "{e}");
+        let many = TrainPlan::parse_stages("cobalt=0..2,cobalt=2..4", 1, 2, 4).unwrap();
+        let e = many.roles(&cfg, &devices()).unwrap_err().to_string();
+        assert!(e.contains("every cobalt device is taken"), "{e}");
+        assert!(TrainPlan::parse_stages("ferrite:0", 1, 1, 1).is_err());
+    }
+}

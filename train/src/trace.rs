@@ -1,0 +1,109 @@
+//! A Chrome trace (`chrome://tracing`, Perfetto) of the real run: every
+//! forward and backward pass of every micro-batch, every transfer between
+//! stages, the gradient reduction and the optimizer, one row per rank.
+//! Times are wall-clock microseconds, so ranks on one machine line up.
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde_json::{Value, json};
+
+/// One span.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Span {
+    /// What ran, e.g. `F3` (forward of micro-batch 3), `send act 3`.
+    pub name: String,
+    /// `forward`, `backward`, `p2p`, `allreduce`, `optimizer`, `eval`.
+    pub cat: &'static str,
+    /// Start, microseconds since the Unix epoch.
+    pub start_us: f64,
+    /// Duration, microseconds.
+    pub dur_us: f64,
+}
+
+/// Collects spans when enabled (always keeps forward/backward durations,
+/// which the step report needs).
+#[derive(Debug, Default)]
+pub struct Tracer {
+    enabled: bool,
+    spans: Vec<Span>,
+}
+
+/// Microseconds since the Unix epoch.
+pub fn now_us() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64() * 1e6)
+}
+
+impl Tracer {
+    /// A tracer that keeps spans when `enabled`.
+    pub fn new(enabled: bool) -> Tracer {
+        Tracer {
+            enabled,
+            spans: Vec::new(),
+        }
+    }
+
+    /// Runs `f` as a span.
+    pub fn span<T>(
+        &mut self,
+        name: impl FnOnce() -> String,
+        cat: &'static str,
+        f: impl FnOnce() -> T,
+    ) -> T {
+        if !self.enabled {
+            return f();
+        }
+        let start = now_us();
+        let out = f();
+        let dur = now_us() - start;
+        self.spans.push(Span {
+            name: name(),
+            cat,
+            start_us: start,
+            dur_us: dur,
+        });
+        out
+    }
+
+    /// The spans so far.
+    pub fn spans(&self) -> &[Span] {
+        &self.spans
+    }
+
+    /// The spans as JSON (for gathering on rank 0).
+    pub fn to_json(&self) -> Value {
+        Value::Array(
+            self.spans
+                .iter()
+                .map(|s| json!([s.name, s.cat, s.start_us, s.dur_us]))
+                .collect(),
+        )
+    }
+}
+
+/// A Chrome trace from each rank's spans (as [`Tracer::to_json`] gives
+/// them) and a label per rank; times start at the earliest span.
+pub fn chrome_trace(ranks: &[(String, Value)]) -> Value {
+    let t0 = ranks
+        .iter()
+        .filter_map(|(_, v)| v.as_array())
+        .flatten()
+        .filter_map(|s| s[2].as_f64())
+        .fold(f64::INFINITY, f64::min);
+    let mut events = Vec::new();
+    for (pid, (label, spans)) in ranks.iter().enumerate() {
+        events.push(json!({
+            "name": "process_name", "ph": "M", "pid": pid, "tid": 0,
+            "args": { "name": label },
+        }));
+        for s in spans.as_array().into_iter().flatten() {
+            events.push(json!({
+                "name": s[0], "cat": s[1], "ph": "X", "pid": pid, "tid": 0,
+                "ts": s[2].as_f64().unwrap_or(0.0) - t0,
+                "dur": s[3],
+            }));
+        }
+    }
+    json!({ "traceEvents": events, "displayTimeUnit": "ms" })
+}

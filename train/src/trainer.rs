@@ -1,0 +1,491 @@
+//! A training job on one rank: its role in the plan, its stage on its
+//! device, the communicators it needs (the world for pipeline transfers and
+//! the step's scalars, one per group of ranks holding the same parameters
+//! for the gradient reduction), and the step loop: 1F1B passes, gradient
+//! reduction weighted by batch share, clipping, AdamW, validation,
+//! checkpoints, logs and the trace.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use polychip_comm::bootstrap::Job;
+use polychip_comm::collectives::{Communicator, DType as CommDType, ReduceOp};
+use polychip_comm::device::{DeviceComm, StagingPool};
+use polychip_host::{Device, Runtime};
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::checkpoint::{self, Manifest};
+use crate::config::{ModelConfig, TrainConfig};
+use crate::data::Corpus;
+use crate::error::{Result, TrainError};
+use crate::memory;
+use crate::model::Stage;
+use crate::model::ops::OpRecord;
+use crate::pipeline::{self, Links, StepData};
+use crate::plan::{Role, TrainPlan};
+use crate::trace::{self, Tracer};
+
+/// Everything a run needs besides the devices and the communicator.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// The model's shape.
+    pub model: ModelConfig,
+    /// Hyper-parameters and schedule.
+    pub train: TrainConfig,
+    /// The layout.
+    pub plan: TrainPlan,
+    /// The text.
+    pub corpus: Corpus,
+    /// Where checkpoints go.
+    pub checkpoint_dir: Option<PathBuf>,
+    /// Save every this many steps (and after the last); 0 = after the last only.
+    pub save_every: u64,
+    /// Resume from this checkpoint (a step directory or a root).
+    pub resume: Option<PathBuf>,
+    /// Write the run's Chrome trace here (rank 0 gathers every rank's).
+    pub trace: Option<PathBuf>,
+    /// Stop after this many steps of the schedule (the schedule still ends
+    /// at `train.steps`); for tests and interrupted runs.
+    pub stop_after: Option<u64>,
+    /// Print one line per this many steps on rank 0 (0 = none).
+    pub log_every: u64,
+    /// Record every op of the first step run (for `--autocompare`).
+    pub record_first_step: bool,
+}
+
+/// One step's figures.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct StepRecord {
+    /// The 1-based optimizer step.
+    pub step: u64,
+    /// Mean training loss of the global batch.
+    pub loss: f64,
+    /// Gradient norm before clipping.
+    pub grad_norm: f64,
+    /// Learning rate used.
+    pub lr: f64,
+    /// Validation loss, when validated after this step.
+    pub val_loss: Option<f64>,
+    /// Wall-clock seconds of the step (validation and saving excluded).
+    pub seconds: f64,
+}
+
+/// What a rank's run produced.
+#[derive(Debug, Default, Serialize)]
+pub struct Summary {
+    /// Per step, in order.
+    pub steps: Vec<StepRecord>,
+    /// Median step time, seconds (steps after the first).
+    pub median_step_seconds: f64,
+    /// Tokens per second at the median step time.
+    pub tokens_per_s: f64,
+    /// This rank's median forward and backward time per micro-batch, seconds.
+    pub forward_seconds: f64,
+    /// See `forward_seconds`.
+    pub backward_seconds: f64,
+    /// Every rank's medians (rank 0 only; empty elsewhere): (label, forward, backward).
+    pub stage_times: Vec<(String, f64, f64)>,
+    /// The last checkpoint written.
+    pub checkpoint: Option<PathBuf>,
+    /// The recorded ops of the first step (when asked).
+    #[serde(skip)]
+    pub records: Vec<OpRecord>,
+    /// The step the run started from (0, or the resumed checkpoint's).
+    pub start_step: u64,
+}
+
+/// `vendor:index` of every device, lower case.
+pub fn device_names(runtime: &Runtime) -> Vec<String> {
+    runtime.devices().iter().map(device_name).collect()
+}
+
+/// `vendor:index`, lower case.
+pub fn device_name(d: &Device) -> String {
+    format!("{}:{}", d.plugin().vendor().to_lowercase(), d.index())
+}
+
+/// Groups of ranks that hold the same parameters: for each unit (the
+/// embedding, each block, the head), the ranks holding it; units with the
+/// same holders share one gradient reduction.
+fn holder_sets(roles: &[Role], layers: usize) -> Vec<Vec<usize>> {
+    let mut sets: Vec<Vec<usize>> = Vec::new();
+    for unit in 0..layers + 2 {
+        let holders: Vec<usize> = roles
+            .iter()
+            .filter(|r| match unit {
+                0 => r.range.embed,
+                u if u == layers + 1 => r.range.head,
+                u => r.range.layers().contains(&(u - 1)),
+            })
+            .map(|r| r.rank)
+            .collect();
+        if !sets.contains(&holders) {
+            sets.push(holders);
+        }
+    }
+    sets
+}
+
+/// Which of a stage's parameters a unit covers: indices into `stage.params()`.
+fn params_of_set(stage: &Stage, roles: &[Role], set: &[usize], layers: usize) -> Vec<usize> {
+    let mut idx = Vec::new();
+    for (i, p) in stage.params().iter().enumerate() {
+        let unit = if p.spec.name.starts_with("tok_embeddings") {
+            0
+        } else if let Some(rest) = p.spec.name.strip_prefix("layers.") {
+            1 + rest
+                .split('.')
+                .next()
+                .and_then(|n| n.parse::<usize>().ok())
+                .expect("block parameter names carry their block")
+        } else {
+            layers + 1
+        };
+        let holders: Vec<usize> = roles
+            .iter()
+            .filter(|r| match unit {
+                0 => r.range.embed,
+                u if u == layers + 1 => r.range.head,
+                u => r.range.layers().contains(&(u - 1)),
+            })
+            .map(|r| r.rank)
+            .collect();
+        if holders == set {
+            idx.push(i);
+        }
+    }
+    idx
+}
+
+fn all_reduce_f32(comm: Option<&mut Communicator>, values: &mut [f32]) -> Result<()> {
+    let Some(comm) = comm else {
+        return Ok(());
+    };
+    let mut bytes: Vec<u8> = values.iter().flat_map(|v| v.to_ne_bytes()).collect();
+    comm.all_reduce(&mut bytes, CommDType::F32, ReduceOp::Sum)?;
+    for (v, c) in values.iter_mut().zip(bytes.chunks_exact(4)) {
+        *v = f32::from_ne_bytes(c.try_into().expect("4 bytes"));
+    }
+    Ok(())
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Runs the job's part on this rank: `job` is `None` for a single-rank plan.
+pub fn run(opts: &Options, runtime: &Runtime, mut job: Option<&mut Job>) -> Result<Summary> {
+    let cfg = &opts.model;
+    let t = &opts.train;
+    cfg.validate().map_err(TrainError::Config)?;
+    t.validate()?;
+    opts.plan.validate(cfg, t.global_batch)?;
+    opts.corpus.check_seq_len(cfg.seq_len)?;
+    let (rank, world) = match job.as_deref() {
+        Some(j) => (j.rank(), j.world_size()),
+        None => (0, 1),
+    };
+    if world != opts.plan.world_size() {
+        return Err(TrainError::Plan(format!(
+            "the plan needs {} ranks ({}) but the job has {world}",
+            opts.plan.world_size(),
+            opts.plan.describe()
+        )));
+    }
+    let roles = opts.plan.roles(cfg, &device_names(runtime))?;
+    let role = roles[rank].clone();
+    let device = runtime
+        .devices()
+        .iter()
+        .find(|d| device_name(d) == role.device)
+        .expect("roles only name present devices")
+        .clone();
+    memory::check_role(cfg, t.precision, &role, &device)?;
+    let mut stage = Stage::new(cfg, role.range, t.precision, &device, t.seed)?;
+
+    // Communicators: deterministic reductions (resuming is bit-exact), and
+    // one sub-communicator per set of ranks holding the same parameters.
+    let mut dp: Vec<(Communicator, Vec<usize>)> = Vec::new();
+    if let Some(j) = job.as_deref_mut() {
+        j.set_deterministic(true);
+        for set in holder_sets(&roles, cfg.layers) {
+            if set.len() < 2 {
+                continue;
+            }
+            let member = set.contains(&rank);
+            let color = if member { 0 } else { 1 + rank as u32 };
+            let mut sub = j.split(color, rank as u32)?;
+            if member {
+                sub.set_deterministic(true);
+                let idx = params_of_set(&stage, &roles, &set, cfg.layers);
+                dp.push((sub, idx));
+            }
+        }
+    }
+
+    let mut start = 0;
+    if let Some(path) = &opts.resume {
+        let mut loaded = checkpoint::load(path, cfg)?;
+        loaded.restore(&stage)?;
+        start = loaded.manifest.step;
+        if rank == 0 {
+            eprintln!(
+                "resumed from {} (step {start}, saved with plan {})",
+                loaded.dir.display(),
+                loaded.manifest.plan
+            );
+        }
+    }
+    let end = opts.stop_after.map_or(t.steps, |s| s.min(t.steps));
+    let mut summary = Summary {
+        start_step: start,
+        ..Summary::default()
+    };
+    let mut tracer = Tracer::new(true);
+    let mut pool = StagingPool::new();
+    let replicas = opts.plan.replicas() as f64;
+    let tokens_per_step = (t.global_batch * cfg.seq_len) as f64;
+    let data = |step| StepData {
+        corpus: &opts.corpus,
+        seed: t.seed,
+        step,
+        global_batch: t.global_batch,
+    };
+    for s in start..end {
+        let began = Instant::now();
+        if opts.record_first_step && s == start {
+            stage.record(true);
+        }
+        stage.zero_grads()?;
+        let mut links = Links::new(job.as_deref_mut().map(|j| &mut **j), pool);
+        let part = pipeline::train_step(&stage, &role, data(s), &mut links, &mut tracer)?;
+        pool = links.into_pool();
+        stage.finish_grads()?;
+        tracer.span(
+            || "grad all-reduce".into(),
+            "allreduce",
+            || -> Result<()> {
+                for (comm, idx) in &mut dp {
+                    let mut dc = DeviceComm::with_pool(comm, std::mem::take(&mut pool));
+                    let r = idx.iter().try_for_each(|&i| {
+                        dc.all_reduce(stage.params()[i].grad_f32(), ReduceOp::Sum)
+                    });
+                    pool = dc.into_pool();
+                    r?;
+                }
+                Ok(())
+            },
+        )?;
+        let mut scalars = [part as f32, stage.grad_sum_squares()? as f32];
+        all_reduce_f32(job.as_deref_mut().map(|j| &mut **j), &mut scalars)?;
+        let loss = f64::from(scalars[0]);
+        let norm = (f64::from(scalars[1]) / replicas).sqrt();
+        if !loss.is_finite() || !norm.is_finite() {
+            return Err(TrainError::Plan(format!(
+                "step {}: the loss ({loss}) or gradient norm ({norm}) is not finite; lower the \
+                 learning rate or check the plugins with `polychip conform` and --autocompare",
+                s + 1
+            )));
+        }
+        if t.clip > 0.0 && norm > t.clip {
+            stage.scale_grads(t.clip / (norm + 1e-6))?;
+        }
+        let lr = t.lr_at(s + 1);
+        tracer.span(
+            || "optimizer".into(),
+            "optimizer",
+            || stage.adamw(t, s + 1, lr),
+        )?;
+        if opts.record_first_step && s == start {
+            summary.records = stage.take_records();
+            stage.record(false);
+        }
+        let seconds = began.elapsed().as_secs_f64();
+        let step = s + 1;
+        let due = |every: u64| step == end || (every > 0 && step % every == 0);
+        let val_loss = if due(t.eval_every) && t.eval_sequences > 0 {
+            let mut links = Links::new(job.as_deref_mut().map(|j| &mut **j), pool);
+            let v = pipeline::eval_step(
+                &stage,
+                &role,
+                data(0),
+                t.eval_sequences,
+                &mut links,
+                &mut tracer,
+            )?;
+            pool = links.into_pool();
+            let mut vv = [(v / replicas) as f32];
+            all_reduce_f32(job.as_deref_mut().map(|j| &mut **j), &mut vv)?;
+            Some(f64::from(vv[0]))
+        } else {
+            None
+        };
+        if let Some(dir) = &opts.checkpoint_dir
+            && due(opts.save_every)
+        {
+            summary.checkpoint = Some(save(dir, step, &stage, &role, opts, job.as_deref_mut())?);
+        }
+        let rec = StepRecord {
+            step,
+            loss,
+            grad_norm: norm,
+            lr,
+            val_loss,
+            seconds,
+        };
+        if rank == 0
+            && opts.log_every > 0
+            && (step % opts.log_every == 0 || step == end || val_loss.is_some())
+        {
+            let val = val_loss.map_or(String::new(), |v| format!("  val {v:.4}"));
+            println!(
+                "step {step:>5}/{}  loss {loss:.4}{val}  lr {lr:.2e}  |g| {norm:.3}  {:.0} ms  {:.0} tok/s",
+                t.steps,
+                seconds * 1e3,
+                tokens_per_step / seconds
+            );
+        }
+        summary.steps.push(rec);
+    }
+    let times: Vec<f64> = summary.steps.iter().skip(1).map(|r| r.seconds).collect();
+    summary.median_step_seconds = median(if times.is_empty() {
+        summary.steps.iter().map(|r| r.seconds).collect()
+    } else {
+        times
+    });
+    if summary.median_step_seconds > 0.0 {
+        summary.tokens_per_s = tokens_per_step / summary.median_step_seconds;
+    }
+    let of = |cat: &str| {
+        median(
+            tracer
+                .spans()
+                .iter()
+                .filter(|s| s.cat == cat)
+                .map(|s| s.dur_us / 1e6)
+                .collect(),
+        )
+    };
+    summary.forward_seconds = of("forward");
+    summary.backward_seconds = of("backward");
+    gather(opts, &role, &tracer, &mut summary, job)?;
+    Ok(summary)
+}
+
+fn save(
+    dir: &std::path::Path,
+    step: u64,
+    stage: &Stage,
+    role: &Role,
+    opts: &Options,
+    job: Option<&mut Job>,
+) -> Result<PathBuf> {
+    if role.replica == 0 {
+        checkpoint::write_stage(dir, step, stage, role.stage, role.stages)?;
+    }
+    if let Some(j) = job {
+        j.barrier()?;
+        if j.rank() != 0 {
+            j.barrier()?;
+            return Ok(checkpoint::step_dir(dir, step));
+        }
+        let done = commit(dir, step, opts);
+        j.barrier()?;
+        return done;
+    }
+    commit(dir, step, opts)
+}
+
+fn commit(dir: &std::path::Path, step: u64, opts: &Options) -> Result<PathBuf> {
+    let stages = opts.plan.groups[0].stages.len();
+    let manifest = Manifest {
+        format: checkpoint::FORMAT.into(),
+        step,
+        model: opts.model.clone(),
+        train: opts.train.clone(),
+        plan: opts.plan.describe(),
+        files: (0..stages)
+            .map(|i| checkpoint::stage_file(i, stages))
+            .collect(),
+    };
+    checkpoint::commit(dir, &manifest)
+}
+
+/// Gathers every rank's stage times (and spans, for the trace) on rank 0.
+fn gather(
+    opts: &Options,
+    role: &Role,
+    tracer: &Tracer,
+    summary: &mut Summary,
+    job: Option<&mut Job>,
+) -> Result<()> {
+    let label = format!(
+        "rank {} {} (replica {}, stage {}, blocks {}..{})",
+        role.rank,
+        role.device,
+        role.replica,
+        role.stage,
+        role.range.first_layer,
+        role.range.end_layer
+    );
+    let mine = serde_json::json!({
+        "label": label,
+        "forward": summary.forward_seconds,
+        "backward": summary.backward_seconds,
+        "spans": if opts.trace.is_some() { tracer.to_json() } else { Value::Null },
+    });
+    let all: Vec<Value> = match job {
+        None => vec![mine],
+        Some(j) => {
+            let store = j.store();
+            let (rank, world) = (j.rank(), j.world_size());
+            store.set(
+                &format!("polychip/train/gather/{rank}"),
+                mine.to_string().as_bytes(),
+            )?;
+            if rank != 0 {
+                j.barrier()?;
+                return Ok(());
+            }
+            let mut all = Vec::new();
+            for r in 0..world {
+                let raw = store.get(
+                    &format!("polychip/train/gather/{r}"),
+                    Duration::from_secs(120),
+                )?;
+                all.push(serde_json::from_slice(&raw).unwrap_or(Value::Null));
+            }
+            j.barrier()?;
+            all
+        }
+    };
+    summary.stage_times = all
+        .iter()
+        .map(|v| {
+            (
+                v["label"].as_str().unwrap_or("?").to_string(),
+                v["forward"].as_f64().unwrap_or(0.0),
+                v["backward"].as_f64().unwrap_or(0.0),
+            )
+        })
+        .collect();
+    if let Some(path) = &opts.trace {
+        let ranks: Vec<(String, Value)> = all
+            .iter()
+            .map(|v| {
+                (
+                    v["label"].as_str().unwrap_or("?").to_string(),
+                    v["spans"].clone(),
+                )
+            })
+            .collect();
+        let text = serde_json::to_string(&trace::chrome_trace(&ranks)).expect("json");
+        std::fs::write(path, text).map_err(|e| TrainError::io(path, e))?;
+    }
+    Ok(())
+}

@@ -1,0 +1,117 @@
+//! The model on one device: its gradients against finite differences of
+//! its loss, and a short training run whose loss falls. Needs `cargo build
+//! --workspace` first (for Ferrite's library).
+
+mod common;
+
+use polychip_train::config::{ModelConfig, Precision, TrainConfig};
+use polychip_train::data::Corpus;
+use polychip_train::model::{Stage, StageInput};
+use polychip_train::params::StageRange;
+use polychip_train::plan::TrainPlan;
+use polychip_train::trainer::{self, Options};
+
+fn loss_of(stage: &Stage, tokens: &[i32], targets: &[i32], b: usize, s: usize) -> f64 {
+    let d = stage.device();
+    let x = d.from_slice(tokens, &[b as i64, s as i64]).unwrap();
+    let t = d.from_slice(targets, &[(b * s) as i64]).unwrap();
+    let (_, _, loss) = stage.forward(StageInput::Tokens(x), Some(t)).unwrap();
+    f64::from(loss.unwrap())
+}
+
+#[test]
+fn gradients_match_finite_differences() {
+    for vendor in ["ferrite", "cobalt"] {
+        let cfg = ModelConfig::preset("mini").unwrap();
+        let dev = common::device(vendor, 0);
+        let stage = Stage::new(&cfg, StageRange::whole(&cfg), Precision::F32, &dev, 3).unwrap();
+        let corpus = Corpus::bundled();
+        let (b, s) = (2, cfg.seq_len);
+        let (tokens, targets) = corpus.batch(polychip_train::data::Split::Train, 1, 0, 0, b, s);
+        stage.zero_grads().unwrap();
+        let x = dev.from_slice(&tokens, &[b as i64, s as i64]).unwrap();
+        let t = dev.from_slice(&targets, &[(b * s) as i64]).unwrap();
+        let (saved, _, _) = stage.forward(StageInput::Tokens(x), Some(t)).unwrap();
+        stage.backward(saved, None, 1.0).unwrap();
+        // The largest gradient element of a few parameters of every kind.
+        for name in [
+            "tok_embeddings.weight",
+            "layers.0.attention.wq.weight",
+            "layers.0.attention.wk.weight",
+            "layers.1.attention.wv.weight",
+            "layers.1.attention.wo.weight",
+            "layers.0.attention_norm.weight",
+            "layers.1.feed_forward.w1.weight",
+            "layers.1.feed_forward.w2.weight",
+            "layers.0.ffn_norm.weight",
+            "norm.weight",
+            "output.weight",
+        ] {
+            let p = stage.params().iter().find(|p| p.spec.name == name).unwrap();
+            let g = p.grad.to_vec::<f32>().unwrap();
+            let (at, &want) = g
+                .iter()
+                .enumerate()
+                .max_by(|a, b| a.1.abs().total_cmp(&b.1.abs()))
+                .unwrap();
+            let mut w = p.value.to_vec::<f32>().unwrap();
+            let orig = w[at];
+            let eps = 1e-2_f32.max(orig.abs() * 1e-2);
+            w[at] = orig + eps;
+            p.value.write_bytes(&f32s(&w)).unwrap();
+            let up = loss_of(&stage, &tokens, &targets, b, s);
+            w[at] = orig - eps;
+            p.value.write_bytes(&f32s(&w)).unwrap();
+            let down = loss_of(&stage, &tokens, &targets, b, s);
+            w[at] = orig;
+            p.value.write_bytes(&f32s(&w)).unwrap();
+            let fd = (up - down) / (2.0 * f64::from(eps));
+            let err = (fd - f64::from(want)).abs();
+            assert!(
+                err <= 0.05 * f64::from(want).abs() + 2e-4,
+                "{vendor} {name}[{at}]: backward {want}, finite difference {fd}"
+            );
+        }
+    }
+}
+
+fn f32s(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_ne_bytes()).collect()
+}
+
+fn options(steps: u64, plan: TrainPlan, global_batch: usize) -> Options {
+    Options {
+        model: ModelConfig::preset("mini").unwrap(),
+        train: TrainConfig {
+            steps,
+            global_batch,
+            warmup: 5,
+            eval_every: 0,
+            eval_sequences: 8,
+            ..TrainConfig::default()
+        },
+        plan,
+        corpus: Corpus::bundled(),
+        checkpoint_dir: None,
+        save_every: 0,
+        resume: None,
+        trace: None,
+        stop_after: None,
+        log_every: 0,
+        record_first_step: false,
+    }
+}
+
+#[test]
+fn the_loss_falls_on_one_device() {
+    let opts = options(40, TrainPlan::single("ferrite:0", 2, 4, 2), 8);
+    let s = trainer::run(&opts, common::runtime(), None).unwrap();
+    let first = s.steps[0].loss;
+    let last = s.steps.last().unwrap();
+    assert!(
+        (first - 256f64.ln()).abs() < 0.3,
+        "starts near ln 256: {first}"
+    );
+    assert!(last.loss < first - 1.5, "{first} -> {}", last.loss);
+    assert!(last.val_loss.unwrap() < first - 1.0, "{:?}", last.val_loss);
+}
