@@ -1,10 +1,23 @@
 //! The TCP transport: a full mesh of TCP connections (one per pair of ranks)
 //! carrying framed one-sided writes. A write sends a header (region, offset,
-//! length, signal) and then the payload straight from the caller's slice; a
-//! receiver thread per peer reads the payload straight into the local copy
-//! of the region and then raises the signal. Waiters spin briefly, then block
-//! on a condition variable; the first lost peer or protocol violation fails
-//! every later `wait` and `write`.
+//! length, signal) and then the payload straight from the caller's slice in
+//! one `sendmsg`; tiny writes (credits, message headers: at most 64 bytes)
+//! are queued and go out in front of the next frame to that peer.
+//!
+//! Progress without hand-offs: there is no receiver thread per peer. The
+//! thread that waits reads the sockets itself (non-blocking `recv` straight
+//! into the regions), spinning for [`TcpOptions::spin`] and then blocking in
+//! `poll`, so a message costs no thread wake-up beyond the waiter's own. A
+//! sender whose peer's buffers are full reads its own connections while it
+//! waits for room, so two ranks writing to each other cannot deadlock. Only
+//! one thread reads at a time (the inbox lock); other waiters sleep on a
+//! condition variable until a signal is raised or the reader lets go. A
+//! progress thread per transport covers the gaps: once no caller has driven
+//! the sockets for 1 ms it sends queued writes and reads incoming frames,
+//! and it parks while callers drive. Before a wait blocks, it sends every
+//! queued write. The first lost peer or protocol violation fails every
+//! later `wait` and `write`; a send to a live peer that accepts nothing for
+//! the transport's timeout fails with `Timeout`.
 //!
 //! Shutdown: a dropped transport first sends a GOODBYE frame to every peer.
 //! A peer that said goodbye has left the job cleanly, which is not a
@@ -17,11 +30,13 @@
 
 mod mesh;
 mod recv;
+mod send;
 mod state;
 
 use std::net::{IpAddr, Ipv4Addr, Shutdown, TcpStream};
-use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -29,8 +44,18 @@ use crate::error::{CommError, Result};
 use crate::store::Store;
 use crate::transport::{RegionId, SignalId, Transport};
 
+use recv::Inbox;
+use send::Outbox;
 pub use state::MAX_SIGNALS;
 use state::Shared;
+
+/// How long no caller must have driven the sockets before the progress
+/// thread reads them (and sends deferred writes) itself.
+const IDLE: Duration = Duration::from_millis(1);
+/// How long the progress thread blocks in `poll` at a time.
+const BACKGROUND_POLL: Duration = Duration::from_millis(10);
+/// How long a waiter blocks in `poll` before re-checking its deadline.
+const POLL_SLICE: Duration = Duration::from_millis(50);
 
 /// Environment variable naming the address this rank listens on (and
 /// publishes to its peers); 127.0.0.1 when unset.
@@ -45,7 +70,8 @@ pub struct TcpOptions {
     /// SO_SNDBUF / SO_RCVBUF for every connection; `None` leaves the kernel's
     /// autotuning alone.
     pub socket_buffer: Option<usize>,
-    /// How long `wait` polls (yielding the core) before blocking.
+    /// How long `wait` polls the sockets (yielding the core between polls)
+    /// before blocking in `poll`.
     pub spin: Duration,
     /// Prefix of the store keys (keep distinct per job sharing one store).
     pub key_prefix: String,
@@ -75,14 +101,212 @@ impl TcpOptions {
     }
 }
 
+/// What the transport's callers and its progress thread share.
+#[derive(Debug)]
+pub(crate) struct Inner {
+    pub shared: Shared,
+    /// The reading state of every connection: whoever holds it reads.
+    pub inbox: Mutex<Inbox>,
+    /// Per peer (`None` for this rank).
+    outboxes: Vec<Option<Mutex<Outbox>>>,
+    /// The connections (kept open here; the inbox and outboxes use their fds).
+    streams: Vec<Option<TcpStream>>,
+}
+
+impl Inner {
+    fn inbox(&self) -> Option<MutexGuard<'_, Inbox>> {
+        match self.inbox.try_lock() {
+            Ok(guard) => Some(guard),
+            Err(TryLockError::Poisoned(e)) => Some(e.into_inner()),
+            Err(TryLockError::WouldBlock) => None,
+        }
+    }
+
+    fn outbox(&self, peer: usize) -> Option<MutexGuard<'_, Outbox>> {
+        let out = self.outboxes[peer].as_ref()?;
+        Some(out.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// Sends `out`'s queue followed by `parts`; on failure, tells a peer
+    /// that left (its frames are discarded: `Ok`) from a lost one (recorded,
+    /// and returned as the error of `op`).
+    fn send(&self, peer: usize, out: &mut Outbox, parts: &[&[u8]], op: &str) -> Result<()> {
+        let shared = &self.shared;
+        let queue = std::mem::take(&mut out.queue);
+        let mut all: Vec<&[u8]> = Vec::with_capacity(parts.len() + 1);
+        all.push(&queue);
+        all.extend_from_slice(parts);
+        let sent = send::send_all(self, out.fd, &all);
+        out.queue = queue;
+        out.queue.clear();
+        sent.or_else(|e| {
+            if shared.has_left(peer) {
+                return Ok(());
+            }
+            if e.kind() == std::io::ErrorKind::TimedOut {
+                // A half-sent frame leaves the stream unusable.
+                shared.fail_lost(peer, format!("send stalled: {e}"));
+                return Err(CommError::Timeout {
+                    rank: shared.rank,
+                    op: format!("tcp {op}"),
+                    after: shared.timeout,
+                    waiting_for: format!("rank {peer} to accept data"),
+                });
+            }
+            // The peer may have said goodbye and shut its socket down
+            // before this rank read the GOODBYE.
+            if self.left_after_send_failure(peer) {
+                return Ok(());
+            }
+            shared.fail_lost(peer, format!("send failed: {e}"));
+            Err(shared.failure_error(op).unwrap_or_else(|| shared.io(op, e)))
+        })
+    }
+
+    /// Sends every deferred write (failures are recorded for later calls).
+    fn flush_all(&self) {
+        for peer in 0..self.outboxes.len() {
+            if let Some(mut out) = self.outbox(peer)
+                && !out.queue.is_empty()
+            {
+                let _ = self.send(peer, &mut out, &[], "write");
+            }
+        }
+    }
+
+    /// After a failed send to `peer`: reads its connection (briefly) to
+    /// tell a goodbye (the peer shut its socket after leaving) from a loss,
+    /// and returns whether the peer left cleanly.
+    fn left_after_send_failure(&self, peer: usize) -> bool {
+        let shared = &self.shared;
+        let deadline = Instant::now() + shared.timeout.min(Duration::from_secs(2));
+        loop {
+            if shared.has_left(peer) {
+                return true;
+            }
+            if shared.is_gone(peer)
+                || Instant::now() >= deadline
+                || shared.closing.load(Ordering::Relaxed)
+            {
+                return false;
+            }
+            if let Some(mut inbox) = self.inbox() {
+                inbox.drain_peer(shared, peer);
+                continue;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    /// `wait`'s loop: reads the sockets itself (spinning for `spin`, then
+    /// blocking in `poll`) unless another thread is reading them, in which
+    /// case it sleeps until that thread raises a signal or lets go.
+    fn drive(
+        &self,
+        counter: &AtomicU64,
+        value: u64,
+        deadline: Instant,
+        spin: Duration,
+    ) -> Result<()> {
+        let shared = &self.shared;
+        self.flush_all();
+        let mut spin_until = Instant::now() + spin;
+        loop {
+            if counter.load(Ordering::Acquire) >= value {
+                return Ok(());
+            }
+            if let Err(e) = shared.check("wait") {
+                // Bytes that arrived before the loss still count.
+                return match counter.load(Ordering::SeqCst) >= value {
+                    true => Ok(()),
+                    false => Err(e),
+                };
+            }
+            let now = Instant::now();
+            if let Some(e) = shared.departure_error(now >= deadline) {
+                return Err(e);
+            }
+            if now >= deadline {
+                return Err(CommError::Timeout {
+                    rank: shared.rank,
+                    op: "tcp wait".into(),
+                    after: Duration::ZERO,
+                    waiting_for: String::new(),
+                });
+            }
+            let Some(mut inbox) = self.inbox() else {
+                if now < spin_until {
+                    std::thread::yield_now();
+                } else {
+                    let until = deadline.min(now + Duration::from_millis(2));
+                    shared.block_briefly(counter, value, until);
+                }
+                continue;
+            };
+            let progress = inbox.drain_all(shared);
+            if progress.read || counter.load(Ordering::Acquire) >= value {
+                spin_until = Instant::now() + spin;
+                continue;
+            }
+            if now < spin_until {
+                drop(inbox);
+                std::thread::yield_now();
+                continue;
+            }
+            shared.polling(true);
+            // Re-check after counting as a poller: a signal raised or a
+            // failure recorded from now on kicks the poll.
+            if counter.load(Ordering::SeqCst) < value && shared.check("wait").is_ok() {
+                inbox.poll(shared, None, (deadline - now).min(POLL_SLICE));
+            }
+            shared.polling(false);
+        }
+    }
+}
+
+/// The progress thread: while no caller has driven the sockets for
+/// [`IDLE`], it sends deferred writes and reads incoming frames, so peers
+/// are never held up by a rank busy elsewhere; it parks while callers drive.
+fn progress(inner: Arc<Inner>) {
+    let shared = &inner.shared;
+    let mut fds = Vec::new();
+    while !shared.closing.load(Ordering::SeqCst) {
+        let idle = shared.idle_for();
+        if idle < IDLE {
+            let guard = shared.park_lock.lock().unwrap_or_else(|e| e.into_inner());
+            if !shared.closing.load(Ordering::SeqCst) {
+                let nap = (IDLE - idle).max(Duration::from_micros(200));
+                drop(shared.park.wait_timeout(guard, nap));
+            }
+            continue;
+        }
+        inner.flush_all();
+        match inner.inbox() {
+            Some(inbox) => inbox.poll_set(&mut fds),
+            None => continue,
+        }
+        if shared.active.load(Ordering::SeqCst) > 0 {
+            continue;
+        }
+        if fds.is_empty() {
+            std::thread::sleep(BACKGROUND_POLL);
+        } else {
+            recv::poll_fds(&mut fds, BACKGROUND_POLL);
+        }
+        if shared.active.load(Ordering::SeqCst) > 0 {
+            continue;
+        }
+        if let Some(mut inbox) = inner.inbox() {
+            inbox.drain_all(shared);
+        }
+    }
+}
+
 /// A one-sided [`Transport`] over TCP: a full mesh, one connection per pair.
 #[derive(Debug)]
 pub struct TcpTransport {
-    shared: Arc<Shared>,
-    /// Sending halves, one per peer (`None` for this rank); a write holds
-    /// the lock for its whole frame so frames never interleave.
-    senders: Vec<Option<Mutex<TcpStream>>>,
-    receivers: Vec<JoinHandle<()>>,
+    inner: Arc<Inner>,
+    progress: Option<JoinHandle<()>>,
     spin: Duration,
     /// Whether `Drop` says goodbye (cleared only by `abort_for_test`).
     goodbye: bool,
@@ -115,27 +339,45 @@ impl TcpTransport {
             )));
         }
         let streams = mesh::connect(store.as_ref(), rank, world_size, timeout, &options)?;
-        let shared = Arc::new(Shared::new(rank, world_size, timeout));
-        let mut senders = Vec::with_capacity(world_size);
-        let mut receivers = Vec::with_capacity(world_size);
-        for (peer, stream) in streams.into_iter().enumerate() {
-            let Some(stream) = stream else {
-                senders.push(None);
-                continue;
-            };
-            let reader = stream.try_clone().map_err(|e| shared.io("connect", e))?;
-            let thread_shared = Arc::clone(&shared);
-            let handle = std::thread::Builder::new()
-                .name(format!("tcp-recv-{rank}<-{peer}"))
-                .spawn(move || recv::run(thread_shared, peer, reader))
-                .map_err(|e| shared.io("spawn receiver", e))?;
-            receivers.push(handle);
-            senders.push(Some(Mutex::new(stream)));
-        }
-        Ok(TcpTransport {
+        let shared = Shared::new(rank, world_size, timeout).map_err(|e| CommError::Io {
+            rank,
+            op: "tcp setup".into(),
+            message: format!("eventfd: {e}"),
+        })?;
+        let fds: Vec<_> = streams
+            .iter()
+            .map(|s| s.as_ref().map(|s| s.as_raw_fd()))
+            .collect();
+        let outboxes = fds
+            .iter()
+            .map(|fd| {
+                fd.map(|fd| {
+                    Mutex::new(Outbox {
+                        fd,
+                        queue: Vec::new(),
+                    })
+                })
+            })
+            .collect();
+        let inner = Arc::new(Inner {
             shared,
-            senders,
-            receivers,
+            inbox: Mutex::new(Inbox::new(&fds)),
+            outboxes,
+            streams,
+        });
+        let progress = if world_size > 1 {
+            let thread_inner = Arc::clone(&inner);
+            let handle = std::thread::Builder::new()
+                .name(format!("tcp-progress-{rank}"))
+                .spawn(move || progress(thread_inner))
+                .map_err(|e| inner.shared.io("spawn progress thread", e))?;
+            Some(handle)
+        } else {
+            None
+        };
+        Ok(TcpTransport {
+            inner,
+            progress,
             spin: options.spin,
             goodbye: true,
         })
@@ -152,11 +394,11 @@ impl TcpTransport {
 
 impl Transport for TcpTransport {
     fn rank(&self) -> usize {
-        self.shared.rank
+        self.inner.shared.rank
     }
 
     fn world_size(&self) -> usize {
-        self.shared.world_size
+        self.inner.shared.world_size
     }
 
     fn name(&self) -> &'static str {
@@ -164,7 +406,7 @@ impl Transport for TcpTransport {
     }
 
     fn register(&self, len: usize) -> Result<(RegionId, *mut u8)> {
-        self.shared.register(len)
+        self.inner.shared.register(len)
     }
 
     fn write(
@@ -175,7 +417,8 @@ impl Transport for TcpTransport {
         data: &[u8],
         signal: SignalId,
     ) -> Result<()> {
-        let shared = &self.shared;
+        let inner = &*self.inner;
+        let shared = &inner.shared;
         if peer >= shared.world_size {
             return Err(CommError::Usage(format!(
                 "tcp write: peer {peer} is not in a world of {}",
@@ -203,7 +446,7 @@ impl Transport for TcpTransport {
             // A peer that left can no longer receive: discard.
             return Ok(());
         }
-        let Some(sender) = &self.senders[peer] else {
+        let Some(mut out) = inner.outbox(peer) else {
             // SAFETY: the range is inside this rank's copy (checked above),
             // and by the transport contract nobody else touches it until
             // `signal` is raised.
@@ -216,63 +459,56 @@ impl Transport for TcpTransport {
             signal: signal.0,
             offset: offset as u64,
             len: data.len() as u64,
-        };
-        let stream = sender.lock().unwrap_or_else(|e| e.into_inner());
-        let sent = recv::send_frame(&stream, &header.encode(), data);
-        drop(stream);
-        sent.or_else(|e| {
-            // The peer may have said goodbye and shut its socket down
-            // before its receiver here read the GOODBYE.
-            if shared.left_after_send_failure(peer) {
+        }
+        .encode();
+        if data.len() <= send::DEFER_MAX {
+            // Tiny writes (credits, message headers) wait for the next
+            // frame to this peer, this rank's next wait, or the progress
+            // thread, unless a waiter is already blocked (it may be waiting
+            // for the answer to this very write).
+            out.queue.extend_from_slice(&header);
+            out.queue.extend_from_slice(data);
+            if out.queue.len() < send::QUEUE_MAX && shared.active.load(Ordering::SeqCst) == 0 {
                 return Ok(());
             }
-            shared.fail_lost(peer, format!("send failed: {e}"));
-            Err(shared
-                .failure_error("write")
-                .unwrap_or_else(|| shared.io("write", e)))
-        })
+            return inner.send(peer, &mut out, &[], "write");
+        }
+        inner.send(peer, &mut out, &[&header, data], "write")
     }
 
     fn wait(&self, signal: SignalId, value: u64, deadline: Instant) -> Result<()> {
-        let shared = &self.shared;
+        let shared = &self.inner.shared;
         let counter = shared.counter(signal).ok_or_else(|| {
             CommError::Usage(format!(
                 "tcp wait: signal {} is not below {MAX_SIGNALS}",
                 signal.0
             ))
         })?;
-        let start = Instant::now();
-        let spin_until = start + self.spin;
-        while Instant::now() < spin_until {
-            if counter.load(Ordering::Acquire) >= value {
-                return Ok(());
-            }
-            if shared.check("wait").is_err() {
-                break;
-            }
-            // Yield, not spin_loop: on a busy machine the receiver thread
-            // that will raise the signal may need this core.
-            std::thread::yield_now();
+        if counter.load(Ordering::Acquire) >= value {
+            return Ok(());
         }
-        shared
-            .block_until(counter, value, deadline)
-            .map_err(|e| match e {
-                CommError::Timeout { rank, op, .. } => CommError::Timeout {
-                    rank,
-                    op,
-                    after: start.elapsed(),
-                    waiting_for: format!(
-                        "signal {} to reach {value} (it is at {})",
-                        signal.0,
-                        counter.load(Ordering::Acquire)
-                    ),
-                },
-                other => other,
-            })
+        let start = Instant::now();
+        shared.enter();
+        let result = self.inner.drive(counter, value, deadline, self.spin);
+        shared.leave();
+        result.map_err(|e| match e {
+            CommError::Timeout { rank, op, .. } => CommError::Timeout {
+                rank,
+                op,
+                after: start.elapsed(),
+                waiting_for: format!(
+                    "signal {} to reach {value} (it is at {})",
+                    signal.0,
+                    counter.load(Ordering::Acquire)
+                ),
+            },
+            other => other,
+        })
     }
 
     fn signal_value(&self, signal: SignalId) -> u64 {
-        self.shared
+        self.inner
+            .shared
             .counter(signal)
             .map_or(0, |c| c.load(Ordering::Acquire))
     }
@@ -280,17 +516,23 @@ impl Transport for TcpTransport {
 
 impl Drop for TcpTransport {
     fn drop(&mut self) {
-        self.shared.close();
-        for sender in self.senders.iter().flatten() {
-            let stream = sender.lock().unwrap_or_else(|e| e.into_inner());
-            if self.goodbye {
-                // Best effort: a peer that is already gone needs no goodbye.
-                let _ = recv::send_frame(&stream, &recv::Header::goodbye(), &[]);
-            }
-            let _ = stream.shutdown(Shutdown::Both);
-        }
-        for handle in self.receivers.drain(..) {
+        let inner = &*self.inner;
+        inner.shared.close();
+        if let Some(handle) = self.progress.take() {
             let _ = handle.join();
+        }
+        for peer in 0..inner.outboxes.len() {
+            let Some(mut out) = inner.outbox(peer) else {
+                continue;
+            };
+            if self.goodbye && !inner.shared.has_left(peer) {
+                // Best effort: a peer that is already gone needs no goodbye.
+                let _ = send::send_all(inner, out.fd, &[&out.queue, &recv::Header::goodbye()]);
+            }
+            out.queue.clear();
+            if let Some(stream) = &inner.streams[peer] {
+                let _ = stream.shutdown(Shutdown::Both);
+            }
         }
     }
 }

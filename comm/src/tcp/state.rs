@@ -1,10 +1,13 @@
-//! The state a TCP transport shares with its receiver threads: registered
-//! regions (page-aligned, zeroed, pre-faulted memory owned here), the signal
-//! counters with the condition variable waiters block on, and the first
-//! failure (a lost peer or a protocol violation), which every later call
-//! reports.
+//! The state a TCP transport shares between its callers and its background
+//! progress thread: registered regions (page-aligned, zeroed, pre-faulted
+//! memory owned here), the signal counters with the condition variable
+//! waiters that are not reading the sockets block on, the eventfd that wakes
+//! a reader blocked in `poll`, the bookkeeping that tells the progress thread
+//! when callers are driving the sockets themselves, and the first failure (a
+//! lost peer or a protocol violation), which every later call reports.
 
 use std::alloc::Layout;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex};
@@ -61,10 +64,10 @@ pub(crate) struct Shared {
     pub rank: usize,
     pub world_size: usize,
     pub timeout: Duration,
-    /// Set by `Drop`, so receivers exiting on shutdown record no failure.
+    /// Set by `Drop`, so readers seeing the connections end on shutdown
+    /// record no failure.
     pub closing: AtomicBool,
     regions: Mutex<Vec<Region>>,
-    registered: Condvar,
     counters: Box<[AtomicU64]>,
     failed: AtomicBool,
     failure: Mutex<Option<Failure>>,
@@ -73,20 +76,40 @@ pub(crate) struct Shared {
     peers: Box<[AtomicU8]>,
     /// How many peers said goodbye.
     departed: AtomicUsize,
+    /// Threads blocked on `wake` (waiters that are not reading sockets).
     sleepers: AtomicUsize,
     lock: Mutex<()>,
     wake: Condvar,
+    /// Threads blocked in `poll` on the sockets and `kick`: a signal raised
+    /// or a failure recorded by another thread must wake them.
+    pollers: AtomicUsize,
+    kick: OwnedFd,
+    /// Callers inside `wait` or a blocked `write` (they read the sockets
+    /// themselves, so the progress thread stays parked).
+    pub active: AtomicUsize,
+    /// When a caller last left `wait` or `write`, in ns since `epoch`.
+    last_active: AtomicU64,
+    epoch: Instant,
+    /// Where the progress thread parks (woken on close).
+    pub park_lock: Mutex<()>,
+    pub park: Condvar,
 }
 
 impl Shared {
-    pub fn new(rank: usize, world_size: usize, timeout: Duration) -> Shared {
-        Shared {
+    pub fn new(rank: usize, world_size: usize, timeout: Duration) -> std::io::Result<Shared> {
+        // SAFETY: plain syscall; the result is checked before use.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: `fd` is a fresh descriptor owned by nobody else.
+        let kick = unsafe { OwnedFd::from_raw_fd(fd) };
+        Ok(Shared {
             rank,
             world_size,
             timeout,
             closing: AtomicBool::new(false),
             regions: Mutex::new(Vec::new()),
-            registered: Condvar::new(),
             counters: (0..MAX_SIGNALS).map(|_| AtomicU64::new(0)).collect(),
             failed: AtomicBool::new(false),
             failure: Mutex::new(None),
@@ -95,7 +118,70 @@ impl Shared {
             sleepers: AtomicUsize::new(0),
             lock: Mutex::new(()),
             wake: Condvar::new(),
+            pollers: AtomicUsize::new(0),
+            kick,
+            active: AtomicUsize::new(0),
+            last_active: AtomicU64::new(0),
+            epoch: Instant::now(),
+            park_lock: Mutex::new(()),
+            park: Condvar::new(),
+        })
+    }
+
+    /// The eventfd that wakes threads blocked in `poll`.
+    pub fn kick_fd(&self) -> RawFd {
+        self.kick.as_raw_fd()
+    }
+
+    /// Wakes the threads blocked in `poll`, if any.
+    pub fn kick(&self) {
+        if self.pollers.load(Ordering::SeqCst) > 0 {
+            let one = 1u64;
+            // SAFETY: writes 8 bytes from a live u64 to the eventfd; a full
+            // counter (EAGAIN) already means "readable".
+            let _ = unsafe { libc::write(self.kick.as_raw_fd(), (&raw const one).cast(), 8) };
         }
+    }
+
+    /// Consumes pending kicks (after `poll` saw the eventfd readable).
+    pub fn clear_kick(&self) {
+        let mut value = 0u64;
+        // SAFETY: reads 8 bytes into a live u64 from the non-blocking eventfd.
+        let _ = unsafe { libc::read(self.kick.as_raw_fd(), (&raw mut value).cast(), 8) };
+    }
+
+    /// Counts a thread entering (`true`) or leaving `poll`. SeqCst pairs
+    /// with `kick`: either the poller re-checks after the change it waits
+    /// for, or the changer sees the poller and kicks.
+    pub fn polling(&self, entering: bool) {
+        if entering {
+            self.pollers.fetch_add(1, Ordering::SeqCst);
+        } else {
+            self.pollers.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+
+    /// A caller starts driving the sockets (waiting, or blocked sending).
+    pub fn enter(&self) {
+        self.active.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// A caller stops driving the sockets.
+    pub fn leave(&self) {
+        self.last_active
+            .store(self.epoch.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        self.active.fetch_sub(1, Ordering::SeqCst);
+        // A waiter blocked on the condition variable may now read itself.
+        self.wake_all();
+    }
+
+    /// How long no caller has been driving the sockets (zero while one is).
+    pub fn idle_for(&self) -> Duration {
+        if self.active.load(Ordering::SeqCst) > 0 {
+            return Duration::ZERO;
+        }
+        let last = Duration::from_nanos(self.last_active.load(Ordering::Relaxed));
+        self.epoch.elapsed().saturating_sub(last)
     }
 
     pub fn io(&self, op: &str, e: impl std::fmt::Display) -> CommError {
@@ -122,7 +208,8 @@ impl Shared {
             .map_err(|_| CommError::Usage("tcp register: too many regions".into()))?;
         regions.push(Region { ptr, len, layout });
         drop(regions);
-        self.registered.notify_all();
+        // A reader may have stopped at a write to this region.
+        self.kick();
         Ok((RegionId(id), ptr.as_ptr()))
     }
 
@@ -132,35 +219,12 @@ impl Shared {
         regions.get(id.0 as usize).map(|r| (r.len, r.ptr.as_ptr()))
     }
 
-    /// Like [`Shared::region`], but waits (until `deadline`) for a region a
-    /// peer already writes to and this rank has not registered yet.
-    pub fn region_when_registered(
-        &self,
-        id: RegionId,
-        deadline: Instant,
-    ) -> Option<(usize, *mut u8)> {
-        let mut regions = self.regions.lock().unwrap_or_else(|e| e.into_inner());
-        loop {
-            if let Some(r) = regions.get(id.0 as usize) {
-                return Some((r.len, r.ptr.as_ptr()));
-            }
-            let now = Instant::now();
-            if now >= deadline || self.closing.load(Ordering::Relaxed) {
-                return None;
-            }
-            regions = self
-                .registered
-                .wait_timeout(regions, deadline - now)
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
-        }
-    }
-
-    /// Marks the transport closing and wakes receivers waiting for regions.
+    /// Marks the transport closing and wakes the progress thread.
     pub fn close(&self) {
         self.closing.store(true, Ordering::SeqCst);
-        drop(self.regions.lock().unwrap_or_else(|e| e.into_inner()));
-        self.registered.notify_all();
+        drop(self.park_lock.lock().unwrap_or_else(|e| e.into_inner()));
+        self.park.notify_all();
+        self.kick();
     }
 
     pub fn counter(&self, signal: SignalId) -> Option<&AtomicU64> {
@@ -173,6 +237,7 @@ impl Shared {
         // sleeper sees the new value or this sees the sleeper.
         self.counters[signal.0 as usize].fetch_add(1, Ordering::SeqCst);
         self.wake_all();
+        self.kick();
     }
 
     fn wake_all(&self) {
@@ -197,10 +262,11 @@ impl Shared {
             self.departed.fetch_add(1, Ordering::SeqCst);
             drop(self.lock.lock().unwrap_or_else(|e| e.into_inner()));
             self.wake.notify_all();
+            self.kick();
         }
     }
 
-    /// Records that `peer`'s receiver ended without a goodbye.
+    /// Records that `peer`'s connection ended without a goodbye.
     pub fn peer_gone(&self, peer: usize) {
         let _ = self.peers[peer].compare_exchange(ALIVE, GONE, Ordering::SeqCst, Ordering::SeqCst);
     }
@@ -210,21 +276,9 @@ impl Shared {
         self.peers[peer].load(Ordering::SeqCst) == LEFT
     }
 
-    /// After a failed send to `peer`: waits (briefly) for its receiver to
-    /// tell a goodbye (the peer shut its socket after leaving) from a loss,
-    /// and returns whether the peer left cleanly.
-    pub fn left_after_send_failure(&self, peer: usize) -> bool {
-        let deadline = Instant::now() + self.timeout.min(Duration::from_secs(2));
-        loop {
-            match self.peers[peer].load(Ordering::SeqCst) {
-                LEFT => return true,
-                GONE => return false,
-                _ if Instant::now() >= deadline || self.closing.load(Ordering::Relaxed) => {
-                    return false;
-                }
-                _ => std::thread::sleep(Duration::from_millis(1)),
-            }
-        }
+    /// Whether `peer`'s connection ended without a goodbye.
+    pub fn is_gone(&self, peer: usize) -> bool {
+        self.peers[peer].load(Ordering::SeqCst) == GONE
     }
 
     /// The first peer that left cleanly, if any.
@@ -238,7 +292,7 @@ impl Shared {
     /// A wait's error when a departed peer may be the reason it cannot be
     /// satisfied: immediately when every peer has left (nobody can raise a
     /// signal any more), and at the deadline when any has.
-    fn departure_error(&self, at_deadline: bool) -> Option<CommError> {
+    pub fn departure_error(&self, at_deadline: bool) -> Option<CommError> {
         let departed = self.departed.load(Ordering::SeqCst);
         let everyone = departed > 0 && departed + 1 >= self.world_size;
         if !(everyone || at_deadline) {
@@ -270,6 +324,7 @@ impl Shared {
         drop(first);
         drop(self.lock.lock().unwrap_or_else(|e| e.into_inner()));
         self.wake.notify_all();
+        self.kick();
     }
 
     /// The first failure, as an error of operation `op`.
@@ -299,42 +354,26 @@ impl Shared {
         Ok(())
     }
 
-    /// Blocks until `counter >= value`, a failure or `deadline`.
-    pub fn block_until(&self, counter: &AtomicU64, value: u64, deadline: Instant) -> Result<()> {
+    /// Blocks until `counter >= value`, a failure or `until` (whichever is
+    /// first; the caller checks which).
+    pub fn block_briefly(&self, counter: &AtomicU64, value: u64, until: Instant) {
         self.sleepers.fetch_add(1, Ordering::SeqCst);
         let mut guard = self.lock.lock().unwrap_or_else(|e| e.into_inner());
-        let result = loop {
-            if counter.load(Ordering::SeqCst) >= value {
-                break Ok(());
-            }
-            if let Err(e) = self.check("wait") {
-                // Bytes that arrived before the loss still count.
-                break if counter.load(Ordering::SeqCst) >= value {
-                    Ok(())
-                } else {
-                    Err(e)
-                };
-            }
+        loop {
             let now = Instant::now();
-            if let Some(e) = self.departure_error(now >= deadline) {
-                break Err(e);
-            }
-            if now >= deadline {
-                break Err(CommError::Timeout {
-                    rank: self.rank,
-                    op: "tcp wait".into(),
-                    after: Duration::ZERO,
-                    waiting_for: String::new(),
-                });
+            if counter.load(Ordering::SeqCst) >= value
+                || self.failed.load(Ordering::SeqCst)
+                || now >= until
+            {
+                break;
             }
             guard = self
                 .wake
-                .wait_timeout(guard, deadline - now)
+                .wait_timeout(guard, until - now)
                 .unwrap_or_else(|e| e.into_inner())
                 .0;
-        };
+        }
         drop(guard);
         self.sleepers.fetch_sub(1, Ordering::SeqCst);
-        result
     }
 }
