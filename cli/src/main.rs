@@ -10,6 +10,7 @@ mod conform;
 mod devices;
 mod launch;
 mod plan;
+mod train;
 
 use std::process::ExitCode;
 
@@ -35,6 +36,8 @@ enum Command {
     Bench(bench::Args),
     /// Plan how to train a model on a cluster of uneven chips (HeteroAuto).
     Plan(plan::Args),
+    /// Train a LLaMA-architecture model across every vendor's devices (the main job).
+    Train(Box<train::Args>),
 }
 
 fn main() -> ExitCode {
@@ -46,5 +49,6 @@ fn main() -> ExitCode {
         Command::Launch(args) => launch::run(&args),
         Command::Bench(args) => bench::run(&args),
         Command::Plan(args) => plan::run(&args),
+        Command::Train(args) => train::run(&args),
     }
 }

@@ -294,7 +294,11 @@ impl TrainConfig {
                 self.clip
             ));
         }
-        if !(self.weight_decay >= 0.0) || !(self.eps > 0.0) {
+        if self.weight_decay.is_nan()
+            || self.weight_decay < 0.0
+            || self.eps.is_nan()
+            || self.eps <= 0.0
+        {
             return bad(format!(
                 "weight_decay ({}) must be non-negative and eps ({}) positive",
                 self.weight_decay, self.eps

@@ -4,6 +4,8 @@
 //! different vendors as the planner says, with checkpoints, a Chrome trace
 //! and an op-by-op comparison against the f64 reference.
 
+pub mod auto;
+pub mod autocompare;
 pub mod checkpoint;
 pub mod config;
 pub mod data;
@@ -15,6 +17,7 @@ pub mod pin;
 pub mod pipeline;
 pub mod plan;
 pub mod safetensors;
+pub mod simulate;
 pub mod trace;
 pub mod trainer;
 

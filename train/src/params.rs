@@ -87,8 +87,8 @@ impl ParamSpec {
         let mut out = Vec::with_capacity(n);
         while out.len() < n {
             // Box-Muller: two uniforms in (0, 1] give two normals.
-            let u1 = ((rng.next() >> 11) as f64 + 1.0) / (1u64 << 53) as f64;
-            let u2 = (rng.next() >> 11) as f64 / (1u64 << 53) as f64;
+            let u1 = ((rng.next_u64() >> 11) as f64 + 1.0) / (1u64 << 53) as f64;
+            let u2 = (rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64;
             let r = (-2.0 * u1.ln()).sqrt();
             let t = 2.0 * std::f64::consts::PI * u2;
             out.push((std * r * t.cos()) as f32);
@@ -196,7 +196,7 @@ impl SplitMix64 {
     }
 
     /// The next 64 random bits.
-    pub fn next(&mut self) -> u64 {
+    pub fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);

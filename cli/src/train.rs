@@ -1,0 +1,413 @@
+//! `polychip train`: trains the LLaMA-architecture model on the bundled
+//! text (or `--corpus`) across the devices of every loaded plugin, as the
+//! plan says: `--plan auto` (the default: HeteroAuto over `--devices`, after
+//! profiling each vendor's device on the model), `--plan FILE`, `--stages
+//! SPEC` or `--device D` (the whole model on one device).
+//!
+//! Outside a launcher a plan of several ranks starts itself as a local job
+//! (`polychip launch` underneath); inside one (torchrun, srun, mpirun,
+//! `polychip launch`) each process is one rank. Each rank is pinned to its
+//! own share of the CPU cores before its plugins start any thread.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use polychip_comm::launch::{LaunchOptions, launch};
+use polychip_host::{Device, Runtime};
+use polychip_train::config::{ModelConfig, Precision, TrainConfig};
+use polychip_train::data::Corpus;
+use polychip_train::plan::TrainPlan;
+use polychip_train::trainer::{self, Options, Summary};
+use polychip_train::{TrainError, auto, autocompare, memory, pin};
+
+/// Options of `polychip train`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Args {
+    /// Model preset (mini, tiny, small) or a model TOML file.
+    #[arg(long, value_name = "PRESET_OR_FILE", default_value = "tiny")]
+    model: String,
+    /// Training settings TOML file (the flags below override it).
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Optimizer steps.
+    #[arg(long, value_name = "N")]
+    steps: Option<u64>,
+    /// Sequences per step over all replicas.
+    #[arg(long, value_name = "N")]
+    global_batch: Option<usize>,
+    /// Peak learning rate.
+    #[arg(long, value_name = "LR")]
+    lr: Option<f64>,
+    /// Seed of initialization and data order.
+    #[arg(long, value_name = "N")]
+    seed: Option<u64>,
+    /// Compute precision: f32 or bf16.
+    #[arg(long, value_name = "TYPE")]
+    precision: Option<String>,
+    /// Validate every N steps (0: at the end only).
+    #[arg(long, value_name = "N")]
+    eval_every: Option<u64>,
+    /// The layout: `auto` (HeteroAuto over --devices) or a plan file (TOML
+    /// with [[group]] tables, or JSON).
+    #[arg(long, value_name = "auto|FILE", conflicts_with_all = ["stages", "device"])]
+    plan: Option<String>,
+    /// One pipeline: `DEVICE=FIRST..END,...` (e.g. `ferrite:0=0..3,cobalt:0=3..4`).
+    #[arg(long, value_name = "SPEC", conflicts_with = "device")]
+    stages: Option<String>,
+    /// The whole model on one device (e.g. `ferrite:0`).
+    #[arg(long, value_name = "DEVICE")]
+    device: Option<String>,
+    /// Replicas of the --stages/--device pipeline.
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    copies: usize,
+    /// Sequences per micro-batch for --stages/--device.
+    #[arg(long, value_name = "N", default_value_t = 2)]
+    micro_batch_size: usize,
+    /// Devices --plan auto may use (default: the first device of every vendor).
+    #[arg(long, value_name = "LIST")]
+    devices: Option<String>,
+    /// A text file to train on (default: the bundled Tiny Shakespeare).
+    #[arg(long, value_name = "FILE")]
+    corpus: Option<PathBuf>,
+    /// Save checkpoints under this directory.
+    #[arg(long, value_name = "DIR")]
+    checkpoint_dir: Option<PathBuf>,
+    /// Save every N steps (and after the last).
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    save_every: u64,
+    /// Resume from a checkpoint (a step directory, or a directory with `latest`).
+    #[arg(long, value_name = "PATH")]
+    resume: Option<PathBuf>,
+    /// Stop after N steps of the schedule (the schedule still ends at --steps).
+    #[arg(long, value_name = "N")]
+    stop_after: Option<u64>,
+    /// Write a Chrome trace of the run here (and of the simulator's step for
+    /// the same plan beside it, `.sim.json`).
+    #[arg(long, value_name = "FILE")]
+    trace: Option<PathBuf>,
+    /// Replay every op of the first step on the f64 reference and name the
+    /// first whose output diverges beyond its tolerance.
+    #[arg(long)]
+    autocompare: bool,
+    /// Write the run's summary (loss curve, step times, plan) as JSON here.
+    #[arg(long, value_name = "FILE")]
+    log_json: Option<PathBuf>,
+    /// Print one line every N steps.
+    #[arg(long, value_name = "N", default_value_t = 10)]
+    log_every: u64,
+    /// Do not pin ranks to CPU cores.
+    #[arg(long)]
+    no_pin: bool,
+    /// Internal: the resolved plan (JSON) handed to the ranks.
+    #[arg(long, hide = true, value_name = "FILE")]
+    resolved_plan: Option<PathBuf>,
+}
+
+/// Runs `polychip train`.
+pub fn run(args: &Args) -> ExitCode {
+    match train(args) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("polychip train: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn inside_launcher() -> bool {
+    ["RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID"]
+        .iter()
+        .any(|v| std::env::var(v).is_ok_and(|s| !s.trim().is_empty()))
+}
+
+fn settings(args: &Args) -> Result<(ModelConfig, TrainConfig), TrainError> {
+    let model = ModelConfig::from_arg(&args.model)?;
+    let mut t = match &args.config {
+        Some(p) => TrainConfig::load(p)?,
+        None => TrainConfig::default(),
+    };
+    if let Some(v) = args.steps {
+        t.steps = v;
+    }
+    if let Some(v) = args.global_batch {
+        t.global_batch = v;
+    }
+    if let Some(v) = args.lr {
+        t.lr = v;
+        t.min_lr = t.min_lr.min(v);
+    }
+    if let Some(v) = args.seed {
+        t.seed = v;
+    }
+    if let Some(v) = &args.precision {
+        t.precision = Precision::parse(v)?;
+    }
+    if let Some(v) = args.eval_every {
+        t.eval_every = v;
+    }
+    t.validate()?;
+    Ok((model, t))
+}
+
+fn corpus(args: &Args) -> Result<Corpus, TrainError> {
+    match &args.corpus {
+        Some(p) => Corpus::load(p),
+        None => Ok(Corpus::bundled()),
+    }
+}
+
+/// The devices `--plan auto` plans over.
+fn pool(rt: &Runtime, spec: Option<&str>) -> Result<Vec<Device>, TrainError> {
+    let names = trainer::device_names(rt);
+    match spec {
+        None => {
+            let mut seen = Vec::new();
+            let mut out = Vec::new();
+            for d in rt.devices() {
+                let v = d.plugin().vendor().to_lowercase();
+                if !seen.contains(&v) {
+                    seen.push(v);
+                    out.push(d.clone());
+                }
+            }
+            Ok(out)
+        }
+        Some(list) => list
+            .split(',')
+            .map(|s| {
+                let want = s.trim().to_lowercase();
+                names
+                    .iter()
+                    .position(|n| *n == want)
+                    .map(|i| rt.devices()[i].clone())
+                    .ok_or_else(|| {
+                        TrainError::Plan(format!(
+                            "--devices names {want}, which is not present; the devices are {}",
+                            names.join(", ")
+                        ))
+                    })
+            })
+            .collect(),
+    }
+}
+
+/// The plan, resolved once (in the launching process).
+fn resolve_plan(
+    args: &Args,
+    rt: &Runtime,
+    model: &ModelConfig,
+    t: &TrainConfig,
+) -> Result<TrainPlan, TrainError> {
+    if let Some(p) = &args.resolved_plan {
+        return TrainPlan::load(p);
+    }
+    let mbs = args.micro_batch_size.max(1);
+    let per_replica = t.global_batch / args.copies.max(1);
+    let micro = |what: &str| -> Result<usize, TrainError> {
+        if per_replica * args.copies != t.global_batch || per_replica % mbs != 0 {
+            return Err(TrainError::Plan(format!(
+                "{what}: a global batch of {} does not split into {} replicas of micro-batches of {mbs}",
+                t.global_batch, args.copies
+            )));
+        }
+        Ok(per_replica / mbs)
+    };
+    if let Some(d) = &args.device {
+        return Ok(TrainPlan {
+            groups: vec![polychip_train::plan::GroupPlan {
+                copies: args.copies,
+                ..TrainPlan::single(d, model.layers, mbs, micro("--device")?).groups[0].clone()
+            }],
+        });
+    }
+    if let Some(s) = &args.stages {
+        return TrainPlan::parse_stages(s, args.copies, mbs, micro("--stages")?);
+    }
+    match args.plan.as_deref() {
+        Some(file) if file != "auto" => TrainPlan::load(Path::new(file)),
+        _ => {
+            let devices = pool(rt, args.devices.as_deref())?;
+            let (plan, report, profiles) =
+                auto::auto_plan(model, t.precision, &devices, t.global_batch)?;
+            for p in &profiles {
+                eprintln!(
+                    "profiled {}: {:.2} ms per block and {:.2} ms for embedding + head per \
+                     micro-batch of {} (fwd+bwd), {:.2} GFLOP/s sustained",
+                    p.device,
+                    p.block_seconds * 1e3,
+                    p.ends_seconds * 1e3,
+                    p.micro_batch,
+                    p.sustained_flops / 1e9
+                );
+            }
+            eprintln!(
+                "plan (HeteroAuto): {}; predicted step {:.1} ms, {:.0} tokens/s, HeteroSpeedupRatio {}",
+                plan.describe(),
+                report.plan.step_time_simulated * 1e3,
+                report.plan.tokens_per_s_simulated,
+                report
+                    .hetero_speedup_ratio
+                    .map_or("n/a".into(), |r| format!("{:.1}%", r * 100.0))
+            );
+            Ok(plan)
+        }
+    }
+}
+
+fn train(args: &Args) -> Result<ExitCode, TrainError> {
+    let (model, t) = settings(args)?;
+    let corpus = corpus(args)?;
+    let launched = inside_launcher();
+    let info = polychip_comm::env::from_env()?;
+    // Pin before any plugin starts a thread: ranks share the cores out.
+    let cores = pin::allowed_cores();
+    let mine = pin::share(&cores, info.local_rank, info.local_world_size.max(1));
+    if !args.no_pin && launched {
+        pin::pin(&mine).map_err(|e| TrainError::Plan(format!("pinning to cores {mine:?}: {e}")))?;
+    }
+    let rt = Runtime::from_env();
+    for f in rt.failures() {
+        eprintln!("polychip train: a plugin failed to load: {}", f.error);
+    }
+    let plan = resolve_plan(args, &rt, &model, &t)?;
+    plan.validate(&model, t.global_batch)?;
+    if !launched {
+        // Check every stage's memory here, once, where all devices are known.
+        let roles = plan.roles(&model, &trainer::device_names(&rt))?;
+        for r in &roles {
+            let d = rt
+                .devices()
+                .iter()
+                .find(|d| trainer::device_name(d) == r.device)
+                .expect("roles name present devices");
+            memory::check_role(&model, t.precision, r, d)?;
+        }
+        if plan.world_size() > 1 {
+            return relaunch(&plan);
+        }
+    }
+    let mut job = if launched || plan.world_size() > 1 {
+        Some(polychip_comm::bootstrap::init()?)
+    } else {
+        None
+    };
+    let opts = Options {
+        model: model.clone(),
+        train: t.clone(),
+        plan: plan.clone(),
+        corpus,
+        checkpoint_dir: args.checkpoint_dir.clone(),
+        save_every: args.save_every,
+        resume: args.resume.clone(),
+        trace: args.trace.clone(),
+        stop_after: args.stop_after,
+        log_every: args.log_every,
+        record_first_step: args.autocompare,
+    };
+    let rank = job.as_ref().map_or(0, |j| j.rank());
+    if rank == 0 {
+        println!(
+            "training {} ({} parameters, {} blocks, dim {}) on {} for {} steps of {} sequences \
+             of {} bytes, {:?}; plan {}",
+            model.name,
+            model.parameters(),
+            model.layers,
+            model.dim,
+            corpus_name(args),
+            t.steps,
+            t.global_batch,
+            model.seq_len,
+            t.precision,
+            plan.describe()
+        );
+    }
+    let summary = trainer::run(&opts, &rt, job.as_mut())?;
+    if args.autocompare {
+        let report = autocompare::compare(&summary.records);
+        println!("rank {rank}: {}", report.summary());
+    }
+    if rank == 0 {
+        report(args, &plan, &summary)?;
+    }
+    if let Some(j) = job {
+        j.finish()?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn corpus_name(args: &Args) -> String {
+    args.corpus
+        .as_ref()
+        .map_or("the bundled Tiny Shakespeare".into(), |p| {
+            p.display().to_string()
+        })
+}
+
+fn report(args: &Args, plan: &TrainPlan, s: &Summary) -> Result<(), TrainError> {
+    if let Some(last) = s.steps.last() {
+        println!(
+            "done: step {} loss {:.4}{}; median step {:.1} ms, {:.0} tokens/s",
+            last.step,
+            last.loss,
+            last.val_loss
+                .map_or(String::new(), |v| format!(", validation loss {v:.4}")),
+            s.median_step_seconds * 1e3,
+            s.tokens_per_s
+        );
+    }
+    for (label, f, b) in &s.stage_times {
+        println!(
+            "  {label}: forward {:.2} ms, backward {:.2} ms per micro-batch",
+            f * 1e3,
+            b * 1e3
+        );
+    }
+    if let Some(c) = &s.checkpoint {
+        println!("checkpoint: {}", c.display());
+    }
+    if let Some(trace) = &args.trace {
+        let sim = polychip_train::simulate::simulated_trace(plan, s);
+        let sim_path = trace.with_extension("sim.json");
+        std::fs::write(&sim_path, sim.to_string()).map_err(|e| TrainError::io(&sim_path, e))?;
+        println!(
+            "trace: {} (the simulator's step for this plan with the measured stage times: {})",
+            trace.display(),
+            sim_path.display()
+        );
+    }
+    if let Some(path) = &args.log_json {
+        let json = serde_json::json!({
+            "plan": plan,
+            "summary": s,
+        });
+        std::fs::write(path, serde_json::to_string_pretty(&json).expect("json"))
+            .map_err(|e| TrainError::io(path, e))?;
+    }
+    Ok(())
+}
+
+/// Starts this command again as the ranks of a local job, handing them the
+/// resolved plan.
+fn relaunch(plan: &TrainPlan) -> Result<ExitCode, TrainError> {
+    let file =
+        std::env::temp_dir().join(format!("polychip-train-plan-{}.json", std::process::id()));
+    std::fs::write(&file, serde_json::to_string(plan).expect("json"))
+        .map_err(|e| TrainError::io(&file, e))?;
+    let exe = std::env::current_exe().map_err(|e| TrainError::io("polychip", e))?;
+    let mut command = vec![exe.display().to_string()];
+    command.extend(std::env::args().skip(1));
+    command.push("--resolved-plan".into());
+    command.push(file.display().to_string());
+    let outcome = launch(&LaunchOptions::new(plan.world_size(), command));
+    let _ = std::fs::remove_file(&file);
+    let outcome = outcome?;
+    if !outcome.success() {
+        eprintln!("polychip train: {}", outcome.description);
+        let code = u8::try_from(outcome.exit_code)
+            .ok()
+            .filter(|&c| c != 0)
+            .unwrap_or(1);
+        return Ok(ExitCode::from(code));
+    }
+    Ok(ExitCode::SUCCESS)
+}
