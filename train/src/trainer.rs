@@ -170,6 +170,18 @@ fn all_reduce_f32(comm: Option<&mut Communicator>, values: &mut [f32]) -> Result
     Ok(())
 }
 
+/// Fault injection for tests and drills: `RANK:STEP` makes that rank kill
+/// itself (SIGKILL, no cleanup) when it starts that 1-based step.
+pub const KILL_VAR: &str = "POLYCHIP_TRAIN_KILL_AT";
+
+fn kill_hook(rank: usize) -> Option<u64> {
+    let v = std::env::var(KILL_VAR).ok()?;
+    let (r, s) = v.split_once(':')?;
+    (r.trim().parse::<usize>().ok()? == rank)
+        .then(|| s.trim().parse().ok())
+        .flatten()
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     if v.is_empty() {
         return 0.0;
@@ -256,7 +268,16 @@ pub fn run(opts: &Options, runtime: &Runtime, mut job: Option<&mut Job>) -> Resu
         step,
         global_batch: t.global_batch,
     };
+    let kill_at = kill_hook(rank);
     for s in start..end {
+        if kill_at == Some(s + 1) {
+            eprintln!(
+                "rank {rank}: {KILL_VAR} says to die at step {}: SIGKILL",
+                s + 1
+            );
+            // SAFETY: raising a signal in this process has no memory effects.
+            unsafe { libc::raise(libc::SIGKILL) };
+        }
         let began = Instant::now();
         if opts.record_first_step && s == start {
             stage.record(true);

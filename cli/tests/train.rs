@@ -1,0 +1,273 @@
+//! `polychip train` end to end on the bundled plugins (needs `cargo build
+//! --workspace` first): the loss curve of heterogeneous plans against one
+//! device (f32 and bf16 bounds), resuming bit-exactly, loading a checkpoint
+//! into another stage split, and the refusals: a stage that does not fit,
+//! a corrupt or mismatched checkpoint, a rank that dies.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// The bound on |loss difference| per step between any plan and one device, f32.
+const F32_BOUND: f64 = 1e-4;
+/// The same in bf16 (activations, weight copies and gradients rounded to bf16).
+const BF16_BOUND: f64 = 2e-2;
+
+fn polychip(args: &[&str], env: &[(&str, &str)]) -> (Option<i32>, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_polychip"))
+        .args(args)
+        .envs(env.iter().copied())
+        .env("POLYCHIP_TRANSPORT", "shm")
+        .output()
+        .expect("run polychip");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("polychip-train-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+const COMMON: [&str; 10] = [
+    "train",
+    "--model",
+    "mini",
+    "--global-batch",
+    "8",
+    "--eval-every",
+    "0",
+    "--log-every",
+    "0",
+    "--no-pin",
+];
+
+/// Trains and returns the per-step losses from the JSON summary.
+fn curve(dir: &Path, tag: &str, extra: &[&str]) -> Vec<f64> {
+    let json = dir.join(format!("{tag}.json"));
+    let mut args: Vec<&str> = COMMON.to_vec();
+    args.extend_from_slice(extra);
+    let j = json.display().to_string();
+    args.extend_from_slice(&["--log-json", &j]);
+    let (code, out, err) = polychip(&args, &[]);
+    assert_eq!(code, Some(0), "{tag}: {out}\n{err}");
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    v["summary"]["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["loss"].as_f64().unwrap())
+        .collect()
+}
+
+fn max_diff(a: &[f64], b: &[f64]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f64::max)
+}
+
+fn mixed_plan(dir: &Path) -> String {
+    // Two groups of replicas: Ferrite alone with 6 sequences, and a
+    // Cobalt -> Ferrite pipeline with 2.
+    let path = dir.join("mixed.toml");
+    std::fs::write(
+        &path,
+        r#"
+[[group]]
+micro_batch_size = 2
+micro_batches = 3
+stages = [{ device = "ferrite:0", layers = [0, 2] }]
+
+[[group]]
+micro_batch_size = 1
+micro_batches = 2
+stages = [{ device = "cobalt:0", layers = [0, 1] }, { device = "ferrite:1", layers = [1, 2] }]
+"#,
+    )
+    .unwrap();
+    path.display().to_string()
+}
+
+#[test]
+fn heterogeneous_plans_follow_the_single_device_curve() {
+    let dir = scratch("curves");
+    let plan = mixed_plan(&dir);
+    for (precision, bound) in [("f32", F32_BOUND), ("bf16", BF16_BOUND)] {
+        let p = ["--precision", precision, "--steps", "24"];
+        fn with<'a>(p: &[&'a str], extra: &[&'a str]) -> Vec<&'a str> {
+            [p, extra].concat()
+        }
+        let reference = curve(
+            &dir,
+            &format!("ref-{precision}"),
+            &with(&p, &["--device", "ferrite:0"]),
+        );
+        assert!(
+            reference[23] < reference[0] - 1.0,
+            "{precision}: the loss must fall: {reference:?}"
+        );
+        let pp = curve(
+            &dir,
+            &format!("pp-{precision}"),
+            &with(&p, &["--stages", "ferrite:0=0..1,cobalt:0=1..2"]),
+        );
+        let mixed = curve(
+            &dir,
+            &format!("mixed-{precision}"),
+            &with(&p, &["--plan", &plan]),
+        );
+        for (name, c) in [("pipeline ferrite+cobalt", &pp), ("mixed replicas", &mixed)] {
+            let d = max_diff(&reference, c);
+            assert!(
+                d <= bound,
+                "{precision} {name}: differs by {d} (bound {bound})"
+            );
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn checkpoints_resume_exactly_and_load_into_another_split() {
+    let dir = scratch("ckpt");
+    let ck = dir.join("ck");
+    let c = ck.display().to_string();
+    let full = curve(&dir, "full", &["--steps", "12", "--device", "ferrite:0"]);
+    let first = curve(
+        &dir,
+        "first",
+        &[
+            "--steps",
+            "12",
+            "--stop-after",
+            "6",
+            "--device",
+            "ferrite:0",
+            "--checkpoint-dir",
+            &c,
+        ],
+    );
+    assert_eq!(first[..], full[..6]);
+    assert!(ck.join("step-00000006/manifest.json").is_file());
+    assert_eq!(
+        std::fs::read_to_string(ck.join("latest")).unwrap(),
+        "step-00000006"
+    );
+    let resumed = curve(
+        &dir,
+        "resumed",
+        &["--steps", "12", "--device", "ferrite:0", "--resume", &c],
+    );
+    assert_eq!(resumed[..], full[6..], "resuming must be bit-exact");
+    let resplit = curve(
+        &dir,
+        "resplit",
+        &[
+            "--steps",
+            "12",
+            "--stages",
+            "cobalt:0=0..1,ferrite:0=1..2",
+            "--resume",
+            &c,
+        ],
+    );
+    let d = max_diff(&resplit, &full[6..]);
+    assert!(
+        d <= F32_BOUND,
+        "another split after resuming differs by {d}"
+    );
+
+    // A corrupt stage file is refused, naming it.
+    let file = ck.join("step-00000006/stage-00-of-01.safetensors");
+    let mut bytes = std::fs::read(&file).unwrap();
+    let n = bytes.len();
+    bytes[n - 3] ^= 0x40;
+    std::fs::write(&file, bytes).unwrap();
+    let mut args = COMMON.to_vec();
+    args.extend_from_slice(&["--steps", "12", "--device", "ferrite:0", "--resume", &c]);
+    let (code, _, err) = polychip(&args, &[]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("stage-00-of-01.safetensors") && err.contains("checksum"),
+        "{err}"
+    );
+
+    // A checkpoint of another model shape is refused, naming the field.
+    let mut args: Vec<&str> = vec!["train", "--model", "tiny", "--steps", "2", "--no-pin"];
+    args.extend_from_slice(&["--device", "ferrite:0", "--resume", &c]);
+    let (code, _, err) = polychip(&args, &[]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("different model") && err.contains("dim is 32"),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_stage_that_does_not_fit_is_refused_before_training() {
+    let args = [
+        "train",
+        "--model",
+        "small",
+        "--steps",
+        "1",
+        "--global-batch",
+        "512",
+        "--micro-batch-size",
+        "512",
+        "--stages",
+        "ferrite:0=0..5,cobalt:0=5..6",
+        "--no-pin",
+    ];
+    let (code, out, err) = polychip(&args, &[]);
+    assert_eq!(code, Some(2), "{out}{err}");
+    assert!(
+        err.contains("stage 1 of replica 0 (cobalt:0, blocks 5..6)") && err.contains("MiB short"),
+        "{err}"
+    );
+    assert!(!out.contains("step "), "nothing trained: {out}");
+}
+
+#[test]
+fn a_rank_that_dies_stops_the_job_and_keeps_the_last_checkpoint() {
+    let dir = scratch("kill");
+    let ck = dir.join("ck");
+    let c = ck.display().to_string();
+    let mut args = COMMON.to_vec();
+    args.extend_from_slice(&[
+        "--steps",
+        "12",
+        "--stages",
+        "ferrite:0=0..1,cobalt:0=1..2",
+        "--checkpoint-dir",
+        &c,
+        "--save-every",
+        "3",
+    ]);
+    let started = std::time::Instant::now();
+    let (code, out, err) = polychip(&args, &[("POLYCHIP_TRAIN_KILL_AT", "1:8")]);
+    assert_ne!(code, Some(0), "{out}{err}");
+    assert!(started.elapsed().as_secs() < 120, "no hang");
+    assert!(
+        err.contains("rank 1") || out.contains("rank 1"),
+        "{out}{err}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(ck.join("latest")).unwrap(),
+        "step-00000006"
+    );
+    let resumed = curve(
+        &dir,
+        "after-kill",
+        &["--steps", "12", "--device", "ferrite:0", "--resume", &c],
+    );
+    assert_eq!(resumed.len(), 6);
+    let _ = std::fs::remove_dir_all(&dir);
+}
