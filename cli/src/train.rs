@@ -47,9 +47,10 @@ pub struct Args {
     /// Validate every N steps (0: at the end only).
     #[arg(long, value_name = "N")]
     eval_every: Option<u64>,
-    /// The layout: `auto` (HeteroAuto over --devices) or a plan file (TOML
-    /// with [[group]] tables, or JSON).
-    #[arg(long, value_name = "auto|FILE", conflicts_with_all = ["stages", "device"])]
+    /// The layout: `auto` (HeteroAuto over --devices), `auto-pp` (pipelines
+    /// mixing types only), `auto-dp` (replicas of one type each only), or a
+    /// plan file (TOML with [[group]] tables, or JSON).
+    #[arg(long, value_name = "auto|auto-pp|auto-dp|FILE", conflicts_with_all = ["stages", "device"])]
     plan: Option<String>,
     /// One pipeline: `DEVICE=FIRST..END,...` (e.g. `ferrite:0=0..3,cobalt:0=3..4`).
     #[arg(long, value_name = "SPEC", conflicts_with = "device")]
@@ -95,6 +96,10 @@ pub struct Args {
     /// Print one line every N steps.
     #[arg(long, value_name = "N", default_value_t = 10)]
     log_every: u64,
+    /// The CPU cores the job may use (e.g. `0`, `0-1`, `0,2`); each rank
+    /// gets its own share (default: every core this process may use).
+    #[arg(long, value_name = "LIST")]
+    cores: Option<String>,
     /// Do not pin ranks to CPU cores.
     #[arg(long)]
     no_pin: bool,
@@ -197,6 +202,7 @@ fn resolve_plan(
     rt: &Runtime,
     model: &ModelConfig,
     t: &TrainConfig,
+    cores: &[usize],
 ) -> Result<TrainPlan, TrainError> {
     if let Some(p) = &args.resolved_plan {
         return TrainPlan::load(p);
@@ -213,22 +219,29 @@ fn resolve_plan(
         Ok(per_replica / mbs)
     };
     if let Some(d) = &args.device {
-        return Ok(TrainPlan {
-            groups: vec![polychip_train::plan::GroupPlan {
-                copies: args.copies,
-                ..TrainPlan::single(d, model.layers, mbs, micro("--device")?).groups[0].clone()
-            }],
-        });
+        let mut plan = TrainPlan::single(d, model.layers, mbs, micro("--device")?);
+        plan.groups[0].copies = args.copies;
+        return Ok(plan);
     }
     if let Some(s) = &args.stages {
         return TrainPlan::parse_stages(s, args.copies, mbs, micro("--stages")?);
     }
     match args.plan.as_deref() {
-        Some(file) if file != "auto" => TrainPlan::load(Path::new(file)),
-        _ => {
+        Some(file) if auto::AutoMode::parse(file).is_none() => TrainPlan::load(Path::new(file)),
+        mode => {
+            let mode = mode
+                .and_then(auto::AutoMode::parse)
+                .unwrap_or(auto::AutoMode::Best);
             let devices = pool(rt, args.devices.as_deref())?;
-            let (plan, report, profiles) =
-                auto::auto_plan(model, t.precision, &devices, t.global_batch)?;
+            // Profile on the share of the cores one rank will get.
+            if !args.no_pin {
+                pin_to(&pin::share(cores, 0, devices.len()))?;
+            }
+            let planned = auto::auto_plan(model, t.precision, &devices, t.global_batch, mode);
+            if !args.no_pin {
+                pin_to(cores)?;
+            }
+            let (plan, report, profiles) = planned?;
             for p in &profiles {
                 eprintln!(
                     "profiled {}: {:.2} ms per block and {:.2} ms for embedding + head per \
@@ -260,16 +273,22 @@ fn train(args: &Args) -> Result<ExitCode, TrainError> {
     let launched = inside_launcher();
     let info = polychip_comm::env::from_env()?;
     // Pin before any plugin starts a thread: ranks share the cores out.
-    let cores = pin::allowed_cores();
-    let mine = pin::share(&cores, info.local_rank, info.local_world_size.max(1));
-    if !args.no_pin && launched {
-        pin::pin(&mine).map_err(|e| TrainError::Plan(format!("pinning to cores {mine:?}: {e}")))?;
+    let cores = match &args.cores {
+        Some(list) => parse_cores(list)?,
+        None => pin::allowed_cores(),
+    };
+    if !args.no_pin {
+        let mine = match launched {
+            true => pin::share(&cores, info.local_rank, info.local_world_size.max(1)),
+            false => cores.clone(),
+        };
+        pin_to(&mine)?;
     }
     let rt = Runtime::from_env();
     for f in rt.failures() {
         eprintln!("polychip train: a plugin failed to load: {}", f.error);
     }
-    let plan = resolve_plan(args, &rt, &model, &t)?;
+    let plan = resolve_plan(args, &rt, &model, &t, &cores)?;
     plan.validate(&model, t.global_batch)?;
     if !launched {
         // Check every stage's memory here, once, where all devices are known.
@@ -335,6 +354,33 @@ fn train(args: &Args) -> Result<ExitCode, TrainError> {
     Ok(ExitCode::SUCCESS)
 }
 
+fn pin_to(cores: &[usize]) -> Result<(), TrainError> {
+    pin::pin(cores).map_err(|e| TrainError::Plan(format!("pinning to cores {cores:?}: {e}")))
+}
+
+fn parse_cores(list: &str) -> Result<Vec<usize>, TrainError> {
+    let allowed = pin::allowed_cores();
+    let mut out = Vec::new();
+    for part in list.split(',') {
+        let part = part.trim();
+        let (a, b) = part.split_once('-').unwrap_or((part, part));
+        let (Ok(a), Ok(b)) = (a.trim().parse::<usize>(), b.trim().parse::<usize>()) else {
+            return Err(TrainError::Config(format!(
+                "--cores {list:?}: {part:?} is not a core number or range like 0-3"
+            )));
+        };
+        for c in a..=b {
+            if !allowed.contains(&c) {
+                return Err(TrainError::Config(format!(
+                    "--cores {list:?}: core {c} is not available to this process (allowed: {allowed:?})"
+                )));
+            }
+            out.push(c);
+        }
+    }
+    Ok(out)
+}
+
 fn corpus_name(args: &Args) -> String {
     args.corpus
         .as_ref()
@@ -344,6 +390,14 @@ fn corpus_name(args: &Args) -> String {
 }
 
 fn report(args: &Args, plan: &TrainPlan, s: &Summary) -> Result<(), TrainError> {
+    if let (Some(predicted), true) = (plan.predicted_step_seconds, s.median_step_seconds > 0.0) {
+        println!(
+            "the planner predicted {:.1} ms per step; measured {:.1} ms ({:+.1}%)",
+            predicted * 1e3,
+            s.median_step_seconds * 1e3,
+            (s.median_step_seconds / predicted - 1.0) * 100.0
+        );
+    }
     if let Some(last) = s.steps.last() {
         println!(
             "done: step {} loss {:.4}{}; median step {:.1} ms, {:.0} tokens/s",

@@ -70,6 +70,10 @@ pub struct PlanOptions {
     pub exhaustive: bool,
     /// Try the mixed data-parallel groups relaxation.
     pub mixed_replicas: bool,
+    /// Search pipelines that mix chip types (HeteroPP). Turning it off
+    /// (with `mixed_replicas` on) plans data parallelism across types
+    /// only: each group of replicas one type.
+    pub heteropp: bool,
     /// Compute the HeteroSpeedupRatio (plans each chip type alone).
     pub speedup_ratio: bool,
     /// The default search tries every stage count per type (as
@@ -89,6 +93,7 @@ impl Default for PlanOptions {
         PlanOptions {
             exhaustive: false,
             mixed_replicas: true,
+            heteropp: true,
             speedup_ratio: true,
             full_enumeration_budget: FULL_ENUMERATION_BUDGET,
         }
@@ -209,7 +214,10 @@ pub fn plan(
         }
     }
     let mut ctx = Ctx::new(model, cluster, settings, options);
-    let mut best = ctx.search_heteropp().map(Choice::Pp);
+    let mut best = match options.heteropp {
+        true => ctx.search_heteropp().map(Choice::Pp),
+        false => None,
+    };
     if options.mixed_replicas {
         let groups: Vec<Best> = alone_best.iter().flatten().cloned().collect();
         if groups.len() >= 2

@@ -254,3 +254,28 @@ fn the_infeasible_message_names_the_shortfall() {
         "{msg}"
     );
 }
+
+#[test]
+fn turning_heteropp_off_plans_replicas_of_one_type_each() {
+    let path = format!(
+        "{}/../examples/clusters/china-mobile-3-vendor.toml",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let cluster = ClusterSpec::load(std::path::Path::new(&path)).unwrap();
+    let model = ModelSpec::preset("llama-7b").unwrap();
+    let settings = TrainingSettings::new(512);
+    let options = PlanOptions {
+        heteropp: false,
+        speedup_ratio: false,
+        ..PlanOptions::default()
+    };
+    let report = plan(&model, &cluster, &settings, &options).unwrap();
+    assert_eq!(
+        report.plan.kind,
+        polychip_planner::plan::PlanKind::MixedReplicas
+    );
+    for r in &report.plan.replicas {
+        let first = &r.stages[0].chip;
+        assert!(r.stages.iter().all(|s| &s.chip == first), "{r:?}");
+    }
+}

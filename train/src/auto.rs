@@ -90,6 +90,30 @@ pub fn profile(
     })
 }
 
+/// Which layouts `--plan auto` may choose.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AutoMode {
+    /// The fastest of all (`auto`).
+    Best,
+    /// One pipeline whose stages mix types (HeteroPP only, `auto-pp`).
+    Pipeline,
+    /// Data-parallel groups of one type each, the batch split by speed
+    /// (`auto-dp`).
+    Replicas,
+}
+
+impl AutoMode {
+    /// Parses `auto`, `auto-pp` or `auto-dp`.
+    pub fn parse(s: &str) -> Option<AutoMode> {
+        match s {
+            "auto" => Some(AutoMode::Best),
+            "auto-pp" => Some(AutoMode::Pipeline),
+            "auto-dp" => Some(AutoMode::Replicas),
+            _ => None,
+        }
+    }
+}
+
 /// Plans `cfg` over `devices` (any mix of vendors) for `global_batch`
 /// sequences per step: profiles one device per vendor, then runs the
 /// HeteroAuto search. Returns the plan, the planner's report and the profiles.
@@ -98,6 +122,7 @@ pub fn auto_plan(
     precision: Precision,
     devices: &[Device],
     global_batch: usize,
+    mode: AutoMode,
 ) -> Result<(TrainPlan, PlanReport, Vec<Profile>)> {
     if devices.is_empty() {
         return Err(TrainError::Plan(
@@ -145,15 +170,19 @@ pub fn auto_plan(
         Precision::F32 => Dtype::F32,
         Precision::Bf16 => Dtype::Bf16,
     };
-    settings.micro_batch_sizes = [1u64, 2, 4, 8]
-        .into_iter()
-        .filter(|&m| global_batch as u64 % m == 0)
-        .collect();
+    // The profiled micro-batch size only: a chip's speed depends on it (a
+    // slow chip's fixed per-op costs weigh more on small micro-batches), and
+    // the planner's cost model assumes one sustained rate per chip.
+    settings.micro_batch_sizes = vec![b as u64];
     let report = search::plan(
         &cfg.planner_spec(),
         &cluster,
         &settings,
-        &PlanOptions::default(),
+        &PlanOptions {
+            mixed_replicas: mode != AutoMode::Pipeline,
+            heteropp: mode != AutoMode::Replicas,
+            ..PlanOptions::default()
+        },
     )
     .map_err(|e| TrainError::Plan(format!("--plan auto: {e}")))?;
     let plan = from_planner(&report.plan)?;
@@ -185,5 +214,8 @@ pub fn from_planner(plan: &polychip_planner::plan::Plan) -> Result<TrainPlan> {
             stages,
         });
     }
-    Ok(TrainPlan { groups })
+    Ok(TrainPlan {
+        groups,
+        predicted_step_seconds: Some(plan.step_time_simulated),
+    })
 }

@@ -47,7 +47,7 @@ fn default_theta() -> f64 {
 }
 
 /// The model presets [`ModelConfig::preset`] knows.
-pub const MODEL_PRESETS: [&str; 3] = ["mini", "tiny", "small"];
+pub const MODEL_PRESETS: [&str; 4] = ["mini", "tiny", "small", "deep"];
 
 impl ModelConfig {
     fn new(name: &str, dim: usize, layers: usize, heads: usize, kv: usize, ffn: usize) -> Self {
@@ -67,7 +67,8 @@ impl ModelConfig {
 
     /// A preset: `mini` (tests: 2 blocks of width 32, sequences of 16),
     /// `tiny` (the default: 4 blocks of width 64, 0.2 M parameters) or
-    /// `small` (6 blocks of width 128, sequences of 128).
+    /// `small` (6 blocks of width 128, sequences of 128) or `deep` (16
+    /// blocks of width 64: fine-grained stage splits for the benchmarks).
     pub fn preset(name: &str) -> Result<Self> {
         Ok(match name {
             "mini" => ModelConfig {
@@ -75,6 +76,7 @@ impl ModelConfig {
                 ..Self::new("mini", 32, 2, 4, 2, 64)
             },
             "tiny" => Self::new("tiny", 64, 4, 4, 2, 176),
+            "deep" => Self::new("deep", 64, 16, 4, 2, 176),
             "small" => ModelConfig {
                 seq_len: 128,
                 ..Self::new("small", 128, 6, 8, 4, 352)

@@ -42,12 +42,15 @@ fn one() -> usize {
 }
 
 /// A whole training layout.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TrainPlan {
     /// Groups of replicas.
     #[serde(rename = "group")]
     pub groups: Vec<GroupPlan>,
+    /// The planner's predicted step time, seconds (plans from `--plan auto`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub predicted_step_seconds: Option<f64>,
 }
 
 /// What one rank does.
@@ -92,6 +95,7 @@ impl TrainPlan {
                     layers: [0, layers],
                 }],
             }],
+            predicted_step_seconds: None,
         }
     }
 
@@ -127,6 +131,7 @@ impl TrainPlan {
                 micro_batches,
                 stages,
             }],
+            predicted_step_seconds: None,
         })
     }
 

@@ -1,0 +1,220 @@
+//! Mixed-training efficiency, the papers' headline figure, measured on the
+//! bundled plugins: the throughput of each chip type alone (HeteroAuto's
+//! best plan for it, on one core), and of the mixed cluster (one core per
+//! device) under HeteroAuto's pipeline-only plan (PP across two types),
+//! data-parallel-only plan (DP across two types) and best plan; efficiency
+//! = mixed tokens/s over the sum of the alone tokens/s. Also how far each
+//! measured step time is from the planner's prediction.
+//!
+//! Needs `cargo build --release --workspace` first (the plugins next to the
+//! binary). Settings: `ROUNDS` (default 3, configurations interleaved per
+//! round), `STEPS` (default 16 steps per run, the first excluded from the
+//! median), `MODEL` (default `deep`, 16 blocks), `GLOBAL_BATCH` (64).
+//! `cargo bench -p polychip --bench train_efficiency`.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+struct Config {
+    name: &'static str,
+    plan: &'static str,
+    devices: &'static str,
+    cores: &'static str,
+}
+
+const CONFIGS: [Config; 5] = [
+    Config {
+        name: "ferrite alone",
+        plan: "auto",
+        devices: "ferrite:0",
+        cores: "0",
+    },
+    Config {
+        name: "cobalt alone",
+        plan: "auto",
+        devices: "cobalt:0",
+        cores: "1",
+    },
+    Config {
+        name: "PP ferrite+cobalt",
+        plan: "auto-pp",
+        devices: "ferrite:0,cobalt:0",
+        cores: "0,1",
+    },
+    Config {
+        name: "DP ferrite+cobalt",
+        plan: "auto-dp",
+        devices: "ferrite:0,cobalt:0",
+        cores: "0,1",
+    },
+    Config {
+        name: "best ferrite+cobalt",
+        plan: "auto",
+        devices: "ferrite:0,cobalt:0",
+        cores: "0,1",
+    },
+];
+
+fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    if v.is_empty() {
+        f64::NAN
+    } else {
+        v[v.len() / 2]
+    }
+}
+
+/// Runs one configuration; returns (tokens/s, measured step s, predicted step s, plan).
+fn run(
+    exe: &Path,
+    c: &Config,
+    dir: &Path,
+    model: &str,
+    gb: usize,
+    steps: u64,
+) -> (f64, f64, f64, String) {
+    let json = dir.join(format!("{}.json", c.name.replace([' ', '+'], "-")));
+    let out = Command::new(exe)
+        .args([
+            "train",
+            "--model",
+            model,
+            "--log-every",
+            "0",
+            "--eval-every",
+            "0",
+        ])
+        .args([
+            "--global-batch",
+            &gb.to_string(),
+            "--steps",
+            &steps.to_string(),
+        ])
+        .args(["--plan", c.plan, "--devices", c.devices, "--cores", c.cores])
+        .arg("--log-json")
+        .arg(&json)
+        .env("POLYCHIP_TRANSPORT", "shm")
+        .output()
+        .expect("run polychip train");
+    assert!(
+        out.status.success(),
+        "{}: {}{}",
+        c.name,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let s = &v["summary"];
+    let describe = v["plan"]["group"]
+        .as_array()
+        .map(|gs| {
+            gs.iter()
+                .map(|g| {
+                    let stages: Vec<String> = g["stages"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .map(|st| {
+                            format!(
+                                "{} {}..{}",
+                                st["device"].as_str().unwrap(),
+                                st["layers"][0],
+                                st["layers"][1]
+                            )
+                        })
+                        .collect();
+                    format!(
+                        "{}x[{}] b={} m={}",
+                        g["copies"],
+                        stages.join("|"),
+                        g["micro_batch_size"],
+                        g["micro_batches"]
+                    )
+                })
+                .collect::<Vec<_>>()
+                .join(" + ")
+        })
+        .unwrap_or_default();
+    (
+        s["tokens_per_s"].as_f64().unwrap(),
+        s["median_step_seconds"].as_f64().unwrap(),
+        v["plan"]["predicted_step_seconds"]
+            .as_f64()
+            .unwrap_or(f64::NAN),
+        describe,
+    )
+}
+
+fn main() {
+    let exe = PathBuf::from(env!("CARGO_BIN_EXE_polychip"));
+    let rounds: usize = env_or("ROUNDS", 3);
+    let steps: u64 = env_or("STEPS", 16);
+    let gb: usize = env_or("GLOBAL_BATCH", 64);
+    let model = std::env::var("MODEL").unwrap_or_else(|_| "deep".into());
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if cores < 2 {
+        println!(
+            "train_efficiency: needs 2 cores (one per device), this process may use {cores}; skipped"
+        );
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("polychip-bench-train-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut results: Vec<Vec<(f64, f64, f64, String)>> = vec![Vec::new(); CONFIGS.len()];
+    for round in 0..rounds {
+        for (i, c) in CONFIGS.iter().enumerate() {
+            let r = run(&exe, c, &dir, &model, gb, steps);
+            eprintln!(
+                "round {}: {:<20} {:>9.0} tokens/s  {}",
+                round + 1,
+                c.name,
+                r.0,
+                r.3
+            );
+            results[i].push(r);
+        }
+    }
+    let tps: Vec<f64> = results
+        .iter()
+        .map(|r| median(r.iter().map(|x| x.0).collect()))
+        .collect();
+    let alone = tps[0] + tps[1];
+    println!(
+        "# polychip train efficiency: model {model}, global batch {gb}, {steps} steps, medians of {rounds} rounds"
+    );
+    println!(
+        "{:<21} {:>11} {:>10} {:>10} {:>9} {:>11}  plan",
+        "configuration", "tokens/s", "step ms", "pred. ms", "pred.err", "efficiency"
+    );
+    for (i, c) in CONFIGS.iter().enumerate() {
+        let step = median(results[i].iter().map(|x| x.1).collect());
+        let pred = median(results[i].iter().map(|x| x.2).collect());
+        let eff = if i >= 2 {
+            format!("{:.2}%", tps[i] / alone * 100.0)
+        } else {
+            "-".into()
+        };
+        println!(
+            "{:<21} {:>11.0} {:>10.1} {:>10.1} {:>8.1}% {:>11}  {}",
+            c.name,
+            tps[i],
+            step * 1e3,
+            pred * 1e3,
+            (step / pred - 1.0) * 100.0,
+            eff,
+            results[i].last().map_or("", |x| x.3.as_str())
+        );
+    }
+    println!("sum of the alone throughputs: {alone:.0} tokens/s");
+    println!(
+        "PP across three types: not measured here (two bundled chip types; three independent devices need three cores)"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
