@@ -8,7 +8,7 @@
 //!
 //! Needs `cargo build --release --workspace` first (the plugins next to the
 //! binary). Settings: `ROUNDS` (default 3, configurations interleaved per
-//! round), `STEPS` (default 16 steps per run, the first excluded from the
+//! round), `STEPS` (default 10 steps per run, the first excluded from the
 //! median), `MODEL` (default `deep`, 16 blocks), `GLOBAL_BATCH` (64).
 //! `cargo bench -p polychip --bench train_efficiency`.
 
@@ -155,7 +155,7 @@ fn run(
 fn main() {
     let exe = PathBuf::from(env!("CARGO_BIN_EXE_polychip"));
     let rounds: usize = env_or("ROUNDS", 3);
-    let steps: u64 = env_or("STEPS", 16);
+    let steps: u64 = env_or("STEPS", 10);
     let gb: usize = env_or("GLOBAL_BATCH", 64);
     let model = std::env::var("MODEL").unwrap_or_else(|_| "deep".into());
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());

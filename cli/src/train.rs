@@ -103,6 +103,10 @@ pub struct Args {
     /// Do not pin ranks to CPU cores.
     #[arg(long)]
     no_pin: bool,
+    /// Write the resolved plan (JSON) here and exit without training: plan
+    /// once, then start the ranks under any launcher with `--plan FILE`.
+    #[arg(long, value_name = "FILE")]
+    save_plan: Option<PathBuf>,
     /// Internal: the resolved plan (JSON) handed to the ranks.
     #[arg(long, hide = true, value_name = "FILE")]
     resolved_plan: Option<PathBuf>,
@@ -237,30 +241,32 @@ fn resolve_plan(
             if !args.no_pin {
                 pin_to(&pin::share(cores, 0, devices.len()))?;
             }
-            let planned = auto::auto_plan(model, t.precision, &devices, t.global_batch, mode);
+            let planned = auto::auto_plan(model, t, &devices, mode);
             if !args.no_pin {
                 pin_to(cores)?;
             }
-            let (plan, report, profiles) = planned?;
+            let (plan, found, profiles) = planned?;
             for p in &profiles {
+                let c = &p.costs;
                 eprintln!(
-                    "profiled {}: {:.2} ms per block and {:.2} ms for embedding + head per \
-                     micro-batch of {} (fwd+bwd), {:.2} GFLOP/s sustained",
+                    "profiled {} (micro-batch {}): block {:.2} ms, embedding {:.2} ms, head {:.2} \
+                     ms (forward + backward), optimizer {:.1} ns per parameter",
                     p.device,
-                    p.block_seconds * 1e3,
-                    p.ends_seconds * 1e3,
                     p.micro_batch,
-                    p.sustained_flops / 1e9
+                    p.block_seconds() * 1e3,
+                    (c.embed_forward + c.embed_backward) * 1e3,
+                    (c.head_forward + c.head_backward) * 1e3,
+                    c.optimizer_per_param * 1e9
                 );
             }
             eprintln!(
-                "plan (HeteroAuto): {}; predicted step {:.1} ms, {:.0} tokens/s, HeteroSpeedupRatio {}",
+                "plan (HeteroAuto, measured costs, {} layouts): {}; predicted step {:.1} ms, \
+                 {:.0} tokens/s, HeteroSpeedupRatio {:.1}%",
+                found.candidates,
                 plan.describe(),
-                report.plan.step_time_simulated * 1e3,
-                report.plan.tokens_per_s_simulated,
-                report
-                    .hetero_speedup_ratio
-                    .map_or("n/a".into(), |r| format!("{:.1}%", r * 100.0))
+                found.step_seconds * 1e3,
+                (t.global_batch * model.seq_len) as f64 / found.step_seconds,
+                found.speedup_ratio * 100.0
             );
             Ok(plan)
         }
@@ -288,11 +294,34 @@ fn train(args: &Args) -> Result<ExitCode, TrainError> {
     for f in rt.failures() {
         eprintln!("polychip train: a plugin failed to load: {}", f.error);
     }
+    let planned_here = args.resolved_plan.is_none()
+        && args.device.is_none()
+        && args.stages.is_none()
+        && args
+            .plan
+            .as_deref()
+            .is_none_or(|p| auto::AutoMode::parse(p).is_some());
+    if launched && planned_here && args.save_plan.is_none() {
+        return Err(TrainError::Plan(
+            "under a launcher every rank must run the same plan: write it once with \
+             `polychip train --plan auto --save-plan plan.json` (same model and batch), then \
+             give each rank --plan plan.json (or use --stages / --device)"
+                .into(),
+        ));
+    }
     let plan = resolve_plan(args, &rt, &model, &t, &cores)?;
     plan.validate(&model, t.global_batch)?;
+    if let Some(path) = &args.save_plan {
+        let text = serde_json::to_string_pretty(&plan).expect("a plan serializes");
+        std::fs::write(path, text).map_err(|e| TrainError::io(path, e))?;
+        println!("plan written to {}: {}", path.display(), plan.describe());
+        return Ok(ExitCode::SUCCESS);
+    }
     if !launched {
         // Check every stage's memory here, once, where all devices are known.
-        let roles = plan.roles(&model, &trainer::device_names(&rt))?;
+        let roles = plan.roles(&model);
+        let all: Vec<_> = roles.iter().collect();
+        polychip_train::plan::check_devices(&all, &trainer::device_names(&rt))?;
         for r in &roles {
             let d = rt
                 .devices()

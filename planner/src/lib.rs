@@ -14,6 +14,7 @@
 pub mod cluster;
 pub mod cost;
 pub mod error;
+pub mod measured;
 pub mod model;
 pub mod plan;
 pub mod schedule;

@@ -1,92 +1,149 @@
-//! `--plan auto`: HeteroAuto on the devices at hand. Each vendor's device
-//! is profiled on the real model (forward and backward of a micro-batch
-//! through one and two blocks, so the per-block time and the fixed cost of
-//! embedding and head separate), the planner gets a cluster whose chips
-//! sustain the measured FLOP/s, and its plan becomes the job's layout.
+//! `--plan auto`: HeteroAuto on the devices at hand. One device of each
+//! vendor is profiled on the real model (forward and backward of a
+//! micro-batch through the embedding and one or two blocks, through one
+//! block and the head, and the optimizer step, so that block, embedding,
+//! head and optimizer costs separate); the planner's measured-cost search
+//! (`polychip_planner::measured`) then evaluates every pipeline order and
+//! layer split and the data-parallel deal of the batch with its 1F1B
+//! simulator, and its answer becomes the job's layout. [`from_planner`]
+//! turns a plan of the FLOP-based search (`polychip plan --json`) into a
+//! layout too.
 
 use std::time::Instant;
 
 use polychip_host::Device;
-use polychip_planner::cluster::{ChipType, ClusterSpec, PeakFlops};
-use polychip_planner::search::{self, PlanOptions, PlanReport};
-use polychip_planner::settings::{Dtype, TrainingSettings};
+use polychip_planner::measured::{self, Layouts, MeasuredDevice, MeasuredModel, MeasuredPlan};
 
-use crate::config::{ModelConfig, Precision};
+use crate::config::{ModelConfig, TrainConfig};
 use crate::data::{Corpus, Split};
 use crate::error::{Result, TrainError};
+use crate::memory;
 use crate::model::{Stage, StageInput};
-use crate::params::StageRange;
+use crate::params::{StageRange, stage_params};
 use crate::plan::{GroupPlan, StagePlan, TrainPlan};
 use crate::trainer::device_name;
 
-/// A device kind's measured speed on this model.
+/// A device's measured costs on this model, per micro-batch, seconds.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Profile {
-    /// The vendor (the planner's chip type name).
-    pub vendor: String,
-    /// The device profiled.
+    /// The device profiled, `vendor:index`.
     pub device: String,
-    /// Forward plus backward of one block for one micro-batch, seconds.
-    pub block_seconds: f64,
-    /// Forward plus backward of the embedding, final norm, head and loss.
-    pub ends_seconds: f64,
-    /// The micro-batch size profiled.
+    /// Sequences per micro-batch.
     pub micro_batch: usize,
-    /// Model FLOP/s one block sustains (Megatron's count).
-    pub sustained_flops: f64,
+    /// Costs in the planner's terms.
+    pub costs: MeasuredDevice,
 }
 
-fn time_passes(stage: &Stage, cfg: &ModelConfig, b: usize, reps: usize) -> Result<f64> {
+impl Profile {
+    /// Forward plus backward of one block.
+    pub fn block_seconds(&self) -> f64 {
+        self.costs.block_forward + self.costs.block_backward
+    }
+}
+
+/// Median forward and backward seconds of a micro-batch through `stage`.
+fn time_passes(stage: &Stage, b: usize, reps: usize) -> Result<(f64, f64)> {
+    let cfg = stage.config().clone();
     let corpus = Corpus::bundled();
     let (tokens, targets) = corpus.batch(Split::Train, 0, 0, 0, b, cfg.seq_len);
     let dev = stage.device();
-    let mut times = Vec::new();
+    let shape = [b as i64, cfg.seq_len as i64, cfg.dim as i64];
+    let grad: Vec<f32> = (0..b * cfg.seq_len * cfg.dim)
+        .map(|i| ((i % 7) as f32 - 3.0) * 1e-3)
+        .collect();
+    let (mut fw, mut bw) = (Vec::new(), Vec::new());
     for _ in 0..reps + 1 {
-        let x = dev.from_slice(&tokens, &[b as i64, cfg.seq_len as i64])?;
-        let t = dev.from_slice(&targets, &[(b * cfg.seq_len) as i64])?;
+        let input = match stage.range().embed {
+            true => StageInput::Tokens(dev.from_slice(&tokens, &[b as i64, cfg.seq_len as i64])?),
+            false => {
+                let x = dev.empty(stage.dtype(), &shape)?;
+                dev.exec().fill(&x, 0.5)?;
+                StageInput::Hidden(x)
+            }
+        };
+        let t = match stage.range().head {
+            true => Some(dev.from_slice(&targets, &[(b * cfg.seq_len) as i64])?),
+            false => None,
+        };
+        let g = match stage.range().head {
+            true => None,
+            false => {
+                let g32 = dev.from_slice(&grad, &shape)?;
+                let g = dev.empty(stage.dtype(), &shape)?;
+                dev.exec().cast(&g32, &g)?;
+                Some(g)
+            }
+        };
         let start = Instant::now();
-        let (saved, _, _) = stage.forward(StageInput::Tokens(x), Some(t))?;
-        stage.backward(saved, None, 1.0)?;
+        let (saved, _, _) = stage.forward(input, t)?;
+        let mid = Instant::now();
+        stage.backward(saved, g, 1.0)?;
+        fw.push((mid - start).as_secs_f64());
+        bw.push(mid.elapsed().as_secs_f64());
+    }
+    let med = |mut v: Vec<f64>| {
+        v.remove(0);
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    Ok((med(fw), med(bw)))
+}
+
+/// Profiles `device` on `cfg` with micro-batches of `b` sequences: one and
+/// two blocks after the embedding, one block before the head, and the
+/// optimizer step, so that block, embedding, head and optimizer costs
+/// separate.
+pub fn profile(cfg: &ModelConfig, t: &TrainConfig, device: &Device, b: usize) -> Result<Profile> {
+    let range = |blocks, embed, head| StageRange {
+        first_layer: 0,
+        end_layer: blocks,
+        embed,
+        head,
+    };
+    let reps = 5;
+    let st = |r| Stage::new(cfg, r, t.precision, device, 0);
+    let e1 = time_passes(&st(range(1, true, false))?, b, reps)?;
+    let (block, embed) = if cfg.layers >= 2 {
+        let two = st(range(2, true, false))?;
+        let e2 = time_passes(&two, b, reps)?;
+        let block = ((e2.0 - e1.0).max(0.0), (e2.1 - e1.1).max(0.0));
+        (
+            block,
+            ((e1.0 - block.0).max(0.0), (e1.1 - block.1).max(0.0)),
+        )
+    } else {
+        (e1, (0.0, 0.0))
+    };
+    let h1 = time_passes(&st(range(1, false, true))?, b, reps)?;
+    let head = ((h1.0 - block.0).max(0.0), (h1.1 - block.1).max(0.0));
+    // The optimizer step of a two-block stage, per parameter.
+    let opt_stage = st(range(cfg.layers.min(2), true, true))?;
+    let params: usize = opt_stage.params().iter().map(|p| p.spec.numel()).sum();
+    let mut times = Vec::new();
+    for step in 1..=reps as u64 + 1 {
+        let start = Instant::now();
+        opt_stage.finish_grads()?;
+        opt_stage.grad_sum_squares()?;
+        opt_stage.scale_grads(1.0)?;
+        opt_stage.adamw(t, step, t.lr)?;
         times.push(start.elapsed().as_secs_f64());
     }
     times.remove(0);
     times.sort_by(f64::total_cmp);
-    Ok(times[times.len() / 2])
-}
-
-/// Profiles `device` on `cfg` with micro-batches of `b` sequences.
-pub fn profile(
-    cfg: &ModelConfig,
-    precision: Precision,
-    device: &Device,
-    b: usize,
-) -> Result<Profile> {
-    let range = |blocks| StageRange {
-        first_layer: 0,
-        end_layer: blocks,
-        embed: true,
-        head: true,
-    };
-    let blocks = cfg.layers.min(2);
-    let one = Stage::new(cfg, range(1), precision, device, 0)?;
-    let t1 = time_passes(&one, cfg, b, 5)?;
-    drop(one);
-    let (block, ends) = if blocks == 2 {
-        let two = Stage::new(cfg, range(2), precision, device, 0)?;
-        let t2 = time_passes(&two, cfg, b, 5)?;
-        let block = (t2 - t1).max(t1 * 0.05);
-        (block, (t1 - block).max(0.0))
-    } else {
-        (t1, 0.0)
-    };
-    let flops = 3.0 * cfg.planner_spec().layer_forward_flops(b as u64);
+    let name = device_name(device);
     Ok(Profile {
-        vendor: device.plugin().vendor().to_lowercase(),
-        device: device_name(device),
-        block_seconds: block,
-        ends_seconds: ends,
+        device: name.clone(),
         micro_batch: b,
-        sustained_flops: flops / block,
+        costs: MeasuredDevice {
+            name,
+            block_forward: block.0,
+            block_backward: block.1,
+            embed_forward: embed.0,
+            embed_backward: embed.1,
+            head_forward: head.0,
+            head_backward: head.1,
+            optimizer_per_param: times[times.len() / 2] / params as f64,
+        },
     })
 }
 
@@ -95,9 +152,9 @@ pub fn profile(
 pub enum AutoMode {
     /// The fastest of all (`auto`).
     Best,
-    /// One pipeline whose stages mix types (HeteroPP only, `auto-pp`).
+    /// One pipeline over all the devices (HeteroPP, `auto-pp`).
     Pipeline,
-    /// Data-parallel groups of one type each, the batch split by speed
+    /// Whole-model replicas on all the devices, the batch dealt by speed
     /// (`auto-dp`).
     Replicas,
 }
@@ -114,79 +171,108 @@ impl AutoMode {
     }
 }
 
-/// Plans `cfg` over `devices` (any mix of vendors) for `global_batch`
-/// sequences per step: profiles one device per vendor, then runs the
-/// HeteroAuto search. Returns the plan, the planner's report and the profiles.
+/// Plans `cfg` over `devices` (any mix of vendors): profiles one device of
+/// each vendor on the model, then searches the layouts `mode` allows with
+/// the measured costs ([`polychip_planner::measured`]). Returns the plan
+/// (with the predicted step time), the search's answer and the profiles.
 pub fn auto_plan(
     cfg: &ModelConfig,
-    precision: Precision,
+    t: &TrainConfig,
     devices: &[Device],
-    global_batch: usize,
     mode: AutoMode,
-) -> Result<(TrainPlan, PlanReport, Vec<Profile>)> {
+) -> Result<(TrainPlan, MeasuredPlan, Vec<Profile>)> {
     if devices.is_empty() {
         return Err(TrainError::Plan(
             "--plan auto: no devices to plan over".into(),
         ));
     }
-    let b = [4, 2, 1]
-        .into_iter()
-        .find(|b| global_batch % b == 0)
-        .unwrap_or(1);
+    let gb = t.global_batch;
+    let b = [4, 2, 1].into_iter().find(|b| gb % b == 0).unwrap_or(1);
     let mut profiles: Vec<Profile> = Vec::new();
-    let mut chips: Vec<ChipType> = Vec::new();
+    let mut costs = Vec::new();
     for d in devices {
-        let vendor = d.plugin().vendor().to_lowercase();
-        if let Some(c) = chips.iter_mut().find(|c| c.name == vendor) {
-            c.count += 1;
-            c.memory_bytes = c.memory_bytes.min(d.props().memory_bytes);
-            continue;
-        }
-        let p = profile(cfg, precision, d, b)?;
-        let link = d.props().link_bandwidth;
-        chips.push(ChipType {
-            name: vendor,
-            count: 1,
-            chips_per_node: 1,
-            memory_bytes: d.props().memory_bytes,
-            peak_flops: PeakFlops {
-                f32: p.sustained_flops,
-                bf16: p.sustained_flops,
-                f16: p.sustained_flops,
-            },
-            efficiency: 1.0,
-            intra_node_bandwidth: if link > 0.0 { link } else { 2e9 },
-            nic_bandwidth: 2e9,
-            memory_bandwidth: None,
+        let vendor = d.plugin().vendor().to_string();
+        let known = profiles
+            .iter()
+            .zip(devices)
+            .find(|(_, other)| other.plugin().vendor() == vendor)
+            .map(|(p, _)| p.costs.clone());
+        let c = match known {
+            Some(c) => c,
+            None => {
+                let p = profile(cfg, t, d, b)?;
+                let c = p.costs.clone();
+                profiles.push(p);
+                c
+            }
+        };
+        costs.push(MeasuredDevice {
+            name: device_name(d),
+            ..c
         });
-        profiles.push(p);
     }
-    let cluster = ClusterSpec {
-        chip_types: chips,
-        inter_node_bandwidth: 2e9,
+    let per_block = stage_params(cfg, &StageRange::new(1, 2, cfg.layers.max(2)));
+    let block_params: usize = per_block.iter().map(|p| p.numel()).sum();
+    let model = MeasuredModel {
+        layers: cfg.layers,
+        block_params: block_params as u64,
+        embed_params: (cfg.vocab * cfg.dim) as u64,
+        head_params: (cfg.vocab * cfg.dim + cfg.dim) as u64,
+        activation_bytes: (b * cfg.seq_len * cfg.dim * t.precision.dtype().size()) as u64,
+        micro_batch: b,
+        micro_batches: gb / b,
+        grad_bytes: 4,
+        link_bandwidth: 2e9,
     };
-    let mut settings = TrainingSettings::new(global_batch as u64);
-    settings.dtype = match precision {
-        Precision::F32 => Dtype::F32,
-        Precision::Bf16 => Dtype::Bf16,
+    let fits = |d: usize, first: usize, end: usize, in_flight: usize| {
+        let range = StageRange::new(first, end, cfg.layers);
+        let need = memory::stage_memory(cfg, t.precision, &range, b, in_flight);
+        need.total() <= devices[d].props().memory_bytes
     };
-    // The profiled micro-batch size only: a chip's speed depends on it (a
-    // slow chip's fixed per-op costs weigh more on small micro-batches), and
-    // the planner's cost model assumes one sustained rate per chip.
-    settings.micro_batch_sizes = vec![b as u64];
-    let report = search::plan(
-        &cfg.planner_spec(),
-        &cluster,
-        &settings,
-        &PlanOptions {
-            mixed_replicas: mode != AutoMode::Pipeline,
-            heteropp: mode != AutoMode::Replicas,
-            ..PlanOptions::default()
-        },
-    )
-    .map_err(|e| TrainError::Plan(format!("--plan auto: {e}")))?;
-    let plan = from_planner(&report.plan)?;
-    Ok((plan, report, profiles))
+    let which = match mode {
+        AutoMode::Best => Layouts::All,
+        AutoMode::Pipeline => Layouts::Pipelines,
+        AutoMode::Replicas => Layouts::Replicas,
+    };
+    let found = measured::search(&costs, &model, which, &fits).ok_or_else(|| {
+        TrainError::Plan(format!(
+            "--plan {}: no layout of the {} model over {} fits the devices' memory with \
+             micro-batches of {b}",
+            match mode {
+                AutoMode::Best => "auto",
+                AutoMode::Pipeline => "auto-pp",
+                AutoMode::Replicas => "auto-dp",
+            },
+            cfg.name,
+            costs
+                .iter()
+                .map(|c| c.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ))
+    })?;
+    let groups = found
+        .pipelines
+        .iter()
+        .map(|p| GroupPlan {
+            copies: 1,
+            micro_batch_size: b,
+            micro_batches: p.micro_batches,
+            stages: p
+                .stages
+                .iter()
+                .map(|s| StagePlan {
+                    device: costs[s.device].name.clone(),
+                    layers: [s.first, s.end],
+                })
+                .collect(),
+        })
+        .collect();
+    let plan = TrainPlan {
+        groups,
+        predicted_step_seconds: Some(found.step_seconds),
+    };
+    Ok((plan, found, profiles))
 }
 
 /// The planner's plan as a training layout (chip types are vendor names).

@@ -251,7 +251,7 @@ pub struct TrainConfig {
 impl Default for TrainConfig {
     fn default() -> Self {
         TrainConfig {
-            steps: 200,
+            steps: 500,
             global_batch: 16,
             lr: 3e-3,
             min_lr: 3e-4,
@@ -263,7 +263,7 @@ impl Default for TrainConfig {
             clip: 1.0,
             seed: 1234,
             precision: Precision::F32,
-            eval_every: 50,
+            eval_every: 100,
             eval_sequences: 16,
         }
     }

@@ -221,19 +221,21 @@ impl TrainPlan {
         Ok(())
     }
 
-    /// Every rank's role. `devices` lists the devices present as
-    /// `vendor:index` (lower case vendor); a stage naming only a vendor gets
-    /// the next one not named elsewhere.
-    pub fn roles(&self, cfg: &ModelConfig, devices: &[String]) -> Result<Vec<Role>> {
-        let mut explicit: Vec<String> = Vec::new();
+    /// Every rank's role. A stage naming only a vendor gets that vendor's
+    /// lowest device index that no stage names explicitly and no earlier
+    /// stage took; the answer depends on the plan alone, so every rank of
+    /// a job (on any machine) computes the same. Indices are those of the
+    /// machine the rank runs on: on several machines, name devices
+    /// explicitly. [`check_devices`] checks that they are present.
+    pub fn roles(&self, cfg: &ModelConfig) -> Vec<Role> {
+        let mut taken: Vec<String> = Vec::new();
         for g in &self.groups {
             for s in &g.stages {
                 if s.device.contains(':') {
-                    explicit.push(s.device.to_lowercase());
+                    taken.push(s.device.to_lowercase());
                 }
             }
         }
-        let mut used: Vec<String> = Vec::new();
         let mut roles = Vec::new();
         let (mut rank, mut replica, mut first_seq) = (0, 0, 0);
         for (gi, g) in self.groups.iter().enumerate() {
@@ -241,35 +243,16 @@ impl TrainPlan {
                 let base = rank;
                 for (si, s) in g.stages.iter().enumerate() {
                     let want = s.device.to_lowercase();
-                    let named = want.contains(':');
-                    let device = if named {
-                        if !devices.contains(&want) {
-                            return Err(TrainError::Plan(format!(
-                                "group {gi} stage {si} asks for device {want}, which is not \
-                                 present; the devices are {}",
-                                devices.join(", ")
-                            )));
-                        }
+                    let device = if want.contains(':') {
                         want
                     } else {
-                        let prefix = format!("{want}:");
-                        devices
-                            .iter()
-                            .find(|d| {
-                                d.starts_with(&prefix) && !explicit.contains(d) && !used.contains(d)
-                            })
-                            .cloned()
-                            .ok_or_else(|| {
-                                TrainError::Plan(format!(
-                                    "group {gi} stage {si} asks for a {want} device, but every \
-                                     {want} device is taken; the devices are {}",
-                                    devices.join(", ")
-                                ))
-                            })?
+                        let name = (0..)
+                            .map(|i| format!("{want}:{i}"))
+                            .find(|d| !taken.contains(d))
+                            .expect("an unused index exists");
+                        taken.push(name.clone());
+                        name
                     };
-                    if !named {
-                        used.push(device.clone());
-                    }
                     let p = g.stages.len();
                     roles.push(Role {
                         rank,
@@ -291,7 +274,7 @@ impl TrainPlan {
                 first_seq += g.micro_batch_size * g.micro_batches;
             }
         }
-        Ok(roles)
+        roles
     }
 
     /// A one-line description, e.g. `1 x [ferrite:0 0..3 | cobalt:0 3..4] b=2 m=4`.
@@ -318,6 +301,31 @@ impl TrainPlan {
     }
 }
 
+/// Checks that each role's device is among `devices` (`vendor:index`, lower
+/// case) and that no two roles share one.
+pub fn check_devices(roles: &[&Role], devices: &[String]) -> Result<()> {
+    for (i, r) in roles.iter().enumerate() {
+        if !devices.contains(&r.device) {
+            return Err(TrainError::Plan(format!(
+                "rank {} (group {} stage {}) needs device {}, which is not present here; the \
+                 devices are {}",
+                r.rank,
+                r.group,
+                r.stage,
+                r.device,
+                devices.join(", ")
+            )));
+        }
+        if let Some(o) = roles[..i].iter().find(|o| o.device == r.device) {
+            return Err(TrainError::Plan(format!(
+                "ranks {} and {} both need device {}; give each stage its own device",
+                o.rank, r.rank, r.device
+            )));
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -333,7 +341,8 @@ mod tests {
         let cfg = ModelConfig::preset("tiny").unwrap();
         let plan = TrainPlan::parse_stages("ferrite=0..3,cobalt:0=3..4", 1, 2, 4).unwrap();
         plan.validate(&cfg, 8).unwrap();
-        let roles = plan.roles(&cfg, &devices()).unwrap();
+        let roles = plan.roles(&cfg);
+        check_devices(&roles.iter().collect::<Vec<_>>(), &devices()).unwrap();
         assert_eq!(roles.len(), 2);
         assert_eq!(roles[0].device, "ferrite:0");
         assert_eq!((roles[0].prev, roles[0].next), (None, Some(1)));
@@ -359,8 +368,21 @@ mod tests {
         let e = batch.validate(&cfg, 16).unwrap_err().to_string();
         assert!(e.contains("8 sequences") && e.contains("16"), "{e}");
         let many = TrainPlan::parse_stages("cobalt=0..2,cobalt=2..4", 1, 2, 4).unwrap();
-        let e = many.roles(&cfg, &devices()).unwrap_err().to_string();
-        assert!(e.contains("every cobalt device is taken"), "{e}");
+        let roles = many.roles(&cfg);
+        assert_eq!(roles[1].device, "cobalt:1");
+        let e = check_devices(&roles.iter().collect::<Vec<_>>(), &devices())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("cobalt:1, which is not present"), "{e}");
+        let twice = TrainPlan::parse_stages("ferrite:1=0..2,ferrite:1=2..4", 1, 2, 4).unwrap();
+        let roles = twice.roles(&cfg);
+        let e = check_devices(&roles.iter().collect::<Vec<_>>(), &devices())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("ranks 0 and 1 both need device ferrite:1"),
+            "{e}"
+        );
         assert!(TrainPlan::parse_stages("ferrite:0", 1, 1, 1).is_err());
     }
 }

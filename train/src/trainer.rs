@@ -209,8 +209,9 @@ pub fn run(opts: &Options, runtime: &Runtime, mut job: Option<&mut Job>) -> Resu
             opts.plan.describe()
         )));
     }
-    let roles = opts.plan.roles(cfg, &device_names(runtime))?;
+    let roles = opts.plan.roles(cfg);
     let role = roles[rank].clone();
+    crate::plan::check_devices(&[&role], &device_names(runtime))?;
     let device = runtime
         .devices()
         .iter()
@@ -235,7 +236,10 @@ pub fn run(opts: &Options, runtime: &Runtime, mut job: Option<&mut Job>) -> Resu
             if member {
                 sub.set_deterministic(true);
                 let idx = params_of_set(&stage, &roles, &set, cfg.layers);
-                dp.push((sub, idx));
+                debug_assert!(idx.windows(2).all(|w| w[1] == w[0] + 1));
+                if !idx.is_empty() {
+                    dp.push((sub, idx));
+                }
             }
         }
     }

@@ -107,9 +107,24 @@ pub struct Stage {
     precision: Precision,
     device: Device,
     params: Vec<Param>,
+    /// Every gradient, packed in parameter order (each `Param::grad` is a view).
+    grads: Tensor,
+    /// The f32 gradients packed likewise (bf16 mode).
+    grads32: Option<Tensor>,
+    /// Each parameter's first element in the packed gradients.
+    offsets: Vec<usize>,
     cos: Tensor,
     sin: Tensor,
     tape: Option<RefCell<Vec<OpRecord>>>,
+}
+
+/// Row-major strides of `shape`.
+fn compact_strides(shape: &[i64]) -> Vec<i64> {
+    let mut strides = vec![1; shape.len()];
+    for i in (0..shape.len().saturating_sub(1)).rev() {
+        strides[i] = strides[i + 1] * shape[i + 1];
+    }
+    strides
 }
 
 impl Stage {
@@ -123,20 +138,31 @@ impl Stage {
         seed: u64,
     ) -> Result<Stage> {
         let dt = precision.dtype();
+        let bf16 = precision == Precision::Bf16;
+        let specs = stage_params(cfg, &range);
+        let total: usize = specs.iter().map(ParamSpec::numel).sum();
+        let grads = device.zeros(dt, &[total as i64])?;
+        let grads32 = match bf16 {
+            true => Some(device.zeros(DType::F32, &[total as i64])?),
+            false => None,
+        };
         let mut params = Vec::new();
-        for spec in stage_params(cfg, &range) {
+        let mut offsets = Vec::new();
+        let mut at = 0;
+        for spec in specs {
             let value = device.from_slice(&spec.initial_values(seed), &spec.shape)?;
-            let bf16 = precision == Precision::Bf16;
             let compute = match bf16 {
                 true => Some(device.empty(dt, &spec.shape)?),
                 false => None,
             };
-            let grad32 = match bf16 {
-                true => Some(device.zeros(DType::F32, &spec.shape)?),
-                false => None,
-            };
+            let strides = compact_strides(&spec.shape);
+            let off = at as i64;
+            let view = |flat: &Tensor| flat.as_strided(&spec.shape, &strides, off);
+            let grad32 = grads32.as_ref().map(view).transpose()?;
+            offsets.push(at);
+            at += spec.numel();
             params.push(Param {
-                grad: device.zeros(dt, &spec.shape)?,
+                grad: view(&grads)?,
                 exp_avg: device.zeros(DType::F32, &spec.shape)?,
                 exp_avg_sq: device.zeros(DType::F32, &spec.shape)?,
                 spec,
@@ -156,6 +182,9 @@ impl Stage {
             sin: device.from_slice(&sin, &shape)?,
             device: device.clone(),
             params,
+            grads,
+            grads32,
+            offsets,
             tape: None,
         };
         stage.refresh_compute_weights()?;
@@ -223,23 +252,28 @@ impl Stage {
 
     /// Zeroes the gradients (start of a step).
     pub fn zero_grads(&self) -> Result<()> {
-        let ops = self.ops();
-        for p in &self.params {
-            ops.fill(&p.grad, 0.0)?;
-        }
-        Ok(())
+        self.ops().fill(&self.grads, 0.0)
     }
 
     /// After the last micro-batch: the f32 gradients the reduction and the
     /// optimizer read (a cast in bf16 mode, nothing in f32).
     pub fn finish_grads(&self) -> Result<()> {
-        let ops = self.ops();
-        for p in &self.params {
-            if let Some(g32) = &p.grad32 {
-                ops.cast(&p.spec.name, &p.grad, g32)?;
-            }
+        match &self.grads32 {
+            Some(g32) => self.ops().cast("gradients", &self.grads, g32),
+            None => Ok(()),
         }
-        Ok(())
+    }
+
+    /// The packed f32 gradients of parameters `range` (indices into
+    /// [`Stage::params`]), one 1-dimensional view.
+    pub fn grad_span(&self, range: std::ops::Range<usize>) -> Result<Tensor> {
+        let flat = self.grads32.as_ref().unwrap_or(&self.grads);
+        let start = self.offsets[range.start];
+        let end = match self.offsets.get(range.end) {
+            Some(&e) => e,
+            None => flat.numel(),
+        };
+        Ok(flat.as_strided(&[(end - start) as i64], &[1], start as i64)?)
     }
 
     /// Copies the master weights into the compute copies (bf16 mode).
@@ -707,23 +741,16 @@ impl Stage {
 
     /// This stage's sum of squared f32 gradients (for clipping).
     pub fn grad_sum_squares(&self) -> Result<f64> {
-        let ops = self.ops();
         let out = self.empty_f32(&[])?;
-        let mut total = 0.0;
-        for p in &self.params {
-            ops.sum_squares(&p.spec.name, p.grad_f32(), &out)?;
-            total += f64::from(out.to_vec::<f32>()?[0]);
-        }
-        Ok(total)
+        let all = self.grad_span(0..self.params.len())?;
+        self.ops().sum_squares("gradients", &all, &out)?;
+        Ok(f64::from(out.to_vec::<f32>()?[0]))
     }
 
     /// Scales the f32 gradients by `alpha` (clipping).
     pub fn scale_grads(&self, alpha: f64) -> Result<()> {
-        let ops = self.ops();
-        for p in &self.params {
-            ops.scale(&p.spec.name, p.grad_f32(), alpha)?;
-        }
-        Ok(())
+        let all = self.grad_span(0..self.params.len())?;
+        self.ops().scale("gradients", &all, alpha)
     }
 
     /// One AdamW step of every parameter (1-based `step`, learning rate

@@ -1,0 +1,368 @@
+//! Planning from measured costs: the search `polychip train --plan auto`
+//! runs over the devices at hand, after profiling each kind on the model.
+//!
+//! The FLOP-based search ([`crate::search`]) plans clusters of thousands of
+//! chips from peak rates and efficiencies. On a few real devices the
+//! measured times are better inputs: a slow chip's fixed per-operator
+//! costs, its output head, its optimizer step do not scale with FLOPs. This
+//! search takes per-device forward and backward times of a block, of the
+//! embedding and of the head, and the optimizer's time per parameter, and
+//! evaluates every candidate layout with the discrete-event 1F1B
+//! simulator ([`crate::sim`]):
+//! - pipelines over any ordered subset of the devices, with every split of
+//!   the blocks into contiguous stages (HeteroPP with layer counts fitted
+//!   to speed, and the order free, so a slow chip can take the cheap first
+//!   stage instead of the head);
+//! - data-parallel replicas, each device the whole model, the micro-batches
+//!   of the step dealt out so that the slowest replica finishes first
+//!   (China Mobile's DP across types);
+//! - each device alone (for the speedup ratio).
+
+use crate::schedule::{Schedule, StageTiming};
+use crate::sim;
+
+/// One device and its measured costs per micro-batch, seconds.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MeasuredDevice {
+    /// Its name, e.g. `cobalt:0`.
+    pub name: String,
+    /// Forward of one block.
+    pub block_forward: f64,
+    /// Backward of one block.
+    pub block_backward: f64,
+    /// Forward of the embedding.
+    pub embed_forward: f64,
+    /// Backward of the embedding.
+    pub embed_backward: f64,
+    /// Forward of the final norm, head and loss.
+    pub head_forward: f64,
+    /// Backward of the same.
+    pub head_backward: f64,
+    /// Optimizer step (with clipping) per parameter.
+    pub optimizer_per_param: f64,
+}
+
+/// The model as the search needs it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct MeasuredModel {
+    /// Blocks.
+    pub layers: usize,
+    /// Parameters of one block.
+    pub block_params: u64,
+    /// Parameters of the embedding.
+    pub embed_params: u64,
+    /// Parameters of the final norm and head.
+    pub head_params: u64,
+    /// Bytes of one micro-batch's activation between stages.
+    pub activation_bytes: u64,
+    /// Sequences per micro-batch.
+    pub micro_batch: usize,
+    /// Micro-batches per step (global batch / micro-batch).
+    pub micro_batches: usize,
+    /// Bytes per gradient element in the reduction.
+    pub grad_bytes: u64,
+    /// Bandwidth between devices, bytes/s (transfers and reductions).
+    pub link_bandwidth: f64,
+}
+
+/// Which layouts to consider.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Layouts {
+    /// Every layout below.
+    All,
+    /// Pipelines over all the devices.
+    Pipelines,
+    /// Whole-model replicas on all the devices.
+    Replicas,
+}
+
+/// One stage of a measured plan: a device index and blocks `[first, end)`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MeasuredStage {
+    /// Index into the devices.
+    pub device: usize,
+    /// First block.
+    pub first: usize,
+    /// One past the last block.
+    pub end: usize,
+}
+
+/// A pipeline with its micro-batch count.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MeasuredPipeline {
+    /// Stages in order.
+    pub stages: Vec<MeasuredStage>,
+    /// Micro-batches per step.
+    pub micro_batches: usize,
+}
+
+/// The search's answer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MeasuredPlan {
+    /// Replicas (one for a pipeline plan).
+    pub pipelines: Vec<MeasuredPipeline>,
+    /// Predicted step time, seconds.
+    pub step_seconds: f64,
+    /// Each device's best step time alone (the whole model), seconds.
+    pub alone_step_seconds: Vec<f64>,
+    /// Step throughput over the sum of the alone throughputs.
+    pub speedup_ratio: f64,
+    /// Layouts evaluated.
+    pub candidates: u64,
+}
+
+/// The simulated step of one pipeline; `fits` says whether a stage fits its
+/// device (device index, first block, end block, micro-batches in flight).
+fn pipeline_time(
+    devs: &[MeasuredDevice],
+    model: &MeasuredModel,
+    stages: &[MeasuredStage],
+    m: usize,
+    dp_grad_params: impl Fn(&MeasuredStage) -> u64,
+) -> f64 {
+    let p = stages.len();
+    let send = model.activation_bytes as f64 / model.link_bandwidth;
+    let timings: Vec<StageTiming> = stages
+        .iter()
+        .enumerate()
+        .map(|(i, s)| {
+            let d = &devs[s.device];
+            let blocks = (s.end - s.first) as f64;
+            let mut f = blocks * d.block_forward;
+            let mut b = blocks * d.block_backward;
+            let mut params = blocks as u64 * model.block_params;
+            if s.first == 0 {
+                f += d.embed_forward;
+                b += d.embed_backward;
+                params += model.embed_params;
+            }
+            if s.end == model.layers {
+                f += d.head_forward;
+                b += d.head_backward;
+                params += model.head_params;
+            }
+            let reduced = dp_grad_params(s) as f64 * model.grad_bytes as f64;
+            StageTiming {
+                name: d.name.clone(),
+                forward: f,
+                backward: b,
+                send_next: if i + 1 < p { send } else { 0.0 },
+                dp_allreduce: 2.0 * reduced / model.link_bandwidth,
+                optimizer: params as f64 * d.optimizer_per_param,
+            }
+        })
+        .collect();
+    sim::simulate(&Schedule {
+        stages: timings,
+        microbatches: m,
+    })
+    .step_time
+}
+
+/// Every split of `layers` blocks into `k` non-empty contiguous ranges.
+fn splits(layers: usize, k: usize, out: &mut Vec<Vec<usize>>, cur: &mut Vec<usize>) {
+    let start = cur.last().copied().unwrap_or(0);
+    if cur.len() == k - 1 {
+        if start < layers {
+            let mut full = cur.clone();
+            full.push(layers);
+            out.push(full);
+        }
+        return;
+    }
+    for end in start + 1..layers {
+        cur.push(end);
+        splits(layers, k, out, cur);
+        cur.pop();
+    }
+}
+
+/// Ordered selections of `k` of `n` devices.
+fn orders(n: usize, k: usize, cur: &mut Vec<usize>, out: &mut Vec<Vec<usize>>) {
+    if cur.len() == k {
+        out.push(cur.clone());
+        return;
+    }
+    for d in 0..n {
+        if !cur.contains(&d) {
+            cur.push(d);
+            orders(n, k, cur, out);
+            cur.pop();
+        }
+    }
+}
+
+/// Searches the layouts of `which` over `devs`; `fits(device, first, end,
+/// in_flight)` says whether a stage fits its device's memory. `None` when
+/// nothing fits.
+pub fn search(
+    devs: &[MeasuredDevice],
+    model: &MeasuredModel,
+    which: Layouts,
+    fits: &dyn Fn(usize, usize, usize, usize) -> bool,
+) -> Option<MeasuredPlan> {
+    let (n, m, layers) = (devs.len(), model.micro_batches, model.layers);
+    let whole = |d: usize| MeasuredStage {
+        device: d,
+        first: 0,
+        end: layers,
+    };
+    let mut candidates = 0u64;
+    let alone: Vec<f64> = (0..n)
+        .map(|d| match fits(d, 0, layers, 1) {
+            true => pipeline_time(devs, model, &[whole(d)], m, |_| 0),
+            false => f64::INFINITY,
+        })
+        .collect();
+    let mut best: Option<(f64, Vec<MeasuredPipeline>)> = None;
+    let mut consider = |t: f64, p: Vec<MeasuredPipeline>| {
+        if best.as_ref().is_none_or(|(bt, _)| t < *bt) {
+            best = Some((t, p));
+        }
+    };
+    if which != Layouts::Replicas {
+        let ks: Vec<usize> = match which {
+            Layouts::Pipelines => vec![n],
+            _ => (1..=n).collect(),
+        };
+        for k in ks.into_iter().filter(|&k| k <= layers) {
+            let mut os = Vec::new();
+            orders(n, k, &mut Vec::new(), &mut os);
+            let mut ss = Vec::new();
+            splits(layers, k, &mut ss, &mut Vec::new());
+            for order in &os {
+                for split in &ss {
+                    candidates += 1;
+                    let stages: Vec<MeasuredStage> = order
+                        .iter()
+                        .enumerate()
+                        .map(|(i, &d)| MeasuredStage {
+                            device: d,
+                            first: if i == 0 { 0 } else { split[i - 1] },
+                            end: split[i],
+                        })
+                        .collect();
+                    let ok = stages
+                        .iter()
+                        .enumerate()
+                        .all(|(i, s)| fits(s.device, s.first, s.end, (k - i).min(m)));
+                    if !ok {
+                        continue;
+                    }
+                    let t = pipeline_time(devs, model, &stages, m, |_| 0);
+                    consider(
+                        t,
+                        vec![MeasuredPipeline {
+                            stages,
+                            micro_batches: m,
+                        }],
+                    );
+                }
+            }
+        }
+    }
+    if which != Layouts::Pipelines && n >= 2 && m >= n && (0..n).all(|d| fits(d, 0, layers, 1)) {
+        // Deal the micro-batches: each to the replica that would finish it
+        // soonest; every replica gets at least one.
+        candidates += 1;
+        let all_params =
+            model.embed_params + layers as u64 * model.block_params + model.head_params;
+        let time = |d: usize, k: usize| pipeline_time(devs, model, &[whole(d)], k, |_| all_params);
+        let mut counts = vec![1usize; n];
+        for _ in n..m {
+            let d = (0..n)
+                .min_by(|&a, &b| time(a, counts[a] + 1).total_cmp(&time(b, counts[b] + 1)))
+                .expect("n >= 2");
+            counts[d] += 1;
+        }
+        let t = (0..n).map(|d| time(d, counts[d])).fold(0.0, f64::max);
+        let pipes = (0..n)
+            .map(|d| MeasuredPipeline {
+                stages: vec![whole(d)],
+                micro_batches: counts[d],
+            })
+            .collect();
+        consider(t, pipes);
+    }
+    let (step, pipelines) = best?;
+    let sum: f64 = alone
+        .iter()
+        .filter(|t| t.is_finite())
+        .map(|t| 1.0 / t)
+        .sum();
+    Some(MeasuredPlan {
+        pipelines,
+        step_seconds: step,
+        alone_step_seconds: alone,
+        speedup_ratio: if sum > 0.0 { (1.0 / step) / sum } else { 0.0 },
+        candidates,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dev(name: &str, block: f64, head: f64) -> MeasuredDevice {
+        MeasuredDevice {
+            name: name.into(),
+            block_forward: block / 3.0,
+            block_backward: 2.0 * block / 3.0,
+            embed_forward: 0.0,
+            embed_backward: 0.0,
+            head_forward: head / 3.0,
+            head_backward: 2.0 * head / 3.0,
+            optimizer_per_param: 0.0,
+        }
+    }
+
+    fn model(layers: usize, m: usize) -> MeasuredModel {
+        MeasuredModel {
+            layers,
+            block_params: 1000,
+            embed_params: 100,
+            head_params: 100,
+            activation_bytes: 0,
+            micro_batch: 1,
+            micro_batches: m,
+            grad_bytes: 4,
+            link_bandwidth: 1e12,
+        }
+    }
+
+    #[test]
+    fn a_slow_chip_with_a_costly_head_takes_the_first_stage() {
+        // Fast: 1 per block, 1 for the head; slow: 10 per block, 10 for the head.
+        let devs = [dev("fast", 1.0, 1.0), dev("slow", 10.0, 10.0)];
+        let plan = search(&devs, &model(16, 32), Layouts::Pipelines, &|_, _, _, _| {
+            true
+        })
+        .unwrap();
+        let p = &plan.pipelines[0];
+        assert_eq!(p.stages[0].device, 1, "{plan:?}");
+        assert_eq!((p.stages[0].first, p.stages[0].end), (0, 1));
+        // Slow takes 10 per micro-batch, fast 15 + 1: the fast stage bounds
+        // it, and the pipeline beats the fast chip alone (17 per micro-batch).
+        assert!(plan.step_seconds < plan.alone_step_seconds[0], "{plan:?}");
+        assert!(plan.speedup_ratio > 0.94, "{plan:?}");
+    }
+
+    #[test]
+    fn replicas_share_the_batch_by_speed_and_memory_limits_hold() {
+        let devs = [dev("fast", 1.0, 0.0), dev("slow", 3.0, 0.0)];
+        let plan = search(&devs, &model(4, 16), Layouts::Replicas, &|_, _, _, _| true).unwrap();
+        let counts: Vec<usize> = plan.pipelines.iter().map(|p| p.micro_batches).collect();
+        assert_eq!(counts, vec![12, 4]);
+        assert!((plan.speedup_ratio - 1.0).abs() < 1e-9, "{plan:?}");
+        // Nothing fits device 1 but one block: it must get exactly one.
+        let fits = |d: usize, a: usize, b: usize, _| d == 0 || b - a == 1;
+        let plan = search(&devs, &model(4, 16), Layouts::Pipelines, &fits).unwrap();
+        let slow = plan.pipelines[0]
+            .stages
+            .iter()
+            .find(|s| s.device == 1)
+            .unwrap();
+        assert_eq!(slow.end - slow.first, 1);
+        assert!(search(&devs, &model(4, 16), Layouts::Replicas, &fits).is_none());
+    }
+}
