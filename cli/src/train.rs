@@ -372,7 +372,8 @@ fn train(args: &Args) -> Result<ExitCode, TrainError> {
     let summary = trainer::run(&opts, &rt, job.as_mut())?;
     if args.autocompare {
         let report = autocompare::compare(&summary.records);
-        println!("rank {rank}: {}", report.summary());
+        let device = &plan.roles(&model)[rank].device;
+        println!("{device}: {}", report.summary());
     }
     if rank == 0 {
         report(args, &plan, &summary)?;

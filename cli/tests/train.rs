@@ -271,3 +271,49 @@ fn a_rank_that_dies_stops_the_job_and_keeps_the_last_checkpoint() {
     assert_eq!(resumed.len(), 6);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn trace_and_autocompare_cover_every_rank() {
+    let dir = scratch("trace");
+    let trace = dir.join("run.json");
+    let t = trace.display().to_string();
+    let mut args = COMMON.to_vec();
+    args.extend_from_slice(&[
+        "--steps",
+        "2",
+        "--stages",
+        "ferrite:0=0..1,cobalt:0=1..2",
+        "--trace",
+        &t,
+        "--autocompare",
+    ]);
+    let (code, out, err) = polychip(&args, &[]);
+    assert_eq!(code, Some(0), "{out}{err}");
+    for device in ["ferrite:0", "cobalt:0"] {
+        assert!(
+            out.contains(&format!("{device}: autocompare: "))
+                && out.contains("all within tolerance"),
+            "{out}"
+        );
+    }
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&trace).unwrap()).unwrap();
+    let events = v["traceEvents"].as_array().unwrap();
+    for (pid, cat) in [
+        (0, "forward"),
+        (0, "backward"),
+        (1, "forward"),
+        (1, "p2p"),
+        (0, "optimizer"),
+    ] {
+        assert!(
+            events
+                .iter()
+                .any(|e| e["pid"] == pid && e["cat"] == cat && e["dur"].as_f64().is_some()),
+            "no {cat} span for rank {pid}"
+        );
+    }
+    let sim: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("run.sim.json")).unwrap()).unwrap();
+    assert!(!sim["traceEvents"].as_array().unwrap().is_empty());
+    let _ = std::fs::remove_dir_all(&dir);
+}

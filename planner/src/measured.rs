@@ -9,14 +9,15 @@
 //! embedding and of the head, and the optimizer's time per parameter, and
 //! evaluates every candidate layout with the discrete-event 1F1B
 //! simulator ([`crate::sim`]):
-//! - pipelines over any ordered subset of the devices, with every split of
+//! - pipelines over all the devices in every order, with every split of
 //!   the blocks into contiguous stages (HeteroPP with layer counts fitted
 //!   to speed, and the order free, so a slow chip can take the cheap first
 //!   stage instead of the head);
 //! - data-parallel replicas, each device the whole model, the micro-batches
 //!   of the step dealt out so that the slowest replica finishes first
 //!   (China Mobile's DP across types);
-//! - each device alone (for the speedup ratio).
+//! - each device alone: not a layout of the cluster, only the baseline of
+//!   the speedup ratio (`polychip train --device` runs it).
 
 use crate::schedule::{Schedule, StageTiming};
 use crate::sim;
@@ -65,7 +66,9 @@ pub struct MeasuredModel {
     pub link_bandwidth: f64,
 }
 
-/// Which layouts to consider.
+/// Which layouts to consider. Every layout uses every device: the
+/// question is how to train on the whole cluster (a device alone is only
+/// the baseline of the speedup ratio).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Layouts {
     /// Every layout below.
@@ -221,11 +224,7 @@ pub fn search(
         }
     };
     if which != Layouts::Replicas {
-        let ks: Vec<usize> = match which {
-            Layouts::Pipelines => vec![n],
-            _ => (1..=n).collect(),
-        };
-        for k in ks.into_iter().filter(|&k| k <= layers) {
+        for k in [n].into_iter().filter(|&k| k <= layers) {
             let mut os = Vec::new();
             orders(n, k, &mut Vec::new(), &mut os);
             let mut ss = Vec::new();

@@ -251,8 +251,8 @@ pub struct TrainConfig {
 impl Default for TrainConfig {
     fn default() -> Self {
         TrainConfig {
-            steps: 500,
-            global_batch: 16,
+            steps: 400,
+            global_batch: 64,
             lr: 3e-3,
             min_lr: 3e-4,
             warmup: 20,
