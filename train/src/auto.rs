@@ -187,70 +187,79 @@ pub fn auto_plan(
         ));
     }
     let gb = t.global_batch;
-    let b = [4, 2, 1].into_iter().find(|b| gb % b == 0).unwrap_or(1);
-    let mut profiles: Vec<Profile> = Vec::new();
-    let mut costs = Vec::new();
-    for d in devices {
-        let vendor = d.plugin().vendor().to_string();
-        let known = profiles
-            .iter()
-            .zip(devices)
-            .find(|(_, other)| other.plugin().vendor() == vendor)
-            .map(|(p, _)| p.costs.clone());
-        let c = match known {
-            Some(c) => c,
-            None => {
-                let p = profile(cfg, t, d, b)?;
-                let c = p.costs.clone();
-                profiles.push(p);
-                c
-            }
-        };
-        costs.push(MeasuredDevice {
-            name: device_name(d),
-            ..c
-        });
-    }
-    let per_block = stage_params(cfg, &StageRange::new(1, 2, cfg.layers.max(2)));
-    let block_params: usize = per_block.iter().map(|p| p.numel()).sum();
-    let model = MeasuredModel {
-        layers: cfg.layers,
-        block_params: block_params as u64,
-        embed_params: (cfg.vocab * cfg.dim) as u64,
-        head_params: (cfg.vocab * cfg.dim + cfg.dim) as u64,
-        activation_bytes: (b * cfg.seq_len * cfg.dim * t.precision.dtype().size()) as u64,
-        micro_batch: b,
-        micro_batches: gb / b,
-        grad_bytes: 4,
-        link_bandwidth: 2e9,
-    };
-    let fits = |d: usize, first: usize, end: usize, in_flight: usize| {
-        let range = StageRange::new(first, end, cfg.layers);
-        let need = memory::stage_memory(cfg, t.precision, &range, b, in_flight);
-        need.total() <= devices[d].props().memory_bytes
-    };
     let which = match mode {
         AutoMode::Best => Layouts::All,
         AutoMode::Pipeline => Layouts::Pipelines,
         AutoMode::Replicas => Layouts::Replicas,
     };
-    let found = measured::search(&costs, &model, which, &fits).ok_or_else(|| {
-        TrainError::Plan(format!(
+    // Micro-batch sizes to try: a chip's speed depends on it, and smaller
+    // micro-batches shrink the pipeline bubble and deal the batch finer.
+    let sizes: Vec<usize> = [4, 2, 1]
+        .into_iter()
+        .filter(|b| gb % b == 0 && gb / b >= devices.len())
+        .collect();
+    if sizes.is_empty() {
+        return Err(TrainError::Plan(format!(
+            "--plan auto: a global batch of {gb} cannot give each of the {} devices a \
+             micro-batch",
+            devices.len()
+        )));
+    }
+    let mut profiles: Vec<Profile> = Vec::new();
+    let mut best: Option<(MeasuredPlan, usize, Vec<MeasuredDevice>)> = None;
+    for &b in &sizes {
+        let mut costs = Vec::new();
+        for d in devices {
+            let vendor = d.plugin().vendor().to_lowercase();
+            let known = profiles
+                .iter()
+                .find(|p| p.micro_batch == b && p.device.starts_with(&format!("{vendor}:")))
+                .map(|p| p.costs.clone());
+            let c = match known {
+                Some(c) => c,
+                None => {
+                    let p = profile(cfg, t, d, b)?;
+                    let c = p.costs.clone();
+                    profiles.push(p);
+                    c
+                }
+            };
+            costs.push(MeasuredDevice {
+                name: device_name(d),
+                ..c
+            });
+        }
+        let model = measured_model(cfg, t, b, gb);
+        let fits = |d: usize, first: usize, end: usize, in_flight: usize| {
+            let range = StageRange::new(first, end, cfg.layers);
+            let need = memory::stage_memory(cfg, t.precision, &range, b, in_flight);
+            need.total() <= devices[d].props().memory_bytes
+        };
+        if let Some(found) = measured::search(&costs, &model, which, &fits)
+            && best
+                .as_ref()
+                .is_none_or(|(f, _, _)| found.step_seconds < f.step_seconds)
+        {
+            best = Some((found, b, costs));
+        }
+    }
+    let Some((found, b, costs)) = best else {
+        return Err(TrainError::Plan(format!(
             "--plan {}: no layout of the {} model over {} fits the devices' memory with \
-             micro-batches of {b}",
+             micro-batches of {sizes:?} sequences",
             match mode {
                 AutoMode::Best => "auto",
                 AutoMode::Pipeline => "auto-pp",
                 AutoMode::Replicas => "auto-dp",
             },
             cfg.name,
-            costs
+            devices
                 .iter()
-                .map(|c| c.name.as_str())
+                .map(device_name)
                 .collect::<Vec<_>>()
                 .join(", ")
-        ))
-    })?;
+        )));
+    };
     let groups = found
         .pipelines
         .iter()
@@ -273,6 +282,29 @@ pub fn auto_plan(
         predicted_step_seconds: Some(found.step_seconds),
     };
     Ok((plan, found, profiles))
+}
+
+/// The model in the measured search's terms, micro-batches of `b`.
+fn measured_model(cfg: &ModelConfig, t: &TrainConfig, b: usize, gb: usize) -> MeasuredModel {
+    let one_block = StageRange {
+        first_layer: 0,
+        end_layer: 1,
+        embed: false,
+        head: false,
+    };
+    let per_block = stage_params(cfg, &one_block);
+    let block_params: usize = per_block.iter().map(|p| p.numel()).sum();
+    MeasuredModel {
+        layers: cfg.layers,
+        block_params: block_params as u64,
+        embed_params: (cfg.vocab * cfg.dim) as u64,
+        head_params: (cfg.vocab * cfg.dim + cfg.dim) as u64,
+        activation_bytes: (b * cfg.seq_len * cfg.dim * t.precision.dtype().size()) as u64,
+        micro_batch: b,
+        micro_batches: gb / b,
+        grad_bytes: 4,
+        link_bandwidth: 2e9,
+    }
 }
 
 /// The planner's plan as a training layout (chip types are vendor names).
