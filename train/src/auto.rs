@@ -90,8 +90,8 @@ fn time_passes(stage: &Stage, b: usize, reps: usize) -> Result<(f64, f64)> {
 }
 
 /// Profiles `device` on `cfg` with micro-batches of `b` sequences: one and
-/// two blocks after the embedding, one block before the head, and the
-/// optimizer step, so that block, embedding, head and optimizer costs
+/// all (up to 16) blocks after the embedding, one block before the head, and
+/// the optimizer step, so that block, embedding, head and optimizer costs
 /// separate.
 pub fn profile(cfg: &ModelConfig, t: &TrainConfig, device: &Device, b: usize) -> Result<Profile> {
     let range = |blocks, embed, head| StageRange {
@@ -103,10 +103,15 @@ pub fn profile(cfg: &ModelConfig, t: &TrainConfig, device: &Device, b: usize) ->
     let reps = 5;
     let st = |r| Stage::new(cfg, r, t.precision, device, 0);
     let e1 = time_passes(&st(range(1, true, false))?, b, reps)?;
-    let (block, embed) = if cfg.layers >= 2 {
-        let two = st(range(2, true, false))?;
-        let e2 = time_passes(&two, b, reps)?;
-        let block = ((e2.0 - e1.0).max(0.0), (e2.1 - e1.1).max(0.0));
+    // The per-block cost from the embedding and all blocks (up to 16)
+    // against the embedding and one: a stage of many blocks no longer fits
+    // the caches that one or two blocks fit, and its blocks cost more.
+    let many = cfg.layers.min(16);
+    let (block, embed) = if many >= 2 {
+        let big = st(range(many, true, false))?;
+        let en = time_passes(&big, b, 3)?;
+        let k = (many - 1) as f64;
+        let block = (((en.0 - e1.0) / k).max(0.0), ((en.1 - e1.1) / k).max(0.0));
         (
             block,
             ((e1.0 - block.0).max(0.0), (e1.1 - block.1).max(0.0)),
