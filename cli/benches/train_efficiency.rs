@@ -7,8 +7,8 @@
 //! measured step time is from the planner's prediction.
 //!
 //! Needs `cargo build --release --workspace` first (the plugins next to the
-//! binary). Settings: `ROUNDS` (default 3, configurations interleaved per
-//! round), `STEPS` (default 10 steps per run, the first excluded from the
+//! binary). Settings: `ROUNDS` (default 5, configurations interleaved per
+//! round, the two cores swapped every other round), `STEPS` (default 10 steps per run, the first excluded from the
 //! median), `MODEL` (default `deep`, 16 blocks), `GLOBAL_BATCH` (64).
 //! `cargo bench -p polychip --bench train_efficiency`.
 
@@ -75,6 +75,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 fn run(
     exe: &Path,
     c: &Config,
+    cores: &str,
     dir: &Path,
     model: &str,
     gb: usize,
@@ -97,7 +98,7 @@ fn run(
             "--steps",
             &steps.to_string(),
         ])
-        .args(["--plan", c.plan, "--devices", c.devices, "--cores", c.cores])
+        .args(["--plan", c.plan, "--devices", c.devices, "--cores", cores])
         .arg("--log-json")
         .arg(&json)
         .env("POLYCHIP_TRANSPORT", "shm")
@@ -154,7 +155,7 @@ fn run(
 
 fn main() {
     let exe = PathBuf::from(env!("CARGO_BIN_EXE_polychip"));
-    let rounds: usize = env_or("ROUNDS", 3);
+    let rounds: usize = env_or("ROUNDS", 5);
     let steps: u64 = env_or("STEPS", 10);
     let gb: usize = env_or("GLOBAL_BATCH", 64);
     let model = std::env::var("MODEL").unwrap_or_else(|_| "deep".into());
@@ -170,7 +171,20 @@ fn main() {
     let mut results: Vec<Vec<(f64, f64, f64, String)>> = vec![Vec::new(); CONFIGS.len()];
     for round in 0..rounds {
         for (i, c) in CONFIGS.iter().enumerate() {
-            let r = run(&exe, c, &dir, &model, gb, steps);
+            // The two cores are not quite alike: odd rounds swap them.
+            let cores: String = match round % 2 {
+                0 => c.cores.to_string(),
+                _ => c
+                    .cores
+                    .chars()
+                    .map(|ch| match ch {
+                        '0' => '1',
+                        '1' => '0',
+                        other => other,
+                    })
+                    .collect(),
+            };
+            let r = run(&exe, c, &cores, &dir, &model, gb, steps);
             eprintln!(
                 "round {}: {:<20} {:>9.0} tokens/s  {}",
                 round + 1,
