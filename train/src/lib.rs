@@ -9,6 +9,7 @@ pub mod autocompare;
 pub mod checkpoint;
 pub mod config;
 pub mod data;
+pub mod dp;
 pub mod error;
 pub mod memory;
 pub mod model;

@@ -14,7 +14,7 @@ use std::collections::VecDeque;
 
 use polychip_comm::collectives::Communicator;
 use polychip_comm::device::{DeviceComm, StagingPool};
-use polychip_host::{DType, Tensor};
+use polychip_host::Tensor;
 
 use crate::data::{Corpus, Split};
 use crate::error::{Result, TrainError};
@@ -250,6 +250,3 @@ pub fn eval_step(
     }
     Ok(total / sequences.max(1) as f64)
 }
-
-/// The f32 dtype a 0-dimensional loss tensor has (for callers that build one).
-pub const LOSS_DTYPE: DType = DType::F32;

@@ -18,6 +18,7 @@ use serde_json::Value;
 use crate::checkpoint::{self, Manifest};
 use crate::config::{ModelConfig, TrainConfig};
 use crate::data::Corpus;
+use crate::dp;
 use crate::error::{Result, TrainError};
 use crate::memory;
 use crate::model::Stage;
@@ -105,59 +106,6 @@ pub fn device_name(d: &Device) -> String {
     format!("{}:{}", d.plugin().vendor().to_lowercase(), d.index())
 }
 
-/// Groups of ranks that hold the same parameters: for each unit (the
-/// embedding, each block, the head), the ranks holding it; units with the
-/// same holders share one gradient reduction.
-fn holder_sets(roles: &[Role], layers: usize) -> Vec<Vec<usize>> {
-    let mut sets: Vec<Vec<usize>> = Vec::new();
-    for unit in 0..layers + 2 {
-        let holders: Vec<usize> = roles
-            .iter()
-            .filter(|r| match unit {
-                0 => r.range.embed,
-                u if u == layers + 1 => r.range.head,
-                u => r.range.layers().contains(&(u - 1)),
-            })
-            .map(|r| r.rank)
-            .collect();
-        if !sets.contains(&holders) {
-            sets.push(holders);
-        }
-    }
-    sets
-}
-
-/// Which of a stage's parameters a unit covers: indices into `stage.params()`.
-fn params_of_set(stage: &Stage, roles: &[Role], set: &[usize], layers: usize) -> Vec<usize> {
-    let mut idx = Vec::new();
-    for (i, p) in stage.params().iter().enumerate() {
-        let unit = if p.spec.name.starts_with("tok_embeddings") {
-            0
-        } else if let Some(rest) = p.spec.name.strip_prefix("layers.") {
-            1 + rest
-                .split('.')
-                .next()
-                .and_then(|n| n.parse::<usize>().ok())
-                .expect("block parameter names carry their block")
-        } else {
-            layers + 1
-        };
-        let holders: Vec<usize> = roles
-            .iter()
-            .filter(|r| match unit {
-                0 => r.range.embed,
-                u if u == layers + 1 => r.range.head,
-                u => r.range.layers().contains(&(u - 1)),
-            })
-            .map(|r| r.rank)
-            .collect();
-        if holders == set {
-            idx.push(i);
-        }
-    }
-    idx
-}
-
 fn all_reduce_f32(comm: Option<&mut Communicator>, values: &mut [f32]) -> Result<()> {
     let Some(comm) = comm else {
         return Ok(());
@@ -223,27 +171,13 @@ pub fn run(opts: &Options, runtime: &Runtime, mut job: Option<&mut Job>) -> Resu
 
     // Communicators: deterministic reductions (resuming is bit-exact), and
     // one sub-communicator per set of ranks holding the same parameters.
-    let mut dp: Vec<(Communicator, Vec<usize>)> = Vec::new();
-    if let Some(j) = job.as_deref_mut() {
-        j.set_deterministic(true);
-        for set in holder_sets(&roles, cfg.layers) {
-            if set.len() < 2 {
-                continue;
-            }
-            let member = set.contains(&rank);
-            let color = if member { 0 } else { 1 + rank as u32 };
-            let mut sub = j.split(color, rank as u32)?;
-            if member {
-                sub.set_deterministic(true);
-                let idx = params_of_set(&stage, &roles, &set, cfg.layers);
-                debug_assert!(idx.windows(2).all(|w| w[1] == w[0] + 1));
-                if !idx.is_empty() {
-                    dp.push((sub, idx));
-                }
-            }
+    let mut dp = match job.as_deref_mut() {
+        Some(j) => {
+            j.set_deterministic(true);
+            dp::reduction_groups(j, &roles, &stage, cfg.layers)?
         }
-    }
-
+        None => Vec::new(),
+    };
     let mut start = 0;
     if let Some(path) = &opts.resume {
         let mut loaded = checkpoint::load(path, cfg)?;
@@ -295,11 +229,11 @@ pub fn run(opts: &Options, runtime: &Runtime, mut job: Option<&mut Job>) -> Resu
             || "grad all-reduce".into(),
             "allreduce",
             || -> Result<()> {
-                for (comm, idx) in &mut dp {
+                for (comm, range) in &mut dp {
+                    // The group's gradients are packed together: one reduction.
+                    let span = stage.grad_span(range.clone())?;
                     let mut dc = DeviceComm::with_pool(comm, std::mem::take(&mut pool));
-                    let r = idx.iter().try_for_each(|&i| {
-                        dc.all_reduce(stage.params()[i].grad_f32(), ReduceOp::Sum)
-                    });
+                    let r = dc.all_reduce(&span, ReduceOp::Sum);
                     pool = dc.into_pool();
                     r?;
                 }

@@ -1,0 +1,369 @@
+//! One transformer block's forward and backward pass: RMSNorm, rotary
+//! grouped-query attention and residual, RMSNorm, SwiGLU and residual.
+
+use polychip_host::Tensor;
+
+use super::Stage;
+use crate::error::Result;
+use crate::params::block;
+
+/// Activations of one block kept for its backward pass.
+#[derive(Debug)]
+pub(super) struct BlockSaved {
+    x: Tensor,
+    h1: Tensor,
+    inv1: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    attn: Tensor,
+    lse: Tensor,
+    x2: Tensor,
+    h2: Tensor,
+    inv2: Tensor,
+    gate: Tensor,
+    up: Tensor,
+    act: Tensor,
+}
+
+impl Stage {
+    pub(super) fn block_forward(
+        &self,
+        layer: usize,
+        x: Tensor,
+        b: usize,
+    ) -> Result<(BlockSaved, Tensor)> {
+        let c = &self.cfg;
+        let ops = self.ops();
+        let (s, d, hd) = (c.seq_len, c.dim, c.head_dim());
+        let p = |w| self.block_param(layer, w).weight();
+        let at = |what: &str| format!("layers.{layer}.{what}");
+        let h1 = self.empty(&[b, s, d])?;
+        let inv1 = self.empty_f32(&[b, s])?;
+        ops.rms_norm(
+            &at("attention_norm"),
+            &x,
+            p(block::ATTN_NORM),
+            &h1,
+            &inv1,
+            c.norm_eps,
+        )?;
+        let q0 = self.empty(&[b, s, c.heads, hd])?;
+        let k0 = self.empty(&[b, s, c.kv_heads, hd])?;
+        let v = self.empty(&[b, s, c.kv_heads, hd])?;
+        let flat = |t: &Tensor, w: usize| t.reshape(&[b as i64, s as i64, w as i64]);
+        ops.linear(
+            &at("attention.wq"),
+            &h1,
+            p(block::WQ),
+            &flat(&q0, c.heads * hd)?,
+        )?;
+        ops.linear(
+            &at("attention.wk"),
+            &h1,
+            p(block::WK),
+            &flat(&k0, c.kv_heads * hd)?,
+        )?;
+        ops.linear(
+            &at("attention.wv"),
+            &h1,
+            p(block::WV),
+            &flat(&v, c.kv_heads * hd)?,
+        )?;
+        let q = self.empty(&[b, s, c.heads, hd])?;
+        let k = self.empty(&[b, s, c.kv_heads, hd])?;
+        ops.rope(
+            &at("attention.rope_q"),
+            false,
+            &q0,
+            &self.cos,
+            &self.sin,
+            &q,
+        )?;
+        ops.rope(
+            &at("attention.rope_k"),
+            false,
+            &k0,
+            &self.cos,
+            &self.sin,
+            &k,
+        )?;
+        drop((q0, k0));
+        let attn = self.empty(&[b, s, c.heads, hd])?;
+        let lse = self.empty_f32(&[b, c.heads, s])?;
+        let scale = 1.0 / (hd as f64).sqrt();
+        ops.attention(
+            &at("attention"),
+            &q.transpose(1, 2)?,
+            &k.transpose(1, 2)?,
+            &v.transpose(1, 2)?,
+            &attn.transpose(1, 2)?,
+            &lse,
+            scale,
+        )?;
+        let o = self.empty(&[b, s, d])?;
+        ops.linear(
+            &at("attention.wo"),
+            &flat(&attn, c.heads * hd)?,
+            p(block::WO),
+            &o,
+        )?;
+        let x2 = self.empty(&[b, s, d])?;
+        ops.add(&at("attention.residual"), &x, &o, &x2)?;
+        drop(o);
+        let h2 = self.empty(&[b, s, d])?;
+        let inv2 = self.empty_f32(&[b, s])?;
+        ops.rms_norm(
+            &at("ffn_norm"),
+            &x2,
+            p(block::FFN_NORM),
+            &h2,
+            &inv2,
+            c.norm_eps,
+        )?;
+        let gate = self.empty(&[b, s, c.ffn])?;
+        let up = self.empty(&[b, s, c.ffn])?;
+        ops.linear(&at("feed_forward.w1"), &h2, p(block::W1), &gate)?;
+        ops.linear(&at("feed_forward.w3"), &h2, p(block::W3), &up)?;
+        let act = self.empty(&[b, s, c.ffn])?;
+        ops.swiglu(&at("feed_forward.swiglu"), &gate, &up, &act)?;
+        let f = self.empty(&[b, s, d])?;
+        ops.linear(&at("feed_forward.w2"), &act, p(block::W2), &f)?;
+        let x3 = self.empty(&[b, s, d])?;
+        ops.add(&at("feed_forward.residual"), &x2, &f, &x3)?;
+        let saved = BlockSaved {
+            x,
+            h1,
+            inv1,
+            q,
+            k,
+            v,
+            attn,
+            lse,
+            x2,
+            h2,
+            inv2,
+            gate,
+            up,
+            act,
+        };
+        Ok((saved, x3))
+    }
+
+    pub(super) fn block_backward(
+        &self,
+        layer: usize,
+        sv: BlockSaved,
+        g3: Tensor,
+        b: usize,
+    ) -> Result<Tensor> {
+        let c = &self.cfg;
+        let ops = self.ops();
+        let (s, d, hd) = (c.seq_len, c.dim, c.head_dim());
+        let n = (b * s) as i64;
+        let p = |w| self.block_param(layer, w);
+        let at = |what: &str| format!("layers.{layer}.{what} (backward)");
+        let rows = |t: &Tensor, w: usize| t.reshape(&[n, w as i64]);
+        // Feed-forward: x3 = x2 + swiglu(h2 W1^T, h2 W3^T) W2^T.
+        let g3r = rows(&g3, d)?;
+        let ga = self.empty(&[b, s, c.ffn])?;
+        let w2 = p(block::W2);
+        ops.matmul(
+            &at("feed_forward.w2"),
+            &g3r,
+            w2.weight(),
+            &rows(&ga, c.ffn)?,
+            false,
+            false,
+            false,
+        )?;
+        ops.matmul(
+            &at("feed_forward.w2"),
+            &g3r,
+            &rows(&sv.act, c.ffn)?,
+            &w2.grad,
+            true,
+            false,
+            true,
+        )?;
+        let gg = self.empty(&[b, s, c.ffn])?;
+        let gu = self.empty(&[b, s, c.ffn])?;
+        ops.swiglu_backward(
+            &at("feed_forward.swiglu"),
+            [&sv.gate, &sv.up, &ga],
+            &gg,
+            &gu,
+        )?;
+        drop(ga);
+        let gh2 = self.empty(&[b, s, d])?;
+        let (gh2r, ggr, gur) = (rows(&gh2, d)?, rows(&gg, c.ffn)?, rows(&gu, c.ffn)?);
+        let h2r = rows(&sv.h2, d)?;
+        let (w1, w3) = (p(block::W1), p(block::W3));
+        ops.matmul(
+            &at("feed_forward.w1"),
+            &ggr,
+            w1.weight(),
+            &gh2r,
+            false,
+            false,
+            false,
+        )?;
+        ops.matmul(
+            &at("feed_forward.w3"),
+            &gur,
+            w3.weight(),
+            &gh2r,
+            false,
+            false,
+            true,
+        )?;
+        ops.matmul(
+            &at("feed_forward.w1"),
+            &ggr,
+            &h2r,
+            &w1.grad,
+            true,
+            false,
+            true,
+        )?;
+        ops.matmul(
+            &at("feed_forward.w3"),
+            &gur,
+            &h2r,
+            &w3.grad,
+            true,
+            false,
+            true,
+        )?;
+        drop((gg, gu));
+        let g2 = self.empty(&[b, s, d])?;
+        let gw = self.empty(&[d])?;
+        let fnorm = p(block::FFN_NORM);
+        let label = at("ffn_norm");
+        ops.rms_norm_backward(&label, &gh2, &sv.x2, fnorm.weight(), &sv.inv2, &g2, &gw)?;
+        ops.add(&label, &fnorm.grad, &gw, &fnorm.grad)?;
+        ops.add(&at("feed_forward.residual"), &g2, &g3, &g2)?;
+        drop((g3, gh2));
+        // Attention: x2 = x + attn Wo^T.
+        let g2r = rows(&g2, d)?;
+        let qw = c.heads * hd;
+        let kvw = c.kv_heads * hd;
+        let gattn = self.empty(&[b, s, c.heads, hd])?;
+        let wo = p(block::WO);
+        ops.matmul(
+            &at("attention.wo"),
+            &g2r,
+            wo.weight(),
+            &rows(&gattn, qw)?,
+            false,
+            false,
+            false,
+        )?;
+        ops.matmul(
+            &at("attention.wo"),
+            &g2r,
+            &rows(&sv.attn, qw)?,
+            &wo.grad,
+            true,
+            false,
+            true,
+        )?;
+        let gq = self.empty(&[b, s, c.heads, hd])?;
+        let gk = self.empty(&[b, s, c.kv_heads, hd])?;
+        let gv = self.empty(&[b, s, c.kv_heads, hd])?;
+        let t = |x: &Tensor| x.transpose(1, 2);
+        let scale = 1.0 / (hd as f64).sqrt();
+        ops.attention_backward(
+            &at("attention"),
+            [
+                &t(&sv.q)?,
+                &t(&sv.k)?,
+                &t(&sv.v)?,
+                &t(&sv.attn)?,
+                &sv.lse,
+                &t(&gattn)?,
+            ],
+            [&t(&gq)?, &t(&gk)?, &t(&gv)?],
+            scale,
+        )?;
+        drop(gattn);
+        let gq0 = self.empty(&[b, s, c.heads, hd])?;
+        let gk0 = self.empty(&[b, s, c.kv_heads, hd])?;
+        ops.rope(
+            &at("attention.rope_q"),
+            true,
+            &gq,
+            &self.cos,
+            &self.sin,
+            &gq0,
+        )?;
+        ops.rope(
+            &at("attention.rope_k"),
+            true,
+            &gk,
+            &self.cos,
+            &self.sin,
+            &gk0,
+        )?;
+        drop((gq, gk));
+        let gh1 = self.empty(&[b, s, d])?;
+        let gh1r = rows(&gh1, d)?;
+        let h1r = rows(&sv.h1, d)?;
+        let (wq, wk, wv) = (p(block::WQ), p(block::WK), p(block::WV));
+        let (gq0r, gk0r, gvr) = (rows(&gq0, qw)?, rows(&gk0, kvw)?, rows(&gv, kvw)?);
+        ops.matmul(
+            &at("attention.wq"),
+            &gq0r,
+            wq.weight(),
+            &gh1r,
+            false,
+            false,
+            false,
+        )?;
+        ops.matmul(
+            &at("attention.wk"),
+            &gk0r,
+            wk.weight(),
+            &gh1r,
+            false,
+            false,
+            true,
+        )?;
+        ops.matmul(
+            &at("attention.wv"),
+            &gvr,
+            wv.weight(),
+            &gh1r,
+            false,
+            false,
+            true,
+        )?;
+        ops.matmul(
+            &at("attention.wq"),
+            &gq0r,
+            &h1r,
+            &wq.grad,
+            true,
+            false,
+            true,
+        )?;
+        ops.matmul(
+            &at("attention.wk"),
+            &gk0r,
+            &h1r,
+            &wk.grad,
+            true,
+            false,
+            true,
+        )?;
+        ops.matmul(&at("attention.wv"), &gvr, &h1r, &wv.grad, true, false, true)?;
+        let gx = self.empty(&[b, s, d])?;
+        let gw = self.empty(&[d])?;
+        let anorm = p(block::ATTN_NORM);
+        let label = at("attention_norm");
+        ops.rms_norm_backward(&label, &gh1, &sv.x, anorm.weight(), &sv.inv1, &gx, &gw)?;
+        ops.add(&label, &anorm.grad, &gw, &anorm.grad)?;
+        ops.add(&at("attention.residual"), &gx, &g2, &gx)?;
+        Ok(gx)
+    }
+}
