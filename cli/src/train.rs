@@ -353,6 +353,9 @@ fn train(args: &Args) -> Result<ExitCode, TrainError> {
         record_first_step: args.autocompare,
     };
     let rank = job.as_ref().map_or(0, |j| j.rank());
+    if let Some(j) = &job {
+        polychip_train::stop::on_termination(rank, j.world_size());
+    }
     if rank == 0 {
         println!(
             "training {} ({} parameters, {} blocks, dim {}) on {} for {} steps of {} sequences \

@@ -19,6 +19,7 @@ pub mod pipeline;
 pub mod plan;
 pub mod safetensors;
 pub mod simulate;
+pub mod stop;
 pub mod trace;
 pub mod trainer;
 
