@@ -9,7 +9,7 @@ use std::sync::{Arc, OnceLock};
 use std::thread;
 use std::time::Duration;
 
-use half::bf16;
+use half::{bf16, f16};
 use polychip_comm::CommError;
 use polychip_comm::collectives::{Communicator, ReduceOp};
 use polychip_comm::device::{DeviceComm, Path};
@@ -94,6 +94,12 @@ fn encode(dtype: DType, xs: &[f32]) -> Vec<u8> {
             .iter()
             .flat_map(|&x| bf16::from_f32(x).to_ne_bytes())
             .collect(),
+        DType::F16 => xs
+            .iter()
+            .flat_map(|&x| f16::from_f32(x).to_ne_bytes())
+            .collect(),
+        DType::I32 => xs.iter().flat_map(|&x| (x as i32).to_ne_bytes()).collect(),
+        DType::I64 => xs.iter().flat_map(|&x| (x as i64).to_ne_bytes()).collect(),
         _ => unreachable!(),
     }
 }
@@ -286,5 +292,205 @@ fn non_compact_and_unsupported_dtypes_are_usage_errors() {
             panic!("overlapping send and recv were accepted")
         };
         assert!(m.contains("share memory"), "{m}");
+    });
+}
+
+/// Every dtype the device collectives reduce.
+const DTYPES: [DType; 5] = [DType::F32, DType::BF16, DType::F16, DType::I32, DType::I64];
+
+#[test]
+fn reduce_to_every_root_across_direct_and_staged_ranks() {
+    let devices = mixed();
+    let paths = world(&devices, |d, dc| {
+        let me = dc.comm().rank();
+        for (i, dtype) in DTYPES.into_iter().enumerate() {
+            for count in SIZES {
+                let (mine, total) = (
+                    encode(dtype, &values(me, count)),
+                    encode(dtype, &sum(3, count)),
+                );
+                // Every root for small tensors; one root per dtype (each rank
+                // in turn: staged and direct) for the multi-chunk ones.
+                let roots = if count <= 1000 {
+                    vec![2, 1, 0]
+                } else {
+                    vec![(i + 1) % 3]
+                };
+                for root in roots {
+                    let t = d.empty(dtype, &[count as i64]).unwrap();
+                    t.write_bytes(&mine).unwrap();
+                    dc.reduce(&t, ReduceOp::Sum, root).unwrap();
+                    let want = if me == root { &total } else { &mine };
+                    assert!(
+                        &t.read_bytes().unwrap() == want,
+                        "reduce to {root}: rank {me} {dtype} x {count}"
+                    );
+                }
+            }
+        }
+        dc.last_path().unwrap()
+    });
+    assert_eq!(paths, expect_paths(&devices));
+}
+
+#[test]
+fn reduce_pipelines_many_small_chunks_and_reuses_the_pool() {
+    let devices = mixed();
+    world(&devices, |d, dc| {
+        let me = dc.comm().rank();
+        dc.set_chunk_bytes(1000);
+        let count = 10_007;
+        let inputs: Vec<Vec<f32>> = (0..3).map(|r| values(r, count)).collect();
+        let max: Vec<f32> = (0..count)
+            .map(|i| inputs.iter().map(|x| x[i]).fold(f32::MIN, f32::max))
+            .collect();
+        let mut after_first = None;
+        for _ in 0..3 {
+            // The root is the staged Cobalt rank, then a direct Ferrite one.
+            for (root, op, want) in [(1, ReduceOp::Max, &max), (2, ReduceOp::Sum, &sum(3, count))] {
+                let t = tensor(d, DType::F32, &values(me, count));
+                dc.reduce(&t, op, root).unwrap();
+                let want = if me == root { want } else { &inputs[me] };
+                assert_eq!(&t.to_vec::<f32>().unwrap(), want, "to {root}: rank {me}");
+            }
+            let allocations = dc.pool().allocations();
+            assert_eq!(*after_first.get_or_insert(allocations), allocations);
+        }
+        if Path::of(d) == Path::DeviceDirect {
+            assert_eq!(after_first, Some(0), "a device-direct rank stages nothing");
+        }
+    });
+}
+
+/// What rank `me` receives from an all-to-all of `values(rank, 3 * block)`.
+fn all_to_all_want(me: usize, block: usize) -> Vec<f32> {
+    (0..3)
+        .flat_map(|r| values(r, 3 * block)[me * block..(me + 1) * block].to_vec())
+        .collect()
+}
+
+#[test]
+fn all_to_all_across_direct_and_staged_ranks() {
+    let devices = mixed();
+    let paths = world(&devices, |d, dc| {
+        let me = dc.comm().rank();
+        // Blocks of 0, 1, an odd count, and (in f32) more than a 4 MiB chunk.
+        for dtype in DTYPES {
+            for block in [0, 1, 333, (1 << 20) + 1] {
+                let send = tensor(d, dtype, &values(me, 3 * block));
+                let recv = d.zeros(dtype, &[3 * block as i64]).unwrap();
+                dc.all_to_all(&send, &recv).unwrap();
+                assert!(
+                    recv.read_bytes().unwrap() == encode(dtype, &all_to_all_want(me, block)),
+                    "rank {me} {dtype} x 3 x {block}"
+                );
+                assert!(
+                    send.read_bytes().unwrap() == encode(dtype, &values(me, 3 * block)),
+                    "send unchanged"
+                );
+            }
+        }
+        dc.last_path().unwrap()
+    });
+    assert_eq!(paths, expect_paths(&devices));
+}
+
+#[test]
+fn all_to_all_between_devices_of_two_vendors_reuses_the_pool() {
+    let devices = mixed();
+    world(&devices, |d, dc| {
+        let me = dc.comm().rank();
+        let block = 70_001;
+        // Send on this rank's device (staged on Cobalt), receive on Ferrite
+        // (direct); then the other way round.
+        let other = device("ferrite", me % 2);
+        let mut after_first = None;
+        for _ in 0..3 {
+            for (from, to) in [(d, &other), (&other, d)] {
+                let send = tensor(from, DType::I32, &values(me, 3 * block));
+                let recv = to.zeros(DType::I32, &[3, block as i64]).unwrap();
+                dc.all_to_all(&send, &recv).unwrap();
+                let want: Vec<i32> = all_to_all_want(me, block)
+                    .iter()
+                    .map(|&x| x as i32)
+                    .collect();
+                assert_eq!(recv.to_vec::<i32>().unwrap(), want, "rank {me}");
+                assert_eq!(dc.last_path(), Some(Path::of(d)));
+            }
+            let allocations = dc.pool().allocations();
+            assert_eq!(*after_first.get_or_insert(allocations), allocations);
+        }
+    });
+}
+
+#[test]
+fn reduce_and_all_to_all_usage_errors_name_op_rank_and_tensor() {
+    world(&[device("ferrite", 0), device("cobalt", 0)], |d, dc| {
+        let me = dc.comm().rank();
+        let t = d.zeros(DType::F32, &[6]).unwrap();
+        let Err(CommError::Usage(m)) = dc.reduce(&t, ReduceOp::Sum, 2) else {
+            panic!("root 2 of a world of 2 was accepted")
+        };
+        assert!(
+            m.contains(&format!("rank {me}: reduce")) && m.contains("root 2") && m.contains("[6]"),
+            "{m}"
+        );
+        let f64s = d.zeros(DType::F64, &[4]).unwrap();
+        let Err(CommError::Usage(m)) = dc.reduce(&f64s, ReduceOp::Sum, 0) else {
+            panic!("an f64 reduction was accepted")
+        };
+        assert!(m.contains("f64"), "{m}");
+        let strided = d
+            .zeros(DType::F32, &[2, 3])
+            .unwrap()
+            .transpose(0, 1)
+            .unwrap();
+        let Err(CommError::Usage(m)) = dc.reduce(&strided, ReduceOp::Sum, 0) else {
+            panic!("a strided tensor was accepted")
+        };
+        assert!(m.contains("reduce") && m.contains("not compact"), "{m}");
+
+        let cases = [
+            (d.zeros(DType::BF16, &[6]).unwrap(), "bf16 [6]"),
+            (d.zeros(DType::F32, &[8]).unwrap(), "f32 [8]"),
+            (d.zeros(DType::F32, &[2, 3]).unwrap(), "f32 [2, 3]"),
+        ];
+        for (recv, named) in cases {
+            let send = if recv.numel() == 6 && recv.dtype() == DType::F32 {
+                d.zeros(DType::F32, &[5]).unwrap()
+            } else {
+                d.zeros(DType::F32, &[6]).unwrap()
+            };
+            let Err(CommError::Usage(m)) = dc.all_to_all(&send, &recv) else {
+                panic!("all_to_all of {send:?} into {recv:?} was accepted")
+            };
+            assert!(
+                m.contains(&format!("rank {me}: all_to_all")) && m.contains(named),
+                "{m}"
+            );
+        }
+        let Err(CommError::Usage(m)) = dc.all_to_all(
+            &d.zeros(DType::I32, &[3]).unwrap(),
+            &d.zeros(DType::I32, &[3]).unwrap(),
+        ) else {
+            panic!("3 elements in 2 blocks were accepted")
+        };
+        assert!(m.contains("multiple of the world size 2"), "{m}");
+        let a = d.zeros(DType::F32, &[8]).unwrap();
+        let Err(CommError::Usage(m)) = dc.all_to_all(
+            &a.as_strided(&[4], &[1], 0).unwrap(),
+            &a.as_strided(&[4], &[1], 2).unwrap(),
+        ) else {
+            panic!("overlapping send and recv were accepted")
+        };
+        assert!(
+            m.contains("all_to_all") && m.contains("share memory"),
+            "{m}"
+        );
+        // The communicator is still in step after the refusals.
+        let t = tensor(d, DType::F32, &values(me, 4));
+        dc.all_to_all(&t, &d.zeros(DType::F32, &[4]).unwrap())
+            .unwrap();
+        dc.reduce(&t, ReduceOp::Sum, 1).unwrap();
     });
 }

@@ -192,6 +192,7 @@ impl<'c> DeviceComm<'c> {
             src: None,
             dst: Some(t),
             load: true,
+            store: true,
             bytes,
         };
         let mut f = |c: &mut Communicator, _: Option<&[u8]>, d: Option<&mut [u8]>| {
@@ -226,6 +227,7 @@ impl<'c> DeviceComm<'c> {
             src: Some(send),
             dst: Some(recv),
             load: false,
+            store: true,
             bytes: rb,
         };
         let mut f = |c: &mut Communicator, s: Option<&[u8]>, d: Option<&mut [u8]>| {
@@ -289,12 +291,74 @@ impl<'c> DeviceComm<'c> {
             src: None,
             dst: Some(t),
             load,
+            store: true,
             bytes,
         };
         let mut f = |c: &mut Communicator, _: Option<&[u8]>, d: Option<&mut [u8]>| {
             c.broadcast(d.expect("dst"), root)
         };
         self.chunked(self.ctx("broadcast"), args, &mut f)
+    }
+
+    /// Reduces every rank's `t` into `root`'s `t`, in place, like
+    /// [`Communicator::reduce`]: only `root`'s tensor is written; every other
+    /// rank's `t` is read and left as it was. Chunk-pipelined like
+    /// [`Self::all_reduce`]; a staged tensor off the root is copied to the
+    /// host chunk by chunk but never back.
+    pub fn reduce(&mut self, t: &Tensor, op: ReduceOp, root: usize) -> Result<()> {
+        let (bytes, dtype) = (self.check("reduce", t)?, comm_dtype(t.dtype())?);
+        let (rank, world) = (self.comm.rank(), self.comm.world_size());
+        if root >= world {
+            return Err(CommError::Usage(format!(
+                "rank {rank}: reduce: root {root} out of range (world {world}) for the {} {:?} tensor on {}",
+                t.dtype(),
+                t.shape(),
+                t.device()
+            )));
+        }
+        self.record(&[t]);
+        let args = Chunked {
+            src: None,
+            dst: Some(t),
+            load: true,
+            store: rank == root,
+            bytes,
+        };
+        let mut f = |c: &mut Communicator, _: Option<&[u8]>, d: Option<&mut [u8]>| {
+            c.reduce(d.expect("dst"), dtype, op, root)
+        };
+        self.chunked(self.ctx("reduce"), args, &mut f)
+    }
+
+    /// Sends block `j` of `send` to rank `j`; block `j` of `recv` gets what
+    /// rank `j` sent here (its block `rank`), like [`Communicator::all_to_all`]:
+    /// `send` and `recv` have the same dtype and size, a multiple of the
+    /// world size in elements (blocks of whole elements), and do not share
+    /// memory. Not chunk-pipelined: a chunk of every block would be `world`
+    /// separate ranges of each tensor, so a staged tensor goes through the
+    /// staging pool whole (one copy out, one back), as in
+    /// [`Self::all_gather`].
+    pub fn all_to_all(&mut self, send: &Tensor, recv: &Tensor) -> Result<()> {
+        let (sb, rb) = (
+            self.check("all_to_all", send)?,
+            self.check("all_to_all", recv)?,
+        );
+        let (rank, world) = (self.comm.rank(), self.comm.world_size());
+        if send.dtype() != recv.dtype() || sb != rb || send.numel() % world != 0 {
+            return Err(CommError::Usage(format!(
+                "rank {rank}: all_to_all: send is {} {:?}, recv {} {:?}; both need the same dtype and \
+                 size, a multiple of the world size {world} in elements",
+                send.dtype(),
+                send.shape(),
+                recv.dtype(),
+                recv.shape()
+            )));
+        }
+        self.distinct("all_to_all", (send, sb), (recv, rb))?;
+        self.record(&[send, recv]);
+        self.whole(self.ctx("all_to_all"), (send, sb), (recv, rb), |c, s, d| {
+            c.all_to_all(s, d)
+        })
     }
 
     /// Sends `t` to `peer`, which calls [`DeviceComm::recv`] with a tensor of
@@ -306,6 +370,7 @@ impl<'c> DeviceComm<'c> {
             src: Some(t),
             dst: None,
             load: false,
+            store: false,
             bytes,
         };
         let mut f = |c: &mut Communicator, s: Option<&[u8]>, _: Option<&mut [u8]>| {
@@ -322,6 +387,7 @@ impl<'c> DeviceComm<'c> {
             src: None,
             dst: Some(t),
             load: false,
+            store: true,
             bytes,
         };
         let mut f = |c: &mut Communicator, _: Option<&[u8]>, d: Option<&mut [u8]>| {

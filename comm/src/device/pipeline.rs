@@ -3,9 +3,9 @@
 //! through the [`StagingPool`] with their plugin's `memcpy_d2h` /
 //! `memcpy_h2d` on the default stream (complete when the copy returns).
 //!
-//! Chunkable operations (all-reduce, broadcast, send/recv) run as one host
-//! collective per chunk of [`DeviceComm::chunk_bytes`] on every rank,
-//! whatever its path, so the ranks' call sequences always agree. When a
+//! Chunkable operations (all-reduce, reduce, broadcast, send/recv) run as
+//! one host collective per chunk of [`DeviceComm::chunk_bytes`] on every
+//! rank, whatever its path, so the ranks' call sequences always agree. When a
 //! tensor is staged and there is more than one chunk, a loader thread copies
 //! chunk `k + 1` device-to-host and a storer thread copies chunk `k - 1`
 //! host-to-device while this thread runs the collective on chunk `k`; the
@@ -108,12 +108,15 @@ fn staged(t: Option<&Tensor>) -> Option<&Tensor> {
     t.filter(|t| Path::of(t.device()) == Path::Staged)
 }
 
-/// One chunkable call: `src` is read, `dst` written (and read first when
-/// `load`), both `bytes` long; `op` runs the host collective on a chunk.
+/// One chunkable call: `src` is read, `dst` read first when `load` and
+/// written back when `store` (a staged `dst` that is only read, as on a
+/// non-root rank of a reduce, is not copied back), both `bytes` long; `op`
+/// runs the host collective on a chunk.
 pub(super) struct Chunked<'t> {
     pub src: Option<&'t Tensor>,
     pub dst: Option<&'t Tensor>,
     pub load: bool,
+    pub store: bool,
     pub bytes: usize,
 }
 
@@ -157,9 +160,10 @@ impl DeviceComm<'_> {
                 _ => Ok(()),
             }
         };
+        let store_st = dst_st.filter(|_| a.store);
         let store = move |k: usize, slot: &Slot<'_>| -> Result<()> {
             let r = range(k);
-            dst_st.map_or(Ok(()), |t| h2d(ctx, t, r.start, &slot.1[..r.len()]))
+            store_st.map_or(Ok(()), |t| h2d(ctx, t, r.start, &slot.1[..r.len()]))
         };
         let mut run = |k: usize, slot: &mut Slot<'_>| -> Result<()> {
             let r = range(k);
@@ -189,7 +193,8 @@ impl DeviceComm<'_> {
         pipeline(ctx, chunks, slots, load, &mut run, store)
     }
 
-    /// Runs a call that is not chunked (all-gather, reduce-scatter): `src`
+    /// Runs a call that is not chunked (all-gather, reduce-scatter,
+    /// all-to-all): `src`
     /// (`sb` bytes) is read and `dst` (`db` bytes) written, each staged whole
     /// when its device is not host-visible.
     pub(super) fn whole(
