@@ -44,6 +44,27 @@ pub trait Transport: Send + Sync {
         data: &[u8],
         signal: SignalId,
     ) -> Result<()>;
+    /// Copies `parts`, one after another, into `peer`'s copy of `region`
+    /// from `offset`, then adds one to `peer`'s counter `signal`: a
+    /// [`Transport::write`] of their concatenation. The default joins them
+    /// in a new buffer; transports for which
+    /// [`Transport::writes_parts_in_place`] is true copy each part directly.
+    fn write_parts(
+        &self,
+        peer: usize,
+        region: RegionId,
+        offset: usize,
+        parts: &[&[u8]],
+        signal: SignalId,
+    ) -> Result<()> {
+        self.write(peer, region, offset, &parts.concat(), signal)
+    }
+    /// Whether [`Transport::write_parts`] costs no more than one
+    /// [`Transport::write`] (no joining copy): then a message's header and
+    /// payload are written straight from where they are.
+    fn writes_parts_in_place(&self) -> bool {
+        false
+    }
     /// Waits until this rank's counter `signal` reaches at least `value`, or
     /// fails at `deadline` or when a peer is lost.
     fn wait(&self, signal: SignalId, value: u64, deadline: Instant) -> Result<()>;

@@ -3,11 +3,14 @@
 //! signal for (class, sender); the receiver checks the header, reads the
 //! payload in place and returns a credit that frees the slot.
 
+use std::time::Instant;
+
 use super::{Communicator, DType, HDR, NSLOT, ReduceOp, SCRATCH, SLOT};
 use crate::error::{CommError, Result};
 use crate::transport::SignalId;
 
-/// Payloads up to this size are copied next to their header and sent in one write.
+/// Payloads up to this size are copied next to their header and sent in one
+/// write (unless the transport writes the two in place).
 pub(super) const SMALL_WRITE: usize = 4096;
 
 /// Operation names, in header-code order.
@@ -72,20 +75,30 @@ impl Header {
 }
 
 impl Communicator {
+    /// Waits for this rank's `signal` to reach `value`. The operation's
+    /// deadline is set (timeout from now) by its first wait that has to
+    /// block, so an operation whose messages are already there never reads
+    /// the clock.
     pub(super) fn wait(
         &mut self,
         signal: SignalId,
         value: u64,
         what: impl Fn() -> String,
     ) -> Result<()> {
-        let (op, timeout) = (self.op.to_string(), self.timeout);
+        if self.transport.signal_value(signal) >= value {
+            return Ok(());
+        }
+        let (op, timeout) = (self.op, self.timeout);
+        let deadline = *self
+            .deadline
+            .get_or_insert_with(|| Instant::now() + timeout);
         let r = self
             .transport
-            .wait(signal, value, self.deadline)
+            .wait(signal, value, deadline)
             .map_err(|e| match e {
                 CommError::Timeout { rank, .. } => CommError::Timeout {
                     rank,
-                    op,
+                    op: op.into(),
                     after: timeout,
                     waiting_for: what(),
                 },
@@ -93,11 +106,15 @@ impl Communicator {
                     rank, peer, why, ..
                 } => CommError::PeerLost {
                     rank,
-                    op,
+                    op: op.into(),
                     peer,
                     why,
                 },
-                CommError::Io { rank, message, .. } => CommError::Io { rank, op, message },
+                CommError::Io { rank, message, .. } => CommError::Io {
+                    rank,
+                    op: op.into(),
+                    message,
+                },
                 e => e,
             });
         r.map_err(|e| self.fail(e))
@@ -125,21 +142,32 @@ impl Communicator {
         let off = self.slot(class, self.rank, m);
         let words = h.words(payload.len());
         let data = SignalId((class * 64 + self.rank) as u32);
+        let mut head = [0u8; HDR];
+        head.chunks_exact_mut(8)
+            .zip(words)
+            .for_each(|(b, w)| b.copy_from_slice(&w.to_ne_bytes()));
+        if self.in_place {
+            // Header and payload straight from where they are, one signal.
+            let parts: [&[u8]; 2] = [&head, payload];
+            let r = self
+                .transport
+                .write_parts(peer, self.region, off, &parts, data);
+            r.map_err(|e| self.fail(e))?;
+            self.sent[peer][class] = m + 1;
+            return Ok(());
+        }
         // Small messages go as one write (header and payload contiguous).
         let small = payload.len() <= SMALL_WRITE;
         let mut scratch = std::mem::take(&mut self.scratch);
-        scratch
-            .chunks_exact_mut(8)
-            .zip(words)
-            .for_each(|(b, w)| b.copy_from_slice(&w.to_ne_bytes()));
         let r = if small {
+            scratch[..HDR].copy_from_slice(&head);
             scratch[HDR..HDR + payload.len()].copy_from_slice(payload);
             let whole = &scratch[..HDR + payload.len()];
             self.transport.write(peer, self.region, off, whole, data)
         } else {
             let r = self
                 .transport
-                .write(peer, self.region, off, &scratch[..32], SCRATCH);
+                .write(peer, self.region, off, &head[..32], SCRATCH);
             r.and_then(|()| {
                 self.transport
                     .write(peer, self.region, off + HDR, payload, data)

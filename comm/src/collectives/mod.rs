@@ -14,7 +14,8 @@
 //! to every peer and each rank reduces locally; above, a pipelined direct
 //! reduce-scatter + all-gather in chunks of `world x 256 KiB`: rank `j`
 //! reduces segment `j` of every chunk and sends it back to all (the same
-//! traffic as a ring, in two steps instead of `2(n-1)`).
+//! traffic as a ring, in two steps instead of `2(n-1)`). A short chunk (the
+//! only one of a mid-sized buffer, or the last) is split evenly.
 //!
 //! Determinism: every reduction combines the ranks' inputs in rank order
 //! (`((x0 op x1) op x2)...`) and each element is reduced by exactly one rank,
@@ -64,8 +65,12 @@ pub struct Communicator {
     deterministic: bool,
     broken: Option<String>,
     op: &'static str,
-    deadline: Instant,
+    /// The current operation's deadline, set by its first wait that blocks.
+    deadline: Option<Instant>,
     scratch: Vec<u8>,
+    /// Whether the transport writes a header and a payload without joining
+    /// them first ([`Transport::writes_parts_in_place`]).
+    in_place: bool,
     store: Option<Arc<dyn Store>>,
 }
 
@@ -104,6 +109,7 @@ impl Communicator {
         // SAFETY: the transport keeps its regions mapped for its lifetime, and we hold an Arc to it.
         let view = unsafe { RegionView::new(ptr, len) };
         let timeout = default_timeout();
+        let in_place = transport.writes_parts_in_place();
         let (sent, received) = (vec![[0; CLASSES]; world], vec![[0; CLASSES]; world]);
         Ok(Communicator {
             transport,
@@ -118,8 +124,9 @@ impl Communicator {
             deterministic: false,
             broken: None,
             op: "setup",
-            deadline: Instant::now(),
+            deadline: None,
             scratch: vec![0; HDR + channel::SMALL_WRITE],
+            in_place,
             store: None,
         })
     }
@@ -188,7 +195,7 @@ impl Communicator {
         self.deterministic
     }
 
-    /// Starts an operation: checks the communicator is usable, sets the
+    /// Starts an operation: checks the communicator is usable, clears the
     /// deadline and returns the call's header.
     fn begin(
         &mut self,
@@ -212,7 +219,10 @@ impl Communicator {
             )));
         }
         self.op = kind;
-        self.deadline = Instant::now() + self.timeout;
+        // The clock starts at the operation's first wait that blocks (see
+        // `channel.rs`): reading it costs as much as a tenth of a small
+        // all-reduce.
+        self.deadline = None;
         let seq = if collective {
             self.seq += 1;
             self.seq

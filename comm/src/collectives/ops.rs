@@ -17,6 +17,20 @@ pub(super) fn piece(count: usize, seg: usize, p: usize) -> Range<usize> {
     (p * seg).min(count)..((p + 1) * seg).min(count)
 }
 
+/// Elements of segment `j` of chunk `k` (chunks of `chunk` elements, the
+/// last one possibly short): an even split of the chunk among the `n`
+/// ranks, in whole 64-byte lines, so that a short chunk (a buffer of less
+/// than `n x SLOT` bytes, or the tail of a longer one) keeps every rank
+/// busy instead of leaving the work to the first ones.
+fn share(count: usize, chunk: usize, n: usize, es: usize, k: usize, j: usize) -> Range<usize> {
+    let start = k * chunk;
+    let len = count.saturating_sub(start).min(chunk);
+    let line = (64 / es).max(1);
+    let per = len.div_ceil(n).div_ceil(line) * line;
+    let end = start + len;
+    (start + j * per).min(end)..(start + (j + 1) * per).min(end)
+}
+
 fn bytes(r: Range<usize>, es: usize) -> Range<usize> {
     r.start * es..r.end * es
 }
@@ -88,10 +102,10 @@ impl Communicator {
             fold(dtype, op, out, src, me, &inputs[..n]);
             return self.peers().try_for_each(|peer| self.release(0, peer));
         }
-        // Chunk k = n segments of `seg` elements; rank j reduces segment j.
-        let seg = SLOT / es;
-        let chunks = count.div_ceil(seg * n);
-        let range = |k: usize, j: usize| bytes(piece(count, seg, k * n + j), es);
+        // Chunk k = n segments of at most `SLOT` bytes; rank j reduces segment j.
+        let chunk = SLOT / es * n;
+        let chunks = count.div_ceil(chunk);
+        let range = |k: usize, j: usize| bytes(share(count, chunk, n, es, k, j), es);
         let scatter = |c: &mut Communicator, out: &[u8], k: usize| -> Result<()> {
             for peer in c.peers() {
                 c.put(0, peer, &h, &src.unwrap_or(out)[range(k, peer)])?;
@@ -209,5 +223,40 @@ impl Communicator {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shares_split_every_chunk_evenly_within_a_slot() {
+        for (n, es) in [(1, 4), (2, 4), (2, 2), (3, 8), (4, 4), (7, 2)] {
+            let chunk = SLOT / es * n;
+            for count in [
+                0,
+                1,
+                15,
+                1000,
+                chunk - 1,
+                chunk,
+                chunk + 17,
+                3 * chunk + 12345,
+            ] {
+                let mut next = 0;
+                for k in 0..count.div_ceil(chunk) {
+                    let len = (count - k * chunk).min(chunk);
+                    for j in 0..n {
+                        let r = share(count, chunk, n, es, k, j);
+                        assert_eq!(r.start, next, "n {n} count {count} chunk {k} rank {j}");
+                        assert!(r.len() * es <= SLOT);
+                        assert!(r.len() <= len.div_ceil(n) + 64 / es);
+                        next = r.end;
+                    }
+                }
+                assert_eq!(next, count, "n {n} count {count}");
+            }
+        }
     }
 }

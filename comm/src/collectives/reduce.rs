@@ -180,37 +180,212 @@ pub(crate) fn fold(
     }
 }
 
-const BLOCK: usize = 1024;
+/// Elements per block when more than two inputs accumulate in f32 (or the
+/// integer type) before the last one is combined and stored.
+const BLOCK: usize = 512;
+
+/// Where one rank's input comes from: a separate buffer, or `out` itself
+/// (read element by element before that element is written).
+#[derive(Clone, Copy)]
+enum Src<'a> {
+    Ext(&'a [u8]),
+    Out,
+}
+
+impl<'a> Src<'a> {
+    fn sub(self, start: usize, end: usize) -> Src<'a> {
+        match self {
+            Src::Ext(b) => Src::Ext(&b[start..end]),
+            Src::Out => Src::Out,
+        }
+    }
+}
 
 fn fold_t<L: Lane>(op: ReduceOp, out: &mut [u8], own: Option<&[u8]>, me: usize, inputs: &[&[u8]]) {
     let n = inputs.len();
-    let mut acc = [L::A::default(); BLOCK];
-    let mut start = 0;
-    while start < out.len() {
-        let end = (start + BLOCK * L::SIZE).min(out.len());
-        let acc = &mut acc[..(end - start) / L::SIZE];
-        for (j, input) in inputs.iter().enumerate() {
-            let src: &[u8] = match (j == me, own) {
-                (true, Some(o)) => &o[start..end],
-                (true, None) => &out[start..end],
-                (false, _) => &input[start..end],
-            };
-            let lanes = acc.iter_mut().zip(src.chunks_exact(L::SIZE));
-            match (j, op) {
-                (0, _) => lanes.for_each(|(a, b)| *a = L::load(b)),
-                (_, ReduceOp::Sum | ReduceOp::Avg) => {
-                    lanes.for_each(|(a, b)| *a = L::add(*a, L::load(b)))
+    let src = |j: usize| match (j == me, own) {
+        (true, Some(o)) => Src::Ext(o),
+        (true, None) => Src::Out,
+        (false, _) => Src::Ext(inputs[j]),
+    };
+    // The operator and the final step are closures, so that each
+    // combination compiles to its own straight (vectorizable) loop.
+    match op {
+        ReduceOp::Sum => fold_with::<L>(out, n, src, L::add, |a| a),
+        ReduceOp::Avg => fold_with::<L>(out, n, src, L::add, |a| L::div(a, n)),
+        ReduceOp::Max => fold_with::<L>(out, n, src, L::max, |a| a),
+        ReduceOp::Min => fold_with::<L>(out, n, src, L::min, |a| a),
+    }
+}
+
+/// `out = last(((x0 f x1) f x2) ...)`, in rank order, whatever `n`.
+#[inline(always)]
+fn fold_with<'a, L: Lane>(
+    out: &mut [u8],
+    n: usize,
+    src: impl Fn(usize) -> Src<'a>,
+    f: impl Fn(L::A, L::A) -> L::A + Copy,
+    last: impl Fn(L::A) -> L::A + Copy,
+) {
+    let s = L::SIZE;
+    match n {
+        1 => {
+            if let Src::Ext(x) = src(0) {
+                out.copy_from_slice(x);
+            }
+            out.chunks_exact_mut(s)
+                .for_each(|o| L::store(last(L::load(o)), o));
+        }
+        2 => pair::<L>(out, src(0), src(1), |a, b| last(f(a, b))),
+        _ => {
+            let mut acc = [L::A::default(); BLOCK];
+            let mut start = 0;
+            while start < out.len() {
+                let end = (start + BLOCK * s).min(out.len());
+                let o = &mut out[start..end];
+                let acc = &mut acc[..(end - start) / s];
+                let x = |j: usize| src(j).sub(start, end);
+                {
+                    let o: &[u8] = o;
+                    let (x0, x1) = (pick(x(0), o), pick(x(1), o));
+                    let lanes = acc
+                        .iter_mut()
+                        .zip(x0.chunks_exact(s).zip(x1.chunks_exact(s)));
+                    lanes.for_each(|(a, (b, c))| *a = f(L::load(b), L::load(c)));
+                    for j in 2..n - 1 {
+                        let lanes = acc.iter_mut().zip(pick(x(j), o).chunks_exact(s));
+                        lanes.for_each(|(a, b)| *a = f(*a, L::load(b)));
+                    }
                 }
-                (_, ReduceOp::Max) => lanes.for_each(|(a, b)| *a = L::max(*a, L::load(b))),
-                (_, ReduceOp::Min) => lanes.for_each(|(a, b)| *a = L::min(*a, L::load(b))),
+                match x(n - 1) {
+                    Src::Ext(b) => acc
+                        .iter()
+                        .zip(o.chunks_exact_mut(s).zip(b.chunks_exact(s)))
+                        .for_each(|(a, (o, b))| L::store(last(f(*a, L::load(b))), o)),
+                    Src::Out => acc
+                        .iter()
+                        .zip(o.chunks_exact_mut(s))
+                        .for_each(|(a, o)| L::store(last(f(*a, L::load(o))), o)),
+                }
+                start = end;
             }
         }
-        if op == ReduceOp::Avg {
-            acc.iter_mut().for_each(|a| *a = L::div(*a, n));
+    }
+}
+
+fn pick<'b>(x: Src<'b>, out: &'b [u8]) -> &'b [u8] {
+    match x {
+        Src::Ext(b) => b,
+        Src::Out => out,
+    }
+}
+
+/// `out = g(a, b)` element by element; `a` or `b` may be `out` itself.
+#[inline(always)]
+fn pair<L: Lane>(out: &mut [u8], a: Src, b: Src, g: impl Fn(L::A, L::A) -> L::A) {
+    let s = L::SIZE;
+    match (a, b) {
+        (Src::Ext(a), Src::Ext(b)) => out
+            .chunks_exact_mut(s)
+            .zip(a.chunks_exact(s).zip(b.chunks_exact(s)))
+            .for_each(|(o, (a, b))| L::store(g(L::load(a), L::load(b)), o)),
+        (Src::Out, Src::Ext(b)) => out
+            .chunks_exact_mut(s)
+            .zip(b.chunks_exact(s))
+            .for_each(|(o, b)| L::store(g(L::load(o), L::load(b)), o)),
+        (Src::Ext(a), Src::Out) => out
+            .chunks_exact_mut(s)
+            .zip(a.chunks_exact(s))
+            .for_each(|(o, a)| L::store(g(L::load(a), L::load(o)), o)),
+        (Src::Out, Src::Out) => unreachable!("one rank's input is `out`"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The definition the kernel must match bit for bit: one element at a
+    /// time, accumulated in rank order, the average divided once.
+    fn reference<L: Lane>(op: ReduceOp, inputs: &[Vec<u8>]) -> Vec<u8> {
+        let n = inputs.len();
+        let mut out = vec![0u8; inputs[0].len()];
+        for (i, o) in out.chunks_exact_mut(L::SIZE).enumerate() {
+            let at = |j: usize| L::load(&inputs[j][i * L::SIZE..(i + 1) * L::SIZE]);
+            let mut a = at(0);
+            for j in 1..n {
+                a = match op {
+                    ReduceOp::Sum | ReduceOp::Avg => L::add(a, at(j)),
+                    ReduceOp::Max => L::max(a, at(j)),
+                    ReduceOp::Min => L::min(a, at(j)),
+                };
+            }
+            if op == ReduceOp::Avg {
+                a = L::div(a, n);
+            }
+            L::store(a, o);
         }
-        for (a, b) in acc.iter().zip(out[start..end].chunks_exact_mut(L::SIZE)) {
-            L::store(*a, b);
+        out
+    }
+
+    fn bytes(dtype: DType, rank: usize, count: usize) -> Vec<u8> {
+        let mut x = 0x9e37_79b9_7f4a_7c15u64 ^ (rank as u64 * 0x1000_0001);
+        let mut out = Vec::with_capacity(count * dtype.size());
+        for i in 0..count {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let v = (x >> 11) as f64 / (1u64 << 53) as f64 * 200.0 - 100.0;
+            // Some NaNs, infinities and signed zeros among the floats.
+            let v = match (i + rank) % 97 {
+                0 => f64::NAN,
+                1 => f64::INFINITY,
+                2 => -0.0,
+                _ => v,
+            };
+            match dtype {
+                DType::F32 => out.extend((v as f32).to_ne_bytes()),
+                DType::F16 => out.extend(half::f16::from_f64(v).to_ne_bytes()),
+                DType::BF16 => out.extend(half::bf16::from_f64(v).to_ne_bytes()),
+                DType::I32 => out.extend((x as i32).to_ne_bytes()),
+                DType::I64 => out.extend((x as i64).to_ne_bytes()),
+            }
         }
-        start = end;
+        out
+    }
+
+    fn expected(dtype: DType, op: ReduceOp, inputs: &[Vec<u8>]) -> Vec<u8> {
+        match dtype {
+            DType::F32 => reference::<F32L>(op, inputs),
+            DType::F16 => reference::<F16L>(op, inputs),
+            DType::BF16 => reference::<BF16L>(op, inputs),
+            DType::I32 => reference::<I32L>(op, inputs),
+            DType::I64 => reference::<I64L>(op, inputs),
+        }
+    }
+
+    #[test]
+    fn fold_matches_the_element_by_element_definition() {
+        let dtypes = [DType::F32, DType::F16, DType::BF16, DType::I32, DType::I64];
+        let ops = [ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max, ReduceOp::Min];
+        for dtype in dtypes {
+            for n in 1..=5 {
+                for count in [0, 1, 7, BLOCK - 1, BLOCK + 3, 3 * BLOCK + 17] {
+                    let inputs: Vec<Vec<u8>> = (0..n).map(|r| bytes(dtype, r, count)).collect();
+                    let refs: Vec<&[u8]> = inputs.iter().map(|b| &b[..]).collect();
+                    for op in ops {
+                        let want = expected(dtype, op, &inputs);
+                        for (me, mine) in inputs.iter().enumerate() {
+                            let mut out = vec![0u8; want.len()];
+                            fold(dtype, op, &mut out, Some(mine), me, &refs);
+                            assert_eq!(out, want, "{dtype:?} {op:?} n {n} count {count} me {me}");
+                            let mut out = mine.clone();
+                            fold(dtype, op, &mut out, None, me, &refs);
+                            assert_eq!(out, want, "in place: {dtype:?} {op:?} n {n} me {me}");
+                        }
+                    }
+                }
+            }
+        }
     }
 }

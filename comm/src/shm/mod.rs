@@ -3,7 +3,9 @@
 //! segment (pid, closed flag, 256 signal counters) under `/dev/shm`, named
 //! `polychip-<job>-r<rank>-<id>`; every rank maps every rank's files, so a
 //! `write` is a `memcpy` into the peer's mapping followed by a release
-//! increment of the peer's counter. `wait` spins, then yields, then sleeps on
+//! increment of the peer's counter (`write_parts` copies several pieces,
+//! such as a header and a payload, with one increment). The mappings are
+//! found without a lock. `wait` spins, then yields, then sleeps on
 //! a futex, checks the peers' liveness about every 100 ms and fails at its
 //! deadline. All unsafe code of the communication layer lives in this module
 //! (the mappings and the futex in `map.rs`).
@@ -11,8 +13,8 @@
 mod map;
 
 use std::fs;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 pub use map::RegionView;
@@ -44,7 +46,7 @@ pub struct ShmTransport {
     job: String,
     timeout: Duration,
     ctl: Vec<Map>,
-    regions: Mutex<Vec<Vec<Map>>>,
+    regions: Regions,
     pids: Vec<libc::pid_t>,
 }
 
@@ -52,6 +54,47 @@ pub struct ShmTransport {
 unsafe impl Send for ShmTransport {}
 // SAFETY: as above; mutable state is behind a Mutex.
 unsafe impl Sync for ShmTransport {}
+
+/// The registered regions (every rank's mapping of each), read by `write`
+/// without a lock: an append-only list in segments of 1, 2, 4... entries,
+/// each entry set once. Registration holds `count`'s lock.
+#[derive(Debug, Default)]
+struct Regions {
+    count: Mutex<usize>,
+    segments: [OnceLock<Segment>; 32],
+}
+
+/// Every rank's mapping of one region, by rank.
+type Maps = Box<[Map]>;
+/// Entries `2^k - 1 .. 2^(k+1) - 1` of [`Regions`].
+type Segment = Box<[OnceLock<Maps>]>;
+
+impl Regions {
+    /// (segment, index in it) of region `id`.
+    fn locate(id: usize) -> (usize, usize) {
+        let k = (usize::BITS - 1 - (id + 1).leading_zeros()) as usize;
+        (k, id + 1 - (1 << k))
+    }
+
+    fn get(&self, id: usize) -> Option<&[Map]> {
+        let (k, i) = Regions::locate(id);
+        let entry = self.segments.get(k)?.get()?.get(i)?;
+        entry.get().map(|maps| &**maps)
+    }
+
+    /// Stores region `id`, the next one (the caller holds `count`'s lock).
+    fn set(&self, id: usize, maps: Vec<Map>) -> Result<()> {
+        let (k, i) = Regions::locate(id);
+        let segment = self
+            .segments
+            .get(k)
+            .ok_or_else(|| CommError::Usage(format!("shm: too many registered regions ({id})")))?;
+        let segment = segment.get_or_init(|| (0..1usize << k).map(|_| OnceLock::new()).collect());
+        let stored = segment[i].set(maps.into_boxed_slice());
+        assert!(stored.is_ok(), "shm region {id} registered twice");
+        Ok(())
+    }
+}
 
 fn path(job: &str, rank: usize, what: &str) -> String {
     format!("/dev/shm/polychip-{job}-r{rank}-{what}")
@@ -155,7 +198,7 @@ impl ShmTransport {
             pids.push(pid as libc::pid_t);
             ctl.push(map);
         }
-        let regions = Mutex::new(Vec::new());
+        let regions = Regions::default();
         Ok(ShmTransport {
             rank,
             world,
@@ -210,8 +253,8 @@ impl Transport for ShmTransport {
     }
 
     fn register(&self, len: usize) -> Result<(RegionId, *mut u8)> {
-        let mut regions = self.regions.lock().unwrap_or_else(|e| e.into_inner());
-        let id = regions.len();
+        let mut count = self.regions.count.lock().unwrap_or_else(|e| e.into_inner());
+        let id = *count;
         let deadline = Instant::now() + self.timeout;
         let own = Map::open(
             &path(&self.job, self.rank, &id.to_string()),
@@ -235,7 +278,8 @@ impl Transport for ShmTransport {
             });
         }
         let ptr = maps[self.rank].ptr;
-        regions.push(maps);
+        self.regions.set(id, maps)?;
+        *count += 1;
         Ok((RegionId(id as u32), ptr))
     }
 
@@ -247,28 +291,40 @@ impl Transport for ShmTransport {
         data: &[u8],
         signal: SignalId,
     ) -> Result<()> {
-        if !data.is_empty() {
-            let regions = self.regions.lock().unwrap_or_else(|e| e.into_inner());
-            let map = regions.get(region.0 as usize).and_then(|m| m.get(peer));
+        self.write_parts(peer, region, offset, &[data], signal)
+    }
+
+    fn write_parts(
+        &self,
+        peer: usize,
+        region: RegionId,
+        offset: usize,
+        parts: &[&[u8]],
+        signal: SignalId,
+    ) -> Result<()> {
+        let len: usize = parts.iter().map(|p| p.len()).sum();
+        if len > 0 {
+            let map = self
+                .regions
+                .get(region.0 as usize)
+                .and_then(|m| m.get(peer));
             let map = map.ok_or_else(|| {
                 CommError::Usage(format!("shm write: no region {} on rank {peer}", region.0))
             })?;
-            if offset
-                .checked_add(data.len())
-                .is_none_or(|end| end > map.len)
-            {
+            if offset.checked_add(len).is_none_or(|end| end > map.len) {
                 return Err(CommError::Usage(format!(
-                    "shm write: {}+{} past region {} of {} bytes",
-                    offset,
-                    data.len(),
-                    region.0,
-                    map.len
+                    "shm write: {offset}+{len} past region {} of {} bytes",
+                    region.0, map.len
                 )));
             }
-            // SAFETY: destination in bounds (checked) of a live mapping; the source is a distinct, valid slice.
-            unsafe {
-                std::ptr::copy_nonoverlapping(data.as_ptr(), map.ptr.add(offset), data.len())
-            };
+            let mut at = offset;
+            for part in parts {
+                // SAFETY: destination in bounds (the parts' total is checked) of a live mapping; the source is a distinct, valid slice.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(part.as_ptr(), map.ptr.add(at), part.len())
+                };
+                at += part.len();
+            }
         }
         let counter = self.signal(peer, signal);
         counter.fetch_add(1, Ordering::SeqCst);
@@ -276,6 +332,10 @@ impl Transport for ShmTransport {
             futex(counter, libc::FUTEX_WAKE, i32::MAX as u32, None);
         }
         Ok(())
+    }
+
+    fn writes_parts_in_place(&self) -> bool {
+        true
     }
 
     fn wait(&self, signal: SignalId, value: u64, deadline: Instant) -> Result<()> {
@@ -349,7 +409,11 @@ impl Drop for ShmTransport {
     fn drop(&mut self) {
         // Peers see the flag within their next liveness check (about 100 ms).
         self.ctl[self.rank].word(CLOSED).store(1, Ordering::SeqCst);
-        let n = self.regions.get_mut().map_or(0, |r| r.len());
+        let n = *self
+            .regions
+            .count
+            .get_mut()
+            .unwrap_or_else(|e| e.into_inner());
         for id in 0..n {
             let _ = fs::remove_file(path(&self.job, self.rank, &id.to_string()));
         }
