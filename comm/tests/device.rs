@@ -69,7 +69,11 @@ fn world<T: Send>(devices: &[Device], f: impl Fn(&Device, &mut DeviceComm) -> T 
                         ShmTransport::new(&*store, r, n, Duration::from_secs(20)).expect("connect");
                     let mut c = Communicator::new(Arc::new(t)).expect("communicator");
                     c.set_timeout(Duration::from_secs(20));
-                    f(d, &mut DeviceComm::new(&mut c))
+                    let out = f(d, &mut DeviceComm::new(&mut c));
+                    // No rank leaves while another may still read from it
+                    // (a reduce's non-root ranks finish first).
+                    c.barrier().expect("final barrier");
+                    out
                 })
             })
             .collect();
