@@ -87,7 +87,7 @@ pub struct Args {
     #[arg(long, value_name = "FILE")]
     trace: Option<PathBuf>,
     /// Replay every op of the first step on the f64 reference and name the
-    /// first whose output diverges beyond its tolerance.
+    /// first whose output diverges beyond its tolerance (exit status 1 then).
     #[arg(long)]
     autocompare: bool,
     /// Write the run's summary (loss curve, step times, plan) as JSON here.
@@ -373,10 +373,12 @@ fn train(args: &Args) -> Result<ExitCode, TrainError> {
         );
     }
     let summary = trainer::run(&opts, &rt, job.as_mut())?;
+    let mut diverged = false;
     if args.autocompare {
         let report = autocompare::compare(&summary.records);
         let device = &plan.roles(&model)[rank].device;
         println!("{device}: {}", report.summary());
+        diverged = !report.passed();
     }
     if rank == 0 {
         report(args, &plan, &summary)?;
@@ -384,7 +386,13 @@ fn train(args: &Args) -> Result<ExitCode, TrainError> {
     if let Some(j) = job {
         j.finish()?;
     }
-    Ok(ExitCode::SUCCESS)
+    // A divergence found by --autocompare fails the command (after the job
+    // has ended cleanly on every rank), so scripts can rely on it.
+    Ok(if diverged {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    })
 }
 
 fn pin_to(cores: &[usize]) -> Result<(), TrainError> {
