@@ -321,3 +321,63 @@ fn trace_and_autocompare_cover_every_rank() {
     assert!(!sim["traceEvents"].as_array().unwrap().is_empty());
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn the_flop_planners_json_plan_trains() {
+    let dir = scratch("planner-json");
+    std::fs::write(
+        dir.join("cluster.toml"),
+        r#"
+inter_node_bandwidth = 2e9
+
+[[chip_types]]
+name = "ferrite"
+count = 1
+chips_per_node = 1
+memory_bytes = 4294967296
+peak_flops = { f32 = 50e9, bf16 = 50e9, f16 = 50e9 }
+efficiency = 0.5
+intra_node_bandwidth = 2e9
+nic_bandwidth = 2e9
+
+[[chip_types]]
+name = "cobalt"
+count = 1
+chips_per_node = 1
+memory_bytes = 268435456
+peak_flops = { f32 = 5e9, bf16 = 5e9, f16 = 5e9 }
+efficiency = 0.5
+intra_node_bandwidth = 2e9
+nic_bandwidth = 2e9
+"#,
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("model.toml"),
+        "name = \"mini\"\nlayers = 2\nhidden = 32\nffn = 64\nheads = 4\nkv_heads = 2\n\
+         vocab = 256\nseq_len = 16\n",
+    )
+    .unwrap();
+    let (c, m) = (dir.join("cluster.toml"), dir.join("model.toml"));
+    let (c, m) = (c.display().to_string(), m.display().to_string());
+    let plan_args = [
+        "plan",
+        "--cluster",
+        &c,
+        "--model",
+        &m,
+        "--global-batch",
+        "8",
+        "--dtype",
+        "f32",
+        "--json",
+    ];
+    let (code, json, err) = polychip(&plan_args, &[]);
+    assert_eq!(code, Some(0), "{err}");
+    let plan = dir.join("plan.json");
+    std::fs::write(&plan, json).unwrap();
+    let p = plan.display().to_string();
+    let losses = curve(&dir, "from-planner", &["--steps", "3", "--plan", &p]);
+    assert_eq!(losses.len(), 3);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -5,9 +5,7 @@
 //! head and optimizer costs separate); the planner's measured-cost search
 //! (`polychip_planner::measured`) then evaluates every pipeline order and
 //! layer split and the data-parallel deal of the batch with its 1F1B
-//! simulator, and its answer becomes the job's layout. [`from_planner`]
-//! turns a plan of the FLOP-based search (`polychip plan --json`) into a
-//! layout too.
+//! simulator, and its answer becomes the job's layout.
 
 use std::time::Instant;
 
@@ -310,35 +308,4 @@ fn measured_model(cfg: &ModelConfig, t: &TrainConfig, b: usize, gb: usize) -> Me
         grad_bytes: 4,
         link_bandwidth: 2e9,
     }
-}
-
-/// The planner's plan as a training layout (chip types are vendor names).
-pub fn from_planner(plan: &polychip_planner::plan::Plan) -> Result<TrainPlan> {
-    let mut groups = Vec::new();
-    for r in &plan.replicas {
-        let mut stages = Vec::new();
-        for s in &r.stages {
-            if s.tp != 1 {
-                return Err(TrainError::Plan(format!(
-                    "the planner chose tensor parallelism {} for a stage of {}, which the \
-                     trainer does not run; plan with one chip per node",
-                    s.tp, s.chip
-                )));
-            }
-            stages.push(StagePlan {
-                device: s.chip.clone(),
-                layers: [s.first_layer as usize, s.end_layer as usize],
-            });
-        }
-        groups.push(GroupPlan {
-            copies: r.copies as usize,
-            micro_batch_size: r.micro_batch_size as usize,
-            micro_batches: r.micro_batches as usize,
-            stages,
-        });
-    }
-    Ok(TrainPlan {
-        groups,
-        predicted_step_seconds: Some(plan.step_time_simulated),
-    })
 }

@@ -135,15 +135,31 @@ impl TrainPlan {
         })
     }
 
-    /// Reads a plan file: TOML (`[[group]]` tables) or JSON (`.json`).
+    /// Reads a plan file: TOML (`[[group]]` tables), or JSON (`.json`): this
+    /// struct as `--save-plan` writes it, or the FLOP-based planner's answer
+    /// as `polychip plan --json` prints it (its chip type names must then be
+    /// vendor names, and its tensor-parallel degrees 1).
     pub fn load(path: &Path) -> Result<TrainPlan> {
         let text = std::fs::read_to_string(path).map_err(|e| TrainError::io(path, e))?;
-        let parsed = if path.extension().is_some_and(|e| e == "json") {
-            serde_json::from_str(&text).map_err(|e| e.to_string())
-        } else {
-            toml::from_str(&text).map_err(|e| e.to_string())
+        let bad = |e: String| TrainError::Plan(format!("plan file {}: {e}", path.display()));
+        if path.extension().is_none_or(|e| e != "json") {
+            return toml::from_str(&text).map_err(|e| bad(e.to_string()));
+        }
+        let value: serde_json::Value =
+            serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
+        let planner = match (value.get("plan"), value.get("replicas")) {
+            (Some(p), _) => Some(p.clone()),
+            (None, Some(_)) => Some(value.clone()),
+            (None, None) => None,
         };
-        parsed.map_err(|e| TrainError::Plan(format!("plan file {}: {e}", path.display())))
+        match planner {
+            Some(p) => {
+                let plan: polychip_planner::plan::Plan =
+                    serde_json::from_value(p).map_err(|e| bad(format!("a planner plan: {e}")))?;
+                from_planner(&plan).map_err(|e| bad(e.to_string()))
+            }
+            None => serde_json::from_value(value).map_err(|e| bad(e.to_string())),
+        }
     }
 
     /// Ranks the plan needs.
@@ -299,6 +315,37 @@ impl TrainPlan {
             .collect();
         groups.join(" + ")
     }
+}
+
+/// The planner's plan as a training layout (chip types are vendor names).
+pub fn from_planner(plan: &polychip_planner::plan::Plan) -> Result<TrainPlan> {
+    let mut groups = Vec::new();
+    for r in &plan.replicas {
+        let mut stages = Vec::new();
+        for s in &r.stages {
+            if s.tp != 1 {
+                return Err(TrainError::Plan(format!(
+                    "the planner chose tensor parallelism {} for a stage of {}, which the \
+                     trainer does not run; plan with one chip per node",
+                    s.tp, s.chip
+                )));
+            }
+            stages.push(StagePlan {
+                device: s.chip.clone(),
+                layers: [s.first_layer as usize, s.end_layer as usize],
+            });
+        }
+        groups.push(GroupPlan {
+            copies: r.copies as usize,
+            micro_batch_size: r.micro_batch_size as usize,
+            micro_batches: r.micro_batches as usize,
+            stages,
+        });
+    }
+    Ok(TrainPlan {
+        groups,
+        predicted_step_seconds: Some(plan.step_time_simulated),
+    })
 }
 
 /// Checks that each role's device is among `devices` (`vendor:index`, lower
