@@ -20,13 +20,18 @@ pub struct Span {
     pub dur_us: f64,
 }
 
-/// Collects spans when enabled (always keeps forward/backward durations,
-/// which the step report needs).
+/// Collects spans when enabled. A tracer that is not exporting a trace
+/// keeps only the most recent [`RECENT`] spans (enough for the step
+/// report's medians), so a long run's memory stays bounded.
 #[derive(Debug, Default)]
 pub struct Tracer {
     enabled: bool,
+    keep_all: bool,
     spans: Vec<Span>,
 }
+
+/// Spans a tracer that is not exporting keeps.
+pub const RECENT: usize = 20_000;
 
 /// Microseconds since the Unix epoch.
 pub fn now_us() -> f64 {
@@ -36,10 +41,12 @@ pub fn now_us() -> f64 {
 }
 
 impl Tracer {
-    /// A tracer that keeps spans when `enabled`.
-    pub fn new(enabled: bool) -> Tracer {
+    /// A tracer that records spans when `enabled`, all of them when
+    /// `keep_all` (for a trace file), else the most recent [`RECENT`].
+    pub fn new(enabled: bool, keep_all: bool) -> Tracer {
         Tracer {
             enabled,
+            keep_all,
             spans: Vec::new(),
         }
     }
@@ -57,6 +64,9 @@ impl Tracer {
         let start = now_us();
         let out = f();
         let dur = now_us() - start;
+        if !self.keep_all && self.spans.len() >= RECENT {
+            self.spans.drain(..RECENT / 2);
+        }
         self.spans.push(Span {
             name: name(),
             cat,
@@ -106,4 +116,25 @@ pub fn chrome_trace(ranks: &[(String, Value)]) -> Value {
         }
     }
     json!({ "traceEvents": events, "displayTimeUnit": "ms" })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_tracer_without_a_file_stays_bounded_and_the_trace_lines_up() {
+        let mut t = Tracer::new(true, false);
+        for i in 0..RECENT + 10 {
+            t.span(|| format!("F{i}"), "forward", || ());
+        }
+        assert!(t.spans().len() <= RECENT);
+        assert_eq!(t.spans().last().unwrap().name, format!("F{}", RECENT + 9));
+        let mut all = Tracer::new(true, true);
+        all.span(|| "B0".into(), "backward", || ());
+        let trace = chrome_trace(&[("rank 0".into(), all.to_json())]);
+        let events = trace["traceEvents"].as_array().unwrap();
+        assert_eq!(events[1]["name"], "B0");
+        assert_eq!(events[1]["ts"], 0.0, "times start at the earliest span");
+    }
 }

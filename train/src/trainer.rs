@@ -196,7 +196,7 @@ pub fn run(opts: &Options, runtime: &Runtime, mut job: Option<&mut Job>) -> Resu
         start_step: start,
         ..Summary::default()
     };
-    let mut tracer = Tracer::new(true);
+    let mut tracer = Tracer::new(true, opts.trace.is_some());
     let mut pool = StagingPool::new();
     let replicas = opts.plan.replicas() as f64;
     let tokens_per_step = (t.global_batch * cfg.seq_len) as f64;
