@@ -83,7 +83,7 @@ pub fn check_role(
         let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
         return Err(TrainError::Plan(format!(
             "stage {} of replica {} ({}, blocks {}..{}) needs {:.1} MiB (weights and optimizer \
-             {:.1} MiB, activations of {in_flight} micro-batches of {} sequences {:.1} MiB, \
+             {:.1} MiB, activations of {in_flight} {} of {} sequences {:.1} MiB, \
              work buffers {:.1} MiB) but the device has {:.1} MiB: {:.1} MiB short; give it \
              fewer blocks, smaller or fewer micro-batches",
             role.stage,
@@ -93,6 +93,11 @@ pub fn check_role(
             role.range.end_layer,
             mib(need.total()),
             mib(need.state),
+            if in_flight == 1 {
+                "micro-batch"
+            } else {
+                "micro-batches"
+            },
             role.micro_batch_size,
             mib(need.activations),
             mib(need.transient),
