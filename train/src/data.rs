@@ -95,7 +95,10 @@ impl Corpus {
     /// Fails with [`TrainError::Io`] when the file cannot be read and with
     /// [`TrainError::Data`] when it holds fewer than [`MIN_BYTES`] bytes.
     pub fn load(path: &Path) -> Result<Corpus> {
-        let bytes = std::fs::read(path).map_err(|e| TrainError::io(path, e))?;
+        let bytes = std::fs::read(path).map_err(|e| TrainError::Data {
+            path: path.to_path_buf(),
+            message: format!("cannot be read: {e}"),
+        })?;
         Corpus::from_bytes(&path.display().to_string(), bytes)
     }
 

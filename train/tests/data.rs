@@ -137,9 +137,10 @@ fn loads_any_bytes_from_a_file() {
 fn a_missing_file_is_named() {
     let path = scratch("does-not-exist.txt");
     let err = Corpus::load(&path).unwrap_err();
-    assert!(matches!(err, TrainError::Io { .. }), "{err:?}");
+    assert!(matches!(err, TrainError::Data { .. }), "{err:?}");
     let msg = err.to_string();
     assert!(msg.contains(&path.display().to_string()), "{msg}");
+    assert!(msg.starts_with("corpus ") && msg.contains("cannot be read"), "{msg}");
 }
 
 #[test]
