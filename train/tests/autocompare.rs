@@ -347,3 +347,19 @@ fn a_mini_step_on_ferrite_is_within_tolerance() {
         }
     }
 }
+
+#[test]
+fn a_wrong_output_in_a_real_step_is_named_by_index_op_and_place() {
+    let mut records = mini_step(Precision::F32);
+    // What a plugin bug in one call would leave: one element off.
+    let at = records
+        .iter()
+        .position(|r| r.op == "rms_norm_backward")
+        .expect("the step has an rms_norm_backward");
+    let label = records[at].label.clone();
+    records[at].outputs[0].1.values[3] += 0.5;
+    let d = compare(&records).first_divergence.expect("a divergence");
+    assert_eq!((d.index, d.op, d.element), (at, "rms_norm_backward", 3));
+    assert_eq!(d.label, label);
+    assert_eq!(d.output, "grad_input");
+}
