@@ -34,6 +34,9 @@ pub enum TrainError {
     /// The plan cannot run: a stage does not fit, ranks and stages disagree.
     #[error("plan: {0}")]
     Plan(String),
+    /// The loss or the gradient norm stopped being finite.
+    #[error("training diverged: {0}")]
+    Diverged(String),
     /// A file could not be read or written.
     #[error("{path}: {source}")]
     Io {

@@ -245,7 +245,7 @@ pub fn run(opts: &Options, runtime: &Runtime, mut job: Option<&mut Job>) -> Resu
         let loss = f64::from(scalars[0]);
         let norm = (f64::from(scalars[1]) / replicas).sqrt();
         if !loss.is_finite() || !norm.is_finite() {
-            return Err(TrainError::Plan(format!(
+            return Err(TrainError::Diverged(format!(
                 "step {}: the loss ({loss}) or gradient norm ({norm}) is not finite; lower the \
                  learning rate or check the plugins with `polychip conform` and --autocompare",
                 s + 1
