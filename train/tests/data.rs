@@ -140,7 +140,10 @@ fn a_missing_file_is_named() {
     assert!(matches!(err, TrainError::Data { .. }), "{err:?}");
     let msg = err.to_string();
     assert!(msg.contains(&path.display().to_string()), "{msg}");
-    assert!(msg.starts_with("corpus ") && msg.contains("cannot be read"), "{msg}");
+    assert!(
+        msg.starts_with("corpus ") && msg.contains("cannot be read"),
+        "{msg}"
+    );
 }
 
 #[test]
