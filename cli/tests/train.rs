@@ -381,3 +381,45 @@ nic_bandwidth = 2e9
     assert_eq!(losses.len(), 3);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn the_default_job_plans_with_heteroauto_over_both_vendors() {
+    let dir = scratch("auto");
+    let plan = dir.join("plan.json");
+    let p = plan.display().to_string();
+    let args = [
+        "train",
+        "--model",
+        "mini",
+        "--global-batch",
+        "8",
+        "--no-pin",
+        "--save-plan",
+        &p,
+    ];
+    let (code, out, err) = polychip(&args, &[]);
+    assert_eq!(code, Some(0), "{out}{err}");
+    for needle in [
+        "profiled cobalt:0",
+        "profiled ferrite:0",
+        "plan (HeteroAuto",
+    ] {
+        assert!(err.contains(needle), "{needle}: {err}");
+    }
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&plan).unwrap()).unwrap();
+    let devices: Vec<&str> = v["group"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|g| g["stages"].as_array().unwrap())
+        .map(|s| s["device"].as_str().unwrap())
+        .collect();
+    assert!(
+        devices.contains(&"ferrite:0") && devices.contains(&"cobalt:0"),
+        "every device is used: {devices:?}"
+    );
+    assert!(v["predicted_step_seconds"].as_f64().unwrap() > 0.0);
+    let losses = curve(&dir, "auto", &["--steps", "2", "--plan", &p]);
+    assert_eq!(losses.len(), 2);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -101,10 +101,18 @@ pub fn profile(cfg: &ModelConfig, t: &TrainConfig, device: &Device, b: usize) ->
     let reps = 5;
     let st = |r| Stage::new(cfg, r, t.precision, device, 0);
     let e1 = time_passes(&st(range(1, true, false))?, b, reps)?;
-    // The per-block cost from the embedding and all blocks (up to 16)
-    // against the embedding and one: a stage of many blocks no longer fits
-    // the caches that one or two blocks fit, and its blocks cost more.
-    let many = cfg.layers.min(16);
+    // The per-block cost from the embedding and all blocks (up to 16, fewer
+    // when they do not fit the device) against the embedding and one: a
+    // stage of many blocks no longer fits the caches that one or two blocks
+    // fit, and its blocks cost more.
+    let mut many = cfg.layers.min(16);
+    let fits = |n: usize| {
+        let need = memory::stage_memory(cfg, t.precision, &range(n, true, false), b, 1);
+        need.total() <= device.props().memory_bytes
+    };
+    while many > 2 && !fits(many) {
+        many /= 2;
+    }
     let (block, embed) = if many >= 2 {
         let big = st(range(many, true, false))?;
         let en = time_passes(&big, b, 3)?;
