@@ -66,7 +66,7 @@ struct CommArgs {
 /// Runs `polychip bench`.
 pub fn run(args: &Args) -> ExitCode {
     let What::Comm(args) = &args.what;
-    let result = match inside_launcher() {
+    let result = match polychip_comm::env::launched() {
         true => rank(args),
         false => relaunch(args),
     };
@@ -81,12 +81,6 @@ pub fn run(args: &Args) -> ExitCode {
             ExitCode::FAILURE
         }
     }
-}
-
-fn inside_launcher() -> bool {
-    ["RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID"]
-        .iter()
-        .any(|v| std::env::var(v).is_ok_and(|s| !s.trim().is_empty()))
 }
 
 fn options(args: &CommArgs) -> polychip_comm::Result<BenchOptions> {

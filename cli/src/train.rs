@@ -123,12 +123,6 @@ pub fn run(args: &Args) -> ExitCode {
     }
 }
 
-fn inside_launcher() -> bool {
-    ["RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID"]
-        .iter()
-        .any(|v| std::env::var(v).is_ok_and(|s| !s.trim().is_empty()))
-}
-
 fn settings(args: &Args) -> Result<(ModelConfig, TrainConfig), TrainError> {
     let model = ModelConfig::from_arg(&args.model)?;
     let mut t = match &args.config {
@@ -276,7 +270,7 @@ fn resolve_plan(
 fn train(args: &Args) -> Result<ExitCode, TrainError> {
     let (model, t) = settings(args)?;
     let corpus = corpus(args)?;
-    let launched = inside_launcher();
+    let launched = polychip_comm::env::launched();
     let info = polychip_comm::env::from_env()?;
     // Pin before any plugin starts a thread: ranks share the cores out.
     let cores = match &args.cores {

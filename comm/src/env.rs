@@ -56,6 +56,18 @@ pub fn from_env() -> Result<RankInfo> {
     from_vars(|name| std::env::var(name).ok())
 }
 
+/// The variables by which [`from_vars`] recognises a launcher, in the order
+/// it tries them (torchrun and `polychip launch`, Open MPI, Slurm).
+pub const RANK_VARS: [&str; 3] = ["RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID"];
+
+/// Whether this process was started by a launcher (one of [`RANK_VARS`] is
+/// set and not empty): a program that can start its own ranks then is one.
+pub fn launched() -> bool {
+    RANK_VARS
+        .iter()
+        .any(|v| std::env::var(v).is_ok_and(|s| !s.trim().is_empty()))
+}
+
 /// Reads a [`RankInfo`] from variables looked up through `get` (which
 /// returns `None` for unset variables); [`from_env`] passes the process
 /// environment. Empty values count as unset.

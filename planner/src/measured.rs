@@ -114,14 +114,14 @@ pub struct MeasuredPlan {
     pub candidates: u64,
 }
 
-/// The simulated step of one pipeline; `fits` says whether a stage fits its
-/// device (device index, first block, end block, micro-batches in flight).
+/// The simulated step of one pipeline of `m` micro-batches whose every
+/// stage then all-reduces the gradients of `reduced_params` parameters.
 fn pipeline_time(
     devs: &[MeasuredDevice],
     model: &MeasuredModel,
     stages: &[MeasuredStage],
     m: usize,
-    dp_grad_params: impl Fn(&MeasuredStage) -> u64,
+    reduced_params: u64,
 ) -> f64 {
     let p = stages.len();
     let send = model.activation_bytes as f64 / model.link_bandwidth;
@@ -144,7 +144,7 @@ fn pipeline_time(
                 b += d.head_backward;
                 params += model.head_params;
             }
-            let reduced = dp_grad_params(s) as f64 * model.grad_bytes as f64;
+            let reduced = reduced_params as f64 * model.grad_bytes as f64;
             StageTiming {
                 name: d.name.clone(),
                 forward: f,
@@ -213,7 +213,7 @@ pub fn search(
     let mut candidates = 0u64;
     let alone: Vec<f64> = (0..n)
         .map(|d| match fits(d, 0, layers, 1) {
-            true => pipeline_time(devs, model, &[whole(d)], m, |_| 0),
+            true => pipeline_time(devs, model, &[whole(d)], m, 0),
             false => f64::INFINITY,
         })
         .collect();
@@ -248,7 +248,7 @@ pub fn search(
                     if !ok {
                         continue;
                     }
-                    let t = pipeline_time(devs, model, &stages, m, |_| 0);
+                    let t = pipeline_time(devs, model, &stages, m, 0);
                     consider(
                         t,
                         vec![MeasuredPipeline {
@@ -266,7 +266,7 @@ pub fn search(
         candidates += 1;
         let all_params =
             model.embed_params + layers as u64 * model.block_params + model.head_params;
-        let time = |d: usize, k: usize| pipeline_time(devs, model, &[whole(d)], k, |_| all_params);
+        let time = |d: usize, k: usize| pipeline_time(devs, model, &[whole(d)], k, all_params);
         let mut counts = vec![1usize; n];
         for _ in n..m {
             let d = (0..n)

@@ -9,60 +9,60 @@ use std::ops::Range;
 use polychip_comm::collectives::Communicator;
 
 use crate::error::Result;
-use crate::model::Stage;
+use crate::params::BLOCK_PARAMS;
 use crate::plan::Role;
 
-/// Groups of ranks that hold the same parameters: for each unit (the
-/// embedding, each block, the head), the ranks holding it; units with the
-/// same holders share one gradient reduction.
+/// The units of a model of `layers` blocks: 0 is the embedding, `1..=layers`
+/// the blocks, `layers + 1` the final norm and head.
+fn holders(roles: &[Role], unit: usize, layers: usize) -> Vec<usize> {
+    roles
+        .iter()
+        .filter(|r| holds(r, unit, layers))
+        .map(|r| r.rank)
+        .collect()
+}
+
+fn holds(r: &Role, unit: usize, layers: usize) -> bool {
+    match unit {
+        0 => r.range.embed,
+        u if u == layers + 1 => r.range.head,
+        u => r.range.layers().contains(&(u - 1)),
+    }
+}
+
+/// Groups of ranks that hold the same parameters: for each unit, the ranks
+/// holding it; units with the same holders share one gradient reduction.
 fn holder_sets(roles: &[Role], layers: usize) -> Vec<Vec<usize>> {
     let mut sets: Vec<Vec<usize>> = Vec::new();
     for unit in 0..layers + 2 {
-        let holders: Vec<usize> = roles
-            .iter()
-            .filter(|r| match unit {
-                0 => r.range.embed,
-                u if u == layers + 1 => r.range.head,
-                u => r.range.layers().contains(&(u - 1)),
-            })
-            .map(|r| r.rank)
-            .collect();
-        if !sets.contains(&holders) {
-            sets.push(holders);
+        let h = holders(roles, unit, layers);
+        if !sets.contains(&h) {
+            sets.push(h);
         }
     }
     sets
 }
 
-/// Which of a stage's parameters a unit covers: indices into `stage.params()`.
-fn params_of_set(stage: &Stage, roles: &[Role], set: &[usize], layers: usize) -> Vec<usize> {
-    let mut idx = Vec::new();
-    for (i, p) in stage.params().iter().enumerate() {
-        let unit = if p.spec.name.starts_with("tok_embeddings") {
-            0
-        } else if let Some(rest) = p.spec.name.strip_prefix("layers.") {
-            1 + rest
-                .split('.')
-                .next()
-                .and_then(|n| n.parse::<usize>().ok())
-                .expect("block parameter names carry their block")
-        } else {
-            layers + 1
-        };
-        let holders: Vec<usize> = roles
-            .iter()
-            .filter(|r| match unit {
-                0 => r.range.embed,
-                u if u == layers + 1 => r.range.head,
-                u => r.range.layers().contains(&(u - 1)),
-            })
-            .map(|r| r.rank)
-            .collect();
-        if holders == set {
-            idx.push(i);
-        }
+/// The units `role` holds, each with its parameters' index range in
+/// [`Stage::params`] (the order of `params::stage_params`: embedding, 9 per
+/// block, final norm and head).
+fn unit_params(role: &Role, layers: usize) -> Vec<(usize, Range<usize>)> {
+    let mut out = Vec::new();
+    let mut at = 0;
+    let mut push = |unit: usize, n: usize| {
+        out.push((unit, at..at + n));
+        at += n;
+    };
+    if role.range.embed {
+        push(0, 1);
     }
-    idx
+    for block in role.range.layers() {
+        push(block + 1, BLOCK_PARAMS.len());
+    }
+    if role.range.head {
+        push(layers + 1, 2);
+    }
+    out
 }
 
 /// This rank's reduction groups: a communicator and the range of its
@@ -71,7 +71,6 @@ fn params_of_set(stage: &Stage, roles: &[Role], set: &[usize], layers: usize) ->
 pub fn reduction_groups(
     world: &mut Communicator,
     roles: &[Role],
-    stage: &Stage,
     layers: usize,
 ) -> Result<Vec<(Communicator, Range<usize>)>> {
     let rank = world.rank();
@@ -87,13 +86,52 @@ pub fn reduction_groups(
             continue;
         }
         sub.set_deterministic(true);
-        let idx = params_of_set(stage, roles, &set, layers);
+        let me = &roles[rank];
+        let ranges: Vec<Range<usize>> = unit_params(me, layers)
+            .into_iter()
+            .filter(|(unit, _)| holders(roles, *unit, layers) == set)
+            .map(|(_, r)| r)
+            .collect();
         // Units with the same holders are consecutive: a rank holds one
         // contiguous range, and a replica holds every unit once.
-        debug_assert!(idx.windows(2).all(|w| w[1] == w[0] + 1));
-        if let (Some(&first), Some(&last)) = (idx.first(), idx.last()) {
-            groups.push((sub, first..last + 1));
+        debug_assert!(ranges.windows(2).all(|w| w[0].end == w[1].start));
+        if let (Some(first), Some(last)) = (ranges.first(), ranges.last()) {
+            groups.push((sub, first.start..last.end));
         }
     }
     Ok(groups)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::ModelConfig;
+    use crate::params::stage_params;
+    use crate::plan::TrainPlan;
+
+    #[test]
+    fn units_map_onto_the_stage_parameter_order() {
+        let cfg = ModelConfig::preset("tiny").unwrap();
+        let plan =
+            TrainPlan::parse_stages("ferrite=0..1,cobalt=1..3,ferrite=3..4", 1, 1, 4).unwrap();
+        for role in plan.roles(&cfg) {
+            let specs = stage_params(&cfg, &role.range);
+            let units = unit_params(&role, cfg.layers);
+            assert_eq!(units.last().unwrap().1.end, specs.len());
+            for (unit, range) in units {
+                for p in &specs[range] {
+                    let want = match unit {
+                        0 => "tok_embeddings".to_string(),
+                        u if u == cfg.layers + 1 => String::new(),
+                        u => format!("layers.{}.", u - 1),
+                    };
+                    if unit == cfg.layers + 1 {
+                        assert!(["norm.weight", "output.weight"].contains(&p.name.as_str()));
+                    } else {
+                        assert!(p.name.starts_with(&want), "{} in unit {unit}", p.name);
+                    }
+                }
+            }
+        }
+    }
 }

@@ -174,7 +174,7 @@ pub fn run(opts: &Options, runtime: &Runtime, mut job: Option<&mut Job>) -> Resu
     let mut dp = match job.as_deref_mut() {
         Some(j) => {
             j.set_deterministic(true);
-            dp::reduction_groups(j, &roles, &stage, cfg.layers)?
+            dp::reduction_groups(j, &roles, cfg.layers)?
         }
         None => Vec::new(),
     };

@@ -168,24 +168,9 @@ impl Stage {
         let g3r = rows(&g3, d)?;
         let ga = self.empty(&[b, s, c.ffn])?;
         let w2 = p(block::W2);
-        ops.matmul(
-            &at("feed_forward.w2"),
-            &g3r,
-            w2.weight(),
-            &rows(&ga, c.ffn)?,
-            false,
-            false,
-            false,
-        )?;
-        ops.matmul(
-            &at("feed_forward.w2"),
-            &g3r,
-            &rows(&sv.act, c.ffn)?,
-            &w2.grad,
-            true,
-            false,
-            true,
-        )?;
+        let (gar, actr) = (rows(&ga, c.ffn)?, rows(&sv.act, c.ffn)?);
+        let label = at("feed_forward.w2");
+        ops.linear_backward(&label, &g3r, &actr, w2.weight(), &w2.grad, &gar, false)?;
         let gg = self.empty(&[b, s, c.ffn])?;
         let gu = self.empty(&[b, s, c.ffn])?;
         ops.swiglu_backward(
@@ -199,49 +184,13 @@ impl Stage {
         let (gh2r, ggr, gur) = (rows(&gh2, d)?, rows(&gg, c.ffn)?, rows(&gu, c.ffn)?);
         let h2r = rows(&sv.h2, d)?;
         let (w1, w3) = (p(block::W1), p(block::W3));
-        ops.matmul(
-            &at("feed_forward.w1"),
-            &ggr,
-            w1.weight(),
-            &gh2r,
-            false,
-            false,
-            false,
-        )?;
-        ops.matmul(
-            &at("feed_forward.w3"),
-            &gur,
-            w3.weight(),
-            &gh2r,
-            false,
-            false,
-            true,
-        )?;
-        ops.matmul(
-            &at("feed_forward.w1"),
-            &ggr,
-            &h2r,
-            &w1.grad,
-            true,
-            false,
-            true,
-        )?;
-        ops.matmul(
-            &at("feed_forward.w3"),
-            &gur,
-            &h2r,
-            &w3.grad,
-            true,
-            false,
-            true,
-        )?;
+        for (name, g, w, acc) in [("w1", &ggr, w1, false), ("w3", &gur, w3, true)] {
+            let label = at(&format!("feed_forward.{name}"));
+            ops.linear_backward(&label, g, &h2r, w.weight(), &w.grad, &gh2r, acc)?;
+        }
         drop((gg, gu));
-        let g2 = self.empty(&[b, s, d])?;
-        let gw = self.empty(&[d])?;
         let fnorm = p(block::FFN_NORM);
-        let label = at("ffn_norm");
-        ops.rms_norm_backward(&label, &gh2, &sv.x2, fnorm.weight(), &sv.inv2, &g2, &gw)?;
-        ops.add(&label, &fnorm.grad, &gw, &fnorm.grad)?;
+        let g2 = self.norm_backward(&at("ffn_norm"), &gh2, &sv.x2, fnorm, &sv.inv2)?;
         ops.add(&at("feed_forward.residual"), &g2, &g3, &g2)?;
         drop((g3, gh2));
         // Attention: x2 = x + attn Wo^T.
@@ -250,24 +199,9 @@ impl Stage {
         let kvw = c.kv_heads * hd;
         let gattn = self.empty(&[b, s, c.heads, hd])?;
         let wo = p(block::WO);
-        ops.matmul(
-            &at("attention.wo"),
-            &g2r,
-            wo.weight(),
-            &rows(&gattn, qw)?,
-            false,
-            false,
-            false,
-        )?;
-        ops.matmul(
-            &at("attention.wo"),
-            &g2r,
-            &rows(&sv.attn, qw)?,
-            &wo.grad,
-            true,
-            false,
-            true,
-        )?;
+        let (gattnr, attnr) = (rows(&gattn, qw)?, rows(&sv.attn, qw)?);
+        let label = at("attention.wo");
+        ops.linear_backward(&label, &g2r, &attnr, wo.weight(), &wo.grad, &gattnr, false)?;
         let gq = self.empty(&[b, s, c.heads, hd])?;
         let gk = self.empty(&[b, s, c.kv_heads, hd])?;
         let gv = self.empty(&[b, s, c.kv_heads, hd])?;
@@ -311,58 +245,13 @@ impl Stage {
         let h1r = rows(&sv.h1, d)?;
         let (wq, wk, wv) = (p(block::WQ), p(block::WK), p(block::WV));
         let (gq0r, gk0r, gvr) = (rows(&gq0, qw)?, rows(&gk0, kvw)?, rows(&gv, kvw)?);
-        ops.matmul(
-            &at("attention.wq"),
-            &gq0r,
-            wq.weight(),
-            &gh1r,
-            false,
-            false,
-            false,
-        )?;
-        ops.matmul(
-            &at("attention.wk"),
-            &gk0r,
-            wk.weight(),
-            &gh1r,
-            false,
-            false,
-            true,
-        )?;
-        ops.matmul(
-            &at("attention.wv"),
-            &gvr,
-            wv.weight(),
-            &gh1r,
-            false,
-            false,
-            true,
-        )?;
-        ops.matmul(
-            &at("attention.wq"),
-            &gq0r,
-            &h1r,
-            &wq.grad,
-            true,
-            false,
-            true,
-        )?;
-        ops.matmul(
-            &at("attention.wk"),
-            &gk0r,
-            &h1r,
-            &wk.grad,
-            true,
-            false,
-            true,
-        )?;
-        ops.matmul(&at("attention.wv"), &gvr, &h1r, &wv.grad, true, false, true)?;
-        let gx = self.empty(&[b, s, d])?;
-        let gw = self.empty(&[d])?;
+        let projections = [("wq", &gq0r, wq), ("wk", &gk0r, wk), ("wv", &gvr, wv)];
+        for (i, (name, g, w)) in projections.into_iter().enumerate() {
+            let label = at(&format!("attention.{name}"));
+            ops.linear_backward(&label, g, &h1r, w.weight(), &w.grad, &gh1r, i > 0)?;
+        }
         let anorm = p(block::ATTN_NORM);
-        let label = at("attention_norm");
-        ops.rms_norm_backward(&label, &gh1, &sv.x, anorm.weight(), &sv.inv1, &gx, &gw)?;
-        ops.add(&label, &anorm.grad, &gw, &anorm.grad)?;
+        let gx = self.norm_backward(&at("attention_norm"), &gh1, &sv.x, anorm, &sv.inv1)?;
         ops.add(&at("attention.residual"), &gx, &g2, &gx)?;
         Ok(gx)
     }

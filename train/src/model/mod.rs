@@ -308,6 +308,26 @@ impl Stage {
         ))
     }
 
+    /// RMSNorm backward: returns the input's gradient and adds the weight's
+    /// (which the operator writes, not accumulates) to the parameter's.
+    fn norm_backward(
+        &self,
+        label: &str,
+        g: &Tensor,
+        x: &Tensor,
+        norm: &Param,
+        inv: &Tensor,
+    ) -> Result<Tensor> {
+        let ops = self.ops();
+        let gx = self.device.empty(self.dtype(), x.shape())?;
+        let gw = self
+            .device
+            .empty(self.dtype(), norm.spec.shape.as_slice())?;
+        ops.rms_norm_backward(label, g, x, norm.weight(), inv, &gx, &gw)?;
+        ops.add(label, &norm.grad, &gw, &norm.grad)?;
+        Ok(gx)
+    }
+
     /// Backward pass of a micro-batch: accumulates the parameters'
     /// gradients and returns the gradient of the stage's input activation
     /// (not on the first stage). The last stage starts from the loss with
@@ -331,14 +351,16 @@ impl Stage {
                 ops.cross_entropy_backward("loss", &h.logits, &h.targets, &gl, loss_weight)?;
                 let ghn = self.empty(&[b, s, d])?;
                 let ghn2 = ghn.reshape(&[n, d as i64])?;
-                ops.matmul("output", &gl, out_w.weight(), &ghn2, false, false, false)?;
-                ops.matmul("output", &gl, &h.hn, &out_w.grad, true, false, true)?;
-                let gx = self.empty(&[b, s, d])?;
-                let gw = self.empty(&[d])?;
-                let w = norm.weight();
-                ops.rms_norm_backward("norm", &ghn, &h.x, w, &h.inv, &gx, &gw)?;
-                ops.add("norm", &norm.grad, &gw, &norm.grad)?;
-                gx
+                ops.linear_backward(
+                    "output",
+                    &gl,
+                    &h.hn,
+                    out_w.weight(),
+                    &out_w.grad,
+                    &ghn2,
+                    false,
+                )?;
+                self.norm_backward("norm", &ghn, &h.x, norm, &h.inv)?
             }
             None => grad_out.ok_or_else(|| {
                 crate::TrainError::Plan("a middle stage's backward pass needs grad_out".into())

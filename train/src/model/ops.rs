@@ -152,6 +152,25 @@ impl<'a> Ops<'a> {
         })
     }
 
+    /// Backward of `out = x @ w^T` for rows `x [n, k]`, `w [m, k]` and the
+    /// output's gradient `g [n, m]`: `gx (+)= g @ w` (accumulating when
+    /// `accumulate_gx`, for several projections of one input) and
+    /// `grad_w += g^T @ x` (accumulating over micro-batches).
+    #[allow(clippy::too_many_arguments)]
+    pub fn linear_backward(
+        &self,
+        label: &str,
+        g: &Tensor,
+        x: &Tensor,
+        w: &Tensor,
+        grad_w: &Tensor,
+        gx: &Tensor,
+        accumulate_gx: bool,
+    ) -> Result<()> {
+        self.matmul(label, g, w, gx, false, false, accumulate_gx)?;
+        self.matmul(label, g, x, grad_w, true, false, true)
+    }
+
     /// RMSNorm forward.
     pub fn rms_norm(
         &self,
