@@ -246,7 +246,7 @@ typedef struct PolychipError *(*PolychipCastFn)(uint32_t device,
 // Elementwise `out = a OP b` with NumPy broadcasting of `a` and `b` to
 // `out`'s shape. add: `a + alpha * b`; sub: `a - alpha * b`; mul: `a * b`;
 // div: `a / b` (IEEE: `x / 0` is ±inf or NaN). All three tensors have one
-// floating dtype. In place: `out` may be exactly `a` or `b`.
+// floating dtype.
 typedef struct PolychipBinaryArgs {
   // Size of this struct as the host knows it.
   size_t struct_size;
@@ -254,7 +254,7 @@ typedef struct PolychipBinaryArgs {
   struct PolychipTensor a;
   // Right operand.
   struct PolychipTensor b;
-  // Result, with the broadcast shape of `a` and `b`.
+  // Result, with the broadcast shape of `a` and `b`. In place: may be exactly `a` or `b`.
   struct PolychipTensor out;
   // Scale of `b` for add and sub; ignored by mul and div.
   double alpha;
@@ -298,14 +298,14 @@ typedef struct PolychipError *(*PolychipMatmulFn)(uint32_t device,
                                                   const struct PolychipMatmulArgs *args);
 
 // Softmax over the last dimension, subtracting the row maximum first so large
-// inputs do not overflow. Same shape and floating dtype. In place: `out` may
-// be exactly `input`.
+// inputs do not overflow (`log_softmax`: its logarithm). Same shape and
+// floating dtype.
 typedef struct PolychipSoftmaxArgs {
   // Size of this struct as the host knows it.
   size_t struct_size;
   // Logits.
   struct PolychipTensor input;
-  // Probabilities.
+  // Probabilities. In place: may be exactly `input`.
   struct PolychipTensor out;
 } PolychipSoftmaxArgs;
 
@@ -318,13 +318,14 @@ typedef struct PolychipError *(*PolychipSoftmaxFn)(uint32_t device,
 // `tanh`, `relu` (`max(x, 0)`, NaN stays NaN), `silu` (`x * sigmoid(x)`) and
 // `gelu` (the tanh form, `0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`).
 // IEEE semantics at the edges: `log(0) = -inf`, `log(-1) = NaN`,
-// `sqrt(-0) = -0`, `rsqrt(0) = +inf`, `exp(large) = +inf`.
+// `sqrt(-0) = -0`, `rsqrt(0) = +inf`, `exp(large) = +inf`. Computed in at
+// least f32 and rounded once; any strides.
 typedef struct PolychipUnaryArgs {
   // Size of this struct as the host knows it.
   size_t struct_size;
   // Input.
   struct PolychipTensor input;
-  // Output: same shape and dtype.
+  // Output: same shape and dtype. In place: may be exactly `input`.
   struct PolychipTensor out;
 } PolychipUnaryArgs;
 
@@ -339,7 +340,7 @@ typedef struct PolychipPowScalarArgs {
   size_t struct_size;
   // Base.
   struct PolychipTensor input;
-  // Output: same shape and dtype.
+  // Output: same shape and dtype. In place: may be exactly `input`.
   struct PolychipTensor out;
   // The exponent.
   double exponent;
@@ -360,7 +361,7 @@ typedef struct PolychipActivationBackwardArgs {
   struct PolychipTensor grad_out;
   // The activation's input (saved from the forward pass).
   struct PolychipTensor input;
-  // Gradient of the activation's input; same shape and dtype.
+  // Gradient of the activation's input; same shape and dtype. In place: may be exactly `grad_out` or `input`.
   struct PolychipTensor grad_in;
 } PolychipActivationBackwardArgs;
 
@@ -377,7 +378,7 @@ typedef struct PolychipSwigluArgs {
   struct PolychipTensor gate;
   // Up projection; same shape and dtype as `gate`.
   struct PolychipTensor up;
-  // Output; same shape and dtype.
+  // Output; same shape and dtype. In place: may be exactly `gate` or `up`.
   struct PolychipTensor out;
 } PolychipSwigluArgs;
 
@@ -397,9 +398,9 @@ typedef struct PolychipSwigluBackwardArgs {
   struct PolychipTensor up;
   // Gradient of the output.
   struct PolychipTensor grad_out;
-  // Gradient of `gate`.
+  // Gradient of `gate`. In place: may be exactly `gate`, `up` or `grad_out`.
   struct PolychipTensor grad_gate;
-  // Gradient of `up`.
+  // Gradient of `up`. In place: may be exactly `gate`, `up` or `grad_out`.
   struct PolychipTensor grad_up;
 } PolychipSwigluBackwardArgs;
 
@@ -600,7 +601,7 @@ typedef struct PolychipError *(*PolychipLayerNormBackwardFn)(uint32_t device,
 // `(x[2j], x[2j+1])` when `interleaved` is nonzero (GPT-J layout) and
 // `(x[j], x[j + D/2])` otherwise (GPT-NeoX/LLaMA half-split layout); it is
 // rotated as `(a cos - b sin, a sin + b cos)` with the angle of its position
-// and `j`. In place: `out` may be exactly `input`.
+// and `j`.
 typedef struct PolychipRopeArgs {
   // Size of this struct as the host knows it.
   size_t struct_size;
@@ -610,7 +611,7 @@ typedef struct PolychipRopeArgs {
   struct PolychipTensor cos;
   // `[seq, D/2]` f32.
   struct PolychipTensor sin;
-  // Same shape and dtype as `input`.
+  // Same shape and dtype as `input`. In place: may be exactly `input`.
   struct PolychipTensor out;
   // Nonzero: interleaved pairs; zero: half-split pairs.
   uint8_t interleaved;
@@ -623,7 +624,12 @@ typedef struct PolychipError *(*PolychipRopeFn)(uint32_t device,
 
 // `out = softmax(scale * q k^T + mask) v`, and the log-sum-exp of each
 // scaled, masked row in `lse` (f32 `[batch, heads_q, seq_q]`) for the
-// backward pass.
+// backward pass. `q` is `[batch, heads_q, seq_q, D]`, `k` and `v` are
+// `[batch, heads_kv, seq_kv, D]` with `heads_q` a multiple of `heads_kv`
+// (query head `h` uses key/value head `h / (heads_q / heads_kv)`). With
+// `causal`, query `i` sees keys `j <= i + (seq_kv - seq_q)` (aligned at the
+// end). A query that sees no key produces zeros and `lse = -inf`. Softmax
+// statistics accumulate in at least f32.
 typedef struct PolychipAttentionArgs {
   // Size of this struct as the host knows it.
   size_t struct_size;
@@ -827,99 +833,99 @@ typedef struct PolychipError *(*PolychipScaleFn)(uint32_t device,
 typedef struct PolychipOpTable {
   // Size of this table as the plugin knows it.
   size_t struct_size;
-  // Fill a tensor with a scalar. Since 1.0.
+  // Fill a tensor with a scalar. On any dtype. Since 1.0.
   PolychipFillFn fill;
-  // Strided copy. Since 1.0.
+  // Strided copy. On any dtype. Since 1.0.
   PolychipCopyFn copy;
-  // Floating-point conversion. Since 1.0.
+  // Floating-point conversion. On f32, f16, bf16 or f64. Since 1.0.
   PolychipCastFn cast;
-  // `a + alpha * b`. Since 1.0.
+  // `a + alpha * b`. On f32, f16, bf16 or f64. Since 1.0.
   PolychipBinaryFn add;
-  // `a - alpha * b`. Since 1.0.
+  // `a - alpha * b`. On f32, f16, bf16 or f64. Since 1.0.
   PolychipBinaryFn sub;
-  // `a * b`. Since 1.0.
+  // `a * b`. On f32, f16, bf16 or f64. Since 1.0.
   PolychipBinaryFn mul;
-  // `a / b`. Since 1.0.
+  // `a / b`. On f32, f16, bf16 or f64. Since 1.0.
   PolychipBinaryFn div;
-  // Batched matmul. Since 1.0.
+  // Batched matmul. On f32, f16, bf16 or f64. Since 1.0.
   PolychipMatmulFn matmul;
-  // Softmax over the last dimension. Since 1.0.
+  // Softmax over the last dimension. On f32, f16, bf16 or f64. Since 1.0.
   PolychipSoftmaxFn softmax;
-  // `-x`. Since 1.1.
+  // `-x`. On f32, f16 or bf16. Since 1.1.
   PolychipUnaryFn neg;
-  // `e^x`. Since 1.1.
+  // `e^x`. On f32, f16 or bf16. Since 1.1.
   PolychipUnaryFn exp;
-  // Natural logarithm. Since 1.1.
+  // Natural logarithm. On f32, f16 or bf16. Since 1.1.
   PolychipUnaryFn log;
-  // Square root. Since 1.1.
+  // Square root. On f32, f16 or bf16. Since 1.1.
   PolychipUnaryFn sqrt;
-  // `1 / sqrt(x)`. Since 1.1.
+  // `1 / sqrt(x)`. On f32, f16 or bf16. Since 1.1.
   PolychipUnaryFn rsqrt;
-  // Hyperbolic tangent. Since 1.1.
+  // Hyperbolic tangent. On f32, f16 or bf16. Since 1.1.
   PolychipUnaryFn tanh;
-  // `x ^ exponent`. Since 1.1.
+  // `x ^ exponent`. On f32, f16 or bf16. Since 1.1.
   PolychipPowScalarFn pow_scalar;
-  // `max(x, 0)`. Since 1.1.
+  // `max(x, 0)`. On f32, f16 or bf16. Since 1.1.
   PolychipUnaryFn relu;
-  // Backward of `relu`. Since 1.1.
+  // Backward of `relu`. On f32, f16 or bf16. Since 1.1.
   PolychipActivationBackwardFn relu_backward;
-  // `x * sigmoid(x)`. Since 1.1.
+  // `x * sigmoid(x)`. On f32, f16 or bf16. Since 1.1.
   PolychipUnaryFn silu;
-  // Backward of `silu`. Since 1.1.
+  // Backward of `silu`. On f32, f16 or bf16. Since 1.1.
   PolychipActivationBackwardFn silu_backward;
-  // GELU, tanh form. Since 1.1.
+  // GELU, tanh form. On f32, f16 or bf16. Since 1.1.
   PolychipUnaryFn gelu;
-  // Backward of `gelu`. Since 1.1.
+  // Backward of `gelu`. On f32, f16 or bf16. Since 1.1.
   PolychipActivationBackwardFn gelu_backward;
-  // `silu(gate) * up`. Since 1.1.
+  // `silu(gate) * up`. On f32, f16 or bf16. Since 1.1.
   PolychipSwigluFn swiglu;
-  // Backward of `swiglu`. Since 1.1.
+  // Backward of `swiglu`. On f32, f16 or bf16. Since 1.1.
   PolychipSwigluBackwardFn swiglu_backward;
-  // Sum over a dimension. Since 1.1.
+  // Sum over a dimension. On f32, f16 or bf16. Since 1.1.
   PolychipReduceFn sum;
-  // Mean over a dimension. Since 1.1.
+  // Mean over a dimension. On f32, f16 or bf16. Since 1.1.
   PolychipReduceFn mean;
-  // Maximum over a dimension. Since 1.1.
+  // Maximum over a dimension. On f32, f16 or bf16. Since 1.1.
   PolychipReduceFn max;
-  // Index of the maximum over a dimension (i64). Since 1.1.
+  // Index of the maximum over a dimension (i64). On f32, f16 or bf16. Since 1.1.
   PolychipReduceFn argmax;
-  // Global sum of squares (f32 scalar). Since 1.1.
+  // Global sum of squares (f32 scalar). On f32, f16 or bf16. Since 1.1.
   PolychipSumSquaresFn sum_squares;
-  // `input @ weight^T + bias`. Since 1.1.
+  // `input @ weight^T + bias`. On f32, f16 or bf16. Since 1.1.
   PolychipLinearFn linear;
-  // Backward of `softmax`. Since 1.1.
+  // Backward of `softmax`. On f32, f16 or bf16. Since 1.1.
   PolychipSoftmaxBackwardFn softmax_backward;
-  // Log-softmax over the last dimension (takes [`PolychipSoftmaxArgs`]). Since 1.1.
+  // Log-softmax over the last dimension. On f32, f16 or bf16. Since 1.1.
   PolychipSoftmaxFn log_softmax;
-  // Backward of `log_softmax`. Since 1.1.
+  // Backward of `log_softmax`. On f32, f16 or bf16. Since 1.1.
   PolychipSoftmaxBackwardFn log_softmax_backward;
-  // RMSNorm, returning the inverse RMS. Since 1.1.
+  // RMSNorm, returning the inverse RMS. On f32, f16 or bf16. Since 1.1.
   PolychipRmsNormFn rms_norm;
-  // Backward of `rms_norm`. Since 1.1.
+  // Backward of `rms_norm`. On f32, f16 or bf16. Since 1.1.
   PolychipRmsNormBackwardFn rms_norm_backward;
-  // LayerNorm, returning mean and rstd. Since 1.1.
+  // LayerNorm, returning mean and rstd. On f32, f16 or bf16. Since 1.1.
   PolychipLayerNormFn layer_norm;
-  // Backward of `layer_norm`. Since 1.1.
+  // Backward of `layer_norm`. On f32, f16 or bf16. Since 1.1.
   PolychipLayerNormBackwardFn layer_norm_backward;
-  // Rotary position embedding. Since 1.1.
+  // Rotary position embedding. On f32, f16 or bf16. Since 1.1.
   PolychipRopeFn rope;
-  // Backward of `rope` (rotation by `-theta`). Since 1.1.
+  // Backward of `rope` (rotation by `-theta`). On f32, f16 or bf16. Since 1.1.
   PolychipRopeFn rope_backward;
-  // Scaled-dot-product attention with GQA and causal mask, returning the log-sum-exp. Since 1.1.
+  // Scaled-dot-product attention with GQA and causal mask, returning the log-sum-exp. On f32, f16 or bf16. Since 1.1.
   PolychipAttentionFn attention;
-  // Backward of `attention`. Since 1.1.
+  // Backward of `attention`. On f32, f16 or bf16. Since 1.1.
   PolychipAttentionBackwardFn attention_backward;
-  // Embedding lookup. Since 1.1.
+  // Embedding lookup. On f32, f16 or bf16. Since 1.1.
   PolychipEmbeddingFn embedding;
-  // Embedding backward (accumulates). Since 1.1.
+  // Embedding backward (accumulates). On f32, f16 or bf16. Since 1.1.
   PolychipEmbeddingBackwardFn embedding_backward;
-  // Mean cross-entropy with `ignore_index`. Since 1.1.
+  // Mean cross-entropy with `ignore_index`. On f32, f16 or bf16. Since 1.1.
   PolychipCrossEntropyFn cross_entropy;
-  // Backward of `cross_entropy`. Since 1.1.
+  // Backward of `cross_entropy`. On f32, f16 or bf16. Since 1.1.
   PolychipCrossEntropyBackwardFn cross_entropy_backward;
-  // One AdamW step in place. Since 1.1.
+  // One AdamW step in place. On f32, f16 or bf16. Since 1.1.
   PolychipAdamwFn adamw;
-  // `x *= alpha` in place. Since 1.1.
+  // `x *= alpha` in place. On f32, f16 or bf16. Since 1.1.
   PolychipScaleFn scale;
 } PolychipOpTable;
 
@@ -1069,6 +1075,10 @@ typedef struct PolychipError *(*PolychipPluginInitV1)(const struct PolychipHostA
 
 // Very detailed tracing.
 #define POLYCHIP_LOG_TRACE 5
+
+
+
+
 
 
 

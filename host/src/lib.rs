@@ -28,7 +28,8 @@ pub use ffi::{LoadOptions, OpSet, Plugin};
 pub use memory::Buffer;
 pub use ops::{AdamwOptions, Exec, MatmulOptions};
 pub use polychip_plugin_sdk::{
-    ActivationOp, BinaryOp, DType, DeviceProps, ErrorCode, ReduceOp, UnaryOp,
+    ActivationBackwardOp, BinaryOp, DType, DeviceProps, ErrorCode, FieldInfo, FieldKind, Op,
+    OpInfo, ReduceOp, UnaryOp,
 };
 pub use runtime::{LoadFailure, Runtime};
 pub use stream::{Event, Stream};

@@ -77,7 +77,10 @@ fn tensors_move_between_vendors_in_both_directions_and_strided() {
     );
     // Work on one vendor's result continues on the other's device.
     let doubled = cobalt.empty(DType::F32, &[4, 6]).unwrap();
-    cobalt.exec().add(&on_cobalt, &on_cobalt, &doubled).unwrap();
+    cobalt
+        .exec()
+        .add(&on_cobalt, &on_cobalt, &doubled, 1.0)
+        .unwrap();
     let on_ferrite2 = doubled.to_device(ferrite).unwrap();
     let expected: Vec<f32> = values.iter().map(|v| v * 2.0).collect();
     assert_eq!(on_ferrite2.to_vec::<f32>().unwrap(), expected);

@@ -185,7 +185,7 @@ fn a_null_operator_entry_is_reported_and_counted_and_the_rest_works() {
     device.exec().fill(&t, 2.5).unwrap();
     assert_eq!(t.to_vec::<f32>().unwrap(), [2.5; 4]);
     let before = device.plugin().unimplemented_calls();
-    let error = device.exec().add(&t, &t, &t).unwrap_err();
+    let error = device.exec().add(&t, &t, &t, 1.0).unwrap_err();
     assert!(
         matches!(error, HostError::OpUnimplemented { op: "add", .. }),
         "{error:?}"

@@ -229,7 +229,7 @@ fn binary_in_place_and_strided() {
             .from_slice(&[10.0f32, 20.0, 30.0, 40.0, 50.0, 60.0], &[3, 2])
             .unwrap();
         let bt = b.transpose(0, 1).unwrap();
-        device.exec().add(&a, &bt, &a).unwrap();
+        device.exec().add(&a, &bt, &a, 1.0).unwrap();
         assert_eq!(
             a.to_vec::<f32>().unwrap(),
             [11.0, 32.0, 53.0, 24.0, 45.0, 66.0],
@@ -369,7 +369,7 @@ fn bad_shapes_and_dtypes_are_refused_naming_the_op_and_shapes() {
     for device in devices() {
         let a = device.zeros(DType::F32, &[2, 3]).unwrap();
         let b = device.zeros(DType::F32, &[4]).unwrap();
-        let error = device.exec().add(&a, &b, &a).unwrap_err();
+        let error = device.exec().add(&a, &b, &a, 1.0).unwrap_err();
         assert_eq!(error.code(), ErrorCode::ShapeMismatch);
         assert!(
             error
@@ -433,7 +433,7 @@ fn streams_and_events_order_work_across_streams() {
         let done = s1.record().unwrap();
         s2.wait(&done).unwrap();
         let c = device.zeros(DType::F32, &[256, 256]).unwrap();
-        s2.exec().add(&b, &b, &c).unwrap();
+        s2.exec().add(&b, &b, &c, 1.0).unwrap();
         s2.synchronize().unwrap();
         assert!(
             c.to_vec::<f32>().unwrap().iter().all(|&v| v == 512.0),

@@ -1,7 +1,7 @@
 //! Cases of the ABI 1.1 elementwise operators (unary math, activations and
 //! their backward operators, SwiGLU) and reductions.
 
-use polychip_host::{ActivationOp, DType, ReduceOp, UnaryOp};
+use polychip_host::{ActivationBackwardOp, DType, ReduceOp, UnaryOp};
 
 use super::{FLOATS3, OpInfo, Rng, case, input, numel, output, shape_label, specials};
 use crate::case::{Case, Layout};
@@ -26,9 +26,9 @@ pub(super) fn ops() -> Vec<OpInfo> {
         cases: pow_scalar,
     });
     for (op, act) in [
-        (UnaryOp::Relu, ActivationOp::Relu),
-        (UnaryOp::Silu, ActivationOp::Silu),
-        (UnaryOp::Gelu, ActivationOp::Gelu),
+        (UnaryOp::Relu, ActivationBackwardOp::ReluBackward),
+        (UnaryOp::Silu, ActivationBackwardOp::SiluBackward),
+        (UnaryOp::Gelu, ActivationBackwardOp::GeluBackward),
     ] {
         ops.push(OpInfo {
             name: op.name(),
@@ -206,15 +206,21 @@ fn pow_scalar(dtype: DType) -> Vec<Case> {
     cases
 }
 
-fn activation_cases(op: ActivationOp) -> fn(DType) -> Vec<Case> {
+fn activation_cases(op: ActivationBackwardOp) -> fn(DType) -> Vec<Case> {
     match op {
-        ActivationOp::Relu => |d| activation_backward(ActivationOp::Relu, d),
-        ActivationOp::Silu => |d| activation_backward(ActivationOp::Silu, d),
-        ActivationOp::Gelu => |d| activation_backward(ActivationOp::Gelu, d),
+        ActivationBackwardOp::ReluBackward => {
+            |d| activation_backward(ActivationBackwardOp::ReluBackward, d)
+        }
+        ActivationBackwardOp::SiluBackward => {
+            |d| activation_backward(ActivationBackwardOp::SiluBackward, d)
+        }
+        ActivationBackwardOp::GeluBackward => {
+            |d| activation_backward(ActivationBackwardOp::GeluBackward, d)
+        }
     }
 }
 
-fn activation_backward(op: ActivationOp, dtype: DType) -> Vec<Case> {
+fn activation_backward(op: ActivationBackwardOp, dtype: DType) -> Vec<Case> {
     let mut rng = Rng::for_case(op.name(), dtype);
     let mut cases = Vec::new();
     for (shape, layout) in SHAPES {
@@ -229,7 +235,7 @@ fn activation_backward(op: ActivationOp, dtype: DType) -> Vec<Case> {
                 input("input", dtype, shape, x, layout),
                 output("grad_in", dtype, shape, Layout::Contiguous),
             ],
-            if op == ActivationOp::Relu {
+            if op == ActivationBackwardOp::ReluBackward {
                 Tolerance::EXACT
             } else {
                 Tolerance::ulps(8.0)
@@ -237,9 +243,9 @@ fn activation_backward(op: ActivationOp, dtype: DType) -> Vec<Case> {
             move |exec, t| exec.activation_backward(op, &t[0], &t[1], &t[2]),
             move |d| {
                 let r = match op {
-                    ActivationOp::Relu => reference::relu_backward(&d[0], &d[1]),
-                    ActivationOp::Silu => reference::silu_backward(&d[0], &d[1]),
-                    ActivationOp::Gelu => reference::gelu_backward(&d[0], &d[1]),
+                    ActivationBackwardOp::ReluBackward => reference::relu_backward(&d[0], &d[1]),
+                    ActivationBackwardOp::SiluBackward => reference::silu_backward(&d[0], &d[1]),
+                    ActivationBackwardOp::GeluBackward => reference::gelu_backward(&d[0], &d[1]),
                 };
                 Ok(vec![r?])
             },

@@ -1,16 +1,16 @@
-//! The rules each v1 operator places on its tensors, checked in one place.
+//! The rules operators place on their arguments, checked in one place.
 //!
-//! The host runs these checks before it calls a plugin (so a framework gets a
-//! typed error naming the op and shapes), and the Rust SDK runs them again on
-//! the plugin's side of the boundary (so a plugin never trusts its caller).
+//! The generic rules of `spec/ops.toml` (dtypes, ranks, shapes relative to
+//! other tensors, dimension arguments, outputs that overlap themselves) are
+//! the functions of this module; the generated constructors of the checked
+//! argument structs (`BinaryArgs::new`, ...) call them in the spec's order,
+//! then the hand-written rule of [`rules`] where the spec names one. The
+//! host runs those constructors before it calls a plugin (so a framework
+//! gets a typed error naming the op and shapes), and the Rust SDK runs them
+//! again on the plugin's side of the boundary (so a plugin never trusts its
+//! caller).
 
-mod layers;
-mod nn;
-mod training;
-
-pub use layers::*;
-pub use nn::*;
-pub use training::*;
+pub mod rules;
 
 use crate::dtype::DType;
 use crate::error::ErrorCode;
@@ -96,24 +96,33 @@ impl ArgError {
     }
 }
 
-pub(crate) type Checked = Result<(), ArgError>;
+/// The result of a check.
+pub type Checked = Result<(), ArgError>;
 
-const FLOATS: &str = "f32, f16, bf16 and f64";
-
-pub(crate) fn float(op: &'static str, tensor: &'static str, t: &TensorDesc) -> Checked {
-    if t.dtype.is_float() {
+/// `t`'s dtype is one of `accepted` (`accepted_text` as messages write it).
+#[inline]
+pub fn dtype_in(
+    op: &'static str,
+    tensor: &'static str,
+    t: &TensorDesc,
+    accepted: &'static [DType],
+    accepted_text: &'static str,
+) -> Checked {
+    if accepted.contains(&t.dtype) {
         Ok(())
     } else {
         Err(ArgError::UnsupportedDType {
             op,
             tensor,
             dtype: t.dtype,
-            accepted: FLOATS,
+            accepted: accepted_text,
         })
     }
 }
 
-pub(crate) fn same_dtype(
+/// Two tensors have the same dtype.
+#[inline]
+pub fn same_dtype(
     op: &'static str,
     lhs: (&'static str, &TensorDesc),
     rhs: (&'static str, &TensorDesc),
@@ -131,7 +140,9 @@ pub(crate) fn same_dtype(
     }
 }
 
-pub(crate) fn shape_is(
+/// `t`'s shape is `expected`; `why` is the clause the message puts before it.
+#[inline]
+pub fn shape_is(
     op: &'static str,
     tensor: &'static str,
     t: &TensorDesc,
@@ -150,11 +161,168 @@ pub(crate) fn shape_is(
     }
 }
 
+/// `t` has at least `min` dimensions (a layout such as `[..., M, K]`).
+#[inline]
+pub fn min_rank(op: &'static str, tensor: &'static str, t: &TensorDesc, min: usize) -> Checked {
+    if t.ndim() >= min {
+        return Ok(());
+    }
+    Err(ArgError::ShapeMismatch {
+        op,
+        tensor,
+        actual: Shape::from(t.shape),
+        expected: format!(
+            "{op} needs at least {min} dimension{}",
+            if min == 1 { "" } else { "s" }
+        ),
+    })
+}
+
+/// `t` has exactly `n` dimensions; `what` is its layout (`[N, K]`).
+#[inline]
+pub fn rank(
+    op: &'static str,
+    tensor: &'static str,
+    t: &TensorDesc,
+    n: usize,
+    what: &str,
+) -> Checked {
+    if t.ndim() == n {
+        Ok(())
+    } else {
+        Err(ArgError::ShapeMismatch {
+            op,
+            tensor,
+            actual: Shape::from(t.shape),
+            expected: format!("it must be {what}"),
+        })
+    }
+}
+
+/// `t` has `like`'s shape.
+#[inline]
+pub fn shape_like(
+    op: &'static str,
+    t: (&'static str, &TensorDesc),
+    like: (&'static str, &TensorDesc),
+) -> Checked {
+    if t.1.shape == like.1.shape {
+        return Ok(());
+    }
+    shape_is(
+        op,
+        t.0,
+        t.1,
+        like.1.shape,
+        &format!("it must equal {}'s shape", like.0),
+    )
+}
+
+/// `t` is `[H]`, H being `of`'s last dimension (a normalisation's parameter).
+#[inline]
+pub fn shape_last(
+    op: &'static str,
+    t: (&'static str, &TensorDesc),
+    of: (&'static str, &TensorDesc),
+) -> Checked {
+    let h = [of.1.shape.last().copied().unwrap_or(1)];
+    if t.1.shape == h {
+        return Ok(());
+    }
+    shape_is(
+        op,
+        t.0,
+        t.1,
+        &h,
+        &format!("it must be [H] where H is {}'s last dimension:", of.0),
+    )
+}
+
+/// `t` is `of`'s shape without its last dimension (per-row statistics).
+#[inline]
+pub fn shape_rows(
+    op: &'static str,
+    t: (&'static str, &TensorDesc),
+    of: (&'static str, &TensorDesc),
+) -> Checked {
+    let rows = &of.1.shape[..of.1.ndim().saturating_sub(1)];
+    if t.1.shape == rows {
+        return Ok(());
+    }
+    shape_is(
+        op,
+        t.0,
+        t.1,
+        rows,
+        &format!("it must be {}'s shape without its last dimension:", of.0),
+    )
+}
+
+/// `out` has the NumPy broadcast shape of `a` and `b` (which must broadcast).
+#[inline]
+pub fn shape_broadcast(
+    op: &'static str,
+    out: (&'static str, &TensorDesc),
+    a: (&'static str, &TensorDesc),
+    b: (&'static str, &TensorDesc),
+) -> Checked {
+    if broadcasts_to(a.1.shape, b.1.shape, out.1.shape) {
+        return Ok(());
+    }
+    let Some(shape) = broadcast_shapes(a.1.shape, b.1.shape) else {
+        return Err(ArgError::ShapeMismatch {
+            op,
+            tensor: b.0,
+            actual: Shape::from(b.1.shape),
+            expected: format!(
+                "it does not broadcast with {}'s shape {}",
+                a.0,
+                Shape::from(a.1.shape)
+            ),
+        });
+    };
+    shape_is(
+        op,
+        out.0,
+        out.1,
+        &shape,
+        &format!("it must equal the broadcast shape of {} and {}", a.0, b.0),
+    )
+}
+
+/// A dimension of `of` given as `dim` (negative counts from the end),
+/// counted from the front.
+#[inline]
+pub fn dim_of(
+    op: &'static str,
+    of: (&'static str, &TensorDesc),
+    dim: i32,
+) -> Result<usize, ArgError> {
+    let n = of.1.ndim() as i64;
+    let d = if dim < 0 {
+        i64::from(dim) + n
+    } else {
+        i64::from(dim)
+    };
+    if (0..n).contains(&d) {
+        Ok(d as usize)
+    } else {
+        Err(ArgError::Invalid {
+            op,
+            message: format!(
+                "dim {dim} is out of range for {} of shape {}",
+                of.0,
+                Shape::from(of.1.shape)
+            ),
+        })
+    }
+}
+
 /// An output must not write one element twice. The test is the usual
 /// sufficient one: ordered by stride magnitude, each dimension's stride must
 /// step over everything the smaller dimensions reach. Views it rejects that
 /// do not overlap are exotic interleavings no framework produces.
-pub(crate) fn writable(op: &'static str, tensor: &'static str, t: &TensorDesc) -> Checked {
+pub fn writable(op: &'static str, tensor: &'static str, t: &TensorDesc) -> Checked {
     let Some(strides) = t.strides else {
         return Ok(());
     };
@@ -240,156 +408,9 @@ fn broadcasts_to(a: &[i64], b: &[i64], out: &[i64]) -> bool {
     })
 }
 
-#[inline]
-/// `fill`: any dtype, a writable output.
-pub fn fill(out: &TensorDesc) -> Checked {
-    writable("fill", "out", out)
-}
-
-#[inline]
-/// `copy`: same dtype and shape.
-pub fn copy(src: &TensorDesc, dst: &TensorDesc) -> Checked {
-    same_dtype("copy", ("src", src), ("dst", dst))?;
-    shape_is("copy", "dst", dst, src.shape, "it must equal src's shape")?;
-    writable("copy", "dst", dst)
-}
-
-#[inline]
-/// `cast`: floating dtypes, same shape.
-pub fn cast(src: &TensorDesc, dst: &TensorDesc) -> Checked {
-    float("cast", "src", src)?;
-    float("cast", "dst", dst)?;
-    shape_is("cast", "dst", dst, src.shape, "it must equal src's shape")?;
-    writable("cast", "dst", dst)
-}
-
-#[inline]
-/// `add`, `sub`, `mul`, `div`: one floating dtype, `out` has the broadcast shape.
-pub fn binary(op: &'static str, a: &TensorDesc, b: &TensorDesc, out: &TensorDesc) -> Checked {
-    float(op, "a", a)?;
-    same_dtype(op, ("a", a), ("b", b))?;
-    same_dtype(op, ("a", a), ("out", out))?;
-    if !broadcasts_to(a.shape, b.shape, out.shape) {
-        let Some(shape) = broadcast_shapes(a.shape, b.shape) else {
-            return Err(ArgError::ShapeMismatch {
-                op,
-                tensor: "b",
-                actual: Shape::from(b.shape),
-                expected: format!(
-                    "it does not broadcast with a's shape {}",
-                    Shape::from(a.shape)
-                ),
-            });
-        };
-        shape_is(
-            op,
-            "out",
-            out,
-            &shape,
-            "it must equal the broadcast shape of a and b",
-        )?;
-    }
-    writable(op, "out", out)
-}
-
-/// The dimensions of a matmul: batch shape of `out`, and M, K, N.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct MatmulDims {
-    /// Batch dimensions (those before the last two) of `out`.
-    pub batch: Vec<i64>,
-    /// Rows of `op(a)` and `out`.
-    pub m: i64,
-    /// Columns of `op(a)`, rows of `op(b)`.
-    pub k: i64,
-    /// Columns of `op(b)` and `out`.
-    pub n: i64,
-}
-
-/// `matmul`: one floating dtype, matrices of rank >= 2, inner dimensions
-/// equal, batch dimensions broadcasting to `out`'s.
-pub fn matmul(
-    a: &TensorDesc,
-    b: &TensorDesc,
-    out: &TensorDesc,
-    trans_a: bool,
-    trans_b: bool,
-) -> Result<MatmulDims, ArgError> {
-    const OP: &str = "matmul";
-    float(OP, "a", a)?;
-    same_dtype(OP, ("a", a), ("b", b))?;
-    same_dtype(OP, ("a", a), ("out", out))?;
-    for (name, t) in [("a", a), ("b", b), ("out", out)] {
-        if t.ndim() < 2 {
-            return Err(ArgError::ShapeMismatch {
-                op: OP,
-                tensor: name,
-                actual: Shape::from(t.shape),
-                expected: "matmul needs at least 2 dimensions".into(),
-            });
-        }
-    }
-    let last2 = |t: &TensorDesc, trans: bool| {
-        let (r, c) = (t.shape[t.ndim() - 2], t.shape[t.ndim() - 1]);
-        if trans { (c, r) } else { (r, c) }
-    };
-    let (m, k) = last2(a, trans_a);
-    let (kb, n) = last2(b, trans_b);
-    if k != kb {
-        return Err(ArgError::ShapeMismatch {
-            op: OP,
-            tensor: "b",
-            actual: Shape::from(b.shape),
-            expected: format!(
-                "its inner dimension {kb} differs from a's {k} (a has shape {}, transpose_a {trans_a}, transpose_b {trans_b})",
-                Shape::from(a.shape)
-            ),
-        });
-    }
-    let batch_a = &a.shape[..a.ndim() - 2];
-    let batch_b = &b.shape[..b.ndim() - 2];
-    let Some(batch) = broadcast_shapes(batch_a, batch_b) else {
-        return Err(ArgError::ShapeMismatch {
-            op: OP,
-            tensor: "b",
-            actual: Shape::from(b.shape),
-            expected: format!(
-                "its batch dimensions do not broadcast with a's shape {}",
-                Shape::from(a.shape)
-            ),
-        });
-    };
-    let mut expected = batch.clone();
-    expected.extend([m, n]);
-    shape_is(OP, "out", out, &expected, "it must be")?;
-    writable(OP, "out", out)?;
-    Ok(MatmulDims { batch, m, k, n })
-}
-
-#[inline]
-/// `softmax`: one floating dtype, same shape, rank >= 1.
-pub fn softmax(input: &TensorDesc, out: &TensorDesc) -> Checked {
-    const OP: &str = "softmax";
-    float(OP, "input", input)?;
-    same_dtype(OP, ("input", input), ("out", out))?;
-    if input.ndim() == 0 {
-        return Err(ArgError::ShapeMismatch {
-            op: OP,
-            tensor: "input",
-            actual: Shape::from(input.shape),
-            expected: "softmax needs at least 1 dimension".into(),
-        });
-    }
-    shape_is(OP, "out", out, input.shape, "it must equal input's shape")?;
-    writable(OP, "out", out)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn t(dtype: DType, shape: &[i64]) -> TensorDesc<'_> {
-        TensorDesc::new(std::ptr::null_mut(), dtype, shape, None)
-    }
 
     #[test]
     fn broadcasting_follows_numpy() {
@@ -416,121 +437,5 @@ mod tests {
             !broadcasts_to(&[1, 3], &[1, 3], &[2, 3]),
             "out may not be larger than both"
         );
-    }
-
-    #[test]
-    fn binary_names_the_op_and_shapes() {
-        let err = binary(
-            "add",
-            &t(DType::F32, &[2, 3]),
-            &t(DType::F32, &[4]),
-            &t(DType::F32, &[2, 3]),
-        )
-        .unwrap_err();
-        assert_eq!(err.code(), ErrorCode::ShapeMismatch);
-        assert_eq!(
-            err.to_string(),
-            "add: b has shape [4], but it does not broadcast with a's shape [2, 3]"
-        );
-        let err = binary(
-            "mul",
-            &t(DType::F32, &[2]),
-            &t(DType::BF16, &[2]),
-            &t(DType::F32, &[2]),
-        )
-        .unwrap_err();
-        assert_eq!(
-            err.to_string(),
-            "mul: a is f32 but b is bf16; they must have the same dtype"
-        );
-        let err = binary(
-            "div",
-            &t(DType::I32, &[2]),
-            &t(DType::I32, &[2]),
-            &t(DType::I32, &[2]),
-        )
-        .unwrap_err();
-        assert_eq!(err.code(), ErrorCode::DTypeMismatch);
-    }
-
-    #[test]
-    fn matmul_dims_and_errors() {
-        let dims = matmul(
-            &t(DType::F32, &[5, 3, 4]),
-            &t(DType::F32, &[6, 4]),
-            &t(DType::F32, &[5, 3, 6]),
-            false,
-            true,
-        )
-        .unwrap();
-        assert_eq!(
-            dims,
-            MatmulDims {
-                batch: vec![5],
-                m: 3,
-                k: 4,
-                n: 6
-            }
-        );
-        let err = matmul(
-            &t(DType::F32, &[5, 3, 4]),
-            &t(DType::F32, &[6, 4]),
-            &t(DType::F32, &[5, 3, 4]),
-            false,
-            true,
-        )
-        .unwrap_err();
-        assert_eq!(
-            err.to_string(),
-            "matmul: out has shape [5, 3, 4], but it must be [5, 3, 6]"
-        );
-    }
-
-    #[test]
-    fn matmul_inner_mismatch() {
-        let err = matmul(
-            &t(DType::F32, &[3, 4]),
-            &t(DType::F32, &[5, 6]),
-            &t(DType::F32, &[3, 6]),
-            false,
-            false,
-        )
-        .unwrap_err();
-        assert_eq!(err.code(), ErrorCode::ShapeMismatch);
-        assert!(
-            err.to_string()
-                .contains("inner dimension 5 differs from a's 4"),
-            "{err}"
-        );
-    }
-
-    #[test]
-    fn outputs_must_not_self_overlap() {
-        let out = |shape: &'static [i64], strides: &'static [i64]| {
-            TensorDesc::new(std::ptr::null_mut(), DType::F32, shape, Some(strides))
-        };
-        assert_eq!(
-            fill(&out(&[4], &[0])).unwrap_err().code(),
-            ErrorCode::InvalidArgument
-        );
-        assert!(
-            fill(&out(&[2, 2], &[1, 1])).is_err(),
-            "strides [1, 1] write element 1 twice"
-        );
-        let err = fill(&out(&[3, 2], &[1, 2])).unwrap_err();
-        assert_eq!(
-            err.to_string(),
-            "fill: output out with shape [3, 2] and strides [1, 2] writes some elements more than once; outputs must not overlap themselves"
-        );
-        assert!(
-            fill(&out(&[2, 3], &[1, 2])).is_ok(),
-            "a transposed compact view"
-        );
-        assert!(fill(&out(&[2, 3], &[-3, 1])).is_ok(), "a flipped view");
-        assert!(
-            fill(&out(&[1, 5], &[0, 1])).is_ok(),
-            "size-1 dimensions may have any stride"
-        );
-        assert!(fill(&out(&[4, 2], &[10, 3])).is_ok(), "a sparse view");
     }
 }

@@ -1,7 +1,9 @@
 //! The unsafe boundary of a Rust plugin: the entry point and one `extern "C"`
 //! shim per table function, each checking its pointers and struct sizes,
-//! running the [`Plugin`] method inside a panic firewall, and turning the
-//! result into an error object. Used through [`crate::export_plugin!`].
+//! running the [`Plugin`] or [`Operators`] method inside a panic firewall,
+//! and turning the result into an error object. The operator entries are
+//! derived from `spec/ops.toml` (`generated.rs`); each is one [`call`]. Used
+//! through [`crate::export_plugin!`].
 //!
 //! One cdylib exports one plugin; the SDK's statics are per cdylib.
 
@@ -18,8 +20,8 @@ use crate::abi::{
 };
 use crate::error::{Error, ErrorCode, Result};
 use crate::host::Host;
+use crate::ops::{Op, Operators, RawArgs};
 use crate::plugin::{CopyKind, Plugin, Queue};
-use crate::tensor::TensorDesc;
 
 static HOST: OnceLock<Host> = OnceLock::new();
 static PLUGIN: AtomicPtr<()> = AtomicPtr::new(null_mut());
@@ -552,26 +554,43 @@ unsafe extern "C" fn memcpy_d2d<P: Plugin>(
     }
 }
 
+/// The body of every operator entry (`generated.rs` has one per operator):
+/// reads the args struct (NULL and `struct_size` checked), resolves the
+/// stream, converts and checks the arguments with the spec's rules, and runs
+/// `method` on the plugin, all inside the panic firewall.
+///
 /// # Safety
-/// `raw`'s shape and strides point to `ndim` i64s valid for the call.
-unsafe fn tensor<'a>(
-    op: &'static str,
-    name: &'static str,
+/// The ABI's operator contract: `args` is NULL or points to a readable
+/// struct of at least its own `struct_size` whose tensor descriptors'
+/// `shape` and `strides` stay valid for the call; `stream` is NULL or a live
+/// stream of this plugin; every tensor addresses memory of `device` that
+/// stays valid until the stream reaches the work.
+pub unsafe fn call<P: Operators, R: RawArgs>(
+    op: Op,
     device: u32,
-    raw: &'a abi::PolychipTensor,
-) -> Result<TensorDesc<'a>> {
-    // SAFETY: forwarded contract.
-    Ok(unsafe { TensorDesc::from_raw(op, name, device, raw)? })
+    stream: *mut PolychipStream,
+    args: *const R,
+    method: impl for<'a> FnOnce(&P, Queue<'_, P::Stream>, &R::Checked<'a>) -> Result<()>,
+) -> *mut PolychipError {
+    let name = op.name();
+    guard::<P>(name, || {
+        // SAFETY: forwarded contract.
+        let raw = unsafe { args_ref(name, args)? };
+        // SAFETY: forwarded contract.
+        let queue = unsafe { queue::<P>(name, device, stream)? };
+        // SAFETY: forwarded contract: the descriptors' arrays outlive `raw`'s borrow.
+        let checked = unsafe { raw.check(op, device)? };
+        method(plugin::<P>(), queue, &checked)
+    })
 }
 
-mod basic;
-mod entries;
-mod nn;
+#[rustfmt::skip]
+pub mod generated;
 
-pub use entries::ops;
-
-/// Exports a [`Plugin`] as this cdylib's `polychip_plugin_init_v1`, with the
-/// listed operators in its op table (the others are NULL, "not implemented").
+/// Exports a [`Plugin`] that implements [`crate::Operators`] as this
+/// cdylib's `polychip_plugin_init_v1`, with the listed operators in its op
+/// table (the others are NULL, "not implemented"). Operators are listed by
+/// their op-table names, also for those that share one trait method.
 ///
 /// ```ignore
 /// polychip_plugin_sdk::export_plugin!(MyChip, ops: [fill, copy, matmul]);
@@ -589,7 +608,7 @@ macro_rules! export_plugin {
             out_plugin: *mut *const $crate::abi::PolychipPluginApi,
         ) -> *mut $crate::abi::PolychipError {
             fn set_ops(table: &mut $crate::abi::PolychipOpTable) {
-                $( table.$op = $crate::__export::ops::$op::<$plugin>(); )*
+                $( table.$op = Some($crate::__export::generated::$op::<$plugin>); )*
             }
             // SAFETY: the host follows the entry contract, which `init` requires.
             unsafe { $crate::__export::init::<$plugin>(host, out_plugin, set_ops) }

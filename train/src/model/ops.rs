@@ -225,7 +225,11 @@ impl<'a> Ops<'a> {
         let op = if backward { "rope_backward" } else { "rope" };
         let ins = [("input", x), ("cos", cos), ("sin", sin)];
         self.run(op, label, &ins, &[("out", out)], &[], |e| {
-            e.rope(backward, x, cos, sin, out, false)
+            if backward {
+                e.rope_backward(x, cos, sin, out, false)
+            } else {
+                e.rope(x, cos, sin, out, false)
+            }
         })
     }
 
@@ -299,7 +303,7 @@ impl<'a> Ops<'a> {
     pub fn add(&self, label: &str, a: &Tensor, b: &Tensor, out: &Tensor) -> Result<()> {
         let ins = [("a", a), ("b", b)];
         self.run("add", label, &ins, &[("out", out)], &[], |e| {
-            e.add(a, b, out)
+            e.add(a, b, out, 1.0)
         })
     }
 
@@ -417,7 +421,7 @@ impl<'a> Ops<'a> {
             ("weight_decay", h.weight_decay),
             ("step", h.step as f64),
         ];
-        self.run("adamw", label, &ins, &outs, &s, |e| e.adamw(p, g, m, v, h))
+        self.run("adamw", label, &ins, &outs, &s, |e| e.adamw(p, g, m, v, *h))
     }
 }
 

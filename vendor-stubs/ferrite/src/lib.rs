@@ -11,13 +11,16 @@
 //! `POLYCHIP_FERRITE_PEAK_GFLOPS` per device (default 95).
 
 /// Launches an operator's kernel on its views through
-/// [`ops::launch_outputs`]: `launch!(self, queue, op, outputs, [name: desc,
-/// ...], |[views...]| kernel call)`, the last `outputs` operands being the
-/// outputs.
+/// [`ops::launch_outputs`]. `launch!(self, queue, op, args => |[views...]|
+/// kernel call)` takes the operands of a checked args struct (inputs first,
+/// then what it writes, as `operands()` lists them); `launch!(self, queue,
+/// op, outputs, operands, |[views...]| kernel call)` takes them from an
+/// array whose last `outputs` operands are the outputs.
 macro_rules! launch {
-    ($self:ident, $queue:ident, $op:expr, $outputs:expr, [$($name:literal: $desc:expr),* $(,)?], |[$($v:ident),* $(,)?]| $call:expr) => {{
-        let operands = [$(($name, $desc)),*];
-        launch!($self, $queue, $op, $outputs, operands, |[$($v),*]| $call)
+    ($self:ident, $queue:ident, $op:expr, $args:expr => |[$($v:ident),* $(,)?]| $call:expr) => {{
+        let operands = $args.operands();
+        let outputs = $args.outputs();
+        launch!($self, $queue, $op, outputs, operands, |[$($v),*]| $call)
     }};
     ($self:ident, $queue:ident, $op:expr, $outputs:expr, $operands:ident, |[$($v:ident),* $(,)?]| $call:expr) => {{
         let kernel = move |[$($v),*]: &[View<'_>; _]| {
@@ -40,13 +43,13 @@ use std::ffi::CStr;
 
 use ferrite_kernels::{self as kernels, View};
 use polychip_plugin_sdk::{
-    ActivationBackwardArgs, ActivationOp, AdamwArgs, AttentionArgs, AttentionBackwardArgs,
-    BinaryArgs, BinaryOp, CopyArgs, CopyKind, CrossEntropyArgs, CrossEntropyBackwardArgs,
+    ActivationBackwardArgs, ActivationBackwardOp, AdamwArgs, AttentionArgs, AttentionBackwardArgs,
+    BinaryArgs, BinaryOp, CastArgs, CopyArgs, CopyKind, CrossEntropyArgs, CrossEntropyBackwardArgs,
     DeviceProps, EmbeddingArgs, EmbeddingBackwardArgs, FillArgs, Host, LayerNormArgs,
-    LayerNormBackwardArgs, LinearArgs, MatmulArgs, Plugin, PowScalarArgs, Queue, ReduceArgs,
-    ReduceOp, Result, RmsNormArgs, RmsNormBackwardArgs, RopeArgs, ScaleArgs, SoftmaxArgs,
-    SoftmaxBackwardArgs, SumSquaresArgs, SwigluArgs, SwigluBackwardArgs, UnaryArgs, UnaryOp,
-    export_plugin,
+    LayerNormBackwardArgs, LinearArgs, MatmulArgs, Operators, Plugin, PowScalarArgs, Queue,
+    ReduceArgs, ReduceOp, Result, RmsNormArgs, RmsNormBackwardArgs, RopeArgs, ScaleArgs,
+    SoftmaxArgs, SoftmaxBackwardArgs, SumSquaresArgs, SwigluArgs, SwigluBackwardArgs, UnaryArgs,
+    UnaryOp, export_plugin,
 };
 
 pub use config::Config;
@@ -164,56 +167,38 @@ impl Plugin for Ferrite {
         event.synchronize();
         Ok(())
     }
+}
 
+/// The operators: each launches its `ferrite-kernels` kernel on the views of
+/// its checked arguments.
+impl Operators for Ferrite {
     unsafe fn fill(&self, queue: Queue<'_, Stream>, args: &FillArgs<'_>) -> Result<()> {
         let value = args.value;
-        let kernel = move |[out]: &[View<'_>; 1]| {
-            // SAFETY: `launch` checked that `out` lies in live memory of the
-            // device, which the host keeps valid until the work has run.
-            unsafe { kernels::fill(out, value) }
-        };
-        // SAFETY: forwarded from this method's contract.
-        unsafe { ops::launch(&self.memory, queue, "fill", [("out", &args.out)], kernel) }
+        launch!(self, queue, "fill", args => |[out]| kernels::fill(out, value))
     }
 
     unsafe fn copy(&self, queue: Queue<'_, Stream>, args: &CopyArgs<'_>) -> Result<()> {
-        let operands = [("src", &args.src), ("dst", &args.dst)];
-        let kernel = |[src, dst]: &[View<'_>; 2]| {
-            // SAFETY: `launch` checked both views lie in live memory and do
-            // not partly overlap when dense; the host keeps them valid.
-            unsafe { kernels::copy(src, dst) }
-        };
-        // SAFETY: forwarded from this method's contract.
-        unsafe { ops::launch(&self.memory, queue, "copy", operands, kernel) }
+        launch!(self, queue, "copy", args => |[src, dst]| kernels::copy(src, dst))
     }
 
-    unsafe fn cast(&self, queue: Queue<'_, Stream>, args: &CopyArgs<'_>) -> Result<()> {
-        let operands = [("src", &args.src), ("dst", &args.dst)];
-        let kernel = |[src, dst]: &[View<'_>; 2]| {
-            // SAFETY: as for `copy`.
-            unsafe { kernels::cast(src, dst) }
-        };
-        // SAFETY: forwarded from this method's contract.
-        unsafe { ops::launch(&self.memory, queue, "cast", operands, kernel) }
+    unsafe fn cast(&self, queue: Queue<'_, Stream>, args: &CastArgs<'_>) -> Result<()> {
+        launch!(self, queue, "cast", args => |[src, dst]| kernels::cast(src, dst))
     }
 
-    unsafe fn binary(&self, queue: Queue<'_, Stream>, args: &BinaryArgs<'_>) -> Result<()> {
-        let op = match args.op {
+    unsafe fn binary(
+        &self,
+        queue: Queue<'_, Stream>,
+        op: BinaryOp,
+        args: &BinaryArgs<'_>,
+    ) -> Result<()> {
+        let k = match op {
             BinaryOp::Add => kernels::BinaryOp::Add,
             BinaryOp::Sub => kernels::BinaryOp::Sub,
             BinaryOp::Mul => kernels::BinaryOp::Mul,
             BinaryOp::Div => kernels::BinaryOp::Div,
         };
         let alpha = args.alpha;
-        let operands = [("a", &args.a), ("b", &args.b), ("out", &args.out)];
-        let kernel = move |[a, b, out]: &[View<'_>; 3]| {
-            // SAFETY: `launch` checked the views lie in live memory and that
-            // `out` is exactly `a`/`b` or does not partly overlap them when
-            // dense; the host keeps them valid.
-            unsafe { kernels::binary(op, a, b, out, alpha) }
-        };
-        // SAFETY: forwarded from this method's contract.
-        unsafe { ops::launch(&self.memory, queue, args.op.name(), operands, kernel) }
+        launch!(self, queue, op.name(), args => |[a, b, out]| kernels::binary(k, a, b, out, alpha))
     }
 
     unsafe fn matmul(&self, queue: Queue<'_, Stream>, args: &MatmulArgs<'_>) -> Result<()> {
@@ -224,24 +209,15 @@ impl Plugin for Ferrite {
             transpose_b,
             ..
         } = args;
-        let operands = [("a", &args.a), ("b", &args.b), ("out", &args.out)];
-        let kernel = move |[a, b, out]: &[View<'_>; 3]| {
-            // SAFETY: as for `binary`.
-            unsafe { kernels::matmul(a, b, out, transpose_a, transpose_b, alpha, beta) }
-        };
-        // SAFETY: forwarded from this method's contract.
-        unsafe { ops::launch(&self.memory, queue, "matmul", operands, kernel) }
+        launch!(self, queue, "matmul", args => |[a, b, out]| {
+            kernels::matmul(a, b, out, transpose_a, transpose_b, alpha, beta)
+        })
     }
 
     unsafe fn softmax(&self, queue: Queue<'_, Stream>, args: &SoftmaxArgs<'_>) -> Result<()> {
-        let operands = [("input", &args.input), ("out", &args.out)];
-        let kernel = |[input, out]: &[View<'_>; 2]| {
-            // SAFETY: as for `binary`.
-            unsafe { kernels::softmax(input, out) }
-        };
-        // SAFETY: forwarded from this method's contract.
-        unsafe { ops::launch(&self.memory, queue, "softmax", operands, kernel) }
+        launch!(self, queue, "softmax", args => |[i, o]| kernels::softmax(i, o))
     }
+
     unsafe fn unary(
         &self,
         queue: Queue<'_, Stream>,
@@ -259,37 +235,32 @@ impl Plugin for Ferrite {
             UnaryOp::Silu => kernels::UnaryOp::Silu,
             UnaryOp::Gelu => kernels::UnaryOp::Gelu,
         };
-        launch!(self, queue, op.name(), 1, ["input": &args.input, "out": &args.out], |[i, o]| kernels::unary(k, i, o))
+        launch!(self, queue, op.name(), args => |[i, o]| kernels::unary(k, i, o))
     }
 
     unsafe fn pow_scalar(&self, queue: Queue<'_, Stream>, args: &PowScalarArgs<'_>) -> Result<()> {
         let e = args.exponent;
-        launch!(self, queue, "pow_scalar", 1, ["input": &args.input, "out": &args.out], |[i, o]| kernels::pow_scalar(i, o, e))
+        launch!(self, queue, "pow_scalar", args => |[i, o]| kernels::pow_scalar(i, o, e))
     }
 
     unsafe fn activation_backward(
         &self,
         queue: Queue<'_, Stream>,
-        op: ActivationOp,
+        op: ActivationBackwardOp,
         args: &ActivationBackwardArgs<'_>,
     ) -> Result<()> {
         let k = match op {
-            ActivationOp::Relu => kernels::ActivationOp::Relu,
-            ActivationOp::Silu => kernels::ActivationOp::Silu,
-            ActivationOp::Gelu => kernels::ActivationOp::Gelu,
+            ActivationBackwardOp::ReluBackward => kernels::ActivationOp::Relu,
+            ActivationBackwardOp::SiluBackward => kernels::ActivationOp::Silu,
+            ActivationBackwardOp::GeluBackward => kernels::ActivationOp::Gelu,
         };
-        let operands = [
-            ("grad_out", &args.grad_out),
-            ("input", &args.input),
-            ("grad_in", &args.grad_in),
-        ];
-        launch!(self, queue, op.name(), 1, operands, |[g, i, gi]| {
+        launch!(self, queue, op.name(), args => |[g, i, gi]| {
             kernels::activation_backward(k, g, i, gi)
         })
     }
 
     unsafe fn swiglu(&self, queue: Queue<'_, Stream>, args: &SwigluArgs<'_>) -> Result<()> {
-        launch!(self, queue, "swiglu", 1, ["gate": &args.gate, "up": &args.up, "out": &args.out], |[g, u, o]| kernels::swiglu(g, u, o))
+        launch!(self, queue, "swiglu", args => |[g, u, o]| kernels::swiglu(g, u, o))
     }
 
     unsafe fn swiglu_backward(
@@ -297,20 +268,7 @@ impl Plugin for Ferrite {
         queue: Queue<'_, Stream>,
         args: &SwigluBackwardArgs<'_>,
     ) -> Result<()> {
-        let operands = [
-            ("gate", &args.gate),
-            ("up", &args.up),
-            ("grad_out", &args.grad_out),
-            ("grad_gate", &args.grad_gate),
-            ("grad_up", &args.grad_up),
-        ];
-        launch!(self, queue, "swiglu_backward", 2, operands, |[
-            g,
-            u,
-            go,
-            gg,
-            gu,
-        ]| {
+        launch!(self, queue, "swiglu_backward", args => |[g, u, go, gg, gu]| {
             kernels::swiglu_backward(g, u, go, gg, gu)
         })
     }
@@ -328,7 +286,7 @@ impl Plugin for Ferrite {
             ReduceOp::Argmax => kernels::ReduceOp::Argmax,
         };
         let (dim, keepdim) = (args.dim, args.keepdim);
-        launch!(self, queue, op.name(), 1, ["input": &args.input, "out": &args.out], |[i, o]| kernels::reduce(k, i, o, dim, keepdim))
+        launch!(self, queue, op.name(), args => |[i, o]| kernels::reduce(k, i, o, dim, keepdim))
     }
 
     unsafe fn sum_squares(
@@ -336,7 +294,7 @@ impl Plugin for Ferrite {
         queue: Queue<'_, Stream>,
         args: &SumSquaresArgs<'_>,
     ) -> Result<()> {
-        launch!(self, queue, "sum_squares", 1, ["input": &args.input, "out": &args.out], |[i, o]| kernels::sum_squares(i, o))
+        launch!(self, queue, "sum_squares", args => |[i, o]| kernels::sum_squares(i, o))
     }
 
     unsafe fn linear(&self, queue: Queue<'_, Stream>, args: &LinearArgs<'_>) -> Result<()> {
@@ -366,40 +324,32 @@ impl Plugin for Ferrite {
     }
 
     unsafe fn log_softmax(&self, queue: Queue<'_, Stream>, args: &SoftmaxArgs<'_>) -> Result<()> {
-        launch!(self, queue, "log_softmax", 1, ["input": &args.input, "out": &args.out], |[i, o]| kernels::log_softmax(i, o))
+        launch!(self, queue, "log_softmax", args => |[i, o]| kernels::log_softmax(i, o))
     }
 
     unsafe fn softmax_backward(
         &self,
         queue: Queue<'_, Stream>,
-        log: bool,
         args: &SoftmaxBackwardArgs<'_>,
     ) -> Result<()> {
-        let operands = [
-            ("out", &args.out),
-            ("grad_out", &args.grad_out),
-            ("grad_in", &args.grad_in),
-        ];
-        launch!(self, queue, "softmax_backward", 1, operands, |[
-            y,
-            g,
-            gi,
-        ]| {
-            kernels::softmax_backward(y, g, gi, log)
+        launch!(self, queue, "softmax_backward", args => |[y, g, gi]| {
+            kernels::softmax_backward(y, g, gi, false)
+        })
+    }
+
+    unsafe fn log_softmax_backward(
+        &self,
+        queue: Queue<'_, Stream>,
+        args: &SoftmaxBackwardArgs<'_>,
+    ) -> Result<()> {
+        launch!(self, queue, "log_softmax_backward", args => |[y, g, gi]| {
+            kernels::softmax_backward(y, g, gi, true)
         })
     }
 
     unsafe fn rms_norm(&self, queue: Queue<'_, Stream>, args: &RmsNormArgs<'_>) -> Result<()> {
         let eps = args.eps;
-        let operands = [
-            ("input", &args.input),
-            ("weight", &args.weight),
-            ("out", &args.out),
-            ("inv_rms", &args.inv_rms),
-        ];
-        launch!(self, queue, "rms_norm", 2, operands, |[i, w, o, r]| {
-            kernels::rms_norm(i, w, o, r, eps)
-        })
+        launch!(self, queue, "rms_norm", args => |[i, w, o, r]| kernels::rms_norm(i, w, o, r, eps))
     }
 
     unsafe fn rms_norm_backward(
@@ -407,45 +357,14 @@ impl Plugin for Ferrite {
         queue: Queue<'_, Stream>,
         args: &RmsNormBackwardArgs<'_>,
     ) -> Result<()> {
-        let a = args;
-        let operands = [
-            ("grad_out", &a.grad_out),
-            ("input", &a.input),
-            ("weight", &a.weight),
-            ("inv_rms", &a.inv_rms),
-            ("grad_input", &a.grad_input),
-            ("grad_weight", &a.grad_weight),
-        ];
-        launch!(self, queue, "rms_norm_backward", 2, operands, |[
-            g,
-            i,
-            w,
-            r,
-            gi,
-            gw,
-        ]| {
+        launch!(self, queue, "rms_norm_backward", args => |[g, i, w, r, gi, gw]| {
             kernels::rms_norm_backward(g, i, w, r, gi, gw)
         })
     }
 
     unsafe fn layer_norm(&self, queue: Queue<'_, Stream>, args: &LayerNormArgs<'_>) -> Result<()> {
-        let (a, eps) = (args, args.eps);
-        let operands = [
-            ("input", &a.input),
-            ("weight", &a.weight),
-            ("bias", &a.bias),
-            ("out", &a.out),
-            ("mean", &a.mean),
-            ("rstd", &a.rstd),
-        ];
-        launch!(self, queue, "layer_norm", 3, operands, |[
-            i,
-            w,
-            b,
-            o,
-            m,
-            r,
-        ]| {
+        let eps = args.eps;
+        launch!(self, queue, "layer_norm", args => |[i, w, b, o, m, r]| {
             kernels::layer_norm(i, w, b, o, m, r, eps)
         })
     }
@@ -455,65 +374,28 @@ impl Plugin for Ferrite {
         queue: Queue<'_, Stream>,
         args: &LayerNormBackwardArgs<'_>,
     ) -> Result<()> {
-        let a = args;
-        let operands = [
-            ("grad_out", &a.grad_out),
-            ("input", &a.input),
-            ("weight", &a.weight),
-            ("mean", &a.mean),
-            ("rstd", &a.rstd),
-            ("grad_input", &a.grad_input),
-            ("grad_weight", &a.grad_weight),
-            ("grad_bias", &a.grad_bias),
-        ];
-        launch!(self, queue, "layer_norm_backward", 3, operands, |[
-            g,
-            i,
-            w,
-            m,
-            r,
-            gi,
-            gw,
-            gb,
-        ]| {
+        launch!(self, queue, "layer_norm_backward", args => |[g, i, w, m, r, gi, gw, gb]| {
             kernels::layer_norm_backward(g, i, w, m, r, gi, gw, gb)
         })
     }
 
-    unsafe fn rope(
-        &self,
-        queue: Queue<'_, Stream>,
-        backward: bool,
-        args: &RopeArgs<'_>,
-    ) -> Result<()> {
+    unsafe fn rope(&self, queue: Queue<'_, Stream>, args: &RopeArgs<'_>) -> Result<()> {
         let interleaved = args.interleaved;
-        let op = if backward { "rope_backward" } else { "rope" };
-        let operands = [
-            ("input", &args.input),
-            ("cos", &args.cos),
-            ("sin", &args.sin),
-            ("out", &args.out),
-        ];
-        launch!(self, queue, op, 1, operands, |[i, c, s, o]| kernels::rope(
-            i,
-            c,
-            s,
-            o,
-            interleaved,
-            backward
-        ))
+        launch!(self, queue, "rope", args => |[i, c, s, o]| {
+            kernels::rope(i, c, s, o, interleaved, false)
+        })
+    }
+
+    unsafe fn rope_backward(&self, queue: Queue<'_, Stream>, args: &RopeArgs<'_>) -> Result<()> {
+        let interleaved = args.interleaved;
+        launch!(self, queue, "rope_backward", args => |[i, c, s, o]| {
+            kernels::rope(i, c, s, o, interleaved, true)
+        })
     }
 
     unsafe fn attention(&self, queue: Queue<'_, Stream>, args: &AttentionArgs<'_>) -> Result<()> {
-        let (a, scale, causal) = (args, args.scale, args.causal);
-        let operands = [
-            ("q", &a.q),
-            ("k", &a.k),
-            ("v", &a.v),
-            ("out", &a.out),
-            ("lse", &a.lse),
-        ];
-        launch!(self, queue, "attention", 2, operands, |[q, k, v, o, l]| {
+        let (scale, causal) = (args.scale, args.causal);
+        launch!(self, queue, "attention", args => |[q, k, v, o, l]| {
             kernels::attention(q, k, v, o, l, scale, causal)
         })
     }
@@ -523,42 +405,14 @@ impl Plugin for Ferrite {
         queue: Queue<'_, Stream>,
         args: &AttentionBackwardArgs<'_>,
     ) -> Result<()> {
-        let (a, scale, causal) = (args, args.scale, args.causal);
-        let operands = [
-            ("q", &a.q),
-            ("k", &a.k),
-            ("v", &a.v),
-            ("out", &a.out),
-            ("lse", &a.lse),
-            ("grad_out", &a.grad_out),
-            ("grad_q", &a.grad_q),
-            ("grad_k", &a.grad_k),
-            ("grad_v", &a.grad_v),
-        ];
-        launch!(self, queue, "attention_backward", 3, operands, |[
-            q,
-            k,
-            v,
-            o,
-            l,
-            g,
-            gq,
-            gk,
-            gv,
-        ]| {
+        let (scale, causal) = (args.scale, args.causal);
+        launch!(self, queue, "attention_backward", args => |[q, k, v, o, l, g, gq, gk, gv]| {
             kernels::attention_backward(q, k, v, o, l, g, gq, gk, gv, scale, causal)
         })
     }
 
     unsafe fn embedding(&self, queue: Queue<'_, Stream>, args: &EmbeddingArgs<'_>) -> Result<()> {
-        let operands = [
-            ("weight", &args.weight),
-            ("indices", &args.indices),
-            ("out", &args.out),
-        ];
-        launch!(self, queue, "embedding", 1, operands, |[w, i, o]| {
-            kernels::embedding(w, i, o)
-        })
+        launch!(self, queue, "embedding", args => |[w, i, o]| kernels::embedding(w, i, o))
     }
 
     unsafe fn embedding_backward(
@@ -566,16 +420,7 @@ impl Plugin for Ferrite {
         queue: Queue<'_, Stream>,
         args: &EmbeddingBackwardArgs<'_>,
     ) -> Result<()> {
-        let operands = [
-            ("grad_out", &args.grad_out),
-            ("indices", &args.indices),
-            ("grad_weight", &args.grad_weight),
-        ];
-        launch!(self, queue, "embedding_backward", 1, operands, |[
-            g,
-            i,
-            w,
-        ]| {
+        launch!(self, queue, "embedding_backward", args => |[g, i, w]| {
             kernels::embedding_backward(g, i, w)
         })
     }
@@ -586,12 +431,7 @@ impl Plugin for Ferrite {
         args: &CrossEntropyArgs<'_>,
     ) -> Result<()> {
         let ignore = args.ignore_index;
-        let operands = [
-            ("logits", &args.logits),
-            ("targets", &args.targets),
-            ("loss", &args.loss),
-        ];
-        launch!(self, queue, "cross_entropy", 1, operands, |[l, t, o]| {
+        launch!(self, queue, "cross_entropy", args => |[l, t, o]| {
             kernels::cross_entropy(l, t, o, ignore)
         })
     }
@@ -602,38 +442,22 @@ impl Plugin for Ferrite {
         args: &CrossEntropyBackwardArgs<'_>,
     ) -> Result<()> {
         let (ignore, grad_loss) = (args.ignore_index, args.grad_loss);
-        let operands = [
-            ("logits", &args.logits),
-            ("targets", &args.targets),
-            ("grad_logits", &args.grad_logits),
-        ];
-        launch!(
-            self,
-            queue,
-            "cross_entropy_backward",
-            1,
-            operands,
-            |[l, t, g]| kernels::cross_entropy_backward(l, t, g, grad_loss, ignore)
-        )
+        launch!(self, queue, "cross_entropy_backward", args => |[l, t, g]| {
+            kernels::cross_entropy_backward(l, t, g, grad_loss, ignore)
+        })
     }
 
     unsafe fn adamw(&self, queue: Queue<'_, Stream>, args: &AdamwArgs<'_>) -> Result<()> {
         let a = *args;
         let (lr, b1, b2, eps, wd, step) = (a.lr, a.beta1, a.beta2, a.eps, a.weight_decay, a.step);
-        let operands = [
-            ("grad", &args.grad),
-            ("param", &args.param),
-            ("exp_avg", &args.exp_avg),
-            ("exp_avg_sq", &args.exp_avg_sq),
-        ];
-        launch!(self, queue, "adamw", 3, operands, |[g, p, m, v]| {
+        launch!(self, queue, "adamw", args => |[g, p, m, v]| {
             kernels::adamw(p, g, m, v, lr, b1, b2, eps, wd, step)
         })
     }
 
     unsafe fn scale(&self, queue: Queue<'_, Stream>, args: &ScaleArgs<'_>) -> Result<()> {
         let alpha = args.alpha;
-        launch!(self, queue, "scale", 1, ["tensor": &args.tensor], |[t]| kernels::scale(t, alpha))
+        launch!(self, queue, "scale", args => |[t]| kernels::scale(t, alpha))
     }
 }
 

@@ -148,33 +148,15 @@ fn check<const N: usize>(
 }
 
 /// Checks the operands, then runs `kernel` on their views: inline for the
-/// default stream, as a job for a stream. The last operand is the output.
+/// default stream, as a job for a stream. The last `outputs` operands are
+/// the operator's outputs; the kernel is skipped only when every output is
+/// empty (an operator with an empty input may still have to write zeros
+/// elsewhere, e.g. a weight gradient over zero rows).
 ///
 /// # Safety
 /// The host's side of the ABI contract: each operand's memory stays valid
 /// until the work has run, and outputs overlap inputs only as the operator
 /// allows.
-pub unsafe fn launch<const N: usize, K>(
-    memory: &Memory,
-    queue: Queue<'_, Stream>,
-    op: &'static str,
-    args: [(&'static str, &TensorDesc<'_>); N],
-    kernel: K,
-) -> Result<()>
-where
-    K: FnOnce(&[View<'_>; N]) -> Result<(), KernelError> + Send + 'static,
-{
-    // SAFETY: forwarded contract; one output, the last operand.
-    unsafe { launch_outputs(memory, queue, op, args, 1, kernel) }
-}
-
-/// [`launch`] for an operator whose last `outputs` operands are its
-/// outputs: the kernel is skipped only when every output is empty (an
-/// operator with an empty input may still have to write zeros elsewhere,
-/// e.g. a weight gradient over zero rows).
-///
-/// # Safety
-/// As for [`launch`].
 pub unsafe fn launch_outputs<const N: usize, K>(
     memory: &Memory,
     queue: Queue<'_, Stream>,

@@ -151,8 +151,8 @@ fn operators_on_the_default_stream() {
         // Broadcast b over the rows: out = a + 2 * b.
         p.binary(
             q,
+            BinaryOp::Add,
             &BinaryArgs {
-                op: BinaryOp::Add,
                 a: f32s(a, &shape),
                 b: f32s(b, &[3]),
                 out: f32s(out, &shape),
@@ -168,8 +168,8 @@ fn operators_on_the_default_stream() {
         // In place: a = a * a.
         p.binary(
             q,
+            BinaryOp::Mul,
             &BinaryArgs {
-                op: BinaryOp::Mul,
                 a: f32s(a, &shape),
                 b: f32s(a, &shape),
                 out: f32s(a, &shape),
@@ -224,7 +224,7 @@ fn operators_on_the_default_stream() {
         let d = p.alloc(0, 48).unwrap();
         p.cast(
             q,
-            &CopyArgs {
+            &CastArgs {
                 src: f32s(t, &[3, 2]),
                 dst: TensorDesc::new(d, DType::F64, &[3, 2], None),
             },
@@ -289,8 +289,8 @@ fn operands_must_lie_in_live_memory_of_the_device() {
     let err = unsafe {
         p.binary(
             q,
+            BinaryOp::Add,
             &BinaryArgs {
-                op: BinaryOp::Add,
                 a: f32s(big, &[8]),
                 b: f32s(big, &[8]),
                 out: f32s(big.add(4), &[8]),
@@ -362,8 +362,8 @@ fn operators_on_streams_with_events() {
         // y = x + x on stream 2, after stream 1's last fill (x = 9).
         p.binary(
             q2,
+            BinaryOp::Add,
             &BinaryArgs {
-                op: BinaryOp::Add,
                 a: f32s(x, &shape),
                 b: f32s(x, &shape),
                 out: f32s(y, &shape),

@@ -21,8 +21,8 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 
 use polychip_plugin_sdk::{
-    BinaryArgs, BinaryOp, CopyArgs, CopyKind, DType, DeviceProps, Error, FillArgs, Host,
-    MatmulArgs, Plugin, Queue, Result, SoftmaxArgs, TensorDesc, UnaryArgs, UnaryOp,
+    BinaryArgs, BinaryOp, CastArgs, CopyArgs, CopyKind, DType, DeviceProps, Error, FillArgs, Host,
+    MatmulArgs, Operators, Plugin, Queue, Result, SoftmaxArgs, TensorDesc, UnaryArgs, UnaryOp,
 };
 
 /// The plugin's state: live allocations and their sizes.
@@ -119,7 +119,9 @@ impl Plugin for Planted {
     fn event_synchronize(&self, _event: &()) -> Result<()> {
         Ok(())
     }
+}
 
+impl Operators for Planted {
     unsafe fn fill(&self, _q: Queue<'_, ()>, args: &FillArgs<'_>) -> Result<()> {
         if args.out.dtype != DType::F32 || !args.out.is_contiguous() {
             return Err(Error::unimplemented(
@@ -152,7 +154,7 @@ impl Plugin for Planted {
         Ok(())
     }
 
-    unsafe fn cast(&self, _q: Queue<'_, ()>, args: &CopyArgs<'_>) -> Result<()> {
+    unsafe fn cast(&self, _q: Queue<'_, ()>, args: &CastArgs<'_>) -> Result<()> {
         f32_only("cast", &args.src)?;
         let src = addresses(&args.src, 4);
         match args.dst.dtype {
@@ -181,13 +183,13 @@ impl Plugin for Planted {
         Ok(())
     }
 
-    unsafe fn binary(&self, _q: Queue<'_, ()>, args: &BinaryArgs<'_>) -> Result<()> {
-        f32_only(args.op.name(), &args.a)?;
+    unsafe fn binary(&self, _q: Queue<'_, ()>, op: BinaryOp, args: &BinaryArgs<'_>) -> Result<()> {
+        f32_only(op.name(), &args.a)?;
         if args.a.shape != args.out.shape || args.b.shape != args.out.shape {
             return Err(Error::unimplemented("planted: no broadcasting"));
         }
         // Planted (add): a's strides are ignored, as if it were compact.
-        let a = if args.op == BinaryOp::Add {
+        let a = if op == BinaryOp::Add {
             addresses(
                 &TensorDesc::new(args.a.data, DType::F32, args.a.shape, None),
                 4,
@@ -198,7 +200,7 @@ impl Plugin for Planted {
         let b = addresses(&args.b, 4);
         let out = addresses(&args.out, 4);
         // Planted (mul): the last element is never written.
-        let n = if args.op == BinaryOp::Mul {
+        let n = if op == BinaryOp::Mul {
             out.len().saturating_sub(1)
         } else {
             out.len()
@@ -207,7 +209,7 @@ impl Plugin for Planted {
             // SAFETY: addresses of live f32 tensors.
             unsafe {
                 let (x, y) = (get(a[i]), get(b[i]));
-                let r = match args.op {
+                let r = match op {
                     BinaryOp::Add => x + args.alpha as f32 * y,
                     BinaryOp::Mul => x * y,
                     _ => return Err(Error::unimplemented("planted: add and mul only")),

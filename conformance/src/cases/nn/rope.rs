@@ -63,7 +63,13 @@ fn rope_family(op: &'static str, backward: bool, dtype: DType) -> Vec<Case> {
             ],
             // Two products and a sum per element (the tables are exact f32).
             Tolerance::ulps(4.0),
-            move |exec, t| exec.rope(backward, &t[0], &t[1], &t[2], &t[3], interleaved),
+            move |exec, t| {
+                if backward {
+                    exec.rope_backward(&t[0], &t[1], &t[2], &t[3], interleaved)
+                } else {
+                    exec.rope(&t[0], &t[1], &t[2], &t[3], interleaved)
+                }
+            },
             move |d| {
                 let r = if backward {
                     reference::rope_backward(&d[0], &d[1], &d[2], interleaved)

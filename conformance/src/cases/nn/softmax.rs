@@ -42,7 +42,13 @@ fn softmax_family_backward(op: &'static str, log: bool, dtype: DType) -> Vec<Cas
                 ],
                 // A dot product (or sum) over the row, then a few roundings.
                 Tolerance::sum(8.0, n),
-                move |exec, t| exec.softmax_backward(log, &t[0], &t[1], &t[2]),
+                move |exec, t| {
+                    if log {
+                        exec.log_softmax_backward(&t[0], &t[1], &t[2])
+                    } else {
+                        exec.softmax_backward(&t[0], &t[1], &t[2])
+                    }
+                },
                 move |d| {
                     let r = if log {
                         reference::log_softmax_backward(&d[0], &d[1])

@@ -70,7 +70,7 @@ pub(super) fn adamw_cases(dtype: DType) -> Vec<Case> {
             ],
             // A dozen operations per element, none accumulating.
             Tolerance::ulps(16.0),
-            move |exec, t| exec.adamw(&t[0], &t[1], &t[2], &t[3], &h),
+            move |exec, t| exec.adamw(&t[0], &t[1], &t[2], &t[3], h),
             move |d| {
                 let (p, m, v) = reference::adamw(
                     &d[0],
