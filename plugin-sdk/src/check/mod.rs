@@ -199,6 +199,21 @@ pub fn rank(
     }
 }
 
+/// `t`'s shape is `expected`, the message's clause made only on failure.
+#[inline]
+fn shape_equals(
+    op: &'static str,
+    t: (&'static str, &TensorDesc),
+    expected: &[i64],
+    why: impl FnOnce() -> String,
+) -> Checked {
+    if t.1.shape == expected {
+        Ok(())
+    } else {
+        shape_is(op, t.0, t.1, expected, &why())
+    }
+}
+
 /// `t` has `like`'s shape.
 #[inline]
 pub fn shape_like(
@@ -206,16 +221,9 @@ pub fn shape_like(
     t: (&'static str, &TensorDesc),
     like: (&'static str, &TensorDesc),
 ) -> Checked {
-    if t.1.shape == like.1.shape {
-        return Ok(());
-    }
-    shape_is(
-        op,
-        t.0,
-        t.1,
-        like.1.shape,
-        &format!("it must equal {}'s shape", like.0),
-    )
+    shape_equals(op, t, like.1.shape, || {
+        format!("it must equal {}'s shape", like.0)
+    })
 }
 
 /// `t` is `[H]`, H being `of`'s last dimension (a normalisation's parameter).
@@ -226,16 +234,9 @@ pub fn shape_last(
     of: (&'static str, &TensorDesc),
 ) -> Checked {
     let h = [of.1.shape.last().copied().unwrap_or(1)];
-    if t.1.shape == h {
-        return Ok(());
-    }
-    shape_is(
-        op,
-        t.0,
-        t.1,
-        &h,
-        &format!("it must be [H] where H is {}'s last dimension:", of.0),
-    )
+    shape_equals(op, t, &h, || {
+        format!("it must be [H] where H is {}'s last dimension:", of.0)
+    })
 }
 
 /// `t` is `of`'s shape without its last dimension (per-row statistics).
@@ -246,16 +247,9 @@ pub fn shape_rows(
     of: (&'static str, &TensorDesc),
 ) -> Checked {
     let rows = &of.1.shape[..of.1.ndim().saturating_sub(1)];
-    if t.1.shape == rows {
-        return Ok(());
-    }
-    shape_is(
-        op,
-        t.0,
-        t.1,
-        rows,
-        &format!("it must be {}'s shape without its last dimension:", of.0),
-    )
+    shape_equals(op, t, rows, || {
+        format!("it must be {}'s shape without its last dimension:", of.0)
+    })
 }
 
 /// `out` has the NumPy broadcast shape of `a` and `b` (which must broadcast).
