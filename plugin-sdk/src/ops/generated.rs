@@ -595,6 +595,7 @@ pub struct FillArgs<'a> {
 impl<'a> FillArgs<'a> {
     /// Checks a call of `op` (one of `fill`): the spec's dtype, rank and
     /// shape rules, then that no output overlaps itself.
+    #[inline]
     pub fn new(op: Op, out: TensorDesc<'a>, value: f64) -> Result<Self, ArgError> {
         let name = op.name();
         let args = FillArgs { out, value };
@@ -617,6 +618,7 @@ impl<'a> FillArgs<'a> {
 impl RawArgs for abi::PolychipFillArgs {
     type Checked<'a> = FillArgs<'a>;
 
+    #[inline]
     unsafe fn check(&self, op: Op, device: u32) -> Result<FillArgs<'_>, ArgError> {
         let name = op.name();
         // SAFETY: per this trait's contract, every descriptor in `self` is
@@ -644,6 +646,7 @@ pub struct CopyArgs<'a> {
 impl<'a> CopyArgs<'a> {
     /// Checks a call of `op` (one of `copy`): the spec's dtype, rank and
     /// shape rules, then that no output overlaps itself.
+    #[inline]
     pub fn new(op: Op, src: TensorDesc<'a>, dst: TensorDesc<'a>) -> Result<Self, ArgError> {
         let name = op.name();
         check::same_dtype(name, ("src", &src), ("dst", &dst))?;
@@ -668,6 +671,7 @@ impl<'a> CopyArgs<'a> {
 impl RawArgs for abi::PolychipCopyArgs {
     type Checked<'a> = CopyArgs<'a>;
 
+    #[inline]
     unsafe fn check(&self, op: Op, device: u32) -> Result<CopyArgs<'_>, ArgError> {
         let name = op.name();
         // SAFETY: per this trait's contract, every descriptor in `self` is
@@ -695,6 +699,7 @@ pub struct CastArgs<'a> {
 impl<'a> CastArgs<'a> {
     /// Checks a call of `op` (one of `cast`): the spec's dtype, rank and
     /// shape rules, then that no output overlaps itself.
+    #[inline]
     pub fn new(op: Op, src: TensorDesc<'a>, dst: TensorDesc<'a>) -> Result<Self, ArgError> {
         let name = op.name();
         check::dtype_in(name, "src", &src, &[DType::F32, DType::F16, DType::BF16, DType::F64], "f32, f16, bf16 and f64")?;
@@ -720,6 +725,7 @@ impl<'a> CastArgs<'a> {
 impl RawArgs for abi::PolychipCastArgs {
     type Checked<'a> = CastArgs<'a>;
 
+    #[inline]
     unsafe fn check(&self, op: Op, device: u32) -> Result<CastArgs<'_>, ArgError> {
         let name = op.name();
         // SAFETY: per this trait's contract, every descriptor in `self` is
@@ -751,6 +757,7 @@ pub struct BinaryArgs<'a> {
 impl<'a> BinaryArgs<'a> {
     /// Checks a call of `op` (one of `add`, `sub`, `mul`, `div`): the spec's dtype, rank and
     /// shape rules, then that no output overlaps itself.
+    #[inline]
     pub fn new(op: Op, a: TensorDesc<'a>, b: TensorDesc<'a>, out: TensorDesc<'a>, alpha: f64) -> Result<Self, ArgError> {
         let name = op.name();
         check::dtype_in(name, "a", &a, op.dtypes(), op.accepted())?;
@@ -777,6 +784,7 @@ impl<'a> BinaryArgs<'a> {
 impl RawArgs for abi::PolychipBinaryArgs {
     type Checked<'a> = BinaryArgs<'a>;
 
+    #[inline]
     unsafe fn check(&self, op: Op, device: u32) -> Result<BinaryArgs<'_>, ArgError> {
         let name = op.name();
         // SAFETY: per this trait's contract, every descriptor in `self` is
@@ -816,6 +824,7 @@ pub struct MatmulArgs<'a> {
 impl<'a> MatmulArgs<'a> {
     /// Checks a call of `op` (one of `matmul`): the spec's dtype, rank and
     /// shape rules, then [`rules::matmul`] (`op(a)`'s K equals `op(b)`'s, the batch dimensions broadcast, and `out` is `[batch..., M, N]`), then that no output overlaps itself.
+    #[inline]
     pub fn new(op: Op, a: TensorDesc<'a>, b: TensorDesc<'a>, out: TensorDesc<'a>, alpha: f64, beta: f64, transpose_a: bool, transpose_b: bool) -> Result<Self, ArgError> {
         let name = op.name();
         check::dtype_in(name, "a", &a, op.dtypes(), op.accepted())?;
@@ -845,6 +854,7 @@ impl<'a> MatmulArgs<'a> {
 impl RawArgs for abi::PolychipMatmulArgs {
     type Checked<'a> = MatmulArgs<'a>;
 
+    #[inline]
     unsafe fn check(&self, op: Op, device: u32) -> Result<MatmulArgs<'_>, ArgError> {
         let name = op.name();
         // SAFETY: per this trait's contract, every descriptor in `self` is
@@ -877,6 +887,7 @@ pub struct SoftmaxArgs<'a> {
 impl<'a> SoftmaxArgs<'a> {
     /// Checks a call of `op` (one of `softmax`, `log_softmax`): the spec's dtype, rank and
     /// shape rules, then that no output overlaps itself.
+    #[inline]
     pub fn new(op: Op, input: TensorDesc<'a>, out: TensorDesc<'a>) -> Result<Self, ArgError> {
         let name = op.name();
         check::dtype_in(name, "input", &input, op.dtypes(), op.accepted())?;
@@ -903,6 +914,7 @@ impl<'a> SoftmaxArgs<'a> {
 impl RawArgs for abi::PolychipSoftmaxArgs {
     type Checked<'a> = SoftmaxArgs<'a>;
 
+    #[inline]
     unsafe fn check(&self, op: Op, device: u32) -> Result<SoftmaxArgs<'_>, ArgError> {
         let name = op.name();
         // SAFETY: per this trait's contract, every descriptor in `self` is
@@ -930,6 +942,7 @@ pub struct UnaryArgs<'a> {
 impl<'a> UnaryArgs<'a> {
     /// Checks a call of `op` (one of `neg`, `exp`, `log`, `sqrt`, `rsqrt`, `tanh`, `relu`, `silu`, `gelu`): the spec's dtype, rank and
     /// shape rules, then that no output overlaps itself.
+    #[inline]
     pub fn new(op: Op, input: TensorDesc<'a>, out: TensorDesc<'a>) -> Result<Self, ArgError> {
         let name = op.name();
         check::dtype_in(name, "input", &input, op.dtypes(), op.accepted())?;
@@ -955,6 +968,7 @@ impl<'a> UnaryArgs<'a> {
 impl RawArgs for abi::PolychipUnaryArgs {
     type Checked<'a> = UnaryArgs<'a>;
 
+    #[inline]
     unsafe fn check(&self, op: Op, device: u32) -> Result<UnaryArgs<'_>, ArgError> {
         let name = op.name();
         // SAFETY: per this trait's contract, every descriptor in `self` is
@@ -984,6 +998,7 @@ pub struct PowScalarArgs<'a> {
 impl<'a> PowScalarArgs<'a> {
     /// Checks a call of `op` (one of `pow_scalar`): the spec's dtype, rank and
     /// shape rules, then that no output overlaps itself.
+    #[inline]
     pub fn new(op: Op, input: TensorDesc<'a>, out: TensorDesc<'a>, exponent: f64) -> Result<Self, ArgError> {
         let name = op.name();
         check::dtype_in(name, "input", &input, op.dtypes(), op.accepted())?;
@@ -1009,6 +1024,7 @@ impl<'a> PowScalarArgs<'a> {
 impl RawArgs for abi::PolychipPowScalarArgs {
     type Checked<'a> = PowScalarArgs<'a>;
 
+    #[inline]
     unsafe fn check(&self, op: Op, device: u32) -> Result<PowScalarArgs<'_>, ArgError> {
         let name = op.name();
         // SAFETY: per this trait's contract, every descriptor in `self` is
@@ -1039,6 +1055,7 @@ pub struct ActivationBackwardArgs<'a> {
 impl<'a> ActivationBackwardArgs<'a> {
     /// Checks a call of `op` (one of `relu_backward`, `silu_backward`, `gelu_backward`): the spec's dtype, rank and
     /// shape rules, then that no output overlaps itself.
+    #[inline]
     pub fn new(op: Op, grad_out: TensorDesc<'a>, input: TensorDesc<'a>, grad_in: TensorDesc<'a>) -> Result<Self, ArgError> {
         let name = op.name();
         check::dtype_in(name, "grad_out", &grad_out, op.dtypes(), op.accepted())?;
@@ -1066,6 +1083,7 @@ impl<'a> ActivationBackwardArgs<'a> {
 impl RawArgs for abi::PolychipActivationBackwardArgs {
     type Checked<'a> = ActivationBackwardArgs<'a>;
 
+    #[inline]
     unsafe fn check(&self, op: Op, device: u32) -> Result<ActivationBackwardArgs<'_>, ArgError> {
         let name = op.name();
         // SAFETY: per this trait's contract, every descriptor in `self` is
@@ -1096,6 +1114,7 @@ pub struct SwigluArgs<'a> {
 impl<'a> SwigluArgs<'a> {
     /// Checks a call of `op` (one of `swiglu`): the spec's dtype, rank and
     /// shape rules, then that no output overlaps itself.
+    #[inline]
     pub fn new(op: Op, gate: TensorDesc<'a>, up: TensorDesc<'a>, out: TensorDesc<'a>) -> Result<Self, ArgError> {
         let name = op.name();
         check::dtype_in(name, "gate", &gate, op.dtypes(), op.accepted())?;
@@ -1123,6 +1142,7 @@ impl<'a> SwigluArgs<'a> {
 impl RawArgs for abi::PolychipSwigluArgs {
     type Checked<'a> = SwigluArgs<'a>;
 
+    #[inline]
     unsafe fn check(&self, op: Op, device: u32) -> Result<SwigluArgs<'_>, ArgError> {
         let name = op.name();
         // SAFETY: per this trait's contract, every descriptor in `self` is
@@ -1157,6 +1177,7 @@ pub struct SwigluBackwardArgs<'a> {
 impl<'a> SwigluBackwardArgs<'a> {
     /// Checks a call of `op` (one of `swiglu_backward`): the spec's dtype, rank and
     /// shape rules, then that no output overlaps itself.
+    #[inline]
     pub fn new(op: Op, gate: TensorDesc<'a>, up: TensorDesc<'a>, grad_out: TensorDesc<'a>, grad_gate: TensorDesc<'a>, grad_up: TensorDesc<'a>) -> Result<Self, ArgError> {
         let name = op.name();
         check::dtype_in(name, "gate", &gate, op.dtypes(), op.accepted())?;
@@ -1189,6 +1210,7 @@ impl<'a> SwigluBackwardArgs<'a> {
 impl RawArgs for abi::PolychipSwigluBackwardArgs {
     type Checked<'a> = SwigluBackwardArgs<'a>;
 
+    #[inline]
     unsafe fn check(&self, op: Op, device: u32) -> Result<SwigluBackwardArgs<'_>, ArgError> {
         let name = op.name();
         // SAFETY: per this trait's contract, every descriptor in `self` is
@@ -1223,6 +1245,7 @@ pub struct ReduceArgs<'a> {
 impl<'a> ReduceArgs<'a> {
     /// Checks a call of `op` (one of `sum`, `mean`, `max`, `argmax`): the spec's dtype, rank and
     /// shape rules, then [`rules::reduce`] (`out` is `input`'s shape without dimension `dim` (with it set to 1 under `keepdim`)), then that no output overlaps itself.
+    #[inline]
     pub fn new(op: Op, input: TensorDesc<'a>, out: TensorDesc<'a>, dim: i32, keepdim: bool) -> Result<Self, ArgError> {
         let name = op.name();
         check::dtype_in(name, "input", &input, op.dtypes(), op.accepted())?;
@@ -1251,6 +1274,7 @@ impl<'a> ReduceArgs<'a> {
 impl RawArgs for abi::PolychipReduceArgs {
     type Checked<'a> = ReduceArgs<'a>;
 
+    #[inline]
     unsafe fn check(&self, op: Op, device: u32) -> Result<ReduceArgs<'_>, ArgError> {
         let name = op.name();
         // SAFETY: per this trait's contract, every descriptor in `self` is
@@ -1280,6 +1304,7 @@ pub struct SumSquaresArgs<'a> {
 impl<'a> SumSquaresArgs<'a> {
     /// Checks a call of `op` (one of `sum_squares`): the spec's dtype, rank and
     /// shape rules, then that no output overlaps itself.
+    #[inline]
     pub fn new(op: Op, input: TensorDesc<'a>, out: TensorDesc<'a>) -> Result<Self, ArgError> {
         let name = op.name();
         check::dtype_in(name, "input", &input, op.dtypes(), op.accepted())?;
@@ -1305,6 +1330,7 @@ impl<'a> SumSquaresArgs<'a> {
 impl RawArgs for abi::PolychipSumSquaresArgs {
     type Checked<'a> = SumSquaresArgs<'a>;
 
+    #[inline]
     unsafe fn check(&self, op: Op, device: u32) -> Result<SumSquaresArgs<'_>, ArgError> {
         let name = op.name();
         // SAFETY: per this trait's contract, every descriptor in `self` is
@@ -1336,6 +1362,7 @@ pub struct LinearArgs<'a> {
 impl<'a> LinearArgs<'a> {
     /// Checks a call of `op` (one of `linear`): the spec's dtype, rank and
     /// shape rules, then [`rules::linear`] (`weight`'s K equals `input`'s last dimension, `bias` is `[N]` and `out` is `[..., N]`), then that no output overlaps itself.
+    #[inline]
     pub fn new(op: Op, input: TensorDesc<'a>, weight: TensorDesc<'a>, bias: Option<TensorDesc<'a>>, out: TensorDesc<'a>) -> Result<Self, ArgError> {
         let name = op.name();
         check::dtype_in(name, "input", &input, op.dtypes(), op.accepted())?;
@@ -1356,6 +1383,7 @@ impl<'a> LinearArgs<'a> {
 impl RawArgs for abi::PolychipLinearArgs {
     type Checked<'a> = LinearArgs<'a>;
 
+    #[inline]
     unsafe fn check(&self, op: Op, device: u32) -> Result<LinearArgs<'_>, ArgError> {
         let name = op.name();
         // SAFETY: per this trait's contract, every descriptor in `self` is
@@ -1387,6 +1415,7 @@ pub struct SoftmaxBackwardArgs<'a> {
 impl<'a> SoftmaxBackwardArgs<'a> {
     /// Checks a call of `op` (one of `softmax_backward`, `log_softmax_backward`): the spec's dtype, rank and
     /// shape rules, then that no output overlaps itself.
+    #[inline]
     pub fn new(op: Op, out: TensorDesc<'a>, grad_out: TensorDesc<'a>, grad_in: TensorDesc<'a>) -> Result<Self, ArgError> {
         let name = op.name();
         check::dtype_in(name, "out", &out, op.dtypes(), op.accepted())?;
@@ -1415,6 +1444,7 @@ impl<'a> SoftmaxBackwardArgs<'a> {
 impl RawArgs for abi::PolychipSoftmaxBackwardArgs {
     type Checked<'a> = SoftmaxBackwardArgs<'a>;
 
+    #[inline]
     unsafe fn check(&self, op: Op, device: u32) -> Result<SoftmaxBackwardArgs<'_>, ArgError> {
         let name = op.name();
         // SAFETY: per this trait's contract, every descriptor in `self` is
@@ -1449,6 +1479,7 @@ pub struct RmsNormArgs<'a> {
 impl<'a> RmsNormArgs<'a> {
     /// Checks a call of `op` (one of `rms_norm`): the spec's dtype, rank and
     /// shape rules, then that no output overlaps itself.
+    #[inline]
     pub fn new(op: Op, input: TensorDesc<'a>, weight: TensorDesc<'a>, out: TensorDesc<'a>, inv_rms: TensorDesc<'a>, eps: f64) -> Result<Self, ArgError> {
         let name = op.name();
         check::dtype_in(name, "input", &input, op.dtypes(), op.accepted())?;
@@ -1480,6 +1511,7 @@ impl<'a> RmsNormArgs<'a> {
 impl RawArgs for abi::PolychipRmsNormArgs {
     type Checked<'a> = RmsNormArgs<'a>;
 
+    #[inline]
     unsafe fn check(&self, op: Op, device: u32) -> Result<RmsNormArgs<'_>, ArgError> {
         let name = op.name();
         // SAFETY: per this trait's contract, every descriptor in `self` is
@@ -1518,6 +1550,7 @@ pub struct RmsNormBackwardArgs<'a> {
 impl<'a> RmsNormBackwardArgs<'a> {
     /// Checks a call of `op` (one of `rms_norm_backward`): the spec's dtype, rank and
     /// shape rules, then that no output overlaps itself.
+    #[inline]
     pub fn new(op: Op, grad_out: TensorDesc<'a>, input: TensorDesc<'a>, weight: TensorDesc<'a>, inv_rms: TensorDesc<'a>, grad_input: TensorDesc<'a>, grad_weight: TensorDesc<'a>) -> Result<Self, ArgError> {
         let name = op.name();
         check::dtype_in(name, "grad_out", &grad_out, op.dtypes(), op.accepted())?;
@@ -1553,6 +1586,7 @@ impl<'a> RmsNormBackwardArgs<'a> {
 impl RawArgs for abi::PolychipRmsNormBackwardArgs {
     type Checked<'a> = RmsNormBackwardArgs<'a>;
 
+    #[inline]
     unsafe fn check(&self, op: Op, device: u32) -> Result<RmsNormBackwardArgs<'_>, ArgError> {
         let name = op.name();
         // SAFETY: per this trait's contract, every descriptor in `self` is
@@ -1594,6 +1628,7 @@ pub struct LayerNormArgs<'a> {
 impl<'a> LayerNormArgs<'a> {
     /// Checks a call of `op` (one of `layer_norm`): the spec's dtype, rank and
     /// shape rules, then that no output overlaps itself.
+    #[inline]
     pub fn new(op: Op, input: TensorDesc<'a>, weight: TensorDesc<'a>, bias: TensorDesc<'a>, out: TensorDesc<'a>, mean: TensorDesc<'a>, rstd: TensorDesc<'a>, eps: f64) -> Result<Self, ArgError> {
         let name = op.name();
         check::dtype_in(name, "input", &input, op.dtypes(), op.accepted())?;
@@ -1630,6 +1665,7 @@ impl<'a> LayerNormArgs<'a> {
 impl RawArgs for abi::PolychipLayerNormArgs {
     type Checked<'a> = LayerNormArgs<'a>;
 
+    #[inline]
     unsafe fn check(&self, op: Op, device: u32) -> Result<LayerNormArgs<'_>, ArgError> {
         let name = op.name();
         // SAFETY: per this trait's contract, every descriptor in `self` is
@@ -1674,6 +1710,7 @@ pub struct LayerNormBackwardArgs<'a> {
 impl<'a> LayerNormBackwardArgs<'a> {
     /// Checks a call of `op` (one of `layer_norm_backward`): the spec's dtype, rank and
     /// shape rules, then that no output overlaps itself.
+    #[inline]
     pub fn new(op: Op, grad_out: TensorDesc<'a>, input: TensorDesc<'a>, weight: TensorDesc<'a>, mean: TensorDesc<'a>, rstd: TensorDesc<'a>, grad_input: TensorDesc<'a>, grad_weight: TensorDesc<'a>, grad_bias: TensorDesc<'a>) -> Result<Self, ArgError> {
         let name = op.name();
         check::dtype_in(name, "grad_out", &grad_out, op.dtypes(), op.accepted())?;
@@ -1714,6 +1751,7 @@ impl<'a> LayerNormBackwardArgs<'a> {
 impl RawArgs for abi::PolychipLayerNormBackwardArgs {
     type Checked<'a> = LayerNormBackwardArgs<'a>;
 
+    #[inline]
     unsafe fn check(&self, op: Op, device: u32) -> Result<LayerNormBackwardArgs<'_>, ArgError> {
         let name = op.name();
         // SAFETY: per this trait's contract, every descriptor in `self` is
@@ -1753,6 +1791,7 @@ pub struct RopeArgs<'a> {
 impl<'a> RopeArgs<'a> {
     /// Checks a call of `op` (one of `rope`, `rope_backward`): the spec's dtype, rank and
     /// shape rules, then [`rules::rope`] (`head_dim` is even and `cos` and `sin` are `[seq, head_dim / 2]`), then that no output overlaps itself.
+    #[inline]
     pub fn new(op: Op, input: TensorDesc<'a>, cos: TensorDesc<'a>, sin: TensorDesc<'a>, out: TensorDesc<'a>, interleaved: bool) -> Result<Self, ArgError> {
         let name = op.name();
         check::dtype_in(name, "input", &input, op.dtypes(), op.accepted())?;
@@ -1782,6 +1821,7 @@ impl<'a> RopeArgs<'a> {
 impl RawArgs for abi::PolychipRopeArgs {
     type Checked<'a> = RopeArgs<'a>;
 
+    #[inline]
     unsafe fn check(&self, op: Op, device: u32) -> Result<RopeArgs<'_>, ArgError> {
         let name = op.name();
         // SAFETY: per this trait's contract, every descriptor in `self` is
@@ -1822,6 +1862,7 @@ pub struct AttentionArgs<'a> {
 impl<'a> AttentionArgs<'a> {
     /// Checks a call of `op` (one of `attention`): the spec's dtype, rank and
     /// shape rules, then [`rules::attention`] (`k` is `[batch, heads_kv, seq_kv, D]` with `heads_kv` dividing `q`'s heads, and `lse` is `[batch, heads_q, seq_q]`), then that no output overlaps itself.
+    #[inline]
     pub fn new(op: Op, q: TensorDesc<'a>, k: TensorDesc<'a>, v: TensorDesc<'a>, out: TensorDesc<'a>, lse: TensorDesc<'a>, scale: f64, causal: bool) -> Result<Self, ArgError> {
         let name = op.name();
         check::dtype_in(name, "q", &q, op.dtypes(), op.accepted())?;
@@ -1856,6 +1897,7 @@ impl<'a> AttentionArgs<'a> {
 impl RawArgs for abi::PolychipAttentionArgs {
     type Checked<'a> = AttentionArgs<'a>;
 
+    #[inline]
     unsafe fn check(&self, op: Op, device: u32) -> Result<AttentionArgs<'_>, ArgError> {
         let name = op.name();
         // SAFETY: per this trait's contract, every descriptor in `self` is
@@ -1906,6 +1948,7 @@ pub struct AttentionBackwardArgs<'a> {
 impl<'a> AttentionBackwardArgs<'a> {
     /// Checks a call of `op` (one of `attention_backward`): the spec's dtype, rank and
     /// shape rules, then [`rules::attention_backward`] (as for `attention`), then that no output overlaps itself.
+    #[inline]
     pub fn new(op: Op, q: TensorDesc<'a>, k: TensorDesc<'a>, v: TensorDesc<'a>, out: TensorDesc<'a>, lse: TensorDesc<'a>, grad_out: TensorDesc<'a>, grad_q: TensorDesc<'a>, grad_k: TensorDesc<'a>, grad_v: TensorDesc<'a>, scale: f64, causal: bool) -> Result<Self, ArgError> {
         let name = op.name();
         check::dtype_in(name, "q", &q, op.dtypes(), op.accepted())?;
@@ -1949,6 +1992,7 @@ impl<'a> AttentionBackwardArgs<'a> {
 impl RawArgs for abi::PolychipAttentionBackwardArgs {
     type Checked<'a> = AttentionBackwardArgs<'a>;
 
+    #[inline]
     unsafe fn check(&self, op: Op, device: u32) -> Result<AttentionBackwardArgs<'_>, ArgError> {
         let name = op.name();
         // SAFETY: per this trait's contract, every descriptor in `self` is
@@ -1987,6 +2031,7 @@ pub struct EmbeddingArgs<'a> {
 impl<'a> EmbeddingArgs<'a> {
     /// Checks a call of `op` (one of `embedding`): the spec's dtype, rank and
     /// shape rules, then [`rules::embedding`] (`out` is `indices`' shape followed by `H`), then that no output overlaps itself.
+    #[inline]
     pub fn new(op: Op, weight: TensorDesc<'a>, indices: TensorDesc<'a>, out: TensorDesc<'a>) -> Result<Self, ArgError> {
         let name = op.name();
         check::dtype_in(name, "weight", &weight, op.dtypes(), op.accepted())?;
@@ -2014,6 +2059,7 @@ impl<'a> EmbeddingArgs<'a> {
 impl RawArgs for abi::PolychipEmbeddingArgs {
     type Checked<'a> = EmbeddingArgs<'a>;
 
+    #[inline]
     unsafe fn check(&self, op: Op, device: u32) -> Result<EmbeddingArgs<'_>, ArgError> {
         let name = op.name();
         // SAFETY: per this trait's contract, every descriptor in `self` is
@@ -2044,6 +2090,7 @@ pub struct EmbeddingBackwardArgs<'a> {
 impl<'a> EmbeddingBackwardArgs<'a> {
     /// Checks a call of `op` (one of `embedding_backward`): the spec's dtype, rank and
     /// shape rules, then [`rules::embedding_backward`] (`grad_out` is `indices`' shape followed by `H`), then that no output overlaps itself.
+    #[inline]
     pub fn new(op: Op, grad_out: TensorDesc<'a>, indices: TensorDesc<'a>, grad_weight: TensorDesc<'a>) -> Result<Self, ArgError> {
         let name = op.name();
         check::dtype_in(name, "grad_out", &grad_out, op.dtypes(), op.accepted())?;
@@ -2071,6 +2118,7 @@ impl<'a> EmbeddingBackwardArgs<'a> {
 impl RawArgs for abi::PolychipEmbeddingBackwardArgs {
     type Checked<'a> = EmbeddingBackwardArgs<'a>;
 
+    #[inline]
     unsafe fn check(&self, op: Op, device: u32) -> Result<EmbeddingBackwardArgs<'_>, ArgError> {
         let name = op.name();
         // SAFETY: per this trait's contract, every descriptor in `self` is
@@ -2103,6 +2151,7 @@ pub struct CrossEntropyArgs<'a> {
 impl<'a> CrossEntropyArgs<'a> {
     /// Checks a call of `op` (one of `cross_entropy`): the spec's dtype, rank and
     /// shape rules, then [`rules::cross_entropy`] (`targets` is `[N]`), then that no output overlaps itself.
+    #[inline]
     pub fn new(op: Op, logits: TensorDesc<'a>, targets: TensorDesc<'a>, loss: TensorDesc<'a>, ignore_index: i64) -> Result<Self, ArgError> {
         let name = op.name();
         check::dtype_in(name, "logits", &logits, op.dtypes(), op.accepted())?;
@@ -2131,6 +2180,7 @@ impl<'a> CrossEntropyArgs<'a> {
 impl RawArgs for abi::PolychipCrossEntropyArgs {
     type Checked<'a> = CrossEntropyArgs<'a>;
 
+    #[inline]
     unsafe fn check(&self, op: Op, device: u32) -> Result<CrossEntropyArgs<'_>, ArgError> {
         let name = op.name();
         // SAFETY: per this trait's contract, every descriptor in `self` is
@@ -2166,6 +2216,7 @@ pub struct CrossEntropyBackwardArgs<'a> {
 impl<'a> CrossEntropyBackwardArgs<'a> {
     /// Checks a call of `op` (one of `cross_entropy_backward`): the spec's dtype, rank and
     /// shape rules, then [`rules::cross_entropy_backward`] (`targets` is `[N]`), then that no output overlaps itself.
+    #[inline]
     pub fn new(op: Op, logits: TensorDesc<'a>, targets: TensorDesc<'a>, grad_logits: TensorDesc<'a>, grad_loss: f64, ignore_index: i64) -> Result<Self, ArgError> {
         let name = op.name();
         check::dtype_in(name, "logits", &logits, op.dtypes(), op.accepted())?;
@@ -2194,6 +2245,7 @@ impl<'a> CrossEntropyBackwardArgs<'a> {
 impl RawArgs for abi::PolychipCrossEntropyBackwardArgs {
     type Checked<'a> = CrossEntropyBackwardArgs<'a>;
 
+    #[inline]
     unsafe fn check(&self, op: Op, device: u32) -> Result<CrossEntropyBackwardArgs<'_>, ArgError> {
         let name = op.name();
         // SAFETY: per this trait's contract, every descriptor in `self` is
@@ -2240,6 +2292,7 @@ pub struct AdamwArgs<'a> {
 impl<'a> AdamwArgs<'a> {
     /// Checks a call of `op` (one of `adamw`): the spec's dtype, rank and
     /// shape rules, then [`rules::adamw`] (`step` is at least 1), then that no output overlaps itself.
+    #[inline]
     pub fn new(op: Op, param: TensorDesc<'a>, grad: TensorDesc<'a>, exp_avg: TensorDesc<'a>, exp_avg_sq: TensorDesc<'a>, lr: f64, beta1: f64, beta2: f64, eps: f64, weight_decay: f64, step: i64) -> Result<Self, ArgError> {
         let name = op.name();
         check::dtype_in(name, "param", &param, op.dtypes(), op.accepted())?;
@@ -2272,6 +2325,7 @@ impl<'a> AdamwArgs<'a> {
 impl RawArgs for abi::PolychipAdamwArgs {
     type Checked<'a> = AdamwArgs<'a>;
 
+    #[inline]
     unsafe fn check(&self, op: Op, device: u32) -> Result<AdamwArgs<'_>, ArgError> {
         let name = op.name();
         // SAFETY: per this trait's contract, every descriptor in `self` is
@@ -2307,6 +2361,7 @@ pub struct ScaleArgs<'a> {
 impl<'a> ScaleArgs<'a> {
     /// Checks a call of `op` (one of `scale`): the spec's dtype, rank and
     /// shape rules, then that no output overlaps itself.
+    #[inline]
     pub fn new(op: Op, tensor: TensorDesc<'a>, alpha: f64) -> Result<Self, ArgError> {
         let name = op.name();
         check::dtype_in(name, "tensor", &tensor, op.dtypes(), op.accepted())?;
@@ -2330,6 +2385,7 @@ impl<'a> ScaleArgs<'a> {
 impl RawArgs for abi::PolychipScaleArgs {
     type Checked<'a> = ScaleArgs<'a>;
 
+    #[inline]
     unsafe fn check(&self, op: Op, device: u32) -> Result<ScaleArgs<'_>, ArgError> {
         let name = op.name();
         // SAFETY: per this trait's contract, every descriptor in `self` is

@@ -232,6 +232,7 @@ fn safe_struct(out: &mut String, spec: &Spec, args: &Args) {
         out,
         "    /// Checks a call of `op` (one of {ops_text}): the spec's dtype, rank and\n\
          \x20   /// shape rules{rule_text}, then that no output overlaps itself.\n\
+         \x20   #[inline]\n\
          \x20   pub fn new(op: Op, {}) -> Result<Self, ArgError> {{\n\
          \x20       let name = op.name();",
         params.join(", ")
@@ -459,6 +460,7 @@ fn raw_args(out: &mut String, args: &Args) {
     writeln!(
         out,
         "\nimpl RawArgs for abi::Polychip{0}Args {{\n    type Checked<'a> = {0}Args<'a>;\n\n\
+         \x20   #[inline]\n\
          \x20   unsafe fn check(&self, op: Op, device: u32) -> Result<{0}Args<'_>, ArgError> {{\n\
          \x20       let name = op.name();\n\
          \x20       // SAFETY: per this trait's contract, every descriptor in `self` is\n\
