@@ -28,8 +28,8 @@ pub(super) fn emit(spec: &Spec) -> String {
         }
         let mut dtypes = dtypes_text(op);
         for (field, dtype) in &op.retype {
-            if let DType::OneOf(name, _) = dtype {
-                write!(dtypes, "; `{field}` {name}").unwrap();
+            if let DType::OneOf(_, list_) = dtype {
+                write!(dtypes, "; `{field}` {}", list(list_, "or")).unwrap();
             }
         }
         writeln!(
@@ -59,10 +59,10 @@ pub(super) fn emit(spec: &Spec) -> String {
                 Kind::Tensor(t) => {
                     let mut rule = vec![match &t.dtype {
                         DType::T => "T".to_owned(),
-                        DType::OneOf(name, _) => name.clone(),
+                        DType::OneOf(_, dtypes) => list(dtypes, "or"),
                     }];
                     if let Some(layout) = &t.layout {
-                        rule.push(layout.text.clone());
+                        rule.push(format!("`{}`", layout.text));
                     }
                     match &t.shape {
                         Some(Shape::Like(x)) => rule.push(format!("like `{x}`")),
