@@ -1,61 +1,27 @@
 //! Cases of the ABI 1.0 operators: fill, copy, cast, the elementwise binary
 //! operators, matmul and softmax.
 
-use polychip_host::{BinaryOp, DType, MatmulOptions};
+use polychip_host::{BinaryOp, DType, MatmulOptions, Op};
 
-use super::{FLOATS4, OpInfo, Rng, case, inout, input, numel, output, shape_label, specials};
+use super::{Rng, case, inout, input, numel, output, shape_label, specials};
 use crate::case::{Case, Layout};
 use crate::reference::{self, Dense};
 use crate::tolerance::Tolerance;
 
-pub(super) fn ops() -> Vec<OpInfo> {
-    vec![
-        OpInfo {
-            name: "fill",
-            dtypes: &DType::ALL,
-            cases: fill,
-        },
-        OpInfo {
-            name: "copy",
-            dtypes: &DType::ALL,
-            cases: copy,
-        },
-        OpInfo {
-            name: "cast",
-            dtypes: FLOATS4,
-            cases: cast,
-        },
-        OpInfo {
-            name: "add",
-            dtypes: FLOATS4,
-            cases: |d| binary(BinaryOp::Add, d),
-        },
-        OpInfo {
-            name: "sub",
-            dtypes: FLOATS4,
-            cases: |d| binary(BinaryOp::Sub, d),
-        },
-        OpInfo {
-            name: "mul",
-            dtypes: FLOATS4,
-            cases: |d| binary(BinaryOp::Mul, d),
-        },
-        OpInfo {
-            name: "div",
-            dtypes: FLOATS4,
-            cases: |d| binary(BinaryOp::Div, d),
-        },
-        OpInfo {
-            name: "matmul",
-            dtypes: FLOATS4,
-            cases: matmul,
-        },
-        OpInfo {
-            name: "softmax",
-            dtypes: FLOATS4,
-            cases: softmax,
-        },
-    ]
+/// The case generator of each operator of this family.
+pub(super) fn cases(op: Op) -> Option<fn(DType) -> Vec<Case>> {
+    Some(match op {
+        Op::Fill => fill,
+        Op::Copy => copy,
+        Op::Cast => cast,
+        Op::Add => |d| binary(BinaryOp::Add, d),
+        Op::Sub => |d| binary(BinaryOp::Sub, d),
+        Op::Mul => |d| binary(BinaryOp::Mul, d),
+        Op::Div => |d| binary(BinaryOp::Div, d),
+        Op::Matmul => matmul,
+        Op::Softmax => softmax,
+        _ => return None,
+    })
 }
 
 /// Values suited to `dtype`: floats in [-4, 4), integers in a small range,
@@ -129,7 +95,7 @@ fn copy(dtype: DType) -> Vec<Case> {
 fn cast(dtype: DType) -> Vec<Case> {
     let mut rng = Rng::for_case("cast", dtype);
     let mut cases = Vec::new();
-    for target in FLOATS4.iter().copied() {
+    for target in Op::Cast.dtypes().iter().copied() {
         let mut values = rng.values(dtype, 200, -1000.0, 1000.0);
         values.extend(rng.values(dtype, 100, -1e-3, 1e-3));
         values.extend(specials(dtype));

@@ -1,69 +1,31 @@
 //! Cases of the ABI 1.1 elementwise operators (unary math, activations and
 //! their backward operators, SwiGLU) and reductions.
 
-use polychip_host::{ActivationBackwardOp, DType, ReduceOp, UnaryOp};
+use polychip_host::{ActivationBackwardOp, DType, Op, ReduceOp, UnaryOp};
 
-use super::{FLOATS3, OpInfo, Rng, case, input, numel, output, shape_label, specials};
+use super::{Rng, case, input, numel, output, shape_label, specials};
 use crate::case::{Case, Layout};
 use crate::reference::{self, Dense};
 use crate::tolerance::Tolerance;
 
-pub(super) fn ops() -> Vec<OpInfo> {
-    let mut ops = Vec::new();
-    for op in UnaryOp::ALL {
-        if matches!(op, UnaryOp::Relu | UnaryOp::Silu | UnaryOp::Gelu) {
-            continue;
-        }
-        ops.push(OpInfo {
-            name: op.name(),
-            dtypes: FLOATS3,
-            cases: unary_cases(op),
-        });
+/// The case generator of each operator of this family.
+pub(super) fn cases(op: Op) -> Option<fn(DType) -> Vec<Case>> {
+    if let Some(unary) = UnaryOp::ALL.into_iter().find(|u| u.op() == op) {
+        return Some(unary_cases(unary));
     }
-    ops.push(OpInfo {
-        name: "pow_scalar",
-        dtypes: FLOATS3,
-        cases: pow_scalar,
-    });
-    for (op, act) in [
-        (UnaryOp::Relu, ActivationBackwardOp::ReluBackward),
-        (UnaryOp::Silu, ActivationBackwardOp::SiluBackward),
-        (UnaryOp::Gelu, ActivationBackwardOp::GeluBackward),
-    ] {
-        ops.push(OpInfo {
-            name: op.name(),
-            dtypes: FLOATS3,
-            cases: unary_cases(op),
-        });
-        ops.push(OpInfo {
-            name: act.name(),
-            dtypes: FLOATS3,
-            cases: activation_cases(act),
-        });
+    if let Some(act) = ActivationBackwardOp::ALL.into_iter().find(|a| a.op() == op) {
+        return Some(activation_cases(act));
     }
-    ops.push(OpInfo {
-        name: "swiglu",
-        dtypes: FLOATS3,
-        cases: swiglu,
-    });
-    ops.push(OpInfo {
-        name: "swiglu_backward",
-        dtypes: FLOATS3,
-        cases: swiglu_backward,
-    });
-    for op in ReduceOp::ALL {
-        ops.push(OpInfo {
-            name: op.name(),
-            dtypes: FLOATS3,
-            cases: reduce_cases(op),
-        });
+    if let Some(reduce) = ReduceOp::ALL.into_iter().find(|r| r.op() == op) {
+        return Some(reduce_cases(reduce));
     }
-    ops.push(OpInfo {
-        name: "sum_squares",
-        dtypes: FLOATS3,
-        cases: sum_squares,
-    });
-    ops
+    Some(match op {
+        Op::PowScalar => pow_scalar,
+        Op::Swiglu => swiglu,
+        Op::SwigluBackward => swiglu_backward,
+        Op::SumSquares => sum_squares,
+        _ => return None,
+    })
 }
 
 const SHAPES: [(&[usize], Layout); 6] = [

@@ -13,7 +13,7 @@ mod training;
 
 use std::sync::Arc;
 
-use polychip_host::{DType, Exec, Tensor};
+use polychip_host::{DType, Exec, Op, Tensor};
 
 use crate::case::{Case, Layout, Role, TensorSpec};
 use crate::reference::{Dense, RefError};
@@ -31,18 +31,23 @@ pub struct OpInfo {
     pub cases: fn(DType) -> Vec<Case>,
 }
 
-/// Floating dtypes of the ABI 1.0 operators.
-pub const FLOATS4: &[DType] = &[DType::F32, DType::F16, DType::BF16, DType::F64];
-/// Floating dtypes of the ABI 1.1 operators.
-pub const FLOATS3: &[DType] = &[DType::F32, DType::F16, DType::BF16];
-
-/// Every operator of ABI 1.1, in op-table order.
+/// Every operator of the op table that has cases, in op-table order, tested
+/// in every dtype the operator spec says it accepts.
 pub fn registry() -> Vec<OpInfo> {
-    let mut ops = basic::ops();
-    ops.extend(elementwise::ops());
-    ops.extend(nn::ops());
-    ops.extend(training::ops());
-    ops
+    Op::ALL
+        .into_iter()
+        .filter_map(|op| {
+            let cases = basic::cases(op)
+                .or_else(|| elementwise::cases(op))
+                .or_else(|| nn::cases(op))
+                .or_else(|| training::cases(op))?;
+            Some(OpInfo {
+                name: op.name(),
+                dtypes: op.dtypes(),
+                cases,
+            })
+        })
+        .collect()
 }
 
 /// The cases of `op` in `dtype` (empty when the op is unknown or not tested
