@@ -228,7 +228,8 @@ typedef struct PolychipError *(*PolychipCopyFn)(uint32_t device,
                                                 const struct PolychipCopyArgs *args);
 
 // `dst = (dst.dtype) src` between floating dtypes (f32, f16, bf16, f64),
-// rounding to nearest even; same shape, any strides.
+// rounding to nearest even (from f64 directly: no double rounding through
+// f32); same shape, any strides.
 typedef struct PolychipCastArgs {
   // Size of this struct as the host knows it.
   size_t struct_size;

@@ -1,4 +1,4 @@
-//! Scaled-dot-product attention of ABI 1.1 (`abi/ops/attention.rs`), forward
+//! Scaled-dot-product attention of ABI 1.1 (`spec/ops.toml`), forward
 //! and backward, with grouped-query heads and the end-aligned causal mask.
 //!
 //! `q` is `[B, Hq, Sq, D]`, `k` and `v` are `[B, Hkv, Skv, D]` with `Hkv`

@@ -1,4 +1,4 @@
-//! The operators of ABI 1.0 (`abi/ops/basic.rs`): fill, copy, cast, the four
+//! The operators of ABI 1.0 (`spec/ops.toml`): fill, copy, cast, the four
 //! binary operators with NumPy broadcasting, batched matmul with broadcast
 //! batch dimensions, and softmax over the last dimension. In f64, `cast` and
 //! `copy` are the identity: the suite rounds to the destination dtype.

@@ -1,4 +1,4 @@
-//! The elementwise operators of ABI 1.1 (`abi/ops/elementwise.rs`): unary
+//! The elementwise operators of ABI 1.1 (`spec/ops.toml`): unary
 //! math and activations, their backward operators and fused SwiGLU. Shapes
 //! are equal (no broadcasting). Each formula is the one the ABI states, in
 //! IEEE f64, so the edges (`log(0) = -inf`, `sqrt(-0) = -0`, `rsqrt(0) =

@@ -6,7 +6,7 @@
 //! dtypes; rounding of outputs is the suite's business.
 //!
 //! Every function is named like its field in the op table
-//! (`plugin-sdk/src/abi/ops/mod.rs`) and takes its arguments in the order of
+//! (`spec/ops.toml`) and takes its arguments in the order of
 //! the C argument struct, inputs only; outputs are returned. A [`RefError`]
 //! marks a case the plugin must refuse with an error object (shapes that do
 //! not fit, an index out of range, argmax over an empty dimension, an AdamW

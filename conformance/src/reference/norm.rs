@@ -1,4 +1,4 @@
-//! The normalisations and rotary embeddings of ABI 1.1 (`abi/ops/norm.rs`).
+//! The normalisations and rotary embeddings of ABI 1.1 (`spec/ops.toml`).
 //!
 //! RMSNorm and LayerNorm work over the last dimension `H` of `[..., H]`;
 //! their statistics have the leading shape `[...]`. The backward operators

@@ -1,4 +1,4 @@
-//! The reductions of ABI 1.1 (`abi/ops/reduce.rs`): `sum`, `mean`, `max`
+//! The reductions of ABI 1.1 (`spec/ops.toml`): `sum`, `mean`, `max`
 //! and `argmax` over one dimension, the global `sum_squares`, and softmax's
 //! relatives over the last dimension (`log_softmax` and both backward
 //! operators).

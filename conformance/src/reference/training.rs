@@ -1,4 +1,4 @@
-//! The training-step operators of ABI 1.1 (`abi/ops/training.rs`): linear,
+//! The training-step operators of ABI 1.1 (`spec/ops.toml`): linear,
 //! embedding lookup and its accumulating backward, mean cross-entropy with
 //! `ignore_index` and its backward, one AdamW step, and scaling.
 //!

@@ -173,23 +173,20 @@ fn group_enum(out: &mut String, spec: &Spec, args: &Args, name: &str) {
 }
 
 /// The type safe code sees for a field.
-fn safe_type(args: &Args, f: &Field) -> String {
+fn safe_type(f: &Field) -> &'static str {
     match &f.kind {
-        Kind::Tensor(t) if t.optional.is_some() => "Option<TensorDesc<'a>>".to_owned(),
-        Kind::Tensor(_) => "TensorDesc<'a>".to_owned(),
-        Kind::Scalar(s) if s.dim_of.is_some() => {
-            let _ = args;
-            "usize".to_owned()
-        }
-        Kind::Scalar(s) => s.ty.safe().to_owned(),
+        Kind::Tensor(t) if t.optional.is_some() => "Option<TensorDesc<'a>>",
+        Kind::Tensor(_) => "TensorDesc<'a>",
+        Kind::Scalar(s) if s.dim_of.is_some() => "usize",
+        Kind::Scalar(s) => s.ty.safe(),
     }
 }
 
 /// The constructor's parameter type (a dimension arrives as given).
-fn param_type(args: &Args, f: &Field) -> String {
+fn param_type(f: &Field) -> &'static str {
     match f.scalar() {
-        Some(s) if s.dim_of.is_some() => s.ty.safe().to_owned(),
-        _ => safe_type(args, f),
+        Some(s) if s.dim_of.is_some() => s.ty.safe(),
+        _ => safe_type(f),
     }
 }
 
@@ -218,12 +215,12 @@ fn safe_struct(out: &mut String, spec: &Spec, args: &Args) {
             text.push_str(" Counted from the front here.");
         }
         doc(out, 4, &text);
-        writeln!(out, "    pub {}: {},", f.name, safe_type(args, f)).unwrap();
+        writeln!(out, "    pub {}: {},", f.name, safe_type(f)).unwrap();
     }
     writeln!(out, "}}\n\nimpl<'a> {}Args<'a> {{", args.name).unwrap();
     let params: Vec<String> = args
         .safe_fields()
-        .map(|f| format!("{}: {}", f.name, param_type(args, f)))
+        .map(|f| format!("{}: {}", f.name, param_type(f)))
         .collect();
     let rule_text = args.rule.as_ref().map_or(String::new(), |r| {
         format!(", then [`rules::{}`] ({r})", args.snake())

@@ -40,7 +40,8 @@ pub struct PolychipCopyArgs {
 pub type PolychipCopyFn = Option<unsafe extern "C" fn(device: u32, stream: *mut PolychipStream, args: *const PolychipCopyArgs) -> *mut PolychipError>;
 
 /// `dst = (dst.dtype) src` between floating dtypes (f32, f16, bf16, f64),
-/// rounding to nearest even; same shape, any strides.
+/// rounding to nearest even (from f64 directly: no double rounding through
+/// f32); same shape, any strides.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct PolychipCastArgs {
