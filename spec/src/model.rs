@@ -709,22 +709,19 @@ fn check_refs(spec: &Spec) -> Result<(), String> {
                 }
             }
         }
-        if !args
+        // The first T tensor carries the operator's dtype; the others may
+        // be given another by an operator's `retype`.
+        let anchor = args
             .fields
             .iter()
-            .filter_map(Field::tensor)
-            .any(|t| t.dtype == DType::T)
-            && args.ops.iter().any(|&i| !spec.ops[i].retype.is_empty())
-        {
-            return Err(format!("[args.{}]: retype needs T fields", args.name));
-        }
+            .find(|f| f.tensor().is_some_and(|t| t.dtype == DType::T));
         for &i in &args.ops {
             for field in spec.ops[i].retype.keys() {
                 match args.field(field).and_then(Field::tensor) {
-                    Some(t) if t.dtype == DType::T => {}
+                    Some(t) if t.dtype == DType::T && anchor.map(|a| &a.name) != Some(field) => {}
                     _ => {
                         return Err(format!(
-                            "operator {:?}: retype {field:?} is not a T tensor of [args.{}]",
+                            "operator {:?}: retype {field:?} is not a T tensor of [args.{}] after the first (which carries the operator's dtype)",
                             spec.ops[i].name, args.name
                         ));
                     }

@@ -57,6 +57,26 @@ fields = [
                 r#"{ f64 = "value", i64 = "v", doc"#,
                 "exactly one of",
             ),
+            (
+                r#"{ out = "out", dtype = "T", doc"#,
+                r#"{ out = "out", dtype = "T", alias = ["value"], doc"#,
+                "\"value\" is not a tensor of this struct",
+            ),
+            (
+                r#"{ f64 = "value", doc"#,
+                r#"{ f64 = "value", colour = 1, doc"#,
+                "unknown field `colour`",
+            ),
+            (
+                r#"{ f64 = "value", doc = "Value." },"#,
+                r#"{ f64 = "value", doc = "Value." }, { i64 = "out", doc = "Again." },"#,
+                "field \"out\" appears twice",
+            ),
+            (
+                r#"doc = "Fill." },"#,
+                r#"doc = "Fill.", retype = { out = "f32" } },"#,
+                "after the first (which carries the operator's dtype)",
+            ),
         ];
         for (from, to, message) in cases {
             let text = MINIMAL.replacen(from, to, 1);
