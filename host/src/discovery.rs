@@ -67,8 +67,9 @@ pub fn from_path_list(list: &str) -> (Vec<PathBuf>, Vec<SearchProblem>) {
     (files, problems)
 }
 
-/// The bundled plugins next to the running program.
-pub fn bundled() -> Vec<PathBuf> {
+/// The directories bundled plugins are looked for in: the running
+/// program's and its parent (cargo puts test binaries in `deps/`).
+pub fn program_dirs() -> Vec<PathBuf> {
     let Ok(exe) = std::env::current_exe() else {
         return Vec::new();
     };
@@ -79,10 +80,16 @@ pub fn bundled() -> Vec<PathBuf> {
             dirs.push(parent.to_path_buf());
         }
     }
+    dirs
+}
+
+/// The bundled plugins (`libpolychip_vendor_*.so`) in `dirs`; of two files
+/// with one name, the first directory's.
+pub fn bundled_in(dirs: &[PathBuf]) -> Vec<PathBuf> {
     let mut seen_names = HashSet::new();
     let mut files = Vec::new();
     for dir in dirs {
-        for file in shared_libraries_in(&dir, BUNDLED_PREFIX).unwrap_or_default() {
+        for file in shared_libraries_in(dir, BUNDLED_PREFIX).unwrap_or_default() {
             if seen_names.insert(file.file_name().map(|n| n.to_owned())) {
                 files.push(file);
             }
@@ -91,21 +98,36 @@ pub fn bundled() -> Vec<PathBuf> {
     files
 }
 
-/// Every plugin file to load, from the environment, without duplicates.
-pub fn discover() -> (Vec<PathBuf>, Vec<SearchProblem>) {
-    let (mut files, problems) = from_path_list(&std::env::var(PLUGIN_PATH_VAR).unwrap_or_default());
-    if std::env::var(NO_BUNDLED_VAR).as_deref() != Ok("1") {
-        let listed_names: HashSet<_> = files
-            .iter()
-            .filter_map(|f| f.file_name().map(|n| n.to_owned()))
-            .collect();
-        files.extend(
-            bundled()
-                .into_iter()
-                .filter(|f| !f.file_name().is_some_and(|n| listed_names.contains(n))),
-        );
-    }
+/// The bundled plugins next to the running program.
+pub fn bundled() -> Vec<PathBuf> {
+    bundled_in(&program_dirs())
+}
+
+/// Every plugin file that a `POLYCHIP_PLUGIN_PATH`-style `list` names, then
+/// the bundled ones in `bundled_dirs`, without duplicates: a listed file
+/// hides a bundled one of the same name.
+pub fn discover_from(list: &str, bundled_dirs: &[PathBuf]) -> (Vec<PathBuf>, Vec<SearchProblem>) {
+    let (mut files, problems) = from_path_list(list);
+    let listed_names: HashSet<_> = files
+        .iter()
+        .filter_map(|f| f.file_name().map(|n| n.to_owned()))
+        .collect();
+    files.extend(
+        bundled_in(bundled_dirs)
+            .into_iter()
+            .filter(|f| !f.file_name().is_some_and(|n| listed_names.contains(n))),
+    );
     let mut seen = HashSet::new();
     files.retain(|f| seen.insert(f.canonicalize().unwrap_or_else(|_| f.clone())));
     (files, problems)
+}
+
+/// Every plugin file to load, from the environment, without duplicates.
+pub fn discover() -> (Vec<PathBuf>, Vec<SearchProblem>) {
+    let dirs = if std::env::var(NO_BUNDLED_VAR).as_deref() == Ok("1") {
+        Vec::new()
+    } else {
+        program_dirs()
+    };
+    discover_from(&std::env::var(PLUGIN_PATH_VAR).unwrap_or_default(), &dirs)
 }

@@ -2,16 +2,37 @@
 //! plugin's table when the last reference goes.
 
 use std::ffi::c_void;
+use std::sync::Mutex;
 
 use crate::device::Device;
 use crate::error::Result;
 
-/// A device allocation.
-#[derive(Debug)]
+/// What frees a [`Buffer`]'s memory when it is dropped.
+enum Release {
+    /// The plugin's `mem_free`: the buffer came from `mem_alloc`.
+    Plugin,
+    /// The owner's callback: the memory belongs to someone else (a DLPack
+    /// producer) and is only borrowed.
+    Foreign(Mutex<Option<Box<dyn FnOnce() + Send>>>),
+}
+
+/// A device allocation, or device memory borrowed from another owner.
 pub struct Buffer {
     device: Device,
     ptr: *mut c_void,
     bytes: u64,
+    release: Release,
+}
+
+impl std::fmt::Debug for Buffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Buffer")
+            .field("device", &self.device)
+            .field("ptr", &self.ptr)
+            .field("bytes", &self.bytes)
+            .field("foreign", &matches!(self.release, Release::Foreign(_)))
+            .finish()
+    }
 }
 
 // SAFETY: a device address is an opaque token the host never dereferences
@@ -28,7 +49,29 @@ impl Buffer {
             device: device.clone(),
             ptr,
             bytes,
+            release: Release::Plugin,
         })
+    }
+
+    /// `bytes` of `device`'s memory at `ptr` that another owner allocated
+    /// (a tensor imported through DLPack): the host uses it like its own and
+    /// calls `release` instead of freeing it when the last reference goes.
+    ///
+    /// # Safety
+    /// `ptr..ptr + bytes` is memory of `device` (an address its plugin's
+    /// operators and copies accept) that stays valid until `release` runs.
+    pub unsafe fn foreign(
+        device: &Device,
+        ptr: *mut c_void,
+        bytes: u64,
+        release: Box<dyn FnOnce() + Send>,
+    ) -> Buffer {
+        Buffer {
+            device: device.clone(),
+            ptr,
+            bytes,
+            release: Release::Foreign(Mutex::new(Some(release))),
+        }
     }
 
     /// The device it lives on.
@@ -54,6 +97,13 @@ impl Buffer {
 
 impl Drop for Buffer {
     fn drop(&mut self) {
+        if let Release::Foreign(release) = &self.release {
+            let release = release.lock().unwrap_or_else(|e| e.into_inner()).take();
+            if let Some(release) = release {
+                release();
+            }
+            return;
+        }
         if self.ptr.is_null() {
             return;
         }

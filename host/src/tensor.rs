@@ -61,6 +61,25 @@ impl Tensor {
         }
     }
 
+    /// A view of `buffer`: `dtype` elements of `shape` and `strides` (in
+    /// elements) starting `byte_offset` bytes into it, which must lie inside it.
+    pub fn from_buffer(
+        buffer: Arc<Buffer>,
+        dtype: DType,
+        shape: &[i64],
+        strides: &[i64],
+        byte_offset: u64,
+    ) -> Result<Tensor> {
+        if byte_offset % dtype.size() as u64 != 0 {
+            return Err(HostError::Usage(format!(
+                "a {dtype} view cannot start at byte offset {byte_offset}, which is not a multiple of {}",
+                dtype.size()
+            )));
+        }
+        let base = Tensor::compact(buffer, dtype, &[0]);
+        base.as_strided(shape, strides, (byte_offset / dtype.size() as u64) as i64)
+    }
+
     /// The device holding it.
     pub fn device(&self) -> &Device {
         self.buffer.device()
@@ -260,6 +279,30 @@ impl Tensor {
             out.extend_from_slice(&span[at..at + size]);
         });
         Ok(out)
+    }
+
+    /// Copies the elements into `out` in row-major order (`out` holds exactly
+    /// `numel * dtype size` bytes); a compact tensor is copied straight into
+    /// `out`, without a staging buffer.
+    pub fn read_into(&self, out: &mut [u8]) -> Result<()> {
+        let size = self.dtype.size();
+        if out.len() != self.numel() * size {
+            return Err(HostError::Usage(format!(
+                "{} bytes do not hold a {} tensor of shape {} ({} bytes)",
+                out.len(),
+                self.dtype,
+                Shape::from(self.shape.as_slice()),
+                self.numel() * size
+            )));
+        }
+        match self.desc().byte_span() {
+            None => Ok(()),
+            Some((lo, _)) if self.is_compact() => self.d2h(lo, out),
+            Some(_) => {
+                out.copy_from_slice(&self.read_bytes()?);
+                Ok(())
+            }
+        }
     }
 
     /// Overwrites the elements from row-major native-endian bytes.

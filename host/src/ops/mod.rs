@@ -55,7 +55,7 @@ impl<'a> Exec<'a> {
         for (name, t) in tensors {
             if t.device() != self.device {
                 return Err(HostError::Usage(format!(
-                    "{op}: {name} is on {} but the call runs on {}; copy it with Tensor::to_device first",
+                    "{op}: {name} is on {} but the call runs on {}; copy it to that device first (Tensor::to_device, polychip_tensor_to_device)",
                     t.device(),
                     self.device
                 )));

@@ -5,6 +5,7 @@
 //! functions write.
 
 mod abi;
+mod capi;
 mod docs;
 mod export;
 mod host;
@@ -33,6 +34,7 @@ pub fn all(spec: &Spec) -> Vec<Output> {
         whole("plugin-sdk/src/ops/generated.rs", sdk::emit(spec)),
         whole("plugin-sdk/src/export/generated.rs", export::emit(spec)),
         whole("host/src/ops/generated.rs", host::emit(spec)),
+        whole("capi/src/ops/generated.rs", capi::emit(spec)),
         Output {
             path: "docs/abi.md",
             text: docs::emit(spec),

@@ -1,0 +1,510 @@
+//! The C API's contract, called from Rust through the same functions a C
+//! program links: versions, options, handles (NULL, freed, foreign, of the
+//! wrong kind), streams and events across vendors, every DLPack path and
+//! its lifetimes, strict loading and the log callback.
+//!
+//! Needs the bundled plugins built (`cargo build --workspace`).
+
+use std::ffi::{CStr, c_char, c_void};
+use std::ptr::{null, null_mut};
+use std::sync::Mutex;
+
+use polychip::*;
+
+/// Takes an error: `Ok` for NULL, else its code and message (freed).
+fn take(error: *mut polychip_error_t) -> Result<(), (u32, String)> {
+    if error.is_null() {
+        return Ok(());
+    }
+    let code = polychip_error_code(error);
+    // SAFETY: a live error's message is a NUL-terminated string until destroy.
+    let message = unsafe { CStr::from_ptr(polychip_error_message(error)) }
+        .to_string_lossy()
+        .into_owned();
+    polychip_error_destroy(error);
+    Err((code, message))
+}
+
+fn ok(error: *mut polychip_error_t) {
+    take(error).unwrap_or_else(|(code, message)| panic!("error {code}: {message}"));
+}
+
+fn refused(error: *mut polychip_error_t) -> (u32, String) {
+    take(error).expect_err("the call should have failed")
+}
+
+fn runtime() -> *mut polychip_runtime_t {
+    let mut rt = null_mut();
+    // SAFETY: NULL options; `rt` is writable.
+    ok(unsafe { polychip_runtime_new(null(), &mut rt) });
+    rt
+}
+
+/// The runtime index of the first device of `vendor`.
+fn device_of(rt: *const polychip_runtime_t, vendor: &str) -> u32 {
+    let mut count = 0;
+    // SAFETY: `count` is writable.
+    ok(unsafe { polychip_runtime_device_count(rt, &mut count) });
+    (0..count)
+        .find(|&i| info(rt, i).0 == vendor)
+        .unwrap_or_else(|| panic!("no {vendor} device: build the workspace first"))
+}
+
+fn info(rt: *const polychip_runtime_t, index: u32) -> (String, bool) {
+    // SAFETY: an all-zero info with its struct_size is a valid out-param.
+    let mut info: polychip_device_info_t = unsafe { std::mem::zeroed() };
+    info.struct_size = size_of::<polychip_device_info_t>();
+    // SAFETY: `info` is writable for its struct_size.
+    ok(unsafe { polychip_runtime_device_info(rt, index, &mut info) });
+    // SAFETY: the runtime owns the NUL-terminated vendor string.
+    let vendor = unsafe { CStr::from_ptr(info.vendor) }
+        .to_string_lossy()
+        .into_owned();
+    (vendor, info.host_visible)
+}
+
+fn tensor(rt: *const polychip_runtime_t, device: u32, values: &[f32]) -> *mut polychip_tensor_t {
+    let shape = [values.len() as i64];
+    let mut t = null_mut();
+    // SAFETY: `shape` has one extent; `t` is writable.
+    ok(unsafe {
+        polychip_tensor_new(
+            rt,
+            device,
+            POLYCHIP_DTYPE_F32,
+            1,
+            shape.as_ptr(),
+            false,
+            &mut t,
+        )
+    });
+    // SAFETY: `values` is readable for its byte length.
+    ok(unsafe { polychip_tensor_write(t, values.as_ptr().cast(), size_of_val(values)) });
+    t
+}
+
+fn read(t: *const polychip_tensor_t, n: usize) -> Vec<f32> {
+    let mut out = vec![0f32; n];
+    // SAFETY: `out` is writable for n floats.
+    ok(unsafe { polychip_tensor_read(t, out.as_mut_ptr().cast(), n * 4) });
+    out
+}
+
+fn data_of(t: *const polychip_tensor_t) -> *mut c_void {
+    // SAFETY: an all-zero info with its struct_size is a valid out-param.
+    let mut info: polychip_tensor_info_t = unsafe { std::mem::zeroed() };
+    info.struct_size = size_of::<polychip_tensor_info_t>();
+    // SAFETY: writable for its struct_size.
+    ok(unsafe { polychip_tensor_info(t, &mut info) });
+    info.data
+}
+
+#[test]
+fn versions_and_options_are_checked() {
+    let (mut major, mut minor) = (0, 0);
+    // SAFETY: both writable.
+    unsafe { polychip_api_version(&mut major, &mut minor) };
+    assert_eq!((major, minor), (POLYCHIP_API_MAJOR, POLYCHIP_API_MINOR));
+    // SAFETY: an all-zero options struct is a valid value to fill.
+    let mut options: polychip_runtime_options_t = unsafe { std::mem::zeroed() };
+    options.struct_size = 8;
+    // SAFETY: writable for its (too small) struct_size.
+    let (code, message) = refused(unsafe { polychip_runtime_options_init(&mut options) });
+    assert_eq!(code, POLYCHIP_API_ERROR_INVALID_ARGUMENT);
+    assert!(message.contains("options->struct_size is 8"), "{message}");
+    options.struct_size = size_of::<polychip_runtime_options_t>();
+    // SAFETY: writable for its struct_size.
+    ok(unsafe { polychip_runtime_options_init(&mut options) });
+    assert!(options.bundled && !options.strict);
+    options.api_major = 2;
+    let mut rt = null_mut();
+    // SAFETY: readable options; `rt` writable.
+    let (code, message) = refused(unsafe { polychip_runtime_new(&options, &mut rt) });
+    assert_eq!(code, POLYCHIP_API_ERROR_VERSION_MISMATCH);
+    assert!(message.contains("built for polychip API 2.0"), "{message}");
+    assert!(rt.is_null(), "out-params are untouched on failure");
+    options.api_major = 1;
+    options.api_minor = POLYCHIP_API_MINOR + 1;
+    // SAFETY: as above.
+    let (code, _) = refused(unsafe { polychip_runtime_new(&options, &mut rt) });
+    assert_eq!(code, POLYCHIP_API_ERROR_VERSION_MISMATCH);
+}
+
+#[test]
+fn a_plugin_that_fails_is_listed_or_with_strict_fatal() {
+    let dir = std::env::temp_dir().join(format!("polychip-capi-bogus-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let bogus = dir.join("libbogus.so");
+    std::fs::write(&bogus, b"not an ELF file").unwrap();
+    let path = std::ffi::CString::new(bogus.to_str().unwrap()).unwrap();
+    // SAFETY: an all-zero options struct is a valid value to fill.
+    let mut options: polychip_runtime_options_t = unsafe { std::mem::zeroed() };
+    options.struct_size = size_of::<polychip_runtime_options_t>();
+    // SAFETY: writable for its struct_size.
+    ok(unsafe { polychip_runtime_options_init(&mut options) });
+    options.plugin_path = path.as_ptr();
+    let mut rt = null_mut();
+    // SAFETY: readable options; `rt` writable.
+    ok(unsafe { polychip_runtime_new(&options, &mut rt) });
+    let mut failures = 0;
+    // SAFETY: writable.
+    ok(unsafe { polychip_runtime_failure_count(rt, &mut failures) });
+    assert_eq!(failures, 1);
+    let mut text: *const c_char = null();
+    // SAFETY: writable; the string lives with the runtime.
+    ok(unsafe { polychip_runtime_failure(rt, 0, &mut text) });
+    // SAFETY: as above.
+    let text = unsafe { CStr::from_ptr(text) }
+        .to_string_lossy()
+        .into_owned();
+    assert!(
+        text.contains("libbogus.so: not a loadable shared library"),
+        "{text}"
+    );
+    // SAFETY: writable.
+    let (_, message) = refused(unsafe { polychip_runtime_failure(rt, 1, &mut null()) });
+    assert!(message.contains("index 1 is out of range"), "{message}");
+    assert!(
+        device_of(rt, "Ferrite") < 8,
+        "the bundled plugins still load"
+    );
+    polychip_runtime_destroy(rt);
+    options.strict = true;
+    let mut strict = null_mut();
+    // SAFETY: as above.
+    let (code, message) = refused(unsafe { polychip_runtime_new(&options, &mut strict) });
+    assert_eq!(code, POLYCHIP_API_ERROR_UNAVAILABLE);
+    assert!(
+        message.contains("strict: 1 plugin(s) failed to load"),
+        "{message}"
+    );
+    std::fs::remove_dir_all(dir).ok();
+}
+
+#[test]
+fn handles_of_every_kind_are_checked() {
+    let rt = runtime();
+    let f = device_of(rt, "Ferrite");
+    let t = tensor(rt, f, &[1.0, 2.0]);
+    let mut stream = null_mut();
+    // SAFETY: `stream` writable.
+    ok(unsafe { polychip_stream_new(rt, f, &mut stream) });
+    // A stream passed as a tensor, a NULL tensor, a made-up pointer.
+    let (code, message) = refused(polychip_op_neg(null(), stream.cast(), t));
+    assert_eq!(code, POLYCHIP_API_ERROR_INVALID_ARGUMENT);
+    assert_eq!(
+        message,
+        "polychip_op_neg: input is a polychip_stream_t, not a polychip_tensor_t"
+    );
+    let (_, message) = refused(polychip_op_neg(null(), null(), t));
+    assert_eq!(message, "polychip_op_neg: input is NULL");
+    let bogus = std::ptr::without_provenance::<polychip_tensor_t>(0xdead_beef);
+    let (_, message) = refused(polychip_op_neg(null(), bogus, t));
+    assert!(
+        message.contains("is not a polychip_tensor_t made by libpolychip"),
+        "{message}"
+    );
+    // Destroying twice is logged, not a crash; using a destroyed one is an error.
+    polychip_stream_destroy(stream);
+    polychip_stream_destroy(stream);
+    let (_, message) = refused(polychip_op_neg(stream, t, t));
+    assert!(
+        message.contains("stream is not a live polychip_stream_t"),
+        "{message}"
+    );
+    polychip_error_destroy(bogus.cast_mut().cast());
+    // SAFETY: a message is returned even for a handle that is not an error.
+    let text = unsafe { CStr::from_ptr(polychip_error_message(bogus.cast())) };
+    assert!(
+        text.to_string_lossy()
+            .contains("not a live polychip_error_t")
+    );
+    // Argument errors from the host name the operator and the shapes.
+    let u = tensor(rt, f, &[1.0, 2.0, 3.0]);
+    let (code, message) = refused(polychip_op_add(null(), t, u, t, 1.0));
+    assert_eq!(code, POLYCHIP_API_ERROR_SHAPE_MISMATCH);
+    assert!(
+        message.contains("add: b has shape [3], but it does not broadcast with a's shape [2]"),
+        "{message}"
+    );
+    // SAFETY: a dtype code out of range is refused before anything is read.
+    let (_, message) =
+        refused(unsafe { polychip_tensor_new(rt, f, 99, 0, null(), false, &mut null_mut()) });
+    assert!(
+        message.contains("dtype 99 is not a polychip_dtype_t"),
+        "{message}"
+    );
+    // SAFETY: as above; a device out of range.
+    let (_, message) =
+        refused(unsafe { polychip_tensor_new(rt, 999, 0, 0, null(), false, &mut null_mut()) });
+    assert!(message.contains("device 999 does not exist"), "{message}");
+    polychip_tensor_destroy(t);
+    polychip_tensor_destroy(u);
+    polychip_runtime_destroy(rt);
+}
+
+#[test]
+fn ops_run_on_streams_and_wait_for_another_vendors_events() {
+    let rt = runtime();
+    let (f, c) = (device_of(rt, "Ferrite"), device_of(rt, "Cobalt"));
+    let (mut sf, mut sc) = (null_mut(), null_mut());
+    // SAFETY: writable out-params.
+    unsafe {
+        ok(polychip_stream_new(rt, f, &mut sf));
+        ok(polychip_stream_new(rt, c, &mut sc));
+    }
+    let x = tensor(rt, f, &[1.0, 4.0, 9.0]);
+    ok(polychip_op_sqrt(sf, x, x));
+    let mut done = null_mut();
+    // SAFETY: writable.
+    ok(unsafe { polychip_stream_record(sf, &mut done) });
+    ok(polychip_stream_wait(sc, done));
+    let y = tensor(rt, c, &[0.0; 3]);
+    ok(polychip_tensor_copy(x, y));
+    ok(polychip_op_scale(sc, y, 2.0));
+    ok(polychip_stream_synchronize(sc));
+    ok(polychip_event_synchronize(done));
+    assert_eq!(read(y, 3), [2.0, 4.0, 6.0]);
+    // A stream of one device cannot run an operator on another's tensors.
+    let (_, message) = refused(polychip_op_scale(sf, y, 2.0));
+    assert!(message.contains("but the call runs on"), "{message}");
+    polychip_event_destroy(done);
+    polychip_stream_destroy(sf);
+    polychip_stream_destroy(sc);
+    for t in [x, y] {
+        polychip_tensor_destroy(t);
+    }
+    polychip_runtime_destroy(rt);
+}
+
+#[test]
+fn dlpack_is_zero_copy_where_memory_allows_and_a_flagged_copy_elsewhere() {
+    let rt = runtime();
+    let (f, c) = (device_of(rt, "Ferrite"), device_of(rt, "Cobalt"));
+    assert!(info(rt, f).1 && !info(rt, c).1);
+    // Ferrite's memory is host-visible: a CPU consumer gets it as it is.
+    let x = tensor(rt, f, &[1.0, 2.0, 3.0, 4.0]);
+    let mut managed = null_mut();
+    // SAFETY: writable.
+    ok(unsafe {
+        polychip_tensor_to_dlpack(x, 0, POLYCHIP_DLPACK_COPY_IF_NEEDED, null(), &mut managed)
+    });
+    // SAFETY: a live managed tensor until its deleter runs.
+    let m = unsafe { &mut *managed };
+    assert_eq!((m.version.major, m.version.minor), (1, 0));
+    assert_eq!(
+        m.dl_tensor.device,
+        polychip_dlpack_device_t {
+            device_type: POLYCHIP_DLPACK_CPU,
+            device_id: 0
+        }
+    );
+    assert_eq!(m.flags, 0);
+    assert_eq!(m.dl_tensor.data, data_of(x), "zero-copy: the same address");
+    // A write through the consumer's view is seen by polychip.
+    // SAFETY: the CPU view addresses four live f32 (host-visible memory).
+    unsafe {
+        *m.dl_tensor
+            .data
+            .cast::<u8>()
+            .add(m.dl_tensor.byte_offset as usize)
+            .cast::<f32>() = 42.0
+    };
+    assert_eq!(read(x, 4)[0], 42.0);
+    // The data outlives the tensor handle and the runtime.
+    polychip_tensor_destroy(x);
+    polychip_runtime_destroy(rt);
+    // SAFETY: still valid: the export keeps the buffer alive.
+    assert_eq!(unsafe { *m.dl_tensor.data.cast::<f32>().add(1) }, 2.0);
+    let deleter = m.deleter.unwrap();
+    // SAFETY: the consumer calls the deleter once...
+    unsafe { deleter(managed) };
+    // ...and a second call is detected and ignored.
+    // SAFETY: the deleter checks its own records before touching anything.
+    unsafe { deleter(managed) };
+
+    let rt = runtime();
+    let c = device_of(rt, "Cobalt");
+    let y = tensor(rt, c, &[5.0, 6.0]);
+    // Cobalt's memory is private: CPU means a copy, flagged, or a refusal.
+    let mut managed = null_mut();
+    // SAFETY: writable.
+    let (_, message) = refused(unsafe {
+        polychip_tensor_to_dlpack(
+            y,
+            POLYCHIP_DLPACK_CPU,
+            POLYCHIP_DLPACK_COPY_NEVER,
+            null(),
+            &mut managed,
+        )
+    });
+    assert!(message.contains("private memory"), "{message}");
+    // SAFETY: writable.
+    ok(unsafe {
+        polychip_tensor_to_dlpack(
+            y,
+            POLYCHIP_DLPACK_CPU,
+            POLYCHIP_DLPACK_COPY_IF_NEEDED,
+            null(),
+            &mut managed,
+        )
+    });
+    // SAFETY: live until its deleter runs.
+    let m = unsafe { &*managed };
+    assert_eq!(m.flags, POLYCHIP_DLPACK_FLAG_IS_COPIED);
+    // SAFETY: the copy holds two f32.
+    assert_eq!(
+        unsafe { std::slice::from_raw_parts(m.dl_tensor.data.cast::<f32>(), 2) },
+        [5.0, 6.0]
+    );
+    // Its natural device is kDLExtDev with the runtime index.
+    let mut native = null_mut();
+    // SAFETY: writable.
+    ok(unsafe { polychip_tensor_to_dlpack(y, 0, POLYCHIP_DLPACK_COPY_NEVER, null(), &mut native) });
+    // SAFETY: live until its deleter runs.
+    let n = unsafe { &*native };
+    assert_eq!(
+        n.dl_tensor.device,
+        polychip_dlpack_device_t {
+            device_type: POLYCHIP_DLPACK_EXT_DEV,
+            device_id: c as i32
+        }
+    );
+    // Importing it back shares the memory, and the deleter runs once, when
+    // the imported tensor is gone.
+    let mut back = null_mut();
+    // SAFETY: a live managed tensor; `back` writable.
+    ok(unsafe { polychip_tensor_from_dlpack(rt, native, -1, &mut back) });
+    assert_eq!(data_of(back), data_of(y));
+    ok(polychip_op_scale(null(), back, 10.0));
+    assert_eq!(read(y, 2), [50.0, 60.0]);
+    polychip_tensor_destroy(back);
+    // The host copy imports onto any device (CPU data is copied).
+    let mut onto_ferrite = null_mut();
+    let f = device_of(rt, "Ferrite");
+    // SAFETY: as above.
+    ok(unsafe { polychip_tensor_from_dlpack(rt, managed, i64::from(f), &mut onto_ferrite) });
+    assert_eq!(read(onto_ferrite, 2), [5.0, 6.0]);
+    // Legacy tensors go both ways too; a copy cannot be flagged there.
+    let mut legacy = null_mut();
+    // SAFETY: writable.
+    let (_, message) = refused(unsafe {
+        polychip_tensor_to_dlpack_legacy(
+            y,
+            POLYCHIP_DLPACK_CPU,
+            POLYCHIP_DLPACK_COPY_IF_NEEDED,
+            null(),
+            &mut legacy,
+        )
+    });
+    assert!(message.contains("copies were forbidden"), "{message}");
+    // SAFETY: writable.
+    ok(unsafe {
+        polychip_tensor_to_dlpack_legacy(
+            onto_ferrite,
+            0,
+            POLYCHIP_DLPACK_COPY_IF_NEEDED,
+            null(),
+            &mut legacy,
+        )
+    });
+    let mut again = null_mut();
+    // SAFETY: a live legacy managed tensor.
+    ok(unsafe { polychip_tensor_from_dlpack_legacy(rt, legacy, -1, &mut again) });
+    assert_eq!(read(again, 2), [5.0, 6.0]);
+    for t in [y, onto_ferrite, again] {
+        polychip_tensor_destroy(t);
+    }
+    polychip_runtime_destroy(rt);
+}
+
+#[test]
+fn dlpack_imports_refuse_what_they_cannot_read() {
+    let rt = runtime();
+    let mut shape = [2i64];
+    let mut data = [1.0f32, 2.0];
+    let mut foreign = polychip_dlpack_versioned_t {
+        version: polychip_dlpack_version_t { major: 2, minor: 0 },
+        manager_ctx: null_mut(),
+        deleter: None,
+        flags: 0,
+        dl_tensor: polychip_dlpack_tensor_t {
+            data: data.as_mut_ptr().cast(),
+            device: polychip_dlpack_device_t {
+                device_type: POLYCHIP_DLPACK_CPU,
+                device_id: 0,
+            },
+            ndim: 1,
+            dtype: polychip_dlpack_dtype_t {
+                code: 2,
+                bits: 32,
+                lanes: 1,
+            },
+            shape: shape.as_mut_ptr(),
+            strides: null_mut(),
+            byte_offset: 0,
+        },
+    };
+    let mut out = null_mut();
+    // SAFETY: a readable managed tensor; `out` writable.
+    let (code, _) = refused(unsafe { polychip_tensor_from_dlpack(rt, &mut foreign, -1, &mut out) });
+    assert_eq!(code, POLYCHIP_API_ERROR_VERSION_MISMATCH);
+    foreign.version.major = 1;
+    foreign.dl_tensor.dtype.lanes = 4;
+    // SAFETY: as above.
+    let (_, message) =
+        refused(unsafe { polychip_tensor_from_dlpack(rt, &mut foreign, -1, &mut out) });
+    assert!(
+        message.contains("lanes 4) has no polychip dtype"),
+        "{message}"
+    );
+    foreign.dl_tensor.dtype.lanes = 1;
+    foreign.dl_tensor.device.device_type = 2;
+    // SAFETY: as above.
+    let (_, message) =
+        refused(unsafe { polychip_tensor_from_dlpack(rt, &mut foreign, -1, &mut out) });
+    assert!(
+        message.contains("device type 2 is neither kDLCPU"),
+        "{message}"
+    );
+    foreign.dl_tensor.device.device_type = POLYCHIP_DLPACK_CPU;
+    // Host data with no deleter is copied onto device 0.
+    // SAFETY: as above.
+    ok(unsafe { polychip_tensor_from_dlpack(rt, &mut foreign, -1, &mut out) });
+    assert_eq!(read(out, 2), [1.0, 2.0]);
+    polychip_tensor_destroy(out);
+    polychip_runtime_destroy(rt);
+}
+
+static RECORDS: Mutex<Vec<(u32, String)>> = Mutex::new(Vec::new());
+
+unsafe extern "C" fn record(_ctx: *mut c_void, level: u32, message: *const c_char, len: usize) {
+    // SAFETY: `len` readable bytes for the call.
+    let bytes = unsafe { std::slice::from_raw_parts(message.cast::<u8>(), len) };
+    RECORDS
+        .lock()
+        .unwrap()
+        .push((level, String::from_utf8_lossy(bytes).into_owned()));
+}
+
+#[test]
+fn log_records_reach_the_callback() {
+    // SAFETY: an all-zero options struct is a valid value to fill.
+    let mut options: polychip_runtime_options_t = unsafe { std::mem::zeroed() };
+    options.struct_size = size_of::<polychip_runtime_options_t>();
+    // SAFETY: writable for its struct_size.
+    ok(unsafe { polychip_runtime_options_init(&mut options) });
+    options.log = Some(record);
+    options.log_level = POLYCHIP_API_LOG_DEBUG;
+    let mut rt = null_mut();
+    // SAFETY: readable options; `rt` writable.
+    ok(unsafe { polychip_runtime_new(&options, &mut rt) });
+    let records = RECORDS.lock().unwrap().clone();
+    assert!(
+        records
+            .iter()
+            .any(|(level, m)| *level == POLYCHIP_API_LOG_DEBUG && m.contains("loaded Ferrite")),
+        "{records:?}"
+    );
+    polychip_runtime_destroy(rt);
+}
