@@ -353,10 +353,8 @@ fn dlpack_is_zero_copy_where_memory_allows_and_a_flagged_copy_elsewhere() {
     let m = unsafe { &*managed };
     assert_eq!(m.flags, POLYCHIP_DLPACK_FLAG_IS_COPIED);
     // SAFETY: the copy holds two f32.
-    assert_eq!(
-        unsafe { std::slice::from_raw_parts(m.dl_tensor.data.cast::<f32>(), 2) },
-        [5.0, 6.0]
-    );
+    let copied = unsafe { std::slice::from_raw_parts(m.dl_tensor.data.cast::<f32>(), 2) };
+    assert_eq!(copied, [5.0, 6.0]);
     // Its natural device is kDLExtDev with the runtime index.
     let mut native = null_mut();
     // SAFETY: writable.
