@@ -66,7 +66,8 @@ pub struct polychip_runtime_options_t {
     /// `POLYCHIP_PLUGIN_PATH` environment variable. Default NULL.
     pub plugin_path: *const c_char,
     /// Also load the bundled plugins (`libpolychip_vendor_*.so`) found beside
-    /// libpolychip and beside the running program. Default true.
+    /// libpolychip or in its `polychip` folder (an installed prefix), and
+    /// beside the running program. Default true.
     pub bundled: bool,
     /// A plugin that fails to load fails `polychip_runtime_new` (the error
     /// lists every failure). Default false: failures are listed by
@@ -254,7 +255,12 @@ fn plugin_files(options: &polychip_runtime_options_t) -> ApiResult<(Vec<PathBuf>
     };
     let mut dirs = Vec::new();
     if options.bundled && std::env::var(discovery::NO_BUNDLED_VAR).as_deref() != Ok("1") {
-        dirs.extend(library_dir());
+        if let Some(dir) = library_dir() {
+            // Beside the library (a build tree), or in its `polychip`
+            // folder (an installed prefix: `PREFIX/lib/polychip`).
+            dirs.push(dir.join("polychip"));
+            dirs.push(dir);
+        }
         dirs.extend(discovery::program_dirs());
     }
     let (files, problems) = discovery::discover_from(&list, &dirs);

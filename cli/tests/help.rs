@@ -12,7 +12,13 @@ fn help_describes_every_command() {
     assert!(out.status.success());
     assert!(!text.contains("later release"), "{text}");
     for command in ["devices", "conform", "launch", "bench", "plan", "train"] {
-        assert!(text.contains(&format!("  {command} ")), "{command} missing from:\n{text}");
+        assert!(
+            text.contains(&format!("  {command} ")),
+            "{command} missing from:\n{text}"
+        );
     }
-    assert!(text.contains("plan a heterogeneous layout and train across vendors"), "{text}");
+    assert!(
+        text.contains("plan a heterogeneous layout and train across vendors"),
+        "{text}"
+    );
 }

@@ -5,8 +5,9 @@
 //! file is loaded whatever its name; a directory contributes every file in it
 //! whose name ends in `.so`, in name order. Bundled plugins are the files
 //! named `libpolychip_vendor_*.so` in the running program's directory or its
-//! parent (cargo puts test binaries in `deps/` below the profile directory);
-//! set `POLYCHIP_NO_BUNDLED_PLUGINS=1` to skip them.
+//! parent (cargo puts test binaries in `deps/` below the profile directory),
+//! or in `lib/polychip` beside that parent (an installed prefix); set
+//! `POLYCHIP_NO_BUNDLED_PLUGINS=1` to skip them.
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
@@ -68,7 +69,9 @@ pub fn from_path_list(list: &str) -> (Vec<PathBuf>, Vec<SearchProblem>) {
 }
 
 /// The directories bundled plugins are looked for in: the running
-/// program's and its parent (cargo puts test binaries in `deps/`).
+/// program's, its parent (cargo puts test binaries in `deps/`), and the
+/// parent's `lib/polychip` (an installed `PREFIX/bin/polychip` finds
+/// `PREFIX/lib/polychip`; see `scripts/install`).
 pub fn program_dirs() -> Vec<PathBuf> {
     let Ok(exe) = std::env::current_exe() else {
         return Vec::new();
@@ -78,6 +81,7 @@ pub fn program_dirs() -> Vec<PathBuf> {
         dirs.push(dir.to_path_buf());
         if let Some(parent) = dir.parent() {
             dirs.push(parent.to_path_buf());
+            dirs.push(parent.join("lib").join("polychip"));
         }
     }
     dirs
