@@ -190,7 +190,8 @@ typedef struct polychip_runtime_options_t {
   // `POLYCHIP_PLUGIN_PATH` environment variable. Default NULL.
   const char *plugin_path;
   // Also load the bundled plugins (`libpolychip_vendor_*.so`) found beside
-  // libpolychip and beside the running program. Default true.
+  // libpolychip or in its `polychip` folder (an installed prefix), and
+  // beside the running program. Default true.
   bool bundled;
   // A plugin that fails to load fails `polychip_runtime_new` (the error
   // lists every failure). Default false: failures are listed by
@@ -563,9 +564,12 @@ struct polychip_error_t *polychip_tensor_to_dlpack_legacy(const struct polychip_
                                                           struct polychip_dlpack_managed_t **out);
 
 // A tensor from a DLPack 1.x managed tensor. Data on a polychip device
-// (kDLExtDev, `device_id` = runtime index) becomes a tensor sharing it,
-// zero-copy; host data (kDLCPU), or read-only data, is copied onto device
-// `device` of `runtime` (-1: device 0, or the tensor's own).
+// (kDLExtDev, `device_id` = runtime index), and host data that lies in
+// host-visible device memory polychip exported (a consumer handing it
+// back, e.g. a torch tensor made from a polychip one), become a tensor
+// sharing it, zero-copy; other host data (kDLCPU), or read-only data, is
+// copied onto device `device` of `runtime` (-1: device 0, or the tensor's
+// own).
 //
 // Ownership: on success libpolychip owns `managed` and calls its deleter
 // once, when the last view of the data is gone (at once after a copy); on

@@ -14,7 +14,7 @@
 //! is copied into host memory and flagged `IS_COPIED`, unless the caller
 //! forbade copies.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::{Arc, Mutex};
 
@@ -147,21 +147,40 @@ struct Export {
 }
 
 /// The managed structs handed out and not yet deleted (a second deleter
-/// call is detected and ignored instead of freeing twice).
-static LIVE: Mutex<Option<HashSet<usize>>> = Mutex::new(None);
+/// call is detected and ignored instead of freeing twice), with the buffer
+/// of each zero-copy export: a consumer's own re-export of that memory (a
+/// torch tensor made from it, exported again as kDLCPU) is recognised on
+/// import and comes back as the same memory.
+/// A zero-copy export's buffer and the runtime index of its device.
+type Shared = (Arc<Buffer>, u32);
 
-fn track(ptr: usize) {
+static LIVE: Mutex<Option<HashMap<usize, Option<Shared>>>> = Mutex::new(None);
+
+fn track(ptr: usize, shared: Option<Shared>) {
     LIVE.lock()
         .unwrap_or_else(|e| e.into_inner())
-        .get_or_insert_with(HashSet::new)
-        .insert(ptr);
+        .get_or_insert_with(HashMap::new)
+        .insert(ptr, shared);
 }
 
 fn untrack(ptr: usize) -> bool {
     LIVE.lock()
         .unwrap_or_else(|e| e.into_inner())
         .as_mut()
-        .is_some_and(|live| live.remove(&ptr))
+        .is_some_and(|live| live.remove(&ptr).is_some())
+}
+
+/// The exported buffer that holds the bytes `start..end`, with its device.
+fn exported_buffer(start: usize, end: usize) -> Option<Shared> {
+    let live = LIVE.lock().unwrap_or_else(|e| e.into_inner());
+    live.as_ref()?
+        .values()
+        .flatten()
+        .find_map(|(buffer, device)| {
+            let base = buffer.ptr() as usize;
+            (base <= start && end <= base + buffer.len() as usize)
+                .then(|| (buffer.clone(), *device))
+        })
 }
 
 /// The export's `DLTensor` and the context it points into.
@@ -310,6 +329,10 @@ pub unsafe extern "C" fn polychip_tensor_to_dlpack(
         let t = self::tensor(tensor, "tensor")?;
         settle(producer)?;
         let (dl_tensor, export, flags) = describe(&t, device_type, copy)?;
+        let shared = export
+            ._tensor
+            .as_ref()
+            .map(|v| (v.buffer().clone(), t.device));
         let managed = Box::into_raw(Box::new(polychip_dlpack_versioned_t {
             version: polychip_dlpack_version_t {
                 major: POLYCHIP_DLPACK_MAJOR,
@@ -320,7 +343,7 @@ pub unsafe extern "C" fn polychip_tensor_to_dlpack(
             flags,
             dl_tensor,
         }));
-        track(managed as usize);
+        track(managed as usize, shared);
         // SAFETY: checked non-NULL; writable per the contract.
         unsafe { out.write(managed) };
         Ok(())
@@ -354,12 +377,16 @@ pub unsafe extern "C" fn polychip_tensor_to_dlpack_legacy(
             copy
         };
         let (dl_tensor, export, _) = describe(&t, device_type, copy)?;
+        let shared = export
+            ._tensor
+            .as_ref()
+            .map(|v| (v.buffer().clone(), t.device));
         let managed = Box::into_raw(Box::new(polychip_dlpack_managed_t {
             dl_tensor,
             manager_ctx: Box::into_raw(export).cast(),
             deleter: Some(delete_managed),
         }));
-        track(managed as usize);
+        track(managed as usize, shared);
         // SAFETY: checked non-NULL; writable per the contract.
         unsafe { out.write(managed) };
         Ok(())
@@ -480,6 +507,21 @@ unsafe fn import(rt: &RuntimeObject, incoming: Incoming, target: i64) -> ApiResu
                     .expect("the buffer was sized to hold the view");
             Ok((tensor, index))
         }
+        POLYCHIP_DLPACK_CPU
+            if !incoming.read_only && shared_view(&dl, lo, hi, size, numel).is_some() =>
+        {
+            let (buffer, index, offset) = shared_view(&dl, lo, hi, size, numel).expect("checked");
+            if target >= 0 && target != i64::from(index) {
+                return Err(ApiError::invalid(format!(
+                    "the DLPack tensor is memory of device {index} but device {target} was asked for; move it with polychip_tensor_to_device"
+                )));
+            }
+            let tensor = Tensor::from_buffer(buffer, dtype, &shape, &strides, offset)?;
+            // The view holds the buffer itself: the producer's view of it
+            // can go now.
+            (incoming.release)();
+            Ok((tensor, index))
+        }
         POLYCHIP_DLPACK_CPU | POLYCHIP_DLPACK_EXT_DEV => {
             if dl.device.device_type == POLYCHIP_DLPACK_EXT_DEV {
                 return Err(ApiError::invalid(
@@ -520,10 +562,34 @@ unsafe fn import(rt: &RuntimeObject, incoming: Incoming, target: i64) -> ApiResu
     }
 }
 
+/// When host data lies inside a buffer polychip exported (zero-copy) and
+/// still shares: that buffer, its device and the data's offset in it.
+fn shared_view(
+    dl: &polychip_dlpack_tensor_t,
+    lo: i64,
+    hi: i64,
+    size: usize,
+    numel: usize,
+) -> Option<(Arc<Buffer>, u32, u64)> {
+    if numel == 0 || dl.data.is_null() {
+        return None;
+    }
+    let first = (dl.data as usize as i64).checked_add(dl.byte_offset as i64)?;
+    let start = first.checked_add(lo.checked_mul(size as i64)?)?;
+    let end = first.checked_add((hi + 1).checked_mul(size as i64)?)?;
+    let (buffer, device) =
+        exported_buffer(usize::try_from(start).ok()?, usize::try_from(end).ok()?)?;
+    let offset = (first as usize).checked_sub(buffer.ptr() as usize)? as u64;
+    (offset % size as u64 == 0).then_some((buffer, device, offset))
+}
+
 /// A tensor from a DLPack 1.x managed tensor. Data on a polychip device
-/// (kDLExtDev, `device_id` = runtime index) becomes a tensor sharing it,
-/// zero-copy; host data (kDLCPU), or read-only data, is copied onto device
-/// `device` of `runtime` (-1: device 0, or the tensor's own).
+/// (kDLExtDev, `device_id` = runtime index), and host data that lies in
+/// host-visible device memory polychip exported (a consumer handing it
+/// back, e.g. a torch tensor made from a polychip one), become a tensor
+/// sharing it, zero-copy; other host data (kDLCPU), or read-only data, is
+/// copied onto device `device` of `runtime` (-1: device 0, or the tensor's
+/// own).
 ///
 /// Ownership: on success libpolychip owns `managed` and calls its deleter
 /// once, when the last view of the data is gone (at once after a copy); on

@@ -9,6 +9,7 @@ mod capi;
 mod docs;
 mod export;
 mod host;
+mod python;
 mod sdk;
 
 use std::fmt::Write;
@@ -35,6 +36,8 @@ pub fn all(spec: &Spec) -> Vec<Output> {
         whole("plugin-sdk/src/export/generated.rs", export::emit(spec)),
         whole("host/src/ops/generated.rs", host::emit(spec)),
         whole("capi/src/ops/generated.rs", capi::emit(spec)),
+        whole("python/src/ops/generated.rs", python::rust(spec)),
+        whole("python/polychip/ops.pyi", python::stub(spec)),
         Output {
             path: "docs/abi.md",
             text: docs::emit(spec),

@@ -1,0 +1,68 @@
+//! API errors as Python exceptions. The classes are defined in Python
+//! (`polychip/errors.py`, so they can also derive from `ValueError`,
+//! `TimeoutError`, ...); the class follows the error code and the text is
+//! the host's message.
+
+use std::ffi::CStr;
+
+use polychip::*;
+use pyo3::prelude::*;
+use pyo3::types::PyTuple;
+
+/// The exception class name of an error code.
+fn class_of(code: polychip_error_code_t) -> &'static str {
+    match code {
+        POLYCHIP_API_ERROR_INVALID_ARGUMENT => "InvalidArgument",
+        POLYCHIP_API_ERROR_OUT_OF_MEMORY => "OutOfMemory",
+        POLYCHIP_API_ERROR_UNIMPLEMENTED => "Unimplemented",
+        POLYCHIP_API_ERROR_VERSION_MISMATCH => "VersionMismatch",
+        POLYCHIP_API_ERROR_SHAPE_MISMATCH => "ShapeMismatch",
+        POLYCHIP_API_ERROR_DTYPE_MISMATCH => "DTypeMismatch",
+        POLYCHIP_API_ERROR_DEVICE_LOST => "DeviceLost",
+        POLYCHIP_API_ERROR_PANIC => "Panic",
+        POLYCHIP_API_ERROR_TIMEOUT => "Timeout",
+        POLYCHIP_API_ERROR_PEER_LOST => "PeerLost",
+        POLYCHIP_API_ERROR_UNAVAILABLE => "Unavailable",
+        POLYCHIP_API_ERROR_IO => "IOError",
+        _ => "Internal",
+    }
+}
+
+/// The exception for `code` with `message`.
+pub(crate) fn exception(py: Python<'_>, code: polychip_error_code_t, message: String) -> PyErr {
+    let class = py
+        .import("polychip.errors")
+        .and_then(|m| m.getattr(class_of(code)));
+    match class {
+        Ok(class) => match class.call1(PyTuple::new(py, [message.clone()]).expect("a tuple")) {
+            Ok(instance) => {
+                let _ = instance.setattr("code", code);
+                PyErr::from_value(instance)
+            }
+            Err(e) => e,
+        },
+        Err(_) => pyo3::exceptions::PyRuntimeError::new_err(message),
+    }
+}
+
+/// `Ok` for NULL; the error's exception otherwise (the error is freed).
+pub(crate) fn check(py: Python<'_>, error: Handle) -> PyResult<()> {
+    if error == 0 {
+        return Ok(());
+    }
+    let error = error as *mut polychip_error_t;
+    let code = polychip_error_code(error);
+    // SAFETY: a live error's message is a NUL-terminated string until destroy.
+    let message = unsafe { CStr::from_ptr(polychip_error_message(error)) }
+        .to_string_lossy()
+        .into_owned();
+    polychip_error_destroy(error);
+    Err(exception(py, code, message))
+}
+
+use crate::Handle;
+
+/// An error pointer as a handle (to leave a `Python::detach` closure).
+pub(crate) fn handle(error: *mut polychip_error_t) -> Handle {
+    error as Handle
+}

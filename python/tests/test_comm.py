@@ -1,0 +1,47 @@
+"""Two ranks under `polychip launch`, each on another vendor's device,
+running collectives through polychip.comm."""
+
+import subprocess
+import sys
+import textwrap
+
+from conftest import PROFILE_DIR
+
+SCRIPT = textwrap.dedent(
+    """
+    import numpy as np
+    import polychip
+
+    comm = polychip.comm.init()
+    rank, world = comm.rank, comm.world_size
+    vendor = "Ferrite" if rank == 0 else "Cobalt"
+    dev = next(d for d in polychip.devices() if d.vendor == vendor)
+    t = polychip.tensor(np.full(1000, rank + 1, dtype=np.float32), device=dev)
+    comm.all_reduce(t)
+    assert (t.numpy() == 3).all(), t.numpy()[:4]
+    gathered = polychip.empty((world * 2,), device=dev)
+    comm.all_gather(polychip.tensor([rank, rank], dtype="float32", device=dev), gathered)
+    assert gathered.numpy().tolist() == [0, 0, 1, 1]
+    b = polychip.tensor([7.0 if rank == 1 else 0.0], device=dev)
+    comm.broadcast(b, root=1)
+    assert b.numpy().tolist() == [7.0]
+    half = comm.split(color=0, key=world - rank)
+    assert half.world_size == 2 and half.rank == world - 1 - rank
+    comm.barrier()
+    comm.close()
+    print(f"rank {rank} of {world} on {vendor}: ok", flush=True)
+    """
+)
+
+
+def test_two_ranks_all_reduce_across_vendors(tmp_path):
+    script = tmp_path / "ranks.py"
+    script.write_text(SCRIPT)
+    run = subprocess.run(
+        [str(PROFILE_DIR / "polychip"), "launch", "-n", "2", "--", sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "rank 0 of 2 on Ferrite: ok" in run.stdout and "rank 1 of 2 on Cobalt: ok" in run.stdout, run.stdout

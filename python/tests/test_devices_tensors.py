@@ -1,0 +1,63 @@
+"""Devices of several vendors in one process, tensors on them, copies
+between them, and the errors bad calls raise."""
+
+import numpy as np
+import pytest
+
+import polychip
+from polychip import errors
+
+
+def test_every_vendors_devices_are_listed(ferrite, cobalt):
+    devices = polychip.devices()
+    vendors = [d.vendor for d in devices]
+    assert "Ferrite" in vendors and "Cobalt" in vendors
+    assert ferrite.host_visible and not cobalt.host_visible
+    assert ferrite.ops_implemented == ferrite.ops_total == 47
+    assert "Ferrite" in repr(ferrite)
+    assert polychip.runtime().failures() == []
+
+
+def test_tensors_have_shape_strides_dtype_and_device(ferrite):
+    t = polychip.tensor([[1, 2, 3], [4, 5, 6]], dtype="float32", device=ferrite)
+    assert (t.shape, t.strides, t.dtype, t.numel) == ([2, 3], [3, 1], "float32", 6)
+    assert t.device == ferrite and t.is_contiguous and len(t) == 2
+    assert np.array_equal(t.numpy(), np.array([[1, 2, 3], [4, 5, 6]], dtype=np.float32))
+    view = t.view([3, 2], [1, 3])
+    assert not view.is_contiguous
+    assert np.array_equal(view.numpy(), np.array([[1, 4], [2, 5], [3, 6]], dtype=np.float32))
+    for dtype in ("float16", np.dtype("int64"), "torch.bfloat16"):
+        assert polychip.zeros((2,), dtype=dtype).dtype in ("float16", "int64", "bfloat16")
+
+
+def test_tensors_move_between_vendors(ferrite, cobalt):
+    a = polychip.tensor(np.arange(12, dtype=np.float32).reshape(3, 4), device=ferrite)
+    b = a.to(cobalt)
+    assert b.device == cobalt
+    assert np.array_equal(b.numpy(), np.arange(12, dtype=np.float32).reshape(3, 4))
+    c = polychip.zeros((3, 4), device=ferrite)
+    c.copy_(b)
+    assert np.array_equal(c.numpy(), a.numpy())
+
+
+def test_bad_input_raises_the_class_of_its_code(ferrite, cobalt):
+    with pytest.raises(TypeError, match="'complex' is not a polychip dtype"):
+        polychip.empty((2,), dtype="complex")
+    with pytest.raises(errors.InvalidArgument, match="device 99 does not exist"):
+        polychip.empty((2,), device=99)
+    a = polychip.zeros((2, 3), device=ferrite)
+    b = polychip.zeros((4, 5), device=ferrite)
+    out = polychip.zeros((2, 5), device=ferrite)
+    with pytest.raises(errors.ShapeMismatch, match="matmul: b has shape \\[4, 5\\]") as e:
+        polychip.ops.matmul(a, b, out)
+    assert e.value.code == 6 and isinstance(e.value, ValueError)
+    with pytest.raises(errors.DTypeMismatch, match="a is float32|a is f32"):
+        polychip.ops.add(a, polychip.zeros((2, 3), dtype="float16", device=ferrite), a)
+    with pytest.raises(errors.InvalidArgument, match="is on Cobalt"):
+        polychip.ops.add(a, polychip.zeros((2, 3), device=cobalt), a)
+    with pytest.raises(ValueError, match="shape has 2 dimensions but strides 1"):
+        a.view([2, 3], [1])
+    with pytest.raises(errors.InvalidArgument, match="reaches outside its"):
+        a.view([100], [1])
+    with pytest.raises(TypeError):
+        polychip.ops.add(a, "not a tensor", a)

@@ -1,0 +1,106 @@
+"""DLPack with real consumers and producers: NumPy and PyTorch take
+polychip tensors (zero-copy where the memory is host-visible, a flagged
+copy where it is private), polychip takes theirs, polychip takes its own
+back without a copy, and the memory lives exactly as long as its last user."""
+
+import gc
+
+import numpy as np
+import pytest
+import torch
+
+import polychip
+
+
+def address(array):
+    return array.__array_interface__["data"][0]
+
+
+def test_numpy_shares_host_visible_memory(ferrite):
+    t = polychip.tensor(np.arange(6, dtype=np.float32), device=ferrite)
+    assert t.__dlpack_device__() == (1, 0)
+    array = np.from_dlpack(t)
+    assert address(array) == t.data_ptr
+    array[0] = 42.0
+    assert t.to(ferrite).numpy()[0] == 42.0, "a write through NumPy is seen by polychip"
+    polychip.ops.scale(t, 2.0)
+    assert array[1] == 2.0, "and a write by polychip is seen by NumPy"
+
+
+def test_private_memory_reaches_numpy_as_a_copy(cobalt):
+    t = polychip.tensor(np.arange(4, dtype=np.float32), device=cobalt)
+    assert t.__dlpack_device__() == (12, cobalt.index)
+    with pytest.raises((BufferError, ValueError, RuntimeError)):
+        np.from_dlpack(t)  # NumPy reads only CPU memory
+    copy = np.from_dlpack(t, device="cpu")
+    assert copy.tolist() == [0, 1, 2, 3]
+    copy[0] = 9.0
+    assert t.numpy()[0] == 0.0, "a copy is not the device memory"
+    with pytest.raises(BufferError, match="private memory"):
+        t.__dlpack__(max_version=(1, 0), dl_device=(1, 0), copy=False)
+
+
+def test_torch_shares_host_visible_memory_both_ways(ferrite):
+    t = polychip.tensor(np.ones((2, 3), dtype=np.float32), device=ferrite)
+    tt = torch.from_dlpack(t)
+    assert tt.data_ptr() == t.data_ptr and tt.shape == (2, 3)
+    tt.mul_(3)
+    assert t.numpy().tolist() == [[3.0] * 3] * 2
+    back = polychip.from_dlpack(tt)
+    assert back.data_ptr == t.data_ptr, "torch's view of polychip memory comes back as the same memory"
+
+
+def test_numpy_and_torch_tensors_become_polychip_copies(ferrite, cobalt):
+    array = np.arange(12, dtype=np.float32).reshape(3, 4)[:, ::2]  # strided
+    t = polychip.from_dlpack(array, device=cobalt)
+    assert t.device == cobalt and t.numpy().tolist() == array.tolist()
+    tt = torch.arange(5, dtype=torch.int64)
+    u = polychip.from_dlpack(tt, device=ferrite)
+    assert u.dtype == "int64" and u.numpy().tolist() == [0, 1, 2, 3, 4]
+
+
+def test_polychip_tensors_come_back_without_a_copy(ferrite, cobalt):
+    for dev in (ferrite, cobalt):
+        t = polychip.tensor([1.0, 2.0, 3.0], device=dev)
+        u = polychip.from_dlpack(t)
+        assert u.data_ptr == t.data_ptr and u.device == dev
+        polychip.ops.scale(u, 10.0)
+        assert t.numpy().tolist() == [10.0, 20.0, 30.0]
+    legacy = t.__dlpack__()  # no max_version: a legacy capsule
+    assert "dltensor" in repr(legacy) and "versioned" not in repr(legacy)
+    v = polychip.from_dlpack(legacy)
+    assert v.data_ptr == t.data_ptr
+    with pytest.raises(TypeError, match="not an unused DLPack tensor"):
+        polychip.from_dlpack(legacy)  # a capsule is taken once
+
+
+def test_memory_outlives_its_producer_and_is_freed_after_its_last_user(cobalt):
+    capsule = polychip.tensor([5.0, 6.0], device=cobalt).__dlpack__(max_version=(1, 0))
+    gc.collect()
+    assert polychip.from_dlpack(capsule).numpy().tolist() == [5.0, 6.0]
+    ferrite_array = np.from_dlpack(polychip.tensor([7.0, 8.0], device=0))
+    gc.collect()
+    assert ferrite_array.tolist() == [7.0, 8.0]
+    # Cobalt has 256 MiB: 40 rounds of 64 MiB only fit if every deleter runs.
+    shape = (16 * 1024 * 1024,)
+    for i in range(40):
+        t = polychip.empty(shape, device=cobalt)
+        if i % 2:
+            t.__dlpack__(max_version=(1, 0))  # never consumed: the capsule frees it
+        else:
+            polychip.from_dlpack(t)  # consumed: freed with its importer
+        del t
+        gc.collect()
+
+
+def test_bad_dlpack_requests_are_refused(ferrite):
+    t = polychip.tensor([1.0], device=ferrite)
+    with pytest.raises(TypeError, match="not int"):
+        polychip.from_dlpack(42)
+    with pytest.raises(BufferError, match="dl_device \\(2, 0\\)"):
+        t.__dlpack__(max_version=(1, 0), dl_device=(2, 0))
+    with pytest.raises(BufferError, match="stream must be"):
+        t.__dlpack__(max_version=(1, 0), stream=7)
+    s = polychip.stream(ferrite)
+    polychip.ops.scale(t, 3.0, stream=s)
+    assert np.from_dlpack(polychip.from_dlpack(t.__dlpack__(max_version=(1, 0), stream=s))).tolist() == [3.0]
