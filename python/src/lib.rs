@@ -7,6 +7,7 @@
 //! closures as integers: libpolychip checks every handle, so a stale one is
 //! an exception, never a crash.
 
+mod bench;
 mod comm;
 mod dlpack;
 mod errors;
@@ -29,6 +30,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<comm::Comm>()?;
     m.add_function(wrap_pyfunction!(dlpack::from_dlpack, m)?)?;
     m.add_function(wrap_pyfunction!(runtime::api_version, m)?)?;
+    m.add_function(wrap_pyfunction!(bench::_bench_fill, m)?)?;
     let ops = PyModule::new(m.py(), "ops")?;
     ops::register(&ops)?;
     m.add_submodule(&ops)?;

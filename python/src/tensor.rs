@@ -71,7 +71,7 @@ fn dims(ptr: *const i64, ndim: i32) -> Vec<i64> {
 impl Tensor {
     /// Its extents.
     #[getter]
-    fn shape(&self, py: Python<'_>) -> PyResult<Vec<i64>> {
+    pub(crate) fn shape(&self, py: Python<'_>) -> PyResult<Vec<i64>> {
         let i = self.info(py)?;
         Ok(dims(i.shape, i.ndim))
     }
