@@ -627,22 +627,13 @@ pub unsafe extern "C" fn polychip_tensor_from_dlpack(
         // SAFETY: as above.
         let (dl, flags, deleter) =
             unsafe { ((*managed).dl_tensor, (*managed).flags, (*managed).deleter) };
-        let addr = managed as usize;
         let incoming = Incoming {
             dl,
             read_only: flags & POLYCHIP_DLPACK_FLAG_READ_ONLY != 0,
-            release: Box::new(move || {
-                if let Some(delete) = deleter {
-                    // SAFETY: the producer's deleter, called once for its tensor.
-                    unsafe { delete(addr as *mut polychip_dlpack_versioned_t) };
-                }
-            }),
+            release: release_of(managed, deleter),
         };
         // SAFETY: forwarded contract.
-        let (tensor, index) = unsafe { import(&rt, incoming, device)? };
-        // SAFETY: checked non-NULL; writable per the contract.
-        unsafe { out.write(give(tensor, index)) };
-        Ok(())
+        unsafe { finish_import(&rt, incoming, device, out) }
     })
 }
 
@@ -667,21 +658,43 @@ pub unsafe extern "C" fn polychip_tensor_from_dlpack_legacy(
         }
         // SAFETY: per the contract, a live managed tensor.
         let (dl, deleter) = unsafe { ((*managed).dl_tensor, (*managed).deleter) };
-        let addr = managed as usize;
         let incoming = Incoming {
             dl,
             read_only: false,
-            release: Box::new(move || {
-                if let Some(delete) = deleter {
-                    // SAFETY: the producer's deleter, called once for its tensor.
-                    unsafe { delete(addr as *mut polychip_dlpack_managed_t) };
-                }
-            }),
+            release: release_of(managed, deleter),
         };
         // SAFETY: forwarded contract.
-        let (tensor, index) = unsafe { import(&rt, incoming, device)? };
-        // SAFETY: checked non-NULL; writable per the contract.
-        unsafe { out.write(give(tensor, index)) };
-        Ok(())
+        unsafe { finish_import(&rt, incoming, device, out) }
     })
+}
+
+/// Calls the producer's deleter once, when the import lets go of its tensor.
+fn release_of<M: 'static>(
+    managed: *mut M,
+    deleter: Option<unsafe extern "C" fn(*mut M)>,
+) -> Box<dyn FnOnce() + Send> {
+    let addr = managed as usize;
+    Box::new(move || {
+        if let Some(delete) = deleter {
+            // SAFETY: the producer's deleter, called once for its own tensor.
+            unsafe { delete(addr as *mut M) };
+        }
+    })
+}
+
+/// Imports `incoming` and hands the tensor to the caller.
+///
+/// # Safety
+/// As for [`import`]; `out` is writable.
+unsafe fn finish_import(
+    rt: &RuntimeObject,
+    incoming: Incoming,
+    device: i64,
+    out: std::ptr::NonNull<*mut polychip_tensor_t>,
+) -> ApiResult<()> {
+    // SAFETY: forwarded contract.
+    let (tensor, index) = unsafe { import(rt, incoming, device)? };
+    // SAFETY: writable per the contract.
+    unsafe { out.write(give(tensor, index)) };
+    Ok(())
 }

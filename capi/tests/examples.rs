@@ -14,15 +14,8 @@ use std::process::Command;
 
 use polychip::*;
 
-/// The cargo profile directory (`target/debug`).
-fn profile_dir() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    exe.parent().unwrap().parent().unwrap().to_path_buf()
-}
-
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
-}
+mod common;
+use common::{profile_dir, root, run};
 
 fn built(name: &str) -> PathBuf {
     let path = profile_dir().join(name);
@@ -74,23 +67,6 @@ fn scratch(name: &str) -> PathBuf {
         .join(name);
     std::fs::create_dir_all(&dir).unwrap();
     dir
-}
-
-/// Runs a program with only the bundled plugins, returning its stdout.
-fn run(cmd: &mut Command, what: &str) -> String {
-    let output = cmd
-        .env_remove("POLYCHIP_PLUGIN_PATH")
-        .env_remove("POLYCHIP_NO_BUNDLED_PLUGINS")
-        .output()
-        .expect("run the program");
-    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
-    assert!(
-        output.status.success(),
-        "{what} failed ({}):\n{stdout}\n{}",
-        output.status,
-        String::from_utf8_lossy(&output.stderr)
-    );
-    stdout
 }
 
 #[test]

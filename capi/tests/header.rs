@@ -27,18 +27,11 @@ fn committed_header_is_fresh() {
             panic!("include/libpolychip.h would declare a name outside the API: {line}");
         }
     }
-    let committed = std::fs::read_to_string(&header_path).unwrap_or_default();
-    if committed == generated {
-        return;
+    if let Err(e) = polychip_spec::ensure_fresh(
+        &header_path,
+        &generated,
+        "cargo test -p polychip-capi --test header",
+    ) {
+        panic!("{e}");
     }
-    if std::env::var_os("CI").is_none() {
-        std::fs::write(&header_path, &generated).expect("write include/libpolychip.h");
-        panic!(
-            "include/libpolychip.h was stale and has been regenerated from capi/src; \
-             review and commit it, then rerun the tests"
-        );
-    }
-    panic!(
-        "include/libpolychip.h is stale: run `cargo test -p polychip-capi --test header` and commit the result"
-    );
 }

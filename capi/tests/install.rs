@@ -10,31 +10,16 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
-}
+mod common;
+use common::{profile_dir, root, run};
 
 /// The cargo profile of this test binary (`debug` or `release`).
 fn profile() -> String {
-    let exe = std::env::current_exe().unwrap();
-    let dir = exe.parent().unwrap().parent().unwrap();
-    dir.file_name().unwrap().to_string_lossy().into_owned()
-}
-
-fn run(cmd: &mut Command, what: &str) -> String {
-    let output = cmd
-        .env_remove("POLYCHIP_PLUGIN_PATH")
-        .env_remove("POLYCHIP_NO_BUNDLED_PLUGINS")
-        .output()
-        .unwrap_or_else(|e| panic!("{what}: {e} (run scripts/install-deps?)"));
-    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
-    assert!(
-        output.status.success(),
-        "{what} failed ({}):\n{stdout}\n{}",
-        output.status,
-        String::from_utf8_lossy(&output.stderr)
-    );
-    stdout
+    profile_dir()
+        .file_name()
+        .unwrap()
+        .to_string_lossy()
+        .into_owned()
 }
 
 fn install(prefix: &Path) {

@@ -30,18 +30,11 @@ fn committed_header_is_fresh() {
             panic!("include/polychip.h would declare a name outside the ABI: {line}");
         }
     }
-    let committed = std::fs::read_to_string(&header_path).unwrap_or_default();
-    if committed == generated {
-        return;
+    if let Err(e) = polychip_spec::ensure_fresh(
+        &header_path,
+        &generated,
+        "cargo test -p polychip-plugin-sdk --test header",
+    ) {
+        panic!("{e}");
     }
-    if std::env::var_os("CI").is_none() {
-        std::fs::write(&header_path, &generated).expect("write include/polychip.h");
-        panic!(
-            "include/polychip.h was stale and has been regenerated from plugin-sdk/src/abi; \
-             review and commit it, then rerun the tests"
-        );
-    }
-    panic!(
-        "include/polychip.h is stale: run `cargo test -p polychip-plugin-sdk --test header` and commit the result"
-    );
 }

@@ -25,28 +25,35 @@ const USED_VERSIONED: &CStr = c"used_dltensor_versioned";
 const LEGACY: &CStr = c"dltensor";
 const USED_LEGACY: &CStr = c"used_dltensor";
 
-unsafe extern "C" fn free_versioned(capsule: *mut ffi::PyObject) {
-    // SAFETY: called by Python with a live capsule; a capsule still named
-    // `dltensor_versioned` was not taken by a consumer, so it owns the
-    // managed tensor and deletes it once.
-    unsafe {
-        if ffi::PyCapsule_IsValid(capsule, VERSIONED.as_ptr()) == 1 {
-            let m = ffi::PyCapsule_GetPointer(capsule, VERSIONED.as_ptr())
-                .cast::<polychip_dlpack_versioned_t>();
-            if let Some(delete) = m.as_ref().and_then(|m| m.deleter) {
-                delete(m);
-            }
-        }
+/// A DLPack managed tensor type and the capsule name it travels under.
+trait Managed {
+    const NAME: &'static CStr;
+    fn deleter(&self) -> Option<unsafe extern "C" fn(*mut Self)>;
+}
+
+impl Managed for polychip_dlpack_versioned_t {
+    const NAME: &'static CStr = VERSIONED;
+    fn deleter(&self) -> Option<unsafe extern "C" fn(*mut Self)> {
+        self.deleter
     }
 }
 
-unsafe extern "C" fn free_legacy(capsule: *mut ffi::PyObject) {
-    // SAFETY: as for `free_versioned`, for a legacy capsule.
+impl Managed for polychip_dlpack_managed_t {
+    const NAME: &'static CStr = LEGACY;
+    fn deleter(&self) -> Option<unsafe extern "C" fn(*mut Self)> {
+        self.deleter
+    }
+}
+
+/// A capsule's destructor: a capsule still under its unused name was not
+/// taken by a consumer, so it owns the managed tensor and deletes it once.
+unsafe extern "C" fn free_capsule<M: Managed>(capsule: *mut ffi::PyObject) {
+    // SAFETY: called by Python with a live capsule; the pointer is read only
+    // under the unused name, which the producer gave it.
     unsafe {
-        if ffi::PyCapsule_IsValid(capsule, LEGACY.as_ptr()) == 1 {
-            let m = ffi::PyCapsule_GetPointer(capsule, LEGACY.as_ptr())
-                .cast::<polychip_dlpack_managed_t>();
-            if let Some(delete) = m.as_ref().and_then(|m| m.deleter) {
+        if ffi::PyCapsule_IsValid(capsule, M::NAME.as_ptr()) == 1 {
+            let m = ffi::PyCapsule_GetPointer(capsule, M::NAME.as_ptr()).cast::<M>();
+            if let Some(delete) = m.as_ref().and_then(Managed::deleter) {
                 delete(m);
             }
         }
@@ -162,9 +169,19 @@ impl Tensor {
         });
         check(py, error).map_err(|e| PyBufferError::new_err(e.value(py).to_string()))?;
         if versioned {
-            capsule(py, ptr as *mut c_void, VERSIONED, free_versioned)
+            capsule(
+                py,
+                ptr as *mut c_void,
+                VERSIONED,
+                free_capsule::<polychip_dlpack_versioned_t>,
+            )
         } else {
-            capsule(py, ptr as *mut c_void, LEGACY, free_legacy)
+            capsule(
+                py,
+                ptr as *mut c_void,
+                LEGACY,
+                free_capsule::<polychip_dlpack_managed_t>,
+            )
         }
     }
 }

@@ -80,3 +80,26 @@ fn splice(path: &Path, start: &str, end: &str, body: &str) -> Result<String, Str
     let to = from + text[from..].find(end).ok_or_else(missing)?;
     Ok(format!("{}{body}{}", &text[..from], &text[to..]))
 }
+
+/// The check every generated, committed file gets in `cargo test`: when the
+/// file at `path` differs from `generated`, it is rewritten (except under
+/// CI) and the test fails with a message saying so, so the fresh file is
+/// committed with the change that made it; under CI the message names
+/// `regenerate`, the command that rewrites it.
+pub fn ensure_fresh(path: &Path, generated: &str, regenerate: &str) -> Result<(), String> {
+    let committed = std::fs::read_to_string(path).unwrap_or_default();
+    if committed == generated {
+        return Ok(());
+    }
+    if std::env::var_os("CI").is_some() {
+        return Err(format!(
+            "{} is stale: run `{regenerate}` and commit the result",
+            path.display()
+        ));
+    }
+    std::fs::write(path, generated).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    Err(format!(
+        "{} was stale and has been regenerated; review and commit it, then rerun the tests",
+        path.display()
+    ))
+}
