@@ -1384,6 +1384,25 @@ struct polychip_error_t *polychip_tensor_view(const struct polychip_tensor_t *te
                                               int64_t offset,
                                               struct polychip_tensor_t **out);
 
+// A view of `tensor`'s buffer as elements of another type: `dtype`, with
+// its own shape and strides (in elements of `dtype`), starting
+// `byte_offset` bytes from the start of the buffer (not from `tensor`'s
+// first element); the offset must be a multiple of `dtype`'s size and the
+// view must lie inside the buffer. This is how a framework that allocates
+// raw bytes (PyTorch's storages) hands typed views of them to operators.
+//
+// Ownership: `*out` is the caller's. Thread safety: any thread.
+//
+// # Safety
+// `shape` and `strides` point to `ndim` readable `int64_t`s; `out` is writable.
+struct polychip_error_t *polychip_tensor_view_as(const struct polychip_tensor_t *tensor,
+                                                 polychip_dtype_t dtype,
+                                                 int32_t ndim,
+                                                 const int64_t *shape,
+                                                 const int64_t *strides,
+                                                 uint64_t byte_offset,
+                                                 struct polychip_tensor_t **out);
+
 // Frees a tensor handle (its memory goes when no view or queued work uses
 // it). NULL is ignored; a handle that is not a live tensor is logged.
 //

@@ -194,6 +194,53 @@ pub unsafe extern "C" fn polychip_tensor_view(
     })
 }
 
+/// A view of `tensor`'s buffer as elements of another type: `dtype`, with
+/// its own shape and strides (in elements of `dtype`), starting
+/// `byte_offset` bytes from the start of the buffer (not from `tensor`'s
+/// first element); the offset must be a multiple of `dtype`'s size and the
+/// view must lie inside the buffer. This is how a framework that allocates
+/// raw bytes (PyTorch's storages) hands typed views of them to operators.
+///
+/// Ownership: `*out` is the caller's. Thread safety: any thread.
+///
+/// # Safety
+/// `shape` and `strides` point to `ndim` readable `int64_t`s; `out` is writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn polychip_tensor_view_as(
+    tensor: *const polychip_tensor_t,
+    dtype: polychip_dtype_t,
+    ndim: i32,
+    shape: *const i64,
+    strides: *const i64,
+    byte_offset: u64,
+    out: *mut *mut polychip_tensor_t,
+) -> *mut polychip_error_t {
+    guard("polychip_tensor_view_as", || {
+        let out = out_param(out, "out")?;
+        let t = self::tensor(tensor, "tensor")?;
+        let dtype = self::dtype(dtype, "dtype")?;
+        // SAFETY: forwarded contract.
+        let (shape, strides) =
+            unsafe { (dims(ndim, shape, "shape")?, dims(ndim, strides, "strides")?) };
+        let len = t.tensor.buffer().len();
+        if byte_offset > len {
+            return Err(ApiError::invalid(format!(
+                "byte offset {byte_offset} is past the end of the tensor's {len}-byte buffer"
+            )));
+        }
+        let view = Tensor::from_buffer(
+            t.tensor.buffer().clone(),
+            dtype,
+            shape,
+            strides,
+            byte_offset,
+        )?;
+        // SAFETY: checked non-NULL; writable per the contract.
+        unsafe { out.write(give(view, t.device)) };
+        Ok(())
+    })
+}
+
 /// Frees a tensor handle (its memory goes when no view or queued work uses
 /// it). NULL is ignored; a handle that is not a live tensor is logged.
 ///

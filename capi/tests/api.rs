@@ -506,3 +506,79 @@ fn log_records_reach_the_callback() {
     );
     polychip_runtime_destroy(rt);
 }
+
+#[test]
+fn byte_buffers_are_viewed_as_typed_tensors_within_bounds() {
+    let rt = runtime();
+    for vendor in ["Ferrite", "Cobalt"] {
+        let dev = device_of(rt, vendor);
+        // 16 floats, then viewed as raw bytes and back at an offset.
+        let values: Vec<f32> = (0..16).map(|i| i as f32).collect();
+        let t = tensor(rt, dev, &values);
+        let mut v = null_mut();
+        let (shape, strides) = ([2i64, 3], [1i64, 2]);
+        // SAFETY: two extents and strides; `v` is writable.
+        ok(unsafe {
+            polychip_tensor_view_as(
+                t,
+                POLYCHIP_DTYPE_F32,
+                2,
+                shape.as_ptr(),
+                strides.as_ptr(),
+                16,
+                &mut v,
+            )
+        });
+        // Elements 4 + i + 2 j, read back compact through a copy.
+        let mut c = null_mut();
+        // SAFETY: as above.
+        ok(unsafe {
+            polychip_tensor_new(
+                rt,
+                dev,
+                POLYCHIP_DTYPE_F32,
+                2,
+                shape.as_ptr(),
+                false,
+                &mut c,
+            )
+        });
+        ok(polychip_op_copy(null(), v, c));
+        assert_eq!(read(c, 6), [4.0, 6.0, 8.0, 5.0, 7.0, 9.0], "{vendor}");
+        let bytes = [64i64];
+        let one = [1i64];
+        let mut u = null_mut();
+        // SAFETY: one extent; `u` is writable.
+        ok(unsafe {
+            polychip_tensor_view_as(
+                t,
+                POLYCHIP_DTYPE_U8,
+                1,
+                bytes.as_ptr(),
+                one.as_ptr(),
+                0,
+                &mut u,
+            )
+        });
+        // Misaligned, out of bounds, past the end, bad dtype: refused.
+        for (dtype, extent, offset, says) in [
+            (POLYCHIP_DTYPE_F32, 2, 2, "not a multiple of 4"),
+            (POLYCHIP_DTYPE_F32, 16, 4, "outside"),
+            (POLYCHIP_DTYPE_U8, 0, 65, "past the end"),
+            (99, 1, 0, "not a polychip_dtype_t"),
+        ] {
+            let shape = [extent];
+            let mut w = null_mut();
+            // SAFETY: one extent; `w` is writable.
+            let (_, message) = refused(unsafe {
+                polychip_tensor_view_as(t, dtype, 1, shape.as_ptr(), one.as_ptr(), offset, &mut w)
+            });
+            assert!(message.contains(says), "{vendor}: {message}");
+            assert!(w.is_null());
+        }
+        for h in [t, v, c, u] {
+            polychip_tensor_destroy(h);
+        }
+    }
+    polychip_runtime_destroy(rt);
+}

@@ -7,9 +7,12 @@ Arguments are checked by the host: a wrong dtype or shape raises
 `polychip.errors.DTypeMismatch` / `ShapeMismatch` naming the operator
 and the argument."""
 
-from typing import Optional
+from typing import Dict, Optional, Tuple
 
 from . import Stream, Tensor
+
+DTYPES: Dict[str, Tuple[str, ...]]
+"""Operator name to the dtypes its `T` tensors may have."""
 
 def fill(out: Tensor, value: float, *, stream: Optional[Stream] = None) -> None:
     """Fill a tensor with a scalar. On any dtype. Since 1.0. Arguments of `PolychipFillArgs`."""

@@ -35,6 +35,13 @@ fn text(ptr: *const c_char) -> String {
 
 #[pymethods]
 impl Runtime {
+    /// The `polychip_runtime_t *`, for native code in the same process
+    /// (valid while this object lives).
+    #[getter]
+    fn _handle(&self) -> usize {
+        self.handle
+    }
+
     /// Loads the plugins `plugin_path` names (`:`-separated files and
     /// directories; None: `POLYCHIP_PLUGIN_PATH`) and, with `bundled`, the
     /// bundled ones. With `strict`, a plugin that fails to load raises.

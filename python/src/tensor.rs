@@ -49,14 +49,18 @@ impl Tensor {
     }
 
     pub(crate) fn info(&self, py: Python<'_>) -> PyResult<polychip_tensor_info_t> {
-        // SAFETY: an all-zero info with its struct_size is a valid out-param.
-        let mut info: polychip_tensor_info_t = unsafe { std::mem::zeroed() };
-        info.struct_size = size_of::<polychip_tensor_info_t>();
-        // SAFETY: writable for its struct_size.
-        let e = unsafe { polychip_tensor_info(self.ptr(), &mut info) };
-        check(py, handle(e))?;
-        Ok(info)
+        info_of(py, self.ptr())
     }
+}
+
+fn info_of(py: Python<'_>, tensor: *const polychip_tensor_t) -> PyResult<polychip_tensor_info_t> {
+    // SAFETY: an all-zero info with its struct_size is a valid out-param.
+    let mut info: polychip_tensor_info_t = unsafe { std::mem::zeroed() };
+    info.struct_size = size_of::<polychip_tensor_info_t>();
+    // SAFETY: writable for its struct_size; libpolychip checks the handle.
+    let e = unsafe { polychip_tensor_info(tensor, &mut info) };
+    check(py, handle(e))?;
+    Ok(info)
 }
 
 fn dims(ptr: *const i64, ndim: i32) -> Vec<i64> {
@@ -278,6 +282,59 @@ impl Tensor {
         };
         check(py, handle(e))?;
         Ok(Tensor::new(out as Handle, self.runtime.clone_ref(py)))
+    }
+
+    /// A view of the same buffer as elements of `dtype`, with its own shape
+    /// and strides (in elements of `dtype`), starting `byte_offset` bytes
+    /// from the start of the buffer.
+    #[pyo3(signature = (dtype, shape, strides, byte_offset = 0))]
+    fn reinterpret(
+        &self,
+        py: Python<'_>,
+        dtype: &str,
+        shape: Vec<i64>,
+        strides: Vec<i64>,
+        byte_offset: u64,
+    ) -> PyResult<Tensor> {
+        if shape.len() != strides.len() {
+            return Err(PyValueError::new_err(format!(
+                "reinterpret: shape has {} dimensions but strides {}",
+                shape.len(),
+                strides.len()
+            )));
+        }
+        let code = dtype_code(dtype)?;
+        let mut out = null_mut();
+        // SAFETY: both arrays have `len` entries; `out` writable.
+        let e = unsafe {
+            polychip_tensor_view_as(
+                self.ptr(),
+                code,
+                shape.len() as i32,
+                shape.as_ptr(),
+                strides.as_ptr(),
+                byte_offset,
+                &mut out,
+            )
+        };
+        check(py, handle(e))?;
+        Ok(Tensor::new(out as Handle, self.runtime.clone_ref(py)))
+    }
+
+    /// The `polychip_tensor_t *` of this tensor, for native code in the
+    /// same process (valid while this object lives).
+    #[getter]
+    fn _handle(&self) -> usize {
+        self.handle
+    }
+
+    /// Takes ownership of a `polychip_tensor_t *` that native code in this
+    /// process made with `runtime`'s library (checked: a handle that is not
+    /// a live tensor is refused).
+    #[staticmethod]
+    fn _adopt(py: Python<'_>, runtime: Py<Runtime>, handle: usize) -> PyResult<Tensor> {
+        info_of(py, handle as *const polychip_tensor_t)?;
+        Ok(Tensor::new(handle, runtime))
     }
 }
 

@@ -580,7 +580,8 @@ fn scale(py: Python<'_>, tensor: &Tensor, alpha: f64, stream: Option<&Stream>) -
     check(py, error)
 }
 
-/// Adds every operator to `m`.
+/// Adds every operator to `m`, and `DTYPES`: operator name to the dtypes
+/// its `T` tensors may have.
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(fill, m)?)?;
     m.add_function(wrap_pyfunction!(copy, m)?)?;
@@ -629,5 +630,54 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(cross_entropy_backward, m)?)?;
     m.add_function(wrap_pyfunction!(adamw, m)?)?;
     m.add_function(wrap_pyfunction!(scale, m)?)?;
+    let dtypes = pyo3::types::PyDict::new(m.py());
+    dtypes.set_item("fill", ("float32", "float16", "bfloat16", "float64", "int32", "int64", "uint8", "bool",))?;
+    dtypes.set_item("copy", ("float32", "float16", "bfloat16", "float64", "int32", "int64", "uint8", "bool",))?;
+    dtypes.set_item("cast", ("float32", "float16", "bfloat16", "float64",))?;
+    dtypes.set_item("add", ("float32", "float16", "bfloat16", "float64",))?;
+    dtypes.set_item("sub", ("float32", "float16", "bfloat16", "float64",))?;
+    dtypes.set_item("mul", ("float32", "float16", "bfloat16", "float64",))?;
+    dtypes.set_item("div", ("float32", "float16", "bfloat16", "float64",))?;
+    dtypes.set_item("matmul", ("float32", "float16", "bfloat16", "float64",))?;
+    dtypes.set_item("softmax", ("float32", "float16", "bfloat16", "float64",))?;
+    dtypes.set_item("neg", ("float32", "float16", "bfloat16",))?;
+    dtypes.set_item("exp", ("float32", "float16", "bfloat16",))?;
+    dtypes.set_item("log", ("float32", "float16", "bfloat16",))?;
+    dtypes.set_item("sqrt", ("float32", "float16", "bfloat16",))?;
+    dtypes.set_item("rsqrt", ("float32", "float16", "bfloat16",))?;
+    dtypes.set_item("tanh", ("float32", "float16", "bfloat16",))?;
+    dtypes.set_item("pow_scalar", ("float32", "float16", "bfloat16",))?;
+    dtypes.set_item("relu", ("float32", "float16", "bfloat16",))?;
+    dtypes.set_item("relu_backward", ("float32", "float16", "bfloat16",))?;
+    dtypes.set_item("silu", ("float32", "float16", "bfloat16",))?;
+    dtypes.set_item("silu_backward", ("float32", "float16", "bfloat16",))?;
+    dtypes.set_item("gelu", ("float32", "float16", "bfloat16",))?;
+    dtypes.set_item("gelu_backward", ("float32", "float16", "bfloat16",))?;
+    dtypes.set_item("swiglu", ("float32", "float16", "bfloat16",))?;
+    dtypes.set_item("swiglu_backward", ("float32", "float16", "bfloat16",))?;
+    dtypes.set_item("sum", ("float32", "float16", "bfloat16",))?;
+    dtypes.set_item("mean", ("float32", "float16", "bfloat16",))?;
+    dtypes.set_item("max", ("float32", "float16", "bfloat16",))?;
+    dtypes.set_item("argmax", ("float32", "float16", "bfloat16",))?;
+    dtypes.set_item("sum_squares", ("float32", "float16", "bfloat16",))?;
+    dtypes.set_item("linear", ("float32", "float16", "bfloat16",))?;
+    dtypes.set_item("softmax_backward", ("float32", "float16", "bfloat16",))?;
+    dtypes.set_item("log_softmax", ("float32", "float16", "bfloat16",))?;
+    dtypes.set_item("log_softmax_backward", ("float32", "float16", "bfloat16",))?;
+    dtypes.set_item("rms_norm", ("float32", "float16", "bfloat16",))?;
+    dtypes.set_item("rms_norm_backward", ("float32", "float16", "bfloat16",))?;
+    dtypes.set_item("layer_norm", ("float32", "float16", "bfloat16",))?;
+    dtypes.set_item("layer_norm_backward", ("float32", "float16", "bfloat16",))?;
+    dtypes.set_item("rope", ("float32", "float16", "bfloat16",))?;
+    dtypes.set_item("rope_backward", ("float32", "float16", "bfloat16",))?;
+    dtypes.set_item("attention", ("float32", "float16", "bfloat16",))?;
+    dtypes.set_item("attention_backward", ("float32", "float16", "bfloat16",))?;
+    dtypes.set_item("embedding", ("float32", "float16", "bfloat16",))?;
+    dtypes.set_item("embedding_backward", ("float32", "float16", "bfloat16",))?;
+    dtypes.set_item("cross_entropy", ("float32", "float16", "bfloat16",))?;
+    dtypes.set_item("cross_entropy_backward", ("float32", "float16", "bfloat16",))?;
+    dtypes.set_item("adamw", ("float32", "float16", "bfloat16",))?;
+    dtypes.set_item("scale", ("float32", "float16", "bfloat16",))?;
+    m.add("DTYPES", dtypes)?;
     Ok(())
 }

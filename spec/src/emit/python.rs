@@ -30,6 +30,24 @@ fn params(args: &Args) -> (Vec<&Field>, Vec<(&Field, Option<String>)>) {
     (tensors, out)
 }
 
+/// The Python (NumPy and PyTorch) names of spec dtypes.
+fn python_dtypes(dtypes: &[String]) -> Vec<&'static str> {
+    dtypes
+        .iter()
+        .map(|d| match d.as_str() {
+            "f32" => "float32",
+            "f16" => "float16",
+            "bf16" => "bfloat16",
+            "f64" => "float64",
+            "i32" => "int32",
+            "i64" => "int64",
+            "u8" => "uint8",
+            "bool" => "bool",
+            other => panic!("dtype {other} has no Python name"),
+        })
+        .collect()
+}
+
 fn py_default(ty: ScalarType, rust: &str) -> String {
     match (ty, rust) {
         (ScalarType::Flag, "true") => "True".to_owned(),
@@ -56,7 +74,7 @@ pub(super) fn rust(spec: &Spec) -> String {
     for op in &spec.ops {
         function(&mut out, &spec.args[op.args], op);
     }
-    out.push_str("\n/// Adds every operator to `m`.\npub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {\n");
+    out.push_str("\n/// Adds every operator to `m`, and `DTYPES`: operator name to the dtypes\n/// its `T` tensors may have.\npub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {\n");
     for op in &spec.ops {
         writeln!(
             out,
@@ -65,7 +83,21 @@ pub(super) fn rust(spec: &Spec) -> String {
         )
         .unwrap();
     }
-    out.push_str("    Ok(())\n}\n");
+    out.push_str("    let dtypes = pyo3::types::PyDict::new(m.py());\n");
+    for op in &spec.ops {
+        writeln!(
+            out,
+            "    dtypes.set_item(\"{}\", ({},))?;",
+            op.name,
+            python_dtypes(&op.dtypes)
+                .iter()
+                .map(|d| format!("\"{d}\""))
+                .collect::<Vec<_>>()
+                .join(", ")
+        )
+        .unwrap();
+    }
+    out.push_str("    m.add(\"DTYPES\", dtypes)?;\n    Ok(())\n}\n");
     out
 }
 
@@ -137,8 +169,10 @@ pub(super) fn stub(spec: &Spec) -> String {
          Arguments are checked by the host: a wrong dtype or shape raises\n\
          `polychip.errors.DTypeMismatch` / `ShapeMismatch` naming the operator\n\
          and the argument.\"\"\"\n\n\
-         from typing import Optional\n\n\
-         from . import Stream, Tensor\n",
+         from typing import Dict, Optional, Tuple\n\n\
+         from . import Stream, Tensor\n\n\
+         DTYPES: Dict[str, Tuple[str, ...]]\n\
+         \"\"\"Operator name to the dtypes its `T` tensors may have.\"\"\"\n",
     );
     for op in &spec.ops {
         let args = &spec.args[op.args];

@@ -1,0 +1,250 @@
+"""PyTorch on every vendor's chip: the ``polychip`` device.
+
+    import torch, polychip.torch
+    x = torch.randn(4, 4).to("polychip:0")      # the first loaded device
+    y = (x @ x).relu().to("polychip:1")         # another vendor's device
+    print(polychip.torch.device_info(1), y.cpu())
+    print(polychip.torch.fallback_report())     # aten ops that ran on the CPU
+
+``polychip:0``, ``polychip:1``, ... are the devices of every loaded plugin
+in ``polychip devices`` order. The operators polychip's op table has run on
+the plugin (``registered_ops()``); every other aten operator runs through a
+CPU fallback that is counted per operator (``fallback_report()``) and that
+``strict()`` turns into an error naming the operator. ``torch.distributed``
+gains a ``polychip`` backend (``polychip.torch.distributed``).
+
+Importing this module (PyTorch also does it on ``import torch``, through
+its backend-autoload entry point) builds the C++ half against the installed
+torch on first use; see ``_build``.
+"""
+
+import os
+from types import ModuleType
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+
+import polychip
+
+from . import _build
+
+__all__ = [
+    "device_count",
+    "device_info",
+    "fallback_report",
+    "kernel_report",
+    "max_memory_allocated",
+    "memory_allocated",
+    "profile",
+    "registered_ops",
+    "reset_fallback_report",
+    "reset_kernel_report",
+    "reset_peak_memory_stats",
+    "strict",
+]
+
+_NAME = "polychip"
+
+
+def _bind() -> Any:
+    current = torch._C._get_privateuse1_backend_name()
+    if current not in ("privateuseone", _NAME):
+        raise ImportError(
+            f"polychip.torch: PyTorch's PrivateUse1 device is already named {current!r} "
+            "by another backend; one process can have only one"
+        )
+    native = _build.load()
+    runtime = polychip.runtime()
+    native.init(runtime._handle, runtime.device_count())
+    if current != _NAME:
+        torch.utils.rename_privateuse1_backend(_NAME)
+        torch._register_device_module(_NAME, _device_module(native))
+        torch.utils.generate_methods_for_privateuse1_backend(
+            for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=True
+        )
+    return native, runtime
+
+
+def _device_module(native: Any) -> ModuleType:
+    """``torch.polychip``: what PyTorch asks of a device's module."""
+    m = ModuleType("torch.polychip")
+    m.__doc__ = "The polychip device (see polychip.torch)."
+
+    def is_available() -> bool:
+        return native.device_count() > 0
+
+    def synchronize(device: Any = None) -> None:
+        # Every polychip call returns when its work is done.
+        return None
+
+    def manual_seed(seed: int) -> None:
+        native.default_generator(native.current_device()).manual_seed(seed)
+
+    def manual_seed_all(seed: int) -> None:
+        for i in range(native.device_count()):
+            native.default_generator(i).manual_seed(seed)
+
+    def get_rng_state(device: Any = _NAME) -> torch.Tensor:
+        return native.default_generator(_index(device)).get_state()
+
+    def set_rng_state(state: torch.Tensor, device: Any = _NAME) -> None:
+        native.default_generator(_index(device)).set_state(state)
+
+    def _index(device: Any) -> int:
+        d = torch.device(device) if not isinstance(device, int) else torch.device(_NAME, device)
+        return native.current_device() if d.index is None else d.index
+
+    for f in (is_available, synchronize, manual_seed, manual_seed_all, get_rng_state, set_rng_state):
+        setattr(m, f.__name__, f)
+    m.default_generators = tuple(native.default_generator(i) for i in range(native.device_count()))
+    m.device_count = native.device_count
+    m.current_device = native.current_device
+    m.set_device = native.set_device
+    m.is_initialized = lambda: True
+    m._lazy_init = lambda: None
+    m._is_in_bad_fork = lambda: False
+    m.get_amp_supported_dtype = lambda: [torch.float16, torch.bfloat16]
+    return m
+
+
+_native_backend, _runtime = _bind()
+
+
+def device_count() -> int:
+    """How many ``polychip:N`` devices there are."""
+    return _native_backend.device_count()
+
+
+def device_info(index: int) -> Dict[str, Any]:
+    """Which vendor and device ``polychip:index`` is (``vendor``, ``name``,
+    ``plugin_device``, memory, host visibility, ...)."""
+    if not isinstance(index, int) or not 0 <= index < device_count():
+        raise IndexError(
+            f"polychip:{index} does not exist: this process has {device_count()} polychip devices"
+        )
+    return _runtime.device_info(index)
+
+
+class FallbackReport(dict):
+    """CPU fallbacks since the last reset: aten operator → calls;
+    ``seconds`` maps each to the time spent in its fallbacks (copies to
+    and from the CPU included). ``str()`` is a table, most frequent first;
+    ``total`` is the number of calls."""
+
+    def __init__(self, counts: Dict[str, Any]) -> None:
+        super().__init__({k: v[0] for k, v in counts.items() if v[0]})
+        self.seconds: Dict[str, float] = {k: v[1] for k, v in counts.items() if v[0]}
+
+    @property
+    def total(self) -> int:
+        return sum(self.values())
+
+    @property
+    def total_seconds(self) -> float:
+        return sum(self.seconds.values())
+
+    def __str__(self) -> str:
+        if not self:
+            return "no aten operator fell back to the CPU"
+        width = max(len(k) for k in self)
+        rows = sorted(self.items(), key=lambda kv: (-kv[1], kv[0]))
+        lines = [f"{'aten operator':<{width}}  calls  seconds"]
+        lines += [f"{k:<{width}}  {v:>5}  {self.seconds[k]:>7.4f}" for k, v in rows]
+        lines.append(f"{'total':<{width}}  {self.total:>5}  {self.total_seconds:>7.4f}")
+        return "\n".join(lines)
+
+
+def fallback_report() -> FallbackReport:
+    """The aten operators that ran on the CPU instead of a plugin, how
+    often and for how long, since the process started or
+    ``reset_fallback_report()``."""
+    return FallbackReport(_native_backend.fallback_counts())
+
+
+def reset_fallback_report() -> None:
+    """Clears the fallback counts."""
+    _native_backend.reset_fallback_counts()
+
+
+class strict:
+    """Strict mode: an aten operator without a polychip kernel raises
+    (naming it) instead of running on the CPU. ``strict()`` or
+    ``strict(True)`` turns it on now; ``strict(False)`` off; as a context
+    manager the previous setting comes back on exit. ``POLYCHIP_TORCH_STRICT=1``
+    turns it on at import."""
+
+    def __init__(self, on: bool = True) -> None:
+        self._previous = _native_backend.strict()
+        _native_backend.set_strict(bool(on))
+
+    def __enter__(self) -> "strict":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        _native_backend.set_strict(self._previous)
+
+    @staticmethod
+    def enabled() -> bool:
+        """Whether strict mode is on."""
+        return bool(_native_backend.strict())
+
+
+if os.environ.get("POLYCHIP_TORCH_STRICT", "") not in ("", "0"):
+    _native_backend.set_strict(True)
+
+
+def memory_allocated(device: Optional[int] = None) -> int:
+    """Bytes of polychip device memory PyTorch holds on ``device``."""
+    return _native_backend.memory_stats(_native_backend.current_device() if device is None else device)[0]
+
+
+def max_memory_allocated(device: Optional[int] = None) -> int:
+    """The peak of ``memory_allocated`` since start or ``reset_peak_memory_stats``."""
+    return _native_backend.memory_stats(_native_backend.current_device() if device is None else device)[1]
+
+
+def reset_peak_memory_stats(device: Optional[int] = None) -> None:
+    _native_backend.reset_peak(_native_backend.current_device() if device is None else device)
+
+
+def kernel_report() -> Dict[str, Tuple[int, float]]:
+    """Each registered aten kernel that ran: (calls, seconds); seconds
+    accumulate only inside ``profile()``."""
+    from . import _aten
+
+    return {k: (n, _aten.SECONDS[k]) for k, n in _aten.CALLS.items() if n}
+
+
+def reset_kernel_report() -> None:
+    from . import _aten
+
+    for k in _aten.CALLS:
+        _aten.CALLS[k] = 0
+        _aten.SECONDS[k] = 0.0
+
+
+class profile:
+    """Times every registered kernel while on (``kernel_report()``)."""
+
+    def __enter__(self) -> "profile":
+        from . import _aten
+
+        self._previous = _aten.PROFILING[0]
+        _aten.PROFILING[0] = True
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        from . import _aten
+
+        _aten.PROFILING[0] = self._previous
+
+
+def registered_ops() -> List[str]:
+    """The aten operators (``name.overload``) registered to run on the
+    plugins, besides the tensor basics (empty, views, copies, fill)."""
+    from . import _aten
+
+    return sorted(_aten.REGISTERED)
+
+
+from . import _aten  # noqa: E402,F401 - registers the plugin kernels

@@ -1,0 +1,1142 @@
+"""The aten operators that run on the plugins.
+
+Each kernel below is registered for PyTorch's PrivateUse1 key (the
+``polychip`` device) under the aten names in its ``@_impl(...)``; autograd's
+formulas call the same aten operators, so backward passes land here too.
+A kernel takes typed views of its tensors (``_pc``: no copy, any strides),
+allocates outputs on the device, and calls ``polychip.ops.<op>`` once or a
+few times. Where the plugins cannot do a case (a dtype outside the
+operator's ``polychip.ops.DTYPES``, an option the operator lacks), the kernel
+says so through ``_fallback``: the call runs on the CPU, counted under the
+aten operator's name, or raises under strict mode. Nothing else falls back.
+
+``REGISTERED`` lists every aten name registered here; ``BASICS`` those the
+C++ half registers (allocation, views, copies and casts, fill, scalar
+reads). The test suite's per-operator test is generated from both.
+"""
+
+import math
+import numbers
+import time
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+from torch.utils._pytree import tree_map
+
+from polychip import _native, ops
+
+from . import _native_backend as _C
+from . import _runtime as _RT
+
+aten = torch.ops.aten
+
+REGISTERED: set = set()
+BASICS = (
+    "empty.memory_format",
+    "empty_strided",
+    "as_strided",
+    "resize_",
+    "_reshape_alias",
+    "_copy_from",
+    "_copy_from_and_resize",
+    "_local_scalar_dense",
+    "set_.source_Tensor",
+    "set_.source_Storage",
+    "set_.source_Storage_storage_offset",
+    "view",
+    "fill_.Scalar",
+    "fill_.Tensor",
+    "zero_",
+)
+
+_lib = torch.library.Library("aten", "IMPL")  # noqa: TOR901 - a backend's kernels
+_DEVICE = "polychip"
+
+_NAMES = {
+    torch.float32: "float32",
+    torch.float16: "float16",
+    torch.bfloat16: "bfloat16",
+    torch.float64: "float64",
+    torch.int32: "int32",
+    torch.int64: "int64",
+    torch.uint8: "uint8",
+    torch.bool: "bool",
+}
+_FLOATS = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+
+
+# Calls of each registered kernel, and (while ``profile`` is on) seconds.
+CALLS: Dict[str, int] = {}
+SECONDS: Dict[str, float] = {}
+PROFILING = [False]
+
+
+def _counted(name: str, fn: Callable) -> Callable:
+    CALLS[name] = 0
+    SECONDS[name] = 0.0
+
+    def kernel(*args: Any, **kwargs: Any) -> Any:
+        CALLS[name] += 1
+        if not PROFILING[0]:
+            return fn(*args, **kwargs)
+        start = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            SECONDS[name] += time.perf_counter() - start
+
+    kernel.__name__ = fn.__name__
+    return kernel
+
+
+def _impl(*names: str, key: str = "PrivateUse1") -> Callable[[Callable], Callable]:
+    def register(fn: Callable) -> Callable:
+        for name in names:
+            _lib.impl(name, _counted(name, fn), key)
+            REGISTERED.add(name)
+        return fn
+
+    return register
+
+
+# ------------------------------------------------------------------ helpers
+
+
+def _pc(t: torch.Tensor) -> Any:
+    """A polychip view of a polychip tensor (shares its memory)."""
+    return _native.Tensor._adopt(_RT, _C.handle(t))
+
+
+def _ok(op: str, *tensors: torch.Tensor) -> bool:
+    """Whether every tensor's dtype is one ``op`` takes for ``T``."""
+    allowed = ops.DTYPES[op]
+    return all(_NAMES.get(t.dtype) in allowed for t in tensors)
+
+
+def _on_device(*xs: Any) -> bool:
+    return all(isinstance(x, torch.Tensor) and x.device.type == _DEVICE for x in xs)
+
+
+def _empty(shape: Sequence[int], dtype: torch.dtype, like: torch.Tensor) -> torch.Tensor:
+    return torch.empty(tuple(shape), dtype=dtype, device=like.device)
+
+
+def _label(op: Any) -> str:
+    name = op._schema.name
+    overload = op._schema.overload_name
+    return f"{name}.{overload}" if overload else name
+
+
+def _fallback(op: Any, *args: Any, **kwargs: Any) -> Any:
+    """Runs ``op`` on the CPU (counted under its name; an error under
+    strict mode): polychip tensors go to the CPU and results come back to
+    the device of the first one; arguments the operator writes are written
+    back."""
+    label = _label(op)
+    _C.count_fallback(label)
+    start = time.perf_counter()
+    try:
+        return _on_cpu(op, args, kwargs)
+    finally:
+        _C.add_fallback_time(label, time.perf_counter() - start)
+
+
+def _on_cpu(op: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
+    device = None
+
+    def to_cpu(x: Any) -> Any:
+        nonlocal device
+        if isinstance(x, torch.Tensor) and x.device.type == _DEVICE:
+            device = device or x.device
+            return x.cpu()
+        return x
+
+    cpu_args, cpu_kwargs = tree_map(to_cpu, (args, kwargs))
+    result = op(*cpu_args, **cpu_kwargs)
+    written: Dict[int, torch.Tensor] = {}
+    for i, arg in enumerate(op._schema.arguments):
+        if arg.alias_info is None or not arg.alias_info.is_write:
+            continue
+        if i < len(args) and not arg.kwarg_only:
+            orig, cpu = args[i], cpu_args[i]
+        elif arg.name in kwargs:
+            orig, cpu = kwargs[arg.name], cpu_kwargs[arg.name]
+        else:
+            continue
+        pairs = zip(orig, cpu) if isinstance(orig, (list, tuple)) else [(orig, cpu)]
+        for o, c in pairs:
+            if isinstance(o, torch.Tensor) and o is not c:
+                o.copy_(c)
+                written[id(c)] = o
+
+    def back(x: Any) -> Any:
+        if isinstance(x, torch.Tensor):
+            if id(x) in written:
+                return written[id(x)]
+            return x.to(device) if device is not None else x
+        return x
+
+    return tree_map(back, result)
+
+
+_CONSTANTS: Dict[Tuple[Any, ...], torch.Tensor] = {}
+
+
+def _constant(value: float, dtype: torch.dtype, like: torch.Tensor) -> torch.Tensor:
+    """A 0-dimensional device tensor holding ``value`` (cached: kernels only
+    read it)."""
+    key = (like.device.index, dtype, value)
+    t = _CONSTANTS.get(key) if value == value else None
+    if t is None:
+        t = torch.empty((), dtype=dtype, device=like.device)
+        ops.fill(_pc(t), float(value))
+        if len(_CONSTANTS) < 4096 and value == value:
+            _CONSTANTS[key] = t
+    return t
+
+
+def _is_scalar(x: Any) -> bool:
+    return isinstance(x, numbers.Number) or (
+        isinstance(x, torch.Tensor) and x.dim() == 0 and x.device.type != _DEVICE
+    )
+
+
+def _scalar(x: Any) -> Any:
+    return x.item() if isinstance(x, torch.Tensor) else x
+
+
+def _write_into(out: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+    """The ``out=`` convention: resize ``out`` to the result, then copy."""
+    if out.shape != value.shape:
+        out.resize_(value.shape)
+    out.copy_(value)
+    return out
+
+
+# -------------------------------------------------------------- elementwise
+
+_BINARY = {"add": ops.add, "sub": ops.sub, "mul": ops.mul, "div": ops.div}
+
+
+def _binary(name: str, a: Any, b: Any, alpha: Any = 1, inplace: bool = False) -> Any:
+    """``a OP b`` with PyTorch's type promotion and broadcasting; ``a`` is
+    a polychip tensor, ``b`` a polychip tensor or a scalar."""
+    op = {
+        ("add", False): aten.add.Tensor,
+        ("add", True): aten.add_.Tensor,
+        ("sub", False): aten.sub.Tensor,
+        ("sub", True): aten.sub_.Tensor,
+        ("mul", False): aten.mul.Tensor,
+        ("mul", True): aten.mul_.Tensor,
+        ("div", False): aten.div.Tensor,
+        ("div", True): aten.div_.Tensor,
+    }[(name, inplace)]
+    extra = {"alpha": alpha} if name in ("add", "sub") and alpha != 1 else {}
+    scalar = _is_scalar(b)
+    bv = _scalar(b) if scalar else b
+    dtype = torch.result_type(a, bv)
+    if inplace and dtype != a.dtype:
+        if not torch.can_cast(dtype, a.dtype):
+            return _fallback(op, a, b, **extra)
+        dtype = a.dtype
+    if dtype not in _FLOATS or _NAMES[dtype] not in ops.DTYPES[name]:
+        return _fallback(op, a, b, **extra)
+    if isinstance(alpha, complex) or (scalar and isinstance(bv, complex)):
+        return _fallback(op, a, b, **extra)
+    if scalar:
+        bt = _constant(bv, dtype, a)
+    else:
+        if not _on_device(b) or b.device != a.device:
+            if b.dim() == 0:
+                bt = b.to(device=a.device, dtype=dtype)
+            else:
+                return _fallback(op, a, b, **extra)
+        else:
+            bt = b if b.dtype == dtype else b.to(dtype)
+    at = a if a.dtype == dtype else a.to(dtype)
+    shape = torch.broadcast_shapes(at.shape, bt.shape)
+    if inplace:
+        if tuple(shape) != tuple(a.shape):
+            raise RuntimeError(
+                f"output with shape {list(a.shape)} doesn't match the broadcast shape {list(shape)}"
+            )
+        out = a
+        if at is not a:
+            tmp = _empty(shape, dtype, a)
+            _BINARY[name](_pc(at), _pc(bt), _pc(tmp), float(alpha))
+            a.copy_(tmp)
+            return a
+        if _overlaps_partially(out, bt):
+            bt = bt.clone()
+    else:
+        out = _empty(shape, dtype, a)
+    _BINARY[name](_pc(at), _pc(bt), _pc(out), float(alpha))
+    return out
+
+
+def _overlaps_partially(out: torch.Tensor, x: torch.Tensor) -> bool:
+    """Whether ``x`` shares memory with ``out`` without being exactly it
+    (operators allow only exact aliases)."""
+    if x.untyped_storage().data_ptr() != out.untyped_storage().data_ptr():
+        return False
+    same = (
+        x.storage_offset() == out.storage_offset()
+        and tuple(x.shape) == tuple(out.shape)
+        and x.stride() == out.stride()
+    )
+    return not same
+
+
+def _register_binary(name: str) -> None:
+    def functional(self: torch.Tensor, other: Any, alpha: Any = 1) -> torch.Tensor:
+        return _binary(name, self, other, alpha)
+
+    def inplace(self: torch.Tensor, other: Any, alpha: Any = 1) -> torch.Tensor:
+        return _binary(name, self, other, alpha, inplace=True)
+
+    def out(self: torch.Tensor, other: Any, alpha: Any = 1, *, out: torch.Tensor) -> torch.Tensor:
+        return _write_into(out, _binary(name, self, other, alpha))
+
+    if name in ("add", "sub"):
+        _impl(f"{name}.Tensor", f"{name}.Scalar")(functional)
+        _impl(f"{name}_.Tensor", f"{name}_.Scalar")(inplace)
+        _impl(f"{name}.out")(out)
+    else:
+
+        def functional2(self: torch.Tensor, other: Any) -> torch.Tensor:
+            return _binary(name, self, other)
+
+        def inplace2(self: torch.Tensor, other: Any) -> torch.Tensor:
+            return _binary(name, self, other, inplace=True)
+
+        def out2(self: torch.Tensor, other: Any, *, out: torch.Tensor) -> torch.Tensor:
+            return _write_into(out, _binary(name, self, other))
+
+        _impl(f"{name}.Tensor", f"{name}.Scalar")(functional2)
+        _impl(f"{name}_.Tensor", f"{name}_.Scalar")(inplace2)
+        _impl(f"{name}.out")(out2)
+
+
+for _name in _BINARY:
+    _register_binary(_name)
+
+
+@_impl("rsub.Tensor", "rsub.Scalar")
+def _rsub(self: torch.Tensor, other: Any, alpha: Any = 1) -> torch.Tensor:
+    # other - alpha * self
+    if _is_scalar(other):
+        dtype = torch.result_type(self, _scalar(other))
+        if dtype in _FLOATS and _NAMES[dtype] in ops.DTYPES["sub"]:
+            s = self if self.dtype == dtype else self.to(dtype)
+            out = _empty(s.shape, dtype, s)
+            ops.sub(_pc(_constant(_scalar(other), dtype, s)), _pc(s), _pc(out), float(alpha))
+            return out
+        return _fallback(aten.rsub.Scalar, self, other, alpha=alpha)
+    return _binary("sub", other, self, alpha)
+
+
+_UNARY = {
+    "neg": ops.neg,
+    "exp": ops.exp,
+    "log": ops.log,
+    "sqrt": ops.sqrt,
+    "rsqrt": ops.rsqrt,
+    "tanh": ops.tanh,
+    "relu": ops.relu,
+    "silu": ops.silu,
+}
+
+
+def _unary(name: str, x: torch.Tensor, op: Any, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    if not _ok(name, x):
+        return _fallback(op, x) if out is None else _fallback(op, x, out=out)
+    if out is None:
+        result = _empty(x.shape, x.dtype, x)
+    elif out is x:
+        result = x
+    else:
+        return _write_into(out, _unary(name, x, op))
+    _UNARY[name](_pc(x), _pc(result))
+    return result
+
+
+def _register_unary(name: str) -> None:
+    functional_op = getattr(aten, name).default
+    inplace_op = getattr(aten, name + "_").default
+
+    def functional(self: torch.Tensor) -> torch.Tensor:
+        return _unary(name, self, functional_op)
+
+    def inplace(self: torch.Tensor) -> torch.Tensor:
+        if not _ok(name, self):
+            return _fallback(inplace_op, self)
+        return _unary(name, self, inplace_op, out=self)
+
+    def out(self: torch.Tensor, *, out: torch.Tensor) -> torch.Tensor:
+        return _unary(name, self, getattr(aten, name).out, out=out)
+
+    _impl(f"{name}")(functional)
+    _impl(f"{name}_")(inplace)
+    _impl(f"{name}.out")(out)
+
+
+for _name in _UNARY:
+    _register_unary(_name)
+
+
+@_impl("gelu")
+def _gelu(self: torch.Tensor, *, approximate: str = "none") -> torch.Tensor:
+    if approximate != "tanh" or not _ok("gelu", self):
+        return _fallback(aten.gelu.default, self, approximate=approximate)
+    out = _empty(self.shape, self.dtype, self)
+    ops.gelu(_pc(self), _pc(out))
+    return out
+
+
+@_impl("pow.Tensor_Scalar")
+def _pow(self: torch.Tensor, exponent: Any) -> torch.Tensor:
+    dtype = torch.result_type(self, exponent)
+    if dtype != self.dtype or not _ok("pow_scalar", self) or isinstance(exponent, complex):
+        return _fallback(aten.pow.Tensor_Scalar, self, exponent)
+    out = _empty(self.shape, self.dtype, self)
+    ops.pow_scalar(_pc(self), _pc(out), float(exponent))
+    return out
+
+
+@_impl("pow_.Scalar")
+def _pow_(self: torch.Tensor, exponent: Any) -> torch.Tensor:
+    if not _ok("pow_scalar", self) or isinstance(exponent, complex):
+        return _fallback(aten.pow_.Scalar, self, exponent)
+    ops.pow_scalar(_pc(self), _pc(self), float(exponent))
+    return self
+
+
+def _activation_backward(
+    name: str, op: Any, grad: torch.Tensor, x: torch.Tensor
+) -> torch.Tensor:
+    if grad.dtype != x.dtype or grad.shape != x.shape or not _ok(name, grad):
+        return _fallback(op, grad, x)
+    out = _empty(x.shape, x.dtype, x)
+    getattr(ops, name)(_pc(grad), _pc(x), _pc(out))
+    return out
+
+
+@_impl("threshold_backward")
+def _threshold_backward(grad: torch.Tensor, self: torch.Tensor, threshold: Any) -> torch.Tensor:
+    # relu's backward: autograd passes relu's output, positive exactly
+    # where its input was.
+    if threshold != 0:
+        return _fallback(aten.threshold_backward.default, grad, self, threshold)
+    if grad.dtype != self.dtype or grad.shape != self.shape or not _ok("relu_backward", grad):
+        return _fallback(aten.threshold_backward.default, grad, self, threshold)
+    out = _empty(self.shape, self.dtype, self)
+    ops.relu_backward(_pc(grad), _pc(self), _pc(out))
+    return out
+
+
+@_impl("tanh_backward")
+def _tanh_backward(grad: torch.Tensor, output: torch.Tensor) -> torch.Tensor:
+    # grad * (1 - y^2), from tanh's output y.
+    if grad.dtype != output.dtype or grad.shape != output.shape or not _ok("mul", grad):
+        return _fallback(aten.tanh_backward.default, grad, output)
+    out = _empty(output.shape, output.dtype, output)
+    ops.mul(_pc(output), _pc(output), _pc(out))
+    ops.sub(_pc(_constant(1.0, output.dtype, output)), _pc(out), _pc(out))
+    ops.mul(_pc(grad), _pc(out), _pc(out))
+    return out
+
+
+@_impl("silu_backward")
+def _silu_backward(grad: torch.Tensor, self: torch.Tensor) -> torch.Tensor:
+    return _activation_backward("silu_backward", aten.silu_backward.default, grad, self)
+
+
+@_impl("gelu_backward")
+def _gelu_backward(grad: torch.Tensor, self: torch.Tensor, *, approximate: str = "none") -> torch.Tensor:
+    if approximate != "tanh":
+        return _fallback(aten.gelu_backward.default, grad, self, approximate=approximate)
+    return _activation_backward("gelu_backward", aten.gelu_backward.default, grad, self)
+
+
+# ------------------------------------------------------------------- matmul
+
+
+def _matmul_ok(*ts: torch.Tensor) -> bool:
+    return _on_device(*ts) and len({t.dtype for t in ts}) == 1 and len({t.device for t in ts}) == 1 and _ok("matmul", *ts)
+
+
+@_impl("mm")
+def _mm(self: torch.Tensor, mat2: torch.Tensor) -> torch.Tensor:
+    if not _matmul_ok(self, mat2):
+        return _fallback(aten.mm.default, self, mat2)
+    out = _empty((self.shape[0], mat2.shape[1]), self.dtype, self)
+    ops.matmul(_pc(self), _pc(mat2), _pc(out))
+    return out
+
+
+@_impl("bmm")
+def _bmm(self: torch.Tensor, mat2: torch.Tensor) -> torch.Tensor:
+    if not _matmul_ok(self, mat2):
+        return _fallback(aten.bmm.default, self, mat2)
+    out = _empty((self.shape[0], self.shape[1], mat2.shape[2]), self.dtype, self)
+    ops.matmul(_pc(self), _pc(mat2), _pc(out))
+    return out
+
+
+def _addmm_like(op: Any, bias: torch.Tensor, a: torch.Tensor, b: torch.Tensor, beta: Any, alpha: Any) -> torch.Tensor:
+    if not _matmul_ok(bias, a, b) or isinstance(beta, complex) or isinstance(alpha, complex):
+        return _fallback(op, bias, a, b, beta=beta, alpha=alpha)
+    shape = (*a.shape[:-1], b.shape[-1])
+    out = _empty(shape, a.dtype, a)
+    if beta != 0:
+        out.copy_(bias.expand(shape))
+    ops.matmul(_pc(a), _pc(b), _pc(out), float(alpha), float(beta))
+    return out
+
+
+@_impl("addmm")
+def _addmm(self: torch.Tensor, mat1: torch.Tensor, mat2: torch.Tensor, *, beta: Any = 1, alpha: Any = 1) -> torch.Tensor:
+    return _addmm_like(aten.addmm.default, self, mat1, mat2, beta, alpha)
+
+
+@_impl("baddbmm")
+def _baddbmm(self: torch.Tensor, b1: torch.Tensor, b2: torch.Tensor, *, beta: Any = 1, alpha: Any = 1) -> torch.Tensor:
+    return _addmm_like(aten.baddbmm.default, self, b1, b2, beta, alpha)
+
+
+# --------------------------------------------------------------- reductions
+
+
+def _dims(dim: Any, ndim: int) -> List[int]:
+    if dim is None:
+        return list(range(ndim))
+    if isinstance(dim, int):
+        dim = [dim]
+    dims = [d + ndim if d < 0 else d for d in dim]
+    return list(range(ndim)) if not dims else dims
+
+
+def _reduce(name: str, op: Any, x: torch.Tensor, dims: List[int], keepdim: bool, *args: Any, **kwargs: Any) -> torch.Tensor:
+    """``name`` (sum, mean or max) over ``dims``, one dimension at a time."""
+    if not _ok(name, x) or (x.dim() == 0):
+        return _fallback(op, x, *args, **kwargs)
+    if len(set(dims)) != len(dims) or any(not 0 <= d < x.dim() for d in dims):
+        return _fallback(op, x, *args, **kwargs)
+    fn = getattr(ops, name)
+    current = x
+    for d in sorted(dims, reverse=True):
+        shape = list(current.shape)
+        shape[d] = 1
+        out = _empty(shape, current.dtype, current)
+        fn(_pc(current), _pc(out), d, True)
+        current = out
+    if not keepdim:
+        current = current.reshape([s for i, s in enumerate(current.shape) if i not in dims])
+    return current
+
+
+def _register_sum_like(name: str) -> None:
+    """``sum`` and ``mean``: over some dimensions (``.dim*``) or all, in the
+    input's floating dtype or the one ``dtype=`` asks for."""
+    by_dim = getattr(aten, name).dim_IntList if name == "sum" else aten.mean.dim
+    every = getattr(aten, name).default
+
+    def prepared(self: torch.Tensor, dtype: Optional[torch.dtype]) -> Optional[torch.Tensor]:
+        target = dtype or self.dtype
+        if target not in _FLOATS or self.dim() == 0:
+            return None
+        return self if target == self.dtype else self.to(target)
+
+    def over(self: torch.Tensor, dim: Any, keepdim: bool = False, *, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+        x = prepared(self, dtype)
+        if x is None:
+            return _fallback(by_dim, self, dim, keepdim, dtype=dtype)
+        return _reduce(name, by_dim, x, _dims(dim, x.dim()), keepdim, dim, keepdim)
+
+    def full(self: torch.Tensor, *, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+        x = prepared(self, dtype)
+        if x is None:
+            return _fallback(every, self, dtype=dtype)
+        return _reduce(name, every, x, _dims(None, x.dim()), False)
+
+    _impl(by_dim._schema.name.removeprefix("aten::") + "." + by_dim._schema.overload_name)(over)
+    _impl(name)(full)
+
+
+_register_sum_like("sum")
+_register_sum_like("mean")
+
+
+@_impl("amax")
+def _amax(self: torch.Tensor, dim: Any = (), keepdim: bool = False) -> torch.Tensor:
+    if self.numel() == 0:
+        return _fallback(aten.amax.default, self, dim, keepdim)
+    return _reduce("max", aten.amax.default, self, _dims(dim, self.dim()), keepdim, dim, keepdim)
+
+
+@_impl("max.dim")
+def _max_dim(self: torch.Tensor, dim: int, keepdim: bool = False) -> Tuple[torch.Tensor, torch.Tensor]:
+    if not _ok("max", self) or self.dim() == 0 or self.shape[dim] == 0:
+        return _fallback(aten.max.dim, self, dim, keepdim)
+    d = dim + self.dim() if dim < 0 else dim
+    shape = [s for i, s in enumerate(self.shape) if i != d or keepdim]
+    if keepdim:
+        shape[d] = 1
+    values = _empty(shape, self.dtype, self)
+    indices = _empty(shape, torch.int64, self)
+    ops.max(_pc(self), _pc(values), d, keepdim)
+    ops.argmax(_pc(self), _pc(indices), d, keepdim)
+    return values, indices
+
+
+@_impl("argmax")
+def _argmax(self: torch.Tensor, dim: Optional[int] = None, keepdim: bool = False) -> torch.Tensor:
+    if not _ok("argmax", self) or self.numel() == 0 or self.dim() == 0:
+        return _fallback(aten.argmax.default, self, dim, keepdim)
+    if dim is None:
+        flat = self.reshape(-1)
+        out = _empty((), torch.int64, self)
+        ops.argmax(_pc(flat), _pc(out), 0, False)
+        return out.reshape([1] * self.dim()) if keepdim else out
+    d = dim + self.dim() if dim < 0 else dim
+    shape = [s for i, s in enumerate(self.shape) if i != d or keepdim]
+    if keepdim:
+        shape[d] = 1
+    out = _empty(shape, torch.int64, self)
+    ops.argmax(_pc(self), _pc(out), d, keepdim)
+    return out
+
+
+@_impl("linalg_vector_norm")
+def _vector_norm(
+    self: torch.Tensor, ord: Any = 2, dim: Any = None, keepdim: bool = False, *, dtype: Optional[torch.dtype] = None
+) -> torch.Tensor:
+    # The 2-norm of every element (gradient clipping); other forms fall back.
+    if ord != 2 or (dim is not None and len(_dims(dim, self.dim())) != self.dim()) or not _ok("sum_squares", self) or keepdim:
+        return _fallback(aten.linalg_vector_norm.default, self, ord, dim, keepdim, dtype=dtype)
+    squares = _empty((), torch.float32, self)
+    ops.sum_squares(_pc(self), _pc(squares))
+    out_dtype = dtype or self.dtype
+    norm = _empty((), torch.float32, self)
+    ops.sqrt(_pc(squares), _pc(norm))
+    return norm if out_dtype == torch.float32 else norm.to(out_dtype)
+
+
+# ------------------------------------------------------------------ softmax
+
+
+def _last(x: torch.Tensor, dim: int) -> torch.Tensor:
+    return x if dim in (-1, x.dim() - 1) else x.movedim(dim, -1)
+
+
+def _softmax_like(name: str, op: Any, self: torch.Tensor, dim: int, half_to_float: bool) -> torch.Tensor:
+    if half_to_float or not _ok(name, self) or self.dim() == 0:
+        return _fallback(op, self, dim, half_to_float)
+    out = torch.empty_like(self, memory_format=torch.contiguous_format)
+    getattr(ops, name)(_pc(_last(self, dim)), _pc(_last(out, dim)))
+    return out
+
+
+@_impl("_softmax")
+def _softmax(self: torch.Tensor, dim: int, half_to_float: bool) -> torch.Tensor:
+    return _softmax_like("softmax", aten._softmax.default, self, dim, half_to_float)
+
+
+@_impl("_log_softmax")
+def _log_softmax(self: torch.Tensor, dim: int, half_to_float: bool) -> torch.Tensor:
+    return _softmax_like("log_softmax", aten._log_softmax.default, self, dim, half_to_float)
+
+
+def _softmax_backward_like(name: str, op: Any, grad: torch.Tensor, output: torch.Tensor, dim: int, input_dtype: torch.dtype) -> torch.Tensor:
+    if input_dtype != output.dtype or grad.dtype != output.dtype or grad.shape != output.shape or not _ok(name, output) or output.dim() == 0:
+        return _fallback(op, grad, output, dim, input_dtype)
+    out = torch.empty_like(output, memory_format=torch.contiguous_format)
+    getattr(ops, name)(_pc(_last(output, dim)), _pc(_last(grad, dim)), _pc(_last(out, dim)))
+    return out
+
+
+@_impl("_softmax_backward_data")
+def _softmax_backward(grad: torch.Tensor, output: torch.Tensor, dim: int, input_dtype: torch.dtype) -> torch.Tensor:
+    return _softmax_backward_like("softmax_backward", aten._softmax_backward_data.default, grad, output, dim, input_dtype)
+
+
+@_impl("_log_softmax_backward_data")
+def _log_softmax_backward(grad: torch.Tensor, output: torch.Tensor, dim: int, input_dtype: torch.dtype) -> torch.Tensor:
+    return _softmax_backward_like("log_softmax_backward", aten._log_softmax_backward_data.default, grad, output, dim, input_dtype)
+
+
+# ------------------------------------------------------------ normalization
+
+
+def _or_constant(t: Optional[torch.Tensor], value: float, input: torch.Tensor) -> torch.Tensor:
+    """A norm's weight or bias, or (absent) ``value`` over the last dimension."""
+    return t if t is not None else _constant(value, input.dtype, input).expand(input.shape[-1])
+
+
+@_impl("native_layer_norm")
+def _layer_norm(
+    input: torch.Tensor, normalized_shape: Sequence[int], weight: Optional[torch.Tensor], bias: Optional[torch.Tensor], eps: float
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    op = aten.native_layer_norm.default
+    if len(normalized_shape) != 1 or input.dim() < 1 or not _ok("layer_norm", input):
+        return _fallback(op, input, normalized_shape, weight, bias, eps)
+    w = _or_constant(weight, 1.0, input)
+    b = _or_constant(bias, 0.0, input)
+    if w.dtype != input.dtype or b.dtype != input.dtype:
+        return _fallback(op, input, normalized_shape, weight, bias, eps)
+    rows = input.shape[:-1]
+    out = _empty(input.shape, input.dtype, input)
+    mean = _empty(rows, torch.float32, input)
+    rstd = _empty(rows, torch.float32, input)
+    ops.layer_norm(_pc(input), _pc(w), _pc(b), _pc(out), _pc(mean), _pc(rstd), float(eps))
+    stat = (*rows, 1)
+    return out, mean.view(stat), rstd.view(stat)
+
+
+@_impl("native_layer_norm_backward")
+def _layer_norm_backward(
+    grad_out: torch.Tensor,
+    input: torch.Tensor,
+    normalized_shape: Sequence[int],
+    mean: torch.Tensor,
+    rstd: torch.Tensor,
+    weight: Optional[torch.Tensor],
+    bias: Optional[torch.Tensor],
+    output_mask: Sequence[bool],
+) -> Tuple[Optional[torch.Tensor], ...]:
+    op = aten.native_layer_norm_backward.default
+    args = (grad_out, input, normalized_shape, mean, rstd, weight, bias, output_mask)
+    if len(normalized_shape) != 1 or not _ok("layer_norm_backward", input, grad_out) or mean.dtype != torch.float32:
+        return _fallback(op, *args)
+    h = input.shape[-1]
+    rows = input.shape[:-1]
+    w = _or_constant(weight, 1.0, input)
+    gi = _empty(input.shape, input.dtype, input)
+    gw = _empty((h,), input.dtype, input)
+    gb = _empty((h,), input.dtype, input)
+    ops.layer_norm_backward(
+        _pc(grad_out), _pc(input), _pc(w), _pc(mean.reshape(rows)), _pc(rstd.reshape(rows)), _pc(gi), _pc(gw), _pc(gb)
+    )
+    return (
+        gi if output_mask[0] else None,
+        gw if output_mask[1] and weight is not None else None,
+        gb if output_mask[2] and bias is not None else None,
+    )
+
+
+@_impl("_fused_rms_norm")
+def _rms_norm(
+    input: torch.Tensor, normalized_shape: Sequence[int], weight: Optional[torch.Tensor], eps: Optional[float]
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    op = aten._fused_rms_norm.default
+    if len(normalized_shape) != 1 or input.dim() < 1 or not _ok("rms_norm", input):
+        return _fallback(op, input, normalized_shape, weight, eps)
+    w = _or_constant(weight, 1.0, input)
+    if w.dtype != input.dtype:
+        return _fallback(op, input, normalized_shape, weight, eps)
+    if eps is None:
+        eps = torch.finfo(input.dtype).eps
+    rows = input.shape[:-1]
+    out = _empty(input.shape, input.dtype, input)
+    inv = _empty(rows, torch.float32, input)
+    ops.rms_norm(_pc(input), _pc(w), _pc(out), _pc(inv), float(eps))
+    return out, inv.view((*rows, 1))
+
+
+@_impl("_fused_rms_norm_backward")
+def _rms_norm_backward(
+    grad_out: torch.Tensor,
+    input: torch.Tensor,
+    normalized_shape: Sequence[int],
+    rstd: torch.Tensor,
+    weight: Optional[torch.Tensor],
+    output_mask: Sequence[bool],
+) -> Tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
+    op = aten._fused_rms_norm_backward.default
+    args = (grad_out, input, normalized_shape, rstd, weight, output_mask)
+    if len(normalized_shape) != 1 or not _ok("rms_norm_backward", input, grad_out) or rstd.dtype != torch.float32:
+        return _fallback(op, *args)
+    h = input.shape[-1]
+    rows = input.shape[:-1]
+    w = _or_constant(weight, 1.0, input)
+    gi = _empty(input.shape, input.dtype, input)
+    gw = _empty((h,), input.dtype, input)
+    ops.rms_norm_backward(_pc(grad_out), _pc(input), _pc(w), _pc(rstd.reshape(rows)), _pc(gi), _pc(gw))
+    return (gi if output_mask[0] else None, gw if output_mask[1] and weight is not None else None)
+
+
+# ---------------------------------------------------------------- embedding
+
+
+@_impl("embedding")
+def _embedding(
+    weight: torch.Tensor, indices: torch.Tensor, padding_idx: int = -1, scale_grad_by_freq: bool = False, sparse: bool = False
+) -> torch.Tensor:
+    op = aten.embedding.default
+    if weight.dim() != 2 or indices.dtype not in (torch.int32, torch.int64) or not _ok("embedding", weight) or not _on_device(indices):
+        return _fallback(op, weight, indices, padding_idx, scale_grad_by_freq, sparse)
+    out = _empty((*indices.shape, weight.shape[1]), weight.dtype, weight)
+    ops.embedding(_pc(weight), _pc(indices), _pc(out))
+    return out
+
+
+@_impl("embedding_dense_backward")
+def _embedding_backward(
+    grad: torch.Tensor, indices: torch.Tensor, num_weights: int, padding_idx: int, scale_grad_by_freq: bool
+) -> torch.Tensor:
+    op = aten.embedding_dense_backward.default
+    if scale_grad_by_freq or indices.dtype not in (torch.int32, torch.int64) or not _ok("embedding_backward", grad):
+        return _fallback(op, grad, indices, num_weights, padding_idx, scale_grad_by_freq)
+    out = torch.zeros((num_weights, grad.shape[-1]), dtype=grad.dtype, device=grad.device)
+    ops.embedding_backward(_pc(grad), _pc(indices), _pc(out))
+    if 0 <= padding_idx < num_weights:
+        out[padding_idx].fill_(0)
+    return out
+
+
+# ---------------------------------------------------------------- attention
+
+
+def _sdpa_fused_ok(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Any, dropout: float, causal: bool, enable_gqa: bool) -> bool:
+    if mask is not None or dropout != 0.0 or q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        return False
+    if not _on_device(q, k, v) or len({q.dtype, k.dtype, v.dtype}) != 1 or not _ok("attention", q):
+        return False
+    if k.shape != v.shape or q.shape[0] != k.shape[0] or q.shape[3] != k.shape[3]:
+        return False
+    hq, hk = q.shape[1], k.shape[1]
+    if hq != hk and not (enable_gqa and hk > 0 and hq % hk == 0):
+        return False
+    # PyTorch aligns the causal mask at the top left, the operator at the
+    # bottom right: they agree when the lengths do.
+    return not causal or q.shape[2] == k.shape[2]
+
+
+@_impl("_fused_sdp_choice")
+def _sdp_choice(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attn_mask: Optional[torch.Tensor] = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    *,
+    scale: Optional[float] = None,
+    enable_gqa: bool = False,
+) -> int:
+    from torch.nn.attention import SDPBackend
+
+    if _sdpa_fused_ok(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa):
+        return int(SDPBackend.OVERRIDEABLE)
+    # The math form: matmuls and softmax, on the plugin as well.
+    return int(SDPBackend.MATH)
+
+
+@_impl("_scaled_dot_product_fused_attention_overrideable")
+def _sdpa(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attn_bias: Optional[torch.Tensor] = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    return_debug_mask: bool = False,
+    *,
+    scale: Optional[float] = None,
+) -> Tuple[Any, ...]:
+    if not _sdpa_fused_ok(query, key, value, attn_bias, dropout_p, is_causal, True) or return_debug_mask:
+        raise RuntimeError(
+            "polychip: the fused attention kernel takes 4-D q, k, v of one dtype without a mask or "
+            "dropout (PyTorch chose it through _fused_sdp_choice, which should have refused this)"
+        )
+    b, h, s, d = query.shape
+    sc = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    out = _empty(query.shape, query.dtype, query)
+    lse = _empty((b, h, s), torch.float32, query)
+    ops.attention(_pc(query), _pc(key), _pc(value), _pc(out), _pc(lse), sc, bool(is_causal))
+    empty = torch.empty((0,), dtype=torch.int64, device=query.device)
+    return out, lse, empty, empty, s, key.shape[2], empty, empty, empty
+
+
+@_impl("_scaled_dot_product_fused_attention_overrideable_backward")
+def _sdpa_backward(
+    grad_out: torch.Tensor,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attn_bias: torch.Tensor,
+    grad_input_mask: Sequence[bool],
+    out: torch.Tensor,
+    logsumexp: torch.Tensor,
+    cum_seq_q: torch.Tensor,
+    cum_seq_k: torch.Tensor,
+    max_q: int,
+    max_k: int,
+    dropout_p: float,
+    is_causal: bool,
+    philox_seed: torch.Tensor,
+    philox_offset: torch.Tensor,
+    *,
+    scale: Optional[float] = None,
+) -> Tuple[Any, ...]:
+    d = query.shape[-1]
+    sc = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    gq = _empty(query.shape, query.dtype, query)
+    gk = _empty(key.shape, key.dtype, key)
+    gv = _empty(value.shape, value.dtype, value)
+    g = grad_out if grad_out.dtype == query.dtype else grad_out.to(query.dtype)
+    ops.attention_backward(
+        _pc(query), _pc(key), _pc(value), _pc(out), _pc(logsumexp), _pc(g), _pc(gq), _pc(gk), _pc(gv), sc, bool(is_causal)
+    )
+    empty = torch.empty((0,), dtype=query.dtype, device=query.device)
+    return gq, gk, gv, empty
+
+
+# --------------------------------------------------------------------- loss
+
+
+class _CrossEntropy(torch.autograd.Function):
+    """Mean cross-entropy over rows of logits, fused on the plugin: the
+    forward and backward operators take the logits directly."""
+
+    @staticmethod
+    def forward(ctx: Any, logits: torch.Tensor, targets: torch.Tensor, ignore_index: int) -> torch.Tensor:
+        loss = _empty((), torch.float32, logits)
+        ops.cross_entropy(_pc(logits), _pc(targets), _pc(loss), int(ignore_index))
+        ctx.save_for_backward(logits, targets)
+        ctx.ignore_index = ignore_index
+        return loss if logits.dtype == torch.float32 else loss.to(logits.dtype)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> Tuple[Any, ...]:
+        logits, targets = ctx.saved_tensors
+        grad_logits = _empty(logits.shape, logits.dtype, logits)
+        ops.cross_entropy_backward(_pc(logits), _pc(targets), _pc(grad_logits), float(grad.item()), int(ctx.ignore_index))
+        return grad_logits, None, None
+
+
+@_impl("cross_entropy_loss", key="AutogradPrivateUse1")
+def _cross_entropy_loss(
+    self: torch.Tensor,
+    target: torch.Tensor,
+    weight: Optional[torch.Tensor] = None,
+    reduction: int = 1,
+    ignore_index: int = -100,
+    label_smoothing: float = 0.0,
+) -> torch.Tensor:
+    fused = (
+        weight is None
+        and label_smoothing == 0.0
+        and reduction in (1, 2)
+        and self.dim() == 2
+        and target.dim() == 1
+        and target.dtype in (torch.int32, torch.int64)
+        and _on_device(self, target)
+        and _ok("cross_entropy", self)
+    )
+    if not fused:
+        # PyTorch's own decomposition (log_softmax and nll_loss, which run
+        # on the plugin or are counted as fallbacks).
+        return aten.cross_entropy_loss.default.decompose(self, target, weight, reduction, ignore_index, label_smoothing)
+    if reduction == 2:
+        # The sum is the mean times the rows counted (the targets are small).
+        count = int((target.cpu() != ignore_index).sum())
+        return _CrossEntropy.apply(self, target, ignore_index) * count
+    return _CrossEntropy.apply(self, target, ignore_index)
+
+
+# -------------------------------------------------------------------- joins
+
+
+@_impl("cat")
+def _cat(tensors: Sequence[torch.Tensor], dim: int = 0) -> torch.Tensor:
+    live = [t for t in tensors if not (t.dim() == 1 and t.numel() == 0)]
+    if not live or not _on_device(*live) or len({t.device for t in live}) != 1:
+        return _fallback(aten.cat.default, tensors, dim)
+    dtype = live[0].dtype
+    for t in live[1:]:
+        dtype = torch.promote_types(dtype, t.dtype)
+    d = dim + live[0].dim() if dim < 0 else dim
+    shape = list(live[0].shape)
+    shape[d] = sum(t.shape[d] for t in live)
+    out = _empty(shape, dtype, live[0])
+    at = 0
+    for t in live:
+        n = t.shape[d]
+        if n:
+            out.narrow(d, at, n).copy_(t)
+        at += n
+    return out
+
+
+@_impl("stack")
+def _stack(tensors: Sequence[torch.Tensor], dim: int = 0) -> torch.Tensor:
+    if not tensors:
+        return _fallback(aten.stack.default, tensors, dim)
+    d = dim + tensors[0].dim() + 1 if dim < 0 else dim
+    return _cat([t.unsqueeze(d) for t in tensors], d)
+
+
+# ---------------------------------------------------------------- optimizer
+
+
+def _step_value(step: Any) -> int:
+    return int(step.item()) if isinstance(step, torch.Tensor) else int(step)
+
+
+def _fused_adamw(
+    op: Any,
+    params: Sequence[torch.Tensor],
+    grads: Sequence[torch.Tensor],
+    exp_avgs: Sequence[torch.Tensor],
+    exp_avg_sqs: Sequence[torch.Tensor],
+    max_exp_avg_sqs: Sequence[torch.Tensor],
+    state_steps: Sequence[torch.Tensor],
+    lr: Any,
+    beta1: float,
+    beta2: float,
+    weight_decay: float,
+    eps: float,
+    amsgrad: bool,
+    maximize: bool,
+    grad_scale: Optional[torch.Tensor],
+    found_inf: Optional[torch.Tensor],
+) -> None:
+    kwargs = dict(
+        lr=lr, beta1=beta1, beta2=beta2, weight_decay=weight_decay, eps=eps, amsgrad=amsgrad,
+        maximize=maximize, grad_scale=grad_scale, found_inf=found_inf,
+    )
+    args = (params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps)
+    fits = (
+        not amsgrad
+        and not maximize
+        and grad_scale is None
+        and found_inf is None
+        and all(
+            _on_device(p, g, m, v)
+            and p.dtype == g.dtype
+            and m.dtype == torch.float32
+            and v.dtype == torch.float32
+            and p.shape == g.shape == m.shape == v.shape
+            and _ok("adamw", p)
+            for p, g, m, v in zip(params, grads, exp_avgs, exp_avg_sqs)
+        )
+    )
+    if not fits:
+        return _fallback(op, *args, **kwargs)
+    rate = float(lr.item()) if isinstance(lr, torch.Tensor) else float(lr)
+    for p, g, m, v, s in zip(params, grads, exp_avgs, exp_avg_sqs, state_steps):
+        ops.adamw(_pc(p), _pc(g), _pc(m), _pc(v), rate, float(beta1), float(beta2), float(eps), float(weight_decay), _step_value(s))
+
+
+@_impl("_fused_adamw_")
+def _fused_adamw_default(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, *, lr, beta1, beta2, weight_decay, eps, amsgrad, maximize, grad_scale=None, found_inf=None):  # noqa: E501
+    _fused_adamw(aten._fused_adamw_.default, params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps,
+                 lr, beta1, beta2, weight_decay, eps, amsgrad, maximize, grad_scale, found_inf)
+
+
+@_impl("_fused_adamw_.tensor_lr")
+def _fused_adamw_tensor_lr(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, *, lr, beta1, beta2, weight_decay, eps, amsgrad, maximize, grad_scale=None, found_inf=None):  # noqa: E501
+    _fused_adamw(aten._fused_adamw_.tensor_lr, params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps,
+                 lr, beta1, beta2, weight_decay, eps, amsgrad, maximize, grad_scale, found_inf)
+
+
+# The foreach operators the optimizers (foreach path) and gradient clipping
+# use: each is the per-tensor operator applied tensor by tensor, so each
+# element runs on the plugin where that operator does (or falls back, counted
+# under the per-tensor operator's name).
+_FOREACH = {
+    "_foreach_add_.Scalar": "add_",
+    "_foreach_add_.List": "add_",
+    "_foreach_add_.Tensor": "add_",
+    "_foreach_add.Scalar": "add",
+    "_foreach_add.List": "add",
+    "_foreach_sub_.Scalar": "sub_",
+    "_foreach_mul_.Scalar": "mul_",
+    "_foreach_mul_.List": "mul_",
+    "_foreach_mul_.Tensor": "mul_",
+    "_foreach_mul_.ScalarList": "mul_",
+    "_foreach_mul.Scalar": "mul",
+    "_foreach_mul.Tensor": "mul",
+    "_foreach_mul.List": "mul",
+    "_foreach_div_.Scalar": "div_",
+    "_foreach_div_.ScalarList": "div_",
+    "_foreach_div_.List": "div_",
+    "_foreach_div.ScalarList": "div",
+    "_foreach_div.List": "div",
+    "_foreach_neg": "neg",
+    "_foreach_neg_": "neg_",
+    "_foreach_sqrt": "sqrt",
+    "_foreach_sqrt_": "sqrt_",
+    "_foreach_zero_": "zero_",
+    "_foreach_lerp_.Scalar": "lerp_",
+    "_foreach_addcmul_.Scalar": "addcmul_:value",
+    "_foreach_addcmul_.ScalarList": "addcmul_:value",
+    "_foreach_addcdiv_.Scalar": "addcdiv_:value",
+    "_foreach_addcdiv_.ScalarList": "addcdiv_:value",
+    "_foreach_copy_": "copy_",
+}
+
+
+def _register_foreach(name: str, per_tensor: str) -> None:
+    """``per_tensor`` is the operator's name, then after ``:`` the keyword
+    its last positional argument becomes (``addcmul_:value``)."""
+    op_name = name.partition(".")[0]
+    single_name, _, keyword = per_tensor.partition(":")
+    single = getattr(aten, single_name)
+    inplace = op_name.endswith("_")
+
+    def kernel(*args: Any, **kwargs: Any) -> Any:
+        n = len(args[0])
+        results = []
+        for i in range(n):
+            item = [a[i] if isinstance(a, (list, tuple)) and len(a) == n else a for a in args]
+            extra = dict(kwargs)
+            if keyword and len(item) > 3:
+                extra[keyword] = item.pop()
+            results.append(single(*item, **extra))
+        return None if inplace else results
+
+    _impl(name)(kernel)
+
+
+for _name, _single in _FOREACH.items():
+    _register_foreach(_name, _single)
+
+
+@_impl("_foreach_norm.Scalar")
+def _foreach_norm(tensors: Sequence[torch.Tensor], ord: Any = 2, dtype: Optional[torch.dtype] = None) -> List[torch.Tensor]:
+    return [torch.linalg.vector_norm(t, ord, dtype=dtype) for t in tensors]
+
+
+@_impl("lerp_.Scalar")
+def _lerp_(self: torch.Tensor, end: torch.Tensor, weight: Any) -> torch.Tensor:
+    # self += weight * (end - self)
+    if not _ok("sub", self) or end.dtype != self.dtype or not _on_device(end) or isinstance(weight, complex):
+        return _fallback(aten.lerp_.Scalar, self, end, weight)
+    diff = _empty(torch.broadcast_shapes(self.shape, end.shape), self.dtype, self)
+    ops.sub(_pc(end), _pc(self), _pc(diff))
+    ops.add(_pc(self), _pc(diff), _pc(self), float(weight))
+    return self
+
+
+def _addc(op_name: str, self: torch.Tensor, t1: torch.Tensor, t2: torch.Tensor, value: Any) -> torch.Tensor:
+    op = getattr(aten, op_name).default
+    if not _on_device(t1, t2) or len({self.dtype, t1.dtype, t2.dtype}) != 1 or not _ok("mul", self) or isinstance(value, complex):
+        return _fallback(op, self, t1, t2, value=value)
+    tmp = _empty(torch.broadcast_shapes(t1.shape, t2.shape), self.dtype, self)
+    (ops.mul if op_name == "addcmul_" else ops.div)(_pc(t1), _pc(t2), _pc(tmp))
+    if tuple(torch.broadcast_shapes(self.shape, tmp.shape)) != tuple(self.shape):
+        return _fallback(op, self, t1, t2, value=value)
+    ops.add(_pc(self), _pc(tmp), _pc(self), float(value))
+    return self
+
+
+@_impl("addcmul_")
+def _addcmul_(self: torch.Tensor, tensor1: torch.Tensor, tensor2: torch.Tensor, *, value: Any = 1) -> torch.Tensor:
+    return _addc("addcmul_", self, tensor1, tensor2, value)
+
+
+@_impl("addcdiv_")
+def _addcdiv_(self: torch.Tensor, tensor1: torch.Tensor, tensor2: torch.Tensor, *, value: Any = 1) -> torch.Tensor:
+    return _addc("addcdiv_", self, tensor1, tensor2, value)

@@ -1,0 +1,766 @@
+// polychip's PyTorch backend: the `polychip` device (PyTorch's PrivateUse1
+// key) over libpolychip, the C API the `polychip` package is built on.
+//
+// What PyTorch needs of a device lives here: an allocator over the host's
+// device memory (every storage is a byte tensor of one plugin's device; the
+// DataPtr's context is its `polychip_tensor_t *`), a device guard with
+// streams and events, hooks (generators, pointers), the view and resize
+// operators, copies between CPU and every vendor's device, scalar reads,
+// fills, and the CPU fallback that every other aten operator takes, counted
+// per operator and refused in strict mode. The operators that run on the
+// plugins are registered from Python (polychip/torch/_aten.py), which asks
+// this module for typed views of tensors (`handle`).
+//
+// Device memory is never touched directly: a plugin's memory need not be
+// host-visible (Cobalt stores its bytes encoded), so every transfer goes
+// through libpolychip. The C API's operators run on the default stream and
+// return when done, so work is complete when a call returns: streams are
+// ordering labels, events are timestamps.
+//
+// This file links against the `polychip._native` module that is already
+// loaded in the process, so PyTorch and the `polychip` package share one
+// host, one set of plugins and one handle registry.
+
+#include <torch/extension.h>
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/EmptyTensor.h>
+#include <ATen/MemoryOverlap.h>
+#include <ATen/detail/PrivateUse1HooksInterface.h>
+#include <ATen/native/CPUFallback.h>
+#include <ATen/native/Resize.h>
+#include <ATen/native/transformers/attention.h>
+#include <ATen/ops/as_strided_cpu_dispatch.h>
+#include <ATen/ops/set_cpu_dispatch.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <torch/csrc/Generator.h>
+
+#include <atomic>
+#include <chrono>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "libpolychip.h"
+
+namespace polychip_torch {
+namespace {
+
+// ----------------------------------------------------------------- state
+
+const polychip_runtime_t* g_runtime = nullptr;
+c10::DeviceIndex g_device_count = 0;
+thread_local c10::DeviceIndex t_device = 0;
+thread_local c10::StreamId t_stream[64] = {};
+std::atomic<bool> g_strict{false};
+
+std::mutex g_fallback_mutex;
+// Per aten operator: CPU fallback calls, and seconds spent in them.
+std::map<std::string, std::pair<int64_t, double>> g_fallbacks;
+
+// One allocation: the byte tensor that owns the memory (the DataPtr's
+// context points to this).
+struct Block {
+  polychip_tensor_t* handle;
+  uintptr_t address;
+  size_t bytes;
+  c10::DeviceIndex device;
+};
+std::mutex g_alloc_mutex;
+// Live allocations of at least one byte, by address: pointers to a device,
+// copy_data.
+std::map<uintptr_t, Block*> g_blocks;
+int64_t g_live = 0;
+std::vector<int64_t> g_allocated, g_peak;
+
+void require_init() {
+  TORCH_CHECK(
+      g_runtime != nullptr,
+      "the polychip device is not initialized: import polychip.torch first");
+}
+
+// Throws the message of a libpolychip error (and frees it).
+void check(polychip_error_t* error, const char* what) {
+  if (error == nullptr) return;
+  std::string message = polychip_error_message(error);
+  polychip_error_destroy(error);
+  TORCH_CHECK(false, "polychip: ", what, ": ", message);
+}
+
+void check_device(c10::DeviceIndex index) {
+  require_init();
+  TORCH_CHECK(
+      index >= 0 && index < g_device_count,
+      "polychip:", static_cast<int>(index), " does not exist: this process has ",
+      static_cast<int>(g_device_count),
+      " polychip devices (polychip.torch.device_info(i) lists them)");
+}
+
+// ------------------------------------------------------------- allocator
+
+void free_allocation(void* ctx) {
+  auto* block = static_cast<Block*>(ctx);
+  {
+    std::lock_guard<std::mutex> lock(g_alloc_mutex);
+    if (block->bytes > 0) g_blocks.erase(block->address);
+    g_allocated[block->device] -= static_cast<int64_t>(block->bytes);
+    g_live -= 1;
+  }
+  polychip_tensor_destroy(block->handle);
+  delete block;
+}
+
+// The byte tensor behind a storage.
+polychip_tensor_t* storage_handle(const c10::Storage& storage) {
+  const auto& ptr = storage.data_ptr();
+  TORCH_CHECK(
+      ptr.get_deleter() == &free_allocation,
+      "polychip: a polychip tensor's storage was not made by the polychip "
+      "allocator, so its memory cannot be handed to a plugin");
+  return static_cast<Block*>(ptr.get_context())->handle;
+}
+
+struct Allocator final : at::Allocator {
+  at::DataPtr allocate(size_t nbytes) override {
+    const auto device = t_device;
+    check_device(device);
+    const int64_t shape[1] = {static_cast<int64_t>(nbytes)};
+    polychip_tensor_t* handle = nullptr;
+    check(
+        polychip_tensor_new(
+            g_runtime, device, POLYCHIP_DTYPE_U8, 1, shape, false, &handle),
+        "allocating device memory");
+    polychip_tensor_info_t info{};
+    info.struct_size = sizeof info;
+    polychip_error_t* e = polychip_tensor_info(handle, &info);
+    if (e != nullptr) {
+      polychip_tensor_destroy(handle);
+      check(e, "describing new device memory");
+    }
+    auto* data = static_cast<char*>(info.data) + info.byte_offset;
+    auto* block = new Block{handle, reinterpret_cast<uintptr_t>(data), nbytes, device};
+    {
+      std::lock_guard<std::mutex> lock(g_alloc_mutex);
+      if (nbytes > 0) g_blocks[block->address] = block;
+      g_allocated[device] += static_cast<int64_t>(nbytes);
+      g_peak[device] = std::max(g_peak[device], g_allocated[device]);
+      g_live += 1;
+    }
+    return {data, block, &free_allocation,
+            c10::Device(c10::DeviceType::PrivateUse1, device)};
+  }
+
+  at::DeleterFnPtr raw_deleter() const override { return nullptr; }
+
+  void copy_data(void* dest, const void* src, std::size_t count) const override;
+};
+
+Allocator g_allocator;
+
+// The allocation holding address `p`, if any (copied out under the lock).
+bool find_block(const void* p, Block* out) {
+  std::lock_guard<std::mutex> lock(g_alloc_mutex);
+  const auto addr = reinterpret_cast<uintptr_t>(p);
+  auto it = g_blocks.upper_bound(addr);
+  if (it == g_blocks.begin()) return false;
+  --it;
+  if (addr < it->first || addr >= it->first + it->second->bytes) return false;
+  *out = *it->second;
+  return true;
+}
+
+// ------------------------------------------------------------------ views
+
+polychip_dtype_t dtype_code(at::ScalarType t, bool* ok) {
+  *ok = true;
+  switch (t) {
+    case at::kFloat: return POLYCHIP_DTYPE_F32;
+    case at::kHalf: return POLYCHIP_DTYPE_F16;
+    case at::kBFloat16: return POLYCHIP_DTYPE_BF16;
+    case at::kDouble: return POLYCHIP_DTYPE_F64;
+    case at::kInt: return POLYCHIP_DTYPE_I32;
+    case at::kLong: return POLYCHIP_DTYPE_I64;
+    case at::kByte: return POLYCHIP_DTYPE_U8;
+    case at::kBool: return POLYCHIP_DTYPE_BOOL;
+    default: *ok = false; return 0;
+  }
+}
+
+bool is_polychip(const at::Tensor& t) {
+  return t.device().type() == c10::DeviceType::PrivateUse1;
+}
+
+bool is_float(at::ScalarType t) {
+  return t == at::kFloat || t == at::kHalf || t == at::kBFloat16 || t == at::kDouble;
+}
+
+// An owned handle for a typed view of a polychip tensor: its dtype, sizes,
+// strides and offset over the storage's byte tensor.
+polychip_tensor_t* view_of(const at::Tensor& t) {
+  TORCH_CHECK(is_polychip(t), "polychip: expected a polychip tensor, got one on ", t.device());
+  bool ok = false;
+  const auto code = dtype_code(t.scalar_type(), &ok);
+  TORCH_CHECK(ok, "polychip: dtype ", t.scalar_type(), " has no polychip equivalent");
+  polychip_tensor_t* out = nullptr;
+  check(
+      polychip_tensor_view_as(
+          storage_handle(t.storage()), code, static_cast<int32_t>(t.dim()),
+          t.sizes().data(), t.strides().data(),
+          static_cast<uint64_t>(t.storage_offset()) * t.element_size(), &out),
+      "viewing a tensor");
+  return out;
+}
+
+// A view handle freed at scope exit.
+struct View {
+  polychip_tensor_t* h;
+  explicit View(const at::Tensor& t) : h(view_of(t)) {}
+  ~View() { polychip_tensor_destroy(h); }
+  View(const View&) = delete;
+  View& operator=(const View&) = delete;
+};
+
+// ------------------------------------------------------------- fallbacks
+
+void count_fallback(const std::string& name) {
+  if (g_strict.load()) {
+    TORCH_CHECK(
+        false, "polychip strict mode: ", name,
+        " has no polychip kernel for these arguments and would run on the CPU "
+        "(polychip.torch.strict(False) allows CPU fallbacks; "
+        "polychip.torch.fallback_report() lists them)");
+  }
+  std::lock_guard<std::mutex> lock(g_fallback_mutex);
+  g_fallbacks[name].first += 1;
+}
+
+void add_fallback_time(const std::string& name, double seconds) {
+  std::lock_guard<std::mutex> lock(g_fallback_mutex);
+  g_fallbacks[name].second += seconds;
+}
+
+// Times a fallback's work into its operator's entry.
+struct FallbackTimer {
+  std::string name;
+  std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
+  explicit FallbackTimer(std::string n) : name(std::move(n)) {}
+  ~FallbackTimer() {
+    add_fallback_time(
+        name, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
+};
+
+std::string op_label(const c10::OperatorName& name) {
+  return name.overload_name.empty() ? name.name : name.name + "." + name.overload_name;
+}
+
+void boxed_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const auto name = op_label(op.schema().operator_name());
+  count_fallback(name);
+  FallbackTimer timer(name);
+  at::native::cpu_fallback(op, stack);
+}
+
+// ---------------------------------------------------------------- copies
+
+at::Tensor empty_on(const at::Tensor& like, at::IntArrayRef sizes, at::ScalarType dtype) {
+  return at::empty(sizes, like.options().dtype(dtype));
+}
+
+// Whether two tensors may share memory (the operators refuse overlapping
+// inputs and outputs that are not the same view).
+bool may_overlap(const at::Tensor& a, const at::Tensor& b) {
+  if (!a.storage().is_alias_of(b.storage())) return false;
+  return at::get_overlap_status(a, b) != at::MemOverlapStatus::No;
+}
+
+// dst = src where both are polychip tensors on one device, one dtype, one
+// shape (src may broadcast through zero strides).
+void device_copy(const at::Tensor& src, const at::Tensor& dst) {
+  if (may_overlap(src, dst)) {
+    at::Tensor tmp = empty_on(dst, dst.sizes(), src.scalar_type());
+    device_copy(src, tmp);
+    device_copy(tmp, dst);
+    return;
+  }
+  View s(src), d(dst);
+  if (src.scalar_type() == dst.scalar_type()) {
+    check(polychip_op_copy(nullptr, s.h, d.h), "copy");
+  } else {
+    check(polychip_op_cast(nullptr, s.h, d.h), "cast");
+  }
+}
+
+at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool /*non_blocking*/) {
+  TORCH_CHECK(self.defined() && dst.defined(), "polychip: copy of an undefined tensor");
+  if (dst.numel() == 0) return dst;
+  at::Tensor src = self.sizes() == dst.sizes() ? self : self.expand(dst.sizes());
+  const bool same_dtype = src.scalar_type() == dst.scalar_type();
+  bool ok_src = false, ok_dst = false;
+  dtype_code(src.scalar_type(), &ok_src);
+  dtype_code(dst.scalar_type(), &ok_dst);
+  if (!is_polychip(src)) {
+    // CPU (or another host device) to polychip: convert on the CPU, then
+    // one write of row-major bytes into the destination view.
+    at::Tensor host = src.to(at::kCPU, dst.scalar_type()).contiguous();
+    View d(dst);
+    check(polychip_tensor_write(d.h, host.data_ptr(), host.nbytes()), "copy to the device");
+    return dst;
+  }
+  if (!is_polychip(dst)) {
+    at::Tensor host = at::empty(src.sizes(), src.options().device(at::kCPU));
+    {
+      View s(src);
+      check(polychip_tensor_read(s.h, host.data_ptr(), host.nbytes()), "copy from the device");
+    }
+    const_cast<at::Tensor&>(dst).copy_(host);
+    return dst;
+  }
+  if (src.device() == dst.device() && (same_dtype || (is_float(src.scalar_type()) && is_float(dst.scalar_type())))) {
+    device_copy(src, dst);
+    return dst;
+  }
+  if (src.device() != dst.device() && same_dtype) {
+    // Between devices, perhaps of two vendors: staged through the host.
+    {
+      View s(src), d(dst);
+      check(polychip_tensor_copy(s.h, d.h), "copy between devices");
+      return dst;
+    }
+  }
+  if (src.device() != dst.device() && is_float(src.scalar_type()) && is_float(dst.scalar_type())) {
+    // Convert where the data is, then move.
+    at::Tensor converted = empty_on(src, src.sizes(), dst.scalar_type());
+    device_copy(src, converted);
+    View s(converted), d(dst);
+    check(polychip_tensor_copy(s.h, d.h), "copy between devices");
+    return dst;
+  }
+  // Conversions the plugins do not have (integers and bools to and from
+  // floats): through the CPU, counted.
+  const std::string name = "aten::_copy_from (" + std::string(c10::toString(src.scalar_type())) +
+                           " to " + c10::toString(dst.scalar_type()) + ")";
+  count_fallback(name);
+  FallbackTimer timer(name);
+  at::Tensor host = src.to(at::kCPU).to(dst.scalar_type());
+  const_cast<at::Tensor&>(dst).copy_(host);
+  return dst;
+}
+
+void Allocator::copy_data(void* dest, const void* src, std::size_t count) const {
+  if (count == 0) return;
+  Block a{}, b{};
+  TORCH_CHECK(find_block(src, &a) && find_block(dest, &b),
+              "polychip: copy_data between addresses the polychip allocator did not make");
+  const int64_t n[1] = {static_cast<int64_t>(count)}, one[1] = {1};
+  polychip_tensor_t *s = nullptr, *d = nullptr;
+  check(polychip_tensor_view_as(a.handle, POLYCHIP_DTYPE_U8, 1, n, one,
+                                reinterpret_cast<uintptr_t>(src) - a.address, &s),
+        "copy_data");
+  polychip_error_t* e = polychip_tensor_view_as(
+      b.handle, POLYCHIP_DTYPE_U8, 1, n, one, reinterpret_cast<uintptr_t>(dest) - b.address, &d);
+  if (e == nullptr) e = polychip_tensor_copy(s, d);
+  polychip_tensor_destroy(s);
+  polychip_tensor_destroy(d);
+  check(e, "copy_data");
+}
+
+// --------------------------------------------------------- aten: minimum
+
+at::Tensor empty_memory_format(
+    c10::IntArrayRef size, std::optional<c10::ScalarType> dtype, std::optional<c10::Layout> layout,
+    std::optional<c10::Device> device, std::optional<bool> pin_memory,
+    std::optional<c10::MemoryFormat> memory_format) {
+  const auto dev = c10::device_or_default(device);
+  TORCH_CHECK(c10::layout_or_default(layout) == c10::Layout::Strided,
+              "polychip tensors are strided; layout ", c10::layout_or_default(layout),
+              " is not supported");
+  TORCH_CHECK(!c10::pinned_memory_or_default(pin_memory), "pinned memory is a CPU notion");
+  const c10::DeviceGuard guard(dev);
+  return at::detail::empty_generic(size, &g_allocator,
+                                   c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+                                   c10::dtype_or_default(dtype), memory_format);
+}
+
+at::Tensor empty_strided(
+    c10::IntArrayRef size, c10::IntArrayRef stride, std::optional<c10::ScalarType> dtype,
+    std::optional<c10::Layout> layout, std::optional<c10::Device> device,
+    std::optional<bool> pin_memory) {
+  const auto dev = c10::device_or_default(device);
+  TORCH_CHECK(c10::layout_or_default(layout) == c10::Layout::Strided,
+              "polychip tensors are strided");
+  TORCH_CHECK(!c10::pinned_memory_or_default(pin_memory), "pinned memory is a CPU notion");
+  const c10::DeviceGuard guard(dev);
+  return at::detail::empty_strided_generic(size, stride, &g_allocator,
+                                           c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+                                           c10::dtype_or_default(dtype));
+}
+
+at::Tensor as_strided(const at::Tensor& self, c10::SymIntArrayRef size, c10::SymIntArrayRef stride,
+                      std::optional<c10::SymInt> storage_offset) {
+  return at::cpu::as_strided_symint(self, size, stride, std::move(storage_offset));
+}
+
+// Grows a storage to `bytes`, keeping its contents, through the device.
+void grow_storage(const c10::Storage& storage, size_t bytes) {
+  const size_t old = storage.nbytes();
+  if (bytes <= old) return;
+  const c10::DeviceGuard guard(storage.device());
+  at::DataPtr fresh = g_allocator.allocate(bytes);
+  if (old > 0) {
+    const int64_t n[1] = {static_cast<int64_t>(old)}, one[1] = {1};
+    polychip_tensor_t *s = nullptr, *d = nullptr;
+    check(polychip_tensor_view_as(storage_handle(storage), POLYCHIP_DTYPE_U8, 1, n, one, 0, &s),
+          "resize");
+    polychip_error_t* e = polychip_tensor_view_as(
+        static_cast<Block*>(fresh.get_context())->handle, POLYCHIP_DTYPE_U8, 1, n, one, 0, &d);
+    if (e == nullptr) e = polychip_op_copy(nullptr, s, d);
+    polychip_tensor_destroy(s);
+    polychip_tensor_destroy(d);
+    check(e, "resize");
+  }
+  storage.unsafeGetStorageImpl()->set_data_ptr_noswap(std::move(fresh));
+  storage.unsafeGetStorageImpl()->set_nbytes(bytes);
+}
+
+const at::Tensor& resize_(const at::Tensor& self, c10::SymIntArrayRef size,
+                          std::optional<at::MemoryFormat> memory_format) {
+  TORCH_CHECK(!memory_format.has_value() || *memory_format == at::MemoryFormat::Contiguous ||
+                  *memory_format == at::MemoryFormat::Preserve,
+              "polychip: resize_ supports the contiguous memory format only");
+  auto sizes = C10_AS_INTARRAYREF_SLOW(size);
+  auto* impl = self.unsafeGetTensorImpl();
+  impl->set_sizes_contiguous(sizes);
+  const int64_t numel = impl->numel();
+  if (numel > 0) {
+    const size_t needed =
+        static_cast<size_t>(self.storage_offset() + numel) * self.element_size();
+    grow_storage(self.storage(), needed);
+  }
+  return self;
+}
+
+at::Tensor reshape_alias(const at::Tensor& self, c10::SymIntArrayRef size,
+                         c10::SymIntArrayRef stride) {
+  return at::native::_reshape_alias(self, C10_AS_INTARRAYREF_SLOW(size),
+                                    C10_AS_INTARRAYREF_SLOW(stride));
+}
+
+at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
+  resize_(dst, self.sym_sizes(), std::nullopt);
+  return copy_from(self, dst, false);
+}
+
+at::Scalar local_scalar_dense(const at::Tensor& self) {
+  at::Tensor host = at::empty({}, self.options().device(at::kCPU));
+  View s(self);
+  check(polychip_tensor_read(s.h, host.data_ptr(), host.nbytes()), "reading a scalar");
+  return host.item();
+}
+
+at::Tensor& set_source_tensor(at::Tensor& self, const at::Tensor& source) {
+  return at::native::set_tensor_(self, source);
+}
+
+at::Tensor& set_source_storage(at::Tensor& self, at::Storage source) {
+  return at::native::set_(self, source);
+}
+
+at::Tensor& set_source_storage_offset(at::Tensor& self, at::Storage storage, int64_t offset,
+                                      c10::IntArrayRef size, c10::IntArrayRef stride) {
+  return at::cpu::set_(self, storage, offset, size, stride);
+}
+
+at::Tensor view(const at::Tensor& self, c10::SymIntArrayRef size) {
+  return at::native::view(self, C10_AS_INTARRAYREF_SLOW(size));
+}
+
+bool fill_on_device(const at::Tensor& self, const at::Scalar& value) {
+  bool ok = false;
+  dtype_code(self.scalar_type(), &ok);
+  if (!ok || value.isComplex()) return false;
+  double v = value.toDouble();
+  if (value.isIntegral(false) && (self.scalar_type() == at::kLong)) {
+    // f64 carries integers exactly up to 2^53 only.
+    const int64_t i = value.toLong();
+    if (i > (int64_t{1} << 53) || i < -(int64_t{1} << 53)) return false;
+  }
+  if (self.numel() == 0) return true;
+  View o(self);
+  check(polychip_op_fill(nullptr, o.h, v), "fill");
+  return true;
+}
+
+at::Tensor& fill_scalar(at::Tensor& self, const at::Scalar& value) {
+  if (!fill_on_device(self, value)) {
+    const std::string name =
+        "aten::fill_.Scalar (" + std::string(c10::toString(self.scalar_type())) + ")";
+    count_fallback(name);
+    FallbackTimer timer(name);
+    at::Tensor host = at::empty(self.sizes(), self.options().device(at::kCPU));
+    host.fill_(value);
+    copy_from(host, self, false);
+  }
+  return self;
+}
+
+at::Tensor& fill_tensor(at::Tensor& self, const at::Tensor& value) {
+  TORCH_CHECK(value.dim() == 0, "fill_ only supports 0-dimension value tensor but got tensor with ",
+              value.dim(), " dimensions.");
+  return fill_scalar(self, value.item());
+}
+
+at::Tensor& zero(at::Tensor& self) { return fill_scalar(self, 0); }
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("empty.memory_format", empty_memory_format);
+  m.impl("empty_strided", empty_strided);
+  m.impl("as_strided", as_strided);
+  m.impl("resize_", resize_);
+  m.impl("_reshape_alias", reshape_alias);
+  m.impl("_copy_from", copy_from);
+  m.impl("_copy_from_and_resize", copy_from_and_resize);
+  m.impl("_local_scalar_dense", local_scalar_dense);
+  m.impl("set_.source_Tensor", set_source_tensor);
+  m.impl("set_.source_Storage", set_source_storage);
+  m.impl("set_.source_Storage_storage_offset", set_source_storage_offset);
+  m.impl("view", view);
+  m.impl("fill_.Scalar", fill_scalar);
+  m.impl("fill_.Tensor", fill_tensor);
+  m.impl("zero_", zero);
+}
+
+// scaled_dot_product_attention asks a device's dispatch stub which kernel
+// to use; the answer comes from the `_fused_sdp_choice` kernel registered
+// from Python (_aten.py), so the rule lives in one place.
+int64_t sdp_choice(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                   const std::optional<at::Tensor>& mask, double dropout, bool causal,
+                   std::optional<double> scale, bool enable_gqa) {
+  return at::_fused_sdp_choice(q, k, v, mask, dropout, causal, scale, enable_gqa);
+}
+
+TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&boxed_fallback>());
+}
+
+// ------------------------------------------------------ guard and streams
+
+struct Event {
+  std::chrono::steady_clock::time_point at;
+  bool recorded = false;
+};
+
+struct Guard final : c10::impl::DeviceGuardImplInterface {
+  static constexpr c10::DeviceType kType = c10::DeviceType::PrivateUse1;
+
+  c10::DeviceType type() const override { return kType; }
+
+  c10::Device exchangeDevice(c10::Device d) const override {
+    auto old = getDevice();
+    if (d.index() != old.index()) setDevice(d);
+    return old;
+  }
+  c10::Device getDevice() const override { return c10::Device(kType, t_device); }
+  void setDevice(c10::Device d) const override {
+    TORCH_CHECK(d.type() == kType, "polychip guard given a ", d.type(), " device");
+    if (d.index() >= 0) {
+      check_device(d.index());
+      t_device = d.index();
+    }
+  }
+  void uncheckedSetDevice(c10::Device d) const noexcept override {
+    if (d.index() >= 0 && d.index() < g_device_count) t_device = d.index();
+  }
+  c10::Stream getStream(c10::Device d) const override {
+    const auto i = d.index() < 0 ? t_device : d.index();
+    return c10::Stream(c10::Stream::UNSAFE, c10::Device(kType, i), t_stream[i & 63]);
+  }
+  c10::Stream getNewStream(c10::Device d, int /*priority*/) const override {
+    static std::atomic<c10::StreamId> next{1};
+    return c10::Stream(c10::Stream::UNSAFE, d, next.fetch_add(1));
+  }
+  c10::Stream getStreamFromGlobalPool(c10::Device d, bool high) const override {
+    return getNewStream(d, high ? -1 : 0);
+  }
+  c10::Stream exchangeStream(c10::Stream s) const override {
+    auto old = getStream(s.device());
+    t_stream[s.device_index() & 63] = s.id();
+    return old;
+  }
+  c10::DeviceIndex deviceCount() const noexcept override { return g_device_count; }
+
+  // Work is done when each call returns, so an event is the time it was
+  // recorded, every wait is already satisfied and every query is true.
+  void record(void** event, const c10::Stream& /*stream*/, const c10::DeviceIndex /*device*/,
+              const c10::EventFlag /*flag*/) const override {
+    if (*event == nullptr) *event = new Event();
+    auto* e = static_cast<Event*>(*event);
+    e->at = std::chrono::steady_clock::now();
+    e->recorded = true;
+  }
+  void block(void* /*event*/, const c10::Stream& /*stream*/) const override {}
+  bool queryEvent(void* /*event*/) const override { return true; }
+  void destroyEvent(void* event, const c10::DeviceIndex /*device*/) const noexcept override {
+    delete static_cast<Event*>(event);
+  }
+  bool queryStream(const c10::Stream& /*stream*/) const override { return true; }
+  void synchronizeStream(const c10::Stream& /*stream*/) const override {}
+  void synchronizeEvent(void* /*event*/) const override {}
+  void synchronizeDevice(const c10::DeviceIndex /*device*/) const override {}
+  double elapsedTime(void* a, void* b, const c10::DeviceIndex /*device*/) const override {
+    auto* x = static_cast<Event*>(a);
+    auto* y = static_cast<Event*>(b);
+    TORCH_CHECK(x && y && x->recorded && y->recorded,
+                "polychip: elapsed_time needs two recorded events");
+    return std::chrono::duration<double, std::milli>(y->at - x->at).count();
+  }
+};
+
+C10_REGISTER_GUARD_IMPL(PrivateUse1, Guard);
+
+// ----------------------------------------------------------------- hooks
+
+struct Generator final : at::CPUGeneratorImpl {
+  explicit Generator(c10::DeviceIndex index) {
+    device_ = c10::Device(c10::DeviceType::PrivateUse1, index);
+    key_set_ = c10::DispatchKeySet(c10::DispatchKey::PrivateUse1);
+  }
+};
+
+std::vector<at::Generator>& generators() {
+  static std::vector<at::Generator> all;
+  return all;
+}
+
+struct Hooks final : at::PrivateUse1HooksInterface {
+  bool isBuilt() const override { return true; }
+  bool isAvailable() const override { return g_device_count > 0; }
+  bool hasPrimaryContext(c10::DeviceIndex /*device*/) const override { return true; }
+  c10::DeviceIndex deviceCount() const override { return g_device_count; }
+  void setCurrentDevice(c10::DeviceIndex d) const override {
+    check_device(d);
+    t_device = d;
+  }
+  c10::DeviceIndex getCurrentDevice() const override { return t_device; }
+  c10::DeviceIndex exchangeDevice(c10::DeviceIndex d) const override {
+    auto old = t_device;
+    setCurrentDevice(d);
+    return old;
+  }
+  c10::DeviceIndex maybeExchangeDevice(c10::DeviceIndex d) const override {
+    if (d < 0 || d >= g_device_count) return t_device;
+    return exchangeDevice(d);
+  }
+  const at::Generator& getDefaultGenerator(c10::DeviceIndex d) const override {
+    const auto i = d < 0 ? t_device : d;
+    check_device(i);
+    return generators()[i];
+  }
+  at::Generator getNewGenerator(c10::DeviceIndex d) const override {
+    return at::make_generator<Generator>(d < 0 ? t_device : d);
+  }
+  at::Device getDeviceFromPtr(void* data) const override {
+    Block a{};
+    TORCH_CHECK(find_block(data, &a),
+                "polychip: the address is not in memory the polychip allocator made");
+    return at::Device(at::DeviceType::PrivateUse1, a.device);
+  }
+  bool isPinnedPtr(const void* /*data*/) const override { return false; }
+  at::Allocator* getPinnedMemoryAllocator() const override {
+    return at::getCPUAllocator();
+  }
+  void resizePrivateUse1Bytes(const c10::Storage& storage, size_t bytes) const override {
+    TORCH_CHECK(bytes >= storage.nbytes(), "polychip: storages only grow");
+    grow_storage(storage, bytes);
+  }
+};
+
+// ---------------------------------------------------------------- module
+
+void init(uintptr_t runtime, int64_t device_count) {
+  TORCH_CHECK(g_runtime == nullptr || g_runtime == reinterpret_cast<const polychip_runtime_t*>(runtime),
+              "the polychip device is already bound to another runtime");
+  TORCH_CHECK(device_count >= 0 && device_count <= 64,
+              "polychip supports at most 64 devices in one process, not ", device_count);
+  if (g_runtime != nullptr) return;
+  g_runtime = reinterpret_cast<const polychip_runtime_t*>(runtime);
+  g_device_count = static_cast<c10::DeviceIndex>(device_count);
+  g_allocated.assign(device_count, 0);
+  g_peak.assign(device_count, 0);
+  for (int64_t i = 0; i < device_count; ++i) {
+    generators().push_back(at::make_generator<Generator>(static_cast<c10::DeviceIndex>(i)));
+    generators().back().set_current_seed(c10::detail::getNonDeterministicRandom());
+  }
+  c10::SetAllocator(c10::DeviceType::PrivateUse1, &g_allocator);
+  static Hooks hooks;
+  at::RegisterPrivateUse1HooksInterface(&hooks);
+}
+
+uintptr_t handle(const at::Tensor& t) { return reinterpret_cast<uintptr_t>(view_of(t)); }
+
+std::vector<uintptr_t> handles(const std::vector<at::Tensor>& ts) {
+  std::vector<uintptr_t> out;
+  out.reserve(ts.size());
+  try {
+    for (const auto& t : ts) out.push_back(handle(t));
+  } catch (...) {
+    for (auto h : out) polychip_tensor_destroy(reinterpret_cast<polychip_tensor_t*>(h));
+    throw;
+  }
+  return out;
+}
+
+std::map<std::string, std::pair<int64_t, double>> fallback_counts() {
+  std::lock_guard<std::mutex> lock(g_fallback_mutex);
+  return g_fallbacks;
+}
+
+void reset_fallback_counts() {
+  std::lock_guard<std::mutex> lock(g_fallback_mutex);
+  g_fallbacks.clear();
+}
+
+std::vector<int64_t> memory_stats(int64_t device) {
+  check_device(static_cast<c10::DeviceIndex>(device));
+  std::lock_guard<std::mutex> lock(g_alloc_mutex);
+  return {g_allocated[device], g_peak[device], g_live};
+}
+
+void reset_peak(int64_t device) {
+  check_device(static_cast<c10::DeviceIndex>(device));
+  std::lock_guard<std::mutex> lock(g_alloc_mutex);
+  g_peak[device] = g_allocated[device];
+}
+
+}  // namespace
+}  // namespace polychip_torch
+
+namespace at::native {
+REGISTER_PRIVATEUSE1_DISPATCH(_fused_sdp_choice_stub, &polychip_torch::sdp_choice)
+}  // namespace at::native
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  using namespace polychip_torch;
+  m.def("init", &init, "Binds the polychip device to a libpolychip runtime.");
+  m.def("handle", &handle, "An owned polychip_tensor_t* viewing a polychip tensor.");
+  m.def("handles", &handles, "handle() of each tensor.");
+  m.def("count_fallback", &count_fallback, "Counts one CPU fallback (raises in strict mode).");
+  m.def("add_fallback_time", &add_fallback_time, "Adds seconds to a fallback's time.");
+  m.def("fallback_counts", &fallback_counts, "aten operator -> (calls, seconds).");
+  m.def("reset_fallback_counts", &reset_fallback_counts);
+  m.def("set_strict", [](bool on) { g_strict.store(on); });
+  m.def("strict", []() { return g_strict.load(); });
+  m.def("current_device", []() { return static_cast<int64_t>(t_device); });
+  m.def("set_device", [](int64_t d) {
+    check_device(static_cast<c10::DeviceIndex>(d));
+    t_device = static_cast<c10::DeviceIndex>(d);
+  });
+  m.def("device_count", []() { return static_cast<int64_t>(g_device_count); });
+  m.def("default_generator", [](int64_t i) {
+    check_device(static_cast<c10::DeviceIndex>(i));
+    return py::reinterpret_steal<py::object>(THPGenerator_initDefaultGenerator(generators()[i]));
+  });
+  m.def("memory_stats", &memory_stats, "(allocated bytes, peak bytes, live allocations of all devices).");
+  m.def("reset_peak", &reset_peak);
+}

@@ -1,0 +1,170 @@
+"""The `polychip` PyTorch device: index mapping, tensors and their memory,
+copies across vendors, the device guard, streams and events, generators,
+the counted CPU fallback and strict mode, and autoloading."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import polychip
+import polychip.torch as pt
+
+
+def index_of(vendor):
+    return next(i for i in range(pt.device_count()) if pt.device_info(i)["vendor"] == vendor)
+
+
+FERRITE, COBALT = index_of("Ferrite"), index_of("Cobalt")
+
+
+def test_indices_follow_polychip_devices_order():
+    devices = polychip.devices()
+    assert pt.device_count() == len(devices) == torch.polychip.device_count()
+    for i, d in enumerate(devices):
+        info = pt.device_info(i)
+        assert (info["vendor"], info["name"], info["plugin_device"]) == (d.vendor, d.name, d.info["plugin_device"])
+    assert torch.polychip.is_available()
+    with pytest.raises(IndexError, match="polychip:99 does not exist"):
+        pt.device_info(99)
+    with pytest.raises(RuntimeError, match="polychip:99 does not exist"):
+        torch.zeros(1, device="polychip:99")
+
+
+def test_tensors_views_and_copies_on_every_vendor():
+    x = torch.arange(24, dtype=torch.float32).reshape(2, 3, 4)
+    for i in range(pt.device_count()):
+        d = torch.device("polychip", i)
+        y = x.to(d)
+        assert y.device == d and y.is_polychip and y.shape == x.shape
+        assert torch.equal(y.cpu(), x)
+        assert torch.equal(y.transpose(0, 2).contiguous().cpu(), x.transpose(0, 2).contiguous())
+        assert torch.equal(y[:, 1:, ::2].cpu(), x[:, 1:, ::2])
+        assert y[1, 2, 3].item() == 23.0
+        z = y.clone().view(6, 4)
+        z[2:4].fill_(-1)
+        want = x.clone().view(6, 4)
+        want[2:4] = -1
+        assert torch.equal(z.cpu(), want)
+        z.resize_(30)
+        assert z.shape == (30,) and torch.equal(z[:24].cpu(), want.reshape(-1))
+        for dtype in (torch.int64, torch.int32, torch.bool, torch.uint8, torch.float16, torch.bfloat16, torch.float64):
+            t = x.to(dtype)
+            assert torch.equal(t.to(d).cpu(), t), dtype
+
+
+def test_copies_between_vendors_and_casts_keep_values():
+    x = torch.randn(5, 7)
+    f = x.to(f"polychip:{FERRITE}")
+    c = f.to(f"polychip:{COBALT}")  # Ferrite -> Cobalt, staged through the host
+    assert torch.equal(c.cpu(), x)
+    back = c.t().to(f"polychip:{FERRITE}")  # strided source
+    assert torch.equal(back.cpu(), x.t())
+    assert torch.equal(c.to(torch.bfloat16).cpu(), x.to(torch.bfloat16))
+    assert torch.equal(f.double().to(f"polychip:{COBALT}").cpu(), x.double())
+    # Cobalt's memory is private: the bytes at its addresses are encoded,
+    # so only the plugin's copies read it right.
+    assert not pt.device_info(COBALT)["host_visible"]
+
+
+def test_memory_is_accounted_and_freed():
+    before = pt.memory_allocated(FERRITE)
+    t = torch.empty(1024, 1024, device=f"polychip:{FERRITE}")
+    assert pt.memory_allocated(FERRITE) - before == 4 * 1024 * 1024
+    assert pt.max_memory_allocated(FERRITE) >= pt.memory_allocated(FERRITE)
+    del t
+    assert pt.memory_allocated(FERRITE) == before
+
+
+def test_device_guard_streams_and_events():
+    torch.polychip.set_device(COBALT)
+    try:
+        assert torch.polychip.current_device() == COBALT
+        assert torch.empty(1, device="polychip").device.index == COBALT
+    finally:
+        torch.polychip.set_device(FERRITE)
+    s = torch.Stream(device=f"polychip:{FERRITE}")
+    start = torch.Event(device=f"polychip:{FERRITE}", enable_timing=True)
+    end = torch.Event(device=f"polychip:{FERRITE}", enable_timing=True)
+    with s:
+        start.record()
+        y = torch.randn(64, 64).to(f"polychip:{FERRITE}") @ torch.ones(64, 64, device=f"polychip:{FERRITE}")
+        end.record()
+    end.synchronize()
+    s.synchronize()
+    assert start.query() and end.query() and start.elapsed_time(end) >= 0
+    assert y.shape == (64, 64)
+
+
+def test_generators_are_per_device_and_seedable():
+    torch.polychip.manual_seed_all(7)
+    a = torch.polychip.get_rng_state(FERRITE)
+    torch.polychip.manual_seed_all(7)
+    assert torch.equal(a, torch.polychip.get_rng_state(FERRITE))
+    assert len(torch.polychip.default_generators) == pt.device_count()
+
+
+def test_fallback_is_counted_per_operator_and_correct():
+    pt.reset_fallback_report()
+    x = torch.randn(4, 5)
+    d = x.to(f"polychip:{COBALT}")
+    assert torch.equal(torch.cumsum(d, 1).cpu(), torch.cumsum(x, 1))
+    d.clamp_(-0.5, 0.5)  # in place: written back to the device
+    assert torch.equal(d.cpu(), x.clamp(-0.5, 0.5))
+    report = pt.fallback_report()
+    # Structured operators reach a backend as their out= form.
+    cumsum = next(k for k in report if k.startswith("aten::cumsum"))
+    clamp = next(k for k in report if k.startswith("aten::clamp"))
+    assert report[cumsum] == 1 and report[clamp] == 1, report
+    assert report.total == sum(report.values()) and report.seconds[cumsum] > 0
+    assert cumsum in str(report)
+    pt.reset_fallback_report()
+    assert not pt.fallback_report() and "no aten operator" in str(pt.fallback_report())
+
+
+def test_strict_mode_names_the_operator_and_restores():
+    d = torch.randn(3, device=f"polychip:{FERRITE}")
+    assert not pt.strict.enabled()
+    with pt.strict():
+        with pytest.raises(RuntimeError, match=r"strict mode: aten::cumsum(\.out)? has no polychip kernel"):
+            torch.cumsum(d, 0)
+        # A kernel's own unsupported case names the operator too.
+        with pytest.raises(RuntimeError, match=r"aten::gelu"):
+            torch.nn.functional.gelu(d)  # the exact (erf) form is not an operator
+        (d * 2).sum()  # what the plugins do still runs
+    assert not pt.strict.enabled()
+    pt.strict(True)
+    try:
+        assert pt.strict.enabled()
+    finally:
+        pt.strict(False)
+
+
+def run(code, **env):
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env={**os.environ, **env}
+    )
+
+
+def test_strict_mode_from_the_environment():
+    r = run("import torch, polychip.torch as pt; print(pt.strict.enabled())", POLYCHIP_TORCH_STRICT="1")
+    assert r.returncode == 0 and r.stdout.strip() == "True", r.stderr
+
+
+def test_import_torch_autoloads_the_device():
+    r = run("import torch; print(torch.ones(2, device='polychip:0').sum().item())")
+    assert r.returncode == 0 and r.stdout.strip() == "2.0", r.stderr
+    r = run("import torch; torch.ones(2, device='polychip:0')", TORCH_DEVICE_BACKEND_AUTOLOAD="0")
+    assert r.returncode != 0
+
+
+def test_modules_move_with_generated_methods():
+    m = torch.nn.Linear(4, 3)
+    x = torch.randn(2, 4)
+    want = m(x)
+    m.polychip(FERRITE)
+    assert next(m.parameters()).device == torch.device("polychip", FERRITE)
+    got = m(x.polychip(FERRITE))
+    torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=1e-5)

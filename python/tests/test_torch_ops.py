@@ -1,0 +1,390 @@
+"""Every aten operator polychip registers, against PyTorch's CPU kernels on
+the same inputs, on Ferrite (host-visible memory) and Cobalt (private,
+encoded memory).
+
+The cases are generated from the registration list: `polychip.torch`'s
+registered kernels (`registered_ops()`) and the C++ basics (`_aten.BASICS`).
+An operator registered without a sample here fails `test_operator`; a
+sample that does not reach its kernel (the kernel's call counter does not
+move) fails too; and every sample runs under strict mode, so a CPU
+fallback anywhere inside it fails it."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import polychip.torch as pt
+from polychip.torch import _aten
+
+aten = torch.ops.aten
+
+
+def rand(*shape, dtype=torch.float32, positive=False, seed=0):
+    g = torch.Generator().manual_seed(seed + 17 * len(shape) + sum(shape))
+    x = torch.randn(*shape, generator=g, dtype=torch.float32)
+    if positive:
+        x = x.abs() + 0.1
+    return x.to(dtype)
+
+
+A = rand(3, 4)
+B = rand(4, seed=1)
+P = rand(3, 4, positive=True, seed=2)
+
+
+def binary(name):
+    """Samples of a binary operator's overload."""
+    alpha = {"alpha": 2.0} if name in ("add", "sub") else {}
+
+    def functional_tensor(to):
+        return getattr(aten, name).Tensor(to(A), to(B), **alpha)
+
+    def functional_scalar(to):
+        return getattr(aten, name).Scalar(to(A), 2.5, **alpha)
+
+    def out(to):
+        o = to(torch.empty(0))
+        getattr(aten, name).out(to(A), to(P), **alpha, out=o)
+        return o
+
+    def inplace_tensor(to):
+        a = to(A.clone())
+        getattr(aten, name + "_").Tensor(a, to(B), **alpha)
+        return a
+
+    def inplace_scalar(to):
+        a = to(A.clone())
+        getattr(aten, name + "_").Scalar(a, 0.5, **alpha)
+        return a
+
+    return {
+        f"{name}.Tensor": functional_tensor,
+        f"{name}.Scalar": functional_scalar,
+        f"{name}.out": out,
+        f"{name}_.Tensor": inplace_tensor,
+        f"{name}_.Scalar": inplace_scalar,
+    }
+
+
+def unary(name, positive=False):
+    x = P if positive else A
+
+    def functional(to):
+        return getattr(aten, name).default(to(x))
+
+    def out(to):
+        o = to(torch.empty(3, 4))
+        getattr(aten, name).out(to(x), out=o)
+        return o
+
+    def inplace(to):
+        a = to(x.clone())
+        getattr(aten, name + "_").default(a)
+        return a
+
+    return {name: functional, f"{name}.out": out, f"{name}_": inplace}
+
+
+def grads(fn, *inputs):
+    """fn's output and the gradients of its sum (with a fixed cotangent)."""
+
+    def sample(to):
+        xs = [to(x.clone()).requires_grad_() for x in inputs]
+        y = fn(*xs)
+        cot = rand(*y.shape, seed=9)
+        (y * to(cot)).sum().backward()
+        return [y.detach(), *[x.grad for x in xs]]
+
+    return sample
+
+
+def foreach(name, *extra, inplace=True, lists=2):
+    def sample(to):
+        xs = [to(A.clone()), to(P.clone())]
+        others = [[to(t.clone()) if isinstance(t, torch.Tensor) else t for t in a] if isinstance(a, list) else a for a in extra]
+        op = getattr(aten, name.split(".")[0])
+        op = getattr(op, name.split(".")[1]) if "." in name else op.default
+        r = op(xs, *others)
+        return xs if inplace else r
+
+    return sample
+
+
+def adamw(lr_tensor):
+    def sample(to):
+        ps = [to(A.clone()), to(P.clone())]
+        gs = [to(rand(3, 4, seed=5)), to(rand(3, 4, seed=6))]
+        ms = [to(rand(3, 4, seed=7) * 0.1), to(torch.zeros(3, 4))]
+        vs = [to(rand(3, 4, positive=True, seed=8) * 0.01), to(torch.zeros(3, 4))]
+        steps = [to(torch.tensor(3.0)), to(torch.tensor(1.0))]
+        lr = to(torch.tensor(0.01)) if lr_tensor else 0.01
+        op = aten._fused_adamw_.tensor_lr if lr_tensor else aten._fused_adamw_.default
+        if lr_tensor and steps[0].device.type == "cpu":
+            lr = torch.tensor(0.01)
+        op(ps, gs, ms, vs, [], steps, lr=lr, beta1=0.9, beta2=0.999, weight_decay=0.01, eps=1e-8,
+           amsgrad=False, maximize=False)
+        return ps + ms + vs
+
+    return sample
+
+
+def attention(to):
+    q = to(rand(2, 4, 6, 8, seed=1)).requires_grad_()
+    k = to(rand(2, 2, 6, 8, seed=2)).requires_grad_()
+    v = to(rand(2, 2, 6, 8, seed=3)).requires_grad_()
+    y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    (y * to(rand(2, 4, 6, 8, seed=4))).sum().backward()
+    return [y.detach(), q.grad, k.grad, v.grad]
+
+
+def cross_entropy(reduction):
+    def sample(to):
+        x = to(rand(5, 7)).requires_grad_()
+        t = to(torch.tensor([1, 0, 6, -100, 3]))
+        loss = F.cross_entropy(x, t, ignore_index=-100, reduction=reduction)
+        loss.backward()
+        return [loss.detach(), x.grad]
+
+    return sample
+
+
+def layer_norm(to):
+    x = to(rand(3, 5)).requires_grad_()
+    w = to(rand(5, seed=1)).requires_grad_()
+    b = to(rand(5, seed=2)).requires_grad_()
+    y = F.layer_norm(x, (5,), w, b, 1e-5)
+    (y * to(rand(3, 5, seed=3))).sum().backward()
+    return [y.detach(), x.grad, w.grad, b.grad]
+
+
+def rms_norm_forward(to):
+    out, rstd = aten._fused_rms_norm(to(rand(3, 5)), [5], to(rand(5, seed=1)), 1e-6)
+    return [out, rstd]
+
+
+def rms_norm_backward(to):
+    x, w, g = rand(3, 5), rand(5, seed=1), rand(3, 5, seed=2)
+    rstd = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+    if to(x).device.type == "cpu":
+        # PyTorch has no CPU kernel: the reference is autograd of the
+        # unfused form.
+        xs, ws = x.clone().requires_grad_(), w.clone().requires_grad_()
+        (xs * torch.rsqrt(xs.pow(2).mean(-1, keepdim=True) + 1e-6) * ws).mul(g).sum().backward()
+        return [xs.grad, ws.grad]
+    return list(aten._fused_rms_norm_backward(to(g), to(x), [5], to(rstd), to(w), [True, True]))
+
+
+def embedding(to):
+    w = to(rand(6, 3)).requires_grad_()
+    idx = to(torch.tensor([[0, 5, 2], [2, 2, 1]]))
+    y = F.embedding(idx, w, padding_idx=1)
+    (y * to(rand(2, 3, 3, seed=1))).sum().backward()
+    return [y.detach(), w.grad]
+
+
+def basics():
+    def as_strided(to):
+        return to(A).as_strided((2, 2), (1, 2), 1).contiguous()
+
+    def resize(to):
+        a = to(A.clone().reshape(-1))
+        a.resize_(20)
+        return a[:12].clone()
+
+    def copy_from_and_resize(to):
+        dst = to(torch.empty(0))
+        aten._copy_from_and_resize(A, dst) if dst.device.type != "cpu" else dst.resize_(3, 4).copy_(A)
+        return dst
+
+    def copy_across(to):
+        x = to(A)
+        if x.device.type == "cpu":
+            return [x.clone(), x.double(), x.to(torch.bfloat16).float()]
+        other = torch.device("polychip", (x.device.index + 1) % pt.device_count())
+        return [x.to(other).to(x.device), x.double(), x.to(torch.bfloat16).float()]
+
+    def set_tensor(to):
+        t = to(torch.empty(0))
+        t.set_(to(A))
+        return t
+
+    def set_storage(to):
+        t = to(torch.empty(0))
+        a = to(A)
+        t.set_(a.untyped_storage())
+        return t[:12].reshape(3, 4)
+
+    def set_storage_offset(to):
+        t = to(torch.empty(0))
+        a = to(A)
+        t.set_(a.untyped_storage(), 2, (2, 2), (4, 1))
+        return t.clone()
+
+    def fill_tensor(to):
+        a = to(A.clone())
+        a.fill_(torch.tensor(2.5))
+        return a
+
+    def zero(to):
+        a = to(A.clone())
+        a.zero_()
+        return a
+
+    return {
+        "empty.memory_format": lambda to: torch.empty(3, 4, device=to(A).device).fill_(1.5),
+        "empty_strided": lambda to: torch.empty_strided((3, 4), (1, 3), device=to(A).device).copy_(A).contiguous(),
+        "as_strided": as_strided,
+        "resize_": resize,
+        "_reshape_alias": lambda to: aten._reshape_alias(to(A), [4, 3], [3, 1]).clone(),
+        "_copy_from": copy_across,
+        "_copy_from_and_resize": copy_from_and_resize,
+        "_local_scalar_dense": lambda to: torch.tensor(to(A)[1, 2].item()),
+        "set_.source_Tensor": set_tensor,
+        "set_.source_Storage": set_storage,
+        "set_.source_Storage_storage_offset": set_storage_offset,
+        "view": lambda to: to(A).view(4, 3).clone(),
+        "fill_.Scalar": lambda to: to(A.clone()).fill_(-3.0),
+        "fill_.Tensor": fill_tensor,
+        "zero_": zero,
+    }
+
+
+SAMPLES = {}
+for _name in ("add", "sub", "mul", "div"):
+    SAMPLES.update(binary(_name))
+for _name in ("neg", "exp", "tanh", "relu", "silu"):
+    SAMPLES.update(unary(_name))
+for _name in ("log", "sqrt", "rsqrt"):
+    SAMPLES.update(unary(_name, positive=True))
+SAMPLES.update(basics())
+SAMPLES.update(
+    {
+        "rsub.Tensor": lambda to: aten.rsub.Tensor(to(A), to(B), alpha=3.0),
+        "rsub.Scalar": lambda to: aten.rsub.Scalar(to(A), 1.0),
+        "gelu": lambda to: aten.gelu(to(A), approximate="tanh"),
+        "gelu_backward": lambda to: aten.gelu_backward(to(B.expand(3, 4)), to(A), approximate="tanh"),
+        "silu_backward": lambda to: aten.silu_backward(to(P), to(A)),
+        "threshold_backward": lambda to: aten.threshold_backward(to(P), to(A.relu()), 0),
+        "tanh_backward": lambda to: aten.tanh_backward(to(P), to(A.tanh())),
+        "pow.Tensor_Scalar": lambda to: aten.pow.Tensor_Scalar(to(P), 2.5),
+        "pow_.Scalar": lambda to: aten.pow_.Scalar(to(P.clone()), 3.0),
+        "mm": lambda to: aten.mm(to(A), to(rand(4, 5).t().contiguous().t())),
+        "bmm": lambda to: aten.bmm(to(rand(2, 3, 4)), to(rand(2, 4, 5).transpose(1, 2).contiguous().transpose(1, 2))),
+        "addmm": lambda to: aten.addmm(to(rand(5)), to(A), to(rand(4, 5)), beta=0.5, alpha=2.0),
+        "baddbmm": lambda to: aten.baddbmm(to(rand(2, 3, 5)), to(rand(2, 3, 4)), to(rand(2, 4, 5)), beta=0.5, alpha=2.0),
+        "sum": lambda to: aten.sum.default(to(rand(3, 4, 5))),
+        "sum.dim_IntList": lambda to: [aten.sum.dim_IntList(to(rand(3, 4, 5)), [0, 2], True), aten.sum.dim_IntList(to(A), [-1])],
+        "mean": lambda to: aten.mean.default(to(rand(3, 4, 5))),
+        "mean.dim": lambda to: [aten.mean.dim(to(rand(3, 4, 5)), [1]), aten.mean.dim(to(A), [0, 1], True)],
+        "amax": lambda to: [aten.amax(to(rand(3, 4, 5)), [0, 2]), aten.amax(to(A), [1], True)],
+        "max.dim": lambda to: list(aten.max.dim(to(rand(3, 4, 5)), 1)),
+        "argmax": lambda to: [aten.argmax(to(rand(3, 4, 5)), 2), aten.argmax(to(A))],
+        "linalg_vector_norm": lambda to: aten.linalg_vector_norm(to(rand(3, 4, 5))),
+        "_softmax": lambda to: [aten._softmax(to(A), 1, False), aten._softmax(to(A), 0, False)],
+        "_log_softmax": lambda to: [aten._log_softmax(to(A), -1, False), aten._log_softmax(to(A), 0, False)],
+        "_softmax_backward_data": lambda to: aten._softmax_backward_data(to(B.expand(3, 4)), to(A.softmax(1)), 1, torch.float32),
+        "_log_softmax_backward_data": lambda to: aten._log_softmax_backward_data(to(P), to(A.log_softmax(0)), 0, torch.float32),
+        "native_layer_norm": layer_norm,
+        "native_layer_norm_backward": layer_norm,
+        "_fused_rms_norm": rms_norm_forward,
+        "_fused_rms_norm_backward": rms_norm_backward,
+        "embedding": embedding,
+        "embedding_dense_backward": embedding,
+        "_fused_sdp_choice": attention,
+        "_scaled_dot_product_fused_attention_overrideable": attention,
+        "_scaled_dot_product_fused_attention_overrideable_backward": attention,
+        "cross_entropy_loss": lambda to: cross_entropy("mean")(to) + cross_entropy("sum")(to),
+        "cat": lambda to: aten.cat([to(A), to(P[:1]), to(torch.empty(0))], 0),
+        "stack": lambda to: aten.stack([to(A), to(P)], -1),
+        "_fused_adamw_": adamw(False),
+        "_fused_adamw_.tensor_lr": adamw(True),
+        "lerp_.Scalar": lambda to: aten.lerp_.Scalar(to(A.clone()), to(P), 0.3),
+        "addcmul_": lambda to: aten.addcmul_(to(A.clone()), to(P), to(B), value=0.5),
+        "addcdiv_": lambda to: aten.addcdiv_(to(A.clone()), to(B), to(P), value=-2.0),
+        "_foreach_add_.Scalar": foreach("_foreach_add_.Scalar", 1.5),
+        "_foreach_add_.List": foreach("_foreach_add_.List", [B.expand(3, 4), A]),
+        "_foreach_add_.Tensor": foreach("_foreach_add_.Tensor", torch.tensor(2.0)),
+        "_foreach_add.Scalar": foreach("_foreach_add.Scalar", 1.5, inplace=False),
+        "_foreach_add.List": foreach("_foreach_add.List", [P, A], inplace=False),
+        "_foreach_sub_.Scalar": foreach("_foreach_sub_.Scalar", 0.25),
+        "_foreach_mul_.Scalar": foreach("_foreach_mul_.Scalar", 0.5),
+        "_foreach_mul_.List": foreach("_foreach_mul_.List", [P, A]),
+        "_foreach_mul_.Tensor": foreach("_foreach_mul_.Tensor", torch.tensor(3.0)),
+        "_foreach_mul_.ScalarList": foreach("_foreach_mul_.ScalarList", [0.5, 2.0]),
+        "_foreach_mul.Scalar": foreach("_foreach_mul.Scalar", 0.5, inplace=False),
+        "_foreach_mul.Tensor": foreach("_foreach_mul.Tensor", torch.tensor(3.0), inplace=False),
+        "_foreach_mul.List": foreach("_foreach_mul.List", [P, A], inplace=False),
+        "_foreach_div_.Scalar": foreach("_foreach_div_.Scalar", 4.0),
+        "_foreach_div_.ScalarList": foreach("_foreach_div_.ScalarList", [0.5, 2.0]),
+        "_foreach_div_.List": foreach("_foreach_div_.List", [P, P]),
+        "_foreach_div.ScalarList": foreach("_foreach_div.ScalarList", [0.5, 2.0], inplace=False),
+        "_foreach_div.List": foreach("_foreach_div.List", [P, P], inplace=False),
+        "_foreach_neg": foreach("_foreach_neg", inplace=False),
+        "_foreach_neg_": foreach("_foreach_neg_"),
+        "_foreach_sqrt": lambda to: aten._foreach_sqrt([to(P), to(P * 2)]),
+        "_foreach_sqrt_": lambda to: (lambda xs: (aten._foreach_sqrt_(xs), xs)[1])([to(P.clone()), to(P * 3)]),
+        "_foreach_zero_": foreach("_foreach_zero_"),
+        "_foreach_lerp_.Scalar": foreach("_foreach_lerp_.Scalar", [P, B.expand(3, 4).contiguous()], 0.25),
+        "_foreach_addcmul_.Scalar": foreach("_foreach_addcmul_.Scalar", [P, A], [A, P], 0.5),
+        "_foreach_addcmul_.ScalarList": foreach("_foreach_addcmul_.ScalarList", [P, A], [A, P], [0.5, 2.0]),
+        "_foreach_addcdiv_.Scalar": foreach("_foreach_addcdiv_.Scalar", [A, A], [P, P], -0.5),
+        "_foreach_addcdiv_.ScalarList": foreach("_foreach_addcdiv_.ScalarList", [A, A], [P, P], [0.5, 2.0]),
+        "_foreach_copy_": foreach("_foreach_copy_", [P, A]),
+        "_foreach_norm.Scalar": foreach("_foreach_norm.Scalar", 2, inplace=False),
+    }
+)
+
+OPERATORS = sorted(set(_aten.REGISTERED) | set(_aten.BASICS))
+
+
+def _devices():
+    vendors = [pt.device_info(i)["vendor"] for i in range(pt.device_count())]
+    return [("Ferrite", vendors.index("Ferrite")), ("Cobalt", vendors.index("Cobalt"))]
+
+
+def _cpu(x):
+    if isinstance(x, (list, tuple)):
+        return [_cpu(v) for v in x]
+    return x.detach().cpu() if isinstance(x, torch.Tensor) else x
+
+
+def test_every_sample_belongs_to_a_registered_operator():
+    assert not set(SAMPLES) - set(OPERATORS), sorted(set(SAMPLES) - set(OPERATORS))
+
+
+@pytest.mark.parametrize("vendor,index", _devices(), ids=[v for v, _ in _devices()])
+@pytest.mark.parametrize("name", OPERATORS)
+def test_operator(name, vendor, index):
+    sample = SAMPLES.get(name)
+    assert sample is not None, f"aten::{name} is registered for the polychip device but has no sample here"
+    device = torch.device("polychip", index)
+    expected = _cpu(sample(lambda t: t))
+    before = _aten.CALLS.get(name)
+    with pt.strict():
+        got = _cpu(sample(lambda t: t.to(device)))
+    if before is not None:
+        assert _aten.CALLS[name] > before, f"the sample for aten::{name} did not reach its kernel"
+    torch.testing.assert_close(got, expected, rtol=2e-5, atol=2e-5, equal_nan=True)
+
+
+def test_kernels_accept_strided_and_broadcast_views():
+    d = torch.device("polychip", _devices()[1][1])
+    x = rand(4, 6)
+    y = rand(6, 4)
+    with pt.strict():
+        got = (x.to(d).t() * y.to(d)[:, :1] + y.to(d)[1:2]).exp().sum(0)
+    torch.testing.assert_close(got.cpu(), (x.t() * y[:, :1] + y[1:2]).exp().sum(0), rtol=2e-5, atol=2e-5)
+
+
+def test_half_precision_runs_on_the_plugin_within_its_rounding():
+    d = torch.device("polychip", _devices()[0][1])
+    for dtype in (torch.bfloat16, torch.float16):
+        x, w = rand(8, 16, dtype=dtype), rand(16, 16, dtype=dtype)
+        with pt.strict():
+            got = F.silu(x.to(d) @ w.to(d)).softmax(-1)
+        want = F.silu(x.float() @ w.float()).softmax(-1)
+        tol = 2 ** -7 if dtype == torch.bfloat16 else 2 ** -10
+        torch.testing.assert_close(got.cpu().float(), want, rtol=8 * tol, atol=8 * tol)
+    assert math.isfinite(float(got.float().sum().cpu()))
