@@ -248,3 +248,6 @@ def registered_ops() -> List[str]:
 
 
 from . import _aten  # noqa: E402,F401 - registers the plugin kernels
+from . import distributed  # noqa: E402
+
+distributed.register()

@@ -1,0 +1,283 @@
+"""``torch.distributed``'s ``polychip`` backend: collectives over polychip's
+communication layer, on polychip tensors of any vendor's device and on CPU
+tensors.
+
+    import torch.distributed as dist, polychip.torch
+    dist.init_process_group("polychip")      # under torchrun or polychip launch
+    dist.all_reduce(t)                        # t on polychip:N or the CPU
+
+Supported: all-reduce and reduce (sum, avg, max, min), broadcast,
+all-gather (list and tensor forms), reduce-scatter (list and tensor forms),
+all-to-all (equal splits, list and tensor forms), gather and scatter (over
+all-gather and broadcast), the coalesced forms, barrier, send and recv;
+``DistributedDataParallel`` runs over it with each rank on a different
+vendor's device.
+
+Each rank joins polychip's communicator at a port that rank 0 picks and
+publishes through PyTorch's store (the store itself holds ``MASTER_PORT``),
+on ``MASTER_ADDR`` (default ``127.0.0.1``). Collectives run when called and
+return completed ``Work`` (``wait()`` returns at once; ``get_future()`` is
+already resolved with the tensors), so ``async_op=True`` is accepted but does
+not overlap communication with compute. CPU tensors are staged through the
+rank's current polychip device; non-contiguous tensors through a contiguous
+copy.
+"""
+
+import os
+import socket
+from datetime import timedelta
+from typing import Any, Callable, List, Optional, Sequence
+
+import torch
+import torch.distributed as dist
+from torch._C._distributed_c10d import _create_work_from_future
+
+import polychip
+
+from . import _aten
+
+NAME = "polychip"
+
+_OPS = {
+    dist.ReduceOp.SUM: "sum",
+    dist.ReduceOp.AVG: "avg",
+    dist.ReduceOp.MAX: "max",
+    dist.ReduceOp.MIN: "min",
+}
+
+
+def _reduce_op(op: Any) -> str:
+    for k, v in _OPS.items():
+        if op == k:
+            return v
+    raise ValueError(f"the polychip backend does not reduce with {op} (it has sum, avg, max and min)")
+
+
+def _done(result: Any) -> Any:
+    future: torch.futures.Future = torch.futures.Future()
+    future.set_result(result)
+    return _create_work_from_future(future)
+
+
+class _Staged:
+    """A polychip view of a tensor for the communicator: the tensor itself
+    when it is a contiguous polychip tensor, else a contiguous copy on a
+    polychip device that ``finish()`` writes back."""
+
+    def __init__(self, t: torch.Tensor, writes: bool) -> None:
+        self.tensor = t
+        self.writes = writes
+        if t.device.type == NAME and t.is_contiguous():
+            self.staged = t
+        else:
+            device = t.device if t.device.type == NAME else torch.device(NAME, torch.polychip.current_device())
+            self.staged = t.to(device, copy=True, memory_format=torch.contiguous_format)
+        self.view = _aten._pc(self.staged)
+
+    def finish(self) -> None:
+        if self.writes and self.staged is not self.tensor:
+            self.tensor.copy_(self.staged)
+
+
+def _free_port(host: str) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+class ProcessGroupPolychip(dist.ProcessGroup):
+    """One polychip communicator per process group."""
+
+    def __init__(self, store: Any, rank: int, size: int, timeout: timedelta) -> None:
+        super().__init__(rank, size)
+        host = os.environ.get("MASTER_ADDR", "127.0.0.1")
+        key = "polychip/communicator"
+        if rank == 0:
+            port = _free_port("0.0.0.0" if host not in ("127.0.0.1", "localhost") else host)
+            store.set(key, f"{host}:{port}")
+        else:
+            store.wait([key], timeout)
+        addr, _, port_text = store.get(key).decode().rpartition(":")
+        self._comm = polychip.comm.init(rank, size, addr, int(port_text))
+
+    def getBackendName(self) -> str:
+        return NAME
+
+    def _each(self, tensors: Sequence[torch.Tensor], writes: bool, fn: Callable[[Any], None]) -> None:
+        for t in tensors:
+            s = _Staged(t, writes)
+            fn(s.view)
+            s.finish()
+
+    def allreduce(self, tensors: List[torch.Tensor], opts: Any) -> Any:
+        op = _reduce_op(opts.reduceOp)
+        self._each(tensors, True, lambda v: self._comm.all_reduce(v, op))
+        return _done(tensors)
+
+    def reduce(self, tensors: List[torch.Tensor], opts: Any) -> Any:
+        op = _reduce_op(opts.reduceOp)
+        self._each(tensors, True, lambda v: self._comm.reduce(v, op, opts.rootRank))
+        return _done(tensors)
+
+    def broadcast(self, tensors: List[torch.Tensor], opts: Any) -> Any:
+        self._each(tensors, True, lambda v: self._comm.broadcast(v, opts.rootRank))
+        return _done(tensors)
+
+    def _gather_into(self, output: torch.Tensor, input: torch.Tensor) -> None:
+        send = _Staged(input, False)
+        recv = _Staged(output, True)
+        self._comm.all_gather(send.view, recv.view)
+        recv.finish()
+
+    def _allgather_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:
+        self._gather_into(output, input)
+        return _done([output])
+
+    def allgather(self, output_tensors: List[List[torch.Tensor]], input_tensors: List[torch.Tensor], opts: Any) -> Any:
+        for outputs, input in zip(output_tensors, input_tensors):
+            flat = torch.empty((self.size() * input.numel(),), dtype=input.dtype, device=_home(input))
+            self._gather_into(flat, input)
+            for o, part in zip(outputs, flat.chunk(self.size())):
+                o.copy_(part.view(o.shape))
+        return _done(output_tensors)
+
+    def _scatter_from(self, output: torch.Tensor, input: torch.Tensor, op: str) -> None:
+        send = _Staged(input, False)
+        recv = _Staged(output, True)
+        self._comm.reduce_scatter(send.view, recv.view, op)
+        recv.finish()
+
+    def _reduce_scatter_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any) -> Any:
+        self._scatter_from(output, input, _reduce_op(opts.reduceOp))
+        return _done([output])
+
+    def reduce_scatter(self, output_tensors: List[torch.Tensor], input_tensors: List[List[torch.Tensor]], opts: Any) -> Any:
+        op = _reduce_op(opts.reduceOp)
+        for output, inputs in zip(output_tensors, input_tensors):
+            flat = torch.cat([i.reshape(-1).to(_home(output)) for i in inputs])
+            self._scatter_from(output, flat, op)
+        return _done(output_tensors)
+
+    def alltoall_base(
+        self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: List[int], input_split_sizes: List[int], opts: Any
+    ) -> Any:
+        for splits, t in ((output_split_sizes, output), (input_split_sizes, input)):
+            if splits and len(set(splits)) > 1:
+                raise ValueError(
+                    f"the polychip backend's all_to_all takes equal splits; got {list(splits)} for a tensor of "
+                    f"{t.shape[0]} rows"
+                )
+        send = _Staged(input, False)
+        recv = _Staged(output, True)
+        self._comm.all_to_all(send.view, recv.view)
+        recv.finish()
+        return _done([output])
+
+    all_to_all_single = alltoall_base
+
+    def alltoall(self, output_tensors: List[torch.Tensor], input_tensors: List[torch.Tensor], opts: Any) -> Any:
+        if len({t.numel() for t in [*output_tensors, *input_tensors]}) > 1:
+            raise ValueError("the polychip backend's all_to_all takes equal parts")
+        home = _home(input_tensors[0])
+        send = torch.cat([t.reshape(-1).to(home) for t in input_tensors])
+        recv = torch.empty_like(send)
+        self.alltoall_base(recv, send, [], [], opts)
+        for o, part in zip(output_tensors, recv.chunk(len(output_tensors))):
+            o.copy_(part.view(o.shape))
+        return _done(output_tensors)
+
+    def allreduce_coalesced(self, tensors: List[torch.Tensor], opts: Any) -> Any:
+        return self.allreduce(tensors, opts)
+
+    def all_gather_single_coalesced(self, outputs: List[torch.Tensor], inputs: List[torch.Tensor], opts: Any = None) -> Any:
+        for o, i in zip(outputs, inputs):
+            self._gather_into(o, i)
+        return _done(outputs)
+
+    def reduce_scatter_single_coalesced(self, outputs: List[torch.Tensor], inputs: List[torch.Tensor], opts: Any) -> Any:
+        op = _reduce_op(opts.reduceOp)
+        for o, i in zip(outputs, inputs):
+            self._scatter_from(o, i, op)
+        return _done(outputs)
+
+    def gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any) -> Any:
+        # An all-gather whose result only the root keeps.
+        flat = torch.empty((self.size() * input.numel(),), dtype=input.dtype, device=_home(input))
+        self._gather_into(flat, input)
+        if self.rank() == opts.rootRank:
+            output.copy_(flat.view(output.shape))
+        return _done([output])
+
+    def gather(self, output_tensors: List[List[torch.Tensor]], input_tensors: List[torch.Tensor], opts: Any) -> Any:
+        for i, input in enumerate(input_tensors):
+            flat = torch.empty((self.size() * input.numel(),), dtype=input.dtype, device=_home(input))
+            self._gather_into(flat, input)
+            if self.rank() == opts.rootRank:
+                for o, part in zip(output_tensors[i], flat.chunk(self.size())):
+                    o.copy_(part.view(o.shape))
+        return _done(output_tensors)
+
+    def scatter(self, output_tensors: List[torch.Tensor], input_tensors: List[List[torch.Tensor]], opts: Any) -> Any:
+        # The root's parts, broadcast, each rank keeping its own.
+        for i, output in enumerate(output_tensors):
+            home = _home(output)
+            if self.rank() == opts.rootRank:
+                flat = torch.cat([t.reshape(-1).to(home) for t in input_tensors[i]])
+            else:
+                flat = torch.empty((self.size() * output.numel(),), dtype=output.dtype, device=home)
+            self._each([flat], True, lambda v: self._comm.broadcast(v, opts.rootRank))
+            output.copy_(flat.chunk(self.size())[self.rank()].view(output.shape))
+        return _done(output_tensors)
+
+    # The names torch.distributed uses since 2.10 and those before.
+    all_gather_single = _allgather_base
+    reduce_scatter_single = _reduce_scatter_base
+
+    def barrier(self, opts: Any = None) -> Any:
+        self._comm.barrier()
+        return _done(None)
+
+    def send(self, tensors: List[torch.Tensor], dst: int, tag: int = 0) -> Any:
+        self._each(tensors, False, lambda v: self._comm.send(v, dst))
+        return _done(tensors)
+
+    def recv(self, tensors: List[torch.Tensor], src: int, tag: int = 0) -> Any:
+        self._each(tensors, True, lambda v: self._comm.recv(v, src))
+        return _done(tensors)
+
+    def recv_anysource(self, tensors: List[torch.Tensor], tag: int = 0) -> Any:
+        raise ValueError("the polychip backend receives from a named rank only (recv with src=)")
+
+
+def _home(t: torch.Tensor) -> torch.device:
+    return t.device if t.device.type == NAME else torch.device(NAME, torch.polychip.current_device())
+
+
+def _create(store: Any, rank: int, size: int, timeout: timedelta) -> ProcessGroupPolychip:
+    return ProcessGroupPolychip(store, rank, size, timeout)
+
+
+def register() -> None:
+    """Registers the backend with torch.distributed (once per process;
+    ``import polychip.torch`` does it)."""
+    if NAME in dist.Backend.backend_list:
+        return
+    dist.Backend.register_backend(NAME, _create, devices=[NAME, "cpu"])
+
+
+def device_for_rank(rank: Optional[int] = None, vendors: Optional[Sequence[str]] = None) -> torch.device:
+    """A polychip device for this rank: with ``vendors``, the first device of
+    ``vendors[rank % len(vendors)]``; else device ``rank % device_count``.
+    Also makes it the current device."""
+    from . import device_count, device_info
+
+    r = dist.get_rank() if rank is None else rank
+    if vendors:
+        want = vendors[r % len(vendors)]
+        index = next((i for i in range(device_count()) if device_info(i)["vendor"] == want), None)
+        if index is None:
+            raise ValueError(f"no polychip device of vendor {want!r} in this process")
+    else:
+        index = r % device_count()
+    torch.polychip.set_device(index)
+    return torch.device(NAME, index)

@@ -1,0 +1,168 @@
+"""torch.distributed's `polychip` backend: every collective across two
+ranks on two vendors' devices (Ferrite and Cobalt) under `polychip launch`
+and under torchrun, CPU tensors too, Work semantics, and
+DistributedDataParallel training Hugging Face's LLaMA with one rank per
+vendor, whose loss equals one process on the whole batch."""
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from conftest import PROFILE_DIR
+
+COLLECTIVES = textwrap.dedent(
+    """
+    import torch, torch.distributed as dist
+    import polychip.torch as pt
+    from polychip.torch.distributed import device_for_rank
+
+    dist.init_process_group("polychip")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    assert dist.get_backend() == "polychip"
+    dev = device_for_rank(vendors=["Ferrite", "Cobalt"])
+    assert pt.device_info(dev.index)["vendor"] == ["Ferrite", "Cobalt"][rank]
+
+    def eq(t, want):
+        got = t.cpu().tolist()
+        assert got == want, (rank, got, want)
+
+    for op, want in [(dist.ReduceOp.SUM, 3.0), (dist.ReduceOp.AVG, 1.5), (dist.ReduceOp.MAX, 2.0), (dist.ReduceOp.MIN, 1.0)]:
+        t = torch.full((5,), float(rank + 1), device=dev)
+        dist.all_reduce(t, op=op)
+        eq(t, [want] * 5)
+    cpu = torch.full((3,), float(rank + 1))  # CPU tensors are staged through the device
+    dist.all_reduce(cpu)
+    eq(cpu, [3.0] * 3)
+    strided = torch.arange(6.0, device=dev).view(2, 3).t()  # non-contiguous
+    dist.all_reduce(strided)
+    eq(strided, (torch.arange(6.0).view(2, 3).t() * 2).tolist())
+    r = torch.full((2,), float(rank), device=dev)
+    dist.reduce(r, dst=1)
+    if rank == 1:
+        eq(r, [1.0, 1.0])
+    out = torch.empty(4, device=dev)
+    dist.all_gather_into_tensor(out, torch.full((2,), float(rank), device=dev))
+    eq(out, [0.0, 0.0, 1.0, 1.0])
+    outs = [torch.empty(2, device=dev) for _ in range(world)]
+    dist.all_gather(outs, torch.full((2,), float(rank), device=dev))
+    assert [o.cpu().tolist() for o in outs] == [[0.0, 0.0], [1.0, 1.0]]
+    b = torch.tensor([7.0 if rank == 1 else 0.0], device=dev)
+    dist.broadcast(b, src=1)
+    eq(b, [7.0])
+    rs = torch.empty(2, device=dev)
+    dist.reduce_scatter_tensor(rs, torch.arange(4.0, device=dev))
+    eq(rs, [0.0, 2.0] if rank == 0 else [4.0, 6.0])
+    rl = torch.empty(2, device=dev)
+    dist.reduce_scatter(rl, [torch.full((2,), 1.0, device=dev), torch.full((2,), 2.0, device=dev)])
+    eq(rl, [2.0, 2.0] if rank == 0 else [4.0, 4.0])
+    a2a = torch.empty(4, device=dev)
+    dist.all_to_all_single(a2a, torch.arange(4.0, device=dev) + 10 * rank)
+    eq(a2a, [0.0, 1.0, 10.0, 11.0] if rank == 0 else [2.0, 3.0, 12.0, 13.0])
+    parts = [torch.empty(1, device=dev) for _ in range(world)]
+    dist.all_to_all(parts, [torch.tensor([float(10 * rank + p)], device=dev) for p in range(world)])
+    assert [p.item() for p in parts] == [float(rank), float(10 + rank)]
+    g = [torch.empty(1, device=dev) for _ in range(world)] if rank == 0 else None
+    dist.gather(torch.tensor([float(rank + 5)], device=dev), g, dst=0)
+    if rank == 0:
+        assert [x.item() for x in g] == [5.0, 6.0]
+    s = torch.empty(1, device=dev)
+    dist.scatter(s, [torch.tensor([3.0], device=dev), torch.tensor([4.0], device=dev)] if rank == 0 else None, src=0)
+    eq(s, [3.0 + rank])
+    if rank == 0:
+        dist.send(torch.tensor([42.0], device=dev), 1)
+    else:
+        got = torch.zeros(1, device=dev)
+        dist.recv(got, 0)
+        eq(got, [42.0])
+    work = dist.all_reduce(torch.ones(2, device=dev), async_op=True)
+    assert work.wait() and work.is_completed()
+    fut = work.get_future()
+    assert fut.done() and fut.value()[0].cpu().tolist() == [2.0, 2.0]
+    try:
+        dist.all_reduce(torch.ones(1, device=dev), op=dist.ReduceOp.PRODUCT)
+        raise AssertionError("PRODUCT should be refused")
+    except (ValueError, RuntimeError) as e:
+        assert "sum, avg, max and min" in str(e), e
+    dist.barrier()
+    dist.destroy_process_group()
+    print(f"rank {rank} collectives ok", flush=True)
+    """
+)
+
+DDP = textwrap.dedent(
+    """
+    import json, torch, torch.distributed as dist, transformers
+    import polychip.torch as pt
+    from polychip.torch.distributed import device_for_rank
+
+    dist.init_process_group("polychip")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    dev = device_for_rank(vendors=["Ferrite", "Cobalt"])
+    cfg = transformers.LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(cfg).to(dev)
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.1)
+    ids = torch.randint(0, 96, (4, 16), generator=torch.Generator().manual_seed(1))
+    mine = ids[rank * 2:(rank + 1) * 2].to(dev)
+    losses = []
+    for step in range(5):
+        loss = ddp(mine, labels=mine).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        whole = loss.detach().clone()
+        dist.all_reduce(whole, op=dist.ReduceOp.AVG)
+        losses.append(whole.item())
+    if rank == 0:
+        print("LOSSES " + json.dumps(losses), flush=True)
+    dist.destroy_process_group()
+    """
+)
+
+
+def launch(tmp_path, code, how):
+    script = tmp_path / "ranks.py"
+    script.write_text(code)
+    if how == "polychip launch":
+        cmd = [str(PROFILE_DIR / "polychip"), "launch", "-n", "2", "--", sys.executable, str(script)]
+    else:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", str(script)]
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
+    return run.stdout
+
+
+@pytest.mark.parametrize("how", ["polychip launch", "torchrun"])
+def test_every_collective_across_two_vendors(tmp_path, how):
+    out = launch(tmp_path, COLLECTIVES, how)
+    assert "rank 0 collectives ok" in out and "rank 1 collectives ok" in out, out
+
+
+def test_ddp_across_two_vendors_matches_one_process_on_the_whole_batch(tmp_path):
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    out = launch(tmp_path, DDP, "polychip launch")
+    got = json.loads(out.split("LOSSES ", 1)[1].splitlines()[0])
+    cfg = transformers.LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(cfg)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.1)
+    ids = torch.randint(0, 96, (4, 16), generator=torch.Generator().manual_seed(1))
+    want = []
+    for _ in range(5):
+        # The whole batch's mean loss is the mean of the halves' (equal token
+        # counts), so DDP's averaged gradients are this one's.
+        loss = model(ids, labels=ids).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        want.append(loss.item())
+    for a, b in zip(got, want):
+        assert abs(a - b) <= 2e-5 * abs(b), (got, want)
+    assert want[-1] < want[0]
