@@ -388,3 +388,12 @@ def test_half_precision_runs_on_the_plugin_within_its_rounding():
         tol = 2 ** -7 if dtype == torch.bfloat16 else 2 ** -10
         torch.testing.assert_close(got.cpu().float(), want, rtol=8 * tol, atol=8 * tol)
     assert math.isfinite(float(got.float().sum().cpu()))
+
+
+def test_every_registered_operator_is_documented():
+    import pathlib
+
+    doc = (pathlib.Path(__file__).resolve().parents[2] / "docs" / "pytorch.md").read_text()
+    # Each operator's name, without its overload and in-place underscore.
+    missing = [n for n in OPERATORS if f"`{n.split('.')[0].rstrip('_')}" not in doc]
+    assert not missing, f"docs/pytorch.md does not list {missing}"

@@ -205,6 +205,34 @@ def _scalar(x: Any) -> Any:
     return x.item() if isinstance(x, torch.Tensor) else x
 
 
+def _result_type(a: torch.Tensor, b: Any) -> torch.dtype:
+    """torch.result_type, with the common cases (same dtype; a float or int
+    scalar with a floating tensor) answered without its tens of
+    microseconds."""
+    if isinstance(b, torch.Tensor):
+        if b.dtype == a.dtype:
+            return a.dtype
+    elif type(b) in (int, float) and a.dtype in _FLOATS:
+        return a.dtype
+    return torch.result_type(a, b)
+
+
+def _broadcast(a: Sequence[int], b: Sequence[int]) -> Tuple[int, ...]:
+    """NumPy broadcasting of two shapes (torch.broadcast_shapes is Python
+    through torch._refs and costs tens of microseconds a call)."""
+    if tuple(a) == tuple(b):
+        return tuple(a)
+    n = max(len(a), len(b))
+    a = (1,) * (n - len(a)) + tuple(a)
+    b = (1,) * (n - len(b)) + tuple(b)
+    out = []
+    for x, y in zip(a, b):
+        if x != y and x != 1 and y != 1:
+            raise RuntimeError(f"shapes {list(a)} and {list(b)} do not broadcast")
+        out.append(y if x == 1 else x)
+    return tuple(out)
+
+
 def _write_into(out: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
     """The ``out=`` convention: resize ``out`` to the result, then copy."""
     if out.shape != value.shape:
@@ -234,7 +262,7 @@ def _binary(name: str, a: Any, b: Any, alpha: Any = 1, inplace: bool = False) ->
     extra = {"alpha": alpha} if name in ("add", "sub") and alpha != 1 else {}
     scalar = _is_scalar(b)
     bv = _scalar(b) if scalar else b
-    dtype = torch.result_type(a, bv)
+    dtype = _result_type(a, bv)
     if inplace and dtype != a.dtype:
         if not torch.can_cast(dtype, a.dtype):
             return _fallback(op, a, b, **extra)
@@ -254,7 +282,7 @@ def _binary(name: str, a: Any, b: Any, alpha: Any = 1, inplace: bool = False) ->
         else:
             bt = b if b.dtype == dtype else b.to(dtype)
     at = a if a.dtype == dtype else a.to(dtype)
-    shape = torch.broadcast_shapes(at.shape, bt.shape)
+    shape = _broadcast(at.shape, bt.shape)
     if inplace:
         if tuple(shape) != tuple(a.shape):
             raise RuntimeError(
@@ -325,7 +353,7 @@ for _name in _BINARY:
 def _rsub(self: torch.Tensor, other: Any, alpha: Any = 1) -> torch.Tensor:
     # other - alpha * self
     if _is_scalar(other):
-        dtype = torch.result_type(self, _scalar(other))
+        dtype = _result_type(self, _scalar(other))
         if dtype in _FLOATS and _NAMES[dtype] in ops.DTYPES["sub"]:
             s = self if self.dtype == dtype else self.to(dtype)
             out = _empty(s.shape, dtype, s)
@@ -395,7 +423,7 @@ def _gelu(self: torch.Tensor, *, approximate: str = "none") -> torch.Tensor:
 
 @_impl("pow.Tensor_Scalar")
 def _pow(self: torch.Tensor, exponent: Any) -> torch.Tensor:
-    dtype = torch.result_type(self, exponent)
+    dtype = _result_type(self, exponent)
     if dtype != self.dtype or not _ok("pow_scalar", self) or isinstance(exponent, complex):
         return _fallback(aten.pow.Tensor_Scalar, self, exponent)
     out = _empty(self.shape, self.dtype, self)
@@ -1114,7 +1142,7 @@ def _lerp_(self: torch.Tensor, end: torch.Tensor, weight: Any) -> torch.Tensor:
     # self += weight * (end - self)
     if not _ok("sub", self) or end.dtype != self.dtype or not _on_device(end) or isinstance(weight, complex):
         return _fallback(aten.lerp_.Scalar, self, end, weight)
-    diff = _empty(torch.broadcast_shapes(self.shape, end.shape), self.dtype, self)
+    diff = _empty(_broadcast(self.shape, end.shape), self.dtype, self)
     ops.sub(_pc(end), _pc(self), _pc(diff))
     ops.add(_pc(self), _pc(diff), _pc(self), float(weight))
     return self
@@ -1124,9 +1152,9 @@ def _addc(op_name: str, self: torch.Tensor, t1: torch.Tensor, t2: torch.Tensor, 
     op = getattr(aten, op_name).default
     if not _on_device(t1, t2) or len({self.dtype, t1.dtype, t2.dtype}) != 1 or not _ok("mul", self) or isinstance(value, complex):
         return _fallback(op, self, t1, t2, value=value)
-    tmp = _empty(torch.broadcast_shapes(t1.shape, t2.shape), self.dtype, self)
+    tmp = _empty(_broadcast(t1.shape, t2.shape), self.dtype, self)
     (ops.mul if op_name == "addcmul_" else ops.div)(_pc(t1), _pc(t2), _pc(tmp))
-    if tuple(torch.broadcast_shapes(self.shape, tmp.shape)) != tuple(self.shape):
+    if tuple(_broadcast(self.shape, tmp.shape)) != tuple(self.shape):
         return _fallback(op, self, t1, t2, value=value)
     ops.add(_pc(self), _pc(tmp), _pc(self), float(value))
     return self

@@ -88,6 +88,21 @@ void check(polychip_error_t* error, const char* what) {
   TORCH_CHECK(false, "polychip: ", what, ": ", message);
 }
 
+// Nanoseconds spent inside libpolychip's operator and transfer calls made
+// from here (the benchmark's "plugin" share; Python kernels time theirs).
+std::atomic<int64_t> g_plugin_ns{0};
+
+// Runs one libpolychip call, timing it, and throws its error.
+template <class F>
+void timed(const char* what, F&& call) {
+  const auto start = std::chrono::steady_clock::now();
+  polychip_error_t* e = call();
+  g_plugin_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(
+                     std::chrono::steady_clock::now() - start)
+                     .count();
+  check(e, what);
+}
+
 void check_device(c10::DeviceIndex index) {
   require_init();
   TORCH_CHECK(
@@ -286,9 +301,9 @@ void device_copy(const at::Tensor& src, const at::Tensor& dst) {
   }
   View s(src), d(dst);
   if (src.scalar_type() == dst.scalar_type()) {
-    check(polychip_op_copy(nullptr, s.h, d.h), "copy");
+    timed("copy", [&] { return polychip_op_copy(nullptr, s.h, d.h); });
   } else {
-    check(polychip_op_cast(nullptr, s.h, d.h), "cast");
+    timed("cast", [&] { return polychip_op_cast(nullptr, s.h, d.h); });
   }
 }
 
@@ -305,14 +320,14 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool /*non_b
     // one write of row-major bytes into the destination view.
     at::Tensor host = src.to(at::kCPU, dst.scalar_type()).contiguous();
     View d(dst);
-    check(polychip_tensor_write(d.h, host.data_ptr(), host.nbytes()), "copy to the device");
+    timed("copy to the device", [&] { return polychip_tensor_write(d.h, host.data_ptr(), host.nbytes()); });
     return dst;
   }
   if (!is_polychip(dst)) {
     at::Tensor host = at::empty(src.sizes(), src.options().device(at::kCPU));
     {
       View s(src);
-      check(polychip_tensor_read(s.h, host.data_ptr(), host.nbytes()), "copy from the device");
+      timed("copy from the device", [&] { return polychip_tensor_read(s.h, host.data_ptr(), host.nbytes()); });
     }
     const_cast<at::Tensor&>(dst).copy_(host);
     return dst;
@@ -325,7 +340,7 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool /*non_b
     // Between devices, perhaps of two vendors: staged through the host.
     {
       View s(src), d(dst);
-      check(polychip_tensor_copy(s.h, d.h), "copy between devices");
+      timed("copy between devices", [&] { return polychip_tensor_copy(s.h, d.h); });
       return dst;
     }
   }
@@ -334,7 +349,7 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool /*non_b
     at::Tensor converted = empty_on(src, src.sizes(), dst.scalar_type());
     device_copy(src, converted);
     View s(converted), d(dst);
-    check(polychip_tensor_copy(s.h, d.h), "copy between devices");
+    timed("copy between devices", [&] { return polychip_tensor_copy(s.h, d.h); });
     return dst;
   }
   // Conversions the plugins do not have (integers and bools to and from
@@ -455,7 +470,7 @@ at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
 at::Scalar local_scalar_dense(const at::Tensor& self) {
   at::Tensor host = at::empty({}, self.options().device(at::kCPU));
   View s(self);
-  check(polychip_tensor_read(s.h, host.data_ptr(), host.nbytes()), "reading a scalar");
+  timed("reading a scalar", [&] { return polychip_tensor_read(s.h, host.data_ptr(), host.nbytes()); });
   return host.item();
 }
 
@@ -488,7 +503,7 @@ bool fill_on_device(const at::Tensor& self, const at::Scalar& value) {
   }
   if (self.numel() == 0) return true;
   View o(self);
-  check(polychip_op_fill(nullptr, o.h, v), "fill");
+  timed("fill", [&] { return polychip_op_fill(nullptr, o.h, v); });
   return true;
 }
 
@@ -761,6 +776,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     check_device(static_cast<c10::DeviceIndex>(i));
     return py::reinterpret_steal<py::object>(THPGenerator_initDefaultGenerator(generators()[i]));
   });
+  m.def("plugin_seconds", []() { return static_cast<double>(g_plugin_ns.load()) * 1e-9; },
+        "Seconds inside libpolychip calls made by the C++ half.");
+  m.def("reset_plugin_seconds", []() { g_plugin_ns = 0; });
   m.def("memory_stats", &memory_stats, "(allocated bytes, peak bytes, live allocations of all devices).");
   m.def("reset_peak", &reset_peak);
 }
