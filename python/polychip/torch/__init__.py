@@ -221,6 +221,8 @@ def reset_kernel_report() -> None:
     for k in _aten.CALLS:
         _aten.CALLS[k] = 0
         _aten.SECONDS[k] = 0.0
+    for k in _aten.TOTALS:
+        _aten.TOTALS[k] = 0.0
 
 
 class profile:

@@ -65,10 +65,14 @@ _NAMES = {
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 
 
-# Calls of each registered kernel, and (while ``profile`` is on) seconds.
+# Calls of each registered kernel, and (while ``profile`` is on) seconds;
+# TOTALS: time in outermost kernels (a kernel may call others), and the
+# C++ half's plugin time within them.
 CALLS: Dict[str, int] = {}
 SECONDS: Dict[str, float] = {}
+TOTALS = {"kernels": 0.0, "kernels_plugin": 0.0}
 PROFILING = [False]
+_DEPTH = [0]
 
 
 def _counted(name: str, fn: Callable) -> Callable:
@@ -79,11 +83,19 @@ def _counted(name: str, fn: Callable) -> Callable:
         CALLS[name] += 1
         if not PROFILING[0]:
             return fn(*args, **kwargs)
+        outermost = _DEPTH[0] == 0
+        _DEPTH[0] += 1
+        plugin = _C.plugin_seconds() if outermost else 0.0
         start = time.perf_counter()
         try:
             return fn(*args, **kwargs)
         finally:
-            SECONDS[name] += time.perf_counter() - start
+            took = time.perf_counter() - start
+            _DEPTH[0] -= 1
+            SECONDS[name] += took
+            if outermost:
+                TOTALS["kernels"] += took
+                TOTALS["kernels_plugin"] += _C.plugin_seconds() - plugin
 
     kernel.__name__ = fn.__name__
     return kernel
