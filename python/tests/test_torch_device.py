@@ -168,3 +168,23 @@ def test_modules_move_with_generated_methods():
     assert next(m.parameters()).device == torch.device("polychip", FERRITE)
     got = m(x.polychip(FERRITE))
     torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=1e-5)
+
+
+def test_bad_input_fails_clearly_and_nothing_runs_across_devices():
+    a = torch.randn(3, device=f"polychip:{FERRITE}")
+    b = torch.randn(3, device=f"polychip:{COBALT}")
+    same = "Expected all tensors to be on the same device"
+    for f in (lambda: a + b, lambda: a + torch.randn(3), lambda: torch.cat([a, b]), lambda: torch.cumsum(a, 0) + b):
+        with pytest.raises(RuntimeError, match=same):
+            f()
+    assert (a + torch.tensor(2.0)).device == a.device  # a 0-d CPU tensor is a scalar
+    with pytest.raises(RuntimeError, match="allocating device memory.*out of memory"):
+        torch.empty(10**12, device=f"polychip:{COBALT}")
+    with pytest.raises(RuntimeError, match="ComplexFloat has no polychip equivalent"):
+        torch.zeros(2, dtype=torch.complex64, device=f"polychip:{FERRITE}").cpu()
+    # The plugins check indices: an error naming the operator, never a read
+    # out of bounds.
+    with pytest.raises(polychip.errors.InvalidArgument, match="embedding.*(outside|out of range)"):
+        torch.nn.functional.embedding(torch.tensor([5], device=a.device), torch.randn(3, 2, device=a.device))
+    with pytest.raises(RuntimeError, match="doesn't match the broadcast shape"):
+        a.add_(torch.randn(2, 3, device=a.device))

@@ -139,11 +139,30 @@ def _label(op: Any) -> str:
     return f"{name}.{overload}" if overload else name
 
 
+def _one_device(args: Any) -> None:
+    """PyTorch's rule: an operator's tensors are on one device (0-d CPU
+    tensors aside). Raises its message otherwise, before anything runs."""
+    seen: List[torch.device] = []
+
+    def visit(x: Any) -> Any:
+        if isinstance(x, torch.Tensor) and not (x.device.type == "cpu" and x.dim() == 0):
+            if x.device not in seen:
+                seen.append(x.device)
+        return x
+
+    tree_map(visit, args)
+    if len(seen) > 1:
+        raise RuntimeError(
+            f"Expected all tensors to be on the same device, but found at least two devices, {seen[0]} and {seen[1]}!"
+        )
+
+
 def _fallback(op: Any, *args: Any, **kwargs: Any) -> Any:
     """Runs ``op`` on the CPU (counted under its name; an error under
     strict mode): polychip tensors go to the CPU and results come back to
     the device of the first one; arguments the operator writes are written
-    back."""
+    back. Tensors on two devices are refused as PyTorch refuses them."""
+    _one_device((args, kwargs))
     label = _label(op)
     _C.count_fallback(label)
     start = time.perf_counter()

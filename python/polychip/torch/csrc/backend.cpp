@@ -270,7 +270,37 @@ std::string op_label(const c10::OperatorName& name) {
   return name.overload_name.empty() ? name.name : name.name + "." + name.overload_name;
 }
 
+// PyTorch's rule for an operator's tensors: one device (0-d CPU tensors
+// aside). The CPU fallback would otherwise compute across devices.
+void check_one_device(const c10::OperatorHandle& op, const torch::jit::Stack& stack) {
+  const auto n = op.schema().arguments().size();
+  std::optional<c10::Device> first;
+  auto visit = [&](const at::Tensor& t) {
+    if (!t.defined() || (t.device().is_cpu() && t.dim() == 0)) return;
+    if (!first) {
+      first = t.device();
+    } else {
+      TORCH_CHECK(*first == t.device(),
+                  "Expected all tensors to be on the same device, but found at least two devices, ",
+                  *first, " and ", t.device(), "! (", op_label(op.schema().operator_name()), ")");
+    }
+  };
+  for (size_t i = stack.size() - n; i < stack.size(); ++i) {
+    const auto& v = stack[i];
+    if (v.isTensor()) {
+      visit(v.toTensor());
+    } else if (v.isTensorList()) {
+      for (const at::Tensor& t : v.toTensorList()) visit(t);
+    } else if (v.isOptionalTensorList()) {
+      for (const std::optional<at::Tensor> t : v.toOptionalTensorList()) {
+        if (t.has_value()) visit(*t);
+      }
+    }
+  }
+}
+
 void boxed_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  check_one_device(op, *stack);
   const auto name = op_label(op.schema().operator_name());
   count_fallback(name);
   FallbackTimer timer(name);
