@@ -6,6 +6,7 @@
 #![forbid(unsafe_code)]
 
 mod bench;
+mod checkpoint;
 mod conform;
 mod devices;
 mod launch;
@@ -37,7 +38,27 @@ enum Command {
     /// Plan how to train a model on a cluster of uneven chips (HeteroAuto).
     Plan(plan::Args),
     /// Train a LLaMA-architecture model across every vendor's devices (the main job).
+    ///
+    /// It starts from seeded weights, from a polychip checkpoint (--resume) or
+    /// from a Hugging Face LLaMA model (--init-from), and can write the
+    /// result as a Hugging Face model (--export-hf) as well as checkpoints
+    /// (--checkpoint-dir).
     Train(Box<train::Args>),
+    /// Hugging Face LLaMA models in and out of checkpoints, and their logits:
+    /// `export-hf`, `import-hf`, `logits`.
+    ///
+    /// `export-hf` writes any polychip checkpoint (a step directory or a
+    /// checkpoint directory with `latest`, of any stage split) as a
+    /// directory that transformers' LlamaForCausalLM.from_pretrained loads;
+    /// `import-hf` writes a Hugging Face LLaMA directory (config.json and
+    /// model.safetensors, or shards with model.safetensors.index.json) as a
+    /// step-0 checkpoint that `polychip train --resume` continues; `logits`
+    /// prints a model's logits for a token sequence, to compare the two.
+    /// Outputs are written whole or not at all, into a directory that does
+    /// not exist or is empty; what the trainer cannot represent (another
+    /// architecture, biases, scaled rotary embeddings, ...) is refused
+    /// naming the file and the field or tensor. See docs/training.md.
+    Checkpoint(checkpoint::Args),
 }
 
 fn main() -> ExitCode {
@@ -50,5 +71,6 @@ fn main() -> ExitCode {
         Command::Bench(args) => bench::run(&args),
         Command::Plan(args) => plan::run(&args),
         Command::Train(args) => train::run(&args),
+        Command::Checkpoint(args) => checkpoint::run(&args),
     }
 }

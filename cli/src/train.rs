@@ -2,7 +2,9 @@
 //! text (or `--corpus`) across the devices of every loaded plugin, as the
 //! plan says: `--plan auto` (the default: HeteroAuto over `--devices`, after
 //! profiling each vendor's device on the model), `--plan FILE`, `--stages
-//! SPEC` or `--device D` (the whole model on one device).
+//! SPEC` or `--device D` (the whole model on one device). It starts from
+//! seeded weights, a checkpoint (`--resume`) or a Hugging Face LLaMA model
+//! (`--init-from`), and can write the result as one (`--export-hf`).
 //!
 //! Outside a launcher a plan of several ranks starts itself as a local job
 //! (`polychip launch` underneath); inside one (torchrun, srun, mpirun,
@@ -18,14 +20,30 @@ use polychip_train::config::{ModelConfig, Precision, TrainConfig};
 use polychip_train::data::Corpus;
 use polychip_train::plan::TrainPlan;
 use polychip_train::trainer::{self, Options, Summary};
-use polychip_train::{TrainError, auto, autocompare, memory, pin};
+use polychip_train::{TrainError, auto, autocompare, checkpoint, hf, memory, pin};
 
 /// Options of `polychip train`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {
-    /// Model preset (mini, tiny, small) or a model TOML file.
-    #[arg(long, value_name = "PRESET_OR_FILE", default_value = "tiny")]
-    model: String,
+    /// Model preset (mini, tiny, small, deep) or a model TOML file
+    /// (default: tiny, or with --resume the checkpoint's model).
+    #[arg(long, value_name = "PRESET_OR_FILE")]
+    model: Option<String>,
+    /// Start from the weights of a Hugging Face LLaMA directory
+    /// (config.json and model.safetensors or its shards), which also gives
+    /// the model's shape; AdamW starts from zero.
+    #[arg(long, value_name = "HF_DIR", conflicts_with_all = ["resume", "model"])]
+    init_from: Option<PathBuf>,
+    /// Tokens per training sequence (default: the model's; with
+    /// --init-from, min(max_position_embeddings, 128)).
+    #[arg(long, value_name = "N")]
+    seq_len: Option<usize>,
+    /// After training, write the final weights as a Hugging Face LLaMA
+    /// directory (config.json, model.safetensors) that transformers'
+    /// LlamaForCausalLM.from_pretrained loads; with --steps 0, the initial
+    /// weights. The directory must not exist or be empty.
+    #[arg(long, value_name = "DIR")]
+    export_hf: Option<PathBuf>,
     /// Training settings TOML file (the flags below override it).
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
@@ -76,7 +94,9 @@ pub struct Args {
     /// Save every N steps (and after the last).
     #[arg(long, value_name = "N", default_value_t = 0)]
     save_every: u64,
-    /// Resume from a checkpoint (a step directory, or a directory with `latest`).
+    /// Resume from a checkpoint (a step directory, or a directory with
+    /// `latest`; `polychip checkpoint import-hf` makes one of a Hugging
+    /// Face model).
     #[arg(long, value_name = "PATH")]
     resume: Option<PathBuf>,
     /// Stop after N steps of the schedule (the schedule still ends at --steps).
@@ -123,8 +143,30 @@ pub fn run(args: &Args) -> ExitCode {
     }
 }
 
+/// The model: the Hugging Face directory's (`--init-from`), `--model`, the
+/// resumed checkpoint's, or the `tiny` preset; `--seq-len` replaces its
+/// sequence length.
+fn model(args: &Args) -> Result<ModelConfig, TrainError> {
+    if let Some(dir) = &args.init_from {
+        // Reads the config and every header: all is checked before training.
+        return Ok(hf::HfModel::open(dir, args.seq_len)?.model().clone());
+    }
+    let mut model = match (&args.model, &args.resume) {
+        (Some(m), _) => ModelConfig::from_arg(m)?,
+        (None, Some(r)) => checkpoint::read_manifest(r)?.1.model,
+        (None, None) => ModelConfig::preset("tiny")?,
+    };
+    if let Some(s) = args.seq_len {
+        model.seq_len = s;
+        model
+            .validate()
+            .map_err(|m| TrainError::Config(format!("--seq-len: {m}")))?;
+    }
+    Ok(model)
+}
+
 fn settings(args: &Args) -> Result<(ModelConfig, TrainConfig), TrainError> {
-    let model = ModelConfig::from_arg(&args.model)?;
+    let model = model(args)?;
     let mut t = match &args.config {
         Some(p) => TrainConfig::load(p)?,
         None => TrainConfig::default(),
@@ -268,6 +310,10 @@ fn resolve_plan(
 }
 
 fn train(args: &Args) -> Result<ExitCode, TrainError> {
+    if let Some(out) = &args.export_hf {
+        // Refuse before training, not after.
+        hf::check_new_dir(out)?;
+    }
     let (model, t) = settings(args)?;
     let corpus = corpus(args)?;
     let launched = polychip_comm::env::launched();
@@ -341,6 +387,8 @@ fn train(args: &Args) -> Result<ExitCode, TrainError> {
         checkpoint_dir: args.checkpoint_dir.clone(),
         save_every: args.save_every,
         resume: args.resume.clone(),
+        init_from: args.init_from.clone(),
+        export_hf: args.export_hf.clone(),
         trace: args.trace.clone(),
         stop_after: args.stop_after,
         log_every: args.log_every,
@@ -453,6 +501,13 @@ fn report(args: &Args, plan: &TrainPlan, s: &Summary) -> Result<(), TrainError> 
     }
     if let Some(c) = &s.checkpoint {
         println!("checkpoint: {}", c.display());
+    }
+    if let Some(out) = &s.exported {
+        println!(
+            "exported the weights after step {} as a Hugging Face LLaMA model: {}",
+            s.steps.last().map_or(s.start_step, |r| r.step),
+            out.display()
+        );
     }
     if let Some(trace) = &args.trace {
         let sim = polychip_train::simulate::simulated_trace(plan, s);

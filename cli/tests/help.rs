@@ -11,7 +11,15 @@ fn help_describes_every_command() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success());
     assert!(!text.contains("later release"), "{text}");
-    for command in ["devices", "conform", "launch", "bench", "plan", "train"] {
+    for command in [
+        "devices",
+        "conform",
+        "launch",
+        "bench",
+        "plan",
+        "train",
+        "checkpoint",
+    ] {
         assert!(
             text.contains(&format!("  {command} ")),
             "{command} missing from:\n{text}"

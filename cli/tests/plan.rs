@@ -1,19 +1,8 @@
 //! `polychip plan` on the example clusters with the 100B and 70B presets,
 //! JSON output and trace, and an infeasible case.
 
-use std::process::Command;
-
-fn polychip(args: &[&str]) -> (Option<i32>, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_polychip"))
-        .args(args)
-        .output()
-        .expect("run polychip");
-    (
-        out.status.code(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
+mod common;
+use common::polychip;
 
 fn example(name: &str) -> String {
     format!("{}/../examples/clusters/{name}", env!("CARGO_MANIFEST_DIR"))

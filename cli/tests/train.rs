@@ -4,27 +4,15 @@
 //! into another stage split, and the refusals: a stage that does not fit,
 //! a corrupt or mismatched checkpoint, a rank that dies.
 
+mod common;
+use common::polychip_env;
+
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 /// The bound on |loss difference| per step between any plan and one device, f32.
 const F32_BOUND: f64 = 1e-4;
 /// The same in bf16 (activations, weight copies and gradients rounded to bf16).
 const BF16_BOUND: f64 = 2e-2;
-
-fn polychip(args: &[&str], env: &[(&str, &str)]) -> (Option<i32>, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_polychip"))
-        .args(args)
-        .envs(env.iter().copied())
-        .env("POLYCHIP_TRANSPORT", "shm")
-        .output()
-        .expect("run polychip");
-    (
-        out.status.code(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
 
 fn scratch(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("polychip-train-{}-{name}", std::process::id()));
@@ -53,7 +41,7 @@ fn curve(dir: &Path, tag: &str, extra: &[&str]) -> Vec<f64> {
     args.extend_from_slice(extra);
     let j = json.display().to_string();
     args.extend_from_slice(&["--log-json", &j]);
-    let (code, out, err) = polychip(&args, &[]);
+    let (code, out, err) = polychip_env(&args, &[]);
     assert_eq!(code, Some(0), "{tag}: {out}\n{err}");
     let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
     v["summary"]["steps"]
@@ -193,7 +181,7 @@ fn checkpoints_resume_exactly_and_load_into_another_split() {
     std::fs::write(&file, bytes).unwrap();
     let mut args = COMMON.to_vec();
     args.extend_from_slice(&["--steps", "12", "--device", "ferrite:0", "--resume", &c]);
-    let (code, _, err) = polychip(&args, &[]);
+    let (code, _, err) = polychip_env(&args, &[]);
     assert_eq!(code, Some(2), "{err}");
     assert!(
         err.contains("stage-00-of-01.safetensors") && err.contains("checksum"),
@@ -203,7 +191,7 @@ fn checkpoints_resume_exactly_and_load_into_another_split() {
     // A checkpoint of another model shape is refused, naming the field.
     let mut args: Vec<&str> = vec!["train", "--model", "tiny", "--steps", "2", "--no-pin"];
     args.extend_from_slice(&["--device", "ferrite:0", "--resume", &c]);
-    let (code, _, err) = polychip(&args, &[]);
+    let (code, _, err) = polychip_env(&args, &[]);
     assert_eq!(code, Some(2), "{err}");
     assert!(
         err.contains("different model") && err.contains("dim is 32"),
@@ -228,7 +216,7 @@ fn a_stage_that_does_not_fit_is_refused_before_training() {
         "ferrite:0=0..5,cobalt:0=5..6",
         "--no-pin",
     ];
-    let (code, out, err) = polychip(&args, &[]);
+    let (code, out, err) = polychip_env(&args, &[]);
     assert_eq!(code, Some(2), "{out}{err}");
     assert!(
         err.contains("stage 1 of replica 0 (cobalt:0, blocks 5..6)") && err.contains("MiB short"),
@@ -254,7 +242,7 @@ fn a_rank_that_dies_stops_the_job_and_keeps_the_last_checkpoint() {
         "3",
     ]);
     let started = std::time::Instant::now();
-    let (code, out, err) = polychip(&args, &[("POLYCHIP_TRAIN_KILL_AT", "1:8")]);
+    let (code, out, err) = polychip_env(&args, &[("POLYCHIP_TRAIN_KILL_AT", "1:8")]);
     assert_ne!(code, Some(0), "{out}{err}");
     assert!(started.elapsed().as_secs() < 120, "no hang");
     let all = format!("{out}{err}");
@@ -293,7 +281,7 @@ fn trace_and_autocompare_cover_every_rank() {
         &t,
         "--autocompare",
     ]);
-    let (code, out, err) = polychip(&args, &[]);
+    let (code, out, err) = polychip_env(&args, &[]);
     assert_eq!(code, Some(0), "{out}{err}");
     for device in ["ferrite:0", "cobalt:0"] {
         assert!(
@@ -374,7 +362,7 @@ nic_bandwidth = 2e9
         "f32",
         "--json",
     ];
-    let (code, json, err) = polychip(&plan_args, &[]);
+    let (code, json, err) = polychip_env(&plan_args, &[]);
     assert_eq!(code, Some(0), "{err}");
     let plan = dir.join("plan.json");
     std::fs::write(&plan, json).unwrap();
@@ -399,7 +387,7 @@ fn the_default_job_plans_with_heteroauto_over_both_vendors() {
         "--save-plan",
         &p,
     ];
-    let (code, out, err) = polychip(&args, &[]);
+    let (code, out, err) = polychip_env(&args, &[]);
     assert_eq!(code, Some(0), "{out}{err}");
     for needle in [
         "profiled cobalt:0",

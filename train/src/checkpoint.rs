@@ -78,8 +78,6 @@ pub fn write_stage(
     index: usize,
     stages: usize,
 ) -> Result<()> {
-    let dir = partial_dir(root, step);
-    std::fs::create_dir_all(&dir).map_err(|e| TrainError::io(&dir, e))?;
     let mut st = SafeTensors::new();
     for p in stage.params() {
         let name = &p.spec.name;
@@ -87,7 +85,21 @@ pub fn write_stage(
         st.insert(format!("{name}.exp_avg"), f32_tensor(&p.exp_avg)?)?;
         st.insert(format!("{name}.exp_avg_sq"), f32_tensor(&p.exp_avg_sq)?)?;
     }
-    st.save(&dir.join(stage_file(index, stages)))
+    write_tensors(root, step, &st, index, stages)
+}
+
+/// [`write_stage`] of tensors already on the host (weights under their
+/// names, moments under `.exp_avg` / `.exp_avg_sq`): an imported model.
+pub fn write_tensors(
+    root: &Path,
+    step: u64,
+    tensors: &SafeTensors,
+    index: usize,
+    stages: usize,
+) -> Result<()> {
+    let dir = partial_dir(root, step);
+    std::fs::create_dir_all(&dir).map_err(|e| TrainError::io(&dir, e))?;
+    tensors.save(&dir.join(stage_file(index, stages)))
 }
 
 /// Second half, on rank 0 after every writer finished: the manifest, the
@@ -145,6 +157,41 @@ pub struct Loaded {
 /// Reads `path`: a step directory, or a root whose `latest` names one.
 /// Refuses a checkpoint of another model shape, naming the field.
 pub fn load(path: &Path, model: &ModelConfig) -> Result<Loaded> {
+    let (dir, manifest) = read_manifest(path)?;
+    if let Some(diff) = model_difference(&manifest.model, model) {
+        return Err(TrainError::Checkpoint {
+            path: dir,
+            message: format!(
+                "holds a different model: {diff}; train with the same model shape to load it"
+            ),
+        });
+    }
+    load_files(dir, manifest)
+}
+
+/// Reads `path` as [`load`] does, whatever model it holds (the manifest
+/// says which).
+pub fn open(path: &Path) -> Result<Loaded> {
+    let (dir, manifest) = read_manifest(path)?;
+    load_files(dir, manifest)
+}
+
+fn load_files(dir: PathBuf, manifest: Manifest) -> Result<Loaded> {
+    let mut tensors = Vec::new();
+    for f in &manifest.files {
+        let p = dir.join(f);
+        tensors.push((p.clone(), SafeTensors::load(&p)?));
+    }
+    Ok(Loaded {
+        dir,
+        manifest,
+        tensors,
+    })
+}
+
+/// The step directory `path` names (itself, or its root's `latest`) and its
+/// manifest, checked: the format, a valid model shape, plain file names.
+pub fn read_manifest(path: &Path) -> Result<(PathBuf, Manifest)> {
     let err = |p: &Path, m: String| TrainError::Checkpoint {
         path: p.to_path_buf(),
         message: m,
@@ -178,25 +225,26 @@ pub fn load(path: &Path, model: &ModelConfig) -> Result<Loaded> {
             ),
         ));
     }
-    if let Some(diff) = model_difference(&manifest.model, model) {
+    manifest
+        .model
+        .validate()
+        .map_err(|m| err(&mpath, format!("has an unusable model: {m}")))?;
+    if let Some(f) = manifest
+        .files
+        .iter()
+        .find(|f| Path::new(f).file_name() != Some(std::ffi::OsStr::new(f.as_str())))
+    {
         return Err(err(
-            &dir,
-            format!("holds a different model: {diff}; train with the same model shape to load it"),
+            &mpath,
+            format!("names stage file {f:?}, which is not a plain file name"),
         ));
     }
-    let mut tensors = Vec::new();
-    for f in &manifest.files {
-        let p = dir.join(f);
-        tensors.push((p.clone(), SafeTensors::load(&p)?));
-    }
-    Ok(Loaded {
-        dir,
-        manifest,
-        tensors,
-    })
+    Ok((dir, manifest))
 }
 
-fn model_difference(saved: &ModelConfig, now: &ModelConfig) -> Option<String> {
+/// The first shape field in which two models differ, as `field is A in the
+/// checkpoint but B now` (the name does not count).
+pub fn model_difference(saved: &ModelConfig, now: &ModelConfig) -> Option<String> {
     let pairs = [
         ("vocab", saved.vocab, now.vocab),
         ("dim", saved.dim, now.dim),

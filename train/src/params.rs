@@ -1,9 +1,15 @@
 //! The model's parameters: their names (Meta's LLaMA names, so checkpoints
-//! read like any LLaMA checkpoint), shapes, which stage holds them, and a
-//! deterministic initialization keyed by (seed, name), so that every split
-//! of the model over stages starts from the same weights.
+//! read like any LLaMA checkpoint), shapes, which stage holds them, and
+//! where their initial values come from: a deterministic initialization
+//! keyed by (seed, name), or weights given by name (a Hugging Face
+//! checkpoint, `--init-from`). Either way a parameter's start depends on its
+//! name only, so that every split of the model over stages starts from the
+//! same weights.
+
+use std::collections::BTreeMap;
 
 use crate::config::ModelConfig;
+use crate::error::{Result, TrainError};
 
 /// The part of the model one pipeline stage holds: blocks
 /// `first_layer..end_layer`, plus the token embedding when it starts at
@@ -97,6 +103,50 @@ impl ParamSpec {
             }
         }
         out
+    }
+}
+
+/// Where a stage's initial weights come from.
+#[derive(Debug, Clone, PartialEq)]
+pub enum InitialWeights {
+    /// [`ParamSpec::initial_values`] of this seed.
+    Seed(u64),
+    /// These values, by parameter name (each taken when used); a parameter
+    /// missing from the map is an error naming it and `source`.
+    Given {
+        /// Values by parameter name, row-major.
+        values: BTreeMap<String, Vec<f32>>,
+        /// Where they came from, for errors (a directory, a file).
+        source: String,
+    },
+}
+
+impl InitialWeights {
+    /// The initial values of `spec`: generated from the seed, or taken
+    /// from the given ones (checking their number).
+    pub fn take(&mut self, spec: &ParamSpec) -> Result<Vec<f32>> {
+        match self {
+            InitialWeights::Seed(seed) => Ok(spec.initial_values(*seed)),
+            InitialWeights::Given { values, source } => {
+                let v = values.remove(&spec.name).ok_or_else(|| {
+                    TrainError::Config(format!(
+                        "the initial weights from {source} have no `{}`",
+                        spec.name
+                    ))
+                })?;
+                if v.len() != spec.numel() {
+                    return Err(TrainError::Config(format!(
+                        "the initial weights from {source} give `{}` {} values, but its shape \
+                         {:?} has {}",
+                        spec.name,
+                        v.len(),
+                        spec.shape,
+                        spec.numel()
+                    )));
+                }
+                Ok(v)
+            }
+        }
     }
 }
 

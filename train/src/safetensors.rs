@@ -1,22 +1,38 @@
-//! Checkpoints in the safetensors format, written and read by our own code.
+//! Checkpoints in the safetensors format, read and written with Hugging
+//! Face's `safetensors` crate.
 //!
 //! A file is: an 8-byte little-endian `u64` N; N bytes of UTF-8 JSON, padded
 //! with spaces to a multiple of 8, mapping each tensor name to
 //! `{"dtype": "F32", "shape": [..], "data_offsets": [begin, end]}` (offsets
 //! relative to the first byte after the header), plus an optional
 //! `"__metadata__"` object of strings; then the data: every tensor
-//! little-endian and row-major, packed with no gaps. We write tensors sorted
-//! by name, so equal contents give equal files, and record a CRC-64 of the
-//! data section under [`CHECKSUM_KEY`] in the metadata; a file carrying that
-//! key is refused when its data does not match, one without it (from another
-//! writer) is accepted.
+//! little-endian and row-major, packed with no gaps.
+//!
+//! Why the crate: it is the format's reference implementation, the one
+//! behind the `safetensors` Python package that transformers and PyTorch
+//! users load with. Using it for the layout (the order and offsets of the
+//! data, the header's padding) and for the validation of what we read (the
+//! framing, the 100 MB header bound, offsets that tile the data section from
+//! its first byte to its last, sizes that match dtype x shape, arithmetic
+//! overflow) means that the files we write are the files the ecosystem
+//! reads, and that we accept exactly the files it accepts. Around it this
+//! module adds what the crate does not do: a CRC-64 of the data section
+//! under [`CHECKSUM_KEY`] in the metadata (a file carrying that key is
+//! refused when its data does not match; one without it, from another
+//! writer, is accepted), the dtypes polychip computes in, a header whose
+//! bytes depend only on the contents (the crate's metadata map has no fixed
+//! order), an atomic and durable [`SafeTensors::save`], and error messages
+//! that name the file and say exactly what is wrong: when the crate refuses
+//! a file, `explain` looks at the header again to name the tensor and the
+//! fault, and falls back to the crate's own words.
 
 use std::collections::BTreeMap;
 use std::fs::File;
-use std::io::Write;
+use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
 use polychip_host::DType;
+use safetensors::tensor::{Dtype, Metadata, SafeTensorError, TensorView};
 use serde_json::{Map, Value};
 
 use crate::error::{Result, TrainError};
@@ -24,8 +40,9 @@ use crate::error::{Result, TrainError};
 /// Metadata key holding the CRC-64/XZ of the data section, 16 hex digits.
 pub const CHECKSUM_KEY: &str = "polychip.crc64";
 
-/// The largest header we accept: anything larger is a corrupt length.
-pub const MAX_HEADER_BYTES: u64 = 100 * 1024 * 1024;
+/// The largest header we accept, the `safetensors` crate's own bound:
+/// anything larger is a corrupt length.
+pub const MAX_HEADER_BYTES: u64 = 100_000_000;
 
 /// One tensor of a checkpoint: its element type, shape and raw
 /// little-endian, row-major bytes.
@@ -63,9 +80,32 @@ fn dtype_tag(dtype: DType) -> &'static str {
     }
 }
 
-/// The dtype of a safetensors name, if polychip supports it.
-fn dtype_from_tag(tag: &str) -> Option<DType> {
-    DType::ALL.into_iter().find(|&d| dtype_tag(d) == tag)
+/// The crate's dtype of ours.
+fn to_crate(dtype: DType) -> Dtype {
+    match dtype {
+        DType::F32 => Dtype::F32,
+        DType::F16 => Dtype::F16,
+        DType::BF16 => Dtype::BF16,
+        DType::F64 => Dtype::F64,
+        DType::I32 => Dtype::I32,
+        DType::I64 => Dtype::I64,
+        DType::U8 => Dtype::U8,
+        DType::Bool => Dtype::BOOL,
+    }
+}
+
+/// Ours of the crate's dtype, if polychip supports it.
+fn from_crate(dtype: Dtype) -> Option<DType> {
+    DType::ALL.into_iter().find(|&d| to_crate(d) == dtype)
+}
+
+/// The message for a dtype polychip does not read.
+fn unknown_dtype(name: &str, tag: &dyn std::fmt::Display) -> String {
+    let known: Vec<&str> = DType::ALL.into_iter().map(dtype_tag).collect();
+    format!(
+        "tensor `{name}` has dtype {tag}, which polychip does not read (known: {})",
+        known.join(", ")
+    )
 }
 
 /// Elements in a tensor of `shape`, or `None` for a negative dimension or an
@@ -82,7 +122,7 @@ fn byte_len(dtype: DType, shape: &[i64]) -> Option<u64> {
 }
 
 /// A shape as `[2, 3]`.
-fn show_shape(shape: &[i64]) -> String {
+pub fn show_shape(shape: &[i64]) -> String {
     let dims: Vec<String> = shape.iter().map(i64::to_string).collect();
     format!("[{}]", dims.join(", "))
 }
@@ -109,11 +149,16 @@ const CRC64_TABLE: [u64; 256] = {
 /// all ones) of `bytes`; its check value, of `b"123456789"`, is
 /// `0x995dc9bbdf1939fa`.
 pub fn crc64(bytes: &[u8]) -> u64 {
-    let mut crc = !0u64;
+    !crc64_update(!0, bytes)
+}
+
+/// Continues a CRC-64/XZ over more bytes (`state` starts at `!0`; the CRC is
+/// `!state` at the end).
+fn crc64_update(mut crc: u64, bytes: &[u8]) -> u64 {
     for &b in bytes {
         crc = CRC64_TABLE[((crc ^ u64::from(b)) & 0xff) as usize] ^ (crc >> 8);
     }
-    !crc
+    crc
 }
 
 impl SafeTensors {
@@ -126,62 +171,68 @@ impl SafeTensors {
     /// length is not `numel * dtype.size()` or a dimension is negative.
     pub fn insert(&mut self, name: impl Into<String>, t: StoredTensor) -> Result<()> {
         let name = name.into();
-        let expected = byte_len(t.dtype, &t.shape).ok_or_else(|| {
-            TrainError::Config(format!(
-                "tensor `{name}` has shape {}, which has a negative dimension \
-                 or too many elements",
-                show_shape(&t.shape)
-            ))
-        })?;
-        if expected != t.data.len() as u64 {
-            return Err(TrainError::Config(format!(
-                "tensor `{name}` of {} {} needs {expected} bytes but was given {}",
-                t.dtype,
-                show_shape(&t.shape),
-                t.data.len()
-            )));
-        }
+        check_tensor(&name, &t)?;
         self.tensors.insert(name, t);
         Ok(())
     }
 
-    /// Serializes to safetensors bytes: tensors sorted by name, metadata
-    /// plus [`CHECKSUM_KEY`], header padded with spaces to a multiple of 8.
+    /// Serializes to safetensors bytes: the data laid out by the
+    /// `safetensors` crate, the header written in a fixed order (so equal
+    /// contents give equal bytes) with the metadata plus [`CHECKSUM_KEY`],
+    /// padded with spaces to a multiple of 8.
+    ///
+    /// # Panics
+    ///
+    /// If a tensor was put into [`SafeTensors::tensors`] directly (not by
+    /// [`SafeTensors::insert`]) with a byte length its shape does not have;
+    /// [`SafeTensors::save`] checks first and returns an error instead.
     pub fn to_bytes(&self) -> Vec<u8> {
-        let data_len: usize = self.tensors.values().map(|t| t.data.len()).sum();
-        let mut data = Vec::with_capacity(data_len);
-        let mut header = Map::new();
-        let mut entries = Vec::with_capacity(self.tensors.len());
-        for (name, t) in &self.tensors {
-            let begin = data.len();
-            data.extend_from_slice(&t.data);
-            let mut entry = Map::new();
-            entry.insert("dtype".into(), dtype_tag(t.dtype).into());
-            entry.insert("shape".into(), t.shape.clone().into());
-            entry.insert("data_offsets".into(), vec![begin, data.len()].into());
-            entries.push((name.clone(), Value::Object(entry)));
-        }
+        let views = self.tensors.iter().map(|(name, t)| {
+            let shape: Vec<usize> = t
+                .shape
+                .iter()
+                .map(|&d| usize::try_from(d).expect("dimensions are checked by insert"))
+                .collect();
+            let view = TensorView::new(to_crate(t.dtype), shape, &t.data)
+                .unwrap_or_else(|e| panic!("tensor `{name}` was not checked by insert: {e}"));
+            (name.as_str(), view)
+        });
+        let raw = safetensors::serialize(views, None)
+            .unwrap_or_else(|e| panic!("safetensors could not lay out the tensors: {e}"));
+        let n = u64::from_le_bytes(raw[..8].try_into().expect("8 bytes")) as usize;
+        let (header, data) = raw[8..].split_at(n);
+        let Ok(Value::Object(entries)) = serde_json::from_slice::<Value>(header) else {
+            unreachable!("the safetensors crate writes a JSON object");
+        };
+        // The metadata first, sorted, then the tensors in the crate's order
+        // (the data's order); serde_json keeps either order deterministic.
         let mut metadata: Map<String, Value> = self
             .metadata
             .iter()
+            .filter(|(k, _)| k.as_str() != CHECKSUM_KEY)
             .map(|(k, v)| (k.clone(), Value::String(v.clone())))
             .collect();
-        metadata.insert(CHECKSUM_KEY.into(), format!("{:016x}", crc64(&data)).into());
-        header.insert("__metadata__".into(), Value::Object(metadata));
-        header.extend(entries);
-        let mut json = Value::Object(header).to_string().into_bytes();
+        metadata.insert(CHECKSUM_KEY.into(), format!("{:016x}", crc64(data)).into());
+        let mut out_header = Map::new();
+        out_header.insert("__metadata__".into(), Value::Object(metadata));
+        out_header.extend(entries.into_iter().filter(|(k, _)| k != "__metadata__"));
+        let mut json = Value::Object(out_header).to_string().into_bytes();
         json.resize(json.len().div_ceil(8) * 8, b' ');
         let mut out = Vec::with_capacity(8 + json.len() + data.len());
         out.extend_from_slice(&(json.len() as u64).to_le_bytes());
         out.extend_from_slice(&json);
-        out.extend_from_slice(&data);
+        out.extend_from_slice(data);
         out
     }
 
     /// Writes the file atomically: to `<path>.tmp-<pid>`, synced, renamed
-    /// over `path`, then the directory synced. A failed save leaves any
-    /// earlier file at `path` intact and removes its temporary file.
+    /// over `path`, then the directory synced (the crate's own file writer
+    /// renames but does not sync). A failed save leaves any earlier file at
+    /// `path` intact and removes its temporary file.
     pub fn save(&self, path: &Path) -> Result<()> {
+        for (name, t) in &self.tensors {
+            check_tensor(name, t)?;
+        }
         let mut tmp_name = path.file_name().unwrap_or_default().to_os_string();
         tmp_name.push(format!(".tmp-{}", std::process::id()));
         let tmp = path.with_file_name(tmp_name);
@@ -214,92 +265,39 @@ impl SafeTensors {
         SafeTensors::from_bytes(path, &bytes)
     }
 
-    /// Parses safetensors bytes, refusing every corruption with
-    /// [`TrainError::Checkpoint`] naming `path_for_errors`.
+    /// Parses safetensors bytes with the `safetensors` crate, refusing every
+    /// corruption with [`TrainError::Checkpoint`] naming `path_for_errors`,
+    /// and then the dtypes polychip does not read and a data section that
+    /// does not match the recorded checksum.
     pub fn from_bytes(path_for_errors: &Path, bytes: &[u8]) -> Result<SafeTensors> {
         let fail = |message: String| TrainError::Checkpoint {
             path: PathBuf::from(path_for_errors),
             message,
         };
-        let Some((len_bytes, rest)) = bytes.split_first_chunk::<8>() else {
-            return Err(fail(format!(
-                "is {} bytes long, too short to hold the 8-byte header length",
-                bytes.len()
-            )));
-        };
-        let header_len = u64::from_le_bytes(*len_bytes);
-        if header_len > MAX_HEADER_BYTES {
-            return Err(fail(format!(
-                "claims a {header_len}-byte header, more than the \
-                 {MAX_HEADER_BYTES} bytes any real checkpoint needs"
-            )));
-        }
-        if header_len > rest.len() as u64 {
-            return Err(fail(format!(
-                "claims a {header_len}-byte header but only {} bytes follow \
-                 the header length (truncated?)",
-                rest.len()
-            )));
-        }
-        let (header, data) = rest.split_at(header_len as usize);
-        let header = std::str::from_utf8(header)
-            .map_err(|e| fail(format!("has a header that is not UTF-8: {e}")))?;
-        let header: Value = serde_json::from_str(header)
-            .map_err(|e| fail(format!("has a header that is not valid JSON: {e}")))?;
-        let Value::Object(header) = header else {
-            return Err(fail("has a header that is not a JSON object".into()));
-        };
-
+        let (n, header) =
+            safetensors::SafeTensors::read_metadata(bytes).map_err(|e| fail(explain(&e, bytes)))?;
+        // The crate checked that the tensors tile the data section exactly.
+        let data = &bytes[8 + n..];
         let mut out = SafeTensors::new();
-        let mut spans = Vec::new();
-        for (name, entry) in header {
-            if name == "__metadata__" {
-                out.metadata = parse_metadata(&entry).map_err(fail)?;
-                continue;
-            }
-            let (t, begin, end) = parse_entry(&name, &entry, data).map_err(fail)?;
-            spans.push((begin, end, name.clone()));
+        if let Some(m) = header.metadata() {
+            out.metadata = m.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+        }
+        for (name, info) in header.tensors() {
+            let dtype =
+                from_crate(info.dtype).ok_or_else(|| fail(unknown_dtype(&name, &info.dtype)))?;
+            let shape = i64_shape(&info.shape)
+                .ok_or_else(|| fail(format!("tensor `{name}` has a dimension beyond i64")))?;
+            let (begin, end) = info.data_offsets;
+            let t = StoredTensor {
+                dtype,
+                shape,
+                data: data[begin..end].to_vec(),
+            };
             out.tensors.insert(name, t);
         }
-
-        spans.sort();
-        let mut at = 0;
-        for (begin, end, name) in &spans {
-            if *begin != at {
-                let what = if *begin < at {
-                    "overlaps"
-                } else {
-                    "leaves a gap before"
-                };
-                return Err(fail(format!(
-                    "tensor `{name}` (bytes {begin}..{end} of the data) {what} \
-                     the previous tensor, which ends at byte {at}"
-                )));
-            }
-            at = *end;
-        }
-        if at != data.len() {
-            return Err(fail(format!(
-                "has {} bytes after its last tensor, which ends at byte {at} \
-                 of the {}-byte data section",
-                data.len() - at,
-                data.len()
-            )));
-        }
-
         if let Some(recorded) = out.metadata.remove(CHECKSUM_KEY) {
-            let recorded = u64::from_str_radix(&recorded, 16).map_err(|_| {
-                fail(format!(
-                    "has metadata {CHECKSUM_KEY} = {recorded:?}, not a hex checksum"
-                ))
-            })?;
-            let actual = crc64(data);
-            if actual != recorded {
-                return Err(fail(format!(
-                    "is corrupt: checksum {actual:016x} of its data differs \
-                     from the {recorded:016x} recorded in its header"
-                )));
-            }
+            let recorded = parse_checksum(&recorded).map_err(fail)?;
+            check_checksum(crc64(data), recorded).map_err(fail)?;
         }
         Ok(out)
     }
@@ -340,46 +338,316 @@ impl SafeTensors {
     }
 }
 
-/// The `__metadata__` object as strings.
-fn parse_metadata(value: &Value) -> std::result::Result<BTreeMap<String, String>, String> {
+fn check_tensor(name: &str, t: &StoredTensor) -> Result<()> {
+    let expected = byte_len(t.dtype, &t.shape).ok_or_else(|| {
+        TrainError::Config(format!(
+            "tensor `{name}` has shape {}, which has a negative dimension \
+             or too many elements",
+            show_shape(&t.shape)
+        ))
+    })?;
+    if expected != t.data.len() as u64 {
+        return Err(TrainError::Config(format!(
+            "tensor `{name}` of {} {} needs {expected} bytes but was given {}",
+            t.dtype,
+            show_shape(&t.shape),
+            t.data.len()
+        )));
+    }
+    Ok(())
+}
+
+fn i64_shape(shape: &[usize]) -> Option<Vec<i64>> {
+    shape.iter().map(|&d| i64::try_from(d).ok()).collect()
+}
+
+fn parse_checksum(recorded: &str) -> std::result::Result<u64, String> {
+    u64::from_str_radix(recorded, 16)
+        .map_err(|_| format!("has metadata {CHECKSUM_KEY} = {recorded:?}, not a hex checksum"))
+}
+
+fn check_checksum(actual: u64, recorded: u64) -> std::result::Result<(), String> {
+    if actual != recorded {
+        return Err(format!(
+            "is corrupt: checksum {actual:016x} of its data differs \
+             from the {recorded:016x} recorded in its header"
+        ));
+    }
+    Ok(())
+}
+
+/// One tensor of a [`Header`]: where its bytes are, not the bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeaderEntry {
+    /// Its dtype as the file names it (`F32`, `BF16`, `F8_E4M3`, ...).
+    pub dtype_name: String,
+    /// Its dtype, when polychip reads it.
+    pub dtype: Option<DType>,
+    /// Its shape.
+    pub shape: Vec<i64>,
+    /// Its first byte, relative to the data section.
+    pub begin: u64,
+    /// One past its last byte, relative to the data section.
+    pub end: u64,
+}
+
+/// The header of a safetensors file, read without its data: for importing
+/// large files tensor by tensor, and for checking names and shapes before
+/// reading (or allocating for) anything.
+#[derive(Debug, Clone)]
+pub struct Header {
+    /// The file.
+    pub path: PathBuf,
+    /// Its metadata (with [`CHECKSUM_KEY`], if it has one).
+    pub metadata: BTreeMap<String, String>,
+    /// Its tensors by name.
+    pub tensors: BTreeMap<String, HeaderEntry>,
+    /// The file offset of the data section.
+    pub data_start: u64,
+    /// The data section's length.
+    pub data_len: u64,
+}
+
+impl Header {
+    /// Reads and validates the header of `path` (with the crate's header
+    /// type): at most [`MAX_HEADER_BYTES`] are read, and the tensors' byte
+    /// ranges must tile the rest of the file exactly.
+    pub fn read(path: &Path) -> Result<Header> {
+        let fail = |message: String| TrainError::Checkpoint {
+            path: path.to_path_buf(),
+            message,
+        };
+        let io = |e| TrainError::io(path, e);
+        let mut file = File::open(path).map_err(io)?;
+        let file_len = file.metadata().map_err(io)?.len();
+        let mut len_bytes = [0u8; 8];
+        if file_len < 8 {
+            return Err(fail(too_short(file_len)));
+        }
+        file.read_exact(&mut len_bytes).map_err(io)?;
+        let n = u64::from_le_bytes(len_bytes);
+        if let Some(m) = framing(n, file_len - 8) {
+            return Err(fail(m));
+        }
+        let mut header = vec![0u8; n as usize];
+        file.read_exact(&mut header).map_err(io)?;
+        let data_len = file_len - 8 - n;
+        let parsed: Metadata = serde_json::from_slice(&header).map_err(|e| {
+            fail(diagnose(&header, data_len).unwrap_or_else(|| {
+                format!("has a header the safetensors format does not allow: {e}")
+            }))
+        })?;
+        if parsed.data_len() as u64 != data_len {
+            return Err(fail(diagnose(&header, data_len).unwrap_or_else(|| {
+                format!(
+                    "has a {data_len}-byte data section but its tensors cover {} bytes",
+                    parsed.data_len()
+                )
+            })));
+        }
+        let mut tensors = BTreeMap::new();
+        for (name, info) in parsed.tensors() {
+            let shape = i64_shape(&info.shape)
+                .ok_or_else(|| fail(format!("tensor `{name}` has a dimension beyond i64")))?;
+            let entry = HeaderEntry {
+                dtype_name: info.dtype.to_string(),
+                dtype: from_crate(info.dtype),
+                shape,
+                begin: info.data_offsets.0 as u64,
+                end: info.data_offsets.1 as u64,
+            };
+            tensors.insert(name, entry);
+        }
+        let metadata = parsed
+            .metadata()
+            .as_ref()
+            .map(|m| m.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
+            .unwrap_or_default();
+        Ok(Header {
+            path: path.to_path_buf(),
+            metadata,
+            tensors,
+            data_start: 8 + n,
+            data_len,
+        })
+    }
+
+    /// Reads the bytes of tensor `name` (one seek and read: nothing else of
+    /// the file is read).
+    pub fn read_tensor(&self, file: &mut File, name: &str) -> Result<Vec<u8>> {
+        let Some(e) = self.tensors.get(name) else {
+            return Err(TrainError::Checkpoint {
+                path: self.path.clone(),
+                message: format!("has no tensor `{name}`"),
+            });
+        };
+        let mut out = vec![0u8; (e.end - e.begin) as usize];
+        file.seek(SeekFrom::Start(self.data_start + e.begin))
+            .and_then(|_| file.read_exact(&mut out))
+            .map_err(|err| TrainError::io(&self.path, err))?;
+        Ok(out)
+    }
+
+    /// When the file records a [`CHECKSUM_KEY`], reads its data section in
+    /// pieces and refuses the file if the checksum differs.
+    pub fn verify_checksum(&self, file: &mut File) -> Result<()> {
+        let fail = |message: String| TrainError::Checkpoint {
+            path: self.path.clone(),
+            message,
+        };
+        let Some(recorded) = self.metadata.get(CHECKSUM_KEY) else {
+            return Ok(());
+        };
+        let recorded = parse_checksum(recorded).map_err(fail)?;
+        file.seek(SeekFrom::Start(self.data_start))
+            .map_err(|e| TrainError::io(&self.path, e))?;
+        let mut crc = !0u64;
+        let mut left = self.data_len;
+        let mut buf = vec![0u8; 1 << 20];
+        while left > 0 {
+            let k = left.min(buf.len() as u64) as usize;
+            file.read_exact(&mut buf[..k])
+                .map_err(|e| TrainError::io(&self.path, e))?;
+            crc = crc64_update(crc, &buf[..k]);
+            left -= k as u64;
+        }
+        check_checksum(!crc, recorded).map_err(fail)
+    }
+}
+
+fn too_short(len: u64) -> String {
+    format!("is {len} bytes long, too short to hold the 8-byte header length")
+}
+
+/// What is wrong with a header length of `n` when `after` bytes follow the
+/// length field, if anything.
+fn framing(n: u64, after: u64) -> Option<String> {
+    if n > MAX_HEADER_BYTES {
+        return Some(format!(
+            "claims a {n}-byte header, more than the {MAX_HEADER_BYTES} bytes any real \
+             checkpoint needs"
+        ));
+    }
+    if n > after {
+        return Some(format!(
+            "claims a {n}-byte header but only {after} bytes follow the header length \
+             (truncated?)"
+        ));
+    }
+    None
+}
+
+/// Our words for the crate's refusal of `bytes`: the framing fault, or what
+/// [`diagnose`] finds in the header, or else the crate's own message.
+fn explain(err: &SafeTensorError, bytes: &[u8]) -> String {
+    let Some((len, rest)) = bytes.split_first_chunk::<8>() else {
+        return too_short(bytes.len() as u64);
+    };
+    let n = u64::from_le_bytes(*len);
+    if let Some(m) = framing(n, rest.len() as u64) {
+        return m;
+    }
+    let (header, data) = rest.split_at(n as usize);
+    diagnose(header, data.len() as u64)
+        .unwrap_or_else(|| format!("is not a safetensors file the format allows: {err}"))
+}
+
+/// Looks at a header the crate refused and names the tensor and the fault:
+/// not UTF-8 or JSON, not an object, a bad `__metadata__`, a bad entry
+/// (dtype, shape, offsets, a size that does not match its dtype and shape),
+/// tensors that overlap or leave gaps, data past the end or after the last
+/// tensor. `None` when it finds nothing (the caller then reports the
+/// crate's message).
+fn diagnose(header: &[u8], data_len: u64) -> Option<String> {
+    let header = match std::str::from_utf8(header) {
+        Ok(h) => h,
+        Err(e) => return Some(format!("has a header that is not UTF-8: {e}")),
+    };
+    let header: Value = match serde_json::from_str(header) {
+        Ok(v) => v,
+        Err(e) => return Some(format!("has a header that is not valid JSON: {e}")),
+    };
+    let Value::Object(header) = header else {
+        return Some("has a header that is not a JSON object".into());
+    };
+    let mut spans = Vec::new();
+    for (name, entry) in &header {
+        if name == "__metadata__" {
+            if let Err(m) = check_metadata(entry) {
+                return Some(m);
+            }
+            continue;
+        }
+        match check_entry(name, entry, data_len) {
+            Ok((begin, end)) => spans.push((begin, end, name.clone())),
+            Err(m) => return Some(m),
+        }
+    }
+    spans.sort();
+    let mut at = 0;
+    for (begin, end, name) in &spans {
+        if *begin != at {
+            let what = if *begin < at {
+                "overlaps"
+            } else {
+                "leaves a gap before"
+            };
+            return Some(format!(
+                "tensor `{name}` (bytes {begin}..{end} of the data) {what} \
+                 the previous tensor, which ends at byte {at}"
+            ));
+        }
+        at = *end;
+    }
+    if at != data_len {
+        return Some(format!(
+            "has {} bytes after its last tensor, which ends at byte {at} \
+             of the {data_len}-byte data section",
+            data_len - at,
+        ));
+    }
+    None
+}
+
+/// The `__metadata__` object must map strings to strings.
+fn check_metadata(value: &Value) -> std::result::Result<(), String> {
     let Value::Object(map) = value else {
         return Err("has __metadata__ that is not a JSON object".into());
     };
-    map.iter()
-        .map(|(k, v)| match v {
-            Value::String(s) => Ok((k.clone(), s.clone())),
-            other => Err(format!(
-                "has __metadata__ entry `{k}` = {other}, not a string"
-            )),
-        })
-        .collect()
+    for (k, v) in map {
+        if !v.is_string() {
+            return Err(format!("has __metadata__ entry `{k}` = {v}, not a string"));
+        }
+    }
+    Ok(())
 }
 
-/// One tensor entry of the header, with its data, and its byte span.
-fn parse_entry(
+/// One tensor entry of the header: its byte span, or what is wrong with it.
+fn check_entry(
     name: &str,
     entry: &Value,
-    data: &[u8],
-) -> std::result::Result<(StoredTensor, usize, usize), String> {
-    let field = |key: &str| {
-        entry
-            .get(key)
-            .ok_or_else(|| format!("tensor `{name}` has no `{key}` in the header"))
-    };
+    data_len: u64,
+) -> std::result::Result<(u64, u64), String> {
     if !entry.is_object() {
         return Err(format!(
             "tensor `{name}` has a header entry that is not an object"
         ));
     }
-    let tag = field("dtype")?;
-    let dtype = tag.as_str().and_then(dtype_from_tag).ok_or_else(|| {
-        let known: Vec<&str> = DType::ALL.into_iter().map(dtype_tag).collect();
-        format!(
-            "tensor `{name}` has dtype {tag}, which polychip does not read \
-             (known: {})",
-            known.join(", ")
-        )
-    })?;
+    let field = |key: &str| {
+        entry
+            .get(key)
+            .ok_or_else(|| format!("tensor `{name}` has no `{key}` in the header"))
+    };
+    let tag_value = field("dtype")?;
+    let tag = tag_value
+        .as_str()
+        .map_or_else(|| tag_value.to_string(), str::to_string);
+    let parsed: Option<Dtype> = serde_json::from_value(tag_value.clone()).ok();
+    let size = match parsed {
+        Some(d) if d.bitsize() % 8 == 0 => (d.bitsize() / 8) as u64,
+        // Sub-byte dtypes: polychip reads none of them.
+        _ => return Err(unknown_dtype(name, &tag)),
+    };
     let shape_value = field("shape")?;
     let shape: Vec<i64> = shape_value
         .as_array()
@@ -410,28 +678,21 @@ fn parse_entry(
             "tensor `{name}` has data_offsets [{begin}, {end}], which end before they begin"
         ));
     }
-    if end > data.len() as u64 {
-        return Err(format!(
-            "tensor `{name}` has data_offsets [{begin}, {end}] beyond the \
-             {}-byte data section (truncated?)",
-            data.len()
-        ));
-    }
-    let expected = byte_len(dtype, &shape);
+    let expected = numel(&shape).and_then(|n| n.checked_mul(size));
     if expected != Some(end - begin) {
         return Err(format!(
-            "tensor `{name}` of {dtype} {} needs {} bytes but its \
+            "tensor `{name}` of {tag} {} needs {} bytes but its \
              data_offsets [{begin}, {end}] span {}",
             show_shape(&shape),
             expected.map_or("too many".to_string(), |n| n.to_string()),
             end - begin
         ));
     }
-    let (begin, end) = (begin as usize, end as usize);
-    let t = StoredTensor {
-        dtype,
-        shape,
-        data: data[begin..end].to_vec(),
-    };
-    Ok((t, begin, end))
+    if end > data_len {
+        return Err(format!(
+            "tensor `{name}` has data_offsets [{begin}, {end}] beyond the \
+             {data_len}-byte data section (truncated?)"
+        ));
+    }
+    Ok((begin, end))
 }

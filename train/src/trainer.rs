@@ -20,6 +20,7 @@ use crate::config::{ModelConfig, TrainConfig};
 use crate::data::Corpus;
 use crate::dp;
 use crate::error::{Result, TrainError};
+use crate::hf;
 use crate::memory;
 use crate::model::Stage;
 use crate::model::ops::OpRecord;
@@ -44,6 +45,14 @@ pub struct Options {
     pub save_every: u64,
     /// Resume from this checkpoint (a step directory or a root).
     pub resume: Option<PathBuf>,
+    /// Start from the weights of this Hugging Face LLaMA directory instead
+    /// of the seeded initialization (AdamW moments at zero); the model must
+    /// be the one its `config.json` describes. Not with `resume`.
+    pub init_from: Option<PathBuf>,
+    /// After the run, write the final weights here as a Hugging Face LLaMA
+    /// directory (rank 0; through the final checkpoint, in `checkpoint_dir`
+    /// or else in a staging directory beside it that is removed after).
+    pub export_hf: Option<PathBuf>,
     /// Write the run's Chrome trace here (rank 0 gathers every rank's).
     pub trace: Option<PathBuf>,
     /// Stop after this many steps of the schedule (the schedule still ends
@@ -89,6 +98,8 @@ pub struct Summary {
     pub stage_times: Vec<(String, f64, f64)>,
     /// The last checkpoint written.
     pub checkpoint: Option<PathBuf>,
+    /// The Hugging Face directory the final weights were exported to.
+    pub exported: Option<PathBuf>,
     /// The recorded ops of the first step (when asked).
     #[serde(skip)]
     pub records: Vec<OpRecord>,
@@ -167,7 +178,30 @@ pub fn run(opts: &Options, runtime: &Runtime, mut job: Option<&mut Job>) -> Resu
         .expect("roles only name present devices")
         .clone();
     memory::check_role(cfg, t.precision, &role, &device)?;
-    let mut stage = Stage::new(cfg, role.range, t.precision, &device, t.seed)?;
+    if let Some(out) = &opts.export_hf {
+        hf::check_new_dir(out)?;
+    }
+    let mut stage = match &opts.init_from {
+        None => Stage::new(cfg, role.range, t.precision, &device, t.seed)?,
+        Some(dir) => {
+            if opts.resume.is_some() {
+                return Err(TrainError::Config(
+                    "start from a Hugging Face model (init_from) or resume a checkpoint, not both"
+                        .into(),
+                ));
+            }
+            let model = hf::HfModel::open(dir, Some(cfg.seq_len))?;
+            if let Some(diff) = checkpoint::model_difference(model.model(), cfg) {
+                return Err(TrainError::Checkpoint {
+                    path: dir.clone(),
+                    message: format!("holds a different model than the one to train: {diff}"),
+                });
+            }
+            let specs = crate::params::stage_params(cfg, &role.range);
+            let mut weights = model.initial_weights(&specs)?;
+            Stage::with_weights(cfg, role.range, t.precision, &device, &mut weights)?
+        }
+    };
 
     // Communicators: deterministic reductions (resuming is bit-exact), and
     // one sub-communicator per set of ranks holding the same parameters.
@@ -207,6 +241,14 @@ pub fn run(opts: &Options, runtime: &Runtime, mut job: Option<&mut Job>) -> Resu
         global_batch: t.global_batch,
     };
     let kill_at = kill_hook(rank);
+    // Exporting goes through the final checkpoint; without a checkpoint
+    // directory, through a staging one beside the export (on every rank the
+    // same path, so that every stage's file lands there).
+    let staging = match (&opts.export_hf, &opts.checkpoint_dir) {
+        (Some(out), None) => Some(export_staging(out)),
+        _ => None,
+    };
+    let saves_to = opts.checkpoint_dir.as_ref().or(staging.as_ref());
     for s in start..end {
         if kill_at == Some(s + 1) {
             eprintln!(
@@ -284,8 +326,13 @@ pub fn run(opts: &Options, runtime: &Runtime, mut job: Option<&mut Job>) -> Resu
         } else {
             None
         };
-        if let Some(dir) = &opts.checkpoint_dir
-            && due(opts.save_every)
+        let save_now = match (&opts.checkpoint_dir, &staging) {
+            (Some(_), _) => due(opts.save_every),
+            (None, Some(_)) => step == end,
+            (None, None) => false,
+        };
+        if let Some(dir) = saves_to
+            && save_now
         {
             summary.checkpoint = Some(save(dir, step, &stage, &role, opts, job.as_deref_mut())?);
         }
@@ -311,6 +358,13 @@ pub fn run(opts: &Options, runtime: &Runtime, mut job: Option<&mut Job>) -> Resu
         }
         summary.steps.push(rec);
     }
+    if start >= end
+        && let Some(dir) = saves_to
+    {
+        // No step ran (`--steps 0`, or resuming at the end): the checkpoint
+        // "after the last step" is of the starting weights.
+        summary.checkpoint = Some(save(dir, start, &stage, &role, opts, job.as_deref_mut())?);
+    }
     let times: Vec<f64> = summary.steps.iter().skip(1).map(|r| r.seconds).collect();
     summary.median_step_seconds = median(if times.is_empty() {
         summary.steps.iter().map(|r| r.seconds).collect()
@@ -333,7 +387,38 @@ pub fn run(opts: &Options, runtime: &Runtime, mut job: Option<&mut Job>) -> Resu
     summary.forward_seconds = of("forward");
     summary.backward_seconds = of("backward");
     gather(opts, &role, &tracer, &mut summary, job)?;
+    if let Some(out) = &opts.export_hf {
+        // Every rank has passed the save's barrier: the checkpoint is complete.
+        if rank == 0 {
+            let exported = match summary.checkpoint.clone() {
+                Some(from) => hf::export(&from, out).map(|_| ()),
+                None => Err(TrainError::Plan(
+                    "no final checkpoint was saved to export from".into(),
+                )),
+            };
+            if let Some(dir) = &staging {
+                let _ = std::fs::remove_dir_all(dir);
+            }
+            exported?;
+            summary.exported = Some(out.clone());
+        }
+        if staging.is_some() {
+            summary.checkpoint = None;
+        }
+    }
     Ok(summary)
+}
+
+/// The checkpoint directory a run that exports without `checkpoint_dir`
+/// saves its final checkpoint in: `.NAME.polychip-staging` beside `out`.
+pub fn export_staging(out: &std::path::Path) -> PathBuf {
+    let mut name = std::ffi::OsString::from(".");
+    name.push(out.file_name().unwrap_or_default());
+    name.push(".polychip-staging");
+    match out.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.join(name),
+        _ => PathBuf::from(name),
+    }
 }
 
 fn save(

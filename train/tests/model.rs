@@ -95,6 +95,8 @@ fn options(steps: u64, plan: TrainPlan, global_batch: usize) -> Options {
         checkpoint_dir: None,
         save_every: 0,
         resume: None,
+        init_from: None,
+        export_hf: None,
         trace: None,
         stop_after: None,
         log_every: 0,
@@ -114,4 +116,37 @@ fn the_loss_falls_on_one_device() {
     );
     assert!(last.loss < first - 1.5, "{first} -> {}", last.loss);
     assert!(last.val_loss.unwrap() < first - 1.0, "{:?}", last.val_loss);
+}
+
+#[test]
+fn logits_are_the_head_output_the_loss_is_taken_of() {
+    // `Stage::logits` (what `polychip checkpoint logits` prints) must be the
+    // logits training's forward pass takes the cross-entropy of.
+    let cfg = ModelConfig::preset("mini").unwrap();
+    let dev = common::device("ferrite", 0);
+    let stage = Stage::new(&cfg, StageRange::whole(&cfg), Precision::F32, &dev, 5).unwrap();
+    let (b, s) = (2, cfg.seq_len);
+    let corpus = Corpus::bundled();
+    let (tokens, targets) = corpus.batch(polychip_train::data::Split::Train, 1, 0, 0, b, s);
+    let loss = loss_of(&stage, &tokens, &targets, b, s);
+    let x = dev.from_slice(&tokens, &[b as i64, s as i64]).unwrap();
+    let logits = stage.logits(x).unwrap().to_vec::<f32>().unwrap();
+    assert_eq!(logits.len(), b * s * cfg.vocab);
+    let mut ce = 0.0;
+    for (row, &t) in logits.chunks_exact(cfg.vocab).zip(&targets) {
+        let max = row.iter().copied().fold(f32::MIN, f32::max) as f64;
+        let lse = max
+            + row
+                .iter()
+                .map(|&v| (v as f64 - max).exp())
+                .sum::<f64>()
+                .ln();
+        ce += lse - row[t as usize] as f64;
+    }
+    ce /= (b * s) as f64;
+    assert!((ce - loss).abs() < 1e-5, "{ce} vs {loss}");
+    // A stage holding part of the model has no logits.
+    let part = Stage::new(&cfg, StageRange::new(0, 1, 2), Precision::F32, &dev, 5).unwrap();
+    let x = dev.from_slice(&tokens, &[b as i64, s as i64]).unwrap();
+    assert!(part.logits(x).is_err());
 }

@@ -345,3 +345,91 @@ fn take_names_file_tensor_expected_and_found() {
             .is_empty()
     );
 }
+
+#[test]
+fn headers_read_without_the_data_and_tensors_one_by_one() {
+    use polychip_train::safetensors::Header;
+    let dir = scratch_dir("header");
+    let path = dir.join("model.safetensors");
+    let st = sample();
+    st.save(&path).unwrap();
+    let h = Header::read(&path).unwrap();
+    assert_eq!(h.tensors.len(), st.tensors.len());
+    assert!(h.metadata.contains_key(CHECKSUM_KEY));
+    let mut file = std::fs::File::open(&path).unwrap();
+    h.verify_checksum(&mut file).unwrap();
+    for (name, t) in &st.tensors {
+        let e = &h.tensors[name];
+        assert_eq!((e.dtype, &e.shape), (Some(t.dtype), &t.shape), "{name}");
+        assert_eq!(h.read_tensor(&mut file, name).unwrap(), t.data, "{name}");
+    }
+    assert!(
+        h.read_tensor(&mut file, "nope")
+            .unwrap_err()
+            .to_string()
+            .contains("`nope`")
+    );
+
+    // The same refusals as a whole-file read, each naming the file.
+    let bytes = st.to_bytes();
+    let check = |bytes: &[u8], want: &str| {
+        std::fs::write(&path, bytes).unwrap();
+        let msg = Header::read(&path).unwrap_err().to_string();
+        assert!(
+            msg.contains("model.safetensors") && msg.contains(want),
+            "{want}: {msg}"
+        );
+    };
+    check(&bytes[..5], "too short");
+    let header_len = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    check(&bytes[..8 + header_len / 2], "truncated");
+    check(&bytes[..bytes.len() - 1], "beyond");
+    let mut long = bytes.clone();
+    long.push(0);
+    check(&long, "1 bytes after its last tensor");
+    let mut absurd = bytes.clone();
+    absurd[..8].copy_from_slice(&u64::MAX.to_le_bytes());
+    check(&absurd, "header");
+    check(&file_of("[1, 2]  ", b""), "not a JSON object");
+    // A flipped data byte passes the header but not the checksum.
+    let mut flipped = bytes.clone();
+    let last = flipped.len() - 3;
+    flipped[last] ^= 0x10;
+    std::fs::write(&path, &flipped).unwrap();
+    let h = Header::read(&path).unwrap();
+    let mut file = std::fs::File::open(&path).unwrap();
+    let msg = h.verify_checksum(&mut file).unwrap_err().to_string();
+    assert!(msg.contains("is corrupt: checksum"), "{msg}");
+}
+
+#[test]
+fn files_the_safetensors_package_writes_load() {
+    // As `safetensors.torch.save_file` lays them out: aligned, the largest
+    // dtypes first, metadata {"format": "pt"}.
+    let header = concat!(
+        r#"{"__metadata__":{"format":"pt"},"#,
+        r#""w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"#,
+        r#""b":{"dtype":"BF16","shape":[2],"data_offsets":[8,12]}}"#
+    );
+    let mut padded = header.to_string();
+    while padded.len() % 8 != 0 {
+        padded.push(' ');
+    }
+    let mut data = f32_bytes(&[0.5, -1.0]);
+    data.extend(
+        [1.0f32, 2.0]
+            .iter()
+            .flat_map(|&v| half::bf16::from_f32(v).to_le_bytes()),
+    );
+    let st =
+        SafeTensors::from_bytes(Path::new("pt.safetensors"), &file_of(&padded, &data)).unwrap();
+    assert_eq!(st.tensors["w"].data, f32_bytes(&[0.5, -1.0]));
+    assert_eq!(st.tensors["b"].dtype, DType::BF16);
+    // Ours read back through the crate's own parser.
+    let bytes = sample().to_bytes();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let parsed: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+    assert_eq!(parsed["__metadata__"]["format"], "polychip");
+    let crate_view = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    assert_eq!(crate_view.len(), sample().tensors.len());
+}

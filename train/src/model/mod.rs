@@ -20,7 +20,7 @@ use polychip_host::{DType, Device, Tensor};
 
 use crate::config::{ModelConfig, Precision};
 use crate::error::Result;
-use crate::params::{ParamSpec, StageRange, stage_params};
+use crate::params::{InitialWeights, ParamSpec, StageRange, stage_params};
 use layer::BlockSaved;
 use ops::{OpRecord, Ops};
 
@@ -121,6 +121,25 @@ impl Stage {
         device: &Device,
         seed: u64,
     ) -> Result<Stage> {
+        Self::with_weights(
+            cfg,
+            range,
+            precision,
+            device,
+            &mut InitialWeights::Seed(seed),
+        )
+    }
+
+    /// Allocates the stage's parameters on `device` with the initial values
+    /// `weights` gives (by name: the same values whatever the split), and
+    /// zeroed AdamW state.
+    pub fn with_weights(
+        cfg: &ModelConfig,
+        range: StageRange,
+        precision: Precision,
+        device: &Device,
+        weights: &mut InitialWeights,
+    ) -> Result<Stage> {
         let dt = precision.dtype();
         let bf16 = precision == Precision::Bf16;
         let specs = stage_params(cfg, &range);
@@ -134,7 +153,7 @@ impl Stage {
         let mut offsets = Vec::new();
         let mut at = 0;
         for spec in specs {
-            let value = device.from_slice(&spec.initial_values(seed), &spec.shape)?;
+            let value = device.from_slice(&weights.take(&spec)?, &spec.shape)?;
             let compute = match bf16 {
                 true => Some(device.empty(dt, &spec.shape)?),
                 false => None,
@@ -278,14 +297,7 @@ impl Stage {
         let targets = targets.ok_or_else(|| {
             crate::TrainError::Plan("the last stage's forward pass needs the targets".into())
         })?;
-        let (norm, out_w) = self.head_params();
-        let n = b * c.seq_len;
-        let hn = self.empty(&[b, c.seq_len, c.dim])?;
-        let inv = self.empty_f32(&[b, c.seq_len])?;
-        ops.rms_norm("norm", &x, norm.weight(), &hn, &inv, c.norm_eps)?;
-        let logits = self.empty(&[n, c.vocab])?;
-        let hn2 = hn.reshape(&[n as i64, c.dim as i64])?;
-        ops.linear("output", &hn2, out_w.weight(), &logits)?;
+        let (hn2, inv, logits) = self.head_forward(&x, b)?;
         let loss_t = self.empty_f32(&[])?;
         ops.cross_entropy("loss", &logits, &targets, &loss_t)?;
         let loss = loss_t.to_vec::<f32>()?[0];
@@ -306,6 +318,57 @@ impl Stage {
             None,
             Some(loss),
         ))
+    }
+
+    /// The final norm and the output head of `x` `[b, s, dim]`: the normed
+    /// activations `[b * s, dim]`, the norm's inverse RMS and the logits
+    /// `[b * s, vocab]`.
+    fn head_forward(&self, x: &Tensor, b: usize) -> Result<(Tensor, Tensor, Tensor)> {
+        let c = &self.cfg;
+        let ops = self.ops();
+        let (norm, out_w) = self.head_params();
+        let n = b * c.seq_len;
+        let hn = self.empty(&[b, c.seq_len, c.dim])?;
+        let inv = self.empty_f32(&[b, c.seq_len])?;
+        ops.rms_norm("norm", x, norm.weight(), &hn, &inv, c.norm_eps)?;
+        let logits = self.empty(&[n, c.vocab])?;
+        let hn2 = hn.reshape(&[n as i64, c.dim as i64])?;
+        ops.linear("output", &hn2, out_w.weight(), &logits)?;
+        Ok((hn2, inv, logits))
+    }
+
+    /// The logits `[b * s, vocab]` of token ids `[b, s]` (i32, `s` the
+    /// model's `seq_len`) on a stage that holds the whole model: the same
+    /// forward pass as training's, up to the output head, without the loss.
+    pub fn logits(&self, tokens: Tensor) -> Result<Tensor> {
+        if !(self.range.embed && self.range.head) {
+            return Err(crate::TrainError::Plan(
+                "logits need a stage holding the whole model".into(),
+            ));
+        }
+        let (b, s) = match tokens.shape() {
+            &[b, s] => (b as usize, s as usize),
+            other => {
+                return Err(crate::TrainError::Plan(format!(
+                    "logits take token ids of shape [batch, seq_len], not {other:?}"
+                )));
+            }
+        };
+        if s != self.cfg.seq_len {
+            return Err(crate::TrainError::Plan(format!(
+                "logits of {s} tokens on a stage built for sequences of {}",
+                self.cfg.seq_len
+            )));
+        }
+        let mut x = self.empty(&[b, s, self.cfg.dim])?;
+        self.ops()
+            .embedding("tok_embeddings", self.params[0].weight(), &tokens, &x)?;
+        for layer in self.range.layers() {
+            let (_, out) = self.block_forward(layer, x, b)?;
+            x = out;
+        }
+        let (_, _, logits) = self.head_forward(&x, b)?;
+        Ok(logits)
     }
 
     /// RMSNorm backward: returns the input's gradient and adds the weight's
