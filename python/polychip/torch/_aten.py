@@ -274,7 +274,9 @@ def _write_into(out: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
 
 # -------------------------------------------------------------- elementwise
 
-_BINARY = {"add": ops.add, "sub": ops.sub, "mul": ops.mul, "div": ops.div}
+# The operators are looked up in polychip.ops at each call (so a profiler
+# that wraps them sees every call).
+_BINARY = ("add", "sub", "mul", "div")
 
 
 def _binary(name: str, a: Any, b: Any, alpha: Any = 1, inplace: bool = False) -> Any:
@@ -322,14 +324,14 @@ def _binary(name: str, a: Any, b: Any, alpha: Any = 1, inplace: bool = False) ->
         out = a
         if at is not a:
             tmp = _empty(shape, dtype, a)
-            _BINARY[name](_pc(at), _pc(bt), _pc(tmp), float(alpha))
+            getattr(ops, name)(_pc(at), _pc(bt), _pc(tmp), float(alpha))
             a.copy_(tmp)
             return a
         if _overlaps_partially(out, bt):
             bt = bt.clone()
     else:
         out = _empty(shape, dtype, a)
-    _BINARY[name](_pc(at), _pc(bt), _pc(out), float(alpha))
+    getattr(ops, name)(_pc(at), _pc(bt), _pc(out), float(alpha))
     return out
 
 
@@ -394,16 +396,7 @@ def _rsub(self: torch.Tensor, other: Any, alpha: Any = 1) -> torch.Tensor:
     return _binary("sub", other, self, alpha)
 
 
-_UNARY = {
-    "neg": ops.neg,
-    "exp": ops.exp,
-    "log": ops.log,
-    "sqrt": ops.sqrt,
-    "rsqrt": ops.rsqrt,
-    "tanh": ops.tanh,
-    "relu": ops.relu,
-    "silu": ops.silu,
-}
+_UNARY = ("neg", "exp", "log", "sqrt", "rsqrt", "tanh", "relu", "silu")
 
 
 def _unary(name: str, x: torch.Tensor, op: Any, out: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -415,7 +408,7 @@ def _unary(name: str, x: torch.Tensor, op: Any, out: Optional[torch.Tensor] = No
         result = x
     else:
         return _write_into(out, _unary(name, x, op))
-    _UNARY[name](_pc(x), _pc(result))
+    getattr(ops, name)(_pc(x), _pc(result))
     return result
 
 
