@@ -102,3 +102,52 @@ def test_llama_forward_with_padding_uses_the_math_attention_on_the_plugin():
     want = cpu(ids, attention_mask=mask).logits
     got = dev(ids.to(device), attention_mask=mask.to(device)).logits
     torch.testing.assert_close(got.cpu()[mask.bool()], want[mask.bool()], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("family", ["gpt2", "bert", "mistral", "qwen2"])
+def test_other_architectures_match_cpu(family):
+    """Models not built around the LLaMA kernels: GPT-2 (Conv1D addmm, the
+    tanh GELU, layer norm, tied embeddings), BERT (a padding mask, tied
+    decoder weight and bias), Mistral (sliding-window masks) and Qwen2
+    (biased projections). Gradients equal the CPU's, tied parameters
+    included (Module.to keeps the Parameter objects)."""
+    make = {
+        "gpt2": lambda: transformers.GPT2LMHeadModel(transformers.GPT2Config(
+            vocab_size=96, n_embd=32, n_layer=2, n_head=4, n_positions=64,
+            resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)),
+        "bert": lambda: transformers.BertForMaskedLM(transformers.BertConfig(
+            vocab_size=96, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+            intermediate_size=64, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)),
+        "mistral": lambda: transformers.MistralForCausalLM(transformers.MistralConfig(
+            vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, sliding_window=8)),
+        "qwen2": lambda: transformers.Qwen2ForCausalLM(transformers.Qwen2Config(
+            vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2)),
+    }[family]
+    device = torch.device("polychip", index_of("Ferrite"))
+    torch.manual_seed(0)
+    cpu = make()
+    dev = make()
+    dev.load_state_dict(cpu.state_dict())
+    dev.to(device)
+    # Ties survive the move: one Parameter object, on the device.
+    def embeddings_tied(m):
+        return m.get_output_embeddings().weight is m.get_input_embeddings().weight
+
+    assert embeddings_tied(dev) == embeddings_tied(cpu)
+    assert embeddings_tied(dev) == (family in ("gpt2", "bert"))
+    ids = torch.randint(0, 96, (2, 16), generator=torch.Generator().manual_seed(2))
+    inputs = {"input_ids": ids, "labels": ids}
+    if family == "bert":
+        mask = torch.ones_like(ids)
+        mask[0, :3] = 0
+        inputs["attention_mask"] = mask
+    want = cpu(**inputs).loss
+    got = dev(**{k: v.to(device) for k, v in inputs.items()}).loss
+    want.backward()
+    got.backward()
+    assert abs(got.item() - want.item()) <= 2e-5 * abs(want.item())
+    for (name, p), q in zip(cpu.named_parameters(), dev.parameters()):
+        assert q.grad is not None, name
+        torch.testing.assert_close(q.grad.cpu(), p.grad, rtol=1e-4, atol=1e-5, msg=name)

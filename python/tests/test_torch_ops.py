@@ -248,6 +248,9 @@ def basics():
         "fill_.Scalar": lambda to: to(A.clone()).fill_(-3.0),
         "fill_.Tensor": fill_tensor,
         "zero_": zero,
+        "_has_compatible_shallow_copy_type": lambda to: torch.tensor(
+            [torch._has_compatible_shallow_copy_type(A, to(A)), torch._has_compatible_shallow_copy_type(to(A), A)]
+        ),
     }
 
 

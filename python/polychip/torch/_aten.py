@@ -47,6 +47,7 @@ BASICS = (
     "fill_.Scalar",
     "fill_.Tensor",
     "zero_",
+    "_has_compatible_shallow_copy_type",
 )
 
 _lib = torch.library.Library("aten", "IMPL")  # noqa: TOR901 - a backend's kernels

@@ -558,6 +558,19 @@ at::Tensor& fill_tensor(at::Tensor& self, const at::Tensor& value) {
 
 at::Tensor& zero(at::Tensor& self) { return fill_scalar(self, 0); }
 
+// Whether `self`'s TensorImpl may take `from`'s contents in place
+// (`param.data = other`): true between dense strided CPU and polychip
+// tensors, so `Module.to("polychip:N")` keeps each Parameter object, and with
+// it the ties between shared parameters (tied embeddings).
+bool compatible_shallow_copy(const at::Tensor& self, const at::Tensor& from) {
+  auto dense = [](const at::Tensor& t) {
+    return t.layout() == c10::Layout::Strided &&
+           (t.device().is_cpu() || t.device().type() == c10::DeviceType::PrivateUse1);
+  };
+  if (dense(self) && dense(from)) return true;
+  return self.unsafeGetTensorImpl()->has_compatible_shallow_copy_type(from.key_set());
+}
+
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("empty.memory_format", empty_memory_format);
   m.impl("empty_strided", empty_strided);
@@ -574,6 +587,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("fill_.Scalar", fill_scalar);
   m.impl("fill_.Tensor", fill_tensor);
   m.impl("zero_", zero);
+  m.impl("_has_compatible_shallow_copy_type", compatible_shallow_copy);
 }
 
 // scaled_dot_product_attention asks a device's dispatch stub which kernel
