@@ -151,3 +151,40 @@ def test_other_architectures_match_cpu(family):
     for (name, p), q in zip(cpu.named_parameters(), dev.parameters()):
         assert q.grad is not None, name
         torch.testing.assert_close(q.grad.cpu(), p.grad, rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_generate_save_load_clipping_sgd_and_autocast():
+    device = torch.device("polychip", index_of("Ferrite"))
+    cpu, dev = pair(torch.float32)
+    cpu.eval()
+    dev.to(device).eval()
+    ids = torch.randint(0, 96, (1, 5), generator=torch.Generator().manual_seed(2))
+    # Greedy decoding with the KV cache: one-token queries against longer keys.
+    want = cpu.generate(ids, max_new_tokens=8, do_sample=False)
+    got = dev.generate(ids.to(device), max_new_tokens=8, do_sample=False)
+    assert torch.equal(got.cpu(), want)
+    # torch.save of device tensors, loaded on the CPU and back onto the device.
+    import io
+
+    buf = io.BytesIO()
+    torch.save(dev.state_dict(), buf)
+    buf.seek(0)
+    on_cpu = torch.load(buf, map_location="cpu")
+    assert all(torch.equal(on_cpu[k], v) for k, v in cpu.state_dict().items())
+    buf.seek(0)
+    assert next(iter(torch.load(buf).values())).device == device
+    # Gradient clipping (foreach norms) and SGD with momentum (foreach path).
+    for m, d in ((cpu, "cpu"), (dev, device)):
+        m.train()
+        m(ids.to(d), labels=ids.to(d)).loss.backward()
+        m.norm = torch.nn.utils.clip_grad_norm_(m.parameters(), 0.1)
+        torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9).step()
+    assert abs(dev.norm.item() - cpu.norm.item()) <= 1e-5 * cpu.norm.item()
+    for p, q in zip(cpu.parameters(), dev.parameters()):
+        torch.testing.assert_close(q.detach().cpu(), p.detach(), rtol=1e-5, atol=1e-6)
+    # Autocast: PyTorch's CUDA policy (matmuls in bf16, norms and losses in f32).
+    with torch.autocast("polychip", dtype=torch.bfloat16):
+        logits = dev(ids.to(device)).logits
+        x = torch.randn(4, 4, device=device)
+        assert (x @ x).dtype == torch.bfloat16 and torch.softmax(x, -1).dtype == torch.float32
+    assert logits.dtype == torch.bfloat16

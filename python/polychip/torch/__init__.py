@@ -94,7 +94,23 @@ def _device_module(native: Any) -> ModuleType:
         d = torch.device(device) if not isinstance(device, int) else torch.device(_NAME, device)
         return native.current_device() if d.index is None else d.index
 
-    for f in (is_available, synchronize, manual_seed, manual_seed_all, get_rng_state, set_rng_state):
+    class device:
+        """Context manager making ``polychip:index`` the current device
+        (``torch.polychip.device(1)``, or a ``torch.device``)."""
+
+        def __init__(self, which: Any) -> None:
+            self.index = which if isinstance(which, int) else _index(which)
+
+        def __enter__(self) -> "device":
+            self.previous = native.current_device()
+            if self.index is not None and self.index >= 0:
+                native.set_device(self.index)
+            return self
+
+        def __exit__(self, *exc: Any) -> None:
+            native.set_device(self.previous)
+
+    for f in (is_available, synchronize, manual_seed, manual_seed_all, get_rng_state, set_rng_state, device):
         setattr(m, f.__name__, f)
     m.default_generators = tuple(native.default_generator(i) for i in range(native.device_count()))
     m.device_count = native.device_count

@@ -20,7 +20,7 @@ import torch
 from .. import _native
 
 _HERE = Path(__file__).resolve().parent
-_SOURCES = [_HERE / "csrc" / "backend.cpp"]
+_SOURCES = [_HERE / "csrc" / "backend.cpp", _HERE / "csrc" / "autocast.cpp"]
 
 
 def _header_dir() -> Path:
