@@ -305,6 +305,10 @@ def _binary(name: str, a: Any, b: Any, alpha: Any = 1, inplace: bool = False) ->
         return _fallback(op, a, b, **extra)
     if isinstance(alpha, complex) or (scalar and isinstance(bv, complex)):
         return _fallback(op, a, b, **extra)
+    if scalar and inplace and name == "mul" and a.dtype == dtype and _NAMES[dtype] in ops.DTYPES["scale"]:
+        # x *= c in place is the optimizer's `scale` (no constant tensor).
+        ops.scale(_pc(a), float(bv))
+        return a
     if scalar:
         bt = _constant(bv, dtype, a)
     else:
