@@ -22,7 +22,9 @@ pub enum Role {
     InOut,
 }
 
-/// How a tensor is laid out in device memory.
+/// How a tensor is laid out in device memory. Every layout sits inside a
+/// larger buffer, after and before guard zones (see [`crate::placement`]),
+/// so every tensor also has a non-zero byte offset.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Layout {
     /// Compact row-major.
@@ -31,15 +33,27 @@ pub enum Layout {
     Transposed,
     /// Every other element of the last dimension (stride 2, gaps between).
     Strided,
+    /// Rows are slices of wider rows: the last dimension is compact, and the
+    /// stride of every other dimension leaves a gap after each row.
+    RowSlice,
+    /// Stride 0 on this dimension: one stored slice read for every index
+    /// (inputs only; the values are equal along the dimension).
+    Broadcast(usize),
+    /// A negative stride on this dimension: the slices are stored in reverse
+    /// order and the view starts at the last one.
+    Reversed(usize),
 }
 
 impl fmt::Display for Layout {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Layout::Contiguous => "contiguous",
-            Layout::Transposed => "transposed",
-            Layout::Strided => "strided",
-        })
+        match self {
+            Layout::Contiguous => f.write_str("contiguous"),
+            Layout::Transposed => f.write_str("transposed"),
+            Layout::Strided => f.write_str("strided"),
+            Layout::RowSlice => f.write_str("row slice"),
+            Layout::Broadcast(d) => write!(f, "broadcast along dim {d} (stride 0)"),
+            Layout::Reversed(d) => write!(f, "reversed along dim {d} (negative stride)"),
+        }
     }
 }
 
@@ -59,6 +73,11 @@ pub struct TensorSpec {
     pub values: Vec<f64>,
     /// Memory layout.
     pub layout: Layout,
+    /// For an output: the index (in the case's tensors) of the input it is
+    /// exactly, so the call runs in place. The output is then not uploaded
+    /// on its own: it is the input's view, and the input is not expected to
+    /// come back unchanged.
+    pub alias_of: Option<usize>,
 }
 
 impl TensorSpec {

@@ -12,6 +12,7 @@
 pub mod case;
 pub mod cases;
 pub mod compare;
+pub mod placement;
 pub mod reference;
 pub mod report;
 pub mod runner;

@@ -8,8 +8,9 @@ use std::time::Instant;
 use polychip_host::{Device, ErrorCode, HostError, Tensor};
 use serde::{Deserialize, Serialize};
 
-use crate::case::{Case, Layout, Role, TensorSpec};
+use crate::case::{Case, Role, TensorSpec};
 use crate::compare::{Stats, compare};
+use crate::placement::Placement;
 use crate::reference::{Dense, RefError};
 use crate::values::{POISON_BYTE, from_bytes, round_to, to_bytes};
 
@@ -52,36 +53,58 @@ pub struct CaseResult {
     pub reference_seconds: f64,
 }
 
-/// Uploads one tensor in its layout; outputs are filled with poison.
-fn upload(
-    device: &Device,
-    spec: &TensorSpec,
-    poison: u8,
-) -> polychip_host::Result<(Tensor, Vec<u8>)> {
-    let shape: Vec<i64> = spec.shape.iter().map(|&d| d as i64).collect();
-    let n = shape.len();
-    let view = match spec.layout {
-        Layout::Transposed if n >= 2 => {
-            let mut stored = shape.clone();
-            stored.swap(n - 2, n - 1);
-            device.empty(spec.dtype, &stored)?.transpose(n - 2, n - 1)?
-        }
-        Layout::Strided if n >= 1 => {
-            let mut stored = shape.clone();
-            stored[n - 1] = 2 * stored[n - 1].max(1);
-            let base = device.zeros(spec.dtype, &stored)?;
-            let mut strides = base.strides().to_vec();
-            strides[n - 1] = 2;
-            base.as_strided(&shape, &strides, 0)?
-        }
-        _ => device.empty(spec.dtype, &shape)?,
-    };
-    let bytes = match spec.role {
-        Role::Output => vec![poison; view.numel() * spec.dtype.size()],
+/// How many guard elements a call changed, and where the first one is.
+type GuardDamage = (usize, String);
+
+/// One tensor as uploaded: the view the plugin gets, the buffer the suite
+/// allocated around it, where the view sits in it, and the buffer's bytes
+/// as written (guards included).
+struct Uploaded {
+    view: Tensor,
+    buffer: Tensor,
+    placement: Placement,
+    written: Vec<u8>,
+}
+
+impl Uploaded {
+    /// Reads the whole buffer back: the view's elements in row-major order,
+    /// and what happened to the guard zones around and between them.
+    fn read(&self, spec: &TensorSpec) -> polychip_host::Result<(Vec<u8>, Option<GuardDamage>)> {
+        let size = spec.dtype.size();
+        let after = self.buffer.read_bytes()?;
+        Ok((
+            self.placement.gather(size, &after),
+            self.placement.guard_damage(size, &self.written, &after),
+        ))
+    }
+}
+
+/// Uploads one tensor in its layout inside a guarded buffer; outputs are
+/// filled with poison.
+fn upload(device: &Device, spec: &TensorSpec, poison: u8) -> polychip_host::Result<Uploaded> {
+    let placement = Placement::new(&spec.shape, spec.layout);
+    let elements = match spec.role {
+        Role::Output => vec![poison; numel(&spec.shape) * spec.dtype.size()],
         Role::Input | Role::InOut => to_bytes(spec.dtype, &spec.values),
     };
-    view.write_bytes(&bytes)?;
-    Ok((view, bytes))
+    let written = placement.fill(spec.dtype.size(), &elements);
+    let buffer = device.empty(spec.dtype, &[placement.buffer_len as i64])?;
+    buffer.write_bytes(&written)?;
+    let view = buffer.as_strided(
+        &placement.shape,
+        &placement.strides,
+        placement.offset as i64,
+    )?;
+    Ok(Uploaded {
+        view,
+        buffer,
+        placement,
+        written,
+    })
+}
+
+fn numel(shape: &[usize]) -> usize {
+    shape.iter().product()
 }
 
 fn result(case: &Case, index: usize, status: Status, message: String) -> CaseResult {
@@ -98,100 +121,30 @@ fn result(case: &Case, index: usize, status: Status, message: String) -> CaseRes
     }
 }
 
+/// The second poison: an output element that shows the first poison's
+/// bytes after the call is run again with this one, and only an element that
+/// shows this one too was never written (a plugin may legitimately write a
+/// NaN whose bits are the first poison's, or a zero).
+const SECOND_POISON: u8 = 0x00;
+
 /// Runs `case` (number `index` of its list) on `device`, scaling every
 /// tolerance by `factor` (1 unless a waiver loosens it).
 pub fn run_case(device: &Device, case: &Case, index: usize, factor: f64) -> CaseResult {
-    // The reference depends only on the case, so it runs once for both passes.
     let dense: Vec<_> = case.tensors.iter().map(TensorSpec::dense).collect();
     let started = Instant::now();
     let expected = (case.reference)(&dense);
-    let reference = Reference {
-        expected: &expected,
-        seconds: started.elapsed().as_secs_f64(),
-    };
-    let first = run_with_poison(device, case, index, factor, POISON_BYTE, &reference);
-    // The usual poison is NaN, so an output element whose expected value is
-    // NaN cannot show it was never written: run once more with zeros.
-    let expects_nan = expected
-        .as_ref()
-        .is_ok_and(|outs| outs.iter().any(|o| o.data.iter().any(|v| v.is_nan())));
-    if first.status == Status::Passed && expects_nan {
-        let second = run_with_poison(device, case, index, factor, 0, &reference);
-        if second.status == Status::Failed {
-            return second;
-        }
-    }
-    first
-}
-
-/// The reference's answer for a case, computed once, and how long it took.
-struct Reference<'a> {
-    expected: &'a Result<Vec<Dense>, RefError>,
-    seconds: f64,
-}
-
-/// Reads back every tensor that is not an output and names those that
-/// differ from what was written.
-fn modified_inputs(case: &Case, uploaded: &[(Tensor, Vec<u8>)], roles: &[Role]) -> Vec<String> {
-    let mut problems = Vec::new();
-    for (spec, (tensor, written)) in case.tensors.iter().zip(uploaded) {
-        if !roles.contains(&spec.role) {
-            continue;
-        }
-        match tensor.read_bytes() {
-            Ok(bytes) if bytes == *written => {}
-            Ok(bytes) => {
-                let at = bytes
-                    .chunks(spec.dtype.size())
-                    .zip(written.chunks(spec.dtype.size()))
-                    .position(|(a, b)| a != b);
-                let what = if spec.role == Role::Input {
-                    "input"
-                } else {
-                    "in-place tensor"
-                };
-                problems.push(format!(
-                    "{what} {} was modified (first at element {})",
-                    spec.name,
-                    at.unwrap_or(0)
-                ));
-            }
-            Err(e) => problems.push(format!("could not read {} back: {e}", spec.name)),
-        }
-    }
-    problems
-}
-
-fn run_with_poison(
-    device: &Device,
-    case: &Case,
-    index: usize,
-    factor: f64,
-    poison: u8,
-    reference: &Reference<'_>,
-) -> CaseResult {
+    let reference_seconds = started.elapsed().as_secs_f64();
     let fail = |message: String| result(case, index, Status::Failed, message);
-    let mut uploaded = Vec::new();
-    for spec in &case.tensors {
-        match upload(device, spec, poison) {
-            Ok(t) => uploaded.push(t),
-            Err(e) => return fail(format!("could not upload {}: {e}", spec.name)),
-        }
-    }
-    let tensors: Vec<Tensor> = uploaded.iter().map(|(t, _)| t.clone()).collect();
-    let exec = device.exec();
-    let started = Instant::now();
-    let outcome = (case.call)(&exec, &tensors);
-    let plugin_seconds = started.elapsed().as_secs_f64();
-
-    let (expected, reference_seconds) = (reference.expected, reference.seconds);
+    let first = match execute(device, case, POISON_BYTE) {
+        Ok(run) => run,
+        Err(message) => return fail(message),
+    };
     let timed = |mut r: CaseResult| {
-        r.plugin_seconds = plugin_seconds;
+        r.plugin_seconds = first.plugin_seconds;
         r.reference_seconds = reference_seconds;
         r
     };
-
-    match (&outcome, expected) {
+    let expected = match (&first.outcome, &expected) {
         (Err(HostError::OpUnimplemented { .. }), _) => {
             return result(
                 case,
@@ -200,8 +153,11 @@ fn run_with_poison(
                 "the op-table entry is NULL".into(),
             );
         }
-        (Err(e), Ok(_)) if e.code() == ErrorCode::Unimplemented => {
+        (Err(e), _) if e.code() == ErrorCode::Unimplemented => {
             return result(case, index, Status::NotImplemented, e.to_string());
+        }
+        (Err(e @ HostError::Contract { .. }), _) => {
+            return timed(fail(format!("the plugin broke the ABI's contract: {e}")));
         }
         (Err(e), Ok(_)) => return timed(fail(format!("the plugin refused a valid call: {e}"))),
         (Ok(()), Err(why)) => {
@@ -209,33 +165,61 @@ fn run_with_poison(
                 "the plugin accepted a call it must refuse ({why})"
             )));
         }
-        (Err(e), Err(_)) if e.code() == ErrorCode::Unimplemented => {
-            return result(case, index, Status::NotImplemented, e.to_string());
+        (Err(e), Err(why)) => return timed(judge_refusal(case, index, &first, e, why)),
+        (Ok(()), Ok(expected)) => expected,
+    };
+
+    let mut problems = first.problems.clone();
+    // Output elements that still hold the poison: written as exactly those
+    // bytes, or never written. A second run with another poison tells.
+    let candidates: Vec<(usize, Vec<usize>)> = case
+        .tensors
+        .iter()
+        .enumerate()
+        .filter(|(_, spec)| spec.role == Role::Output && spec.alias_of.is_none())
+        .map(|(t, spec)| {
+            (
+                t,
+                poisoned(&first.elements[t], spec.dtype.size(), POISON_BYTE),
+            )
+        })
+        .filter(|(_, at)| !at.is_empty())
+        .collect();
+    if !candidates.is_empty() {
+        match execute(device, case, SECOND_POISON) {
+            Ok(second) if second.outcome.is_ok() => {
+                for (t, at) in &candidates {
+                    let spec = &case.tensors[*t];
+                    let again = poisoned(&second.elements[*t], spec.dtype.size(), SECOND_POISON);
+                    let unwritten: Vec<usize> = at
+                        .iter()
+                        .copied()
+                        .filter(|i| again.binary_search(i).is_ok())
+                        .collect();
+                    if let Some(first) = unwritten.first() {
+                        problems.push(format!(
+                            "output {} has {} element(s) the plugin never wrote (first at element {first})",
+                            spec.name,
+                            unwritten.len()
+                        ));
+                    }
+                }
+            }
+            Ok(second) => problems.push(format!(
+                "the plugin refused the same call when run a second time: {}",
+                second.outcome.expect_err("checked above")
+            )),
+            Err(message) => problems.push(message),
         }
-        (Err(_), Err(_)) => {
-            // A refusal must leave every tensor as it was.
-            let problems = modified_inputs(case, &uploaded, &[Role::Input, Role::InOut]);
-            return timed(if problems.is_empty() {
-                result(case, index, Status::Passed, "refused, as it must be".into())
-            } else {
-                fail(format!("refused, but not cleanly: {}", problems.join("; ")))
-            });
-        }
-        (Ok(()), Ok(_)) => {}
     }
-    let expected = expected.as_ref().expect("checked above");
 
     let mut stats = Stats::default();
-    let mut problems = modified_inputs(case, &uploaded, &[Role::Input]);
     let mut outputs = expected.iter();
-    for (spec, (tensor, _)) in case.tensors.iter().zip(&uploaded) {
+    for (t, spec) in case.tensors.iter().enumerate() {
         if spec.role == Role::Input {
             continue;
         }
-        let bytes = match tensor.read_bytes() {
-            Ok(b) => b,
-            Err(e) => return timed(fail(format!("could not read {} back: {e}", spec.name))),
-        };
+        let bytes = &first.elements[t];
         let want = outputs
             .next()
             .expect("the reference returns one tensor per output");
@@ -246,31 +230,7 @@ fn run_with_poison(
                 want.data.len()
             )));
         }
-        if spec.role == Role::Output {
-            // Only elements whose expected value differs from the poison's
-            // (NaN in floating dtypes, -1 or 255 or true in the others) can
-            // show that they were never written.
-            let poison_value = from_bytes(spec.dtype, &vec![poison; spec.dtype.size()])[0];
-            let looks_poisoned =
-                |w: f64| w == poison_value || (w.is_nan() && poison_value.is_nan());
-            let unwritten: Vec<usize> = bytes
-                .chunks(spec.dtype.size())
-                .enumerate()
-                .filter(|(i, c)| {
-                    c.iter().all(|&b| b == poison)
-                        && !looks_poisoned(round_to(spec.dtype, want.data[*i]))
-                })
-                .map(|(i, _)| i)
-                .collect();
-            if let Some(first) = unwritten.first() {
-                problems.push(format!(
-                    "output {} has {} element(s) the plugin never wrote (first at element {first})",
-                    spec.name,
-                    unwritten.len()
-                ));
-            }
-        }
-        let got = from_bytes(spec.dtype, &bytes);
+        let got = from_bytes(spec.dtype, bytes);
         // The reference is exact; the plugin's answer is at best its value
         // rounded to the output dtype (which may overflow to infinity).
         let want = Dense {
@@ -295,4 +255,144 @@ fn run_with_poison(
     let mut r = timed(result(case, index, status, message));
     r.stats = stats;
     r
+}
+
+/// The sorted indices of the elements whose bytes are all `poison`.
+fn poisoned(bytes: &[u8], size: usize, poison: u8) -> Vec<usize> {
+    bytes
+        .chunks(size)
+        .enumerate()
+        .filter(|(_, c)| c.iter().all(|&b| b == poison))
+        .map(|(i, _)| i)
+        .collect()
+}
+
+/// Judges a refusal of a call the reference also refuses: it must carry a
+/// code that says the arguments are wrong (not an internal error or a
+/// panic), and leave every input, in-place tensor and guard as it was.
+fn judge_refusal(
+    case: &Case,
+    index: usize,
+    run: &Run,
+    e: &HostError,
+    why: &RefError,
+) -> CaseResult {
+    let mut r = result(case, index, Status::Passed, String::new());
+    r.plugin_seconds = run.plugin_seconds;
+    let code = e.code();
+    let mut problems = Vec::new();
+    if !matches!(
+        code,
+        ErrorCode::InvalidArgument | ErrorCode::ShapeMismatch | ErrorCode::DTypeMismatch
+    ) {
+        problems.push(format!(
+            "refused with code \"{}\" ({e}), but a call with invalid arguments ({why}) must be refused with POLYCHIP_ERROR_INVALID_ARGUMENT",
+            code.name()
+        ));
+    }
+    problems.extend(run.problems.iter().cloned());
+    for (t, spec) in case.tensors.iter().enumerate() {
+        if spec.role == Role::InOut && run.elements[t] != to_bytes(spec.dtype, &spec.values) {
+            problems.push(format!("in-place tensor {} was modified", spec.name));
+        }
+    }
+    if problems.is_empty() {
+        r.message = format!("refused, as it must be: {e}");
+    } else {
+        r.status = Status::Failed;
+        r.message = format!("refused, but not cleanly: {}", problems.join("; "));
+    }
+    r
+}
+
+/// What one call of the plugin did to the case's tensors.
+struct Run {
+    /// The call's result.
+    outcome: polychip_host::Result<()>,
+    /// Seconds in the call.
+    plugin_seconds: f64,
+    /// Per tensor of the case: its elements' bytes after the call, in
+    /// row-major order (an in-place output's are its input's).
+    elements: Vec<Vec<u8>>,
+    /// Inputs that changed and guard zones that were overwritten.
+    problems: Vec<String>,
+}
+
+/// Uploads the case's tensors (outputs poisoned with `poison`), calls the
+/// plugin, and reads every buffer back whole. `Err` when the suite itself
+/// could not upload or read a tensor.
+fn execute(device: &Device, case: &Case, poison: u8) -> Result<Run, String> {
+    let mut uploaded: Vec<Option<Uploaded>> = Vec::with_capacity(case.tensors.len());
+    for spec in &case.tensors {
+        if spec.alias_of.is_some() {
+            uploaded.push(None);
+            continue;
+        }
+        let u = upload(device, spec, poison)
+            .map_err(|e| format!("could not upload {}: {e}", spec.name))?;
+        uploaded.push(Some(u));
+    }
+    let target = |t: usize| case.tensors[t].alias_of.unwrap_or(t);
+    let tensors: Vec<Tensor> = (0..case.tensors.len())
+        .map(|t| {
+            uploaded[target(t)]
+                .as_ref()
+                .expect("aliases name uploaded tensors")
+                .view
+                .clone()
+        })
+        .collect();
+    let exec = device.exec();
+    let started = Instant::now();
+    let outcome = (case.call)(&exec, &tensors);
+    let plugin_seconds = started.elapsed().as_secs_f64();
+
+    let mut elements = vec![Vec::new(); case.tensors.len()];
+    let mut problems = Vec::new();
+    let aliased: Vec<usize> = case.tensors.iter().filter_map(|s| s.alias_of).collect();
+    for (t, spec) in case.tensors.iter().enumerate() {
+        let Some(u) = &uploaded[t] else { continue };
+        let (bytes, damage) = u
+            .read(spec)
+            .map_err(|e| format!("could not read {} back: {e}", spec.name))?;
+        let what = match spec.role {
+            Role::Input if aliased.contains(&t) => "in-place output",
+            Role::Input => "input",
+            Role::Output => "output",
+            Role::InOut => "in-place tensor",
+        };
+        if let Some((count, first)) = damage {
+            problems.push(format!(
+                "the plugin wrote outside {what} {}: {count} guard element(s) changed, the first {first}",
+                spec.name
+            ));
+        }
+        if spec.role == Role::Input && !aliased.contains(&t) {
+            let written = to_bytes(spec.dtype, &spec.values);
+            if bytes != written {
+                let size = spec.dtype.size();
+                let at = bytes
+                    .chunks(size)
+                    .zip(written.chunks(size))
+                    .position(|(a, b)| a != b)
+                    .unwrap_or(0);
+                problems.push(format!(
+                    "input {} was modified (first at element {at})",
+                    spec.name
+                ));
+            }
+        }
+        elements[t] = bytes;
+    }
+    for (t, spec) in case.tensors.iter().enumerate() {
+        if let Some(source) = spec.alias_of {
+            elements[t] = elements[source].clone();
+        }
+    }
+    Ok(Run {
+        outcome,
+        plugin_seconds,
+        elements,
+        problems,
+    })
 }

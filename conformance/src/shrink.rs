@@ -5,7 +5,7 @@
 
 use polychip_host::Device;
 
-use crate::case::{Case, Role};
+use crate::case::{Case, Layout, Role};
 use crate::runner::{Status, run_case};
 use crate::values::round_to;
 
@@ -20,7 +20,11 @@ pub fn shrink(device: &Device, case: &Case, index: usize, factor: f64) -> Option
     let mut changed = false;
     for t in 0..current.tensors.len() {
         let spec = &current.tensors[t];
-        if spec.role == Role::Output || !spec.dtype.is_float() {
+        // A broadcast tensor's values must stay equal along its zero stride.
+        if spec.role == Role::Output
+            || !spec.dtype.is_float()
+            || matches!(spec.layout, Layout::Broadcast(_))
+        {
             continue;
         }
         let plain = round_to(spec.dtype, 1.0);
@@ -56,7 +60,11 @@ pub fn shrink(device: &Device, case: &Case, index: usize, factor: f64) -> Option
     let mut kept = Vec::new();
     let mut total = 0;
     for spec in &current.tensors {
-        if spec.role == Role::Output || !spec.dtype.is_float() {
+        // A broadcast tensor's values must stay equal along its zero stride.
+        if spec.role == Role::Output
+            || !spec.dtype.is_float()
+            || matches!(spec.layout, Layout::Broadcast(_))
+        {
             continue;
         }
         let plain = round_to(spec.dtype, 1.0);

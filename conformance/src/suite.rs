@@ -30,7 +30,7 @@ pub struct Unit {
 impl Unit {
     /// Number of cases.
     pub fn len(&self) -> usize {
-        (self.op.cases)(self.dtype).len()
+        self.op.cases(self.dtype).len()
     }
 
     /// Whether it has no cases.
@@ -67,7 +67,7 @@ pub fn run_unit(
     mut emit: impl FnMut(CaseResult),
 ) {
     let waiver = waivers.find(unit.op.name, unit.dtype.name());
-    for (index, case) in (unit.op.cases)(unit.dtype).iter().enumerate().skip(start) {
+    for (index, case) in unit.op.cases(unit.dtype).iter().enumerate().skip(start) {
         if only.is_some_and(|o| o != index) {
             continue;
         }
@@ -161,7 +161,9 @@ pub fn run_unit_isolated(
     mut emit: impl FnMut(CaseResult),
 ) {
     let total = unit.len();
-    let labels: Vec<String> = (unit.op.cases)(unit.dtype)
+    let labels: Vec<String> = unit
+        .op
+        .cases(unit.dtype)
         .into_iter()
         .map(|c| c.label)
         .collect();

@@ -10,6 +10,7 @@ mod basic;
 mod elementwise;
 mod nn;
 mod training;
+mod variants;
 
 use std::sync::Arc;
 
@@ -27,8 +28,19 @@ pub struct OpInfo {
     pub name: &'static str,
     /// The dtypes it is tested in.
     pub dtypes: &'static [DType],
-    /// Its cases for one dtype.
-    pub cases: fn(DType) -> Vec<Case>,
+    /// Its own cases for one dtype (before the derived ones).
+    pub base: fn(DType) -> Vec<Case>,
+}
+
+impl OpInfo {
+    /// Every case of the operator in `dtype`: its own, then those derived
+    /// from them (layouts and in-place calls, see [`variants`]).
+    pub fn cases(&self, dtype: DType) -> Vec<Case> {
+        let mut cases = (self.base)(dtype);
+        let derived = variants::derive(&cases);
+        cases.extend(derived);
+        cases
+    }
 }
 
 /// Every operator of the op table that has cases, in op-table order, tested
@@ -44,7 +56,7 @@ pub fn registry() -> Vec<OpInfo> {
             Some(OpInfo {
                 name: op.name(),
                 dtypes: op.dtypes(),
-                cases,
+                base: cases,
             })
         })
         .collect()
@@ -56,7 +68,7 @@ pub fn cases(op: &str, dtype: DType) -> Vec<Case> {
     registry()
         .into_iter()
         .find(|o| o.name == op && o.dtypes.contains(&dtype))
-        .map(|o| (o.cases)(dtype))
+        .map(|o| o.cases(dtype))
         .unwrap_or_default()
 }
 
@@ -124,6 +136,7 @@ pub fn input(
         shape: shape.to_vec(),
         values: values.into_iter().map(|v| round_to(dtype, v)).collect(),
         layout,
+        alias_of: None,
     }
 }
 
@@ -136,6 +149,7 @@ pub fn output(name: &'static str, dtype: DType, shape: &[usize], layout: Layout)
         shape: shape.to_vec(),
         values: vec![0.0; numel(shape)],
         layout,
+        alias_of: None,
     }
 }
 
@@ -231,7 +245,7 @@ mod tests {
     fn every_case_is_well_formed_and_its_reference_runs() {
         for info in registry() {
             for &dtype in info.dtypes {
-                let cases = (info.cases)(dtype);
+                let cases = info.cases(dtype);
                 assert!(!cases.is_empty(), "{} {dtype}: no cases", info.name);
                 let mut labels = HashSet::new();
                 for c in &cases {
@@ -262,7 +276,7 @@ mod tests {
     #[test]
     fn every_op_has_strided_tensors_and_every_multi_dimensional_op_transposed_ones() {
         for info in registry() {
-            let cases = (info.cases)(info.dtypes[0]);
+            let cases = info.cases(info.dtypes[0]);
             let tensors = || cases.iter().flat_map(|c| &c.tensors);
             assert!(
                 tensors().any(|t| t.layout == Layout::Strided),

@@ -1,0 +1,218 @@
+//! Cases derived from an operator's own cases, the same way for every
+//! operator: each layout the ABI allows on each tensor, and each in-place
+//! call its spec permits.
+//!
+//! From up to two base cases per (operator, dtype) (plain compact cases the
+//! reference accepts: the first and the largest), the suite derives
+//!
+//! - for every input, a zero stride on its first and on its last dimension
+//!   (a broadcast input: the values are made equal along that dimension, so
+//!   the reference sees what the plugin reads) and a negative stride on each;
+//! - for every written tensor, a negative stride on its first dimension,
+//!   gaps between its elements (stride 2) and gaps between its rows (a row
+//!   slice);
+//! - one case with every tensor non-compact at once;
+//! - for every output that the operator's spec lets be exactly one of its
+//!   inputs (`alias` in `spec/ops.toml`), the call run in place.
+//!
+//! Every tensor also sits at a non-zero offset inside a guarded buffer
+//! (`crate::placement`), so offsets and writes outside an output are
+//! checked on every case, derived or not.
+
+use polychip_host::Op;
+
+use crate::case::{Case, Layout, Role, TensorSpec};
+
+/// Base cases are at most this large (elements over all tensors), so the
+/// derived cases stay quick.
+const MAX_BASE_ELEMENTS: usize = 20_000;
+
+/// (operator, input) pairs whose rows are not broadcast along their last
+/// dimension: a constant row makes the exact result a cancellation to zero
+/// (layer_norm's variance is 0; softmax_backward's `y * (g - sum(y * g))`
+/// is 0 when `g` is constant), where a correct kernel's rounding is
+/// amplified without bound, so no tolerance could tell a bug from it.
+const CONSTANT_ROWS_CANCEL: &[(&str, &str)] = &[
+    ("layer_norm", "input"),
+    ("layer_norm_backward", "input"),
+    ("softmax_backward", "grad_out"),
+];
+
+/// The cases derived from `base` (the operator's own cases in one dtype).
+pub fn derive(base: &[Case]) -> Vec<Case> {
+    let mut out = Vec::new();
+    for b in pick_bases(base) {
+        out.extend(layouts(b));
+        out.extend(in_place(b));
+    }
+    out
+}
+
+fn total_elements(c: &Case) -> usize {
+    c.tensors.iter().map(|t| t.values.len()).sum()
+}
+
+/// The first and the largest compact, accepted case (once if they are the
+/// same).
+fn pick_bases(cases: &[Case]) -> Vec<&Case> {
+    let eligible: Vec<&Case> = cases
+        .iter()
+        .filter(|c| {
+            c.tensors
+                .iter()
+                .all(|t| t.layout == Layout::Contiguous && t.alias_of.is_none())
+                && total_elements(c) <= MAX_BASE_ELEMENTS
+                && c.tensors.iter().any(|t| t.values.len() > 1)
+        })
+        .filter(|c| {
+            let dense: Vec<_> = c.tensors.iter().map(TensorSpec::dense).collect();
+            (c.reference)(&dense).is_ok()
+        })
+        .collect();
+    let mut picked: Vec<&Case> = eligible.first().copied().into_iter().collect();
+    if let Some(largest) = eligible.iter().max_by_key(|c| total_elements(c)) {
+        if !std::ptr::eq(*largest, picked[0]) {
+            picked.push(largest);
+        }
+    }
+    picked
+}
+
+/// `values` (row-major, of `shape`) made equal along dimension `d`: every
+/// element takes the value of its slice-0 counterpart.
+fn constant_along(values: &[f64], shape: &[usize], d: usize) -> Vec<f64> {
+    let inner: usize = shape[d + 1..].iter().product();
+    let block = inner * shape[d];
+    (0..values.len())
+        .map(|i| values[(i / block) * block + i % inner])
+        .collect()
+}
+
+fn variant(b: &Case, what: String, edit: impl FnOnce(&mut Vec<TensorSpec>)) -> Case {
+    let mut c = b.clone();
+    c.label = format!("{}; {what}", b.label);
+    edit(&mut c.tensors);
+    c
+}
+
+/// The first and last dimension of a shape, each once, where the extent
+/// is more than 1.
+fn ends(shape: &[usize]) -> Vec<usize> {
+    let mut dims = vec![0, shape.len().saturating_sub(1)];
+    dims.dedup();
+    dims.retain(|&d| d < shape.len() && shape[d] > 1);
+    dims
+}
+
+fn layouts(b: &Case) -> Vec<Case> {
+    let mut out = Vec::new();
+    for (t, spec) in b.tensors.iter().enumerate() {
+        let name = spec.name;
+        match spec.role {
+            Role::Input => {
+                for d in ends(&spec.shape) {
+                    let cancels =
+                        d + 1 == spec.shape.len() && CONSTANT_ROWS_CANCEL.contains(&(b.op, name));
+                    if !cancels {
+                        out.push(variant(
+                            b,
+                            format!("{name} broadcast along dim {d} (stride 0)"),
+                            |ts| {
+                                ts[t].values = constant_along(&ts[t].values, &ts[t].shape, d);
+                                ts[t].layout = Layout::Broadcast(d);
+                            },
+                        ));
+                    }
+                    out.push(variant(
+                        b,
+                        format!("{name} reversed along dim {d} (negative stride)"),
+                        |ts| ts[t].layout = Layout::Reversed(d),
+                    ));
+                }
+            }
+            Role::Output | Role::InOut => {
+                if spec.shape.first().is_some_and(|&e| e > 1) {
+                    out.push(variant(
+                        b,
+                        format!("{name} reversed along dim 0 (negative stride)"),
+                        |ts| ts[t].layout = Layout::Reversed(0),
+                    ));
+                }
+                if !spec.shape.is_empty() {
+                    out.push(variant(b, format!("{name} with gaps (stride 2)"), |ts| {
+                        ts[t].layout = Layout::Strided
+                    }));
+                }
+                if spec.shape.len() >= 2 {
+                    out.push(variant(
+                        b,
+                        format!("{name} a row slice of wider rows"),
+                        |ts| ts[t].layout = Layout::RowSlice,
+                    ));
+                }
+            }
+        }
+    }
+    out.push(variant(b, "every tensor non-compact".into(), |ts| {
+        for spec in ts.iter_mut() {
+            spec.layout = match (spec.role, spec.shape.len()) {
+                (_, 0) => Layout::Contiguous,
+                (Role::Input, 1) => Layout::Reversed(0),
+                (Role::Input, _) => Layout::Transposed,
+                (_, 1) => Layout::Strided,
+                _ => Layout::RowSlice,
+            };
+        }
+    }));
+    out
+}
+
+/// One case per (output, input) pair the operator's spec lets alias.
+fn in_place(b: &Case) -> Vec<Case> {
+    let Some(op) = Op::from_name(b.op) else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for field in op.info().fields {
+        let Some(o) = b
+            .tensors
+            .iter()
+            .position(|t| t.name == field.name && t.role == Role::Output)
+        else {
+            continue;
+        };
+        for &alias in field.alias {
+            let Some(i) = b.tensors.iter().position(|t| t.name == alias) else {
+                continue;
+            };
+            let (output, input) = (&b.tensors[o], &b.tensors[i]);
+            if input.role != Role::Input
+                || input.dtype != output.dtype
+                || input.shape != output.shape
+            {
+                continue;
+            }
+            out.push(variant(
+                b,
+                format!("in place ({} is {})", output.name, input.name),
+                |ts| {
+                    ts[o].alias_of = Some(i);
+                    ts[o].layout = ts[i].layout;
+                },
+            ));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn constant_along_copies_slice_zero() {
+        let v: Vec<f64> = (0..6).map(f64::from).collect();
+        assert_eq!(constant_along(&v, &[2, 3], 0), vec![0., 1., 2., 0., 1., 2.]);
+        assert_eq!(constant_along(&v, &[2, 3], 1), vec![0., 0., 0., 3., 3., 3.]);
+    }
+}
