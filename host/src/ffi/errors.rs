@@ -3,9 +3,13 @@
 //!
 //! Every live error object is recorded in a set, so a pointer a plugin
 //! returns that the host never made (a bug in the plugin) is reported as a
-//! contract violation instead of being dereferenced.
+//! contract violation instead of being dereferenced. The last
+//! [`QUARANTINE`] objects taken back are kept allocated (emptied) rather
+//! than freed, so their addresses are not reused at once and a plugin that
+//! returns the same object a second time is told apart from one that
+//! returns a foreign pointer.
 
-use std::collections::HashSet;
+use std::collections::{HashSet, VecDeque};
 use std::ffi::{c_char, c_void};
 use std::sync::Mutex;
 
@@ -18,10 +22,44 @@ struct ErrorObject {
     message: String,
 }
 
-static LIVE: Mutex<Option<HashSet<usize>>> = Mutex::new(None);
+/// How many objects taken back stay allocated to catch double returns.
+const QUARANTINE: usize = 256;
 
-fn live() -> std::sync::MutexGuard<'static, Option<HashSet<usize>>> {
+/// The live objects, and the addresses of the ones taken back recently
+/// (whose allocations are still held, in `held`).
+#[derive(Default)]
+struct Registry {
+    live: HashSet<usize>,
+    recent: HashSet<usize>,
+    held: VecDeque<Box<ErrorObject>>,
+}
+
+static LIVE: Mutex<Option<Registry>> = Mutex::new(None);
+
+fn live() -> std::sync::MutexGuard<'static, Option<Registry>> {
     LIVE.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Why an error pointer a plugin returned was not accepted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Misuse {
+    /// The host never made it (or made it long ago and freed it).
+    Foreign,
+    /// The host made it and already took it back: returned twice, or
+    /// returned after `error_destroy`.
+    Twice,
+}
+
+impl Misuse {
+    /// The contract violation, as a message says it.
+    pub(crate) fn what(self) -> &'static str {
+        match self {
+            Misuse::Foreign => "returned an error pointer the host never created",
+            Misuse::Twice => {
+                "returned an error object the host had already taken back (returned twice, or after error_destroy)"
+            }
+        }
+    }
 }
 
 /// Reads `len` bytes of possibly invalid UTF-8.
@@ -47,7 +85,10 @@ pub(crate) unsafe extern "C" fn error_new(
     // SAFETY: the ABI says `message` has `len` readable bytes for the call.
     let message = unsafe { lossy(message, len) };
     let ptr = Box::into_raw(Box::new(ErrorObject { code, message }));
-    live().get_or_insert_with(HashSet::new).insert(ptr as usize);
+    live()
+        .get_or_insert_with(Registry::default)
+        .live
+        .insert(ptr as usize);
     ptr.cast::<PolychipError>()
 }
 
@@ -57,22 +98,37 @@ pub(crate) unsafe extern "C" fn error_destroy(_ctx: *mut c_void, error: *mut Pol
 }
 
 /// Takes ownership of an error object a plugin returned. `Ok(None)` for
-/// NULL (success); `Err(())` for a pointer the host never made or already freed.
-#[allow(clippy::result_unit_err)]
-pub(crate) fn take(error: *mut PolychipError) -> Result<Option<(ErrorCode, String)>, ()> {
+/// NULL (success); `Err` for a pointer the host never made or already took.
+pub(crate) fn take(error: *mut PolychipError) -> Result<Option<(ErrorCode, String)>, Misuse> {
     if error.is_null() {
         return Ok(None);
     }
-    let known = live()
-        .as_mut()
-        .is_some_and(|set| set.remove(&(error as usize)));
-    if !known {
-        return Err(());
+    let mut guard = live();
+    let registry = guard.get_or_insert_with(Registry::default);
+    let address = error as usize;
+    if !registry.live.remove(&address) {
+        return Err(if registry.recent.contains(&address) {
+            Misuse::Twice
+        } else {
+            Misuse::Foreign
+        });
     }
     // SAFETY: the pointer was in the live set, so it came from Box::into_raw in
     // `error_new` and has not been freed; removing it gives us sole ownership.
-    let object = unsafe { Box::from_raw(error.cast::<ErrorObject>()) };
-    Ok(Some((ErrorCode::from_raw(object.code), object.message)))
+    let mut object = unsafe { Box::from_raw(error.cast::<ErrorObject>()) };
+    let taken = (
+        ErrorCode::from_raw(object.code),
+        std::mem::take(&mut object.message),
+    );
+    registry.recent.insert(address);
+    registry.held.push_back(object);
+    if registry.held.len() > QUARANTINE {
+        let old = registry.held.pop_front().expect("not empty");
+        registry
+            .recent
+            .remove(&(&*old as *const ErrorObject as usize));
+    }
+    Ok(Some(taken))
 }
 
 #[cfg(test)]
@@ -90,11 +146,11 @@ mod tests {
         );
         assert_eq!(
             take(e),
-            Err(()),
+            Err(Misuse::Twice),
             "a second take is a double free and is refused"
         );
         assert_eq!(take(std::ptr::null_mut()), Ok(None));
         let mut x = 0u8;
-        assert_eq!(take((&mut x as *mut u8).cast()), Err(()));
+        assert_eq!(take((&mut x as *mut u8).cast()), Err(Misuse::Foreign));
     }
 }

@@ -159,11 +159,11 @@ fn open(path: &Path) -> Result<Plugin> {
                 message,
             });
         }
-        Err(()) => {
+        Err(misuse) => {
             return Err(HostError::Contract {
                 plugin: path.display().to_string(),
                 function: "polychip_plugin_init_v1",
-                what: "returned an error pointer the host never created".into(),
+                what: misuse.what().into(),
             });
         }
     }

@@ -146,10 +146,10 @@ impl Plugin {
                 code,
                 message,
             }),
-            Err(()) => Err(HostError::Contract {
+            Err(misuse) => Err(HostError::Contract {
                 plugin: self.vendor.clone(),
                 function,
-                what: "returned an error pointer the host never created".into(),
+                what: misuse.what().into(),
             }),
         }
     }
