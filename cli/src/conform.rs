@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Instant;
 
+use polychip_conformance::cases::Tier;
 use polychip_conformance::report::Report;
 use polychip_conformance::runner::CaseResult;
 use polychip_conformance::suite::{self, Isolation, Unit};
@@ -43,6 +44,10 @@ pub struct Args {
     /// Write the report as JUnit XML to this file.
     #[arg(long)]
     junit: Option<PathBuf>,
+    /// Also run the largest sizes (the nightly tier: rows of 152K classes
+    /// in 32 rows, 16M-element tensors, 4096-deep matmuls, 2048-token attention).
+    #[arg(long)]
+    full: bool,
     /// Run the plugin in this process (faster; a crash ends the run).
     #[arg(long)]
     no_isolate: bool,
@@ -87,7 +92,8 @@ pub fn run(args: &Args) -> ExitCode {
         },
         None => Waivers::default(),
     };
-    let units = suite::select(ops.as_ref(), &dtypes);
+    let tier = if args.full { Tier::Full } else { Tier::Default };
+    let units = suite::select(ops.as_ref(), &dtypes, tier);
     if units.is_empty() {
         return usage("no operator and dtype match --ops and --dtype".into());
     }

@@ -97,6 +97,15 @@ pub type CallFn = Arc<dyn Fn(&Exec<'_>, &[Tensor]) -> polychip_host::Result<()> 
 /// must refuse the call.
 pub type RefFn = Arc<dyn Fn(&[Dense]) -> Result<Vec<Dense>, RefError> + Send + Sync>;
 
+/// How to rebuild a case of a sized family at other sizes (for the shrinker).
+#[derive(Clone, Debug)]
+pub struct Resize {
+    /// Builds the family's case for `(dtype, params)`.
+    pub build: fn(DType, &[usize]) -> Case,
+    /// This case's parameters (extents, in the family's order).
+    pub params: Vec<usize>,
+}
+
 /// One call of one operator, with everything needed to run and judge it.
 #[derive(Clone)]
 pub struct Case {
@@ -114,6 +123,8 @@ pub struct Case {
     pub reference: RefFn,
     /// The error model.
     pub tolerance: Tolerance,
+    /// For a case of a sized family: how to rebuild it smaller.
+    pub resize: Option<Resize>,
 }
 
 impl fmt::Debug for Case {

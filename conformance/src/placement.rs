@@ -105,8 +105,21 @@ impl Placement {
         }
     }
 
+    /// Whether the view is compact: its elements are one run of the buffer.
+    fn is_compact(&self) -> bool {
+        self.strides == compact(&self.shape)
+    }
+
+    /// Number of elements of the view.
+    fn numel(&self) -> usize {
+        self.shape.iter().product::<i64>().max(0) as usize
+    }
+
     /// The buffer position of every element of the view, in row-major order.
     pub fn positions(&self) -> Vec<usize> {
+        if self.is_compact() {
+            return (self.offset..self.offset + self.numel()).collect();
+        }
         let numel: i64 = self.shape.iter().product();
         let mut out = Vec::with_capacity(numel.max(0) as usize);
         if numel <= 0 {
@@ -132,6 +145,11 @@ impl Placement {
     /// (from `elements`) at its position.
     pub fn fill(&self, size: usize, elements: &[u8]) -> Vec<u8> {
         let mut buffer = vec![GUARD_BYTE; self.buffer_len * size];
+        if self.is_compact() {
+            let start = self.offset * size;
+            buffer[start..start + elements.len()].copy_from_slice(elements);
+            return buffer;
+        }
         for (i, p) in self.positions().into_iter().enumerate() {
             buffer[p * size..(p + 1) * size].copy_from_slice(&elements[i * size..(i + 1) * size]);
         }
@@ -140,6 +158,10 @@ impl Placement {
 
     /// The elements' bytes, in row-major order, read out of a buffer.
     pub fn gather(&self, size: usize, buffer: &[u8]) -> Vec<u8> {
+        if self.is_compact() {
+            let start = self.offset * size;
+            return buffer[start..start + self.numel() * size].to_vec();
+        }
         let positions = self.positions();
         let mut out = Vec::with_capacity(positions.len() * size);
         for p in positions {

@@ -1,6 +1,14 @@
-//! Shrinking a failing case: inputs are replaced, chunk by chunk, with the
-//! plain value 1 as long as the case still fails, so that the report can
-//! name the few input values that matter (delta debugging over values).
+//! Shrinking a failing case, in two steps, so that the report ends at a
+//! small case:
+//!
+//! 1. a case of a sized family (the realistic tier) is rebuilt with each of
+//!    its size parameters halved as long as it still fails, so an
+//!    accumulation or tile bug ends at the smallest size that shows it;
+//! 2. inputs are replaced, chunk by chunk, with the plain value 1 as long as
+//!    the case still fails, so that the report can name the few input values
+//!    that matter (delta debugging over values); only for cases small enough
+//!    for that to be quick.
+//!
 //! Runs in the process that ran the case, so it never shrinks a crash.
 
 use polychip_host::Device;
@@ -9,12 +17,77 @@ use crate::case::{Case, Layout, Role};
 use crate::runner::{Status, run_case};
 use crate::values::round_to;
 
-/// At most this many extra runs per shrink.
+/// At most this many extra runs per shrink of values.
 const BUDGET: usize = 300;
+/// At most this many extra runs per shrink of sizes.
+const SIZE_BUDGET: usize = 48;
+/// Values are shrunk only in cases with at most this many input elements.
+const VALUE_LIMIT: usize = 20_000;
 
-/// Shrinks `case` (which failed) and describes the smallest failing input
+/// Shrinks `case` (which failed) and describes the smallest failing case
 /// found, or `None` when nothing could be simplified.
 pub fn shrink(device: &Device, case: &Case, index: usize, factor: f64) -> Option<String> {
+    let (case, size) = match shrink_size(device, case, index, factor) {
+        Some((smaller, what)) => (smaller, Some(what)),
+        None => (case.clone(), None),
+    };
+    let inputs: usize = case
+        .tensors
+        .iter()
+        .filter(|t| t.role != Role::Output)
+        .map(|t| t.values.len())
+        .sum();
+    let values = if inputs <= VALUE_LIMIT {
+        shrink_values(device, &case, index, factor)
+    } else {
+        None
+    };
+    match (size, values) {
+        (None, None) => None,
+        (Some(size), None) => Some(format!(
+            "shrunk: still fails at {size}: {}",
+            run_case(device, &case, index, factor).message
+        )),
+        (None, Some(values)) => Some(format!("shrunk: {values}")),
+        (Some(size), Some(values)) => Some(format!("shrunk: at {size}, {values}")),
+    }
+}
+
+/// Halves the size parameters of a sized case while it still fails; the
+/// smallest failing case and its description, or `None` when it is not
+/// sized or no smaller size fails.
+fn shrink_size(device: &Device, case: &Case, index: usize, factor: f64) -> Option<(Case, String)> {
+    let resize = case.resize.clone()?;
+    let mut params = resize.params.clone();
+    let mut best = None;
+    let mut runs = 0;
+    let mut progress = true;
+    while progress && runs < SIZE_BUDGET {
+        progress = false;
+        for i in 0..params.len() {
+            if params[i] <= 1 || runs >= SIZE_BUDGET {
+                continue;
+            }
+            let mut trial_params = params.clone();
+            trial_params[i] = params[i].div_ceil(2);
+            let trial = crate::cases::realistic::sized(resize.build, case.dtype, &trial_params);
+            runs += 1;
+            if run_case(device, &trial, index, factor).status == Status::Failed {
+                params = trial_params;
+                best = Some(trial);
+                progress = true;
+            }
+        }
+    }
+    best.map(|c| {
+        let what = format!("the smaller size {} (parameters {params:?})", c.label);
+        (c, what)
+    })
+}
+
+/// Replaces input values with 1 while the case still fails, and names the
+/// values left, or `None` when none could be replaced.
+fn shrink_values(device: &Device, case: &Case, index: usize, factor: f64) -> Option<String> {
     let mut current = case.clone();
     let mut runs = 0;
     let mut changed = false;
@@ -87,5 +160,5 @@ pub fn shrink(device: &Device, case: &Case, index: usize, factor: f64) -> Option
             if total > kept.len() { ", ..." } else { "" }
         )
     };
-    Some(format!("shrunk: still fails with {values}: {why}"))
+    Some(format!("still fails with {values}: {why}"))
 }

@@ -14,7 +14,7 @@ use std::process::{Command, Stdio};
 use polychip_host::{DType, Device};
 use regex::Regex;
 
-use crate::cases::{self, OpInfo};
+use crate::cases::{self, OpInfo, Tier};
 use crate::runner::{CaseResult, Status, run_case};
 use crate::waivers::{Action, Waivers};
 
@@ -25,12 +25,14 @@ pub struct Unit {
     pub op: OpInfo,
     /// The dtype.
     pub dtype: DType,
+    /// Which sizes run.
+    pub tier: Tier,
 }
 
 impl Unit {
     /// Number of cases.
     pub fn len(&self) -> usize {
-        self.op.cases(self.dtype).len()
+        self.op.cases(self.dtype, self.tier).len()
     }
 
     /// Whether it has no cases.
@@ -40,8 +42,8 @@ impl Unit {
 }
 
 /// The units whose operator matches `ops` (a regex; `None`: all) and whose
-/// dtype is in `dtypes` (empty: all).
-pub fn select(ops: Option<&Regex>, dtypes: &[DType]) -> Vec<Unit> {
+/// dtype is in `dtypes` (empty: all), with the sizes of `tier`.
+pub fn select(ops: Option<&Regex>, dtypes: &[DType], tier: Tier) -> Vec<Unit> {
     let mut units = Vec::new();
     for op in cases::registry() {
         if ops.is_some_and(|re| !re.is_match(op.name)) {
@@ -49,7 +51,7 @@ pub fn select(ops: Option<&Regex>, dtypes: &[DType]) -> Vec<Unit> {
         }
         for &dtype in op.dtypes {
             if dtypes.is_empty() || dtypes.contains(&dtype) {
-                units.push(Unit { op, dtype });
+                units.push(Unit { op, dtype, tier });
             }
         }
     }
@@ -67,7 +69,13 @@ pub fn run_unit(
     mut emit: impl FnMut(CaseResult),
 ) {
     let waiver = waivers.find(unit.op.name, unit.dtype.name());
-    for (index, case) in unit.op.cases(unit.dtype).iter().enumerate().skip(start) {
+    for (index, case) in unit
+        .op
+        .cases(unit.dtype, unit.tier)
+        .iter()
+        .enumerate()
+        .skip(start)
+    {
         if only.is_some_and(|o| o != index) {
             continue;
         }
@@ -124,6 +132,9 @@ pub fn worker_args(
     if let Some(i) = only {
         args.extend(["--case".into(), i.to_string()]);
     }
+    if unit.tier == Tier::Full {
+        args.push("--full".into());
+    }
     if let Some(w) = waivers {
         args.extend(["--waivers".into(), w.display().to_string()]);
     }
@@ -163,7 +174,7 @@ pub fn run_unit_isolated(
     let total = unit.len();
     let labels: Vec<String> = unit
         .op
-        .cases(unit.dtype)
+        .cases(unit.dtype, unit.tier)
         .into_iter()
         .map(|c| c.label)
         .collect();

@@ -9,8 +9,12 @@
 mod basic;
 mod elementwise;
 mod nn;
+pub mod realistic;
 mod training;
 mod variants;
+
+pub use realistic::Tier;
+use training::max_repeats as training_max_repeats;
 
 use std::sync::Arc;
 
@@ -33,12 +37,14 @@ pub struct OpInfo {
 }
 
 impl OpInfo {
-    /// Every case of the operator in `dtype`: its own, then those derived
-    /// from them (layouts and in-place calls, see [`variants`]).
-    pub fn cases(&self, dtype: DType) -> Vec<Case> {
+    /// Every case of the operator in `dtype` for `tier`: its own, those
+    /// derived from them (layouts and in-place calls, see [`variants`]),
+    /// then the realistic sizes ([`realistic`]).
+    pub fn cases(&self, dtype: DType, tier: Tier) -> Vec<Case> {
         let mut cases = (self.base)(dtype);
         let derived = variants::derive(&cases);
         cases.extend(derived);
+        cases.extend(realistic::cases(self.name, dtype, tier));
         cases
     }
 }
@@ -68,7 +74,7 @@ pub fn cases(op: &str, dtype: DType) -> Vec<Case> {
     registry()
         .into_iter()
         .find(|o| o.name == op && o.dtypes.contains(&dtype))
-        .map(|o| o.cases(dtype))
+        .map(|o| o.cases(dtype, Tier::Default))
         .unwrap_or_default()
 }
 
@@ -185,6 +191,7 @@ pub fn case(
         call: Arc::new(call),
         reference: Arc::new(reference),
         tolerance,
+        resize: None,
     }
 }
 
@@ -245,12 +252,16 @@ mod tests {
     fn every_case_is_well_formed_and_its_reference_runs() {
         for info in registry() {
             for &dtype in info.dtypes {
-                let cases = info.cases(dtype);
+                let cases = info.cases(dtype, Tier::Default);
                 assert!(!cases.is_empty(), "{} {dtype}: no cases", info.name);
                 let mut labels = HashSet::new();
                 for c in &cases {
                     assert_eq!((c.op, c.dtype), (info.name, dtype), "{c:?}");
                     assert!(labels.insert(c.label.clone()), "{c:?}: duplicate label");
+                    if c.resize.is_some() {
+                        // Realistic sizes: checked at small sizes below.
+                        continue;
+                    }
                     for t in &c.tensors {
                         assert_eq!(t.values.len(), numel(&t.shape), "{c:?} {}", t.name);
                         assert!(numel(&t.shape) <= 20_000, "{c:?} {} is too large", t.name);
@@ -276,7 +287,7 @@ mod tests {
     #[test]
     fn every_op_has_strided_tensors_and_every_multi_dimensional_op_transposed_ones() {
         for info in registry() {
-            let cases = info.cases(info.dtypes[0]);
+            let cases = info.cases(info.dtypes[0], Tier::Default);
             let tensors = || cases.iter().flat_map(|c| &c.tensors);
             assert!(
                 tensors().any(|t| t.layout == Layout::Strided),

@@ -1,0 +1,831 @@
+//! Cases at the sizes real models run: vocabulary rows of 32K to 152K
+//! classes, activations of millions of elements, reductions over a million
+//! terms, matmuls with a long inner dimension and edges that are not tile
+//! multiples, embedding tables with more than 65,536 rows. Bugs that only
+//! show above a threshold (a second code path, a tile boundary, an index
+//! that overflows 16 bits, an accumulator too narrow for a long sum) need
+//! them.
+//!
+//! Each size is a point of a family `build(dtype, params)`, so a failing
+//! case can be shrunk along its parameters (`crate::shrink`) to the
+//! smallest size that still fails. The default tier runs with every
+//! `polychip conform`; the full tier (`--full`) adds larger sizes for a
+//! vendor's nightly run.
+
+use polychip_host::{ActivationBackwardOp, BinaryOp, DType, MatmulOptions, ReduceOp, UnaryOp};
+
+use super::{Rng, case, input, output};
+use crate::case::{Case, Layout, Resize};
+use crate::reference::{self, Indices};
+use crate::tolerance::Tolerance;
+
+/// Which sizes run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Tier {
+    /// Small cases and the realistic sizes (every run).
+    #[default]
+    Default,
+    /// Also the largest sizes (`--full`).
+    Full,
+}
+
+/// A family of cases of one operator, by size.
+struct Family {
+    op: &'static str,
+    build: fn(DType, &[usize]) -> Case,
+    /// Parameters of the default tier's cases.
+    default: &'static [&'static [usize]],
+    /// Parameters added by the full tier.
+    full: &'static [&'static [usize]],
+}
+
+const C: Layout = Layout::Contiguous;
+
+macro_rules! unary_family {
+    ($op:expr, $name:literal) => {
+        Family {
+            op: $name,
+            build: |d, p| unary(d, p, $op),
+            default: &[&[1024, 2048]],
+            full: &[&[4096, 4096]],
+        }
+    };
+}
+
+macro_rules! binary_family {
+    ($op:expr, $name:literal) => {
+        Family {
+            op: $name,
+            build: |d, p| binary(d, p, $op),
+            default: &[&[1024, 2048]],
+            full: &[&[4096, 4096]],
+        }
+    };
+}
+
+macro_rules! reduce_family {
+    ($op:expr, $name:literal) => {
+        Family {
+            op: $name,
+            build: |d, p| reduce(d, p, $op),
+            default: &[&[4, 262_144], &[16_384, 64]],
+            full: &[&[16, 1 << 20]],
+        }
+    };
+}
+
+const FAMILIES: &[Family] = &[
+    Family {
+        op: "fill",
+        build: fill,
+        default: &[&[1 << 21]],
+        full: &[&[1 << 24]],
+    },
+    Family {
+        op: "copy",
+        build: copy,
+        default: &[&[1024, 2048]],
+        full: &[&[4096, 4096]],
+    },
+    Family {
+        op: "cast",
+        build: cast,
+        default: &[&[1 << 21]],
+        full: &[&[1 << 24]],
+    },
+    binary_family!(BinaryOp::Add, "add"),
+    binary_family!(BinaryOp::Sub, "sub"),
+    binary_family!(BinaryOp::Mul, "mul"),
+    binary_family!(BinaryOp::Div, "div"),
+    Family {
+        op: "matmul",
+        build: matmul,
+        // [M, K, N]: a long inner dimension; edges past 256 that are not
+        // multiples of a tile.
+        default: &[&[16, 11_008, 64], &[300, 257, 260]],
+        full: &[&[512, 4096, 512], &[1031, 1033, 67]],
+    },
+    Family {
+        op: "softmax",
+        build: |d, p| rows(d, p, "softmax"),
+        // [rows, classes]: vocabulary rows.
+        default: &[&[4, 152_064], &[8, 32_000]],
+        full: &[&[32, 152_064]],
+    },
+    unary_family!(UnaryOp::Neg, "neg"),
+    unary_family!(UnaryOp::Exp, "exp"),
+    unary_family!(UnaryOp::Log, "log"),
+    unary_family!(UnaryOp::Sqrt, "sqrt"),
+    unary_family!(UnaryOp::Rsqrt, "rsqrt"),
+    unary_family!(UnaryOp::Tanh, "tanh"),
+    unary_family!(UnaryOp::Relu, "relu"),
+    unary_family!(UnaryOp::Silu, "silu"),
+    unary_family!(UnaryOp::Gelu, "gelu"),
+    Family {
+        op: "silu_backward",
+        build: |d, p| activation_backward(d, p, ActivationBackwardOp::SiluBackward),
+        default: &[&[1024, 2048]],
+        full: &[&[4096, 4096]],
+    },
+    Family {
+        op: "gelu_backward",
+        build: |d, p| activation_backward(d, p, ActivationBackwardOp::GeluBackward),
+        default: &[&[1024, 2048]],
+        full: &[&[4096, 4096]],
+    },
+    reduce_family!(ReduceOp::Sum, "sum"),
+    reduce_family!(ReduceOp::Mean, "mean"),
+    reduce_family!(ReduceOp::Max, "max"),
+    reduce_family!(ReduceOp::Argmax, "argmax"),
+    Family {
+        op: "sum_squares",
+        build: sum_squares,
+        default: &[&[1 << 21]],
+        full: &[&[1 << 24]],
+    },
+    Family {
+        op: "linear",
+        build: linear,
+        // [rows, in, out].
+        default: &[&[16, 4096, 300]],
+        full: &[&[256, 4096, 1024]],
+    },
+    Family {
+        op: "log_softmax",
+        build: |d, p| rows(d, p, "log_softmax"),
+        default: &[&[4, 152_064], &[8, 32_000]],
+        full: &[&[32, 152_064]],
+    },
+    Family {
+        op: "rms_norm",
+        build: rms_norm,
+        // [rows, hidden].
+        default: &[&[64, 8192]],
+        full: &[&[512, 16_384]],
+    },
+    Family {
+        op: "layer_norm",
+        build: layer_norm,
+        default: &[&[64, 8192]],
+        full: &[&[512, 16_384]],
+    },
+    Family {
+        op: "attention",
+        build: attention,
+        // [heads, seq, head_dim].
+        default: &[&[2, 512, 64]],
+        full: &[&[8, 2048, 128]],
+    },
+    Family {
+        op: "embedding",
+        build: embedding,
+        // [vocab, hidden, tokens].
+        default: &[&[152_064, 8, 4096]],
+        full: &[&[152_064, 256, 16_384]],
+    },
+    Family {
+        op: "embedding_backward",
+        build: embedding_backward,
+        default: &[&[152_064, 8, 4096]],
+        full: &[&[152_064, 64, 16_384]],
+    },
+    Family {
+        op: "cross_entropy",
+        build: |d, p| cross_entropy(d, p, false),
+        // [rows, classes].
+        default: &[&[4, 152_064], &[8, 32_000]],
+        full: &[&[32, 152_064]],
+    },
+    Family {
+        op: "cross_entropy_backward",
+        build: |d, p| cross_entropy(d, p, true),
+        default: &[&[4, 152_064], &[8, 32_000]],
+        full: &[&[32, 152_064]],
+    },
+    Family {
+        op: "adamw",
+        build: adamw,
+        default: &[&[1 << 20]],
+        full: &[&[1 << 24]],
+    },
+];
+
+/// The realistic cases of `op` in `dtype` for `tier`.
+pub fn cases(op: &str, dtype: DType, tier: Tier) -> Vec<Case> {
+    let mut out = Vec::new();
+    for f in FAMILIES.iter().filter(|f| f.op == op) {
+        let sizes = f
+            .default
+            .iter()
+            .chain(if tier == Tier::Full { f.full } else { &[] });
+        for &params in sizes {
+            out.push(sized(f.build, dtype, params));
+        }
+    }
+    out
+}
+
+/// The family member of `params`, which the shrinker can rebuild smaller.
+pub fn sized(build: fn(DType, &[usize]) -> Case, dtype: DType, params: &[usize]) -> Case {
+    let mut c = build(dtype, params);
+    c.label = format!("realistic {}", c.label);
+    c.resize = Some(Resize {
+        build,
+        params: params.to_vec(),
+    });
+    c
+}
+
+/// Operators with a realistic family.
+pub fn has_family(op: &str) -> bool {
+    FAMILIES.iter().any(|f| f.op == op)
+}
+
+fn dims(shape: &[usize]) -> String {
+    let d: Vec<String> = shape.iter().map(|x| x.to_string()).collect();
+    format!("[{}]", d.join(", "))
+}
+
+fn rng(op: &str, dtype: DType, params: &[usize]) -> Rng {
+    Rng::for_case(&format!("{op}{params:?}"), dtype)
+}
+
+fn fill(dtype: DType, p: &[usize]) -> Case {
+    let value = 1.0 + 1.0 / 3.0;
+    case(
+        "fill",
+        dtype,
+        format!("{} = 4/3", dims(p)),
+        vec![output("out", dtype, p, C)],
+        Tolerance::EXACT,
+        move |exec, t| exec.fill(&t[0], value),
+        move |d| {
+            Ok(vec![reference::fill(
+                &d[0].shape,
+                crate::values::round_to(dtype, value),
+            )?])
+        },
+    )
+}
+
+fn copy(dtype: DType, p: &[usize]) -> Case {
+    let x = rng("copy", dtype, p).values(dtype, p.iter().product(), -1e3, 1e3);
+    case(
+        "copy",
+        dtype,
+        dims(p),
+        vec![input("src", dtype, p, x, C), output("dst", dtype, p, C)],
+        Tolerance::EXACT,
+        |exec, t| exec.copy(&t[0], &t[1]),
+        |d| Ok(vec![reference::copy(&d[0])?]),
+    )
+}
+
+/// f32 values spread over many binades (casts to `dtype` round them).
+fn cast(dtype: DType, p: &[usize]) -> Case {
+    let mut r = rng("cast", dtype, p);
+    let n: usize = p.iter().product();
+    let src = if dtype == DType::F32 {
+        DType::F64
+    } else {
+        DType::F32
+    };
+    let x: Vec<f64> = (0..n)
+        .map(|_| {
+            let m = r.uniform(-2.0, 2.0);
+            crate::values::round_to(src, m * 2f64.powi(r.below(24) as i32 - 12))
+        })
+        .collect();
+    case(
+        "cast",
+        dtype,
+        format!("{} {src} to {dtype}", dims(p)),
+        vec![input("src", src, p, x, C), output("dst", dtype, p, C)],
+        Tolerance::EXACT,
+        |exec, t| exec.cast(&t[0], &t[1]),
+        |d| Ok(vec![reference::cast(&d[0])?]),
+    )
+}
+
+fn binary(dtype: DType, p: &[usize], op: BinaryOp) -> Case {
+    let mut r = rng(op.name(), dtype, p);
+    let (rows, cols) = (p[0], p[1]);
+    let a = r.values(dtype, rows * cols, -4.0, 4.0);
+    // A bias row broadcast over every row, as a model adds one; away from 0
+    // for div.
+    let b: Vec<f64> = r
+        .values(dtype, cols, 0.5, 4.0)
+        .into_iter()
+        .enumerate()
+        .map(|(i, v)| if i % 2 == 0 { v } else { -v })
+        .collect();
+    case(
+        op.name(),
+        dtype,
+        format!("{} with a [{cols}] row broadcast", dims(p)),
+        vec![
+            input("a", dtype, p, a, C),
+            input("b", dtype, &[cols], b, C),
+            output("out", dtype, p, C),
+        ],
+        Tolerance::ulps(2.0),
+        move |exec, t| exec.binary(op, &t[0], &t[1], &t[2], 1.0),
+        move |d| {
+            Ok(vec![match op {
+                BinaryOp::Add => reference::add(&d[0], &d[1], 1.0),
+                BinaryOp::Sub => reference::sub(&d[0], &d[1], 1.0),
+                BinaryOp::Mul => reference::mul(&d[0], &d[1], 1.0),
+                BinaryOp::Div => reference::div(&d[0], &d[1], 1.0),
+            }?])
+        },
+    )
+}
+
+fn unary(dtype: DType, p: &[usize], op: UnaryOp) -> Case {
+    let (lo, hi) = match op {
+        UnaryOp::Log | UnaryOp::Sqrt | UnaryOp::Rsqrt => (0.01, 10.0),
+        UnaryOp::Exp => (-10.0, 10.0),
+        _ => (-4.0, 4.0),
+    };
+    let x = rng(op.name(), dtype, p).values(dtype, p.iter().product(), lo, hi);
+    let tolerance = match op {
+        UnaryOp::Neg | UnaryOp::Relu => Tolerance::EXACT,
+        _ => Tolerance::ulps(8.0),
+    };
+    case(
+        op.name(),
+        dtype,
+        dims(p),
+        vec![input("input", dtype, p, x, C), output("out", dtype, p, C)],
+        tolerance,
+        move |exec, t| exec.unary(op, &t[0], &t[1]),
+        move |d| {
+            Ok(vec![match op {
+                UnaryOp::Neg => reference::neg(&d[0]),
+                UnaryOp::Exp => reference::exp(&d[0]),
+                UnaryOp::Log => reference::log(&d[0]),
+                UnaryOp::Sqrt => reference::sqrt(&d[0]),
+                UnaryOp::Rsqrt => reference::rsqrt(&d[0]),
+                UnaryOp::Tanh => reference::tanh(&d[0]),
+                UnaryOp::Relu => reference::relu(&d[0]),
+                UnaryOp::Silu => reference::silu(&d[0]),
+                UnaryOp::Gelu => reference::gelu(&d[0]),
+            }?])
+        },
+    )
+}
+
+fn activation_backward(dtype: DType, p: &[usize], op: ActivationBackwardOp) -> Case {
+    let mut r = rng(op.name(), dtype, p);
+    let n = p.iter().product();
+    let g = r.values(dtype, n, -2.0, 2.0);
+    let x = r.values(dtype, n, -4.0, 4.0);
+    case(
+        op.name(),
+        dtype,
+        dims(p),
+        vec![
+            input("grad_out", dtype, p, g, C),
+            input("input", dtype, p, x, C),
+            output("grad_in", dtype, p, C),
+        ],
+        Tolerance::ulps(8.0),
+        move |exec, t| exec.activation_backward(op, &t[0], &t[1], &t[2]),
+        move |d| {
+            Ok(vec![match op {
+                ActivationBackwardOp::ReluBackward => reference::relu_backward(&d[0], &d[1]),
+                ActivationBackwardOp::SiluBackward => reference::silu_backward(&d[0], &d[1]),
+                ActivationBackwardOp::GeluBackward => reference::gelu_backward(&d[0], &d[1]),
+            }?])
+        },
+    )
+}
+
+fn matmul(dtype: DType, p: &[usize]) -> Case {
+    let (m, k, n) = (p[0], p[1], p[2]);
+    let mut r = rng("matmul", dtype, p);
+    let a = r.values(dtype, m * k, -1.0, 1.0);
+    let b = r.values(dtype, k * n, -1.0, 1.0);
+    let options = MatmulOptions {
+        transpose_a: false,
+        transpose_b: false,
+        alpha: 1.0,
+        beta: 0.0,
+    };
+    case(
+        "matmul",
+        dtype,
+        format!("[{m}, {k}] x [{k}, {n}]"),
+        vec![
+            input("a", dtype, &[m, k], a, C),
+            input("b", dtype, &[k, n], b, C),
+            output("out", dtype, &[m, n], C),
+        ],
+        Tolerance::sum(4.0, k + 2),
+        move |exec, t| exec.matmul(&t[0], &t[1], &t[2], options),
+        |d| {
+            Ok(vec![reference::matmul(
+                &d[0], &d[1], &d[2], false, false, 1.0, 0.0,
+            )?])
+        },
+    )
+}
+
+fn linear(dtype: DType, p: &[usize]) -> Case {
+    let (rows, k, n) = (p[0], p[1], p[2]);
+    let mut r = rng("linear", dtype, p);
+    let x = r.values(dtype, rows * k, -1.0, 1.0);
+    let w = r.values(dtype, n * k, -1.0, 1.0);
+    case(
+        "linear",
+        dtype,
+        format!("[{rows}, {k}] by a [{n}, {k}] weight"),
+        vec![
+            input("input", dtype, &[rows, k], x, C),
+            input("weight", dtype, &[n, k], w, C),
+            output("out", dtype, &[rows, n], C),
+        ],
+        Tolerance::sum(4.0, k + 2),
+        |exec, t| exec.linear(&t[0], &t[1], None, &t[2]),
+        |d| Ok(vec![reference::linear(&d[0], &d[1], None)?]),
+    )
+}
+
+/// softmax and log_softmax over vocabulary rows.
+fn rows(dtype: DType, p: &[usize], op: &'static str) -> Case {
+    let x = rng(op, dtype, p).values(dtype, p.iter().product(), -8.0, 8.0);
+    let n = p[1];
+    case(
+        op,
+        dtype,
+        dims(p),
+        vec![input("input", dtype, p, x, C), output("out", dtype, p, C)],
+        Tolerance::sum(8.0, n),
+        move |exec, t| {
+            if op == "softmax" {
+                exec.softmax(&t[0], &t[1])
+            } else {
+                exec.log_softmax(&t[0], &t[1])
+            }
+        },
+        move |d| {
+            Ok(vec![if op == "softmax" {
+                reference::softmax(&d[0])?
+            } else {
+                reference::log_softmax(&d[0])?
+            }])
+        },
+    )
+}
+
+fn reduce(dtype: DType, p: &[usize], op: ReduceOp) -> Case {
+    // Values away from 0 on average, so a sum does not cancel to nothing.
+    let x = rng(op.name(), dtype, p).values(dtype, p.iter().product(), -0.5, 1.5);
+    let n = p[1];
+    let (out_dtype, tolerance) = match op {
+        ReduceOp::Sum => (dtype, Tolerance::sum(2.0, n)),
+        ReduceOp::Mean => (dtype, Tolerance::sum(4.0, n)),
+        ReduceOp::Max => (dtype, Tolerance::EXACT),
+        ReduceOp::Argmax => (DType::I64, Tolerance::EXACT),
+    };
+    case(
+        op.name(),
+        dtype,
+        format!("{} over the last dim", dims(p)),
+        vec![
+            input("input", dtype, p, x, C),
+            output("out", out_dtype, &[p[0]], C),
+        ],
+        tolerance,
+        move |exec, t| exec.reduce(op, &t[0], &t[1], -1, false),
+        move |d| match op {
+            ReduceOp::Sum => Ok(vec![reference::sum(&d[0], -1, false)?]),
+            ReduceOp::Mean => Ok(vec![reference::mean(&d[0], -1, false)?]),
+            ReduceOp::Max => Ok(vec![reference::max(&d[0], -1, false)?]),
+            ReduceOp::Argmax => {
+                let i = reference::argmax(&d[0], -1, false)?;
+                Ok(vec![crate::reference::Dense {
+                    shape: i.shape.clone(),
+                    data: i.data.iter().map(|&v| v as f64).collect(),
+                }])
+            }
+        },
+    )
+}
+
+fn sum_squares(dtype: DType, p: &[usize]) -> Case {
+    let n: usize = p.iter().product();
+    let x = rng("sum_squares", dtype, p).values(dtype, n, -1.0, 1.0);
+    case(
+        "sum_squares",
+        dtype,
+        dims(p),
+        vec![
+            input("input", dtype, p, x, C),
+            output("out", DType::F32, &[], C),
+        ],
+        Tolerance::sum(2.0, n),
+        |exec, t| exec.sum_squares(&t[0], &t[1]),
+        |d| Ok(vec![reference::sum_squares(&d[0])?]),
+    )
+}
+
+fn rms_norm(dtype: DType, p: &[usize]) -> Case {
+    let (rows, h) = (p[0], p[1]);
+    let mut r = rng("rms_norm", dtype, p);
+    let x = r.values(dtype, rows * h, -2.0, 2.0);
+    let w = r.values(dtype, h, 0.5, 1.5);
+    let eps = 1e-6;
+    case(
+        "rms_norm",
+        dtype,
+        dims(p),
+        vec![
+            input("input", dtype, p, x, C),
+            input("weight", dtype, &[h], w, C),
+            output("out", dtype, p, C),
+            output("inv_rms", DType::F32, &[rows], C),
+        ],
+        Tolerance::sum(8.0, h),
+        move |exec, t| exec.rms_norm(&t[0], &t[1], &t[2], &t[3], eps),
+        move |d| {
+            let (out, inv) = reference::rms_norm(&d[0], &d[1], eps)?;
+            Ok(vec![out, inv])
+        },
+    )
+}
+
+fn layer_norm(dtype: DType, p: &[usize]) -> Case {
+    let (rows, h) = (p[0], p[1]);
+    let mut r = rng("layer_norm", dtype, p);
+    let x = r.values(dtype, rows * h, -2.0, 2.0);
+    let w = r.values(dtype, h, 0.5, 1.5);
+    let b = r.values(dtype, h, -0.5, 0.5);
+    let eps = 1e-5;
+    case(
+        "layer_norm",
+        dtype,
+        dims(p),
+        vec![
+            input("input", dtype, p, x, C),
+            input("weight", dtype, &[h], w, C),
+            input("bias", dtype, &[h], b, C),
+            output("out", dtype, p, C),
+            output("mean", DType::F32, &[rows], C),
+            output("rstd", DType::F32, &[rows], C),
+        ],
+        Tolerance::sum(8.0, 2 * h),
+        move |exec, t| exec.layer_norm(&t[0], &t[1], &t[2], &t[3], &t[4], &t[5], eps),
+        move |d| {
+            let (out, mean, rstd) = reference::layer_norm(&d[0], &d[1], &d[2], eps)?;
+            Ok(vec![out, mean, rstd])
+        },
+    )
+}
+
+fn attention(dtype: DType, p: &[usize]) -> Case {
+    let (heads, seq, hd) = (p[0], p[1], p[2]);
+    let mut r = rng("attention", dtype, p);
+    let shape = [1, heads, seq, hd];
+    let n = heads * seq * hd;
+    let q = r.values(dtype, n, -1.0, 1.0);
+    let k = r.values(dtype, n, -1.0, 1.0);
+    let v = r.values(dtype, n, -1.0, 1.0);
+    let scale = 1.0 / (hd as f64).sqrt();
+    case(
+        "attention",
+        dtype,
+        format!("{} causal", dims(&shape)),
+        vec![
+            input("q", dtype, &shape, q, C),
+            input("k", dtype, &shape, k, C),
+            input("v", dtype, &shape, v, C),
+            output("out", dtype, &shape, C),
+            output("lse", DType::F32, &[1, heads, seq], C),
+        ],
+        Tolerance::sum(16.0, seq + hd),
+        move |exec, t| exec.attention(&t[0], &t[1], &t[2], &t[3], &t[4], scale, true),
+        move |d| {
+            let (out, lse) = reference::attention(&d[0], &d[1], &d[2], scale, true)?;
+            Ok(vec![out, lse])
+        },
+    )
+}
+
+/// Token ids over the whole table, the last rows (above 65,535) included.
+fn token_ids(r: &mut Rng, vocab: usize, tokens: usize) -> Vec<f64> {
+    (0..tokens)
+        .map(|i| match i % 4 {
+            0 => (vocab - 1).saturating_sub(r.below(64)) as f64,
+            _ => r.below(vocab) as f64,
+        })
+        .collect()
+}
+
+fn embedding(dtype: DType, p: &[usize]) -> Case {
+    let (vocab, h, tokens) = (p[0], p[1], p[2]);
+    let mut r = rng("embedding", dtype, p);
+    let w = r.values(dtype, vocab * h, -1.0, 1.0);
+    let idx = token_ids(&mut r, vocab, tokens);
+    case(
+        "embedding",
+        dtype,
+        format!("a [{vocab}, {h}] table, {tokens} i32 ids"),
+        vec![
+            input("weight", dtype, &[vocab, h], w, C),
+            input("indices", DType::I32, &[tokens], idx, C),
+            output("out", dtype, &[tokens, h], C),
+        ],
+        Tolerance::EXACT,
+        |exec, t| exec.embedding(&t[0], &t[1], &t[2]),
+        |d| Ok(vec![reference::embedding(&d[0], &as_indices(&d[1]))?]),
+    )
+}
+
+fn as_indices(d: &crate::reference::Dense) -> Indices {
+    Indices {
+        shape: d.shape.clone(),
+        data: d.data.iter().map(|&v| v as i64).collect(),
+    }
+}
+
+fn embedding_backward(dtype: DType, p: &[usize]) -> Case {
+    let (vocab, h, tokens) = (p[0], p[1], p[2]);
+    let mut r = rng("embedding_backward", dtype, p);
+    let g = r.values(dtype, tokens * h, -1.0, 1.0);
+    let idx = token_ids(&mut r, vocab, tokens);
+    let prev = r.values(dtype, vocab * h, -0.1, 0.1);
+    let repeats = super::training_max_repeats(&idx);
+    case(
+        "embedding_backward",
+        dtype,
+        format!("a [{vocab}, {h}] table, {tokens} i64 ids"),
+        vec![
+            input("grad_out", dtype, &[tokens, h], g, C),
+            input("indices", DType::I64, &[tokens], idx, C),
+            crate::cases::inout("grad_weight", dtype, &[vocab, h], prev, C),
+        ],
+        Tolerance::sum((repeats + 1) as f64, repeats),
+        |exec, t| exec.embedding_backward(&t[0], &t[1], &t[2]),
+        |d| {
+            Ok(vec![reference::embedding_backward(
+                &d[0],
+                &as_indices(&d[1]),
+                &d[2],
+            )?])
+        },
+    )
+}
+
+fn cross_entropy(dtype: DType, p: &[usize], backward: bool) -> Case {
+    let (n, c) = (p[0], p[1]);
+    let op = if backward {
+        "cross_entropy_backward"
+    } else {
+        "cross_entropy"
+    };
+    let mut r = rng(op, dtype, p);
+    let logits = r.values(dtype, n * c, -8.0, 8.0);
+    let targets: Vec<f64> = (0..n)
+        .map(|i| {
+            if i % 2 == 0 {
+                (c - 1) as f64
+            } else {
+                r.below(c) as f64
+            }
+        })
+        .collect();
+    let mut tensors = vec![
+        input("logits", dtype, &[n, c], logits, C),
+        input("targets", DType::I64, &[n], targets, C),
+    ];
+    if backward {
+        tensors.push(output("grad_logits", dtype, &[n, c], C));
+        case(
+            op,
+            dtype,
+            dims(p),
+            tensors,
+            Tolerance::sum(8.0, c + n),
+            |exec, t| exec.cross_entropy_backward(&t[0], &t[1], &t[2], 1.0, -100),
+            |d| {
+                Ok(vec![reference::cross_entropy_backward(
+                    &d[0],
+                    &as_indices(&d[1]),
+                    1.0,
+                    -100,
+                )?])
+            },
+        )
+    } else {
+        tensors.push(output("loss", DType::F32, &[], C));
+        case(
+            op,
+            dtype,
+            dims(p),
+            tensors,
+            Tolerance::sum(8.0, c + n),
+            |exec, t| exec.cross_entropy(&t[0], &t[1], &t[2], -100),
+            |d| {
+                Ok(vec![reference::cross_entropy(
+                    &d[0],
+                    &as_indices(&d[1]),
+                    -100,
+                )?])
+            },
+        )
+    }
+}
+
+fn adamw(dtype: DType, p: &[usize]) -> Case {
+    let n: usize = p.iter().product();
+    let mut r = rng("adamw", dtype, p);
+    let param = r.values(dtype, n, -1.0, 1.0);
+    let grad = r.values(dtype, n, -1.0, 1.0);
+    let m = r.values(DType::F32, n, -0.1, 0.1);
+    let v = r.values(DType::F32, n, 0.0, 0.01);
+    let options = polychip_host::AdamwOptions {
+        lr: 1e-3,
+        beta1: 0.9,
+        beta2: 0.999,
+        eps: 1e-8,
+        weight_decay: 0.1,
+        step: 10,
+    };
+    case(
+        "adamw",
+        dtype,
+        format!("{} parameters, step 10", dims(p)),
+        vec![
+            crate::cases::inout("param", dtype, p, param, C),
+            input("grad", dtype, p, grad, C),
+            crate::cases::inout("exp_avg", DType::F32, p, m, C),
+            crate::cases::inout("exp_avg_sq", DType::F32, p, v, C),
+        ],
+        Tolerance::ulps(16.0),
+        move |exec, t| exec.adamw(&t[0], &t[1], &t[2], &t[3], options),
+        move |d| {
+            let (p, m, v) = reference::adamw(
+                &d[0],
+                &d[1],
+                &d[2],
+                &d[3],
+                options.lr,
+                options.beta1,
+                options.beta2,
+                options.eps,
+                options.weight_decay,
+                options.step,
+            )?;
+            Ok(vec![p, m, v])
+        },
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::case::{Role, TensorSpec};
+
+    #[test]
+    fn every_family_builds_well_formed_cases_at_small_sizes() {
+        for f in FAMILIES {
+            let op = polychip_host::Op::from_name(f.op).expect("a known operator");
+            for &dtype in op.dtypes() {
+                for params in f.default.iter().chain(f.full) {
+                    assert!(!params.is_empty(), "{}", f.op);
+                    let small: Vec<usize> = params.iter().map(|&p| p.min(3)).collect();
+                    let c = sized(f.build, dtype, &small);
+                    assert_eq!((c.op, c.dtype), (f.op, dtype));
+                    let dense: Vec<_> = c.tensors.iter().map(TensorSpec::dense).collect();
+                    let out = (c.reference)(&dense).unwrap_or_else(|e| panic!("{c:?}: {e}"));
+                    let written: Vec<_> =
+                        c.tensors.iter().filter(|t| t.role != Role::Input).collect();
+                    assert_eq!(out.len(), written.len(), "{c:?}");
+                    for (o, t) in out.iter().zip(written) {
+                        assert_eq!(o.shape, t.shape, "{c:?} {}", t.name);
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_default_tier_reaches_real_sizes() {
+        let biggest = |op: &str| {
+            cases(op, DType::BF16, Tier::Default)
+                .iter()
+                .flat_map(|c| c.tensors.iter().map(|t| t.values.len()))
+                .max()
+                .unwrap_or(0)
+        };
+        assert!(biggest("add") >= 2_000_000);
+        assert!(biggest("softmax") >= 152_064 * 4);
+        let ids = cases("embedding", DType::F32, Tier::Default);
+        assert!(ids[0].tensors[1].values.iter().any(|&i| i > 65_535.0));
+        assert!(
+            cases("softmax", DType::F32, Tier::Full).len()
+                > cases("softmax", DType::F32, Tier::Default).len()
+        );
+    }
+}
