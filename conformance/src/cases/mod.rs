@@ -305,6 +305,50 @@ mod tests {
     }
 
     #[test]
+    fn every_op_runs_broadcast_reversed_and_gapped_tensors_and_every_permitted_alias() {
+        for info in registry() {
+            let cases = info.cases(info.dtypes[0], Tier::Default);
+            let layouts: Vec<Layout> = cases
+                .iter()
+                .flat_map(|c| c.tensors.iter().map(|t| t.layout))
+                .collect();
+            let has = |f: fn(&Layout) -> bool| layouts.iter().any(f);
+            let inputs = cases.iter().any(|c| {
+                c.tensors
+                    .iter()
+                    .any(|t| t.role == Role::Input && t.shape.iter().any(|&e| e > 1))
+            });
+            assert!(
+                !inputs || has(|l| matches!(l, Layout::Broadcast(_))),
+                "{}: no zero stride",
+                info.name
+            );
+            assert!(
+                has(|l| matches!(l, Layout::Reversed(_))),
+                "{}: no negative stride",
+                info.name
+            );
+            assert!(has(|l| *l == Layout::Strided), "{}: no gaps", info.name);
+            let op = Op::from_name(info.name).unwrap();
+            for field in op.info().fields.iter().filter(|f| !f.alias.is_empty()) {
+                for alias in field.alias {
+                    let in_place = cases.iter().any(|c| {
+                        c.tensors.iter().any(|t| {
+                            t.name == field.name
+                                && t.alias_of.is_some_and(|i| c.tensors[i].name == *alias)
+                        })
+                    });
+                    assert!(
+                        in_place,
+                        "{}: {} is never run in place as {alias}",
+                        info.name, field.name
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
     fn the_registry_covers_every_operator_of_the_abi_once() {
         let names: Vec<&str> = registry().iter().map(|o| o.name).collect();
         let unique: HashSet<&str> = names.iter().copied().collect();
