@@ -342,7 +342,11 @@ impl Operators for Planted {
         unsafe { full::ops::swiglu(args) }
     }
 
-    unsafe fn swiglu_backward(&self, _q: Queue<'_, ()>, args: &SwigluBackwardArgs<'_>) -> Result<()> {
+    unsafe fn swiglu_backward(
+        &self,
+        _q: Queue<'_, ()>,
+        args: &SwigluBackwardArgs<'_>,
+    ) -> Result<()> {
         // SAFETY: forwarded contract (only full mode lists this operator).
         unsafe { full::ops::swiglu_backward(args) }
     }
@@ -362,12 +366,20 @@ impl Operators for Planted {
         unsafe { full::ops::log_softmax(args) }
     }
 
-    unsafe fn softmax_backward(&self, _q: Queue<'_, ()>, args: &SoftmaxBackwardArgs<'_>) -> Result<()> {
+    unsafe fn softmax_backward(
+        &self,
+        _q: Queue<'_, ()>,
+        args: &SoftmaxBackwardArgs<'_>,
+    ) -> Result<()> {
         // SAFETY: forwarded contract (only full mode lists this operator).
         unsafe { full::ops::softmax_backward(args) }
     }
 
-    unsafe fn log_softmax_backward(&self, _q: Queue<'_, ()>, args: &SoftmaxBackwardArgs<'_>) -> Result<()> {
+    unsafe fn log_softmax_backward(
+        &self,
+        _q: Queue<'_, ()>,
+        args: &SoftmaxBackwardArgs<'_>,
+    ) -> Result<()> {
         // SAFETY: forwarded contract (only full mode lists this operator).
         unsafe { full::ops::log_softmax_backward(args) }
     }
@@ -377,7 +389,11 @@ impl Operators for Planted {
         unsafe { full::ops::rms_norm(args) }
     }
 
-    unsafe fn rms_norm_backward(&self, _q: Queue<'_, ()>, args: &RmsNormBackwardArgs<'_>) -> Result<()> {
+    unsafe fn rms_norm_backward(
+        &self,
+        _q: Queue<'_, ()>,
+        args: &RmsNormBackwardArgs<'_>,
+    ) -> Result<()> {
         // SAFETY: forwarded contract (only full mode lists this operator).
         unsafe { full::ops::rms_norm_backward(args) }
     }
@@ -387,7 +403,11 @@ impl Operators for Planted {
         unsafe { full::ops::layer_norm(args) }
     }
 
-    unsafe fn layer_norm_backward(&self, _q: Queue<'_, ()>, args: &LayerNormBackwardArgs<'_>) -> Result<()> {
+    unsafe fn layer_norm_backward(
+        &self,
+        _q: Queue<'_, ()>,
+        args: &LayerNormBackwardArgs<'_>,
+    ) -> Result<()> {
         // SAFETY: forwarded contract (only full mode lists this operator).
         unsafe { full::ops::layer_norm_backward(args) }
     }
@@ -407,7 +427,11 @@ impl Operators for Planted {
         unsafe { full::ops::attention(args) }
     }
 
-    unsafe fn attention_backward(&self, _q: Queue<'_, ()>, args: &AttentionBackwardArgs<'_>) -> Result<()> {
+    unsafe fn attention_backward(
+        &self,
+        _q: Queue<'_, ()>,
+        args: &AttentionBackwardArgs<'_>,
+    ) -> Result<()> {
         // SAFETY: forwarded contract (only full mode lists this operator).
         unsafe { full::ops::attention_backward(args) }
     }
@@ -417,7 +441,11 @@ impl Operators for Planted {
         unsafe { full::ops::embedding(args) }
     }
 
-    unsafe fn embedding_backward(&self, _q: Queue<'_, ()>, args: &EmbeddingBackwardArgs<'_>) -> Result<()> {
+    unsafe fn embedding_backward(
+        &self,
+        _q: Queue<'_, ()>,
+        args: &EmbeddingBackwardArgs<'_>,
+    ) -> Result<()> {
         // SAFETY: forwarded contract (only full mode lists this operator).
         unsafe { full::ops::embedding_backward(args) }
     }
@@ -427,7 +455,11 @@ impl Operators for Planted {
         unsafe { full::ops::cross_entropy(args) }
     }
 
-    unsafe fn cross_entropy_backward(&self, _q: Queue<'_, ()>, args: &CrossEntropyBackwardArgs<'_>) -> Result<()> {
+    unsafe fn cross_entropy_backward(
+        &self,
+        _q: Queue<'_, ()>,
+        args: &CrossEntropyBackwardArgs<'_>,
+    ) -> Result<()> {
         // SAFETY: forwarded contract (only full mode lists this operator).
         unsafe { full::ops::cross_entropy_backward(args) }
     }
@@ -531,12 +563,53 @@ fn set_ops(table: &mut polychip_plugin_sdk::abi::PolychipOpTable) {
         return;
     }
     set!(
-        fill, copy, cast, add, sub, mul, div, matmul, softmax, neg, exp, log, sqrt, rsqrt, tanh,
-        pow_scalar, relu, relu_backward, silu, silu_backward, gelu, gelu_backward, swiglu,
-        swiglu_backward, sum, mean, max, argmax, sum_squares, linear, softmax_backward,
-        log_softmax, log_softmax_backward, rms_norm, rms_norm_backward, layer_norm,
-        layer_norm_backward, rope, rope_backward, attention, attention_backward, embedding,
-        embedding_backward, cross_entropy, cross_entropy_backward, adamw, scale
+        fill,
+        copy,
+        cast,
+        add,
+        sub,
+        mul,
+        div,
+        matmul,
+        softmax,
+        neg,
+        exp,
+        log,
+        sqrt,
+        rsqrt,
+        tanh,
+        pow_scalar,
+        relu,
+        relu_backward,
+        silu,
+        silu_backward,
+        gelu,
+        gelu_backward,
+        swiglu,
+        swiglu_backward,
+        sum,
+        mean,
+        max,
+        argmax,
+        sum_squares,
+        linear,
+        softmax_backward,
+        log_softmax,
+        log_softmax_backward,
+        rms_norm,
+        rms_norm_backward,
+        layer_norm,
+        layer_norm_backward,
+        rope,
+        rope_backward,
+        attention,
+        attention_backward,
+        embedding,
+        embedding_backward,
+        cross_entropy,
+        cross_entropy_backward,
+        adamw,
+        scale
     );
     mutants::contract::patch(table);
 }

@@ -39,8 +39,8 @@ fn error_new(code: abi::PolychipErrorCode, message: &str) -> *mut PolychipError 
 fn error_destroy(error: *mut PolychipError) {
     let host = HOST.load(Ordering::Acquire);
     // SAFETY: as in `error_new`; `error` came from the host's `error_new`.
-    if let Some((ctx, destroy)) = unsafe { host.as_ref() }
-        .and_then(|h| h.error_destroy.map(|f| (h.context, f)))
+    if let Some((ctx, destroy)) =
+        unsafe { host.as_ref() }.and_then(|h| h.error_destroy.map(|f| (h.context, f)))
     {
         // SAFETY: a thread-safe host callback; the object is ours to destroy.
         unsafe { destroy(ctx, error) };

@@ -149,7 +149,12 @@ pub unsafe fn store_exact(dtype: DType, p: *mut u8, v: f64) {
 ///
 /// # Safety
 /// Both views address live memory of their dtype.
-pub unsafe fn map(input: &View<'_>, out: &View<'_>, rounding: fn(DType, f64) -> f64, f: impl Fn(f64) -> f64) {
+pub unsafe fn map(
+    input: &View<'_>,
+    out: &View<'_>,
+    rounding: fn(DType, f64) -> f64,
+    f: impl Fn(f64) -> f64,
+) {
     let (i, o) = (addresses(input), addresses(out));
     for (&x, &y) in i.iter().zip(&o) {
         // SAFETY: addresses of live elements.

@@ -132,7 +132,7 @@ catalog! {
         => "row-slice layouts (last dim contiguous, padded rows)";
     MatmulTransposedBAsCompact "matmul-transposed-b-as-compact" "matmul" Layout:
         "a transposed `b` operand is read as if row-major (only `b`, only when transposed)"
-        => "transposed inputs (caught today: outside tolerance)";
+        => "transposed `b` operands (today only `a` is transposed in memory)";
     SoftmaxInPlaceSecondPass "softmax-in-place-second-pass" "softmax" Aliasing:
         "softmax's normalising pass re-reads x[i] after out[i] overwrote it (breaks in place)"
         => "in-place (aliased) calls";
@@ -177,10 +177,10 @@ catalog! {
         => "f32 tolerance (caught today: outside tolerance)";
     LogSoftmaxBackwardHalfAccumulation "log-softmax-backward-half-accumulation" "log_softmax_backward" Numerics:
         "the row sum of grad_out is accumulated in the output dtype (bf16/f16)"
-        => "bf16/f16 tolerance on long rows";
+        => "long rows (4096+) in bf16/f16 with tolerances from error analysis";
     RmsNormEpsOutsideSqrt "rms-norm-eps-outside-sqrt" "rms_norm" Numerics:
         "rms_norm divides by sqrt(mean(x^2)) + eps instead of sqrt(mean(x^2) + eps)"
-        => "f32 tolerance";
+        => "f32 tolerance (caught today: outside tolerance)";
     LayerNormUnbiasedVariance "layer-norm-unbiased-variance" "layer_norm" Numerics:
         "layer_norm uses the unbiased variance (divides by n - 1) instead of the biased one"
         => "f32 tolerance (caught today: outside tolerance)";
@@ -189,25 +189,25 @@ catalog! {
         => "in-place outputs vs the reference (caught today)";
     AdamwIgnoresWeightDecay "adamw-ignores-weight-decay" "adamw" Numerics:
         "AdamW with the weight decay dropped (plain Adam)"
-        => "in-place outputs vs the reference";
+        => "in-place outputs vs the reference (caught today)";
     AdamwSkipsBf16 "adamw-skips-bf16" "adamw" Numerics:
         "AdamW silently skips the step for bf16 parameters"
-        => "bf16 cases of in-place outputs";
+        => "bf16 cases of in-place outputs (caught today)";
     CastBf16TiesAway "cast-bf16-ties-away" "cast" Rounding:
         "f32 -> bf16 rounds ties away from zero instead of to even"
-        => "rounding ties in cast";
+        => "rounding ties in cast (caught today)";
     CastF64Bf16DoubleRounding "cast-f64-bf16-double-rounding" "cast" Rounding:
         "f64 -> bf16 goes through f32 and so rounds twice"
         => "rounding ties in cast from f64 (double-rounding values)";
     MaxIgnoresNan "max-ignores-nan" "max" EdgeValues:
         "max uses a comparison that drops NaN instead of propagating it"
-        => "special values in reductions";
+        => "special values in reductions (caught today)";
     ArgmaxLastTie "argmax-last-tie" "argmax" EdgeValues:
         "argmax returns the last of equal maxima instead of the first"
-        => "ties in argmax";
+        => "ties in argmax (caught today)";
     ReluBackwardAtZero "relu-backward-at-zero" "relu_backward" EdgeValues:
         "relu_backward passes the gradient at exactly x == 0 (x >= 0 instead of x > 0)"
-        => "special values (x == 0) in activation backward";
+        => "special values (x == 0 exactly) in activation backward";
     LogZeroNan "log-zero-nan" "log" EdgeValues:
         "log(0) gives NaN instead of -inf"
         => "special values (caught today)";
@@ -216,7 +216,7 @@ catalog! {
         => "signed-zero comparison of special values";
     PowScalarNanZeroExponent "pow-scalar-nan-zero-exponent" "pow_scalar" EdgeValues:
         "pow_scalar(NaN, 0) gives NaN instead of 1"
-        => "special values with exponent 0";
+        => "special values with exponent 0 (caught today)";
     EmbeddingClampsIndex "embedding-clamps-index" "embedding" Contract:
         "an out-of-range index is clamped to the last row instead of refused"
         => "refusals (caught today: accepted a call it must refuse)";

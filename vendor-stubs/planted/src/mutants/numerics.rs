@@ -30,16 +30,27 @@ pub unsafe fn softmax_second_pass(input: &View<'_>, out: &View<'_>) {
     for (ri, ro) in rows(input).iter().zip(rows(out)) {
         // SAFETY (whole block): addresses of live elements.
         unsafe {
-            let max = ri.iter().map(|&p| load(d, p)).fold(f64::NEG_INFINITY, f64::max);
+            let max = ri
+                .iter()
+                .map(|&p| load(d, p))
+                .fold(f64::NEG_INFINITY, f64::max);
             let mut sum = 0.0;
             for (&i, &o) in ri.iter().zip(&ro) {
-                let e = if max == f64::NEG_INFINITY { 0.0 } else { (load(d, i) - max).exp() };
+                let e = if max == f64::NEG_INFINITY {
+                    0.0
+                } else {
+                    (load(d, i) - max).exp()
+                };
                 sum += e;
                 store(od, o, e);
             }
             for (&i, &o) in ri.iter().zip(&ro) {
                 // Planted: x[i] is read again; in place it now holds exp(x[i] - max).
-                let e = if max == f64::NEG_INFINITY { f64::NAN } else { (load(d, i) - max).exp() };
+                let e = if max == f64::NEG_INFINITY {
+                    f64::NAN
+                } else {
+                    (load(d, i) - max).exp()
+                };
                 store(od, o, e / sum);
             }
         }
@@ -114,7 +125,10 @@ pub unsafe fn cross_entropy_wide(
             if target == ignore_index || target < 0 || target as usize >= n {
                 continue;
             }
-            let sum: f32 = row.iter().map(|&p| (load(logits.dtype, p) as f32).exp()).sum();
+            let sum: f32 = row
+                .iter()
+                .map(|&p| (load(logits.dtype, p) as f32).exp())
+                .sum();
             total += f64::from(sum.ln()) - load(logits.dtype, row[target as usize]);
             count += 1;
         }
@@ -183,7 +197,8 @@ fn erf(x: f64) -> f64 {
     let t = 1.0 / (1.0 + 0.327_591_1 * x.abs());
     let poly = t
         * (0.254_829_592
-            + t * (-0.284_496_736 + t * (1.421_413_741 + t * (-1.453_152_027 + t * 1.061_405_429))));
+            + t * (-0.284_496_736
+                + t * (1.421_413_741 + t * (-1.453_152_027 + t * 1.061_405_429))));
     (1.0 - poly * (-x * x).exp()).copysign(x)
 }
 
@@ -427,7 +442,14 @@ pub unsafe fn relu_backward_at_zero(g: &View<'_>, x: &View<'_>, gi: &View<'_>) {
 /// log with log(0) = NaN.
 pub unsafe fn log_zero_nan(input: &View<'_>, out: &View<'_>) {
     // SAFETY: forwarded.
-    unsafe { super::elems::map(input, out, round, |x| if x == 0.0 { f64::NAN } else { x.ln() }) };
+    unsafe {
+        super::elems::map(
+            input,
+            out,
+            round,
+            |x| if x == 0.0 { f64::NAN } else { x.ln() },
+        )
+    };
 }
 
 /// sqrt with sqrt(-0) = +0.
@@ -441,14 +463,22 @@ pub unsafe fn pow_nan_zero(input: &View<'_>, out: &View<'_>, exponent: f64) {
     // SAFETY: forwarded.
     unsafe {
         super::elems::map(input, out, round, |x| {
-            if x.is_nan() { f64::NAN } else { x.powf(exponent) }
+            if x.is_nan() {
+                f64::NAN
+            } else {
+                x.powf(exponent)
+            }
         })
     };
 }
 
 /// A compact copy of `indices` with each index passed through `f` (given
 /// the weight's row count), as i64 or i32 like the original.
-pub unsafe fn remap_indices(indices: &View<'_>, rows: i64, f: impl Fn(i64, i64) -> i64) -> Vec<i64> {
+pub unsafe fn remap_indices(
+    indices: &View<'_>,
+    rows: i64,
+    f: impl Fn(i64, i64) -> i64,
+) -> Vec<i64> {
     addresses(indices)
         .into_iter()
         // SAFETY: addresses of live elements.
