@@ -38,10 +38,9 @@ fn error_new(code: abi::PolychipErrorCode, message: &str) -> *mut PolychipError 
 /// Destroys an error object through the host's `error_destroy`.
 fn error_destroy(error: *mut PolychipError) {
     let host = HOST.load(Ordering::Acquire);
-    // SAFETY: as in `error_new`; `error` came from the host's `error_new`.
-    if let Some((ctx, destroy)) =
-        unsafe { host.as_ref() }.and_then(|h| h.error_destroy.map(|f| (h.context, f)))
-    {
+    // SAFETY: set once by the entry point to the host's live table.
+    let table = unsafe { host.as_ref() };
+    if let Some((ctx, destroy)) = table.and_then(|h| h.error_destroy.map(|f| (h.context, f))) {
         // SAFETY: a thread-safe host callback; the object is ours to destroy.
         unsafe { destroy(ctx, error) };
     }

@@ -12,10 +12,8 @@ use super::{Bug, elems, is};
 pub fn strides(op: &str, name: &str, shape: &[i64], strides: &mut Vec<i64>) {
     let compact = || contiguous_strides(shape);
     match (op, name) {
-        ("div", "b") if is(Bug::DivZeroStrideAsCompact) => {
-            if strides.contains(&0) {
-                *strides = compact();
-            }
+        ("div", "b") if is(Bug::DivZeroStrideAsCompact) && strides.contains(&0) => {
+            *strides = compact();
         }
         ("tanh", "input") if is(Bug::TanhNegativeStrideAbs) => {
             for s in strides.iter_mut() {
@@ -23,11 +21,11 @@ pub fn strides(op: &str, name: &str, shape: &[i64], strides: &mut Vec<i64>) {
             }
         }
         ("relu", "out") if is(Bug::ReluOutputAssumedCompact) => *strides = compact(),
-        ("rms_norm", "input" | "out") if is(Bug::RmsNormIgnoresRowStride) => {
-            // Last dimension contiguous: rows assumed packed.
-            if strides.last() == Some(&1) {
-                *strides = compact();
-            }
+        // Last dimension contiguous: rows assumed packed.
+        ("rms_norm", "input" | "out")
+            if is(Bug::RmsNormIgnoresRowStride) && strides.last() == Some(&1) =>
+        {
+            *strides = compact();
         }
         ("matmul", "b") if is(Bug::MatmulTransposedBAsCompact) => {
             let n = strides.len();

@@ -28,7 +28,7 @@ pub const WIDE_ROW: usize = 65536;
 pub unsafe fn softmax_second_pass(input: &View<'_>, out: &View<'_>) {
     let (d, od) = (input.dtype, out.dtype);
     for (ri, ro) in rows(input).iter().zip(rows(out)) {
-        // SAFETY (whole block): addresses of live elements.
+        // SAFETY: addresses of live elements.
         unsafe {
             let max = ri
                 .iter()
@@ -484,4 +484,170 @@ pub unsafe fn remap_indices(
         // SAFETY: addresses of live elements.
         .map(|p| f(unsafe { load_int(indices.dtype, p) }, rows))
         .collect()
+}
+
+/// Each hand-written mutant is really wrong where its bug says (so a test
+/// that the suite misses it is about the suite, not a dead mutant), and
+/// right elsewhere.
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn view<'a>(data: &'a mut [f32], shape: &'a [i64], strides: &'a [i64]) -> View<'a> {
+        View::new(data.as_mut_ptr().cast(), DType::F32, shape, strides)
+    }
+
+    #[test]
+    fn softmax_is_right_out_of_place_and_wrong_in_place() {
+        let x = [1.0f32, 2.0, 3.0, 0.5];
+        let (mut a, mut o) = (x, [0.0f32; 4]);
+        let (shape, strides) = ([4i64], [1i64]);
+        // SAFETY: live local buffers.
+        unsafe {
+            softmax_second_pass(
+                &view(&mut a, &shape, &strides),
+                &view(&mut o, &shape, &strides),
+            )
+        };
+        let sum: f32 = x.iter().map(|v| (v - 3.0).exp()).sum();
+        assert!((o[2] - 1.0 / sum).abs() < 1e-6);
+        let mut b = x;
+        let v = view(&mut b, &shape, &strides);
+        // SAFETY: as above; out is exactly the input.
+        unsafe { softmax_second_pass(&v, &v) };
+        assert!((b[2] - 1.0 / sum).abs() > 1e-3, "{b:?}");
+    }
+
+    #[test]
+    fn swiglu_backward_is_wrong_only_when_grad_gate_aliases_gate() {
+        let (shape, strides) = ([3i64], [1i64]);
+        let mut gate = [0.5f32, -1.0, 2.0];
+        let (mut up, mut go) = ([1.0f32, 2.0, 3.0], [1.0f32; 3]);
+        let (mut gg, mut gu) = ([0.0f32; 3], [0.0f32; 3]);
+        // SAFETY: live local buffers.
+        unsafe {
+            swiglu_backward_reread(
+                &view(&mut gate, &shape, &strides),
+                &view(&mut up, &shape, &strides),
+                &view(&mut go, &shape, &strides),
+                &view(&mut gg, &shape, &strides),
+                &view(&mut gu, &shape, &strides),
+            )
+        };
+        let mut gate2 = [0.5f32, -1.0, 2.0];
+        let mut gu2 = [0.0f32; 3];
+        let g = view(&mut gate2, &shape, &strides);
+        // SAFETY: as above; grad_gate is exactly gate.
+        unsafe {
+            swiglu_backward_reread(
+                &g,
+                &view(&mut up, &shape, &strides),
+                &view(&mut go, &shape, &strides),
+                &g,
+                &view(&mut gu2, &shape, &strides),
+            )
+        };
+        assert_ne!(gu, gu2);
+    }
+
+    #[test]
+    fn wide_rows_lose_their_last_tile_and_overflow_without_the_max_shift() {
+        let n = 70_000usize;
+        let (shape, strides) = ([n as i64], [1i64]);
+        let mut x = vec![0.0f32; n];
+        let mut o = vec![0.0f32; n];
+        // SAFETY: live local buffers.
+        let handled = unsafe {
+            log_softmax_wide(
+                &view(&mut x, &shape, &strides),
+                &view(&mut o, &shape, &strides),
+            )
+        };
+        assert!(handled);
+        let want = -(n as f32).ln();
+        assert!((o[0] - want).abs() > 1e-3, "{} vs {want}", o[0]);
+
+        let mut logits = vec![100.0f32; n];
+        let mut target = [3i64];
+        let mut loss = [0.0f32];
+        let (tshape, tstrides, lshape, lstrides) = ([1i64], [1i64], [], []);
+        let (ls, lst) = ([1, n as i64], [n as i64, 1]);
+        let lv = View::new(logits.as_mut_ptr().cast(), DType::F32, &ls, &lst);
+        let tv = View::new(target.as_mut_ptr().cast(), DType::I64, &tshape, &tstrides);
+        // SAFETY: live local buffers.
+        assert!(unsafe {
+            cross_entropy_wide(&lv, &tv, &view(&mut loss, &lshape, &lstrides), -100)
+        });
+        assert!(loss[0].is_infinite(), "{}", loss[0]);
+    }
+
+    #[test]
+    fn half_accumulation_stalls_on_long_sums() {
+        let n = 10_000usize;
+        let mut x = vec![half::bf16::ONE; n];
+        let mut out = [0.0f32];
+        let (shape, strides) = ([n as i64], [1i64]);
+        let v = View::new(x.as_mut_ptr().cast(), DType::BF16, &shape, &strides);
+        // SAFETY: live local buffers.
+        assert!(unsafe { sum_squares_half(&v, &view(&mut out, &[], &[])) });
+        assert!(out[0] < 1000.0, "{}", out[0]);
+    }
+
+    #[test]
+    fn rounding_and_edge_value_mutants_differ_from_the_correct_answer() {
+        // A bf16 tie: nearest even rounds up, truncation down.
+        let tie = 1.0 + 3.0 / 256.0;
+        assert_eq!(round(DType::BF16, tie), 1.0 + 4.0 / 256.0);
+        assert_eq!(truncate(DType::BF16, tie), 1.0 + 2.0 / 256.0);
+        assert_eq!(truncate(DType::BF16, -tie), -(1.0 + 2.0 / 256.0));
+
+        // f64 -> bf16 through f32: the sticky bit is lost, the tie goes to even.
+        let mut src = [1.0 + 2f64.powi(-8) + 2f64.powi(-33)];
+        let mut dst = [half::bf16::ZERO];
+        let (shape, strides) = ([1i64], [1i64]);
+        let s = View::new(src.as_mut_ptr().cast(), DType::F64, &shape, &strides);
+        let d = View::new(dst.as_mut_ptr().cast(), DType::BF16, &shape, &strides);
+        // SAFETY: live local buffers.
+        assert!(unsafe { cast_f64_bf16_double(&s, &d) });
+        assert_eq!(dst[0].to_f64(), 1.0);
+        assert_eq!(round(DType::BF16, src[0]), 1.0 + 2f64.powi(-7));
+
+        let mut x = [-0.0f32, 0.0, 4.0];
+        let mut o = [1.0f32; 3];
+        let (shape, strides) = ([3i64], [1i64]);
+        // SAFETY: live local buffers.
+        unsafe {
+            sqrt_neg_zero(
+                &view(&mut x, &shape, &strides),
+                &view(&mut o, &shape, &strides),
+            )
+        };
+        assert!(o[0].is_sign_positive() && o[2] == 2.0);
+
+        let mut g = [5.0f32; 3];
+        let mut gi = [1.0f32; 3];
+        let mut x = [0.0f32, -1.0, 1.0];
+        // SAFETY: live local buffers.
+        unsafe {
+            relu_backward_at_zero(
+                &view(&mut g, &shape, &strides),
+                &view(&mut x, &shape, &strides),
+                &view(&mut gi, &shape, &strides),
+            )
+        };
+        assert_eq!(gi, [5.0, 0.0, 5.0]);
+    }
+
+    #[test]
+    fn the_linear_tile_edge_covers_the_last_partial_tile_only_past_256() {
+        let mut out = vec![0.0f32; 2 * 300];
+        let (shape, strides) = ([2i64, 300], [300i64, 1]);
+        // SAFETY: a live local buffer.
+        let saved = unsafe { linear_tile_edge_save(&view(&mut out, &shape, &strides)) };
+        assert_eq!(saved.len(), 2 * (300 % 64));
+        let mut out = vec![0.0f32; 2 * 200];
+        let (shape, strides) = ([2i64, 200], [200i64, 1]);
+        // SAFETY: a live local buffer.
+        assert!(unsafe { linear_tile_edge_save(&view(&mut out, &shape, &strides)) }.is_empty());
+    }
 }
