@@ -15,15 +15,44 @@
 //!
 //! `fill` and `copy` are correct. Only f32 is implemented (and f32 to bf16
 //! or f32 for `cast`); other dtypes answer "unimplemented".
+//!
+//! That is the plugin when `POLYCHIP_PLANTED_BUG` is unset. When it is set
+//! (read once, at plugin init), the plugin is instead a correct
+//! implementation of every operator in every dtype the bundled Ferrite
+//! plugin supports ([`full`], through the `ferrite-kernels` crate), except
+//! for the one bug it names from the catalog in [`mutants`] (one operator
+//! each: layouts, aliasing, writes outside the output, size thresholds,
+//! numerics, rounding ties, edge values, refusals and the error-object
+//! contract). `POLYCHIP_PLANTED_BUG=none` plants nothing; an unknown name
+//! makes plugin init fail with a message listing the known names.
+//!
+//! Contract bugs that the SDK's checks would prevent are raw `extern "C"`
+//! op-table entries ([`mutants::contract`]), patched into the table after
+//! the SDK fills it: this crate exports its own `polychip_plugin_init_v1`,
+//! which is `export_plugin!`'s with that one extra step.
+//!
+//! Every allocation has 64 bytes of padding on each side, so that a bug
+//! writing just outside its output stays memory safe (and shows only to a
+//! suite that checks guard zones).
+
+pub mod full;
+pub mod mutants;
 
 use std::alloc::Layout;
 use std::collections::HashMap;
 use std::sync::Mutex;
 
 use polychip_plugin_sdk::{
-    BinaryArgs, BinaryOp, CastArgs, CopyArgs, CopyKind, DType, DeviceProps, Error, FillArgs, Host,
-    MatmulArgs, Operators, Plugin, Queue, Result, SoftmaxArgs, TensorDesc, UnaryArgs, UnaryOp,
+    ActivationBackwardArgs, ActivationBackwardOp, AdamwArgs, AttentionArgs, AttentionBackwardArgs,
+    BinaryArgs, BinaryOp, CastArgs, CopyArgs, CopyKind, CrossEntropyArgs, CrossEntropyBackwardArgs,
+    DType, DeviceProps, EmbeddingArgs, EmbeddingBackwardArgs, Error, FillArgs, Host, LayerNormArgs,
+    LayerNormBackwardArgs, LinearArgs, MatmulArgs, Operators, Plugin, PowScalarArgs, Queue,
+    ReduceArgs, ReduceOp, Result, RmsNormArgs, RmsNormBackwardArgs, RopeArgs, ScaleArgs,
+    SoftmaxArgs, SoftmaxBackwardArgs, SumSquaresArgs, SwigluArgs, SwigluBackwardArgs, TensorDesc,
+    UnaryArgs, UnaryOp,
 };
+
+use mutants::Mode;
 
 /// The plugin's state: live allocations and their sizes.
 #[derive(Debug, Default)]
@@ -31,7 +60,20 @@ pub struct Planted {
     allocations: Mutex<HashMap<usize, Layout>>,
 }
 
+/// Legacy mode's capacity; full mode's is larger (realistic sizes).
 const CAPACITY: u64 = 64 << 20;
+const FULL_CAPACITY: u64 = 16 << 30;
+/// Padding before and after every allocation.
+const PAD: usize = 64;
+
+fn capacity() -> u64 {
+    if full() { FULL_CAPACITY } else { CAPACITY }
+}
+
+/// Whether `POLYCHIP_PLANTED_BUG` selected full mode.
+fn full() -> bool {
+    mutants::mode() != Mode::Legacy
+}
 
 impl Plugin for Planted {
     type Stream = ();
@@ -40,6 +82,7 @@ impl Plugin for Planted {
     const VERSION: &'static std::ffi::CStr = c"0.1.0";
 
     fn new(_host: &Host) -> Result<Self> {
+        mutants::init_mode().map_err(Error::invalid)?;
         Ok(Planted::default())
     }
 
@@ -50,25 +93,28 @@ impl Plugin for Planted {
     fn device_props(&self, _device: u32) -> Result<DeviceProps> {
         Ok(DeviceProps {
             name: "Planted P0".into(),
-            memory_bytes: CAPACITY,
+            memory_bytes: capacity(),
             host_visible: true,
             ..DeviceProps::default()
         })
     }
 
     fn alloc(&self, _device: u32, bytes: u64) -> Result<*mut u8> {
-        if bytes > CAPACITY {
+        let capacity = capacity();
+        if bytes > capacity {
             return Err(Error::out_of_memory(format!(
-                "planted: {bytes} bytes exceed {CAPACITY}"
+                "planted: {bytes} bytes exceed {capacity}"
             )));
         }
-        let layout = Layout::from_size_align(bytes as usize, 64)
+        let layout = Layout::from_size_align(bytes as usize + 2 * PAD, 64)
             .map_err(|e| Error::invalid(e.to_string()))?;
-        // SAFETY: the layout has a non-zero size (the SDK never asks for 0 bytes).
-        let ptr = unsafe { std::alloc::alloc(layout) };
-        if ptr.is_null() {
+        // SAFETY: the layout has a non-zero size.
+        let base = unsafe { std::alloc::alloc(layout) };
+        if base.is_null() {
             return Err(Error::out_of_memory("planted: the system allocator failed"));
         }
+        // SAFETY: PAD < the allocation's size.
+        let ptr = unsafe { base.add(PAD) };
         self.allocations
             .lock()
             .unwrap()
@@ -83,8 +129,9 @@ impl Plugin for Planted {
             .unwrap()
             .remove(&(ptr as usize))
             .ok_or_else(|| Error::invalid("planted: free of an unknown pointer"))?;
-        // SAFETY: the pointer was allocated with this layout and is freed once.
-        unsafe { std::alloc::dealloc(ptr, layout) };
+        // SAFETY: the allocation starts PAD bytes before the pointer handed
+        // out, has this layout and is freed once.
+        unsafe { std::alloc::dealloc(ptr.sub(PAD), layout) };
         Ok(())
     }
 
@@ -123,6 +170,10 @@ impl Plugin for Planted {
 
 impl Operators for Planted {
     unsafe fn fill(&self, _q: Queue<'_, ()>, args: &FillArgs<'_>) -> Result<()> {
+        if full() {
+            // SAFETY: forwarded contract.
+            return unsafe { full::ops::fill(args) };
+        }
         if args.out.dtype != DType::F32 || !args.out.is_contiguous() {
             return Err(Error::unimplemented(
                 "planted: fill supports compact f32 only",
@@ -139,10 +190,18 @@ impl Operators for Planted {
     }
 
     unsafe fn matmul(&self, _q: Queue<'_, ()>, args: &MatmulArgs<'_>) -> Result<()> {
+        if full() {
+            // SAFETY: forwarded contract.
+            return unsafe { full::ops::matmul(args) };
+        }
         panic!("planted bug: matmul panics on shape {:?}", args.a.shape);
     }
 
     unsafe fn copy(&self, _q: Queue<'_, ()>, args: &CopyArgs<'_>) -> Result<()> {
+        if full() {
+            // SAFETY: forwarded contract.
+            return unsafe { full::ops::copy(args) };
+        }
         let size = args.src.dtype.size();
         for (s, d) in addresses(&args.src, size)
             .into_iter()
@@ -155,6 +214,10 @@ impl Operators for Planted {
     }
 
     unsafe fn cast(&self, _q: Queue<'_, ()>, args: &CastArgs<'_>) -> Result<()> {
+        if full() {
+            // SAFETY: forwarded contract.
+            return unsafe { full::ops::cast(args) };
+        }
         f32_only("cast", &args.src)?;
         let src = addresses(&args.src, 4);
         match args.dst.dtype {
@@ -184,6 +247,10 @@ impl Operators for Planted {
     }
 
     unsafe fn binary(&self, _q: Queue<'_, ()>, op: BinaryOp, args: &BinaryArgs<'_>) -> Result<()> {
+        if full() {
+            // SAFETY: forwarded contract.
+            return unsafe { full::ops::binary(op, args) };
+        }
         f32_only(op.name(), &args.a)?;
         if args.a.shape != args.out.shape || args.b.shape != args.out.shape {
             return Err(Error::unimplemented("planted: no broadcasting"));
@@ -221,6 +288,10 @@ impl Operators for Planted {
     }
 
     unsafe fn softmax(&self, _q: Queue<'_, ()>, args: &SoftmaxArgs<'_>) -> Result<()> {
+        if full() {
+            // SAFETY: forwarded contract.
+            return unsafe { full::ops::softmax(args) };
+        }
         f32_only("softmax", &args.input)?;
         let n = *args.input.shape.last().unwrap_or(&1) as usize;
         let input = addresses(&args.input, 4);
@@ -238,8 +309,169 @@ impl Operators for Planted {
     }
 
     unsafe fn unary(&self, _q: Queue<'_, ()>, op: UnaryOp, args: &UnaryArgs<'_>) -> Result<()> {
+        if full() {
+            // SAFETY: forwarded contract.
+            return unsafe { full::ops::unary(op, args) };
+        }
         // SAFETY: forwarded contract.
         unsafe { self.planted_unary(op, args) }
+    }
+
+    unsafe fn activation_backward(
+        &self,
+        _q: Queue<'_, ()>,
+        op: ActivationBackwardOp,
+        args: &ActivationBackwardArgs<'_>,
+    ) -> Result<()> {
+        // SAFETY: forwarded contract (only full mode lists this operator).
+        unsafe { full::ops::activation_backward(op, args) }
+    }
+
+    unsafe fn reduce(&self, _q: Queue<'_, ()>, op: ReduceOp, args: &ReduceArgs<'_>) -> Result<()> {
+        // SAFETY: forwarded contract (only full mode lists this operator).
+        unsafe { full::ops::reduce(op, args) }
+    }
+
+    unsafe fn pow_scalar(&self, _q: Queue<'_, ()>, args: &PowScalarArgs<'_>) -> Result<()> {
+        // SAFETY: forwarded contract (only full mode lists this operator).
+        unsafe { full::ops::pow_scalar(args) }
+    }
+
+    unsafe fn swiglu(&self, _q: Queue<'_, ()>, args: &SwigluArgs<'_>) -> Result<()> {
+        // SAFETY: forwarded contract (only full mode lists this operator).
+        unsafe { full::ops::swiglu(args) }
+    }
+
+    unsafe fn swiglu_backward(
+        &self,
+        _q: Queue<'_, ()>,
+        args: &SwigluBackwardArgs<'_>,
+    ) -> Result<()> {
+        // SAFETY: forwarded contract (only full mode lists this operator).
+        unsafe { full::ops::swiglu_backward(args) }
+    }
+
+    unsafe fn sum_squares(&self, _q: Queue<'_, ()>, args: &SumSquaresArgs<'_>) -> Result<()> {
+        // SAFETY: forwarded contract (only full mode lists this operator).
+        unsafe { full::ops::sum_squares(args) }
+    }
+
+    unsafe fn linear(&self, _q: Queue<'_, ()>, args: &LinearArgs<'_>) -> Result<()> {
+        // SAFETY: forwarded contract (only full mode lists this operator).
+        unsafe { full::ops::linear(args) }
+    }
+
+    unsafe fn log_softmax(&self, _q: Queue<'_, ()>, args: &SoftmaxArgs<'_>) -> Result<()> {
+        // SAFETY: forwarded contract (only full mode lists this operator).
+        unsafe { full::ops::log_softmax(args) }
+    }
+
+    unsafe fn softmax_backward(
+        &self,
+        _q: Queue<'_, ()>,
+        args: &SoftmaxBackwardArgs<'_>,
+    ) -> Result<()> {
+        // SAFETY: forwarded contract (only full mode lists this operator).
+        unsafe { full::ops::softmax_backward(args) }
+    }
+
+    unsafe fn log_softmax_backward(
+        &self,
+        _q: Queue<'_, ()>,
+        args: &SoftmaxBackwardArgs<'_>,
+    ) -> Result<()> {
+        // SAFETY: forwarded contract (only full mode lists this operator).
+        unsafe { full::ops::log_softmax_backward(args) }
+    }
+
+    unsafe fn rms_norm(&self, _q: Queue<'_, ()>, args: &RmsNormArgs<'_>) -> Result<()> {
+        // SAFETY: forwarded contract (only full mode lists this operator).
+        unsafe { full::ops::rms_norm(args) }
+    }
+
+    unsafe fn rms_norm_backward(
+        &self,
+        _q: Queue<'_, ()>,
+        args: &RmsNormBackwardArgs<'_>,
+    ) -> Result<()> {
+        // SAFETY: forwarded contract (only full mode lists this operator).
+        unsafe { full::ops::rms_norm_backward(args) }
+    }
+
+    unsafe fn layer_norm(&self, _q: Queue<'_, ()>, args: &LayerNormArgs<'_>) -> Result<()> {
+        // SAFETY: forwarded contract (only full mode lists this operator).
+        unsafe { full::ops::layer_norm(args) }
+    }
+
+    unsafe fn layer_norm_backward(
+        &self,
+        _q: Queue<'_, ()>,
+        args: &LayerNormBackwardArgs<'_>,
+    ) -> Result<()> {
+        // SAFETY: forwarded contract (only full mode lists this operator).
+        unsafe { full::ops::layer_norm_backward(args) }
+    }
+
+    unsafe fn rope(&self, _q: Queue<'_, ()>, args: &RopeArgs<'_>) -> Result<()> {
+        // SAFETY: forwarded contract (only full mode lists this operator).
+        unsafe { full::ops::rope(args, false) }
+    }
+
+    unsafe fn rope_backward(&self, _q: Queue<'_, ()>, args: &RopeArgs<'_>) -> Result<()> {
+        // SAFETY: forwarded contract (only full mode lists this operator).
+        unsafe { full::ops::rope(args, true) }
+    }
+
+    unsafe fn attention(&self, _q: Queue<'_, ()>, args: &AttentionArgs<'_>) -> Result<()> {
+        // SAFETY: forwarded contract (only full mode lists this operator).
+        unsafe { full::ops::attention(args) }
+    }
+
+    unsafe fn attention_backward(
+        &self,
+        _q: Queue<'_, ()>,
+        args: &AttentionBackwardArgs<'_>,
+    ) -> Result<()> {
+        // SAFETY: forwarded contract (only full mode lists this operator).
+        unsafe { full::ops::attention_backward(args) }
+    }
+
+    unsafe fn embedding(&self, _q: Queue<'_, ()>, args: &EmbeddingArgs<'_>) -> Result<()> {
+        // SAFETY: forwarded contract (only full mode lists this operator).
+        unsafe { full::ops::embedding(args) }
+    }
+
+    unsafe fn embedding_backward(
+        &self,
+        _q: Queue<'_, ()>,
+        args: &EmbeddingBackwardArgs<'_>,
+    ) -> Result<()> {
+        // SAFETY: forwarded contract (only full mode lists this operator).
+        unsafe { full::ops::embedding_backward(args) }
+    }
+
+    unsafe fn cross_entropy(&self, _q: Queue<'_, ()>, args: &CrossEntropyArgs<'_>) -> Result<()> {
+        // SAFETY: forwarded contract (only full mode lists this operator).
+        unsafe { full::ops::cross_entropy(args) }
+    }
+
+    unsafe fn cross_entropy_backward(
+        &self,
+        _q: Queue<'_, ()>,
+        args: &CrossEntropyBackwardArgs<'_>,
+    ) -> Result<()> {
+        // SAFETY: forwarded contract (only full mode lists this operator).
+        unsafe { full::ops::cross_entropy_backward(args) }
+    }
+
+    unsafe fn adamw(&self, _q: Queue<'_, ()>, args: &AdamwArgs<'_>) -> Result<()> {
+        // SAFETY: forwarded contract (only full mode lists this operator).
+        unsafe { full::ops::adamw(args) }
+    }
+
+    unsafe fn scale(&self, _q: Queue<'_, ()>, args: &ScaleArgs<'_>) -> Result<()> {
+        // SAFETY: forwarded contract (only full mode lists this operator).
+        unsafe { full::ops::scale(args) }
     }
 }
 
@@ -319,4 +551,83 @@ impl Planted {
     }
 }
 
-polychip_plugin_sdk::export_plugin!(Planted, ops: [fill, copy, cast, add, mul, matmul, softmax, exp, sqrt]);
+/// The op table: legacy mode's nine operators, or every operator with the
+/// selected contract bug's raw entry patched in.
+fn set_ops(table: &mut polychip_plugin_sdk::abi::PolychipOpTable) {
+    use polychip_plugin_sdk::__export::generated as g;
+    macro_rules! set {
+        ($($op:ident),* $(,)?) => { $( table.$op = Some(g::$op::<Planted>); )* };
+    }
+    if !full() {
+        set!(fill, copy, cast, add, mul, matmul, softmax, exp, sqrt);
+        return;
+    }
+    set!(
+        fill,
+        copy,
+        cast,
+        add,
+        sub,
+        mul,
+        div,
+        matmul,
+        softmax,
+        neg,
+        exp,
+        log,
+        sqrt,
+        rsqrt,
+        tanh,
+        pow_scalar,
+        relu,
+        relu_backward,
+        silu,
+        silu_backward,
+        gelu,
+        gelu_backward,
+        swiglu,
+        swiglu_backward,
+        sum,
+        mean,
+        max,
+        argmax,
+        sum_squares,
+        linear,
+        softmax_backward,
+        log_softmax,
+        log_softmax_backward,
+        rms_norm,
+        rms_norm_backward,
+        layer_norm,
+        layer_norm_backward,
+        rope,
+        rope_backward,
+        attention,
+        attention_backward,
+        embedding,
+        embedding_backward,
+        cross_entropy,
+        cross_entropy_backward,
+        adamw,
+        scale
+    );
+    mutants::contract::patch(table);
+}
+
+/// The plugin's entry symbol (ABI major 1): `export_plugin!`'s entry, plus
+/// keeping the host's table for the raw entries of [`mutants::contract`]
+/// and [`set_ops`] choosing the table by mode.
+///
+/// # Safety
+/// Called by a polychip host following the ABI's entry contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn polychip_plugin_init_v1(
+    host: *const polychip_plugin_sdk::abi::PolychipHostApi,
+    out_plugin: *mut *const polychip_plugin_sdk::abi::PolychipPluginApi,
+) -> *mut polychip_plugin_sdk::abi::PolychipError {
+    if !host.is_null() {
+        mutants::contract::HOST.store(host.cast_mut(), std::sync::atomic::Ordering::Release);
+    }
+    // SAFETY: the host follows the entry contract, which `init` requires.
+    unsafe { polychip_plugin_sdk::__export::init::<Planted>(host, out_plugin, set_ops) }
+}

@@ -1,0 +1,453 @@
+//! Full mode (`POLYCHIP_PLANTED_BUG` set): every operator in every dtype
+//! Ferrite supports, correct, through `ferrite-kernels` on the calling
+//! thread (memory is host memory and every stream is synchronous), except
+//! where the selected [`crate::mutants`] bug takes over one operator.
+
+use ferrite_kernels::{self as kernels, KernelError, View};
+use polychip_plugin_sdk::{
+    ActivationBackwardArgs, ActivationBackwardOp, AdamwArgs, AttentionArgs, AttentionBackwardArgs,
+    BinaryArgs, BinaryOp, CastArgs, CopyArgs, CrossEntropyArgs, CrossEntropyBackwardArgs, DType,
+    EmbeddingArgs, EmbeddingBackwardArgs, Error, FillArgs, LayerNormArgs, LayerNormBackwardArgs,
+    LinearArgs, MatmulArgs, PowScalarArgs, ReduceArgs, ReduceOp, Result, RmsNormArgs,
+    RmsNormBackwardArgs, RopeArgs, ScaleArgs, SoftmaxArgs, SoftmaxBackwardArgs, SumSquaresArgs,
+    SwigluArgs, SwigluBackwardArgs, TensorDesc, UnaryArgs, UnaryOp,
+};
+
+use crate::mutants::{Bug, is, layout, numerics as bad};
+
+/// The kernels' name for a dtype.
+fn kernel_dtype(dtype: DType) -> kernels::DType {
+    match dtype {
+        DType::F32 => kernels::DType::F32,
+        DType::F16 => kernels::DType::F16,
+        DType::BF16 => kernels::DType::BF16,
+        DType::F64 => kernels::DType::F64,
+        DType::I32 => kernels::DType::I32,
+        DType::I64 => kernels::DType::I64,
+        DType::U8 => kernels::DType::U8,
+        DType::Bool => kernels::DType::Bool,
+    }
+}
+
+/// A kernel refusal as a plugin error, prefixed with the operator's name.
+fn kernel_error(op: &str, error: KernelError) -> Error {
+    let message = error.0;
+    if message.starts_with(op) && message[op.len()..].starts_with(':') {
+        Error::invalid(message)
+    } else {
+        Error::invalid(format!("{op}: {message}"))
+    }
+}
+
+/// Runs `kernel` on the views of `operands` (the last `outputs` of which
+/// are written), skipping it when every output is empty. Layout bugs change
+/// the strides the kernel sees; out-of-bounds bugs write after it.
+///
+/// # Safety
+/// The operands address live host memory (the SDK checked the arguments).
+pub unsafe fn launch<const N: usize>(
+    op: &'static str,
+    operands: [(&'static str, &TensorDesc<'_>); N],
+    outputs: usize,
+    kernel: impl FnOnce(&[View<'_>; N]) -> Result<(), KernelError>,
+) -> Result<()> {
+    let strides: [Vec<i64>; N] = operands.map(|(_, d)| d.strides().to_vec());
+    let mut seen = strides.clone();
+    for ((name, desc), s) in operands.iter().zip(seen.iter_mut()) {
+        layout::strides(op, name, desc.shape, s);
+    }
+    fn view<'a>(desc: &TensorDesc<'a>, strides: &'a [i64]) -> View<'a> {
+        View {
+            ptr: desc.data,
+            dtype: kernel_dtype(desc.dtype),
+            shape: desc.shape,
+            strides,
+        }
+    }
+    let views: [View<'_>; N] = std::array::from_fn(|i| view(operands[i].1, &seen[i]));
+    let first_out = N - outputs.min(N);
+    if views[first_out..].iter().all(|v| v.shape.contains(&0)) {
+        return Ok(());
+    }
+    kernel(&views).map_err(|e| kernel_error(op, e))?;
+    for i in first_out..N {
+        // SAFETY: forwarded contract; see `layout::after`.
+        unsafe { layout::after(op, &view(operands[i].1, &strides[i])) };
+    }
+    Ok(())
+}
+
+/// `launch` for an args struct (operands in `operands()` order).
+macro_rules! run {
+    ($op:expr, $args:expr => |[$($v:ident),* $(,)?]| $call:expr) => {{
+        // SAFETY: forwarded from the calling method's contract.
+        unsafe {
+            launch($op, $args.operands(), $args.outputs(), |[$($v),*]: &[View<'_>; _]| {
+                #[allow(unused_unsafe)]
+                // SAFETY: the views are the SDK-checked operands in host memory.
+                unsafe { $call }
+            })
+        }
+    }};
+}
+
+/// `Ok(())` after a hand-written mutant ran.
+fn done() -> Result<(), KernelError> {
+    Ok(())
+}
+
+/// The full-mode operators; `crate::Planted`'s `Operators` impl forwards here.
+#[allow(clippy::missing_safety_doc)]
+pub mod ops {
+    use super::*;
+
+    pub unsafe fn fill(args: &FillArgs<'_>) -> Result<()> {
+        let value = args.value;
+        run!("fill", args => |[out]| kernels::fill(out, value))
+    }
+
+    pub unsafe fn copy(args: &CopyArgs<'_>) -> Result<()> {
+        run!("copy", args => |[src, dst]| kernels::copy(src, dst))
+    }
+
+    pub unsafe fn cast(args: &CastArgs<'_>) -> Result<()> {
+        run!("cast", args => |[src, dst]| {
+            if is(Bug::CastBf16TiesAway) && bad::cast_bf16_ties_away(src, dst) {
+                return done();
+            }
+            if is(Bug::CastF64Bf16DoubleRounding) && bad::cast_f64_bf16_double(src, dst) {
+                return done();
+            }
+            kernels::cast(src, dst)
+        })
+    }
+
+    pub unsafe fn binary(op: BinaryOp, args: &BinaryArgs<'_>) -> Result<()> {
+        let k = match op {
+            BinaryOp::Add => kernels::BinaryOp::Add,
+            BinaryOp::Sub => kernels::BinaryOp::Sub,
+            BinaryOp::Mul => kernels::BinaryOp::Mul,
+            BinaryOp::Div => kernels::BinaryOp::Div,
+        };
+        let alpha = args.alpha;
+        run!(op.name(), args => |[a, b, out]| kernels::binary(k, a, b, out, alpha))
+    }
+
+    pub unsafe fn matmul(args: &MatmulArgs<'_>) -> Result<()> {
+        let (alpha, beta, ta, tb) = (args.alpha, args.beta, args.transpose_a, args.transpose_b);
+        run!("matmul", args => |[a, b, out]| kernels::matmul(a, b, out, ta, tb, alpha, beta))
+    }
+
+    pub unsafe fn softmax(args: &SoftmaxArgs<'_>) -> Result<()> {
+        run!("softmax", args => |[i, o]| {
+            if is(Bug::SoftmaxInPlaceSecondPass) {
+                bad::softmax_second_pass(i, o);
+                return done();
+            }
+            kernels::softmax(i, o)
+        })
+    }
+
+    pub unsafe fn unary(op: UnaryOp, args: &UnaryArgs<'_>) -> Result<()> {
+        let k = match op {
+            UnaryOp::Neg => kernels::UnaryOp::Neg,
+            UnaryOp::Exp => kernels::UnaryOp::Exp,
+            UnaryOp::Log => kernels::UnaryOp::Log,
+            UnaryOp::Sqrt => kernels::UnaryOp::Sqrt,
+            UnaryOp::Rsqrt => kernels::UnaryOp::Rsqrt,
+            UnaryOp::Tanh => kernels::UnaryOp::Tanh,
+            UnaryOp::Relu => kernels::UnaryOp::Relu,
+            UnaryOp::Silu => kernels::UnaryOp::Silu,
+            UnaryOp::Gelu => kernels::UnaryOp::Gelu,
+        };
+        run!(op.name(), args => |[i, o]| {
+            match op {
+                UnaryOp::Silu if is(Bug::SiluTruncatesHalf) && bad::silu_truncated(i, o) => {
+                    return done();
+                }
+                UnaryOp::Gelu if is(Bug::GeluErfForm) => bad::gelu_erf(i, o),
+                UnaryOp::Exp if is(Bug::ExpFastApprox) => bad::exp_fast(i, o),
+                UnaryOp::Log if is(Bug::LogZeroNan) => bad::log_zero_nan(i, o),
+                UnaryOp::Sqrt if is(Bug::SqrtNegZero) => bad::sqrt_neg_zero(i, o),
+                _ => return kernels::unary(k, i, o),
+            }
+            done()
+        })
+    }
+
+    pub unsafe fn pow_scalar(args: &PowScalarArgs<'_>) -> Result<()> {
+        let e = args.exponent;
+        run!("pow_scalar", args => |[i, o]| {
+            if is(Bug::PowScalarNanZeroExponent) {
+                bad::pow_nan_zero(i, o, e);
+                return done();
+            }
+            kernels::pow_scalar(i, o, e)
+        })
+    }
+
+    pub unsafe fn activation_backward(
+        op: ActivationBackwardOp,
+        args: &ActivationBackwardArgs<'_>,
+    ) -> Result<()> {
+        let k = match op {
+            ActivationBackwardOp::ReluBackward => kernels::ActivationOp::Relu,
+            ActivationBackwardOp::SiluBackward => kernels::ActivationOp::Silu,
+            ActivationBackwardOp::GeluBackward => kernels::ActivationOp::Gelu,
+        };
+        run!(op.name(), args => |[g, i, gi]| {
+            if op == ActivationBackwardOp::ReluBackward && is(Bug::ReluBackwardAtZero) {
+                bad::relu_backward_at_zero(g, i, gi);
+                return done();
+            }
+            kernels::activation_backward(k, g, i, gi)
+        })
+    }
+
+    pub unsafe fn swiglu(args: &SwigluArgs<'_>) -> Result<()> {
+        run!("swiglu", args => |[g, u, o]| {
+            if is(Bug::SwigluLowPrecisionSigmoid) {
+                bad::swiglu_low_precision(g, u, o);
+                return done();
+            }
+            kernels::swiglu(g, u, o)
+        })
+    }
+
+    pub unsafe fn swiglu_backward(args: &SwigluBackwardArgs<'_>) -> Result<()> {
+        run!("swiglu_backward", args => |[g, u, go, gg, gu]| {
+            if is(Bug::SwigluBackwardInPlaceReread) {
+                bad::swiglu_backward_reread(g, u, go, gg, gu);
+                return done();
+            }
+            kernels::swiglu_backward(g, u, go, gg, gu)
+        })
+    }
+
+    pub unsafe fn reduce(op: ReduceOp, args: &ReduceArgs<'_>) -> Result<()> {
+        let k = match op {
+            ReduceOp::Sum => kernels::ReduceOp::Sum,
+            ReduceOp::Mean => kernels::ReduceOp::Mean,
+            ReduceOp::Max => kernels::ReduceOp::Max,
+            ReduceOp::Argmax => kernels::ReduceOp::Argmax,
+        };
+        let (dim, keepdim) = (args.dim, args.keepdim);
+        run!(op.name(), args => |[i, o]| {
+            let handled = match op {
+                ReduceOp::Max if is(Bug::MaxIgnoresNan) => bad::max_ignoring_nan(i, o, dim),
+                ReduceOp::Argmax if is(Bug::ArgmaxLastTie) => bad::argmax_last(i, o, dim),
+                _ => false,
+            };
+            if handled {
+                return done();
+            }
+            kernels::reduce(k, i, o, dim, keepdim)
+        })
+    }
+
+    pub unsafe fn sum_squares(args: &SumSquaresArgs<'_>) -> Result<()> {
+        run!("sum_squares", args => |[i, o]| {
+            if is(Bug::SumSquaresHalfAccumulation) && bad::sum_squares_half(i, o) {
+                return done();
+            }
+            kernels::sum_squares(i, o)
+        })
+    }
+
+    pub unsafe fn linear(args: &LinearArgs<'_>) -> Result<()> {
+        let edge = |o: &View<'_>| {
+            if is(Bug::LinearTileEdge) {
+                // SAFETY: the output view is live.
+                unsafe { bad::linear_tile_edge_save(o) }
+            } else {
+                Vec::new()
+            }
+        };
+        match &args.bias {
+            Some(bias) => {
+                let operands = [
+                    ("input", &args.input),
+                    ("weight", &args.weight),
+                    ("bias", bias),
+                    ("out", &args.out),
+                ];
+                // SAFETY: forwarded contract.
+                unsafe {
+                    launch("linear", operands, 1, |[i, w, b, o]| {
+                        let saved = edge(o);
+                        kernels::linear(i, w, Some(b), o)?;
+                        bad::restore(saved);
+                        done()
+                    })
+                }
+            }
+            None => {
+                let operands = [
+                    ("input", &args.input),
+                    ("weight", &args.weight),
+                    ("out", &args.out),
+                ];
+                // SAFETY: forwarded contract.
+                unsafe {
+                    launch("linear", operands, 1, |[i, w, o]| {
+                        let saved = edge(o);
+                        kernels::linear(i, w, None, o)?;
+                        bad::restore(saved);
+                        done()
+                    })
+                }
+            }
+        }
+    }
+
+    pub unsafe fn log_softmax(args: &SoftmaxArgs<'_>) -> Result<()> {
+        run!("log_softmax", args => |[i, o]| {
+            if is(Bug::LogSoftmaxWideRowDropsTile) && bad::log_softmax_wide(i, o) {
+                return done();
+            }
+            kernels::log_softmax(i, o)
+        })
+    }
+
+    pub unsafe fn softmax_backward(args: &SoftmaxBackwardArgs<'_>) -> Result<()> {
+        run!("softmax_backward", args => |[y, g, gi]| kernels::softmax_backward(y, g, gi, false))
+    }
+
+    pub unsafe fn log_softmax_backward(args: &SoftmaxBackwardArgs<'_>) -> Result<()> {
+        run!("log_softmax_backward", args => |[y, g, gi]| {
+            if is(Bug::LogSoftmaxBackwardHalfAccumulation) && bad::log_softmax_backward_half(y, g, gi) {
+                return done();
+            }
+            kernels::softmax_backward(y, g, gi, true)
+        })
+    }
+
+    pub unsafe fn rms_norm(args: &RmsNormArgs<'_>) -> Result<()> {
+        let eps = args.eps;
+        run!("rms_norm", args => |[i, w, o, r]| {
+            if is(Bug::RmsNormEpsOutsideSqrt) {
+                bad::rms_norm_eps_outside(i, w, o, r, eps);
+                return done();
+            }
+            kernels::rms_norm(i, w, o, r, eps)
+        })
+    }
+
+    pub unsafe fn rms_norm_backward(args: &RmsNormBackwardArgs<'_>) -> Result<()> {
+        run!("rms_norm_backward", args => |[g, i, w, r, gi, gw]| {
+            kernels::rms_norm_backward(g, i, w, r, gi, gw)
+        })
+    }
+
+    pub unsafe fn layer_norm(args: &LayerNormArgs<'_>) -> Result<()> {
+        let eps = args.eps;
+        run!("layer_norm", args => |[i, w, b, o, m, r]| {
+            if is(Bug::LayerNormUnbiasedVariance) {
+                bad::layer_norm_unbiased(i, w, b, o, m, r, eps);
+                return done();
+            }
+            kernels::layer_norm(i, w, b, o, m, r, eps)
+        })
+    }
+
+    pub unsafe fn layer_norm_backward(args: &LayerNormBackwardArgs<'_>) -> Result<()> {
+        run!("layer_norm_backward", args => |[g, i, w, m, r, gi, gw, gb]| {
+            kernels::layer_norm_backward(g, i, w, m, r, gi, gw, gb)
+        })
+    }
+
+    pub unsafe fn rope(args: &RopeArgs<'_>, backward: bool) -> Result<()> {
+        let interleaved = args.interleaved;
+        let op = if backward { "rope_backward" } else { "rope" };
+        run!(op, args => |[i, c, s, o]| kernels::rope(i, c, s, o, interleaved, backward))
+    }
+
+    pub unsafe fn attention(args: &AttentionArgs<'_>) -> Result<()> {
+        let (scale, causal) = (args.scale, args.causal);
+        run!("attention", args => |[q, k, v, o, l]| kernels::attention(q, k, v, o, l, scale, causal))
+    }
+
+    pub unsafe fn attention_backward(args: &AttentionBackwardArgs<'_>) -> Result<()> {
+        let (scale, causal) = (args.scale, args.causal);
+        run!("attention_backward", args => |[q, k, v, o, l, g, gq, gk, gv]| {
+            kernels::attention_backward(q, k, v, o, l, g, gq, gk, gv, scale, causal)
+        })
+    }
+
+    pub unsafe fn embedding(args: &EmbeddingArgs<'_>) -> Result<()> {
+        run!("embedding", args => |[w, i, o]| {
+            let rows = w.shape.first().copied().unwrap_or(0);
+            let remap: Option<fn(i64, i64) -> i64> = if is(Bug::EmbeddingU16Index) {
+                Some(|x, _| x & 0xffff)
+            } else if is(Bug::EmbeddingClampsIndex) {
+                Some(|x, rows| x.clamp(0, (rows - 1).max(0)))
+            } else {
+                None
+            };
+            let Some(f) = remap else {
+                return kernels::embedding(w, i, o);
+            };
+            let fixed = bad::remap_indices(i, rows, f);
+            let strides = polychip_plugin_sdk::contiguous_strides(i.shape);
+            let narrow: Vec<i32>;
+            let ptr = if i.dtype == kernels::DType::I32 {
+                narrow = fixed.iter().map(|&x| x as i32).collect();
+                narrow.as_ptr().cast_mut().cast::<u8>()
+            } else {
+                fixed.as_ptr().cast_mut().cast::<u8>()
+            };
+            let idx = View { ptr, dtype: i.dtype, shape: i.shape, strides: &strides };
+            kernels::embedding(w, &idx, o)
+        })
+    }
+
+    pub unsafe fn embedding_backward(args: &EmbeddingBackwardArgs<'_>) -> Result<()> {
+        run!("embedding_backward", args => |[g, i, w]| kernels::embedding_backward(g, i, w))
+    }
+
+    pub unsafe fn cross_entropy(args: &CrossEntropyArgs<'_>) -> Result<()> {
+        let ignore = args.ignore_index;
+        let result = run!("cross_entropy", args => |[l, t, o]| {
+            kernels::cross_entropy(l, t, o, ignore)?;
+            if is(Bug::CrossEntropyWideNoMaxShift) {
+                bad::cross_entropy_wide(l, t, o, ignore);
+            }
+            done()
+        });
+        match result {
+            // Planted: a data-dependent refusal reported as an internal error.
+            Err(e) if is(Bug::CrossEntropyRefusesInternal) => Err(Error::internal(e.message)),
+            r => r,
+        }
+    }
+
+    pub unsafe fn cross_entropy_backward(args: &CrossEntropyBackwardArgs<'_>) -> Result<()> {
+        let (ignore, grad_loss) = (args.ignore_index, args.grad_loss);
+        run!("cross_entropy_backward", args => |[l, t, g]| {
+            kernels::cross_entropy_backward(l, t, g, grad_loss, ignore)
+        })
+    }
+
+    pub unsafe fn adamw(args: &AdamwArgs<'_>) -> Result<()> {
+        let a = *args;
+        let (lr, b1, b2, eps) = (a.lr, a.beta1, a.beta2, a.eps);
+        let mut wd = a.weight_decay;
+        let mut step = a.step;
+        if is(Bug::AdamwNoBiasCorrection) {
+            // beta^step == 0: the correction factors are all 1.
+            step = 1 << 40;
+        }
+        if is(Bug::AdamwIgnoresWeightDecay) {
+            wd = 0.0;
+        }
+        if is(Bug::AdamwSkipsBf16) && args.param.dtype == DType::BF16 {
+            return Ok(());
+        }
+        run!("adamw", args => |[g, p, m, v]| kernels::adamw(p, g, m, v, lr, b1, b2, eps, wd, step))
+    }
+
+    pub unsafe fn scale(args: &ScaleArgs<'_>) -> Result<()> {
+        let alpha = args.alpha;
+        run!("scale", args => |[t]| kernels::scale(t, alpha))
+    }
+}

@@ -1,0 +1,76 @@
+//! Layout bugs (how a kernel sees an operand's strides) and writes outside
+//! the output, as hooks around the correct kernel call of
+//! [`crate::full::launch`].
+
+use ferrite_kernels::View;
+use polychip_plugin_sdk::contiguous_strides;
+
+use super::{Bug, elems, is};
+
+/// Before the kernel: rewrites the strides the kernel sees for operand
+/// `name` of `op` (`shape` is the operand's shape).
+pub fn strides(op: &str, name: &str, shape: &[i64], strides: &mut Vec<i64>) {
+    let compact = || contiguous_strides(shape);
+    match (op, name) {
+        ("div", "b") if is(Bug::DivZeroStrideAsCompact) && strides.contains(&0) => {
+            *strides = compact();
+        }
+        ("tanh", "input") if is(Bug::TanhNegativeStrideAbs) => {
+            for s in strides.iter_mut() {
+                *s = s.abs();
+            }
+        }
+        ("relu", "out") if is(Bug::ReluOutputAssumedCompact) => *strides = compact(),
+        // Last dimension contiguous: rows assumed packed.
+        ("rms_norm", "input" | "out")
+            if is(Bug::RmsNormIgnoresRowStride) && strides.last() == Some(&1) =>
+        {
+            *strides = compact();
+        }
+        ("matmul", "b") if is(Bug::MatmulTransposedBAsCompact) => {
+            let n = strides.len();
+            if n >= 2 && strides[n - 2] == 1 && shape[n - 2] > 1 && shape[n - 1] > 1 {
+                *strides = compact();
+            }
+        }
+        _ => {}
+    }
+}
+
+/// After the kernel: writes outside `out`, the output of `op`.
+///
+/// # Safety
+/// `out` addresses live memory; the bytes the bug writes outside it are in
+/// the padding that `Planted::alloc` adds around every allocation (or in
+/// the caller's guard zone, which is the point).
+pub unsafe fn after(op: &str, out: &View<'_>) {
+    let size = out.dtype.size();
+    let addrs = elems::addresses(out);
+    let (Some(&first), Some(&last)) = (addrs.iter().min(), addrs.iter().max()) else {
+        return;
+    };
+    match op {
+        "add" if is(Bug::AddWritesOnePastEnd) => {
+            // The element just after the highest one in memory.
+            // SAFETY: see the function's contract.
+            unsafe { last.add(size).write_bytes(0x3f, size) };
+        }
+        "neg" if is(Bug::NegZeroesElementBefore) => {
+            // SAFETY: see the function's contract.
+            unsafe { first.sub(size).write_bytes(0, size) };
+        }
+        "gelu_backward" if is(Bug::GeluBackwardWritesGaps) => {
+            let written: std::collections::HashSet<usize> =
+                addrs.iter().map(|&p| p as usize).collect();
+            for &p in &addrs {
+                let gap = p.wrapping_add(size);
+                if gap <= last && !written.contains(&(gap as usize)) {
+                    // SAFETY: the gap lies between two elements of the view,
+                    // inside its allocation.
+                    unsafe { gap.write_bytes(0, size) };
+                }
+            }
+        }
+        _ => {}
+    }
+}

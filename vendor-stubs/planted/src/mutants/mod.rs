@@ -1,0 +1,287 @@
+//! The catalog of planted bugs selectable with `POLYCHIP_PLANTED_BUG`.
+//!
+//! Each [`Bug`] is one mutation of the otherwise correct full-mode plugin
+//! (`crate::full`, every operator through `ferrite-kernels`), and touches
+//! exactly one operator. Each entry of [`CATALOG`] says what real-world bug
+//! it imitates and which conformance check catches it (or should, once the
+//! stricter suite lands).
+//!
+//! The mutations live by kind: [`layout`] (view transforms and writes
+//! outside the output), [`numerics`] (hand-written wrong kernels) and
+//! [`contract`] (raw op-table entries that bypass the SDK).
+
+pub mod contract;
+pub mod elems;
+pub mod layout;
+pub mod numerics;
+
+use std::sync::OnceLock;
+
+/// What family of bug an entry is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// Strides, offsets, broadcast and gapped views.
+    Layout,
+    /// In-place calls (output is exactly an input).
+    Aliasing,
+    /// Writes outside the output's elements.
+    OutOfBounds,
+    /// Wrong only beyond a size threshold.
+    Size,
+    /// Wrong by a little: precision, formula, accumulation dtype.
+    Numerics,
+    /// Rounding of exact ties.
+    Rounding,
+    /// NaN, signed zero, infinities, ties in index results.
+    EdgeValues,
+    /// Refusals and the error-object contract.
+    Contract,
+}
+
+/// One planted bug.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Bug {
+    SubIgnoresByteOffset,
+    DivZeroStrideAsCompact,
+    TanhNegativeStrideAbs,
+    ReluOutputAssumedCompact,
+    RmsNormIgnoresRowStride,
+    MatmulTransposedBAsCompact,
+    SoftmaxInPlaceSecondPass,
+    SwigluBackwardInPlaceReread,
+    AddWritesOnePastEnd,
+    NegZeroesElementBefore,
+    GeluBackwardWritesGaps,
+    LogSoftmaxWideRowDropsTile,
+    EmbeddingU16Index,
+    SumSquaresHalfAccumulation,
+    LinearTileEdge,
+    CrossEntropyWideNoMaxShift,
+    SiluTruncatesHalf,
+    GeluErfForm,
+    SwigluLowPrecisionSigmoid,
+    ExpFastApprox,
+    LogSoftmaxBackwardHalfAccumulation,
+    RmsNormEpsOutsideSqrt,
+    LayerNormUnbiasedVariance,
+    AdamwNoBiasCorrection,
+    AdamwIgnoresWeightDecay,
+    AdamwSkipsBf16,
+    CastBf16TiesAway,
+    CastF64Bf16DoubleRounding,
+    MaxIgnoresNan,
+    ArgmaxLastTie,
+    ReluBackwardAtZero,
+    LogZeroNan,
+    SqrtNegZero,
+    PowScalarNanZeroExponent,
+    EmbeddingClampsIndex,
+    CrossEntropyRefusesInternal,
+    AdamwRefusalWrongCode,
+    EmbeddingBackwardForeignError,
+    CrossEntropyBackwardStaleError,
+    RopeBackwardNoWrite,
+}
+
+/// A catalog entry.
+#[derive(Debug, Clone, Copy)]
+pub struct Mutant {
+    /// The bug.
+    pub bug: Bug,
+    /// Its `POLYCHIP_PLANTED_BUG` name.
+    pub name: &'static str,
+    /// The one operator it mutates (op-table name).
+    pub op: &'static str,
+    /// Its family.
+    pub kind: Kind,
+    /// The real-world bug it imitates.
+    pub imitates: &'static str,
+    /// The conformance check that catches it.
+    pub caught_by: &'static str,
+}
+
+macro_rules! catalog {
+    ($($bug:ident $name:literal $op:literal $kind:ident: $imitates:literal => $check:literal;)*) => {
+        /// Every planted bug, one line each.
+        pub const CATALOG: &[Mutant] = &[$(Mutant {
+            bug: Bug::$bug,
+            name: $name,
+            op: $op,
+            kind: Kind::$kind,
+            imitates: $imitates,
+            caught_by: $check,
+        }),*];
+    };
+}
+
+catalog! {
+    SubIgnoresByteOffset "sub-ignores-byte-offset" "sub" Contract:
+        "a kernel reads `a` from `data` without adding `byte_offset` (a slice view of a buffer)"
+        => "layouts with a byte offset";
+    DivZeroStrideAsCompact "div-zero-stride-as-compact" "div" Layout:
+        "a stride-0 (expanded) operand is treated as compact, so reads run past its data"
+        => "layouts with zero strides";
+    TanhNegativeStrideAbs "tanh-negative-stride-abs" "tanh" Layout:
+        "negative strides (a flipped view) are used as their absolute value"
+        => "layouts with negative strides";
+    ReluOutputAssumedCompact "relu-output-assumed-compact" "relu" Layout:
+        "the output is written as if compact, ignoring its strides"
+        => "strided (gapped) outputs and guard checks of the gaps";
+    RmsNormIgnoresRowStride "rms-norm-ignores-row-stride" "rms_norm" Layout:
+        "rows whose last dimension is contiguous are assumed packed (row stride ignored)"
+        => "row-slice layouts (last dim contiguous, padded rows)";
+    MatmulTransposedBAsCompact "matmul-transposed-b-as-compact" "matmul" Layout:
+        "a transposed `b` operand is read as if row-major (only `b`, only when transposed)"
+        => "transposed `b` operands (today only `a` is transposed in memory)";
+    SoftmaxInPlaceSecondPass "softmax-in-place-second-pass" "softmax" Aliasing:
+        "softmax's normalising pass re-reads x[i] after out[i] overwrote it (breaks in place)"
+        => "in-place (aliased) calls";
+    SwigluBackwardInPlaceReread "swiglu-backward-in-place-reread" "swiglu_backward" Aliasing:
+        "grad_up is computed from `gate` after grad_gate overwrote it (breaks when grad_gate aliases gate)"
+        => "in-place (aliased) calls";
+    AddWritesOnePastEnd "add-writes-one-past-end" "add" OutOfBounds:
+        "a vector tail store writes one element past the end of the output"
+        => "guard zones around outputs";
+    NegZeroesElementBefore "neg-zeroes-element-before" "neg" OutOfBounds:
+        "an off-by-one start index clears the element just before the output"
+        => "guard zones around outputs";
+    GeluBackwardWritesGaps "gelu-backward-writes-gaps" "gelu_backward" OutOfBounds:
+        "a wide store fills the gaps of a strided output with zeros"
+        => "guard checks of a strided output's gaps";
+    LogSoftmaxWideRowDropsTile "log-softmax-wide-row-drops-tile" "log_softmax" Size:
+        "the path for rows wider than 65536 (vocabulary rows) drops the last tile from the log-sum-exp"
+        => "realistic sizes: 152K-wide rows";
+    EmbeddingU16Index "embedding-u16-index" "embedding" Size:
+        "indices are narrowed to u16, so rows past 65535 of a large vocabulary alias low rows"
+        => "realistic sizes: vocabularies over 65536 rows";
+    SumSquaresHalfAccumulation "sum-squares-half-accumulation" "sum_squares" Size:
+        "f16/bf16 inputs longer than 4096 elements are accumulated in the input dtype"
+        => "realistic sizes (millions of elements) and tight tolerances";
+    LinearTileEdge "linear-tile-edge" "linear" Size:
+        "the last partial 64-wide column tile is not written back when out_features > 256 and not a multiple of 64"
+        => "realistic sizes: matmul dimensions > 256 not multiples of 64";
+    CrossEntropyWideNoMaxShift "cross-entropy-wide-no-max-shift" "cross_entropy" Size:
+        "the wide-row (> 65536 classes) path computes log-sum-exp without subtracting the row maximum"
+        => "realistic sizes: 152K-wide rows with large logits";
+    SiluTruncatesHalf "silu-truncates-half" "silu" Numerics:
+        "bf16/f16 results are truncated instead of rounded to nearest even"
+        => "rounding-bias test (mean ulp)";
+    GeluErfForm "gelu-erf-form" "gelu" Numerics:
+        "gelu uses the erf form where the ABI specifies the tanh form"
+        => "f32 tolerance (caught today: outside tolerance)";
+    SwigluLowPrecisionSigmoid "swiglu-low-precision-sigmoid" "swiglu" Numerics:
+        "silu(gate) is x * sigmoid(x) with a sigmoid of f16 precision"
+        => "f32 tolerance (caught today: outside tolerance)";
+    ExpFastApprox "exp-fast-approx" "exp" Numerics:
+        "exp via a fast 2^x approximation with ~1e-3 relative error"
+        => "f32 tolerance (caught today: outside tolerance)";
+    LogSoftmaxBackwardHalfAccumulation "log-softmax-backward-half-accumulation" "log_softmax_backward" Numerics:
+        "the row sum of grad_out is accumulated in the output dtype (bf16/f16)"
+        => "long rows (4096+) in bf16/f16 with tolerances from error analysis";
+    RmsNormEpsOutsideSqrt "rms-norm-eps-outside-sqrt" "rms_norm" Numerics:
+        "rms_norm divides by sqrt(mean(x^2)) + eps instead of sqrt(mean(x^2) + eps)"
+        => "f32 tolerance (caught today: outside tolerance)";
+    LayerNormUnbiasedVariance "layer-norm-unbiased-variance" "layer_norm" Numerics:
+        "layer_norm uses the unbiased variance (divides by n - 1) instead of the biased one"
+        => "f32 tolerance (caught today: outside tolerance)";
+    AdamwNoBiasCorrection "adamw-no-bias-correction" "adamw" Numerics:
+        "AdamW without bias correction of the moments"
+        => "in-place outputs vs the reference (caught today)";
+    AdamwIgnoresWeightDecay "adamw-ignores-weight-decay" "adamw" Numerics:
+        "AdamW with the weight decay dropped (plain Adam)"
+        => "in-place outputs vs the reference (caught today)";
+    AdamwSkipsBf16 "adamw-skips-bf16" "adamw" Numerics:
+        "AdamW silently skips the step for bf16 parameters"
+        => "bf16 cases of in-place outputs (caught today)";
+    CastBf16TiesAway "cast-bf16-ties-away" "cast" Rounding:
+        "f32 -> bf16 rounds ties away from zero instead of to even"
+        => "rounding ties in cast (caught today)";
+    CastF64Bf16DoubleRounding "cast-f64-bf16-double-rounding" "cast" Rounding:
+        "f64 -> bf16 goes through f32 and so rounds twice"
+        => "rounding ties in cast from f64 (double-rounding values)";
+    MaxIgnoresNan "max-ignores-nan" "max" EdgeValues:
+        "max uses a comparison that drops NaN instead of propagating it"
+        => "special values in reductions (caught today)";
+    ArgmaxLastTie "argmax-last-tie" "argmax" EdgeValues:
+        "argmax returns the last of equal maxima instead of the first"
+        => "ties in argmax (caught today)";
+    ReluBackwardAtZero "relu-backward-at-zero" "relu_backward" EdgeValues:
+        "relu_backward passes the gradient at exactly x == 0 (x >= 0 instead of x > 0)"
+        => "special values (x == 0 exactly) in activation backward";
+    LogZeroNan "log-zero-nan" "log" EdgeValues:
+        "log(0) gives NaN instead of -inf"
+        => "special values (caught today)";
+    SqrtNegZero "sqrt-neg-zero" "sqrt" EdgeValues:
+        "sqrt(-0.0) gives +0.0 instead of -0.0"
+        => "signed-zero comparison of special values";
+    PowScalarNanZeroExponent "pow-scalar-nan-zero-exponent" "pow_scalar" EdgeValues:
+        "pow_scalar(NaN, 0) gives NaN instead of 1"
+        => "special values with exponent 0 (caught today)";
+    EmbeddingClampsIndex "embedding-clamps-index" "embedding" Contract:
+        "an out-of-range index is clamped to the last row instead of refused"
+        => "refusals (caught today: accepted a call it must refuse)";
+    CrossEntropyRefusesInternal "cross-entropy-refuses-internal" "cross_entropy" Contract:
+        "an out-of-range target is refused with POLYCHIP_ERROR_INTERNAL instead of INVALID_ARGUMENT"
+        => "refusals checked for their error code";
+    AdamwRefusalWrongCode "adamw-refusal-wrong-code" "adamw" Contract:
+        "a raw entry rewrites the refusal of step 0 to POLYCHIP_ERROR_INTERNAL"
+        => "refusals checked for their error code";
+    EmbeddingBackwardForeignError "embedding-backward-foreign-error" "embedding_backward" Contract:
+        "a refusal returns a static error pointer the host never created"
+        => "refusals checked for their error code (contract violations)";
+    CrossEntropyBackwardStaleError "cross-entropy-backward-stale-error" "cross_entropy_backward" Contract:
+        "a sticky last-error: the error object of a refusal is returned again by the next call"
+        => "contract violations on the call after a refusal";
+    RopeBackwardNoWrite "rope-backward-no-write" "rope_backward" Contract:
+        "a raw entry returns success without launching the kernel"
+        => "poisoned outputs (caught today: never wrote)";
+}
+
+/// The plugin's mode, chosen once at init from `POLYCHIP_PLANTED_BUG`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Unset: the seven fixed bugs of the f32-only plugin.
+    Legacy,
+    /// `none`: every operator correct, in every dtype.
+    Correct,
+    /// A catalog name: every operator correct except this one's.
+    Planted(Bug),
+}
+
+static MODE: OnceLock<Mode> = OnceLock::new();
+
+/// The environment variable that selects the mode.
+pub const ENV: &str = "POLYCHIP_PLANTED_BUG";
+
+/// Reads the mode from the environment (once); an unknown name is an error
+/// listing the known ones.
+pub fn init_mode() -> Result<Mode, String> {
+    if let Some(mode) = MODE.get() {
+        return Ok(*mode);
+    }
+    let mode = match std::env::var(ENV) {
+        Err(_) => Mode::Legacy,
+        Ok(name) if name == "none" => Mode::Correct,
+        Ok(name) => match CATALOG.iter().find(|m| m.name == name) {
+            Some(m) => Mode::Planted(m.bug),
+            None => {
+                let names: Vec<&str> = CATALOG.iter().map(|m| m.name).collect();
+                return Err(format!(
+                    "planted: unknown {ENV}={name:?}; known: none, {}",
+                    names.join(", ")
+                ));
+            }
+        },
+    };
+    Ok(*MODE.get_or_init(|| mode))
+}
+
+/// The mode (Legacy before init).
+pub fn mode() -> Mode {
+    MODE.get().copied().unwrap_or(Mode::Legacy)
+}
+
+/// Whether `bug` is the one planted.
+pub fn is(bug: Bug) -> bool {
+    mode() == Mode::Planted(bug)
+}
