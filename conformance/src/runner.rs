@@ -9,7 +9,7 @@ use polychip_host::{Device, ErrorCode, HostError, Tensor};
 use serde::{Deserialize, Serialize};
 
 use crate::case::{Case, Layout, Role, TensorSpec};
-use crate::compare::{Stats, compare};
+use crate::compare::{Stats, bias_failure, compare};
 use crate::reference::{Dense, RefError};
 use crate::values::{POISON_BYTE, from_bytes, round_to, to_bytes};
 
@@ -271,19 +271,32 @@ fn run_with_poison(
             }
         }
         let got = from_bytes(spec.dtype, &bytes);
-        // The reference is exact; the plugin's answer is at best its value
-        // rounded to the output dtype (which may overflow to infinity).
-        let want = Dense {
-            shape: want.shape.clone(),
-            data: want.data.iter().map(|&w| round_to(spec.dtype, w)).collect(),
-        };
-        let rtol = case.tolerance.rtol(spec.dtype, factor);
-        let (s, first) = compare(spec.dtype, &got, &want.data, rtol);
-        if let Some(f) = first {
+        // Judged against the exact reference (see `crate::tolerance`); an
+        // in-place update may be judged relative to its change.
+        let before = (spec.role == Role::InOut
+            && case.tolerance.change_relative.contains(&spec.name))
+        .then_some(&spec.values[..]);
+        let (s, worst) = compare(
+            spec.dtype,
+            &got,
+            &want.data,
+            before,
+            &case.tolerance,
+            factor,
+        );
+        if let Some(w) = worst {
             problems.push(format!(
-                "output {}: {} of {} element(s) outside tolerance; first at element {}: got {}, want {} (allowed error {:.3e})",
-                spec.name, s.failures, s.elements, f.index, f.got, f.want, f.allowed
+                "output {}: {} of {} element(s) outside tolerance; {}",
+                spec.name,
+                s.failures,
+                s.elements,
+                w.describe(&spec.shape, spec.dtype)
             ));
+        } else if let Some(why) = (factor <= 1.0)
+            .then(|| bias_failure(&s, &case.tolerance, spec.dtype))
+            .flatten()
+        {
+            problems.push(format!("output {}: {why}", spec.name));
         }
         stats.merge(&s);
     }
