@@ -234,7 +234,10 @@ impl Report {
                     }
                 })
                 .collect();
-            let _ = writeln!(out, "{}", cells.join("  "));
+            // Two spaces after the names, one between the right-aligned
+            // figures: the table stays under 110 columns.
+            let line = format!("{}  {}  {}", cells[0], cells[1], cells[2..].join(" "));
+            let _ = writeln!(out, "{}", line.trim_end());
         }
         let (p, f, n, s) = self.totals();
         let _ = writeln!(
