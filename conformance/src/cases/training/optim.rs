@@ -104,7 +104,10 @@ pub(super) fn adamw_cases(dtype: DType) -> Vec<Case> {
 
 /// The error model of one AdamW step. The new parameter is judged relative
 /// to the update `lr (m_hat / (sqrt(v_hat) + eps) + wd p)`, not to the
-/// parameter: half an ULP of the stored parameter, plus the update's own
+/// parameter: an ULP of the stored parameter (a kernel may store the
+/// decayed parameter `p (1 - lr wd)` before subtracting the Adam step, as
+/// PyTorch's `mul_` then `addcdiv_` do: two roundings at the parameter's
+/// magnitude), plus the update's own
 /// relative error. That error is a dozen f32 roundings, and the f32
 /// rounding of the hyper-parameters as it propagates: `1 - beta` carries
 /// `u(f32) / (1 - beta)` relative (the moments' new terms), and the bias
@@ -118,7 +121,11 @@ fn adamw_tolerance(step: i64, beta1: f64, beta2: f64) -> Tolerance {
         step.max(1) as f64 * bt / (1.0 - bt)
     };
     let hyper = correction(beta1) + correction(beta2) + 1.0 / (1.0 - beta1) + 1.0 / (1.0 - beta2);
-    Tolerance::accumulated(16.0 + hyper, 2).change_relative(&["param"])
+    Tolerance {
+        round: 1.0,
+        ..Tolerance::accumulated(16.0 + hyper, 2)
+    }
+    .change_relative(&["param"])
 }
 
 // ---------------------------------------------------------------------------
