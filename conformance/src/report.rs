@@ -11,6 +11,32 @@ use crate::compare::Stats;
 use crate::runner::{CaseResult, Status};
 use crate::waivers::Waivers;
 
+/// `v` in scientific notation with two decimals and at most two exponent
+/// digits shown (`1.79e308` is the widest: 8 characters).
+fn sci(v: f64) -> String {
+    format!("{v:.2e}")
+}
+
+/// `v` with `decimals` decimals while it fits in 8 characters (9 with a
+/// sign), else in scientific notation with one decimal (`3.2e9`), so that a
+/// huge ULP count or time keeps the table's columns narrow.
+fn compact(v: f64, decimals: usize, signed: bool) -> String {
+    let fixed = if signed {
+        format!("{v:+.decimals$}")
+    } else {
+        format!("{v:.decimals$}")
+    };
+    if fixed.len() <= 8 + usize::from(signed) || !v.is_finite() {
+        return fixed;
+    }
+    let sci = format!("{v:.1e}");
+    if signed && v >= 0.0 {
+        format!("+{sci}")
+    } else {
+        sci
+    }
+}
+
 /// One (operator, dtype) row.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct Row {
@@ -163,7 +189,7 @@ impl Report {
         let mut lines = vec![header.map(String::from).to_vec()];
         for r in &self.rows {
             let ran = r.stats.elements > 0;
-            let num = |v: f64| if ran { format!("{v:.2e}") } else { "-".into() };
+            let num = |v: f64| if ran { sci(v) } else { "-".into() };
             lines.push(vec![
                 r.op.clone(),
                 r.dtype.clone(),
@@ -178,18 +204,18 @@ impl Report {
                 num(r.stats.max_abs),
                 num(r.stats.max_rel),
                 if ran {
-                    format!("{:.1}", r.stats.max_ulp)
+                    compact(r.stats.max_ulp, 1, false)
                 } else {
                     "-".into()
                 },
                 if ran {
-                    format!("{:+.3}", r.stats.mean_signed_ulp())
+                    compact(r.stats.mean_signed_ulp(), 3, true)
                 } else {
                     "-".into()
                 },
                 r.stats.nan_inf_mismatches.to_string(),
-                format!("{:.2}", r.plugin_seconds * 1e3),
-                format!("{:.2}", r.reference_seconds * 1e3),
+                compact(r.plugin_seconds * 1e3, 2, false),
+                compact(r.reference_seconds * 1e3, 2, false),
             ]);
         }
         let widths: Vec<usize> = (0..header.len())
@@ -208,7 +234,10 @@ impl Report {
                     }
                 })
                 .collect();
-            let _ = writeln!(out, "{}", cells.join("  "));
+            // Two spaces after the names, one between the right-aligned
+            // figures: the table stays under 110 columns.
+            let line = format!("{}  {}  {}", cells[0], cells[1], cells[2..].join(" "));
+            let _ = writeln!(out, "{}", line.trim_end());
         }
         let (p, f, n, s) = self.totals();
         let _ = writeln!(
@@ -316,5 +345,62 @@ impl Report {
         }
         let _ = writeln!(out, "</testsuites>");
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::compare::Stats;
+
+    fn result(op: &str, dtype: &str, stats: Stats) -> CaseResult {
+        CaseResult {
+            op: op.into(),
+            dtype: dtype.into(),
+            index: 0,
+            label: "l".into(),
+            status: Status::Passed,
+            message: String::new(),
+            stats,
+            plugin_seconds: 1.5e4,
+            reference_seconds: 0.25,
+        }
+    }
+
+    #[test]
+    fn huge_figures_keep_the_table_narrow() {
+        let huge = Stats {
+            elements: 10,
+            max_abs: f64::MAX,
+            max_rel: 1.0e300,
+            max_ulp: 3.2e9 * 1e290,
+            sum_magnitude_ulp: -1.0e301,
+            finite: 10,
+            nan_inf_mismatches: 123,
+            ..Stats::default()
+        };
+        let results = [
+            result("cross_entropy_backward", "bf16", huge),
+            result(
+                "add",
+                "f32",
+                Stats {
+                    elements: 1,
+                    finite: 1,
+                    max_ulp: 0.5,
+                    ..Stats::default()
+                },
+            ),
+        ];
+        let report = Report::new("p.so", "V 1", 0, &results, &Waivers::default(), 1.0);
+        let table = report.table();
+        for line in table.lines().skip(1).take(3) {
+            assert!(line.len() <= 110, "{} columns: {line}", line.len());
+        }
+        assert!(table.contains("3.2e299"), "{table}");
+        assert!(table.contains("-1.0e300"), "{table}");
+        assert_eq!(compact(12.5, 1, false), "12.5");
+        assert_eq!(compact(3.2e9, 1, false), "3.2e9");
+        assert_eq!(compact(0.25, 3, true), "+0.250");
     }
 }

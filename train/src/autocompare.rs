@@ -19,7 +19,7 @@
 
 use std::fmt::Write as _;
 
-use polychip_conformance::compare::compare as compare_values;
+use polychip_conformance::compare::compare_scaled as compare_values;
 use polychip_conformance::reference::{self, Dense, Indices, RefError};
 use polychip_conformance::tolerance::Tolerance;
 use polychip_conformance::values::round_to;

@@ -3,10 +3,10 @@
 
 use polychip_host::{BinaryOp, DType, MatmulOptions, Op};
 
-use super::{Rng, case, inout, input, numel, output, shape_label, specials};
+use super::{Rng, case, inout, input, numel, output, rounding_ties, shape_label, specials};
 use crate::case::{Case, Layout};
 use crate::reference::{self, Dense};
-use crate::tolerance::Tolerance;
+use crate::tolerance::{Bias, Tolerance};
 
 /// The case generator of each operator of this family.
 pub(super) fn cases(op: Op) -> Option<fn(DType) -> Vec<Case>> {
@@ -44,6 +44,31 @@ fn fill(dtype: DType) -> Vec<Case> {
         (&[4, 3], Layout::Transposed),
         (&[0, 3], Layout::Contiguous),
     ];
+    // The value arrives as f64: values at and around ties of the dtype
+    // (among them values a conversion through f32 would round onto a tie,
+    // and the tie between the largest value and infinity) must be rounded
+    // once, to nearest-even.
+    let ties = if dtype == DType::F64 {
+        Vec::new()
+    } else {
+        rounding_ties(DType::F64, dtype)
+    };
+    let mut tie_values: Vec<f64> = ties.iter().copied().take(20).collect();
+    tie_values.extend(ties.iter().rev().take(20));
+    tie_values.sort_by(f64::total_cmp);
+    tie_values.dedup();
+    for value in tie_values {
+        let label = format!("[5] tie value {value:e}");
+        cases.push(case(
+            "fill",
+            dtype,
+            label,
+            vec![output("out", dtype, &[5], Layout::Contiguous)],
+            Tolerance::EXACT,
+            move |exec, t| exec.fill(&t[0], value),
+            move |_| Ok(vec![reference::fill(&[5], value)?]),
+        ));
+    }
     for (shape, layout) in shapes {
         for value in [2.5, -3.75, 1e10, f64::NAN] {
             let label = format!("{} value {value}", shape_label(shape, layout));
@@ -100,12 +125,16 @@ fn cast(dtype: DType) -> Vec<Case> {
         values.extend(rng.values(dtype, 100, -1e-3, 1e-3));
         values.extend(specials(dtype));
         // Ties and near-ties of the target's precision, where round-to-
-        // nearest-even and truncation differ.
+        // nearest-even, truncation and double rounding through f32 differ
+        // (see `rounding_ties`); a pure rounding, so every bit must match.
         let u = crate::values::ulp(target, 1.0);
         for k in 0..16 {
             let base = 1.0 + k as f64 * u;
             values.push(crate::values::round_to(dtype, base + u / 2.0));
             values.push(crate::values::round_to(dtype, -(base + 0.75 * u)));
+        }
+        if target != dtype {
+            values.extend(rounding_ties(dtype, target));
         }
         let n = values.len();
         for layout in [Layout::Contiguous, Layout::Strided] {
@@ -211,8 +240,10 @@ fn binary_case(
             input("b", dtype, b.0, b.1, Layout::Contiguous),
             output("out", dtype, out_shape, Layout::Contiguous),
         ],
-        // One rounding of the result, one of alpha * b.
-        Tolerance::ulps(2.0),
+        // alpha is 0.5 or 1, so alpha * b is exact: one correctly rounded
+        // operation in f32 (or f64), rounded once more to bf16 or f16, and
+        // unbiased in every dtype.
+        Tolerance::computed(1.0).with_bias(Bias::Always),
         move |exec, t| exec.binary(op, &t[0], &t[1], &t[2], alpha),
         move |d| {
             let r = match op {
@@ -316,7 +347,9 @@ fn matmul(dtype: DType) -> Vec<Case> {
                 input("b", dtype, &b_shape, b, b_layout),
                 out,
             ],
-            Tolerance::sum(4.0, k + 2),
+            // A dot product over K accumulated in f32, then alpha and
+            // beta * out (two more terms), rounded once.
+            Tolerance::accumulated(0.0, k + 2),
             move |exec, t| exec.matmul(&t[0], &t[1], &t[2], options),
             move |d| {
                 Ok(vec![reference::matmul(
@@ -350,7 +383,8 @@ fn matmul(dtype: DType) -> Vec<Case> {
             input("b", dtype, &[4, 3], b, Layout::Contiguous),
             out,
         ],
-        Tolerance::ulps(2.0),
+        // beta * out alone: one product, rounded once.
+        Tolerance::computed(1.0).with_bias(Bias::Always),
         move |exec, t| exec.matmul(&t[0], &t[1], &t[2], options),
         |d| {
             Ok(vec![reference::matmul(
@@ -413,7 +447,11 @@ fn softmax_case(dtype: DType, label: String, shape: &[usize], x: Vec<f64>, layou
             input("input", dtype, shape, x, layout),
             output("out", dtype, shape, Layout::Contiguous),
         ],
-        Tolerance::sum(8.0, n),
+        // exp(x - max) in f32 is off by a few u(f32) plus |x - max| u(f32)
+        // (the rounded difference; at most 16 here), the row's sum of
+        // positive terms by n u(f32) relative, which every probability of
+        // the row inherits: all relative to the element. Rounded once.
+        Tolerance::computed(24.0 + 2.0 * n as f64),
         |exec, t| exec.softmax(&t[0], &t[1]),
         |d: &[Dense]| Ok(vec![reference::softmax(&d[0])?]),
     )

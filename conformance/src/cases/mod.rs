@@ -234,6 +234,85 @@ pub fn specials(dtype: DType) -> Vec<f64> {
     ]
 }
 
+/// `(significand bits, smallest normal exponent, largest finite value)` of
+/// a floating dtype.
+fn format_of(dtype: DType) -> (i32, i32, f64) {
+    match dtype {
+        DType::F64 => (53, -1022, f64::MAX),
+        DType::F32 => (24, -126, f64::from(f32::MAX)),
+        DType::F16 => (11, -14, 65504.0),
+        DType::BF16 => (8, -126, f64::from(half::bf16::MAX)),
+        _ => (0, 0, 0.0),
+    }
+}
+
+/// The subnormals of `dtype` from the smallest up (odd and even multiples
+/// of the smallest, whose halves are ties), the smallest normal value and
+/// its neighbours, with both signs.
+pub fn subnormals(dtype: DType) -> Vec<f64> {
+    let (p, emin, _) = format_of(dtype);
+    let tiny = 2f64.powi(emin - p + 1);
+    let normal = 2f64.powi(emin);
+    let mut v: Vec<f64> = (1..=9).map(|k| k as f64 * tiny).collect();
+    v.extend([normal - tiny, normal, normal + tiny, normal + 3.0 * tiny]);
+    let negative: Vec<f64> = v.iter().map(|x| -x).collect();
+    v.extend(negative);
+    v
+}
+
+/// Values of `src` at and around the rounding ties of `dst` (a narrower
+/// floating dtype): exact ties whose lower neighbour is even and odd, one
+/// ULP of `src` above and below each, and (from f64) values above and below
+/// a tie by less than an ULP of f32, which a conversion through f32 rounds
+/// onto the tie (a double rounding); in the normal range, among the
+/// subnormals of `dst`, and at its overflow threshold (the tie between the
+/// largest value and infinity). Both signs. Values not representable in
+/// `src` are left out.
+pub fn rounding_ties(src: DType, dst: DType) -> Vec<f64> {
+    let (p, emin, max) = format_of(dst);
+    let ulp_at = |e: i32| 2f64.powi(e - p + 1);
+    let mut ties = Vec::new();
+    // Normal range: significands 1.000..0, 1.000..1, 1.5 and 1.11..1, at a
+    // few exponents, plus the tie at the largest value.
+    for e in [0, -3, 7, emin] {
+        let u = ulp_at(e);
+        let base = 2f64.powi(e);
+        for m in [0.0, 1.0, 2.0, 3.0, 2f64.powi(p - 2), 2f64.powi(p - 1) - 1.0] {
+            ties.push(base + m * u + u / 2.0);
+        }
+    }
+    // Among the subnormals: halves of odd and even multiples of the
+    // smallest, and the tie between 0 and the smallest.
+    let tiny = ulp_at(emin);
+    for k in [0.0, 1.0, 2.0, 5.0, 2f64.powi(p - 1) - 1.0] {
+        ties.push((k + 0.5) * tiny);
+    }
+    // The largest value's upper tie rounds to infinity, its lower one to
+    // the even neighbour below it.
+    let top = ulp_at(max.log2().floor() as i32);
+    ties.push(max + top / 2.0);
+    ties.push(max - top / 2.0);
+    let mut values = Vec::new();
+    for t in ties {
+        if !t.is_finite() {
+            continue;
+        }
+        let step = crate::values::ulp(src, t);
+        let mut around = vec![t, t + step, t - step];
+        if src == DType::F64 {
+            let below_f32 = crate::values::ulp(DType::F32, t) / 64.0;
+            around.extend([t + below_f32, t - below_f32]);
+        }
+        for v in around {
+            if v.is_finite() && round_to(src, v) == v {
+                values.push(v);
+                values.push(-v);
+            }
+        }
+    }
+    values
+}
+
 #[cfg(test)]
 mod tests {
     use std::collections::HashSet;

@@ -21,7 +21,7 @@ use polychip_host::{DType, Op};
 use super::{Rng, case, input, numel, output, shape_label};
 use crate::case::{Case, Layout, TensorSpec};
 use crate::reference::{self, Dense};
-use crate::tolerance::Tolerance;
+use crate::tolerance::{Bias, Tolerance};
 use crate::values::round_to;
 
 pub(super) const C: Layout = Layout::Contiguous;

@@ -195,10 +195,10 @@ pub(super) fn embedding_backward_cases(dtype: DType) -> Vec<Case> {
             // A row receives up to `r` updates. The operator accumulates in
             // at least f32 *per update*: a plugin may store the row in the
             // dtype after each one (atomic adds on f16/bf16, for example),
-            // which is one rounding of the dtype per update, hence k = r + 1
-            // rather than 2; the n = r term covers the f32 additions of a
-            // plugin that sums in f32 and stores once.
-            Tolerance::sum((r + 1) as f64, r),
+            // which is one rounding of the dtype per update before the last,
+            // hence `low = r - 1`; the n = r term covers the f32 additions
+            // of a plugin that sums in f32 and stores once.
+            Tolerance::accumulated(0.0, r).with_low(r.saturating_sub(1) as f64),
             |exec, t| exec.embedding_backward(&t[0], &t[1], &t[2]),
             |d| {
                 Ok(vec![reference::embedding_backward(

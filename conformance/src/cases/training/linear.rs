@@ -60,8 +60,8 @@ pub(super) fn linear_cases(dtype: DType) -> Vec<Case> {
             dtype,
             label,
             tensors,
-            // A dot product over K, the bias, the final rounding.
-            Tolerance::sum(4.0, k),
+            // A dot product over K and the bias in f32, the final rounding.
+            Tolerance::accumulated(0.0, k + 1),
             move |exec, t| {
                 if has_bias {
                     exec.linear(&t[0], &t[1], Some(&t[2]), &t[3])

@@ -182,7 +182,7 @@ pub(super) fn cross_entropy_cases(dtype: DType) -> Vec<Case> {
                     output("loss", DType::F32, &[], C),
                 ],
                 // A log-sum-exp over C per row, a mean over N rows.
-                Tolerance::sum(8.0, p.c + p.n + p.extra),
+                Tolerance::accumulated(8.0, p.c + p.n + p.extra),
                 move |exec, t| exec.cross_entropy(&t[0], &t[1], &t[2], ignore),
                 move |d| {
                     Ok(vec![reference::cross_entropy(
@@ -219,7 +219,7 @@ pub(super) fn cross_entropy_backward_cases(dtype: DType) -> Vec<Case> {
                 output("grad_logits", dtype, &[p.n, p.c], p.layouts[0]),
             ],
             // A softmax over C per row (the count of rows is exact).
-            Tolerance::sum(8.0, p.c + p.extra),
+            Tolerance::accumulated(8.0, p.c + p.extra),
             move |exec, t| exec.cross_entropy_backward(&t[0], &t[1], &t[2], grad_loss, ignore),
             move |d| {
                 Ok(vec![reference::cross_entropy_backward(

@@ -11,6 +11,8 @@ mod linear;
 mod loss;
 mod optim;
 
+pub(super) use optim::adamw_tolerance;
+
 use embedding::*;
 use linear::*;
 use loss::*;
@@ -18,7 +20,7 @@ use optim::*;
 
 use polychip_host::{AdamwOptions, DType, Op};
 
-use super::{Rng, case, inout, input, numel, output, shape_label, specials};
+use super::{Rng, case, inout, input, numel, output, shape_label, specials, subnormals};
 use crate::case::{Case, Layout};
 use crate::reference::{self, Dense, Indices};
 use crate::tolerance::Tolerance;

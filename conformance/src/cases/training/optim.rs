@@ -30,7 +30,18 @@ pub(super) fn adamw_cases(dtype: DType) -> Vec<Case> {
         (&[6, 9], [S, C, T], 1, 1e-3, 0.95, 0.0, true),
         (&[4, 4], [C; 3], 0, 1e-3, 0.999, 0.0, false),
     ];
+    // In bf16 and f16 a step of 1e-3 is below half an ULP of a parameter
+    // of about 1, so that a plugin that skipped the update (or its weight
+    // decay) would round to the same parameter: there the learning rate is
+    // 64 times larger and the weight decay 0.3, so that the decay alone,
+    // lr wd |p| ~ 0.02 |p|, is several ULPs of p.
+    let narrow = matches!(dtype, DType::BF16 | DType::F16);
     for (shape, [l_p, l_g, l_m], step, lr, beta2, weight_decay, zero) in plans {
+        let (lr, weight_decay) = if narrow {
+            (lr * 64.0, if weight_decay > 0.0 { 0.3 } else { 0.0 })
+        } else {
+            (lr, weight_decay)
+        };
         let n = numel(shape);
         let p = rng.values(dtype, n, -1.0, 1.0);
         let mut g = rng.values(dtype, n, -1.0, 1.0);
@@ -68,8 +79,8 @@ pub(super) fn adamw_cases(dtype: DType) -> Vec<Case> {
                 inout("exp_avg", DType::F32, shape, m, l_m),
                 inout("exp_avg_sq", DType::F32, shape, v, l_m),
             ],
-            // A dozen operations per element, none accumulating.
-            Tolerance::ulps(16.0),
+            // See `adamw_tolerance`.
+            adamw_tolerance(step, 0.9, beta2),
             move |exec, t| exec.adamw(&t[0], &t[1], &t[2], &t[3], h),
             move |d| {
                 let (p, m, v) = reference::adamw(
@@ -91,21 +102,58 @@ pub(super) fn adamw_cases(dtype: DType) -> Vec<Case> {
     cases
 }
 
+/// The error model of one AdamW step. The new parameter is judged relative
+/// to the update `lr (m_hat / (sqrt(v_hat) + eps) + wd p)`, not to the
+/// parameter: an ULP of the stored parameter (a kernel may store the
+/// decayed parameter `p (1 - lr wd)` before subtracting the Adam step, as
+/// PyTorch's `mul_` then `addcdiv_` do: two roundings at the parameter's
+/// magnitude), plus the update's own
+/// relative error. That error is a dozen f32 roundings, and the f32
+/// rounding of the hyper-parameters as it propagates: `1 - beta` carries
+/// `u(f32) / (1 - beta)` relative (the moments' new terms), and the bias
+/// correction `1 - beta^t` carries `t beta^t / (1 - beta^t)` u(f32)
+/// relative. The moments are judged relative to themselves, with the
+/// cancellation of `beta1 m + (1 - beta1) g` against terms of the tensor's
+/// scale (n = 2).
+pub(crate) fn adamw_tolerance(step: i64, beta1: f64, beta2: f64) -> Tolerance {
+    let correction = |beta: f64| {
+        let bt = beta.powi(step.clamp(1, 1000) as i32);
+        step.max(1) as f64 * bt / (1.0 - bt)
+    };
+    let hyper = correction(beta1) + correction(beta2) + 1.0 / (1.0 - beta1) + 1.0 / (1.0 - beta2);
+    // 1.5 ULPs: the decayed parameter and the new one are each rounded
+    // (half an ULP each), and the factor `1 - lr wd` is itself rounded to
+    // f32 before it multiplies the parameter (another half ULP of it), as
+    // PyTorch's `mul_` by a Python float does.
+    Tolerance {
+        round: 1.5,
+        ..Tolerance::accumulated(16.0 + hyper, 2)
+    }
+    .change_relative(&["param"])
+}
+
 // ---------------------------------------------------------------------------
 // Scale.
 
 pub(super) fn scale_cases(dtype: DType) -> Vec<Case> {
     let mut rng = Rng::for_case("scale", dtype);
     let mut cases = Vec::new();
-    let mut push = |label: String, shape: &[usize], x: Vec<f64>, layout: Layout, alpha: f64| {
+    // One product in f32, rounded once; alpha itself may be rounded to f32
+    // first, a relative error of u(f32) common to every element (so f32
+    // outputs are not tested for bias).
+    let product = Tolerance::computed(2.0);
+    let mut push = |label: String,
+                    shape: &[usize],
+                    x: Vec<f64>,
+                    layout: Layout,
+                    alpha: f64,
+                    tolerance: Tolerance| {
         cases.push(case(
             "scale",
             dtype,
             label,
             vec![inout("tensor", dtype, shape, x, layout)],
-            // One product, rounded once; and alpha rounded to f32 (or the
-            // dtype) first by a plugin that does so.
-            Tolerance::ulps(2.0),
+            tolerance,
             move |exec, t| exec.scale(&t[0], alpha),
             move |d| Ok(vec![reference::scale(&d[0], alpha)?]),
         ));
@@ -123,10 +171,24 @@ pub(super) fn scale_cases(dtype: DType) -> Vec<Case> {
     for (shape, layout, alpha) in plans {
         let x = rng.values(dtype, numel(shape), -4.0, 4.0);
         let label = format!("{} alpha {alpha}", shape_label(shape, layout));
-        push(label, shape, x, layout, alpha);
+        push(label, shape, x, layout, alpha, product);
     }
     // IEEE products: NaN stays NaN, infinities keep or flip their sign, the
     // largest value overflows by 3, the smallest subnormal halves to 0.
+    // Halving is exact in any wider format, so the result is a pure
+    // rounding: the subnormals of the dtype halve to ties, which must go
+    // to even; multiplying by 1 must change nothing.
+    let sub = subnormals(dtype);
+    for alpha in [0.5, 1.0] {
+        push(
+            format!("subnormals and ties alpha {alpha}"),
+            &[sub.len()],
+            sub.clone(),
+            C,
+            alpha,
+            Tolerance::EXACT,
+        );
+    }
     let s = specials(dtype);
     for alpha in [0.5, -3.0] {
         push(
@@ -135,7 +197,86 @@ pub(super) fn scale_cases(dtype: DType) -> Vec<Case> {
             s.clone(),
             C,
             alpha,
+            product,
         );
     }
     cases
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::case::TensorSpec;
+    use crate::compare::compare;
+    use crate::values::round_to;
+
+    /// AdamW as a buggy plugin would compute it, rounded as stored.
+    fn buggy(case: &Case, bug: &str) -> Vec<f64> {
+        let d: Vec<Dense> = case.tensors.iter().map(TensorSpec::dense).collect();
+        let label = &case.label;
+        let number = |key: &str| -> f64 {
+            let rest = &label[label.find(key).unwrap() + key.len()..];
+            rest.split_whitespace().next().unwrap().parse().unwrap()
+        };
+        let (lr, beta2, wd, step) = (
+            number(" lr "),
+            number(" beta2 "),
+            number(" weight decay "),
+            number(" step ") as i64,
+        );
+        let (wd, step) = match bug {
+            "no weight decay" => (0.0, step),
+            // beta^step vanishes: no bias correction.
+            "no bias correction" => (wd, 1_000_000),
+            _ => (wd, step),
+        };
+        let (p, _, _) =
+            reference::adamw(&d[0], &d[1], &d[2], &d[3], lr, 0.9, beta2, 1e-8, wd, step).unwrap();
+        let p = if bug == "no update" {
+            d[0].data.clone()
+        } else {
+            p.data
+        };
+        p.iter().map(|&v| round_to(case.dtype, v)).collect()
+    }
+
+    #[test]
+    fn a_wrong_adamw_update_fails_and_the_right_one_passes() {
+        for dtype in [DType::F32, DType::BF16, DType::F16] {
+            for case in adamw_cases(dtype) {
+                let d: Vec<Dense> = case.tensors.iter().map(TensorSpec::dense).collect();
+                let Ok(out) = (case.reference)(&d) else {
+                    continue;
+                };
+                let judge = |got: &[f64]| {
+                    compare(
+                        dtype,
+                        got,
+                        &out[0].data,
+                        Some(&d[0].data),
+                        &case.tolerance,
+                        1.0,
+                    )
+                    .0
+                    .failures
+                };
+                assert_eq!(judge(&buggy(&case, "none")), 0, "{dtype} {}", case.label);
+                let mut bugs = vec!["no update", "no bias correction"];
+                if !case.label.contains("weight decay 0 ") {
+                    bugs.push("no weight decay");
+                }
+                // A single element may round the same either way in bf16.
+                if d[0].data.len() < 16 {
+                    continue;
+                }
+                for bug in bugs {
+                    assert!(
+                        judge(&buggy(&case, bug)) > 0,
+                        "{dtype} {}: {bug} passes",
+                        case.label
+                    );
+                }
+            }
+        }
+    }
 }
