@@ -26,8 +26,10 @@
 //!   product with V, an accumulator stored in bf16 after each update), each
 //!   an error of `u(out)` relative to the element and to the tensor;
 //! - `n` is the accumulation length (a matmul's K, a reduction's extent, the
-//!   terms of a formula that cancels), the usual worst-case `2 n u(acc)`
-//!   relative to `|x| + scale`;
+//!   terms of a formula that cancels): `2 n' u(acc)` relative to `|x| +
+//!   scale`, where `n' = min(n, 8 sqrt(n))` is the probabilistic bound of
+//!   [`Tolerance::effective_length`] (the worst case `n` for short sums, the
+//!   bound that holds with probability 1 - 2.5e-14 for long ones);
 //! - `scale` is the root-mean-square of the exact tensor, so that an element
 //!   that cancels to nearly zero is judged on the magnitude of what was
 //!   summed rather than its own. It appears only with `low` or `n`: an
@@ -186,12 +188,27 @@ impl Tolerance {
         }
     }
 
+    /// The accumulation length the bound charges for `n` terms:
+    /// `min(n, LAMBDA sqrt(n))`. The worst case of a sum of `n` terms, `n u`,
+    /// needs every rounding error to have the same sign and its largest
+    /// size; with round-to-nearest the errors of a sum over seeded random
+    /// values behave as independent, mean-zero variables, and the sum's
+    /// error stays below `LAMBDA sqrt(n) u` except with probability about
+    /// `2 exp(-LAMBDA^2 / 2)` (Higham and Mary, "A new approach to
+    /// probabilistic rounding error analysis", SIAM J. Sci. Comput. 2019).
+    /// With `LAMBDA = 8` that is 2.5e-14 per sum, while a kernel that drops
+    /// a tile of a 152K-wide row, or accumulates in bf16, is outside it.
+    pub fn effective_length(n: usize) -> f64 {
+        const LAMBDA: f64 = 8.0;
+        (n as f64).min(LAMBDA * (n as f64).sqrt())
+    }
+
     /// `(per ulp_out(x), per |x|, per scale)`: the coefficients of
     /// `allowed(x) = a ulp_out(x) + b |x| + c scale` for an output of
     /// `dtype`, times a vendor's loosening factor (1 when none).
     pub fn coefficients(&self, dtype: DType, factor: f64) -> (f64, f64, f64) {
         let (u_out, u_acc) = (unit_roundoff(dtype), Tolerance::u_acc(dtype));
-        let acc = 2.0 * self.n as f64 * u_acc;
+        let acc = 2.0 * Tolerance::effective_length(self.n) * u_acc;
         (
             factor * self.round,
             factor * (self.rel * u_acc + self.low * u_out + acc),

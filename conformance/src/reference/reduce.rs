@@ -62,16 +62,24 @@ impl Reduction {
     }
 }
 
+/// The sum of `values`, starting from +0 as IEEE addition does (Rust's
+/// `Iterator::sum` of floats starts from -0, so an empty sum would be -0).
+fn total(values: impl Iterator<Item = f64>) -> f64 {
+    values.fold(0.0, |acc, v| acc + v)
+}
+
 /// Sum over `dim` (negative counts from the end); 0 over an empty dimension.
 pub fn sum(input: &Dense, dim: i64, keepdim: bool) -> Result<Dense, RefError> {
     let r = Reduction::new("sum", input, dim, keepdim)?;
-    Ok(r.apply(input, |lane| lane.iter().sum()))
+    Ok(r.apply(input, |lane| total(lane.iter().copied())))
 }
 
 /// Mean over `dim`; NaN over an empty dimension.
 pub fn mean(input: &Dense, dim: i64, keepdim: bool) -> Result<Dense, RefError> {
     let r = Reduction::new("mean", input, dim, keepdim)?;
-    Ok(r.apply(input, |lane| lane.iter().sum::<f64>() / lane.len() as f64))
+    Ok(r.apply(input, |lane| {
+        total(lane.iter().copied()) / lane.len() as f64
+    }))
 }
 
 /// Maximum over `dim`; NaN if the lane holds NaN, `-inf` if it is empty.
@@ -110,7 +118,7 @@ pub fn argmax(input: &Dense, dim: i64, keepdim: bool) -> Result<Indices, RefErro
 
 /// `sum(x^2)` over every element, as a 0-dimensional tensor.
 pub fn sum_squares(input: &Dense) -> Result<Dense, RefError> {
-    Ok(Dense::scalar(input.data.iter().map(|x| x * x).sum()))
+    Ok(Dense::scalar(total(input.data.iter().map(|x| x * x))))
 }
 
 /// `out = x - max - ln(sum(exp(x - max)))` over the last dimension; a row of
