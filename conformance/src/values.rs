@@ -117,10 +117,18 @@ pub fn ulp(dtype: DType, x: f64) -> f64 {
     let e = if x == 0.0 || !x.is_finite() {
         min_exp
     } else {
-        (x.log2().floor() as i32).max(min_exp)
+        // The binary exponent, floor(log2 x), read from the bits (an f64
+        // subnormal reads as -1023, below every format's min_exp).
+        let biased = ((x.to_bits() >> 52) & 0x7ff) as i32;
+        (biased - 1023).max(min_exp)
     };
-    // Two factors: 2^(e - mantissa_bits) alone underflows for f64 subnormals.
-    2f64.powi(e) * 2f64.powi(-mantissa_bits)
+    let spacing = e - mantissa_bits;
+    if spacing >= -1022 {
+        f64::from_bits(((spacing + 1023) as u64) << 52)
+    } else {
+        // Two factors: 2^(e - mantissa_bits) alone underflows for f64 subnormals.
+        2f64.powi(e) * 2f64.powi(-mantissa_bits)
+    }
 }
 
 #[cfg(test)]
@@ -157,6 +165,27 @@ mod tests {
         for dtype in DType::FLOATS {
             assert!(from_bytes(dtype, &vec![POISON_BYTE; dtype.size()])[0].is_nan());
         }
+    }
+
+    #[test]
+    fn ulp_from_the_bits_matches_the_definition() {
+        let mut x = 1.0e-300f64;
+        while x < 1.0e300 {
+            for dtype in DType::FLOATS {
+                let (m, min_exp) = match dtype {
+                    DType::F64 => (52, -1022),
+                    DType::F32 => (23, -126),
+                    DType::F16 => (10, -14),
+                    _ => (7, -126),
+                };
+                let e = (x.log2().floor() as i32).max(min_exp);
+                let want = 2f64.powi(e) * 2f64.powi(-m);
+                assert_eq!(ulp(dtype, x), want, "{dtype} {x}");
+                assert_eq!(ulp(dtype, -x), want, "{dtype} -{x}");
+            }
+            x *= 3.7;
+        }
+        assert_eq!(ulp(DType::F64, f64::from_bits(1)), f64::from_bits(1));
     }
 
     #[test]

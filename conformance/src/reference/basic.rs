@@ -164,17 +164,28 @@ pub fn matmul(
     let mut out = Dense::zeros(&shape);
     for bi in 0..numel(&batch) {
         let batch_index = unravel(bi, &batch);
-        for i in 0..m {
-            for j in 0..n {
+        // Rows of op(a) and columns of op(b), each gathered once into a
+        // compact vector, so that each output element is one plain dot product.
+        let rows_a: Vec<Vec<f64>> = (0..m)
+            .map(|i| {
+                (0..k)
+                    .map(|p| element(a, &batch_index, transpose_a, i, p))
+                    .collect()
+            })
+            .collect();
+        let cols_b: Vec<Vec<f64>> = (0..n)
+            .map(|j| {
+                (0..k)
+                    .map(|p| element(b, &batch_index, transpose_b, p, j))
+                    .collect()
+            })
+            .collect();
+        for (i, row) in rows_a.iter().enumerate() {
+            for (j, col) in cols_b.iter().enumerate() {
                 let flat = (bi * m + i) * n + j;
                 let mut value = 0.0;
                 if alpha != 0.0 {
-                    let dot: f64 = (0..k)
-                        .map(|p| {
-                            element(a, &batch_index, transpose_a, i, p)
-                                * element(b, &batch_index, transpose_b, p, j)
-                        })
-                        .sum();
+                    let dot: f64 = row.iter().zip(col).map(|(x, y)| x * y).sum();
                     value = alpha * dot;
                 }
                 if beta != 0.0 {
