@@ -32,7 +32,7 @@ pub struct Unit {
 impl Unit {
     /// Number of cases.
     pub fn len(&self) -> usize {
-        self.op.cases(self.dtype, self.tier).len()
+        self.op.count(self.dtype, self.tier)
     }
 
     /// Whether it has no cases.
@@ -171,13 +171,8 @@ pub fn run_unit_isolated(
     only: Option<usize>,
     mut emit: impl FnMut(CaseResult),
 ) {
-    let total = unit.len();
-    let labels: Vec<String> = unit
-        .op
-        .cases(unit.dtype, unit.tier)
-        .into_iter()
-        .map(|c| c.label)
-        .collect();
+    let labels = unit.op.labels(unit.dtype, unit.tier);
+    let total = labels.len();
     let mut next = only.unwrap_or(0);
     while next < total {
         let mut child = match Command::new(&iso.exe)

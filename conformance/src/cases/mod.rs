@@ -47,6 +47,23 @@ impl OpInfo {
         cases.extend(realistic::cases(self.name, dtype, tier));
         cases
     }
+
+    /// How many cases [`OpInfo::cases`] returns, without building the
+    /// realistic ones (whose values are millions of elements).
+    pub fn count(&self, dtype: DType, tier: Tier) -> usize {
+        let base = (self.base)(dtype);
+        base.len() + variants::derive(&base).len() + realistic::count(self.name, tier)
+    }
+
+    /// The labels of [`OpInfo::cases`], in order, building at most one
+    /// realistic case at a time.
+    pub fn labels(&self, dtype: DType, tier: Tier) -> Vec<String> {
+        let base = (self.base)(dtype);
+        let derived = variants::derive(&base);
+        let mut labels: Vec<String> = base.into_iter().chain(derived).map(|c| c.label).collect();
+        labels.extend(realistic::labels(self.name, dtype, tier));
+        labels
+    }
 }
 
 /// Every operator of the op table that has cases, in op-table order, tested
@@ -423,6 +440,22 @@ mod tests {
                         info.name, field.name
                     );
                 }
+            }
+        }
+    }
+
+    #[test]
+    fn counts_and_labels_match_the_cases() {
+        for info in registry() {
+            for tier in [Tier::Default, Tier::Full] {
+                let dtype = info.dtypes[0];
+                let labels: Vec<String> = info
+                    .cases(dtype, tier)
+                    .into_iter()
+                    .map(|c| c.label)
+                    .collect();
+                assert_eq!(info.count(dtype, tier), labels.len(), "{}", info.name);
+                assert_eq!(info.labels(dtype, tier), labels, "{}", info.name);
             }
         }
     }

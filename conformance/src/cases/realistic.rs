@@ -213,17 +213,33 @@ const FAMILIES: &[Family] = &[
 
 /// The realistic cases of `op` in `dtype` for `tier`.
 pub fn cases(op: &str, dtype: DType, tier: Tier) -> Vec<Case> {
+    sizes(op, tier)
+        .into_iter()
+        .map(|(build, p)| sized(build, dtype, p))
+        .collect()
+}
+
+/// The sizes of `op`'s families in `tier`, with their builders.
+fn sizes(op: &str, tier: Tier) -> Vec<(fn(DType, &[usize]) -> Case, &'static [usize])> {
     let mut out = Vec::new();
     for f in FAMILIES.iter().filter(|f| f.op == op) {
-        let sizes = f
-            .default
-            .iter()
-            .chain(if tier == Tier::Full { f.full } else { &[] });
-        for &params in sizes {
-            out.push(sized(f.build, dtype, params));
-        }
+        let full: &[&[usize]] = if tier == Tier::Full { f.full } else { &[] };
+        out.extend(f.default.iter().chain(full).map(|&p| (f.build, p)));
     }
     out
+}
+
+/// How many realistic cases `op` has in `tier`.
+pub fn count(op: &str, tier: Tier) -> usize {
+    sizes(op, tier).len()
+}
+
+/// The labels of [`cases`], building one case at a time.
+pub fn labels(op: &str, dtype: DType, tier: Tier) -> Vec<String> {
+    sizes(op, tier)
+        .into_iter()
+        .map(|(build, p)| sized(build, dtype, p).label)
+        .collect()
 }
 
 /// The family member of `params`, which the shrinker can rebuild smaller.
@@ -235,11 +251,6 @@ pub fn sized(build: fn(DType, &[usize]) -> Case, dtype: DType, params: &[usize])
         params: params.to_vec(),
     });
     c
-}
-
-/// Operators with a realistic family.
-pub fn has_family(op: &str) -> bool {
-    FAMILIES.iter().any(|f| f.op == op)
 }
 
 fn dims(shape: &[usize]) -> String {
