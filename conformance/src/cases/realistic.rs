@@ -29,10 +29,13 @@ pub enum Tier {
     Full,
 }
 
+/// Builds a family's case for `(dtype, params)`.
+type Build = fn(DType, &[usize]) -> Case;
+
 /// A family of cases of one operator, by size.
 struct Family {
     op: &'static str,
-    build: fn(DType, &[usize]) -> Case,
+    build: Build,
     /// Parameters of the default tier's cases.
     default: &'static [&'static [usize]],
     /// Parameters added by the full tier.
@@ -220,7 +223,7 @@ pub fn cases(op: &str, dtype: DType, tier: Tier) -> Vec<Case> {
 }
 
 /// The sizes of `op`'s families in `tier`, with their builders.
-fn sizes(op: &str, tier: Tier) -> Vec<(fn(DType, &[usize]) -> Case, &'static [usize])> {
+fn sizes(op: &str, tier: Tier) -> Vec<(Build, &'static [usize])> {
     let mut out = Vec::new();
     for f in FAMILIES.iter().filter(|f| f.op == op) {
         let full: &[&[usize]] = if tier == Tier::Full { f.full } else { &[] };
@@ -243,7 +246,7 @@ pub fn labels(op: &str, dtype: DType, tier: Tier) -> Vec<String> {
 }
 
 /// The family member of `params`, which the shrinker can rebuild smaller.
-pub fn sized(build: fn(DType, &[usize]) -> Case, dtype: DType, params: &[usize]) -> Case {
+pub fn sized(build: Build, dtype: DType, params: &[usize]) -> Case {
     let mut c = build(dtype, params);
     c.label = format!("realistic {}", c.label);
     c.resize = Some(Resize {
