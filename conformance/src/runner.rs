@@ -26,7 +26,8 @@ pub enum Status {
     /// The op-table entry is NULL, or the plugin answered
     /// `POLYCHIP_ERROR_UNIMPLEMENTED` for this dtype.
     NotImplemented,
-    /// Skipped by the vendor's waiver file.
+    /// Skipped by the vendor's waiver file, or too large for the device
+    /// (its tensors need more than a quarter of the device's memory).
     Skipped,
 }
 
@@ -121,6 +122,21 @@ fn result(case: &Case, index: usize, status: Status, message: String) -> CaseRes
     }
 }
 
+/// How a case that does not fit in the device starts its message. Such a
+/// case is skipped, not failed: only when its tensors need more than a
+/// quarter of the device's memory, so a plugin cannot dodge ordinary cases
+/// by running out of memory.
+const TOO_LARGE: &str = "too large for this device";
+
+/// The bytes of every buffer a case allocates, guards included.
+fn case_bytes(case: &Case) -> u64 {
+    case.tensors
+        .iter()
+        .filter(|t| t.alias_of.is_none())
+        .map(|t| (Placement::new(&t.shape, t.layout).buffer_len * t.dtype.size()) as u64)
+        .sum()
+}
+
 /// The second poison: an output element that shows the first poison's
 /// bytes after the call is run again with this one, and only an element that
 /// shows this one too was never written (a plugin may legitimately write a
@@ -137,6 +153,9 @@ pub fn run_case(device: &Device, case: &Case, index: usize, factor: f64) -> Case
     let fail = |message: String| result(case, index, Status::Failed, message);
     let first = match execute(device, case, POISON_BYTE) {
         Ok(run) => run,
+        Err(message) if message.starts_with(TOO_LARGE) => {
+            return result(case, index, Status::Skipped, message);
+        }
         Err(message) => return fail(message),
     };
     let timed = |mut r: CaseResult| {
@@ -347,8 +366,20 @@ fn execute(device: &Device, case: &Case, poison: u8) -> Result<Run, String> {
             uploaded.push(None);
             continue;
         }
-        let u = upload(device, spec, poison)
-            .map_err(|e| format!("could not upload {}: {e}", spec.name))?;
+        let u = upload(device, spec, poison).map_err(|e| {
+            let needed = case_bytes(case);
+            let memory = device.props().memory_bytes;
+            if e.code() == ErrorCode::OutOfMemory && needed.saturating_mul(4) > memory {
+                format!(
+                    "{TOO_LARGE}: its tensors take {} MiB, more than a quarter of the device's {} MiB, and uploading {} ran out of memory ({e})",
+                    needed >> 20,
+                    memory >> 20,
+                    spec.name
+                )
+            } else {
+                format!("could not upload {}: {e}", spec.name)
+            }
+        })?;
         uploaded.push(Some(u));
     }
     let target = |t: usize| case.tensors[t].alias_of.unwrap_or(t);
