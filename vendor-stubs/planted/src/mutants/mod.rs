@@ -3,8 +3,8 @@
 //! Each [`Bug`] is one mutation of the otherwise correct full-mode plugin
 //! (`crate::full`, every operator through `ferrite-kernels`), and touches
 //! exactly one operator. Each entry of [`CATALOG`] says what real-world bug
-//! it imitates and which conformance check catches it (or should, once the
-//! stricter suite lands).
+//! it imitates and which conformance check catches it
+//! (`cli/tests/planted_bugs.rs` proves each one is flagged at its operator).
 //!
 //! The mutations live by kind: [`layout`] (view transforms and writes
 //! outside the output), [`numerics`] (hand-written wrong kernels) and
@@ -132,7 +132,7 @@ catalog! {
         => "row-slice layouts (last dim contiguous, padded rows)";
     MatmulTransposedBAsCompact "matmul-transposed-b-as-compact" "matmul" Layout:
         "a transposed `b` operand is read as if row-major (only `b`, only when transposed)"
-        => "transposed `b` operands (today only `a` is transposed in memory)";
+        => "transposed `b` operands";
     SoftmaxInPlaceSecondPass "softmax-in-place-second-pass" "softmax" Aliasing:
         "softmax's normalising pass re-reads x[i] after out[i] overwrote it (breaks in place)"
         => "in-place (aliased) calls";
@@ -168,64 +168,64 @@ catalog! {
         => "rounding-bias test (mean ulp)";
     GeluErfForm "gelu-erf-form" "gelu" Numerics:
         "gelu uses the erf form where the ABI specifies the tanh form"
-        => "f32 tolerance (caught today: outside tolerance)";
+        => "f32 tolerance";
     SwigluLowPrecisionSigmoid "swiglu-low-precision-sigmoid" "swiglu" Numerics:
         "silu(gate) is x * sigmoid(x) with a sigmoid of f16 precision"
-        => "f32 tolerance (caught today: outside tolerance)";
+        => "f32 tolerance";
     ExpFastApprox "exp-fast-approx" "exp" Numerics:
         "exp via a fast 2^x approximation with ~1e-3 relative error"
-        => "f32 tolerance (caught today: outside tolerance)";
+        => "f32 tolerance";
     LogSoftmaxBackwardHalfAccumulation "log-softmax-backward-half-accumulation" "log_softmax_backward" Numerics:
         "the row sum of grad_out is accumulated in the output dtype (bf16/f16)"
         => "long rows (4096+) in bf16/f16 with tolerances from error analysis";
     RmsNormEpsOutsideSqrt "rms-norm-eps-outside-sqrt" "rms_norm" Numerics:
         "rms_norm divides by sqrt(mean(x^2)) + eps instead of sqrt(mean(x^2) + eps)"
-        => "f32 tolerance (caught today: outside tolerance)";
+        => "f32 tolerance";
     LayerNormUnbiasedVariance "layer-norm-unbiased-variance" "layer_norm" Numerics:
         "layer_norm uses the unbiased variance (divides by n - 1) instead of the biased one"
-        => "f32 tolerance (caught today: outside tolerance)";
+        => "f32 tolerance";
     AdamwNoBiasCorrection "adamw-no-bias-correction" "adamw" Numerics:
         "AdamW without bias correction of the moments"
-        => "in-place outputs vs the reference (caught today)";
+        => "in-place outputs vs the reference";
     AdamwIgnoresWeightDecay "adamw-ignores-weight-decay" "adamw" Numerics:
         "AdamW with the weight decay dropped (plain Adam)"
-        => "in-place outputs vs the reference (caught today)";
+        => "in-place outputs vs the reference";
     AdamwSkipsBf16 "adamw-skips-bf16" "adamw" Numerics:
         "AdamW silently skips the step for bf16 parameters"
-        => "bf16 cases of in-place outputs (caught today)";
+        => "bf16 cases of in-place outputs";
     CastBf16TiesAway "cast-bf16-ties-away" "cast" Rounding:
         "f32 -> bf16 rounds ties away from zero instead of to even"
-        => "rounding ties in cast (caught today)";
+        => "rounding ties in cast";
     CastF64Bf16DoubleRounding "cast-f64-bf16-double-rounding" "cast" Rounding:
         "f64 -> bf16 goes through f32 and so rounds twice"
         => "rounding ties in cast from f64 (double-rounding values)";
     MaxIgnoresNan "max-ignores-nan" "max" EdgeValues:
         "max uses a comparison that drops NaN instead of propagating it"
-        => "special values in reductions (caught today)";
+        => "special values in reductions";
     ArgmaxLastTie "argmax-last-tie" "argmax" EdgeValues:
         "argmax returns the last of equal maxima instead of the first"
-        => "ties in argmax (caught today)";
+        => "ties in argmax";
     ReluBackwardAtZero "relu-backward-at-zero" "relu_backward" EdgeValues:
         "relu_backward passes the gradient at exactly x == 0 (x >= 0 instead of x > 0)"
         => "special values (x == 0 exactly) in activation backward";
     LogZeroNan "log-zero-nan" "log" EdgeValues:
         "log(0) gives NaN instead of -inf"
-        => "special values (caught today)";
+        => "special values";
     SqrtNegZero "sqrt-neg-zero" "sqrt" EdgeValues:
         "sqrt(-0.0) gives +0.0 instead of -0.0"
         => "signed-zero comparison of special values";
     PowScalarNanZeroExponent "pow-scalar-nan-zero-exponent" "pow_scalar" EdgeValues:
         "pow_scalar(NaN, 0) gives NaN instead of 1"
-        => "special values with exponent 0 (caught today)";
+        => "special values with exponent 0";
     EmbeddingClampsIndex "embedding-clamps-index" "embedding" Contract:
         "an out-of-range index is clamped to the last row instead of refused"
-        => "refusals (caught today: accepted a call it must refuse)";
+        => "refusals";
     CrossEntropyRefusesInternal "cross-entropy-refuses-internal" "cross_entropy" Contract:
         "an out-of-range target is refused with POLYCHIP_ERROR_INTERNAL instead of INVALID_ARGUMENT"
         => "refusals checked for their error code";
     AdamwRefusalWrongCode "adamw-refusal-wrong-code" "adamw" Contract:
         "a raw entry rewrites the refusal of step 0 to POLYCHIP_ERROR_INTERNAL"
-        => "refusals checked for their error code";
+        => "none: the host refuses step 0 before the plugin is called, so this bug is unobservable";
     EmbeddingBackwardForeignError "embedding-backward-foreign-error" "embedding_backward" Contract:
         "a refusal returns a static error pointer the host never created"
         => "refusals checked for their error code (contract violations)";
@@ -234,7 +234,7 @@ catalog! {
         => "contract violations on the call after a refusal";
     RopeBackwardNoWrite "rope-backward-no-write" "rope_backward" Contract:
         "a raw entry returns success without launching the kernel"
-        => "poisoned outputs (caught today: never wrote)";
+        => "poisoned outputs (never wrote)";
 }
 
 /// The plugin's mode, chosen once at init from `POLYCHIP_PLANTED_BUG`.
