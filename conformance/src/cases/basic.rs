@@ -449,9 +449,10 @@ fn softmax_case(dtype: DType, label: String, shape: &[usize], x: Vec<f64>, layou
         ],
         // exp(x - max) in f32 is off by a few u(f32) plus |x - max| u(f32)
         // (the rounded difference; at most 16 here), the row's sum of
-        // positive terms by n u(f32) relative, which every probability of
-        // the row inherits: all relative to the element. Rounded once.
-        Tolerance::computed(24.0 + 2.0 * n as f64),
+        // positive terms by n u(f32) relative (charged as the probabilistic
+        // length of `effective_length`), which every probability of the row
+        // inherits: all relative to the element. Rounded once.
+        Tolerance::computed(24.0 + 2.0 * Tolerance::effective_length(n)),
         |exec, t| exec.softmax(&t[0], &t[1]),
         |d: &[Dense]| Ok(vec![reference::softmax(&d[0])?]),
     )

@@ -475,7 +475,7 @@ fn rows(dtype: DType, p: &[usize], op: &'static str) -> Case {
         vec![input("input", dtype, p, x, C), output("out", dtype, p, C)],
         // As the small cases (`basic` and `nn::softmax`) derive them.
         if op == "softmax" {
-            Tolerance::computed(24.0 + 2.0 * n as f64)
+            Tolerance::computed(24.0 + 2.0 * Tolerance::effective_length(n))
         } else {
             Tolerance::accumulated(8.0, n + 2)
         },
@@ -564,7 +564,7 @@ fn rms_norm(dtype: DType, p: &[usize]) -> Case {
             output("out", dtype, p, C),
             output("inv_rms", DType::F32, &[rows], C),
         ],
-        Tolerance::computed(8.0 + h as f64),
+        Tolerance::computed(8.0 + Tolerance::effective_length(h)),
         move |exec, t| exec.rms_norm(&t[0], &t[1], &t[2], &t[3], eps),
         move |d| {
             let (out, inv) = reference::rms_norm(&d[0], &d[1], eps)?;

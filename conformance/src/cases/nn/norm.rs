@@ -50,7 +50,8 @@ fn rms_norm_case(
         // The sum of squares (positive terms) is off by h u(f32) relative,
         // which every output of the row inherits relative to itself; then
         // the square root, the reciprocal and two products, rounded once.
-        Tolerance::computed(8.0 + h as f64),
+        // (h is charged as the probabilistic length of `effective_length`.)
+        Tolerance::computed(8.0 + Tolerance::effective_length(h)),
         move |exec, t| exec.rms_norm(&t[0], &t[1], &t[2], &t[3], eps),
         move |d| {
             let (out, inv_rms) = reference::rms_norm(&d[0], &d[1], eps)?;
