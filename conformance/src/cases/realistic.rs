@@ -207,6 +207,36 @@ const FAMILIES: &[Family] = &[
         full: &[&[32, 152_064, 0]],
     },
     Family {
+        op: "softmax_backward",
+        build: |d, p| rows_backward(d, p, false),
+        default: &[&[4, 152_064]],
+        full: &[&[32, 152_064]],
+    },
+    Family {
+        op: "log_softmax_backward",
+        build: |d, p| rows_backward(d, p, true),
+        default: &[&[4, 152_064]],
+        full: &[&[32, 152_064]],
+    },
+    Family {
+        op: "swiglu",
+        build: swiglu,
+        default: &[&[1024, 2048]],
+        full: &[&[4096, 4096]],
+    },
+    Family {
+        op: "scale",
+        build: scale,
+        default: &[&[1 << 21]],
+        full: &[&[1 << 24]],
+    },
+    Family {
+        op: "pow_scalar",
+        build: pow_scalar,
+        default: &[&[1 << 21]],
+        full: &[&[1 << 24]],
+    },
+    Family {
         op: "adamw",
         build: adamw,
         default: &[&[1 << 20]],
@@ -853,4 +883,108 @@ mod tests {
                 > cases("softmax", DType::F32, Tier::Default).len()
         );
     }
+}
+
+/// softmax_backward and log_softmax_backward over vocabulary rows: the
+/// forward output of seeded logits, stored in the dtype, and a gradient.
+fn rows_backward(dtype: DType, p: &[usize], log: bool) -> Case {
+    let op = if log {
+        "log_softmax_backward"
+    } else {
+        "softmax_backward"
+    };
+    let mut r = rng(op, dtype, p);
+    let n: usize = p.iter().product();
+    let logits = crate::reference::Dense::new(p, r.values(DType::F64, n, -8.0, 8.0));
+    let forward = if log {
+        reference::log_softmax(&logits)
+    } else {
+        reference::softmax(&logits)
+    }
+    .expect("row-wise shapes are valid");
+    let y: Vec<f64> = forward
+        .data
+        .iter()
+        .map(|&v| crate::values::round_to(dtype, v))
+        .collect();
+    let g = r.values(dtype, n, -1.0, 1.0);
+    let c = p[1];
+    case(
+        op,
+        dtype,
+        dims(p),
+        vec![
+            input("out", dtype, p, y, C),
+            input("grad_out", dtype, p, g, C),
+            output("grad_in", dtype, p, C),
+        ],
+        // As `nn::softmax`: a dot product over the row that cancels.
+        Tolerance::accumulated(8.0, c + 2),
+        move |exec, t| {
+            if log {
+                exec.log_softmax_backward(&t[0], &t[1], &t[2])
+            } else {
+                exec.softmax_backward(&t[0], &t[1], &t[2])
+            }
+        },
+        move |d| {
+            Ok(vec![if log {
+                reference::log_softmax_backward(&d[0], &d[1])?
+            } else {
+                reference::softmax_backward(&d[0], &d[1])?
+            }])
+        },
+    )
+}
+
+fn swiglu(dtype: DType, p: &[usize]) -> Case {
+    let mut r = rng("swiglu", dtype, p);
+    let n = p.iter().product();
+    let gate = r.values(dtype, n, -5.0, 5.0);
+    let up = r.values(dtype, n, -2.0, 2.0);
+    case(
+        "swiglu",
+        dtype,
+        dims(p),
+        vec![
+            input("gate", dtype, p, gate, C),
+            input("up", dtype, p, up, C),
+            output("out", dtype, p, C),
+        ],
+        // As `elementwise`: silu(gate) * up in f32, no cancellation.
+        Tolerance::computed(16.0),
+        |exec, t| exec.swiglu(&t[0], &t[1], &t[2]),
+        |d| Ok(vec![reference::swiglu(&d[0], &d[1])?]),
+    )
+}
+
+/// An in-place scale by a value that is not a power of two.
+fn scale(dtype: DType, p: &[usize]) -> Case {
+    let x = rng("scale", dtype, p).values(dtype, p.iter().product(), -4.0, 4.0);
+    let alpha = 0.7;
+    case(
+        "scale",
+        dtype,
+        format!("{} by {alpha}", dims(p)),
+        vec![crate::cases::inout("tensor", dtype, p, x, C)],
+        // As `training::optim`: one product, alpha rounded to f32 first.
+        Tolerance::computed(2.0),
+        move |exec, t| exec.scale(&t[0], alpha),
+        move |d| Ok(vec![reference::scale(&d[0], alpha)?]),
+    )
+}
+
+fn pow_scalar(dtype: DType, p: &[usize]) -> Case {
+    let x = rng("pow_scalar", dtype, p).values(dtype, p.iter().product(), 0.01, 10.0);
+    let exponent = 1.5;
+    case(
+        "pow_scalar",
+        dtype,
+        format!("{} to the power {exponent}", dims(p)),
+        vec![input("input", dtype, p, x, C), output("out", dtype, p, C)],
+        // As `elementwise`: the condition number |e ln x| times u(f32).
+        Tolerance::computed(8.0 + 2.0 * f64::abs(exponent) * 100f64.ln()),
+        move |exec, t| exec.pow_scalar(&t[0], &t[1], exponent),
+        move |d| Ok(vec![reference::pow_scalar(&d[0], exponent)?]),
+    )
 }
