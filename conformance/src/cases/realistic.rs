@@ -837,54 +837,6 @@ fn adamw(dtype: DType, p: &[usize]) -> Case {
     )
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::case::{Role, TensorSpec};
-
-    #[test]
-    fn every_family_builds_well_formed_cases_at_small_sizes() {
-        for f in FAMILIES {
-            let op = polychip_host::Op::from_name(f.op).expect("a known operator");
-            for &dtype in op.dtypes() {
-                for params in f.default.iter().chain(f.full) {
-                    assert!(!params.is_empty(), "{}", f.op);
-                    let small: Vec<usize> = params.iter().map(|&p| p.min(3)).collect();
-                    let c = sized(f.build, dtype, &small);
-                    assert_eq!((c.op, c.dtype), (f.op, dtype));
-                    let dense: Vec<_> = c.tensors.iter().map(TensorSpec::dense).collect();
-                    let out = (c.reference)(&dense).unwrap_or_else(|e| panic!("{c:?}: {e}"));
-                    let written: Vec<_> =
-                        c.tensors.iter().filter(|t| t.role != Role::Input).collect();
-                    assert_eq!(out.len(), written.len(), "{c:?}");
-                    for (o, t) in out.iter().zip(written) {
-                        assert_eq!(o.shape, t.shape, "{c:?} {}", t.name);
-                    }
-                }
-            }
-        }
-    }
-
-    #[test]
-    fn the_default_tier_reaches_real_sizes() {
-        let biggest = |op: &str| {
-            cases(op, DType::BF16, Tier::Default)
-                .iter()
-                .flat_map(|c| c.tensors.iter().map(|t| t.values.len()))
-                .max()
-                .unwrap_or(0)
-        };
-        assert!(biggest("add") >= 2_000_000);
-        assert!(biggest("softmax") >= 152_064 * 4);
-        let ids = cases("embedding", DType::F32, Tier::Default);
-        assert!(ids[0].tensors[1].values.iter().any(|&i| i > 65_535.0));
-        assert!(
-            cases("softmax", DType::F32, Tier::Full).len()
-                > cases("softmax", DType::F32, Tier::Default).len()
-        );
-    }
-}
-
 /// softmax_backward and log_softmax_backward over vocabulary rows: the
 /// forward output of seeded logits, stored in the dtype, and a gradient.
 fn rows_backward(dtype: DType, p: &[usize], log: bool) -> Case {
@@ -908,33 +860,7 @@ fn rows_backward(dtype: DType, p: &[usize], log: bool) -> Case {
         .map(|&v| crate::values::round_to(dtype, v))
         .collect();
     let g = r.values(dtype, n, -1.0, 1.0);
-    let c = p[1];
-    case(
-        op,
-        dtype,
-        dims(p),
-        vec![
-            input("out", dtype, p, y, C),
-            input("grad_out", dtype, p, g, C),
-            output("grad_in", dtype, p, C),
-        ],
-        // As `nn::softmax`: a dot product over the row that cancels.
-        Tolerance::accumulated(8.0, c + 2),
-        move |exec, t| {
-            if log {
-                exec.log_softmax_backward(&t[0], &t[1], &t[2])
-            } else {
-                exec.softmax_backward(&t[0], &t[1], &t[2])
-            }
-        },
-        move |d| {
-            Ok(vec![if log {
-                reference::log_softmax_backward(&d[0], &d[1])?
-            } else {
-                reference::softmax_backward(&d[0], &d[1])?
-            }])
-        },
-    )
+    super::nn::softmax_backward_case(op, log, dtype, dims(p), p, y, g, [C; 3])
 }
 
 fn swiglu(dtype: DType, p: &[usize]) -> Case {
@@ -987,4 +913,52 @@ fn pow_scalar(dtype: DType, p: &[usize]) -> Case {
         move |exec, t| exec.pow_scalar(&t[0], &t[1], exponent),
         move |d| Ok(vec![reference::pow_scalar(&d[0], exponent)?]),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::case::{Role, TensorSpec};
+
+    #[test]
+    fn every_family_builds_well_formed_cases_at_small_sizes() {
+        for f in FAMILIES {
+            let op = polychip_host::Op::from_name(f.op).expect("a known operator");
+            for &dtype in op.dtypes() {
+                for params in f.default.iter().chain(f.full) {
+                    assert!(!params.is_empty(), "{}", f.op);
+                    let small: Vec<usize> = params.iter().map(|&p| p.min(3)).collect();
+                    let c = sized(f.build, dtype, &small);
+                    assert_eq!((c.op, c.dtype), (f.op, dtype));
+                    let dense: Vec<_> = c.tensors.iter().map(TensorSpec::dense).collect();
+                    let out = (c.reference)(&dense).unwrap_or_else(|e| panic!("{c:?}: {e}"));
+                    let written: Vec<_> =
+                        c.tensors.iter().filter(|t| t.role != Role::Input).collect();
+                    assert_eq!(out.len(), written.len(), "{c:?}");
+                    for (o, t) in out.iter().zip(written) {
+                        assert_eq!(o.shape, t.shape, "{c:?} {}", t.name);
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_default_tier_reaches_real_sizes() {
+        let biggest = |op: &str| {
+            cases(op, DType::BF16, Tier::Default)
+                .iter()
+                .flat_map(|c| c.tensors.iter().map(|t| t.values.len()))
+                .max()
+                .unwrap_or(0)
+        };
+        assert!(biggest("add") >= 2_000_000);
+        assert!(biggest("softmax") >= 152_064 * 4);
+        let ids = cases("embedding", DType::F32, Tier::Default);
+        assert!(ids[0].tensors[1].values.iter().any(|&i| i > 65_535.0));
+        assert!(
+            cases("softmax", DType::F32, Tier::Full).len()
+                > cases("softmax", DType::F32, Tier::Default).len()
+        );
+    }
 }

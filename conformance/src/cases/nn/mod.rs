@@ -11,6 +11,8 @@ mod norm;
 mod rope;
 mod softmax;
 
+pub(crate) use softmax::backward_case as softmax_backward_case;
+
 use attention::*;
 use norm::*;
 use rope::*;

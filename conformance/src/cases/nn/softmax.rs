@@ -16,6 +16,51 @@ const ROW_PLANS: [(&[usize], Layout, Layout, Layout); 8] = [
 
 /// `softmax_backward` or `log_softmax_backward` (`log`), whose `out` is the
 /// forward output of random logits, rounded to the dtype.
+/// One case of softmax_backward (or, with `log`, log_softmax_backward):
+/// the forward output `y` and the gradient `g` of `shape`, in layouts `l`
+/// (out, grad_out, grad_in).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn backward_case(
+    op: &'static str,
+    log: bool,
+    dtype: DType,
+    label: String,
+    shape: &[usize],
+    y: Vec<f64>,
+    g: Vec<f64>,
+    l: [Layout; 3],
+) -> Case {
+    let n = last(shape);
+    case(
+        op,
+        dtype,
+        label,
+        vec![
+            input("out", dtype, shape, y, l[0]),
+            input("grad_out", dtype, shape, g, l[1]),
+            output("grad_in", dtype, shape, l[2]),
+        ],
+        // A dot product (or sum) over the row that cancels against
+        // grad_out, computed in f32, then a few roundings.
+        Tolerance::accumulated(8.0, n + 2),
+        move |exec, t| {
+            if log {
+                exec.log_softmax_backward(&t[0], &t[1], &t[2])
+            } else {
+                exec.softmax_backward(&t[0], &t[1], &t[2])
+            }
+        },
+        move |d| {
+            let r = if log {
+                reference::log_softmax_backward(&d[0], &d[1])
+            } else {
+                reference::softmax_backward(&d[0], &d[1])
+            };
+            Ok(vec![r?])
+        },
+    )
+}
+
 fn softmax_family_backward(op: &'static str, log: bool, dtype: DType) -> Vec<Case> {
     let mut rng = Rng::for_case(op, dtype);
     let forward = |x: &Dense| {
@@ -30,35 +75,7 @@ fn softmax_family_backward(op: &'static str, log: bool, dtype: DType) -> Vec<Cas
     let mut push =
         |label: String, shape: &[usize], logits: Vec<f64>, g: Vec<f64>, l: [Layout; 3]| {
             let y = stored(dtype, &forward(&Dense::new(shape, logits)));
-            let n = last(shape);
-            cases.push(case(
-                op,
-                dtype,
-                label,
-                vec![
-                    input("out", dtype, shape, y, l[0]),
-                    input("grad_out", dtype, shape, g, l[1]),
-                    output("grad_in", dtype, shape, l[2]),
-                ],
-                // A dot product (or sum) over the row that cancels against
-                // grad_out, computed in f32, then a few roundings.
-                Tolerance::accumulated(8.0, n + 2),
-                move |exec, t| {
-                    if log {
-                        exec.log_softmax_backward(&t[0], &t[1], &t[2])
-                    } else {
-                        exec.softmax_backward(&t[0], &t[1], &t[2])
-                    }
-                },
-                move |d| {
-                    let r = if log {
-                        reference::log_softmax_backward(&d[0], &d[1])
-                    } else {
-                        reference::softmax_backward(&d[0], &d[1])
-                    };
-                    Ok(vec![r?])
-                },
-            ));
+            cases.push(backward_case(op, log, dtype, label, shape, y, g, l));
         };
     for (shape, l0, l1, l2) in ROW_PLANS {
         let n = numel(shape);
