@@ -1,11 +1,16 @@
-//! The operator conformance suite of polychip (issue 3): it checks every
-//! operator of every plugin against a CPU reference. This crate holds the
-//! reference ([`reference`](mod@reference)), an obviously correct f64
-//! implementation of each operator of the op table, written from the ABI's
-//! doc comments for clarity rather than speed and sharing no code with any
-//! plugin. The seeded test cases, the tolerance table per (operator, dtype)
-//! and the runner that checks a plugin in a child process are to come in
-//! other modules.
+//! The operator conformance suite of polychip: it checks every operator of
+//! every plugin against a CPU reference (`docs/conformance.md`).
+//!
+//! - [`reference`](mod@reference): an obviously correct f64 implementation of
+//!   each operator of the op table, written from the ABI's doc comments for
+//!   clarity rather than speed and sharing no code with any plugin;
+//! - [`cases`]: the seeded cases of every (operator, dtype), the layout and
+//!   in-place variants derived from them, and the realistic sizes;
+//! - [`tolerance`] and [`compare`]: the error model and the judgement of one
+//!   output (worst element, bias test);
+//! - [`placement`] and [`runner`]: guarded buffers and running one case;
+//! - [`shrink`], [`suite`], [`report`], [`waivers`]: shrinking a failure,
+//!   running a plugin's units in child processes, the report, waivers.
 
 #![forbid(unsafe_code)]
 

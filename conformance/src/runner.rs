@@ -1,7 +1,10 @@
-//! Running one case on one device: upload the inputs in the case's layout,
-//! poison the outputs, call the plugin, read everything back, check that the
-//! inputs are unchanged and that every output element was written, compute
-//! the reference, and compare.
+//! Running one case on one device: place every tensor in its layout inside
+//! a guarded buffer (`crate::placement`; an in-place output is its input's
+//! view), poison the outputs, call the plugin, read every buffer back whole,
+//! check that inputs and guards are unchanged, run again with a second
+//! poison where an output still holds the first (so "never wrote" is
+//! exact), judge a refusal by its error code, and compare each output with
+//! the exact reference under its error model.
 
 use std::time::Instant;
 
