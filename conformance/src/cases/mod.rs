@@ -38,7 +38,7 @@ pub struct OpInfo {
 
 impl OpInfo {
     /// Every case of the operator in `dtype` for `tier`: its own, those
-    /// derived from them (layouts and in-place calls, see [`variants`]),
+    /// derived from them (layouts and in-place calls, see `variants.rs`),
     /// then the realistic sizes ([`realistic`]).
     pub fn cases(&self, dtype: DType, tier: Tier) -> Vec<Case> {
         let mut cases = (self.base)(dtype);
