@@ -3,46 +3,14 @@
 //! replays from its printed command, and waivers are listed and counted
 //! apart.
 
-use std::path::PathBuf;
-use std::process::Command;
-
-fn profile_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_polychip"))
-        .parent()
-        .unwrap()
-        .to_path_buf()
-}
+mod common;
 
 fn plugin(name: &str) -> String {
-    let dir = profile_dir();
-    for p in [dir.join(name), dir.join("deps").join(name)] {
-        if p.exists() {
-            return p.display().to_string();
-        }
-    }
-    panic!("{name} is not built: run `cargo build --workspace` first");
+    common::built_plugin(name)
 }
 
 fn conform(args: &[&str]) -> (i32, String, serde_json::Value) {
-    let json = std::env::temp_dir().join(format!(
-        "conform-{}-{}.json",
-        std::process::id(),
-        args.join("_").len()
-    ));
-    let out = Command::new(env!("CARGO_BIN_EXE_polychip"))
-        .arg("conform")
-        .args(args)
-        .arg("--json")
-        .arg(&json)
-        .output()
-        .expect("run polychip conform");
-    let text =
-        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
-    let doc = std::fs::read_to_string(&json)
-        .map(|s| serde_json::from_str(&s).expect("valid JSON report"))
-        .unwrap_or(serde_json::Value::Null);
-    std::fs::remove_file(&json).ok();
-    (out.status.code().unwrap_or(-1), text, doc)
+    common::conform_report(args, &[])
 }
 
 fn failures_of<'a>(doc: &'a serde_json::Value, op: &str) -> Vec<&'a str> {

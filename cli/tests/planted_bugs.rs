@@ -8,44 +8,19 @@
 //! One test per bug, each naming the check's message that flags it. The one
 //! ignored bug is unobservable through the host (it says why).
 
-use std::path::PathBuf;
-use std::process::Command;
+mod common;
 
 fn plugin() -> String {
-    let dir = PathBuf::from(env!("CARGO_BIN_EXE_polychip"))
-        .parent()
-        .unwrap()
-        .to_path_buf();
-    let name = "libpolychip_testplugin_planted.so";
-    for p in [dir.join(name), dir.join("deps").join(name)] {
-        if p.exists() {
-            return p.display().to_string();
-        }
-    }
-    panic!("{name} is not built: run `cargo build -p polychip-testplugin-planted` first");
+    common::built_plugin("libpolychip_testplugin_planted.so")
 }
 
 /// `polychip conform` on the planted plugin with `POLYCHIP_PLANTED_BUG=bug`:
 /// exit status, output, JSON report.
 fn conform(bug: &str, args: &[&str]) -> (i32, String, serde_json::Value) {
-    let json = std::env::temp_dir().join(format!("planted-{}-{bug}.json", std::process::id()));
-    let out = Command::new(env!("CARGO_BIN_EXE_polychip"))
-        .arg("conform")
-        .arg("--plugin")
-        .arg(plugin())
-        .args(args)
-        .arg("--json")
-        .arg(&json)
-        .env("POLYCHIP_PLANTED_BUG", bug)
-        .output()
-        .expect("run polychip conform");
-    let text =
-        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
-    let doc = std::fs::read_to_string(&json)
-        .map(|s| serde_json::from_str(&s).expect("valid JSON report"))
-        .unwrap_or(serde_json::Value::Null);
-    std::fs::remove_file(&json).ok();
-    (out.status.code().unwrap_or(-1), text, doc)
+    let planted = plugin();
+    let mut all = vec!["--plugin", planted.as_str()];
+    all.extend_from_slice(args);
+    common::conform_report(&all, &[("POLYCHIP_PLANTED_BUG", bug)])
 }
 
 /// Runs `op` (in `dtypes`, all when empty) with `bug` planted and asserts

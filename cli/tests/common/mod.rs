@@ -23,3 +23,43 @@ pub fn polychip_env(args: &[&str], env: &[(&str, &str)]) -> (Option<i32>, String
 pub fn polychip(args: &[&str]) -> (Option<i32>, String, String) {
     polychip_env(args, &[])
 }
+
+/// The path of a plugin the workspace built beside the binary under test.
+#[allow(dead_code)]
+pub fn built_plugin(name: &str) -> String {
+    let dir = std::path::PathBuf::from(env!("CARGO_BIN_EXE_polychip"))
+        .parent()
+        .unwrap()
+        .to_path_buf();
+    for p in [dir.join(name), dir.join("deps").join(name)] {
+        if p.exists() {
+            return p.display().to_string();
+        }
+    }
+    panic!("{name} is not built: run `cargo build --workspace` first");
+}
+
+/// `polychip conform ARGS --json FILE` with the extra environment `env`:
+/// its exit status, stdout and stderr together, and the JSON report (Null
+/// when none was written).
+#[allow(dead_code)]
+pub fn conform_report(args: &[&str], env: &[(&str, &str)]) -> (i32, String, serde_json::Value) {
+    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let json = std::env::temp_dir().join(format!("conform-{}-{n}.json", std::process::id()));
+    let out = Command::new(env!("CARGO_BIN_EXE_polychip"))
+        .arg("conform")
+        .args(args)
+        .arg("--json")
+        .arg(&json)
+        .envs(env.iter().copied())
+        .output()
+        .expect("run polychip conform");
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    let doc = std::fs::read_to_string(&json)
+        .map(|s| serde_json::from_str(&s).expect("valid JSON report"))
+        .unwrap_or(serde_json::Value::Null);
+    std::fs::remove_file(&json).ok();
+    (out.status.code().unwrap_or(-1), text, doc)
+}

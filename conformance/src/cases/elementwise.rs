@@ -139,7 +139,7 @@ pub(super) fn unary_tolerance(op: UnaryOp) -> Tolerance {
     }
 }
 
-fn unary_case(
+pub(super) fn unary_case(
     op: UnaryOp,
     dtype: DType,
     label: String,
@@ -393,7 +393,7 @@ fn reduce(op: ReduceOp, dtype: DType) -> Vec<Case> {
 }
 
 #[allow(clippy::too_many_arguments)]
-fn reduce_case(
+pub(super) fn reduce_case(
     op: ReduceOp,
     dtype: DType,
     label: String,

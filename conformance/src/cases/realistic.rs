@@ -395,27 +395,7 @@ fn unary(dtype: DType, p: &[usize], op: UnaryOp) -> Case {
     };
     let x = rng(op.name(), dtype, p).values(dtype, p.iter().product(), lo, hi);
     let tolerance = super::elementwise::unary_tolerance(op);
-    case(
-        op.name(),
-        dtype,
-        dims(p),
-        vec![input("input", dtype, p, x, C), output("out", dtype, p, C)],
-        tolerance,
-        move |exec, t| exec.unary(op, &t[0], &t[1]),
-        move |d| {
-            Ok(vec![match op {
-                UnaryOp::Neg => reference::neg(&d[0]),
-                UnaryOp::Exp => reference::exp(&d[0]),
-                UnaryOp::Log => reference::log(&d[0]),
-                UnaryOp::Sqrt => reference::sqrt(&d[0]),
-                UnaryOp::Rsqrt => reference::rsqrt(&d[0]),
-                UnaryOp::Tanh => reference::tanh(&d[0]),
-                UnaryOp::Relu => reference::relu(&d[0]),
-                UnaryOp::Silu => reference::silu(&d[0]),
-                UnaryOp::Gelu => reference::gelu(&d[0]),
-            }?])
-        },
-    )
+    super::elementwise::unary_case(op, dtype, dims(p), p, x, C, tolerance)
 }
 
 fn activation_backward(dtype: DType, p: &[usize], op: ActivationBackwardOp) -> Case {
@@ -529,35 +509,15 @@ fn rows(dtype: DType, p: &[usize], op: &'static str) -> Case {
 fn reduce(dtype: DType, p: &[usize], op: ReduceOp) -> Case {
     // Values away from 0 on average, so a sum does not cancel to nothing.
     let x = rng(op.name(), dtype, p).values(dtype, p.iter().product(), -0.5, 1.5);
-    let n = p[1];
-    let (out_dtype, tolerance) = match op {
-        ReduceOp::Sum => (dtype, Tolerance::accumulated(0.0, n)),
-        ReduceOp::Mean => (dtype, Tolerance::accumulated(2.0, n)),
-        ReduceOp::Max => (dtype, Tolerance::EXACT),
-        ReduceOp::Argmax => (DType::I64, Tolerance::EXACT),
-    };
-    case(
-        op.name(),
+    super::elementwise::reduce_case(
+        op,
         dtype,
         format!("{} over the last dim", dims(p)),
-        vec![
-            input("input", dtype, p, x, C),
-            output("out", out_dtype, &[p[0]], C),
-        ],
-        tolerance,
-        move |exec, t| exec.reduce(op, &t[0], &t[1], -1, false),
-        move |d| match op {
-            ReduceOp::Sum => Ok(vec![reference::sum(&d[0], -1, false)?]),
-            ReduceOp::Mean => Ok(vec![reference::mean(&d[0], -1, false)?]),
-            ReduceOp::Max => Ok(vec![reference::max(&d[0], -1, false)?]),
-            ReduceOp::Argmax => {
-                let i = reference::argmax(&d[0], -1, false)?;
-                Ok(vec![crate::reference::Dense {
-                    shape: i.shape.clone(),
-                    data: i.data.iter().map(|&v| v as f64).collect(),
-                }])
-            }
-        },
+        p,
+        x,
+        -1,
+        false,
+        C,
     )
 }
 
@@ -807,33 +767,13 @@ fn adamw(dtype: DType, p: &[usize]) -> Case {
         weight_decay: if low { 0.3 } else { 0.1 },
         step: 10,
     };
-    case(
-        "adamw",
+    super::training::adamw_case(
         dtype,
         format!("{} parameters, step 10", dims(p)),
-        vec![
-            crate::cases::inout("param", dtype, p, param, C),
-            input("grad", dtype, p, grad, C),
-            crate::cases::inout("exp_avg", DType::F32, p, m, C),
-            crate::cases::inout("exp_avg_sq", DType::F32, p, v, C),
-        ],
-        super::training::adamw_tolerance(options.step, options.beta1, options.beta2),
-        move |exec, t| exec.adamw(&t[0], &t[1], &t[2], &t[3], options),
-        move |d| {
-            let (p, m, v) = reference::adamw(
-                &d[0],
-                &d[1],
-                &d[2],
-                &d[3],
-                options.lr,
-                options.beta1,
-                options.beta2,
-                options.eps,
-                options.weight_decay,
-                options.step,
-            )?;
-            Ok(vec![p, m, v])
-        },
+        p,
+        [param, grad, m, v],
+        [C; 3],
+        options,
     )
 }
 

@@ -11,7 +11,7 @@ mod linear;
 mod loss;
 mod optim;
 
-pub(super) use optim::adamw_tolerance;
+pub(super) use optim::adamw_case;
 
 use embedding::*;
 use linear::*;

@@ -69,37 +69,57 @@ pub(super) fn adamw_cases(dtype: DType) -> Vec<Case> {
             shape_label(shape, C),
             layouts(&[("param", l_p), ("grad", l_g), ("moments", l_m)])
         );
-        cases.push(case(
-            "adamw",
+        cases.push(adamw_case(
             dtype,
             label,
-            vec![
-                inout("param", dtype, shape, p, l_p),
-                input("grad", dtype, shape, g, l_g),
-                inout("exp_avg", DType::F32, shape, m, l_m),
-                inout("exp_avg_sq", DType::F32, shape, v, l_m),
-            ],
-            // See `adamw_tolerance`.
-            adamw_tolerance(step, 0.9, beta2),
-            move |exec, t| exec.adamw(&t[0], &t[1], &t[2], &t[3], h),
-            move |d| {
-                let (p, m, v) = reference::adamw(
-                    &d[0],
-                    &d[1],
-                    &d[2],
-                    &d[3],
-                    h.lr,
-                    h.beta1,
-                    h.beta2,
-                    h.eps,
-                    h.weight_decay,
-                    h.step,
-                )?;
-                Ok(vec![p, m, v])
-            },
+            shape,
+            [p, g, m, v],
+            [l_p, l_g, l_m],
+            h,
         ));
     }
     cases
+}
+
+/// One AdamW step on tensors of `shape`: the starting `[param, grad,
+/// exp_avg, exp_avg_sq]` values in layouts `[param, grad, moments]`.
+pub(crate) fn adamw_case(
+    dtype: DType,
+    label: String,
+    shape: &[usize],
+    [p, g, m, v]: [Vec<f64>; 4],
+    [l_p, l_g, l_m]: [Layout; 3],
+    h: AdamwOptions,
+) -> Case {
+    case(
+        "adamw",
+        dtype,
+        label,
+        vec![
+            inout("param", dtype, shape, p, l_p),
+            input("grad", dtype, shape, g, l_g),
+            inout("exp_avg", DType::F32, shape, m, l_m),
+            inout("exp_avg_sq", DType::F32, shape, v, l_m),
+        ],
+        // See `adamw_tolerance`.
+        adamw_tolerance(h.step, h.beta1, h.beta2),
+        move |exec, t| exec.adamw(&t[0], &t[1], &t[2], &t[3], h),
+        move |d| {
+            let (p, m, v) = reference::adamw(
+                &d[0],
+                &d[1],
+                &d[2],
+                &d[3],
+                h.lr,
+                h.beta1,
+                h.beta2,
+                h.eps,
+                h.weight_decay,
+                h.step,
+            )?;
+            Ok(vec![p, m, v])
+        },
+    )
 }
 
 /// The error model of one AdamW step. The new parameter is judged relative
@@ -115,7 +135,7 @@ pub(super) fn adamw_cases(dtype: DType) -> Vec<Case> {
 /// relative. The moments are judged relative to themselves, with the
 /// cancellation of `beta1 m + (1 - beta1) g` against terms of the tensor's
 /// scale (n = 2).
-pub(crate) fn adamw_tolerance(step: i64, beta1: f64, beta2: f64) -> Tolerance {
+fn adamw_tolerance(step: i64, beta1: f64, beta2: f64) -> Tolerance {
     let correction = |beta: f64| {
         let bt = beta.powi(step.clamp(1, 1000) as i32);
         step.max(1) as f64 * bt / (1.0 - bt)
