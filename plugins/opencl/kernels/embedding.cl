@@ -1,0 +1,1 @@
+// embedding kernels: not written yet.

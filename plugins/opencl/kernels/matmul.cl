@@ -1,0 +1,1 @@
+// matmul kernels: not written yet.

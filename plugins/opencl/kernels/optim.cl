@@ -1,0 +1,1 @@
+// optim kernels: not written yet.

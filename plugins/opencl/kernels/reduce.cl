@@ -1,0 +1,1 @@
+// reduce kernels: not written yet.

@@ -1,0 +1,1 @@
+// softmax kernels: not written yet.
