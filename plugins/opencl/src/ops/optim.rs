@@ -1,15 +1,49 @@
-//! adamw (`kernels/optim.cl`).
-//!
-//! Not written yet: every call answers UNIMPLEMENTED.
+//! adamw (`kernels/optim.cl`): one work-item per element of compact
+//! tensors (strided ones are packed and copied back by [`Ctx::finish`]).
+//! The step's scalars are folded on the host in f64 and passed in the
+//! compute type (f32 for the training dtypes).
 
-use polychip_plugin_sdk::{AdamwArgs, Error, Result};
+use polychip_plugin_sdk::{AdamwArgs, Result};
 
 use crate::call::Ctx;
+use crate::ops::scalar;
 
 /// `adamw`.
-pub fn adamw(ctx: Ctx<'_>, _args: &AdamwArgs<'_>) -> Result<()> {
-    Err(Error::unimplemented(format!(
-        "opencl: {} is not written yet",
-        ctx.op
-    )))
+pub fn adamw(mut ctx: Ctx<'_>, args: &AdamwArgs<'_>) -> Result<()> {
+    let p = ctx.inout("param", &args.param)?;
+    let g = ctx.input("grad", &args.grad)?;
+    let m = ctx.inout("exp_avg", &args.exp_avg)?;
+    let v = ctx.inout("exp_avg_sq", &args.exp_avg_sq)?;
+    let flavor = ctx.float(p.dtype)?;
+    let n = p.numel();
+    // `step` is at least 1 (checked by the SDK).
+    let t = args.step as f64;
+    let bc1 = 1.0 - args.beta1.powf(t);
+    let bc2 = 1.0 - args.beta2.powf(t);
+    let scalars = [
+        1.0 - args.lr * args.weight_decay,
+        args.lr / bc1,
+        1.0 / bc2.sqrt(),
+        args.beta1,
+        1.0 - args.beta1,
+        args.beta2,
+        1.0 - args.beta2,
+        args.eps,
+    ];
+    ctx.launch(flavor, "pc_adamw", &[n], None, |a| {
+        a.mem(p.mem())?
+            .value(p.offset)?
+            .mem(g.mem())?
+            .value(g.offset)?
+            .mem(m.mem())?
+            .value(m.offset)?
+            .mem(v.mem())?
+            .value(v.offset)?
+            .value(n as i64)?;
+        for s in scalars {
+            scalar(a, flavor, s)?;
+        }
+        Ok(())
+    })?;
+    ctx.finish()
 }

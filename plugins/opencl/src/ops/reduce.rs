@@ -1,23 +1,159 @@
 //! sum, mean, max, argmax and sum_squares (`kernels/reduce.cl`).
 //!
-//! Not written yet: every call answers UNIMPLEMENTED.
+//! A reduction over dimension `dim` sees the (packed, compact) input as
+//! `[outer, n, inner]`; output element `o * inner + i` reduces lane
+//! `(o, :, i)`, which is also where it sits in the compact output whether
+//! `keepdim` keeps an extent-1 dimension or not. Many outputs or short lanes
+//! get one work-item per output (a blocked sequential scan); few long lanes
+//! get one work-group each (strided partials, then a tree in local memory).
+//! `max` is the value of `argmax`'s element, so NaN, the first of equal
+//! values and signed zeros come out as the reference scans them.
+//!
+//! `sum_squares` is two stages, both with a fixed shape for a given length
+//! (so the result is reproducible): a grid of work-groups writes one
+//! partial sum each, and one work-group adds them up.
 
-use polychip_plugin_sdk::{Error, ReduceArgs, ReduceOp, Result, SumSquaresArgs};
+use polychip_plugin_sdk::{DType, Error, ReduceArgs, ReduceOp, Result, SumSquaresArgs};
 
 use crate::call::Ctx;
+use crate::program::Flavor;
 
-/// `reduce`.
-pub fn reduce(ctx: Ctx<'_>, _op: ReduceOp, _args: &ReduceArgs<'_>) -> Result<()> {
-    Err(Error::unimplemented(format!(
-        "opencl: {} is not written yet",
-        ctx.op
-    )))
+/// Lanes this short are scanned by one work-item whatever their number.
+const SHORT_LANE: usize = 64;
+/// This many outputs keep a device busy with one work-item each.
+const MANY_OUTPUTS: usize = 8192;
+/// sum_squares: elements per work-item aimed at in stage 1, and the most
+/// work-groups stage 1 uses.
+const SUMSQ_PER_ITEM: usize = 32;
+const SUMSQ_MAX_GROUPS: usize = 512;
+
+/// `sum`, `mean`, `max`, `argmax`.
+pub fn reduce(mut ctx: Ctx<'_>, op: ReduceOp, args: &ReduceArgs<'_>) -> Result<()> {
+    let x = ctx.input("input", &args.input)?;
+    let d = args.dim;
+    let dims: Vec<usize> = x.shape.iter().map(|&e| e as usize).collect();
+    let outer: usize = dims[..d].iter().product();
+    let n = dims[d];
+    let inner: usize = dims[d + 1..].iter().product();
+    if op == ReduceOp::Argmax && n == 0 {
+        return Err(Error::invalid(format!(
+            "opencl: argmax: dimension {d} of input {:?} is empty, so there is no maximum",
+            x.shape
+        )));
+    }
+    let out = ctx.output("out", &args.out)?;
+    let flavor = ctx.float(x.dtype)?;
+    let outputs = outer * inner;
+    let wg = ctx.programs.wg;
+    let lane = n <= SHORT_LANE || outputs >= MANY_OUTPUTS;
+    let (n, inner_i, outputs_i) = (n as i64, inner as i64, outputs as i64);
+    match op {
+        ReduceOp::Sum | ReduceOp::Mean => {
+            let mean = i32::from(op == ReduceOp::Mean);
+            if lane {
+                ctx.launch(flavor, "pc_reduce_sum_lane", &[outputs], None, |a| {
+                    a.mem(x.mem())?
+                        .value(x.offset)?
+                        .mem(out.mem())?
+                        .value(out.offset)?
+                        .value(outputs_i)?
+                        .value(n)?
+                        .value(inner_i)?
+                        .value(mean)?;
+                    Ok(())
+                })?;
+            } else {
+                ctx.launch(
+                    flavor,
+                    "pc_reduce_sum_group",
+                    &[outputs * wg],
+                    Some(&[wg]),
+                    |a| {
+                        a.mem(x.mem())?
+                            .value(x.offset)?
+                            .mem(out.mem())?
+                            .value(out.offset)?
+                            .value(n)?
+                            .value(inner_i)?
+                            .value(mean)?;
+                        Ok(())
+                    },
+                )?;
+            }
+        }
+        ReduceOp::Max | ReduceOp::Argmax => {
+            let index = i32::from(op == ReduceOp::Argmax);
+            if lane {
+                ctx.launch(flavor, "pc_reduce_max_lane", &[outputs], None, |a| {
+                    a.mem(x.mem())?
+                        .value(x.offset)?
+                        .mem(out.mem())?
+                        .mem(out.mem())?
+                        .value(out.offset)?
+                        .value(outputs_i)?
+                        .value(n)?
+                        .value(inner_i)?
+                        .value(index)?;
+                    Ok(())
+                })?;
+            } else {
+                ctx.launch(
+                    flavor,
+                    "pc_reduce_max_group",
+                    &[outputs * wg],
+                    Some(&[wg]),
+                    |a| {
+                        a.mem(x.mem())?
+                            .value(x.offset)?
+                            .mem(out.mem())?
+                            .mem(out.mem())?
+                            .value(out.offset)?
+                            .value(n)?
+                            .value(inner_i)?
+                            .value(index)?;
+                        Ok(())
+                    },
+                )?;
+            }
+        }
+    }
+    ctx.finish()
 }
 
 /// `sum_squares`.
-pub fn sum_squares(ctx: Ctx<'_>, _args: &SumSquaresArgs<'_>) -> Result<()> {
-    Err(Error::unimplemented(format!(
-        "opencl: {} is not written yet",
-        ctx.op
-    )))
+pub fn sum_squares(mut ctx: Ctx<'_>, args: &SumSquaresArgs<'_>) -> Result<()> {
+    let x = ctx.input("input", &args.input)?;
+    let out = ctx.output("out", &args.out)?;
+    let flavor = ctx.float(x.dtype)?;
+    let wg = ctx.programs.wg;
+    let n = x.numel();
+    let groups = n.div_ceil(wg * SUMSQ_PER_ITEM).min(SUMSQ_MAX_GROUPS);
+    // Partial sums in the accumulator type of the program.
+    let part_dtype = if flavor == Flavor::F64 {
+        DType::F64
+    } else {
+        DType::F32
+    };
+    let part = ctx.scratch(part_dtype, &[groups.max(1) as i64])?;
+    ctx.launch(
+        flavor,
+        "pc_sumsq_partial",
+        &[groups * wg],
+        Some(&[wg]),
+        |a| {
+            a.mem(x.mem())?
+                .value(x.offset)?
+                .value(n as i64)?
+                .mem(part.mem())?;
+            Ok(())
+        },
+    )?;
+    ctx.launch(flavor, "pc_sumsq_final", &[wg], Some(&[wg]), |a| {
+        a.mem(part.mem())?
+            .value(groups as i64)?
+            .mem(out.mem())?
+            .value(out.offset)?;
+        Ok(())
+    })?;
+    ctx.finish()
 }
