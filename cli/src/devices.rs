@@ -111,12 +111,19 @@ fn print_table(runtime: &Runtime) {
             .collect();
         println!("{}", line.join("  ").trim_end());
     }
-    if runtime.devices().is_empty() {
+    if runtime.devices().is_empty() && runtime.plugins().is_empty() {
         println!(
             "(no devices: no plugin loaded; set POLYCHIP_PLUGIN_PATH or build the bundled plugins with `cargo build --workspace`)"
         );
     }
     for plugin in runtime.plugins() {
+        if plugin.devices().is_empty() {
+            println!(
+                "note: {} ({}) loaded but reports no devices; its warning on stderr says why",
+                plugin.vendor(),
+                plugin.path().display()
+            );
+        }
         let missing = plugin.ops().missing();
         if !missing.is_empty() {
             println!(

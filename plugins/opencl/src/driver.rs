@@ -216,7 +216,11 @@ pub fn discover() -> Discovery {
             return found;
         }
         Err(e) => {
-            let why = if e.0 == cl3::error_codes::DLOPEN_RUNTIME_LOAD_FAILED {
+            let why = if e.0 == cl3::error_codes::CL_PLATFORM_NOT_FOUND_KHR {
+                "the ICD loader found no driver (CL_PLATFORM_NOT_FOUND_KHR); install one, e.g. \
+                 Debian's pocl-opencl-icd, or a GPU vendor's OpenCL runtime"
+                    .to_owned()
+            } else if e.0 == cl3::error_codes::DLOPEN_RUNTIME_LOAD_FAILED {
                 "the OpenCL library (libOpenCL.so.1) could not be loaded; install an ICD \
                  loader and a driver (Debian: ocl-icd-libopencl1 and pocl-opencl-icd)"
                     .to_owned()
