@@ -1,4 +1,5 @@
-// matmul and linear: one tiled kernel, every operand in its own strides.
+// matmul and linear: one tiled kernel (in two work-group shapes), every
+// operand in its own strides.
 //
 // out[b][i][j] = alpha * sum_k a[b][i][k] * bm[b][k][j] (+ bias[j])
 //                (+ beta * out[b][i][j])
@@ -11,7 +12,10 @@
 // PC_MM_K x PC_MM_T slice of b in local memory (in the compute type, zero
 // past the edges), then every work-item accumulates from it. The sum over k
 // is in A (f32 for f16 and bf16, f64 for f64), in order of k, one fma a
-// term.
+// term. pc_matmul_gemm_short is the same with work-groups 2 work-items high
+// (16-row tiles), for products of at most 16 rows. With splits > 1 each
+// work-group sums one range of K into scratch and pc_matmul_split_sum adds
+// the ranges.
 //
 // Matrix b of the batch starts at pc_at(&l, b) in each operand's batch
 // layout (stride 0 broadcasts); rows and columns have their own strides (a
@@ -40,7 +44,6 @@
 #else
 #define PC_MM_K 32
 #endif
-#define PC_MM_NT (PC_MM_W * PC_MM_W)
 // Row pitch of the staged a, as[i][k] (padded against bank conflicts).
 #define PC_MM_AP (PC_MM_K + 1)
 
@@ -65,10 +68,10 @@ typedef float8 pc_mm_v;
 inline void pc_mm_stage(__local A *dst, const int dp, const int dq, __global const S *src,
                         const long base, const long sp, const long sq, const long p0,
                         const long q0, const long pn, const long qn, const int P, const int Q,
-                        const int lid) {
+                        const int lid, const int nt) {
     if (sq == 1) {
         const int runs = Q / 8;
-        for (int c = lid; c < P * runs; c += PC_MM_NT) {
+        for (int c = lid; c < P * runs; c += nt) {
             const int p = c / runs, q = (c % runs) * 8;
             const long gp = p0 + p, gq = q0 + q;
             __local A *d = dst + p * dp + q * dq;
@@ -92,7 +95,7 @@ inline void pc_mm_stage(__local A *dst, const int dp, const int dq, __global con
             }
         }
     } else {
-        for (int c = lid; c < P * Q; c += PC_MM_NT) {
+        for (int c = lid; c < P * Q; c += nt) {
             const int p = c / Q, q = c % Q;
             const long gp = p0 + p, gq = q0 + q;
             dst[p * dp + q * dq] = (gp < pn && gq < qn) ? LD(src, base + gp * sp + gq * sq) : (A)0;
@@ -109,20 +112,20 @@ inline void pc_mm_store(A acc, __global S *o, long at, __global const S *bias, l
     ST(o, at, v);
 }
 
-// One tile of out, or with splits > 1 the partial sum over one range of K:
+// One tile of out, PC_MM_W work-items wide and wy high (8 wy rows by
+// PC_MM_T columns), or with splits > 1 the partial sum over one range of K:
 // get_group_id(2) is batch * splits + split, split covering k in
 // [split * kc, split * kc + kc), and the raw sums go to
 // part[((split * batches + batch) * M + i) * N + j] for pc_matmul_split_sum.
-__kernel __attribute__((reqd_work_group_size(PC_MM_W, PC_MM_W, 1)))
-void pc_matmul_gemm(__global const S *a, pc_layout la, long a_rs, long a_cs,
-                    __global const S *bm, pc_layout lb, long b_rs, long b_cs,
-                    __global S *o, pc_layout lo, long o_rs, long o_cs,
-                    __global const S *bias, long bias_off, long bias_stride,
-                    int has_bias, long M, long N, long K, A alpha, A beta,
-                    int splits, long kc, __global A *part) {
-    // as[i][k] (rows padded), bs[k][j].
-    __local A as[PC_MM_T * PC_MM_AP];
-    __local A bs[PC_MM_K * PC_MM_T];
+// as holds 8 wy rows of PC_MM_AP, bs PC_MM_K rows of PC_MM_T.
+inline void pc_mm_gemm(__global const S *a, pc_layout la, long a_rs, long a_cs,
+                       __global const S *bm, pc_layout lb, long b_rs, long b_cs,
+                       __global S *o, pc_layout lo, long o_rs, long o_cs,
+                       __global const S *bias, long bias_off, long bias_stride, int has_bias,
+                       long M, long N, long K, A alpha, A beta, int splits, long kc,
+                       __global A *part, __local A *as, __local A *bs, const int wy) {
+    const int tm = 8 * wy;
+    const int nt = PC_MM_W * wy;
     const int tx = get_local_id(0);
     const int ty = get_local_id(1);
     const int lid = ty * PC_MM_W + tx;
@@ -130,7 +133,7 @@ void pc_matmul_gemm(__global const S *a, pc_layout la, long a_rs, long a_cs,
     const long split = get_group_id(2) % splits;
     const long a0 = pc_at(&la, batch);
     const long b0 = pc_at(&lb, batch);
-    const long row0 = (long)get_group_id(1) * PC_MM_T;
+    const long row0 = (long)get_group_id(1) * tm;
     const long col0 = (long)get_group_id(0) * PC_MM_T;
     const long kb = split * kc;
     const long ke = min(K, kb + kc);
@@ -144,13 +147,15 @@ void pc_matmul_gemm(__global const S *a, pc_layout la, long a_rs, long a_cs,
         const long k0 = kb + s * PC_MM_K;
         // Each along its unit-stride dimension when it has one.
         if (a_rs == 1 && a_cs != 1)
-            pc_mm_stage(as, 1, PC_MM_AP, a, a0, a_cs, 1, k0, row0, ke, M, PC_MM_K, PC_MM_T, lid);
+            pc_mm_stage(as, 1, PC_MM_AP, a, a0, a_cs, 1, k0, row0, ke, M, PC_MM_K, tm, lid, nt);
         else
-            pc_mm_stage(as, PC_MM_AP, 1, a, a0, a_rs, a_cs, row0, k0, M, ke, PC_MM_T, PC_MM_K, lid);
+            pc_mm_stage(as, PC_MM_AP, 1, a, a0, a_rs, a_cs, row0, k0, M, ke, tm, PC_MM_K, lid, nt);
         if (b_rs == 1 && b_cs != 1)
-            pc_mm_stage(bs, 1, PC_MM_T, bm, b0, b_cs, 1, col0, k0, N, ke, PC_MM_T, PC_MM_K, lid);
+            pc_mm_stage(bs, 1, PC_MM_T, bm, b0, b_cs, 1, col0, k0, N, ke, PC_MM_T, PC_MM_K, lid,
+                        nt);
         else
-            pc_mm_stage(bs, PC_MM_T, 1, bm, b0, b_rs, b_cs, k0, col0, ke, N, PC_MM_K, PC_MM_T, lid);
+            pc_mm_stage(bs, PC_MM_T, 1, bm, b0, b_rs, b_cs, k0, col0, ke, N, PC_MM_K, PC_MM_T, lid,
+                        nt);
         barrier(CLK_LOCAL_MEM_FENCE);
         // Addresses from the local ids here, after the barrier (see the top).
         __local const A *ar = as + get_local_id(1) * (8 * PC_MM_AP);
@@ -194,6 +199,33 @@ void pc_matmul_gemm(__global const S *a, pc_layout la, long a_rs, long a_cs,
                             bias_off + gj * bias_stride, has_bias, alpha, beta);
         }
     }
+}
+
+#define PC_MM_PARAMS                                                                        \
+    __global const S *a, pc_layout la, long a_rs, long a_cs, __global const S *bm,          \
+        pc_layout lb, long b_rs, long b_cs, __global S *o, pc_layout lo, long o_rs,         \
+        long o_cs, __global const S *bias, long bias_off, long bias_stride, int has_bias,   \
+        long M, long N, long K, A alpha, A beta, int splits, long kc, __global A *part
+#define PC_MM_ARGS                                                                          \
+    a, la, a_rs, a_cs, bm, lb, b_rs, b_cs, o, lo, o_rs, o_cs, bias, bias_off, bias_stride, \
+        has_bias, M, N, K, alpha, beta, splits, kc, part
+
+// Tiles of PC_MM_T x PC_MM_T.
+__kernel __attribute__((reqd_work_group_size(PC_MM_W, PC_MM_W, 1)))
+void pc_matmul_gemm(PC_MM_PARAMS) {
+    __local A as[PC_MM_T * PC_MM_AP];
+    __local A bs[PC_MM_K * PC_MM_T];
+    pc_mm_gemm(PC_MM_ARGS, as, bs, PC_MM_W);
+}
+
+// Tiles of PC_MM_TS rows (short products: less of each tile wasted).
+#define PC_MM_WS (PC_MM_W >= 2 ? 2 : 1)
+#define PC_MM_TS (8 * PC_MM_WS)
+__kernel __attribute__((reqd_work_group_size(PC_MM_W, PC_MM_WS, 1)))
+void pc_matmul_gemm_short(PC_MM_PARAMS) {
+    __local A as[PC_MM_TS * PC_MM_AP];
+    __local A bs[PC_MM_K * PC_MM_T];
+    pc_mm_gemm(PC_MM_ARGS, as, bs, PC_MM_WS);
 }
 
 // The partial sums of pc_matmul_gemm added in order of split, then the

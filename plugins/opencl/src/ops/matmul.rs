@@ -110,12 +110,18 @@ impl Gemm<'_> {
             .product();
         let w = group_edge(ctx.programs.wg);
         let tile = (w * BLOCK) as i64;
-        let groups = |x: i64| ceil_div(x, tile);
-        let tiles = groups(self.n) * groups(m) * batch;
+        // Short products (M up to a short tile) in tiles of fewer rows.
+        let short = (if w >= 2 { 2 } else { 1 }) * BLOCK as i64;
+        let (kernel, wy, tile_m) = if m <= short && short < tile {
+            ("pc_matmul_gemm_short", short as usize / BLOCK, short)
+        } else {
+            ("pc_matmul_gemm", w, tile)
+        };
+        let tiles = ceil_div(self.n, tile) * ceil_div(m, tile_m) * batch;
         let (splits, kc) = self.splits(ctx, tiles);
         let global = [
-            groups(self.n) as usize * w,
-            groups(m) as usize * w,
+            ceil_div(self.n, tile) as usize * w,
+            ceil_div(m, tile_m) as usize * wy,
             (batch * splits) as usize,
         ];
         let (bias, bias_off, bias_stride, has_bias) = match self.bias {
@@ -133,7 +139,7 @@ impl Gemm<'_> {
             None
         };
         let part_mem = part.as_ref().map_or(out.mem(), Operand::mem);
-        ctx.launch(flavor, "pc_matmul_gemm", &global, Some(&[w, w, 1]), |k| {
+        ctx.launch(flavor, kernel, &global, Some(&[w, wy, 1]), |k| {
             k.mem(self.a.0.mem())?
                 .value(layouts[0])?
                 .value(a_rs)?
