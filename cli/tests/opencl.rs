@@ -1,0 +1,209 @@
+//! The OpenCL plugin through the `polychip` command: it passes `polychip
+//! conform` with nothing failed, unimplemented or skipped; it reports zero
+//! devices, with the reason, where OpenCL has no driver; and `polychip
+//! train` runs pipelines and replicas that include its device, a
+//! three-vendor pipeline following the single-device loss curve.
+//!
+//! Needs `cargo build --workspace` first and an OpenCL driver
+//! (`scripts/install-deps` installs PoCL, which runs OpenCL on the CPU).
+//! Without an OpenCL device the tests that need one say why and pass,
+//! unless `POLYCHIP_REQUIRE_OPENCL=1` (which `scripts/test` sets) makes
+//! that a failure.
+
+mod common;
+use common::{built_plugin, conform_report, polychip_env};
+
+use std::path::{Path, PathBuf};
+
+const PLUGIN: &str = "libpolychip_opencl.so";
+
+/// The bound on |loss difference| per step against one device, f32 (the
+/// one `tests/train.rs` states for every heterogeneous plan).
+const F32_BOUND: f64 = 1e-4;
+
+/// The plugin's path, when the machine has an OpenCL device.
+fn opencl() -> Option<String> {
+    let plugin = built_plugin(PLUGIN);
+    let (code, out, err) = polychip_env(
+        &["devices", "--json"],
+        &[
+            ("POLYCHIP_PLUGIN_PATH", &plugin),
+            ("POLYCHIP_NO_BUNDLED_PLUGINS", "1"),
+        ],
+    );
+    assert_eq!(code, Some(0), "{out}{err}");
+    let doc: serde_json::Value = serde_json::from_str(&out).unwrap();
+    if doc["devices"].as_array().is_some_and(|d| !d.is_empty()) {
+        return Some(plugin);
+    }
+    let why = format!("no OpenCL device (install a driver: scripts/install-deps installs PoCL): {err}");
+    assert!(
+        std::env::var("POLYCHIP_REQUIRE_OPENCL").as_deref() != Ok("1"),
+        "{why}, and POLYCHIP_REQUIRE_OPENCL=1"
+    );
+    eprintln!("skipped: {why}");
+    None
+}
+
+#[test]
+fn conform_passes_every_case_with_nothing_unimplemented() {
+    let Some(plugin) = opencl() else {
+        return;
+    };
+    let (code, text, doc) = conform_report(&["--plugin", &plugin], &[]);
+    let rows = doc["rows"].as_array().unwrap_or_else(|| panic!("no report: {text}"));
+    let total = |key: &str| rows.iter().map(|r| r[key].as_u64().unwrap()).sum::<u64>();
+    assert_eq!(total("failed"), 0, "{text}");
+    assert_eq!(total("not_implemented"), 0, "{text}");
+    assert_eq!(total("skipped"), 0, "{text}");
+    assert!(total("passed") > 4000, "{text}");
+    // Every operator of the ABI, each in every dtype the spec lists.
+    let ops: std::collections::BTreeSet<&str> =
+        rows.iter().map(|r| r["op"].as_str().unwrap()).collect();
+    assert_eq!(ops.len(), 47, "{ops:?}");
+    assert_eq!(code, 0, "{text}");
+}
+
+#[test]
+fn no_driver_means_zero_devices_and_the_reason() {
+    let plugin = built_plugin(PLUGIN);
+    let empty = std::env::temp_dir().join(format!("polychip-no-icd-{}", std::process::id()));
+    std::fs::create_dir_all(&empty).unwrap();
+    let (code, out, err) = polychip_env(
+        &["devices"],
+        &[
+            ("POLYCHIP_PLUGIN_PATH", &plugin),
+            ("POLYCHIP_NO_BUNDLED_PLUGINS", "1"),
+            // The ICD loader finds its drivers here: none.
+            ("OCL_ICD_VENDORS", empty.to_str().unwrap()),
+        ],
+    );
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert!(out.contains("OpenCL") && out.contains("reports no devices"), "{out}");
+    assert!(err.contains("no OpenCL platform"), "{err}");
+    assert!(!out.contains("failed to load"), "{out}");
+    let _ = std::fs::remove_dir_all(&empty);
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("polychip-opencl-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// `polychip train` on the default model (`tiny`, 4 blocks) with the
+/// OpenCL plugin loaded beside the bundled ones; the per-step losses.
+fn curve(plugin: &str, dir: &Path, tag: &str, extra: &[&str]) -> (Vec<f64>, String) {
+    let json = dir.join(format!("{tag}.json"));
+    let j = json.display().to_string();
+    let mut args = vec![
+        "train",
+        "--model",
+        "tiny",
+        "--global-batch",
+        "8",
+        "--eval-every",
+        "0",
+        "--log-every",
+        "0",
+        "--no-pin",
+        "--log-json",
+        &j,
+    ];
+    args.extend_from_slice(extra);
+    if !extra.contains(&"--steps") {
+        args.extend_from_slice(&["--steps", "6"]);
+    }
+    let (code, out, err) = polychip_env(&args, &[("POLYCHIP_PLUGIN_PATH", plugin)]);
+    assert_eq!(code, Some(0), "{tag}: {out}\n{err}");
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let losses = v["summary"]["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["loss"].as_f64().unwrap())
+        .collect();
+    (losses, out + &err)
+}
+
+fn max_diff(a: &[f64], b: &[f64]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f64::max)
+}
+
+#[test]
+fn training_pipelines_and_replicas_include_the_opencl_device() {
+    let Some(plugin) = opencl() else {
+        return;
+    };
+    let dir = scratch("train");
+    let (reference, _) = curve(&plugin, &dir, "ref", &["--device", "ferrite:0"]);
+    assert!(reference[5] < reference[0], "the loss must fall: {reference:?}");
+    let (alone, _) = curve(&plugin, &dir, "alone", &["--device", "opencl:0"]);
+    let (three, _) = curve(
+        &plugin,
+        &dir,
+        "three",
+        &["--stages", "ferrite:0=0..2,cobalt:0=2..3,opencl:0=3..4"],
+    );
+    let plan = dir.join("replicas.toml");
+    std::fs::write(
+        &plan,
+        r#"
+[[group]]
+micro_batch_size = 2
+micro_batches = 2
+stages = [{ device = "ferrite:0", layers = [0, 4] }]
+
+[[group]]
+micro_batch_size = 2
+micro_batches = 2
+stages = [{ device = "opencl:0", layers = [0, 2] }, { device = "cobalt:0", layers = [2, 4] }]
+"#,
+    )
+    .unwrap();
+    let p = plan.display().to_string();
+    let (replicas, _) = curve(&plugin, &dir, "replicas", &["--plan", &p]);
+    for (name, c) in [
+        ("opencl alone", &alone),
+        ("pipeline ferrite+cobalt+opencl", &three),
+        ("replicas ferrite | opencl+cobalt", &replicas),
+    ] {
+        let d = max_diff(&reference, c);
+        eprintln!("{name}: largest loss difference over 6 steps {d:.3e}");
+        assert!(d <= F32_BOUND, "{name}: differs by {d} (bound {F32_BOUND})");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn plan_auto_profiles_the_opencl_device_like_any_other() {
+    let Some(plugin) = opencl() else {
+        return;
+    };
+    let dir = scratch("auto");
+    let saved = dir.join("plan.json");
+    let s = saved.display().to_string();
+    let (losses, text) = curve(
+        &plugin,
+        &dir,
+        "auto",
+        &[
+            "--plan",
+            "auto",
+            "--devices",
+            "ferrite:0,cobalt:0,opencl:0",
+            "--steps",
+            "2",
+            "--save-plan",
+            &s,
+        ],
+    );
+    assert_eq!(losses.len(), 2);
+    assert!(text.contains("profiled opencl:0"), "{text}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
