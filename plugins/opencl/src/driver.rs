@@ -116,6 +116,17 @@ impl Info {
         })
     }
 
+    /// The name the ABI carries (at most 63 bytes): "device (platform)", or
+    /// the device's name alone when both do not fit, rather than a name cut
+    /// in the middle.
+    pub fn short_name(&self) -> &str {
+        if self.name.len() <= 63 {
+            &self.name
+        } else {
+            self.name[..self.name.rfind(" (").unwrap_or(self.name.len())].trim()
+        }
+    }
+
     /// Peak f32 FLOP/s as the driver's figures give it: compute units x
     /// clock x native float lanes x 2 (a fused multiply-add). For a CPU
     /// that is the SIMD peak; for a GPU, whose drivers report one lane per
@@ -140,7 +151,7 @@ impl Info {
             .filter(|v| v.is_finite() && *v > 0.0)
             .map_or_else(|| self.derived_peak(), |g| g * 1e9);
         DeviceProps {
-            name: self.name.clone(),
+            name: self.short_name().to_owned(),
             memory_bytes: self.memory_bytes,
             host_visible: false,
             rdma_exportable: false,
