@@ -36,7 +36,8 @@ fn opencl() -> Option<String> {
     if doc["devices"].as_array().is_some_and(|d| !d.is_empty()) {
         return Some(plugin);
     }
-    let why = format!("no OpenCL device (install a driver: scripts/install-deps installs PoCL): {err}");
+    let why =
+        format!("no OpenCL device (install a driver: scripts/install-deps installs PoCL): {err}");
     assert!(
         std::env::var("POLYCHIP_REQUIRE_OPENCL").as_deref() != Ok("1"),
         "{why}, and POLYCHIP_REQUIRE_OPENCL=1"
@@ -51,7 +52,9 @@ fn conform_passes_every_case_with_nothing_unimplemented() {
         return;
     };
     let (code, text, doc) = conform_report(&["--plugin", &plugin], &[]);
-    let rows = doc["rows"].as_array().unwrap_or_else(|| panic!("no report: {text}"));
+    let rows = doc["rows"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no report: {text}"));
     let total = |key: &str| rows.iter().map(|r| r[key].as_u64().unwrap()).sum::<u64>();
     assert_eq!(total("failed"), 0, "{text}");
     assert_eq!(total("not_implemented"), 0, "{text}");
@@ -79,7 +82,10 @@ fn no_driver_means_zero_devices_and_the_reason() {
         ],
     );
     assert_eq!(code, Some(0), "{out}{err}");
-    assert!(out.contains("OpenCL") && out.contains("reports no devices"), "{out}");
+    assert!(
+        out.contains("OpenCL") && out.contains("reports no devices"),
+        "{out}"
+    );
     assert!(err.contains("no OpenCL platform"), "{err}");
     assert!(!out.contains("failed to load"), "{out}");
     let _ = std::fs::remove_dir_all(&empty);
@@ -142,7 +148,10 @@ fn training_pipelines_and_replicas_include_the_opencl_device() {
     };
     let dir = scratch("train");
     let (reference, _) = curve(&plugin, &dir, "ref", &["--device", "ferrite:0"]);
-    assert!(reference[5] < reference[0], "the loss must fall: {reference:?}");
+    assert!(
+        reference[5] < reference[0],
+        "the loss must fall: {reference:?}"
+    );
     let (alone, _) = curve(&plugin, &dir, "alone", &["--device", "opencl:0"]);
     let (three, _) = curve(
         &plugin,

@@ -332,3 +332,31 @@ pub unsafe fn new_queue(
     #[allow(deprecated)]
     unsafe { CommandQueue::create(context, device, 0) }.cl("clCreateCommandQueue")
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errors_carry_the_opencl_name_and_a_fitting_code() {
+        let e = cl_error(
+            "clEnqueueNDRangeKernel(pc_x)",
+            cl3::error_codes::CL_OUT_OF_RESOURCES,
+        );
+        assert_eq!(e.code, ErrorCode::Internal);
+        assert!(
+            e.message
+                .contains("clEnqueueNDRangeKernel(pc_x) failed: CL_OUT_OF_RESOURCES (-5)"),
+            "{}",
+            e.message
+        );
+        let e = cl_error(
+            "clCreateBuffer",
+            cl3::error_codes::CL_MEM_OBJECT_ALLOCATION_FAILURE,
+        );
+        assert_eq!(e.code, ErrorCode::OutOfMemory);
+        assert!(e.message.contains("CL_MEM_OBJECT_ALLOCATION_FAILURE"));
+        let e = cl_error("clFinish", cl3::error_codes::CL_DEVICE_NOT_AVAILABLE);
+        assert_eq!(e.code, ErrorCode::DeviceLost);
+    }
+}
