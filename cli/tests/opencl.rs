@@ -195,8 +195,6 @@ fn plan_auto_profiles_the_opencl_device_like_any_other() {
         return;
     };
     let dir = scratch("auto");
-    let saved = dir.join("plan.json");
-    let s = saved.display().to_string();
     let (losses, text) = curve(
         &plugin,
         &dir,
@@ -208,11 +206,14 @@ fn plan_auto_profiles_the_opencl_device_like_any_other() {
             "ferrite:0,cobalt:0,opencl:0",
             "--steps",
             "2",
-            "--save-plan",
-            &s,
         ],
     );
     assert_eq!(losses.len(), 2);
     assert!(text.contains("profiled opencl:0"), "{text}");
+    let plan = text
+        .lines()
+        .find(|l| l.starts_with("plan ("))
+        .unwrap_or_default();
+    assert!(plan.contains("HeteroAuto"), "{text}");
     let _ = std::fs::remove_dir_all(&dir);
 }
