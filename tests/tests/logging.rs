@@ -57,27 +57,32 @@ fn plugin_log_records_reach_the_host_logger() {
 }
 
 #[test]
-fn bundled_plugins_export_only_the_entry_symbol() {
-    let Ok(out) = std::process::Command::new("nm")
-        .args(["-D", "--defined-only"])
-        .arg(common::ferrite_path())
-        .output()
-    else {
-        eprintln!("skipped: nm is not installed (scripts/install-deps installs binutils)");
-        return;
-    };
-    let text = String::from_utf8_lossy(&out.stdout);
-    let functions: Vec<&str> = text
-        .lines()
-        .filter_map(|l| {
-            let mut parts = l.split_whitespace();
-            let (_, kind, name) = (parts.next()?, parts.next()?, parts.next()?);
-            (kind == "T").then_some(name)
-        })
-        .collect();
-    assert_eq!(
-        functions,
-        ["polychip_plugin_init_v1"],
-        "Ferrite exports: {text}"
-    );
+fn rust_plugins_export_only_the_entry_symbol() {
+    for (name, path) in [
+        ("Ferrite", common::ferrite_path()),
+        ("OpenCL", common::opencl_path()),
+    ] {
+        let Ok(out) = std::process::Command::new("nm")
+            .args(["-D", "--defined-only"])
+            .arg(&path)
+            .output()
+        else {
+            eprintln!("skipped: nm is not installed (scripts/install-deps installs binutils)");
+            return;
+        };
+        let text = String::from_utf8_lossy(&out.stdout);
+        let functions: Vec<&str> = text
+            .lines()
+            .filter_map(|l| {
+                let mut parts = l.split_whitespace();
+                let (_, kind, name) = (parts.next()?, parts.next()?, parts.next()?);
+                (kind == "T").then_some(name)
+            })
+            .collect();
+        assert_eq!(
+            functions,
+            ["polychip_plugin_init_v1"],
+            "{name} exports: {text}"
+        );
+    }
 }

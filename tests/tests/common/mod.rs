@@ -37,6 +37,12 @@ pub fn ferrite_path() -> PathBuf {
     bundled("polychip_vendor_ferrite")
 }
 
+/// The OpenCL plugin (built by the workspace, not bundled).
+#[allow(dead_code)]
+pub fn opencl_path() -> PathBuf {
+    bundled("polychip_opencl")
+}
+
 /// The C plugin "Cobalt".
 pub fn cobalt_path() -> PathBuf {
     PathBuf::from(cobalt::LIBRARY_PATH)
