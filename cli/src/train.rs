@@ -533,10 +533,25 @@ fn report(args: &Args, plan: &TrainPlan, s: &Summary) -> Result<(), TrainError> 
 /// Starts this command again as the ranks of a local job, handing them the
 /// resolved plan.
 fn relaunch(plan: &TrainPlan) -> Result<ExitCode, TrainError> {
-    let file =
-        std::env::temp_dir().join(format!("polychip-train-plan-{}.json", std::process::id()));
-    std::fs::write(&file, serde_json::to_string(plan).expect("json"))
-        .map_err(|e| TrainError::io(&file, e))?;
+    // A new file only this user can read, under a name no other process
+    // can guess (pid and 64 random bits), never following a planted link.
+    let file = std::env::temp_dir().join(format!(
+        "polychip-train-plan-{}.json",
+        polychip_comm::shm::unique_job_name()
+    ));
+    {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&file)
+            .map_err(|e| TrainError::io(&file, e))?;
+        f.write_all(serde_json::to_string(plan).expect("json").as_bytes())
+            .map_err(|e| TrainError::io(&file, e))?;
+    }
     let exe = std::env::current_exe().map_err(|e| TrainError::io("polychip", e))?;
     let mut command = vec![exe.display().to_string()];
     command.extend(std::env::args().skip(1));

@@ -4,6 +4,7 @@
 
 use std::fs::{self, OpenOptions};
 use std::os::fd::AsRawFd;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
@@ -27,10 +28,16 @@ impl Map {
             let _ = fs::remove_file(path); // a stale file of the same name
             let tmp = format!("{path}.tmp");
             let _ = fs::remove_file(&tmp);
+            // Private to this user (a job's activations and gradients pass
+            // through these files), created new: a file or symlink planted
+            // under the temporary name makes this fail rather than be
+            // followed.
             let f = OpenOptions::new()
                 .read(true)
                 .write(true)
                 .create_new(true)
+                .mode(0o600)
+                .custom_flags(libc::O_NOFOLLOW)
                 .open(&tmp)
                 .map_err(io)?;
             f.set_len(len as u64).map_err(io)?;
@@ -40,9 +47,23 @@ impl Map {
             let f = OpenOptions::new()
                 .read(true)
                 .write(true)
+                .custom_flags(libc::O_NOFOLLOW)
                 .open(path)
                 .map_err(io)?;
-            let got = f.metadata().map_err(io)?.len() as usize;
+            let meta = f.metadata().map_err(io)?;
+            // SAFETY: geteuid has no preconditions.
+            let me = unsafe { libc::geteuid() };
+            if !meta.is_file() || meta.uid() != me {
+                return Err(CommError::Io {
+                    rank,
+                    op: "shm map".into(),
+                    message: format!(
+                        "{path} is not a regular file of this user (uid {me}): a peer's \
+                         shared-memory file must be; refusing to map it"
+                    ),
+                });
+            }
+            let got = meta.len() as usize;
             if got != len {
                 return Err(CommError::Mismatch {
                     rank,

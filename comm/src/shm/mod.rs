@@ -100,18 +100,92 @@ fn path(job: &str, rank: usize, what: &str) -> String {
     format!("/dev/shm/polychip-{job}-r{rank}-{what}")
 }
 
-/// A job name unique on this machine.
-pub fn unique_job_name() -> String {
+/// 64 bits from the kernel's random source (the clock and a counter when it
+/// fails, which only a kernel without getrandom does).
+fn random_u64() -> u64 {
+    let mut bytes = [0u8; 8];
+    // SAFETY: writes at most 8 bytes into `bytes`.
+    let got = unsafe { libc::getrandom(bytes.as_mut_ptr().cast(), bytes.len(), 0) };
+    if got == 8 {
+        return u64::from_ne_bytes(bytes);
+    }
     static NEXT: AtomicU64 = AtomicU64::new(0);
     let nanos = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as u64);
-    format!(
-        "{:x}-{:x}-{}",
-        std::process::id(),
-        nanos,
-        NEXT.fetch_add(1, Ordering::Relaxed)
-    )
+    nanos ^ NEXT.fetch_add(1, Ordering::Relaxed).rotate_left(48)
+}
+
+/// A job name unique on this machine and not guessable by another process:
+/// rank 0's pid (so a test can find the files of a job it killed) and 64
+/// random bits.
+pub fn unique_job_name() -> String {
+    format!("{:x}-{:016x}", std::process::id(), random_u64())
+}
+
+/// Files of this user's jobs whose owning process is gone (killed, or
+/// stopped before it could clean up) are removed: every rank's control
+/// segment holds its pid, and a control file older than a minute whose pid
+/// no longer exists marks all of that rank's files as stale. Run once per
+/// process, when its first transport connects.
+pub fn sweep_stale_files() -> usize {
+    sweep_in(std::path::Path::new("/dev/shm"), Duration::from_secs(60))
+}
+
+fn sweep_in(dir: &std::path::Path, min_age: Duration) -> usize {
+    use std::os::unix::fs::MetadataExt;
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    let Ok(entries) = fs::read_dir(dir) else {
+        return 0;
+    };
+    let names: Vec<String> = entries
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("polychip-"))
+        .collect();
+    let mut removed = 0;
+    for ctl in names.iter().filter(|n| n.ends_with("-ctl")) {
+        let file = dir.join(ctl);
+        let Ok(meta) = fs::symlink_metadata(&file) else {
+            continue;
+        };
+        let old = meta
+            .modified()
+            .ok()
+            .and_then(|m| m.elapsed().ok())
+            .is_some_and(|age| age >= min_age);
+        if !meta.is_file() || meta.uid() != me || !old || meta.len() < 8 {
+            continue;
+        }
+        let Ok(bytes) = fs::read(&file).map(|b| b[..8].to_vec()) else {
+            continue;
+        };
+        let pid = u64::from_ne_bytes(bytes.try_into().unwrap_or([0; 8]));
+        let Ok(pid) = libc::pid_t::try_from(pid) else {
+            continue;
+        };
+        // SAFETY: signal 0 only checks that the process exists.
+        let gone = pid > 0
+            && unsafe { libc::kill(pid, 0) } != 0
+            && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH);
+        if !gone {
+            continue;
+        }
+        let prefix = &ctl[..ctl.len() - "ctl".len()];
+        for name in names.iter().filter(|n| n.starts_with(prefix)) {
+            if fs::remove_file(dir.join(name)).is_ok() {
+                removed += 1;
+            }
+        }
+    }
+    if removed > 0 {
+        log::info!(
+            "shm: removed {removed} file(s) of dead jobs from {}",
+            dir.display()
+        );
+    }
+    removed
 }
 
 fn open_peer(
@@ -171,8 +245,22 @@ impl ShmTransport {
                 "shm: bad rank {rank} of {world} or job name {job:?}"
             )));
         }
+        static SWEPT: OnceLock<usize> = OnceLock::new();
+        SWEPT.get_or_init(sweep_stale_files);
         let deadline = Instant::now() + timeout;
-        let own = Map::open(&path(job, rank, "ctl"), CTL_LEN, true, rank)?;
+        let own_path = path(job, rank, "ctl");
+        let own = Map::open(&own_path, CTL_LEN, true, rank)?;
+        // Until the transport exists (whose drop removes it), a failure
+        // removes this rank's control file on the way out.
+        struct Unlink<'a>(Option<&'a str>);
+        impl Drop for Unlink<'_> {
+            fn drop(&mut self) {
+                if let Some(p) = self.0 {
+                    let _ = fs::remove_file(p);
+                }
+            }
+        }
+        let mut unlink = Unlink(Some(&own_path));
         own.word(PID)
             .store(u64::from(std::process::id()), Ordering::Release);
         let mut ctl = Vec::with_capacity(world);
@@ -199,6 +287,7 @@ impl ShmTransport {
             ctl.push(map);
         }
         let regions = Regions::default();
+        unlink.0 = None;
         Ok(ShmTransport {
             rank,
             world,
@@ -418,5 +507,113 @@ impl Drop for ShmTransport {
             let _ = fs::remove_file(path(&self.job, self.rank, &id.to_string()));
         }
         let _ = fs::remove_file(path(&self.job, self.rank, "ctl"));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::SystemTime;
+
+    fn scratch(name: &str) -> std::path::PathBuf {
+        let dir = std::env::temp_dir().join(format!("polychip-shm-{name}-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    /// A control file holding `pid`, last modified `age` ago.
+    fn ctl_file(dir: &std::path::Path, name: &str, pid: u32, age: Duration) {
+        let path = dir.join(name);
+        let mut bytes = u64::from(pid).to_ne_bytes().to_vec();
+        bytes.resize(CTL_LEN, 0);
+        fs::write(&path, bytes).unwrap();
+        let file = fs::File::options().write(true).open(&path).unwrap();
+        file.set_modified(SystemTime::now() - age).unwrap();
+    }
+
+    fn dead_pid() -> u32 {
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id();
+        child.wait().unwrap();
+        pid
+    }
+
+    #[test]
+    fn the_sweep_removes_the_files_of_dead_ranks_only() {
+        let dir = scratch("sweep");
+        let old = Duration::from_secs(120);
+        let dead = dead_pid();
+        ctl_file(&dir, "polychip-a-r0-ctl", dead, old);
+        fs::write(dir.join("polychip-a-r0-0"), b"region").unwrap();
+        fs::write(dir.join("polychip-a-r1-0"), b"another rank's").unwrap();
+        // Alive, and dead but too young (a rank still starting).
+        ctl_file(&dir, "polychip-b-r0-ctl", std::process::id(), old);
+        fs::write(dir.join("polychip-b-r0-0"), b"live").unwrap();
+        ctl_file(&dir, "polychip-c-r0-ctl", dead, Duration::ZERO);
+        fs::write(dir.join("unrelated-r0-ctl"), b"not ours").unwrap();
+        assert_eq!(sweep_in(&dir, Duration::from_secs(60)), 2);
+        let mut left: Vec<String> = fs::read_dir(&dir)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        left.sort();
+        assert_eq!(
+            left,
+            [
+                "polychip-a-r1-0",
+                "polychip-b-r0-0",
+                "polychip-b-r0-ctl",
+                "polychip-c-r0-ctl",
+                "unrelated-r0-ctl"
+            ]
+        );
+        let _ = fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn files_are_private_and_job_names_unguessable() {
+        use std::os::unix::fs::PermissionsExt;
+        let (a, b) = (unique_job_name(), unique_job_name());
+        assert_ne!(a, b);
+        let random = a.rsplit('-').next().unwrap();
+        assert_eq!(random.len(), 16, "{a}");
+        assert!(a.starts_with(&format!("{:x}-", std::process::id())), "{a}");
+        let t = ShmTransport::with_job_name(&a, 0, 1, Duration::from_secs(5)).unwrap();
+        let region = t.register(4096).unwrap();
+        let _ = region;
+        for what in ["ctl", "0"] {
+            let mode = fs::metadata(path(&a, 0, what))
+                .unwrap()
+                .permissions()
+                .mode();
+            assert_eq!(mode & 0o777, 0o600, "{what}: {mode:o}");
+        }
+        drop(t);
+        assert!(fs::metadata(path(&a, 0, "ctl")).is_err(), "removed on drop");
+    }
+
+    #[test]
+    fn a_planted_symlink_is_neither_followed_nor_written_through() {
+        let dir = scratch("symlink");
+        let target = dir.join("target");
+        fs::write(&target, b"precious").unwrap();
+        let job = unique_job_name();
+        // A peer's control file planted as a symlink: refused, not mapped.
+        std::os::unix::fs::symlink(&target, path(&job, 1, "ctl")).unwrap();
+        let e = ShmTransport::with_job_name(&job, 0, 2, Duration::from_secs(2)).unwrap_err();
+        assert!(e.to_string().contains(&path(&job, 1, "ctl")), "{e}");
+        assert!(
+            fs::symlink_metadata(path(&job, 0, "ctl")).is_err(),
+            "a failed connect leaves no file behind"
+        );
+        // This rank's own file planted as a symlink: replaced, not followed.
+        std::os::unix::fs::symlink(&target, path(&job, 0, "ctl")).unwrap();
+        let t = ShmTransport::with_job_name(&job, 0, 1, Duration::from_secs(2)).unwrap();
+        drop(t);
+        assert_eq!(fs::read(&target).unwrap(), b"precious");
+        let _ = fs::remove_file(path(&job, 1, "ctl"));
+        let _ = fs::remove_dir_all(&dir);
     }
 }
