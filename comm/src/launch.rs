@@ -2,8 +2,10 @@
 //! a one-machine launcher like `torchrun --standalone`: it picks a free port
 //! on 127.0.0.1, starts N copies of the command with the torchrun variables
 //! (`RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `LOCAL_WORLD_SIZE`, `MASTER_ADDR`,
-//! `MASTER_PORT`) plus `POLYCHIP_LAUNCHER=1` and, with a device list,
-//! `POLYCHIP_DEVICE`; prefixes every line they print with `[rank K] `; and
+//! `MASTER_PORT`) plus `POLYCHIP_LAUNCHER=1`, the job's secret and id
+//! (`POLYCHIP_JOB_SECRET`, `POLYCHIP_JOB_ID`: generated per job unless the
+//! launcher's own environment sets them; see [`crate::auth`]) and, with a
+//! device list, `POLYCHIP_DEVICE`; prefixes every line they print with `[rank K] `; and
 //! when one rank fails, stops the others (SIGTERM to each rank's process
 //! group, SIGKILL after a grace period) and reports that rank's failure.
 //! SIGINT, SIGTERM and SIGHUP sent to the launcher while it runs are passed
@@ -128,6 +130,15 @@ pub fn launch(opts: &LaunchOptions) -> Result<LaunchOutcome> {
         None => None,
     };
     let port = free_port()?;
+    let given = |var: &str| std::env::var(var).ok().filter(|v| !v.is_empty());
+    let secret = match given(crate::auth::SECRET_VAR) {
+        Some(s) => s,
+        None => crate::auth::hex(&crate::auth::random_bytes(16)?),
+    };
+    let job_id = match given(crate::auth::JOB_ID_VAR) {
+        Some(j) => j,
+        None => crate::auth::hex(&crate::auth::random_bytes(8)?),
+    };
     let signals = SignalGuard::install();
 
     let (done_tx, done_rx) = mpsc::channel::<()>();
@@ -142,6 +153,8 @@ pub fn launch(opts: &LaunchOptions) -> Result<LaunchOutcome> {
             .env("MASTER_ADDR", "127.0.0.1")
             .env("MASTER_PORT", port.to_string())
             .env("POLYCHIP_LAUNCHER", "1")
+            .env(crate::auth::SECRET_VAR, &secret)
+            .env(crate::auth::JOB_ID_VAR, &job_id)
             // In their own process groups, ranks reading the terminal would
             // be stopped (SIGTTIN) and hang the job: they read nothing.
             .stdin(Stdio::null())

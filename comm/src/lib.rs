@@ -6,6 +6,7 @@
 //!
 //! Work in progress: see the module list for what exists.
 
+pub mod auth;
 pub mod bench;
 pub mod bootstrap;
 pub mod collectives;

@@ -3,8 +3,16 @@
 //! it. The wire protocol is small and length-prefixed (all integers little
 //! endian):
 //!
-//! * handshake: the client sends `PCST` and a version byte; the server
-//!   answers the same five bytes.
+//! * handshake, a mutual challenge-response over the job's secret (see
+//!   [`crate::auth`]): the client sends `PCST`, a version byte and a 16-byte
+//!   nonce; the server answers the same five bytes, its own nonce and
+//!   `HMAC(secret, "server", client nonce, job id)`, which the client checks
+//!   (a store of another job, or with another secret, is refused); the
+//!   client sends its rank, its job id and `HMAC(secret, "client", server
+//!   nonce, job id, rank)`; the server answers a status byte (and on error a
+//!   message: another job's rank, or a wrong secret). A connection that does
+//!   not finish this within 5 s is dropped, and only members count as
+//!   connected ranks.
 //! * request: an op byte (`1` SET, `2` GET, `3` ADD), the key (u32 length
 //!   and bytes), then SET: the value (u32 length and bytes); GET: the
 //!   timeout in milliseconds (u64); ADD: the delta (i64).
@@ -18,7 +26,9 @@
 //! end a job cleanly, every rank passes a final [`barrier`], the others drop
 //! their stores, and rank 0 calls [`TcpStore::wait_for_others_to_leave`]
 //! before dropping its own.
-//! Every socket read and write has a deadline.
+//! Every socket read and write has a deadline. One value is at most 16 MiB
+//! and the store holds at most 256 MiB in all, so no client can make rank 0
+//! allocate without bound.
 
 use std::collections::HashMap;
 use std::io::{self, Read, Write};
@@ -28,11 +38,16 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use crate::auth::JobAuth;
 use crate::env::RankInfo;
 use crate::error::{CommError, Result};
 use crate::store::Store;
 
-const MAGIC: &[u8; 5] = b"PCST\x01";
+const MAGIC: &[u8; 5] = b"PCST\x02";
+/// How long a new connection has to prove it belongs to the job.
+const HANDSHAKE: Duration = Duration::from_secs(5);
+/// Bytes of a handshake nonce.
+const NONCE: usize = 16;
 const OP_SET: u8 = 1;
 const OP_GET: u8 = 2;
 const OP_ADD: u8 = 3;
@@ -42,7 +57,9 @@ const STATUS_ERROR: u8 = 2;
 /// Longest key accepted.
 const MAX_KEY: usize = 64 << 10;
 /// Largest value accepted.
-const MAX_VALUE: usize = 1 << 30;
+const MAX_VALUE: usize = 16 << 20;
+/// Most bytes (keys and values) the store holds in all.
+const MAX_TOTAL: usize = 256 << 20;
 /// How long SET and ADD may take, and how much longer than its own timeout
 /// a GET's reply may take, before the connection is declared dead.
 const IO_GRACE: Duration = Duration::from_secs(30);
@@ -69,11 +86,23 @@ impl TcpStore {
     /// `info.master_addr:info.master_port` (port 0 picks a free one; see
     /// [`TcpStore::port`]); then every rank connects, retrying with a short
     /// backoff until `timeout` has passed.
+    ///
+    /// The job's secret and id come from the environment
+    /// ([`JobAuth::from_env`]); [`TcpStore::connect_with`] takes them.
     pub fn connect(info: &RankInfo, timeout: Duration) -> Result<TcpStore> {
+        let auth = JobAuth::from_env(info).map_err(|e| match e {
+            CommError::Usage(m) => CommError::Usage(format!("rank {}: {m}", info.rank)),
+            e => e,
+        })?;
+        TcpStore::connect_with(info, &auth, timeout)
+    }
+
+    /// [`TcpStore::connect`] with the job's secret and id given.
+    pub fn connect_with(info: &RankInfo, auth: &JobAuth, timeout: Duration) -> Result<TcpStore> {
         let rank = info.rank;
         let deadline = Instant::now().checked_add(timeout);
         let (server, port) = if rank == 0 {
-            let server = Server::start(&info.master_addr, info.master_port)?;
+            let server = Server::start(&info.master_addr, info.master_port, auth.clone())?;
             let port = server.port;
             (Some(server), port)
         } else {
@@ -86,7 +115,7 @@ impl TcpStore {
             (None, info.master_port)
         };
         let addr = info.master_addr.clone();
-        let stream = connect_with_retry(rank, &addr, port, timeout, deadline)?;
+        let stream = connect_with_retry(rank, auth, &addr, port, timeout, deadline)?;
         let store = TcpStore {
             rank,
             addr,
@@ -367,6 +396,7 @@ fn human(d: Duration) -> String {
 
 fn connect_with_retry(
     rank: usize,
+    auth: &JobAuth,
     addr: &str,
     port: u16,
     timeout: Duration,
@@ -375,9 +405,14 @@ fn connect_with_retry(
     let mut backoff = Duration::from_millis(10);
     loop {
         let remaining = deadline.map(|d| d.saturating_duration_since(Instant::now()));
-        let last_error = match try_connect(addr, port, remaining) {
+        let last_error = match try_connect(rank, auth, addr, port, remaining) {
             Ok(stream) => return Ok(stream),
-            Err(e) => e,
+            Err(Attempt::Refused(why)) => {
+                return Err(CommError::Usage(format!(
+                    "rank {rank}: the rendezvous store at {addr}:{port} {why}"
+                )));
+            }
+            Err(Attempt::Failed(e)) => e,
         };
         let remaining = deadline.map(|d| d.saturating_duration_since(Instant::now()));
         if remaining.is_some_and(|r| r.is_zero()) {
@@ -396,59 +431,113 @@ fn connect_with_retry(
     }
 }
 
-/// One attempt: resolve, connect and handshake. `Err` is the reason, for
-/// the message after the last attempt.
+/// Why one attempt to join the store failed.
+enum Attempt {
+    /// Worth retrying (nothing listens yet, a reset, a timeout): the reason.
+    Failed(String),
+    /// Final: the store is another job's, or the secrets differ.
+    Refused(String),
+}
+
+/// One attempt: resolve, connect and handshake (see the module docs).
 fn try_connect(
+    rank: usize,
+    auth: &JobAuth,
     addr: &str,
     port: u16,
     remaining: Option<Duration>,
-) -> std::result::Result<TcpStream, String> {
+) -> std::result::Result<TcpStream, Attempt> {
     let addrs: Vec<SocketAddr> = (addr, port)
         .to_socket_addrs()
-        .map_err(|e| format!("cannot resolve {addr:?}: {}", describe_io(&e)))?
+        .map_err(|e| Attempt::Failed(format!("cannot resolve {addr:?}: {}", describe_io(&e))))?
         .collect();
     let limit = remaining
         .unwrap_or(Duration::from_secs(10))
         .clamp(Duration::from_millis(10), Duration::from_secs(10));
     let mut last = format!("{addr:?} resolves to no address");
+    let nonce = crate::auth::random_bytes(NONCE).map_err(|e| Attempt::Failed(e.to_string()))?;
     for sa in addrs {
         match TcpStream::connect_timeout(&sa, limit) {
             Ok(mut stream) => {
                 let _ = stream.set_nodelay(true);
-                let shake = (|| {
-                    stream.set_write_timeout(Some(limit))?;
-                    stream.set_read_timeout(Some(limit))?;
-                    stream.write_all(MAGIC)?;
-                    let mut answer = [0u8; 5];
-                    stream.read_exact(&mut answer)?;
-                    Ok::<_, io::Error>(answer)
-                })();
-                match shake {
-                    Ok(answer) if &answer == MAGIC => return Ok(stream),
-                    Ok(_) => {
-                        last = "something else is listening there (it does not speak the \
-                                polychip store protocol)"
-                            .to_string()
-                    }
-                    Err(e) => last = format!("handshake failed: {}", describe_io(&e)),
+                match client_handshake(&mut stream, rank, auth, &nonce, limit) {
+                    Ok(()) => return Ok(stream),
+                    Err(Attempt::Failed(why)) => last = why,
+                    Err(refused) => return Err(refused),
                 }
             }
             Err(e) => last = describe_io(&e),
         }
     }
-    Err(last)
+    Err(Attempt::Failed(last))
+}
+
+fn client_handshake(
+    stream: &mut TcpStream,
+    rank: usize,
+    auth: &JobAuth,
+    nonce: &[u8],
+    limit: Duration,
+) -> std::result::Result<(), Attempt> {
+    let failed = |e: io::Error| Attempt::Failed(format!("handshake failed: {}", describe_io(&e)));
+    stream.set_write_timeout(Some(limit)).map_err(failed)?;
+    stream.set_read_timeout(Some(limit)).map_err(failed)?;
+    let mut hello = MAGIC.to_vec();
+    hello.extend_from_slice(nonce);
+    stream.write_all(&hello).map_err(failed)?;
+    let mut answer = [0u8; 5 + NONCE + 32];
+    stream.read_exact(&mut answer[..5]).map_err(failed)?;
+    if &answer[..5] != MAGIC {
+        let what = if answer[..4] == MAGIC[..4] {
+            "speaks another version of the polychip store protocol (a polychip of another \
+             version?)"
+        } else {
+            "is something else (it does not speak the polychip store protocol)"
+        };
+        return Err(Attempt::Refused(what.into()));
+    }
+    stream.read_exact(&mut answer[5..]).map_err(failed)?;
+    let (server_nonce, server_tag) = answer[5..].split_at(NONCE);
+    let job = auth.job_id.as_bytes();
+    if !auth.verify(&[b"server", nonce, job], server_tag) {
+        return Err(Attempt::Refused(format!(
+            "cannot prove it belongs to this job (job id {:?}): it is another job's store on the \
+             same port, or the ranks were given different {} values",
+            auth.job_id,
+            crate::auth::SECRET_VAR
+        )));
+    }
+    let rank_bytes = (rank as u64).to_le_bytes();
+    let mut proof = rank_bytes.to_vec();
+    put_bytes(&mut proof, job);
+    proof.extend_from_slice(&auth.tag(&[b"client", server_nonce, job, &rank_bytes]));
+    stream.write_all(&proof).map_err(failed)?;
+    match read_u8(stream).map_err(failed)? {
+        STATUS_OK => Ok(()),
+        _ => {
+            let message = read_bytes(stream, MAX_KEY).map_err(failed)?;
+            Err(Attempt::Refused(format!(
+                "refused this rank: {}",
+                String::from_utf8_lossy(&message)
+            )))
+        }
+    }
 }
 
 // ---------------------------------------------------------------- server
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Shared {
+    auth: JobAuth,
     map: Mutex<HashMap<String, Vec<u8>>>,
+    /// Bytes of keys and values in `map` (under its lock).
+    total: std::sync::atomic::AtomicUsize,
     changed: Condvar,
     stop: AtomicBool,
     /// Open connections (to shut down on stop) and their threads.
     clients: Mutex<Vec<(TcpStream, JoinHandle<()>)>>,
-    /// Number of connected clients (rank 0's own included).
+    /// Number of connected members (rank 0's own included): clients that
+    /// passed the handshake.
     live: Mutex<usize>,
     left: Condvar,
 }
@@ -461,7 +550,14 @@ struct Server {
 }
 
 impl Server {
-    fn start(addr: &str, port: u16) -> Result<Server> {
+    fn start(addr: &str, port: u16, auth: JobAuth) -> Result<Server> {
+        if addr == "0.0.0.0" || addr == "::" || addr == "[::]" {
+            log::warn!(
+                "rendezvous store: MASTER_ADDR={addr} serves on every network interface: anyone \
+                 who can reach port {port} can try to join (only holders of the job's secret \
+                 get in); give rank 0's own address to serve only there"
+            );
+        }
         let listener = TcpListener::bind((addr, port)).map_err(|e| CommError::Io {
             rank: 0,
             op: format!("could not serve the rendezvous store on {addr}:{port}"),
@@ -474,7 +570,16 @@ impl Server {
         };
         let port = listener.local_addr().map_err(io_err)?.port();
         listener.set_nonblocking(true).map_err(io_err)?;
-        let shared = Arc::new(Shared::default());
+        let shared = Arc::new(Shared {
+            auth,
+            map: Mutex::default(),
+            total: Default::default(),
+            changed: Condvar::new(),
+            stop: AtomicBool::new(false),
+            clients: Mutex::default(),
+            live: Mutex::new(0),
+            left: Condvar::new(),
+        });
         let accept_shared = Arc::clone(&shared);
         let accept = std::thread::Builder::new()
             .name(format!("store-server:{port}"))
@@ -526,20 +631,23 @@ fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
                 };
                 let _ = stream.set_nonblocking(false);
                 let _ = stream.set_nodelay(true);
-                *shared.live.lock().unwrap_or_else(|e| e.into_inner()) += 1;
                 let thread_shared = Arc::clone(&shared);
                 let spawned = std::thread::Builder::new()
                     .name(format!("store-client:{peer}"))
                     .spawn(move || {
-                        if let Err(e) = serve_client(stream, &thread_shared) {
-                            log::debug!("rendezvous store: client {peer}: {e}");
+                        let mut member = false;
+                        if let Err(e) = serve_client(stream, &thread_shared, &mut member) {
+                            if member {
+                                log::debug!("rendezvous store: client {peer}: {e}");
+                            } else {
+                                log::warn!("rendezvous store: refused a client at {peer}: {e}");
+                            }
                         }
-                        *thread_shared.live.lock().unwrap_or_else(|e| e.into_inner()) -= 1;
-                        thread_shared.left.notify_all();
+                        if member {
+                            *thread_shared.live.lock().unwrap_or_else(|e| e.into_inner()) -= 1;
+                            thread_shared.left.notify_all();
+                        }
                     });
-                if spawned.is_err() {
-                    *shared.live.lock().unwrap_or_else(|e| e.into_inner()) -= 1;
-                }
                 if let Ok(handle) = spawned {
                     let mut clients = shared.clients.lock().unwrap_or_else(|e| e.into_inner());
                     // Reap finished clients so the list does not grow.
@@ -564,20 +672,74 @@ fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
     }
 }
 
-/// Serves one client until it disconnects or the server stops.
-fn serve_client(mut stream: TcpStream, shared: &Shared) -> io::Result<()> {
-    stream.set_write_timeout(Some(IO_GRACE))?;
-    stream.set_read_timeout(Some(IO_GRACE))?;
-    let mut hello = [0u8; 5];
-    stream.read_exact(&mut hello)?;
-    if &hello != MAGIC {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidData,
-            "not a polychip store client",
-        ));
+/// The server's half of the handshake: `Ok` once the client proved it is
+/// a rank of this job; `Err` (after telling it why, when it got that far)
+/// otherwise.
+fn server_handshake(stream: &mut TcpStream, shared: &Shared) -> io::Result<()> {
+    let bad = |m: String| io::Error::new(io::ErrorKind::PermissionDenied, m);
+    let deadline = Instant::now() + HANDSHAKE;
+    let left = || {
+        Some(
+            deadline
+                .saturating_duration_since(Instant::now())
+                .max(Duration::from_millis(1)),
+        )
+    };
+    stream.set_write_timeout(left())?;
+    stream.set_read_timeout(left())?;
+    let mut hello = [0u8; 5 + NONCE];
+    stream.read_exact(&mut hello[..5])?;
+    if &hello[..5] != MAGIC {
+        return Err(bad("not a polychip store client of this version".into()));
     }
-    stream.write_all(MAGIC)?;
-    // Between requests a client may stay quiet for as long as it likes.
+    stream.read_exact(&mut hello[5..])?;
+    let client_nonce = &hello[5..];
+    let auth = &shared.auth;
+    let job = auth.job_id.as_bytes();
+    let nonce = crate::auth::random_bytes(NONCE).map_err(|e| bad(e.to_string()))?;
+    let mut answer = MAGIC.to_vec();
+    answer.extend_from_slice(&nonce);
+    answer.extend_from_slice(&auth.tag(&[b"server", client_nonce, job]));
+    stream.write_all(&answer)?;
+    stream.set_read_timeout(left())?;
+    let rank = read_u64(stream)?;
+    let their_job = read_bytes(stream, MAX_KEY)?;
+    let mut tag = [0u8; 32];
+    stream.read_exact(&mut tag)?;
+    let refuse = |stream: &mut TcpStream, why: String| {
+        let mut reply = vec![STATUS_ERROR];
+        put_bytes(&mut reply, why.as_bytes());
+        let _ = stream.write_all(&reply);
+        Err(bad(why))
+    };
+    if their_job != job {
+        let why = format!(
+            "it is a rank of job {:?}, and this store serves job {:?} (two jobs given the same \
+             MASTER_ADDR:MASTER_PORT?)",
+            String::from_utf8_lossy(&their_job),
+            auth.job_id
+        );
+        return refuse(stream, why);
+    }
+    if !auth.verify(&[b"client", &nonce, job, &rank.to_le_bytes()], &tag) {
+        let why = format!(
+            "rank {rank} could not prove it holds this job's secret ({} differs)",
+            crate::auth::SECRET_VAR
+        );
+        return refuse(stream, why);
+    }
+    stream.write_all(&[STATUS_OK])?;
+    Ok(())
+}
+
+/// Serves one client until it disconnects or the server stops; `member` is
+/// set (and the client counted live) once it passed the handshake.
+fn serve_client(mut stream: TcpStream, shared: &Shared, member: &mut bool) -> io::Result<()> {
+    server_handshake(&mut stream, shared)?;
+    *shared.live.lock().unwrap_or_else(|e| e.into_inner()) += 1;
+    *member = true;
+    stream.set_write_timeout(Some(IO_GRACE))?;
+    // Between requests a member may stay quiet for as long as it likes.
     loop {
         stream.set_read_timeout(None)?;
         let op = match read_u8(&mut stream) {
@@ -596,10 +758,24 @@ fn serve_client(mut stream: TcpStream, shared: &Shared) -> io::Result<()> {
             OP_SET => {
                 let value = read_bytes(&mut stream, MAX_VALUE)?;
                 let mut map = shared.map.lock().unwrap_or_else(|e| e.into_inner());
-                map.insert(key, value);
-                drop(map);
-                shared.changed.notify_all();
-                reply.push(STATUS_OK);
+                let old = map.get(&key).map_or(0, |v| key.len() + v.len());
+                let total = shared.total.load(Ordering::Relaxed) - old + key.len() + value.len();
+                if total > MAX_TOTAL {
+                    drop(map);
+                    reply.push(STATUS_ERROR);
+                    let message = format!(
+                        "the store holds at most {MAX_TOTAL} bytes of keys and values, and \
+                         setting key {key:?} to {} bytes would make it {total}",
+                        value.len()
+                    );
+                    put_bytes(&mut reply, message.as_bytes());
+                } else {
+                    shared.total.store(total, Ordering::Relaxed);
+                    map.insert(key, value);
+                    drop(map);
+                    shared.changed.notify_all();
+                    reply.push(STATUS_OK);
+                }
             }
             OP_GET => {
                 let ms = read_u64(&mut stream)?;
@@ -624,7 +800,23 @@ fn serve_client(mut stream: TcpStream, shared: &Shared) -> io::Result<()> {
                 match old {
                     Some(old) => {
                         let new = old.wrapping_add(delta);
-                        map.insert(key, new.to_string().into_bytes());
+                        let text = new.to_string().into_bytes();
+                        let before = map.get(&key).map_or(0, |v| key.len() + v.len());
+                        let after = key.len() + text.len();
+                        let total = shared.total.load(Ordering::Relaxed) - before + after;
+                        if total > MAX_TOTAL {
+                            drop(map);
+                            reply.push(STATUS_ERROR);
+                            let message = format!(
+                                "the store holds at most {MAX_TOTAL} bytes of keys and values, \
+                                 and a new key {key:?} would make it {total}"
+                            );
+                            put_bytes(&mut reply, message.as_bytes());
+                            stream.write_all(&reply)?;
+                            continue;
+                        }
+                        shared.total.store(total, Ordering::Relaxed);
+                        map.insert(key, text);
                         drop(map);
                         shared.changed.notify_all();
                         reply.push(STATUS_OK);

@@ -6,6 +6,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use polychip_comm::CommError;
+use polychip_comm::auth::JobAuth;
 use polychip_comm::env::RankInfo;
 use polychip_comm::store::Store;
 use polychip_comm::tcp_store::{TcpStore, barrier};
@@ -319,4 +320,133 @@ fn rank_0_waits_for_the_others_to_leave() {
     rank0.wait_for_others_to_leave(TIMEOUT).unwrap();
     assert_eq!(rank0.get("bye", TIMEOUT).unwrap(), b"1");
     t.join().unwrap();
+}
+
+// ------------------------------------------------ who may join (issue 15)
+
+fn auth(secret: &str, job: &str) -> JobAuth {
+    JobAuth::new(secret, job).unwrap()
+}
+
+#[test]
+fn a_rank_with_another_secret_or_job_is_refused_by_name() {
+    let a = auth("the job's own secret", "job-a");
+    let rank0 = TcpStore::connect_with(&info(0, 2, 0), &a, TIMEOUT).unwrap();
+    let port = rank0.port();
+    let started = Instant::now();
+    let e = TcpStore::connect_with(
+        &info(1, 2, port),
+        &auth("somebody else's secret", "job-a"),
+        TIMEOUT,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("POLYCHIP_JOB_SECRET") && e.contains(&port.to_string()),
+        "{e}"
+    );
+    // Refused at once, not retried until the timeout.
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    let e = TcpStore::connect_with(
+        &info(1, 2, port),
+        &auth("the job's own secret", "job-b"),
+        TIMEOUT,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("job-b"), "{e}");
+    // Neither counts as a rank: rank 0 is alone and may leave at once.
+    rank0
+        .wait_for_others_to_leave(Duration::from_millis(500))
+        .unwrap();
+    // The real rank 1 still gets in.
+    let rank1 = TcpStore::connect_with(&info(1, 2, port), &a, TIMEOUT).unwrap();
+    rank1.set("k", b"v").unwrap();
+    assert_eq!(rank0.get("k", TIMEOUT).unwrap(), b"v");
+}
+
+#[test]
+fn idle_or_foreign_connections_neither_join_nor_hold_up_the_shutdown() {
+    use std::io::{Read, Write};
+    let a = auth("the job's own secret", "job");
+    let rank0 = TcpStore::connect_with(&info(0, 2, 0), &a, TIMEOUT).unwrap();
+    let port = rank0.port();
+    // One connection that never says a word, one that speaks another
+    // protocol.
+    let mut idle = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    let mut http = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    http.write_all(b"GET / HTTP/1.0\r\n\r\n").unwrap();
+    let rank1 = TcpStore::connect_with(&info(1, 2, port), &a, TIMEOUT).unwrap();
+    drop(rank1);
+    let started = Instant::now();
+    rank0.wait_for_others_to_leave(TIMEOUT).unwrap();
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+    // The server hangs up on both: the foreign one at once, the idle one
+    // after its 5 s to prove itself.
+    idle.set_read_timeout(Some(Duration::from_secs(15)))
+        .unwrap();
+    http.set_read_timeout(Some(Duration::from_secs(15)))
+        .unwrap();
+    let mut buf = [0u8; 64];
+    assert_eq!(http.read(&mut buf).unwrap_or(0), 0);
+    let mut got = Vec::new();
+    let _ = idle.read_to_end(&mut got);
+    // It got the server's challenge (magic, nonce, tag) and nothing more.
+    assert!(got.is_empty() || got.len() == 5 + 16 + 32, "{}", got.len());
+}
+
+#[test]
+fn what_one_client_may_store_is_bounded() {
+    let a = auth("the job's own secret", "job");
+    let rank0 = TcpStore::connect_with(&info(0, 1, 0), &a, TIMEOUT).unwrap();
+    let e = rank0
+        .set("big", &vec![0u8; (16 << 20) + 1])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("\"big\"") && e.contains("16777217 bytes"), "{e}");
+    let value = vec![7u8; 16 << 20];
+    let mut refused = None;
+    for i in 0..20 {
+        if let Err(e) = rank0.set(&format!("k{i}"), &value) {
+            refused = Some((i, e.to_string()));
+            break;
+        }
+    }
+    let (i, e) = refused.expect("the store refuses to grow past its bound");
+    assert!(i >= 15 && e.contains("at most 268435456 bytes"), "{i}: {e}");
+    // Overwriting keeps the total, and the store still answers.
+    rank0.set("k0", b"small now").unwrap();
+    rank0.set(&format!("k{i}"), &value).unwrap();
+    assert_eq!(rank0.get("k0", TIMEOUT).unwrap(), b"small now");
+}
+
+#[test]
+fn other_launchers_must_pass_the_secret() {
+    if std::env::var_os("POLYCHIP_JOB_SECRET").is_some() {
+        eprintln!("skipped: POLYCHIP_JOB_SECRET is set in this environment");
+        return;
+    }
+    let mut me = info(1, 2, 29500);
+    me.launcher = "torchrun";
+    let e = TcpStore::connect(&me, Duration::from_millis(200))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("POLYCHIP_JOB_SECRET is not set") && e.contains("torchrun"),
+        "{e}"
+    );
+    // Started by hand (no launcher), ranks of one user meet through the
+    // user's own secret.
+    let rank0 = TcpStore::connect(&info(0, 2, 0), TIMEOUT).unwrap();
+    let rank1 = TcpStore::connect(&info(1, 2, rank0.port()), TIMEOUT).unwrap();
+    rank1.set("k", b"v").unwrap();
+    assert_eq!(rank0.get("k", TIMEOUT).unwrap(), b"v");
 }

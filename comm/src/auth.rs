@@ -1,0 +1,272 @@
+//! Who may join a job: its members prove they hold the job's secret, and
+//! name the job they belong to.
+//!
+//! Every rank has a [`JobAuth`]: a secret and a job id. The rendezvous
+//! store's handshake is a mutual challenge-response over HMAC-SHA256 (see
+//! `tcp_store`): the secret never crosses the wire, a process without it is
+//! refused, and a rank never talks to a server that cannot prove it holds
+//! the secret (another job's store on the same port, or an impostor that
+//! bound it first). The job id tells two jobs of the same user apart: a rank
+//! of another job is refused by name even when both share a secret.
+//!
+//! Where they come from ([`JobAuth::from_env`]):
+//! - `POLYCHIP_JOB_SECRET` (at least 16 bytes) and `POLYCHIP_JOB_ID`, which
+//!   `polychip launch` generates for every job it starts (random, 128 bits
+//!   and 64 bits) unless they are already set;
+//! - under torchrun, mpirun or Slurm the secret must be set in every rank's
+//!   environment (a clear error otherwise), and the job id defaults to the
+//!   launcher's own (`TORCHELASTIC_RUN_ID`, `SLURM_JOB_ID`,
+//!   `OMPI_MCA_orte_hnp_uri`...), else to none (the empty id: such jobs
+//!   are told apart by their secrets only);
+//! - a process started by hand or a test (no launcher): the user's own
+//!   secret, a random file created once, mode 0600, in the user's runtime
+//!   directory, which only processes of this user on this machine can read.
+//!   So ranks of one user on one machine meet without setup, and other users
+//!   are kept out.
+
+use std::io::Read;
+use std::path::PathBuf;
+
+use hmac::{Hmac, Mac};
+use sha2::Sha256;
+
+use crate::env::RankInfo;
+use crate::error::{CommError, Result};
+
+/// The job's secret.
+pub const SECRET_VAR: &str = "POLYCHIP_JOB_SECRET";
+/// The job's name.
+pub const JOB_ID_VAR: &str = "POLYCHIP_JOB_ID";
+/// The shortest secret accepted, in bytes.
+pub const MIN_SECRET: usize = 16;
+
+/// A job's secret and id.
+#[derive(Clone, PartialEq, Eq)]
+pub struct JobAuth {
+    secret: Vec<u8>,
+    /// The job's name, compared by the store.
+    pub job_id: String,
+}
+
+impl std::fmt::Debug for JobAuth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the secret.
+        f.debug_struct("JobAuth")
+            .field("job_id", &self.job_id)
+            .finish_non_exhaustive()
+    }
+}
+
+/// `n` random bytes from the kernel.
+pub fn random_bytes(n: usize) -> Result<Vec<u8>> {
+    let mut out = vec![0u8; n];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut out))
+        .map_err(|e| CommError::Io {
+            rank: 0,
+            op: "job secret".into(),
+            message: format!("reading /dev/urandom: {e}"),
+        })?;
+    Ok(out)
+}
+
+/// Lowercase hex.
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+impl JobAuth {
+    /// A secret and id given directly (tests, embedders).
+    pub fn new(secret: impl Into<Vec<u8>>, job_id: impl Into<String>) -> Result<JobAuth> {
+        let secret = secret.into();
+        if secret.len() < MIN_SECRET {
+            return Err(CommError::Usage(format!(
+                "{SECRET_VAR} is {} bytes long; a job secret needs at least {MIN_SECRET} \
+                 (e.g. `export {SECRET_VAR}=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \\n')`)",
+                secret.len()
+            )));
+        }
+        Ok(JobAuth {
+            secret,
+            job_id: job_id.into(),
+        })
+    }
+
+    /// The job's secret and id for `info`, from the environment (see the
+    /// module documentation).
+    pub fn from_env(info: &RankInfo) -> Result<JobAuth> {
+        let job_id = std::env::var(JOB_ID_VAR)
+            .ok()
+            .filter(|v| !v.is_empty())
+            .or_else(|| launcher_job_id(info))
+            .unwrap_or_default();
+        match std::env::var_os(SECRET_VAR) {
+            Some(v) => JobAuth::new(v.into_encoded_bytes(), job_id),
+            None if matches!(info.launcher, "torchrun" | "mpirun" | "slurm")
+                && info.world_size > 1 =>
+            {
+                Err(CommError::Usage(format!(
+                    "{SECRET_VAR} is not set: a job of {} ranks started by {} authenticates its \
+                     members with a secret every rank reads from its environment; set the same \
+                     value (at least {MIN_SECRET} random bytes) for every rank, e.g. `export \
+                     {SECRET_VAR}=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \\n')` before \
+                     launching (`polychip launch` sets one itself)",
+                    info.world_size, info.launcher
+                )))
+            }
+            None => JobAuth::new(user_secret()?, job_id),
+        }
+    }
+
+    /// The HMAC-SHA256 tag of `parts` (each length-prefixed) under the secret.
+    pub fn tag(&self, parts: &[&[u8]]) -> [u8; 32] {
+        let mut mac =
+            Hmac::<Sha256>::new_from_slice(&self.secret).expect("HMAC takes any key length");
+        for p in parts {
+            mac.update(&(p.len() as u64).to_le_bytes());
+            mac.update(p);
+        }
+        mac.finalize().into_bytes().into()
+    }
+
+    /// Whether `tag` is the tag of `parts` (in constant time).
+    pub fn verify(&self, parts: &[&[u8]], tag: &[u8]) -> bool {
+        let mut mac =
+            Hmac::<Sha256>::new_from_slice(&self.secret).expect("HMAC takes any key length");
+        for p in parts {
+            mac.update(&(p.len() as u64).to_le_bytes());
+            mac.update(p);
+        }
+        mac.verify_slice(tag).is_ok()
+    }
+}
+
+/// The job id the launcher gave, if it gives one.
+fn launcher_job_id(info: &RankInfo) -> Option<String> {
+    let var = match info.launcher {
+        "torchrun" => "TORCHELASTIC_RUN_ID",
+        "slurm" => "SLURM_JOB_ID",
+        "mpirun" => "OMPI_MCA_orte_hnp_uri",
+        _ => return None,
+    };
+    std::env::var(var)
+        .ok()
+        .filter(|v| !v.is_empty() && v != "none")
+}
+
+/// Where the user's own secret lives: `$XDG_RUNTIME_DIR/polychip`, else
+/// `$HOME/.cache/polychip`, else a directory of the temporary directory
+/// named for the user.
+fn user_secret_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("XDG_RUNTIME_DIR").filter(|d| !d.is_empty()) {
+        return PathBuf::from(d).join("polychip");
+    }
+    if let Some(h) = std::env::var_os("HOME").filter(|h| !h.is_empty()) {
+        return PathBuf::from(h).join(".cache").join("polychip");
+    }
+    // SAFETY: geteuid has no preconditions.
+    std::env::temp_dir().join(format!("polychip-{}", unsafe { libc::geteuid() }))
+}
+
+/// The user's own secret: created once (random, mode 0600, in a 0700
+/// directory), then read; refused when the file is not a private regular
+/// file of this user.
+fn user_secret() -> Result<Vec<u8>> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+    let dir = user_secret_dir();
+    let io = |what: &str, e: std::io::Error| CommError::Io {
+        rank: 0,
+        op: "job secret".into(),
+        message: format!("{what} {}: {e}", dir.display()),
+    };
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(&dir)
+        .map_err(|e| io("creating", e))?;
+    let file = dir.join("job-secret");
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    loop {
+        match std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&file)
+        {
+            Ok(mut f) => {
+                let meta = f.metadata().map_err(|e| io("reading", e))?;
+                if !meta.is_file() || meta.uid() != me || meta.permissions().mode() & 0o077 != 0 {
+                    return Err(CommError::Usage(format!(
+                        "{} must be a regular file of this user readable by nobody else (mode \
+                         0600); it is the secret that keeps other users out of this user's \
+                         jobs. Remove it (a new one is made), or set {SECRET_VAR}",
+                        file.display()
+                    )));
+                }
+                let mut secret = Vec::new();
+                f.by_ref()
+                    .take(4096)
+                    .read_to_end(&mut secret)
+                    .map_err(|e| io("reading", e))?;
+                if secret.len() >= MIN_SECRET {
+                    return Ok(secret);
+                }
+                return Err(CommError::Usage(format!(
+                    "{} holds {} bytes, fewer than a secret needs ({MIN_SECRET}); remove it (a \
+                     new one is made)",
+                    file.display(),
+                    secret.len()
+                )));
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                let secret = hex(&random_bytes(32)?).into_bytes();
+                let tmp = dir.join(format!("job-secret.{}", std::process::id()));
+                let _ = std::fs::remove_file(&tmp);
+                let mut f = std::fs::OpenOptions::new()
+                    .write(true)
+                    .create_new(true)
+                    .mode(0o600)
+                    .custom_flags(libc::O_NOFOLLOW)
+                    .open(&tmp)
+                    .map_err(|e| io("creating a secret in", e))?;
+                std::io::Write::write_all(&mut f, &secret).map_err(|e| io("writing", e))?;
+                drop(f);
+                // Another process may have made one meanwhile: the first wins.
+                match std::fs::hard_link(&tmp, &file) {
+                    Ok(()) | Err(_) => {
+                        let _ = std::fs::remove_file(&tmp);
+                    }
+                }
+            }
+            Err(e) => return Err(io("reading the secret in", e)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tags_depend_on_the_secret_and_every_part() {
+        let a = JobAuth::new("0123456789abcdef", "job").unwrap();
+        let b = JobAuth::new("0123456789abcdeX", "job").unwrap();
+        let t = a.tag(&[b"client", b"nonce", b"job"]);
+        assert!(a.verify(&[b"client", b"nonce", b"job"], &t));
+        assert!(!b.verify(&[b"client", b"nonce", b"job"], &t));
+        assert!(!a.verify(&[b"client", b"nonce", b"jo", b"b"], &t));
+        assert!(!a.verify(&[b"server", b"nonce", b"job"], &t));
+        assert!(JobAuth::new("short", "job").is_err());
+        assert!(!format!("{a:?}").contains("0123"), "Debug hides the secret");
+    }
+
+    #[test]
+    fn the_users_secret_is_private_and_stable() {
+        use std::os::unix::fs::PermissionsExt;
+        let one = user_secret().unwrap();
+        assert_eq!(user_secret().unwrap(), one);
+        let file = user_secret_dir().join("job-secret");
+        let mode = std::fs::metadata(&file).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+    }
+}
