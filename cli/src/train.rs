@@ -539,19 +539,11 @@ fn relaunch(plan: &TrainPlan) -> Result<ExitCode, TrainError> {
         "polychip-train-plan-{}.json",
         polychip_comm::shm::unique_job_name()
     ));
-    {
-        use std::io::Write;
-        use std::os::unix::fs::OpenOptionsExt;
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .custom_flags(libc::O_NOFOLLOW)
-            .open(&file)
-            .map_err(|e| TrainError::io(&file, e))?;
-        f.write_all(serde_json::to_string(plan).expect("json").as_bytes())
-            .map_err(|e| TrainError::io(&file, e))?;
-    }
+    polychip_comm::auth::write_private(
+        &file,
+        serde_json::to_string(plan).expect("json").as_bytes(),
+    )
+    .map_err(|e| TrainError::io(&file, e))?;
     let exe = std::env::current_exe().map_err(|e| TrainError::io("polychip", e))?;
     let mut command = vec![exe.display().to_string()];
     command.extend(std::env::args().skip(1));

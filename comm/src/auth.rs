@@ -154,6 +154,21 @@ fn launcher_job_id(info: &RankInfo) -> Option<String> {
         .filter(|v| !v.is_empty() && v != "none")
 }
 
+/// Writes `bytes` to a new file at `path` that only this user can read
+/// (mode 0600), refusing an existing file or a planted symlink there
+/// (`O_EXCL`, `O_NOFOLLOW`).
+pub fn write_private(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)?;
+    f.write_all(bytes)
+}
+
 /// Where the user's own secret lives: `$XDG_RUNTIME_DIR/polychip`, else
 /// `$HOME/.cache/polychip`, else a directory of the temporary directory
 /// named for the user.
@@ -222,15 +237,7 @@ fn user_secret() -> Result<Vec<u8>> {
                 let secret = hex(&random_bytes(32)?).into_bytes();
                 let tmp = dir.join(format!("job-secret.{}", std::process::id()));
                 let _ = std::fs::remove_file(&tmp);
-                let mut f = std::fs::OpenOptions::new()
-                    .write(true)
-                    .create_new(true)
-                    .mode(0o600)
-                    .custom_flags(libc::O_NOFOLLOW)
-                    .open(&tmp)
-                    .map_err(|e| io("creating a secret in", e))?;
-                std::io::Write::write_all(&mut f, &secret).map_err(|e| io("writing", e))?;
-                drop(f);
+                write_private(&tmp, &secret).map_err(|e| io("creating a secret in", e))?;
                 // Another process may have made one meanwhile: the first wins.
                 match std::fs::hard_link(&tmp, &file) {
                     Ok(()) | Err(_) => {
