@@ -248,13 +248,31 @@ pub fn init_with(info: RankInfo, options: InitOptions) -> Result<Job> {
     let dyn_store: Arc<dyn Store> = store.clone();
     let transport: Arc<dyn Transport> = match kind {
         TransportKind::Shm => Arc::new(ShmTransport::new(&*store, rank, world, timeout)?),
-        TransportKind::Tcp => Arc::new(TcpTransport::with_options(
-            dyn_store.clone(),
-            rank,
-            world,
-            timeout,
-            options.tcp,
-        )?),
+        TransportKind::Tcp => {
+            let mut tcp = options.tcp;
+            if std::env::var_os(crate::tcp::ADDR_ENV).is_none() && tcp.bind_addr.is_loopback() {
+                // Peers on other machines cannot reach 127.0.0.1: listen on
+                // the address this machine reaches rank 0's from.
+                if let Some(local) = crate::tcp::route_to(&info.master_addr, info.master_port) {
+                    if !local.is_loopback() {
+                        log::info!(
+                            "rank {rank}: tcp: listening on {local}, the address that reaches \
+                             MASTER_ADDR {} (set {} to choose another)",
+                            info.master_addr,
+                            crate::tcp::ADDR_ENV
+                        );
+                        tcp.bind_addr = local;
+                    }
+                }
+            }
+            Arc::new(TcpTransport::with_options(
+                dyn_store.clone(),
+                rank,
+                world,
+                timeout,
+                tcp,
+            )?)
+        }
         TransportKind::Verbs => verbs(dyn_store.clone(), &info, timeout, options.verbs)?,
     };
     let mut comm = Communicator::new(transport)?;

@@ -57,8 +57,25 @@ const BACKGROUND_POLL: Duration = Duration::from_millis(10);
 /// How long a waiter blocks in `poll` before re-checking its deadline.
 const POLL_SLICE: Duration = Duration::from_millis(50);
 
+/// The local address this machine sends from to reach `host:port` (the
+/// kernel's route; nothing is sent), or `None` when it has no route.
+pub fn route_to(host: &str, port: u16) -> Option<IpAddr> {
+    use std::net::{SocketAddr, ToSocketAddrs, UdpSocket};
+    let target = (host, port.max(1)).to_socket_addrs().ok()?.next()?;
+    let any: SocketAddr = if target.is_ipv4() {
+        (Ipv4Addr::UNSPECIFIED, 0).into()
+    } else {
+        (std::net::Ipv6Addr::UNSPECIFIED, 0).into()
+    };
+    let socket = UdpSocket::bind(any).ok()?;
+    socket.connect(target).ok()?;
+    Some(socket.local_addr().ok()?.ip())
+}
+
 /// Environment variable naming the address this rank listens on (and
-/// publishes to its peers); 127.0.0.1 when unset.
+/// publishes to its peers); when unset, 127.0.0.1, or in a job whose
+/// `MASTER_ADDR` is not a loopback address the local address that reaches
+/// it (see [`route_to`]).
 pub const ADDR_ENV: &str = "POLYCHIP_COMM_ADDR";
 
 /// How a [`TcpTransport`] is set up.
