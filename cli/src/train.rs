@@ -624,6 +624,11 @@ fn parse_cores(list: &str) -> Result<Vec<usize>, TrainError> {
                 "--cores {list:?}: {part:?} is not a core number or range like 0-3"
             )));
         };
+        if a > b {
+            return Err(TrainError::Config(format!(
+                "--cores {list:?}: the range {part:?} is empty (its first core is above its last)"
+            )));
+        }
         for c in a..=b {
             if !allowed.contains(&c) {
                 return Err(TrainError::Config(format!(

@@ -321,3 +321,18 @@ fn plan_refuses_huge_models_and_batches() {
     assert!(start.elapsed() < Duration::from_secs(10));
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn launch_refuses_a_huge_rank_count_and_train_an_empty_core_range() {
+    let (code, _, err) = polychip_env(&["launch", "-n", "18446744073709551615", "--", "true"], &[]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("-n is 18446744073709551615, more than the 65536 ranks"),
+        "{err}"
+    );
+    refused(
+        &["--steps", "1", "--cores", "3-1"],
+        &[],
+        &["--cores \"3-1\"", "is empty"],
+    );
+}
