@@ -77,11 +77,13 @@ pub struct Args {
     #[arg(long, value_name = "DEVICE")]
     device: Option<String>,
     /// Replicas of the --stages/--device pipeline.
-    #[arg(long, value_name = "N", default_value_t = 1)]
-    copies: usize,
+    /// (default 1; not with --plan, whose file or search sets it).
+    #[arg(long, value_name = "N")]
+    copies: Option<usize>,
     /// Sequences per micro-batch for --stages/--device.
-    #[arg(long, value_name = "N", default_value_t = 2)]
-    micro_batch_size: usize,
+    /// (default 2; not with --plan, whose file or search sets it).
+    #[arg(long, value_name = "N")]
+    micro_batch_size: Option<usize>,
     /// Devices --plan auto may use (default: the first device of every vendor).
     #[arg(long, value_name = "LIST")]
     devices: Option<String>,
@@ -247,24 +249,24 @@ fn resolve_plan(
     if let Some(p) = &args.resolved_plan {
         return TrainPlan::load(p);
     }
-    let mbs = args.micro_batch_size;
-    let per_replica = t.global_batch / args.copies;
+    let (mbs, copies) = (micro_batch_size(args), copies(args));
+    let per_replica = t.global_batch / copies;
     let micro = |what: &str| -> Result<usize, TrainError> {
-        if per_replica * args.copies != t.global_batch || per_replica % mbs != 0 {
+        if per_replica * copies != t.global_batch || per_replica % mbs != 0 {
             return Err(TrainError::Plan(format!(
                 "{what}: a global batch of {} does not split into {} replicas of micro-batches of {mbs}",
-                t.global_batch, args.copies
+                t.global_batch, copies
             )));
         }
         Ok(per_replica / mbs)
     };
     if let Some(d) = &args.device {
         let mut plan = TrainPlan::single(d, model.layers, mbs, micro("--device")?);
-        plan.groups[0].copies = args.copies;
+        plan.groups[0].copies = copies;
         return Ok(plan);
     }
     if let Some(s) = &args.stages {
-        return TrainPlan::parse_stages(s, args.copies, mbs, micro("--stages")?);
+        return TrainPlan::parse_stages(s, copies, mbs, micro("--stages")?);
     }
     match args.plan.as_deref() {
         Some(file) if auto::AutoMode::parse(file).is_none() => TrainPlan::load(Path::new(file)),
@@ -465,23 +467,37 @@ fn train(args: &Args) -> Result<ExitCode, TrainError> {
 /// other than asked, before anything starts.
 fn check_flags(args: &Args, t: &TrainConfig) -> Result<(), TrainError> {
     let bad = |m: String| Err(TrainError::Config(m));
-    if args.micro_batch_size == 0 {
+    if args.plan.is_some() {
+        for (flag, given) in [
+            ("--micro-batch-size", args.micro_batch_size.is_some()),
+            ("--copies", args.copies.is_some()),
+        ] {
+            if given {
+                return bad(format!(
+                    "{flag} applies to --stages and --device only; with --plan the plan file \
+                     or the search sets it"
+                ));
+            }
+        }
+    }
+    let (micro_batch, copies) = (micro_batch_size(args), copies(args));
+    if micro_batch == 0 {
         return bad("--micro-batch-size is 0; a micro-batch holds at least 1 sequence".into());
     }
-    if args.micro_batch_size > polychip_train::config::MAX_GLOBAL_BATCH {
+    if micro_batch > polychip_train::config::MAX_GLOBAL_BATCH {
         return bad(format!(
             "--micro-batch-size is {}, more than the {} sequences a global batch may hold",
-            args.micro_batch_size,
+            micro_batch,
             polychip_train::config::MAX_GLOBAL_BATCH
         ));
     }
-    if args.copies == 0 {
+    if copies == 0 {
         return bad("--copies is 0; a plan has at least 1 replica".into());
     }
-    if args.copies > polychip_comm::env::MAX_WORLD_SIZE {
+    if copies > polychip_comm::env::MAX_WORLD_SIZE {
         return bad(format!(
             "--copies is {}, more than the {} ranks a job may have",
-            args.copies,
+            copies,
             polychip_comm::env::MAX_WORLD_SIZE
         ));
     }
@@ -506,6 +522,16 @@ fn check_flags(args: &Args, t: &TrainConfig) -> Result<(), TrainError> {
         return bad("--stop-after is 0, so no step would run; give 1 or more".into());
     }
     Ok(())
+}
+
+/// `--micro-batch-size`, 2 by default.
+fn micro_batch_size(args: &Args) -> usize {
+    args.micro_batch_size.unwrap_or(2)
+}
+
+/// `--copies`, 1 by default.
+fn copies(args: &Args) -> usize {
+    args.copies.unwrap_or(1)
 }
 
 /// Checks that `path` can be written as the output file of `flag` without

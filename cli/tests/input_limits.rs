@@ -119,6 +119,17 @@ fn flags_that_would_train_nothing_are_refused() {
         &[],
         &["--stop-after is 0"],
     );
+    // Ignored before: the plan sets the micro-batching.
+    refused(
+        &["--steps", "2", "--plan", "auto", "--micro-batch-size", "4"],
+        &[],
+        &["--micro-batch-size applies to --stages and --device only"],
+    );
+    refused(
+        &["--steps", "2", "--plan", "auto", "--copies", "2"],
+        &[],
+        &["--copies applies to --stages and --device only"],
+    );
 }
 
 #[test]
