@@ -538,7 +538,7 @@ fn copies(args: &Args) -> usize {
 /// changing it: an existing regular file is opened for writing (not
 /// truncated); a new one is created and removed again. A directory, a FIFO
 /// or a device is refused (writing to a FIFO blocks).
-fn check_output_file(flag: &str, path: &Path) -> Result<(), TrainError> {
+pub(crate) fn check_output_file(flag: &str, path: &Path) -> Result<(), TrainError> {
     let fail = |m: String| {
         Err(TrainError::Config(format!(
             "{flag} {}: {m}",

@@ -329,6 +329,23 @@ fn plan_refuses_huge_models_and_batches() {
     );
     assert_eq!(code, Some(2), "{err}");
     assert!(err.contains("--global-batch is 100000000"), "{err}");
+    let (code, _, err) = polychip_env(
+        &[
+            "plan",
+            "--cluster",
+            &cluster,
+            "--model",
+            "llama-70b",
+            "--trace",
+            &s(&dir.join("no-such-dir").join("t.json")),
+        ],
+        &[],
+    );
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("--trace") && err.contains("cannot be created"),
+        "{err}"
+    );
     assert!(start.elapsed() < Duration::from_secs(10));
     std::fs::remove_dir_all(&dir).unwrap();
 }
