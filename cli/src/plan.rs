@@ -66,6 +66,17 @@ fn plan(args: &Args) -> Result<(), String> {
         ModelSpec::preset(&args.model)
     }
     .map_err(|e| e.to_string())?;
+    if let Some(trace) = &args.trace {
+        // Before searching, not after.
+        crate::train::check_output_file("--trace", trace).map_err(|e| e.to_string())?;
+    }
+    let max = polychip_planner::settings::MAX_GLOBAL_BATCH;
+    if args.global_batch > max {
+        return Err(format!(
+            "--global-batch is {}, more than the planner accepts ({max} sequences)",
+            args.global_batch
+        ));
+    }
     let mut settings = TrainingSettings::new(args.global_batch);
     settings.dtype = match args.dtype.as_str() {
         "f32" => Dtype::F32,

@@ -77,11 +77,13 @@ pub struct Args {
     #[arg(long, value_name = "DEVICE")]
     device: Option<String>,
     /// Replicas of the --stages/--device pipeline.
-    #[arg(long, value_name = "N", default_value_t = 1)]
-    copies: usize,
+    /// (default 1; not with --plan, whose file or search sets it).
+    #[arg(long, value_name = "N")]
+    copies: Option<usize>,
     /// Sequences per micro-batch for --stages/--device.
-    #[arg(long, value_name = "N", default_value_t = 2)]
-    micro_batch_size: usize,
+    /// (default 2; not with --plan, whose file or search sets it).
+    #[arg(long, value_name = "N")]
+    micro_batch_size: Option<usize>,
     /// Devices --plan auto may use (default: the first device of every vendor).
     #[arg(long, value_name = "LIST")]
     devices: Option<String>,
@@ -247,24 +249,24 @@ fn resolve_plan(
     if let Some(p) = &args.resolved_plan {
         return TrainPlan::load(p);
     }
-    let mbs = args.micro_batch_size.max(1);
-    let per_replica = t.global_batch / args.copies.max(1);
+    let (mbs, copies) = (micro_batch_size(args), copies(args));
+    let per_replica = t.global_batch / copies;
     let micro = |what: &str| -> Result<usize, TrainError> {
-        if per_replica * args.copies != t.global_batch || per_replica % mbs != 0 {
+        if per_replica * copies != t.global_batch || per_replica % mbs != 0 {
             return Err(TrainError::Plan(format!(
                 "{what}: a global batch of {} does not split into {} replicas of micro-batches of {mbs}",
-                t.global_batch, args.copies
+                t.global_batch, copies
             )));
         }
         Ok(per_replica / mbs)
     };
     if let Some(d) = &args.device {
         let mut plan = TrainPlan::single(d, model.layers, mbs, micro("--device")?);
-        plan.groups[0].copies = args.copies;
+        plan.groups[0].copies = copies;
         return Ok(plan);
     }
     if let Some(s) = &args.stages {
-        return TrainPlan::parse_stages(s, args.copies, mbs, micro("--stages")?);
+        return TrainPlan::parse_stages(s, copies, mbs, micro("--stages")?);
     }
     match args.plan.as_deref() {
         Some(file) if auto::AutoMode::parse(file).is_none() => TrainPlan::load(Path::new(file)),
@@ -315,9 +317,33 @@ fn train(args: &Args) -> Result<ExitCode, TrainError> {
         hf::check_new_dir(out)?;
     }
     let (model, t) = settings(args)?;
-    let corpus = corpus(args)?;
+    check_flags(args, &t)?;
     let launched = polychip_comm::env::launched();
     let info = polychip_comm::env::from_env()?;
+    polychip_comm::env::timeout_from_env()?;
+    // Every output path is checked before anything is planned or trained:
+    // the checkpoint directory by every rank (each writes its own part), the
+    // files by the process that writes them (rank 0, or the launching one).
+    if let Some(dir) = &args.checkpoint_dir {
+        check_output_dir("--checkpoint-dir", dir)?;
+    }
+    if !launched || info.rank == 0 {
+        let mut files: Vec<(&str, PathBuf)> = Vec::new();
+        if let Some(p) = &args.trace {
+            files.push(("--trace", p.clone()));
+            files.push(("--trace", p.with_extension("sim.json")));
+        }
+        if let Some(p) = &args.log_json {
+            files.push(("--log-json", p.clone()));
+        }
+        if let Some(p) = &args.save_plan {
+            files.push(("--save-plan", p.clone()));
+        }
+        for (flag, path) in &files {
+            check_output_file(flag, path)?;
+        }
+    }
+    let corpus = corpus(args)?;
     // Pin before any plugin starts a thread: ranks share the cores out.
     let cores = match &args.cores {
         Some(list) => parse_cores(list)?,
@@ -437,6 +463,178 @@ fn train(args: &Args) -> Result<ExitCode, TrainError> {
     })
 }
 
+/// Refuses flag values that would train nothing, or silently do something
+/// other than asked, before anything starts.
+fn check_flags(args: &Args, t: &TrainConfig) -> Result<(), TrainError> {
+    let bad = |m: String| Err(TrainError::Config(m));
+    if args.plan.is_some() {
+        for (flag, given) in [
+            ("--micro-batch-size", args.micro_batch_size.is_some()),
+            ("--copies", args.copies.is_some()),
+        ] {
+            if given {
+                return bad(format!(
+                    "{flag} applies to --stages and --device only; with --plan the plan file \
+                     or the search sets it"
+                ));
+            }
+        }
+    }
+    let (micro_batch, copies) = (micro_batch_size(args), copies(args));
+    if micro_batch == 0 {
+        return bad("--micro-batch-size is 0; a micro-batch holds at least 1 sequence".into());
+    }
+    if micro_batch > polychip_train::config::MAX_GLOBAL_BATCH {
+        return bad(format!(
+            "--micro-batch-size is {}, more than the {} sequences a global batch may hold",
+            micro_batch,
+            polychip_train::config::MAX_GLOBAL_BATCH
+        ));
+    }
+    if copies == 0 {
+        return bad("--copies is 0; a plan has at least 1 replica".into());
+    }
+    if copies > polychip_comm::env::MAX_WORLD_SIZE {
+        return bad(format!(
+            "--copies is {}, more than the {} ranks a job may have",
+            copies,
+            polychip_comm::env::MAX_WORLD_SIZE
+        ));
+    }
+    if t.steps == 0
+        && args.checkpoint_dir.is_none()
+        && args.export_hf.is_none()
+        && args.save_plan.is_none()
+    {
+        return bad(
+            "--steps is 0, so nothing would be trained or written; give --steps 1 or more, \
+             or --checkpoint-dir / --export-hf to write the initial weights"
+                .into(),
+        );
+    }
+    if args.save_every > 0 && args.checkpoint_dir.is_none() {
+        return bad(format!(
+            "--save-every {} needs --checkpoint-dir: there is nowhere to save the checkpoints",
+            args.save_every
+        ));
+    }
+    if args.stop_after == Some(0) {
+        return bad("--stop-after is 0, so no step would run; give 1 or more".into());
+    }
+    Ok(())
+}
+
+/// `--micro-batch-size`, 2 by default.
+fn micro_batch_size(args: &Args) -> usize {
+    args.micro_batch_size.unwrap_or(2)
+}
+
+/// `--copies`, 1 by default.
+fn copies(args: &Args) -> usize {
+    args.copies.unwrap_or(1)
+}
+
+/// Checks that `path` can be written as the output file of `flag` without
+/// changing it: an existing regular file is opened for writing (not
+/// truncated); a new one is created and removed again. A directory, a FIFO
+/// or a device is refused (writing to a FIFO blocks).
+pub(crate) fn check_output_file(flag: &str, path: &Path) -> Result<(), TrainError> {
+    let fail = |m: String| {
+        Err(TrainError::Config(format!(
+            "{flag} {}: {m}",
+            path.display()
+        )))
+    };
+    match std::fs::metadata(path) {
+        Ok(meta) if meta.is_dir() => fail("is a directory; give a file name".into()),
+        Ok(meta) if !meta.is_file() => fail("is not a regular file".into()),
+        Ok(_) => match std::fs::OpenOptions::new().write(true).open(path) {
+            Ok(_) => Ok(()),
+            Err(e) => fail(format!("cannot be written: {e}")),
+        },
+        Err(e) if is_missing(&e) => {
+            match std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(path)
+            {
+                Ok(_) => std::fs::remove_file(path)
+                    .or_else(|e| fail(format!("cannot remove the probe file: {e}"))),
+                // Created meanwhile by someone else: it exists, which is fine.
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+                Err(e) => fail(format!("cannot be created: {e}")),
+            }
+        }
+        Err(e) => fail(format!("cannot be reached: {e}")),
+    }
+}
+
+/// Whether a path lookup failed because the path, or a directory on it,
+/// does not exist.
+fn is_missing(e: &std::io::Error) -> bool {
+    matches!(
+        e.kind(),
+        std::io::ErrorKind::NotFound | std::io::ErrorKind::NotADirectory
+    )
+}
+
+/// Checks that `dir` is, or can be made, a writable directory for `flag`:
+/// its nearest existing ancestor (itself when it exists) must be a
+/// directory in which a file can be created; the probe file is removed and
+/// nothing is created in its place.
+fn check_output_dir(flag: &str, dir: &Path) -> Result<(), TrainError> {
+    let fail = |m: String| Err(TrainError::Config(format!("{flag} {}: {m}", dir.display())));
+    let mut existing = dir.to_path_buf();
+    loop {
+        match std::fs::metadata(&existing) {
+            Ok(meta) if meta.is_dir() => break,
+            Ok(_) if existing == dir => return fail("exists and is not a directory".into()),
+            Ok(_) => {
+                return fail(format!(
+                    "{} is not a directory, so it cannot be created",
+                    existing.display()
+                ));
+            }
+            Err(e) if is_missing(&e) => {}
+            Err(e) => return fail(format!("{} cannot be reached: {e}", existing.display())),
+        }
+        match existing.parent() {
+            Some(p) if !p.as_os_str().is_empty() => existing = p.to_path_buf(),
+            _ => {
+                existing = PathBuf::from(".");
+                if std::fs::metadata(&existing).is_ok_and(|m| m.is_dir()) {
+                    break;
+                }
+                return fail("the current directory cannot be reached".into());
+            }
+        }
+    }
+    let probe = existing.join(format!(
+        ".polychip-write-probe-{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos())
+    ));
+    match std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&probe)
+    {
+        Ok(_) => std::fs::remove_file(&probe).or_else(|e| {
+            fail(format!(
+                "cannot remove the probe file {}: {e}",
+                probe.display()
+            ))
+        }),
+        Err(e) if existing == dir => fail(format!("is not writable: {e}")),
+        Err(e) => fail(format!(
+            "cannot be created: its parent {} is not writable: {e}",
+            existing.display()
+        )),
+    }
+}
+
 fn pin_to(cores: &[usize]) -> Result<(), TrainError> {
     pin::pin(cores).map_err(|e| TrainError::Plan(format!("pinning to cores {cores:?}: {e}")))
 }
@@ -452,6 +650,11 @@ fn parse_cores(list: &str) -> Result<Vec<usize>, TrainError> {
                 "--cores {list:?}: {part:?} is not a core number or range like 0-3"
             )));
         };
+        if a > b {
+            return Err(TrainError::Config(format!(
+                "--cores {list:?}: the range {part:?} is empty (its first core is above its last)"
+            )));
+        }
         for c in a..=b {
             if !allowed.contains(&c) {
                 return Err(TrainError::Config(format!(

@@ -107,7 +107,7 @@ impl InitOptions {
         };
         Ok(InitOptions {
             transport,
-            timeout: default_timeout(),
+            timeout: default_timeout()?,
             tcp: TcpOptions::from_env()?,
             verbs: VerbsOptions::from_env()?,
         })

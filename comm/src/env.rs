@@ -13,6 +13,46 @@ use crate::error::{CommError, Result};
 /// plus the job id modulo 1000 (so two jobs sharing a node rarely collide).
 pub const SLURM_BASE_PORT: u16 = 29500;
 
+/// The most ranks a job may have. Larger values of `WORLD_SIZE` (and the
+/// other launchers' counts) are refused by name before anything is sized
+/// by them; the shared-memory and TCP communicators accept fewer still
+/// (see [`crate::collectives::MAX_WORLD`]).
+pub const MAX_WORLD_SIZE: usize = 1 << 16;
+
+/// The variable that sets the communication deadline, in seconds.
+pub const TIMEOUT_ENV: &str = "POLYCHIP_COMM_TIMEOUT_SECS";
+
+/// The deadline when [`TIMEOUT_ENV`] is unset or empty: 60 s.
+pub const DEFAULT_TIMEOUT_SECS: u64 = 60;
+
+/// The longest deadline [`TIMEOUT_ENV`] may set: one week.
+pub const MAX_TIMEOUT_SECS: u64 = 7 * 24 * 3600;
+
+/// Parses a [`TIMEOUT_ENV`] value: seconds, fractions allowed, more than 0
+/// and at most [`MAX_TIMEOUT_SECS`]; `None` (unset) or empty gives the
+/// default. Anything else (`abc`, `-1`, `0`, `inf`, `nan`) is an error that
+/// names the variable and the value.
+pub fn parse_timeout(value: Option<&str>) -> Result<std::time::Duration> {
+    let Some(v) = value.map(str::trim).filter(|v| !v.is_empty()) else {
+        return Ok(std::time::Duration::from_secs(DEFAULT_TIMEOUT_SECS));
+    };
+    match v.parse::<f64>() {
+        Ok(s) if s.is_finite() && s > 0.0 && s <= MAX_TIMEOUT_SECS as f64 => {
+            Ok(std::time::Duration::from_secs_f64(s))
+        }
+        _ => Err(CommError::Environment(format!(
+            "{TIMEOUT_ENV} is {v:?}, which is not a number of seconds greater than 0 and at \
+             most {MAX_TIMEOUT_SECS} (one week)"
+        ))),
+    }
+}
+
+/// The deadline [`TIMEOUT_ENV`] sets in this process's environment (see
+/// [`parse_timeout`]).
+pub fn timeout_from_env() -> Result<std::time::Duration> {
+    parse_timeout(std::env::var(TIMEOUT_ENV).ok().as_deref())
+}
+
 /// This process's place in the job, and where rank 0 serves the rendezvous
 /// store.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -123,11 +163,17 @@ impl Vars<'_> {
                 "{launcher} variables are present but {name} is not set"
             ))
         })?;
-        value.parse::<usize>().map_err(|_| {
+        let n = value.parse::<usize>().map_err(|_| {
             CommError::Environment(format!(
                 "{name} is {value:?}, which is not a non-negative integer"
             ))
-        })
+        })?;
+        if n > MAX_WORLD_SIZE {
+            return Err(CommError::Environment(format!(
+                "{name} is {n}, more than the {MAX_WORLD_SIZE} ranks a job may have"
+            )));
+        }
+        Ok(n)
     }
 
     fn optional_number(&self, name: &str, launcher: &str) -> Result<Option<usize>> {

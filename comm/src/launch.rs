@@ -118,6 +118,13 @@ pub fn launch(opts: &LaunchOptions) -> Result<LaunchOutcome> {
             "-n must be at least 1 (the number of ranks to start)".into(),
         ));
     }
+    if opts.nproc > crate::env::MAX_WORLD_SIZE {
+        return Err(CommError::Usage(format!(
+            "-n is {}, more than the {} ranks a job may have",
+            opts.nproc,
+            crate::env::MAX_WORLD_SIZE
+        )));
+    }
     let Some(program) = opts.command.first() else {
         return Err(CommError::Usage(
             "no command to launch: give it after `--`, e.g. `polychip launch -n 2 -- python \

@@ -306,3 +306,56 @@ fn slurm_node_lists() {
     );
     assert_eq!(first_host("").as_deref(), None);
 }
+
+#[test]
+fn huge_counts_are_refused_by_name() {
+    let max = "18446744073709551615"; // 2^64 - 1
+    let e = error(&[
+        ("RANK", "0"),
+        ("WORLD_SIZE", max),
+        ("MASTER_ADDR", "127.0.0.1"),
+        ("MASTER_PORT", "29500"),
+    ]);
+    assert!(
+        e.contains("WORLD_SIZE is 18446744073709551615, more than the 65536"),
+        "{e}"
+    );
+    let e = error(&[
+        ("RANK", "0"),
+        ("WORLD_SIZE", "1"),
+        ("LOCAL_RANK", "99999999999"),
+    ]);
+    assert!(e.contains("LOCAL_RANK is 99999999999, more than"), "{e}");
+    let e = error(&[("RANK", "0"), ("WORLD_SIZE", "18446744073709551616")]);
+    assert!(e.contains("not a non-negative integer"), "{e}");
+    let e = error(&[("RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_PORT", "65536")]);
+    assert!(
+        e.contains("MASTER_PORT is \"65536\", which is not a TCP port"),
+        "{e}"
+    );
+}
+
+#[test]
+fn timeouts_must_be_positive_finite_seconds() {
+    use polychip_comm::env::parse_timeout;
+    use std::time::Duration;
+    assert_eq!(parse_timeout(None).unwrap(), Duration::from_secs(60));
+    assert_eq!(parse_timeout(Some(" ")).unwrap(), Duration::from_secs(60));
+    assert_eq!(
+        parse_timeout(Some("2.5")).unwrap(),
+        Duration::from_millis(2500)
+    );
+    assert_eq!(
+        parse_timeout(Some("604800")).unwrap(),
+        Duration::from_secs(604_800)
+    );
+    for bad in ["inf", "-1", "abc", "0", "nan", "1e300", "604801", "-inf"] {
+        let e = parse_timeout(Some(bad)).unwrap_err().to_string();
+        assert!(
+            e.contains(&format!(
+                "POLYCHIP_COMM_TIMEOUT_SECS is {bad:?}, which is not a number of seconds"
+            )),
+            "{bad}: {e}"
+        );
+    }
+}

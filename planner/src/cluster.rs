@@ -21,6 +21,16 @@ pub const DEFAULT_EFFICIENCY: f64 = 0.5;
 /// (a 200 Gb/s RoCE port); the JSON does not report the network.
 pub const DEFAULT_NIC_BANDWIDTH: f64 = 25e9;
 
+/// The most chips of one type a cluster may hold (about a million: the
+/// largest machines today have a few hundred thousand accelerators).
+pub const MAX_CHIPS_PER_TYPE: u64 = 1 << 20;
+
+/// The most chips per node.
+pub const MAX_CHIPS_PER_NODE: u64 = 1024;
+
+/// The most chip types a cluster may have.
+pub const MAX_CHIP_TYPES: usize = 64;
+
 /// Peak matmul FLOP/s of one chip per dtype.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -93,6 +103,18 @@ impl ChipType {
         if self.chips_per_node == 0 {
             return Err(bad("chips_per_node is 0; it must be at least 1".into()));
         }
+        if self.count > MAX_CHIPS_PER_TYPE {
+            return Err(bad(format!(
+                "count is {}, more than the planner accepts ({MAX_CHIPS_PER_TYPE})",
+                self.count
+            )));
+        }
+        if self.chips_per_node > MAX_CHIPS_PER_NODE {
+            return Err(bad(format!(
+                "chips_per_node is {}, more than the planner accepts ({MAX_CHIPS_PER_NODE})",
+                self.chips_per_node
+            )));
+        }
         if self.count % self.chips_per_node != 0 {
             return Err(bad(format!(
                 "chips_per_node {} does not divide count {}",
@@ -159,6 +181,12 @@ impl ClusterSpec {
     pub fn validate(&self) -> Result<(), SpecError> {
         if self.chip_types.is_empty() {
             return Err(SpecError::Cluster("it has no chip types".into()));
+        }
+        if self.chip_types.len() > MAX_CHIP_TYPES {
+            return Err(SpecError::Cluster(format!(
+                "it has {} chip types; the planner accepts at most {MAX_CHIP_TYPES}",
+                self.chip_types.len()
+            )));
         }
         let mut seen = std::collections::BTreeSet::new();
         for chip in &self.chip_types {
@@ -343,6 +371,24 @@ nic_bandwidth = 25e9
             .unwrap_err()
             .to_string();
         assert!(err.starts_with("could not parse cluster TOML"), "{err}");
+        let err =
+            ClusterSpec::from_toml_str(&A100.replace("count = 24", "count = 9223372036854775800"))
+                .unwrap_err()
+                .to_string();
+        assert_eq!(
+            err,
+            "chip type \"A100\": count is 9223372036854775800, more than the planner accepts (1048576)"
+        );
+        let mut many = ClusterSpec::from_toml_str(A100).unwrap();
+        let one = many.chip_types[0].clone();
+        many.chip_types = (0..65)
+            .map(|i| ChipType {
+                name: format!("t{i}"),
+                ..one.clone()
+            })
+            .collect();
+        let err = many.validate().unwrap_err().to_string();
+        assert!(err.contains("65 chip types"), "{err}");
     }
 
     #[test]

@@ -36,6 +36,21 @@ pub struct ModelSpec {
     pub seq_len: u64,
 }
 
+/// The largest value each size of a model may take: far beyond any model
+/// trained today (Llama 3 405B: 126 layers, hidden 16384, FFN 53248, 128
+/// heads, vocabulary 128256, sequences of 8192 to 131072), small enough
+/// that every count and FLOP figure of the planner stays exact in `u64`
+/// and finite in `f64`.
+pub const MODEL_LIMITS: [(&str, u64); 7] = [
+    ("layers", 10_000),
+    ("hidden", 1 << 20),
+    ("ffn", 1 << 22),
+    ("heads", 1 << 16),
+    ("kv_heads", 1 << 16),
+    ("vocab", 1 << 24),
+    ("seq_len", 1 << 20),
+];
+
 /// The preset names that [`ModelSpec::preset`] knows.
 pub const PRESETS: [&str; 4] = ["llama-7b", "llama-13b", "llama-70b", "h2-100b"];
 
@@ -110,23 +125,30 @@ impl ModelSpec {
         Self::from_toml_str(&read_file(path)?)
     }
 
-    /// Checks that every size is positive and the heads split evenly.
+    /// Checks that every size is positive and at most its
+    /// [`MODEL_LIMITS`] bound, and the heads split evenly.
     pub fn validate(&self) -> Result<(), SpecError> {
         let bad = |problem: String| SpecError::Model {
             model: self.name.clone(),
             problem,
         };
-        for (field, value) in [
-            ("layers", self.layers),
-            ("hidden", self.hidden),
-            ("ffn", self.ffn),
-            ("heads", self.heads),
-            ("kv_heads", self.kv_heads),
-            ("vocab", self.vocab),
-            ("seq_len", self.seq_len),
-        ] {
+        let values = [
+            self.layers,
+            self.hidden,
+            self.ffn,
+            self.heads,
+            self.kv_heads,
+            self.vocab,
+            self.seq_len,
+        ];
+        for ((field, limit), value) in MODEL_LIMITS.into_iter().zip(values) {
             if value == 0 {
                 return Err(bad(format!("{field} is 0; it must be at least 1")));
+            }
+            if value > limit {
+                return Err(bad(format!(
+                    "{field} is {value}, more than the planner accepts ({limit})"
+                )));
             }
         }
         if self.hidden % self.heads != 0 {
@@ -141,7 +163,28 @@ impl ModelSpec {
                 self.kv_heads, self.heads
             )));
         }
+        if self.checked_total_params().is_none() {
+            return Err(bad("its parameter count does not fit in 64 bits".into()));
+        }
         Ok(())
+    }
+
+    /// [`Self::total_params`] with every product and sum checked: `None`
+    /// when it overflows `u64` (never within [`MODEL_LIMITS`]).
+    pub fn checked_total_params(&self) -> Option<u64> {
+        let h = self.hidden;
+        let kv = h.checked_mul(self.kv_heads)? / self.heads.max(1);
+        let attention = h
+            .checked_mul(h)?
+            .checked_add(h.checked_mul(kv)?)?
+            .checked_mul(2)?;
+        let ffn = h.checked_mul(self.ffn)?.checked_mul(3)?;
+        let layer = attention.checked_add(ffn)?.checked_add(h.checked_mul(2)?)?;
+        let vh = self.vocab.checked_mul(h)?;
+        self.layers
+            .checked_mul(layer)?
+            .checked_add(vh.checked_mul(2)?)?
+            .checked_add(h)
     }
 
     /// Width of the key (and of the value) projection: `h * g / a`.
@@ -239,7 +282,7 @@ impl ModelSpec {
 
     /// Forward FLOPs of the output head for a micro-batch: `2 b s h V`.
     pub fn head_forward_flops(&self, micro_batch: u64) -> f64 {
-        2.0 * micro_batch as f64 * (self.seq_len * self.hidden * self.vocab) as f64
+        2.0 * micro_batch as f64 * self.seq_len as f64 * self.hidden as f64 * self.vocab as f64
     }
 
     /// Forward FLOPs of the input embedding: 0, it is a table lookup (the
@@ -319,6 +362,48 @@ mod tests {
         assert_eq!(ModelSpec::preset("H2_100B").unwrap().layers, 96);
         let err = ModelSpec::preset("gpt-9").unwrap_err().to_string();
         assert!(err.contains("\"gpt-9\""), "{err}");
+    }
+
+    #[test]
+    fn sizes_beyond_the_limits_are_refused_by_name() {
+        let mut m = ModelSpec::llama_7b();
+        m.hidden = 1 << 32;
+        m.heads = 32;
+        let err = m.validate().unwrap_err().to_string();
+        assert_eq!(
+            err,
+            "model \"llama-7b\": hidden is 4294967296, more than the planner accepts (1048576)"
+        );
+        for (field, limit) in MODEL_LIMITS {
+            let mut m = ModelSpec::llama_7b();
+            let v = limit + 1;
+            match field {
+                "layers" => m.layers = v,
+                "hidden" => m.hidden = v,
+                "ffn" => m.ffn = v,
+                "heads" => m.heads = v,
+                "kv_heads" => m.kv_heads = v,
+                "vocab" => m.vocab = v,
+                _ => m.seq_len = v,
+            }
+            let err = m.validate().unwrap_err().to_string();
+            assert!(err.contains(&format!("{field} is {v}, more than")), "{err}");
+        }
+        // Every size at its limit: the counts are still exact.
+        let big = ModelSpec {
+            name: "big".into(),
+            layers: 10_000,
+            hidden: 1 << 20,
+            ffn: 1 << 22,
+            heads: 1 << 16,
+            kv_heads: 1 << 16,
+            vocab: 1 << 24,
+            seq_len: 1 << 20,
+        };
+        big.validate().unwrap();
+        assert_eq!(big.checked_total_params(), Some(big.total_params()));
+        assert!(big.flops_per_iteration(65_536).is_finite());
+        assert!(big.head_forward_flops(65_536).is_finite());
     }
 
     #[test]

@@ -12,7 +12,14 @@
 //!   combinations number at most [`PlanOptions::full_enumeration_budget`]
 //!   (every cluster of up to about 32 chips); beyond that it takes, for
 //!   each `t`, only the largest `k` (HeteroPP's rule: all of the type's
-//!   chips that `d` replicas can use);
+//!   chips that `d` replicas can use); and where even those combinations
+//!   number more than [`LARGEST_K_LIMIT`] (7 or more types of 8-chip
+//!   nodes), it tries as the set of types used every single type, every
+//!   pair, and every prefix of the memory-first and of the speed-first
+//!   order, each with the option that uses the most chips per type, or with
+//!   one tp for all types: quadratic in the number of types, not
+//!   exponential. `--exhaustive`
+//!   refuses a space of more than [`EXHAUSTIVE_LIMIT`] combinations;
 //! - the order of the types along the pipeline: HeteroPP's (more memory
 //!   first) and, as a relaxation, every other order (all permutations for up
 //!   to 4 used types; beyond that, memory-first and speed-first only);
@@ -88,6 +95,19 @@ pub struct PlanOptions {
 /// up to about 32 chips is searched over every stage count.
 pub const FULL_ENUMERATION_BUDGET: u64 = 100_000;
 
+/// The most combinations of the largest stage count per (type, tp) that
+/// the default search enumerates for one data-parallel degree (every
+/// subset of the types, each with each of its tensor-parallel degrees):
+/// up to 6 types of 8-chip nodes (5 options each, 15,625 combinations).
+/// Above it, a polynomial selection of the types is tried instead (see
+/// the module documentation), so that the search time grows with the
+/// square of the number of types, not exponentially.
+pub const LARGEST_K_LIMIT: u64 = 20_000;
+
+/// The most combinations `--exhaustive` may enumerate for one data-parallel
+/// degree; a larger space is refused (the default search handles it).
+pub const EXHAUSTIVE_LIMIT: u64 = 1_000_000;
+
 impl Default for PlanOptions {
     fn default() -> Self {
         PlanOptions {
@@ -124,6 +144,9 @@ pub enum PlanError {
     /// The state fits in total, but no plan of the space fits every stage.
     #[error("{0}")]
     NoFeasiblePlan(String),
+    /// The space asked for is too large to search.
+    #[error("{0}")]
+    TooLarge(String),
 }
 
 /// Bytes as TB (decimal) with two decimals, or GB below 1 TB.
@@ -195,6 +218,22 @@ pub fn plan(
             needed,
             available,
         });
+    }
+    if options.exhaustive {
+        let ctx = Ctx::new(model, cluster, settings, options);
+        let combos = ctx.combinations(1, true);
+        if combos > EXHAUSTIVE_LIMIT {
+            return Err(PlanError::TooLarge(format!(
+                "an exhaustive search of this cluster would enumerate {} combinations of chip \
+                 types, tensor-parallel degrees and stage counts for one data-parallel degree \
+                 alone, more than the {EXHAUSTIVE_LIMIT} it may; plan without --exhaustive",
+                if combos == u64::MAX {
+                    "more than 2^64".to_string()
+                } else {
+                    combos.to_string()
+                }
+            )));
+        }
     }
     let mut candidates = 0u64;
     // Each type alone: for the ratio and the mixed-groups relaxation. A
@@ -582,26 +621,14 @@ impl<'a> Ctx<'a> {
         let mut best: Option<Best> = None;
         for d in (1..=max_count.min(big_b)).filter(|d| big_b % d == 0) {
             // Options per type: None (unused) or (tp, k).
-            let maxks = |ty: usize| {
-                let chip = self.chip(ty);
-                TP_DEGREES
-                    .iter()
-                    .filter(|&&tp| chip.chips_per_node % tp == 0)
-                    .map(|&tp| (tp, (chip.count / (d * tp)).min(l)))
-                    .filter(|&(_, k)| k > 0)
-                    .collect::<Vec<_>>()
-            };
-            let combos = (0..nty).fold(1u64, |acc, ty| {
-                let n: u64 = maxks(ty).iter().map(|&(_, k)| k).sum();
-                acc.saturating_mul(1 + n)
-            });
+            let combos = self.combinations(d, true);
             let every_k = self.exhaustive || combos <= self.budget;
             let opts: Vec<Vec<Option<(u64, u64)>>> = (0..nty)
                 .map(|ty| {
                     // Most stages first, so that good plans come early and
                     // the lower bound prunes more.
                     let mut o = Vec::new();
-                    for (tp, maxk) in maxks(ty) {
+                    for (tp, maxk) in self.largest_ks(ty, d) {
                         if every_k {
                             o.extend((1..=maxk).rev().map(|k| Some((tp, k))));
                         } else {
@@ -612,6 +639,20 @@ impl<'a> Ctx<'a> {
                     o
                 })
                 .collect();
+            let product = opts
+                .iter()
+                .fold(1u64, |acc, o| acc.saturating_mul(o.len() as u64));
+            if !every_k && product > LARGEST_K_LIMIT {
+                // Too many types to try every subset: a polynomial
+                // selection (see `reduced_space`).
+                for used in self.reduced_space(&opts) {
+                    let stages: u64 = used.iter().map(|s| s.k).sum();
+                    if stages <= l && self.memory_may_fit(&used, d) {
+                        self.try_sizes(&used, d, &sizes, &mut best);
+                    }
+                }
+                continue;
+            }
             let mut idx = vec![0usize; nty];
             loop {
                 let used: Vec<Seg> = (0..nty)
@@ -637,6 +678,101 @@ impl<'a> Ctx<'a> {
             }
         }
         best
+    }
+
+    /// Per type, the (tp, largest k) options for `d` replicas.
+    fn largest_ks(&self, ty: usize, d: u64) -> Vec<(u64, u64)> {
+        let chip = self.chip(ty);
+        TP_DEGREES
+            .iter()
+            .filter(|&&tp| chip.chips_per_node % tp == 0)
+            .map(|&tp| (tp, (chip.count / (d * tp)).min(self.model.layers)))
+            .filter(|&(_, k)| k > 0)
+            .collect()
+    }
+
+    /// Combinations of one option per type (unused included) for `d`
+    /// replicas: with every stage count (`every_k`) or the largest only.
+    fn combinations(&self, d: u64, every_k: bool) -> u64 {
+        (0..self.cluster.chip_types.len()).fold(1u64, |acc, ty| {
+            let ks = self.largest_ks(ty, d);
+            let n: u64 = match every_k {
+                true => ks.iter().map(|&(_, k)| k).sum(),
+                false => ks.len() as u64,
+            };
+            acc.saturating_mul(1 + n)
+        })
+    }
+
+    /// The candidates of the default search when the combinations of the
+    /// largest stage counts exceed [`LARGEST_K_LIMIT`]: as the types used,
+    /// every single type, every pair, and every prefix of the memory-first
+    /// and of the speed-first order; for each such set, every type with the
+    /// option using the most chips (the smaller tp on a tie), and every type
+    /// with the same tp (where it offers it). Quadratic in the number of
+    /// types instead of exponential.
+    fn reduced_space(&self, opts: &[Vec<Option<(u64, u64)>>]) -> Vec<Vec<Seg>> {
+        let dtype = self.settings.dtype;
+        let pick: Vec<Option<Seg>> = opts
+            .iter()
+            .enumerate()
+            .map(|(ty, o)| {
+                o.iter()
+                    .flatten()
+                    .max_by(|a, b| (a.0 * a.1).cmp(&(b.0 * b.1)).then(b.0.cmp(&a.0)))
+                    .map(|&(tp, k)| Seg { ty, tp, k })
+            })
+            .collect();
+        let avail: Vec<usize> = (0..pick.len()).filter(|&t| pick[t].is_some()).collect();
+        let mut subsets = std::collections::BTreeSet::new();
+        for (i, &a) in avail.iter().enumerate() {
+            subsets.insert(vec![a]);
+            for &b in &avail[i + 1..] {
+                subsets.insert(vec![a, b]);
+            }
+        }
+        let mut by_memory = avail.clone();
+        by_memory.sort_by(|&a, &b| {
+            let (ca, cb) = (self.chip(a), self.chip(b));
+            cb.memory_bytes.cmp(&ca.memory_bytes).then(a.cmp(&b))
+        });
+        let mut by_speed = avail.clone();
+        by_speed.sort_by(|&a, &b| {
+            let (ca, cb) = (self.chip(a), self.chip(b));
+            cb.sustained_flops(dtype)
+                .total_cmp(&ca.sustained_flops(dtype))
+                .then(a.cmp(&b))
+        });
+        for order in [by_memory, by_speed] {
+            for n in 3..=order.len() {
+                let mut set = order[..n].to_vec();
+                set.sort_unstable();
+                subsets.insert(set);
+            }
+        }
+        // Each subset with the per-type pick, and with one tensor-parallel
+        // degree for every type that offers it (the pick for the others).
+        let with_tp = |ty: usize, tp: u64| -> Option<Seg> {
+            opts[ty]
+                .iter()
+                .flatten()
+                .filter(|o| o.0 == tp)
+                .max_by_key(|o| o.1)
+                .map(|&(tp, k)| Seg { ty, tp, k })
+                .or(pick[ty])
+        };
+        let mut out = Vec::new();
+        for set in subsets {
+            let mut variants: Vec<Vec<Seg>> = vec![set.iter().filter_map(|&t| pick[t]).collect()];
+            for tp in TP_DEGREES {
+                let v: Vec<Seg> = set.iter().filter_map(|&t| with_tp(t, tp)).collect();
+                if !variants.contains(&v) {
+                    variants.push(v);
+                }
+            }
+            out.extend(variants);
+        }
+        out
     }
 
     /// Lower bound: the chips of one replica must hold the training state

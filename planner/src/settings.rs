@@ -46,6 +46,14 @@ pub enum Recompute {
     Full,
 }
 
+/// The largest global batch the planner accepts, in sequences: 64 times
+/// the 1024 of the largest published runs (at 4096 tokens, 268 M tokens per
+/// step). It bounds the micro-batches the simulator schedules.
+pub const MAX_GLOBAL_BATCH: u64 = 65_536;
+
+/// The most micro-batch sizes [`TrainingSettings::micro_batch_sizes`] may list.
+pub const MAX_MICRO_BATCH_SIZES: usize = 64;
+
 /// How to train: batch, precision, memory savers.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -118,6 +126,28 @@ impl TrainingSettings {
                 "global_batch is 0; it must be at least 1".into(),
             ));
         }
+        if self.global_batch > MAX_GLOBAL_BATCH {
+            return Err(SpecError::Settings(format!(
+                "global_batch is {}, more than the planner accepts ({MAX_GLOBAL_BATCH} sequences)",
+                self.global_batch
+            )));
+        }
+        if self.micro_batch_sizes.len() > MAX_MICRO_BATCH_SIZES {
+            return Err(SpecError::Settings(format!(
+                "micro_batch_sizes lists {} sizes; at most {MAX_MICRO_BATCH_SIZES} are accepted",
+                self.micro_batch_sizes.len()
+            )));
+        }
+        if let Some(b) = self
+            .micro_batch_sizes
+            .iter()
+            .find(|&&b| b > MAX_GLOBAL_BATCH)
+        {
+            return Err(SpecError::Settings(format!(
+                "micro_batch_sizes contains {b}, more than the largest global batch \
+                 ({MAX_GLOBAL_BATCH})"
+            )));
+        }
         if self.micro_batch_sizes.is_empty() {
             return Err(SpecError::Settings(
                 "micro_batch_sizes is empty; give at least one size".into(),
@@ -168,5 +198,25 @@ mod tests {
             err,
             "training settings: global_batch is 0; it must be at least 1"
         );
+    }
+
+    #[test]
+    fn sizes_beyond_the_limits_are_refused() {
+        let err = TrainingSettings::new(100_000_000)
+            .validate()
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            err,
+            "training settings: global_batch is 100000000, more than the planner accepts (65536 sequences)"
+        );
+        TrainingSettings::new(MAX_GLOBAL_BATCH).validate().unwrap();
+        let mut s = TrainingSettings::new(8);
+        s.micro_batch_sizes = vec![1, 1 << 40];
+        let err = s.validate().unwrap_err().to_string();
+        assert!(err.contains("contains 1099511627776, more than"), "{err}");
+        s.micro_batch_sizes = vec![1; 65];
+        let err = s.validate().unwrap_err().to_string();
+        assert!(err.contains("lists 65 sizes"), "{err}");
     }
 }

@@ -46,6 +46,24 @@ fn default_theta() -> f64 {
     10000.0
 }
 
+/// The largest value of each size of a [`ModelConfig`], in the order
+/// `vocab, dim, layers, heads, kv_heads, ffn, seq_len`: the planner's
+/// bounds ([`polychip_planner::model::MODEL_LIMITS`]), under which every
+/// parameter and FLOP count is exact.
+pub const MODEL_LIMITS: [(&str, usize); 7] = [
+    ("vocab", 1 << 24),
+    ("dim", 1 << 20),
+    ("layers", 10_000),
+    ("heads", 1 << 16),
+    ("kv_heads", 1 << 16),
+    ("ffn", 1 << 22),
+    ("seq_len", 1 << 20),
+];
+
+/// The largest global batch, in sequences (the planner's
+/// [`polychip_planner::settings::MAX_GLOBAL_BATCH`]).
+pub const MAX_GLOBAL_BATCH: usize = polychip_planner::settings::MAX_GLOBAL_BATCH as usize;
+
 /// The model presets [`ModelConfig::preset`] knows.
 pub const MODEL_PRESETS: [&str; 4] = ["mini", "tiny", "small", "deep"];
 
@@ -118,9 +136,12 @@ impl ModelConfig {
             ("ffn", self.ffn),
             ("seq_len", self.seq_len),
         ];
-        for (field, v) in positive {
+        for ((field, v), (_, limit)) in positive.into_iter().zip(MODEL_LIMITS) {
             if v == 0 {
                 return Err(format!("{field} must be positive, not 0"));
+            }
+            if v > limit {
+                return Err(format!("{field} is {v}, more than the {limit} accepted"));
             }
         }
         if self.dim % self.heads != 0 {
@@ -276,6 +297,18 @@ impl TrainConfig {
         if self.global_batch == 0 {
             return bad("global_batch must be positive".into());
         }
+        if self.global_batch > MAX_GLOBAL_BATCH {
+            return bad(format!(
+                "global_batch is {}, more than the {MAX_GLOBAL_BATCH} sequences accepted",
+                self.global_batch
+            ));
+        }
+        if self.eval_sequences > MAX_GLOBAL_BATCH {
+            return bad(format!(
+                "eval_sequences is {}, more than the {MAX_GLOBAL_BATCH} sequences accepted",
+                self.eval_sequences
+            ));
+        }
         if !(self.lr > 0.0 && self.lr.is_finite()) {
             return bad(format!("lr must be positive, not {}", self.lr));
         }
@@ -357,6 +390,47 @@ mod tests {
         m.kv_heads = 2;
         m.dim = 62;
         assert!(m.validate().unwrap_err().contains("dim 62"));
+        m.dim = 1 << 32;
+        let e = m.validate().unwrap_err();
+        assert_eq!(e, "dim is 4294967296, more than the 1048576 accepted");
+        // The limits agree with the planner's, field by field.
+        for ((ours, a), (theirs, b)) in MODEL_LIMITS.iter().zip(sorted_planner_limits()) {
+            assert_eq!(*a as u64, b, "{ours} vs {theirs}");
+        }
+    }
+
+    fn sorted_planner_limits() -> Vec<(&'static str, u64)> {
+        let p = polychip_planner::model::MODEL_LIMITS;
+        let get = |n: &str| *p.iter().find(|(f, _)| *f == n).unwrap();
+        [
+            "vocab", "hidden", "layers", "heads", "kv_heads", "ffn", "seq_len",
+        ]
+        .into_iter()
+        .map(get)
+        .collect()
+    }
+
+    #[test]
+    fn huge_batches_are_refused_by_name() {
+        let c = TrainConfig {
+            global_batch: 100_000_000,
+            ..TrainConfig::default()
+        };
+        let e = c.validate().unwrap_err().to_string();
+        assert!(
+            e.contains("global_batch is 100000000, more than the 65536 sequences accepted"),
+            "{e}"
+        );
+        let c = TrainConfig {
+            eval_sequences: usize::MAX,
+            ..TrainConfig::default()
+        };
+        assert!(
+            c.validate()
+                .unwrap_err()
+                .to_string()
+                .contains("eval_sequences")
+        );
     }
 
     #[test]

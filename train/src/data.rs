@@ -31,6 +31,35 @@ pub const VALIDATION_FRACTION: f64 = 0.1;
 /// input byte and its target.
 pub const MIN_BYTES: usize = 20;
 
+/// The most bytes a corpus file may hold (4 GiB; the whole file is read
+/// into memory).
+pub const MAX_BYTES: usize = 1 << 32;
+
+/// A file type in words, for messages.
+fn file_kind(t: &std::fs::FileType) -> &'static str {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::FileTypeExt;
+        if t.is_fifo() {
+            return "a FIFO";
+        }
+        if t.is_char_device() {
+            return "a character device";
+        }
+        if t.is_block_device() {
+            return "a block device";
+        }
+        if t.is_socket() {
+            return "a socket";
+        }
+    }
+    if t.is_dir() {
+        "a directory"
+    } else {
+        "not a regular file"
+    }
+}
+
 /// Which part of the corpus a batch is drawn from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Split {
@@ -94,11 +123,52 @@ impl Corpus {
     ///
     /// Fails with [`TrainError::Io`] when the file cannot be read and with
     /// [`TrainError::Data`] when it holds fewer than [`MIN_BYTES`] bytes.
+    ///
+    /// The file must be a regular file of at most [`MAX_BYTES`] bytes: a
+    /// FIFO, a directory or a device (`/dev/zero`) is refused without
+    /// blocking on it or reading it.
     pub fn load(path: &Path) -> Result<Corpus> {
-        let bytes = std::fs::read(path).map_err(|e| TrainError::Data {
+        use std::io::Read;
+        let fail = |message: String| TrainError::Data {
             path: path.to_path_buf(),
-            message: format!("cannot be read: {e}"),
-        })?;
+            message,
+        };
+        let mut open = std::fs::OpenOptions::new();
+        open.read(true);
+        #[cfg(unix)]
+        {
+            // Opening a FIFO for reading blocks until a writer comes: open
+            // without blocking, then refuse anything but a regular file.
+            use std::os::unix::fs::OpenOptionsExt;
+            open.custom_flags(libc::O_NONBLOCK);
+        }
+        let file = open
+            .open(path)
+            .map_err(|e| fail(format!("cannot be read: {e}")))?;
+        let meta = file
+            .metadata()
+            .map_err(|e| fail(format!("cannot be read: {e}")))?;
+        if !meta.is_file() {
+            return Err(fail(format!(
+                "is not a regular file (it is {}); give a text file",
+                file_kind(&meta.file_type())
+            )));
+        }
+        if meta.len() > MAX_BYTES as u64 {
+            return Err(fail(format!(
+                "holds {} bytes, more than the {MAX_BYTES} a corpus may hold",
+                meta.len()
+            )));
+        }
+        let mut bytes = Vec::with_capacity(meta.len() as usize);
+        file.take(MAX_BYTES as u64 + 1)
+            .read_to_end(&mut bytes)
+            .map_err(|e| fail(format!("cannot be read: {e}")))?;
+        if bytes.len() > MAX_BYTES {
+            return Err(fail(format!(
+                "grew past the {MAX_BYTES} bytes a corpus may hold while it was read"
+            )));
+        }
         Corpus::from_bytes(&path.display().to_string(), bytes)
     }
 

@@ -8,7 +8,9 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::ModelConfig;
+use polychip_comm::env::MAX_WORLD_SIZE;
+
+use crate::config::{MAX_GLOBAL_BATCH, ModelConfig};
 use crate::error::{Result, TrainError};
 use crate::params::StageRange;
 
@@ -162,22 +164,36 @@ impl TrainPlan {
         }
     }
 
-    /// Ranks the plan needs.
+    /// Ranks the plan needs (saturating; [`Self::validate`] bounds it by
+    /// [`polychip_comm::env::MAX_WORLD_SIZE`]).
     pub fn world_size(&self) -> usize {
-        self.groups.iter().map(|g| g.copies * g.stages.len()).sum()
-    }
-
-    /// Replicas over all groups.
-    pub fn replicas(&self) -> usize {
-        self.groups.iter().map(|g| g.copies).sum()
-    }
-
-    /// Sequences per step.
-    pub fn global_batch(&self) -> usize {
         self.groups
             .iter()
-            .map(|g| g.copies * g.micro_batch_size * g.micro_batches)
-            .sum()
+            .map(|g| g.copies.saturating_mul(g.stages.len()))
+            .fold(0, usize::saturating_add)
+    }
+
+    /// Replicas over all groups (saturating).
+    pub fn replicas(&self) -> usize {
+        self.groups
+            .iter()
+            .map(|g| g.copies)
+            .fold(0, usize::saturating_add)
+    }
+
+    /// Sequences per step: `None` when the sum overflows.
+    pub fn checked_global_batch(&self) -> Option<usize> {
+        self.groups.iter().try_fold(0usize, |acc, g| {
+            g.copies
+                .checked_mul(g.micro_batch_size)?
+                .checked_mul(g.micro_batches)?
+                .checked_add(acc)
+        })
+    }
+
+    /// Sequences per step (saturating; see [`Self::checked_global_batch`]).
+    pub fn global_batch(&self) -> usize {
+        self.checked_global_batch().unwrap_or(usize::MAX)
     }
 
     /// Checks the plan against the model and the global batch; messages
@@ -193,6 +209,17 @@ impl TrainPlan {
                     "group {gi}: copies ({}), micro_batch_size ({}) and micro_batches ({}) must be positive",
                     g.copies, g.micro_batch_size, g.micro_batches
                 ));
+            }
+            for (field, v, limit) in [
+                ("copies", g.copies, MAX_WORLD_SIZE),
+                ("micro_batch_size", g.micro_batch_size, MAX_GLOBAL_BATCH),
+                ("micro_batches", g.micro_batches, MAX_GLOBAL_BATCH),
+            ] {
+                if v > limit {
+                    return bad(format!(
+                        "group {gi}: {field} is {v}, more than the {limit} accepted"
+                    ));
+                }
             }
             if g.stages.is_empty() {
                 return bad(format!("group {gi} has no stages"));
@@ -216,7 +243,17 @@ impl TrainPlan {
                 ));
             }
         }
-        if self.global_batch() != global_batch {
+        let ranks = self.groups.iter().try_fold(0usize, |acc, g| {
+            g.copies.checked_mul(g.stages.len())?.checked_add(acc)
+        });
+        if ranks.is_none_or(|r| r > MAX_WORLD_SIZE) {
+            return bad(format!(
+                "it needs {} ranks (copies x stages over its groups), more than the \
+                 {MAX_WORLD_SIZE} a job may have",
+                ranks.map_or("more than 2^64".to_string(), |r| r.to_string())
+            ));
+        }
+        if self.checked_global_batch() != Some(global_batch) {
             let parts: Vec<String> = self
                 .groups
                 .iter()
@@ -230,7 +267,8 @@ impl TrainPlan {
             return bad(format!(
                 "its replicas take {} sequences per step ({} as copies x micro_batch_size x \
                  micro_batches) but the global batch is {global_batch}",
-                self.global_batch(),
+                self.checked_global_batch()
+                    .map_or("more than 2^64".to_string(), |b| b.to_string()),
                 parts.join(" + ")
             ));
         }
@@ -335,10 +373,17 @@ pub fn from_planner(plan: &polychip_planner::plan::Plan) -> Result<TrainPlan> {
                 layers: [s.first_layer as usize, s.end_layer as usize],
             });
         }
+        let size = |field: &str, v: u64| {
+            usize::try_from(v).map_err(|_| {
+                TrainError::Plan(format!(
+                    "the planner's {field} {v} does not fit this machine"
+                ))
+            })
+        };
         groups.push(GroupPlan {
-            copies: r.copies as usize,
-            micro_batch_size: r.micro_batch_size as usize,
-            micro_batches: r.micro_batches as usize,
+            copies: size("copies", r.copies)?,
+            micro_batch_size: size("micro_batch_size", r.micro_batch_size)?,
+            micro_batches: size("micro_batches", r.micro_batches)?,
             stages,
         });
     }
@@ -431,5 +476,48 @@ mod tests {
             "{e}"
         );
         assert!(TrainPlan::parse_stages("ferrite:0", 1, 1, 1).is_err());
+    }
+
+    #[test]
+    fn huge_counts_cannot_wrap_the_checks() {
+        let cfg = ModelConfig::preset("tiny").unwrap();
+        // 2^63 x 2 x 1 wraps to 0 in usize; with a second group of 8 the
+        // wrapped sum would equal the global batch of 8.
+        let mut plan = TrainPlan::parse_stages("ferrite=0..4", 1 << 63, 2, 1).unwrap();
+        plan.groups
+            .push(TrainPlan::single("cobalt", 4, 2, 4).groups.remove(0));
+        let e = plan.validate(&cfg, 8).unwrap_err().to_string();
+        assert!(
+            e.contains("group 0: copies is 9223372036854775808, more than the 65536"),
+            "{e}"
+        );
+        let plan = TrainPlan::parse_stages("ferrite=0..4", (1 << 63) - 1, 1, 1).unwrap();
+        let e = plan.validate(&cfg, 8).unwrap_err().to_string();
+        assert!(e.contains("copies is 9223372036854775807"), "{e}");
+        // Within each bound, but too many ranks in all.
+        let mut plan = TrainPlan::parse_stages("ferrite=0..2,cobalt=2..4", 40_000, 1, 1).unwrap();
+        let e = plan.validate(&cfg, 40_000).unwrap_err().to_string();
+        assert!(e.contains("it needs 80000 ranks"), "{e}");
+        plan.groups[0].copies = 1;
+        plan.groups[0].micro_batches = 1 << 20;
+        let e = plan.validate(&cfg, 1 << 20).unwrap_err().to_string();
+        assert!(e.contains("micro_batches is 1048576"), "{e}");
+        // A plan file with 2^63 - 1 copies is refused, not planned.
+        let dir = std::env::temp_dir().join(format!("polychip-plan-huge-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("huge.toml");
+        std::fs::write(
+            &file,
+            "[[group]]\ncopies = 9223372036854775807\nmicro_batch_size = 1\nmicro_batches = 1\n\
+             stages = [{ device = \"ferrite\", layers = [0, 4] }]\n",
+        )
+        .unwrap();
+        let e = TrainPlan::load(&file)
+            .unwrap()
+            .validate(&cfg, 8)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("copies is 9223372036854775807"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -85,13 +85,11 @@ impl std::fmt::Debug for Communicator {
     }
 }
 
-/// The default deadline: `POLYCHIP_COMM_TIMEOUT_SECS` or 60 s.
-pub fn default_timeout() -> Duration {
-    let secs = std::env::var("POLYCHIP_COMM_TIMEOUT_SECS")
-        .ok()
-        .and_then(|s| s.trim().parse::<f64>().ok());
-    secs.filter(|s| *s > 0.0)
-        .map_or(Duration::from_secs(60), Duration::from_secs_f64)
+/// The default deadline: `POLYCHIP_COMM_TIMEOUT_SECS` or 60 s. A value that
+/// is not a positive number of seconds (at most a week) is an error naming
+/// the variable (see [`crate::env::parse_timeout`]).
+pub fn default_timeout() -> Result<Duration> {
+    crate::env::timeout_from_env()
 }
 
 impl Communicator {
@@ -108,7 +106,7 @@ impl Communicator {
         let (region, ptr) = transport.register(len)?;
         // SAFETY: the transport keeps its regions mapped for its lifetime, and we hold an Arc to it.
         let view = unsafe { RegionView::new(ptr, len) };
-        let timeout = default_timeout();
+        let timeout = default_timeout()?;
         let in_place = transport.writes_parts_in_place();
         let (sent, received) = (vec![[0; CLASSES]; world], vec![[0; CLASSES]; world]);
         Ok(Communicator {
@@ -138,7 +136,7 @@ impl Communicator {
             store,
             rank,
             world,
-            default_timeout(),
+            default_timeout()?,
         )?))
     }
 

@@ -1,0 +1,366 @@
+//! Issue 15, numbers and refusals: sizes beyond their bounds, flags that
+//! would train nothing, a corpus that is not a regular file, unwritable
+//! output paths and bad launcher variables are all refused with the flag,
+//! field or variable named, before the first training step (needs the
+//! bundled plugins built: `cargo build -p polychip -p
+//! polychip-vendor-ferrite -p polychip-vendor-cobalt`).
+
+mod common;
+use common::polychip_env;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("polychip-limits-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn s(p: &Path) -> String {
+    p.display().to_string()
+}
+
+const TRAIN: [&str; 8] = [
+    "train",
+    "--global-batch",
+    "4",
+    "--eval-every",
+    "0",
+    "--log-every",
+    "0",
+    "--no-pin",
+];
+
+/// `polychip train` with the common flags and `extra`, killed after
+/// `limit` (a hang fails the test instead of stalling it): exit code and
+/// stderr.
+fn train_within(extra: &[&str], env: &[(&str, &str)], limit: Duration) -> (Option<i32>, String) {
+    let mut args: Vec<&str> = TRAIN.to_vec();
+    if !extra.contains(&"--model") {
+        args.extend_from_slice(&["--model", "mini"]);
+    }
+    args.extend_from_slice(extra);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_polychip"))
+        .args(&args)
+        .envs(env.iter().copied())
+        .env("POLYCHIP_TRANSPORT", "shm")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run polychip");
+    let start = Instant::now();
+    loop {
+        if child.try_wait().unwrap().is_some() {
+            break;
+        }
+        if start.elapsed() > limit {
+            child.kill().unwrap();
+            let _ = child.wait();
+            panic!("polychip train {extra:?} did not finish within {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = child.wait_with_output().unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr),
+    )
+}
+
+/// Expects a refusal (exit 2) before any training that mentions every one
+/// of `needles`.
+fn refused(extra: &[&str], env: &[(&str, &str)], needles: &[&str]) -> String {
+    let (code, out) = train_within(extra, env, Duration::from_secs(60));
+    assert_eq!(code, Some(2), "{extra:?} {env:?}: {out}");
+    assert!(
+        !out.contains("training mini"),
+        "trained before refusing: {out}"
+    );
+    for n in needles {
+        assert!(out.contains(n), "{extra:?} {env:?}: no {n:?} in {out}");
+    }
+    out
+}
+
+#[test]
+fn flags_that_would_train_nothing_are_refused() {
+    refused(
+        &["--steps", "0"],
+        &[],
+        &["--steps is 0", "--checkpoint-dir"],
+    );
+    refused(
+        &[
+            "--steps",
+            "2",
+            "--device",
+            "ferrite:0",
+            "--micro-batch-size",
+            "0",
+        ],
+        &[],
+        &["--micro-batch-size is 0"],
+    );
+    refused(
+        &["--steps", "2", "--device", "ferrite:0", "--copies", "0"],
+        &[],
+        &["--copies is 0"],
+    );
+    refused(
+        &["--steps", "2", "--save-every", "1"],
+        &[],
+        &["--save-every 1 needs --checkpoint-dir"],
+    );
+    refused(
+        &["--steps", "2", "--stop-after", "0"],
+        &[],
+        &["--stop-after is 0"],
+    );
+    // Ignored before: the plan sets the micro-batching.
+    refused(
+        &["--steps", "2", "--plan", "auto", "--micro-batch-size", "4"],
+        &[],
+        &["--micro-batch-size applies to --stages and --device only"],
+    );
+    refused(
+        &["--steps", "2", "--plan", "auto", "--copies", "2"],
+        &[],
+        &["--copies applies to --stages and --device only"],
+    );
+}
+
+#[test]
+fn huge_sizes_are_refused_by_name() {
+    let dir = scratch("model");
+    let config = dir.join("train.toml");
+    std::fs::write(&config, "global_batch = 100000000\n").unwrap();
+    refused(
+        &["--steps", "1", "--config", &s(&config)],
+        &[],
+        &["global_batch is 100000000, more than the 65536"],
+    );
+    let model = dir.join("huge.toml");
+    std::fs::write(
+        &model,
+        "name = \"huge\"\ndim = 4294967296\nlayers = 2\nheads = 4\nkv_heads = 2\nffn = 64\nseq_len = 16\n",
+    )
+    .unwrap();
+    refused(
+        &["--steps", "1", "--model", &s(&model)],
+        &[],
+        &["dim is 4294967296, more than the 1048576 accepted"],
+    );
+    let plan = dir.join("plan.toml");
+    std::fs::write(
+        &plan,
+        "[[group]]\ncopies = 9223372036854775807\nmicro_batch_size = 1\nmicro_batches = 1\n\
+         stages = [{ device = \"ferrite\", layers = [0, 2] }]\n",
+    )
+    .unwrap();
+    refused(
+        &["--steps", "1", "--plan", &s(&plan)],
+        &[],
+        &["copies is 9223372036854775807, more than the 65536"],
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_fifo_or_device_as_corpus_is_refused_without_hanging() {
+    let dir = scratch("fifo");
+    let fifo = dir.join("corpus.fifo");
+    let made = Command::new("mkfifo").arg(&fifo).status().unwrap();
+    assert!(made.success());
+    refused(
+        &["--steps", "1", "--corpus", &s(&fifo)],
+        &[],
+        &["is not a regular file (it is a FIFO)"],
+    );
+    refused(
+        &["--steps", "1", "--corpus", "/dev/zero"],
+        &[],
+        &["/dev/zero", "a character device"],
+    );
+    refused(
+        &["--steps", "1", "--corpus", &s(&dir)],
+        &[],
+        &["a directory"],
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn unwritable_outputs_are_refused_before_training() {
+    let dir = scratch("outputs");
+    // A regular file where a directory is needed: refused even for root.
+    let file = dir.join("a-file");
+    std::fs::write(&file, "x").unwrap();
+    let under = s(&file.join("sub"));
+    let missing = s(&dir.join("no-such-dir").join("out.json"));
+    refused(
+        &["--steps", "1", "--checkpoint-dir", &under],
+        &[],
+        &[
+            "--checkpoint-dir",
+            "is not a directory, so it cannot be created",
+        ],
+    );
+    refused(
+        &["--steps", "1", "--checkpoint-dir", &s(&file)],
+        &[],
+        &["--checkpoint-dir", "exists and is not a directory"],
+    );
+    refused(
+        &["--steps", "1", "--trace", &missing],
+        &[],
+        &["--trace", "cannot be created"],
+    );
+    refused(
+        &["--steps", "1", "--log-json", &s(&dir)],
+        &[],
+        &["--log-json", "is a directory"],
+    );
+    let fifo = dir.join("out.fifo");
+    assert!(
+        Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap()
+            .success()
+    );
+    refused(
+        &["--steps", "1", "--log-json", &s(&fifo)],
+        &[],
+        &["--log-json", "is not a regular file"],
+    );
+    // The probes leave nothing behind: a good --log-json and --trace, a
+    // bad --save-plan.
+    let (log, trace) = (dir.join("log.json"), dir.join("trace.json"));
+    let ckpt = dir.join("ckpt").join("deeper");
+    refused(
+        &[
+            "--steps",
+            "1",
+            "--checkpoint-dir",
+            &s(&ckpt),
+            "--log-json",
+            &s(&log),
+            "--trace",
+            &s(&trace),
+            "--save-plan",
+            &under,
+        ],
+        &[],
+        &["--save-plan", "cannot be created"],
+    );
+    let mut left: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    left.sort();
+    assert_eq!(left, ["a-file", "out.fifo"], "the probes left files behind");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn bad_launcher_variables_are_refused_by_name() {
+    let run = [
+        "--steps",
+        "1",
+        "--device",
+        "ferrite:0",
+        "--micro-batch-size",
+        "2",
+    ];
+    for bad in ["abc", "inf", "-1", "0"] {
+        refused(
+            &run,
+            &[("POLYCHIP_COMM_TIMEOUT_SECS", bad)],
+            &[&format!("POLYCHIP_COMM_TIMEOUT_SECS is {bad:?}")],
+        );
+    }
+    refused(
+        &run,
+        &[
+            ("RANK", "0"),
+            ("WORLD_SIZE", "18446744073709551615"),
+            ("MASTER_ADDR", "127.0.0.1"),
+            ("MASTER_PORT", "29500"),
+        ],
+        &["WORLD_SIZE is 18446744073709551615, more than the 65536 ranks"],
+    );
+}
+
+#[test]
+fn plan_refuses_huge_models_and_batches() {
+    let cluster = format!(
+        "{}/../examples/clusters/china-mobile-3-vendor.toml",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let dir = scratch("plan");
+    let model = dir.join("m.toml");
+    std::fs::write(
+        &model,
+        "name = \"wide\"\nlayers = 80\nhidden = 4294967296\nffn = 28672\nheads = 64\n\
+         kv_heads = 8\nvocab = 32000\nseq_len = 4096\n",
+    )
+    .unwrap();
+    let (code, _, err) = polychip_env(&["plan", "--cluster", &cluster, "--model", &s(&model)], &[]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("hidden is 4294967296, more than the planner accepts (1048576)"),
+        "{err}"
+    );
+    let start = Instant::now();
+    let (code, _, err) = polychip_env(
+        &[
+            "plan",
+            "--cluster",
+            &cluster,
+            "--model",
+            "llama-70b",
+            "--global-batch",
+            "100000000",
+        ],
+        &[],
+    );
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("--global-batch is 100000000"), "{err}");
+    let (code, _, err) = polychip_env(
+        &[
+            "plan",
+            "--cluster",
+            &cluster,
+            "--model",
+            "llama-70b",
+            "--trace",
+            &s(&dir.join("no-such-dir").join("t.json")),
+        ],
+        &[],
+    );
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("--trace") && err.contains("cannot be created"),
+        "{err}"
+    );
+    assert!(start.elapsed() < Duration::from_secs(10));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn launch_refuses_a_huge_rank_count_and_train_an_empty_core_range() {
+    let (code, _, err) = polychip_env(&["launch", "-n", "18446744073709551615", "--", "true"], &[]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("-n is 18446744073709551615, more than the 65536 ranks"),
+        "{err}"
+    );
+    refused(
+        &["--steps", "1", "--cores", "3-1"],
+        &[],
+        &["--cores \"3-1\"", "is empty"],
+    );
+}
