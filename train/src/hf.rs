@@ -125,7 +125,8 @@ fn read_json_object(path: &Path) -> Result<Map<String, Value>> {
         path: path.to_path_buf(),
         message,
     };
-    let file = File::open(path).map_err(|e| TrainError::io(path, e))?;
+    // A regular file (a FIFO or device is refused unread), links followed.
+    let (file, _) = crate::files::open_regular(path, crate::files::Links::Follow, u64::MAX)?;
     let mut text = Vec::new();
     file.take(MAX_JSON_BYTES + 1)
         .read_to_end(&mut text)
@@ -903,6 +904,7 @@ pub fn import(hf_dir: &Path, seq_len: Option<usize>, out: &Path) -> Result<Model
         train: TrainConfig::default(),
         plan: format!("imported from the Hugging Face model {}", hf_dir.display()),
         files: vec![checkpoint::stage_file(0, 1)],
+        sums: Vec::new(),
     };
     write_new_dir(out, |tmp| {
         checkpoint::write_tensors(tmp, 0, &st, 0, 1)?;
