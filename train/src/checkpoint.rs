@@ -136,6 +136,19 @@ pub fn write_tensors(
 ) -> Result<()> {
     let dir = partial_dir(root, step);
     std::fs::create_dir_all(&dir).map_err(|e| TrainError::io(&dir, e))?;
+    // Never write through a link planted in the checkpoint directory.
+    match std::fs::symlink_metadata(&dir) {
+        Ok(m) if m.file_type().is_dir() => {}
+        Ok(_) => {
+            return Err(TrainError::Checkpoint {
+                path: dir,
+                message: "is not a directory (a symbolic link?); the checkpoint was not \
+                          written through it"
+                    .into(),
+            });
+        }
+        Err(e) => return Err(TrainError::io(&dir, e)),
+    }
     tensors.save(&dir.join(stage_file(index, stages)))
 }
 
@@ -196,6 +209,17 @@ pub fn commit(root: &Path, manifest: &Manifest) -> Result<PathBuf> {
     Ok(done)
 }
 
+/// Creates `path` afresh (`O_EXCL`: a link planted at that name is not
+/// followed), after removing a stale one (left by a killed process).
+pub(crate) fn create_new(path: &Path) -> Result<std::fs::File> {
+    let _ = std::fs::remove_file(path);
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(path)
+        .map_err(|e| TrainError::io(path, e))
+}
+
 /// Swaps two directories atomically (Linux `renameat2` with
 /// `RENAME_EXCHANGE`); an error where the file system cannot.
 fn exchange(a: &Path, b: &Path) -> std::io::Result<()> {
@@ -226,7 +250,7 @@ fn exchange(a: &Path, b: &Path) -> std::io::Result<()> {
 fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     use std::io::Write;
     let tmp = path.with_extension(format!("tmp-{}", std::process::id()));
-    let mut f = std::fs::File::create(&tmp).map_err(|e| TrainError::io(&tmp, e))?;
+    let mut f = create_new(&tmp)?;
     f.write_all(bytes)
         .and_then(|()| f.sync_all())
         .map_err(|e| TrainError::io(&tmp, e))?;

@@ -230,6 +230,10 @@ fn name_of(dir: &Path) -> String {
 /// field, every setting the trainer cannot represent.
 pub fn read_config(dir: &Path, seq_len: Option<usize>) -> Result<HfConfig> {
     let path = dir.join(CONFIG_FILE);
+    if path.exists() {
+        // A FIFO or device there is refused by name, unread.
+        crate::files::open_regular(&path, crate::files::Links::Follow, u64::MAX)?;
+    }
     if !path.is_file() {
         return Err(TrainError::Checkpoint {
             path: dir.to_path_buf(),
@@ -609,7 +613,8 @@ impl HfModel {
             let file = match open.entry(loc.file) {
                 std::collections::btree_map::Entry::Occupied(e) => e.into_mut(),
                 std::collections::btree_map::Entry::Vacant(e) => {
-                    let mut f = File::open(&h.path).map_err(|err| TrainError::io(&h.path, err))?;
+                    let (mut f, _) =
+                        crate::files::open_regular(&h.path, crate::files::Links::Follow, u64::MAX)?;
                     h.verify_checksum(&mut f)?;
                     e.insert(f)
                 }

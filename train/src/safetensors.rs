@@ -249,11 +249,10 @@ impl SafeTensors {
         let mut tmp_name = path.file_name().unwrap_or_default().to_os_string();
         tmp_name.push(format!(".tmp-{}", std::process::id()));
         let tmp = path.with_file_name(tmp_name);
-        let written = (|| {
-            let mut file = File::create(&tmp)?;
-            file.write_all(&self.to_bytes())?;
-            file.sync_all()
-        })();
+        let mut file = crate::checkpoint::create_new(&tmp)?;
+        let written = file
+            .write_all(&self.to_bytes())
+            .and_then(|()| file.sync_all());
         if let Err(e) = written {
             let _ = std::fs::remove_file(&tmp);
             return Err(TrainError::io(&tmp, e));

@@ -552,3 +552,61 @@ fn kill_9_during_saves_keeps_the_previous_checkpoint() {
     }
     eprintln!("after 12 kills, latest is step {last}");
 }
+
+#[test]
+fn saving_does_not_write_through_planted_links() {
+    let root = scratch("planted").join("ck");
+    save(&root, 1, &TrainConfig::default());
+    let elsewhere = root.parent().unwrap().join("elsewhere");
+    std::fs::create_dir_all(&elsewhere).unwrap();
+    // A link where the next save's partial directory goes.
+    std::os::unix::fs::symlink(&elsewhere, root.join("step-00000002.partial")).unwrap();
+    let msg = checkpoint::write_tensors(&root, 2, &tensors(2.0), 0, 1)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        msg.contains("step-00000002.partial") && msg.contains("not a directory"),
+        "{msg}"
+    );
+    // A link at the temporary file's name (it is predictable: the pid).
+    std::fs::remove_file(root.join("step-00000002.partial")).unwrap();
+    let partial = root.join("step-00000002.partial");
+    std::fs::create_dir_all(&partial).unwrap();
+    let victim = elsewhere.join("victim");
+    std::fs::write(&victim, "keep me").unwrap();
+    let tmp = partial.join(format!(
+        "{}.tmp-{}",
+        checkpoint::stage_file(0, 1),
+        std::process::id()
+    ));
+    std::os::unix::fs::symlink(&victim, &tmp).unwrap();
+    save(&root, 2, &TrainConfig::default());
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "keep me");
+    assert_eq!(checkpoint::open(&root).unwrap().manifest.step, 2);
+    assert!(
+        elsewhere.read_dir().unwrap().count() == 1,
+        "nothing else written there"
+    );
+}
+
+#[test]
+fn a_hugging_face_directory_of_fifos_is_refused_unread() {
+    let dir = scratch("hf-fifo");
+    let mkfifo = |p: &Path| {
+        let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    };
+    mkfifo(&dir.join("config.json"));
+    mkfifo(&dir.join("model.safetensors"));
+    let started = Instant::now();
+    let msg = match polychip_train::hf::HfModel::open(&dir, None) {
+        Ok(_) => panic!("a directory of FIFOs was opened"),
+        Err(e) => e.to_string(),
+    };
+    assert!(started.elapsed() < Duration::from_secs(10), "no hang");
+    assert!(
+        msg.contains("config.json") && msg.contains("is a FIFO"),
+        "{msg}"
+    );
+}
