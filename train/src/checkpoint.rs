@@ -484,7 +484,20 @@ pub fn read_manifest(path: &Path) -> Result<(PathBuf, Manifest)> {
     };
     let mpath = dir.join("manifest.json");
     let bytes = files::read_regular(&mpath, Links::Refuse, MAX_MANIFEST_BYTES)?;
-    files::check_seal(&bytes, MANIFEST_SEAL).map_err(|m| err(&mpath, m))?;
+    if let Err(m) = files::check_seal(&bytes, MANIFEST_SEAL) {
+        let v1 = b"\"format\": \"polychip-checkpoint/1\"";
+        if bytes.windows(v1.len()).any(|w| w == v1) {
+            return Err(err(
+                &mpath,
+                format!(
+                    "has format \"polychip-checkpoint/1\" (an earlier polychip's, without \
+                     checksums of the manifest and of whole files); this build reads \
+                     {FORMAT:?}"
+                ),
+            ));
+        }
+        return Err(err(&mpath, m));
+    }
     let mut value: serde_json::Value = serde_json::from_slice(&bytes)
         .map_err(|e| err(&mpath, format!("is not valid JSON: {e}")))?;
     if let Some(o) = value.as_object_mut() {

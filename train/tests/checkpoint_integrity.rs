@@ -610,3 +610,18 @@ fn a_hugging_face_directory_of_fifos_is_refused_unread() {
         "{msg}"
     );
 }
+
+#[test]
+fn a_version_1_checkpoint_is_refused_naming_the_format() {
+    let (root, file) = saved("v1");
+    let m = file.parent().unwrap().join("manifest.json");
+    let text = std::fs::read_to_string(&m).unwrap();
+    let v1: String = text
+        .lines()
+        .filter(|l| !l.contains("\"checksum\""))
+        .collect::<Vec<_>>()
+        .join("\n")
+        .replace("polychip-checkpoint/2", "polychip-checkpoint/1");
+    std::fs::write(&m, v1).unwrap();
+    refused(&root, &m, &["polychip-checkpoint/1", "this build reads"]);
+}
