@@ -101,6 +101,12 @@ pub struct Args {
     /// Face model).
     #[arg(long, value_name = "PATH")]
     resume: Option<PathBuf>,
+    /// With --resume: continue even though the checkpoint was saved with
+    /// other training settings (--lr, --seed, --global-batch, --precision or
+    /// the --config values that shape the run); each change is printed.
+    /// Without it such a resume is refused, naming the setting.
+    #[arg(long, requires = "resume")]
+    allow_changed_settings: bool,
     /// Stop after N steps of the schedule (the schedule still ends at --steps).
     #[arg(long, value_name = "N")]
     stop_after: Option<u64>,
@@ -413,6 +419,7 @@ fn train(args: &Args) -> Result<ExitCode, TrainError> {
         checkpoint_dir: args.checkpoint_dir.clone(),
         save_every: args.save_every,
         resume: args.resume.clone(),
+        allow_changed_settings: args.allow_changed_settings,
         init_from: args.init_from.clone(),
         export_hf: args.export_hf.clone(),
         trace: args.trace.clone(),

@@ -173,6 +173,37 @@ fn checkpoints_resume_exactly_and_load_into_another_split() {
         "another split after resuming differs by {d}"
     );
 
+    // Other settings, or no steps left: refused before training, naming
+    // the field and both values.
+    for (extra, says) in [
+        (
+            &["--steps", "12", "--lr", "0.001"][..],
+            "lr (--lr) is 0.003 in the checkpoint but 0.001 now",
+        ),
+        (
+            &["--steps", "12", "--seed", "7"][..],
+            "seed (--seed) is 1234 in the checkpoint but 7 now",
+        ),
+        (&["--steps", "6"][..], "is at step 6, and --steps is 6"),
+    ] {
+        let mut args = COMMON.to_vec();
+        args.extend_from_slice(extra);
+        args.extend_from_slice(&["--device", "ferrite:0", "--resume", &c]);
+        let (code, out, err) = polychip_env(&args, &[]);
+        assert_eq!(code, Some(2), "{out}{err}");
+        assert!(err.contains(says) && err.contains("step-00000006"), "{err}");
+        assert!(!out.contains("step 7"), "nothing trained: {out}");
+    }
+    let mut args = COMMON.to_vec();
+    args.extend_from_slice(&["--steps", "8", "--lr", "0.001", "--device", "ferrite:0"]);
+    args.extend_from_slice(&["--resume", &c, "--allow-changed-settings"]);
+    let (code, out, err) = polychip_env(&args, &[]);
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert!(
+        err.contains("resuming with a changed setting (--allow-changed-settings): lr"),
+        "{err}"
+    );
+
     // A corrupt stage file is refused, naming it.
     let file = ck.join("step-00000006/stage-00-of-01.safetensors");
     let mut bytes = std::fs::read(&file).unwrap();

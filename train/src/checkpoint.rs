@@ -9,6 +9,15 @@
 //! that dies while saving leaves the previous checkpoint as `latest`.
 //! Because tensors are stored by name, a checkpoint loads into any other
 //! split of the model over stages.
+//!
+//! Loading trusts nothing it reads: the manifest carries a CRC-64 of its own
+//! bytes and the length and whole-file CRC-64 of every stage file, each
+//! stage file a CRC-64 of all of its bytes (header included); `latest` must
+//! name a `step-N` directory of the root, and every file read must be a
+//! regular file inside the step directory (no symbolic link, FIFO or
+//! device), read no further than the size it should have. Checksums are
+//! checked before the bytes are parsed, so a foreign file is refused
+//! without being quoted.
 
 use std::path::{Path, PathBuf};
 
@@ -17,11 +26,35 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::{ModelConfig, TrainConfig};
 use crate::error::{Result, TrainError};
+use crate::files::{self, Links};
 use crate::model::Stage;
-use crate::safetensors::{SafeTensors, StoredTensor};
+use crate::safetensors::{Header, SafeTensors, StoredTensor};
 
-/// The format tag in every manifest.
-pub const FORMAT: &str = "polychip-checkpoint/1";
+/// The format tag in every manifest. Version 1 (no manifest checksum, stage
+/// files checksummed over their data only) is no longer read.
+pub const FORMAT: &str = "polychip-checkpoint/2";
+
+/// The largest `manifest.json` read.
+pub const MAX_MANIFEST_BYTES: u64 = 1 << 20;
+
+/// The largest `latest` file read.
+const MAX_LATEST_BYTES: u64 = 256;
+
+/// How the manifest's own checksum begins in its bytes.
+const MANIFEST_SEAL: &[u8] = b"\"checksum\": \"";
+
+/// The length and whole-file checksum of one stage file, as the manifest
+/// records them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileSum {
+    /// The file's name (one of [`Manifest::files`], in the same order).
+    pub file: String,
+    /// Its length in bytes.
+    pub bytes: u64,
+    /// The CRC-64 its header records for the whole file, 16 hex digits.
+    pub crc64: String,
+}
 
 /// What a checkpoint directory's `manifest.json` says.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -39,6 +72,10 @@ pub struct Manifest {
     pub plan: String,
     /// Its stage files.
     pub files: Vec<String>,
+    /// The length and checksum of each of [`Manifest::files`]; filled in by
+    /// [`commit`] (give it empty).
+    #[serde(default)]
+    pub sums: Vec<FileSum>,
 }
 
 /// The directory of step `step` under `root`.
@@ -99,6 +136,19 @@ pub fn write_tensors(
 ) -> Result<()> {
     let dir = partial_dir(root, step);
     std::fs::create_dir_all(&dir).map_err(|e| TrainError::io(&dir, e))?;
+    // Never write through a link planted in the checkpoint directory.
+    match std::fs::symlink_metadata(&dir) {
+        Ok(m) if m.file_type().is_dir() => {}
+        Ok(_) => {
+            return Err(TrainError::Checkpoint {
+                path: dir,
+                message: "is not a directory (a symbolic link?); the checkpoint was not \
+                          written through it"
+                    .into(),
+            });
+        }
+        Err(e) => return Err(TrainError::io(&dir, e)),
+    }
     tensors.save(&dir.join(stage_file(index, stages)))
 }
 
@@ -106,6 +156,8 @@ pub fn write_tensors(
 /// rename to `step-N/` and the new `latest`.
 pub fn commit(root: &Path, manifest: &Manifest) -> Result<PathBuf> {
     let partial = partial_dir(root, manifest.step);
+    let mut manifest = manifest.clone();
+    manifest.sums.clear();
     for f in &manifest.files {
         let p = partial.join(f);
         if !p.is_file() {
@@ -114,23 +166,91 @@ pub fn commit(root: &Path, manifest: &Manifest) -> Result<PathBuf> {
                 message: "a stage's file is missing; the checkpoint was not committed".into(),
             });
         }
+        let h = Header::read(&p)?;
+        let crc = h.checksum().ok_or_else(|| TrainError::Checkpoint {
+            path: p.clone(),
+            message: "has no checksum; the checkpoint was not committed".into(),
+        })?;
+        manifest.sums.push(FileSum {
+            file: f.clone(),
+            bytes: h.data_start + h.data_len,
+            crc64: format!("{crc:016x}"),
+        });
     }
-    let text = serde_json::to_string_pretty(manifest).expect("a manifest serializes");
-    write_atomic(&partial.join("manifest.json"), text.as_bytes())?;
+    let mut value = serde_json::to_value(&manifest).expect("a manifest serializes");
+    value
+        .as_object_mut()
+        .expect("an object")
+        .insert("checksum".into(), "0".repeat(files::SEAL_DIGITS).into());
+    let mut text = serde_json::to_string_pretty(&value)
+        .expect("a manifest serializes")
+        .into_bytes();
+    files::seal(&mut text, MANIFEST_SEAL);
+    write_atomic(&partial.join("manifest.json"), &text)?;
     let done = step_dir(root, manifest.step);
+    let mut replaced = false;
     if done.exists() {
-        std::fs::remove_dir_all(&done).map_err(|e| TrainError::io(&done, e))?;
+        // Saving a step again (after resuming from an earlier one): swap
+        // the directories in one step, so that the `step-N` that `latest`
+        // may name is never missing, and remove the old one after.
+        replaced = exchange(&partial, &done).is_ok();
+        if !replaced {
+            std::fs::remove_dir_all(&done).map_err(|e| TrainError::io(&done, e))?;
+        }
     }
-    std::fs::rename(&partial, &done).map_err(|e| TrainError::io(&done, e))?;
+    if !replaced {
+        std::fs::rename(&partial, &done).map_err(|e| TrainError::io(&done, e))?;
+    }
     let name = done.file_name().expect("a step dir has a name");
     write_atomic(&root.join("latest"), name.as_encoded_bytes())?;
+    if replaced {
+        std::fs::remove_dir_all(&partial).map_err(|e| TrainError::io(&partial, e))?;
+    }
     Ok(done)
+}
+
+/// Creates `path` afresh (`O_EXCL`: a link planted at that name is not
+/// followed), after removing a stale one (left by a killed process).
+pub(crate) fn create_new(path: &Path) -> Result<std::fs::File> {
+    let _ = std::fs::remove_file(path);
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(path)
+        .map_err(|e| TrainError::io(path, e))
+}
+
+/// Swaps two directories atomically (Linux `renameat2` with
+/// `RENAME_EXCHANGE`); an error where the file system cannot.
+fn exchange(a: &Path, b: &Path) -> std::io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = |p: &Path| {
+        std::ffi::CString::new(p.as_os_str().as_bytes())
+            .map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))
+    };
+    let (a, b) = (c(a)?, c(b)?);
+    // SAFETY: both are valid NUL-terminated paths that outlive the call;
+    // renameat2 reads them and touches no memory of ours.
+    let rc = unsafe {
+        libc::renameat2(
+            libc::AT_FDCWD,
+            a.as_ptr(),
+            libc::AT_FDCWD,
+            b.as_ptr(),
+            libc::RENAME_EXCHANGE,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
 }
 
 fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     use std::io::Write;
     let tmp = path.with_extension(format!("tmp-{}", std::process::id()));
-    let mut f = std::fs::File::create(&tmp).map_err(|e| TrainError::io(&tmp, e))?;
+    let mut f = create_new(&tmp)?;
     f.write_all(bytes)
         .and_then(|()| f.sync_all())
         .map_err(|e| TrainError::io(&tmp, e))?;
@@ -169,6 +289,113 @@ pub fn load(path: &Path, model: &ModelConfig) -> Result<Loaded> {
     load_files(dir, manifest)
 }
 
+/// [`load`] for resuming training with `train`: also refuses a checkpoint
+/// saved with other training settings ([`train_differences`]) unless
+/// `allow_changes`, and one at or past `train.steps`. Returns the
+/// checkpoint and the settings that differ (allowed).
+pub fn load_for_resume(
+    path: &Path,
+    model: &ModelConfig,
+    train: &TrainConfig,
+    allow_changes: bool,
+) -> Result<(Loaded, Vec<String>)> {
+    let (dir, manifest) = read_manifest(path)?;
+    let refuse = |message: String| TrainError::Checkpoint {
+        path: dir.clone(),
+        message,
+    };
+    if let Some(diff) = model_difference(&manifest.model, model) {
+        return Err(refuse(format!(
+            "holds a different model: {diff}; train with the same model shape to load it"
+        )));
+    }
+    if train.steps <= manifest.step {
+        return Err(refuse(format!(
+            "is at step {}, and --steps is {}: nothing is left to train (steps must be \
+             more than the checkpoint's step)",
+            manifest.step, train.steps
+        )));
+    }
+    let diffs = train_differences(&manifest.train, train, manifest.step);
+    if !diffs.is_empty() && !allow_changes {
+        return Err(refuse(format!(
+            "was saved with other training settings: {}; resume with the same settings, \
+             or pass --allow-changed-settings to continue with the new ones",
+            diffs.join("; ")
+        )));
+    }
+    Ok((load_files(dir, manifest)?, diffs))
+}
+
+/// The training settings in which `now` differs from the `saved` ones of a
+/// checkpoint at `step`, as `field (--flag) is A in the checkpoint but B
+/// now`: those that change the run's course (the schedule's rates and
+/// warm-up, AdamW's constants, clipping, the batch, the seed of the data
+/// order, the precision). `steps` and the validation settings may change.
+/// A step-0 checkpoint (an import) has taken no step: nothing differs.
+pub fn train_differences(saved: &TrainConfig, now: &TrainConfig, step: u64) -> Vec<String> {
+    if step == 0 {
+        return Vec::new();
+    }
+    // Through JSON as the saved values were, so that equal values compare
+    // equal whatever the float parser's rounding.
+    let now: TrainConfig = serde_json::to_string(now)
+        .ok()
+        .and_then(|t| serde_json::from_str(&t).ok())
+        .unwrap_or_else(|| now.clone());
+    let mut out = Vec::new();
+    let mut f = |field: &str, flag: &str, a: String, b: String| {
+        if a != b {
+            let flag = if flag.is_empty() {
+                String::new()
+            } else {
+                format!(" ({flag})")
+            };
+            out.push(format!(
+                "{field}{flag} is {a} in the checkpoint but {b} now"
+            ));
+        }
+    };
+    let g = |v: f64| format!("{v:?}");
+    f("lr", "--lr", g(saved.lr), g(now.lr));
+    f("min_lr", "", g(saved.min_lr), g(now.min_lr));
+    f(
+        "warmup",
+        "",
+        saved.warmup.to_string(),
+        now.warmup.to_string(),
+    );
+    f(
+        "weight_decay",
+        "",
+        g(saved.weight_decay),
+        g(now.weight_decay),
+    );
+    f("beta1", "", g(saved.beta1), g(now.beta1));
+    f("beta2", "", g(saved.beta2), g(now.beta2));
+    f("eps", "", g(saved.eps), g(now.eps));
+    f("clip", "", g(saved.clip), g(now.clip));
+    f(
+        "global_batch",
+        "--global-batch",
+        saved.global_batch.to_string(),
+        now.global_batch.to_string(),
+    );
+    f(
+        "seed",
+        "--seed",
+        saved.seed.to_string(),
+        now.seed.to_string(),
+    );
+    f(
+        "precision",
+        "--precision",
+        format!("{:?}", saved.precision).to_lowercase(),
+        format!("{:?}", now.precision).to_lowercase(),
+    );
+    out
+}
+
 /// Reads `path` as [`load`] does, whatever model it holds (the manifest
 /// says which).
 pub fn open(path: &Path) -> Result<Loaded> {
@@ -178,9 +405,20 @@ pub fn open(path: &Path) -> Result<Loaded> {
 
 fn load_files(dir: PathBuf, manifest: Manifest) -> Result<Loaded> {
     let mut tensors = Vec::new();
-    for f in &manifest.files {
+    for (f, sum) in manifest.files.iter().zip(&manifest.sums) {
         let p = dir.join(f);
-        tensors.push((p.clone(), SafeTensors::load(&p)?));
+        let (st, crc) = SafeTensors::load_sealed(&p, sum.bytes)?;
+        if format!("{crc:016x}") != sum.crc64 {
+            return Err(TrainError::Checkpoint {
+                path: p,
+                message: format!(
+                    "has checksum {crc:016x} but the manifest records {} for it: it is \
+                     not the file this checkpoint saved",
+                    sum.crc64
+                ),
+            });
+        }
+        tensors.push((p, st));
     }
     Ok(Loaded {
         dir,
@@ -190,18 +428,50 @@ fn load_files(dir: PathBuf, manifest: Manifest) -> Result<Loaded> {
 }
 
 /// The step directory `path` names (itself, or its root's `latest`) and its
-/// manifest, checked: the format, a valid model shape, plain file names.
+/// manifest, checked: its checksum (before it is parsed), the format, a
+/// valid model shape, the step its directory's name says, plain file names
+/// with a length and checksum each. `latest` must name a `step-N`
+/// directory of the root itself (no path, no symbolic link); the manifest
+/// must be a regular file, not a link.
 pub fn read_manifest(path: &Path) -> Result<(PathBuf, Manifest)> {
     let err = |p: &Path, m: String| TrainError::Checkpoint {
         path: p.to_path_buf(),
         message: m,
     };
-    let dir = if path.join("manifest.json").is_file() {
+    let exists = |p: &Path| std::fs::symlink_metadata(p).is_ok();
+    let dir = if exists(&path.join("manifest.json")) {
         path.to_path_buf()
-    } else if path.join("latest").is_file() {
+    } else if exists(&path.join("latest")) {
         let latest = path.join("latest");
-        let name = std::fs::read_to_string(&latest).map_err(|e| TrainError::io(&latest, e))?;
-        path.join(name.trim())
+        let bytes = files::read_regular(&latest, Links::Refuse, MAX_LATEST_BYTES)?;
+        let name = std::str::from_utf8(&bytes)
+            .ok()
+            .map(str::trim)
+            .filter(|n| step_of_name(n).is_some())
+            .ok_or_else(|| {
+                err(
+                    &latest,
+                    format!(
+                        "does not name a step directory: it should hold `step-` and the \
+                         step's digits, as polychip writes it, but holds {} other bytes",
+                        bytes.len()
+                    ),
+                )
+            })?;
+        let dir = path.join(name);
+        match std::fs::symlink_metadata(&dir) {
+            Ok(m) if m.file_type().is_dir() => dir,
+            Ok(m) if m.file_type().is_symlink() => {
+                return Err(err(
+                    &dir,
+                    "(named by latest) is a symbolic link; a checkpoint's step directory \
+                     must be inside it"
+                        .into(),
+                ));
+            }
+            Ok(_) => return Err(err(&dir, "(named by latest) is not a directory".into())),
+            Err(e) => return Err(TrainError::io(&dir, e)),
+        }
     } else if path.exists() {
         return Err(err(
             path,
@@ -213,8 +483,27 @@ pub fn read_manifest(path: &Path) -> Result<(PathBuf, Manifest)> {
         return Err(err(path, "does not exist".into()));
     };
     let mpath = dir.join("manifest.json");
-    let text = std::fs::read_to_string(&mpath).map_err(|e| TrainError::io(&mpath, e))?;
-    let manifest: Manifest = serde_json::from_str(&text)
+    let bytes = files::read_regular(&mpath, Links::Refuse, MAX_MANIFEST_BYTES)?;
+    if let Err(m) = files::check_seal(&bytes, MANIFEST_SEAL) {
+        let v1 = b"\"format\": \"polychip-checkpoint/1\"";
+        if bytes.windows(v1.len()).any(|w| w == v1) {
+            return Err(err(
+                &mpath,
+                format!(
+                    "has format \"polychip-checkpoint/1\" (an earlier polychip's, without \
+                     checksums of the manifest and of whole files); this build reads \
+                     {FORMAT:?}"
+                ),
+            ));
+        }
+        return Err(err(&mpath, m));
+    }
+    let mut value: serde_json::Value = serde_json::from_slice(&bytes)
+        .map_err(|e| err(&mpath, format!("is not valid JSON: {e}")))?;
+    if let Some(o) = value.as_object_mut() {
+        o.remove("checksum");
+    }
+    let manifest: Manifest = serde_json::from_value(value)
         .map_err(|e| err(&mpath, format!("is not a valid manifest: {e}")))?;
     if manifest.format != FORMAT {
         return Err(err(
@@ -229,6 +518,14 @@ pub fn read_manifest(path: &Path) -> Result<(PathBuf, Manifest)> {
         .model
         .validate()
         .map_err(|m| err(&mpath, format!("has an unusable model: {m}")))?;
+    if let Some(n) = dir.file_name().and_then(|n| step_of_name(n.to_str()?))
+        && n != manifest.step
+    {
+        return Err(err(
+            &mpath,
+            format!("says step {} but its directory is step {n}", manifest.step),
+        ));
+    }
     if let Some(f) = manifest
         .files
         .iter()
@@ -239,7 +536,28 @@ pub fn read_manifest(path: &Path) -> Result<(PathBuf, Manifest)> {
             format!("names stage file {f:?}, which is not a plain file name"),
         ));
     }
+    let mut names: Vec<&String> = manifest.files.iter().collect();
+    names.sort();
+    if let Some(w) = names.windows(2).find(|w| w[0] == w[1]) {
+        return Err(err(&mpath, format!("names stage file {:?} twice", w[0])));
+    }
+    let listed: Vec<&String> = manifest.sums.iter().map(|s| &s.file).collect();
+    if listed != manifest.files.iter().collect::<Vec<_>>() {
+        return Err(err(
+            &mpath,
+            "does not record a length and checksum for exactly its stage files".into(),
+        ));
+    }
     Ok((dir, manifest))
+}
+
+/// The step of a directory name `step-N` (digits only), if it is one.
+fn step_of_name(name: &str) -> Option<u64> {
+    let digits = name.strip_prefix("step-")?;
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse().ok()
 }
 
 /// The first shape field in which two models differ, as `field is A in the

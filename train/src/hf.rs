@@ -125,7 +125,8 @@ fn read_json_object(path: &Path) -> Result<Map<String, Value>> {
         path: path.to_path_buf(),
         message,
     };
-    let file = File::open(path).map_err(|e| TrainError::io(path, e))?;
+    // A regular file (a FIFO or device is refused unread), links followed.
+    let (file, _) = crate::files::open_regular(path, crate::files::Links::Follow, u64::MAX)?;
     let mut text = Vec::new();
     file.take(MAX_JSON_BYTES + 1)
         .read_to_end(&mut text)
@@ -229,6 +230,10 @@ fn name_of(dir: &Path) -> String {
 /// field, every setting the trainer cannot represent.
 pub fn read_config(dir: &Path, seq_len: Option<usize>) -> Result<HfConfig> {
     let path = dir.join(CONFIG_FILE);
+    if path.exists() {
+        // A FIFO or device there is refused by name, unread.
+        crate::files::open_regular(&path, crate::files::Links::Follow, u64::MAX)?;
+    }
     if !path.is_file() {
         return Err(TrainError::Checkpoint {
             path: dir.to_path_buf(),
@@ -608,7 +613,8 @@ impl HfModel {
             let file = match open.entry(loc.file) {
                 std::collections::btree_map::Entry::Occupied(e) => e.into_mut(),
                 std::collections::btree_map::Entry::Vacant(e) => {
-                    let mut f = File::open(&h.path).map_err(|err| TrainError::io(&h.path, err))?;
+                    let (mut f, _) =
+                        crate::files::open_regular(&h.path, crate::files::Links::Follow, u64::MAX)?;
                     h.verify_checksum(&mut f)?;
                     e.insert(f)
                 }
@@ -903,6 +909,7 @@ pub fn import(hf_dir: &Path, seq_len: Option<usize>, out: &Path) -> Result<Model
         train: TrainConfig::default(),
         plan: format!("imported from the Hugging Face model {}", hf_dir.display()),
         files: vec![checkpoint::stage_file(0, 1)],
+        sums: Vec::new(),
     };
     write_new_dir(out, |tmp| {
         checkpoint::write_tensors(tmp, 0, &st, 0, 1)?;

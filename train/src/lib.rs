@@ -11,6 +11,7 @@ pub mod config;
 pub mod data;
 pub mod dp;
 pub mod error;
+pub mod files;
 pub mod hf;
 pub mod memory;
 pub mod model;

@@ -36,9 +36,21 @@ use safetensors::tensor::{Dtype, Metadata, SafeTensorError, TensorView};
 use serde_json::{Map, Value};
 
 use crate::error::{Result, TrainError};
+use crate::files::{self, Links};
 
-/// Metadata key holding the CRC-64/XZ of the data section, 16 hex digits.
-pub const CHECKSUM_KEY: &str = "polychip.crc64";
+/// Metadata key holding the CRC-64/XZ of the whole file (16 hex digits,
+/// counted as `0` while computing it): the length, the header (every name,
+/// dtype, shape, offset and metadata entry) and the data. Every file
+/// polychip writes has it; a checkpoint's file without it is refused.
+pub const CHECKSUM_KEY: &str = "polychip.file_crc64";
+
+/// The key earlier versions wrote: a CRC-64 of the data section only. A
+/// file from another writer (a Hugging Face import) that has it is checked
+/// against it; a checkpoint needs [`CHECKSUM_KEY`].
+pub const LEGACY_CHECKSUM_KEY: &str = "polychip.crc64";
+
+/// How [`CHECKSUM_KEY`] and its value begin in the header's bytes.
+pub const SEAL_PREFIX: &[u8] = b"\"polychip.file_crc64\":\"";
 
 /// The largest header we accept, the `safetensors` crate's own bound:
 /// anything larger is a corrupt length.
@@ -154,7 +166,7 @@ pub fn crc64(bytes: &[u8]) -> u64 {
 
 /// Continues a CRC-64/XZ over more bytes (`state` starts at `!0`; the CRC is
 /// `!state` at the end).
-fn crc64_update(mut crc: u64, bytes: &[u8]) -> u64 {
+pub(crate) fn crc64_update(mut crc: u64, bytes: &[u8]) -> u64 {
     for &b in bytes {
         crc = CRC64_TABLE[((crc ^ u64::from(b)) & 0xff) as usize] ^ (crc >> 8);
     }
@@ -209,10 +221,10 @@ impl SafeTensors {
         let mut metadata: Map<String, Value> = self
             .metadata
             .iter()
-            .filter(|(k, _)| k.as_str() != CHECKSUM_KEY)
+            .filter(|(k, _)| k.as_str() != CHECKSUM_KEY && k.as_str() != LEGACY_CHECKSUM_KEY)
             .map(|(k, v)| (k.clone(), Value::String(v.clone())))
             .collect();
-        metadata.insert(CHECKSUM_KEY.into(), format!("{:016x}", crc64(data)).into());
+        metadata.insert(CHECKSUM_KEY.into(), "0".repeat(files::SEAL_DIGITS).into());
         let mut out_header = Map::new();
         out_header.insert("__metadata__".into(), Value::Object(metadata));
         out_header.extend(entries.into_iter().filter(|(k, _)| k != "__metadata__"));
@@ -222,6 +234,7 @@ impl SafeTensors {
         out.extend_from_slice(&(json.len() as u64).to_le_bytes());
         out.extend_from_slice(&json);
         out.extend_from_slice(data);
+        files::seal(&mut out, SEAL_PREFIX);
         out
     }
 
@@ -236,11 +249,10 @@ impl SafeTensors {
         let mut tmp_name = path.file_name().unwrap_or_default().to_os_string();
         tmp_name.push(format!(".tmp-{}", std::process::id()));
         let tmp = path.with_file_name(tmp_name);
-        let written = (|| {
-            let mut file = File::create(&tmp)?;
-            file.write_all(&self.to_bytes())?;
-            file.sync_all()
-        })();
+        let mut file = crate::checkpoint::create_new(&tmp)?;
+        let written = file
+            .write_all(&self.to_bytes())
+            .and_then(|()| file.sync_all());
         if let Err(e) = written {
             let _ = std::fs::remove_file(&tmp);
             return Err(TrainError::io(&tmp, e));
@@ -259,10 +271,46 @@ impl SafeTensors {
     }
 
     /// Reads a file written by [`SafeTensors::save`] or any safetensors
-    /// writer.
+    /// writer (a regular file: a FIFO or device is refused unread).
     pub fn load(path: &Path) -> Result<SafeTensors> {
-        let bytes = std::fs::read(path).map_err(|e| TrainError::io(path, e))?;
+        let bytes = files::read_regular(path, Links::Follow, u64::MAX)?;
         SafeTensors::from_bytes(path, &bytes)
+    }
+
+    /// Reads a file polychip wrote (a checkpoint's stage file): a regular
+    /// file, not a symbolic link, of exactly `expected_len` bytes, carrying
+    /// [`CHECKSUM_KEY`] and matching it; the checksum is checked before
+    /// anything of the file is parsed (a foreign file is refused without
+    /// quoting it). Returns the tensors and the checksum.
+    pub fn load_sealed(path: &Path, expected_len: u64) -> Result<(SafeTensors, u64)> {
+        let bytes = files::read_regular(path, Links::Refuse, expected_len)?;
+        if bytes.len() as u64 != expected_len {
+            return Err(TrainError::Checkpoint {
+                path: path.to_path_buf(),
+                message: format!(
+                    "is {} bytes long but its manifest says {expected_len} (truncated?)",
+                    bytes.len()
+                ),
+            });
+        }
+        SafeTensors::from_sealed_bytes(path, &bytes)
+    }
+
+    /// [`SafeTensors::from_bytes`] of a file that must carry
+    /// [`CHECKSUM_KEY`]: its checksum is checked first, over all of
+    /// `bytes`. Returns the tensors and the checksum.
+    pub fn from_sealed_bytes(path_for_errors: &Path, bytes: &[u8]) -> Result<(SafeTensors, u64)> {
+        let fail = |message: String| TrainError::Checkpoint {
+            path: PathBuf::from(path_for_errors),
+            message,
+        };
+        let crc = match header_seal(bytes) {
+            Ok(Some(seal)) => check_sealed(bytes, seal).map(|()| seal.recorded),
+            Ok(None) => Err(files::missing_seal(SEAL_PREFIX)),
+            Err(m) => Err(m),
+        }
+        .map_err(fail)?;
+        Ok((SafeTensors::from_bytes(path_for_errors, bytes)?, crc))
     }
 
     /// Parses safetensors bytes with the `safetensors` crate, refusing every
@@ -274,6 +322,10 @@ impl SafeTensors {
             path: PathBuf::from(path_for_errors),
             message,
         };
+        // Before the crate, which keeps one of two same-named entries.
+        if let Some(m) = duplicate_key(bytes.get(8..header_end(bytes)).unwrap_or(&[])) {
+            return Err(fail(m));
+        }
         let (n, header) =
             safetensors::SafeTensors::read_metadata(bytes).map_err(|e| fail(explain(&e, bytes)))?;
         // The crate checked that the tensors tile the data section exactly.
@@ -295,7 +347,14 @@ impl SafeTensors {
             };
             out.tensors.insert(name, t);
         }
-        if let Some(recorded) = out.metadata.remove(CHECKSUM_KEY) {
+        if out.metadata.remove(CHECKSUM_KEY).is_some() {
+            let seal = header_seal(bytes)
+                .and_then(|s| {
+                    s.ok_or_else(|| format!("has a {CHECKSUM_KEY} that is not 16 hex digits"))
+                })
+                .map_err(fail)?;
+            check_sealed(bytes, seal).map_err(fail)?;
+        } else if let Some(recorded) = out.metadata.remove(LEGACY_CHECKSUM_KEY) {
             let recorded = parse_checksum(&recorded).map_err(fail)?;
             check_checksum(crc64(data), recorded).map_err(fail)?;
         }
@@ -336,6 +395,89 @@ impl SafeTensors {
             .map(|t| t.data)
             .unwrap_or_default())
     }
+}
+
+/// The seal in the header of the safetensors file `bytes` (the length
+/// field and the header; never the data), if it has one.
+fn header_seal(bytes: &[u8]) -> std::result::Result<Option<files::Seal>, String> {
+    files::find_seal(&bytes[..header_end(bytes)], SEAL_PREFIX)
+}
+
+/// Where the header of the safetensors file `bytes` ends (0 when its
+/// length field is missing or impossible).
+fn header_end(bytes: &[u8]) -> usize {
+    bytes
+        .first_chunk::<8>()
+        .map(|n| u64::from_le_bytes(*n))
+        .filter(|&n| n <= MAX_HEADER_BYTES && n <= bytes.len() as u64 - 8)
+        .map_or(0, |n| 8 + n as usize)
+}
+
+/// Checks the whole-file checksum of `bytes` against `seal`.
+fn check_sealed(bytes: &[u8], seal: files::Seal) -> std::result::Result<(), String> {
+    files::seal_matches(!files::crc_skipping(!0, bytes, 0, seal.at), seal.recorded)
+}
+
+/// The first key that a JSON object of `header` has twice (a tensor name,
+/// a metadata key, a field of an entry), as a message; `None` when there is
+/// none or `header` is not JSON (the parser reports that).
+pub fn duplicate_key(header: &[u8]) -> Option<String> {
+    use serde::de::{Deserialize, Deserializer, Error, IgnoredAny, MapAccess, SeqAccess, Visitor};
+    struct NoDup;
+    struct V;
+    impl<'de> Visitor<'de> for V {
+        type Value = NoDup;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("JSON")
+        }
+        fn visit_bool<E>(self, _: bool) -> std::result::Result<NoDup, E> {
+            Ok(NoDup)
+        }
+        fn visit_i64<E>(self, _: i64) -> std::result::Result<NoDup, E> {
+            Ok(NoDup)
+        }
+        fn visit_u64<E>(self, _: u64) -> std::result::Result<NoDup, E> {
+            Ok(NoDup)
+        }
+        fn visit_f64<E>(self, _: f64) -> std::result::Result<NoDup, E> {
+            Ok(NoDup)
+        }
+        fn visit_str<E>(self, _: &str) -> std::result::Result<NoDup, E> {
+            Ok(NoDup)
+        }
+        fn visit_unit<E>(self) -> std::result::Result<NoDup, E> {
+            Ok(NoDup)
+        }
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> std::result::Result<NoDup, A::Error> {
+            while seq.next_element::<NoDup>()?.is_some() {}
+            Ok(NoDup)
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> std::result::Result<NoDup, A::Error> {
+            let mut seen = std::collections::BTreeSet::new();
+            while let Some(k) = map.next_key::<String>()? {
+                if seen.contains(&k) {
+                    let _ = map.next_value::<IgnoredAny>();
+                    return Err(A::Error::custom(format!("DUP{k}")));
+                }
+                map.next_value::<NoDup>()?;
+                seen.insert(k);
+            }
+            Ok(NoDup)
+        }
+    }
+    impl<'de> Deserialize<'de> for NoDup {
+        fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<NoDup, D::Error> {
+            d.deserialize_any(V)
+        }
+    }
+    let e = serde_json::from_slice::<NoDup>(header).err()?;
+    let text = e.to_string();
+    let key = text.strip_prefix("DUP")?;
+    let key = key.rsplit_once(" at line ").map_or(key, |(k, _)| k);
+    Some(format!(
+        "has `{key}` twice in one object of its header (a duplicated tensor name or \
+         field); which one is meant is ambiguous, so the file is refused"
+    ))
 }
 
 fn check_tensor(name: &str, t: &StoredTensor) -> Result<()> {
@@ -406,6 +548,10 @@ pub struct Header {
     pub data_start: u64,
     /// The data section's length.
     pub data_len: u64,
+    /// The length field and header bytes, and the seal in them (for
+    /// [`Header::verify_checksum`]).
+    raw: Vec<u8>,
+    seal: Option<files::Seal>,
 }
 
 impl Header {
@@ -418,8 +564,7 @@ impl Header {
             message,
         };
         let io = |e| TrainError::io(path, e);
-        let mut file = File::open(path).map_err(io)?;
-        let file_len = file.metadata().map_err(io)?.len();
+        let (mut file, file_len) = files::open_regular(path, Links::Follow, u64::MAX)?;
         let mut len_bytes = [0u8; 8];
         if file_len < 8 {
             return Err(fail(too_short(file_len)));
@@ -432,6 +577,9 @@ impl Header {
         let mut header = vec![0u8; n as usize];
         file.read_exact(&mut header).map_err(io)?;
         let data_len = file_len - 8 - n;
+        if let Some(m) = duplicate_key(&header) {
+            return Err(fail(m));
+        }
         let parsed: Metadata = serde_json::from_slice(&header).map_err(|e| {
             fail(diagnose(&header, data_len).unwrap_or_else(|| {
                 format!("has a header the safetensors format does not allow: {e}")
@@ -458,18 +606,34 @@ impl Header {
             };
             tensors.insert(name, entry);
         }
-        let metadata = parsed
+        let metadata: BTreeMap<String, String> = parsed
             .metadata()
             .as_ref()
             .map(|m| m.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
             .unwrap_or_default();
+        let mut raw = len_bytes.to_vec();
+        raw.extend_from_slice(&header);
+        let seal = files::find_seal(&raw, SEAL_PREFIX).map_err(fail)?;
+        if seal.is_none() && metadata.contains_key(CHECKSUM_KEY) {
+            return Err(fail(format!(
+                "has a {CHECKSUM_KEY} that is not 16 hex digits"
+            )));
+        }
         Ok(Header {
             path: path.to_path_buf(),
             metadata,
             tensors,
             data_start: 8 + n,
             data_len,
+            raw,
+            seal,
         })
+    }
+
+    /// The whole-file checksum the file records under [`CHECKSUM_KEY`]
+    /// (not checked: see [`Header::verify_checksum`]).
+    pub fn checksum(&self) -> Option<u64> {
+        self.seal.map(|s| s.recorded)
     }
 
     /// Reads the bytes of tensor `name` (one seek and read: nothing else of
@@ -488,20 +652,25 @@ impl Header {
         Ok(out)
     }
 
-    /// When the file records a [`CHECKSUM_KEY`], reads its data section in
-    /// pieces and refuses the file if the checksum differs.
+    /// When the file records a [`CHECKSUM_KEY`], reads it in pieces and
+    /// refuses it if the checksum of the whole file differs; else, when it
+    /// records a [`LEGACY_CHECKSUM_KEY`], the same of its data section; a
+    /// file with neither (another writer's) is not checked.
     pub fn verify_checksum(&self, file: &mut File) -> Result<()> {
         let fail = |message: String| TrainError::Checkpoint {
             path: self.path.clone(),
             message,
         };
-        let Some(recorded) = self.metadata.get(CHECKSUM_KEY) else {
-            return Ok(());
+        let (mut crc, recorded) = match (self.seal, self.metadata.get(LEGACY_CHECKSUM_KEY)) {
+            (Some(seal), _) => (
+                files::crc_skipping(!0, &self.raw, 0, seal.at),
+                seal.recorded,
+            ),
+            (None, Some(legacy)) => (!0u64, parse_checksum(legacy).map_err(fail)?),
+            (None, None) => return Ok(()),
         };
-        let recorded = parse_checksum(recorded).map_err(fail)?;
         file.seek(SeekFrom::Start(self.data_start))
             .map_err(|e| TrainError::io(&self.path, e))?;
-        let mut crc = !0u64;
         let mut left = self.data_len;
         let mut buf = vec![0u8; 1 << 20];
         while left > 0 {
@@ -511,7 +680,10 @@ impl Header {
             crc = crc64_update(crc, &buf[..k]);
             left -= k as u64;
         }
-        check_checksum(!crc, recorded).map_err(fail)
+        match self.seal {
+            Some(_) => files::seal_matches(!crc, recorded).map_err(fail),
+            None => check_checksum(!crc, recorded).map_err(fail),
+        }
     }
 }
 

@@ -45,6 +45,9 @@ pub struct Options {
     pub save_every: u64,
     /// Resume from this checkpoint (a step directory or a root).
     pub resume: Option<PathBuf>,
+    /// Resume even when the checkpoint was saved with other training
+    /// settings (see [`checkpoint::train_differences`]); they are printed.
+    pub allow_changed_settings: bool,
     /// Start from the weights of this Hugging Face LLaMA directory instead
     /// of the seeded initialization (AdamW moments at zero); the model must
     /// be the one its `config.json` describes. Not with `resume`.
@@ -214,10 +217,14 @@ pub fn run(opts: &Options, runtime: &Runtime, mut job: Option<&mut Job>) -> Resu
     };
     let mut start = 0;
     if let Some(path) = &opts.resume {
-        let mut loaded = checkpoint::load(path, cfg)?;
+        let (mut loaded, changed) =
+            checkpoint::load_for_resume(path, cfg, t, opts.allow_changed_settings)?;
         loaded.restore(&stage)?;
         start = loaded.manifest.step;
         if rank == 0 {
+            for c in &changed {
+                eprintln!("resuming with a changed setting (--allow-changed-settings): {c}");
+            }
             eprintln!(
                 "resumed from {} (step {start}, saved with plan {})",
                 loaded.dir.display(),
@@ -456,6 +463,7 @@ fn commit(dir: &std::path::Path, step: u64, opts: &Options) -> Result<PathBuf> {
         files: (0..stages)
             .map(|i| checkpoint::stage_file(i, stages))
             .collect(),
+        sums: Vec::new(),
     };
     checkpoint::commit(dir, &manifest)
 }

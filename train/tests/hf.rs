@@ -787,6 +787,7 @@ fn a_trained_checkpoint_of_any_split_exports_and_imports_exactly() {
         checkpoint_dir: Some(root.join("ckpt")),
         save_every: 0,
         resume: None,
+        allow_changed_settings: false,
         init_from: None,
         export_hf: Some(root.join("hf")),
         trace: None,

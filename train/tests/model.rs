@@ -95,6 +95,7 @@ fn options(steps: u64, plan: TrainPlan, global_batch: usize) -> Options {
         checkpoint_dir: None,
         save_every: 0,
         resume: None,
+        allow_changed_settings: false,
         init_from: None,
         export_hf: None,
         trace: None,

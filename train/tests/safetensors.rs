@@ -237,7 +237,7 @@ fn a_flipped_data_byte_fails_the_checksum() {
     let last = bytes.len() - 3;
     bytes[last] ^= 0x10;
     let msg = refused(&bytes);
-    assert!(msg.contains("is corrupt: checksum"), "{msg}");
+    assert!(msg.contains("is corrupt: the checksum"), "{msg}");
     assert!(msg.contains("differs"), "{msg}");
 }
 
@@ -399,7 +399,7 @@ fn headers_read_without_the_data_and_tensors_one_by_one() {
     let h = Header::read(&path).unwrap();
     let mut file = std::fs::File::open(&path).unwrap();
     let msg = h.verify_checksum(&mut file).unwrap_err().to_string();
-    assert!(msg.contains("is corrupt: checksum"), "{msg}");
+    assert!(msg.contains("is corrupt: the checksum"), "{msg}");
 }
 
 #[test]

@@ -1,0 +1,222 @@
+//! Reading files that came from elsewhere (checkpoints, Hugging Face
+//! directories) without trusting them: only regular files are read, opened
+//! with `O_NONBLOCK` so that a FIFO named in their place cannot block the
+//! open, checked with `fstat` before a byte is read, and read no further
+//! than a bound the caller sets (so `/dev/zero`, or a file that grows while
+//! it is read, cannot exhaust memory).
+//!
+//! And the seal polychip puts on the files it writes: a CRC-64 of every byte
+//! of the file, recorded inside the file itself as 16 hex digits after a
+//! fixed key; the digits count as `0` while the CRC is computed.
+
+use std::fs::File;
+use std::io::Read;
+use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+use std::path::Path;
+
+use crate::error::{Result, TrainError};
+use crate::safetensors::crc64_update;
+
+/// Whether a symbolic link may stand for the file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Links {
+    /// Follow it (a path the user named; a Hugging Face cache, whose
+    /// snapshots are links to blobs).
+    Follow,
+    /// Refuse it (a file a checkpoint names: it must be inside it).
+    Refuse,
+}
+
+fn refuse(path: &Path, message: String) -> TrainError {
+    TrainError::Checkpoint {
+        path: path.to_path_buf(),
+        message,
+    }
+}
+
+/// What kind of thing `ft` is, for messages.
+fn kind(ft: std::fs::FileType) -> &'static str {
+    if ft.is_dir() {
+        "a directory"
+    } else if ft.is_fifo() {
+        "a FIFO"
+    } else if ft.is_char_device() {
+        "a character device"
+    } else if ft.is_block_device() {
+        "a block device"
+    } else if ft.is_socket() {
+        "a socket"
+    } else if ft.is_symlink() {
+        "a symbolic link"
+    } else {
+        "not a regular file"
+    }
+}
+
+/// Opens `path` for reading if it is a regular file of at most `max_len`
+/// bytes; returns it and its length. Nothing is read.
+pub fn open_regular(path: &Path, links: Links, max_len: u64) -> Result<(File, u64)> {
+    let mut flags = libc::O_NONBLOCK;
+    if links == Links::Refuse {
+        flags |= libc::O_NOFOLLOW;
+    }
+    let file = match std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(flags)
+        .open(path)
+    {
+        Ok(f) => f,
+        Err(e) if e.raw_os_error() == Some(libc::ELOOP) && links == Links::Refuse => {
+            return Err(refuse(
+                path,
+                "is a symbolic link; a checkpoint's files must be inside its directory, \
+                 not links to elsewhere"
+                    .into(),
+            ));
+        }
+        Err(e) => return Err(TrainError::io(path, e)),
+    };
+    let meta = file.metadata().map_err(|e| TrainError::io(path, e))?;
+    if !meta.file_type().is_file() {
+        return Err(refuse(
+            path,
+            format!(
+                "is {}, not a regular file; it was not read",
+                kind(meta.file_type())
+            ),
+        ));
+    }
+    if meta.len() > max_len {
+        return Err(refuse(
+            path,
+            format!(
+                "is {} bytes long, more than the {max_len} bytes it may have",
+                meta.len()
+            ),
+        ));
+    }
+    Ok((file, meta.len()))
+}
+
+/// Reads all of `path` ([`open_regular`]'s checks), at most `max_len` bytes.
+pub fn read_regular(path: &Path, links: Links, max_len: u64) -> Result<Vec<u8>> {
+    let (file, len) = open_regular(path, links, max_len)?;
+    let mut out = Vec::with_capacity(len as usize);
+    // One byte more than the bound: a file that grew since fstat is refused.
+    file.take(max_len.saturating_add(1))
+        .read_to_end(&mut out)
+        .map_err(|e| TrainError::io(path, e))?;
+    if out.len() as u64 > max_len {
+        return Err(refuse(
+            path,
+            format!("grew past the {max_len} bytes it may have while being read"),
+        ));
+    }
+    Ok(out)
+}
+
+/// The 16 hex digits of a seal: where they are in `bytes` and their value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Seal {
+    /// Offset of the first digit.
+    pub at: usize,
+    /// The CRC they record.
+    pub recorded: u64,
+}
+
+/// Digits a seal has.
+pub const SEAL_DIGITS: usize = 16;
+
+/// Finds the seal after `prefix` (e.g. `"polychip.file_crc64":"`) in
+/// `bytes`: `Ok(None)` when there is none, an error when there are several
+/// or its digits are not 16 lowercase hex digits followed by `"`.
+pub fn find_seal(bytes: &[u8], prefix: &[u8]) -> std::result::Result<Option<Seal>, String> {
+    let mut found = None;
+    let mut from = 0;
+    while let Some(i) = find(&bytes[from..], prefix) {
+        let at = from + i + prefix.len();
+        if found.is_some() {
+            return Err(format!(
+                "records its checksum {} more than once",
+                String::from_utf8_lossy(prefix).trim_matches([':', ' ', '"'])
+            ));
+        }
+        found = Some(at);
+        from = at;
+    }
+    let Some(at) = found else {
+        return Ok(None);
+    };
+    let digits = bytes.get(at..at + SEAL_DIGITS);
+    let closed = bytes.get(at + SEAL_DIGITS) == Some(&b'"');
+    let recorded = digits
+        .filter(|d| closed && d.iter().all(|c| matches!(c, b'0'..=b'9' | b'a'..=b'f')))
+        .and_then(|d| u64::from_str_radix(std::str::from_utf8(d).ok()?, 16).ok())
+        .ok_or_else(|| "has a checksum that is not 16 lowercase hex digits".to_string())?;
+    Ok(Some(Seal { at, recorded }))
+}
+
+fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    hay.windows(needle.len()).position(|w| w == needle)
+}
+
+/// Continues a CRC-64 state over `bytes`, the seal's digits (at `seal_at`
+/// of the whole, `bytes` starting at `offset`) counted as `0`.
+pub fn crc_skipping(state: u64, bytes: &[u8], offset: usize, seal_at: usize) -> u64 {
+    let end = offset + bytes.len();
+    if seal_at + SEAL_DIGITS <= offset || seal_at >= end {
+        return crc64_update(state, bytes);
+    }
+    let a = seal_at.saturating_sub(offset);
+    let b = (seal_at + SEAL_DIGITS - offset).min(bytes.len());
+    let mut s = crc64_update(state, &bytes[..a]);
+    let zeros = [b'0'; SEAL_DIGITS];
+    s = crc64_update(s, &zeros[..b - a]);
+    crc64_update(s, &bytes[b..])
+}
+
+/// Writes the seal into `bytes`, whose digits after `prefix` are zeros.
+///
+/// # Panics
+///
+/// If `bytes` has no single zero seal after `prefix` (a bug of the writer).
+pub fn seal(bytes: &mut [u8], prefix: &[u8]) -> u64 {
+    let s = find_seal(bytes, prefix)
+        .ok()
+        .flatten()
+        .expect("the writer put one zero seal");
+    let crc = !crc_skipping(!0, bytes, 0, s.at);
+    bytes[s.at..s.at + SEAL_DIGITS].copy_from_slice(format!("{crc:016x}").as_bytes());
+    crc
+}
+
+/// Checks the seal of `bytes` (all of a file): an error saying what is
+/// wrong when it is missing or differs.
+pub fn check_seal(bytes: &[u8], prefix: &[u8]) -> std::result::Result<u64, String> {
+    let Some(s) = find_seal(bytes, prefix)? else {
+        return Err(missing_seal(prefix));
+    };
+    let actual = !crc_skipping(!0, bytes, 0, s.at);
+    seal_matches(actual, s.recorded)?;
+    Ok(s.recorded)
+}
+
+/// The message for a file without its seal.
+pub fn missing_seal(prefix: &[u8]) -> String {
+    format!(
+        "has no {} checksum, which every file polychip writes carries; it was not \
+         written by polychip, or was edited",
+        String::from_utf8_lossy(prefix).trim_matches([':', ' ', '"'])
+    )
+}
+
+/// The message when the recomputed CRC differs.
+pub fn seal_matches(actual: u64, recorded: u64) -> std::result::Result<(), String> {
+    if actual != recorded {
+        return Err(format!(
+            "is corrupt: the checksum {actual:016x} of its bytes differs from the \
+             {recorded:016x} recorded in it"
+        ));
+    }
+    Ok(())
+}
