@@ -250,3 +250,27 @@ fn a_nonsense_load_deadline_is_refused_naming_the_variable() {
         );
     }
 }
+
+#[test]
+fn a_plugin_owned_by_another_user_gets_a_warning() {
+    let dir = scratch("foreign-owner");
+    let cobalt = common::built_plugin("libpolychip_vendor_cobalt.so");
+    let copy = dir.join("libforeign.so");
+    std::fs::copy(&cobalt, &copy).unwrap();
+    if std::os::unix::fs::chown(&copy, Some(54_321), None).is_err() {
+        eprintln!("skipped: changing a file's owner needs root");
+        return;
+    }
+    let (code, text, _) = devices_timed(&[("POLYCHIP_PLUGIN_PATH", copy.to_str().unwrap())]);
+    assert_eq!(code, Some(0), "a warning is not a failure:\n{text}");
+    let warning = text
+        .lines()
+        .find(|l| l.contains("WARN") && l.contains(copy.to_str().unwrap()))
+        .unwrap_or_else(|| panic!("no warning naming the file:\n{text}"));
+    assert!(
+        warning.contains("the file is owned by another user (uid 54321)")
+            && warning.contains("another user could replace this plugin's code"),
+        "{warning}"
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}

@@ -6,7 +6,7 @@
 //! loader touches the missing pages) or an endless loop there takes the
 //! process with it. A [`Probe`] names a program that loads one plugin file
 //! and exits (the `polychip` command's hidden `devices --probe FILE`); it is
-//! run on every file, all at once, each with a deadline
+//! run on every file, up to [`MAX_AT_ONCE`] at a time, each with a deadline
 //! ([`LOAD_TIMEOUT_VAR`], default [`DEFAULT_LOAD_TIMEOUT`]). Files whose probe
 //! was killed by a signal or ran past the deadline are reported as load
 //! failures naming the file; the others are then loaded in-process, where
@@ -28,6 +28,8 @@ pub const LOAD_TIMEOUT_VAR: &str = "POLYCHIP_PLUGIN_LOAD_TIMEOUT_SECS";
 pub const DEFAULT_LOAD_TIMEOUT: Duration = Duration::from_secs(10);
 /// The longest deadline [`LOAD_TIMEOUT_VAR`] accepts (one day).
 pub const MAX_LOAD_TIMEOUT_SECS: f64 = 86_400.0;
+/// The most probe processes run at once; the rest wait for a free slot.
+pub const MAX_AT_ONCE: usize = 16;
 /// The exit status of a probe whose plugin was refused cleanly (the parent
 /// then loads it in-process to get the refusal's details).
 pub const REFUSED_EXIT: i32 = 3;
@@ -114,75 +116,73 @@ impl Probe {
             .spawn()
     }
 
-    /// Loads each of `files` in its own child process, all at once, and
-    /// says for each whether loading it in this process is safe: `Ok` when
-    /// its probe exited (the plugin loaded or was refused cleanly), the
-    /// crash or the deadline otherwise.
+    /// Loads each of `files` in its own child process, several at once
+    /// (at most [`MAX_AT_ONCE`]), and says for each whether loading it in
+    /// this process is safe: `Ok` when its probe exited (the plugin loaded
+    /// or was refused cleanly), the crash or the deadline otherwise. Each
+    /// child gets the whole deadline from its own start.
     pub fn check(&self, files: &[PathBuf]) -> Vec<Result<(), HostError>> {
-        let started = Instant::now();
-        let mut children: Vec<Option<Child>> = Vec::with_capacity(files.len());
-        let mut results: Vec<Option<Result<(), HostError>>> = Vec::with_capacity(files.len());
-        for file in files {
-            match self.spawn(file) {
-                Ok(child) => {
-                    children.push(Some(child));
-                    results.push(None);
-                }
-                Err(e) => {
-                    children.push(None);
-                    results.push(Some(Err(HostError::Usage(format!(
-                        "{}: cannot start {} to load it in a child process: {e}",
-                        file.display(),
-                        self.program.display()
-                    )))));
-                }
-            }
-        }
+        let mut results: Vec<Option<Result<(), HostError>>> = vec![None; files.len()];
+        let mut running: Vec<(usize, Child, Instant)> = Vec::new();
+        let mut next = 0;
         let mut pause = Duration::from_millis(1);
         loop {
-            let mut running = 0;
-            for (i, slot) in children.iter_mut().enumerate() {
-                let Some(child) = slot else { continue };
-                match child.try_wait() {
-                    Ok(Some(status)) => {
-                        results[i] = Some(judge(&files[i], status));
-                        *slot = None;
+            while running.len() < MAX_AT_ONCE && next < files.len() {
+                match self.spawn(&files[next]) {
+                    Ok(child) => running.push((next, child, Instant::now())),
+                    Err(e) => {
+                        results[next] = Some(Err(HostError::Usage(format!(
+                            "{}: cannot start {} to load it in a child process: {e}",
+                            files[next].display(),
+                            self.program.display()
+                        ))))
                     }
-                    Ok(None) => running += 1,
+                }
+                next += 1;
+            }
+            if running.is_empty() {
+                break;
+            }
+            let mut i = 0;
+            let mut finished = false;
+            while i < running.len() {
+                let (index, child, started) = &mut running[i];
+                let file = &files[*index];
+                let outcome = match child.try_wait() {
+                    Ok(Some(status)) => Some(judge(file, status)),
+                    Ok(None) if started.elapsed() >= self.timeout => {
+                        let _ = child.kill();
+                        let _ = child.wait();
+                        Some(Err(HostError::LoadTimedOut {
+                            path: file.clone(),
+                            seconds: self.timeout.as_secs_f64(),
+                        }))
+                    }
+                    Ok(None) => None,
                     Err(e) => {
                         let _ = child.kill();
                         let _ = child.wait();
-                        results[i] = Some(Err(HostError::Usage(format!(
+                        Some(Err(HostError::Usage(format!(
                             "{}: cannot wait for its probe process: {e}",
-                            files[i].display()
-                        ))));
-                        *slot = None;
+                            file.display()
+                        ))))
                     }
+                };
+                match outcome {
+                    Some(result) => {
+                        results[*index] = Some(result);
+                        running.swap_remove(i);
+                        finished = true;
+                    }
+                    None => i += 1,
                 }
             }
-            if running == 0 {
-                break;
+            if finished {
+                pause = Duration::from_millis(1);
+            } else {
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_millis(50));
             }
-            if started.elapsed() >= self.timeout {
-                for (i, slot) in children.iter_mut().enumerate() {
-                    if let Some(mut child) = slot.take() {
-                        let _ = child.kill();
-                        let _ = child.wait();
-                        log::debug!(
-                            "{}: probe killed after {:?}",
-                            files[i].display(),
-                            self.timeout
-                        );
-                        results[i] = Some(Err(HostError::LoadTimedOut {
-                            path: files[i].clone(),
-                            seconds: self.timeout.as_secs_f64(),
-                        }));
-                    }
-                }
-                break;
-            }
-            std::thread::sleep(pause.min(self.timeout.saturating_sub(started.elapsed())));
-            pause = (pause * 2).min(Duration::from_millis(50));
         }
         results
             .into_iter()
@@ -244,5 +244,30 @@ mod tests {
             e.contains("/p/a.so: the plugin did not finish loading within 0.3 s"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn many_files_are_probed_a_bounded_number_at_a_time() {
+        let files: Vec<PathBuf> = (0..3 * MAX_AT_ONCE)
+            .map(|i| PathBuf::from(format!("/p/{i}.so")))
+            .collect();
+        // Each probe records itself while it runs; at most MAX_AT_ONCE overlap.
+        let dir = std::env::temp_dir().join(format!("probe-bound-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let script = format!(
+            "d={dir}; touch $d/$$; n=$(ls $d | wc -l); echo $n >> $d.max; sleep 0.1; rm $d/$$",
+            dir = dir.display()
+        );
+        let results = sh(&script, Duration::from_secs(20)).check(&files);
+        assert!(results.iter().all(Result::is_ok), "{results:?}");
+        let counts = std::fs::read_to_string(dir.with_extension("max")).unwrap();
+        let most = counts
+            .lines()
+            .filter_map(|l| l.trim().parse::<usize>().ok())
+            .max();
+        assert!(most.is_some_and(|m| m <= MAX_AT_ONCE), "{counts}");
+        assert_eq!(counts.lines().count(), files.len());
+        std::fs::remove_dir_all(&dir).ok();
+        std::fs::remove_file(dir.with_extension("max")).ok();
     }
 }
