@@ -18,7 +18,6 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Subcommand;
-use polychip_host::Runtime;
 use polychip_train::config::Precision;
 use polychip_train::model::Stage;
 use polychip_train::params::{InitialWeights, StageRange};
@@ -160,7 +159,9 @@ fn logits(a: &LogitsArgs) -> Result<(), TrainError> {
     // model's limit), with the weights from the directory.
     let (model, weights) = hf::any_weights(&a.path, Some(count))?;
     let tokens = parse_tokens(&a.tokens, model.vocab)?;
-    let rt = Runtime::from_env();
+    // Each plugin is loaded in a child process first: one that crashes or
+    // hangs while loading is reported by name instead of ending the run.
+    let rt = crate::devices::runtime_from_env().map_err(TrainError::Config)?;
     for f in rt.failures() {
         eprintln!("polychip checkpoint: a plugin failed to load: {}", f.error);
     }

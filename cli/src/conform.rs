@@ -1,8 +1,12 @@
 //! `polychip conform`: the operator conformance suite on one plugin (or every
 //! plugin found), each unit of cases in a child process so that a crash fails
 //! a case instead of the run. Prints a summary table; `--json` and `--junit`
-//! write machine reports. Exits 1 when any implemented, unwaived case fails,
-//! 2 when the command line or a file is wrong.
+//! write machine reports. Exits 1 when any implemented, unwaived case fails
+//! or a plugin found through the environment failed to load, 2 when the
+//! command line or a file is wrong. Each plugin is loaded in a child process
+//! first (as `polychip devices` does), so one that crashes or hangs while
+//! loading is reported by name instead of ending the run; `--no-isolate`
+//! loads it in this process directly.
 
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
@@ -106,13 +110,24 @@ pub fn run(args: &Args) -> ExitCode {
     if args.worker {
         return worker(args, &units, &waivers);
     }
+    let mut load_failed = false;
     let plugins = match &args.plugin {
         Some(p) => vec![p.clone()],
-        None => Runtime::from_env()
-            .plugins()
-            .iter()
-            .map(|p| p.path().to_path_buf())
-            .collect(),
+        None => {
+            let runtime = match crate::devices::runtime_from_env() {
+                Ok(r) => r,
+                Err(e) => return usage(e),
+            };
+            for failure in runtime.failures() {
+                eprintln!("polychip conform: failed to load: {}", failure.error);
+                load_failed = true;
+            }
+            runtime
+                .plugins()
+                .iter()
+                .map(|p| p.path().to_path_buf())
+                .collect()
+        }
     };
     if plugins.is_empty() {
         return usage("no plugin to check: give --plugin PATH or build the bundled plugins".into());
@@ -155,7 +170,7 @@ pub fn run(args: &Args) -> ExitCode {
             ));
         }
     }
-    if reports.iter().all(Report::ok) {
+    if !load_failed && reports.iter().all(Report::ok) {
         ExitCode::SUCCESS
     } else {
         ExitCode::FAILURE
@@ -168,7 +183,15 @@ fn check_plugin(
     units: &[Unit],
     waivers: &Waivers,
 ) -> Result<(Report, Vec<CaseResult>), String> {
-    let runtime = Runtime::load(&[plugin], &LoadOptions::default());
+    let runtime = if args.no_isolate {
+        Runtime::load(&[plugin], &LoadOptions::default())
+    } else {
+        Runtime::load_probed(
+            &[plugin],
+            &LoadOptions::default(),
+            &crate::devices::probe()?,
+        )
+    };
     if let Some(f) = runtime.failures().first() {
         return Err(f.error.to_string());
     }

@@ -1,10 +1,18 @@
 //! `polychip devices`: a table (or JSON) of every device of every plugin
 //! found through `POLYCHIP_PLUGIN_PATH` and the bundled location, and one
 //! line per plugin that failed to load. Exits 1 when any plugin failed.
+//!
+//! Each plugin file is first loaded in a child process (`polychip devices
+//! --probe FILE`) with a deadline (`POLYCHIP_PLUGIN_LOAD_TIMEOUT_SECS`,
+//! default 10 s): one that crashes or hangs while loading is reported by
+//! name and the others are listed (see `polychip_host::probe`).
 
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use polychip_host::{Device, Runtime};
+use polychip_host::probe::{Probe, REFUSED_EXIT};
+use polychip_host::{Device, LoadOptions, Runtime};
 use serde_json::{Value, json};
 
 /// Options of `polychip devices`.
@@ -13,6 +21,40 @@ pub struct Args {
     /// Print JSON instead of a table.
     #[arg(long)]
     json: bool,
+    /// Internal: load this one plugin file and exit (0: loaded, 3: refused);
+    /// the child process that keeps a crashing plugin out of the caller.
+    #[arg(long, hide = true, value_name = "FILE")]
+    probe: Option<PathBuf>,
+}
+
+/// The probe that loads plugin files in child processes of this program:
+/// `polychip devices --probe FILE`, with the deadline from the environment.
+pub fn probe() -> Result<Probe, String> {
+    let exe = std::env::current_exe().map_err(|e| {
+        format!("cannot find the polychip executable to load plugins in a child process: {e}")
+    })?;
+    Probe::from_env(
+        exe,
+        vec![OsString::from("devices"), OsString::from("--probe")],
+    )
+}
+
+/// Every plugin [`Runtime::from_env`] would load, each first loaded in a
+/// child process so that one that crashes or hangs becomes a failure.
+pub fn runtime_from_env() -> Result<Runtime, String> {
+    Ok(Runtime::from_env_probed(&probe()?))
+}
+
+/// The probe child: load `file` in this process and exit.
+fn probe_one(file: &Path) -> ExitCode {
+    let runtime = Runtime::load(&[file], &LoadOptions::default());
+    match runtime.failures().first() {
+        None => ExitCode::SUCCESS,
+        Some(f) => {
+            eprintln!("{}", f.error);
+            ExitCode::from(REFUSED_EXIT as u8)
+        }
+    }
 }
 
 fn memory_kind(device: &Device) -> &'static str {
@@ -140,7 +182,16 @@ fn print_table(runtime: &Runtime) {
 
 /// Runs the subcommand.
 pub fn run(args: &Args) -> ExitCode {
-    let runtime = Runtime::from_env();
+    if let Some(file) = &args.probe {
+        return probe_one(file);
+    }
+    let runtime = match runtime_from_env() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("polychip devices: {e}");
+            return ExitCode::from(2);
+        }
+    };
     if args.json {
         let doc = json!({
             "devices": runtime.devices().iter().map(device_json).collect::<Vec<_>>(),

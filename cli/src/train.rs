@@ -362,7 +362,9 @@ fn train(args: &Args) -> Result<ExitCode, TrainError> {
         };
         pin_to(&mine)?;
     }
-    let rt = Runtime::from_env();
+    // Each plugin is loaded in a child process first: one that crashes or
+    // hangs while loading is reported by name instead of ending the run.
+    let rt = crate::devices::runtime_from_env().map_err(TrainError::Config)?;
     for f in rt.failures() {
         eprintln!("polychip train: a plugin failed to load: {}", f.error);
     }

@@ -176,3 +176,66 @@ fn the_bundled_plugins_implement_and_pass_every_operator_in_every_dtype() {
         }
     }
 }
+
+#[test]
+fn a_plugin_that_crashes_or_hangs_while_loading_is_named_not_fatal() {
+    let segv = common::broken_plugin("BROKEN_INIT_SEGV");
+    let (code, text, _) = conform(&["--plugin", segv.to_str().unwrap(), "--ops", "^fill$"]);
+    assert_eq!(code, 2, "{text}");
+    assert!(
+        text.contains(&format!(
+            "{}: the plugin crashed while loading (signal 11, SIGSEGV)",
+            segv.display()
+        )),
+        "{text}"
+    );
+    let hang = common::broken_plugin("BROKEN_INIT_HANG");
+    let started = std::time::Instant::now();
+    let (code, text, _) = common::conform_report(
+        &["--plugin", hang.to_str().unwrap(), "--ops", "^fill$"],
+        &[("POLYCHIP_PLUGIN_LOAD_TIMEOUT_SECS", "1")],
+    );
+    assert_eq!(code, 2, "{text}");
+    assert!(started.elapsed().as_secs() < 30);
+    assert!(
+        text.contains(&format!(
+            "{}: the plugin did not finish loading within 1 s",
+            hang.display()
+        )),
+        "{text}"
+    );
+}
+
+#[test]
+fn a_crashing_plugin_on_the_path_is_reported_and_the_others_are_checked() {
+    let abort = common::broken_plugin("BROKEN_INIT_ABORT");
+    let (code, text, doc) = common::conform_report(
+        &["--ops", "^fill$", "--dtype", "f32"],
+        &[
+            ("POLYCHIP_PLUGIN_PATH", abort.to_str().unwrap()),
+            ("POLYCHIP_NO_BUNDLED_PLUGINS", "0"),
+        ],
+    );
+    assert_eq!(
+        code, 1,
+        "a plugin that failed to load fails the run:\n{text}"
+    );
+    assert!(
+        text.contains(&format!(
+            "polychip conform: failed to load: {}: the plugin crashed while loading (signal 6, SIGABRT)",
+            abort.display()
+        )),
+        "{text}"
+    );
+    let vendors: Vec<&str> = doc
+        .as_array()
+        .expect("one report per plugin that loaded")
+        .iter()
+        .map(|r| r["vendor"].as_str().unwrap())
+        .collect();
+    assert!(
+        vendors.iter().any(|v| v.starts_with("Ferrite"))
+            && vendors.iter().any(|v| v.starts_with("Cobalt")),
+        "{vendors:?}"
+    );
+}

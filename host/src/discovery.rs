@@ -8,8 +8,17 @@
 //! parent (cargo puts test binaries in `deps/` below the profile directory),
 //! or in `lib/polychip` beside that parent (an installed prefix); set
 //! `POLYCHIP_NO_BUNDLED_PLUGINS=1` to skip them.
+//!
+//! A plugin must resolve (through symlinks) to a regular file: a FIFO, a
+//! directory or a device named as a plugin is refused before it is opened.
+//! One file reached under two names (a symlink, a hard link, listed twice)
+//! is loaded once: files are told apart by the device and inode they
+//! resolve to. A plugin file, or a directory it is found in, that a user
+//! other than root and the current one could change gets a warning in the
+//! log (see `docs/security.md`).
 
 use std::collections::HashSet;
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
 /// The environment variable naming plugin files and directories.
@@ -28,18 +37,139 @@ pub struct SearchProblem {
     pub reason: String,
 }
 
-fn shared_libraries_in(dir: &Path, prefix: &str) -> std::io::Result<Vec<PathBuf>> {
+/// The identity of the file a plugin path resolves to: its device and inode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct FileId {
+    /// The device the file lives on.
+    pub dev: u64,
+    /// Its inode on that device.
+    pub ino: u64,
+}
+
+/// What a file that is not a regular file is, in words.
+fn kind_of(file_type: std::fs::FileType) -> &'static str {
+    if file_type.is_dir() {
+        "a directory"
+    } else if file_type.is_fifo() {
+        "a FIFO (named pipe)"
+    } else if file_type.is_char_device() {
+        "a character device"
+    } else if file_type.is_block_device() {
+        "a block device"
+    } else if file_type.is_socket() {
+        "a socket"
+    } else {
+        "not a regular file"
+    }
+}
+
+/// The identity of the regular file `path` resolves to, or why it cannot be
+/// a plugin (it does not exist, or is a FIFO, a directory, a device). Never
+/// opens the file, so a FIFO cannot block it.
+pub fn plugin_file_id(path: &Path) -> Result<FileId, String> {
+    let meta = std::fs::metadata(path).map_err(|e| format!("cannot read it: {e}"))?;
+    if !meta.file_type().is_file() {
+        return Err(format!(
+            "it is {}, not a regular file",
+            kind_of(meta.file_type())
+        ));
+    }
+    Ok(FileId {
+        dev: meta.dev(),
+        ino: meta.ino(),
+    })
+}
+
+fn current_uid() -> u32 {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() }
+}
+
+/// Why users other than root and the current one could change what `meta`
+/// describes (`what` names it), if they could: it is world-writable, or
+/// another user owns it. A world-writable directory with the sticky bit
+/// (like `/tmp`) only counts when `sticky_counts` (a directory searched for
+/// plugins, where anyone could add one).
+fn writable_by_others(what: &str, meta: &std::fs::Metadata, sticky_counts: bool) -> Option<String> {
+    let mode = meta.mode();
+    let sticky = mode & 0o1000 != 0;
+    if mode & 0o002 != 0 && (sticky_counts || !sticky) {
+        return Some(format!(
+            "{what} is world-writable (mode {:04o})",
+            mode & 0o7777
+        ));
+    }
+    let owner = meta.uid();
+    if owner != 0 && owner != current_uid() {
+        return Some(format!("{what} is owned by another user (uid {owner})"));
+    }
+    None
+}
+
+/// Logs a warning when a user other than root and the current one could
+/// replace the plugin at `path` or the directory it resolves into.
+pub fn warn_if_writable_by_others(path: &Path) {
+    let resolved = path.canonicalize().unwrap_or_else(|_| path.to_path_buf());
+    let mut reasons = Vec::new();
+    if let Ok(meta) = std::fs::metadata(&resolved) {
+        reasons.extend(writable_by_others("the file", &meta, false));
+    }
+    if let Some(dir) = resolved.parent()
+        && let Ok(meta) = std::fs::metadata(dir)
+    {
+        reasons.extend(writable_by_others(
+            &format!("its directory {}", dir.display()),
+            &meta,
+            false,
+        ));
+    }
+    if !reasons.is_empty() {
+        log::warn!(
+            "{}: {}: another user could replace this plugin's code, which runs inside polychip",
+            path.display(),
+            reasons.join(" and ")
+        );
+    }
+}
+
+fn warn_if_dir_writable_by_others(dir: &Path) {
+    if let Ok(meta) = std::fs::metadata(dir)
+        && let Some(reason) = writable_by_others("it", &meta, true)
+    {
+        log::warn!(
+            "{}: plugin directory listed in {PLUGIN_PATH_VAR}: {reason}: another user could add a plugin, which would run inside polychip",
+            dir.display()
+        );
+    }
+}
+
+/// The `*.so` files in `dir` whose names start with `prefix`, in name
+/// order, and the entries so named that are not regular files.
+fn shared_libraries_in(
+    dir: &Path,
+    prefix: &str,
+) -> std::io::Result<(Vec<PathBuf>, Vec<SearchProblem>)> {
     let mut found: Vec<PathBuf> = std::fs::read_dir(dir)?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| {
-            p.is_file()
-                && p.file_name()
-                    .and_then(|n| n.to_str())
-                    .is_some_and(|n| n.starts_with(prefix) && n.ends_with(".so"))
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with(prefix) && n.ends_with(".so"))
         })
         .collect();
     found.sort();
-    Ok(found)
+    let mut problems = Vec::new();
+    found.retain(|p| match plugin_file_id(p) {
+        Ok(_) => true,
+        Err(reason) => {
+            problems.push(SearchProblem {
+                path: p.clone(),
+                reason: format!("skipped: {reason}"),
+            });
+            false
+        }
+    });
+    Ok((found, problems))
 }
 
 /// The plugin files named by a `POLYCHIP_PLUGIN_PATH`-style list.
@@ -49,15 +179,25 @@ pub fn from_path_list(list: &str) -> (Vec<PathBuf>, Vec<SearchProblem>) {
     for entry in list.split(':').filter(|e| !e.is_empty()) {
         let path = PathBuf::from(entry);
         if path.is_dir() {
+            warn_if_dir_writable_by_others(&path);
             match shared_libraries_in(&path, "") {
-                Ok(found) => files.extend(found),
+                Ok((found, skipped)) => {
+                    files.extend(found);
+                    problems.extend(skipped);
+                }
                 Err(e) => problems.push(SearchProblem {
                     path,
                     reason: format!("cannot read the directory: {e}"),
                 }),
             }
         } else if path.exists() {
-            files.push(path);
+            match plugin_file_id(&path) {
+                Ok(_) => files.push(path),
+                Err(reason) => problems.push(SearchProblem {
+                    path,
+                    reason: format!("listed in {PLUGIN_PATH_VAR} but {reason}"),
+                }),
+            }
         } else {
             problems.push(SearchProblem {
                 path,
@@ -93,7 +233,8 @@ pub fn bundled_in(dirs: &[PathBuf]) -> Vec<PathBuf> {
     let mut seen_names = HashSet::new();
     let mut files = Vec::new();
     for dir in dirs {
-        for file in shared_libraries_in(dir, BUNDLED_PREFIX).unwrap_or_default() {
+        let found = shared_libraries_in(dir, BUNDLED_PREFIX).map_or_else(|_| Vec::new(), |f| f.0);
+        for file in found {
             if seen_names.insert(file.file_name().map(|n| n.to_owned())) {
                 files.push(file);
             }
@@ -109,7 +250,8 @@ pub fn bundled() -> Vec<PathBuf> {
 
 /// Every plugin file that a `POLYCHIP_PLUGIN_PATH`-style `list` names, then
 /// the bundled ones in `bundled_dirs`, without duplicates: a listed file
-/// hides a bundled one of the same name.
+/// hides a bundled one of the same name, and of several names of one file
+/// (symlinks, hard links, one path listed twice) only the first is kept.
 pub fn discover_from(list: &str, bundled_dirs: &[PathBuf]) -> (Vec<PathBuf>, Vec<SearchProblem>) {
     let (mut files, problems) = from_path_list(list);
     let listed_names: HashSet<_> = files
@@ -122,7 +264,10 @@ pub fn discover_from(list: &str, bundled_dirs: &[PathBuf]) -> (Vec<PathBuf>, Vec
             .filter(|f| !f.file_name().is_some_and(|n| listed_names.contains(n))),
     );
     let mut seen = HashSet::new();
-    files.retain(|f| seen.insert(f.canonicalize().unwrap_or_else(|_| f.clone())));
+    files.retain(|f| match plugin_file_id(f) {
+        Ok(id) => seen.insert(Ok(id)),
+        Err(_) => seen.insert(Err(f.canonicalize().unwrap_or_else(|_| f.clone()))),
+    });
     (files, problems)
 }
 

@@ -17,6 +17,25 @@ pub enum HostError {
         /// The dynamic loader's message.
         reason: String,
     },
+    /// Loading the plugin in a child process killed that process (a crash in
+    /// its initialisers or its entry function, or a truncated file).
+    #[error("{path}: the plugin crashed while loading ({reason}); polychip goes on without it")]
+    LoadCrashed {
+        /// The plugin file.
+        path: PathBuf,
+        /// How the child process ended, e.g. `signal 11, SIGSEGV`.
+        reason: String,
+    },
+    /// Loading the plugin in a child process did not finish within the deadline.
+    #[error(
+        "{path}: the plugin did not finish loading within {seconds} s (its initialisers or its entry function hang; POLYCHIP_PLUGIN_LOAD_TIMEOUT_SECS sets the deadline); polychip goes on without it"
+    )]
+    LoadTimedOut {
+        /// The plugin file.
+        path: PathBuf,
+        /// The deadline, in seconds.
+        seconds: f64,
+    },
     /// The library has no polychip entry symbol at all.
     #[error(
         "{path}: no entry symbol polychip_plugin_init_v1; this is not a polychip plugin (or it hides its entry symbol)"
@@ -152,6 +171,8 @@ impl HostError {
             HostError::InvalidArguments { source, .. } => source.code(),
             HostError::Usage(_) => ErrorCode::InvalidArgument,
             HostError::NotALibrary { .. }
+            | HostError::LoadCrashed { .. }
+            | HostError::LoadTimedOut { .. }
             | HostError::NoEntrySymbol { .. }
             | HostError::StructTooSmall { .. }
             | HostError::MissingFunction { .. }

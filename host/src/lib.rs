@@ -17,6 +17,7 @@ mod error;
 pub mod ffi;
 mod memory;
 mod ops;
+pub mod probe;
 mod runtime;
 mod stream;
 mod tensor;

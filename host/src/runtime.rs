@@ -8,6 +8,7 @@ use crate::device::Device;
 use crate::discovery;
 use crate::error::HostError;
 use crate::ffi::{LoadOptions, Plugin, load_plugin};
+use crate::probe::Probe;
 
 /// A plugin file that did not load, and why.
 #[derive(Debug, Clone)]
@@ -31,8 +32,22 @@ impl Runtime {
     /// Loads every plugin that `POLYCHIP_PLUGIN_PATH` and the bundled
     /// location name (see [`crate::discovery`]).
     pub fn from_env() -> Runtime {
+        Runtime::from_env_with(None)
+    }
+
+    /// Like [`Runtime::from_env`], but each file is first loaded by `probe`
+    /// in a child process: one that crashes or hangs there is recorded as a
+    /// failure and never loaded here.
+    pub fn from_env_probed(probe: &Probe) -> Runtime {
+        Runtime::from_env_with(Some(probe))
+    }
+
+    fn from_env_with(probe: Option<&Probe>) -> Runtime {
         let (files, problems) = discovery::discover();
-        let mut runtime = Runtime::load(&files, &LoadOptions::default());
+        let mut runtime = match probe {
+            Some(probe) => Runtime::load_probed(&files, &LoadOptions::default(), probe),
+            None => Runtime::load(&files, &LoadOptions::default()),
+        };
         runtime
             .failures
             .extend(problems.into_iter().map(|p| LoadFailure {
@@ -48,6 +63,34 @@ impl Runtime {
         for file in files {
             // A failure is recorded in `failures`; loading goes on with the rest.
             let _ = runtime.add(file.as_ref(), options);
+        }
+        runtime
+    }
+
+    /// Loads the given plugin files, each first in a child process by
+    /// `probe`: the files whose probe crashed or ran past its deadline are
+    /// recorded as failures, the rest are loaded here.
+    pub fn load_probed(
+        files: &[impl AsRef<Path>],
+        options: &LoadOptions,
+        probe: &Probe,
+    ) -> Runtime {
+        let files: Vec<PathBuf> = files.iter().map(|f| f.as_ref().to_path_buf()).collect();
+        let mut runtime = Runtime::default();
+        for (file, verdict) in files.iter().zip(probe.check(&files)) {
+            match verdict {
+                Ok(()) => {
+                    // A failure is recorded in `failures`; loading goes on.
+                    let _ = runtime.add(file, options);
+                }
+                Err(error) => {
+                    log::info!("{error}");
+                    runtime.failures.push(LoadFailure {
+                        path: file.clone(),
+                        error,
+                    });
+                }
+            }
         }
         runtime
     }

@@ -217,3 +217,88 @@ fn loading_the_same_file_twice_returns_the_same_plugin() {
     let b = common::load(&path);
     assert!(std::sync::Arc::ptr_eq(&a, &b));
 }
+
+/// `Runtime::add` on `path` in a thread, failing the test instead of
+/// hanging it when loading blocks (as `dlopen` on a FIFO does).
+fn add_within_seconds(path: std::path::PathBuf, seconds: u64) -> Result<usize, HostError> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut runtime = Runtime::default();
+        let result = runtime
+            .add(&path, &LoadOptions::default())
+            .map(|p| p.devices().len());
+        let _ = tx.send(result);
+    });
+    rx.recv_timeout(std::time::Duration::from_secs(seconds))
+        .expect("loading did not return: the file was opened instead of refused")
+}
+
+#[test]
+fn a_fifo_a_directory_or_a_device_is_refused_before_it_is_opened() {
+    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("loader-special-{}", std::process::id()));
+    std::fs::remove_dir_all(&dir).ok();
+    std::fs::create_dir_all(&dir).unwrap();
+    let fifo = dir.join("libfifo.so");
+    assert!(
+        std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap()
+            .success()
+    );
+    let subdir = dir.join("libdir.so");
+    std::fs::create_dir_all(&subdir).unwrap();
+    for (path, kind) in [
+        (fifo, "a FIFO (named pipe)"),
+        (subdir, "a directory"),
+        ("/dev/zero".into(), "a character device"),
+    ] {
+        let error = add_within_seconds(path.clone(), 10).unwrap_err();
+        assert!(matches!(error, HostError::NotALibrary { .. }), "{error:?}");
+        assert_eq!(
+            error.to_string(),
+            format!(
+                "{}: not a loadable shared library: it is {kind}, not a regular file",
+                path.display()
+            )
+        );
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn one_file_under_several_names_is_loaded_once() {
+    let good = common::fake_plugin(None);
+    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("loader-aliases-{}", std::process::id()));
+    std::fs::remove_dir_all(&dir).ok();
+    std::fs::create_dir_all(&dir).unwrap();
+    let symlink = dir.join("libfake-symlink.so");
+    let hard = dir.join("libfake-hard.so");
+    std::os::unix::fs::symlink(&good, &symlink).unwrap();
+    std::fs::hard_link(&good, &hard).unwrap();
+
+    let runtime = Runtime::load(
+        &[good.clone(), symlink.clone(), hard.clone(), hard.clone()],
+        &LoadOptions::default(),
+    );
+    assert!(runtime.failures().is_empty(), "{:?}", runtime.failures());
+    assert_eq!(runtime.plugins().len(), 1);
+    assert_eq!(runtime.devices().len(), 1, "its one device, listed once");
+    assert!(std::sync::Arc::ptr_eq(
+        &common::load(&hard),
+        &common::load(&good)
+    ));
+
+    let list = format!(
+        "{}:{}:{}",
+        hard.display(),
+        symlink.display(),
+        hard.display()
+    );
+    let (files, problems) = polychip_host::discovery::discover_from(&list, &[]);
+    assert!(problems.is_empty(), "{problems:?}");
+    assert_eq!(files, [hard], "the first name is kept");
+    std::fs::remove_dir_all(&dir).ok();
+}

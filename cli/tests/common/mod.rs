@@ -63,3 +63,45 @@ pub fn conform_report(args: &[&str], env: &[(&str, &str)]) -> (i32, String, serd
     std::fs::remove_file(&json).ok();
     (out.status.code().unwrap_or(-1), text, doc)
 }
+
+/// Compiles `tests/c/broken_plugin.c` with `-D<variant>` into a plugin (once
+/// per variant and test process), under the test's scratch directory.
+#[allow(dead_code)]
+pub fn broken_plugin(variant: &str) -> std::path::PathBuf {
+    let root = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("broken_plugins");
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = dir.join(format!("lib{}.so", variant.to_lowercase()));
+    let tmp = dir.join(format!(
+        "lib{}.so.{}.tmp",
+        variant.to_lowercase(),
+        std::process::id()
+    ));
+    let compiler = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    let output = Command::new(&compiler)
+        .args([
+            "-std=c11",
+            "-O0",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            "-shared",
+            "-fPIC",
+            "-fvisibility=hidden",
+            "-I",
+        ])
+        .arg(root.join("include"))
+        .arg(root.join("tests/c/broken_plugin.c"))
+        .arg(format!("-D{variant}"))
+        .arg("-o")
+        .arg(&tmp)
+        .output()
+        .unwrap_or_else(|e| panic!("run the C compiler {compiler}: {e}"));
+    assert!(
+        output.status.success(),
+        "compiling broken plugin {variant}:\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    std::fs::rename(&tmp, &out).expect("move the broken plugin into place");
+    out
+}

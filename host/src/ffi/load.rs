@@ -4,12 +4,19 @@
 //! Libraries are opened with `RTLD_NOW | RTLD_LOCAL` (so one vendor's symbols
 //! never satisfy another's, and a missing symbol fails at load, not at first
 //! call) and never unloaded. Each file is initialised once per process;
-//! loading it again returns the same [`Plugin`].
+//! loading it again, under any name (a symlink, a hard link), returns the
+//! same [`Plugin`]. A path that does not resolve to a regular file (a FIFO,
+//! a directory, `/dev/zero`) is refused before `dlopen` sees it.
+//!
+//! Loading in-process trusts the plugin: a crash in its initialisers or
+//! entry function ends the process, and a hang hangs it. Callers that must
+//! survive that (the `polychip` command) first load each file in a child
+//! process with [`crate::probe`].
 
 use std::collections::HashMap;
 use std::ffi::{CStr, c_char, c_void};
 use std::mem::{offset_of, size_of};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use libloading::os::unix::{Library, RTLD_LOCAL, RTLD_NOW};
@@ -18,6 +25,7 @@ use polychip_plugin_sdk::abi::{
     PolychipHostApi, PolychipLogLevel, PolychipOpTable, PolychipPluginApi, PolychipPluginInitV1,
 };
 
+use crate::discovery::{self, FileId};
 use crate::error::{HostError, Result};
 use crate::ffi::errors;
 use crate::ffi::plugin::Plugin;
@@ -80,12 +88,15 @@ fn host_table(label: String) -> &'static PolychipHostApi {
     }))
 }
 
-static LOADED: Mutex<Option<HashMap<PathBuf, Arc<Plugin>>>> = Mutex::new(None);
+static LOADED: Mutex<Option<HashMap<FileId, Arc<Plugin>>>> = Mutex::new(None);
 
-/// Loads the plugin at `path` (or returns it if this process loaded it
-/// already) and checks it against `options`.
+/// Loads the plugin at `path` (or returns it if this process loaded that
+/// file already, under this name or another) and checks it against `options`.
 pub fn load_plugin(path: &Path, options: &LoadOptions) -> Result<Arc<Plugin>> {
-    let key = path.canonicalize().unwrap_or_else(|_| path.to_path_buf());
+    let key = discovery::plugin_file_id(path).map_err(|reason| HostError::NotALibrary {
+        path: path.to_path_buf(),
+        reason,
+    })?;
     let mut loaded = LOADED.lock().unwrap_or_else(|e| e.into_inner());
     let cache = loaded.get_or_insert_with(HashMap::new);
     let plugin = match cache.get(&key) {
@@ -121,6 +132,7 @@ fn version_mismatch(
 
 fn open(path: &Path) -> Result<Plugin> {
     let path_buf = path.to_path_buf();
+    discovery::warn_if_writable_by_others(path);
     // dlopen searches the library path for a name without a slash; a plugin
     // path always means that file.
     let absolute = std::path::absolute(path).unwrap_or_else(|_| path_buf.clone());
