@@ -673,8 +673,8 @@ fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
 }
 
 /// The server's half of the handshake: `Ok` once the client proved it is
-/// a rank of this job; `Err` (after telling it why, when it got that far)
-/// otherwise.
+/// a rank of this job (the caller then tells it so); `Err` (after telling
+/// it why, when it got that far) otherwise.
 fn server_handshake(stream: &mut TcpStream, shared: &Shared) -> io::Result<()> {
     let bad = |m: String| io::Error::new(io::ErrorKind::PermissionDenied, m);
     let deadline = Instant::now() + HANDSHAKE;
@@ -728,7 +728,6 @@ fn server_handshake(stream: &mut TcpStream, shared: &Shared) -> io::Result<()> {
         );
         return refuse(stream, why);
     }
-    stream.write_all(&[STATUS_OK])?;
     Ok(())
 }
 
@@ -736,8 +735,11 @@ fn server_handshake(stream: &mut TcpStream, shared: &Shared) -> io::Result<()> {
 /// set (and the client counted live) once it passed the handshake.
 fn serve_client(mut stream: TcpStream, shared: &Shared, member: &mut bool) -> io::Result<()> {
     server_handshake(&mut stream, shared)?;
+    // Counted before the client hears it is in, so a rank that got in is
+    // always among those rank 0 waits for.
     *shared.live.lock().unwrap_or_else(|e| e.into_inner()) += 1;
     *member = true;
+    stream.write_all(&[STATUS_OK])?;
     stream.set_write_timeout(Some(IO_GRACE))?;
     // Between requests a member may stay quiet for as long as it likes.
     loop {
