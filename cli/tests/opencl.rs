@@ -11,7 +11,7 @@
 //! that a failure.
 
 mod common;
-use common::{built_plugin, conform_report, polychip_env};
+use common::{built_plugin, conform_report, max_diff, polychip_env};
 
 use std::path::{Path, PathBuf};
 
@@ -131,14 +131,6 @@ fn curve(plugin: &str, dir: &Path, tag: &str, extra: &[&str]) -> (Vec<f64>, Stri
         .map(|s| s["loss"].as_f64().unwrap())
         .collect();
     (losses, out + &err)
-}
-
-fn max_diff(a: &[f64], b: &[f64]) -> f64 {
-    assert_eq!(a.len(), b.len());
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f64::max)
 }
 
 #[test]

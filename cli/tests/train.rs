@@ -5,7 +5,7 @@
 //! a corrupt or mismatched checkpoint, a rank that dies.
 
 mod common;
-use common::polychip_env;
+use common::{max_diff, polychip_env};
 
 use std::path::{Path, PathBuf};
 
@@ -50,14 +50,6 @@ fn curve(dir: &Path, tag: &str, extra: &[&str]) -> Vec<f64> {
         .iter()
         .map(|s| s["loss"].as_f64().unwrap())
         .collect()
-}
-
-fn max_diff(a: &[f64], b: &[f64]) -> f64 {
-    assert_eq!(a.len(), b.len());
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f64::max)
 }
 
 fn mixed_plan(dir: &Path) -> String {

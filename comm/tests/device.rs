@@ -4,46 +4,41 @@
 //! so every reduction is exact and results compare bit for bit with a host
 //! reference. Needs `cargo build --workspace` first (for Ferrite's library).
 
+mod common;
+use common::{built, encode, tensor, values, world};
+
 use std::path::PathBuf;
-use std::sync::{Arc, OnceLock};
-use std::thread;
+use std::sync::OnceLock;
 use std::time::Duration;
 
-use half::{bf16, f16};
 use polychip_comm::CommError;
-use polychip_comm::collectives::{Communicator, ReduceOp};
+use polychip_comm::collectives::ReduceOp;
 use polychip_comm::device::{DeviceComm, Path};
-use polychip_comm::shm::ShmTransport;
-use polychip_comm::store::MemoryStore;
-use polychip_host::{DType, Device, LoadOptions, Runtime, Tensor};
+use polychip_host::{DType, Device, LoadOptions, Runtime};
 
 const SIZES: [usize; 5] = [0, 1, 1000, 1 << 20, (1 << 21) + 3];
-
-fn ferrite_path() -> PathBuf {
-    let exe = std::env::current_exe().expect("test executable path");
-    let dir = exe.parent().and_then(|d| d.parent()).expect("profile dir");
-    let file = "libpolychip_vendor_ferrite.so";
-    [dir.join(file), dir.join("deps").join(file)]
-        .into_iter()
-        .find(|p| p.exists())
-        .unwrap_or_else(|| {
-            panic!(
-                "{file} is not in {}: run `cargo build --workspace` first",
-                dir.display()
-            )
-        })
-}
 
 /// Loads Ferrite and Cobalt once per process; returns `vendor:index`.
 fn device(vendor: &str, index: usize) -> Device {
     static RUNTIME: OnceLock<Runtime> = OnceLock::new();
     let rt = RUNTIME.get_or_init(|| {
-        let files = [ferrite_path(), PathBuf::from(cobalt::LIBRARY_PATH)];
+        let files = [
+            built("libpolychip_vendor_ferrite.so"),
+            PathBuf::from(cobalt::LIBRARY_PATH),
+        ];
         let rt = Runtime::load(&files, &LoadOptions::default());
         assert!(rt.failures().is_empty(), "{:?}", rt.failures());
         rt
     });
     rt.devices_of(vendor)[index].clone()
+}
+
+/// [`world`] with this file's 20 s timeouts.
+fn world20<T: Send>(
+    devices: &[Device],
+    f: impl Fn(&Device, &mut DeviceComm) -> T + Sync,
+) -> Vec<T> {
+    world(devices, Duration::from_secs(20), f)
 }
 
 /// The mixed world: Ferrite:0 (direct), Cobalt:0 (staged), Ferrite:1 (direct).
@@ -53,65 +48,6 @@ fn mixed() -> Vec<Device> {
         device("cobalt", 0),
         device("ferrite", 1),
     ]
-}
-
-/// Runs `f` on one thread rank per device; results in rank order.
-fn world<T: Send>(devices: &[Device], f: impl Fn(&Device, &mut DeviceComm) -> T + Sync) -> Vec<T> {
-    let (store, n) = (Arc::new(MemoryStore::new()), devices.len());
-    thread::scope(|s| {
-        let handles: Vec<_> = devices
-            .iter()
-            .enumerate()
-            .map(|(r, d)| {
-                let (store, f) = (store.clone(), &f);
-                s.spawn(move || {
-                    let t =
-                        ShmTransport::new(&*store, r, n, Duration::from_secs(20)).expect("connect");
-                    let mut c = Communicator::new(Arc::new(t)).expect("communicator");
-                    c.set_timeout(Duration::from_secs(20));
-                    let out = f(d, &mut DeviceComm::new(&mut c));
-                    // No rank leaves while another may still read from it
-                    // (a reduce's non-root ranks finish first).
-                    c.barrier().expect("final barrier");
-                    out
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().expect("rank panicked"))
-            .collect()
-    })
-}
-
-/// Rank `rank`'s input: small integers, exact in every float dtype.
-fn values(rank: usize, count: usize) -> Vec<f32> {
-    (0..count)
-        .map(|i| ((i * 7 + rank * 5) % 17) as f32 - 8.0)
-        .collect()
-}
-
-fn encode(dtype: DType, xs: &[f32]) -> Vec<u8> {
-    match dtype {
-        DType::F32 => xs.iter().flat_map(|x| x.to_ne_bytes()).collect(),
-        DType::BF16 => xs
-            .iter()
-            .flat_map(|&x| bf16::from_f32(x).to_ne_bytes())
-            .collect(),
-        DType::F16 => xs
-            .iter()
-            .flat_map(|&x| f16::from_f32(x).to_ne_bytes())
-            .collect(),
-        DType::I32 => xs.iter().flat_map(|&x| (x as i32).to_ne_bytes()).collect(),
-        DType::I64 => xs.iter().flat_map(|&x| (x as i64).to_ne_bytes()).collect(),
-        _ => unreachable!(),
-    }
-}
-
-fn tensor(d: &Device, dtype: DType, xs: &[f32]) -> Tensor {
-    let t = d.empty(dtype, &[xs.len() as i64]).unwrap();
-    t.write_bytes(&encode(dtype, xs)).unwrap();
-    t
 }
 
 fn sum(n: usize, count: usize) -> Vec<f32> {
@@ -128,7 +64,7 @@ fn expect_paths(devices: &[Device]) -> Vec<Path> {
 #[test]
 fn all_reduce_across_direct_and_staged_ranks() {
     let devices = mixed();
-    let paths = world(&devices, |d, dc| {
+    let paths = world20(&devices, |d, dc| {
         let me = dc.comm().rank();
         for dtype in [DType::F32, DType::BF16] {
             for count in SIZES {
@@ -153,7 +89,7 @@ fn all_reduce_across_direct_and_staged_ranks() {
 #[test]
 fn all_reduce_into_pipelines_many_small_chunks() {
     let devices = mixed();
-    world(&devices, |d, dc| {
+    world20(&devices, |d, dc| {
         let me = dc.comm().rank();
         dc.set_chunk_bytes(1000);
         let count = 10_007;
@@ -181,7 +117,7 @@ fn all_reduce_into_pipelines_many_small_chunks() {
 #[test]
 fn all_gather_reduce_scatter_and_broadcast_across_mixed_ranks() {
     let devices = mixed();
-    world(&devices, |d, dc| {
+    world20(&devices, |d, dc| {
         let me = dc.comm().rank();
         for count in [0, 1, 1000, 300_001] {
             let send = tensor(d, DType::F32, &values(me, count));
@@ -219,7 +155,7 @@ fn all_gather_reduce_scatter_and_broadcast_across_mixed_ranks() {
 #[test]
 fn send_recv_between_vendors() {
     let devices = [device("cobalt", 0), device("ferrite", 0)];
-    world(&devices, |d, dc| {
+    world20(&devices, |d, dc| {
         let me = dc.comm().rank();
         for count in [0, 5, (3 << 20) + 1] {
             let t = if me == 0 {
@@ -244,7 +180,7 @@ fn send_recv_between_vendors() {
 #[test]
 fn staging_pool_does_not_grow_on_repeated_calls() {
     let devices = mixed();
-    world(&devices, |d, dc| {
+    world20(&devices, |d, dc| {
         let me = dc.comm().rank();
         let count = (3 << 20) + 17;
         let t = tensor(d, DType::F32, &values(me, count));
@@ -270,7 +206,7 @@ fn staging_pool_does_not_grow_on_repeated_calls() {
 
 #[test]
 fn non_compact_and_unsupported_dtypes_are_usage_errors() {
-    world(&[device("cobalt", 0)], |d, dc| {
+    world20(&[device("cobalt", 0)], |d, dc| {
         let t = d
             .zeros(DType::F32, &[2, 3])
             .unwrap()
@@ -305,7 +241,7 @@ const DTYPES: [DType; 5] = [DType::F32, DType::BF16, DType::F16, DType::I32, DTy
 #[test]
 fn reduce_to_every_root_across_direct_and_staged_ranks() {
     let devices = mixed();
-    let paths = world(&devices, |d, dc| {
+    let paths = world20(&devices, |d, dc| {
         let me = dc.comm().rank();
         for (i, dtype) in DTYPES.into_iter().enumerate() {
             for count in SIZES {
@@ -340,7 +276,7 @@ fn reduce_to_every_root_across_direct_and_staged_ranks() {
 #[test]
 fn reduce_pipelines_many_small_chunks_and_reuses_the_pool() {
     let devices = mixed();
-    world(&devices, |d, dc| {
+    world20(&devices, |d, dc| {
         let me = dc.comm().rank();
         dc.set_chunk_bytes(1000);
         let count = 10_007;
@@ -376,7 +312,7 @@ fn all_to_all_want(me: usize, block: usize) -> Vec<f32> {
 #[test]
 fn all_to_all_across_direct_and_staged_ranks() {
     let devices = mixed();
-    let paths = world(&devices, |d, dc| {
+    let paths = world20(&devices, |d, dc| {
         let me = dc.comm().rank();
         // Blocks of 0, 1, an odd count, and (in f32) more than a 4 MiB chunk.
         for dtype in DTYPES {
@@ -402,7 +338,7 @@ fn all_to_all_across_direct_and_staged_ranks() {
 #[test]
 fn all_to_all_between_devices_of_two_vendors_reuses_the_pool() {
     let devices = mixed();
-    world(&devices, |d, dc| {
+    world20(&devices, |d, dc| {
         let me = dc.comm().rank();
         let block = 70_001;
         // Send on this rank's device (staged on Cobalt), receive on Ferrite
@@ -429,7 +365,7 @@ fn all_to_all_between_devices_of_two_vendors_reuses_the_pool() {
 
 #[test]
 fn reduce_and_all_to_all_usage_errors_name_op_rank_and_tensor() {
-    world(&[device("ferrite", 0), device("cobalt", 0)], |d, dc| {
+    world20(&[device("ferrite", 0), device("cobalt", 0)], |d, dc| {
         let me = dc.comm().rank();
         let t = d.zeros(DType::F32, &[6]).unwrap();
         let Err(CommError::Usage(m)) = dc.reduce(&t, ReduceOp::Sum, 2) else {

@@ -5,31 +5,16 @@
 //! installs PoCL); without a device the tests say why and pass, unless
 //! `POLYCHIP_REQUIRE_OPENCL=1` (as `scripts/test` sets) makes that a failure.
 
+mod common;
+use common::{built, encode, tensor, values, world};
+
 use std::path::PathBuf;
-use std::sync::{Arc, OnceLock};
-use std::thread;
+use std::sync::OnceLock;
 use std::time::Duration;
 
-use half::bf16;
-use polychip_comm::collectives::{Communicator, ReduceOp};
-use polychip_comm::device::{DeviceComm, Path};
-use polychip_comm::shm::ShmTransport;
-use polychip_comm::store::MemoryStore;
-use polychip_host::{DType, Device, LoadOptions, Runtime, Tensor};
-
-fn built(file: &str) -> PathBuf {
-    let exe = std::env::current_exe().expect("test executable path");
-    let dir = exe.parent().and_then(|d| d.parent()).expect("profile dir");
-    [dir.join(file), dir.join("deps").join(file)]
-        .into_iter()
-        .find(|p| p.exists())
-        .unwrap_or_else(|| {
-            panic!(
-                "{file} is not in {}: run `cargo build --workspace` first",
-                dir.display()
-            )
-        })
-}
+use polychip_comm::collectives::ReduceOp;
+use polychip_comm::device::Path;
+use polychip_host::{DType, Device, LoadOptions, Runtime};
 
 fn runtime() -> &'static Runtime {
     static RUNTIME: OnceLock<Runtime> = OnceLock::new();
@@ -65,62 +50,12 @@ fn three_vendors() -> Option<Vec<Device>> {
     ])
 }
 
-fn world<T: Send>(devices: &[Device], f: impl Fn(&Device, &mut DeviceComm) -> T + Sync) -> Vec<T> {
-    let (store, n) = (Arc::new(MemoryStore::new()), devices.len());
-    thread::scope(|s| {
-        let handles: Vec<_> = devices
-            .iter()
-            .enumerate()
-            .map(|(r, d)| {
-                let (store, f) = (store.clone(), &f);
-                s.spawn(move || {
-                    let t =
-                        ShmTransport::new(&*store, r, n, Duration::from_secs(30)).expect("connect");
-                    let mut c = Communicator::new(Arc::new(t)).expect("communicator");
-                    c.set_timeout(Duration::from_secs(30));
-                    let out = f(d, &mut DeviceComm::new(&mut c));
-                    c.barrier().expect("final barrier");
-                    out
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().expect("rank panicked"))
-            .collect()
-    })
-}
-
-/// Small integers: every sum is exact in every dtype.
-fn values(rank: usize, count: usize) -> Vec<f32> {
-    (0..count)
-        .map(|i| ((i * 7 + rank * 5) % 17) as f32 - 8.0)
-        .collect()
-}
-
-fn encode(dtype: DType, xs: &[f32]) -> Vec<u8> {
-    match dtype {
-        DType::F32 => xs.iter().flat_map(|x| x.to_ne_bytes()).collect(),
-        DType::BF16 => xs
-            .iter()
-            .flat_map(|&x| bf16::from_f32(x).to_ne_bytes())
-            .collect(),
-        _ => unreachable!(),
-    }
-}
-
-fn tensor(d: &Device, dtype: DType, xs: &[f32]) -> Tensor {
-    let t = d.empty(dtype, &[xs.len() as i64]).unwrap();
-    t.write_bytes(&encode(dtype, xs)).unwrap();
-    t
-}
-
 #[test]
 fn all_reduce_mixes_opencl_with_ferrite_and_cobalt() {
     let Some(devices) = three_vendors() else {
         return;
     };
-    let paths = world(&devices, |d, dc| {
+    let paths = world(&devices, Duration::from_secs(30), |d, dc| {
         let me = dc.comm().rank();
         for dtype in [DType::F32, DType::BF16] {
             for count in [0, 1, 1000, 1 << 20, (1 << 21) + 3] {
@@ -146,7 +81,7 @@ fn broadcast_and_all_gather_from_and_to_the_opencl_rank() {
     let Some(devices) = three_vendors() else {
         return;
     };
-    world(&devices, |d, dc| {
+    world(&devices, Duration::from_secs(30), |d, dc| {
         let me = dc.comm().rank();
         let count = 10_007;
         let t = tensor(d, DType::F32, &values(me, count));

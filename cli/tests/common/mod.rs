@@ -105,3 +105,13 @@ pub fn broken_plugin(variant: &str) -> std::path::PathBuf {
     std::fs::rename(&tmp, &out).expect("move the broken plugin into place");
     out
 }
+
+/// The largest |a[i] - b[i]| of two loss curves of one length.
+#[allow(dead_code)]
+pub fn max_diff(a: &[f64], b: &[f64]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f64::max)
+}

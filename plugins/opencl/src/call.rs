@@ -351,3 +351,11 @@ impl Drop for Ctx<'_> {
         }
     }
 }
+
+impl Args<'_> {
+    /// A compact tensor argument: its buffer, then its element offset
+    /// (`__global S *p, long off` in the kernels).
+    pub fn tensor(&mut self, o: &Operand) -> Result<&mut Self> {
+        self.mem(o.mem())?.value(o.offset)
+    }
+}

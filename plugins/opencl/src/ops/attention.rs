@@ -44,14 +44,10 @@ fn rotate(mut ctx: Ctx<'_>, args: &RopeArgs<'_>, sign: f32) -> Result<()> {
     let [_, seq, heads, d] = dims4(&x);
     let n = x.numel() / 2;
     ctx.launch(flavor, "pc_rope", &[n], None, |a| {
-        a.mem(x.mem())?
-            .value(x.offset)?
-            .mem(cos.mem())?
-            .value(cos.offset)?
-            .mem(sin.mem())?
-            .value(sin.offset)?
-            .mem(out.mem())?
-            .value(out.offset)?
+        a.tensor(&x)?
+            .tensor(&cos)?
+            .tensor(&sin)?
+            .tensor(&out)?
             .value(seq)?
             .value(heads)?
             .value(d)?
@@ -154,7 +150,7 @@ pub fn attention(mut ctx: Ctx<'_>, args: &AttentionArgs<'_>) -> Result<()> {
         Some(&[WG, 1]),
         |a| {
             for t in [&q, &k, &v, &out, &lse] {
-                a.mem(t.mem())?.value(t.offset)?;
+                a.tensor(&t)?;
             }
             a.value(hq)?.value(hkv)?.value(sq)?.value(skv)?.value(d)?;
             scalar(a, flavor, args.scale)?.value(i32::from(args.causal))?;
@@ -186,10 +182,8 @@ pub fn attention_backward(mut ctx: Ctx<'_>, args: &AttentionBackwardArgs<'_>) ->
     let rows = (b * hq * sq) as usize;
     let dvec = ctx.scratch(DType::F32, &[rows as i64])?;
     ctx.launch(flavor, "pc_attention_bwd_rowdot", &[rows], None, |a| {
-        a.mem(go.mem())?
-            .value(go.offset)?
-            .mem(out.mem())?
-            .value(out.offset)?
+        a.tensor(&go)?
+            .tensor(&out)?
             .mem(dvec.mem())?
             .value(d)?
             .value(rows as i64)?;
@@ -198,7 +192,7 @@ pub fn attention_backward(mut ctx: Ctx<'_>, args: &AttentionBackwardArgs<'_>) ->
     // The arguments both passes start with.
     let inputs = |a: &mut Args<'_>| -> Result<()> {
         for t in [&q, &k, &v, &go, &lse] {
-            a.mem(t.mem())?.value(t.offset)?;
+            a.tensor(&t)?;
         }
         a.mem(dvec.mem())?;
         Ok(())
@@ -233,7 +227,7 @@ pub fn attention_backward(mut ctx: Ctx<'_>, args: &AttentionBackwardArgs<'_>) ->
             Some(&[WG, 1]),
             |a| {
                 inputs(a)?;
-                a.mem(gq.mem())?.value(gq.offset)?;
+                a.tensor(&gq)?;
                 sizes(a)?;
                 for &bytes in &local {
                     a.local(bytes)?;
@@ -269,10 +263,7 @@ pub fn attention_backward(mut ctx: Ctx<'_>, args: &AttentionBackwardArgs<'_>) ->
             Some(&[WG, 1]),
             |a| {
                 inputs(a)?;
-                a.mem(gk.mem())?
-                    .value(gk.offset)?
-                    .mem(gv.mem())?
-                    .value(gv.offset)?;
+                a.tensor(&gk)?.tensor(&gv)?;
                 sizes(a)?;
                 for &bytes in &local {
                     a.local(bytes)?;

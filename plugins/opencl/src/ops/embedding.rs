@@ -41,8 +41,7 @@ fn check_ids(ctx: &Ctx<'_>, flavor: Flavor, ids: &Operand, vocab: usize) -> Resu
         &[wg],
         Some(&[wg]),
         |a| {
-            a.mem(ids.mem())?
-                .value(ids.offset)?
+            a.tensor(&ids)?
                 .value(ids.numel() as i64)?
                 .value(vocab as i64)?
                 .mem(status.mem())?;
@@ -112,15 +111,12 @@ pub fn embedding(mut ctx: Ctx<'_>, args: &EmbeddingArgs<'_>) -> Result<()> {
         &[h, n],
         None,
         |a| {
-            a.mem(weight.mem())?
-                .value(weight.offset)?
+            a.tensor(&weight)?
                 .value(weight.strides[0])?
                 .value(weight.strides[1])?
                 .value(vocab as i64)?
-                .mem(ids.mem())?
-                .value(ids.offset)?
-                .mem(out.mem())?
-                .value(out.offset)?
+                .tensor(&ids)?
+                .tensor(&out)?
                 .value(h as i64)?;
             Ok(())
         },
@@ -153,10 +149,7 @@ pub fn embedding_backward(ctx: Ctx<'_>, args: &EmbeddingBackwardArgs<'_>) -> Res
             &[padded],
             None,
             |a| {
-                a.mem(ids.mem())?
-                    .value(ids.offset)?
-                    .value(n as i64)?
-                    .mem(keys.mem())?;
+                a.tensor(&ids)?.value(n as i64)?.mem(keys.mem())?;
                 Ok(())
             },
         )?;
@@ -187,12 +180,10 @@ pub fn embedding_backward(ctx: Ctx<'_>, args: &EmbeddingBackwardArgs<'_>) -> Res
             k *= 2;
         }
         ctx.launch(flavor, "pc_emb_accumulate", &[h, n], None, |a| {
-            a.mem(g.mem())?
-                .value(g.offset)?
+            a.tensor(&g)?
                 .mem(keys.mem())?
                 .value(n as i64)?
-                .mem(w.mem())?
-                .value(w.offset)?
+                .tensor(&w)?
                 .value(w.strides[0])?
                 .value(w.strides[1])?
                 .value(h as i64)?

@@ -51,8 +51,7 @@ fn colsum(
     ctx.launch(flavor, "pc_norm_colsum", &[h], None, |a| {
         a.mem(part.mem())?
             .value(chunks as i64)?
-            .mem(out.mem())?
-            .value(out.offset)?
+            .tensor(&out)?
             .value(h as i64)?;
         Ok(())
     })
@@ -68,14 +67,10 @@ pub fn rms_norm(mut ctx: Ctx<'_>, args: &RmsNormArgs<'_>) -> Result<()> {
     let (rows, h) = rows_h(&x);
     let wg = ctx.programs.wg;
     ctx.launch(flavor, "pc_norm_rms", &[rows * wg], Some(&[wg]), |a| {
-        a.mem(x.mem())?
-            .value(x.offset)?
-            .mem(w.mem())?
-            .value(w.offset)?
-            .mem(y.mem())?
-            .value(y.offset)?
-            .mem(inv.mem())?
-            .value(inv.offset)?
+        a.tensor(&x)?
+            .tensor(&w)?
+            .tensor(&y)?
+            .tensor(&inv)?
             .value(h as i64)?;
         scalar(a, flavor, args.eps)?;
         Ok(())
@@ -100,16 +95,11 @@ pub fn rms_norm_backward(mut ctx: Ctx<'_>, args: &RmsNormBackwardArgs<'_>) -> Re
         &[rows * wg],
         Some(&[wg]),
         |a| {
-            a.mem(g.mem())?
-                .value(g.offset)?
-                .mem(x.mem())?
-                .value(x.offset)?
-                .mem(w.mem())?
-                .value(w.offset)?
-                .mem(inv.mem())?
-                .value(inv.offset)?
-                .mem(dx.mem())?
-                .value(dx.offset)?
+            a.tensor(&g)?
+                .tensor(&x)?
+                .tensor(&w)?
+                .tensor(&inv)?
+                .tensor(&dx)?
                 .value(h as i64)?;
             Ok(())
         },
@@ -117,12 +107,9 @@ pub fn rms_norm_backward(mut ctx: Ctx<'_>, args: &RmsNormBackwardArgs<'_>) -> Re
     let (chunk, chunks) = chunking(rows);
     let part = ctx.scratch(acc_dtype(flavor), &[chunks as i64, h as i64])?;
     ctx.launch(flavor, "pc_norm_rms_partials", &[h, chunks], None, |a| {
-        a.mem(g.mem())?
-            .value(g.offset)?
-            .mem(x.mem())?
-            .value(x.offset)?
-            .mem(inv.mem())?
-            .value(inv.offset)?
+        a.tensor(&g)?
+            .tensor(&x)?
+            .tensor(&inv)?
             .mem(part.mem())?
             .value(h as i64)?
             .value(rows as i64)?
@@ -146,18 +133,12 @@ pub fn layer_norm(mut ctx: Ctx<'_>, args: &LayerNormArgs<'_>) -> Result<()> {
     let (rows, h) = rows_h(&x);
     let wg = ctx.programs.wg;
     ctx.launch(flavor, "pc_norm_layer", &[rows * wg], Some(&[wg]), |a| {
-        a.mem(x.mem())?
-            .value(x.offset)?
-            .mem(w.mem())?
-            .value(w.offset)?
-            .mem(b.mem())?
-            .value(b.offset)?
-            .mem(y.mem())?
-            .value(y.offset)?
-            .mem(mean.mem())?
-            .value(mean.offset)?
-            .mem(rstd.mem())?
-            .value(rstd.offset)?
+        a.tensor(&x)?
+            .tensor(&w)?
+            .tensor(&b)?
+            .tensor(&y)?
+            .tensor(&mean)?
+            .tensor(&rstd)?
             .value(h as i64)?;
         scalar(a, flavor, args.eps)?;
         Ok(())
@@ -184,18 +165,12 @@ pub fn layer_norm_backward(mut ctx: Ctx<'_>, args: &LayerNormBackwardArgs<'_>) -
         &[rows * wg],
         Some(&[wg]),
         |a| {
-            a.mem(g.mem())?
-                .value(g.offset)?
-                .mem(x.mem())?
-                .value(x.offset)?
-                .mem(w.mem())?
-                .value(w.offset)?
-                .mem(mean.mem())?
-                .value(mean.offset)?
-                .mem(rstd.mem())?
-                .value(rstd.offset)?
-                .mem(dx.mem())?
-                .value(dx.offset)?
+            a.tensor(&g)?
+                .tensor(&x)?
+                .tensor(&w)?
+                .tensor(&mean)?
+                .tensor(&rstd)?
+                .tensor(&dx)?
                 .value(h as i64)?;
             Ok(())
         },
@@ -204,14 +179,10 @@ pub fn layer_norm_backward(mut ctx: Ctx<'_>, args: &LayerNormBackwardArgs<'_>) -
     let pw = ctx.scratch(acc_dtype(flavor), &[chunks as i64, h as i64])?;
     let pb = ctx.scratch(acc_dtype(flavor), &[chunks as i64, h as i64])?;
     ctx.launch(flavor, "pc_norm_layer_partials", &[h, chunks], None, |a| {
-        a.mem(g.mem())?
-            .value(g.offset)?
-            .mem(x.mem())?
-            .value(x.offset)?
-            .mem(mean.mem())?
-            .value(mean.offset)?
-            .mem(rstd.mem())?
-            .value(rstd.offset)?
+        a.tensor(&g)?
+            .tensor(&x)?
+            .tensor(&mean)?
+            .tensor(&rstd)?
             .mem(pw.mem())?
             .mem(pb.mem())?
             .value(h as i64)?

@@ -31,14 +31,10 @@ pub fn adamw(mut ctx: Ctx<'_>, args: &AdamwArgs<'_>) -> Result<()> {
         args.eps,
     ];
     ctx.launch(flavor, "pc_adamw", &[n], None, |a| {
-        a.mem(p.mem())?
-            .value(p.offset)?
-            .mem(g.mem())?
-            .value(g.offset)?
-            .mem(m.mem())?
-            .value(m.offset)?
-            .mem(v.mem())?
-            .value(v.offset)?
+        a.tensor(&p)?
+            .tensor(&g)?
+            .tensor(&m)?
+            .tensor(&v)?
             .value(n as i64)?;
         for s in scalars {
             scalar(a, flavor, s)?;

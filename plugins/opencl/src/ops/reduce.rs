@@ -52,10 +52,8 @@ pub fn reduce(mut ctx: Ctx<'_>, op: ReduceOp, args: &ReduceArgs<'_>) -> Result<(
             let mean = i32::from(op == ReduceOp::Mean);
             if lane {
                 ctx.launch(flavor, "pc_reduce_sum_lane", &[outputs], None, |a| {
-                    a.mem(x.mem())?
-                        .value(x.offset)?
-                        .mem(out.mem())?
-                        .value(out.offset)?
+                    a.tensor(&x)?
+                        .tensor(&out)?
                         .value(outputs_i)?
                         .value(n)?
                         .value(inner_i)?
@@ -69,10 +67,8 @@ pub fn reduce(mut ctx: Ctx<'_>, op: ReduceOp, args: &ReduceArgs<'_>) -> Result<(
                     &[outputs * wg],
                     Some(&[wg]),
                     |a| {
-                        a.mem(x.mem())?
-                            .value(x.offset)?
-                            .mem(out.mem())?
-                            .value(out.offset)?
+                        a.tensor(&x)?
+                            .tensor(&out)?
                             .value(n)?
                             .value(inner_i)?
                             .value(mean)?;
@@ -85,11 +81,9 @@ pub fn reduce(mut ctx: Ctx<'_>, op: ReduceOp, args: &ReduceArgs<'_>) -> Result<(
             let index = i32::from(op == ReduceOp::Argmax);
             if lane {
                 ctx.launch(flavor, "pc_reduce_max_lane", &[outputs], None, |a| {
-                    a.mem(x.mem())?
-                        .value(x.offset)?
+                    a.tensor(&x)?
                         .mem(out.mem())?
-                        .mem(out.mem())?
-                        .value(out.offset)?
+                        .tensor(&out)?
                         .value(outputs_i)?
                         .value(n)?
                         .value(inner_i)?
@@ -103,11 +97,9 @@ pub fn reduce(mut ctx: Ctx<'_>, op: ReduceOp, args: &ReduceArgs<'_>) -> Result<(
                     &[outputs * wg],
                     Some(&[wg]),
                     |a| {
-                        a.mem(x.mem())?
-                            .value(x.offset)?
+                        a.tensor(&x)?
                             .mem(out.mem())?
-                            .mem(out.mem())?
-                            .value(out.offset)?
+                            .tensor(&out)?
                             .value(n)?
                             .value(inner_i)?
                             .value(index)?;
@@ -141,18 +133,12 @@ pub fn sum_squares(mut ctx: Ctx<'_>, args: &SumSquaresArgs<'_>) -> Result<()> {
         &[groups * wg],
         Some(&[wg]),
         |a| {
-            a.mem(x.mem())?
-                .value(x.offset)?
-                .value(n as i64)?
-                .mem(part.mem())?;
+            a.tensor(&x)?.value(n as i64)?.mem(part.mem())?;
             Ok(())
         },
     )?;
     ctx.launch(flavor, "pc_sumsq_final", &[wg], Some(&[wg]), |a| {
-        a.mem(part.mem())?
-            .value(groups as i64)?
-            .mem(out.mem())?
-            .value(out.offset)?;
+        a.mem(part.mem())?.value(groups as i64)?.tensor(&out)?;
         Ok(())
     })?;
     ctx.finish()

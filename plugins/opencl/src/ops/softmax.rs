@@ -39,10 +39,8 @@ fn forward(mut ctx: Ctx<'_>, args: &SoftmaxArgs<'_>, log: bool) -> Result<()> {
     let wg = ctx.programs.wg;
     if x.numel() > 0 {
         ctx.launch(flavor, "pc_softmax_fwd", &[rows * wg], Some(&[wg]), |a| {
-            a.mem(x.mem())?
-                .value(x.offset)?
-                .mem(y.mem())?
-                .value(y.offset)?
+            a.tensor(&x)?
+                .tensor(&y)?
                 .value(c as i64)?
                 .value(i32::from(log))?;
             Ok(())
@@ -61,12 +59,9 @@ fn backward(mut ctx: Ctx<'_>, args: &SoftmaxBackwardArgs<'_>, log: bool) -> Resu
     let wg = ctx.programs.wg;
     if y.numel() > 0 {
         ctx.launch(flavor, "pc_softmax_bwd", &[rows * wg], Some(&[wg]), |a| {
-            a.mem(y.mem())?
-                .value(y.offset)?
-                .mem(g.mem())?
-                .value(g.offset)?
-                .mem(dx.mem())?
-                .value(dx.offset)?
+            a.tensor(&y)?
+                .tensor(&g)?
+                .tensor(&dx)?
                 .value(c as i64)?
                 .value(i32::from(log))?;
             Ok(())
@@ -171,11 +166,9 @@ pub fn cross_entropy(mut ctx: Ctx<'_>, args: &CrossEntropyArgs<'_>) -> Result<()
     let part = ctx.scratch(acc, &[n as i64])?;
     let wg = ctx.programs.wg;
     ctx.launch(flavor, "pc_softmax_ce_rows", &[n * wg], Some(&[wg]), |a| {
-        a.mem(x.mem())?
-            .value(x.offset)?
+        a.tensor(&x)?
             .mem(t.mem())?
-            .mem(t.mem())?
-            .value(t.offset)?
+            .tensor(&t)?
             .value(i32::from(t.dtype == DType::I64))?
             .value(args.ignore_index)?
             .mem(part.mem())?
@@ -186,8 +179,7 @@ pub fn cross_entropy(mut ctx: Ctx<'_>, args: &CrossEntropyArgs<'_>) -> Result<()
         a.mem(part.mem())?
             .value(n as i64)?
             .value(count as i64)?
-            .mem(loss.mem())?
-            .value(loss.offset)?;
+            .tensor(&loss)?;
         Ok(())
     })?;
     ctx.finish()
@@ -205,15 +197,12 @@ pub fn cross_entropy_backward(mut ctx: Ctx<'_>, args: &CrossEntropyBackwardArgs<
     let wg = ctx.programs.wg;
     if n * c > 0 {
         ctx.launch(flavor, "pc_softmax_ce_bwd", &[n * wg], Some(&[wg]), |a| {
-            a.mem(x.mem())?
-                .value(x.offset)?
+            a.tensor(&x)?
                 .mem(t.mem())?
-                .mem(t.mem())?
-                .value(t.offset)?
+                .tensor(&t)?
                 .value(i32::from(t.dtype == DType::I64))?
                 .value(args.ignore_index)?
-                .mem(dx.mem())?
-                .value(dx.offset)?
+                .tensor(&dx)?
                 .value(c as i64)?;
             scalar(a, flavor, factor)?;
             Ok(())

@@ -1,0 +1,94 @@
+//! What the device-collective tests share: the plugin libraries the
+//! workspace built, one thread rank per device, and exact inputs.
+
+#![allow(dead_code)] // not every test file needs every helper
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::thread;
+use std::time::Duration;
+
+use half::{bf16, f16};
+use polychip_comm::collectives::Communicator;
+use polychip_comm::device::DeviceComm;
+use polychip_comm::shm::ShmTransport;
+use polychip_comm::store::MemoryStore;
+use polychip_host::{DType, Device, Tensor};
+
+/// A plugin library the workspace built beside this test's profile.
+pub fn built(file: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable path");
+    let dir = exe.parent().and_then(|d| d.parent()).expect("profile dir");
+    [dir.join(file), dir.join("deps").join(file)]
+        .into_iter()
+        .find(|p| p.exists())
+        .unwrap_or_else(|| {
+            panic!(
+                "{file} is not in {}: run `cargo build --workspace` first",
+                dir.display()
+            )
+        })
+}
+
+/// Runs `f` on one thread rank per device (connect and collective
+/// timeouts `timeout`); results in rank order.
+pub fn world<T: Send>(
+    devices: &[Device],
+    timeout: Duration,
+    f: impl Fn(&Device, &mut DeviceComm) -> T + Sync,
+) -> Vec<T> {
+    let (store, n) = (Arc::new(MemoryStore::new()), devices.len());
+    thread::scope(|s| {
+        let handles: Vec<_> = devices
+            .iter()
+            .enumerate()
+            .map(|(r, d)| {
+                let (store, f) = (store.clone(), &f);
+                s.spawn(move || {
+                    let t = ShmTransport::new(&*store, r, n, timeout).expect("connect");
+                    let mut c = Communicator::new(Arc::new(t)).expect("communicator");
+                    c.set_timeout(timeout);
+                    let out = f(d, &mut DeviceComm::new(&mut c));
+                    // No rank leaves while another may still read from it
+                    // (a reduce's non-root ranks finish first).
+                    c.barrier().expect("final barrier");
+                    out
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("rank panicked"))
+            .collect()
+    })
+}
+
+/// Rank `rank`'s input: small integers, exact in every float dtype.
+pub fn values(rank: usize, count: usize) -> Vec<f32> {
+    (0..count)
+        .map(|i| ((i * 7 + rank * 5) % 17) as f32 - 8.0)
+        .collect()
+}
+
+pub fn encode(dtype: DType, xs: &[f32]) -> Vec<u8> {
+    match dtype {
+        DType::F32 => xs.iter().flat_map(|x| x.to_ne_bytes()).collect(),
+        DType::BF16 => xs
+            .iter()
+            .flat_map(|&x| bf16::from_f32(x).to_ne_bytes())
+            .collect(),
+        DType::F16 => xs
+            .iter()
+            .flat_map(|&x| f16::from_f32(x).to_ne_bytes())
+            .collect(),
+        DType::I32 => xs.iter().flat_map(|&x| (x as i32).to_ne_bytes()).collect(),
+        DType::I64 => xs.iter().flat_map(|&x| (x as i64).to_ne_bytes()).collect(),
+        _ => unreachable!(),
+    }
+}
+
+pub fn tensor(d: &Device, dtype: DType, xs: &[f32]) -> Tensor {
+    let t = d.empty(dtype, &[xs.len() as i64]).unwrap();
+    t.write_bytes(&encode(dtype, xs)).unwrap();
+    t
+}
