@@ -150,7 +150,7 @@ pub fn attention(mut ctx: Ctx<'_>, args: &AttentionArgs<'_>) -> Result<()> {
         Some(&[WG, 1]),
         |a| {
             for t in [&q, &k, &v, &out, &lse] {
-                a.tensor(&t)?;
+                a.tensor(t)?;
             }
             a.value(hq)?.value(hkv)?.value(sq)?.value(skv)?.value(d)?;
             scalar(a, flavor, args.scale)?.value(i32::from(args.causal))?;
@@ -192,7 +192,7 @@ pub fn attention_backward(mut ctx: Ctx<'_>, args: &AttentionBackwardArgs<'_>) ->
     // The arguments both passes start with.
     let inputs = |a: &mut Args<'_>| -> Result<()> {
         for t in [&q, &k, &v, &go, &lse] {
-            a.tensor(&t)?;
+            a.tensor(t)?;
         }
         a.mem(dvec.mem())?;
         Ok(())

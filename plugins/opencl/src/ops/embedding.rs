@@ -41,7 +41,7 @@ fn check_ids(ctx: &Ctx<'_>, flavor: Flavor, ids: &Operand, vocab: usize) -> Resu
         &[wg],
         Some(&[wg]),
         |a| {
-            a.tensor(&ids)?
+            a.tensor(ids)?
                 .value(ids.numel() as i64)?
                 .value(vocab as i64)?
                 .mem(status.mem())?;

@@ -51,7 +51,7 @@ fn colsum(
     ctx.launch(flavor, "pc_norm_colsum", &[h], None, |a| {
         a.mem(part.mem())?
             .value(chunks as i64)?
-            .tensor(&out)?
+            .tensor(out)?
             .value(h as i64)?;
         Ok(())
     })
