@@ -46,9 +46,11 @@ impl Header {
         [w0, self.count as u64, self.seq, len as u64]
     }
 
-    fn describe(w: &[u64; 4]) -> String {
-        let kind = KINDS
-            .get((w[0] & 0xff) as usize - 1)
+    pub(crate) fn describe(w: &[u64; 4]) -> String {
+        // A peer's header is whatever it wrote: code 0 or past the list is "?".
+        let kind = ((w[0] & 0xff) as usize)
+            .checked_sub(1)
+            .and_then(|i| KINDS.get(i))
             .copied()
             .unwrap_or("?");
         let dtype = [DType::F32, DType::F16, DType::BF16, DType::I32, DType::I64]

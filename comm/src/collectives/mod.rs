@@ -51,6 +51,13 @@ const CLASSES: usize = 2;
 pub const MAX_WORLD: usize = 63;
 const SCRATCH: SignalId = SignalId(255);
 
+/// How a mismatch error describes a message header a peer wrote (four
+/// words, any values): what the fuzz target `frames` checks never panics.
+#[doc(hidden)]
+pub fn describe_peer_header(words: &[u64; 4]) -> String {
+    Header::describe(words)
+}
+
 /// A group of ranks running collectives over one transport.
 pub struct Communicator {
     transport: Arc<dyn Transport>,

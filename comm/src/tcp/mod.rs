@@ -28,6 +28,8 @@
 //! at once when every peer has left, otherwise at the deadline. A connection
 //! that ends without a GOODBYE (a crash) is a lost peer, as above.
 
+#[doc(hidden)]
+pub mod fuzzing;
 mod mesh;
 mod recv;
 mod send;

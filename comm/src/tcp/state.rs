@@ -19,7 +19,7 @@ use crate::transport::{RegionId, SignalId};
 /// Number of signal counters per rank: ids `0..MAX_SIGNALS`.
 pub const MAX_SIGNALS: usize = 4096;
 
-const PAGE: usize = 4096;
+pub(crate) const PAGE: usize = 4096;
 
 /// Peer states: connected, left cleanly (sent GOODBYE), or gone otherwise.
 const ALIVE: u8 = 0;
