@@ -11,6 +11,7 @@ mod conform;
 mod devices;
 mod launch;
 mod plan;
+mod profile;
 mod train;
 
 use std::process::ExitCode;
@@ -35,8 +36,11 @@ enum Command {
     Launch(launch::Args),
     /// Benchmarks: `polychip bench comm` times the collectives.
     Bench(bench::Args),
-    /// Plan how to train a model on a cluster of uneven chips (HeteroAuto).
+    /// Plan how to train a model on a cluster of uneven chips (HeteroAuto),
+    /// or score a given plan (--evaluate).
     Plan(plan::Args),
+    /// Measure each device kind's costs on a model for `polychip plan --profile`.
+    Profile(profile::Args),
     /// Train a LLaMA-architecture model across every vendor's devices (the main job).
     ///
     /// It starts from seeded weights, from a polychip checkpoint (--resume) or
@@ -70,6 +74,7 @@ fn main() -> ExitCode {
         Command::Launch(args) => launch::run(&args),
         Command::Bench(args) => bench::run(&args),
         Command::Plan(args) => plan::run(&args),
+        Command::Profile(args) => profile::run(&args),
         Command::Train(args) => train::run(&args),
         Command::Checkpoint(args) => checkpoint::run(&args),
     }

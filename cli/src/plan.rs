@@ -1,14 +1,21 @@
 //! `polychip plan --cluster FILE --model PRESET_OR_FILE [--global-batch N]
 //! [--dtype bf16] [--recompute none|selective|full] [--shard-optimizer]
-//! [--exhaustive] [--json] [--trace out.json]`: runs the HeteroAuto search
-//! (`polychip_planner::search`) and prints the plan as a table (or JSON),
-//! optionally writing a Chrome trace of its simulated step. Exit status 2
+//! [--profile FILE] [--exhaustive] [--json] [--trace out.json]`: runs the
+//! HeteroAuto search (`polychip_planner::search`) and prints the plan as a
+//! table (or JSON), optionally writing a Chrome trace of its simulated
+//! step; with `--evaluate PLAN` it scores that plan instead
+//! (`polychip_planner::evaluate`). The cluster is a cluster TOML file or
+//! `polychip devices --json` output (`.json`); the model a planner preset,
+//! a trainer preset (tiny, deep, ...) or a model TOML file. Exit status 2
 //! when an input is invalid or no plan fits, with the reason on stderr.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use polychip_planner::cluster::ClusterSpec;
+use polychip_planner::evaluate::{self, Evaluation, PlanSpec};
+use polychip_planner::profile::ProfileFile;
+use polychip_train::config::ModelConfig;
 use polychip_planner::model::ModelSpec;
 use polychip_planner::search::{self, PlanOptions, PlanReport, fmt_bytes};
 use polychip_planner::settings::{Dtype, Recompute, TrainingSettings};
@@ -16,13 +23,23 @@ use polychip_planner::settings::{Dtype, Recompute, TrainingSettings};
 /// Options of `polychip plan`.
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// The cluster file (TOML; see examples/clusters/).
+    /// The cluster file (TOML; see examples/clusters/), or `polychip
+    /// devices --json` output (a `.json` file: one chip type per device
+    /// name).
     #[arg(long, value_name = "FILE")]
     cluster: PathBuf,
-    /// A model preset (llama-7b, llama-13b, llama-70b, h2-100b) or a model
-    /// TOML file.
+    /// A model preset (llama-7b, llama-13b, llama-70b, h2-100b; or the
+    /// trainer's mini, tiny, small, deep) or a model TOML file.
     #[arg(long, value_name = "PRESET_OR_FILE")]
     model: String,
+    /// Score this plan (`polychip plan --json` or `polychip train
+    /// --save-plan` output, or a plan TOML) instead of searching.
+    #[arg(long, value_name = "PLAN")]
+    evaluate: Option<PathBuf>,
+    /// Price the chip types this profile covers (`polychip profile`
+    /// output) from its measurements.
+    #[arg(long, value_name = "FILE")]
+    profile: Option<PathBuf>,
     /// Sequences per optimizer step.
     #[arg(long, value_name = "N", default_value_t = 1024)]
     global_batch: u64,
@@ -57,15 +74,42 @@ pub fn run(args: &Args) -> ExitCode {
     }
 }
 
-fn plan(args: &Args) -> Result<(), String> {
-    let cluster = ClusterSpec::load(&args.cluster).map_err(|e| e.to_string())?;
-    let path = std::path::Path::new(&args.model);
-    let model = if path.is_file() {
-        ModelSpec::load(path)
-    } else {
-        ModelSpec::preset(&args.model)
+/// A cluster TOML file, or `polychip devices --json` output.
+fn load_cluster(path: &Path) -> Result<ClusterSpec, String> {
+    if path.extension().is_some_and(|e| e == "json") {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| format!("could not read {}: {e}", path.display()))?;
+        let json: serde_json::Value = serde_json::from_str(&text)
+            .map_err(|e| format!("{} is not JSON: {e}", path.display()))?;
+        return ClusterSpec::from_devices_json(&json)
+            .map_err(|e| format!("{}: {e}", path.display()));
     }
-    .map_err(|e| e.to_string())?;
+    ClusterSpec::load(path).map_err(|e| e.to_string())
+}
+
+/// A planner preset, a trainer preset, or a model TOML file (the
+/// planner's fields, or the trainer's).
+fn load_model(arg: &str) -> Result<ModelSpec, String> {
+    let path = Path::new(arg);
+    if path.is_file() {
+        return match ModelSpec::load(path) {
+            Ok(m) => Ok(m),
+            Err(planner) => ModelConfig::from_arg(arg)
+                .map(|c| polychip_train::auto::planner_model(&c))
+                .map_err(|_| planner.to_string()),
+        };
+    }
+    match ModelSpec::preset(arg) {
+        Ok(m) => Ok(m),
+        Err(planner) => ModelConfig::preset(arg)
+            .map(|c| polychip_train::auto::planner_model(&c))
+            .map_err(|_| format!("{planner}, nor a trainer preset (mini, tiny, small, deep)")),
+    }
+}
+
+fn plan(args: &Args) -> Result<(), String> {
+    let mut cluster = load_cluster(&args.cluster)?;
+    let model = load_model(&args.model)?;
     if let Some(trace) = &args.trace {
         // Before searching, not after.
         crate::train::check_output_file("--trace", trace).map_err(|e| e.to_string())?;
@@ -91,6 +135,27 @@ fn plan(args: &Args) -> Result<(), String> {
         r => return Err(format!("--recompute {r}: expected none, selective or full")),
     };
     settings.shard_optimizer = args.shard_optimizer;
+    if let Some(p) = &args.profile {
+        let profile = ProfileFile::load(p).map_err(|e| e.to_string())?;
+        cluster
+            .apply_profile(&profile, &model, settings.dtype)
+            .map_err(|e| format!("{}: {e}", p.display()))?;
+    }
+    if let Some(p) = &args.evaluate {
+        let spec = PlanSpec::load(p).map_err(|e| e.to_string())?;
+        let ev = evaluate::evaluate(&spec, &model, &cluster, &settings).map_err(|e| e.to_string())?;
+        if let Some(trace) = &args.trace {
+            let text = serde_json::to_string(&ev.plan.chrome_trace()).map_err(|e| e.to_string())?;
+            std::fs::write(trace, text)
+                .map_err(|e| format!("could not write {}: {e}", trace.display()))?;
+        }
+        if args.json {
+            println!("{}", serde_json::to_string_pretty(&ev).map_err(|e| e.to_string())?);
+        } else {
+            print!("{}", evaluation_table(&ev));
+        }
+        return Ok(());
+    }
     let options = PlanOptions {
         exhaustive: args.exhaustive,
         ..PlanOptions::default()
@@ -191,5 +256,91 @@ fn table(r: &PlanReport) -> String {
         r.search_seconds,
         if r.exhaustive { " (exhaustive)" } else { "" }
     ));
+    out
+}
+
+/// `--evaluate`'s table: every stage's memory terms and timings, the step,
+/// the bottleneck and what does not fit.
+fn evaluation_table(ev: &Evaluation) -> String {
+    let p = &ev.plan;
+    let mut out = String::new();
+    let mut line = |s: String| {
+        out.push_str(&s);
+        out.push('\n');
+    };
+    for (g, r) in p.replicas.iter().enumerate() {
+        line(format!(
+            "group {g}: {} replica(s), micro-batch {} x {}, step {:.4} s analytic / {:.4} s \
+             simulated, bubble {:.1}%",
+            r.copies,
+            r.micro_batch_size,
+            r.micro_batches,
+            r.step_time_analytic,
+            r.step_time_simulated,
+            100.0 * r.bubble_fraction
+        ));
+        for (i, s) in r.stages.iter().enumerate() {
+            let m = serde_json::to_value(s.memory).unwrap_or_default();
+            let terms: Vec<String> = m
+                .as_object()
+                .into_iter()
+                .flatten()
+                .filter(|(k, _)| *k != "total")
+                .filter_map(|(k, v)| Some(format!("{k} {}", fmt_bytes(v.as_f64()?))))
+                .collect();
+            line(format!(
+                "  stage {i}: {} x{} layers {}..{}: forward {:.3} ms, backward {:.3} ms, send \
+                 {:.3} ms, all-reduce {:.3} ms, optimizer {:.3} ms",
+                s.chip,
+                s.tp,
+                s.first_layer,
+                s.end_layer,
+                1e3 * s.timing.forward,
+                1e3 * s.timing.backward,
+                1e3 * s.timing.send_next,
+                1e3 * s.timing.dp_allreduce,
+                1e3 * s.timing.optimizer
+            ));
+            line(format!(
+                "    memory {} of {} ({}): {}",
+                fmt_bytes(s.memory.total),
+                fmt_bytes(s.memory_capacity as f64),
+                if s.memory.total <= s.memory_capacity as f64 {
+                    "fits"
+                } else {
+                    "DOES NOT FIT"
+                },
+                terms.join(", ")
+            ));
+        }
+    }
+    line(format!(
+        "predicted step: {:.4} s analytic, {:.4} s simulated; {:.0} tokens/s (simulated)",
+        p.step_time_analytic, p.step_time_simulated, p.tokens_per_s_simulated
+    ));
+    let b = &ev.bottleneck;
+    line(format!(
+        "bottleneck: group {} stage {} ({}), {:.3} ms per micro-batch",
+        b.group,
+        b.stage,
+        b.chip,
+        1e3 * b.seconds_per_micro_batch
+    ));
+    if !ev.measured_chips.is_empty() {
+        line(format!("priced from the profile: {}", ev.measured_chips.join(", ")));
+    }
+    if ev.fits {
+        line("fits: every stage fits its chips".into());
+    } else {
+        for o in &ev.overflows {
+            line(format!(
+                "does not fit: group {} stage {} ({}) is {} short",
+                o.group,
+                o.stage,
+                o.chip,
+                fmt_bytes(o.short_bytes)
+            ));
+        }
+    }
     out
 }

@@ -210,7 +210,7 @@ fn corpus(args: &Args) -> Result<Corpus, TrainError> {
 }
 
 /// The devices `--plan auto` plans over.
-fn pool(rt: &Runtime, spec: Option<&str>) -> Result<Vec<Device>, TrainError> {
+pub(crate) fn device_pool(rt: &Runtime, spec: Option<&str>) -> Result<Vec<Device>, TrainError> {
     let names = trainer::device_names(rt);
     match spec {
         None => {
@@ -280,7 +280,7 @@ fn resolve_plan(
             let mode = mode
                 .and_then(auto::AutoMode::parse)
                 .unwrap_or(auto::AutoMode::Best);
-            let devices = pool(rt, args.devices.as_deref())?;
+            let devices = device_pool(rt, args.devices.as_deref())?;
             // Profile on the share of the cores one rank will get.
             if !args.no_pin {
                 pin_to(&pin::share(cores, 0, devices.len()))?;

@@ -16,7 +16,9 @@ pub fn run(data: &[u8]) {
     let mut take = |n: usize| {
         let (head, rest) = b.split_at(n.min(b.len()));
         b = rest;
-        head.iter().rev().fold(0usize, |a, &x| a << 8 | usize::from(x))
+        head.iter()
+            .rev()
+            .fold(0usize, |a, &x| a << 8 | usize::from(x))
     };
     let regions: Vec<usize> = (0..take(1) % 5).map(|_| take(2) * 16).collect();
     let mut cuts: Vec<usize> = (0..take(1) % 8).map(|_| take(2)).collect();

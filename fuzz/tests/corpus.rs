@@ -10,7 +10,9 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 fn corpus(target: &str) -> Vec<(PathBuf, Vec<u8>)> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("corpus").join(target);
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("corpus")
+        .join(target);
     let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
         .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
         .map(|e| e.expect("a directory entry").path())
@@ -56,7 +58,8 @@ fn mutate(rng: &mut Rng, input: &[u8], other: &[u8]) -> Vec<u8> {
                 v[i] = [0, 1, 0x7f, 0x80, 0xff, b'"', b'-', b'9'][rng.below(8)];
             }
             2 => {
-                let word: u64 = [0, u64::MAX, 1 << 63, u32::MAX as u64, 1 << 32, 4096][rng.below(6)];
+                let word: u64 =
+                    [0, u64::MAX, 1 << 63, u32::MAX as u64, 1 << 32, 4096][rng.below(6)];
                 let n = [1, 2, 4, 8][rng.below(4)];
                 let end = (at + n).min(v.len());
                 v.splice(at..end, word.to_le_bytes()[..n].iter().copied());

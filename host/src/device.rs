@@ -59,6 +59,32 @@ impl Device {
         &self.plugin.devices()[self.index as usize]
     }
 
+    /// Bytes of device memory the host's buffers on this device hold now
+    /// (allocations made through this host; not the plugin's own
+    /// workspace, nor memory borrowed through DLPack).
+    pub fn memory_in_use(&self) -> u64 {
+        self.usage().in_use.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// The most [`Self::memory_in_use`] has been since the plugin loaded or
+    /// since [`Self::reset_peak_memory`].
+    pub fn peak_memory_in_use(&self) -> u64 {
+        self.usage().peak.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Starts a new peak at what is in use now.
+    pub fn reset_peak_memory(&self) {
+        let u = self.usage();
+        u.peak.store(
+            u.in_use.load(std::sync::atomic::Ordering::Relaxed),
+            std::sync::atomic::Ordering::Relaxed,
+        );
+    }
+
+    fn usage(&self) -> &crate::ffi::MemoryUsage {
+        &self.plugin.usage[self.index as usize]
+    }
+
     /// Allocates `bytes` of device memory.
     pub fn alloc(&self, bytes: u64) -> Result<Buffer> {
         Buffer::alloc(self, bytes)

@@ -3,6 +3,7 @@
 
 use std::ffi::c_void;
 use std::sync::Mutex;
+use std::sync::atomic::Ordering;
 
 use crate::device::Device;
 use crate::error::Result;
@@ -45,6 +46,10 @@ unsafe impl Sync for Buffer {}
 impl Buffer {
     pub(crate) fn alloc(device: &Device, bytes: u64) -> Result<Buffer> {
         let ptr = device.plugin().mem_alloc(device.index(), bytes)?;
+        if let Some(u) = device.plugin().usage.get(device.index() as usize) {
+            let now = u.in_use.fetch_add(bytes, Ordering::Relaxed) + bytes;
+            u.peak.fetch_max(now, Ordering::Relaxed);
+        }
         Ok(Buffer {
             device: device.clone(),
             ptr,
@@ -103,6 +108,9 @@ impl Drop for Buffer {
                 release();
             }
             return;
+        }
+        if let Some(u) = self.device.plugin().usage.get(self.device.index() as usize) {
+            u.in_use.fetch_sub(self.bytes, Ordering::Relaxed);
         }
         if self.ptr.is_null() {
             return;

@@ -78,6 +78,15 @@ pub struct ChipType {
     /// step is then counted as free).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory_bandwidth: Option<f64>,
+    /// The devices of this type (`vendor:index`, as `polychip devices`
+    /// names them), when the cluster was seeded from devices; a plan or a
+    /// profile may name a stage's chip by one of them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub devices: Vec<String>,
+    /// Measured costs from a profile ([`ClusterSpec::apply_profile`]); not
+    /// part of a cluster file.
+    #[serde(skip)]
+    pub measured: Vec<crate::profile::ProfileEntry>,
 }
 
 impl ChipType {
@@ -283,8 +292,14 @@ impl ClusterSpec {
             };
             let link = num(&["link_bandwidth"])?;
             let mem_bw = dev.get("memory_bandwidth").and_then(Value::as_f64);
+            let id = dev
+                .get("id")
+                .and_then(Value::as_str)
+                .map(str::to_lowercase)
+                .unwrap_or_else(|| format!("device{i}"));
             match types.get_mut(name) {
                 Some(t) => {
+                    t.devices.push(id);
                     t.count += 1;
                     t.chips_per_node += 1;
                     t.memory_bytes = t.memory_bytes.min(memory);
@@ -311,6 +326,8 @@ impl ClusterSpec {
                             intra_node_bandwidth: link,
                             nic_bandwidth: DEFAULT_NIC_BANDWIDTH,
                             memory_bandwidth: mem_bw.filter(|b| *b > 0.0),
+                            devices: vec![id],
+                            measured: Vec::new(),
                         },
                     );
                 }

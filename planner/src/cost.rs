@@ -252,7 +252,7 @@ pub fn stage_timing(
             + 2.0 * settings.optimizer_bytes();
         params / shard * per_param / bw
     });
-    StageTiming {
+    let mut timing = StageTiming {
         name: format!(
             "stage {} ({} x{}, layers {}-{})",
             stage.index,
@@ -266,7 +266,10 @@ pub fn stage_timing(
         send_next,
         dp_allreduce,
         optimizer,
-    }
+    };
+    // A chip type with measured costs is priced from them instead.
+    crate::profile::apply_measured(&mut timing, model, settings, stage, b, params / shard);
+    timing
 }
 
 #[cfg(test)]

@@ -30,6 +30,8 @@ fn chip(name: &str, nic: f64) -> ChipType {
         intra_node_bandwidth: 100e9,
         nic_bandwidth: nic,
         memory_bandwidth: Some(2e12),
+        devices: Vec::new(),
+        measured: Vec::new(),
     }
 }
 

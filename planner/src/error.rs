@@ -53,6 +53,12 @@ pub enum SpecError {
     /// The training settings are inconsistent.
     #[error("training settings: {0}")]
     Settings(String),
+    /// A profile file is unusable (or does not match the model planned).
+    #[error("profile {0}")]
+    Profile(String),
+    /// A plan to evaluate is inconsistent with the model or the cluster.
+    #[error("plan: {0}")]
+    Plan(String),
 }
 
 /// Reads a whole file, naming it in the error.

@@ -14,9 +14,11 @@
 pub mod cluster;
 pub mod cost;
 pub mod error;
+pub mod evaluate;
 pub mod measured;
 pub mod model;
 pub mod plan;
+pub mod profile;
 pub mod schedule;
 pub mod search;
 pub mod settings;

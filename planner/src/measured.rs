@@ -114,6 +114,25 @@ pub struct MeasuredPlan {
     pub candidates: u64,
 }
 
+/// Forward and backward seconds of one micro-batch through `blocks`
+/// blocks on a device of costs `d`, with the embedding and the head when
+/// the stage holds them: the measured price of a stage, for this search
+/// and for the cluster planner's measured chip types alike
+/// ([`crate::profile`]).
+pub fn stage_passes(d: &MeasuredDevice, blocks: usize, embed: bool, head: bool) -> (f64, f64) {
+    let n = blocks as f64;
+    let (mut f, mut b) = (n * d.block_forward, n * d.block_backward);
+    if embed {
+        f += d.embed_forward;
+        b += d.embed_backward;
+    }
+    if head {
+        f += d.head_forward;
+        b += d.head_backward;
+    }
+    (f, b)
+}
+
 /// The simulated step of one pipeline of `m` micro-batches whose every
 /// stage then all-reduces the gradients of `reduced_params` parameters.
 fn pipeline_time(
@@ -130,18 +149,13 @@ fn pipeline_time(
         .enumerate()
         .map(|(i, s)| {
             let d = &devs[s.device];
-            let blocks = (s.end - s.first) as f64;
-            let mut f = blocks * d.block_forward;
-            let mut b = blocks * d.block_backward;
-            let mut params = blocks as u64 * model.block_params;
-            if s.first == 0 {
-                f += d.embed_forward;
-                b += d.embed_backward;
+            let (embed, head) = (s.first == 0, s.end == model.layers);
+            let (f, b) = stage_passes(d, s.end - s.first, embed, head);
+            let mut params = (s.end - s.first) as u64 * model.block_params;
+            if embed {
                 params += model.embed_params;
             }
-            if s.end == model.layers {
-                f += d.head_forward;
-                b += d.head_backward;
+            if head {
                 params += model.head_params;
             }
             let reduced = reduced_params as f64 * model.grad_bytes as f64;

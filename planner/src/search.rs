@@ -59,12 +59,13 @@ use serde::{Deserialize, Serialize};
 
 use crate::cluster::{ChipType, ClusterSpec};
 use crate::cost::{
-    Boundary, Microbatching, StageShape, allreduce_time, dp_bandwidth, stage_memory, stage_params,
+    Microbatching, StageShape, allreduce_time, dp_bandwidth, stage_memory, stage_params,
     stage_timing,
 };
 use crate::error::SpecError;
+use crate::evaluate::{Layout, LayoutStage, assemble};
 use crate::model::ModelSpec;
-use crate::plan::{Plan, PlanKind, Replica, StagePlan};
+use crate::plan::{Plan, PlanKind};
 use crate::settings::TrainingSettings;
 
 /// Tensor-parallel degrees the search tries (those dividing chips per node).
@@ -149,12 +150,15 @@ pub enum PlanError {
     TooLarge(String),
 }
 
-/// Bytes as TB (decimal) with two decimals, or GB below 1 TB.
+/// Bytes as TB (decimal) with two decimals, GB below 1 TB, MB below
+/// 0.1 GB.
 pub fn fmt_bytes(b: f64) -> String {
     if b >= 1e12 {
         format!("{:.2} TB", b / 1e12)
-    } else {
+    } else if b >= 1e8 {
         format!("{:.2} GB", b / 1e9)
+    } else {
+        format!("{:.2} MB", b / 1e6)
     }
 }
 
@@ -685,7 +689,7 @@ impl<'a> Ctx<'a> {
         let chip = self.chip(ty);
         TP_DEGREES
             .iter()
-            .filter(|&&tp| chip.chips_per_node % tp == 0)
+            .filter(|&&tp| chip.allows_tp(tp))
             .map(|&tp| (tp, (chip.count / (d * tp)).min(self.model.layers)))
             .filter(|&(_, k)| k > 0)
             .collect()
@@ -954,107 +958,39 @@ impl<'a> Ctx<'a> {
 
     /// The full plan with every prediction.
     fn build(&self, choice: &Choice) -> Plan {
-        let groups: Vec<Group> = match choice {
-            Choice::Pp(b) => vec![Group {
-                segs: b.segs.clone(),
-                d: b.d,
-                b: b.b,
-                m: b.m,
-                layers: b.layers.clone(),
-            }],
-            Choice::Mixed(m) => m.groups.clone(),
+        let (groups, kind) = match choice {
+            Choice::Pp(b) => (
+                vec![Group {
+                    segs: b.segs.clone(),
+                    d: b.d,
+                    b: b.b,
+                    m: b.m,
+                    layers: b.layers.clone(),
+                }],
+                PlanKind::HeteroPp,
+            ),
+            Choice::Mixed(m) => (m.groups.clone(), PlanKind::MixedReplicas),
         };
-        let dp: u64 = groups.iter().map(|g| g.d).sum();
-        let (model, settings) = (self.model, self.settings);
-        let mut replicas: Vec<Replica> = groups
+        let layouts: Vec<Layout> = groups
             .iter()
-            .map(|g| {
-                let st = self.stages(&g.segs);
-                let p = st.len();
-                let mb = Microbatching {
-                    size: g.b,
-                    count: g.m,
-                };
-                let mut start = 0;
-                let mut stages = Vec::with_capacity(p);
-                for (i, (&(ty, tp, same), &n)) in st.iter().zip(&g.layers).enumerate() {
-                    let chip = self.chip(ty);
-                    let mut shape = self.shape(chip, start..start + n, i, p, dp, tp);
-                    shape.next = st.get(i + 1).map(|&(nty, _, _)| Boundary {
-                        chip: self.chip(nty),
-                        same_node: same,
-                    });
-                    stages.push(StagePlan {
-                        chip: chip.name.clone(),
+            .map(|g| Layout {
+                copies: g.d,
+                micro_batch_size: g.b,
+                micro_batches: g.m,
+                stages: self
+                    .stages(&g.segs)
+                    .into_iter()
+                    .zip(&g.layers)
+                    .map(|((ty, tp, same_node), &layers)| LayoutStage {
+                        ty,
                         tp,
-                        first_layer: start,
-                        end_layer: start + n,
-                        memory: stage_memory(model, settings, &shape, mb),
-                        memory_capacity: chip.memory_bytes,
-                        mfu: 0.0,
-                        timing: stage_timing(model, settings, self.cluster, &shape, mb),
-                    });
-                    start += n;
-                }
-                let mut r = Replica {
-                    copies: g.d,
-                    stages,
-                    micro_batch_size: g.b,
-                    micro_batches: g.m,
-                    sequences: g.d * g.b * g.m,
-                    step_time_analytic: 0.0,
-                    step_time_simulated: 0.0,
-                    bubble_fraction: 0.0,
-                };
-                r.step_time_analytic = r.schedule().analytic_step_time();
-                let sim = r.simulate();
-                r.step_time_simulated = sim.step_time;
-                r.bubble_fraction = sim.bubble_fraction;
-                r
+                        same_node,
+                        layers,
+                    })
+                    .collect(),
             })
             .collect();
-        let slowest = |f: fn(&Replica) -> f64| replicas.iter().map(f).fold(0.0, f64::max);
-        let step_a = slowest(|r| r.step_time_analytic);
-        let step_s = slowest(|r| r.step_time_simulated);
-        let tokens = (settings.global_batch * model.seq_len) as f64;
-        let dtype = settings.dtype;
-        let mut peak = 0.0;
-        for r in &mut replicas {
-            for s in &mut r.stages {
-                let chip = self.cluster.chip(&s.chip).expect("chip of the plan");
-                let n = (s.end_layer - s.first_layer) as f64;
-                let mut fwd = n * model.layer_forward_flops(r.micro_batch_size);
-                if s.end_layer == model.layers {
-                    fwd += model.head_forward_flops(r.micro_batch_size);
-                }
-                let stage_peak = chip.peak_flops.get(dtype) * s.tp as f64;
-                s.mfu = 3.0 * fwd * r.micro_batches as f64 / (step_s * stage_peak);
-                peak += stage_peak * r.copies as f64;
-            }
-        }
-        let bubble = replicas
-            .iter()
-            .max_by(|a, b| a.step_time_simulated.total_cmp(&b.step_time_simulated))
-            .map_or(0.0, |r| r.bubble_fraction);
-        let chips_used = replicas.iter().map(Replica::chips).sum();
-        Plan {
-            model: model.name.clone(),
-            kind: match choice {
-                Choice::Pp(_) => PlanKind::HeteroPp,
-                Choice::Mixed(_) => PlanKind::MixedReplicas,
-            },
-            dp,
-            replicas,
-            global_batch: settings.global_batch,
-            seq_len: model.seq_len,
-            step_time_analytic: step_a,
-            step_time_simulated: step_s,
-            tokens_per_s: tokens / step_a,
-            tokens_per_s_simulated: tokens / step_s,
-            bubble_fraction: bubble,
-            mfu: model.flops_per_iteration(settings.global_batch) / (step_s * peak),
-            chips_used,
-        }
+        assemble(self.model, self.cluster, self.settings, &layouts, kind)
     }
 }
 

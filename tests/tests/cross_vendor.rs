@@ -99,3 +99,30 @@ fn ferrite_devices_copy_between_each_other() {
     assert_eq!(u.device(), &ferrite[1]);
     assert_eq!(u.to_vec::<i64>().unwrap(), [1, 2, 3]);
 }
+
+#[test]
+fn each_device_counts_the_memory_its_buffers_hold_and_the_peak() {
+    let runtime = runtime();
+    let ferrite = &runtime.devices_of("ferrite")[0];
+    let cobalt = &runtime.devices_of("cobalt")[0];
+    let base = ferrite.memory_in_use();
+    ferrite.reset_peak_memory();
+    let a = ferrite.empty(DType::F32, &[1000]).unwrap();
+    let b = ferrite.empty(DType::F32, &[500]).unwrap();
+    assert_eq!(ferrite.memory_in_use(), base + 6000);
+    drop(a);
+    assert_eq!(ferrite.memory_in_use(), base + 2000);
+    assert_eq!(ferrite.peak_memory_in_use(), base + 6000);
+    // Views share their buffer: no new bytes.
+    let v = b.clone();
+    assert_eq!(ferrite.memory_in_use(), base + 2000);
+    drop((b, v));
+    assert_eq!(ferrite.memory_in_use(), base);
+    ferrite.reset_peak_memory();
+    assert_eq!(ferrite.peak_memory_in_use(), base);
+    // Another device's count is its own.
+    let c = cobalt.empty(DType::F32, &[10]).unwrap();
+    assert_eq!(ferrite.memory_in_use(), base);
+    assert!(cobalt.memory_in_use() >= 40);
+    drop(c);
+}

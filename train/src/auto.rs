@@ -27,6 +27,11 @@ pub struct Profile {
     pub device: String,
     /// Sequences per micro-batch.
     pub micro_batch: usize,
+    /// Activation bytes one block keeps per micro-batch (measured when
+    /// two or more blocks fit the device).
+    pub block_activation_bytes: Option<u64>,
+    /// The most device memory the host held while profiling.
+    pub peak_memory_bytes: u64,
     /// Costs in the planner's terms.
     pub costs: MeasuredDevice,
 }
@@ -38,8 +43,10 @@ impl Profile {
     }
 }
 
-/// Median forward and backward seconds of a micro-batch through `stage`.
-fn time_passes(stage: &Stage, b: usize, reps: usize) -> Result<(f64, f64)> {
+/// Median forward and backward seconds of a micro-batch through `stage`,
+/// and the device bytes its forward keeps for the backward (what the host
+/// holds after the forward less before it).
+fn time_passes(stage: &Stage, b: usize, reps: usize) -> Result<(f64, f64, u64)> {
     let cfg = stage.config().clone();
     // Any valid tokens do: the costs do not depend on the values.
     let token = |i: usize| (i * 37 % cfg.vocab) as i32;
@@ -51,6 +58,7 @@ fn time_passes(stage: &Stage, b: usize, reps: usize) -> Result<(f64, f64)> {
         .map(|i| ((i % 7) as f32 - 3.0) * 1e-3)
         .collect();
     let (mut fw, mut bw) = (Vec::new(), Vec::new());
+    let mut kept = 0u64;
     for _ in 0..reps + 1 {
         let input = match stage.range().embed {
             true => StageInput::Tokens(dev.from_slice(&tokens, &[b as i64, cfg.seq_len as i64])?),
@@ -73,9 +81,11 @@ fn time_passes(stage: &Stage, b: usize, reps: usize) -> Result<(f64, f64)> {
                 Some(g)
             }
         };
+        let before = dev.memory_in_use();
         let start = Instant::now();
         let (saved, _, _) = stage.forward(input, t)?;
         let mid = Instant::now();
+        kept = kept.max(dev.memory_in_use().saturating_sub(before));
         stage.backward(saved, g, 1.0)?;
         fw.push((mid - start).as_secs_f64());
         bw.push(mid.elapsed().as_secs_f64());
@@ -85,7 +95,7 @@ fn time_passes(stage: &Stage, b: usize, reps: usize) -> Result<(f64, f64)> {
         v.sort_by(f64::total_cmp);
         v[v.len() / 2]
     };
-    Ok((med(fw), med(bw)))
+    Ok((med(fw), med(bw), kept))
 }
 
 /// Profiles `device` on `cfg` with micro-batches of `b` sequences: one and
@@ -100,8 +110,10 @@ pub fn profile(cfg: &ModelConfig, t: &TrainConfig, device: &Device, b: usize) ->
         head,
     };
     let reps = 5;
+    device.reset_peak_memory();
     let st = |r| Stage::new(cfg, r, t.precision, device, 0);
     let e1 = time_passes(&st(range(1, true, false))?, b, reps)?;
+    let mut block_activation_bytes = None;
     // The per-block cost from the embedding and all blocks (up to 16, fewer
     // when they do not fit the device) against the embedding and one: a
     // stage of many blocks no longer fits the caches that one or two blocks
@@ -117,6 +129,7 @@ pub fn profile(cfg: &ModelConfig, t: &TrainConfig, device: &Device, b: usize) ->
     let (block, embed) = if many >= 2 {
         let big = st(range(many, true, false))?;
         let en = time_passes(&big, b, 3)?;
+        block_activation_bytes = Some(en.2.saturating_sub(e1.2) / (many as u64 - 1));
         let k = (many - 1) as f64;
         let block = (((en.0 - e1.0) / k).max(0.0), ((en.1 - e1.1) / k).max(0.0));
         (
@@ -124,7 +137,7 @@ pub fn profile(cfg: &ModelConfig, t: &TrainConfig, device: &Device, b: usize) ->
             ((e1.0 - block.0).max(0.0), (e1.1 - block.1).max(0.0)),
         )
     } else {
-        (e1, (0.0, 0.0))
+        ((e1.0, e1.1), (0.0, 0.0))
     };
     let h1 = time_passes(&st(range(1, false, true))?, b, reps)?;
     let head = ((h1.0 - block.0).max(0.0), (h1.1 - block.1).max(0.0));
@@ -146,6 +159,8 @@ pub fn profile(cfg: &ModelConfig, t: &TrainConfig, device: &Device, b: usize) ->
     Ok(Profile {
         device: name.clone(),
         micro_batch: b,
+        block_activation_bytes,
+        peak_memory_bytes: device.peak_memory_in_use(),
         costs: MeasuredDevice {
             name,
             block_forward: block.0,
@@ -317,4 +332,84 @@ fn measured_model(cfg: &ModelConfig, t: &TrainConfig, b: usize, gb: usize) -> Me
         grad_bytes: 4,
         link_bandwidth: 2e9,
     }
+}
+
+/// The planner's model shape of `cfg` (for a profile file and for
+/// `polychip plan` on a trainer preset).
+pub fn planner_model(cfg: &ModelConfig) -> polychip_planner::model::ModelSpec {
+    polychip_planner::model::ModelSpec {
+        name: cfg.name.clone(),
+        layers: cfg.layers as u64,
+        hidden: cfg.dim as u64,
+        ffn: cfg.ffn as u64,
+        heads: cfg.heads as u64,
+        kv_heads: cfg.kv_heads as u64,
+        vocab: cfg.vocab as u64,
+        seq_len: cfg.seq_len as u64,
+    }
+}
+
+/// Profiles each of `devices` on `cfg` at each micro-batch size of `sizes`
+/// (with [`profile`]) and returns them as a profile file for `polychip
+/// plan --profile`: one entry per device kind (its name as `polychip
+/// devices` reports it, the chip type of a cluster seeded from devices) and
+/// size, at tensor-parallel degree 1.
+pub fn profile_file(
+    cfg: &ModelConfig,
+    t: &TrainConfig,
+    devices: &[Device],
+    sizes: &[usize],
+) -> Result<polychip_planner::profile::ProfileFile> {
+    use polychip_planner::profile::{FORMAT, Passes, ProfileEntry, ProfileFile};
+    let mut entries = Vec::new();
+    let mut names = Vec::new();
+    for d in devices {
+        let chip = d.props().name.clone();
+        if names.contains(&chip) {
+            continue;
+        }
+        names.push(chip.clone());
+        for &b in sizes {
+            let p = profile(cfg, t, d, b)?;
+            let c = &p.costs;
+            entries.push(ProfileEntry {
+                chip: chip.clone(),
+                micro_batch: b as u64,
+                tp: 1,
+                embedding: Passes {
+                    forward: c.embed_forward,
+                    backward: c.embed_backward,
+                },
+                block: Passes {
+                    forward: c.block_forward,
+                    backward: c.block_backward,
+                },
+                head: Passes {
+                    forward: c.head_forward,
+                    backward: c.head_backward,
+                },
+                optimizer_per_param: c.optimizer_per_param,
+                block_activation_bytes: p.block_activation_bytes,
+                peak_memory_bytes: Some(p.peak_memory_bytes),
+            });
+        }
+    }
+    Ok(ProfileFile {
+        format: FORMAT.into(),
+        model: planner_model(cfg),
+        dtype: match t.precision {
+            crate::config::Precision::F32 => polychip_planner::settings::Dtype::F32,
+            crate::config::Precision::Bf16 => polychip_planner::settings::Dtype::Bf16,
+        },
+        source: format!(
+            "polychip profile {} on {}",
+            env!("CARGO_PKG_VERSION"),
+            devices
+                .iter()
+                .map(device_name)
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+        entries,
+    })
 }

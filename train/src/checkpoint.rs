@@ -247,7 +247,9 @@ fn exchange(a: &Path, b: &Path) -> std::io::Result<()> {
     }
 }
 
-fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+/// Writes `bytes` to `path` whole or not at all (a private temporary file
+/// beside it, synced, then renamed over it).
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     use std::io::Write;
     let tmp = path.with_extension(format!("tmp-{}", std::process::id()));
     let mut f = create_new(&tmp)?;

@@ -140,8 +140,14 @@ mod tests {
     fn bad_frames_are_refused_with_what_is_wrong() {
         let cases: [(Vec<u8>, &str); 5] = [
             (vec![7; 32], "bad frame magic"),
-            (frame(0, 0, 4000, &[1; 100]), "overflows region 0 of 4096 bytes"),
-            (frame(5, 0, 0, &[1; 4]), "region 5, which this rank has not registered"),
+            (
+                frame(0, 0, 4000, &[1; 100]),
+                "overflows region 0 of 4096 bytes",
+            ),
+            (
+                frame(5, 0, 0, &[1; 4]),
+                "region 5, which this rank has not registered",
+            ),
             (frame(0, 5000, 0, &[1; 4]), "signal 5000 is not below 4096"),
             (frame(0, 0, 0, &[1; 4])[..30].to_vec(), "connection closed"),
         ];

@@ -7,6 +7,7 @@ mod load;
 mod plugin;
 
 pub use load::{LoadOptions, load_plugin};
+pub(crate) use plugin::MemoryUsage;
 pub use plugin::{OpSet, Plugin, RawEvent, RawStream};
 
 /// The number of operators in the ABI this host speaks.

@@ -67,6 +67,16 @@ pub struct Plugin {
     pub(crate) ops: PolychipOpTable,
     devices: Vec<DeviceProps>,
     unimplemented_calls: AtomicU64,
+    /// Per device: bytes of host-owned buffers allocated now, and the most
+    /// since the last reset ([`crate::Device::peak_memory_in_use`]).
+    pub(crate) usage: Vec<MemoryUsage>,
+}
+
+/// Bytes a device's host-owned buffers hold now and at most.
+#[derive(Debug, Default)]
+pub(crate) struct MemoryUsage {
+    pub in_use: AtomicU64,
+    pub peak: AtomicU64,
 }
 
 // SAFETY: the table's pointers are static (plugins are never unloaded) and the
@@ -94,11 +104,13 @@ impl Plugin {
             ops,
             devices: Vec::new(),
             unimplemented_calls: AtomicU64::new(0),
+            usage: Vec::new(),
         };
         let count = plugin.device_count()?;
         plugin.devices = (0..count)
             .map(|i| plugin.query_props(i))
             .collect::<Result<_>>()?;
+        plugin.usage = (0..count).map(|_| MemoryUsage::default()).collect();
         Ok(plugin)
     }
 

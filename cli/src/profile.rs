@@ -1,0 +1,102 @@
+//! `polychip profile --model M [--devices LIST] [--micro-batch-sizes 1,2,4]
+//! [--precision f32] --out FILE`: measures, on one device of each kind,
+//! the forward and backward time of the embedding, a block and the head,
+//! the optimizer's time per parameter, the activation bytes a block keeps
+//! and the peak memory, at each micro-batch size, and writes a profile file
+//! for `polychip plan --profile` (format: docs/planner.md).
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use polychip_train::auto;
+use polychip_train::config::{ModelConfig, Precision, TrainConfig};
+
+/// Options of `polychip profile`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Model preset (mini, tiny, small, deep) or a model TOML file.
+    #[arg(long, value_name = "PRESET_OR_FILE", default_value = "tiny")]
+    model: String,
+    /// Tokens per sequence (default: the model's).
+    #[arg(long, value_name = "N")]
+    seq_len: Option<usize>,
+    /// Devices to profile (`vendor:index`, comma-separated; default: the
+    /// first device of each vendor). One device per device name is
+    /// profiled.
+    #[arg(long, value_name = "LIST")]
+    devices: Option<String>,
+    /// Micro-batch sizes to measure, comma-separated.
+    #[arg(long, value_name = "LIST", default_value = "1,2,4")]
+    micro_batch_sizes: String,
+    /// Compute precision: f32 or bf16.
+    #[arg(long, value_name = "P", default_value = "f32")]
+    precision: String,
+    /// Where to write the profile (JSON).
+    #[arg(long, value_name = "FILE")]
+    out: PathBuf,
+}
+
+/// Runs `polychip profile`.
+pub fn run(args: &Args) -> ExitCode {
+    match profile(args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("polychip profile: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn profile(args: &Args) -> Result<(), String> {
+    crate::train::check_output_file("--out", &args.out).map_err(|e| e.to_string())?;
+    let mut cfg = ModelConfig::from_arg(&args.model).map_err(|e| e.to_string())?;
+    if let Some(s) = args.seq_len {
+        cfg.seq_len = s;
+        cfg.validate().map_err(|m| format!("--seq-len: {m}"))?;
+    }
+    let t = TrainConfig {
+        precision: Precision::parse(&args.precision).map_err(|e| e.to_string())?,
+        ..TrainConfig::default()
+    };
+    let mut sizes = Vec::new();
+    for part in args.micro_batch_sizes.split(',') {
+        let b: usize = part
+            .trim()
+            .parse()
+            .ok()
+            .filter(|&b| (1..=1024).contains(&b))
+            .ok_or_else(|| {
+                format!("--micro-batch-sizes: {part:?} is not a size from 1 to 1024")
+            })?;
+        if !sizes.contains(&b) {
+            sizes.push(b);
+        }
+    }
+    sizes.sort_unstable();
+    let rt = crate::devices::runtime_from_env()?;
+    let devices =
+        crate::train::device_pool(&rt, args.devices.as_deref()).map_err(|e| e.to_string())?;
+    if devices.is_empty() {
+        return Err("no devices to profile: no plugin reports any".into());
+    }
+    let file = auto::profile_file(&cfg, &t, &devices, &sizes).map_err(|e| e.to_string())?;
+    for e in &file.entries {
+        eprintln!(
+            "{} (micro-batch {}): embedding {:.2}/{:.2} ms, block {:.2}/{:.2} ms, head \
+             {:.2}/{:.2} ms (forward/backward), optimizer {:.2} ns per parameter",
+            e.chip,
+            e.micro_batch,
+            1e3 * e.embedding.forward,
+            1e3 * e.embedding.backward,
+            1e3 * e.block.forward,
+            1e3 * e.block.backward,
+            1e3 * e.head.forward,
+            1e3 * e.head.backward,
+            1e9 * e.optimizer_per_param
+        );
+    }
+    let text = serde_json::to_string_pretty(&file).map_err(|e| e.to_string())?;
+    polychip_train::checkpoint::write_atomic(&args.out, text.as_bytes()).map_err(|e| e.to_string())?;
+    eprintln!("profile: {}", args.out.display());
+    Ok(())
+}

@@ -1,0 +1,545 @@
+//! Scoring a given plan with the model the search uses (`polychip plan
+//! --evaluate PLAN`): the plan's groups of identical pipelines (stages of
+//! one chip type each, a tensor-parallel degree, a layer range), their
+//! micro-batching, and for each stage every memory term against its chips'
+//! capacity, its timings, the analytic and simulated step, and the
+//! bottleneck stage.
+//!
+//! A plan file is any of: `polychip plan --json` output (the report, or its
+//! `plan`), `polychip train --save-plan` output (TOML `[[group]]` tables or
+//! JSON, stages naming devices such as `ferrite:0`), or the same form with
+//! `chip` (a chip type) and `tp` in place of `device`. A stage's chip is
+//! resolved by [`ClusterSpec::resolve_chip`].
+//!
+//! A stage whose data-parallel replicas would be of two chip types cannot
+//! be expressed in one group (every copy of a group is the same pipeline);
+//! such a stage (`chip = ["A", "B"]` or `"A+B"`) is refused with the form
+//! that is supported: one group of replicas per chip type (a mixed
+//! data-parallel plan, whose groups share the gradient all-reduce).
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::cluster::ClusterSpec;
+use crate::cost::{Boundary, Microbatching, StageShape, stage_memory, stage_timing};
+use crate::error::SpecError;
+use crate::model::ModelSpec;
+use crate::plan::{Plan, PlanKind, Replica, StagePlan};
+use crate::settings::TrainingSettings;
+
+/// The most groups, stages per pipeline and copies a plan may have.
+const MAX_GROUPS: usize = 4096;
+const MAX_STAGES: usize = 10_000;
+
+/// One stage of a pipeline: a chip type (an index into the cluster), its
+/// tensor-parallel degree, whether the next stage shares its node, and its
+/// layer count.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct LayoutStage {
+    pub ty: usize,
+    pub tp: u64,
+    pub same_node: bool,
+    pub layers: u64,
+}
+
+/// `copies` identical pipelines and their micro-batching.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Layout {
+    pub copies: u64,
+    pub micro_batch_size: u64,
+    pub micro_batches: u64,
+    pub stages: Vec<LayoutStage>,
+}
+
+/// Prices every stage of `groups` and predicts the step: the one path from
+/// a layout to a [`Plan`], for the search's answer and for a plan given to
+/// evaluate. All replicas of all groups share one gradient all-reduce.
+pub(crate) fn assemble(
+    model: &ModelSpec,
+    cluster: &ClusterSpec,
+    settings: &TrainingSettings,
+    groups: &[Layout],
+    kind: PlanKind,
+) -> Plan {
+    let dp: u64 = groups.iter().map(|g| g.copies).sum();
+    let chip = |ty: usize| &cluster.chip_types[ty];
+    let mut replicas: Vec<Replica> = groups
+        .iter()
+        .map(|g| {
+            let p = g.stages.len();
+            let mb = Microbatching {
+                size: g.micro_batch_size,
+                count: g.micro_batches,
+            };
+            let mut start = 0;
+            let mut stages = Vec::with_capacity(p);
+            for (i, s) in g.stages.iter().enumerate() {
+                let c = chip(s.ty);
+                let shape = StageShape {
+                    chip: c,
+                    layers: start..start + s.layers,
+                    index: i,
+                    num_stages: p,
+                    dp,
+                    tp: s.tp,
+                    next: g.stages.get(i + 1).map(|n| Boundary {
+                        chip: chip(n.ty),
+                        same_node: s.same_node,
+                    }),
+                };
+                stages.push(StagePlan {
+                    chip: c.name.clone(),
+                    tp: s.tp,
+                    first_layer: start,
+                    end_layer: start + s.layers,
+                    memory: stage_memory(model, settings, &shape, mb),
+                    memory_capacity: c.memory_bytes,
+                    mfu: 0.0,
+                    timing: stage_timing(model, settings, cluster, &shape, mb),
+                });
+                start += s.layers;
+            }
+            let mut r = Replica {
+                copies: g.copies,
+                stages,
+                micro_batch_size: g.micro_batch_size,
+                micro_batches: g.micro_batches,
+                sequences: g.copies * g.micro_batch_size * g.micro_batches,
+                step_time_analytic: 0.0,
+                step_time_simulated: 0.0,
+                bubble_fraction: 0.0,
+            };
+            r.step_time_analytic = r.schedule().analytic_step_time();
+            let sim = r.simulate();
+            r.step_time_simulated = sim.step_time;
+            r.bubble_fraction = sim.bubble_fraction;
+            r
+        })
+        .collect();
+    let slowest = |f: fn(&Replica) -> f64| replicas.iter().map(f).fold(0.0, f64::max);
+    let step_a = slowest(|r| r.step_time_analytic);
+    let step_s = slowest(|r| r.step_time_simulated);
+    let global_batch: u64 = replicas.iter().map(|r| r.sequences).sum();
+    let tokens = (global_batch * model.seq_len) as f64;
+    let dtype = settings.dtype;
+    let mut peak = 0.0;
+    for r in &mut replicas {
+        for s in &mut r.stages {
+            let c = cluster.chip(&s.chip).expect("chip of the plan");
+            let n = (s.end_layer - s.first_layer) as f64;
+            let mut fwd = n * model.layer_forward_flops(r.micro_batch_size);
+            if s.end_layer == model.layers {
+                fwd += model.head_forward_flops(r.micro_batch_size);
+            }
+            let stage_peak = c.peak_flops.get(dtype) * s.tp as f64;
+            s.mfu = 3.0 * fwd * r.micro_batches as f64 / (step_s * stage_peak);
+            peak += stage_peak * r.copies as f64;
+        }
+    }
+    let bubble = replicas
+        .iter()
+        .max_by(|a, b| a.step_time_simulated.total_cmp(&b.step_time_simulated))
+        .map_or(0.0, |r| r.bubble_fraction);
+    let chips_used = replicas.iter().map(Replica::chips).sum();
+    Plan {
+        model: model.name.clone(),
+        kind,
+        dp,
+        replicas,
+        global_batch,
+        seq_len: model.seq_len,
+        step_time_analytic: step_a,
+        step_time_simulated: step_s,
+        tokens_per_s: tokens / step_a,
+        tokens_per_s_simulated: tokens / step_s,
+        bubble_fraction: bubble,
+        mfu: model.flops_per_iteration(global_batch) / (step_s * peak),
+        chips_used,
+    }
+}
+
+/// One stage of a plan to evaluate, as written in the plan file.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StageSpec {
+    /// A chip type, a device of it, or a vendor.
+    pub chip: String,
+    /// Tensor-parallel degree.
+    pub tp: u64,
+    /// Layers `[first, end)`.
+    pub layers: [u64; 2],
+}
+
+/// `copies` identical pipelines.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GroupSpec {
+    /// Identical replicas.
+    pub copies: u64,
+    /// Sequences per micro-batch.
+    pub micro_batch_size: u64,
+    /// Micro-batches per step per replica.
+    pub micro_batches: u64,
+    /// Stages, first to last.
+    pub stages: Vec<StageSpec>,
+}
+
+/// A plan to evaluate.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PlanSpec {
+    /// Its groups of replicas.
+    pub groups: Vec<GroupSpec>,
+}
+
+fn plan_err(m: String) -> SpecError {
+    SpecError::Plan(m)
+}
+
+/// An unsigned field of `v`, or `default` when absent.
+fn field_u64(v: &Value, key: &str, at: &str, default: Option<u64>) -> Result<u64, SpecError> {
+    match v.get(key) {
+        None | Some(Value::Null) => default.ok_or_else(|| plan_err(format!("{at} has no {key}"))),
+        Some(x) => x
+            .as_u64()
+            .ok_or_else(|| plan_err(format!("{at}: {key} is {x}, not a non-negative integer"))),
+    }
+}
+
+impl PlanSpec {
+    /// Reads a plan from JSON or TOML text (`json` says which), in any of
+    /// the forms the module documentation lists.
+    pub fn parse(text: &str, json: bool) -> Result<PlanSpec, SpecError> {
+        let value: Value = if json {
+            serde_json::from_str(text).map_err(|e| plan_err(format!("is not valid JSON: {e}")))?
+        } else {
+            let t: toml::Value = toml::from_str(text).map_err(|source| SpecError::Toml {
+                what: "plan",
+                source,
+            })?;
+            serde_json::to_value(t).map_err(|e| plan_err(e.to_string()))?
+        };
+        Self::from_value(&value)
+    }
+
+    /// Reads a plan file (JSON when its name ends in `.json`, else TOML).
+    pub fn load(path: &std::path::Path) -> Result<PlanSpec, SpecError> {
+        let text = crate::error::read_file(path)?;
+        let json = path.extension().is_some_and(|e| e == "json");
+        Self::parse(&text, json).map_err(|e| match e {
+            SpecError::Plan(m) => SpecError::Plan(format!("{}: {m}", path.display())),
+            e => e,
+        })
+    }
+
+    fn from_value(v: &Value) -> Result<PlanSpec, SpecError> {
+        let v = v.get("plan").unwrap_or(v);
+        let (groups, planner) = match (v.get("replicas"), v.get("group"), v.get("groups")) {
+            (Some(g), _, _) => (g, true),
+            (None, Some(g), _) | (None, None, Some(g)) => (g, false),
+            _ => {
+                return Err(plan_err(
+                    "has no groups: expected `polychip plan --json` output (\"replicas\"), or \
+                     `polychip train --save-plan` output (\"group\" tables)"
+                        .into(),
+                ));
+            }
+        };
+        let groups = groups
+            .as_array()
+            .ok_or_else(|| plan_err("its groups are not a list".into()))?;
+        if groups.is_empty() || groups.len() > MAX_GROUPS {
+            return Err(plan_err(format!(
+                "has {} groups; a plan has 1 to {MAX_GROUPS}",
+                groups.len()
+            )));
+        }
+        let mut out = Vec::with_capacity(groups.len());
+        for (gi, g) in groups.iter().enumerate() {
+            let at = format!("group {gi}");
+            let stages = g
+                .get("stages")
+                .and_then(Value::as_array)
+                .ok_or_else(|| plan_err(format!("{at} has no list of stages")))?;
+            if stages.is_empty() || stages.len() > MAX_STAGES {
+                return Err(plan_err(format!(
+                    "{at} has {} stages; a pipeline has 1 to {MAX_STAGES}",
+                    stages.len()
+                )));
+            }
+            let mut specs = Vec::with_capacity(stages.len());
+            for (si, s) in stages.iter().enumerate() {
+                let at = format!("stage {si} of group {gi}");
+                let chip = match (s.get("chip"), s.get("device")) {
+                    (Some(Value::String(c)), _) | (None, Some(Value::String(c))) => c.clone(),
+                    (Some(Value::Array(types)), _) | (None, Some(Value::Array(types))) => {
+                        return Err(mixed_stage(&at, types.iter().map(|t| t.to_string())));
+                    }
+                    _ => {
+                        return Err(plan_err(format!(
+                            "{at} names no chip (a \"chip\" or \"device\" string)"
+                        )));
+                    }
+                };
+                if chip.contains('+') {
+                    return Err(mixed_stage(&at, chip.split('+').map(str::to_string)));
+                }
+                let layers = if planner {
+                    [
+                        field_u64(s, "first_layer", &at, None)?,
+                        field_u64(s, "end_layer", &at, None)?,
+                    ]
+                } else {
+                    let l = s
+                        .get("layers")
+                        .and_then(Value::as_array)
+                        .filter(|l| l.len() == 2)
+                        .ok_or_else(|| plan_err(format!("{at} has no layers [first, end]")))?;
+                    let n = |x: &Value| {
+                        x.as_u64().ok_or_else(|| {
+                            plan_err(format!("{at}: layers holds {x}, not a layer index"))
+                        })
+                    };
+                    [n(&l[0])?, n(&l[1])?]
+                };
+                specs.push(StageSpec {
+                    chip,
+                    tp: field_u64(s, "tp", &at, Some(1))?,
+                    layers,
+                });
+            }
+            out.push(GroupSpec {
+                copies: field_u64(g, "copies", &at, Some(1))?,
+                micro_batch_size: field_u64(g, "micro_batch_size", &at, None)?,
+                micro_batches: field_u64(g, "micro_batches", &at, None)?,
+                stages: specs,
+            });
+        }
+        Ok(PlanSpec { groups: out })
+    }
+
+    /// Checks the plan against `model` and `cluster` and resolves its
+    /// chips: layers contiguous from 0 to the model's last, each stage
+    /// non-empty; tp one of the degrees, dividing the type's chips per
+    /// node; at most as many chips of a type as the cluster has; sizes
+    /// within the planner's bounds.
+    pub(crate) fn layouts(
+        &self,
+        model: &ModelSpec,
+        cluster: &ClusterSpec,
+    ) -> Result<Vec<Layout>, SpecError> {
+        let mut used = vec![0u64; cluster.chip_types.len()];
+        let mut sequences = 0u64;
+        let mut out = Vec::with_capacity(self.groups.len());
+        for (gi, g) in self.groups.iter().enumerate() {
+            let at = format!("group {gi}");
+            let bounded = |what: &str, v: u64| {
+                let max = crate::settings::MAX_GLOBAL_BATCH;
+                if v == 0 || v > max {
+                    Err(plan_err(format!(
+                        "{at}: {what} is {v}; it must be 1 to {max}"
+                    )))
+                } else {
+                    Ok(v)
+                }
+            };
+            bounded("copies", g.copies)?;
+            bounded("micro_batch_size", g.micro_batch_size)?;
+            bounded("micro_batches", g.micro_batches)?;
+            sequences = g
+                .copies
+                .checked_mul(g.micro_batch_size)
+                .and_then(|x| x.checked_mul(g.micro_batches))
+                .and_then(|x| x.checked_add(sequences))
+                .filter(|&x| x <= crate::settings::MAX_GLOBAL_BATCH)
+                .ok_or_else(|| {
+                    plan_err(format!(
+                        "its groups take more than {} sequences per step",
+                        crate::settings::MAX_GLOBAL_BATCH
+                    ))
+                })?;
+            let mut next = 0u64;
+            let mut stages: Vec<LayoutStage> = Vec::with_capacity(g.stages.len());
+            let mut tp_run = 0u64;
+            for (si, s) in g.stages.iter().enumerate() {
+                let at = format!("stage {si} of group {gi}");
+                let ty = cluster
+                    .resolve_chip(&s.chip)
+                    .map_err(|m| plan_err(format!("{at}: chip {m}")))?;
+                let c = &cluster.chip_types[ty];
+                if !crate::search::TP_DEGREES.contains(&s.tp) || c.chips_per_node % s.tp != 0 {
+                    return Err(plan_err(format!(
+                        "{at}: tp {} is not a degree the planner models for {:?} (one of {:?} \
+                         dividing its {} chips per node)",
+                        s.tp,
+                        c.name,
+                        crate::search::TP_DEGREES,
+                        c.chips_per_node
+                    )));
+                }
+                let [first, end] = s.layers;
+                if first != next || end <= first || end > model.layers {
+                    return Err(plan_err(format!(
+                        "{at}: layers [{first}, {end}) do not continue the pipeline at layer \
+                         {next} with at least one of the model's {} layers",
+                        model.layers
+                    )));
+                }
+                next = end;
+                used[ty] = used[ty].saturating_add(g.copies.saturating_mul(s.tp));
+                // Consecutive stages of one type share a node while their
+                // chips fit in it (as the search places them).
+                match stages.last_mut() {
+                    Some(last) if last.ty == ty && tp_run + s.tp <= c.chips_per_node => {
+                        last.same_node = true;
+                        tp_run += s.tp;
+                    }
+                    _ => tp_run = s.tp,
+                }
+                stages.push(LayoutStage {
+                    ty,
+                    tp: s.tp,
+                    same_node: false,
+                    layers: end - first,
+                });
+            }
+            if next != model.layers {
+                return Err(plan_err(format!(
+                    "{at} ends at layer {next}, but the model {:?} has {} layers",
+                    model.name, model.layers
+                )));
+            }
+            out.push(Layout {
+                copies: g.copies,
+                micro_batch_size: g.micro_batch_size,
+                micro_batches: g.micro_batches,
+                stages,
+            });
+        }
+        for (ty, &n) in used.iter().enumerate() {
+            let c = &cluster.chip_types[ty];
+            if n > c.count {
+                return Err(plan_err(format!(
+                    "uses {n} chips of type {:?}, but the cluster has {}",
+                    c.name, c.count
+                )));
+            }
+        }
+        Ok(out)
+    }
+}
+
+fn mixed_stage(at: &str, types: impl Iterator<Item = String>) -> SpecError {
+    plan_err(format!(
+        "{at} mixes chip types {} in one data-parallel group; every copy of a group runs the \
+         same pipeline, so this form is not supported: give each type its own group of \
+         replicas (a mixed data-parallel plan, whose groups share the gradient all-reduce)",
+        types.collect::<Vec<_>>().join(" and ")
+    ))
+}
+
+/// The stage that bounds the step.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Bottleneck {
+    /// Its group.
+    pub group: usize,
+    /// Its index in the pipeline.
+    pub stage: usize,
+    /// Its chip type.
+    pub chip: String,
+    /// Forward plus backward of one micro-batch, seconds.
+    pub seconds_per_micro_batch: f64,
+}
+
+/// A stage that does not fit its chips.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Overflow {
+    /// Its group.
+    pub group: usize,
+    /// Its index in the pipeline.
+    pub stage: usize,
+    /// Its chip type.
+    pub chip: String,
+    /// Bytes needed beyond the capacity.
+    pub short_bytes: f64,
+}
+
+/// A scored plan.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Evaluation {
+    /// The plan with every stage's memory terms and timings.
+    pub plan: Plan,
+    /// Whether every stage fits its chips.
+    pub fits: bool,
+    /// The stages that do not fit.
+    pub overflows: Vec<Overflow>,
+    /// The slowest stage of the slowest group.
+    pub bottleneck: Bottleneck,
+    /// Chip types priced from a profile's measurements.
+    pub measured_chips: Vec<String>,
+}
+
+/// Scores `spec` on `cluster` (with any profile already applied) for
+/// `model`; `settings`' global batch is replaced by the plan's.
+pub fn evaluate(
+    spec: &PlanSpec,
+    model: &ModelSpec,
+    cluster: &ClusterSpec,
+    settings: &TrainingSettings,
+) -> Result<Evaluation, SpecError> {
+    model.validate()?;
+    cluster.validate()?;
+    let layouts = spec.layouts(model, cluster)?;
+    let mut settings = settings.clone();
+    settings.global_batch = layouts
+        .iter()
+        .map(|g| g.copies * g.micro_batch_size * g.micro_batches)
+        .sum();
+    let kind = if layouts.len() == 1 {
+        PlanKind::HeteroPp
+    } else {
+        PlanKind::MixedReplicas
+    };
+    let plan = assemble(model, cluster, &settings, &layouts, kind);
+    let group = plan.slowest_group();
+    let r = &plan.replicas[group];
+    let (stage, s) = r
+        .stages
+        .iter()
+        .enumerate()
+        .max_by(|a, b| {
+            let t = |s: &StagePlan| s.timing.forward + s.timing.backward;
+            t(a.1).total_cmp(&t(b.1))
+        })
+        .expect("a pipeline has stages");
+    let bottleneck = Bottleneck {
+        group,
+        stage,
+        chip: s.chip.clone(),
+        seconds_per_micro_batch: s.timing.forward + s.timing.backward,
+    };
+    let mut overflows = Vec::new();
+    for (g, r) in plan.replicas.iter().enumerate() {
+        for (i, s) in r.stages.iter().enumerate() {
+            let cap = s.memory_capacity as f64;
+            if s.memory.total > cap {
+                overflows.push(Overflow {
+                    group: g,
+                    stage: i,
+                    chip: s.chip.clone(),
+                    short_bytes: s.memory.total - cap,
+                });
+            }
+        }
+    }
+    let measured_chips = cluster
+        .chip_types
+        .iter()
+        .filter(|c| !c.measured.is_empty())
+        .map(|c| c.name.clone())
+        .collect();
+    Ok(Evaluation {
+        fits: overflows.is_empty(),
+        overflows,
+        bottleneck,
+        plan,
+        measured_chips,
+    })
+}

@@ -1,0 +1,473 @@
+//! Measured costs: a profile file (`polychip profile` writes one; another
+//! framework's measurements can be written by hand) gives, per chip type,
+//! micro-batch size and tensor-parallel degree, the forward and backward
+//! seconds of the embedding, of one block and of the head (final norm,
+//! output projection and loss), the optimizer's seconds per parameter, and
+//! optionally the activation bytes one block keeps per micro-batch and the
+//! peak memory seen. [`ClusterSpec::apply_profile`] attaches the entries to
+//! the chip types they name; from then on [`crate::cost::stage_timing`]
+//! prices those types' stages from the measurements (FLOPs times
+//! efficiency only for types the file does not cover), for the search and
+//! for `--evaluate` alike, and the search tries only the measured
+//! tensor-parallel degrees of a covered type.
+//!
+//! Micro-batch sizes between two measured ones are interpolated linearly;
+//! beyond the measured range the nearest measurement is scaled in
+//! proportion to the size (documented in `docs/planner.md`).
+
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use crate::cluster::{ChipType, ClusterSpec};
+use crate::error::{SpecError, read_file};
+use crate::measured::MeasuredDevice;
+use crate::model::ModelSpec;
+use crate::settings::Dtype;
+
+/// The `format` a profile file carries.
+pub const FORMAT: &str = "polychip-profile/1";
+
+/// The most entries a profile file may hold.
+pub const MAX_ENTRIES: usize = 4096;
+
+/// Forward and backward seconds of one micro-batch through a part.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Passes {
+    /// Forward, seconds.
+    pub forward: f64,
+    /// Backward, seconds.
+    pub backward: f64,
+}
+
+/// One chip type's measurements at one micro-batch size and tp degree.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProfileEntry {
+    /// The chip type: its name in the cluster, a device name of it
+    /// (`ferrite:0`) or a vendor (`ferrite`), matched as
+    /// [`ClusterSpec::resolve_chip`] does.
+    pub chip: String,
+    /// Sequences per micro-batch.
+    pub micro_batch: u64,
+    /// Tensor-parallel degree the parts ran at (1 by default).
+    #[serde(default = "one")]
+    pub tp: u64,
+    /// The token embedding.
+    pub embedding: Passes,
+    /// One transformer block.
+    pub block: Passes,
+    /// The final norm, output projection and loss.
+    pub head: Passes,
+    /// The optimizer step (with gradient clipping), seconds per parameter.
+    pub optimizer_per_param: f64,
+    /// Activation bytes one block keeps for its backward per micro-batch,
+    /// when measured (used in place of the formula).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub block_activation_bytes: Option<u64>,
+    /// The most device memory in use while profiling, bytes (reported).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peak_memory_bytes: Option<u64>,
+}
+
+fn one() -> u64 {
+    1
+}
+
+/// A profile file.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProfileFile {
+    /// [`FORMAT`].
+    pub format: String,
+    /// The model the measurements were taken on.
+    pub model: ModelSpec,
+    /// The compute dtype they ran in.
+    pub dtype: Dtype,
+    /// Where the figures come from (free text).
+    #[serde(default)]
+    pub source: String,
+    /// The measurements.
+    pub entries: Vec<ProfileEntry>,
+}
+
+impl ProfileEntry {
+    /// The measurements as the measured search's device costs.
+    pub fn costs(&self, name: &str) -> MeasuredDevice {
+        MeasuredDevice {
+            name: name.to_string(),
+            block_forward: self.block.forward,
+            block_backward: self.block.backward,
+            embed_forward: self.embedding.forward,
+            embed_backward: self.embedding.backward,
+            head_forward: self.head.forward,
+            head_backward: self.head.backward,
+            optimizer_per_param: self.optimizer_per_param,
+        }
+    }
+
+    fn validate(&self, i: usize) -> Result<(), String> {
+        let at = format!(
+            "entry {i} (chip {:?}, micro-batch {})",
+            self.chip, self.micro_batch
+        );
+        if self.chip.trim().is_empty() {
+            return Err(format!("entry {i} has an empty chip"));
+        }
+        if self.micro_batch == 0 || self.micro_batch > crate::settings::MAX_GLOBAL_BATCH {
+            return Err(format!(
+                "{at}: micro_batch must be 1 to {}",
+                crate::settings::MAX_GLOBAL_BATCH
+            ));
+        }
+        if !crate::search::TP_DEGREES.contains(&self.tp) {
+            return Err(format!(
+                "{at}: tp {} is not one of {:?}",
+                self.tp,
+                crate::search::TP_DEGREES
+            ));
+        }
+        let times = [
+            ("embedding.forward", self.embedding.forward),
+            ("embedding.backward", self.embedding.backward),
+            ("block.forward", self.block.forward),
+            ("block.backward", self.block.backward),
+            ("head.forward", self.head.forward),
+            ("head.backward", self.head.backward),
+            ("optimizer_per_param", self.optimizer_per_param),
+        ];
+        for (field, v) in times {
+            if !(v.is_finite() && (0.0..=1e6).contains(&v)) {
+                return Err(format!(
+                    "{at}: {field} is {v}; it must be seconds, from 0 to 1e6"
+                ));
+            }
+        }
+        if self.block.forward + self.block.backward <= 0.0 {
+            return Err(format!("{at}: a block costs no time at all"));
+        }
+        Ok(())
+    }
+}
+
+impl ProfileFile {
+    /// Parses and checks a profile from JSON text.
+    pub fn from_json_str(text: &str) -> Result<Self, SpecError> {
+        let p: ProfileFile = serde_json::from_str(text)
+            .map_err(|e| SpecError::Profile(format!("is not a valid profile: {e}")))?;
+        p.validate()?;
+        Ok(p)
+    }
+
+    /// Reads a profile file.
+    pub fn load(path: &Path) -> Result<Self, SpecError> {
+        Self::from_json_str(&read_file(path)?).map_err(|e| match e {
+            SpecError::Profile(m) => SpecError::Profile(format!("{}: {m}", path.display())),
+            e => e,
+        })
+    }
+
+    /// Checks the format, the model and every entry.
+    pub fn validate(&self) -> Result<(), SpecError> {
+        if self.format != FORMAT {
+            return Err(SpecError::Profile(format!(
+                "has format {:?}; this build reads {FORMAT:?}",
+                self.format
+            )));
+        }
+        self.model.validate()?;
+        if self.entries.is_empty() {
+            return Err(SpecError::Profile("has no entries".into()));
+        }
+        if self.entries.len() > MAX_ENTRIES {
+            return Err(SpecError::Profile(format!(
+                "has {} entries, more than the {MAX_ENTRIES} the planner reads",
+                self.entries.len()
+            )));
+        }
+        for (i, e) in self.entries.iter().enumerate() {
+            e.validate(i).map_err(SpecError::Profile)?;
+        }
+        Ok(())
+    }
+
+    /// Refuses a profile measured on another model shape or dtype than
+    /// `model` in `dtype` (the name does not count).
+    pub fn check_matches(&self, model: &ModelSpec, dtype: Dtype) -> Result<(), SpecError> {
+        let (a, b) = (&self.model, model);
+        let fields = [
+            ("layers", a.layers, b.layers),
+            ("hidden", a.hidden, b.hidden),
+            ("ffn", a.ffn, b.ffn),
+            ("heads", a.heads, b.heads),
+            ("kv_heads", a.kv_heads, b.kv_heads),
+            ("vocab", a.vocab, b.vocab),
+            ("seq_len", a.seq_len, b.seq_len),
+        ];
+        if let Some((f, x, y)) = fields.iter().find(|(_, x, y)| x != y) {
+            return Err(SpecError::Profile(format!(
+                "was measured on model {:?} whose {f} is {x}, but the model planned ({:?}) has \
+                 {f} {y}; profile this model",
+                a.name, b.name
+            )));
+        }
+        if self.dtype != dtype {
+            return Err(SpecError::Profile(format!(
+                "was measured in {:?}, but the plan computes in {:?}; profile with that dtype",
+                self.dtype, dtype
+            )));
+        }
+        Ok(())
+    }
+}
+
+impl ClusterSpec {
+    /// The chip type `name` refers to: a type's name (exactly, then
+    /// ignoring case), a device of it (`ferrite:0`, as `polychip devices`
+    /// lists it), or a vendor whose devices are all of one type
+    /// (`ferrite`). An error lists the types when none matches.
+    pub fn resolve_chip(&self, name: &str) -> Result<usize, String> {
+        let types = &self.chip_types;
+        if let Some(i) = types.iter().position(|c| c.name == name) {
+            return Ok(i);
+        }
+        let lower = name.trim().to_lowercase();
+        let found: Vec<usize> = (0..types.len())
+            .filter(|&i| {
+                let c = &types[i];
+                c.name.to_lowercase() == lower
+                    || c.devices.iter().any(|d| d.to_lowercase() == lower)
+                    || c.devices
+                        .iter()
+                        .any(|d| d.to_lowercase().split(':').next() == Some(lower.as_str()))
+            })
+            .collect();
+        match found.as_slice() {
+            [i] => Ok(*i),
+            [] => Err(format!(
+                "{name:?} is not a chip type of the cluster, nor one of its devices (types: {})",
+                types
+                    .iter()
+                    .map(|c| format!("{:?}", c.name))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )),
+            many => Err(format!(
+                "{name:?} matches several chip types ({}); name the type",
+                many.iter()
+                    .map(|&i| format!("{:?}", types[i].name))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )),
+        }
+    }
+
+    /// Attaches `profile`'s entries to the chip types they name (after
+    /// checking it was measured on `model` in `dtype`); returns the names
+    /// of the types it covers. An entry naming no type is an error.
+    pub fn apply_profile(
+        &mut self,
+        profile: &ProfileFile,
+        model: &ModelSpec,
+        dtype: Dtype,
+    ) -> Result<Vec<String>, SpecError> {
+        profile.check_matches(model, dtype)?;
+        let mut covered = Vec::new();
+        for (i, e) in profile.entries.iter().enumerate() {
+            let ty = self
+                .resolve_chip(&e.chip)
+                .map_err(|m| SpecError::Profile(format!("entry {i}: chip {m}")))?;
+            let chip = &mut self.chip_types[ty];
+            if chip
+                .measured
+                .iter()
+                .any(|m| m.micro_batch == e.micro_batch && m.tp == e.tp)
+            {
+                return Err(SpecError::Profile(format!(
+                    "entry {i}: chip type {:?} has two entries for micro-batch {} and tp {}",
+                    chip.name, e.micro_batch, e.tp
+                )));
+            }
+            chip.measured.push(e.clone());
+            if !covered.contains(&chip.name) {
+                covered.push(chip.name.clone());
+            }
+        }
+        for c in &mut self.chip_types {
+            c.measured.sort_by_key(|m| (m.tp, m.micro_batch));
+        }
+        Ok(covered)
+    }
+}
+
+impl ChipType {
+    /// Whether the search may give this type tensor-parallel degree `tp`:
+    /// any that divides its chips per node, or, for a measured type, only
+    /// the degrees it was measured at.
+    pub fn allows_tp(&self, tp: u64) -> bool {
+        self.chips_per_node % tp == 0
+            && (self.measured.is_empty() || self.measured.iter().any(|m| m.tp == tp))
+    }
+
+    /// The measured costs of one micro-batch of `b` sequences at degree
+    /// `tp`, interpolated between measured sizes (or scaled in proportion
+    /// to `b` from the nearest beyond them); `None` when the type has no
+    /// measurement at `tp`.
+    pub fn measured_costs(&self, b: u64, tp: u64) -> Option<(MeasuredDevice, Option<f64>)> {
+        let at: Vec<&ProfileEntry> = self.measured.iter().filter(|m| m.tp == tp).collect();
+        let (lo, hi) = match at.iter().position(|m| m.micro_batch >= b) {
+            Some(0) => (at[0], at[0]),
+            Some(i) => (at[i - 1], at[i]),
+            None => (*at.last()?, *at.last()?),
+        };
+        let (x0, x1, x) = (lo.micro_batch as f64, hi.micro_batch as f64, b as f64);
+        // Weights of lo and hi: linear between them, proportional outside.
+        let (w0, w1) = if lo.micro_batch == hi.micro_batch {
+            (x / x0, 0.0)
+        } else {
+            let t = (x - x0) / (x1 - x0);
+            (1.0 - t, t)
+        };
+        let mix = |a: f64, c: f64| w0 * a + w1 * c;
+        let passes = |a: Passes, c: Passes| Passes {
+            forward: mix(a.forward, c.forward),
+            backward: mix(a.backward, c.backward),
+        };
+        let e = ProfileEntry {
+            embedding: passes(lo.embedding, hi.embedding),
+            block: passes(lo.block, hi.block),
+            head: passes(lo.head, hi.head),
+            // Per parameter: it does not depend on the micro-batch.
+            optimizer_per_param: lo.optimizer_per_param,
+            ..lo.clone()
+        };
+        let act = match (lo.block_activation_bytes, hi.block_activation_bytes) {
+            (Some(a), Some(c)) => Some(mix(a as f64, c as f64)),
+            _ => None,
+        };
+        Some((e.costs(&self.name), act))
+    }
+}
+
+/// Replaces `timing`'s compute terms with the measured ones when `stage`'s
+/// chip type has measurements at its tp degree: forward and backward from
+/// the block, embedding and head times (full recomputation adds the
+/// blocks' forward to the backward), the optimizer step from its time per
+/// parameter (`params` per chip, after sharding). Transfers and the
+/// gradient all-reduce stay as the link model prices them.
+pub(crate) fn apply_measured(
+    timing: &mut crate::schedule::StageTiming,
+    model: &ModelSpec,
+    settings: &crate::settings::TrainingSettings,
+    stage: &crate::cost::StageShape,
+    micro_batch: u64,
+    params: f64,
+) {
+    let Some((costs, _)) = stage.chip.measured_costs(micro_batch, stage.tp.max(1)) else {
+        return;
+    };
+    let blocks = (stage.layers.end - stage.layers.start) as usize;
+    let (embed, head) = (stage.layers.start == 0, stage.layers.end == model.layers);
+    let (f, mut b) = crate::measured::stage_passes(&costs, blocks, embed, head);
+    if settings.recompute == crate::settings::Recompute::Full {
+        b += blocks as f64 * costs.block_forward;
+    }
+    timing.forward = f;
+    timing.backward = b;
+    timing.optimizer = params * costs.optimizer_per_param;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(chip: &str, b: u64, block: f64) -> ProfileEntry {
+        ProfileEntry {
+            chip: chip.into(),
+            micro_batch: b,
+            tp: 1,
+            embedding: Passes {
+                forward: 0.1 * block,
+                backward: 0.1 * block,
+            },
+            block: Passes {
+                forward: block,
+                backward: 2.0 * block,
+            },
+            head: Passes {
+                forward: 3.0 * block,
+                backward: 6.0 * block,
+            },
+            optimizer_per_param: 1e-9,
+            block_activation_bytes: Some(1000 * b),
+            peak_memory_bytes: None,
+        }
+    }
+
+    fn file(entries: Vec<ProfileEntry>) -> ProfileFile {
+        ProfileFile {
+            format: FORMAT.into(),
+            model: ModelSpec::llama_7b(),
+            dtype: Dtype::Bf16,
+            source: String::new(),
+            entries,
+        }
+    }
+
+    #[test]
+    fn interpolates_between_sizes_and_scales_beyond_them() {
+        let mut c = ClusterSpec::from_toml_str(include_str!(
+            "../../examples/clusters/china-mobile-3-vendor.toml"
+        ))
+        .unwrap();
+        let name = c.chip_types[0].name.clone();
+        let p = file(vec![entry(&name, 2, 1.0), entry(&name, 4, 3.0)]);
+        let covered = c
+            .apply_profile(&p, &ModelSpec::llama_7b(), Dtype::Bf16)
+            .unwrap();
+        assert_eq!(covered, vec![name.clone()]);
+        let chip = &c.chip_types[0];
+        let f = |b| chip.measured_costs(b, 1).unwrap().0.block_forward;
+        assert_eq!(f(2), 1.0);
+        assert_eq!(f(3), 2.0);
+        assert_eq!(f(4), 3.0);
+        assert_eq!(f(8), 6.0);
+        assert_eq!(f(1), 0.5);
+        assert!(chip.measured_costs(2, 2).is_none());
+        assert!(chip.allows_tp(1) && !chip.allows_tp(2));
+        assert!(!c.chip_types[1].allows_tp(3) && c.chip_types[1].allows_tp(2));
+    }
+
+    #[test]
+    fn refuses_another_model_an_unknown_chip_and_bad_figures() {
+        let mut c = ClusterSpec::from_toml_str(include_str!(
+            "../../examples/clusters/china-mobile-3-vendor.toml"
+        ))
+        .unwrap();
+        let p = file(vec![entry("no-such-chip", 2, 1.0)]);
+        let err = c
+            .apply_profile(&p, &ModelSpec::llama_13b(), Dtype::Bf16)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("layers is 32") && err.contains("layers 40"),
+            "{err}"
+        );
+        let err = c
+            .apply_profile(&p, &ModelSpec::llama_7b(), Dtype::Bf16)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("\"no-such-chip\" is not a chip type"), "{err}");
+        let mut bad = entry("x", 2, 1.0);
+        bad.block.backward = f64::NAN;
+        let text = serde_json::to_string(&file(vec![bad])).unwrap();
+        let text = text.replace("NaN", "-1.0").replace("null", "-1.0");
+        let err = ProfileFile::from_json_str(&text).unwrap_err().to_string();
+        assert!(err.contains("block.backward is -1"), "{err}");
+        let err = ProfileFile::from_json_str("{\"format\": 3}")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("not a valid profile"), "{err}");
+    }
+}

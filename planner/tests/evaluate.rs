@@ -1,0 +1,207 @@
+//! `polychip plan --evaluate`'s library side: a given plan is scored with
+//! the model the search uses (the search's own answer, evaluated, gives its
+//! step time back exactly), every plan-file form parses, memory shortfalls
+//! are reported per stage, and inconsistent plans are refused naming what
+//! is wrong.
+
+use polychip_planner::cluster::ClusterSpec;
+use polychip_planner::evaluate::{PlanSpec, evaluate};
+use polychip_planner::model::ModelSpec;
+use polychip_planner::profile::{FORMAT, Passes, ProfileEntry, ProfileFile};
+use polychip_planner::search::{PlanOptions, plan};
+use polychip_planner::settings::{Dtype, TrainingSettings};
+
+fn cluster() -> ClusterSpec {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../examples/clusters/china-mobile-3-vendor.toml"
+    );
+    ClusterSpec::load(std::path::Path::new(path)).unwrap()
+}
+
+fn err(text: &str, json: bool, model: &ModelSpec) -> String {
+    let spec = match PlanSpec::parse(text, json) {
+        Ok(s) => s,
+        Err(e) => return e.to_string(),
+    };
+    evaluate(&spec, model, &cluster(), &TrainingSettings::new(64))
+        .map(|_| String::new())
+        .unwrap_or_else(|e| e.to_string())
+}
+
+#[test]
+fn the_searchs_answer_evaluates_to_its_own_prediction() {
+    let (c, m) = (cluster(), ModelSpec::llama_7b());
+    let s = TrainingSettings::new(256);
+    let report = plan(&m, &c, &s, &PlanOptions::default()).unwrap();
+    let json = serde_json::to_string(&report).unwrap();
+    let spec = PlanSpec::parse(&json, true).unwrap();
+    let ev = evaluate(&spec, &m, &c, &s).unwrap();
+    assert_eq!(ev.plan.step_time_simulated, report.plan.step_time_simulated);
+    assert_eq!(ev.plan.step_time_analytic, report.plan.step_time_analytic);
+    assert_eq!(ev.plan.replicas, report.plan.replicas);
+    assert!(ev.fits && ev.overflows.is_empty());
+    let slowest = &ev.plan.replicas[ev.bottleneck.group].stages;
+    let t = |i: usize| slowest[i].timing.forward + slowest[i].timing.backward;
+    assert!((0..slowest.len()).all(|i| t(i) <= t(ev.bottleneck.stage)));
+}
+
+#[test]
+fn a_train_plan_a_chip_plan_and_a_toml_plan_parse_alike() {
+    let m = ModelSpec::llama_7b();
+    let train = r#"{"group": [{"copies": 2, "micro_batch_size": 1, "micro_batches": 32,
+        "stages": [{"device": "nvidia-a800-class", "layers": [0, 20]},
+                   {"device": "iluvatar-bi-v100-class", "layers": [20, 32]}]}]}"#;
+    let chips = r#"{"groups": [{"copies": 2, "micro_batch_size": 1, "micro_batches": 32,
+        "stages": [{"chip": "nvidia-a800-class", "tp": 1, "layers": [0, 20]},
+                   {"chip": "iluvatar-bi-v100-class", "layers": [20, 32]}]}]}"#;
+    let toml = r#"
+[[group]]
+copies = 2
+micro_batch_size = 1
+micro_batches = 32
+stages = [{ device = "nvidia-a800-class", layers = [0, 20] },
+          { device = "iluvatar-bi-v100-class", layers = [20, 32] }]
+"#;
+    let a = PlanSpec::parse(train, true).unwrap();
+    assert_eq!(a, PlanSpec::parse(chips, true).unwrap());
+    assert_eq!(a, PlanSpec::parse(toml, false).unwrap());
+    let ev = evaluate(&a, &m, &cluster(), &TrainingSettings::new(1)).unwrap();
+    assert_eq!(ev.plan.global_batch, 64);
+    assert_eq!(ev.plan.dp, 2);
+    let s = &ev.plan.replicas[0].stages;
+    assert_eq!((s[0].first_layer, s[1].end_layer), (0, 32));
+    // The last stage holds the head: more parameters per layer there.
+    assert!(s[1].memory.weights / 12.0 > s[0].memory.weights / 20.0);
+}
+
+#[test]
+fn a_plan_that_does_not_fit_names_its_stage_and_shortfall() {
+    let m = ModelSpec::llama_70b();
+    let plan = r#"{"group": [{"micro_batch_size": 1, "micro_batches": 64,
+        "stages": [{"device": "iluvatar-bi-v100-class", "layers": [0, 30]},
+                   {"device": "nvidia-a800-class", "tp": 8, "layers": [30, 55]},
+                   {"device": "nvidia-a800-class", "tp": 8, "layers": [55, 80]}]}]}"#;
+    let spec = PlanSpec::parse(plan, true).unwrap();
+    let ev = evaluate(&spec, &m, &cluster(), &TrainingSettings::new(1)).unwrap();
+    assert!(!ev.fits);
+    assert_eq!(ev.overflows.len(), 1, "{:?}", ev.overflows);
+    let o = &ev.overflows[0];
+    assert_eq!((o.group, o.stage, o.chip.as_str()), (0, 0, "iluvatar-bi-v100-class"));
+    let s = &ev.plan.replicas[0].stages[0];
+    assert!((o.short_bytes - (s.memory.total - s.memory_capacity as f64)).abs() < 1.0);
+}
+
+#[test]
+fn inconsistent_plans_are_refused_naming_what_is_wrong() {
+    let m = ModelSpec::llama_7b();
+    let one = |stages: &str, extra: &str| {
+        format!(
+            r#"{{"group": [{{"micro_batch_size": 2, "micro_batches": 8{extra}, "stages": [{stages}]}}]}}"#
+        )
+    };
+    let a800 = r#"{"device": "nvidia-a800-class", "layers": [0, 32]}"#;
+    let cases = [
+        (
+            one(r#"{"device": "nvidia-a800-class", "layers": [0, 16]}"#, ""),
+            "ends at layer 16, but the model \"llama-7b\" has 32 layers",
+        ),
+        (
+            one(
+                r#"{"device": "nvidia-a800-class", "layers": [0, 16]}, {"device": "nvidia-a800-class", "layers": [17, 32]}"#,
+                "",
+            ),
+            "stage 1 of group 0: layers [17, 32) do not continue the pipeline at layer 16",
+        ),
+        (
+            one(r#"{"device": "tpu-v9", "layers": [0, 32]}"#, ""),
+            "stage 0 of group 0: chip \"tpu-v9\" is not a chip type of the cluster",
+        ),
+        (
+            one(r#"{"device": "nvidia-a800-class", "tp": 3, "layers": [0, 32]}"#, ""),
+            "tp 3 is not a degree the planner models",
+        ),
+        (
+            one(a800, r#", "copies": 300"#),
+            "uses 300 chips of type \"nvidia-a800-class\", but the cluster has 256",
+        ),
+        (one(a800, r#", "copies": 0"#), "group 0: copies is 0"),
+        (
+            one(
+                r#"{"chip": ["nvidia-a800-class", "biren-br104-class"], "layers": [0, 32]}"#,
+                "",
+            ),
+            "mixes chip types \"nvidia-a800-class\" and \"biren-br104-class\" in one data-parallel group",
+        ),
+        (
+            one(r#"{"chip": "nvidia-a800-class+biren-br104-class", "layers": [0, 32]}"#, ""),
+            "this form is not supported: give each type its own group of replicas",
+        ),
+        (
+            r#"{"group": []}"#.to_string(),
+            "has 0 groups",
+        ),
+        (r#"{"steps": 3}"#.to_string(), "has no groups"),
+        (
+            one(r#"{"device": "nvidia-a800-class", "layers": [0, -1]}"#, ""),
+            "layers holds -1, not a layer index",
+        ),
+    ];
+    for (text, want) in cases {
+        let got = err(&text, true, &m);
+        assert!(got.contains(want), "{text}\nwanted {want:?}\ngot {got:?}");
+    }
+}
+
+#[test]
+fn a_profile_prices_the_types_it_covers_and_limits_their_tp() {
+    let m = ModelSpec::llama_7b();
+    let mut c = cluster();
+    let entry = |b: u64| ProfileEntry {
+        chip: "nvidia-a800-class".into(),
+        micro_batch: b,
+        tp: 1,
+        embedding: Passes {
+            forward: 0.001,
+            backward: 0.002,
+        },
+        block: Passes {
+            forward: 0.01 * b as f64,
+            backward: 0.02 * b as f64,
+        },
+        head: Passes {
+            forward: 0.005,
+            backward: 0.01,
+        },
+        optimizer_per_param: 1e-11,
+        block_activation_bytes: None,
+        peak_memory_bytes: None,
+    };
+    let profile = ProfileFile {
+        format: FORMAT.into(),
+        model: m.clone(),
+        dtype: Dtype::Bf16,
+        source: "test".into(),
+        entries: vec![entry(1), entry(2)],
+    };
+    c.apply_profile(&profile, &m, Dtype::Bf16).unwrap();
+    let plan = r#"{"group": [{"micro_batch_size": 2, "micro_batches": 4,
+        "stages": [{"device": "nvidia-a800-class", "layers": [0, 32]}]}]}"#;
+    let spec = PlanSpec::parse(plan, true).unwrap();
+    let ev = evaluate(&spec, &m, &c, &TrainingSettings::new(1)).unwrap();
+    let t = &ev.plan.replicas[0].stages[0].timing;
+    assert!((t.forward - (32.0 * 0.02 + 0.001 + 0.005)).abs() < 1e-12, "{t:?}");
+    assert!((t.backward - (32.0 * 0.04 + 0.002 + 0.01)).abs() < 1e-12, "{t:?}");
+    assert_eq!(ev.measured_chips, vec!["nvidia-a800-class".to_string()]);
+    // The search on the profiled cluster keeps the measured type at tp 1.
+    let report = plan_with(&m, &c);
+    for r in &report.plan.replicas {
+        for s in r.stages.iter().filter(|s| s.chip == "nvidia-a800-class") {
+            assert_eq!(s.tp, 1);
+        }
+    }
+}
+
+fn plan_with(m: &ModelSpec, c: &ClusterSpec) -> polychip_planner::search::PlanReport {
+    plan(m, c, &TrainingSettings::new(256), &PlanOptions::default()).unwrap()
+}
