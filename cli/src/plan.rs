@@ -14,11 +14,11 @@ use std::process::ExitCode;
 
 use polychip_planner::cluster::ClusterSpec;
 use polychip_planner::evaluate::{self, Evaluation, PlanSpec};
-use polychip_planner::profile::ProfileFile;
-use polychip_train::config::ModelConfig;
 use polychip_planner::model::ModelSpec;
+use polychip_planner::profile::ProfileFile;
 use polychip_planner::search::{self, PlanOptions, PlanReport, fmt_bytes};
 use polychip_planner::settings::{Dtype, Recompute, TrainingSettings};
+use polychip_train::config::ModelConfig;
 
 /// Options of `polychip plan`.
 #[derive(Debug, clap::Args)]
@@ -143,14 +143,18 @@ fn plan(args: &Args) -> Result<(), String> {
     }
     if let Some(p) = &args.evaluate {
         let spec = PlanSpec::load(p).map_err(|e| e.to_string())?;
-        let ev = evaluate::evaluate(&spec, &model, &cluster, &settings).map_err(|e| e.to_string())?;
+        let ev =
+            evaluate::evaluate(&spec, &model, &cluster, &settings).map_err(|e| e.to_string())?;
         if let Some(trace) = &args.trace {
             let text = serde_json::to_string(&ev.plan.chrome_trace()).map_err(|e| e.to_string())?;
             std::fs::write(trace, text)
                 .map_err(|e| format!("could not write {}: {e}", trace.display()))?;
         }
         if args.json {
-            println!("{}", serde_json::to_string_pretty(&ev).map_err(|e| e.to_string())?);
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&ev).map_err(|e| e.to_string())?
+            );
         } else {
             print!("{}", evaluation_table(&ev));
         }
@@ -327,7 +331,10 @@ fn evaluation_table(ev: &Evaluation) -> String {
         1e3 * b.seconds_per_micro_batch
     ));
     if !ev.measured_chips.is_empty() {
-        line(format!("priced from the profile: {}", ev.measured_chips.join(", ")));
+        line(format!(
+            "priced from the profile: {}",
+            ev.measured_chips.join(", ")
+        ));
     }
     if ev.fits {
         line("fits: every stage fits its chips".into());

@@ -31,6 +31,12 @@ pub struct Args {
     /// Compute precision: f32 or bf16.
     #[arg(long, value_name = "P", default_value = "f32")]
     precision: String,
+    /// The CPU cores the profile runs on (e.g. `0`); default: the share of
+    /// the allowed cores one rank gets when a job spreads over the devices
+    /// profiled, as `polychip train` pins its ranks (each simulated chip
+    /// its own cores).
+    #[arg(long, value_name = "LIST")]
+    cores: Option<String>,
     /// Where to write the profile (JSON).
     #[arg(long, value_name = "FILE")]
     out: PathBuf,
@@ -65,9 +71,7 @@ fn profile(args: &Args) -> Result<(), String> {
             .parse()
             .ok()
             .filter(|&b| (1..=1024).contains(&b))
-            .ok_or_else(|| {
-                format!("--micro-batch-sizes: {part:?} is not a size from 1 to 1024")
-            })?;
+            .ok_or_else(|| format!("--micro-batch-sizes: {part:?} is not a size from 1 to 1024"))?;
         if !sizes.contains(&b) {
             sizes.push(b);
         }
@@ -79,6 +83,12 @@ fn profile(args: &Args) -> Result<(), String> {
     if devices.is_empty() {
         return Err("no devices to profile: no plugin reports any".into());
     }
+    let cores = match &args.cores {
+        Some(list) => crate::train::parse_cores(list).map_err(|e| e.to_string())?,
+        None => polychip_train::pin::share(&polychip_train::pin::allowed_cores(), 0, devices.len()),
+    };
+    crate::train::pin_to(&cores).map_err(|e| e.to_string())?;
+    eprintln!("profiling on cores {cores:?}");
     let file = auto::profile_file(&cfg, &t, &devices, &sizes).map_err(|e| e.to_string())?;
     for e in &file.entries {
         eprintln!(
@@ -96,7 +106,8 @@ fn profile(args: &Args) -> Result<(), String> {
         );
     }
     let text = serde_json::to_string_pretty(&file).map_err(|e| e.to_string())?;
-    polychip_train::checkpoint::write_atomic(&args.out, text.as_bytes()).map_err(|e| e.to_string())?;
+    polychip_train::checkpoint::write_atomic(&args.out, text.as_bytes())
+        .map_err(|e| e.to_string())?;
     eprintln!("profile: {}", args.out.display());
     Ok(())
 }

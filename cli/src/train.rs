@@ -644,11 +644,11 @@ fn check_output_dir(flag: &str, dir: &Path) -> Result<(), TrainError> {
     }
 }
 
-fn pin_to(cores: &[usize]) -> Result<(), TrainError> {
+pub(crate) fn pin_to(cores: &[usize]) -> Result<(), TrainError> {
     pin::pin(cores).map_err(|e| TrainError::Plan(format!("pinning to cores {cores:?}: {e}")))
 }
 
-fn parse_cores(list: &str) -> Result<Vec<usize>, TrainError> {
+pub(crate) fn parse_cores(list: &str) -> Result<Vec<usize>, TrainError> {
     let allowed = pin::allowed_cores();
     let mut out = Vec::new();
     for part in list.split(',') {

@@ -11,8 +11,11 @@ pub mod safetensors;
 pub mod specs;
 pub mod store_wire;
 
+/// A target's entry point.
+pub type Target = fn(&[u8]);
+
 /// Every target by name (the corpus folder's name), in a fixed order.
-pub const TARGETS: [(&str, fn(&[u8])); 6] = [
+pub const TARGETS: [(&str, Target); 6] = [
     ("frames", frames::run),
     ("manifest", manifest::run),
     ("op_args", op_args::run),

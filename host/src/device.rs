@@ -63,7 +63,9 @@ impl Device {
     /// (allocations made through this host; not the plugin's own
     /// workspace, nor memory borrowed through DLPack).
     pub fn memory_in_use(&self) -> u64 {
-        self.usage().in_use.load(std::sync::atomic::Ordering::Relaxed)
+        self.usage()
+            .in_use
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// The most [`Self::memory_in_use`] has been since the plugin loaded or

@@ -87,7 +87,10 @@ fn a_plan_that_does_not_fit_names_its_stage_and_shortfall() {
     assert!(!ev.fits);
     assert_eq!(ev.overflows.len(), 1, "{:?}", ev.overflows);
     let o = &ev.overflows[0];
-    assert_eq!((o.group, o.stage, o.chip.as_str()), (0, 0, "iluvatar-bi-v100-class"));
+    assert_eq!(
+        (o.group, o.stage, o.chip.as_str()),
+        (0, 0, "iluvatar-bi-v100-class")
+    );
     let s = &ev.plan.replicas[0].stages[0];
     assert!((o.short_bytes - (s.memory.total - s.memory_capacity as f64)).abs() < 1.0);
 }
@@ -118,7 +121,10 @@ fn inconsistent_plans_are_refused_naming_what_is_wrong() {
             "stage 0 of group 0: chip \"tpu-v9\" is not a chip type of the cluster",
         ),
         (
-            one(r#"{"device": "nvidia-a800-class", "tp": 3, "layers": [0, 32]}"#, ""),
+            one(
+                r#"{"device": "nvidia-a800-class", "tp": 3, "layers": [0, 32]}"#,
+                "",
+            ),
             "tp 3 is not a degree the planner models",
         ),
         (
@@ -134,13 +140,13 @@ fn inconsistent_plans_are_refused_naming_what_is_wrong() {
             "mixes chip types \"nvidia-a800-class\" and \"biren-br104-class\" in one data-parallel group",
         ),
         (
-            one(r#"{"chip": "nvidia-a800-class+biren-br104-class", "layers": [0, 32]}"#, ""),
+            one(
+                r#"{"chip": "nvidia-a800-class+biren-br104-class", "layers": [0, 32]}"#,
+                "",
+            ),
             "this form is not supported: give each type its own group of replicas",
         ),
-        (
-            r#"{"group": []}"#.to_string(),
-            "has 0 groups",
-        ),
+        (r#"{"group": []}"#.to_string(), "has 0 groups"),
         (r#"{"steps": 3}"#.to_string(), "has no groups"),
         (
             one(r#"{"device": "nvidia-a800-class", "layers": [0, -1]}"#, ""),
@@ -190,8 +196,14 @@ fn a_profile_prices_the_types_it_covers_and_limits_their_tp() {
     let spec = PlanSpec::parse(plan, true).unwrap();
     let ev = evaluate(&spec, &m, &c, &TrainingSettings::new(1)).unwrap();
     let t = &ev.plan.replicas[0].stages[0].timing;
-    assert!((t.forward - (32.0 * 0.02 + 0.001 + 0.005)).abs() < 1e-12, "{t:?}");
-    assert!((t.backward - (32.0 * 0.04 + 0.002 + 0.01)).abs() < 1e-12, "{t:?}");
+    assert!(
+        (t.forward - (32.0 * 0.02 + 0.001 + 0.005)).abs() < 1e-12,
+        "{t:?}"
+    );
+    assert!(
+        (t.backward - (32.0 * 0.04 + 0.002 + 0.01)).abs() < 1e-12,
+        "{t:?}"
+    );
     assert_eq!(ev.measured_chips, vec!["nvidia-a800-class".to_string()]);
     // The search on the profiled cluster keeps the measured type at tp 1.
     let report = plan_with(&m, &c);
