@@ -21,6 +21,27 @@ pub const DEFAULT_EFFICIENCY: f64 = 0.5;
 /// (a 200 Gb/s RoCE port); the JSON does not report the network.
 pub const DEFAULT_NIC_BANDWIDTH: f64 = 25e9;
 
+/// Machine balance assumed for a chip that gives no `memory_bandwidth`:
+/// its largest peak FLOP/s over this many FLOPs per byte. Our estimate,
+/// between A100 SXM (312 TFLOP/s bf16 over 2.0 TB/s, 156) and H100 SXM
+/// (989 over 3.35 TB/s, 295), from the vendors' spec sheets.
+pub const DEFAULT_FLOPS_PER_BYTE: f64 = 200.0;
+
+/// The fixed part of the default memory reserve of a described chip: the
+/// CUDA context, the communication library's buffers and the matmul
+/// library's handles, 768 MiB. Our estimate: a CUDA context alone takes
+/// about 300-500 MiB on current GPUs, NCCL's buffers some hundred more.
+pub const DEFAULT_RESERVE_FIXED_BYTES: u64 = 768 << 20;
+
+/// The proportional part of the default reserve: 5% of the capacity, for
+/// the caching allocator's fragmentation (blocks cached but not usable for
+/// a request of another size). Our estimate.
+pub const DEFAULT_RESERVE_FRACTION: f64 = 0.05;
+
+/// The default reserve is at most this fraction of the capacity (so a
+/// small chip keeps room for the model).
+pub const DEFAULT_RESERVE_CAP_FRACTION: f64 = 0.5;
+
 /// The most chips of one type a cluster may hold (about a million: the
 /// largest machines today have a few hundred thousand accelerators).
 pub const MAX_CHIPS_PER_TYPE: u64 = 1 << 20;
@@ -74,10 +95,17 @@ pub struct ChipType {
     pub intra_node_bandwidth: f64,
     /// Network bandwidth per chip out of its node, bytes/s.
     pub nic_bandwidth: f64,
-    /// Memory bandwidth, bytes/s, for the optimizer step; optional (the
-    /// step is then counted as free).
+    /// Memory bandwidth, bytes/s, for memory-bound work and the optimizer
+    /// step; optional (then the largest peak over
+    /// [`DEFAULT_FLOPS_PER_BYTE`], see [`ChipType::memory_bandwidth_or_default`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory_bandwidth: Option<f64>,
+    /// Bytes of each chip's memory that training cannot use: the runtime's
+    /// context, communication buffers, the allocator's fragmentation.
+    /// Optional; see [`ChipType::memory_reserve`] for the default. Clusters
+    /// seeded from `polychip devices --json` set 0.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_reserve_bytes: Option<u64>,
     /// The devices of this type (`vendor:index`, as `polychip devices`
     /// names them), when the cluster was seeded from devices; a plan or a
     /// profile may name a stage's chip by one of them.
@@ -98,6 +126,28 @@ impl ChipType {
     /// Sustained FLOP/s of one chip for `dtype`: peak times efficiency.
     pub fn sustained_flops(&self, dtype: Dtype) -> f64 {
         self.peak_flops.get(dtype) * self.efficiency
+    }
+
+    /// The memory bandwidth, bytes/s: `memory_bandwidth` or, when the chip
+    /// gives none, its largest peak FLOP/s over [`DEFAULT_FLOPS_PER_BYTE`].
+    pub fn memory_bandwidth_or_default(&self) -> f64 {
+        self.memory_bandwidth.unwrap_or_else(|| {
+            let p = &self.peak_flops;
+            p.f32.max(p.bf16).max(p.f16) / DEFAULT_FLOPS_PER_BYTE
+        })
+    }
+
+    /// Bytes of each chip's memory that training cannot use:
+    /// `memory_reserve_bytes` or, by default,
+    /// [`DEFAULT_RESERVE_FIXED_BYTES`] plus [`DEFAULT_RESERVE_FRACTION`] of
+    /// the capacity, at most [`DEFAULT_RESERVE_CAP_FRACTION`] of it (80 GiB:
+    /// 4.75 GiB; 32 GiB: 2.35 GiB).
+    pub fn memory_reserve(&self) -> u64 {
+        self.memory_reserve_bytes.unwrap_or_else(|| {
+            let cap = self.memory_bytes as f64;
+            let reserve = DEFAULT_RESERVE_FIXED_BYTES as f64 + DEFAULT_RESERVE_FRACTION * cap;
+            reserve.min(DEFAULT_RESERVE_CAP_FRACTION * cap) as u64
+        })
     }
 
     /// Checks every field, naming it and its value on failure.
@@ -147,6 +197,14 @@ impl ChipType {
                     "{field} {value} is not a positive finite number"
                 )));
             }
+        }
+        if let Some(r) = self.memory_reserve_bytes
+            && r >= self.memory_bytes
+        {
+            return Err(bad(format!(
+                "memory_reserve_bytes {r} is not less than memory_bytes {}",
+                self.memory_bytes
+            )));
         }
         if !(self.efficiency > 0.0 && self.efficiency <= 1.0) {
             return Err(bad(format!(
@@ -248,8 +306,10 @@ impl ClusterSpec {
     /// `peak_flops.{f32,bf16,f16}` the least over that name's devices,
     /// `link_bandwidth` as the intra-node bandwidth (or
     /// [`DEFAULT_NIC_BANDWIDTH`] where it is 0), [`DEFAULT_NIC_BANDWIDTH`]
-    /// for the NIC and the network, and [`DEFAULT_EFFICIENCY`]. Edit the
-    /// result for a real multi-node cluster.
+    /// for the NIC and the network, [`DEFAULT_EFFICIENCY`], and a memory
+    /// reserve of 0 (the devices report what their allocator can hand out;
+    /// the CPU stub plugins count only tensor bytes). Edit the result for a
+    /// real multi-node cluster.
     pub fn from_devices_json(json: &Value) -> Result<Self, SpecError> {
         let devices = match json.get("devices") {
             Some(d) => d,
@@ -326,6 +386,9 @@ impl ClusterSpec {
                             intra_node_bandwidth: link,
                             nic_bandwidth: DEFAULT_NIC_BANDWIDTH,
                             memory_bandwidth: mem_bw.filter(|b| *b > 0.0),
+                            // The stub plugins count only tensor bytes
+                            // against memory_bytes: nothing is reserved.
+                            memory_reserve_bytes: Some(0),
                             devices: vec![id],
                             measured: Vec::new(),
                         },
@@ -409,6 +472,32 @@ nic_bandwidth = 25e9
     }
 
     #[test]
+    fn reserve_and_bandwidth_defaults() {
+        let c = ClusterSpec::from_toml_str(A100).unwrap();
+        let a = c.chip("A100").unwrap();
+        // 768 MiB + 5% of 80 GiB = 4.75 GiB.
+        assert_eq!(a.memory_reserve(), (768 << 20) + (4096 << 20));
+        // No memory_bandwidth: the bf16 peak over 200 FLOP/byte.
+        assert_eq!(a.memory_bandwidth_or_default(), 312e12 / 200.0);
+        let mut small = a.clone();
+        small.memory_bytes = 1 << 30;
+        assert_eq!(small.memory_reserve(), 1 << 29); // capped at half
+        let set =
+            ClusterSpec::from_toml_str(&format!("{A100}memory_reserve_bytes = 1024\n")).unwrap();
+        assert_eq!(set.chip_types[0].memory_reserve(), 1024);
+        let text = toml::to_string(&c).unwrap();
+        assert!(!text.contains("memory_reserve_bytes"), "{text}");
+        let err =
+            ClusterSpec::from_toml_str(&format!("{A100}memory_reserve_bytes = 85899345920\n"))
+                .unwrap_err()
+                .to_string();
+        assert!(
+            err.contains("memory_reserve_bytes 85899345920 is not less"),
+            "{err}"
+        );
+    }
+
+    #[test]
     fn link_bandwidth_takes_the_slowest_hop() {
         let c = ClusterSpec::from_toml_str(A100).unwrap();
         let a = c.chip("A100").unwrap();
@@ -442,6 +531,9 @@ nic_bandwidth = 25e9
         assert_eq!(f.memory_bytes, 6 << 30);
         assert_eq!(f.intra_node_bandwidth, DEFAULT_NIC_BANDWIDTH);
         assert_eq!(c.chip_types[1].count, 1);
+        // Seeded devices reserve nothing; a described chip does by default.
+        assert!(c.chip_types.iter().all(|t| t.memory_reserve() == 0));
+        assert_eq!(f.memory_bandwidth_or_default(), 1e11);
         let err = ClusterSpec::from_devices_json(&serde_json::json!([{"name": "x"}]))
             .unwrap_err()
             .to_string();

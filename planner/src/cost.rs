@@ -1,16 +1,20 @@
 //! The cost model of one pipeline stage: memory per device (weights,
-//! gradients, optimizer state, 1F1B activations) and time per micro-batch
-//! and per step (compute, tensor-parallel all-reduces, point-to-point
-//! transfers, the data-parallel gradient all-reduce, the optimizer step).
-//! Formulas are those of `../shared/ANCHORS.md`, "Planning"; sizes are bytes,
-//! times seconds. The result feeds [`crate::schedule::StageTiming`].
+//! gradients, optimizer state, 1F1B activations, the logits and loss
+//! buffers, the transient workspace, the runtime's reserve) and time per
+//! micro-batch and per step (compute priced per operation class, the
+//! tensor-parallel all-reduces, point-to-point transfers, the data-parallel
+//! gradient all-reduce, the optimizer step). FLOP counts, parameter counts,
+//! 18 bytes per parameter and the activation formulas are those of
+//! `../shared/ANCHORS.md`, "Planning"; the constants below are documented
+//! in `docs/planner.md`, "The cost model". Sizes are bytes, times seconds,
+//! rates FLOP/s and bytes/s. The result feeds [`crate::schedule::StageTiming`].
 
 use std::ops::Range;
 
 use serde::{Deserialize, Serialize};
 
 use crate::cluster::{ChipType, ClusterSpec};
-use crate::model::ModelSpec;
+use crate::model::{Matmul, MemoryPass, ModelSpec};
 use crate::schedule::StageTiming;
 use crate::settings::{Recompute, TrainingSettings};
 
@@ -66,9 +70,44 @@ pub struct MemoryBreakdown {
     pub optimizer: f64,
     /// Activations kept for the backward pass under 1F1B.
     pub activations: f64,
+    /// The last stage only: the logits and loss buffers of the micro-batch
+    /// being trained, see [`logits_bytes`].
+    #[serde(default)]
+    pub logits: f64,
+    /// The largest transient buffers of one pass, see [`workspace_bytes`].
+    #[serde(default)]
+    pub workspace: f64,
+    /// What the runtime and allocator keep, see
+    /// [`ChipType::memory_reserve`].
+    #[serde(default)]
+    pub reserve: f64,
     /// The sum.
     pub total: f64,
 }
+
+/// A matmul library's own scratch space per device, 32 MiB (cuBLAS asks
+/// for up to 32 MiB on Hopper; our choice for every chip).
+pub const MATMUL_WORKSPACE_BYTES: f64 = 32.0 * 1024.0 * 1024.0;
+
+/// The side length at which a matmul reaches half its large-shape rate:
+/// the shape factor is `d / (d + MATMUL_HALF_DIM)` in the smallest of
+/// `m, n, k`. Our estimate from FlashAttention-2 (Dao 2023), whose
+/// head-dim-128 forward runs at about 0.8 of a large GEMM's rate on A100
+/// (about 0.7 at head dim 64).
+pub const MATMUL_HALF_DIM: f64 = 32.0;
+
+/// The fixed cost of every kernel (launch, ramp-up and the last partial
+/// wave of thread blocks), seconds. Our estimate: 5 us, the order of a
+/// CUDA kernel launch. It is what makes small matmuls slow and what tensor
+/// parallelism does not divide.
+pub const KERNEL_OVERHEAD: f64 = 5e-6;
+
+/// Latency of one step of a ring collective between the chips of a node,
+/// seconds; a ring all-reduce over `t` chips takes `2 (t - 1)` steps. Our
+/// estimate (10 us, pessimistic for NVLink, whose small-message all-reduce
+/// on 8 GPUs takes 10-20 us in all; it also stands for the tensor-parallel
+/// ranks waiting on one another at every all-reduce).
+pub const COLLECTIVE_HOP_LATENCY: f64 = 10e-6;
 
 /// Parameters of the layers `layers`, plus the embedding if it starts at
 /// layer 0 and the final norm and head if it ends at the last layer.
@@ -134,13 +173,70 @@ fn full_layer_activation_bytes(
     sbh * per * scale / tp.max(1) as f64
 }
 
+/// Bytes of the logits and loss buffers on each of `tp` chips of the last
+/// stage, for the one micro-batch whose loss is computed (under 1F1B the
+/// last stage runs a micro-batch's backward right after its forward, so
+/// only one is alive): `b s V / t` elements (vocabulary-parallel head), each
+/// with the logits in the compute dtype, their f32 copy (mixed precision
+/// only), the f32 log-probabilities the loss keeps for its backward, their
+/// f32 gradient and that gradient cast back to the compute dtype (mixed
+/// precision only): 16 bytes per element in bf16/f16, 12 in f32.
+pub fn logits_bytes(
+    model: &ModelSpec,
+    settings: &TrainingSettings,
+    micro_batch: u64,
+    tp: u64,
+) -> f64 {
+    let elements = (micro_batch * model.seq_len) as f64 * model.vocab as f64 / tp.max(1) as f64;
+    let e = settings.dtype.bytes() as f64;
+    let mixed = if e < 4.0 { 4.0 + e } else { 0.0 };
+    elements * (e + mixed + 4.0 + 4.0)
+}
+
+/// The largest transient buffers of one pass on each of `tp` chips of a
+/// stage with at least one layer: the larger of one layer's FFN backward
+/// (the gradients of gate, up and their product, `3 b s f / t` elements)
+/// and its attention backward (flash attention: dQ, dK, dV in the compute
+/// dtype and an f32 dQ accumulator; without it, the gradients of the
+/// probabilities and of the scores, `2 b (a/t) s^2` elements), plus the
+/// matmul library's [`MATMUL_WORKSPACE_BYTES`]; on the first stage also the
+/// embedding output's gradient (`b s h`).
+pub fn workspace_bytes(
+    model: &ModelSpec,
+    settings: &TrainingSettings,
+    stage: &StageShape,
+    micro_batch: u64,
+) -> f64 {
+    let t = stage.tp.max(1) as f64;
+    let e = settings.dtype.bytes() as f64;
+    let tokens = (micro_batch * model.seq_len) as f64;
+    let (h, kv, f) = (model.hidden as f64, model.kv_dim() as f64, model.ffn as f64);
+    let mut bytes = MATMUL_WORKSPACE_BYTES;
+    if stage.layers.end > stage.layers.start {
+        let ffn = 3.0 * tokens * f / t * e;
+        let attention = if settings.flash_attention {
+            tokens / t * ((h + 2.0 * kv) * e + 4.0 * h)
+        } else {
+            let s = model.seq_len as f64;
+            2.0 * (micro_batch * model.heads) as f64 / t * s * s * e
+        };
+        bytes += ffn.max(attention);
+    }
+    if stage.layers.start == 0 {
+        bytes += tokens * h * e;
+    }
+    bytes
+}
+
 /// Memory of one device of `stage`: weights, gradients and optimizer state
 /// of its parameters split over `t` (norms included, a slight
 /// over-count), `dtype + grad + 12/d` bytes per parameter (18, 16 with bf16
 /// gradients, `6 + 12/d` sharded), and the activations of its layers for
 /// `min(p - i, m)` micro-batches. Full recomputation adds the working set of
-/// the one layer being recomputed. Logits and embedding outputs are not
-/// counted.
+/// the one layer being recomputed. The last stage adds the logits and loss
+/// buffers ([`logits_bytes`]); every stage its transient workspace
+/// ([`workspace_bytes`]) and the chip's reserve
+/// ([`ChipType::memory_reserve`]).
 pub fn stage_memory(
     model: &ModelSpec,
     settings: &TrainingSettings,
@@ -162,12 +258,22 @@ pub fn stage_memory(
     if settings.recompute == Recompute::Full && n > 0.0 {
         activations += full_layer_activation_bytes(model, settings, mb.size, stage.tp);
     }
+    let logits = if stage.layers.end == model.layers {
+        logits_bytes(model, settings, mb.size, stage.tp)
+    } else {
+        0.0
+    };
+    let workspace = workspace_bytes(model, settings, stage, mb.size);
+    let reserve = stage.chip.memory_reserve() as f64;
     MemoryBreakdown {
         weights,
         gradients,
         optimizer,
         activations,
-        total: weights + gradients + optimizer + activations,
+        logits,
+        workspace,
+        reserve,
+        total: weights + gradients + optimizer + activations + logits + workspace + reserve,
     }
 }
 
@@ -179,26 +285,219 @@ pub fn allreduce_time(bytes: f64, n: u64, bandwidth: f64) -> f64 {
     2.0 * (n - 1) as f64 / n as f64 * bytes / bandwidth
 }
 
+/// A tensor-parallel all-reduce: [`allreduce_time`] plus
+/// [`COLLECTIVE_HOP_LATENCY`] for each of the ring's `2 (n - 1)` steps.
+pub fn tp_allreduce_time(bytes: f64, n: u64, bandwidth: f64) -> f64 {
+    if n <= 1 {
+        return 0.0;
+    }
+    allreduce_time(bytes, n, bandwidth) + 2.0 * (n - 1) as f64 * COLLECTIVE_HOP_LATENCY
+}
+
 /// The slowest link of a stage's data-parallel group: the intra-node link
 /// when all `d t` chips fit in one node, else the cross-node path.
 pub fn dp_bandwidth(cluster: &ClusterSpec, chip: &ChipType, dp: u64, tp: u64) -> f64 {
     cluster.link_bandwidth(chip, chip, dp * tp <= chip.chips_per_node)
 }
 
+/// Seconds of forward and backward of one part of the model.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct PassTime {
+    /// Forward.
+    pub forward: f64,
+    /// Backward.
+    pub backward: f64,
+}
+
+impl std::ops::Add for PassTime {
+    type Output = PassTime;
+    fn add(self, o: PassTime) -> PassTime {
+        PassTime {
+            forward: self.forward + o.forward,
+            backward: self.backward + o.backward,
+        }
+    }
+}
+
+impl std::iter::Sum for PassTime {
+    fn sum<I: Iterator<Item = PassTime>>(iter: I) -> PassTime {
+        iter.fold(PassTime::default(), |a, b| a + b)
+    }
+}
+
+/// How one chip runs the operation classes, for one dtype.
+#[derive(Debug, Clone, Copy)]
+pub struct ChipRates {
+    /// Large-matmul FLOP/s: `peak[dtype] * efficiency`.
+    pub matmul: f64,
+    /// Memory bandwidth, bytes/s
+    /// ([`ChipType::memory_bandwidth_or_default`]).
+    pub memory: f64,
+    /// Bytes per element of the compute dtype.
+    pub elem: f64,
+}
+
+impl ChipRates {
+    /// The rates of `chip` in `settings.dtype`.
+    pub fn new(chip: &ChipType, settings: &TrainingSettings) -> Self {
+        ChipRates {
+            matmul: chip.sustained_flops(settings.dtype),
+            memory: chip.memory_bandwidth_or_default(),
+            elem: settings.dtype.bytes() as f64,
+        }
+    }
+
+    /// The shape factor of `mm`: `d / (d + MATMUL_HALF_DIM)` in its
+    /// smallest side `d`.
+    pub fn shape_factor(mm: &Matmul) -> f64 {
+        let d = mm.smallest_dim();
+        d / (d + MATMUL_HALF_DIM)
+    }
+
+    /// One matmul kernel, a roofline: the larger of its FLOPs at the
+    /// matmul rate times the shape factor and its operands and result
+    /// through memory, plus [`KERNEL_OVERHEAD`].
+    pub fn matmul_time(&self, mm: &Matmul) -> f64 {
+        let compute = mm.flops() / (self.matmul * Self::shape_factor(mm));
+        compute.max(mm.elements() * self.elem / self.memory) + KERNEL_OVERHEAD
+    }
+
+    /// A matmul forward (one kernel) and backward (two).
+    pub fn matmul(&self, mm: &Matmul) -> PassTime {
+        let [dx, dw] = mm.backward();
+        PassTime {
+            forward: self.matmul_time(mm),
+            backward: self.matmul_time(&dx) + self.matmul_time(&dw),
+        }
+    }
+
+    /// A memory-bound kernel: bytes over the memory bandwidth, plus
+    /// [`KERNEL_OVERHEAD`] each way.
+    pub fn memory_pass(&self, pass: &MemoryPass) -> PassTime {
+        PassTime {
+            forward: pass.forward_bytes / self.memory + KERNEL_OVERHEAD,
+            backward: pass.backward_bytes / self.memory + KERNEL_OVERHEAD,
+        }
+    }
+}
+
+/// Attention of one layer on each of `tp` chips. With flash attention one
+/// fused kernel each way: the scores' and context's FLOPs at the matmul
+/// rate with their own (head-dim) shape factor, or, if slower, reading Q,
+/// K, V and writing the output (backward: reading those and the output's
+/// gradient, writing dQ, dK, dV); backward twice the FLOPs, as Megatron
+/// counts. Without it the score matrices go through memory: each product
+/// is a matmul kernel, plus the softmax (read and write the scores; its
+/// backward reads the probabilities and their gradient, writes one).
+pub fn attention_time(model: &ModelSpec, rates: &ChipRates, micro_batch: u64, tp: u64) -> PassTime {
+    attention_time_with(model, rates, micro_batch, tp, true)
+}
+
+fn attention_time_with(
+    model: &ModelSpec,
+    rates: &ChipRates,
+    micro_batch: u64,
+    tp: u64,
+    flash: bool,
+) -> PassTime {
+    let mms = model.attention_matmuls(micro_batch, tp);
+    if !flash {
+        let probs = mms[0].m * mms[0].n * mms[0].batch * rates.elem;
+        let softmax = MemoryPass {
+            name: "softmax",
+            forward_bytes: 2.0 * probs,
+            backward_bytes: 3.0 * probs,
+        };
+        return mms.iter().map(|mm| rates.matmul(mm)).sum::<PassTime>()
+            + rates.memory_pass(&softmax);
+    }
+    let t = tp.max(1) as f64;
+    let tokens = (micro_batch * model.seq_len) as f64;
+    let (h, kv) = (model.hidden as f64, model.kv_dim() as f64);
+    let io = tokens / t * rates.elem;
+    let (fwd_io, bwd_io) = (io * (2.0 * h + 2.0 * kv), io * (4.0 * h + 4.0 * kv));
+    let compute = |mm: &Matmul| mm.flops() / (rates.matmul * ChipRates::shape_factor(mm));
+    let fwd: f64 = mms.iter().map(compute).sum();
+    let bwd: f64 = mms
+        .iter()
+        .flat_map(|mm| mm.backward())
+        .map(|mm| compute(&mm))
+        .sum();
+    PassTime {
+        forward: fwd.max(fwd_io / rates.memory) + KERNEL_OVERHEAD,
+        backward: bwd.max(bwd_io / rates.memory) + KERNEL_OVERHEAD,
+    }
+}
+
+/// The compute of one transformer layer on each of `tp` chips, without
+/// its all-reduces: the weight matmuls, attention, and the memory-bound
+/// passes (norms and residual adds replicated over `tp`).
+pub fn layer_time(
+    model: &ModelSpec,
+    settings: &TrainingSettings,
+    rates: &ChipRates,
+    micro_batch: u64,
+    tp: u64,
+) -> PassTime {
+    let matmuls: PassTime = model
+        .layer_matmuls(micro_batch, tp)
+        .iter()
+        .map(|mm| rates.matmul(mm))
+        .sum();
+    let passes: PassTime = model
+        .layer_memory_passes(micro_batch, tp, rates.elem)
+        .iter()
+        .map(|p| rates.memory_pass(p))
+        .sum();
+    let attention = attention_time_with(model, rates, micro_batch, tp, settings.flash_attention);
+    matmuls + attention + passes
+}
+
+/// The output side on each of `tp` chips, without its all-reduces: the
+/// final RMSNorm, the `(b s) x h x V/t` head matmul and the
+/// vocabulary-wide softmax cross-entropy.
+pub fn head_time(model: &ModelSpec, rates: &ChipRates, micro_batch: u64, tp: u64) -> PassTime {
+    let passes: PassTime = model
+        .head_memory_passes(micro_batch, tp, rates.elem)
+        .iter()
+        .map(|p| rates.memory_pass(p))
+        .sum();
+    rates.matmul(&model.head_matmul(micro_batch, tp)) + passes
+}
+
+/// The input embedding: a gather forward, a scatter-add into the table's
+/// gradient backward (no FLOPs counted, as Megatron counts none).
+pub fn embedding_time(
+    model: &ModelSpec,
+    settings: &TrainingSettings,
+    rates: &ChipRates,
+    micro_batch: u64,
+) -> PassTime {
+    let pass = model.embedding_memory_passes(micro_batch, rates.elem, settings.grad_bytes());
+    rates.memory_pass(&pass)
+}
+
 /// The timings of `stage` for micro-batches of `mb.size` sequences.
 ///
-/// - compute: forward FLOPs (n layers, plus the head on the last stage) over
-///   `peak[dtype] * efficiency * t`; backward is twice the forward, plus
-///   the recomputed forward (full) or attention scores (selective);
-/// - tensor parallel: per layer 2 all-reduces of `s b h` elements forward
-///   and 2 backward (4 with full recomputation) at the intra-node bandwidth,
-///   ring factor `2 (t-1)/t`;
+/// - compute, per operation class ([`layer_time`], [`head_time`] on the
+///   last stage, [`embedding_time`] on the first): matmuls as rooflines
+///   with a shape factor, attention at its head-dim shape, memory-bound
+///   passes at the memory bandwidth, each kernel [`KERNEL_OVERHEAD`];
+///   backward twice the matmul FLOPs plus the backward passes, plus the
+///   recomputed forward (full) or attention (selective);
+/// - tensor parallel: the matmuls split by `t`, norms and residual adds
+///   not; per layer 2 all-reduces of `s b h` elements forward and 2
+///   backward (4 with full recomputation) at the intra-node bandwidth, ring
+///   factor `2 (t-1)/t`, plus [`COLLECTIVE_HOP_LATENCY`] per ring step;
+///   the vocabulary-parallel embedding one forward, the head one backward
+///   and its loss three of `b s` f32 values forward;
 /// - `send_next`: `2 s b h` bytes (16-bit) over the slower link of the two
 ///   stages (NICs and network across nodes);
 /// - `dp_allreduce`: `2 (d-1)/d * params_stage/t * grad_bytes / bw_slowest`,
 ///   not overlapped;
 /// - `optimizer`: reading gradients, weights and twice the optimizer state
-///   at the chip's memory bandwidth (0 if the chip gives none).
+///   at the chip's memory bandwidth
+///   ([`ChipType::memory_bandwidth_or_default`]).
 pub fn stage_timing(
     model: &ModelSpec,
     settings: &TrainingSettings,
@@ -210,28 +509,29 @@ pub fn stage_timing(
     let tp = stage.tp.max(1);
     let n = (stage.layers.end - stage.layers.start) as f64;
     let b = mb.size;
-    let mut fwd_flops = n * model.layer_forward_flops(b);
+    let rates = ChipRates::new(chip, settings);
+    let sbh_bytes = (model.seq_len * b * model.hidden * settings.dtype.bytes()) as f64;
+    let tp_ar = tp_allreduce_time(sbh_bytes, tp, chip.intra_node_bandwidth);
+    let layer = layer_time(model, settings, &rates, b, tp);
+    let recompute = match settings.recompute {
+        Recompute::None => 0.0,
+        Recompute::Selective => attention_time(model, &rates, b, tp).forward,
+        Recompute::Full => layer.forward + 2.0 * tp_ar,
+    };
+    let mut forward = n * (layer.forward + 2.0 * tp_ar);
+    let mut backward = n * (layer.backward + 2.0 * tp_ar + recompute);
     if stage.layers.end == model.layers {
-        fwd_flops += model.head_forward_flops(b);
+        let head = head_time(model, &rates, b, tp);
+        let loss_bytes = (b * model.seq_len) as f64 * 4.0;
+        forward +=
+            head.forward + 3.0 * tp_allreduce_time(loss_bytes, tp, chip.intra_node_bandwidth);
+        backward += head.backward + tp_ar;
     }
     if stage.layers.start == 0 {
-        fwd_flops += model.embedding_forward_flops(b);
+        let embedding = embedding_time(model, settings, &rates, b);
+        forward += embedding.forward + tp_ar;
+        backward += embedding.backward;
     }
-    let recompute_flops = match settings.recompute {
-        Recompute::None => 0.0,
-        Recompute::Selective => n * model.attention_score_forward_flops(b),
-        Recompute::Full => n * model.layer_forward_flops(b),
-    };
-    let rate = chip.sustained_flops(settings.dtype) * tp as f64;
-    let sbh_bytes = (model.seq_len * b * model.hidden * settings.dtype.bytes()) as f64;
-    let tp_ar = allreduce_time(sbh_bytes, tp, chip.intra_node_bandwidth);
-    let bwd_ars = if settings.recompute == Recompute::Full {
-        4.0
-    } else {
-        2.0
-    };
-    let forward = fwd_flops / rate + n * 2.0 * tp_ar;
-    let backward = (2.0 * fwd_flops + recompute_flops) / rate + n * bwd_ars * tp_ar;
     let send_next = stage.next.map_or(0.0, |next| {
         sbh_bytes / cluster.link_bandwidth(chip, next.chip, next.same_node)
     });
@@ -241,17 +541,6 @@ pub fn stage_timing(
         stage.dp,
         dp_bandwidth(cluster, chip, stage.dp, tp),
     );
-    let shard = if settings.shard_optimizer {
-        stage.dp.max(1) as f64
-    } else {
-        1.0
-    };
-    let optimizer = chip.memory_bandwidth.map_or(0.0, |bw| {
-        let per_param = settings.grad_bytes()
-            + settings.dtype.bytes() as f64
-            + 2.0 * settings.optimizer_bytes();
-        params / shard * per_param / bw
-    });
     let mut timing = StageTiming {
         name: format!(
             "stage {} ({} x{}, layers {}-{})",
@@ -265,11 +554,30 @@ pub fn stage_timing(
         backward,
         send_next,
         dp_allreduce,
-        optimizer,
+        optimizer: optimizer_time(settings, chip, params, stage.dp),
     };
     // A chip type with measured costs is priced from them instead.
-    crate::profile::apply_measured(&mut timing, model, settings, stage, b, params / shard);
+    let shard = if settings.shard_optimizer {
+        stage.dp.max(1) as f64
+    } else {
+        1.0
+    };
+    crate::profile::apply_measured(&mut timing, model, settings, stage, mb.size, params / shard);
     timing
+}
+
+/// The optimizer step of `params` parameters (per chip, before sharding
+/// over `dp`): reading gradients and weights and reading and writing the
+/// optimizer state, at the chip's memory bandwidth.
+pub fn optimizer_time(settings: &TrainingSettings, chip: &ChipType, params: f64, dp: u64) -> f64 {
+    let shard = if settings.shard_optimizer {
+        dp.max(1) as f64
+    } else {
+        1.0
+    };
+    let per_param =
+        settings.grad_bytes() + settings.dtype.bytes() as f64 + 2.0 * settings.optimizer_bytes();
+    params / shard * per_param / chip.memory_bandwidth_or_default()
 }
 
 #[cfg(test)]

@@ -292,6 +292,210 @@ impl ModelSpec {
     }
 }
 
+/// One class of matrix multiplication: `batch` independent products of an
+/// `m x k` matrix by a `k x n` one (`2 m n k` FLOPs each).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Matmul {
+    /// What it computes, for reports and tests.
+    pub name: &'static str,
+    /// Rows of the result.
+    pub m: f64,
+    /// Columns of the result.
+    pub n: f64,
+    /// The inner dimension.
+    pub k: f64,
+    /// Independent products (heads times sequences for attention; 1 else).
+    pub batch: f64,
+}
+
+impl Matmul {
+    /// `2 m n k` per product.
+    pub fn flops(&self) -> f64 {
+        2.0 * self.m * self.n * self.k * self.batch
+    }
+
+    /// Elements it reads and writes if nothing stays on chip: both
+    /// operands and the result, `m k + k n + m n` per product.
+    pub fn elements(&self) -> f64 {
+        (self.m * self.k + self.k * self.n + self.m * self.n) * self.batch
+    }
+
+    /// The smallest of `m`, `n` and `k`.
+    pub fn smallest_dim(&self) -> f64 {
+        self.m.min(self.n).min(self.k)
+    }
+
+    /// The two products of its backward pass, each with its FLOPs: the
+    /// input gradient `dX = dY W^T` (`m x k`, inner `n`) and the weight
+    /// gradient `dW = X^T dY` (`k x n`, inner `m`).
+    pub fn backward(&self) -> [Matmul; 2] {
+        let (m, n, k) = (self.m, self.n, self.k);
+        [
+            Matmul {
+                m,
+                n: k,
+                k: n,
+                ..*self
+            },
+            Matmul {
+                m: k,
+                n,
+                k: m,
+                ..*self
+            },
+        ]
+    }
+}
+
+/// One memory-bound pass (a kernel that streams tensors: a norm, an
+/// elementwise product, a residual add, a softmax): bytes moved forward and
+/// in its backward, and whether tensor parallelism splits it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct MemoryPass {
+    /// What it computes.
+    pub name: &'static str,
+    /// Bytes read and written by the forward kernel.
+    pub forward_bytes: f64,
+    /// Bytes read and written by its backward.
+    pub backward_bytes: f64,
+}
+
+impl ModelSpec {
+    /// Tokens of a micro-batch, `b s`.
+    fn tokens(&self, micro_batch: u64) -> f64 {
+        (micro_batch * self.seq_len) as f64
+    }
+
+    /// Width of one attention head, `h / a`.
+    pub fn head_dim(&self) -> u64 {
+        self.hidden / self.heads
+    }
+
+    /// The weight matmuls of one layer for a micro-batch on each of `tp`
+    /// chips (Megatron's split: QKV and the FFN's gate and up by columns, the
+    /// attention output and the FFN's down projection by rows). Their FLOPs
+    /// times `tp` are [`Self::matmul_forward_flops`].
+    pub fn layer_matmuls(&self, micro_batch: u64, tp: u64) -> [Matmul; 5] {
+        let t = tp.max(1) as f64;
+        let m = self.tokens(micro_batch);
+        let (h, kv, f) = (self.hidden as f64, self.kv_dim() as f64, self.ffn as f64);
+        let mm = |name, n, k| Matmul {
+            name,
+            m,
+            n,
+            k,
+            batch: 1.0,
+        };
+        [
+            mm("qkv", (h + 2.0 * kv) / t, h),
+            mm("attention output", h, h / t),
+            mm("ffn gate", f / t, h),
+            mm("ffn up", f / t, h),
+            mm("ffn down", h, f / t),
+        ]
+    }
+
+    /// The two products of attention for a micro-batch on each of `tp`
+    /// chips (`a / t` heads each): the scores `Q K^T` (`s x s`, inner
+    /// `h / a`) and the context `P V` (`s x h/a`, inner `s`), causal masking
+    /// not exploited (as Megatron counts): `4 b s^2 h / t` FLOPs together.
+    pub fn attention_matmuls(&self, micro_batch: u64, tp: u64) -> [Matmul; 2] {
+        let batch = (micro_batch * self.heads) as f64 / tp.max(1) as f64;
+        let (s, d) = (self.seq_len as f64, self.head_dim() as f64);
+        [
+            Matmul {
+                name: "attention scores",
+                m: s,
+                n: s,
+                k: d,
+                batch,
+            },
+            Matmul {
+                name: "attention context",
+                m: s,
+                n: d,
+                k: s,
+                batch,
+            },
+        ]
+    }
+
+    /// The memory-bound passes of one layer with activations of `elem`
+    /// bytes, on each of `tp` chips. Replicated under tensor parallelism
+    /// (no sequence parallelism assumed for them): the two RMSNorms (forward
+    /// reads and writes `b s h`, backward reads the input and the gradient
+    /// and writes one) and the two residual adds (read two, write one, both
+    /// ways). Split by `tp`: RoPE on Q and K (read and write, both ways) and
+    /// the SwiGLU product (forward reads gate and up and writes their
+    /// product; backward reads gate, up and the gradient and writes two).
+    pub fn layer_memory_passes(&self, micro_batch: u64, tp: u64, elem: f64) -> [MemoryPass; 4] {
+        let t = tp.max(1) as f64;
+        let x = self.tokens(micro_batch) * elem;
+        let (h, kv, f) = (self.hidden as f64, self.kv_dim() as f64, self.ffn as f64);
+        let pass = |name, fwd: f64, bwd: f64, width: f64| MemoryPass {
+            name,
+            forward_bytes: fwd * x * width,
+            backward_bytes: bwd * x * width,
+        };
+        [
+            pass("rmsnorm x2", 2.0 * 2.0, 2.0 * 3.0, h),
+            pass("residual add x2", 2.0 * 3.0, 2.0 * 3.0, h),
+            pass("rope (q, k)", 2.0, 2.0, (h + kv) / t),
+            pass("swiglu", 3.0, 5.0, f / t),
+        ]
+    }
+
+    /// The output head's matmul on each of `tp` chips, split by vocabulary
+    /// (Megatron's vocabulary-parallel head): `(b s) x h` by `h x V/t`,
+    /// [`Self::head_forward_flops`] over `tp`.
+    pub fn head_matmul(&self, micro_batch: u64, tp: u64) -> Matmul {
+        Matmul {
+            name: "output head",
+            m: self.tokens(micro_batch),
+            n: self.vocab as f64 / tp.max(1) as f64,
+            k: self.hidden as f64,
+            batch: 1.0,
+        }
+    }
+
+    /// The memory-bound passes of the output side: the final RMSNorm
+    /// (replicated) and the loss over the vocabulary (`b s V / t` logits per
+    /// chip), as a fused softmax cross-entropy kernel (Megatron's
+    /// vocabulary-parallel one; the statistics are kept in f32 on chip):
+    /// forward it reads the logits once (`elem` bytes each), backward it
+    /// reads them and writes their gradient.
+    pub fn head_memory_passes(&self, micro_batch: u64, tp: u64, elem: f64) -> [MemoryPass; 2] {
+        let tokens = self.tokens(micro_batch);
+        let logits = tokens * self.vocab as f64 / tp.max(1) as f64 * elem;
+        let norm = tokens * self.hidden as f64 * elem;
+        [
+            MemoryPass {
+                name: "final rmsnorm",
+                forward_bytes: 2.0 * norm,
+                backward_bytes: 3.0 * norm,
+            },
+            MemoryPass {
+                name: "softmax cross-entropy",
+                forward_bytes: logits,
+                backward_bytes: 2.0 * logits,
+            },
+        ]
+    }
+
+    /// The embedding's memory-bound passes: forward gathers `b s` rows of
+    /// `h` (read and write, `elem` bytes); backward reads the output
+    /// gradient and adds it into the table's gradient (`grad` bytes, read
+    /// and written).
+    pub fn embedding_memory_passes(&self, micro_batch: u64, elem: f64, grad: f64) -> MemoryPass {
+        let rows = self.tokens(micro_batch) * self.hidden as f64;
+        MemoryPass {
+            name: "embedding gather",
+            forward_bytes: 2.0 * rows * elem,
+            backward_bytes: rows * (elem + 2.0 * grad),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -346,6 +550,40 @@ mod tests {
                 m.name
             );
         }
+    }
+
+    #[test]
+    fn op_tables_add_up_to_the_flop_counts() {
+        for m in [ModelSpec::llama_7b(), ModelSpec::llama_70b()] {
+            for (b, tp) in [(1, 1), (2, 2), (3, 8)] {
+                let t = tp as f64;
+                let weights: f64 = m.layer_matmuls(b, tp).iter().map(Matmul::flops).sum();
+                let want = m.matmul_forward_flops(b);
+                assert!(
+                    (weights * t - want).abs() <= want * 1e-12,
+                    "{} tp {tp}",
+                    m.name
+                );
+                let attn: f64 = m.attention_matmuls(b, tp).iter().map(Matmul::flops).sum();
+                let want = m.attention_score_forward_flops(b);
+                assert!((attn * t - want).abs() <= want * 1e-12);
+                let head = m.head_matmul(b, tp).flops() * t;
+                assert!((head - m.head_forward_flops(b)).abs() <= head * 1e-12);
+                for mm in m.layer_matmuls(b, tp) {
+                    let [dx, dw] = mm.backward();
+                    assert_eq!((dx.flops(), dw.flops()), (mm.flops(), mm.flops()));
+                }
+            }
+        }
+        let m = ModelSpec::llama_70b();
+        // Attention's products have head_dim-sized inner (or outer) sides.
+        assert_eq!(m.head_dim(), 128);
+        for mm in m.attention_matmuls(1, 8) {
+            assert_eq!(mm.smallest_dim(), 128.0);
+            assert!(mm.backward().iter().all(|x| x.smallest_dim() == 128.0));
+        }
+        // The o projection is split by rows: its inner dimension shrinks.
+        assert_eq!(m.layer_matmuls(1, 8)[1].k, 1024.0);
     }
 
     #[test]

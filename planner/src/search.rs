@@ -59,8 +59,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::cluster::{ChipType, ClusterSpec};
 use crate::cost::{
-    Microbatching, StageShape, allreduce_time, dp_bandwidth, stage_memory, stage_params,
-    stage_timing,
+    Microbatching, StageShape, allreduce_time, dp_bandwidth, optimizer_time, stage_memory,
+    stage_params, stage_timing,
 };
 use crate::error::SpecError;
 use crate::evaluate::{Layout, LayoutStage, assemble};
@@ -398,11 +398,22 @@ impl Choice {
     }
 }
 
-/// Per-stage costs of one placement: `t_i(n) = n c_i + (last ? h : 0)`,
-/// memory cap `nmax_i` layers.
+/// Per-stage costs of one placement: `t_i(n) = n c_i + extra_i` (the
+/// embedding on the first stage, the head on the last), memory cap
+/// `nmax_i` layers.
 struct StageCoef {
     c: f64,
+    extra: f64,
     nmax: u64,
+}
+
+/// One chip type's per-layer time and the fixed extras of the first and
+/// last stages, for one tp and micro-batch size.
+#[derive(Debug, Clone, Copy)]
+struct LayerTime {
+    c: f64,
+    first: f64,
+    head: f64,
 }
 
 /// Summary of a placed pipeline for the analytic step time.
@@ -427,8 +438,9 @@ struct Ctx<'a> {
     exhaustive: bool,
     budget: u64,
     /// Per (type, tp, micro-batch size): forward + backward time of one
-    /// layer, and the extra of the last layer (the head).
-    layer_time: std::collections::HashMap<(usize, u64, u64), (f64, f64)>,
+    /// layer, the extra of the first stage (the embedding) and of the last
+    /// (the head).
+    layer_time: std::collections::HashMap<(usize, u64, u64), LayerTime>,
     /// The model with 4 more layers, for per-layer coefficients away from
     /// the embedding and head.
     big: ModelSpec,
@@ -493,18 +505,23 @@ impl<'a> Ctx<'a> {
         }
     }
 
-    fn layer_time(&mut self, ty: usize, tp: u64, b: u64) -> (f64, f64) {
+    fn layer_time(&mut self, ty: usize, tp: u64, b: u64) -> LayerTime {
         if let Some(&v) = self.layer_time.get(&(ty, tp, b)) {
             return v;
         }
-        let (model, chip, l) = (self.model, self.chip(ty), self.model.layers);
+        let (chip, lb) = (self.chip(ty), self.big.layers);
         let mbt = Microbatching { size: b, count: 1 };
-        let mid = self.shape(chip, 1..2, 1, 3, 1, tp);
-        let mid = stage_timing(&self.big, self.settings, self.cluster, &mid, mbt);
-        let c = mid.forward + mid.backward;
-        let last = self.shape(chip, l - 1..l, 0, 1, 1, tp);
-        let last = stage_timing(model, self.settings, self.cluster, &last, mbt);
-        let v = (c, last.forward + last.backward - c);
+        let time = |layers: std::ops::Range<u64>| {
+            let shape = self.shape(chip, layers, 1, 3, 1, tp);
+            let t = stage_timing(&self.big, self.settings, self.cluster, &shape, mbt);
+            t.forward + t.backward
+        };
+        let c = time(1..2);
+        let v = LayerTime {
+            c,
+            first: time(0..1) - c,
+            head: time(lb - 1..lb) - c,
+        };
         self.layer_time.insert((ty, tp, b), v);
         v
     }
@@ -531,7 +548,6 @@ impl<'a> Ctx<'a> {
         };
         let lb = self.big.layers;
         let mut coefs = Vec::with_capacity(p);
-        let mut head = 0.0;
         for (i, &(ty, tp, _)) in st.iter().enumerate() {
             let chip = self.chip(ty);
             let cap = chip.memory_bytes as f64;
@@ -562,23 +578,29 @@ impl<'a> Ctx<'a> {
             if nmax == 0 {
                 return None;
             }
-            let (c, h) = self.layer_time(ty, tp, b);
-            if i + 1 == p {
-                head = h;
+            let lt = self.layer_time(ty, tp, b);
+            let mut extra = 0.0;
+            if i == 0 {
+                extra += lt.first;
             }
-            coefs.push(StageCoef { c, nmax });
+            if i + 1 == p {
+                extra += lt.head;
+            }
+            coefs.push(StageCoef {
+                c: lt.c,
+                extra,
+                nmax,
+            });
         }
-        let layers = min_max(&coefs, head, l)?;
+        let layers = min_max(&coefs, l)?;
         // The step-time terms, as cost::stage_timing computes them.
         let sbh = (model.seq_len * b * model.hidden * settings.dtype.bytes()) as f64;
         let (mut max_t, mut sum_t, mut p2p, mut tail) = (0.0f64, 0.0, 0.0, 0.0f64);
         let mut start = 0;
         for (i, (&(ty, tp, same), &n)) in st.iter().zip(&layers).enumerate() {
             let chip = self.chip(ty);
-            let mut t = n as f64 * coefs[i].c;
-            if i + 1 == p {
-                t += head;
-            } else {
+            let t = n as f64 * coefs[i].c + coefs[i].extra;
+            if i + 1 < p {
                 let (nty, _, _) = st[i + 1];
                 p2p += 2.0 * sbh / self.cluster.link_bandwidth(chip, self.chip(nty), same);
             }
@@ -590,17 +612,7 @@ impl<'a> Ctx<'a> {
                 dp,
                 dp_bandwidth(self.cluster, chip, dp, tp),
             );
-            let shard = if settings.shard_optimizer {
-                dp as f64
-            } else {
-                1.0
-            };
-            let opt = chip.memory_bandwidth.map_or(0.0, |bw| {
-                let per = settings.grad_bytes()
-                    + settings.dtype.bytes() as f64
-                    + 2.0 * settings.optimizer_bytes();
-                params / shard * per / bw
-            });
+            let opt = optimizer_time(settings, chip, params, dp);
             tail = tail.max(ar + opt);
             start += n;
         }
@@ -848,7 +860,7 @@ impl<'a> Ctx<'a> {
                 let (mut speed, mut sum_c, mut max_c, mut min_c, mut p) =
                     (0.0, 0.0, 0.0f64, f64::INFINITY, 0.0);
                 for g in used {
-                    let c = self.layer_time(g.ty, g.tp, b).0;
+                    let c = self.layer_time(g.ty, g.tp, b).c;
                     speed += g.k as f64 / c;
                     sum_c += g.k as f64 * c;
                     max_c = max_c.max(c);
@@ -1008,26 +1020,29 @@ fn permutations(v: &mut Vec<Seg>, k: usize, out: &mut Vec<Vec<Seg>>) {
 }
 
 /// Min-max contiguous placement of `l` layers on stages with per-layer time
-/// `c_i` (the last stage also `head`) and at most `nmax_i` layers each, at
-/// least one each: binary search on the bottleneck time; for a bound, each
-/// stage greedily takes as many layers as fit (optimal for contiguous
-/// stages, since taking more never hurts the later ones).
-fn min_max(coefs: &[StageCoef], head: f64, l: u64) -> Option<Vec<u64>> {
+/// `c_i`, a fixed `extra_i` and at most `nmax_i` layers each, at least one
+/// each: binary search on the bottleneck time; for a bound, each stage
+/// greedily takes as many layers as fit (optimal for contiguous stages,
+/// since taking more never hurts the later ones).
+fn min_max(coefs: &[StageCoef], l: u64) -> Option<Vec<u64>> {
     let p = coefs.len();
     let fill = |bound: f64, mut out: Option<&mut Vec<u64>>| -> bool {
         let mut left = l;
         for (i, s) in coefs.iter().enumerate() {
             let later = (p - 1 - i) as u64;
             if i + 1 == p {
-                if left == 0 || left > s.nmax || left as f64 * s.c + head > bound {
+                if left == 0 || left > s.nmax || left as f64 * s.c + s.extra > bound {
                     return false;
                 }
                 if let Some(o) = out.as_mut() {
                     o.push(left);
                 }
             } else {
-                let by_time = if s.c > 0.0 {
-                    (bound / s.c).floor().min(l as f64) as u64
+                let room = bound - s.extra;
+                let by_time = if room < 0.0 {
+                    0
+                } else if s.c > 0.0 {
+                    (room / s.c).floor().min(l as f64) as u64
                 } else {
                     l
                 };
@@ -1044,7 +1059,8 @@ fn min_max(coefs: &[StageCoef], head: f64, l: u64) -> Option<Vec<u64>> {
         true
     };
     let maxc = coefs.iter().map(|s| s.c).fold(0.0, f64::max);
-    let mut hi = l as f64 * maxc + head.max(0.0);
+    let extras: f64 = coefs.iter().map(|s| s.extra.max(0.0)).sum();
+    let mut hi = l as f64 * maxc + extras;
     hi *= 1.0 + 1e-12;
     if !fill(hi, None) {
         return None;
@@ -1121,21 +1137,22 @@ mod tests {
 
     #[test]
     fn min_max_balances_and_respects_caps() {
-        let s = |c: f64, nmax: u64| StageCoef { c, nmax };
-        assert_eq!(
-            min_max(&[s(1.0, 100), s(1.0, 100)], 0.0, 10),
-            Some(vec![5, 5])
-        );
+        let s = |c: f64, nmax: u64| StageCoef {
+            c,
+            extra: 0.0,
+            nmax,
+        };
+        assert_eq!(min_max(&[s(1.0, 100), s(1.0, 100)], 10), Some(vec![5, 5]));
         // A twice-as-fast first stage takes twice the layers.
-        assert_eq!(
-            min_max(&[s(0.5, 100), s(1.0, 100)], 0.0, 9),
-            Some(vec![6, 3])
-        );
+        assert_eq!(min_max(&[s(0.5, 100), s(1.0, 100)], 9), Some(vec![6, 3]));
         // A memory cap moves layers on.
-        assert_eq!(
-            min_max(&[s(1.0, 2), s(1.0, 100)], 0.0, 10),
-            Some(vec![2, 8])
-        );
-        assert_eq!(min_max(&[s(1.0, 2), s(1.0, 2)], 0.0, 10), None);
+        assert_eq!(min_max(&[s(1.0, 2), s(1.0, 100)], 10), Some(vec![2, 8]));
+        assert_eq!(min_max(&[s(1.0, 2), s(1.0, 2)], 10), None);
+        // A head worth two layers on the last stage moves a layer off it.
+        let head = StageCoef {
+            extra: 2.0,
+            ..s(1.0, 100)
+        };
+        assert_eq!(min_max(&[s(1.0, 100), head], 10), Some(vec![6, 4]));
     }
 }

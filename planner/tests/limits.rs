@@ -114,3 +114,39 @@ fn huge_inputs_are_refused_before_planning() {
         "{err}"
     );
 }
+
+/// Issue 5's targets, on the `search` benchmark's clusters (the four types
+/// of `examples/clusters/h2-like-1024.toml`, a quarter of the chips each,
+/// the 100B model, global batch 2,048): 1,024 chips in under 1 s and 4,096
+/// in under 10 s in a release build (`cargo test --release`); a debug build
+/// is allowed 30 times as long.
+#[test]
+fn the_1024_and_4096_chip_examples_plan_within_their_bounds() {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../examples/clusters/h2-like-1024.toml"
+    );
+    let base = ClusterSpec::load(path.as_ref()).unwrap();
+    let slack = if cfg!(debug_assertions) { 30 } else { 1 };
+    for (chips, bound) in [(1024u64, 1u64), (4096, 10)] {
+        let mut cluster = base.clone();
+        for c in &mut cluster.chip_types {
+            c.count = chips / 4;
+            c.chips_per_node = c.chips_per_node.min(c.count);
+        }
+        let start = Instant::now();
+        let report = plan(
+            &ModelSpec::h2_100b(),
+            &cluster,
+            &TrainingSettings::new(2048),
+            &PlanOptions::default(),
+        )
+        .unwrap();
+        let took = start.elapsed();
+        assert!(report.plan.fits());
+        assert!(
+            took < Duration::from_secs(bound * slack),
+            "{chips} chips: {took:?}"
+        );
+    }
+}
