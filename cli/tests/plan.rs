@@ -107,3 +107,97 @@ nic_bandwidth = 25e9
     );
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// `polychip profile` on the bundled devices, then `polychip plan
+/// --evaluate` of a `--save-plan` pipeline with and without the profile.
+#[test]
+fn profile_then_evaluate_a_saved_plan_of_the_bundled_devices() {
+    let dir = std::env::temp_dir().join(format!("polychip-eval-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = |n: &str| dir.join(n).to_str().unwrap().to_string();
+    let (code, devices, err) = polychip(&["devices", "--json"]);
+    assert_eq!(code, Some(0), "{err}");
+    std::fs::write(file("devices.json"), devices).unwrap();
+    let (code, _, err) = polychip(&[
+        "profile",
+        "--model",
+        "mini",
+        "--micro-batch-sizes",
+        "1,2",
+        "--out",
+        &file("profile.json"),
+    ]);
+    assert_eq!(code, Some(0), "{err}");
+    let profile: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(file("profile.json")).unwrap()).unwrap();
+    let entries = profile["entries"].as_array().unwrap();
+    assert_eq!(entries.len(), 4, "{profile}");
+    for e in entries {
+        assert!(e["block"]["forward"].as_f64().unwrap() > 0.0, "{e}");
+        assert!(e["peak_memory_bytes"].as_u64().unwrap() > 0, "{e}");
+    }
+    let (code, out, err) = polychip(&[
+        "train",
+        "--model",
+        "mini",
+        "--stages",
+        "ferrite:0=0..1,cobalt:0=1..2",
+        "--global-batch",
+        "8",
+        "--micro-batch-size",
+        "2",
+        "--save-plan",
+        &file("plan.json"),
+    ]);
+    assert_eq!(code, Some(0), "{out}{err}");
+    let (devices, plan) = (file("devices.json"), file("plan.json"));
+    let eval = |extra: &[&str]| {
+        let mut args = vec![
+            "plan",
+            "--cluster",
+            devices.as_str(),
+            "--model",
+            "mini",
+            "--dtype",
+            "f32",
+            "--evaluate",
+            plan.as_str(),
+        ];
+        args.extend(extra);
+        polychip(&args)
+    };
+    let (code, table, err) = eval(&[]);
+    assert_eq!(code, Some(0), "{err}");
+    for needle in [
+        "stage 1: Cobalt",
+        "logits",
+        "reserve",
+        "bottleneck:",
+        "fits:",
+    ] {
+        assert!(table.contains(needle), "no {needle:?} in\n{table}");
+    }
+    let profile = file("profile.json");
+    let (code, json, err) = eval(&["--profile", &profile, "--json"]);
+    assert_eq!(code, Some(0), "{err}");
+    let ev: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(ev["measured_chips"].as_array().unwrap().len(), 2, "{ev}");
+    assert_eq!(ev["plan"]["global_batch"], 8);
+    assert_eq!(ev["fits"], true);
+    // Another model's profile is refused, naming the field.
+    let (code, _, err) = polychip(&[
+        "plan",
+        "--cluster",
+        &file("devices.json"),
+        "--model",
+        "tiny",
+        "--dtype",
+        "f32",
+        "--profile",
+        &profile,
+    ]);
+    assert_eq!(code, Some(2));
+    assert!(err.contains("whose layers is 2"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

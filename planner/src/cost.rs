@@ -254,7 +254,16 @@ pub fn stage_memory(
     let optimizer = params * settings.optimizer_bytes() / shard;
     let n = (stage.layers.end - stage.layers.start) as f64;
     let kept = inflight_microbatches(stage.index, stage.num_stages, mb.count) as f64;
-    let mut activations = n * kept * layer_activation_bytes(model, settings, mb.size, stage.tp);
+    // A profile's measured bytes per block replace the formula (without
+    // full recomputation, which keeps less than was measured).
+    let measured = stage
+        .chip
+        .measured_costs(mb.size, stage.tp.max(1))
+        .and_then(|(_, act)| act)
+        .filter(|_| settings.recompute != Recompute::Full);
+    let per_layer =
+        measured.unwrap_or_else(|| layer_activation_bytes(model, settings, mb.size, stage.tp));
+    let mut activations = n * kept * per_layer;
     if settings.recompute == Recompute::Full && n > 0.0 {
         activations += full_layer_activation_bytes(model, settings, mb.size, stage.tp);
     }
