@@ -28,6 +28,9 @@ pub struct Args {
     /// Micro-batch sizes to measure, comma-separated.
     #[arg(long, value_name = "LIST", default_value = "1,2,4")]
     micro_batch_sizes: String,
+    /// Timed repetitions of each measurement (their median is kept).
+    #[arg(long, value_name = "N", default_value_t = 9)]
+    repeats: usize,
     /// Compute precision: f32 or bf16.
     #[arg(long, value_name = "P", default_value = "f32")]
     precision: String,
@@ -89,7 +92,8 @@ fn profile(args: &Args) -> Result<(), String> {
     };
     crate::train::pin_to(&cores).map_err(|e| e.to_string())?;
     eprintln!("profiling on cores {cores:?}");
-    let file = auto::profile_file(&cfg, &t, &devices, &sizes).map_err(|e| e.to_string())?;
+    let file = auto::profile_file(&cfg, &t, &devices, &sizes, args.repeats.clamp(1, 1000))
+        .map_err(|e| e.to_string())?;
     for e in &file.entries {
         eprintln!(
             "{} (micro-batch {}): embedding {:.2}/{:.2} ms, block {:.2}/{:.2} ms, head \

@@ -449,7 +449,17 @@ fn train(args: &Args) -> Result<ExitCode, TrainError> {
             plan.describe()
         );
     }
-    let summary = trainer::run(&opts, &rt, job.as_mut())?;
+    let summary = match trainer::run(&opts, &rt, job.as_mut()) {
+        Ok(s) => s,
+        Err(e) => {
+            // Report at once instead of after an exit barrier the others
+            // never reach (they find this rank gone instead).
+            if let Some(j) = job {
+                j.abandon();
+            }
+            return Err(e);
+        }
+    };
     let mut diverged = false;
     if args.autocompare {
         let report = autocompare::compare(&summary.records);

@@ -436,3 +436,36 @@ fn the_default_job_plans_with_heteroauto_over_both_vendors() {
     assert_eq!(losses.len(), 2);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A rank that fails on its own (here: its device runs out of memory, the
+/// trainer's own check turned off) reports why at once and the job ends
+/// without waiting out the communication timeout on the other rank.
+#[test]
+fn a_rank_out_of_memory_ends_the_job_at_once_with_the_cause() {
+    let start = std::time::Instant::now();
+    let (code, out, err) = common::polychip_env(
+        &[
+            "train",
+            "--model",
+            "tiny",
+            "--stages",
+            "cobalt:0=0..2,ferrite:0=2..4",
+            "--global-batch",
+            "8",
+            "--micro-batch-size",
+            "4",
+            "--steps",
+            "2",
+        ],
+        &[
+            ("POLYCHIP_COBALT_MEMORY_MIB", "6"),
+            ("POLYCHIP_TRAIN_NO_MEMORY_CHECK", "1"),
+            ("POLYCHIP_COMM_TIMEOUT_SECS", "120"),
+        ],
+    );
+    let all = format!("{out}{err}");
+    assert_eq!(code, Some(2), "{all}");
+    assert!(all.contains("out of memory"), "{all}");
+    assert!(all.contains("peer rank 0 is gone"), "{all}");
+    assert!(start.elapsed().as_secs() < 60, "took {:?}", start.elapsed());
+}

@@ -334,6 +334,14 @@ impl Job {
         self.shutdown()
     }
 
+    /// Leaves the job after a local failure: no exit barrier (the other
+    /// ranks would only time out waiting for this one there), so the
+    /// process can report its error and exit at once; the peers then find
+    /// it gone at their next wait for it.
+    pub fn abandon(mut self) {
+        drop(self.comm.take());
+    }
+
     fn shutdown(&mut self) -> Result<()> {
         let Some(comm) = self.comm.take() else {
             return Ok(());

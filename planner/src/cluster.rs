@@ -106,6 +106,12 @@ pub struct ChipType {
     /// seeded from `polychip devices --json` set 0.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory_reserve_bytes: Option<u64>,
+    /// Scratch space the chip's matmul library takes per device, bytes.
+    /// Optional: [`crate::cost::MATMUL_WORKSPACE_BYTES`] by default; 0 for
+    /// clusters seeded from `polychip devices --json` (the stub plugins'
+    /// matmuls allocate no device memory of their own).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub matmul_workspace_bytes: Option<u64>,
     /// The devices of this type (`vendor:index`, as `polychip devices`
     /// names them), when the cluster was seeded from devices; a plan or a
     /// profile may name a stage's chip by one of them.
@@ -389,6 +395,7 @@ impl ClusterSpec {
                             // The stub plugins count only tensor bytes
                             // against memory_bytes: nothing is reserved.
                             memory_reserve_bytes: Some(0),
+                            matmul_workspace_bytes: Some(0),
                             devices: vec![id],
                             measured: Vec::new(),
                         },

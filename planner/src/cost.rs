@@ -199,7 +199,8 @@ pub fn logits_bytes(
 /// and its attention backward (flash attention: dQ, dK, dV in the compute
 /// dtype and an f32 dQ accumulator; without it, the gradients of the
 /// probabilities and of the scores, `2 b (a/t) s^2` elements), plus the
-/// matmul library's [`MATMUL_WORKSPACE_BYTES`]; on the first stage also the
+/// matmul library's workspace (`matmul_workspace_bytes`, by default
+/// [`MATMUL_WORKSPACE_BYTES`]); on the first stage also the
 /// embedding output's gradient (`b s h`).
 pub fn workspace_bytes(
     model: &ModelSpec,
@@ -211,7 +212,10 @@ pub fn workspace_bytes(
     let e = settings.dtype.bytes() as f64;
     let tokens = (micro_batch * model.seq_len) as f64;
     let (h, kv, f) = (model.hidden as f64, model.kv_dim() as f64, model.ffn as f64);
-    let mut bytes = MATMUL_WORKSPACE_BYTES;
+    let mut bytes = stage
+        .chip
+        .matmul_workspace_bytes
+        .map_or(MATMUL_WORKSPACE_BYTES, |b| b as f64);
     if stage.layers.end > stage.layers.start {
         let ffn = 3.0 * tokens * f / t * e;
         let attention = if settings.flash_attention {

@@ -31,6 +31,7 @@ fn chip(name: &str, nic: f64) -> ChipType {
         nic_bandwidth: nic,
         memory_bandwidth: Some(2e12),
         memory_reserve_bytes: None,
+        matmul_workspace_bytes: None,
         devices: Vec::new(),
         measured: Vec::new(),
     }

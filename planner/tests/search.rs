@@ -58,6 +58,7 @@ fn chip(rng: &mut XorShift, name: String, budget: u64) -> Option<ChipType> {
         nic_bandwidth: rng.pick(&[12.5e9, 25e9]),
         memory_bandwidth: Some(1e12 + rng.unit() * 1e12),
         memory_reserve_bytes: None,
+        matmul_workspace_bytes: None,
         devices: Vec::new(),
         measured: Vec::new(),
     })

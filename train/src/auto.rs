@@ -103,13 +103,25 @@ fn time_passes(stage: &Stage, b: usize, reps: usize) -> Result<(f64, f64, u64)> 
 /// the optimizer step, so that block, embedding, head and optimizer costs
 /// separate.
 pub fn profile(cfg: &ModelConfig, t: &TrainConfig, device: &Device, b: usize) -> Result<Profile> {
+    profile_repeated(cfg, t, device, b, 5)
+}
+
+/// [`profile`] with `reps` timed repetitions of each measurement (medians;
+/// the stage of many blocks gets `reps / 2 + 1`).
+pub fn profile_repeated(
+    cfg: &ModelConfig,
+    t: &TrainConfig,
+    device: &Device,
+    b: usize,
+    reps: usize,
+) -> Result<Profile> {
+    let reps = reps.max(1);
     let range = |blocks, embed, head| StageRange {
         first_layer: 0,
         end_layer: blocks,
         embed,
         head,
     };
-    let reps = 5;
     device.reset_peak_memory();
     let st = |r| Stage::new(cfg, r, t.precision, device, 0);
     let e1 = time_passes(&st(range(1, true, false))?, b, reps)?;
@@ -128,7 +140,7 @@ pub fn profile(cfg: &ModelConfig, t: &TrainConfig, device: &Device, b: usize) ->
     }
     let (block, embed) = if many >= 2 {
         let big = st(range(many, true, false))?;
-        let en = time_passes(&big, b, 3)?;
+        let en = time_passes(&big, b, reps / 2 + 1)?;
         block_activation_bytes = Some(en.2.saturating_sub(e1.2) / (many as u64 - 1));
         let k = (many - 1) as f64;
         let block = (((en.0 - e1.0) / k).max(0.0), ((en.1 - e1.1) / k).max(0.0));
@@ -359,6 +371,7 @@ pub fn profile_file(
     t: &TrainConfig,
     devices: &[Device],
     sizes: &[usize],
+    reps: usize,
 ) -> Result<polychip_planner::profile::ProfileFile> {
     use polychip_planner::profile::{FORMAT, Passes, ProfileEntry, ProfileFile};
     let mut entries = Vec::new();
@@ -370,7 +383,7 @@ pub fn profile_file(
         }
         names.push(chip.clone());
         for &b in sizes {
-            let p = profile(cfg, t, d, b)?;
+            let p = profile_repeated(cfg, t, d, b, reps)?;
             let c = &p.costs;
             entries.push(ProfileEntry {
                 chip: chip.clone(),
