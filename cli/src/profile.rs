@@ -31,6 +31,10 @@ pub struct Args {
     /// Timed repetitions of each measurement (their median is kept).
     #[arg(long, value_name = "N", default_value_t = 9)]
     repeats: usize,
+    /// Rounds over all the entries, interleaved (each field is the median
+    /// over the rounds: steadier on a shared machine).
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    rounds: usize,
     /// Compute precision: f32 or bf16.
     #[arg(long, value_name = "P", default_value = "f32")]
     precision: String,
@@ -92,7 +96,14 @@ fn profile(args: &Args) -> Result<(), String> {
     };
     crate::train::pin_to(&cores).map_err(|e| e.to_string())?;
     eprintln!("profiling on cores {cores:?}");
-    let file = auto::profile_file(&cfg, &t, &devices, &sizes, args.repeats.clamp(1, 1000))
+    let file = auto::profile_file(
+        &cfg,
+        &t,
+        &devices,
+        &sizes,
+        args.repeats.clamp(1, 1000),
+        args.rounds.clamp(1, 100),
+    )
         .map_err(|e| e.to_string())?;
     for e in &file.entries {
         eprintln!(

@@ -362,7 +362,8 @@ pub fn planner_model(cfg: &ModelConfig) -> polychip_planner::model::ModelSpec {
 }
 
 /// Profiles each of `devices` on `cfg` at each micro-batch size of `sizes`
-/// (with [`profile`]) and returns them as a profile file for `polychip
+/// (with [`profile_repeated`], `reps` repetitions, `rounds` rounds) and
+/// returns them as a profile file for `polychip
 /// plan --profile`: one entry per device kind (its name as `polychip
 /// devices` reports it, the chip type of a cluster seeded from devices) and
 /// size, at tensor-parallel degree 1.
@@ -372,38 +373,50 @@ pub fn profile_file(
     devices: &[Device],
     sizes: &[usize],
     reps: usize,
+    rounds: usize,
 ) -> Result<polychip_planner::profile::ProfileFile> {
     use polychip_planner::profile::{FORMAT, Passes, ProfileEntry, ProfileFile};
-    let mut entries = Vec::new();
-    let mut names = Vec::new();
+    let mut kinds: Vec<&Device> = Vec::new();
     for d in devices {
-        let chip = d.props().name.clone();
-        if names.contains(&chip) {
-            continue;
+        if !kinds.iter().any(|k| k.props().name == d.props().name) {
+            kinds.push(d);
         }
-        names.push(chip.clone());
-        for &b in sizes {
-            let p = profile_repeated(cfg, t, d, b, reps)?;
-            let c = &p.costs;
+    }
+    // Every (device, size) once per round, rounds interleaved, so that a
+    // slow spell of a shared machine spreads over all entries; each field
+    // is then the median over the rounds.
+    let mut runs: Vec<Vec<Profile>> = vec![Vec::new(); kinds.len() * sizes.len()];
+    for _ in 0..rounds.max(1) {
+        for (k, d) in kinds.iter().enumerate() {
+            for (i, &b) in sizes.iter().enumerate() {
+                runs[k * sizes.len() + i].push(profile_repeated(cfg, t, d, b, reps)?);
+            }
+        }
+    }
+    let mut entries = Vec::new();
+    for (k, d) in kinds.iter().enumerate() {
+        for (i, &b) in sizes.iter().enumerate() {
+            let ps = &runs[k * sizes.len() + i];
+            let med = |f: &dyn Fn(&MeasuredDevice) -> f64| {
+                let mut v: Vec<f64> = ps.iter().map(|p| f(&p.costs)).collect();
+                v.sort_by(f64::total_cmp);
+                v[v.len() / 2]
+            };
+            let passes = |fw: &dyn Fn(&MeasuredDevice) -> f64,
+                          bw: &dyn Fn(&MeasuredDevice) -> f64| Passes {
+                forward: med(fw),
+                backward: med(bw),
+            };
             entries.push(ProfileEntry {
-                chip: chip.clone(),
+                chip: d.props().name.clone(),
                 micro_batch: b as u64,
                 tp: 1,
-                embedding: Passes {
-                    forward: c.embed_forward,
-                    backward: c.embed_backward,
-                },
-                block: Passes {
-                    forward: c.block_forward,
-                    backward: c.block_backward,
-                },
-                head: Passes {
-                    forward: c.head_forward,
-                    backward: c.head_backward,
-                },
-                optimizer_per_param: c.optimizer_per_param,
-                block_activation_bytes: p.block_activation_bytes,
-                peak_memory_bytes: Some(p.peak_memory_bytes),
+                embedding: passes(&|c| c.embed_forward, &|c| c.embed_backward),
+                block: passes(&|c| c.block_forward, &|c| c.block_backward),
+                head: passes(&|c| c.head_forward, &|c| c.head_backward),
+                optimizer_per_param: med(&|c| c.optimizer_per_param),
+                block_activation_bytes: ps.iter().filter_map(|p| p.block_activation_bytes).max(),
+                peak_memory_bytes: ps.iter().map(|p| p.peak_memory_bytes).max(),
             });
         }
     }
