@@ -125,6 +125,26 @@ DDP = textwrap.dedent(
 )
 
 
+SECRET = textwrap.dedent(
+    """
+    import os, tempfile
+    import torch, torch.distributed as dist
+    import polychip.torch
+    # No secret from the launcher, and each rank its own user secret file
+    # (as on two machines): only the secret published through PyTorch's
+    # store can let them meet.
+    os.environ.pop("POLYCHIP_JOB_SECRET", None)
+    os.environ["XDG_RUNTIME_DIR"] = tempfile.mkdtemp()
+    dist.init_process_group("polychip")
+    t = torch.ones(4)
+    dist.all_reduce(t)
+    assert t.tolist() == [2.0] * 4, t
+    print(f"rank {dist.get_rank()} secret ok", flush=True)
+    dist.destroy_process_group()
+    """
+)
+
+
 def launch(tmp_path, code, how):
     script = tmp_path / "ranks.py"
     script.write_text(code)
@@ -141,6 +161,11 @@ def launch(tmp_path, code, how):
 def test_every_collective_across_two_vendors(tmp_path, how):
     out = launch(tmp_path, COLLECTIVES, how)
     assert "rank 0 collectives ok" in out and "rank 1 collectives ok" in out, out
+
+
+def test_without_a_secret_from_the_launcher_the_ranks_share_one_through_the_torch_store(tmp_path):
+    out = launch(tmp_path, SECRET, "torchrun")
+    assert "rank 0 secret ok" in out and "rank 1 secret ok" in out, out
 
 
 def test_ddp_across_two_vendors_matches_one_process_on_the_whole_batch(tmp_path):

@@ -15,7 +15,9 @@ vendor's device.
 
 Each rank joins polychip's communicator at a port that rank 0 picks and
 publishes through PyTorch's store (the store itself holds ``MASTER_PORT``),
-on ``MASTER_ADDR`` (default ``127.0.0.1``). Collectives run when called and
+on ``MASTER_ADDR`` (default ``127.0.0.1``); the job's secret for it is
+``POLYCHIP_JOB_SECRET`` when set, else one that rank 0 publishes through
+PyTorch's store. Collectives run when called and
 return completed ``Work`` (``wait()`` returns at once; ``get_future()`` is
 already resolved with the tensors), so ``async_op=True`` is accepted but does
 not overlap communication with compute. CPU tensors are staged through the
@@ -24,6 +26,7 @@ copy.
 """
 
 import os
+import secrets
 import socket
 from datetime import timedelta
 from typing import Any, Callable, List, Optional, Sequence
@@ -85,12 +88,33 @@ def _free_port(host: str) -> int:
         return s.getsockname()[1]
 
 
+SECRET_VAR = "POLYCHIP_JOB_SECRET"
+
+
+def _share_job_secret(store: Any, rank: int, timeout: timedelta) -> None:
+    """Gives every rank the job's secret for polychip's rendezvous store:
+    ``POLYCHIP_JOB_SECRET`` where the launcher set it, else one that rank 0
+    draws and publishes through PyTorch's store, so that a job across
+    machines needs no setup. Whoever can reach PyTorch's store can read it,
+    and could equally disrupt the job through that store: polychip's store
+    is then as safe as PyTorch's own (docs/security.md)."""
+    if os.environ.get(SECRET_VAR):
+        return
+    key = "polychip/job_secret"
+    if rank == 0:
+        store.set(key, secrets.token_hex(16))
+    else:
+        store.wait([key], timeout)
+    os.environ[SECRET_VAR] = store.get(key).decode()
+
+
 class ProcessGroupPolychip(dist.ProcessGroup):
     """One polychip communicator per process group."""
 
     def __init__(self, store: Any, rank: int, size: int, timeout: timedelta) -> None:
         super().__init__(rank, size)
         host = os.environ.get("MASTER_ADDR", "127.0.0.1")
+        _share_job_secret(store, rank, timeout)
         key = "polychip/communicator"
         if rank == 0:
             port = _free_port("0.0.0.0" if host not in ("127.0.0.1", "localhost") else host)
