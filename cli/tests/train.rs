@@ -466,6 +466,10 @@ fn a_rank_out_of_memory_ends_the_job_at_once_with_the_cause() {
     let all = format!("{out}{err}");
     assert_eq!(code, Some(2), "{all}");
     assert!(all.contains("out of memory"), "{all}");
-    assert!(all.contains("peer rank 0 is gone"), "{all}");
+    // The other rank finds it gone, or the launcher stops it first.
+    assert!(
+        all.contains("peer rank 0 is gone") || all.contains("stopped by the launcher"),
+        "{all}"
+    );
     assert!(start.elapsed().as_secs() < 60, "took {:?}", start.elapsed());
 }
