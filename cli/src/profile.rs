@@ -104,7 +104,7 @@ fn profile(args: &Args) -> Result<(), String> {
         args.repeats.clamp(1, 1000),
         args.rounds.clamp(1, 100),
     )
-        .map_err(|e| e.to_string())?;
+    .map_err(|e| e.to_string())?;
     for e in &file.entries {
         eprintln!(
             "{} (micro-batch {}): embedding {:.2}/{:.2} ms, block {:.2}/{:.2} ms, head \

@@ -511,7 +511,7 @@ pub fn embedding_time(
 /// - `optimizer`: reading gradients, weights and twice the optimizer state
 ///   at the chip's memory bandwidth
 ///   ([`ChipType::memory_bandwidth_or_default`]).
-pub fn stage_timing(
+pub fn analytic_stage_timing(
     model: &ModelSpec,
     settings: &TrainingSettings,
     cluster: &ClusterSpec,
@@ -554,7 +554,7 @@ pub fn stage_timing(
         stage.dp,
         dp_bandwidth(cluster, chip, stage.dp, tp),
     );
-    let mut timing = StageTiming {
+    StageTiming {
         name: format!(
             "stage {} ({} x{}, layers {}-{})",
             stage.index,
@@ -568,14 +568,24 @@ pub fn stage_timing(
         send_next,
         dp_allreduce,
         optimizer: optimizer_time(settings, chip, params, stage.dp),
-    };
-    // A chip type with measured costs is priced from them instead.
-    let shard = if settings.shard_optimizer {
-        stage.dp.max(1) as f64
-    } else {
-        1.0
-    };
-    crate::profile::apply_measured(&mut timing, model, settings, stage, mb.size, params / shard);
+    }
+}
+
+/// The timings of `stage` for micro-batches of `mb.size` sequences: those
+/// of the cost model below ([`analytic_stage_timing`]), except that a chip
+/// type with measured costs (a profile) is priced from them
+/// ([`crate::profile::apply_measured`]).
+pub fn stage_timing(
+    model: &ModelSpec,
+    settings: &TrainingSettings,
+    cluster: &ClusterSpec,
+    stage: &StageShape,
+    mb: Microbatching,
+) -> StageTiming {
+    let mut timing = analytic_stage_timing(model, settings, cluster, stage, mb);
+    if !stage.chip.measured.is_empty() {
+        crate::profile::apply_measured(&mut timing, model, settings, cluster, stage, mb);
+    }
     timing
 }
 

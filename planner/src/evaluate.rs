@@ -8,8 +8,9 @@
 //! A plan file is any of: `polychip plan --json` output (the report, or its
 //! `plan`), `polychip train --save-plan` output (TOML `[[group]]` tables or
 //! JSON, stages naming devices such as `ferrite:0`), or the same form with
-//! `chip` (a chip type) and `tp` in place of `device`. A stage's chip is
-//! resolved by [`ClusterSpec::resolve_chip`].
+//! `chip` (a chip type) and `tp` in place of `device` (`dp` may stand for
+//! `copies`, and `layers` may be a count: the layers after the previous
+//! stage's). A stage's chip is resolved by [`ClusterSpec::resolve_chip`].
 //!
 //! A stage whose data-parallel replicas would be of two chip types cannot
 //! be expressed in one group (every copy of a group is the same pipeline);
@@ -286,6 +287,13 @@ impl PlanSpec {
                         field_u64(s, "first_layer", &at, None)?,
                         field_u64(s, "end_layer", &at, None)?,
                     ]
+                } else if let Some(n) = s.get("layers").and_then(Value::as_u64) {
+                    // A count: the layers after the previous stage's.
+                    let first = specs.last().map_or(0, |p: &StageSpec| p.layers[1]);
+                    let end = first.checked_add(n).ok_or_else(|| {
+                        plan_err(format!("{at}: layers {n} overflows the layer count"))
+                    })?;
+                    [first, end]
                 } else {
                     let l = s
                         .get("layers")
@@ -305,8 +313,12 @@ impl PlanSpec {
                     layers,
                 });
             }
+            let copies = match g.get("copies") {
+                Some(_) => field_u64(g, "copies", &at, Some(1))?,
+                None => field_u64(g, "dp", &at, Some(1))?,
+            };
             out.push(GroupSpec {
-                copies: field_u64(g, "copies", &at, Some(1))?,
+                copies,
                 micro_batch_size: field_u64(g, "micro_batch_size", &at, None)?,
                 micro_batches: field_u64(g, "micro_batches", &at, None)?,
                 stages: specs,

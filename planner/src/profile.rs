@@ -8,8 +8,9 @@
 //! the chip types they name; from then on [`crate::cost::stage_timing`]
 //! prices those types' stages from the measurements (FLOPs times
 //! efficiency only for types the file does not cover), for the search and
-//! for `--evaluate` alike, and the search tries only the measured
-//! tensor-parallel degrees of a covered type.
+//! for `--evaluate` alike. At a tensor-parallel degree the file does not
+//! cover, the nearest measured degree is scaled by the cost model's ratio
+//! between the two.
 //!
 //! Micro-batch sizes between two measured ones are interpolated linearly;
 //! beyond the measured range the nearest measurement is scaled in
@@ -302,12 +303,13 @@ impl ClusterSpec {
 }
 
 impl ChipType {
-    /// Whether the search may give this type tensor-parallel degree `tp`:
-    /// any that divides its chips per node, or, for a measured type, only
-    /// the degrees it was measured at.
-    pub fn allows_tp(&self, tp: u64) -> bool {
-        self.chips_per_node % tp == 0
-            && (self.measured.is_empty() || self.measured.iter().any(|m| m.tp == tp))
+    /// The measured tensor-parallel degree nearest to `tp` (the smaller on
+    /// a tie), if the type has measurements.
+    pub fn nearest_measured_tp(&self, tp: u64) -> Option<u64> {
+        self.measured
+            .iter()
+            .map(|m| m.tp)
+            .min_by_key(|&m| (m.abs_diff(tp), m))
     }
 
     /// The measured costs of one micro-batch of `b` sequences at degree
@@ -351,21 +353,42 @@ impl ChipType {
 }
 
 /// Replaces `timing`'s compute terms with the measured ones when `stage`'s
-/// chip type has measurements at its tp degree: forward and backward from
-/// the block, embedding and head times (full recomputation adds the
-/// blocks' forward to the backward), the optimizer step from its time per
-/// parameter (`params` per chip, after sharding). Transfers and the
-/// gradient all-reduce stay as the link model prices them.
+/// chip type has measurements: forward and backward from the block,
+/// embedding and head times (full recomputation adds the blocks' forward
+/// to the backward), the optimizer step from its time per parameter (per
+/// chip, after sharding). Transfers and the gradient all-reduce stay as
+/// the link model prices them. At a tensor-parallel degree the profile
+/// does not cover, the nearest measured degree's costs are scaled by the
+/// cost model's ratio between the two degrees (its matmul split, lost
+/// efficiency and all-reduces).
 pub(crate) fn apply_measured(
     timing: &mut crate::schedule::StageTiming,
     model: &ModelSpec,
     settings: &crate::settings::TrainingSettings,
+    cluster: &ClusterSpec,
     stage: &crate::cost::StageShape,
-    micro_batch: u64,
-    params: f64,
+    mb: crate::cost::Microbatching,
 ) {
-    let Some((costs, _)) = stage.chip.measured_costs(micro_batch, stage.tp.max(1)) else {
+    let tp = stage.tp.max(1);
+    let Some(measured_tp) = stage.chip.nearest_measured_tp(tp) else {
         return;
+    };
+    let Some((costs, _)) = stage.chip.measured_costs(mb.size, measured_tp) else {
+        return;
+    };
+    let (scale_f, scale_b) = if measured_tp == tp {
+        (1.0, 1.0)
+    } else {
+        let at = crate::cost::StageShape {
+            tp: measured_tp,
+            ..stage.clone()
+        };
+        let there = crate::cost::analytic_stage_timing(model, settings, cluster, &at, mb);
+        let ratio = |a: f64, b: f64| if b > 0.0 { a / b } else { 1.0 };
+        (
+            ratio(timing.forward, there.forward),
+            ratio(timing.backward, there.backward),
+        )
     };
     let blocks = (stage.layers.end - stage.layers.start) as usize;
     let (embed, head) = (stage.layers.start == 0, stage.layers.end == model.layers);
@@ -373,9 +396,15 @@ pub(crate) fn apply_measured(
     if settings.recompute == crate::settings::Recompute::Full {
         b += blocks as f64 * costs.block_forward;
     }
-    timing.forward = f;
-    timing.backward = b;
-    timing.optimizer = params * costs.optimizer_per_param;
+    let params = crate::cost::stage_params(model, &stage.layers) as f64 / tp as f64;
+    let shard = if settings.shard_optimizer {
+        stage.dp.max(1) as f64
+    } else {
+        1.0
+    };
+    timing.forward = f * scale_f;
+    timing.backward = b * scale_b;
+    timing.optimizer = params / shard * costs.optimizer_per_param;
 }
 
 #[cfg(test)]
@@ -435,8 +464,8 @@ mod tests {
         assert_eq!(f(8), 6.0);
         assert_eq!(f(1), 0.5);
         assert!(chip.measured_costs(2, 2).is_none());
-        assert!(chip.allows_tp(1) && !chip.allows_tp(2));
-        assert!(!c.chip_types[1].allows_tp(3) && c.chip_types[1].allows_tp(2));
+        assert_eq!(chip.nearest_measured_tp(4), Some(1));
+        assert_eq!(c.chip_types[1].nearest_measured_tp(1), None);
     }
 
     #[test]

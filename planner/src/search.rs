@@ -701,7 +701,7 @@ impl<'a> Ctx<'a> {
         let chip = self.chip(ty);
         TP_DEGREES
             .iter()
-            .filter(|&&tp| chip.allows_tp(tp))
+            .filter(|&&tp| chip.chips_per_node % tp == 0)
             .map(|&tp| (tp, (chip.count / (d * tp)).min(self.model.layers)))
             .filter(|&(_, k)| k > 0)
             .collect()

@@ -63,8 +63,12 @@ micro_batches = 32
 stages = [{ device = "nvidia-a800-class", layers = [0, 20] },
           { device = "iluvatar-bi-v100-class", layers = [20, 32] }]
 "#;
+    let counts = r#"{"groups": [{"dp": 2, "micro_batch_size": 1, "micro_batches": 32,
+        "stages": [{"chip": "nvidia-a800-class", "layers": 20},
+                   {"chip": "iluvatar-bi-v100-class", "layers": 12}]}]}"#;
     let a = PlanSpec::parse(train, true).unwrap();
     assert_eq!(a, PlanSpec::parse(chips, true).unwrap());
+    assert_eq!(a, PlanSpec::parse(counts, true).unwrap());
     assert_eq!(a, PlanSpec::parse(toml, false).unwrap());
     let ev = evaluate(&a, &m, &cluster(), &TrainingSettings::new(1)).unwrap();
     assert_eq!(ev.plan.global_batch, 64);
@@ -160,7 +164,7 @@ fn inconsistent_plans_are_refused_naming_what_is_wrong() {
 }
 
 #[test]
-fn a_profile_prices_the_types_it_covers_and_limits_their_tp() {
+fn a_profile_prices_the_types_it_covers_and_scales_to_other_tp() {
     let m = ModelSpec::llama_7b();
     let mut c = cluster();
     let entry = |b: u64| ProfileEntry {
@@ -205,13 +209,36 @@ fn a_profile_prices_the_types_it_covers_and_limits_their_tp() {
         "{t:?}"
     );
     assert_eq!(ev.measured_chips, vec!["nvidia-a800-class".to_string()]);
-    // The search on the profiled cluster keeps the measured type at tp 1.
+    // At tp 2, which the profile does not cover, the measured tp-1 costs
+    // are scaled by the cost model's own tp-2 over tp-1 ratio.
+    let at = |tp: u64, c: &ClusterSpec| {
+        let text = plan.replace(
+            r#""layers": [0, 32]"#,
+            &format!(r#""tp": {tp}, "layers": [0, 32]"#),
+        );
+        let spec = PlanSpec::parse(&text, true).unwrap();
+        evaluate(&spec, &m, c, &TrainingSettings::new(1))
+            .unwrap()
+            .plan
+            .replicas[0]
+            .stages[0]
+            .timing
+            .clone()
+    };
+    let (analytic1, analytic2) = (at(1, &cluster()), at(2, &cluster()));
+    let measured2 = at(2, &c);
+    let want = t.forward * analytic2.forward / analytic1.forward;
+    assert!(
+        (measured2.forward - want).abs() < 1e-9 * want,
+        "{measured2:?} {want}"
+    );
+    assert!(
+        measured2.forward < t.forward,
+        "tp 2 is faster here: {measured2:?}"
+    );
+    // The search plans the profiled cluster without trouble.
     let report = plan_with(&m, &c);
-    for r in &report.plan.replicas {
-        for s in r.stages.iter().filter(|s| s.chip == "nvidia-a800-class") {
-            assert_eq!(s.tp, 1);
-        }
-    }
+    assert!(report.plan.step_time_simulated > 0.0);
 }
 
 fn plan_with(m: &ModelSpec, c: &ClusterSpec) -> polychip_planner::search::PlanReport {
