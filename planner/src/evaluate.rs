@@ -28,9 +28,13 @@ use crate::model::ModelSpec;
 use crate::plan::{Plan, PlanKind, Replica, StagePlan};
 use crate::settings::TrainingSettings;
 
-/// The most groups, stages per pipeline and copies a plan may have.
+/// The most groups and stages per pipeline a plan may have.
 const MAX_GROUPS: usize = 4096;
 const MAX_STAGES: usize = 10_000;
+/// The most stage-micro-batch pairs the simulator runs for one plan (each
+/// group's stages times its micro-batches, summed): beyond it a plan is
+/// refused rather than simulated for minutes.
+const MAX_SIMULATED: u64 = 16_000_000;
 
 /// One stage of a pipeline: a chip type (an index into the cluster), its
 /// tensor-parallel degree, whether the next stage shares its node, and its
@@ -424,6 +428,16 @@ impl PlanSpec {
                 micro_batches: g.micro_batches,
                 stages,
             });
+        }
+        let simulated: u64 = out
+            .iter()
+            .map(|g| (g.stages.len() as u64).saturating_mul(g.micro_batches))
+            .fold(0, u64::saturating_add);
+        if simulated > MAX_SIMULATED {
+            return Err(plan_err(format!(
+                "has {simulated} stage-micro-batch pairs to simulate (stages times \
+                 micro-batches over its groups), more than the {MAX_SIMULATED} the planner runs"
+            )));
         }
         for (ty, &n) in used.iter().enumerate() {
             let c = &cluster.chip_types[ty];

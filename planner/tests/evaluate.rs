@@ -161,6 +161,22 @@ fn inconsistent_plans_are_refused_naming_what_is_wrong() {
         let got = err(&text, true, &m);
         assert!(got.contains(want), "{text}\nwanted {want:?}\ngot {got:?}");
     }
+    // A plan too large to simulate is refused, not run for minutes: 300
+    // one-layer stages of 65,536 micro-batches.
+    let deep = ModelSpec {
+        layers: 300,
+        ..ModelSpec::llama_7b()
+    };
+    let stages = vec![r#"{"device": "nvidia-a800-class", "layers": 1}"#; 300];
+    let text = format!(
+        r#"{{"group": [{{"micro_batch_size": 1, "micro_batches": 65536, "stages": [{}]}}]}}"#,
+        stages.join(", ")
+    );
+    let got = err(&text, true, &deep);
+    assert!(
+        got.contains("more than the 16000000 the planner runs"),
+        "{got}"
+    );
 }
 
 #[test]
