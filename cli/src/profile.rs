@@ -67,6 +67,14 @@ fn profile(args: &Args) -> Result<(), String> {
         cfg.seq_len = s;
         cfg.validate().map_err(|m| format!("--seq-len: {m}"))?;
     }
+    for (flag, v, max) in [
+        ("--repeats", args.repeats, 1000),
+        ("--rounds", args.rounds, 100),
+    ] {
+        if !(1..=max).contains(&v) {
+            return Err(format!("{flag} is {v}; it must be 1 to {max}"));
+        }
+    }
     let t = TrainConfig {
         precision: Precision::parse(&args.precision).map_err(|e| e.to_string())?,
         ..TrainConfig::default()
@@ -96,15 +104,8 @@ fn profile(args: &Args) -> Result<(), String> {
     };
     crate::train::pin_to(&cores).map_err(|e| e.to_string())?;
     eprintln!("profiling on cores {cores:?}");
-    let file = auto::profile_file(
-        &cfg,
-        &t,
-        &devices,
-        &sizes,
-        args.repeats.clamp(1, 1000),
-        args.rounds.clamp(1, 100),
-    )
-    .map_err(|e| e.to_string())?;
+    let file = auto::profile_file(&cfg, &t, &devices, &sizes, args.repeats, args.rounds)
+        .map_err(|e| e.to_string())?;
     for e in &file.entries {
         eprintln!(
             "{} (micro-batch {}): embedding {:.2}/{:.2} ms, block {:.2}/{:.2} ms, head \
