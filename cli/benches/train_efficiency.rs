@@ -9,7 +9,13 @@
 //! Needs `cargo build --release --workspace` first (the plugins next to the
 //! binary). Settings: `ROUNDS` (default 5, configurations interleaved per
 //! round, the two cores swapped every other round), `STEPS` (default 10 steps per run, the first excluded from the
-//! median), `MODEL` (default `deep`, 16 blocks), `GLOBAL_BATCH` (64).
+//! median), `MODEL` (default `deep`, 16 blocks), `GLOBAL_BATCH` (64),
+//! `ONLY` (comma-separated parts of configuration names to run, e.g.
+//! `PP,alone`), `HOG=1` (each configuration also runs beside a CPU hog: a
+//! busy process free to run on either core, in the same round; the table
+//! then gives each configuration's throughput with the hog, the share of
+//! its quiet throughput it keeps, and the share the hog leaves it, cores
+//! over runnable processes).
 //! `cargo bench -p polychip --bench train_efficiency`.
 
 use std::path::{Path, PathBuf};
@@ -68,6 +74,25 @@ fn median(mut v: Vec<f64>) -> f64 {
         f64::NAN
     } else {
         v[v.len() / 2]
+    }
+}
+
+/// A CPU-bound process beside the job (killed on drop).
+struct Hog(std::process::Child);
+
+impl Hog {
+    fn start() -> Hog {
+        Hog(Command::new("sh")
+            .args(["-c", "while :; do :; done"])
+            .spawn()
+            .expect("start a CPU hog"))
+    }
+}
+
+impl Drop for Hog {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
     }
 }
 
@@ -168,9 +193,20 @@ fn main() {
     }
     let dir = std::env::temp_dir().join(format!("polychip-bench-train-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
+    let only: Vec<String> = std::env::var("ONLY")
+        .map(|v| v.split(',').map(|s| s.trim().to_lowercase()).collect())
+        .unwrap_or_default();
+    let chosen = |c: &Config| {
+        only.is_empty() || only.iter().any(|o| c.name.to_lowercase().contains(o.as_str()))
+    };
+    let hog = std::env::var("HOG").is_ok_and(|v| v == "1");
     let mut results: Vec<Vec<(f64, f64, f64, String)>> = vec![Vec::new(); CONFIGS.len()];
+    let mut hogged: Vec<Vec<(f64, f64, f64, String)>> = vec![Vec::new(); CONFIGS.len()];
     for round in 0..rounds {
         for (i, c) in CONFIGS.iter().enumerate() {
+            if !chosen(c) {
+                continue;
+            }
             // The two cores are not quite alike: odd rounds swap them.
             let cores: String = match round % 2 {
                 0 => c.cores.to_string(),
@@ -193,8 +229,26 @@ fn main() {
                 r.3
             );
             results[i].push(r);
+            if hog {
+                let _h = Hog::start();
+                let r = run(&exe, c, &cores, &dir, &model, gb, steps);
+                eprintln!(
+                    "round {}: {:<20} {:>9.0} tokens/s beside a CPU hog",
+                    round + 1,
+                    c.name,
+                    r.0
+                );
+                hogged[i].push(r);
+            }
         }
     }
+    let spread = |v: &[(f64, f64, f64, String)]| {
+        let t: Vec<f64> = v.iter().map(|x| x.0).collect();
+        (
+            t.iter().copied().fold(f64::INFINITY, f64::min),
+            t.iter().copied().fold(0.0, f64::max),
+        )
+    };
     let tps: Vec<f64> = results
         .iter()
         .map(|r| median(r.iter().map(|x| x.0).collect()))
@@ -208,6 +262,9 @@ fn main() {
         "configuration", "tokens/s", "step ms", "pred. ms", "pred.err", "efficiency"
     );
     for (i, c) in CONFIGS.iter().enumerate() {
+        if results[i].is_empty() {
+            continue;
+        }
         let step = median(results[i].iter().map(|x| x.1).collect());
         let pred = median(results[i].iter().map(|x| x.2).collect());
         let eff = if i >= 2 {
@@ -227,6 +284,37 @@ fn main() {
         );
     }
     println!("sum of the alone throughputs: {alone:.0} tokens/s");
+    println!(
+        "{:<21} {:>19} {:>11} {:>19} {:>9} {:>10}",
+        "spread and load", "quiet min-max", "with hog", "hog min-max", "kept", "hog leaves"
+    );
+    for (i, c) in CONFIGS.iter().enumerate() {
+        if results[i].is_empty() {
+            continue;
+        }
+        let (lo, hi) = spread(&results[i]);
+        let (with, kept, leaves, hlo, hhi) = if hogged[i].is_empty() {
+            (f64::NAN, f64::NAN, f64::NAN, f64::NAN, f64::NAN)
+        } else {
+            let t = median(hogged[i].iter().map(|x| x.0).collect());
+            // Ranks of the configuration plus the hog on `cores` cores.
+            let ranks = c.devices.split(',').count() as f64;
+            let leaves = (cores as f64 / (ranks + 1.0)).min(1.0);
+            let (a, b) = spread(&hogged[i]);
+            (t, t / tps[i], leaves, a, b)
+        };
+        println!(
+            "{:<21} {:>9.0}-{:<9.0} {:>11.0} {:>9.0}-{:<9.0} {:>8.1}% {:>9.1}%",
+            c.name,
+            lo,
+            hi,
+            with,
+            hlo,
+            hhi,
+            kept * 100.0,
+            leaves * 100.0
+        );
+    }
     println!(
         "PP across three types: not measured here (two bundled chip types; three independent devices need three cores)"
     );
