@@ -197,7 +197,10 @@ fn main() {
         .map(|v| v.split(',').map(|s| s.trim().to_lowercase()).collect())
         .unwrap_or_default();
     let chosen = |c: &Config| {
-        only.is_empty() || only.iter().any(|o| c.name.to_lowercase().contains(o.as_str()))
+        only.is_empty()
+            || only
+                .iter()
+                .any(|o| c.name.to_lowercase().contains(o.as_str()))
     };
     let hog = std::env::var("HOG").is_ok_and(|v| v == "1");
     let mut results: Vec<Vec<(f64, f64, f64, String)>> = vec![Vec::new(); CONFIGS.len()];
@@ -284,6 +287,34 @@ fn main() {
         );
     }
     println!("sum of the alone throughputs: {alone:.0} tokens/s");
+    // Efficiency round by round (each round's mixed run over the same
+    // round's alone runs), its spread, and how many rounds the median
+    // needs to be stable to a percentage point: the standard error of a
+    // median is about 1.25 sigma / sqrt(n).
+    if !results[0].is_empty() && !results[1].is_empty() {
+        for (i, c) in CONFIGS.iter().enumerate().skip(2) {
+            if results[i].is_empty() {
+                continue;
+            }
+            let effs: Vec<f64> = (0..results[i].len())
+                .map(|r| 100.0 * results[i][r].0 / (results[0][r].0 + results[1][r].0))
+                .collect();
+            let n = effs.len() as f64;
+            let mean = effs.iter().sum::<f64>() / n;
+            let sigma =
+                (effs.iter().map(|e| (e - mean).powi(2)).sum::<f64>() / (n - 1.0).max(1.0)).sqrt();
+            let need = (1.25 * sigma).powi(2).ceil().max(1.0);
+            println!(
+                "{:<21} efficiency by round: median {:.2}%, min {:.2}%, max {:.2}%, sigma {:.2} points: \
+                 about {need:.0} rounds for a median stable to 1 point",
+                c.name,
+                median(effs.clone()),
+                effs.iter().copied().fold(f64::INFINITY, f64::min),
+                effs.iter().copied().fold(0.0, f64::max),
+                sigma
+            );
+        }
+    }
     println!(
         "{:<21} {:>19} {:>11} {:>19} {:>9} {:>10}",
         "spread and load", "quiet min-max", "with hog", "hog min-max", "kept", "hog leaves"
@@ -303,6 +334,10 @@ fn main() {
             let (a, b) = spread(&hogged[i]);
             (t, t / tps[i], leaves, a, b)
         };
+        if hogged[i].is_empty() {
+            println!("{:<21} {:>9.0}-{:<9.0}", c.name, lo, hi);
+            continue;
+        }
         println!(
             "{:<21} {:>9.0}-{:<9.0} {:>11.0} {:>9.0}-{:<9.0} {:>8.1}% {:>9.1}%",
             c.name,
