@@ -90,11 +90,13 @@ pub struct MeasuredStage {
     pub end: usize,
 }
 
-/// A pipeline with its micro-batch count.
+/// A pipeline with its micro-batch size and count.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MeasuredPipeline {
     /// Stages in order.
     pub stages: Vec<MeasuredStage>,
+    /// Sequences per micro-batch.
+    pub micro_batch: usize,
     /// Micro-batches per step.
     pub micro_batches: usize,
 }
@@ -267,6 +269,7 @@ pub fn search(
                         t,
                         vec![MeasuredPipeline {
                             stages,
+                            micro_batch: model.micro_batch,
                             micro_batches: m,
                         }],
                     );
@@ -292,6 +295,7 @@ pub fn search(
         let pipes = (0..n)
             .map(|d| MeasuredPipeline {
                 stages: vec![whole(d)],
+                micro_batch: model.micro_batch,
                 micro_batches: counts[d],
             })
             .collect();
@@ -310,6 +314,100 @@ pub fn search(
         speedup_ratio: if sum > 0.0 { (1.0 / step) / sum } else { 0.0 },
         candidates,
     })
+}
+
+/// One micro-batch size's costs: every device's (in one order) and the
+/// model at that size.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SizedCosts {
+    /// The devices' costs at this size.
+    pub devices: Vec<MeasuredDevice>,
+    /// The model at this size (its `micro_batch`).
+    pub model: MeasuredModel,
+}
+
+/// Data parallelism with each device a whole replica at a micro-batch size
+/// of its own, the step's `global_batch` sequences dealt in units of each
+/// replica's micro-batch (so a slow chip can take a single sequence while
+/// a fast one takes micro-batches of four): for every choice of a size per
+/// device, units go one at a time to the replica that would finish soonest
+/// with it (every replica gets one), and the fastest choice whose units add
+/// up to the global batch exactly wins. `fits(device, size)` says whether
+/// the whole model fits the device with one micro-batch of `size` in
+/// flight. Returns the step time and the replicas (one per device, in
+/// order), or `None` when no choice deals the batch exactly.
+pub fn replicas_by_sequence(
+    sizes: &[SizedCosts],
+    global_batch: usize,
+    fits: &dyn Fn(usize, usize) -> bool,
+) -> Option<(f64, Vec<MeasuredPipeline>)> {
+    let n = sizes.first()?.devices.len();
+    if n < 2 || sizes.iter().any(|s| s.devices.len() != n) {
+        return None;
+    }
+    let layers = sizes[0].model.layers;
+    let all_params = sizes[0].model.embed_params
+        + layers as u64 * sizes[0].model.block_params
+        + sizes[0].model.head_params;
+    let whole = |d: usize| MeasuredStage {
+        device: d,
+        first: 0,
+        end: layers,
+    };
+    let time = |d: usize, k: usize, m: usize| {
+        let s = &sizes[k];
+        pipeline_time(&s.devices, &s.model, &[whole(d)], m, all_params)
+    };
+    let mut best: Option<(f64, Vec<MeasuredPipeline>)> = None;
+    // Every choice of a size index per device (sizes^n: a few dozen).
+    let mut choice = vec![0usize; n];
+    'choices: loop {
+        let ok = (0..n).all(|d| fits(d, sizes[choice[d]].model.micro_batch));
+        let unit = |d: usize| sizes[choice[d]].model.micro_batch;
+        let mut counts = vec![1usize; n];
+        let mut total: usize = (0..n).map(unit).sum();
+        if ok && total <= global_batch {
+            while total < global_batch {
+                let pick = (0..n)
+                    .filter(|&d| total + unit(d) <= global_batch)
+                    .min_by(|&a, &b| {
+                        time(a, choice[a], counts[a] + 1).total_cmp(&time(
+                            b,
+                            choice[b],
+                            counts[b] + 1,
+                        ))
+                    });
+                let Some(d) = pick else { break };
+                counts[d] += 1;
+                total += unit(d);
+            }
+            if total == global_batch {
+                let t = (0..n)
+                    .map(|d| time(d, choice[d], counts[d]))
+                    .fold(0.0, f64::max);
+                if best.as_ref().is_none_or(|(bt, _)| t < *bt) {
+                    let pipes = (0..n)
+                        .map(|d| MeasuredPipeline {
+                            stages: vec![whole(d)],
+                            micro_batch: unit(d),
+                            micro_batches: counts[d],
+                        })
+                        .collect();
+                    best = Some((t, pipes));
+                }
+            }
+        }
+        // The next choice (odometer order).
+        for d in 0..n {
+            choice[d] += 1;
+            if choice[d] < sizes.len() {
+                continue 'choices;
+            }
+            choice[d] = 0;
+        }
+        break;
+    }
+    best
 }
 
 #[cfg(test)]
@@ -358,6 +456,37 @@ mod tests {
         // it, and the pipeline beats the fast chip alone (17 per micro-batch).
         assert!(plan.step_seconds < plan.alone_step_seconds[0], "{plan:?}");
         assert!(plan.speedup_ratio > 0.94, "{plan:?}");
+    }
+
+    #[test]
+    fn replicas_by_sequence_give_a_slow_chip_single_sequences() {
+        // Fast: 1 per block-sequence at size 4 (4 per micro-batch of 4),
+        // slow: 10 per sequence. Sizes 1 and 4.
+        let at = |b: usize, per_seq: [f64; 2]| SizedCosts {
+            devices: vec![
+                dev("fast", per_seq[0] * b as f64, 0.0),
+                dev("slow", per_seq[1] * b as f64, 0.0),
+            ],
+            model: MeasuredModel {
+                micro_batch: b,
+                micro_batches: 16 / b,
+                ..model(1, 16 / b)
+            },
+        };
+        let sizes = [at(1, [1.5, 10.0]), at(4, [1.0, 10.0])];
+        let (t, pipes) = replicas_by_sequence(&sizes, 16, &|_, _| true).unwrap();
+        let got: Vec<(usize, usize)> = pipes
+            .iter()
+            .map(|p| (p.micro_batch, p.micro_batches))
+            .collect();
+        // Single sequences balance best: the fast chip 14 (21), the slow
+        // one 2 (20). In whole micro-batches of 4 the slow chip would take
+        // 4 sequences (40).
+        assert_eq!(got, vec![(1, 14), (1, 2)]);
+        assert!((t - 21.0).abs() < 1e-6, "{t}");
+        // Nothing fits the slow chip at size 4: it still gets size 1.
+        let (_, pipes) = replicas_by_sequence(&sizes, 16, &|d, b| d == 0 || b == 1).unwrap();
+        assert_eq!(pipes[1].micro_batch, 1);
     }
 
     #[test]

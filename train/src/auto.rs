@@ -10,7 +10,9 @@
 use std::time::Instant;
 
 use polychip_host::Device;
-use polychip_planner::measured::{self, Layouts, MeasuredDevice, MeasuredModel, MeasuredPlan};
+use polychip_planner::measured::{
+    self, Layouts, MeasuredDevice, MeasuredModel, MeasuredPlan, SizedCosts,
+};
 
 use crate::config::{ModelConfig, TrainConfig};
 use crate::error::{Result, TrainError};
@@ -245,7 +247,8 @@ pub fn auto_plan(
         )));
     }
     let mut profiles: Vec<Profile> = Vec::new();
-    let mut best: Option<(MeasuredPlan, usize, Vec<MeasuredDevice>)> = None;
+    let mut best: Option<(MeasuredPlan, Vec<MeasuredDevice>)> = None;
+    let mut by_size: Vec<SizedCosts> = Vec::new();
     for &b in &sizes {
         let mut costs = Vec::new();
         for d in devices {
@@ -277,12 +280,40 @@ pub fn auto_plan(
         if let Some(found) = measured::search(&costs, &model, which, &fits)
             && best
                 .as_ref()
-                .is_none_or(|(f, _, _)| found.step_seconds < f.step_seconds)
+                .is_none_or(|(f, _)| found.step_seconds < f.step_seconds)
         {
-            best = Some((found, b, costs));
+            best = Some((found, costs.clone()));
+        }
+        by_size.push(SizedCosts {
+            devices: costs,
+            model,
+        });
+    }
+    // Data parallelism dealt in sequences: each replica at a micro-batch
+    // size of its own, so a slow chip can take single sequences.
+    if which != Layouts::Pipelines && devices.len() >= 2 {
+        let fits = |d: usize, b: usize| {
+            let range = StageRange::new(0, cfg.layers, cfg.layers);
+            let need = memory::stage_memory(cfg, t.precision, &range, b, 1);
+            need.total() <= devices[d].props().memory_bytes
+        };
+        if let Some((step, pipelines)) = measured::replicas_by_sequence(&by_size, gb, &fits)
+            && let Some((found, _)) = &mut best
+            && step < found.step_seconds
+        {
+            found.candidates += 1;
+            found.step_seconds = step;
+            let sum: f64 = found
+                .alone_step_seconds
+                .iter()
+                .filter(|t| t.is_finite())
+                .map(|t| 1.0 / t)
+                .sum();
+            found.speedup_ratio = if sum > 0.0 { (1.0 / step) / sum } else { 0.0 };
+            found.pipelines = pipelines;
         }
     }
-    let Some((found, b, costs)) = best else {
+    let Some((found, costs)) = best else {
         return Err(TrainError::Plan(format!(
             "--plan {}: no layout of the {} model over {} fits the devices' memory with \
              micro-batches of {sizes:?} sequences",
@@ -304,7 +335,7 @@ pub fn auto_plan(
         .iter()
         .map(|p| GroupPlan {
             copies: 1,
-            micro_batch_size: b,
+            micro_batch_size: p.micro_batch,
             micro_batches: p.micro_batches,
             stages: p
                 .stages
