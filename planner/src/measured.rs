@@ -398,12 +398,12 @@ pub fn replicas_by_sequence(
             }
         }
         // The next choice (odometer order).
-        for d in 0..n {
-            choice[d] += 1;
-            if choice[d] < sizes.len() {
+        for c in choice.iter_mut() {
+            *c += 1;
+            if *c < sizes.len() {
                 continue 'choices;
             }
-            choice[d] = 0;
+            *c = 0;
         }
         break;
     }
