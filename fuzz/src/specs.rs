@@ -1,13 +1,30 @@
-//! The planner's cluster and model files and the trainer's plan files from
-//! arbitrary text: parsed and validated, or refused with an error naming
+//! The planner's cluster, model, profile and plan-to-evaluate files and the
+//! trainer's model and plan files from arbitrary text: parsed and validated, or refused with an error naming
 //! the field, never a panic, an overflow or an unbounded allocation.
 
 use polychip_planner::cluster::ClusterSpec;
+use polychip_planner::evaluate::{PlanSpec, evaluate};
+use polychip_planner::profile::ProfileFile;
+use polychip_planner::settings::TrainingSettings;
 use polychip_planner::model::ModelSpec;
 use polychip_train::config::ModelConfig;
 use polychip_train::plan::TrainPlan;
 
-/// One input.
+/// The three-vendor example cluster (parsed once).
+fn example_cluster() -> ClusterSpec {
+    static CLUSTER: std::sync::OnceLock<ClusterSpec> = std::sync::OnceLock::new();
+    CLUSTER
+        .get_or_init(|| {
+            ClusterSpec::from_toml_str(include_str!(
+                "../../examples/clusters/china-mobile-3-vendor.toml"
+            ))
+            .expect("the example cluster parses")
+        })
+        .clone()
+}
+
+/// One input: a selector byte (cluster, planner model, trainer model,
+/// profile, plan to evaluate, trainer plan), then the text.
 pub fn run(data: &[u8]) {
     let Some((&which, rest)) = data.split_first() else {
         return;
@@ -15,7 +32,7 @@ pub fn run(data: &[u8]) {
     let Ok(text) = std::str::from_utf8(rest) else {
         return;
     };
-    match which % 4 {
+    match which % 6 {
         0 => {
             let _ = ClusterSpec::from_toml_str(text);
         }
@@ -25,6 +42,23 @@ pub fn run(data: &[u8]) {
         2 => {
             if let Ok(cfg) = toml::from_str::<ModelConfig>(text) {
                 let _ = cfg.validate();
+            }
+        }
+        4 => {
+            // A profile file, applied to a cluster of the example's types
+            // for a model of its own shape.
+            if let Ok(p) = ProfileFile::from_json_str(text) {
+                let mut c = example_cluster();
+                let _ = c.apply_profile(&p, &p.model, p.dtype);
+            }
+        }
+        5 => {
+            // A plan to evaluate (TOML or JSON), scored on the example
+            // cluster for the 7B model.
+            let json = text.trim_start().starts_with('{');
+            if let Ok(spec) = PlanSpec::parse(text, json) {
+                let m = ModelSpec::llama_7b();
+                let _ = evaluate(&spec, &m, &example_cluster(), &TrainingSettings::new(1));
             }
         }
         _ => {
