@@ -1,12 +1,13 @@
 //! The planner's cluster, model, profile and plan-to-evaluate files and the
-//! trainer's model and plan files from arbitrary text: parsed and validated, or refused with an error naming
-//! the field, never a panic, an overflow or an unbounded allocation.
+//! trainer's model and plan files from arbitrary text: parsed and
+//! validated, or refused with an error naming the field, never a panic, an
+//! overflow or an unbounded allocation.
 
 use polychip_planner::cluster::ClusterSpec;
 use polychip_planner::evaluate::{PlanSpec, evaluate};
+use polychip_planner::model::ModelSpec;
 use polychip_planner::profile::ProfileFile;
 use polychip_planner::settings::TrainingSettings;
-use polychip_planner::model::ModelSpec;
 use polychip_train::config::ModelConfig;
 use polychip_train::plan::TrainPlan;
 
