@@ -95,14 +95,14 @@ fn load_model(arg: &str) -> Result<ModelSpec, String> {
         return match ModelSpec::load(path) {
             Ok(m) => Ok(m),
             Err(planner) => ModelConfig::from_arg(arg)
-                .map(|c| polychip_train::auto::planner_model(&c))
+                .map(|c| c.planner_spec())
                 .map_err(|_| planner.to_string()),
         };
     }
     match ModelSpec::preset(arg) {
         Ok(m) => Ok(m),
         Err(planner) => ModelConfig::preset(arg)
-            .map(|c| polychip_train::auto::planner_model(&c))
+            .map(|c| c.planner_spec())
             .map_err(|_| format!("{planner}, nor a trainer preset (mini, tiny, small, deep)")),
     }
 }

@@ -71,26 +71,29 @@ impl Drop for Hosts {
     }
 }
 
+/// The job both hosts run, and the same job on one host to compare with.
+const PIPELINE: [&str; 12] = [
+    "train",
+    "--model",
+    "mini",
+    "--global-batch",
+    "8",
+    "--stages",
+    "ferrite:0=0..1,cobalt:0=1..2",
+    "--eval-every",
+    "0",
+    "--log-every",
+    "1",
+    "--no-pin",
+];
+
 /// Rank `rank` of the 2-rank pipeline in namespace `ns`.
 fn rank(ns: &str, rank: usize, port: u16, extra: &[&str], log: &Path) -> Child {
     let exe = env!("CARGO_BIN_EXE_polychip");
     let out = std::fs::File::create(log).unwrap();
     Command::new("ip")
         .args(["netns", "exec", ns, exe])
-        .args([
-            "train",
-            "--model",
-            "mini",
-            "--global-batch",
-            "8",
-            "--stages",
-            "ferrite:0=0..1,cobalt:0=1..2",
-            "--eval-every",
-            "0",
-            "--log-every",
-            "1",
-            "--no-pin",
-        ])
+        .args(PIPELINE)
         .args(extra)
         .env("RANK", rank.to_string())
         .env("WORLD_SIZE", "2")
@@ -180,25 +183,8 @@ fn training_across_two_namespaces_survives_a_delay_and_reports_a_cut_link() {
         )
     };
     assert_eq!(codes, [Some(0), Some(0)], "{}", logs());
-    let (code, out, err) = polychip_env(
-        &[
-            "train",
-            "--model",
-            "mini",
-            "--global-batch",
-            "8",
-            "--stages",
-            "ferrite:0=0..1,cobalt:0=1..2",
-            "--eval-every",
-            "0",
-            "--log-every",
-            "1",
-            "--no-pin",
-            "--steps",
-            "4",
-        ],
-        &[],
-    );
+    let args: Vec<&str> = PIPELINE.iter().copied().chain(["--steps", "4"]).collect();
+    let (code, out, err) = polychip_env(&args, &[]);
     assert_eq!(code, Some(0), "{out}{err}");
     let local = dir.join("local.log");
     std::fs::write(&local, &out).unwrap();

@@ -18,18 +18,6 @@ use polychip_comm::tcp_store::{TcpStore, barrier};
 
 const TIMEOUT: Duration = Duration::from_secs(120);
 
-fn info(rank: usize, world: usize, port: u16) -> RankInfo {
-    RankInfo {
-        rank,
-        world_size: world,
-        local_rank: rank,
-        local_world_size: world,
-        master_addr: "127.0.0.1".into(),
-        master_port: port,
-        launcher: "none",
-    }
-}
-
 fn auth() -> JobAuth {
     JobAuth::new("rendezvous benchmark secret", "bench").unwrap()
 }
@@ -45,7 +33,8 @@ fn child() -> bool {
         return true; // the baseline: start and exit
     }
     let port: u16 = std::env::var("BENCH_PORT").unwrap().parse().unwrap();
-    let store = TcpStore::connect_with(&info(rank, world, port), &auth(), TIMEOUT).unwrap();
+    let store =
+        TcpStore::connect_with(&RankInfo::local(rank, world, port), &auth(), TIMEOUT).unwrap();
     barrier(&store, "bench", rank, world, TIMEOUT).unwrap();
     true
 }
@@ -73,7 +62,7 @@ fn reap(children: Vec<Child>) {
 /// Seconds for N ranks to meet and pass a barrier (rank 0 here).
 fn rendezvous(n: usize) -> f64 {
     let t = Instant::now();
-    let store = TcpStore::connect_with(&info(0, n, 0), &auth(), TIMEOUT).unwrap();
+    let store = TcpStore::connect_with(&RankInfo::local(0, n, 0), &auth(), TIMEOUT).unwrap();
     let children = spawn(n, n, store.port());
     barrier(&store, "bench", 0, n, TIMEOUT).unwrap();
     let took = t.elapsed().as_secs_f64();

@@ -79,13 +79,20 @@ impl RankInfo {
     /// A job of one process: rank 0 of 1, rendezvous on 127.0.0.1 with a
     /// port picked when the store starts.
     pub fn single() -> RankInfo {
+        RankInfo::local(0, 1, 0)
+    }
+
+    /// Rank `rank` of a job of `world` processes on this machine, with no
+    /// launcher, rendezvous on `127.0.0.1:port` (0: picked when the store
+    /// starts).
+    pub fn local(rank: usize, world: usize, port: u16) -> RankInfo {
         RankInfo {
-            rank: 0,
-            world_size: 1,
-            local_rank: 0,
-            local_world_size: 1,
+            rank,
+            world_size: world,
+            local_rank: rank,
+            local_world_size: world,
             master_addr: "127.0.0.1".to_string(),
-            master_port: 0,
+            master_port: port,
             launcher: "none",
         }
     }

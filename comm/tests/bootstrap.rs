@@ -14,13 +14,9 @@ use polychip_comm::verbs::RdmaAvailability;
 
 fn info(rank: usize, world: usize, local_world: usize, port: u16) -> RankInfo {
     RankInfo {
-        rank,
-        world_size: world,
         local_rank: rank % local_world,
         local_world_size: local_world,
-        master_addr: "127.0.0.1".into(),
-        master_port: port,
-        launcher: "none",
+        ..RankInfo::local(rank, world, port)
     }
 }
 

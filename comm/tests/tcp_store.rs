@@ -13,25 +13,13 @@ use polychip_comm::tcp_store::{TcpStore, barrier};
 
 const TIMEOUT: Duration = Duration::from_secs(20);
 
-fn info(rank: usize, world: usize, port: u16) -> RankInfo {
-    RankInfo {
-        rank,
-        world_size: world,
-        local_rank: rank,
-        local_world_size: world,
-        master_addr: "127.0.0.1".into(),
-        master_port: port,
-        launcher: "none",
-    }
-}
-
 /// Rank 0's store (and server) plus `world - 1` clients.
 fn job(world: usize) -> (TcpStore, Vec<TcpStore>) {
-    let server = TcpStore::connect(&info(0, world, 0), TIMEOUT).unwrap();
+    let server = TcpStore::connect(&RankInfo::local(0, world, 0), TIMEOUT).unwrap();
     let port = server.port();
     assert_ne!(port, 0);
     let clients = (1..world)
-        .map(|r| TcpStore::connect(&info(r, world, port), TIMEOUT).unwrap())
+        .map(|r| TcpStore::connect(&RankInfo::local(r, world, port), TIMEOUT).unwrap())
         .collect();
     (server, clients)
 }
@@ -182,7 +170,8 @@ fn connecting_to_nothing_names_the_address() {
         .unwrap()
         .port();
     let start = Instant::now();
-    let e = TcpStore::connect(&info(3, 4, port), Duration::from_millis(500)).unwrap_err();
+    let e =
+        TcpStore::connect(&RankInfo::local(3, 4, port), Duration::from_millis(500)).unwrap_err();
     assert!(start.elapsed() < Duration::from_secs(10));
     let text = e.to_string();
     assert!(
@@ -201,9 +190,9 @@ fn clients_may_start_before_rank_0() {
         .local_addr()
         .unwrap()
         .port();
-    let early = thread::spawn(move || TcpStore::connect(&info(1, 2, port), TIMEOUT));
+    let early = thread::spawn(move || TcpStore::connect(&RankInfo::local(1, 2, port), TIMEOUT));
     thread::sleep(Duration::from_millis(300));
-    let rank0 = TcpStore::connect(&info(0, 2, port), TIMEOUT).unwrap();
+    let rank0 = TcpStore::connect(&RankInfo::local(0, 2, port), TIMEOUT).unwrap();
     assert_eq!(rank0.port(), port);
     let client = early.join().unwrap().unwrap();
     client.set("hello", b"world").unwrap();
@@ -212,7 +201,7 @@ fn clients_may_start_before_rank_0() {
 
 #[test]
 fn port_0_is_only_for_rank_0() {
-    let e = TcpStore::connect(&info(2, 4, 0), TIMEOUT).unwrap_err();
+    let e = TcpStore::connect(&RankInfo::local(2, 4, 0), TIMEOUT).unwrap_err();
     assert!(matches!(e, CommError::Usage(_)), "{e:?}");
     assert!(e.to_string().contains("MASTER_PORT is 0"), "{e}");
 }
@@ -242,7 +231,8 @@ fn something_else_on_the_port_is_reported() {
             thread::sleep(Duration::from_millis(5));
         }
     });
-    let e = TcpStore::connect(&info(1, 2, port), Duration::from_millis(300)).unwrap_err();
+    let e =
+        TcpStore::connect(&RankInfo::local(1, 2, port), Duration::from_millis(300)).unwrap_err();
     assert!(e.to_string().contains("does not speak"), "{e}");
     t.join().unwrap();
 }
@@ -331,11 +321,11 @@ fn auth(secret: &str, job: &str) -> JobAuth {
 #[test]
 fn a_rank_with_another_secret_or_job_is_refused_by_name() {
     let a = auth("the job's own secret", "job-a");
-    let rank0 = TcpStore::connect_with(&info(0, 2, 0), &a, TIMEOUT).unwrap();
+    let rank0 = TcpStore::connect_with(&RankInfo::local(0, 2, 0), &a, TIMEOUT).unwrap();
     let port = rank0.port();
     let started = Instant::now();
     let e = TcpStore::connect_with(
-        &info(1, 2, port),
+        &RankInfo::local(1, 2, port),
         &auth("somebody else's secret", "job-a"),
         TIMEOUT,
     )
@@ -352,7 +342,7 @@ fn a_rank_with_another_secret_or_job_is_refused_by_name() {
         started.elapsed()
     );
     let e = TcpStore::connect_with(
-        &info(1, 2, port),
+        &RankInfo::local(1, 2, port),
         &auth("the job's own secret", "job-b"),
         TIMEOUT,
     )
@@ -364,7 +354,7 @@ fn a_rank_with_another_secret_or_job_is_refused_by_name() {
         .wait_for_others_to_leave(Duration::from_millis(500))
         .unwrap();
     // The real rank 1 still gets in.
-    let rank1 = TcpStore::connect_with(&info(1, 2, port), &a, TIMEOUT).unwrap();
+    let rank1 = TcpStore::connect_with(&RankInfo::local(1, 2, port), &a, TIMEOUT).unwrap();
     rank1.set("k", b"v").unwrap();
     assert_eq!(rank0.get("k", TIMEOUT).unwrap(), b"v");
 }
@@ -373,14 +363,14 @@ fn a_rank_with_another_secret_or_job_is_refused_by_name() {
 fn idle_or_foreign_connections_neither_join_nor_hold_up_the_shutdown() {
     use std::io::{Read, Write};
     let a = auth("the job's own secret", "job");
-    let rank0 = TcpStore::connect_with(&info(0, 2, 0), &a, TIMEOUT).unwrap();
+    let rank0 = TcpStore::connect_with(&RankInfo::local(0, 2, 0), &a, TIMEOUT).unwrap();
     let port = rank0.port();
     // One connection that never says a word, one that speaks another
     // protocol.
     let mut idle = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
     let mut http = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
     http.write_all(b"GET / HTTP/1.0\r\n\r\n").unwrap();
-    let rank1 = TcpStore::connect_with(&info(1, 2, port), &a, TIMEOUT).unwrap();
+    let rank1 = TcpStore::connect_with(&RankInfo::local(1, 2, port), &a, TIMEOUT).unwrap();
     drop(rank1);
     let started = Instant::now();
     rank0.wait_for_others_to_leave(TIMEOUT).unwrap();
@@ -406,7 +396,7 @@ fn idle_or_foreign_connections_neither_join_nor_hold_up_the_shutdown() {
 #[test]
 fn what_one_client_may_store_is_bounded() {
     let a = auth("the job's own secret", "job");
-    let rank0 = TcpStore::connect_with(&info(0, 1, 0), &a, TIMEOUT).unwrap();
+    let rank0 = TcpStore::connect_with(&RankInfo::local(0, 1, 0), &a, TIMEOUT).unwrap();
     let e = rank0
         .set("big", &vec![0u8; (16 << 20) + 1])
         .unwrap_err()
@@ -434,7 +424,7 @@ fn other_launchers_must_pass_the_secret() {
         eprintln!("skipped: POLYCHIP_JOB_SECRET is set in this environment");
         return;
     }
-    let mut me = info(1, 2, 29500);
+    let mut me = RankInfo::local(1, 2, 29500);
     me.launcher = "torchrun";
     let e = TcpStore::connect(&me, Duration::from_millis(200))
         .unwrap_err()
@@ -445,8 +435,8 @@ fn other_launchers_must_pass_the_secret() {
     );
     // Started by hand (no launcher), ranks of one user meet through the
     // user's own secret.
-    let rank0 = TcpStore::connect(&info(0, 2, 0), TIMEOUT).unwrap();
-    let rank1 = TcpStore::connect(&info(1, 2, rank0.port()), TIMEOUT).unwrap();
+    let rank0 = TcpStore::connect(&RankInfo::local(0, 2, 0), TIMEOUT).unwrap();
+    let rank1 = TcpStore::connect(&RankInfo::local(1, 2, rank0.port()), TIMEOUT).unwrap();
     rank1.set("k", b"v").unwrap();
     assert_eq!(rank0.get("k", TIMEOUT).unwrap(), b"v");
 }

@@ -6,36 +6,15 @@
 
 use std::time::Instant;
 
-use polychip_planner::cluster::ClusterSpec;
+#[path = "../tests/common/mod.rs"]
+mod common;
+
+use common::cluster_of;
 use polychip_planner::model::ModelSpec;
 use polychip_planner::search::{PlanOptions, plan};
 use polychip_planner::settings::TrainingSettings;
 
-/// A cluster of `n` chip types, 64 chips each.
-pub fn cluster_of(base: &ClusterSpec, n: usize) -> ClusterSpec {
-    let mut out = base.clone();
-    out.chip_types = (0..n)
-        .map(|i| {
-            let mut c = base.chip_types[i % base.chip_types.len()].clone();
-            let f = 1.0 + 0.07 * i as f64;
-            c.name = format!("{}-{i}", c.name);
-            c.count = 64;
-            c.peak_flops.f32 *= f;
-            c.peak_flops.bf16 *= f;
-            c.peak_flops.f16 *= f;
-            c.memory_bytes += (i as u64) << 30;
-            c
-        })
-        .collect();
-    out
-}
-
 fn main() {
-    let path = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../examples/clusters/china-mobile-3-vendor.toml"
-    );
-    let base = ClusterSpec::load(path.as_ref()).expect("example cluster");
     let model = ModelSpec::llama_70b();
     let settings = TrainingSettings::new(1024);
     let limit: f64 = std::env::var("TYPES_BENCH_LIMIT_S")
@@ -47,7 +26,7 @@ fn main() {
         "types", "search s", "candidates", "tokens/s"
     );
     for n in 1..=12 {
-        let cluster = cluster_of(&base, n);
+        let cluster = cluster_of(n);
         let start = Instant::now();
         let result = plan(&model, &cluster, &settings, &PlanOptions::default());
         let secs = start.elapsed().as_secs_f64();

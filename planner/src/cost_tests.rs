@@ -265,6 +265,11 @@ fn tensor_parallelism_gives_little_speedup_to_a_mid_size_layer() {
     let m = ModelSpec::llama_70b();
     let big = layer_step(&m, &c, 1) / layer_step(&m, &c, 2);
     assert!(big > 1.8 && big < 2.0, "70B tp 2: {big}x");
+    // The figures docs/planner.md quotes (`-- --nocapture` prints them).
+    eprintln!(
+        "mid-size layer: tp 2 {s2:.2}x, tp 4 {s4:.2}x over 100 GB/s, tp 2 {slow:.2}x over \
+         32 GB/s; 70B layer: tp 2 {big:.2}x over 300 GB/s"
+    );
 }
 
 /// The head is one large, efficient matmul plus the loss's traffic over

@@ -277,29 +277,18 @@ pub fn search(
             }
         }
     }
-    if which != Layouts::Pipelines && n >= 2 && m >= n && (0..n).all(|d| fits(d, 0, layers, 1)) {
+    if which != Layouts::Pipelines && n >= 2 && m >= n {
         // Deal the micro-batches: each to the replica that would finish it
         // soonest; every replica gets at least one.
-        candidates += 1;
-        let all_params =
-            model.embed_params + layers as u64 * model.block_params + model.head_params;
-        let time = |d: usize, k: usize| pipeline_time(devs, model, &[whole(d)], k, all_params);
-        let mut counts = vec![1usize; n];
-        for _ in n..m {
-            let d = (0..n)
-                .min_by(|&a, &b| time(a, counts[a] + 1).total_cmp(&time(b, counts[b] + 1)))
-                .expect("n >= 2");
-            counts[d] += 1;
+        let sized = [SizedCosts {
+            devices: devs.to_vec(),
+            model: *model,
+        }];
+        let whole_fits = |d: usize, _: usize| fits(d, 0, layers, 1);
+        if let Some((t, pipes)) = replicas_by_sequence(&sized, m * model.micro_batch, &whole_fits) {
+            candidates += 1;
+            consider(t, pipes);
         }
-        let t = (0..n).map(|d| time(d, counts[d])).fold(0.0, f64::max);
-        let pipes = (0..n)
-            .map(|d| MeasuredPipeline {
-                stages: vec![whole(d)],
-                micro_batch: model.micro_batch,
-                micro_batches: counts[d],
-            })
-            .collect();
-        consider(t, pipes);
     }
     let (step, pipelines) = best?;
     let sum: f64 = alone
@@ -354,9 +343,14 @@ pub fn replicas_by_sequence(
         first: 0,
         end: layers,
     };
+    // Each (device, size, micro-batches) simulated once: the deals of every
+    // choice of sizes ask for the same ones again and again.
+    let memo = std::cell::RefCell::new(std::collections::HashMap::new());
     let time = |d: usize, k: usize, m: usize| {
-        let s = &sizes[k];
-        pipeline_time(&s.devices, &s.model, &[whole(d)], m, all_params)
+        *memo.borrow_mut().entry((d, k, m)).or_insert_with(|| {
+            let s = &sizes[k];
+            pipeline_time(&s.devices, &s.model, &[whole(d)], m, all_params)
+        })
     };
     let mut best: Option<(f64, Vec<MeasuredPipeline>)> = None;
     // Every choice of a size index per device (sizes^n: a few dozen).

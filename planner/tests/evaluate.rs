@@ -4,6 +4,9 @@
 //! are reported per stage, and inconsistent plans are refused naming what
 //! is wrong.
 
+mod common;
+
+use common::example_cluster;
 use polychip_planner::cluster::ClusterSpec;
 use polychip_planner::evaluate::{PlanSpec, evaluate};
 use polychip_planner::model::ModelSpec;
@@ -11,27 +14,19 @@ use polychip_planner::profile::{FORMAT, Passes, ProfileEntry, ProfileFile};
 use polychip_planner::search::{PlanOptions, plan};
 use polychip_planner::settings::{Dtype, TrainingSettings};
 
-fn cluster() -> ClusterSpec {
-    let path = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../examples/clusters/china-mobile-3-vendor.toml"
-    );
-    ClusterSpec::load(std::path::Path::new(path)).unwrap()
-}
-
 fn err(text: &str, json: bool, model: &ModelSpec) -> String {
     let spec = match PlanSpec::parse(text, json) {
         Ok(s) => s,
         Err(e) => return e.to_string(),
     };
-    evaluate(&spec, model, &cluster(), &TrainingSettings::new(64))
+    evaluate(&spec, model, &example_cluster(), &TrainingSettings::new(64))
         .map(|_| String::new())
         .unwrap_or_else(|e| e.to_string())
 }
 
 #[test]
 fn the_searchs_answer_evaluates_to_its_own_prediction() {
-    let (c, m) = (cluster(), ModelSpec::llama_7b());
+    let (c, m) = (example_cluster(), ModelSpec::llama_7b());
     let s = TrainingSettings::new(256);
     let report = plan(&m, &c, &s, &PlanOptions::default()).unwrap();
     let json = serde_json::to_string(&report).unwrap();
@@ -70,7 +65,7 @@ stages = [{ device = "nvidia-a800-class", layers = [0, 20] },
     assert_eq!(a, PlanSpec::parse(chips, true).unwrap());
     assert_eq!(a, PlanSpec::parse(counts, true).unwrap());
     assert_eq!(a, PlanSpec::parse(toml, false).unwrap());
-    let ev = evaluate(&a, &m, &cluster(), &TrainingSettings::new(1)).unwrap();
+    let ev = evaluate(&a, &m, &example_cluster(), &TrainingSettings::new(1)).unwrap();
     assert_eq!(ev.plan.global_batch, 64);
     assert_eq!(ev.plan.dp, 2);
     let s = &ev.plan.replicas[0].stages;
@@ -87,7 +82,7 @@ fn a_plan_that_does_not_fit_names_its_stage_and_shortfall() {
                    {"device": "nvidia-a800-class", "tp": 8, "layers": [30, 55]},
                    {"device": "nvidia-a800-class", "tp": 8, "layers": [55, 80]}]}]}"#;
     let spec = PlanSpec::parse(plan, true).unwrap();
-    let ev = evaluate(&spec, &m, &cluster(), &TrainingSettings::new(1)).unwrap();
+    let ev = evaluate(&spec, &m, &example_cluster(), &TrainingSettings::new(1)).unwrap();
     assert!(!ev.fits);
     assert_eq!(ev.overflows.len(), 1, "{:?}", ev.overflows);
     let o = &ev.overflows[0];
@@ -182,7 +177,7 @@ fn inconsistent_plans_are_refused_naming_what_is_wrong() {
 #[test]
 fn a_profile_prices_the_types_it_covers_and_scales_to_other_tp() {
     let m = ModelSpec::llama_7b();
-    let mut c = cluster();
+    let mut c = example_cluster();
     let entry = |b: u64| ProfileEntry {
         chip: "nvidia-a800-class".into(),
         micro_batch: b,
@@ -241,7 +236,7 @@ fn a_profile_prices_the_types_it_covers_and_scales_to_other_tp() {
             .timing
             .clone()
     };
-    let (analytic1, analytic2) = (at(1, &cluster()), at(2, &cluster()));
+    let (analytic1, analytic2) = (at(1, &example_cluster()), at(2, &example_cluster()));
     let measured2 = at(2, &c);
     let want = t.forward * analytic2.forward / analytic1.forward;
     assert!(

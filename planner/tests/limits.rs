@@ -5,36 +5,13 @@
 
 use std::time::{Duration, Instant};
 
+mod common;
+
+use common::cluster_of;
 use polychip_planner::cluster::ClusterSpec;
 use polychip_planner::model::ModelSpec;
 use polychip_planner::search::{PlanError, PlanOptions, plan};
 use polychip_planner::settings::TrainingSettings;
-
-/// `n` chip types of 64 chips (8 per node) derived from the 3-vendor
-/// example, with their peak FLOP/s and memory varied per copy (the
-/// `types` benchmark's clusters).
-fn cluster_of(n: usize) -> ClusterSpec {
-    let path = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../examples/clusters/china-mobile-3-vendor.toml"
-    );
-    let base = ClusterSpec::load(path.as_ref()).unwrap();
-    let mut out = base.clone();
-    out.chip_types = (0..n)
-        .map(|i| {
-            let mut c = base.chip_types[i % base.chip_types.len()].clone();
-            let f = 1.0 + 0.07 * i as f64;
-            c.name = format!("{}-{i}", c.name);
-            c.count = 64;
-            c.peak_flops.f32 *= f;
-            c.peak_flops.bf16 *= f;
-            c.peak_flops.f16 *= f;
-            c.memory_bytes += (i as u64) << 30;
-            c
-        })
-        .collect();
-    out
-}
 
 /// Before the bound, 12 types took about 3.5x per type (65 s for 9 in a
 /// release build, no answer for 12 within minutes); now well under a

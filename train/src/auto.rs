@@ -377,21 +377,6 @@ fn measured_model(cfg: &ModelConfig, t: &TrainConfig, b: usize, gb: usize) -> Me
     }
 }
 
-/// The planner's model shape of `cfg` (for a profile file and for
-/// `polychip plan` on a trainer preset).
-pub fn planner_model(cfg: &ModelConfig) -> polychip_planner::model::ModelSpec {
-    polychip_planner::model::ModelSpec {
-        name: cfg.name.clone(),
-        layers: cfg.layers as u64,
-        hidden: cfg.dim as u64,
-        ffn: cfg.ffn as u64,
-        heads: cfg.heads as u64,
-        kv_heads: cfg.kv_heads as u64,
-        vocab: cfg.vocab as u64,
-        seq_len: cfg.seq_len as u64,
-    }
-}
-
 /// Profiles each of `devices` on `cfg` at each micro-batch size of `sizes`
 /// (with [`profile_repeated`], `reps` repetitions, `rounds` rounds) and
 /// returns them as a profile file for `polychip
@@ -453,7 +438,7 @@ pub fn profile_file(
     }
     Ok(ProfileFile {
         format: FORMAT.into(),
-        model: planner_model(cfg),
+        model: cfg.planner_spec(),
         dtype: match t.precision {
             crate::config::Precision::F32 => polychip_planner::settings::Dtype::F32,
             crate::config::Precision::Bf16 => polychip_planner::settings::Dtype::Bf16,
