@@ -453,11 +453,14 @@ fn train(args: &Args) -> Result<ExitCode, TrainError> {
         Ok(s) => s,
         Err(e) => {
             // Report at once instead of after an exit barrier the others
-            // never reach (they find this rank gone instead).
+            // never reach (they find this rank gone instead), and before
+            // leaving: a peer that finds this rank gone fails, and the
+            // launcher then stops this rank, perhaps before it has printed.
+            eprintln!("polychip train: {e}");
             if let Some(j) = job {
                 j.abandon();
             }
-            return Err(e);
+            return Ok(ExitCode::from(2));
         }
     };
     let mut diverged = false;
