@@ -2,7 +2,8 @@
 //! bundled plugins: the throughput of each chip type alone (HeteroAuto's
 //! best plan for it, on one core), and of the mixed cluster (one core per
 //! device) under HeteroAuto's pipeline-only plan (PP across two types),
-//! data-parallel-only plan (DP across two types) and best plan; efficiency
+//! data-parallel-only plan (DP across two types; again with the optimizer
+//! step unsharded, `--no-shard-optimizer`, for the A/B) and best plan; efficiency
 //! = mixed tokens/s over the sum of the alone tokens/s. Also how far each
 //! measured step time is from the planner's prediction.
 //!
@@ -26,38 +27,53 @@ struct Config {
     plan: &'static str,
     devices: &'static str,
     cores: &'static str,
+    extra: &'static [&'static str],
 }
 
-const CONFIGS: [Config; 5] = [
+const CONFIGS: [Config; 6] = [
     Config {
         name: "ferrite alone",
         plan: "auto",
         devices: "ferrite:0",
         cores: "0",
+        extra: &[],
     },
     Config {
         name: "cobalt alone",
         plan: "auto",
         devices: "cobalt:0",
         cores: "1",
+        extra: &[],
     },
     Config {
         name: "PP ferrite+cobalt",
         plan: "auto-pp",
         devices: "ferrite:0,cobalt:0",
         cores: "0,1",
+        extra: &[],
     },
     Config {
         name: "DP ferrite+cobalt",
         plan: "auto-dp",
         devices: "ferrite:0,cobalt:0",
         cores: "0,1",
+        extra: &[],
+    },
+    // The same without the sharded optimizer step: each replica steps
+    // every parameter, the slow chip's step exposed (the A/B of the shard).
+    Config {
+        name: "DP unsharded ferrite+cobalt",
+        plan: "auto-dp",
+        devices: "ferrite:0,cobalt:0",
+        cores: "0,1",
+        extra: &["--no-shard-optimizer"],
     },
     Config {
         name: "best ferrite+cobalt",
         plan: "auto",
         devices: "ferrite:0,cobalt:0",
         cores: "0,1",
+        extra: &[],
     },
 ];
 
@@ -124,6 +140,7 @@ fn run(
             &steps.to_string(),
         ])
         .args(["--plan", c.plan, "--devices", c.devices, "--cores", cores])
+        .args(c.extra)
         .arg("--log-json")
         .arg(&json)
         .env("POLYCHIP_TRANSPORT", "shm")
@@ -225,7 +242,7 @@ fn main() {
             };
             let r = run(&exe, c, &cores, &dir, &model, gb, steps);
             eprintln!(
-                "round {}: {:<20} {:>9.0} tokens/s  {}",
+                "round {}: {:<28} {:>9.0} tokens/s  {}",
                 round + 1,
                 c.name,
                 r.0,
@@ -236,7 +253,7 @@ fn main() {
                 let _h = Hog::start();
                 let r = run(&exe, c, &cores, &dir, &model, gb, steps);
                 eprintln!(
-                    "round {}: {:<20} {:>9.0} tokens/s beside a CPU hog",
+                    "round {}: {:<28} {:>9.0} tokens/s beside a CPU hog",
                     round + 1,
                     c.name,
                     r.0
@@ -261,7 +278,7 @@ fn main() {
         "# polychip train efficiency: model {model}, global batch {gb}, {steps} steps, medians of {rounds} rounds"
     );
     println!(
-        "{:<21} {:>11} {:>10} {:>10} {:>9} {:>11}  plan",
+        "{:<28} {:>11} {:>10} {:>10} {:>9} {:>11}  plan",
         "configuration", "tokens/s", "step ms", "pred. ms", "pred.err", "efficiency"
     );
     for (i, c) in CONFIGS.iter().enumerate() {
@@ -276,7 +293,7 @@ fn main() {
             "-".into()
         };
         println!(
-            "{:<21} {:>11.0} {:>10.1} {:>10.1} {:>8.1}% {:>11}  {}",
+            "{:<28} {:>11.0} {:>10.1} {:>10.1} {:>8.1}% {:>11}  {}",
             c.name,
             tps[i],
             step * 1e3,
@@ -305,7 +322,7 @@ fn main() {
                 (effs.iter().map(|e| (e - mean).powi(2)).sum::<f64>() / (n - 1.0).max(1.0)).sqrt();
             let need = (1.25 * sigma).powi(2).ceil().max(1.0);
             println!(
-                "{:<21} efficiency by round: median {:.2}%, min {:.2}%, max {:.2}%, sigma {:.2} points: \
+                "{:<28} efficiency by round: median {:.2}%, min {:.2}%, max {:.2}%, sigma {:.2} points: \
                  about {need:.0} rounds for a median stable to 1 point",
                 c.name,
                 median(effs.clone()),
@@ -316,7 +333,7 @@ fn main() {
         }
     }
     println!(
-        "{:<21} {:>19} {:>11} {:>19} {:>9} {:>10}",
+        "{:<28} {:>19} {:>11} {:>19} {:>9} {:>10}",
         "spread and load", "quiet min-max", "with hog", "hog min-max", "kept", "hog leaves"
     );
     for (i, c) in CONFIGS.iter().enumerate() {
@@ -335,11 +352,11 @@ fn main() {
             (t, t / tps[i], leaves, a, b)
         };
         if hogged[i].is_empty() {
-            println!("{:<21} {:>9.0}-{:<9.0}", c.name, lo, hi);
+            println!("{:<28} {:>9.0}-{:<9.0}", c.name, lo, hi);
             continue;
         }
         println!(
-            "{:<21} {:>9.0}-{:<9.0} {:>11.0} {:>9.0}-{:<9.0} {:>8.1}% {:>9.1}%",
+            "{:<28} {:>9.0}-{:<9.0} {:>11.0} {:>9.0}-{:<9.0} {:>8.1}% {:>9.1}%",
             c.name,
             lo,
             hi,

@@ -135,6 +135,18 @@ pub struct Args {
     /// once, then start the ranks under any launcher with `--plan FILE`.
     #[arg(long, value_name = "FILE")]
     save_plan: Option<PathBuf>,
+    /// Shard the optimizer step over the data-parallel replicas: each
+    /// updates a share of the parameters in proportion to its stage's
+    /// `optimizer_weight` (given in the plan file, or else its replica's
+    /// share of the batch) and the updated weights are gathered. `--plan
+    /// auto` does this by itself where its measured search predicts it
+    /// faster.
+    #[arg(long, conflicts_with = "no_shard_optimizer")]
+    shard_optimizer: bool,
+    /// Never shard the optimizer step (not even where `--plan auto` would,
+    /// nor where the plan file gives weights).
+    #[arg(long)]
+    no_shard_optimizer: bool,
     /// Internal: the resolved plan (JSON) handed to the ranks.
     #[arg(long, hide = true, value_name = "FILE")]
     resolved_plan: Option<PathBuf>,
@@ -285,7 +297,7 @@ fn resolve_plan(
             if !args.no_pin {
                 pin_to(&pin::share(cores, 0, devices.len()))?;
             }
-            let planned = auto::auto_plan(model, t, &devices, mode);
+            let planned = auto::auto_plan(model, t, &devices, mode, !args.no_shard_optimizer);
             if !args.no_pin {
                 pin_to(cores)?;
             }
@@ -383,7 +395,19 @@ fn train(args: &Args) -> Result<ExitCode, TrainError> {
                 .into(),
         ));
     }
-    let plan = resolve_plan(args, &rt, &model, &t, &cores)?;
+    let mut plan = resolve_plan(args, &rt, &model, &t, &cores)?;
+    if args.no_shard_optimizer && plan.shards_optimizer() {
+        plan.groups
+            .iter_mut()
+            .flat_map(|g| &mut g.stages)
+            .for_each(|s| s.optimizer_weight = None);
+        plan.predicted_step_seconds = None;
+    }
+    if args.shard_optimizer && !plan.shards_optimizer() {
+        plan.shard_optimizer_by_batch();
+        // A plan searched without it was priced without it.
+        plan.predicted_step_seconds = None;
+    }
     plan.validate(&model, t.global_batch)?;
     if let Some(path) = &args.save_plan {
         let text = serde_json::to_string_pretty(&plan).expect("a plan serializes");

@@ -115,6 +115,88 @@ fn heterogeneous_plans_follow_the_single_device_curve() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// The optimizer step sharded over replicas (weights by batch share here,
+/// over groups of different splits): the same curve as one device, every
+/// replica left with the same weights, and a resume as exact as unsharded.
+#[test]
+fn a_sharded_optimizer_step_follows_the_curve_and_resumes_exactly() {
+    let dir = scratch("shard");
+    let plan = mixed_plan(&dir);
+    let ck = dir.join("ck");
+    let c = ck.display().to_string();
+    let steps = ["--steps", "12"];
+    let reference = curve(
+        &dir,
+        "ref",
+        &[&steps[..], &["--device", "ferrite:0"]].concat(),
+    );
+    let sharded = ["--plan", plan.as_str(), "--shard-optimizer"];
+    let full = curve(&dir, "full", &[&steps[..], &sharded].concat());
+    let d = max_diff(&reference, &full);
+    assert!(d <= F32_BOUND, "sharded: differs by {d}");
+    let first = curve(
+        &dir,
+        "first",
+        &[
+            &steps[..],
+            &sharded,
+            &["--stop-after", "6", "--checkpoint-dir", &c],
+        ]
+        .concat(),
+    );
+    assert_eq!(first[..], full[..6]);
+    let resumed = curve(
+        &dir,
+        "resumed",
+        &[&steps[..], &sharded, &["--resume", &c]].concat(),
+    );
+    assert_eq!(
+        resumed[..],
+        full[6..],
+        "resuming a sharded run must be bit-exact"
+    );
+    // Its checkpoint holds whole moments: it resumes unsharded too.
+    let plain = curve(
+        &dir,
+        "plain",
+        &[&steps[..], &["--plan", &plan, "--resume", &c]].concat(),
+    );
+    let d = max_diff(&plain, &full[6..]);
+    assert!(d <= F32_BOUND, "resumed unsharded: differs by {d}");
+
+    // Weights on some stages only, or not positive: refused, naming them.
+    for (weights, says) in [
+        (["1.5", ""], "1 of its 3 stages give an optimizer_weight"),
+        (["-1", "1"], "optimizer_weight is -1"),
+    ] {
+        let file = dir.join("weights.toml");
+        let w = |v: &str| match v {
+            "" => String::new(),
+            v => format!(", optimizer_weight = {v}"),
+        };
+        std::fs::write(
+            &file,
+            format!(
+                "[[group]]\nmicro_batch_size = 2\nmicro_batches = 3\nstages = [{{ device = \
+                 \"ferrite:0\", layers = [0, 2]{} }}]\n[[group]]\nmicro_batch_size = 1\n\
+                 micro_batches = 2\nstages = [{{ device = \"cobalt:0\", layers = [0, 1]{} }}, \
+                 {{ device = \"ferrite:1\", layers = [1, 2]{} }}]\n",
+                w(weights[0]),
+                w(weights[1]),
+                w(weights[1]),
+            ),
+        )
+        .unwrap();
+        let f = file.display().to_string();
+        let mut args = COMMON.to_vec();
+        args.extend_from_slice(&["--steps", "2", "--plan", &f]);
+        let (code, out, err) = polychip_env(&args, &[]);
+        assert_eq!(code, Some(2), "{out}{err}");
+        assert!(err.contains(says), "{err}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn checkpoints_resume_exactly_and_load_into_another_split() {
     let dir = scratch("ckpt");

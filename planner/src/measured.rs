@@ -64,6 +64,9 @@ pub struct MeasuredModel {
     pub grad_bytes: u64,
     /// Bandwidth between devices, bytes/s (transfers and reductions).
     pub link_bandwidth: f64,
+    /// Whether data-parallel replicas may shard the optimizer step
+    /// ([`sharded_optimizer`]).
+    pub shard_optimizer: bool,
 }
 
 /// Which layouts to consider. Every layout uses every device: the
@@ -114,6 +117,27 @@ pub struct MeasuredPlan {
     pub speedup_ratio: f64,
     /// Layouts evaluated.
     pub candidates: u64,
+    /// When the optimizer step is sharded over the replicas: each
+    /// pipeline's weight (its device's optimizer speed, 1 / seconds per
+    /// parameter); see [`sharded_optimizer`].
+    pub optimizer_weights: Option<Vec<f64>>,
+}
+
+/// Bytes per master weight gathered after a sharded optimizer step (f32).
+const MASTER_BYTES: f64 = 4.0;
+
+/// The optimizer step of `params` parameters sharded over devices whose
+/// step costs `per_param` seconds per parameter, each taking a share in
+/// proportion to its speed so that all finish together, then the gather
+/// of the updated weights over `link_bandwidth` (each share broadcast by
+/// its owner: the whole model's f32 weights cross the links once).
+/// Returns the seconds and each device's weight (1 / its cost).
+pub fn sharded_optimizer(per_param: &[f64], params: u64, link_bandwidth: f64) -> (f64, Vec<f64>) {
+    // A device whose step was measured as free still gets a finite weight.
+    let weights: Vec<f64> = per_param.iter().map(|&o| 1.0 / o.max(1e-15)).collect();
+    let speed: f64 = weights.iter().sum();
+    let p = params as f64;
+    (p / speed + p * MASTER_BYTES / link_bandwidth, weights)
 }
 
 /// Forward and backward seconds of one micro-batch through `blocks`
@@ -234,6 +258,7 @@ pub fn search(
         })
         .collect();
     let mut best: Option<(f64, Vec<MeasuredPipeline>)> = None;
+    let mut weights = None;
     let mut consider = |t: f64, p: Vec<MeasuredPipeline>| {
         if best.as_ref().is_none_or(|(bt, _)| t < *bt) {
             best = Some((t, p));
@@ -285,12 +310,17 @@ pub fn search(
             model: *model,
         }];
         let whole_fits = |d: usize, _: usize| fits(d, 0, layers, 1);
-        if let Some((t, pipes)) = replicas_by_sequence(&sized, m * model.micro_batch, &whole_fits) {
+        if let Some(r) = replicas_by_sequence(&sized, m * model.micro_batch, &whole_fits) {
             candidates += 1;
-            consider(t, pipes);
+            consider(r.step_seconds, r.pipelines);
+            weights = r.optimizer_weights;
         }
     }
     let (step, pipelines) = best?;
+    let optimizer_weights = match pipelines.len() > 1 {
+        true => weights,
+        false => None,
+    };
     let sum: f64 = alone
         .iter()
         .filter(|t| t.is_finite())
@@ -302,6 +332,7 @@ pub fn search(
         alone_step_seconds: alone,
         speedup_ratio: if sum > 0.0 { (1.0 / step) / sum } else { 0.0 },
         candidates,
+        optimizer_weights,
     })
 }
 
@@ -315,42 +346,105 @@ pub struct SizedCosts {
     pub model: MeasuredModel,
 }
 
+/// The best data-parallel layout [`replicas_by_sequence`] found.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Replicas {
+    /// Predicted step, seconds.
+    pub step_seconds: f64,
+    /// One whole-model replica per device, in order.
+    pub pipelines: Vec<MeasuredPipeline>,
+    /// Each replica's weight when the optimizer step is sharded (see
+    /// [`sharded_optimizer`]), `None` when every replica steps every
+    /// parameter.
+    pub optimizer_weights: Option<Vec<f64>>,
+}
+
 /// Data parallelism with each device a whole replica at a micro-batch size
 /// of its own, the step's `global_batch` sequences dealt in units of each
 /// replica's micro-batch (so a slow chip can take a single sequence while
 /// a fast one takes micro-batches of four): for every choice of a size per
 /// device, units go one at a time to the replica that would finish soonest
 /// with it (every replica gets one), and the fastest choice whose units add
-/// up to the global batch exactly wins. `fits(device, size)` says whether
-/// the whole model fits the device with one micro-batch of `size` in
-/// flight. Returns the step time and the replicas (one per device, in
-/// order), or `None` when no choice deals the batch exactly.
+/// up to the global batch exactly wins. Each choice is priced twice: with
+/// every replica stepping the optimizer over all the parameters after the
+/// reduction (the slowest replica's step exposed), and with the step
+/// sharded by optimizer speed ([`sharded_optimizer`]), when the deal then
+/// balances the passes alone. `fits(device, size)` says whether the whole
+/// model fits the device with one micro-batch of `size` in flight. `None`
+/// when no choice deals the batch exactly.
 pub fn replicas_by_sequence(
     sizes: &[SizedCosts],
     global_batch: usize,
     fits: &dyn Fn(usize, usize) -> bool,
-) -> Option<(f64, Vec<MeasuredPipeline>)> {
+) -> Option<Replicas> {
     let n = sizes.first()?.devices.len();
     if n < 2 || sizes.iter().any(|s| s.devices.len() != n) {
         return None;
     }
+    let m0 = &sizes[0].model;
+    let all_params = m0.embed_params + m0.layers as u64 * m0.block_params + m0.head_params;
+    let per_param: Vec<f64> = sizes[0]
+        .devices
+        .iter()
+        .map(|d| d.optimizer_per_param)
+        .collect();
+    let (sharded_step, weights) = sharded_optimizer(&per_param, all_params, m0.link_bandwidth);
+    let unsharded = deal(sizes, global_batch, fits, all_params, true).map(|(t, p)| Replicas {
+        step_seconds: t,
+        pipelines: p,
+        optimizer_weights: None,
+    });
+    let sharded = match m0.shard_optimizer {
+        true => deal(sizes, global_batch, fits, all_params, false),
+        false => None,
+    };
+    let sharded = sharded.map(|(t, p)| Replicas {
+        step_seconds: t + sharded_step,
+        pipelines: p,
+        optimizer_weights: Some(weights),
+    });
+    match (unsharded, sharded) {
+        (Some(u), Some(s)) if s.step_seconds < u.step_seconds => Some(s),
+        (Some(u), _) => Some(u),
+        (None, s) => s,
+    }
+}
+
+/// [`replicas_by_sequence`]'s deal, each replica's step with its own
+/// optimizer step over `params` parameters or (`with_optimizer` false)
+/// without one.
+fn deal(
+    sizes: &[SizedCosts],
+    global_batch: usize,
+    fits: &dyn Fn(usize, usize) -> bool,
+    params: u64,
+    with_optimizer: bool,
+) -> Option<(f64, Vec<MeasuredPipeline>)> {
+    let n = sizes[0].devices.len();
     let layers = sizes[0].model.layers;
-    let all_params = sizes[0].model.embed_params
-        + layers as u64 * sizes[0].model.block_params
-        + sizes[0].model.head_params;
     let whole = |d: usize| MeasuredStage {
         device: d,
         first: 0,
         end: layers,
     };
+    let devices: Vec<Vec<MeasuredDevice>> = sizes
+        .iter()
+        .map(|s| {
+            let mut ds = s.devices.clone();
+            if !with_optimizer {
+                ds.iter_mut().for_each(|d| d.optimizer_per_param = 0.0);
+            }
+            ds
+        })
+        .collect();
     // Each (device, size, micro-batches) simulated once: the deals of every
     // choice of sizes ask for the same ones again and again.
     let memo = std::cell::RefCell::new(std::collections::HashMap::new());
     let time = |d: usize, k: usize, m: usize| {
-        *memo.borrow_mut().entry((d, k, m)).or_insert_with(|| {
-            let s = &sizes[k];
-            pipeline_time(&s.devices, &s.model, &[whole(d)], m, all_params)
-        })
+        *memo
+            .borrow_mut()
+            .entry((d, k, m))
+            .or_insert_with(|| pipeline_time(&devices[k], &sizes[k].model, &[whole(d)], m, params))
     };
     let mut best: Option<(f64, Vec<MeasuredPipeline>)> = None;
     // Every choice of a size index per device (sizes^n: a few dozen).
@@ -432,6 +526,7 @@ mod tests {
             micro_batches: m,
             grad_bytes: 4,
             link_bandwidth: 1e12,
+            shard_optimizer: true,
         }
     }
 
@@ -468,7 +563,10 @@ mod tests {
             },
         };
         let sizes = [at(1, [1.5, 10.0]), at(4, [1.0, 10.0])];
-        let (t, pipes) = replicas_by_sequence(&sizes, 16, &|_, _| true).unwrap();
+        let r = replicas_by_sequence(&sizes, 16, &|_, _| true).unwrap();
+        let (t, pipes) = (r.step_seconds, r.pipelines);
+        // Free optimizer steps: sharding would only add the gather.
+        assert_eq!(r.optimizer_weights, None);
         let got: Vec<(usize, usize)> = pipes
             .iter()
             .map(|p| (p.micro_batch, p.micro_batches))
@@ -479,8 +577,56 @@ mod tests {
         assert_eq!(got, vec![(1, 14), (1, 2)]);
         assert!((t - 21.0).abs() < 1e-6, "{t}");
         // Nothing fits the slow chip at size 4: it still gets size 1.
-        let (_, pipes) = replicas_by_sequence(&sizes, 16, &|d, b| d == 0 || b == 1).unwrap();
-        assert_eq!(pipes[1].micro_batch, 1);
+        let r = replicas_by_sequence(&sizes, 16, &|d, b| d == 0 || b == 1).unwrap();
+        assert_eq!(r.pipelines[1].micro_batch, 1);
+    }
+
+    #[test]
+    fn a_slow_optimizer_is_sharded_by_speed() {
+        // 100 parameters; the slow chip steps them in 0.5 each (50), the
+        // fast one in 0.05 (5). Unsharded, the slow replica's 50 is exposed
+        // every step; sharded 10:1, both finish in 100 / 22 = 4.5, plus
+        // the gather of 400 bytes at 1000 bytes/s.
+        let mut fast = dev("fast", 1.0, 0.0);
+        let mut slow = dev("slow", 3.0, 0.0);
+        fast.optimizer_per_param = 0.05;
+        slow.optimizer_per_param = 0.5;
+        let model = MeasuredModel {
+            block_params: 100,
+            embed_params: 0,
+            head_params: 0,
+            link_bandwidth: 1000.0,
+            grad_bytes: 0,
+            ..model(1, 16)
+        };
+        let sizes = [SizedCosts {
+            devices: vec![fast.clone(), slow.clone()],
+            model,
+        }];
+        let r = replicas_by_sequence(&sizes, 16, &|_, _| true).unwrap();
+        let w = r.optimizer_weights.clone().expect("sharded");
+        assert!((w[0] / w[1] - 10.0).abs() < 1e-9, "{w:?}");
+        let counts: Vec<usize> = r.pipelines.iter().map(|p| p.micro_batches).collect();
+        // The passes alone decide the deal: 12 x 1 against 4 x 3.
+        assert_eq!(counts, vec![12, 4]);
+        let want = 12.0 + 100.0 / 22.0 + 0.4;
+        assert!((r.step_seconds - want).abs() < 1e-9, "{r:?}");
+        // The search reports the weights with the replicas.
+        let plan = search(&[fast, slow], &model, Layouts::Replicas, &|_, _, _, _| true).unwrap();
+        assert_eq!(plan.optimizer_weights, Some(w));
+        // Not allowed to shard: the slow replica takes one micro-batch and
+        // its whole step (3 + 50).
+        let model = MeasuredModel {
+            shard_optimizer: false,
+            ..model
+        };
+        let sizes = [SizedCosts {
+            model,
+            ..sizes[0].clone()
+        }];
+        let r = replicas_by_sequence(&sizes, 16, &|_, _| true).unwrap();
+        assert_eq!(r.optimizer_weights, None);
+        assert!((r.step_seconds - 53.0).abs() < 1e-9, "{r:?}");
     }
 
     #[test]

@@ -214,13 +214,16 @@ impl AutoMode {
 
 /// Plans `cfg` over `devices` (any mix of vendors): profiles one device of
 /// each vendor on the model, then searches the layouts `mode` allows with
-/// the measured costs ([`polychip_planner::measured`]). Returns the plan
-/// (with the predicted step time), the search's answer and the profiles.
+/// the measured costs ([`polychip_planner::measured`]); data-parallel
+/// layouts may shard the optimizer step when `shard_optimizer` allows it
+/// (the search prices both). Returns the plan (with the predicted step
+/// time), the search's answer and the profiles.
 pub fn auto_plan(
     cfg: &ModelConfig,
     t: &TrainConfig,
     devices: &[Device],
     mode: AutoMode,
+    shard_optimizer: bool,
 ) -> Result<(TrainPlan, MeasuredPlan, Vec<Profile>)> {
     if devices.is_empty() {
         return Err(TrainError::Plan(
@@ -271,7 +274,10 @@ pub fn auto_plan(
                 ..c
             });
         }
-        let model = measured_model(cfg, t, b, gb);
+        let model = MeasuredModel {
+            shard_optimizer,
+            ..measured_model(cfg, t, b, gb)
+        };
         let fits = |d: usize, first: usize, end: usize, in_flight: usize| {
             let range = StageRange::new(first, end, cfg.layers);
             let need = memory::stage_memory(cfg, t.precision, &range, b, in_flight);
@@ -297,10 +303,11 @@ pub fn auto_plan(
             let need = memory::stage_memory(cfg, t.precision, &range, b, 1);
             need.total() <= devices[d].props().memory_bytes
         };
-        if let Some((step, pipelines)) = measured::replicas_by_sequence(&by_size, gb, &fits)
+        if let Some(r) = measured::replicas_by_sequence(&by_size, gb, &fits)
             && let Some((found, _)) = &mut best
-            && step < found.step_seconds
+            && r.step_seconds < found.step_seconds
         {
+            let step = r.step_seconds;
             found.candidates += 1;
             found.step_seconds = step;
             let sum: f64 = found
@@ -310,7 +317,8 @@ pub fn auto_plan(
                 .map(|t| 1.0 / t)
                 .sum();
             found.speedup_ratio = if sum > 0.0 { (1.0 / step) / sum } else { 0.0 };
-            found.pipelines = pipelines;
+            found.pipelines = r.pipelines;
+            found.optimizer_weights = r.optimizer_weights;
         }
     }
     let Some((found, costs)) = best else {
@@ -330,10 +338,17 @@ pub fn auto_plan(
                 .join(", ")
         )));
     };
+    // The weights as shares of the step (they sum to 1): relative is all
+    // that counts, and shares read better in a plan file.
+    let shares: Option<Vec<f64>> = found.optimizer_weights.as_ref().map(|w| {
+        let sum: f64 = w.iter().sum();
+        w.iter().map(|x| x / sum).collect()
+    });
     let groups = found
         .pipelines
         .iter()
-        .map(|p| GroupPlan {
+        .enumerate()
+        .map(|(i, p)| GroupPlan {
             copies: 1,
             micro_batch_size: p.micro_batch,
             micro_batches: p.micro_batches,
@@ -343,6 +358,7 @@ pub fn auto_plan(
                 .map(|s| StagePlan {
                     device: costs[s.device].name.clone(),
                     layers: [s.first, s.end],
+                    optimizer_weight: shares.as_ref().map(|w| w[i]),
                 })
                 .collect(),
         })
@@ -374,6 +390,7 @@ fn measured_model(cfg: &ModelConfig, t: &TrainConfig, b: usize, gb: usize) -> Me
         micro_batches: gb / b,
         grad_bytes: 4,
         link_bandwidth: 2e9,
+        shard_optimizer: true,
     }
 }
 

@@ -65,14 +65,25 @@ fn unit_params(role: &Role, layers: usize) -> Vec<(usize, Range<usize>)> {
     out
 }
 
-/// This rank's reduction groups: a communicator and the range of its
-/// stage's parameters (consecutive) that the group's ranks all hold. A
-/// collective call: every rank of `world` calls it with the same roles.
+/// One of a rank's gradient reductions.
+#[derive(Debug)]
+pub struct ReductionGroup {
+    /// Its ranks' communicator.
+    pub comm: Communicator,
+    /// The stage's parameters (indices into [`crate::model::Stage::params`],
+    /// consecutive) that every rank of the group holds.
+    pub params: Range<usize>,
+    /// The group's world ranks, in the communicator's rank order.
+    pub members: Vec<usize>,
+}
+
+/// This rank's reduction groups. A collective call: every rank of `world`
+/// calls it with the same roles.
 pub fn reduction_groups(
     world: &mut Communicator,
     roles: &[Role],
     layers: usize,
-) -> Result<Vec<(Communicator, Range<usize>)>> {
+) -> Result<Vec<ReductionGroup>> {
     let rank = world.rank();
     let mut groups = Vec::new();
     for set in holder_sets(roles, layers) {
@@ -96,15 +107,63 @@ pub fn reduction_groups(
         // contiguous range, and a replica holds every unit once.
         debug_assert!(ranges.windows(2).all(|w| w[0].end == w[1].start));
         if let (Some(first), Some(last)) = (ranges.first(), ranges.last()) {
-            groups.push((sub, first.start..last.end));
+            groups.push(ReductionGroup {
+                comm: sub,
+                params: first.start..last.end,
+                members: set,
+            });
         }
     }
     Ok(groups)
 }
 
+/// Elements per share boundary: shares start on 64-byte lines of f32.
+const SHARE_ALIGN: usize = 16;
+
+/// A sharded optimizer step's shares of one reduction group: its elements
+/// `elems` cut into consecutive pieces, one per member in order, in
+/// proportion to the members' `weights` (each device's optimizer speed).
+/// Boundaries fall on multiples of 16 elements from the start; a piece
+/// may be empty when its weight is tiny.
+pub fn shares(elems: Range<usize>, weights: &[f64]) -> Vec<Range<usize>> {
+    let total: f64 = weights.iter().sum();
+    let len = elems.len();
+    let mut out = Vec::with_capacity(weights.len());
+    let (mut at, mut cum) = (elems.start, 0.0);
+    for (i, w) in weights.iter().enumerate() {
+        cum += w;
+        let end = if i + 1 == weights.len() {
+            elems.end
+        } else {
+            let ideal = (len as f64 * cum / total).round() as usize;
+            let aligned = (ideal + SHARE_ALIGN / 2) / SHARE_ALIGN * SHARE_ALIGN;
+            (elems.start + aligned.min(len)).max(at)
+        };
+        out.push(at..end);
+        at = end;
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn shares_follow_the_weights_and_cover_the_group() {
+        let s = shares(100..1100, &[15.0, 1.0]);
+        assert_eq!(s, vec![100..1044, 1044..1100]);
+        assert_eq!(
+            shares(0..1000, &[1.0, 1.0, 1.0]),
+            vec![0..336, 336..672, 672..1000]
+        );
+        // A tiny weight may get nothing; the pieces still cover the range.
+        let s = shares(0..40, &[1000.0, 1.0]);
+        assert_eq!(s, vec![0..40, 40..40]);
+        let s = shares(7..9, &[1.0, 1.0]);
+        assert_eq!((s[0].start, s[1].end), (7, 9));
+        assert!(s.windows(2).all(|w| w[0].end == w[1].start));
+    }
     use crate::config::ModelConfig;
     use crate::params::stage_params;
     use crate::plan::TrainPlan;

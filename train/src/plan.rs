@@ -15,17 +15,23 @@ use crate::error::{Result, TrainError};
 use crate::params::StageRange;
 
 /// One pipeline stage: which device runs which blocks.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct StagePlan {
     /// `vendor` (the next unused device of that vendor) or `vendor:index`.
     pub device: String,
     /// Blocks `[first, end)`.
     pub layers: [usize; 2],
+    /// Shard the optimizer step: this stage's device updates a share of
+    /// the parameters it holds with the other replicas' devices in
+    /// proportion to this weight (its optimizer speed), and the updated
+    /// weights are gathered. Given on every stage of a plan or on none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub optimizer_weight: Option<f64>,
 }
 
 /// `copies` identical pipelines.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct GroupPlan {
     /// Identical replicas of this pipeline.
@@ -56,7 +62,7 @@ pub struct TrainPlan {
 }
 
 /// What one rank does.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Role {
     /// The rank.
     pub rank: usize,
@@ -82,6 +88,9 @@ pub struct Role {
     pub prev: Option<usize>,
     /// The rank of the next stage of its pipeline.
     pub next: Option<usize>,
+    /// Its weight in a sharded optimizer step (see
+    /// [`StagePlan::optimizer_weight`]).
+    pub optimizer_weight: Option<f64>,
 }
 
 impl TrainPlan {
@@ -95,6 +104,7 @@ impl TrainPlan {
                 stages: vec![StagePlan {
                     device: device.to_string(),
                     layers: [0, layers],
+                    optimizer_weight: None,
                 }],
             }],
             predicted_step_seconds: None,
@@ -124,6 +134,7 @@ impl TrainPlan {
             stages.push(StagePlan {
                 device: device.trim().to_string(),
                 layers: [first, end],
+                optimizer_weight: None,
             });
         }
         Ok(TrainPlan {
@@ -171,6 +182,28 @@ impl TrainPlan {
             .iter()
             .map(|g| g.copies.saturating_mul(g.stages.len()))
             .fold(0, usize::saturating_add)
+    }
+
+    /// Every stage of every group (once per group, not per copy).
+    pub fn stages(&self) -> impl Iterator<Item = &StagePlan> {
+        self.groups.iter().flat_map(|g| &g.stages)
+    }
+
+    /// Whether the optimizer step is sharded over the replicas.
+    pub fn shards_optimizer(&self) -> bool {
+        self.stages().any(|s| s.optimizer_weight.is_some())
+    }
+
+    /// Shards the optimizer step with each stage's weight its replica's
+    /// share of the global batch (its micro-batch size times count): the
+    /// planner dealt the batch by speed. Weights already given are kept.
+    pub fn shard_optimizer_by_batch(&mut self) {
+        for g in &mut self.groups {
+            let share = (g.micro_batch_size * g.micro_batches) as f64;
+            for s in &mut g.stages {
+                s.optimizer_weight.get_or_insert(share);
+            }
+        }
     }
 
     /// Replicas over all groups (saturating).
@@ -236,12 +269,34 @@ impl TrainPlan {
                 }
                 next = b;
             }
+            for (si, s) in g.stages.iter().enumerate() {
+                if let Some(w) = s.optimizer_weight
+                    && !(w.is_finite() && w > 0.0)
+                {
+                    return bad(format!(
+                        "group {gi} stage {si} ({}): optimizer_weight is {w}; it must be a \
+                         positive number",
+                        s.device
+                    ));
+                }
+            }
             if next != cfg.layers {
                 return bad(format!(
                     "group {gi}'s stages end at block {next}, but the model {} has {} blocks",
                     cfg.name, cfg.layers
                 ));
             }
+        }
+        let weighted = self
+            .stages()
+            .filter(|s| s.optimizer_weight.is_some())
+            .count();
+        if weighted != 0 && weighted != self.stages().count() {
+            return bad(format!(
+                "{weighted} of its {} stages give an optimizer_weight; a sharded optimizer \
+                 step needs one on every stage (or none on any)",
+                self.stages().count()
+            ));
         }
         let ranks = self.groups.iter().try_fold(0usize, |acc, g| {
             g.copies.checked_mul(g.stages.len())?.checked_add(acc)
@@ -321,6 +376,7 @@ impl TrainPlan {
                         first_sequence: first_seq,
                         prev: (si > 0).then(|| base + si - 1),
                         next: (si + 1 < p).then(|| base + si + 1),
+                        optimizer_weight: s.optimizer_weight,
                     });
                     rank += 1;
                 }
@@ -340,7 +396,12 @@ impl TrainPlan {
                 let stages: Vec<String> = g
                     .stages
                     .iter()
-                    .map(|s| format!("{} {}..{}", s.device, s.layers[0], s.layers[1]))
+                    .map(|s| match s.optimizer_weight {
+                        Some(w) => {
+                            format!("{} {}..{} opt={w:.3}", s.device, s.layers[0], s.layers[1])
+                        }
+                        None => format!("{} {}..{}", s.device, s.layers[0], s.layers[1]),
+                    })
                     .collect();
                 format!(
                     "{} x [{}] b={} m={}",
@@ -371,6 +432,7 @@ pub fn from_planner(plan: &polychip_planner::plan::Plan) -> Result<TrainPlan> {
             stages.push(StagePlan {
                 device: s.chip.clone(),
                 layers: [s.first_layer as usize, s.end_layer as usize],
+                optimizer_weight: None,
             });
         }
         let size = |field: &str, v: u64| {

@@ -5,6 +5,7 @@
 //! reduction weighted by batch share, clipping, AdamW, validation,
 //! checkpoints, logs and the trace.
 
+use std::ops::Range;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -215,6 +216,35 @@ pub fn run(opts: &Options, runtime: &Runtime, mut job: Option<&mut Job>) -> Resu
         }
         None => Vec::new(),
     };
+    // A sharded optimizer step: each group's elements dealt to its ranks
+    // by their weights; this rank steps all but the others' shares.
+    let shares: Vec<Vec<Range<usize>>> = match opts.plan.shards_optimizer() {
+        true => dp
+            .iter()
+            .map(|g| {
+                let weights: Vec<f64> = g
+                    .members
+                    .iter()
+                    .map(|&r| roles[r].optimizer_weight.unwrap_or(1.0))
+                    .collect();
+                dp::shares(stage.elements(g.params.clone()), &weights)
+            })
+            .collect(),
+        false => Vec::new(),
+    };
+    let mut others: Vec<Range<usize>> = shares
+        .iter()
+        .zip(&dp)
+        .flat_map(|(pieces, g)| {
+            let me = g.comm.rank();
+            pieces
+                .iter()
+                .enumerate()
+                .filter(move |&(i, p)| i != me && !p.is_empty())
+                .map(|(_, p)| p.clone())
+        })
+        .collect();
+    others.sort_by_key(|r| r.start);
     let mut start = 0;
     if let Some(path) = &opts.resume {
         let (mut loaded, changed) =
@@ -278,10 +308,10 @@ pub fn run(opts: &Options, runtime: &Runtime, mut job: Option<&mut Job>) -> Resu
             || "grad all-reduce".into(),
             "allreduce",
             || -> Result<()> {
-                for (comm, range) in &mut dp {
+                for g in &mut dp {
                     // The group's gradients are packed together: one reduction.
-                    let span = stage.grad_span(range.clone())?;
-                    let mut dc = DeviceComm::with_pool(comm, std::mem::take(&mut pool));
+                    let span = stage.grad_span(g.params.clone())?;
+                    let mut dc = DeviceComm::with_pool(&mut g.comm, std::mem::take(&mut pool));
                     let r = dc.all_reduce(&span, ReduceOp::Sum);
                     pool = dc.into_pool();
                     r?;
@@ -307,8 +337,18 @@ pub fn run(opts: &Options, runtime: &Runtime, mut job: Option<&mut Job>) -> Resu
         tracer.span(
             || "optimizer".into(),
             "optimizer",
-            || stage.adamw(t, s + 1, lr),
+            || match shares.is_empty() {
+                true => stage.adamw(t, s + 1, lr),
+                false => stage.adamw_except(t, s + 1, lr, &others),
+            },
         )?;
+        if !shares.is_empty() {
+            tracer.span(
+                || "weights all-gather".into(),
+                "allgather",
+                || gather_shares(&stage, &mut dp, &shares, &mut pool, Gathered::Values),
+            )?;
+        }
         if opts.record_first_step && s == start {
             summary.records = stage.take_records();
             stage.record(false);
@@ -341,6 +381,10 @@ pub fn run(opts: &Options, runtime: &Runtime, mut job: Option<&mut Job>) -> Resu
         if let Some(dir) = saves_to
             && save_now
         {
+            if !shares.is_empty() {
+                // Each rank's moments are current only in its own shares.
+                gather_shares(&stage, &mut dp, &shares, &mut pool, Gathered::Moments)?;
+            }
             summary.checkpoint = Some(save(dir, step, &stage, &role, opts, job.as_deref_mut())?);
         }
         let rec = StepRecord {
@@ -450,6 +494,52 @@ fn save(
         return done;
     }
     commit(dir, step, opts)
+}
+
+/// What [`gather_shares`] gathers.
+#[derive(Debug, Clone, Copy)]
+enum Gathered {
+    /// The master values, after each step.
+    Values,
+    /// The AdamW moments, before a checkpoint.
+    Moments,
+}
+
+/// After a sharded optimizer step: every rank of each reduction group
+/// receives the others' shares (their owner broadcasts each), so every
+/// replica holds the same updated weights (and, for a checkpoint, moments).
+fn gather_shares(
+    stage: &Stage,
+    dp: &mut [dp::ReductionGroup],
+    shares: &[Vec<Range<usize>>],
+    pool: &mut StagingPool,
+    what: Gathered,
+) -> Result<()> {
+    for (g, pieces) in dp.iter_mut().zip(shares) {
+        let mut dc = DeviceComm::with_pool(&mut g.comm, std::mem::take(pool));
+        let mut run = || -> Result<()> {
+            for (owner, piece) in pieces.iter().enumerate() {
+                if piece.is_empty() {
+                    continue;
+                }
+                let spans = match what {
+                    Gathered::Values => vec![stage.value_span(piece.clone())?],
+                    Gathered::Moments => stage.moment_spans(piece.clone())?.to_vec(),
+                };
+                for span in &spans {
+                    dc.broadcast(span, owner)?;
+                }
+            }
+            Ok(())
+        };
+        let r = run();
+        *pool = dc.into_pool();
+        r?;
+    }
+    if matches!(what, Gathered::Values) {
+        stage.refresh_compute_weights()?;
+    }
+    Ok(())
 }
 
 fn commit(dir: &std::path::Path, step: u64, opts: &Options) -> Result<PathBuf> {

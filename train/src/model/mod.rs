@@ -91,6 +91,11 @@ pub struct Stage {
     precision: Precision,
     device: Device,
     params: Vec<Param>,
+    /// Every f32 master value, packed in parameter order (each
+    /// `Param::value` is a view): a sharded optimizer step gathers spans.
+    values: Tensor,
+    /// The AdamW moments, packed likewise.
+    moments: [Tensor; 2],
     /// Every gradient, packed in parameter order (each `Param::grad` is a view).
     grads: Tensor,
     /// The f32 gradients packed likewise (bf16 mode).
@@ -149,11 +154,20 @@ impl Stage {
             true => Some(device.zeros(DType::F32, &[total as i64])?),
             false => None,
         };
+        let mut initial = Vec::with_capacity(total);
+        for spec in &specs {
+            initial.extend(weights.take(spec)?);
+        }
+        let values = device.from_slice(&initial, &[total as i64])?;
+        drop(initial);
+        let moments = [
+            device.zeros(DType::F32, &[total as i64])?,
+            device.zeros(DType::F32, &[total as i64])?,
+        ];
         let mut params = Vec::new();
         let mut offsets = Vec::new();
         let mut at = 0;
         for spec in specs {
-            let value = device.from_slice(&weights.take(&spec)?, &spec.shape)?;
             let compute = match bf16 {
                 true => Some(device.empty(dt, &spec.shape)?),
                 false => None,
@@ -166,10 +180,10 @@ impl Stage {
             at += spec.numel();
             params.push(Param {
                 grad: view(&grads)?,
-                exp_avg: device.zeros(DType::F32, &spec.shape)?,
-                exp_avg_sq: device.zeros(DType::F32, &spec.shape)?,
+                value: view(&values)?,
+                exp_avg: view(&moments[0])?,
+                exp_avg_sq: view(&moments[1])?,
                 spec,
-                value,
                 compute,
                 grad32,
             });
@@ -185,6 +199,8 @@ impl Stage {
             sin: device.from_slice(&sin, &shape)?,
             device: device.clone(),
             params,
+            values,
+            moments,
             grads,
             grads32,
             offsets,
