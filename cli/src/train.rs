@@ -417,7 +417,7 @@ fn train(args: &Args) -> Result<ExitCode, TrainError> {
     }
     if !launched {
         // Check every stage's memory here, once, where all devices are known.
-        let roles = plan.roles(&model);
+        let roles = plan.roles();
         let all: Vec<_> = roles.iter().collect();
         polychip_train::plan::check_devices(&all, &trainer::device_names(&rt))?;
         for r in &roles {
@@ -490,7 +490,7 @@ fn train(args: &Args) -> Result<ExitCode, TrainError> {
     let mut diverged = false;
     if args.autocompare {
         let report = autocompare::compare(&summary.records);
-        let device = &plan.roles(&model)[rank].device;
+        let device = &plan.roles()[rank].device;
         println!("{device}: {}", report.summary());
         diverged = !report.passed();
     }

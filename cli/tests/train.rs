@@ -115,6 +115,49 @@ fn heterogeneous_plans_follow_the_single_device_curve() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// The embedding and the head may be stages of their own (the finest a
+/// slow chip can take): the same curve as one device, and a checkpoint of
+/// such a split resumes into an ordinary one.
+#[test]
+fn the_ends_of_the_model_may_be_stages_of_their_own() {
+    let dir = scratch("ends");
+    let ck = dir.join("ck");
+    let c = ck.display().to_string();
+    let steps = ["--steps", "8"];
+    let reference = curve(
+        &dir,
+        "ref",
+        &[&steps[..], &["--device", "ferrite:0"]].concat(),
+    );
+    let ends = ["--stages", "cobalt:0=0..0,ferrite:0=0..2,ferrite:1=2..2"];
+    let full = curve(&dir, "ends", &[&steps[..], &ends].concat());
+    let d = max_diff(&reference, &full);
+    assert!(d <= F32_BOUND, "ends alone: differs by {d}");
+    let first = curve(
+        &dir,
+        "first",
+        &[
+            &steps[..],
+            &ends,
+            &["--stop-after", "4", "--checkpoint-dir", &c],
+        ]
+        .concat(),
+    );
+    assert_eq!(first[..], full[..4]);
+    let resumed = curve(
+        &dir,
+        "resumed",
+        &[
+            &steps[..],
+            &["--stages", "ferrite:0=0..1,cobalt:0=1..2", "--resume", &c],
+        ]
+        .concat(),
+    );
+    let d = max_diff(&resumed, &reference[4..]);
+    assert!(d <= F32_BOUND, "resumed into another split: differs by {d}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// The optimizer step sharded over replicas (weights by batch share here,
 /// over groups of different splits): the same curve as one device, every
 /// replica left with the same weights, and a resume as exact as unsharded.

@@ -93,6 +93,42 @@ pub struct MeasuredStage {
     pub end: usize,
 }
 
+/// What a stage holds: blocks `[first, end)`, and the embedding or the
+/// head (a pipeline's first and last stage, which may hold no block).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Span {
+    /// First block.
+    pub first: usize,
+    /// One past the last block.
+    pub end: usize,
+    /// Holds the embedding.
+    pub embed: bool,
+    /// Holds the final norm, head and loss.
+    pub head: bool,
+}
+
+impl Span {
+    /// The whole model of `layers` blocks.
+    pub fn whole(layers: usize) -> Span {
+        Span {
+            first: 0,
+            end: layers,
+            embed: true,
+            head: true,
+        }
+    }
+
+    /// Stage `s`, the `i`th of `k`.
+    pub fn of(s: &MeasuredStage, i: usize, k: usize) -> Span {
+        Span {
+            first: s.first,
+            end: s.end,
+            embed: i == 0,
+            head: i + 1 == k,
+        }
+    }
+}
+
 /// A pipeline with its micro-batch size and count.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MeasuredPipeline {
@@ -175,7 +211,7 @@ fn pipeline_time(
         .enumerate()
         .map(|(i, s)| {
             let d = &devs[s.device];
-            let (embed, head) = (s.first == 0, s.end == model.layers);
+            let (embed, head) = (i == 0, i + 1 == p);
             let (f, b) = stage_passes(d, s.end - s.first, embed, head);
             let mut params = (s.end - s.first) as u64 * model.block_params;
             if embed {
@@ -202,18 +238,24 @@ fn pipeline_time(
     .step_time
 }
 
-/// Every split of `layers` blocks into `k` non-empty contiguous ranges.
+/// Every split of `layers` blocks into `k` contiguous ranges (each
+/// stage's end, the last `layers`). Every stage holds a block but the first
+/// and the last of several: the first may hold the embedding alone (0..0),
+/// the last the head alone (`layers..layers`), the finest ends a slow chip
+/// can take.
 fn splits(layers: usize, k: usize, out: &mut Vec<Vec<usize>>, cur: &mut Vec<usize>) {
+    let i = cur.len();
     let start = cur.last().copied().unwrap_or(0);
-    if cur.len() == k - 1 {
-        if start < layers {
+    if i + 1 == k {
+        if start < layers || (i > 0 && start == layers && layers > 0) {
             let mut full = cur.clone();
             full.push(layers);
             out.push(full);
         }
         return;
     }
-    for end in start + 1..layers {
+    let min = if i == 0 { start } else { start + 1 };
+    for end in min..=layers {
         cur.push(end);
         splits(layers, k, out, cur);
         cur.pop();
@@ -235,14 +277,14 @@ fn orders(n: usize, k: usize, cur: &mut Vec<usize>, out: &mut Vec<Vec<usize>>) {
     }
 }
 
-/// Searches the layouts of `which` over `devs`; `fits(device, first, end,
+/// Searches the layouts of `which` over `devs`; `fits(device, span,
 /// in_flight)` says whether a stage fits its device's memory. `None` when
 /// nothing fits.
 pub fn search(
     devs: &[MeasuredDevice],
     model: &MeasuredModel,
     which: Layouts,
-    fits: &dyn Fn(usize, usize, usize, usize) -> bool,
+    fits: &dyn Fn(usize, Span, usize) -> bool,
 ) -> Option<MeasuredPlan> {
     let (n, m, layers) = (devs.len(), model.micro_batches, model.layers);
     let whole = |d: usize| MeasuredStage {
@@ -252,7 +294,7 @@ pub fn search(
     };
     let mut candidates = 0u64;
     let alone: Vec<f64> = (0..n)
-        .map(|d| match fits(d, 0, layers, 1) {
+        .map(|d| match fits(d, Span::whole(layers), 1) {
             true => pipeline_time(devs, model, &[whole(d)], m, 0),
             false => f64::INFINITY,
         })
@@ -265,7 +307,7 @@ pub fn search(
         }
     };
     if which != Layouts::Replicas {
-        for k in [n].into_iter().filter(|&k| k <= layers) {
+        for k in [n].into_iter().filter(|&k| k <= layers + 2) {
             let mut os = Vec::new();
             orders(n, k, &mut Vec::new(), &mut os);
             let mut ss = Vec::new();
@@ -285,7 +327,7 @@ pub fn search(
                     let ok = stages
                         .iter()
                         .enumerate()
-                        .all(|(i, s)| fits(s.device, s.first, s.end, (k - i).min(m)));
+                        .all(|(i, s)| fits(s.device, Span::of(s, i, k), (k - i).min(m)));
                     if !ok {
                         continue;
                     }
@@ -309,7 +351,7 @@ pub fn search(
             devices: devs.to_vec(),
             model: *model,
         }];
-        let whole_fits = |d: usize, _: usize| fits(d, 0, layers, 1);
+        let whole_fits = |d: usize, _: usize| fits(d, Span::whole(layers), 1);
         if let Some(r) = replicas_by_sequence(&sized, m * model.micro_batch, &whole_fits) {
             candidates += 1;
             consider(r.step_seconds, r.pipelines);
@@ -532,12 +574,11 @@ mod tests {
 
     #[test]
     fn a_slow_chip_with_a_costly_head_takes_the_first_stage() {
-        // Fast: 1 per block, 1 for the head; slow: 10 per block, 10 for the head.
-        let devs = [dev("fast", 1.0, 1.0), dev("slow", 10.0, 10.0)];
-        let plan = search(&devs, &model(16, 32), Layouts::Pipelines, &|_, _, _, _| {
-            true
-        })
-        .unwrap();
+        // Fast: 1 per block, 1 for the head; slow: 10 per block, 20 for the
+        // head (more than the fast chip's whole stage: it cannot take the
+        // head, even alone).
+        let devs = [dev("fast", 1.0, 1.0), dev("slow", 10.0, 20.0)];
+        let plan = search(&devs, &model(16, 32), Layouts::Pipelines, &|_, _, _| true).unwrap();
         let p = &plan.pipelines[0];
         assert_eq!(p.stages[0].device, 1, "{plan:?}");
         assert_eq!((p.stages[0].first, p.stages[0].end), (0, 1));
@@ -545,6 +586,41 @@ mod tests {
         // it, and the pipeline beats the fast chip alone (17 per micro-batch).
         assert!(plan.step_seconds < plan.alone_step_seconds[0], "{plan:?}");
         assert!(plan.speedup_ratio > 0.94, "{plan:?}");
+    }
+
+    #[test]
+    fn a_slow_chip_may_take_an_end_of_the_model_alone() {
+        // Slow: 30 per block, so any block on it bounds the pipeline; its
+        // embedding costs 2 (fast: 1 per block and for the embedding).
+        let mut fast = dev("fast", 1.0, 1.0);
+        let mut slow = dev("slow", 30.0, 60.0);
+        fast.embed_forward = 0.5;
+        fast.embed_backward = 0.5;
+        slow.embed_forward = 1.0;
+        slow.embed_backward = 1.0;
+        let plan = search(
+            &[fast, slow],
+            &model(16, 32),
+            Layouts::Pipelines,
+            &|_, _, _| true,
+        )
+        .unwrap();
+        let st = &plan.pipelines[0].stages;
+        assert_eq!(
+            (st[0].device, st[0].first, st[0].end),
+            (1, 0, 0),
+            "{plan:?}"
+        );
+        assert_eq!((st[1].first, st[1].end), (0, 16), "{plan:?}");
+        // Beats the fast chip alone (18 per micro-batch against 17 + 1).
+        assert!(plan.step_seconds < plan.alone_step_seconds[0], "{plan:?}");
+        // The splits: each stage a block but the ends, which may be empty.
+        let mut out = Vec::new();
+        splits(2, 2, &mut out, &mut Vec::new());
+        assert_eq!(out, vec![vec![0, 2], vec![1, 2], vec![2, 2]]);
+        let mut out = Vec::new();
+        splits(1, 3, &mut out, &mut Vec::new());
+        assert_eq!(out, vec![vec![0, 1, 1]]);
     }
 
     #[test]
@@ -612,7 +688,7 @@ mod tests {
         let want = 12.0 + 100.0 / 22.0 + 0.4;
         assert!((r.step_seconds - want).abs() < 1e-9, "{r:?}");
         // The search reports the weights with the replicas.
-        let plan = search(&[fast, slow], &model, Layouts::Replicas, &|_, _, _, _| true).unwrap();
+        let plan = search(&[fast, slow], &model, Layouts::Replicas, &|_, _, _| true).unwrap();
         assert_eq!(plan.optimizer_weights, Some(w));
         // Not allowed to shard: the slow replica takes one micro-batch and
         // its whole step (3 + 50).
@@ -632,12 +708,12 @@ mod tests {
     #[test]
     fn replicas_share_the_batch_by_speed_and_memory_limits_hold() {
         let devs = [dev("fast", 1.0, 0.0), dev("slow", 3.0, 0.0)];
-        let plan = search(&devs, &model(4, 16), Layouts::Replicas, &|_, _, _, _| true).unwrap();
+        let plan = search(&devs, &model(4, 16), Layouts::Replicas, &|_, _, _| true).unwrap();
         let counts: Vec<usize> = plan.pipelines.iter().map(|p| p.micro_batches).collect();
         assert_eq!(counts, vec![12, 4]);
         assert!((plan.speedup_ratio - 1.0).abs() < 1e-9, "{plan:?}");
         // Nothing fits device 1 but one block: it must get exactly one.
-        let fits = |d: usize, a: usize, b: usize, _| d == 0 || b - a == 1;
+        let fits = |d: usize, s: Span, _| d == 0 || s.end - s.first == 1;
         let plan = search(&devs, &model(4, 16), Layouts::Pipelines, &fits).unwrap();
         let slow = plan.pipelines[0]
             .stages

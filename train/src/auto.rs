@@ -100,10 +100,11 @@ fn time_passes(stage: &Stage, b: usize, reps: usize) -> Result<(f64, f64, u64)> 
     Ok((med(fw), med(bw), kept))
 }
 
-/// Profiles `device` on `cfg` with micro-batches of `b` sequences: one and
-/// all (up to 16) blocks after the embedding, one block before the head, and
-/// the optimizer step, so that block, embedding, head and optimizer costs
-/// separate.
+/// Profiles `device` on `cfg` with micro-batches of `b` sequences: the
+/// embedding alone, a stage of blocks alone (all, up to 16), the head
+/// alone, and the optimizer step, each timed as it runs in a pipeline, so
+/// that block, embedding, head and optimizer costs are each measured, not
+/// told apart by subtraction.
 pub fn profile(cfg: &ModelConfig, t: &TrainConfig, device: &Device, b: usize) -> Result<Profile> {
     profile_repeated(cfg, t, device, b, 5)
 }
@@ -126,35 +127,29 @@ pub fn profile_repeated(
     };
     device.reset_peak_memory();
     let st = |r| Stage::new(cfg, r, t.precision, device, 0);
-    let e1 = time_passes(&st(range(1, true, false))?, b, reps)?;
-    let mut block_activation_bytes = None;
-    // The per-block cost from the embedding and all blocks (up to 16, fewer
-    // when they do not fit the device) against the embedding and one: a
-    // stage of many blocks no longer fits the caches that one or two blocks
-    // fit, and its blocks cost more.
+    // Each end of the model alone (a stage of no blocks, as a pipeline may
+    // run it): measured directly, where the difference of two noisy
+    // stage times moved a slow chip's embedding between 0 and several
+    // milliseconds from one profile to the next.
+    let e0 = time_passes(&st(range(0, true, false))?, b, reps)?;
+    let h0 = time_passes(&st(range(0, false, true))?, b, reps)?;
+    let embed = (e0.0, e0.1);
+    let head = (h0.0, h0.1);
+    // Blocks from a stage of all of them (up to 16, fewer when they do not
+    // fit the device): a stage of many blocks no longer fits the caches
+    // that one or two blocks fit, and its blocks cost more.
     let mut many = cfg.layers.min(16);
     let fits = |n: usize| {
-        let need = memory::stage_memory(cfg, t.precision, &range(n, true, false), b, 1);
+        let need = memory::stage_memory(cfg, t.precision, &range(n, false, false), b, 1);
         need.total() <= device.props().memory_bytes
     };
-    while many > 2 && !fits(many) {
+    while many > 1 && !fits(many) {
         many /= 2;
     }
-    let (block, embed) = if many >= 2 {
-        let big = st(range(many, true, false))?;
-        let en = time_passes(&big, b, reps / 2 + 1)?;
-        block_activation_bytes = Some(en.2.saturating_sub(e1.2) / (many as u64 - 1));
-        let k = (many - 1) as f64;
-        let block = (((en.0 - e1.0) / k).max(0.0), ((en.1 - e1.1) / k).max(0.0));
-        (
-            block,
-            ((e1.0 - block.0).max(0.0), (e1.1 - block.1).max(0.0)),
-        )
-    } else {
-        ((e1.0, e1.1), (0.0, 0.0))
-    };
-    let h1 = time_passes(&st(range(1, false, true))?, b, reps)?;
-    let head = ((h1.0 - block.0).max(0.0), (h1.1 - block.1).max(0.0));
+    let bn = time_passes(&st(range(many, false, false))?, b, reps / 2 + 1)?;
+    let k = many as f64;
+    let block = (bn.0 / k, bn.1 / k);
+    let block_activation_bytes = Some(bn.2 / many as u64);
     // The optimizer step of a two-block stage, per parameter.
     let opt_stage = st(range(cfg.layers.min(2), true, true))?;
     let params: usize = opt_stage.params().iter().map(|p| p.spec.numel()).sum();
@@ -278,8 +273,13 @@ pub fn auto_plan(
             shard_optimizer,
             ..measured_model(cfg, t, b, gb)
         };
-        let fits = |d: usize, first: usize, end: usize, in_flight: usize| {
-            let range = StageRange::new(first, end, cfg.layers);
+        let fits = |d: usize, s: measured::Span, in_flight: usize| {
+            let range = StageRange {
+                first_layer: s.first,
+                end_layer: s.end,
+                embed: s.embed,
+                head: s.head,
+            };
             let need = memory::stage_memory(cfg, t.precision, &range, b, in_flight);
             need.total() <= devices[d].props().memory_bytes
         };

@@ -173,7 +173,7 @@ mod tests {
         let cfg = ModelConfig::preset("tiny").unwrap();
         let plan =
             TrainPlan::parse_stages("ferrite=0..1,cobalt=1..3,ferrite=3..4", 1, 1, 4).unwrap();
-        for role in plan.roles(&cfg) {
+        for role in plan.roles() {
             let specs = stage_params(&cfg, &role.range);
             let units = unit_params(&role, cfg.layers);
             assert_eq!(units.last().unwrap().1.end, specs.len());

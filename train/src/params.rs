@@ -27,7 +27,10 @@ pub struct StageRange {
 }
 
 impl StageRange {
-    /// Blocks `first..end` of a model of `layers` blocks.
+    /// Blocks `first..end` of a model of `layers` blocks, with the
+    /// embedding when it starts at block 0 and the head when it ends at the
+    /// last (a plan's stage of no blocks holds one end by its position
+    /// instead: [`crate::plan::TrainPlan::roles`]).
     pub fn new(first: usize, end: usize, layers: usize) -> StageRange {
         StageRange {
             first_layer: first,

@@ -258,13 +258,21 @@ impl TrainPlan {
                 return bad(format!("group {gi} has no stages"));
             }
             let mut next = 0;
+            let last = g.stages.len() - 1;
             for (si, s) in g.stages.iter().enumerate() {
                 let [a, b] = s.layers;
-                if a != next || b <= a {
+                // A stage of no blocks holds an end of the model alone: the
+                // embedding (the first stage, 0..0) or the head (the last,
+                // L..L), beside at least one other stage.
+                let end_alone =
+                    a == b && last > 0 && ((si == 0 && a == 0) || (si == last && a == cfg.layers));
+                if a != next || (b <= a && !end_alone) {
                     return bad(format!(
                         "group {gi} stage {si} ({}) holds blocks {a}..{b}, but it must start at \
-                         block {next} and hold at least one block",
-                        s.device
+                         block {next} and hold at least one block (only a pipeline's first \
+                         stage may hold the embedding alone, 0..0, and only its last the head \
+                         alone, {}..{})",
+                        s.device, cfg.layers, cfg.layers
                     ));
                 }
                 next = b;
@@ -336,7 +344,7 @@ impl TrainPlan {
     /// a job (on any machine) computes the same. Indices are those of the
     /// machine the rank runs on: on several machines, name devices
     /// explicitly. [`check_devices`] checks that they are present.
-    pub fn roles(&self, cfg: &ModelConfig) -> Vec<Role> {
+    pub fn roles(&self) -> Vec<Role> {
         let mut taken: Vec<String> = Vec::new();
         for g in &self.groups {
             for s in &g.stages {
@@ -370,7 +378,12 @@ impl TrainPlan {
                         stage: si,
                         stages: p,
                         device,
-                        range: StageRange::new(s.layers[0], s.layers[1], cfg.layers),
+                        range: StageRange {
+                            first_layer: s.layers[0],
+                            end_layer: s.layers[1],
+                            embed: si == 0,
+                            head: si + 1 == p,
+                        },
                         micro_batch_size: g.micro_batch_size,
                         micro_batches: g.micro_batches,
                         first_sequence: first_seq,
@@ -495,13 +508,34 @@ mod tests {
         let cfg = ModelConfig::preset("tiny").unwrap();
         let plan = TrainPlan::parse_stages("ferrite=0..3,cobalt:0=3..4", 1, 2, 4).unwrap();
         plan.validate(&cfg, 8).unwrap();
-        let roles = plan.roles(&cfg);
+        let roles = plan.roles();
         check_devices(&roles.iter().collect::<Vec<_>>(), &devices()).unwrap();
         assert_eq!(roles.len(), 2);
         assert_eq!(roles[0].device, "ferrite:0");
         assert_eq!((roles[0].prev, roles[0].next), (None, Some(1)));
         assert_eq!(roles[1].device, "cobalt:0");
         assert!(roles[1].range.head && !roles[1].range.embed);
+    }
+
+    #[test]
+    fn the_ends_may_be_stages_of_their_own() {
+        let cfg = ModelConfig::preset("tiny").unwrap();
+        let plan =
+            TrainPlan::parse_stages("cobalt=0..0,ferrite=0..4,ferrite=4..4", 1, 2, 4).unwrap();
+        plan.validate(&cfg, 8).unwrap();
+        let r = plan.roles();
+        assert!(r[0].range.embed && !r[0].range.head && r[0].range.layers().is_empty());
+        assert!(!r[1].range.embed && !r[1].range.head && r[1].range.layers() == (0..4));
+        assert!(!r[2].range.embed && r[2].range.head && r[2].range.layers().is_empty());
+        for bad in [
+            "ferrite=0..0",
+            "ferrite=0..2,cobalt=2..2,ferrite=2..4",
+            "ferrite=0..4,cobalt=3..3",
+        ] {
+            let plan = TrainPlan::parse_stages(bad, 1, 2, 4).unwrap();
+            let e = plan.validate(&cfg, 8).unwrap_err().to_string();
+            assert!(e.contains("hold at least one block"), "{bad}: {e}");
+        }
     }
 
     #[test]
@@ -522,14 +556,14 @@ mod tests {
         let e = batch.validate(&cfg, 16).unwrap_err().to_string();
         assert!(e.contains("8 sequences") && e.contains("16"), "{e}");
         let many = TrainPlan::parse_stages("cobalt=0..2,cobalt=2..4", 1, 2, 4).unwrap();
-        let roles = many.roles(&cfg);
+        let roles = many.roles();
         assert_eq!(roles[1].device, "cobalt:1");
         let e = check_devices(&roles.iter().collect::<Vec<_>>(), &devices())
             .unwrap_err()
             .to_string();
         assert!(e.contains("cobalt:1, which is not present"), "{e}");
         let twice = TrainPlan::parse_stages("ferrite:1=0..2,ferrite:1=2..4", 1, 2, 4).unwrap();
-        let roles = twice.roles(&cfg);
+        let roles = twice.roles();
         let e = check_devices(&roles.iter().collect::<Vec<_>>(), &devices())
             .unwrap_err()
             .to_string();

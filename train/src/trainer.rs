@@ -172,7 +172,7 @@ pub fn run(opts: &Options, runtime: &Runtime, mut job: Option<&mut Job>) -> Resu
             opts.plan.describe()
         )));
     }
-    let roles = opts.plan.roles(cfg);
+    let roles = opts.plan.roles();
     let role = roles[rank].clone();
     crate::plan::check_devices(&[&role], &device_names(runtime))?;
     let device = runtime
