@@ -211,6 +211,7 @@ fn a_sharded_optimizer_step_follows_the_curve_and_resumes_exactly() {
     for (weights, says) in [
         (["1.5", ""], "1 of its 3 stages give an optimizer_weight"),
         (["-1", "1"], "optimizer_weight is -1"),
+        (["1e13", "1"], "optimizer_weight is 10000000000000"),
     ] {
         let file = dir.join("weights.toml");
         let w = |v: &str| match v {

@@ -117,6 +117,59 @@ pub fn reduction_groups(
     Ok(groups)
 }
 
+/// A sharded optimizer step as one rank runs it.
+#[derive(Debug)]
+pub struct Sharding {
+    /// For each of the rank's reduction groups, its elements' shares, one
+    /// per member in the group's order.
+    pub shares: Vec<Vec<Range<usize>>>,
+    /// The elements of the rank's stage that other ranks step (sorted).
+    pub others: Vec<Range<usize>>,
+}
+
+impl Sharding {
+    /// The rank's sharding under `plan`, over its reduction `groups` (from
+    /// [`reduction_groups`] with the same `roles`), or `None` when the plan
+    /// does not shard the optimizer step. Each member is weighted by its
+    /// stage's `optimizer_weight` (a validated plan gives one on every
+    /// stage).
+    pub fn new(
+        plan: &crate::plan::TrainPlan,
+        groups: &[ReductionGroup],
+        roles: &[Role],
+        stage: &crate::model::Stage,
+    ) -> Option<Sharding> {
+        if !plan.shards_optimizer() {
+            return None;
+        }
+        let shares: Vec<Vec<Range<usize>>> = groups
+            .iter()
+            .map(|g| {
+                let weights: Vec<f64> = g
+                    .members
+                    .iter()
+                    .map(|&r| roles[r].optimizer_weight.unwrap_or(1.0))
+                    .collect();
+                self::shares(stage.elements(g.params.clone()), &weights)
+            })
+            .collect();
+        let mut others: Vec<Range<usize>> = shares
+            .iter()
+            .zip(groups)
+            .flat_map(|(pieces, g)| {
+                let me = g.comm.rank();
+                pieces
+                    .iter()
+                    .enumerate()
+                    .filter(move |&(i, p)| i != me && !p.is_empty())
+                    .map(|(_, p)| p.clone())
+            })
+            .collect();
+        others.sort_by_key(|r| r.start);
+        Some(Sharding { shares, others })
+    }
+}
+
 /// Elements per share boundary: shares start on 64-byte lines of f32.
 const SHARE_ALIGN: usize = 16;
 

@@ -14,6 +14,10 @@ use crate::config::{MAX_GLOBAL_BATCH, ModelConfig};
 use crate::error::{Result, TrainError};
 use crate::params::StageRange;
 
+/// The largest `optimizer_weight` a plan may give: weights are relative,
+/// and their sum must stay finite.
+pub const MAX_OPTIMIZER_WEIGHT: f64 = 1e12;
+
 /// One pipeline stage: which device runs which blocks.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -279,11 +283,12 @@ impl TrainPlan {
             }
             for (si, s) in g.stages.iter().enumerate() {
                 if let Some(w) = s.optimizer_weight
-                    && !(w.is_finite() && w > 0.0)
+                    && !(w > 0.0 && w <= MAX_OPTIMIZER_WEIGHT)
                 {
                     return bad(format!(
                         "group {gi} stage {si} ({}): optimizer_weight is {w}; it must be a \
-                         positive number",
+                         positive number of at most {MAX_OPTIMIZER_WEIGHT:e} (weights are \
+                         relative)",
                         s.device
                     ));
                 }

@@ -216,35 +216,7 @@ pub fn run(opts: &Options, runtime: &Runtime, mut job: Option<&mut Job>) -> Resu
         }
         None => Vec::new(),
     };
-    // A sharded optimizer step: each group's elements dealt to its ranks
-    // by their weights; this rank steps all but the others' shares.
-    let shares: Vec<Vec<Range<usize>>> = match opts.plan.shards_optimizer() {
-        true => dp
-            .iter()
-            .map(|g| {
-                let weights: Vec<f64> = g
-                    .members
-                    .iter()
-                    .map(|&r| roles[r].optimizer_weight.unwrap_or(1.0))
-                    .collect();
-                dp::shares(stage.elements(g.params.clone()), &weights)
-            })
-            .collect(),
-        false => Vec::new(),
-    };
-    let mut others: Vec<Range<usize>> = shares
-        .iter()
-        .zip(&dp)
-        .flat_map(|(pieces, g)| {
-            let me = g.comm.rank();
-            pieces
-                .iter()
-                .enumerate()
-                .filter(move |&(i, p)| i != me && !p.is_empty())
-                .map(|(_, p)| p.clone())
-        })
-        .collect();
-    others.sort_by_key(|r| r.start);
+    let sharding = dp::Sharding::new(&opts.plan, &dp, &roles, &stage);
     let mut start = 0;
     if let Some(path) = &opts.resume {
         let (mut loaded, changed) =
@@ -337,16 +309,16 @@ pub fn run(opts: &Options, runtime: &Runtime, mut job: Option<&mut Job>) -> Resu
         tracer.span(
             || "optimizer".into(),
             "optimizer",
-            || match shares.is_empty() {
-                true => stage.adamw(t, s + 1, lr),
-                false => stage.adamw_except(t, s + 1, lr, &others),
+            || match &sharding {
+                None => stage.adamw(t, s + 1, lr),
+                Some(sh) => stage.adamw_except(t, s + 1, lr, &sh.others),
             },
         )?;
-        if !shares.is_empty() {
+        if let Some(sh) = &sharding {
             tracer.span(
                 || "weights all-gather".into(),
                 "allgather",
-                || gather_shares(&stage, &mut dp, &shares, &mut pool, Gathered::Values),
+                || gather_shares(&stage, &mut dp, &sh.shares, &mut pool, Gathered::Values),
             )?;
         }
         if opts.record_first_step && s == start {
@@ -381,9 +353,9 @@ pub fn run(opts: &Options, runtime: &Runtime, mut job: Option<&mut Job>) -> Resu
         if let Some(dir) = saves_to
             && save_now
         {
-            if !shares.is_empty() {
+            if let Some(sh) = &sharding {
                 // Each rank's moments are current only in its own shares.
-                gather_shares(&stage, &mut dp, &shares, &mut pool, Gathered::Moments)?;
+                gather_shares(&stage, &mut dp, &sh.shares, &mut pool, Gathered::Moments)?;
             }
             summary.checkpoint = Some(save(dir, step, &stage, &role, opts, job.as_deref_mut())?);
         }
