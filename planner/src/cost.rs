@@ -33,9 +33,10 @@ pub struct Boundary<'a> {
 pub struct StageShape<'a> {
     /// The chip type all of the stage's chips are.
     pub chip: &'a ChipType,
-    /// The model layers it runs, 0-based, end exclusive. Stage holding layer
-    /// 0 also holds the embedding; the one holding the last layer, the final
-    /// norm and the output head.
+    /// The model layers it runs, 0-based, end exclusive. The first stage
+    /// also holds the embedding, the last the final norm and the output
+    /// head; either may hold no layer beside them (a trainer plan's stage
+    /// of one end alone).
     pub layers: Range<u64>,
     /// Its position in the pipeline, 0-based.
     pub index: usize,
@@ -47,6 +48,33 @@ pub struct StageShape<'a> {
     pub tp: u64,
     /// The next stage; `None` for the last.
     pub next: Option<Boundary<'a>>,
+}
+
+impl StageShape<'_> {
+    /// Whether it holds the embedding: the pipeline's first stage (which
+    /// may hold no layer beside it).
+    pub fn holds_embedding(&self) -> bool {
+        self.index == 0
+    }
+
+    /// Whether it holds the final norm and the output head: the last stage
+    /// (which may hold no layer beside them).
+    pub fn holds_head(&self) -> bool {
+        self.index + 1 == self.num_stages
+    }
+
+    /// Its parameters: its layers', and the embedding's and the head's
+    /// where it holds them.
+    pub fn params(&self, model: &ModelSpec) -> u64 {
+        let mut params = (self.layers.end - self.layers.start) * model.layer_params();
+        if self.holds_embedding() {
+            params += model.embedding_params();
+        }
+        if self.holds_head() {
+            params += model.head_params();
+        }
+        params
+    }
 }
 
 /// Micro-batch size (sequences, `b`) and count per step (`m`) of one
@@ -226,7 +254,7 @@ pub fn workspace_bytes(
         };
         bytes += ffn.max(attention);
     }
-    if stage.layers.start == 0 {
+    if stage.holds_embedding() {
         bytes += tokens * h * e;
     }
     bytes
@@ -247,7 +275,7 @@ pub fn stage_memory(
     stage: &StageShape,
     mb: Microbatching,
 ) -> MemoryBreakdown {
-    let params = stage_params(model, &stage.layers) as f64 / stage.tp.max(1) as f64;
+    let params = stage.params(model) as f64 / stage.tp.max(1) as f64;
     let shard = if settings.shard_optimizer {
         stage.dp.max(1) as f64
     } else {
@@ -271,7 +299,7 @@ pub fn stage_memory(
     if settings.recompute == Recompute::Full && n > 0.0 {
         activations += full_layer_activation_bytes(model, settings, mb.size, stage.tp);
     }
-    let logits = if stage.layers.end == model.layers {
+    let logits = if stage.holds_head() {
         logits_bytes(model, settings, mb.size, stage.tp)
     } else {
         0.0
@@ -533,14 +561,14 @@ pub fn analytic_stage_timing(
     };
     let mut forward = n * (layer.forward + 2.0 * tp_ar);
     let mut backward = n * (layer.backward + 2.0 * tp_ar + recompute);
-    if stage.layers.end == model.layers {
+    if stage.holds_head() {
         let head = head_time(model, &rates, b, tp);
         let loss_bytes = (b * model.seq_len) as f64 * 4.0;
         forward +=
             head.forward + 3.0 * tp_allreduce_time(loss_bytes, tp, chip.intra_node_bandwidth);
         backward += head.backward + tp_ar;
     }
-    if stage.layers.start == 0 {
+    if stage.holds_embedding() {
         let embedding = embedding_time(model, settings, &rates, b);
         forward += embedding.forward + tp_ar;
         backward += embedding.backward;
@@ -548,7 +576,7 @@ pub fn analytic_stage_timing(
     let send_next = stage.next.map_or(0.0, |next| {
         sbh_bytes / cluster.link_bandwidth(chip, next.chip, next.same_node)
     });
-    let params = stage_params(model, &stage.layers) as f64 / tp as f64;
+    let params = stage.params(model) as f64 / tp as f64;
     let dp_allreduce = allreduce_time(
         params * settings.grad_bytes(),
         stage.dp,
@@ -556,12 +584,15 @@ pub fn analytic_stage_timing(
     );
     StageTiming {
         name: format!(
-            "stage {} ({} x{}, layers {}-{})",
+            "stage {} ({} x{}, {})",
             stage.index,
             chip.name,
             tp,
-            stage.layers.start,
-            stage.layers.end.saturating_sub(1)
+            match (stage.layers.is_empty(), stage.holds_embedding()) {
+                (true, true) => "the embedding alone".to_string(),
+                (true, false) => "the head alone".to_string(),
+                (false, _) => format!("layers {}-{}", stage.layers.start, stage.layers.end - 1),
+            }
         ),
         forward,
         backward,

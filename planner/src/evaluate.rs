@@ -129,11 +129,12 @@ pub(crate) fn assemble(
     let dtype = settings.dtype;
     let mut peak = 0.0;
     for r in &mut replicas {
-        for s in &mut r.stages {
+        let last = r.stages.len().saturating_sub(1);
+        for (si, s) in r.stages.iter_mut().enumerate() {
             let c = cluster.chip(&s.chip).expect("chip of the plan");
             let n = (s.end_layer - s.first_layer) as f64;
             let mut fwd = n * model.layer_forward_flops(r.micro_batch_size);
-            if s.end_layer == model.layers {
+            if si == last {
                 fwd += model.head_forward_flops(r.micro_batch_size);
             }
             let stage_peak = c.peak_flops.get(dtype) * s.tp as f64;
@@ -391,11 +392,19 @@ impl PlanSpec {
                     )));
                 }
                 let [first, end] = s.layers;
-                if first != next || end <= first || end > model.layers {
+                // As in a trainer plan, a pipeline's first stage may hold the
+                // embedding alone ([0, 0]) and its last the head alone.
+                let last = g.stages.len() - 1;
+                let end_alone = first == end
+                    && last > 0
+                    && ((si == 0 && first == 0) || (si == last && first == model.layers));
+                if first != next || (end <= first && !end_alone) || end > model.layers {
                     return Err(plan_err(format!(
                         "{at}: layers [{first}, {end}) do not continue the pipeline at layer \
-                         {next} with at least one of the model's {} layers",
-                        model.layers
+                         {next} with at least one of the model's {n} layers (only the first \
+                         stage may hold the embedding alone, [0, 0], and only the last the \
+                         head alone, [{n}, {n}])",
+                        n = model.layers
                     )));
                 }
                 next = end;

@@ -391,12 +391,12 @@ pub(crate) fn apply_measured(
         )
     };
     let blocks = (stage.layers.end - stage.layers.start) as usize;
-    let (embed, head) = (stage.layers.start == 0, stage.layers.end == model.layers);
+    let (embed, head) = (stage.holds_embedding(), stage.holds_head());
     let (f, mut b) = crate::measured::stage_passes(&costs, blocks, embed, head);
     if settings.recompute == crate::settings::Recompute::Full {
         b += blocks as f64 * costs.block_forward;
     }
-    let params = crate::cost::stage_params(model, &stage.layers) as f64 / tp as f64;
+    let params = stage.params(model) as f64 / tp as f64;
     let shard = if settings.shard_optimizer {
         stage.dp.max(1) as f64
     } else {

@@ -511,16 +511,17 @@ impl<'a> Ctx<'a> {
         }
         let (chip, lb) = (self.chip(ty), self.big.layers);
         let mbt = Microbatching { size: b, count: 1 };
-        let time = |layers: std::ops::Range<u64>| {
-            let shape = self.shape(chip, layers, 1, 3, 1, tp);
+        // One layer as the first, a middle and the last of three stages.
+        let time = |layers: std::ops::Range<u64>, index: usize| {
+            let shape = self.shape(chip, layers, index, 3, 1, tp);
             let t = stage_timing(&self.big, self.settings, self.cluster, &shape, mbt);
             t.forward + t.backward
         };
-        let c = time(1..2);
+        let c = time(1..2, 1);
         let v = LayerTime {
             c,
-            first: time(0..1) - c,
-            head: time(lb - 1..lb) - c,
+            first: time(0..1, 0) - c,
+            head: time(lb - 1..lb, 2) - c,
         };
         self.layer_time.insert((ty, tp, b), v);
         v

@@ -94,6 +94,55 @@ fn a_plan_that_does_not_fit_names_its_stage_and_shortfall() {
     assert!((o.short_bytes - (s.memory.total - s.memory_capacity as f64)).abs() < 1.0);
 }
 
+/// A trainer plan may give a pipeline's first stage the embedding alone
+/// and its last the head alone (`polychip train --save-plan` writes such
+/// plans): each is priced as what it holds, nothing counted twice.
+#[test]
+fn stages_of_one_end_alone_are_priced_as_what_they_hold() {
+    let (m, c) = (ModelSpec::llama_7b(), example_cluster());
+    let s = TrainingSettings::new(1);
+    let eval = |stages: &str| {
+        let plan = format!(
+            r#"{{"group": [{{"micro_batch_size": 1, "micro_batches": 16, "stages": [{stages}]}}]}}"#
+        );
+        evaluate(&PlanSpec::parse(&plan, true).unwrap(), &m, &c, &s).unwrap()
+    };
+    let ends = eval(
+        r#"{"device": "iluvatar-bi-v100-class", "layers": [0, 0]},
+           {"device": "nvidia-a800-class", "tp": 8, "layers": [0, 32]},
+           {"device": "iluvatar-bi-v100-class", "layers": [32, 32]}"#,
+    );
+    let two = eval(
+        r#"{"device": "iluvatar-bi-v100-class", "layers": [0, 1]},
+           {"device": "nvidia-a800-class", "tp": 8, "layers": [1, 32]}"#,
+    );
+    let st = &ends.plan.replicas[0].stages;
+    let weights = |x: &polychip_planner::plan::StagePlan| x.memory.weights * x.tp as f64;
+    let total: f64 = st.iter().map(weights).sum();
+    let bytes = m.total_params() as f64 * s.dtype.bytes() as f64;
+    assert!((total - bytes).abs() < 1.0, "{total} vs {bytes}");
+    assert_eq!(st[0].memory.activations, 0.0);
+    assert!(st[0].memory.weights > 0.0 && st[2].memory.logits > 0.0);
+    assert_eq!(st[1].memory.logits, 0.0);
+    // The embedding alone costs less than the embedding and a layer.
+    let t = |x: &polychip_planner::plan::StagePlan| x.timing.forward + x.timing.backward;
+    assert!(t(&st[0]) < t(&two.plan.replicas[0].stages[0]));
+    assert!(t(&st[0]) > 0.0 && t(&st[2]) > 0.0);
+    // An empty stage anywhere else is refused.
+    let e = err(
+        r#"{"group": [{"micro_batch_size": 1, "micro_batches": 16, "stages": [
+            {"device": "nvidia-a800-class", "layers": [0, 16]},
+            {"device": "iluvatar-bi-v100-class", "layers": [16, 16]},
+            {"device": "nvidia-a800-class", "layers": [16, 32]}]}]}"#,
+        true,
+        &m,
+    );
+    assert!(
+        e.contains("only the first stage may hold the embedding alone"),
+        "{e}"
+    );
+}
+
 #[test]
 fn inconsistent_plans_are_refused_naming_what_is_wrong() {
     let m = ModelSpec::llama_7b();
