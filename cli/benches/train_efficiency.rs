@@ -4,7 +4,10 @@
 //! device) under HeteroAuto's pipeline-only plan (PP across two types),
 //! data-parallel-only plan (DP across two types; again with the optimizer
 //! step unsharded, `--no-shard-optimizer`, for the A/B) and best plan; efficiency
-//! = mixed tokens/s over the sum of the alone tokens/s. Also how far each
+//! = mixed tokens/s over the sum of the alone tokens/s. With the OpenCL
+//! plugin built beside the binary and an OpenCL device present (PoCL
+//! here), also OpenCL alone and PP and DP across the three vendors (three
+//! devices on two cores: see the note the bench prints). Also how far each
 //! measured step time is from the planner's prediction.
 //!
 //! Needs `cargo build --release --workspace` first (the plugins next to the
@@ -28,15 +31,25 @@ struct Config {
     devices: &'static str,
     cores: &'static str,
     extra: &'static [&'static str],
+    /// The configurations (indices) whose throughputs this one's
+    /// efficiency is over: empty for a chip type alone.
+    alone: &'static [usize],
+    /// Needs the OpenCL plugin (loaded through POLYCHIP_PLUGIN_PATH).
+    opencl: bool,
 }
 
-const CONFIGS: [Config; 6] = [
+const TWO: &[usize] = &[0, 1];
+const THREE: &[usize] = &[0, 1, 6];
+
+const CONFIGS: [Config; 9] = [
     Config {
         name: "ferrite alone",
         plan: "auto",
         devices: "ferrite:0",
         cores: "0",
         extra: &[],
+        alone: &[],
+        opencl: false,
     },
     Config {
         name: "cobalt alone",
@@ -44,6 +57,8 @@ const CONFIGS: [Config; 6] = [
         devices: "cobalt:0",
         cores: "1",
         extra: &[],
+        alone: &[],
+        opencl: false,
     },
     Config {
         name: "PP ferrite+cobalt",
@@ -51,6 +66,8 @@ const CONFIGS: [Config; 6] = [
         devices: "ferrite:0,cobalt:0",
         cores: "0,1",
         extra: &[],
+        alone: TWO,
+        opencl: false,
     },
     Config {
         name: "DP ferrite+cobalt",
@@ -58,6 +75,8 @@ const CONFIGS: [Config; 6] = [
         devices: "ferrite:0,cobalt:0",
         cores: "0,1",
         extra: &[],
+        alone: TWO,
+        opencl: false,
     },
     // The same without the sharded optimizer step: each replica steps
     // every parameter, the slow chip's step exposed (the A/B of the shard).
@@ -67,6 +86,8 @@ const CONFIGS: [Config; 6] = [
         devices: "ferrite:0,cobalt:0",
         cores: "0,1",
         extra: &["--no-shard-optimizer"],
+        alone: TWO,
+        opencl: false,
     },
     Config {
         name: "best ferrite+cobalt",
@@ -74,8 +95,59 @@ const CONFIGS: [Config; 6] = [
         devices: "ferrite:0,cobalt:0",
         cores: "0,1",
         extra: &[],
+        alone: TWO,
+        opencl: false,
+    },
+    // Three vendors, with the OpenCL plugin (PoCL on this machine's CPU)
+    // when it is built and finds a device. Three devices share two cores
+    // here: the job's third rank shares core 0 with its first
+    // (`pin::share`), so the efficiency is over three devices that each
+    // had a core of their own when alone.
+    Config {
+        name: "opencl alone",
+        plan: "auto",
+        devices: "opencl:0",
+        cores: "0",
+        extra: &[],
+        alone: &[],
+        opencl: true,
+    },
+    Config {
+        name: "PP 3 vendors (2 cores)",
+        plan: "auto-pp",
+        devices: "ferrite:0,cobalt:0,opencl:0",
+        cores: "0,1",
+        extra: &[],
+        alone: THREE,
+        opencl: true,
+    },
+    Config {
+        name: "DP 3 vendors (2 cores)",
+        plan: "auto-dp",
+        devices: "ferrite:0,cobalt:0,opencl:0",
+        cores: "0,1",
+        extra: &[],
+        alone: THREE,
+        opencl: true,
     },
 ];
+
+/// The OpenCL plugin beside the binary, when it reports a device.
+fn opencl_plugin(exe: &Path) -> Option<PathBuf> {
+    let lib = exe.with_file_name("libpolychip_opencl.so");
+    if !lib.is_file() {
+        return None;
+    }
+    let out = Command::new(exe)
+        .args(["devices", "--json"])
+        .env("POLYCHIP_PLUGIN_PATH", &lib)
+        .output()
+        .ok()?;
+    String::from_utf8_lossy(&out.stdout)
+        .to_lowercase()
+        .contains("\"opencl")
+        .then_some(lib)
+}
 
 fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
     std::env::var(name)
@@ -113,8 +185,10 @@ impl Drop for Hog {
 }
 
 /// Runs one configuration; returns (tokens/s, measured step s, predicted step s, plan).
+#[allow(clippy::too_many_arguments)]
 fn run(
     exe: &Path,
+    opencl: Option<&Path>,
     c: &Config,
     cores: &str,
     dir: &Path,
@@ -122,8 +196,15 @@ fn run(
     gb: usize,
     steps: u64,
 ) -> (f64, f64, f64, String) {
-    let json = dir.join(format!("{}.json", c.name.replace([' ', '+'], "-")));
-    let out = Command::new(exe)
+    let json = dir.join(format!(
+        "{}.json",
+        c.name.replace([' ', '+', '(', ')'], "-")
+    ));
+    let mut cmd = Command::new(exe);
+    if let (true, Some(lib)) = (c.opencl, opencl) {
+        cmd.env("POLYCHIP_PLUGIN_PATH", lib);
+    }
+    let out = cmd
         .args([
             "train",
             "--model",
@@ -213,11 +294,13 @@ fn main() {
     let only: Vec<String> = std::env::var("ONLY")
         .map(|v| v.split(',').map(|s| s.trim().to_lowercase()).collect())
         .unwrap_or_default();
+    let opencl = opencl_plugin(&exe);
     let chosen = |c: &Config| {
-        only.is_empty()
-            || only
-                .iter()
-                .any(|o| c.name.to_lowercase().contains(o.as_str()))
+        (!c.opencl || opencl.is_some())
+            && (only.is_empty()
+                || only
+                    .iter()
+                    .any(|o| c.name.to_lowercase().contains(o.as_str())))
     };
     let hog = std::env::var("HOG").is_ok_and(|v| v == "1");
     let mut results: Vec<Vec<(f64, f64, f64, String)>> = vec![Vec::new(); CONFIGS.len()];
@@ -240,7 +323,7 @@ fn main() {
                     })
                     .collect(),
             };
-            let r = run(&exe, c, &cores, &dir, &model, gb, steps);
+            let r = run(&exe, opencl.as_deref(), c, &cores, &dir, &model, gb, steps);
             eprintln!(
                 "round {}: {:<28} {:>9.0} tokens/s  {}",
                 round + 1,
@@ -251,7 +334,7 @@ fn main() {
             results[i].push(r);
             if hog {
                 let _h = Hog::start();
-                let r = run(&exe, c, &cores, &dir, &model, gb, steps);
+                let r = run(&exe, opencl.as_deref(), c, &cores, &dir, &model, gb, steps);
                 eprintln!(
                     "round {}: {:<28} {:>9.0} tokens/s beside a CPU hog",
                     round + 1,
@@ -273,7 +356,8 @@ fn main() {
         .iter()
         .map(|r| median(r.iter().map(|x| x.0).collect()))
         .collect();
-    let alone = tps[0] + tps[1];
+    // The sum of the alone throughputs a configuration is measured against.
+    let alone_sum = |c: &Config| c.alone.iter().map(|&j| tps[j]).sum::<f64>();
     println!(
         "# polychip train efficiency: model {model}, global batch {gb}, {steps} steps, medians of {rounds} rounds"
     );
@@ -287,10 +371,10 @@ fn main() {
         }
         let step = median(results[i].iter().map(|x| x.1).collect());
         let pred = median(results[i].iter().map(|x| x.2).collect());
-        let eff = if i >= 2 {
-            format!("{:.2}%", tps[i] / alone * 100.0)
-        } else {
+        let eff = if c.alone.is_empty() {
             "-".into()
+        } else {
+            format!("{:.2}%", tps[i] / alone_sum(c) * 100.0)
         };
         println!(
             "{:<28} {:>11.0} {:>10.1} {:>10.1} {:>8.1}% {:>11}  {}",
@@ -303,18 +387,34 @@ fn main() {
             results[i].last().map_or("", |x| x.3.as_str())
         );
     }
-    println!("sum of the alone throughputs: {alone:.0} tokens/s");
+    for set in [TWO, THREE] {
+        if set.iter().all(|&j| !results[j].is_empty()) {
+            let names: Vec<&str> = set.iter().map(|&j| CONFIGS[j].name).collect();
+            let sum: f64 = set.iter().map(|&j| tps[j]).sum();
+            println!(
+                "sum of the alone throughputs ({}): {sum:.0} tokens/s",
+                names.join(", ")
+            );
+        }
+    }
     // Efficiency round by round (each round's mixed run over the same
     // round's alone runs), its spread, and how many rounds the median
     // needs to be stable to a percentage point: the standard error of a
     // median is about 1.25 sigma / sqrt(n).
-    if !results[0].is_empty() && !results[1].is_empty() {
-        for (i, c) in CONFIGS.iter().enumerate().skip(2) {
-            if results[i].is_empty() {
+    {
+        for (i, c) in CONFIGS.iter().enumerate() {
+            let rounds = results[i].len();
+            if c.alone.is_empty()
+                || rounds == 0
+                || c.alone.iter().any(|&j| results[j].len() != rounds)
+            {
                 continue;
             }
-            let effs: Vec<f64> = (0..results[i].len())
-                .map(|r| 100.0 * results[i][r].0 / (results[0][r].0 + results[1][r].0))
+            let effs: Vec<f64> = (0..rounds)
+                .map(|r| {
+                    let sum: f64 = c.alone.iter().map(|&j| results[j][r].0).sum();
+                    100.0 * results[i][r].0 / sum
+                })
                 .collect();
             let n = effs.len() as f64;
             let mean = effs.iter().sum::<f64>() / n;
@@ -367,8 +467,16 @@ fn main() {
             leaves * 100.0
         );
     }
-    println!(
-        "PP across three types: not measured here (two bundled chip types; three independent devices need three cores)"
-    );
+    if opencl.is_none() {
+        println!(
+            "three vendors: not measured (the OpenCL plugin is not built beside the binary, or \
+             finds no OpenCL device)"
+        );
+    } else {
+        println!(
+            "three vendors: three devices on two cores (the third rank shares core 0 with the \
+             first), against each alone on a core of its own"
+        );
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }
