@@ -397,10 +397,7 @@ fn train(args: &Args) -> Result<ExitCode, TrainError> {
     }
     let mut plan = resolve_plan(args, &rt, &model, &t, &cores)?;
     if args.no_shard_optimizer && plan.shards_optimizer() {
-        plan.groups
-            .iter_mut()
-            .flat_map(|g| &mut g.stages)
-            .for_each(|s| s.optimizer_weight = None);
+        plan.unshard_optimizer();
         plan.predicted_step_seconds = None;
     }
     if args.shard_optimizer && !plan.shards_optimizer() {

@@ -121,41 +121,46 @@ fn heterogeneous_plans_follow_the_single_device_curve() {
 #[test]
 fn the_ends_of_the_model_may_be_stages_of_their_own() {
     let dir = scratch("ends");
-    let ck = dir.join("ck");
-    let c = ck.display().to_string();
-    let steps = ["--steps", "8"];
-    let reference = curve(
-        &dir,
-        "ref",
-        &[&steps[..], &["--device", "ferrite:0"]].concat(),
-    );
     let ends = ["--stages", "cobalt:0=0..0,ferrite:0=0..2,ferrite:1=2..2"];
-    let full = curve(&dir, "ends", &[&steps[..], &ends].concat());
-    let d = max_diff(&reference, &full);
-    assert!(d <= F32_BOUND, "ends alone: differs by {d}");
-    let first = curve(
-        &dir,
-        "first",
-        &[
-            &steps[..],
-            &ends,
-            &["--stop-after", "4", "--checkpoint-dir", &c],
-        ]
-        .concat(),
-    );
-    assert_eq!(first[..], full[..4]);
+    let (reference, _, c) = follows_and_checkpoints(&dir, 8, &ends, "ends alone");
     let resumed = curve(
         &dir,
         "resumed",
         &[
-            &steps[..],
-            &["--stages", "ferrite:0=0..1,cobalt:0=1..2", "--resume", &c],
-        ]
-        .concat(),
+            "--steps",
+            "8",
+            "--stages",
+            "ferrite:0=0..1,cobalt:0=1..2",
+            "--resume",
+            &c,
+        ],
     );
     let d = max_diff(&resumed, &reference[4..]);
     assert!(d <= F32_BOUND, "resumed into another split: differs by {d}");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Trains `layout` for `steps` steps, which must follow the one-device
+/// curve within [`F32_BOUND`], then again stopping after half of them with
+/// a checkpoint in `dir/ck`, whose losses must be the first half of the
+/// full run's exactly. Returns the one-device curve, the full curve and
+/// the checkpoint directory.
+fn follows_and_checkpoints(
+    dir: &Path,
+    steps: usize,
+    layout: &[&str],
+    what: &str,
+) -> (Vec<f64>, Vec<f64>, String) {
+    let c = dir.join("ck").display().to_string();
+    let (n, half) = (steps.to_string(), (steps / 2).to_string());
+    let reference = curve(dir, "ref", &["--steps", &n, "--device", "ferrite:0"]);
+    let full = curve(dir, "full", &[&["--steps", &n][..], layout].concat());
+    let d = max_diff(&reference, &full);
+    assert!(d <= F32_BOUND, "{what}: differs by {d}");
+    let stop = ["--steps", &n, "--stop-after", &half, "--checkpoint-dir", &c];
+    let first = curve(dir, "first", &[&stop[..], layout].concat());
+    assert_eq!(first[..], full[..steps / 2], "{what}: stopping half way");
+    (reference, full, c)
 }
 
 /// The optimizer step sharded over replicas (weights by batch share here,
@@ -165,29 +170,9 @@ fn the_ends_of_the_model_may_be_stages_of_their_own() {
 fn a_sharded_optimizer_step_follows_the_curve_and_resumes_exactly() {
     let dir = scratch("shard");
     let plan = mixed_plan(&dir);
-    let ck = dir.join("ck");
-    let c = ck.display().to_string();
     let steps = ["--steps", "12"];
-    let reference = curve(
-        &dir,
-        "ref",
-        &[&steps[..], &["--device", "ferrite:0"]].concat(),
-    );
     let sharded = ["--plan", plan.as_str(), "--shard-optimizer"];
-    let full = curve(&dir, "full", &[&steps[..], &sharded].concat());
-    let d = max_diff(&reference, &full);
-    assert!(d <= F32_BOUND, "sharded: differs by {d}");
-    let first = curve(
-        &dir,
-        "first",
-        &[
-            &steps[..],
-            &sharded,
-            &["--stop-after", "6", "--checkpoint-dir", &c],
-        ]
-        .concat(),
-    );
-    assert_eq!(first[..], full[..6]);
+    let (_, full, c) = follows_and_checkpoints(&dir, 12, &sharded, "sharded");
     let resumed = curve(
         &dir,
         "resumed",

@@ -394,10 +394,8 @@ impl PlanSpec {
                 let [first, end] = s.layers;
                 // As in a trainer plan, a pipeline's first stage may hold the
                 // embedding alone ([0, 0]) and its last the head alone.
-                let last = g.stages.len() - 1;
                 let end_alone = first == end
-                    && last > 0
-                    && ((si == 0 && first == 0) || (si == last && first == model.layers));
+                    && crate::plan::holds_one_end_alone(si, g.stages.len(), first, model.layers);
                 if first != next || (end <= first && !end_alone) || end > model.layers {
                     return Err(plan_err(format!(
                         "{at}: layers [{first}, {end}) do not continue the pipeline at layer \

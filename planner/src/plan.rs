@@ -63,6 +63,14 @@ pub struct Replica {
     pub bubble_fraction: f64,
 }
 
+/// Whether stage `index` of a pipeline of `stages` may hold no layer,
+/// `first..first`: the first stage the embedding alone (at layer 0), the
+/// last the final norm and head alone (at `layers`), beside at least one
+/// other stage. The one rule for trainer plans and evaluated plans alike.
+pub fn holds_one_end_alone(index: usize, stages: usize, first: u64, layers: u64) -> bool {
+    stages > 1 && ((index == 0 && first == 0) || (index + 1 == stages && first == layers))
+}
+
 impl Replica {
     /// The schedule the simulator runs.
     pub fn schedule(&self) -> Schedule {

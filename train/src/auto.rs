@@ -273,10 +273,7 @@ pub fn auto_plan(
                 ..c
             });
         }
-        let model = MeasuredModel {
-            shard_optimizer,
-            ..measured_model(cfg, t, b, gb)
-        };
+        let model = measured_model(cfg, t, b, gb, shard_optimizer);
         let fits = |d: usize, s: measured::Span, in_flight: usize| {
             let range = StageRange {
                 first_layer: s.first,
@@ -374,8 +371,15 @@ pub fn auto_plan(
     Ok((plan, found, profiles))
 }
 
-/// The model in the measured search's terms, micro-batches of `b`.
-fn measured_model(cfg: &ModelConfig, t: &TrainConfig, b: usize, gb: usize) -> MeasuredModel {
+/// The model in the measured search's terms, micro-batches of `b`,
+/// replicas allowed to shard the optimizer step or not.
+fn measured_model(
+    cfg: &ModelConfig,
+    t: &TrainConfig,
+    b: usize,
+    gb: usize,
+    shard_optimizer: bool,
+) -> MeasuredModel {
     let one_block = StageRange {
         first_layer: 0,
         end_layer: 1,
@@ -394,7 +398,7 @@ fn measured_model(cfg: &ModelConfig, t: &TrainConfig, b: usize, gb: usize) -> Me
         micro_batches: gb / b,
         grad_bytes: 4,
         link_bandwidth: 2e9,
-        shard_optimizer: true,
+        shard_optimizer,
     }
 }
 

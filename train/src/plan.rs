@@ -9,6 +9,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use polychip_comm::env::MAX_WORLD_SIZE;
+use polychip_planner::plan::holds_one_end_alone;
 
 use crate::config::{MAX_GLOBAL_BATCH, ModelConfig};
 use crate::error::{Result, TrainError};
@@ -210,6 +211,16 @@ impl TrainPlan {
         }
     }
 
+    /// Steps every parameter on every replica: drops the stages' optimizer
+    /// weights.
+    pub fn unshard_optimizer(&mut self) {
+        for g in &mut self.groups {
+            for s in &mut g.stages {
+                s.optimizer_weight = None;
+            }
+        }
+    }
+
     /// Replicas over all groups (saturating).
     pub fn replicas(&self) -> usize {
         self.groups
@@ -262,14 +273,13 @@ impl TrainPlan {
                 return bad(format!("group {gi} has no stages"));
             }
             let mut next = 0;
-            let last = g.stages.len() - 1;
             for (si, s) in g.stages.iter().enumerate() {
                 let [a, b] = s.layers;
                 // A stage of no blocks holds an end of the model alone: the
                 // embedding (the first stage, 0..0) or the head (the last,
                 // L..L), beside at least one other stage.
                 let end_alone =
-                    a == b && last > 0 && ((si == 0 && a == 0) || (si == last && a == cfg.layers));
+                    a == b && holds_one_end_alone(si, g.stages.len(), a as u64, cfg.layers as u64);
                 if a != next || (b <= a && !end_alone) {
                     return bad(format!(
                         "group {gi} stage {si} ({}) holds blocks {a}..{b}, but it must start at \
@@ -280,8 +290,6 @@ impl TrainPlan {
                     ));
                 }
                 next = b;
-            }
-            for (si, s) in g.stages.iter().enumerate() {
                 if let Some(w) = s.optimizer_weight
                     && !(w > 0.0 && w <= MAX_OPTIMIZER_WEIGHT)
                 {
