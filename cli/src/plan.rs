@@ -272,10 +272,17 @@ fn evaluation_table(ev: &Evaluation) -> String {
         out.push_str(&s);
         out.push('\n');
     };
+    let label = |g: usize| {
+        ev.group_labels
+            .get(g)
+            .cloned()
+            .unwrap_or_else(|| format!("group {g}"))
+    };
     for (g, r) in p.replicas.iter().enumerate() {
         line(format!(
-            "group {g}: {} replica(s), micro-batch {} x {}, step {:.4} s analytic / {:.4} s \
+            "{}: {} replica(s), micro-batch {} x {}, step {:.4} s analytic / {:.4} s \
              simulated, bubble {:.1}%",
+            label(g),
             r.copies,
             r.micro_batch_size,
             r.micro_batches,
@@ -324,8 +331,8 @@ fn evaluation_table(ev: &Evaluation) -> String {
     ));
     let b = &ev.bottleneck;
     line(format!(
-        "bottleneck: group {} stage {} ({}), {:.3} ms per micro-batch",
-        b.group,
+        "bottleneck: {} stage {} ({}), {:.3} ms per micro-batch",
+        label(b.group),
         b.stage,
         b.chip,
         1e3 * b.seconds_per_micro_batch
@@ -341,8 +348,8 @@ fn evaluation_table(ev: &Evaluation) -> String {
     } else {
         for o in &ev.overflows {
             line(format!(
-                "does not fit: group {} stage {} ({}) is {} short",
-                o.group,
+                "does not fit: {} stage {} ({}) is {} short",
+                label(o.group),
                 o.stage,
                 o.chip,
                 fmt_bytes(o.short_bytes)

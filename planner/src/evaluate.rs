@@ -12,17 +12,23 @@
 //! `copies`, and `layers` may be a count: the layers after the previous
 //! stage's). A stage's chip is resolved by [`ClusterSpec::resolve_chip`].
 //!
-//! A stage whose data-parallel replicas would be of two chip types cannot
-//! be expressed in one group (every copy of a group is the same pipeline);
-//! such a stage (`chip = ["A", "B"]` or `"A+B"`) is refused with the form
-//! that is supported: one group of replicas per chip type (a mixed
-//! data-parallel plan, whose groups share the gradient all-reduce).
+//! A stage whose data-parallel group mixes chip types lists one chip per
+//! replica (`"chip": ["A", "B"]`, `tp` one degree or a list as long), the
+//! form measured heterogeneous runs are written in: replica `j` runs entry
+//! `j` of every such stage, and replicas with the same pipeline become one
+//! group of copies ([`GroupOrigin`] says which). All groups share the
+//! gradient all-reduce, and a stage's all-reduce among several chip types
+//! runs at the slowest link between them across nodes.
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::cluster::ClusterSpec;
-use crate::cost::{Boundary, Microbatching, StageShape, stage_memory, stage_timing};
+use std::ops::Range;
+
+use crate::cost::{
+    Boundary, Microbatching, StageShape, allreduce_time, stage_memory, stage_timing,
+};
 use crate::error::SpecError;
 use crate::model::ModelSpec;
 use crate::plan::{Plan, PlanKind, Replica, StagePlan};
@@ -68,6 +74,7 @@ pub(crate) fn assemble(
 ) -> Plan {
     let dp: u64 = groups.iter().map(|g| g.copies).sum();
     let chip = |ty: usize| &cluster.chip_types[ty];
+    let holders = Holders::new(cluster.chip_types.len(), groups);
     let mut replicas: Vec<Replica> = groups
         .iter()
         .map(|g| {
@@ -92,6 +99,18 @@ pub(crate) fn assemble(
                         same_node: s.same_node,
                     }),
                 };
+                let mut timing = stage_timing(model, settings, cluster, &shape, mb);
+                // A data-parallel group of several chip types spans nodes:
+                // its all-reduce runs at the slowest link between them.
+                let units = Holders::units(start, s.layers, i, p);
+                let others = holders.other_types(s.ty, units);
+                if let Some(bw) = others
+                    .map(|t| cluster.link_bandwidth(c, chip(t), false))
+                    .reduce(f64::min)
+                {
+                    let params = shape.params(model) as f64 / s.tp.max(1) as f64;
+                    timing.dp_allreduce = allreduce_time(params * settings.grad_bytes(), dp, bw);
+                }
                 stages.push(StagePlan {
                     chip: c.name.clone(),
                     tp: s.tp,
@@ -100,7 +119,7 @@ pub(crate) fn assemble(
                     memory: stage_memory(model, settings, &shape, mb),
                     memory_capacity: c.memory_bytes,
                     mfu: 0.0,
-                    timing: stage_timing(model, settings, cluster, &shape, mb),
+                    timing,
                 });
                 start += s.layers;
             }
@@ -164,6 +183,59 @@ pub(crate) fn assemble(
     }
 }
 
+/// Which chip types hold each part of the model over all groups, to find
+/// the types a stage's gradients are reduced with. A stage's parameters are
+/// numbered as units: 0 the embedding, `1 + l` layer `l`, then the head;
+/// each type keeps the merged unit ranges its stages hold.
+struct Holders {
+    by_type: Vec<Vec<Range<u64>>>,
+}
+
+impl Holders {
+    fn new(types: usize, groups: &[Layout]) -> Holders {
+        let mut by_type: Vec<Vec<Range<u64>>> = vec![Vec::new(); types];
+        for g in groups {
+            let mut start = 0;
+            for (i, s) in g.stages.iter().enumerate() {
+                by_type[s.ty].push(Self::units(start, s.layers, i, g.stages.len()));
+                start += s.layers;
+            }
+        }
+        for ranges in &mut by_type {
+            ranges.sort_by_key(|r| r.start);
+            let mut merged: Vec<Range<u64>> = Vec::with_capacity(ranges.len());
+            for r in ranges.drain(..) {
+                match merged.last_mut() {
+                    Some(m) if r.start <= m.end => m.end = m.end.max(r.end),
+                    _ => merged.push(r),
+                }
+            }
+            *ranges = merged;
+        }
+        Holders { by_type }
+    }
+
+    /// The units of stage `index` of `stages`, holding `layers` layers
+    /// from `first`.
+    fn units(first: u64, layers: u64, index: usize, stages: usize) -> Range<u64> {
+        let head = u64::from(index + 1 == stages);
+        let embedding = u64::from(index == 0);
+        (first + 1 - embedding)..(first + layers + 1 + head)
+    }
+
+    /// The chip types other than `ty` that hold any of `units`.
+    fn other_types(&self, ty: usize, units: Range<u64>) -> impl Iterator<Item = usize> + '_ {
+        self.by_type
+            .iter()
+            .enumerate()
+            .filter_map(move |(t, ranges)| {
+                // The first merged range ending after `units` starts.
+                let k = ranges.partition_point(|r| r.end <= units.start);
+                (t != ty && ranges.get(k).is_some_and(|r| r.start < units.end)).then_some(t)
+            })
+    }
+}
+
 /// One stage of a plan to evaluate, as written in the plan file.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct StageSpec {
@@ -186,6 +258,39 @@ pub struct GroupSpec {
     pub micro_batches: u64,
     /// Stages, first to last.
     pub stages: Vec<StageSpec>,
+    /// Where a stage of the plan file mixed chip types: the file's group
+    /// and the replicas of it that this group holds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub origin: Option<GroupOrigin>,
+}
+
+/// The replicas of a plan file's group that one [`GroupSpec`] holds, when
+/// a stage of that group mixed chip types.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GroupOrigin {
+    /// The group's index in the file.
+    pub group: usize,
+    /// Its replicas (0-based) that run this pipeline.
+    pub replicas: Vec<usize>,
+}
+
+impl GroupSpec {
+    /// How errors name this group: `group 2`, or `group 0 (replicas 1,
+    /// 3)` for one dealt out of a file's group with a mixed stage.
+    pub fn label(&self, index: usize) -> String {
+        match &self.origin {
+            None => format!("group {index}"),
+            Some(o) => {
+                let r: Vec<String> = o.replicas.iter().map(usize::to_string).collect();
+                format!(
+                    "group {} (replica{} {})",
+                    o.group,
+                    if r.len() == 1 { "" } else { "s" },
+                    r.join(", ")
+                )
+            }
+        }
+    }
 }
 
 /// A plan to evaluate.
@@ -270,31 +375,38 @@ impl PlanSpec {
                     stages.len()
                 )));
             }
-            let mut specs = Vec::with_capacity(stages.len());
+            let copies = match g.get("copies") {
+                Some(_) => field_u64(g, "copies", &at, Some(1))?,
+                None => field_u64(g, "dp", &at, Some(1))?,
+            };
+            let micro_batch_size = field_u64(g, "micro_batch_size", &at, None)?;
+            let micro_batches = field_u64(g, "micro_batches", &at, None)?;
+            if copies.saturating_mul(stages.len() as u64) > MAX_SIMULATED
+                && stages
+                    .iter()
+                    .any(|s| matches!(s.get("chip").or(s.get("device")), Some(Value::Array(_))))
+            {
+                return Err(plan_err(format!(
+                    "{at} has {copies} replicas of {} stages with chip types mixed; the planner \
+                     deals out at most {MAX_SIMULATED} replica-stages",
+                    stages.len()
+                )));
+            }
+            // Each stage's (chip, tp) per replica: one entry for all of
+            // them, or one per replica where the stage mixes chip types.
+            let mut per_replica: Vec<Vec<(String, u64)>> = Vec::with_capacity(stages.len());
+            let mut layers: Vec<[u64; 2]> = Vec::with_capacity(stages.len());
             for (si, s) in stages.iter().enumerate() {
                 let at = format!("stage {si} of group {gi}");
-                let chip = match (s.get("chip"), s.get("device")) {
-                    (Some(Value::String(c)), _) | (None, Some(Value::String(c))) => c.clone(),
-                    (Some(Value::Array(types)), _) | (None, Some(Value::Array(types))) => {
-                        return Err(mixed_stage(&at, types.iter().map(|t| t.to_string())));
-                    }
-                    _ => {
-                        return Err(plan_err(format!(
-                            "{at} names no chip (a \"chip\" or \"device\" string)"
-                        )));
-                    }
-                };
-                if chip.contains('+') {
-                    return Err(mixed_stage(&at, chip.split('+').map(str::to_string)));
-                }
-                let layers = if planner {
+                per_replica.push(stage_chips(s, &at, copies)?);
+                let range = if planner {
                     [
                         field_u64(s, "first_layer", &at, None)?,
                         field_u64(s, "end_layer", &at, None)?,
                     ]
                 } else if let Some(n) = s.get("layers").and_then(Value::as_u64) {
                     // A count: the layers after the previous stage's.
-                    let first = specs.last().map_or(0, |p: &StageSpec| p.layers[1]);
+                    let first = layers.last().map_or(0, |p| p[1]);
                     let end = first.checked_add(n).ok_or_else(|| {
                         plan_err(format!("{at}: layers {n} overflows the layer count"))
                     })?;
@@ -312,22 +424,65 @@ impl PlanSpec {
                     };
                     [n(&l[0])?, n(&l[1])?]
                 };
-                specs.push(StageSpec {
-                    chip,
-                    tp: field_u64(s, "tp", &at, Some(1))?,
-                    layers,
+                layers.push(range);
+            }
+            // Replica j runs entry j of every stage that mixes chip types
+            // (entry 0 of the others).
+            let entry = |chips: &Vec<(String, u64)>, j: usize| j.min(chips.len() - 1);
+            let pipeline = |j: usize| -> Vec<StageSpec> {
+                per_replica
+                    .iter()
+                    .zip(&layers)
+                    .map(|(chips, &layers)| {
+                        let (chip, tp) = chips[entry(chips, j)].clone();
+                        StageSpec { chip, tp, layers }
+                    })
+                    .collect()
+            };
+            if per_replica.iter().all(|c| c.len() == 1) {
+                out.push(GroupSpec {
+                    copies,
+                    micro_batch_size,
+                    micro_batches,
+                    stages: pipeline(0),
+                    origin: None,
+                });
+                continue;
+            }
+            // Replicas whose pipelines are the same become one group of
+            // copies, in the order of their first replica.
+            let mut members: Vec<Vec<usize>> = Vec::new();
+            let mut seen: std::collections::HashMap<Vec<&(String, u64)>, usize> =
+                std::collections::HashMap::new();
+            for j in 0..copies as usize {
+                let key: Vec<&(String, u64)> =
+                    per_replica.iter().map(|c| &c[entry(c, j)]).collect();
+                let next = members.len();
+                let k = *seen.entry(key).or_insert(next);
+                if k == next {
+                    members.push(Vec::new());
+                }
+                members[k].push(j);
+            }
+            for replicas in members {
+                out.push(GroupSpec {
+                    copies: replicas.len() as u64,
+                    micro_batch_size,
+                    micro_batches,
+                    stages: pipeline(replicas[0]),
+                    origin: Some(GroupOrigin {
+                        group: gi,
+                        replicas,
+                    }),
                 });
             }
-            let copies = match g.get("copies") {
-                Some(_) => field_u64(g, "copies", &at, Some(1))?,
-                None => field_u64(g, "dp", &at, Some(1))?,
-            };
-            out.push(GroupSpec {
-                copies,
-                micro_batch_size: field_u64(g, "micro_batch_size", &at, None)?,
-                micro_batches: field_u64(g, "micro_batches", &at, None)?,
-                stages: specs,
-            });
+        }
+        if out.len() > MAX_GROUPS {
+            return Err(plan_err(format!(
+                "has {} groups of identical replicas once its mixed stages are dealt out; a \
+                 plan has 1 to {MAX_GROUPS}",
+                out.len()
+            )));
         }
         Ok(PlanSpec { groups: out })
     }
@@ -346,7 +501,7 @@ impl PlanSpec {
         let mut sequences = 0u64;
         let mut out = Vec::with_capacity(self.groups.len());
         for (gi, g) in self.groups.iter().enumerate() {
-            let at = format!("group {gi}");
+            let at = g.label(gi);
             let bounded = |what: &str, v: u64| {
                 let max = crate::settings::MAX_GLOBAL_BATCH;
                 if v == 0 || v > max {
@@ -376,7 +531,7 @@ impl PlanSpec {
             let mut stages: Vec<LayoutStage> = Vec::with_capacity(g.stages.len());
             let mut tp_run = 0u64;
             for (si, s) in g.stages.iter().enumerate() {
-                let at = format!("stage {si} of group {gi}");
+                let at = format!("stage {si} of {}", g.label(gi));
                 let ty = cluster
                     .resolve_chip(&s.chip)
                     .map_err(|m| plan_err(format!("{at}: chip {m}")))?;
@@ -459,13 +614,88 @@ impl PlanSpec {
     }
 }
 
-fn mixed_stage(at: &str, types: impl Iterator<Item = String>) -> SpecError {
-    plan_err(format!(
-        "{at} mixes chip types {} in one data-parallel group; every copy of a group runs the \
-         same pipeline, so this form is not supported: give each type its own group of \
-         replicas (a mixed data-parallel plan, whose groups share the gradient all-reduce)",
-        types.collect::<Vec<_>>().join(" and ")
-    ))
+/// The most replicas a stage that mixes chip types may list.
+const MAX_MIXED_REPLICAS: usize = MAX_GROUPS;
+
+/// A stage's chip and tensor-parallel degree for each replica: one entry
+/// for every replica (`"chip": "A"`, `"device": ...`), or one per replica
+/// (`"chip": ["A", "B"]`, each entry a name or `{"chip": .., "tp": ..}`,
+/// with `tp` one number or a list as long) when the stage's data-parallel
+/// group mixes chip types.
+fn stage_chips(s: &Value, at: &str, copies: u64) -> Result<Vec<(String, u64)>, SpecError> {
+    let tp = s.get("tp");
+    let chip = match (s.get("chip"), s.get("device")) {
+        (Some(c), _) | (None, Some(c)) => c,
+        _ => {
+            return Err(plan_err(format!(
+                "{at} names no chip (a \"chip\" or \"device\" string, or a list of one \
+                 per replica)"
+            )));
+        }
+    };
+    let one = |c: &Value, tp: Option<&Value>, at: &str| -> Result<(String, u64), SpecError> {
+        let (name, tp) = match c {
+            Value::String(n) => (n.clone(), tp),
+            Value::Object(_) => {
+                let n = match (c.get("chip"), c.get("device")) {
+                    (Some(Value::String(n)), _) | (None, Some(Value::String(n))) => n.clone(),
+                    _ => return Err(plan_err(format!("{at} names no chip"))),
+                };
+                (n, c.get("tp").or(tp))
+            }
+            other => {
+                return Err(plan_err(format!(
+                    "{at}: chip {other} is not a chip type, device or vendor name"
+                )));
+            }
+        };
+        if name.contains('+') {
+            return Err(plan_err(format!(
+                "{at}: chip {name:?} joins chip types with '+'; a stage whose replicas are of \
+                 several types lists one chip per replica, e.g. \"chip\": [\"A\", \"B\"] \
+                 for copies = 2"
+            )));
+        }
+        let tp = match tp {
+            None | Some(Value::Null) => 1,
+            Some(t) => t
+                .as_u64()
+                .ok_or_else(|| plan_err(format!("{at}: tp is {t}, not a non-negative integer")))?,
+        };
+        Ok((name, tp))
+    };
+    let Value::Array(list) = chip else {
+        if matches!(tp, Some(Value::Array(_))) {
+            return Err(plan_err(format!(
+                "{at} gives a list of tp degrees but one chip; list one chip per replica too"
+            )));
+        }
+        return Ok(vec![one(chip, tp, at)?]);
+    };
+    if list.is_empty() || list.len() as u64 != copies || list.len() > MAX_MIXED_REPLICAS {
+        return Err(plan_err(format!(
+            "{at} lists {} chips, one per replica, but its group has {copies} replicas \
+             (copies); a stage that mixes chip types names the chip of every replica, at most \
+             {MAX_MIXED_REPLICAS}",
+            list.len()
+        )));
+    }
+    let tps: Vec<Option<&Value>> = match tp {
+        Some(Value::Array(t)) if t.len() == list.len() => t.iter().map(Some).collect(),
+        Some(Value::Array(t)) => {
+            return Err(plan_err(format!(
+                "{at} lists {} tp degrees for {} replicas",
+                t.len(),
+                list.len()
+            )));
+        }
+        t => vec![t; list.len()],
+    };
+    list.iter()
+        .zip(tps)
+        .enumerate()
+        .map(|(j, (c, tp))| one(c, tp, &format!("{at}, replica {j}")))
+        .collect()
 }
 
 /// The stage that bounds the step.
@@ -507,6 +737,10 @@ pub struct Evaluation {
     pub bottleneck: Bottleneck,
     /// Chip types priced from a profile's measurements.
     pub measured_chips: Vec<String>,
+    /// How the plan file names each of `plan.replicas`: `group 1`, or
+    /// `group 0 (replicas 0, 2)` for the replicas of a group with a stage
+    /// that mixes chip types.
+    pub group_labels: Vec<String>,
 }
 
 /// Scores `spec` on `cluster` (with any profile already applied) for
@@ -569,6 +803,12 @@ pub fn evaluate(
         .map(|c| c.name.clone())
         .collect();
     Ok(Evaluation {
+        group_labels: spec
+            .groups
+            .iter()
+            .enumerate()
+            .map(|(i, g)| g.label(i))
+            .collect(),
         fits: overflows.is_empty(),
         overflows,
         bottleneck,

@@ -529,13 +529,16 @@ impl<'a> Ctx<'a> {
 
     /// Places the layers on the stages `st` (min-max under memory caps) for
     /// `dp` replicas in all, micro-batches of `b`, `m` per step (`None`:
-    /// assume the most in flight), and sums up the step-time terms.
+    /// assume the most in flight), and sums up the step-time terms; `peers`
+    /// are the chip types of every replica the gradients are reduced with
+    /// (none: only this pipeline's copies).
     fn place(
         &mut self,
         st: &[(usize, u64, bool)],
         dp: u64,
         b: u64,
         m: Option<u64>,
+        peers: &[usize],
     ) -> Option<Placed> {
         let (model, settings) = (self.model, self.settings);
         let l = model.layers;
@@ -608,11 +611,15 @@ impl<'a> Ctx<'a> {
             max_t = max_t.max(t);
             sum_t += t;
             let params = stage_params(model, &(start..start + n)) as f64 / tp as f64;
-            let ar = allreduce_time(
-                params * settings.grad_bytes(),
-                dp,
-                dp_bandwidth(self.cluster, chip, dp, tp),
-            );
+            // Among chip types the data-parallel group spans nodes (as
+            // evaluate::assemble prices it).
+            let bw = peers
+                .iter()
+                .filter(|&&t| t != ty)
+                .map(|&t| self.cluster.link_bandwidth(chip, self.chip(t), false))
+                .reduce(f64::min)
+                .unwrap_or_else(|| dp_bandwidth(self.cluster, chip, dp, tp));
+            let ar = allreduce_time(params * settings.grad_bytes(), dp, bw);
             let opt = optimizer_time(settings, chip, params, dp);
             tail = tail.max(ar + opt);
             start += n;
@@ -887,7 +894,7 @@ impl<'a> Ctx<'a> {
             let mut any = false;
             for (order, st) in &orders {
                 self.candidates += 1;
-                let Some(placed) = self.place(st, d, b, Some(m)) else {
+                let Some(placed) = self.place(st, d, b, Some(m), &[]) else {
                     continue;
                 };
                 any = true;
@@ -913,11 +920,19 @@ impl<'a> Ctx<'a> {
     /// pipeline and replicas; the batch is split micro-batch by micro-batch.
     fn mixed(&mut self, alone: &[Best]) -> Option<Mixed> {
         let dp: u64 = alone.iter().map(|g| g.d).sum();
+        // Every layer's gradients are reduced across the groups' types.
+        let types = |groups: &mut dyn Iterator<Item = &[Seg]>| {
+            let mut t: Vec<usize> = groups.flat_map(|s| s.iter().map(|s| s.ty)).collect();
+            t.sort_unstable();
+            t.dedup();
+            t
+        };
+        let peers = types(&mut alone.iter().map(|g| g.segs.as_slice()));
         let mut placed = Vec::new();
         for g in alone {
             let st = self.stages(&g.segs);
             self.candidates += 1;
-            placed.push(self.place(&st, dp, g.b, None)?);
+            placed.push(self.place(&st, dp, g.b, None, &peers)?);
         }
         let big_b = self.settings.global_batch;
         let mut m = vec![0u64; alone.len()];
@@ -955,11 +970,12 @@ impl<'a> Ctx<'a> {
         }
         // Re-place with the real replica count and micro-batch counts.
         let dp: u64 = groups.iter().map(|g| g.d).sum();
+        let peers = types(&mut groups.iter().map(|g| g.segs.as_slice()));
         let mut time = 0.0f64;
         let mut out = Vec::new();
         for g in groups {
             let st = self.stages(&g.segs);
-            let p = self.place(&st, dp, g.b, Some(g.m))?;
+            let p = self.place(&st, dp, g.b, Some(g.m), &peers)?;
             time = time.max(p.time(g.m));
             out.push(Group {
                 layers: p.layers.clone(),

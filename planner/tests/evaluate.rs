@@ -185,14 +185,29 @@ fn inconsistent_plans_are_refused_naming_what_is_wrong() {
                 r#"{"chip": ["nvidia-a800-class", "biren-br104-class"], "layers": [0, 32]}"#,
                 "",
             ),
-            "mixes chip types \"nvidia-a800-class\" and \"biren-br104-class\" in one data-parallel group",
+            "stage 0 of group 0 lists 2 chips, one per replica, but its group has 1 replicas",
+        ),
+        (
+            one(
+                r#"{"chip": ["nvidia-a800-class", "biren-br104-class"], "tp": [1, 2, 4],
+                    "layers": [0, 32]}"#,
+                r#", "copies": 2"#,
+            ),
+            "stage 0 of group 0 lists 3 tp degrees for 2 replicas",
+        ),
+        (
+            one(
+                r#"{"chip": ["nvidia-a800-class", "no-such-chip"], "layers": [0, 32]}"#,
+                r#", "copies": 2"#,
+            ),
+            "stage 0 of group 0 (replica 1): chip",
         ),
         (
             one(
                 r#"{"chip": "nvidia-a800-class+biren-br104-class", "layers": [0, 32]}"#,
                 "",
             ),
-            "this form is not supported: give each type its own group of replicas",
+            "joins chip types with '+'; a stage whose replicas are of several types lists one chip per replica",
         ),
         (r#"{"group": []}"#.to_string(), "has 0 groups"),
         (r#"{"steps": 3}"#.to_string(), "has no groups"),
@@ -303,4 +318,67 @@ fn a_profile_prices_the_types_it_covers_and_scales_to_other_tp() {
 
 fn plan_with(m: &ModelSpec, c: &ClusterSpec) -> polychip_planner::search::PlanReport {
     plan(m, c, &TrainingSettings::new(256), &PlanOptions::default()).unwrap()
+}
+
+/// A stage whose data-parallel group mixes chip types (`"chip": [..]`, one
+/// per replica, as measured heterogeneous runs are written): replica j runs
+/// entry j of every mixed stage, replicas with the same pipeline are one
+/// group, and the result is the plan of those groups written out, except
+/// that a gradient all-reduce among several types runs across nodes.
+#[test]
+fn a_stage_mixing_chip_types_is_dealt_out_by_replica() {
+    let (m, c) = (ModelSpec::llama_7b(), example_cluster());
+    let s = TrainingSettings::new(1);
+    let mixed = r#"{"groups": [{"copies": 3, "micro_batch_size": 1, "micro_batches": 8,
+        "stages": [{"chip": ["nvidia-a800-class", "iluvatar-bi-v100-class", "nvidia-a800-class"],
+                    "tp": [8, 4, 8], "layers": [0, 16]},
+                   {"chip": "nvidia-a800-class", "tp": 8, "layers": [16, 32]}]}]}"#;
+    let spec = PlanSpec::parse(mixed, true).unwrap();
+    assert_eq!(spec.groups.len(), 2);
+    assert_eq!(spec.groups[0].copies, 2);
+    assert_eq!(spec.groups[1].copies, 1);
+    assert_eq!(spec.groups[1].label(1), "group 0 (replica 1)");
+    assert_eq!(spec.groups[0].label(0), "group 0 (replicas 0, 2)");
+    let ev = evaluate(&spec, &m, &c, &s).unwrap();
+    let written = r#"{"groups": [
+        {"copies": 2, "micro_batch_size": 1, "micro_batches": 8,
+         "stages": [{"chip": "nvidia-a800-class", "tp": 8, "layers": [0, 16]},
+                    {"chip": "nvidia-a800-class", "tp": 8, "layers": [16, 32]}]},
+        {"copies": 1, "micro_batch_size": 1, "micro_batches": 8,
+         "stages": [{"chip": "iluvatar-bi-v100-class", "tp": 4, "layers": [0, 16]},
+                    {"chip": "nvidia-a800-class", "tp": 8, "layers": [16, 32]}]}]}"#;
+    let two = evaluate(&PlanSpec::parse(written, true).unwrap(), &m, &c, &s).unwrap();
+    assert_eq!(ev.plan.replicas, two.plan.replicas);
+    assert_eq!(ev.plan.global_batch, 24);
+    assert_eq!(ev.plan.dp, 3);
+    // The second stage is all one type, but its gradients are reduced with
+    // nothing of another type: only the first stage's group crosses types.
+    // Against the same plan on one type, the mixed first stage's
+    // all-reduce is slower (the slower NIC, across nodes), the second's not.
+    let same = r#"{"groups": [{"copies": 3, "micro_batch_size": 1, "micro_batches": 8,
+        "stages": [{"chip": "nvidia-a800-class", "tp": 8, "layers": [0, 16]},
+                   {"chip": "nvidia-a800-class", "tp": 8, "layers": [16, 32]}]}]}"#;
+    let one = evaluate(&PlanSpec::parse(same, true).unwrap(), &m, &c, &s).unwrap();
+    let ar = |e: &polychip_planner::evaluate::Evaluation, stage: usize| {
+        e.plan.replicas[0].stages[stage].timing.dp_allreduce
+    };
+    let bw = |a: &str, b: &str| c.link_bandwidth(c.chip(a).unwrap(), c.chip(b).unwrap(), false);
+    let slower = bw("nvidia-a800-class", "iluvatar-bi-v100-class")
+        < bw("nvidia-a800-class", "nvidia-a800-class");
+    assert_eq!(ar(&ev, 1), ar(&one, 1));
+    assert_eq!(
+        ar(&ev, 0) > ar(&one, 0),
+        slower,
+        "{} vs {}",
+        ar(&ev, 0),
+        ar(&one, 0)
+    );
+    // The step is the slowest pipeline's.
+    let slowest = ev
+        .plan
+        .replicas
+        .iter()
+        .map(|r| r.step_time_simulated)
+        .fold(0.0, f64::max);
+    assert_eq!(ev.plan.step_time_simulated, slowest);
 }
