@@ -1,5 +1,6 @@
 //! `polychip plan --cluster FILE --model PRESET_OR_FILE [--global-batch N]
 //! [--dtype bf16] [--recompute none|selective|full] [--shard-optimizer]
+//! [--no-flash-attention]
 //! [--profile FILE] [--exhaustive] [--json] [--trace out.json]`: runs the
 //! HeteroAuto search (`polychip_planner::search`) and prints the plan as a
 //! table (or JSON), optionally writing a Chrome trace of its simulated
@@ -52,6 +53,10 @@ pub struct Args {
     /// Shard the optimizer state over data-parallel replicas (ZeRO-1).
     #[arg(long)]
     shard_optimizer: bool,
+    /// Attention without a fused (flash) kernel: the `a s^2` scores go
+    /// through memory and are kept for the backward pass.
+    #[arg(long)]
+    no_flash_attention: bool,
     /// Enumerate every plan of the space without pruning (small cases).
     #[arg(long)]
     exhaustive: bool,
@@ -135,6 +140,7 @@ fn plan(args: &Args) -> Result<(), String> {
         r => return Err(format!("--recompute {r}: expected none, selective or full")),
     };
     settings.shard_optimizer = args.shard_optimizer;
+    settings.flash_attention = !args.no_flash_attention;
     if let Some(p) = &args.profile {
         let profile = ProfileFile::load(p).map_err(|e| e.to_string())?;
         cluster

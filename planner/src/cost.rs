@@ -157,8 +157,8 @@ pub fn inflight_microbatches(index: usize, num_stages: usize, microbatches: u64)
 }
 
 /// Activation bytes one layer keeps per micro-batch of `micro_batch`
-/// sequences on each of `tp` chips (Korthikanti et al., 16-bit; scaled by
-/// the dtype's size over 2): `s b h (34 + 5 a s / h) / t`; with flash
+/// sequences on each of `tp` chips (Korthikanti et al., 16-bit; the 34 scaled
+/// by the dtype's size over 2): `s b h (34 + 5 a s / h) / t`; with flash
 /// attention or selective recomputation `34 s b h / t`; with full
 /// recomputation `2 s b h` (the layer input only).
 pub fn layer_activation_bytes(
@@ -193,12 +193,15 @@ fn full_layer_activation_bytes(
     );
     let sbh = s * micro_batch as f64 * h;
     let scale = settings.dtype.bytes() as f64 / 2.0;
-    let per = if settings.flash_attention || settings.recompute == Recompute::Selective {
-        34.0
+    // The score terms (softmax output, dropout mask and output: 5 bytes
+    // per score) are not scaled by the dtype: measured fp32 runs keep what
+    // Korthikanti's 16-bit figure gives (docs/planner.md, "Memory").
+    let scores = if settings.flash_attention || settings.recompute == Recompute::Selective {
+        0.0
     } else {
-        34.0 + 5.0 * a * s / h
+        5.0 * a * s / h
     };
-    sbh * per * scale / tp.max(1) as f64
+    sbh * (34.0 * scale + scores) / tp.max(1) as f64
 }
 
 /// Bytes of the logits and loss buffers on each of `tp` chips of the last
@@ -376,6 +379,10 @@ pub struct ChipRates {
     pub memory: f64,
     /// Bytes per element of the compute dtype.
     pub elem: f64,
+    /// The least time one kernel takes: the framework's host-side work to
+    /// launch it, which hides behind the kernels before it only when those
+    /// run longer ([`ChipType::kernel_dispatch_or_default`]).
+    pub dispatch: f64,
 }
 
 impl ChipRates {
@@ -385,7 +392,14 @@ impl ChipRates {
             matmul: chip.sustained_flops(settings.dtype),
             memory: chip.memory_bandwidth_or_default(),
             elem: settings.dtype.bytes() as f64,
+            dispatch: chip.kernel_dispatch_or_default(),
         }
+    }
+
+    /// A kernel that runs `device` seconds on the chip: at least its
+    /// dispatch, plus [`KERNEL_OVERHEAD`].
+    fn kernel(&self, device: f64) -> f64 {
+        (device + KERNEL_OVERHEAD).max(self.dispatch)
     }
 
     /// The shape factor of `mm`: `d / (d + MATMUL_HALF_DIM)` in its
@@ -400,7 +414,7 @@ impl ChipRates {
     /// through memory, plus [`KERNEL_OVERHEAD`].
     pub fn matmul_time(&self, mm: &Matmul) -> f64 {
         let compute = mm.flops() / (self.matmul * Self::shape_factor(mm));
-        compute.max(mm.elements() * self.elem / self.memory) + KERNEL_OVERHEAD
+        self.kernel(compute.max(mm.elements() * self.elem / self.memory))
     }
 
     /// A matmul forward (one kernel) and backward (two).
@@ -416,8 +430,8 @@ impl ChipRates {
     /// [`KERNEL_OVERHEAD`] each way.
     pub fn memory_pass(&self, pass: &MemoryPass) -> PassTime {
         PassTime {
-            forward: pass.forward_bytes / self.memory + KERNEL_OVERHEAD,
-            backward: pass.backward_bytes / self.memory + KERNEL_OVERHEAD,
+            forward: self.kernel(pass.forward_bytes / self.memory),
+            backward: self.kernel(pass.backward_bytes / self.memory),
         }
     }
 }
@@ -465,8 +479,8 @@ fn attention_time_with(
         .map(|mm| compute(&mm))
         .sum();
     PassTime {
-        forward: fwd.max(fwd_io / rates.memory) + KERNEL_OVERHEAD,
-        backward: bwd.max(bwd_io / rates.memory) + KERNEL_OVERHEAD,
+        forward: rates.kernel(fwd.max(fwd_io / rates.memory)),
+        backward: rates.kernel(bwd.max(bwd_io / rates.memory)),
     }
 }
 

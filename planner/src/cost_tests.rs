@@ -32,6 +32,8 @@ fn chip(name: &str, nic: f64) -> ChipType {
         memory_bandwidth: Some(2e12),
         memory_reserve_bytes: None,
         matmul_workspace_bytes: None,
+        // The kernels' own costs; the dispatch floor has a test of its own.
+        kernel_dispatch_seconds: Some(0.0),
         devices: Vec::new(),
         measured: Vec::new(),
     }
@@ -390,4 +392,38 @@ fn transfers_and_data_parallel_all_reduce() {
         2.0 * 15.0 / 16.0 * 10.0 * LAYER * 4.0 / 12.5e9,
     );
     assert_eq!(t.name, "stage 1 (X x1, layers 10-19)");
+}
+
+/// A kernel takes at least the framework's dispatch: short kernels (a
+/// small micro-batch's norms, a split matmul) are bounded by it, long ones
+/// hide it; so a small layer gains little from tensor parallelism.
+#[test]
+fn the_dispatch_floor_bounds_short_kernels_only() {
+    let m = ModelSpec::llama_7b();
+    let s = TrainingSettings::new(1);
+    let mut c = chip("X", 25e9);
+    let r0 = ChipRates::new(&c, &s);
+    c.kernel_dispatch_seconds = Some(60e-6);
+    let r = ChipRates::new(&c, &s);
+    let small = MemoryPass {
+        name: "norm",
+        forward_bytes: 1e6,
+        backward_bytes: 1.5e6,
+    };
+    assert_eq!(r.memory_pass(&small).forward, 60e-6);
+    assert!(r0.memory_pass(&small).forward < 10e-6);
+    let big = Matmul {
+        name: "big",
+        m: 8192.0,
+        n: 8192.0,
+        k: 8192.0,
+        batch: 1.0,
+    };
+    assert_eq!(r.matmul_time(&big), r0.matmul_time(&big));
+    // A layer at b = 1 on tp 8 is mostly dispatch; at tp 1 mostly compute.
+    let l = |rates: &ChipRates, tp| {
+        let t = layer_time(&m, &s, rates, 1, tp);
+        t.forward + t.backward
+    };
+    assert!(l(&r, 8) / l(&r0, 8) > l(&r, 1) / l(&r0, 1));
 }

@@ -59,6 +59,7 @@ fn chip(rng: &mut XorShift, name: String, budget: u64) -> Option<ChipType> {
         memory_bandwidth: Some(1e12 + rng.unit() * 1e12),
         memory_reserve_bytes: None,
         matmul_workspace_bytes: None,
+        kernel_dispatch_seconds: None,
         devices: Vec::new(),
         measured: Vec::new(),
     })

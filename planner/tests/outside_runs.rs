@@ -1,0 +1,219 @@
+//! The cluster-level model against training runs measured outside this
+//! project: Sailor's simulator-validation runs (Megatron-DeepSpeed on CSCS's
+//! GH200 nodes, OPT-350M and GPT-Neo 2.7B over data, pipeline and tensor
+//! parallelism; and OPT-350M on nodes of RTX 3090, Titan RTX and RTX 2080
+//! Ti, with stages whose data-parallel groups mix the three). The plans,
+//! the measured iteration times and peak memory are in
+//! `tests/data/outside/sailor-runs.json` (`convert_sailor.py` there
+//! reproduces it from Sailor's repository, and names the commit); the
+//! clusters' figures are spec sheets and Sailor's network measurements, not
+//! fitted to the runs.
+//!
+//! `cargo test -p polychip-planner --test outside_runs -- --nocapture`
+//! prints every run and the figures per cluster (Spearman rank correlation
+//! of predicted and measured steps, top-1 regret, median error as given and
+//! after one scale per cluster, which is what setting the compute rate to
+//! what the layers ran at does, and fit agreement: every run here ran).
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use polychip_planner::cluster::ClusterSpec;
+use polychip_planner::evaluate::{PlanSpec, evaluate};
+use polychip_planner::model::ModelSpec;
+use polychip_planner::settings::{Dtype, TrainingSettings};
+use serde_json::Value;
+
+fn data(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data/outside")
+        .join(name)
+}
+
+/// Ranks of `v` (1-based, ties get their mean rank).
+fn ranks(v: &[f64]) -> Vec<f64> {
+    let mut idx: Vec<usize> = (0..v.len()).collect();
+    idx.sort_by(|&a, &b| v[a].total_cmp(&v[b]));
+    let mut r = vec![0.0; v.len()];
+    let mut i = 0;
+    while i < idx.len() {
+        let mut j = i;
+        while j + 1 < idx.len() && v[idx[j + 1]] == v[idx[i]] {
+            j += 1;
+        }
+        for k in i..=j {
+            r[idx[k]] = (i + j) as f64 / 2.0 + 1.0;
+        }
+        i = j + 1;
+    }
+    r
+}
+
+/// Spearman's rank correlation: Pearson's over the ranks.
+fn spearman(a: &[f64], b: &[f64]) -> f64 {
+    let (ra, rb) = (ranks(a), ranks(b));
+    let n = ra.len() as f64;
+    let (ma, mb) = (ra.iter().sum::<f64>() / n, rb.iter().sum::<f64>() / n);
+    let cov: f64 = ra.iter().zip(&rb).map(|(x, y)| (x - ma) * (y - mb)).sum();
+    let va: f64 = ra.iter().map(|x| (x - ma).powi(2)).sum();
+    let vb: f64 = rb.iter().map(|y| (y - mb).powi(2)).sum();
+    cov / (va * vb).sqrt()
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+struct Scored {
+    name: String,
+    /// Predicted and measured seconds per sequence (runs differ in their
+    /// global batch, so they are ranked by time per sequence).
+    predicted: f64,
+    measured: f64,
+    fits: bool,
+    predicted_peak: f64,
+    measured_peak: Option<f64>,
+}
+
+/// Every run evaluated, by cluster.
+fn score() -> BTreeMap<String, Vec<Scored>> {
+    let text = std::fs::read_to_string(data("sailor-runs.json")).unwrap();
+    let runs: Value = serde_json::from_str(&text).unwrap();
+    let mut out: BTreeMap<String, Vec<Scored>> = BTreeMap::new();
+    for run in runs["runs"].as_array().unwrap() {
+        let name = run["name"].as_str().unwrap().to_string();
+        let cluster_name = run["cluster"].as_str().unwrap();
+        let cluster = ClusterSpec::load(&data(&format!("{cluster_name}.toml"))).unwrap();
+        let model =
+            ModelSpec::load(&data(&format!("{}.toml", run["model"].as_str().unwrap()))).unwrap();
+        let spec = PlanSpec::parse(&run["plan"].to_string(), true)
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        let mut settings = TrainingSettings::new(1);
+        // fp32 training, attention without a fused kernel, no recomputation
+        // (the runs' Megatron-DeepSpeed options).
+        settings.dtype = Dtype::F32;
+        settings.flash_attention = false;
+        let ev =
+            evaluate(&spec, &model, &cluster, &settings).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let sequences = ev.plan.global_batch as f64;
+        let peak = ev
+            .plan
+            .replicas
+            .iter()
+            .flat_map(|r| &r.stages)
+            .map(|s| s.memory.total)
+            .fold(0.0, f64::max);
+        out.entry(cluster_name.to_string())
+            .or_default()
+            .push(Scored {
+                name,
+                predicted: ev.plan.step_time_simulated / sequences,
+                measured: run["measured_step_s"].as_f64().unwrap() / sequences,
+                fits: ev.fits,
+                predicted_peak: peak,
+                measured_peak: run["measured_peak_bytes"].as_f64(),
+            });
+    }
+    out
+}
+
+/// The figures of one cluster's runs.
+struct Figures {
+    spearman: f64,
+    top1_regret: f64,
+    median_error: f64,
+    median_error_scaled: f64,
+    scale: f64,
+    fit_agreement: usize,
+    median_memory_error: f64,
+}
+
+fn figures(runs: &[Scored]) -> Figures {
+    let p: Vec<f64> = runs.iter().map(|r| r.predicted).collect();
+    let m: Vec<f64> = runs.iter().map(|r| r.measured).collect();
+    let best_measured = m.iter().copied().fold(f64::INFINITY, f64::min);
+    let chosen = (0..p.len()).min_by(|&a, &b| p[a].total_cmp(&p[b])).unwrap();
+    let err = |scale: f64| {
+        median(
+            p.iter()
+                .zip(&m)
+                .map(|(p, m)| (scale * p - m).abs() / m)
+                .collect(),
+        )
+    };
+    // One scale per cluster: the geometric mean of measured over predicted.
+    let scale = (m.iter().zip(&p).map(|(m, p)| (m / p).ln()).sum::<f64>() / p.len() as f64).exp();
+    let mem: Vec<f64> = runs
+        .iter()
+        .filter_map(|r| Some((r.predicted_peak - r.measured_peak?) / r.measured_peak?))
+        .collect();
+    Figures {
+        spearman: spearman(&p, &m),
+        top1_regret: m[chosen] / best_measured - 1.0,
+        median_error: err(1.0),
+        median_error_scaled: err(scale),
+        scale,
+        fit_agreement: runs.iter().filter(|r| r.fits).count(),
+        median_memory_error: median(mem),
+    }
+}
+
+#[test]
+fn the_cluster_model_ranks_measured_outside_runs() {
+    let scored = score();
+    let mut all_fit = true;
+    for (cluster, runs) in &scored {
+        println!("{cluster}:");
+        println!(
+            "  {:<44} {:>12} {:>12} {:>10} {:>10} {:>5}",
+            "run", "predicted s", "measured s", "pred. GB", "meas. GB", "fits"
+        );
+        for r in runs {
+            println!(
+                "  {:<44} {:>12.5} {:>12.5} {:>10.2} {:>10} {:>5}",
+                r.name,
+                r.predicted,
+                r.measured,
+                r.predicted_peak / 1e9,
+                r.measured_peak
+                    .map_or("-".to_string(), |b| format!("{:.2}", b / 1e9)),
+                r.fits
+            );
+        }
+        let f = figures(runs);
+        println!(
+            "  {} runs: Spearman {:.3}, top-1 regret {:.1}%, median error {:.1}% as given, \
+             {:.1}% after scaling by {:.3}; fits {}/{} (every run ran); median memory error \
+             {:+.1}%",
+            runs.len(),
+            f.spearman,
+            100.0 * f.top1_regret,
+            100.0 * f.median_error,
+            100.0 * f.median_error_scaled,
+            f.scale,
+            f.fit_agreement,
+            runs.len(),
+            100.0 * f.median_memory_error
+        );
+        all_fit &= f.fit_agreement == runs.len();
+        // The issue's bar without a profile; measured 0.997 and 0.929.
+        assert!(f.spearman >= 0.7, "{cluster}: Spearman {:.3}", f.spearman);
+        if cluster == "clariden-gh200" {
+            // The GH200 runs: the best-predicted plan is the best measured,
+            // and once scaled the model predicts them within a median 12%.
+            assert_eq!(f.top1_regret, 0.0, "{cluster}");
+            assert!(
+                f.median_error_scaled <= 0.2,
+                "{cluster}: {}",
+                f.median_error_scaled
+            );
+        }
+    }
+    assert!(all_fit, "a run that ran was predicted not to fit");
+}
