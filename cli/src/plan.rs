@@ -143,9 +143,16 @@ fn plan(args: &Args) -> Result<(), String> {
     settings.flash_attention = !args.no_flash_attention;
     if let Some(p) = &args.profile {
         let profile = ProfileFile::load(p).map_err(|e| e.to_string())?;
-        cluster
+        let applied = cluster
             .apply_profile(&profile, &model, settings.dtype)
             .map_err(|e| format!("{}: {e}", p.display()))?;
+        if !applied.ignored.is_empty() {
+            eprintln!(
+                "note: {} has entries for chips the cluster does not have ({}); they are left out",
+                p.display(),
+                applied.ignored.join(", ")
+            );
+        }
     }
     if let Some(p) = &args.evaluate {
         let spec = PlanSpec::load(p).map_err(|e| e.to_string())?;

@@ -20,12 +20,12 @@
 //! gradient all-reduce, and a stage's all-reduce among several chip types
 //! runs at the slowest link between them across nodes.
 
+use std::ops::Range;
+
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::cluster::ClusterSpec;
-use std::ops::Range;
-
 use crate::cost::{
     Boundary, Microbatching, StageShape, allreduce_time, stage_memory, stage_timing,
 };
@@ -275,8 +275,8 @@ pub struct GroupOrigin {
 }
 
 impl GroupSpec {
-    /// How errors name this group: `group 2`, or `group 0 (replicas 1,
-    /// 3)` for one dealt out of a file's group with a mixed stage.
+    /// How errors name this group: `group 2`, or `group 0 (replicas 1, 3)`
+    /// for one dealt out of a file's group with a mixed stage.
     pub fn label(&self, index: usize) -> String {
         match &self.origin {
             None => format!("group {index}"),

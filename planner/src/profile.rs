@@ -265,20 +265,31 @@ impl ClusterSpec {
     }
 
     /// Attaches `profile`'s entries to the chip types they name (after
-    /// checking it was measured on `model` in `dtype`); returns the names
-    /// of the types it covers. An entry naming no type is an error.
+    /// checking it was measured on `model` in `dtype`). A profile may
+    /// cover more chips than the cluster has (one file for a whole fleet):
+    /// entries for names the cluster lacks are left out and listed in
+    /// [`Applied::ignored`]. A profile none of whose entries names a chip
+    /// type of the cluster is an error, naming the first entry's chip.
     pub fn apply_profile(
         &mut self,
         profile: &ProfileFile,
         model: &ModelSpec,
         dtype: Dtype,
-    ) -> Result<Vec<String>, SpecError> {
+    ) -> Result<Applied, SpecError> {
         profile.check_matches(model, dtype)?;
-        let mut covered = Vec::new();
+        let mut applied = Applied::default();
+        let mut first_miss = None;
         for (i, e) in profile.entries.iter().enumerate() {
-            let ty = self
-                .resolve_chip(&e.chip)
-                .map_err(|m| SpecError::Profile(format!("entry {i}: chip {m}")))?;
+            let ty = match self.resolve_chip(&e.chip) {
+                Ok(ty) => ty,
+                Err(m) => {
+                    first_miss.get_or_insert_with(|| format!("entry {i}: chip {m}"));
+                    if !applied.ignored.contains(&e.chip) {
+                        applied.ignored.push(e.chip.clone());
+                    }
+                    continue;
+                }
+            };
             let chip = &mut self.chip_types[ty];
             if chip
                 .measured
@@ -291,15 +302,32 @@ impl ClusterSpec {
                 )));
             }
             chip.measured.push(e.clone());
-            if !covered.contains(&chip.name) {
-                covered.push(chip.name.clone());
+            if !applied.covered.contains(&chip.name) {
+                applied.covered.push(chip.name.clone());
             }
+        }
+        if applied.covered.is_empty()
+            && let Some(m) = first_miss
+        {
+            return Err(SpecError::Profile(format!(
+                "{m}; none of the profile's entries names a chip type of the cluster"
+            )));
         }
         for c in &mut self.chip_types {
             c.measured.sort_by_key(|m| (m.tp, m.micro_batch));
         }
-        Ok(covered)
+        Ok(applied)
     }
+}
+
+/// What [`ClusterSpec::apply_profile`] did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Applied {
+    /// The chip types that now have measured costs.
+    pub covered: Vec<String>,
+    /// The profile's chip names the cluster does not have (their entries
+    /// were left out).
+    pub ignored: Vec<String>,
 }
 
 impl ChipType {
@@ -452,10 +480,21 @@ mod tests {
         .unwrap();
         let name = c.chip_types[0].name.clone();
         let p = file(vec![entry(&name, 2, 1.0), entry(&name, 4, 3.0)]);
-        let covered = c
+        let applied = c
             .apply_profile(&p, &ModelSpec::llama_7b(), Dtype::Bf16)
             .unwrap();
-        assert_eq!(covered, vec![name.clone()]);
+        assert_eq!(applied.covered, vec![name.clone()]);
+        assert!(applied.ignored.is_empty());
+        // A fleet's profile: entries for chips the cluster lacks are left
+        // out and named.
+        let mut other = c.clone();
+        other.chip_types.iter_mut().for_each(|t| t.measured.clear());
+        let fleet = file(vec![entry(&name, 2, 1.0), entry("elsewhere", 2, 1.0)]);
+        let applied = other
+            .apply_profile(&fleet, &ModelSpec::llama_7b(), Dtype::Bf16)
+            .unwrap();
+        assert_eq!(applied.covered, vec![name.clone()]);
+        assert_eq!(applied.ignored, vec!["elsewhere".to_string()]);
         let chip = &c.chip_types[0];
         let f = |b| chip.measured_costs(b, 1).unwrap().0.block_forward;
         assert_eq!(f(2), 1.0);

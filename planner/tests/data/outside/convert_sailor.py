@@ -7,6 +7,11 @@ record per run, written to sailor-runs.json beside this script.
 
 Usage: convert_sailor.py SAILOR_CHECKOUT [COMMIT]
 
+It also converts Sailor's per-layer profiles of the same GPUs
+(sailor/Planner/simulations/profiles_tmp.json: forward, backward and
+update seconds of every layer, per micro-batch size and tp degree) into
+polychip-profile/1 files, one per model: sailor-profile-<model>.json.
+
 Only facts are taken: the plan of each run (stages, layers, the chips of
 each stage's data-parallel group, tp, micro-batch size, global batch) and
 its two measurements. Sailor counts the embedding and the head as layers
@@ -77,6 +82,58 @@ def runs(root, commit, skipped):
         }
 
 
+# polychip's model files for Sailor's model names.
+PROFILE_MODELS = {"OPT-350": "opt-350m", "GPT-Neo-2.7": "gpt-neo-2.7b"}
+
+
+def toml_model(path):
+    import tomllib
+    with open(path, "rb") as f:
+        return tomllib.load(f)
+
+
+def params_per_block(m):
+    h, f, kv = m["hidden"], m["ffn"], m["hidden"] * m["kv_heads"] // m["heads"]
+    return h * (h + 2 * kv) + h * h + 3 * h * f + 2 * h
+
+
+def profiles(root, commit, here):
+    text = subprocess.run(
+        ["git", "-C", root, "show", f"{commit}:sailor/Planner/simulations/profiles_tmp.json"],
+        check=True, capture_output=True, text=True,
+    ).stdout
+    d = json.loads(text)
+    for sailor_name, ours in PROFILE_MODELS.items():
+        model = toml_model(here / f"{ours}.toml")
+        entries = []
+        for gpu, by_mbs in sorted(d[sailor_name].items()):
+            for mbs, by_tp in sorted(by_mbs.items(), key=lambda x: int(x[0])):
+                for tp, layers in sorted(by_tp.items(), key=lambda x: int(x[0])):
+                    n = len(layers)
+                    rows = [layers[str(i)] for i in range(n)]
+                    blocks = sorted(rows[1:-1], key=lambda r: r[0] + r[1])
+                    mid = blocks[len(blocks) // 2]
+                    entries.append({
+                        "chip": gpu,
+                        "micro_batch": int(mbs),
+                        "tp": int(tp),
+                        "embedding": {"forward": rows[0][0], "backward": rows[0][1]},
+                        "block": {"forward": mid[0], "backward": mid[1]},
+                        "head": {"forward": rows[-1][0], "backward": rows[-1][1]},
+                        # Sailor's per-layer update time over the block's
+                        # parameters on one of its tp chips.
+                        "optimizer_per_param": mid[2] * int(tp) / params_per_block(model),
+                    })
+        yield ours, {
+            "format": "polychip-profile/1",
+            "model": model,
+            "dtype": "f32",
+            "source": f"eth-easl/sailor@{commit}:sailor/Planner/simulations/profiles_tmp.json "
+                      f"({sailor_name}; the median block of each entry)",
+            "entries": entries,
+        }
+
+
 def main():
     root = sys.argv[1]
     commit = sys.argv[2] if len(sys.argv) > 2 else "HEAD"
@@ -99,6 +156,10 @@ def main():
                 records.remove(r)
     for path, why in skipped:
         print(f"left out {path}: {why}")
+    for model, profile in profiles(root, commit, out.parent):
+        path = out.with_name(f"sailor-profile-{model}.json")
+        path.write_text(json.dumps(profile, indent=1) + "\n")
+        print(f"{len(profile['entries'])} profile entries written to {path}")
     out.write_text(json.dumps({
         "left_out": [{"source": p, "why": w} for p, w in skipped],
         "runs": records,
