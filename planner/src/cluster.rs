@@ -21,17 +21,16 @@ pub const DEFAULT_EFFICIENCY: f64 = 0.5;
 /// (a 200 Gb/s RoCE port); the JSON does not report the network.
 pub const DEFAULT_NIC_BANDWIDTH: f64 = 25e9;
 
-/// The least time one kernel takes by default, 60 µs: the host-side work
+/// The least time one kernel takes by default, 50 µs: the host-side work
 /// of an eager framework (PyTorch with Megatron's or DeepSpeed's hooks) to
 /// launch one of the cost model's kernels, each of which stands for one to
 /// three of a real layer's (its dropout, bias and cast kernels are not
 /// modelled). While the kernels before it run longer, it is hidden; at
 /// small micro-batches and high tensor parallelism it bounds the layer.
-/// Our estimate, checked against Sailor's measured GH200 runs
-/// (`planner/tests/outside_runs.rs`): their rank correlation is 0.98 with
-/// none, 0.99 at 40 µs and 0.997 at 60-90 µs, where one scale then
-/// predicts every run within a median 12%.
-pub const DEFAULT_KERNEL_DISPATCH: f64 = 60e-6;
+/// Our estimate, checked against Sailor's measured GH200 runs and layer
+/// profiles (`planner/tests/outside_runs.rs`; docs/planner.md gives the
+/// sweep): 45-60 µs fit the runs best, 0-50 µs the single layers.
+pub const DEFAULT_KERNEL_DISPATCH: f64 = 50e-6;
 
 /// Machine balance assumed for a chip that gives no `memory_bandwidth`:
 /// its largest peak FLOP/s over this many FLOPs per byte. Our estimate,
