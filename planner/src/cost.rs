@@ -411,7 +411,7 @@ impl ChipRates {
 
     /// One matmul kernel, a roofline: the larger of its FLOPs at the
     /// matmul rate times the shape factor and its operands and result
-    /// through memory, plus [`KERNEL_OVERHEAD`].
+    /// through memory, plus [`KERNEL_OVERHEAD`], at least the dispatch.
     pub fn matmul_time(&self, mm: &Matmul) -> f64 {
         let compute = mm.flops() / (self.matmul * Self::shape_factor(mm));
         self.kernel(compute.max(mm.elements() * self.elem / self.memory))
@@ -427,7 +427,7 @@ impl ChipRates {
     }
 
     /// A memory-bound kernel: bytes over the memory bandwidth, plus
-    /// [`KERNEL_OVERHEAD`] each way.
+    /// [`KERNEL_OVERHEAD`] each way, at least the dispatch.
     pub fn memory_pass(&self, pass: &MemoryPass) -> PassTime {
         PassTime {
             forward: self.kernel(pass.forward_bytes / self.memory),
@@ -537,7 +537,8 @@ pub fn embedding_time(
 /// - compute, per operation class ([`layer_time`], [`head_time`] on the
 ///   last stage, [`embedding_time`] on the first): matmuls as rooflines
 ///   with a shape factor, attention at its head-dim shape, memory-bound
-///   passes at the memory bandwidth, each kernel [`KERNEL_OVERHEAD`];
+///   passes at the memory bandwidth, each kernel [`KERNEL_OVERHEAD`] and
+///   at least the chip's dispatch floor;
 ///   backward twice the matmul FLOPs plus the backward passes, plus the
 ///   recomputed forward (full) or attention (selective);
 /// - tensor parallel: the matmuls split by `t`, norms and residual adds
