@@ -618,10 +618,11 @@ impl PlanSpec {
 const MAX_MIXED_REPLICAS: usize = MAX_GROUPS;
 
 /// A stage's chip and tensor-parallel degree for each replica: one entry
-/// for every replica (`"chip": "A"`, `"device": ...`), or one per replica
-/// (`"chip": ["A", "B"]`, each entry a name or `{"chip": .., "tp": ..}`,
-/// with `tp` one number or a list as long) when the stage's data-parallel
-/// group mixes chip types.
+/// for every replica (`"chip": "A"`, `"device": ...`), or a list when the
+/// stage's data-parallel group mixes chip types (`"chip": ["A", "B"]`,
+/// each entry a name, or `{"chip": .., "tp": .., "copies": ..}` standing
+/// for `copies` replicas; `tp` one number or a list as long as the
+/// entries), naming every replica of the group.
 fn stage_chips(s: &Value, at: &str, copies: u64) -> Result<Vec<(String, u64)>, SpecError> {
     let tp = s.get("tp");
     let chip = match (s.get("chip"), s.get("device")) {
@@ -672,11 +673,10 @@ fn stage_chips(s: &Value, at: &str, copies: u64) -> Result<Vec<(String, u64)>, S
         }
         return Ok(vec![one(chip, tp, at)?]);
     };
-    if list.is_empty() || list.len() as u64 != copies || list.len() > MAX_MIXED_REPLICAS {
+    if list.is_empty() || list.len() > MAX_MIXED_REPLICAS {
         return Err(plan_err(format!(
-            "{at} lists {} chips, one per replica, but its group has {copies} replicas \
-             (copies); a stage that mixes chip types names the chip of every replica, at most \
-             {MAX_MIXED_REPLICAS}",
+            "{at} lists {} chips; a stage that mixes chip types names the chip of every \
+             replica (1 to {MAX_MIXED_REPLICAS} entries)",
             list.len()
         )));
     }
@@ -684,18 +684,45 @@ fn stage_chips(s: &Value, at: &str, copies: u64) -> Result<Vec<(String, u64)>, S
         Some(Value::Array(t)) if t.len() == list.len() => t.iter().map(Some).collect(),
         Some(Value::Array(t)) => {
             return Err(plan_err(format!(
-                "{at} lists {} tp degrees for {} replicas",
+                "{at} lists {} tp degrees for {} chips",
                 t.len(),
                 list.len()
             )));
         }
         t => vec![t; list.len()],
     };
-    list.iter()
-        .zip(tps)
-        .enumerate()
-        .map(|(j, (c, tp))| one(c, tp, &format!("{at}, replica {j}")))
-        .collect()
+    // Each entry is one replica, or `copies` of them (`{"chip": "A",
+    // "copies": 2}`).
+    let mut out = Vec::new();
+    for (j, (c, tp)) in list.iter().zip(tps).enumerate() {
+        let at = format!("{at}, entry {j}");
+        let n = match c.get("copies") {
+            None => 1,
+            Some(v) => v
+                .as_u64()
+                .filter(|n| (1..=MAX_MIXED_REPLICAS as u64).contains(n))
+                .ok_or_else(|| {
+                    plan_err(format!(
+                        "{at}: copies is {v}; it must be 1 to {MAX_MIXED_REPLICAS}"
+                    ))
+                })? as usize,
+        };
+        let e = one(c, tp, &at)?;
+        if out.len() + n > MAX_MIXED_REPLICAS {
+            return Err(plan_err(format!(
+                "{at}: the stage names more than {MAX_MIXED_REPLICAS} replicas"
+            )));
+        }
+        out.extend(std::iter::repeat_n(e, n));
+    }
+    if out.len() as u64 != copies {
+        return Err(plan_err(format!(
+            "{at} names {} replicas in its list of chips, but its group has {copies} \
+             (copies); a stage that mixes chip types names the chip of every replica",
+            out.len()
+        )));
+    }
+    Ok(out)
 }
 
 /// The stage that bounds the step.

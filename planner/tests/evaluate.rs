@@ -185,7 +185,7 @@ fn inconsistent_plans_are_refused_naming_what_is_wrong() {
                 r#"{"chip": ["nvidia-a800-class", "biren-br104-class"], "layers": [0, 32]}"#,
                 "",
             ),
-            "stage 0 of group 0 lists 2 chips, one per replica, but its group has 1 replicas",
+            "stage 0 of group 0 names 2 replicas in its list of chips, but its group has 1",
         ),
         (
             one(
@@ -193,7 +193,7 @@ fn inconsistent_plans_are_refused_naming_what_is_wrong() {
                     "layers": [0, 32]}"#,
                 r#", "copies": 2"#,
             ),
-            "stage 0 of group 0 lists 3 tp degrees for 2 replicas",
+            "stage 0 of group 0 lists 3 tp degrees for 2 chips",
         ),
         (
             one(
@@ -349,6 +349,14 @@ fn a_stage_mixing_chip_types_is_dealt_out_by_replica() {
                     {"chip": "nvidia-a800-class", "tp": 8, "layers": [16, 32]}]}]}"#;
     let two = evaluate(&PlanSpec::parse(written, true).unwrap(), &m, &c, &s).unwrap();
     assert_eq!(ev.plan.replicas, two.plan.replicas);
+    // The same stage with counts: two A800 replicas at tp 8, one BI-V100
+    // at tp 4 (the order of first appearance gives the groups' order).
+    let counted = r#"{"groups": [{"copies": 3, "micro_batch_size": 1, "micro_batches": 8,
+        "stages": [{"chip": [{"chip": "nvidia-a800-class", "tp": 8, "copies": 2},
+                             {"chip": "iluvatar-bi-v100-class", "tp": 4}], "layers": [0, 16]},
+                   {"chip": "nvidia-a800-class", "tp": 8, "layers": [16, 32]}]}]}"#;
+    let three = evaluate(&PlanSpec::parse(counted, true).unwrap(), &m, &c, &s).unwrap();
+    assert_eq!(three.plan.replicas, two.plan.replicas);
     assert_eq!(ev.plan.global_batch, 24);
     assert_eq!(ev.plan.dp, 3);
     // The second stage is all one type, but its gradients are reduced with

@@ -76,6 +76,29 @@ fn median(mut v: Vec<f64>) -> f64 {
     }
 }
 
+/// The one scale that best maps predictions onto measurements: the
+/// geometric mean of measured over predicted (what setting the chips'
+/// efficiency to what they ran at does).
+fn one_scale(predicted: &[f64], measured: &[f64]) -> f64 {
+    let logs: f64 = measured
+        .iter()
+        .zip(predicted)
+        .map(|(m, p)| (m / p).ln())
+        .sum();
+    (logs / predicted.len() as f64).exp()
+}
+
+/// The median of |scale x predicted - measured| / measured.
+fn median_error(predicted: &[f64], measured: &[f64], scale: f64) -> f64 {
+    median(
+        predicted
+            .iter()
+            .zip(measured)
+            .map(|(p, m)| (scale * p - m).abs() / m)
+            .collect(),
+    )
+}
+
 struct Scored {
     name: String,
     /// Predicted (without a profile, and from Sailor's layer profiles) and
@@ -163,16 +186,7 @@ fn figures(runs: &[Scored], predicted: fn(&Scored) -> f64) -> Figures {
     let m: Vec<f64> = runs.iter().map(|r| r.measured).collect();
     let best_measured = m.iter().copied().fold(f64::INFINITY, f64::min);
     let chosen = (0..p.len()).min_by(|&a, &b| p[a].total_cmp(&p[b])).unwrap();
-    let err = |scale: f64| {
-        median(
-            p.iter()
-                .zip(&m)
-                .map(|(p, m)| (scale * p - m).abs() / m)
-                .collect(),
-        )
-    };
-    // One scale per cluster: the geometric mean of measured over predicted.
-    let scale = (m.iter().zip(&p).map(|(m, p)| (m / p).ln()).sum::<f64>() / p.len() as f64).exp();
+    let scale = one_scale(&p, &m);
     let mem: Vec<f64> = runs
         .iter()
         .filter_map(|r| Some((r.predicted_peak - r.measured_peak?) / r.measured_peak?))
@@ -180,8 +194,8 @@ fn figures(runs: &[Scored], predicted: fn(&Scored) -> f64) -> Figures {
     Figures {
         spearman: spearman(&p, &m),
         top1_regret: m[chosen] / best_measured - 1.0,
-        median_error: err(1.0),
-        median_error_scaled: err(scale),
+        median_error: median_error(&p, &m, 1.0),
+        median_error_scaled: median_error(&p, &m, scale),
         scale,
         fit_agreement: runs.iter().filter(|r| r.fits).count(),
         median_memory_error: median(mem),
@@ -296,20 +310,8 @@ fn the_cost_model_follows_measured_blocks_across_tp_and_micro_batch() {
                 1e3 * (e.block.forward + e.block.backward)
             );
         }
-        let scale = (measured
-            .iter()
-            .zip(&predicted)
-            .map(|(m, p)| (m / p).ln())
-            .sum::<f64>()
-            / predicted.len() as f64)
-            .exp();
-        let err = median(
-            predicted
-                .iter()
-                .zip(&measured)
-                .map(|(p, m)| (scale * p - m).abs() / m)
-                .collect(),
-        );
+        let scale = one_scale(&predicted, &measured);
+        let err = median_error(&predicted, &measured, scale);
         let rho = spearman(&predicted, &measured);
         println!(
             "  {} entries: Spearman {rho:.3}, median error {:.1}% after scaling by {scale:.3}",
