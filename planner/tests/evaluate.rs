@@ -359,10 +359,10 @@ fn a_stage_mixing_chip_types_is_dealt_out_by_replica() {
     assert_eq!(three.plan.replicas, two.plan.replicas);
     assert_eq!(ev.plan.global_batch, 24);
     assert_eq!(ev.plan.dp, 3);
-    // The second stage is all one type, but its gradients are reduced with
-    // nothing of another type: only the first stage's group crosses types.
-    // Against the same plan on one type, the mixed first stage's
-    // all-reduce is slower (the slower NIC, across nodes), the second's not.
+    // Only the first stage's data-parallel group crosses chip types; the
+    // second stage is A800 in every replica. Against the same plan all on
+    // A800, the mixed first stage's all-reduce is slower (at the BI-V100's
+    // slower NIC), the second's the same.
     let same = r#"{"groups": [{"copies": 3, "micro_batch_size": 1, "micro_batches": 8,
         "stages": [{"chip": "nvidia-a800-class", "tp": 8, "layers": [0, 16]},
                    {"chip": "nvidia-a800-class", "tp": 8, "layers": [16, 32]}]}]}"#;
@@ -371,12 +371,13 @@ fn a_stage_mixing_chip_types_is_dealt_out_by_replica() {
         e.plan.replicas[0].stages[stage].timing.dp_allreduce
     };
     let bw = |a: &str, b: &str| c.link_bandwidth(c.chip(a).unwrap(), c.chip(b).unwrap(), false);
-    let slower = bw("nvidia-a800-class", "iluvatar-bi-v100-class")
-        < bw("nvidia-a800-class", "nvidia-a800-class");
+    assert!(
+        bw("nvidia-a800-class", "iluvatar-bi-v100-class")
+            < bw("nvidia-a800-class", "nvidia-a800-class")
+    );
     assert_eq!(ar(&ev, 1), ar(&one, 1));
-    assert_eq!(
+    assert!(
         ar(&ev, 0) > ar(&one, 0),
-        slower,
         "{} vs {}",
         ar(&ev, 0),
         ar(&one, 0)
