@@ -144,13 +144,19 @@ fn plan(args: &Args) -> Result<(), String> {
     if let Some(p) = &args.profile {
         let profile = ProfileFile::load(p).map_err(|e| e.to_string())?;
         let applied = cluster
-            .apply_profile(&profile, &model, settings.dtype)
+            .apply_profile(&profile, &model, &settings)
             .map_err(|e| format!("{}: {e}", p.display()))?;
         if !applied.ignored.is_empty() {
             eprintln!(
                 "note: {} has entries for chips the cluster does not have ({}); they are left out",
                 p.display(),
                 applied.ignored.join(", ")
+            );
+        }
+        for e in &applied.estimated {
+            eprintln!(
+                "note: {}: {e} not given; estimated by the cost model, scaled to the measured block",
+                p.display()
             );
         }
     }

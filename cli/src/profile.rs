@@ -107,18 +107,20 @@ fn profile(args: &Args) -> Result<(), String> {
     let file = auto::profile_file(&cfg, &t, &devices, &sizes, args.repeats, args.rounds)
         .map_err(|e| e.to_string())?;
     for e in &file.entries {
+        // The profiler measures every part.
+        let (embedding, head) = (e.embedding.unwrap_or_default(), e.head.unwrap_or_default());
         eprintln!(
             "{} (micro-batch {}): embedding {:.2}/{:.2} ms, block {:.2}/{:.2} ms, head \
              {:.2}/{:.2} ms (forward/backward), optimizer {:.2} ns per parameter",
             e.chip,
             e.micro_batch,
-            1e3 * e.embedding.forward,
-            1e3 * e.embedding.backward,
+            1e3 * embedding.forward,
+            1e3 * embedding.backward,
             1e3 * e.block.forward,
             1e3 * e.block.backward,
-            1e3 * e.head.forward,
-            1e3 * e.head.backward,
-            1e9 * e.optimizer_per_param
+            1e3 * head.forward,
+            1e3 * head.backward,
+            1e9 * e.optimizer_per_param.unwrap_or(0.0)
         );
     }
     let text = serde_json::to_string_pretty(&file).map_err(|e| e.to_string())?;

@@ -50,7 +50,9 @@ pub fn run(data: &[u8]) {
             // for a model of its own shape.
             if let Ok(p) = ProfileFile::from_json_str(text) {
                 let mut c = example_cluster();
-                let _ = c.apply_profile(&p, &p.model, p.dtype);
+                let mut settings = TrainingSettings::new(1);
+                settings.dtype = p.dtype;
+                let _ = c.apply_profile(&p, &p.model, &settings);
             }
         }
         5 => {

@@ -33,7 +33,7 @@ pub const FORMAT: &str = "polychip-profile/1";
 pub const MAX_ENTRIES: usize = 4096;
 
 /// Forward and backward seconds of one micro-batch through a part.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Passes {
     /// Forward, seconds.
@@ -55,14 +55,21 @@ pub struct ProfileEntry {
     /// Tensor-parallel degree the parts ran at (1 by default).
     #[serde(default = "one")]
     pub tp: u64,
-    /// The token embedding.
-    pub embedding: Passes,
+    /// The token embedding. Optional in a file: when absent, the cost
+    /// model's estimate scaled by the measured block over its own
+    /// ([`ClusterSpec::apply_profile`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub embedding: Option<Passes>,
     /// One transformer block.
     pub block: Passes,
-    /// The final norm, output projection and loss.
-    pub head: Passes,
+    /// The final norm, output projection and loss (optional, as the
+    /// embedding).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub head: Option<Passes>,
     /// The optimizer step (with gradient clipping), seconds per parameter.
-    pub optimizer_per_param: f64,
+    /// Optional: when absent, the cost model's (memory-bound) estimate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub optimizer_per_param: Option<f64>,
     /// Activation bytes one block keeps for its backward per micro-batch,
     /// when measured (used in place of the formula).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -95,16 +102,23 @@ pub struct ProfileFile {
 
 impl ProfileEntry {
     /// The measurements as the measured search's device costs.
+    /// Parts an entry does not give count as free here; entries attached
+    /// to a cluster have every part ([`ClusterSpec::apply_profile`] fills
+    /// them in).
     pub fn costs(&self, name: &str) -> MeasuredDevice {
+        let (embedding, head) = (
+            self.embedding.unwrap_or_default(),
+            self.head.unwrap_or_default(),
+        );
         MeasuredDevice {
             name: name.to_string(),
             block_forward: self.block.forward,
             block_backward: self.block.backward,
-            embed_forward: self.embedding.forward,
-            embed_backward: self.embedding.backward,
-            head_forward: self.head.forward,
-            head_backward: self.head.backward,
-            optimizer_per_param: self.optimizer_per_param,
+            embed_forward: embedding.forward,
+            embed_backward: embedding.backward,
+            head_forward: head.forward,
+            head_backward: head.backward,
+            optimizer_per_param: self.optimizer_per_param.unwrap_or(0.0),
         }
     }
 
@@ -129,16 +143,17 @@ impl ProfileEntry {
                 crate::search::TP_DEGREES
             ));
         }
+        let given = |p: Option<Passes>| p.map(|p| [p.forward, p.backward]);
         let times = [
-            ("embedding.forward", self.embedding.forward),
-            ("embedding.backward", self.embedding.backward),
-            ("block.forward", self.block.forward),
-            ("block.backward", self.block.backward),
-            ("head.forward", self.head.forward),
-            ("head.backward", self.head.backward),
+            ("embedding.forward", given(self.embedding).map(|p| p[0])),
+            ("embedding.backward", given(self.embedding).map(|p| p[1])),
+            ("block.forward", Some(self.block.forward)),
+            ("block.backward", Some(self.block.backward)),
+            ("head.forward", given(self.head).map(|p| p[0])),
+            ("head.backward", given(self.head).map(|p| p[1])),
             ("optimizer_per_param", self.optimizer_per_param),
         ];
-        for (field, v) in times {
+        for (field, v) in times.into_iter().filter_map(|(f, v)| Some((f, v?))) {
             if !(v.is_finite() && (0.0..=1e6).contains(&v)) {
                 return Err(format!(
                     "{at}: {field} is {v}; it must be seconds, from 0 to 1e6"
@@ -274,9 +289,9 @@ impl ClusterSpec {
         &mut self,
         profile: &ProfileFile,
         model: &ModelSpec,
-        dtype: Dtype,
+        settings: &crate::settings::TrainingSettings,
     ) -> Result<Applied, SpecError> {
-        profile.check_matches(model, dtype)?;
+        profile.check_matches(model, settings.dtype)?;
         let mut applied = Applied::default();
         let mut first_miss = None;
         for (i, e) in profile.entries.iter().enumerate() {
@@ -290,6 +305,16 @@ impl ClusterSpec {
                     continue;
                 }
             };
+            let (e, estimated) = self.complete(e, ty, model, settings);
+            if !estimated.is_empty() {
+                applied.estimated.push(format!(
+                    "{} at micro-batch {} and tp {}: {}",
+                    e.chip,
+                    e.micro_batch,
+                    e.tp,
+                    estimated.join(", ")
+                ));
+            }
             let chip = &mut self.chip_types[ty];
             if chip
                 .measured
@@ -301,7 +326,7 @@ impl ClusterSpec {
                     chip.name, e.micro_batch, e.tp
                 )));
             }
-            chip.measured.push(e.clone());
+            chip.measured.push(e);
             if !applied.covered.contains(&chip.name) {
                 applied.covered.push(chip.name.clone());
             }
@@ -320,6 +345,66 @@ impl ClusterSpec {
     }
 }
 
+impl ClusterSpec {
+    /// `e` with every part: the embedding and head it does not give are
+    /// the cost model's own (a first stage of the embedding alone, a last
+    /// stage of the head alone, at the entry's micro-batch and tp) scaled by
+    /// the entry's measured block over the cost model's block, forward and
+    /// backward apart; a missing optimizer cost is the cost model's. Also
+    /// the names of the parts estimated.
+    fn complete(
+        &self,
+        e: &ProfileEntry,
+        ty: usize,
+        model: &ModelSpec,
+        settings: &crate::settings::TrainingSettings,
+    ) -> (ProfileEntry, Vec<&'static str>) {
+        let mut e = e.clone();
+        let mut estimated = Vec::new();
+        let chip = &self.chip_types[ty];
+        let mb = crate::cost::Microbatching {
+            size: e.micro_batch,
+            count: 1,
+        };
+        let layers = model.layers;
+        let at = |range: std::ops::Range<u64>, index: usize, stages: usize| {
+            let shape = crate::cost::StageShape {
+                chip,
+                layers: range,
+                index,
+                num_stages: stages,
+                dp: 1,
+                tp: e.tp,
+                next: None,
+            };
+            crate::cost::analytic_stage_timing(model, settings, self, &shape, mb)
+        };
+        let block = at(0..1, 1, 3);
+        let ratio = |m: f64, a: f64| if a > 0.0 { m / a } else { 1.0 };
+        let (sf, sb) = (
+            ratio(e.block.forward, block.forward),
+            ratio(e.block.backward, block.backward),
+        );
+        let scaled = |t: crate::schedule::StageTiming| Passes {
+            forward: t.forward * sf,
+            backward: t.backward * sb,
+        };
+        if e.embedding.is_none() {
+            e.embedding = Some(scaled(at(0..0, 0, 2)));
+            estimated.push("embedding");
+        }
+        if e.head.is_none() {
+            e.head = Some(scaled(at(layers..layers, 1, 2)));
+            estimated.push("head");
+        }
+        if e.optimizer_per_param.is_none() {
+            e.optimizer_per_param = Some(crate::cost::optimizer_time(settings, chip, 1.0, 1));
+            estimated.push("optimizer");
+        }
+        (e, estimated)
+    }
+}
+
 /// What [`ClusterSpec::apply_profile`] did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Applied {
@@ -328,6 +413,10 @@ pub struct Applied {
     /// The profile's chip names the cluster does not have (their entries
     /// were left out).
     pub ignored: Vec<String>,
+    /// Entries that did not give every part, with the parts the cost
+    /// model estimated (`"GH-96 at micro-batch 1 and tp 4: embedding,
+    /// head"`).
+    pub estimated: Vec<String>,
 }
 
 impl ChipType {
@@ -364,10 +453,13 @@ impl ChipType {
             forward: mix(a.forward, c.forward),
             backward: mix(a.backward, c.backward),
         };
+        let part = |a: Option<Passes>, c: Option<Passes>| {
+            Some(passes(a.unwrap_or_default(), c.unwrap_or_default()))
+        };
         let e = ProfileEntry {
-            embedding: passes(lo.embedding, hi.embedding),
+            embedding: part(lo.embedding, hi.embedding),
             block: passes(lo.block, hi.block),
-            head: passes(lo.head, hi.head),
+            head: part(lo.head, hi.head),
             // Per parameter: it does not depend on the micro-batch.
             optimizer_per_param: lo.optimizer_per_param,
             ..lo.clone()
@@ -444,22 +536,28 @@ mod tests {
             chip: chip.into(),
             micro_batch: b,
             tp: 1,
-            embedding: Passes {
+            embedding: Some(Passes {
                 forward: 0.1 * block,
                 backward: 0.1 * block,
-            },
+            }),
             block: Passes {
                 forward: block,
                 backward: 2.0 * block,
             },
-            head: Passes {
+            head: Some(Passes {
                 forward: 3.0 * block,
                 backward: 6.0 * block,
-            },
-            optimizer_per_param: 1e-9,
+            }),
+            optimizer_per_param: Some(1e-9),
             block_activation_bytes: Some(1000 * b),
             peak_memory_bytes: None,
         }
+    }
+
+    fn bf16() -> crate::settings::TrainingSettings {
+        let mut s = crate::settings::TrainingSettings::new(1);
+        s.dtype = Dtype::Bf16;
+        s
     }
 
     fn file(entries: Vec<ProfileEntry>) -> ProfileFile {
@@ -481,7 +579,7 @@ mod tests {
         let name = c.chip_types[0].name.clone();
         let p = file(vec![entry(&name, 2, 1.0), entry(&name, 4, 3.0)]);
         let applied = c
-            .apply_profile(&p, &ModelSpec::llama_7b(), Dtype::Bf16)
+            .apply_profile(&p, &ModelSpec::llama_7b(), &bf16())
             .unwrap();
         assert_eq!(applied.covered, vec![name.clone()]);
         assert!(applied.ignored.is_empty());
@@ -491,7 +589,7 @@ mod tests {
         other.chip_types.iter_mut().for_each(|t| t.measured.clear());
         let fleet = file(vec![entry(&name, 2, 1.0), entry("elsewhere", 2, 1.0)]);
         let applied = other
-            .apply_profile(&fleet, &ModelSpec::llama_7b(), Dtype::Bf16)
+            .apply_profile(&fleet, &ModelSpec::llama_7b(), &bf16())
             .unwrap();
         assert_eq!(applied.covered, vec![name.clone()]);
         assert_eq!(applied.ignored, vec!["elsewhere".to_string()]);
@@ -507,6 +605,50 @@ mod tests {
         assert_eq!(c.chip_types[1].nearest_measured_tp(1), None);
     }
 
+    /// An entry of a block alone (another framework's per-layer
+    /// measurement) gets the embedding, head and optimizer of the cost
+    /// model, the first two scaled by the measured block over the model's.
+    #[test]
+    fn a_block_alone_is_completed_by_the_cost_model_scaled_to_it() {
+        let base = ClusterSpec::from_toml_str(include_str!(
+            "../../examples/clusters/china-mobile-3-vendor.toml"
+        ))
+        .unwrap();
+        let name = base.chip_types[0].name.clone();
+        let m = ModelSpec::llama_7b();
+        let full = entry(&name, 2, 0.05);
+        let mut alone = full.clone();
+        (alone.embedding, alone.head, alone.optimizer_per_param) = (None, None, None);
+        let mut twice = alone.clone();
+        twice.block.forward *= 2.0;
+        twice.block.backward *= 2.0;
+        let got = |e: &ProfileEntry| {
+            let mut c = base.clone();
+            let applied = c
+                .apply_profile(&file(vec![e.clone()]), &m, &bf16())
+                .unwrap();
+            (c.chip_types[0].measured[0].clone(), applied)
+        };
+        let (one, applied) = got(&alone);
+        assert_eq!(
+            applied.estimated,
+            vec![format!(
+                "{name} at micro-batch 2 and tp 1: embedding, head, optimizer"
+            )]
+        );
+        let (two, _) = got(&twice);
+        let (e1, e2) = (one.embedding.unwrap(), two.embedding.unwrap());
+        let (h1, h2) = (one.head.unwrap(), two.head.unwrap());
+        assert!(e1.forward > 0.0 && h1.forward > 0.0 && h1.backward > 0.0);
+        assert!((e2.forward / e1.forward - 2.0).abs() < 1e-9);
+        assert!((h2.backward / h1.backward - 2.0).abs() < 1e-9);
+        assert!(one.optimizer_per_param.unwrap() > 0.0);
+        // Given parts are kept as they are.
+        let (kept, applied) = got(&full);
+        assert!(applied.estimated.is_empty());
+        assert_eq!(kept, full);
+    }
+
     #[test]
     fn refuses_another_model_an_unknown_chip_and_bad_figures() {
         let mut c = ClusterSpec::from_toml_str(include_str!(
@@ -515,7 +657,7 @@ mod tests {
         .unwrap();
         let p = file(vec![entry("no-such-chip", 2, 1.0)]);
         let err = c
-            .apply_profile(&p, &ModelSpec::llama_13b(), Dtype::Bf16)
+            .apply_profile(&p, &ModelSpec::llama_13b(), &bf16())
             .unwrap_err()
             .to_string();
         assert!(
@@ -523,7 +665,7 @@ mod tests {
             "{err}"
         );
         let err = c
-            .apply_profile(&p, &ModelSpec::llama_7b(), Dtype::Bf16)
+            .apply_profile(&p, &ModelSpec::llama_7b(), &bf16())
             .unwrap_err()
             .to_string();
         assert!(err.contains("\"no-such-chip\" is not a chip type"), "{err}");

@@ -246,19 +246,19 @@ fn a_profile_prices_the_types_it_covers_and_scales_to_other_tp() {
         chip: "nvidia-a800-class".into(),
         micro_batch: b,
         tp: 1,
-        embedding: Passes {
+        embedding: Some(Passes {
             forward: 0.001,
             backward: 0.002,
-        },
+        }),
         block: Passes {
             forward: 0.01 * b as f64,
             backward: 0.02 * b as f64,
         },
-        head: Passes {
+        head: Some(Passes {
             forward: 0.005,
             backward: 0.01,
-        },
-        optimizer_per_param: 1e-11,
+        }),
+        optimizer_per_param: Some(1e-11),
         block_activation_bytes: None,
         peak_memory_bytes: None,
     };
@@ -269,7 +269,8 @@ fn a_profile_prices_the_types_it_covers_and_scales_to_other_tp() {
         source: "test".into(),
         entries: vec![entry(1), entry(2)],
     };
-    c.apply_profile(&profile, &m, Dtype::Bf16).unwrap();
+    c.apply_profile(&profile, &m, &TrainingSettings::new(1))
+        .unwrap();
     let plan = r#"{"group": [{"micro_batch_size": 2, "micro_batches": 4,
         "stages": [{"device": "nvidia-a800-class", "layers": [0, 32]}]}]}"#;
     let spec = PlanSpec::parse(plan, true).unwrap();

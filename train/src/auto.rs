@@ -452,10 +452,10 @@ pub fn profile_file(
                 chip: d.props().name.clone(),
                 micro_batch: b as u64,
                 tp: 1,
-                embedding: passes(&|c| c.embed_forward, &|c| c.embed_backward),
+                embedding: Some(passes(&|c| c.embed_forward, &|c| c.embed_backward)),
                 block: passes(&|c| c.block_forward, &|c| c.block_backward),
-                head: passes(&|c| c.head_forward, &|c| c.head_backward),
-                optimizer_per_param: med(&|c| c.optimizer_per_param),
+                head: Some(passes(&|c| c.head_forward, &|c| c.head_backward)),
+                optimizer_per_param: Some(med(&|c| c.optimizer_per_param)),
                 block_activation_bytes: ps.iter().filter_map(|p| p.block_activation_bytes).max(),
                 peak_memory_bytes: ps.iter().map(|p| p.peak_memory_bytes).max(),
             });
