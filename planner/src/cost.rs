@@ -620,7 +620,7 @@ pub fn analytic_stage_timing(
 /// The timings of `stage` for micro-batches of `mb.size` sequences: those
 /// of the cost model below ([`analytic_stage_timing`]), except that a chip
 /// type with measured costs (a profile) is priced from them
-/// ([`crate::profile::apply_measured`]).
+/// (`profile::apply_measured`).
 pub fn stage_timing(
     model: &ModelSpec,
     settings: &TrainingSettings,

@@ -12,9 +12,10 @@
 //! `copies`, and `layers` may be a count: the layers after the previous
 //! stage's). A stage's chip is resolved by [`ClusterSpec::resolve_chip`].
 //!
-//! A stage whose data-parallel group mixes chip types lists one chip per
-//! replica (`"chip": ["A", "B"]`, `tp` one degree or a list as long), the
-//! form measured heterogeneous runs are written in: replica `j` runs entry
+//! A stage whose data-parallel group mixes chip types lists the chip of
+//! every replica (`"chip": ["A", "B"]`, or `[{"chip": "A", "copies": 2},
+//! "B"]`; `tp` one degree or a list as long), the form measured
+//! heterogeneous runs are written in: replica `j` runs entry
 //! `j` of every such stage, and replicas with the same pipeline become one
 //! group of copies ([`GroupOrigin`] says which). All groups share the
 //! gradient all-reduce, and a stage's all-reduce among several chip types
