@@ -97,23 +97,26 @@ fn equal_stages_give_the_textbook_step_and_bubble() {
 }
 
 #[test]
-fn equal_stages_with_transfers_match_the_analytic_time_only_for_few_microbatches() {
-    // Measured: with equal stages and sends of c, sim == analytic for m <= 2;
-    // beyond, 1F1B's bounded in-flight window exposes part of the round trip
-    // in the steady state too, so sim >= analytic (e.g. p = 2, m = 8,
-    // f = 1, b = 2, c = 0.5: 3.0 more). The analytic formula counts p2p once.
+fn equal_stages_with_transfers_exceed_the_analytic_time_by_their_blocked_sends() {
+    // The analytic formula counts one micro-batch's round trip of sends; the
+    // simulator also blocks each sender on its transfer (as Megatron and
+    // DeepSpeed do), and 1F1B's bounded in-flight window exposes part of the
+    // round trip in the steady state. Measured: the excess stays within two
+    // sends per micro-batch per stage, sim - analytic <= 2 c (m + p).
+    let mut worst = 0.0f64;
     for p in 2..=6 {
         for m in 1..=16 {
             for c in [0.01, 0.1, 0.5] {
                 let s = sched((0..p).map(|_| st(1.0, 2.0, c)).collect(), m);
                 let (sim, an) = (simulate(&s).step_time, s.analytic_step_time());
                 assert!(sim >= an - EPS, "p{p} m{m} c{c}: {sim} < {an}");
-                if m <= 2 {
-                    assert!((sim - an).abs() < EPS, "p{p} m{m} c{c}: {sim} vs {an}");
-                }
+                let bound = 2.0 * c * (m + p) as f64;
+                assert!(sim - an <= bound + EPS, "p{p} m{m} c{c}: {sim} vs {an}");
+                worst = worst.max((sim - an) / bound);
             }
         }
     }
+    println!("largest excess over the bound's 2 c (m + p): {worst:.3} of it");
 }
 
 #[test]
@@ -220,7 +223,13 @@ fn events_follow_1f1b_and_respect_every_dependency() {
                     (e.start - free.max(ready)).abs() < EPS,
                     "stage {i} idles needlessly"
                 );
-                free = e.end;
+                // The stage waits for the transfer its operation sends.
+                let send = match e.kind {
+                    EventKind::Forward if i + 1 < p => s.stages[i].send_next,
+                    EventKind::Backward if i > 0 => s.stages[i - 1].send_next,
+                    _ => 0.0,
+                };
+                free = e.end + send;
             }
             let upd: Vec<&Event> = res
                 .events
