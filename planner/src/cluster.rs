@@ -28,8 +28,9 @@ pub const DEFAULT_NIC_BANDWIDTH: f64 = 25e9;
 /// modelled). While the kernels before it run longer, it is hidden; at
 /// small micro-batches and high tensor parallelism it bounds the layer.
 /// Our estimate, checked against Sailor's measured GH200 runs and layer
-/// profiles (`planner/tests/outside_runs.rs`; docs/planner.md gives the
-/// sweep): 45-60 µs fit the runs best, 0-50 µs the single layers.
+/// profiles (`planner/tests/outside_runs.rs`, whose
+/// `the_default_dispatch_floor_is_near_the_best_of_a_sweep` prints the
+/// sweep): 45-50 µs fit the runs best, 0-50 µs the single layers.
 pub const DEFAULT_KERNEL_DISPATCH: f64 = 50e-6;
 
 /// Machine balance assumed for a chip that gives no `memory_bandwidth`:

@@ -48,6 +48,11 @@ pub struct StageShape<'a> {
     pub tp: u64,
     /// The next stage; `None` for the last.
     pub next: Option<Boundary<'a>>,
+    /// The chip types (indices into the cluster) of the replicas its
+    /// gradients are reduced with; a type other than its own puts the
+    /// all-reduce across nodes ([`dp_bandwidth`]). Empty: only copies of
+    /// its own pipeline.
+    pub dp_peers: &'a [usize],
 }
 
 impl StageShape<'_> {
@@ -338,10 +343,25 @@ pub fn tp_allreduce_time(bytes: f64, n: u64, bandwidth: f64) -> f64 {
     allreduce_time(bytes, n, bandwidth) + 2.0 * (n - 1) as f64 * COLLECTIVE_HOP_LATENCY
 }
 
-/// The slowest link of a stage's data-parallel group: the intra-node link
-/// when all `d t` chips fit in one node, else the cross-node path.
-pub fn dp_bandwidth(cluster: &ClusterSpec, chip: &ChipType, dp: u64, tp: u64) -> f64 {
-    cluster.link_bandwidth(chip, chip, dp * tp <= chip.chips_per_node)
+/// The slowest link of a stage's data-parallel group: with replicas of
+/// other chip types (`peers`, indices into the cluster, which may include
+/// the stage's own), the slowest cross-node link to them, as different
+/// types do not share a node; else the intra-node link when all `d t` chips
+/// fit in one node, else the cross-node path.
+pub fn dp_bandwidth(
+    cluster: &ClusterSpec,
+    chip: &ChipType,
+    dp: u64,
+    tp: u64,
+    peers: &[usize],
+) -> f64 {
+    peers
+        .iter()
+        .map(|&t| &cluster.chip_types[t])
+        .filter(|c| c.name != chip.name)
+        .map(|c| cluster.link_bandwidth(chip, c, false))
+        .reduce(f64::min)
+        .unwrap_or_else(|| cluster.link_bandwidth(chip, chip, dp * tp <= chip.chips_per_node))
 }
 
 /// Seconds of forward and backward of one part of the model.
@@ -595,7 +615,7 @@ pub fn analytic_stage_timing(
     let dp_allreduce = allreduce_time(
         params * settings.grad_bytes(),
         stage.dp,
-        dp_bandwidth(cluster, chip, stage.dp, tp),
+        dp_bandwidth(cluster, chip, stage.dp, tp, stage.dp_peers),
     );
     StageTiming {
         name: format!(

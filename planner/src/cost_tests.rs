@@ -55,6 +55,7 @@ fn shape(c: &ClusterSpec, layers: Range<u64>, index: usize, dp: u64, tp: u64) ->
         dp,
         tp,
         next: None,
+        dp_peers: &[],
     }
 }
 
@@ -358,6 +359,7 @@ fn a_devices_json_cluster_reserves_nothing() {
         dp: 1,
         tp: 1,
         next: None,
+        dp_peers: &[],
     };
     let x = stage_memory(&m, &s, &st, ONE);
     assert_eq!(x.reserve, 0.0);

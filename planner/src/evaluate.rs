@@ -27,9 +27,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::cluster::ClusterSpec;
-use crate::cost::{
-    Boundary, Microbatching, StageShape, allreduce_time, stage_memory, stage_timing,
-};
+use crate::cost::{Boundary, Microbatching, StageShape, stage_memory, stage_timing};
 use crate::error::SpecError;
 use crate::model::ModelSpec;
 use crate::plan::{Plan, PlanKind, Replica, StagePlan};
@@ -88,6 +86,10 @@ pub(crate) fn assemble(
             let mut stages = Vec::with_capacity(p);
             for (i, s) in g.stages.iter().enumerate() {
                 let c = chip(s.ty);
+                // The types its gradients are reduced with, over all groups.
+                let peers: Vec<usize> = holders
+                    .other_types(s.ty, Holders::units(start, s.layers, i, p))
+                    .collect();
                 let shape = StageShape {
                     chip: c,
                     layers: start..start + s.layers,
@@ -99,19 +101,8 @@ pub(crate) fn assemble(
                         chip: chip(n.ty),
                         same_node: s.same_node,
                     }),
+                    dp_peers: &peers,
                 };
-                let mut timing = stage_timing(model, settings, cluster, &shape, mb);
-                // A data-parallel group of several chip types spans nodes:
-                // its all-reduce runs at the slowest link between them.
-                let units = Holders::units(start, s.layers, i, p);
-                let others = holders.other_types(s.ty, units);
-                if let Some(bw) = others
-                    .map(|t| cluster.link_bandwidth(c, chip(t), false))
-                    .reduce(f64::min)
-                {
-                    let params = shape.params(model) as f64 / s.tp.max(1) as f64;
-                    timing.dp_allreduce = allreduce_time(params * settings.grad_bytes(), dp, bw);
-                }
                 stages.push(StagePlan {
                     chip: c.name.clone(),
                     tp: s.tp,
@@ -120,7 +111,7 @@ pub(crate) fn assemble(
                     memory: stage_memory(model, settings, &shape, mb),
                     memory_capacity: c.memory_bytes,
                     mfu: 0.0,
-                    timing,
+                    timing: stage_timing(model, settings, cluster, &shape, mb),
                 });
                 start += s.layers;
             }

@@ -376,6 +376,7 @@ impl ClusterSpec {
                 dp: 1,
                 tp: e.tp,
                 next: None,
+                dp_peers: &[],
             };
             crate::cost::analytic_stage_timing(model, settings, self, &shape, mb)
         };

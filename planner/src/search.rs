@@ -502,6 +502,7 @@ impl<'a> Ctx<'a> {
             dp,
             tp,
             next: None,
+            dp_peers: &[],
         }
     }
 
@@ -611,15 +612,11 @@ impl<'a> Ctx<'a> {
             max_t = max_t.max(t);
             sum_t += t;
             let params = stage_params(model, &(start..start + n)) as f64 / tp as f64;
-            // Among chip types the data-parallel group spans nodes (as
-            // evaluate::assemble prices it).
-            let bw = peers
-                .iter()
-                .filter(|&&t| t != ty)
-                .map(|&t| self.cluster.link_bandwidth(chip, self.chip(t), false))
-                .reduce(f64::min)
-                .unwrap_or_else(|| dp_bandwidth(self.cluster, chip, dp, tp));
-            let ar = allreduce_time(params * settings.grad_bytes(), dp, bw);
+            let ar = allreduce_time(
+                params * settings.grad_bytes(),
+                dp,
+                dp_bandwidth(self.cluster, chip, dp, tp, peers),
+            );
             let opt = optimizer_time(settings, chip, params, dp);
             tail = tail.max(ar + opt);
             start += n;
