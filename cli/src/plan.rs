@@ -365,6 +365,9 @@ fn evaluation_table(ev: &Evaluation) -> String {
     if ev.fits {
         line("fits: every stage fits its chips".into());
     } else {
+        for why in &ev.cannot_run {
+            line(format!("cannot run: {why}"));
+        }
         for o in &ev.overflows {
             line(format!(
                 "does not fit: {} stage {} ({}) is {} short",

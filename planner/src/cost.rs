@@ -212,11 +212,13 @@ fn full_layer_activation_bytes(
 /// Bytes of the logits and loss buffers on each of `tp` chips of the last
 /// stage, for the one micro-batch whose loss is computed (under 1F1B the
 /// last stage runs a micro-batch's backward right after its forward, so
-/// only one is alive): `b s V / t` elements (vocabulary-parallel head), each
-/// with the logits in the compute dtype, their f32 copy (mixed precision
-/// only), the f32 log-probabilities the loss keeps for its backward, their
-/// f32 gradient and that gradient cast back to the compute dtype (mixed
-/// precision only): 16 bytes per element in bf16/f16, 12 in f32.
+/// only one is alive): `b s V / t` elements (vocabulary-parallel head), at
+/// the peak of the loss's backward: the logits in the compute dtype, the
+/// f32 log-probabilities the loss keeps, their f32 gradient, and (mixed
+/// precision only) that gradient cast back to the compute dtype: 12 bytes
+/// per element in bf16/f16 and in f32. The f32 copy of 16-bit logits that
+/// the loss reads is freed once the log-probabilities exist (its peak, in
+/// the forward, is 2 + 4 + 4 bytes, below the backward's).
 pub fn logits_bytes(
     model: &ModelSpec,
     settings: &TrainingSettings,
@@ -225,8 +227,8 @@ pub fn logits_bytes(
 ) -> f64 {
     let elements = (micro_batch * model.seq_len) as f64 * model.vocab as f64 / tp.max(1) as f64;
     let e = settings.dtype.bytes() as f64;
-    let mixed = if e < 4.0 { 4.0 + e } else { 0.0 };
-    elements * (e + mixed + 4.0 + 4.0)
+    let cast_back = if e < 4.0 { e } else { 0.0 };
+    elements * (e + 4.0 + 4.0 + cast_back)
 }
 
 /// The largest transient buffers of one pass on each of `tp` chips of a
@@ -348,6 +350,16 @@ pub fn tp_allreduce_time(bytes: f64, n: u64, bandwidth: f64) -> f64 {
 /// the stage's own), the slowest cross-node link to them, as different
 /// types do not share a node; else the intra-node link when all `d t` chips
 /// fit in one node, else the cross-node path.
+///
+/// Across nodes the ring (NCCL's, as every framework's) enters and leaves
+/// each node once: the replicas of one tensor-parallel rank that share a
+/// node sit next to each other on it, so each of the node's `t` rings
+/// crosses its network once and gets the node's NIC bandwidth over `t`,
+/// that is the chip's share ([`ChipType::nic_bandwidth`]) times the
+/// group's members on a node, `min(d, chips_per_node / t)`; at most the
+/// network's per-flow bandwidth. (A pipeline send, where every chip of a
+/// node sends at once, gets the chip's share alone:
+/// [`ClusterSpec::link_bandwidth`].)
 pub fn dp_bandwidth(
     cluster: &ClusterSpec,
     chip: &ChipType,
@@ -355,13 +367,26 @@ pub fn dp_bandwidth(
     tp: u64,
     peers: &[usize],
 ) -> f64 {
+    let tp = tp.max(1);
+    let ring = |c: &ChipType| {
+        let members = (c.chips_per_node / tp).clamp(1, dp.max(1));
+        c.nic_bandwidth * members as f64
+    };
+    let across =
+        |a: &ChipType, b: &ChipType| ring(a).min(ring(b)).min(cluster.inter_node_bandwidth);
     peers
         .iter()
         .map(|&t| &cluster.chip_types[t])
         .filter(|c| c.name != chip.name)
-        .map(|c| cluster.link_bandwidth(chip, c, false))
+        .map(|c| across(chip, c))
         .reduce(f64::min)
-        .unwrap_or_else(|| cluster.link_bandwidth(chip, chip, dp * tp <= chip.chips_per_node))
+        .unwrap_or_else(|| {
+            if dp * tp <= chip.chips_per_node {
+                cluster.link_bandwidth(chip, chip, true)
+            } else {
+                across(chip, chip)
+            }
+        })
 }
 
 /// Seconds of forward and backward of one part of the model.
@@ -623,10 +648,15 @@ pub fn analytic_stage_timing(
             stage.index,
             chip.name,
             tp,
-            match (stage.layers.is_empty(), stage.holds_embedding()) {
-                (true, true) => "the embedding alone".to_string(),
-                (true, false) => "the head alone".to_string(),
-                (false, _) => format!("layers {}-{}", stage.layers.start, stage.layers.end - 1),
+            match (
+                stage.layers.is_empty(),
+                stage.holds_embedding(),
+                stage.holds_head()
+            ) {
+                (true, true, _) => "the embedding alone".to_string(),
+                (true, false, true) => "the head alone".to_string(),
+                (true, false, false) => "no layer".to_string(),
+                (false, ..) => format!("layers {}-{}", stage.layers.start, stage.layers.end - 1),
             }
         ),
         forward,

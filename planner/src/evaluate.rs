@@ -539,16 +539,15 @@ impl PlanSpec {
                     )));
                 }
                 let [first, end] = s.layers;
-                // As in a trainer plan, a pipeline's first stage may hold the
-                // embedding alone ([0, 0]) and its last the head alone.
-                let end_alone = first == end
-                    && crate::plan::holds_one_end_alone(si, g.stages.len(), first, model.layers);
-                if first != next || (end <= first && !end_alone) || end > model.layers {
+                // A stage of no layer is scored (as frameworks' plans can
+                // give one, e.g. a transpose alone) and reported as one that
+                // cannot run ([`Evaluation::cannot_run`]), unless it is the
+                // first stage holding the embedding alone or the last the
+                // head alone, as a trainer plan may.
+                if first != next || end < first || end > model.layers {
                     return Err(plan_err(format!(
                         "{at}: layers [{first}, {end}) do not continue the pipeline at layer \
-                         {next} with at least one of the model's {n} layers (only the first \
-                         stage may hold the embedding alone, [0, 0], and only the last the \
-                         head alone, [{n}, {n}])",
+                         {next} within the model's {n} layers",
                         n = model.layers
                     )));
                 }
@@ -748,10 +747,17 @@ pub struct Overflow {
 pub struct Evaluation {
     /// The plan with every stage's memory terms and timings.
     pub plan: Plan,
-    /// Whether every stage fits its chips.
+    /// Whether the plan can run: every stage fits its chips
+    /// (`overflows` is empty) and has something to train (`cannot_run` is
+    /// empty).
     pub fits: bool,
     /// The stages that do not fit.
     pub overflows: Vec<Overflow>,
+    /// Why the plan cannot run although its memory fits: each stage that
+    /// holds no layer, neither the embedding nor the head (an optimizer over
+    /// no parameters, which every framework refuses).
+    #[serde(default)]
+    pub cannot_run: Vec<String>,
     /// The slowest stage of the slowest group.
     pub bottleneck: Bottleneck,
     /// Chip types priced from a profile's measurements.
@@ -821,15 +827,33 @@ pub fn evaluate(
         .filter(|c| !c.measured.is_empty())
         .map(|c| c.name.clone())
         .collect();
+    let group_labels: Vec<String> = spec
+        .groups
+        .iter()
+        .enumerate()
+        .map(|(i, g)| g.label(i))
+        .collect();
+    let mut cannot_run = Vec::new();
+    for (g, r) in plan.replicas.iter().enumerate() {
+        for (i, s) in r.stages.iter().enumerate() {
+            let n = r.stages.len();
+            if s.first_layer == s.end_layer
+                && !crate::plan::holds_one_end_alone(i, n, s.first_layer, model.layers)
+            {
+                cannot_run.push(format!(
+                    "stage {i} of {} holds no layer, neither the embedding nor the head: a \
+                     pipeline stage with no parameters cannot train (frameworks refuse an \
+                     optimizer over no parameters); give it a layer or drop it",
+                    group_labels.get(g).map_or("the plan", String::as_str)
+                ));
+            }
+        }
+    }
     Ok(Evaluation {
-        group_labels: spec
-            .groups
-            .iter()
-            .enumerate()
-            .map(|(i, g)| g.label(i))
-            .collect(),
-        fits: overflows.is_empty(),
+        group_labels,
+        fits: overflows.is_empty() && cannot_run.is_empty(),
         overflows,
+        cannot_run,
         bottleneck,
         plan,
         measured_chips,

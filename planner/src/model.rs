@@ -428,7 +428,9 @@ impl ModelSpec {
     /// ways). Split by `tp`: RoPE on Q and K (read and write, both ways) and
     /// the SwiGLU product (forward reads gate and up and writes their
     /// product; backward reads gate, up and the gradient and writes two).
-    pub fn layer_memory_passes(&self, micro_batch: u64, tp: u64, elem: f64) -> [MemoryPass; 4] {
+    /// Each is one kernel of its own (the two norms and the two adds four),
+    /// so that each pays the chip's dispatch floor.
+    pub fn layer_memory_passes(&self, micro_batch: u64, tp: u64, elem: f64) -> [MemoryPass; 6] {
         let t = tp.max(1) as f64;
         let x = self.tokens(micro_batch) * elem;
         let (h, kv, f) = (self.hidden as f64, self.kv_dim() as f64, self.ffn as f64);
@@ -438,8 +440,10 @@ impl ModelSpec {
             backward_bytes: bwd * x * width,
         };
         [
-            pass("rmsnorm x2", 2.0 * 2.0, 2.0 * 3.0, h),
-            pass("residual add x2", 2.0 * 3.0, 2.0 * 3.0, h),
+            pass("rmsnorm (attention)", 2.0, 3.0, h),
+            pass("rmsnorm (ffn)", 2.0, 3.0, h),
+            pass("residual add (attention)", 3.0, 3.0, h),
+            pass("residual add (ffn)", 3.0, 3.0, h),
             pass("rope (q, k)", 2.0, 2.0, (h + kv) / t),
             pass("swiglu", 3.0, 5.0, f / t),
         ]

@@ -430,6 +430,21 @@ impl ChipType {
             .min_by_key(|&m| (m.abs_diff(tp), m))
     }
 
+    /// `b` if the type's measurements at degree `tp` span it (between their
+    /// smallest and largest micro-batch), else the nearest end of that span;
+    /// `None` without measurements at `tp`.
+    pub fn nearest_measured_micro_batch(&self, b: u64, tp: u64) -> Option<u64> {
+        let sizes = self
+            .measured
+            .iter()
+            .filter(|m| m.tp == tp)
+            .map(|m| m.micro_batch);
+        let (lo, hi) = sizes.fold(None, |acc: Option<(u64, u64)>, x| {
+            Some(acc.map_or((x, x), |(lo, hi)| (lo.min(x), hi.max(x))))
+        })?;
+        Some(b.clamp(lo, hi))
+    }
+
     /// The measured costs of one micro-batch of `b` sequences at degree
     /// `tp`, interpolated between measured sizes (or scaled in proportion
     /// to `b` from the nearest beyond them); `None` when the type has no
@@ -481,7 +496,10 @@ impl ChipType {
 /// the link model prices them. At a tensor-parallel degree the profile
 /// does not cover, the nearest measured degree's costs are scaled by the
 /// cost model's ratio between the two degrees (its matmul split, lost
-/// efficiency and all-reduces).
+/// efficiency and all-reduces). At a micro-batch size beyond the measured
+/// ones, the nearest measured size's times plus the cost model's
+/// difference between the two sizes, bounded by the measured times in
+/// proportion to the sequences.
 pub(crate) fn apply_measured(
     timing: &mut crate::schedule::StageTiming,
     model: &ModelSpec,
@@ -494,7 +512,14 @@ pub(crate) fn apply_measured(
     let Some(measured_tp) = stage.chip.nearest_measured_tp(tp) else {
         return;
     };
-    let Some((costs, _)) = stage.chip.measured_costs(mb.size, measured_tp) else {
+    // Beyond the measured micro-batch sizes, from the nearest measured one.
+    let Some(near) = stage
+        .chip
+        .nearest_measured_micro_batch(mb.size, measured_tp)
+    else {
+        return;
+    };
+    let Some((costs, _)) = stage.chip.measured_costs(near, measured_tp) else {
         return;
     };
     let (scale_f, scale_b) = if measured_tp == tp {
@@ -513,9 +538,39 @@ pub(crate) fn apply_measured(
     };
     let blocks = (stage.layers.end - stage.layers.start) as usize;
     let (embed, head) = (stage.holds_embedding(), stage.holds_head());
-    let (f, mut b) = crate::measured::stage_passes(&costs, blocks, embed, head);
+    let (mut f, mut b) = crate::measured::stage_passes(&costs, blocks, embed, head);
     if settings.recompute == crate::settings::Recompute::Full {
         b += blocks as f64 * costs.block_forward;
+    }
+    if near != mb.size {
+        // The measured time at `near` plus what the cost model adds (or
+        // takes away) from `near` to `b` sequences: the part of a measured
+        // pass that the model does not see (host dispatch, launch and
+        // synchronisation overheads) stays as it was measured instead of
+        // growing with the batch. Bounded by the measured time in
+        // proportion to the sequences, as a pass's time per sequence does
+        // not grow with the batch nor fall below that of a larger one.
+        let at = |size| {
+            let s = crate::cost::StageShape {
+                tp: measured_tp,
+                ..stage.clone()
+            };
+            let mb = crate::cost::Microbatching { size, ..mb };
+            crate::cost::analytic_stage_timing(model, settings, cluster, &s, mb)
+        };
+        let (there, here) = (at(near), at(mb.size));
+        let proportional = mb.size as f64 / near as f64;
+        let extend = |measured: f64, from: f64, to: f64| {
+            let v = measured + (to - from);
+            let p = measured * proportional;
+            if mb.size > near {
+                v.clamp(measured, p)
+            } else {
+                v.clamp(p, measured)
+            }
+        };
+        f = extend(f, there.forward, here.forward);
+        b = extend(b, there.backward, here.backward);
     }
     let params = stage.params(model) as f64 / tp as f64;
     let shard = if settings.shard_optimizer {
@@ -604,6 +659,53 @@ mod tests {
         assert!(chip.measured_costs(2, 2).is_none());
         assert_eq!(chip.nearest_measured_tp(4), Some(1));
         assert_eq!(c.chip_types[1].nearest_measured_tp(1), None);
+    }
+
+    /// Beyond the measured sizes a stage takes the nearest measurement plus
+    /// the cost model's difference, not the measurement in proportion: a
+    /// measured overhead the model does not see stays fixed, and the result
+    /// stays between the measurement and its proportional scaling.
+    #[test]
+    fn extends_beyond_the_measured_sizes_by_the_models_difference() {
+        use crate::cost::{Microbatching, StageShape, analytic_stage_timing, stage_timing};
+        let mut c = ClusterSpec::from_toml_str(include_str!(
+            "../../examples/clusters/china-mobile-3-vendor.toml"
+        ))
+        .unwrap();
+        let (m, s) = (ModelSpec::llama_7b(), bf16());
+        let name = c.chip_types[0].name.clone();
+        let plain = c.clone();
+        // A block measured at 0.2 s forward at two sequences: far above
+        // the model's, the rest an overhead the model does not see.
+        c.apply_profile(&file(vec![entry(&name, 2, 0.2)]), &m, &s)
+            .unwrap();
+        fn stage(c: &ClusterSpec) -> StageShape<'_> {
+            StageShape {
+                chip: &c.chip_types[0],
+                layers: 4..8,
+                index: 1,
+                num_stages: 3,
+                dp: 1,
+                tp: 1,
+                next: None,
+                dp_peers: &[],
+            }
+        }
+        let mb = |size| Microbatching { size, count: 4 };
+        let (measured, model) = (stage(&c), stage(&plain));
+        let at = |b| stage_timing(&m, &s, &c, &measured, mb(b)).forward;
+        let model_at = |b| analytic_stage_timing(&m, &s, &plain, &model, mb(b)).forward;
+        let close = |a: f64, b: f64| assert!((a - b).abs() <= 1e-12 * b, "{a} against {b}");
+        close(at(2), 4.0 * 0.2);
+        for b in [8u64, 64] {
+            close(
+                at(b),
+                (4.0 * 0.2 + model_at(b) - model_at(2)).min(0.8 * b as f64 / 2.0),
+            );
+            assert!(at(b) < 0.8 * b as f64 / 2.0, "b {b}: {}", at(b));
+        }
+        // Below the smallest size: not under the proportional share.
+        assert!(at(1) >= 0.4 && at(1) <= 0.8, "{}", at(1));
     }
 
     /// An entry of a block alone (another framework's per-layer

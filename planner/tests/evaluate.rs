@@ -128,17 +128,36 @@ fn stages_of_one_end_alone_are_priced_as_what_they_hold() {
     let t = |x: &polychip_planner::plan::StagePlan| x.timing.forward + x.timing.backward;
     assert!(t(&st[0]) < t(&two.plan.replicas[0].stages[0]));
     assert!(t(&st[0]) > 0.0 && t(&st[2]) > 0.0);
-    // An empty stage anywhere else is refused.
+    assert!(ends.fits && ends.cannot_run.is_empty());
+    // An empty stage anywhere else is scored, and reported as one that
+    // cannot run (a stage with no parameters to train), naming it.
+    let empty = eval(
+        r#"{"device": "nvidia-a800-class", "tp": 8, "layers": [0, 16]},
+           {"device": "iluvatar-bi-v100-class", "layers": [16, 16]},
+           {"device": "nvidia-a800-class", "tp": 8, "layers": [16, 32]}"#,
+    );
+    assert!(!empty.fits);
+    assert!(empty.overflows.is_empty());
+    assert_eq!(empty.cannot_run.len(), 1, "{:?}", empty.cannot_run);
+    assert!(
+        empty.cannot_run[0].starts_with("stage 1 of group 0 holds no layer"),
+        "{}",
+        empty.cannot_run[0]
+    );
+    let st = &empty.plan.replicas[0].stages[1];
+    assert_eq!((st.memory.weights, st.memory.activations), (0.0, 0.0));
+    assert!(st.timing.name.contains("no layer"), "{}", st.timing.name);
+    // Layers that go backwards are still refused.
     let e = err(
         r#"{"group": [{"micro_batch_size": 1, "micro_batches": 16, "stages": [
             {"device": "nvidia-a800-class", "layers": [0, 16]},
-            {"device": "iluvatar-bi-v100-class", "layers": [16, 16]},
-            {"device": "nvidia-a800-class", "layers": [16, 32]}]}]}"#,
+            {"device": "iluvatar-bi-v100-class", "layers": [16, 12]},
+            {"device": "nvidia-a800-class", "layers": [12, 32]}]}]}"#,
         true,
         &m,
     );
     assert!(
-        e.contains("only the first stage may hold the embedding alone"),
+        e.contains("layers [16, 12) do not continue the pipeline at layer 16"),
         "{e}"
     );
 }

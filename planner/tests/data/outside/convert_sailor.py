@@ -20,7 +20,8 @@ of the first and last stage; polychip counts transformer blocks only.
 import json
 import pathlib
 import subprocess
-import sys
+
+from outside_common import checkout_and_commit, toml_model
 
 MODELS = {"OPT-350": "opt-350m", "GPT-NEO": "gpt-neo-2.7b"}
 # Transformer blocks of each model, plus Sailor's embedding and head layers.
@@ -86,12 +87,6 @@ def runs(root, commit, skipped):
 PROFILE_MODELS = {"OPT-350": "opt-350m", "GPT-Neo-2.7": "gpt-neo-2.7b"}
 
 
-def toml_model(path):
-    import tomllib
-    with open(path, "rb") as f:
-        return tomllib.load(f)
-
-
 def params_per_block(m):
     h, f, kv = m["hidden"], m["ffn"], m["hidden"] * m["kv_heads"] // m["heads"]
     return h * (h + 2 * kv) + h * h + 3 * h * f + 2 * h
@@ -135,11 +130,7 @@ def profiles(root, commit, here):
 
 
 def main():
-    root = sys.argv[1]
-    commit = sys.argv[2] if len(sys.argv) > 2 else "HEAD"
-    commit = subprocess.run(
-        ["git", "-C", root, "rev-parse", commit], check=True, capture_output=True, text=True
-    ).stdout.strip()
+    root, commit = checkout_and_commit()
     out = pathlib.Path(__file__).with_name("sailor-runs.json")
     skipped = []
     records = list(runs(root, commit, skipped))
