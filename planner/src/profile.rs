@@ -13,8 +13,10 @@
 //! between the two.
 //!
 //! Micro-batch sizes between two measured ones are interpolated linearly;
-//! beyond the measured range the nearest measurement is scaled in
-//! proportion to the size (documented in `docs/planner.md`).
+//! beyond the measured range a stage's times are the nearest measurement's
+//! plus the cost model's difference between the two sizes, bounded by the
+//! measurement in proportion to the size (activation bytes are scaled in
+//! proportion; documented in `docs/planner.md`).
 
 use std::path::Path;
 
@@ -544,7 +546,7 @@ pub(crate) fn apply_measured(
     }
     if near != mb.size {
         // The measured time at `near` plus what the cost model adds (or
-        // takes away) from `near` to `b` sequences: the part of a measured
+        // takes away) from `near` to `mb.size` sequences: the part of a measured
         // pass that the model does not see (host dispatch, launch and
         // synchronisation overheads) stays as it was measured instead of
         // growing with the batch. Bounded by the measured time in
