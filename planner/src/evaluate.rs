@@ -835,8 +835,8 @@ pub fn evaluate(
         .collect();
     let mut cannot_run = Vec::new();
     for (g, r) in plan.replicas.iter().enumerate() {
+        let n = r.stages.len();
         for (i, s) in r.stages.iter().enumerate() {
-            let n = r.stages.len();
             if s.first_layer == s.end_layer
                 && !crate::plan::holds_one_end_alone(i, n, s.first_layer, model.layers)
             {

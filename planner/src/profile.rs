@@ -436,15 +436,13 @@ impl ChipType {
     /// smallest and largest micro-batch), else the nearest end of that span;
     /// `None` without measurements at `tp`.
     pub fn nearest_measured_micro_batch(&self, b: u64, tp: u64) -> Option<u64> {
-        let sizes = self
-            .measured
-            .iter()
-            .filter(|m| m.tp == tp)
-            .map(|m| m.micro_batch);
-        let (lo, hi) = sizes.fold(None, |acc: Option<(u64, u64)>, x| {
-            Some(acc.map_or((x, x), |(lo, hi)| (lo.min(x), hi.max(x))))
-        })?;
-        Some(b.clamp(lo, hi))
+        let sizes = || {
+            self.measured
+                .iter()
+                .filter(move |m| m.tp == tp)
+                .map(|m| m.micro_batch)
+        };
+        Some(b.clamp(sizes().min()?, sizes().max()?))
     }
 
     /// The measured costs of one micro-batch of `b` sequences at degree
