@@ -1,6 +1,7 @@
 //! `polychip conform`: the operator conformance suite on one plugin (or every
-//! plugin found), each unit of cases in a child process so that a crash fails
-//! a case instead of the run. Prints a summary table; `--json` and `--junit`
+//! plugin found), run in a child process so that a crash or a hang fails a
+//! case instead of the run (a new child goes on from the next case; a case
+//! with no result within `--case-timeout` is a hang). Prints a summary table; `--json` and `--junit`
 //! write machine reports. Exits 1 when any implemented, unwaived case fails
 //! or a plugin found through the environment failed to load, 2 when the
 //! command line or a file is wrong. Each plugin is loaded in a child process
@@ -11,7 +12,7 @@
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use polychip_conformance::cases::Tier;
 use polychip_conformance::report::Report;
@@ -55,13 +56,28 @@ pub struct Args {
     /// Run the plugin in this process (faster; a crash ends the run).
     #[arg(long)]
     no_isolate: bool,
+    /// Seconds a case may run before it is taken to hang: its worker is
+    /// killed, the case fails and the suite goes on (not with --no-isolate).
+    #[arg(long, default_value_t = DEFAULT_CASE_TIMEOUT, value_name = "SECONDS")]
+    case_timeout: f64,
     /// Internal: run one unit and print JSON lines (the child process).
     #[arg(long, hide = true)]
     worker: bool,
-    /// Internal: the first case of the unit for a worker.
+    /// Internal: the first unit (of those selected) for a worker.
+    #[arg(long, hide = true, default_value_t = 0)]
+    start_unit: usize,
+    /// Internal: the first case of that unit for a worker.
     #[arg(long, hide = true, default_value_t = 0)]
     start: usize,
 }
+
+/// `--case-timeout`'s default, seconds: far beyond any case of the suite
+/// on a working plugin (the largest of `--full` take seconds even on the
+/// bundled CPU plugins in a debug build), so that only a hang reaches it.
+pub const DEFAULT_CASE_TIMEOUT: f64 = 120.0;
+
+/// The longest `--case-timeout`, seconds (a day).
+const MAX_CASE_TIMEOUT: f64 = 86_400.0;
 
 fn usage(message: String) -> ExitCode {
     eprintln!("polychip conform: {message}");
@@ -96,6 +112,12 @@ pub fn run(args: &Args) -> ExitCode {
         },
         None => Waivers::default(),
     };
+    if !(args.case_timeout > 0.0 && args.case_timeout <= MAX_CASE_TIMEOUT) {
+        return usage(format!(
+            "--case-timeout {} is not a number of seconds in (0, {MAX_CASE_TIMEOUT}]",
+            args.case_timeout
+        ));
+    }
     let tier = if args.full { Tier::Full } else { Tier::Default };
     let units = suite::select(ops.as_ref(), &dtypes, tier);
     if units.is_empty() {
@@ -241,10 +263,10 @@ fn check_plugin(
             plugin: plugin.to_path_buf(),
             device: args.device,
             waivers: args.waivers.clone(),
+            selection: selection_args(args),
+            case_timeout: Duration::from_secs_f64(args.case_timeout),
         };
-        for &unit in units {
-            suite::run_unit_isolated(&iso, unit, args.case, &mut on_result);
-        }
+        suite::run_isolated(&iso, units, args.case, &mut on_result);
     }
     if progress {
         eprint!("\r{}\r", " ".repeat(80));
@@ -260,6 +282,21 @@ fn check_plugin(
     Ok((report, results))
 }
 
+/// The arguments that select the units, for a worker to select the same.
+fn selection_args(args: &Args) -> Vec<String> {
+    let mut out = Vec::new();
+    if let Some(ops) = &args.ops {
+        out.extend(["--ops".to_string(), ops.clone()]);
+    }
+    if !args.dtype.is_empty() {
+        out.extend(["--dtype".to_string(), args.dtype.join(",")]);
+    }
+    if args.full {
+        out.push("--full".into());
+    }
+    out
+}
+
 fn worker(args: &Args, units: &[Unit], waivers: &Waivers) -> ExitCode {
     let Some(plugin) = &args.plugin else {
         return usage("--worker needs --plugin".into());
@@ -272,10 +309,14 @@ fn worker(args: &Args, units: &[Unit], waivers: &Waivers) -> ExitCode {
         return usage(format!("device {} does not exist", args.device));
     };
     let mut out = std::io::stdout().lock();
-    for &unit in units {
-        suite::run_unit(&device, unit, args.start, args.case, waivers, |r| {
-            suite::emit_line(&mut out, &r)
-        });
-    }
+    suite::run_worker(
+        &device,
+        units,
+        args.start_unit,
+        args.start,
+        args.case,
+        waivers,
+        &mut out,
+    );
     ExitCode::SUCCESS
 }

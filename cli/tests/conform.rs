@@ -142,6 +142,15 @@ fn bad_arguments_are_usage_errors() {
     let (code, text, _) = conform(&["--dtype", "f8"]);
     assert_eq!(code, 2);
     assert!(text.contains("unknown dtype \"f8\""), "{text}");
+    for bad in ["0", "-1", "NaN", "100000"] {
+        let arg = format!("--case-timeout={bad}");
+        let (code, text, _) = conform(&[&arg, "--plugin", "x"]);
+        assert_eq!(code, 2, "{bad}: {text}");
+        assert!(
+            text.contains(&format!("--case-timeout {bad} is not a number of seconds")),
+            "{bad}: {text}"
+        );
+    }
 }
 
 #[test]

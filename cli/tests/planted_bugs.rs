@@ -25,9 +25,10 @@ fn conform(bug: &str, args: &[&str]) -> (i32, String, serde_json::Value) {
 
 /// Runs `op` (in `dtypes`, all when empty) with `bug` planted and asserts
 /// the suite fails it, with a case label or message containing `message`.
+/// A case is taken to hang after 5 s (`--case-timeout`).
 fn flags(bug: &str, op: &str, dtypes: &str, message: &str) {
     let ops = format!("^{op}$");
-    let mut args = vec!["--ops", ops.as_str()];
+    let mut args = vec!["--ops", ops.as_str(), "--case-timeout", "5"];
     if !dtypes.is_empty() {
         args.extend(["--dtype", dtypes]);
     }
@@ -100,6 +101,56 @@ fn with_no_bug_planted_the_plugin_passes_every_operator_in_every_dtype() {
     }
 }
 
+/// A hung case fails alone: its worker is killed, a new one goes on with
+/// the next case, and the units after it run as usual.
+#[test]
+fn a_hung_case_fails_alone_and_the_suite_goes_on() {
+    let started = std::time::Instant::now();
+    let (code, text, doc) = conform(
+        "rsqrt-hangs-on-large-tensors",
+        &[
+            "--ops",
+            "^(neg|rsqrt|sqrt)$",
+            "--dtype",
+            "f32",
+            "--case-timeout",
+            "2",
+        ],
+    );
+    assert_eq!(code, 1, "{text}");
+    let rows = doc["rows"].as_array().unwrap();
+    let row = |op: &str| rows.iter().find(|r| r["op"] == op).unwrap();
+    for op in ["neg", "sqrt"] {
+        assert_eq!(row(op)["failed"], 0, "{op}: {text}");
+        assert!(row(op)["passed"].as_u64().unwrap() > 0, "{op}: {text}");
+    }
+    let failures = doc["failures"].as_array().unwrap();
+    assert!(!failures.is_empty());
+    for f in failures {
+        assert_eq!(f["result"]["op"], "rsqrt", "{f}");
+        let label = f["result"]["label"].as_str().unwrap();
+        assert!(
+            label.contains("realistic"),
+            "only large tensors hang: {label}"
+        );
+        assert!(
+            f["result"]["message"]
+                .as_str()
+                .unwrap()
+                .starts_with("the plugin hung: no result within 2 s"),
+            "{f}"
+        );
+    }
+    // rsqrt's small cases ran and passed, before and after each hang.
+    assert!(row("rsqrt")["passed"].as_u64().unwrap() > 10, "{text}");
+    let hung = failures.len() as u64;
+    assert!(
+        started.elapsed().as_secs() < 2 * hung + 60,
+        "{hung} hangs of 2 s took {:?}",
+        started.elapsed()
+    );
+}
+
 #[test]
 fn an_unknown_bug_name_fails_init_and_every_catalog_entry_has_a_test() {
     let names = catalog_names();
@@ -168,6 +219,9 @@ bugs! {
     cast_f64_bf16_double_rounding: "cast-f64-bf16-double-rounding" on "cast" in "f64" => "outside tolerance";
     relu_backward_at_zero: "relu-backward-at-zero" on "relu_backward" in "" => "outside tolerance";
     sqrt_neg_zero: "sqrt-neg-zero" on "sqrt" in "" => "want -0";
+    // A kernel that never returns: each such case fails as hung and the
+    // suite goes on to the next.
+    rsqrt_hangs_on_large_tensors: "rsqrt-hangs-on-large-tensors" on "rsqrt" in "f32" => "the plugin hung: no result within 5 s";
     // Refusals and the ABI's contract.
     cross_entropy_refuses_internal: "cross-entropy-refuses-internal" on "cross_entropy" in "" => "must be refused with POLYCHIP_ERROR_INVALID_ARGUMENT";
     embedding_backward_foreign_error: "embedding-backward-foreign-error" on "embedding_backward" in "" => "never created";

@@ -1,15 +1,19 @@
 //! Running the suite on one plugin: which (operator, dtype) units are
-//! selected, running a unit in this process (the worker side), and running
-//! it in a child process so that a crash in the plugin fails that case and
-//! the suite goes on (the parent side).
+//! selected, running units in this process (the worker side), and running
+//! them in a child process so that a crash or a hang in the plugin fails
+//! that case and the suite goes on (the parent side).
 //!
 //! The child is the same program started with the arguments that
-//! [`worker_args`] builds; it loads the plugin, rebuilds the unit's cases
-//! (they are deterministic) and prints one JSON [`CaseResult`] per line.
+//! [`Isolation::worker_args`] builds; it loads the plugin once, selects the
+//! same units as its parent, rebuilds their cases (they are deterministic)
+//! and prints one JSON [`WorkerLine`] per case. One child runs the whole
+//! list; only a crash or a hang starts another, from the next case.
 
-use std::io::{BufRead, BufReader, Write};
-use std::path::{Path, PathBuf};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::path::PathBuf;
 use std::process::{Command, Stdio};
+use std::sync::mpsc::{self, RecvTimeoutError};
+use std::time::Duration;
 
 use polychip_host::{DType, Device};
 use regex::Regex;
@@ -17,6 +21,7 @@ use regex::Regex;
 use crate::cases::{self, OpInfo, Tier};
 use crate::runner::{CaseResult, Status, run_case};
 use crate::waivers::{Action, Waivers};
+use serde::{Deserialize, Serialize};
 
 /// One operator in one dtype.
 #[derive(Debug, Clone, Copy)]
@@ -106,50 +111,8 @@ pub fn run_unit(
     }
 }
 
-/// The arguments that make `polychip` a worker for one unit.
-pub fn worker_args(
-    plugin: &Path,
-    device: u32,
-    unit: Unit,
-    start: usize,
-    only: Option<usize>,
-    waivers: Option<&Path>,
-) -> Vec<String> {
-    let mut args = vec![
-        "conform".to_string(),
-        "--worker".into(),
-        "--plugin".into(),
-        plugin.display().to_string(),
-        "--device".into(),
-        device.to_string(),
-        "--ops".into(),
-        format!("^{}$", unit.op.name),
-        "--dtype".into(),
-        unit.dtype.name().into(),
-        "--start".into(),
-        start.to_string(),
-    ];
-    if let Some(i) = only {
-        args.extend(["--case".into(), i.to_string()]);
-    }
-    if unit.tier == Tier::Full {
-        args.push("--full".into());
-    }
-    if let Some(w) = waivers {
-        args.extend(["--waivers".into(), w.display().to_string()]);
-    }
-    args
-}
-
-/// Writes one result as a line of JSON (the worker's output).
-pub fn emit_line(out: &mut impl Write, result: &CaseResult) {
-    let line = serde_json::to_string(result).expect("results serialize");
-    // The parent reads until end of file; a closed pipe means it is gone.
-    let _ = writeln!(out, "{line}");
-    let _ = out.flush();
-}
-
-/// How to start a worker: the program and the waiver file to pass on.
+/// How to start a worker: the program, the plugin, and the arguments that
+/// select the units (the worker selects the same list as its parent).
 #[derive(Debug, Clone)]
 pub struct Isolation {
     /// The `polychip` executable.
@@ -160,93 +123,226 @@ pub struct Isolation {
     pub device: u32,
     /// The waiver file, if any.
     pub waivers: Option<PathBuf>,
+    /// The arguments that select the units (`--ops`, `--dtype`, `--full`),
+    /// as the parent was given them.
+    pub selection: Vec<String>,
+    /// How long a worker may go without a result before it is taken to
+    /// hang, is killed, and the case it was running fails.
+    pub case_timeout: Duration,
 }
 
-/// Runs `unit` in child processes: when one dies, the case it was running
-/// fails with the signal or exit status and a new child continues with the
-/// next case.
-pub fn run_unit_isolated(
+impl Isolation {
+    /// The arguments that make `polychip` a worker running the selected
+    /// units from case `start` of unit `unit` on (only case `only` of the
+    /// one unit when given).
+    pub fn worker_args(&self, unit: usize, start: usize, only: Option<usize>) -> Vec<String> {
+        let mut args = vec![
+            "conform".to_string(),
+            "--worker".into(),
+            "--plugin".into(),
+            self.plugin.display().to_string(),
+            "--device".into(),
+            self.device.to_string(),
+            "--start-unit".into(),
+            unit.to_string(),
+            "--start".into(),
+            start.to_string(),
+        ];
+        args.extend(self.selection.iter().cloned());
+        if let Some(i) = only {
+            args.extend(["--case".into(), i.to_string()]);
+        }
+        if let Some(w) = &self.waivers {
+            args.extend(["--waivers".into(), w.display().to_string()]);
+        }
+        args
+    }
+}
+
+/// One line of a worker's output: a result and the index of its unit in
+/// the selected list.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct WorkerLine {
+    /// The unit's index in the list both sides select.
+    pub unit: usize,
+    /// The case's result.
+    pub result: CaseResult,
+}
+
+/// Runs the selected `units` in this process from case `start` of unit
+/// `first` on (the worker side), writing each result as a [`WorkerLine`]
+/// of JSON to `out`.
+pub fn run_worker(
+    device: &Device,
+    units: &[Unit],
+    first: usize,
+    start: usize,
+    only: Option<usize>,
+    waivers: &Waivers,
+    out: &mut impl Write,
+) {
+    for (u, &unit) in units.iter().enumerate().skip(first) {
+        let from = if u == first { start } else { 0 };
+        run_unit(device, unit, from, only, waivers, |result| {
+            let line =
+                serde_json::to_string(&WorkerLine { unit: u, result }).expect("results serialize");
+            // The parent reads until end of file; a closed pipe means it is gone.
+            let _ = writeln!(out, "{line}");
+            let _ = out.flush();
+        });
+    }
+}
+
+/// The most bytes of a worker's standard error kept for the message of a
+/// crash (its last words); the rest is read and dropped, so that a plugin
+/// that logs without end neither blocks on a full pipe nor fills memory.
+const STDERR_TAIL: usize = 4096;
+
+/// What a worker sends its parent's reader: a line of its output, or the
+/// end of it.
+enum FromWorker {
+    Line(String),
+    End,
+}
+
+/// Runs `units` in child processes, one for the whole list: when one dies,
+/// the case it was running fails with the signal or exit status; when one
+/// gives no result for [`Isolation::case_timeout`], it is killed and that
+/// case fails as hung. Either way a new child continues with the next case.
+/// With `only`, `units` is one unit and only that case runs.
+pub fn run_isolated(
     iso: &Isolation,
-    unit: Unit,
+    units: &[Unit],
     only: Option<usize>,
     mut emit: impl FnMut(CaseResult),
 ) {
-    let labels = unit.op.labels(unit.dtype, unit.tier);
-    let total = labels.len();
-    let mut next = only.unwrap_or(0);
-    while next < total {
+    let labels: Vec<Vec<String>> = units.iter().map(|u| u.op.labels(u.dtype, u.tier)).collect();
+    // The cases each unit runs: [first, end).
+    let end = |u: usize| only.map_or(labels[u].len(), |o| (o + 1).min(labels[u].len()));
+    let mut at = (0, only.unwrap_or(0));
+    loop {
+        // The next case to run, past units that are finished.
+        while at.0 < units.len() && at.1 >= end(at.0) {
+            at = (at.0 + 1, only.unwrap_or(0));
+        }
+        if at.0 >= units.len() {
+            return;
+        }
+        let (u, case) = at;
         let mut child = match Command::new(&iso.exe)
-            .args(worker_args(
-                &iso.plugin,
-                iso.device,
-                unit,
-                next,
-                only,
-                iso.waivers.as_deref(),
-            ))
+            .args(iso.worker_args(u, case, only))
+            .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
         {
             Ok(c) => c,
             Err(e) => {
-                emit(crashed(
-                    unit,
-                    next,
-                    &labels,
-                    format!("could not start the worker {}: {e}", iso.exe.display()),
-                ));
+                let message = format!("could not start the worker {}: {e}", iso.exe.display());
+                for (u, unit) in units.iter().enumerate().skip(at.0) {
+                    let first = if u == at.0 { at.1 } else { only.unwrap_or(0) };
+                    for index in first..end(u) {
+                        emit(failed(*unit, index, &labels[u], message.clone()));
+                    }
+                }
                 return;
             }
         };
+        let (tx, rx) = mpsc::channel();
         let stdout = child.stdout.take().expect("piped");
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            match serde_json::from_str::<CaseResult>(&line) {
-                Ok(result) => {
-                    next = result.index + 1;
-                    emit(result);
+        let reader = std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if tx.send(FromWorker::Line(line)).is_err() {
+                    return;
                 }
-                Err(e) => {
-                    let mut r = crashed(unit, next, &labels, String::new());
-                    r.message = format!(
-                        "internal: the worker's result line could not be read ({e}): {line}"
-                    );
-                    emit(r);
-                    next += 1;
+            }
+            let _ = tx.send(FromWorker::End);
+        });
+        let mut stderr = child.stderr.take().expect("piped");
+        let tail = std::thread::spawn(move || {
+            let mut kept: Vec<u8> = Vec::new();
+            let mut buf = [0u8; 4096];
+            while let Ok(n) = stderr.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                kept.extend_from_slice(&buf[..n]);
+                if kept.len() > 2 * STDERR_TAIL {
+                    kept.drain(..kept.len() - STDERR_TAIL);
+                }
+            }
+            kept
+        });
+        let mut hung = false;
+        loop {
+            match rx.recv_timeout(iso.case_timeout) {
+                Ok(FromWorker::Line(line)) => match serde_json::from_str::<WorkerLine>(&line) {
+                    Ok(l) if l.unit < units.len() => {
+                        at = (l.unit, l.result.index + 1);
+                        emit(l.result);
+                    }
+                    other => {
+                        let why = match other {
+                            Err(e) => e.to_string(),
+                            Ok(l) => format!("unit {} is not one of {}", l.unit, units.len()),
+                        };
+                        let message = format!(
+                            "internal: the worker's result line could not be read ({why}): {line}"
+                        );
+                        emit(failed(units[at.0], at.1, &labels[at.0], message));
+                        at.1 += 1;
+                    }
+                },
+                Ok(FromWorker::End) | Err(RecvTimeoutError::Disconnected) => break,
+                Err(RecvTimeoutError::Timeout) => {
+                    hung = true;
+                    let _ = child.kill();
+                    break;
                 }
             }
         }
-        let output = child.wait_with_output();
-        if only.is_some() || next >= total {
-            if let Ok(out) = &output {
-                if !out.status.success() && next < total {
-                    emit(crashed(
-                        unit,
-                        next,
-                        &labels,
-                        describe_exit(&out.status, &out.stderr),
-                    ));
-                }
-            }
+        let status = child.wait();
+        // After a kill, a process the plugin started may still hold the
+        // pipes open: the readers are then left to finish on their own.
+        let stderr = if hung {
+            Vec::new()
+        } else {
+            let _ = reader.join();
+            tail.join().unwrap_or_default()
+        };
+        while at.0 < units.len() && at.1 >= end(at.0) {
+            at = (at.0 + 1, only.unwrap_or(0));
+        }
+        if at.0 >= units.len() {
             return;
         }
-        let why = match &output {
-            Ok(out) => describe_exit(&out.status, &out.stderr),
-            Err(e) => format!("the worker could not be waited for: {e}"),
+        let message = if hung {
+            format!(
+                "the plugin hung: no result within {} s (--case-timeout), so the worker was killed",
+                iso.case_timeout.as_secs_f64()
+            )
+        } else {
+            match &status {
+                Ok(s) => format!("the plugin crashed: {}", describe_exit(s, &stderr)),
+                Err(e) => format!("the plugin crashed: the worker could not be waited for: {e}"),
+            }
         };
-        emit(crashed(unit, next, &labels, why));
-        next += 1;
+        let (u, index) = at;
+        emit(failed(units[u], index, &labels[u], message));
+        at.1 += 1;
     }
 }
 
-fn crashed(unit: Unit, index: usize, labels: &[String], why: String) -> CaseResult {
+/// Case `index` of `unit` failed without a result of its own (the worker
+/// died, hung or could not start), for `message`.
+fn failed(unit: Unit, index: usize, labels: &[String], message: String) -> CaseResult {
     CaseResult {
         op: unit.op.name.into(),
         dtype: unit.dtype.name().into(),
         index,
         label: labels.get(index).cloned().unwrap_or_default(),
         status: Status::Failed,
-        message: format!("the plugin crashed: {why}"),
+        message,
         stats: Default::default(),
         plugin_seconds: 0.0,
         reference_seconds: 0.0,

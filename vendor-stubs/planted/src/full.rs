@@ -169,6 +169,9 @@ pub mod ops {
                 UnaryOp::Exp if is(Bug::ExpFastApprox) => bad::exp_fast(i, o),
                 UnaryOp::Log if is(Bug::LogZeroNan) => bad::log_zero_nan(i, o),
                 UnaryOp::Sqrt if is(Bug::SqrtNegZero) => bad::sqrt_neg_zero(i, o),
+                UnaryOp::Rsqrt if is(Bug::RsqrtHangsOnLargeTensors) && i.numel() > 65536 => {
+                    crate::mutants::hang()
+                }
                 _ => return kernels::unary(k, i, o),
             }
             done()

@@ -36,6 +36,8 @@ pub enum Kind {
     EdgeValues,
     /// Refusals and the error-object contract.
     Contract,
+    /// A call that never returns.
+    Liveness,
 }
 
 /// One planted bug.
@@ -81,6 +83,7 @@ pub enum Bug {
     EmbeddingBackwardForeignError,
     CrossEntropyBackwardStaleError,
     RopeBackwardNoWrite,
+    RsqrtHangsOnLargeTensors,
 }
 
 /// A catalog entry.
@@ -235,6 +238,18 @@ catalog! {
     RopeBackwardNoWrite "rope-backward-no-write" "rope_backward" Contract:
         "a raw entry returns success without launching the kernel"
         => "poisoned outputs (never wrote)";
+    RsqrtHangsOnLargeTensors "rsqrt-hangs-on-large-tensors" "rsqrt" Liveness:
+        "a kernel never returns on tensors of more than 65536 elements (a grid-stride loop whose 16-bit counter wraps before it reaches the end)"
+        => "the per-case timeout of an isolated run (--case-timeout): the case fails as hung and the suite goes on";
+}
+
+/// A kernel that never returns ([`Bug::RsqrtHangsOnLargeTensors`]): the
+/// calling thread sleeps for ever, as a device queue would wait on a kernel
+/// that never finishes.
+pub fn hang() -> ! {
+    loop {
+        std::thread::sleep(std::time::Duration::from_secs(3600));
+    }
 }
 
 /// The plugin's mode, chosen once at init from `POLYCHIP_PLANTED_BUG`.
