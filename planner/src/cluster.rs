@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::error::{SpecError, read_file};
+pub use crate::framework::Framework;
 use crate::settings::Dtype;
 
 /// Sustained fraction of peak assumed for devices seeded from
@@ -53,6 +54,10 @@ pub const DEFAULT_RESERVE_FRACTION: f64 = 0.05;
 /// The default reserve is at most this fraction of the capacity (so a
 /// small chip keeps room for the model).
 pub const DEFAULT_RESERVE_CAP_FRACTION: f64 = 0.5;
+
+fn is_megatron(f: &Framework) -> bool {
+    *f == Framework::Megatron
+}
 
 /// The most chips of one type a cluster may hold (about a million: the
 /// largest machines today have a few hundred thousand accelerators).
@@ -129,6 +134,14 @@ pub struct ChipType {
     /// default; 0 for clusters seeded from `polychip devices --json`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kernel_dispatch_seconds: Option<f64>,
+    /// The training framework this type's stages run under, whose tensors
+    /// the memory model counts: `megatron` by default (Korthikanti et
+    /// al.'s activations, as Megatron-LM, DeepSpeed and most PyTorch stacks
+    /// keep them), `polychip` for `polychip train`'s own (the default of
+    /// clusters seeded from `polychip devices --json`), see
+    /// [`crate::framework`].
+    #[serde(default, skip_serializing_if = "is_megatron")]
+    pub framework: Framework,
     /// The devices of this type (`vendor:index`, as `polychip devices`
     /// names them), when the cluster was seeded from devices; a plan or a
     /// profile may name a stage's chip by one of them.
@@ -430,6 +443,8 @@ impl ClusterSpec {
                             // The host calls a plugin's kernel directly
                             // (about a microsecond, in its measured rate).
                             kernel_dispatch_seconds: Some(0.0),
+                            // Only polychip's trainer trains on them.
+                            framework: Framework::Polychip,
                             devices: vec![id],
                             measured: Vec::new(),
                         },
@@ -467,6 +482,29 @@ nic_bandwidth = 25e9
     fn parses_and_reports_field_errors() {
         let c = ClusterSpec::from_toml_str(A100).unwrap();
         assert_eq!(c.total_chips(), 24);
+        assert_eq!(c.chip_types[0].framework, Framework::Megatron);
+        let with = |line: &str| {
+            A100.replace(
+                "nic_bandwidth = 25e9\n",
+                &format!("nic_bandwidth = 25e9\n{line}\n"),
+            )
+        };
+        let p = ClusterSpec::from_toml_str(&with("framework = \"polychip\"")).unwrap();
+        assert_eq!(p.chip_types[0].framework, Framework::Polychip);
+        // Written back only when it is not the default.
+        assert!(
+            toml::to_string(&p)
+                .unwrap()
+                .contains("framework = \"polychip\"")
+        );
+        assert!(!toml::to_string(&c).unwrap().contains("framework"));
+        let err = ClusterSpec::from_toml_str(&with("framework = \"jax\""))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("unknown variant `jax`") && err.contains("megatron"),
+            "{err}"
+        );
         assert_eq!(c.chip("A100").unwrap().nodes(), 3);
         let err = ClusterSpec::from_toml_str(&A100.replace("= 8\n", "= 16\n"))
             .unwrap_err()
@@ -583,6 +621,11 @@ nic_bandwidth = 25e9
         assert_eq!(c.chip_types[1].count, 1);
         // Seeded devices reserve nothing; a described chip does by default.
         assert!(c.chip_types.iter().all(|t| t.memory_reserve() == 0));
+        assert!(
+            c.chip_types
+                .iter()
+                .all(|t| t.framework == Framework::Polychip)
+        );
         assert_eq!(f.memory_bandwidth_or_default(), 1e11);
         let err = ClusterSpec::from_devices_json(&serde_json::json!([{"name": "x"}]))
             .unwrap_err()

@@ -13,7 +13,7 @@ use std::ops::Range;
 
 use serde::{Deserialize, Serialize};
 
-use crate::cluster::{ChipType, ClusterSpec};
+use crate::cluster::{ChipType, ClusterSpec, Framework};
 use crate::model::{Matmul, MemoryPass, ModelSpec};
 use crate::schedule::StageTiming;
 use crate::settings::{Recompute, TrainingSettings};
@@ -116,6 +116,34 @@ pub struct MemoryBreakdown {
     pub reserve: f64,
     /// The sum.
     pub total: f64,
+}
+
+/// A count's terms: the parameters' (weights, gradients, optimizer state)
+/// and the rest (activations, logits, workspace).
+type Terms = ([f64; 3], [f64; 3]);
+
+impl MemoryBreakdown {
+    /// `terms` with `chip`'s reserve, and `total` their sum.
+    fn of(chip: &ChipType, ([weights, gradients, optimizer], rest): Terms) -> Self {
+        let reserve = chip.memory_reserve() as f64;
+        MemoryBreakdown {
+            weights,
+            gradients,
+            optimizer,
+            activations: rest[0],
+            logits: rest[1],
+            workspace: rest[2],
+            reserve,
+            total: weights + gradients + optimizer + rest.iter().sum::<f64>() + reserve,
+        }
+    }
+}
+
+/// A chip's matmul library workspace: `matmul_workspace_bytes`, or
+/// [`MATMUL_WORKSPACE_BYTES`].
+fn matmul_workspace(chip: &ChipType) -> f64 {
+    chip.matmul_workspace_bytes
+        .map_or(MATMUL_WORKSPACE_BYTES, |b| b as f64)
 }
 
 /// A matmul library's own scratch space per device, 32 MiB (cuBLAS asks
@@ -250,10 +278,7 @@ pub fn workspace_bytes(
     let e = settings.dtype.bytes() as f64;
     let tokens = (micro_batch * model.seq_len) as f64;
     let (h, kv, f) = (model.hidden as f64, model.kv_dim() as f64, model.ffn as f64);
-    let mut bytes = stage
-        .chip
-        .matmul_workspace_bytes
-        .map_or(MATMUL_WORKSPACE_BYTES, |b| b as f64);
+    let mut bytes = matmul_workspace(stage.chip);
     if stage.layers.end > stage.layers.start {
         let ffn = 3.0 * tokens * f / t * e;
         let attention = if settings.flash_attention {
@@ -279,12 +304,30 @@ pub fn workspace_bytes(
 /// buffers ([`logits_bytes`]); every stage its transient workspace
 /// ([`workspace_bytes`]) and the chip's reserve
 /// ([`ChipType::memory_reserve`]).
+///
+/// A chip type whose `framework` is `polychip` is counted as `polychip
+/// train` allocates instead (see `crate::framework::polychip`).
 pub fn stage_memory(
     model: &ModelSpec,
     settings: &TrainingSettings,
     stage: &StageShape,
     mb: Microbatching,
 ) -> MemoryBreakdown {
+    let terms = match stage.chip.framework {
+        Framework::Megatron => megatron_terms(model, settings, stage, mb),
+        Framework::Polychip => polychip_terms(model, settings, stage, mb),
+    };
+    MemoryBreakdown::of(stage.chip, terms)
+}
+
+/// [`stage_memory`]'s terms by Megatron's count (its description): weights,
+/// gradients, optimizer state, activations, logits and workspace.
+fn megatron_terms(
+    model: &ModelSpec,
+    settings: &TrainingSettings,
+    stage: &StageShape,
+    mb: Microbatching,
+) -> Terms {
     let params = stage.params(model) as f64 / stage.tp.max(1) as f64;
     let shard = if settings.shard_optimizer {
         stage.dp.max(1) as f64
@@ -298,11 +341,7 @@ pub fn stage_memory(
     let kept = inflight_microbatches(stage.index, stage.num_stages, mb.count) as f64;
     // A profile's measured bytes per block replace the formula (without
     // full recomputation, which keeps less than was measured).
-    let measured = stage
-        .chip
-        .measured_costs(mb.size, stage.tp.max(1))
-        .and_then(|(_, act)| act)
-        .filter(|_| settings.recompute != Recompute::Full);
+    let measured = measured_block_activations(settings, stage, mb);
     let per_layer =
         measured.unwrap_or_else(|| layer_activation_bytes(model, settings, mb.size, stage.tp));
     let mut activations = n * kept * per_layer;
@@ -315,17 +354,83 @@ pub fn stage_memory(
         0.0
     };
     let workspace = workspace_bytes(model, settings, stage, mb.size);
-    let reserve = stage.chip.memory_reserve() as f64;
-    MemoryBreakdown {
-        weights,
-        gradients,
-        optimizer,
-        activations,
-        logits,
-        workspace,
-        reserve,
-        total: weights + gradients + optimizer + activations + logits + workspace + reserve,
-    }
+    (
+        [weights, gradients, optimizer],
+        [activations, logits, workspace],
+    )
+}
+
+/// A profile's measured activation bytes per block of `stage`'s chip at
+/// `mb`'s size, when it has them and full recomputation (which keeps less
+/// than was measured) is off.
+fn measured_block_activations(
+    settings: &TrainingSettings,
+    stage: &StageShape,
+    mb: Microbatching,
+) -> Option<f64> {
+    stage
+        .chip
+        .measured_costs(mb.size, stage.tp.max(1))
+        .and_then(|(_, act)| act)
+        .filter(|_| settings.recompute != Recompute::Full)
+}
+
+/// [`stage_memory`]'s terms under `polychip train`, tensor by tensor as
+/// the trainer allocates them ([`crate::framework::polychip`],
+/// the counts its own check uses): per parameter the f32 value and moments
+/// and the gradient (and in bf16 the bf16 copy and an f32 gradient), as
+/// weights (the compute-dtype copy), gradients and optimizer state (after
+/// sharding); per micro-batch in flight each block's saved tensors (or a
+/// profile's measured bytes per block) and the token ids, and on the last
+/// stage the head's (as `logits`); the largest transient buffers and the
+/// chip's matmul workspace. The trainer has no recomputation: a
+/// `recompute` setting does not change the count.
+fn polychip_terms(
+    model: &ModelSpec,
+    settings: &TrainingSettings,
+    stage: &StageShape,
+    mb: Microbatching,
+) -> Terms {
+    use crate::framework::polychip as counts;
+    let t = stage.tp.max(1) as f64;
+    let params = stage.params(model) as f64 / t;
+    let c = settings.dtype.bytes();
+    // Per parameter: the compute-dtype copy, the gradients (with the f32
+    // one of mixed precision), and the rest of the state (the f32 value,
+    // unless it is that copy, and the moments).
+    let (w, g) = (c, c + if c < 4 { 4 } else { 0 });
+    let o = counts::state_bytes_per_param(c) - w - g;
+    let shard = if settings.shard_optimizer {
+        stage.dp.max(1) as f64
+    } else {
+        1.0
+    };
+    let (weights, gradients) = (params * w as f64, params * g as f64);
+    let optimizer = params * o as f64 / shard;
+    let shape = counts::Shape {
+        hidden: model.hidden,
+        kv_dim: model.kv_dim(),
+        ffn: model.ffn,
+        heads: model.heads,
+        vocab: model.vocab,
+    };
+    let tokens = mb.size * model.seq_len;
+    let n = (stage.layers.end - stage.layers.start) as f64;
+    let kept = inflight_microbatches(stage.index, stage.num_stages, mb.count) as f64;
+    let block = measured_block_activations(settings, stage, mb)
+        .unwrap_or_else(|| counts::block_bytes(shape, tokens, c) as f64 / t);
+    let activations = kept * (n * block + counts::micro_batch_bytes(tokens) as f64);
+    let logits = if stage.holds_head() {
+        kept * counts::head_bytes(shape, tokens, c) as f64 / t
+    } else {
+        0.0
+    };
+    let workspace =
+        counts::transient_bytes(shape, tokens, c) as f64 / t + matmul_workspace(stage.chip);
+    (
+        [weights, gradients, optimizer],
+        [activations, logits, workspace],
+    )
 }
 
 /// Ring all-reduce of `bytes` over `n` members: `2 (n - 1)/n * bytes / bw`.

@@ -34,6 +34,7 @@ fn chip(name: &str, nic: f64) -> ChipType {
         matmul_workspace_bytes: None,
         // The kernels' own costs; the dispatch floor has a test of its own.
         kernel_dispatch_seconds: Some(0.0),
+        framework: Default::default(),
         devices: Vec::new(),
         measured: Vec::new(),
     }

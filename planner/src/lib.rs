@@ -15,6 +15,7 @@ pub mod cluster;
 pub mod cost;
 pub mod error;
 pub mod evaluate;
+pub mod framework;
 pub mod measured;
 pub mod model;
 pub mod plan;

@@ -417,29 +417,35 @@ fn the_default_dispatch_floor_is_near_the_best_of_a_sweep() {
     );
 }
 
-/// AMP's heterogeneous-cluster runs (`amp-runs.json`, converted by
-/// `convert_amp.py`): GPT-2 (hidden 1024, 24 layers) in fp16 on three nodes
-/// of four V100 and one of four T4, 53 plans over tensor, pipeline and data
-/// parallelism, 10 of which failed. Each plan is scored without a profile
-/// and from AMP's own per-layer forward times (one sequence per
-/// micro-batch), beside AMP's own predictions; and without a profile at a
-/// few dispatch floors, the figures docs/planner.md gives for this older
-/// stack. Three of AMP's plans give a pipeline stage no layer at all (a
-/// transpose alone): they are predicted not to run (`cannot_run`).
-#[test]
-fn the_cluster_model_scores_amps_heterogeneous_runs() {
-    let text = std::fs::read_to_string(data("amp-runs.json")).unwrap();
+/// What the AMP tests check: Spearman without and with the profile, AMP's
+/// own, the outcomes predicted, and the plans flagged as unable to run.
+struct AmpFigures {
+    rho: f64,
+    rho_profile: f64,
+    rho_amp: f64,
+    agree: usize,
+    runs: usize,
+    empty: usize,
+}
+
+/// Scores one of AMP's experiments (`runs_file`, converted by
+/// `convert_amp.py`, on `cluster_name`): each plan without a profile and
+/// from AMP's own per-layer forward times (one sequence per micro-batch),
+/// beside AMP's own predictions, and without a profile at a few dispatch
+/// floors; prints every run and the figures.
+fn score_amp(runs_file: &str, cluster_name: &str, profiled_types: usize) -> AmpFigures {
+    let text = std::fs::read_to_string(data(runs_file)).unwrap();
     let runs: Value = serde_json::from_str(&text).unwrap();
     let runs = runs["runs"].as_array().unwrap();
     let model = ModelSpec::load(&data("gpt2-medium-amp.toml")).unwrap();
     let settings = unfused(Dtype::F16);
-    let cluster = cluster("aws-v100-t4", None);
+    let cluster = cluster(cluster_name, None);
     let profile = ProfileFile::load(&data("amp-profile-gpt2-medium.json")).unwrap();
     let mut measured_cluster = cluster.clone();
     let applied = measured_cluster
         .apply_profile(&profile, &model, &settings)
         .unwrap();
-    assert_eq!(applied.covered.len(), 2);
+    assert_eq!(applied.covered.len(), profiled_types);
     let specs: Vec<PlanSpec> = runs
         .iter()
         .map(|r| PlanSpec::parse(&r["plan"].to_string(), true).unwrap())
@@ -464,6 +470,7 @@ fn the_cluster_model_scores_amps_heterogeneous_runs() {
             .collect()
     };
     let m = ran_only(&|i| measured[i].unwrap());
+    println!("{runs_file} on {cluster_name}:");
     println!(
         "  {:<72} {:>10} {:>10} {:>10} {:>9} {:>6} {:>6}",
         "run", "predicted", "profiled", "measured", "peak/cap", "runs?", "ran"
@@ -519,7 +526,7 @@ fn the_cluster_model_scores_amps_heterogeneous_runs() {
         runs.len()
     );
     for d in [100e-6, 200e-6, 300e-6] {
-        let swept = score(&crate::cluster("aws-v100-t4", Some(d)));
+        let swept = score(&crate::cluster(cluster_name, Some(d)));
         let p = ran_only(&|i| swept[i].plan.step_time_simulated);
         println!(
             "  dispatch floor {:.0} µs, without a profile: Spearman {:.3}",
@@ -527,16 +534,60 @@ fn the_cluster_model_scores_amps_heterogeneous_runs() {
             spearman(&p, &m)
         );
     }
-    assert_eq!(empty, 3);
+    AmpFigures {
+        rho,
+        rho_profile,
+        rho_amp,
+        agree,
+        runs: runs.len(),
+        empty,
+    }
+}
+
+/// AMP's heterogeneous-cluster runs (`amp-runs.json`): GPT-2 (hidden 1024,
+/// 24 layers) in fp16 on three nodes of four V100 and one of four T4, 53
+/// plans over tensor, pipeline and data parallelism, 10 of which failed;
+/// the figures docs/planner.md gives for this older stack. Three of AMP's
+/// plans give a pipeline stage no layer at all (a transpose alone): they
+/// are predicted not to run (`cannot_run`).
+#[test]
+fn the_cluster_model_scores_amps_heterogeneous_runs() {
+    let f = score_amp("amp-runs.json", "aws-v100-t4", 2);
+    assert_eq!(f.empty, 3);
     // Measured (docs/planner.md): 0.688 without a profile, under the
-    // issue's 0.7; 0.870 from AMP's one-sequence profile, under its 0.9;
-    // AMP's own 0.395; 50 of 53 outcomes (the three missed failed for
+    // issue's 0.7; 0.810 from AMP's one-sequence profile, under its 0.9;
+    // AMP's own 0.394; 50 of 53 outcomes (the three missed failed for
     // other reasons than memory, see the docs).
-    assert!(rho >= 0.6, "Spearman without a profile {rho:.3}");
+    assert!(f.rho >= 0.6, "Spearman without a profile {:.3}", f.rho);
     assert!(
-        rho_profile >= 0.8,
-        "Spearman from the profile {rho_profile:.3}"
+        f.rho_profile >= 0.78,
+        "Spearman from the profile {:.3}",
+        f.rho_profile
     );
-    assert!(rho > rho_amp, "{rho:.3} against AMP's own {rho_amp:.3}");
-    assert!(agree >= 50, "{agree}/{} outcomes", runs.len());
+    assert!(
+        f.rho > f.rho_amp,
+        "{:.3} against AMP's own {:.3}",
+        f.rho,
+        f.rho_amp
+    );
+    assert!(f.agree >= 50, "{}/{} outcomes", f.agree, f.runs);
+}
+
+/// AMP's homogeneous runs (`amp-homogeneous-runs.json`): the same GPT-2 on
+/// four nodes of four T4, 52 plans, 5 of which failed; profiled from the
+/// T4's entries of the same profile.
+#[test]
+fn the_cluster_model_scores_amps_homogeneous_runs() {
+    let f = score_amp("amp-homogeneous-runs.json", "aws-t4x16", 1);
+    // Measured (docs/planner.md): 0.915 without a profile, 0.865 from the
+    // profile, AMP's own 0.935; 51 of 52 outcomes (the one missed, at 0.86
+    // of a T4 by this count, failed; the same plan ran on the V100+T4
+    // cluster, see the docs).
+    assert!(f.rho >= 0.85, "Spearman without a profile {:.3}", f.rho);
+    assert!(
+        f.rho_profile >= 0.8,
+        "Spearman from the profile {:.3}",
+        f.rho_profile
+    );
+    assert!(f.agree >= 51, "{}/{} outcomes", f.agree, f.runs);
 }

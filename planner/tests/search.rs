@@ -60,6 +60,7 @@ fn chip(rng: &mut XorShift, name: String, budget: u64) -> Option<ChipType> {
         memory_reserve_bytes: None,
         matmul_workspace_bytes: None,
         kernel_dispatch_seconds: None,
+        framework: Default::default(),
         devices: Vec::new(),
         measured: Vec::new(),
     })

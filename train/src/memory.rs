@@ -1,8 +1,12 @@
 //! How much device memory a stage needs, counted from the tensors the model
-//! actually allocates, and the check that refuses a plan before training
+//! actually allocates (the counts are the planner's
+//! `framework::polychip`, so that its predictions and this check agree),
+//! and the check that refuses a plan before training
 //! when a stage does not fit (naming the stage and the shortfall).
 
 use polychip_host::Device;
+
+use polychip_planner::framework::polychip as counts;
 
 use crate::config::{ModelConfig, Precision};
 use crate::error::{Result, TrainError};
@@ -36,30 +40,24 @@ pub fn stage_memory(
     in_flight: usize,
 ) -> StageMemory {
     let params: usize = stage_params(cfg, range).iter().map(|p| p.numel()).sum();
-    let c = precision.dtype().size();
-    // value + exp_avg + exp_avg_sq (f32) + grad (compute), + bf16 copy and f32 grad.
-    let per_param = 12
-        + c
-        + if precision == Precision::Bf16 {
-            2 + 4
-        } else {
-            0
-        };
-    let (s, d, f) = (cfg.seq_len, cfg.dim, cfg.ffn);
-    let kv = cfg.kv_heads * cfg.head_dim();
-    let tokens = b * s;
-    // Saved per block: x, h1, q, k, v, attn, x2, h2, gate, up, act (compute)
-    // and inv1, inv2, lse (f32).
-    let block = tokens * (6 * d + 2 * kv + 3 * f) * c + tokens * (2 + cfg.heads) * 4;
-    let mut per_micro = block * range.layers().len() + tokens * 4;
+    let c = precision.dtype().size() as u64;
+    let shape = counts::Shape {
+        hidden: cfg.dim as u64,
+        kv_dim: (cfg.kv_heads * cfg.head_dim()) as u64,
+        ffn: cfg.ffn as u64,
+        heads: cfg.heads as u64,
+        vocab: cfg.vocab as u64,
+    };
+    let tokens = (b * cfg.seq_len) as u64;
+    let mut per_micro = counts::block_bytes(shape, tokens, c) * range.layers().len() as u64
+        + counts::micro_batch_bytes(tokens);
     if range.head {
-        per_micro += tokens * (2 * d + cfg.vocab) * c + tokens * 8;
+        per_micro += counts::head_bytes(shape, tokens, c);
     }
-    let transient = tokens * (3 * f.max(cfg.vocab) + 4 * d) * c;
     StageMemory {
-        state: (params * per_param) as u64,
-        activations: (per_micro * in_flight) as u64,
-        transient: transient as u64,
+        state: params as u64 * counts::state_bytes_per_param(c),
+        activations: per_micro * in_flight as u64,
+        transient: counts::transient_bytes(shape, tokens, c),
     }
 }
 
@@ -115,4 +113,96 @@ pub fn check_role(
         )));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use polychip_planner::cluster::{ChipType, Framework, PeakFlops};
+    use polychip_planner::cost::{Microbatching, StageShape, stage_memory as planned};
+    use polychip_planner::settings::{Dtype, TrainingSettings};
+
+    /// The planner's count for a chip under `polychip train` is the
+    /// trainer's own, term by term: what it predicts to fit passes this
+    /// check, and what it predicts not to fit is refused by it.
+    #[test]
+    fn the_planners_count_for_polychip_chips_is_the_trainers() {
+        let chip = ChipType {
+            name: "X".into(),
+            count: 4,
+            chips_per_node: 4,
+            memory_bytes: 1 << 30,
+            peak_flops: PeakFlops {
+                f32: 1e12,
+                bf16: 1e12,
+                f16: 1e12,
+            },
+            efficiency: 0.5,
+            intra_node_bandwidth: 1e10,
+            nic_bandwidth: 1e10,
+            memory_bandwidth: None,
+            memory_reserve_bytes: Some(0),
+            matmul_workspace_bytes: Some(0),
+            kernel_dispatch_seconds: Some(0.0),
+            framework: Framework::Polychip,
+            devices: Vec::new(),
+            measured: Vec::new(),
+        };
+        for (name, precision, dtype) in [
+            ("tiny", Precision::F32, Dtype::F32),
+            ("deep", Precision::F32, Dtype::F32),
+            ("small", Precision::Bf16, Dtype::Bf16),
+        ] {
+            let cfg = ModelConfig::preset(name).unwrap();
+            let spec = cfg.planner_spec();
+            let mut settings = TrainingSettings::new(8);
+            settings.dtype = dtype;
+            let n = cfg.layers;
+            // (first, end, stage index, stages, micro-batches)
+            for (first, end, index, stages, m) in [
+                (0, n, 0, 1, 4),
+                (0, n / 2, 0, 2, 4),
+                (n / 2, n, 1, 2, 4),
+                (1, n - 1, 1, 3, 2),
+            ] {
+                for b in [1usize, 2, 4] {
+                    let range = StageRange {
+                        first_layer: first,
+                        end_layer: end,
+                        embed: index == 0,
+                        head: index + 1 == stages,
+                    };
+                    let in_flight = (stages - index).min(m);
+                    let want = stage_memory(&cfg, precision, &range, b, in_flight);
+                    let shape = StageShape {
+                        chip: &chip,
+                        layers: first as u64..end as u64,
+                        index,
+                        num_stages: stages,
+                        dp: 1,
+                        tp: 1,
+                        next: None,
+                        dp_peers: &[],
+                    };
+                    let mb = Microbatching {
+                        size: b as u64,
+                        count: m as u64,
+                    };
+                    let got = planned(&spec, &settings, &shape, mb);
+                    let what =
+                        format!("{name} blocks {first}..{end} of stage {index}/{stages}, b {b}");
+                    assert_eq!(
+                        (got.activations + got.logits) as u64,
+                        want.activations,
+                        "{what}"
+                    );
+                    assert_eq!(got.workspace as u64, want.transient, "{what}");
+                    let state = got.weights + got.gradients + got.optimizer;
+                    let rel = (state - want.state as f64).abs() / want.state as f64;
+                    // The planner counts the norms of every stage alike.
+                    assert!(rel < 2e-3, "{what}: state {state} against {}", want.state);
+                }
+            }
+        }
+    }
 }

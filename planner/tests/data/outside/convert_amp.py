@@ -1,12 +1,17 @@
 #!/usr/bin/env python3
-"""Converts the measured runs of AMP's heterogeneous-cluster experiment
-(github.com/DachengLi1/AMP, NeurIPS 2022: src/results/het_cluster_results.txt,
-GPT-2 with hidden 1024, 24 layers, sequences of 1024 and a vocabulary of
-52,256 trained by DeepSpeed's Megatron-LM v1.1.5 in fp16 on 16 GPUs, three
-AWS p3.8xlarge nodes of four V100 and one g4dn.12xlarge node of four T4,
-53 plans over tensor, pipeline and data parallelism, each launched and
-timed; "r_cost: inf" is a run that failed) into polychip's plan format,
-written to amp-runs.json beside this script.
+"""Converts the measured runs of AMP's two GPT-2 experiments
+(github.com/DachengLi1/AMP, NeurIPS 2022: GPT-2 with hidden 1024, 24
+layers, sequences of 1024 and a vocabulary of 52,256 trained by DeepSpeed's
+Megatron-LM v1.1.5 in fp16 on 16 GPUs, plans over tensor, pipeline and data
+parallelism, each launched and timed; "r_cost: inf" is a run that failed)
+into polychip's plan format, written beside this script:
+
+- the heterogeneous cluster (src/results/het_cluster_results.txt: three
+  AWS p3.8xlarge nodes of four V100 and one g4dn.12xlarge node of four T4,
+  53 plans) to amp-runs.json;
+- the homogeneous one (src/results/homogeneous_results.txt: four
+  g4dn.12xlarge nodes of four T4, src/homogeneous.py, 52 plans) to
+  amp-homogeneous-runs.json.
 
 Usage: convert_amp.py AMP_CHECKOUT [COMMIT]
 
@@ -35,9 +40,7 @@ import subprocess
 
 from outside_common import checkout_and_commit, toml_model
 
-RESULTS = "src/results/het_cluster_results.txt"
 GPUS_PER_NODE = 4
-T4_NODE = 3
 BLOCKS = range(2, 26)  # AMP's layer numbers of the transformer blocks
 GLOBAL_BATCH = 32
 
@@ -56,12 +59,22 @@ def git_show(root, commit, path, binary=False):
     ).stdout
 
 
-def chip_of(rank):
-    return "T4" if rank // GPUS_PER_NODE == T4_NODE else "V100"
+# Each experiment: its results file, the cluster file it ran on, how many
+# runs it has, and the chip type of a rank (four to a node, in the host
+# file's order: the heterogeneous cluster's last node is the T4 node).
+EXPERIMENTS = {
+    "amp-runs.json": (
+        "src/results/het_cluster_results.txt", "aws-v100-t4", 53,
+        lambda rank: "T4" if rank // GPUS_PER_NODE == 3 else "V100",
+    ),
+    "amp-homogeneous-runs.json": (
+        "src/results/homogeneous_results.txt", "aws-t4x16", 52, lambda rank: "T4",
+    ),
+}
 
 
-def runs(root, commit):
-    text = git_show(root, commit, RESULTS)
+def runs(root, commit, results, cluster, chip_of):
+    text = git_show(root, commit, results)
     for n, m in enumerate(LINE.finditer(text)):
         mp, dp, pp = (int(float(m[k])) for k in ("mp", "dp", "pp"))
         mbs = int(m["mbs"])
@@ -83,8 +96,8 @@ def runs(root, commit):
         real = None if m["real"] == "inf" else float(m["real"])
         yield {
             "name": f"trial {n}: mbs {mbs}, tp {mp}, dp {dp}, pp {pp}, partition {bounds}",
-            "source": f"DachengLi1/AMP@{commit}:{RESULTS} (real trial {n})",
-            "cluster": "aws-v100-t4",
+            "source": f"DachengLi1/AMP@{commit}:{results} (real trial {n})",
+            "cluster": cluster,
             "model": "gpt2-medium-amp",
             "amp_partition": bounds,
             "plan": {"groups": [{
@@ -146,11 +159,12 @@ def profile(root, commit, model):
 def main():
     root, commit = checkout_and_commit()
     here = pathlib.Path(__file__).parent
-    records = list(runs(root, commit))
-    assert len(records) == 53, len(records)
-    (here / "amp-runs.json").write_text(json.dumps({"runs": records}, indent=1) + "\n")
-    failed = sum(not r["ran"] for r in records)
-    print(f"{len(records)} runs ({failed} failed) written to {here / 'amp-runs.json'}")
+    for out, (results, cluster, count, chip_of) in EXPERIMENTS.items():
+        records = list(runs(root, commit, results, cluster, chip_of))
+        assert len(records) == count, (results, len(records))
+        (here / out).write_text(json.dumps({"runs": records}, indent=1) + "\n")
+        failed = sum(not r["ran"] for r in records)
+        print(f"{len(records)} runs ({failed} failed) written to {here / out}")
     model = toml_model(here / "gpt2-medium-amp.toml")
     path = here / "amp-profile-gpt2-medium.json"
     path.write_text(json.dumps(profile(root, commit, model), indent=1) + "\n")
