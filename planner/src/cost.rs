@@ -170,6 +170,19 @@ pub const KERNEL_OVERHEAD: f64 = 5e-6;
 /// ranks waiting on one another at every all-reduce).
 pub const COLLECTIVE_HOP_LATENCY: f64 = 10e-6;
 
+/// The message size at which a tensor-parallel all-reduce reaches half its
+/// link's bandwidth, bytes: a ring moves a message in `2 (t - 1)` chunks,
+/// each with its own synchronisation and protocol overhead, so small
+/// messages get a fraction `m / (m + M)` of the bandwidth. Our estimate, 1
+/// MiB, from the shape of nccl-tests' all_reduce_perf curves (bus
+/// bandwidth rises with the message size and reaches half its plateau
+/// between a few hundred KB on PCIe and a few MB on NVLink). It matters
+/// for the per-layer all-reduces of tensor parallelism at small
+/// micro-batches (AMP's V100 blocks get slower at tp 2, as measured); a
+/// data-parallel gradient all-reduce (hundreds of MB) keeps the exact
+/// ring formula.
+pub const TP_HALF_BANDWIDTH_BYTES: f64 = 1024.0 * 1024.0;
+
 /// Parameters of the layers `layers`, plus the embedding if it starts at
 /// layer 0 and the final norm and head if it ends at the last layer.
 pub fn stage_params(model: &ModelSpec, layers: &Range<u64>) -> u64 {
@@ -441,13 +454,15 @@ pub fn allreduce_time(bytes: f64, n: u64, bandwidth: f64) -> f64 {
     2.0 * (n - 1) as f64 / n as f64 * bytes / bandwidth
 }
 
-/// A tensor-parallel all-reduce: [`allreduce_time`] plus
+/// A tensor-parallel all-reduce: [`allreduce_time`] at the bandwidth a
+/// message of `bytes` gets ([`TP_HALF_BANDWIDTH_BYTES`]) plus
 /// [`COLLECTIVE_HOP_LATENCY`] for each of the ring's `2 (n - 1)` steps.
 pub fn tp_allreduce_time(bytes: f64, n: u64, bandwidth: f64) -> f64 {
     if n <= 1 {
         return 0.0;
     }
-    allreduce_time(bytes, n, bandwidth) + 2.0 * (n - 1) as f64 * COLLECTIVE_HOP_LATENCY
+    let effective = bandwidth * bytes / (bytes + TP_HALF_BANDWIDTH_BYTES);
+    allreduce_time(bytes, n, effective) + 2.0 * (n - 1) as f64 * COLLECTIVE_HOP_LATENCY
 }
 
 /// The slowest link of a stage's data-parallel group: with replicas of
