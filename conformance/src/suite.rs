@@ -198,6 +198,41 @@ pub fn run_worker(
 /// that logs without end neither blocks on a full pipe nor fills memory.
 const STDERR_TAIL: usize = 4096;
 
+/// The longest line of a worker's output kept, bytes (a result is a few
+/// KB; a longer line is the plugin's own output and is cut).
+const MAX_LINE: usize = 1 << 20;
+
+/// The next line of `r` (without reading more than `max` bytes of it into
+/// memory: the rest of a longer line is read and dropped), `None` at the
+/// end.
+fn read_line_bounded(r: &mut impl BufRead, max: usize) -> std::io::Result<Option<Vec<u8>>> {
+    let mut line = Vec::new();
+    loop {
+        let buf = r.fill_buf()?;
+        if buf.is_empty() {
+            return Ok((!line.is_empty()).then_some(line));
+        }
+        let (take, done) = match buf.iter().position(|&b| b == b'\n') {
+            Some(i) => (i + 1, true),
+            None => (buf.len(), false),
+        };
+        let room = max.saturating_sub(line.len()).min(take);
+        line.extend_from_slice(&buf[..room]);
+        r.consume(take);
+        if done {
+            return Ok(Some(line));
+        }
+    }
+}
+
+/// The result a line of a worker's output holds, if any. The plugin shares
+/// the worker's standard output: a line without a result is the plugin's
+/// own, and the plugin's unfinished output may precede a result on its line.
+fn parse_worker_line(line: &str) -> Option<WorkerLine> {
+    let at = line.find("{\"unit\":")?;
+    serde_json::from_str(line[at..].trim_end()).ok()
+}
+
 /// What a worker sends its parent's reader: a line of its output, or the
 /// end of it.
 enum FromWorker {
@@ -251,7 +286,9 @@ pub fn run_isolated(
         let (tx, rx) = mpsc::channel();
         let stdout = child.stdout.take().expect("piped");
         let reader = std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let mut stdout = BufReader::new(stdout);
+            while let Ok(Some(line)) = read_line_bounded(&mut stdout, MAX_LINE) {
+                let line = String::from_utf8_lossy(&line).into_owned();
                 if tx.send(FromWorker::Line(line)).is_err() {
                     return;
                 }
@@ -276,18 +313,18 @@ pub fn run_isolated(
         let mut hung = false;
         loop {
             match rx.recv_timeout(iso.case_timeout) {
-                Ok(FromWorker::Line(line)) => match serde_json::from_str::<WorkerLine>(&line) {
-                    Ok(l) if l.unit < units.len() => {
+                Ok(FromWorker::Line(line)) => match parse_worker_line(&line) {
+                    // What the plugin itself printed: not a result.
+                    None => {}
+                    Some(l) if l.unit < units.len() => {
                         at = (l.unit, l.result.index + 1);
                         emit(l.result);
                     }
-                    other => {
-                        let why = match other {
-                            Err(e) => e.to_string(),
-                            Ok(l) => format!("unit {} is not one of {}", l.unit, units.len()),
-                        };
+                    Some(l) => {
                         let message = format!(
-                            "internal: the worker's result line could not be read ({why}): {line}"
+                            "internal: the worker reported unit {}, but {} are selected",
+                            l.unit,
+                            units.len()
                         );
                         emit(failed(units[at.0], at.1, &labels[at.0], message));
                         at.1 += 1;
@@ -365,5 +402,50 @@ fn describe_exit(status: &std::process::ExitStatus, stderr: &[u8]) -> String {
         what
     } else {
         format!("{what}; last words: {tail}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn line(unit: usize, index: usize) -> String {
+        let result = CaseResult {
+            op: "neg".into(),
+            dtype: "f32".into(),
+            index,
+            label: "small".into(),
+            status: Status::Passed,
+            message: String::new(),
+            stats: Default::default(),
+            plugin_seconds: 0.0,
+            reference_seconds: 0.0,
+        };
+        serde_json::to_string(&WorkerLine { unit, result }).unwrap()
+    }
+
+    /// What the plugin prints on the worker's standard output is not taken
+    /// for a result, nor does it hide one that follows it on its line.
+    #[test]
+    fn a_plugins_own_output_is_told_from_the_results() {
+        assert!(parse_worker_line("vendor kernel cache warmed up").is_none());
+        assert!(parse_worker_line("{\"unit\": not json").is_none());
+        let r = parse_worker_line(&line(3, 7)).unwrap();
+        assert_eq!((r.unit, r.result.index), (3, 7));
+        let r = parse_worker_line(&format!("[vendor] partial log {}\n", line(1, 2))).unwrap();
+        assert_eq!((r.unit, r.result.index), (1, 2));
+    }
+
+    /// A line longer than the bound is cut, not held whole in memory, and
+    /// the lines after it are read as usual.
+    #[test]
+    fn long_lines_are_cut_and_the_next_ones_read() {
+        let text = format!("{}\nshort\n{}", "x".repeat(10_000), "tail");
+        let mut r = BufReader::with_capacity(64, text.as_bytes());
+        let first = read_line_bounded(&mut r, 100).unwrap().unwrap();
+        assert_eq!(first, vec![b'x'; 100]);
+        assert_eq!(read_line_bounded(&mut r, 100).unwrap().unwrap(), b"short\n");
+        assert_eq!(read_line_bounded(&mut r, 100).unwrap().unwrap(), b"tail");
+        assert!(read_line_bounded(&mut r, 100).unwrap().is_none());
     }
 }
