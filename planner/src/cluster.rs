@@ -55,6 +55,7 @@ pub const DEFAULT_RESERVE_FRACTION: f64 = 0.05;
 /// small chip keeps room for the model).
 pub const DEFAULT_RESERVE_CAP_FRACTION: f64 = 0.5;
 
+/// Whether `f` is the default framework (left out of a written cluster).
 fn is_megatron(f: &Framework) -> bool {
     *f == Framework::Megatron
 }
