@@ -143,9 +143,11 @@ fn a_hung_case_fails_alone_and_the_suite_goes_on() {
     }
     // rsqrt's small cases ran and passed, before and after each hang.
     assert!(row("rsqrt")["passed"].as_u64().unwrap() > 10, "{text}");
+    // Each hang costs its 2 s, though the kernel prints a heartbeat for
+    // 30 s (the timeout counts from the last result, not the last line).
     let hung = failures.len() as u64;
     assert!(
-        started.elapsed().as_secs() < 2 * hung + 60,
+        started.elapsed().as_secs() < 2 * hung + 20,
         "{hung} hangs of 2 s took {:?}",
         started.elapsed()
     );

@@ -13,7 +13,7 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::sync::mpsc::{self, RecvTimeoutError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use polychip_host::{DType, Device};
 use regex::Regex;
@@ -311,14 +311,19 @@ pub fn run_isolated(
             kept
         });
         let mut hung = false;
+        // The time counts from the last result: what the plugin prints
+        // meanwhile does not extend it.
+        let mut deadline = Instant::now() + iso.case_timeout;
         loop {
-            match rx.recv_timeout(iso.case_timeout) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match rx.recv_timeout(left) {
                 Ok(FromWorker::Line(line)) => match parse_worker_line(&line) {
                     // What the plugin itself printed: not a result.
                     None => {}
                     Some(l) if l.unit < units.len() => {
                         at = (l.unit, l.result.index + 1);
                         emit(l.result);
+                        deadline = Instant::now() + iso.case_timeout;
                     }
                     Some(l) => {
                         let message = format!(
