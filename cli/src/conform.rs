@@ -1,8 +1,8 @@
 //! `polychip conform`: the operator conformance suite on one plugin (or every
 //! plugin found), run in a child process so that a crash or a hang fails a
 //! case instead of the run (a new child goes on from the next case; a case
-//! with no result within `--case-timeout` is a hang). Prints a summary table; `--json` and `--junit`
-//! write machine reports. Exits 1 when any implemented, unwaived case fails
+//! with no result within `--case-timeout` is a hang). Prints a summary
+//! table; `--json` and `--junit` write machine reports. Exits 1 when any implemented, unwaived case fails
 //! or a plugin found through the environment failed to load, 2 when the
 //! command line or a file is wrong. Each plugin is loaded in a child process
 //! first (as `polychip devices` does), so one that crashes or hangs while
@@ -53,14 +53,15 @@ pub struct Args {
     /// in 32 rows, 16M-element tensors, 4096-deep matmuls, 2048-token attention).
     #[arg(long)]
     full: bool,
-    /// Run the plugin in this process (faster; a crash ends the run).
+    /// Run the plugin in this process (faster; a crash or a hang ends the run).
     #[arg(long)]
     no_isolate: bool,
     /// Seconds a case may run before it is taken to hang: its worker is
     /// killed, the case fails and the suite goes on (not with --no-isolate).
     #[arg(long, default_value_t = DEFAULT_CASE_TIMEOUT, value_name = "SECONDS")]
     case_timeout: f64,
-    /// Internal: run one unit and print JSON lines (the child process).
+    /// Internal: run the selected units and print JSON lines (the child
+    /// process).
     #[arg(long, hide = true)]
     worker: bool,
     /// Internal: the first unit (of those selected) for a worker.
@@ -285,11 +286,12 @@ fn check_plugin(
 /// The arguments that select the units, for a worker to select the same.
 fn selection_args(args: &Args) -> Vec<String> {
     let mut out = Vec::new();
+    // `--name=value`: a value may start with a dash.
     if let Some(ops) = &args.ops {
-        out.extend(["--ops".to_string(), ops.clone()]);
+        out.push(format!("--ops={ops}"));
     }
     if !args.dtype.is_empty() {
-        out.extend(["--dtype".to_string(), args.dtype.join(",")]);
+        out.push(format!("--dtype={}", args.dtype.join(",")));
     }
     if args.full {
         out.push("--full".into());

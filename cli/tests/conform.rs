@@ -131,6 +131,18 @@ fn waivers_are_listed_in_full_and_counted_apart() {
     );
 }
 
+/// The worker gets the selection as it was given, even a value that starts
+/// with a dash (it once took `-?` for an option and every case "crashed").
+#[test]
+fn a_selection_that_starts_with_a_dash_reaches_the_worker() {
+    let ferrite = plugin("libpolychip_vendor_ferrite.so");
+    let (code, text, doc) = conform(&["--plugin", &ferrite, "--ops=-?^neg$", "--dtype=f32"]);
+    assert_eq!(code, 0, "{text}");
+    let rows = doc["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 1, "{text}");
+    assert_eq!(rows[0]["failed"], 0, "{text}");
+}
+
 #[test]
 fn bad_arguments_are_usage_errors() {
     let (code, text, _) = conform(&["--ops", "(", "--plugin", "x"]);

@@ -139,8 +139,7 @@ impl Isolation {
         let mut args = vec![
             "conform".to_string(),
             "--worker".into(),
-            "--plugin".into(),
-            self.plugin.display().to_string(),
+            format!("--plugin={}", self.plugin.display()),
             "--device".into(),
             self.device.to_string(),
             "--start-unit".into(),
@@ -153,7 +152,7 @@ impl Isolation {
             args.extend(["--case".into(), i.to_string()]);
         }
         if let Some(w) = &self.waivers {
-            args.extend(["--waivers".into(), w.display().to_string()]);
+            args.push(format!("--waivers={}", w.display()));
         }
         args
     }
