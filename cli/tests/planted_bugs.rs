@@ -144,10 +144,12 @@ fn a_hung_case_fails_alone_and_the_suite_goes_on() {
     // rsqrt's small cases ran and passed, before and after each hang.
     assert!(row("rsqrt")["passed"].as_u64().unwrap() > 10, "{text}");
     // Each hang costs its 2 s, though the kernel prints a heartbeat for
-    // 30 s (the timeout counts from the last result, not the last line).
+    // 60 s (the timeout counts from the last result, not the last line);
+    // the rest of the run takes seconds (up to 15 on a loaded machine).
     let hung = failures.len() as u64;
+    println!("{hung} hung case(s); the run took {:?}", started.elapsed());
     assert!(
-        started.elapsed().as_secs() < 2 * hung + 20,
+        started.elapsed().as_secs() < 2 * hung + 40,
         "{hung} hangs of 2 s took {:?}",
         started.elapsed()
     );

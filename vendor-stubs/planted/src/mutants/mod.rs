@@ -245,11 +245,11 @@ catalog! {
 
 /// A kernel that never returns ([`Bug::RsqrtHangsOnLargeTensors`]): the
 /// calling thread waits for ever, as a device queue would on a kernel that
-/// never finishes. For its first 30 s it prints a heartbeat on standard
+/// never finishes. For its first 60 s it prints a heartbeat on standard
 /// output, as a vendor runtime's watchdog might log: the suite must neither
 /// take that for a result nor let it put off the timeout.
 pub fn hang() -> ! {
-    for _ in 0..60 {
+    for _ in 0..120 {
         println!("planted: still waiting for the rsqrt kernel");
         std::thread::sleep(std::time::Duration::from_millis(500));
     }
