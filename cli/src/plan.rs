@@ -362,6 +362,12 @@ fn evaluation_table(ev: &Evaluation) -> String {
             ev.measured_chips.join(", ")
         ));
     }
+    if !ev.polychip_count_chips.is_empty() {
+        line(format!(
+            "memory counted as polychip train allocates it: {}",
+            ev.polychip_count_chips.join(", ")
+        ));
+    }
     if ev.fits {
         line("fits: every stage fits its chips".into());
     } else {

@@ -175,6 +175,8 @@ fn profile_then_evaluate_a_saved_plan_of_the_bundled_devices() {
         "reserve",
         "bottleneck:",
         "fits:",
+        // A cluster seeded from the devices counts as the trainer allocates.
+        "memory counted as polychip train allocates it:",
     ] {
         assert!(table.contains(needle), "no {needle:?} in\n{table}");
     }
@@ -183,6 +185,11 @@ fn profile_then_evaluate_a_saved_plan_of_the_bundled_devices() {
     assert_eq!(code, Some(0), "{err}");
     let ev: serde_json::Value = serde_json::from_str(&json).unwrap();
     assert_eq!(ev["measured_chips"].as_array().unwrap().len(), 2, "{ev}");
+    assert_eq!(
+        ev["polychip_count_chips"].as_array().unwrap().len(),
+        2,
+        "{ev}"
+    );
     assert_eq!(ev["plan"]["global_batch"], 8);
     assert_eq!(ev["fits"], true);
     // Another model's profile is refused, naming the field.

@@ -762,6 +762,10 @@ pub struct Evaluation {
     pub bottleneck: Bottleneck,
     /// Chip types priced from a profile's measurements.
     pub measured_chips: Vec<String>,
+    /// Chip types whose memory is counted as `polychip train` allocates it
+    /// (`framework = "polychip"`); the others by Megatron's count.
+    #[serde(default)]
+    pub polychip_count_chips: Vec<String>,
     /// How the plan file names each of `plan.replicas`: `group 1`, or
     /// `group 0 (replicas 0, 2)` for the replicas of a group with a stage
     /// that mixes chip types.
@@ -821,12 +825,16 @@ pub fn evaluate(
             }
         }
     }
-    let measured_chips = cluster
-        .chip_types
-        .iter()
-        .filter(|c| !c.measured.is_empty())
-        .map(|c| c.name.clone())
-        .collect();
+    let names = |keep: &dyn Fn(&crate::cluster::ChipType) -> bool| -> Vec<String> {
+        cluster
+            .chip_types
+            .iter()
+            .filter(|c| keep(c))
+            .map(|c| c.name.clone())
+            .collect()
+    };
+    let measured_chips = names(&|c| !c.measured.is_empty());
+    let polychip_count_chips = names(&|c| c.framework == crate::framework::Framework::Polychip);
     let group_labels: Vec<String> = spec
         .groups
         .iter()
@@ -857,5 +865,6 @@ pub fn evaluate(
         bottleneck,
         plan,
         measured_chips,
+        polychip_count_chips,
     })
 }
