@@ -232,13 +232,6 @@ fn parse_worker_line(line: &str) -> Option<WorkerLine> {
     serde_json::from_str(line[at..].trim_end()).ok()
 }
 
-/// What a worker sends its parent's reader: a line of its output, or the
-/// end of it.
-enum FromWorker {
-    Line(String),
-    End,
-}
-
 /// Runs `units` in child processes, one for the whole list: when one dies,
 /// the case it was running fails with the signal or exit status; when one
 /// gives no result for [`Isolation::case_timeout`], it is killed and that
@@ -250,19 +243,30 @@ pub fn run_isolated(
     only: Option<usize>,
     mut emit: impl FnMut(CaseResult),
 ) {
-    let labels: Vec<Vec<String>> = units.iter().map(|u| u.op.labels(u.dtype, u.tier)).collect();
     // The cases each unit runs: [first, end).
-    let end = |u: usize| only.map_or(labels[u].len(), |o| (o + 1).min(labels[u].len()));
-    let mut at = (0, only.unwrap_or(0));
-    loop {
-        // The next case to run, past units that are finished.
-        while at.0 < units.len() && at.1 >= end(at.0) {
-            at = (at.0 + 1, only.unwrap_or(0));
+    let first = only.unwrap_or(0);
+    let ends: Vec<usize> = units
+        .iter()
+        .map(|u| only.map_or(u.len(), |o| (o + 1).min(u.len())))
+        .collect();
+    // The next case to run from `at` on, past units that are finished;
+    // `None` when every case has run.
+    let next = |mut at: (usize, usize)| {
+        while at.0 < units.len() && at.1 >= ends[at.0] {
+            at = (at.0 + 1, first);
         }
-        if at.0 >= units.len() {
-            return;
-        }
-        let (u, case) = at;
+        (at.0 < units.len()).then_some(at)
+    };
+    // A case that failed without a result of its own. Its label is built
+    // only then: building a unit's labels builds its realistic cases.
+    let failed = |(u, index): (usize, usize), message: String| {
+        let unit = units[u];
+        let labels = unit.op.labels(unit.dtype, unit.tier);
+        failed_case(unit, index, &labels, message)
+    };
+    let mut at = (0, first);
+    while let Some((u, case)) = next(at) {
+        at = (u, case);
         let mut child = match Command::new(&iso.exe)
             .args(iso.worker_args(u, case, only))
             .stdin(Stdio::null())
@@ -273,10 +277,11 @@ pub fn run_isolated(
             Ok(c) => c,
             Err(e) => {
                 let message = format!("could not start the worker {}: {e}", iso.exe.display());
-                for (u, unit) in units.iter().enumerate().skip(at.0) {
-                    let first = if u == at.0 { at.1 } else { only.unwrap_or(0) };
-                    for index in first..end(u) {
-                        emit(failed(*unit, index, &labels[u], message.clone()));
+                for (v, &end) in ends.iter().enumerate().skip(u) {
+                    let (unit, from) = (units[v], if v == u { case } else { first });
+                    let labels = unit.op.labels(unit.dtype, unit.tier);
+                    for index in from..end {
+                        emit(failed_case(unit, index, &labels, message.clone()));
                     }
                 }
                 return;
@@ -284,15 +289,17 @@ pub fn run_isolated(
         };
         let (tx, rx) = mpsc::channel();
         let stdout = child.stdout.take().expect("piped");
+        // Sends each line of the worker's output; the channel closes at its end.
         let reader = std::thread::spawn(move || {
             let mut stdout = BufReader::new(stdout);
             while let Ok(Some(line)) = read_line_bounded(&mut stdout, MAX_LINE) {
-                let line = String::from_utf8_lossy(&line).into_owned();
-                if tx.send(FromWorker::Line(line)).is_err() {
+                if tx
+                    .send(String::from_utf8_lossy(&line).into_owned())
+                    .is_err()
+                {
                     return;
                 }
             }
-            let _ = tx.send(FromWorker::End);
         });
         let mut stderr = child.stderr.take().expect("piped");
         let tail = std::thread::spawn(move || {
@@ -316,7 +323,7 @@ pub fn run_isolated(
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             match rx.recv_timeout(left) {
-                Ok(FromWorker::Line(line)) => match parse_worker_line(&line) {
+                Ok(line) => match parse_worker_line(&line) {
                     // What the plugin itself printed: not a result.
                     None => {}
                     Some(l) if l.unit < units.len() => {
@@ -330,11 +337,11 @@ pub fn run_isolated(
                             l.unit,
                             units.len()
                         );
-                        emit(failed(units[at.0], at.1, &labels[at.0], message));
+                        emit(failed(at, message));
                         at.1 += 1;
                     }
                 },
-                Ok(FromWorker::End) | Err(RecvTimeoutError::Disconnected) => break,
+                Err(RecvTimeoutError::Disconnected) => break,
                 Err(RecvTimeoutError::Timeout) => {
                     hung = true;
                     let _ = child.kill();
@@ -351,12 +358,9 @@ pub fn run_isolated(
             let _ = reader.join();
             tail.join().unwrap_or_default()
         };
-        while at.0 < units.len() && at.1 >= end(at.0) {
-            at = (at.0 + 1, only.unwrap_or(0));
-        }
-        if at.0 >= units.len() {
+        let Some(now) = next(at) else {
             return;
-        }
+        };
         let message = if hung {
             format!(
                 "the plugin hung: no result within {} s (--case-timeout), so the worker was killed",
@@ -368,15 +372,14 @@ pub fn run_isolated(
                 Err(e) => format!("the plugin crashed: the worker could not be waited for: {e}"),
             }
         };
-        let (u, index) = at;
-        emit(failed(units[u], index, &labels[u], message));
-        at.1 += 1;
+        emit(failed(now, message));
+        at = (now.0, now.1 + 1);
     }
 }
 
 /// Case `index` of `unit` failed without a result of its own (the worker
 /// died, hung or could not start), for `message`.
-fn failed(unit: Unit, index: usize, labels: &[String], message: String) -> CaseResult {
+fn failed_case(unit: Unit, index: usize, labels: &[String], message: String) -> CaseResult {
     CaseResult {
         op: unit.op.name.into(),
         dtype: unit.dtype.name().into(),

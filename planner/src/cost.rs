@@ -408,11 +408,7 @@ fn polychip_terms(
     let t = stage.tp.max(1) as f64;
     let params = stage.params(model) as f64 / t;
     let c = settings.dtype.bytes();
-    // Per parameter: the compute-dtype copy, the gradients (with the f32
-    // one of mixed precision), and the rest of the state (the f32 value,
-    // unless it is that copy, and the moments).
-    let (w, g) = (c, c + if c < 4 { 4 } else { 0 });
-    let o = counts::state_bytes_per_param(c) - w - g;
+    let [w, g, o] = counts::state_bytes(c);
     let shard = if settings.shard_optimizer {
         stage.dp.max(1) as f64
     } else {

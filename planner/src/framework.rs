@@ -51,12 +51,23 @@ pub mod polychip {
         pub vocab: u64,
     }
 
-    /// Bytes per parameter of the weights, gradients and AdamW state: the
-    /// f32 value and both moments and a gradient in the compute dtype,
-    /// plus, in bf16, the bf16 copy the kernels read and an f32 gradient
-    /// (`12 + c`, `+ 6` mixed).
+    /// Bytes per parameter of the weights, the gradients and the rest of
+    /// the AdamW state: the compute-dtype copy the kernels read (in f32 the
+    /// value itself), the gradient in the compute dtype plus, mixed, an f32
+    /// one, and the moments plus, mixed, the f32 value: `[4, 4, 8]` in f32,
+    /// `[2, 6, 12]` in bf16.
+    pub fn state_bytes(c: u64) -> [u64; 3] {
+        let mixed = c < 4;
+        [
+            c,
+            c + if mixed { 4 } else { 0 },
+            8 + if mixed { 4 } else { 0 },
+        ]
+    }
+
+    /// Their sum: `12 + c`, `+ 6` mixed.
     pub fn state_bytes_per_param(c: u64) -> u64 {
-        12 + c + if c < 4 { 2 + 4 } else { 0 }
+        state_bytes(c).iter().sum()
     }
 
     /// What one block keeps for its backward per micro-batch: its input,
