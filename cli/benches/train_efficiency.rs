@@ -3,27 +3,48 @@
 //! best plan for it, on one core), and of the mixed cluster (one core per
 //! device) under HeteroAuto's pipeline-only plan (PP across two types),
 //! data-parallel-only plan (DP across two types; again with the optimizer
-//! step unsharded, `--no-shard-optimizer`, for the A/B) and best plan; efficiency
-//! = mixed tokens/s over the sum of the alone tokens/s. With the OpenCL
-//! plugin built beside the binary and an OpenCL device present (PoCL
+//! step unsharded, `--no-shard-optimizer`, for the A/B) and best plan;
+//! efficiency = mixed tokens/s over the sum of the alone tokens/s. With the
+//! OpenCL plugin built beside the binary and an OpenCL device present (PoCL
 //! here), also OpenCL alone and PP and DP across the three vendors (three
 //! devices on two cores: see the note the bench prints). Also how far each
 //! measured step time is from the planner's prediction.
 //!
+//! How it fights the noise of a shared machine (whose speed drifts by tens
+//! of percent over minutes): every configuration is planned once, at the
+//! start (the plans are printed), so a run measures its plan and not the
+//! profile of the moment; the fast type alone (Ferrite, about 95% of the
+//! sum) is run right before each mixed run and each mixed run's efficiency
+//! is over that run and the slow type alone of the same round, so the
+//! ratio pairs runs seconds apart; the figures are medians over rounds with
+//! their min, max and standard deviation, and the number of rounds a median
+//! stable to a percentage point would need.
+//!
+//! How the types alone are measured (`ALONE`): `beside` (the default) runs
+//! each alone while the other type trains on the other core (a
+//! long-running `polychip train` of it, paused with SIGSTOP between uses),
+//! as the other core works in a mixed run: on this machine a core runs
+//! about 10% slower while the other computes (shared caches, memory
+//! bandwidth and clock budget, which separate chips do not share), so an
+//! alone run on an idle machine measures a faster machine than the mixed
+//! run has. `quiet` runs them with the other core idle (the older figure);
+//! `both` measures both and prints the efficiency over each.
+//!
 //! Needs `cargo build --release --workspace` first (the plugins next to the
-//! binary). Settings: `ROUNDS` (default 5, configurations interleaved per
-//! round, the two cores swapped every other round), `STEPS` (default 10 steps per run, the first excluded from the
-//! median), `MODEL` (default `deep`, 16 blocks), `GLOBAL_BATCH` (64),
-//! `ONLY` (comma-separated parts of configuration names to run, e.g.
-//! `PP,alone`), `HOG=1` (each configuration also runs beside a CPU hog: a
-//! busy process free to run on either core, in the same round; the table
-//! then gives each configuration's throughput with the hog, the share of
-//! its quiet throughput it keeps, and the share the hog leaves it, cores
-//! over runnable processes).
+//! binary). Settings: `ROUNDS` (default 5, the two cores swapped every
+//! other round), `STEPS` (default 10 steps per run, the first excluded from
+//! the median), `SLOW_STEPS` (default 4: steps of the slow type alone, whose
+//! steps are long and steady), `MODEL` (default `deep`, 16 blocks),
+//! `GLOBAL_BATCH` (64), `ONLY` (comma-separated parts of the mixed
+//! configurations' names, e.g. `PP,DP`), `HOG=1` (each mixed configuration
+//! also runs beside a CPU hog, a busy process free to run on either core;
+//! the table then gives its throughput with the hog, the share of its quiet
+//! throughput it keeps, and the share the hog leaves it, cores over
+//! runnable processes).
 //! `cargo bench -p polychip --bench train_efficiency`.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Child, Command};
 
 struct Config {
     name: &'static str,
@@ -31,17 +52,21 @@ struct Config {
     devices: &'static str,
     cores: &'static str,
     extra: &'static [&'static str],
-    /// The configurations (indices) whose throughputs this one's
-    /// efficiency is over: empty for a chip type alone.
+    /// The types alone (indices into [`ALONE`]) this one's efficiency is
+    /// over: empty for a type alone.
     alone: &'static [usize],
     /// Needs the OpenCL plugin (loaded through POLYCHIP_PLUGIN_PATH).
     opencl: bool,
 }
 
-const TWO: &[usize] = &[0, 1];
-const THREE: &[usize] = &[0, 1, 6];
+/// The types alone: Ferrite, Cobalt, OpenCL.
+const FERRITE: usize = 0;
+const COBALT: usize = 1;
+const OPENCL: usize = 2;
+const TWO: &[usize] = &[FERRITE, COBALT];
+const THREE: &[usize] = &[FERRITE, COBALT, OPENCL];
 
-const CONFIGS: [Config; 9] = [
+const ALONE: [Config; 3] = [
     Config {
         name: "ferrite alone",
         plan: "auto",
@@ -60,6 +85,18 @@ const CONFIGS: [Config; 9] = [
         alone: &[],
         opencl: false,
     },
+    Config {
+        name: "opencl alone",
+        plan: "auto",
+        devices: "opencl:0",
+        cores: "0",
+        extra: &[],
+        alone: &[],
+        opencl: true,
+    },
+];
+
+const MIXED: [Config; 6] = [
     Config {
         name: "PP ferrite+cobalt",
         plan: "auto-pp",
@@ -102,16 +139,7 @@ const CONFIGS: [Config; 9] = [
     // when it is built and finds a device. Three devices share two cores
     // here: the job's third rank shares core 0 with its first
     // (`pin::share`), so the efficiency is over three devices that each
-    // had a core of their own when alone.
-    Config {
-        name: "opencl alone",
-        plan: "auto",
-        devices: "opencl:0",
-        cores: "0",
-        extra: &[],
-        alone: &[],
-        opencl: true,
-    },
+    // had a core of their own when alone (and is over the quiet alone runs).
     Config {
         name: "PP 3 vendors (2 cores)",
         plan: "auto-pp",
@@ -165,123 +193,220 @@ fn median(mut v: Vec<f64>) -> f64 {
     }
 }
 
-/// A CPU-bound process beside the job (killed on drop).
-struct Hog(std::process::Child);
+/// A process killed on drop.
+struct Process(Child);
 
-impl Hog {
-    fn start() -> Hog {
-        Hog(Command::new("sh")
-            .args(["-c", "while :; do :; done"])
-            .spawn()
-            .expect("start a CPU hog"))
-    }
-}
-
-impl Drop for Hog {
+impl Drop for Process {
     fn drop(&mut self) {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
 }
 
-/// Runs one configuration; returns (tokens/s, measured step s, predicted step s, plan).
-#[allow(clippy::too_many_arguments)]
-fn run(
-    exe: &Path,
-    opencl: Option<&Path>,
-    c: &Config,
-    cores: &str,
-    dir: &Path,
-    model: &str,
-    gb: usize,
-    steps: u64,
-) -> (f64, f64, f64, String) {
-    let json = dir.join(format!(
-        "{}.json",
-        c.name.replace([' ', '+', '(', ')'], "-")
-    ));
-    let mut cmd = Command::new(exe);
-    if let (true, Some(lib)) = (c.opencl, opencl) {
-        cmd.env("POLYCHIP_PLUGIN_PATH", lib);
+impl Process {
+    /// A CPU hog: a busy shell loop free to run on any core.
+    fn hog() -> Process {
+        Process(
+            Command::new("sh")
+                .args(["-c", "while :; do :; done"])
+                .spawn()
+                .expect("start a CPU hog"),
+        )
     }
-    let out = cmd
-        .args([
-            "train",
-            "--model",
-            model,
-            "--log-every",
-            "0",
-            "--eval-every",
-            "0",
-        ])
-        .args([
-            "--global-batch",
-            &gb.to_string(),
-            "--steps",
-            &steps.to_string(),
-        ])
-        .args(["--plan", c.plan, "--devices", c.devices, "--cores", cores])
-        .args(c.extra)
-        .arg("--log-json")
-        .arg(&json)
-        .env("POLYCHIP_TRANSPORT", "shm")
-        .output()
-        .expect("run polychip train");
-    assert!(
-        out.status.success(),
-        "{}: {}{}",
-        c.name,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
-    let s = &v["summary"];
-    let describe = v["plan"]["group"]
-        .as_array()
-        .map(|gs| {
-            gs.iter()
-                .map(|g| {
-                    let stages: Vec<String> = g["stages"]
-                        .as_array()
-                        .unwrap()
-                        .iter()
-                        .map(|st| {
-                            format!(
-                                "{} {}..{}",
-                                st["device"].as_str().unwrap(),
-                                st["layers"][0],
-                                st["layers"][1]
-                            )
-                        })
-                        .collect();
-                    format!(
-                        "{}x[{}] b={} m={}",
-                        g["copies"],
-                        stages.join("|"),
-                        g["micro_batch_size"],
-                        g["micro_batches"]
-                    )
-                })
-                .collect::<Vec<_>>()
-                .join(" + ")
-        })
-        .unwrap_or_default();
+
+    /// Sends `sig` (`STOP`, `CONT`) with kill(1).
+    fn signal(&self, sig: &str) {
+        let ok = Command::new("kill")
+            .arg(format!("-{sig}"))
+            .arg(self.0.id().to_string())
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "kill -{sig} {}", self.0.id());
+    }
+}
+
+/// One run's figures.
+#[derive(Debug, Clone)]
+struct Figures {
+    tokens_per_s: f64,
+    step: f64,
+    predicted: f64,
+}
+
+/// What every run of the bench shares.
+struct Bench<'a> {
+    exe: &'a Path,
+    opencl: Option<&'a Path>,
+    dir: &'a Path,
+    model: &'a str,
+    gb: usize,
+}
+
+impl Bench<'_> {
+    /// A `polychip train` command of `c` on `cores`: its plan file (from
+    /// [`Bench::plan`]) or, with `plan` `None`, its own plan mode.
+    fn command(&self, c: &Config, cores: &str, plan: Option<&Path>) -> Command {
+        let mut cmd = Command::new(self.exe);
+        if let (true, Some(lib)) = (c.opencl, self.opencl) {
+            cmd.env("POLYCHIP_PLUGIN_PATH", lib);
+        }
+        cmd.args(["train", "--model", self.model])
+            .args(["--log-every", "0", "--eval-every", "0"])
+            .args(["--global-batch", &self.gb.to_string(), "--cores", cores])
+            .env("POLYCHIP_TRANSPORT", "shm");
+        match plan {
+            Some(p) => cmd.arg("--plan").arg(p),
+            None => cmd.args(["--plan", c.plan, "--devices", c.devices]),
+        };
+        cmd.args(c.extra);
+        cmd
+    }
+
+    fn file(&self, c: &Config, what: &str) -> PathBuf {
+        self.dir.join(format!(
+            "{}{what}",
+            c.name.replace([' ', '+', '(', ')'], "-")
+        ))
+    }
+
+    /// Plans `c` once (`--save-plan`); returns the file and the plan's
+    /// description.
+    fn plan(&self, c: &Config, cores: &str) -> (PathBuf, String) {
+        let file = self.file(c, ".plan.json");
+        let out = self
+            .command(c, cores, None)
+            .arg("--save-plan")
+            .arg(&file)
+            .output()
+            .expect("run polychip train --save-plan");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "planning {}: {text}{}",
+            c.name,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let described = text
+            .lines()
+            .find_map(|l| l.split_once(": ").filter(|_| l.starts_with("plan written")))
+            .map_or(String::new(), |(_, d)| d.to_string());
+        (file, described)
+    }
+
+    /// Runs `c` on `cores` under its saved plan for `steps` steps.
+    fn run(&self, c: &Config, cores: &str, plan: &Path, steps: u64) -> Figures {
+        let json = self.file(c, ".run.json");
+        let out = self
+            .command(c, cores, Some(plan))
+            .args(["--steps", &steps.to_string(), "--log-json"])
+            .arg(&json)
+            .output()
+            .expect("run polychip train");
+        assert!(
+            out.status.success(),
+            "{}: {}{}",
+            c.name,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&json).expect("the run's summary"))
+                .expect("a JSON summary");
+        let s = &v["summary"];
+        Figures {
+            tokens_per_s: s["tokens_per_s"].as_f64().unwrap_or(f64::NAN),
+            step: s["median_step_seconds"].as_f64().unwrap_or(f64::NAN),
+            predicted: v["plan"]["predicted_step_seconds"]
+                .as_f64()
+                .unwrap_or(f64::NAN),
+        }
+    }
+
+    /// A long training run of type alone `c` on `core`, paused: the load
+    /// the other type's alone runs are timed beside.
+    fn load(&self, c: &Config, core: &str, plan: &Path) -> Process {
+        let log =
+            std::fs::File::create(self.file(c, &format!(".load{core}.log"))).expect("a load's log");
+        let p = Process(
+            self.command(c, core, Some(plan))
+                .args(["--steps", "1000000"])
+                .stdout(log.try_clone().expect("a log handle"))
+                .stderr(log)
+                .spawn()
+                .expect("start a load"),
+        );
+        p.signal("STOP");
+        p
+    }
+}
+
+/// The cores of `c` in round `round`: the two cores are not quite alike,
+/// so odd rounds swap them.
+fn cores_in_round(c: &Config, round: usize) -> String {
+    match round % 2 {
+        0 => c.cores.to_string(),
+        _ => c
+            .cores
+            .chars()
+            .map(|ch| match ch {
+                '0' => '1',
+                '1' => '0',
+                other => other,
+            })
+            .collect(),
+    }
+}
+
+/// The other of the two cores.
+fn other_core(core: &str) -> &'static str {
+    if core == "0" { "1" } else { "0" }
+}
+
+/// Median, min, max and standard deviation of `v`, and the rounds a
+/// median stable to one point would need (the standard error of a median
+/// is about 1.25 sigma / sqrt(n)).
+fn stats(v: &[f64]) -> (f64, f64, f64, f64, f64) {
+    let n = v.len() as f64;
+    let mean = v.iter().sum::<f64>() / n;
+    let sigma = (v.iter().map(|e| (e - mean).powi(2)).sum::<f64>() / (n - 1.0).max(1.0)).sqrt();
     (
-        s["tokens_per_s"].as_f64().unwrap(),
-        s["median_step_seconds"].as_f64().unwrap(),
-        v["plan"]["predicted_step_seconds"]
-            .as_f64()
-            .unwrap_or(f64::NAN),
-        describe,
+        median(v.to_vec()),
+        v.iter().copied().fold(f64::INFINITY, f64::min),
+        v.iter().copied().fold(f64::NEG_INFINITY, f64::max),
+        sigma,
+        (1.25 * sigma).powi(2).ceil().max(1.0),
     )
+}
+
+/// How an alone figure was measured.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Condition {
+    Beside,
+    Quiet,
+}
+
+impl Condition {
+    fn label(self) -> &'static str {
+        match self {
+            Condition::Beside => "beside",
+            Condition::Quiet => "quiet",
+        }
+    }
 }
 
 fn main() {
     let exe = PathBuf::from(env!("CARGO_BIN_EXE_polychip"));
     let rounds: usize = env_or("ROUNDS", 5);
     let steps: u64 = env_or("STEPS", 10);
+    let slow_steps: u64 = env_or("SLOW_STEPS", 4);
     let gb: usize = env_or("GLOBAL_BATCH", 64);
     let model = std::env::var("MODEL").unwrap_or_else(|_| "deep".into());
+    let mut conditions: Vec<Condition> = match std::env::var("ALONE").as_deref() {
+        Ok("beside") | Err(_) => vec![Condition::Beside],
+        Ok("quiet") => vec![Condition::Quiet],
+        Ok("both") => vec![Condition::Beside, Condition::Quiet],
+        Ok(other) => panic!("ALONE is {other:?}; it is beside, quiet or both"),
+    };
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     if cores < 2 {
         println!(
@@ -295,187 +420,280 @@ fn main() {
         .map(|v| v.split(',').map(|s| s.trim().to_lowercase()).collect())
         .unwrap_or_default();
     let opencl = opencl_plugin(&exe);
-    let chosen = |c: &Config| {
-        (!c.opencl || opencl.is_some())
-            && (only.is_empty()
-                || only
-                    .iter()
-                    .any(|o| c.name.to_lowercase().contains(o.as_str())))
+    let mixed: Vec<&Config> = MIXED
+        .iter()
+        .filter(|c| {
+            (!c.opencl || opencl.is_some())
+                && (only.is_empty()
+                    || only
+                        .iter()
+                        .any(|o| c.name.to_lowercase().contains(o.as_str())))
+        })
+        .collect();
+    let three = mixed.iter().any(|c| c.alone == THREE);
+    if three && !conditions.contains(&Condition::Quiet) {
+        // Three devices on two cores: their efficiency is over each alone
+        // on a core of its own, on an idle machine.
+        conditions.push(Condition::Quiet);
+    }
+    let bench = Bench {
+        exe: &exe,
+        opencl: opencl.as_deref(),
+        dir: &dir,
+        model: &model,
+        gb,
     };
     let hog = std::env::var("HOG").is_ok_and(|v| v == "1");
-    let mut results: Vec<Vec<(f64, f64, f64, String)>> = vec![Vec::new(); CONFIGS.len()];
-    let mut hogged: Vec<Vec<(f64, f64, f64, String)>> = vec![Vec::new(); CONFIGS.len()];
-    for round in 0..rounds {
-        for (i, c) in CONFIGS.iter().enumerate() {
-            if !chosen(c) {
-                continue;
+
+    // Plan every configuration once. The types alone are planned beside
+    // the other's load when they will be measured that way (their best
+    // micro-batch size is that of the machine they run on).
+    println!(
+        "# polychip train efficiency: model {model}, global batch {gb}, {steps} steps ({slow_steps} \
+         for Cobalt alone), {rounds} rounds"
+    );
+    let beside = conditions.contains(&Condition::Beside);
+    let mut alone_plans: Vec<Option<(PathBuf, String)>> = vec![None; ALONE.len()];
+    for &j in TWO {
+        let c = &ALONE[j];
+        alone_plans[j] = Some(match beside {
+            false => bench.plan(c, c.cores),
+            true => {
+                // A load needs a plan: the other type's, planned quiet.
+                let other = &ALONE[1 - j];
+                let (quiet, _) = bench.plan(other, other.cores);
+                let load = bench.load(other, other_core(c.cores), &quiet);
+                load.signal("CONT");
+                let p = bench.plan(c, c.cores);
+                drop(load);
+                p
             }
-            // The two cores are not quite alike: odd rounds swap them.
-            let cores: String = match round % 2 {
-                0 => c.cores.to_string(),
-                _ => c
-                    .cores
-                    .chars()
-                    .map(|ch| match ch {
-                        '0' => '1',
-                        '1' => '0',
-                        other => other,
-                    })
-                    .collect(),
+        });
+    }
+    if three {
+        alone_plans[OPENCL] = Some(bench.plan(&ALONE[OPENCL], ALONE[OPENCL].cores));
+    }
+    let mixed_plans: Vec<(PathBuf, String)> =
+        mixed.iter().map(|c| bench.plan(c, c.cores)).collect();
+    for (j, p) in alone_plans.iter().enumerate() {
+        if let Some((_, d)) = p {
+            println!("plan of {:<28} {d}", ALONE[j].name);
+        }
+    }
+    for (c, (_, d)) in mixed.iter().zip(&mixed_plans) {
+        println!("plan of {:<28} {d}", c.name);
+    }
+    let plan_of = |j: usize| alone_plans[j].as_ref().expect("planned").0.clone();
+    // The loads: each type of the two on each core, paused.
+    let loads: Vec<Vec<Process>> = match beside {
+        false => Vec::new(),
+        true => TWO
+            .iter()
+            .map(|&j| {
+                ["0", "1"]
+                    .iter()
+                    .map(|core| bench.load(&ALONE[j], core, &plan_of(j)))
+                    .collect()
+            })
+            .collect(),
+    };
+    // Runs `c` (a type alone) under condition `cond` on `cores`.
+    let alone_run = |j: usize, cores: &str, cond: Condition, n: u64| -> Figures {
+        let c = &ALONE[j];
+        let load = match (cond, TWO.contains(&j)) {
+            (Condition::Beside, true) => {
+                let other = 1 - j;
+                let l = &loads[other][usize::from(other_core(cores) == "1")];
+                l.signal("CONT");
+                Some(l)
+            }
+            _ => None,
+        };
+        let r = bench.run(c, cores, &plan_of(j), n);
+        if let Some(l) = load {
+            l.signal("STOP");
+        }
+        r
+    };
+
+    // alone[cond][j]: every alone run; per_round[cond][j][round]: the slow
+    // types' figure of each round.
+    let nc = conditions.len();
+    let mut alone: Vec<Vec<Vec<Figures>>> = vec![vec![Vec::new(); ALONE.len()]; nc];
+    let mut slow_by_round: Vec<Vec<Vec<f64>>> = vec![vec![Vec::new(); ALONE.len()]; nc];
+    // results[i]: mixed config i's runs; effs[cond][i]: its efficiency by
+    // round over the Ferrite run just before it and the round's others.
+    let mut results: Vec<Vec<Figures>> = vec![Vec::new(); mixed.len()];
+    let mut hogged: Vec<Vec<Figures>> = vec![Vec::new(); mixed.len()];
+    let mut effs: Vec<Vec<Vec<f64>>> = vec![vec![Vec::new(); mixed.len()]; nc];
+    for round in 0..rounds {
+        for (k, &cond) in conditions.iter().enumerate() {
+            let slow: Vec<usize> = match three {
+                true => vec![COBALT, OPENCL],
+                false => vec![COBALT],
             };
-            let r = run(&exe, opencl.as_deref(), c, &cores, &dir, &model, gb, steps);
+            for j in slow {
+                if j == OPENCL && cond == Condition::Beside {
+                    continue;
+                }
+                let cores = cores_in_round(&ALONE[j], round);
+                let r = alone_run(j, &cores, cond, slow_steps);
+                eprintln!(
+                    "round {}: {:<28} {:>9.0} tokens/s ({})",
+                    round + 1,
+                    ALONE[j].name,
+                    r.tokens_per_s,
+                    cond.label()
+                );
+                slow_by_round[k][j].push(r.tokens_per_s);
+                alone[k][j].push(r);
+            }
+        }
+        for (i, c) in mixed.iter().enumerate() {
+            let mut fast: Vec<f64> = Vec::new();
+            for (k, &cond) in conditions.iter().enumerate() {
+                let cores = cores_in_round(&ALONE[FERRITE], round);
+                let r = alone_run(FERRITE, &cores, cond, steps);
+                fast.push(r.tokens_per_s);
+                alone[k][FERRITE].push(r);
+            }
+            let cores = cores_in_round(c, round);
+            let r = bench.run(c, &cores, &mixed_plans[i].0, steps);
             eprintln!(
-                "round {}: {:<28} {:>9.0} tokens/s  {}",
+                "round {}: {:<28} {:>9.0} tokens/s (Ferrite alone just before: {})",
                 round + 1,
                 c.name,
-                r.0,
-                r.3
+                r.tokens_per_s,
+                fast.iter()
+                    .map(|t| format!("{t:.0}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
             );
+            for (k, &cond) in conditions.iter().enumerate() {
+                if c.alone == THREE && cond == Condition::Beside {
+                    continue;
+                }
+                let others: f64 = c
+                    .alone
+                    .iter()
+                    .filter(|&&j| j != FERRITE)
+                    .map(|&j| slow_by_round[k][j][round])
+                    .sum();
+                effs[k][i].push(100.0 * r.tokens_per_s / (fast[k] + others));
+            }
             results[i].push(r);
             if hog {
-                let _h = Hog::start();
-                let r = run(&exe, opencl.as_deref(), c, &cores, &dir, &model, gb, steps);
+                let _h = Process::hog();
+                let r = bench.run(c, &cores, &mixed_plans[i].0, steps);
                 eprintln!(
                     "round {}: {:<28} {:>9.0} tokens/s beside a CPU hog",
                     round + 1,
                     c.name,
-                    r.0
+                    r.tokens_per_s
                 );
                 hogged[i].push(r);
             }
         }
     }
-    let spread = |v: &[(f64, f64, f64, String)]| {
-        let t: Vec<f64> = v.iter().map(|x| x.0).collect();
-        (
-            t.iter().copied().fold(f64::INFINITY, f64::min),
-            t.iter().copied().fold(0.0, f64::max),
-        )
-    };
-    let tps: Vec<f64> = results
-        .iter()
-        .map(|r| median(r.iter().map(|x| x.0).collect()))
-        .collect();
-    // The sum of the alone throughputs a configuration is measured against.
-    let alone_sum = |c: &Config| c.alone.iter().map(|&j| tps[j]).sum::<f64>();
+    drop(loads);
+
+    let tps = |v: &[Figures]| median(v.iter().map(|x| x.tokens_per_s).collect());
+    println!();
     println!(
-        "# polychip train efficiency: model {model}, global batch {gb}, {steps} steps, medians of {rounds} rounds"
+        "{:<30} {:>9} {:>15} {:>9} {:>9} {:>9}  plan",
+        "configuration", "tokens/s", "min-max", "step ms", "pred. ms", "pred.err"
     );
-    println!(
-        "{:<28} {:>11} {:>10} {:>10} {:>9} {:>11}  plan",
-        "configuration", "tokens/s", "step ms", "pred. ms", "pred.err", "efficiency"
-    );
-    for (i, c) in CONFIGS.iter().enumerate() {
-        if results[i].is_empty() {
-            continue;
+    let row = |name: &str, runs: &[Figures], plan: &str| {
+        if runs.is_empty() {
+            return;
         }
-        let step = median(results[i].iter().map(|x| x.1).collect());
-        let pred = median(results[i].iter().map(|x| x.2).collect());
-        let eff = if c.alone.is_empty() {
-            "-".into()
-        } else {
-            format!("{:.2}%", tps[i] / alone_sum(c) * 100.0)
-        };
+        let step = median(runs.iter().map(|x| x.step).collect());
+        let pred = median(runs.iter().map(|x| x.predicted).collect());
+        let t: Vec<f64> = runs.iter().map(|x| x.tokens_per_s).collect();
+        let (_, lo, hi, _, _) = stats(&t);
         println!(
-            "{:<28} {:>11.0} {:>10.1} {:>10.1} {:>8.1}% {:>11}  {}",
-            c.name,
-            tps[i],
+            "{:<30} {:>9.0} {:>15} {:>9.1} {:>9.1} {:>8.1}%  {plan}",
+            name,
+            tps(runs),
+            format!("{lo:.0}-{hi:.0}"),
             step * 1e3,
             pred * 1e3,
             (step / pred - 1.0) * 100.0,
-            eff,
-            results[i].last().map_or("", |x| x.3.as_str())
         );
-    }
-    for set in [TWO, THREE] {
-        if set.iter().all(|&j| !results[j].is_empty()) {
-            let names: Vec<&str> = set.iter().map(|&j| CONFIGS[j].name).collect();
-            let sum: f64 = set.iter().map(|&j| tps[j]).sum();
-            println!(
-                "sum of the alone throughputs ({}): {sum:.0} tokens/s",
-                names.join(", ")
+    };
+    for (k, &cond) in conditions.iter().enumerate() {
+        for j in [FERRITE, COBALT, OPENCL] {
+            let plan = alone_plans[j].as_ref().map_or("", |p| p.1.as_str());
+            row(
+                &format!("{} ({})", ALONE[j].name, cond.label()),
+                &alone[k][j],
+                plan,
             );
         }
     }
-    // Efficiency round by round (each round's mixed run over the same
-    // round's alone runs), its spread, and how many rounds the median
-    // needs to be stable to a percentage point: the standard error of a
-    // median is about 1.25 sigma / sqrt(n).
-    {
-        for (i, c) in CONFIGS.iter().enumerate() {
-            let rounds = results[i].len();
-            if c.alone.is_empty()
-                || rounds == 0
-                || c.alone.iter().any(|&j| results[j].len() != rounds)
-            {
+    for (i, c) in mixed.iter().enumerate() {
+        row(c.name, &results[i], &mixed_plans[i].1);
+    }
+    println!();
+    println!(
+        "{:<30} {:>10} {:>9} {:>9} {:>7} {:>7}  over",
+        "efficiency by round", "median", "min", "max", "sigma", "rounds"
+    );
+    for (k, &cond) in conditions.iter().enumerate() {
+        for (i, c) in mixed.iter().enumerate() {
+            if effs[k][i].is_empty() {
                 continue;
             }
-            let effs: Vec<f64> = (0..rounds)
-                .map(|r| {
-                    let sum: f64 = c.alone.iter().map(|&j| results[j][r].0).sum();
-                    100.0 * results[i][r].0 / sum
-                })
-                .collect();
-            let n = effs.len() as f64;
-            let mean = effs.iter().sum::<f64>() / n;
-            let sigma =
-                (effs.iter().map(|e| (e - mean).powi(2)).sum::<f64>() / (n - 1.0).max(1.0)).sqrt();
-            let need = (1.25 * sigma).powi(2).ceil().max(1.0);
+            let (m, lo, hi, sigma, need) = stats(&effs[k][i]);
             println!(
-                "{:<28} efficiency by round: median {:.2}%, min {:.2}%, max {:.2}%, sigma {:.2} points: \
-                 about {need:.0} rounds for a median stable to 1 point",
+                "{:<30} {:>9.2}% {:>8.2}% {:>8.2}% {:>7.2} {:>7}  each alone {}: Ferrite right \
+                 before, the others of the round",
                 c.name,
-                median(effs.clone()),
-                effs.iter().copied().fold(f64::INFINITY, f64::min),
-                effs.iter().copied().fold(0.0, f64::max),
-                sigma
+                m,
+                lo,
+                hi,
+                sigma,
+                need,
+                cond.label()
             );
         }
     }
-    println!(
-        "{:<28} {:>19} {:>11} {:>19} {:>9} {:>10}",
-        "spread and load", "quiet min-max", "with hog", "hog min-max", "kept", "hog leaves"
-    );
-    for (i, c) in CONFIGS.iter().enumerate() {
-        if results[i].is_empty() {
-            continue;
-        }
-        let (lo, hi) = spread(&results[i]);
-        let (with, kept, leaves, hlo, hhi) = if hogged[i].is_empty() {
-            (f64::NAN, f64::NAN, f64::NAN, f64::NAN, f64::NAN)
-        } else {
-            let t = median(hogged[i].iter().map(|x| x.0).collect());
+    if hog {
+        println!();
+        println!(
+            "{:<30} {:>9} {:>9} {:>15} {:>8} {:>10}",
+            "beside a CPU hog", "quiet", "with hog", "hog min-max", "kept", "hog leaves"
+        );
+        for (i, c) in mixed.iter().enumerate() {
+            if hogged[i].is_empty() {
+                continue;
+            }
+            let with = tps(&hogged[i]);
             // Ranks of the configuration plus the hog on `cores` cores.
             let ranks = c.devices.split(',').count() as f64;
             let leaves = (cores as f64 / (ranks + 1.0)).min(1.0);
-            let (a, b) = spread(&hogged[i]);
-            (t, t / tps[i], leaves, a, b)
-        };
-        if hogged[i].is_empty() {
-            println!("{:<28} {:>9.0}-{:<9.0}", c.name, lo, hi);
-            continue;
+            let t: Vec<f64> = hogged[i].iter().map(|x| x.tokens_per_s).collect();
+            let (_, lo, hi, _, _) = stats(&t);
+            println!(
+                "{:<30} {:>9.0} {:>9.0} {:>15} {:>7.1}% {:>9.1}%",
+                c.name,
+                tps(&results[i]),
+                with,
+                format!("{lo:.0}-{hi:.0}"),
+                with / tps(&results[i]) * 100.0,
+                leaves * 100.0
+            );
         }
-        println!(
-            "{:<28} {:>9.0}-{:<9.0} {:>11.0} {:>9.0}-{:<9.0} {:>8.1}% {:>9.1}%",
-            c.name,
-            lo,
-            hi,
-            with,
-            hlo,
-            hhi,
-            kept * 100.0,
-            leaves * 100.0
-        );
     }
     if opencl.is_none() {
         println!(
             "three vendors: not measured (the OpenCL plugin is not built beside the binary, or \
              finds no OpenCL device)"
         );
-    } else {
+    } else if three {
         println!(
             "three vendors: three devices on two cores (the third rank shares core 0 with the \
-             first), against each alone on a core of its own"
+             first), against each alone on a core of its own, quiet"
         );
     }
     let _ = std::fs::remove_dir_all(&dir);

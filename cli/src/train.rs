@@ -293,15 +293,11 @@ fn resolve_plan(
                 .and_then(auto::AutoMode::parse)
                 .unwrap_or(auto::AutoMode::Best);
             let devices = device_pool(rt, args.devices.as_deref())?;
-            // Profile on the share of the cores one rank will get.
-            if !args.no_pin {
-                pin_to(&pin::share(cores, 0, devices.len()))?;
-            }
-            let planned = auto::auto_plan(model, t, &devices, mode, !args.no_shard_optimizer);
-            if !args.no_pin {
-                pin_to(cores)?;
-            }
-            let (plan, found, profiles) = planned?;
+            // Every device profiled at once, each on the share of the
+            // cores its rank will get.
+            let pinned = (!args.no_pin).then_some(cores);
+            let (plan, found, profiles) =
+                auto::auto_plan(model, t, &devices, mode, !args.no_shard_optimizer, pinned)?;
             for p in &profiles {
                 let c = &p.costs;
                 eprintln!(

@@ -140,6 +140,87 @@ fn the_ends_of_the_model_may_be_stages_of_their_own() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Stages cut halfway through blocks (between a block's attention and
+/// feed-forward halves) and a replica whose last micro-batch is smaller
+/// than its others: the same curve as one device, the file's cuts read as
+/// block numbers, and a checkpoint resumes into another half-block split.
+#[test]
+fn half_blocks_and_a_smaller_last_micro_batch_follow_the_curve() {
+    let dir = scratch("halves");
+    let path = dir.join("halves.json");
+    std::fs::write(
+        &path,
+        r#"{"group": [
+  {"micro_batch_size": 3, "micro_batches": 3, "sequences": 7, "stages": [
+    {"device": "cobalt:0", "layers": [0, 0.5]},
+    {"device": "ferrite:0", "layers": [0.5, 2]}]},
+  {"micro_batch_size": 1, "micro_batches": 1, "stages": [
+    {"device": "ferrite:1", "layers": [0, 2]}]}
+]}"#,
+    )
+    .unwrap();
+    let plan = path.display().to_string();
+    let (reference, _, c) =
+        follows_and_checkpoints(&dir, 8, &["--plan", &plan], "half blocks, 7 + 1 sequences");
+    let resumed = curve(
+        &dir,
+        "resumed",
+        &[
+            "--steps",
+            "8",
+            "--stages",
+            "ferrite:0=0..1.5,cobalt:0=1.5..2",
+            "--resume",
+            &c,
+        ],
+    );
+    let d = max_diff(&resumed, &reference[4..]);
+    assert!(d <= F32_BOUND, "resumed into another split: differs by {d}");
+    // A last micro-batch outside its bounds, and a cut that is no block
+    // number, are refused with what is wrong.
+    for (bad, want) in [
+        (
+            r#""micro_batches": 3, "sequences": 6"#,
+            "sequences is 6, but 3 micro-batches of 3 hold 7 to 9 sequences",
+        ),
+        (
+            r#""micro_batches": 3, "sequences": 7, "x": 0"#,
+            "unknown field",
+        ),
+    ] {
+        let text = std::fs::read_to_string(&path).unwrap().replacen(
+            r#""micro_batches": 3, "sequences": 7"#,
+            bad,
+            1,
+        );
+        let file = dir.join("bad.json");
+        std::fs::write(&file, text).unwrap();
+        let f = file.display().to_string();
+        let (code, out, err) = polychip_env(
+            &[&COMMON[..], &["--steps", "1", "--plan", &f]].concat(),
+            &[],
+        );
+        assert_eq!(code, Some(2), "{bad}: {out}{err}");
+        assert!(err.contains(want), "{bad}: {err}");
+    }
+    let (code, _, err) = polychip_env(
+        &[
+            &COMMON[..],
+            &[
+                "--steps",
+                "1",
+                "--stages",
+                "ferrite:0=0..0.25,cobalt:0=0.25..2",
+            ],
+        ]
+        .concat(),
+        &[],
+    );
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("cut halfway through block 3"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// Trains `layout` for `steps` steps, which must follow the one-device
 /// curve within [`F32_BOUND`], then again stopping after half of them with
 /// a checkpoint in `dir/ck`, whose losses must be the first half of the

@@ -373,6 +373,18 @@ impl PlanSpec {
             };
             let micro_batch_size = field_u64(g, "micro_batch_size", &at, None)?;
             let micro_batches = field_u64(g, "micro_batches", &at, None)?;
+            // A trainer plan's replica sequences (the planner's own
+            // "sequences" is the group's total, copies included).
+            if !planner
+                && let Some(seqs) = g.get("sequences")
+                && seqs.as_u64() != micro_batch_size.checked_mul(micro_batches)
+            {
+                return Err(plan_err(format!(
+                    "{at} gives sequences {seqs}, a last micro-batch smaller than its others, \
+                     which polychip train runs but the cluster planner does not model: give \
+                     every micro-batch the same size"
+                )));
+            }
             if copies.saturating_mul(stages.len() as u64) > MAX_SIMULATED
                 && stages
                     .iter()
@@ -410,8 +422,13 @@ impl PlanSpec {
                         .filter(|l| l.len() == 2)
                         .ok_or_else(|| plan_err(format!("{at} has no layers [first, end]")))?;
                     let n = |x: &Value| {
-                        x.as_u64().ok_or_else(|| {
-                            plan_err(format!("{at}: layers holds {x}, not a layer index"))
+                        x.as_u64().ok_or_else(|| match x.as_f64() {
+                            Some(f) if f >= 0.0 && (f * 2.0).fract() == 0.0 => plan_err(format!(
+                                "{at}: layers holds {x}, a cut halfway through a block, which \
+                                 polychip train runs but the cluster planner does not model: \
+                                 it cuts at whole blocks"
+                            )),
+                            _ => plan_err(format!("{at}: layers holds {x}, not a layer index")),
                         })
                     };
                     [n(&l[0])?, n(&l[1])?]

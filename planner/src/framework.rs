@@ -70,13 +70,24 @@ pub mod polychip {
         state_bytes(c).iter().sum()
     }
 
-    /// What one block keeps for its backward per micro-batch: its input,
-    /// the first norm's output, q, k, v, the attention output, the second
-    /// residual, the second norm's output, gate, up and their product in
-    /// the compute dtype, and the two norms' inverse scales and the
-    /// attention's log-sum-exp per head in f32.
+    /// What one block keeps for its backward per micro-batch: its two
+    /// halves' ([`attention_bytes`] and [`feed_forward_bytes`]).
     pub fn block_bytes(s: Shape, tokens: u64, c: u64) -> u64 {
-        tokens * (6 * s.hidden + 2 * s.kv_dim + 3 * s.ffn) * c + tokens * (2 + s.heads) * 4
+        attention_bytes(s, tokens, c) + feed_forward_bytes(s, tokens, c)
+    }
+
+    /// What a block's attention half keeps: its input, the norm's output,
+    /// q, k, v and the attention output in the compute dtype, the norm's
+    /// inverse scale and the attention's log-sum-exp per head in f32.
+    pub fn attention_bytes(s: Shape, tokens: u64, c: u64) -> u64 {
+        tokens * (4 * s.hidden + 2 * s.kv_dim) * c + tokens * (1 + s.heads) * 4
+    }
+
+    /// What a block's feed-forward half keeps: its input (the attention
+    /// half's residual), the norm's output, gate, up and their product in
+    /// the compute dtype, and the norm's inverse scale in f32.
+    pub fn feed_forward_bytes(s: Shape, tokens: u64, c: u64) -> u64 {
+        tokens * (2 * s.hidden + 3 * s.ffn) * c + tokens * 4
     }
 
     /// What every stage keeps per micro-batch besides its blocks: the

@@ -10,9 +10,11 @@
 //! evaluates every candidate layout with the discrete-event 1F1B
 //! simulator ([`crate::sim`]):
 //! - pipelines over all the devices in every order, with every split of
-//!   the blocks into contiguous stages (HeteroPP with layer counts fitted
-//!   to speed, and the order free, so a slow chip can take the cheap first
-//!   stage instead of the head);
+//!   the blocks into contiguous stages, cut between blocks or halfway
+//!   through one, between its attention and feed-forward halves (HeteroPP
+//!   with layer counts fitted to speed at half a block's grain, and the
+//!   order free, so a slow chip can take the cheap first stage instead of
+//!   the head);
 //! - data-parallel replicas, each device the whole model, the micro-batches
 //!   of the step dealt out so that the slowest replica finishes first
 //!   (China Mobile's DP across types);
@@ -31,6 +33,11 @@ pub struct MeasuredDevice {
     pub block_forward: f64,
     /// Backward of one block.
     pub block_backward: f64,
+    /// The attention half's part of `block_forward` (the feed-forward
+    /// half's is the rest).
+    pub attention_forward: f64,
+    /// The attention half's part of `block_backward`.
+    pub attention_backward: f64,
     /// Forward of the embedding.
     pub embed_forward: f64,
     /// Backward of the embedding.
@@ -50,6 +57,8 @@ pub struct MeasuredModel {
     pub layers: usize,
     /// Parameters of one block.
     pub block_params: u64,
+    /// Those of its attention half (the feed-forward half holds the rest).
+    pub attention_params: u64,
     /// Parameters of the embedding.
     pub embed_params: u64,
     /// Parameters of the final norm and head.
@@ -82,25 +91,29 @@ pub enum Layouts {
     Replicas,
 }
 
-/// One stage of a measured plan: a device index and blocks `[first, end)`.
+/// One stage of a measured plan: a device index and the half blocks
+/// `[from, to)`: half `h` is block `h / 2`'s attention half when `h` is
+/// even, its feed-forward half when odd (blocks `[first, end)` are halves
+/// `[2 first, 2 end)`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MeasuredStage {
     /// Index into the devices.
     pub device: usize,
-    /// First block.
-    pub first: usize,
-    /// One past the last block.
-    pub end: usize,
+    /// First half block.
+    pub from: usize,
+    /// One past the last half block.
+    pub to: usize,
 }
 
-/// What a stage holds: blocks `[first, end)`, and the embedding or the
-/// head (a pipeline's first and last stage, which may hold no block).
+/// What a stage holds: the half blocks `[from, to)` (see
+/// [`MeasuredStage`]), and the embedding or the head (a pipeline's first
+/// and last stage, which may hold no block).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Span {
-    /// First block.
-    pub first: usize,
-    /// One past the last block.
-    pub end: usize,
+    /// First half block.
+    pub from: usize,
+    /// One past the last half block.
+    pub to: usize,
     /// Holds the embedding.
     pub embed: bool,
     /// Holds the final norm, head and loss.
@@ -111,8 +124,8 @@ impl Span {
     /// The whole model of `layers` blocks.
     pub fn whole(layers: usize) -> Span {
         Span {
-            first: 0,
-            end: layers,
+            from: 0,
+            to: 2 * layers,
             embed: true,
             head: true,
         }
@@ -121,12 +134,28 @@ impl Span {
     /// Stage `s`, the `i`th of `k`.
     pub fn of(s: &MeasuredStage, i: usize, k: usize) -> Span {
         Span {
-            first: s.first,
-            end: s.end,
+            from: s.from,
+            to: s.to,
             embed: i == 0,
             head: i + 1 == k,
         }
     }
+
+    /// The attention halves and the feed-forward halves it holds.
+    pub fn half_counts(&self) -> (usize, usize) {
+        half_counts(self.from, self.to)
+    }
+}
+
+/// The attention halves (even) and feed-forward halves (odd) of the half
+/// blocks `[from, to)`.
+fn half_counts(from: usize, to: usize) -> (usize, usize) {
+    let n = to.saturating_sub(from);
+    let attention = match from % 2 {
+        0 => n.div_ceil(2),
+        _ => n / 2,
+    };
+    (attention, n - attention)
 }
 
 /// A pipeline with its micro-batch size and count.
@@ -138,6 +167,11 @@ pub struct MeasuredPipeline {
     pub micro_batch: usize,
     /// Micro-batches per step.
     pub micro_batches: usize,
+    /// Sequences per step: `micro_batches` of `micro_batch`, or fewer when
+    /// the last micro-batch is smaller (a replica of
+    /// [`replicas_by_sequence`] dealt a number of sequences its size does
+    /// not divide).
+    pub sequences: usize,
 }
 
 /// The search's answer.
@@ -176,14 +210,24 @@ pub fn sharded_optimizer(per_param: &[f64], params: u64, link_bandwidth: f64) ->
     (p / speed + p * MASTER_BYTES / link_bandwidth, weights)
 }
 
-/// Forward and backward seconds of one micro-batch through `blocks`
-/// blocks on a device of costs `d`, with the embedding and the head when
-/// the stage holds them: the measured price of a stage, for this search
-/// and for the cluster planner's measured chip types alike
+/// Forward and backward seconds of one micro-batch through `attention`
+/// attention halves and `feed_forward` feed-forward halves of blocks (a
+/// block is one of each) on a device of costs `d`, with the embedding and
+/// the head when the stage holds them: the measured price of a stage, for
+/// this search and for the cluster planner's measured chip types alike
 /// ([`crate::profile`]).
-pub fn stage_passes(d: &MeasuredDevice, blocks: usize, embed: bool, head: bool) -> (f64, f64) {
-    let n = blocks as f64;
-    let (mut f, mut b) = (n * d.block_forward, n * d.block_backward);
+pub fn stage_passes(
+    d: &MeasuredDevice,
+    attention: usize,
+    feed_forward: usize,
+    embed: bool,
+    head: bool,
+) -> (f64, f64) {
+    let (a, f_) = (attention as f64, feed_forward as f64);
+    let (mut f, mut b) = (
+        a * d.attention_forward + f_ * (d.block_forward - d.attention_forward),
+        a * d.attention_backward + f_ * (d.block_backward - d.attention_backward),
+    );
     if embed {
         f += d.embed_forward;
         b += d.embed_backward;
@@ -212,8 +256,10 @@ fn pipeline_time(
         .map(|(i, s)| {
             let d = &devs[s.device];
             let (embed, head) = (i == 0, i + 1 == p);
-            let (f, b) = stage_passes(d, s.end - s.first, embed, head);
-            let mut params = (s.end - s.first) as u64 * model.block_params;
+            let (attention, ffn) = half_counts(s.from, s.to);
+            let (f, b) = stage_passes(d, attention, ffn, embed, head);
+            let mut params = attention as u64 * model.attention_params
+                + ffn as u64 * (model.block_params - model.attention_params);
             if embed {
                 params += model.embed_params;
             }
@@ -238,11 +284,11 @@ fn pipeline_time(
     .step_time
 }
 
-/// Every split of `layers` blocks into `k` contiguous ranges (each
-/// stage's end, the last `layers`). Every stage holds a block but the first
-/// and the last of several: the first may hold the embedding alone (0..0),
-/// the last the head alone (`layers..layers`), the finest ends a slow chip
-/// can take.
+/// Every split of `layers` units (half blocks) into `k` contiguous ranges
+/// (each stage's end, the last `layers`). Every stage holds a unit but the
+/// first and the last of several: the first may hold the embedding alone
+/// (0..0), the last the head alone (`layers..layers`), the finest ends a
+/// slow chip can take.
 fn splits(layers: usize, k: usize, out: &mut Vec<Vec<usize>>, cur: &mut Vec<usize>) {
     let i = cur.len();
     let start = cur.last().copied().unwrap_or(0);
@@ -287,10 +333,11 @@ pub fn search(
     fits: &dyn Fn(usize, Span, usize) -> bool,
 ) -> Option<MeasuredPlan> {
     let (n, m, layers) = (devs.len(), model.micro_batches, model.layers);
+    let halves = 2 * layers;
     let whole = |d: usize| MeasuredStage {
         device: d,
-        first: 0,
-        end: layers,
+        from: 0,
+        to: halves,
     };
     let mut candidates = 0u64;
     let alone: Vec<f64> = (0..n)
@@ -307,11 +354,11 @@ pub fn search(
         }
     };
     if which != Layouts::Replicas {
-        for k in [n].into_iter().filter(|&k| k <= layers + 2) {
+        for k in [n].into_iter().filter(|&k| k <= halves + 2) {
             let mut os = Vec::new();
             orders(n, k, &mut Vec::new(), &mut os);
             let mut ss = Vec::new();
-            splits(layers, k, &mut ss, &mut Vec::new());
+            splits(halves, k, &mut ss, &mut Vec::new());
             for order in &os {
                 for split in &ss {
                     candidates += 1;
@@ -320,8 +367,8 @@ pub fn search(
                         .enumerate()
                         .map(|(i, &d)| MeasuredStage {
                             device: d,
-                            first: if i == 0 { 0 } else { split[i - 1] },
-                            end: split[i],
+                            from: if i == 0 { 0 } else { split[i - 1] },
+                            to: split[i],
                         })
                         .collect();
                     let ok = stages
@@ -338,6 +385,7 @@ pub fn search(
                             stages,
                             micro_batch: model.micro_batch,
                             micro_batches: m,
+                            sequences: m * model.micro_batch,
                         }],
                     );
                 }
@@ -452,9 +500,43 @@ pub fn replicas_by_sequence(
     }
 }
 
+/// Forward and backward seconds of one micro-batch of `r` sequences
+/// through the whole model on device `d`: measured where `sizes` holds
+/// that micro-batch size, else interpolated linearly between the nearest
+/// sizes measured below and above it (in proportion to the nearest one
+/// past the ends).
+fn whole_model_passes(sizes: &[SizedCosts], d: usize, r: usize) -> f64 {
+    let layers = sizes[0].model.layers;
+    let at = |s: &SizedCosts| {
+        let (f, b) = stage_passes(&s.devices[d], layers, layers, true, true);
+        (s.model.micro_batch as f64, f + b)
+    };
+    let r = r as f64;
+    let below = sizes
+        .iter()
+        .map(at)
+        .filter(|&(b, _)| b <= r)
+        .max_by(|x, y| x.0.total_cmp(&y.0));
+    let above = sizes
+        .iter()
+        .map(at)
+        .filter(|&(b, _)| b >= r)
+        .min_by(|x, y| x.0.total_cmp(&y.0));
+    match (below, above) {
+        (Some((b0, t0)), Some((b1, t1))) if b1 > b0 => t0 + (t1 - t0) * (r - b0) / (b1 - b0),
+        (Some((b0, t0)), _) => t0 * r / b0,
+        (None, Some((b1, t1))) => t1 * r / b1,
+        (None, None) => f64::INFINITY,
+    }
+}
+
 /// [`replicas_by_sequence`]'s deal, each replica's step with its own
 /// optimizer step over `params` parameters or (`with_optimizer` false)
-/// without one.
+/// without one. For every choice of a micro-batch size per device, every
+/// replica starts with one micro-batch; then the replica that would finish
+/// soonest with more takes sequences up to its next whole micro-batch (or
+/// what is left of the batch), so a replica's last micro-batch may be
+/// smaller than its others.
 fn deal(
     sizes: &[SizedCosts],
     global_batch: usize,
@@ -466,8 +548,8 @@ fn deal(
     let layers = sizes[0].model.layers;
     let whole = |d: usize| MeasuredStage {
         device: d,
-        first: 0,
-        end: layers,
+        from: 0,
+        to: 2 * layers,
     };
     let devices: Vec<Vec<MeasuredDevice>> = sizes
         .iter()
@@ -479,14 +561,25 @@ fn deal(
             ds
         })
         .collect();
-    // Each (device, size, micro-batches) simulated once: the deals of every
-    // choice of sizes ask for the same ones again and again.
+    // Each (device, size, micro-batches) simulated once, and each (device,
+    // smaller last micro-batch) priced once: the deals of every choice of
+    // sizes ask for the same ones again and again.
     let memo = std::cell::RefCell::new(std::collections::HashMap::new());
-    let time = |d: usize, k: usize, m: usize| {
-        *memo
-            .borrow_mut()
-            .entry((d, k, m))
-            .or_insert_with(|| pipeline_time(&devices[k], &sizes[k].model, &[whole(d)], m, params))
+    let last = std::cell::RefCell::new(std::collections::HashMap::new());
+    let time = |d: usize, k: usize, seqs: usize| {
+        let b = sizes[k].model.micro_batch;
+        let (full, rest) = (seqs / b, seqs % b);
+        let whole_ones = *memo.borrow_mut().entry((d, k, full)).or_insert_with(|| {
+            pipeline_time(&devices[k], &sizes[k].model, &[whole(d)], full, params)
+        });
+        let smaller = match rest {
+            0 => 0.0,
+            r => *last
+                .borrow_mut()
+                .entry((d, r))
+                .or_insert_with(|| whole_model_passes(sizes, d, r)),
+        };
+        whole_ones + smaller
     };
     let mut best: Option<(f64, Vec<MeasuredPipeline>)> = None;
     // Every choice of a size index per device (sizes^n: a few dozen).
@@ -494,37 +587,37 @@ fn deal(
     'choices: loop {
         let ok = (0..n).all(|d| fits(d, sizes[choice[d]].model.micro_batch));
         let unit = |d: usize| sizes[choice[d]].model.micro_batch;
-        let mut counts = vec![1usize; n];
-        let mut total: usize = (0..n).map(unit).sum();
+        let mut seqs: Vec<usize> = (0..n).map(unit).collect();
+        let mut total: usize = seqs.iter().sum();
         if ok && total <= global_batch {
             while total < global_batch {
-                let pick = (0..n)
-                    .filter(|&d| total + unit(d) <= global_batch)
+                let more = |d: usize| (unit(d) - seqs[d] % unit(d)).min(global_batch - total);
+                let d = (0..n)
                     .min_by(|&a, &b| {
-                        time(a, choice[a], counts[a] + 1).total_cmp(&time(
+                        time(a, choice[a], seqs[a] + more(a)).total_cmp(&time(
                             b,
                             choice[b],
-                            counts[b] + 1,
+                            seqs[b] + more(b),
                         ))
-                    });
-                let Some(d) = pick else { break };
-                counts[d] += 1;
-                total += unit(d);
+                    })
+                    .expect("two or more replicas");
+                let add = more(d);
+                seqs[d] += add;
+                total += add;
             }
-            if total == global_batch {
-                let t = (0..n)
-                    .map(|d| time(d, choice[d], counts[d]))
-                    .fold(0.0, f64::max);
-                if best.as_ref().is_none_or(|(bt, _)| t < *bt) {
-                    let pipes = (0..n)
-                        .map(|d| MeasuredPipeline {
-                            stages: vec![whole(d)],
-                            micro_batch: unit(d),
-                            micro_batches: counts[d],
-                        })
-                        .collect();
-                    best = Some((t, pipes));
-                }
+            let t = (0..n)
+                .map(|d| time(d, choice[d], seqs[d]))
+                .fold(0.0, f64::max);
+            if best.as_ref().is_none_or(|(bt, _)| t < *bt) {
+                let pipes = (0..n)
+                    .map(|d| MeasuredPipeline {
+                        stages: vec![whole(d)],
+                        micro_batch: unit(d),
+                        micro_batches: seqs[d].div_ceil(unit(d)),
+                        sequences: seqs[d],
+                    })
+                    .collect();
+                best = Some((t, pipes));
             }
         }
         // The next choice (odometer order).
@@ -549,6 +642,8 @@ mod tests {
             name: name.into(),
             block_forward: block / 3.0,
             block_backward: 2.0 * block / 3.0,
+            attention_forward: block / 6.0,
+            attention_backward: block / 3.0,
             embed_forward: 0.0,
             embed_backward: 0.0,
             head_forward: head / 3.0,
@@ -561,6 +656,7 @@ mod tests {
         MeasuredModel {
             layers,
             block_params: 1000,
+            attention_params: 500,
             embed_params: 100,
             head_params: 100,
             activation_bytes: 0,
@@ -581,19 +677,41 @@ mod tests {
         let plan = search(&devs, &model(16, 32), Layouts::Pipelines, &|_, _, _| true).unwrap();
         let p = &plan.pipelines[0];
         assert_eq!(p.stages[0].device, 1, "{plan:?}");
-        assert_eq!((p.stages[0].first, p.stages[0].end), (0, 1));
-        // Slow takes 10 per micro-batch, fast 15 + 1: the fast stage bounds
-        // it, and the pipeline beats the fast chip alone (17 per micro-batch).
+        // A block and a half (halves 0..3): slow 15 per micro-batch, fast
+        // 14.5 + 1. Whole blocks could only give it one (10 against the
+        // fast stage's 16) or two (20).
+        assert_eq!((p.stages[0].from, p.stages[0].to), (0, 3));
+        let whole = pipeline_time(
+            &devs,
+            &model(16, 32),
+            &[
+                MeasuredStage {
+                    device: 1,
+                    from: 0,
+                    to: 2,
+                },
+                MeasuredStage {
+                    device: 0,
+                    from: 2,
+                    to: 32,
+                },
+            ],
+            32,
+            0,
+        );
+        assert!(plan.step_seconds < whole, "{plan:?} against {whole}");
+        // The pipeline beats the fast chip alone (17 per micro-batch).
         assert!(plan.step_seconds < plan.alone_step_seconds[0], "{plan:?}");
-        assert!(plan.speedup_ratio > 0.94, "{plan:?}");
+        assert!(plan.speedup_ratio > 0.95, "{plan:?}");
     }
 
     #[test]
     fn a_slow_chip_may_take_an_end_of_the_model_alone() {
-        // Slow: 30 per block, so any block on it bounds the pipeline; its
-        // embedding costs 2 (fast: 1 per block and for the embedding).
+        // Slow: 40 per block (20 per half), so any half block on it
+        // bounds the pipeline; its embedding costs 2 (fast: 1 per block and
+        // for the embedding).
         let mut fast = dev("fast", 1.0, 1.0);
-        let mut slow = dev("slow", 30.0, 60.0);
+        let mut slow = dev("slow", 40.0, 60.0);
         fast.embed_forward = 0.5;
         fast.embed_backward = 0.5;
         slow.embed_forward = 1.0;
@@ -606,15 +724,11 @@ mod tests {
         )
         .unwrap();
         let st = &plan.pipelines[0].stages;
-        assert_eq!(
-            (st[0].device, st[0].first, st[0].end),
-            (1, 0, 0),
-            "{plan:?}"
-        );
-        assert_eq!((st[1].first, st[1].end), (0, 16), "{plan:?}");
+        assert_eq!((st[0].device, st[0].from, st[0].to), (1, 0, 0), "{plan:?}");
+        assert_eq!((st[1].from, st[1].to), (0, 32), "{plan:?}");
         // Beats the fast chip alone (18 per micro-batch against 17 + 1).
         assert!(plan.step_seconds < plan.alone_step_seconds[0], "{plan:?}");
-        // The splits: each stage a block but the ends, which may be empty.
+        // The splits: each stage a unit but the ends, which may be empty.
         let mut out = Vec::new();
         splits(2, 2, &mut out, &mut Vec::new());
         assert_eq!(out, vec![vec![0, 2], vec![1, 2], vec![2, 2]]);
@@ -643,15 +757,24 @@ mod tests {
         let (t, pipes) = (r.step_seconds, r.pipelines);
         // Free optimizer steps: sharding would only add the gather.
         assert_eq!(r.optimizer_weights, None);
-        let got: Vec<(usize, usize)> = pipes
+        let got: Vec<(usize, usize, usize)> = pipes
             .iter()
-            .map(|p| (p.micro_batch, p.micro_batches))
+            .map(|p| (p.micro_batch, p.micro_batches, p.sequences))
             .collect();
-        // Single sequences balance best: the fast chip 14 (21), the slow
-        // one 2 (20). In whole micro-batches of 4 the slow chip would take
-        // 4 sequences (40).
-        assert_eq!(got, vec![(1, 14), (1, 2)]);
-        assert!((t - 21.0).abs() < 1e-6, "{t}");
+        // Dealt in sequences: the slow chip one (10), the fast one 15 at
+        // its faster size, three micro-batches of 4 (12) and a last one of
+        // 3, priced between its sizes 1 and 4 (1.5 + 2.5 x 2/3). In whole
+        // micro-batches of 4 the slow chip would take 4 sequences (40); in
+        // single sequences the fast one 14 (21) against the slow one's 2.
+        assert_eq!(got, vec![(4, 4, 15), (1, 1, 1)]);
+        let want = 12.0 + 1.5 + 2.5 * 2.0 / 3.0;
+        assert!((t - want).abs() < 1e-6, "{t}");
+        // A last micro-batch's price: measured sizes as measured, others
+        // between the nearest, in proportion past the ends.
+        assert!((whole_model_passes(&sizes, 0, 4) - 4.0).abs() < 1e-12);
+        assert!((whole_model_passes(&sizes, 0, 2) - (1.5 + 2.5 / 3.0)).abs() < 1e-12);
+        assert!((whole_model_passes(&sizes[1..], 1, 2) - 20.0).abs() < 1e-12);
+        assert!((whole_model_passes(&sizes[..1], 0, 3) - 4.5).abs() < 1e-12);
         // Nothing fits the slow chip at size 4: it still gets size 1.
         let r = replicas_by_sequence(&sizes, 16, &|d, b| d == 0 || b == 1).unwrap();
         assert_eq!(r.pipelines[1].micro_batch, 1);
@@ -669,6 +792,7 @@ mod tests {
         slow.optimizer_per_param = 0.5;
         let model = MeasuredModel {
             block_params: 100,
+            attention_params: 50,
             embed_params: 0,
             head_params: 0,
             link_bandwidth: 1000.0,
@@ -713,14 +837,14 @@ mod tests {
         assert_eq!(counts, vec![12, 4]);
         assert!((plan.speedup_ratio - 1.0).abs() < 1e-9, "{plan:?}");
         // Nothing fits device 1 but one block: it must get exactly one.
-        let fits = |d: usize, s: Span, _| d == 0 || s.end - s.first == 1;
+        let fits = |d: usize, s: Span, _| d == 0 || s.to - s.from == 2;
         let plan = search(&devs, &model(4, 16), Layouts::Pipelines, &fits).unwrap();
         let slow = plan.pipelines[0]
             .stages
             .iter()
             .find(|s| s.device == 1)
             .unwrap();
-        assert_eq!(slow.end - slow.first, 1);
+        assert_eq!(slow.to - slow.from, 2);
         assert!(search(&devs, &model(4, 16), Layouts::Replicas, &fits).is_none());
     }
 }

@@ -116,6 +116,10 @@ impl ProfileEntry {
             name: name.to_string(),
             block_forward: self.block.forward,
             block_backward: self.block.backward,
+            // The cluster planner cuts at whole blocks, so the halves'
+            // split never counts there.
+            attention_forward: self.block.forward / 2.0,
+            attention_backward: self.block.backward / 2.0,
             embed_forward: embedding.forward,
             embed_backward: embedding.backward,
             head_forward: head.forward,
@@ -538,7 +542,7 @@ pub(crate) fn apply_measured(
     };
     let blocks = (stage.layers.end - stage.layers.start) as usize;
     let (embed, head) = (stage.holds_embedding(), stage.holds_head());
-    let (mut f, mut b) = crate::measured::stage_passes(&costs, blocks, embed, head);
+    let (mut f, mut b) = crate::measured::stage_passes(&costs, blocks, blocks, embed, head);
     if settings.recompute == crate::settings::Recompute::Full {
         b += blocks as f64 * costs.block_forward;
     }

@@ -18,7 +18,7 @@ use crate::config::{ModelConfig, TrainConfig};
 use crate::error::{Result, TrainError};
 use crate::memory;
 use crate::model::{Stage, StageInput};
-use crate::params::{StageRange, stage_params};
+use crate::params::{ATTENTION_PARAMS, Cut, StageRange, stage_params};
 use crate::plan::{GroupPlan, StagePlan, TrainPlan};
 use crate::trainer::device_name;
 
@@ -120,8 +120,8 @@ pub fn profile_repeated(
 ) -> Result<Profile> {
     let reps = reps.max(1);
     let range = |blocks, embed, head| StageRange {
-        first_layer: 0,
-        end_layer: blocks,
+        start: Cut(0),
+        end: Cut::block(blocks),
         embed,
         head,
     };
@@ -149,6 +149,20 @@ pub fn profile_repeated(
     let bn = time_passes(&st(range(many, false, false))?, b, reps / 2 + 1)?;
     let k = many as f64;
     let block = (bn.0 / k, bn.1 / k);
+    // How a block's time divides between its halves (a pipeline may cut a
+    // block between them): each half alone, as a stage of that half only,
+    // gives the shares, which apply to the block's time from the stage of
+    // many.
+    let half = |h: usize| StageRange {
+        start: Cut(h),
+        end: Cut(h + 1),
+        embed: false,
+        head: false,
+    };
+    let att = time_passes(&st(half(0))?, b, reps)?;
+    let ffn = time_passes(&st(half(1))?, b, reps)?;
+    let share = |a: f64, f: f64| if a + f > 0.0 { a / (a + f) } else { 0.5 };
+    let attention = (block.0 * share(att.0, ffn.0), block.1 * share(att.1, ffn.1));
     // What the blocks keep, their first block's input included: that one
     // was allocated before the forward (it is the stage's input), so the
     // memory that grew during it misses it.
@@ -178,6 +192,8 @@ pub fn profile_repeated(
             name,
             block_forward: block.0,
             block_backward: block.1,
+            attention_forward: attention.0,
+            attention_backward: attention.1,
             embed_forward: embed.0,
             embed_backward: embed.1,
             head_forward: head.0,
@@ -211,18 +227,167 @@ impl AutoMode {
     }
 }
 
-/// Plans `cfg` over `devices` (any mix of vendors): profiles one device of
-/// each vendor on the model, then searches the layouts `mode` allows with
-/// the measured costs ([`polychip_planner::measured`]); data-parallel
-/// layouts may shard the optimizer step when `shard_optimizer` allows it
-/// (the search prices both). Returns the plan (with the predicted step
-/// time), the search's answer and the profiles.
+/// Whether profile `name` (`vendor:index`) is of the same kind as `d`.
+fn same_kind(name: &str, d: &Device) -> bool {
+    let vendor = d.plugin().vendor().to_lowercase();
+    name.split_once(':').is_some_and(|(v, _)| v == vendor)
+}
+
+/// The profile whose every cost is the median of `ps`'s (all of one kind
+/// and size; the first's name and size, the largest memory figures).
+fn median_profile(ps: &[Profile]) -> Profile {
+    let med = |f: &dyn Fn(&MeasuredDevice) -> f64| {
+        let mut v: Vec<f64> = ps.iter().map(|p| f(&p.costs)).collect();
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let first = &ps[0];
+    Profile {
+        device: first.device.clone(),
+        micro_batch: first.micro_batch,
+        block_activation_bytes: ps.iter().filter_map(|p| p.block_activation_bytes).max(),
+        peak_memory_bytes: ps.iter().map(|p| p.peak_memory_bytes).max().unwrap_or(0),
+        costs: MeasuredDevice {
+            name: first.costs.name.clone(),
+            block_forward: med(&|c| c.block_forward),
+            block_backward: med(&|c| c.block_backward),
+            attention_forward: med(&|c| c.attention_forward),
+            attention_backward: med(&|c| c.attention_backward),
+            embed_forward: med(&|c| c.embed_forward),
+            embed_backward: med(&|c| c.embed_backward),
+            head_forward: med(&|c| c.head_forward),
+            head_backward: med(&|c| c.head_backward),
+            optimizer_per_param: med(&|c| c.optimizer_per_param),
+        },
+    }
+}
+
+/// Profiles every device of `devices` at every size of `sizes`, all at
+/// once, as the job will run them: one thread per device, pinned (when
+/// `cores` is given) to the share of `cores` its rank would get, so that
+/// each device is timed while the others load the machine as they will in
+/// training. On a machine whose cores share caches, memory bandwidth or a
+/// clock budget, a device timed with the other cores idle runs faster than
+/// it will beside the others (Ferrite on one of two cores: about 10%), and
+/// a search fed such times balances the stages and deals the batch for a
+/// machine that is not the one the job runs on.
+///
+/// Each thread profiles its device at every size, then goes on with
+/// further rounds until every thread has finished one, so that no device's
+/// first round runs on an idle machine; a device's measurements that
+/// ended after that moment are dropped when it has others. Returns one
+/// profile per kind (vendor) and size: the per-cost median over that
+/// kind's devices and rounds.
+///
+/// A plugin that runs its kernels on a process-wide thread pool runs them
+/// where the pool was started (the first thread to use it): with several
+/// devices of such a kind, its profile threads share that pool's cores.
+pub fn profile_side_by_side(
+    cfg: &ModelConfig,
+    t: &TrainConfig,
+    devices: &[Device],
+    sizes: &[usize],
+    cores: Option<&[usize]>,
+) -> Result<Vec<Profile>> {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    let n = devices.len();
+    let finished = AtomicUsize::new(0);
+    let failed = AtomicBool::new(false);
+    let all_done: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    let runs: Vec<Result<Vec<(Profile, Instant)>>> = std::thread::scope(|s| {
+        let handles: Vec<_> = devices
+            .iter()
+            .enumerate()
+            .map(|(i, d)| {
+                let (finished, failed, all_done) = (&finished, &failed, &all_done);
+                s.spawn(move || -> Result<Vec<(Profile, Instant)>> {
+                    if let Some(cores) = cores {
+                        let mine = crate::pin::share(cores, i, n);
+                        crate::pin::pin(&mine).map_err(|e| {
+                            TrainError::Plan(format!("pinning the profile of {d} to {mine:?}: {e}"))
+                        })?;
+                    }
+                    let mut out = Vec::new();
+                    let mut first_round = true;
+                    'rounds: loop {
+                        for &b in sizes {
+                            let stop = finished.load(Ordering::Acquire) == n
+                                || failed.load(Ordering::Acquire);
+                            if !first_round && stop {
+                                break 'rounds;
+                            }
+                            match profile(cfg, t, d, b) {
+                                Ok(p) => out.push((p, Instant::now())),
+                                Err(e) => {
+                                    failed.store(true, Ordering::Release);
+                                    return Err(e);
+                                }
+                            }
+                        }
+                        if first_round {
+                            first_round = false;
+                            if finished.fetch_add(1, Ordering::AcqRel) + 1 == n {
+                                let _ = all_done.set(Instant::now());
+                            }
+                        }
+                        if failed.load(Ordering::Acquire) {
+                            break;
+                        }
+                    }
+                    Ok(out)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+            .collect()
+    });
+    let mut all: Vec<(Profile, Instant)> = Vec::new();
+    for r in runs {
+        all.extend(r?);
+    }
+    let done = all_done.get().copied();
+    let mut profiles = Vec::new();
+    for d in devices {
+        if profiles.iter().any(|p: &Profile| same_kind(&p.device, d)) {
+            continue;
+        }
+        for &b in sizes {
+            let of_kind: Vec<&(Profile, Instant)> = all
+                .iter()
+                .filter(|(p, _)| p.micro_batch == b && same_kind(&p.device, d))
+                .collect();
+            let beside: Vec<Profile> = of_kind
+                .iter()
+                .filter(|(_, at)| done.is_none_or(|done| *at <= done))
+                .map(|(p, _)| p.clone())
+                .collect();
+            let chosen = match beside.is_empty() {
+                false => beside,
+                true => of_kind.iter().map(|(p, _)| p.clone()).collect(),
+            };
+            profiles.push(median_profile(&chosen));
+        }
+    }
+    Ok(profiles)
+}
+
+/// Plans `cfg` over `devices` (any mix of vendors): profiles every device
+/// on the model at once, each on the share of `cores` its rank would get
+/// ([`profile_side_by_side`]), then searches the layouts `mode` allows with
+/// each kind's measured costs ([`polychip_planner::measured`]);
+/// data-parallel layouts may shard the optimizer step when
+/// `shard_optimizer` allows it (the search prices both). Returns the plan
+/// (with the predicted step time), the search's answer and the profiles
+/// (one per kind and micro-batch size).
 pub fn auto_plan(
     cfg: &ModelConfig,
     t: &TrainConfig,
     devices: &[Device],
     mode: AutoMode,
     shard_optimizer: bool,
+    cores: Option<&[usize]>,
 ) -> Result<(TrainPlan, MeasuredPlan, Vec<Profile>)> {
     if devices.is_empty() {
         return Err(TrainError::Plan(
@@ -248,43 +413,44 @@ pub fn auto_plan(
             devices.len()
         )));
     }
-    let mut profiles: Vec<Profile> = Vec::new();
+    let profiles = profile_side_by_side(cfg, t, devices, &sizes, cores)?;
     let mut best: Option<(MeasuredPlan, Vec<MeasuredDevice>)> = None;
     let mut by_size: Vec<SizedCosts> = Vec::new();
+    // Each device's best step alone over the sizes: the speedup ratio's
+    // baseline is each chip at its own best micro-batch size.
+    let mut alone = vec![f64::INFINITY; devices.len()];
     for &b in &sizes {
-        let mut costs = Vec::new();
-        for d in devices {
-            let vendor = d.plugin().vendor().to_lowercase();
-            let known = profiles
-                .iter()
-                .find(|p| p.micro_batch == b && p.device.starts_with(&format!("{vendor}:")))
-                .map(|p| p.costs.clone());
-            let c = match known {
-                Some(c) => c,
-                None => {
-                    let p = profile(cfg, t, d, b)?;
-                    let c = p.costs.clone();
-                    profiles.push(p);
-                    c
+        let costs: Vec<MeasuredDevice> = devices
+            .iter()
+            .map(|d| {
+                let kind = profiles
+                    .iter()
+                    .find(|p| p.micro_batch == b && same_kind(&p.device, d))
+                    .expect("every kind is profiled at every size");
+                MeasuredDevice {
+                    name: device_name(d),
+                    ..kind.costs.clone()
                 }
-            };
-            costs.push(MeasuredDevice {
-                name: device_name(d),
-                ..c
-            });
-        }
+            })
+            .collect();
         let model = measured_model(cfg, t, b, gb, shard_optimizer);
         let fits = |d: usize, s: measured::Span, in_flight: usize| {
             let range = StageRange {
-                first_layer: s.first,
-                end_layer: s.end,
+                start: Cut(s.from),
+                end: Cut(s.to),
                 embed: s.embed,
                 head: s.head,
             };
             let need = memory::stage_memory(cfg, t.precision, &range, b, in_flight);
             need.total() <= devices[d].props().memory_bytes
         };
-        if let Some(found) = measured::search(&costs, &model, which, &fits)
+        let found = measured::search(&costs, &model, which, &fits);
+        if let Some(f) = &found {
+            for (a, t) in alone.iter_mut().zip(&f.alone_step_seconds) {
+                *a = a.min(*t);
+            }
+        }
+        if let Some(found) = found
             && best
                 .as_ref()
                 .is_none_or(|(f, _)| found.step_seconds < f.step_seconds)
@@ -308,19 +474,24 @@ pub fn auto_plan(
             && let Some((found, _)) = &mut best
             && r.step_seconds < found.step_seconds
         {
-            let step = r.step_seconds;
             found.candidates += 1;
-            found.step_seconds = step;
-            let sum: f64 = found
-                .alone_step_seconds
-                .iter()
-                .filter(|t| t.is_finite())
-                .map(|t| 1.0 / t)
-                .sum();
-            found.speedup_ratio = if sum > 0.0 { (1.0 / step) / sum } else { 0.0 };
+            found.step_seconds = r.step_seconds;
             found.pipelines = r.pipelines;
             found.optimizer_weights = r.optimizer_weights;
         }
+    }
+    if let Some((found, _)) = &mut best {
+        let sum: f64 = alone
+            .iter()
+            .filter(|t| t.is_finite())
+            .map(|t| 1.0 / t)
+            .sum();
+        found.speedup_ratio = if sum > 0.0 {
+            (1.0 / found.step_seconds) / sum
+        } else {
+            0.0
+        };
+        found.alone_step_seconds = alone;
     }
     let Some((found, costs)) = best else {
         return Err(TrainError::Plan(format!(
@@ -353,12 +524,13 @@ pub fn auto_plan(
             copies: 1,
             micro_batch_size: p.micro_batch,
             micro_batches: p.micro_batches,
+            sequences: (p.sequences != p.micro_batch * p.micro_batches).then_some(p.sequences),
             stages: p
                 .stages
                 .iter()
                 .map(|s| StagePlan {
                     device: costs[s.device].name.clone(),
-                    layers: [s.first, s.end],
+                    layers: [Cut(s.from), Cut(s.to)],
                     optimizer_weight: shares.as_ref().map(|w| w[i]),
                 })
                 .collect(),
@@ -381,16 +553,19 @@ fn measured_model(
     shard_optimizer: bool,
 ) -> MeasuredModel {
     let one_block = StageRange {
-        first_layer: 0,
-        end_layer: 1,
+        start: Cut(0),
+        end: Cut(2),
         embed: false,
         head: false,
     };
     let per_block = stage_params(cfg, &one_block);
-    let block_params: usize = per_block.iter().map(|p| p.numel()).sum();
+    let count = |specs: &[crate::params::ParamSpec]| -> u64 {
+        specs.iter().map(|p| p.numel() as u64).sum()
+    };
     MeasuredModel {
         layers: cfg.layers,
-        block_params: block_params as u64,
+        block_params: count(&per_block),
+        attention_params: count(&per_block[..ATTENTION_PARAMS]),
         embed_params: (cfg.vocab * cfg.dim) as u64,
         head_params: (cfg.vocab * cfg.dim + cfg.dim) as u64,
         activation_bytes: (b * cfg.seq_len * cfg.dim * t.precision.dtype().size()) as u64,
@@ -437,27 +612,19 @@ pub fn profile_file(
     let mut entries = Vec::new();
     for (k, d) in kinds.iter().enumerate() {
         for (i, &b) in sizes.iter().enumerate() {
-            let ps = &runs[k * sizes.len() + i];
-            let med = |f: &dyn Fn(&MeasuredDevice) -> f64| {
-                let mut v: Vec<f64> = ps.iter().map(|p| f(&p.costs)).collect();
-                v.sort_by(f64::total_cmp);
-                v[v.len() / 2]
-            };
-            let passes = |fw: &dyn Fn(&MeasuredDevice) -> f64,
-                          bw: &dyn Fn(&MeasuredDevice) -> f64| Passes {
-                forward: med(fw),
-                backward: med(bw),
-            };
+            let m = median_profile(&runs[k * sizes.len() + i]);
+            let c = &m.costs;
+            let passes = |forward, backward| Passes { forward, backward };
             entries.push(ProfileEntry {
                 chip: d.props().name.clone(),
                 micro_batch: b as u64,
                 tp: 1,
-                embedding: Some(passes(&|c| c.embed_forward, &|c| c.embed_backward)),
-                block: passes(&|c| c.block_forward, &|c| c.block_backward),
-                head: Some(passes(&|c| c.head_forward, &|c| c.head_backward)),
-                optimizer_per_param: Some(med(&|c| c.optimizer_per_param)),
-                block_activation_bytes: ps.iter().filter_map(|p| p.block_activation_bytes).max(),
-                peak_memory_bytes: ps.iter().map(|p| p.peak_memory_bytes).max(),
+                embedding: Some(passes(c.embed_forward, c.embed_backward)),
+                block: passes(c.block_forward, c.block_backward),
+                head: Some(passes(c.head_forward, c.head_backward)),
+                optimizer_per_param: Some(c.optimizer_per_param),
+                block_activation_bytes: m.block_activation_bytes,
+                peak_memory_bytes: Some(m.peak_memory_bytes),
             });
         }
     }

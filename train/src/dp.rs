@@ -1,5 +1,5 @@
 //! The data-parallel gradient reduction's groups. Each unit of the model
-//! (the embedding, each block, the head) is held by one rank of every
+//! (the embedding, each half block, the head) is held by one rank of every
 //! replica; ranks holding the same units form one sub-communicator, and a
 //! rank sums the packed gradients of those units over it in one call. With
 //! replicas split differently (mixed groups), a rank may sit in several.
@@ -9,11 +9,12 @@ use std::ops::Range;
 use polychip_comm::collectives::Communicator;
 
 use crate::error::Result;
-use crate::params::BLOCK_PARAMS;
+use crate::params::{ATTENTION_PARAMS, BLOCK_PARAMS};
 use crate::plan::Role;
 
-/// The units of a model of `layers` blocks: 0 is the embedding, `1..=layers`
-/// the blocks, `layers + 1` the final norm and head.
+/// The units of a model of `layers` blocks: 0 is the embedding, `1..=2 *
+/// layers` the half blocks (unit `h + 1` is half `h`, see
+/// [`crate::params::Cut`]), `2 * layers + 1` the final norm and head.
 fn holders(roles: &[Role], unit: usize, layers: usize) -> Vec<usize> {
     roles
         .iter()
@@ -25,8 +26,8 @@ fn holders(roles: &[Role], unit: usize, layers: usize) -> Vec<usize> {
 fn holds(r: &Role, unit: usize, layers: usize) -> bool {
     match unit {
         0 => r.range.embed,
-        u if u == layers + 1 => r.range.head,
-        u => r.range.layers().contains(&(u - 1)),
+        u if u == 2 * layers + 1 => r.range.head,
+        u => r.range.halves().contains(&(u - 1)),
     }
 }
 
@@ -34,7 +35,7 @@ fn holds(r: &Role, unit: usize, layers: usize) -> bool {
 /// holding it; units with the same holders share one gradient reduction.
 fn holder_sets(roles: &[Role], layers: usize) -> Vec<Vec<usize>> {
     let mut sets: Vec<Vec<usize>> = Vec::new();
-    for unit in 0..layers + 2 {
+    for unit in 0..2 * layers + 2 {
         let h = holders(roles, unit, layers);
         if !sets.contains(&h) {
             sets.push(h);
@@ -44,8 +45,8 @@ fn holder_sets(roles: &[Role], layers: usize) -> Vec<Vec<usize>> {
 }
 
 /// The units `role` holds, each with its parameters' index range in
-/// [`Stage::params`] (the order of `params::stage_params`: embedding, 9 per
-/// block, final norm and head).
+/// [`Stage::params`] (the order of `params::stage_params`: embedding, 5 per
+/// attention half and 4 per feed-forward half, final norm and head).
 fn unit_params(role: &Role, layers: usize) -> Vec<(usize, Range<usize>)> {
     let mut out = Vec::new();
     let mut at = 0;
@@ -56,11 +57,15 @@ fn unit_params(role: &Role, layers: usize) -> Vec<(usize, Range<usize>)> {
     if role.range.embed {
         push(0, 1);
     }
-    for block in role.range.layers() {
-        push(block + 1, BLOCK_PARAMS.len());
+    for half in role.range.halves() {
+        let n = match half % 2 {
+            0 => ATTENTION_PARAMS,
+            _ => BLOCK_PARAMS.len() - ATTENTION_PARAMS,
+        };
+        push(half + 1, n);
     }
     if role.range.head {
-        push(layers + 1, 2);
+        push(2 * layers + 1, 2);
     }
     out
 }
@@ -234,10 +239,11 @@ mod tests {
                 for p in &specs[range] {
                     let want = match unit {
                         0 => "tok_embeddings".to_string(),
-                        u if u == cfg.layers + 1 => String::new(),
-                        u => format!("layers.{}.", u - 1),
+                        u if u == 2 * cfg.layers + 1 => String::new(),
+                        u if u % 2 == 1 => format!("layers.{}.attention", (u - 1) / 2),
+                        u => format!("layers.{}.f", (u - 1) / 2),
                     };
-                    if unit == cfg.layers + 1 {
+                    if unit == 2 * cfg.layers + 1 {
                         assert!(["norm.weight", "output.weight"].contains(&p.name.as_str()));
                     } else {
                         assert!(p.name.starts_with(&want), "{} in unit {unit}", p.name);

@@ -49,7 +49,9 @@ pub fn stage_memory(
         vocab: cfg.vocab as u64,
     };
     let tokens = (b * cfg.seq_len) as u64;
-    let mut per_micro = counts::block_bytes(shape, tokens, c) * range.layers().len() as u64
+    let (attention, ffn) = range.half_counts();
+    let mut per_micro = counts::attention_bytes(shape, tokens, c) * attention as u64
+        + counts::feed_forward_bytes(shape, tokens, c) * ffn as u64
         + counts::micro_batch_bytes(tokens);
     if range.head {
         per_micro += counts::head_bytes(shape, tokens, c);
@@ -96,8 +98,8 @@ pub fn check_role(
             role.stage,
             role.replica,
             role.device,
-            role.range.first_layer,
-            role.range.end_layer,
+            role.range.start,
+            role.range.end,
             mib(need.total()),
             mib(need.state),
             if in_flight == 1 {
@@ -167,10 +169,9 @@ mod tests {
             ] {
                 for b in [1usize, 2, 4] {
                     let range = StageRange {
-                        first_layer: first,
-                        end_layer: end,
                         embed: index == 0,
                         head: index + 1 == stages,
+                        ..StageRange::new(first, end, n)
                     };
                     let in_flight = (stages - index).min(m);
                     let want = stage_memory(&cfg, precision, &range, b, in_flight);

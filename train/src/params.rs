@@ -11,15 +11,112 @@ use std::collections::BTreeMap;
 use crate::config::ModelConfig;
 use crate::error::{Result, TrainError};
 
-/// The part of the model one pipeline stage holds: blocks
-/// `first_layer..end_layer`, plus the token embedding when it starts at
-/// block 0 and the final norm and output head when it ends at the last.
+/// A place where the model may be cut between two pipeline stages,
+/// counted in half blocks: `Cut(2 * l)` is the start of block `l`,
+/// `Cut(2 * l + 1)` its middle, between its attention half (norm,
+/// projections, attention, residual) and its feed-forward half (norm,
+/// SwiGLU, residual). Written as a block number, `l` or `l.5`, in plan
+/// files and on the command line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct Cut(pub usize);
+
+impl Cut {
+    /// The start of block `l`.
+    pub fn block(l: usize) -> Cut {
+        Cut(l.saturating_mul(2))
+    }
+
+    /// Whether it falls between two blocks.
+    pub fn is_whole(self) -> bool {
+        self.0 % 2 == 0
+    }
+
+    /// Parses `l` or `l.5` (a block number, whole or halfway); `None` for
+    /// anything else.
+    pub fn parse(s: &str) -> Option<Cut> {
+        let s = s.trim();
+        let (whole, half) = match s.split_once('.') {
+            None => (s, false),
+            Some((w, "5")) => (w, true),
+            Some((w, "0")) => (w, false),
+            Some(_) => return None,
+        };
+        if whole.is_empty() || !whole.bytes().all(|c| c.is_ascii_digit()) {
+            return None;
+        }
+        let l: usize = whole.parse().ok()?;
+        Some(Cut(l.checked_mul(2)? + usize::from(half)))
+    }
+
+    /// A block number from a plan file: a non-negative multiple of 0.5.
+    pub fn from_f64(x: f64) -> Option<Cut> {
+        let halves = x * 2.0;
+        (x.is_finite() && x >= 0.0 && halves.fract() == 0.0 && halves < 2f64.powi(52))
+            .then_some(Cut(halves as usize))
+    }
+}
+
+impl std::fmt::Display for Cut {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.is_whole() {
+            true => write!(f, "{}", self.0 / 2),
+            false => write!(f, "{}.5", self.0 / 2),
+        }
+    }
+}
+
+impl serde::Serialize for Cut {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        match self.is_whole() {
+            true => s.serialize_u64((self.0 / 2) as u64),
+            false => s.serialize_f64(self.0 as f64 / 2.0),
+        }
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for Cut {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Cut, D::Error> {
+        struct V;
+        impl serde::de::Visitor<'_> for V {
+            type Value = Cut;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a block number, whole or halfway (e.g. 3 or 3.5)")
+            }
+            fn visit_u64<E: serde::de::Error>(self, v: u64) -> std::result::Result<Cut, E> {
+                usize::try_from(v)
+                    .ok()
+                    .and_then(|l| l.checked_mul(2))
+                    .map(Cut)
+                    .ok_or_else(|| E::custom(format!("block {v} is out of range")))
+            }
+            fn visit_i64<E: serde::de::Error>(self, v: i64) -> std::result::Result<Cut, E> {
+                match u64::try_from(v) {
+                    Ok(u) => self.visit_u64(u),
+                    Err(_) => Err(E::custom(format!("block {v} is negative"))),
+                }
+            }
+            fn visit_f64<E: serde::de::Error>(self, v: f64) -> std::result::Result<Cut, E> {
+                Cut::from_f64(v).ok_or_else(|| {
+                    E::custom(format!(
+                        "block {v} is not a block number, whole or halfway (e.g. 3 or 3.5)"
+                    ))
+                })
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// The part of the model one pipeline stage holds: the half blocks
+/// `start..end` (see [`Cut`]), plus the token embedding when it starts at
+/// the model's start and the final norm and output head when it ends at
+/// its end.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct StageRange {
-    /// First block, 0-based.
-    pub first_layer: usize,
-    /// One past the last block.
-    pub end_layer: usize,
+    /// Where it starts.
+    pub start: Cut,
+    /// Where it ends.
+    pub end: Cut,
     /// Holds the token embedding (it is the first stage).
     pub embed: bool,
     /// Holds the final norm, the output head and the loss (the last stage).
@@ -32,11 +129,18 @@ impl StageRange {
     /// last (a plan's stage of no blocks holds one end by its position
     /// instead: [`crate::plan::TrainPlan::roles`]).
     pub fn new(first: usize, end: usize, layers: usize) -> StageRange {
+        StageRange::between(Cut::block(first), Cut::block(end), layers)
+    }
+
+    /// From `start` to `end` of a model of `layers` blocks, with the
+    /// embedding when it starts at the model's start and the head when it
+    /// ends at its end.
+    pub fn between(start: Cut, end: Cut, layers: usize) -> StageRange {
         StageRange {
-            first_layer: first,
-            end_layer: end,
-            embed: first == 0,
-            head: end == layers,
+            start,
+            end,
+            embed: start == Cut(0),
+            head: end == Cut::block(layers),
         }
     }
 
@@ -45,9 +149,23 @@ impl StageRange {
         StageRange::new(0, cfg.layers, cfg.layers)
     }
 
-    /// Blocks held.
+    /// The half blocks held, in order: half `h` is block `h / 2`'s
+    /// attention half when `h` is even, its feed-forward half when odd.
+    pub fn halves(&self) -> std::ops::Range<usize> {
+        self.start.0..self.end.0.max(self.start.0)
+    }
+
+    /// The blocks of which it holds a half or both.
     pub fn layers(&self) -> std::ops::Range<usize> {
-        self.first_layer..self.end_layer
+        let h = self.halves();
+        h.start / 2..h.end.div_ceil(2).max(h.start / 2)
+    }
+
+    /// Attention halves and feed-forward halves held.
+    pub fn half_counts(&self) -> (usize, usize) {
+        let h = self.halves();
+        let attention = h.clone().filter(|u| u % 2 == 0).count();
+        (attention, h.len() - attention)
     }
 }
 
@@ -188,8 +306,14 @@ pub mod block {
     pub const W2: usize = 8;
 }
 
-/// The parameters a stage holds: embedding (first stage), 9 per block,
-/// then final norm and output head (last stage).
+/// Parameters of a block's attention half: the first [`ATTENTION_PARAMS`]
+/// of [`BLOCK_PARAMS`]; its feed-forward half holds the rest.
+pub const ATTENTION_PARAMS: usize = 5;
+
+/// The parameters a stage holds: embedding (first stage), those of each
+/// half block it holds in order (5 for an attention half, 4 for a
+/// feed-forward half: 9 per block, in [`BLOCK_PARAMS`] order), then final
+/// norm and output head (last stage).
 pub fn stage_params(cfg: &ModelConfig, range: &StageRange) -> Vec<ParamSpec> {
     let (d, v, f) = (cfg.dim as i64, cfg.vocab as i64, cfg.ffn as i64);
     let q = (cfg.heads * cfg.head_dim()) as i64;
@@ -208,7 +332,8 @@ pub fn stage_params(cfg: &ModelConfig, range: &StageRange) -> Vec<ParamSpec> {
             Init::Embedding(std),
         );
     }
-    for i in range.layers() {
+    for h in range.halves() {
+        let i = h / 2;
         let shapes: [(Vec<i64>, Init); 9] = [
             (vec![d], Init::Ones),
             (vec![q, d], Init::Normal(std)),
@@ -220,7 +345,14 @@ pub fn stage_params(cfg: &ModelConfig, range: &StageRange) -> Vec<ParamSpec> {
             (vec![f, d], Init::Normal(std)),
             (vec![d, f], Init::Normal(out_std)),
         ];
-        for (name, (shape, init)) in BLOCK_PARAMS.iter().zip(shapes) {
+        let half = match h % 2 {
+            0 => 0..ATTENTION_PARAMS,
+            _ => ATTENTION_PARAMS..BLOCK_PARAMS.len(),
+        };
+        for (name, (shape, init)) in BLOCK_PARAMS[half.clone()]
+            .iter()
+            .zip(shapes.into_iter().skip(half.start))
+        {
             push(format!("layers.{i}.{name}"), shape, init);
         }
     }
@@ -266,10 +398,15 @@ mod tests {
     fn stages_partition_the_parameters() {
         let cfg = ModelConfig::preset("tiny").unwrap();
         let whole = stage_params(&cfg, &StageRange::whole(&cfg));
-        let split: Vec<_> = [(0, 1), (1, 3), (3, 4)]
+        // Whole blocks, and cuts halfway through blocks.
+        let split: Vec<_> = [(0, 2), (2, 3), (3, 7), (7, 8)]
             .iter()
-            .flat_map(|&(a, b)| stage_params(&cfg, &StageRange::new(a, b, cfg.layers)))
+            .flat_map(|&(a, b)| {
+                stage_params(&cfg, &StageRange::between(Cut(a), Cut(b), cfg.layers))
+            })
             .collect();
+        assert_eq!(split[0].name, "tok_embeddings.weight");
+        assert_eq!(split.last().unwrap().name, "output.weight");
         let mut a: Vec<_> = whole.iter().map(|p| &p.name).collect();
         let mut b: Vec<_> = split.iter().map(|p| &p.name).collect();
         a.sort();
@@ -277,6 +414,50 @@ mod tests {
         assert_eq!(a, b);
         let total: usize = whole.iter().map(ParamSpec::numel).sum();
         assert_eq!(total, cfg.parameters());
+        // The same order as the whole model's.
+        let names = |v: &[ParamSpec]| v.iter().map(|p| p.name.clone()).collect::<Vec<_>>();
+        assert_eq!(names(&whole), names(&split));
+        let attention = StageRange::between(Cut(2), Cut(3), cfg.layers);
+        assert_eq!(
+            names(&stage_params(&cfg, &attention)),
+            BLOCK_PARAMS[..ATTENTION_PARAMS]
+                .iter()
+                .map(|n| format!("layers.1.{n}"))
+                .collect::<Vec<_>>()
+        );
+        assert_eq!(attention.layers(), 1..2);
+        assert_eq!(attention.half_counts(), (1, 0));
+        assert_eq!(StageRange::between(Cut(1), Cut(6), 4).half_counts(), (2, 3));
+    }
+
+    #[test]
+    fn cuts_read_and_write_as_block_numbers() {
+        assert_eq!(Cut::parse("3"), Some(Cut(6)));
+        assert_eq!(Cut::parse("3.5"), Some(Cut(7)));
+        assert_eq!(Cut::parse(" 0.5 "), Some(Cut(1)));
+        for bad in [
+            "",
+            "3.25",
+            "-1",
+            "x",
+            ".5",
+            "3.",
+            "1e3",
+            "99999999999999999999",
+        ] {
+            assert_eq!(Cut::parse(bad), None, "{bad:?}");
+        }
+        assert_eq!(Cut(7).to_string(), "3.5");
+        assert_eq!(Cut(6).to_string(), "3");
+        let v: Vec<Cut> = serde_json::from_str("[0, 3, 3.5, 16.0]").unwrap();
+        assert_eq!(v, vec![Cut(0), Cut(6), Cut(7), Cut(32)]);
+        assert_eq!(serde_json::to_string(&v).unwrap(), "[0,3,3.5,16]");
+        for bad in ["[-1]", "[0.25]", "[1e300]", "[\"3\"]"] {
+            let e = serde_json::from_str::<Vec<Cut>>(bad)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("block"), "{bad}: {e}");
+        }
     }
 
     #[test]

@@ -91,7 +91,10 @@ pub fn train_step(
 ) -> Result<f64> {
     let (m, b) = (role.micro_batches, role.micro_batch_size);
     let warm = (role.stages - role.stage - 1).min(m);
-    let weight = b as f64 / data.global_batch as f64;
+    // Micro-batch i's sequences (the last may be fewer) and its share of
+    // the global batch, the weight of its loss.
+    let size = |i: usize| role.micro_batch(i);
+    let weight = |i: usize| size(i) as f64 / data.global_batch as f64;
     let mut saved: VecDeque<Saved> = VecDeque::new();
     let mut loss = 0.0;
     let cfg = stage.config().clone();
@@ -101,17 +104,22 @@ pub fn train_step(
         let s = cfg.seq_len as i64;
         match role.prev {
             None => {
-                let (inputs, _) =
-                    data.corpus
-                        .batch(Split::Train, data.seed, data.step, first(i), b, cfg.seq_len);
+                let (inputs, _) = data.corpus.batch(
+                    Split::Train,
+                    data.seed,
+                    data.step,
+                    first(i),
+                    size(i),
+                    cfg.seq_len,
+                );
                 Ok(StageInput::Tokens(
-                    stage.device().from_slice(&inputs, &[b as i64, s])?,
+                    stage.device().from_slice(&inputs, &[size(i) as i64, s])?,
                 ))
             }
             Some(prev) => {
                 let x = stage
                     .device()
-                    .empty(stage.dtype(), &[b as i64, s, cfg.dim as i64])?;
+                    .empty(stage.dtype(), &[size(i) as i64, s, cfg.dim as i64])?;
                 tracer.span(|| format!("recv act {i}"), "p2p", || links.recv(&x, prev))?;
                 Ok(StageInput::Hidden(x))
             }
@@ -121,11 +129,18 @@ pub fn train_step(
         if !role.range.head {
             return Ok(None);
         }
-        let (_, t) =
-            data.corpus
-                .batch(Split::Train, data.seed, data.step, first(i), b, cfg.seq_len);
+        let (_, t) = data.corpus.batch(
+            Split::Train,
+            data.seed,
+            data.step,
+            first(i),
+            size(i),
+            cfg.seq_len,
+        );
         Ok(Some(
-            stage.device().from_slice(&t, &[(b * cfg.seq_len) as i64])?,
+            stage
+                .device()
+                .from_slice(&t, &[(size(i) * cfg.seq_len) as i64])?,
         ))
     };
     let mut forward = |i: usize,
@@ -140,7 +155,7 @@ pub fn train_step(
             tracer.span(|| format!("send act {i}"), "p2p", || links.send(&out, next))?;
         }
         if let Some(l) = l {
-            loss += f64::from(l) * weight;
+            loss += f64::from(l) * weight(i);
         }
         saved.push_back(sv);
         Ok(())
@@ -158,7 +173,7 @@ pub fn train_step(
                 let s = cfg.seq_len as i64;
                 let g = stage
                     .device()
-                    .empty(stage.dtype(), &[b as i64, s, cfg.dim as i64])?;
+                    .empty(stage.dtype(), &[size(j) as i64, s, cfg.dim as i64])?;
                 tracer.span(|| format!("recv grad {j}"), "p2p", || links.recv(&g, next))?;
                 Some(g)
             }
@@ -167,7 +182,7 @@ pub fn train_step(
         tracer.span(
             || format!("B{j}"),
             "backward",
-            || stage.backward(sv, g, weight),
+            || stage.backward(sv, g, weight(j)),
         )
     };
     let send_grad = |j: usize, g: Option<Tensor>, links: &mut Links<'_>, tracer: &mut Tracer| match (

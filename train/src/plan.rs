@@ -13,20 +13,21 @@ use polychip_planner::plan::holds_one_end_alone;
 
 use crate::config::{MAX_GLOBAL_BATCH, ModelConfig};
 use crate::error::{Result, TrainError};
-use crate::params::StageRange;
+use crate::params::{Cut, StageRange};
 
 /// The largest `optimizer_weight` a plan may give: weights are relative,
 /// and their sum must stay finite.
 pub const MAX_OPTIMIZER_WEIGHT: f64 = 1e12;
 
-/// One pipeline stage: which device runs which blocks.
+/// One pipeline stage: which device runs which blocks (or half blocks).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct StagePlan {
     /// `vendor` (the next unused device of that vendor) or `vendor:index`.
     pub device: String,
-    /// Blocks `[first, end)`.
-    pub layers: [usize; 2],
+    /// Blocks `[first, end)`; either may fall halfway through a block
+    /// (`3.5`: between block 3's attention and feed-forward halves).
+    pub layers: [Cut; 2],
     /// Shard the optimizer step: this stage's device updates a share of
     /// the parameters it holds with the other replicas' devices in
     /// proportion to this weight (its optimizer speed), and the updated
@@ -46,8 +47,25 @@ pub struct GroupPlan {
     pub micro_batch_size: usize,
     /// Micro-batches per step per replica.
     pub micro_batches: usize,
+    /// Sequences per step per replica when its last micro-batch is smaller
+    /// than the others (the batch dealt to replicas in sequences, not whole
+    /// micro-batches): more than `(micro_batches - 1) * micro_batch_size`
+    /// and at most `micro_batches * micro_batch_size`, the default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sequences: Option<usize>,
     /// Its stages, first to last.
     pub stages: Vec<StagePlan>,
+}
+
+impl GroupPlan {
+    /// Sequences per step per replica: `sequences`, or micro-batches times
+    /// their size (`None` when that overflows).
+    pub fn checked_sequences(&self) -> Option<usize> {
+        match self.sequences {
+            Some(s) => Some(s),
+            None => self.micro_batch_size.checked_mul(self.micro_batches),
+        }
+    }
 }
 
 fn one() -> usize {
@@ -87,6 +105,9 @@ pub struct Role {
     pub micro_batch_size: usize,
     /// Micro-batches per step.
     pub micro_batches: usize,
+    /// Sequences per step of its replica: `micro_batches` of
+    /// `micro_batch_size`, the last perhaps smaller.
+    pub sequences: usize,
     /// The first sequence of the global batch its replica takes.
     pub first_sequence: usize,
     /// The rank of the previous stage of its pipeline.
@@ -98,6 +119,15 @@ pub struct Role {
     pub optimizer_weight: Option<f64>,
 }
 
+impl Role {
+    /// Sequences in micro-batch `i` (0-based) of the step: the micro-batch
+    /// size, but for a smaller last one.
+    pub fn micro_batch(&self, i: usize) -> usize {
+        self.micro_batch_size
+            .min(self.sequences.saturating_sub(i * self.micro_batch_size))
+    }
+}
+
 impl TrainPlan {
     /// The whole model on one device, `micro_batches` micro-batches of `mbs`.
     pub fn single(device: &str, layers: usize, mbs: usize, micro_batches: usize) -> TrainPlan {
@@ -106,9 +136,10 @@ impl TrainPlan {
                 copies: 1,
                 micro_batch_size: mbs,
                 micro_batches,
+                sequences: None,
                 stages: vec![StagePlan {
                     device: device.to_string(),
-                    layers: [0, layers],
+                    layers: [Cut(0), Cut::block(layers)],
                     optimizer_weight: None,
                 }],
             }],
@@ -117,7 +148,8 @@ impl TrainPlan {
     }
 
     /// Parses `--stages "ferrite:0=0..3,cobalt:0=3..4"` (one pipeline) with
-    /// `copies` replicas.
+    /// `copies` replicas; a bound may fall halfway through a block
+    /// (`ferrite:0=0..3.5,cobalt:0=3.5..4`).
     pub fn parse_stages(
         spec: &str,
         copies: usize,
@@ -129,13 +161,14 @@ impl TrainPlan {
             let part = part.trim();
             let bad = || {
                 TrainError::Config(format!(
-                    "--stages entry {part:?} is not DEVICE=FIRST..END (e.g. ferrite:0=0..3)"
+                    "--stages entry {part:?} is not DEVICE=FIRST..END (e.g. ferrite:0=0..3, or \
+                     ferrite:0=0..3.5 to cut halfway through block 3)"
                 ))
             };
             let (device, range) = part.split_once('=').ok_or_else(bad)?;
             let (a, b) = range.split_once("..").ok_or_else(bad)?;
-            let first = a.trim().parse().map_err(|_| bad())?;
-            let end = b.trim().parse().map_err(|_| bad())?;
+            let first = Cut::parse(a).ok_or_else(bad)?;
+            let end = Cut::parse(b).ok_or_else(bad)?;
             stages.push(StagePlan {
                 device: device.trim().to_string(),
                 layers: [first, end],
@@ -147,6 +180,7 @@ impl TrainPlan {
                 copies,
                 micro_batch_size: mbs,
                 micro_batches,
+                sequences: None,
                 stages,
             }],
             predicted_step_seconds: None,
@@ -204,7 +238,7 @@ impl TrainPlan {
     /// planner dealt the batch by speed. Weights already given are kept.
     pub fn shard_optimizer_by_batch(&mut self) {
         for g in &mut self.groups {
-            let share = (g.micro_batch_size * g.micro_batches) as f64;
+            let share = g.checked_sequences().unwrap_or(usize::MAX) as f64;
             for s in &mut g.stages {
                 s.optimizer_weight.get_or_insert(share);
             }
@@ -233,8 +267,7 @@ impl TrainPlan {
     pub fn checked_global_batch(&self) -> Option<usize> {
         self.groups.iter().try_fold(0usize, |acc, g| {
             g.copies
-                .checked_mul(g.micro_batch_size)?
-                .checked_mul(g.micro_batches)?
+                .checked_mul(g.checked_sequences()?)?
                 .checked_add(acc)
         })
     }
@@ -269,24 +302,37 @@ impl TrainPlan {
                     ));
                 }
             }
+            if let Some(seqs) = g.sequences {
+                // Within the bounds checked above, the products fit.
+                let (b, m) = (g.micro_batch_size, g.micro_batches);
+                if seqs <= (m - 1) * b || seqs > m * b {
+                    return bad(format!(
+                        "group {gi}: sequences is {seqs}, but {m} micro-batches of {b} hold \
+                         {} to {} sequences (only the last micro-batch may be smaller)",
+                        (m - 1) * b + 1,
+                        m * b
+                    ));
+                }
+            }
             if g.stages.is_empty() {
                 return bad(format!("group {gi} has no stages"));
             }
-            let mut next = 0;
+            let mut next = Cut(0);
+            let last = Cut::block(cfg.layers);
             for (si, s) in g.stages.iter().enumerate() {
                 let [a, b] = s.layers;
                 // A stage of no blocks holds an end of the model alone: the
                 // embedding (the first stage, 0..0) or the head (the last,
                 // L..L), beside at least one other stage.
                 let end_alone =
-                    a == b && holds_one_end_alone(si, g.stages.len(), a as u64, cfg.layers as u64);
-                if a != next || (b <= a && !end_alone) {
+                    a == b && holds_one_end_alone(si, g.stages.len(), a.0 as u64, last.0 as u64);
+                if a != next || (b <= a && !end_alone) || b > last {
                     return bad(format!(
                         "group {gi} stage {si} ({}) holds blocks {a}..{b}, but it must start at \
-                         block {next} and hold at least one block (only a pipeline's first \
-                         stage may hold the embedding alone, 0..0, and only its last the head \
-                         alone, {}..{})",
-                        s.device, cfg.layers, cfg.layers
+                         block {next}, end by block {last} and hold at least half a block \
+                         (only a pipeline's first stage may hold the embedding alone, 0..0, \
+                         and only its last the head alone, {last}..{last})",
+                        s.device
                     ));
                 }
                 next = b;
@@ -301,7 +347,7 @@ impl TrainPlan {
                     ));
                 }
             }
-            if next != cfg.layers {
+            if next != last {
                 return bad(format!(
                     "group {gi}'s stages end at block {next}, but the model {} has {} blocks",
                     cfg.name, cfg.layers
@@ -333,16 +379,17 @@ impl TrainPlan {
             let parts: Vec<String> = self
                 .groups
                 .iter()
-                .map(|g| {
-                    format!(
+                .map(|g| match g.sequences {
+                    Some(seqs) => format!("{} x {seqs}", g.copies),
+                    None => format!(
                         "{} x {} x {}",
                         g.copies, g.micro_batch_size, g.micro_batches
-                    )
+                    ),
                 })
                 .collect();
             return bad(format!(
                 "its replicas take {} sequences per step ({} as copies x micro_batch_size x \
-                 micro_batches) but the global batch is {global_batch}",
+                 micro_batches, or copies x sequences) but the global batch is {global_batch}",
                 self.checked_global_batch()
                     .map_or("more than 2^64".to_string(), |b| b.to_string()),
                 parts.join(" + ")
@@ -392,13 +439,14 @@ impl TrainPlan {
                         stages: p,
                         device,
                         range: StageRange {
-                            first_layer: s.layers[0],
-                            end_layer: s.layers[1],
+                            start: s.layers[0],
+                            end: s.layers[1],
                             embed: si == 0,
                             head: si + 1 == p,
                         },
                         micro_batch_size: g.micro_batch_size,
                         micro_batches: g.micro_batches,
+                        sequences: g.checked_sequences().unwrap_or(usize::MAX),
                         first_sequence: first_seq,
                         prev: (si > 0).then(|| base + si - 1),
                         next: (si + 1 < p).then(|| base + si + 1),
@@ -407,7 +455,7 @@ impl TrainPlan {
                     rank += 1;
                 }
                 replica += 1;
-                first_seq += g.micro_batch_size * g.micro_batches;
+                first_seq = first_seq.saturating_add(g.checked_sequences().unwrap_or(usize::MAX));
             }
         }
         roles
@@ -429,8 +477,14 @@ impl TrainPlan {
                         None => format!("{} {}..{}", s.device, s.layers[0], s.layers[1]),
                     })
                     .collect();
+                let last = match g.sequences {
+                    Some(seqs) if Some(seqs) != g.micro_batch_size.checked_mul(g.micro_batches) => {
+                        format!(" ({seqs} sequences)")
+                    }
+                    _ => String::new(),
+                };
                 format!(
-                    "{} x [{}] b={} m={}",
+                    "{} x [{}] b={} m={}{last}",
                     g.copies,
                     stages.join(" | "),
                     g.micro_batch_size,
@@ -457,7 +511,10 @@ pub fn from_planner(plan: &polychip_planner::plan::Plan) -> Result<TrainPlan> {
             }
             stages.push(StagePlan {
                 device: s.chip.clone(),
-                layers: [s.first_layer as usize, s.end_layer as usize],
+                layers: [
+                    Cut::block(s.first_layer as usize),
+                    Cut::block(s.end_layer as usize),
+                ],
                 optimizer_weight: None,
             });
         }
@@ -472,6 +529,7 @@ pub fn from_planner(plan: &polychip_planner::plan::Plan) -> Result<TrainPlan> {
             copies: size("copies", r.copies)?,
             micro_batch_size: size("micro_batch_size", r.micro_batch_size)?,
             micro_batches: size("micro_batches", r.micro_batches)?,
+            sequences: None,
             stages,
         });
     }
@@ -547,7 +605,7 @@ mod tests {
         ] {
             let plan = TrainPlan::parse_stages(bad, 1, 2, 4).unwrap();
             let e = plan.validate(&cfg, 8).unwrap_err().to_string();
-            assert!(e.contains("hold at least one block"), "{bad}: {e}");
+            assert!(e.contains("hold at least half a block"), "{bad}: {e}");
         }
     }
 

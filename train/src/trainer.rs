@@ -540,12 +540,7 @@ fn gather(
 ) -> Result<()> {
     let label = format!(
         "rank {} {} (replica {}, stage {}, blocks {}..{})",
-        role.rank,
-        role.device,
-        role.replica,
-        role.stage,
-        role.range.first_layer,
-        role.range.end_layer
+        role.rank, role.device, role.replica, role.stage, role.range.start, role.range.end
     );
     let mine = serde_json::json!({
         "label": label,

@@ -1,5 +1,7 @@
-//! One transformer block's forward and backward pass: RMSNorm, rotary
-//! grouped-query attention and residual, RMSNorm, SwiGLU and residual.
+//! One transformer block's forward and backward pass, as its two halves
+//! (a pipeline may cut a block between them): the attention half (RMSNorm,
+//! rotary grouped-query attention and residual) and the feed-forward half
+//! (RMSNorm, SwiGLU and residual).
 
 use polychip_host::Tensor;
 
@@ -7,9 +9,18 @@ use super::Stage;
 use crate::error::Result;
 use crate::params::block;
 
-/// Activations of one block kept for its backward pass.
+/// Activations of one half block kept for its backward pass.
 #[derive(Debug)]
-pub(super) struct BlockSaved {
+pub(super) enum HalfSaved {
+    /// The attention half's.
+    Attention(AttentionSaved),
+    /// The feed-forward half's.
+    FeedForward(FeedForwardSaved),
+}
+
+/// Activations of a block's attention half kept for its backward pass.
+#[derive(Debug)]
+pub(super) struct AttentionSaved {
     x: Tensor,
     h1: Tensor,
     inv1: Tensor,
@@ -18,6 +29,11 @@ pub(super) struct BlockSaved {
     v: Tensor,
     attn: Tensor,
     lse: Tensor,
+}
+
+/// Activations of a block's feed-forward half kept for its backward pass.
+#[derive(Debug)]
+pub(super) struct FeedForwardSaved {
     x2: Tensor,
     h2: Tensor,
     inv2: Tensor,
@@ -27,12 +43,48 @@ pub(super) struct BlockSaved {
 }
 
 impl Stage {
-    pub(super) fn block_forward(
+    /// Forward pass of half `half` (see [`crate::params::Cut`]) of a
+    /// micro-batch of `b` sequences.
+    pub(super) fn half_forward(
+        &self,
+        half: usize,
+        x: Tensor,
+        b: usize,
+    ) -> Result<(HalfSaved, Tensor)> {
+        let layer = half / 2;
+        Ok(match half % 2 {
+            0 => {
+                let (sv, out) = self.attention_forward(layer, x, b)?;
+                (HalfSaved::Attention(sv), out)
+            }
+            _ => {
+                let (sv, out) = self.feed_forward(layer, x, b)?;
+                (HalfSaved::FeedForward(sv), out)
+            }
+        })
+    }
+
+    /// Backward pass of a half: returns the gradient of its input.
+    pub(super) fn half_backward(
+        &self,
+        half: usize,
+        saved: HalfSaved,
+        g: Tensor,
+        b: usize,
+    ) -> Result<Tensor> {
+        match saved {
+            HalfSaved::Attention(sv) => self.attention_backward(half / 2, sv, g, b),
+            HalfSaved::FeedForward(sv) => self.feed_forward_backward(half / 2, sv, g, b),
+        }
+    }
+
+    /// `x2 = x + attention(rms_norm(x)) Wo^T`.
+    fn attention_forward(
         &self,
         layer: usize,
         x: Tensor,
         b: usize,
-    ) -> Result<(BlockSaved, Tensor)> {
+    ) -> Result<(AttentionSaved, Tensor)> {
         let c = &self.cfg;
         let ops = self.ops();
         let (s, d, hd) = (c.seq_len, c.dim, c.head_dim());
@@ -110,7 +162,31 @@ impl Stage {
         )?;
         let x2 = self.empty(&[b, s, d])?;
         ops.add(&at("attention.residual"), &x, &o, &x2)?;
-        drop(o);
+        let saved = AttentionSaved {
+            x,
+            h1,
+            inv1,
+            q,
+            k,
+            v,
+            attn,
+            lse,
+        };
+        Ok((saved, x2))
+    }
+
+    /// `x3 = x2 + swiglu(h2 W1^T, h2 W3^T) W2^T`, `h2 = rms_norm(x2)`.
+    fn feed_forward(
+        &self,
+        layer: usize,
+        x2: Tensor,
+        b: usize,
+    ) -> Result<(FeedForwardSaved, Tensor)> {
+        let c = &self.cfg;
+        let ops = self.ops();
+        let (s, d) = (c.seq_len, c.dim);
+        let p = |w| self.block_param(layer, w).weight();
+        let at = |what: &str| format!("layers.{layer}.{what}");
         let h2 = self.empty(&[b, s, d])?;
         let inv2 = self.empty_f32(&[b, s])?;
         ops.rms_norm(
@@ -131,15 +207,7 @@ impl Stage {
         ops.linear(&at("feed_forward.w2"), &act, p(block::W2), &f)?;
         let x3 = self.empty(&[b, s, d])?;
         ops.add(&at("feed_forward.residual"), &x2, &f, &x3)?;
-        let saved = BlockSaved {
-            x,
-            h1,
-            inv1,
-            q,
-            k,
-            v,
-            attn,
-            lse,
+        let saved = FeedForwardSaved {
             x2,
             h2,
             inv2,
@@ -150,21 +218,22 @@ impl Stage {
         Ok((saved, x3))
     }
 
-    pub(super) fn block_backward(
+    /// The feed-forward half's backward: the gradient of `x2` from that of
+    /// `x3`.
+    fn feed_forward_backward(
         &self,
         layer: usize,
-        sv: BlockSaved,
+        sv: FeedForwardSaved,
         g3: Tensor,
         b: usize,
     ) -> Result<Tensor> {
         let c = &self.cfg;
         let ops = self.ops();
-        let (s, d, hd) = (c.seq_len, c.dim, c.head_dim());
+        let (s, d) = (c.seq_len, c.dim);
         let n = (b * s) as i64;
         let p = |w| self.block_param(layer, w);
         let at = |what: &str| format!("layers.{layer}.{what} (backward)");
         let rows = |t: &Tensor, w: usize| t.reshape(&[n, w as i64]);
-        // Feed-forward: x3 = x2 + swiglu(h2 W1^T, h2 W3^T) W2^T.
         let g3r = rows(&g3, d)?;
         let ga = self.empty(&[b, s, c.ffn])?;
         let w2 = p(block::W2);
@@ -192,8 +261,25 @@ impl Stage {
         let fnorm = p(block::FFN_NORM);
         let g2 = self.norm_backward(&at("ffn_norm"), &gh2, &sv.x2, fnorm, &sv.inv2)?;
         ops.add(&at("feed_forward.residual"), &g2, &g3, &g2)?;
-        drop((g3, gh2));
-        // Attention: x2 = x + attn Wo^T.
+        Ok(g2)
+    }
+
+    /// The attention half's backward: the gradient of `x` from that of
+    /// `x2`.
+    fn attention_backward(
+        &self,
+        layer: usize,
+        sv: AttentionSaved,
+        g2: Tensor,
+        b: usize,
+    ) -> Result<Tensor> {
+        let c = &self.cfg;
+        let ops = self.ops();
+        let (s, d, hd) = (c.seq_len, c.dim, c.head_dim());
+        let n = (b * s) as i64;
+        let p = |w| self.block_param(layer, w);
+        let at = |what: &str| format!("layers.{layer}.{what} (backward)");
+        let rows = |t: &Tensor, w: usize| t.reshape(&[n, w as i64]);
         let g2r = rows(&g2, d)?;
         let qw = c.heads * hd;
         let kvw = c.kv_heads * hd;

@@ -20,8 +20,8 @@ use polychip_host::{DType, Device, Tensor};
 
 use crate::config::{ModelConfig, Precision};
 use crate::error::Result;
-use crate::params::{InitialWeights, ParamSpec, StageRange, stage_params};
-use layer::BlockSaved;
+use crate::params::{ATTENTION_PARAMS, InitialWeights, ParamSpec, StageRange, stage_params};
+use layer::HalfSaved;
 use ops::{OpRecord, Ops};
 
 /// One parameter on the device.
@@ -79,7 +79,7 @@ struct HeadSaved {
 pub struct Saved {
     batch: usize,
     tokens: Option<Tensor>,
-    blocks: Vec<BlockSaved>,
+    halves: Vec<HalfSaved>,
     head: Option<HeadSaved>,
 }
 
@@ -210,7 +210,7 @@ impl Stage {
         Ok(stage)
     }
 
-    /// The blocks and ends it holds.
+    /// The half blocks and ends it holds.
     pub fn range(&self) -> StageRange {
         self.range
     }
@@ -259,9 +259,20 @@ impl Stage {
         Ok(self.device.empty(DType::F32, &s)?)
     }
 
+    /// Parameter `which` ([`crate::params::block`]) of block `layer`, a
+    /// block whose half holding it the stage holds.
     fn block_param(&self, layer: usize, which: usize) -> &Param {
-        let base = usize::from(self.range.embed) + (layer - self.range.first_layer) * 9;
-        &self.params[base + which]
+        let ffn = usize::from(which >= ATTENTION_PARAMS);
+        let half = 2 * layer + ffn;
+        // The halves before it: attention halves hold 5 parameters,
+        // feed-forward halves 4.
+        let before: usize = (self.range.start.0..half)
+            .map(|h| match h % 2 {
+                0 => ATTENTION_PARAMS,
+                _ => crate::params::BLOCK_PARAMS.len() - ATTENTION_PARAMS,
+            })
+            .sum();
+        &self.params[usize::from(self.range.embed) + before + which - ffn * ATTENTION_PARAMS]
     }
 
     fn head_params(&self) -> (&Param, &Param) {
@@ -292,10 +303,10 @@ impl Stage {
                 (x, None, b)
             }
         };
-        let mut blocks = Vec::with_capacity(self.range.end_layer - self.range.first_layer);
-        for layer in self.range.layers() {
-            let (saved, out) = self.block_forward(layer, x, b)?;
-            blocks.push(saved);
+        let mut halves = Vec::with_capacity(self.range.halves().len());
+        for half in self.range.halves() {
+            let (saved, out) = self.half_forward(half, x, b)?;
+            halves.push(saved);
             x = out;
         }
         if !self.range.head {
@@ -303,7 +314,7 @@ impl Stage {
                 Saved {
                     batch: b,
                     tokens,
-                    blocks,
+                    halves,
                     head: None,
                 },
                 Some(x),
@@ -328,7 +339,7 @@ impl Stage {
             Saved {
                 batch: b,
                 tokens,
-                blocks,
+                halves,
                 head: Some(head),
             },
             None,
@@ -379,8 +390,8 @@ impl Stage {
         let mut x = self.empty(&[b, s, self.cfg.dim])?;
         self.ops()
             .embedding("tok_embeddings", self.params[0].weight(), &tokens, &x)?;
-        for layer in self.range.layers() {
-            let (_, out) = self.block_forward(layer, x, b)?;
+        for half in self.range.halves() {
+            let (_, out) = self.half_forward(half, x, b)?;
             x = out;
         }
         let (_, _, logits) = self.head_forward(&x, b)?;
@@ -445,8 +456,8 @@ impl Stage {
                 crate::TrainError::Plan("a middle stage's backward pass needs grad_out".into())
             })?,
         };
-        for (layer, bs) in self.range.layers().zip(saved.blocks).rev() {
-            g = self.block_backward(layer, bs, g, b)?;
+        for (half, hs) in self.range.halves().zip(saved.halves).rev() {
+            g = self.half_backward(half, hs, g, b)?;
         }
         match saved.tokens {
             Some(tokens) => {
