@@ -34,7 +34,12 @@
 //! binary). Settings: `ROUNDS` (default 5, the two cores swapped every
 //! other round), `STEPS` (default 10 steps per run, the first excluded from
 //! the median), `SLOW_STEPS` (default 4: steps of the slow type alone, whose
-//! steps are long and steady), `MODEL` (default `deep`, 16 blocks),
+//! steps are long and steady), `SLOW_GLOBAL_BATCH` (default `GLOBAL_BATCH`:
+//! the slow types alone at a smaller global batch, where a step of the
+//! large one would take minutes; a device alone runs its micro-batches
+//! back to back, so its tokens/s moves only by its optimizer step's share
+//! of the step, under 0.5% for Cobalt at 64 sequences), `MODEL` (default
+//! `deep`, 16 blocks),
 //! `GLOBAL_BATCH` (64), `ONLY` (comma-separated parts of the mixed
 //! configurations' names, e.g. `PP,DP`), `HOG=1` (each mixed configuration
 //! also runs beside a CPU hog, a busy process free to run on either core;
@@ -240,6 +245,8 @@ struct Bench<'a> {
     dir: &'a Path,
     model: &'a str,
     gb: usize,
+    /// The global batch of the slow types alone (Cobalt, OpenCL).
+    slow_gb: usize,
 }
 
 impl Bench<'_> {
@@ -252,7 +259,8 @@ impl Bench<'_> {
         }
         cmd.args(["train", "--model", self.model])
             .args(["--log-every", "0", "--eval-every", "0"])
-            .args(["--global-batch", &self.gb.to_string(), "--cores", cores])
+            .args(["--global-batch", &self.global_batch(c).to_string()])
+            .args(["--cores", cores])
             .env("POLYCHIP_TRANSPORT", "shm");
         match plan {
             Some(p) => cmd.arg("--plan").arg(p),
@@ -260,6 +268,14 @@ impl Bench<'_> {
         };
         cmd.args(c.extra);
         cmd
+    }
+
+    /// The global batch `c` runs at: the slow types alone at `slow_gb`.
+    fn global_batch(&self, c: &Config) -> usize {
+        match c.name {
+            "cobalt alone" | "opencl alone" => self.slow_gb,
+            _ => self.gb,
+        }
     }
 
     fn file(&self, c: &Config, what: &str) -> PathBuf {
@@ -400,6 +416,7 @@ fn main() {
     let steps: u64 = env_or("STEPS", 10);
     let slow_steps: u64 = env_or("SLOW_STEPS", 4);
     let gb: usize = env_or("GLOBAL_BATCH", 64);
+    let slow_gb: usize = env_or("SLOW_GLOBAL_BATCH", gb);
     let model = std::env::var("MODEL").unwrap_or_else(|_| "deep".into());
     let mut conditions: Vec<Condition> = match std::env::var("ALONE").as_deref() {
         Ok("beside") | Err(_) => vec![Condition::Beside],
@@ -442,6 +459,7 @@ fn main() {
         dir: &dir,
         model: &model,
         gb,
+        slow_gb,
     };
     let hog = std::env::var("HOG").is_ok_and(|v| v == "1");
 
@@ -449,8 +467,8 @@ fn main() {
     // the other's load when they will be measured that way (their best
     // micro-batch size is that of the machine they run on).
     println!(
-        "# polychip train efficiency: model {model}, global batch {gb}, {steps} steps ({slow_steps} \
-         for Cobalt alone), {rounds} rounds"
+        "# polychip train efficiency: model {model}, global batch {gb}, {steps} steps \
+         ({slow_steps} steps of {slow_gb} sequences for the slow types alone), {rounds} rounds"
     );
     let beside = conditions.contains(&Condition::Beside);
     let mut alone_plans: Vec<Option<(PathBuf, String)>> = vec![None; ALONE.len()];

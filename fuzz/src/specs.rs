@@ -79,8 +79,17 @@ pub fn run(data: &[u8]) {
                 && let Ok(plan) = TrainPlan::load(&file)
             {
                 let cfg = ModelConfig::preset("tiny").unwrap();
-                let _ = plan.validate(&cfg, 8);
                 let _ = plan.world_size();
+                let _ = plan.describe();
+                if plan.validate(&cfg, 8).is_ok() {
+                    // A valid plan's roles: each micro-batch's size, and
+                    // the parameters each stage's range holds.
+                    for r in plan.roles() {
+                        let sizes: usize = (0..r.micro_batches).map(|i| r.micro_batch(i)).sum();
+                        assert_eq!(sizes, r.sequences, "{plan:?}");
+                        let _ = polychip_train::params::stage_params(&cfg, &r.range);
+                    }
+                }
             }
         }
     }

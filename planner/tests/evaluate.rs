@@ -187,6 +187,19 @@ fn inconsistent_plans_are_refused_naming_what_is_wrong() {
             one(r#"{"device": "tpu-v9", "layers": [0, 32]}"#, ""),
             "stage 0 of group 0: chip \"tpu-v9\" is not a chip type of the cluster",
         ),
+        // What polychip train runs but the cluster planner does not model.
+        (
+            one(
+                r#"{"device": "nvidia-a800-class", "layers": [0, 15.5]}, {"device": "nvidia-a800-class", "layers": [15.5, 32]}"#,
+                "",
+            ),
+            "stage 0 of group 0: layers holds 15.5, a cut halfway through a block, which \
+             polychip train runs but the cluster planner does not model",
+        ),
+        (
+            one(a800, r#", "sequences": 15"#),
+            "group 0 gives sequences 15, a last micro-batch smaller than its others",
+        ),
         (
             one(
                 r#"{"device": "nvidia-a800-class", "tp": 3, "layers": [0, 32]}"#,

@@ -151,3 +151,48 @@ fn logits_are_the_head_output_the_loss_is_taken_of() {
     let x = dev.from_slice(&tokens, &[b as i64, s as i64]).unwrap();
     assert!(part.logits(x).is_err());
 }
+
+/// `--plan auto`'s profiles: every device timed at once (two Ferrite
+/// devices and a Cobalt one here), one profile per kind and micro-batch
+/// size, each half block's share of a block measured.
+#[test]
+fn every_device_is_profiled_at_once_one_profile_per_kind_and_size() {
+    let cfg = ModelConfig::preset("mini").unwrap();
+    let t = TrainConfig::default();
+    let devices = [
+        common::device("ferrite", 0),
+        common::device("ferrite", 1),
+        common::device("cobalt", 0),
+    ];
+    let ps = polychip_train::auto::profile_side_by_side(&cfg, &t, &devices, &[2, 1], None).unwrap();
+    let got: Vec<(String, usize)> = ps
+        .iter()
+        .map(|p| {
+            (
+                p.device.split(':').next().unwrap().to_string(),
+                p.micro_batch,
+            )
+        })
+        .collect();
+    assert_eq!(
+        got,
+        [("ferrite", 2), ("ferrite", 1), ("cobalt", 2), ("cobalt", 1)]
+            .map(|(k, b)| (k.to_string(), b))
+            .to_vec()
+    );
+    for p in &ps {
+        let c = &p.costs;
+        assert!(
+            c.block_forward > 0.0 && c.block_backward > 0.0 && c.head_forward > 0.0,
+            "{p:?}"
+        );
+        assert!(
+            c.attention_forward > 0.0 && c.attention_forward < c.block_forward,
+            "{p:?}"
+        );
+        assert!(
+            c.attention_backward > 0.0 && c.attention_backward < c.block_backward,
+            "{p:?}"
+        );
+    }
+}
