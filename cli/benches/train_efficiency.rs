@@ -13,7 +13,11 @@
 //! How it fights the noise of a shared machine (whose speed drifts by tens
 //! of percent over minutes): every configuration is planned once, at the
 //! start (the plans are printed), so a run measures its plan and not the
-//! profile of the moment; the fast type alone (Ferrite, about 95% of the
+//! profile of the moment (each type alone at the micro-batch size that
+//! measured fastest in short runs of 4, 2 and 1 sequences, so the
+//! denominator is each type at its best, not at one noisy profile's
+//! choice: such a choice once put Ferrite alone at micro-batches of 1, 25%
+//! below its best, and the mixed runs at 127% of the sum); the fast type alone (Ferrite, about 95% of the
 //! sum) is run right before each mixed run and each mixed run's efficiency
 //! is over that run and the slow type alone of the same round, so the
 //! ratio pairs runs seconds apart; the figures are medians over rounds with
@@ -238,6 +242,18 @@ struct Figures {
     predicted: f64,
 }
 
+/// How a run is laid out.
+#[derive(Debug, Clone, Copy)]
+enum Layout<'a> {
+    /// HeteroAuto's search (the configuration's `--plan` mode).
+    Search,
+    /// A saved plan.
+    File(&'a Path),
+    /// The whole model on the configuration's device in micro-batches of
+    /// this size.
+    Whole(usize),
+}
+
 /// What every run of the bench shares.
 struct Bench<'a> {
     exe: &'a Path,
@@ -250,9 +266,9 @@ struct Bench<'a> {
 }
 
 impl Bench<'_> {
-    /// A `polychip train` command of `c` on `cores`: its plan file (from
-    /// [`Bench::plan`]) or, with `plan` `None`, its own plan mode.
-    fn command(&self, c: &Config, cores: &str, plan: Option<&Path>) -> Command {
+    /// A `polychip train` command of `c` on `cores`, laid out as `layout`
+    /// says.
+    fn command(&self, c: &Config, cores: &str, layout: Layout<'_>) -> Command {
         let mut cmd = Command::new(self.exe);
         if let (true, Some(lib)) = (c.opencl, self.opencl) {
             cmd.env("POLYCHIP_PLUGIN_PATH", lib);
@@ -262,9 +278,12 @@ impl Bench<'_> {
             .args(["--global-batch", &self.global_batch(c).to_string()])
             .args(["--cores", cores])
             .env("POLYCHIP_TRANSPORT", "shm");
-        match plan {
-            Some(p) => cmd.arg("--plan").arg(p),
-            None => cmd.args(["--plan", c.plan, "--devices", c.devices]),
+        match layout {
+            Layout::Search => cmd.args(["--plan", c.plan, "--devices", c.devices]),
+            Layout::File(p) => cmd.arg("--plan").arg(p),
+            Layout::Whole(b) => cmd
+                .args(["--device", c.devices, "--micro-batch-size"])
+                .arg(b.to_string()),
         };
         cmd.args(c.extra);
         cmd
@@ -285,12 +304,12 @@ impl Bench<'_> {
         ))
     }
 
-    /// Plans `c` once (`--save-plan`); returns the file and the plan's
-    /// description.
-    fn plan(&self, c: &Config, cores: &str) -> (PathBuf, String) {
-        let file = self.file(c, ".plan.json");
-        let out = self
-            .command(c, cores, None)
+    /// Plans `c` once (`--save-plan`, into a file named after `c` and
+    /// `tag`) by `layout`; returns the file and the plan's description.
+    fn plan(&self, c: &Config, cores: &str, tag: &str, layout: Layout<'_>) -> (PathBuf, String) {
+        let file = self.file(c, &format!("{tag}.plan.json"));
+        let mut cmd = self.command(c, cores, layout);
+        let out = cmd
             .arg("--save-plan")
             .arg(&file)
             .output()
@@ -313,7 +332,7 @@ impl Bench<'_> {
     fn run(&self, c: &Config, cores: &str, plan: &Path, steps: u64) -> Figures {
         let json = self.file(c, ".run.json");
         let out = self
-            .command(c, cores, Some(plan))
+            .command(c, cores, Layout::File(plan))
             .args(["--steps", &steps.to_string(), "--log-json"])
             .arg(&json)
             .output()
@@ -344,7 +363,7 @@ impl Bench<'_> {
         let log =
             std::fs::File::create(self.file(c, &format!(".load{core}.log"))).expect("a load's log");
         let p = Process(
-            self.command(c, core, Some(plan))
+            self.command(c, core, Layout::File(plan))
                 .args(["--steps", "1000000"])
                 .stdout(log.try_clone().expect("a log handle"))
                 .stderr(log)
@@ -463,60 +482,34 @@ fn main() {
     };
     let hog = std::env::var("HOG").is_ok_and(|v| v == "1");
 
-    // Plan every configuration once. The types alone are planned beside
-    // the other's load when they will be measured that way (their best
-    // micro-batch size is that of the machine they run on).
+    // Plan every configuration once. The loads first (HeteroAuto's plan of
+    // each type, on an idle machine), then each type alone: its best
+    // micro-batch size, measured (short runs at 4, 2 and 1 sequences, under
+    // the first condition it is measured in), so that the denominator is
+    // each type at its best and not at the choice of one noisy profile
+    // (HeteroAuto's own choice is printed beside it); then the mixed
+    // configurations, each by HeteroAuto.
     println!(
         "# polychip train efficiency: model {model}, global batch {gb}, {steps} steps \
          ({slow_steps} steps of {slow_gb} sequences for the slow types alone), {rounds} rounds"
     );
     let beside = conditions.contains(&Condition::Beside);
-    let mut alone_plans: Vec<Option<(PathBuf, String)>> = vec![None; ALONE.len()];
-    for &j in TWO {
-        let c = &ALONE[j];
-        alone_plans[j] = Some(match beside {
-            false => bench.plan(c, c.cores),
-            true => {
-                // A load needs a plan: the other type's, planned quiet.
-                let other = &ALONE[1 - j];
-                let (quiet, _) = bench.plan(other, other.cores);
-                let load = bench.load(other, other_core(c.cores), &quiet);
-                load.signal("CONT");
-                let p = bench.plan(c, c.cores);
-                drop(load);
-                p
-            }
-        });
-    }
-    if three {
-        alone_plans[OPENCL] = Some(bench.plan(&ALONE[OPENCL], ALONE[OPENCL].cores));
-    }
-    let mixed_plans: Vec<(PathBuf, String)> =
-        mixed.iter().map(|c| bench.plan(c, c.cores)).collect();
-    for (j, p) in alone_plans.iter().enumerate() {
-        if let Some((_, d)) = p {
-            println!("plan of {:<28} {d}", ALONE[j].name);
-        }
-    }
-    for (c, (_, d)) in mixed.iter().zip(&mixed_plans) {
-        println!("plan of {:<28} {d}", c.name);
-    }
-    let plan_of = |j: usize| alone_plans[j].as_ref().expect("planned").0.clone();
-    // The loads: each type of the two on each core, paused.
     let loads: Vec<Vec<Process>> = match beside {
         false => Vec::new(),
         true => TWO
             .iter()
             .map(|&j| {
+                let c = &ALONE[j];
+                let (plan, _) = bench.plan(c, c.cores, ".load", Layout::Search);
                 ["0", "1"]
                     .iter()
-                    .map(|core| bench.load(&ALONE[j], core, &plan_of(j)))
+                    .map(|core| bench.load(c, core, &plan))
                     .collect()
             })
             .collect(),
     };
-    // Runs `c` (a type alone) under condition `cond` on `cores`.
-    let alone_run = |j: usize, cores: &str, cond: Condition, n: u64| -> Figures {
+    // Runs type alone `j` under condition `cond` on `cores` with `plan`.
+    let alone_with = |j: usize, cores: &str, cond: Condition, plan: &Path, n: u64| -> Figures {
         let c = &ALONE[j];
         let load = match (cond, TWO.contains(&j)) {
             (Condition::Beside, true) => {
@@ -527,11 +520,58 @@ fn main() {
             }
             _ => None,
         };
-        let r = bench.run(c, cores, &plan_of(j), n);
+        let r = bench.run(c, cores, plan, n);
         if let Some(l) = load {
             l.signal("STOP");
         }
         r
+    };
+    let mut alone_plans: Vec<Option<(PathBuf, String)>> = vec![None; ALONE.len()];
+    let alone_types: Vec<usize> = match three {
+        true => THREE.to_vec(),
+        false => TWO.to_vec(),
+    };
+    for &j in &alone_types {
+        let c = &ALONE[j];
+        let (_, auto) = bench.plan(c, c.cores, ".auto", Layout::Search);
+        let cond = match j {
+            OPENCL => Condition::Quiet,
+            _ => conditions[0],
+        };
+        let n = if j == FERRITE { steps.min(6) } else { 2 };
+        let mut tried: Vec<(f64, PathBuf, String, usize)> = Vec::new();
+        for b in [4, 2, 1] {
+            let (file, described) = bench.plan(c, c.cores, &format!(".b{b}"), Layout::Whole(b));
+            let r = alone_with(j, c.cores, cond, &file, n);
+            tried.push((r.tokens_per_s, file, described, b));
+        }
+        let (_, file, described, _) = tried
+            .iter()
+            .max_by(|x, y| x.0.total_cmp(&y.0))
+            .cloned()
+            .expect("three sizes tried");
+        let sizes: Vec<String> = tried
+            .iter()
+            .map(|(t, _, _, b)| format!("b={b}: {t:.0}"))
+            .collect();
+        println!(
+            "plan of {:<28} {described} (fastest of {} tokens/s, {}; HeteroAuto's: {auto})",
+            c.name,
+            sizes.join(", "),
+            cond.label()
+        );
+        alone_plans[j] = Some((file, described));
+    }
+    let mixed_plans: Vec<(PathBuf, String)> = mixed
+        .iter()
+        .map(|c| bench.plan(c, c.cores, "", Layout::Search))
+        .collect();
+    for (c, (_, d)) in mixed.iter().zip(&mixed_plans) {
+        println!("plan of {:<28} {d}", c.name);
+    }
+    let plan_of = |j: usize| alone_plans[j].as_ref().expect("planned").0.clone();
+    let alone_run = |j: usize, cores: &str, cond: Condition, n: u64| -> Figures {
+        alone_with(j, cores, cond, &plan_of(j), n)
     };
 
     // alone[cond][j]: every alone run; per_round[cond][j][round]: the slow
@@ -629,14 +669,21 @@ fn main() {
         let pred = median(runs.iter().map(|x| x.predicted).collect());
         let t: Vec<f64> = runs.iter().map(|x| x.tokens_per_s).collect();
         let (_, lo, hi, _, _) = stats(&t);
+        let (pred, err) = match pred.is_finite() {
+            true => (
+                format!("{:.1}", pred * 1e3),
+                format!("{:.1}%", (step / pred - 1.0) * 100.0),
+            ),
+            false => ("-".into(), "-".into()),
+        };
         println!(
-            "{:<30} {:>9.0} {:>15} {:>9.1} {:>9.1} {:>8.1}%  {plan}",
+            "{:<30} {:>9.0} {:>15} {:>9.1} {:>9} {:>9}  {plan}",
             name,
             tps(runs),
             format!("{lo:.0}-{hi:.0}"),
             step * 1e3,
-            pred * 1e3,
-            (step / pred - 1.0) * 100.0,
+            pred,
+            err,
         );
     };
     for (k, &cond) in conditions.iter().enumerate() {

@@ -7,7 +7,7 @@
 //! layer split and the data-parallel deal of the batch with its 1F1B
 //! simulator, and its answer becomes the job's layout.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use polychip_host::Device;
 use polychip_planner::measured::{
@@ -262,6 +262,9 @@ fn median_profile(ps: &[Profile]) -> Profile {
     }
 }
 
+/// How long [`profile_side_by_side`] profiles at least.
+pub const MIN_PROFILE: Duration = Duration::from_secs(2);
+
 /// Profiles every device of `devices` at every size of `sizes`, all at
 /// once, as the job will run them: one thread per device, pinned (when
 /// `cores` is given) to the share of `cores` its rank would get, so that
@@ -273,9 +276,13 @@ fn median_profile(ps: &[Profile]) -> Profile {
 /// machine that is not the one the job runs on.
 ///
 /// Each thread profiles its device at every size, then goes on with
-/// further rounds until every thread has finished one, so that no device's
-/// first round runs on an idle machine; a device's measurements that
-/// ended after that moment are dropped when it has others. Returns one
+/// further rounds until every thread has finished one and at least
+/// [`MIN_PROFILE`] has passed, so that no device's first round runs on an
+/// idle machine and a fast device's medians are over several rounds (one
+/// round of Ferrite's takes a fraction of a second, and on a shared machine
+/// one round alone once made it pick micro-batches of 1, 25% slower than
+/// its best); a device's measurements that ended after that moment are
+/// dropped when it has others. Returns one
 /// profile per kind (vendor) and size: the per-cost median over that
 /// kind's devices and rounds.
 ///
@@ -294,6 +301,7 @@ pub fn profile_side_by_side(
     let finished = AtomicUsize::new(0);
     let failed = AtomicBool::new(false);
     let all_done: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    let began = Instant::now();
     let runs: Vec<Result<Vec<(Profile, Instant)>>> = std::thread::scope(|s| {
         let handles: Vec<_> = devices
             .iter()
@@ -324,7 +332,7 @@ pub fn profile_side_by_side(
                                 }
                             }
                         }
-                        if first_round {
+                        if first_round && began.elapsed() >= MIN_PROFILE {
                             first_round = false;
                             if finished.fetch_add(1, Ordering::AcqRel) + 1 == n {
                                 let _ = all_done.set(Instant::now());
