@@ -27,12 +27,13 @@
 //! How the types alone are measured (`ALONE`): `beside` (the default) runs
 //! each alone while the other type trains on the other core (a
 //! long-running `polychip train` of it, paused with SIGSTOP between uses),
-//! as the other core works in a mixed run: on this machine a core runs
-//! about 10% slower while the other computes (shared caches, memory
-//! bandwidth and clock budget, which separate chips do not share), so an
-//! alone run on an idle machine measures a faster machine than the mixed
-//! run has. `quiet` runs them with the other core idle (the older figure);
-//! `both` measures both and prints the efficiency over each.
+//! as the other core works in a mixed run: a core may run slower while the
+//! other computes (shared caches, memory bandwidth and clock budget, which
+//! separate chips do not share), so an alone run on an idle machine may
+//! measure a faster machine than the mixed run has (single runs here showed
+//! 10-20%; 16 rounds, less than the noise). `quiet` runs them with the
+//! other core idle (the older figure); `both` measures both and prints the
+//! efficiency over each.
 //!
 //! Needs `cargo build --release --workspace` first (the plugins next to the
 //! binary). Settings: `ROUNDS` (default 5, the two cores swapped every

@@ -1,11 +1,12 @@
-//! `--plan auto`: HeteroAuto on the devices at hand. One device of each
-//! vendor is profiled on the real model (forward and backward of a
-//! micro-batch through the embedding and one or two blocks, through one
-//! block and the head, and the optimizer step, so that block, embedding,
-//! head and optimizer costs separate); the planner's measured-cost search
+//! `--plan auto`: HeteroAuto on the devices at hand. Every device is
+//! profiled on the real model, all at once, each on its rank's cores
+//! (forward and backward of a micro-batch through the embedding alone, a
+//! stage of blocks, each half of a block and the head alone, and the
+//! optimizer step, so that each cost is measured, not told apart by
+//! subtraction); the planner's measured-cost search
 //! (`polychip_planner::measured`) then evaluates every pipeline order and
-//! layer split and the data-parallel deal of the batch with its 1F1B
-//! simulator, and its answer becomes the job's layout.
+//! half-block split and the data-parallel deal of the batch in sequences
+//! with its 1F1B simulator, and its answer becomes the job's layout.
 
 use std::time::{Duration, Instant};
 
@@ -270,10 +271,12 @@ pub const MIN_PROFILE: Duration = Duration::from_secs(2);
 /// `cores` is given) to the share of `cores` its rank would get, so that
 /// each device is timed while the others load the machine as they will in
 /// training. On a machine whose cores share caches, memory bandwidth or a
-/// clock budget, a device timed with the other cores idle runs faster than
-/// it will beside the others (Ferrite on one of two cores: about 10%), and
-/// a search fed such times balances the stages and deals the batch for a
-/// machine that is not the one the job runs on.
+/// clock budget, a device timed with the other cores idle may run faster
+/// than it will beside the others, and a search fed such times balances the
+/// stages and deals the batch for a machine that is not the one the job
+/// runs on (on this 2-core machine single runs showed 10-20%; over 16
+/// rounds Ferrite alone beside a training load and alone on an idle
+/// machine agreed within 2%, inside the machine's own noise).
 ///
 /// Each thread profiles its device at every size, then goes on with
 /// further rounds until every thread has finished one and at least
@@ -311,9 +314,13 @@ pub fn profile_side_by_side(
                 s.spawn(move || -> Result<Vec<(Profile, Instant)>> {
                     if let Some(cores) = cores {
                         let mine = crate::pin::share(cores, i, n);
-                        crate::pin::pin(&mine).map_err(|e| {
-                            TrainError::Plan(format!("pinning the profile of {d} to {mine:?}: {e}"))
-                        })?;
+                        if let Err(e) = crate::pin::pin(&mine) {
+                            // The others stop at their next size.
+                            failed.store(true, Ordering::Release);
+                            return Err(TrainError::Plan(format!(
+                                "pinning the profile of {d} to {mine:?}: {e}"
+                            )));
+                        }
                     }
                     let mut out = Vec::new();
                     let mut first_round = true;
