@@ -30,8 +30,8 @@
 //! as the other core works in a mixed run: a core may run slower while the
 //! other computes (shared caches, memory bandwidth and clock budget, which
 //! separate chips do not share), so an alone run on an idle machine may
-//! measure a faster machine than the mixed run has (single runs here showed
-//! 10-20%; 16 rounds, less than the noise). `quiet` runs them with the
+//! measure a faster machine than the mixed run has (here, over 16 rounds,
+//! less than the noise). `quiet` runs them with the
 //! other core idle (the older figure); `both` measures both and prints the
 //! efficiency over each.
 //!

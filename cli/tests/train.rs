@@ -123,21 +123,20 @@ fn the_ends_of_the_model_may_be_stages_of_their_own() {
     let dir = scratch("ends");
     let ends = ["--stages", "cobalt:0=0..0,ferrite:0=0..2,ferrite:1=2..2"];
     let (reference, _, c) = follows_and_checkpoints(&dir, 8, &ends, "ends alone");
+    resumes_into(&dir, &reference, &c, "ferrite:0=0..1,cobalt:0=1..2");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Resumes the 8-step checkpoint `c` (saved after 4 steps) into the split
+/// `stages`: its losses must follow the one-device curve `reference`.
+fn resumes_into(dir: &Path, reference: &[f64], c: &str, stages: &str) {
     let resumed = curve(
-        &dir,
+        dir,
         "resumed",
-        &[
-            "--steps",
-            "8",
-            "--stages",
-            "ferrite:0=0..1,cobalt:0=1..2",
-            "--resume",
-            &c,
-        ],
+        &["--steps", "8", "--stages", stages, "--resume", c],
     );
     let d = max_diff(&resumed, &reference[4..]);
-    assert!(d <= F32_BOUND, "resumed into another split: differs by {d}");
-    let _ = std::fs::remove_dir_all(&dir);
+    assert!(d <= F32_BOUND, "resumed into {stages}: differs by {d}");
 }
 
 /// Stages cut halfway through blocks (between a block's attention and
@@ -162,20 +161,7 @@ fn half_blocks_and_a_smaller_last_micro_batch_follow_the_curve() {
     let plan = path.display().to_string();
     let (reference, _, c) =
         follows_and_checkpoints(&dir, 8, &["--plan", &plan], "half blocks, 7 + 1 sequences");
-    let resumed = curve(
-        &dir,
-        "resumed",
-        &[
-            "--steps",
-            "8",
-            "--stages",
-            "ferrite:0=0..1.5,cobalt:0=1.5..2",
-            "--resume",
-            &c,
-        ],
-    );
-    let d = max_diff(&resumed, &reference[4..]);
-    assert!(d <= F32_BOUND, "resumed into another split: differs by {d}");
+    resumes_into(&dir, &reference, &c, "ferrite:0=0..1.5,cobalt:0=1.5..2");
     // A last micro-batch outside its bounds, and a cut that is no block
     // number, are refused with what is wrong.
     for (bad, want) in [

@@ -149,7 +149,7 @@ impl Span {
 
 /// The attention halves (even) and feed-forward halves (odd) of the half
 /// blocks `[from, to)`.
-fn half_counts(from: usize, to: usize) -> (usize, usize) {
+pub fn half_counts(from: usize, to: usize) -> (usize, usize) {
     let n = to.saturating_sub(from);
     let attention = match from % 2 {
         0 => n.div_ceil(2),

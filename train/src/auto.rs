@@ -274,9 +274,9 @@ pub const MIN_PROFILE: Duration = Duration::from_secs(2);
 /// clock budget, a device timed with the other cores idle may run faster
 /// than it will beside the others, and a search fed such times balances the
 /// stages and deals the batch for a machine that is not the one the job
-/// runs on (on this 2-core machine single runs showed 10-20%; over 16
-/// rounds Ferrite alone beside a training load and alone on an idle
-/// machine agreed within 2%, inside the machine's own noise).
+/// runs on (on this 2-core machine, over 16 rounds, Ferrite alone beside a
+/// training load and alone on an idle machine agreed within 2%, inside the
+/// machine's own noise; see docs/performance.md).
 ///
 /// Each thread profiles its device at every size, then goes on with
 /// further rounds until every thread has finished one and at least

@@ -163,9 +163,7 @@ impl StageRange {
 
     /// Attention halves and feed-forward halves held.
     pub fn half_counts(&self) -> (usize, usize) {
-        let h = self.halves();
-        let attention = h.clone().filter(|u| u % 2 == 0).count();
-        (attention, h.len() - attention)
+        polychip_planner::measured::half_counts(self.start.0, self.end.0)
     }
 }
 

@@ -99,19 +99,23 @@ pub fn train_step(
     let mut loss = 0.0;
     let cfg = stage.config().clone();
     let first = |i: usize| role.first_sequence + i * b;
+    // Micro-batch i's token ids and targets.
+    let batch = |i: usize| {
+        data.corpus.batch(
+            Split::Train,
+            data.seed,
+            data.step,
+            first(i),
+            size(i),
+            cfg.seq_len,
+        )
+    };
 
     let get_input = |i: usize, links: &mut Links<'_>, tracer: &mut Tracer| -> Result<StageInput> {
         let s = cfg.seq_len as i64;
         match role.prev {
             None => {
-                let (inputs, _) = data.corpus.batch(
-                    Split::Train,
-                    data.seed,
-                    data.step,
-                    first(i),
-                    size(i),
-                    cfg.seq_len,
-                );
+                let (inputs, _) = batch(i);
                 Ok(StageInput::Tokens(
                     stage.device().from_slice(&inputs, &[size(i) as i64, s])?,
                 ))
@@ -129,14 +133,7 @@ pub fn train_step(
         if !role.range.head {
             return Ok(None);
         }
-        let (_, t) = data.corpus.batch(
-            Split::Train,
-            data.seed,
-            data.step,
-            first(i),
-            size(i),
-            cfg.seq_len,
-        );
+        let (_, t) = batch(i);
         Ok(Some(
             stage
                 .device()

@@ -266,12 +266,9 @@ impl Stage {
         let half = 2 * layer + ffn;
         // The halves before it: attention halves hold 5 parameters,
         // feed-forward halves 4.
-        let before: usize = (self.range.start.0..half)
-            .map(|h| match h % 2 {
-                0 => ATTENTION_PARAMS,
-                _ => crate::params::BLOCK_PARAMS.len() - ATTENTION_PARAMS,
-            })
-            .sum();
+        let (attentions, ffns) = polychip_planner::measured::half_counts(self.range.start.0, half);
+        let before = attentions * ATTENTION_PARAMS
+            + ffns * (crate::params::BLOCK_PARAMS.len() - ATTENTION_PARAMS);
         &self.params[usize::from(self.range.embed) + before + which - ffn * ATTENTION_PARAMS]
     }
 
