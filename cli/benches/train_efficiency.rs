@@ -3,7 +3,9 @@
 //! best plan for it, on one core), and of the mixed cluster (one core per
 //! device) under HeteroAuto's pipeline-only plan (PP across two types),
 //! data-parallel-only plan (DP across two types; again with the optimizer
-//! step unsharded, `--no-shard-optimizer`, for the A/B) and best plan;
+//! step unsharded, `--no-shard-optimizer`, and with the gradient reduction
+//! after the backward pass, `--reduce-after-backward`, for the A/Bs) and
+//! best plan;
 //! efficiency = mixed tokens/s over the sum of the alone tokens/s. With the
 //! OpenCL plugin built beside the binary and an OpenCL device present (PoCL
 //! here), also OpenCL alone and PP and DP across the three vendors (three
@@ -67,6 +69,9 @@ struct Config {
     alone: &'static [usize],
     /// Needs the OpenCL plugin (loaded through POLYCHIP_PLUGIN_PATH).
     opencl: bool,
+    /// Runs the plan of this other configuration (an A/B of a trainer
+    /// setting on one layout), when that one runs too.
+    same_plan_as: Option<&'static str>,
 }
 
 /// The types alone: Ferrite, Cobalt, OpenCL.
@@ -85,6 +90,7 @@ const ALONE: [Config; 3] = [
         extra: &[],
         alone: &[],
         opencl: false,
+        same_plan_as: None,
     },
     Config {
         name: "cobalt alone",
@@ -94,6 +100,7 @@ const ALONE: [Config; 3] = [
         extra: &[],
         alone: &[],
         opencl: false,
+        same_plan_as: None,
     },
     Config {
         name: "opencl alone",
@@ -103,10 +110,11 @@ const ALONE: [Config; 3] = [
         extra: &[],
         alone: &[],
         opencl: true,
+        same_plan_as: None,
     },
 ];
 
-const MIXED: [Config; 6] = [
+const MIXED: [Config; 7] = [
     Config {
         name: "PP ferrite+cobalt",
         plan: "auto-pp",
@@ -115,6 +123,7 @@ const MIXED: [Config; 6] = [
         extra: &[],
         alone: TWO,
         opencl: false,
+        same_plan_as: None,
     },
     Config {
         name: "DP ferrite+cobalt",
@@ -124,6 +133,7 @@ const MIXED: [Config; 6] = [
         extra: &[],
         alone: TWO,
         opencl: false,
+        same_plan_as: None,
     },
     // The same without the sharded optimizer step: each replica steps
     // every parameter, the slow chip's step exposed (the A/B of the shard).
@@ -135,6 +145,19 @@ const MIXED: [Config; 6] = [
         extra: &["--no-shard-optimizer"],
         alone: TWO,
         opencl: false,
+        same_plan_as: None,
+    },
+    // The same with the gradient reduction after the whole backward pass
+    // (`--reduce-after-backward`): the A/B of overlapping it.
+    Config {
+        name: "DP reduce-after ferrite+cobalt",
+        plan: "auto-dp",
+        devices: "ferrite:0,cobalt:0",
+        cores: "0,1",
+        extra: &["--reduce-after-backward"],
+        alone: TWO,
+        opencl: false,
+        same_plan_as: Some("DP ferrite+cobalt"),
     },
     Config {
         name: "best ferrite+cobalt",
@@ -144,6 +167,7 @@ const MIXED: [Config; 6] = [
         extra: &[],
         alone: TWO,
         opencl: false,
+        same_plan_as: None,
     },
     // Three vendors, with the OpenCL plugin (PoCL on this machine's CPU)
     // when it is built and finds a device. Three devices share two cores
@@ -158,6 +182,7 @@ const MIXED: [Config; 6] = [
         extra: &[],
         alone: THREE,
         opencl: true,
+        same_plan_as: None,
     },
     Config {
         name: "DP 3 vendors (2 cores)",
@@ -167,6 +192,7 @@ const MIXED: [Config; 6] = [
         extra: &[],
         alone: THREE,
         opencl: true,
+        same_plan_as: None,
     },
 ];
 
@@ -563,10 +589,17 @@ fn main() {
         );
         alone_plans[j] = Some((file, described));
     }
-    let mixed_plans: Vec<(PathBuf, String)> = mixed
-        .iter()
-        .map(|c| bench.plan(c, c.cores, "", Layout::Search))
-        .collect();
+    let mut mixed_plans: Vec<(PathBuf, String)> = Vec::new();
+    for c in &mixed {
+        let same = c
+            .same_plan_as
+            .and_then(|other| mixed.iter().position(|m| m.name == other))
+            .filter(|&i| i < mixed_plans.len());
+        mixed_plans.push(match same {
+            Some(i) => mixed_plans[i].clone(),
+            None => bench.plan(c, c.cores, "", Layout::Search),
+        });
+    }
     for (c, (_, d)) in mixed.iter().zip(&mixed_plans) {
         println!("plan of {:<28} {d}", c.name);
     }

@@ -147,6 +147,13 @@ pub struct Args {
     /// nor where the plan file gives weights).
     #[arg(long)]
     no_shard_optimizer: bool,
+    /// Reduce the gradients after the whole backward pass, instead of
+    /// reducing each bucket (about 1 MiB of consecutive layers) while the
+    /// last micro-batch's backward pass goes on through the layers before
+    /// it. The results are the same bits either way; this is for
+    /// comparison, or for a plugin whose streams misbehave.
+    #[arg(long)]
+    reduce_after_backward: bool,
     /// Internal: the resolved plan (JSON) handed to the ranks.
     #[arg(long, hide = true, value_name = "FILE")]
     resolved_plan: Option<PathBuf>,
@@ -296,8 +303,12 @@ fn resolve_plan(
             // Every device profiled at once, each on the share of the
             // cores its rank will get.
             let pinned = (!args.no_pin).then_some(cores);
+            let choices = auto::Choices {
+                shard_optimizer: !args.no_shard_optimizer,
+                overlap_reduction: !args.reduce_after_backward,
+            };
             let (plan, found, profiles) =
-                auto::auto_plan(model, t, &devices, mode, !args.no_shard_optimizer, pinned)?;
+                auto::auto_plan(model, t, &devices, mode, choices, pinned)?;
             for p in &profiles {
                 let c = &p.costs;
                 eprintln!(
@@ -445,6 +456,7 @@ fn train(args: &Args) -> Result<ExitCode, TrainError> {
         stop_after: args.stop_after,
         log_every: args.log_every,
         record_first_step: args.autocompare,
+        overlap_reduction: !args.reduce_after_backward,
     };
     let rank = job.as_ref().map_or(0, |j| j.rank());
     if let Some(j) = &job {

@@ -36,8 +36,13 @@ const COMMON: [&str; 10] = [
 
 /// Trains and returns the per-step losses from the JSON summary.
 fn curve(dir: &Path, tag: &str, extra: &[&str]) -> Vec<f64> {
+    curve_of(dir, tag, &COMMON, extra)
+}
+
+/// [`curve`] with other common arguments than [`COMMON`].
+fn curve_of(dir: &Path, tag: &str, common: &[&str], extra: &[&str]) -> Vec<f64> {
     let json = dir.join(format!("{tag}.json"));
-    let mut args: Vec<&str> = COMMON.to_vec();
+    let mut args: Vec<&str> = common.to_vec();
     args.extend_from_slice(extra);
     let j = json.display().to_string();
     args.extend_from_slice(&["--log-json", &j]);
@@ -52,26 +57,31 @@ fn curve(dir: &Path, tag: &str, extra: &[&str]) -> Vec<f64> {
         .collect()
 }
 
-fn mixed_plan(dir: &Path) -> String {
-    // Two groups of replicas: Ferrite alone with 6 sequences, and a
-    // Cobalt -> Ferrite pipeline with 2.
-    let path = dir.join("mixed.toml");
-    std::fs::write(
-        &path,
-        r#"
-[[group]]
-micro_batch_size = 2
-micro_batches = 3
-stages = [{ device = "ferrite:0", layers = [0, 2] }]
-
-[[group]]
-micro_batch_size = 1
-micro_batches = 2
-stages = [{ device = "cobalt:0", layers = [0, 1] }, { device = "ferrite:1", layers = [1, 2] }]
-"#,
-    )
-    .unwrap();
+/// Two groups of replicas: Ferrite alone with `b x m` sequences, and a
+/// Cobalt -> Ferrite pipeline of micro-batches of 1, cut at block `cut` of
+/// `layers`; written as `name` in `dir`.
+fn replicas_plan(
+    dir: &Path,
+    name: &str,
+    (b, m): (usize, usize),
+    cut: usize,
+    layers: usize,
+) -> String {
+    let path = dir.join(name);
+    let text = format!(
+        "[[group]]\nmicro_batch_size = {b}\nmicro_batches = {m}\n\
+         stages = [{{ device = \"ferrite:0\", layers = [0, {layers}] }}]\n\n\
+         [[group]]\nmicro_batch_size = 1\nmicro_batches = 2\n\
+         stages = [{{ device = \"cobalt:0\", layers = [0, {cut}] }}, \
+         {{ device = \"ferrite:1\", layers = [{cut}, {layers}] }}]\n"
+    );
+    std::fs::write(&path, text).unwrap();
     path.display().to_string()
+}
+
+fn mixed_plan(dir: &Path) -> String {
+    // Ferrite alone with 6 sequences, a Cobalt -> Ferrite pipeline with 2.
+    replicas_plan(dir, "mixed.toml", (2, 3), 1, 2)
 }
 
 #[test]
@@ -464,6 +474,70 @@ fn a_rank_that_dies_stops_the_job_and_keeps_the_last_checkpoint() {
         &["--steps", "12", "--device", "ferrite:0", "--resume", &c],
     );
     assert_eq!(resumed.len(), 6);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Two replicas, one a Cobalt -> Ferrite pipeline, of `deep` (about 3 MB
+/// of gradients: several 1 MiB buckets), a rank in two reduction groups.
+fn deep_replicas(dir: &Path) -> String {
+    replicas_plan(dir, "deep.toml", (2, 2), 8, 16)
+}
+
+#[test]
+fn the_overlapped_reduction_gives_the_same_bits_and_starts_inside_the_backward_pass() {
+    let dir = scratch("overlap");
+    let plan = deep_replicas(&dir);
+    let trace = dir.join("overlap.json");
+    let t = trace.display().to_string();
+    for precision in ["f32", "bf16"] {
+        let run = |tag: &str, extra: &[&str]| {
+            let mut args = vec!["train", "--model", "deep", "--global-batch", "6"];
+            args.extend_from_slice(&["--eval-every", "0", "--log-every", "0", "--no-pin"]);
+            args.extend_from_slice(&["--steps", "3", "--precision", precision, "--plan", &plan]);
+            curve_of(&dir, &format!("{precision}-{tag}"), &args, extra)
+        };
+        let overlapped = run("overlap", &["--trace", &t]);
+        let after = run("after", &["--reduce-after-backward"]);
+        // The same buckets in the same order: the same sums, bit for bit.
+        assert_eq!(overlapped, after, "{precision}");
+    }
+    // Each rank's buckets run on the reducer's row; in every step, rank
+    // 0's first bucket (the head's end of the model) starts before its
+    // last backward pass ends.
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&trace).unwrap()).unwrap();
+    let events = v["traceEvents"].as_array().unwrap();
+    let spans = |pid: u64, cat: &str| -> Vec<(f64, f64)> {
+        let mut out: Vec<(f64, f64)> = events
+            .iter()
+            .filter(|e| e["pid"] == pid && e["cat"] == cat)
+            .map(|e| {
+                let ts = e["ts"].as_f64().unwrap();
+                (ts, ts + e["dur"].as_f64().unwrap())
+            })
+            .collect();
+        out.sort_by(|a, b| a.0.total_cmp(&b.0));
+        out
+    };
+    let (reduce, backward) = (spans(0, "reduce"), spans(0, "backward"));
+    // Two groups (blocks 0..8 with Cobalt, 8..16 and the head with the
+    // other Ferrite), two buckets or more each, three steps.
+    assert!(reduce.len() >= 12, "{} buckets", reduce.len());
+    assert!(
+        events
+            .iter()
+            .all(|e| (e["cat"] == "reduce") == (e["tid"] == 1) || e["ph"] == "M")
+    );
+    let per_step = reduce.len() / 3;
+    for step in 0..3 {
+        let first = reduce[step * per_step].0;
+        // The last backward pass to start before the bucket: the bucket
+        // starts inside it.
+        let last_b = backward.iter().rfind(|b| b.0 <= first).unwrap();
+        assert!(
+            first < last_b.1,
+            "step {step}: bucket at {first}, backward {last_b:?}"
+        );
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -434,3 +434,78 @@ fn reduce_and_all_to_all_usage_errors_name_op_rank_and_tensor() {
         dc.reduce(&t, ReduceOp::Sum, 1).unwrap();
     });
 }
+
+#[test]
+fn staged_copies_go_on_the_callers_stream_while_the_default_stream_works() {
+    let devices = mixed();
+    world20(&devices, |d, dc| {
+        let me = dc.comm().rank();
+        let stream = d.stream().unwrap();
+        // Another thread keeps the device's default stream busy meanwhile,
+        // as the trainer's passes do beside its reducer thread.
+        let busy = tensor(d, DType::F32, &values(me, 1 << 16));
+        let negated = d.zeros(DType::F32, &[1 << 16]).unwrap();
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    d.exec().neg(&busy, &negated).unwrap();
+                }
+            });
+            let mut on = DeviceComm::new(dc.comm()).on_stream(&stream);
+            // Many chunks: a staged rank copies them one after another on
+            // its stream; and a whole (unchunked) call.
+            on.set_chunk_bytes(1000);
+            let count = 10_007;
+            let t = tensor(d, DType::F32, &values(me, count));
+            on.all_reduce(&t, ReduceOp::Sum).unwrap();
+            assert_eq!(t.to_vec::<f32>().unwrap(), sum(3, count), "rank {me}");
+            let all = d.zeros(DType::F32, &[3 * count as i64]).unwrap();
+            let mine = tensor(d, DType::F32, &values(me, count));
+            on.all_gather(&mine, &all).unwrap();
+            let want: Vec<f32> = (0..3).flat_map(|r| values(r, count)).collect();
+            assert_eq!(all.to_vec::<f32>().unwrap(), want, "rank {me}");
+            assert_eq!(on.last_path(), Some(Path::of(d)));
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        });
+    });
+}
+
+#[test]
+fn byte_range_copies_refuse_what_they_cannot_copy_naming_it() {
+    let (ferrite, cobalt) = (device("ferrite", 0), device("cobalt", 0));
+    let t = tensor(&cobalt, DType::F32, &values(0, 10));
+    let mut out = [0u8; 8];
+    t.read_range(32, &mut out, None).unwrap();
+    assert_eq!(
+        out[..4],
+        values(0, 10)[8].to_ne_bytes()[..],
+        "bytes 32..36: element 8"
+    );
+    let e = t.read_range(36, &mut out, None).unwrap_err().to_string();
+    assert!(
+        e.contains("bytes 36..44") && e.contains("past its end"),
+        "{e}"
+    );
+    let e = t
+        .write_range(usize::MAX, &out, None)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("past its end"), "{e}");
+    let other = ferrite.stream().unwrap();
+    let e = t
+        .read_range(0, &mut out, Some(&other))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("stream of"), "{e}");
+    let strided = t.as_strided(&[5], &[2], 0).unwrap();
+    let e = strided
+        .read_range(0, &mut out, None)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("only compact tensors"), "{e}");
+    // On the tensor's own stream: written, then read back.
+    let own = cobalt.stream().unwrap();
+    t.write_range(4, &7f32.to_ne_bytes(), Some(&own)).unwrap();
+    assert_eq!(t.to_vec::<f32>().unwrap()[1], 7.0);
+}

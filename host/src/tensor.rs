@@ -12,6 +12,7 @@ use crate::device::Device;
 use crate::element::Element;
 use crate::error::{HostError, Result};
 use crate::memory::Buffer;
+use crate::stream::Stream;
 
 /// A strided view of device memory. Cloning shares the memory.
 #[derive(Debug, Clone)]
@@ -231,35 +232,106 @@ impl Tensor {
     /// Copies `bytes.len()` bytes from device address `offset` (relative to
     /// element 0) to host memory, on the default stream.
     fn d2h(&self, byte: i64, out: &mut [u8]) -> Result<()> {
+        self.d2h_on(byte, out, None)
+    }
+
+    /// [`Tensor::d2h`] on `stream` (synchronized before returning) or the
+    /// default stream.
+    fn d2h_on(&self, byte: i64, out: &mut [u8], stream: Option<&Stream>) -> Result<()> {
         let device = self.device();
         // SAFETY: `out` is writable for its length, the device range lies in
-        // the buffer (callers stay within the tensor's span), and the default
-        // stream completes the copy before returning.
+        // the buffer (callers stay within the tensor's span), and the copy
+        // completes before this returns (the default stream's before the
+        // call returns, another stream's when it is synchronized below;
+        // `out` and the buffer outlive both).
         unsafe {
             device.plugin().memcpy(
                 "memcpy_d2h",
                 device.index(),
-                None,
+                stream.map(Stream::raw),
                 out.as_mut_ptr().cast(),
                 self.device_addr(byte),
                 out.len() as u64,
             )
-        }
+        }?;
+        stream.map_or(Ok(()), Stream::synchronize)
     }
 
     fn h2d(&self, byte: i64, data: &[u8]) -> Result<()> {
+        self.h2d_on(byte, data, None)
+    }
+
+    fn h2d_on(&self, byte: i64, data: &[u8], stream: Option<&Stream>) -> Result<()> {
         let device = self.device();
-        // SAFETY: as in `d2h`, with `data` readable.
+        // SAFETY: as in `d2h_on`, with `data` readable and unchanged until
+        // the copy completes.
         unsafe {
             device.plugin().memcpy(
                 "memcpy_h2d",
                 device.index(),
-                None,
+                stream.map(Stream::raw),
                 self.device_addr(byte),
                 data.as_ptr().cast(),
                 data.len() as u64,
             )
+        }?;
+        stream.map_or(Ok(()), Stream::synchronize)
+    }
+
+    /// Checks that bytes `at..at + len` of this tensor's elements can be
+    /// copied as one run on `stream`: a compact tensor, a range inside it,
+    /// a stream of its device.
+    fn check_range(&self, at: usize, len: usize, stream: Option<&Stream>) -> Result<()> {
+        let bytes = self.numel() * self.dtype.size();
+        if !self.is_compact() {
+            return Err(HostError::Usage(format!(
+                "a byte range of a {} tensor of shape {} with strides {:?}: only compact tensors \
+                 are copied by byte range",
+                self.dtype,
+                Shape::from(self.shape.as_slice()),
+                self.strides
+            )));
         }
+        if at.checked_add(len).is_none_or(|end| end > bytes) {
+            return Err(HostError::Usage(format!(
+                "bytes {at}..{} of a {} tensor of shape {} ({bytes} bytes): past its end",
+                at.saturating_add(len),
+                self.dtype,
+                Shape::from(self.shape.as_slice()),
+            )));
+        }
+        if let Some(s) = stream.filter(|s| s.device() != self.device()) {
+            return Err(HostError::Usage(format!(
+                "a tensor on {} copied on a stream of {}",
+                self.device(),
+                s.device()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Copies bytes `at..at + out.len()` of this compact tensor's elements
+    /// into `out`, on `stream` (waiting for it) or, with `None`, on the
+    /// device's default stream. A thread that copies while another runs
+    /// work on the default stream passes a stream of its own: the ABI asks
+    /// callers to serialize the calls on one stream.
+    pub fn read_range(&self, at: usize, out: &mut [u8], stream: Option<&Stream>) -> Result<()> {
+        self.check_range(at, out.len(), stream)?;
+        if out.is_empty() {
+            return Ok(());
+        }
+        self.d2h_on(at as i64, out, stream)
+    }
+
+    /// Copies `data` into bytes `at..at + data.len()` of this compact
+    /// tensor's elements, on `stream` (waiting for it) or the default
+    /// stream (see [`Tensor::read_range`]).
+    pub fn write_range(&self, at: usize, data: &[u8], stream: Option<&Stream>) -> Result<()> {
+        self.check_range(at, data.len(), stream)?;
+        if data.is_empty() {
+            return Ok(());
+        }
+        self.h2d_on(at as i64, data, stream)
     }
 
     /// The elements in row-major order as native-endian bytes.

@@ -18,6 +18,7 @@ pub mod evaluate;
 pub mod framework;
 pub mod measured;
 pub mod model;
+pub mod overlap;
 pub mod plan;
 pub mod profile;
 pub mod schedule;

@@ -21,6 +21,7 @@
 //! - each device alone: not a layout of the cluster, only the baseline of
 //!   the speedup ratio (`polychip train --device` runs it).
 
+use crate::overlap;
 use crate::schedule::{Schedule, StageTiming};
 use crate::sim;
 
@@ -76,6 +77,9 @@ pub struct MeasuredModel {
     /// Whether data-parallel replicas may shard the optimizer step
     /// ([`sharded_optimizer`]).
     pub shard_optimizer: bool,
+    /// Whether the gradient reduction overlaps the last backward pass
+    /// ([`crate::overlap`]); otherwise it starts after it.
+    pub overlap_reduction: bool,
 }
 
 /// Which layouts to consider. Every layout uses every device: the
@@ -239,8 +243,28 @@ pub fn stage_passes(
     (f, b)
 }
 
+/// The parameters of each unit of a stage holding half blocks `[from,
+/// to)` and the embedding or head, in model order: the units its gradient
+/// reduction is bucketed by ([`overlap::reduction_buckets`]).
+fn unit_params(model: &MeasuredModel, from: usize, to: usize, embed: bool, head: bool) -> Vec<u64> {
+    let mut units = Vec::with_capacity(to.saturating_sub(from) + 2);
+    if embed {
+        units.push(model.embed_params);
+    }
+    units.extend((from..to).map(|h| match h % 2 {
+        0 => model.attention_params,
+        _ => model.block_params - model.attention_params,
+    }));
+    if head {
+        units.push(model.head_params);
+    }
+    units
+}
+
 /// The simulated step of one pipeline of `m` micro-batches whose every
-/// stage then all-reduces the gradients of `reduced_params` parameters.
+/// stage then all-reduces the gradients of `reduced_params` parameters,
+/// overlapped with its last backward pass when the model says so (the
+/// stage's own parameters then give the buckets).
 fn pipeline_time(
     devs: &[MeasuredDevice],
     model: &MeasuredModel,
@@ -258,21 +282,24 @@ fn pipeline_time(
             let (embed, head) = (i == 0, i + 1 == p);
             let (attention, ffn) = half_counts(s.from, s.to);
             let (f, b) = stage_passes(d, attention, ffn, embed, head);
-            let mut params = attention as u64 * model.attention_params
-                + ffn as u64 * (model.block_params - model.attention_params);
-            if embed {
-                params += model.embed_params;
-            }
-            if head {
-                params += model.head_params;
-            }
+            let units = unit_params(model, s.from, s.to, embed, head);
+            let params: u64 = units.iter().sum();
             let reduced = reduced_params as f64 * model.grad_bytes as f64;
+            let mut dp_allreduce = 2.0 * reduced / model.link_bandwidth;
+            if model.overlap_reduction && reduced_params > 0 {
+                let bytes: Vec<u64> = units.iter().map(|u| u * model.grad_bytes).collect();
+                let buckets: Vec<u64> = overlap::reduction_buckets(&bytes, overlap::BUCKET_BYTES)
+                    .into_iter()
+                    .map(|r| bytes[r].iter().sum())
+                    .collect();
+                dp_allreduce = overlap::exposed_reduction(dp_allreduce, b, &buckets);
+            }
             StageTiming {
                 name: d.name.clone(),
                 forward: f,
                 backward: b,
                 send_next: if i + 1 < p { send } else { 0.0 },
-                dp_allreduce: 2.0 * reduced / model.link_bandwidth,
+                dp_allreduce,
                 optimizer: params as f64 * d.optimizer_per_param,
             }
         })
@@ -665,7 +692,36 @@ mod tests {
             grad_bytes: 4,
             link_bandwidth: 1e12,
             shard_optimizer: true,
+            overlap_reduction: true,
         }
+    }
+
+    #[test]
+    fn the_overlapped_reduction_leaves_only_what_the_last_backward_pass_cannot_hide() {
+        // 8 blocks of 1M parameters: 4 MB of gradients each, a bucket per
+        // half block or so; the reduction takes 2 x 32 MB / 64 MB/s = 1 s,
+        // the whole model's backward pass 8 x 2/3 s.
+        let devs = [dev("a", 1.0, 0.0)];
+        let mut m = model(8, 1);
+        (m.block_params, m.attention_params) = (1 << 20, 1 << 19);
+        m.link_bandwidth = 64.0 * (1 << 20) as f64;
+        let whole = [MeasuredStage {
+            device: 0,
+            from: 0,
+            to: 16,
+        }];
+        let params = 8 * (1 << 20) + 200;
+        let overlapped = pipeline_time(&devs, &m, &whole, 1, params);
+        m.overlap_reduction = false;
+        let after = pipeline_time(&devs, &m, &whole, 1, params);
+        let passes = 8.0;
+        assert!((after - passes - 1.0).abs() < 1e-3, "{after}");
+        // Reducing is faster than the pass: about the last half block's
+        // bucket (2 MiB of 32, 1/16 s) is left, then the embedding's.
+        let left = overlapped - passes;
+        assert!(left > 0.0 && left < 0.1, "{left}");
+        // Without a reduction nothing changes.
+        assert_eq!(pipeline_time(&devs, &m, &whole, 1, 0), passes);
     }
 
     #[test]
@@ -818,6 +874,7 @@ mod tests {
         // its whole step (3 + 50).
         let model = MeasuredModel {
             shard_optimizer: false,
+            overlap_reduction: false,
             ..model
         };
         let sizes = [SizedCosts {

@@ -388,12 +388,23 @@ pub fn profile_side_by_side(
     Ok(profiles)
 }
 
+/// What the trainer will do that the search prices.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Choices {
+    /// Data-parallel replicas may shard the optimizer step (the search
+    /// prices both ways and picks).
+    pub shard_optimizer: bool,
+    /// The gradient reduction overlaps the last backward pass
+    /// ([`crate::reduce`]).
+    pub overlap_reduction: bool,
+}
+
 /// Plans `cfg` over `devices` (any mix of vendors): profiles every device
 /// on the model at once, each on the share of `cores` its rank would get
 /// ([`profile_side_by_side`]), then searches the layouts `mode` allows with
 /// each kind's measured costs ([`polychip_planner::measured`]);
-/// data-parallel layouts may shard the optimizer step when
-/// `shard_optimizer` allows it (the search prices both). Returns the plan
+/// data-parallel layouts may shard the optimizer step when `choices`
+/// allow it (the search prices both). Returns the plan
 /// (with the predicted step time), the search's answer and the profiles
 /// (one per kind and micro-batch size).
 pub fn auto_plan(
@@ -401,7 +412,7 @@ pub fn auto_plan(
     t: &TrainConfig,
     devices: &[Device],
     mode: AutoMode,
-    shard_optimizer: bool,
+    choices: Choices,
     cores: Option<&[usize]>,
 ) -> Result<(TrainPlan, MeasuredPlan, Vec<Profile>)> {
     if devices.is_empty() {
@@ -448,7 +459,7 @@ pub fn auto_plan(
                 }
             })
             .collect();
-        let model = measured_model(cfg, t, b, gb, shard_optimizer);
+        let model = measured_model(cfg, t, b, gb, choices);
         let fits = |d: usize, s: measured::Span, in_flight: usize| {
             let range = StageRange {
                 start: Cut(s.from),
@@ -558,14 +569,14 @@ pub fn auto_plan(
     Ok((plan, found, profiles))
 }
 
-/// The model in the measured search's terms, micro-batches of `b`,
-/// replicas allowed to shard the optimizer step or not.
+/// The model in the measured search's terms, micro-batches of `b`, under
+/// the trainer's `choices`.
 fn measured_model(
     cfg: &ModelConfig,
     t: &TrainConfig,
     b: usize,
     gb: usize,
-    shard_optimizer: bool,
+    choices: Choices,
 ) -> MeasuredModel {
     let one_block = StageRange {
         start: Cut(0),
@@ -588,7 +599,8 @@ fn measured_model(
         micro_batches: gb / b,
         grad_bytes: 4,
         link_bandwidth: 2e9,
-        shard_optimizer,
+        shard_optimizer: choices.shard_optimizer,
+        overlap_reduction: choices.overlap_reduction,
     }
 }
 

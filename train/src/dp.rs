@@ -47,7 +47,7 @@ fn holder_sets(roles: &[Role], layers: usize) -> Vec<Vec<usize>> {
 /// The units `role` holds, each with its parameters' index range in
 /// [`Stage::params`] (the order of `params::stage_params`: embedding, 5 per
 /// attention half and 4 per feed-forward half, final norm and head).
-fn unit_params(role: &Role, layers: usize) -> Vec<(usize, Range<usize>)> {
+pub(crate) fn unit_params(role: &Role, layers: usize) -> Vec<(usize, Range<usize>)> {
     let mut out = Vec::new();
     let mut at = 0;
     let mut push = |unit: usize, n: usize| {

@@ -19,6 +19,7 @@ pub mod params;
 pub mod pin;
 pub mod pipeline;
 pub mod plan;
+pub mod reduce;
 pub mod safetensors;
 pub mod simulate;
 pub mod stop;

@@ -81,13 +81,16 @@ pub struct StepData<'c> {
 /// Forward and backward passes of one rank in one step: accumulates the
 /// stage's gradients; on a last stage returns its replica's share of the
 /// step's mean loss (the micro-batch losses weighted by their share of
-/// the global batch), elsewhere 0.
+/// the global batch), elsewhere 0. The last micro-batch's backward pass
+/// calls `done(from)` as the gradients of parameters `from..` become final
+/// (see [`Stage::backward_with`]), so that their reduction may start.
 pub fn train_step(
     stage: &Stage,
     role: &Role,
     data: StepData<'_>,
     links: &mut Links<'_>,
     tracer: &mut Tracer,
+    done: &mut dyn FnMut(usize) -> Result<()>,
 ) -> Result<f64> {
     let (m, b) = (role.micro_batches, role.micro_batch_size);
     let warm = (role.stages - role.stage - 1).min(m);
@@ -157,10 +160,10 @@ pub fn train_step(
         saved.push_back(sv);
         Ok(())
     };
-    let backward = |j: usize,
-                    links: &mut Links<'_>,
-                    tracer: &mut Tracer,
-                    saved: &mut VecDeque<Saved>|
+    let mut backward = |j: usize,
+                        links: &mut Links<'_>,
+                        tracer: &mut Tracer,
+                        saved: &mut VecDeque<Saved>|
      -> Result<Option<Tensor>> {
         let sv = saved
             .pop_front()
@@ -179,7 +182,10 @@ pub fn train_step(
         tracer.span(
             || format!("B{j}"),
             "backward",
-            || stage.backward(sv, g, weight(j)),
+            || match j + 1 == m {
+                true => stage.backward_with(sv, g, weight(j), &mut *done),
+                false => stage.backward(sv, g, weight(j)),
+            },
         )
     };
     let send_grad = |j: usize, g: Option<Tensor>, links: &mut Links<'_>, tracer: &mut Tracer| match (

@@ -12,7 +12,8 @@ use serde_json::{Value, json};
 pub struct Span {
     /// What ran, e.g. `F3` (forward of micro-batch 3), `send act 3`.
     pub name: String,
-    /// `forward`, `backward`, `p2p`, `allreduce`, `optimizer`, `eval`.
+    /// `forward`, `backward`, `p2p`, `allreduce` (the wait for the
+    /// reduction), `reduce` (a bucket's reduction), `optimizer`, `eval`.
     pub cat: &'static str,
     /// Start, microseconds since the Unix epoch.
     pub start_us: f64,
@@ -29,6 +30,10 @@ pub struct Tracer {
     keep_all: bool,
     spans: Vec<Span>,
 }
+
+/// The category of the reducer thread's spans (`reduce bucket k`), drawn
+/// on a row of their own.
+pub const REDUCER_CAT: &str = "reduce";
 
 /// Spans a tracer that is not exporting keeps.
 pub const RECENT: usize = 20_000;
@@ -64,16 +69,24 @@ impl Tracer {
         let start = now_us();
         let out = f();
         let dur = now_us() - start;
-        if !self.keep_all && self.spans.len() >= RECENT {
-            self.spans.drain(..RECENT / 2);
-        }
-        self.spans.push(Span {
+        self.push(Span {
             name: name(),
             cat,
             start_us: start,
             dur_us: dur,
         });
         out
+    }
+
+    /// Adds a span timed elsewhere (another thread's), when enabled.
+    pub fn push(&mut self, span: Span) {
+        if !self.enabled {
+            return;
+        }
+        if !self.keep_all && self.spans.len() >= RECENT {
+            self.spans.drain(..RECENT / 2);
+        }
+        self.spans.push(span);
     }
 
     /// The spans so far.
@@ -107,9 +120,20 @@ pub fn chrome_trace(ranks: &[(String, Value)]) -> Value {
             "name": "process_name", "ph": "M", "pid": pid, "tid": 0,
             "args": { "name": label },
         }));
+        let mut reducer_row = false;
         for s in spans.as_array().into_iter().flatten() {
+            // The reducer thread's buckets overlap the passes: a row of
+            // their own.
+            let tid = usize::from(s[1] == REDUCER_CAT);
+            if tid == 1 && !reducer_row {
+                reducer_row = true;
+                events.push(json!({
+                    "name": "thread_name", "ph": "M", "pid": pid, "tid": 1,
+                    "args": { "name": "gradient reduction" },
+                }));
+            }
             events.push(json!({
-                "name": s[0], "cat": s[1], "ph": "X", "pid": pid, "tid": 0,
+                "name": s[0], "cat": s[1], "ph": "X", "pid": pid, "tid": tid,
                 "ts": s[2].as_f64().unwrap_or(0.0) - t0,
                 "dur": s[3],
             }));

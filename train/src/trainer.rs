@@ -27,6 +27,7 @@ use crate::model::Stage;
 use crate::model::ops::OpRecord;
 use crate::pipeline::{self, Links, StepData};
 use crate::plan::{Role, TrainPlan};
+use crate::reduce::Reducer;
 use crate::trace::{self, Tracer};
 
 /// Everything a run needs besides the devices and the communicator.
@@ -66,6 +67,9 @@ pub struct Options {
     pub log_every: u64,
     /// Record every op of the first step run (for `--autocompare`).
     pub record_first_step: bool,
+    /// Reduce each bucket of gradients while the last backward pass goes
+    /// on ([`crate::reduce`]), not after it.
+    pub overlap_reduction: bool,
 }
 
 /// One step's figures.
@@ -217,6 +221,7 @@ pub fn run(opts: &Options, runtime: &Runtime, mut job: Option<&mut Job>) -> Resu
         None => Vec::new(),
     };
     let sharding = dp::Sharding::new(&opts.plan, &dp, &roles, &stage);
+    let mut reducer = Reducer::new(&stage, &role, &dp, cfg.layers, opts.overlap_reduction)?;
     let mut start = 0;
     if let Some(path) = &opts.resume {
         let (mut loaded, changed) =
@@ -240,7 +245,7 @@ pub fn run(opts: &Options, runtime: &Runtime, mut job: Option<&mut Job>) -> Resu
         ..Summary::default()
     };
     let mut tracer = Tracer::new(true, opts.trace.is_some());
-    let mut pool = StagingPool::new();
+    let (mut pool, mut reduce_pool) = (StagingPool::new(), StagingPool::new());
     let replicas = opts.plan.replicas() as f64;
     let tokens_per_step = (t.global_batch * cfg.seq_len) as f64;
     let data = |step| StepData {
@@ -272,25 +277,18 @@ pub fn run(opts: &Options, runtime: &Runtime, mut job: Option<&mut Job>) -> Resu
             stage.record(true);
         }
         stage.zero_grads()?;
+        // The passes, and the gradient reduction overlapped with the last
+        // backward pass (each rank's transfers keep the world and their
+        // own staging pool; the reduction has its groups and another).
         let mut links = Links::new(job.as_deref_mut().map(|j| &mut **j), pool);
-        let part = pipeline::train_step(&stage, &role, data(s), &mut links, &mut tracer)?;
-        pool = links.into_pool();
-        stage.finish_grads()?;
-        tracer.span(
-            || "grad all-reduce".into(),
-            "allreduce",
-            || -> Result<()> {
-                for g in &mut dp {
-                    // The group's gradients are packed together: one reduction.
-                    let span = stage.grad_span(g.params.clone())?;
-                    let mut dc = DeviceComm::with_pool(&mut g.comm, std::mem::take(&mut pool));
-                    let r = dc.all_reduce(&span, ReduceOp::Sum);
-                    pool = dc.into_pool();
-                    r?;
-                }
-                Ok(())
-            },
+        let part = reducer.step(
+            &stage,
+            &mut dp,
+            &mut reduce_pool,
+            &mut tracer,
+            |tr, done| pipeline::train_step(&stage, &role, data(s), &mut links, tr, done),
         )?;
+        pool = links.into_pool();
         let mut scalars = [part as f32, stage.grad_sum_squares()? as f32];
         all_reduce_f32(job.as_deref_mut().map(|j| &mut **j), &mut scalars)?;
         let loss = f64::from(scalars[0]);

@@ -22,7 +22,7 @@
 mod pipeline;
 mod staging;
 
-use polychip_host::{Device, Tensor};
+use polychip_host::{Device, Stream, Tensor};
 
 pub use pipeline::DEPTH;
 pub use staging::StagingPool;
@@ -75,6 +75,7 @@ pub struct DeviceComm<'c> {
     pool: StagingPool,
     chunk: usize,
     last: Option<Path>,
+    stream: Option<&'c Stream>,
 }
 
 impl std::fmt::Debug for DeviceComm<'_> {
@@ -101,7 +102,18 @@ impl<'c> DeviceComm<'c> {
             pool,
             chunk: CHUNK,
             last: None,
+            stream: None,
         }
+    }
+
+    /// Makes staged tensors' copies go on `stream` (waited for after each
+    /// copy) instead of the device's default stream, one chunk after
+    /// another on this thread: for a thread that reduces while another
+    /// runs work on the device's default stream. Every tensor staged in a
+    /// call must then be on the stream's device.
+    pub fn on_stream(mut self, stream: &'c Stream) -> DeviceComm<'c> {
+        self.stream = Some(stream);
+        self
     }
 
     /// Gives the staging pool back, to keep it across borrows of the communicator.

@@ -16,7 +16,7 @@ use std::ops::Range;
 use std::sync::mpsc;
 use std::thread;
 
-use polychip_host::{HostError, Tensor};
+use polychip_host::{HostError, Stream, Tensor};
 
 use super::{DeviceComm, Path, StagingPool};
 use crate::collectives::Communicator;
@@ -50,39 +50,17 @@ fn addr(t: &Tensor, at: usize) -> *mut c_void {
     t.buffer().ptr().cast::<u8>().wrapping_add(start).cast()
 }
 
-/// Copies bytes `at..at + out.len()` of compact tensor `t` to `out`.
-fn d2h(ctx: Ctx, t: &Tensor, at: usize, out: &mut [u8]) -> Result<()> {
-    if out.is_empty() {
-        return Ok(());
-    }
-    let d = t.device();
-    // SAFETY: callers pass ranges inside the tensor's extent, which
-    // `DeviceComm::check` verified lies inside its live buffer; `out` is
-    // writable for its length; the default stream completes the copy
-    // before the call returns, so `out` outlives it.
-    unsafe {
-        let dst = out.as_mut_ptr().cast();
-        let n = out.len() as u64;
-        d.plugin()
-            .memcpy("memcpy_d2h", d.index(), None, dst, addr(t, at), n)
-    }
-    .map_err(|e| ctx.host("device-to-host staging copy", e))
+/// Copies bytes `at..at + out.len()` of compact tensor `t` to `out`, on
+/// `stream` or the default stream (complete when this returns).
+fn d2h(ctx: Ctx, t: &Tensor, at: usize, out: &mut [u8], stream: Option<&Stream>) -> Result<()> {
+    t.read_range(at, out, stream)
+        .map_err(|e| ctx.host("device-to-host staging copy", e))
 }
 
 /// Copies `data` to bytes `at..at + data.len()` of compact tensor `t`.
-fn h2d(ctx: Ctx, t: &Tensor, at: usize, data: &[u8]) -> Result<()> {
-    if data.is_empty() {
-        return Ok(());
-    }
-    let d = t.device();
-    // SAFETY: as in `d2h`, with `data` readable.
-    unsafe {
-        let src = data.as_ptr().cast();
-        let n = data.len() as u64;
-        d.plugin()
-            .memcpy("memcpy_h2d", d.index(), None, addr(t, at), src, n)
-    }
-    .map_err(|e| ctx.host("host-to-device staging copy", e))
+fn h2d(ctx: Ctx, t: &Tensor, at: usize, data: &[u8], stream: Option<&Stream>) -> Result<()> {
+    t.write_range(at, data, stream)
+        .map_err(|e| ctx.host("host-to-device staging copy", e))
 }
 
 /// The first `bytes` bytes of `t`'s elements, as host memory.
@@ -150,20 +128,20 @@ impl DeviceComm<'_> {
             }
             return Ok(());
         }
-        let load = move |k: usize, slot: &mut Slot<'_>| -> Result<()> {
+        let load = move |k: usize, slot: &mut Slot<'_>, on: Option<&Stream>| -> Result<()> {
             let r = range(k);
             if let Some(t) = src_st {
-                d2h(ctx, t, r.start, &mut slot.0[..r.len()])?;
+                d2h(ctx, t, r.start, &mut slot.0[..r.len()], on)?;
             }
             match dst_st {
-                Some(t) if a.load => d2h(ctx, t, r.start, &mut slot.1[..r.len()]),
+                Some(t) if a.load => d2h(ctx, t, r.start, &mut slot.1[..r.len()], on),
                 _ => Ok(()),
             }
         };
         let store_st = dst_st.filter(|_| a.store);
-        let store = move |k: usize, slot: &Slot<'_>| -> Result<()> {
+        let store = move |k: usize, slot: &Slot<'_>, on: Option<&Stream>| -> Result<()> {
             let r = range(k);
-            store_st.map_or(Ok(()), |t| h2d(ctx, t, r.start, &slot.1[..r.len()]))
+            store_st.map_or(Ok(()), |t| h2d(ctx, t, r.start, &slot.1[..r.len()], on))
         };
         let mut run = |k: usize, slot: &mut Slot<'_>| -> Result<()> {
             let r = range(k);
@@ -177,19 +155,29 @@ impl DeviceComm<'_> {
             };
             op(comm, s, d)
         };
+        // One chunk has nothing to overlap; copies on the caller's stream
+        // stay on this thread (one stream's calls are serialized), chunk
+        // after chunk through one slot.
+        let stream = self.stream;
+        let in_turn = chunks == 1 || stream.is_some();
         let slots = slots(
             &mut self.pool,
-            chunks.min(DEPTH),
+            if in_turn { 1 } else { chunks.min(DEPTH) },
             bytes.min(chunk),
             src_st.is_some(),
             dst_st.is_some(),
         );
-        if chunks == 1 {
+        if in_turn {
             let mut slot = slots.into_iter().next().expect("one slot");
-            load(0, &mut slot)?;
-            run(0, &mut slot)?;
-            return store(0, &slot);
+            for k in 0..chunks {
+                load(k, &mut slot, stream)?;
+                run(k, &mut slot)?;
+                store(k, &slot, stream)?;
+            }
+            return Ok(());
         }
+        let load = move |k: usize, slot: &mut Slot<'_>| load(k, slot, None);
+        let store = move |k: usize, slot: &Slot<'_>| store(k, slot, None);
         pipeline(ctx, chunks, slots, load, &mut run, store)
     }
 
@@ -210,7 +198,7 @@ impl DeviceComm<'_> {
             .take(&[if src_st { sb } else { 0 }, if dst_st { db } else { 0 }]);
         let (b1, b0) = (bufs.pop().expect("two"), bufs.pop().expect("two"));
         let s: &[u8] = if src_st {
-            d2h(ctx, src, 0, b0)?;
+            d2h(ctx, src, 0, b0, self.stream)?;
             b0
         } else {
             // SAFETY: `check` verified compactness and extent; the caller
@@ -224,7 +212,10 @@ impl DeviceComm<'_> {
             unsafe { host_slice(dst, db) }
         };
         op(self.comm, s, d)?;
-        if dst_st { h2d(ctx, dst, 0, d) } else { Ok(()) }
+        match dst_st {
+            true => h2d(ctx, dst, 0, d, self.stream),
+            false => Ok(()),
+        }
     }
 }
 

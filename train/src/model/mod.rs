@@ -263,13 +263,18 @@ impl Stage {
     /// block whose half holding it the stage holds.
     fn block_param(&self, layer: usize, which: usize) -> &Param {
         let ffn = usize::from(which >= ATTENTION_PARAMS);
-        let half = 2 * layer + ffn;
+        &self.params[self.half_first_param(2 * layer + ffn) + which - ffn * ATTENTION_PARAMS]
+    }
+
+    /// The index in [`Stage::params`] of the first parameter of half block
+    /// `half`, one the stage holds.
+    fn half_first_param(&self, half: usize) -> usize {
         // The halves before it: attention halves hold 5 parameters,
         // feed-forward halves 4.
         let (attentions, ffns) = polychip_planner::measured::half_counts(self.range.start.0, half);
         let before = attentions * ATTENTION_PARAMS
             + ffns * (crate::params::BLOCK_PARAMS.len() - ATTENTION_PARAMS);
-        &self.params[usize::from(self.range.embed) + before + which - ffn * ATTENTION_PARAMS]
+        usize::from(self.range.embed) + before
     }
 
     fn head_params(&self) -> (&Param, &Param) {
@@ -426,6 +431,21 @@ impl Stage {
         grad_out: Option<Tensor>,
         loss_weight: f64,
     ) -> Result<Option<Tensor>> {
+        self.backward_with(saved, grad_out, loss_weight, &mut |_| Ok(()))
+    }
+
+    /// [`Stage::backward`], calling `done(from)` each time the pass has
+    /// finished a unit (the head, each half block, the embedding): the
+    /// gradients of parameters `from..` (indices into [`Stage::params`])
+    /// then hold every contribution of this pass, and the pass touches them
+    /// no more. `from` falls, down to 0 at the end.
+    pub fn backward_with(
+        &self,
+        saved: Saved,
+        grad_out: Option<Tensor>,
+        loss_weight: f64,
+        done: &mut dyn FnMut(usize) -> Result<()>,
+    ) -> Result<Option<Tensor>> {
         let c = &self.cfg;
         let ops = self.ops();
         let b = saved.batch;
@@ -447,7 +467,9 @@ impl Stage {
                     &ghn2,
                     false,
                 )?;
-                self.norm_backward("norm", &ghn, &h.x, norm, &h.inv)?
+                let g = self.norm_backward("norm", &ghn, &h.x, norm, &h.inv)?;
+                done(self.params.len() - 2)?;
+                g
             }
             None => grad_out.ok_or_else(|| {
                 crate::TrainError::Plan("a middle stage's backward pass needs grad_out".into())
@@ -455,11 +477,13 @@ impl Stage {
         };
         for (half, hs) in self.range.halves().zip(saved.halves).rev() {
             g = self.half_backward(half, hs, g, b)?;
+            done(self.half_first_param(half))?;
         }
         match saved.tokens {
             Some(tokens) => {
                 let emb = &self.params[0];
                 ops.embedding_backward("tok_embeddings", &g, &tokens, &emb.grad)?;
+                done(0)?;
                 Ok(None)
             }
             None => Ok(Some(g)),

@@ -25,6 +25,23 @@ impl Stage {
         }
     }
 
+    /// [`Stage::finish_grads`] for parameters `range` (indices into
+    /// [`Stage::params`]) alone: their gradients are final.
+    pub fn finish_grads_of(&self, range: Range<usize>) -> Result<()> {
+        match &self.grads32 {
+            Some(_) if range.is_empty() => Ok(()),
+            Some(g32) => {
+                let elems = self.elements(range);
+                self.ops().cast(
+                    "gradients",
+                    &span(&self.grads, elems.clone())?,
+                    &span(g32, elems)?,
+                )
+            }
+            None => Ok(()),
+        }
+    }
+
     /// The elements of parameters `range` (indices into [`Stage::params`])
     /// in the packed buffers: consecutive.
     pub fn elements(&self, range: Range<usize>) -> Range<usize> {

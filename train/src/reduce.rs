@@ -1,0 +1,228 @@
+//! The step's data-parallel gradient reduction, overlapped with the last
+//! backward pass.
+//!
+//! A rank's gradients are cut into buckets, runs of consecutive units (the
+//! embedding, each half block, the head) inside one reduction group
+//! ([`crate::dp`]), of at least [`BUCKET_BYTES`] each
+//! ([`polychip_planner::overlap`]). The last micro-batch's backward pass
+//! finishes the units from the last to the first; with the overlap on, a
+//! reducer thread all-reduces each bucket as soon as the pass has left it,
+//! while the pass goes on. Every rank of a group reduces the same buckets
+//! in the same order (last unit first) whether or not it overlaps, so a run
+//! gives the same bits either way, and ranks of one job may differ.
+//!
+//! The reducer works on its own sub-communicators (the main thread's
+//! transfers use the world's), and on the device only through host-visible
+//! memory or, for a staged device, copies on a stream of its own: the ABI
+//! asks callers to serialize one stream's calls, and the main thread keeps
+//! the default stream.
+
+use std::ops::Range;
+use std::sync::mpsc;
+use std::thread;
+
+use polychip_comm::collectives::ReduceOp;
+use polychip_comm::device::{DeviceComm, Path, StagingPool};
+use polychip_host::{Stream, Tensor};
+use polychip_planner::overlap::{BUCKET_BYTES, reduction_buckets};
+
+use crate::dp::{self, ReductionGroup};
+use crate::error::{Result, TrainError};
+use crate::model::Stage;
+use crate::plan::Role;
+use crate::trace::{REDUCER_CAT, Span, Tracer, now_us};
+
+/// One bucket: parameters `params` (indices into [`Stage::params`]) of
+/// reduction group `group`, and their packed f32 gradients.
+#[derive(Debug)]
+struct Bucket {
+    group: usize,
+    params: Range<usize>,
+    grads: Tensor,
+}
+
+/// A rank's gradient reduction: its buckets in reduction order.
+#[derive(Debug)]
+pub struct Reducer {
+    rank: usize,
+    buckets: Vec<Bucket>,
+    overlap: bool,
+    /// The reducer thread's copy stream, for a staged device.
+    stream: Option<Stream>,
+}
+
+impl Reducer {
+    /// The reduction of `stage`, held by `role` (of a model of `layers`
+    /// blocks), over its reduction `groups`; overlapped with the last
+    /// backward pass when `overlap`.
+    pub fn new(
+        stage: &Stage,
+        role: &Role,
+        groups: &[ReductionGroup],
+        layers: usize,
+        overlap: bool,
+    ) -> Result<Reducer> {
+        let units = dp::unit_params(role, layers);
+        let mut buckets = Vec::new();
+        for (g, group) in groups.iter().enumerate() {
+            let inside: Vec<Range<usize>> = units
+                .iter()
+                .map(|(_, r)| r.clone())
+                .filter(|r| group.params.start <= r.start && r.end <= group.params.end)
+                .collect();
+            let bytes: Vec<u64> = inside
+                .iter()
+                .map(|r| 4 * stage.elements(r.clone()).len() as u64)
+                .collect();
+            for b in reduction_buckets(&bytes, BUCKET_BYTES) {
+                let params = inside[b.start].start..inside[b.end - 1].end;
+                buckets.push(Bucket {
+                    group: g,
+                    grads: stage.grad_span(params.clone())?,
+                    params,
+                });
+            }
+        }
+        // Last units first, across groups too: every rank then meets its
+        // groups' collectives in one order (the model's, backwards).
+        buckets.sort_by_key(|b| std::cmp::Reverse(b.params.start));
+        let stream = match overlap && Path::of(stage.device()) == Path::Staged {
+            true => Some(stage.device().stream()?),
+            false => None,
+        };
+        Ok(Reducer {
+            rank: role.rank,
+            buckets,
+            overlap: overlap && !groups.is_empty(),
+            stream,
+        })
+    }
+
+    /// Runs one step's passes, `passes(tracer, done)`, and the reduction of the
+    /// gradients they produce: `passes` must call `done(from)` as the
+    /// gradients of parameters `from..` become final (as
+    /// [`crate::pipeline::train_step`] does), and leaves them in
+    /// `stage`'s gradients (bf16 ones are cast to the f32 ones here, unit
+    /// by unit). Returns what `passes` returned once every bucket is
+    /// reduced; the main thread's wait is traced as `grad all-reduce`,
+    /// the reducer's buckets as `reduce` spans.
+    pub fn step<T>(
+        &mut self,
+        stage: &Stage,
+        groups: &mut [ReductionGroup],
+        pool: &mut StagingPool,
+        tracer: &mut Tracer,
+        passes: impl FnOnce(&mut Tracer, &mut dyn FnMut(usize) -> Result<()>) -> Result<T>,
+    ) -> Result<T> {
+        let all = stage.params().len();
+        if !self.overlap {
+            let out = passes(tracer, &mut |_| Ok(()))?;
+            stage.finish_grads()?;
+            tracer.span(
+                || "grad all-reduce".into(),
+                "allreduce",
+                || {
+                    let ready = std::iter::once(0);
+                    let (rank, buckets) = (self.rank, &self.buckets);
+                    reduce_in_order(rank, groups, buckets, ready, pool, None, &mut Vec::new())
+                },
+            )?;
+            return Ok(out);
+        }
+        let (rank, buckets) = (self.rank, &self.buckets);
+        let stream = self.stream.take();
+        let mut reduced = std::mem::take(pool);
+        let (out, joined) = thread::scope(|scope| {
+            let (tx, rx) = mpsc::channel::<usize>();
+            let reducer = scope.spawn(move || {
+                let mut spans = Vec::new();
+                let r = reduce_in_order(
+                    rank,
+                    groups,
+                    buckets,
+                    rx.into_iter(),
+                    &mut reduced,
+                    stream.as_ref(),
+                    &mut spans,
+                );
+                (r, reduced, stream, spans)
+            });
+            // The gradients final so far: parameters `from..`.
+            let mut from = all;
+            let mut done = |next: usize| -> Result<()> {
+                if next < from {
+                    stage.finish_grads_of(next..from)?;
+                    from = next;
+                    // A reducer that stopped has its error to report.
+                    let _ = tx.send(next);
+                }
+                Ok(())
+            };
+            let out = passes(tracer, &mut done).and_then(|out| done(0).map(|()| out));
+            drop(tx);
+            let waited = tracer.span(|| "grad all-reduce".into(), "allreduce", || reducer.join());
+            (out, waited)
+        });
+        let (reduction, back, stream, spans) =
+            joined.map_err(|_| stopped(self.rank, "the reducer thread panicked"))?;
+        *pool = back;
+        self.stream = stream;
+        for s in spans {
+            tracer.push(s);
+        }
+        // The passes' error comes first: a reducer whose passes stopped
+        // only reports that they did.
+        let out = out?;
+        reduction?;
+        Ok(out)
+    }
+}
+
+/// Reduces `buckets` in order, each once `ready` has said the gradients
+/// from its first parameter on are final (the values it yields fall); a
+/// `ready` that ends first means the passes stopped.
+fn reduce_in_order(
+    rank: usize,
+    groups: &mut [ReductionGroup],
+    buckets: &[Bucket],
+    mut ready: impl Iterator<Item = usize>,
+    pool: &mut StagingPool,
+    stream: Option<&Stream>,
+    spans: &mut Vec<Span>,
+) -> Result<()> {
+    let mut from = usize::MAX;
+    for (k, b) in buckets.iter().enumerate() {
+        while from > b.params.start {
+            from = ready.next().ok_or_else(|| {
+                stopped(
+                    rank,
+                    "the backward pass stopped before its gradients were final",
+                )
+            })?;
+        }
+        let start = now_us();
+        let comm = &mut groups[b.group].comm;
+        let mut dc = DeviceComm::with_pool(comm, std::mem::take(pool));
+        if let Some(s) = stream {
+            dc = dc.on_stream(s);
+        }
+        let r = dc.all_reduce(&b.grads, ReduceOp::Sum);
+        *pool = dc.into_pool();
+        r?;
+        spans.push(Span {
+            name: format!("reduce bucket {k}"),
+            cat: REDUCER_CAT,
+            start_us: start,
+            dur_us: now_us() - start,
+        });
+    }
+    Ok(())
+}
+
+fn stopped(rank: usize, why: &str) -> TrainError {
+    TrainError::Comm(polychip_comm::CommError::Io {
+        rank,
+        op: "gradient reduction".into(),
+        message: why.into(),
+    })
+}
