@@ -711,7 +711,8 @@ pub fn embedding_time(
 /// - `send_next`: `2 s b h` bytes (16-bit) over the slower link of the two
 ///   stages (NICs and network across nodes);
 /// - `dp_allreduce`: `2 (d-1)/d * params_stage/t * grad_bytes / bw_slowest`,
-///   not overlapped;
+///   not overlapped (for a `polychip` chip type, [`stage_timing`] then
+///   takes the part its trainer's overlap leaves);
 /// - `optimizer`: reading gradients, weights and twice the optimizer state
 ///   at the chip's memory bandwidth
 ///   ([`ChipType::memory_bandwidth_or_default`]).
@@ -798,7 +799,43 @@ pub fn stage_timing(
     if !stage.chip.measured.is_empty() {
         crate::profile::apply_measured(&mut timing, model, settings, cluster, stage, mb);
     }
+    if stage.chip.framework == Framework::Polychip {
+        timing.dp_allreduce = overlapped_reduction(model, settings, stage, &timing);
+    }
     timing
+}
+
+/// The part of a stage's gradient reduction `polychip train` leaves after
+/// the last backward pass: it reduces its gradients in buckets of half
+/// blocks while the pass goes on ([`crate::overlap`]). The frameworks the
+/// other chip types stand for reduce after the pass, as the runs this
+/// model is validated against did (Megatron-LM's and DeepSpeed's defaults
+/// then). Each block is taken as two halves of equal parameters.
+fn overlapped_reduction(
+    model: &ModelSpec,
+    settings: &TrainingSettings,
+    stage: &StageShape,
+    timing: &StageTiming,
+) -> f64 {
+    let per_param = settings.grad_bytes() / stage.tp.max(1) as f64;
+    let bytes = |params: u64| (params as f64 * per_param) as u64;
+    let layer = model.layer_params();
+    let mut units = Vec::new();
+    if stage.holds_embedding() {
+        units.push(bytes(model.embedding_params()));
+    }
+    for _ in stage.layers.clone() {
+        units.push(bytes(layer / 2));
+        units.push(bytes(layer - layer / 2));
+    }
+    if stage.holds_head() {
+        units.push(bytes(model.head_params()));
+    }
+    let buckets: Vec<u64> = crate::overlap::reduction_buckets(&units, crate::overlap::BUCKET_BYTES)
+        .into_iter()
+        .map(|r| units[r].iter().sum())
+        .collect();
+    crate::overlap::exposed_reduction(timing.dp_allreduce, timing.backward, &buckets)
 }
 
 /// The optimizer step of `params` parameters (per chip, before sharding

@@ -463,3 +463,21 @@ fn a_cross_node_ring_gets_its_members_share_of_the_nic() {
     assert_eq!(dp_bandwidth(&c, &x, 4, 4, &[0, 1]), 2e9);
     assert_eq!(c.link_bandwidth(&x, &x, false), 1e9);
 }
+
+/// A `polychip` chip type's reduction overlaps its last backward pass as
+/// `polychip train` runs it; a Megatron one's is whole after it.
+#[test]
+fn a_polychip_chips_reduction_is_priced_overlapped() {
+    let (m, s) = (ModelSpec::llama_70b(), TrainingSettings::new(64));
+    let mut c = cluster();
+    let st = shape(&c, 10..20, 1, 4, 1);
+    let whole = stage_timing(&m, &s, &c, &st, ONE);
+    c.chip_types[0].framework = crate::framework::Framework::Polychip;
+    let st = shape(&c, 10..20, 1, 4, 1);
+    let overlapped = stage_timing(&m, &s, &c, &st, ONE);
+    assert_eq!(overlapped.backward, whole.backward);
+    let buckets = vec![LAYER as u64 * 2; 20];
+    let want = crate::overlap::exposed_reduction(whole.dp_allreduce, whole.backward, &buckets);
+    assert!(overlapped.dp_allreduce < whole.dp_allreduce);
+    assert!((overlapped.dp_allreduce - want).abs() <= want * 1e-6 + 1e-12);
+}
