@@ -1,7 +1,9 @@
 //! How one call moves its tensors: device-direct tensors become host slices
 //! over their (host-visible) device memory; staged tensors are copied
 //! through the [`StagingPool`] with their plugin's `memcpy_d2h` /
-//! `memcpy_h2d` on the default stream (complete when the copy returns).
+//! `memcpy_h2d` on the default stream (complete when the copy returns), or
+//! on the caller's stream ([`DeviceComm::on_stream`], waited for after each
+//! copy).
 //!
 //! Chunkable operations (all-reduce, reduce, broadcast, send/recv) run as
 //! one host collective per chunk of [`DeviceComm::chunk_bytes`] on every
@@ -9,7 +11,9 @@
 //! tensor is staged and there is more than one chunk, a loader thread copies
 //! chunk `k + 1` device-to-host and a storer thread copies chunk `k - 1`
 //! host-to-device while this thread runs the collective on chunk `k`; the
-//! chunks circulate through [`DEPTH`] staging slots.
+//! chunks circulate through [`DEPTH`] staging slots. With the caller's
+//! stream the chunks go one after another on this thread instead: one
+//! stream's calls are serialized.
 
 use std::ffi::c_void;
 use std::ops::Range;
