@@ -477,16 +477,12 @@ fn a_rank_that_dies_stops_the_job_and_keeps_the_last_checkpoint() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// Two replicas, one a Cobalt -> Ferrite pipeline, of `deep` (about 3 MB
-/// of gradients: several 1 MiB buckets), a rank in two reduction groups.
-fn deep_replicas(dir: &Path) -> String {
-    replicas_plan(dir, "deep.toml", (2, 2), 8, 16)
-}
-
 #[test]
 fn the_overlapped_reduction_gives_the_same_bits_and_starts_inside_the_backward_pass() {
     let dir = scratch("overlap");
-    let plan = deep_replicas(&dir);
+    // Two replicas, one a Cobalt -> Ferrite pipeline, of `deep` (about 3
+    // MB of gradients: several 1 MiB buckets), a rank in two groups.
+    let plan = replicas_plan(&dir, "deep.toml", (2, 2), 8, 16);
     let trace = dir.join("overlap.json");
     let t = trace.display().to_string();
     for precision in ["f32", "bf16"] {

@@ -799,7 +799,7 @@ pub fn stage_timing(
     if !stage.chip.measured.is_empty() {
         crate::profile::apply_measured(&mut timing, model, settings, cluster, stage, mb);
     }
-    if stage.chip.framework == Framework::Polychip {
+    if stage.chip.framework == Framework::Polychip && timing.dp_allreduce > 0.0 {
         timing.dp_allreduce = overlapped_reduction(model, settings, stage, &timing);
     }
     timing
@@ -831,11 +831,7 @@ fn overlapped_reduction(
     if stage.holds_head() {
         units.push(bytes(model.head_params()));
     }
-    let buckets: Vec<u64> = crate::overlap::reduction_buckets(&units, crate::overlap::BUCKET_BYTES)
-        .into_iter()
-        .map(|r| units[r].iter().sum())
-        .collect();
-    crate::overlap::exposed_reduction(timing.dp_allreduce, timing.backward, &buckets)
+    crate::overlap::exposed_reduction_of_units(timing.dp_allreduce, timing.backward, &units)
 }
 
 /// The optimizer step of `params` parameters (per chip, before sharding

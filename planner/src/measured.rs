@@ -282,17 +282,22 @@ fn pipeline_time(
             let (embed, head) = (i == 0, i + 1 == p);
             let (attention, ffn) = half_counts(s.from, s.to);
             let (f, b) = stage_passes(d, attention, ffn, embed, head);
-            let units = unit_params(model, s.from, s.to, embed, head);
-            let params: u64 = units.iter().sum();
+            let mut params = attention as u64 * model.attention_params
+                + ffn as u64 * (model.block_params - model.attention_params);
+            if embed {
+                params += model.embed_params;
+            }
+            if head {
+                params += model.head_params;
+            }
             let reduced = reduced_params as f64 * model.grad_bytes as f64;
             let mut dp_allreduce = 2.0 * reduced / model.link_bandwidth;
             if model.overlap_reduction && reduced_params > 0 {
-                let bytes: Vec<u64> = units.iter().map(|u| u * model.grad_bytes).collect();
-                let buckets: Vec<u64> = overlap::reduction_buckets(&bytes, overlap::BUCKET_BYTES)
+                let bytes: Vec<u64> = unit_params(model, s.from, s.to, embed, head)
                     .into_iter()
-                    .map(|r| bytes[r].iter().sum())
+                    .map(|u| u * model.grad_bytes)
                     .collect();
-                dp_allreduce = overlap::exposed_reduction(dp_allreduce, b, &buckets);
+                dp_allreduce = overlap::exposed_reduction_of_units(dp_allreduce, b, &bytes);
             }
             StageTiming {
                 name: d.name.clone(),

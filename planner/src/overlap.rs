@@ -65,6 +65,17 @@ pub fn exposed_reduction(reduce: f64, backward: f64, buckets: &[u64]) -> f64 {
     (finish - backward).max(0.0)
 }
 
+/// [`exposed_reduction`] of a stage whose units (in model order) hold
+/// `unit_bytes` of gradients, bucketed as the trainer buckets them
+/// ([`reduction_buckets`] at [`BUCKET_BYTES`]).
+pub fn exposed_reduction_of_units(reduce: f64, backward: f64, unit_bytes: &[u64]) -> f64 {
+    let buckets: Vec<u64> = reduction_buckets(unit_bytes, BUCKET_BYTES)
+        .into_iter()
+        .map(|r| unit_bytes[r].iter().sum())
+        .collect();
+    exposed_reduction(reduce, backward, &buckets)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -316,7 +316,15 @@ pub fn run(opts: &Options, runtime: &Runtime, mut job: Option<&mut Job>) -> Resu
             tracer.span(
                 || "weights all-gather".into(),
                 "allgather",
-                || gather_shares(&stage, &mut dp, &sh.shares, &mut pool, Gathered::Values),
+                || {
+                    gather_shares(
+                        &stage,
+                        &mut dp,
+                        &sh.shares,
+                        &mut reduce_pool,
+                        Gathered::Values,
+                    )
+                },
             )?;
         }
         if opts.record_first_step && s == start {
@@ -353,7 +361,13 @@ pub fn run(opts: &Options, runtime: &Runtime, mut job: Option<&mut Job>) -> Resu
         {
             if let Some(sh) = &sharding {
                 // Each rank's moments are current only in its own shares.
-                gather_shares(&stage, &mut dp, &sh.shares, &mut pool, Gathered::Moments)?;
+                gather_shares(
+                    &stage,
+                    &mut dp,
+                    &sh.shares,
+                    &mut reduce_pool,
+                    Gathered::Moments,
+                )?;
             }
             summary.checkpoint = Some(save(dir, step, &stage, &role, opts, job.as_deref_mut())?);
         }

@@ -19,10 +19,7 @@ impl Stage {
     /// After the last micro-batch: the f32 gradients the reduction and the
     /// optimizer read (a cast in bf16 mode, nothing in f32).
     pub fn finish_grads(&self) -> Result<()> {
-        match &self.grads32 {
-            Some(g32) => self.ops().cast("gradients", &self.grads, g32),
-            None => Ok(()),
-        }
+        self.finish_grads_of(0..self.params.len())
     }
 
     /// [`Stage::finish_grads`] for parameters `range` (indices into
