@@ -4,8 +4,8 @@
 //! device) under HeteroAuto's pipeline-only plan (PP across two types),
 //! data-parallel-only plan (DP across two types; again with the optimizer
 //! step unsharded, `--no-shard-optimizer`, and with the gradient reduction
-//! after the backward pass, `--reduce-after-backward`, for the A/Bs) and
-//! best plan;
+//! after the backward pass, `--reduce-after-backward`, for the A/Bs; the
+//! pipeline again with blocking sends, `--blocking-sends`) and best plan;
 //! efficiency = mixed tokens/s over the sum of the alone tokens/s. With the
 //! OpenCL plugin built beside the binary and an OpenCL device present (PoCL
 //! here), also OpenCL alone and PP and DP across the three vendors (three
@@ -114,7 +114,7 @@ const ALONE: [Config; 3] = [
     },
 ];
 
-const MIXED: [Config; 7] = [
+const MIXED: [Config; 8] = [
     Config {
         name: "PP ferrite+cobalt",
         plan: "auto-pp",
@@ -158,6 +158,19 @@ const MIXED: [Config; 7] = [
         alone: TWO,
         opencl: false,
         same_plan_as: Some("DP ferrite+cobalt"),
+    },
+    // The pipeline with each send blocking its stage (`--blocking-sends`)
+    // instead of queued for the rank's sender thread: the A/B of the
+    // asynchronous sends, on the pipeline's own plan.
+    Config {
+        name: "PP blocking-sends ferrite+cobalt",
+        plan: "auto-pp",
+        devices: "ferrite:0,cobalt:0",
+        cores: "0,1",
+        extra: &["--blocking-sends"],
+        alone: TWO,
+        opencl: false,
+        same_plan_as: Some("PP ferrite+cobalt"),
     },
     Config {
         name: "best ferrite+cobalt",

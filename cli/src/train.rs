@@ -154,6 +154,12 @@ pub struct Args {
     /// comparison, or for a plugin whose streams misbehave.
     #[arg(long)]
     reduce_after_backward: bool,
+    /// Send each activation and gradient from the stage's own thread,
+    /// waiting for its transfer, instead of queueing it for the rank's
+    /// sender thread and going on. The results are the same bits either
+    /// way; this is for comparison.
+    #[arg(long)]
+    blocking_sends: bool,
     /// Internal: the resolved plan (JSON) handed to the ranks.
     #[arg(long, hide = true, value_name = "FILE")]
     resolved_plan: Option<PathBuf>,
@@ -306,6 +312,7 @@ fn resolve_plan(
             let choices = auto::Choices {
                 shard_optimizer: !args.no_shard_optimizer,
                 overlap_reduction: !args.reduce_after_backward,
+                async_sends: !args.blocking_sends,
             };
             let (plan, found, profiles) =
                 auto::auto_plan(model, t, &devices, mode, choices, pinned)?;
@@ -457,6 +464,7 @@ fn train(args: &Args) -> Result<ExitCode, TrainError> {
         log_every: args.log_every,
         record_first_step: args.autocompare,
         overlap_reduction: !args.reduce_after_backward,
+        async_sends: !args.blocking_sends,
     };
     let rank = job.as_ref().map_or(0, |j| j.rank());
     if let Some(j) = &job {

@@ -538,6 +538,76 @@ fn the_overlapped_reduction_gives_the_same_bits_and_starts_inside_the_backward_p
 }
 
 #[test]
+fn the_sender_thread_gives_the_same_bits_and_draws_its_own_row() {
+    let dir = scratch("sends");
+    // Three stages, the staged Cobalt in the middle: it receives on the
+    // main thread and sends from the sender's stream both ways.
+    let stages = [
+        "--stages",
+        "ferrite:0=0..1,cobalt:0=1..1.5,ferrite:1=1.5..2",
+    ];
+    let trace = |tag: &str| dir.join(format!("{tag}.trace.json"));
+    for precision in ["f32", "bf16"] {
+        let run = |tag: &str, extra: &[&str]| {
+            let t = trace(tag).display().to_string();
+            let args = [
+                &stages[..],
+                &["--steps", "3", "--precision", precision, "--trace", &t],
+                extra,
+            ]
+            .concat();
+            curve(&dir, tag, &args)
+        };
+        let queued = run(&format!("{precision}-queued"), &[]);
+        let blocking = run(&format!("{precision}-blocking"), &["--blocking-sends"]);
+        // The same messages in the same order on every link.
+        assert_eq!(queued, blocking, "{precision}");
+    }
+    let events = |tag: &str| -> Vec<serde_json::Value> {
+        let v: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(trace(tag)).unwrap()).unwrap();
+        v["traceEvents"].as_array().unwrap().clone()
+    };
+    let sends = |events: &[serde_json::Value], pid: u64| -> Vec<(String, String, u64)> {
+        events
+            .iter()
+            .filter(|e| e["pid"] == pid && e["ph"] == "X")
+            .filter(|e| e["name"].as_str().unwrap().starts_with("send "))
+            .map(|e| {
+                let name = e["name"].as_str().unwrap().to_string();
+                (
+                    name,
+                    e["cat"].as_str().unwrap().to_string(),
+                    e["tid"].as_u64().unwrap(),
+                )
+            })
+            .collect()
+    };
+    // Queued: every send on the sender's row (tid 2), the middle stage's
+    // activations and gradients both; blocking: on the stage's own row.
+    let (queued, blocking) = (events("f32-queued"), events("f32-blocking"));
+    for pid in 0..3 {
+        let (q, b) = (sends(&queued, pid), sends(&blocking, pid));
+        assert!(
+            !q.is_empty() && q.len() == b.len(),
+            "rank {pid}: {q:?} / {b:?}"
+        );
+        assert!(
+            q.iter().all(|(_, cat, tid)| cat == "send" && *tid == 2),
+            "{q:?}"
+        );
+        assert!(
+            b.iter().all(|(_, cat, tid)| cat == "p2p" && *tid == 0),
+            "{b:?}"
+        );
+    }
+    let middle = sends(&queued, 1);
+    assert!(middle.iter().any(|(n, ..)| n.starts_with("send act")));
+    assert!(middle.iter().any(|(n, ..)| n.starts_with("send grad")));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
 fn trace_and_autocompare_cover_every_rank() {
     let dir = scratch("trace");
     let trace = dir.join("run.json");

@@ -709,7 +709,9 @@ pub fn embedding_time(
 ///   the vocabulary-parallel embedding one forward, the head one backward
 ///   and its loss three of `b s` f32 values forward;
 /// - `send_next`: `2 s b h` bytes (16-bit) over the slower link of the two
-///   stages (NICs and network across nodes);
+///   stages (NICs and network across nodes), blocking the sender (for a
+///   `polychip` chip type, [`stage_timing`] then sends it asynchronously,
+///   as its trainer's sender thread does);
 /// - `dp_allreduce`: `2 (d-1)/d * params_stage/t * grad_bytes / bw_slowest`,
 ///   not overlapped (for a `polychip` chip type, [`stage_timing`] then
 ///   takes the part its trainer's overlap leaves);
@@ -781,6 +783,7 @@ pub fn analytic_stage_timing(
         send_next,
         dp_allreduce,
         optimizer: optimizer_time(settings, chip, params, stage.dp),
+        sends_async: false,
     }
 }
 
@@ -799,8 +802,12 @@ pub fn stage_timing(
     if !stage.chip.measured.is_empty() {
         crate::profile::apply_measured(&mut timing, model, settings, cluster, stage, mb);
     }
-    if stage.chip.framework == Framework::Polychip && timing.dp_allreduce > 0.0 {
-        timing.dp_allreduce = overlapped_reduction(model, settings, stage, &timing);
+    if stage.chip.framework == Framework::Polychip {
+        if timing.dp_allreduce > 0.0 {
+            timing.dp_allreduce = overlapped_reduction(model, settings, stage, &timing);
+        }
+        // `polychip train` sends from a thread of each rank's own.
+        timing.sends_async = true;
     }
     timing
 }

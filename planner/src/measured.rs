@@ -80,6 +80,10 @@ pub struct MeasuredModel {
     /// Whether the gradient reduction overlaps the last backward pass
     /// ([`crate::overlap`]); otherwise it starts after it.
     pub overlap_reduction: bool,
+    /// Whether a stage's sends leave it free at once, on a sender thread
+    /// that sends them one after another (`polychip train`'s default);
+    /// otherwise a stage waits for each of its transfers.
+    pub async_sends: bool,
 }
 
 /// Which layouts to consider. Every layout uses every device: the
@@ -306,6 +310,7 @@ fn pipeline_time(
                 send_next: if i + 1 < p { send } else { 0.0 },
                 dp_allreduce,
                 optimizer: params as f64 * d.optimizer_per_param,
+                sends_async: model.async_sends,
             }
         })
         .collect();
@@ -698,6 +703,7 @@ mod tests {
             link_bandwidth: 1e12,
             shard_optimizer: true,
             overlap_reduction: true,
+            async_sends: true,
         }
     }
 
@@ -727,6 +733,31 @@ mod tests {
         assert!(left > 0.0 && left < 0.1, "{left}");
         // Without a reduction nothing changes.
         assert_eq!(pipeline_time(&devs, &m, &whole, 1, 0), passes);
+    }
+
+    #[test]
+    fn queued_sends_leave_the_stages_free_and_blocking_ones_do_not() {
+        // Four stages of two blocks, m = 8; each activation takes half a
+        // block's forward pass to travel (1 MB at 6 MB/s against 1/3 s).
+        let devs = [dev("a", 1.0, 0.0)];
+        let mut m = model(8, 8);
+        (m.activation_bytes, m.link_bandwidth) = (1_000_000, 6e6);
+        let stages: Vec<MeasuredStage> = (0..4)
+            .map(|i| MeasuredStage {
+                device: 0,
+                from: 4 * i,
+                to: 4 * i + 4,
+            })
+            .collect();
+        let queued = pipeline_time(&devs, &m, &stages, 8, 0);
+        m.async_sends = false;
+        let blocking = pipeline_time(&devs, &m, &stages, 8, 0);
+        // 11 slots of 2 s of compute, plus transfers: fewer of them exposed
+        // when the stages do not wait for them.
+        assert!(
+            queued >= 22.0 && queued < blocking - 0.4,
+            "{queued} / {blocking}"
+        );
     }
 
     #[test]
@@ -880,6 +911,7 @@ mod tests {
         let model = MeasuredModel {
             shard_optimizer: false,
             overlap_reduction: false,
+            async_sends: false,
             ..model
         };
         let sizes = [SizedCosts {

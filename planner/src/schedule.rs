@@ -21,6 +21,11 @@ pub struct StageTiming {
     pub dp_allreduce: f64,
     /// The optimizer step after the all-reduce.
     pub optimizer: f64,
+    /// Whether the stage's sends leave it free at once (a sender thread
+    /// sends them one after another) instead of blocking it until each
+    /// transfer has arrived; see [`crate::sim`].
+    #[serde(default)]
+    pub sends_async: bool,
 }
 
 /// One pipeline's step: its stages in order and the micro-batch count.
@@ -65,6 +70,7 @@ mod tests {
             send_next: 0.0,
             dp_allreduce: 0.0,
             optimizer: 0.0,
+            sends_async: false,
         }
     }
 

@@ -17,8 +17,11 @@
 //! stage is busy until the activation (its gradient) has arrived, as
 //! Megatron-LM's and DeepSpeed's blocking point-to-point exchanges are (a
 //! trial on Sailor's measured GH200 runs: 6.7% median error from a profile
-//! with transfers as pure latency, 4.6% with them blocking). Links have no
-//! bandwidth contention, and two sends on one link may overlap. Since each stage's order is fixed and nothing else is
+//! with transfers as pure latency, 4.6% with them blocking). A stage whose
+//! `sends_async` is set (`polychip train`'s sender thread) is free at once
+//! instead; its transfers go one after another, each starting when the
+//! stage has produced it and the previous one has arrived. Links have no
+//! bandwidth contention, and two stages' sends on one link may overlap. Since each stage's order is fixed and nothing else is
 //! shared, resolving operations in dependency order (each start is `max(stage
 //! free, dependency arrival)`) gives exactly the timeline that a time-ordered
 //! event queue would. `m = 0` is treated as one micro-batch, as in
@@ -121,7 +124,12 @@ pub fn simulate(schedule: &Schedule) -> SimResult {
     let mut next = vec![0usize; p];
     let mut free = vec![0.0f64; p];
     let mut fwd_end = vec![vec![None::<f64>; m]; p];
-    let mut bwd_end = vec![vec![None::<f64>; m]; p];
+    // When stage i's activation (gradient) of micro-batch j has reached
+    // stage i + 1 (i - 1).
+    let mut arrive_fwd = vec![vec![None::<f64>; m]; p];
+    let mut arrive_bwd = vec![vec![None::<f64>; m]; p];
+    // When each stage's sender thread is next free (asynchronous sends).
+    let mut sender_free = vec![0.0f64; p];
     let mut events = Vec::with_capacity(p * m * 4 + 2 * p);
     let mut progress = true;
     while progress {
@@ -130,9 +138,9 @@ pub fn simulate(schedule: &Schedule) -> SimResult {
             while let Some(&(backward, j)) = orders[i].get(next[i]) {
                 let ready = match (backward, i) {
                     (false, 0) => Some(0.0),
-                    (false, _) => fwd_end[i - 1][j].map(|t| t + st[i - 1].send_next),
+                    (false, _) => arrive_fwd[i - 1][j],
                     (true, _) if i + 1 == p => fwd_end[i][j],
-                    (true, _) => bwd_end[i + 1][j].map(|t| t + st[i].send_next),
+                    (true, _) => arrive_bwd[i + 1][j],
                 };
                 let Some(ready) = ready else { break };
                 let start = free[i].max(ready);
@@ -150,28 +158,40 @@ pub fn simulate(schedule: &Schedule) -> SimResult {
                     start,
                     end,
                 });
+                if !backward {
+                    fwd_end[i][j] = Some(end);
+                }
                 let send = if backward && i > 0 {
-                    bwd_end[i][j] = Some(end);
                     Some((EventKind::SendGradient, st[i - 1].send_next))
                 } else if !backward {
-                    fwd_end[i][j] = Some(end);
                     (i + 1 < p).then_some((EventKind::SendActivation, st[i].send_next))
                 } else {
-                    bwd_end[i][j] = Some(end);
                     None
                 };
-                if let Some((_, lat)) = send {
-                    // The sender waits for its transfer (Megatron and
-                    // DeepSpeed block on their point-to-point exchange).
-                    free[i] = end + lat;
-                }
                 if let Some((kind, lat)) = send {
+                    let from = match st[i].sends_async {
+                        // Queued for the stage's sender thread, which sends
+                        // one transfer after another; the stage goes on.
+                        true => end.max(sender_free[i]),
+                        // The sender waits for its transfer (Megatron and
+                        // DeepSpeed block on their point-to-point exchange).
+                        false => end,
+                    };
+                    let arrival = from + lat;
+                    match st[i].sends_async {
+                        true => sender_free[i] = arrival,
+                        false => free[i] = arrival,
+                    }
+                    match kind {
+                        EventKind::SendGradient => arrive_bwd[i][j] = Some(arrival),
+                        _ => arrive_fwd[i][j] = Some(arrival),
+                    }
                     events.push(Event {
                         stage: i,
                         kind,
                         microbatch: Some(j),
-                        start: end,
-                        end: end + lat,
+                        start: from,
+                        end: arrival,
                     });
                 }
                 next[i] += 1;

@@ -29,6 +29,7 @@ fn st(f: f64, b: f64, send: f64) -> StageTiming {
         send_next: send,
         dp_allreduce: 0.0,
         optimizer: 0.0,
+        sends_async: false,
     }
 }
 
@@ -324,4 +325,88 @@ fn chrome_trace_has_one_row_per_stage_and_one_x_per_event() {
             .unwrap()
             .contains("traceEvents")
     );
+}
+
+/// The same schedule with every stage's sends on a sender thread.
+fn asynchronous(s: &Schedule) -> Schedule {
+    let mut s = s.clone();
+    for st in &mut s.stages {
+        st.sends_async = true;
+    }
+    s
+}
+
+#[test]
+fn asynchronous_sends_free_the_stage_and_go_one_after_another() {
+    // Four stages whose transfers cost half a forward: blocking, each send
+    // holds its stage (the warm-up forwards and the last stage's backward
+    // passes wait for them); on a sender thread, the stage goes on.
+    let s = sched((0..4).map(|_| st(1.0, 2.0, 0.5)).collect(), 8);
+    let (blocking, queued) = (simulate(&s), simulate(&asynchronous(&s)));
+    assert!(
+        queued.step_time < blocking.step_time - 1.0,
+        "{} vs {}",
+        queued.step_time,
+        blocking.step_time
+    );
+    // The first stage's compute overlaps its own transfers, and those never
+    // overlap each other.
+    let sends: Vec<&Event> = queued
+        .events
+        .iter()
+        .filter(|e| e.stage == 0 && e.kind.is_transfer())
+        .collect();
+    assert!(sends.windows(2).all(|w| w[1].start >= w[0].end - EPS));
+    let overlapped = compute(&queued, 0).iter().any(|c| {
+        sends
+            .iter()
+            .any(|t| c.start < t.end - EPS && t.start < c.end - EPS)
+    });
+    assert!(overlapped, "no compute ran while a send was in flight");
+}
+
+#[test]
+fn asynchronous_sends_are_never_slower_and_free_sends_change_nothing() {
+    let mut r = Rng(0x05ee_da5c);
+    for _ in 0..400 {
+        let p = r.n(1, 6);
+        let m = r.n(1, 12);
+        let tail = r.f() < 0.5;
+        let s = random(&mut r, p, m, 0.6, tail);
+        let (blocking, queued) = (simulate(&s), simulate(&asynchronous(&s)));
+        assert!(
+            queued.step_time <= blocking.step_time + EPS,
+            "p{p} m{m}: {} > {}",
+            queued.step_time,
+            blocking.step_time
+        );
+        // Every dependency still holds: a forward after its activation's
+        // arrival, a backward after its gradient's.
+        for e in queued.events.iter().filter(|e| !e.kind.is_transfer()) {
+            let (Some(j), i) = (e.microbatch, e.stage) else {
+                continue;
+            };
+            let arrival = |kind: EventKind, from: usize| {
+                queued
+                    .events
+                    .iter()
+                    .find(|t| t.kind == kind && t.stage == from && t.microbatch == Some(j))
+                    .map(|t| t.end)
+            };
+            let need = match e.kind {
+                EventKind::Forward if i > 0 => arrival(EventKind::SendActivation, i - 1),
+                EventKind::Backward if i + 1 < p => arrival(EventKind::SendGradient, i + 1),
+                _ => None,
+            };
+            if let Some(t) = need {
+                assert!(e.start >= t - EPS, "p{p} m{m}: {e:?} before {t}");
+            }
+        }
+        let mut free = s.clone();
+        for st in &mut free.stages {
+            st.send_next = 0.0;
+        }
+        let (a, b) = (simulate(&free), simulate(&asynchronous(&free)));
+        assert!((a.step_time - b.step_time).abs() < EPS);
+    }
 }

@@ -397,6 +397,9 @@ pub struct Choices {
     /// The gradient reduction overlaps the last backward pass
     /// ([`crate::reduce`]).
     pub overlap_reduction: bool,
+    /// Pipeline sends go on the rank's sender thread ([`crate::links`]):
+    /// a stage does not wait for its transfers.
+    pub async_sends: bool,
 }
 
 /// Plans `cfg` over `devices` (any mix of vendors): profiles every device
@@ -601,6 +604,7 @@ fn measured_model(
         link_bandwidth: 2e9,
         shard_optimizer: choices.shard_optimizer,
         overlap_reduction: choices.overlap_reduction,
+        async_sends: choices.async_sends,
     }
 }
 

@@ -13,6 +13,7 @@ pub mod dp;
 pub mod error;
 pub mod files;
 pub mod hf;
+pub mod links;
 pub mod memory;
 pub mod model;
 pub mod params;

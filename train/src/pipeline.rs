@@ -5,65 +5,23 @@
 //! forward passes, then alternates one forward and one backward pass, then
 //! runs the remaining `w` backward passes. Activations go to the next
 //! stage and their gradients back through the communication layer
-//! (device-direct or staged, as the two devices allow). Every link carries
-//! activations and gradients strictly alternately in the steady phase: a
-//! stage receives its next activation before it sends the gradient of the
-//! previous one, so blocking sends of any size cannot deadlock.
+//! (device-direct or staged, as the two devices allow), on the
+//! [`crate::links`] of the rank: queued for a sender thread, or blocking.
+//! Every link carries activations and gradients strictly alternately in
+//! the steady phase: a stage receives its next activation before it sends
+//! the gradient of the previous one, so even blocking sends of any size
+//! cannot deadlock.
 
 use std::collections::VecDeque;
 
-use polychip_comm::collectives::Communicator;
-use polychip_comm::device::{DeviceComm, StagingPool};
 use polychip_host::Tensor;
 
 use crate::data::{Corpus, Split};
-use crate::error::{Result, TrainError};
+use crate::error::Result;
+use crate::links::{Io, Peer};
 use crate::model::{Saved, Stage, StageInput};
 use crate::plan::Role;
 use crate::trace::Tracer;
-
-/// Point-to-point transfers between this rank's stage and its neighbours.
-#[derive(Debug)]
-pub struct Links<'a> {
-    comm: Option<&'a mut Communicator>,
-    pool: StagingPool,
-}
-
-impl<'a> Links<'a> {
-    /// Transfers over `comm` (none for a single-stage job), staging through `pool`.
-    pub fn new(comm: Option<&'a mut Communicator>, pool: StagingPool) -> Links<'a> {
-        Links { comm, pool }
-    }
-
-    /// The staging pool back, for the next step.
-    pub fn into_pool(self) -> StagingPool {
-        self.pool
-    }
-
-    fn with<T>(
-        &mut self,
-        f: impl FnOnce(&mut DeviceComm<'_>) -> polychip_comm::Result<T>,
-    ) -> Result<T> {
-        let comm = self.comm.as_deref_mut().ok_or_else(|| {
-            TrainError::Plan("a pipeline of several stages needs a communicator".into())
-        })?;
-        let pool = std::mem::take(&mut self.pool);
-        let mut dc = DeviceComm::with_pool(comm, pool);
-        let out = f(&mut dc);
-        self.pool = dc.into_pool();
-        Ok(out?)
-    }
-
-    /// Sends `t` to rank `peer`.
-    pub fn send(&mut self, t: &Tensor, peer: usize) -> Result<()> {
-        self.with(|dc| dc.send(t, peer))
-    }
-
-    /// Receives into `t` from rank `peer`.
-    pub fn recv(&mut self, t: &Tensor, peer: usize) -> Result<()> {
-        self.with(|dc| dc.recv(t, peer))
-    }
-}
 
 /// What a step needs to know besides the stage.
 #[derive(Debug, Clone, Copy)]
@@ -88,7 +46,7 @@ pub fn train_step(
     stage: &Stage,
     role: &Role,
     data: StepData<'_>,
-    links: &mut Links<'_>,
+    io: &mut Io<'_>,
     tracer: &mut Tracer,
     done: &mut dyn FnMut(usize) -> Result<()>,
 ) -> Result<f64> {
@@ -114,7 +72,7 @@ pub fn train_step(
         )
     };
 
-    let get_input = |i: usize, links: &mut Links<'_>, tracer: &mut Tracer| -> Result<StageInput> {
+    let get_input = |i: usize, io: &mut Io<'_>, tracer: &mut Tracer| -> Result<StageInput> {
         let s = cfg.seq_len as i64;
         match role.prev {
             None => {
@@ -123,11 +81,15 @@ pub fn train_step(
                     stage.device().from_slice(&inputs, &[size(i) as i64, s])?,
                 ))
             }
-            Some(prev) => {
+            Some(_) => {
                 let x = stage
                     .device()
                     .empty(stage.dtype(), &[size(i) as i64, s, cfg.dim as i64])?;
-                tracer.span(|| format!("recv act {i}"), "p2p", || links.recv(&x, prev))?;
+                tracer.span(
+                    || format!("recv act {i}"),
+                    "p2p",
+                    || io.recv(&x, Peer::Prev),
+                )?;
                 Ok(StageInput::Hidden(x))
             }
         }
@@ -145,14 +107,14 @@ pub fn train_step(
     };
     let mut forward = |i: usize,
                        x: StageInput,
-                       links: &mut Links<'_>,
+                       io: &mut Io<'_>,
                        tracer: &mut Tracer,
                        saved: &mut VecDeque<Saved>|
      -> Result<()> {
         let t = targets(i)?;
         let (sv, out, l) = tracer.span(|| format!("F{i}"), "forward", || stage.forward(x, t))?;
-        if let (Some(next), Some(out)) = (role.next, out) {
-            tracer.span(|| format!("send act {i}"), "p2p", || links.send(&out, next))?;
+        if let (Some(_), Some(out)) = (role.next, out) {
+            io.send(&out, Peer::Next, || format!("send act {i}"), tracer)?;
         }
         if let Some(l) = l {
             loss += f64::from(l) * weight(i);
@@ -161,7 +123,7 @@ pub fn train_step(
         Ok(())
     };
     let mut backward = |j: usize,
-                        links: &mut Links<'_>,
+                        io: &mut Io<'_>,
                         tracer: &mut Tracer,
                         saved: &mut VecDeque<Saved>|
      -> Result<Option<Tensor>> {
@@ -169,12 +131,16 @@ pub fn train_step(
             .pop_front()
             .expect("a forward pass precedes every backward pass");
         let g = match role.next {
-            Some(next) => {
+            Some(_) => {
                 let s = cfg.seq_len as i64;
                 let g = stage
                     .device()
                     .empty(stage.dtype(), &[size(j) as i64, s, cfg.dim as i64])?;
-                tracer.span(|| format!("recv grad {j}"), "p2p", || links.recv(&g, next))?;
+                tracer.span(
+                    || format!("recv grad {j}"),
+                    "p2p",
+                    || io.recv(&g, Peer::Next),
+                )?;
                 Some(g)
             }
             None => None,
@@ -188,36 +154,33 @@ pub fn train_step(
             },
         )
     };
-    let send_grad = |j: usize, g: Option<Tensor>, links: &mut Links<'_>, tracer: &mut Tracer| match (
-        role.prev, g,
-    ) {
-        (Some(prev), Some(g)) => {
-            tracer.span(|| format!("send grad {j}"), "p2p", || links.send(&g, prev))
-        }
-        _ => Ok(()),
-    };
+    let send_grad =
+        |j: usize, g: Option<Tensor>, io: &mut Io<'_>, tracer: &mut Tracer| match (role.prev, g) {
+            (Some(_), Some(g)) => io.send(&g, Peer::Prev, || format!("send grad {j}"), tracer),
+            _ => Ok(()),
+        };
 
     for i in 0..warm {
-        let x = get_input(i, links, tracer)?;
-        forward(i, x, links, tracer, &mut saved)?;
+        let x = get_input(i, io, tracer)?;
+        forward(i, x, io, tracer, &mut saved)?;
     }
     let mut pending: Option<StageInput> = None;
     for j in 0..m - warm {
         let i = warm + j;
         let x = match pending.take() {
             Some(x) => x,
-            None => get_input(i, links, tracer)?,
+            None => get_input(i, io, tracer)?,
         };
-        forward(i, x, links, tracer, &mut saved)?;
-        let g = backward(j, links, tracer, &mut saved)?;
+        forward(i, x, io, tracer, &mut saved)?;
+        let g = backward(j, io, tracer, &mut saved)?;
         if i + 1 < m && role.prev.is_some() {
-            pending = Some(get_input(i + 1, links, tracer)?);
+            pending = Some(get_input(i + 1, io, tracer)?);
         }
-        send_grad(j, g, links, tracer)?;
+        send_grad(j, g, io, tracer)?;
     }
     for j in m - warm..m {
-        let g = backward(j, links, tracer, &mut saved)?;
-        send_grad(j, g, links, tracer)?;
+        let g = backward(j, io, tracer, &mut saved)?;
+        send_grad(j, g, io, tracer)?;
     }
     Ok(loss)
 }
@@ -230,7 +193,7 @@ pub fn eval_step(
     role: &Role,
     data: StepData<'_>,
     sequences: usize,
-    links: &mut Links<'_>,
+    io: &mut Io<'_>,
     tracer: &mut Tracer,
 ) -> Result<f64> {
     let cfg = stage.config();
@@ -244,11 +207,11 @@ pub fn eval_step(
                 .batch(Split::Validation, data.seed, data.step, first, b, s);
         let x = match role.prev {
             None => StageInput::Tokens(stage.device().from_slice(&inputs, &[b as i64, s as i64])?),
-            Some(prev) => {
+            Some(_) => {
                 let x = stage
                     .device()
                     .empty(stage.dtype(), &[b as i64, s as i64, cfg.dim as i64])?;
-                links.recv(&x, prev)?;
+                io.recv(&x, Peer::Prev)?;
                 StageInput::Hidden(x)
             }
         };
@@ -258,8 +221,8 @@ pub fn eval_step(
         };
         let (_, out, l) =
             tracer.span(|| format!("eval {first}"), "eval", || stage.forward(x, t))?;
-        if let (Some(next), Some(out)) = (role.next, out) {
-            links.send(&out, next)?;
+        if let (Some(_), Some(out)) = (role.next, out) {
+            io.send(&out, Peer::Next, || format!("eval send {first}"), tracer)?;
         }
         if let Some(l) = l {
             total += f64::from(l) * b as f64;

@@ -26,6 +26,7 @@ pub fn measured_schedule(plan: &TrainPlan, s: &Summary) -> Schedule {
             send_next: 0.0,
             dp_allreduce: 0.0,
             optimizer: 0.0,
+            sends_async: true,
         })
         .collect();
     Schedule {

@@ -12,8 +12,10 @@ use serde_json::{Value, json};
 pub struct Span {
     /// What ran, e.g. `F3` (forward of micro-batch 3), `send act 3`.
     pub name: String,
-    /// `forward`, `backward`, `p2p`, `allreduce` (the wait for the
-    /// reduction), `reduce` (a bucket's reduction), `optimizer`, `eval`.
+    /// `forward`, `backward`, `p2p` (a receive, a blocking send, or the
+    /// wait for the sender at a step's end), `send` (the sender thread's
+    /// sends), `allreduce` (the wait for the reduction), `reduce` (a
+    /// bucket's reduction), `optimizer`, `eval`.
     pub cat: &'static str,
     /// Start, microseconds since the Unix epoch.
     pub start_us: f64,
@@ -34,6 +36,17 @@ pub struct Tracer {
 /// The category of the reducer thread's spans (`reduce bucket k`), drawn
 /// on a row of their own.
 pub const REDUCER_CAT: &str = "reduce";
+
+/// The category of the sender thread's spans (`send act i`, `send grad
+/// j`: [`crate::links`]), drawn on a row of their own.
+pub const SENDER_CAT: &str = "send";
+
+/// The rows of a rank's trace besides the passes' (tid 0): each thread's
+/// category, tid and name.
+const ROWS: [(&str, usize, &str); 2] = [
+    (REDUCER_CAT, 1, "gradient reduction"),
+    (SENDER_CAT, 2, "pipeline sends"),
+];
 
 /// Spans a tracer that is not exporting keeps.
 pub const RECENT: usize = 20_000;
@@ -120,16 +133,19 @@ pub fn chrome_trace(ranks: &[(String, Value)]) -> Value {
             "name": "process_name", "ph": "M", "pid": pid, "tid": 0,
             "args": { "name": label },
         }));
-        let mut reducer_row = false;
+        let mut named = [false; ROWS.len()];
         for s in spans.as_array().into_iter().flatten() {
-            // The reducer thread's buckets overlap the passes: a row of
-            // their own.
-            let tid = usize::from(s[1] == REDUCER_CAT);
-            if tid == 1 && !reducer_row {
-                reducer_row = true;
+            // The reducer's buckets and the sender's transfers overlap the
+            // passes: rows of their own.
+            let row = ROWS.iter().position(|(cat, _, _)| s[1] == *cat);
+            let tid = row.map_or(0, |r| ROWS[r].1);
+            if let Some(r) = row
+                && !named[r]
+            {
+                named[r] = true;
                 events.push(json!({
-                    "name": "thread_name", "ph": "M", "pid": pid, "tid": 1,
-                    "args": { "name": "gradient reduction" },
+                    "name": "thread_name", "ph": "M", "pid": pid, "tid": tid,
+                    "args": { "name": ROWS[r].2 },
                 }));
             }
             events.push(json!({

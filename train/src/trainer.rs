@@ -22,10 +22,11 @@ use crate::data::Corpus;
 use crate::dp;
 use crate::error::{Result, TrainError};
 use crate::hf;
+use crate::links::Links;
 use crate::memory;
 use crate::model::Stage;
 use crate::model::ops::OpRecord;
-use crate::pipeline::{self, Links, StepData};
+use crate::pipeline::{self, StepData};
 use crate::plan::{Role, TrainPlan};
 use crate::reduce::Reducer;
 use crate::trace::{self, Tracer};
@@ -70,6 +71,9 @@ pub struct Options {
     /// Reduce each bucket of gradients while the last backward pass goes
     /// on ([`crate::reduce`]), not after it.
     pub overlap_reduction: bool,
+    /// Send activations and gradients from a thread of the rank's own
+    /// while its stage goes on ([`crate::links`]), not blocking.
+    pub async_sends: bool,
 }
 
 /// One step's figures.
@@ -220,6 +224,12 @@ pub fn run(opts: &Options, runtime: &Runtime, mut job: Option<&mut Job>) -> Resu
         }
         None => Vec::new(),
     };
+    // The pipeline links: two communicators per pair of neighbouring
+    // stages, one per direction (the reduction has its groups).
+    let mut links = match job.as_deref_mut() {
+        Some(j) => Links::connect(j, &roles, &device, opts.async_sends)?,
+        None => Links::none(0),
+    };
     let sharding = dp::Sharding::new(&opts.plan, &dp, &roles, &stage);
     let mut reducer = Reducer::new(&stage, &role, &dp, cfg.layers, opts.overlap_reduction)?;
     let mut start = 0;
@@ -245,7 +255,7 @@ pub fn run(opts: &Options, runtime: &Runtime, mut job: Option<&mut Job>) -> Resu
         ..Summary::default()
     };
     let mut tracer = Tracer::new(true, opts.trace.is_some());
-    let (mut pool, mut reduce_pool) = (StagingPool::new(), StagingPool::new());
+    let mut reduce_pool = StagingPool::new();
     let replicas = opts.plan.replicas() as f64;
     let tokens_per_step = (t.global_batch * cfg.seq_len) as f64;
     let data = |step| StepData {
@@ -277,18 +287,19 @@ pub fn run(opts: &Options, runtime: &Runtime, mut job: Option<&mut Job>) -> Resu
             stage.record(true);
         }
         stage.zero_grads()?;
-        // The passes, and the gradient reduction overlapped with the last
-        // backward pass (each rank's transfers keep the world and their
-        // own staging pool; the reduction has its groups and another).
-        let mut links = Links::new(job.as_deref_mut().map(|j| &mut **j), pool);
+        // The passes, their sends on the links' sender thread, and the
+        // gradient reduction overlapped with the last backward pass.
         let part = reducer.step(
             &stage,
             &mut dp,
             &mut reduce_pool,
             &mut tracer,
-            |tr, done| pipeline::train_step(&stage, &role, data(s), &mut links, tr, done),
+            |tr, done| {
+                links.step(tr, |io, tr| {
+                    pipeline::train_step(&stage, &role, data(s), io, tr, done)
+                })
+            },
         )?;
-        pool = links.into_pool();
         let mut scalars = [part as f32, stage.grad_sum_squares()? as f32];
         all_reduce_f32(job.as_deref_mut().map(|j| &mut **j), &mut scalars)?;
         let loss = f64::from(scalars[0]);
@@ -335,16 +346,14 @@ pub fn run(opts: &Options, runtime: &Runtime, mut job: Option<&mut Job>) -> Resu
         let step = s + 1;
         let due = |every: u64| step == end || (every > 0 && step % every == 0);
         let val_loss = if due(t.eval_every) && t.eval_sequences > 0 {
-            let mut links = Links::new(job.as_deref_mut().map(|j| &mut **j), pool);
             let v = pipeline::eval_step(
                 &stage,
                 &role,
                 data(0),
                 t.eval_sequences,
-                &mut links,
+                &mut links.direct(),
                 &mut tracer,
             )?;
-            pool = links.into_pool();
             let mut vv = [(v / replicas) as f32];
             all_reduce_f32(job.as_deref_mut().map(|j| &mut **j), &mut vv)?;
             Some(f64::from(vv[0]))

@@ -103,6 +103,7 @@ fn options(steps: u64, plan: TrainPlan, global_batch: usize) -> Options {
         log_every: 0,
         record_first_step: false,
         overlap_reduction: true,
+        async_sends: true,
     }
 }
 
