@@ -754,11 +754,12 @@ fn report(args: &Args, plan: &TrainPlan, s: &Summary) -> Result<(), TrainError> 
             s.tokens_per_s
         );
     }
-    for (label, f, b) in &s.stage_times {
+    for t in &s.stage_times {
         println!(
-            "  {label}: forward {:.2} ms, backward {:.2} ms per micro-batch",
-            f * 1e3,
-            b * 1e3
+            "  {}: forward {:.2} ms, backward {:.2} ms per micro-batch",
+            t.label,
+            t.forward * 1e3,
+            t.backward * 1e3
         );
     }
     if let Some(c) = &s.checkpoint {

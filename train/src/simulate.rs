@@ -1,8 +1,9 @@
 //! The simulator's view of a real run: the planner's discrete-event 1F1B
 //! simulator fed with the stage times the run measured, so its trace lines
 //! up with the real trace and its step time shows how much of the measured
-//! step the schedule explains (the rest is transfers, reduction, optimizer
-//! and noise).
+//! step the schedule explains: the passes, and after them each stage's
+//! measured wait for the gradient reduction and its optimizer step (the
+//! rest is transfers, unequal micro-batches and noise).
 
 use polychip_planner::schedule::{Schedule, StageTiming};
 use polychip_planner::sim;
@@ -12,20 +13,21 @@ use crate::plan::TrainPlan;
 use crate::trainer::Summary;
 
 /// The first replica's schedule with the measured forward and backward
-/// times (transfers, reduction and optimizer counted as zero).
+/// times per micro-batch and each stage's measured reduction wait and
+/// optimizer step (transfers counted as zero).
 pub fn measured_schedule(plan: &TrainPlan, s: &Summary) -> Schedule {
     let g = &plan.groups[0];
     let stages = s
         .stage_times
         .iter()
         .take(g.stages.len())
-        .map(|(label, f, b)| StageTiming {
-            name: label.clone(),
-            forward: *f,
-            backward: *b,
+        .map(|t| StageTiming {
+            name: t.label.clone(),
+            forward: t.forward,
+            backward: t.backward,
             send_next: 0.0,
-            dp_allreduce: 0.0,
-            optimizer: 0.0,
+            dp_allreduce: t.reduction,
+            optimizer: t.optimizer,
             sends_async: true,
         })
         .collect();
@@ -45,4 +47,29 @@ pub fn simulated_trace(plan: &TrainPlan, s: &Summary) -> Value {
     let schedule = measured_schedule(plan, s);
     let names: Vec<String> = schedule.stages.iter().map(|t| t.name.clone()).collect();
     sim::chrome_trace(&sim::simulate(&schedule), &names)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::trainer::StageTimes;
+
+    #[test]
+    fn the_simulated_step_adds_the_measured_reduction_wait_and_optimizer() {
+        // One stage, 4 micro-batches of 1 + 2 ms, a 3 ms wait for the
+        // reduction and a 5 ms optimizer step.
+        let plan = TrainPlan::single("ferrite:0", 4, 2, 4);
+        let summary = Summary {
+            stage_times: vec![StageTimes {
+                label: "rank 0".into(),
+                forward: 1e-3,
+                backward: 2e-3,
+                reduction: 3e-3,
+                optimizer: 5e-3,
+            }],
+            ..Summary::default()
+        };
+        let step = simulated_step_seconds(&plan, &summary);
+        assert!((step - (4.0 * 3e-3 + 3e-3 + 5e-3)).abs() < 1e-12, "{step}");
+    }
 }

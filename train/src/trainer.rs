@@ -93,6 +93,21 @@ pub struct StepRecord {
     pub seconds: f64,
 }
 
+/// One rank's medians, as rank 0 gathers them.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct StageTimes {
+    /// The rank, its device, replica, stage and blocks.
+    pub label: String,
+    /// Forward pass per micro-batch, seconds.
+    pub forward: f64,
+    /// Backward pass per micro-batch, seconds.
+    pub backward: f64,
+    /// The wait for the gradient reduction per step, seconds.
+    pub reduction: f64,
+    /// The optimizer step (and the sharded step's all-gather), seconds.
+    pub optimizer: f64,
+}
+
 /// What a rank's run produced.
 #[derive(Debug, Default, Serialize)]
 pub struct Summary {
@@ -106,8 +121,14 @@ pub struct Summary {
     pub forward_seconds: f64,
     /// See `forward_seconds`.
     pub backward_seconds: f64,
-    /// Every rank's medians (rank 0 only; empty elsewhere): (label, forward, backward).
-    pub stage_times: Vec<(String, f64, f64)>,
+    /// This rank's median wait for the gradient reduction after the passes
+    /// (what the overlap left), seconds per step.
+    pub reduction_seconds: f64,
+    /// This rank's median optimizer step (with the sharded step's
+    /// all-gather), seconds per step.
+    pub optimizer_seconds: f64,
+    /// Every rank's medians (rank 0 only; empty elsewhere).
+    pub stage_times: Vec<StageTimes>,
     /// The last checkpoint written.
     pub checkpoint: Option<PathBuf>,
     /// The Hugging Face directory the final weights were exported to.
@@ -430,6 +451,8 @@ pub fn run(opts: &Options, runtime: &Runtime, mut job: Option<&mut Job>) -> Resu
     };
     summary.forward_seconds = of("forward");
     summary.backward_seconds = of("backward");
+    summary.reduction_seconds = of("allreduce");
+    summary.optimizer_seconds = of("optimizer") + of("allgather");
     gather(opts, &role, &tracer, &mut summary, job)?;
     if let Some(out) = &opts.export_hf {
         // Every rank has passed the save's barrier: the checkpoint is complete.
@@ -567,6 +590,8 @@ fn gather(
         "label": label,
         "forward": summary.forward_seconds,
         "backward": summary.backward_seconds,
+        "reduction": summary.reduction_seconds,
+        "optimizer": summary.optimizer_seconds,
         "spans": if opts.trace.is_some() { tracer.to_json() } else { Value::Null },
     });
     let all: Vec<Value> = match job {
@@ -594,14 +619,15 @@ fn gather(
             all
         }
     };
+    let seconds = |v: &Value, key: &str| v[key].as_f64().unwrap_or(0.0);
     summary.stage_times = all
         .iter()
-        .map(|v| {
-            (
-                v["label"].as_str().unwrap_or("?").to_string(),
-                v["forward"].as_f64().unwrap_or(0.0),
-                v["backward"].as_f64().unwrap_or(0.0),
-            )
+        .map(|v| StageTimes {
+            label: v["label"].as_str().unwrap_or("?").to_string(),
+            forward: seconds(v, "forward"),
+            backward: seconds(v, "backward"),
+            reduction: seconds(v, "reduction"),
+            optimizer: seconds(v, "optimizer"),
         })
         .collect();
     if let Some(path) = &opts.trace {
