@@ -1,19 +1,20 @@
 //! How one call moves its tensors: device-direct tensors become host slices
 //! over their (host-visible) device memory; staged tensors are copied
 //! through the [`StagingPool`] with their plugin's `memcpy_d2h` /
-//! `memcpy_h2d` on the default stream (complete when the copy returns), or
-//! on the caller's stream ([`DeviceComm::on_stream`], waited for after each
-//! copy).
+//! `memcpy_h2d` on the default stream (complete when the copy returns), on
+//! the caller's stream ([`DeviceComm::on_stream`], waited for after each
+//! copy), or on the copy threads' own streams (below).
 //!
 //! Chunkable operations (all-reduce, reduce, broadcast, send/recv) run as
 //! one host collective per chunk of [`DeviceComm::chunk_bytes`] on every
 //! rank, whatever its path, so the ranks' call sequences always agree. When a
 //! tensor is staged and there is more than one chunk, a loader thread copies
 //! chunk `k + 1` device-to-host and a storer thread copies chunk `k - 1`
-//! host-to-device while this thread runs the collective on chunk `k`; the
-//! chunks circulate through [`DEPTH`] staging slots. With the caller's
-//! stream the chunks go one after another on this thread instead: one
-//! stream's calls are serialized.
+//! host-to-device while this thread runs the collective on chunk `k`, each
+//! copy thread on streams of its own (the ABI asks callers to serialize one
+//! stream's calls); the chunks circulate through [`DEPTH`] staging slots.
+//! With the caller's stream the chunks go one after another on this thread
+//! instead: one stream's calls are serialized.
 
 use std::ffi::c_void;
 use std::ops::Range;
@@ -132,17 +133,21 @@ impl DeviceComm<'_> {
             }
             return Ok(());
         }
-        let load = move |k: usize, slot: &mut Slot<'_>, on: Option<&Stream>| -> Result<()> {
+        // The staged tensors each thread copies: the loader the source and
+        // a destination it reads first, the storer the destination.
+        let load_st = [src_st, dst_st.filter(|_| a.load)];
+        let store_st = dst_st.filter(|_| a.store);
+        // `on`: the streams of `load_st`'s copies.
+        let load = move |k: usize, slot: &mut Slot<'_>, on: [Option<&Stream>; 2]| -> Result<()> {
             let r = range(k);
-            if let Some(t) = src_st {
-                d2h(ctx, t, r.start, &mut slot.0[..r.len()], on)?;
+            if let Some(t) = load_st[0] {
+                d2h(ctx, t, r.start, &mut slot.0[..r.len()], on[0])?;
             }
-            match dst_st {
-                Some(t) if a.load => d2h(ctx, t, r.start, &mut slot.1[..r.len()], on),
-                _ => Ok(()),
+            match load_st[1] {
+                Some(t) => d2h(ctx, t, r.start, &mut slot.1[..r.len()], on[1]),
+                None => Ok(()),
             }
         };
-        let store_st = dst_st.filter(|_| a.store);
         let store = move |k: usize, slot: &Slot<'_>, on: Option<&Stream>| -> Result<()> {
             let r = range(k);
             store_st.map_or(Ok(()), |t| h2d(ctx, t, r.start, &slot.1[..r.len()], on))
@@ -174,15 +179,28 @@ impl DeviceComm<'_> {
         if in_turn {
             let mut slot = slots.into_iter().next().expect("one slot");
             for k in 0..chunks {
-                load(k, &mut slot, stream)?;
+                load(k, &mut slot, [stream, stream])?;
                 run(k, &mut slot)?;
                 store(k, &slot, stream)?;
             }
             return Ok(());
         }
-        let load = move |k: usize, slot: &mut Slot<'_>| load(k, slot, None);
-        let store = move |k: usize, slot: &Slot<'_>| store(k, slot, None);
-        pipeline(ctx, chunks, slots, load, &mut run, store)
+        // The loader and the storer copy at the same time, each on streams
+        // of its own (the ABI asks callers to serialize one stream's calls,
+        // the default stream's too).
+        let loader = Copier {
+            streams: move || Ok([stream_for(ctx, load_st[0])?, stream_for(ctx, load_st[1])?]),
+            copy: move |k: usize, slot: &mut Slot<'_>, on: &[Option<Stream>; 2]| {
+                load(k, slot, [on[0].as_ref(), on[1].as_ref()])
+            },
+        };
+        let storer = Copier {
+            streams: move || stream_for(ctx, store_st),
+            copy: move |k: usize, slot: &mut Slot<'_>, on: &Option<Stream>| {
+                store(k, slot, on.as_ref())
+            },
+        };
+        pipeline(ctx, chunks, slots, loader, &mut run, storer)
     }
 
     /// Runs a call that is not chunked (all-gather, reduce-scatter,
@@ -240,15 +258,36 @@ fn slots(pool: &mut StagingPool, n: usize, len: usize, src: bool, dst: bool) -> 
         .collect()
 }
 
+/// A copy thread's work: `streams` makes what its copies go on (on the
+/// thread itself), `copy(k, slot, streams)` copies chunk `k`.
+struct Copier<S, C> {
+    streams: S,
+    copy: C,
+}
+
+/// A stream of `t`'s device for a copy thread, when `t` is staged.
+fn stream_for(ctx: Ctx, t: Option<&Tensor>) -> Result<Option<Stream>> {
+    t.map(|t| {
+        t.device()
+            .stream()
+            .map_err(|e| ctx.host("a staging copy stream", e))
+    })
+    .transpose()
+}
+
 /// The overlapped loop: loader thread, this thread, storer thread.
-fn pipeline<'p>(
+fn pipeline<'p, LS, L, SS, S>(
     ctx: Ctx,
     chunks: usize,
     slots: Vec<Slot<'p>>,
-    load: impl Fn(usize, &mut Slot<'p>) -> Result<()> + Send,
+    loader: Copier<impl FnOnce() -> Result<LS> + Send, L>,
     run: &mut dyn FnMut(usize, &mut Slot<'p>) -> Result<()>,
-    store: impl Fn(usize, &Slot<'p>) -> Result<()> + Send,
-) -> Result<()> {
+    storer: Copier<impl FnOnce() -> Result<SS> + Send, S>,
+) -> Result<()>
+where
+    L: Fn(usize, &mut Slot<'p>, &LS) -> Result<()> + Send,
+    S: Fn(usize, &mut Slot<'p>, &SS) -> Result<()> + Send,
+{
     thread::scope(|s| {
         let (free_tx, free_rx) = mpsc::channel::<Slot<'p>>();
         let (full_tx, full_rx) = mpsc::channel::<Result<Slot<'p>>>();
@@ -257,9 +296,16 @@ fn pipeline<'p>(
             free_tx.send(slot).expect("the receiver is here");
         }
         s.spawn(move || {
+            let streams = match (loader.streams)() {
+                Ok(streams) => streams,
+                Err(e) => {
+                    let _ = full_tx.send(Err(e));
+                    return;
+                }
+            };
             for k in 0..chunks {
                 let Ok(mut slot) = free_rx.recv() else { return };
-                let loaded = load(k, &mut slot).map(|()| slot);
+                let loaded = (loader.copy)(k, &mut slot, &streams).map(|()| slot);
                 let failed = loaded.is_err();
                 if full_tx.send(loaded).is_err() || failed {
                     return;
@@ -267,8 +313,9 @@ fn pipeline<'p>(
             }
         });
         let storer = s.spawn(move || -> Result<()> {
-            while let Ok((k, slot)) = done_rx.recv() {
-                store(k, &slot)?;
+            let streams = (storer.streams)()?;
+            while let Ok((k, mut slot)) = done_rx.recv() {
+                (storer.copy)(k, &mut slot, &streams)?;
                 // The loader may have finished: a closed channel is fine.
                 let _ = free_tx.send(slot);
             }
