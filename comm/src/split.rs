@@ -115,6 +115,11 @@ impl Communicator {
             "tcp" => {
                 let mut options = TcpOptions::from_env()?;
                 options.key_prefix = format!("{prefix}/tcp");
+                // Where this rank's peers already reach it (127.0.0.1 by
+                // default would fail across machines).
+                if let Some(addr) = self.transport().listen_addr() {
+                    options.bind_addr = addr;
+                }
                 Ok(Arc::new(TcpTransport::with_options(
                     store, rank, size, timeout, options,
                 )?))

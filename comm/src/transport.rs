@@ -70,4 +70,11 @@ pub trait Transport: Send + Sync {
     fn wait(&self, signal: SignalId, value: u64, deadline: Instant) -> Result<()>;
     /// The current value of this rank's counter `signal`.
     fn signal_value(&self, signal: SignalId) -> u64;
+    /// The address this rank listens on for its peers, for a transport
+    /// over a network (TCP): the groups split from it listen there too, as
+    /// it is one its peers can reach (the world's may have been chosen by
+    /// its route to rank 0, not by `POLYCHIP_COMM_ADDR`). `None` otherwise.
+    fn listen_addr(&self) -> Option<std::net::IpAddr> {
+        None
+    }
 }

@@ -329,6 +329,8 @@ pub struct TcpTransport {
     inner: Arc<Inner>,
     progress: Option<JoinHandle<()>>,
     spin: Duration,
+    /// The address it listens on (and published).
+    bind_addr: IpAddr,
     /// Whether `Drop` says goodbye (cleared only by `abort_for_test`).
     goodbye: bool,
 }
@@ -400,6 +402,7 @@ impl TcpTransport {
             inner,
             progress,
             spin: options.spin,
+            bind_addr: options.bind_addr,
             goodbye: true,
         })
     }
@@ -424,6 +427,10 @@ impl Transport for TcpTransport {
 
     fn name(&self) -> &'static str {
         "tcp"
+    }
+
+    fn listen_addr(&self) -> Option<IpAddr> {
+        Some(self.bind_addr)
     }
 
     fn register(&self, len: usize) -> Result<(RegionId, *mut u8)> {
