@@ -41,12 +41,28 @@ fn curve(dir: &Path, tag: &str, extra: &[&str]) -> Vec<f64> {
 
 /// [`curve`] with other common arguments than [`COMMON`].
 fn curve_of(dir: &Path, tag: &str, common: &[&str], extra: &[&str]) -> Vec<f64> {
+    curve_env(dir, tag, common, extra, &[])
+}
+
+/// Cobalt refuses a copy while another thread copies on the same stream
+/// (each copy lasting 200 us): the trainer's threads must keep to the
+/// ABI's one-stream-one-caller rule.
+const STRICT_STREAMS: (&str, &str) = ("POLYCHIP_COBALT_STRICT_STREAMS", "1");
+
+/// [`curve_of`] with `env` set for the run.
+fn curve_env(
+    dir: &Path,
+    tag: &str,
+    common: &[&str],
+    extra: &[&str],
+    env: &[(&str, &str)],
+) -> Vec<f64> {
     let json = dir.join(format!("{tag}.json"));
     let mut args: Vec<&str> = common.to_vec();
     args.extend_from_slice(extra);
     let j = json.display().to_string();
     args.extend_from_slice(&["--log-json", &j]);
-    let (code, out, err) = polychip_env(&args, &[]);
+    let (code, out, err) = polychip_env(&args, env);
     assert_eq!(code, Some(0), "{tag}: {out}\n{err}");
     let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
     v["summary"]["steps"]
@@ -490,7 +506,8 @@ fn the_overlapped_reduction_gives_the_same_bits_and_starts_inside_the_backward_p
             let mut args = vec!["train", "--model", "deep", "--global-batch", "6"];
             args.extend_from_slice(&["--eval-every", "0", "--log-every", "0", "--no-pin"]);
             args.extend_from_slice(&["--steps", "3", "--precision", precision, "--plan", &plan]);
-            curve_of(&dir, &format!("{precision}-{tag}"), &args, extra)
+            let tag = format!("{precision}-{tag}");
+            curve_env(&dir, &tag, &args, extra, &[STRICT_STREAMS])
         };
         let overlapped = run("overlap", &["--trace", &t]);
         let after = run("after", &["--reduce-after-backward"]);
@@ -556,7 +573,7 @@ fn the_sender_thread_gives_the_same_bits_and_draws_its_own_row() {
                 extra,
             ]
             .concat();
-            curve(&dir, tag, &args)
+            curve_env(&dir, tag, &COMMON, &args, &[STRICT_STREAMS])
         };
         let queued = run(&format!("{precision}-queued"), &[]);
         let blocking = run(&format!("{precision}-blocking"), &["--blocking-sends"]);

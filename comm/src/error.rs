@@ -68,5 +68,93 @@ pub enum CommError {
     },
 }
 
+impl CommError {
+    /// The same error with its ranks (the one that saw it, and a lost peer)
+    /// passed through `rank` and its operation through `op`; the variants
+    /// without them are returned as they are.
+    pub fn restated(self, rank: impl Fn(usize) -> usize, op: impl Fn(String) -> String) -> Self {
+        match self {
+            CommError::Timeout {
+                rank: r,
+                op: o,
+                after,
+                waiting_for,
+            } => CommError::Timeout {
+                rank: rank(r),
+                op: op(o),
+                after,
+                waiting_for,
+            },
+            CommError::PeerLost {
+                rank: r,
+                op: o,
+                peer,
+                why,
+            } => CommError::PeerLost {
+                rank: rank(r),
+                op: op(o),
+                peer: rank(peer),
+                why,
+            },
+            CommError::Mismatch {
+                rank: r,
+                op: o,
+                message,
+            } => CommError::Mismatch {
+                rank: rank(r),
+                op: op(o),
+                message,
+            },
+            CommError::Io {
+                rank: r,
+                op: o,
+                message,
+            } => CommError::Io {
+                rank: rank(r),
+                op: op(o),
+                message,
+            },
+            other => other,
+        }
+    }
+
+    /// This error of a sub-communicator's call restated in its parent's
+    /// ranks: `members[r]` is group rank `r`'s rank in the parent, and the
+    /// operation says it ran on `group` (e.g. "the pipeline link from rank
+    /// 1 to rank 2"), so that a job's messages name one numbering. Text
+    /// inside the error (what a timeout waited for) keeps the group's.
+    pub fn in_group(self, members: &[usize], group: &str) -> CommError {
+        self.restated(
+            |r| members.get(r).copied().unwrap_or(r),
+            |op| format!("{op} on {group}"),
+        )
+    }
+}
+
 /// The communication layer's result type.
 pub type Result<T, E = CommError> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_groups_error_names_the_parents_ranks_and_the_group() {
+        let e = CommError::PeerLost {
+            rank: 0,
+            op: "send/recv".into(),
+            peer: 1,
+            why: "it closed its transport".into(),
+        };
+        let text = e
+            .in_group(&[4, 7], "the link from rank 4 to rank 7")
+            .to_string();
+        assert_eq!(
+            text,
+            "rank 4: send/recv on the link from rank 4 to rank 7: peer rank 7 is gone: it closed \
+             its transport"
+        );
+        let usage = CommError::Usage("bad".into());
+        assert_eq!(usage.clone().in_group(&[3], "g"), usage);
+    }
+}

@@ -33,12 +33,32 @@ use crate::error::{Result, TrainError};
 use crate::plan::Role;
 use crate::trace::{SENDER_CAT, Span, Tracer, now_us};
 
-/// This rank's end of a link: the pair's communicator and the peer's rank
-/// in it (the lower stage is rank 0 of each pair).
+/// This rank's end of a link: the pair's communicator, the peer's rank
+/// in it (the lower stage is rank 0 of each pair), the pair's world ranks
+/// and the link's name, for errors.
 #[derive(Debug)]
 struct End {
     comm: Communicator,
     peer: usize,
+    members: [usize; 2],
+    name: String,
+}
+
+impl End {
+    fn new(comm: Communicator, peer: usize, (from, to): (usize, usize), what: &str) -> End {
+        let members = [from.min(to), from.max(to)];
+        let name = format!("the pipeline link carrying {what} from rank {from} to rank {to}");
+        End {
+            comm,
+            peer,
+            members,
+            name,
+        }
+    }
+
+    fn error(&self, e: polychip_comm::CommError) -> TrainError {
+        TrainError::Comm(e.in_group(&self.members, &self.name))
+    }
 }
 
 /// The communicators this rank sends on, and what their copies need.
@@ -94,7 +114,7 @@ impl Outgoing {
         }
         let r = dc.send(t, end.peer);
         self.pool = dc.into_pool();
-        Ok(r?)
+        r.map_err(|e| end.error(e))
     }
 }
 
@@ -104,7 +124,7 @@ impl Incoming {
         let mut dc = DeviceComm::with_pool(&mut end.comm, std::mem::take(&mut self.pool));
         let r = dc.recv(t, end.peer);
         self.pool = dc.into_pool();
-        Ok(r?)
+        r.map_err(|e| end.error(e))
     }
 }
 
@@ -208,18 +228,14 @@ impl Links {
             };
             let down = world.split(color, key)?;
             let up = world.split(color, key)?;
-            if lower {
-                links.out.to_next = Some(End {
-                    comm: down,
-                    peer: 1,
-                });
-                links.inc.from_next = Some(End { comm: up, peer: 1 });
-            } else if upper {
-                links.inc.from_prev = Some(End {
-                    comm: down,
-                    peer: 0,
-                });
-                links.out.to_prev = Some(End { comm: up, peer: 0 });
+            if let (true, Some(next)) = (lower, me.next) {
+                let (down_link, up_link) = ((rank, next), (next, rank));
+                links.out.to_next = Some(End::new(down, 1, down_link, "activations"));
+                links.inc.from_next = Some(End::new(up, 1, up_link, "gradients"));
+            } else if let (true, Some(prev)) = (upper, me.prev) {
+                let (down_link, up_link) = ((prev, rank), (rank, prev));
+                links.inc.from_prev = Some(End::new(down, 0, down_link, "activations"));
+                links.out.to_prev = Some(End::new(up, 0, up_link, "gradients"));
             }
         }
         links.asynchronous = asynchronous;
@@ -241,7 +257,9 @@ impl Links {
     /// Runs one step's passes, `passes(io, tracer)`, with their sends on
     /// the sender thread when the links are asynchronous (its spans go to
     /// `tracer` on a row of their own). Returns once every send is done;
-    /// the passes' error comes first, then the sender's.
+    /// a failed send's error before the passes' (which it caused: see
+    /// below). A failed send closes the rank's outgoing links, so that the
+    /// peers waiting on them fail at once instead of at their timeout.
     pub fn step<T>(
         &mut self,
         tracer: &mut Tracer,
@@ -275,6 +293,12 @@ impl Links {
                     });
                     if let Err(e) = r {
                         stop.store(true, Ordering::Relaxed);
+                        // Close this rank's outgoing links: a peer waiting
+                        // for what will now never come learns it at once
+                        // (its peer closed the transport), not at its
+                        // timeout, and fails; so does this rank's wait for
+                        // what that peer would have sent.
+                        (out.to_next, out.to_prev) = (None, None);
                         result = Err(e);
                     }
                 }
@@ -303,8 +327,10 @@ impl Links {
         for s in spans {
             tracer.push(s);
         }
-        let out = result?;
+        // A failed send is the cause when both failed: after the passes
+        // stop, the sender starts no send, so its error came first, and the
+        // passes' is what it left them waiting for.
         sent?;
-        Ok(out)
+        result
     }
 }

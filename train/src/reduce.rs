@@ -217,14 +217,17 @@ fn reduce_in_order(
             })?;
         }
         let start = now_us();
-        let comm = &mut groups[b.group].comm;
-        let mut dc = DeviceComm::with_pool(comm, std::mem::take(pool));
+        let group = &mut groups[b.group];
+        let mut dc = DeviceComm::with_pool(&mut group.comm, std::mem::take(pool));
         if let Some(s) = stream {
             dc = dc.on_stream(s);
         }
         let r = dc.all_reduce(&b.grads, ReduceOp::Sum);
         *pool = dc.into_pool();
-        r?;
+        r.map_err(|e| {
+            let name = format!("the reduction group of ranks {:?}", group.members);
+            e.in_group(&group.members, &name)
+        })?;
         spans.push(Span {
             name: format!("reduce bucket {k}"),
             cat: REDUCER_CAT,

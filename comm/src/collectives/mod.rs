@@ -250,25 +250,7 @@ impl Communicator {
             true => op,
             false => format!("{}: {op}", self.op),
         };
-        let e = match e {
-            CommError::PeerLost {
-                rank,
-                op,
-                peer,
-                why,
-            } => CommError::PeerLost {
-                rank,
-                op: within(op),
-                peer,
-                why,
-            },
-            CommError::Io { rank, op, message } => CommError::Io {
-                rank,
-                op: within(op),
-                message,
-            },
-            e => e,
-        };
+        let e = e.restated(|r| r, within);
         self.broken = Some(e.to_string());
         e
     }

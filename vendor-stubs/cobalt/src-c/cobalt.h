@@ -63,6 +63,18 @@ PolychipError *cobalt_check_device(uint32_t device, const char *what);
 
 /* INVALID_ARGUMENT unless `stream` is NULL or a live stream of `device`. */
 PolychipError *cobalt_check_stream(uint32_t device, const PolychipStream *stream, const char *what);
+/*
+ * Strict streams (POLYCHIP_COBALT_STRICT_STREAMS=1): a copy refuses to run
+ * while another thread's copy is running on the same stream (the default
+ * stream of its device included), as the ABI asks callers to serialize one
+ * stream's calls; each copy then also lasts at least 200 us, so that such a
+ * caller is caught. Off by default.
+ */
+void cobalt_set_strict_streams(int on);
+/* Claims `stream` (NULL: the device's default stream) for one copy. */
+PolychipError *cobalt_stream_enter(uint32_t device, PolychipStream *stream, const char *what);
+/* Releases the claim of cobalt_stream_enter. */
+void cobalt_stream_leave(uint32_t device, PolychipStream *stream);
 PolychipError *cobalt_stream_create(uint32_t device, PolychipStream **out_stream);
 PolychipError *cobalt_stream_destroy(PolychipStream *stream);
 PolychipError *cobalt_stream_synchronize(PolychipStream *stream);

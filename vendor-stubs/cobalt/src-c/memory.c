@@ -370,8 +370,8 @@ static PolychipError *copy_prologue(const char *what, uint32_t device, const Pol
     return error;
 }
 
-PolychipError *cobalt_memcpy_h2d(uint32_t device, PolychipStream *stream, void *dst, const void *src,
-                                 uint64_t bytes) {
+static PolychipError *copy_h2d(uint32_t device, PolychipStream *stream, void *dst,
+                               const void *src, uint64_t bytes) {
     PolychipError *error = copy_prologue("memcpy_h2d", device, stream, dst, src, bytes);
     if (error != NULL || bytes == 0) {
         return error;
@@ -392,8 +392,8 @@ PolychipError *cobalt_memcpy_h2d(uint32_t device, PolychipStream *stream, void *
     return NULL;
 }
 
-PolychipError *cobalt_memcpy_d2h(uint32_t device, PolychipStream *stream, void *dst, const void *src,
-                                 uint64_t bytes) {
+static PolychipError *copy_d2h(uint32_t device, PolychipStream *stream, void *dst,
+                               const void *src, uint64_t bytes) {
     PolychipError *error = copy_prologue("memcpy_d2h", device, stream, dst, src, bytes);
     if (error != NULL || bytes == 0) {
         return error;
@@ -414,8 +414,8 @@ PolychipError *cobalt_memcpy_d2h(uint32_t device, PolychipStream *stream, void *
     return NULL;
 }
 
-PolychipError *cobalt_memcpy_d2d(uint32_t device, PolychipStream *stream, void *dst, const void *src,
-                                 uint64_t bytes) {
+static PolychipError *copy_d2d(uint32_t device, PolychipStream *stream, void *dst,
+                               const void *src, uint64_t bytes) {
     PolychipError *error = copy_prologue("memcpy_d2d", device, stream, dst, src, bytes);
     if (error != NULL || bytes == 0) {
         return error;
@@ -448,4 +448,37 @@ PolychipError *cobalt_memcpy_d2d(uint32_t device, PolychipStream *stream, void *
         done += n;
     }
     return NULL;
+}
+
+/* The copies as the plugin exports them: each holds its stream for the
+ * copy (strict streams; see cobalt_stream_enter). */
+typedef PolychipError *(*copy_fn)(uint32_t, PolychipStream *, void *, const void *, uint64_t);
+
+static PolychipError *claimed(copy_fn copy, const char *what, uint32_t device, PolychipStream *stream,
+                              void *dst, const void *src, uint64_t bytes) {
+    PolychipError *error = copy_prologue(what, device, stream, dst, src, bytes);
+    if (error == NULL) {
+        error = cobalt_stream_enter(device, stream, what);
+    }
+    if (error != NULL) {
+        return error;
+    }
+    error = copy(device, stream, dst, src, bytes);
+    cobalt_stream_leave(device, stream);
+    return error;
+}
+
+PolychipError *cobalt_memcpy_h2d(uint32_t device, PolychipStream *stream, void *dst, const void *src,
+                                 uint64_t bytes) {
+    return claimed(copy_h2d, "memcpy_h2d", device, stream, dst, src, bytes);
+}
+
+PolychipError *cobalt_memcpy_d2h(uint32_t device, PolychipStream *stream, void *dst, const void *src,
+                                 uint64_t bytes) {
+    return claimed(copy_d2h, "memcpy_d2h", device, stream, dst, src, bytes);
+}
+
+PolychipError *cobalt_memcpy_d2d(uint32_t device, PolychipStream *stream, void *dst, const void *src,
+                                 uint64_t bytes) {
+    return claimed(copy_d2d, "memcpy_d2d", device, stream, dst, src, bytes);
 }

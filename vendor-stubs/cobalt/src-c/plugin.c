@@ -126,6 +126,7 @@ static void read_configuration(void) {
     uint64_t mib = env_integer("POLYCHIP_COBALT_MEMORY_MIB", 1, COBALT_MAX_MEMORY_MIB,
                                COBALT_DEFAULT_MEMORY_MIB);
     cobalt_memory_init(mib * 1024u * 1024u);
+    cobalt_set_strict_streams(env_integer("POLYCHIP_COBALT_STRICT_STREAMS", 0, 1, 0) != 0);
     cobalt_log(POLYCHIP_LOG_INFO, "cobalt: %u device(s), %llu MiB of memory each",
                (unsigned)g_device_count, (unsigned long long)mib);
 }

@@ -10,7 +10,11 @@
  * usually reported instead of used.
  */
 
+#define _POSIX_C_SOURCE 200809L
+
+#include <stdatomic.h>
 #include <stdlib.h>
+#include <time.h>
 
 #include "cobalt.h"
 
@@ -21,7 +25,45 @@
 struct PolychipStream {
     uint32_t magic;
     uint32_t device;
+    /* Copies running on it (strict streams). */
+    atomic_int busy;
 };
+
+static int g_strict;
+/* Copies running on each device's default stream (strict streams). */
+static atomic_int g_default_busy[COBALT_MAX_DEVICES];
+
+void cobalt_set_strict_streams(int on) { g_strict = on; }
+
+static atomic_int *busy_counter(uint32_t device, PolychipStream *stream) {
+    return stream != NULL ? &stream->busy : &g_default_busy[device];
+}
+
+PolychipError *cobalt_stream_enter(uint32_t device, PolychipStream *stream, const char *what) {
+    if (!g_strict) {
+        return NULL;
+    }
+    atomic_int *busy = busy_counter(device, stream);
+    if (atomic_fetch_add(busy, 1) != 0) {
+        atomic_fetch_sub(busy, 1);
+        return cobalt_error(POLYCHIP_ERROR_INVALID_ARGUMENT,
+                            "cobalt: %s: %s of device %u is in use by another thread's copy "
+                            "(POLYCHIP_COBALT_STRICT_STREAMS): the ABI asks callers to serialize "
+                            "one stream's calls",
+                            what, stream == NULL ? "the default stream" : "a stream",
+                            (unsigned)device);
+    }
+    /* Long enough for a second thread on the same stream to be caught. */
+    struct timespec pause = {0, 200000};
+    nanosleep(&pause, NULL);
+    return NULL;
+}
+
+void cobalt_stream_leave(uint32_t device, PolychipStream *stream) {
+    if (g_strict) {
+        atomic_fetch_sub(busy_counter(device, stream), 1);
+    }
+}
 
 struct PolychipEvent {
     uint32_t magic;
@@ -83,6 +125,7 @@ PolychipError *cobalt_stream_create(uint32_t device, PolychipStream **out_stream
     }
     stream->magic = STREAM_MAGIC;
     stream->device = device;
+    atomic_init(&stream->busy, 0);
     *out_stream = stream;
     return NULL;
 }
