@@ -45,8 +45,12 @@ struct End {
 }
 
 impl End {
-    fn new(comm: Communicator, peer: usize, (from, to): (usize, usize), what: &str) -> End {
-        let members = [from.min(to), from.max(to)];
+    /// The end of `comm`, whose ranks 0 and 1 are world ranks `members`
+    /// (the lower stage first), carrying `what` from world rank `from` to
+    /// `to`.
+    fn new(comm: Communicator, members: [usize; 2], (from, to): (usize, usize), what: &str) -> End {
+        let me = comm.rank();
+        let peer = 1 - me;
         let name = format!("the pipeline link carrying {what} from rank {from} to rank {to}");
         End {
             comm,
@@ -228,14 +232,23 @@ impl Links {
             };
             let down = world.split(color, key)?;
             let up = world.split(color, key)?;
+            if (lower || upper) && (down.world_size() != 2 || up.world_size() != 2) {
+                return Err(TrainError::Plan(format!(
+                    "rank {rank}: a pipeline link's communicator has {} ranks, not 2: the ranks \
+                     disagree about the plan",
+                    down.world_size()
+                )));
+            }
             if let (true, Some(next)) = (lower, me.next) {
+                let pair = [rank, next];
                 let (down_link, up_link) = ((rank, next), (next, rank));
-                links.out.to_next = Some(End::new(down, 1, down_link, "activations"));
-                links.inc.from_next = Some(End::new(up, 1, up_link, "gradients"));
+                links.out.to_next = Some(End::new(down, pair, down_link, "activations"));
+                links.inc.from_next = Some(End::new(up, pair, up_link, "gradients"));
             } else if let (true, Some(prev)) = (upper, me.prev) {
+                let pair = [prev, rank];
                 let (down_link, up_link) = ((prev, rank), (rank, prev));
-                links.inc.from_prev = Some(End::new(down, 0, down_link, "activations"));
-                links.out.to_prev = Some(End::new(up, 0, up_link, "gradients"));
+                links.inc.from_prev = Some(End::new(down, pair, down_link, "activations"));
+                links.out.to_prev = Some(End::new(up, pair, up_link, "gradients"));
             }
         }
         links.asynchronous = asynchronous;
