@@ -453,6 +453,35 @@ fn a_stage_that_does_not_fit_is_refused_before_training() {
 }
 
 #[test]
+fn a_failed_pipeline_send_ends_the_job_at_once_and_is_reported_as_the_cause() {
+    // The middle rank's first send of step 2 fails. Its peers wait on the
+    // links it sends on; they learn at once that it closed them (the
+    // communication timeout is 60 s), and its error is the one it prints.
+    let mut args = COMMON.to_vec();
+    args.extend_from_slice(&[
+        "--steps",
+        "3",
+        "--stages",
+        "ferrite:0=0..1,cobalt:0=1..1.5,ferrite:1=1.5..2",
+    ]);
+    let started = std::time::Instant::now();
+    let (code, out, err) = polychip_env(&args, &[("POLYCHIP_TRAIN_FAIL_SEND_AT", "1:2")]);
+    let all = format!("{out}{err}");
+    assert_ne!(code, Some(0), "{all}");
+    assert!(
+        started.elapsed().as_secs() < 30,
+        "waited for a timeout: {all}"
+    );
+    assert!(
+        all.contains("[rank 1] polychip train: rank 1: send on the pipeline link carrying")
+            && all.contains("failed on purpose")
+            && all.contains("(the cause;"),
+        "{all}"
+    );
+    assert!(!all.contains("timed out"), "{all}");
+}
+
+#[test]
 fn a_rank_that_dies_stops_the_job_and_keeps_the_last_checkpoint() {
     let dir = scratch("kill");
     let ck = dir.join("ck");

@@ -122,6 +122,20 @@ impl Outgoing {
     }
 }
 
+impl Outgoing {
+    /// What a send to `peer` that failed on purpose returns (the test hook
+    /// of [`Links::fail_next_step`]).
+    fn fail(&mut self, peer: Peer, rank: usize) -> Result<()> {
+        let end = end([&mut self.to_prev, &mut self.to_next], peer, rank)?;
+        let e = polychip_comm::CommError::Io {
+            rank: end.comm.rank(),
+            op: "send".into(),
+            message: "failed on purpose (POLYCHIP_TRAIN_FAIL_SEND_AT, a test hook)".into(),
+        };
+        Err(end.error(e))
+    }
+}
+
 impl Incoming {
     fn recv(&mut self, t: &Tensor, peer: Peer, rank: usize) -> Result<()> {
         let end = end([&mut self.from_prev, &mut self.from_next], peer, rank)?;
@@ -139,6 +153,9 @@ pub struct Links {
     out: Outgoing,
     inc: Incoming,
     asynchronous: bool,
+    /// The next step's first queued send fails (a test hook:
+    /// [`Links::fail_next_step`]).
+    fail: bool,
 }
 
 /// A queued send: the tensor, where it goes, and its name in the trace.
@@ -197,7 +214,14 @@ impl Links {
             out: Outgoing::default(),
             inc: Incoming::default(),
             asynchronous: false,
+            fail: false,
         }
+    }
+
+    /// Makes the next step's first queued send fail as a send can (for
+    /// tests of what a failed send does: `POLYCHIP_TRAIN_FAIL_SEND_AT`).
+    pub fn fail_next_step(&mut self) {
+        self.fail = true;
     }
 
     /// Connects `roles[rank]`'s stage (on `device`) to its neighbours over
@@ -283,6 +307,7 @@ impl Links {
             return passes(&mut self.direct(), tracer);
         }
         let stop = AtomicBool::new(false);
+        let fail = std::mem::take(&mut self.fail);
         let (inc, out) = (&mut self.inc, &mut self.out);
         let (result, joined) = thread::scope(|scope| {
             let (tx, rx) = mpsc::channel::<Message>();
@@ -297,7 +322,10 @@ impl Links {
                         continue;
                     }
                     let start = now_us();
-                    let r = out.send(&t, peer, rank);
+                    let r = match fail && spans.is_empty() {
+                        true => out.fail(peer, rank),
+                        false => out.send(&t, peer, rank),
+                    };
                     spans.push(Span {
                         name,
                         cat: SENDER_CAT,
@@ -306,6 +334,12 @@ impl Links {
                     });
                     if let Err(e) = r {
                         stop.store(true, Ordering::Relaxed);
+                        // Said now: once the links close, the peers fail
+                        // and a launcher may stop this rank before its
+                        // error comes back up.
+                        eprintln!(
+                            "polychip train: {e} (the cause; closing this rank's outgoing links)"
+                        );
                         // Close this rank's outgoing links: a peer waiting
                         // for what will now never come learns it at once
                         // (its peer closed the transport), not at its

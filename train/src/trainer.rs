@@ -166,8 +166,13 @@ fn all_reduce_f32(comm: Option<&mut Communicator>, values: &mut [f32]) -> Result
 /// itself (SIGKILL, no cleanup) when it starts that 1-based step.
 pub const KILL_VAR: &str = "POLYCHIP_TRAIN_KILL_AT";
 
-fn kill_hook(rank: usize) -> Option<u64> {
-    let v = std::env::var(KILL_VAR).ok()?;
+/// `RANK:STEP`: that rank's first pipeline send of that step fails (a
+/// test hook for what a failed send does).
+pub const FAIL_SEND_VAR: &str = "POLYCHIP_TRAIN_FAIL_SEND_AT";
+
+/// The step at which a `RANK:STEP` hook in `var` is set for `rank`.
+fn step_hook(var: &str, rank: usize) -> Option<u64> {
+    let v = std::env::var(var).ok()?;
     let (r, s) = v.split_once(':')?;
     (r.trim().parse::<usize>().ok()? == rank)
         .then(|| s.trim().parse().ok())
@@ -285,7 +290,7 @@ pub fn run(opts: &Options, runtime: &Runtime, mut job: Option<&mut Job>) -> Resu
         step,
         global_batch: t.global_batch,
     };
-    let kill_at = kill_hook(rank);
+    let (kill_at, fail_send_at) = (step_hook(KILL_VAR, rank), step_hook(FAIL_SEND_VAR, rank));
     // Exporting goes through the final checkpoint; without a checkpoint
     // directory, through a staging one beside the export (on every rank the
     // same path, so that every stage's file lands there).
@@ -302,6 +307,9 @@ pub fn run(opts: &Options, runtime: &Runtime, mut job: Option<&mut Job>) -> Resu
             );
             // SAFETY: raising a signal in this process has no memory effects.
             unsafe { libc::raise(libc::SIGKILL) };
+        }
+        if fail_send_at == Some(s + 1) {
+            links.fail_next_step();
         }
         let began = Instant::now();
         if opts.record_first_step && s == start {
