@@ -11,8 +11,8 @@
 //! in the same order (last unit first) whether or not it overlaps, so a run
 //! gives the same bits either way, and ranks of one job may differ.
 //!
-//! The reducer works on its own sub-communicators (the main thread's
-//! transfers use the world's), and on the device only through host-visible
+//! The reducer works on its own sub-communicators (transfers between
+//! stages have their own: [`crate::links`]), and on the device only through host-visible
 //! memory or, for a staged device, copies on a stream of its own: the ABI
 //! asks callers to serialize one stream's calls, and the main thread keeps
 //! the default stream.
