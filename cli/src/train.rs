@@ -773,12 +773,15 @@ fn report(args: &Args, plan: &TrainPlan, s: &Summary) -> Result<(), TrainError> 
         );
     }
     if let Some(trace) = &args.trace {
-        let sim = polychip_train::simulate::simulated_trace(plan, s);
+        let (step, sim) = polychip_train::simulate::simulated(plan, s);
         let sim_path = trace.with_extension("sim.json");
         std::fs::write(&sim_path, sim.to_string()).map_err(|e| TrainError::io(&sim_path, e))?;
         println!(
-            "trace: {} (the simulator's step for this plan with the measured stage times: {})",
+            "trace: {} (the simulator's step for this plan with the measured stage times, \
+             {:.1} ms against {:.1} ms measured: {})",
             trace.display(),
+            step * 1e3,
+            s.median_step_seconds * 1e3,
             sim_path.display()
         );
     }

@@ -181,77 +181,124 @@ fn a_non_dominant_slowest_stage_can_exceed_the_analytic_time() {
     assert!((simulate(&s).step_time - 53.0).abs() < EPS);
 }
 
+/// Checks `res` is `s`'s timeline: every stage runs its 1F1B order, each
+/// operation starting as soon as its stage and its input allow (the
+/// input's transfer event has ended); a blocking stage holds for each
+/// transfer it sends, an asynchronous one is free at once and sends its
+/// transfers one after another; every transfer lasts its link's time; the
+/// all-reduce and optimizer follow; the step ends with the last of them.
+fn check_timeline(s: &Schedule, res: &SimResult) {
+    let (p, m) = (s.stages.len(), s.microbatches.max(1));
+    let transfer = |kind: EventKind, stage: usize, j: usize| {
+        res.events
+            .iter()
+            .find(|e| e.kind == kind && e.stage == stage && e.microbatch == Some(j))
+            .unwrap()
+    };
+    let mut step = 0.0f64;
+    for i in 0..p {
+        let ev = compute(res, i);
+        assert_eq!(ev.len(), 2 * m);
+        let warm = (p - i).min(m);
+        let (mut inflight, mut nf, mut nb, mut free) = (0usize, 0usize, 0usize, 0.0f64);
+        for (k, e) in ev.iter().enumerate() {
+            let j = e.microbatch.unwrap();
+            let ready = if e.kind == EventKind::Forward {
+                assert_eq!(j, nf);
+                (nf, inflight) = (nf + 1, inflight + 1);
+                match i {
+                    0 => 0.0,
+                    _ => transfer(EventKind::SendActivation, i - 1, j).end,
+                }
+            } else {
+                assert_eq!(j, nb);
+                (nb, inflight) = (nb + 1, inflight - 1);
+                match i + 1 == p {
+                    true => end_of(res, i, EventKind::Forward, j),
+                    false => transfer(EventKind::SendGradient, i + 1, j).end,
+                }
+            };
+            assert!(inflight <= warm, "stage {i} holds {inflight} > {warm}");
+            // 1F1B order: `warm` forwards, then B/F alternating, then Bs.
+            let fwd = k < warm || (k - warm) % 2 == 1 && k < 2 * m - warm;
+            assert_eq!(e.kind == EventKind::Forward, fwd, "stage {i} op {k}");
+            // No overlap, and it starts as soon as both stage and input allow.
+            assert!(e.start >= free - EPS && e.start >= ready - EPS);
+            assert!(
+                (e.start - free.max(ready)).abs() < EPS,
+                "stage {i} idles needlessly"
+            );
+            // A blocking stage waits for the transfer its operation sends.
+            let send = match e.kind {
+                EventKind::Forward if i + 1 < p => s.stages[i].send_next,
+                EventKind::Backward if i > 0 => s.stages[i - 1].send_next,
+                _ => 0.0,
+            };
+            free = e.end + if s.stages[i].sends_async { 0.0 } else { send };
+        }
+        let upd: Vec<&Event> = res
+            .events
+            .iter()
+            .filter(|e| e.stage == i && !e.kind.is_transfer() && e.microbatch.is_none())
+            .collect();
+        assert_eq!(upd.len(), 2);
+        assert!((upd[0].start - free).abs() < EPS && (upd[1].start - upd[0].end).abs() < EPS);
+        assert!((upd[1].end - upd[1].start - s.stages[i].optimizer).abs() < EPS);
+        step = step.max(upd[1].end);
+        // Stage i's transfers, in the order it produced them: each starts
+        // when its operation ends (and, asynchronous, when the one before
+        // has arrived), and lasts its link's time.
+        let mut sender_free = 0.0f64;
+        for e in res
+            .events
+            .iter()
+            .filter(|e| e.stage == i && e.kind.is_transfer())
+        {
+            let (kind, link) = match e.kind {
+                EventKind::SendActivation => (EventKind::Forward, e.stage),
+                _ => (EventKind::Backward, e.stage - 1),
+            };
+            let produced = end_of(res, e.stage, kind, e.microbatch.unwrap());
+            let start = match s.stages[i].sends_async {
+                true => produced.max(sender_free),
+                false => produced,
+            };
+            assert!(
+                (e.start - start).abs() < EPS,
+                "stage {i}: {e:?} should start at {start}"
+            );
+            assert!((e.end - e.start - s.stages[link].send_next).abs() < EPS);
+            sender_free = e.end;
+        }
+    }
+    assert!((res.step_time - step).abs() < EPS);
+}
+
 #[test]
-fn events_follow_1f1b_and_respect_every_dependency() {
+fn events_follow_1f1b_and_respect_every_dependency_with_blocking_or_queued_sends() {
     let mut r = Rng(42);
     for _ in 0..2_000 {
         let p = r.n(1, 7);
         let m = r.n(1, 12);
         let s = random(&mut r, p, m, 0.3, true);
-        let res = simulate(&s);
-        let mut step = 0.0f64;
-        for i in 0..p {
-            let ev = compute(&res, i);
-            assert_eq!(ev.len(), 2 * m);
-            let warm = (p - i).min(m);
-            let (mut inflight, mut nf, mut nb, mut free) = (0usize, 0usize, 0usize, 0.0f64);
-            for (k, e) in ev.iter().enumerate() {
-                let j = e.microbatch.unwrap();
-                let ready = if e.kind == EventKind::Forward {
-                    assert_eq!(j, nf);
-                    (nf, inflight) = (nf + 1, inflight + 1);
-                    if i == 0 {
-                        0.0
-                    } else {
-                        end_of(&res, i - 1, EventKind::Forward, j) + s.stages[i - 1].send_next
-                    }
-                } else {
-                    assert_eq!(j, nb);
-                    (nb, inflight) = (nb + 1, inflight - 1);
-                    if i + 1 == p {
-                        end_of(&res, i, EventKind::Forward, j)
-                    } else {
-                        end_of(&res, i + 1, EventKind::Backward, j) + s.stages[i].send_next
-                    }
-                };
-                assert!(inflight <= warm, "stage {i} holds {inflight} > {warm}");
-                // 1F1B order: `warm` forwards, then B/F alternating, then Bs.
-                let fwd = k < warm || (k - warm) % 2 == 1 && k < 2 * m - warm;
-                assert_eq!(e.kind == EventKind::Forward, fwd, "stage {i} op {k}");
-                // No overlap, and it starts as soon as both stage and input allow.
-                assert!(e.start >= free - EPS && e.start >= ready - EPS);
-                assert!(
-                    (e.start - free.max(ready)).abs() < EPS,
-                    "stage {i} idles needlessly"
-                );
-                // The stage waits for the transfer its operation sends.
-                let send = match e.kind {
-                    EventKind::Forward if i + 1 < p => s.stages[i].send_next,
-                    EventKind::Backward if i > 0 => s.stages[i - 1].send_next,
-                    _ => 0.0,
-                };
-                free = e.end + send;
-            }
-            let upd: Vec<&Event> = res
-                .events
-                .iter()
-                .filter(|e| e.stage == i && !e.kind.is_transfer() && e.microbatch.is_none())
-                .collect();
-            assert_eq!(upd.len(), 2);
-            assert!((upd[0].start - free).abs() < EPS && (upd[1].start - upd[0].end).abs() < EPS);
-            assert!((upd[1].end - upd[1].start - s.stages[i].optimizer).abs() < EPS);
-            step = step.max(upd[1].end);
+        let blocking = simulate(&s);
+        check_timeline(&s, &blocking);
+        // On a sender thread: the same rules, and never slower.
+        let queued = simulate(&asynchronous(&s));
+        check_timeline(&asynchronous(&s), &queued);
+        assert!(
+            queued.step_time <= blocking.step_time + EPS,
+            "p{p} m{m}: {} > {}",
+            queued.step_time,
+            blocking.step_time
+        );
+        // Free transfers: nothing for the sender to hide.
+        let mut free = s.clone();
+        for st in &mut free.stages {
+            st.send_next = 0.0;
         }
-        assert!((res.step_time - step).abs() < EPS);
-        for e in res.events.iter().filter(|e| e.kind.is_transfer()) {
-            let (kind, link) = match e.kind {
-                EventKind::SendActivation => (EventKind::Forward, e.stage),
-                _ => (EventKind::Backward, e.stage - 1),
-            };
-            let j = e.microbatch.unwrap();
-            assert!((e.start - end_of(&res, e.stage, kind, j)).abs() < EPS);
-            assert!((e.end - e.start - s.stages[link].send_next).abs() < EPS);
-        }
+        let (a, b) = (simulate(&free), simulate(&asynchronous(&free)));
+        assert!((a.step_time - b.step_time).abs() < EPS);
     }
 }
 
@@ -363,50 +410,4 @@ fn asynchronous_sends_free_the_stage_and_go_one_after_another() {
             .any(|t| c.start < t.end - EPS && t.start < c.end - EPS)
     });
     assert!(overlapped, "no compute ran while a send was in flight");
-}
-
-#[test]
-fn asynchronous_sends_are_never_slower_and_free_sends_change_nothing() {
-    let mut r = Rng(0x05ee_da5c);
-    for _ in 0..400 {
-        let p = r.n(1, 6);
-        let m = r.n(1, 12);
-        let tail = r.f() < 0.5;
-        let s = random(&mut r, p, m, 0.6, tail);
-        let (blocking, queued) = (simulate(&s), simulate(&asynchronous(&s)));
-        assert!(
-            queued.step_time <= blocking.step_time + EPS,
-            "p{p} m{m}: {} > {}",
-            queued.step_time,
-            blocking.step_time
-        );
-        // Every dependency still holds: a forward after its activation's
-        // arrival, a backward after its gradient's.
-        for e in queued.events.iter().filter(|e| !e.kind.is_transfer()) {
-            let (Some(j), i) = (e.microbatch, e.stage) else {
-                continue;
-            };
-            let arrival = |kind: EventKind, from: usize| {
-                queued
-                    .events
-                    .iter()
-                    .find(|t| t.kind == kind && t.stage == from && t.microbatch == Some(j))
-                    .map(|t| t.end)
-            };
-            let need = match e.kind {
-                EventKind::Forward if i > 0 => arrival(EventKind::SendActivation, i - 1),
-                EventKind::Backward if i + 1 < p => arrival(EventKind::SendGradient, i + 1),
-                _ => None,
-            };
-            if let Some(t) = need {
-                assert!(e.start >= t - EPS, "p{p} m{m}: {e:?} before {t}");
-            }
-        }
-        let mut free = s.clone();
-        for st in &mut free.stages {
-            st.send_next = 0.0;
-        }
-        let (a, b) = (simulate(&free), simulate(&asynchronous(&free)));
-        assert!((a.step_time - b.step_time).abs() < EPS);
-    }
 }

@@ -109,20 +109,34 @@ fn end(ends: [&mut Option<End>; 2], peer: Peer, rank: usize) -> Result<&mut End>
     })
 }
 
-impl Outgoing {
-    fn send(&mut self, t: &Tensor, peer: Peer, rank: usize) -> Result<()> {
-        let end = end([&mut self.to_prev, &mut self.to_next], peer, rank)?;
-        let mut dc = DeviceComm::with_pool(&mut end.comm, std::mem::take(&mut self.pool));
-        if let Some(s) = &self.stream {
+impl End {
+    /// Runs `f(comm, peer)` on this link's communicator, staging through
+    /// `pool`, a staged device's copies on `stream` when given; an error
+    /// names the link in world ranks.
+    fn transfer(
+        &mut self,
+        pool: &mut StagingPool,
+        stream: Option<&Stream>,
+        f: impl FnOnce(&mut DeviceComm<'_>, usize) -> polychip_comm::Result<()>,
+    ) -> Result<()> {
+        let mut dc = DeviceComm::with_pool(&mut self.comm, std::mem::take(pool));
+        if let Some(s) = stream {
             dc = dc.on_stream(s);
         }
-        let r = dc.send(t, end.peer);
-        self.pool = dc.into_pool();
-        r.map_err(|e| end.error(e))
+        let r = f(&mut dc, self.peer);
+        *pool = dc.into_pool();
+        r.map_err(|e| self.error(e))
     }
 }
 
 impl Outgoing {
+    fn send(&mut self, t: &Tensor, peer: Peer, rank: usize) -> Result<()> {
+        let end = end([&mut self.to_prev, &mut self.to_next], peer, rank)?;
+        end.transfer(&mut self.pool, self.stream.as_ref(), |dc, to| {
+            dc.send(t, to)
+        })
+    }
+
     /// What a send to `peer` that failed on purpose returns (the test hook
     /// of [`Links::fail_next_step`]).
     fn fail(&mut self, peer: Peer, rank: usize) -> Result<()> {
@@ -139,10 +153,7 @@ impl Outgoing {
 impl Incoming {
     fn recv(&mut self, t: &Tensor, peer: Peer, rank: usize) -> Result<()> {
         let end = end([&mut self.from_prev, &mut self.from_next], peer, rank)?;
-        let mut dc = DeviceComm::with_pool(&mut end.comm, std::mem::take(&mut self.pool));
-        let r = dc.recv(t, end.peer);
-        self.pool = dc.into_pool();
-        r.map_err(|e| end.error(e))
+        end.transfer(&mut self.pool, None, |dc, from| dc.recv(t, from))
     }
 }
 

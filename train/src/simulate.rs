@@ -37,16 +37,13 @@ pub fn measured_schedule(plan: &TrainPlan, s: &Summary) -> Schedule {
     }
 }
 
-/// The simulated step time of [`measured_schedule`], seconds.
-pub fn simulated_step_seconds(plan: &TrainPlan, s: &Summary) -> f64 {
-    sim::simulate(&measured_schedule(plan, s)).step_time
-}
-
-/// A Chrome trace of [`measured_schedule`]'s simulated step.
-pub fn simulated_trace(plan: &TrainPlan, s: &Summary) -> Value {
+/// The simulated step of [`measured_schedule`]: its time in seconds, and
+/// its Chrome trace.
+pub fn simulated(plan: &TrainPlan, s: &Summary) -> (f64, Value) {
     let schedule = measured_schedule(plan, s);
     let names: Vec<String> = schedule.stages.iter().map(|t| t.name.clone()).collect();
-    sim::chrome_trace(&sim::simulate(&schedule), &names)
+    let result = sim::simulate(&schedule);
+    (result.step_time, sim::chrome_trace(&result, &names))
 }
 
 #[cfg(test)]
@@ -69,7 +66,7 @@ mod tests {
             }],
             ..Summary::default()
         };
-        let step = simulated_step_seconds(&plan, &summary);
+        let (step, _) = simulated(&plan, &summary);
         assert!((step - (4.0 * 3e-3 + 3e-3 + 5e-3)).abs() < 1e-12, "{step}");
     }
 }

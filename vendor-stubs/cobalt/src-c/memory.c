@@ -370,12 +370,8 @@ static PolychipError *copy_prologue(const char *what, uint32_t device, const Pol
     return error;
 }
 
-static PolychipError *copy_h2d(uint32_t device, PolychipStream *stream, void *dst,
-                               const void *src, uint64_t bytes) {
-    PolychipError *error = copy_prologue("memcpy_h2d", device, stream, dst, src, bytes);
-    if (error != NULL || bytes == 0) {
-        return error;
-    }
+/* The copy itself: the arguments have passed copy_prologue, and bytes > 0. */
+static PolychipError *copy_h2d(uint32_t device, void *dst, const void *src, uint64_t bytes) {
     if (overlaps_an_arena((uintptr_t)src, bytes)) {
         return cobalt_error(POLYCHIP_ERROR_INVALID_ARGUMENT,
                             "cobalt: memcpy_h2d: src %p is a cobalt device address, not host memory; "
@@ -384,7 +380,8 @@ static PolychipError *copy_h2d(uint32_t device, PolychipStream *stream, void *ds
     }
     uint8_t *arena_base;
     uint64_t offset;
-    error = cobalt_check_range(device, "memcpy_h2d: dst", (uintptr_t)dst, bytes, &arena_base, &offset);
+    PolychipError *error =
+        cobalt_check_range(device, "memcpy_h2d: dst", (uintptr_t)dst, bytes, &arena_base, &offset);
     if (error != NULL) {
         return error;
     }
@@ -392,12 +389,8 @@ static PolychipError *copy_h2d(uint32_t device, PolychipStream *stream, void *ds
     return NULL;
 }
 
-static PolychipError *copy_d2h(uint32_t device, PolychipStream *stream, void *dst,
-                               const void *src, uint64_t bytes) {
-    PolychipError *error = copy_prologue("memcpy_d2h", device, stream, dst, src, bytes);
-    if (error != NULL || bytes == 0) {
-        return error;
-    }
+/* The copy itself: the arguments have passed copy_prologue, and bytes > 0. */
+static PolychipError *copy_d2h(uint32_t device, void *dst, const void *src, uint64_t bytes) {
     if (overlaps_an_arena((uintptr_t)dst, bytes)) {
         return cobalt_error(POLYCHIP_ERROR_INVALID_ARGUMENT,
                             "cobalt: memcpy_d2h: dst %p is a cobalt device address, not host memory; "
@@ -406,7 +399,8 @@ static PolychipError *copy_d2h(uint32_t device, PolychipStream *stream, void *ds
     }
     uint8_t *arena_base;
     uint64_t offset;
-    error = cobalt_check_range(device, "memcpy_d2h: src", (uintptr_t)src, bytes, &arena_base, &offset);
+    PolychipError *error =
+        cobalt_check_range(device, "memcpy_d2h: src", (uintptr_t)src, bytes, &arena_base, &offset);
     if (error != NULL) {
         return error;
     }
@@ -414,16 +408,12 @@ static PolychipError *copy_d2h(uint32_t device, PolychipStream *stream, void *ds
     return NULL;
 }
 
-static PolychipError *copy_d2d(uint32_t device, PolychipStream *stream, void *dst,
-                               const void *src, uint64_t bytes) {
-    PolychipError *error = copy_prologue("memcpy_d2d", device, stream, dst, src, bytes);
-    if (error != NULL || bytes == 0) {
-        return error;
-    }
+/* The copy itself: the arguments have passed copy_prologue, and bytes > 0. */
+static PolychipError *copy_d2d(uint32_t device, void *dst, const void *src, uint64_t bytes) {
     uint8_t *arena_base;
     uint64_t src_offset;
     uint64_t dst_offset;
-    error = cobalt_check_range(device, "memcpy_d2d: src", (uintptr_t)src, bytes, &arena_base,
+    PolychipError *error = cobalt_check_range(device, "memcpy_d2d: src", (uintptr_t)src, bytes, &arena_base,
                                &src_offset);
     if (error == NULL) {
         error = cobalt_check_range(device, "memcpy_d2d: dst", (uintptr_t)dst, bytes, &arena_base,
@@ -452,18 +442,18 @@ static PolychipError *copy_d2d(uint32_t device, PolychipStream *stream, void *ds
 
 /* The copies as the plugin exports them: each holds its stream for the
  * copy (strict streams; see cobalt_stream_enter). */
-typedef PolychipError *(*copy_fn)(uint32_t, PolychipStream *, void *, const void *, uint64_t);
+typedef PolychipError *(*copy_fn)(uint32_t, void *, const void *, uint64_t);
 
 static PolychipError *claimed(copy_fn copy, const char *what, uint32_t device, PolychipStream *stream,
                               void *dst, const void *src, uint64_t bytes) {
     PolychipError *error = copy_prologue(what, device, stream, dst, src, bytes);
-    if (error == NULL) {
+    if (error == NULL && bytes > 0) {
         error = cobalt_stream_enter(device, stream, what);
     }
-    if (error != NULL) {
+    if (error != NULL || bytes == 0) {
         return error;
     }
-    error = copy(device, stream, dst, src, bytes);
+    error = copy(device, dst, src, bytes);
     cobalt_stream_leave(device, stream);
     return error;
 }
