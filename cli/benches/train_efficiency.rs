@@ -5,7 +5,8 @@
 //! data-parallel-only plan (DP across two types; again with the optimizer
 //! step unsharded, `--no-shard-optimizer`, and with the gradient reduction
 //! after the backward pass, `--reduce-after-backward`, for the A/Bs; the
-//! pipeline again with blocking sends, `--blocking-sends`) and best plan;
+//! pipeline again with blocking sends, `--blocking-sends`, and under the
+//! zero-bubble schedule, `--schedule zero-bubble`) and best plan;
 //! efficiency = mixed tokens/s over the sum of the alone tokens/s. With the
 //! OpenCL plugin built beside the binary and an OpenCL device present (PoCL
 //! here), also OpenCL alone and PP and DP across the three vendors (three
@@ -114,7 +115,7 @@ const ALONE: [Config; 3] = [
     },
 ];
 
-const MIXED: [Config; 8] = [
+const MIXED: [Config; 9] = [
     Config {
         name: "PP ferrite+cobalt",
         plan: "auto-pp",
@@ -171,6 +172,18 @@ const MIXED: [Config; 8] = [
         alone: TWO,
         opencl: false,
         same_plan_as: Some("PP ferrite+cobalt"),
+    },
+    // The pipeline under the zero-bubble schedule (`--schedule
+    // zero-bubble`), planned for it.
+    Config {
+        name: "PP zero-bubble ferrite+cobalt",
+        plan: "auto-pp",
+        devices: "ferrite:0,cobalt:0",
+        cores: "0,1",
+        extra: &["--schedule", "zero-bubble"],
+        alone: TWO,
+        opencl: false,
+        same_plan_as: None,
     },
     Config {
         name: "best ferrite+cobalt",

@@ -16,6 +16,7 @@ use std::process::ExitCode;
 
 use polychip_comm::launch::{LaunchOptions, launch};
 use polychip_host::{Device, Runtime};
+use polychip_planner::schedule::PipelineSchedule;
 use polychip_train::config::{ModelConfig, Precision, TrainConfig};
 use polychip_train::data::Corpus;
 use polychip_train::plan::TrainPlan;
@@ -160,6 +161,12 @@ pub struct Args {
     /// way; this is for comparison.
     #[arg(long)]
     blocking_sends: bool,
+    /// The pipeline schedule: `1f1b`, or `zero-bubble`, which sends each
+    /// input gradient before computing the weights' gradients and runs
+    /// deeper warm-up, so that a stage waits less (it keeps more
+    /// activations, and needs queued sends). The results are the same bits.
+    #[arg(long, default_value = "1f1b", value_name = "SCHEDULE")]
+    schedule: PipelineSchedule,
     /// Internal: the resolved plan (JSON) handed to the ranks.
     #[arg(long, hide = true, value_name = "FILE")]
     resolved_plan: Option<PathBuf>,
@@ -280,6 +287,7 @@ fn resolve_plan(
     if let Some(p) = &args.resolved_plan {
         return TrainPlan::load(p);
     }
+    trainer::check_schedule(args.schedule, !args.blocking_sends)?;
     let (mbs, copies) = (micro_batch_size(args), copies(args));
     let per_replica = t.global_batch / copies;
     let micro = |what: &str| -> Result<usize, TrainError> {
@@ -313,6 +321,7 @@ fn resolve_plan(
                 shard_optimizer: !args.no_shard_optimizer,
                 overlap_reduction: !args.reduce_after_backward,
                 async_sends: !args.blocking_sends,
+                schedule: args.schedule,
             };
             let (plan, found, profiles) =
                 auto::auto_plan(model, t, &devices, mode, choices, pinned)?;
@@ -437,7 +446,7 @@ fn train(args: &Args) -> Result<ExitCode, TrainError> {
                 .iter()
                 .find(|d| trainer::device_name(d) == r.device)
                 .expect("roles name present devices");
-            memory::check_role(&model, t.precision, r, d)?;
+            memory::check_role(&model, t.precision, r, args.schedule, d)?;
         }
         if plan.world_size() > 1 {
             return relaunch(&plan);
@@ -465,6 +474,7 @@ fn train(args: &Args) -> Result<ExitCode, TrainError> {
         record_first_step: args.autocompare,
         overlap_reduction: !args.reduce_after_backward,
         async_sends: !args.blocking_sends,
+        schedule: args.schedule,
     };
     let rank = job.as_ref().map_or(0, |j| j.rank());
     if let Some(j) = &job {

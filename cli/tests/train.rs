@@ -5,7 +5,7 @@
 //! a corrupt or mismatched checkpoint, a rank that dies.
 
 mod common;
-use common::{max_diff, polychip_env};
+use common::{max_diff, polychip, polychip_env};
 
 use std::path::{Path, PathBuf};
 
@@ -542,6 +542,10 @@ fn the_overlapped_reduction_gives_the_same_bits_and_starts_inside_the_backward_p
         let after = run("after", &["--reduce-after-backward"]);
         // The same buckets in the same order: the same sums, bit for bit.
         assert_eq!(overlapped, after, "{precision}");
+        // The pipeline's last stage splits its backward passes: the last
+        // one's weights' gradients start the reduction.
+        let split = run("zero-bubble", &["--schedule", "zero-bubble"]);
+        assert_eq!(overlapped, split, "{precision}");
     }
     // Each rank's buckets run on the reducer's row; in every step, rank
     // 0's first bucket (the head's end of the model) starts before its
@@ -608,6 +612,10 @@ fn the_sender_thread_gives_the_same_bits_and_draws_its_own_row() {
         let blocking = run(&format!("{precision}-blocking"), &["--blocking-sends"]);
         // The same messages in the same order on every link.
         assert_eq!(queued, blocking, "{precision}");
+        // Split backward passes and deeper warm-up: the same operators on
+        // the same tensors, each gradient accumulated in the same order.
+        let split = run(&format!("{precision}-zb"), &["--schedule", "zero-bubble"]);
+        assert_eq!(queued, split, "{precision}");
     }
     let events = |tag: &str| -> Vec<serde_json::Value> {
         let v: serde_json::Value =
@@ -650,7 +658,61 @@ fn the_sender_thread_gives_the_same_bits_and_draws_its_own_row() {
     let middle = sends(&queued, 1);
     assert!(middle.iter().any(|(n, ..)| n.starts_with("send act")));
     assert!(middle.iter().any(|(n, ..)| n.starts_with("send grad")));
+    // Zero bubble: the stages that send gradients run each micro-batch's
+    // weights' gradients after queueing its input's; the first stage does
+    // not split. Stage 0 runs 4 forward passes before its first backward.
+    let zb = events("f32-zb");
+    let named = |pid: u64, prefix: &str| -> Vec<(String, f64)> {
+        let mut v: Vec<(String, f64)> = zb
+            .iter()
+            .filter(|e| e["pid"] == pid && e["ph"] == "X" && e["tid"] != 2)
+            .filter(|e| e["name"].as_str().unwrap().starts_with(prefix))
+            .map(|e| {
+                (
+                    e["name"].as_str().unwrap().to_string(),
+                    e["ts"].as_f64().unwrap(),
+                )
+            })
+            .collect();
+        v.sort_by(|a, b| a.1.total_cmp(&b.1));
+        v
+    };
+    assert!(named(0, "W").is_empty());
+    for pid in [1, 2] {
+        let w = named(pid, "W");
+        // Three steps of 4 micro-batches (global batch 8, micro-batches of 2).
+        assert_eq!(w.len(), 12, "rank {pid}: {w:?}");
+        assert!(
+            zb.iter()
+                .filter(|e| e["pid"] == pid && e["name"].as_str().unwrap().starts_with('W'))
+                .all(|e| e["cat"] == "weights")
+        );
+    }
+    let passes: Vec<String> = named(0, "")
+        .into_iter()
+        .map(|(n, _)| n)
+        .filter(|n| n.starts_with('F') || n.starts_with('B'))
+        .take(5)
+        .collect();
+    assert_eq!(passes, ["F0", "F1", "F2", "F3", "B0"], "rank 0");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn the_zero_bubble_schedule_refuses_blocking_sends_before_profiling() {
+    let (code, _, err) = polychip(
+        &[
+            &COMMON[..],
+            &["--plan", "auto-pp", "--devices", "ferrite:0,cobalt:0"],
+            &["--schedule", "zero-bubble", "--blocking-sends"],
+        ]
+        .concat(),
+    );
+    assert_ne!(code, Some(0));
+    assert!(
+        err.contains("zero-bubble schedule needs queued sends") && !err.contains("profil"),
+        "{err}"
+    );
 }
 
 #[test]

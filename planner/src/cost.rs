@@ -784,6 +784,7 @@ pub fn analytic_stage_timing(
         dp_allreduce,
         optimizer: optimizer_time(settings, chip, params, stage.dp),
         sends_async: false,
+        weight_grad: 0.0,
     }
 }
 

@@ -22,7 +22,7 @@
 //!   the speedup ratio (`polychip train --device` runs it).
 
 use crate::overlap;
-use crate::schedule::{Schedule, StageTiming};
+use crate::schedule::{PipelineSchedule, Schedule, StageTiming};
 use crate::sim;
 
 /// One device and its measured costs per micro-batch, seconds.
@@ -49,6 +49,12 @@ pub struct MeasuredDevice {
     pub head_backward: f64,
     /// Optimizer step (with clipping) per parameter.
     pub optimizer_per_param: f64,
+    /// The weights' gradients' part of `block_backward` (0: not measured),
+    /// which the zero-bubble schedule runs after the send; a half block's
+    /// share is its share of the block's parameters.
+    pub block_weight_grad: f64,
+    /// The weights' gradients' part of `head_backward` (0: not measured).
+    pub head_weight_grad: f64,
 }
 
 /// The model as the search needs it.
@@ -84,6 +90,8 @@ pub struct MeasuredModel {
     /// that sends them one after another (`polychip train`'s default);
     /// otherwise a stage waits for each of its transfers.
     pub async_sends: bool,
+    /// The pipelines' schedule.
+    pub schedule: PipelineSchedule,
 }
 
 /// Which layouts to consider. Every layout uses every device: the
@@ -303,6 +311,13 @@ fn pipeline_time(
                     .collect();
                 dp_allreduce = overlap::exposed_reduction_of_units(dp_allreduce, b, &bytes);
             }
+            let block_share = |params: u64| params as f64 / model.block_params.max(1) as f64;
+            let mut weight_grad = d.block_weight_grad
+                * (attention as f64 * block_share(model.attention_params)
+                    + ffn as f64 * block_share(model.block_params - model.attention_params));
+            if head {
+                weight_grad += d.head_weight_grad;
+            }
             StageTiming {
                 name: d.name.clone(),
                 forward: f,
@@ -311,12 +326,14 @@ fn pipeline_time(
                 dp_allreduce,
                 optimizer: params as f64 * d.optimizer_per_param,
                 sends_async: model.async_sends,
+                weight_grad: weight_grad.min(b),
             }
         })
         .collect();
     sim::simulate(&Schedule {
         stages: timings,
         microbatches: m,
+        pipeline: model.schedule,
     })
     .step_time
 }
@@ -408,10 +425,10 @@ pub fn search(
                             to: split[i],
                         })
                         .collect();
-                    let ok = stages
-                        .iter()
-                        .enumerate()
-                        .all(|(i, s)| fits(s.device, Span::of(s, i, k), (k - i).min(m)));
+                    let ok = stages.iter().enumerate().all(|(i, s)| {
+                        let in_flight = model.schedule.in_flight(i, k, m);
+                        fits(s.device, Span::of(s, i, k), in_flight)
+                    });
                     if !ok {
                         continue;
                     }
@@ -686,6 +703,8 @@ mod tests {
             head_forward: head / 3.0,
             head_backward: 2.0 * head / 3.0,
             optimizer_per_param: 0.0,
+            block_weight_grad: block / 3.0,
+            head_weight_grad: head / 3.0,
         }
     }
 
@@ -704,6 +723,7 @@ mod tests {
             shard_optimizer: true,
             overlap_reduction: true,
             async_sends: true,
+            schedule: PipelineSchedule::OneFOneB,
         }
     }
 

@@ -77,6 +77,7 @@ impl Replica {
         Schedule {
             stages: self.stages.iter().map(|s| s.timing.clone()).collect(),
             microbatches: self.micro_batches as usize,
+            pipeline: Default::default(),
         }
     }
 

@@ -125,6 +125,10 @@ impl ProfileEntry {
             head_forward: head.forward,
             head_backward: head.backward,
             optimizer_per_param: self.optimizer_per_param.unwrap_or(0.0),
+            // Profile files give whole backward passes: the cluster
+            // planner prices 1F1B (Megatron-LM's, DeepSpeed's) pipelines.
+            block_weight_grad: 0.0,
+            head_weight_grad: 0.0,
         }
     }
 

@@ -26,6 +26,73 @@ pub struct StageTiming {
     /// transfer has arrived; see [`crate::sim`].
     #[serde(default)]
     pub sends_async: bool,
+    /// The part of `backward` that computes the weights' gradients, which
+    /// the zero-bubble schedule runs after sending the input's gradient
+    /// (0: not known, the backward pass is not split).
+    #[serde(default)]
+    pub weight_grad: f64,
+}
+
+/// The order of a pipeline stage's passes (see [`crate::sim`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PipelineSchedule {
+    /// Non-interleaved one forward, one backward (PipeDream-Flush,
+    /// Megatron-LM, DeepSpeed).
+    #[default]
+    #[serde(rename = "1f1b")]
+    OneFOneB,
+    /// After ZB-H2 (Qi et al., "Zero Bubble Pipeline Parallelism", 2024):
+    /// a stage that sends gradients splits each backward pass, sends the
+    /// input's gradient, then computes the weights'; and stage `i` of `p`
+    /// runs `min(2 (p - i - 1), m)` forward passes before the steady
+    /// phase's first (1F1B: `min(p - i - 1, m)`). `polychip train
+    /// --schedule zero-bubble`.
+    ZeroBubble,
+}
+
+impl PipelineSchedule {
+    /// The name on the command line and in files.
+    pub fn name(self) -> &'static str {
+        match self {
+            PipelineSchedule::OneFOneB => "1f1b",
+            PipelineSchedule::ZeroBubble => "zero-bubble",
+        }
+    }
+
+    /// Forward passes stage `stage` of `stages` runs before its steady
+    /// phase of one forward and one backward pass (of `m` micro-batches):
+    /// before its first backward pass it runs one more.
+    pub fn warm_up(self, stage: usize, stages: usize, m: usize) -> usize {
+        let depth = stages - stage - 1;
+        match self {
+            PipelineSchedule::OneFOneB => depth.min(m),
+            PipelineSchedule::ZeroBubble => (2 * depth).min(m),
+        }
+    }
+
+    /// The micro-batches whose activations stage `stage` of `stages` holds
+    /// at most (of `m`): those it has run forward before its first
+    /// backward pass, and under a split one more, whose weights'
+    /// gradients still hold its inputs and output gradients.
+    pub fn in_flight(self, stage: usize, stages: usize, m: usize) -> usize {
+        let split = self == PipelineSchedule::ZeroBubble && stage > 0;
+        (self.warm_up(stage, stages, m) + 1).min(m) + usize::from(split)
+    }
+}
+
+impl std::str::FromStr for PipelineSchedule {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "1f1b" => Ok(PipelineSchedule::OneFOneB),
+            "zero-bubble" => Ok(PipelineSchedule::ZeroBubble),
+            _ => Err(format!(
+                "unknown pipeline schedule `{s}`: expected 1f1b or zero-bubble"
+            )),
+        }
+    }
 }
 
 /// One pipeline's step: its stages in order and the micro-batch count.
@@ -35,6 +102,9 @@ pub struct Schedule {
     pub stages: Vec<StageTiming>,
     /// Micro-batches per step (`m`).
     pub microbatches: usize,
+    /// The order of each stage's passes.
+    #[serde(default)]
+    pub pipeline: PipelineSchedule,
 }
 
 impl Schedule {
@@ -71,6 +141,7 @@ mod tests {
             dp_allreduce: 0.0,
             optimizer: 0.0,
             sends_async: false,
+            weight_grad: 0.0,
         }
     }
 
@@ -82,6 +153,7 @@ mod tests {
         let s = Schedule {
             stages: (0..p).map(|_| stage(t / 3.0, 2.0 * t / 3.0)).collect(),
             microbatches: m,
+            pipeline: Default::default(),
         };
         let time = s.analytic_step_time();
         assert!((time - (m + p - 1) as f64 * t).abs() < 1e-12);

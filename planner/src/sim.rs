@@ -1,10 +1,15 @@
 //! A discrete-event simulator of one training step of one pipeline under the
-//! non-interleaved 1F1B schedule (PipeDream-Flush, Megatron-LM), with unequal
-//! stages, and a writer of its timeline in the Chrome trace-event format.
+//! non-interleaved 1F1B schedule (PipeDream-Flush, Megatron-LM) or the
+//! zero-bubble one ([`PipelineSchedule`]), with unequal stages, and a
+//! writer of its timeline in the Chrome trace-event format.
 //!
 //! Model. Stage `i` (0-based) of `p` runs `w_i = min(p - i, m)` warm-up
-//! forwards, then alternates backward and forward (steady state), then drains
-//! the remaining backwards; its order is fixed. An operation starts when its
+//! forwards (zero bubble: `min(2 (p - i) - 1, m)`), then alternates backward
+//! and forward (steady state), then drains the remaining backwards; its
+//! order is fixed. Under the zero-bubble schedule a stage `i > 0` splits
+//! each backward pass: the input's gradient (`backward - weight_grad`),
+//! sent as soon as it is done, then the weights' (`weight_grad`), before
+//! the stage's next pass. An operation starts when its
 //! stage is free and its dependency has arrived: the forward of micro-batch
 //! `j` on stage `i` waits for that forward on stage `i - 1` plus
 //! `send_next[i - 1]`; the backward of `j` on stage `i` waits for that
@@ -21,13 +26,14 @@
 //! `sends_async` is set (`polychip train`'s sender thread) is free at once
 //! instead; its transfers go one after another, each starting when the
 //! stage has produced it and the previous one has arrived. Links have no
-//! bandwidth contention, and two stages' sends on one link may overlap. Since each stage's order is fixed and nothing else is
-//! shared, resolving operations in dependency order (each start is `max(stage
-//! free, dependency arrival)`) gives exactly the timeline that a time-ordered
-//! event queue would. `m = 0` is treated as one micro-batch, as in
+//! bandwidth contention, and two stages' sends on one link may overlap.
+//! Since each stage's order is fixed and nothing else is shared,
+//! resolving operations in dependency order (each start is `max(stage
+//! free, dependency arrival)`) gives exactly the timeline that a
+//! time-ordered event queue would. `m = 0` is treated as one micro-batch, as in
 //! [`Schedule::analytic_step_time`].
 
-use crate::schedule::Schedule;
+use crate::schedule::{PipelineSchedule, Schedule};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
@@ -36,8 +42,11 @@ use serde_json::{Value, json};
 pub enum EventKind {
     /// A micro-batch's forward on a stage.
     Forward,
-    /// A micro-batch's backward on a stage.
+    /// A micro-batch's backward on a stage (under a split, the input's
+    /// gradient).
     Backward,
+    /// The weights' gradients of a split backward pass.
+    WeightGrad,
     /// Activations sent from `stage` to `stage + 1`.
     SendActivation,
     /// The activation gradient sent from `stage` back to `stage - 1`.
@@ -54,6 +63,7 @@ impl EventKind {
         match self {
             Self::Forward => "forward",
             Self::Backward => "backward",
+            Self::WeightGrad => "weight gradients",
             Self::SendActivation => "send activation",
             Self::SendGradient => "send gradient",
             Self::AllReduce => "dp all-reduce",
@@ -102,25 +112,51 @@ pub struct SimResult {
     pub events: Vec<Event>,
 }
 
-/// The fixed 1F1B order of stage `i` of `p`: `(is_backward, micro-batch)`.
-pub fn stage_order(i: usize, p: usize, m: usize) -> Vec<(bool, usize)> {
-    let warm = (p - i).min(m);
-    let mut ops: Vec<(bool, usize)> = (0..warm).map(|j| (false, j)).collect();
+/// One pass in a stage's order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pass {
+    /// The forward pass.
+    Forward,
+    /// The backward pass: the whole of it, or under a split the input's
+    /// gradient (after which the stage sends it).
+    Backward,
+    /// The weights' gradients of a split backward pass.
+    Weights,
+}
+
+/// The fixed order of stage `i` of `p` under `schedule`: `(pass,
+/// micro-batch)`. A backward pass is split ([`Pass::Weights`] after it)
+/// under the zero-bubble schedule on every stage but the first, which
+/// sends no gradient.
+pub fn stage_order(i: usize, p: usize, m: usize, schedule: PipelineSchedule) -> Vec<(Pass, usize)> {
+    let warm = (schedule.warm_up(i, p, m) + 1).min(m);
+    let split = splits_backward(schedule, i);
+    let mut ops: Vec<(Pass, usize)> = (0..warm).map(|j| (Pass::Forward, j)).collect();
     for k in 0..m {
-        ops.push((true, k));
+        ops.push((Pass::Backward, k));
+        if split {
+            ops.push((Pass::Weights, k));
+        }
         if warm + k < m {
-            ops.push((false, warm + k));
+            ops.push((Pass::Forward, warm + k));
         }
     }
     ops
 }
 
-/// Simulates one step of `schedule` under 1F1B (see the module docs).
+/// Whether stage `i` splits its backward passes under `schedule`.
+fn splits_backward(schedule: PipelineSchedule, i: usize) -> bool {
+    schedule == PipelineSchedule::ZeroBubble && i > 0
+}
+
+/// Simulates one step of `schedule` (see the module docs).
 pub fn simulate(schedule: &Schedule) -> SimResult {
     let st = &schedule.stages;
     let p = st.len();
     let m = schedule.microbatches.max(1);
-    let orders: Vec<Vec<(bool, usize)>> = (0..p).map(|i| stage_order(i, p, m)).collect();
+    let orders: Vec<Vec<(Pass, usize)>> = (0..p)
+        .map(|i| stage_order(i, p, m, schedule.pipeline))
+        .collect();
     let mut next = vec![0usize; p];
     let mut free = vec![0.0f64; p];
     let mut fwd_end = vec![vec![None::<f64>; m]; p];
@@ -130,24 +166,28 @@ pub fn simulate(schedule: &Schedule) -> SimResult {
     let mut arrive_bwd = vec![vec![None::<f64>; m]; p];
     // When each stage's sender thread is next free (asynchronous sends).
     let mut sender_free = vec![0.0f64; p];
-    let mut events = Vec::with_capacity(p * m * 4 + 2 * p);
+    let mut events = Vec::with_capacity(p * m * 5 + 2 * p);
     let mut progress = true;
     while progress {
         progress = false;
         for i in 0..p {
-            while let Some(&(backward, j)) = orders[i].get(next[i]) {
-                let ready = match (backward, i) {
-                    (false, 0) => Some(0.0),
-                    (false, _) => arrive_fwd[i - 1][j],
-                    (true, _) if i + 1 == p => fwd_end[i][j],
-                    (true, _) => arrive_bwd[i + 1][j],
+            while let Some(&(pass, j)) = orders[i].get(next[i]) {
+                let split = splits_backward(schedule.pipeline, i);
+                let ready = match (pass, i) {
+                    (Pass::Forward, 0) => Some(0.0),
+                    (Pass::Forward, _) => arrive_fwd[i - 1][j],
+                    // Right after its backward pass, in the stage's order.
+                    (Pass::Weights, _) => Some(0.0),
+                    (Pass::Backward, _) if i + 1 == p => fwd_end[i][j],
+                    (Pass::Backward, _) => arrive_bwd[i + 1][j],
                 };
                 let Some(ready) = ready else { break };
                 let start = free[i].max(ready);
-                let (kind, dur) = if backward {
-                    (EventKind::Backward, st[i].backward)
-                } else {
-                    (EventKind::Forward, st[i].forward)
+                let weights = if split { st[i].weight_grad } else { 0.0 };
+                let (kind, dur) = match pass {
+                    Pass::Forward => (EventKind::Forward, st[i].forward),
+                    Pass::Backward => (EventKind::Backward, st[i].backward - weights),
+                    Pass::Weights => (EventKind::WeightGrad, weights),
                 };
                 let end = start + dur;
                 free[i] = end;
@@ -158,15 +198,15 @@ pub fn simulate(schedule: &Schedule) -> SimResult {
                     start,
                     end,
                 });
-                if !backward {
+                if pass == Pass::Forward {
                     fwd_end[i][j] = Some(end);
                 }
-                let send = if backward && i > 0 {
-                    Some((EventKind::SendGradient, st[i - 1].send_next))
-                } else if !backward {
-                    (i + 1 < p).then_some((EventKind::SendActivation, st[i].send_next))
-                } else {
-                    None
+                let send = match pass {
+                    Pass::Backward if i > 0 => Some((EventKind::SendGradient, st[i - 1].send_next)),
+                    Pass::Forward if i + 1 < p => {
+                        Some((EventKind::SendActivation, st[i].send_next))
+                    }
+                    _ => None,
                 };
                 if let Some((kind, lat)) = send {
                     let from = match st[i].sends_async {
@@ -201,7 +241,7 @@ pub fn simulate(schedule: &Schedule) -> SimResult {
     }
     debug_assert!(
         (0..p).all(|i| next[i] == orders[i].len()),
-        "1F1B deadlocked"
+        "the schedule deadlocked"
     );
     let mut step_time = 0.0f64;
     for (i, s) in st.iter().enumerate() {
@@ -266,7 +306,9 @@ pub fn chrome_trace(result: &SimResult, names: &[String]) -> Value {
         let (tid, cat) = match e.kind {
             EventKind::SendActivation => (p + e.stage, "transfer"),
             EventKind::SendGradient => (p + e.stage - 1, "transfer"),
-            EventKind::Forward | EventKind::Backward => (e.stage, "compute"),
+            EventKind::Forward | EventKind::Backward | EventKind::WeightGrad => {
+                (e.stage, "compute")
+            }
             EventKind::AllReduce | EventKind::Optimizer => (e.stage, "update"),
         };
         let name = match e.microbatch {

@@ -14,6 +14,7 @@ use polychip_host::Device;
 use polychip_planner::measured::{
     self, Layouts, MeasuredDevice, MeasuredModel, MeasuredPlan, SizedCosts,
 };
+use polychip_planner::schedule::PipelineSchedule;
 
 use crate::config::{ModelConfig, TrainConfig};
 use crate::error::{Result, TrainError};
@@ -46,10 +47,12 @@ impl Profile {
     }
 }
 
-/// Median forward and backward seconds of a micro-batch through `stage`,
-/// and the device bytes its forward keeps for the backward (what the host
-/// holds after the forward less before it).
-fn time_passes(stage: &Stage, b: usize, reps: usize) -> Result<(f64, f64, u64)> {
+/// Median seconds of a micro-batch through `stage`: its forward pass, its
+/// backward pass's input gradients and its weights' gradients (timed
+/// apart, as the zero-bubble schedule runs them; together the backward
+/// pass), and the device bytes its forward keeps for the backward (what
+/// the host holds after the forward less before it).
+fn time_passes(stage: &Stage, b: usize, reps: usize) -> Result<(f64, f64, f64, u64)> {
     let cfg = stage.config().clone();
     // Any valid tokens do: the costs do not depend on the values.
     let token = |i: usize| (i * 37 % cfg.vocab) as i32;
@@ -60,7 +63,7 @@ fn time_passes(stage: &Stage, b: usize, reps: usize) -> Result<(f64, f64, u64)> 
     let grad: Vec<f32> = (0..b * cfg.seq_len * cfg.dim)
         .map(|i| ((i % 7) as f32 - 3.0) * 1e-3)
         .collect();
-    let (mut fw, mut bw) = (Vec::new(), Vec::new());
+    let (mut fw, mut bw, mut ww) = (Vec::new(), Vec::new(), Vec::new());
     let mut kept = 0u64;
     for _ in 0..reps + 1 {
         let input = match stage.range().embed {
@@ -89,16 +92,19 @@ fn time_passes(stage: &Stage, b: usize, reps: usize) -> Result<(f64, f64, u64)> 
         let (saved, _, _) = stage.forward(input, t)?;
         let mid = Instant::now();
         kept = kept.max(dev.memory_in_use().saturating_sub(before));
-        stage.backward(saved, g, 1.0)?;
+        let (_, work) = stage.backward_split(saved, g, 1.0)?;
+        let input_done = Instant::now();
+        stage.weight_pass(work, &mut |_| Ok(()))?;
         fw.push((mid - start).as_secs_f64());
-        bw.push(mid.elapsed().as_secs_f64());
+        bw.push((input_done - mid).as_secs_f64());
+        ww.push(input_done.elapsed().as_secs_f64());
     }
     let med = |mut v: Vec<f64>| {
         v.remove(0);
         v.sort_by(f64::total_cmp);
         v[v.len() / 2]
     };
-    Ok((med(fw), med(bw), kept))
+    Ok((med(fw), med(bw), med(ww), kept))
 }
 
 /// Profiles `device` on `cfg` with micro-batches of `b` sequences: the
@@ -134,8 +140,8 @@ pub fn profile_repeated(
     // milliseconds from one profile to the next.
     let e0 = time_passes(&st(range(0, true, false))?, b, reps)?;
     let h0 = time_passes(&st(range(0, false, true))?, b, reps)?;
-    let embed = (e0.0, e0.1);
-    let head = (h0.0, h0.1);
+    let embed = (e0.0, e0.1 + e0.2);
+    let head = (h0.0, h0.1 + h0.2);
     // Blocks from a stage of all of them (up to 16, fewer when they do not
     // fit the device): a stage of many blocks no longer fits the caches
     // that one or two blocks fit, and its blocks cost more.
@@ -149,7 +155,8 @@ pub fn profile_repeated(
     }
     let bn = time_passes(&st(range(many, false, false))?, b, reps / 2 + 1)?;
     let k = many as f64;
-    let block = (bn.0 / k, bn.1 / k);
+    let block = (bn.0 / k, (bn.1 + bn.2) / k);
+    let block_weights = bn.2 / k;
     // How a block's time divides between its halves (a pipeline may cut a
     // block between them): each half alone, as a stage of that half only,
     // gives the shares, which apply to the block's time from the stage of
@@ -163,12 +170,15 @@ pub fn profile_repeated(
     let att = time_passes(&st(half(0))?, b, reps)?;
     let ffn = time_passes(&st(half(1))?, b, reps)?;
     let share = |a: f64, f: f64| if a + f > 0.0 { a / (a + f) } else { 0.5 };
-    let attention = (block.0 * share(att.0, ffn.0), block.1 * share(att.1, ffn.1));
+    let attention = (
+        block.0 * share(att.0, ffn.0),
+        block.1 * share(att.1 + att.2, ffn.1 + ffn.2),
+    );
     // What the blocks keep, their first block's input included: that one
     // was allocated before the forward (it is the stage's input), so the
     // memory that grew during it misses it.
     let input_bytes = (b * cfg.seq_len * cfg.dim * t.precision.dtype().size()) as u64;
-    let block_activation_bytes = Some((bn.2 + input_bytes) / many as u64);
+    let block_activation_bytes = Some((bn.3 + input_bytes) / many as u64);
     // The optimizer step of a two-block stage, per parameter.
     let opt_stage = st(range(cfg.layers.min(2), true, true))?;
     let params: usize = opt_stage.params().iter().map(|p| p.spec.numel()).sum();
@@ -200,6 +210,8 @@ pub fn profile_repeated(
             head_forward: head.0,
             head_backward: head.1,
             optimizer_per_param: times[times.len() / 2] / params as f64,
+            block_weight_grad: block_weights,
+            head_weight_grad: h0.2,
         },
     })
 }
@@ -259,6 +271,8 @@ fn median_profile(ps: &[Profile]) -> Profile {
             head_forward: med(&|c| c.head_forward),
             head_backward: med(&|c| c.head_backward),
             optimizer_per_param: med(&|c| c.optimizer_per_param),
+            block_weight_grad: med(&|c| c.block_weight_grad),
+            head_weight_grad: med(&|c| c.head_weight_grad),
         },
     }
 }
@@ -400,6 +414,8 @@ pub struct Choices {
     /// Pipeline sends go on the rank's sender thread ([`crate::links`]):
     /// a stage does not wait for its transfers.
     pub async_sends: bool,
+    /// The pipelines' schedule.
+    pub schedule: PipelineSchedule,
 }
 
 /// Plans `cfg` over `devices` (any mix of vendors): profiles every device
@@ -605,6 +621,7 @@ fn measured_model(
         shard_optimizer: choices.shard_optimizer,
         overlap_reduction: choices.overlap_reduction,
         async_sends: choices.async_sends,
+        schedule: choices.schedule,
     }
 }
 

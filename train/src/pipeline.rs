@@ -1,25 +1,36 @@
-//! One rank's part of a training step under the 1F1B schedule, and of a
+//! One rank's part of a training step under a pipeline schedule, and of a
 //! forward-only validation pass.
 //!
-//! Stage `s` of `p` with `m` micro-batches runs `w = min(p - s - 1, m)`
-//! forward passes, then alternates one forward and one backward pass, then
-//! runs the remaining `w` backward passes. Activations go to the next
-//! stage and their gradients back through the communication layer
+//! **1F1B.** Stage `s` of `p` with `m` micro-batches runs `w = min(p - s -
+//! 1, m)` forward passes, then alternates one forward and one backward
+//! pass, then runs the remaining `w` backward passes. Activations go to the
+//! next stage and their gradients back through the communication layer
 //! (device-direct or staged, as the two devices allow), on the
 //! [`crate::links`] of the rank: queued for a sender thread, or blocking.
 //! Every link carries activations and gradients strictly alternately in
 //! the steady phase: a stage receives its next activation before it sends
 //! the gradient of the previous one, so even blocking sends of any size
 //! cannot deadlock.
+//!
+//! **Zero bubble** (after ZB-H2 of Qi et al., "Zero Bubble Pipeline
+//! Parallelism", 2024). Each backward pass is split: the input's gradient
+//! first, sent at once, then the weights' gradients, which fill the time
+//! the stage would wait for the next gradient. And stage `s` runs `w =
+//! min(2 (p - s - 1), m)` forward passes before its first backward pass,
+//! so that it has work while its first gradient comes back. It keeps up to
+//! `w + 1` micro-batches' activations (1F1B: `p - s`). Sends must be
+//! queued: with more activations in flight than gradients, blocking sends
+//! could deadlock.
 
 use std::collections::VecDeque;
 
 use polychip_host::Tensor;
+use polychip_planner::schedule::PipelineSchedule;
 
 use crate::data::{Corpus, Split};
 use crate::error::Result;
 use crate::links::{Io, Peer};
-use crate::model::{Saved, Stage, StageInput};
+use crate::model::{Saved, Stage, StageInput, WeightGrads};
 use crate::plan::Role;
 use crate::trace::Tracer;
 
@@ -34,7 +45,12 @@ pub struct StepData<'c> {
     pub step: u64,
     /// Sequences per step over all replicas.
     pub global_batch: usize,
+    /// The pipeline schedule.
+    pub schedule: PipelineSchedule,
 }
+
+/// The trace category of a split backward pass's weight gradients.
+pub const WEIGHTS: &str = "weights";
 
 /// Forward and backward passes of one rank in one step: accumulates the
 /// stage's gradients; on a last stage returns its replica's share of the
@@ -51,7 +67,9 @@ pub fn train_step(
     done: &mut dyn FnMut(usize) -> Result<()>,
 ) -> Result<f64> {
     let (m, b) = (role.micro_batches, role.micro_batch_size);
-    let warm = (role.stages - role.stage - 1).min(m);
+    let warm = data.schedule.warm_up(role.stage, role.stages, m);
+    // Split backward passes only where a gradient is sent.
+    let split = data.schedule == PipelineSchedule::ZeroBubble && role.prev.is_some();
     // Micro-batch i's sequences (the last may be fewer) and its share of
     // the global batch, the weight of its loss.
     let size = |i: usize| role.micro_batch(i);
@@ -122,11 +140,12 @@ pub fn train_step(
         saved.push_back(sv);
         Ok(())
     };
-    let mut backward = |j: usize,
-                        io: &mut Io<'_>,
-                        tracer: &mut Tracer,
-                        saved: &mut VecDeque<Saved>|
-     -> Result<Option<Tensor>> {
+    let backward = |j: usize,
+                    io: &mut Io<'_>,
+                    tracer: &mut Tracer,
+                    saved: &mut VecDeque<Saved>,
+                    done: &mut dyn FnMut(usize) -> Result<()>|
+     -> Result<(Option<Tensor>, Option<WeightGrads>)> {
         let sv = saved
             .pop_front()
             .expect("a forward pass precedes every backward pass");
@@ -145,14 +164,44 @@ pub fn train_step(
             }
             None => None,
         };
-        tracer.span(
+        let last = j + 1 == m;
+        if split {
+            let (g, work) = tracer.span(
+                || format!("B{j}"),
+                "backward",
+                || stage.backward_split(sv, g, weight(j)),
+            )?;
+            return Ok((g, Some(work)));
+        }
+        let g = tracer.span(
             || format!("B{j}"),
             "backward",
-            || match j + 1 == m {
-                true => stage.backward_with(sv, g, weight(j), &mut *done),
+            || match last {
+                true => stage.backward_with(sv, g, weight(j), done),
                 false => stage.backward(sv, g, weight(j)),
             },
-        )
+        )?;
+        Ok((g, None))
+    };
+    // The weight gradients of a split backward pass (after its send).
+    let weights = |j: usize,
+                   work: Option<WeightGrads>,
+                   tracer: &mut Tracer,
+                   done: &mut dyn FnMut(usize) -> Result<()>|
+     -> Result<()> {
+        match work {
+            Some(work) if j + 1 == m => tracer.span(
+                || format!("W{j}"),
+                WEIGHTS,
+                || stage.weight_pass(work, done),
+            ),
+            Some(work) => tracer.span(
+                || format!("W{j}"),
+                WEIGHTS,
+                || stage.weight_pass(work, &mut |_| Ok(())),
+            ),
+            None => Ok(()),
+        }
     };
     let send_grad =
         |j: usize, g: Option<Tensor>, io: &mut Io<'_>, tracer: &mut Tracer| match (role.prev, g) {
@@ -172,15 +221,19 @@ pub fn train_step(
             None => get_input(i, io, tracer)?,
         };
         forward(i, x, io, tracer, &mut saved)?;
-        let g = backward(j, io, tracer, &mut saved)?;
-        if i + 1 < m && role.prev.is_some() {
+        let (g, work) = backward(j, io, tracer, &mut saved, &mut *done)?;
+        // 1F1B receives the next activation before sending (see the
+        // module docs); a split pass sends its gradient first.
+        if i + 1 < m && role.prev.is_some() && !split {
             pending = Some(get_input(i + 1, io, tracer)?);
         }
         send_grad(j, g, io, tracer)?;
+        weights(j, work, tracer, &mut *done)?;
     }
     for j in m - warm..m {
-        let g = backward(j, io, tracer, &mut saved)?;
+        let (g, work) = backward(j, io, tracer, &mut saved, &mut *done)?;
         send_grad(j, g, io, tracer)?;
+        weights(j, work, tracer, &mut *done)?;
     }
     Ok(loss)
 }

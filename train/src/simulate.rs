@@ -1,5 +1,5 @@
-//! The simulator's view of a real run: the planner's discrete-event 1F1B
-//! simulator fed with the stage times the run measured, so its trace lines
+//! The simulator's view of a real run: the planner's discrete-event
+//! pipeline simulator fed with the stage times the run measured, so its trace lines
 //! up with the real trace and its step time shows how much of the measured
 //! step the schedule explains: the passes, and after them each stage's
 //! measured wait for the gradient reduction and its optimizer step (the
@@ -29,11 +29,13 @@ pub fn measured_schedule(plan: &TrainPlan, s: &Summary) -> Schedule {
             dp_allreduce: t.reduction,
             optimizer: t.optimizer,
             sends_async: true,
+            weight_grad: t.weight_grad,
         })
         .collect();
     Schedule {
         stages,
         microbatches: g.micro_batches,
+        pipeline: s.schedule,
     }
 }
 
@@ -63,6 +65,7 @@ mod tests {
                 backward: 2e-3,
                 reduction: 3e-3,
                 optimizer: 5e-3,
+                ..StageTimes::default()
             }],
             ..Summary::default()
         };

@@ -12,7 +12,8 @@ use serde_json::{Value, json};
 pub struct Span {
     /// What ran, e.g. `F3` (forward of micro-batch 3), `send act 3`.
     pub name: String,
-    /// `forward`, `backward`, `p2p` (a receive, a blocking send, or the
+    /// `forward`, `backward` (under a split, the input's gradients),
+    /// `weights` (a split backward pass's weights' gradients), `p2p` (a receive, a blocking send, or the
     /// wait for the sender at a step's end), `send` (the sender thread's
     /// sends), `allreduce` (the wait for the reduction), `reduce` (a
     /// bucket's reduction), `optimizer`, `eval`.

@@ -30,6 +30,7 @@ use crate::pipeline::{self, StepData};
 use crate::plan::{Role, TrainPlan};
 use crate::reduce::Reducer;
 use crate::trace::{self, Tracer};
+use polychip_planner::schedule::PipelineSchedule;
 
 /// Everything a run needs besides the devices and the communicator.
 #[derive(Debug, Clone)]
@@ -74,6 +75,8 @@ pub struct Options {
     /// Send activations and gradients from a thread of the rank's own
     /// while its stage goes on ([`crate::links`]), not blocking.
     pub async_sends: bool,
+    /// The pipeline schedule; [`PipelineSchedule::ZeroBubble`] needs `async_sends`.
+    pub schedule: PipelineSchedule,
 }
 
 /// One step's figures.
@@ -100,8 +103,10 @@ pub struct StageTimes {
     pub label: String,
     /// Forward pass per micro-batch, seconds.
     pub forward: f64,
-    /// Backward pass per micro-batch, seconds.
+    /// Backward pass per micro-batch (a split one's two parts), seconds.
     pub backward: f64,
+    /// The weights' gradients' part of `backward` under a split, seconds.
+    pub weight_grad: f64,
     /// The wait for the gradient reduction per step, seconds.
     pub reduction: f64,
     /// The optimizer step (and the sharded step's all-gather), seconds.
@@ -119,8 +124,13 @@ pub struct Summary {
     pub tokens_per_s: f64,
     /// This rank's median forward and backward time per micro-batch, seconds.
     pub forward_seconds: f64,
-    /// See `forward_seconds`.
+    /// See `forward_seconds` (a split backward pass's two parts).
     pub backward_seconds: f64,
+    /// The weights' gradients' part of `backward_seconds` under a split
+    /// backward pass (the zero-bubble schedule), else 0.
+    pub weight_grad_seconds: f64,
+    /// The pipeline schedule the run used.
+    pub schedule: PipelineSchedule,
     /// This rank's median wait for the gradient reduction after the passes
     /// (what the overlap left), seconds per step.
     pub reduction_seconds: f64,
@@ -187,6 +197,21 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
+/// Refuses the zero-bubble schedule with blocking sends: it keeps more
+/// activations in flight than gradients, which blocking sends could
+/// deadlock on.
+pub fn check_schedule(schedule: PipelineSchedule, async_sends: bool) -> Result<()> {
+    if schedule == PipelineSchedule::ZeroBubble && !async_sends {
+        return Err(TrainError::Plan(
+            "the zero-bubble schedule needs queued sends: it keeps more activations in \
+             flight than gradients, which blocking sends could deadlock on (drop \
+             --blocking-sends or use --schedule 1f1b)"
+                .into(),
+        ));
+    }
+    Ok(())
+}
+
 /// Runs the job's part on this rank: `job` is `None` for a single-rank plan.
 pub fn run(opts: &Options, runtime: &Runtime, mut job: Option<&mut Job>) -> Result<Summary> {
     let cfg = &opts.model;
@@ -195,6 +220,7 @@ pub fn run(opts: &Options, runtime: &Runtime, mut job: Option<&mut Job>) -> Resu
     t.validate()?;
     opts.plan.validate(cfg, t.global_batch)?;
     opts.corpus.check_seq_len(cfg.seq_len)?;
+    check_schedule(opts.schedule, opts.async_sends)?;
     let (rank, world) = match job.as_deref() {
         Some(j) => (j.rank(), j.world_size()),
         None => (0, 1),
@@ -215,7 +241,7 @@ pub fn run(opts: &Options, runtime: &Runtime, mut job: Option<&mut Job>) -> Resu
         .find(|d| device_name(d) == role.device)
         .expect("roles only name present devices")
         .clone();
-    memory::check_role(cfg, t.precision, &role, &device)?;
+    memory::check_role(cfg, t.precision, &role, opts.schedule, &device)?;
     if let Some(out) = &opts.export_hf {
         hf::check_new_dir(out)?;
     }
@@ -289,6 +315,7 @@ pub fn run(opts: &Options, runtime: &Runtime, mut job: Option<&mut Job>) -> Resu
         seed: t.seed,
         step,
         global_batch: t.global_batch,
+        schedule: opts.schedule,
     };
     let (kill_at, fail_send_at) = (step_hook(KILL_VAR, rank), step_hook(FAIL_SEND_VAR, rank));
     // Exporting goes through the final checkpoint; without a checkpoint
@@ -458,7 +485,9 @@ pub fn run(opts: &Options, runtime: &Runtime, mut job: Option<&mut Job>) -> Resu
         )
     };
     summary.forward_seconds = of("forward");
-    summary.backward_seconds = of("backward");
+    summary.weight_grad_seconds = of(crate::pipeline::WEIGHTS);
+    summary.backward_seconds = of("backward") + summary.weight_grad_seconds;
+    summary.schedule = opts.schedule;
     summary.reduction_seconds = of("allreduce");
     summary.optimizer_seconds = of("optimizer") + of("allgather");
     gather(opts, &role, &tracer, &mut summary, job)?;
@@ -598,6 +627,7 @@ fn gather(
         "label": label,
         "forward": summary.forward_seconds,
         "backward": summary.backward_seconds,
+        "weight_grad": summary.weight_grad_seconds,
         "reduction": summary.reduction_seconds,
         "optimizer": summary.optimizer_seconds,
         "spans": if opts.trace.is_some() { tracer.to_json() } else { Value::Null },
@@ -634,6 +664,7 @@ fn gather(
             label: v["label"].as_str().unwrap_or("?").to_string(),
             forward: seconds(v, "forward"),
             backward: seconds(v, "backward"),
+            weight_grad: seconds(v, "weight_grad"),
             reduction: seconds(v, "reduction"),
             optimizer: seconds(v, "optimizer"),
         })

@@ -104,6 +104,7 @@ fn options(steps: u64, plan: TrainPlan, global_batch: usize) -> Options {
         record_first_step: false,
         overlap_reduction: true,
         async_sends: true,
+        schedule: Default::default(),
     }
 }
 

@@ -5,7 +5,7 @@
 
 use polychip_host::Tensor;
 
-use super::Stage;
+use super::{Item, Stage};
 use crate::error::Result;
 use crate::params::block;
 
@@ -71,10 +71,11 @@ impl Stage {
         saved: HalfSaved,
         g: Tensor,
         b: usize,
+        items: &mut Vec<Item>,
     ) -> Result<Tensor> {
         match saved {
-            HalfSaved::Attention(sv) => self.attention_backward(half / 2, sv, g, b),
-            HalfSaved::FeedForward(sv) => self.feed_forward_backward(half / 2, sv, g, b),
+            HalfSaved::Attention(sv) => self.attention_backward(half / 2, sv, g, b, items),
+            HalfSaved::FeedForward(sv) => self.feed_forward_backward(half / 2, sv, g, b, items),
         }
     }
 
@@ -226,6 +227,7 @@ impl Stage {
         sv: FeedForwardSaved,
         g3: Tensor,
         b: usize,
+        items: &mut Vec<Item>,
     ) -> Result<Tensor> {
         let c = &self.cfg;
         let ops = self.ops();
@@ -239,7 +241,7 @@ impl Stage {
         let w2 = p(block::W2);
         let (gar, actr) = (rows(&ga, c.ffn)?, rows(&sv.act, c.ffn)?);
         let label = at("feed_forward.w2");
-        ops.linear_backward(&label, &g3r, &actr, w2.weight(), &w2.grad, &gar, false)?;
+        self.linear_backward(items, &label, &g3r, &actr, w2, &gar, false)?;
         let gg = self.empty(&[b, s, c.ffn])?;
         let gu = self.empty(&[b, s, c.ffn])?;
         ops.swiglu_backward(
@@ -255,7 +257,7 @@ impl Stage {
         let (w1, w3) = (p(block::W1), p(block::W3));
         for (name, g, w, acc) in [("w1", &ggr, w1, false), ("w3", &gur, w3, true)] {
             let label = at(&format!("feed_forward.{name}"));
-            ops.linear_backward(&label, g, &h2r, w.weight(), &w.grad, &gh2r, acc)?;
+            self.linear_backward(items, &label, g, &h2r, w, &gh2r, acc)?;
         }
         drop((gg, gu));
         let fnorm = p(block::FFN_NORM);
@@ -272,6 +274,7 @@ impl Stage {
         sv: AttentionSaved,
         g2: Tensor,
         b: usize,
+        items: &mut Vec<Item>,
     ) -> Result<Tensor> {
         let c = &self.cfg;
         let ops = self.ops();
@@ -287,7 +290,7 @@ impl Stage {
         let wo = p(block::WO);
         let (gattnr, attnr) = (rows(&gattn, qw)?, rows(&sv.attn, qw)?);
         let label = at("attention.wo");
-        ops.linear_backward(&label, &g2r, &attnr, wo.weight(), &wo.grad, &gattnr, false)?;
+        self.linear_backward(items, &label, &g2r, &attnr, wo, &gattnr, false)?;
         let gq = self.empty(&[b, s, c.heads, hd])?;
         let gk = self.empty(&[b, s, c.kv_heads, hd])?;
         let gv = self.empty(&[b, s, c.kv_heads, hd])?;
@@ -334,7 +337,7 @@ impl Stage {
         let projections = [("wq", &gq0r, wq), ("wk", &gk0r, wk), ("wv", &gvr, wv)];
         for (i, (name, g, w)) in projections.into_iter().enumerate() {
             let label = at(&format!("attention.{name}"));
-            ops.linear_backward(&label, g, &h1r, w.weight(), &w.grad, &gh1r, i > 0)?;
+            self.linear_backward(items, &label, g, &h1r, w, &gh1r, i > 0)?;
         }
         let anorm = p(block::ATTN_NORM);
         let gx = self.norm_backward(&at("attention_norm"), &gh1, &sv.x, anorm, &sv.inv1)?;

@@ -13,6 +13,7 @@
 mod layer;
 pub mod ops;
 mod optim;
+mod weight_grads;
 
 use std::cell::RefCell;
 
@@ -23,6 +24,8 @@ use crate::error::Result;
 use crate::params::{ATTENTION_PARAMS, InitialWeights, ParamSpec, StageRange, stage_params};
 use layer::HalfSaved;
 use ops::{OpRecord, Ops};
+pub use weight_grads::WeightGrads;
+use weight_grads::{Item, Unit};
 
 /// One parameter on the device.
 #[derive(Debug)]
@@ -446,6 +449,22 @@ impl Stage {
         loss_weight: f64,
         done: &mut dyn FnMut(usize) -> Result<()>,
     ) -> Result<Option<Tensor>> {
+        self.backward_units(saved, grad_out, loss_weight, &mut |unit| {
+            let from = unit.from;
+            self.run_unit(unit)?;
+            done(from)
+        })
+    }
+
+    /// The backward pass's input gradients, handing each unit's weight
+    /// gradient work to `unit_done` as the unit finishes.
+    fn backward_units(
+        &self,
+        saved: Saved,
+        grad_out: Option<Tensor>,
+        loss_weight: f64,
+        unit_done: &mut dyn FnMut(Unit) -> Result<()>,
+    ) -> Result<Option<Tensor>> {
         let c = &self.cfg;
         let ops = self.ops();
         let b = saved.batch;
@@ -458,17 +477,11 @@ impl Stage {
                 ops.cross_entropy_backward("loss", &h.logits, &h.targets, &gl, loss_weight)?;
                 let ghn = self.empty(&[b, s, d])?;
                 let ghn2 = ghn.reshape(&[n, d as i64])?;
-                ops.linear_backward(
-                    "output",
-                    &gl,
-                    &h.hn,
-                    out_w.weight(),
-                    &out_w.grad,
-                    &ghn2,
-                    false,
-                )?;
+                let mut items = Vec::new();
+                self.linear_backward(&mut items, "output", &gl, &h.hn, out_w, &ghn2, false)?;
                 let g = self.norm_backward("norm", &ghn, &h.x, norm, &h.inv)?;
-                done(self.params.len() - 2)?;
+                let from = self.params.len() - 2;
+                unit_done(Unit { from, items })?;
                 g
             }
             None => grad_out.ok_or_else(|| {
@@ -476,14 +489,16 @@ impl Stage {
             })?,
         };
         for (half, hs) in self.range.halves().zip(saved.halves).rev() {
-            g = self.half_backward(half, hs, g, b)?;
-            done(self.half_first_param(half))?;
+            let mut items = Vec::new();
+            g = self.half_backward(half, hs, g, b, &mut items)?;
+            let from = self.half_first_param(half);
+            unit_done(Unit { from, items })?;
         }
         match saved.tokens {
             Some(tokens) => {
-                let emb = &self.params[0];
-                ops.embedding_backward("tok_embeddings", &g, &tokens, &emb.grad)?;
-                done(0)?;
+                let grad = self.params[0].grad.clone();
+                let items = vec![Item::Embedding { g, tokens, grad }];
+                unit_done(Unit { from: 0, items })?;
                 Ok(None)
             }
             None => Ok(Some(g)),

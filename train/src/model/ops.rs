@@ -152,22 +152,30 @@ impl<'a> Ops<'a> {
         })
     }
 
-    /// Backward of `out = x @ w^T` for rows `x [n, k]`, `w [m, k]` and the
-    /// output's gradient `g [n, m]`: `gx (+)= g @ w` (accumulating when
-    /// `accumulate_gx`, for several projections of one input) and
-    /// `grad_w += g^T @ x` (accumulating over micro-batches).
-    #[allow(clippy::too_many_arguments)]
-    pub fn linear_backward(
+    /// The input's part of the backward of `out = x @ w^T` for the output's
+    /// gradient `g [n, m]` and `w [m, k]`: `gx (+)= g @ w` (accumulating
+    /// when `accumulate`, for several projections of one input).
+    pub fn linear_input_grad(
+        &self,
+        label: &str,
+        g: &Tensor,
+        w: &Tensor,
+        gx: &Tensor,
+        accumulate: bool,
+    ) -> Result<()> {
+        self.matmul(label, g, w, gx, false, false, accumulate)
+    }
+
+    /// The weight's part of the backward of `out = x @ w^T` for rows
+    /// `x [n, k]` and the output's gradient `g [n, m]`: `grad_w += g^T @ x`
+    /// (accumulating over micro-batches).
+    pub fn linear_weight_grad(
         &self,
         label: &str,
         g: &Tensor,
         x: &Tensor,
-        w: &Tensor,
         grad_w: &Tensor,
-        gx: &Tensor,
-        accumulate_gx: bool,
     ) -> Result<()> {
-        self.matmul(label, g, w, gx, false, false, accumulate_gx)?;
         self.matmul(label, g, x, grad_w, true, false, true)
     }
 
