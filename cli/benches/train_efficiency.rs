@@ -5,8 +5,9 @@
 //! data-parallel-only plan (DP across two types; again with the optimizer
 //! step unsharded, `--no-shard-optimizer`, and with the gradient reduction
 //! after the backward pass, `--reduce-after-backward`, for the A/Bs; the
-//! pipeline again with blocking sends, `--blocking-sends`, and under the
-//! zero-bubble schedule, `--schedule zero-bubble`) and best plan;
+//! pipeline again under 1F1B, `--schedule 1f1b` (the plan above takes
+//! whichever schedule the planner predicts faster), and with blocking
+//! sends, `--blocking-sends`) and best plan;
 //! efficiency = mixed tokens/s over the sum of the alone tokens/s. With the
 //! OpenCL plugin built beside the binary and an OpenCL device present (PoCL
 //! here), also OpenCL alone and PP and DP across the three vendors (three
@@ -160,30 +161,30 @@ const MIXED: [Config; 9] = [
         opencl: false,
         same_plan_as: Some("DP ferrite+cobalt"),
     },
-    // The pipeline with each send blocking its stage (`--blocking-sends`)
+    // The pipeline under 1F1B (`--schedule 1f1b`), planned for it: the A/B
+    // of the zero-bubble schedule, which the plan above may choose.
+    Config {
+        name: "PP 1f1b ferrite+cobalt",
+        plan: "auto-pp",
+        devices: "ferrite:0,cobalt:0",
+        cores: "0,1",
+        extra: &["--schedule", "1f1b"],
+        alone: TWO,
+        opencl: false,
+        same_plan_as: None,
+    },
+    // The same with each send blocking its stage (`--blocking-sends`)
     // instead of queued for the rank's sender thread: the A/B of the
-    // asynchronous sends, on the pipeline's own plan.
+    // asynchronous sends, on the 1F1B pipeline's plan.
     Config {
         name: "PP blocking-sends ferrite+cobalt",
         plan: "auto-pp",
         devices: "ferrite:0,cobalt:0",
         cores: "0,1",
-        extra: &["--blocking-sends"],
+        extra: &["--blocking-sends", "--schedule", "1f1b"],
         alone: TWO,
         opencl: false,
-        same_plan_as: Some("PP ferrite+cobalt"),
-    },
-    // The pipeline under the zero-bubble schedule (`--schedule
-    // zero-bubble`), planned for it.
-    Config {
-        name: "PP zero-bubble ferrite+cobalt",
-        plan: "auto-pp",
-        devices: "ferrite:0,cobalt:0",
-        cores: "0,1",
-        extra: &["--schedule", "zero-bubble"],
-        alone: TWO,
-        opencl: false,
-        same_plan_as: None,
+        same_plan_as: Some("PP 1f1b ferrite+cobalt"),
     },
     Config {
         name: "best ferrite+cobalt",

@@ -165,8 +165,10 @@ pub struct Args {
     /// input gradient before computing the weights' gradients and runs
     /// deeper warm-up, so that a stage waits less (it keeps more
     /// activations, and needs queued sends). The results are the same bits.
-    #[arg(long, default_value = "1f1b", value_name = "SCHEDULE")]
-    schedule: PipelineSchedule,
+    /// Default: the plan's; `--plan auto` prices both and takes the
+    /// faster; otherwise 1f1b.
+    #[arg(long, value_name = "SCHEDULE")]
+    schedule: Option<PipelineSchedule>,
     /// Internal: the resolved plan (JSON) handed to the ranks.
     #[arg(long, hide = true, value_name = "FILE")]
     resolved_plan: Option<PathBuf>,
@@ -287,7 +289,9 @@ fn resolve_plan(
     if let Some(p) = &args.resolved_plan {
         return TrainPlan::load(p);
     }
-    trainer::check_schedule(args.schedule, !args.blocking_sends)?;
+    if let Some(s) = args.schedule {
+        trainer::check_schedule(s, !args.blocking_sends)?;
+    }
     let (mbs, copies) = (micro_batch_size(args), copies(args));
     let per_replica = t.global_batch / copies;
     let micro = |what: &str| -> Result<usize, TrainError> {
@@ -350,6 +354,11 @@ fn resolve_plan(
             Ok(plan)
         }
     }
+}
+
+/// The pipeline schedule: `--schedule`, else the plan's, else 1F1B.
+fn schedule(args: &Args, plan: &TrainPlan) -> PipelineSchedule {
+    args.schedule.or(plan.schedule).unwrap_or_default()
 }
 
 fn train(args: &Args) -> Result<ExitCode, TrainError> {
@@ -446,7 +455,7 @@ fn train(args: &Args) -> Result<ExitCode, TrainError> {
                 .iter()
                 .find(|d| trainer::device_name(d) == r.device)
                 .expect("roles name present devices");
-            memory::check_role(&model, t.precision, r, args.schedule, d)?;
+            memory::check_role(&model, t.precision, r, schedule(args, &plan), d)?;
         }
         if plan.world_size() > 1 {
             return relaunch(&plan);
@@ -474,7 +483,7 @@ fn train(args: &Args) -> Result<ExitCode, TrainError> {
         record_first_step: args.autocompare,
         overlap_reduction: !args.reduce_after_backward,
         async_sends: !args.blocking_sends,
-        schedule: args.schedule,
+        schedule: schedule(args, &plan),
     };
     let rank = job.as_ref().map_or(0, |j| j.rank());
     if let Some(j) = &job {

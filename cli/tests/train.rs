@@ -863,6 +863,53 @@ fn the_default_job_plans_with_heteroauto_over_both_vendors() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+#[test]
+fn the_pipeline_search_writes_the_schedule_it_priced_into_the_plan() {
+    let dir = scratch("schedule");
+    let plan_with = |tag: &str, extra: &[&str]| -> (String, serde_json::Value, String) {
+        let plan = dir.join(format!("{tag}.json"));
+        let p = plan.display().to_string();
+        let mut args = COMMON.to_vec();
+        args.extend_from_slice(&["--plan", "auto-pp", "--devices", "ferrite:0,cobalt:0"]);
+        args.extend_from_slice(&["--save-plan", &p]);
+        args.extend_from_slice(extra);
+        let (code, out, err) = polychip_env(&args, &[]);
+        assert_eq!(code, Some(0), "{tag}: {out}{err}");
+        let v = serde_json::from_slice(&std::fs::read(&plan).unwrap()).unwrap();
+        (p, v, err)
+    };
+    // Both schedules priced: the plan names the one its prediction is for,
+    // and the plan line shows it.
+    let (p, v, err) = plan_with("either", &[]);
+    let chosen = v["schedule"].as_str().unwrap().to_string();
+    assert!(["1f1b", "zero-bubble"].contains(&chosen.as_str()), "{v}");
+    assert!(
+        err.contains(&format!(", {chosen}; predicted step")),
+        "{err}"
+    );
+    // Asked for, or the only one blocking sends allow.
+    let (_, v, _) = plan_with("1f1b", &["--schedule", "1f1b"]);
+    assert_eq!(v["schedule"], "1f1b");
+    let (_, v, _) = plan_with("zb", &["--schedule", "zero-bubble"]);
+    assert_eq!(v["schedule"], "zero-bubble");
+    let (_, v, _) = plan_with("blocking", &["--blocking-sends"]);
+    assert_eq!(v["schedule"], "1f1b");
+    // The plan's schedule runs; a zero-bubble plan with blocking sends is
+    // refused, naming what to change.
+    assert_eq!(curve(&dir, "run", &["--steps", "1", "--plan", &p]).len(), 1);
+    let zb_plan = dir.join("zb.json").display().to_string();
+    let (code, _, err) = polychip(
+        &[
+            &COMMON[..],
+            &["--plan", &zb_plan, "--blocking-sends", "--steps", "1"],
+        ]
+        .concat(),
+    );
+    assert_ne!(code, Some(0));
+    assert!(err.contains("--schedule 1f1b"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// A rank that fails on its own (here: its device runs out of memory, the
 /// trainer's own check turned off) reports why at once and the job ends
 /// without waiting out the communication timeout on the other rank.

@@ -414,8 +414,21 @@ pub struct Choices {
     /// Pipeline sends go on the rank's sender thread ([`crate::links`]):
     /// a stage does not wait for its transfers.
     pub async_sends: bool,
-    /// The pipelines' schedule.
-    pub schedule: PipelineSchedule,
+    /// The pipelines' schedule: `None` to price each layout under every
+    /// schedule the sends allow (zero bubble needs queued sends) and take
+    /// the faster.
+    pub schedule: Option<PipelineSchedule>,
+}
+
+impl Choices {
+    /// The schedules the search prices.
+    fn schedules(&self) -> Vec<PipelineSchedule> {
+        match (self.schedule, self.async_sends) {
+            (Some(s), _) => vec![s],
+            (None, true) => vec![PipelineSchedule::OneFOneB, PipelineSchedule::ZeroBubble],
+            (None, false) => vec![PipelineSchedule::OneFOneB],
+        }
+    }
 }
 
 /// Plans `cfg` over `devices` (any mix of vendors): profiles every device
@@ -459,7 +472,7 @@ pub fn auto_plan(
         )));
     }
     let profiles = profile_side_by_side(cfg, t, devices, &sizes, cores)?;
-    let mut best: Option<(MeasuredPlan, Vec<MeasuredDevice>)> = None;
+    let mut best: Option<(MeasuredPlan, Vec<MeasuredDevice>, PipelineSchedule)> = None;
     let mut by_size: Vec<SizedCosts> = Vec::new();
     // Each device's best step alone over the sizes: the speedup ratio's
     // baseline is each chip at its own best micro-batch size.
@@ -478,7 +491,6 @@ pub fn auto_plan(
                 }
             })
             .collect();
-        let model = measured_model(cfg, t, b, gb, choices);
         let fits = |d: usize, s: measured::Span, in_flight: usize| {
             let range = StageRange {
                 start: Cut(s.from),
@@ -489,19 +501,26 @@ pub fn auto_plan(
             let need = memory::stage_memory(cfg, t.precision, &range, b, in_flight);
             need.total() <= devices[d].props().memory_bytes
         };
-        let found = measured::search(&costs, &model, which, &fits);
-        if let Some(f) = &found {
-            for (a, t) in alone.iter_mut().zip(&f.alone_step_seconds) {
-                *a = a.min(*t);
+        for schedule in choices.schedules() {
+            let model = MeasuredModel {
+                schedule,
+                ..measured_model(cfg, t, b, gb, choices)
+            };
+            let found = measured::search(&costs, &model, which, &fits);
+            if let Some(f) = &found {
+                for (a, t) in alone.iter_mut().zip(&f.alone_step_seconds) {
+                    *a = a.min(*t);
+                }
+            }
+            if let Some(found) = found
+                && best
+                    .as_ref()
+                    .is_none_or(|(f, ..)| found.step_seconds < f.step_seconds)
+            {
+                best = Some((found, costs.clone(), schedule));
             }
         }
-        if let Some(found) = found
-            && best
-                .as_ref()
-                .is_none_or(|(f, _)| found.step_seconds < f.step_seconds)
-        {
-            best = Some((found, costs.clone()));
-        }
+        let model = measured_model(cfg, t, b, gb, choices);
         by_size.push(SizedCosts {
             devices: costs,
             model,
@@ -516,7 +535,7 @@ pub fn auto_plan(
             need.total() <= devices[d].props().memory_bytes
         };
         if let Some(r) = measured::replicas_by_sequence(&by_size, gb, &fits)
-            && let Some((found, _)) = &mut best
+            && let Some((found, ..)) = &mut best
             && r.step_seconds < found.step_seconds
         {
             found.candidates += 1;
@@ -525,7 +544,7 @@ pub fn auto_plan(
             found.optimizer_weights = r.optimizer_weights;
         }
     }
-    if let Some((found, _)) = &mut best {
+    if let Some((found, ..)) = &mut best {
         let sum: f64 = alone
             .iter()
             .filter(|t| t.is_finite())
@@ -538,7 +557,7 @@ pub fn auto_plan(
         };
         found.alone_step_seconds = alone;
     }
-    let Some((found, costs)) = best else {
+    let Some((found, costs, schedule)) = best else {
         return Err(TrainError::Plan(format!(
             "--plan {}: no layout of the {} model over {} fits the devices' memory with \
              micro-batches of {sizes:?} sequences",
@@ -584,6 +603,12 @@ pub fn auto_plan(
     let plan = TrainPlan {
         groups,
         predicted_step_seconds: Some(found.step_seconds),
+        // Replicas of one stage each run no pipeline schedule.
+        schedule: found
+            .pipelines
+            .iter()
+            .any(|p| p.stages.len() > 1)
+            .then_some(schedule),
     };
     Ok((plan, found, profiles))
 }
@@ -621,7 +646,7 @@ fn measured_model(
         shard_optimizer: choices.shard_optimizer,
         overlap_reduction: choices.overlap_reduction,
         async_sends: choices.async_sends,
-        schedule: choices.schedule,
+        schedule: PipelineSchedule::OneFOneB,
     }
 }
 

@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use polychip_comm::env::MAX_WORLD_SIZE;
 use polychip_planner::plan::holds_one_end_alone;
+use polychip_planner::schedule::PipelineSchedule;
 
 use crate::config::{MAX_GLOBAL_BATCH, ModelConfig};
 use crate::error::{Result, TrainError};
@@ -82,6 +83,11 @@ pub struct TrainPlan {
     /// The planner's predicted step time, seconds (plans from `--plan auto`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub predicted_step_seconds: Option<f64>,
+    /// The pipelines' schedule (`"1f1b"` or `"zero-bubble"`): the one the
+    /// prediction is for (`--plan auto` chooses it); `polychip train
+    /// --schedule` overrides it, and without either pipelines run 1F1B.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schedule: Option<PipelineSchedule>,
 }
 
 /// What one rank does.
@@ -144,6 +150,7 @@ impl TrainPlan {
                 }],
             }],
             predicted_step_seconds: None,
+            schedule: None,
         }
     }
 
@@ -184,6 +191,7 @@ impl TrainPlan {
                 stages,
             }],
             predicted_step_seconds: None,
+            schedule: None,
         })
     }
 
@@ -492,7 +500,13 @@ impl TrainPlan {
                 )
             })
             .collect();
-        groups.join(" + ")
+        let joined = groups.join(" + ");
+        match self.schedule {
+            Some(s) if self.groups.iter().any(|g| g.stages.len() > 1) => {
+                format!("{joined}, {}", s.name())
+            }
+            _ => joined,
+        }
     }
 }
 
@@ -536,6 +550,7 @@ pub fn from_planner(plan: &polychip_planner::plan::Plan) -> Result<TrainPlan> {
     Ok(TrainPlan {
         groups,
         predicted_step_seconds: Some(plan.step_time_simulated),
+        schedule: None,
     })
 }
 
