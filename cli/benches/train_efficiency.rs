@@ -5,9 +5,9 @@
 //! data-parallel-only plan (DP across two types; again with the optimizer
 //! step unsharded, `--no-shard-optimizer`, and with the gradient reduction
 //! after the backward pass, `--reduce-after-backward`, for the A/Bs; the
-//! pipeline again under 1F1B, `--schedule 1f1b` (the plan above takes
+//! pipeline's plan again under 1F1B, `--schedule 1f1b` (the plan takes
 //! whichever schedule the planner predicts faster), and with blocking
-//! sends, `--blocking-sends`) and best plan;
+//! sends, `--blocking-sends`, too) and best plan;
 //! efficiency = mixed tokens/s over the sum of the alone tokens/s. With the
 //! OpenCL plugin built beside the binary and an OpenCL device present (PoCL
 //! here), also OpenCL alone and PP and DP across the three vendors (three
@@ -161,8 +161,9 @@ const MIXED: [Config; 9] = [
         opencl: false,
         same_plan_as: Some("DP ferrite+cobalt"),
     },
-    // The pipeline under 1F1B (`--schedule 1f1b`), planned for it: the A/B
-    // of the zero-bubble schedule, which the plan above may choose.
+    // The pipeline's plan under 1F1B (`--schedule 1f1b`): the A/B of the
+    // zero-bubble schedule, which the plan above may have chosen (the
+    // prediction stays the plan's).
     Config {
         name: "PP 1f1b ferrite+cobalt",
         plan: "auto-pp",
@@ -171,11 +172,11 @@ const MIXED: [Config; 9] = [
         extra: &["--schedule", "1f1b"],
         alone: TWO,
         opencl: false,
-        same_plan_as: None,
+        same_plan_as: Some("PP ferrite+cobalt"),
     },
     // The same with each send blocking its stage (`--blocking-sends`)
     // instead of queued for the rank's sender thread: the A/B of the
-    // asynchronous sends, on the 1F1B pipeline's plan.
+    // asynchronous sends.
     Config {
         name: "PP blocking-sends ferrite+cobalt",
         plan: "auto-pp",
@@ -184,7 +185,7 @@ const MIXED: [Config; 9] = [
         extra: &["--blocking-sends", "--schedule", "1f1b"],
         alone: TWO,
         opencl: false,
-        same_plan_as: Some("PP 1f1b ferrite+cobalt"),
+        same_plan_as: Some("PP ferrite+cobalt"),
     },
     Config {
         name: "best ferrite+cobalt",
@@ -238,6 +239,19 @@ fn opencl_plugin(exe: &Path) -> Option<PathBuf> {
         .to_lowercase()
         .contains("\"opencl")
         .then_some(lib)
+}
+
+/// A plan's description as `c` runs it: a configuration that sets the
+/// schedule (`--schedule`) runs its plan under that one.
+fn with_schedule(c: &Config, described: String) -> String {
+    let Some(w) = c.extra.windows(2).find(|w| w[0] == "--schedule") else {
+        return described;
+    };
+    let layout = [", 1f1b", ", zero-bubble"]
+        .iter()
+        .find_map(|s| described.strip_suffix(s))
+        .unwrap_or(&described);
+    format!("{layout}, {}", w[1])
 }
 
 fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
@@ -622,10 +636,11 @@ fn main() {
             .same_plan_as
             .and_then(|other| mixed.iter().position(|m| m.name == other))
             .filter(|&i| i < mixed_plans.len());
-        mixed_plans.push(match same {
+        let (file, described) = match same {
             Some(i) => mixed_plans[i].clone(),
             None => bench.plan(c, c.cores, "", Layout::Search),
-        });
+        };
+        mixed_plans.push((file, with_schedule(c, described)));
     }
     for (c, (_, d)) in mixed.iter().zip(&mixed_plans) {
         println!("plan of {:<28} {d}", c.name);
