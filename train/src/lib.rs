@@ -1,8 +1,8 @@
 //! polychip's trainer: a LLaMA-architecture decoder over byte tokens whose
 //! every operator runs through the host on a vendor's plugin, split into
-//! pipeline stages (1F1B) and data-parallel replicas across devices of
-//! different vendors as the planner says, with checkpoints, a Chrome trace
-//! and an op-by-op comparison against the f64 reference.
+//! pipeline stages (1F1B or zero bubble) and data-parallel replicas across
+//! devices of different vendors as the planner says, with checkpoints, a
+//! Chrome trace and an op-by-op comparison against the f64 reference.
 
 pub mod auto;
 pub mod autocompare;
