@@ -1,6 +1,6 @@
 //! `polychip plan --cluster FILE --model PRESET_OR_FILE [--global-batch N]
 //! [--dtype bf16] [--recompute none|selective|full] [--shard-optimizer]
-//! [--no-flash-attention]
+//! [--no-flash-attention] [--schedule 1f1b|zero-bubble]
 //! [--profile FILE] [--exhaustive] [--json] [--trace out.json]`: runs the
 //! HeteroAuto search (`polychip_planner::search`) and prints the plan as a
 //! table (or JSON), optionally writing a Chrome trace of its simulated
@@ -17,6 +17,7 @@ use polychip_planner::cluster::ClusterSpec;
 use polychip_planner::evaluate::{self, Evaluation, PlanSpec};
 use polychip_planner::model::ModelSpec;
 use polychip_planner::profile::ProfileFile;
+use polychip_planner::schedule::PipelineSchedule;
 use polychip_planner::search::{self, PlanOptions, PlanReport, fmt_bytes};
 use polychip_planner::settings::{Dtype, Recompute, TrainingSettings};
 use polychip_train::config::ModelConfig;
@@ -57,6 +58,11 @@ pub struct Args {
     /// through memory and are kept for the backward pass.
     #[arg(long)]
     no_flash_attention: bool,
+    /// The pipelines' schedule: 1f1b (Megatron-LM's and DeepSpeed's, the
+    /// default) or zero-bubble (`polychip train --schedule zero-bubble`).
+    /// With --evaluate it overrides the plan file's `schedule`.
+    #[arg(long, value_name = "SCHEDULE")]
+    schedule: Option<PipelineSchedule>,
     /// Enumerate every plan of the space without pruning (small cases).
     #[arg(long)]
     exhaustive: bool,
@@ -141,6 +147,7 @@ fn plan(args: &Args) -> Result<(), String> {
     };
     settings.shard_optimizer = args.shard_optimizer;
     settings.flash_attention = !args.no_flash_attention;
+    settings.schedule = args.schedule.unwrap_or_default();
     if let Some(p) = &args.profile {
         let profile = ProfileFile::load(p).map_err(|e| e.to_string())?;
         let applied = cluster
@@ -161,7 +168,10 @@ fn plan(args: &Args) -> Result<(), String> {
         }
     }
     if let Some(p) = &args.evaluate {
-        let spec = PlanSpec::load(p).map_err(|e| e.to_string())?;
+        let mut spec = PlanSpec::load(p).map_err(|e| e.to_string())?;
+        if args.schedule.is_some() {
+            spec.schedule = None;
+        }
         let ev =
             evaluate::evaluate(&spec, &model, &cluster, &settings).map_err(|e| e.to_string())?;
         if let Some(trace) = &args.trace {
@@ -298,9 +308,13 @@ fn evaluation_table(ev: &Evaluation) -> String {
             .unwrap_or_else(|| format!("group {g}"))
     };
     for (g, r) in p.replicas.iter().enumerate() {
+        let schedule = match r.stages.len() {
+            1 => String::new(),
+            _ => format!(", {} schedule", r.pipeline.name()),
+        };
         line(format!(
             "{}: {} replica(s), micro-batch {} x {}, step {:.4} s analytic / {:.4} s \
-             simulated, bubble {:.1}%",
+             simulated, bubble {:.1}%{schedule}",
             label(g),
             r.copies,
             r.micro_batch_size,

@@ -136,6 +136,12 @@ fn profile_then_evaluate_a_saved_plan_of_the_bundled_devices() {
     for e in entries {
         assert!(e["block"]["forward"].as_f64().unwrap() > 0.0, "{e}");
         assert!(e["peak_memory_bytes"].as_u64().unwrap() > 0, "{e}");
+        // The weights' gradients timed apart, a part of the backward pass.
+        for part in ["block", "head"] {
+            let (w, b) = (&e[part]["weight_grad"], &e[part]["backward"]);
+            assert!(w.as_f64().unwrap() > 0.0, "{e}");
+            assert!(w.as_f64().unwrap() < b.as_f64().unwrap(), "{e}");
+        }
     }
     let (code, out, err) = polychip(&[
         "train",
@@ -192,6 +198,43 @@ fn profile_then_evaluate_a_saved_plan_of_the_bundled_devices() {
     );
     assert_eq!(ev["plan"]["global_batch"], 8);
     assert_eq!(ev["fits"], true);
+    // The plan runs 1F1B; under zero bubble (asked for, or named by the
+    // plan file) the weights' gradients come from the profile.
+    assert_eq!(ev["plan"]["replicas"][0]["pipeline"], "1f1b");
+    let (code, table, err) = eval(&["--profile", &profile, "--schedule", "zero-bubble"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        table.contains("bubble") && table.contains(", zero-bubble schedule"),
+        "{table}"
+    );
+    let mut named: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&plan).unwrap()).unwrap();
+    named["schedule"] = "zero-bubble".into();
+    let zb_plan = file("zb-plan.json");
+    std::fs::write(&zb_plan, named.to_string()).unwrap();
+    let (code, json, err) = polychip(&[
+        "plan",
+        "--cluster",
+        &devices,
+        "--model",
+        "mini",
+        "--dtype",
+        "f32",
+        "--evaluate",
+        &zb_plan,
+        "--profile",
+        &profile,
+        "--json",
+    ]);
+    assert_eq!(code, Some(0), "{err}");
+    let zb: serde_json::Value = serde_json::from_str(&json).unwrap();
+    let r = &zb["plan"]["replicas"][0];
+    assert_eq!(r["pipeline"], "zero-bubble");
+    let w = r["stages"][1]["timing"]["weight_grad"].as_f64().unwrap();
+    assert!(
+        w > 0.0 && w < r["stages"][1]["timing"]["backward"].as_f64().unwrap(),
+        "{r}"
+    );
     // Another model's profile is refused, naming the field.
     let (code, _, err) = polychip(&[
         "plan",

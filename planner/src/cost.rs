@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::cluster::{ChipType, ClusterSpec, Framework};
 use crate::model::{Matmul, MemoryPass, ModelSpec};
-use crate::schedule::StageTiming;
+use crate::schedule::{PipelineSchedule, StageTiming};
 use crate::settings::{Recompute, TrainingSettings};
 
 /// The stage after this one: its chip type and whether the boundary stays
@@ -197,9 +197,10 @@ pub fn stage_params(model: &ModelSpec, layers: &Range<u64>) -> u64 {
 }
 
 /// Micro-batches whose activations stage `index` of `num_stages` keeps
-/// under 1F1B: `min(p - i, m)`; the first stage keeps the most.
+/// under 1F1B: `min(p - i, m)`; the first stage keeps the most (the
+/// zero-bubble schedule's: [`PipelineSchedule::in_flight`]).
 pub fn inflight_microbatches(index: usize, num_stages: usize, microbatches: u64) -> u64 {
-    (num_stages.saturating_sub(index) as u64).min(microbatches)
+    PipelineSchedule::OneFOneB.in_flight(index, num_stages, microbatches as usize) as u64
 }
 
 /// Activation bytes one layer keeps per micro-batch of `micro_batch`
@@ -351,7 +352,9 @@ fn megatron_terms(
     let gradients = params * settings.grad_bytes();
     let optimizer = params * settings.optimizer_bytes() / shard;
     let n = (stage.layers.end - stage.layers.start) as f64;
-    let kept = inflight_microbatches(stage.index, stage.num_stages, mb.count) as f64;
+    let kept = settings
+        .schedule
+        .in_flight(stage.index, stage.num_stages, mb.count as usize) as f64;
     // A profile's measured bytes per block replace the formula (without
     // full recomputation, which keeps less than was measured).
     let measured = measured_block_activations(settings, stage, mb);
@@ -425,7 +428,9 @@ fn polychip_terms(
     };
     let tokens = mb.size * model.seq_len;
     let n = (stage.layers.end - stage.layers.start) as f64;
-    let kept = inflight_microbatches(stage.index, stage.num_stages, mb.count) as f64;
+    let kept = settings
+        .schedule
+        .in_flight(stage.index, stage.num_stages, mb.count as usize) as f64;
     let block = measured_block_activations(settings, stage, mb)
         .unwrap_or_else(|| counts::block_bytes(shape, tokens, c) as f64 / t);
     let activations = kept * (n * block + counts::micro_batch_bytes(tokens) as f64);
@@ -576,6 +581,13 @@ impl ChipRates {
     pub fn matmul_time(&self, mm: &Matmul) -> f64 {
         let compute = mm.flops() / (self.matmul * Self::shape_factor(mm));
         self.kernel(compute.max(mm.elements() * self.elem / self.memory))
+    }
+
+    /// The weight-gradient kernel of a matmul's backward, which a
+    /// zero-bubble schedule runs apart.
+    pub fn weight_grad_time(&self, mm: &Matmul) -> f64 {
+        let [_, dw] = mm.backward();
+        self.matmul_time(&dw)
     }
 
     /// A matmul forward (one kernel) and backward (two).
@@ -740,7 +752,11 @@ pub fn analytic_stage_timing(
     };
     let mut forward = n * (layer.forward + 2.0 * tp_ar);
     let mut backward = n * (layer.backward + 2.0 * tp_ar + recompute);
+    let weight_grads =
+        |mms: &[Matmul]| -> f64 { mms.iter().map(|mm| rates.weight_grad_time(mm)).sum() };
+    let mut weight_grad = n * weight_grads(&model.layer_matmuls(b, tp));
     if stage.holds_head() {
+        weight_grad += weight_grads(&[model.head_matmul(b, tp)]);
         let head = head_time(model, &rates, b, tp);
         let loss_bytes = (b * model.seq_len) as f64 * 4.0;
         forward +=
@@ -784,7 +800,7 @@ pub fn analytic_stage_timing(
         dp_allreduce,
         optimizer: optimizer_time(settings, chip, params, stage.dp),
         sends_async: false,
-        weight_grad: 0.0,
+        weight_grad,
     }
 }
 

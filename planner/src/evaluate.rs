@@ -31,6 +31,7 @@ use crate::cost::{Boundary, Microbatching, StageShape, stage_memory, stage_timin
 use crate::error::SpecError;
 use crate::model::ModelSpec;
 use crate::plan::{Plan, PlanKind, Replica, StagePlan};
+use crate::schedule::PipelineSchedule;
 use crate::settings::TrainingSettings;
 
 /// The most groups and stages per pipeline a plan may have.
@@ -124,6 +125,7 @@ pub(crate) fn assemble(
                 step_time_analytic: 0.0,
                 step_time_simulated: 0.0,
                 bubble_fraction: 0.0,
+                pipeline: settings.schedule,
             };
             r.step_time_analytic = r.schedule().analytic_step_time();
             let sim = r.simulate();
@@ -290,6 +292,9 @@ impl GroupSpec {
 pub struct PlanSpec {
     /// Its groups of replicas.
     pub groups: Vec<GroupSpec>,
+    /// The pipelines' schedule the file names (`"schedule"`, as `polychip
+    /// train --save-plan` writes it), which it is evaluated under.
+    pub schedule: Option<PipelineSchedule>,
 }
 
 fn plan_err(m: String) -> SpecError {
@@ -493,7 +498,18 @@ impl PlanSpec {
                 out.len()
             )));
         }
-        Ok(PlanSpec { groups: out })
+        let schedule = match v.get("schedule") {
+            None | Some(Value::Null) => None,
+            Some(x) => Some(x.as_str().and_then(|s| s.parse().ok()).ok_or_else(|| {
+                plan_err(format!(
+                    "schedule is {x}; expected \"1f1b\" or \"zero-bubble\""
+                ))
+            })?),
+        };
+        Ok(PlanSpec {
+            groups: out,
+            schedule,
+        })
     }
 
     /// Checks the plan against `model` and `cluster` and resolves its
@@ -805,6 +821,9 @@ pub fn evaluate(
         .iter()
         .map(|g| g.copies * g.micro_batch_size * g.micro_batches)
         .sum();
+    if let Some(schedule) = spec.schedule {
+        settings.schedule = schedule;
+    }
     let kind = if layouts.len() == 1 {
         PlanKind::HeteroPp
     } else {

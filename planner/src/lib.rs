@@ -3,9 +3,10 @@
 //! to train it. Pure computation, no FFI.
 //!
 //! - [`schedule`]: the per-stage timings of one training step that a plan
-//!   implies, the interface between the cost model and the simulator;
-//! - [`sim`]: a discrete-event simulator of the 1F1B pipeline schedule with
-//!   unequal stages, which also writes a Chrome trace of the timeline;
+//!   implies, the interface between the cost model and the simulator, and
+//!   the pipeline schedules (1F1B, zero bubble);
+//! - [`sim`]: a discrete-event simulator of those schedules with unequal
+//!   stages, which also writes a Chrome trace of the timeline;
 //! - [`plan`]: a plan (data-parallel groups of pipelines) and its predictions;
 //! - [`search`]: the search for the fastest plan, and the HeteroSpeedupRatio.
 

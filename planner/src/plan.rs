@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::cost::MemoryBreakdown;
-use crate::schedule::{Schedule, StageTiming};
+use crate::schedule::{PipelineSchedule, Schedule, StageTiming};
 use crate::sim::{self, SimResult};
 
 /// One pipeline stage of a plan.
@@ -61,6 +61,9 @@ pub struct Replica {
     pub step_time_simulated: f64,
     /// Bubble fraction of the simulated step.
     pub bubble_fraction: f64,
+    /// The schedule its stages run.
+    #[serde(default)]
+    pub pipeline: PipelineSchedule,
 }
 
 /// Whether stage `index` of a pipeline of `stages` may hold no layer,
@@ -77,7 +80,7 @@ impl Replica {
         Schedule {
             stages: self.stages.iter().map(|s| s.timing.clone()).collect(),
             microbatches: self.micro_batches as usize,
-            pipeline: Default::default(),
+            pipeline: self.pipeline,
         }
     }
 

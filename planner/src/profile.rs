@@ -42,6 +42,11 @@ pub struct Passes {
     pub forward: f64,
     /// Backward, seconds.
     pub backward: f64,
+    /// The weights' gradients' part of `backward`, seconds, where measured
+    /// apart (`polychip profile` does; the zero-bubble schedule runs it
+    /// after the send). Optional: when absent, the cost model's share.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weight_grad: Option<f64>,
 }
 
 /// One chip type's measurements at one micro-batch size and tp degree.
@@ -125,10 +130,8 @@ impl ProfileEntry {
             head_forward: head.forward,
             head_backward: head.backward,
             optimizer_per_param: self.optimizer_per_param.unwrap_or(0.0),
-            // Profile files give whole backward passes: the cluster
-            // planner prices 1F1B (Megatron-LM's, DeepSpeed's) pipelines.
-            block_weight_grad: 0.0,
-            head_weight_grad: 0.0,
+            block_weight_grad: self.block.weight_grad.unwrap_or(0.0),
+            head_weight_grad: head.weight_grad.unwrap_or(0.0),
         }
     }
 
@@ -172,6 +175,23 @@ impl ProfileEntry {
         }
         if self.block.forward + self.block.backward <= 0.0 {
             return Err(format!("{at}: a block costs no time at all"));
+        }
+        // The weights' gradients are part of the backward pass.
+        let parts = [
+            ("embedding", self.embedding),
+            ("block", Some(self.block)),
+            ("head", self.head),
+        ];
+        for (part, p) in parts.into_iter().filter_map(|(n, p)| Some((n, p?))) {
+            if let Some(w) = p.weight_grad
+                && !(w.is_finite() && (0.0..=p.backward).contains(&w))
+            {
+                return Err(format!(
+                    "{at}: {part}.weight_grad is {w}; it is the weights' part of {part}.backward \
+                     ({}), so it must be from 0 to that",
+                    p.backward
+                ));
+            }
         }
         Ok(())
     }
@@ -399,6 +419,7 @@ impl ClusterSpec {
         let scaled = |t: crate::schedule::StageTiming| Passes {
             forward: t.forward * sf,
             backward: t.backward * sb,
+            weight_grad: None,
         };
         if e.embedding.is_none() {
             e.embedding = Some(scaled(at(0..0, 0, 2)));
@@ -476,6 +497,10 @@ impl ChipType {
         let passes = |a: Passes, c: Passes| Passes {
             forward: mix(a.forward, c.forward),
             backward: mix(a.backward, c.backward),
+            weight_grad: match (a.weight_grad, c.weight_grad) {
+                (Some(x), Some(y)) => Some(mix(x, y)),
+                _ => None,
+            },
         };
         let part = |a: Option<Passes>, c: Option<Passes>| {
             Some(passes(a.unwrap_or_default(), c.unwrap_or_default()))
@@ -547,6 +572,15 @@ pub(crate) fn apply_measured(
     let blocks = (stage.layers.end - stage.layers.start) as usize;
     let (embed, head) = (stage.holds_embedding(), stage.holds_head());
     let (mut f, mut b) = crate::measured::stage_passes(&costs, blocks, blocks, embed, head);
+    // The weights' gradients' part: measured apart where the profile gives
+    // it, else the cost model's share of the backward pass.
+    let measured_weights =
+        blocks as f64 * costs.block_weight_grad + if head { costs.head_weight_grad } else { 0.0 };
+    let weight_share = match (measured_weights > 0.0 && b > 0.0, timing.backward > 0.0) {
+        (true, _) => measured_weights / b,
+        (false, true) => timing.weight_grad / timing.backward,
+        (false, false) => 0.0,
+    };
     if settings.recompute == crate::settings::Recompute::Full {
         b += blocks as f64 * costs.block_forward;
     }
@@ -599,6 +633,7 @@ pub(crate) fn apply_measured(
     };
     timing.forward = f * scale_f;
     timing.backward = b * scale_b;
+    timing.weight_grad = (weight_share * timing.backward).min(timing.backward);
     timing.optimizer = params / shard * costs.optimizer_per_param;
 }
 
@@ -614,14 +649,17 @@ mod tests {
             embedding: Some(Passes {
                 forward: 0.1 * block,
                 backward: 0.1 * block,
+                weight_grad: None,
             }),
             block: Passes {
                 forward: block,
                 backward: 2.0 * block,
+                weight_grad: None,
             },
             head: Some(Passes {
                 forward: 3.0 * block,
                 backward: 6.0 * block,
+                weight_grad: None,
             }),
             optimizer_per_param: Some(1e-9),
             block_activation_bytes: Some(1000 * b),
@@ -798,6 +836,15 @@ mod tests {
         let text = text.replace("NaN", "-1.0").replace("null", "-1.0");
         let err = ProfileFile::from_json_str(&text).unwrap_err().to_string();
         assert!(err.contains("block.backward is -1"), "{err}");
+        // The weights' part of a backward pass cannot exceed it.
+        let mut over = entry("x", 2, 1.0);
+        over.head.as_mut().unwrap().weight_grad = Some(7.0);
+        let text = serde_json::to_string(&file(vec![over])).unwrap();
+        let err = ProfileFile::from_json_str(&text).unwrap_err().to_string();
+        assert!(
+            err.contains("head.weight_grad is 7") && err.contains("head.backward (6)"),
+            "{err}"
+        );
         let err = ProfileFile::from_json_str("{\"format\": 3}")
             .unwrap_err()
             .to_string();

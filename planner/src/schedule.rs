@@ -64,7 +64,7 @@ impl PipelineSchedule {
     /// phase of one forward and one backward pass (of `m` micro-batches):
     /// before its first backward pass it runs one more.
     pub fn warm_up(self, stage: usize, stages: usize, m: usize) -> usize {
-        let depth = stages - stage - 1;
+        let depth = stages.saturating_sub(stage + 1);
         match self {
             PipelineSchedule::OneFOneB => depth.min(m),
             PipelineSchedule::ZeroBubble => (2 * depth).min(m),

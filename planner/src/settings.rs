@@ -8,6 +8,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{SpecError, read_file};
+use crate::schedule::PipelineSchedule;
 
 /// The dtype matmuls run in (and activations are stored in).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -80,6 +81,10 @@ pub struct TrainingSettings {
     /// Micro-batch sizes (sequences) the planner may choose from.
     #[serde(default = "default_micro_batches")]
     pub micro_batch_sizes: Vec<u64>,
+    /// The pipelines' schedule; 1F1B (Megatron-LM's and DeepSpeed's) by
+    /// default. A plan file that names one is evaluated under its own.
+    #[serde(default)]
+    pub schedule: PipelineSchedule,
 }
 
 fn yes() -> bool {
@@ -101,6 +106,7 @@ impl TrainingSettings {
             bf16_gradients: false,
             flash_attention: true,
             micro_batch_sizes: default_micro_batches(),
+            schedule: PipelineSchedule::default(),
         }
     }
 

@@ -11,6 +11,7 @@ use polychip_planner::cluster::ClusterSpec;
 use polychip_planner::evaluate::{PlanSpec, evaluate};
 use polychip_planner::model::ModelSpec;
 use polychip_planner::profile::{FORMAT, Passes, ProfileEntry, ProfileFile};
+use polychip_planner::schedule::PipelineSchedule;
 use polychip_planner::search::{PlanOptions, plan};
 use polychip_planner::settings::{Dtype, TrainingSettings};
 
@@ -281,14 +282,17 @@ fn a_profile_prices_the_types_it_covers_and_scales_to_other_tp() {
         embedding: Some(Passes {
             forward: 0.001,
             backward: 0.002,
+            weight_grad: None,
         }),
         block: Passes {
             forward: 0.01 * b as f64,
             backward: 0.02 * b as f64,
+            weight_grad: None,
         },
         head: Some(Passes {
             forward: 0.005,
             backward: 0.01,
+            weight_grad: None,
         }),
         optimizer_per_param: Some(1e-11),
         block_activation_bytes: None,
@@ -347,6 +351,24 @@ fn a_profile_prices_the_types_it_covers_and_scales_to_other_tp() {
     // The search plans the profiled cluster without trouble.
     let report = plan_with(&m, &c);
     assert!(report.plan.step_time_simulated > 0.0);
+    // The weights' gradients: the cost model's share of the measured
+    // backward pass, or the profile's own where it times them apart.
+    assert!(t.weight_grad > 0.2 * t.backward && t.weight_grad < 0.6 * t.backward);
+    let mut split = profile.clone();
+    for e in &mut split.entries {
+        e.block.weight_grad = Some(0.015 * e.micro_batch as f64);
+        e.head.as_mut().unwrap().weight_grad = Some(0.004);
+    }
+    let mut c2 = example_cluster();
+    c2.apply_profile(&split, &m, &TrainingSettings::new(1))
+        .unwrap();
+    let ev = evaluate(&spec, &m, &c2, &TrainingSettings::new(1)).unwrap();
+    let t2 = &ev.plan.replicas[0].stages[0].timing;
+    assert!((t2.backward - t.backward).abs() < 1e-12);
+    assert!(
+        (t2.weight_grad - (32.0 * 0.03 + 0.004)).abs() < 1e-12,
+        "{t2:?}"
+    );
 }
 
 fn plan_with(m: &ModelSpec, c: &ClusterSpec) -> polychip_planner::search::PlanReport {
@@ -423,4 +445,57 @@ fn a_stage_mixing_chip_types_is_dealt_out_by_replica() {
         .map(|r| r.step_time_simulated)
         .fold(0.0, f64::max);
     assert_eq!(ev.plan.step_time_simulated, slowest);
+}
+
+#[test]
+fn a_plan_names_its_schedule_and_is_priced_and_sized_under_it() {
+    let m = ModelSpec::llama_7b();
+    let c = example_cluster();
+    let plan = |schedule: &str| {
+        format!(
+            r#"{{{schedule} "group": [{{"copies": 2, "micro_batch_size": 1, "micro_batches": 32,
+            "stages": [{{"device": "nvidia-a800-class", "layers": [0, 20]}},
+                       {{"device": "iluvatar-bi-v100-class", "layers": [20, 32]}}]}}]}}"#
+        )
+    };
+    let run = |schedule: &str| {
+        let spec = PlanSpec::parse(&plan(schedule), true).unwrap();
+        evaluate(&spec, &m, &c, &TrainingSettings::new(64)).unwrap()
+    };
+    let (default, one, zb) = (
+        run(""),
+        run(r#""schedule": "1f1b","#),
+        run(r#""schedule": "zero-bubble","#),
+    );
+    assert_eq!(default.plan, one.plan);
+    let (r1, rz) = (&one.plan.replicas[0], &zb.plan.replicas[0]);
+    assert_eq!(rz.pipeline, PipelineSchedule::ZeroBubble);
+    // The cost model prices the weights' gradients (one matmul per weight,
+    // as many FLOPs as its forward): a real share of each backward pass.
+    for s in &rz.stages {
+        let t = &s.timing;
+        assert!(
+            t.weight_grad > 0.2 * t.backward && t.weight_grad < 0.6 * t.backward,
+            "{t:?}"
+        );
+    }
+    assert_ne!(r1.step_time_simulated, rz.step_time_simulated);
+    // Stage 0 of 2 keeps 3 micro-batches' activations, not 2; stage 1 one
+    // more for its weights' pass, 2 not 1.
+    let act = |r: &polychip_planner::plan::Replica, i: usize| r.stages[i].memory.activations;
+    assert!((act(rz, 0) / act(r1, 0) - 1.5).abs() < 1e-9);
+    assert!((act(rz, 1) / act(r1, 1) - 2.0).abs() < 1e-9);
+    // The settings' schedule applies where the file names none.
+    let mut s = TrainingSettings::new(64);
+    s.schedule = PipelineSchedule::ZeroBubble;
+    let spec = PlanSpec::parse(&plan(""), true).unwrap();
+    assert_eq!(evaluate(&spec, &m, &c, &s).unwrap().plan, zb.plan);
+    // A schedule that is not one is refused, naming it.
+    let e = err(&plan(r#""schedule": "interleaved","#), true, &m);
+    assert!(
+        e.contains("schedule is \"interleaved\"") && e.contains("zero-bubble"),
+        "{e}"
+    );
+    let e = err(&plan(r#""schedule": 3,"#), true, &m);
+    assert!(e.contains("schedule is 3"), "{e}");
 }

@@ -4,20 +4,29 @@
 
 mod common;
 
+use std::sync::{Mutex, MutexGuard};
+
 use polychip_host::{DType, LoadOptions, Runtime};
 
-fn runtime() -> Runtime {
+/// The plugins are loaded once per process, so their devices (and their
+/// memory counts) are shared by this file's tests, which run on threads
+/// of one process: each holds this while it uses them, so that one test's
+/// buffers never show in another's count.
+static DEVICES: Mutex<()> = Mutex::new(());
+
+fn runtime() -> (MutexGuard<'static, ()>, Runtime) {
+    let serial = DEVICES.lock().unwrap_or_else(|e| e.into_inner());
     let runtime = Runtime::load(
         &[common::ferrite_path(), common::cobalt_path()],
         &LoadOptions::default(),
     );
     assert!(runtime.failures().is_empty(), "{:?}", runtime.failures());
-    runtime
+    (serial, runtime)
 }
 
 #[test]
 fn one_runtime_drives_both_vendors() {
-    let runtime = runtime();
+    let (_serial, runtime) = runtime();
     let vendors: Vec<&str> = runtime.plugins().iter().map(|p| p.vendor()).collect();
     assert_eq!(vendors, ["Ferrite", "Cobalt"]);
     let ferrite = &runtime.devices_of("ferrite")[0];
@@ -36,7 +45,7 @@ fn one_runtime_drives_both_vendors() {
 
 #[test]
 fn cobalt_memory_is_encoded_so_dereferencing_a_device_pointer_gives_garbage() {
-    let runtime = runtime();
+    let (_serial, runtime) = runtime();
     let cobalt = &runtime.devices_of("cobalt")[0];
     let plain: Vec<u8> = (0..64u8).collect();
     let t = cobalt.empty(DType::U8, &[64]).unwrap();
@@ -58,7 +67,7 @@ fn cobalt_memory_is_encoded_so_dereferencing_a_device_pointer_gives_garbage() {
 
 #[test]
 fn tensors_move_between_vendors_in_both_directions_and_strided() {
-    let runtime = runtime();
+    let (_serial, runtime) = runtime();
     let ferrite = &runtime.devices_of("ferrite")[0];
     let cobalt = &runtime.devices_of("cobalt")[0];
     let values: Vec<f32> = (0..24).map(|i| i as f32 * 0.5).collect();
@@ -88,7 +97,7 @@ fn tensors_move_between_vendors_in_both_directions_and_strided() {
 
 #[test]
 fn ferrite_devices_copy_between_each_other() {
-    let runtime = runtime();
+    let (_serial, runtime) = runtime();
     let ferrite = runtime.devices_of("ferrite");
     assert!(
         ferrite.len() >= 2,
@@ -102,7 +111,7 @@ fn ferrite_devices_copy_between_each_other() {
 
 #[test]
 fn each_device_counts_the_memory_its_buffers_hold_and_the_peak() {
-    let runtime = runtime();
+    let (_serial, runtime) = runtime();
     let ferrite = &runtime.devices_of("ferrite")[0];
     let cobalt = &runtime.devices_of("cobalt")[0];
     let base = ferrite.memory_in_use();

@@ -687,14 +687,18 @@ pub fn profile_file(
         for (i, &b) in sizes.iter().enumerate() {
             let m = median_profile(&runs[k * sizes.len() + i]);
             let c = &m.costs;
-            let passes = |forward, backward| Passes { forward, backward };
+            let passes = |forward, backward, weights: f64| Passes {
+                forward,
+                backward,
+                weight_grad: (weights > 0.0).then_some(weights),
+            };
             entries.push(ProfileEntry {
                 chip: d.props().name.clone(),
                 micro_batch: b as u64,
                 tp: 1,
-                embedding: Some(passes(c.embed_forward, c.embed_backward)),
-                block: passes(c.block_forward, c.block_backward),
-                head: Some(passes(c.head_forward, c.head_backward)),
+                embedding: Some(passes(c.embed_forward, c.embed_backward, 0.0)),
+                block: passes(c.block_forward, c.block_backward, c.block_weight_grad),
+                head: Some(passes(c.head_forward, c.head_backward, c.head_weight_grad)),
                 optimizer_per_param: Some(c.optimizer_per_param),
                 block_activation_bytes: m.block_activation_bytes,
                 peak_memory_bytes: Some(m.peak_memory_bytes),
