@@ -436,7 +436,8 @@ impl Choices {
 /// ([`profile_side_by_side`]), then searches the layouts `mode` allows with
 /// each kind's measured costs ([`polychip_planner::measured`]);
 /// data-parallel layouts may shard the optimizer step when `choices`
-/// allow it (the search prices both). Returns the plan
+/// allow it (the search prices both), and pipelines run whichever schedule
+/// `choices` allow predicts faster (the plan names it). Returns the plan
 /// (with the predicted step time), the search's answer and the profiles
 /// (one per kind and micro-batch size).
 pub fn auto_plan(
