@@ -421,9 +421,15 @@ pub struct Choices {
 }
 
 impl Choices {
-    /// The schedules the search prices.
-    fn schedules(&self) -> Vec<PipelineSchedule> {
-        match (self.schedule, self.async_sends) {
+    /// The schedules the search prices for a job whose ranks do or do not
+    /// share cores (`oversubscribed`). Zero bubble needs queued sends, and
+    /// is left out where ranks share cores: the simulator counts two
+    /// stages as computing at once, which two stages on one core do not,
+    /// and zero bubble's stages run further ahead, each taking the core
+    /// from the other (three vendors on two cores measured its step 1.19x
+    /// 1F1B's, docs/performance.md). Asked for, it is priced anyway.
+    fn schedules(&self, oversubscribed: bool) -> Vec<PipelineSchedule> {
+        match (self.schedule, self.async_sends && !oversubscribed) {
             (Some(s), _) => vec![s],
             (None, true) => vec![PipelineSchedule::OneFOneB, PipelineSchedule::ZeroBubble],
             (None, false) => vec![PipelineSchedule::OneFOneB],
@@ -473,6 +479,12 @@ pub fn auto_plan(
         )));
     }
     let profiles = profile_side_by_side(cfg, t, devices, &sizes, cores)?;
+    // More ranks than the cores they run on (pinned, or the machine's).
+    let available = match cores {
+        Some(c) => c.len(),
+        None => std::thread::available_parallelism().map_or(1, |n| n.get()),
+    };
+    let schedules = choices.schedules(devices.len() > available);
     let mut best: Option<(MeasuredPlan, Vec<MeasuredDevice>, PipelineSchedule)> = None;
     let mut by_size: Vec<SizedCosts> = Vec::new();
     // Each device's best step alone over the sizes: the speedup ratio's
@@ -502,7 +514,7 @@ pub fn auto_plan(
             let need = memory::stage_memory(cfg, t.precision, &range, b, in_flight);
             need.total() <= devices[d].props().memory_bytes
         };
-        for schedule in choices.schedules() {
+        for schedule in schedules.iter().copied() {
             let model = MeasuredModel {
                 schedule,
                 ..measured_model(cfg, t, b, gb, choices)
@@ -724,4 +736,28 @@ pub fn profile_file(
         ),
         entries,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn zero_bubble_is_priced_only_with_queued_sends_and_a_core_per_rank_unless_asked_for() {
+        use PipelineSchedule::{OneFOneB, ZeroBubble};
+        let choices = |async_sends, schedule| Choices {
+            shard_optimizer: true,
+            overlap_reduction: true,
+            async_sends,
+            schedule,
+        };
+        assert_eq!(choices(true, None).schedules(false), [OneFOneB, ZeroBubble]);
+        assert_eq!(choices(false, None).schedules(false), [OneFOneB]);
+        assert_eq!(choices(true, None).schedules(true), [OneFOneB]);
+        assert_eq!(
+            choices(true, Some(ZeroBubble)).schedules(true),
+            [ZeroBubble]
+        );
+        assert_eq!(choices(true, Some(OneFOneB)).schedules(false), [OneFOneB]);
+    }
 }
