@@ -9,8 +9,8 @@
 //! order is fixed. Under the zero-bubble schedule a stage `i > 0` splits
 //! each backward pass: the input's gradient (`backward - weight_grad`),
 //! sent as soon as it is done, then the weights' (`weight_grad`), before
-//! the stage's next pass. An operation starts when its
-//! stage is free and its dependency has arrived: the forward of micro-batch
+//! the stage's next pass. An operation starts when its stage is free and
+//! its dependency has arrived: the forward of micro-batch
 //! `j` on stage `i` waits for that forward on stage `i - 1` plus
 //! `send_next[i - 1]`; the backward of `j` on stage `i` waits for that
 //! backward on stage `i + 1` plus `send_next[i]` (the gradient travels back
@@ -30,8 +30,8 @@
 //! Since each stage's order is fixed and nothing else is shared,
 //! resolving operations in dependency order (each start is `max(stage
 //! free, dependency arrival)`) gives exactly the timeline that a
-//! time-ordered event queue would. `m = 0` is treated as one micro-batch, as in
-//! [`Schedule::analytic_step_time`].
+//! time-ordered event queue would. `m = 0` is treated as one micro-batch,
+//! as in [`Schedule::analytic_step_time`].
 
 use crate::schedule::{PipelineSchedule, Schedule};
 use serde::{Deserialize, Serialize};
