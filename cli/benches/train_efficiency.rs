@@ -162,8 +162,8 @@ const MIXED: [Config; 9] = [
         same_plan_as: Some("DP ferrite+cobalt"),
     },
     // The pipeline's plan under 1F1B (`--schedule 1f1b`): the A/B of the
-    // zero-bubble schedule, which the plan above may have chosen (the
-    // prediction stays the plan's).
+    // zero-bubble schedule, which the plan above may have chosen (then
+    // without a prediction: the plan was priced under the other).
     Config {
         name: "PP 1f1b ferrite+cobalt",
         plan: "auto-pp",

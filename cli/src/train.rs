@@ -437,6 +437,14 @@ fn train(args: &Args) -> Result<ExitCode, TrainError> {
         // A plan searched without it was priced without it.
         plan.predicted_step_seconds = None;
     }
+    if let Some(s) = args.schedule {
+        if plan.schedule.is_some_and(|p| p != s) {
+            // Priced under the other schedule.
+            plan.predicted_step_seconds = None;
+        }
+        plan.schedule = Some(s);
+    }
+    trainer::check_schedule(schedule(args, &plan), !args.blocking_sends)?;
     plan.validate(&model, t.global_batch)?;
     if let Some(path) = &args.save_plan {
         let text = serde_json::to_string_pretty(&plan).expect("a plan serializes");

@@ -907,6 +907,27 @@ fn the_pipeline_search_writes_the_schedule_it_priced_into_the_plan() {
     );
     assert_ne!(code, Some(0));
     assert!(err.contains("--schedule 1f1b"), "{err}");
+    // --schedule overrides the plan's, which then has no prediction: it
+    // was priced under the other.
+    let out = dir.join("overridden.json").display().to_string();
+    let (code, _, err) = polychip(
+        &[
+            &COMMON[..],
+            &[
+                "--plan",
+                &zb_plan,
+                "--schedule",
+                "1f1b",
+                "--save-plan",
+                &out,
+            ],
+        ]
+        .concat(),
+    );
+    assert_eq!(code, Some(0), "{err}");
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap();
+    assert_eq!(v["schedule"], "1f1b");
+    assert!(v.get("predicted_step_seconds").is_none(), "{v}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
