@@ -498,7 +498,13 @@ impl PlanSpec {
                 out.len()
             )));
         }
-        let schedule = match v.get("schedule") {
+        // A train plan's `schedule`, or the pipeline the planner's own
+        // answer priced its replicas under (`replicas[].pipeline`).
+        let named = match planner {
+            true => groups.iter().find_map(|g| g.get("pipeline")),
+            false => v.get("schedule"),
+        };
+        let schedule = match named {
             None | Some(Value::Null) => None,
             Some(x) => Some(x.as_str().and_then(|s| s.parse().ok()).ok_or_else(|| {
                 plan_err(format!(

@@ -33,6 +33,18 @@ fn the_searchs_answer_evaluates_to_its_own_prediction() {
     let json = serde_json::to_string(&report).unwrap();
     let spec = PlanSpec::parse(&json, true).unwrap();
     let ev = evaluate(&spec, &m, &c, &s).unwrap();
+    // Searched under zero bubble, the answer names it and evaluates under
+    // it with the default settings too.
+    let mut zb = s.clone();
+    zb.schedule = PipelineSchedule::ZeroBubble;
+    let zb_report = plan(&m, &c, &zb, &PlanOptions::default()).unwrap();
+    let zb_spec = PlanSpec::parse(&serde_json::to_string(&zb_report).unwrap(), true).unwrap();
+    assert_eq!(zb_spec.schedule, Some(PipelineSchedule::ZeroBubble));
+    let zb_ev = evaluate(&zb_spec, &m, &c, &s).unwrap();
+    assert_eq!(
+        zb_ev.plan.step_time_simulated,
+        zb_report.plan.step_time_simulated
+    );
     assert_eq!(ev.plan.step_time_simulated, report.plan.step_time_simulated);
     assert_eq!(ev.plan.step_time_analytic, report.plan.step_time_analytic);
     assert_eq!(ev.plan.replicas, report.plan.replicas);
