@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::cluster::{ChipType, ClusterSpec, Framework};
 use crate::model::{Matmul, MemoryPass, ModelSpec};
-use crate::schedule::{PipelineSchedule, StageTiming};
+use crate::schedule::StageTiming;
 use crate::settings::{Recompute, TrainingSettings};
 
 /// The stage after this one: its chip type and whether the boundary stays
@@ -194,13 +194,6 @@ pub fn stage_params(model: &ModelSpec, layers: &Range<u64>) -> u64 {
         params += model.head_params();
     }
     params
-}
-
-/// Micro-batches whose activations stage `index` of `num_stages` keeps
-/// under 1F1B: `min(p - i, m)`; the first stage keeps the most (the
-/// zero-bubble schedule's: [`PipelineSchedule::in_flight`]).
-pub fn inflight_microbatches(index: usize, num_stages: usize, microbatches: u64) -> u64 {
-    PipelineSchedule::OneFOneB.in_flight(index, num_stages, microbatches as usize) as u64
 }
 
 /// Activation bytes one layer keeps per micro-batch of `micro_batch`

@@ -3,6 +3,7 @@
 //! at b = 1, and one layer holds 855,654,400 parameters).
 
 use super::*;
+use crate::schedule::PipelineSchedule;
 use crate::settings::Dtype;
 
 const SBH: f64 = 33_554_432.0;
@@ -109,13 +110,13 @@ fn activation_bytes_per_layer() {
 fn one_f_one_b_first_stage_keeps_the_most() {
     assert_eq!(
         (0..4)
-            .map(|i| inflight_microbatches(i, 4, 8))
+            .map(|i| PipelineSchedule::OneFOneB.in_flight(i, 4, 8))
             .collect::<Vec<_>>(),
         [4, 3, 2, 1]
     );
     assert_eq!(
         (0..4)
-            .map(|i| inflight_microbatches(i, 4, 2))
+            .map(|i| PipelineSchedule::OneFOneB.in_flight(i, 4, 2))
             .collect::<Vec<_>>(),
         [2, 2, 2, 1]
     );

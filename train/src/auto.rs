@@ -514,11 +514,9 @@ pub fn auto_plan(
             let need = memory::stage_memory(cfg, t.precision, &range, b, in_flight);
             need.total() <= devices[d].props().memory_bytes
         };
-        for schedule in schedules.iter().copied() {
-            let model = MeasuredModel {
-                schedule,
-                ..measured_model(cfg, t, b, gb, choices)
-            };
+        let model = measured_model(cfg, t, b, gb, choices);
+        for &schedule in &schedules {
+            let model = MeasuredModel { schedule, ..model };
             let found = measured::search(&costs, &model, which, &fits);
             if let Some(f) = &found {
                 for (a, t) in alone.iter_mut().zip(&f.alone_step_seconds) {
@@ -533,7 +531,6 @@ pub fn auto_plan(
                 best = Some((found, costs.clone(), schedule));
             }
         }
-        let model = measured_model(cfg, t, b, gb, choices);
         by_size.push(SizedCosts {
             devices: costs,
             model,

@@ -241,7 +241,7 @@ impl Stage {
         let w2 = p(block::W2);
         let (gar, actr) = (rows(&ga, c.ffn)?, rows(&sv.act, c.ffn)?);
         let label = at("feed_forward.w2");
-        self.linear_backward(items, &label, &g3r, &actr, w2, &gar, false)?;
+        self.linear_backward(items, label, &g3r, &actr, w2, &gar, false)?;
         let gg = self.empty(&[b, s, c.ffn])?;
         let gu = self.empty(&[b, s, c.ffn])?;
         ops.swiglu_backward(
@@ -257,7 +257,7 @@ impl Stage {
         let (w1, w3) = (p(block::W1), p(block::W3));
         for (name, g, w, acc) in [("w1", &ggr, w1, false), ("w3", &gur, w3, true)] {
             let label = at(&format!("feed_forward.{name}"));
-            self.linear_backward(items, &label, g, &h2r, w, &gh2r, acc)?;
+            self.linear_backward(items, label, g, &h2r, w, &gh2r, acc)?;
         }
         drop((gg, gu));
         let fnorm = p(block::FFN_NORM);
@@ -290,7 +290,7 @@ impl Stage {
         let wo = p(block::WO);
         let (gattnr, attnr) = (rows(&gattn, qw)?, rows(&sv.attn, qw)?);
         let label = at("attention.wo");
-        self.linear_backward(items, &label, &g2r, &attnr, wo, &gattnr, false)?;
+        self.linear_backward(items, label, &g2r, &attnr, wo, &gattnr, false)?;
         let gq = self.empty(&[b, s, c.heads, hd])?;
         let gk = self.empty(&[b, s, c.kv_heads, hd])?;
         let gv = self.empty(&[b, s, c.kv_heads, hd])?;
@@ -337,7 +337,7 @@ impl Stage {
         let projections = [("wq", &gq0r, wq), ("wk", &gk0r, wk), ("wv", &gvr, wv)];
         for (i, (name, g, w)) in projections.into_iter().enumerate() {
             let label = at(&format!("attention.{name}"));
-            self.linear_backward(items, &label, g, &h1r, w, &gh1r, i > 0)?;
+            self.linear_backward(items, label, g, &h1r, w, &gh1r, i > 0)?;
         }
         let anorm = p(block::ATTN_NORM);
         let gx = self.norm_backward(&at("attention_norm"), &gh1, &sv.x, anorm, &sv.inv1)?;

@@ -478,7 +478,7 @@ impl Stage {
                 let ghn = self.empty(&[b, s, d])?;
                 let ghn2 = ghn.reshape(&[n, d as i64])?;
                 let mut items = Vec::new();
-                self.linear_backward(&mut items, "output", &gl, &h.hn, out_w, &ghn2, false)?;
+                self.linear_backward(&mut items, "output".into(), &gl, &h.hn, out_w, &ghn2, false)?;
                 let g = self.norm_backward("norm", &ghn, &h.x, norm, &h.inv)?;
                 let from = self.params.len() - 2;
                 unit_done(Unit { from, items })?;

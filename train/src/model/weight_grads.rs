@@ -47,13 +47,6 @@ pub struct WeightGrads {
     units: Vec<Unit>,
 }
 
-impl WeightGrads {
-    /// Whether nothing is left to compute.
-    pub fn is_empty(&self) -> bool {
-        self.units.iter().all(|u| u.items.is_empty())
-    }
-}
-
 impl Stage {
     /// The input's gradient of `out = x @ w^T` now (`gx (+)= g @ w`,
     /// accumulating when `accumulate`); the weight's, `w.grad += g^T @ x`,
@@ -62,7 +55,7 @@ impl Stage {
     pub(super) fn linear_backward(
         &self,
         items: &mut Vec<Item>,
-        label: &str,
+        label: String,
         g: &Tensor,
         x: &Tensor,
         w: &Param,
@@ -70,9 +63,9 @@ impl Stage {
         accumulate: bool,
     ) -> Result<()> {
         self.ops()
-            .linear_input_grad(label, g, w.weight(), gx, accumulate)?;
+            .linear_input_grad(&label, g, w.weight(), gx, accumulate)?;
         items.push(Item::Linear {
-            label: label.to_string(),
+            label,
             g: g.clone(),
             x: x.clone(),
             grad: w.grad.clone(),
