@@ -16,7 +16,9 @@ use std::process::ExitCode;
 
 use polychip_comm::launch::{LaunchOptions, launch};
 use polychip_host::{Device, Runtime};
+use polychip_planner::profile::ProfileFile;
 use polychip_planner::schedule::PipelineSchedule;
+use polychip_planner::uncertainty;
 use polychip_train::config::{ModelConfig, Precision, TrainConfig};
 use polychip_train::data::Corpus;
 use polychip_train::plan::TrainPlan;
@@ -169,6 +171,27 @@ pub struct Args {
     /// faster; otherwise 1f1b.
     #[arg(long, value_name = "SCHEDULE")]
     schedule: Option<PipelineSchedule>,
+    /// With `--plan auto`: the relative error assumed of each device
+    /// kind's profile (0 to 0.5). The search takes the layout expecting
+    /// the shortest step when any kind may run that much slower or faster
+    /// than profiled, rather than the layout of the shortest predicted
+    /// step, which is often one balanced on the profile's errors. 0 takes
+    /// the shortest predicted step. Default 0.1 (how far two identical
+    /// runs differ on a shared machine).
+    #[arg(long, value_name = "FRACTION")]
+    profile_error: Option<f64>,
+    /// With `--plan auto`: plan from this profile file (as `--save-profile`
+    /// or `polychip profile` writes it, or written by hand; format in
+    /// docs/planner.md) instead of profiling the devices. It must be of
+    /// this model and precision and give every device kind.
+    #[arg(long, value_name = "FILE")]
+    profile: Option<PathBuf>,
+    /// With `--plan auto`: write the profiles the plan was made from (one
+    /// entry per device kind and micro-batch size) to this file, for
+    /// `--profile` (planning again without profiling) or `polychip plan
+    /// --profile`.
+    #[arg(long, value_name = "FILE")]
+    save_profile: Option<PathBuf>,
     /// Internal: the resolved plan (JSON) handed to the ranks.
     #[arg(long, hide = true, value_name = "FILE")]
     resolved_plan: Option<PathBuf>,
@@ -292,6 +315,39 @@ fn resolve_plan(
     if let Some(s) = args.schedule {
         trainer::check_schedule(s, !args.blocking_sends)?;
     }
+    let auto_mode = args.device.is_none()
+        && args.stages.is_none()
+        && args
+            .plan
+            .as_deref()
+            .is_none_or(|p| auto::AutoMode::parse(p).is_some());
+    for (flag, given) in [
+        ("--profile", args.profile.is_some()),
+        ("--save-profile", args.save_profile.is_some()),
+    ] {
+        if given && !auto_mode {
+            return Err(TrainError::Plan(format!(
+                "{flag} applies to --plan auto, auto-pp or auto-dp only; this job's layout is \
+                 given"
+            )));
+        }
+    }
+    let profile_error = match args.profile_error {
+        Some(e) if !auto_mode => {
+            return Err(TrainError::Plan(format!(
+                "--profile-error {e} applies to --plan auto, auto-pp or auto-dp only; this \
+                 job's layout is given"
+            )));
+        }
+        Some(e) if !(0.0..=uncertainty::MAX_SIGMA).contains(&e) => {
+            return Err(TrainError::Plan(format!(
+                "--profile-error {e} is not a fraction between 0 and {}",
+                uncertainty::MAX_SIGMA
+            )));
+        }
+        Some(e) => e,
+        None => auto::PROFILE_ERROR,
+    };
     let (mbs, copies) = (micro_batch_size(args), copies(args));
     let per_replica = t.global_batch / copies;
     let micro = |what: &str| -> Result<usize, TrainError> {
@@ -326,14 +382,51 @@ fn resolve_plan(
                 overlap_reduction: !args.reduce_after_backward,
                 async_sends: !args.blocking_sends,
                 schedule: args.schedule,
+                profile_error,
             };
-            let (plan, found, profiles) =
-                auto::auto_plan(model, t, &devices, mode, choices, pinned)?;
+            let given = match &args.profile {
+                Some(path) => Some(
+                    ProfileFile::load(path)
+                        .map_err(|e| TrainError::Plan(format!("--profile: {e}")))?,
+                ),
+                None => None,
+            };
+            let label = args
+                .profile
+                .as_ref()
+                .map(|p| format!("--profile {}", p.display()))
+                .unwrap_or_default();
+            let (plan, found, profiles) = auto::auto_plan(
+                model,
+                t,
+                &devices,
+                mode,
+                choices,
+                pinned,
+                given.as_ref().map(|f| (f, label.as_str())),
+            )?;
+            if let Some(path) = &args.save_profile {
+                let source = match &args.profile {
+                    Some(p) => format!("polychip train --profile {} (read back) on", p.display()),
+                    None => "polychip train --plan auto, profiled side by side on".into(),
+                };
+                let file = auto::to_file(model, t, &devices, &profiles, &source);
+                let text = serde_json::to_string_pretty(&file)
+                    .map_err(|e| TrainError::Plan(format!("--save-profile: {e}")))?;
+                polychip_train::checkpoint::write_atomic(path, text.as_bytes()).map_err(|e| {
+                    TrainError::Plan(format!("--save-profile {}: {e}", path.display()))
+                })?;
+                eprintln!("profile written to {}", path.display());
+            }
             for p in &profiles {
                 let c = &p.costs;
                 eprintln!(
-                    "profiled {} (micro-batch {}): block {:.2} ms, embedding {:.2} ms, head {:.2} \
+                    "{} {} (micro-batch {}): block {:.2} ms, embedding {:.2} ms, head {:.2} \
                      ms (forward + backward), optimizer {:.1} ns per parameter",
+                    match given {
+                        Some(_) => "profile read for",
+                        None => "profiled",
+                    },
                     p.device,
                     p.micro_batch,
                     p.block_seconds() * 1e3,
@@ -342,8 +435,16 @@ fn resolve_plan(
                     c.optimizer_per_param * 1e9
                 );
             }
+            let expected = match found.expected_step_seconds > found.step_seconds * (1.0 + 1e-9) {
+                true => format!(
+                    " (expected {:.1} ms if a kind runs {:.0}% off its profile)",
+                    found.expected_step_seconds * 1e3,
+                    profile_error * 100.0
+                ),
+                false => String::new(),
+            };
             eprintln!(
-                "plan (HeteroAuto, measured costs, {} layouts): {}; predicted step {:.1} ms, \
+                "plan (HeteroAuto, measured costs, {} layouts): {}; predicted step {:.1} ms{expected}, \
                  {:.0} tokens/s, HeteroSpeedupRatio {:.1}%",
                 found.candidates,
                 plan.describe(),
@@ -388,6 +489,9 @@ fn train(args: &Args) -> Result<ExitCode, TrainError> {
         }
         if let Some(p) = &args.save_plan {
             files.push(("--save-plan", p.clone()));
+        }
+        if let Some(p) = &args.save_profile {
+            files.push(("--save-profile", p.clone()));
         }
         for (flag, path) in &files {
             check_output_file(flag, path)?;

@@ -716,6 +716,110 @@ fn the_zero_bubble_schedule_refuses_blocking_sends_before_profiling() {
 }
 
 #[test]
+fn a_profile_error_is_refused_outside_its_range_or_without_a_search() {
+    for (args, want) in [
+        (
+            &["--plan", "auto", "--profile-error", "0.7"][..],
+            "--profile-error 0.7 is not a fraction between 0 and 0.5",
+        ),
+        (
+            &["--plan", "auto-dp", "--profile-error", "NaN"][..],
+            "--profile-error NaN is not a fraction",
+        ),
+        (
+            &["--device", "ferrite:0", "--profile-error", "0.1"][..],
+            "--profile-error 0.1 applies to --plan auto, auto-pp or auto-dp only",
+        ),
+    ] {
+        let (code, _, err) = polychip(&[&COMMON[..], args].concat());
+        assert_ne!(code, Some(0));
+        assert!(err.contains(want) && !err.contains("profiled"), "{err}");
+    }
+}
+
+#[test]
+fn a_saved_profile_plans_again_without_profiling_and_a_foreign_one_is_refused() {
+    let dir = scratch("saved_profile");
+    let (prof, first, again) = (
+        dir.join("profile.json"),
+        dir.join("first.json"),
+        dir.join("again.json"),
+    );
+    let path = |p: &std::path::Path| p.display().to_string();
+    let plan = |extra: &[&str], out: &std::path::Path| {
+        let mut args = COMMON.to_vec();
+        args.extend_from_slice(&["--plan", "auto", "--devices", "ferrite:0,cobalt:0"]);
+        let out = path(out);
+        args.extend_from_slice(&["--save-plan", &out]);
+        args.extend_from_slice(extra);
+        let (code, o, err) = polychip(&args);
+        assert_eq!(code, Some(0), "{o}{err}");
+        err
+    };
+    let err = plan(&["--save-profile", &path(&prof)], &first);
+    assert!(err.contains("profiled cobalt:0"), "{err}");
+    // Every kind at every size, with the attention half measured.
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&prof).unwrap()).unwrap();
+    let entries = v["entries"].as_array().unwrap();
+    assert_eq!(entries.len(), 2 * 3, "{v}");
+    assert!(
+        entries
+            .iter()
+            .all(|e| e["attention"]["forward"].as_f64().unwrap() > 0.0)
+    );
+    // From the file: no profiling, the same plan and prediction.
+    let err = plan(&["--profile", &path(&prof)], &again);
+    assert!(
+        err.contains("profile read for cobalt:0") && !err.contains("profiled"),
+        "{err}"
+    );
+    let read = |p: &std::path::Path| -> serde_json::Value {
+        serde_json::from_slice(&std::fs::read(p).unwrap()).unwrap()
+    };
+    assert_eq!(read(&first), read(&again));
+    // Another model's profile, or one without a device kind, is refused
+    // naming the file and what is wrong, before anything is profiled.
+    let refused = |args: &[&str], want: &str| {
+        let (code, _, err) = polychip(&[&COMMON[..], args].concat());
+        assert_ne!(code, Some(0));
+        assert!(err.contains(want) && !err.contains("profiled"), "{err}");
+    };
+    let mut other = v.clone();
+    other["model"]["layers"] = 7.into();
+    let other_path = dir.join("other.json");
+    std::fs::write(&other_path, other.to_string()).unwrap();
+    let other_arg = path(&other_path);
+    refused(
+        &["--plan", "auto", "--profile", &other_arg],
+        "whose layers is 7",
+    );
+    let mut ferrite_only = v.clone();
+    ferrite_only["entries"] = entries
+        .iter()
+        .filter(|e| e["chip"].as_str().unwrap().starts_with("Ferrite"))
+        .cloned()
+        .collect();
+    let ferrite_path = dir.join("ferrite.json");
+    std::fs::write(&ferrite_path, ferrite_only.to_string()).unwrap();
+    let ferrite_arg = path(&ferrite_path);
+    refused(
+        &[
+            "--plan",
+            "auto",
+            "--devices",
+            "ferrite:0,cobalt:0",
+            "--profile",
+            &ferrite_arg,
+        ],
+        "has no entry at tp 1 and a micro-batch size of [4, 2, 1] for cobalt:0",
+    );
+    refused(
+        &["--device", "ferrite:0", "--profile", &path(&prof)],
+        "--profile applies to --plan auto",
+    );
+}
+
+#[test]
 fn trace_and_autocompare_cover_every_rank() {
     let dir = scratch("trace");
     let trace = dir.join("run.json");

@@ -8,7 +8,9 @@
 //! - [`sim`]: a discrete-event simulator of those schedules with unequal
 //!   stages, which also writes a Chrome trace of the timeline;
 //! - [`plan`]: a plan (data-parallel groups of pipelines) and its predictions;
-//! - [`search`]: the search for the fastest plan, and the HeteroSpeedupRatio.
+//! - [`search`]: the search for the fastest plan, and the HeteroSpeedupRatio;
+//! - [`measured`]: the search over a few real devices from measured costs,
+//!   and [`uncertainty`]: how it chooses when those costs are uncertain.
 
 #![forbid(unsafe_code)]
 
@@ -26,3 +28,4 @@ pub mod schedule;
 pub mod search;
 pub mod settings;
 pub mod sim;
+pub mod uncertainty;

@@ -24,6 +24,7 @@
 use crate::overlap;
 use crate::schedule::{PipelineSchedule, Schedule, StageTiming};
 use crate::sim;
+use crate::uncertainty::SigmaPoints;
 
 /// One device and its measured costs per micro-batch, seconds.
 #[derive(Debug, Clone, PartialEq)]
@@ -55,6 +56,26 @@ pub struct MeasuredDevice {
     pub block_weight_grad: f64,
     /// The weights' gradients' part of `head_backward` (0: not measured).
     pub head_weight_grad: f64,
+}
+
+impl MeasuredDevice {
+    /// The same device with every cost multiplied by `f`.
+    pub fn scaled(&self, f: f64) -> MeasuredDevice {
+        MeasuredDevice {
+            name: self.name.clone(),
+            block_forward: f * self.block_forward,
+            block_backward: f * self.block_backward,
+            attention_forward: f * self.attention_forward,
+            attention_backward: f * self.attention_backward,
+            embed_forward: f * self.embed_forward,
+            embed_backward: f * self.embed_backward,
+            head_forward: f * self.head_forward,
+            head_backward: f * self.head_backward,
+            optimizer_per_param: f * self.optimizer_per_param,
+            block_weight_grad: f * self.block_weight_grad,
+            head_weight_grad: f * self.head_weight_grad,
+        }
+    }
 }
 
 /// The model as the search needs it.
@@ -92,6 +113,10 @@ pub struct MeasuredModel {
     pub async_sends: bool,
     /// The pipelines' schedule.
     pub schedule: PipelineSchedule,
+    /// The relative standard error of each device kind's measured costs:
+    /// layouts are chosen by their expected step under it
+    /// ([`crate::uncertainty`]); 0 chooses by the nominal step.
+    pub profile_error: f64,
 }
 
 /// Which layouts to consider. Every layout uses every device: the
@@ -197,6 +222,10 @@ pub struct MeasuredPlan {
     pub pipelines: Vec<MeasuredPipeline>,
     /// Predicted step time, seconds.
     pub step_seconds: f64,
+    /// The step it expects when each kind's costs may be off by the
+    /// model's `profile_error` ([`crate::uncertainty`]): what the search
+    /// minimized (`step_seconds` without an error).
+    pub expected_step_seconds: f64,
     /// Each device's best step time alone (the whole model), seconds.
     pub alone_step_seconds: Vec<f64>,
     /// Step throughput over the sum of the alone throughputs.
@@ -400,14 +429,19 @@ pub fn search(
             false => f64::INFINITY,
         })
         .collect();
-    let mut best: Option<(f64, Vec<MeasuredPipeline>)> = None;
+    let points = SigmaPoints::new(devs.iter().map(|d| d.name.as_str()), model.profile_error);
+    // (expected, nominal, pipelines) of the best so far.
+    let mut best: Option<(f64, f64, Vec<MeasuredPipeline>)> = None;
     let mut weights = None;
-    let mut consider = |t: f64, p: Vec<MeasuredPipeline>| {
-        if best.as_ref().is_none_or(|(bt, _)| t < *bt) {
-            best = Some((t, p));
+    let mut consider = |e: f64, t: f64, p: Vec<MeasuredPipeline>| {
+        if best.as_ref().is_none_or(|(be, ..)| e < *be) {
+            best = Some((e, t, p));
         }
     };
     if which != Layouts::Replicas {
+        // Every pipeline's nominal step, then the expected step of those
+        // that may expect less than the nominal best.
+        let mut pipes: Vec<(f64, Vec<MeasuredStage>)> = Vec::new();
         for k in [n].into_iter().filter(|&k| k <= halves + 2) {
             let mut os = Vec::new();
             orders(n, k, &mut Vec::new(), &mut os);
@@ -432,18 +466,25 @@ pub fn search(
                     if !ok {
                         continue;
                     }
-                    let t = pipeline_time(devs, model, &stages, m, 0);
-                    consider(
-                        t,
-                        vec![MeasuredPipeline {
-                            stages,
-                            micro_batch: model.micro_batch,
-                            micro_batches: m,
-                            sequences: m * model.micro_batch,
-                        }],
-                    );
+                    pipes.push((pipeline_time(devs, model, &stages, m, 0), stages));
                 }
             }
+        }
+        let nominal_best = pipes.iter().map(|p| p.0).fold(f64::INFINITY, f64::min);
+        let window = points.window(nominal_best);
+        for (t, stages) in pipes.into_iter().filter(|p| p.0 <= window) {
+            let e = points.expected(t, |f| {
+                let scaled: Vec<MeasuredDevice> =
+                    devs.iter().zip(f).map(|(d, &f)| d.scaled(f)).collect();
+                pipeline_time(&scaled, model, &stages, m, 0)
+            });
+            let pipeline = MeasuredPipeline {
+                stages,
+                micro_batch: model.micro_batch,
+                micro_batches: m,
+                sequences: m * model.micro_batch,
+            };
+            consider(e, t, vec![pipeline]);
         }
     }
     if which != Layouts::Pipelines && n >= 2 && m >= n {
@@ -456,11 +497,11 @@ pub fn search(
         let whole_fits = |d: usize, _: usize| fits(d, Span::whole(layers), 1);
         if let Some(r) = replicas_by_sequence(&sized, m * model.micro_batch, &whole_fits) {
             candidates += 1;
-            consider(r.step_seconds, r.pipelines);
             weights = r.optimizer_weights;
+            consider(r.expected_step_seconds, r.step_seconds, r.pipelines);
         }
     }
-    let (step, pipelines) = best?;
+    let (expected, step, pipelines) = best?;
     let optimizer_weights = match pipelines.len() > 1 {
         true => weights,
         false => None,
@@ -473,6 +514,7 @@ pub fn search(
     Some(MeasuredPlan {
         pipelines,
         step_seconds: step,
+        expected_step_seconds: expected,
         alone_step_seconds: alone,
         speedup_ratio: if sum > 0.0 { (1.0 / step) / sum } else { 0.0 },
         candidates,
@@ -495,6 +537,9 @@ pub struct SizedCosts {
 pub struct Replicas {
     /// Predicted step, seconds.
     pub step_seconds: f64,
+    /// The step it expects under the model's `profile_error` (what the
+    /// deal minimized; see [`crate::uncertainty`]).
+    pub expected_step_seconds: f64,
     /// One whole-model replica per device, in order.
     pub pipelines: Vec<MeasuredPipeline>,
     /// Each replica's weight when the optimizer step is sharded (see
@@ -533,22 +578,38 @@ pub fn replicas_by_sequence(
         .map(|d| d.optimizer_per_param)
         .collect();
     let (sharded_step, weights) = sharded_optimizer(&per_param, all_params, m0.link_bandwidth);
-    let unsharded = deal(sizes, global_batch, fits, all_params, true).map(|(t, p)| Replicas {
+    let points = SigmaPoints::new(
+        sizes[0].devices.iter().map(|d| d.name.as_str()),
+        m0.profile_error,
+    );
+    let dealt = |with_optimizer| {
+        deal(
+            sizes,
+            global_batch,
+            fits,
+            all_params,
+            with_optimizer,
+            &points,
+        )
+    };
+    let unsharded = dealt(true).map(|(e, t, p)| Replicas {
         step_seconds: t,
+        expected_step_seconds: e,
         pipelines: p,
         optimizer_weights: None,
     });
     let sharded = match m0.shard_optimizer {
-        true => deal(sizes, global_batch, fits, all_params, false),
+        true => dealt(false),
         false => None,
     };
-    let sharded = sharded.map(|(t, p)| Replicas {
+    let sharded = sharded.map(|(e, t, p)| Replicas {
         step_seconds: t + sharded_step,
+        expected_step_seconds: e + sharded_step,
         pipelines: p,
         optimizer_weights: Some(weights),
     });
     match (unsharded, sharded) {
-        (Some(u), Some(s)) if s.step_seconds < u.step_seconds => Some(s),
+        (Some(u), Some(s)) if s.expected_step_seconds < u.expected_step_seconds => Some(s),
         (Some(u), _) => Some(u),
         (None, s) => s,
     }
@@ -590,14 +651,25 @@ fn whole_model_passes(sizes: &[SizedCosts], d: usize, r: usize) -> f64 {
 /// replica starts with one micro-batch; then the replica that would finish
 /// soonest with more takes sequences up to its next whole micro-batch (or
 /// what is left of the batch), so a replica's last micro-batch may be
-/// smaller than its others.
+/// smaller than its others. Sequences then move from replica to replica
+/// (one, or a replica's last micro-batch, at a time) while that lowers the
+/// step the deal expects under sigma `points` (without points, its nominal
+/// step, which the greedy deal in whole micro-batches does not always
+/// minimize): a deal that balances the replicas exactly is the most
+/// exposed to an error in either's costs, and one with slack on the slow
+/// chip may expect less (a replica's step under a factor is taken as its
+/// step times the factor; its share of the gradient reduction, about 1%
+/// here, does not scale). Returns the
+/// expected step (the nominal one without points), the nominal step and
+/// the replicas of the choice expecting the least.
 fn deal(
     sizes: &[SizedCosts],
     global_batch: usize,
     fits: &dyn Fn(usize, usize) -> bool,
     params: u64,
     with_optimizer: bool,
-) -> Option<(f64, Vec<MeasuredPipeline>)> {
+    points: &SigmaPoints,
+) -> Option<(f64, f64, Vec<MeasuredPipeline>)> {
     let n = sizes[0].devices.len();
     let layers = sizes[0].model.layers;
     let whole = |d: usize| MeasuredStage {
@@ -635,7 +707,13 @@ fn deal(
         };
         whole_ones + smaller
     };
-    let mut best: Option<(f64, Vec<MeasuredPipeline>)> = None;
+    let mut best: Option<(f64, f64, Vec<MeasuredPipeline>)> = None;
+    let max = |ts: &[f64]| ts.iter().copied().fold(0.0, f64::max);
+    let expected = |ts: &[f64]| {
+        points.expected(max(ts), |f| {
+            ts.iter().zip(f).map(|(t, f)| t * f).fold(0.0, f64::max)
+        })
+    };
     // Every choice of a size index per device (sizes^n: a few dozen).
     let mut choice = vec![0usize; n];
     'choices: loop {
@@ -659,10 +737,41 @@ fn deal(
                 seqs[d] += add;
                 total += add;
             }
-            let t = (0..n)
-                .map(|d| time(d, choice[d], seqs[d]))
-                .fold(0.0, f64::max);
-            if best.as_ref().is_none_or(|(bt, _)| t < *bt) {
+            let times = |seqs: &[usize]| -> Vec<f64> {
+                (0..n).map(|d| time(d, choice[d], seqs[d])).collect()
+            };
+            let mut e = expected(&times(&seqs));
+            // Moves while one lowers the expected step (each strictly
+            // does, so this ends; bounded all the same).
+            for _ in 0..4 * global_batch {
+                let mut better: Option<(f64, Vec<usize>)> = None;
+                for r in 0..n {
+                    let last = match seqs[r] % unit(r) {
+                        0 => unit(r),
+                        rest => rest,
+                    };
+                    for s in [1, last] {
+                        if s >= seqs[r] {
+                            continue;
+                        }
+                        for q in (0..n).filter(|&q| q != r) {
+                            let mut moved = seqs.clone();
+                            moved[r] -= s;
+                            moved[q] += s;
+                            let em = expected(&times(&moved));
+                            if em < e - 1e-12 && better.as_ref().is_none_or(|(b, _)| em < *b) {
+                                better = Some((em, moved));
+                            }
+                        }
+                    }
+                }
+                match better {
+                    Some((em, moved)) => (e, seqs) = (em, moved),
+                    None => break,
+                }
+            }
+            let t = max(&times(&seqs));
+            if best.as_ref().is_none_or(|(be, ..)| e < *be) {
                 let pipes = (0..n)
                     .map(|d| MeasuredPipeline {
                         stages: vec![whole(d)],
@@ -671,7 +780,7 @@ fn deal(
                         sequences: seqs[d],
                     })
                     .collect();
-                best = Some((t, pipes));
+                best = Some((e, t, pipes));
             }
         }
         // The next choice (odometer order).
@@ -724,6 +833,7 @@ mod tests {
             overlap_reduction: true,
             async_sends: true,
             schedule: PipelineSchedule::OneFOneB,
+            profile_error: 0.0,
         }
     }
 
@@ -941,6 +1051,77 @@ mod tests {
         let r = replicas_by_sequence(&sizes, 16, &|_, _| true).unwrap();
         assert_eq!(r.optimizer_weights, None);
         assert!((r.step_seconds - 53.0).abs() < 1e-9, "{r:?}");
+    }
+
+    #[test]
+    fn under_a_profile_error_a_pipeline_balanced_on_the_profile_gives_way_to_one_with_slack() {
+        // The slow chip's block a little over 10x the fast one's: a block
+        // and a half on it (15.4 per micro-batch) against the fast one's
+        // 14.5 blocks and head (15.5) is the shortest predicted step, and
+        // either chip running 14% slower than measured lengthens it; one
+        // block (10.3 against 16) is 3% longer as predicted and loses
+        // only when the fast chip is slower.
+        let devs = [dev("fast", 1.0, 1.0), dev("slow", 10.27, 20.0)];
+        let slow_stage = |plan: &MeasuredPlan| {
+            let s = plan.pipelines[0].stages[0];
+            assert_eq!(s.device, 1, "{plan:?}");
+            (s.from, s.to)
+        };
+        let nominal = search(&devs, &model(16, 32), Layouts::Pipelines, &|_, _, _| true).unwrap();
+        assert_eq!(slow_stage(&nominal), (0, 3));
+        assert_eq!(nominal.expected_step_seconds, nominal.step_seconds);
+        let m = MeasuredModel {
+            profile_error: 0.1,
+            ..model(16, 32)
+        };
+        let robust = search(&devs, &m, Layouts::Pipelines, &|_, _, _| true).unwrap();
+        assert_eq!(slow_stage(&robust), (0, 2));
+        // The prediction is the layout's nominal step, longer than the
+        // other's; the expected step is shorter than the other's.
+        let (t, e) = (robust.step_seconds, robust.expected_step_seconds);
+        assert!(
+            t > nominal.step_seconds && t < 1.05 * nominal.step_seconds,
+            "{t}"
+        );
+        let other = SigmaPoints::new(["fast", "slow"], 0.1).expected(0.0, |f| {
+            let scaled = [devs[0].scaled(f[0]), devs[1].scaled(f[1])];
+            pipeline_time(&scaled, &m, &nominal.pipelines[0].stages, 32, 0)
+        });
+        assert!(e >= t && e < other, "{e} against {other}");
+    }
+
+    #[test]
+    fn under_a_profile_error_the_deal_leaves_the_slow_replica_slack() {
+        // 16 sequences; fast 1 per sequence, slow 7.2. Two on the slow
+        // chip balance the deal (14.4 against 14), one leaves it slack
+        // (7.2 against 15).
+        let sizes = |error| {
+            [SizedCosts {
+                devices: vec![dev("fast", 1.0, 0.0), dev("slow", 7.2, 0.0)],
+                model: MeasuredModel {
+                    profile_error: error,
+                    ..model(1, 16)
+                },
+            }]
+        };
+        let dealt = |error| {
+            let r = replicas_by_sequence(&sizes(error), 16, &|_, _| true).unwrap();
+            let seqs: Vec<usize> = r.pipelines.iter().map(|p| p.sequences).collect();
+            (seqs, r.step_seconds, r.expected_step_seconds)
+        };
+        let (seqs, t, e) = dealt(0.0);
+        assert_eq!(seqs, vec![14, 2]);
+        // (The reduction over the test's link adds nanoseconds.)
+        assert!((t - 14.4).abs() < 1e-6 && e == t, "{t} {e}");
+        let (seqs, t, e) = dealt(0.1);
+        assert_eq!(seqs, vec![15, 1]);
+        // Expected: the fast replica's 15 at 1 +/- 0.1 sqrt 2 and as is.
+        let r = 0.1 * 2f64.sqrt();
+        let want = (15.0 * (1.0 + r) + 15.0 * (1.0 - r) + 2.0 * 15.0) / 4.0;
+        assert!(
+            (t - 15.0).abs() < 1e-6 && (e - want).abs() < 1e-6,
+            "{t} {e}"
+        );
     }
 
     #[test]

@@ -69,6 +69,13 @@ pub struct ProfileEntry {
     pub embedding: Option<Passes>,
     /// One transformer block.
     pub block: Passes,
+    /// The block's attention half (its norm, projections, attention and
+    /// residual), the part of `block` a pipeline cut halfway through a
+    /// block leaves on the earlier stage (`polychip train --plan auto`
+    /// cuts there; the cluster planner does not). Optional: when absent,
+    /// half the block.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attention: Option<Passes>,
     /// The final norm, output projection and loss (optional, as the
     /// embedding).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -121,10 +128,14 @@ impl ProfileEntry {
             name: name.to_string(),
             block_forward: self.block.forward,
             block_backward: self.block.backward,
-            // The cluster planner cuts at whole blocks, so the halves'
-            // split never counts there.
-            attention_forward: self.block.forward / 2.0,
-            attention_backward: self.block.backward / 2.0,
+            // Half the block when not measured (the cluster planner cuts
+            // at whole blocks, so the split never counts there).
+            attention_forward: self
+                .attention
+                .map_or(self.block.forward / 2.0, |a| a.forward),
+            attention_backward: self
+                .attention
+                .map_or(self.block.backward / 2.0, |a| a.backward),
             embed_forward: embedding.forward,
             embed_backward: embedding.backward,
             head_forward: head.forward,
@@ -162,6 +173,8 @@ impl ProfileEntry {
             ("embedding.backward", given(self.embedding).map(|p| p[1])),
             ("block.forward", Some(self.block.forward)),
             ("block.backward", Some(self.block.backward)),
+            ("attention.forward", given(self.attention).map(|p| p[0])),
+            ("attention.backward", given(self.attention).map(|p| p[1])),
             ("head.forward", given(self.head).map(|p| p[0])),
             ("head.backward", given(self.head).map(|p| p[1])),
             ("optimizer_per_param", self.optimizer_per_param),
@@ -176,10 +189,20 @@ impl ProfileEntry {
         if self.block.forward + self.block.backward <= 0.0 {
             return Err(format!("{at}: a block costs no time at all"));
         }
+        if let Some(a) = self.attention
+            && (a.forward > self.block.forward || a.backward > self.block.backward)
+        {
+            return Err(format!(
+                "{at}: attention ({} s forward, {} s backward) is half of the block, so it \
+                 cannot take longer than block ({} s, {} s)",
+                a.forward, a.backward, self.block.forward, self.block.backward
+            ));
+        }
         // The weights' gradients are part of the backward pass.
         let parts = [
             ("embedding", self.embedding),
             ("block", Some(self.block)),
+            ("attention", self.attention),
             ("head", self.head),
         ];
         for (part, p) in parts.into_iter().filter_map(|(n, p)| Some((n, p?))) {
@@ -508,6 +531,10 @@ impl ChipType {
         let e = ProfileEntry {
             embedding: part(lo.embedding, hi.embedding),
             block: passes(lo.block, hi.block),
+            attention: match (lo.attention, hi.attention) {
+                (Some(a), Some(c)) => Some(passes(a, c)),
+                _ => None,
+            },
             head: part(lo.head, hi.head),
             // Per parameter: it does not depend on the micro-batch.
             optimizer_per_param: lo.optimizer_per_param,
@@ -656,6 +683,7 @@ mod tests {
                 backward: 2.0 * block,
                 weight_grad: None,
             },
+            attention: None,
             head: Some(Passes {
                 forward: 3.0 * block,
                 backward: 6.0 * block,
@@ -843,6 +871,25 @@ mod tests {
         let err = ProfileFile::from_json_str(&text).unwrap_err().to_string();
         assert!(
             err.contains("head.weight_grad is 7") && err.contains("head.backward (6)"),
+            "{err}"
+        );
+        // The attention half is part of the block, and gives the halves'
+        // split where given (half the block where not).
+        let mut halves = entry("x", 2, 1.0);
+        assert_eq!(halves.costs("x").attention_backward, 1.0);
+        halves.attention = Some(Passes {
+            forward: 0.25,
+            backward: 0.5,
+            weight_grad: None,
+        });
+        let c = halves.costs("x");
+        assert_eq!((c.attention_forward, c.attention_backward), (0.25, 0.5));
+        halves.attention.as_mut().unwrap().backward = 2.5;
+        let text = serde_json::to_string(&file(vec![halves])).unwrap();
+        let err = ProfileFile::from_json_str(&text).unwrap_err().to_string();
+        assert!(
+            err.contains("attention (0.25 s forward, 2.5 s backward)")
+                && err.contains("(1 s, 2 s)"),
             "{err}"
         );
         let err = ProfileFile::from_json_str("{\"format\": 3}")

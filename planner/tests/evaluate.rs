@@ -301,6 +301,7 @@ fn a_profile_prices_the_types_it_covers_and_scales_to_other_tp() {
             backward: 0.02 * b as f64,
             weight_grad: None,
         },
+        attention: None,
         head: Some(Passes {
             forward: 0.005,
             backward: 0.01,

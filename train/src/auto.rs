@@ -6,7 +6,10 @@
 //! subtraction); the planner's measured-cost search
 //! (`polychip_planner::measured`) then evaluates every pipeline order and
 //! half-block split and the data-parallel deal of the batch in sequences
-//! with its 1F1B simulator, and its answer becomes the job's layout.
+//! with its simulator, under each schedule the job allows, and the layout
+//! expecting the shortest step when each kind's profile may be off by
+//! [`Choices::profile_error`] ([`polychip_planner::uncertainty`]) becomes
+//! the job's layout.
 
 use std::time::{Duration, Instant};
 
@@ -402,8 +405,14 @@ pub fn profile_side_by_side(
     Ok(profiles)
 }
 
+/// The relative error `--plan auto` assumes of each kind's profile by
+/// default: two identical runs on this shared machine differ by a standard
+/// deviation of about 10% (docs/performance.md, "How the bench measures"),
+/// and a profile is one such run.
+pub const PROFILE_ERROR: f64 = 0.1;
+
 /// What the trainer will do that the search prices.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Choices {
     /// Data-parallel replicas may shard the optimizer step (the search
     /// prices both ways and picks).
@@ -418,6 +427,11 @@ pub struct Choices {
     /// schedule the sends allow (zero bubble needs queued sends) and take
     /// the faster.
     pub schedule: Option<PipelineSchedule>,
+    /// The relative error assumed of each kind's profile: the search
+    /// takes the layout expecting the shortest step under it
+    /// ([`polychip_planner::uncertainty`]); 0 takes the shortest
+    /// predicted step.
+    pub profile_error: f64,
 }
 
 impl Choices {
@@ -439,7 +453,8 @@ impl Choices {
 
 /// Plans `cfg` over `devices` (any mix of vendors): profiles every device
 /// on the model at once, each on the share of `cores` its rank would get
-/// ([`profile_side_by_side`]), then searches the layouts `mode` allows with
+/// ([`profile_side_by_side`]), or reads their kinds' profiles from
+/// `given` ([`from_file`]), then searches the layouts `mode` allows with
 /// each kind's measured costs ([`polychip_planner::measured`]);
 /// data-parallel layouts may shard the optimizer step when `choices`
 /// allow it (the search prices both), and pipelines run whichever schedule
@@ -453,6 +468,7 @@ pub fn auto_plan(
     mode: AutoMode,
     choices: Choices,
     cores: Option<&[usize]>,
+    given: Option<(&polychip_planner::profile::ProfileFile, &str)>,
 ) -> Result<(TrainPlan, MeasuredPlan, Vec<Profile>)> {
     if devices.is_empty() {
         return Err(TrainError::Plan(
@@ -478,7 +494,10 @@ pub fn auto_plan(
             devices.len()
         )));
     }
-    let profiles = profile_side_by_side(cfg, t, devices, &sizes, cores)?;
+    let (profiles, sizes) = match given {
+        Some((file, label)) => from_file(file, label, cfg, t, devices, &sizes)?,
+        None => (profile_side_by_side(cfg, t, devices, &sizes, cores)?, sizes),
+    };
     // More ranks than the cores they run on (pinned, or the machine's).
     let available = match cores {
         Some(c) => c.len(),
@@ -526,7 +545,7 @@ pub fn auto_plan(
             if let Some(found) = found
                 && best
                     .as_ref()
-                    .is_none_or(|(f, ..)| found.step_seconds < f.step_seconds)
+                    .is_none_or(|(f, ..)| found.expected_step_seconds < f.expected_step_seconds)
             {
                 best = Some((found, costs.clone(), schedule));
             }
@@ -546,10 +565,11 @@ pub fn auto_plan(
         };
         if let Some(r) = measured::replicas_by_sequence(&by_size, gb, &fits)
             && let Some((found, ..)) = &mut best
-            && r.step_seconds < found.step_seconds
+            && r.expected_step_seconds < found.expected_step_seconds
         {
             found.candidates += 1;
             found.step_seconds = r.step_seconds;
+            found.expected_step_seconds = r.expected_step_seconds;
             found.pipelines = r.pipelines;
             found.optimizer_weights = r.optimizer_weights;
         }
@@ -657,6 +677,7 @@ fn measured_model(
         overlap_reduction: choices.overlap_reduction,
         async_sends: choices.async_sends,
         schedule: PipelineSchedule::OneFOneB,
+        profile_error: choices.profile_error,
     }
 }
 
@@ -674,7 +695,6 @@ pub fn profile_file(
     reps: usize,
     rounds: usize,
 ) -> Result<polychip_planner::profile::ProfileFile> {
-    use polychip_planner::profile::{FORMAT, Passes, ProfileEntry, ProfileFile};
     let mut kinds: Vec<&Device> = Vec::new();
     for d in devices {
         if !kinds.iter().any(|k| k.props().name == d.props().name) {
@@ -692,39 +712,66 @@ pub fn profile_file(
             }
         }
     }
-    let mut entries = Vec::new();
+    let mut medians = Vec::new();
     for (k, d) in kinds.iter().enumerate() {
-        for (i, &b) in sizes.iter().enumerate() {
+        for i in 0..sizes.len() {
             let m = median_profile(&runs[k * sizes.len() + i]);
-            let c = &m.costs;
-            let passes = |forward, backward, weights: f64| Passes {
-                forward,
-                backward,
-                weight_grad: (weights > 0.0).then_some(weights),
-            };
-            entries.push(ProfileEntry {
-                chip: d.props().name.clone(),
-                micro_batch: b as u64,
-                tp: 1,
-                embedding: Some(passes(c.embed_forward, c.embed_backward, 0.0)),
-                block: passes(c.block_forward, c.block_backward, c.block_weight_grad),
-                head: Some(passes(c.head_forward, c.head_backward, c.head_weight_grad)),
-                optimizer_per_param: Some(c.optimizer_per_param),
-                block_activation_bytes: m.block_activation_bytes,
-                peak_memory_bytes: Some(m.peak_memory_bytes),
+            medians.push(Profile {
+                device: device_name(d),
+                ..m
             });
         }
     }
-    Ok(ProfileFile {
+    let source = format!("polychip profile {} on", env!("CARGO_PKG_VERSION"));
+    Ok(to_file(cfg, t, devices, &medians, &source))
+}
+
+/// `profiles` (of `devices`' kinds, as [`profile_side_by_side`] or
+/// [`profile_file`] measure them) as a profile file: one entry per profile,
+/// its chip the kind's device name as `polychip devices` reports it.
+/// `source` begins the file's `source`, which goes on with the devices.
+pub fn to_file(
+    cfg: &ModelConfig,
+    t: &TrainConfig,
+    devices: &[Device],
+    profiles: &[Profile],
+    source: &str,
+) -> polychip_planner::profile::ProfileFile {
+    use polychip_planner::profile::{FORMAT, Passes, ProfileEntry, ProfileFile};
+    let passes = |forward, backward, weights: f64| Passes {
+        forward,
+        backward,
+        weight_grad: (weights > 0.0).then_some(weights),
+    };
+    let entries = profiles
+        .iter()
+        .map(|p| {
+            let c = &p.costs;
+            let chip = devices
+                .iter()
+                .find(|d| device_name(d) == p.device)
+                .or_else(|| devices.iter().find(|d| same_kind(&p.device, d)))
+                .map_or_else(|| p.device.clone(), |d| d.props().name.clone());
+            ProfileEntry {
+                chip,
+                micro_batch: p.micro_batch as u64,
+                tp: 1,
+                embedding: Some(passes(c.embed_forward, c.embed_backward, 0.0)),
+                block: passes(c.block_forward, c.block_backward, c.block_weight_grad),
+                attention: Some(passes(c.attention_forward, c.attention_backward, 0.0)),
+                head: Some(passes(c.head_forward, c.head_backward, c.head_weight_grad)),
+                optimizer_per_param: Some(c.optimizer_per_param),
+                block_activation_bytes: p.block_activation_bytes,
+                peak_memory_bytes: Some(p.peak_memory_bytes),
+            }
+        })
+        .collect();
+    ProfileFile {
         format: FORMAT.into(),
         model: cfg.planner_spec(),
-        dtype: match t.precision {
-            crate::config::Precision::F32 => polychip_planner::settings::Dtype::F32,
-            crate::config::Precision::Bf16 => polychip_planner::settings::Dtype::Bf16,
-        },
+        dtype: dtype(t),
         source: format!(
-            "polychip profile {} on {}",
-            env!("CARGO_PKG_VERSION"),
+            "{source} {}",
             devices
                 .iter()
                 .map(device_name)
@@ -732,7 +779,95 @@ pub fn profile_file(
                 .join(", ")
         ),
         entries,
-    })
+    }
+}
+
+/// The planner's name of the run's compute dtype.
+fn dtype(t: &TrainConfig) -> polychip_planner::settings::Dtype {
+    match t.precision {
+        crate::config::Precision::F32 => polychip_planner::settings::Dtype::F32,
+        crate::config::Precision::Bf16 => polychip_planner::settings::Dtype::Bf16,
+    }
+}
+
+/// Whether a profile file's `chip` names device `d`'s kind: its name as
+/// `polychip devices` reports it, its vendor, or one of its devices
+/// (`ferrite:0`), ignoring case.
+fn names_kind(chip: &str, d: &Device) -> bool {
+    let chip = chip.trim().to_lowercase();
+    chip == d.props().name.to_lowercase()
+        || chip == d.plugin().vendor().to_lowercase()
+        || chip
+            .split_once(':')
+            .is_some_and(|(v, _)| v == d.plugin().vendor().to_lowercase())
+}
+
+/// The profiles of `devices`' kinds at `sizes` read from `file` (as
+/// [`to_file`] writes it, or `polychip profile`, or by hand), in place of
+/// measuring them: the file must be of this model and precision, and give
+/// every kind at one size or more of `sizes` (tp 1); errors begin with
+/// `label` (the file's name). Returns the profiles and the sizes every kind
+/// has.
+pub fn from_file(
+    file: &polychip_planner::profile::ProfileFile,
+    label: &str,
+    cfg: &ModelConfig,
+    t: &TrainConfig,
+    devices: &[Device],
+    sizes: &[usize],
+) -> Result<(Vec<Profile>, Vec<usize>)> {
+    file.check_matches(&cfg.planner_spec(), dtype(t))
+        .map_err(|e| TrainError::Plan(format!("{label}: {e}")))?;
+    let mut kinds: Vec<&Device> = Vec::new();
+    for d in devices {
+        if !kinds
+            .iter()
+            .any(|k| k.plugin().vendor() == d.plugin().vendor())
+        {
+            kinds.push(d);
+        }
+    }
+    let entry = |d: &Device, b: usize| {
+        file.entries
+            .iter()
+            .find(|e| e.tp == 1 && e.micro_batch == b as u64 && names_kind(&e.chip, d))
+    };
+    let have: Vec<usize> = sizes
+        .iter()
+        .copied()
+        .filter(|&b| kinds.iter().all(|d| entry(d, b).is_some()))
+        .collect();
+    if have.is_empty() {
+        let missing: Vec<String> = kinds
+            .iter()
+            .filter(|d| sizes.iter().all(|&b| entry(d, b).is_none()))
+            .map(|d| format!("{} ({})", device_name(d), d.props().name))
+            .collect();
+        return Err(TrainError::Plan(format!(
+            "{label}: the profile has no entry at tp 1 and a micro-batch size of {sizes:?} for {}{}",
+            match missing.is_empty() {
+                true => "every device kind at one size".to_string(),
+                false => missing.join(", "),
+            },
+            "; profile these devices on this model (polychip profile, or polychip train \
+             --plan auto --save-profile)"
+        )));
+    }
+    let mut profiles = Vec::new();
+    for d in &kinds {
+        for &b in &have {
+            let e = entry(d, b).expect("checked above");
+            let name = device_name(d);
+            profiles.push(Profile {
+                device: name.clone(),
+                micro_batch: b,
+                block_activation_bytes: e.block_activation_bytes,
+                peak_memory_bytes: e.peak_memory_bytes.unwrap_or(0),
+                costs: e.costs(&name),
+            });
+        }
+    }
+    Ok((profiles, have))
 }
 
 #[cfg(test)]
@@ -747,6 +882,7 @@ mod tests {
             overlap_reduction: true,
             async_sends,
             schedule,
+            profile_error: 0.1,
         };
         assert_eq!(choices(true, None).schedules(false), [OneFOneB, ZeroBubble]);
         assert_eq!(choices(false, None).schedules(false), [OneFOneB]);
