@@ -437,7 +437,7 @@ fn resolve_plan(
             }
             let expected = match found.expected_step_seconds > found.step_seconds * (1.0 + 1e-9) {
                 true => format!(
-                    " (expected {:.1} ms if a kind runs {:.0}% off its profile)",
+                    " (expected {:.1} ms under a {:.0}% profile error)",
                     found.expected_step_seconds * 1e3,
                     profile_error * 100.0
                 ),
