@@ -14,6 +14,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use polychip_planner::cluster::ClusterSpec;
+use polychip_planner::error::{MAX_TEXT_FILE, read_text_file};
 use polychip_planner::evaluate::{self, Evaluation, PlanSpec};
 use polychip_planner::model::ModelSpec;
 use polychip_planner::profile::ProfileFile;
@@ -88,7 +89,7 @@ pub fn run(args: &Args) -> ExitCode {
 /// A cluster TOML file, or `polychip devices --json` output.
 fn load_cluster(path: &Path) -> Result<ClusterSpec, String> {
     if path.extension().is_some_and(|e| e == "json") {
-        let text = std::fs::read_to_string(path)
+        let text = read_text_file(path, MAX_TEXT_FILE)
             .map_err(|e| format!("could not read {}: {e}", path.display()))?;
         let json: serde_json::Value = serde_json::from_str(&text)
             .map_err(|e| format!("{} is not JSON: {e}", path.display()))?;

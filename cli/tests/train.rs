@@ -820,6 +820,22 @@ fn a_saved_profile_plans_again_without_profiling_and_a_foreign_one_is_refused() 
 }
 
 #[test]
+fn a_device_or_a_directory_named_as_a_plan_or_config_is_refused_unread() {
+    for (flag, path, what) in [
+        ("--plan", "/dev/zero", "a character device"),
+        ("--config", "/dev/zero", "a character device"),
+        ("--plan", "/", "a directory"),
+    ] {
+        let (code, _, err) = polychip(&[&COMMON[..], &[flag, path, "--steps", "1"]].concat());
+        assert_ne!(code, Some(0));
+        assert!(
+            err.contains(&format!("{path}: it is {what}, not a regular file")),
+            "{flag} {path}: {err}"
+        );
+    }
+}
+
+#[test]
 fn trace_and_autocompare_cover_every_rank() {
     let dir = scratch("trace");
     let trace = dir.join("run.json");

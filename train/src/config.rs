@@ -3,6 +3,7 @@
 
 use std::path::Path;
 
+use polychip_planner::error::{MAX_TEXT_FILE, read_text_file};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Result, TrainError};
@@ -117,7 +118,7 @@ impl ModelConfig {
         if !path.exists() {
             return Self::preset(arg);
         }
-        let text = std::fs::read_to_string(path).map_err(|e| TrainError::io(path, e))?;
+        let text = read_text_file(path, MAX_TEXT_FILE).map_err(|e| TrainError::io(path, e))?;
         let cfg: ModelConfig = toml::from_str(&text)
             .map_err(|e| TrainError::Config(format!("model file {}: {e}", path.display())))?;
         cfg.validate()
@@ -355,7 +356,7 @@ impl TrainConfig {
 
     /// Reads a TOML file of these fields (missing ones take defaults).
     pub fn load(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path).map_err(|e| TrainError::io(path, e))?;
+        let text = read_text_file(path, MAX_TEXT_FILE).map_err(|e| TrainError::io(path, e))?;
         let cfg: TrainConfig = toml::from_str(&text)
             .map_err(|e| TrainError::Config(format!("training file {}: {e}", path.display())))?;
         cfg.validate()?;

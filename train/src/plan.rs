@@ -9,6 +9,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use polychip_comm::env::MAX_WORLD_SIZE;
+use polychip_planner::error::{MAX_TEXT_FILE, read_text_file};
 use polychip_planner::plan::holds_one_end_alone;
 use polychip_planner::schedule::PipelineSchedule;
 
@@ -200,7 +201,7 @@ impl TrainPlan {
     /// as `polychip plan --json` prints it (its chip type names must then be
     /// vendor names, and its tensor-parallel degrees 1).
     pub fn load(path: &Path) -> Result<TrainPlan> {
-        let text = std::fs::read_to_string(path).map_err(|e| TrainError::io(path, e))?;
+        let text = read_text_file(path, MAX_TEXT_FILE).map_err(|e| TrainError::io(path, e))?;
         let bad = |e: String| TrainError::Plan(format!("plan file {}: {e}", path.display()));
         if path.extension().is_none_or(|e| e != "json") {
             return toml::from_str(&text).map_err(|e| bad(e.to_string()));
