@@ -69,6 +69,27 @@ pub(crate) fn read_file(path: &std::path::Path) -> Result<String, SpecError> {
     })
 }
 
+/// What a file that is not a regular file is, in words (`a FIFO`), for
+/// the messages that refuse it.
+pub fn file_kind(ft: std::fs::FileType) -> &'static str {
+    use std::os::unix::fs::FileTypeExt;
+    if ft.is_dir() {
+        "a directory"
+    } else if ft.is_fifo() {
+        "a FIFO"
+    } else if ft.is_char_device() {
+        "a character device"
+    } else if ft.is_block_device() {
+        "a block device"
+    } else if ft.is_socket() {
+        "a socket"
+    } else if ft.is_symlink() {
+        "a symbolic link"
+    } else {
+        "not a regular file"
+    }
+}
+
 /// The most bytes a text input may have (a model, cluster, settings,
 /// profile or plan file: all of them kilobytes; a fleet's profile a few
 /// megabytes).
@@ -81,26 +102,14 @@ pub const MAX_TEXT_FILE: u64 = 64 << 20;
 /// errors say what the path is (a directory, a FIFO, a device) or how long.
 pub fn read_text_file(path: &std::path::Path, max_len: u64) -> std::io::Result<String> {
     use std::io::{Error, ErrorKind, Read};
-    use std::os::unix::fs::FileTypeExt;
     let meta = std::fs::metadata(path)?;
-    let ft = meta.file_type();
-    if !ft.is_file() {
-        let what = if ft.is_dir() {
-            "a directory"
-        } else if ft.is_fifo() {
-            "a FIFO"
-        } else if ft.is_char_device() {
-            "a character device"
-        } else if ft.is_block_device() {
-            "a block device"
-        } else if ft.is_socket() {
-            "a socket"
-        } else {
-            "not a regular file"
-        };
+    if !meta.file_type().is_file() {
         return Err(Error::new(
             ErrorKind::InvalidInput,
-            format!("it is {what}, not a regular file; it was not read"),
+            format!(
+                "it is {}, not a regular file; it was not read",
+                file_kind(meta.file_type())
+            ),
         ));
     }
     let too_long = |len: String| {

@@ -35,31 +35,6 @@ pub const MIN_BYTES: usize = 20;
 /// into memory).
 pub const MAX_BYTES: usize = 1 << 32;
 
-/// A file type in words, for messages.
-fn file_kind(t: &std::fs::FileType) -> &'static str {
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::FileTypeExt;
-        if t.is_fifo() {
-            return "a FIFO";
-        }
-        if t.is_char_device() {
-            return "a character device";
-        }
-        if t.is_block_device() {
-            return "a block device";
-        }
-        if t.is_socket() {
-            return "a socket";
-        }
-    }
-    if t.is_dir() {
-        "a directory"
-    } else {
-        "not a regular file"
-    }
-}
-
 /// Which part of the corpus a batch is drawn from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Split {
@@ -151,7 +126,7 @@ impl Corpus {
         if !meta.is_file() {
             return Err(fail(format!(
                 "is not a regular file (it is {}); give a text file",
-                file_kind(&meta.file_type())
+                polychip_planner::error::file_kind(meta.file_type())
             )));
         }
         if meta.len() > MAX_BYTES as u64 {

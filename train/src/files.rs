@@ -11,7 +11,7 @@
 
 use std::fs::File;
 use std::io::Read;
-use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
 use crate::error::{Result, TrainError};
@@ -31,25 +31,6 @@ fn refuse(path: &Path, message: String) -> TrainError {
     TrainError::Checkpoint {
         path: path.to_path_buf(),
         message,
-    }
-}
-
-/// What kind of thing `ft` is, for messages.
-fn kind(ft: std::fs::FileType) -> &'static str {
-    if ft.is_dir() {
-        "a directory"
-    } else if ft.is_fifo() {
-        "a FIFO"
-    } else if ft.is_char_device() {
-        "a character device"
-    } else if ft.is_block_device() {
-        "a block device"
-    } else if ft.is_socket() {
-        "a socket"
-    } else if ft.is_symlink() {
-        "a symbolic link"
-    } else {
-        "not a regular file"
     }
 }
 
@@ -82,7 +63,7 @@ pub fn open_regular(path: &Path, links: Links, max_len: u64) -> Result<(File, u6
             path,
             format!(
                 "is {}, not a regular file; it was not read",
-                kind(meta.file_type())
+                polychip_planner::error::file_kind(meta.file_type())
             ),
         ));
     }
