@@ -645,6 +645,9 @@ fn whole_model_passes(sizes: &[SizedCosts], d: usize, r: usize) -> f64 {
     }
 }
 
+/// The most moves [`deal`] makes per replica after its greedy deal.
+const MOVES_PER_REPLICA: usize = 16;
+
 /// [`replicas_by_sequence`]'s deal, each replica's step with its own
 /// optimizer step over `params` parameters or (`with_optimizer` false)
 /// without one. For every choice of a micro-batch size per device, every
@@ -652,7 +655,8 @@ fn whole_model_passes(sizes: &[SizedCosts], d: usize, r: usize) -> f64 {
 /// soonest with more takes sequences up to its next whole micro-batch (or
 /// what is left of the batch), so a replica's last micro-batch may be
 /// smaller than its others. Sequences then move from replica to replica
-/// (one, or a replica's last micro-batch, at a time) while that lowers the
+/// (one, or a replica's last micro-batch, at a time; at most
+/// [`MOVES_PER_REPLICA`] moves per replica) while that lowers the
 /// step the deal expects under sigma `points` (without points, its nominal
 /// step, which the greedy deal in whole micro-batches does not always
 /// minimize): a deal that balances the replicas exactly is the most
@@ -737,14 +741,16 @@ fn deal(
                 seqs[d] += add;
                 total += add;
             }
-            let times = |seqs: &[usize]| -> Vec<f64> {
-                (0..n).map(|d| time(d, choice[d], seqs[d])).collect()
-            };
-            let mut e = expected(&times(&seqs));
-            // Moves while one lowers the expected step (each strictly
-            // does, so this ends; bounded all the same).
-            for _ in 0..4 * global_batch {
-                let mut better: Option<(f64, Vec<usize>)> = None;
+            let mut times: Vec<f64> = (0..n).map(|d| time(d, choice[d], seqs[d])).collect();
+            let mut e = expected(&times);
+            // Moves while one lowers the expected step, at most
+            // MOVES_PER_REPLICA per replica (each strictly lowers it, so
+            // this ends anyway; the greedy deal leaves a few to make). A
+            // move changes two replicas' times; the others are kept.
+            let mut trial = times.clone();
+            for _ in 0..MOVES_PER_REPLICA * n {
+                // (expected, from, to, sequences, their two new times)
+                let mut better: Option<(f64, usize, usize, usize, f64, f64)> = None;
                 for r in 0..n {
                     let last = match seqs[r] % unit(r) {
                         0 => unit(r),
@@ -754,23 +760,27 @@ fn deal(
                         if s >= seqs[r] {
                             continue;
                         }
+                        let tr = time(r, choice[r], seqs[r] - s);
                         for q in (0..n).filter(|&q| q != r) {
-                            let mut moved = seqs.clone();
-                            moved[r] -= s;
-                            moved[q] += s;
-                            let em = expected(&times(&moved));
-                            if em < e - 1e-12 && better.as_ref().is_none_or(|(b, _)| em < *b) {
-                                better = Some((em, moved));
+                            let tq = time(q, choice[q], seqs[q] + s);
+                            (trial[r], trial[q]) = (tr, tq);
+                            let em = expected(&trial);
+                            (trial[r], trial[q]) = (times[r], times[q]);
+                            if em < e - 1e-12 && better.is_none_or(|b| em < b.0) {
+                                better = Some((em, r, q, s, tr, tq));
                             }
                         }
                     }
                 }
-                match better {
-                    Some((em, moved)) => (e, seqs) = (em, moved),
-                    None => break,
-                }
+                let Some((em, r, q, s, tr, tq)) = better else {
+                    break;
+                };
+                e = em;
+                (seqs[r], seqs[q]) = (seqs[r] - s, seqs[q] + s);
+                (times[r], times[q]) = (tr, tq);
+                (trial[r], trial[q]) = (tr, tq);
             }
-            let t = max(&times(&seqs));
+            let t = max(&times);
             if best.as_ref().is_none_or(|(be, ..)| e < *be) {
                 let pipes = (0..n)
                     .map(|d| MeasuredPipeline {
