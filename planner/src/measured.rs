@@ -1135,6 +1135,78 @@ mod tests {
     }
 
     #[test]
+    fn the_window_never_drops_the_pipeline_expecting_the_least() {
+        // Random pipelines of two or three kinds, both schedules, sends
+        // queued or not: the search, which re-simulates only the layouts
+        // within the window of the best nominal step, keeps the layout
+        // a brute force over every layout's expected step finds, and no
+        // layout expects less than its nominal step (the convexity the
+        // window rests on).
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state >> 11) as f64 / (1u64 << 53) as f64
+        };
+        for case in 0..200 {
+            let n = 2 + (case % 2);
+            let devs: Vec<MeasuredDevice> = (0..n)
+                .map(|i| {
+                    let mut d = dev(&format!("k{i}:0"), 0.2 + 10.0 * next(), 3.0 * next());
+                    d.embed_forward = next();
+                    d.embed_backward = next();
+                    d
+                })
+                .collect();
+            let layers = 2 + (case % 4);
+            let m = MeasuredModel {
+                profile_error: 0.05 + 0.2 * next(),
+                async_sends: next() < 0.5,
+                activation_bytes: (1e6 * next()) as u64,
+                link_bandwidth: 1e6,
+                schedule: match next() < 0.5 {
+                    true => PipelineSchedule::OneFOneB,
+                    false => PipelineSchedule::ZeroBubble,
+                },
+                ..model(layers, 2 + (case % 7))
+            };
+            let plan = search(&devs, &m, Layouts::Pipelines, &|_, _, _| true).unwrap();
+            let points = SigmaPoints::new(devs.iter().map(|d| d.name.as_str()), m.profile_error);
+            let (mut os, mut ss) = (Vec::new(), Vec::new());
+            orders(n, n, &mut Vec::new(), &mut os);
+            splits(2 * layers, n, &mut ss, &mut Vec::new());
+            let mut least = f64::INFINITY;
+            for order in &os {
+                for split in &ss {
+                    let stages: Vec<MeasuredStage> = order
+                        .iter()
+                        .enumerate()
+                        .map(|(i, &d)| MeasuredStage {
+                            device: d,
+                            from: if i == 0 { 0 } else { split[i - 1] },
+                            to: split[i],
+                        })
+                        .collect();
+                    let t = pipeline_time(&devs, &m, &stages, m.micro_batches, 0);
+                    let e = points.expected(t, |f| {
+                        let scaled: Vec<MeasuredDevice> =
+                            devs.iter().zip(f).map(|(d, &f)| d.scaled(f)).collect();
+                        pipeline_time(&scaled, &m, &stages, m.micro_batches, 0)
+                    });
+                    assert!(e >= t * (1.0 - 1e-9), "case {case}: {e} < {t}");
+                    least = least.min(e);
+                }
+            }
+            let got = plan.expected_step_seconds;
+            assert!(
+                (got - least).abs() <= 1e-9 * least,
+                "case {case}: the search expects {got}, the brute force {least}"
+            );
+        }
+    }
+
+    #[test]
     fn replicas_share_the_batch_by_speed_and_memory_limits_hold() {
         let devs = [dev("fast", 1.0, 0.0), dev("slow", 3.0, 0.0)];
         let plan = search(&devs, &model(4, 16), Layouts::Replicas, &|_, _, _| true).unwrap();
