@@ -452,9 +452,42 @@ fn resolve_plan(
                 (t.global_batch * model.seq_len) as f64 / found.step_seconds,
                 found.speedup_ratio * 100.0
             );
+            if let Some(cores) = pinned {
+                print_core_sharing(&plan, cores);
+            }
             Ok(plan)
         }
     }
+}
+
+/// With more ranks than `cores`, which devices' ranks share which core
+/// (each rank pinned to `pin::share(cores, rank, ranks)`).
+fn print_core_sharing(plan: &TrainPlan, cores: &[usize]) {
+    let ranks: Vec<&str> = plan
+        .groups
+        .iter()
+        .flat_map(|g| (0..g.copies).flat_map(|_| g.stages.iter().map(|s| s.device.as_str())))
+        .collect();
+    if ranks.len() <= cores.len() {
+        return;
+    }
+    let by_core: Vec<String> = cores
+        .iter()
+        .map(|&c| {
+            let on: Vec<&str> = (0..ranks.len())
+                .filter(|&r| pin::share(cores, r, ranks.len()) == [c])
+                .map(|r| ranks[r])
+                .collect();
+            format!("core {c}: {}", on.join(", "))
+        })
+        .collect();
+    eprintln!(
+        "{} ranks on {} cores (the fastest devices, by one block's pass, on the cores \
+         shared least): {}",
+        ranks.len(),
+        cores.len(),
+        by_core.join("; ")
+    );
 }
 
 /// The pipeline schedule: `--schedule`, else the plan's, else 1F1B.
