@@ -452,39 +452,62 @@ fn resolve_plan(
                 (t.global_batch * model.seq_len) as f64 / found.step_seconds,
                 found.speedup_ratio * 100.0
             );
-            if let Some(cores) = pinned {
-                print_core_sharing(&plan, cores);
-            }
             Ok(plan)
         }
     }
 }
 
+/// The cores a launched rank binds to: its share of `cores` among the
+/// ranks of its machine, by its device's place in the plan's `core_order`
+/// (where `--plan auto` profiled it) when the job runs on one machine and
+/// its plan file gives one, else by its local rank.
+fn rank_cores(
+    args: &Args,
+    info: &polychip_comm::env::RankInfo,
+    cores: &[usize],
+) -> Result<Vec<usize>, TrainError> {
+    let by_rank = || pin::share(cores, info.local_rank, info.local_world_size.max(1));
+    let file = args.resolved_plan.as_deref().or(args
+        .plan
+        .as_deref()
+        .filter(|p| auto::AutoMode::parse(p).is_none())
+        .map(Path::new));
+    let (Some(file), true) = (file, info.local_world_size == info.world_size) else {
+        return Ok(by_rank());
+    };
+    // Read again (and checked) when the plan is resolved.
+    let plan = TrainPlan::load(file)?;
+    if plan.core_order.is_none() || plan.world_size() != info.world_size {
+        return Ok(by_rank());
+    }
+    let (at, n) = plan.core_position(info.rank);
+    Ok(pin::share(cores, at, n))
+}
+
 /// With more ranks than `cores`, which devices' ranks share which core
-/// (each rank pinned to `pin::share(cores, rank, ranks)`).
+/// (each rank pinned as [`rank_cores`] pins it).
 fn print_core_sharing(plan: &TrainPlan, cores: &[usize]) {
-    let ranks: Vec<&str> = plan
-        .groups
-        .iter()
-        .flat_map(|g| (0..g.copies).flat_map(|_| g.stages.iter().map(|s| s.device.as_str())))
-        .collect();
-    if ranks.len() <= cores.len() {
+    let roles = plan.roles();
+    if roles.len() <= cores.len() {
         return;
     }
     let by_core: Vec<String> = cores
         .iter()
         .map(|&c| {
-            let on: Vec<&str> = (0..ranks.len())
-                .filter(|&r| pin::share(cores, r, ranks.len()) == [c])
-                .map(|r| ranks[r])
+            let on: Vec<&str> = roles
+                .iter()
+                .filter(|r| {
+                    let (at, n) = plan.core_position(r.rank);
+                    pin::share(cores, at, n) == [c]
+                })
+                .map(|r| r.device.as_str())
                 .collect();
             format!("core {c}: {}", on.join(", "))
         })
         .collect();
     eprintln!(
-        "{} ranks on {} cores (the fastest devices, by one block's pass, on the cores \
-         shared least): {}",
-        ranks.len(),
+        "{} ranks on {} cores: {}",
+        roles.len(),
         cores.len(),
         by_core.join("; ")
     );
@@ -538,7 +561,7 @@ fn train(args: &Args) -> Result<ExitCode, TrainError> {
     };
     if !args.no_pin {
         let mine = match launched {
-            true => pin::share(&cores, info.local_rank, info.local_world_size.max(1)),
+            true => rank_cores(args, &info, &cores)?,
             false => cores.clone(),
         };
         pin_to(&mine)?;
@@ -583,6 +606,9 @@ fn train(args: &Args) -> Result<ExitCode, TrainError> {
     }
     trainer::check_schedule(schedule(args, &plan), !args.blocking_sends)?;
     plan.validate(&model, t.global_batch)?;
+    if !launched && !args.no_pin {
+        print_core_sharing(&plan, &cores);
+    }
     if let Some(path) = &args.save_plan {
         let text = serde_json::to_string_pretty(&plan).expect("a plan serializes");
         std::fs::write(path, text).map_err(|e| TrainError::io(path, e))?;

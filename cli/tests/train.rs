@@ -820,6 +820,53 @@ fn a_saved_profile_plans_again_without_profiling_and_a_foreign_one_is_refused() 
 }
 
 #[test]
+fn with_more_ranks_than_cores_the_search_gives_the_fastest_device_a_core_of_its_own() {
+    let dir = scratch("core_order");
+    let plan = dir.join("plan.json");
+    let p = plan.display().to_string();
+    // Pinned (no --no-pin): three devices on two cores.
+    let mut args: Vec<&str> = COMMON
+        .iter()
+        .copied()
+        .filter(|a| *a != "--no-pin")
+        .collect();
+    args.extend_from_slice(&[
+        "--plan",
+        "auto",
+        "--devices",
+        "ferrite:0,cobalt:0,ferrite:1",
+    ]);
+    args.extend_from_slice(&["--cores", "0,1", "--save-plan", &p]);
+    let (code, out, err) = polychip(&args);
+    assert_eq!(code, Some(0), "{out}{err}");
+    // Core 1 is the one a single rank has; Cobalt is never there.
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&plan).unwrap()).unwrap();
+    let order: Vec<&str> = v["core_order"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d.as_str().unwrap())
+        .collect();
+    assert_eq!(order.len(), 3, "{v}");
+    assert!(order[1].starts_with("ferrite:"), "{v}");
+    let line = err
+        .lines()
+        .find(|l| l.starts_with("3 ranks on 2 cores: "))
+        .unwrap_or_else(|| panic!("{err}"));
+    assert!(line.contains(&format!("core 1: {}", order[1])), "{line}");
+    // The plan runs with its ranks so pinned.
+    let mut run: Vec<&str> = COMMON
+        .iter()
+        .copied()
+        .filter(|a| *a != "--no-pin")
+        .collect();
+    run.extend_from_slice(&["--plan", &p, "--cores", "0,1", "--steps", "1"]);
+    let (code, out, err) = polychip(&run);
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert!(err.contains(&format!("core 1: {}", order[1])), "{err}");
+}
+
+#[test]
 fn a_device_or_a_directory_named_as_a_plan_or_config_is_refused_unread() {
     for (flag, path, what) in [
         ("--plan", "/dev/zero", "a character device"),

@@ -670,6 +670,8 @@ pub fn auto_plan(
             .iter()
             .any(|p| p.stages.len() > 1)
             .then_some(schedule),
+        // Each rank on the cores its device was profiled on.
+        core_order: cores.map(|_| devices.iter().map(device_name).collect()),
     };
     Ok((plan, found, profiles))
 }

@@ -89,6 +89,14 @@ pub struct TrainPlan {
     /// --schedule` overrides it, and without either pipelines run 1F1B.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub schedule: Option<PipelineSchedule>,
+    /// The devices in the order whose positions give their ranks' cores on
+    /// one machine (position `i` of `n` takes `pin::share(cores, i, n)`),
+    /// as `--plan auto` profiled them there: a pipeline's stage order then
+    /// does not move a device to another core, or beside another device,
+    /// than it was profiled on. Without it, rank `r` takes rank `r`'s
+    /// share. Each device of the plan must appear once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub core_order: Option<Vec<String>>,
 }
 
 /// What one rank does.
@@ -152,6 +160,7 @@ impl TrainPlan {
             }],
             predicted_step_seconds: None,
             schedule: None,
+            core_order: None,
         }
     }
 
@@ -193,6 +202,7 @@ impl TrainPlan {
             }],
             predicted_step_seconds: None,
             schedule: None,
+            core_order: None,
         })
     }
 
@@ -384,6 +394,20 @@ impl TrainPlan {
                 ranks.map_or("more than 2^64".to_string(), |r| r.to_string())
             ));
         }
+        if let Some(order) = &self.core_order {
+            let mut want: Vec<String> = self.roles().into_iter().map(|r| r.device).collect();
+            let mut got: Vec<String> = order.iter().map(|d| d.to_lowercase()).collect();
+            want.sort();
+            got.sort();
+            if want != got {
+                return bad(format!(
+                    "core_order lists {}, but its ranks run on {}; it must name each of those \
+                     devices once",
+                    order.join(", "),
+                    want.join(", ")
+                ));
+            }
+        }
         if self.checked_global_batch() != Some(global_batch) {
             let parts: Vec<String> = self
                 .groups
@@ -405,6 +429,20 @@ impl TrainPlan {
             ));
         }
         Ok(())
+    }
+
+    /// Rank `rank`'s position among the ranks sharing out the cores of one
+    /// machine, and their number: its device's place in `core_order` when
+    /// the plan has one, else its rank among all.
+    pub fn core_position(&self, rank: usize) -> (usize, usize) {
+        let roles = self.roles();
+        let n = roles.len();
+        let by_order = self.core_order.as_ref().and_then(|order| {
+            let device = &roles.get(rank)?.device;
+            let at = order.iter().position(|d| d.to_lowercase() == *device)?;
+            Some((at, order.len()))
+        });
+        by_order.unwrap_or((rank, n))
     }
 
     /// Every rank's role. A stage naming only a vendor gets that vendor's
@@ -552,6 +590,7 @@ pub fn from_planner(plan: &polychip_planner::plan::Plan) -> Result<TrainPlan> {
         groups,
         predicted_step_seconds: Some(plan.step_time_simulated),
         schedule: None,
+        core_order: None,
     })
 }
 
@@ -622,6 +661,39 @@ mod tests {
             let plan = TrainPlan::parse_stages(bad, 1, 2, 4).unwrap();
             let e = plan.validate(&cfg, 8).unwrap_err().to_string();
             assert!(e.contains("hold at least half a block"), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn the_core_order_places_each_rank_where_its_device_was_profiled() {
+        let cfg = ModelConfig::preset("tiny").unwrap();
+        let mut plan =
+            TrainPlan::parse_stages("ferrite:0=0..3,cobalt:0=3..4,ferrite:1=4..4", 1, 2, 4)
+                .unwrap();
+        // Without one, each rank takes its rank's place.
+        assert_eq!(plan.core_position(2), (2, 3));
+        plan.core_order = Some(
+            ["cobalt:0", "Ferrite:0", "ferrite:1"]
+                .map(String::from)
+                .to_vec(),
+        );
+        plan.validate(&cfg, 8).unwrap();
+        assert_eq!(plan.core_position(0), (1, 3));
+        assert_eq!(plan.core_position(1), (0, 3));
+        assert_eq!(plan.core_position(2), (2, 3));
+        // It must name every device of the plan once.
+        for bad in [
+            &["cobalt:0", "ferrite:0"][..],
+            &["cobalt:0", "ferrite:0", "ferrite:0"],
+            &["cobalt:0", "ferrite:0", "ferrite:1", "ferrite:2"],
+        ] {
+            plan.core_order = Some(bad.iter().map(|d| d.to_string()).collect());
+            let e = plan.validate(&cfg, 8).unwrap_err().to_string();
+            assert!(
+                e.contains("core_order lists")
+                    && e.contains("ranks run on cobalt:0, ferrite:0, ferrite:1"),
+                "{bad:?}: {e}"
+            );
         }
     }
 
