@@ -199,13 +199,15 @@ const MIXED: [Config; 9] = [
     },
     // Three vendors, with the OpenCL plugin (PoCL on this machine's CPU)
     // when it is built and finds a device. Three devices share two cores
-    // here: the job's third rank shares core 0 with its first
-    // (`pin::share`), so the efficiency is over three devices that each
-    // had a core of their own when alone (and is over the quiet alone runs).
+    // here: the devices at places 0 and 2 of `--devices` share core 0, and
+    // Ferrite, listed second, has core 1 to itself (beside OpenCL it ran
+    // 1.30x slower; docs/performance.md, "Which devices share a core").
+    // The efficiency is over three devices that each had a core of their
+    // own when alone (and is over the quiet alone runs).
     Config {
         name: "PP 3 vendors (2 cores)",
         plan: "auto-pp",
-        devices: "ferrite:0,cobalt:0,opencl:0",
+        devices: "cobalt:0,ferrite:0,opencl:0",
         cores: "0,1",
         extra: &[],
         alone: THREE,
@@ -215,7 +217,7 @@ const MIXED: [Config; 9] = [
     Config {
         name: "DP 3 vendors (2 cores)",
         plan: "auto-dp",
-        devices: "ferrite:0,cobalt:0,opencl:0",
+        devices: "cobalt:0,ferrite:0,opencl:0",
         cores: "0,1",
         extra: &[],
         alone: THREE,
@@ -833,8 +835,8 @@ fn main() {
         );
     } else if three {
         println!(
-            "three vendors: three devices on two cores (the third rank shares core 0 with the \
-             first), against each alone on a core of its own, quiet"
+            "three vendors: three devices on two cores (Cobalt and OpenCL share core 0, Ferrite \
+             has core 1), against each alone on a core of its own, quiet"
         );
     }
     let _ = std::fs::remove_dir_all(&dir);

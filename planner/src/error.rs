@@ -112,21 +112,21 @@ pub fn read_text_file(path: &std::path::Path, max_len: u64) -> std::io::Result<S
             ),
         ));
     }
-    let too_long = |len: String| {
+    let too_long = |what: String| {
         Error::new(
             ErrorKind::InvalidData,
-            format!("it is {len} long, more than the {max_len} bytes such a file may have"),
+            format!("{what} more than the {max_len} bytes such a file may have"),
         )
     };
     if meta.len() > max_len {
-        return Err(too_long(format!("{} bytes", meta.len())));
+        return Err(too_long(format!("it is {} bytes long,", meta.len())));
     }
     let mut text = String::new();
     std::fs::File::open(path)?
         .take(max_len.saturating_add(1))
         .read_to_string(&mut text)?;
     if text.len() as u64 > max_len {
-        return Err(too_long("grew while read: more than that".into()));
+        return Err(too_long("it grew while it was read, to".into()));
     }
     Ok(text)
 }

@@ -494,37 +494,6 @@ pub fn auto_plan(
             devices.len()
         )));
     }
-    // More ranks than cores: the fastest devices get the cores shared
-    // least. A data-parallel plan's ranks follow this order, and the
-    // profile pins each device where its rank will run.
-    let ordered: Vec<Device>;
-    let devices = match cores {
-        Some(c) if devices.len() > c.len() => {
-            let seconds: Vec<f64> = match given {
-                Some((file, label)) => {
-                    let (ps, _) = from_file(file, label, cfg, t, devices, &sizes)?;
-                    devices
-                        .iter()
-                        .map(|d| {
-                            ps.iter()
-                                .find(|p| same_kind(&p.device, d))
-                                .map_or(f64::INFINITY, Profile::block_seconds)
-                        })
-                        .collect()
-                }
-                None => devices
-                    .iter()
-                    .map(|d| block_pass_seconds(cfg, t, d))
-                    .collect::<Result<_>>()?,
-            };
-            ordered = core_order(&seconds, c)
-                .into_iter()
-                .map(|i| devices[i].clone())
-                .collect();
-            &ordered[..]
-        }
-        _ => devices,
-    };
     let (profiles, sizes) = match given {
         Some((file, label)) => from_file(file, label, cfg, t, devices, &sizes)?,
         None => (profile_side_by_side(cfg, t, devices, &sizes, cores)?, sizes),
@@ -674,41 +643,6 @@ pub fn auto_plan(
         core_order: cores.map(|_| devices.iter().map(device_name).collect()),
     };
     Ok((plan, found, profiles))
-}
-
-/// Seconds of one block's forward and backward pass at one sequence on
-/// `device`: enough to rank devices by speed before they are profiled.
-fn block_pass_seconds(cfg: &ModelConfig, t: &TrainConfig, device: &Device) -> Result<f64> {
-    let one_block = StageRange {
-        start: Cut(0),
-        end: Cut::block(1),
-        embed: false,
-        head: false,
-    };
-    let stage = Stage::new(cfg, one_block, t.precision, device, 0)?;
-    let (f, b, w, _) = time_passes(&stage, 1, 2)?;
-    Ok(f + b + w)
-}
-
-/// The order in which to list devices whose one-block passes take
-/// `seconds`, so that, with rank `i` pinned to `pin::share(cores, i, n)`
-/// (one core, round-robin, when there are more ranks than cores), the
-/// fastest devices get the cores the fewest ranks share: `order[i]` is the
-/// device at position `i`. Positions are filled from the least-shared
-/// core's, fastest device first (on a tie, the earlier device first).
-pub fn core_order(seconds: &[f64], cores: &[usize]) -> Vec<usize> {
-    let n = seconds.len();
-    let core_of: Vec<Vec<usize>> = (0..n).map(|i| crate::pin::share(cores, i, n)).collect();
-    let load = |i: usize| core_of.iter().filter(|c| **c == core_of[i]).count();
-    let mut positions: Vec<usize> = (0..n).collect();
-    positions.sort_by_key(|&i| (load(i), i));
-    let mut fastest: Vec<usize> = (0..n).collect();
-    fastest.sort_by(|&a, &b| seconds[a].total_cmp(&seconds[b]).then(a.cmp(&b)));
-    let mut order = vec![0; n];
-    for (&pos, &dev) in positions.iter().zip(&fastest) {
-        order[pos] = dev;
-    }
-    order
 }
 
 /// The model in the measured search's terms, micro-batches of `b`, under
@@ -941,23 +875,6 @@ pub fn from_file(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn with_more_ranks_than_cores_the_fastest_device_gets_a_core_of_its_own() {
-        // Three devices on two cores: positions 0 and 2 share core 0,
-        // position 1 has core 1 alone; the fastest (device 2) goes there.
-        assert_eq!(core_order(&[5.0, 20.0, 1.0], &[0, 1]), vec![0, 2, 1]);
-        // Five on two: core 1 holds positions 1 and 3, core 0 three.
-        assert_eq!(
-            core_order(&[3.0, 1.0, 4.0, 0.5, 9.0], &[4, 7]),
-            vec![0, 3, 2, 1, 4]
-        );
-        // On a tie the earlier device takes the less shared core.
-        assert_eq!(core_order(&[1.0, 1.0, 1.0], &[0, 1]), vec![1, 0, 2]);
-        // A core each: only the order changes, fastest first (auto_plan
-        // calls it only with more ranks than cores).
-        assert_eq!(core_order(&[9.0, 1.0], &[0, 1]), vec![1, 0]);
-    }
 
     #[test]
     fn zero_bubble_is_priced_only_with_queued_sends_and_a_core_per_rank_unless_asked_for() {
