@@ -315,12 +315,7 @@ fn resolve_plan(
     if let Some(s) = args.schedule {
         trainer::check_schedule(s, !args.blocking_sends)?;
     }
-    let auto_mode = args.device.is_none()
-        && args.stages.is_none()
-        && args
-            .plan
-            .as_deref()
-            .is_none_or(|p| auto::AutoMode::parse(p).is_some());
+    let auto_mode = plans_automatically(args);
     for (flag, given) in [
         ("--profile", args.profile.is_some()),
         ("--save-profile", args.save_profile.is_some()),
@@ -480,7 +475,7 @@ fn rank_cores(
     if plan.core_order.is_none() || plan.world_size() != info.world_size {
         return Ok(by_rank());
     }
-    let (at, n) = plan.core_position(info.rank);
+    let (at, n) = plan.core_positions()[info.rank];
     Ok(pin::share(cores, at, n))
 }
 
@@ -491,16 +486,19 @@ fn print_core_sharing(plan: &TrainPlan, cores: &[usize]) {
     if roles.len() <= cores.len() {
         return;
     }
+    let on_core: Vec<Vec<usize>> = plan
+        .core_positions()
+        .into_iter()
+        .map(|(at, n)| pin::share(cores, at, n))
+        .collect();
     let by_core: Vec<String> = cores
         .iter()
         .map(|&c| {
             let on: Vec<&str> = roles
                 .iter()
-                .filter(|r| {
-                    let (at, n) = plan.core_position(r.rank);
-                    pin::share(cores, at, n) == [c]
-                })
-                .map(|r| r.device.as_str())
+                .zip(&on_core)
+                .filter(|(_, on)| **on == [c])
+                .map(|(r, _)| r.device.as_str())
                 .collect();
             format!("core {c}: {}", on.join(", "))
         })
@@ -511,6 +509,18 @@ fn print_core_sharing(plan: &TrainPlan, cores: &[usize]) {
         cores.len(),
         by_core.join("; ")
     );
+}
+
+/// Whether the job's layout is searched (`--plan auto`, `auto-pp`,
+/// `auto-dp`, or no layout given), not given (`--device`, `--stages`, a
+/// plan file).
+fn plans_automatically(args: &Args) -> bool {
+    args.device.is_none()
+        && args.stages.is_none()
+        && args
+            .plan
+            .as_deref()
+            .is_none_or(|p| auto::AutoMode::parse(p).is_some())
 }
 
 /// The pipeline schedule: `--schedule`, else the plan's, else 1F1B.
@@ -572,13 +582,7 @@ fn train(args: &Args) -> Result<ExitCode, TrainError> {
     for f in rt.failures() {
         eprintln!("polychip train: a plugin failed to load: {}", f.error);
     }
-    let planned_here = args.resolved_plan.is_none()
-        && args.device.is_none()
-        && args.stages.is_none()
-        && args
-            .plan
-            .as_deref()
-            .is_none_or(|p| auto::AutoMode::parse(p).is_some());
+    let planned_here = args.resolved_plan.is_none() && plans_automatically(args);
     if launched && planned_here && args.save_plan.is_none() {
         return Err(TrainError::Plan(
             "under a launcher every rank must run the same plan: write it once with \

@@ -59,22 +59,30 @@ pub struct MeasuredDevice {
 }
 
 impl MeasuredDevice {
+    /// Every cost of a device, one accessor each (all but the name): the
+    /// one list code that treats the costs alike derives from, so that a
+    /// cost added to the struct is added here and nowhere else.
+    pub const COSTS: [fn(&mut MeasuredDevice) -> &mut f64; 11] = [
+        |d| &mut d.block_forward,
+        |d| &mut d.block_backward,
+        |d| &mut d.attention_forward,
+        |d| &mut d.attention_backward,
+        |d| &mut d.embed_forward,
+        |d| &mut d.embed_backward,
+        |d| &mut d.head_forward,
+        |d| &mut d.head_backward,
+        |d| &mut d.optimizer_per_param,
+        |d| &mut d.block_weight_grad,
+        |d| &mut d.head_weight_grad,
+    ];
+
     /// The same device with every cost multiplied by `f`.
     pub fn scaled(&self, f: f64) -> MeasuredDevice {
-        MeasuredDevice {
-            name: self.name.clone(),
-            block_forward: f * self.block_forward,
-            block_backward: f * self.block_backward,
-            attention_forward: f * self.attention_forward,
-            attention_backward: f * self.attention_backward,
-            embed_forward: f * self.embed_forward,
-            embed_backward: f * self.embed_backward,
-            head_forward: f * self.head_forward,
-            head_backward: f * self.head_backward,
-            optimizer_per_param: f * self.optimizer_per_param,
-            block_weight_grad: f * self.block_weight_grad,
-            head_weight_grad: f * self.head_weight_grad,
+        let mut d = self.clone();
+        for cost in Self::COSTS {
+            *cost(&mut d) *= f;
         }
+        d
     }
 }
 
@@ -367,6 +375,36 @@ fn pipeline_time(
     .step_time
 }
 
+/// The stages of a pipeline over the devices `order`, stage `i` ending at
+/// half block `split[i]` (and starting where the one before ended).
+fn pipeline_stages(order: &[usize], split: &[usize]) -> Vec<MeasuredStage> {
+    order
+        .iter()
+        .enumerate()
+        .map(|(i, &d)| MeasuredStage {
+            device: d,
+            from: if i == 0 { 0 } else { split[i - 1] },
+            to: split[i],
+        })
+        .collect()
+}
+
+/// The step a pipeline of nominal step `nominal` ([`pipeline_time`])
+/// expects under sigma `points` ([`crate::uncertainty`]): simulated again
+/// with each point's factors on the devices' costs.
+fn expected_pipeline_time(
+    devs: &[MeasuredDevice],
+    model: &MeasuredModel,
+    stages: &[MeasuredStage],
+    points: &SigmaPoints,
+    nominal: f64,
+) -> f64 {
+    points.expected(nominal, |f| {
+        let scaled: Vec<MeasuredDevice> = devs.iter().zip(f).map(|(d, &f)| d.scaled(f)).collect();
+        pipeline_time(&scaled, model, stages, model.micro_batches, 0)
+    })
+}
+
 /// Every split of `layers` units (half blocks) into `k` contiguous ranges
 /// (each stage's end, the last `layers`). Every stage holds a unit but the
 /// first and the last of several: the first may hold the embedding alone
@@ -450,15 +488,7 @@ pub fn search(
             for order in &os {
                 for split in &ss {
                     candidates += 1;
-                    let stages: Vec<MeasuredStage> = order
-                        .iter()
-                        .enumerate()
-                        .map(|(i, &d)| MeasuredStage {
-                            device: d,
-                            from: if i == 0 { 0 } else { split[i - 1] },
-                            to: split[i],
-                        })
-                        .collect();
+                    let stages = pipeline_stages(order, split);
                     let ok = stages.iter().enumerate().all(|(i, s)| {
                         let in_flight = model.schedule.in_flight(i, k, m);
                         fits(s.device, Span::of(s, i, k), in_flight)
@@ -473,11 +503,7 @@ pub fn search(
         let nominal_best = pipes.iter().map(|p| p.0).fold(f64::INFINITY, f64::min);
         let window = points.window(nominal_best);
         for (t, stages) in pipes.into_iter().filter(|p| p.0 <= window) {
-            let e = points.expected(t, |f| {
-                let scaled: Vec<MeasuredDevice> =
-                    devs.iter().zip(f).map(|(d, &f)| d.scaled(f)).collect();
-                pipeline_time(&scaled, model, &stages, m, 0)
-            });
+            let e = expected_pipeline_time(devs, model, &stages, &points, t);
             let pipeline = MeasuredPipeline {
                 stages,
                 micro_batch: model.micro_batch,
@@ -1179,21 +1205,9 @@ mod tests {
             let mut least = f64::INFINITY;
             for order in &os {
                 for split in &ss {
-                    let stages: Vec<MeasuredStage> = order
-                        .iter()
-                        .enumerate()
-                        .map(|(i, &d)| MeasuredStage {
-                            device: d,
-                            from: if i == 0 { 0 } else { split[i - 1] },
-                            to: split[i],
-                        })
-                        .collect();
+                    let stages = pipeline_stages(order, split);
                     let t = pipeline_time(&devs, &m, &stages, m.micro_batches, 0);
-                    let e = points.expected(t, |f| {
-                        let scaled: Vec<MeasuredDevice> =
-                            devs.iter().zip(f).map(|(d, &f)| d.scaled(f)).collect();
-                        pipeline_time(&scaled, &m, &stages, m.micro_batches, 0)
-                    });
+                    let e = expected_pipeline_time(&devs, &m, &stages, &points, t);
                     assert!(e >= t * (1.0 - 1e-9), "case {case}: {e} < {t}");
                     least = least.min(e);
                 }

@@ -252,31 +252,20 @@ fn same_kind(name: &str, d: &Device) -> bool {
 /// The profile whose every cost is the median of `ps`'s (all of one kind
 /// and size; the first's name and size, the largest memory figures).
 fn median_profile(ps: &[Profile]) -> Profile {
-    let med = |f: &dyn Fn(&MeasuredDevice) -> f64| {
-        let mut v: Vec<f64> = ps.iter().map(|p| f(&p.costs)).collect();
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    };
     let first = &ps[0];
+    let mut costs = first.costs.clone();
+    let mut all: Vec<MeasuredDevice> = ps.iter().map(|p| p.costs.clone()).collect();
+    for cost in MeasuredDevice::COSTS {
+        let mut v: Vec<f64> = all.iter_mut().map(|c| *cost(c)).collect();
+        v.sort_by(f64::total_cmp);
+        *cost(&mut costs) = v[v.len() / 2];
+    }
     Profile {
         device: first.device.clone(),
         micro_batch: first.micro_batch,
         block_activation_bytes: ps.iter().filter_map(|p| p.block_activation_bytes).max(),
         peak_memory_bytes: ps.iter().map(|p| p.peak_memory_bytes).max().unwrap_or(0),
-        costs: MeasuredDevice {
-            name: first.costs.name.clone(),
-            block_forward: med(&|c| c.block_forward),
-            block_backward: med(&|c| c.block_backward),
-            attention_forward: med(&|c| c.attention_forward),
-            attention_backward: med(&|c| c.attention_backward),
-            embed_forward: med(&|c| c.embed_forward),
-            embed_backward: med(&|c| c.embed_backward),
-            head_forward: med(&|c| c.head_forward),
-            head_backward: med(&|c| c.head_backward),
-            optimizer_per_param: med(&|c| c.optimizer_per_param),
-            block_weight_grad: med(&|c| c.block_weight_grad),
-            head_weight_grad: med(&|c| c.head_weight_grad),
-        },
+        costs,
     }
 }
 
@@ -799,9 +788,7 @@ fn names_kind(chip: &str, d: &Device) -> bool {
     let chip = chip.trim().to_lowercase();
     chip == d.props().name.to_lowercase()
         || chip == d.plugin().vendor().to_lowercase()
-        || chip
-            .split_once(':')
-            .is_some_and(|(v, _)| v == d.plugin().vendor().to_lowercase())
+        || same_kind(&chip, d)
 }
 
 /// The profiles of `devices`' kinds at `sizes` read from `file` (as

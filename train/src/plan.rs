@@ -431,18 +431,22 @@ impl TrainPlan {
         Ok(())
     }
 
-    /// Rank `rank`'s position among the ranks sharing out the cores of one
+    /// Each rank's position among the ranks sharing out the cores of one
     /// machine, and their number: its device's place in `core_order` when
-    /// the plan has one, else its rank among all.
-    pub fn core_position(&self, rank: usize) -> (usize, usize) {
+    /// the plan has one that names it, else its rank among all.
+    pub fn core_positions(&self) -> Vec<(usize, usize)> {
         let roles = self.roles();
         let n = roles.len();
-        let by_order = self.core_order.as_ref().and_then(|order| {
-            let device = &roles.get(rank)?.device;
-            let at = order.iter().position(|d| d.to_lowercase() == *device)?;
-            Some((at, order.len()))
-        });
-        by_order.unwrap_or((rank, n))
+        roles
+            .iter()
+            .map(|r| {
+                let at = self.core_order.as_ref().and_then(|order| {
+                    let at = order.iter().position(|d| d.to_lowercase() == r.device)?;
+                    Some((at, order.len()))
+                });
+                at.unwrap_or((r.rank, n))
+            })
+            .collect()
     }
 
     /// Every rank's role. A stage naming only a vendor gets that vendor's
@@ -671,16 +675,14 @@ mod tests {
             TrainPlan::parse_stages("ferrite:0=0..3,cobalt:0=3..4,ferrite:1=4..4", 1, 2, 4)
                 .unwrap();
         // Without one, each rank takes its rank's place.
-        assert_eq!(plan.core_position(2), (2, 3));
+        assert_eq!(plan.core_positions()[2], (2, 3));
         plan.core_order = Some(
             ["cobalt:0", "Ferrite:0", "ferrite:1"]
                 .map(String::from)
                 .to_vec(),
         );
         plan.validate(&cfg, 8).unwrap();
-        assert_eq!(plan.core_position(0), (1, 3));
-        assert_eq!(plan.core_position(1), (0, 3));
-        assert_eq!(plan.core_position(2), (2, 3));
+        assert_eq!(plan.core_positions(), vec![(1, 3), (0, 3), (2, 3)]);
         // It must name every device of the plan once.
         for bad in [
             &["cobalt:0", "ferrite:0"][..],
