@@ -12,6 +12,7 @@ mod devices;
 mod launch;
 mod plan;
 mod profile;
+mod profile_ranks;
 mod train;
 
 use std::process::ExitCode;
@@ -41,6 +42,10 @@ enum Command {
     Plan(plan::Args),
     /// Measure each device kind's costs on a model for `polychip plan --profile`.
     Profile(profile::Args),
+    /// Internal: profile one device for `polychip train --plan auto`, in a
+    /// process of its own (the job on standard input).
+    #[command(hide = true)]
+    ProfileWorker,
     /// Train a LLaMA-architecture model across every vendor's devices (the main job).
     ///
     /// It starts from seeded weights, from a polychip checkpoint (--resume) or
@@ -75,6 +80,7 @@ fn main() -> ExitCode {
         Command::Bench(args) => bench::run(&args),
         Command::Plan(args) => plan::run(&args),
         Command::Profile(args) => profile::run(&args),
+        Command::ProfileWorker => profile_ranks::worker(),
         Command::Train(args) => train::run(&args),
         Command::Checkpoint(args) => checkpoint::run(&args),
     }

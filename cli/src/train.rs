@@ -16,6 +16,7 @@ use std::process::ExitCode;
 
 use polychip_comm::launch::{LaunchOptions, launch};
 use polychip_host::{Device, Runtime};
+use polychip_planner::measured::MeasuredPlan;
 use polychip_planner::profile::ProfileFile;
 use polychip_planner::schedule::PipelineSchedule;
 use polychip_planner::uncertainty;
@@ -134,6 +135,14 @@ pub struct Args {
     /// Do not pin ranks to CPU cores.
     #[arg(long)]
     no_pin: bool,
+    /// With `--plan auto` and more ranks than cores (or cores that do not
+    /// divide evenly among them): `auto` profiles and plans each distinct
+    /// way the devices can share the cores and keeps the plan expecting
+    /// the shortest step (at most 6 ways; more: the listed order's);
+    /// `listed` keeps the `--devices` order's: the device at place `p`
+    /// gets the cores rank `p` would.
+    #[arg(long, value_enum, value_name = "HOW")]
+    core_order: Option<CoreOrder>,
     /// Write the resolved plan (JSON) here and exit without training: plan
     /// once, then start the ranks under any launcher with `--plan FILE`.
     #[arg(long, value_name = "FILE")]
@@ -301,6 +310,18 @@ pub(crate) fn device_pool(rt: &Runtime, spec: Option<&str>) -> Result<Vec<Device
     }
 }
 
+/// How `--plan auto` places the devices on the cores (`--core-order`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum CoreOrder {
+    /// Try each distinct pairing.
+    Auto,
+    /// The `--devices` order's.
+    Listed,
+}
+
+/// The most pairings of devices on cores `--core-order auto` profiles.
+const MAX_PAIRINGS: usize = 6;
+
 /// The plan, resolved once (in the launching process).
 fn resolve_plan(
     args: &Args,
@@ -319,6 +340,7 @@ fn resolve_plan(
     for (flag, given) in [
         ("--profile", args.profile.is_some()),
         ("--save-profile", args.save_profile.is_some()),
+        ("--core-order", args.core_order.is_some()),
     ] {
         if given && !auto_mode {
             return Err(TrainError::Plan(format!(
@@ -369,8 +391,8 @@ fn resolve_plan(
                 .and_then(auto::AutoMode::parse)
                 .unwrap_or(auto::AutoMode::Best);
             let devices = device_pool(rt, args.devices.as_deref())?;
-            // Every device profiled at once, each on the share of the
-            // cores its rank will get.
+            // Every device profiled at once, each in a process of its own
+            // bound to the share of the cores its rank will get.
             let pinned = (!args.no_pin).then_some(cores);
             let choices = auto::Choices {
                 shard_optimizer: !args.no_shard_optimizer,
@@ -379,6 +401,15 @@ fn resolve_plan(
                 schedule: args.schedule,
                 profile_error,
             };
+            if args.core_order == Some(CoreOrder::Auto) && (args.profile.is_some() || args.no_pin) {
+                return Err(TrainError::Plan(format!(
+                    "--core-order auto profiles each way the devices can share the cores; {}",
+                    match args.profile.is_some() {
+                        true => "--profile gives a profile measured under one (the listed order's)",
+                        false => "--no-pin leaves the ranks unbound",
+                    }
+                )));
+            }
             let given = match &args.profile {
                 Some(path) => Some(
                     ProfileFile::load(path)
@@ -391,19 +422,72 @@ fn resolve_plan(
                 .as_ref()
                 .map(|p| format!("--profile {}", p.display()))
                 .unwrap_or_default();
-            let (plan, found, profiles) = auto::auto_plan(
-                model,
-                t,
-                &devices,
-                mode,
-                choices,
-                pinned,
-                given.as_ref().map(|f| (f, label.as_str())),
-            )?;
+            // Which devices share a core (with more ranks than cores, or
+            // cores that do not divide evenly) decides much of the step:
+            // each distinct pairing is profiled and planned, and the plan
+            // expecting the shortest step is kept. A profile file was
+            // measured under one pairing: the listed one.
+            let identity: Vec<usize> = (0..devices.len()).collect();
+            let orders = match (pinned, &given, args.core_order.unwrap_or(CoreOrder::Auto)) {
+                (Some(cores), None, CoreOrder::Auto) => {
+                    let kinds: Vec<String> = devices
+                        .iter()
+                        .map(|d| d.plugin().vendor().to_lowercase())
+                        .collect();
+                    let kinds: Vec<&str> = kinds.iter().map(String::as_str).collect();
+                    pin::distinct_orders(&kinds, cores, MAX_PAIRINGS).unwrap_or_else(|| {
+                        eprintln!(
+                            "the {} devices can share the {} cores in more than {MAX_PAIRINGS}                              ways: planning for the listed order's only",
+                            devices.len(),
+                            cores.len()
+                        );
+                        vec![identity.clone()]
+                    })
+                }
+                _ => vec![identity.clone()],
+            };
+            let mut best: Option<(TrainPlan, MeasuredPlan, Vec<auto::Profile>, Vec<Device>)> = None;
+            for order in &orders {
+                let devices: Vec<Device> = order.iter().map(|&i| devices[i].clone()).collect();
+                let mut measure = |sizes: &[usize]| {
+                    crate::profile_ranks::profile(model, t, &devices, sizes, pinned)
+                };
+                let source = match &given {
+                    Some(f) => auto::Profiles::File(f, &label),
+                    None => auto::Profiles::Measure(&mut measure),
+                };
+                let (plan, found, profiles) =
+                    auto::auto_plan(model, t, &devices, mode, choices, pinned, source)?;
+                if orders.len() > 1 {
+                    let names: Vec<String> = devices.iter().map(trainer::device_name).collect();
+                    let n = names.len();
+                    let placed: Vec<(&str, Vec<usize>)> = names
+                        .iter()
+                        .enumerate()
+                        .map(|(at, name)| (name.as_str(), pin::share(cores, at, n)))
+                        .collect();
+                    eprintln!(
+                        "{}: predicted step {:.1} ms, expected {:.1} ms under a {:.0}% profile \
+                         error",
+                        sharing(&placed),
+                        found.step_seconds * 1e3,
+                        found.expected_step_seconds * 1e3,
+                        profile_error * 100.0
+                    );
+                }
+                if best
+                    .as_ref()
+                    .is_none_or(|(_, f, ..)| found.expected_step_seconds < f.expected_step_seconds)
+                {
+                    best = Some((plan, found, profiles, devices));
+                }
+            }
+            let (plan, found, profiles, devices) = best.expect("one order at least");
             if let Some(path) = &args.save_profile {
                 let source = match &args.profile {
                     Some(p) => format!("polychip train --profile {} (read back) on", p.display()),
-                    None => "polychip train --plan auto, profiled side by side on".into(),
+                    None => "polychip train --plan auto, profiled side by side (a process per device) on"
+                        .into(),
                 };
                 let file = auto::to_file(model, t, &devices, &profiles, &source);
                 let text = serde_json::to_string_pretty(&file)
@@ -486,29 +570,43 @@ fn print_core_sharing(plan: &TrainPlan, cores: &[usize]) {
     if roles.len() <= cores.len() {
         return;
     }
-    let on_core: Vec<Vec<usize>> = plan
-        .core_positions()
-        .into_iter()
-        .map(|(at, n)| pin::share(cores, at, n))
-        .collect();
-    let by_core: Vec<String> = cores
+    let placed: Vec<(&str, Vec<usize>)> = roles
         .iter()
-        .map(|&c| {
-            let on: Vec<&str> = roles
-                .iter()
-                .zip(&on_core)
-                .filter(|(_, on)| **on == [c])
-                .map(|(r, _)| r.device.as_str())
-                .collect();
-            format!("core {c}: {}", on.join(", "))
-        })
+        .zip(plan.core_positions())
+        .map(|(r, (at, n))| (r.device.as_str(), pin::share(cores, at, n)))
         .collect();
     eprintln!(
         "{} ranks on {} cores: {}",
         roles.len(),
         cores.len(),
-        by_core.join("; ")
+        sharing(&placed)
     );
+}
+
+/// Which devices run on which cores (`core 0: cobalt:0, opencl:0; core 1:
+/// ferrite:0`), from each device's name and cores.
+fn sharing(placed: &[(&str, Vec<usize>)]) -> String {
+    let mut groups: Vec<(&[usize], Vec<&str>)> = Vec::new();
+    for (name, on) in placed {
+        match groups.iter_mut().find(|(c, _)| *c == on.as_slice()) {
+            Some((_, names)) => names.push(name),
+            None => groups.push((on, vec![name])),
+        }
+    }
+    groups.sort_by_key(|(on, _)| on.first().copied());
+    groups
+        .iter()
+        .map(|(on, names)| {
+            let list: Vec<String> = on.iter().map(usize::to_string).collect();
+            format!(
+                "{} {}: {}",
+                if on.len() == 1 { "core" } else { "cores" },
+                list.join(","),
+                names.join(", ")
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
 }
 
 /// Whether the job's layout is searched (`--plan auto`, `auto-pp`,

@@ -364,3 +364,118 @@ fn launch_refuses_a_huge_rank_count_and_train_an_empty_core_range() {
         &["--cores \"3-1\"", "is empty"],
     );
 }
+
+/// `polychip profile-worker`, its stdin and stdout piped.
+fn worker() -> std::process::Child {
+    Command::new(env!("CARGO_BIN_EXE_polychip"))
+        .arg("profile-worker")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("run polychip")
+}
+
+/// `polychip profile-worker` fed `input` on stdin (then its end): exit
+/// code and the events it said (one JSON object per line).
+fn worker_given(input: Vec<u8>) -> (Option<i32>, Vec<serde_json::Value>) {
+    use std::io::Write;
+    let mut child = worker();
+    let mut stdin = child.stdin.take().unwrap();
+    // It may stop reading (and close) before the end of a long input.
+    let writer = std::thread::spawn(move || {
+        let _ = stdin.write_all(&input);
+    });
+    let out = child.wait_with_output().unwrap();
+    writer.join().unwrap();
+    let events = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l}: {e}")))
+        .collect();
+    (out.status.code(), events)
+}
+
+const WORKER_MODEL: &str =
+    r#"{"name":"w","dim":16,"layers":2,"heads":2,"kv_heads":1,"ffn":32,"seq_len":8}"#;
+
+#[test]
+fn the_profile_worker_refuses_a_bad_job_by_saying_what_is_wrong() {
+    let job = |device: &str, sizes: &str| {
+        format!(
+            r#"{{"model":{WORKER_MODEL},"train":{{}},"device":"{device}","sizes":{sizes},"cores":null}}"#
+        )
+    };
+    let long = vec![b'a'; 17 << 20];
+    for (input, want) in [
+        (Vec::new(), "no job on standard input"),
+        (b"not json\n".to_vec(), "the job: "),
+        (long, "a line longer than"),
+        (
+            format!("{}\n", job("nosuch:0", "[1]")).into_bytes(),
+            "no device nosuch:0",
+        ),
+        (
+            format!("{}\n", job("ferrite:0", "[0]")).into_bytes(),
+            "micro-batch sizes [0]",
+        ),
+        (
+            format!(
+                "{}\n",
+                job("ferrite:0", "[1]").replace("\"dim\":16", "\"dim\":0")
+            )
+            .into_bytes(),
+            "the job's model: ",
+        ),
+    ] {
+        let (code, events) = worker_given(input);
+        assert_eq!(code, Some(2), "{events:?}");
+        let last = events.last().unwrap_or_else(|| panic!("no event: {want}"));
+        assert_eq!(last["event"], "error", "{events:?}");
+        assert!(
+            last["message"].as_str().unwrap().contains(want),
+            "{want}: {events:?}"
+        );
+    }
+    // Ready, then the parent gone before the start: it ends quietly.
+    let (code, events) = worker_given(format!("{}\n", job("ferrite:0", "[1]")).into_bytes());
+    assert_eq!(code, Some(0), "{events:?}");
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert_eq!(events[0]["event"], "ready");
+}
+
+#[test]
+fn the_profile_worker_profiles_until_stopped_and_marks_what_ended_after() {
+    use std::io::{BufRead, BufReader, Write};
+    let mut child = worker();
+    let mut stdin = child.stdin.take().unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut next = || {
+        let mut line = String::new();
+        out.read_line(&mut line).unwrap();
+        serde_json::from_str::<serde_json::Value>(&line).unwrap_or_else(|e| panic!("{line}: {e}"))
+    };
+    let job = format!(
+        r#"{{"model":{WORKER_MODEL},"train":{{}},"device":"ferrite:0","sizes":[2,1],"cores":null}}"#
+    );
+    writeln!(stdin, "{job}").unwrap();
+    assert_eq!(next()["event"], "ready");
+    let start = Instant::now();
+    writeln!(stdin, "go").unwrap();
+    // A round that ended 2 s or more after the start.
+    assert_eq!(next()["event"], "round");
+    assert!(start.elapsed() >= Duration::from_secs(2));
+    writeln!(stdin, "stop").unwrap();
+    let done = next();
+    assert_eq!(done["event"], "done", "{done}");
+    let measured = done["measured"].as_array().unwrap();
+    // Every size, round after round; only the one in progress at the stop
+    // (if any) ended after it.
+    assert!(measured.len() >= 2, "{done}");
+    for b in [1, 2] {
+        assert!(measured.iter().any(|m| m[0]["micro_batch"] == b), "{done}");
+    }
+    let after = measured.iter().filter(|m| m[1] == false).count();
+    assert!(after <= 1, "{done}");
+    assert!(measured[0][0]["costs"]["block_forward"].as_f64().unwrap() > 0.0);
+    assert!(child.wait().unwrap().success());
+}

@@ -819,27 +819,36 @@ fn a_saved_profile_plans_again_without_profiling_and_a_foreign_one_is_refused() 
     );
 }
 
+/// The common flags, pinned (without `--no-pin`).
+fn pinned() -> Vec<&'static str> {
+    COMMON
+        .iter()
+        .copied()
+        .filter(|a| *a != "--no-pin")
+        .collect()
+}
+
 #[test]
 fn ranks_bind_to_the_cores_their_devices_were_profiled_on() {
     let dir = scratch("core_order");
     let plan = dir.join("plan.json");
     let p = plan.display().to_string();
-    // Pinned (no --no-pin): three devices on two cores, profiled in the
-    // order given, position i on core i mod 2: Ferrite 0 alone on core 1.
-    let mut args: Vec<&str> = COMMON
-        .iter()
-        .copied()
-        .filter(|a| *a != "--no-pin")
-        .collect();
+    // Three devices on two cores, profiled in the order given (each in a
+    // process of its own), position i on core i mod 2: Ferrite 0 alone on
+    // core 1.
+    let mut args = pinned();
     args.extend_from_slice(&[
         "--plan",
         "auto-pp",
         "--devices",
         "cobalt:0,ferrite:0,ferrite:1",
+        "--core-order",
+        "listed",
     ]);
     args.extend_from_slice(&["--cores", "0,1", "--save-plan", &p]);
     let (code, out, err) = polychip(&args);
     assert_eq!(code, Some(0), "{out}{err}");
+    assert!(!err.contains(": predicted step"), "one pairing only: {err}");
     let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&plan).unwrap()).unwrap();
     assert_eq!(
         v["core_order"],
@@ -854,15 +863,105 @@ fn ranks_bind_to_the_cores_their_devices_were_profiled_on() {
         .unwrap_or_else(|| panic!("{err}"));
     assert!(line.ends_with("; core 1: ferrite:0"), "{line}");
     // The plan runs so pinned.
-    let mut run: Vec<&str> = COMMON
-        .iter()
-        .copied()
-        .filter(|a| *a != "--no-pin")
-        .collect();
+    let mut run = pinned();
     run.extend_from_slice(&["--plan", &p, "--cores", "0,1", "--steps", "1"]);
     let (code, out, err) = polychip(&run);
     assert_eq!(code, Some(0), "{out}{err}");
     assert!(err.contains("; core 1: ferrite:0"), "{err}");
+}
+
+#[test]
+fn the_automatic_core_order_plans_each_pairing_and_keeps_the_least_expected_step() {
+    let dir = scratch("core_order_auto");
+    let plan = dir.join("plan.json");
+    let p = plan.display().to_string();
+    let mut args = pinned();
+    args.extend_from_slice(&[
+        "--plan",
+        "auto",
+        "--devices",
+        "cobalt:0,ferrite:0,ferrite:1",
+    ]);
+    args.extend_from_slice(&["--cores", "0,1", "--save-plan", &p]);
+    let (code, out, err) = polychip(&args);
+    assert_eq!(code, Some(0), "{out}{err}");
+    // Two ways to share two cores: Cobalt alone, or a Ferrite alone.
+    let pairings: Vec<(&str, f64)> = err
+        .lines()
+        .filter_map(|l| {
+            let (sharing, rest) = l.split_once(": predicted step ")?;
+            let expected = rest.split_once("expected ")?.1.split_once(" ms")?.0;
+            Some((sharing, expected.parse().ok()?))
+        })
+        .collect();
+    assert_eq!(pairings.len(), 2, "{err}");
+    assert!(
+        pairings
+            .iter()
+            .any(|(s, _)| s.ends_with("core 1: cobalt:0") || s.starts_with("core 0: cobalt:0;")),
+        "{err}"
+    );
+    // The plan keeps the pairing expecting the shortest step, and its
+    // ranks bind to it.
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&plan).unwrap()).unwrap();
+    let order: Vec<&str> = v["core_order"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{v}"))
+        .iter()
+        .map(|d| d.as_str().unwrap())
+        .collect();
+    let on = |core: usize| -> String {
+        let names: Vec<&str> = (0..order.len())
+            .filter(|p| p % 2 == core)
+            .map(|p| order[p])
+            .collect();
+        format!("core {core}: {}", names.join(", "))
+    };
+    let kept = format!("{}; {}", on(0), on(1));
+    let best = pairings.iter().min_by(|a, b| a.1.total_cmp(&b.1)).unwrap();
+    assert_eq!(best.0, kept, "{err}");
+    assert!(
+        err.contains(&format!("3 ranks on 2 cores: {kept}")),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_core_order_is_refused_without_a_search_or_with_a_profile_file() {
+    let pinned = pinned();
+    for (common, args, want) in [
+        (
+            &COMMON[..],
+            &["--device", "ferrite:0", "--core-order", "listed"][..],
+            "--core-order applies to --plan auto, auto-pp or auto-dp only",
+        ),
+        (
+            &pinned[..],
+            &[
+                "--plan",
+                "auto",
+                "--core-order",
+                "auto",
+                "--profile",
+                "/nonexistent.json",
+            ][..],
+            "--core-order auto profiles each way the devices can share the cores; --profile",
+        ),
+        (
+            &COMMON[..],
+            &["--plan", "auto", "--core-order", "auto"][..],
+            "the cores; --no-pin leaves the ranks unbound",
+        ),
+        (
+            &COMMON[..],
+            &["--plan", "auto", "--core-order", "sideways"][..],
+            "invalid value 'sideways' for '--core-order <HOW>'",
+        ),
+    ] {
+        let (code, _, err) = polychip(&[common, args].concat());
+        assert_ne!(code, Some(0));
+        assert!(err.contains(want) && !err.contains("profiled"), "{err}");
+    }
 }
 
 #[test]

@@ -21,13 +21,15 @@
 //! - each device alone: not a layout of the cluster, only the baseline of
 //!   the speedup ratio (`polychip train --device` runs it).
 
+use serde::{Deserialize, Serialize};
+
 use crate::overlap;
 use crate::schedule::{PipelineSchedule, Schedule, StageTiming};
 use crate::sim;
 use crate::uncertainty::SigmaPoints;
 
 /// One device and its measured costs per micro-batch, seconds.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct MeasuredDevice {
     /// Its name, e.g. `cobalt:0`.
     pub name: String,

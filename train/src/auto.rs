@@ -28,7 +28,7 @@ use crate::plan::{GroupPlan, StagePlan, TrainPlan};
 use crate::trainer::device_name;
 
 /// A device's measured costs on this model, per micro-batch, seconds.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Profile {
     /// The device profiled, `vendor:index`.
     pub device: String,
@@ -272,32 +272,105 @@ fn median_profile(ps: &[Profile]) -> Profile {
 /// How long [`profile_side_by_side`] profiles at least.
 pub const MIN_PROFILE: Duration = Duration::from_secs(2);
 
+/// One device's share of a side-by-side profile: `device` at every size of
+/// `sizes`, round after round, from `began` until `stop` says to (checked
+/// before each size, once this device has finished a round that ended at
+/// least [`MIN_PROFILE`] after `began`, the moment it calls
+/// `finished_round`, once). Returns each measurement with the moment it
+/// ended.
+///
+/// A profile that stops when every device has finished such a round has no
+/// device's first round on an idle machine, and a fast device's medians
+/// over several rounds (one round of Ferrite's takes a fraction of a
+/// second, and on a shared machine one round alone once made it pick
+/// micro-batches of 1, 25% slower than its best).
+pub fn profile_rounds(
+    cfg: &ModelConfig,
+    t: &TrainConfig,
+    device: &Device,
+    sizes: &[usize],
+    began: Instant,
+    stop: &dyn Fn() -> bool,
+    finished_round: &mut dyn FnMut(),
+) -> Result<Vec<(Profile, Instant)>> {
+    let mut out = Vec::new();
+    let mut finished = false;
+    loop {
+        for &b in sizes {
+            if finished && stop() {
+                return Ok(out);
+            }
+            out.push((profile(cfg, t, device, b)?, Instant::now()));
+        }
+        if !finished && began.elapsed() >= MIN_PROFILE {
+            finished = true;
+            finished_round();
+        }
+    }
+}
+
+/// The profiles of `devices`' kinds at each of `sizes`, from the
+/// measurements of a side-by-side profile (each with whether it ended
+/// while every device was still profiling): one per kind (vendor) and
+/// size, the per-cost median over that kind's devices and rounds. A
+/// measurement that ended after some device had stopped counts only where
+/// its kind has none that did not.
+pub fn kind_medians(
+    devices: &[Device],
+    sizes: &[usize],
+    measured: &[(Profile, bool)],
+) -> Result<Vec<Profile>> {
+    let mut profiles = Vec::new();
+    for d in devices {
+        if profiles.iter().any(|p: &Profile| same_kind(&p.device, d)) {
+            continue;
+        }
+        for &b in sizes {
+            let of_kind: Vec<&(Profile, bool)> = measured
+                .iter()
+                .filter(|(p, _)| p.micro_batch == b && same_kind(&p.device, d))
+                .collect();
+            let beside: Vec<Profile> = of_kind
+                .iter()
+                .filter(|(_, beside)| *beside)
+                .map(|(p, _)| p.clone())
+                .collect();
+            let chosen = match beside.is_empty() {
+                false => beside,
+                true => of_kind.iter().map(|(p, _)| p.clone()).collect(),
+            };
+            if chosen.is_empty() {
+                return Err(TrainError::Plan(format!(
+                    "the profile of {} has no measurement at a micro-batch size of {b}",
+                    device_name(d)
+                )));
+            }
+            profiles.push(median_profile(&chosen));
+        }
+    }
+    Ok(profiles)
+}
+
 /// Profiles every device of `devices` at every size of `sizes`, all at
-/// once, as the job will run them: one thread per device, pinned (when
-/// `cores` is given) to the share of `cores` its rank would get, so that
-/// each device is timed while the others load the machine as they will in
-/// training. On a machine whose cores share caches, memory bandwidth or a
-/// clock budget, a device timed with the other cores idle may run faster
-/// than it will beside the others, and a search fed such times balances the
-/// stages and deals the batch for a machine that is not the one the job
-/// runs on (on this 2-core machine, over 16 rounds, Ferrite alone beside a
-/// training load and alone on an idle machine agreed within 2%, inside the
-/// machine's own noise; see docs/performance.md).
+/// once, as the job will run them: one thread per device of this process,
+/// pinned (when `cores` is given) to the share of `cores` its rank would
+/// get, so that each device is timed while the others load the machine as
+/// they will in training. On a machine whose cores share caches, memory
+/// bandwidth or a clock budget, a device timed with the other cores idle
+/// may run faster than it will beside the others, and a search fed such
+/// times balances the stages and deals the batch for a machine that is not
+/// the one the job runs on (on this 2-core machine, over 16 rounds,
+/// Ferrite alone beside a training load and alone on an idle machine
+/// agreed within 2%, inside the machine's own noise; see
+/// docs/performance.md). Each device runs [`profile_rounds`] until every
+/// one has finished a round; [`kind_medians`] combines them.
 ///
-/// Each thread profiles its device at every size, then goes on with
-/// further rounds until every thread has finished one and at least
-/// [`MIN_PROFILE`] has passed, so that no device's first round runs on an
-/// idle machine and a fast device's medians are over several rounds (one
-/// round of Ferrite's takes a fraction of a second, and on a shared machine
-/// one round alone once made it pick micro-batches of 1, 25% slower than
-/// its best); a device's measurements that ended after that moment are
-/// dropped when it has others. Returns one
-/// profile per kind (vendor) and size: the per-cost median over that
-/// kind's devices and rounds.
-///
-/// A plugin that runs its kernels on a process-wide thread pool runs them
-/// where the pool was started (the first thread to use it): with several
-/// devices of such a kind, its profile threads share that pool's cores.
+/// Threads of one process are not ranks of a job: a plugin that runs its
+/// kernels on a process-wide thread pool runs them where the pool was
+/// started (the first thread to use it), so devices of such a kind share
+/// that pool's cores here, and a device may share a core with another
+/// than it will in the job. `polychip train --plan auto` profiles each
+/// device in a process of its own, bound as its rank will be.
 pub fn profile_side_by_side(
     cfg: &ModelConfig,
     t: &TrainConfig,
@@ -321,41 +394,22 @@ pub fn profile_side_by_side(
                     if let Some(cores) = cores {
                         let mine = crate::pin::share(cores, i, n);
                         if let Err(e) = crate::pin::pin(&mine) {
-                            // The others stop at their next size.
+                            // The others stop after their first round.
                             failed.store(true, Ordering::Release);
                             return Err(TrainError::Plan(format!(
                                 "pinning the profile of {d} to {mine:?}: {e}"
                             )));
                         }
                     }
-                    let mut out = Vec::new();
-                    let mut first_round = true;
-                    'rounds: loop {
-                        for &b in sizes {
-                            let stop = finished.load(Ordering::Acquire) == n
-                                || failed.load(Ordering::Acquire);
-                            if !first_round && stop {
-                                break 'rounds;
-                            }
-                            match profile(cfg, t, d, b) {
-                                Ok(p) => out.push((p, Instant::now())),
-                                Err(e) => {
-                                    failed.store(true, Ordering::Release);
-                                    return Err(e);
-                                }
-                            }
+                    let stop =
+                        || finished.load(Ordering::Acquire) == n || failed.load(Ordering::Acquire);
+                    let mut count = || {
+                        if finished.fetch_add(1, Ordering::AcqRel) + 1 == n {
+                            let _ = all_done.set(Instant::now());
                         }
-                        if first_round && began.elapsed() >= MIN_PROFILE {
-                            first_round = false;
-                            if finished.fetch_add(1, Ordering::AcqRel) + 1 == n {
-                                let _ = all_done.set(Instant::now());
-                            }
-                        }
-                        if failed.load(Ordering::Acquire) {
-                            break;
-                        }
-                    }
-                    Ok(out)
+                    };
+                    profile_rounds(cfg, t, d, sizes, began, &stop, &mut count)
+                        .inspect_err(|_| failed.store(true, Ordering::Release))
                 })
             })
             .collect();
@@ -364,34 +418,15 @@ pub fn profile_side_by_side(
             .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
             .collect()
     });
-    let mut all: Vec<(Profile, Instant)> = Vec::new();
-    for r in runs {
-        all.extend(r?);
-    }
+    let mut all: Vec<(Profile, bool)> = Vec::new();
     let done = all_done.get().copied();
-    let mut profiles = Vec::new();
-    for d in devices {
-        if profiles.iter().any(|p: &Profile| same_kind(&p.device, d)) {
-            continue;
-        }
-        for &b in sizes {
-            let of_kind: Vec<&(Profile, Instant)> = all
-                .iter()
-                .filter(|(p, _)| p.micro_batch == b && same_kind(&p.device, d))
-                .collect();
-            let beside: Vec<Profile> = of_kind
-                .iter()
-                .filter(|(_, at)| done.is_none_or(|done| *at <= done))
-                .map(|(p, _)| p.clone())
-                .collect();
-            let chosen = match beside.is_empty() {
-                false => beside,
-                true => of_kind.iter().map(|(p, _)| p.clone()).collect(),
-            };
-            profiles.push(median_profile(&chosen));
-        }
+    for r in runs {
+        all.extend(
+            r?.into_iter()
+                .map(|(p, at)| (p, done.is_none_or(|done| at <= done))),
+        );
     }
-    Ok(profiles)
+    kind_medians(devices, sizes, &all)
 }
 
 /// The relative error `--plan auto` assumes of each kind's profile by
@@ -440,16 +475,42 @@ impl Choices {
     }
 }
 
+/// Where [`auto_plan`]'s profiles of the devices come from.
+pub enum Profiles<'a> {
+    /// Measured now, every device at once on threads of this process, each
+    /// on the share of the cores its rank would get
+    /// ([`profile_side_by_side`]).
+    SideBySide,
+    /// Measured by the caller at the micro-batch sizes it is given, one
+    /// profile per kind and size (as [`kind_medians`] gives them):
+    /// `polychip train` profiles each device in a process of its own,
+    /// bound as its rank will be.
+    Measure(&'a mut dyn FnMut(&[usize]) -> Result<Vec<Profile>>),
+    /// Read from a profile file ([`from_file`]), named in errors by the
+    /// label.
+    File(&'a polychip_planner::profile::ProfileFile, &'a str),
+}
+
+impl std::fmt::Debug for Profiles<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Profiles::SideBySide => f.write_str("SideBySide"),
+            Profiles::Measure(_) => f.write_str("Measure(..)"),
+            Profiles::File(_, label) => write!(f, "File({label:?})"),
+        }
+    }
+}
+
 /// Plans `cfg` over `devices` (any mix of vendors): profiles every device
-/// on the model at once, each on the share of `cores` its rank would get
-/// ([`profile_side_by_side`]), or reads their kinds' profiles from
-/// `given` ([`from_file`]), then searches the layouts `mode` allows with
-/// each kind's measured costs ([`polychip_planner::measured`]);
-/// data-parallel layouts may shard the optimizer step when `choices`
-/// allow it (the search prices both), and pipelines run whichever schedule
-/// `choices` allow predicts faster (the plan names it). Returns the plan
-/// (with the predicted step time), the search's answer and the profiles
-/// (one per kind and micro-batch size).
+/// on the model at once, each on the share of `cores` its rank would get,
+/// or takes their kinds' profiles from where `profiles` says, then
+/// searches the layouts `mode` allows with each kind's measured costs
+/// ([`polychip_planner::measured`]); data-parallel layouts may shard the
+/// optimizer step when `choices` allow it (the search prices both), and
+/// pipelines run whichever schedule `choices` allow predicts faster (the
+/// plan names it). Returns the plan (with the predicted step time; with
+/// `cores`, the order the devices take them in), the search's answer and
+/// the profiles (one per kind and micro-batch size).
 pub fn auto_plan(
     cfg: &ModelConfig,
     t: &TrainConfig,
@@ -457,7 +518,7 @@ pub fn auto_plan(
     mode: AutoMode,
     choices: Choices,
     cores: Option<&[usize]>,
-    given: Option<(&polychip_planner::profile::ProfileFile, &str)>,
+    profiles: Profiles<'_>,
 ) -> Result<(TrainPlan, MeasuredPlan, Vec<Profile>)> {
     if devices.is_empty() {
         return Err(TrainError::Plan(
@@ -483,9 +544,10 @@ pub fn auto_plan(
             devices.len()
         )));
     }
-    let (profiles, sizes) = match given {
-        Some((file, label)) => from_file(file, label, cfg, t, devices, &sizes)?,
-        None => (profile_side_by_side(cfg, t, devices, &sizes, cores)?, sizes),
+    let (profiles, sizes) = match profiles {
+        Profiles::File(file, label) => from_file(file, label, cfg, t, devices, &sizes)?,
+        Profiles::SideBySide => (profile_side_by_side(cfg, t, devices, &sizes, cores)?, sizes),
+        Profiles::Measure(measure) => (measure(&sizes)?, sizes),
     };
     // More ranks than the cores they run on (pinned, or the machine's).
     let available = match cores {
@@ -499,19 +561,24 @@ pub fn auto_plan(
     // baseline is each chip at its own best micro-batch size.
     let mut alone = vec![f64::INFINITY; devices.len()];
     for &b in &sizes {
-        let costs: Vec<MeasuredDevice> = devices
+        let costs = devices
             .iter()
             .map(|d| {
                 let kind = profiles
                     .iter()
                     .find(|p| p.micro_batch == b && same_kind(&p.device, d))
-                    .expect("every kind is profiled at every size");
-                MeasuredDevice {
+                    .ok_or_else(|| {
+                        TrainError::Plan(format!(
+                            "--plan auto: no profile of {}'s kind at a micro-batch size of {b}",
+                            device_name(d)
+                        ))
+                    })?;
+                Ok(MeasuredDevice {
                     name: device_name(d),
                     ..kind.costs.clone()
-                }
+                })
             })
-            .collect();
+            .collect::<Result<Vec<MeasuredDevice>>>()?;
         let fits = |d: usize, s: measured::Span, in_flight: usize| {
             let range = StageRange {
                 start: Cut(s.from),

@@ -51,6 +51,72 @@ pub fn pin(cores: &[usize]) -> std::io::Result<()> {
     Ok(())
 }
 
+/// The ways `kinds.len()` ranks (device `i` of kind `kinds[i]`) can take
+/// `cores` that differ in which kinds share a core or get more cores:
+/// device orders (each a permutation of `0..kinds.len()`; the device at
+/// place `p` takes [`share`]`(cores, p, n)`), the first the listed order,
+/// one per distinct pairing (orders that differ only in which core a group
+/// gets, or swap devices of one kind, are one). `None` when there are more
+/// than `limit` (or more than 8 devices: too many orders to try).
+pub fn distinct_orders(kinds: &[&str], cores: &[usize], limit: usize) -> Option<Vec<Vec<usize>>> {
+    let n = kinds.len();
+    if n > 8 {
+        return None;
+    }
+    // What an order gives: each core share's size and the kinds on it,
+    // sorted, so that orders equal up to relabelled cores compare equal.
+    let key = |order: &[usize]| -> Vec<(usize, Vec<&str>)> {
+        let mut groups: Vec<(Vec<usize>, Vec<&str>)> = Vec::new();
+        for (place, &d) in order.iter().enumerate() {
+            let mine = share(cores, place, n);
+            match groups.iter_mut().find(|(c, _)| *c == mine) {
+                Some((_, k)) => k.push(kinds[d]),
+                None => groups.push((mine, vec![kinds[d]])),
+            }
+        }
+        let mut key: Vec<(usize, Vec<&str>)> = groups
+            .into_iter()
+            .map(|(c, mut k)| {
+                k.sort_unstable();
+                (c.len(), k)
+            })
+            .collect();
+        key.sort();
+        key
+    };
+    let mut seen = Vec::new();
+    let mut orders = Vec::new();
+    let mut order: Vec<usize> = (0..n).collect();
+    // Heap's algorithm, iteratively; the identity first.
+    let mut c = vec![0usize; n];
+    let mut i = 0;
+    let mut visit = |order: &[usize]| -> bool {
+        let k = key(order);
+        if !seen.contains(&k) {
+            seen.push(k);
+            orders.push(order.to_vec());
+        }
+        orders.len() <= limit
+    };
+    if !visit(&order) {
+        return None;
+    }
+    while i < n {
+        if c[i] < i {
+            order.swap(if i % 2 == 0 { 0 } else { c[i] }, i);
+            if !visit(&order) {
+                return None;
+            }
+            c[i] += 1;
+            i = 0;
+        } else {
+            c[i] = 0;
+            i += 1;
+        }
+    }
+    Some(orders)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -63,5 +129,42 @@ mod tests {
         assert_eq!(share(&cores, 0, 2), vec![0, 1, 2]);
         assert_eq!(share(&[0, 1], 2, 3), vec![0]);
         assert!(!allowed_cores().is_empty());
+    }
+
+    #[test]
+    fn distinct_orders_are_one_per_pairing() {
+        // Three kinds on two cores: which one is alone.
+        let orders = distinct_orders(&["c", "f", "o"], &[0, 1], 10).unwrap();
+        assert_eq!(orders[0], [0, 1, 2]);
+        let alone: Vec<usize> = orders.iter().map(|o| o[1]).collect();
+        let mut sorted = alone.clone();
+        sorted.sort_unstable();
+        assert_eq!(sorted, [0, 1, 2], "{orders:?}");
+        // Two of one kind: alone is the other kind or one of the pair.
+        assert_eq!(
+            distinct_orders(&["f", "f", "c"], &[0, 1], 10)
+                .unwrap()
+                .len(),
+            2
+        );
+        // A core each: nothing to choose.
+        assert_eq!(distinct_orders(&["a", "b"], &[0, 1], 10).unwrap().len(), 1);
+        // Three on four cores: who gets the second core.
+        assert_eq!(
+            distinct_orders(&["a", "b", "c"], &[0, 1, 2, 3], 10)
+                .unwrap()
+                .len(),
+            3
+        );
+        // Four kinds on two cores: three pairings of pairs.
+        assert_eq!(
+            distinct_orders(&["a", "b", "c", "d"], &[0, 1], 10)
+                .unwrap()
+                .len(),
+            3
+        );
+        // Over the limit, or too many devices.
+        assert!(distinct_orders(&["a", "b", "c", "d", "e"], &[0, 1], 6).is_none());
+        assert!(distinct_orders(&["a"; 9], &[0, 1], 100).is_none());
     }
 }
