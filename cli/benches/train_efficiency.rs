@@ -199,11 +199,12 @@ const MIXED: [Config; 9] = [
     },
     // Three vendors, with the OpenCL plugin (PoCL on this machine's CPU)
     // when it is built and finds a device. Three devices share two cores
-    // here: the devices at places 0 and 2 of `--devices` share core 0, and
-    // Ferrite, listed second, has core 1 to itself (beside OpenCL it ran
-    // 1.30x slower; docs/performance.md, "Which devices share a core").
-    // The efficiency is over three devices that each had a core of their
-    // own when alone (and is over the quiet alone runs).
+    // here: `--plan` profiles and plans each way they can pair on the
+    // cores (`--core-order auto`) and keeps the best, which so far has
+    // always been Ferrite on a core of its own (beside OpenCL it ran 1.30x
+    // slower; docs/performance.md, "Which devices share a core"). The
+    // efficiency is over three devices that each had a core of their own
+    // when alone (and is over the quiet alone runs).
     Config {
         name: "PP 3 vendors (2 cores)",
         plan: "auto-pp",
@@ -376,7 +377,17 @@ impl Bench<'_> {
 
     /// Plans `c` once (`--save-plan`, into a file named after `c` and
     /// `tag`) by `layout`; returns the file and the plan's description.
-    fn plan(&self, c: &Config, cores: &str, tag: &str, layout: Layout<'_>) -> (PathBuf, String) {
+    /// Plans `c` on `cores` and saves the plan: its file, its description
+    /// and the efficiency the planner predicted for it (its
+    /// HeteroSpeedupRatio, over each device alone at its best size in
+    /// the same profile, so the machine's drift since cancels out).
+    fn plan(
+        &self,
+        c: &Config,
+        cores: &str,
+        tag: &str,
+        layout: Layout<'_>,
+    ) -> (PathBuf, String, Option<f64>) {
         let file = self.file(c, &format!("{tag}.plan.json"));
         let mut cmd = self.command(c, cores, layout);
         let out = cmd
@@ -391,11 +402,24 @@ impl Bench<'_> {
             c.name,
             String::from_utf8_lossy(&out.stderr)
         );
-        let described = text
+        let mut described = text
             .lines()
             .find_map(|l| l.split_once(": ").filter(|_| l.starts_with("plan written")))
             .map_or(String::new(), |(_, d)| d.to_string());
-        (file, described)
+        // With more ranks than cores, which devices share a core (the
+        // planner chooses it).
+        let err = String::from_utf8_lossy(&out.stderr);
+        if let Some((_, sharing)) = err.lines().find_map(|l| {
+            l.split_once(" cores: ")
+                .filter(|_| l.contains(" ranks on "))
+        }) {
+            described.push_str(&format!(" ({sharing})"));
+        }
+        let ratio = err.lines().find_map(|l| {
+            let (_, r) = l.split_once("HeteroSpeedupRatio ")?;
+            r.trim().trim_end_matches('%').parse::<f64>().ok()
+        });
+        (file, described, ratio)
     }
 
     /// Runs `c` on `cores` under its saved plan for `steps` steps.
@@ -570,7 +594,7 @@ fn main() {
             .iter()
             .map(|&j| {
                 let c = &ALONE[j];
-                let (plan, _) = bench.plan(c, c.cores, ".load", Layout::Search);
+                let (plan, ..) = bench.plan(c, c.cores, ".load", Layout::Search);
                 ["0", "1"]
                     .iter()
                     .map(|core| bench.load(c, core, &plan))
@@ -603,7 +627,7 @@ fn main() {
     };
     for &j in &alone_types {
         let c = &ALONE[j];
-        let (_, auto) = bench.plan(c, c.cores, ".auto", Layout::Search);
+        let (_, auto, _) = bench.plan(c, c.cores, ".auto", Layout::Search);
         let cond = match j {
             OPENCL => Condition::Quiet,
             _ => conditions[0],
@@ -611,7 +635,7 @@ fn main() {
         let n = if j == FERRITE { steps.min(6) } else { 2 };
         let mut tried: Vec<(f64, PathBuf, String, usize)> = Vec::new();
         for b in [4, 2, 1] {
-            let (file, described) = bench.plan(c, c.cores, &format!(".b{b}"), Layout::Whole(b));
+            let (file, described, _) = bench.plan(c, c.cores, &format!(".b{b}"), Layout::Whole(b));
             let r = alone_with(j, c.cores, cond, &file, n);
             tried.push((r.tokens_per_s, file, described, b));
         }
@@ -633,15 +657,19 @@ fn main() {
         alone_plans[j] = Some((file, described));
     }
     let mut mixed_plans: Vec<(PathBuf, String)> = Vec::new();
+    // The efficiency each plan was predicted (none for a plan run under
+    // flags it was not priced with).
+    let mut predicted_eff: Vec<Option<f64>> = Vec::new();
     for c in &mixed {
         let same = c
             .same_plan_as
             .and_then(|other| mixed.iter().position(|m| m.name == other))
             .filter(|&i| i < mixed_plans.len());
-        let (file, described) = match same {
-            Some(i) => mixed_plans[i].clone(),
+        let (file, described, ratio) = match same {
+            Some(i) => (mixed_plans[i].0.clone(), mixed_plans[i].1.clone(), None),
             None => bench.plan(c, c.cores, "", Layout::Search),
         };
+        predicted_eff.push(ratio);
         mixed_plans.push((file, with_schedule(c, described)));
     }
     for (c, (_, d)) in mixed.iter().zip(&mixed_plans) {
@@ -779,8 +807,8 @@ fn main() {
     }
     println!();
     println!(
-        "{:<30} {:>10} {:>9} {:>9} {:>7} {:>7}  over",
-        "efficiency by round", "median", "min", "max", "sigma", "rounds"
+        "{:<30} {:>10} {:>9} {:>9} {:>7} {:>7} {:>9}  over",
+        "efficiency by round", "median", "min", "max", "sigma", "rounds", "predicted"
     );
     for (k, &cond) in conditions.iter().enumerate() {
         for (i, c) in mixed.iter().enumerate() {
@@ -788,15 +816,17 @@ fn main() {
                 continue;
             }
             let (m, lo, hi, sigma, need) = stats(&effs[k][i]);
+            let predicted = predicted_eff[i].map_or("-".into(), |p| format!("{p:.1}%"));
             println!(
-                "{:<30} {:>9.2}% {:>8.2}% {:>8.2}% {:>7.2} {:>7}  each alone {}: Ferrite right \
-                 before, the others of the round",
+                "{:<30} {:>9.2}% {:>8.2}% {:>8.2}% {:>7.2} {:>7} {:>9}  each alone {}: Ferrite \
+                 right before, the others of the round",
                 c.name,
                 m,
                 lo,
                 hi,
                 sigma,
                 need,
+                predicted,
                 cond.label()
             );
         }
@@ -835,8 +865,8 @@ fn main() {
         );
     } else if three {
         println!(
-            "three vendors: three devices on two cores (Cobalt and OpenCL share core 0, Ferrite \
-             has core 1), against each alone on a core of its own, quiet"
+            "three vendors: three devices on two cores (which share a core: the plan's line), \
+             against each alone on a core of its own, quiet"
         );
     }
     let _ = std::fs::remove_dir_all(&dir);
