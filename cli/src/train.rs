@@ -405,7 +405,10 @@ fn resolve_plan(
                 return Err(TrainError::Plan(format!(
                     "--core-order auto profiles each way the devices can share the cores; {}",
                     match args.profile.is_some() {
-                        true => "--profile gives a profile measured under one (the listed order's)",
+                        true => {
+                            "--profile gives a profile measured under one (the file's \
+                             core_order, else the listed order's)"
+                        }
                         false => "--no-pin leaves the ranks unbound",
                     }
                 )));
@@ -444,7 +447,19 @@ fn resolve_plan(
                         vec![identity.clone()]
                     })
                 }
-                _ => vec![identity.clone()],
+                // A profile file's own pairing, where it gives one for
+                // these devices.
+                _ => vec![match given.as_ref().and_then(|f| f.core_order.as_ref()) {
+                    Some(order) => file_order(order, &devices).unwrap_or_else(|| {
+                        eprintln!(
+                            "{label}: its core order ({}) is not of the devices planned; they \
+                             take the cores in the --devices order",
+                            order.join(", ")
+                        );
+                        identity.clone()
+                    }),
+                    None => identity.clone(),
+                }],
             };
             let mut best: Option<(TrainPlan, MeasuredPlan, Vec<auto::Profile>, Vec<Device>)> = None;
             for order in &orders {
@@ -489,7 +504,9 @@ fn resolve_plan(
                     None => "polychip train --plan auto, profiled side by side (a process per device) on"
                         .into(),
                 };
-                let file = auto::to_file(model, t, &devices, &profiles, &source);
+                let mut file = auto::to_file(model, t, &devices, &profiles, &source);
+                // Which devices shared a core while profiled.
+                file.core_order = plan.core_order.clone();
                 let text = serde_json::to_string_pretty(&file)
                     .map_err(|e| TrainError::Plan(format!("--save-profile: {e}")))?;
                 polychip_train::checkpoint::write_atomic(path, text.as_bytes()).map_err(|e| {
@@ -561,6 +578,20 @@ fn rank_cores(
     }
     let (at, n) = plan.core_positions()[info.rank];
     Ok(pin::share(cores, at, n))
+}
+
+/// The order of `devices` that `order` (device names) gives, when it
+/// names each of them once.
+fn file_order(order: &[String], devices: &[Device]) -> Option<Vec<usize>> {
+    let names: Vec<String> = devices.iter().map(trainer::device_name).collect();
+    let at: Vec<usize> = order
+        .iter()
+        .map(|o| names.iter().position(|n| n == o))
+        .collect::<Option<_>>()?;
+    let mut sorted = at.clone();
+    sorted.sort_unstable();
+    sorted.dedup();
+    (sorted.len() == names.len() && at.len() == names.len()).then_some(at)
 }
 
 /// With more ranks than `cores`, which devices' ranks share which core

@@ -875,6 +875,8 @@ fn the_automatic_core_order_plans_each_pairing_and_keeps_the_least_expected_step
     let dir = scratch("core_order_auto");
     let plan = dir.join("plan.json");
     let p = plan.display().to_string();
+    let profile = dir.join("profile.json");
+    let prof = profile.display().to_string();
     let mut args = pinned();
     args.extend_from_slice(&[
         "--plan",
@@ -882,7 +884,7 @@ fn the_automatic_core_order_plans_each_pairing_and_keeps_the_least_expected_step
         "--devices",
         "cobalt:0,ferrite:0,ferrite:1",
     ]);
-    args.extend_from_slice(&["--cores", "0,1", "--save-plan", &p]);
+    args.extend_from_slice(&["--cores", "0,1", "--save-plan", &p, "--save-profile", &prof]);
     let (code, out, err) = polychip(&args);
     assert_eq!(code, Some(0), "{out}{err}");
     // Two ways to share two cores: Cobalt alone, or a Ferrite alone.
@@ -924,6 +926,37 @@ fn the_automatic_core_order_plans_each_pairing_and_keeps_the_least_expected_step
         err.contains(&format!("3 ranks on 2 cores: {kept}")),
         "{err}"
     );
+    // The saved profile records the pairing it was measured under, and
+    // planning from it keeps that pairing whatever the --devices order.
+    let file: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&profile).unwrap()).unwrap();
+    assert_eq!(file["core_order"], v["core_order"], "{file}");
+    let again = dir.join("again.json");
+    let a = again.display().to_string();
+    let mut args = pinned();
+    args.extend_from_slice(&[
+        "--plan",
+        "auto",
+        "--devices",
+        "ferrite:1,ferrite:0,cobalt:0",
+    ]);
+    args.extend_from_slice(&["--cores", "0,1", "--save-plan", &a, "--profile", &prof]);
+    let (code, out, err) = polychip(&args);
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert!(
+        !err.contains("profiled") && !err.contains(": predicted step"),
+        "{err}"
+    );
+    let replanned: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&again).unwrap()).unwrap();
+    assert_eq!(replanned, v);
+    // Other devices than the file's order names: the listed order, said.
+    let mut args = pinned();
+    args.extend_from_slice(&["--plan", "auto", "--devices", "ferrite:0,cobalt:0"]);
+    args.extend_from_slice(&["--cores", "0,1", "--save-plan", &a, "--profile", &prof]);
+    let (code, out, err) = polychip(&args);
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert!(err.contains("is not of the devices planned"), "{err}");
 }
 
 #[test]

@@ -112,6 +112,13 @@ pub struct ProfileFile {
     pub source: String,
     /// The measurements.
     pub entries: Vec<ProfileEntry>,
+    /// The devices (`vendor:index`) in the order they took the cores when
+    /// they were profiled side by side, each on its rank's share
+    /// (`polychip train --save-profile` writes it): where devices share a
+    /// core their times hold only beside the same neighbours, and
+    /// `polychip train --profile` plans them in this order. Optional.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub core_order: Option<Vec<String>>,
 }
 
 impl ProfileEntry {
@@ -707,6 +714,7 @@ mod tests {
             model: ModelSpec::llama_7b(),
             dtype: Dtype::Bf16,
             source: String::new(),
+            core_order: None,
             entries,
         }
     }

@@ -317,6 +317,7 @@ fn a_profile_prices_the_types_it_covers_and_scales_to_other_tp() {
         dtype: Dtype::Bf16,
         source: "test".into(),
         entries: vec![entry(1), entry(2)],
+        core_order: None,
     };
     c.apply_profile(&profile, &m, &TrainingSettings::new(1))
         .unwrap();

@@ -837,6 +837,7 @@ pub fn to_file(
                 .join(", ")
         ),
         entries,
+        core_order: None,
     }
 }
 
