@@ -51,10 +51,12 @@
 //! `deep`, 16 blocks),
 //! `GLOBAL_BATCH` (64), `ONLY` (comma-separated parts of the mixed
 //! configurations' names, e.g. `PP,DP`), `HOG=1` (each mixed configuration
-//! also runs beside a CPU hog, a busy process free to run on either core;
+//! also runs beside a CPU hog, a busy process free to run on either core,
+//! or with `HOG=core:N` bound to core N, a load on one chip only;
 //! the table then gives its throughput with the hog, the share of its quiet
-//! throughput it keeps, and the share the hog leaves it, cores over
-//! runnable processes).
+//! throughput it keeps, and the share the hog leaves it: cores over
+//! runnable processes, or for a bound hog the cores less its share of its
+//! one core).
 //! `cargo bench -p polychip --bench train_efficiency`.
 
 use std::path::{Path, PathBuf};
@@ -116,7 +118,7 @@ const ALONE: [Config; 3] = [
     },
 ];
 
-const MIXED: [Config; 9] = [
+const MIXED: [Config; 10] = [
     Config {
         name: "PP ferrite+cobalt",
         plan: "auto-pp",
@@ -186,6 +188,19 @@ const MIXED: [Config; 9] = [
         alone: TWO,
         opencl: false,
         same_plan_as: Some("PP ferrite+cobalt"),
+    },
+    // The same dealing the batch again every 2 steps by the replicas'
+    // measured speeds (`--rebalance-every 2`): the A/B of rebalancing,
+    // telling most beside a hog bound to one core (`HOG=core:1`).
+    Config {
+        name: "DP rebalanced ferrite+cobalt",
+        plan: "auto-dp",
+        devices: "ferrite:0,cobalt:0",
+        cores: "0,1",
+        extra: &["--rebalance-every", "2"],
+        alone: TWO,
+        opencl: false,
+        same_plan_as: Some("DP ferrite+cobalt"),
     },
     Config {
         name: "best ferrite+cobalt",
@@ -284,14 +299,19 @@ impl Drop for Process {
 }
 
 impl Process {
-    /// A CPU hog: a busy shell loop free to run on any core.
-    fn hog() -> Process {
-        Process(
-            Command::new("sh")
-                .args(["-c", "while :; do :; done"])
-                .spawn()
-                .expect("start a CPU hog"),
-        )
+    /// A CPU hog: a busy shell loop free to run on any core, or bound to
+    /// `core` (with taskset).
+    fn hog(core: Option<usize>) -> Process {
+        let busy = ["sh", "-c", "while :; do :; done"];
+        let mut cmd = match core {
+            None => Command::new(busy[0]),
+            Some(c) => {
+                let mut t = Command::new("taskset");
+                t.args(["-c", &c.to_string(), busy[0]]);
+                t
+            }
+        };
+        Process(cmd.args(&busy[1..]).spawn().expect("start a CPU hog"))
     }
 
     /// Sends `sig` (`STOP`, `CONT`) with kill(1).
@@ -574,7 +594,14 @@ fn main() {
         gb,
         slow_gb,
     };
-    let hog = std::env::var("HOG").is_ok_and(|v| v == "1");
+    // `HOG=1`: a hog free to run on either core; `HOG=core:N`: bound to
+    // core N, a load on one chip only.
+    let hog_var = std::env::var("HOG").unwrap_or_default();
+    let hog_core: Option<usize> = hog_var.strip_prefix("core:").map(|n| {
+        n.parse()
+            .unwrap_or_else(|_| panic!("HOG={hog_var}: give core:N with N a core number"))
+    });
+    let hog = hog_var == "1" || hog_core.is_some();
 
     // Plan every configuration once. The loads first (HeteroAuto's plan of
     // each type, on an idle machine), then each type alone: its best
@@ -747,7 +774,7 @@ fn main() {
             }
             results[i].push(r);
             if hog {
-                let _h = Process::hog();
+                let _h = Process::hog(hog_core);
                 let r = bench.run(c, &cores, &mixed_plans[i].0, steps);
                 eprintln!(
                     "round {}: {:<28} {:>9.0} tokens/s beside a CPU hog",
@@ -842,9 +869,17 @@ fn main() {
                 continue;
             }
             let with = tps(&hogged[i]);
-            // Ranks of the configuration plus the hog on `cores` cores.
-            let ranks = c.devices.split(',').count() as f64;
-            let leaves = (cores as f64 / (ranks + 1.0)).min(1.0);
+            let ranks = c.devices.split(',').count();
+            let leaves = match hog_core {
+                // Ranks of the configuration plus the hog on `cores` cores.
+                None => (cores as f64 / (ranks as f64 + 1.0)).min(1.0),
+                // The hog takes its share of one core (beside the ranks
+                // bound there, one when each has a core of its own).
+                Some(_) => {
+                    let on_core = ranks.div_ceil(cores).max(1) as f64;
+                    (cores as f64 - 1.0 / (on_core + 1.0)) / cores as f64
+                }
+            };
             let t: Vec<f64> = hogged[i].iter().map(|x| x.tokens_per_s).collect();
             let (_, lo, hi, _, _) = stats(&t);
             println!(

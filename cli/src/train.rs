@@ -201,6 +201,14 @@ pub struct Args {
     /// --profile`.
     #[arg(long, value_name = "FILE")]
     save_profile: Option<PathBuf>,
+    /// Deal the batch between the data-parallel replicas again every N
+    /// steps, by each replica's measured seconds per sequence (each keeps
+    /// its micro-batch size and at least one sequence; a new deal is taken
+    /// when it is predicted to shorten the step by more than 2%). For plans
+    /// whose replicas are one stage each. The losses then depend on the
+    /// timings in their last bits (the sequences are grouped differently).
+    #[arg(long, value_name = "N")]
+    rebalance_every: Option<u64>,
     /// Internal: the resolved plan (JSON) handed to the ranks.
     #[arg(long, hide = true, value_name = "FILE")]
     resolved_plan: Option<PathBuf>,
@@ -739,6 +747,9 @@ fn train(args: &Args) -> Result<ExitCode, TrainError> {
     }
     trainer::check_schedule(schedule(args, &plan), !args.blocking_sends)?;
     plan.validate(&model, t.global_batch)?;
+    if args.rebalance_every.is_some() {
+        polychip_train::rebalance::check(&plan.roles())?;
+    }
     if !launched && !args.no_pin {
         print_core_sharing(&plan, &cores);
     }
@@ -785,6 +796,7 @@ fn train(args: &Args) -> Result<ExitCode, TrainError> {
         stop_after: args.stop_after,
         log_every: args.log_every,
         record_first_step: args.autocompare,
+        rebalance_every: args.rebalance_every,
         overlap_reduction: !args.reduce_after_backward,
         async_sends: !args.blocking_sends,
         schedule: schedule(args, &plan),
@@ -875,6 +887,11 @@ fn check_flags(args: &Args, t: &TrainConfig) -> Result<(), TrainError> {
     }
     if copies == 0 {
         return bad("--copies is 0; a plan has at least 1 replica".into());
+    }
+    if args.rebalance_every == Some(0) {
+        return bad(
+            "--rebalance-every is 0; deal again every 1 step or more, or leave it out".into(),
+        );
     }
     if copies > polychip_comm::env::MAX_WORLD_SIZE {
         return bad(format!(

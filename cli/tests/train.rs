@@ -1265,3 +1265,84 @@ fn a_rank_out_of_memory_ends_the_job_at_once_with_the_cause() {
     );
     assert!(start.elapsed().as_secs() < 60, "took {:?}", start.elapsed());
 }
+
+#[test]
+fn rebalancing_deals_the_batch_by_measured_speed_over_the_same_sequences() {
+    let dir = scratch("rebalance");
+    let plan = dir.join("dp.toml");
+    // Four sequences each; Cobalt's rank made 20 ms a forward pass slower
+    // (POLYCHIP_TRAIN_SLOW_RANK), a chip far slower than profiled.
+    std::fs::write(
+        &plan,
+        "[[group]]\nmicro_batch_size = 1\nmicro_batches = 4\n\
+         stages = [{ device = \"ferrite:0\", layers = [0, 2] }]\n\n\
+         [[group]]\nmicro_batch_size = 1\nmicro_batches = 4\n\
+         stages = [{ device = \"cobalt:0\", layers = [0, 2] }]\n",
+    )
+    .unwrap();
+    let p = plan.display().to_string();
+    let fixed = curve(&dir, "fixed", &["--plan", &p, "--steps", "4"]);
+    let json = dir.join("rebalanced.json");
+    let j = json.display().to_string();
+    // Printing every step (the common flags print none).
+    let mut args: Vec<&str> = COMMON.iter().copied().filter(|a| *a != "0").collect();
+    args.retain(|a| *a != "--log-every" && *a != "--eval-every");
+    args.extend_from_slice(&["--eval-every", "0", "--log-every", "1"]);
+    args.extend_from_slice(&["--plan", &p, "--steps", "4", "--rebalance-every", "1"]);
+    args.extend_from_slice(&["--log-json", &j]);
+    let slow = [("POLYCHIP_TRAIN_SLOW_RANK", "1:20")];
+    let (code, out, err) = polychip_env(&args, &slow);
+    assert_eq!(code, Some(0), "{out}{err}");
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let deals = v["summary"]["deals"].as_array().unwrap();
+    // The first step (warming up) is not measured; after the second the
+    // batch moves to Ferrite.
+    let (step, first) = (&deals[0][0], &deals[0][1]);
+    assert_eq!(step, 2, "{out}");
+    let (f, c) = (first[0].as_u64().unwrap(), first[1].as_u64().unwrap());
+    assert!(f + c == 8 && f >= 6 && c >= 1, "{out}");
+    assert!(
+        out.contains(&format!(
+            "step     2: the batch dealt again by measured speed: ferrite:0 {f}, cobalt:0 {c}"
+        )),
+        "{out}"
+    );
+    // The same sequences each step, grouped otherwise: the same losses
+    // but for rounding.
+    let rebalanced: Vec<f64> = v["summary"]["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["loss"].as_f64().unwrap())
+        .collect();
+    assert_eq!(fixed[0], rebalanced[0]);
+    for (a, b) in fixed.iter().zip(&rebalanced) {
+        assert!((a - b).abs() < 1e-4 * a.abs(), "{fixed:?} {rebalanced:?}");
+    }
+    // Refused: 0, a pipeline, one replica.
+    for (extra, want) in [
+        (
+            &["--plan", &p, "--rebalance-every", "0"][..],
+            "--rebalance-every is 0",
+        ),
+        (
+            &[
+                "--stages",
+                "ferrite=0..1,cobalt=1..2",
+                "--copies",
+                "2",
+                "--rebalance-every",
+                "1",
+            ][..],
+            "replicas are one stage each; replica 0 is a pipeline of 2 stages",
+        ),
+        (
+            &["--device", "ferrite:0", "--rebalance-every", "1"][..],
+            "this plan has one",
+        ),
+    ] {
+        let (code, _, err) = polychip(&[&COMMON[..], extra].concat());
+        assert_ne!(code, Some(0));
+        assert!(err.contains(want), "{err}");
+    }
+}

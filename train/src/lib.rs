@@ -20,6 +20,7 @@ pub mod params;
 pub mod pin;
 pub mod pipeline;
 pub mod plan;
+pub mod rebalance;
 pub mod reduce;
 pub mod safetensors;
 pub mod simulate;

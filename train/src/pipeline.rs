@@ -47,6 +47,9 @@ pub struct StepData<'c> {
     pub global_batch: usize,
     /// The pipeline schedule.
     pub schedule: PipelineSchedule,
+    /// Added to each forward pass (a slow chip, for tests and drills:
+    /// [`crate::trainer::SLOW_VAR`]); zero otherwise.
+    pub pass_delay: std::time::Duration,
 }
 
 /// The trace category of a split backward pass's weight gradients.
@@ -130,7 +133,16 @@ pub fn train_step(
                        saved: &mut VecDeque<Saved>|
      -> Result<()> {
         let t = targets(i)?;
-        let (sv, out, l) = tracer.span(|| format!("F{i}"), "forward", || stage.forward(x, t))?;
+        let (sv, out, l) = tracer.span(
+            || format!("F{i}"),
+            "forward",
+            || {
+                if !data.pass_delay.is_zero() {
+                    std::thread::sleep(data.pass_delay);
+                }
+                stage.forward(x, t)
+            },
+        )?;
         if let (Some(_), Some(out)) = (role.next, out) {
             io.send(&out, Peer::Next, || format!("send act {i}"), tracer)?;
         }

@@ -28,6 +28,7 @@ use crate::model::Stage;
 use crate::model::ops::OpRecord;
 use crate::pipeline::{self, StepData};
 use crate::plan::{Role, TrainPlan};
+use crate::rebalance;
 use crate::reduce::Reducer;
 use crate::trace::{self, Tracer};
 use polychip_planner::schedule::PipelineSchedule;
@@ -77,6 +78,10 @@ pub struct Options {
     pub async_sends: bool,
     /// The pipeline schedule; [`PipelineSchedule::ZeroBubble`] needs `async_sends`.
     pub schedule: PipelineSchedule,
+    /// Deal the batch between the data-parallel replicas again every this
+    /// many steps by their measured speeds ([`crate::rebalance`]); `None`
+    /// keeps the plan's deal.
+    pub rebalance_every: Option<u64>,
 }
 
 /// One step's figures.
@@ -148,6 +153,9 @@ pub struct Summary {
     pub records: Vec<OpRecord>,
     /// The step the run started from (0, or the resumed checkpoint's).
     pub start_step: u64,
+    /// Each new deal of the batch (`rebalance_every`): after which step,
+    /// and each replica's sequences.
+    pub deals: Vec<(u64, Vec<usize>)>,
 }
 
 /// `vendor:index` of every device, lower case.
@@ -179,6 +187,10 @@ pub const KILL_VAR: &str = "POLYCHIP_TRAIN_KILL_AT";
 /// `RANK:STEP`: that rank's first pipeline send of that step fails (a
 /// test hook for what a failed send does).
 pub const FAIL_SEND_VAR: &str = "POLYCHIP_TRAIN_FAIL_SEND_AT";
+
+/// `RANK:MS`: that rank's every forward pass takes MS milliseconds more (a
+/// slow chip, for tests and drills of `--rebalance-every`).
+pub const SLOW_VAR: &str = "POLYCHIP_TRAIN_SLOW_RANK";
 
 /// The step at which a `RANK:STEP` hook in `var` is set for `rank`.
 fn step_hook(var: &str, rank: usize) -> Option<u64> {
@@ -232,8 +244,15 @@ pub fn run(opts: &Options, runtime: &Runtime, mut job: Option<&mut Job>) -> Resu
             opts.plan.describe()
         )));
     }
-    let roles = opts.plan.roles();
-    let role = roles[rank].clone();
+    let mut roles = opts.plan.roles();
+    let mut role = roles[rank].clone();
+    let mut rebalancer = match opts.rebalance_every {
+        Some(every) => {
+            rebalance::check(&roles)?;
+            Some(rebalance::Rebalancer::new(every))
+        }
+        None => None,
+    };
     crate::plan::check_devices(&[&role], &device_names(runtime))?;
     let device = runtime
         .devices()
@@ -310,12 +329,16 @@ pub fn run(opts: &Options, runtime: &Runtime, mut job: Option<&mut Job>) -> Resu
     let mut reduce_pool = StagingPool::new();
     let replicas = opts.plan.replicas() as f64;
     let tokens_per_step = (t.global_batch * cfg.seq_len) as f64;
+    // At most a minute a pass.
+    let pass_delay =
+        std::time::Duration::from_millis(step_hook(SLOW_VAR, rank).unwrap_or(0).min(60_000));
     let data = |step| StepData {
         corpus: &opts.corpus,
         seed: t.seed,
         step,
         global_batch: t.global_batch,
         schedule: opts.schedule,
+        pass_delay,
     };
     let (kill_at, fail_send_at) = (step_hook(KILL_VAR, rank), step_hook(FAIL_SEND_VAR, rank));
     // Exporting goes through the final checkpoint; without a checkpoint
@@ -339,6 +362,7 @@ pub fn run(opts: &Options, runtime: &Runtime, mut job: Option<&mut Job>) -> Resu
             links.fail_next_step();
         }
         let began = Instant::now();
+        let began_us = trace::now_us();
         if opts.record_first_step && s == start {
             stage.record(true);
         }
@@ -457,6 +481,27 @@ pub fn run(opts: &Options, runtime: &Runtime, mut job: Option<&mut Job>) -> Resu
             );
         }
         summary.steps.push(rec);
+        if let Some(rb) = &mut rebalancer {
+            let busy = rebalance::busy_seconds(tracer.spans(), began_us);
+            if let Some(mut slots) = rb.record(step, busy, &role, opts.plan.replicas()) {
+                all_reduce_f32(job.as_deref_mut().map(|j| &mut **j), &mut slots)?;
+                if let Some(deal) = rebalance::Rebalancer::decide(&slots, &roles, t.global_batch) {
+                    rebalance::apply(&mut roles, &deal);
+                    role = roles[rank].clone();
+                    if rank == 0 && opts.log_every > 0 {
+                        let each: Vec<String> = roles
+                            .iter()
+                            .map(|r| format!("{} {}", r.device, r.sequences))
+                            .collect();
+                        println!(
+                            "step {step:>5}: the batch dealt again by measured speed: {}",
+                            each.join(", ")
+                        );
+                    }
+                    summary.deals.push((step, deal));
+                }
+            }
+        }
     }
     if start >= end
         && let Some(dir) = saves_to

@@ -795,6 +795,7 @@ fn a_trained_checkpoint_of_any_split_exports_and_imports_exactly() {
         stop_after: None,
         log_every: 0,
         record_first_step: false,
+        rebalance_every: None,
         overlap_reduction: true,
         async_sends: true,
         schedule: Default::default(),

@@ -102,6 +102,7 @@ fn options(steps: u64, plan: TrainPlan, global_batch: usize) -> Options {
         stop_after: None,
         log_every: 0,
         record_first_step: false,
+        rebalance_every: None,
         overlap_reduction: true,
         async_sends: true,
         schedule: Default::default(),
