@@ -192,6 +192,21 @@ impl Workers {
     }
 }
 
+impl Workers {
+    /// How worker `i` ended (` (exit status: ...)`), when it has within a
+    /// second; empty if it has not.
+    fn exit(&mut self, i: usize) -> String {
+        let deadline = Instant::now() + Duration::from_secs(1);
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = self.children[i].try_wait() {
+                return format!(" ({status})");
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        String::new()
+    }
+}
+
 impl Drop for Workers {
     fn drop(&mut self) {
         for c in &mut self.children {
@@ -276,12 +291,12 @@ pub fn profile(
         });
     }
     drop(events);
-    let mut ready = 0;
+    let mut ready = vec![false; n];
     let mut rounds = 0;
     let mut done: Vec<Option<Vec<(Profile, bool)>>> = vec![None; n];
     let deadline = Instant::now() + START_DEADLINE;
     while done.iter().any(Option::is_none) {
-        let next = match ready < n {
+        let next = match ready.contains(&false) {
             true => inbox.recv_timeout(deadline.saturating_duration_since(Instant::now())),
             false => inbox
                 .recv()
@@ -290,12 +305,11 @@ pub fn profile(
         let (i, event) = match next {
             Ok(e) => e,
             Err(mpsc::RecvTimeoutError::Timeout) => {
-                let late = (0..n).find(|&i| done[i].is_none()).unwrap_or(0);
+                let late = ready.iter().position(|r| !r).unwrap_or(0);
                 return Err(failed(
                     late,
                     &format!(
-                        "the workers did not all load the plugins and find their devices \
-                         within {} s",
+                        "it did not load the plugins and find its device within {} s",
                         START_DEADLINE.as_secs()
                     ),
                 ));
@@ -310,8 +324,8 @@ pub fn profile(
         };
         match event {
             Ok(Event::Ready) => {
-                ready += 1;
-                if ready == n {
+                ready[i] = true;
+                if !ready.contains(&false) {
                     workers.tell("go");
                 }
             }
@@ -323,7 +337,7 @@ pub fn profile(
             }
             Ok(Event::Done { measured }) => done[i] = Some(measured),
             Ok(Event::Error { message }) => return Err(failed(i, &message)),
-            Err(why) => return Err(failed(i, &why)),
+            Err(why) => return Err(failed(i, &format!("{why}{}", workers.exit(i)))),
         }
     }
     for (i, c) in workers.children.iter_mut().enumerate() {
