@@ -380,7 +380,14 @@ pub fn run(opts: &Options, runtime: &Runtime, mut job: Option<&mut Job>) -> Resu
                 })
             },
         )?;
-        let mut scalars = [part as f32, stage.grad_sum_squares()? as f32];
+        // With the loss and the norm, each replica's measured speed when a
+        // new deal is due (one collective either way).
+        let mut scalars = vec![part as f32, stage.grad_sum_squares()? as f32];
+        let speeds = rebalancer.as_mut().and_then(|rb| {
+            let busy = rebalance::busy_seconds(tracer.spans(), began_us);
+            rb.record(s + 1, busy, &role, opts.plan.replicas())
+        });
+        scalars.extend(speeds.iter().flatten());
         all_reduce_f32(job.as_deref_mut().map(|j| &mut **j), &mut scalars)?;
         let loss = f64::from(scalars[0]);
         let norm = (f64::from(scalars[1]) / replicas).sqrt();
@@ -481,26 +488,22 @@ pub fn run(opts: &Options, runtime: &Runtime, mut job: Option<&mut Job>) -> Resu
             );
         }
         summary.steps.push(rec);
-        if let Some(rb) = &mut rebalancer {
-            let busy = rebalance::busy_seconds(tracer.spans(), began_us);
-            if let Some(mut slots) = rb.record(step, busy, &role, opts.plan.replicas()) {
-                all_reduce_f32(job.as_deref_mut().map(|j| &mut **j), &mut slots)?;
-                if let Some(deal) = rebalance::Rebalancer::decide(&slots, &roles, t.global_batch) {
-                    rebalance::apply(&mut roles, &deal);
-                    role = roles[rank].clone();
-                    if rank == 0 && opts.log_every > 0 {
-                        let each: Vec<String> = roles
-                            .iter()
-                            .map(|r| format!("{} {}", r.device, r.sequences))
-                            .collect();
-                        println!(
-                            "step {step:>5}: the batch dealt again by measured speed: {}",
-                            each.join(", ")
-                        );
-                    }
-                    summary.deals.push((step, deal));
-                }
+        if speeds.is_some()
+            && let Some(deal) = rebalance::Rebalancer::decide(&scalars[2..], &roles, t.global_batch)
+        {
+            rebalance::apply(&mut roles, &deal);
+            role = roles[rank].clone();
+            if rank == 0 && opts.log_every > 0 {
+                let each: Vec<String> = roles
+                    .iter()
+                    .map(|r| format!("{} {}", r.device, r.sequences))
+                    .collect();
+                println!(
+                    "step {step:>5}: the batch dealt again by measured speed: {}",
+                    each.join(", ")
+                );
             }
+            summary.deals.push((step, deal));
         }
     }
     if start >= end
