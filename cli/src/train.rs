@@ -204,7 +204,7 @@ pub struct Args {
     /// Deal the batch between the data-parallel replicas again every N
     /// steps, by each replica's measured seconds per sequence (each keeps
     /// its micro-batch size and at least one sequence; a new deal is taken
-    /// when it is predicted to shorten the step by more than 2%). For plans
+    /// when it is predicted to shorten the step by more than 5%). For plans
     /// whose replicas are one stage each. The losses then depend on the
     /// timings in their last bits (the sequences are grouped differently).
     #[arg(long, value_name = "N")]
