@@ -1102,6 +1102,7 @@ fn report(args: &Args, plan: &TrainPlan, s: &Summary) -> Result<(), TrainError> 
             t.backward * 1e3
         );
     }
+    suggest_rebalancing(args, plan, s);
     if let Some(c) = &s.checkpoint {
         println!("checkpoint: {}", c.display());
     }
@@ -1134,6 +1135,50 @@ fn report(args: &Args, plan: &TrainPlan, s: &Summary) -> Result<(), TrainError> 
             .map_err(|e| TrainError::io(path, e))?;
     }
     Ok(())
+}
+
+/// For data-parallel replicas of one stage each run without
+/// `--rebalance-every`: when the replicas' measured passes say the deal
+/// holds the step back by more than 5%, says by how much and what would
+/// deal by measured speed.
+fn suggest_rebalancing(args: &Args, plan: &TrainPlan, s: &Summary) {
+    let roles = plan.roles();
+    if args.rebalance_every.is_some()
+        || polychip_train::rebalance::check(&roles).is_err()
+        || s.stage_times.len() != roles.len()
+    {
+        return;
+    }
+    let mut busy = vec![0.0; plan.replicas()];
+    for (r, t) in roles.iter().zip(&s.stage_times) {
+        busy[r.replica] = (t.forward + t.backward) * r.micro_batches as f64;
+    }
+    let global: usize = roles.iter().map(|r| r.sequences).sum();
+    if let Some((deal, gain)) = polychip_train::rebalance::suggest(&roles, &busy, global) {
+        let each: Vec<String> = roles
+            .iter()
+            .zip(&busy)
+            .map(|(r, b)| {
+                format!(
+                    "{} {:.1} ms for {} sequences",
+                    r.device,
+                    b * 1e3,
+                    r.sequences
+                )
+            })
+            .collect();
+        let dealt: Vec<String> = roles
+            .iter()
+            .map(|r| format!("{} {}", r.device, deal[r.replica]))
+            .collect();
+        println!(
+            "the replicas' passes took {} a step: dealt by their measured speed ({}) the \
+             slowest would take {:.0}% less; --rebalance-every 10 deals so while training",
+            each.join(", "),
+            dealt.join(", "),
+            gain * 100.0
+        );
+    }
 }
 
 /// Starts this command again as the ranks of a local job, handing them the

@@ -1316,6 +1316,17 @@ fn rebalancing_deals_the_batch_by_measured_speed_over_the_same_sequences() {
         .map(|s| s["loss"].as_f64().unwrap())
         .collect();
     assert_eq!(fixed[0], rebalanced[0]);
+    assert!(!out.contains("--rebalance-every 10 deals so"), "{out}");
+    // Without rebalancing, the run says what it would gain.
+    let mut args: Vec<&str> = COMMON.to_vec();
+    args.extend_from_slice(&["--plan", &p, "--steps", "3"]);
+    let (code, out, err) = polychip_env(&args, &slow);
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert!(
+        out.contains("cobalt:0 1) the slowest would take")
+            && out.contains("--rebalance-every 10 deals so while training"),
+        "{out}"
+    );
     for (a, b) in fixed.iter().zip(&rebalanced) {
         assert!((a - b).abs() < 1e-4 * a.abs(), "{fixed:?} {rebalanced:?}");
     }

@@ -89,6 +89,28 @@ fn step_time(per_sequence: &[f64], sequences: &[usize]) -> f64 {
         .fold(0.0, f64::max)
 }
 
+/// What the measured passes say of the deal of a run without rebalancing:
+/// from each replica's seconds of passes per step (`busy`, by replica),
+/// the deal by measured speed and the share of the slowest replica's
+/// passes it would save, when that is more than [`MIN_GAIN`].
+pub fn suggest(roles: &[Role], busy: &[f64], total: usize) -> Option<(Vec<usize>, f64)> {
+    let mut current = vec![0usize; busy.len()];
+    for r in roles {
+        *current.get_mut(r.replica)? = r.sequences;
+    }
+    let per: Vec<f64> = busy
+        .iter()
+        .zip(&current)
+        .map(|(b, &s)| b / s.max(1) as f64)
+        .collect();
+    if per.iter().any(|c| !c.is_finite() || *c <= 0.0) {
+        return None;
+    }
+    let new = deal(&per, total);
+    let gain = 1.0 - step_time(&per, &new) / step_time(&per, &current);
+    (gain > MIN_GAIN).then_some((new, gain))
+}
+
 /// Gives each replica of `roles` its number of `sequences`: its
 /// micro-batches (of its own size, the last perhaps smaller), its count
 /// and where in the global batch they start (replica by replica).
@@ -268,6 +290,20 @@ mod tests {
         assert_eq!(every.record(1, 4.0, &roles[0], 2), None);
         assert_eq!(every.record(3, 4.0, &roles[0], 2), None);
         assert_eq!(every.record(4, 4.0, &roles[0], 2), Some(vec![1.0, 0.0]));
+    }
+
+    #[test]
+    fn a_run_without_rebalancing_is_told_what_it_would_gain() {
+        let roles = ferrite_60_cobalt_4();
+        // Balanced as measured: nothing to say.
+        assert_eq!(suggest(&roles, &[60.0, 60.0], 64), None);
+        // Cobalt's passes twice as long: 62 and 2, its step nearly halved.
+        let (deal, gain) = suggest(&roles, &[60.0, 120.0], 64).unwrap();
+        assert_eq!(deal, [62, 2]);
+        assert!((gain - (1.0 - 62.0 / 120.0)).abs() < 1e-12, "{gain}");
+        // A replica with no figure: nothing.
+        assert_eq!(suggest(&roles, &[60.0, 0.0], 64), None);
+        assert_eq!(suggest(&roles, &[60.0], 64), None);
     }
 
     #[test]
