@@ -201,12 +201,12 @@ pub struct Args {
     /// --profile`.
     #[arg(long, value_name = "FILE")]
     save_profile: Option<PathBuf>,
-    /// Deal the batch between the data-parallel replicas again every N
-    /// steps, by each replica's measured seconds per sequence (each keeps
-    /// its micro-batch size and at least one sequence; a new deal is taken
-    /// when it is predicted to shorten the step by more than 5%). For plans
-    /// whose replicas are one stage each. The losses then depend on the
-    /// timings in their last bits (the sequences are grouped differently).
+    /// Deal the batch between the data-parallel replicas (one stage each,
+    /// or pipelines) again every N steps, by their measured speeds (each
+    /// keeps its micro-batch size and at least one sequence, a pipeline
+    /// its memory; a new deal is taken when it is predicted to shorten the
+    /// step by more than 5%). The losses then depend on the timings in
+    /// their last bits (the sequences are grouped differently).
     #[arg(long, value_name = "N")]
     rebalance_every: Option<u64>,
     /// Internal: the resolved plan (JSON) handed to the ranks.
@@ -1149,30 +1149,38 @@ fn suggest_rebalancing(args: &Args, plan: &TrainPlan, s: &Summary) {
     {
         return;
     }
-    let mut busy = vec![0.0; plan.replicas()];
-    for (r, t) in roles.iter().zip(&s.stage_times) {
-        busy[r.replica] = (t.forward + t.backward) * r.micro_batches as f64;
-    }
-    let global: usize = roles.iter().map(|r| r.sequences).sum();
-    if let Some((deal, gain)) = polychip_train::rebalance::suggest(&roles, &busy, global) {
-        let each: Vec<String> = roles
+    let per_rank: Vec<f64> = s
+        .stage_times
+        .iter()
+        .map(|t| t.forward + t.backward)
+        .collect();
+    // Each replica by its first stage's rank.
+    let firsts: Vec<&polychip_train::plan::Role> = roles.iter().filter(|r| r.stage == 0).collect();
+    let global: usize = firsts.iter().map(|r| r.sequences).sum();
+    let found =
+        polychip_train::rebalance::better_deal(&roles, &per_rank, global, schedule(args, plan));
+    if let Some((deal, gain)) = found {
+        let each: Vec<String> = firsts
             .iter()
-            .zip(&busy)
-            .map(|(r, b)| {
+            .map(|r| {
+                let slowest = roles
+                    .iter()
+                    .filter(|o| o.replica == r.replica)
+                    .map(|o| per_rank[o.rank])
+                    .fold(0.0, f64::max);
                 format!(
-                    "{} {:.1} ms for {} sequences",
+                    "{} sequences on {}{} at {:.1} ms a micro-batch of {}",
+                    r.sequences,
                     r.device,
-                    b * 1e3,
-                    r.sequences
+                    if r.stages > 1 { "'s pipeline" } else { "" },
+                    slowest * 1e3,
+                    r.micro_batch_size
                 )
             })
             .collect();
-        let dealt: Vec<String> = roles
-            .iter()
-            .map(|r| format!("{} {}", r.device, deal[r.replica]))
-            .collect();
+        let dealt: Vec<String> = deal.iter().map(usize::to_string).collect();
         println!(
-            "the replicas' passes took {} a step: dealt by their measured speed ({}) the \
+            "the replicas' passes: {}; dealt by their measured speed ({} sequences) the \
              slowest would take {:.0}% less; --rebalance-every 10 deals so while training",
             each.join(", "),
             dealt.join(", "),

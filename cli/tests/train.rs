@@ -1323,29 +1323,51 @@ fn rebalancing_deals_the_batch_by_measured_speed_over_the_same_sequences() {
     let (code, out, err) = polychip_env(&args, &slow);
     assert_eq!(code, Some(0), "{out}{err}");
     assert!(
-        out.contains("cobalt:0 1) the slowest would take")
+        out.contains("the replicas' passes: 4 sequences on ferrite:0 at ")
+            && out.contains(" sequences) the slowest would take ")
             && out.contains("--rebalance-every 10 deals so while training"),
         "{out}"
     );
     for (a, b) in fixed.iter().zip(&rebalanced) {
         assert!((a - b).abs() < 1e-4 * a.abs(), "{fixed:?} {rebalanced:?}");
     }
-    // Refused: 0, a pipeline, one replica.
+    // A pipeline replica beside one of one stage: its slow first stage
+    // (rank 1, Cobalt) moves sequences to the other replica.
+    let mixed = dir.join("mixed.toml");
+    std::fs::write(
+        &mixed,
+        "[[group]]\nmicro_batch_size = 1\nmicro_batches = 4\n\
+         stages = [{ device = \"ferrite:0\", layers = [0, 2] }]\n\n\
+         [[group]]\nmicro_batch_size = 1\nmicro_batches = 4\n\
+         stages = [{ device = \"cobalt:0\", layers = [0, 1] }, \
+         { device = \"ferrite:1\", layers = [1, 2] }]\n",
+    )
+    .unwrap();
+    let m = mixed.display().to_string();
+    let fixed = curve(&dir, "mixed-fixed", &["--plan", &m, "--steps", "4"]);
+    let mut args: Vec<&str> = COMMON.to_vec();
+    args.extend_from_slice(&["--plan", &m, "--steps", "4", "--rebalance-every", "1"]);
+    args.extend_from_slice(&["--log-json", &j]);
+    let (code, out, err) = polychip_env(&args, &slow);
+    assert_eq!(code, Some(0), "{out}{err}");
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let first = &v["summary"]["deals"][0];
+    assert_eq!(first[0], 2, "{v}");
+    assert!(first[1][0].as_u64().unwrap() > 4, "{v}");
+    let losses: Vec<f64> = v["summary"]["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["loss"].as_f64().unwrap())
+        .collect();
+    for (a, b) in fixed.iter().zip(&losses) {
+        assert!((a - b).abs() < 1e-4 * a.abs(), "{fixed:?} {losses:?}");
+    }
+    // Refused: 0, one replica.
     for (extra, want) in [
         (
             &["--plan", &p, "--rebalance-every", "0"][..],
             "--rebalance-every is 0",
-        ),
-        (
-            &[
-                "--stages",
-                "ferrite=0..1,cobalt=1..2",
-                "--copies",
-                "2",
-                "--rebalance-every",
-                "1",
-            ][..],
-            "replicas are one stage each; replica 0 is a pipeline of 2 stages",
         ),
         (
             &["--device", "ferrite:0", "--rebalance-every", "1"][..],

@@ -385,7 +385,7 @@ pub fn run(opts: &Options, runtime: &Runtime, mut job: Option<&mut Job>) -> Resu
         let mut scalars = vec![part as f32, stage.grad_sum_squares()? as f32];
         let speeds = rebalancer.as_mut().and_then(|rb| {
             let busy = rebalance::busy_seconds(tracer.spans(), began_us);
-            rb.record(s + 1, busy, &role, opts.plan.replicas())
+            rb.record(s + 1, busy, &role, roles.len())
         });
         scalars.extend(speeds.iter().flatten());
         all_reduce_f32(job.as_deref_mut().map(|j| &mut **j), &mut scalars)?;
@@ -488,15 +488,26 @@ pub fn run(opts: &Options, runtime: &Runtime, mut job: Option<&mut Job>) -> Resu
             );
         }
         summary.steps.push(rec);
+        let per_rank: Vec<f64> = scalars[2..].iter().map(|&x| f64::from(x)).collect();
         if speeds.is_some()
-            && let Some(deal) = rebalance::Rebalancer::decide(&scalars[2..], &roles, t.global_batch)
+            && let Some((deal, _)) =
+                rebalance::better_deal(&roles, &per_rank, t.global_batch, opts.schedule)
         {
             rebalance::apply(&mut roles, &deal);
             role = roles[rank].clone();
             if rank == 0 && opts.log_every > 0 {
+                // Each replica by its stages' devices.
                 let each: Vec<String> = roles
                     .iter()
-                    .map(|r| format!("{} {}", r.device, r.sequences))
+                    .filter(|r| r.stage == 0)
+                    .map(|r| {
+                        let devices: Vec<&str> = roles
+                            .iter()
+                            .filter(|o| o.replica == r.replica)
+                            .map(|o| o.device.as_str())
+                            .collect();
+                        format!("{} {}", devices.join("|"), r.sequences)
+                    })
                     .collect();
                 println!(
                     "step {step:>5}: the batch dealt again by measured speed: {}",
