@@ -1157,8 +1157,13 @@ fn suggest_rebalancing(args: &Args, plan: &TrainPlan, s: &Summary) {
     // Each replica by its first stage's rank.
     let firsts: Vec<&polychip_train::plan::Role> = roles.iter().filter(|r| r.stage == 0).collect();
     let global: usize = firsts.iter().map(|r| r.sequences).sum();
-    let found =
-        polychip_train::rebalance::better_deal(&roles, &per_rank, global, schedule(args, plan));
+    let found = polychip_train::rebalance::better_deal(
+        &roles,
+        &roles,
+        &per_rank,
+        global,
+        schedule(args, plan),
+    );
     if let Some((deal, gain)) = found {
         let each: Vec<String> = firsts
             .iter()

@@ -79,25 +79,25 @@ impl Replica {
     }
 }
 
-/// The replicas of `roles`, from each rank's seconds per micro-batch
-/// (`per_rank`, by rank), under `schedule` (which says how many
-/// micro-batches a pipeline's stages hold in flight); `None` when a figure
-/// is missing or not positive.
+/// The replicas of `planned` (the plan's roles, whose memory was checked),
+/// from each rank's seconds per micro-batch (`per_rank`, by rank), under
+/// `schedule` (which says how many micro-batches a pipeline's stages hold
+/// in flight); `None` when a figure is missing or not positive.
 pub fn replicas(
-    roles: &[Role],
+    planned: &[Role],
     per_rank: &[f64],
     schedule: PipelineSchedule,
 ) -> Option<Vec<Replica>> {
-    let n = roles.iter().map(|r| r.replica).max()? + 1;
+    let n = planned.iter().map(|r| r.replica).max()? + 1;
     let mut out: Vec<Option<Replica>> = vec![None; n];
-    for r in roles {
+    for r in planned {
         let t = *per_rank.get(r.rank)?;
         if !(t.is_finite() && t > 0.0) {
             return None;
         }
         // Holding more micro-batches in flight than the plan's deal would
-        // need memory nobody checked: such a replica keeps at most its
-        // micro-batches.
+        // need memory nobody checked: such a replica keeps at most the
+        // plan's micro-batches.
         let saturated = |m| schedule.in_flight(r.stage, r.stages, m);
         let grows = saturated(r.micro_batches) < saturated(usize::MAX / 2);
         let cap = match grows {
@@ -160,14 +160,17 @@ fn current(roles: &[Role], replicas: usize) -> Vec<usize> {
 
 /// The deal by the measured speeds (`per_rank`: each rank's seconds per
 /// micro-batch) and the share of the step's slowest passes it saves over
-/// the deal of `roles`, when that is more than [`MIN_GAIN`].
+/// the deal of `roles`, when that is more than [`MIN_GAIN`]; no pipeline
+/// holds more micro-batches in flight than under `planned` (the plan's
+/// roles, `roles` before any new deal).
 pub fn better_deal(
     roles: &[Role],
+    planned: &[Role],
     per_rank: &[f64],
     total: usize,
     schedule: PipelineSchedule,
 ) -> Option<(Vec<usize>, f64)> {
-    let reps = replicas(roles, per_rank, schedule)?;
+    let reps = replicas(planned, per_rank, schedule)?;
     let now = current(roles, reps.len());
     let new = deal(&reps, total)?;
     let gain = 1.0 - step_time(&reps, &new) / step_time(&reps, &now);
@@ -194,7 +197,7 @@ pub fn apply(roles: &mut [Role], sequences: &[usize]) {
 #[derive(Debug)]
 pub struct Rebalancer {
     every: u64,
-    /// This rank's seconds per sequence in its latest steps (the run's
+    /// This rank's seconds per micro-batch in its latest steps (the run's
     /// first step, which warms up, left out), at most `history`.
     samples: std::collections::VecDeque<f64>,
     history: usize,
@@ -325,7 +328,7 @@ mod tests {
     #[test]
     fn only_a_clear_gain_deals_again() {
         let roles = ferrite_60_cobalt_4();
-        let better = |per_rank: &[f64]| better_deal(&roles, per_rank, 64, ONE_F_ONE_B);
+        let better = |per_rank: &[f64]| better_deal(&roles, &roles, per_rank, 64, ONE_F_ONE_B);
         // As planned (micro-batches of 4 at 4 and 60 s: 60 s each): no change.
         assert_eq!(better(&[4.0, 60.0]), None);
         // Cobalt at twice its time: two sequences move, its step nearly
@@ -353,12 +356,20 @@ mod tests {
         assert_eq!(reps[1].max_sequences, usize::MAX);
         assert_eq!((reps[0].slowest, reps[0].total), (0.1, 0.2));
         // The fast pipeline cannot grow: no better deal.
-        assert_eq!(better_deal(&roles, &[0.1, 0.1, 10.0], 8, ONE_F_ONE_B), None);
+        let slow = [0.1, 0.1, 10.0];
+        assert_eq!(better_deal(&roles, &roles, &slow, 8, ONE_F_ONE_B), None);
         // With 2 micro-batches its stages hold all they can: it may grow.
         let mut p = TrainPlan::parse_stages("ferrite:0=0..1,ferrite:1=1..2", 1, 1, 2).unwrap();
         let mut one = TrainPlan::parse_stages("cobalt:0=0..2", 1, 1, 6).unwrap();
         p.groups.append(&mut one.groups);
-        let (deal, _) = better_deal(&p.roles(), &[0.1, 0.1, 10.0], 8, ONE_F_ONE_B).unwrap();
+        let planned = p.roles();
+        let (deal, _) = better_deal(&planned, &planned, &slow, 8, ONE_F_ONE_B).unwrap();
+        assert_eq!(deal, [7, 1]);
+        // Dealt down to one micro-batch, it may grow back to what the plan
+        // checked: the caps are the plan's.
+        let mut now = planned.clone();
+        apply(&mut now, &[1, 7]);
+        let (deal, _) = better_deal(&now, &planned, &slow, 8, ONE_F_ONE_B).unwrap();
         assert_eq!(deal, [7, 1]);
     }
 

@@ -246,6 +246,9 @@ pub fn run(opts: &Options, runtime: &Runtime, mut job: Option<&mut Job>) -> Resu
     }
     let mut roles = opts.plan.roles();
     let mut role = roles[rank].clone();
+    // The roles as planned, whose memory was checked (rebalancing deals
+    // `roles` again).
+    let planned = roles.clone();
     let mut rebalancer = match opts.rebalance_every {
         Some(every) => {
             rebalance::check(&roles)?;
@@ -491,7 +494,7 @@ pub fn run(opts: &Options, runtime: &Runtime, mut job: Option<&mut Job>) -> Resu
         let per_rank: Vec<f64> = scalars[2..].iter().map(|&x| f64::from(x)).collect();
         if speeds.is_some()
             && let Some((deal, _)) =
-                rebalance::better_deal(&roles, &per_rank, t.global_batch, opts.schedule)
+                rebalance::better_deal(&roles, &planned, &per_rank, t.global_batch, opts.schedule)
         {
             rebalance::apply(&mut roles, &deal);
             role = roles[rank].clone();
