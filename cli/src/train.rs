@@ -437,7 +437,8 @@ fn resolve_plan(
             // cores that do not divide evenly) decides much of the step:
             // each distinct pairing is profiled and planned, and the plan
             // expecting the shortest step is kept. A profile file was
-            // measured under one pairing: the listed one.
+            // measured under one pairing: the file's core order, else the
+            // listed one.
             let identity: Vec<usize> = (0..devices.len()).collect();
             let orders = match (pinned, &given, args.core_order.unwrap_or(CoreOrder::Auto)) {
                 (Some(cores), None, CoreOrder::Auto) => {
@@ -448,7 +449,8 @@ fn resolve_plan(
                     let kinds: Vec<&str> = kinds.iter().map(String::as_str).collect();
                     pin::distinct_orders(&kinds, cores, MAX_PAIRINGS).unwrap_or_else(|| {
                         eprintln!(
-                            "the {} devices can share the {} cores in more than {MAX_PAIRINGS}                              ways: planning for the listed order's only",
+                            "the {} devices can share the {} cores in more than {MAX_PAIRINGS} \
+                             ways: planning for the listed order's only",
                             devices.len(),
                             cores.len()
                         );
