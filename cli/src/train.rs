@@ -136,7 +136,7 @@ pub struct Args {
     #[arg(long)]
     no_pin: bool,
     /// With `--plan auto` and more ranks than cores (or cores that do not
-    /// divide evenly among them): `auto` profiles and plans each distinct
+    /// divide evenly among them): `auto` (the default) profiles and plans each distinct
     /// way the devices can share the cores and keeps the plan expecting
     /// the shortest step (at most 6 ways; more: the listed order's);
     /// `listed` keeps the `--devices` order's: the device at place `p`
