@@ -65,7 +65,7 @@ enum Event {
 /// (a few hundred bytes each, a few hundred of them at most).
 const MAX_LINE: u64 = 16 << 20;
 
-/// How every event's line begins (serde writes the tag first).
+/// How every event begins (serde writes the tag first).
 const EVENT: &str = "{\"event\":";
 
 /// How long a worker may take to load the plugins and find its device.
@@ -85,6 +85,15 @@ fn read_line(r: &mut impl BufRead) -> std::io::Result<Option<String>> {
         ));
     }
     Ok(Some(line.trim_end().to_string()))
+}
+
+/// A worker's line as the plugin's own output and the event after it, if
+/// any (a plugin's unfinished output may precede an event on its line).
+fn split_event(line: &str) -> (&str, Option<&str>) {
+    match line.find(EVENT) {
+        Some(at) => (&line[..at], Some(&line[at..])),
+        None => (line, None),
+    }
 }
 
 fn say(event: &Event) {
@@ -273,13 +282,18 @@ pub fn profile(
             let mut out = BufReader::new(stdout);
             loop {
                 let event = match read_line(&mut out) {
-                    // A plugin's own output (some print to stdout).
-                    Ok(Some(line)) if !line.starts_with(EVENT) => {
-                        eprintln!("{name}: {line}");
-                        continue;
+                    // A plugin's own output (some print to stdout), which
+                    // may also precede an event on its line.
+                    Ok(Some(line)) => {
+                        let (own, event) = split_event(&line);
+                        if !own.is_empty() {
+                            eprintln!("{name}: {own}");
+                        }
+                        let Some(event) = event else { continue };
+                        serde_json::from_str::<Event>(event).map_err(|e| {
+                            format!("it said something unreadable ({e}): {event:.200}")
+                        })
                     }
-                    Ok(Some(line)) => serde_json::from_str::<Event>(&line)
-                        .map_err(|e| format!("it said something unreadable ({e}): {line:.200}")),
                     Ok(None) => Err("it ended without its measurements".into()),
                     Err(e) => Err(format!("reading it: {e}")),
                 };
@@ -350,4 +364,30 @@ pub fn profile(
     workers.children.clear();
     let measured: Vec<(Profile, bool)> = done.into_iter().flatten().flatten().collect();
     auto::kind_medians(devices, sizes, &measured)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_event_is_found_after_a_plugins_unfinished_output() {
+        assert_eq!(
+            split_event("{\"event\":\"ready\"}"),
+            ("", Some("{\"event\":\"ready\"}"))
+        );
+        assert_eq!(
+            split_event("loading kernels...{\"event\":\"round\"}"),
+            ("loading kernels...", Some("{\"event\":\"round\"}"))
+        );
+        assert_eq!(
+            split_event("plugin says hello"),
+            ("plugin says hello", None)
+        );
+        let (_, event) = split_event("x{\"event\":\"round\"}");
+        assert!(matches!(
+            serde_json::from_str(event.unwrap()),
+            Ok(Event::Round)
+        ));
+    }
 }

@@ -1151,49 +1151,38 @@ fn suggest_rebalancing(args: &Args, plan: &TrainPlan, s: &Summary) {
     {
         return;
     }
+    use polychip_train::rebalance;
     let per_rank: Vec<f64> = s
         .stage_times
         .iter()
         .map(|t| t.forward + t.backward)
         .collect();
-    // Each replica by its first stage's rank.
-    let firsts: Vec<&polychip_train::plan::Role> = roles.iter().filter(|r| r.stage == 0).collect();
-    let global: usize = firsts.iter().map(|r| r.sequences).sum();
-    let found = polychip_train::rebalance::better_deal(
-        &roles,
-        &roles,
-        &per_rank,
-        global,
-        schedule(args, plan),
+    let now: Vec<usize> = roles
+        .iter()
+        .filter(|r| r.stage == 0)
+        .map(|r| r.sequences)
+        .collect();
+    let sched = schedule(args, plan);
+    let global = now.iter().sum();
+    let (Some(replicas), Some((deal, gain))) = (
+        rebalance::replicas(&roles, &per_rank, sched),
+        rebalance::better_deal(&roles, &roles, &per_rank, global, sched),
+    ) else {
+        return;
+    };
+    let paces: Vec<String> = replicas
+        .iter()
+        .map(|r| format!("{:.1} ms", r.slowest * 1e3))
+        .collect();
+    println!(
+        "the replicas' measured passes ({} a micro-batch at the slowest stage) say the deal ({}) \
+         holds the step back: dealt {} the slowest would take {:.0}% less; \
+         --rebalance-every 10 deals so while training",
+        rebalance::describe(&roles, &paces),
+        rebalance::describe(&roles, &now),
+        rebalance::describe(&roles, &deal),
+        gain * 100.0
     );
-    if let Some((deal, gain)) = found {
-        let each: Vec<String> = firsts
-            .iter()
-            .map(|r| {
-                let slowest = roles
-                    .iter()
-                    .filter(|o| o.replica == r.replica)
-                    .map(|o| per_rank[o.rank])
-                    .fold(0.0, f64::max);
-                format!(
-                    "{} sequences on {}{} at {:.1} ms a micro-batch of {}",
-                    r.sequences,
-                    r.device,
-                    if r.stages > 1 { "'s pipeline" } else { "" },
-                    slowest * 1e3,
-                    r.micro_batch_size
-                )
-            })
-            .collect();
-        let dealt: Vec<String> = deal.iter().map(usize::to_string).collect();
-        println!(
-            "the replicas' passes: {}; dealt by their measured speed ({} sequences) the \
-             slowest would take {:.0}% less; --rebalance-every 10 deals so while training",
-            each.join(", "),
-            dealt.join(", "),
-            gain * 100.0
-        );
-    }
 }
 
 /// Starts this command again as the ranks of a local job, handing them the

@@ -64,7 +64,7 @@ fn curve_env(
     args.extend_from_slice(&["--log-json", &j]);
     let (code, out, err) = polychip_env(&args, env);
     assert_eq!(code, Some(0), "{tag}: {out}\n{err}");
-    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let v = read_json(&json);
     v["summary"]["steps"]
         .as_array()
         .unwrap()
@@ -550,7 +550,7 @@ fn the_overlapped_reduction_gives_the_same_bits_and_starts_inside_the_backward_p
     // Each rank's buckets run on the reducer's row; in every step, rank
     // 0's first bucket (the head's end of the model) starts before its
     // last backward pass ends.
-    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&trace).unwrap()).unwrap();
+    let v = read_json(&trace);
     let events = v["traceEvents"].as_array().unwrap();
     let spans = |pid: u64, cat: &str| -> Vec<(f64, f64)> {
         let mut out: Vec<(f64, f64)> = events
@@ -618,8 +618,7 @@ fn the_sender_thread_gives_the_same_bits_and_draws_its_own_row() {
         assert_eq!(queued, split, "{precision}");
     }
     let events = |tag: &str| -> Vec<serde_json::Value> {
-        let v: serde_json::Value =
-            serde_json::from_slice(&std::fs::read(trace(tag)).unwrap()).unwrap();
+        let v = read_json(trace(tag));
         v["traceEvents"].as_array().unwrap().clone()
     };
     let sends = |events: &[serde_json::Value], pid: u64| -> Vec<(String, String, u64)> {
@@ -759,7 +758,7 @@ fn a_saved_profile_plans_again_without_profiling_and_a_foreign_one_is_refused() 
     let err = plan(&["--save-profile", &path(&prof)], &first);
     assert!(err.contains("profiled cobalt:0"), "{err}");
     // Every kind at every size, with the attention half measured.
-    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&prof).unwrap()).unwrap();
+    let v = read_json(&prof);
     let entries = v["entries"].as_array().unwrap();
     assert_eq!(entries.len(), 2 * 3, "{v}");
     assert!(
@@ -773,10 +772,7 @@ fn a_saved_profile_plans_again_without_profiling_and_a_foreign_one_is_refused() 
         err.contains("profile read for cobalt:0") && !err.contains("profiled"),
         "{err}"
     );
-    let read = |p: &std::path::Path| -> serde_json::Value {
-        serde_json::from_slice(&std::fs::read(p).unwrap()).unwrap()
-    };
-    assert_eq!(read(&first), read(&again));
+    assert_eq!(read_json(&first), read_json(&again));
     // Another model's profile, or one without a device kind, is refused
     // naming the file and what is wrong, before anything is profiled.
     let refused = |args: &[&str], want: &str| {
@@ -819,6 +815,22 @@ fn a_saved_profile_plans_again_without_profiling_and_a_foreign_one_is_refused() 
     );
 }
 
+/// The JSON file at `path`.
+fn read_json(path: impl AsRef<Path>) -> serde_json::Value {
+    serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
+}
+
+/// `polychip train --plan auto` over `devices`, pinned to cores 0 and 1,
+/// with `extra`: it must succeed; its stderr.
+fn plan_pinned(devices: &str, extra: &[&str]) -> String {
+    let mut args = pinned();
+    args.extend_from_slice(&["--plan", "auto", "--devices", devices, "--cores", "0,1"]);
+    args.extend_from_slice(extra);
+    let (code, out, err) = polychip(&args);
+    assert_eq!(code, Some(0), "{out}{err}");
+    err
+}
+
 /// The common flags, pinned (without `--no-pin`).
 fn pinned() -> Vec<&'static str> {
     COMMON
@@ -849,7 +861,7 @@ fn ranks_bind_to_the_cores_their_devices_were_profiled_on() {
     let (code, out, err) = polychip(&args);
     assert_eq!(code, Some(0), "{out}{err}");
     assert!(!err.contains(": predicted step"), "one pairing only: {err}");
-    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&plan).unwrap()).unwrap();
+    let v = read_json(&plan);
     assert_eq!(
         v["core_order"],
         serde_json::json!(["cobalt:0", "ferrite:0", "ferrite:1"]),
@@ -877,16 +889,10 @@ fn the_automatic_core_order_plans_each_pairing_and_keeps_the_least_expected_step
     let p = plan.display().to_string();
     let profile = dir.join("profile.json");
     let prof = profile.display().to_string();
-    let mut args = pinned();
-    args.extend_from_slice(&[
-        "--plan",
-        "auto",
-        "--devices",
+    let err = plan_pinned(
         "cobalt:0,ferrite:0,ferrite:1",
-    ]);
-    args.extend_from_slice(&["--cores", "0,1", "--save-plan", &p, "--save-profile", &prof]);
-    let (code, out, err) = polychip(&args);
-    assert_eq!(code, Some(0), "{out}{err}");
+        &["--save-plan", &p, "--save-profile", &prof],
+    );
     // Two ways to share two cores: Cobalt alone, or a Ferrite alone.
     let pairings: Vec<(&str, f64)> = err
         .lines()
@@ -905,7 +911,7 @@ fn the_automatic_core_order_plans_each_pairing_and_keeps_the_least_expected_step
     );
     // The plan keeps the pairing expecting the shortest step, and its
     // ranks bind to it.
-    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&plan).unwrap()).unwrap();
+    let v = read_json(&plan);
     let order: Vec<&str> = v["core_order"]
         .as_array()
         .unwrap_or_else(|| panic!("{v}"))
@@ -928,34 +934,25 @@ fn the_automatic_core_order_plans_each_pairing_and_keeps_the_least_expected_step
     );
     // The saved profile records the pairing it was measured under, and
     // planning from it keeps that pairing whatever the --devices order.
-    let file: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(&profile).unwrap()).unwrap();
+    let file = read_json(&profile);
     assert_eq!(file["core_order"], v["core_order"], "{file}");
     let again = dir.join("again.json");
     let a = again.display().to_string();
-    let mut args = pinned();
-    args.extend_from_slice(&[
-        "--plan",
-        "auto",
-        "--devices",
+    let err = plan_pinned(
         "ferrite:1,ferrite:0,cobalt:0",
-    ]);
-    args.extend_from_slice(&["--cores", "0,1", "--save-plan", &a, "--profile", &prof]);
-    let (code, out, err) = polychip(&args);
-    assert_eq!(code, Some(0), "{out}{err}");
+        &["--save-plan", &a, "--profile", &prof],
+    );
     assert!(
         !err.contains("profiled") && !err.contains(": predicted step"),
         "{err}"
     );
-    let replanned: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(&again).unwrap()).unwrap();
+    let replanned = read_json(&again);
     assert_eq!(replanned, v);
     // Other devices than the file's order names: the listed order, said.
-    let mut args = pinned();
-    args.extend_from_slice(&["--plan", "auto", "--devices", "ferrite:0,cobalt:0"]);
-    args.extend_from_slice(&["--cores", "0,1", "--save-plan", &a, "--profile", &prof]);
-    let (code, out, err) = polychip(&args);
-    assert_eq!(code, Some(0), "{out}{err}");
+    let err = plan_pinned(
+        "ferrite:0,cobalt:0",
+        &["--save-plan", &a, "--profile", &prof],
+    );
     assert!(err.contains("is not of the devices planned"), "{err}");
 }
 
@@ -1037,7 +1034,7 @@ fn trace_and_autocompare_cover_every_rank() {
             "{out}"
         );
     }
-    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&trace).unwrap()).unwrap();
+    let v = read_json(&trace);
     let events = v["traceEvents"].as_array().unwrap();
     for (pid, cat) in [
         (0, "forward"),
@@ -1053,8 +1050,7 @@ fn trace_and_autocompare_cover_every_rank() {
             "no {cat} span for rank {pid}"
         );
     }
-    let sim: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(dir.join("run.sim.json")).unwrap()).unwrap();
+    let sim = read_json(dir.join("run.sim.json"));
     assert!(!sim["traceEvents"].as_array().unwrap().is_empty());
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -1143,7 +1139,7 @@ fn the_default_job_plans_with_heteroauto_over_both_vendors() {
     ] {
         assert!(err.contains(needle), "{needle}: {err}");
     }
-    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&plan).unwrap()).unwrap();
+    let v = read_json(&plan);
     let devices: Vec<&str> = v["group"]
         .as_array()
         .unwrap()
@@ -1173,7 +1169,7 @@ fn the_pipeline_search_writes_the_schedule_it_priced_into_the_plan() {
         args.extend_from_slice(extra);
         let (code, out, err) = polychip_env(&args, &[]);
         assert_eq!(code, Some(0), "{tag}: {out}{err}");
-        let v = serde_json::from_slice(&std::fs::read(&plan).unwrap()).unwrap();
+        let v = read_json(&plan);
         (p, v, err)
     };
     // Both schedules priced: the plan names the one its prediction is for,
@@ -1223,7 +1219,7 @@ fn the_pipeline_search_writes_the_schedule_it_priced_into_the_plan() {
         .concat(),
     );
     assert_eq!(code, Some(0), "{err}");
-    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap();
+    let v = read_json(&out);
     assert_eq!(v["schedule"], "1f1b");
     assert!(v.get("predicted_step_seconds").is_none(), "{v}");
     let _ = std::fs::remove_dir_all(&dir);
@@ -1285,15 +1281,15 @@ fn rebalancing_deals_the_batch_by_measured_speed_over_the_same_sequences() {
     let json = dir.join("rebalanced.json");
     let j = json.display().to_string();
     // Printing every step (the common flags print none).
-    let mut args: Vec<&str> = COMMON.iter().copied().filter(|a| *a != "0").collect();
-    args.retain(|a| *a != "--log-every" && *a != "--eval-every");
-    args.extend_from_slice(&["--eval-every", "0", "--log-every", "1"]);
+    let mut args = COMMON.to_vec();
+    let log_every = args.iter().position(|a| *a == "--log-every").unwrap();
+    args[log_every + 1] = "1";
     args.extend_from_slice(&["--plan", &p, "--steps", "4", "--rebalance-every", "1"]);
     args.extend_from_slice(&["--log-json", &j]);
     let slow = [("POLYCHIP_TRAIN_SLOW_RANK", "1:20")];
     let (code, out, err) = polychip_env(&args, &slow);
     assert_eq!(code, Some(0), "{out}{err}");
-    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let v = read_json(&json);
     let deals = v["summary"]["deals"].as_array().unwrap();
     // The first step (warming up) is not measured; after the second the
     // batch moves to Ferrite.
@@ -1323,8 +1319,9 @@ fn rebalancing_deals_the_batch_by_measured_speed_over_the_same_sequences() {
     let (code, out, err) = polychip_env(&args, &slow);
     assert_eq!(code, Some(0), "{out}{err}");
     assert!(
-        out.contains("the replicas' passes: 4 sequences on ferrite:0 at ")
-            && out.contains(" sequences) the slowest would take ")
+        out.contains(
+            "say the deal (ferrite:0 4, cobalt:0 4) holds the step back: dealt ferrite:0 "
+        ) && out.contains(" the slowest would take ")
             && out.contains("--rebalance-every 10 deals so while training"),
         "{out}"
     );
@@ -1350,7 +1347,7 @@ fn rebalancing_deals_the_batch_by_measured_speed_over_the_same_sequences() {
     args.extend_from_slice(&["--log-json", &j]);
     let (code, out, err) = polychip_env(&args, &slow);
     assert_eq!(code, Some(0), "{out}{err}");
-    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let v = read_json(&json);
     let first = &v["summary"]["deals"][0];
     assert_eq!(first[0], 2, "{v}");
     assert!(first[1][0].as_u64().unwrap() > 4, "{v}");

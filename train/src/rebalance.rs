@@ -177,6 +177,21 @@ pub fn better_deal(
     (gain > MIN_GAIN).then_some((new, gain))
 }
 
+/// Each replica of `roles` (by its stages' devices) with its value (its
+/// sequences, say): `ferrite:0 60, cobalt:0|ferrite:1 4`.
+pub fn describe<T: std::fmt::Display>(roles: &[Role], values: &[T]) -> String {
+    let mut replicas: Vec<Vec<&str>> = vec![Vec::new(); values.len()];
+    for r in roles {
+        replicas[r.replica].push(&r.device);
+    }
+    replicas
+        .iter()
+        .zip(values)
+        .map(|(devices, v)| format!("{} {v}", devices.join("|")))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// Gives each replica of `roles` its number of `sequences`: its
 /// micro-batches (of its own size, the last perhaps smaller), its count
 /// and where in the global batch they start (replica by replica).
@@ -323,6 +338,7 @@ mod tests {
         assert_eq!(roles[0].micro_batch(14), 1);
         assert_eq!(of(&roles[1]), (7, 2, 57));
         assert_eq!(roles[1].micro_batch(1), 3);
+        assert_eq!(describe(&roles, &[57, 7]), "ferrite:0 57, cobalt:0 7");
     }
 
     #[test]

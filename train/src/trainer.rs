@@ -491,30 +491,17 @@ pub fn run(opts: &Options, runtime: &Runtime, mut job: Option<&mut Job>) -> Resu
             );
         }
         summary.steps.push(rec);
-        let per_rank: Vec<f64> = scalars[2..].iter().map(|&x| f64::from(x)).collect();
-        if speeds.is_some()
-            && let Some((deal, _)) =
-                rebalance::better_deal(&roles, &planned, &per_rank, t.global_batch, opts.schedule)
-        {
+        let dealt = speeds.and_then(|_| {
+            let per_rank: Vec<f64> = scalars[2..].iter().map(|&x| f64::from(x)).collect();
+            rebalance::better_deal(&roles, &planned, &per_rank, t.global_batch, opts.schedule)
+        });
+        if let Some((deal, _)) = dealt {
             rebalance::apply(&mut roles, &deal);
             role = roles[rank].clone();
             if rank == 0 && opts.log_every > 0 {
-                // Each replica by its stages' devices.
-                let each: Vec<String> = roles
-                    .iter()
-                    .filter(|r| r.stage == 0)
-                    .map(|r| {
-                        let devices: Vec<&str> = roles
-                            .iter()
-                            .filter(|o| o.replica == r.replica)
-                            .map(|o| o.device.as_str())
-                            .collect();
-                        format!("{} {}", devices.join("|"), r.sequences)
-                    })
-                    .collect();
                 println!(
                     "step {step:>5}: the batch dealt again by measured speed: {}",
-                    each.join(", ")
+                    rebalance::describe(&roles, &deal)
                 );
             }
             summary.deals.push((step, deal));
