@@ -49,7 +49,8 @@
 //! back to back, so its tokens/s moves only by its optimizer step's share
 //! of the step, under 0.5% for Cobalt at 64 sequences), `MODEL` (default
 //! `deep`, 16 blocks),
-//! `GLOBAL_BATCH` (64), `ONLY` (comma-separated parts of the mixed
+//! `GLOBAL_BATCH` (64), `PROFILE_ERROR` (the planner's `--profile-error`,
+//! its default when unset), `ONLY` (comma-separated parts of the mixed
 //! configurations' names, e.g. `PP,DP`), `HOG=1` (each mixed configuration
 //! also runs beside a CPU hog, a busy process free to run on either core,
 //! or with `HOG=core:N` bound to core N, a load on one chip only;
@@ -354,6 +355,8 @@ struct Bench<'a> {
     gb: usize,
     /// The global batch of the slow types alone (Cobalt, OpenCL).
     slow_gb: usize,
+    /// `--profile-error` for the planning (`PROFILE_ERROR`), when set.
+    profile_error: Option<String>,
 }
 
 impl Bench<'_> {
@@ -370,7 +373,13 @@ impl Bench<'_> {
             .args(["--cores", cores])
             .env("POLYCHIP_TRANSPORT", "shm");
         match layout {
-            Layout::Search => cmd.args(["--plan", c.plan, "--devices", c.devices]),
+            Layout::Search => {
+                cmd.args(["--plan", c.plan, "--devices", c.devices]);
+                if let Some(e) = &self.profile_error {
+                    cmd.args(["--profile-error", e]);
+                }
+                &mut cmd
+            }
             Layout::File(p) => cmd.arg("--plan").arg(p),
             Layout::Whole(b) => cmd
                 .args(["--device", c.devices, "--micro-batch-size"])
@@ -593,6 +602,9 @@ fn main() {
         model: &model,
         gb,
         slow_gb,
+        profile_error: std::env::var("PROFILE_ERROR")
+            .ok()
+            .filter(|e| !e.is_empty()),
     };
     // `HOG=1`: a hog free to run on either core; `HOG=core:N`: bound to
     // core N, a load on one chip only.
