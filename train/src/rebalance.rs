@@ -25,9 +25,34 @@ use crate::plan::Role;
 use crate::trace::Span;
 
 /// A new deal is taken only when it is predicted to shorten the step by
-/// more than this fraction, so that noise in the measurement does not move
-/// sequences back and forth.
-pub const MIN_GAIN: f64 = 0.05;
+/// more than this fraction, however steady the measurements, and by more
+/// than [`NOISE_MARGIN`] times their uncertainty ([`required_gain`]), so
+/// that noise in the measurement does not move sequences back and forth.
+pub const MIN_GAIN: f64 = 0.01;
+
+/// How many times the measured speeds' uncertainty (the largest of the
+/// ranks' relative standard errors of their medians) a new deal's gain
+/// must exceed.
+pub const NOISE_MARGIN: f64 = 3.0;
+
+/// The relative uncertainty taken for a rank with fewer than
+/// [`MIN_NOISE_SAMPLES`] measured steps, and where none is known: a deal
+/// then needs a gain over 5%.
+pub const UNKNOWN_NOISE: f64 = 0.05 / NOISE_MARGIN;
+
+/// The fewest measured steps a rank estimates its uncertainty from.
+pub const MIN_NOISE_SAMPLES: usize = 4;
+
+/// The gain a new deal must exceed when the measured speeds' largest
+/// relative standard error is `noise`: [`NOISE_MARGIN`] times it, at least
+/// [`MIN_GAIN`].
+pub fn required_gain(noise: f64) -> f64 {
+    if noise.is_finite() {
+        (NOISE_MARGIN * noise).max(MIN_GAIN)
+    } else {
+        f64::INFINITY
+    }
+}
 
 /// The fewest steps whose median speed a deal is made from.
 pub const MIN_HISTORY: usize = 6;
@@ -159,14 +184,16 @@ fn current(roles: &[Role], replicas: usize) -> Vec<usize> {
 }
 
 /// The deal by the measured speeds (`per_rank`: each rank's seconds per
-/// micro-batch) and the share of the step's slowest passes it saves over
-/// the deal of `roles`, when that is more than [`MIN_GAIN`]; no pipeline
-/// holds more micro-batches in flight than under `planned` (the plan's
-/// roles, `roles` before any new deal).
+/// micro-batch, whose largest relative standard error is `noise`) and the
+/// share of the step's slowest passes it saves over the deal of `roles`,
+/// when that is more than [`required_gain`] of `noise`; no pipeline holds
+/// more micro-batches in flight than under `planned` (the plan's roles,
+/// `roles` before any new deal).
 pub fn better_deal(
     roles: &[Role],
     planned: &[Role],
     per_rank: &[f64],
+    noise: f64,
     total: usize,
     schedule: PipelineSchedule,
 ) -> Option<(Vec<usize>, f64)> {
@@ -174,7 +201,25 @@ pub fn better_deal(
     let now = current(roles, reps.len());
     let new = deal(&reps, total)?;
     let gain = 1.0 - step_time(&reps, &new) / step_time(&reps, &now);
-    (gain > MIN_GAIN).then_some((new, gain))
+    (gain > required_gain(noise)).then_some((new, gain))
+}
+
+/// The median of `samples` and its relative standard error (from their
+/// median absolute deviation, as a normal spread's: `1.2533 x 1.4826 MAD /
+/// sqrt(n)` over the median), [`UNKNOWN_NOISE`] with fewer than
+/// [`MIN_NOISE_SAMPLES`]; `None` without samples.
+pub fn median_and_noise(samples: &[f64]) -> Option<(f64, f64)> {
+    let mut w = samples.to_vec();
+    w.sort_by(f64::total_cmp);
+    let median = *w.get(w.len() / 2)?;
+    if w.len() < MIN_NOISE_SAMPLES || median <= 0.0 {
+        return Some((median, UNKNOWN_NOISE));
+    }
+    let mut dev: Vec<f64> = w.iter().map(|x| (x - median).abs()).collect();
+    dev.sort_by(f64::total_cmp);
+    let mad = dev[dev.len() / 2];
+    let se = 1.2533 * 1.4826 * mad / (w.len() as f64).sqrt();
+    Some((median, se / median))
 }
 
 /// Each replica of `roles` (by its stages' devices) with its value (its
@@ -239,9 +284,10 @@ impl Rebalancer {
     /// Records this rank's `busy` seconds in `step` (1-based) of its
     /// `role`, and at every `every`-th step returns the ranks' measured
     /// seconds per micro-batch (of the rank's size; a smaller last one
-    /// counted as its share), to be summed over the ranks (each fills its
-    /// own slot of `world`, the others 0; 0 where nothing is measured yet),
-    /// and dealt by [`better_deal`].
+    /// counted as its share) and then their relative standard errors
+    /// ([`median_and_noise`]), `2 world` figures to be summed over the
+    /// ranks (each fills its own two slots, the others 0; 0 where nothing
+    /// is measured yet), and dealt by [`better_deal`] ([`Speeds::from`]).
     pub fn record(&mut self, step: u64, busy: f64, role: &Role, world: usize) -> Option<Vec<f32>> {
         self.steps += 1;
         if self.steps > 1 {
@@ -254,13 +300,36 @@ impl Rebalancer {
         if step % self.every != 0 {
             return None;
         }
-        let mut slots = vec![0.0f32; world];
-        let mut w: Vec<f64> = self.samples.iter().copied().collect();
-        if !w.is_empty() {
-            w.sort_by(f64::total_cmp);
-            slots[role.rank] = w[w.len() / 2] as f32;
+        let mut slots = vec![0.0f32; 2 * world];
+        let w: Vec<f64> = self.samples.iter().copied().collect();
+        if let Some((median, noise)) = median_and_noise(&w) {
+            slots[role.rank] = median as f32;
+            slots[world + role.rank] = noise as f32;
         }
         Some(slots)
+    }
+}
+
+/// The ranks' figures of [`Rebalancer::record`], summed over the ranks.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Speeds {
+    /// Each rank's median seconds per micro-batch.
+    pub per_rank: Vec<f64>,
+    /// The largest of the ranks' relative standard errors.
+    pub noise: f64,
+}
+
+impl Speeds {
+    /// From the `2 world` summed slots.
+    pub fn from(slots: &[f32]) -> Speeds {
+        let world = slots.len() / 2;
+        Speeds {
+            per_rank: slots[..world].iter().map(|&x| f64::from(x)).collect(),
+            noise: slots[world..]
+                .iter()
+                .map(|&x| f64::from(x))
+                .fold(0.0, f64::max),
+        }
     }
 }
 
@@ -344,7 +413,9 @@ mod tests {
     #[test]
     fn only_a_clear_gain_deals_again() {
         let roles = ferrite_60_cobalt_4();
-        let better = |per_rank: &[f64]| better_deal(&roles, &roles, per_rank, 64, ONE_F_ONE_B);
+        let better = |per_rank: &[f64]| {
+            better_deal(&roles, &roles, per_rank, UNKNOWN_NOISE, 64, ONE_F_ONE_B)
+        };
         // As planned (micro-batches of 4 at 4 and 60 s: 60 s each): no change.
         assert_eq!(better(&[4.0, 60.0]), None);
         // Cobalt at twice its time: two sequences move, its step nearly
@@ -352,8 +423,20 @@ mod tests {
         let (deal, gain) = better(&[4.0, 120.0]).unwrap();
         assert_eq!(deal, [62, 2]);
         assert!((gain - (1.0 - 62.0 / 120.0)).abs() < 1e-12, "{gain}");
-        // 4% better: not worth it.
+        // 4% better: not worth it when the noise is not known.
         assert_eq!(better(&[4.0, 62.4]), None);
+        // 4.1% better (Cobalt at 63.6 s, 3 sequences: 61 s on Ferrite):
+        // worth it when the measurements are steady to 1%, not to 2%.
+        let with = |noise| better_deal(&roles, &roles, &[4.0, 63.6], noise, 64, ONE_F_ONE_B);
+        assert_eq!(with(UNKNOWN_NOISE), None);
+        let (deal, gain) = with(0.01).unwrap();
+        assert_eq!(deal, [61, 3]);
+        assert!((gain - (1.0 - 61.0 / 63.6)).abs() < 1e-12, "{gain}");
+        assert_eq!(with(0.02), None);
+        assert_eq!(with(0.0).unwrap().0, [61, 3]);
+        // Never under MIN_GAIN, however steady: 0.8% better is not taken.
+        let small = better_deal(&roles, &roles, &[4.0, 61.5], 0.0, 64, ONE_F_ONE_B);
+        assert_eq!(small, None);
         // A rank that measured nothing, or a figure missing: no change.
         assert_eq!(better(&[4.0, 0.0]), None);
         assert_eq!(better(&[4.0]), None);
@@ -373,19 +456,23 @@ mod tests {
         assert_eq!((reps[0].slowest, reps[0].total), (0.1, 0.2));
         // The fast pipeline cannot grow: no better deal.
         let slow = [0.1, 0.1, 10.0];
-        assert_eq!(better_deal(&roles, &roles, &slow, 8, ONE_F_ONE_B), None);
+        assert_eq!(
+            better_deal(&roles, &roles, &slow, UNKNOWN_NOISE, 8, ONE_F_ONE_B),
+            None
+        );
         // With 2 micro-batches its stages hold all they can: it may grow.
         let mut p = TrainPlan::parse_stages("ferrite:0=0..1,ferrite:1=1..2", 1, 1, 2).unwrap();
         let mut one = TrainPlan::parse_stages("cobalt:0=0..2", 1, 1, 6).unwrap();
         p.groups.append(&mut one.groups);
         let planned = p.roles();
-        let (deal, _) = better_deal(&planned, &planned, &slow, 8, ONE_F_ONE_B).unwrap();
+        let (deal, _) =
+            better_deal(&planned, &planned, &slow, UNKNOWN_NOISE, 8, ONE_F_ONE_B).unwrap();
         assert_eq!(deal, [7, 1]);
         // Dealt down to one micro-batch, it may grow back to what the plan
         // checked: the caps are the plan's.
         let mut now = planned.clone();
         apply(&mut now, &[1, 7]);
-        let (deal, _) = better_deal(&now, &planned, &slow, 8, ONE_F_ONE_B).unwrap();
+        let (deal, _) = better_deal(&now, &planned, &slow, UNKNOWN_NOISE, 8, ONE_F_ONE_B).unwrap();
         assert_eq!(deal, [7, 1]);
     }
 
@@ -395,21 +482,47 @@ mod tests {
         let roles = plan.roles();
         let mut rb = Rebalancer::new(1);
         // The first step (warming up) is not measured: nothing to deal by.
-        assert_eq!(rb.record(1, 100.0, &roles[1], 2), Some(vec![0.0, 0.0]));
+        assert_eq!(rb.record(1, 100.0, &roles[1], 2), Some(vec![0.0; 4]));
         // Then the median of the latest six, per micro-batch (one a step;
         // of an even count, the upper): one slow step moves nothing.
         for (step, busy) in [(2, 8.0), (3, 4.0), (4, 400.0), (5, 4.0)] {
             assert!(rb.record(step, busy, &roles[1], 2).is_some());
         }
-        assert_eq!(rb.record(6, 4.0, &roles[1], 2), Some(vec![0.0, 4.0]));
+        // (Five steps, three of them alike: a deviation of 0, no noise.)
+        assert_eq!(
+            rb.record(6, 4.0, &roles[1], 2),
+            Some(vec![0.0, 4.0, 0.0, 0.0])
+        );
         for step in 7..=20 {
             rb.record(step, 12.0, &roles[1], 2);
         }
-        assert_eq!(rb.record(21, 12.0, &roles[1], 2), Some(vec![0.0, 12.0]));
+        assert_eq!(
+            rb.record(21, 12.0, &roles[1], 2),
+            Some(vec![0.0, 12.0, 0.0, 0.0])
+        );
         let mut every = Rebalancer::new(4);
         assert_eq!(every.record(1, 4.0, &roles[0], 2), None);
         assert_eq!(every.record(3, 4.0, &roles[0], 2), None);
-        assert_eq!(every.record(4, 4.0, &roles[0], 2), Some(vec![4.0, 0.0]));
+        // Two steps measured: too few to say how steady they are.
+        let slots = every.record(4, 4.0, &roles[0], 2).unwrap();
+        assert_eq!(slots, vec![4.0, 0.0, UNKNOWN_NOISE as f32, 0.0]);
+        let speeds = Speeds::from(&slots);
+        assert_eq!(speeds.per_rank, [4.0, 0.0]);
+        assert!((speeds.noise - UNKNOWN_NOISE).abs() < 1e-7);
+    }
+
+    #[test]
+    fn the_noise_is_the_median_s_relative_standard_error() {
+        assert_eq!(median_and_noise(&[]), None);
+        assert_eq!(median_and_noise(&[2.0, 1.0]), Some((2.0, UNKNOWN_NOISE)));
+        // Nine samples of 10 +- 1 (MAD 1): 1.2533 x 1.4826 / 3 / 10.
+        let s = [9.0, 11.0, 10.0, 9.0, 11.0, 10.0, 9.0, 11.0, 10.0];
+        let (m, noise) = median_and_noise(&s).unwrap();
+        assert_eq!(m, 10.0);
+        assert!((noise - 1.2533 * 1.4826 / 30.0).abs() < 1e-12, "{noise}");
+        assert!((required_gain(noise) - 3.0 * noise).abs() < 1e-12);
+        assert_eq!(required_gain(0.0), MIN_GAIN);
+        assert_eq!(required_gain(f64::NAN), f64::INFINITY);
     }
 
     #[test]

@@ -492,8 +492,15 @@ pub fn run(opts: &Options, runtime: &Runtime, mut job: Option<&mut Job>) -> Resu
         }
         summary.steps.push(rec);
         let dealt = speeds.and_then(|_| {
-            let per_rank: Vec<f64> = scalars[2..].iter().map(|&x| f64::from(x)).collect();
-            rebalance::better_deal(&roles, &planned, &per_rank, t.global_batch, opts.schedule)
+            let speeds = rebalance::Speeds::from(&scalars[2..]);
+            rebalance::better_deal(
+                &roles,
+                &planned,
+                &speeds.per_rank,
+                speeds.noise,
+                t.global_batch,
+                opts.schedule,
+            )
         });
         if let Some((deal, _)) = dealt {
             rebalance::apply(&mut roles, &deal);
