@@ -196,6 +196,8 @@ bugs! {
     pow_scalar_nan_zero_exponent: "pow-scalar-nan-zero-exponent" on "pow_scalar" in "f32" => "got NaN, want 1";
     embedding_clamps_index: "embedding-clamps-index" on "embedding" in "f32" => "accepted a call it must refuse";
     rope_backward_no_write: "rope-backward-no-write" on "rope_backward" in "f32" => "never wrote";
+    cross_entropy_mean_over_all_rows: "cross-entropy-mean-over-all-rows" on "cross_entropy" in "" => "ignored rows";
+    embedding_backward_racy_duplicates: "embedding-backward-racy-duplicates" on "embedding_backward" in "" => "repeated";
     // Layouts: byte offsets, zero and negative strides, gaps, row slices,
     // a transposed second operand.
     sub_ignores_byte_offset: "sub-ignores-byte-offset" on "sub" in "" => "outside tolerance";
@@ -203,7 +205,15 @@ bugs! {
     tanh_negative_stride_abs: "tanh-negative-stride-abs" on "tanh" in "" => "reversed along dim";
     relu_output_assumed_compact: "relu-output-assumed-compact" on "relu" in "" => "the plugin wrote outside output out";
     rms_norm_ignores_row_stride: "rms-norm-ignores-row-stride" on "rms_norm" in "" => "";
+    layer_norm_input_rows_assumed_packed: "layer-norm-input-rows-assumed-packed" on "layer_norm" in "" => "input a row slice of wider rows";
     matmul_transposed_b_as_compact: "matmul-transposed-b-as-compact" on "matmul" in "" => "outside tolerance";
+    mul_column_broadcast_as_row: "mul-column-broadcast-as-row" on "mul" in "" => "[6, 6] [6, 1]";
+    silu_backward_grad_out_as_compact: "silu-backward-grad-out-as-compact" on "silu_backward" in "" => "every tensor non-compact";
+    // Shapes that kernels special-case: a vector remainder, M = 1 (GEMV),
+    // K = 1 (a rank-1 update).
+    sum_drops_vector_tail: "sum-drops-vector-tail" on "sum" in "" => "[5, 37] dim -1";
+    matmul_gemv_ignores_transpose_b: "matmul-gemv-ignores-transpose-b" on "matmul" in "" => "a [1, 40] b [24, 40] ta false tb true";
+    matmul_rank1_ignores_beta: "matmul-rank1-ignores-beta" on "matmul" in "" => "a [6, 1] b [1, 5]";
     // In-place calls the spec permits.
     softmax_in_place_second_pass: "softmax-in-place-second-pass" on "softmax" in "" => "in place (out is input)";
     swiglu_backward_in_place_reread: "swiglu-backward-in-place-reread" on "swiglu_backward" in "" => "in place";
@@ -217,12 +227,19 @@ bugs! {
     sum_squares_half_accumulation: "sum-squares-half-accumulation" on "sum_squares" in "bf16,f16" => "realistic";
     linear_tile_edge: "linear-tile-edge" on "linear" in "" => "realistic";
     cross_entropy_wide_no_max_shift: "cross-entropy-wide-no-max-shift" on "cross_entropy" in "" => "logits near 100";
+    linear_row_tile_edge: "linear-row-tile-edge" on "linear" in "" => "realistic [300, 256]";
     // Bounds from error analysis, the bias test, ties, edge values.
     silu_truncates_half: "silu-truncates-half" on "silu" in "bf16,f16" => "biased rounding";
     log_softmax_backward_half_accumulation: "log-softmax-backward-half-accumulation" on "log_softmax_backward" in "bf16,f16" => "outside tolerance";
     cast_f64_bf16_double_rounding: "cast-f64-bf16-double-rounding" on "cast" in "f64" => "outside tolerance";
     relu_backward_at_zero: "relu-backward-at-zero" on "relu_backward" in "" => "outside tolerance";
     sqrt_neg_zero: "sqrt-neg-zero" on "sqrt" in "" => "want -0";
+    neg_as_zero_minus: "neg-as-zero-minus" on "neg" in "" => "want -0";
+    scale_alpha_zero_memset: "scale-alpha-zero-memset" on "scale" in "" => "special values alpha 0";
+    exp_flushes_subnormals: "exp-flushes-subnormals" on "exp" in "f32,bf16" => "results in the subnormal range";
+    cast_f16_saturates: "cast-f16-saturates" on "cast" in "" => "(= inf in f16)";
+    // State kept between calls: a cache keyed by address.
+    linear_weight_cache_by_address: "linear-weight-cache-by-address" on "linear" in "" => "after a call with other values in the same buffers";
     // A kernel that never returns: each such case fails as hung and the
     // suite goes on to the next.
     rsqrt_hangs_on_large_tensors: "rsqrt-hangs-on-large-tensors" on "rsqrt" in "f32" => "the plugin hung: no result within 5 s";

@@ -125,6 +125,12 @@ pub struct Case {
     pub tolerance: Tolerance,
     /// For a case of a sized family: how to rebuild it smaller.
     pub resize: Option<Resize>,
+    /// Whether the plugin is first called on the same buffers with other
+    /// input values (each input's values rotated by one element), whose
+    /// results are discarded, before the call that is judged: a result or
+    /// a packed operand kept from an earlier call (a cache keyed by
+    /// address) then shows.
+    pub warm_up: bool,
 }
 
 impl fmt::Debug for Case {

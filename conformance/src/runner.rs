@@ -359,6 +359,44 @@ struct Run {
     problems: Vec<String>,
 }
 
+/// The warm-up call of [`Case::warm_up`]: the inputs' values rotated by
+/// one element (so every index stays valid and every value in its
+/// domain), the plugin called and its result discarded, then every buffer
+/// written back as uploaded (inputs, in-place tensors, poisoned outputs
+/// and guards), for the call that is judged.
+fn warm_up(
+    case: &Case,
+    uploaded: &[Option<Uploaded>],
+    exec: &polychip_host::Exec<'_>,
+    tensors: &[Tensor],
+) -> Result<(), String> {
+    for (spec, u) in case.tensors.iter().zip(uploaded) {
+        let Some(u) = u else { continue };
+        if spec.role != Role::Output {
+            let mut values = spec.values.clone();
+            if !values.is_empty() {
+                values.rotate_left(1);
+            }
+            let bytes = u
+                .placement
+                .fill(spec.dtype.size(), &to_bytes(spec.dtype, &values));
+            u.buffer
+                .write_bytes(&bytes)
+                .map_err(|e| format!("could not write {}: {e}", spec.name))?;
+        }
+    }
+    // Its result is not judged: only the call after it is.
+    let _ = (case.call)(exec, tensors);
+    for (spec, u) in case.tensors.iter().zip(uploaded) {
+        if let Some(u) = u {
+            u.buffer
+                .write_bytes(&u.written)
+                .map_err(|e| format!("could not write {} back: {e}", spec.name))?;
+        }
+    }
+    Ok(())
+}
+
 /// Uploads the case's tensors (outputs poisoned with `poison`), calls the
 /// plugin, and reads every buffer back whole. `Err` when the suite itself
 /// could not upload or read a tensor.
@@ -396,6 +434,9 @@ fn execute(device: &Device, case: &Case, poison: u8) -> Result<Run, String> {
         })
         .collect();
     let exec = device.exec();
+    if case.warm_up {
+        warm_up(case, &uploaded, &exec, &tensors)?;
+    }
     let started = Instant::now();
     let outcome = (case.call)(&exec, &tensors);
     let plugin_seconds = started.elapsed().as_secs_f64();

@@ -164,7 +164,10 @@ fn binary(op: BinaryOp, dtype: DType) -> Vec<Case> {
         1.0
     };
     let mut cases = Vec::new();
-    let pairs: [(&[usize], &[usize], Layout); 7] = [
+    // The last pair broadcasts a column with as many elements as the
+    // output has columns, which a bias-row fast path chosen by element
+    // count alone would read as a row.
+    let pairs: [(&[usize], &[usize], Layout); 8] = [
         (&[3, 4], &[3, 4], Layout::Contiguous),
         (&[2, 3], &[3], Layout::Contiguous),
         (&[3, 1, 5], &[4, 1], Layout::Contiguous),
@@ -172,6 +175,7 @@ fn binary(op: BinaryOp, dtype: DType) -> Vec<Case> {
         (&[0, 3], &[3], Layout::Contiguous),
         (&[64, 65], &[64, 65], Layout::Transposed),
         (&[7, 9], &[1, 9], Layout::Strided),
+        (&[6, 6], &[6, 1], Layout::Contiguous),
     ];
     for (a_shape, b_shape, layout) in pairs {
         let out_shape = reference::broadcast_shapes(a_shape, b_shape).expect("the pairs broadcast");
@@ -274,7 +278,10 @@ fn matmul(dtype: DType) -> Vec<Case> {
     let mut rng = Rng::for_case("matmul", dtype);
     let mut cases = Vec::new();
     // (batch of a, batch of b, m, k, n, transpose_a, transpose_b, alpha, beta)
-    let plans: [MatmulPlan; 9] = [
+    // The last two are the shapes kernels special-case: M = 1 against a
+    // transposed b (a decoding step through a weight, the GEMV path) and
+    // K = 1 with beta (a rank-1 update, the outer-product path).
+    let plans: [MatmulPlan; 11] = [
         (&[], &[], 1, 1, 1, false, false, 1.0, 0.0),
         (&[], &[], 3, 5, 4, false, false, 1.0, 0.0),
         (&[], &[], 17, 33, 9, true, false, 1.0, 0.0),
@@ -284,6 +291,8 @@ fn matmul(dtype: DType) -> Vec<Case> {
         (&[2, 3], &[1, 3], 4, 6, 5, false, true, -2.0, 1.0),
         (&[], &[], 4, 0, 3, false, false, 1.0, 0.5),
         (&[], &[], 8, 300, 8, false, false, 1.0, 0.0),
+        (&[], &[], 1, 40, 24, false, true, 1.0, 0.0),
+        (&[], &[], 6, 1, 5, false, false, 1.0, 0.5),
     ];
     for (ba, bb, m, k, n, ta, tb, alpha, beta) in plans {
         let a_shape: Vec<usize> = ba

@@ -100,7 +100,40 @@ fn unary(op: UnaryOp, dtype: DType) -> Vec<Case> {
             tolerance,
         ));
     }
+    if op == UnaryOp::Exp {
+        cases.push(exp_subnormal_results(dtype));
+    }
     cases
+}
+
+/// exp of inputs from `ln(smallest subnormal)` up to `ln(smallest normal)`
+/// in `dtype`: results in the subnormal range, which a kernel that flushes
+/// them to zero (flush-to-zero, fast math) gets wrong and no other case
+/// reaches (exp's cases stop at -10). The condition number |x| of exp is
+/// large here (about 100 in f32, 745 in f64), and the kernel rounds its
+/// reduced argument: it is charged relative to the element, which for a
+/// subnormal result is a small fraction of its ULP.
+fn exp_subnormal_results(dtype: DType) -> Case {
+    let tiny = crate::values::ulp(dtype, 0.0);
+    let normal = match dtype {
+        DType::F64 => f64::MIN_POSITIVE,
+        DType::F16 => 2f64.powi(-14),
+        _ => f64::from(f32::MIN_POSITIVE),
+    };
+    let (lo, hi) = (tiny.ln() + 0.5, normal.ln());
+    let x: Vec<f64> = (0..16)
+        .map(|j| crate::values::round_to(dtype, lo + (hi - lo) * f64::from(j) / 16.0))
+        .collect();
+    let tolerance = Tolerance::computed(16.0 + 2.0 * tiny.ln().abs().ceil());
+    unary_case(
+        UnaryOp::Exp,
+        dtype,
+        "results in the subnormal range".into(),
+        &[x.len()],
+        x,
+        Layout::Contiguous,
+        tolerance,
+    )
 }
 
 /// The error model of an activation's backward.
@@ -330,7 +363,10 @@ fn reduce_cases(op: ReduceOp) -> fn(DType) -> Vec<Case> {
 fn reduce(op: ReduceOp, dtype: DType) -> Vec<Case> {
     let mut rng = Rng::for_case(op.name(), dtype);
     let mut cases = Vec::new();
-    let plans: [(&[usize], i32, bool, Layout); 9] = [
+    // The last plan reduces a contiguous last dimension whose extent is
+    // neither a multiple of a vector width (4 to 32 lanes) nor below one:
+    // a vectorised kernel's remainder loop runs there and nowhere else.
+    let plans: [(&[usize], i32, bool, Layout); 10] = [
         (&[3, 5, 7], 0, false, Layout::Contiguous),
         (&[3, 5, 7], 1, true, Layout::Contiguous),
         (&[3, 5, 7], -1, false, Layout::Strided),
@@ -340,6 +376,7 @@ fn reduce(op: ReduceOp, dtype: DType) -> Vec<Case> {
         (&[1, 1], 1, false, Layout::Contiguous),
         (&[4, 0], 1, false, Layout::Contiguous),
         (&[0, 4], 1, true, Layout::Contiguous),
+        (&[5, 37], -1, false, Layout::Contiguous),
     ];
     for (shape, dim, keepdim, layout) in plans {
         // Small integers make ties, which argmax must break by first index.

@@ -209,6 +209,7 @@ pub fn case(
         reference: Arc::new(reference),
         tolerance,
         resize: None,
+        warm_up: false,
     }
 }
 
@@ -401,7 +402,7 @@ mod tests {
     }
 
     #[test]
-    fn every_op_runs_broadcast_reversed_and_gapped_tensors_and_every_permitted_alias() {
+    fn every_op_runs_broadcast_reversed_and_gapped_tensors_every_permitted_alias_and_a_warm_up() {
         for info in registry() {
             let cases = info.cases(info.dtypes[0], Tier::Default);
             let layouts: Vec<Layout> = cases
@@ -425,6 +426,11 @@ mod tests {
                 info.name
             );
             assert!(has(|l| *l == Layout::Strided), "{}: no gaps", info.name);
+            assert!(
+                cases.iter().any(|c| c.warm_up),
+                "{}: never run after a warm-up call",
+                info.name
+            );
             let op = Op::from_name(info.name).unwrap();
             for field in op.info().fields.iter().filter(|f| !f.alias.is_empty()) {
                 for alias in field.alias {

@@ -149,8 +149,9 @@ const FAMILIES: &[Family] = &[
     Family {
         op: "linear",
         build: linear,
-        // [rows, in, out].
-        default: &[&[16, 4096, 300]],
+        // [rows, in, out]: a long inner dimension; a token count past 256
+        // that is not a multiple of a row tile.
+        default: &[&[16, 4096, 300], &[300, 256, 64]],
         full: &[&[256, 4096, 1024]],
     },
     Family {

@@ -7,13 +7,19 @@
 //!
 //! - for every input, a zero stride on its first and on its last dimension
 //!   (a broadcast input: the values are made equal along that dimension, so
-//!   the reference sees what the plugin reads) and a negative stride on each;
+//!   the reference sees what the plugin reads) and a negative stride on each,
+//!   and, with two dimensions or more, a row slice of wider rows (the last
+//!   dimension contiguous, padding between rows: a slice of a fused
+//!   projection);
 //! - for every written tensor, a negative stride on its first dimension,
 //!   gaps between its elements (stride 2) and gaps between its rows (a row
 //!   slice);
 //! - one case with every tensor non-compact at once;
 //! - for every output that the operator's spec lets be exactly one of its
-//!   inputs (`alias` in `spec/ops.toml`), the call run in place.
+//!   inputs (`alias` in `spec/ops.toml`), the call run in place;
+//! - the call run after a warm-up call on the same buffers with other
+//!   input values (`Case::warm_up`), so that a result kept from an earlier
+//!   call (a cache keyed by address) shows.
 //!
 //! Every tensor also sits at a non-zero offset inside a guarded buffer
 //! (`crate::placement`), so offsets and writes outside an output are
@@ -44,6 +50,12 @@ pub fn derive(base: &[Case]) -> Vec<Case> {
     for b in pick_bases(base) {
         out.extend(layouts(b));
         out.extend(in_place(b));
+        out.push(variant(
+            b,
+            "after a call with other values in the same buffers".into(),
+            |_| {},
+        ));
+        out.last_mut().expect("just pushed").warm_up = true;
     }
     out
 }
@@ -127,6 +139,13 @@ fn layouts(b: &Case) -> Vec<Case> {
                         b,
                         format!("{name} reversed along dim {d} (negative stride)"),
                         |ts| ts[t].layout = Layout::Reversed(d),
+                    ));
+                }
+                if spec.shape.len() >= 2 {
+                    out.push(variant(
+                        b,
+                        format!("{name} a row slice of wider rows"),
+                        |ts| ts[t].layout = Layout::RowSlice,
                     ));
                 }
             }

@@ -13,7 +13,7 @@ use polychip_plugin_sdk::{
     SwigluArgs, SwigluBackwardArgs, TensorDesc, UnaryArgs, UnaryOp,
 };
 
-use crate::mutants::{Bug, is, layout, numerics as bad};
+use crate::mutants::{Bug, is, layout, numerics as bad, paths};
 
 /// The kernels' name for a dtype.
 fn kernel_dtype(dtype: DType) -> kernels::DType {
@@ -118,6 +118,9 @@ pub mod ops {
             if is(Bug::CastF64Bf16DoubleRounding) && bad::cast_f64_bf16_double(src, dst) {
                 return done();
             }
+            if is(Bug::CastF16Saturates) && paths::cast_f16_saturating(src, dst) {
+                return done();
+            }
             kernels::cast(src, dst)
         })
     }
@@ -130,12 +133,34 @@ pub mod ops {
             BinaryOp::Div => kernels::BinaryOp::Div,
         };
         let alpha = args.alpha;
-        run!(op.name(), args => |[a, b, out]| kernels::binary(k, a, b, out, alpha))
+        run!(op.name(), args => |[a, b, out]| {
+            if op == BinaryOp::Mul && is(Bug::MulColumnBroadcastAsRow) {
+                if let Some(strides) = paths::column_as_row(b, out) {
+                    let row = View { shape: out.shape, strides: &strides, ..*b };
+                    return kernels::binary(k, a, &row, out, alpha);
+                }
+            }
+            kernels::binary(k, a, b, out, alpha)
+        })
     }
 
     pub unsafe fn matmul(args: &MatmulArgs<'_>) -> Result<()> {
         let (alpha, beta, ta, tb) = (args.alpha, args.beta, args.transpose_a, args.transpose_b);
-        run!("matmul", args => |[a, b, out]| kernels::matmul(a, b, out, ta, tb, alpha, beta))
+        run!("matmul", args => |[a, b, out]| {
+            let r = out.shape.len();
+            if is(Bug::MatmulGemvIgnoresTransposeB) && tb && r >= 2 && out.shape[r - 2] == 1 {
+                if let Some((shape, strides)) = paths::gemv_misread(b) {
+                    let misread = View { shape: &shape, strides: &strides, ..*b };
+                    return kernels::matmul(a, &misread, out, ta, false, alpha, beta);
+                }
+            }
+            let ra = a.shape.len();
+            let k = if ta { a.shape[ra - 2] } else { a.shape[ra - 1] };
+            if is(Bug::MatmulRank1IgnoresBeta) && k == 1 {
+                return kernels::matmul(a, b, out, ta, tb, alpha, 0.0);
+            }
+            kernels::matmul(a, b, out, ta, tb, alpha, beta)
+        })
     }
 
     pub unsafe fn softmax(args: &SoftmaxArgs<'_>) -> Result<()> {
@@ -167,6 +192,8 @@ pub mod ops {
                 }
                 UnaryOp::Gelu if is(Bug::GeluErfForm) => bad::gelu_erf(i, o),
                 UnaryOp::Exp if is(Bug::ExpFastApprox) => bad::exp_fast(i, o),
+                UnaryOp::Exp if is(Bug::ExpFlushesSubnormals) && paths::exp_ftz(i, o) => {}
+                UnaryOp::Neg if is(Bug::NegAsZeroMinus) => paths::neg_zero_minus(i, o),
                 UnaryOp::Log if is(Bug::LogZeroNan) => bad::log_zero_nan(i, o),
                 UnaryOp::Sqrt if is(Bug::SqrtNegZero) => bad::sqrt_neg_zero(i, o),
                 UnaryOp::Rsqrt if is(Bug::RsqrtHangsOnLargeTensors) && i.numel() > 65536 => {
@@ -237,6 +264,7 @@ pub mod ops {
         let (dim, keepdim) = (args.dim, args.keepdim);
         run!(op.name(), args => |[i, o]| {
             let handled = match op {
+                ReduceOp::Sum if is(Bug::SumDropsVectorTail) => paths::sum_vector_tail(i, o, dim),
                 ReduceOp::Max if is(Bug::MaxIgnoresNan) => bad::max_ignoring_nan(i, o, dim),
                 ReduceOp::Argmax if is(Bug::ArgmaxLastTie) => bad::argmax_last(i, o, dim),
                 _ => false,
@@ -257,15 +285,46 @@ pub mod ops {
         })
     }
 
-    pub unsafe fn linear(args: &LinearArgs<'_>) -> Result<()> {
-        let edge = |o: &View<'_>| {
+    /// linear's kernel call, with its planted bugs: an output tile never
+    /// written back, a stale pre-packed weight.
+    unsafe fn linear_kernel(
+        i: &View<'_>,
+        w: &View<'_>,
+        b: Option<&View<'_>>,
+        o: &View<'_>,
+    ) -> Result<(), KernelError> {
+        // SAFETY: the views are live (the caller's contract).
+        let saved = unsafe {
             if is(Bug::LinearTileEdge) {
-                // SAFETY: the output view is live.
-                unsafe { bad::linear_tile_edge_save(o) }
+                bad::linear_tile_edge_save(o)
+            } else if is(Bug::LinearRowTileEdge) {
+                paths::linear_row_tile_save(o)
             } else {
                 Vec::new()
             }
         };
+        if is(Bug::LinearWeightCacheByAddress) {
+            // SAFETY: as above.
+            let packed = unsafe { paths::packed_weight(w) };
+            let strides = polychip_plugin_sdk::contiguous_strides(w.shape);
+            let cached = View {
+                ptr: packed.as_ptr().cast_mut(),
+                dtype: w.dtype,
+                shape: w.shape,
+                strides: &strides,
+            };
+            // SAFETY: the packed copy is live for the call and only read.
+            unsafe { kernels::linear(i, &cached, b, o)? };
+        } else {
+            // SAFETY: as above.
+            unsafe { kernels::linear(i, w, b, o)? };
+        }
+        // SAFETY: as above.
+        unsafe { bad::restore(saved) };
+        done()
+    }
+
+    pub unsafe fn linear(args: &LinearArgs<'_>) -> Result<()> {
         match &args.bias {
             Some(bias) => {
                 let operands = [
@@ -277,10 +336,7 @@ pub mod ops {
                 // SAFETY: forwarded contract.
                 unsafe {
                     launch("linear", operands, 1, |[i, w, b, o]| {
-                        let saved = edge(o);
-                        kernels::linear(i, w, Some(b), o)?;
-                        bad::restore(saved);
-                        done()
+                        linear_kernel(i, w, Some(b), o)
                     })
                 }
             }
@@ -293,10 +349,7 @@ pub mod ops {
                 // SAFETY: forwarded contract.
                 unsafe {
                     launch("linear", operands, 1, |[i, w, o]| {
-                        let saved = edge(o);
-                        kernels::linear(i, w, None, o)?;
-                        bad::restore(saved);
-                        done()
+                        linear_kernel(i, w, None, o)
                     })
                 }
             }
@@ -405,7 +458,12 @@ pub mod ops {
     }
 
     pub unsafe fn embedding_backward(args: &EmbeddingBackwardArgs<'_>) -> Result<()> {
-        run!("embedding_backward", args => |[g, i, w]| kernels::embedding_backward(g, i, w))
+        run!("embedding_backward", args => |[g, i, w]| {
+            if is(Bug::EmbeddingBackwardRacyDuplicates) && paths::embedding_backward_racy(g, i, w) {
+                return done();
+            }
+            kernels::embedding_backward(g, i, w)
+        })
     }
 
     pub unsafe fn cross_entropy(args: &CrossEntropyArgs<'_>) -> Result<()> {
@@ -414,6 +472,9 @@ pub mod ops {
             kernels::cross_entropy(l, t, o, ignore)?;
             if is(Bug::CrossEntropyWideNoMaxShift) {
                 bad::cross_entropy_wide(l, t, o, ignore);
+            }
+            if is(Bug::CrossEntropyMeanOverAllRows) {
+                paths::cross_entropy_all_rows(l, t, o, ignore);
             }
             done()
         });
@@ -451,6 +512,12 @@ pub mod ops {
 
     pub unsafe fn scale(args: &ScaleArgs<'_>) -> Result<()> {
         let alpha = args.alpha;
-        run!("scale", args => |[t]| kernels::scale(t, alpha))
+        run!("scale", args => |[t]| {
+            if is(Bug::ScaleAlphaZeroMemset) && alpha == 0.0 {
+                paths::scale_zero_memset(t);
+                return done();
+            }
+            kernels::scale(t, alpha)
+        })
     }
 }

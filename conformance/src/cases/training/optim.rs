@@ -209,8 +209,10 @@ pub(super) fn scale_cases(dtype: DType) -> Vec<Case> {
             Tolerance::EXACT,
         );
     }
+    // alpha 0 is a product too (NaN and infinities give NaN, negative
+    // values -0), not a memset to zero.
     let s = specials(dtype);
-    for alpha in [0.5, -3.0] {
+    for alpha in [0.5, -3.0, 0.0] {
         push(
             format!("special values alpha {alpha}"),
             &[s.len()],

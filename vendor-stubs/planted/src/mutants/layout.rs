@@ -21,9 +21,28 @@ pub fn strides(op: &str, name: &str, shape: &[i64], strides: &mut Vec<i64>) {
             }
         }
         ("relu", "out") if is(Bug::ReluOutputAssumedCompact) => *strides = compact(),
+        // Only positive strides (a permutation, or gaps), so the compact
+        // reads stay inside the operand's memory.
+        ("silu_backward", "grad_out")
+            if is(Bug::SiluBackwardGradOutAsCompact) && strides.iter().all(|&s| s > 0) =>
+        {
+            *strides = compact();
+        }
         // Last dimension contiguous: rows assumed packed.
         ("rms_norm", "input" | "out")
             if is(Bug::RmsNormIgnoresRowStride) && strides.last() == Some(&1) =>
+        {
+            *strides = compact();
+        }
+        // The fast path is taken for rows that are contiguous and padded
+        // (every stride positive, the row stride at least the row's
+        // length), and then indexes them as packed.
+        ("layer_norm", "input")
+            if is(Bug::LayerNormInputRowsAssumedPacked)
+                && strides.last() == Some(&1)
+                && strides.iter().all(|&s| s > 0)
+                && shape.len() >= 2
+                && strides[shape.len() - 2] > shape[shape.len() - 1] =>
         {
             *strides = compact();
         }

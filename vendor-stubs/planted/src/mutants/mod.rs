@@ -7,13 +7,16 @@
 //! (`cli/tests/planted_bugs.rs` proves each one is flagged at its operator).
 //!
 //! The mutations live by kind: [`layout`] (view transforms and writes
-//! outside the output), [`numerics`] (hand-written wrong kernels) and
+//! outside the output), [`numerics`] (hand-written wrong kernels),
+//! [`paths`] (kernels wrong only on a special-cased path: one class of
+//! shapes or of argument values, or a call after an earlier one) and
 //! [`contract`] (raw op-table entries that bypass the SDK).
 
 pub mod contract;
 pub mod elems;
 pub mod layout;
 pub mod numerics;
+pub mod paths;
 
 use std::sync::OnceLock;
 
@@ -38,6 +41,11 @@ pub enum Kind {
     Contract,
     /// A call that never returns.
     Liveness,
+    /// Wrong only for one class of shapes or argument values that a
+    /// kernel special-cases (a fast path).
+    Path,
+    /// Wrong only because of an earlier call (state kept between calls).
+    State,
 }
 
 /// One planted bug.
@@ -84,6 +92,20 @@ pub enum Bug {
     CrossEntropyBackwardStaleError,
     RopeBackwardNoWrite,
     RsqrtHangsOnLargeTensors,
+    SumDropsVectorTail,
+    MatmulGemvIgnoresTransposeB,
+    MatmulRank1IgnoresBeta,
+    LinearRowTileEdge,
+    MulColumnBroadcastAsRow,
+    SiluBackwardGradOutAsCompact,
+    ScaleAlphaZeroMemset,
+    ExpFlushesSubnormals,
+    NegAsZeroMinus,
+    CastF16Saturates,
+    CrossEntropyMeanOverAllRows,
+    EmbeddingBackwardRacyDuplicates,
+    LinearWeightCacheByAddress,
+    LayerNormInputRowsAssumedPacked,
 }
 
 /// A catalog entry.
@@ -241,6 +263,48 @@ catalog! {
     RsqrtHangsOnLargeTensors "rsqrt-hangs-on-large-tensors" "rsqrt" Liveness:
         "a kernel never returns on tensors of more than 65536 elements (a grid-stride loop whose 16-bit counter wraps before it reaches the end)"
         => "the per-case timeout of an isolated run (--case-timeout): the case fails as hung and the suite goes on";
+    SumDropsVectorTail "sum-drops-vector-tail" "sum" Path:
+        "a vectorised row reduction (8 lanes) over a contiguous last dimension drops the remainder when the extent is over 8 and not a multiple of 8"
+        => "reductions over a contiguous last dimension whose extent is not a multiple of the vector width";
+    MatmulGemvIgnoresTransposeB "matmul-gemv-ignores-transpose-b" "matmul" Path:
+        "the GEMV path taken for M = 1 (decoding) reads a packed b as [K, N] whatever transpose_b says"
+        => "matmul with M = 1 and a transposed b (a decoding step against a weight)";
+    MatmulRank1IgnoresBeta "matmul-rank1-ignores-beta" "matmul" Path:
+        "the rank-1 (outer product) path taken for K = 1 overwrites out instead of adding beta * out"
+        => "matmul with K = 1, M and N > 1 and beta != 0";
+    LinearRowTileEdge "linear-row-tile-edge" "linear" Size:
+        "the last partial 128-row tile is not written back when there are more than 128 rows (tokens) and not a multiple of 128"
+        => "realistic sizes: a token count over 128 that is not a multiple of 128";
+    MulColumnBroadcastAsRow "mul-column-broadcast-as-row" "mul" Layout:
+        "the bias-row fast path is chosen when b has as many elements as out has columns, so a broadcast column ([N, 1] against [N, N]) is read as a row"
+        => "a broadcast column with as many elements as the output has columns";
+    SiluBackwardGradOutAsCompact "silu-backward-grad-out-as-compact" "silu_backward" Layout:
+        "the incoming gradient is read as if compact, ignoring its strides (as gradients usually are compact)"
+        => "layouts derived for every input (zero and negative strides on grad_out)";
+    ScaleAlphaZeroMemset "scale-alpha-zero-memset" "scale" EdgeValues:
+        "scale by 0 is a memset to +0 (as optimised BLAS scal does), so NaN and infinities vanish and -0 loses its sign"
+        => "special values scaled by alpha 0";
+    ExpFlushesSubnormals "exp-flushes-subnormals" "exp" EdgeValues:
+        "exp flushes results in the f32 subnormal range (below 2^-126) to zero (flush-to-zero / fast math)"
+        => "exp of inputs whose results are subnormal";
+    NegAsZeroMinus "neg-as-zero-minus" "neg" EdgeValues:
+        "neg is computed as 0 - x, so neg(+0) is +0 instead of -0"
+        => "signed-zero comparison of special values";
+    CastF16Saturates "cast-f16-saturates" "cast" EdgeValues:
+        "conversions to f16 saturate at ±65504 (a satfinite conversion) where the ABI says overflow gives ±inf"
+        => "special values and the overflow tie in cast";
+    CrossEntropyMeanOverAllRows "cross-entropy-mean-over-all-rows" "cross_entropy" Numerics:
+        "the mean divides by every row, ignored ones included (and is 0, not NaN, when all are ignored)"
+        => "rows with ignore_index";
+    EmbeddingBackwardRacyDuplicates "embedding-backward-racy-duplicates" "embedding_backward" Numerics:
+        "a scatter-add without atomics: every occurrence of an index reads the old row, so of repeated indices only the last update lands"
+        => "repeated indices in embedding_backward";
+    LinearWeightCacheByAddress "linear-weight-cache-by-address" "linear" State:
+        "a pre-packed weight cache keyed by the weight's address, shape and strides: a new weight allocated where an old one was is served stale"
+        => "the same call repeated with new input values in the same buffers";
+    LayerNormInputRowsAssumedPacked "layer-norm-input-rows-assumed-packed" "layer_norm" Layout:
+        "contiguous input rows with padding between them (a slice of a fused projection) are read as packed: the row stride is ignored"
+        => "row-slice layouts of inputs (last dim contiguous, padded rows)";
 }
 
 /// A kernel that never returns ([`Bug::RsqrtHangsOnLargeTensors`]): the

@@ -1,0 +1,374 @@
+//! Kernels wrong only on a path a real kernel special-cases: one class of
+//! shapes (a vector remainder, M = 1, K = 1, a partial row tile), one value
+//! of an argument (a broadcast column, alpha 0), one range of results
+//! (subnormals, overflow), repeated indices, or a call that follows an
+//! earlier one (state kept between calls). Each is called by `crate::full`
+//! only when its bug is selected; where it returns `false` (or `None`) the
+//! correct `ferrite-kernels` kernel runs.
+//!
+//! # Safety
+//! Every function here takes views that address live host memory of their
+//! dtype, as the SDK checked them.
+#![allow(clippy::missing_safety_doc)]
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use ferrite_kernels::{DType, View};
+
+use super::elems::{addresses, load, load_int, map, round, rows, store};
+
+/// The lanes of the vectorised reduction.
+const LANES: usize = 8;
+
+/// sum over a contiguous last dimension of more than 8 elements, not a
+/// multiple of 8, without the remainder. Returns false (not handled) for
+/// every other reduction.
+pub unsafe fn sum_vector_tail(input: &View<'_>, out: &View<'_>, dim: usize) -> bool {
+    let Some(last) = input.shape.len().checked_sub(1) else {
+        return false;
+    };
+    let n = input.shape[last] as usize;
+    if dim != last || input.strides[last] != 1 || n <= LANES || n % LANES == 0 {
+        return false;
+    }
+    let kept = n / LANES * LANES;
+    for (row, o) in rows(input).iter().zip(addresses(out)) {
+        // SAFETY: addresses of live elements.
+        unsafe {
+            let s: f64 = row[..kept].iter().map(|&p| load(input.dtype, p)).sum();
+            store(out.dtype, o, s);
+        }
+    }
+    true
+}
+
+/// The shape and strides with which the GEMV path reads a packed
+/// `[..., N, K]` operand `b` (rows of `K` contiguous elements): as
+/// `[..., K, N]` row-major over the same memory, as if it were not
+/// transposed. `None` when `b` is not packed that way.
+pub fn gemv_misread(b: &View<'_>) -> Option<(Vec<i64>, Vec<i64>)> {
+    let r = b.shape.len();
+    if r < 2 {
+        return None;
+    }
+    let (n, k) = (b.shape[r - 2], b.shape[r - 1]);
+    if n < 2 || k < 2 || b.strides[r - 1] != 1 || b.strides[r - 2] != k {
+        return None;
+    }
+    let mut shape = b.shape.to_vec();
+    shape.swap(r - 2, r - 1);
+    let mut strides = b.strides.to_vec();
+    strides[r - 2] = n;
+    strides[r - 1] = 1;
+    Some((shape, strides))
+}
+
+/// Saves the rows of the last partial 128-row tile of `out` (more than 128
+/// rows, not a multiple of 128) so they can be put back after the kernel
+/// ("never written back"; see `numerics::restore`).
+pub unsafe fn linear_row_tile_save(out: &View<'_>) -> Vec<(*mut u8, Vec<u8>)> {
+    const TILE: usize = 128;
+    let all = rows(out);
+    if all.len() <= TILE || all.len() % TILE == 0 {
+        return Vec::new();
+    }
+    let size = out.dtype.size();
+    all[all.len() / TILE * TILE..]
+        .iter()
+        .flatten()
+        // SAFETY: addresses of live elements.
+        .map(|&p| (p, unsafe { std::slice::from_raw_parts(p, size) }.to_vec()))
+        .collect()
+}
+
+/// The strides with which the bias-row fast path reads `b` when it has as
+/// many elements as `out` has columns but they lie along another
+/// dimension (a column `[N, 1]` against `[N, N]`): as a row broadcast over
+/// every row of `out`. `None` when the fast path would be right (or is
+/// not taken).
+pub fn column_as_row(b: &View<'_>, out: &View<'_>) -> Option<Vec<i64>> {
+    let n = *out.shape.last()?;
+    if out.shape.len() < 2 || n < 2 || b.numel() != n as usize {
+        return None;
+    }
+    let along: Vec<usize> = (0..b.shape.len()).filter(|&d| b.shape[d] > 1).collect();
+    let &[d] = along.as_slice() else {
+        return None;
+    };
+    if d + 1 == b.shape.len() {
+        return None;
+    }
+    let mut strides = vec![0; out.shape.len()];
+    *strides.last_mut()? = b.strides[d];
+    Some(strides)
+}
+
+/// scale by 0 as a memset to +0.
+pub unsafe fn scale_zero_memset(tensor: &View<'_>) {
+    for p in addresses(tensor) {
+        // SAFETY: addresses of live elements.
+        unsafe { store(tensor.dtype, p, 0.0) };
+    }
+}
+
+/// exp with results below the smallest normal f32 flushed to +0. Returns
+/// false for f64 (computed in f64, no f32 flush).
+pub unsafe fn exp_ftz(input: &View<'_>, out: &View<'_>) -> bool {
+    if out.dtype == DType::F64 {
+        return false;
+    }
+    let normal = f64::from(f32::MIN_POSITIVE);
+    // SAFETY: forwarded.
+    unsafe {
+        map(input, out, round, |x| {
+            let r = x.exp();
+            if r < normal { 0.0 } else { r }
+        })
+    };
+    true
+}
+
+/// neg as `0 - x`.
+pub unsafe fn neg_zero_minus(input: &View<'_>, out: &View<'_>) {
+    // SAFETY: forwarded.
+    unsafe { map(input, out, round, |x| 0.0 - x) };
+}
+
+/// Floating conversions to f16 that saturate at ±65504. Returns false for
+/// other casts.
+pub unsafe fn cast_f16_saturating(src: &View<'_>, dst: &View<'_>) -> bool {
+    let float = matches!(
+        src.dtype,
+        DType::F32 | DType::F64 | DType::BF16 | DType::F16
+    );
+    if dst.dtype != DType::F16 || !float {
+        return false;
+    }
+    // SAFETY: forwarded.
+    unsafe {
+        map(src, dst, round, |x| {
+            if x.is_finite() && round(DType::F16, x).is_infinite() {
+                65504f64.copysign(x)
+            } else {
+                x
+            }
+        })
+    };
+    true
+}
+
+/// The mean cross-entropy over every row, ignored ones included, written
+/// over the correct kernel's loss (which has already refused bad targets).
+pub unsafe fn cross_entropy_all_rows(
+    logits: &View<'_>,
+    targets: &View<'_>,
+    loss: &View<'_>,
+    ignore_index: i64,
+) {
+    let t = addresses(targets);
+    let mut total = 0.0f64;
+    for (row, &tp) in rows(logits).iter().zip(&t) {
+        // SAFETY: addresses of live elements.
+        unsafe {
+            let target = load_int(targets.dtype, tp);
+            if target == ignore_index || target < 0 || target as usize >= row.len() {
+                continue;
+            }
+            let x: Vec<f64> = row.iter().map(|&p| load(logits.dtype, p)).collect();
+            let max = x.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            let lse = max + x.iter().map(|v| (v - max).exp()).sum::<f64>().ln();
+            total += lse - x[target as usize];
+        }
+    }
+    // Planted: divided by every row, counted or not.
+    // SAFETY: the loss is a live scalar.
+    unsafe { store(loss.dtype, loss.ptr, total / t.len() as f64) };
+}
+
+/// embedding_backward as a scatter-add without atomics: every occurrence
+/// of an index reads the row as it was before the call, so of repeated
+/// indices only the last update lands. Returns false (not handled) when an
+/// index is out of range (the correct kernel refuses it) or rows are empty.
+pub unsafe fn embedding_backward_racy(
+    grad_out: &View<'_>,
+    indices: &View<'_>,
+    grad_weight: &View<'_>,
+) -> bool {
+    let (vocab, h) = (grad_weight.shape[0], grad_weight.shape[1] as usize);
+    // SAFETY: addresses of live elements.
+    let ids: Vec<i64> = addresses(indices)
+        .into_iter()
+        .map(|p| unsafe { load_int(indices.dtype, p) })
+        .collect();
+    if h == 0 || ids.iter().any(|&i| i < 0 || i >= vocab) {
+        return false;
+    }
+    let (w, g) = (rows(grad_weight), rows(grad_out));
+    // The row of each occurrence as it was before the call.
+    let old: Vec<Vec<f64>> = ids
+        .iter()
+        .map(|&i| {
+            w[i as usize]
+                .iter()
+                // SAFETY: addresses of live elements.
+                .map(|&p| unsafe { load(grad_weight.dtype, p) })
+                .collect()
+        })
+        .collect();
+    for (k, &i) in ids.iter().enumerate() {
+        for j in 0..h {
+            // SAFETY: addresses of live elements.
+            unsafe {
+                let v = old[k][j] + load(grad_out.dtype, g[k][j]);
+                store(grad_weight.dtype, w[i as usize][j], v);
+            }
+        }
+    }
+    true
+}
+
+/// Pre-packed (compact) weights, keyed by address, dtype, shape and
+/// strides, as a vendor library caches them between calls.
+static PACKED: Mutex<Option<HashMap<String, Vec<u8>>>> = Mutex::new(None);
+
+/// The compact bytes of `weight`, from the cache when a weight of the same
+/// address, dtype, shape and strides was packed before (whatever its
+/// values are now).
+pub unsafe fn packed_weight(weight: &View<'_>) -> Vec<u8> {
+    let key = format!(
+        "{:p} {:?} {:?} {:?}",
+        weight.ptr, weight.dtype, weight.shape, weight.strides
+    );
+    let mut cache = PACKED.lock().unwrap_or_else(|e| e.into_inner());
+    let size = weight.dtype.size();
+    cache
+        .get_or_insert_with(HashMap::new)
+        .entry(key)
+        .or_insert_with(|| {
+            addresses(weight)
+                .into_iter()
+                // SAFETY: addresses of live elements.
+                .flat_map(|p| unsafe { std::slice::from_raw_parts(p, size) }.to_vec())
+                .collect()
+        })
+        .clone()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn view<'a>(data: &'a mut [f32], shape: &'a [i64], strides: &'a [i64]) -> View<'a> {
+        View::new(data.as_mut_ptr().cast(), DType::F32, shape, strides)
+    }
+
+    #[test]
+    fn the_vector_tail_is_dropped_only_past_the_lane_count() {
+        let mut x: Vec<f32> = (1..=2 * 11).map(|v| v as f32).collect();
+        let mut o = [0.0f32; 2];
+        let (shape, strides) = ([2i64, 11], [11i64, 1]);
+        let (oshape, ostrides) = ([2i64], [1i64]);
+        // SAFETY: live local buffers.
+        assert!(unsafe {
+            sum_vector_tail(
+                &view(&mut x, &shape, &strides),
+                &view(&mut o, &oshape, &ostrides),
+                1,
+            )
+        });
+        assert_eq!(o, [36.0, 11.0 * 8.0 + 36.0]);
+        let mut x = [1.0f32; 16];
+        let (shape, strides) = ([2i64, 8], [8i64, 1]);
+        // SAFETY: live local buffers.
+        assert!(!unsafe {
+            sum_vector_tail(
+                &view(&mut x, &shape, &strides),
+                &view(&mut o, &oshape, &ostrides),
+                1,
+            )
+        });
+    }
+
+    #[test]
+    fn the_fast_paths_misread_only_their_own_shapes() {
+        let mut b = [0.0f32; 12];
+        let v = view(&mut b, &[3, 4], &[4, 1]);
+        assert_eq!(gemv_misread(&v), Some((vec![4, 3], vec![3, 1])));
+        let mut b = [0.0f32; 12];
+        assert_eq!(gemv_misread(&view(&mut b, &[3, 4], &[1, 3])), None);
+
+        let mut out = [0.0f32; 16];
+        let o = view(&mut out, &[4, 4], &[4, 1]);
+        let mut col = [0.0f32; 4];
+        assert_eq!(
+            column_as_row(&view(&mut col, &[4, 1], &[1, 1]), &o),
+            Some(vec![0, 1])
+        );
+        assert_eq!(column_as_row(&view(&mut col, &[4], &[1]), &o), None);
+        assert_eq!(column_as_row(&view(&mut col, &[1, 4], &[4, 1]), &o), None);
+    }
+
+    #[test]
+    fn edge_value_mutants_differ_where_their_bug_says() {
+        let mut x = [-100.0f32, 0.0, 1.0];
+        let mut o = [1.0f32; 3];
+        let (shape, strides) = ([3i64], [1i64]);
+        // SAFETY: live local buffers.
+        assert!(unsafe {
+            exp_ftz(
+                &view(&mut x, &shape, &strides),
+                &view(&mut o, &shape, &strides),
+            )
+        });
+        assert_eq!(o[0], 0.0);
+        assert!(((-100f32).exp()) > 0.0);
+        assert_eq!(o[1], 1.0);
+
+        let mut x = [0.0f32, -0.0, 2.0];
+        // SAFETY: live local buffers.
+        unsafe {
+            neg_zero_minus(
+                &view(&mut x, &shape, &strides),
+                &view(&mut o, &shape, &strides),
+            )
+        };
+        assert!(o[0].is_sign_positive() && o[1].is_sign_positive() && o[2] == -2.0);
+
+        let mut x = [1e6f32, -1e6, f32::INFINITY];
+        let mut h = [half::f16::ZERO; 3];
+        let hv = View::new(h.as_mut_ptr().cast(), DType::F16, &shape, &strides);
+        // SAFETY: live local buffers.
+        assert!(unsafe { cast_f16_saturating(&view(&mut x, &shape, &strides), &hv) });
+        assert_eq!(h.map(half::f16::to_f64), [65504.0, -65504.0, f64::INFINITY]);
+    }
+
+    #[test]
+    fn racy_scatter_keeps_only_the_last_update_of_a_repeated_index() {
+        let mut w = [1.0f32; 4];
+        let mut g = [10.0f32, 20.0, 30.0, 40.0, 50.0, 60.0];
+        let mut idx = [1i64, 0, 1];
+        let (ws, wst) = ([2i64, 2], [2i64, 1]);
+        let (gs, gst) = ([3i64, 2], [2i64, 1]);
+        let (is, ist) = ([3i64], [1i64]);
+        let iv = View::new(idx.as_mut_ptr().cast(), DType::I64, &is, &ist);
+        // SAFETY: live local buffers.
+        assert!(unsafe {
+            embedding_backward_racy(&view(&mut g, &gs, &gst), &iv, &view(&mut w, &ws, &wst))
+        });
+        assert_eq!(w, [31.0, 41.0, 51.0, 61.0]);
+    }
+
+    #[test]
+    fn the_packed_weight_cache_serves_stale_values_at_the_same_address() {
+        let mut w = [1.0f32, 2.0];
+        let (shape, strides) = ([1i64, 2], [2i64, 1]);
+        // SAFETY: a live local buffer.
+        let first = unsafe { packed_weight(&view(&mut w, &shape, &strides)) };
+        w[0] = 5.0;
+        // SAFETY: as above.
+        let second = unsafe { packed_weight(&view(&mut w, &shape, &strides)) };
+        assert_eq!(first, second);
+        assert_eq!(second[..4], 1.0f32.to_ne_bytes());
+    }
+}
