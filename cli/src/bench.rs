@@ -40,7 +40,8 @@ struct CommArgs {
     #[arg(long, value_name = "LIST", default_value = "all")]
     ops: String,
     /// Buffer sizes, comma-separated, in bytes or with K, M, G (default
-    /// 4K,64K,1M,16M,64M).
+    /// 4K,64K,1M,16M,64M): each a whole number of elements, at most 1G (a
+    /// rank allocates a send and a receive buffer of the size).
     #[arg(long, value_name = "LIST")]
     sizes: Option<String>,
     /// The transport: shm (one machine), tcp, verbs (RDMA) or auto (shm when
@@ -54,7 +55,8 @@ struct CommArgs {
     /// `POLYCHIP_BENCH_RANKS`, else 2).
     #[arg(short = 'n', long = "nproc", value_name = "N")]
     nproc: Option<usize>,
-    /// Timed iterations per row (default about 2e9 / bytes, 20..=20000).
+    /// Timed iterations per row, 1 to 100000 (default about 2e9 / bytes,
+    /// 20..=20000).
     #[arg(long, value_name = "N")]
     iters: Option<usize>,
     /// Where rank 0 writes the table instead of stdout (used when this
@@ -96,28 +98,66 @@ fn options(args: &CommArgs) -> polychip_comm::Result<BenchOptions> {
     Ok(options)
 }
 
-fn transport_kind(args: &CommArgs) -> polychip_comm::Result<String> {
-    let kind = args
-        .transport
-        .clone()
-        .or_else(|| std::env::var("POLYCHIP_TRANSPORT").ok())
-        .unwrap_or_else(|| "auto".into())
-        .trim()
-        .to_ascii_lowercase();
+/// The transport asked for, and what asked: the `--transport` flag, else
+/// `POLYCHIP_TRANSPORT`, else `auto` (named as the variable).
+fn transport_kind(args: &CommArgs) -> polychip_comm::Result<(String, &'static str)> {
+    let (value, by) = match (&args.transport, std::env::var(bootstrap::TRANSPORT_ENV)) {
+        (Some(flag), _) => (flag.clone(), "--transport"),
+        (None, Ok(env)) => (env, bootstrap::TRANSPORT_ENV),
+        (None, Err(_)) => ("auto".into(), bootstrap::TRANSPORT_ENV),
+    };
+    let kind = value.trim().to_ascii_lowercase();
     match kind.as_str() {
-        "shm" | "tcp" | "verbs" | "auto" => Ok(kind),
-        _ => Err(CommError::Usage(format!(
-            "unknown transport {kind:?}: expected shm, tcp, verbs or auto"
-        ))),
+        "shm" | "tcp" | "verbs" | "auto" => Ok((kind, by)),
+        _ => Err(CommError::Usage(match by {
+            "--transport" => {
+                format!(
+                    "--transport {value:?} is not a transport: expected shm, tcp, verbs or auto"
+                )
+            }
+            _ => format!("{by}={value:?} is not a transport: expected shm, tcp, verbs or auto"),
+        })),
     }
+}
+
+/// The largest amount of memory the ranks' buffers would take (two
+/// buffers of the largest size per rank), refused when it is more than
+/// the machine has available (`MemAvailable` of /proc/meminfo, where
+/// readable), so that a job is not killed for memory half-way.
+fn check_memory(options: &BenchOptions, nproc: usize) -> polychip_comm::Result<()> {
+    let Some(&largest) = options.sizes.iter().max() else {
+        return Ok(());
+    };
+    let need = (largest as u128) * 2 * nproc as u128;
+    let Some(available) = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            let line = m.lines().find(|l| l.starts_with("MemAvailable:"))?;
+            line.split_whitespace().nth(1)?.parse::<u128>().ok()
+        })
+        .map(|kib| kib * 1024)
+    else {
+        return Ok(());
+    };
+    if need > available {
+        let gib = |b: u128| b as f64 / f64::from(1u32 << 30);
+        return Err(CommError::Usage(format!(
+            "--sizes {largest} with -n {nproc}: the ranks need {:.1} GiB (a send and a receive \
+             buffer of {largest} bytes each) but this machine has {:.1} GiB available; give \
+             smaller sizes or fewer ranks",
+            gib(need),
+            gib(available)
+        )));
+    }
+    Ok(())
 }
 
 /// Starts this command again as the ranks of a local job and prints the
 /// table rank 0 leaves in a file.
 fn relaunch(args: &CommArgs) -> polychip_comm::Result<ExitCode> {
     // Check the options here, so that mistakes are reported once.
-    options(args)?;
-    let kind = transport_kind(args)?;
+    let checked = options(args)?;
+    let (kind, _) = transport_kind(args)?;
     let nproc = match args.nproc {
         Some(n) => n,
         None => match std::env::var("POLYCHIP_BENCH_RANKS") {
@@ -127,6 +167,8 @@ fn relaunch(args: &CommArgs) -> polychip_comm::Result<ExitCode> {
             Err(_) => 2,
         },
     };
+    checked.check(nproc)?;
+    check_memory(&checked, nproc)?;
     let exe = std::env::current_exe().map_err(|e| CommError::Io {
         rank: 0,
         op: "bench".into(),
@@ -150,6 +192,9 @@ fn relaunch(args: &CommArgs) -> polychip_comm::Result<ExitCode> {
     let printed = print_table(&table);
     let _ = std::fs::remove_file(&table);
     let outcome = outcome?;
+    if outcome.stdout_closed {
+        return Ok(crate::closed_pipe_exit());
+    }
     if !outcome.success() {
         eprintln!("polychip bench comm: {}", outcome.description);
         let code = u8::try_from(outcome.exit_code)
@@ -175,11 +220,15 @@ fn print_table(path: &Path) -> std::io::Result<()> {
 /// One rank of the job: connect, time, and (rank 0) report.
 fn rank(args: &CommArgs) -> polychip_comm::Result<ExitCode> {
     let options = options(args)?;
+    let info = polychip_comm::env::from_env()?;
+    options.check(info.world_size)?;
     let mut init = InitOptions::from_env()?;
     if args.transport.is_some() {
-        init.transport = TransportKind::parse(&transport_kind(args)?)?;
+        let (kind, by) = transport_kind(args)?;
+        init.transport = TransportKind::parse(&kind)?;
+        init.requested_by = by.into();
     }
-    let mut job = bootstrap::init_with(polychip_comm::env::from_env()?, init)?;
+    let mut job = bootstrap::init_with(info, init)?;
     let (rank, world) = (job.info().rank, job.info().world_size);
     let transport = job.transport_choice().0.name();
     let rows = bench::run(&mut job, &options)?;

@@ -133,6 +133,25 @@ pub fn run(args: &Args) -> ExitCode {
     if args.worker {
         return worker(args, &units, &waivers);
     }
+    // The reports' files, before the suite runs, not after it.
+    let reports_to = [
+        ("--json", args.json.as_deref()),
+        ("--junit", args.junit.as_deref()),
+    ];
+    for (flag, path) in reports_to {
+        if let Some(p) = path
+            && let Err(e) = crate::outputs::check_file(flag, p)
+        {
+            return usage(e);
+        }
+    }
+    let inputs = [
+        ("--waivers", args.waivers.as_deref()),
+        ("--plugin", args.plugin.as_deref()),
+    ];
+    if let Err(e) = crate::outputs::check_distinct(&inputs, &reports_to) {
+        return usage(e);
+    }
     let mut load_failed = false;
     let plugins = match &args.plugin {
         Some(p) => vec![p.clone()],
@@ -173,11 +192,9 @@ pub fn run(args: &Args) -> ExitCode {
         } else {
             serde_json::to_string_pretty(&reports)
         };
-        if let Err(e) = std::fs::write(path, doc.expect("reports serialize")) {
-            return usage(format!(
-                "{}: cannot write the JSON report: {e}",
-                path.display()
-            ));
+        let doc = doc.expect("reports serialize");
+        if let Err(e) = crate::outputs::write("--json", path, doc.as_bytes()) {
+            return usage(e);
         }
     }
     if let Some(path) = &args.junit {
@@ -186,11 +203,8 @@ pub fn run(args: &Args) -> ExitCode {
             .zip(&all_results)
             .map(|(r, res)| r.junit(res))
             .collect();
-        if let Err(e) = std::fs::write(path, xml) {
-            return usage(format!(
-                "{}: cannot write the JUnit report: {e}",
-                path.display()
-            ));
+        if let Err(e) = crate::outputs::write("--junit", path, xml.as_bytes()) {
+            return usage(e);
         }
     }
     if !load_failed && reports.iter().all(Report::ok) {

@@ -29,6 +29,7 @@ pub fn run(args: &Args) -> ExitCode {
     opts.devices = args.devices.clone();
     match launch(&opts) {
         Ok(outcome) if outcome.success() => ExitCode::SUCCESS,
+        Ok(outcome) if outcome.stdout_closed => crate::closed_pipe_exit(),
         Ok(outcome) => {
             eprintln!("polychip launch: {}", outcome.description);
             let code = u8::try_from(outcome.exit_code)

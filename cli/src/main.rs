@@ -10,11 +10,13 @@ mod checkpoint;
 mod conform;
 mod devices;
 mod launch;
+mod outputs;
 mod plan;
 mod profile;
 mod profile_ranks;
 mod train;
 
+use std::io::Write as _;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
@@ -71,9 +73,10 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    install_stdout_hook();
     env_logger::Builder::from_env(env_logger::Env::new().filter_or("POLYCHIP_LOG", "warn")).init();
     let cli = Cli::parse();
-    match cli.command {
+    let code = match cli.command {
         Command::Devices(args) => devices::run(&args),
         Command::Conform(args) => conform::run(&args),
         Command::Launch(args) => launch::run(&args),
@@ -83,5 +86,78 @@ fn main() -> ExitCode {
         Command::ProfileWorker => profile_ranks::worker(),
         Command::Train(args) => train::run(&args),
         Command::Checkpoint(args) => checkpoint::run(&args),
+    };
+    // What is still buffered (a last line without a newline) is written
+    // now, so that a failure is reported rather than lost at exit.
+    if let Err(e) = std::io::stdout().flush() {
+        stdout_failed(&e);
     }
+    code
+}
+
+/// The exit code when standard output is closed under the program (`EPIPE`,
+/// as with `polychip ... | head`): what a shell reports for a Unix tool
+/// that SIGPIPE ended, so `set -o pipefail` scripts see the same.
+const CLOSED_PIPE_CODE: u8 = 141;
+
+/// Ends quietly with [`CLOSED_PIPE_CODE`] (a launcher whose output was
+/// closed, after stopping its ranks).
+pub(crate) fn closed_pipe_exit() -> ExitCode {
+    ExitCode::from(CLOSED_PIPE_CODE)
+}
+
+/// Ends the program for a failed write to standard output: quietly for a
+/// closed pipe, else (a full disk, an I/O error) with one line on stderr
+/// and exit code 1.
+fn stdout_failed(e: &std::io::Error) -> ! {
+    if e.kind() == std::io::ErrorKind::BrokenPipe {
+        std::process::exit(i32::from(CLOSED_PIPE_CODE));
+    }
+    eprintln!("polychip: cannot write to standard output: {e}");
+    std::process::exit(1)
+}
+
+/// Makes a failed write to standard output end the program cleanly, in
+/// every subcommand. Why a panic hook: every subcommand, and libraries
+/// under them (the trainer's step log), write with `print!`/`println!`,
+/// which panic when the write fails; wrapping each call would miss some.
+/// Rust starts programs with SIGPIPE ignored, so such writes fail with
+/// `EPIPE` instead of killing the process; that must stay so process-wide:
+/// the comm layer writes to sockets (the rendezvous store with plain
+/// `write_all`) and must get `EPIPE` there as an error, not die of it. The
+/// hook recognises std's panic message `failed printing to stdout:
+/// {error}` (checked by cli/tests/input_limits.rs, so a change in std is
+/// caught) and exits from the panicking thread, whichever it is, without
+/// unwinding: unwinding a rank's job would wait on its peers. Output is
+/// written at step boundaries, after a checkpoint's atomic commit, so
+/// nothing is left half-written. Launched ranks' output goes through the
+/// launcher, which stops the ranks when its own stdout fails
+/// ([`polychip_comm::launch`]). Other panics go to the default hook.
+fn install_stdout_hook() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let payload = info.payload();
+        let message = payload
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| payload.downcast_ref::<&str>().copied());
+        if let Some(e) = message.and_then(stdout_error) {
+            stdout_failed(&e);
+        }
+        default(info);
+    }));
+}
+
+/// The error in std's `failed printing to stdout: {error}` panic message:
+/// the OS error of its `(os error N)`, else the text.
+fn stdout_error(message: &str) -> Option<std::io::Error> {
+    let detail = message.strip_prefix("failed printing to stdout: ")?;
+    let code = detail
+        .rsplit_once("(os error ")
+        .and_then(|(_, rest)| rest.strip_suffix(')'))
+        .and_then(|n| n.parse::<i32>().ok());
+    Some(match code {
+        Some(c) => std::io::Error::from_raw_os_error(c),
+        None => std::io::Error::other(detail.to_string()),
+    })
 }

@@ -91,7 +91,7 @@ fn load_cluster(path: &Path) -> Result<ClusterSpec, String> {
     if path.extension().is_some_and(|e| e == "json") {
         let text = read_text_file(path, MAX_TEXT_FILE)
             .map_err(|e| format!("could not read {}: {e}", path.display()))?;
-        let json: serde_json::Value = serde_json::from_str(&text)
+        let json: serde_json::Value = polychip_files::parse_json_value(&text)
             .map_err(|e| format!("{} is not JSON: {e}", path.display()))?;
         return ClusterSpec::from_devices_json(&json)
             .map_err(|e| format!("{}: {e}", path.display()));
@@ -124,7 +124,16 @@ fn plan(args: &Args) -> Result<(), String> {
     let model = load_model(&args.model)?;
     if let Some(trace) = &args.trace {
         // Before searching, not after.
-        crate::train::check_output_file("--trace", trace).map_err(|e| e.to_string())?;
+        crate::outputs::check_file("--trace", trace)?;
+        crate::outputs::check_distinct(
+            &[
+                ("--cluster", Some(&args.cluster)),
+                ("--model", crate::outputs::file_arg(&args.model)),
+                ("--evaluate", args.evaluate.as_deref()),
+                ("--profile", args.profile.as_deref()),
+            ],
+            &[("--trace", Some(trace))],
+        )?;
     }
     let max = polychip_planner::settings::MAX_GLOBAL_BATCH;
     if args.global_batch > max {
@@ -176,9 +185,13 @@ fn plan(args: &Args) -> Result<(), String> {
         let ev =
             evaluate::evaluate(&spec, &model, &cluster, &settings).map_err(|e| e.to_string())?;
         if let Some(trace) = &args.trace {
-            let text = serde_json::to_string(&ev.plan.chrome_trace()).map_err(|e| e.to_string())?;
-            std::fs::write(trace, text)
-                .map_err(|e| format!("could not write {}: {e}", trace.display()))?;
+            let text = serde_json::to_string(
+                &ev.plan
+                    .chrome_trace()
+                    .map_err(|e| format!("--trace: {e}"))?,
+            )
+            .map_err(|e| e.to_string())?;
+            crate::outputs::write("--trace", trace, text.as_bytes())?;
         }
         if args.json {
             println!(
@@ -196,9 +209,14 @@ fn plan(args: &Args) -> Result<(), String> {
     };
     let report = search::plan(&model, &cluster, &settings, &options).map_err(|e| e.to_string())?;
     if let Some(trace) = &args.trace {
-        let text = serde_json::to_string(&report.plan.chrome_trace()).map_err(|e| e.to_string())?;
-        std::fs::write(trace, text)
-            .map_err(|e| format!("could not write {}: {e}", trace.display()))?;
+        let text = serde_json::to_string(
+            &report
+                .plan
+                .chrome_trace()
+                .map_err(|e| format!("--trace: {e}"))?,
+        )
+        .map_err(|e| e.to_string())?;
+        crate::outputs::write("--trace", trace, text.as_bytes())?;
     }
     if args.json {
         let text = serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?;

@@ -61,7 +61,11 @@ pub fn run(args: &Args) -> ExitCode {
 }
 
 fn profile(args: &Args) -> Result<(), String> {
-    crate::train::check_output_file("--out", &args.out).map_err(|e| e.to_string())?;
+    crate::outputs::check_file("--out", &args.out)?;
+    crate::outputs::check_distinct(
+        &[("--model", crate::outputs::file_arg(&args.model))],
+        &[("--out", Some(&args.out))],
+    )?;
     let mut cfg = ModelConfig::from_arg(&args.model).map_err(|e| e.to_string())?;
     if let Some(s) = args.seq_len {
         cfg.seq_len = s;
@@ -124,8 +128,7 @@ fn profile(args: &Args) -> Result<(), String> {
         );
     }
     let text = serde_json::to_string_pretty(&file).map_err(|e| e.to_string())?;
-    polychip_train::checkpoint::write_atomic(&args.out, text.as_bytes())
-        .map_err(|e| e.to_string())?;
+    crate::outputs::write("--out", &args.out, text.as_bytes())?;
     eprintln!("profile: {}", args.out.display());
     Ok(())
 }

@@ -668,6 +668,7 @@ fn schedule(args: &Args, plan: &TrainPlan) -> PipelineSchedule {
 }
 
 fn train(args: &Args) -> Result<ExitCode, TrainError> {
+    check_distinct_files(args)?;
     if let Some(out) = &args.export_hf {
         // Refuse before training, not after.
         hf::check_new_dir(out)?;
@@ -757,7 +758,7 @@ fn train(args: &Args) -> Result<ExitCode, TrainError> {
     }
     if let Some(path) = &args.save_plan {
         let text = serde_json::to_string_pretty(&plan).expect("a plan serializes");
-        std::fs::write(path, text).map_err(|e| TrainError::io(path, e))?;
+        crate::outputs::write("--save-plan", path, text.as_bytes()).map_err(TrainError::Config)?;
         println!("plan written to {}: {}", path.display(), plan.describe());
         return Ok(ExitCode::SUCCESS);
     }
@@ -935,105 +936,46 @@ fn copies(args: &Args) -> usize {
     args.copies.unwrap_or(1)
 }
 
-/// Checks that `path` can be written as the output file of `flag` without
-/// changing it: an existing regular file is opened for writing (not
-/// truncated); a new one is created and removed again. A directory, a FIFO
-/// or a device is refused (writing to a FIFO blocks).
-pub(crate) fn check_output_file(flag: &str, path: &Path) -> Result<(), TrainError> {
-    let fail = |m: String| {
-        Err(TrainError::Config(format!(
-            "{flag} {}: {m}",
-            path.display()
-        )))
-    };
-    match std::fs::metadata(path) {
-        Ok(meta) if meta.is_dir() => fail("is a directory; give a file name".into()),
-        Ok(meta) if !meta.is_file() => fail("is not a regular file".into()),
-        Ok(_) => match std::fs::OpenOptions::new().write(true).open(path) {
-            Ok(_) => Ok(()),
-            Err(e) => fail(format!("cannot be written: {e}")),
-        },
-        Err(e) if is_missing(&e) => {
-            match std::fs::OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .open(path)
-            {
-                Ok(_) => std::fs::remove_file(path)
-                    .or_else(|e| fail(format!("cannot remove the probe file: {e}"))),
-                // Created meanwhile by someone else: it exists, which is fine.
-                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
-                Err(e) => fail(format!("cannot be created: {e}")),
-            }
-        }
-        Err(e) => fail(format!("cannot be reached: {e}")),
+/// Refuses an output that is one of the run's input files, or another of
+/// its outputs (`--log-json` over the corpus, `--trace` and `--log-json`
+/// at one path, `--export-hf` into the checkpoint directory), before
+/// anything runs. (`--resume` from the checkpoint directory it saves into
+/// is how a run goes on, and stays allowed.)
+fn check_distinct_files(args: &Args) -> Result<(), TrainError> {
+    fn file(a: &Option<String>) -> Option<&Path> {
+        a.as_deref().and_then(crate::outputs::file_arg)
     }
-}
-
-/// Whether a path lookup failed because the path, or a directory on it,
-/// does not exist.
-fn is_missing(e: &std::io::Error) -> bool {
-    matches!(
-        e.kind(),
-        std::io::ErrorKind::NotFound | std::io::ErrorKind::NotADirectory
+    let sim = args.trace.as_ref().map(|p| p.with_extension("sim.json"));
+    crate::outputs::check_distinct(
+        &[
+            ("--config", args.config.as_deref()),
+            ("--model", file(&args.model)),
+            ("--plan", file(&args.plan)),
+            ("--corpus", args.corpus.as_deref()),
+            ("--profile", args.profile.as_deref()),
+            ("--init-from", args.init_from.as_deref()),
+        ],
+        &[
+            ("--trace", args.trace.as_deref()),
+            ("--trace (its simulated step)", sim.as_deref()),
+            ("--log-json", args.log_json.as_deref()),
+            ("--save-plan", args.save_plan.as_deref()),
+            ("--save-profile", args.save_profile.as_deref()),
+            ("--checkpoint-dir", args.checkpoint_dir.as_deref()),
+            ("--export-hf", args.export_hf.as_deref()),
+        ],
     )
+    .map_err(TrainError::Config)
 }
 
-/// Checks that `dir` is, or can be made, a writable directory for `flag`:
-/// its nearest existing ancestor (itself when it exists) must be a
-/// directory in which a file can be created; the probe file is removed and
-/// nothing is created in its place.
+/// [`crate::outputs::check_file`], as a configuration error.
+pub(crate) fn check_output_file(flag: &str, path: &Path) -> Result<(), TrainError> {
+    crate::outputs::check_file(flag, path).map_err(TrainError::Config)
+}
+
+/// [`crate::outputs::check_dir`], as a configuration error.
 fn check_output_dir(flag: &str, dir: &Path) -> Result<(), TrainError> {
-    let fail = |m: String| Err(TrainError::Config(format!("{flag} {}: {m}", dir.display())));
-    let mut existing = dir.to_path_buf();
-    loop {
-        match std::fs::metadata(&existing) {
-            Ok(meta) if meta.is_dir() => break,
-            Ok(_) if existing == dir => return fail("exists and is not a directory".into()),
-            Ok(_) => {
-                return fail(format!(
-                    "{} is not a directory, so it cannot be created",
-                    existing.display()
-                ));
-            }
-            Err(e) if is_missing(&e) => {}
-            Err(e) => return fail(format!("{} cannot be reached: {e}", existing.display())),
-        }
-        match existing.parent() {
-            Some(p) if !p.as_os_str().is_empty() => existing = p.to_path_buf(),
-            _ => {
-                existing = PathBuf::from(".");
-                if std::fs::metadata(&existing).is_ok_and(|m| m.is_dir()) {
-                    break;
-                }
-                return fail("the current directory cannot be reached".into());
-            }
-        }
-    }
-    let probe = existing.join(format!(
-        ".polychip-write-probe-{}-{}",
-        std::process::id(),
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos())
-    ));
-    match std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .open(&probe)
-    {
-        Ok(_) => std::fs::remove_file(&probe).or_else(|e| {
-            fail(format!(
-                "cannot remove the probe file {}: {e}",
-                probe.display()
-            ))
-        }),
-        Err(e) if existing == dir => fail(format!("is not writable: {e}")),
-        Err(e) => fail(format!(
-            "cannot be created: its parent {} is not writable: {e}",
-            existing.display()
-        )),
-    }
+    crate::outputs::check_dir(flag, dir).map_err(TrainError::Config)
 }
 
 pub(crate) fn pin_to(cores: &[usize]) -> Result<(), TrainError> {
@@ -1118,7 +1060,8 @@ fn report(args: &Args, plan: &TrainPlan, s: &Summary) -> Result<(), TrainError> 
     if let Some(trace) = &args.trace {
         let (step, sim) = polychip_train::simulate::simulated(plan, s);
         let sim_path = trace.with_extension("sim.json");
-        std::fs::write(&sim_path, sim.to_string()).map_err(|e| TrainError::io(&sim_path, e))?;
+        crate::outputs::write("--trace", &sim_path, sim.to_string().as_bytes())
+            .map_err(TrainError::Config)?;
         println!(
             "trace: {} (the simulator's step for this plan with the measured stage times, \
              {:.1} ms against {:.1} ms measured: {})",
@@ -1133,8 +1076,8 @@ fn report(args: &Args, plan: &TrainPlan, s: &Summary) -> Result<(), TrainError> 
             "plan": plan,
             "summary": s,
         });
-        std::fs::write(path, serde_json::to_string_pretty(&json).expect("json"))
-            .map_err(|e| TrainError::io(path, e))?;
+        let text = serde_json::to_string_pretty(&json).expect("json");
+        crate::outputs::write("--log-json", path, text.as_bytes()).map_err(TrainError::Config)?;
     }
     Ok(())
 }
@@ -1215,6 +1158,9 @@ fn relaunch(plan: &TrainPlan) -> Result<ExitCode, TrainError> {
     let outcome = launch(&LaunchOptions::new(plan.world_size(), command));
     let _ = std::fs::remove_file(&file);
     let outcome = outcome?;
+    if outcome.stdout_closed {
+        return Ok(crate::closed_pipe_exit());
+    }
     if !outcome.success() {
         eprintln!("polychip train: {}", outcome.description);
         let code = u8::try_from(outcome.exit_code)

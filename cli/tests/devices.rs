@@ -158,7 +158,7 @@ fn plugins_that_crash_or_hang_while_loading_are_named_and_the_others_still_show(
     let status = Command::new("mkfifo").arg(&fifo).status().unwrap();
     assert!(status.success());
     listed.push(fifo.display().to_string());
-    expected.push((fifo, "it is a FIFO (named pipe), not a regular file"));
+    expected.push((fifo, "it is a FIFO, not a regular file"));
     listed.push("/dev/zero".into());
     expected.push((
         "/dev/zero".into(),

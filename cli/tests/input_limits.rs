@@ -479,3 +479,264 @@ fn the_profile_worker_profiles_until_stopped_and_marks_what_ended_after() {
     assert!(measured[0][0]["costs"]["block_forward"].as_f64().unwrap() > 0.0);
     assert!(child.wait().unwrap().success());
 }
+
+/// `polychip ARGS` with stdout going to `stdout`, killed after `limit` (a
+/// hang fails the test): exit code and stderr.
+fn with_stdout(
+    args: &[&str],
+    stdout: Stdio,
+    close_it: bool,
+    limit: Duration,
+) -> (Option<i32>, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_polychip"))
+        .args(args)
+        .env("POLYCHIP_TRANSPORT", "shm")
+        .stdout(stdout)
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run polychip");
+    if close_it {
+        // The reader goes away before anything is written: `| head -c0`.
+        drop(child.stdout.take());
+    }
+    let start = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if start.elapsed() > limit {
+            child.kill().unwrap();
+            let _ = child.wait();
+            panic!("polychip {args:?} did not finish within {limit:?} with its stdout closed");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = child.wait_with_output().unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn dev_full() -> Stdio {
+    Stdio::from(
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open("/dev/full")
+            .expect("open /dev/full"),
+    )
+}
+
+#[test]
+fn a_full_disk_on_stdout_is_one_clear_line_and_a_closed_pipe_ends_quietly() {
+    let cluster = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../examples/clusters/china-mobile-3-vendor.toml"
+    );
+    let limit = Duration::from_secs(120);
+    for args in [
+        vec!["devices"],
+        vec!["plan", "--cluster", cluster, "--model", "llama-7b"],
+    ] {
+        let (code, err) = with_stdout(&args, dev_full(), false, limit);
+        assert_eq!(code, Some(1), "{args:?}: {err}");
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+        assert_eq!(
+            err.trim(),
+            "polychip: cannot write to standard output: No space left on device (os error 28)",
+            "{args:?}"
+        );
+    }
+    let train = [
+        "train",
+        "--model",
+        "mini",
+        "--device",
+        "ferrite:0",
+        "--steps",
+        "3",
+        "--log-every",
+        "1",
+        "--global-batch",
+        "4",
+        "--no-pin",
+    ];
+    for args in [&["devices"][..], &train[..]] {
+        let (code, err) = with_stdout(args, Stdio::piped(), true, limit);
+        assert_eq!(code, Some(141), "{args:?}: {err}");
+        assert!(
+            !err.contains("panicked") && !err.contains("Broken pipe"),
+            "{args:?}: {err}"
+        );
+    }
+}
+
+#[test]
+fn a_launcher_whose_stdout_is_closed_stops_its_ranks() {
+    // Ranks that would print forever: the launcher must not relay them
+    // into nothing until the end of time.
+    let args = [
+        "launch",
+        "-n",
+        "2",
+        "--",
+        "sh",
+        "-c",
+        "while :; do echo y; sleep 0.01; done",
+    ];
+    let (code, err) = with_stdout(&args, Stdio::piped(), true, Duration::from_secs(30));
+    assert_eq!(code, Some(141), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    let (code, err) = with_stdout(&args, dev_full(), false, Duration::from_secs(30));
+    assert_eq!(code, Some(1), "{err}");
+    assert!(
+        err.contains("cannot write the ranks' output to standard output")
+            && err.contains("No space left on device"),
+        "{err}"
+    );
+}
+
+#[test]
+fn bench_comm_refuses_sizes_and_iterations_that_cannot_run() {
+    let bench = |extra: &[&str]| {
+        let mut args = vec!["bench", "comm", "-n", "2"];
+        args.extend_from_slice(extra);
+        let (code, out, err) = polychip_env(&args, &[]);
+        (code, out + &err)
+    };
+    for (extra, needles) in [
+        (
+            &["--sizes", "18446744073709551615", "--ops", "all_reduce"][..],
+            &["--sizes", "1073741824 (1 GiB)"][..],
+        ),
+        (&["--sizes", "1000G"], &["--sizes", "1000G", "limit"]),
+        (
+            &["--sizes", "16G", "--iters", "1"],
+            &["--sizes", "16G", "limit"],
+        ),
+        (
+            &["--sizes", "4K", "--iters", "18446744073709551615"],
+            &["--iters is 18446744073709551615", "100000"],
+        ),
+        (&["--sizes", "4K", "--iters", "0"], &["--iters is 0"]),
+        (
+            &["--sizes", "1001", "--ops", "all_reduce"],
+            &["--sizes", "1001 bytes", "f32", "multiple of 4"],
+        ),
+        (
+            &["--sizes", "4", "--ops", "all_gather"],
+            &["--sizes", "all_gather", "2 ranks", "at least 8 bytes"],
+        ),
+    ] {
+        let (code, out) = bench(extra);
+        assert_eq!(code, Some(2), "{extra:?}: {out}");
+        assert!(
+            !out.contains("panicked") && !out.contains("size(B)"),
+            "{extra:?}: {out}"
+        );
+        for n in needles {
+            assert!(out.contains(n), "{extra:?}: no {n:?} in {out}");
+        }
+    }
+    // The flag is named, not the variable the launcher passes it on in.
+    let (code, out) = bench(&[
+        "--transport",
+        "verbs",
+        "--sizes",
+        "4K",
+        "--ops",
+        "all_reduce",
+    ]);
+    assert!(!out.contains("POLYCHIP_TRANSPORT=verbs"), "{out}");
+    if code != Some(0) {
+        assert!(out.contains("--transport verbs"), "{out}");
+    }
+}
+
+#[test]
+fn a_model_file_with_fewer_than_256_tokens_is_refused_naming_it() {
+    let dir = scratch("vocab");
+    let model = dir.join("v10.toml");
+    std::fs::write(
+        &model,
+        "name = \"v10\"\nvocab = 10\ndim = 64\nlayers = 1\nheads = 4\nkv_heads = 2\nffn = 64\nseq_len = 16\n",
+    )
+    .unwrap();
+    let out = refused(
+        &[
+            "--model",
+            &s(&model),
+            "--device",
+            "ferrite:0",
+            "--steps",
+            "1",
+        ],
+        &[],
+        &[&s(&model), "vocab is 10", "byte tokens", "at least 256"],
+    );
+    assert!(!out.contains("Ferrite"), "the plugin was reached: {out}");
+}
+
+#[test]
+fn diverged_weights_are_never_saved_or_exported() {
+    let dir = scratch("diverged");
+    let (ck, hf) = (dir.join("ck"), dir.join("hf"));
+    let (ck_s, hf_s) = (s(&ck), s(&hf));
+    let base = [
+        "--model",
+        "mini",
+        "--device",
+        "ferrite:0",
+        "--checkpoint-dir",
+        &ck_s,
+    ];
+    let limit = Duration::from_secs(300);
+    // A good step-1 checkpoint first.
+    let mut good = base.to_vec();
+    good.extend_from_slice(&["--steps", "1"]);
+    let (code, out) = train_within(&good, &[], limit);
+    assert_eq!(code, Some(0), "{out}");
+    let latest = std::fs::read_to_string(ck.join("latest")).unwrap();
+    // The last step diverges (a NaN validation loss; the last step is
+    // always evaluated): nothing is saved or exported.
+    let mut last = base.to_vec();
+    last.extend_from_slice(&[
+        "--resume",
+        &ck_s,
+        "--allow-changed-settings",
+        "--steps",
+        "2",
+        "--lr",
+        "1e300",
+        "--export-hf",
+        &hf_s,
+    ]);
+    let (code, out) = train_within(&last, &[], limit);
+    assert_ne!(code, Some(0), "{out}");
+    assert!(out.contains("training diverged: step 2"), "{out}");
+    assert!(!hf.exists(), "exported diverged weights: {out}");
+    // Saving every step: the diverged step-2 weights are refused before
+    // their save, and step 1 stays `latest`.
+    let mut every = base.to_vec();
+    every.extend_from_slice(&[
+        "--resume",
+        &ck_s,
+        "--allow-changed-settings",
+        "--steps",
+        "3",
+        "--save-every",
+        "1",
+        "--lr",
+        "1e300",
+    ]);
+    let (code, out) = train_within(&every, &[], limit);
+    assert_ne!(code, Some(0), "{out}");
+    assert!(
+        out.contains("training diverged: step 2: the weights are not finite"),
+        "{out}"
+    );
+    assert_eq!(std::fs::read_to_string(ck.join("latest")).unwrap(), latest);
+    let steps: Vec<String> = std::fs::read_dir(&ck)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("step-"))
+        .collect();
+    assert_eq!(steps, ["step-00000001"], "{out}");
+}

@@ -187,8 +187,20 @@ fn user_secret_dir() -> PathBuf {
 /// directory), then read; refused when the file is not a private regular
 /// file of this user.
 fn user_secret() -> Result<Vec<u8>> {
+    user_secret_in(&user_secret_dir())
+}
+
+/// How many times [`user_secret_in`] tries to create the secret file when
+/// it keeps disappearing between its creation and the read (another
+/// process removing it): then it gives up with an error.
+const CREATE_TRIES: usize = 5;
+
+/// [`user_secret`] in the directory `dir`. The file is opened with
+/// `O_NONBLOCK` (a FIFO planted there would block the open until a writer
+/// came) and `O_NOFOLLOW` (a planted link is not followed), and anything
+/// but a regular file is refused, naming the path and what it is.
+fn user_secret_in(dir: &std::path::Path) -> Result<Vec<u8>> {
     use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
-    let dir = user_secret_dir();
     let io = |what: &str, e: std::io::Error| CommError::Io {
         rank: 0,
         op: "job secret".into(),
@@ -197,25 +209,41 @@ fn user_secret() -> Result<Vec<u8>> {
     std::fs::DirBuilder::new()
         .recursive(true)
         .mode(0o700)
-        .create(&dir)
+        .create(dir)
         .map_err(|e| io("creating", e))?;
     let file = dir.join("job-secret");
+    let refuse = |what: &str| {
+        CommError::Usage(format!(
+            "{} is {what}; it must be a regular file of this user readable by nobody else \
+             (mode 0600): it is the secret that keeps other users out of this user's jobs. \
+             Remove it (a new one is made), or set {SECRET_VAR}",
+            file.display()
+        ))
+    };
     // SAFETY: geteuid has no preconditions.
     let me = unsafe { libc::geteuid() };
-    loop {
+    for _ in 0..CREATE_TRIES {
         match std::fs::OpenOptions::new()
             .read(true)
-            .custom_flags(libc::O_NOFOLLOW)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
             .open(&file)
         {
             Ok(mut f) => {
                 let meta = f.metadata().map_err(|e| io("reading", e))?;
-                if !meta.is_file() || meta.uid() != me || meta.permissions().mode() & 0o077 != 0 {
-                    return Err(CommError::Usage(format!(
-                        "{} must be a regular file of this user readable by nobody else (mode \
-                         0600); it is the secret that keeps other users out of this user's \
-                         jobs. Remove it (a new one is made), or set {SECRET_VAR}",
-                        file.display()
+                if !meta.is_file() {
+                    return Err(refuse(polychip_files::kind(meta.file_type())));
+                }
+                if meta.uid() != me {
+                    return Err(refuse(&format!(
+                        "owned by user {}, not this user",
+                        meta.uid()
+                    )));
+                }
+                let mode = meta.permissions().mode();
+                if mode & 0o077 != 0 {
+                    return Err(refuse(&format!(
+                        "readable by others (mode {:04o})",
+                        mode & 0o7777
                     )));
                 }
                 let mut secret = Vec::new();
@@ -233,21 +261,42 @@ fn user_secret() -> Result<Vec<u8>> {
                     secret.len()
                 )));
             }
+            Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
+                return Err(refuse("a symbolic link"));
+            }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 let secret = hex(&random_bytes(32)?).into_bytes();
                 let tmp = dir.join(format!("job-secret.{}", std::process::id()));
                 let _ = std::fs::remove_file(&tmp);
                 write_private(&tmp, &secret).map_err(|e| io("creating a secret in", e))?;
-                // Another process may have made one meanwhile: the first wins.
-                match std::fs::hard_link(&tmp, &file) {
-                    Ok(()) | Err(_) => {
-                        let _ = std::fs::remove_file(&tmp);
+                // Another process may have made one meanwhile: the first
+                // wins, and this one reads it.
+                let linked = std::fs::hard_link(&tmp, &file);
+                let _ = std::fs::remove_file(&tmp);
+                match linked {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+                    Err(e) => {
+                        return Err(CommError::Io {
+                            rank: 0,
+                            op: "job secret".into(),
+                            message: format!("creating {}: {e}", file.display()),
+                        });
                     }
                 }
             }
             Err(e) => return Err(io("reading the secret in", e)),
         }
     }
+    Err(CommError::Io {
+        rank: 0,
+        op: "job secret".into(),
+        message: format!(
+            "{} disappeared each of the {CREATE_TRIES} times it was created (is another \
+             process removing it?); set {SECRET_VAR} instead",
+            file.display()
+        ),
+    })
 }
 
 #[cfg(test)]
@@ -275,5 +324,47 @@ mod tests {
         let file = user_secret_dir().join("job-secret");
         let mode = std::fs::metadata(&file).unwrap().permissions().mode();
         assert_eq!(mode & 0o777, 0o600);
+    }
+
+    fn scratch(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("polychip-auth-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        dir
+    }
+
+    /// Runs `user_secret_in(dir)` on a thread; a hang fails the test.
+    fn within_seconds(dir: PathBuf) -> Result<Vec<u8>> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || tx.send(user_secret_in(&dir)));
+        rx.recv_timeout(std::time::Duration::from_secs(10))
+            .expect("user_secret_in hung")
+    }
+
+    #[test]
+    fn a_fifo_or_a_directory_at_the_secret_path_is_refused_not_waited_on() {
+        let dir = scratch("fifo");
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("job-secret");
+        let c = std::ffi::CString::new(file.to_str().unwrap()).unwrap();
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let e = within_seconds(dir.clone()).unwrap_err().to_string();
+        assert!(
+            e.contains(&file.display().to_string()) && e.contains("FIFO"),
+            "{e}"
+        );
+        std::fs::remove_file(&file).unwrap();
+        std::fs::create_dir(&file).unwrap();
+        let e = within_seconds(dir.clone()).unwrap_err().to_string();
+        assert!(e.contains("is a directory"), "{e}");
+        std::fs::remove_dir(&file).unwrap();
+        std::os::unix::fs::symlink("/dev/null", &file).unwrap();
+        let e = within_seconds(dir.clone()).unwrap_err().to_string();
+        assert!(e.contains("is a symbolic link"), "{e}");
+        std::fs::remove_file(&file).unwrap();
+        // And a fresh one is made and read back.
+        let one = within_seconds(dir.clone()).unwrap();
+        assert_eq!(within_seconds(dir.clone()).unwrap(), one);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

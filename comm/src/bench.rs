@@ -11,10 +11,13 @@
 //! `size` is the larger buffer of a rank, as in nccl-tests: the output of an
 //! all-gather, the input of a reduce-scatter, each rank's whole send buffer
 //! for all-to-all, and what each rank sends for send/recv (ranks `2k` and
-//! `2k + 1` exchange buffers at once, in pieces of 1 MiB). Sizes are rounded
-//! down to a whole number of elements (and of `world` blocks where the
-//! operation splits the buffer). The barrier is timed once, at size 0.
-//! Buffers are allocated once per size and reused by every operation.
+//! `2k + 1` exchange buffers at once, in pieces of 1 MiB). Sizes must be
+//! whole elements, at most [`MAX_SIZE`] (each rank allocates two buffers of
+//! the size), and large enough for one element per rank where the operation
+//! splits the buffer into `world` blocks; such operations round the size
+//! down to a whole number of blocks (the row shows the size measured). See
+//! [`BenchOptions::check`]. The barrier is timed once, at size 0. Buffers
+//! are allocated once per size and reused by every operation.
 
 use std::fmt::Write as _;
 use std::time::Instant;
@@ -128,8 +131,18 @@ pub fn parse_ops(list: &str) -> Result<Vec<Op>> {
     Ok(ops)
 }
 
+/// The largest buffer size accepted (`--sizes`), 1 GiB: each rank
+/// allocates two buffers of the size (send and receive), so a rank needs
+/// 2 GiB and `-n 8` ranks 16 GiB at this size.
+pub const MAX_SIZE: usize = 1 << 30;
+
+/// The most timed iterations per row accepted (`--iters`): five times the
+/// most the default rule picks.
+pub const MAX_ITERS: usize = 100_000;
+
 /// Parses a comma-separated size list: plain bytes or with a suffix
-/// `K`/`KiB`, `M`/`MiB`, `G`/`GiB` (powers of 1024; `B` allowed).
+/// `K`/`KiB`, `M`/`MiB`, `G`/`GiB` (powers of 1024; `B` allowed), each at
+/// most [`MAX_SIZE`].
 pub fn parse_sizes(list: &str) -> Result<Vec<usize>> {
     let mut sizes = Vec::new();
     for word in list.split(',').map(str::trim).filter(|w| !w.is_empty()) {
@@ -150,13 +163,20 @@ pub fn parse_sizes(list: &str) -> Result<Vec<usize>> {
             .and_then(|n| n.checked_mul(unit))
             .ok_or_else(|| {
                 CommError::Usage(format!(
-                    "bad size {word:?}: give bytes, optionally with K, M or G (powers of 1024)"
+                    "--sizes: bad size {word:?}: give bytes, optionally with K, M or G (powers \
+                     of 1024), at most 1G"
                 ))
             })?;
+        if size > MAX_SIZE {
+            return Err(CommError::Usage(format!(
+                "--sizes: {word} is {size} bytes, more than the limit of {MAX_SIZE} (1 GiB) per \
+                 buffer (every rank allocates a send and a receive buffer of the size)"
+            )));
+        }
         sizes.push(size);
     }
     if sizes.is_empty() {
-        return Err(CommError::Usage("the size list is empty".into()));
+        return Err(CommError::Usage("--sizes: the size list is empty".into()));
     }
     Ok(sizes)
 }
@@ -200,6 +220,74 @@ impl Default for BenchOptions {
             dtype: DType::F32,
             iters: None,
         }
+    }
+}
+
+impl BenchOptions {
+    /// Refuses options that would measure nothing or something other than
+    /// asked, for a job of `world` ranks, naming the flag: `--iters` 0 or
+    /// above [`MAX_ITERS`]; a size above [`MAX_SIZE`], of 0, or not a
+    /// whole number of elements; a size too small to give each rank one
+    /// element of an operation that splits the buffer into `world` blocks.
+    pub fn check(&self, world: usize) -> Result<()> {
+        match self.iters {
+            Some(0) => {
+                return Err(CommError::Usage(
+                    "--iters is 0: give at least 1 timed iteration per row".into(),
+                ));
+            }
+            Some(n) if n > MAX_ITERS => {
+                return Err(CommError::Usage(format!(
+                    "--iters is {n}, more than the {MAX_ITERS} accepted"
+                )));
+            }
+            _ => {}
+        }
+        let timed: Vec<Op> = self
+            .ops
+            .iter()
+            .copied()
+            .filter(|o| *o != Op::Barrier)
+            .collect();
+        if timed.is_empty() {
+            return Ok(());
+        }
+        let es = self.dtype.size();
+        let name = self.dtype.name();
+        for &size in &self.sizes {
+            if size > MAX_SIZE {
+                return Err(CommError::Usage(format!(
+                    "--sizes: {size} bytes is more than the limit of {MAX_SIZE} (1 GiB) per buffer"
+                )));
+            }
+            if size == 0 {
+                return Err(CommError::Usage(format!(
+                    "--sizes: a size of 0 bytes measures nothing for {} (the barrier is timed \
+                     without a size)",
+                    timed[0].name()
+                )));
+            }
+            if size % es != 0 {
+                return Err(CommError::Usage(format!(
+                    "--sizes: {size} bytes is not a whole number of {name} elements ({es} bytes \
+                     each, --dtype); give a multiple of {es}"
+                )));
+            }
+            let world = world.max(1);
+            if let Some(op) = timed.iter().find(|o| o.blocked())
+                && size < world * es
+            {
+                return Err(CommError::Usage(format!(
+                    "--sizes: {size} bytes measures nothing for {} with {world} ranks: it splits \
+                     the buffer into {world} blocks of whole {name} elements, so it needs at \
+                     least {} bytes; give a larger size or leave {} out of --ops",
+                    op.name(),
+                    world * es,
+                    op.name()
+                )));
+            }
+        }
+        Ok(())
     }
 }
 
@@ -247,6 +335,7 @@ pub fn warmup(iters: usize) -> usize {
 /// the same options. Returns the rows (identical on every rank), grouped by
 /// operation in [`Op::ALL`] order, sizes in the order given.
 pub fn run(comm: &mut Communicator, options: &BenchOptions) -> Result<Vec<Row>> {
+    options.check(comm.world_size())?;
     let mut rows = Vec::new();
     let timed: Vec<Op> = options
         .ops
@@ -256,7 +345,7 @@ pub fn run(comm: &mut Communicator, options: &BenchOptions) -> Result<Vec<Row>> 
         .collect();
     if !timed.is_empty() {
         for &size in &options.sizes {
-            let mut bufs = Buffers::new(size, options.dtype);
+            let mut bufs = Buffers::new(size, options.dtype)?;
             for &op in &timed {
                 if let Some(row) = bench_one(comm, &mut bufs, op, options)? {
                     rows.push(row);
@@ -265,7 +354,7 @@ pub fn run(comm: &mut Communicator, options: &BenchOptions) -> Result<Vec<Row>> 
         }
     }
     if options.ops.contains(&Op::Barrier) {
-        let mut bufs = Buffers::new(0, options.dtype);
+        let mut bufs = Buffers::new(0, options.dtype)?;
         rows.extend(bench_one(comm, &mut bufs, Op::Barrier, options)?);
     }
     rows.sort_by_key(|r| r.op);
@@ -283,16 +372,26 @@ struct Buffers {
 impl Buffers {
     /// `size` rounded down to whole elements; every operation's buffers
     /// fit in it (an all-gather's send and a reduce-scatter's recv use a
-    /// `1 / world` prefix).
-    fn new(size: usize, dtype: DType) -> Buffers {
+    /// `1 / world` prefix). A failed allocation is an error, not an abort.
+    fn new(size: usize, dtype: DType) -> Result<Buffers> {
         let es = dtype.size();
         let size = size / es * es;
-        Buffers {
+        let zeroed = || -> Result<Vec<u8>> {
+            let mut v = Vec::new();
+            v.try_reserve_exact(size).map_err(|e| {
+                CommError::Usage(format!(
+                    "--sizes: cannot allocate a buffer of {size} bytes: {e}"
+                ))
+            })?;
+            v.resize(size, 0);
+            Ok(v)
+        };
+        Ok(Buffers {
             size,
             dtype,
-            send: vec![0; size],
-            recv: vec![0; size],
-        }
+            send: zeroed()?,
+            recv: zeroed()?,
+        })
     }
 }
 
@@ -354,7 +453,7 @@ fn bench_one(
     let count = bytes / es;
     let block = bytes / n;
     let redop = op.reduces().then_some(ReduceOp::Sum);
-    let iters = options.iters.unwrap_or_else(|| iterations(bytes)).max(1);
+    let iters = options.iters.unwrap_or_else(|| iterations(bytes));
     let partner = (me ^ 1 < n).then_some(me ^ 1);
     let rank_base = (me + 1) as i64;
     let ranks_sum = (n * (n + 1) / 2) as i64;
@@ -570,12 +669,53 @@ mod tests {
         assert_eq!(parse_ops("all").unwrap(), Op::ALL.to_vec());
         assert!(parse_ops("allreduse").is_err());
         assert_eq!(
-            parse_sizes("4096,64K,1MiB,16m,2GB").unwrap(),
-            vec![4096, 64 << 10, 1 << 20, 16 << 20, 2 << 30]
+            parse_sizes("4096,64K,1MiB,16m,1GB").unwrap(),
+            vec![4096, 64 << 10, 1 << 20, 16 << 20, 1 << 30]
         );
         assert!(parse_sizes("4x").is_err());
+        assert_eq!(parse_sizes("1G").unwrap(), vec![MAX_SIZE]);
+        for big in ["18446744073709551615", "1000G", "16G", "1073741825"] {
+            let e = parse_sizes(big).unwrap_err().to_string();
+            assert!(e.contains("--sizes") && e.contains("limit"), "{big}: {e}");
+        }
         assert!(parse_sizes("").is_err());
         assert_eq!(parse_dtype("bf16").unwrap(), DType::BF16);
+    }
+
+    #[test]
+    fn options_that_measure_nothing_are_refused() {
+        let with = |ops: &str, sizes: &str, iters: Option<usize>| BenchOptions {
+            ops: parse_ops(ops).unwrap(),
+            sizes: parse_sizes(sizes).unwrap(),
+            dtype: DType::F32,
+            iters,
+        };
+        let refused = |o: BenchOptions, world: usize, needles: &[&str]| {
+            let e = o.check(world).unwrap_err().to_string();
+            for n in needles {
+                assert!(e.contains(n), "{n:?} not in {e:?}");
+            }
+        };
+        refused(with("all", "4K", Some(0)), 2, &["--iters", "0"]);
+        refused(
+            with("all", "4K", Some(usize::MAX)),
+            2,
+            &["--iters", "100000"],
+        );
+        refused(
+            with("all_reduce", "1001", None),
+            2,
+            &["--sizes", "1001", "f32"],
+        );
+        refused(
+            with("all_gather", "4", None),
+            2,
+            &["--sizes", "all_gather", "8 bytes"],
+        );
+        refused(with("all_reduce", "0", None), 2, &["--sizes", "0 bytes"]);
+        with("all_reduce", "4", Some(1)).check(2).unwrap();
+        with("all", "8,1G", Some(MAX_ITERS)).check(2).unwrap();
+        with("barrier", "0", None).check(64).unwrap();
     }
 
     #[test]

@@ -95,6 +95,10 @@ pub struct InitOptions {
     pub tcp: TcpOptions,
     /// Verbs transport settings.
     pub verbs: VerbsOptions,
+    /// What asked for `transport`, named in messages about it:
+    /// [`TRANSPORT_ENV`] (the default) or a command-line flag such as
+    /// `--transport`.
+    pub requested_by: String,
 }
 
 impl InitOptions {
@@ -110,6 +114,7 @@ impl InitOptions {
             timeout: default_timeout()?,
             tcp: TcpOptions::from_env()?,
             verbs: VerbsOptions::from_env()?,
+            requested_by: TRANSPORT_ENV.into(),
         })
     }
 }
@@ -121,19 +126,42 @@ pub fn choose(
     info: &RankInfo,
     rdma: impl FnOnce() -> RdmaAvailability,
 ) -> Result<(TransportKind, String)> {
+    choose_requested_by(requested, TRANSPORT_ENV, info, rdma)
+}
+
+/// `by` asking for `kind`, as the user wrote it: `POLYCHIP_TRANSPORT=tcp`
+/// for a variable, `--transport tcp` for a flag.
+fn asked(by: &str, kind: &str) -> String {
+    match by.starts_with('-') {
+        true => format!("{by} {kind}"),
+        false => format!("{by}={kind}"),
+    }
+}
+
+/// [`choose`], naming `by` (a variable or a flag) as what requested the
+/// transport.
+pub fn choose_requested_by(
+    requested: Option<TransportKind>,
+    by: &str,
+    info: &RankInfo,
+    rdma: impl FnOnce() -> RdmaAvailability,
+) -> Result<(TransportKind, String)> {
     let one_machine = info.local_world_size == info.world_size;
     match requested {
         Some(TransportKind::Shm) if !one_machine => Err(CommError::Usage(format!(
-            "{TRANSPORT_ENV}=shm but the ranks span machines (LOCAL_WORLD_SIZE {} < WORLD_SIZE {})",
-            info.local_world_size, info.world_size
+            "{} but the ranks span machines (LOCAL_WORLD_SIZE {} < WORLD_SIZE {})",
+            asked(by, "shm"),
+            info.local_world_size,
+            info.world_size
         ))),
         Some(TransportKind::Verbs) if !cfg!(feature = "verbs") => Err(CommError::Unavailable {
             transport: "verbs",
             reason: format!(
-                "{TRANSPORT_ENV}=verbs but polychip-comm was built without the `verbs` feature"
+                "{} but polychip-comm was built without the `verbs` feature",
+                asked(by, "verbs")
             ),
         }),
-        Some(kind) => Ok((kind, format!("requested by {TRANSPORT_ENV}"))),
+        Some(kind) => Ok((kind, format!("requested by {by}"))),
         None if one_machine => Ok((
             TransportKind::Shm,
             format!("all {} ranks are on this machine", info.world_size),
@@ -214,7 +242,12 @@ pub fn init() -> Result<Job> {
 pub fn init_with(info: RankInfo, options: InitOptions) -> Result<Job> {
     let (rank, world, timeout) = (info.rank, info.world_size, options.timeout);
     let store = Arc::new(TcpStore::connect(&info, timeout)?);
-    let (pick, why) = choose(options.transport, &info, rdma_availability)?;
+    let (pick, why) = choose_requested_by(
+        options.transport,
+        &options.requested_by,
+        &info,
+        rdma_availability,
+    )?;
     let explicit = options.transport.is_some();
     store.set(
         &format!("polychip/transport/{rank}"),

@@ -9,12 +9,17 @@
 //! when one rank fails, stops the others (SIGTERM to each rank's process
 //! group, SIGKILL after a grace period) and reports that rank's failure.
 //! SIGINT, SIGTERM and SIGHUP sent to the launcher while it runs are passed
-//! on to every rank the same way. Ranks' stdin is empty (`/dev/null`).
+//! on to every rank the same way. When the launcher's own standard output
+//! fails (a closed pipe, as with `| head`, or a full disk), the ranks are
+//! stopped the same way and the outcome says so
+//! ([`LaunchOutcome::stdout_closed`]): their output would go nowhere.
+//! Ranks' stdin is empty (`/dev/null`).
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpListener;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::mpsc;
 use std::thread::JoinHandle;
@@ -63,6 +68,10 @@ pub struct LaunchOutcome {
     /// One sentence: "all 4 ranks exited 0", "rank 1 exited with code 7",
     /// "rank 2 killed by signal 9".
     pub description: String,
+    /// The launcher's standard output was closed (`EPIPE`) while relaying
+    /// the ranks' output, so the ranks were stopped: a command-line tool
+    /// ends quietly then, as Unix tools do (exit code 141, 128 + SIGPIPE).
+    pub stdout_closed: bool,
 }
 
 impl LaunchOutcome {
@@ -149,6 +158,8 @@ pub fn launch(opts: &LaunchOptions) -> Result<LaunchOutcome> {
     let signals = SignalGuard::install();
 
     let (done_tx, done_rx) = mpsc::channel::<()>();
+    // The raw OS error of the first failed write to our stdout (0: none).
+    let out_failed = Arc::new(AtomicI32::new(0));
     let mut ranks: Vec<Rank> = Vec::with_capacity(opts.nproc);
     for rank in 0..opts.nproc {
         let mut cmd = Command::new(program);
@@ -190,10 +201,10 @@ pub fn launch(opts: &LaunchOptions) -> Result<LaunchOutcome> {
             Ok(mut child) => {
                 let mut readers = Vec::with_capacity(2);
                 if let Some(out) = child.stdout.take() {
-                    readers.push(forward(rank, out, false, done_tx.clone()));
+                    readers.push(forward(rank, out, false, done_tx.clone(), &out_failed));
                 }
                 if let Some(err) = child.stderr.take() {
-                    readers.push(forward(rank, err, true, done_tx.clone()));
+                    readers.push(forward(rank, err, true, done_tx.clone(), &out_failed));
                 }
                 ranks.push(Rank {
                     child,
@@ -216,6 +227,7 @@ pub fn launch(opts: &LaunchOptions) -> Result<LaunchOutcome> {
 
     let mut failure: Option<(usize, ExitStatus)> = None;
     let mut interrupted: Option<i32> = None;
+    let mut output_error: Option<std::io::Error> = None;
     let mut kill_at: Option<Instant> = None;
     loop {
         let mut running = 0;
@@ -246,6 +258,14 @@ pub fn launch(opts: &LaunchOptions) -> Result<LaunchOutcome> {
             signal_all(&ranks, caught);
             kill_at = Some(Instant::now() + opts.grace);
         }
+        let failed = out_failed.load(Ordering::SeqCst);
+        if failed != 0 && output_error.is_none() && interrupted.is_none() && failure.is_none() {
+            // Nobody reads the ranks' output any more: stop them rather
+            // than let them run on (or block) for nothing.
+            output_error = Some(std::io::Error::from_raw_os_error(failed));
+            signal_all(&ranks, libc::SIGTERM);
+            kill_at = Some(Instant::now() + opts.grace);
+        }
         if failure.is_some() && kill_at.is_none() {
             signal_all(&ranks, libc::SIGTERM);
             kill_at = Some(Instant::now() + opts.grace);
@@ -256,7 +276,7 @@ pub fn launch(opts: &LaunchOptions) -> Result<LaunchOutcome> {
         }
         std::thread::sleep(Duration::from_millis(10));
     }
-    if failure.is_some() || interrupted.is_some() {
+    if failure.is_some() || interrupted.is_some() || output_error.is_some() {
         // Whatever the ranks started is stopped too.
         signal_all(&ranks, libc::SIGKILL);
     }
@@ -280,6 +300,30 @@ pub fn launch(opts: &LaunchOptions) -> Result<LaunchOutcome> {
         }
     }
 
+    // A write that failed after the ranks had exited (their last lines).
+    let failed = out_failed.load(Ordering::SeqCst);
+    if failed != 0 && output_error.is_none() && interrupted.is_none() && failure.is_none() {
+        output_error = Some(std::io::Error::from_raw_os_error(failed));
+    }
+    if let Some(e) = output_error {
+        let closed = e.kind() == std::io::ErrorKind::BrokenPipe;
+        return Ok(LaunchOutcome {
+            exit_code: if closed { 128 + libc::SIGPIPE } else { 1 },
+            failed_rank: None,
+            signal: None,
+            description: match closed {
+                true => format!(
+                    "standard output was closed; stopped all {} ranks",
+                    opts.nproc
+                ),
+                false => format!(
+                    "cannot write the ranks' output to standard output: {e}; stopped all {} ranks",
+                    opts.nproc
+                ),
+            },
+            stdout_closed: closed,
+        });
+    }
     Ok(outcome(opts.nproc, failure, interrupted))
 }
 
@@ -294,6 +338,7 @@ fn outcome(
             failed_rank: None,
             signal: Some(sig),
             description: format!("interrupted by signal {sig}; stopped all {nproc} ranks"),
+            stdout_closed: false,
         };
     }
     match failure {
@@ -306,6 +351,7 @@ fn outcome(
             } else {
                 format!("all {nproc} ranks exited 0")
             },
+            stdout_closed: false,
         },
         Some((rank, status)) => match (status.code(), status.signal()) {
             (Some(code), _) => LaunchOutcome {
@@ -313,6 +359,7 @@ fn outcome(
                 failed_rank: Some(rank),
                 signal: None,
                 description: format!("rank {rank} exited with code {code}"),
+                stdout_closed: false,
             },
             (None, sig) => LaunchOutcome {
                 exit_code: 1,
@@ -322,6 +369,7 @@ fn outcome(
                     Some(sig) => format!("rank {rank} killed by signal {sig}"),
                     None => format!("rank {rank} failed ({status})"),
                 },
+                stdout_closed: false,
             },
         },
     }
@@ -370,13 +418,18 @@ fn stop_all(ranks: &mut [Rank], sig: i32, grace: Duration) {
 
 /// Copies `from` line by line to our stdout (or stderr) with a
 /// `[rank K] ` prefix, each line in one locked write so lines of different
-/// ranks never mix. Signals `done` at end of stream.
+/// ranks never mix. Signals `done` at end of stream. A failed write to our
+/// stdout is recorded in `failed` (its OS error; the launch then stops the
+/// ranks), and the rest of the stream is drained so no rank blocks on a
+/// full pipe meanwhile.
 fn forward(
     rank: usize,
     from: impl Read + Send + 'static,
     to_stderr: bool,
     done: mpsc::Sender<()>,
+    failed: &Arc<AtomicI32>,
 ) -> JoinHandle<()> {
+    let failed = Arc::clone(failed);
     std::thread::spawn(move || {
         let prefix = format!("[rank {rank}] ");
         let mut reader = BufReader::new(from);
@@ -401,7 +454,11 @@ fn forward(
                 let mut o = std::io::stdout().lock();
                 o.write_all(&out).and_then(|()| o.flush())
             };
-            if written.is_err() {
+            if let Err(e) = written {
+                if !to_stderr {
+                    let code = e.raw_os_error().unwrap_or(libc::EIO);
+                    let _ = failed.compare_exchange(0, code, Ordering::SeqCst, Ordering::SeqCst);
+                }
                 // Our own output is gone; keep draining so the rank does
                 // not block on a full pipe.
                 let _ = std::io::copy(&mut reader, &mut std::io::sink());

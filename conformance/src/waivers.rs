@@ -64,7 +64,7 @@ pub struct Waivers {
 impl Waivers {
     /// Reads and checks a waiver file; the error names the file and the problem.
     pub fn load(path: &Path) -> Result<Waivers, String> {
-        let text = std::fs::read_to_string(path)
+        let text = polychip_files::read_text_file(path, polychip_files::MAX_TEXT_FILE)
             .map_err(|e| format!("{}: cannot read the waiver file: {e}", path.display()))?;
         let file: File = toml::from_str(&text)
             .map_err(|e| format!("{}: not a valid waiver file: {e}", path.display()))?;

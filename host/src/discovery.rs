@@ -18,7 +18,7 @@
 //! log (see `docs/security.md`).
 
 use std::collections::HashSet;
-use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 /// The environment variable naming plugin files and directories.
@@ -46,23 +46,6 @@ pub struct FileId {
     pub ino: u64,
 }
 
-/// What a file that is not a regular file is, in words.
-fn kind_of(file_type: std::fs::FileType) -> &'static str {
-    if file_type.is_dir() {
-        "a directory"
-    } else if file_type.is_fifo() {
-        "a FIFO (named pipe)"
-    } else if file_type.is_char_device() {
-        "a character device"
-    } else if file_type.is_block_device() {
-        "a block device"
-    } else if file_type.is_socket() {
-        "a socket"
-    } else {
-        "not a regular file"
-    }
-}
-
 /// The identity of the regular file `path` resolves to, or why it cannot be
 /// a plugin (it does not exist, or is a FIFO, a directory, a device). Never
 /// opens the file, so a FIFO cannot block it.
@@ -71,7 +54,7 @@ pub fn plugin_file_id(path: &Path) -> Result<FileId, String> {
     if !meta.file_type().is_file() {
         return Err(format!(
             "it is {}, not a regular file",
-            kind_of(meta.file_type())
+            polychip_files::kind(meta.file_type())
         ));
     }
     Ok(FileId {

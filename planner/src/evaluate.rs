@@ -316,7 +316,8 @@ impl PlanSpec {
     /// the forms the module documentation lists.
     pub fn parse(text: &str, json: bool) -> Result<PlanSpec, SpecError> {
         let value: Value = if json {
-            serde_json::from_str(text).map_err(|e| plan_err(format!("is not valid JSON: {e}")))?
+            polychip_files::parse_json_value(text)
+                .map_err(|e| plan_err(format!("is not valid JSON: {e}")))?
         } else {
             let t: toml::Value = toml::from_str(text).map_err(|source| SpecError::Toml {
                 what: "plan",

@@ -42,6 +42,11 @@ pub struct StagePlan {
     pub timing: StageTiming,
 }
 
+/// The most stage passes (stages times micro-batches of one replica) a
+/// Chrome trace of a plan shows ([`Plan::chrome_trace`]): about four events
+/// each, so some 250 MB of JSON at most.
+pub const MAX_TRACE_PASSES: u64 = 500_000;
+
 /// `copies` identical pipelines (data-parallel replicas).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Replica {
@@ -159,10 +164,23 @@ impl Plan {
         best
     }
 
-    /// A Chrome trace of the slowest group's simulated step (one replica).
-    pub fn chrome_trace(&self) -> Value {
+    /// A Chrome trace of the slowest group's simulated step (one replica);
+    /// refused, with the reason, when that replica runs more than
+    /// [`MAX_TRACE_PASSES`] micro-batches through its stages (the trace
+    /// would take gigabytes to build and could not be opened).
+    pub fn chrome_trace(&self) -> Result<Value, String> {
         let r = &self.replicas[self.slowest_group()];
+        let passes = (r.stages.len() as u64).saturating_mul(r.micro_batches);
+        if passes > MAX_TRACE_PASSES {
+            return Err(format!(
+                "the plan's slowest replica runs {} micro-batches through {} stages ({passes} \
+                 stage passes), more than the {MAX_TRACE_PASSES} a trace may show; trace a plan \
+                 with fewer micro-batches or stages",
+                r.micro_batches,
+                r.stages.len()
+            ));
+        }
         let names: Vec<String> = r.stages.iter().map(|s| s.timing.name.clone()).collect();
-        sim::chrome_trace(&r.simulate(), &names)
+        Ok(sim::chrome_trace(&r.simulate(), &names))
     }
 }

@@ -513,3 +513,33 @@ fn a_plan_names_its_schedule_and_is_priced_and_sized_under_it() {
     let e = err(&plan(r#""schedule": 3,"#), true, &m);
     assert!(e.contains("schedule is 3"), "{e}");
 }
+
+#[test]
+fn a_trace_too_large_to_open_is_refused_before_it_is_built() {
+    let (c, m) = (example_cluster(), ModelSpec::llama_7b());
+    let report = plan(&m, &c, &TrainingSettings::new(256), &PlanOptions::default()).unwrap();
+    let trace = report.plan.chrome_trace().unwrap();
+    assert!(
+        trace["traceEvents"]
+            .as_array()
+            .is_some_and(|e| !e.is_empty())
+    );
+    let mut huge = report.plan.clone();
+    let g = huge.slowest_group();
+    let stages = huge.replicas[g].stages.len() as u64;
+    huge.replicas[g].micro_batches = polychip_planner::plan::MAX_TRACE_PASSES / stages + 1;
+    let err = huge.chrome_trace().unwrap_err();
+    assert!(
+        err.contains("more than the 500000 a trace may show"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_plan_with_a_key_twice_is_refused_not_read_as_the_last() {
+    let m = ModelSpec::llama_7b();
+    let text = r#"{"group": [{"copies": 64, "copies": 1, "micro_batch_size": 1,
+        "micro_batches": 32, "stages": [{"chip": "A100", "layers": 32}]}]}"#;
+    let e = err(text, true, &m);
+    assert!(e.contains("\"copies\" appears twice"), "{e}");
+}

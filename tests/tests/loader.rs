@@ -250,7 +250,7 @@ fn a_fifo_a_directory_or_a_device_is_refused_before_it_is_opened() {
     let subdir = dir.join("libdir.so");
     std::fs::create_dir_all(&subdir).unwrap();
     for (path, kind) in [
-        (fifo, "a FIFO (named pipe)"),
+        (fifo, "a FIFO"),
         (subdir, "a directory"),
         ("/dev/zero".into(), "a character device"),
     ] {

@@ -209,17 +209,6 @@ pub fn commit(root: &Path, manifest: &Manifest) -> Result<PathBuf> {
     Ok(done)
 }
 
-/// Creates `path` afresh (`O_EXCL`: a link planted at that name is not
-/// followed), after removing a stale one (left by a killed process).
-pub(crate) fn create_new(path: &Path) -> Result<std::fs::File> {
-    let _ = std::fs::remove_file(path);
-    std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .open(path)
-        .map_err(|e| TrainError::io(path, e))
-}
-
 /// Swaps two directories atomically (Linux `renameat2` with
 /// `RENAME_EXCHANGE`); an error where the file system cannot.
 fn exchange(a: &Path, b: &Path) -> std::io::Result<()> {
@@ -247,22 +236,11 @@ fn exchange(a: &Path, b: &Path) -> std::io::Result<()> {
     }
 }
 
-/// Writes `bytes` to `path` whole or not at all (a private temporary file
-/// beside it, synced, then renamed over it).
+/// Writes `bytes` to `path` whole or not at all
+/// ([`polychip_files::write_atomic`]: a private temporary file beside it,
+/// synced, renamed over it, removed again on failure).
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    use std::io::Write;
-    let tmp = path.with_extension(format!("tmp-{}", std::process::id()));
-    let mut f = create_new(&tmp)?;
-    f.write_all(bytes)
-        .and_then(|()| f.sync_all())
-        .map_err(|e| TrainError::io(&tmp, e))?;
-    std::fs::rename(&tmp, path).map_err(|e| TrainError::io(path, e))?;
-    if let Some(dir) = path.parent()
-        && let Ok(d) = std::fs::File::open(dir)
-    {
-        let _ = d.sync_all();
-    }
-    Ok(())
+    polychip_files::write_atomic(path, bytes).map_err(|e| TrainError::io(path, e))
 }
 
 /// A checkpoint read from disk: its manifest and every stage's tensors.

@@ -65,6 +65,23 @@ pub const MODEL_LIMITS: [(&str, usize); 7] = [
 /// [`polychip_planner::settings::MAX_GLOBAL_BATCH`]).
 pub const MAX_GLOBAL_BATCH: usize = polychip_planner::settings::MAX_GLOBAL_BATCH as usize;
 
+/// The smallest vocabulary a model may have: the trainer's data are byte
+/// tokens ([`crate::data::VOCAB`] ids, 0..256, whatever the corpus), so the
+/// embedding needs a row for each. An `--init-from` model keeps its larger
+/// vocabulary; the byte ids index its first 256 rows.
+pub const MIN_VOCAB: usize = crate::data::VOCAB;
+
+/// Why a vocabulary of `vocab` entries cannot be trained, if it cannot:
+/// the one rule for model files, checkpoints and Hugging Face configs.
+pub fn vocab_too_small(vocab: usize) -> Option<String> {
+    (vocab < MIN_VOCAB).then(|| {
+        format!(
+            "the trainer's data are byte tokens (0..{MIN_VOCAB}, the bundled byte-level \
+             tokenizer), so the vocabulary must have at least {MIN_VOCAB} entries"
+        )
+    })
+}
+
 /// The model presets [`ModelConfig::preset`] knows.
 pub const MODEL_PRESETS: [&str; 4] = ["mini", "tiny", "small", "deep"];
 
@@ -144,6 +161,9 @@ impl ModelConfig {
             if v > limit {
                 return Err(format!("{field} is {v}, more than the {limit} accepted"));
             }
+        }
+        if let Some(why) = vocab_too_small(self.vocab) {
+            return Err(format!("vocab is {}; {why}", self.vocab));
         }
         if self.dim % self.heads != 0 {
             return Err(format!(
@@ -398,6 +418,34 @@ mod tests {
         for ((ours, a), (theirs, b)) in MODEL_LIMITS.iter().zip(sorted_planner_limits()) {
             assert_eq!(*a as u64, b, "{ours} vs {theirs}");
         }
+    }
+
+    #[test]
+    fn a_vocabulary_smaller_than_the_byte_tokens_is_refused() {
+        let dir = std::env::temp_dir().join(format!("polychip-vocab-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("v10.toml");
+        std::fs::write(
+            &file,
+            "name=\"v10\" vocab=10 dim=64 layers=1 heads=4 kv_heads=2 ffn=64 seq_len=16\n"
+                .replace(' ', "\n"),
+        )
+        .unwrap();
+        let e = ModelConfig::from_arg(file.to_str().unwrap())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains(&file.display().to_string())
+                && e.contains("vocab is 10")
+                && e.contains("256"),
+            "{e}"
+        );
+        let mut m = ModelConfig::preset("tiny").unwrap();
+        m.vocab = 255;
+        assert!(m.validate().unwrap_err().contains("vocab is 255"));
+        m.vocab = 256;
+        m.validate().unwrap();
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     fn sorted_planner_limits() -> Vec<(&'static str, u64)> {

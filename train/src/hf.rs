@@ -48,8 +48,9 @@ pub const INDEX_FILE: &str = "model.safetensors.index.json";
 /// The sequence length an import takes when none is given:
 /// `min(max_position_embeddings, DEFAULT_SEQ_LEN)`.
 pub const DEFAULT_SEQ_LEN: usize = 128;
-/// The smallest vocabulary the trainer can use: its data are byte tokens.
-pub const MIN_VOCAB: usize = 256;
+/// The smallest vocabulary the trainer can use: its data are byte tokens
+/// (the rule is [`crate::config::vocab_too_small`]).
+pub const MIN_VOCAB: usize = crate::config::MIN_VOCAB;
 /// The largest `config.json` or index file read: real ones are kilobytes.
 pub const MAX_JSON_BYTES: u64 = 16 << 20;
 /// The largest value accepted for a size field of `config.json`.
@@ -136,7 +137,9 @@ fn read_json_object(path: &Path) -> Result<Map<String, Value>> {
             "is larger than {MAX_JSON_BYTES} bytes; a real one is a few kilobytes"
         )));
     }
-    match serde_json::from_slice(&text) {
+    let text = std::str::from_utf8(&text)
+        .map_err(|e| fail(format!("is not valid JSON: it is not UTF-8 text ({e})")))?;
+    match polychip_files::parse_json_value(text) {
         Ok(Value::Object(m)) => Ok(m),
         Ok(_) => Err(fail("is not a JSON object".into())),
         Err(e) => Err(fail(format!("is not valid JSON: {e}"))),
@@ -327,11 +330,8 @@ pub fn read_config(dir: &Path, seq_len: Option<usize>) -> Result<HfConfig> {
     let ffn = f.size("intermediate_size", None)?;
     let vocab = f.size("vocab_size", None)?;
     let max_pos = f.size("max_position_embeddings", Some(2048))?;
-    if vocab < MIN_VOCAB {
-        return Err(f.fail(format!(
-            "has `vocab_size` = {vocab}; the trainer's data are byte tokens (0..256), so the \
-             vocabulary must have at least {MIN_VOCAB} entries"
-        )));
+    if let Some(why) = crate::config::vocab_too_small(vocab) {
+        return Err(f.fail(format!("has `vocab_size` = {vocab}; {why}")));
     }
     if dim % heads != 0 {
         return Err(f.fail(format!(
@@ -621,7 +621,22 @@ impl HfModel {
             };
             let bytes = h.read_tensor(file, &loc.hf)?;
             let dtype = h.tensors[&loc.hf].dtype.expect("checked when opened");
-            Ok(to_f32(dtype, &bytes))
+            let values = to_f32(dtype, &bytes);
+            // A model with NaN or infinite weights computes nothing usable:
+            // refused by name (import, --init-from, logits).
+            if let Some(i) = values.iter().position(|v| !v.is_finite()) {
+                return Err(TrainError::Checkpoint {
+                    path: h.path.clone(),
+                    message: format!(
+                        "has a weight that is not finite: tensor `{}` element {i} is {} (of {}); \
+                         a model with NaN or infinite weights cannot be used",
+                        loc.hf,
+                        values[i],
+                        values.len()
+                    ),
+                });
+            }
+            Ok(values)
         };
         let mut out = BTreeMap::new();
         for spec in specs {

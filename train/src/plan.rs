@@ -217,7 +217,7 @@ impl TrainPlan {
             return toml::from_str(&text).map_err(|e| bad(e.to_string()));
         }
         let value: serde_json::Value =
-            serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
+            polychip_files::parse_json_value(&text).map_err(|e| bad(e.to_string()))?;
         let planner = match (value.get("plan"), value.get("replicas")) {
             (Some(p), _) => Some(p.clone()),
             (None, Some(_)) => Some(value.clone()),
@@ -631,6 +631,22 @@ mod tests {
         ["ferrite:0", "ferrite:1", "cobalt:0"]
             .map(String::from)
             .to_vec()
+    }
+
+    #[test]
+    fn a_plan_file_with_a_key_twice_is_refused() {
+        let dir = std::env::temp_dir().join(format!("polychip-plan-dup-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("p.json");
+        std::fs::write(
+            &file,
+            r#"{"groups": [{"copies": 1, "micro_batch_size": 1, "micro_batches": 32,
+                "micro_batches": 16, "stages": [{"device": "ferrite:0", "layers": [0, 4]}]}]}"#,
+        )
+        .unwrap();
+        let err = TrainPlan::load(&file).unwrap_err().to_string();
+        assert!(err.contains("\"micro_batches\" appears twice"), "{err}");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -28,7 +28,7 @@
 
 use std::collections::BTreeMap;
 use std::fs::File;
-use std::io::{Read, Seek, SeekFrom, Write};
+use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 
 use polychip_host::DType;
@@ -238,36 +238,15 @@ impl SafeTensors {
         out
     }
 
-    /// Writes the file atomically: to `<path>.tmp-<pid>`, synced, renamed
-    /// over `path`, then the directory synced (the crate's own file writer
-    /// renames but does not sync). A failed save leaves any earlier file at
-    /// `path` intact and removes its temporary file.
+    /// Writes the file atomically ([`polychip_files::write_atomic`]: to
+    /// `.<name>.tmp-<pid>` beside it, synced, renamed over `path`, then the
+    /// directory synced). A failed save leaves any earlier file at `path`
+    /// intact and removes its temporary file.
     pub fn save(&self, path: &Path) -> Result<()> {
         for (name, t) in &self.tensors {
             check_tensor(name, t)?;
         }
-        let mut tmp_name = path.file_name().unwrap_or_default().to_os_string();
-        tmp_name.push(format!(".tmp-{}", std::process::id()));
-        let tmp = path.with_file_name(tmp_name);
-        let mut file = crate::checkpoint::create_new(&tmp)?;
-        let written = file
-            .write_all(&self.to_bytes())
-            .and_then(|()| file.sync_all());
-        if let Err(e) = written {
-            let _ = std::fs::remove_file(&tmp);
-            return Err(TrainError::io(&tmp, e));
-        }
-        if let Err(e) = std::fs::rename(&tmp, path) {
-            let _ = std::fs::remove_file(&tmp);
-            return Err(TrainError::io(path, e));
-        }
-        let dir = match path.parent() {
-            Some(d) if !d.as_os_str().is_empty() => d,
-            _ => Path::new("."),
-        };
-        File::open(dir)
-            .and_then(|d| d.sync_all())
-            .map_err(|e| TrainError::io(dir, e))
+        polychip_files::write_atomic(path, &self.to_bytes()).map_err(|e| TrainError::io(path, e))
     }
 
     /// Reads a file written by [`SafeTensors::save`] or any safetensors

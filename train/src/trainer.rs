@@ -450,6 +450,15 @@ pub fn run(opts: &Options, runtime: &Runtime, mut job: Option<&mut Job>) -> Resu
         } else {
             None
         };
+        if let Some(v) = val_loss
+            && !v.is_finite()
+        {
+            return Err(TrainError::Diverged(format!(
+                "step {step}: the validation loss is {v}; nothing of this step was saved; lower \
+                 the learning rate or check the plugins with `polychip conform` and \
+                 --autocompare"
+            )));
+        }
         let save_now = match (&opts.checkpoint_dir, &staging) {
             (Some(_), _) => due(opts.save_every),
             (None, Some(_)) => step == end,
@@ -458,6 +467,7 @@ pub fn run(opts: &Options, runtime: &Runtime, mut job: Option<&mut Job>) -> Resu
         if let Some(dir) = saves_to
             && save_now
         {
+            check_finite_weights(step, &stage, job.as_deref_mut().map(|j| &mut **j))?;
             if let Some(sh) = &sharding {
                 // Each rank's moments are current only in its own shares.
                 gather_shares(
@@ -519,6 +529,7 @@ pub fn run(opts: &Options, runtime: &Runtime, mut job: Option<&mut Job>) -> Resu
     {
         // No step ran (`--steps 0`, or resuming at the end): the checkpoint
         // "after the last step" is of the starting weights.
+        check_finite_weights(start, &stage, job.as_deref_mut().map(|j| &mut **j))?;
         summary.checkpoint = Some(save(dir, start, &stage, &role, opts, job.as_deref_mut())?);
     }
     let times: Vec<f64> = summary.steps.iter().skip(1).map(|r| r.seconds).collect();
@@ -579,6 +590,30 @@ pub fn export_staging(out: &std::path::Path) -> PathBuf {
         Some(p) if !p.as_os_str().is_empty() => p.join(name),
         _ => PathBuf::from(name),
     }
+}
+
+/// Before a checkpoint of `step` is saved (and so before an export, which
+/// goes through it): every rank checks that its stage's weights are finite
+/// (one read of them) and the ranks agree (one all-reduce, so all refuse
+/// together and none waits in the save's barrier). Diverged weights are
+/// refused with [`TrainError::Diverged`] and nothing of them is saved: the
+/// last good checkpoint stays `latest`.
+fn check_finite_weights(step: u64, stage: &Stage, comm: Option<&mut Communicator>) -> Result<()> {
+    let bad = stage.first_non_finite_weight()?;
+    let mut ranks_bad = [f32::from(u8::from(bad.is_some()))];
+    all_reduce_f32(comm, &mut ranks_bad)?;
+    if ranks_bad[0] == 0.0 {
+        return Ok(());
+    }
+    let which = match bad {
+        Some((name, i, v)) => format!("`{name}` element {i} is {v}"),
+        None => "another rank's stage holds a weight that is not finite".into(),
+    };
+    Err(TrainError::Diverged(format!(
+        "step {step}: the weights are not finite ({which}); the checkpoint of step {step} was \
+         not saved (the last good one stays `latest`) and nothing was exported; lower the \
+         learning rate or check the plugins with `polychip conform` and --autocompare"
+    )))
 }
 
 fn save(
@@ -736,7 +771,7 @@ fn gather(
             })
             .collect();
         let text = serde_json::to_string(&trace::chrome_trace(&ranks)).expect("json");
-        std::fs::write(path, text).map_err(|e| TrainError::io(path, e))?;
+        crate::checkpoint::write_atomic(path, text.as_bytes())?;
     }
     Ok(())
 }

@@ -575,7 +575,7 @@ fn saving_does_not_write_through_planted_links() {
     let victim = elsewhere.join("victim");
     std::fs::write(&victim, "keep me").unwrap();
     let tmp = partial.join(format!(
-        "{}.tmp-{}",
+        ".{}.tmp-{}",
         checkpoint::stage_file(0, 1),
         std::process::id()
     ));

@@ -856,3 +856,23 @@ fn a_trained_checkpoint_of_any_split_exports_and_imports_exactly() {
         "the staging checkpoint is removed: {staged:?}"
     );
 }
+
+#[test]
+fn non_finite_weights_are_refused_naming_the_tensor_and_index() {
+    let cfg = config();
+    for (name, bad) in [("nan", f32::NAN), ("inf", f32::INFINITY)] {
+        let dir = hf_dir(name, &cfg, |t| {
+            let w = t.get_mut("model.layers.1.mlp.down_proj.weight").unwrap();
+            w.data[4 * 7..4 * 8].copy_from_slice(&bad.to_le_bytes());
+        });
+        let out = dir.parent().unwrap().join("imported");
+        let e = hf::import(&dir, None, &out).unwrap_err().to_string();
+        assert!(
+            e.contains("model.safetensors")
+                && e.contains("`model.layers.1.mlp.down_proj.weight` element 7")
+                && e.contains("not finite"),
+            "{e}"
+        );
+        assert!(!out.exists(), "nothing is written for a refused import");
+    }
+}

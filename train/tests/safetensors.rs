@@ -170,7 +170,7 @@ fn a_failed_save_keeps_the_old_file() {
     let path = dir.join("model.safetensors");
     sample().save(&path).unwrap();
     // A directory where the temporary file must go makes the write fail.
-    let tmp = dir.join(format!("model.safetensors.tmp-{}", std::process::id()));
+    let tmp = dir.join(format!(".model.safetensors.tmp-{}", std::process::id()));
     std::fs::create_dir(&tmp).unwrap();
     let err = SafeTensors::new().save(&path).unwrap_err();
     assert!(matches!(err, TrainError::Io { .. }), "{err:?}");

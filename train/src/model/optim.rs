@@ -94,6 +94,20 @@ impl Stage {
         Ok(f64::from(out.to_vec::<f32>()?[0]))
     }
 
+    /// The first master weight of this stage that is not finite: the
+    /// parameter's name, the element's index in it and its value. One read
+    /// of the weights to the host: called before a checkpoint is saved,
+    /// not every step.
+    pub fn first_non_finite_weight(&self) -> Result<Option<(String, usize, f32)>> {
+        for p in &self.params {
+            let values = p.value.to_vec::<f32>()?;
+            if let Some(i) = values.iter().position(|v| !v.is_finite()) {
+                return Ok(Some((p.spec.name.clone(), i, values[i])));
+            }
+        }
+        Ok(None)
+    }
+
     /// Scales the f32 gradients by `alpha` (clipping).
     pub fn scale_grads(&self, alpha: f64) -> Result<()> {
         let all = self.grad_span(0..self.params.len())?;

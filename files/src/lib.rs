@@ -1,0 +1,414 @@
+//! The files polychip's commands take and make.
+//!
+//! - Text inputs (model, cluster, settings, plan, profile and waiver files)
+//!   are read only from regular files of a bounded size
+//!   ([`read_text_file`]): a FIFO named in their place cannot block the
+//!   program and `/dev/zero` cannot fill its memory.
+//! - Outputs are written whole or not at all ([`write_atomic`]): a private
+//!   temporary file beside the target, synced, renamed over it, removed
+//!   again when anything fails (a full disk leaves no half-written file and
+//!   no stray temporary one).
+//! - JSON inputs parsed into a value keep no silent choice between two
+//!   values of one key ([`parse_json_value`] refuses a duplicate key, which
+//!   `serde_json` would resolve as "the last one wins").
+//! - Which paths name the same file ([`check_distinct`]): a command refuses
+//!   an output that is one of its inputs, or another of its outputs, before
+//!   it starts, instead of overwriting it.
+//!
+//! Every other crate that reads or writes such files goes through these, so
+//! the rules (and their messages) are the same everywhere.
+
+use std::fs::FileType;
+use std::io::{Error, ErrorKind, Read, Write};
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::path::{Path, PathBuf};
+
+/// The most bytes a text input may have (a model, cluster, settings,
+/// profile, waiver or plan file: all of them kilobytes; a fleet's profile
+/// a few megabytes).
+pub const MAX_TEXT_FILE: u64 = 64 << 20;
+
+/// What a file that is not a regular file is, in words (`a FIFO`), for
+/// the messages that refuse it.
+pub fn kind(ft: FileType) -> &'static str {
+    if ft.is_dir() {
+        "a directory"
+    } else if ft.is_fifo() {
+        "a FIFO"
+    } else if ft.is_char_device() {
+        "a character device"
+    } else if ft.is_block_device() {
+        "a block device"
+    } else if ft.is_socket() {
+        "a socket"
+    } else if ft.is_symlink() {
+        "a symbolic link"
+    } else {
+        "not a regular file"
+    }
+}
+
+/// Reads the text file `path` if it is a regular file of at most `max_len`
+/// bytes. Anything else is refused before it is opened, so that a FIFO
+/// named in its place cannot block and `/dev/zero` cannot fill the memory;
+/// a file that grows past the bound while it is read is refused too (and
+/// one swapped for a FIFO between the check and the open is opened without
+/// blocking and refused). The errors say what the path is (a directory, a
+/// FIFO, a device) or how long.
+pub fn read_text_file(path: &Path, max_len: u64) -> std::io::Result<String> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let not_regular = |ft: FileType| {
+        Error::new(
+            ErrorKind::InvalidInput,
+            format!("it is {}, not a regular file; it was not read", kind(ft)),
+        )
+    };
+    let meta = std::fs::metadata(path)?;
+    if !meta.file_type().is_file() {
+        return Err(not_regular(meta.file_type()));
+    }
+    let too_long = |what: String| {
+        Error::new(
+            ErrorKind::InvalidData,
+            format!("{what} more than the {max_len} bytes such a file may have"),
+        )
+    };
+    if meta.len() > max_len {
+        return Err(too_long(format!("it is {} bytes long,", meta.len())));
+    }
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        // On a regular file it changes nothing; a FIFO swapped in after
+        // the check opens at once instead of waiting for a writer.
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)?;
+    let opened = file.metadata()?;
+    if !opened.file_type().is_file() {
+        return Err(not_regular(opened.file_type()));
+    }
+    let mut text = String::new();
+    file.take(max_len.saturating_add(1))
+        .read_to_string(&mut text)?;
+    if text.len() as u64 > max_len {
+        return Err(too_long("it grew while it was read, to".into()));
+    }
+    Ok(text)
+}
+
+/// Writes `bytes` to `path` whole or not at all: a private temporary file
+/// beside it (`.<name>.tmp-<pid>`, created new: a stale file or a link at
+/// that name is removed first, never followed), synced, renamed over
+/// `path`, then the directory synced. On any failure the temporary file is
+/// removed and an earlier file at `path` is left as it was. A `path` that
+/// exists and is not a regular file (a device, a FIFO, a directory) is
+/// refused, never replaced.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    if let Ok(m) = std::fs::metadata(path)
+        && !m.is_file()
+    {
+        return Err(Error::new(
+            ErrorKind::InvalidInput,
+            format!(
+                "it is {}, not a regular file; it was not replaced",
+                kind(m.file_type())
+            ),
+        ));
+    }
+    let name = path.file_name().ok_or_else(|| {
+        Error::new(
+            ErrorKind::InvalidInput,
+            "the path names no file (it ends in \"..\" or \"/\")",
+        )
+    })?;
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let mut tmp_name = std::ffi::OsString::from(".");
+    tmp_name.push(name);
+    tmp_name.push(format!(".tmp-{}", std::process::id()));
+    let tmp = dir.join(tmp_name);
+    let at_tmp = |e: Error| {
+        Error::new(
+            e.kind(),
+            format!("the temporary file {}: {e}", tmp.display()),
+        )
+    };
+    // A stale one (left by a killed process of the same pid) or a link
+    // planted at the name is removed, not followed; `create_new` (O_EXCL)
+    // then refuses whatever appears there meanwhile.
+    let _ = std::fs::remove_file(&tmp);
+    let written = (|| {
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&tmp)
+            .map_err(at_tmp)?;
+        f.write_all(bytes)
+            .and_then(|()| f.sync_all())
+            .map_err(at_tmp)?;
+        std::fs::rename(&tmp, path)
+            .map_err(|e| Error::new(e.kind(), format!("renaming {} over it: {e}", tmp.display())))
+    })();
+    if let Err(e) = written {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e);
+    }
+    if let Ok(d) = std::fs::File::open(dir) {
+        let _ = d.sync_all();
+    }
+    Ok(())
+}
+
+/// What a path names, to tell whether two paths name one file: an existing
+/// file by its device and inode (through links), one not yet made by its
+/// directory's identity and its name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Identity {
+    File(u64, u64),
+    New(Box<Identity>, std::ffi::OsString),
+    Unknown(PathBuf),
+}
+
+fn identity(path: &Path) -> Identity {
+    if let Ok(m) = std::fs::metadata(path) {
+        return Identity::File(m.dev(), m.ino());
+    }
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    match (path.file_name(), std::fs::metadata(dir)) {
+        (Some(name), Ok(m)) => Identity::New(
+            Box::new(Identity::File(m.dev(), m.ino())),
+            name.to_os_string(),
+        ),
+        _ => Identity::Unknown(path.to_path_buf()),
+    }
+}
+
+/// Refuses an output (a flag and its path) that names the same file as an
+/// input or as another output, before a command starts: it would overwrite
+/// its own input, or one output the other. Paths are compared by the file
+/// they reach (links followed; a file not yet made by its directory and
+/// name). The message names both flags and the path.
+pub fn check_distinct(inputs: &[(&str, &Path)], outputs: &[(&str, &Path)]) -> Result<(), String> {
+    let outs: Vec<(&str, &Path, Identity)> = outputs
+        .iter()
+        .map(|&(flag, p)| (flag, p, identity(p)))
+        .collect();
+    for &(flag, p) in inputs {
+        let id = identity(p);
+        if let Some((out, o, _)) = outs.iter().find(|(_, _, i)| *i == id) {
+            return Err(format!(
+                "{out} {} is the same file as {flag} {}: writing it would overwrite the input; \
+                 write it elsewhere",
+                o.display(),
+                p.display()
+            ));
+        }
+    }
+    for (i, (a, pa, ia)) in outs.iter().enumerate() {
+        if let Some((b, pb, _)) = outs[i + 1..].iter().find(|(_, _, ib)| ib == ia) {
+            return Err(format!(
+                "{a} {} and {b} {} name the same path: one would overwrite the other; give each \
+                 its own",
+                pa.display(),
+                pb.display()
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Parses `text` as JSON into a value, refusing an object with two
+/// members of one key (`{"copies": 64, "copies": 1}`), which
+/// `serde_json::from_str::<Value>` would silently read as the last. The
+/// error names the key and, like `serde_json`'s own, the line and column.
+pub fn parse_json_value(text: &str) -> Result<serde_json::Value, serde_json::Error> {
+    use serde::Deserialize;
+    let mut de = serde_json::Deserializer::from_str(text);
+    let v = Strict::deserialize(&mut de)?;
+    de.end()?;
+    Ok(v.0)
+}
+
+/// A JSON value deserialized with duplicate keys refused.
+struct Strict(serde_json::Value);
+
+impl<'de> serde::Deserialize<'de> for Strict {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(StrictVisitor).map(Strict)
+    }
+}
+
+struct StrictVisitor;
+
+impl<'de> serde::de::Visitor<'de> for StrictVisitor {
+    type Value = serde_json::Value;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a JSON value")
+    }
+    fn visit_bool<E>(self, v: bool) -> Result<Self::Value, E> {
+        Ok(v.into())
+    }
+    fn visit_i64<E>(self, v: i64) -> Result<Self::Value, E> {
+        Ok(v.into())
+    }
+    fn visit_u64<E>(self, v: u64) -> Result<Self::Value, E> {
+        Ok(v.into())
+    }
+    fn visit_f64<E>(self, v: f64) -> Result<Self::Value, E> {
+        Ok(serde_json::Number::from_f64(v).map_or(serde_json::Value::Null, Into::into))
+    }
+    fn visit_str<E>(self, v: &str) -> Result<Self::Value, E> {
+        Ok(v.into())
+    }
+    fn visit_string<E>(self, v: String) -> Result<Self::Value, E> {
+        Ok(v.into())
+    }
+    fn visit_unit<E>(self) -> Result<Self::Value, E> {
+        Ok(serde_json::Value::Null)
+    }
+    fn visit_none<E>(self) -> Result<Self::Value, E> {
+        Ok(serde_json::Value::Null)
+    }
+    fn visit_some<D: serde::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_any(self)
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        let mut out = Vec::new();
+        while let Some(Strict(v)) = seq.next_element()? {
+            out.push(v);
+        }
+        Ok(out.into())
+    }
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut out = serde_json::Map::new();
+        while let Some(key) = map.next_key::<String>()? {
+            if out.contains_key(&key) {
+                return Err(serde::de::Error::custom(format!(
+                    "the key \"{key}\" appears twice in one object"
+                )));
+            }
+            let Strict(v) = map.next_value()?;
+            out.insert(key, v);
+        }
+        Ok(out.into())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scratch(name: &str) -> PathBuf {
+        let dir =
+            std::env::temp_dir().join(format!("polychip-files-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    #[test]
+    fn only_regular_files_within_the_bound_are_read() {
+        let dir = scratch("read");
+        let file = dir.join("a.toml");
+        std::fs::write(&file, "x = 1\n").unwrap();
+        assert_eq!(read_text_file(&file, 6).unwrap(), "x = 1\n");
+        let err = read_text_file(&file, 5).unwrap_err().to_string();
+        assert!(err.contains("6 bytes long, more than the 5 bytes"), "{err}");
+        let err = read_text_file(&dir, 100).unwrap_err().to_string();
+        assert!(err.contains("a directory"), "{err}");
+        // Refused without reading (a read would never end).
+        let err = read_text_file(Path::new("/dev/zero"), 100)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("a character device"), "{err}");
+        // Refused without opening (an open would block for a writer).
+        let fifo = dir.join("fifo");
+        let made = std::process::Command::new("mkfifo").arg(&fifo).status();
+        if made.is_ok_and(|s| s.success()) {
+            let err = read_text_file(&fifo, 100).unwrap_err().to_string();
+            assert!(err.contains("a FIFO"), "{err}");
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn an_atomic_write_leaves_the_old_file_and_no_temporary_one_when_it_fails() {
+        let dir = scratch("write");
+        let file = dir.join("out.json");
+        write_atomic(&file, b"one").unwrap();
+        write_atomic(&file, b"two").unwrap();
+        assert_eq!(std::fs::read(&file).unwrap(), b"two");
+        // A directory in the way of the rename: the write fails, the
+        // directory stays, no temporary file is left.
+        let blocked = dir.join("blocked");
+        std::fs::create_dir(&blocked).unwrap();
+        std::fs::write(blocked.join("inside"), "x").unwrap();
+        assert!(write_atomic(&blocked, b"three").is_err());
+        assert!(blocked.is_dir());
+        let left: Vec<_> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        assert_eq!(left.len(), 2, "{left:?}");
+        // A device or a directory is never replaced.
+        let err = write_atomic(Path::new("/dev/null"), b"x").unwrap_err();
+        assert!(err.to_string().contains("a character device"), "{err}");
+        assert!(
+            Path::new("/dev/null")
+                .metadata()
+                .unwrap()
+                .file_type()
+                .is_char_device()
+        );
+        assert!(write_atomic(Path::new("/"), b"x").is_err());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn json_with_a_key_twice_in_one_object_is_refused() {
+        let v = parse_json_value(r#"{"a": [1, 2.5, {"b": null}], "c": "d", "e": true}"#).unwrap();
+        assert_eq!(
+            v,
+            serde_json::json!({"a": [1, 2.5, {"b": null}], "c": "d", "e": true})
+        );
+        let err = parse_json_value("{\"plan\": {\"copies\": 64,\n \"copies\": 1}}")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("\"copies\" appears twice") && err.contains("line 2"),
+            "{err}"
+        );
+        // The same key in two objects is fine; trailing text is not.
+        assert!(parse_json_value(r#"[{"a": 1}, {"a": 2}]"#).is_ok());
+        assert!(parse_json_value(r#"{"a": 1} x"#).is_err());
+        // Large integers keep their type.
+        assert_eq!(parse_json_value("18446744073709551615").unwrap(), u64::MAX);
+    }
+
+    #[test]
+    fn outputs_that_are_inputs_or_each_other_are_refused() {
+        let dir = scratch("distinct");
+        let corpus = dir.join("corpus.txt");
+        std::fs::write(&corpus, "text").unwrap();
+        let link = dir.join("link.txt");
+        std::os::unix::fs::symlink(&corpus, &link).unwrap();
+        let log = dir.join("log.json");
+        let ok = check_distinct(&[("--corpus", &corpus)], &[("--log-json", &log)]);
+        assert_eq!(ok, Ok(()));
+        let err = check_distinct(&[("--corpus", &corpus)], &[("--log-json", &link)]).unwrap_err();
+        assert!(
+            err.contains("--log-json") && err.contains("same file as --corpus"),
+            "{err}"
+        );
+        // Two outputs not yet made, one named through "./".
+        let again = dir.join(".").join("log.json");
+        let err = check_distinct(&[], &[("--trace", &log), ("--log-json", &again)]).unwrap_err();
+        assert!(err.contains("name the same path"), "{err}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
