@@ -683,6 +683,7 @@ fn train(args: &Args) -> Result<ExitCode, TrainError> {
     // files by the process that writes them (rank 0, or the launching one).
     if let Some(dir) = &args.checkpoint_dir {
         check_output_dir("--checkpoint-dir", dir)?;
+        polychip_train::checkpoint::check_root_for_run(dir, args.resume.as_deref())?;
     }
     if !launched || info.rank == 0 {
         let mut files: Vec<(&str, PathBuf)> = Vec::new();

@@ -353,3 +353,59 @@ fn checkpoint_help_names_its_commands() {
         assert!(out.contains(flag), "{flag} missing from:\n{out}");
     }
 }
+
+#[test]
+fn a_directory_with_another_runs_checkpoints_is_refused_unless_resumed() {
+    let dir = scratch("shared");
+    let ck = dir.join("ck");
+    let ck_arg = s(&ck);
+    let run = |extra: &[&str]| {
+        let mut args = TRAIN.to_vec();
+        if extra.contains(&"--resume") {
+            args.drain(1..3);
+        }
+        args.extend_from_slice(&["--device", "ferrite:0", "--checkpoint-dir", &ck_arg]);
+        args.extend_from_slice(extra);
+        polychip(&args)
+    };
+    let (code, out, err) = run(&["--steps", "2", "--save-every", "1"]);
+    assert_eq!(code, Some(0), "{out}{err}");
+    let before = entries(&ck);
+    assert!(before.contains(&"latest".to_string()), "{before:?}");
+    let latest = std::fs::read_to_string(ck.join("latest")).unwrap();
+    // A new run into it: refused before training, nothing changed.
+    let (code, _, err) = run(&["--steps", "1", "--seed", "5"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("already holds another run's checkpoints (latest: step-00000002)")
+            && err.contains("--resume"),
+        "{err}"
+    );
+    assert_eq!(entries(&ck), before);
+    assert_eq!(std::fs::read_to_string(ck.join("latest")).unwrap(), latest);
+    // Going on with it is allowed, from its root or from one of its steps.
+    let (code, out, err) = run(&["--steps", "3", "--resume", &s(&ck)]);
+    assert_eq!(code, Some(0), "{out}{err}");
+    let step = ck.join("step-00000001");
+    let (code, out, err) = run(&["--steps", "2", "--resume", &s(&step)]);
+    assert_eq!(code, Some(0), "{out}{err}");
+    // While a run holds it, another is refused (the lock is the
+    // committing rank's; here util-linux's `flock` holds it, where it is
+    // installed).
+    let holder = std::process::Command::new("flock")
+        .arg(ck.join(".lock"))
+        .args(["sleep", "30"])
+        .spawn();
+    if let Ok(mut holder) = holder {
+        std::thread::sleep(std::time::Duration::from_millis(500));
+        let (code, _, err) = run(&["--steps", "4", "--resume", &s(&ck)]);
+        let _ = holder.kill();
+        let _ = holder.wait();
+        assert_ne!(code, Some(0), "{err}");
+        assert!(
+            err.contains("another run is saving its checkpoints here now"),
+            "{err}"
+        );
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -152,6 +152,103 @@ pub fn write_tensors(
     tensors.save(&dir.join(stage_file(index, stages)))
 }
 
+/// The checkpoints already in `root`: its `latest` and its step
+/// directories (finished or `.partial`), by name; empty when `root` does
+/// not exist.
+fn held(root: &Path) -> Vec<String> {
+    let Ok(entries) = std::fs::read_dir(root) else {
+        return Vec::new();
+    };
+    let mut names: Vec<String> = entries
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| {
+            n == "latest" || step_of_name(n.strip_suffix(".partial").unwrap_or(n)).is_some()
+        })
+        .collect();
+    names.sort();
+    names
+}
+
+/// Refuses `root` as a new run's checkpoint directory when it already
+/// holds checkpoints (a `latest` or a step directory) and the run does not
+/// resume from it (`resume`, the run's `--resume`, is `root` or one of its
+/// step directories): the new run would replace the old one's steps one by
+/// one and move `latest` back to its own.
+pub fn check_root_for_run(root: &Path, resume: Option<&Path>) -> Result<()> {
+    let names = held(root);
+    if names.is_empty() {
+        return Ok(());
+    }
+    let same = |a: &Path| match (a.canonicalize(), root.canonicalize()) {
+        (Ok(a), Ok(r)) => a == r,
+        _ => false,
+    };
+    if let Some(r) = resume
+        && (same(r) || r.parent().is_some_and(same))
+    {
+        return Ok(());
+    }
+    let latest = std::fs::read_to_string(root.join("latest")).ok();
+    let what = match latest.as_deref().map(str::trim) {
+        Some(l) if l.len() <= 64 => format!("latest: {l}"),
+        _ => names.iter().take(3).cloned().collect::<Vec<_>>().join(", "),
+    };
+    Err(TrainError::Checkpoint {
+        path: root.to_path_buf(),
+        message: format!(
+            "already holds another run's checkpoints ({what}); to go on with that run give \
+             --resume {}, or save into an empty or new directory",
+            root.display()
+        ),
+    })
+}
+
+/// The lock a run holds on its checkpoint directory while it trains
+/// ([`RootLock::take`]): released when dropped or when the process ends,
+/// however it ends.
+#[derive(Debug)]
+pub struct RootLock {
+    _file: std::fs::File,
+}
+
+impl RootLock {
+    /// Makes `root` if needed and locks it for this run (an advisory
+    /// `flock` on `root/.lock`, taken by the rank that commits the
+    /// checkpoints), so that a second run saving into the same directory
+    /// at the same time is refused instead of interleaving its steps with
+    /// this one's.
+    pub fn take(root: &Path) -> Result<RootLock> {
+        use std::os::fd::AsRawFd;
+        std::fs::create_dir_all(root).map_err(|e| TrainError::io(root, e))?;
+        let path = root.join(".lock");
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            .map_err(|e| TrainError::io(&path, e))?;
+        // SAFETY: flock on a descriptor this function owns; no memory is
+        // passed.
+        let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+        if rc != 0 {
+            let e = std::io::Error::last_os_error();
+            let message = if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+                "another run is saving its checkpoints here now; give this one its own \
+                 --checkpoint-dir"
+                    .to_string()
+            } else {
+                format!("cannot be locked for this run: {e}")
+            };
+            return Err(TrainError::Checkpoint {
+                path: root.to_path_buf(),
+                message,
+            });
+        }
+        Ok(RootLock { _file: file })
+    }
+}
+
 /// Second half, on rank 0 after every writer finished: the manifest, the
 /// rename to `step-N/` and the new `latest`.
 pub fn commit(root: &Path, manifest: &Manifest) -> Result<PathBuf> {

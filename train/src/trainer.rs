@@ -352,6 +352,12 @@ pub fn run(opts: &Options, runtime: &Runtime, mut job: Option<&mut Job>) -> Resu
         _ => None,
     };
     let saves_to = opts.checkpoint_dir.as_ref().or(staging.as_ref());
+    // The rank that commits the checkpoints holds the directory for the
+    // run, so that a second run saving there now is refused.
+    let _lock = match saves_to {
+        Some(dir) if rank == 0 => Some(checkpoint::RootLock::take(dir)?),
+        _ => None,
+    };
     for s in start..end {
         if kill_at == Some(s + 1) {
             eprintln!(
