@@ -209,6 +209,7 @@ bugs! {
     matmul_transposed_b_as_compact: "matmul-transposed-b-as-compact" on "matmul" in "" => "outside tolerance";
     mul_column_broadcast_as_row: "mul-column-broadcast-as-row" on "mul" in "" => "[6, 6] [6, 1]";
     silu_backward_grad_out_as_compact: "silu-backward-grad-out-as-compact" on "silu_backward" in "" => "every tensor non-compact";
+    gelu_backward_grad_out_gaps_as_compact: "gelu-backward-grad-out-gaps-as-compact" on "gelu_backward" in "" => "grad_out with gaps (stride 2)";
     // Shapes that kernels special-case: a vector remainder, M = 1 (GEMV),
     // K = 1 (a rank-1 update).
     sum_drops_vector_tail: "sum-drops-vector-tail" on "sum" in "" => "[5, 37] dim -1";
@@ -228,6 +229,10 @@ bugs! {
     linear_tile_edge: "linear-tile-edge" on "linear" in "" => "realistic";
     cross_entropy_wide_no_max_shift: "cross-entropy-wide-no-max-shift" on "cross_entropy" in "" => "logits near 100";
     linear_row_tile_edge: "linear-row-tile-edge" on "linear" in "" => "realistic [300, 256]";
+    attention_backward_key_tile_edge: "attention-backward-key-tile-edge" on "attention_backward" in "" => "realistic [1, 1, 300, 128] causal";
+    rope_backward_head_dim_64_pairs: "rope-backward-head-dim-64-pairs" on "rope_backward" in "" => "realistic [1, 256, 4, 128] half-split";
+    rms_norm_backward_row_over_4096: "rms-norm-backward-row-over-4096" on "rms_norm_backward" in "" => "realistic [16, 8192]";
+    adamw_step_i16: "adamw-step-i16" on "adamw" in "" => "step 100000";
     // Bounds from error analysis, the bias test, ties, edge values.
     silu_truncates_half: "silu-truncates-half" on "silu" in "bf16,f16" => "biased rounding";
     log_softmax_backward_half_accumulation: "log-softmax-backward-half-accumulation" on "log_softmax_backward" in "bf16,f16" => "outside tolerance";
@@ -238,6 +243,10 @@ bugs! {
     scale_alpha_zero_memset: "scale-alpha-zero-memset" on "scale" in "" => "special values alpha 0";
     exp_flushes_subnormals: "exp-flushes-subnormals" on "exp" in "f32,bf16" => "results in the subnormal range";
     cast_f16_saturates: "cast-f16-saturates" on "cast" in "" => "(= inf in f16)";
+    silu_f16_flushes_subnormals: "silu-f16-flushes-subnormals" on "silu" in "f16" => "large negative inputs";
+    silu_backward_negative_cutoff: "silu-backward-negative-cutoff" on "silu_backward" in "" => "large negative inputs";
+    argmax_all_neg_inf_row: "argmax-all-neg-inf-row" on "argmax" in "" => "rows of -inf";
+    adamw_lr_zero_skips_moments: "adamw-lr-zero-skips-moments" on "adamw" in "" => " lr 0 ";
     // State kept between calls: a cache keyed by address.
     linear_weight_cache_by_address: "linear-weight-cache-by-address" on "linear" in "" => "after a call with other values in the same buffers";
     // A kernel that never returns: each such case fails as hung and the
@@ -247,6 +256,8 @@ bugs! {
     cross_entropy_refuses_internal: "cross-entropy-refuses-internal" on "cross_entropy" in "" => "must be refused with POLYCHIP_ERROR_INVALID_ARGUMENT";
     embedding_backward_foreign_error: "embedding-backward-foreign-error" on "embedding_backward" in "" => "never created";
     cross_entropy_backward_stale_error: "cross-entropy-backward-stale-error" on "cross_entropy_backward" in "" => "already taken back";
+    embedding_index_narrowed_to_i32: "embedding-index-narrowed-to-i32" on "embedding" in "" => "index 4294967297 out of range";
+    cross_entropy_backward_target_narrowed_to_i32: "cross-entropy-backward-target-narrowed-to-i32" on "cross_entropy_backward" in "" => "target 4294967196 out of range";
     // The host refuses step 0 itself (its argument checks run before any
     // plugin code), so no caller can reach this plugin's refusal: the bug is
     // unobservable through the host, and the suite cannot flag it.

@@ -103,7 +103,50 @@ fn unary(op: UnaryOp, dtype: DType) -> Vec<Case> {
     if op == UnaryOp::Exp {
         cases.push(exp_subnormal_results(dtype));
     }
+    if op == UnaryOp::Silu {
+        let x = negative_tail(dtype, 24);
+        let tolerance = Tolerance::computed(negative_tail_rel(&x));
+        cases.push(unary_case(
+            op,
+            dtype,
+            NEGATIVE_TAIL.into(),
+            &[x.len()],
+            x,
+            Layout::Contiguous,
+            tolerance,
+        ));
+    }
     cases
+}
+
+/// The label of the cases of [`negative_tail`].
+const NEGATIVE_TAIL: &str = "large negative inputs: tiny results, in the subnormal range in f16";
+
+/// `n` inputs spread over the tail where `x sigmoid(x)` (silu, swiglu and
+/// their gradients, about `x e^x`) is tiny but not 0: in f16 from -9 to
+/// -21, results from the smallest normal f16 down past the smallest
+/// subnormal; in the other dtypes from -20 to -87, results down to 1e-36
+/// (normal: a kernel that computes `x / (1 + exp(-x))` in f32 overflows
+/// `exp` below -88.7, so lower inputs would make their own result
+/// undefined). A kernel that flushes subnormal results to zero, or cuts
+/// the tail off early (`0 for x < -16`), fails; no other case reaches it
+/// (the activations' inputs stop at -5).
+fn negative_tail(dtype: DType, n: usize) -> Vec<f64> {
+    let (hi, lo) = if dtype == DType::F16 {
+        (-9.0, -21.0)
+    } else {
+        (-20.0, -87.0)
+    };
+    (0..n)
+        .map(|j| crate::values::round_to(dtype, hi + (lo - hi) * j as f64 / (n - 1) as f64))
+        .collect()
+}
+
+/// The relative error of an f32 `x sigmoid(x)` (or its derivative) in the
+/// tail: its condition number `|1 + x (1 - s)|`, about `|x|`, times u(f32)
+/// (a kernel rounds `exp`'s reduced argument), and a few roundings.
+fn negative_tail_rel(x: &[f64]) -> f64 {
+    16.0 + 2.0 * x.iter().fold(0.0f64, |m, v| m.max(v.abs())).ceil()
 }
 
 /// exp of inputs from `ln(smallest subnormal)` up to `ln(smallest normal)`
@@ -288,12 +331,31 @@ fn activation_backward(op: ActivationBackwardOp, dtype: DType) -> Vec<Case> {
             },
         ));
     }
+    if op == ActivationBackwardOp::SiluBackward {
+        // The gradient g e^x (1 + x) of the tail (see `negative_tail`).
+        let x = negative_tail(dtype, 24);
+        let g = rng.values(dtype, x.len(), 0.5, 2.0);
+        let (rel, n) = (negative_tail_rel(&x), x.len());
+        cases.push(case(
+            op.name(),
+            dtype,
+            NEGATIVE_TAIL,
+            vec![
+                input("grad_out", dtype, &[n], g, Layout::Contiguous),
+                input("input", dtype, &[n], x, Layout::Contiguous),
+                output("grad_in", dtype, &[n], Layout::Contiguous),
+            ],
+            Tolerance::computed(rel),
+            move |exec, t| exec.activation_backward(op, &t[0], &t[1], &t[2]),
+            |d| Ok(vec![reference::silu_backward(&d[0], &d[1])?]),
+        ));
+    }
     cases
 }
 
 fn swiglu(dtype: DType) -> Vec<Case> {
     let mut rng = Rng::for_case("swiglu", dtype);
-    SHAPES
+    let mut cases: Vec<Case> = SHAPES
         .iter()
         .map(|&(shape, layout)| {
             let gate = rng.values(dtype, numel(shape), -5.0, 5.0);
@@ -313,12 +375,30 @@ fn swiglu(dtype: DType) -> Vec<Case> {
                 |d| Ok(vec![reference::swiglu(&d[0], &d[1])?]),
             )
         })
-        .collect()
+        .collect();
+    // silu of a gate in the tail (see `negative_tail`).
+    let gate = negative_tail(dtype, 24);
+    let up = rng.values(dtype, gate.len(), 0.5, 2.0);
+    let n = gate.len();
+    cases.push(case(
+        "swiglu",
+        dtype,
+        NEGATIVE_TAIL,
+        vec![
+            input("gate", dtype, &[n], gate.clone(), Layout::Contiguous),
+            input("up", dtype, &[n], up, Layout::Contiguous),
+            output("out", dtype, &[n], Layout::Contiguous),
+        ],
+        Tolerance::computed(negative_tail_rel(&gate)),
+        |exec, t| exec.swiglu(&t[0], &t[1], &t[2]),
+        |d| Ok(vec![reference::swiglu(&d[0], &d[1])?]),
+    ));
+    cases
 }
 
 fn swiglu_backward(dtype: DType) -> Vec<Case> {
     let mut rng = Rng::for_case("swiglu_backward", dtype);
-    SHAPES
+    let mut cases: Vec<Case> = SHAPES
         .iter()
         .map(|&(shape, layout)| {
             let n = numel(shape);
@@ -348,7 +428,33 @@ fn swiglu_backward(dtype: DType) -> Vec<Case> {
                 },
             )
         })
-        .collect()
+        .collect();
+    // A gate in the tail (see `negative_tail`): both gradients are tiny.
+    let gate = negative_tail(dtype, 24);
+    let n = gate.len();
+    let (up, g) = (
+        rng.values(dtype, n, 0.5, 2.0),
+        rng.values(dtype, n, 0.5, 2.0),
+    );
+    cases.push(case(
+        "swiglu_backward",
+        dtype,
+        NEGATIVE_TAIL,
+        vec![
+            input("gate", dtype, &[n], gate.clone(), Layout::Contiguous),
+            input("up", dtype, &[n], up, Layout::Contiguous),
+            input("grad_out", dtype, &[n], g, Layout::Contiguous),
+            output("grad_gate", dtype, &[n], Layout::Contiguous),
+            output("grad_up", dtype, &[n], Layout::Contiguous),
+        ],
+        Tolerance::computed(negative_tail_rel(&gate)),
+        |exec, t| exec.swiglu_backward(&t[0], &t[1], &t[2], &t[3], &t[4]),
+        |d| {
+            let (gg, gu) = reference::swiglu_backward(&d[0], &d[1], &d[2])?;
+            Ok(vec![gg, gu])
+        },
+    ));
+    cases
 }
 
 fn reduce_cases(op: ReduceOp) -> fn(DType) -> Vec<Case> {
@@ -419,6 +525,22 @@ fn reduce(op: ReduceOp, dtype: DType) -> Vec<Case> {
             op,
             dtype,
             "NaN and infinities in rows".into(),
+            &[3, 3],
+            x,
+            1,
+            false,
+            Layout::Contiguous,
+        ));
+    }
+    if matches!(op, ReduceOp::Max | ReduceOp::Argmax) {
+        // A row of -inf only (a fully masked row: argmax 0, max -inf),
+        // and rows whose maximum is the lowest finite value.
+        let (inf, low) = (f64::NEG_INFINITY, -specials(dtype)[5]);
+        let x = vec![inf, inf, inf, inf, low, low, low, low, inf];
+        cases.push(reduce_case(
+            op,
+            dtype,
+            "rows of -inf and of the lowest finite value".into(),
             &[3, 3],
             x,
             1,

@@ -181,6 +181,40 @@ const FAMILIES: &[Family] = &[
         full: &[&[8, 2048, 128]],
     },
     Family {
+        op: "attention_backward",
+        build: attention_backward,
+        // [heads, seq, head_dim]: a head dim of 128, and a sequence past
+        // 256 that is not a multiple of a key tile.
+        default: &[&[1, 300, 128]],
+        full: &[&[4, 1031, 128]],
+    },
+    Family {
+        op: "rope",
+        build: |d, p| rope(d, p, false),
+        // [seq, heads, head_dim]: a head dim of 128, half-split pairs.
+        default: &[&[256, 4, 128]],
+        full: &[&[2048, 8, 128]],
+    },
+    Family {
+        op: "rope_backward",
+        build: |d, p| rope(d, p, true),
+        default: &[&[256, 4, 128]],
+        full: &[&[2048, 8, 128]],
+    },
+    Family {
+        op: "rms_norm_backward",
+        build: rms_norm_backward,
+        // [rows, hidden].
+        default: &[&[16, 8192]],
+        full: &[&[512, 16_384]],
+    },
+    Family {
+        op: "layer_norm_backward",
+        build: layer_norm_backward,
+        default: &[&[16, 8192]],
+        full: &[&[512, 16_384]],
+    },
+    Family {
         op: "embedding",
         build: embedding,
         // [vocab, hidden, tokens].
@@ -618,6 +652,180 @@ fn attention(dtype: DType, p: &[usize]) -> Case {
         move |d| {
             let (out, lse) = reference::attention(&d[0], &d[1], &d[2], scale, true)?;
             Ok(vec![out, lse])
+        },
+    )
+}
+
+/// Causal attention's backward at a realistic head dim and sequence: the
+/// saved `out` and `lse` of the reference forward, stored as a plugin
+/// would have (as `nn::attention`'s small cases).
+fn attention_backward(dtype: DType, p: &[usize]) -> Case {
+    let (heads, seq, hd) = (p[0], p[1], p[2]);
+    let mut r = rng("attention_backward", dtype, p);
+    let shape = [1, heads, seq, hd];
+    let n = heads * seq * hd;
+    let q = r.values(dtype, n, -1.0, 1.0);
+    let k = r.values(dtype, n, -1.0, 1.0);
+    let v = r.values(dtype, n, -1.0, 1.0);
+    let g = r.values(dtype, n, -1.0, 1.0);
+    let scale = 1.0 / (hd as f64).sqrt();
+    let dense = |x: &Vec<f64>| reference::Dense::new(&shape, x.clone());
+    let (out, lse) = reference::attention(&dense(&q), &dense(&k), &dense(&v), scale, true)
+        .expect("valid shapes");
+    let stored = |d: DType, x: &reference::Dense| -> Vec<f64> {
+        x.data
+            .iter()
+            .map(|&v| crate::values::round_to(d, v))
+            .collect()
+    };
+    let stats = [1, heads, seq];
+    case(
+        "attention_backward",
+        dtype,
+        format!("{} causal", dims(&shape)),
+        vec![
+            input("q", dtype, &shape, q, C),
+            input("k", dtype, &shape, k, C),
+            input("v", dtype, &shape, v, C),
+            input("out", dtype, &shape, stored(dtype, &out), C),
+            input("lse", DType::F32, &stats, stored(DType::F32, &lse), C),
+            input("grad_out", dtype, &shape, g, C),
+            output("grad_q", dtype, &shape, C),
+            output("grad_k", dtype, &shape, C),
+            output("grad_v", dtype, &shape, C),
+        ],
+        // As `nn::attention`: sums over the keys, the queries and the head.
+        Tolerance::accumulated(8.0, 2 * seq + hd).with_low(3.0),
+        move |exec, t| {
+            exec.attention_backward(
+                &t[0], &t[1], &t[2], &t[3], &t[4], &t[5], &t[6], &t[7], &t[8], scale, true,
+            )
+        },
+        move |d| {
+            let (gq, gk, gv) = reference::attention_backward(
+                &d[0], &d[1], &d[2], &d[3], &d[4], &d[5], scale, true,
+            )?;
+            Ok(vec![gq, gk, gv])
+        },
+    )
+}
+
+/// rope or its backward over `[1, seq, heads, head_dim]` with half-split
+/// pairs (as Llama), positions from 0.
+fn rope(dtype: DType, p: &[usize], backward: bool) -> Case {
+    let (seq, heads, hd) = (p[0], p[1], p[2] / 2 * 2);
+    let op = if backward { "rope_backward" } else { "rope" };
+    let shape = [1, seq, heads, hd];
+    let x = rng(op, dtype, p).values(dtype, seq * heads * hd, -2.0, 2.0);
+    let (cos, sin) = super::nn::rope_tables(seq, hd, 0);
+    case(
+        op,
+        dtype,
+        format!("{} half-split", dims(&shape)),
+        vec![
+            input("input", dtype, &shape, x, C),
+            input("cos", DType::F32, &[seq, hd / 2], cos, C),
+            input("sin", DType::F32, &[seq, hd / 2], sin, C),
+            output("out", dtype, &shape, C),
+        ],
+        // As `nn::rope`.
+        Tolerance::accumulated(2.0, 2).with_bias(Bias::LowPrecision),
+        move |exec, t| {
+            if backward {
+                exec.rope_backward(&t[0], &t[1], &t[2], &t[3], false)
+            } else {
+                exec.rope(&t[0], &t[1], &t[2], &t[3], false)
+            }
+        },
+        move |d| {
+            Ok(vec![if backward {
+                reference::rope_backward(&d[0], &d[1], &d[2], false)?
+            } else {
+                reference::rope(&d[0], &d[1], &d[2], false)?
+            }])
+        },
+    )
+}
+
+fn rms_norm_backward(dtype: DType, p: &[usize]) -> Case {
+    let (rows, h) = (p[0], p[1]);
+    let mut r = rng("rms_norm_backward", dtype, p);
+    let x = r.values(dtype, rows * h, -2.0, 2.0);
+    let w = r.values(dtype, h, 0.5, 1.5);
+    let g = r.values(dtype, rows * h, -1.0, 1.0);
+    let (_, inv) = reference::rms_norm(
+        &reference::Dense::new(p, x.clone()),
+        &reference::Dense::new(&[h], w.clone()),
+        1e-6,
+    )
+    .expect("valid shapes");
+    let inv: Vec<f64> = inv
+        .data
+        .iter()
+        .map(|&v| crate::values::round_to(DType::F32, v))
+        .collect();
+    case(
+        "rms_norm_backward",
+        dtype,
+        dims(p),
+        vec![
+            input("grad_out", dtype, p, g, C),
+            input("input", dtype, p, x, C),
+            input("weight", dtype, &[h], w, C),
+            input("inv_rms", DType::F32, &[rows], inv, C),
+            output("grad_input", dtype, p, C),
+            output("grad_weight", dtype, &[h], C),
+        ],
+        // As `nn::norm`.
+        Tolerance::accumulated(8.0, h + rows),
+        |exec, t| exec.rms_norm_backward(&t[0], &t[1], &t[2], &t[3], &t[4], &t[5]),
+        |d| {
+            let (gi, gw) = reference::rms_norm_backward(&d[0], &d[1], &d[2], &d[3])?;
+            Ok(vec![gi, gw])
+        },
+    )
+}
+
+fn layer_norm_backward(dtype: DType, p: &[usize]) -> Case {
+    let (rows, h) = (p[0], p[1]);
+    let mut r = rng("layer_norm_backward", dtype, p);
+    let x = r.values(dtype, rows * h, -1.0, 3.0);
+    let w = r.values(dtype, h, 0.5, 1.5);
+    let b = r.values(dtype, h, -0.5, 0.5);
+    let g = r.values(dtype, rows * h, -1.0, 1.0);
+    let (_, mean, rstd) = reference::layer_norm(
+        &reference::Dense::new(p, x.clone()),
+        &reference::Dense::new(&[h], w.clone()),
+        &reference::Dense::new(&[h], b),
+        1e-5,
+    )
+    .expect("valid shapes");
+    let f32s = |d: &reference::Dense| -> Vec<f64> {
+        d.data
+            .iter()
+            .map(|&v| crate::values::round_to(DType::F32, v))
+            .collect()
+    };
+    case(
+        "layer_norm_backward",
+        dtype,
+        dims(p),
+        vec![
+            input("grad_out", dtype, p, g, C),
+            input("input", dtype, p, x, C),
+            input("weight", dtype, &[h], w, C),
+            input("mean", DType::F32, &[rows], f32s(&mean), C),
+            input("rstd", DType::F32, &[rows], f32s(&rstd), C),
+            output("grad_input", dtype, p, C),
+            output("grad_weight", dtype, &[h], C),
+            output("grad_bias", dtype, &[h], C),
+        ],
+        // As `nn::norm`.
+        Tolerance::accumulated(8.0, h + rows),
+        |exec, t| exec.layer_norm_backward(&t[0], &t[1], &t[2], &t[3], &t[4], &t[5], &t[6], &t[7]),
+        |d| {
+            let (gi, gw, gb) = reference::layer_norm_backward(&d[0], &d[1], &d[2], &d[3], &d[4])?;
+            Ok(vec![gi, gw, gb])
         },
     )
 }

@@ -10,7 +10,8 @@
 //!   the reference sees what the plugin reads) and a negative stride on each,
 //!   and, with two dimensions or more, a row slice of wider rows (the last
 //!   dimension contiguous, padding between rows: a slice of a fused
-//!   projection);
+//!   projection), and gaps between its elements (stride 2: a view whose
+//!   dimensions collapse into one stride that is not 1);
 //! - for every written tensor, a negative stride on its first dimension,
 //!   gaps between its elements (stride 2) and gaps between its rows (a row
 //!   slice);
@@ -140,6 +141,11 @@ fn layouts(b: &Case) -> Vec<Case> {
                         format!("{name} reversed along dim {d} (negative stride)"),
                         |ts| ts[t].layout = Layout::Reversed(d),
                     ));
+                }
+                if spec.shape.iter().any(|&e| e > 1) {
+                    out.push(variant(b, format!("{name} with gaps (stride 2)"), |ts| {
+                        ts[t].layout = Layout::Strided
+                    }));
                 }
                 if spec.shape.len() >= 2 {
                     out.push(variant(

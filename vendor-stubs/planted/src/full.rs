@@ -190,6 +190,9 @@ pub mod ops {
                 UnaryOp::Silu if is(Bug::SiluTruncatesHalf) && bad::silu_truncated(i, o) => {
                     return done();
                 }
+                UnaryOp::Silu if is(Bug::SiluF16FlushesSubnormals) && paths::silu_f16_ftz(i, o) => {
+                    return done();
+                }
                 UnaryOp::Gelu if is(Bug::GeluErfForm) => bad::gelu_erf(i, o),
                 UnaryOp::Exp if is(Bug::ExpFastApprox) => bad::exp_fast(i, o),
                 UnaryOp::Exp if is(Bug::ExpFlushesSubnormals) && paths::exp_ftz(i, o) => {}
@@ -230,6 +233,10 @@ pub mod ops {
                 bad::relu_backward_at_zero(g, i, gi);
                 return done();
             }
+            if op == ActivationBackwardOp::SiluBackward && is(Bug::SiluBackwardNegativeCutoff) {
+                paths::silu_backward_cutoff(g, i, gi);
+                return done();
+            }
             kernels::activation_backward(k, g, i, gi)
         })
     }
@@ -267,6 +274,9 @@ pub mod ops {
                 ReduceOp::Sum if is(Bug::SumDropsVectorTail) => paths::sum_vector_tail(i, o, dim),
                 ReduceOp::Max if is(Bug::MaxIgnoresNan) => bad::max_ignoring_nan(i, o, dim),
                 ReduceOp::Argmax if is(Bug::ArgmaxLastTie) => bad::argmax_last(i, o, dim),
+                ReduceOp::Argmax if is(Bug::ArgmaxAllNegInfRow) => {
+                    paths::argmax_from_minus_one(i, o, dim)
+                }
                 _ => false,
             };
             if handled {
@@ -391,7 +401,11 @@ pub mod ops {
 
     pub unsafe fn rms_norm_backward(args: &RmsNormBackwardArgs<'_>) -> Result<()> {
         run!("rms_norm_backward", args => |[g, i, w, r, gi, gw]| {
-            kernels::rms_norm_backward(g, i, w, r, gi, gw)
+            kernels::rms_norm_backward(g, i, w, r, gi, gw)?;
+            if is(Bug::RmsNormBackwardRowOver4096) {
+                paths::rms_norm_backward_row_4096(g, i, w, r, gi);
+            }
+            done()
         })
     }
 
@@ -415,7 +429,15 @@ pub mod ops {
     pub unsafe fn rope(args: &RopeArgs<'_>, backward: bool) -> Result<()> {
         let interleaved = args.interleaved;
         let op = if backward { "rope_backward" } else { "rope" };
-        run!(op, args => |[i, c, s, o]| kernels::rope(i, c, s, o, interleaved, backward))
+        run!(op, args => |[i, c, s, o]| {
+            if backward
+                && is(Bug::RopeBackwardHeadDim64Pairs)
+                && paths::rope_backward_64_pairs(i, c, s, o, interleaved)
+            {
+                return done();
+            }
+            kernels::rope(i, c, s, o, interleaved, backward)
+        })
     }
 
     pub unsafe fn attention(args: &AttentionArgs<'_>) -> Result<()> {
@@ -426,7 +448,16 @@ pub mod ops {
     pub unsafe fn attention_backward(args: &AttentionBackwardArgs<'_>) -> Result<()> {
         let (scale, causal) = (args.scale, args.causal);
         run!("attention_backward", args => |[q, k, v, o, l, g, gq, gk, gv]| {
-            kernels::attention_backward(q, k, v, o, l, g, gq, gk, gv, scale, causal)
+            let saved = if is(Bug::AttentionBackwardKeyTileEdge) {
+                let mut saved = paths::attention_key_tile_save(gk);
+                saved.extend(paths::attention_key_tile_save(gv));
+                saved
+            } else {
+                Vec::new()
+            };
+            kernels::attention_backward(q, k, v, o, l, g, gq, gk, gv, scale, causal)?;
+            bad::restore(saved);
+            done()
         })
     }
 
@@ -435,6 +466,8 @@ pub mod ops {
             let rows = w.shape.first().copied().unwrap_or(0);
             let remap: Option<fn(i64, i64) -> i64> = if is(Bug::EmbeddingU16Index) {
                 Some(|x, _| x & 0xffff)
+            } else if is(Bug::EmbeddingIndexNarrowedToI32) {
+                Some(|x, _| i64::from(x as i32))
             } else if is(Bug::EmbeddingClampsIndex) {
                 Some(|x, rows| x.clamp(0, (rows - 1).max(0)))
             } else {
@@ -488,6 +521,17 @@ pub mod ops {
     pub unsafe fn cross_entropy_backward(args: &CrossEntropyBackwardArgs<'_>) -> Result<()> {
         let (ignore, grad_loss) = (args.ignore_index, args.grad_loss);
         run!("cross_entropy_backward", args => |[l, t, g]| {
+            if is(Bug::CrossEntropyBackwardTargetNarrowedToI32) {
+                let narrowed = bad::remap_indices(t, 0, |x, _| i64::from(x as i32));
+                let strides = polychip_plugin_sdk::contiguous_strides(t.shape);
+                let targets = View {
+                    ptr: narrowed.as_ptr().cast_mut().cast::<u8>(),
+                    dtype: kernels::DType::I64,
+                    shape: t.shape,
+                    strides: &strides,
+                };
+                return kernels::cross_entropy_backward(l, &targets, g, grad_loss, ignore);
+            }
             kernels::cross_entropy_backward(l, t, g, grad_loss, ignore)
         })
     }
@@ -507,7 +551,17 @@ pub mod ops {
         if is(Bug::AdamwSkipsBf16) && args.param.dtype == DType::BF16 {
             return Ok(());
         }
-        run!("adamw", args => |[g, p, m, v]| kernels::adamw(p, g, m, v, lr, b1, b2, eps, wd, step))
+        if is(Bug::AdamwLrZeroSkipsMoments) && lr == 0.0 {
+            return Ok(());
+        }
+        run!("adamw", args => |[g, p, m, v]| {
+            if is(Bug::AdamwStepI16) {
+                let h = paths::Adamw { lr, beta1: b1, beta2: b2, eps, weight_decay: wd, step };
+                paths::adamw_step_i16(p, g, m, v, h);
+                return done();
+            }
+            kernels::adamw(p, g, m, v, lr, b1, b2, eps, wd, step)
+        })
     }
 
     pub unsafe fn scale(args: &ScaleArgs<'_>) -> Result<()> {

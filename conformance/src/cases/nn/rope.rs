@@ -17,7 +17,7 @@ const ROPE_PLANS: [([usize; 4], bool, usize, Layout, Layout, Layout); 8] = [
 
 /// The `cos` and `sin` tables `[seq, D/2]` of positions `first..first+seq`
 /// with the usual frequencies `10000^(-2j/D)`.
-fn rope_tables(seq: usize, d: usize, first: usize) -> (Vec<f64>, Vec<f64>) {
+pub(crate) fn rope_tables(seq: usize, d: usize, first: usize) -> (Vec<f64>, Vec<f64>) {
     let half = d / 2;
     let angle = |i: usize| {
         let (pos, j) = (first + i / half, i % half);

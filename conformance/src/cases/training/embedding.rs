@@ -125,8 +125,30 @@ pub(super) fn embedding_plans(rng: &mut Rng) -> Vec<EmbeddingPlan> {
         vec![0, 4, -1, 2],
         [C; 3],
     );
+    // One index out of range at a time, each at an extreme of its dtype:
+    // 2^32 + 1 (1 once narrowed to 32 bits), the most negative and the
+    // largest i64 (0 and -1 in 32 bits), and the ends of i32.
+    for (idx_dtype, bad) in EXTREME_INDICES {
+        plan(
+            &format!("index {bad} out of range"),
+            (10, 4),
+            &[3],
+            idx_dtype,
+            vec![2, bad, 0],
+            [C; 3],
+        );
+    }
     plans
 }
+
+/// Indices out of range at the extremes of their dtype, one per case.
+pub(super) const EXTREME_INDICES: [(DType, i64); 5] = [
+    (DType::I64, (1 << 32) + 1),
+    (DType::I64, i64::MIN),
+    (DType::I64, i64::MAX),
+    (DType::I32, i32::MIN as i64),
+    (DType::I32, i32::MAX as i64),
+];
 
 pub(super) fn embedding_cases(dtype: DType) -> Vec<Case> {
     let mut rng = Rng::for_case("embedding", dtype);

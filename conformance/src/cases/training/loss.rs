@@ -163,6 +163,23 @@ pub(super) fn cross_entropy_plans(rng: &mut Rng, dtype: DType) -> Vec<CrossEntro
         [C; 2],
         0.0,
     );
+    // Targets at the extremes of their dtype (see `EXTREME_INDICES`), and
+    // 2^32 - 100, which is ignore_index once narrowed to 32 bits.
+    let extremes = super::embedding::EXTREME_INDICES
+        .into_iter()
+        .chain([(DType::I64, (1 << 32) - 100)]);
+    for (idx_dtype, bad) in extremes {
+        plan(
+            rng,
+            &format!("target {bad} out of range"),
+            (3, 5),
+            idx_dtype,
+            -100,
+            Some(vec![1, bad, 0]),
+            [C; 2],
+            0.0,
+        );
+    }
     plans
 }
 

@@ -28,6 +28,13 @@ pub fn strides(op: &str, name: &str, shape: &[i64], strides: &mut Vec<i64>) {
         {
             *strides = compact();
         }
+        // Dimensions that collapse into one of stride s > 1 (a gapped
+        // view): the 1-D path indexes it with stride 1.
+        ("gelu_backward", "grad_out")
+            if is(Bug::GeluBackwardGradOutGapsAsCompact) && collapses_to_gaps(shape, strides) =>
+        {
+            *strides = compact();
+        }
         // Last dimension contiguous: rows assumed packed.
         ("rms_norm", "input" | "out")
             if is(Bug::RmsNormIgnoresRowStride) && strides.last() == Some(&1) =>
@@ -54,6 +61,16 @@ pub fn strides(op: &str, name: &str, shape: &[i64], strides: &mut Vec<i64>) {
         }
         _ => {}
     }
+}
+
+/// Whether a view of `shape` with `strides` collapses into one dimension
+/// of a stride over 1 (every stride the next one's times its extent, the
+/// last one above 1): a gapped view, read compactly within its span.
+fn collapses_to_gaps(shape: &[i64], strides: &[i64]) -> bool {
+    let Some(&last) = strides.last() else {
+        return false;
+    };
+    last > 1 && (1..shape.len()).all(|d| shape[d] <= 1 || strides[d - 1] == strides[d] * shape[d])
 }
 
 /// After the kernel: writes outside `out`, the output of `op`.
@@ -91,5 +108,21 @@ pub unsafe fn after(op: &str, out: &View<'_>) {
             }
         }
         _ => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_views_that_collapse_into_one_gapped_stride_are_misread() {
+        assert!(collapses_to_gaps(&[7], &[2]));
+        assert!(collapses_to_gaps(&[4, 6], &[12, 2]));
+        assert!(collapses_to_gaps(&[2, 3, 67], &[402, 134, 2]));
+        assert!(!collapses_to_gaps(&[4, 6], &[6, 1]));
+        assert!(!collapses_to_gaps(&[4, 6], &[1, 4]));
+        assert!(!collapses_to_gaps(&[4, 6], &[9, 1]));
+        assert!(!collapses_to_gaps(&[], &[]));
     }
 }

@@ -106,6 +106,17 @@ pub enum Bug {
     EmbeddingBackwardRacyDuplicates,
     LinearWeightCacheByAddress,
     LayerNormInputRowsAssumedPacked,
+    GeluBackwardGradOutGapsAsCompact,
+    SiluF16FlushesSubnormals,
+    SiluBackwardNegativeCutoff,
+    AttentionBackwardKeyTileEdge,
+    RopeBackwardHeadDim64Pairs,
+    RmsNormBackwardRowOver4096,
+    AdamwStepI16,
+    AdamwLrZeroSkipsMoments,
+    EmbeddingIndexNarrowedToI32,
+    CrossEntropyBackwardTargetNarrowedToI32,
+    ArgmaxAllNegInfRow,
 }
 
 /// A catalog entry.
@@ -305,6 +316,39 @@ catalog! {
     LayerNormInputRowsAssumedPacked "layer-norm-input-rows-assumed-packed" "layer_norm" Layout:
         "contiguous input rows with padding between them (a slice of a fused projection) are read as packed: the row stride is ignored"
         => "row-slice layouts of inputs (last dim contiguous, padded rows)";
+    GeluBackwardGradOutGapsAsCompact "gelu-backward-grad-out-gaps-as-compact" "gelu_backward" Layout:
+        "the 1-D fast path taken when an operand's dimensions collapse into one (a gapped view, stride 2) assumes that one stride is 1: a gapped grad_out is read as compact"
+        => "layouts derived for every input: gaps between elements (stride 2)";
+    SiluF16FlushesSubnormals "silu-f16-flushes-subnormals" "silu" EdgeValues:
+        "the f32-to-f16 store flushes results in the f16 subnormal range (below 2^-14) to zero (a hand-rolled conversion without denormals)"
+        => "large negative inputs: results in the subnormal range";
+    SiluBackwardNegativeCutoff "silu-backward-negative-cutoff" "silu_backward" Path:
+        "an early-out for the saturated tail returns a zero gradient for x < -16, where the exact one is g e^x (1 + x), tiny but not 0"
+        => "large negative inputs: results in the subnormal range";
+    AttentionBackwardKeyTileEdge "attention-backward-key-tile-edge" "attention_backward" Size:
+        "the last partial 128-key tile of grad_k and grad_v is never written back when seq_kv is over 128 and not a multiple of 128"
+        => "realistic sizes: attention backward at a head dim of 128 and 300 tokens";
+    RopeBackwardHeadDim64Pairs "rope-backward-head-dim-64-pairs" "rope_backward" Size:
+        "a half-split kernel written for head_dim 64 rotates each 64-wide chunk of a wider head on its own, pairing x[j] with x[j + 32] instead of x[j + D/2]"
+        => "realistic sizes: rope at a head dim of 128";
+    RmsNormBackwardRowOver4096 "rms-norm-backward-row-over-4096" "rms_norm_backward" Size:
+        "the row's dot product sum(g w x) of grad_input stops after 4096 elements (one block per row, no loop over the rest of a wider row)"
+        => "realistic sizes: norm backwards over 8192-wide rows";
+    AdamwStepI16 "adamw-step-i16" "adamw" Size:
+        "the step is packed into a signed 16-bit field of the kernel's parameters: from step 32768 it wraps negative and the bias correction 1 - beta^step goes negative (NaN)"
+        => "AdamW at step 100000";
+    AdamwLrZeroSkipsMoments "adamw-lr-zero-skips-moments" "adamw" Path:
+        "a learning rate of 0 (the first step of a warm-up schedule) returns early, so the moments are not updated"
+        => "AdamW with lr 0 (the moments still update)";
+    EmbeddingIndexNarrowedToI32 "embedding-index-narrowed-to-i32" "embedding" Contract:
+        "i64 indices are narrowed to i32 before the range check, so 2^32 + k passes it and reads row k"
+        => "refusals of indices at the integer dtype's extremes";
+    CrossEntropyBackwardTargetNarrowedToI32 "cross-entropy-backward-target-narrowed-to-i32" "cross_entropy_backward" Contract:
+        "i64 targets are narrowed to i32 before the range check, so 2^32 + k is taken as class k (and 2^32 - 100 as ignored)"
+        => "refusals of targets at the integer dtype's extremes";
+    ArgmaxAllNegInfRow "argmax-all-neg-inf-row" "argmax" EdgeValues:
+        "argmax starts from index -1 and a running maximum of -inf, updated on a strict >: a row whose every element is -inf (a fully masked row) gives -1"
+        => "rows of -inf and of the lowest finite value";
 }
 
 /// A kernel that never returns ([`Bug::RsqrtHangsOnLargeTensors`]): the

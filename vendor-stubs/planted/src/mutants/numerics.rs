@@ -361,7 +361,7 @@ pub unsafe fn cast_f64_bf16_double(src: &View<'_>, dst: &View<'_>) -> bool {
 
 /// For each element of the reduction's output (row-major), the addresses of
 /// the input elements it reduces over `dim`.
-fn groups(input: &View<'_>, dim: usize) -> Vec<Vec<*mut u8>> {
+pub(super) fn groups(input: &View<'_>, dim: usize) -> Vec<Vec<*mut u8>> {
     if input.shape.is_empty() || dim >= input.shape.len() {
         return vec![vec![input.ptr]];
     }

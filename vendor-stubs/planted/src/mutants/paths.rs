@@ -16,7 +16,7 @@ use std::sync::Mutex;
 
 use ferrite_kernels::{DType, View};
 
-use super::elems::{addresses, load, load_int, map, round, rows, store};
+use super::elems::{addresses, load, load_int, map, round, rows, store, store_int};
 
 /// The lanes of the vectorised reduction.
 const LANES: usize = 8;
@@ -255,6 +255,220 @@ pub unsafe fn packed_weight(weight: &View<'_>) -> Vec<u8> {
         .clone()
 }
 
+/// silu with f16 results below the smallest normal f16 (2^-14) flushed to
+/// zero (keeping the sign). Returns false for other dtypes.
+pub unsafe fn silu_f16_ftz(input: &View<'_>, out: &View<'_>) -> bool {
+    if out.dtype != DType::F16 {
+        return false;
+    }
+    let normal = 2f64.powi(-14);
+    // SAFETY: forwarded.
+    unsafe {
+        map(input, out, round, |x| {
+            let r = round(DType::F16, x / (1.0 + (-x).exp()));
+            if r != 0.0 && r.abs() < normal {
+                0f64.copysign(r)
+            } else {
+                r
+            }
+        })
+    };
+    true
+}
+
+/// silu_backward with a zero gradient for x < -16 (the saturated tail).
+pub unsafe fn silu_backward_cutoff(g: &View<'_>, x: &View<'_>, gi: &View<'_>) {
+    let (ga, xa, gia) = (addresses(g), addresses(x), addresses(gi));
+    for i in 0..gia.len() {
+        // SAFETY: addresses of live elements.
+        unsafe {
+            let (go, v) = (load(g.dtype, ga[i]), load(x.dtype, xa[i]));
+            let r = if v < -16.0 {
+                0.0
+            } else {
+                let s = 1.0 / (1.0 + (-v).exp());
+                go * s * (1.0 + v * (1.0 - s))
+            };
+            store(gi.dtype, gia[i], r);
+        }
+    }
+}
+
+/// Saves the elements of the last partial 128-key tile of `grad` (a
+/// `[..., seq_kv, d]` gradient of k or v; seq_kv over 128, not a multiple
+/// of 128) so they can be put back after the kernel ("never written
+/// back"; see `numerics::restore`).
+pub unsafe fn attention_key_tile_save(grad: &View<'_>) -> Vec<(*mut u8, Vec<u8>)> {
+    const TILE: usize = 128;
+    let r = grad.shape.len();
+    if r < 2 {
+        return Vec::new();
+    }
+    let (skv, d) = (grad.shape[r - 2] as usize, grad.shape[r - 1] as usize);
+    if skv <= TILE || skv % TILE == 0 || d == 0 {
+        return Vec::new();
+    }
+    let kept = skv / TILE * TILE;
+    let size = grad.dtype.size();
+    addresses(grad)
+        .into_iter()
+        .enumerate()
+        .filter(|(i, _)| (i / d) % skv >= kept)
+        // SAFETY: addresses of live elements.
+        .map(|(_, p)| (p, unsafe { std::slice::from_raw_parts(p, size) }.to_vec()))
+        .collect()
+}
+
+/// rope_backward (half-split pairs) for a head dim over 64, as a kernel
+/// written for 64: each 64-wide chunk of a head is rotated on its own, x[j]
+/// paired with x[j + 32], table column `chunk * 32 + j`. Returns false
+/// (not handled) for interleaved pairs or head dims up to 64.
+pub unsafe fn rope_backward_64_pairs(
+    input: &View<'_>,
+    cos: &View<'_>,
+    sin: &View<'_>,
+    out: &View<'_>,
+    interleaved: bool,
+) -> bool {
+    let r = input.shape.len();
+    if interleaved || r != 4 || input.shape[3] <= 64 || input.shape[3] % 64 != 0 {
+        return false;
+    }
+    let (seq, heads, dim) = (
+        input.shape[1] as usize,
+        input.shape[2] as usize,
+        input.shape[3] as usize,
+    );
+    let (c, s) = (rows(cos), rows(sin));
+    for (k, (ri, ro)) in rows(input).iter().zip(rows(out)).enumerate() {
+        let pos = (k / heads) % seq;
+        let x: Vec<f64> = ri
+            .iter()
+            // SAFETY: addresses of live elements.
+            .map(|&p| unsafe { load(input.dtype, p) })
+            .collect();
+        for chunk in 0..dim / 64 {
+            for j in 0..32 {
+                let (i1, i2, col) = (chunk * 64 + j, chunk * 64 + j + 32, chunk * 32 + j);
+                // SAFETY: addresses of live elements.
+                unsafe {
+                    let (cv, sv) = (load(cos.dtype, c[pos][col]), load(sin.dtype, s[pos][col]));
+                    let (a, b) = (x[i1], x[i2]);
+                    store(out.dtype, ro[i1], a * cv + b * sv);
+                    store(out.dtype, ro[i2], -a * sv + b * cv);
+                }
+            }
+        }
+    }
+    true
+}
+
+/// After the correct rms_norm_backward: grad_input of rows wider than 4096
+/// recomputed with the row's dot product `sum(g w x)` over the first 4096
+/// elements only.
+pub unsafe fn rms_norm_backward_row_4096(
+    grad_out: &View<'_>,
+    input: &View<'_>,
+    weight: &View<'_>,
+    inv_rms: &View<'_>,
+    grad_input: &View<'_>,
+) {
+    const BLOCK: usize = 4096;
+    let h = input.shape.last().copied().unwrap_or(0) as usize;
+    if h <= BLOCK {
+        return;
+    }
+    // SAFETY: addresses of live elements.
+    let w: Vec<f64> = addresses(weight)
+        .into_iter()
+        .map(|p| unsafe { load(weight.dtype, p) })
+        .collect();
+    let r = addresses(inv_rms);
+    for (k, ((rg, rx), rgi)) in rows(grad_out)
+        .iter()
+        .zip(rows(input))
+        .zip(rows(grad_input))
+        .enumerate()
+    {
+        // SAFETY: addresses of live elements.
+        unsafe {
+            let g: Vec<f64> = rg.iter().map(|&p| load(grad_out.dtype, p)).collect();
+            let x: Vec<f64> = rx.iter().map(|&p| load(input.dtype, p)).collect();
+            let inv = load(inv_rms.dtype, r[k]);
+            let dot: f64 = (0..BLOCK).map(|i| g[i] * w[i] * x[i]).sum();
+            for j in 0..h {
+                let v = inv * (g[j] * w[j] - x[j] * inv * inv * dot / h as f64);
+                store(grad_input.dtype, rgi[j], v);
+            }
+        }
+    }
+}
+
+/// argmax from index -1 and a running maximum of -inf, updated on a
+/// strict `>` (NaN taken first, as the ABI says). Returns false when a
+/// reduced extent is 0.
+pub unsafe fn argmax_from_minus_one(input: &View<'_>, out: &View<'_>, dim: usize) -> bool {
+    let g = super::numerics::groups(input, dim);
+    if g.iter().any(Vec::is_empty) {
+        return false;
+    }
+    for (grp, o) in g.iter().zip(addresses(out)) {
+        // SAFETY: addresses of live elements.
+        unsafe {
+            let (mut best, mut at) = (f64::NEG_INFINITY, -1i64);
+            for (k, &p) in grp.iter().enumerate() {
+                let v = load(input.dtype, p);
+                if best.is_nan() {
+                    break;
+                }
+                if v.is_nan() || v > best {
+                    (best, at) = (v, k as i64);
+                }
+            }
+            store_int(out.dtype, o, at);
+        }
+    }
+    true
+}
+
+/// AdamW's hyper-parameters, as the kernel takes them.
+#[derive(Debug, Clone, Copy)]
+pub struct Adamw {
+    pub lr: f64,
+    pub beta1: f64,
+    pub beta2: f64,
+    pub eps: f64,
+    pub weight_decay: f64,
+    pub step: i64,
+}
+
+/// One AdamW step whose bias correction uses the step narrowed to i16.
+pub unsafe fn adamw_step_i16(
+    param: &View<'_>,
+    grad: &View<'_>,
+    exp_avg: &View<'_>,
+    exp_avg_sq: &View<'_>,
+    h: Adamw,
+) {
+    // Planted: a 16-bit signed step.
+    let t = i32::from(h.step as i16);
+    let (bc1, bc2) = (1.0 - h.beta1.powi(t), 1.0 - h.beta2.powi(t));
+    let [p, g, m, v] = [param, grad, exp_avg, exp_avg_sq].map(addresses);
+    for i in 0..p.len() {
+        // SAFETY: addresses of live elements.
+        unsafe {
+            let gi = load(grad.dtype, g[i]);
+            let mi = h.beta1 * load(exp_avg.dtype, m[i]) + (1.0 - h.beta1) * gi;
+            let vi = h.beta2 * load(exp_avg_sq.dtype, v[i]) + (1.0 - h.beta2) * gi * gi;
+            let pi = load(param.dtype, p[i]) * (1.0 - h.lr * h.weight_decay);
+            let update = h.lr * (mi / bc1) / ((vi / bc2).sqrt() + h.eps);
+            store(exp_avg.dtype, m[i], mi);
+            store(exp_avg_sq.dtype, v[i], vi);
+            store(param.dtype, p[i], pi - update);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -341,6 +555,58 @@ mod tests {
         // SAFETY: live local buffers.
         assert!(unsafe { cast_f16_saturating(&view(&mut x, &shape, &strides), &hv) });
         assert_eq!(h.map(half::f16::to_f64), [65504.0, -65504.0, f64::INFINITY]);
+    }
+
+    #[test]
+    fn tail_index_and_step_mutants_differ_where_their_bug_says() {
+        // argmax of a row of -inf is -1; of any other row, the first maximum.
+        let inf = f32::NEG_INFINITY;
+        let mut x = [inf, inf, inf, 1.0, 3.0, 3.0];
+        let mut idx = [7i64; 2];
+        let (is, ist) = ([2i64], [1i64]);
+        let iv = View::new(idx.as_mut_ptr().cast(), DType::I64, &is, &ist);
+        // SAFETY: live local buffers.
+        assert!(unsafe { argmax_from_minus_one(&view(&mut x, &[2, 3], &[3, 1]), &iv, 1) });
+        assert_eq!(idx, [-1, 1]);
+
+        // silu_backward is 0 below -16 only.
+        let mut g = [1.0f32; 2];
+        let mut x = [-20.0f32, -10.0];
+        let mut gi = [1.0f32; 2];
+        let (shape, strides) = ([2i64], [1i64]);
+        // SAFETY: live local buffers.
+        unsafe {
+            silu_backward_cutoff(
+                &view(&mut g, &shape, &strides),
+                &view(&mut x, &shape, &strides),
+                &view(&mut gi, &shape, &strides),
+            )
+        };
+        assert_eq!(gi[0], 0.0);
+        assert!(gi[1] < 0.0);
+
+        // A step past 32767 wraps negative: NaN.
+        let (mut p, mut gr, mut m, mut v) = ([0.5f32], [0.1f32], [0.0f32], [0.0f32]);
+        let (shape, strides) = ([1i64], [1i64]);
+        let h = Adamw {
+            lr: 1e-3,
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            weight_decay: 0.0,
+            step: 40_000,
+        };
+        // SAFETY: live local buffers.
+        unsafe {
+            adamw_step_i16(
+                &view(&mut p, &shape, &strides),
+                &view(&mut gr, &shape, &strides),
+                &view(&mut m, &shape, &strides),
+                &view(&mut v, &shape, &strides),
+                h,
+            )
+        };
+        assert!(p[0].is_nan());
     }
 
     #[test]
