@@ -130,6 +130,23 @@ pub fn run(args: &Args) -> ExitCode {
             units.len()
         ));
     }
+    if let Some(case) = args.case {
+        let unit = &units[0];
+        let n = unit.len();
+        if case >= n {
+            let tier = if args.full { "" } else { " without --full" };
+            let has = match n {
+                0 => format!("has no cases{tier}"),
+                1 => format!("has 1 case{tier}, case 0"),
+                n => format!("has {n} cases{tier}, numbered 0 to {}", n - 1),
+            };
+            return usage(format!(
+                "--case {case} is beyond the cases: {} in {} {has}",
+                unit.op.name,
+                unit.dtype.name()
+            ));
+        }
+    }
     if args.worker {
         return worker(args, &units, &waivers);
     }

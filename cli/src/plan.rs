@@ -93,8 +93,12 @@ fn load_cluster(path: &Path) -> Result<ClusterSpec, String> {
             .map_err(|e| format!("could not read {}: {e}", path.display()))?;
         let json: serde_json::Value = polychip_files::parse_json_value(&text)
             .map_err(|e| format!("{} is not JSON: {e}", path.display()))?;
-        return ClusterSpec::from_devices_json(&json)
-            .map_err(|e| format!("{}: {e}", path.display()));
+        let (cluster, notes) = ClusterSpec::from_devices_json_with_notes(&json)
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+        for note in notes {
+            eprintln!("note: {}: {note}", path.display());
+        }
+        return Ok(cluster);
     }
     ClusterSpec::load(path).map_err(|e| e.to_string())
 }
@@ -293,10 +297,16 @@ fn table(r: &PlanReport) -> String {
         100.0 * p.bubble_fraction
     ));
     for a in &r.alone {
-        line(format!(
-            "  {} alone ({} chips): {:.0} tokens/s",
-            a.chip, a.chips, a.tokens_per_s
-        ));
+        line(match &a.cannot_hold {
+            Some(why) => format!(
+                "  {} alone ({} chips): cannot hold the model: {why}",
+                a.chip, a.chips
+            ),
+            None => format!(
+                "  {} alone ({} chips): {:.0} tokens/s",
+                a.chip, a.chips, a.tokens_per_s
+            ),
+        });
     }
     line(match r.hetero_speedup_ratio {
         Some(x) => format!("HeteroSpeedupRatio: {:.2}%", 100.0 * x),

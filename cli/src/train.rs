@@ -299,22 +299,42 @@ pub(crate) fn device_pool(rt: &Runtime, spec: Option<&str>) -> Result<Vec<Device
             }
             Ok(out)
         }
-        Some(list) => list
-            .split(',')
-            .map(|s| {
+        Some(list) => {
+            if list.trim().is_empty() {
+                return Err(TrainError::Config(format!(
+                    "--devices is empty; give a comma-separated list of devices (the devices are \
+                     {})",
+                    names.join(", ")
+                )));
+            }
+            let mut picked: Vec<usize> = Vec::new();
+            for (at, s) in list.split(',').enumerate() {
                 let want = s.trim().to_lowercase();
-                names
-                    .iter()
-                    .position(|n| *n == want)
-                    .map(|i| rt.devices()[i].clone())
-                    .ok_or_else(|| {
-                        TrainError::Plan(format!(
-                            "--devices names {want}, which is not present; the devices are {}",
-                            names.join(", ")
-                        ))
-                    })
-            })
-            .collect(),
+                if want.is_empty() {
+                    return Err(TrainError::Config(format!(
+                        "--devices {list:?}: entry {} is empty; give a comma-separated list of \
+                         devices such as ferrite:0,cobalt:0",
+                        at + 1
+                    )));
+                }
+                let i = names.iter().position(|n| *n == want).ok_or_else(|| {
+                    TrainError::Plan(format!(
+                        "--devices names {want}, which is not present; the devices are {}",
+                        names.join(", ")
+                    ))
+                })?;
+                if picked.contains(&i) {
+                    return Err(TrainError::Config(format!(
+                        "--devices names {want} twice; list each device once"
+                    )));
+                }
+                picked.push(i);
+            }
+            Ok(picked
+                .into_iter()
+                .map(|i| rt.devices()[i].clone())
+                .collect())
+        }
     }
 }
 

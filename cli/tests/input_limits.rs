@@ -740,3 +740,329 @@ fn diverged_weights_are_never_saved_or_exported() {
         .collect();
     assert_eq!(steps, ["step-00000001"], "{out}");
 }
+
+/// The example cluster with `edit` applied to its text, written to `dir`.
+fn cluster_with(dir: &Path, name: &str, edit: impl Fn(String) -> String) -> PathBuf {
+    let example = format!(
+        "{}/../examples/clusters/china-mobile-3-vendor.toml",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let path = dir.join(name);
+    std::fs::write(&path, edit(std::fs::read_to_string(example).unwrap())).unwrap();
+    path
+}
+
+#[test]
+fn plan_refuses_absurd_chip_figures_and_says_why_a_type_holds_no_model() {
+    let dir = scratch("plan-figures");
+    let plan = |cluster: &Path, json: bool| {
+        let c = s(cluster);
+        let mut args = vec!["plan", "--cluster", &c, "--model", "llama-7b"];
+        args.extend_from_slice(&["--global-batch", "256"]);
+        if json {
+            args.push("--json");
+        }
+        polychip_env(&args, &[])
+    };
+    for (edit, field) in [
+        ("peak_flops = { f32 = 128e12", "peak_flops = { f32 = 1e-300"),
+        ("memory_bandwidth = 0.8e12", "memory_bandwidth = 1e-300"),
+        (
+            "memory_bandwidth = 0.8e12",
+            "memory_bandwidth = 0.8e12\nmatmul_workspace_bytes = 18446744073709551615",
+        ),
+    ] {
+        let c = cluster_with(&dir, "c.toml", |t| t.replace(edit, field));
+        let (code, out, err) = plan(&c, false);
+        assert_eq!(code, Some(2), "{field}: {out}{err}");
+        let name = field
+            .rsplit('\n')
+            .next()
+            .unwrap()
+            .split(' ')
+            .next()
+            .unwrap();
+        let name = if name == "peak_flops" {
+            "peak_flops.f32"
+        } else {
+            name
+        };
+        assert!(
+            err.contains(&format!(
+                "{}: chip type \"biren-br104-class\": {name}",
+                s(&c)
+            )),
+            "{field}: {err}"
+        );
+        assert!(!err.contains("NaN") && err.len() < 400, "{err}");
+    }
+    // A reserve that leaves one byte: the type is kept, and the report says
+    // why it cannot hold the model alone (not "0 tokens/s").
+    let c = cluster_with(&dir, "one-byte.toml", |t| {
+        t.replace(
+            "memory_bandwidth = 0.8e12",
+            "memory_bandwidth = 0.8e12\nmatmul_workspace_bytes = 0\nmemory_reserve_bytes = 34359738367",
+        )
+    });
+    let (code, out, err) = plan(&c, false);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        out.contains("biren-br104-class alone (256 chips): cannot hold the model: its 256 chips have 256 B in all"),
+        "{out}"
+    );
+    assert!(
+        !out.contains(" 0 tokens/s") && !out.contains("undefined"),
+        "{out}"
+    );
+    let (code, out, err) = plan(&c, true);
+    assert_eq!(code, Some(0), "{err}");
+    let report: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert!(report["alone"][2]["cannot_hold"].is_string(), "{out}");
+    assert!(
+        report["hetero_speedup_ratio"].as_f64().unwrap() > 0.0,
+        "{out}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn plan_refuses_bad_devices_json_by_device_and_says_which_memory_it_took() {
+    let dir = scratch("plan-devices");
+    let dev = |id: &str, mem: &str, link: &str| {
+        format!(
+            r#"{{"id": "{id}", "name": "Ferrite F1", "memory_bytes": {mem}, "peak_flops": {{"f32": 1e11, "bf16": 1e11, "f16": 1e11}}, "memory_bandwidth": 1e10, "link_bandwidth": {link}}}"#
+        )
+    };
+    let run = |name: &str, text: String| {
+        let path = dir.join(name);
+        std::fs::write(&path, text).unwrap();
+        polychip_env(
+            &[
+                "plan",
+                "--cluster",
+                &s(&path),
+                "--model",
+                "mini",
+                "--global-batch",
+                "8",
+            ],
+            &[],
+        )
+    };
+    let gib = "4294967296";
+    for (devices, want) in [
+        (
+            [dev("Ferrite:0", gib, "1e10"), dev("Ferrite:0", gib, "1e10")],
+            "devices 0 and 1 both have id \"ferrite:0\"",
+        ),
+        (
+            [
+                dev("Ferrite:0", gib, "1e10"),
+                dev("Ferrite:1", "-1", "1e10"),
+            ],
+            "device 1 (\"Ferrite F1\") has memory_bytes -1; it must be a positive whole number",
+        ),
+        (
+            [dev("Ferrite:0", gib, "1e10"), dev("Ferrite:1", gib, "-1")],
+            "device 1 (\"Ferrite F1\") has link_bandwidth -1",
+        ),
+    ] {
+        let (code, _, err) = run("d.json", format!("[{}]", devices.join(",")));
+        assert_eq!(code, Some(2), "{want}: {err}");
+        assert!(
+            err.contains("d.json: devices JSON: ") && err.contains(want),
+            "{err}"
+        );
+    }
+    let (code, _, err) = run(
+        "m.json",
+        format!(
+            "[{},{}]",
+            dev("Ferrite:0", gib, "0"),
+            dev("Ferrite:1", "1073741824", "1e10")
+        ),
+    );
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        err.contains("note: ") && err.contains("reports link_bandwidth 0 (unknown)"),
+        "{err}"
+    );
+    assert!(
+        err.contains("device 1 (ferrite:1)")
+            && err.contains("the type takes the least, 1073741824 bytes"),
+        "{err}"
+    );
+    // A byte-order mark before the JSON is no part of it.
+    let (code, _, err) = run(
+        "bom.json",
+        format!(
+            "\u{feff}{{\"devices\": [{}]}}",
+            dev("Ferrite:0", gib, "1e10")
+        ),
+    );
+    assert_eq!(code, Some(0), "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn conform_refuses_a_case_beyond_the_unit_and_waivers_for_no_op() {
+    let (code, out, err) = polychip_env(
+        &[
+            "conform",
+            "--ops",
+            "^add$",
+            "--dtype",
+            "f32",
+            "--case",
+            "999999999",
+        ],
+        &[],
+    );
+    assert_eq!(code, Some(2), "{out}{err}");
+    assert!(
+        err.contains("--case 999999999 is beyond the cases: add in f32 has ")
+            && err.contains("numbered 0 to "),
+        "{err}"
+    );
+    assert!(!out.contains("passed"), "{out}");
+    let dir = scratch("waivers");
+    for (text, want) in [
+        (
+            "[[waiver]]\nop = \"ad\"\naction = \"skip\"\nreason = \"r\"\n",
+            "waiver 1 (op \"ad\"): the suite has no operator \"ad\"; did you mean add?",
+        ),
+        (
+            "[[waiver]]\nop = \"add\"\ndtype = \"f33\"\naction = \"skip\"\nreason = \"r\"\n",
+            "there is no dtype \"f33\"",
+        ),
+        (
+            "[[waiver]]\nop = \"add\"\naction = \"skip\"\nreason = \"r\"\n\
+             [[waiver]]\nop = \"add\"\naction = \"loosen\"\nfactor = 2.0\nreason = \"r\"\n",
+            "waiver 2 (op \"add\"): waiver 1 already covers add in every dtype",
+        ),
+        (
+            "[[waiver]]\nop = \"add\"\naction = \"loosen\"\nfactor = 1e308\nreason = \"r\"\n",
+            "factor 1e308 is more than 1e6",
+        ),
+    ] {
+        let w = dir.join("w.toml");
+        std::fs::write(&w, text).unwrap();
+        let (code, out, err) = polychip_env(
+            &[
+                "conform",
+                "--ops",
+                "^add$",
+                "--dtype",
+                "f32",
+                "--waivers",
+                &s(&w),
+            ],
+            &[],
+        );
+        assert_eq!(code, Some(2), "{out}{err}");
+        assert!(
+            err.contains(&format!("{}: ", s(&w))) && err.contains(want),
+            "{err}"
+        );
+        assert!(err.len() < 400, "{err}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn training_settings_and_plans_that_cannot_train_are_refused_by_field() {
+    let dir = scratch("train-fields");
+    for (text, want) in [
+        (
+            "eps = inf\n",
+            "eps is inf; it must be positive and at most 0.1",
+        ),
+        (
+            "warmup = 18446744073709551615\n",
+            "warmup is 18446744073709551615 steps, more than the 1000000000",
+        ),
+    ] {
+        let f = dir.join("settings.toml");
+        std::fs::write(&f, text).unwrap();
+        let f = s(&f);
+        refused(
+            &["--device", "ferrite:0", "--steps", "1", "--config", &f],
+            &[],
+            &[&format!("training file {f}: {want}")],
+        );
+    }
+    for bad in ["nan", "-inf", "-5.0"] {
+        let p = dir.join("plan.toml");
+        std::fs::write(
+            &p,
+            format!(
+                "predicted_step_seconds = {bad}\n[[group]]\nmicro_batch_size = 1\n\
+                 micro_batches = 4\nstages = [{{ device = \"ferrite:0\", layers = [0, 2] }}]\n"
+            ),
+        )
+        .unwrap();
+        let out = refused(
+            &["--plan", &s(&p), "--steps", "1"],
+            &[],
+            &[
+                "plan.toml: predicted_step_seconds is ",
+                "a positive number of seconds",
+            ],
+        );
+        assert!(!out.contains("NaN ms"), "{out}");
+    }
+    let p = dir.join("plan.json");
+    std::fs::write(
+        &p,
+        r#"{"group": [{"micro_batch_size": 1, "micro_batches": 4, "stages": [{"device": 0, "layers": [0, 2]}]}]}"#,
+    )
+    .unwrap();
+    refused(
+        &["--plan", &s(&p), "--steps", "1"],
+        &[],
+        &["at group[0].stages[0].device: invalid type: integer `0`"],
+    );
+    refused(
+        &["--stages", "=0..2", "--steps", "1"],
+        &[],
+        &["--stages entry \"=0..2\" names no device"],
+    );
+    refused(
+        &["--plan", "auto", "--devices", "", "--steps", "1"],
+        &[],
+        &["--devices is empty"],
+    );
+    refused(
+        &[
+            "--plan",
+            "auto",
+            "--devices",
+            "ferrite:0,,cobalt:0",
+            "--steps",
+            "1",
+        ],
+        &[],
+        &["entry 2 is empty"],
+    );
+    refused(
+        &[
+            "--plan",
+            "auto",
+            "--devices",
+            "ferrite:0,Ferrite:0",
+            "--steps",
+            "1",
+        ],
+        &[],
+        &["--devices names ferrite:0 twice"],
+    );
+    // A settings file that starts with a byte-order mark is read.
+    let f = dir.join("bom.toml");
+    std::fs::write(&f, "\u{feff}eps = inf\n").unwrap();
+    refused(
+        &["--device", "ferrite:0", "--steps", "1", "--config", &s(&f)],
+        &[],
+        &["eps is inf"],
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -260,7 +260,7 @@ impl Report {
             for w in &self.waivers.waivers {
                 let dtype = w.dtype.as_deref().unwrap_or("every dtype");
                 let what = match w.factor {
-                    Some(f) => format!("tolerance x{f}"),
+                    Some(f) => format!("tolerance x{}", crate::waivers::fmt_factor(f)),
                     None => "skipped".into(),
                 };
                 let _ = writeln!(out, "  {} {dtype}: {what}: {}", w.op, w.reason);

@@ -15,7 +15,87 @@
 
 use std::path::Path;
 
+use polychip_host::DType;
 use serde::{Deserialize, Serialize};
+
+/// The most a waiver may multiply a tolerance by: a million times the
+/// tolerance already lets any result through, so beyond it the check would
+/// be off without saying so (`action = "skip"` says so).
+pub const MAX_FACTOR: f64 = 1e6;
+
+/// A factor for the report: `4`, `2.5`, `1e6`, never hundreds of digits.
+pub fn fmt_factor(f: f64) -> String {
+    let plain = format!("{f}");
+    if plain.len() <= 10 {
+        plain
+    } else {
+        format!("{f:e}")
+    }
+}
+
+/// Edits (insertions, deletions, substitutions) between `a` and `b`.
+fn edits(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut prev = row[0];
+        row[0] = i + 1;
+        for (j, &cb) in b.iter().enumerate() {
+            let cur = row[j + 1];
+            row[j + 1] = (prev + usize::from(ca != cb)).min(row[j] + 1).min(cur + 1);
+            prev = cur;
+        }
+    }
+    row[b.len()]
+}
+
+/// Checks `w`'s operator and dtype against the suite's: the message names
+/// the close matches, or every operator when none is close.
+fn check_target(w: &Waiver) -> Result<(), String> {
+    let registry = crate::cases::registry();
+    let Some(op) = registry.iter().find(|o| o.name == w.op) else {
+        let close: Vec<&str> = registry
+            .iter()
+            .map(|o| o.name)
+            .filter(|n| {
+                let near = if w.op.len() <= 3 { 1 } else { 2 };
+                edits(n, &w.op) <= near || (w.op.len() >= 3 && n.contains(w.op.as_str()))
+            })
+            .collect();
+        let names: Vec<&str> = registry.iter().map(|o| o.name).collect();
+        return Err(if close.is_empty() {
+            format!(
+                "the suite has no operator {:?}; its operators are {}",
+                w.op,
+                names.join(", ")
+            )
+        } else {
+            format!(
+                "the suite has no operator {:?}; did you mean {}?",
+                w.op,
+                close.join(" or ")
+            )
+        });
+    };
+    if let Some(d) = &w.dtype {
+        let Some(dtype) = DType::from_name(d) else {
+            let all: Vec<&str> = DType::ALL.iter().map(|d| d.name()).collect();
+            return Err(format!(
+                "there is no dtype {d:?} (the dtypes are {})",
+                all.join(", ")
+            ));
+        };
+        if !op.dtypes.contains(&dtype) {
+            let tested: Vec<&str> = op.dtypes.iter().map(|d| d.name()).collect();
+            return Err(format!(
+                "the suite tests {} in {} only, not {d}, so the waiver would never apply",
+                w.op,
+                tested.join(", ")
+            ));
+        }
+    }
+    Ok(())
+}
 
 /// What a waiver does.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -69,15 +149,35 @@ impl Waivers {
         let file: File = toml::from_str(&text)
             .map_err(|e| format!("{}: not a valid waiver file: {e}", path.display()))?;
         for (i, w) in file.waiver.iter().enumerate() {
-            let at = format!("{}: waiver {} (op {})", path.display(), i + 1, w.op);
+            let at = format!("{}: waiver {} (op {:?})", path.display(), i + 1, w.op);
+            check_target(w).map_err(|e| format!("{at}: {e}"))?;
+            if let Some(j) = file.waiver[..i]
+                .iter()
+                .position(|o| o.op == w.op && o.dtype == w.dtype)
+            {
+                return Err(format!(
+                    "{at}: waiver {} already covers {} in {}; give one waiver per operator and \
+                     dtype",
+                    j + 1,
+                    w.op,
+                    w.dtype.as_deref().unwrap_or("every dtype")
+                ));
+            }
             if w.reason.trim().is_empty() {
                 return Err(format!("{at}: every waiver needs a reason"));
             }
             match (w.action, w.factor) {
-                (Action::Loosen, Some(f)) if f.is_finite() && f >= 1.0 => {}
+                (Action::Loosen, Some(f)) if f.is_finite() && (1.0..=MAX_FACTOR).contains(&f) => {}
+                (Action::Loosen, Some(f)) if f > MAX_FACTOR => {
+                    return Err(format!(
+                        "{at}: factor {} is more than {MAX_FACTOR:e}; a tolerance loosened that \
+                         far checks nothing: use action \"skip\" to waive the operator",
+                        fmt_factor(f)
+                    ));
+                }
                 (Action::Loosen, _) => {
                     return Err(format!(
-                        "{at}: action \"loosen\" needs a factor of at least 1"
+                        "{at}: action \"loosen\" needs a factor from 1 to {MAX_FACTOR:e}"
                     ));
                 }
                 (Action::Skip, Some(_)) => {
@@ -107,11 +207,9 @@ mod tests {
     use super::*;
 
     fn load(text: &str) -> Result<Waivers, String> {
-        let path = std::env::temp_dir().join(format!(
-            "waivers-{}-{}.toml",
-            std::process::id(),
-            text.len()
-        ));
+        static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let path = std::env::temp_dir().join(format!("waivers-{}-{n}.toml", std::process::id()));
         std::fs::write(&path, text).unwrap();
         let r = Waivers::load(&path);
         std::fs::remove_file(&path).ok();
@@ -124,12 +222,59 @@ mod tests {
         assert_eq!(w.find("softmax", "bf16").unwrap().action, Action::Loosen);
         assert_eq!(w.find("softmax", "f32").unwrap().action, Action::Skip);
         assert!(w.find("matmul", "f32").is_none());
-        let e = load("[[waiver]]\nop = \"x\"\naction = \"skip\"\nreason = \" \"\n").unwrap_err();
+        let e = load("[[waiver]]\nop = \"add\"\naction = \"skip\"\nreason = \" \"\n").unwrap_err();
         assert!(e.contains("needs a reason"), "{e}");
-        let e = load("[[waiver]]\nop = \"x\"\naction = \"loosen\"\nreason = \"r\"\n").unwrap_err();
+        let e =
+            load("[[waiver]]\nop = \"add\"\naction = \"loosen\"\nreason = \"r\"\n").unwrap_err();
         assert!(e.contains("needs a factor"), "{e}");
         let e = load("[[waiver]]\nop = \"x\"\naction = \"skip\"\nreason = \"r\"\ntolerance = 3\n")
             .unwrap_err();
         assert!(e.contains("not a valid waiver file"), "{e}");
+    }
+
+    #[test]
+    fn waivers_name_real_ops_and_dtypes_once_within_bounds() {
+        let one = |op: &str, dtype: &str, extra: &str| {
+            format!(
+                "[[waiver]]\nop = \"{op}\"\n{dtype}action = \"loosen\"\nfactor = 2.0\nreason = \"r\"\n{extra}"
+            )
+        };
+        let e = load(&one("ad", "", "")).unwrap_err();
+        assert!(
+            e.contains("waiver 1 (op \"ad\"): the suite has no operator \"ad\"; did you mean add"),
+            "{e}"
+        );
+        let e = load(&one("zzzzzz", "", "")).unwrap_err();
+        assert!(
+            e.contains("its operators are") && e.contains("matmul"),
+            "{e}"
+        );
+        let e = load(&one("add", "dtype = \"f33\"\n", "")).unwrap_err();
+        assert!(
+            e.contains("waiver 1 (op \"add\"): there is no dtype \"f33\""),
+            "{e}"
+        );
+        let e = load(&one("matmul", "dtype = \"bool\"\n", "")).unwrap_err();
+        assert!(e.contains("would never apply"), "{e}");
+        // Two waivers of one (op, dtype), whether they agree or not.
+        let twice = format!(
+            "{}{}",
+            one("add", "dtype = \"f32\"\n", ""),
+            "[[waiver]]\nop = \"add\"\ndtype = \"f32\"\naction = \"skip\"\nreason = \"r\"\n"
+        );
+        let e = load(&twice).unwrap_err();
+        assert!(
+            e.contains("waiver 2 (op \"add\"): waiver 1 already covers add in f32"),
+            "{e}"
+        );
+        let e = load(&one("add", "", "").replace("2.0", "1e308")).unwrap_err();
+        assert!(
+            e.contains("factor 1e308 is more than 1e6") && e.len() < 300,
+            "{e}"
+        );
+        let w = load(&one("add", "", "").replace("2.0", "1e6")).unwrap();
+        assert_eq!(fmt_factor(w.waivers[0].factor.unwrap()), "1000000");
+        assert_eq!(fmt_factor(1e300), "1e300");
+        assert_eq!(fmt_factor(2.5), "2.5");
     }
 }

@@ -3,7 +3,8 @@
 //! - Text inputs (model, cluster, settings, plan, profile and waiver files)
 //!   are read only from regular files of a bounded size
 //!   ([`read_text_file`]): a FIFO named in their place cannot block the
-//!   program and `/dev/zero` cannot fill its memory.
+//!   program and `/dev/zero` cannot fill its memory. A leading UTF-8
+//!   byte-order mark is dropped, as editors that write one mean it.
 //! - Outputs are written whole or not at all ([`write_atomic`]): a private
 //!   temporary file beside the target, synced, renamed over it, removed
 //!   again when anything fails (a full disk leaves no half-written file and
@@ -91,6 +92,12 @@ pub fn read_text_file(path: &Path, max_len: u64) -> std::io::Result<String> {
         .read_to_string(&mut text)?;
     if text.len() as u64 > max_len {
         return Err(too_long("it grew while it was read, to".into()));
+    }
+    // A UTF-8 byte-order mark (some Windows editors write one) is not
+    // part of the text: TOML and JSON parsers would refuse it as the
+    // first character.
+    if text.starts_with('\u{feff}') {
+        text.drain(..'\u{feff}'.len_utf8());
     }
     Ok(text)
 }
@@ -333,6 +340,20 @@ mod tests {
             let err = read_text_file(&fifo, 100).unwrap_err().to_string();
             assert!(err.contains("a FIFO"), "{err}");
         }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_byte_order_mark_is_not_part_of_the_text() {
+        let dir = scratch("bom");
+        let file = dir.join("a.json");
+        std::fs::write(&file, "\u{feff}{\"x\": 1}").unwrap();
+        let text = read_text_file(&file, 100).unwrap();
+        assert_eq!(text, "{\"x\": 1}");
+        assert_eq!(parse_json_value(&text).unwrap()["x"], 1);
+        // Only a leading one.
+        std::fs::write(&file, "x = \"\u{feff}\"").unwrap();
+        assert_eq!(read_text_file(&file, 100).unwrap(), "x = \"\u{feff}\"");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -70,6 +70,43 @@ pub const MAX_CHIPS_PER_NODE: u64 = 1024;
 /// The most chip types a cluster may have.
 pub const MAX_CHIP_TYPES: usize = 64;
 
+/// The least peak FLOP/s per dtype a chip may have, 1 MFLOP/s: below it a
+/// layer's time overflows the cost model (and no accelerator is that slow).
+pub const MIN_FLOPS: f64 = 1e6;
+
+/// The most peak FLOP/s per dtype, 1e20 (100 EFLOP/s): a thousand times
+/// today's largest chip (a wafer-scale engine's 1.25e17).
+pub const MAX_FLOPS: f64 = 1e20;
+
+/// The least bandwidth (memory, intra-node, NIC, network) a cluster may
+/// give, 1 MB/s, in bytes/s.
+pub const MIN_BANDWIDTH: f64 = 1e6;
+
+/// The most bandwidth, 1e18 bytes/s (1 EB/s): fifty times a wafer-scale
+/// engine's on-chip 2.1e16.
+pub const MAX_BANDWIDTH: f64 = 1e18;
+
+/// The least memory per chip, 1 MiB.
+pub const MIN_MEMORY_BYTES: u64 = 1 << 20;
+
+/// The most memory per chip (and the most a profile may report), 1 PiB.
+pub const MAX_MEMORY_BYTES: u64 = 1 << 50;
+
+/// The least sustained fraction of peak, 1%: below it the chip is
+/// described wrongly rather than slowly.
+pub const MIN_EFFICIENCY: f64 = 0.01;
+
+/// `v` for a message: as Rust prints it while that is short, else in
+/// scientific notation (`1e-300`, not 300 digits).
+pub fn fmt_num(v: f64) -> String {
+    let plain = format!("{v}");
+    if plain.len() <= 16 {
+        plain
+    } else {
+        format!("{v:e}")
+    }
+}
+
 /// Peak matmul FLOP/s of one chip per dtype.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -194,6 +231,21 @@ impl ChipType {
         })
     }
 
+    /// Scratch space of the chip's matmul library, bytes:
+    /// `matmul_workspace_bytes` or [`crate::cost::MATMUL_WORKSPACE_BYTES`].
+    pub fn matmul_workspace(&self) -> u64 {
+        self.matmul_workspace_bytes
+            .unwrap_or(crate::cost::MATMUL_WORKSPACE_BYTES as u64)
+    }
+
+    /// Bytes of each chip's memory left for training: `memory_bytes` less
+    /// [`Self::memory_reserve`] and [`Self::matmul_workspace`].
+    pub fn usable_memory(&self) -> u64 {
+        self.memory_bytes
+            .saturating_sub(self.memory_reserve())
+            .saturating_sub(self.matmul_workspace())
+    }
+
     /// Checks every field, naming it and its value on failure.
     pub fn validate(&self) -> Result<(), SpecError> {
         let bad = |problem: String| SpecError::Chip {
@@ -224,21 +276,64 @@ impl ChipType {
                 self.chips_per_node, self.count
             )));
         }
-        if self.memory_bytes == 0 {
-            return Err(bad("memory_bytes is 0; it must be positive".into()));
+        if !(MIN_MEMORY_BYTES..=MAX_MEMORY_BYTES).contains(&self.memory_bytes) {
+            return Err(bad(format!(
+                "memory_bytes is {}; it must be from {MIN_MEMORY_BYTES} (1 MiB) to \
+                 {MAX_MEMORY_BYTES} (1 PiB)",
+                self.memory_bytes
+            )));
         }
-        let positive = [
-            ("peak_flops.f32", self.peak_flops.f32),
-            ("peak_flops.bf16", self.peak_flops.bf16),
-            ("peak_flops.f16", self.peak_flops.f16),
-            ("intra_node_bandwidth", self.intra_node_bandwidth),
-            ("nic_bandwidth", self.nic_bandwidth),
-            ("memory_bandwidth", self.memory_bandwidth.unwrap_or(1.0)),
+        let ranged = [
+            (
+                "peak_flops.f32",
+                self.peak_flops.f32,
+                MIN_FLOPS,
+                MAX_FLOPS,
+                "FLOP/s",
+            ),
+            (
+                "peak_flops.bf16",
+                self.peak_flops.bf16,
+                MIN_FLOPS,
+                MAX_FLOPS,
+                "FLOP/s",
+            ),
+            (
+                "peak_flops.f16",
+                self.peak_flops.f16,
+                MIN_FLOPS,
+                MAX_FLOPS,
+                "FLOP/s",
+            ),
+            (
+                "intra_node_bandwidth",
+                self.intra_node_bandwidth,
+                MIN_BANDWIDTH,
+                MAX_BANDWIDTH,
+                "bytes/s",
+            ),
+            (
+                "nic_bandwidth",
+                self.nic_bandwidth,
+                MIN_BANDWIDTH,
+                MAX_BANDWIDTH,
+                "bytes/s",
+            ),
         ];
-        for (field, value) in positive {
-            if !(value.is_finite() && value > 0.0) {
+        let optional = self.memory_bandwidth.map(|b| {
+            (
+                "memory_bandwidth",
+                b,
+                MIN_BANDWIDTH,
+                MAX_BANDWIDTH,
+                "bytes/s",
+            )
+        });
+        for (field, value, lo, hi, unit) in ranged.into_iter().chain(optional) {
+            if !(value.is_finite() && (lo..=hi).contains(&value)) {
                 return Err(bad(format!(
-                    "{field} {value} is not a positive finite number"
+                    "{field} is {}; it must be from {lo:e} to {hi:e} {unit}",
+                    fmt_num(value)
                 )));
             }
         }
@@ -246,7 +341,8 @@ impl ChipType {
             && !(d.is_finite() && (0.0..=1.0).contains(&d))
         {
             return Err(bad(format!(
-                "kernel_dispatch_seconds {d} is not in [0, 1] (seconds per kernel)"
+                "kernel_dispatch_seconds {} is not in [0, 1] (seconds per kernel)",
+                fmt_num(d)
             )));
         }
         if let Some(r) = self.memory_reserve_bytes
@@ -257,10 +353,32 @@ impl ChipType {
                 self.memory_bytes
             )));
         }
-        if !(self.efficiency > 0.0 && self.efficiency <= 1.0) {
+        if let Some(w) = self.matmul_workspace_bytes
+            && w >= self.memory_bytes
+        {
             return Err(bad(format!(
-                "efficiency {} is outside (0, 1]; it is the sustained fraction of peak",
-                self.efficiency
+                "matmul_workspace_bytes {w} is not less than memory_bytes {}",
+                self.memory_bytes
+            )));
+        }
+        let reserve = self.memory_reserve();
+        let workspace = self.matmul_workspace();
+        if reserve.saturating_add(workspace) >= self.memory_bytes {
+            let given = |set: bool| if set { "" } else { ", the default" };
+            return Err(bad(format!(
+                "the memory reserve ({reserve} bytes{}) and the matmul workspace ({workspace} \
+                 bytes{}) take all of memory_bytes {}, leaving nothing for training; lower \
+                 memory_reserve_bytes or matmul_workspace_bytes",
+                given(self.memory_reserve_bytes.is_some()),
+                given(self.matmul_workspace_bytes.is_some()),
+                self.memory_bytes
+            )));
+        }
+        if !(self.efficiency.is_finite() && (MIN_EFFICIENCY..=1.0).contains(&self.efficiency)) {
+            return Err(bad(format!(
+                "efficiency {} is outside [{MIN_EFFICIENCY}, 1]; it is the sustained fraction \
+                 of peak",
+                fmt_num(self.efficiency)
             )));
         }
         Ok(())
@@ -290,9 +408,13 @@ impl ClusterSpec {
         Ok(cluster)
     }
 
-    /// Reads, parses and validates a cluster TOML file.
+    /// Reads, parses and validates a cluster TOML file; an error in the
+    /// file names it.
     pub fn load(path: &Path) -> Result<Self, SpecError> {
-        Self::from_toml_str(&read_file(path)?)
+        Self::from_toml_str(&read_file(path)?).map_err(|e| SpecError::InFile {
+            path: path.to_path_buf(),
+            source: Box::new(e),
+        })
     }
 
     /// Checks every chip type, unique names, and the network.
@@ -320,9 +442,11 @@ impl ClusterSpec {
             chip.validate()?;
         }
         let bw = self.inter_node_bandwidth;
-        if !(bw.is_finite() && bw > 0.0) {
+        if !(bw.is_finite() && (MIN_BANDWIDTH..=MAX_BANDWIDTH).contains(&bw)) {
             return Err(SpecError::Cluster(format!(
-                "inter_node_bandwidth {bw} is not a positive finite number"
+                "inter_node_bandwidth is {}; it must be from {MIN_BANDWIDTH:e} to \
+                 {MAX_BANDWIDTH:e} bytes/s",
+                fmt_num(bw)
             )));
         }
         Ok(())
@@ -360,8 +484,21 @@ impl ClusterSpec {
     /// for the NIC and the network, [`DEFAULT_EFFICIENCY`], and a memory
     /// reserve of 0 (the devices report what their allocator can hand out;
     /// the CPU stub plugins count only tensor bytes). Edit the result for a
-    /// real multi-node cluster.
+    /// real multi-node cluster. The notes of
+    /// [`Self::from_devices_json_with_notes`] are dropped.
     pub fn from_devices_json(json: &Value) -> Result<Self, SpecError> {
+        Self::from_devices_json_with_notes(json).map(|(c, _)| c)
+    }
+
+    /// [`Self::from_devices_json`], with a note for each figure it assumed
+    /// or chose: a bandwidth a device reports as 0 (unknown, as the OpenCL
+    /// plugin reports both) takes its default, and devices of one name
+    /// that differ in memory or peak FLOP/s make a type of the least (every
+    /// device of a type must hold its stages). Refused, naming the device's
+    /// index and the field: a device without a name, two devices of one
+    /// id, a number that is missing, negative, not finite or (memory, peak
+    /// FLOP/s) zero.
+    pub fn from_devices_json_with_notes(json: &Value) -> Result<(Self, Vec<String>), SpecError> {
         let devices = match json.get("devices") {
             Some(d) => d,
             None => json,
@@ -371,52 +508,114 @@ impl ClusterSpec {
         })?;
         let mut types: BTreeMap<String, ChipType> = BTreeMap::new();
         let mut order = Vec::new();
+        let mut notes = Vec::new();
+        let mut ids: BTreeMap<String, usize> = BTreeMap::new();
         for (i, dev) in devices.iter().enumerate() {
             let name = dev
                 .get("name")
                 .and_then(Value::as_str)
                 .ok_or_else(|| SpecError::DevicesJson(format!("device {i} has no \"name\"")))?;
-            let num = |path: &[&str]| -> Result<f64, SpecError> {
+            let bad = |m: String| SpecError::DevicesJson(format!("device {i} (\"{name}\") {m}"));
+            // A number at `path`: present, finite, not negative, and
+            // positive unless `zero_ok`.
+            let num = |path: &[&str], zero_ok: bool| -> Result<f64, SpecError> {
                 let mut v = dev;
                 for key in path {
                     v = v.get(key).unwrap_or(&Value::Null);
                 }
-                v.as_f64().ok_or_else(|| {
-                    SpecError::DevicesJson(format!(
-                        "device {i} (\"{name}\") has no number at \"{}\"",
-                        path.join(".")
-                    ))
-                })
+                let field = path.join(".");
+                let x = v
+                    .as_f64()
+                    .ok_or_else(|| bad(format!("has no number at \"{field}\"")))?;
+                if !x.is_finite() || x < 0.0 || (x == 0.0 && !zero_ok) {
+                    return Err(bad(format!(
+                        "has {field} {}; it must be a positive number",
+                        fmt_num(x)
+                    )));
+                }
+                Ok(x)
             };
-            let memory = dev
-                .get("memory_bytes")
-                .and_then(Value::as_u64)
-                .ok_or_else(|| {
-                    SpecError::DevicesJson(format!(
-                        "device {i} (\"{name}\") has no \"memory_bytes\""
+            let memory = match dev.get("memory_bytes") {
+                None | Some(Value::Null) => {
+                    return Err(bad("has no \"memory_bytes\"".into()));
+                }
+                Some(v) => v.as_u64().filter(|&m| m > 0).ok_or_else(|| {
+                    bad(format!(
+                        "has memory_bytes {v}; it must be a positive whole number of bytes"
                     ))
-                })?;
+                })?,
+            };
+            if !(MIN_MEMORY_BYTES..=MAX_MEMORY_BYTES).contains(&memory) {
+                return Err(bad(format!(
+                    "has memory_bytes {memory}; the planner takes {MIN_MEMORY_BYTES} (1 MiB) to \
+                     {MAX_MEMORY_BYTES} (1 PiB)"
+                )));
+            }
             let peak = PeakFlops {
-                f32: num(&["peak_flops", "f32"])?,
-                bf16: num(&["peak_flops", "bf16"])?,
-                f16: num(&["peak_flops", "f16"])?,
+                f32: num(&["peak_flops", "f32"], false)?,
+                bf16: num(&["peak_flops", "bf16"], false)?,
+                f16: num(&["peak_flops", "f16"], false)?,
             };
-            let link = num(&["link_bandwidth"])?;
-            let mem_bw = dev.get("memory_bandwidth").and_then(Value::as_f64);
+            let link = num(&["link_bandwidth"], true)?;
+            let mem_bw = match dev.get("memory_bandwidth") {
+                None | Some(Value::Null) => None,
+                Some(_) => Some(num(&["memory_bandwidth"], true)?),
+            };
             let id = dev
                 .get("id")
                 .and_then(Value::as_str)
                 .map(str::to_lowercase)
                 .unwrap_or_else(|| format!("device{i}"));
+            if let Some(first) = ids.insert(id.clone(), i) {
+                return Err(SpecError::DevicesJson(format!(
+                    "devices {first} and {i} both have id \"{id}\"; each device must be listed once"
+                )));
+            }
+            if link == 0.0 {
+                notes.push(format!(
+                    "device {i} ({id}) reports link_bandwidth 0 (unknown); taken as {:e} bytes/s",
+                    DEFAULT_NIC_BANDWIDTH
+                ));
+            }
+            if mem_bw == Some(0.0) {
+                notes.push(format!(
+                    "device {i} ({id}) reports memory_bandwidth 0 (unknown); taken as its largest \
+                     peak FLOP/s over {DEFAULT_FLOPS_PER_BYTE}"
+                ));
+            }
             match types.get_mut(name) {
                 Some(t) => {
+                    let differs = t.memory_bytes != memory || t.peak_flops != peak;
+                    if differs {
+                        let least = PeakFlops {
+                            f32: t.peak_flops.f32.min(peak.f32),
+                            bf16: t.peak_flops.bf16.min(peak.bf16),
+                            f16: t.peak_flops.f16.min(peak.f16),
+                        };
+                        notes.push(format!(
+                            "device {i} ({id}) is a \"{name}\" like {} but has {memory} bytes of \
+                             memory and peak FLOP/s {:e}/{:e}/{:e} (f32/bf16/f16) where they \
+                             have {} and {:e}/{:e}/{:e}; the type takes the least, {} bytes and \
+                             {:e}/{:e}/{:e}",
+                            t.devices.join(", "),
+                            peak.f32,
+                            peak.bf16,
+                            peak.f16,
+                            t.memory_bytes,
+                            t.peak_flops.f32,
+                            t.peak_flops.bf16,
+                            t.peak_flops.f16,
+                            t.memory_bytes.min(memory),
+                            least.f32,
+                            least.bf16,
+                            least.f16,
+                        ));
+                        t.memory_bytes = t.memory_bytes.min(memory);
+                        t.peak_flops = least;
+                    }
                     t.devices.push(id);
                     t.count += 1;
                     t.chips_per_node += 1;
-                    t.memory_bytes = t.memory_bytes.min(memory);
-                    t.peak_flops.f32 = t.peak_flops.f32.min(peak.f32);
-                    t.peak_flops.bf16 = t.peak_flops.bf16.min(peak.bf16);
-                    t.peak_flops.f16 = t.peak_flops.f16.min(peak.f16);
                 }
                 None => {
                     order.push(name.to_string());
@@ -458,7 +657,7 @@ impl ClusterSpec {
             inter_node_bandwidth: DEFAULT_NIC_BANDWIDTH,
         };
         cluster.validate()?;
-        Ok(cluster)
+        Ok((cluster, notes))
     }
 }
 
@@ -526,7 +725,10 @@ nic_bandwidth = 25e9
         )
         .unwrap_err()
         .to_string();
-        assert!(err.contains("nic_bandwidth 0 is not"), "{err}");
+        assert!(
+            err.contains("nic_bandwidth is 0; it must be from 1e6 to 1e18 bytes/s"),
+            "{err}"
+        );
         for bad in ["-1e-6", "nan", "2.0"] {
             let err = ClusterSpec::from_toml_str(&A100.replace(
                 "nic_bandwidth = 25e9",
@@ -558,6 +760,154 @@ nic_bandwidth = 25e9
             .collect();
         let err = many.validate().unwrap_err().to_string();
         assert!(err.contains("65 chip types"), "{err}");
+    }
+
+    #[test]
+    fn absurd_figures_are_refused_naming_the_field() {
+        let with = |line: &str| format!("{A100}{line}\n");
+        for (line, want) in [
+            (
+                "memory_bandwidth = 1e-300",
+                "chip type \"A100\": memory_bandwidth is 1e-300; it must be from 1e6 to 1e18 bytes/s",
+            ),
+            (
+                "matmul_workspace_bytes = 18446744073709551615",
+                "matmul_workspace_bytes 18446744073709551615 is not less than memory_bytes",
+            ),
+            (
+                "memory_reserve_bytes = 85899345919",
+                "the memory reserve (85899345919 bytes) and the matmul workspace (33554432 bytes, \
+                 the default) take all of memory_bytes 85899345920",
+            ),
+        ] {
+            let err = ClusterSpec::from_toml_str(&with(line))
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(want), "{line}: {err}");
+        }
+        for (from, to, want) in [
+            (
+                "f32 = 19.5e12",
+                "f32 = 1e-300",
+                "peak_flops.f32 is 1e-300; it must be from 1e6 to 1e20 FLOP/s",
+            ),
+            (
+                "bf16 = 312e12",
+                "bf16 = 1e300",
+                "peak_flops.bf16 is 1e300; it must be from 1e6 to 1e20 FLOP/s",
+            ),
+            (
+                "efficiency = 0.5",
+                "efficiency = 1e-300",
+                "efficiency 1e-300 is outside [0.01, 1]",
+            ),
+            (
+                "memory_bytes = 85899345920",
+                "memory_bytes = 1",
+                "memory_bytes is 1; it must be",
+            ),
+            (
+                "inter_node_bandwidth = 25e9",
+                "inter_node_bandwidth = 1e300",
+                "cluster: inter_node_bandwidth is 1e300; it must be from 1e6 to 1e18 bytes/s",
+            ),
+        ] {
+            let err = ClusterSpec::from_toml_str(&A100.replace(from, to))
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(want), "{to}: {err}");
+        }
+        // A file's errors name it.
+        let path = std::env::temp_dir().join(format!("cluster-{}.toml", std::process::id()));
+        std::fs::write(&path, with("memory_bandwidth = 0.0")).unwrap();
+        let err = ClusterSpec::load(&path).unwrap_err().to_string();
+        std::fs::remove_file(&path).ok();
+        assert!(
+            err.starts_with(&format!(
+                "{}: chip type \"A100\": memory_bandwidth is 0",
+                path.display()
+            )),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn devices_json_refuses_duplicates_and_bad_numbers_by_index() {
+        let dev = |id: &str, mem: serde_json::Value, link: f64, mem_bw: f64| {
+            serde_json::json!({
+                "id": id, "name": "ferrite", "memory_bytes": mem,
+                "peak_flops": { "f32": 1e12, "bf16": 4e12, "f16": 4e12 },
+                "memory_bandwidth": mem_bw, "link_bandwidth": link,
+            })
+        };
+        let gib = serde_json::json!(8u64 << 30);
+        let err = |devs: Vec<serde_json::Value>| {
+            ClusterSpec::from_devices_json(&serde_json::json!({ "devices": devs }))
+                .unwrap_err()
+                .to_string()
+        };
+        assert_eq!(
+            err(vec![
+                dev("F:0", gib.clone(), 1e10, 1e11),
+                dev("f:0", gib.clone(), 1e10, 1e11)
+            ]),
+            "devices JSON: devices 0 and 1 both have id \"f:0\"; each device must be listed once"
+        );
+        assert_eq!(
+            err(vec![dev("f:0", serde_json::json!(-1), 1e10, 1e11)]),
+            "devices JSON: device 0 (\"ferrite\") has memory_bytes -1; it must be a positive whole \
+             number of bytes"
+        );
+        let e = err(vec![
+            dev("f:0", gib.clone(), 1e10, 1e11),
+            dev("f:1", gib.clone(), -1.0, 1e11),
+        ]);
+        assert!(
+            e.contains("device 1 (\"ferrite\") has link_bandwidth -1"),
+            "{e}"
+        );
+        let e = err(vec![dev("f:0", gib.clone(), 1e10, -5.0)]);
+        assert!(
+            e.contains("device 0 (\"ferrite\") has memory_bandwidth -5"),
+            "{e}"
+        );
+        // 0 is the ABI's "unknown": the default, with a note.
+        let (c, notes) = ClusterSpec::from_devices_json_with_notes(&serde_json::json!([dev(
+            "f:0",
+            gib.clone(),
+            0.0,
+            0.0
+        )]))
+        .unwrap();
+        assert_eq!(c.chip_types[0].intra_node_bandwidth, DEFAULT_NIC_BANDWIDTH);
+        assert_eq!(notes.len(), 2, "{notes:?}");
+        assert!(
+            notes[0].contains("device 0 (f:0) reports link_bandwidth 0"),
+            "{notes:?}"
+        );
+        assert!(notes[1].contains("memory_bandwidth 0"), "{notes:?}");
+        // One name, different memory: the least, said in a note.
+        let (c, notes) = ClusterSpec::from_devices_json_with_notes(&serde_json::json!([
+            dev("f:0", gib.clone(), 1e10, 1e11),
+            dev("f:1", serde_json::json!(4u64 << 30), 1e10, 1e11),
+        ]))
+        .unwrap();
+        assert_eq!(c.chip_types[0].memory_bytes, 4 << 30);
+        assert_eq!(notes.len(), 1, "{notes:?}");
+        assert!(
+            notes[0].contains("device 1 (f:1)")
+                && notes[0].contains("the type takes the least, 4294967296 bytes"),
+            "{notes:?}"
+        );
+        // ... and a device too small to plan on is refused.
+        let e = err(vec![
+            dev("f:0", gib, 1e10, 1e11),
+            dev("f:1", serde_json::json!(1), 1e10, 1e11),
+        ]);
+        assert!(
+            e.contains("device 1 (\"ferrite\") has memory_bytes 1; the planner takes 1048576"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -601,7 +951,7 @@ nic_bandwidth = 25e9
     fn seeds_from_devices_json() {
         let dev = |name: &str, mem: u64| {
             serde_json::json!({
-                "id": "x", "name": name, "memory_bytes": mem,
+                "id": format!("{name}:{mem}"), "name": name, "memory_bytes": mem,
                 "peak_flops": { "f32": 1e12, "bf16": 4e12, "f16": 4e12 },
                 "memory_bandwidth": 1e11, "link_bandwidth": 0.0,
             })

@@ -56,6 +56,14 @@ pub enum SpecError {
     /// A profile file is unusable (or does not match the model planned).
     #[error("profile {0}")]
     Profile(String),
+    /// Something wrong inside a file, which the message names first.
+    #[error("{}: {source}", path.display())]
+    InFile {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong in it.
+        source: Box<SpecError>,
+    },
     /// A plan to evaluate is inconsistent with the model or the cluster.
     #[error("plan: {0}")]
     Plan(String),

@@ -22,7 +22,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use crate::cluster::{ChipType, ClusterSpec};
+use crate::cluster::{ChipType, ClusterSpec, MAX_MEMORY_BYTES, fmt_num};
 use crate::error::{SpecError, read_file};
 use crate::measured::MeasuredDevice;
 use crate::model::ModelSpec;
@@ -189,7 +189,8 @@ impl ProfileEntry {
         for (field, v) in times.into_iter().filter_map(|(f, v)| Some((f, v?))) {
             if !(v.is_finite() && (0.0..=1e6).contains(&v)) {
                 return Err(format!(
-                    "{at}: {field} is {v}; it must be seconds, from 0 to 1e6"
+                    "{at}: {field} is {}; it must be seconds, from 0 to 1e6",
+                    fmt_num(v)
                 ));
             }
         }
@@ -202,7 +203,10 @@ impl ProfileEntry {
             return Err(format!(
                 "{at}: attention ({} s forward, {} s backward) is half of the block, so it \
                  cannot take longer than block ({} s, {} s)",
-                a.forward, a.backward, self.block.forward, self.block.backward
+                fmt_num(a.forward),
+                fmt_num(a.backward),
+                fmt_num(self.block.forward),
+                fmt_num(self.block.backward)
             ));
         }
         // The weights' gradients are part of the backward pass.
@@ -217,9 +221,22 @@ impl ProfileEntry {
                 && !(w.is_finite() && (0.0..=p.backward).contains(&w))
             {
                 return Err(format!(
-                    "{at}: {part}.weight_grad is {w}; it is the weights' part of {part}.backward \
+                    "{at}: {part}.weight_grad is {}; it is the weights' part of {part}.backward \
                      ({}), so it must be from 0 to that",
-                    p.backward
+                    fmt_num(w),
+                    fmt_num(p.backward)
+                ));
+            }
+        }
+        let bytes = [
+            ("block_activation_bytes", self.block_activation_bytes),
+            ("peak_memory_bytes", self.peak_memory_bytes),
+        ];
+        for (field, b) in bytes.into_iter().filter_map(|(f, b)| Some((f, b?))) {
+            if b > MAX_MEMORY_BYTES {
+                return Err(format!(
+                    "{at}: {field} is {b}, more than the {MAX_MEMORY_BYTES} bytes (1 PiB) a chip \
+                     may have"
                 ));
             }
         }
@@ -904,5 +921,33 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("not a valid profile"), "{err}");
+    }
+
+    #[test]
+    fn huge_byte_counts_and_times_are_refused_compactly() {
+        for field in ["peak_memory_bytes", "block_activation_bytes"] {
+            let mut e = entry("x", 2, 1.0);
+            match field {
+                "peak_memory_bytes" => e.peak_memory_bytes = Some(u64::MAX),
+                _ => e.block_activation_bytes = Some(u64::MAX),
+            }
+            let text = serde_json::to_string(&file(vec![e])).unwrap();
+            let err = ProfileFile::from_json_str(&text).unwrap_err().to_string();
+            assert!(
+                err.contains(&format!(
+                    "entry 0 (chip \"x\", micro-batch 2): {field} is 18446744073709551615, \
+                     more than the 1125899906842624 bytes (1 PiB)"
+                )),
+                "{err}"
+            );
+        }
+        let mut e = entry("x", 2, 1.0);
+        e.block.forward = 1e308;
+        let text = serde_json::to_string(&file(vec![e])).unwrap();
+        let err = ProfileFile::from_json_str(&text).unwrap_err().to_string();
+        assert!(
+            err.contains("block.forward is 1e308; it must be seconds") && err.len() < 200,
+            "{err}"
+        );
     }
 }

@@ -171,6 +171,10 @@ pub struct AloneThroughput {
     pub chips: u64,
     /// Best predicted tokens/s alone; 0 when the model does not fit it.
     pub tokens_per_s: f64,
+    /// Why the type cannot hold the model alone (then `tokens_per_s` is
+    /// 0); absent when it can.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cannot_hold: Option<String>,
 }
 
 /// The search's answer.
@@ -277,12 +281,7 @@ pub fn plan(
     }
     candidates += ctx.candidates;
     let Some(best) = best else {
-        let b_min = settings
-            .micro_batch_sizes
-            .iter()
-            .min()
-            .copied()
-            .unwrap_or(1);
+        let b_min = smallest_micro_batch(settings);
         return Err(PlanError::NoFeasiblePlan(format!(
             "no plan fits the {} model on this cluster: its weights, gradients and optimizer state need {} of the cluster's {}, but no split into at most {} stages of one chip type each (tensor parallel up to 8 inside a node) whose data-parallel degree divides the global batch of {} leaves room for the activations of {b_min}-sequence micro-batches; try --recompute full, --shard-optimizer or another global batch",
             model.name,
@@ -300,12 +299,22 @@ pub fn plan(
             .chip_types
             .iter()
             .zip(&alone_best)
-            .map(|(c, b)| AloneThroughput {
-                chip: c.name.clone(),
-                chips: c.count,
-                tokens_per_s: b.as_ref().map_or(0.0, |b| {
-                    (settings.global_batch * model.seq_len) as f64 / b.time
-                }),
+            .map(|(c, b)| {
+                let tokens = (settings.global_batch * model.seq_len) as f64;
+                match b.as_ref().map(|b| tokens / b.time) {
+                    Some(t) if t.is_finite() && t > 0.0 => AloneThroughput {
+                        chip: c.name.clone(),
+                        chips: c.count,
+                        tokens_per_s: t,
+                        cannot_hold: None,
+                    },
+                    _ => AloneThroughput {
+                        chip: c.name.clone(),
+                        chips: c.count,
+                        tokens_per_s: 0.0,
+                        cannot_hold: Some(why_not_alone(c, model, settings)),
+                    },
+                }
             })
             .collect();
         let sum: f64 = alone.iter().map(|a| a.tokens_per_s).sum();
@@ -323,6 +332,44 @@ pub fn plan(
         search_seconds: start.elapsed().as_secs_f64(),
         exhaustive: options.exhaustive,
     })
+}
+
+/// Why `chip`'s chips alone hold no plan of `model`: too little memory
+/// for the training state at all, or none left for the activations.
+fn why_not_alone(chip: &ChipType, model: &ModelSpec, settings: &TrainingSettings) -> String {
+    // Small figures in bytes: "0.00 MB" would hide what is left.
+    let fmt_bytes = |b: f64| {
+        if b < 1e5 {
+            format!("{b:.0} B")
+        } else {
+            fmt_bytes(b)
+        }
+    };
+    let needed = training_state_bytes(model, settings);
+    let usable = chip.usable_memory();
+    let total = usable as f64 * chip.count as f64;
+    let usable_is = format!(
+        "{} usable per chip: memory_bytes {} less the reserve {} and the matmul workspace {}",
+        fmt_bytes(usable as f64),
+        fmt_bytes(chip.memory_bytes as f64),
+        fmt_bytes(chip.memory_reserve() as f64),
+        fmt_bytes(chip.matmul_workspace() as f64)
+    );
+    if total < needed {
+        return format!(
+            "its {} chips have {} in all ({usable_is}), less than the {} its weights, gradients \
+             and optimizer state need",
+            chip.count,
+            fmt_bytes(total),
+            fmt_bytes(needed)
+        );
+    }
+    let b_min = smallest_micro_batch(settings);
+    format!(
+        "no split over its {} chips ({usable_is}) whose data-parallel degree divides the \
+         global batch of {} leaves room for the activations of {b_min}-sequence micro-batches",
+        chip.count, settings.global_batch
+    )
 }
 
 fn cluster_index(cluster: &ClusterSpec, name: &str) -> usize {
@@ -1096,6 +1143,16 @@ fn min_max(coefs: &[StageCoef], l: u64) -> Option<Vec<u64>> {
     Some(out)
 }
 
+/// The smallest micro-batch size the search tries (1 without any).
+fn smallest_micro_batch(settings: &TrainingSettings) -> u64 {
+    settings
+        .micro_batch_sizes
+        .iter()
+        .min()
+        .copied()
+        .unwrap_or(1)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1147,6 +1204,41 @@ mod tests {
             }
         }
         assert!(mixed_checked >= 2, "{mixed_checked}");
+    }
+
+    /// A type that cannot hold the model alone says why, instead of "0
+    /// tokens/s"; the ratio still counts the types that can.
+    #[test]
+    fn a_type_that_cannot_hold_the_model_alone_says_why() {
+        let mut cluster = example("china-mobile-3-vendor.toml");
+        let t = &mut cluster.chip_types[2];
+        t.matmul_workspace_bytes = Some(0);
+        t.memory_reserve_bytes = Some(t.memory_bytes - 1);
+        cluster.validate().unwrap();
+        let r = plan(
+            &ModelSpec::llama_7b(),
+            &cluster,
+            &TrainingSettings::new(256),
+            &PlanOptions::default(),
+        )
+        .unwrap();
+        let a = &r.alone[2];
+        assert_eq!(a.tokens_per_s, 0.0);
+        let why = a.cannot_hold.as_deref().unwrap();
+        assert!(
+            why.starts_with("its 256 chips have 256 B in all (1 B usable per chip")
+                && why.contains("less than the"),
+            "{why}"
+        );
+        assert!(
+            r.alone[..2]
+                .iter()
+                .all(|a| a.cannot_hold.is_none() && a.tokens_per_s > 0.0)
+        );
+        assert!(
+            r.hetero_speedup_ratio
+                .is_some_and(|x| x.is_finite() && x > 0.0)
+        );
     }
 
     #[test]

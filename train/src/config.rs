@@ -255,6 +255,15 @@ impl Precision {
     }
 }
 
+/// The largest AdamW epsilon accepted, 0.1 (PyTorch's default is 1e-8;
+/// some recipes use up to 1e-3): one far larger divides every update away.
+pub const MAX_EPS: f64 = 0.1;
+
+/// The most warm-up steps accepted, a billion: more than any run takes, so
+/// that a resumed run may keep a warm-up longer than its `steps`, while a
+/// value like 2^64 - 1 (a learning rate of 1e-22 for good) is refused.
+pub const MAX_WARMUP: u64 = 1_000_000_000;
+
 /// Optimizer, schedule, batch and bookkeeping settings.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -350,14 +359,24 @@ impl TrainConfig {
                 self.clip
             ));
         }
-        if self.weight_decay.is_nan()
-            || self.weight_decay < 0.0
-            || self.eps.is_nan()
-            || self.eps <= 0.0
-        {
+        if !(self.weight_decay >= 0.0 && self.weight_decay.is_finite()) {
             return bad(format!(
-                "weight_decay ({}) must be non-negative and eps ({}) positive",
-                self.weight_decay, self.eps
+                "weight_decay must be non-negative and finite, not {}",
+                polychip_planner::cluster::fmt_num(self.weight_decay)
+            ));
+        }
+        if !(self.eps > 0.0 && self.eps <= MAX_EPS) {
+            return bad(format!(
+                "eps is {}; it must be positive and at most {MAX_EPS} (AdamW's epsilon \
+                 guards a division: a large one stops the updates)",
+                polychip_planner::cluster::fmt_num(self.eps)
+            ));
+        }
+        if self.warmup > MAX_WARMUP {
+            return bad(format!(
+                "warmup is {} steps, more than the {MAX_WARMUP} accepted (the learning rate \
+                 would stay near 0)",
+                self.warmup
             ));
         }
         Ok(())
@@ -377,9 +396,13 @@ impl TrainConfig {
     /// Reads a TOML file of these fields (missing ones take defaults).
     pub fn load(path: &Path) -> Result<Self> {
         let text = read_text_file(path, MAX_TEXT_FILE).map_err(|e| TrainError::io(path, e))?;
-        let cfg: TrainConfig = toml::from_str(&text)
-            .map_err(|e| TrainError::Config(format!("training file {}: {e}", path.display())))?;
-        cfg.validate()?;
+        let in_file =
+            |e: String| TrainError::Config(format!("training file {}: {e}", path.display()));
+        let cfg: TrainConfig = toml::from_str(&text).map_err(|e| in_file(e.to_string()))?;
+        cfg.validate().map_err(|e| match e {
+            TrainError::Config(m) => in_file(m),
+            e => e,
+        })?;
         Ok(cfg)
     }
 }
@@ -479,6 +502,49 @@ mod tests {
                 .unwrap_err()
                 .to_string()
                 .contains("eval_sequences")
+        );
+    }
+
+    #[test]
+    fn an_eps_or_warmup_that_stops_training_is_refused_by_name() {
+        for eps in [f64::INFINITY, f64::NAN, 0.0, -1e-8, 1.0] {
+            let c = TrainConfig {
+                eps,
+                ..TrainConfig::default()
+            };
+            let e = c.validate().unwrap_err().to_string();
+            assert!(
+                e.contains("eps is ") && e.contains("at most 0.1"),
+                "{eps}: {e}"
+            );
+        }
+        let c = TrainConfig {
+            warmup: u64::MAX,
+            ..TrainConfig::default()
+        };
+        let e = c.validate().unwrap_err().to_string();
+        assert!(
+            e.contains("warmup is 18446744073709551615 steps, more than the 1000000000"),
+            "{e}"
+        );
+        // A warm-up longer than the steps (a run resumed with more) is fine.
+        let c = TrainConfig {
+            steps: 10,
+            warmup: 100,
+            eps: 1e-3,
+            ..TrainConfig::default()
+        };
+        c.validate().unwrap();
+        let path = std::env::temp_dir().join(format!("train-{}.toml", std::process::id()));
+        std::fs::write(&path, "eps = inf\n").unwrap();
+        let e = TrainConfig::load(&path).unwrap_err().to_string();
+        std::fs::remove_file(&path).ok();
+        assert!(
+            e.starts_with(&format!(
+                "configuration: training file {}: eps is inf",
+                path.display()
+            )),
+            "{e}"
         );
     }
 

@@ -21,6 +21,10 @@ use crate::params::{Cut, StageRange};
 /// and their sum must stay finite.
 pub const MAX_OPTIMIZER_WEIGHT: f64 = 1e12;
 
+/// The longest `predicted_step_seconds` a plan may give, 1e9 s (about 32
+/// years).
+pub const MAX_PREDICTED_STEP_SECONDS: f64 = 1e9;
+
 /// One pipeline stage: which device runs which blocks (or half blocks).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -183,6 +187,12 @@ impl TrainPlan {
                 ))
             };
             let (device, range) = part.split_once('=').ok_or_else(bad)?;
+            if device.trim().is_empty() {
+                return Err(TrainError::Config(format!(
+                    "--stages entry {part:?} names no device before '='; write DEVICE=FIRST..END \
+                     (e.g. ferrite:0=0..3)"
+                )));
+            }
             let (a, b) = range.split_once("..").ok_or_else(bad)?;
             let first = Cut::parse(a).ok_or_else(bad)?;
             let end = Cut::parse(b).ok_or_else(bad)?;
@@ -213,11 +223,18 @@ impl TrainPlan {
     pub fn load(path: &Path) -> Result<TrainPlan> {
         let text = read_text_file(path, MAX_TEXT_FILE).map_err(|e| TrainError::io(path, e))?;
         let bad = |e: String| TrainError::Plan(format!("plan file {}: {e}", path.display()));
+        let plan = Self::parse(&text, path).map_err(bad)?;
+        plan.check_prediction().map_err(bad)?;
+        Ok(plan)
+    }
+
+    /// [`Self::load`]'s parsing of `text`, read from `path`.
+    fn parse(text: &str, path: &Path) -> std::result::Result<TrainPlan, String> {
         if path.extension().is_none_or(|e| e != "json") {
-            return toml::from_str(&text).map_err(|e| bad(e.to_string()));
+            return toml::from_str(text).map_err(|e| e.to_string());
         }
         let value: serde_json::Value =
-            polychip_files::parse_json_value(&text).map_err(|e| bad(e.to_string()))?;
+            polychip_files::parse_json_value(text).map_err(|e| e.to_string())?;
         let planner = match (value.get("plan"), value.get("replicas")) {
             (Some(p), _) => Some(p.clone()),
             (None, Some(_)) => Some(value.clone()),
@@ -225,11 +242,34 @@ impl TrainPlan {
         };
         match planner {
             Some(p) => {
-                let plan: polychip_planner::plan::Plan =
-                    serde_json::from_value(p).map_err(|e| bad(format!("a planner plan: {e}")))?;
-                from_planner(&plan).map_err(|e| bad(e.to_string()))
+                let plan: polychip_planner::plan::Plan = serde_json::from_value(p.clone())
+                    .map_err(|e| {
+                        let at = culprit::<polychip_planner::plan::Plan>(&p)
+                            .map(|k| format!(" at {k}"))
+                            .unwrap_or_default();
+                        format!("a planner plan{at}: {e}")
+                    })?;
+                from_planner(&plan).map_err(|e| e.to_string())
             }
-            None => serde_json::from_value(value).map_err(|e| bad(e.to_string())),
+            None => serde_json::from_value(value.clone()).map_err(|e| match locate(&value) {
+                Some(at) => format!("at {at}: {e}"),
+                None => e.to_string(),
+            }),
+        }
+    }
+
+    /// Refuses a `predicted_step_seconds` that is not a positive finite
+    /// number of seconds (at most [`MAX_PREDICTED_STEP_SECONDS`]).
+    fn check_prediction(&self) -> std::result::Result<(), String> {
+        match self.predicted_step_seconds {
+            Some(p) if !(p.is_finite() && p > 0.0 && p <= MAX_PREDICTED_STEP_SECONDS) => {
+                Err(format!(
+                    "predicted_step_seconds is {}; it must be a positive number of seconds, \
+                     at most {MAX_PREDICTED_STEP_SECONDS:e}",
+                    polychip_planner::cluster::fmt_num(p)
+                ))
+            }
+            _ => Ok(()),
         }
     }
 
@@ -303,6 +343,7 @@ impl TrainPlan {
         if self.groups.is_empty() {
             return bad("it has no groups".into());
         }
+        self.check_prediction().map_err(TrainError::Plan)?;
         for (gi, g) in self.groups.iter().enumerate() {
             if g.copies == 0 || g.micro_batch_size == 0 || g.micro_batches == 0 {
                 return bad(format!(
@@ -359,10 +400,11 @@ impl TrainPlan {
                     && !(w > 0.0 && w <= MAX_OPTIMIZER_WEIGHT)
                 {
                     return bad(format!(
-                        "group {gi} stage {si} ({}): optimizer_weight is {w}; it must be a \
+                        "group {gi} stage {si} ({}): optimizer_weight is {}; it must be a \
                          positive number of at most {MAX_OPTIMIZER_WEIGHT:e} (weights are \
                          relative)",
-                        s.device
+                        s.device,
+                        polychip_planner::cluster::fmt_num(w)
                     ));
                 }
             }
@@ -598,6 +640,54 @@ pub fn from_planner(plan: &polychip_planner::plan::Plan) -> Result<TrainPlan> {
     })
 }
 
+/// The member of the object `value` that keeps it from deserializing as a
+/// `T`: the one whose removal makes it deserialize, or makes the error
+/// that member's absence (serde's type errors do not name the field).
+fn culprit<T: serde::de::DeserializeOwned>(value: &serde_json::Value) -> Option<String> {
+    let obj = value.as_object()?;
+    obj.keys()
+        .find(|k| {
+            let mut o = obj.clone();
+            o.remove(*k);
+            match serde_json::from_value::<T>(serde_json::Value::Object(o)) {
+                Ok(_) => true,
+                Err(e) => e.to_string() == format!("missing field `{k}`"),
+            }
+        })
+        .cloned()
+}
+
+/// Where a plan JSON's error lies, as a path (`group[0].stages[1].device`).
+fn locate(value: &serde_json::Value) -> Option<String> {
+    let top = culprit::<TrainPlan>(value)?;
+    let groups = match (top.as_str(), value.get("group")) {
+        ("group", Some(serde_json::Value::Array(g))) => g,
+        _ => return Some(top),
+    };
+    for (gi, g) in groups.iter().enumerate() {
+        if serde_json::from_value::<GroupPlan>(g.clone()).is_ok() {
+            continue;
+        }
+        let Some(field) = culprit::<GroupPlan>(g) else {
+            return Some(format!("group[{gi}]"));
+        };
+        if let ("stages", Some(serde_json::Value::Array(stages))) =
+            (field.as_str(), g.get("stages"))
+        {
+            for (si, st) in stages.iter().enumerate() {
+                if serde_json::from_value::<StagePlan>(st.clone()).is_err() {
+                    return Some(match culprit::<StagePlan>(st) {
+                        Some(f) => format!("group[{gi}].stages[{si}].{f}"),
+                        None => format!("group[{gi}].stages[{si}]"),
+                    });
+                }
+            }
+        }
+        return Some(format!("group[{gi}].{field}"));
+    }
+    Some(top)
+}
+
 /// Checks that each role's device is among `devices` (`vendor:index`, lower
 /// case) and that no two roles share one.
 pub fn check_devices(roles: &[&Role], devices: &[String]) -> Result<()> {
@@ -647,6 +737,59 @@ mod tests {
         let err = TrainPlan::load(&file).unwrap_err().to_string();
         assert!(err.contains("\"micro_batches\" appears twice"), "{err}");
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_bad_prediction_or_field_type_is_refused_naming_the_field() {
+        let dir = std::env::temp_dir().join(format!("polychip-plan-pred-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let load = |name: &str, text: &str| {
+            let file = dir.join(name);
+            std::fs::write(&file, text).unwrap();
+            TrainPlan::load(&file).unwrap_err().to_string()
+        };
+        let toml = "[[group]]\nmicro_batch_size = 1\nmicro_batches = 4\nstages = [{ device = \"ferrite:0\", layers = [0, 4] }]\n";
+        for bad in ["nan", "-inf", "-5.0", "0.0"] {
+            let e = load("p.toml", &format!("predicted_step_seconds = {bad}\n{toml}"));
+            assert!(
+                e.contains("p.toml: predicted_step_seconds is ")
+                    && e.contains("it must be a positive number of seconds"),
+                "{bad}: {e}"
+            );
+        }
+        let json = |stage: &str| {
+            format!(
+                r#"{{"group": [{{"micro_batch_size": 1, "micro_batches": 4, "stages": [{{"device": "ferrite:0", "layers": [0, 2]}}, {stage}]}}]}}"#
+            )
+        };
+        let e = load("p.json", &json(r#"{"device": 0, "layers": [2, 4]}"#));
+        assert!(
+            e.contains("p.json: at group[0].stages[1].device: invalid type: integer `0`"),
+            "{e}"
+        );
+        let e = load(
+            "q.json",
+            &json(r#"{"device": "cobalt:0", "layers": [2, 4]}"#)
+                .replace("\"micro_batches\": 4", "\"micro_batches\": \"4\""),
+        );
+        assert!(e.contains("at group[0].micro_batches: invalid type"), "{e}");
+        let e = load(
+            "r.json",
+            &format!(
+                r#"{{"predicted_step_seconds": -5.0, {}"#,
+                &json(r#"{"device": "cobalt:0", "layers": [2, 4]}"#)[1..]
+            ),
+        );
+        assert!(e.contains("predicted_step_seconds is -5;"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
+        // --stages with no device before '='.
+        let e = TrainPlan::parse_stages("=0..4", 1, 1, 1)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("--stages entry \"=0..4\" names no device"),
+            "{e}"
+        );
     }
 
     #[test]
