@@ -162,3 +162,74 @@ fn conform_checks_its_reports_files_before_the_suite_runs() {
     assert!(err.contains("a character device"), "{err}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A file system of `kib` KiB mounted at `dir` (tmpfs), or `None` where
+/// this process may not mount one (not root, or in a container without the
+/// right): the full-disk test then skips, saying why.
+fn small_disk(dir: &Path, kib: u64) -> Option<Mounted> {
+    std::fs::create_dir_all(dir).ok()?;
+    let ok = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", &format!("size={kib}k"), "tmpfs"])
+        .arg(dir)
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    ok.then(|| Mounted(dir.to_path_buf()))
+}
+
+struct Mounted(PathBuf);
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg(&self.0).status();
+    }
+}
+
+#[test]
+fn a_full_disk_leaves_no_half_written_output_and_no_stray_file() {
+    let dir = scratch("full");
+    let disk = dir.join("disk");
+    let Some(_mounted) = small_disk(&disk, 16) else {
+        eprintln!(
+            "skipped: cannot mount a small tmpfs here (needs root), so no disk can be filled"
+        );
+        return;
+    };
+    // The checkpoint of `mini` is larger than the disk: the save fails,
+    // and neither a partial step directory nor a temporary file stays.
+    let ck = disk.join("ck");
+    let (code, err) = train(&["--checkpoint-dir", &s(&ck)]);
+    assert_ne!(code, Some(0), "{err}");
+    assert!(err.contains("No space left on device"), "{err}");
+    let left: Vec<_> = std::fs::read_dir(&ck)
+        .map(|d| d.map(|e| e.unwrap().file_name()).collect())
+        .unwrap_or_default();
+    assert!(
+        left.iter().all(|n| n == ".lock"),
+        "only the lock file stays: {left:?}"
+    );
+    // An export's staging directory goes too.
+    let (code, err) = train(&["--export-hf", &s(&disk.join("hf"))]);
+    assert_ne!(code, Some(0), "{err}");
+    let left: Vec<_> = std::fs::read_dir(&disk)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    assert!(
+        left.iter().all(|n| n == "ck"),
+        "nothing of the export stays: {left:?}"
+    );
+    std::fs::remove_dir_all(&ck).unwrap();
+    // A JSON output on a full disk: no truncated file, no temporary one.
+    let filler = disk.join("filler");
+    let _ = std::fs::write(&filler, vec![0u8; 64 << 10]);
+    let log = disk.join("log.json");
+    let (code, err) = train(&["--log-json", &s(&log)]);
+    assert_ne!(code, Some(0), "{err}");
+    assert!(err.contains("--log-json"), "{err}");
+    let left: Vec<_> = std::fs::read_dir(&disk)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    assert_eq!(left, ["filler"], "{left:?}");
+}

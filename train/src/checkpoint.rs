@@ -149,7 +149,21 @@ pub fn write_tensors(
         }
         Err(e) => return Err(TrainError::io(&dir, e)),
     }
-    tensors.save(&dir.join(stage_file(index, stages)))
+    let saved = tensors.save(&dir.join(stage_file(index, stages)));
+    if saved.is_err() {
+        // Nothing of a failed save stays behind (a full disk): the file's
+        // temporary one is gone already, and the directory goes too when
+        // no other stage wrote into it.
+        let _ = std::fs::remove_dir(&dir);
+    }
+    saved
+}
+
+/// Removes what a failed save of `step` left in `root` (its partial
+/// directory), after the save's error has been taken: the previous
+/// checkpoint stays `latest`.
+pub fn discard_partial(root: &Path, step: u64) {
+    let _ = std::fs::remove_dir_all(partial_dir(root, step));
 }
 
 /// The checkpoints already in `root`: its `latest` and its step

@@ -354,7 +354,7 @@ pub fn run(opts: &Options, runtime: &Runtime, mut job: Option<&mut Job>) -> Resu
     let saves_to = opts.checkpoint_dir.as_ref().or(staging.as_ref());
     // The rank that commits the checkpoints holds the directory for the
     // run, so that a second run saving there now is refused.
-    let _lock = match saves_to {
+    let _lock = match &opts.checkpoint_dir {
         Some(dir) if rank == 0 => Some(checkpoint::RootLock::take(dir)?),
         _ => None,
     };
@@ -484,7 +484,13 @@ pub fn run(opts: &Options, runtime: &Runtime, mut job: Option<&mut Job>) -> Resu
                     Gathered::Moments,
                 )?;
             }
-            summary.checkpoint = Some(save(dir, step, &stage, &role, opts, job.as_deref_mut())?);
+            let saved = save(dir, step, &stage, &role, opts, job.as_deref_mut());
+            if let (Err(_), Some(st)) = (&saved, &staging) {
+                // A failed save of the export's staging checkpoint (a full
+                // disk) leaves nothing beside the export.
+                let _ = std::fs::remove_dir_all(st);
+            }
+            summary.checkpoint = Some(saved?);
         }
         let rec = StepRecord {
             step,
@@ -640,10 +646,17 @@ fn save(
             return Ok(checkpoint::step_dir(dir, step));
         }
         let done = commit(dir, step, opts);
+        if done.is_err() {
+            checkpoint::discard_partial(dir, step);
+        }
         j.barrier()?;
         return done;
     }
-    commit(dir, step, opts)
+    let done = commit(dir, step, opts);
+    if done.is_err() {
+        checkpoint::discard_partial(dir, step);
+    }
+    done
 }
 
 /// What [`gather_shares`] gathers.
