@@ -108,8 +108,21 @@ fn profile(args: &Args) -> Result<(), String> {
     };
     crate::train::pin_to(&cores).map_err(|e| e.to_string())?;
     eprintln!("profiling on cores {cores:?}");
-    let file = auto::profile_file(&cfg, &t, &devices, &sizes, args.repeats, args.rounds)
-        .map_err(|e| e.to_string())?;
+    let file =
+        auto::profile_file(&cfg, &t, &devices, &sizes, args.repeats, args.rounds).map_err(|e| {
+            let hint = if e.to_string().contains("out of memory") {
+                format!(
+                    " (the model {} at sequences of {} and micro-batches up to {} does not fit \
+                     a device: give a smaller --seq-len or --micro-batch-sizes)",
+                    cfg.name,
+                    cfg.seq_len,
+                    sizes.last().copied().unwrap_or(1)
+                )
+            } else {
+                String::new()
+            };
+            format!("profiling: {e}{hint}")
+        })?;
     for e in &file.entries {
         // The profiler measures every part.
         let (embedding, head) = (e.embedding.unwrap_or_default(), e.head.unwrap_or_default());

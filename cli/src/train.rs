@@ -1170,7 +1170,13 @@ fn relaunch(plan: &TrainPlan) -> Result<ExitCode, TrainError> {
         &file,
         serde_json::to_string(plan).expect("json").as_bytes(),
     )
-    .map_err(|e| TrainError::io(&file, e))?;
+    .map_err(|e| {
+        TrainError::Config(format!(
+            "the job's plan could not be written to {} for its ranks: {e} (the temporary \
+             directory, from TMPDIR or /tmp, must exist and be writable)",
+            file.display()
+        ))
+    })?;
     let exe = std::env::current_exe().map_err(|e| TrainError::io("polychip", e))?;
     let mut command = vec![exe.display().to_string()];
     command.extend(std::env::args().skip(1));

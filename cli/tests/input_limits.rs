@@ -1066,3 +1066,90 @@ fn training_settings_and_plans_that_cannot_train_are_refused_by_field() {
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn messages_name_the_cause_not_a_symptom() {
+    let dir = scratch("messages");
+    // A plugin path that is a loop of links: named as such, not missing.
+    let (a, b) = (dir.join("loop-a"), dir.join("loop-b"));
+    std::os::unix::fs::symlink(&b, &a).unwrap();
+    std::os::unix::fs::symlink(&a, &b).unwrap();
+    let (_, out, err) = polychip_env(&["devices"], &[("POLYCHIP_PLUGIN_PATH", &s(&a))]);
+    let said = format!("{out}{err}");
+    assert!(
+        said.contains("symbolic links") && !said.contains("does not exist"),
+        "{said}"
+    );
+    // The temporary directory a local job hands its plan through.
+    let (code, out, err) = polychip_env(
+        &[
+            "train",
+            "--model",
+            "mini",
+            "--stages",
+            "ferrite:0=0..1,cobalt:0=1..2",
+            "--steps",
+            "1",
+            "--no-pin",
+        ],
+        &[("TMPDIR", "/nonexistent/polychip-tmp")],
+    );
+    assert_eq!(code, Some(2), "{out}{err}");
+    assert!(err.contains("TMPDIR"), "{err}");
+    // --resume given the manifest file instead of its directory.
+    let manifest = dir.join("manifest.json");
+    std::fs::write(&manifest, "{}").unwrap();
+    let (code, _, err) = polychip_env(&["train", "--resume", &s(&manifest), "--steps", "1"], &[]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("is a file; give the checkpoint's step directory"),
+        "{err}"
+    );
+    // A model name with an escape sequence is not printed to the terminal.
+    let model = dir.join("esc.toml");
+    std::fs::write(
+        &model,
+        "name = \"a\\u001b[31mred\"\nvocab = 256\ndim = 64\nlayers = 1\nheads = 4\n\
+         kv_heads = 2\nffn = 64\nseq_len = 16\n",
+    )
+    .unwrap();
+    let (code, err) = train_within(
+        &[
+            "--model",
+            &s(&model),
+            "--device",
+            "ferrite:0",
+            "--steps",
+            "1",
+        ],
+        &[],
+        Duration::from_secs(60),
+    );
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("none of them control characters") && !err.contains('\u{1b}'),
+        "{err}"
+    );
+    // The transport's listen address is named with the variable that set it.
+    let (code, out, err) = polychip_env(
+        &[
+            "bench",
+            "comm",
+            "--transport",
+            "tcp",
+            "--sizes",
+            "1K",
+            "--nproc",
+            "2",
+            "--iters",
+            "1",
+        ],
+        &[("POLYCHIP_COMM_ADDR", "192.0.2.1")],
+    );
+    assert_ne!(code, Some(0), "{out}{err}");
+    assert!(
+        err.contains("listen on 192.0.2.1") && err.contains("POLYCHIP_COMM_ADDR"),
+        "{err}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -173,7 +173,9 @@ pub fn from_path_list(list: &str) -> (Vec<PathBuf>, Vec<SearchProblem>) {
                     reason: format!("cannot read the directory: {e}"),
                 }),
             }
-        } else if path.exists() {
+        } else if path.exists() || path.symlink_metadata().is_ok() {
+            // A link that leads nowhere (dangling, or a loop) is named as
+            // what it is, not as missing.
             match plugin_file_id(&path) {
                 Ok(_) => files.push(path),
                 Err(reason) => problems.push(SearchProblem {

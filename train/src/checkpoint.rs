@@ -563,6 +563,13 @@ pub fn read_manifest(path: &Path) -> Result<(PathBuf, Manifest)> {
             Ok(_) => return Err(err(&dir, "(named by latest) is not a directory".into())),
             Err(e) => return Err(TrainError::io(&dir, e)),
         }
+    } else if path.is_file() {
+        return Err(err(
+            path,
+            "is a file; give the checkpoint's step directory (the one holding its \
+             manifest.json) or the checkpoint root (holding `latest`)"
+                .into(),
+        ));
     } else if path.exists() {
         return Err(err(
             path,

@@ -82,6 +82,9 @@ pub fn vocab_too_small(vocab: usize) -> Option<String> {
     })
 }
 
+/// The longest model name accepted.
+pub const MAX_NAME_CHARS: usize = 128;
+
 /// The model presets [`ModelConfig::preset`] knows.
 pub const MODEL_PRESETS: [&str; 4] = ["mini", "tiny", "small", "deep"];
 
@@ -145,6 +148,16 @@ impl ModelConfig {
 
     /// Checks that the shape is usable; the message names the field.
     pub fn validate(&self) -> std::result::Result<(), String> {
+        // Printed in logs, plans and checkpoints: no control characters
+        // (an escape sequence would drive the terminal), and a bounded
+        // length.
+        if self.name.chars().count() > MAX_NAME_CHARS || self.name.chars().any(char::is_control) {
+            return Err(format!(
+                "name {:?} must be at most {MAX_NAME_CHARS} characters, none of them control \
+                 characters",
+                self.name.chars().take(40).collect::<String>()
+            ));
+        }
         let positive = [
             ("vocab", self.vocab),
             ("dim", self.dim),

@@ -448,6 +448,21 @@ impl HfModel {
         let single = dir.join(WEIGHTS_FILE);
         let index_path = dir.join(INDEX_FILE);
         // As transformers does: the single file when there is one, else the index.
+        // Either name there but not as a regular file (a FIFO, a
+        // directory) is said as what it is.
+        for p in [&single, &index_path] {
+            if let Ok(m) = std::fs::metadata(p)
+                && !m.is_file()
+            {
+                return Err(fail(
+                    p,
+                    format!(
+                        "is {}, not a regular file; it was not read",
+                        polychip_files::kind(m.file_type())
+                    ),
+                ));
+            }
+        }
         let (files, index): (Vec<String>, Option<BTreeMap<String, String>>) = if single.is_file() {
             (vec![WEIGHTS_FILE.to_string()], None)
         } else if index_path.is_file() {

@@ -736,19 +736,24 @@ fn diagnose(header: &[u8], data_len: u64) -> Option<String> {
     }
     spans.sort();
     let mut at = 0;
+    let mut previous: Option<&str> = None;
     for (begin, end, name) in &spans {
         if *begin != at {
+            let after = match previous {
+                Some(p) => format!("tensor `{p}`, which ends at byte {at}"),
+                None => "the start of the data section".into(),
+            };
             let what = if *begin < at {
                 "overlaps"
             } else {
-                "leaves a gap before"
+                "leaves a gap after"
             };
             return Some(format!(
-                "tensor `{name}` (bytes {begin}..{end} of the data) {what} \
-                 the previous tensor, which ends at byte {at}"
+                "tensor `{name}` (bytes {begin}..{end} of the data) {what} {after}"
             ));
         }
         at = *end;
+        previous = Some(name);
     }
     if at != data_len {
         return Some(format!(

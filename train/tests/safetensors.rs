@@ -271,7 +271,15 @@ fn overlaps_gaps_and_trailing_bytes_are_refused() {
     assert!(refused(&file_of(overlap, &[0; 3])).contains("overlaps"));
     let gap = r#"{"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},
                   "b":{"dtype":"U8","shape":[1],"data_offsets":[2,3]}}"#;
-    assert!(refused(&file_of(gap, &[0; 3])).contains("gap"));
+    assert!(
+        refused(&file_of(gap, &[0; 3]))
+            .contains("leaves a gap after tensor `a`, which ends at byte 1")
+    );
+    let late = r#"{"a":{"dtype":"U8","shape":[1],"data_offsets":[1,2]}}"#;
+    assert!(
+        refused(&file_of(late, &[0; 2]))
+            .contains("leaves a gap after the start of the data section")
+    );
     let trailing = r#"{"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}}"#;
     assert!(refused(&file_of(trailing, &[0; 2])).contains("1 bytes after its last tensor"));
 }

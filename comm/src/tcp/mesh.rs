@@ -93,8 +93,17 @@ pub(crate) fn connect(
     // Every rank creates its transports in the same order, so the n-th one
     // of each rank gets the same generation.
     let generation = store.add(&format!("{prefix}/generation/{rank}"), 1)?;
-    let listener = TcpListener::bind(SocketAddr::new(options.bind_addr, 0))
-        .map_err(|e| io_err("listen", &e))?;
+    let listener = TcpListener::bind(SocketAddr::new(options.bind_addr, 0)).map_err(|e| {
+        io_err(
+            &format!(
+                "listen on {} (the address {} gives, or this machine's default; it must be one \
+                 of this machine's own)",
+                options.bind_addr,
+                super::ADDR_ENV
+            ),
+            &e,
+        )
+    })?;
     let local = listener.local_addr().map_err(|e| io_err("listen", &e))?;
     store.set(
         &format!("{prefix}/{generation}/addr/{rank}"),
