@@ -287,6 +287,19 @@ pub extern "C" fn polychip_comm_destroy(comm: *mut polychip_comm_t) -> *mut poly
     })
 }
 
+/// Refuses a peer rank that `d`'s communicator does not have (the
+/// transports index their connections by it).
+fn check_peer(d: &mut DeviceComm<'_>, peer: u32) -> ApiResult<()> {
+    let world = d.comm().world_size();
+    if peer as usize >= world {
+        return Err(ApiError::invalid(format!(
+            "peer {peer} is not a rank of this communicator (ranks 0 to {})",
+            world - 1
+        )));
+    }
+    Ok(())
+}
+
 /// Runs a collective inside the panic firewall.
 fn collective(
     function: &str,
@@ -418,6 +431,7 @@ pub extern "C" fn polychip_comm_send(
     peer: u32,
 ) -> *mut polychip_error_t {
     collective("polychip_comm_send", comm, |d| {
+        check_peer(d, peer)?;
         Ok(d.send(&tensor(t, "tensor")?.tensor, peer as usize)?)
     })
 }
@@ -434,6 +448,7 @@ pub extern "C" fn polychip_comm_recv(
     peer: u32,
 ) -> *mut polychip_error_t {
     collective("polychip_comm_recv", comm, |d| {
+        check_peer(d, peer)?;
         Ok(d.recv(&tensor(t, "tensor")?.tensor, peer as usize)?)
     })
 }

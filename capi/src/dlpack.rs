@@ -21,7 +21,8 @@ use std::sync::{Arc, Mutex};
 use polychip_host::{Buffer, DType, Device, Tensor, contiguous_strides};
 
 use crate::error::{
-    ApiError, ApiResult, POLYCHIP_API_ERROR_VERSION_MISMATCH, guard, polychip_error_t,
+    ApiError, ApiResult, POLYCHIP_API_ERROR_OUT_OF_MEMORY, POLYCHIP_API_ERROR_VERSION_MISMATCH,
+    guard, polychip_error_t,
 };
 use crate::out_param;
 use crate::runtime::{RUNTIMES, RuntimeObject, polychip_runtime_t};
@@ -189,6 +190,14 @@ fn describe(
     requested: i32,
     copy: polychip_dlpack_copy_t,
 ) -> ApiResult<(polychip_dlpack_tensor_t, Box<Export>, u64)> {
+    if !matches!(
+        copy,
+        POLYCHIP_DLPACK_COPY_IF_NEEDED | POLYCHIP_DLPACK_COPY_NEVER | POLYCHIP_DLPACK_COPY_ALWAYS
+    ) {
+        return Err(ApiError::invalid(format!(
+            "copy {copy} is neither POLYCHIP_DLPACK_COPY_IF_NEEDED (-1), _NEVER (0) nor _ALWAYS (1)"
+        )));
+    }
     let v = &t.tensor;
     let host_visible = v.device().props().host_visible;
     let device_type = match requested {
@@ -448,15 +457,31 @@ unsafe fn import(rt: &RuntimeObject, incoming: Incoming, target: i64) -> ApiResu
             "DLPack shape {shape:?} has a negative extent"
         )));
     }
+    // Every sum and product below fits in 64 bits once this passes.
+    crate::tensor::check_view_sizes(
+        || {
+            format!(
+                "the DLPack tensor ({dtype}, shape {shape:?}, strides {strides:?}, byte_offset {})",
+                dl.byte_offset
+            )
+        },
+        dtype,
+        &shape,
+        &strides,
+        i128::from(dl.byte_offset),
+    )?;
     let numel: usize = shape.iter().map(|&d| d as usize).product();
     let size = dtype.size();
+    if numel > 0 && dl.data.is_null() {
+        return Err(ApiError::invalid(format!(
+            "the DLPack tensor's data is NULL but its shape {shape:?} has {numel} elements"
+        )));
+    }
     // The elements' byte span relative to the first element.
     let (mut lo, mut hi) = (0i64, 0i64);
     if numel > 0 {
         for (&d, &s) in shape.iter().zip(&strides) {
-            let reach = (d - 1)
-                .checked_mul(s)
-                .ok_or_else(|| ApiError::invalid("DLPack strides overflow"))?;
+            let reach = (d - 1) * s;
             if reach < 0 {
                 lo += reach;
             } else {
@@ -529,7 +554,21 @@ unsafe fn import(rt: &RuntimeObject, incoming: Incoming, target: i64) -> ApiResu
                 ));
             }
             let (device, index) = device_of(target.max(0))?;
-            let mut bytes = Vec::with_capacity(numel * size);
+            // The device tensor first: a shape the device cannot hold (a
+            // broadcast NumPy array of 2^40 elements is a few bytes of host
+            // memory) fails here as out of device memory, before the host
+            // gathers that many bytes.
+            let tensor = device.empty(dtype, &shape)?;
+            let mut bytes = Vec::new();
+            bytes.try_reserve_exact(numel * size).map_err(|_| {
+                ApiError::new(
+                    POLYCHIP_API_ERROR_OUT_OF_MEMORY,
+                    format!(
+                        "copying the DLPack tensor ({dtype}, shape {shape:?}) needs {} bytes of host memory, which could not be allocated",
+                        numel * size
+                    ),
+                )
+            })?;
             let base = dl.data.cast::<u8>().wrapping_add(dl.byte_offset as usize);
             let mut at = vec![0i64; ndim];
             for _ in 0..numel {
@@ -551,7 +590,6 @@ unsafe fn import(rt: &RuntimeObject, incoming: Incoming, target: i64) -> ApiResu
                     at[k] = 0;
                 }
             }
-            let tensor = device.empty(dtype, &shape)?;
             tensor.write_bytes(&bytes)?;
             (incoming.release)();
             Ok((tensor, index))

@@ -99,6 +99,58 @@ pub(crate) unsafe fn dims<'a>(ndim: i32, shape: *const i64, name: &str) -> ApiRe
     Ok(unsafe { std::slice::from_raw_parts(shape, n) })
 }
 
+/// Refuses a view that 64-bit sizes cannot describe: its element count,
+/// its byte size, or the bytes its strides reach from `first_byte` (the
+/// byte offset of its first element) overflowing. `what` describes it in
+/// the message ("a f32 view of shape [..] with strides [..] at element
+/// offset 3"). Negative extents are left to the host's checks.
+pub(crate) fn check_view_sizes(
+    what: impl Fn() -> String,
+    dtype: DType,
+    shape: &[i64],
+    strides: &[i64],
+    first_byte: i128,
+) -> ApiResult<()> {
+    if shape.iter().any(|&d| d < 0) || shape.len() != strides.len() {
+        return Ok(());
+    }
+    let size = dtype.size() as i128;
+    let overflow = || ApiError::invalid(format!("{} overflows 64-bit sizes", what()));
+    // The element count in the order the host multiplies it, then bytes.
+    let mut numel: i64 = 1;
+    for &d in shape {
+        numel = numel.checked_mul(d).ok_or_else(overflow)?;
+    }
+    if i128::from(numel) * size > i128::from(i64::MAX) {
+        return Err(overflow());
+    }
+    // The farthest byte either way from the buffer's start.
+    let mut reach = first_byte.abs() + size;
+    if numel > 0 {
+        for (&d, &s) in shape.iter().zip(strides) {
+            reach = reach.saturating_add(i128::from(d - 1) * i128::from(s).abs() * size);
+        }
+    }
+    if reach > i128::from(i64::MAX) {
+        return Err(overflow());
+    }
+    Ok(())
+}
+
+/// `bytes`, the caller's buffer length, checked to be `t`'s size before
+/// any slice of it is made (`verb`: "hold" or "fill").
+fn check_byte_count(t: &Tensor, bytes: usize, verb: &str) -> ApiResult<()> {
+    let expected = t.numel() as u128 * t.dtype().size() as u128;
+    if bytes as u128 != expected {
+        return Err(ApiError::invalid(format!(
+            "{bytes} bytes do not {verb} a {} tensor of shape {:?} ({expected} bytes)",
+            t.dtype(),
+            t.shape()
+        )));
+    }
+    Ok(())
+}
+
 /// A description of a tensor. Pointers are owned by the tensor and valid
 /// until it is destroyed.
 #[repr(C)]
@@ -187,6 +239,15 @@ pub unsafe extern "C" fn polychip_tensor_view(
         // SAFETY: forwarded contract.
         let (shape, strides) =
             unsafe { (dims(ndim, shape, "shape")?, dims(ndim, strides, "strides")?) };
+        let first = i128::from(t.tensor.byte_offset())
+            + i128::from(offset) * t.tensor.dtype().size() as i128;
+        let dtype = t.tensor.dtype();
+        let what = || {
+            format!(
+                "a {dtype} view of shape {shape:?} with strides {strides:?} at element offset {offset}"
+            )
+        };
+        check_view_sizes(what, dtype, shape, strides, first)?;
         let view = t.tensor.as_strided(shape, strides, offset)?;
         // SAFETY: checked non-NULL; writable per the contract.
         unsafe { out.write(give(view, t.device)) };
@@ -228,6 +289,17 @@ pub unsafe extern "C" fn polychip_tensor_view_as(
                 "byte offset {byte_offset} is past the end of the tensor's {len}-byte buffer"
             )));
         }
+        check_view_sizes(
+            || {
+                format!(
+                    "a {dtype} view of shape {shape:?} with strides {strides:?} at byte offset {byte_offset}"
+                )
+            },
+            dtype,
+            shape,
+            strides,
+            i128::from(byte_offset),
+        )?;
         let view = Tensor::from_buffer(
             t.tensor.buffer().clone(),
             dtype,
@@ -309,6 +381,7 @@ pub unsafe extern "C" fn polychip_tensor_write(
         if src.is_null() && bytes > 0 {
             return Err(ApiError::invalid(format!("src is NULL for {bytes} bytes")));
         }
+        check_byte_count(&t.tensor, bytes, "fill")?;
         let data: &[u8] = if bytes == 0 {
             &[]
         } else {
@@ -337,6 +410,7 @@ pub unsafe extern "C" fn polychip_tensor_read(
         if dst.is_null() && bytes > 0 {
             return Err(ApiError::invalid(format!("dst is NULL for {bytes} bytes")));
         }
+        check_byte_count(&t.tensor, bytes, "hold")?;
         let out: &mut [u8] = if bytes == 0 {
             &mut []
         } else {

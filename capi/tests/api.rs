@@ -582,3 +582,162 @@ fn byte_buffers_are_viewed_as_typed_tensors_within_bounds() {
     }
     polychip_runtime_destroy(rt);
 }
+
+/// A host-memory managed tensor of f32 `shape` and `strides` over `data`,
+/// with no deleter.
+fn host_managed(
+    data: *mut c_void,
+    shape: &mut [i64],
+    strides: &mut [i64],
+    device_type: i32,
+) -> polychip_dlpack_versioned_t {
+    polychip_dlpack_versioned_t {
+        version: polychip_dlpack_version_t { major: 1, minor: 0 },
+        manager_ctx: null_mut(),
+        deleter: None,
+        flags: 0,
+        dl_tensor: polychip_dlpack_tensor_t {
+            data,
+            device: polychip_dlpack_device_t {
+                device_type,
+                device_id: 0,
+            },
+            ndim: shape.len() as i32,
+            dtype: polychip_dlpack_dtype_t {
+                code: 2,
+                bits: 32,
+                lanes: 1,
+            },
+            shape: shape.as_mut_ptr(),
+            strides: strides.as_mut_ptr(),
+            byte_offset: 0,
+        },
+    }
+}
+
+#[test]
+fn sizes_that_overflow_or_exceed_memory_are_refused_not_crashing() {
+    let rt = runtime();
+    let cobalt = device_of(rt, "Cobalt");
+    let mut x = 1.0f32;
+    let mut out = null_mut();
+    // Each of these used to abort the process (a 4 TiB host allocation for
+    // a broadcast of one float; a NULL data pointer read) or panic inside
+    // the call (a product or sum of extents and strides overflowing).
+    type Case<'a> = (&'a mut [i64], &'a mut [i64], *mut c_void, i32, &'a str);
+    let cases: [Case; 5] = [
+        (
+            &mut [1 << 20, 1 << 20],
+            &mut [0, 0],
+            (&raw mut x).cast(),
+            POLYCHIP_DLPACK_CPU,
+            "requested 4398046511104 bytes",
+        ),
+        (
+            &mut [4],
+            &mut [1],
+            null_mut(),
+            POLYCHIP_DLPACK_CPU,
+            "data is NULL but its shape [4] has 4 elements",
+        ),
+        (
+            &mut [1 << 32, 1 << 32, 1 << 32],
+            &mut [0, 0, 0],
+            (&raw mut x).cast(),
+            POLYCHIP_DLPACK_CPU,
+            "overflows 64-bit sizes",
+        ),
+        (
+            &mut [3, 3],
+            &mut [i64::MAX / 2, i64::MAX / 2],
+            (&raw mut x).cast(),
+            POLYCHIP_DLPACK_EXT_DEV,
+            "overflows 64-bit sizes",
+        ),
+        (
+            &mut [3, 3],
+            &mut [i64::MIN / 2 + 1, i64::MIN / 2 + 1],
+            (&raw mut x).cast(),
+            POLYCHIP_DLPACK_CPU,
+            "overflows 64-bit sizes",
+        ),
+    ];
+    for (shape, strides, data, device_type, says) in cases {
+        let mut m = host_managed(data, shape, strides, device_type);
+        m.dl_tensor.device.device_id = cobalt as i32;
+        // SAFETY: a readable managed tensor (the data is never read past
+        // its one float); `out` writable.
+        let (_, message) = refused(unsafe {
+            polychip_tensor_from_dlpack(rt, &mut m, i64::from(cobalt), &mut out)
+        });
+        assert!(message.contains(says), "{says}: {message}");
+        assert!(out.is_null());
+    }
+
+    let t = tensor(rt, cobalt, &[1.0, 2.0, 3.0, 4.0]);
+    for (shape, strides, offset) in [
+        ([1i64 << 40, 1 << 40], [0i64, 0], 0i64),
+        ([2, 1], [1, 1], i64::MAX),
+        ([2, 1], [1, 1], i64::MIN),
+        ([3, 3], [i64::MAX / 2, i64::MAX / 2], 0),
+    ] {
+        let mut v = null_mut();
+        // SAFETY: two extents and strides; `v` writable.
+        let (_, message) = refused(unsafe {
+            polychip_tensor_view(t, 2, shape.as_ptr(), strides.as_ptr(), offset, &mut v)
+        });
+        assert!(
+            message.contains("overflows 64-bit sizes"),
+            "{shape:?} {strides:?} {offset}: {message}"
+        );
+        assert!(v.is_null());
+    }
+    // A length no buffer can have is refused before a slice of it is made.
+    let mut buf = [0f32; 4];
+    // SAFETY: the length is wrong on purpose; it is checked before any use.
+    let (_, message) =
+        refused(unsafe { polychip_tensor_read(t, buf.as_mut_ptr().cast(), usize::MAX) });
+    assert!(
+        message.contains("bytes do not hold a f32 tensor of shape [4] (16 bytes)"),
+        "{message}"
+    );
+    // SAFETY: as above.
+    let (_, message) =
+        refused(unsafe { polychip_tensor_write(t, buf.as_ptr().cast(), usize::MAX) });
+    assert!(message.contains("bytes do not fill"), "{message}");
+    // An export's copy mode outside the three is refused, not taken as -1.
+    let mut m = null_mut();
+    // SAFETY: `m` writable.
+    let (_, message) = refused(unsafe { polychip_tensor_to_dlpack(t, 0, 5, null(), &mut m) });
+    assert!(message.contains("copy 5 is neither"), "{message}");
+    polychip_tensor_destroy(t);
+    polychip_runtime_destroy(rt);
+}
+
+#[test]
+fn a_peer_that_is_not_a_rank_is_refused() {
+    let rt = runtime();
+    let t = tensor(rt, device_of(rt, "Ferrite"), &[1.0]);
+    let options = polychip_comm_options_t {
+        struct_size: size_of::<polychip_comm_options_t>(),
+        rank: 0,
+        world_size: 1,
+        master_addr: null(),
+        master_port: 0,
+    };
+    let mut comm = null_mut();
+    // SAFETY: readable options; `comm` writable.
+    ok(unsafe { polychip_comm_init(&options, &mut comm) });
+    // Used to panic in the transport (an index out of bounds).
+    for call in [polychip_comm_send, polychip_comm_recv] {
+        let (code, message) = refused(call(comm, t, 3));
+        assert_eq!(code, POLYCHIP_API_ERROR_INVALID_ARGUMENT, "{message}");
+        assert!(
+            message.contains("peer 3 is not a rank of this communicator (ranks 0 to 0)"),
+            "{message}"
+        );
+    }
+    ok(polychip_comm_destroy(comm));
+    polychip_tensor_destroy(t);
+    polychip_runtime_destroy(rt);
+}

@@ -232,6 +232,28 @@ fn non_compact_and_unsupported_dtypes_are_usage_errors() {
             panic!("overlapping send and recv were accepted")
         };
         assert!(m.contains("share memory"), "{m}");
+        // A peer outside the world (or this rank) is refused, not an
+        // index out of bounds.
+        for peer in [0, 3] {
+            let Err(CommError::Usage(m)) = dc.send(&a, peer) else {
+                panic!("a send to rank {peer} of a world of 1 was accepted")
+            };
+            assert!(
+                m.contains(&format!("peer {peer} is not another rank")),
+                "{m}"
+            );
+            let Err(CommError::Usage(_)) = dc.recv(&a, peer) else {
+                panic!("a recv from rank {peer} of a world of 1 was accepted")
+            };
+        }
+        // A view whose counts overflow 64 bits is refused where it is made.
+        let huge = a.as_strided(&[1 << 40, 1 << 40], &[0, 0], 0).unwrap_err();
+        assert!(
+            huge.to_string().contains("overflows 64-bit sizes"),
+            "{huge}"
+        );
+        let far = a.as_strided(&[2], &[1], i64::MAX).unwrap_err();
+        assert!(far.to_string().contains("overflows 64-bit sizes"), "{far}");
     });
 }
 

@@ -165,7 +165,25 @@ impl Tensor {
                 Shape::from(strides)
             )));
         }
-        let offset = self.offset as i64 + offset_elements * self.dtype.size() as i64;
+        let overflow = || {
+            HostError::Usage(format!(
+                "as_strided: a view of shape {} with strides {} at element offset \
+                 {offset_elements} overflows 64-bit sizes",
+                Shape::from(shape),
+                Shape::from(strides)
+            ))
+        };
+        // Every count a view's users compute from it (its elements, its
+        // bytes, its offset) must fit: checked here, once.
+        shape
+            .iter()
+            .try_fold(1usize, |n, &d| n.checked_mul(d as usize))
+            .and_then(|n| n.checked_mul(self.dtype.size()))
+            .ok_or_else(overflow)?;
+        let offset = offset_elements
+            .checked_mul(self.dtype.size() as i64)
+            .and_then(|o| o.checked_add(self.offset as i64))
+            .ok_or_else(overflow)?;
         let view = Tensor {
             buffer: self.buffer.clone(),
             dtype: self.dtype,
@@ -174,7 +192,11 @@ impl Tensor {
             offset: offset.max(0) as u64,
         };
         if let Some((lo, hi)) = view.desc().byte_span() {
-            if offset < 0 || offset + lo < 0 || (offset + hi) as u64 > self.buffer.len() {
+            let (first, end) = (offset.checked_add(lo), offset.checked_add(hi));
+            if offset < 0
+                || first.is_none_or(|f| f < 0)
+                || end.is_none_or(|e| e as u64 > self.buffer.len())
+            {
                 return Err(HostError::Usage(format!(
                     "as_strided: a view of shape {} with strides {} at element offset {offset_elements} reaches outside its {}-byte buffer",
                     Shape::from(shape),

@@ -18,6 +18,7 @@ those ``POLYCHIP_PLUGIN_PATH`` names; ``polychip.runtime(...)`` makes a
 runtime with other settings.
 """
 
+import operator
 import sys as _sys
 from typing import Any, Optional, Sequence, Tuple, Union
 
@@ -117,11 +118,34 @@ def devices() -> list:
 
 def device(index: Union[int, Device]) -> Device:
     """Device ``index``."""
-    return index if isinstance(index, Device) else Device(int(index))
+    return index if isinstance(index, Device) else Device(_index(index))
 
 
 def _index(device: Union[int, Device, None]) -> int:
-    return 0 if device is None else int(device.index if isinstance(device, Device) else device)
+    """A device argument as an index of the default runtime, checked: a
+    float, a string or an index no device has is refused, not truncated or
+    wrapped."""
+    if device is None:
+        return 0
+    if isinstance(device, Device):
+        if device._runtime is not runtime():
+            raise errors.InvalidArgument(
+                f"{device!r} belongs to an earlier runtime than the default one "
+                "(polychip.runtime(...) made a new one); its index may name another device here"
+            )
+        return device.index
+    try:
+        index = operator.index(device)
+    except TypeError:
+        raise TypeError(
+            f"device must be a device index (an int) or a polychip.Device, not {type(device).__name__}"
+        ) from None
+    count = runtime().device_count()
+    if not 0 <= index < count:
+        raise errors.InvalidArgument(
+            f"device {index} does not exist: the runtime has {count} device(s), 0 to {count - 1}"
+        )
+    return index
 
 
 Tensor = _native.Tensor
@@ -144,9 +168,12 @@ def tensor(data: Any, dtype: Any = None, device: Union[int, Device, None] = None
     anything ``numpy.asarray`` takes) on ``device`` (default device 0)."""
     import numpy as np
 
-    array = np.ascontiguousarray(np.asarray(data, dtype=None if dtype is None else _dtype(dtype)))
+    array = np.asarray(data, dtype=None if dtype is None else _dtype(dtype))
     if array.dtype == np.float64 and dtype is None and not isinstance(data, np.ndarray):
         array = array.astype(np.float32)
+    # Row-major and native byte order (a big-endian array's bytes are not
+    # the device's); np.ascontiguousarray would also make a 0-d array 1-d.
+    array = np.asarray(array, dtype=array.dtype.newbyteorder("="), order="C")
     t = empty(array.shape, array.dtype, device)
     t.write_bytes(array.tobytes())
     return t

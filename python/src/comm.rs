@@ -8,7 +8,7 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
 use crate::Handle;
-use crate::errors::{check, handle};
+use crate::errors::{check, exception, handle};
 use crate::tensor::Tensor;
 
 /// This process's place in a job of ranks.
@@ -36,8 +36,20 @@ impl Comm {
         self.handle.load(std::sync::atomic::Ordering::Acquire)
     }
 
+    /// The live handle, or the error a closed communicator raises.
+    fn live(&self, py: Python<'_>) -> PyResult<Handle> {
+        match self.h() {
+            0 => Err(exception(
+                py,
+                POLYCHIP_API_ERROR_INVALID_ARGUMENT,
+                "the Comm was closed (Comm.close); join again with polychip.comm.init()".into(),
+            )),
+            c => Ok(c),
+        }
+    }
+
     fn run(&self, py: Python<'_>, f: impl FnOnce(Handle) -> Handle + Send) -> PyResult<()> {
-        let c = self.h();
+        let c = self.live(py)?;
         let error = py.detach(move || f(c));
         check(py, error)
     }
@@ -101,7 +113,7 @@ impl Comm {
     fn rank(&self, py: Python<'_>) -> PyResult<u32> {
         let (mut r, mut w) = (0, 0);
         // SAFETY: both writable.
-        let e = unsafe { polychip_comm_rank(self.h() as *const _, &mut r, &mut w) };
+        let e = unsafe { polychip_comm_rank(self.live(py)? as *const _, &mut r, &mut w) };
         check(py, handle(e))?;
         Ok(r)
     }
@@ -111,7 +123,7 @@ impl Comm {
     fn world_size(&self, py: Python<'_>) -> PyResult<u32> {
         let (mut r, mut w) = (0, 0);
         // SAFETY: both writable.
-        let e = unsafe { polychip_comm_rank(self.h() as *const _, &mut r, &mut w) };
+        let e = unsafe { polychip_comm_rank(self.live(py)? as *const _, &mut r, &mut w) };
         check(py, handle(e))?;
         Ok(w)
     }
@@ -119,7 +131,7 @@ impl Comm {
     /// A communicator of the ranks that pass the same `color`, ordered by `key`.
     #[pyo3(signature = (color, key = 0))]
     fn split(&self, py: Python<'_>, color: u32, key: u32) -> PyResult<Comm> {
-        let c = self.h();
+        let c = self.live(py)?;
         let (out, error) = py.detach(move || {
             let mut out = null_mut();
             // SAFETY: `out` writable.

@@ -241,6 +241,12 @@ pub(crate) fn from_dlpack(
     };
     // SAFETY: the capsule is valid under `name` (checked above).
     let managed = unsafe { ffi::PyCapsule_GetPointer(raw, name.as_ptr()) } as Handle;
+    // Take the capsule before the GIL is released: another thread importing
+    // the same capsule meanwhile must find it used, not import it a second
+    // time (two owners of one managed tensor: its deleter would run twice).
+    // A failed import gives it back under its unused name.
+    // SAFETY: a live capsule; the name is static.
+    unsafe { ffi::PyCapsule_SetName(raw, used.as_ptr()) };
     let (out, error) = py.detach(move || {
         let mut out = null_mut();
         // SAFETY: a live managed tensor owned by the capsule; `out` writable.
@@ -258,10 +264,14 @@ pub(crate) fn from_dlpack(
         };
         (out as Handle, handle(e))
     });
+    if error != 0 {
+        // The caller still owns the managed tensor: the capsule's destructor
+        // deletes it again when nobody takes it.
+        // SAFETY: a live capsule; the name is static.
+        unsafe { ffi::PyCapsule_SetName(raw, name.as_ptr()) };
+    }
+    // On success libpolychip owns the managed tensor, and the capsule's
+    // used name keeps its destructor away from it.
     check(py, error)?;
-    // libpolychip owns the managed tensor now: mark the capsule taken so its
-    // destructor leaves it alone.
-    // SAFETY: a live capsule; the name is static.
-    unsafe { ffi::PyCapsule_SetName(raw, used.as_ptr()) };
     Ok(Tensor::new(out, runtime.clone().unbind()))
 }

@@ -75,7 +75,7 @@ impl Runtime {
     }
 
     /// The number of devices, every vendor's, in load order.
-    fn device_count(&self, py: Python<'_>) -> PyResult<u32> {
+    pub(crate) fn device_count(&self, py: Python<'_>) -> PyResult<u32> {
         let mut n = 0;
         // SAFETY: `n` is writable.
         let e = unsafe { polychip_runtime_device_count(self.ptr(), &mut n) };

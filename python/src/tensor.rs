@@ -8,7 +8,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
 use crate::Handle;
-use crate::errors::{check, handle};
+use crate::errors::{check, exception, handle};
 use crate::runtime::Runtime;
 
 /// The dtype names Python uses, in `polychip_dtype_t` order.
@@ -123,9 +123,20 @@ impl Tensor {
     fn read_bytes<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
         let i = self.info(py)?;
         let n = i.numel as usize * element_size(i.dtype);
+        // A view with zero strides can have far more elements than memory
+        // (2^40 of one float): refuse it instead of aborting on allocation.
+        let mut bytes = Vec::new();
+        if bytes.try_reserve_exact(n).is_err() {
+            let message = format!(
+                "reading the {} tensor of shape {:?} needs {n} bytes of host memory, which could not be allocated",
+                DTYPES[i.dtype as usize],
+                dims(i.shape, i.ndim)
+            );
+            return Err(exception(py, POLYCHIP_API_ERROR_OUT_OF_MEMORY, message));
+        }
         let t = self.handle;
         let (bytes, error) = py.detach(move || {
-            let mut bytes = vec![0u8; n];
+            bytes.resize(n, 0);
             // SAFETY: `bytes` is writable for n bytes.
             let e = unsafe { polychip_tensor_read(t as *const _, bytes.as_mut_ptr().cast(), n) };
             (bytes, handle(e))
@@ -197,16 +208,16 @@ impl Tensor {
 
     fn __len__(&self, py: Python<'_>) -> PyResult<usize> {
         let i = self.info(py)?;
-        Ok(dims(i.shape, i.ndim).first().map_or(0, |&d| d as usize))
+        match dims(i.shape, i.ndim).first() {
+            Some(&d) => Ok(d as usize),
+            None => Err(PyTypeError::new_err("len() of a 0-d tensor")),
+        }
     }
 
     /// A compact copy on `device` (an index or a `polychip.Device`) of the
     /// same runtime, of any vendor.
     fn to(&self, py: Python<'_>, device: &Bound<'_, PyAny>) -> PyResult<Tensor> {
-        let device: u32 = match device.extract() {
-            Ok(i) => i,
-            Err(_) => device.getattr("index")?.extract()?,
-        };
+        let device = device_index(py, &self.runtime, device)?;
         let (t, rt) = (self.handle, self.runtime.get().handle);
         let (out, error) = py.detach(move || {
             let mut out = null_mut();
@@ -336,6 +347,45 @@ impl Tensor {
         info_of(py, handle as *const polychip_tensor_t)?;
         Ok(Tensor::new(handle, runtime))
     }
+}
+
+/// A device argument (an index or a `polychip.Device`) checked against
+/// `runtime`'s devices.
+fn device_index(py: Python<'_>, runtime: &Py<Runtime>, device: &Bound<'_, PyAny>) -> PyResult<u32> {
+    let index = if device.hasattr("index")? && !device.is_instance_of::<pyo3::types::PyInt>() {
+        if let Ok(other) = device.getattr("_runtime") {
+            if !other.is(runtime.bind(py)) {
+                let message = format!(
+                    "{} belongs to another runtime than the tensor's; its index may name another device there",
+                    device.repr()?
+                );
+                return Err(exception(py, POLYCHIP_API_ERROR_INVALID_ARGUMENT, message));
+            }
+        }
+        device.getattr("index")?
+    } else {
+        device.clone()
+    };
+    let count = runtime.get().device_count(py)?;
+    let index: i64 = match index.call_method0("__index__").and_then(|i| i.extract()) {
+        Ok(i) => i,
+        Err(_) => {
+            return Err(PyTypeError::new_err(format!(
+                "device must be a device index (an int) or a polychip.Device, not {}",
+                device.get_type().name()?
+            )));
+        }
+    };
+    u32::try_from(index)
+        .ok()
+        .filter(|&i| i < count)
+        .ok_or_else(|| {
+            let message = format!(
+                "device {index} does not exist: the runtime has {count} device(s), 0 to {}",
+                count.saturating_sub(1)
+            );
+            exception(py, POLYCHIP_API_ERROR_INVALID_ARGUMENT, message)
+        })
 }
 
 pub(crate) fn element_size(dtype: polychip_dtype_t) -> usize {

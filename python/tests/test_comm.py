@@ -45,3 +45,23 @@ def test_two_ranks_all_reduce_across_vendors(tmp_path):
     )
     assert run.returncode == 0, run.stdout + run.stderr
     assert "rank 0 of 2 on Ferrite: ok" in run.stdout and "rank 1 of 2 on Cobalt: ok" in run.stdout, run.stdout
+
+
+def test_a_peer_out_of_range_and_a_closed_comm_are_refused_clearly(cobalt):
+    import pytest
+
+    import polychip
+    from polychip import errors
+
+    comm = polychip.comm.init(rank=0, world_size=1)
+    t = polychip.tensor([1.0], device=cobalt)
+    # Used to panic in the transport (an index out of bounds).
+    for call in (comm.send, comm.recv):
+        with pytest.raises(errors.InvalidArgument, match=r"peer 3 is not a rank of this communicator \(ranks 0 to 0\)"):
+            call(t, 3)
+    comm.close()
+    # Used to say "comm is NULL".
+    for call in (lambda: comm.all_reduce(t), lambda: comm.rank, lambda: comm.split(0)):
+        with pytest.raises(errors.InvalidArgument, match="the Comm was closed"):
+            call()
+    comm.close()

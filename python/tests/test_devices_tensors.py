@@ -61,3 +61,66 @@ def test_bad_input_raises_the_class_of_its_code(ferrite, cobalt):
         a.view([100], [1])
     with pytest.raises(TypeError):
         polychip.ops.add(a, "not a tensor", a)
+
+
+def test_views_whose_sizes_overflow_are_refused_not_panicking(ferrite, cobalt):
+    a = polychip.zeros((4,), device=ferrite)
+    # Used to be made and then panic in every call that described it.
+    with pytest.raises(errors.InvalidArgument, match=r"shape \[1099511627776, 1099511627776\].*overflows 64-bit sizes"):
+        a.view([2**40, 2**40], [0, 0])
+    with pytest.raises(errors.InvalidArgument, match="element offset 9223372036854775807 overflows"):
+        a.view([2], [1], 2**63 - 1)
+    with pytest.raises(errors.InvalidArgument, match="overflows 64-bit sizes"):
+        a.reinterpret("float32", [3, 3], [2**62, 2**62])
+    # A legal view of far more elements than host memory: reading it is an
+    # error, not an abort on allocation.
+    for device in (ferrite, cobalt):
+        v = polychip.zeros((4,), device=device).view([2**20, 2**20], [0, 0])
+        with pytest.raises(errors.OutOfMemory, match="needs 4398046511104 bytes of host memory"):
+            v.read_bytes()
+
+
+def test_tensor_keeps_0_d_shapes_and_reads_any_byte_order(ferrite):
+    assert polychip.tensor(3.5).shape == []
+    assert polychip.tensor(np.array(7, np.int32), device=ferrite).numpy().tolist() == 7
+    # Big-endian data used to be written as its raw bytes: [1, 2] read back
+    # as [16777216, 33554432].
+    assert polychip.tensor(np.array([1, 2], dtype=">i4")).numpy().tolist() == [1, 2]
+    assert polychip.tensor(np.array([1.5], dtype=">f8")).numpy().tolist() == [1.5]
+    with pytest.raises(TypeError, match="len\\(\\) of a 0-d tensor"):
+        len(polychip.tensor(1.0))
+
+
+def test_device_arguments_are_checked(ferrite):
+    t = polychip.tensor([1.0], device=ferrite)
+    count = len(polychip.devices())
+    for bad in (-1, count, 2**40):
+        with pytest.raises(errors.InvalidArgument, match=f"device {bad} does not exist"):
+            t.to(bad)
+        with pytest.raises(errors.InvalidArgument, match=f"device {bad} does not exist"):
+            polychip.empty((1,), device=bad)
+        with pytest.raises(errors.InvalidArgument, match=f"device {bad} does not exist"):
+            polychip.from_dlpack(np.ones(1, np.float32), device=bad)
+    for bad in (1.5, "0", None):
+        with pytest.raises(TypeError, match="device must be a device index"):
+            t.to(bad)
+    with pytest.raises(TypeError, match="device must be a device index"):
+        polychip.empty((1,), device=0.0)
+    assert t.to(polychip.device(ferrite.index)).device_index == ferrite.index
+
+
+def test_a_device_of_another_runtime_is_refused(ferrite):
+    old = polychip.device(ferrite.index)
+    other = polychip._native.Runtime(None, True, False)
+    u = other.tensor(0, "float32", [1], True)
+    # Its index would silently name another runtime's device.
+    with pytest.raises(errors.InvalidArgument, match="belongs to another runtime"):
+        u.to(old)
+    saved = polychip._runtime
+    try:
+        polychip.runtime(bundled=False)  # a new default runtime
+        with pytest.raises(errors.InvalidArgument, match="belongs to an earlier runtime"):
+            polychip.empty((1,), device=old)
+    finally:
+        polychip._runtime = saved
+    assert polychip.empty((1,), device=old).device_index == old.index

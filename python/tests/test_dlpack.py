@@ -104,3 +104,53 @@ def test_bad_dlpack_requests_are_refused(ferrite):
     s = polychip.stream(ferrite)
     polychip.ops.scale(t, 3.0, stream=s)
     assert np.from_dlpack(polychip.from_dlpack(t.__dlpack__(max_version=(1, 0), stream=s))).tolist() == [3.0]
+
+
+def test_a_broadcast_array_larger_than_the_device_is_refused(ferrite, cobalt):
+    # 2^40 floats that NumPy holds in 4 bytes (zero strides): the import
+    # used to gather 4 TiB on the host first, and the process aborted.
+    huge = np.broadcast_to(np.zeros(1, np.float32), (2**20, 2**20))
+    for device in (ferrite, cobalt):
+        with pytest.raises(polychip.errors.OutOfMemory, match="4398046511104 bytes"):
+            polychip.from_dlpack(huge, device=device)
+    small = np.broadcast_to(np.arange(3, dtype=np.float32), (4, 3))
+    assert polychip.from_dlpack(small, device=cobalt).numpy().tolist() == small.tolist()
+
+
+def test_a_capsule_imported_from_two_threads_at_once_is_taken_once(cobalt):
+    # The capsule used to be marked taken only after the import, with the
+    # GIL released in between: two threads both imported it, NumPy's
+    # deleter ran twice and the process aborted.
+    import threading
+
+    for _ in range(50):
+        a = np.arange(2**14, dtype=np.float32)
+        capsule = a.__dlpack__(max_version=(1, 0))
+        results = []
+
+        def take():
+            try:
+                results.append(polychip.from_dlpack(capsule, device=cobalt))
+            except TypeError as e:
+                results.append(e)
+
+        threads = [threading.Thread(target=take) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        taken = [r for r in results if isinstance(r, polychip.Tensor)]
+        assert len(taken) == 1, results
+        assert "not an unused DLPack tensor" in str(next(r for r in results if isinstance(r, TypeError)))
+        assert taken[0].numpy()[-1] == 2**14 - 1
+        del results, taken, capsule, a
+        gc.collect()
+
+
+def test_a_refused_capsule_stays_the_callers(ferrite):
+    # A failed import leaves the capsule unused: it can be imported again
+    # (and is freed once, by its own destructor, when nobody does).
+    capsule = np.arange(3, dtype=np.float32).__dlpack__(max_version=(1, 0))
+    with pytest.raises(polychip.errors.InvalidArgument, match="device 99 does not exist"):
+        polychip._native.from_dlpack(polychip.runtime(), capsule, 99)
+    assert polychip.from_dlpack(capsule, device=ferrite).numpy().tolist() == [0.0, 1.0, 2.0]

@@ -90,6 +90,12 @@ impl Communicator {
         if peer == self.rank {
             return Err(self.usage("send to self".into()));
         }
+        if peer >= self.world {
+            return Err(self.usage(format!(
+                "send to rank {peer}, not a rank of this communicator (ranks 0 to {})",
+                self.world - 1
+            )));
+        }
         let (seg, pieces) = Self::segments(buf.len(), None);
         (0..pieces).try_for_each(|p| self.put(1, peer, &h, &buf[piece(buf.len(), seg, p)]))
     }

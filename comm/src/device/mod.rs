@@ -156,6 +156,20 @@ impl<'c> DeviceComm<'c> {
     }
 
     /// Checks `t` is compact and inside its buffer; returns its byte length.
+    /// Refuses a `peer` that is this rank or not a rank of the
+    /// communicator, before any transfer starts.
+    fn check_peer(&self, op: &str, peer: usize) -> Result<()> {
+        let (rank, world) = (self.comm.rank(), self.comm.world_size());
+        if peer == rank || peer >= world {
+            return Err(CommError::Usage(format!(
+                "rank {rank}: {op}: peer {peer} is not another rank of this communicator \
+                 (ranks 0 to {})",
+                world - 1
+            )));
+        }
+        Ok(())
+    }
+
     fn check(&self, op: &str, t: &Tensor) -> Result<usize> {
         let rank = self.comm.rank();
         if !t.is_compact() {
@@ -377,6 +391,7 @@ impl<'c> DeviceComm<'c> {
     /// the same byte size.
     pub fn send(&mut self, t: &Tensor, peer: usize) -> Result<()> {
         let bytes = self.check("send", t)?;
+        self.check_peer("send", peer)?;
         self.record(&[t]);
         let args = Chunked {
             src: Some(t),
@@ -394,6 +409,7 @@ impl<'c> DeviceComm<'c> {
     /// Receives into `t` what `peer` sent with [`DeviceComm::send`].
     pub fn recv(&mut self, t: &Tensor, peer: usize) -> Result<()> {
         let bytes = self.check("recv", t)?;
+        self.check_peer("recv", peer)?;
         self.record(&[t]);
         let args = Chunked {
             src: None,
