@@ -72,9 +72,46 @@ enum Command {
     Checkpoint(checkpoint::Args),
 }
 
+/// `POLYCHIP_LOG` as a log filter: levels (`off`, `error`, `warn`,
+/// `info`, `debug`, `trace`) or `MODULE=LEVEL`, comma-separated, perhaps
+/// followed by `/REGEX`; `warn` when unset. A value that is not one is said on stderr (env_logger
+/// would drop it without a word) and `warn` taken.
+fn log_filter(value: Option<String>) -> String {
+    let Some(v) = value.filter(|v| !v.trim().is_empty()) else {
+        return "warn".into();
+    };
+    const LEVELS: [&str; 6] = ["off", "error", "warn", "info", "debug", "trace"];
+    let level = |l: &str| LEVELS.contains(&l.trim().to_ascii_lowercase().as_str());
+    let module = |m: &str| {
+        !m.is_empty()
+            && m.chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':')
+    };
+    // After a `/`, env_logger takes a regular expression on the messages.
+    let directives = v.split_once('/').map_or(v.as_str(), |(d, _)| d);
+    let ok = directives.split(',').all(|d| {
+        d.trim().is_empty()
+            || match d.split_once('=') {
+                Some((m, l)) => module(m.trim()) && level(l),
+                None => level(d) || module(d.trim()),
+            }
+    });
+    if ok {
+        v
+    } else {
+        eprintln!(
+            "polychip: POLYCHIP_LOG={v:?} is not a log filter (levels off, error, warn, info, \
+             debug, trace, or MODULE=LEVEL, comma-separated); logging at warn"
+        );
+        "warn".into()
+    }
+}
+
 fn main() -> ExitCode {
     install_stdout_hook();
-    env_logger::Builder::from_env(env_logger::Env::new().filter_or("POLYCHIP_LOG", "warn")).init();
+    env_logger::Builder::new()
+        .parse_filters(&log_filter(std::env::var("POLYCHIP_LOG").ok()))
+        .init();
     let cli = Cli::parse();
     let code = match cli.command {
         Command::Devices(args) => devices::run(&args),
@@ -160,4 +197,22 @@ fn stdout_error(message: &str) -> Option<std::io::Error> {
         Some(c) => std::io::Error::from_raw_os_error(c),
         None => std::io::Error::other(detail.to_string()),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::log_filter;
+
+    #[test]
+    fn a_log_filter_that_is_not_one_is_said_and_warn_taken() {
+        assert_eq!(log_filter(None), "warn");
+        assert_eq!(log_filter(Some("debug".into())), "debug");
+        assert_eq!(
+            log_filter(Some("polychip_comm=trace,warn".into())),
+            "polychip_comm=trace,warn"
+        );
+        assert_eq!(log_filter(Some("info/rank 0".into())), "info/rank 0");
+        assert_eq!(log_filter(Some("[[[".into())), "warn");
+        assert_eq!(log_filter(Some("x=loud".into())), "warn");
+    }
 }
