@@ -13,8 +13,8 @@
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
+use polychip_files::{MAX_TEXT_FILE, read_text_file};
 use polychip_planner::cluster::ClusterSpec;
-use polychip_planner::error::{MAX_TEXT_FILE, read_text_file};
 use polychip_planner::evaluate::{self, Evaluation, PlanSpec};
 use polychip_planner::model::ModelSpec;
 use polychip_planner::profile::ProfileFile;

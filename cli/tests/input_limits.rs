@@ -43,7 +43,7 @@ fn train_within(extra: &[&str], env: &[(&str, &str)], limit: Duration) -> (Optio
         args.extend_from_slice(&["--model", "mini"]);
     }
     args.extend_from_slice(extra);
-    let mut child = Command::new(env!("CARGO_BIN_EXE_polychip"))
+    let child = Command::new(env!("CARGO_BIN_EXE_polychip"))
         .args(&args)
         .envs(env.iter().copied())
         .env("POLYCHIP_TRANSPORT", "shm")
@@ -51,23 +51,30 @@ fn train_within(extra: &[&str], env: &[(&str, &str)], limit: Duration) -> (Optio
         .stderr(Stdio::piped())
         .spawn()
         .expect("run polychip");
-    let start = Instant::now();
-    loop {
-        if child.try_wait().unwrap().is_some() {
-            break;
-        }
-        if start.elapsed() > limit {
-            child.kill().unwrap();
-            let _ = child.wait();
-            panic!("polychip train {extra:?} did not finish within {limit:?}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let out = child.wait_with_output().unwrap();
+    let out = finish_within(child, limit, &format!("polychip train {extra:?}"));
     (
         out.status.code(),
         String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr),
     )
+}
+
+/// Waits for `child` at most `limit`; a hang kills it and fails the test,
+/// naming `what`.
+fn finish_within(
+    mut child: std::process::Child,
+    limit: Duration,
+    what: &str,
+) -> std::process::Output {
+    let start = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if start.elapsed() > limit {
+            child.kill().unwrap();
+            let _ = child.wait();
+            panic!("{what} did not finish within {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.wait_with_output().unwrap()
 }
 
 /// Expects a refusal (exit 2) before any training that mentions every one
@@ -499,16 +506,11 @@ fn with_stdout(
         // The reader goes away before anything is written: `| head -c0`.
         drop(child.stdout.take());
     }
-    let start = Instant::now();
-    while child.try_wait().unwrap().is_none() {
-        if start.elapsed() > limit {
-            child.kill().unwrap();
-            let _ = child.wait();
-            panic!("polychip {args:?} did not finish within {limit:?} with its stdout closed");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let out = child.wait_with_output().unwrap();
+    let out = finish_within(
+        child,
+        limit,
+        &format!("polychip {args:?} (stdout closed: {close_it})"),
+    );
     (
         out.status.code(),
         String::from_utf8_lossy(&out.stderr).into_owned(),

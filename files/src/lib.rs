@@ -364,8 +364,9 @@ mod tests {
         write_atomic(&file, b"one").unwrap();
         write_atomic(&file, b"two").unwrap();
         assert_eq!(std::fs::read(&file).unwrap(), b"two");
-        // A directory in the way of the rename: the write fails, the
-        // directory stays, no temporary file is left.
+        // A directory at the target: refused before anything is written,
+        // the directory stays, no temporary file is made (a write that
+        // fails midway, on a full disk, is cli/tests/outputs.rs's).
         let blocked = dir.join("blocked");
         std::fs::create_dir(&blocked).unwrap();
         std::fs::write(blocked.join("inside"), "x").unwrap();

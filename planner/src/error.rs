@@ -77,7 +77,7 @@ pub(crate) fn read_file(path: &std::path::Path) -> Result<String, SpecError> {
     })
 }
 
-pub use polychip_files::{MAX_TEXT_FILE, kind as file_kind, read_text_file};
+use polychip_files::{MAX_TEXT_FILE, read_text_file};
 
 #[cfg(test)]
 mod tests {

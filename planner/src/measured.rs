@@ -423,13 +423,17 @@ fn simulated_step(stages: Vec<StageTiming>, m: usize, pipeline: PipelineSchedule
     // steady. One whose queues still build up is simulated further in, up
     // to `m` itself.
     let mut k = cap;
+    let mut t1 = None;
     while 4 * k < m {
-        let (t1, t2, t4) = (at(k), at(2 * k), at(4 * k));
-        let (near, far) = ((t2 - t1) / k as f64, (t4 - t2) / (2 * k) as f64);
+        let t1v = t1.unwrap_or_else(|| at(k));
+        let (t2, t4) = (at(2 * k), at(4 * k));
+        let (near, far) = ((t2 - t1v) / k as f64, (t4 - t2) / (2 * k) as f64);
         if (near - far).abs() <= STEADY_SLOPE_TOLERANCE * far.abs() {
             return t4 + far * (m - 4 * k) as f64;
         }
+        // The next window starts where this one ended.
         k *= 4;
+        t1 = Some(t4);
     }
     at(m)
 }

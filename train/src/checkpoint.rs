@@ -202,10 +202,15 @@ pub fn check_root_for_run(root: &Path, resume: Option<&Path>) -> Result<()> {
     {
         return Ok(());
     }
-    let latest = std::fs::read_to_string(root.join("latest")).ok();
-    let what = match latest.as_deref().map(str::trim) {
-        Some(l) if l.len() <= 64 => format!("latest: {l}"),
-        _ => names.iter().take(3).cloned().collect::<Vec<_>>().join(", "),
+    // Read as `open` reads it: a regular file of a few bytes, never a
+    // FIFO or a link; named only when it names a step.
+    let latest = files::read_regular(&root.join("latest"), Links::Refuse, MAX_LATEST_BYTES)
+        .ok()
+        .and_then(|b| String::from_utf8(b).ok())
+        .filter(|l| step_of_name(l.trim()).is_some());
+    let what = match latest {
+        Some(l) => format!("latest: {}", l.trim()),
+        None => names.iter().take(3).cloned().collect::<Vec<_>>().join(", "),
     };
     Err(TrainError::Checkpoint {
         path: root.to_path_buf(),

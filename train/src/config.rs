@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use polychip_planner::error::{MAX_TEXT_FILE, read_text_file};
+use polychip_files::{MAX_TEXT_FILE, read_text_file};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Result, TrainError};

@@ -126,7 +126,7 @@ impl Corpus {
         if !meta.is_file() {
             return Err(fail(format!(
                 "is not a regular file (it is {}); give a text file",
-                polychip_planner::error::file_kind(meta.file_type())
+                polychip_files::kind(meta.file_type())
             )));
         }
         if meta.len() > MAX_BYTES as u64 {

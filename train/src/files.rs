@@ -63,7 +63,7 @@ pub fn open_regular(path: &Path, links: Links, max_len: u64) -> Result<(File, u6
             path,
             format!(
                 "is {}, not a regular file; it was not read",
-                polychip_planner::error::file_kind(meta.file_type())
+                polychip_files::kind(meta.file_type())
             ),
         ));
     }

@@ -9,7 +9,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use polychip_comm::env::MAX_WORLD_SIZE;
-use polychip_planner::error::{MAX_TEXT_FILE, read_text_file};
+use polychip_files::{MAX_TEXT_FILE, read_text_file};
 use polychip_planner::plan::holds_one_end_alone;
 use polychip_planner::schedule::PipelineSchedule;
 

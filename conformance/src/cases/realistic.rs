@@ -672,12 +672,7 @@ fn attention_backward(dtype: DType, p: &[usize]) -> Case {
     let dense = |x: &Vec<f64>| reference::Dense::new(&shape, x.clone());
     let (out, lse) = reference::attention(&dense(&q), &dense(&k), &dense(&v), scale, true)
         .expect("valid shapes");
-    let stored = |d: DType, x: &reference::Dense| -> Vec<f64> {
-        x.data
-            .iter()
-            .map(|&v| crate::values::round_to(d, v))
-            .collect()
-    };
+    let stored = super::nn::stored;
     let stats = [1, heads, seq];
     case(
         "attention_backward",
@@ -759,11 +754,7 @@ fn rms_norm_backward(dtype: DType, p: &[usize]) -> Case {
         1e-6,
     )
     .expect("valid shapes");
-    let inv: Vec<f64> = inv
-        .data
-        .iter()
-        .map(|&v| crate::values::round_to(DType::F32, v))
-        .collect();
+    let inv = super::nn::stored(DType::F32, &inv);
     case(
         "rms_norm_backward",
         dtype,
@@ -800,12 +791,7 @@ fn layer_norm_backward(dtype: DType, p: &[usize]) -> Case {
         1e-5,
     )
     .expect("valid shapes");
-    let f32s = |d: &reference::Dense| -> Vec<f64> {
-        d.data
-            .iter()
-            .map(|&v| crate::values::round_to(DType::F32, v))
-            .collect()
-    };
+    let f32s = |d: &reference::Dense| super::nn::stored(DType::F32, d);
     case(
         "layer_norm_backward",
         dtype,
@@ -1003,11 +989,7 @@ fn rows_backward(dtype: DType, p: &[usize], log: bool) -> Case {
         reference::softmax(&logits)
     }
     .expect("row-wise shapes are valid");
-    let y: Vec<f64> = forward
-        .data
-        .iter()
-        .map(|&v| crate::values::round_to(dtype, v))
-        .collect();
+    let y = super::nn::stored(dtype, &forward);
     let g = r.values(dtype, n, -1.0, 1.0);
     super::nn::softmax_backward_case(op, log, dtype, dims(p), p, y, g, [C; 3])
 }

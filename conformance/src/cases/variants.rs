@@ -142,18 +142,6 @@ fn layouts(b: &Case) -> Vec<Case> {
                         |ts| ts[t].layout = Layout::Reversed(d),
                     ));
                 }
-                if spec.shape.iter().any(|&e| e > 1) {
-                    out.push(variant(b, format!("{name} with gaps (stride 2)"), |ts| {
-                        ts[t].layout = Layout::Strided
-                    }));
-                }
-                if spec.shape.len() >= 2 {
-                    out.push(variant(
-                        b,
-                        format!("{name} a row slice of wider rows"),
-                        |ts| ts[t].layout = Layout::RowSlice,
-                    ));
-                }
             }
             Role::Output | Role::InOut => {
                 if spec.shape.first().is_some_and(|&e| e > 1) {
@@ -163,19 +151,25 @@ fn layouts(b: &Case) -> Vec<Case> {
                         |ts| ts[t].layout = Layout::Reversed(0),
                     ));
                 }
-                if !spec.shape.is_empty() {
-                    out.push(variant(b, format!("{name} with gaps (stride 2)"), |ts| {
-                        ts[t].layout = Layout::Strided
-                    }));
-                }
-                if spec.shape.len() >= 2 {
-                    out.push(variant(
-                        b,
-                        format!("{name} a row slice of wider rows"),
-                        |ts| ts[t].layout = Layout::RowSlice,
-                    ));
-                }
             }
+        }
+        // Gaps (an input needs an extent over 1 for them to be read), then
+        // a row slice, for inputs and outputs alike.
+        let gaps = match spec.role {
+            Role::Input => spec.shape.iter().any(|&e| e > 1),
+            Role::Output | Role::InOut => !spec.shape.is_empty(),
+        };
+        if gaps {
+            out.push(variant(b, format!("{name} with gaps (stride 2)"), |ts| {
+                ts[t].layout = Layout::Strided
+            }));
+        }
+        if spec.shape.len() >= 2 {
+            out.push(variant(
+                b,
+                format!("{name} a row slice of wider rows"),
+                |ts| ts[t].layout = Layout::RowSlice,
+            ));
         }
     }
     out.push(variant(b, "every tensor non-compact".into(), |ts| {
