@@ -233,6 +233,60 @@ fn half_blocks_and_a_smaller_last_micro_batch_follow_the_curve() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A feed-forward half cut by its width, and one half shared by three
+/// stages (block 1's hidden columns 0..20, 20..50 and 50..64): the same
+/// curve as one device; a checkpoint (each stage's part saved under its
+/// place in the whole) resumes into splits with and without width cuts.
+/// Cuts the model cannot have are refused by name. (Replicas of a width
+/// cut need more devices than the bundled three: their reduction groups
+/// are tested in `polychip_train::dp`.)
+#[test]
+fn a_feed_forward_half_cut_by_width_follows_the_curve_and_resumes_across_splits() {
+    let dir = scratch("width");
+    let layout = [
+        "--stages",
+        "ferrite:0=0..1.5+20,cobalt:0=1.5+20..2",
+        "--micro-batch-size",
+        "2",
+    ];
+    let (reference, _, c) = follows_and_checkpoints(&dir, 8, &layout, "width cuts");
+    resumes_into(&dir, &reference, &c, "ferrite:0=0..1,cobalt:0=1..2");
+    resumes_into(
+        &dir,
+        &reference,
+        &c,
+        "ferrite:0=0..0.5+10,cobalt:0=0.5+10..1.5+50,ferrite:1=1.5+50..2",
+    );
+    let three = "ferrite:0=0..1.5+20,cobalt:0=1.5+20..1.5+50,ferrite:1=1.5+50..2";
+    let dir2 = dir.join("three");
+    std::fs::create_dir_all(&dir2).unwrap();
+    let (reference, _, c) =
+        follows_and_checkpoints(&dir2, 8, &["--stages", three], "three stages, one half");
+    resumes_into(&dir2, &reference, &c, "cobalt:0=0..1.5,ferrite:0=1.5..2");
+    for (bad, want) in [
+        (
+            "ferrite:0=0..1.5+64,cobalt:0=1.5+64..2",
+            "has 64 feed-forward columns",
+        ),
+        (
+            "ferrite:0=0..1+5,cobalt:0=1+5..2",
+            "cut halfway through block 3",
+        ),
+        (
+            "ferrite:0=0..1.5+0,cobalt:0=1.5+0..2",
+            "cut halfway through block 3",
+        ),
+    ] {
+        let (code, out, err) = polychip_env(
+            &[&COMMON[..], &["--steps", "1", "--stages", bad]].concat(),
+            &[],
+        );
+        assert_eq!(code, Some(2), "{bad}: {out}{err}");
+        assert!(err.contains(want), "{bad}: {err}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// Trains `layout` for `steps` steps, which must follow the one-device
 /// curve within [`F32_BOUND`], then again stopping after half of them with
 /// a checkpoint in `dir/ck`, whose losses must be the first half of the

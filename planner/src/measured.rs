@@ -14,7 +14,11 @@
 //!   through one, between its attention and feed-forward halves (HeteroPP
 //!   with layer counts fitted to speed at half a block's grain, and the
 //!   order free, so a slow chip can take the cheap first stage instead of
-//!   the head);
+//!   the head), and where the model gives its feed-forward width, the best
+//!   of them refined with cuts inside a feed-forward half, its hidden
+//!   columns split between the stages on either side (finer than half a
+//!   block, which leaves a chip a dozen times slower than the other a
+//!   couple of percent short of the balance);
 //! - data-parallel replicas, each device the whole model, the micro-batches
 //!   of the step dealt out so that the slowest replica finishes first
 //!   (China Mobile's DP across types);
@@ -97,6 +101,10 @@ pub struct MeasuredModel {
     pub block_params: u64,
     /// Those of its attention half (the feed-forward half holds the rest).
     pub attention_params: u64,
+    /// Hidden columns of a block's feed-forward half (its SwiGLU width):
+    /// the grain of the cuts inside that half ([`MeasuredStage`]); 0 cuts
+    /// only between halves.
+    pub ffn: usize,
     /// Parameters of the embedding.
     pub embed_params: u64,
     /// Parameters of the final norm and head.
@@ -146,25 +154,48 @@ pub enum Layouts {
 /// `[from, to)`: half `h` is block `h / 2`'s attention half when `h` is
 /// even, its feed-forward half when odd (blocks `[first, end)` are halves
 /// `[2 first, 2 end)`).
+///
+/// A cut may also fall inside a feed-forward half, by its width: of the
+/// half's `ffn` hidden columns ([`MeasuredModel::ffn`]) the stage before
+/// the cut computes the half's norm and its first `c` columns, the stage
+/// after it the others, and two activations cross the cut instead of one
+/// (the normed input and the partial residual sum). The stage then holds
+/// the span from position `(from, from_cols)` to position `(to, to_cols)`:
+/// it starts after the first `from_cols` columns of feed-forward half
+/// `from` (holding its columns `from_cols..ffn`), and it also holds the
+/// first `to_cols` columns of feed-forward half `to`. A stage with `from ==
+/// to` and `from_cols < to_cols` holds columns `from_cols..to_cols` of that
+/// half. Both are 0 for a stage cut between halves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MeasuredStage {
     /// Index into the devices.
     pub device: usize,
-    /// First half block.
+    /// First half block (held in part when `from_cols` is not 0).
     pub from: usize,
-    /// One past the last half block.
+    /// One past the last half block held whole.
     pub to: usize,
+    /// Columns of feed-forward half `from` the stage before holds (then
+    /// `from` is odd); 0 when the stage starts with the whole half.
+    pub from_cols: usize,
+    /// Columns of feed-forward half `to` this stage holds, the first ones
+    /// (then `to` is odd); 0 when it ends before half `to`.
+    pub to_cols: usize,
 }
 
-/// What a stage holds: the half blocks `[from, to)` (see
+/// What a stage holds: the half blocks `[from, to)`, cut inside a
+/// feed-forward half at either end by `from_cols` and `to_cols` (see
 /// [`MeasuredStage`]), and the embedding or the head (a pipeline's first
 /// and last stage, which may hold no block).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Span {
-    /// First half block.
+    /// First half block (held in part when `from_cols` is not 0).
     pub from: usize,
-    /// One past the last half block.
+    /// One past the last half block held whole.
     pub to: usize,
+    /// Columns of feed-forward half `from` not held, the first ones.
+    pub from_cols: usize,
+    /// Columns of feed-forward half `to` held, the first ones.
+    pub to_cols: usize,
     /// Holds the embedding.
     pub embed: bool,
     /// Holds the final norm, head and loss.
@@ -177,6 +208,8 @@ impl Span {
         Span {
             from: 0,
             to: 2 * layers,
+            from_cols: 0,
+            to_cols: 0,
             embed: true,
             head: true,
         }
@@ -187,14 +220,26 @@ impl Span {
         Span {
             from: s.from,
             to: s.to,
+            from_cols: s.from_cols,
+            to_cols: s.to_cols,
             embed: i == 0,
             head: i + 1 == k,
         }
     }
 
-    /// The attention halves and the feed-forward halves it holds.
+    /// The attention halves and the feed-forward halves `[from, to)`
+    /// (the columns ignored: a feed-forward half `from` cut by its width
+    /// counts whole, a half `to` not at all; [`Span::counts`] counts
+    /// them).
     pub fn half_counts(&self) -> (usize, usize) {
         half_counts(self.from, self.to)
+    }
+
+    /// The attention halves and the feed-forward halves it holds, a
+    /// feed-forward half held in part counted by its share of the `ffn`
+    /// columns ([`span_counts`]).
+    pub fn counts(&self, ffn: usize) -> (f64, f64) {
+        span_counts(self.from, self.from_cols, self.to, self.to_cols, ffn)
     }
 }
 
@@ -207,6 +252,30 @@ pub fn half_counts(from: usize, to: usize) -> (usize, usize) {
         _ => n / 2,
     };
     (attention, n - attention)
+}
+
+/// The attention halves and the feed-forward halves of the span from
+/// position `(from, from_cols)` to position `(to, to_cols)` of a model
+/// whose feed-forward halves are `ffn` columns wide (see
+/// [`MeasuredStage`]): a feed-forward half held in part counts by its
+/// share of the columns. With no columns (or `ffn` 0, which ignores them)
+/// the counts of [`half_counts`].
+pub fn span_counts(
+    from: usize,
+    from_cols: usize,
+    to: usize,
+    to_cols: usize,
+    ffn: usize,
+) -> (f64, f64) {
+    let (attention, feed_forward) = half_counts(from, to);
+    let share = |half: usize, cols: usize| match ffn > 0 && half % 2 == 1 {
+        true => cols as f64 / ffn as f64,
+        false => 0.0,
+    };
+    (
+        attention as f64,
+        feed_forward as f64 - share(from, from_cols) + share(to, to_cols),
+    )
 }
 
 /// A pipeline with its micro-batch size and count.
@@ -270,15 +339,19 @@ pub fn sharded_optimizer(per_param: &[f64], params: u64, link_bandwidth: f64) ->
 /// block is one of each) on a device of costs `d`, with the embedding and
 /// the head when the stage holds them: the measured price of a stage, for
 /// this search and for the cluster planner's measured chip types alike
-/// ([`crate::profile`]).
+/// ([`crate::profile`]). A feed-forward half held in part, cut by its
+/// width, counts by its share of the columns ([`span_counts`]): its cost
+/// is taken as linear in the columns, the half's norm (which the stage
+/// before the cut computes and sends on) being negligible against its
+/// matrix products.
 pub fn stage_passes(
     d: &MeasuredDevice,
-    attention: usize,
-    feed_forward: usize,
+    attention: f64,
+    feed_forward: f64,
     embed: bool,
     head: bool,
 ) -> (f64, f64) {
-    let (a, f_) = (attention as f64, feed_forward as f64);
+    let (a, f_) = (attention, feed_forward);
     let (mut f, mut b) = (
         a * d.attention_forward + f_ * (d.block_forward - d.attention_forward),
         a * d.attention_backward + f_ * (d.block_backward - d.attention_backward),
@@ -294,19 +367,33 @@ pub fn stage_passes(
     (f, b)
 }
 
-/// The parameters of each unit of a stage holding half blocks `[from,
-/// to)` and the embedding or head, in model order: the units its gradient
-/// reduction is bucketed by ([`overlap::reduction_buckets`]).
-fn unit_params(model: &MeasuredModel, from: usize, to: usize, embed: bool, head: bool) -> Vec<u64> {
-    let mut units = Vec::with_capacity(to.saturating_sub(from) + 2);
-    if embed {
+/// The parameters of each unit of a stage holding `span` (half blocks,
+/// the embedding or the head), in model order: the units its gradient
+/// reduction is bucketed by ([`overlap::reduction_buckets`]). A
+/// feed-forward half held in part holds its share of the columns' weights.
+fn unit_params(model: &MeasuredModel, span: &Span) -> Vec<u64> {
+    let (from, to, ffn) = (span.from, span.to, model.ffn);
+    let ffn_params = model.block_params - model.attention_params;
+    // The columns of feed-forward half `h` held, of `ffn`.
+    let held = |h: usize| {
+        let lo = if h == from { span.from_cols } else { 0 };
+        let hi = if h == to { span.to_cols } else { ffn };
+        (ffn_params as f64 * hi.saturating_sub(lo) as f64 / ffn as f64).round() as u64
+    };
+    let partial = ffn > 0 && span.to_cols > 0 && to % 2 == 1;
+    let mut units = Vec::with_capacity(to.saturating_sub(from) + 3);
+    if span.embed {
         units.push(model.embed_params);
     }
     units.extend((from..to).map(|h| match h % 2 {
         0 => model.attention_params,
-        _ => model.block_params - model.attention_params,
+        _ if ffn > 0 && h == from && span.from_cols > 0 => held(h),
+        _ => ffn_params,
     }));
-    if head {
+    if partial {
+        units.push(held(to));
+    }
+    if span.head {
         units.push(model.head_params);
     }
     units
@@ -315,7 +402,8 @@ fn unit_params(model: &MeasuredModel, from: usize, to: usize, embed: bool, head:
 /// The simulated step of one pipeline of `m` micro-batches whose every
 /// stage then all-reduces the gradients of `reduced_params` parameters,
 /// overlapped with its last backward pass when the model says so (the
-/// stage's own parameters then give the buckets).
+/// stage's own parameters then give the buckets). A cut inside a
+/// feed-forward half carries two activations each way.
 fn pipeline_time(
     devs: &[MeasuredDevice],
     model: &MeasuredModel,
@@ -330,21 +418,22 @@ fn pipeline_time(
         .enumerate()
         .map(|(i, s)| {
             let d = &devs[s.device];
-            let (embed, head) = (i == 0, i + 1 == p);
-            let (attention, ffn) = half_counts(s.from, s.to);
+            let span = Span::of(s, i, p);
+            let (embed, head) = (span.embed, span.head);
+            let (attention, ffn) = span.counts(model.ffn);
             let (f, b) = stage_passes(d, attention, ffn, embed, head);
-            let mut params = attention as u64 * model.attention_params
-                + ffn as u64 * (model.block_params - model.attention_params);
+            let mut params = attention * model.attention_params as f64
+                + ffn * (model.block_params - model.attention_params) as f64;
             if embed {
-                params += model.embed_params;
+                params += model.embed_params as f64;
             }
             if head {
-                params += model.head_params;
+                params += model.head_params as f64;
             }
             let reduced = reduced_params as f64 * model.grad_bytes as f64;
             let mut dp_allreduce = 2.0 * reduced / model.link_bandwidth;
             if model.overlap_reduction && reduced_params > 0 {
-                let bytes: Vec<u64> = unit_params(model, s.from, s.to, embed, head)
+                let bytes: Vec<u64> = unit_params(model, &span)
                     .into_iter()
                     .map(|u| u * model.grad_bytes)
                     .collect();
@@ -352,8 +441,8 @@ fn pipeline_time(
             }
             let block_share = |params: u64| params as f64 / model.block_params.max(1) as f64;
             let mut weight_grad = d.block_weight_grad
-                * (attention as f64 * block_share(model.attention_params)
-                    + ffn as f64 * block_share(model.block_params - model.attention_params));
+                * (attention * block_share(model.attention_params)
+                    + ffn * block_share(model.block_params - model.attention_params));
             if head {
                 weight_grad += d.head_weight_grad;
             }
@@ -361,9 +450,13 @@ fn pipeline_time(
                 name: d.name.clone(),
                 forward: f,
                 backward: b,
-                send_next: if i + 1 < p { send } else { 0.0 },
+                send_next: match (i + 1 < p, s.to_cols > 0) {
+                    (false, _) => 0.0,
+                    (true, false) => send,
+                    (true, true) => 2.0 * send,
+                },
                 dp_allreduce,
-                optimizer: params as f64 * d.optimizer_per_param,
+                optimizer: params * d.optimizer_per_param,
                 sends_async: model.async_sends,
                 weight_grad: weight_grad.min(b),
             }
@@ -452,6 +545,8 @@ fn pipeline_stages(order: &[usize], split: &[usize]) -> Vec<MeasuredStage> {
             device: d,
             from: if i == 0 { 0 } else { split[i - 1] },
             to: split[i],
+            from_cols: 0,
+            to_cols: 0,
         })
         .collect()
 }
@@ -470,6 +565,114 @@ fn expected_pipeline_time(
         let scaled: Vec<MeasuredDevice> = devs.iter().zip(f).map(|(d, &f)| d.scaled(f)).collect();
         pipeline_time(&scaled, model, stages, model.micro_batches, 0)
     })
+}
+
+/// The grain of the cuts inside a feed-forward half: its width over this
+/// many (or one column).
+const COLUMN_STEPS: usize = 64;
+
+/// The most sweeps over a pipeline's cuts [`refine`] makes.
+const REFINE_SWEEPS: usize = 2;
+
+/// The positions a cut first at half `h` may move to in a model of
+/// `halves` half blocks whose feed-forward halves are `ffn` columns wide,
+/// as `(half, columns)` (see [`MeasuredStage`]), in model order: between
+/// the halves two either side of `h`, and inside the feed-forward halves
+/// among them every `grain` columns.
+fn cut_positions(h: usize, halves: usize, ffn: usize, grain: usize) -> Vec<(usize, usize)> {
+    let (lo, hi) = (h.saturating_sub(2), (h + 2).min(halves));
+    let mut out = Vec::new();
+    for x in lo..=hi {
+        out.push((x, 0));
+        if x % 2 == 1 && x < hi {
+            out.extend((grain..ffn).step_by(grain).map(|c| (x, c)));
+        }
+    }
+    out
+}
+
+/// A pipeline priced at half a block's grain (nominal step `nominal`,
+/// expected step `expected` under sigma `points`), its cuts then moved by
+/// coordinate descent, one at a time, to the position nearby
+/// ([`cut_positions`], inside a feed-forward half by its width or between
+/// halves) that expects the least step with the others where they are,
+/// while one moves (at most [`REFINE_SWEEPS`] sweeps). A cut stays unless
+/// a position beats it by a relative 1e-9; every stage keeps a part of the
+/// model (or the first the embedding alone, the last the head alone, as
+/// [`splits`] allows) and must fit its device (`fits`, as in [`search`]).
+/// Returns the expected step, the nominal step, the stages and the number
+/// of layouts priced.
+fn refine(
+    devs: &[MeasuredDevice],
+    model: &MeasuredModel,
+    points: &SigmaPoints,
+    fits: &dyn Fn(usize, Span, usize) -> bool,
+    stages: Vec<MeasuredStage>,
+    nominal: f64,
+    expected: f64,
+) -> (f64, f64, Vec<MeasuredStage>, u64) {
+    let (k, m, halves, ffn) = (
+        stages.len(),
+        model.micro_batches,
+        2 * model.layers,
+        model.ffn,
+    );
+    let mut best = (expected, nominal, stages);
+    if ffn == 0 || k < 2 {
+        return (best.0, best.1, best.2, 0);
+    }
+    let grain = (ffn / COLUMN_STEPS).max(1);
+    let origins: Vec<usize> = best.2[..k - 1].iter().map(|s| s.to).collect();
+    let mut priced = 0u64;
+    let mut last_moved = None;
+    for i in (0..k - 1).cycle().take(REFINE_SWEEPS * (k - 1)) {
+        // Every other cut has been tried since this one moved.
+        if last_moved == Some(i) {
+            break;
+        }
+        let st = &best.2;
+        let lower = (st[i].from, st[i].from_cols);
+        let upper = (st[i + 1].to, st[i + 1].to_cols);
+        let current = (st[i].to, st[i].to_cols);
+        let mut trials: Vec<(f64, Vec<MeasuredStage>)> = Vec::new();
+        for at in cut_positions(origins[i], halves, ffn, grain) {
+            let before = lower < at || (i == 0 && at == lower);
+            let after = at < upper || (i + 2 == k && at == upper);
+            if at == current || !before || !after {
+                continue;
+            }
+            let mut trial = st.clone();
+            (trial[i].to, trial[i].to_cols) = at;
+            (trial[i + 1].from, trial[i + 1].from_cols) = at;
+            let ok = [i, i + 1].into_iter().all(|j| {
+                let in_flight = model.schedule.in_flight(j, k, m);
+                fits(trial[j].device, Span::of(&trial[j], j, k), in_flight)
+            });
+            if ok {
+                priced += 1;
+                trials.push((pipeline_time(devs, model, &trial, m, 0), trial));
+            }
+        }
+        // A layout expects at least its nominal step: the expected steps
+        // of the lowest nominal ones, until no other can expect less.
+        trials.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let mut found: Option<(f64, f64, Vec<MeasuredStage>)> = None;
+        for (t, trial) in trials {
+            let bound = found.as_ref().map_or(best.0, |f| f.0.min(best.0));
+            if t >= bound {
+                break;
+            }
+            let e = expected_pipeline_time(devs, model, &trial, points, t);
+            if e < bound {
+                found = Some((e, t, trial));
+            }
+        }
+        if let Some(f) = found.filter(|f| f.0 < best.0 * (1.0 - 1e-9)) {
+            best = f;
+            last_moved = Some(i);
+        }
+    }
+    (best.0, best.1, best.2, priced)
 }
 
 /// Every split of `layers` units (half blocks) into `k` contiguous ranges
@@ -513,7 +716,11 @@ fn orders(n: usize, k: usize, cur: &mut Vec<usize>, out: &mut Vec<Vec<usize>>) {
 
 /// Searches the layouts of `which` over `devs`; `fits(device, span,
 /// in_flight)` says whether a stage fits its device's memory. `None` when
-/// nothing fits.
+/// nothing fits. Pipelines are priced at half a block's grain; those whose
+/// nominal step leaves them a chance ([`SigmaPoints::window`]) are then
+/// refined with cuts inside the feed-forward halves when the model gives
+/// their width ([`MeasuredModel::ffn`]), each cut moved in turn to the
+/// nearby position that expects the least step.
 pub fn search(
     devs: &[MeasuredDevice],
     model: &MeasuredModel,
@@ -526,6 +733,8 @@ pub fn search(
         device: d,
         from: 0,
         to: halves,
+        from_cols: 0,
+        to_cols: 0,
     };
     let mut candidates = 0u64;
     let alone: Vec<f64> = (0..n)
@@ -571,6 +780,8 @@ pub fn search(
         let window = points.window(nominal_best);
         for (t, stages) in pipes.into_iter().filter(|p| p.0 <= window) {
             let e = expected_pipeline_time(devs, model, &stages, &points, t);
+            let (e, t, stages, priced) = refine(devs, model, &points, fits, stages, t, e);
+            candidates += priced;
             let pipeline = MeasuredPipeline {
                 stages,
                 micro_batch: model.micro_batch,
@@ -716,7 +927,7 @@ pub fn replicas_by_sequence(
 fn whole_model_passes(sizes: &[SizedCosts], d: usize, r: usize) -> f64 {
     let layers = sizes[0].model.layers;
     let at = |s: &SizedCosts| {
-        let (f, b) = stage_passes(&s.devices[d], layers, layers, true, true);
+        let (f, b) = stage_passes(&s.devices[d], layers as f64, layers as f64, true, true);
         (s.model.micro_batch as f64, f + b)
     };
     let r = r as f64;
@@ -773,6 +984,8 @@ fn deal(
         device: d,
         from: 0,
         to: 2 * layers,
+        from_cols: 0,
+        to_cols: 0,
     };
     let devices: Vec<Vec<MeasuredDevice>> = sizes
         .iter()
@@ -973,6 +1186,7 @@ mod tests {
             layers,
             block_params: 1000,
             attention_params: 500,
+            ffn: 0,
             embed_params: 100,
             head_params: 100,
             activation_bytes: 0,
@@ -1001,6 +1215,8 @@ mod tests {
             device: 0,
             from: 0,
             to: 16,
+            from_cols: 0,
+            to_cols: 0,
         }];
         let params = 8 * (1 << 20) + 200;
         let overlapped = pipeline_time(&devs, &m, &whole, 1, params);
@@ -1028,6 +1244,8 @@ mod tests {
                 device: 0,
                 from: 4 * i,
                 to: 4 * i + 4,
+                from_cols: 0,
+                to_cols: 0,
             })
             .collect();
         let queued = pipeline_time(&devs, &m, &stages, 8, 0);
@@ -1062,11 +1280,15 @@ mod tests {
                     device: 1,
                     from: 0,
                     to: 2,
+                    from_cols: 0,
+                    to_cols: 0,
                 },
                 MeasuredStage {
                     device: 0,
                     from: 2,
                     to: 32,
+                    from_cols: 0,
+                    to_cols: 0,
                 },
             ],
             32,
@@ -1352,5 +1574,258 @@ mod tests {
             .unwrap();
         assert_eq!(slow.to - slow.from, 2);
         assert!(search(&devs, &model(4, 16), Layouts::Replicas, &fits).is_none());
+    }
+
+    #[test]
+    fn span_counts_count_a_feed_forward_half_held_in_part_by_its_columns() {
+        // Without columns: the half counts.
+        for (from, to) in [(0, 0), (0, 5), (1, 6), (3, 3), (2, 9)] {
+            let (a, f) = half_counts(from, to);
+            assert_eq!(span_counts(from, 0, to, 0, 176), (a as f64, f as f64));
+            assert_eq!(span_counts(from, 0, to, 0, 0), (a as f64, f as f64));
+        }
+        // Halves 1 (from column 44 of 176) to 4, and 44 columns of 5.
+        assert_eq!(span_counts(1, 44, 5, 44, 176), (2.0, 0.75 + 1.0 + 0.25));
+        // The first 88 columns of half 3 after halves 0 to 2.
+        assert_eq!(span_counts(0, 0, 3, 88, 176), (2.0, 1.5));
+        // Columns 44 to 132 of half 3 alone.
+        assert_eq!(span_counts(3, 44, 3, 132, 176), (0.0, 0.5));
+        // From column 132 of half 3 to the end of block 2.
+        assert_eq!(span_counts(3, 132, 6, 0, 176), (1.0, 1.25));
+        // A width of 0 ignores the columns.
+        assert_eq!(span_counts(3, 44, 5, 88, 0), (1.0, 1.0));
+        let span = Span {
+            from: 1,
+            to: 5,
+            from_cols: 44,
+            to_cols: 44,
+            embed: false,
+            head: false,
+        };
+        assert_eq!(span.half_counts(), (2, 2));
+        assert_eq!(span.counts(176), (2.0, 2.0));
+        // Its units: a quarter of half 1's feed-forward weights gone, a
+        // quarter of half 5's held.
+        let m = MeasuredModel {
+            ffn: 176,
+            ..model(4, 1)
+        };
+        assert_eq!(unit_params(&m, &span), vec![375, 500, 500, 500, 125]);
+        let inside = Span {
+            from: 3,
+            to: 3,
+            from_cols: 44,
+            to_cols: 132,
+            ..span
+        };
+        assert_eq!(unit_params(&m, &inside), vec![250]);
+    }
+
+    #[test]
+    fn a_cut_inside_a_feed_forward_half_sends_two_activations() {
+        // One micro-batch, blocking sends of 1 s each way: the width cut
+        // adds twice the time the cut between halves adds.
+        let devs = [dev("a", 1.0, 0.0), dev("b", 1.0, 0.0)];
+        let m = MeasuredModel {
+            ffn: 176,
+            activation_bytes: 1_000_000,
+            link_bandwidth: 1e6,
+            async_sends: false,
+            ..model(2, 1)
+        };
+        let stage = |device, from, from_cols, to, to_cols| MeasuredStage {
+            device,
+            from,
+            to,
+            from_cols,
+            to_cols,
+        };
+        let between = [stage(0, 0, 0, 1, 0), stage(1, 1, 0, 4, 0)];
+        let inside = [stage(0, 0, 0, 1, 88), stage(1, 1, 88, 4, 0)];
+        let added = |stages: &[MeasuredStage]| {
+            let free = MeasuredModel {
+                activation_bytes: 0,
+                ..m
+            };
+            pipeline_time(&devs, &m, stages, 1, 0) - pipeline_time(&devs, &free, stages, 1, 0)
+        };
+        let (one, two) = (added(&between), added(&inside));
+        assert!(
+            (one - 2.0).abs() < 1e-9 && (two - 4.0).abs() < 1e-9,
+            "{one} {two}"
+        );
+        // Half of half 1 moved: a twelfth of a block's passes of 1 s.
+        let free = MeasuredModel {
+            activation_bytes: 0,
+            ..m
+        };
+        let t = pipeline_time(&devs, &free, &inside, 1, 0);
+        assert!((t - 2.0).abs() < 1e-9, "{t}");
+    }
+
+    #[test]
+    fn a_chip_twelve_times_slower_is_balanced_by_a_cut_inside_a_feed_forward_half() {
+        // Fast: 1 per block and for the head; slow: 12 per block, 40 for
+        // the head, so it takes the first stage. Balanced, it takes x
+        // blocks with 12 x = 24 - x + 1, x = 25 / 13 (1.92: inside block
+        // 1's feed-forward half); at half a block's grain it takes 1.5
+        // blocks (18 against the fast stage's 23.5) or 2 (24 against 23).
+        let devs = [dev("fast", 1.0, 1.0), dev("slow", 12.0, 40.0)];
+        let m = 256;
+        let at = |ffn| MeasuredModel {
+            ffn,
+            ..model(24, m)
+        };
+        let halves = search(&devs, &at(0), Layouts::Pipelines, &|_, _, _| true).unwrap();
+        let cols = search(&devs, &at(176), Layouts::Pipelines, &|_, _, _| true).unwrap();
+        // The ideal: the two chips' throughputs added, the period of 25 on
+        // the fast chip shared 12 : 1; the pipeline's fill and drain add
+        // about a period to the m.
+        let ideal = m as f64 * 25.0 / (1.0 + 1.0 / 12.0);
+        // Without the width the plan is the half blocks' best, no columns.
+        let st = &halves.pipelines[0].stages;
+        assert!(st.iter().all(|s| s.from_cols == 0 && s.to_cols == 0));
+        assert_eq!(
+            (st[0].device, st[0].from, st[0].to),
+            (1, 0, 3),
+            "{halves:?}"
+        );
+        let (mut os, mut ss) = (Vec::new(), Vec::new());
+        orders(2, 2, &mut Vec::new(), &mut os);
+        splits(48, 2, &mut ss, &mut Vec::new());
+        let least = os
+            .iter()
+            .flat_map(|o| ss.iter().map(move |s| pipeline_stages(o, s)))
+            .map(|stages| pipeline_time(&devs, &at(0), &stages, m, 0))
+            .fold(f64::INFINITY, f64::min);
+        assert_eq!(halves.step_seconds, least);
+        assert!(halves.step_seconds > 1.015 * ideal, "{halves:?}");
+        // With it the cut falls inside half 3, the slow chip holding its
+        // first 148 columns of 176 (1.5 + 0.5 x 148 / 176 = 1.92 blocks).
+        let st = &cols.pipelines[0].stages;
+        assert_eq!(st.len(), 2);
+        assert_eq!((st[0].device, st[0].from, st[0].to), (1, 0, 3), "{cols:?}");
+        assert!(st[0].to_cols > 0 && st[0].from_cols == 0, "{cols:?}");
+        assert_eq!((st[1].from, st[1].from_cols), (st[0].to, st[0].to_cols));
+        assert_eq!((st[1].to, st[1].to_cols), (48, 0));
+        assert_eq!(st[0].to_cols, 148);
+        assert!(cols.step_seconds < halves.step_seconds, "{cols:?}");
+        assert!(cols.step_seconds < 1.01 * ideal, "{cols:?}");
+        assert!(cols.candidates > halves.candidates);
+        // No cut of the two stages at that grain (every 2 columns) beats
+        // it.
+        let mut best = f64::INFINITY;
+        for h in (1..48).step_by(2) {
+            for c in (2..176).step_by(2) {
+                let stages = [
+                    MeasuredStage {
+                        device: 1,
+                        from: 0,
+                        to: h,
+                        from_cols: 0,
+                        to_cols: c,
+                    },
+                    MeasuredStage {
+                        device: 0,
+                        from: h,
+                        to: 48,
+                        from_cols: c,
+                        to_cols: 0,
+                    },
+                ];
+                best = best.min(pipeline_time(&devs, &at(176), &stages, m, 0));
+            }
+        }
+        assert!(cols.step_seconds <= best, "{cols:?} against {best}");
+        // Under a profile error it expects no more than the half blocks'.
+        let err = |ffn| MeasuredModel {
+            profile_error: 0.1,
+            ..at(ffn)
+        };
+        let e0 = search(&devs, &err(0), Layouts::Pipelines, &|_, _, _| true).unwrap();
+        let e1 = search(&devs, &err(176), Layouts::Pipelines, &|_, _, _| true).unwrap();
+        assert!(
+            e1.expected_step_seconds <= e0.expected_step_seconds,
+            "{e1:?} {e0:?}"
+        );
+        // A memory limit holds: the slow chip fits no more than its
+        // first block and a half.
+        let fits = |d: usize, s: Span, _| d == 0 || s.counts(176).0 + s.counts(176).1 <= 3.0;
+        let limited = search(&devs, &at(176), Layouts::Pipelines, &fits).unwrap();
+        let st = &limited.pipelines[0].stages;
+        assert_eq!(
+            (st[0].device, st[0].to, st[0].to_cols),
+            (1, 3, 0),
+            "{limited:?}"
+        );
+    }
+
+    #[test]
+    fn refined_pipelines_hold_the_model_once_and_expect_no_more_than_the_half_blocks() {
+        // Random pipelines of two or three kinds, with and without a
+        // profile error: the refined plan's stages follow one another,
+        // each holding a part of the model (or the first the embedding
+        // alone, the last the head alone), cut inside feed-forward halves
+        // only at their columns; its step is its stages' simulated step,
+        // and it expects no more than the plan at half a block's grain.
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state >> 11) as f64 / (1u64 << 53) as f64
+        };
+        let mut width_cuts = 0;
+        for case in 0..60 {
+            let n = 2 + (case % 2);
+            let devs: Vec<MeasuredDevice> = (0..n)
+                .map(|i| {
+                    let mut d = dev(&format!("k{i}:0"), 0.2 + 12.0 * next(), 3.0 * next());
+                    d.embed_forward = next();
+                    d.embed_backward = next();
+                    d
+                })
+                .collect();
+            let layers = 2 + (case % 5);
+            let ffn = [64, 176, 5][case % 3];
+            let m = MeasuredModel {
+                profile_error: [0.0, 0.1][(case / 2) % 2],
+                async_sends: next() < 0.5,
+                activation_bytes: (1e5 * next()) as u64,
+                link_bandwidth: 1e6,
+                schedule: match next() < 0.5 {
+                    true => PipelineSchedule::OneFOneB,
+                    false => PipelineSchedule::ZeroBubble,
+                },
+                ..model(layers, 4 + (case % 9))
+            };
+            let fine = MeasuredModel { ffn, ..m };
+            let coarse = search(&devs, &m, Layouts::Pipelines, &|_, _, _| true).unwrap();
+            let plan = search(&devs, &fine, Layouts::Pipelines, &|_, _, _| true).unwrap();
+            assert!(
+                plan.expected_step_seconds <= coarse.expected_step_seconds,
+                "case {case}: {plan:?} against {coarse:?}"
+            );
+            let st = &plan.pipelines[0].stages;
+            let (first, last) = (st[0], st[st.len() - 1]);
+            assert_eq!((first.from, first.from_cols), (0, 0), "case {case}");
+            assert_eq!((last.to, last.to_cols), (2 * layers, 0), "case {case}");
+            for (i, s) in st.iter().enumerate() {
+                let (from, to) = ((s.from, s.from_cols), (s.to, s.to_cols));
+                let end = i == 0 || i + 1 == st.len();
+                assert!(from < to || (end && from == to), "case {case}: {st:?}");
+                for (h, c) in [from, to] {
+                    assert!(c == 0 || (h % 2 == 1 && c < ffn), "case {case}: {st:?}");
+                }
+                if let Some(after) = st.get(i + 1) {
+                    assert_eq!(to, (after.from, after.from_cols), "case {case}");
+                }
+                width_cuts += usize::from(s.to_cols > 0);
+            }
+            let t = pipeline_time(&devs, &fine, st, fine.micro_batches, 0);
+            assert_eq!(plan.step_seconds, t, "case {case}");
+        }
+        // The refinement has something to do in most cases.
+        assert!(width_cuts >= 20, "{width_cuts}");
     }
 }

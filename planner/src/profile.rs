@@ -622,7 +622,8 @@ pub(crate) fn apply_measured(
     };
     let blocks = (stage.layers.end - stage.layers.start) as usize;
     let (embed, head) = (stage.holds_embedding(), stage.holds_head());
-    let (mut f, mut b) = crate::measured::stage_passes(&costs, blocks, blocks, embed, head);
+    let (mut f, mut b) =
+        crate::measured::stage_passes(&costs, blocks as f64, blocks as f64, embed, head);
     // The weights' gradients' part: measured apart where the profile gives
     // it, else the cost model's share of the backward pass.
     let measured_weights =

@@ -130,7 +130,7 @@ pub fn profile_repeated(
 ) -> Result<Profile> {
     let reps = reps.max(1);
     let range = |blocks, embed, head| StageRange {
-        start: Cut(0),
+        start: Cut::at(0),
         end: Cut::block(blocks),
         embed,
         head,
@@ -165,8 +165,8 @@ pub fn profile_repeated(
     // gives the shares, which apply to the block's time from the stage of
     // many.
     let half = |h: usize| StageRange {
-        start: Cut(h),
-        end: Cut(h + 1),
+        start: Cut::at(h),
+        end: Cut::at(h + 1),
         embed: false,
         head: false,
     };
@@ -581,8 +581,8 @@ pub fn auto_plan(
             .collect::<Result<Vec<MeasuredDevice>>>()?;
         let fits = |d: usize, s: measured::Span, in_flight: usize| {
             let range = StageRange {
-                start: Cut(s.from),
-                end: Cut(s.to),
+                start: Cut::inside(s.from, s.from_cols),
+                end: Cut::inside(s.to, s.to_cols),
                 embed: s.embed,
                 head: s.head,
             };
@@ -680,7 +680,10 @@ pub fn auto_plan(
                 .iter()
                 .map(|s| StagePlan {
                     device: costs[s.device].name.clone(),
-                    layers: [Cut(s.from), Cut(s.to)],
+                    layers: [
+                        Cut::inside(s.from, s.from_cols),
+                        Cut::inside(s.to, s.to_cols),
+                    ],
                     optimizer_weight: shares.as_ref().map(|w| w[i]),
                 })
                 .collect(),
@@ -711,8 +714,8 @@ fn measured_model(
     choices: Choices,
 ) -> MeasuredModel {
     let one_block = StageRange {
-        start: Cut(0),
-        end: Cut(2),
+        start: Cut::at(0),
+        end: Cut::at(2),
         embed: false,
         head: false,
     };
@@ -722,6 +725,7 @@ fn measured_model(
     };
     MeasuredModel {
         layers: cfg.layers,
+        ffn: cfg.ffn,
         block_params: count(&per_block),
         attention_params: count(&per_block[..ATTENTION_PARAMS]),
         embed_params: (cfg.vocab * cfg.dim) as u64,

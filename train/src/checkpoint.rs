@@ -19,6 +19,7 @@
 //! checked before the bytes are parsed, so a foreign file is refused
 //! without being quoted.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use polychip_host::DType;
@@ -118,9 +119,15 @@ pub fn write_stage(
     let mut st = SafeTensors::new();
     for p in stage.params() {
         let name = &p.spec.name;
-        st.insert(name.clone(), f32_tensor(&p.value)?)?;
-        st.insert(format!("{name}.exp_avg"), f32_tensor(&p.exp_avg)?)?;
-        st.insert(format!("{name}.exp_avg_sq"), f32_tensor(&p.exp_avg_sq)?)?;
+        // A part of a parameter cut by width is saved under its place in
+        // the whole (`@axis:start..end`); loading joins the parts.
+        let tag = p.spec.part.as_ref().map(|x| x.tag()).unwrap_or_default();
+        st.insert(format!("{name}{tag}"), f32_tensor(&p.value)?)?;
+        st.insert(format!("{name}.exp_avg{tag}"), f32_tensor(&p.exp_avg)?)?;
+        st.insert(
+            format!("{name}.exp_avg_sq{tag}"),
+            f32_tensor(&p.exp_avg_sq)?,
+        )?;
     }
     write_tensors(root, step, &st, index, stages)
 }
@@ -516,11 +523,132 @@ fn load_files(dir: PathBuf, manifest: Manifest) -> Result<Loaded> {
         }
         tensors.push((p, st));
     }
+    join_parts(&dir, &mut tensors)?;
     Ok(Loaded {
         dir,
         manifest,
         tensors,
     })
+}
+
+/// One saved part of a tensor cut by width: `name@axis:start..end`.
+struct SavedPart {
+    file: usize,
+    key: String,
+    axis: usize,
+    start: usize,
+    end: usize,
+}
+
+/// Reads `key` as a part, `NAME@AXIS:START..END`.
+fn parse_part(key: &str) -> Option<(&str, usize, usize, usize)> {
+    let (name, at) = key.rsplit_once('@')?;
+    let (axis, span) = at.split_once(':')?;
+    let (a, b) = span.split_once("..")?;
+    let num = |x: &str| {
+        (!x.is_empty() && x.bytes().all(|c| c.is_ascii_digit()))
+            .then(|| x.parse::<usize>().ok())
+            .flatten()
+    };
+    Some((name, num(axis)?, num(a)?, num(b)?))
+}
+
+/// Joins the parts that stages holding a feed-forward half cut by width
+/// saved (`NAME@AXIS:START..END`, see [`crate::params::Part`]) into the
+/// whole tensor `NAME`, kept in the first part's file: a checkpoint then
+/// reads alike whatever split saved it. Parts that overlap, leave a gap,
+/// disagree in shape or type, or are not matrices are refused by name.
+fn join_parts(dir: &Path, tensors: &mut [(PathBuf, SafeTensors)]) -> Result<()> {
+    let mut parts: BTreeMap<String, Vec<SavedPart>> = BTreeMap::new();
+    for (file, (_, st)) in tensors.iter().enumerate() {
+        for key in st.tensors.keys() {
+            let Some((name, axis, start, end)) = parse_part(key) else {
+                if key.contains('@') {
+                    return Err(TrainError::Checkpoint {
+                        path: dir.to_path_buf(),
+                        message: format!(
+                            "has a tensor `{key}` that is not a part (NAME@AXIS:START..END)"
+                        ),
+                    });
+                }
+                continue;
+            };
+            parts.entry(name.to_string()).or_default().push(SavedPart {
+                file,
+                key: key.clone(),
+                axis,
+                start,
+                end,
+            });
+        }
+    }
+    for (name, mut list) in parts {
+        let bad = |what: String| TrainError::Checkpoint {
+            path: dir.to_path_buf(),
+            message: format!("has parts of `{name}` that do not make a whole: {what}"),
+        };
+        list.sort_by_key(|p| p.start);
+        let mut pieces: Vec<(StoredTensor, usize)> = Vec::with_capacity(list.len());
+        let mut next = 0;
+        for p in &list {
+            let t = tensors[p.file].1.tensors.remove(&p.key).expect("listed");
+            let extent = t.shape.get(p.axis).copied();
+            if t.shape.len() != 2 || p.axis > 1 || p.axis != list[0].axis {
+                return Err(bad(format!(
+                    "`{}` is {} along axis {}",
+                    p.key,
+                    crate::safetensors::show_shape(&t.shape),
+                    p.axis
+                )));
+            }
+            if p.start != next || extent != Some(p.end as i64 - p.start as i64) || p.end <= p.start
+            {
+                return Err(bad(format!(
+                    "`{}` ({}) does not start where the parts before it end ({next}) or does \
+                     not hold {}..{}",
+                    p.key,
+                    crate::safetensors::show_shape(&t.shape),
+                    p.start,
+                    p.end
+                )));
+            }
+            if let Some((first, _)) = pieces.first()
+                && (t.dtype != first.dtype || t.shape[1 - p.axis] != first.shape[1 - p.axis])
+            {
+                return Err(bad(format!(
+                    "`{}` is {} {}, unlike `{}`",
+                    p.key,
+                    t.dtype,
+                    crate::safetensors::show_shape(&t.shape),
+                    list[0].key
+                )));
+            }
+            next = p.end;
+            pieces.push((t, p.end - p.start));
+        }
+        let axis = list[0].axis;
+        let first = &pieces[0].0;
+        let (dtype, other) = (first.dtype, first.shape[1 - axis] as usize);
+        let size = dtype.size();
+        let mut data = Vec::with_capacity(pieces.iter().map(|(t, _)| t.data.len()).sum());
+        match axis {
+            0 => pieces
+                .iter()
+                .for_each(|(t, _)| data.extend_from_slice(&t.data)),
+            _ => {
+                for row in 0..other {
+                    for (t, w) in &pieces {
+                        data.extend_from_slice(&t.data[row * w * size..(row + 1) * w * size]);
+                    }
+                }
+            }
+        }
+        let mut shape = vec![other as i64; 2];
+        shape[axis] = next as i64;
+        let whole = StoredTensor { dtype, shape, data };
+        tensors[list[0].file].1.insert(name, whole)?;
+    }
+    Ok(())
 }
 
 /// The step directory `path` names (itself, or its root's `latest`) and its
@@ -708,7 +836,23 @@ impl Loaded {
                         message: format!("has no tensor {key}"),
                     });
                 };
-                let mut data = st.take(path, &key, DType::F32, &p.spec.shape)?;
+                let mut data = match &p.spec.part {
+                    None => st.take(path, &key, DType::F32, &p.spec.shape)?,
+                    Some(part) => {
+                        // The whole stays for the other parts' stages.
+                        let whole = st.take(path, &key, DType::F32, &part.full)?;
+                        let sliced = part_bytes(part, &whole);
+                        st.tensors.insert(
+                            key.clone(),
+                            StoredTensor {
+                                dtype: DType::F32,
+                                shape: part.full.clone(),
+                                data: whole,
+                            },
+                        );
+                        sliced
+                    }
+                };
                 if cfg!(target_endian = "big") {
                     for c in data.chunks_exact_mut(4) {
                         c.reverse();
@@ -718,5 +862,103 @@ impl Loaded {
             }
         }
         stage.refresh_compute_weights()
+    }
+}
+
+/// The bytes of `part` of a whole f32 tensor's `whole`.
+fn part_bytes(part: &crate::params::Part, whole: &[u8]) -> Vec<u8> {
+    let words: Vec<[u8; 4]> = whole
+        .chunks_exact(4)
+        .map(|c| [c[0], c[1], c[2], c[3]])
+        .collect();
+    part.slice(&words).concat()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn f32s(shape: &[i64], values: impl IntoIterator<Item = f32>) -> StoredTensor {
+        StoredTensor {
+            dtype: DType::F32,
+            shape: shape.to_vec(),
+            data: values.into_iter().flat_map(f32::to_le_bytes).collect(),
+        }
+    }
+
+    fn files(parts: &[(&str, &[i64], Vec<f32>)]) -> Vec<(PathBuf, SafeTensors)> {
+        parts
+            .iter()
+            .map(|(key, shape, v)| {
+                let mut st = SafeTensors::new();
+                st.insert(*key, f32s(shape, v.iter().copied())).unwrap();
+                (PathBuf::from(format!("{key}.safetensors")), st)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn parts_cut_by_width_join_into_the_whole_and_bad_parts_are_refused() {
+        // A 2 x 5 matrix cut by columns 0..2 and 2..5, saved by two stages.
+        let whole: Vec<f32> = (0..10).map(|x| x as f32).collect();
+        let cols = |a: usize, b: usize| -> Vec<f32> {
+            (0..2)
+                .flat_map(|r| whole[r * 5 + a..r * 5 + b].to_vec())
+                .collect()
+        };
+        let mut t = files(&[
+            ("w@1:2..5", &[2, 3], cols(2, 5)),
+            ("w@1:0..2", &[2, 2], cols(0, 2)),
+        ]);
+        join_parts(Path::new("ck"), &mut t).unwrap();
+        let joined: Vec<&StoredTensor> = t.iter().filter_map(|(_, s)| s.tensors.get("w")).collect();
+        assert_eq!(joined, vec![&f32s(&[2, 5], whole.iter().copied())]);
+        assert!(t.iter().all(|(_, s)| s.tensors.keys().all(|k| k == "w")));
+        // Rows likewise.
+        let mut t = files(&[
+            ("v.exp_avg@0:0..1", &[1, 2], vec![1.0, 2.0]),
+            ("v.exp_avg@0:1..3", &[2, 2], vec![3.0, 4.0, 5.0, 6.0]),
+        ]);
+        join_parts(Path::new("ck"), &mut t).unwrap();
+        assert_eq!(
+            t[0].1.tensors["v.exp_avg"],
+            f32s(&[3, 2], [1.0, 2.0, 3.0, 4.0, 5.0, 6.0])
+        );
+        for (bad, want) in [
+            (
+                vec![
+                    ("w@1:0..2", &[2i64, 2][..], vec![0.0; 4]),
+                    ("w@1:3..5", &[2, 2], vec![0.0; 4]),
+                ],
+                "does not start where the parts before it end (2)",
+            ),
+            (
+                vec![
+                    ("w@1:0..2", &[2, 2], vec![0.0; 4]),
+                    ("w@1:1..3", &[2, 2], vec![0.0; 4]),
+                ],
+                "does not start where",
+            ),
+            (
+                vec![
+                    ("w@1:0..2", &[2, 2], vec![0.0; 4]),
+                    ("w@1:2..4", &[3, 2], vec![0.0; 6]),
+                ],
+                "unlike `w@1:0..2`",
+            ),
+            (
+                vec![("w@0:0..2", &[2], vec![0.0; 2])],
+                "is [2] along axis 0",
+            ),
+            (vec![("w@x", &[2], vec![0.0; 2])], "is not a part"),
+            (
+                vec![("w@1:1..3", &[2, 2], vec![0.0; 4])],
+                "does not start where",
+            ),
+        ] {
+            let mut t = files(&bad);
+            let e = join_parts(Path::new("ck"), &mut t).unwrap_err().to_string();
+            assert!(e.contains(want), "{bad:?}: {e}");
+        }
     }
 }

@@ -8,35 +8,54 @@ use std::ops::Range;
 
 use polychip_comm::collectives::Communicator;
 
+use crate::config::ModelConfig;
 use crate::error::Result;
-use crate::params::{ATTENTION_PARAMS, BLOCK_PARAMS};
 use crate::plan::Role;
 
-/// The units of a model of `layers` blocks: 0 is the embedding, `1..=2 *
+/// A unit of the model as ranks hold it: 0 is the embedding, `1..=2 *
 /// layers` the half blocks (unit `h + 1` is half `h`, see
-/// [`crate::params::Cut`]), `2 * layers + 1` the final norm and head.
-fn holders(roles: &[Role], unit: usize, layers: usize) -> Vec<usize> {
+/// [`crate::params::Cut`]), `2 * layers + 1` the final norm and head; with
+/// the columns held of a feed-forward half (the whole width when it is not
+/// cut, nothing for the other units). Ranks hold the same parameters when
+/// they hold the same units.
+type UnitKey = (usize, Range<usize>);
+
+/// The units `role` holds, in model order.
+fn role_units(role: &Role, cfg: &ModelConfig) -> Vec<UnitKey> {
+    let mut out = Vec::new();
+    if role.range.embed {
+        out.push((0, 0..0));
+    }
+    for half in role.range.halves() {
+        let cols = match half % 2 {
+            0 => 0..0,
+            _ => role.range.ffn_cols(half, cfg.ffn),
+        };
+        out.push((half + 1, cols));
+    }
+    if role.range.head {
+        out.push((2 * cfg.layers + 1, 0..0));
+    }
+    out
+}
+
+fn holders(roles: &[Role], unit: &UnitKey, cfg: &ModelConfig) -> Vec<usize> {
     roles
         .iter()
-        .filter(|r| holds(r, unit, layers))
+        .filter(|r| role_units(r, cfg).contains(unit))
         .map(|r| r.rank)
         .collect()
 }
 
-fn holds(r: &Role, unit: usize, layers: usize) -> bool {
-    match unit {
-        0 => r.range.embed,
-        u if u == 2 * layers + 1 => r.range.head,
-        u => r.range.halves().contains(&(u - 1)),
-    }
-}
-
 /// Groups of ranks that hold the same parameters: for each unit, the ranks
 /// holding it; units with the same holders share one gradient reduction.
-fn holder_sets(roles: &[Role], layers: usize) -> Vec<Vec<usize>> {
+fn holder_sets(roles: &[Role], cfg: &ModelConfig) -> Vec<Vec<usize>> {
+    let mut units: Vec<UnitKey> = roles.iter().flat_map(|r| role_units(r, cfg)).collect();
+    units.sort_by_key(|(u, c)| (*u, c.start, c.end));
+    units.dedup();
     let mut sets: Vec<Vec<usize>> = Vec::new();
-    for unit in 0..2 * layers + 2 {
-        let h = holders(roles, unit, layers);
+    for unit in &units {
+        let h = holders(roles, unit, cfg);
         if !sets.contains(&h) {
             sets.push(h);
         }
@@ -46,28 +65,22 @@ fn holder_sets(roles: &[Role], layers: usize) -> Vec<Vec<usize>> {
 
 /// The units `role` holds, each with its parameters' index range in
 /// [`Stage::params`] (the order of `params::stage_params`: embedding, 5 per
-/// attention half and 4 per feed-forward half, final norm and head).
-pub(crate) fn unit_params(role: &Role, layers: usize) -> Vec<(usize, Range<usize>)> {
-    let mut out = Vec::new();
+/// attention half and 4 per feed-forward half, 3 for one held from a
+/// column past its first, final norm and head).
+pub(crate) fn unit_params(role: &Role, cfg: &ModelConfig) -> Vec<(UnitKey, Range<usize>)> {
     let mut at = 0;
-    let mut push = |unit: usize, n: usize| {
-        out.push((unit, at..at + n));
-        at += n;
-    };
-    if role.range.embed {
-        push(0, 1);
-    }
-    for half in role.range.halves() {
-        let n = match half % 2 {
-            0 => ATTENTION_PARAMS,
-            _ => BLOCK_PARAMS.len() - ATTENTION_PARAMS,
-        };
-        push(half + 1, n);
-    }
-    if role.range.head {
-        push(2 * layers + 1, 2);
-    }
-    out
+    role_units(role, cfg)
+        .into_iter()
+        .map(|unit| {
+            let n = match unit.0 {
+                0 => 1,
+                u if u == 2 * cfg.layers + 1 => 2,
+                u => crate::model::half_param_count(cfg, &role.range, u - 1),
+            };
+            at += n;
+            (unit, at - n..at)
+        })
+        .collect()
 }
 
 /// One of a rank's gradient reductions.
@@ -87,11 +100,11 @@ pub struct ReductionGroup {
 pub fn reduction_groups(
     world: &mut Communicator,
     roles: &[Role],
-    layers: usize,
+    cfg: &ModelConfig,
 ) -> Result<Vec<ReductionGroup>> {
     let rank = world.rank();
     let mut groups = Vec::new();
-    for set in holder_sets(roles, layers) {
+    for set in holder_sets(roles, cfg) {
         if set.len() < 2 {
             continue;
         }
@@ -103,9 +116,9 @@ pub fn reduction_groups(
         }
         sub.set_deterministic(true);
         let me = &roles[rank];
-        let ranges: Vec<Range<usize>> = unit_params(me, layers)
+        let ranges: Vec<Range<usize>> = unit_params(me, cfg)
             .into_iter()
-            .filter(|(unit, _)| holders(roles, *unit, layers) == set)
+            .filter(|(unit, _)| holders(roles, unit, cfg) == set)
             .map(|(_, r)| r)
             .collect();
         // Units with the same holders are consecutive: a rank holds one
@@ -222,9 +235,41 @@ mod tests {
         assert_eq!((s[0].start, s[1].end), (7, 9));
         assert!(s.windows(2).all(|w| w[0].end == w[1].start));
     }
-    use crate::config::ModelConfig;
     use crate::params::stage_params;
     use crate::plan::TrainPlan;
+
+    #[test]
+    fn replicas_of_a_width_cut_reduce_each_part_with_its_own() {
+        let cfg = ModelConfig::preset("tiny").unwrap();
+        let plan = TrainPlan::parse_stages(
+            "ferrite=0..1.5+20,cobalt=1.5+20..1.5+90,ferrite=1.5+90..4",
+            2,
+            1,
+            4,
+        )
+        .unwrap();
+        plan.validate(&cfg, 8).unwrap();
+        let roles = plan.roles();
+        // Each stage's ranks over the two replicas, and nothing else: the
+        // parts of block 1's feed-forward half are three units.
+        let mut sets = holder_sets(&roles, &cfg);
+        sets.sort();
+        assert_eq!(sets, vec![vec![0, 3], vec![1, 4], vec![2, 5]]);
+        for role in &roles {
+            let units = unit_params(role, &cfg);
+            let specs = stage_params(&cfg, &role.range);
+            assert_eq!(units.last().unwrap().1.end, specs.len());
+        }
+        let middle = unit_params(&roles[1], &cfg);
+        assert_eq!(middle, vec![((4, 20..90), 0..3)]);
+        // Two groups split differently are refused, not reduced wrongly.
+        let mut two = plan.clone();
+        two.groups
+            .push(TrainPlan::single("ferrite", 4, 1, 4).groups[0].clone());
+        two.groups[0].copies = 1;
+        let e = two.validate(&cfg, 8).unwrap_err().to_string();
+        assert!(e.contains("a plan of one group"), "{e}");
+    }
 
     #[test]
     fn units_map_onto_the_stage_parameter_order() {
@@ -233,9 +278,9 @@ mod tests {
             TrainPlan::parse_stages("ferrite=0..1,cobalt=1..3,ferrite=3..4", 1, 1, 4).unwrap();
         for role in plan.roles() {
             let specs = stage_params(&cfg, &role.range);
-            let units = unit_params(&role, cfg.layers);
+            let units = unit_params(&role, &cfg);
             assert_eq!(units.last().unwrap().1.end, specs.len());
-            for (unit, range) in units {
+            for ((unit, _), range) in units {
                 for p in &specs[range] {
                     let want = match unit {
                         0 => "tok_embeddings".to_string(),

@@ -50,10 +50,18 @@ pub fn stage_memory(
         vocab: cfg.vocab as u64,
     };
     let tokens = (b * cfg.seq_len) as u64;
-    let (attention, ffn) = range.half_counts();
-    let mut per_micro = counts::attention_bytes(shape, tokens, c) * attention as u64
-        + counts::feed_forward_bytes(shape, tokens, c) * ffn as u64
-        + counts::micro_batch_bytes(tokens);
+    // Each half's activations; a feed-forward half held in part keeps those
+    // of its own columns.
+    let mut per_micro = counts::micro_batch_bytes(tokens);
+    for h in range.halves() {
+        per_micro += match h % 2 {
+            0 => counts::attention_bytes(shape, tokens, c),
+            _ => {
+                let cols = range.ffn_cols(h, cfg.ffn).len() as u64;
+                counts::feed_forward_bytes(counts::Shape { ffn: cols, ..shape }, tokens, c)
+            }
+        };
+    }
     if range.head {
         per_micro += counts::head_bytes(shape, tokens, c);
     }

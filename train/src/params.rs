@@ -12,67 +12,110 @@ use crate::config::ModelConfig;
 use crate::error::{Result, TrainError};
 
 /// A place where the model may be cut between two pipeline stages,
-/// counted in half blocks: `Cut(2 * l)` is the start of block `l`,
-/// `Cut(2 * l + 1)` its middle, between its attention half (norm,
-/// projections, attention, residual) and its feed-forward half (norm,
-/// SwiGLU, residual). Written as a block number, `l` or `l.5`, in plan
-/// files and on the command line.
+/// counted in half blocks: `half == 2 * l` is the start of block `l`,
+/// `2 * l + 1` its middle, between its attention half (norm, projections,
+/// attention, residual) and its feed-forward half (norm, SwiGLU,
+/// residual). A cut may also fall inside a feed-forward half, by its
+/// width: `cols > 0` (with `half` odd) puts the half's norm and its first
+/// `cols` hidden columns (rows of `w1` and `w3`, columns of `w2`) before
+/// the cut and the rest after it, and the boundary then carries two
+/// activations (the normed input and the partial residual sum). Written as
+/// a block number, `l`, `l.5` or `l.5+cols`, in plan files and on the
+/// command line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
-pub struct Cut(pub usize);
+pub struct Cut {
+    /// Half blocks before it (the half it falls in when `cols > 0`).
+    pub half: usize,
+    /// Columns of feed-forward half `half` before it (0: a cut between
+    /// halves).
+    pub cols: usize,
+}
 
 impl Cut {
+    /// The cut before half block `half`.
+    pub fn at(half: usize) -> Cut {
+        Cut { half, cols: 0 }
+    }
+
     /// The start of block `l`.
     pub fn block(l: usize) -> Cut {
-        Cut(l.saturating_mul(2))
+        Cut::at(l.saturating_mul(2))
+    }
+
+    /// The cut inside feed-forward half `half` (odd) after its first
+    /// `cols` columns.
+    pub fn inside(half: usize, cols: usize) -> Cut {
+        Cut { half, cols }
     }
 
     /// Whether it falls between two blocks.
     pub fn is_whole(self) -> bool {
-        self.0 % 2 == 0
+        self.half % 2 == 0 && self.cols == 0
     }
 
-    /// Parses `l` or `l.5` (a block number, whole or halfway); `None` for
+    /// Whether it falls inside a feed-forward half, by its width.
+    pub fn is_inside(self) -> bool {
+        self.cols > 0
+    }
+
+    /// Parses `l`, `l.5` or `l.5+cols` (a block number, whole, halfway,
+    /// or inside the feed-forward half after `cols` columns); `None` for
     /// anything else.
     pub fn parse(s: &str) -> Option<Cut> {
         let s = s.trim();
+        let (s, cols) = match s.split_once('+') {
+            None => (s, 0),
+            Some((b, c)) => {
+                if c.is_empty() || !c.bytes().all(|x| x.is_ascii_digit()) {
+                    return None;
+                }
+                (b, c.parse::<usize>().ok().filter(|&c| c > 0)?)
+            }
+        };
         let (whole, half) = match s.split_once('.') {
             None => (s, false),
             Some((w, "5")) => (w, true),
             Some((w, "0")) => (w, false),
             Some(_) => return None,
         };
-        if whole.is_empty() || !whole.bytes().all(|c| c.is_ascii_digit()) {
+        if whole.is_empty() || !whole.bytes().all(|c| c.is_ascii_digit()) || (cols > 0 && !half) {
             return None;
         }
         let l: usize = whole.parse().ok()?;
-        Some(Cut(l.checked_mul(2)? + usize::from(half)))
+        Some(Cut::inside(l.checked_mul(2)? + usize::from(half), cols))
     }
 
     /// A block number from a plan file: a non-negative multiple of 0.5.
     pub fn from_f64(x: f64) -> Option<Cut> {
         let halves = x * 2.0;
         (x.is_finite() && x >= 0.0 && halves.fract() == 0.0 && halves < 2f64.powi(52))
-            .then_some(Cut(halves as usize))
+            .then_some(Cut::at(halves as usize))
     }
 }
 
 impl std::fmt::Display for Cut {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self.is_whole() {
-            true => write!(f, "{}", self.0 / 2),
-            false => write!(f, "{}.5", self.0 / 2),
+        match (self.half % 2, self.cols) {
+            (0, _) => write!(f, "{}", self.half / 2),
+            (_, 0) => write!(f, "{}.5", self.half / 2),
+            (_, c) => write!(f, "{}.5+{c}", self.half / 2),
         }
     }
 }
 
 impl serde::Serialize for Cut {
     fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
-        match self.is_whole() {
-            true => s.serialize_u64((self.0 / 2) as u64),
-            false => s.serialize_f64(self.0 as f64 / 2.0),
+        match (self.half % 2, self.cols) {
+            (0, _) => s.serialize_u64((self.half / 2) as u64),
+            (_, 0) => s.serialize_f64(self.half as f64 / 2.0),
+            _ => s.serialize_str(&self.to_string()),
         }
     }
 }
+
+/// What a plan file's cut must be.
+const CUT_EXPECTED: &str = "a block number, whole or halfway (e.g. 3 or 3.5), or \"3.5+COLS\" to cut block 3's \
+     feed-forward half after COLS of its columns";
 
 impl<'de> serde::Deserialize<'de> for Cut {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Cut, D::Error> {
@@ -80,13 +123,13 @@ impl<'de> serde::Deserialize<'de> for Cut {
         impl serde::de::Visitor<'_> for V {
             type Value = Cut;
             fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.write_str("a block number, whole or halfway (e.g. 3 or 3.5)")
+                f.write_str(CUT_EXPECTED)
             }
             fn visit_u64<E: serde::de::Error>(self, v: u64) -> std::result::Result<Cut, E> {
                 usize::try_from(v)
                     .ok()
                     .and_then(|l| l.checked_mul(2))
-                    .map(Cut)
+                    .map(Cut::at)
                     .ok_or_else(|| E::custom(format!("block {v} is out of range")))
             }
             fn visit_i64<E: serde::de::Error>(self, v: i64) -> std::result::Result<Cut, E> {
@@ -96,10 +139,13 @@ impl<'de> serde::Deserialize<'de> for Cut {
                 }
             }
             fn visit_f64<E: serde::de::Error>(self, v: f64) -> std::result::Result<Cut, E> {
-                Cut::from_f64(v).ok_or_else(|| {
-                    E::custom(format!(
-                        "block {v} is not a block number, whole or halfway (e.g. 3 or 3.5)"
-                    ))
+                Cut::from_f64(v)
+                    .ok_or_else(|| E::custom(format!("block {v} is not {CUT_EXPECTED}")))
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> std::result::Result<Cut, E> {
+                Cut::parse(v).ok_or_else(|| {
+                    let shown: String = v.chars().take(40).collect();
+                    E::custom(format!("block {shown:?} is not {CUT_EXPECTED}"))
                 })
             }
         }
@@ -139,7 +185,7 @@ impl StageRange {
         StageRange {
             start,
             end,
-            embed: start == Cut(0),
+            embed: start == Cut::at(0),
             head: end == Cut::block(layers),
         }
     }
@@ -149,10 +195,39 @@ impl StageRange {
         StageRange::new(0, cfg.layers, cfg.layers)
     }
 
-    /// The half blocks held, in order: half `h` is block `h / 2`'s
-    /// attention half when `h` is even, its feed-forward half when odd.
+    /// The half blocks held, whole or in part, in order: half `h` is block
+    /// `h / 2`'s attention half when `h` is even, its feed-forward half
+    /// when odd (a feed-forward half cut by its width is held in part:
+    /// [`Self::ffn_cols`]).
     pub fn halves(&self) -> std::ops::Range<usize> {
-        self.start.0..self.end.0.max(self.start.0)
+        let end = self.end.half + usize::from(self.end.is_inside());
+        self.start.half..end.max(self.start.half)
+    }
+
+    /// The hidden columns of feed-forward half `half` (one of
+    /// [`Self::halves`]) held, of `ffn`.
+    pub fn ffn_cols(&self, half: usize, ffn: usize) -> std::ops::Range<usize> {
+        let lo = if half == self.start.half {
+            self.start.cols
+        } else {
+            0
+        };
+        let hi = match self.end.is_inside() && half == self.end.half {
+            true => self.end.cols,
+            false => ffn,
+        };
+        lo..hi
+    }
+
+    /// Whether its input is the pair a cut inside a feed-forward half
+    /// sends (the normed activation and the partial residual sum).
+    pub fn takes_pair(&self) -> bool {
+        self.start.is_inside()
+    }
+
+    /// Whether its output is such a pair.
+    pub fn gives_pair(&self) -> bool {
+        self.end.is_inside()
     }
 
     /// The blocks of which it holds a half or both.
@@ -161,9 +236,20 @@ impl StageRange {
         h.start / 2..h.end.div_ceil(2).max(h.start / 2)
     }
 
-    /// Attention halves and feed-forward halves held.
-    pub fn half_counts(&self) -> (usize, usize) {
-        polychip_planner::measured::half_counts(self.start.0, self.end.0)
+    /// Attention halves and feed-forward halves held, a feed-forward half
+    /// held in part counted by its share of the `ffn` columns.
+    pub fn half_counts(&self, ffn: usize) -> (f64, f64) {
+        let (mut attention, mut feed_forward) = (0.0, 0.0);
+        for h in self.halves() {
+            match h % 2 {
+                0 => attention += 1.0,
+                _ => {
+                    let c = self.ffn_cols(h, ffn);
+                    feed_forward += c.len() as f64 / ffn.max(1) as f64;
+                }
+            }
+        }
+        (attention, feed_forward)
     }
 }
 
@@ -178,15 +264,54 @@ pub enum Init {
     Ones,
 }
 
+/// The part of a parameter a stage holds when a cut inside a feed-forward
+/// half splits it by its hidden columns: indices `start..end` of axis
+/// `axis` of the whole parameter, of shape `full`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Part {
+    /// The axis cut (0: rows of `w1` and `w3`, 1: columns of `w2`).
+    pub axis: usize,
+    /// The first index held.
+    pub start: usize,
+    /// One past the last.
+    pub end: usize,
+    /// The whole parameter's shape (two axes).
+    pub full: Vec<i64>,
+}
+
+impl Part {
+    /// The part of `whole` (row-major values of shape `full`).
+    pub fn slice<T: Copy>(&self, whole: &[T]) -> Vec<T> {
+        let (rows, cols) = (self.full[0] as usize, self.full[1] as usize);
+        match self.axis {
+            0 => whole[self.start * cols..self.end * cols].to_vec(),
+            _ => (0..rows)
+                .flat_map(|r| {
+                    whole[r * cols + self.start..r * cols + self.end]
+                        .iter()
+                        .copied()
+                })
+                .collect(),
+        }
+    }
+
+    /// The suffix naming it in a checkpoint's stage file, `@axis:start..end`.
+    pub fn tag(&self) -> String {
+        format!("@{}:{}..{}", self.axis, self.start, self.end)
+    }
+}
+
 /// One parameter's name, shape and initialization.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ParamSpec {
     /// Its name, e.g. `layers.3.attention.wq.weight`.
     pub name: String,
-    /// Its shape.
+    /// Its shape (the part's, when it is a part).
     pub shape: Vec<i64>,
     /// How it starts.
     pub init: Init,
+    /// The part held, when a cut splits it by its width.
+    pub part: Option<Part>,
 }
 
 impl ParamSpec {
@@ -200,10 +325,31 @@ impl ParamSpec {
         matches!(self.init, Init::Normal(_))
     }
 
+    /// Elements of the whole parameter (of its part's whole when a part).
+    pub fn full_numel(&self) -> usize {
+        match &self.part {
+            Some(p) => p.full.iter().product::<i64>() as usize,
+            None => self.numel(),
+        }
+    }
+
+    /// The part of the whole parameter's values `whole` it holds.
+    pub fn take_part(&self, whole: Vec<f32>) -> Vec<f32> {
+        match &self.part {
+            Some(p) => p.slice(&whole),
+            None => whole,
+        }
+    }
+
     /// Its initial values for `seed`: the same on every rank and in every
-    /// plan.
+    /// plan (a part's are those of its place in the whole parameter).
     pub fn initial_values(&self, seed: u64) -> Vec<f32> {
-        let n = self.numel();
+        let whole = self.whole_initial_values(seed);
+        self.take_part(whole)
+    }
+
+    fn whole_initial_values(&self, seed: u64) -> Vec<f32> {
+        let n = self.full_numel();
         let std = match self.init {
             Init::Ones => return vec![1.0; n],
             Init::Normal(s) | Init::Embedding(s) => s,
@@ -247,23 +393,29 @@ impl InitialWeights {
         match self {
             InitialWeights::Seed(seed) => Ok(spec.initial_values(*seed)),
             InitialWeights::Given { values, source } => {
-                let v = values.remove(&spec.name).ok_or_else(|| {
+                // A part leaves the whole in place for the other parts.
+                let v = match spec.part {
+                    Some(_) => values.get(&spec.name).cloned(),
+                    None => values.remove(&spec.name),
+                };
+                let v = v.ok_or_else(|| {
                     TrainError::Config(format!(
                         "the initial weights from {source} have no `{}`",
                         spec.name
                     ))
                 })?;
-                if v.len() != spec.numel() {
+                let shape = spec.part.as_ref().map_or(&spec.shape, |p| &p.full);
+                if v.len() != spec.full_numel() {
                     return Err(TrainError::Config(format!(
                         "the initial weights from {source} give `{}` {} values, but its shape \
                          {:?} has {}",
                         spec.name,
                         v.len(),
-                        spec.shape,
-                        spec.numel()
+                        shape,
+                        spec.full_numel()
                     )));
                 }
-                Ok(v)
+                Ok(spec.take_part(v))
             }
         }
     }
@@ -320,14 +472,20 @@ pub fn stage_params(cfg: &ModelConfig, range: &StageRange) -> Vec<ParamSpec> {
     // GPT-2's scaling of the projections that feed the residual stream.
     let out_std = std / (2.0 * cfg.layers as f64).sqrt();
     let mut specs = Vec::new();
-    let mut push = |name: String, shape: Vec<i64>, init| {
-        specs.push(ParamSpec { name, shape, init });
+    let mut push = |name: String, shape: Vec<i64>, init, part| {
+        specs.push(ParamSpec {
+            name,
+            shape,
+            init,
+            part,
+        });
     };
     if range.embed {
         push(
             "tok_embeddings.weight".into(),
             vec![v, d],
             Init::Embedding(std),
+            None,
         );
     }
     for h in range.halves() {
@@ -347,16 +505,44 @@ pub fn stage_params(cfg: &ModelConfig, range: &StageRange) -> Vec<ParamSpec> {
             0 => 0..ATTENTION_PARAMS,
             _ => ATTENTION_PARAMS..BLOCK_PARAMS.len(),
         };
-        for (name, (shape, init)) in BLOCK_PARAMS[half.clone()]
-            .iter()
-            .zip(shapes.into_iter().skip(half.start))
+        let cols = range.ffn_cols(h, cfg.ffn);
+        let whole = h % 2 == 0 || cols == (0..cfg.ffn);
+        for (which, (shape, init)) in shapes
+            .into_iter()
+            .enumerate()
+            .take(half.end)
+            .skip(half.start)
         {
-            push(format!("layers.{i}.{name}"), shape, init);
+            let name = format!("layers.{i}.{}", BLOCK_PARAMS[which]);
+            if whole {
+                push(name, shape, init, None);
+                continue;
+            }
+            // A feed-forward half held in part: its norm goes with its
+            // first columns, and each matrix is cut along its hidden axis.
+            let axis = match which {
+                block::FFN_NORM if cols.start == 0 => {
+                    push(name, shape, init, None);
+                    continue;
+                }
+                block::FFN_NORM => continue,
+                block::W2 => 1,
+                _ => 0,
+            };
+            let mut part_shape = shape.clone();
+            part_shape[axis] = cols.len() as i64;
+            let part = Part {
+                axis,
+                start: cols.start,
+                end: cols.end,
+                full: shape,
+            };
+            push(name, part_shape, init, Some(part));
         }
     }
     if range.head {
-        push("norm.weight".into(), vec![d], Init::Ones);
-        push("output.weight".into(), vec![v, d], Init::Normal(std));
+        push("norm.weight".into(), vec![d], Init::Ones, None);
+        push("output.weight".into(), vec![v, d], Init::Normal(std), None);
     }
     specs
 }
@@ -400,7 +586,10 @@ mod tests {
         let split: Vec<_> = [(0, 2), (2, 3), (3, 7), (7, 8)]
             .iter()
             .flat_map(|&(a, b)| {
-                stage_params(&cfg, &StageRange::between(Cut(a), Cut(b), cfg.layers))
+                stage_params(
+                    &cfg,
+                    &StageRange::between(Cut::at(a), Cut::at(b), cfg.layers),
+                )
             })
             .collect();
         assert_eq!(split[0].name, "tok_embeddings.weight");
@@ -415,7 +604,7 @@ mod tests {
         // The same order as the whole model's.
         let names = |v: &[ParamSpec]| v.iter().map(|p| p.name.clone()).collect::<Vec<_>>();
         assert_eq!(names(&whole), names(&split));
-        let attention = StageRange::between(Cut(2), Cut(3), cfg.layers);
+        let attention = StageRange::between(Cut::at(2), Cut::at(3), cfg.layers);
         assert_eq!(
             names(&stage_params(&cfg, &attention)),
             BLOCK_PARAMS[..ATTENTION_PARAMS]
@@ -424,15 +613,18 @@ mod tests {
                 .collect::<Vec<_>>()
         );
         assert_eq!(attention.layers(), 1..2);
-        assert_eq!(attention.half_counts(), (1, 0));
-        assert_eq!(StageRange::between(Cut(1), Cut(6), 4).half_counts(), (2, 3));
+        assert_eq!(attention.half_counts(cfg.ffn), (1.0, 0.0));
+        assert_eq!(
+            StageRange::between(Cut::at(1), Cut::at(6), 4).half_counts(cfg.ffn),
+            (2.0, 3.0)
+        );
     }
 
     #[test]
     fn cuts_read_and_write_as_block_numbers() {
-        assert_eq!(Cut::parse("3"), Some(Cut(6)));
-        assert_eq!(Cut::parse("3.5"), Some(Cut(7)));
-        assert_eq!(Cut::parse(" 0.5 "), Some(Cut(1)));
+        assert_eq!(Cut::parse("3"), Some(Cut::at(6)));
+        assert_eq!(Cut::parse("3.5"), Some(Cut::at(7)));
+        assert_eq!(Cut::parse(" 0.5 "), Some(Cut::at(1)));
         for bad in [
             "",
             "3.25",
@@ -445,17 +637,87 @@ mod tests {
         ] {
             assert_eq!(Cut::parse(bad), None, "{bad:?}");
         }
-        assert_eq!(Cut(7).to_string(), "3.5");
-        assert_eq!(Cut(6).to_string(), "3");
+        assert_eq!(Cut::at(7).to_string(), "3.5");
+        assert_eq!(Cut::at(6).to_string(), "3");
         let v: Vec<Cut> = serde_json::from_str("[0, 3, 3.5, 16.0]").unwrap();
-        assert_eq!(v, vec![Cut(0), Cut(6), Cut(7), Cut(32)]);
+        assert_eq!(v, vec![Cut::at(0), Cut::at(6), Cut::at(7), Cut::at(32)]);
         assert_eq!(serde_json::to_string(&v).unwrap(), "[0,3,3.5,16]");
-        for bad in ["[-1]", "[0.25]", "[1e300]", "[\"3\"]"] {
+        for bad in ["[-1]", "[0.25]", "[1e300]", "[\"3.25\"]", "[true]"] {
             let e = serde_json::from_str::<Vec<Cut>>(bad)
                 .unwrap_err()
                 .to_string();
             assert!(e.contains("block"), "{bad}: {e}");
         }
+    }
+
+    #[test]
+    fn a_cut_by_width_reads_writes_and_partitions_the_feed_forward_half() {
+        assert_eq!(Cut::parse("3.5+40"), Some(Cut::inside(7, 40)));
+        for bad in ["3+40", "3.5+0", "3.5+", "3.5+x", "3.5+-1", "+4"] {
+            assert_eq!(Cut::parse(bad), None, "{bad:?}");
+        }
+        assert_eq!(Cut::inside(7, 40).to_string(), "3.5+40");
+        let v: Vec<Cut> = serde_json::from_str(r#"[3.5, "3.5+40", "4"]"#).unwrap();
+        assert_eq!(v, vec![Cut::at(7), Cut::inside(7, 40), Cut::at(8)]);
+        assert_eq!(serde_json::to_string(&v).unwrap(), r#"[3.5,"3.5+40",4]"#);
+        assert!(Cut::at(7) < Cut::inside(7, 1) && Cut::inside(7, 175) < Cut::at(8));
+        let e = serde_json::from_str::<Vec<Cut>>(r#"["3+4"]"#).unwrap_err();
+        assert!(
+            e.to_string().contains("feed-forward half after COLS"),
+            "{e}"
+        );
+
+        // Three stages share block 1's feed-forward half: its norm goes
+        // with the first columns, each matrix is cut along its width, and
+        // the parts' initial values are those of their place in the whole.
+        let cfg = ModelConfig::preset("tiny").unwrap();
+        let cuts = [
+            Cut::at(0),
+            Cut::inside(3, 50),
+            Cut::inside(3, 120),
+            Cut::at(8),
+        ];
+        let ranges: Vec<StageRange> = cuts
+            .windows(2)
+            .map(|w| StageRange::between(w[0], w[1], cfg.layers))
+            .collect();
+        assert_eq!(ranges[1].halves(), 3..4);
+        assert_eq!(ranges[1].ffn_cols(3, cfg.ffn), 50..120);
+        assert_eq!(ranges[0].ffn_cols(3, cfg.ffn), 0..50);
+        assert_eq!(ranges[2].ffn_cols(3, cfg.ffn), 120..176);
+        assert!(ranges[0].gives_pair() && ranges[1].takes_pair() && !ranges[2].gives_pair());
+        let (a, f) = ranges[1].half_counts(cfg.ffn);
+        assert_eq!(a, 0.0);
+        assert!((f - 70.0 / 176.0).abs() < 1e-12);
+        let whole = stage_params(&cfg, &StageRange::whole(&cfg));
+        let seed = 11;
+        let mut total = 0;
+        for (i, r) in ranges.iter().enumerate() {
+            let specs = stage_params(&cfg, r);
+            let norms = specs
+                .iter()
+                .filter(|p| p.name == "layers.1.ffn_norm.weight");
+            assert_eq!(norms.count(), usize::from(i == 0), "stage {i}");
+            for p in &specs {
+                total += p.numel();
+                let w = whole.iter().find(|w| w.name == p.name).unwrap();
+                let want = match &p.part {
+                    Some(part) => {
+                        assert_eq!(part.full, w.shape);
+                        part.slice(&w.initial_values(seed))
+                    }
+                    None => w.initial_values(seed),
+                };
+                assert_eq!(p.initial_values(seed), want, "{}", p.name);
+            }
+        }
+        assert_eq!(total, cfg.parameters());
+        let w2 = stage_params(&cfg, &ranges[1])
+            .into_iter()
+            .find(|p| p.name == "layers.1.feed_forward.w2.weight")
+            .unwrap();
+        assert_eq!(w2.shape, vec![64, 70]);
+        assert_eq!(w2.part.as_ref().unwrap().tag(), "@1:50..120");
     }
 
     #[test]

@@ -105,7 +105,7 @@ pub fn train_step(
             Some(_) => {
                 let x = stage
                     .device()
-                    .empty(stage.dtype(), &[size(i) as i64, s, cfg.dim as i64])?;
+                    .empty(stage.dtype(), &stage.input_shape(size(i)))?;
                 tracer.span(
                     || format!("recv act {i}"),
                     "p2p",
@@ -163,10 +163,9 @@ pub fn train_step(
             .expect("a forward pass precedes every backward pass");
         let g = match role.next {
             Some(_) => {
-                let s = cfg.seq_len as i64;
                 let g = stage
                     .device()
-                    .empty(stage.dtype(), &[size(j) as i64, s, cfg.dim as i64])?;
+                    .empty(stage.dtype(), &stage.output_shape(size(j)))?;
                 tracer.span(
                     || format!("recv grad {j}"),
                     "p2p",
@@ -273,9 +272,7 @@ pub fn eval_step(
         let x = match role.prev {
             None => StageInput::Tokens(stage.device().from_slice(&inputs, &[b as i64, s as i64])?),
             Some(_) => {
-                let x = stage
-                    .device()
-                    .empty(stage.dtype(), &[b as i64, s as i64, cfg.dim as i64])?;
+                let x = stage.device().empty(stage.dtype(), &stage.input_shape(b))?;
                 io.recv(&x, Peer::Prev)?;
                 StageInput::Hidden(x)
             }

@@ -158,7 +158,7 @@ impl TrainPlan {
                 sequences: None,
                 stages: vec![StagePlan {
                     device: device.to_string(),
-                    layers: [Cut(0), Cut::block(layers)],
+                    layers: [Cut::at(0), Cut::block(layers)],
                     optimizer_weight: None,
                 }],
             }],
@@ -182,8 +182,9 @@ impl TrainPlan {
             let part = part.trim();
             let bad = || {
                 TrainError::Config(format!(
-                    "--stages entry {part:?} is not DEVICE=FIRST..END (e.g. ferrite:0=0..3, or \
-                     ferrite:0=0..3.5 to cut halfway through block 3)"
+                    "--stages entry {part:?} is not DEVICE=FIRST..END (e.g. ferrite:0=0..3, \
+                     ferrite:0=0..3.5 to cut halfway through block 3, or ferrite:0=0..3.5+40 \
+                     to cut block 3's feed-forward half after 40 of its columns)"
                 ))
             };
             let (device, range) = part.split_once('=').ok_or_else(bad)?;
@@ -377,15 +378,15 @@ impl TrainPlan {
             if g.stages.is_empty() {
                 return bad(format!("group {gi} has no stages"));
             }
-            let mut next = Cut(0);
+            let mut next = Cut::at(0);
             let last = Cut::block(cfg.layers);
             for (si, s) in g.stages.iter().enumerate() {
                 let [a, b] = s.layers;
                 // A stage of no blocks holds an end of the model alone: the
                 // embedding (the first stage, 0..0) or the head (the last,
                 // L..L), beside at least one other stage.
-                let end_alone =
-                    a == b && holds_one_end_alone(si, g.stages.len(), a.0 as u64, last.0 as u64);
+                let end_alone = a == b
+                    && holds_one_end_alone(si, g.stages.len(), a.half as u64, last.half as u64);
                 if a != next || (b <= a && !end_alone) || b > last {
                     return bad(format!(
                         "group {gi} stage {si} ({}) holds blocks {a}..{b}, but it must start at \
@@ -393,6 +394,26 @@ impl TrainPlan {
                          (only a pipeline's first stage may hold the embedding alone, 0..0, \
                          and only its last the head alone, {last}..{last})",
                         s.device
+                    ));
+                }
+                if let Some(c) = [a, b].into_iter().find(|c| c.cols >= cfg.ffn) {
+                    return bad(format!(
+                        "group {gi} stage {si} ({}) is cut at {c}, {} columns into block {}'s \
+                         feed-forward half, but the model {} has {} feed-forward columns",
+                        s.device,
+                        c.cols,
+                        c.half / 2,
+                        cfg.name,
+                        cfg.ffn
+                    ));
+                }
+                if b.is_inside() && self.groups.len() > 1 {
+                    return bad(format!(
+                        "group {gi} stage {si} ({}) ends at {b}, inside a feed-forward half; \
+                         a cut by width is supported in a plan of one group (replicas split \
+                         alike), and this one has {} groups",
+                        s.device,
+                        self.groups.len()
                     ));
                 }
                 next = b;

@@ -52,20 +52,18 @@ pub struct Reducer {
 }
 
 impl Reducer {
-    /// The reduction of `stage`, held by `role` (of a model of `layers`
-    /// blocks), over its reduction `groups`; overlapped with the last
-    /// backward pass when `overlap`.
+    /// The reduction of `stage`, held by `role`, over its reduction
+    /// `groups`; overlapped with the last backward pass when `overlap`.
     pub fn new(
         stage: &Stage,
         role: &Role,
         groups: &[ReductionGroup],
-        layers: usize,
         overlap: bool,
     ) -> Result<Reducer> {
         let mut buckets = Vec::new();
         for (g, group) in groups.iter().enumerate() {
             let elements = |r: Range<usize>| stage.elements(r).len();
-            for params in bucket_params(role, layers, group.params.clone(), elements) {
+            for params in bucket_params(role, stage.config(), group.params.clone(), elements) {
                 buckets.push(Bucket {
                     group: g,
                     grads: stage.grad_span(params.clone())?,
@@ -175,11 +173,11 @@ impl Reducer {
 /// (their f32 gradients take 4 bytes each).
 fn bucket_params(
     role: &Role,
-    layers: usize,
+    cfg: &crate::config::ModelConfig,
     group: Range<usize>,
     elements: impl Fn(Range<usize>) -> usize,
 ) -> Vec<Range<usize>> {
-    let inside: Vec<Range<usize>> = dp::unit_params(role, layers)
+    let inside: Vec<Range<usize>> = dp::unit_params(role, cfg)
         .into_iter()
         .map(|(_, r)| r)
         .filter(|r| group.start <= r.start && r.end <= group.end)
@@ -262,7 +260,7 @@ mod tests {
         let role = TrainPlan::single("ferrite:0", cfg.layers, 1, 1).roles()[0].clone();
         let specs = stage_params(&cfg, &role.range);
         let elements = |r: Range<usize>| specs[r].iter().map(|p| p.numel()).sum::<usize>();
-        let buckets = bucket_params(&role, cfg.layers, 0..specs.len(), elements);
+        let buckets = bucket_params(&role, &cfg, 0..specs.len(), elements);
         let bytes: Vec<usize> = buckets.iter().map(|b| 4 * elements(b.clone())).collect();
         assert_eq!(bytes, [1_125_376, 1_108_992, 854_272]);
         assert_eq!(buckets.last().unwrap().start, 0);

@@ -294,7 +294,7 @@ pub fn run(opts: &Options, runtime: &Runtime, mut job: Option<&mut Job>) -> Resu
     let mut dp = match job.as_deref_mut() {
         Some(j) => {
             j.set_deterministic(true);
-            dp::reduction_groups(j, &roles, cfg.layers)?
+            dp::reduction_groups(j, &roles, cfg)?
         }
         None => Vec::new(),
     };
@@ -305,7 +305,7 @@ pub fn run(opts: &Options, runtime: &Runtime, mut job: Option<&mut Job>) -> Resu
         None => Links::none(0),
     };
     let sharding = dp::Sharding::new(&opts.plan, &dp, &roles, &stage);
-    let mut reducer = Reducer::new(&stage, &role, &dp, cfg.layers, opts.overlap_reduction)?;
+    let mut reducer = Reducer::new(&stage, &role, &dp, opts.overlap_reduction)?;
     let mut start = 0;
     if let Some(path) = &opts.resume {
         let (mut loaded, changed) =

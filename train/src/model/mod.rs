@@ -21,7 +21,9 @@ use polychip_host::{DType, Device, Tensor};
 
 use crate::config::{ModelConfig, Precision};
 use crate::error::Result;
-use crate::params::{ATTENTION_PARAMS, InitialWeights, ParamSpec, StageRange, stage_params};
+use crate::params::{
+    ATTENTION_PARAMS, BLOCK_PARAMS, InitialWeights, ParamSpec, StageRange, stage_params,
+};
 use layer::HalfSaved;
 use ops::{OpRecord, Ops};
 pub use weight_grads::WeightGrads;
@@ -105,9 +107,23 @@ pub struct Stage {
     grads32: Option<Tensor>,
     /// Each parameter's first element in the packed gradients.
     offsets: Vec<usize>,
+    /// The index in `params` of each held half block's first parameter, in
+    /// [`StageRange::halves`] order.
+    half_starts: Vec<usize>,
     cos: Tensor,
     sin: Tensor,
     tape: Option<RefCell<Vec<OpRecord>>>,
+}
+
+/// Parameters [`stage_params`] lists for half block `half` of `range`: 5
+/// for an attention half, 4 for a feed-forward half (3 when held from a
+/// column past its first: its norm is the earlier stage's).
+pub(crate) fn half_param_count(cfg: &ModelConfig, range: &StageRange, half: usize) -> usize {
+    match half % 2 {
+        0 => ATTENTION_PARAMS,
+        _ if range.ffn_cols(half, cfg.ffn).start > 0 => BLOCK_PARAMS.len() - ATTENTION_PARAMS - 1,
+        _ => BLOCK_PARAMS.len() - ATTENTION_PARAMS,
+    }
 }
 
 /// Row-major strides of `shape`.
@@ -191,6 +207,12 @@ impl Stage {
                 grad32,
             });
         }
+        let mut half_starts = Vec::new();
+        let mut first = usize::from(range.embed);
+        for h in range.halves() {
+            half_starts.push(first);
+            first += half_param_count(cfg, &range, h);
+        }
         let (cos, sin) = rope_tables(cfg);
         let half = (cfg.head_dim() / 2) as i64;
         let shape = [cfg.seq_len as i64, half];
@@ -207,6 +229,7 @@ impl Stage {
             grads,
             grads32,
             offsets,
+            half_starts,
             tape: None,
         };
         stage.refresh_compute_weights()?;
@@ -216,6 +239,28 @@ impl Stage {
     /// The half blocks and ends it holds.
     pub fn range(&self) -> StageRange {
         self.range
+    }
+
+    /// The shape of the activation a later stage receives from it for a
+    /// micro-batch of `b` sequences: `[b, seq_len, dim]`, or the pair
+    /// `[2, b, seq_len, dim]` across a cut inside a feed-forward half. The
+    /// gradient sent back has the same shape.
+    pub fn activation_shape(cfg: &ModelConfig, pair: bool, b: usize) -> Vec<i64> {
+        let one = [b as i64, cfg.seq_len as i64, cfg.dim as i64];
+        match pair {
+            true => [&[2][..], &one[..]].concat(),
+            false => one.to_vec(),
+        }
+    }
+
+    /// The shape of its input activation (not the first stage's).
+    pub fn input_shape(&self, b: usize) -> Vec<i64> {
+        Self::activation_shape(&self.cfg, self.range.takes_pair(), b)
+    }
+
+    /// The shape of its output activation (not the last stage's).
+    pub fn output_shape(&self, b: usize) -> Vec<i64> {
+        Self::activation_shape(&self.cfg, self.range.gives_pair(), b)
     }
 
     /// The device it runs on.
@@ -263,21 +308,29 @@ impl Stage {
     }
 
     /// Parameter `which` ([`crate::params::block`]) of block `layer`, a
-    /// block whose half holding it the stage holds.
+    /// block whose half holding it the stage holds (a feed-forward half
+    /// held from a column past its first holds no norm).
     fn block_param(&self, layer: usize, which: usize) -> &Param {
         let ffn = usize::from(which >= ATTENTION_PARAMS);
-        &self.params[self.half_first_param(2 * layer + ffn) + which - ffn * ATTENTION_PARAMS]
+        let half = 2 * layer + ffn;
+        let mut at = which - ffn * ATTENTION_PARAMS;
+        if ffn == 1 && !self.holds_ffn_norm(half) {
+            debug_assert!(which != crate::params::block::FFN_NORM);
+            at -= 1;
+        }
+        &self.params[self.half_first_param(half) + at]
+    }
+
+    /// Whether the stage holds feed-forward half `half`'s norm (it holds
+    /// the half's first columns).
+    fn holds_ffn_norm(&self, half: usize) -> bool {
+        self.range.ffn_cols(half, self.cfg.ffn).start == 0
     }
 
     /// The index in [`Stage::params`] of the first parameter of half block
     /// `half`, one the stage holds.
     fn half_first_param(&self, half: usize) -> usize {
-        // The halves before it: attention halves hold 5 parameters,
-        // feed-forward halves 4.
-        let (attentions, ffns) = polychip_planner::measured::half_counts(self.range.start.0, half);
-        let before = attentions * ATTENTION_PARAMS
-            + ffns * (crate::params::BLOCK_PARAMS.len() - ATTENTION_PARAMS);
-        usize::from(self.range.embed) + before
+        self.half_starts[half - self.range.start.half]
     }
 
     fn head_params(&self) -> (&Param, &Param) {
@@ -304,7 +357,20 @@ impl Stage {
                 (x, Some(tokens), b)
             }
             StageInput::Hidden(x) => {
-                let b = x.shape()[0] as usize;
+                let want = self.input_shape(
+                    x.shape()
+                        .get(usize::from(self.range.takes_pair()))
+                        .map_or(0, |&b| b as usize),
+                );
+                if x.shape() != want.as_slice() {
+                    return Err(crate::TrainError::Plan(format!(
+                        "stage {}..{} takes an activation of shape {want:?}, not {:?}",
+                        self.range.start,
+                        self.range.end,
+                        x.shape()
+                    )));
+                }
+                let b = want[usize::from(self.range.takes_pair())] as usize;
                 (x, None, b)
             }
         };
