@@ -233,10 +233,11 @@ fn half_blocks_and_a_smaller_last_micro_batch_follow_the_curve() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// A feed-forward half cut by its width, and one half shared by three
-/// stages (block 1's hidden columns 0..20, 20..50 and 50..64): the same
-/// curve as one device; a checkpoint (each stage's part saved under its
-/// place in the whole) resumes into splits with and without width cuts.
+/// A feed-forward half cut by its width, one half shared by three stages
+/// (block 1's hidden columns 0..20, 20..50 and 50..64), and attention
+/// halves cut by their key/value heads: the same curve as one device; a
+/// checkpoint (each stage's part saved under its place in the whole)
+/// resumes into splits with and without width cuts.
 /// Cuts the model cannot have are refused by name. (Replicas of a width
 /// cut need more devices than the bundled three: their reduction groups
 /// are tested in `polychip_train::dp`.)
@@ -257,7 +258,14 @@ fn a_feed_forward_half_cut_by_width_follows_the_curve_and_resumes_across_splits(
         &c,
         "ferrite:0=0..0.5+10,cobalt:0=0.5+10..1.5+50,ferrite:1=1.5+50..2",
     );
-    let three = "ferrite:0=0..1.5+20,cobalt:0=1.5+20..1.5+50,ferrite:1=1.5+50..2";
+    // Attention halves cut by their key/value heads (mini has 2).
+    resumes_into(
+        &dir,
+        &reference,
+        &c,
+        "ferrite:0=0..0+1,cobalt:0=0+1..1+1,ferrite:1=1+1..2",
+    );
+    let three = "ferrite:0=0..1+1,cobalt:0=1+1..1.5+50,ferrite:1=1.5+50..2";
     let dir2 = dir.join("three");
     std::fs::create_dir_all(&dir2).unwrap();
     let (reference, _, c) =
@@ -269,7 +277,11 @@ fn a_feed_forward_half_cut_by_width_follows_the_curve_and_resumes_across_splits(
             "has 64 feed-forward columns",
         ),
         (
-            "ferrite:0=0..1+5,cobalt:0=1+5..2",
+            "ferrite:0=0..1+2,cobalt:0=1+2..2",
+            "the model mini has 2 key/value heads",
+        ),
+        (
+            "ferrite:0=0..1+x,cobalt:0=1+x..2",
             "cut halfway through block 3",
         ),
         (

@@ -14,11 +14,12 @@
 //!   through one, between its attention and feed-forward halves (HeteroPP
 //!   with layer counts fitted to speed at half a block's grain, and the
 //!   order free, so a slow chip can take the cheap first stage instead of
-//!   the head), and where the model gives its feed-forward width, the best
-//!   of them refined with cuts inside a feed-forward half, its hidden
-//!   columns split between the stages on either side (finer than half a
-//!   block, which leaves a chip a dozen times slower than the other a
-//!   couple of percent short of the balance);
+//!   the head), and where the model gives its feed-forward width or its
+//!   key/value heads, the best of them refined with cuts inside a half: a
+//!   feed-forward half's hidden columns, or an attention half's kv heads
+//!   (each with its query heads), split between the stages on either side
+//!   (finer than half a block, which leaves a chip a dozen times slower
+//!   than the other a couple of percent short of the balance);
 //! - data-parallel replicas, each device the whole model, the micro-batches
 //!   of the step dealt out so that the slowest replica finishes first
 //!   (China Mobile's DP across types);
@@ -103,8 +104,13 @@ pub struct MeasuredModel {
     pub attention_params: u64,
     /// Hidden columns of a block's feed-forward half (its SwiGLU width):
     /// the grain of the cuts inside that half ([`MeasuredStage`]); 0 cuts
-    /// only between halves.
+    /// no feed-forward half.
     pub ffn: usize,
+    /// Key/value heads of a block's attention half (its grouped-query
+    /// attention's, each with its share of the query heads): the grain of
+    /// the cuts inside that half ([`MeasuredStage`]); 0 cuts no attention
+    /// half.
+    pub kv_heads: usize,
     /// Parameters of the embedding.
     pub embed_params: u64,
     /// Parameters of the final norm and head.
@@ -155,17 +161,19 @@ pub enum Layouts {
 /// even, its feed-forward half when odd (blocks `[first, end)` are halves
 /// `[2 first, 2 end)`).
 ///
-/// A cut may also fall inside a feed-forward half, by its width: of the
-/// half's `ffn` hidden columns ([`MeasuredModel::ffn`]) the stage before
-/// the cut computes the half's norm and its first `c` columns, the stage
-/// after it the others, and two activations cross the cut instead of one
-/// (the normed input and the partial residual sum). The stage then holds
-/// the span from position `(from, from_cols)` to position `(to, to_cols)`:
-/// it starts after the first `from_cols` columns of feed-forward half
-/// `from` (holding its columns `from_cols..ffn`), and it also holds the
-/// first `to_cols` columns of feed-forward half `to`. A stage with `from ==
-/// to` and `from_cols < to_cols` holds columns `from_cols..to_cols` of that
-/// half. Both are 0 for a stage cut between halves.
+/// A cut may also fall inside a half, by its columns: a feed-forward
+/// half's `ffn` hidden columns ([`MeasuredModel::ffn`]), or an attention
+/// half's `kv_heads` key/value heads ([`MeasuredModel::kv_heads`]), each
+/// with its query heads. The stage before the cut computes the half's norm
+/// and its first `c` columns, the stage after it the others, and two
+/// activations cross the cut instead of one (the normed input and the
+/// partial residual sum). The stage then holds the span from position
+/// `(from, from_cols)` to position `(to, to_cols)`: it starts after the
+/// first `from_cols` columns of half `from` (holding its columns
+/// `from_cols..ffn`, or `from_cols..kv_heads` when `from` is even), and it
+/// also holds the first `to_cols` columns of half `to`. A stage with `from
+/// == to` and `from_cols < to_cols` holds columns `from_cols..to_cols` of
+/// that half. Both are 0 for a stage cut between halves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MeasuredStage {
     /// Index into the devices.
@@ -174,27 +182,32 @@ pub struct MeasuredStage {
     pub from: usize,
     /// One past the last half block held whole.
     pub to: usize,
-    /// Columns of feed-forward half `from` the stage before holds (then
-    /// `from` is odd); 0 when the stage starts with the whole half.
+    /// Columns of half `from` the stage before holds: kv heads when
+    /// `from` is even, feed-forward columns when odd; 0 when the stage
+    /// starts with the whole half.
     pub from_cols: usize,
-    /// Columns of feed-forward half `to` this stage holds, the first ones
-    /// (then `to` is odd); 0 when it ends before half `to`.
+    /// Columns of half `to` this stage holds, the first ones: kv heads
+    /// when `to` is even, feed-forward columns when odd; 0 when it ends
+    /// before half `to`.
     pub to_cols: usize,
 }
 
-/// What a stage holds: the half blocks `[from, to)`, cut inside a
-/// feed-forward half at either end by `from_cols` and `to_cols` (see
-/// [`MeasuredStage`]), and the embedding or the head (a pipeline's first
-/// and last stage, which may hold no block).
+/// What a stage holds: the half blocks `[from, to)`, cut inside a half at
+/// either end by `from_cols` and `to_cols` (kv heads of an attention
+/// half, columns of a feed-forward half; see [`MeasuredStage`]), and the
+/// embedding or the head (a pipeline's first and last stage, which may
+/// hold no block).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Span {
     /// First half block (held in part when `from_cols` is not 0).
     pub from: usize,
     /// One past the last half block held whole.
     pub to: usize,
-    /// Columns of feed-forward half `from` not held, the first ones.
+    /// Columns (kv heads when `from` is even) of half `from` not held,
+    /// the first ones.
     pub from_cols: usize,
-    /// Columns of feed-forward half `to` held, the first ones.
+    /// Columns (kv heads when `to` is even) of half `to` held, the first
+    /// ones.
     pub to_cols: usize,
     /// Holds the embedding.
     pub embed: bool,
@@ -228,18 +241,25 @@ impl Span {
     }
 
     /// The attention halves and the feed-forward halves `[from, to)`
-    /// (the columns ignored: a feed-forward half `from` cut by its width
-    /// counts whole, a half `to` not at all; [`Span::counts`] counts
-    /// them).
+    /// (the columns ignored: a half `from` cut by its columns counts
+    /// whole, a half `to` not at all; [`Span::counts`] counts them).
     pub fn half_counts(&self) -> (usize, usize) {
         half_counts(self.from, self.to)
     }
 
-    /// The attention halves and the feed-forward halves it holds, a
-    /// feed-forward half held in part counted by its share of the `ffn`
-    /// columns ([`span_counts`]).
-    pub fn counts(&self, ffn: usize) -> (f64, f64) {
-        span_counts(self.from, self.from_cols, self.to, self.to_cols, ffn)
+    /// The attention halves and the feed-forward halves it holds, a half
+    /// held in part counted by its share of the columns: of the `kv_heads`
+    /// kv heads for an attention half, of the `ffn` columns for a
+    /// feed-forward half ([`span_counts`]).
+    pub fn counts(&self, ffn: usize, kv_heads: usize) -> (f64, f64) {
+        span_counts(
+            self.from,
+            self.from_cols,
+            self.to,
+            self.to_cols,
+            ffn,
+            kv_heads,
+        )
     }
 }
 
@@ -256,26 +276,47 @@ pub fn half_counts(from: usize, to: usize) -> (usize, usize) {
 
 /// The attention halves and the feed-forward halves of the span from
 /// position `(from, from_cols)` to position `(to, to_cols)` of a model
-/// whose feed-forward halves are `ffn` columns wide (see
-/// [`MeasuredStage`]): a feed-forward half held in part counts by its
-/// share of the columns. With no columns (or `ffn` 0, which ignores them)
-/// the counts of [`half_counts`].
+/// whose attention halves have `kv_heads` kv heads and whose feed-forward
+/// halves are `ffn` columns wide (see [`MeasuredStage`]): a half held in
+/// part counts by its share of the columns, an attention half by the kv
+/// heads held over `kv_heads`, a feed-forward half by the columns held
+/// over `ffn`. With no columns (or a width of 0, which ignores the columns
+/// of that kind of half) the counts of [`half_counts`].
 pub fn span_counts(
     from: usize,
     from_cols: usize,
     to: usize,
     to_cols: usize,
     ffn: usize,
+    kv_heads: usize,
 ) -> (f64, f64) {
     let (attention, feed_forward) = half_counts(from, to);
-    let share = |half: usize, cols: usize| match ffn > 0 && half % 2 == 1 {
-        true => cols as f64 / ffn as f64,
-        false => 0.0,
+    // The part of half `half` its first `cols` columns are, as (attention,
+    // feed-forward) halves.
+    let share = |half: usize, cols: usize| {
+        let s = match half_width(half, ffn, kv_heads) {
+            0 => 0.0,
+            w => cols as f64 / w as f64,
+        };
+        match half % 2 {
+            0 => (s, 0.0),
+            _ => (0.0, s),
+        }
     };
+    let (lost, held) = (share(from, from_cols), share(to, to_cols));
     (
-        attention as f64,
-        feed_forward as f64 - share(from, from_cols) + share(to, to_cols),
+        attention as f64 - lost.0 + held.0,
+        feed_forward as f64 - lost.1 + held.1,
     )
+}
+
+/// The columns half `h` is cut by: the `kv_heads` kv heads of an attention
+/// half (even), the `ffn` columns of a feed-forward half (odd).
+fn half_width(h: usize, ffn: usize, kv_heads: usize) -> usize {
+    match h % 2 {
+        0 => kv_heads,
+        _ => ffn,
+    }
 }
 
 /// A pipeline with its micro-batch size and count.
@@ -339,11 +380,12 @@ pub fn sharded_optimizer(per_param: &[f64], params: u64, link_bandwidth: f64) ->
 /// block is one of each) on a device of costs `d`, with the embedding and
 /// the head when the stage holds them: the measured price of a stage, for
 /// this search and for the cluster planner's measured chip types alike
-/// ([`crate::profile`]). A feed-forward half held in part, cut by its
-/// width, counts by its share of the columns ([`span_counts`]): its cost
-/// is taken as linear in the columns, the half's norm (which the stage
-/// before the cut computes and sends on) being negligible against its
-/// matrix products.
+/// ([`crate::profile`]). A half held in part, a feed-forward half cut by
+/// its width or an attention half by its kv heads, counts by its share of
+/// the columns ([`span_counts`]): its cost is taken as linear in the
+/// columns, the half's norm (which the stage before the cut computes and
+/// sends on) being negligible against its matrix products and its
+/// attention.
 pub fn stage_passes(
     d: &MeasuredDevice,
     attention: f64,
@@ -369,27 +411,33 @@ pub fn stage_passes(
 
 /// The parameters of each unit of a stage holding `span` (half blocks,
 /// the embedding or the head), in model order: the units its gradient
-/// reduction is bucketed by ([`overlap::reduction_buckets`]). A
-/// feed-forward half held in part holds its share of the columns' weights.
+/// reduction is bucketed by ([`overlap::reduction_buckets`]). A half held
+/// in part holds its share of the columns' weights (of its kv heads' for
+/// an attention half).
 fn unit_params(model: &MeasuredModel, span: &Span) -> Vec<u64> {
-    let (from, to, ffn) = (span.from, span.to, model.ffn);
-    let ffn_params = model.block_params - model.attention_params;
-    // The columns of feed-forward half `h` held, of `ffn`.
+    let (from, to) = (span.from, span.to);
+    let width = |h: usize| half_width(h, model.ffn, model.kv_heads);
+    let params = |h: usize| match h % 2 {
+        0 => model.attention_params,
+        _ => model.block_params - model.attention_params,
+    };
+    // The parameters of the columns of half `h` held, of `width(h)`.
     let held = |h: usize| {
         let lo = if h == from { span.from_cols } else { 0 };
-        let hi = if h == to { span.to_cols } else { ffn };
-        (ffn_params as f64 * hi.saturating_sub(lo) as f64 / ffn as f64).round() as u64
+        let hi = if h == to { span.to_cols } else { width(h) };
+        (params(h) as f64 * hi.saturating_sub(lo) as f64 / width(h) as f64).round() as u64
     };
-    let partial = ffn > 0 && span.to_cols > 0 && to % 2 == 1;
+    let partial = width(to) > 0 && span.to_cols > 0;
     let mut units = Vec::with_capacity(to.saturating_sub(from) + 3);
     if span.embed {
         units.push(model.embed_params);
     }
-    units.extend((from..to).map(|h| match h % 2 {
-        0 => model.attention_params,
-        _ if ffn > 0 && h == from && span.from_cols > 0 => held(h),
-        _ => ffn_params,
-    }));
+    units.extend(
+        (from..to).map(|h| match width(h) > 0 && h == from && span.from_cols > 0 {
+            true => held(h),
+            false => params(h),
+        }),
+    );
     if partial {
         units.push(held(to));
     }
@@ -402,8 +450,9 @@ fn unit_params(model: &MeasuredModel, span: &Span) -> Vec<u64> {
 /// The simulated step of one pipeline of `m` micro-batches whose every
 /// stage then all-reduces the gradients of `reduced_params` parameters,
 /// overlapped with its last backward pass when the model says so (the
-/// stage's own parameters then give the buckets). A cut inside a
-/// feed-forward half carries two activations each way.
+/// stage's own parameters then give the buckets). A cut inside a half
+/// (a stage before it with `to_cols` not 0, whether the half is an
+/// attention or a feed-forward one) carries two activations each way.
 fn pipeline_time(
     devs: &[MeasuredDevice],
     model: &MeasuredModel,
@@ -420,7 +469,7 @@ fn pipeline_time(
             let d = &devs[s.device];
             let span = Span::of(s, i, p);
             let (embed, head) = (span.embed, span.head);
-            let (attention, ffn) = span.counts(model.ffn);
+            let (attention, ffn) = span.counts(model.ffn, model.kv_heads);
             let (f, b) = stage_passes(d, attention, ffn, embed, head);
             let mut params = attention * model.attention_params as f64
                 + ffn * (model.block_params - model.attention_params) as f64;
@@ -567,25 +616,29 @@ fn expected_pipeline_time(
     })
 }
 
-/// The grain of the cuts inside a feed-forward half: its width over this
-/// many (or one column).
+/// The grain of the cuts inside a half: its width (feed-forward columns
+/// or kv heads) over this many, or one column.
 const COLUMN_STEPS: usize = 64;
 
 /// The most sweeps over a pipeline's cuts [`refine`] makes.
 const REFINE_SWEEPS: usize = 2;
 
 /// The positions a cut first at half `h` may move to in a model of
-/// `halves` half blocks whose feed-forward halves are `ffn` columns wide,
-/// as `(half, columns)` (see [`MeasuredStage`]), in model order: between
-/// the halves two either side of `h`, and inside the feed-forward halves
-/// among them every `grain` columns.
-fn cut_positions(h: usize, halves: usize, ffn: usize, grain: usize) -> Vec<(usize, usize)> {
+/// `halves` half blocks whose feed-forward halves are `ffn` columns wide
+/// and whose attention halves have `kv_heads` kv heads, as `(half,
+/// columns)` (see [`MeasuredStage`]), in model order: between the halves
+/// two either side of `h`, and inside the halves among them at every
+/// grain of their columns, a width over [`COLUMN_STEPS`] or one column
+/// (every kv head of an attention half of fewer than 128).
+fn cut_positions(h: usize, halves: usize, ffn: usize, kv_heads: usize) -> Vec<(usize, usize)> {
     let (lo, hi) = (h.saturating_sub(2), (h + 2).min(halves));
     let mut out = Vec::new();
     for x in lo..=hi {
         out.push((x, 0));
-        if x % 2 == 1 && x < hi {
-            out.extend((grain..ffn).step_by(grain).map(|c| (x, c)));
+        let width = half_width(x, ffn, kv_heads);
+        if x < hi && width > 0 {
+            let grain = (width / COLUMN_STEPS).max(1);
+            out.extend((grain..width).step_by(grain).map(|c| (x, c)));
         }
     }
     out
@@ -594,8 +647,9 @@ fn cut_positions(h: usize, halves: usize, ffn: usize, grain: usize) -> Vec<(usiz
 /// A pipeline priced at half a block's grain (nominal step `nominal`,
 /// expected step `expected` under sigma `points`), its cuts then moved by
 /// coordinate descent, one at a time, to the position nearby
-/// ([`cut_positions`], inside a feed-forward half by its width or between
-/// halves) that expects the least step with the others where they are,
+/// ([`cut_positions`]: inside a feed-forward half by its width, inside an
+/// attention half by its kv heads, or between halves) that expects the
+/// least step with the others where they are,
 /// while one moves (at most [`REFINE_SWEEPS`] sweeps). A cut stays unless
 /// a position beats it by a relative 1e-9; every stage keeps a part of the
 /// model (or the first the embedding alone, the last the head alone, as
@@ -611,17 +665,17 @@ fn refine(
     nominal: f64,
     expected: f64,
 ) -> (f64, f64, Vec<MeasuredStage>, u64) {
-    let (k, m, halves, ffn) = (
+    let (k, m, halves, ffn, kv_heads) = (
         stages.len(),
         model.micro_batches,
         2 * model.layers,
         model.ffn,
+        model.kv_heads,
     );
     let mut best = (expected, nominal, stages);
-    if ffn == 0 || k < 2 {
+    if (ffn == 0 && kv_heads == 0) || k < 2 {
         return (best.0, best.1, best.2, 0);
     }
-    let grain = (ffn / COLUMN_STEPS).max(1);
     let origins: Vec<usize> = best.2[..k - 1].iter().map(|s| s.to).collect();
     let mut priced = 0u64;
     let mut last_moved = None;
@@ -635,7 +689,7 @@ fn refine(
         let upper = (st[i + 1].to, st[i + 1].to_cols);
         let current = (st[i].to, st[i].to_cols);
         let mut trials: Vec<(f64, Vec<MeasuredStage>)> = Vec::new();
-        for at in cut_positions(origins[i], halves, ffn, grain) {
+        for at in cut_positions(origins[i], halves, ffn, kv_heads) {
             let before = lower < at || (i == 0 && at == lower);
             let after = at < upper || (i + 2 == k && at == upper);
             if at == current || !before || !after {
@@ -718,9 +772,11 @@ fn orders(n: usize, k: usize, cur: &mut Vec<usize>, out: &mut Vec<Vec<usize>>) {
 /// in_flight)` says whether a stage fits its device's memory. `None` when
 /// nothing fits. Pipelines are priced at half a block's grain; those whose
 /// nominal step leaves them a chance ([`SigmaPoints::window`]) are then
-/// refined with cuts inside the feed-forward halves when the model gives
-/// their width ([`MeasuredModel::ffn`]), each cut moved in turn to the
-/// nearby position that expects the least step.
+/// refined with cuts inside the halves when the model gives their width:
+/// inside the feed-forward halves by their columns ([`MeasuredModel::ffn`]),
+/// inside the attention halves by their kv heads
+/// ([`MeasuredModel::kv_heads`]), each cut moved in turn to the nearby
+/// position that expects the least step.
 pub fn search(
     devs: &[MeasuredDevice],
     model: &MeasuredModel,
@@ -1187,6 +1243,7 @@ mod tests {
             block_params: 1000,
             attention_params: 500,
             ffn: 0,
+            kv_heads: 0,
             embed_params: 100,
             head_params: 100,
             activation_bytes: 0,
@@ -1581,19 +1638,19 @@ mod tests {
         // Without columns: the half counts.
         for (from, to) in [(0, 0), (0, 5), (1, 6), (3, 3), (2, 9)] {
             let (a, f) = half_counts(from, to);
-            assert_eq!(span_counts(from, 0, to, 0, 176), (a as f64, f as f64));
-            assert_eq!(span_counts(from, 0, to, 0, 0), (a as f64, f as f64));
+            assert_eq!(span_counts(from, 0, to, 0, 176, 0), (a as f64, f as f64));
+            assert_eq!(span_counts(from, 0, to, 0, 0, 0), (a as f64, f as f64));
         }
         // Halves 1 (from column 44 of 176) to 4, and 44 columns of 5.
-        assert_eq!(span_counts(1, 44, 5, 44, 176), (2.0, 0.75 + 1.0 + 0.25));
+        assert_eq!(span_counts(1, 44, 5, 44, 176, 0), (2.0, 0.75 + 1.0 + 0.25));
         // The first 88 columns of half 3 after halves 0 to 2.
-        assert_eq!(span_counts(0, 0, 3, 88, 176), (2.0, 1.5));
+        assert_eq!(span_counts(0, 0, 3, 88, 176, 0), (2.0, 1.5));
         // Columns 44 to 132 of half 3 alone.
-        assert_eq!(span_counts(3, 44, 3, 132, 176), (0.0, 0.5));
+        assert_eq!(span_counts(3, 44, 3, 132, 176, 0), (0.0, 0.5));
         // From column 132 of half 3 to the end of block 2.
-        assert_eq!(span_counts(3, 132, 6, 0, 176), (1.0, 1.25));
+        assert_eq!(span_counts(3, 132, 6, 0, 176, 0), (1.0, 1.25));
         // A width of 0 ignores the columns.
-        assert_eq!(span_counts(3, 44, 5, 88, 0), (1.0, 1.0));
+        assert_eq!(span_counts(3, 44, 5, 88, 0, 0), (1.0, 1.0));
         let span = Span {
             from: 1,
             to: 5,
@@ -1603,7 +1660,7 @@ mod tests {
             head: false,
         };
         assert_eq!(span.half_counts(), (2, 2));
-        assert_eq!(span.counts(176), (2.0, 2.0));
+        assert_eq!(span.counts(176, 0), (2.0, 2.0));
         // Its units: a quarter of half 1's feed-forward weights gone, a
         // quarter of half 5's held.
         let m = MeasuredModel {
@@ -1622,12 +1679,57 @@ mod tests {
     }
 
     #[test]
-    fn a_cut_inside_a_feed_forward_half_sends_two_activations() {
-        // One micro-batch, blocking sends of 1 s each way: the width cut
-        // adds twice the time the cut between halves adds.
+    fn span_counts_count_an_attention_half_held_in_part_by_its_kv_heads() {
+        // Halves 0 and 1, and 3 of the 4 kv heads of half 2.
+        assert_eq!(span_counts(0, 0, 2, 3, 176, 4), (1.75, 1.0));
+        // From the fourth kv head of half 2 to the end of block 2.
+        assert_eq!(span_counts(2, 3, 6, 0, 176, 4), (1.25, 2.0));
+        // Kv heads 1 to 3 of half 2 alone.
+        assert_eq!(span_counts(2, 1, 2, 3, 176, 4), (0.5, 0.0));
+        // Both kinds: from the third kv head of half 2 to 44 columns of
+        // half 5.
+        assert_eq!(span_counts(2, 2, 5, 44, 176, 4), (1.5, 1.25));
+        // From 88 columns of half 3 to 1 kv head of half 4.
+        assert_eq!(span_counts(3, 88, 4, 1, 176, 4), (0.25, 0.5));
+        // No kv heads ignores the columns of attention halves, and a
+        // width of 0 those of feed-forward halves.
+        assert_eq!(span_counts(2, 2, 4, 1, 176, 0), (1.0, 1.0));
+        assert_eq!(span_counts(2, 2, 5, 44, 0, 4), (1.5, 1.0));
+        let span = Span {
+            from: 2,
+            to: 4,
+            from_cols: 1,
+            to_cols: 3,
+            embed: false,
+            head: false,
+        };
+        assert_eq!(span.half_counts(), (1, 1));
+        assert_eq!(span.counts(176, 4), (1.5, 1.0));
+        assert_eq!(span.counts(176, 0), (1.0, 1.0));
+        // Its units: a quarter of half 2's attention weights gone, three
+        // quarters of half 4's held.
+        let m = MeasuredModel {
+            ffn: 176,
+            kv_heads: 4,
+            ..model(4, 1)
+        };
+        assert_eq!(unit_params(&m, &span), vec![375, 500, 375]);
+        let inside = Span { to: 2, ..span };
+        assert_eq!(unit_params(&m, &inside), vec![250]);
+        // Without kv heads the model's units are those of the halves.
+        let m = MeasuredModel { kv_heads: 0, ..m };
+        assert_eq!(unit_params(&m, &span), vec![500, 500]);
+    }
+
+    #[test]
+    fn a_cut_inside_a_half_sends_two_activations() {
+        // One micro-batch, blocking sends of 1 s each way: a cut inside a
+        // feed-forward half by its width, or inside an attention half by
+        // its kv heads, adds twice the time the cut between halves adds.
         let devs = [dev("a", 1.0, 0.0), dev("b", 1.0, 0.0)];
         let m = MeasuredModel {
             ffn: 176,
+            kv_heads: 8,
             activation_bytes: 1_000_000,
             link_bandwidth: 1e6,
             async_sends: false,
@@ -1642,6 +1744,7 @@ mod tests {
         };
         let between = [stage(0, 0, 0, 1, 0), stage(1, 1, 0, 4, 0)];
         let inside = [stage(0, 0, 0, 1, 88), stage(1, 1, 88, 4, 0)];
+        let heads = [stage(0, 0, 0, 2, 4), stage(1, 2, 4, 4, 0)];
         let added = |stages: &[MeasuredStage]| {
             let free = MeasuredModel {
                 activation_bytes: 0,
@@ -1649,18 +1752,54 @@ mod tests {
             };
             pipeline_time(&devs, &m, stages, 1, 0) - pipeline_time(&devs, &free, stages, 1, 0)
         };
-        let (one, two) = (added(&between), added(&inside));
+        let (one, two, by_heads) = (added(&between), added(&inside), added(&heads));
         assert!(
-            (one - 2.0).abs() < 1e-9 && (two - 4.0).abs() < 1e-9,
-            "{one} {two}"
+            (one - 2.0).abs() < 1e-9 && (two - 4.0).abs() < 1e-9 && (by_heads - 4.0).abs() < 1e-9,
+            "{one} {two} {by_heads}"
         );
-        // Half of half 1 moved: a twelfth of a block's passes of 1 s.
+        // Half of half 1 moved: a twelfth of a block's passes of 1 s; or
+        // half of half 2's kv heads: a quarter of block 1 on device 0.
         let free = MeasuredModel {
             activation_bytes: 0,
             ..m
         };
         let t = pipeline_time(&devs, &free, &inside, 1, 0);
         assert!((t - 2.0).abs() < 1e-9, "{t}");
+        let t = pipeline_time(&devs, &free, &heads, 1, 0);
+        assert!((t - 2.0).abs() < 1e-9, "{t}");
+    }
+
+    #[test]
+    fn cut_positions_take_the_kv_heads_of_attention_halves_and_the_columns_of_feed_forward_ones() {
+        // Around half 2 of 8: halves 0 to 4, inside halves 0 to 3.
+        let at = cut_positions(2, 8, 4, 2);
+        let want = [
+            (0, 0),
+            (0, 1),
+            (1, 0),
+            (1, 1),
+            (1, 2),
+            (1, 3),
+            (2, 0),
+            (2, 1),
+            (3, 0),
+            (3, 1),
+            (3, 2),
+            (3, 3),
+            (4, 0),
+        ];
+        assert_eq!(at, want);
+        // No kv heads: only the feed-forward halves are cut inside.
+        let at = cut_positions(2, 8, 4, 0);
+        assert!(at.iter().all(|&(h, c)| c == 0 || h % 2 == 1), "{at:?}");
+        assert_eq!(at.len(), 5 + 2 * 3);
+        // At the end of the model: nothing past it, nor inside its last
+        // half's end; more than 64 kv heads go by 64ths.
+        let at = cut_positions(8, 8, 0, 128);
+        let inside: Vec<usize> = at.iter().filter(|p| p.1 > 0).map(|p| p.1).collect();
+        assert_eq!(at.first(), Some(&(6, 0)));
+        assert_eq!(at.last(), Some(&(8, 0)));
+        assert_eq!(inside, (2..128).step_by(2).collect::<Vec<_>>());
     }
 
     #[test]
@@ -1750,7 +1889,7 @@ mod tests {
         );
         // A memory limit holds: the slow chip fits no more than its
         // first block and a half.
-        let fits = |d: usize, s: Span, _| d == 0 || s.counts(176).0 + s.counts(176).1 <= 3.0;
+        let fits = |d: usize, s: Span, _| d == 0 || s.counts(176, 0).0 + s.counts(176, 0).1 <= 3.0;
         let limited = search(&devs, &at(176), Layouts::Pipelines, &fits).unwrap();
         let st = &limited.pipelines[0].stages;
         assert_eq!(
@@ -1761,13 +1900,97 @@ mod tests {
     }
 
     #[test]
+    fn a_balance_inside_an_attention_half_is_reached_by_a_cut_by_its_kv_heads() {
+        // Attention four fifths of a block's passes. Fast: 1 per block and
+        // for the head; slow: 15 per block, 40 for the head, so it takes
+        // the first stage. Balanced, it takes x blocks' passes with 15 x =
+        // 23 - x + 1, x = 1.5: block 0 and five eighths of block 1's
+        // attention half (half 2). Between halves it takes 1 block (15
+        // against the fast stage's 23) or 1.8 (27); a cut inside a
+        // feed-forward half moves it only within 0.8 to 1 or 1.8 to 2.
+        let heavy = |name: &str, block: f64, head: f64| MeasuredDevice {
+            attention_forward: 0.8 * block / 3.0,
+            attention_backward: 0.8 * 2.0 * block / 3.0,
+            ..dev(name, block, head)
+        };
+        let devs = [heavy("fast", 1.0, 1.0), heavy("slow", 15.0, 40.0)];
+        let m = 256;
+        let at = |kv_heads| MeasuredModel {
+            ffn: 176,
+            kv_heads,
+            ..model(23, m)
+        };
+        let all = |_: usize, _: Span, _: usize| true;
+        let columns = search(&devs, &at(0), Layouts::Pipelines, &all).unwrap();
+        let heads = search(&devs, &at(8), Layouts::Pipelines, &all).unwrap();
+        // The ideal: the two chips' throughputs added, the period of 24 on
+        // the fast chip shared 15 : 1.
+        let ideal = m as f64 * 24.0 / (1.0 + 1.0 / 15.0);
+        let st = &columns.pipelines[0].stages;
+        assert!(
+            st.iter().all(|s| s.to % 2 == 1 || s.to_cols == 0),
+            "{columns:?}"
+        );
+        assert!(columns.step_seconds > 1.015 * ideal, "{columns:?}");
+        // With kv heads the cut falls inside half 2, the slow chip holding
+        // its first 5 of 8 kv heads.
+        let st = &heads.pipelines[0].stages;
+        assert_eq!(st.len(), 2);
+        assert_eq!((st[0].device, st[0].from, st[0].from_cols), (1, 0, 0));
+        assert_eq!((st[0].to, st[0].to_cols), (2, 5), "{heads:?}");
+        assert_eq!((st[1].from, st[1].from_cols), (2, 5));
+        assert_eq!((st[1].to, st[1].to_cols), (46, 0));
+        assert!(heads.step_seconds < columns.step_seconds, "{heads:?}");
+        assert!(heads.step_seconds < 1.01 * ideal, "{heads:?}");
+        // No cut of the two stages inside an attention half beats it.
+        let mut best = f64::INFINITY;
+        for h in (0..46).step_by(2) {
+            for c in 1..8 {
+                let stages = [
+                    MeasuredStage {
+                        device: 1,
+                        from: 0,
+                        to: h,
+                        from_cols: 0,
+                        to_cols: c,
+                    },
+                    MeasuredStage {
+                        device: 0,
+                        from: h,
+                        to: 46,
+                        from_cols: c,
+                        to_cols: 0,
+                    },
+                ];
+                best = best.min(pipeline_time(&devs, &at(8), &stages, m, 0));
+            }
+        }
+        assert!(heads.step_seconds <= best, "{heads:?} against {best}");
+        // A memory limit counts the kv heads: the slow chip fits no more
+        // than two halves and a half, so 4 of half 2's kv heads.
+        let fits = |d: usize, s: Span, _| {
+            let (a, f) = s.counts(176, 8);
+            d == 0 || a + f <= 2.5
+        };
+        let limited = search(&devs, &at(8), Layouts::Pipelines, &fits).unwrap();
+        let st = &limited.pipelines[0].stages;
+        assert_eq!(
+            (st[0].device, st[0].to, st[0].to_cols),
+            (1, 2, 4),
+            "{limited:?}"
+        );
+    }
+
+    #[test]
     fn refined_pipelines_hold_the_model_once_and_expect_no_more_than_the_half_blocks() {
         // Random pipelines of two or three kinds, with and without a
         // profile error: the refined plan's stages follow one another,
         // each holding a part of the model (or the first the embedding
         // alone, the last the head alone), cut inside feed-forward halves
-        // only at their columns; its step is its stages' simulated step,
-        // and it expects no more than the plan at half a block's grain.
+        // only at their columns and inside attention halves only at their
+        // kv heads (none when there is one, or none); its step is its
+        // stages' simulated step, and it expects no more than the plan at
+        // half a block's grain.
         let mut state = 0x2545_f491_4f6c_dd1du64;
         let mut next = move || {
             state ^= state << 13;
@@ -1775,7 +1998,7 @@ mod tests {
             state ^= state << 17;
             (state >> 11) as f64 / (1u64 << 53) as f64
         };
-        let mut width_cuts = 0;
+        let (mut width_cuts, mut head_cuts) = (0, 0);
         for case in 0..60 {
             let n = 2 + (case % 2);
             let devs: Vec<MeasuredDevice> = (0..n)
@@ -1788,6 +2011,7 @@ mod tests {
                 .collect();
             let layers = 2 + (case % 5);
             let ffn = [64, 176, 5][case % 3];
+            let kv_heads = [2, 4, 1, 0][(case / 3) % 4];
             let m = MeasuredModel {
                 profile_error: [0.0, 0.1][(case / 2) % 2],
                 async_sends: next() < 0.5,
@@ -1799,7 +2023,7 @@ mod tests {
                 },
                 ..model(layers, 4 + (case % 9))
             };
-            let fine = MeasuredModel { ffn, ..m };
+            let fine = MeasuredModel { ffn, kv_heads, ..m };
             let coarse = search(&devs, &m, Layouts::Pipelines, &|_, _, _| true).unwrap();
             let plan = search(&devs, &fine, Layouts::Pipelines, &|_, _, _| true).unwrap();
             assert!(
@@ -1815,17 +2039,20 @@ mod tests {
                 let end = i == 0 || i + 1 == st.len();
                 assert!(from < to || (end && from == to), "case {case}: {st:?}");
                 for (h, c) in [from, to] {
-                    assert!(c == 0 || (h % 2 == 1 && c < ffn), "case {case}: {st:?}");
+                    let width = half_width(h, ffn, kv_heads);
+                    assert!(c == 0 || c < width, "case {case}: {st:?}");
                 }
                 if let Some(after) = st.get(i + 1) {
                     assert_eq!(to, (after.from, after.from_cols), "case {case}");
                 }
-                width_cuts += usize::from(s.to_cols > 0);
+                width_cuts += usize::from(s.to_cols > 0 && s.to % 2 == 1);
+                head_cuts += usize::from(s.to_cols > 0 && s.to % 2 == 0);
             }
             let t = pipeline_time(&devs, &fine, st, fine.micro_batches, 0);
             assert_eq!(plan.step_seconds, t, "case {case}");
         }
         // The refinement has something to do in most cases.
-        assert!(width_cuts >= 20, "{width_cuts}");
+        assert!(width_cuts + head_cuts >= 20, "{width_cuts} {head_cuts}");
+        assert!(head_cuts >= 5, "{width_cuts} {head_cuts}");
     }
 }

@@ -726,6 +726,7 @@ fn measured_model(
     MeasuredModel {
         layers: cfg.layers,
         ffn: cfg.ffn,
+        kv_heads: cfg.kv_heads,
         block_params: count(&per_block),
         attention_params: count(&per_block[..ATTENTION_PARAMS]),
         embed_params: (cfg.vocab * cfg.dim) as u64,

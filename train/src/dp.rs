@@ -15,8 +15,8 @@ use crate::plan::Role;
 /// A unit of the model as ranks hold it: 0 is the embedding, `1..=2 *
 /// layers` the half blocks (unit `h + 1` is half `h`, see
 /// [`crate::params::Cut`]), `2 * layers + 1` the final norm and head; with
-/// the columns held of a feed-forward half (the whole width when it is not
-/// cut, nothing for the other units). Ranks hold the same parameters when
+/// the part of a half held ([`crate::params::StageRange::held`]; nothing
+/// for the ends). Ranks hold the same parameters when
 /// they hold the same units.
 type UnitKey = (usize, Range<usize>);
 
@@ -27,10 +27,7 @@ fn role_units(role: &Role, cfg: &ModelConfig) -> Vec<UnitKey> {
         out.push((0, 0..0));
     }
     for half in role.range.halves() {
-        let cols = match half % 2 {
-            0 => 0..0,
-            _ => role.range.ffn_cols(half, cfg.ffn),
-        };
+        let cols = role.range.held(half, crate::params::half_width(cfg, half));
         out.push((half + 1, cols));
     }
     if role.range.head {
@@ -75,7 +72,7 @@ pub(crate) fn unit_params(role: &Role, cfg: &ModelConfig) -> Vec<(UnitKey, Range
             let n = match unit.0 {
                 0 => 1,
                 u if u == 2 * cfg.layers + 1 => 2,
-                u => crate::model::half_param_count(cfg, &role.range, u - 1),
+                u => crate::model::half_param_count(&role.range, u - 1),
             };
             at += n;
             (unit, at - n..at)

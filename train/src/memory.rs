@@ -55,9 +55,19 @@ pub fn stage_memory(
     let mut per_micro = counts::micro_batch_bytes(tokens);
     for h in range.halves() {
         per_micro += match h % 2 {
-            0 => counts::attention_bytes(shape, tokens, c),
+            0 => {
+                // The heads held (their q, k, v and output; the input and
+                // normed input whole).
+                let kv = range.held(h, cfg.kv_heads).len();
+                let part = counts::Shape {
+                    kv_dim: (kv * cfg.head_dim()) as u64,
+                    heads: (kv * cfg.heads / cfg.kv_heads.max(1)) as u64,
+                    ..shape
+                };
+                counts::attention_bytes(part, tokens, c)
+            }
             _ => {
-                let cols = range.ffn_cols(h, cfg.ffn).len() as u64;
+                let cols = range.held(h, cfg.ffn).len() as u64;
                 counts::feed_forward_bytes(counts::Shape { ffn: cols, ..shape }, tokens, c)
             }
         };

@@ -15,19 +15,20 @@ use crate::error::{Result, TrainError};
 /// counted in half blocks: `half == 2 * l` is the start of block `l`,
 /// `2 * l + 1` its middle, between its attention half (norm, projections,
 /// attention, residual) and its feed-forward half (norm, SwiGLU,
-/// residual). A cut may also fall inside a feed-forward half, by its
-/// width: `cols > 0` (with `half` odd) puts the half's norm and its first
-/// `cols` hidden columns (rows of `w1` and `w3`, columns of `w2`) before
-/// the cut and the rest after it, and the boundary then carries two
-/// activations (the normed input and the partial residual sum). Written as
-/// a block number, `l`, `l.5` or `l.5+cols`, in plan files and on the
-/// command line.
+/// residual). A cut may also fall inside a half, by its width (`cols >
+/// 0`): inside a feed-forward half after its first `cols` hidden columns
+/// (rows of `w1` and `w3`, columns of `w2`), inside an attention half
+/// after its first `cols` key/value heads (with their query heads: rows of
+/// `wq`, `wk` and `wv`, columns of `wo`). The half's norm goes with its
+/// first part, and the boundary carries two activations (the normed input
+/// and the residual sum so far). Written as a block number, `l`, `l.5`,
+/// `l+heads` or `l.5+cols`, in plan files and on the command line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
 pub struct Cut {
     /// Half blocks before it (the half it falls in when `cols > 0`).
     pub half: usize,
-    /// Columns of feed-forward half `half` before it (0: a cut between
-    /// halves).
+    /// Columns (a feed-forward half) or key/value heads (an attention
+    /// half) of half `half` before it (0: a cut between halves).
     pub cols: usize,
 }
 
@@ -42,8 +43,8 @@ impl Cut {
         Cut::at(l.saturating_mul(2))
     }
 
-    /// The cut inside feed-forward half `half` (odd) after its first
-    /// `cols` columns.
+    /// The cut inside half `half` after its first `cols` columns (a
+    /// feed-forward half) or key/value heads (an attention half).
     pub fn inside(half: usize, cols: usize) -> Cut {
         Cut { half, cols }
     }
@@ -53,13 +54,14 @@ impl Cut {
         self.half % 2 == 0 && self.cols == 0
     }
 
-    /// Whether it falls inside a feed-forward half, by its width.
+    /// Whether it falls inside a half, by its width.
     pub fn is_inside(self) -> bool {
         self.cols > 0
     }
 
-    /// Parses `l`, `l.5` or `l.5+cols` (a block number, whole, halfway,
-    /// or inside the feed-forward half after `cols` columns); `None` for
+    /// Parses `l`, `l.5`, `l+heads` or `l.5+cols` (a block number, whole,
+    /// halfway, inside the attention half after `heads` key/value heads or
+    /// inside the feed-forward half after `cols` columns); `None` for
     /// anything else.
     pub fn parse(s: &str) -> Option<Cut> {
         let s = s.trim();
@@ -78,7 +80,7 @@ impl Cut {
             Some((w, "0")) => (w, false),
             Some(_) => return None,
         };
-        if whole.is_empty() || !whole.bytes().all(|c| c.is_ascii_digit()) || (cols > 0 && !half) {
+        if whole.is_empty() || !whole.bytes().all(|c| c.is_ascii_digit()) {
             return None;
         }
         let l: usize = whole.parse().ok()?;
@@ -96,7 +98,8 @@ impl Cut {
 impl std::fmt::Display for Cut {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match (self.half % 2, self.cols) {
-            (0, _) => write!(f, "{}", self.half / 2),
+            (0, 0) => write!(f, "{}", self.half / 2),
+            (0, c) => write!(f, "{}+{c}", self.half / 2),
             (_, 0) => write!(f, "{}.5", self.half / 2),
             (_, c) => write!(f, "{}.5+{c}", self.half / 2),
         }
@@ -106,7 +109,7 @@ impl std::fmt::Display for Cut {
 impl serde::Serialize for Cut {
     fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
         match (self.half % 2, self.cols) {
-            (0, _) => s.serialize_u64((self.half / 2) as u64),
+            (0, 0) => s.serialize_u64((self.half / 2) as u64),
             (_, 0) => s.serialize_f64(self.half as f64 / 2.0),
             _ => s.serialize_str(&self.to_string()),
         }
@@ -114,8 +117,9 @@ impl serde::Serialize for Cut {
 }
 
 /// What a plan file's cut must be.
-const CUT_EXPECTED: &str = "a block number, whole or halfway (e.g. 3 or 3.5), or \"3.5+COLS\" to cut block 3's \
-     feed-forward half after COLS of its columns";
+const CUT_EXPECTED: &str = "a block number, whole or halfway (e.g. 3 or 3.5), or \"3+HEADS\" or \"3.5+COLS\" to \
+     cut block 3's attention half after HEADS of its key/value heads or its feed-forward \
+     half after COLS of its columns";
 
 impl<'de> serde::Deserialize<'de> for Cut {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Cut, D::Error> {
@@ -197,16 +201,15 @@ impl StageRange {
 
     /// The half blocks held, whole or in part, in order: half `h` is block
     /// `h / 2`'s attention half when `h` is even, its feed-forward half
-    /// when odd (a feed-forward half cut by its width is held in part:
-    /// [`Self::ffn_cols`]).
+    /// when odd (a half cut by its width is held in part: [`Self::held`]).
     pub fn halves(&self) -> std::ops::Range<usize> {
         let end = self.end.half + usize::from(self.end.is_inside());
         self.start.half..end.max(self.start.half)
     }
 
-    /// The hidden columns of feed-forward half `half` (one of
-    /// [`Self::halves`]) held, of `ffn`.
-    pub fn ffn_cols(&self, half: usize, ffn: usize) -> std::ops::Range<usize> {
+    /// The part of half block `half` (one of [`Self::halves`]) held, of
+    /// its `width` ([`half_width`]: key/value heads or hidden columns).
+    pub fn held(&self, half: usize, width: usize) -> std::ops::Range<usize> {
         let lo = if half == self.start.half {
             self.start.cols
         } else {
@@ -214,9 +217,14 @@ impl StageRange {
         };
         let hi = match self.end.is_inside() && half == self.end.half {
             true => self.end.cols,
-            false => ffn,
+            false => width,
         };
         lo..hi
+    }
+
+    /// Whether it holds half `half`'s norm (the half's first part).
+    pub fn holds_norm(&self, half: usize) -> bool {
+        !(half == self.start.half && self.start.is_inside())
     }
 
     /// Whether its input is the pair a cut inside a feed-forward half
@@ -236,20 +244,25 @@ impl StageRange {
         h.start / 2..h.end.div_ceil(2).max(h.start / 2)
     }
 
-    /// Attention halves and feed-forward halves held, a feed-forward half
-    /// held in part counted by its share of the `ffn` columns.
-    pub fn half_counts(&self, ffn: usize) -> (f64, f64) {
-        let (mut attention, mut feed_forward) = (0.0, 0.0);
+    /// Attention halves and feed-forward halves held, a half held in part
+    /// counted by its share of its width.
+    pub fn half_counts(&self, cfg: &ModelConfig) -> (f64, f64) {
+        let mut counts = [0.0; 2];
         for h in self.halves() {
-            match h % 2 {
-                0 => attention += 1.0,
-                _ => {
-                    let c = self.ffn_cols(h, ffn);
-                    feed_forward += c.len() as f64 / ffn.max(1) as f64;
-                }
-            }
+            let width = half_width(cfg, h);
+            counts[h % 2] += self.held(h, width).len() as f64 / width.max(1) as f64;
         }
-        (attention, feed_forward)
+        (counts[0], counts[1])
+    }
+}
+
+/// The width a cut inside half block `half` is counted in: key/value
+/// heads for an attention half (even), hidden columns for a feed-forward
+/// half (odd).
+pub fn half_width(cfg: &ModelConfig, half: usize) -> usize {
+    match half % 2 {
+        0 => cfg.kv_heads,
+        _ => cfg.ffn,
     }
 }
 
@@ -462,8 +475,9 @@ pub const ATTENTION_PARAMS: usize = 5;
 
 /// The parameters a stage holds: embedding (first stage), those of each
 /// half block it holds in order (5 for an attention half, 4 for a
-/// feed-forward half: 9 per block, in [`BLOCK_PARAMS`] order), then final
-/// norm and output head (last stage).
+/// feed-forward half: 9 per block, in [`BLOCK_PARAMS`] order; a half held
+/// from a part past its first holds its matrices' parts and no norm),
+/// then final norm and output head (last stage).
 pub fn stage_params(cfg: &ModelConfig, range: &StageRange) -> Vec<ParamSpec> {
     let (d, v, f) = (cfg.dim as i64, cfg.vocab as i64, cfg.ffn as i64);
     let q = (cfg.heads * cfg.head_dim()) as i64;
@@ -505,8 +519,18 @@ pub fn stage_params(cfg: &ModelConfig, range: &StageRange) -> Vec<ParamSpec> {
             0 => 0..ATTENTION_PARAMS,
             _ => ATTENTION_PARAMS..BLOCK_PARAMS.len(),
         };
-        let cols = range.ffn_cols(h, cfg.ffn);
-        let whole = h % 2 == 0 || cols == (0..cfg.ffn);
+        let width = half_width(cfg, h);
+        let cols = range.held(h, width);
+        let whole = cols == (0..width);
+        // Elements along a matrix's cut axis per unit of width: a
+        // key/value head's query heads' rows (wq, wo), its own (wk, wv),
+        // or one hidden column (w1, w3, w2).
+        let hd = cfg.head_dim();
+        let per = |which: usize| match which {
+            block::WQ | block::WO => hd * cfg.heads / cfg.kv_heads.max(1),
+            block::WK | block::WV => hd,
+            _ => 1,
+        };
         for (which, (shape, init)) in shapes
             .into_iter()
             .enumerate()
@@ -518,23 +542,24 @@ pub fn stage_params(cfg: &ModelConfig, range: &StageRange) -> Vec<ParamSpec> {
                 push(name, shape, init, None);
                 continue;
             }
-            // A feed-forward half held in part: its norm goes with its
-            // first columns, and each matrix is cut along its hidden axis.
+            // A half held in part: its norm goes with its first part, and
+            // each matrix is cut along its heads' or hidden axis.
             let axis = match which {
-                block::FFN_NORM if cols.start == 0 => {
+                block::ATTN_NORM | block::FFN_NORM if cols.start == 0 => {
                     push(name, shape, init, None);
                     continue;
                 }
-                block::FFN_NORM => continue,
-                block::W2 => 1,
+                block::ATTN_NORM | block::FFN_NORM => continue,
+                block::WO | block::W2 => 1,
                 _ => 0,
             };
+            let (start, end) = (cols.start * per(which), cols.end * per(which));
             let mut part_shape = shape.clone();
-            part_shape[axis] = cols.len() as i64;
+            part_shape[axis] = (end - start) as i64;
             let part = Part {
                 axis,
-                start: cols.start,
-                end: cols.end,
+                start,
+                end,
                 full: shape,
             };
             push(name, part_shape, init, Some(part));
@@ -613,9 +638,9 @@ mod tests {
                 .collect::<Vec<_>>()
         );
         assert_eq!(attention.layers(), 1..2);
-        assert_eq!(attention.half_counts(cfg.ffn), (1.0, 0.0));
+        assert_eq!(attention.half_counts(&cfg), (1.0, 0.0));
         assert_eq!(
-            StageRange::between(Cut::at(1), Cut::at(6), 4).half_counts(cfg.ffn),
+            StageRange::between(Cut::at(1), Cut::at(6), 4).half_counts(&cfg),
             (2.0, 3.0)
         );
     }
@@ -653,7 +678,9 @@ mod tests {
     #[test]
     fn a_cut_by_width_reads_writes_and_partitions_the_feed_forward_half() {
         assert_eq!(Cut::parse("3.5+40"), Some(Cut::inside(7, 40)));
-        for bad in ["3+40", "3.5+0", "3.5+", "3.5+x", "3.5+-1", "+4"] {
+        assert_eq!(Cut::parse("3+1"), Some(Cut::inside(6, 1)));
+        assert_eq!(Cut::inside(6, 1).to_string(), "3+1");
+        for bad in ["3.5+0", "3.5+", "3.5+x", "3.5+-1", "+4", "3.25+1"] {
             assert_eq!(Cut::parse(bad), None, "{bad:?}");
         }
         assert_eq!(Cut::inside(7, 40).to_string(), "3.5+40");
@@ -661,7 +688,7 @@ mod tests {
         assert_eq!(v, vec![Cut::at(7), Cut::inside(7, 40), Cut::at(8)]);
         assert_eq!(serde_json::to_string(&v).unwrap(), r#"[3.5,"3.5+40",4]"#);
         assert!(Cut::at(7) < Cut::inside(7, 1) && Cut::inside(7, 175) < Cut::at(8));
-        let e = serde_json::from_str::<Vec<Cut>>(r#"["3+4"]"#).unwrap_err();
+        let e = serde_json::from_str::<Vec<Cut>>(r#"["3+x"]"#).unwrap_err();
         assert!(
             e.to_string().contains("feed-forward half after COLS"),
             "{e}"
@@ -682,11 +709,11 @@ mod tests {
             .map(|w| StageRange::between(w[0], w[1], cfg.layers))
             .collect();
         assert_eq!(ranges[1].halves(), 3..4);
-        assert_eq!(ranges[1].ffn_cols(3, cfg.ffn), 50..120);
-        assert_eq!(ranges[0].ffn_cols(3, cfg.ffn), 0..50);
-        assert_eq!(ranges[2].ffn_cols(3, cfg.ffn), 120..176);
+        assert_eq!(ranges[1].held(3, cfg.ffn), 50..120);
+        assert_eq!(ranges[0].held(3, cfg.ffn), 0..50);
+        assert_eq!(ranges[2].held(3, cfg.ffn), 120..176);
         assert!(ranges[0].gives_pair() && ranges[1].takes_pair() && !ranges[2].gives_pair());
-        let (a, f) = ranges[1].half_counts(cfg.ffn);
+        let (a, f) = ranges[1].half_counts(&cfg);
         assert_eq!(a, 0.0);
         assert!((f - 70.0 / 176.0).abs() < 1e-12);
         let whole = stage_params(&cfg, &StageRange::whole(&cfg));
@@ -718,6 +745,51 @@ mod tests {
             .unwrap();
         assert_eq!(w2.shape, vec![64, 70]);
         assert_eq!(w2.part.as_ref().unwrap().tag(), "@1:50..120");
+
+        // An attention half cut after its first key/value head (tiny has
+        // 2, each with 2 query heads of 16): its heads' rows of wq, wk and
+        // wv and columns of wo; the norm with the first part.
+        let later = StageRange::between(Cut::inside(2, 1), Cut::at(8), cfg.layers);
+        assert_eq!(later.held(2, cfg.kv_heads), 1..2);
+        let specs = stage_params(&cfg, &later);
+        let shapes: Vec<(&str, &[i64], String)> = specs[..4]
+            .iter()
+            .map(|p| {
+                (
+                    p.name.as_str(),
+                    p.shape.as_slice(),
+                    p.part.as_ref().unwrap().tag(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            shapes,
+            vec![
+                (
+                    "layers.1.attention.wq.weight",
+                    &[32, 64][..],
+                    "@0:32..64".to_string()
+                ),
+                (
+                    "layers.1.attention.wk.weight",
+                    &[16, 64][..],
+                    "@0:16..32".to_string()
+                ),
+                (
+                    "layers.1.attention.wv.weight",
+                    &[16, 64][..],
+                    "@0:16..32".to_string()
+                ),
+                (
+                    "layers.1.attention.wo.weight",
+                    &[64, 32][..],
+                    "@1:32..64".to_string()
+                ),
+            ]
+        );
+        assert_eq!(specs[4].name, "layers.1.ffn_norm.weight");
+        let (a, f) = later.half_counts(&cfg);
+        assert_eq!((a, f), (2.5, 3.0));
     }
 
     #[test]

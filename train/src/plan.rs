@@ -183,8 +183,9 @@ impl TrainPlan {
             let bad = || {
                 TrainError::Config(format!(
                     "--stages entry {part:?} is not DEVICE=FIRST..END (e.g. ferrite:0=0..3, \
-                     ferrite:0=0..3.5 to cut halfway through block 3, or ferrite:0=0..3.5+40 \
-                     to cut block 3's feed-forward half after 40 of its columns)"
+                     ferrite:0=0..3.5 to cut halfway through block 3, ferrite:0=0..3+1 to cut \
+                     its attention half after one key/value head, or ferrite:0=0..3.5+40 to \
+                     cut its feed-forward half after 40 columns)"
                 ))
             };
             let (device, range) = part.split_once('=').ok_or_else(bad)?;
@@ -396,20 +397,25 @@ impl TrainPlan {
                         s.device
                     ));
                 }
-                if let Some(c) = [a, b].into_iter().find(|c| c.cols >= cfg.ffn) {
+                let width = |c: Cut| crate::params::half_width(cfg, c.half);
+                if let Some(c) = [a, b].into_iter().find(|&c| c.cols >= width(c).max(1)) {
+                    let (what, unit) = match c.half % 2 {
+                        0 => ("attention half", "key/value heads"),
+                        _ => ("feed-forward half", "feed-forward columns"),
+                    };
                     return bad(format!(
-                        "group {gi} stage {si} ({}) is cut at {c}, {} columns into block {}'s \
-                         feed-forward half, but the model {} has {} feed-forward columns",
+                        "group {gi} stage {si} ({}) is cut at {c}, {} {unit} into block {}'s \
+                         {what}, but the model {} has {} {unit}",
                         s.device,
                         c.cols,
                         c.half / 2,
                         cfg.name,
-                        cfg.ffn
+                        width(c)
                     ));
                 }
                 if b.is_inside() && self.groups.len() > 1 {
                     return bad(format!(
-                        "group {gi} stage {si} ({}) ends at {b}, inside a feed-forward half; \
+                        "group {gi} stage {si} ({}) ends at {b}, inside a half block; \
                          a cut by width is supported in a plan of one group (replicas split \
                          alike), and this one has {} groups",
                         s.device,

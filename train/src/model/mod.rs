@@ -116,14 +116,14 @@ pub struct Stage {
 }
 
 /// Parameters [`stage_params`] lists for half block `half` of `range`: 5
-/// for an attention half, 4 for a feed-forward half (3 when held from a
-/// column past its first: its norm is the earlier stage's).
-pub(crate) fn half_param_count(cfg: &ModelConfig, range: &StageRange, half: usize) -> usize {
-    match half % 2 {
+/// for an attention half, 4 for a feed-forward half (one fewer when held
+/// from a part past its first: its norm is the earlier stage's).
+pub(crate) fn half_param_count(range: &StageRange, half: usize) -> usize {
+    let n = match half % 2 {
         0 => ATTENTION_PARAMS,
-        _ if range.ffn_cols(half, cfg.ffn).start > 0 => BLOCK_PARAMS.len() - ATTENTION_PARAMS - 1,
         _ => BLOCK_PARAMS.len() - ATTENTION_PARAMS,
-    }
+    };
+    n - usize::from(!range.holds_norm(half))
 }
 
 /// Row-major strides of `shape`.
@@ -211,7 +211,7 @@ impl Stage {
         let mut first = usize::from(range.embed);
         for h in range.halves() {
             half_starts.push(first);
-            first += half_param_count(cfg, &range, h);
+            first += half_param_count(&range, h);
         }
         let (cos, sin) = rope_tables(cfg);
         let half = (cfg.head_dim() / 2) as i64;
@@ -314,17 +314,12 @@ impl Stage {
         let ffn = usize::from(which >= ATTENTION_PARAMS);
         let half = 2 * layer + ffn;
         let mut at = which - ffn * ATTENTION_PARAMS;
-        if ffn == 1 && !self.holds_ffn_norm(half) {
-            debug_assert!(which != crate::params::block::FFN_NORM);
+        if !self.range.holds_norm(half) {
+            // The half's norm is the earlier stage's: its first parameter.
+            debug_assert!(at != 0);
             at -= 1;
         }
         &self.params[self.half_first_param(half) + at]
-    }
-
-    /// Whether the stage holds feed-forward half `half`'s norm (it holds
-    /// the half's first columns).
-    fn holds_ffn_norm(&self, half: usize) -> bool {
-        self.range.ffn_cols(half, self.cfg.ffn).start == 0
     }
 
     /// The index in [`Stage::params`] of the first parameter of half block
