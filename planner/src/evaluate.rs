@@ -434,6 +434,12 @@ impl PlanSpec {
                                  polychip train runs but the cluster planner does not model: \
                                  it cuts at whole blocks"
                             )),
+                            _ if x.as_str().is_some_and(|t| t.contains('+')) => plan_err(format!(
+                                "{at}: layers holds {x}, a cut inside a block by its \
+                                     width (heads or columns), which polychip train runs but \
+                                     the cluster planner does not model: it cuts at whole \
+                                     blocks"
+                            )),
                             _ => plan_err(format!("{at}: layers holds {x}, not a layer index")),
                         })
                     };

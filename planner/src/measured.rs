@@ -63,6 +63,14 @@ pub struct MeasuredDevice {
     pub block_weight_grad: f64,
     /// The weights' gradients' part of `head_backward` (0: not measured).
     pub head_weight_grad: f64,
+    /// A backward pass run whole (the weights' gradients with the input's,
+    /// as 1F1B, data-parallel replicas and a zero-bubble pipeline's first
+    /// stage run it) over the same pass split in two (the input's pass,
+    /// then the weights', as the costs above are measured and a zero-bubble
+    /// stage runs it): 0 when not measured, taken as 1. On Ferrite the
+    /// whole pass measured 5-6% less in training (docs/performance.md).
+    #[serde(default)]
+    pub fused_backward_ratio: f64,
 }
 
 impl MeasuredDevice {
@@ -82,6 +90,15 @@ impl MeasuredDevice {
         |d| &mut d.block_weight_grad,
         |d| &mut d.head_weight_grad,
     ];
+
+    /// What a backward pass run whole costs over its split costs
+    /// ([`Self::fused_backward_ratio`], 1 when not measured).
+    pub fn fused_backward(&self) -> f64 {
+        match self.fused_backward_ratio {
+            r if r > 0.0 && r.is_finite() => r,
+            _ => 1.0,
+        }
+    }
 
     /// The same device with every cost multiplied by `f`.
     pub fn scaled(&self, f: f64) -> MeasuredDevice {
@@ -470,7 +487,13 @@ fn pipeline_time(
             let span = Span::of(s, i, p);
             let (embed, head) = (span.embed, span.head);
             let (attention, ffn) = span.counts(model.ffn, model.kv_heads);
-            let (f, b) = stage_passes(d, attention, ffn, embed, head);
+            let (f, mut b) = stage_passes(d, attention, ffn, embed, head);
+            // Only a zero-bubble stage that sends a gradient splits its
+            // backward pass; the others run it whole.
+            let splits = model.schedule == PipelineSchedule::ZeroBubble && i > 0;
+            if !splits {
+                b *= d.fused_backward();
+            }
             let mut params = attention * model.attention_params as f64
                 + ffn * (model.block_params - model.attention_params) as f64;
             if embed {
@@ -983,7 +1006,10 @@ pub fn replicas_by_sequence(
 fn whole_model_passes(sizes: &[SizedCosts], d: usize, r: usize) -> f64 {
     let layers = sizes[0].model.layers;
     let at = |s: &SizedCosts| {
-        let (f, b) = stage_passes(&s.devices[d], layers as f64, layers as f64, true, true);
+        let dev = &s.devices[d];
+        let (f, b) = stage_passes(dev, layers as f64, layers as f64, true, true);
+        // A replica runs its backward pass whole.
+        let b = b * dev.fused_backward();
         (s.model.micro_batch as f64, f + b)
     };
     let r = r as f64;
@@ -1234,6 +1260,7 @@ mod tests {
             optimizer_per_param: 0.0,
             block_weight_grad: block / 3.0,
             head_weight_grad: head / 3.0,
+            fused_backward_ratio: 0.0,
         }
     }
 

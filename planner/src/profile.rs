@@ -47,6 +47,14 @@ pub struct Passes {
     /// after the send). Optional: when absent, the cost model's share.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub weight_grad: Option<f64>,
+    /// The backward pass run whole, seconds, where measured beside the
+    /// split one (`polychip profile` does, for the block): `backward` is
+    /// the pass split in two, the input's and then the weights', as a
+    /// zero-bubble stage runs it; 1F1B, data-parallel replicas and a
+    /// zero-bubble pipeline's first stage run it whole, which may cost
+    /// less. Optional: when absent, `backward`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fused_backward: Option<f64>,
 }
 
 /// One chip type's measurements at one micro-batch size and tp degree.
@@ -150,6 +158,10 @@ impl ProfileEntry {
             optimizer_per_param: self.optimizer_per_param.unwrap_or(0.0),
             block_weight_grad: self.block.weight_grad.unwrap_or(0.0),
             head_weight_grad: head.weight_grad.unwrap_or(0.0),
+            fused_backward_ratio: match (self.block.fused_backward, self.block.backward) {
+                (Some(f), b) if b > 0.0 => f / b,
+                _ => 0.0,
+            },
         }
     }
 
@@ -217,6 +229,16 @@ impl ProfileEntry {
             ("head", self.head),
         ];
         for (part, p) in parts.into_iter().filter_map(|(n, p)| Some((n, p?))) {
+            if let Some(f) = p.fused_backward
+                && !(f.is_finite() && f > 0.0 && f <= 2.0 * p.backward)
+            {
+                return Err(format!(
+                    "{at}: {part}.fused_backward is {}; it is the same pass as {part}.backward \
+                     ({}) run whole, so it must be positive and at most twice that",
+                    fmt_num(f),
+                    fmt_num(p.backward)
+                ));
+            }
             if let Some(w) = p.weight_grad
                 && !(w.is_finite() && (0.0..=p.backward).contains(&w))
             {
@@ -467,6 +489,7 @@ impl ClusterSpec {
             forward: t.forward * sf,
             backward: t.backward * sb,
             weight_grad: None,
+            fused_backward: None,
         };
         if e.embedding.is_none() {
             e.embedding = Some(scaled(at(0..0, 0, 2)));
@@ -545,6 +568,10 @@ impl ChipType {
             forward: mix(a.forward, c.forward),
             backward: mix(a.backward, c.backward),
             weight_grad: match (a.weight_grad, c.weight_grad) {
+                (Some(x), Some(y)) => Some(mix(x, y)),
+                _ => None,
+            },
+            fused_backward: match (a.fused_backward, c.fused_backward) {
                 (Some(x), Some(y)) => Some(mix(x, y)),
                 _ => None,
             },
@@ -702,17 +729,20 @@ mod tests {
                 forward: 0.1 * block,
                 backward: 0.1 * block,
                 weight_grad: None,
+                fused_backward: None,
             }),
             block: Passes {
                 forward: block,
                 backward: 2.0 * block,
                 weight_grad: None,
+                fused_backward: None,
             },
             attention: None,
             head: Some(Passes {
                 forward: 3.0 * block,
                 backward: 6.0 * block,
                 weight_grad: None,
+                fused_backward: None,
             }),
             optimizer_per_param: Some(1e-9),
             block_activation_bytes: Some(1000 * b),
@@ -907,6 +937,7 @@ mod tests {
             forward: 0.25,
             backward: 0.5,
             weight_grad: None,
+            fused_backward: None,
         });
         let c = halves.costs("x");
         assert_eq!((c.attention_forward, c.attention_backward), (0.25, 0.5));

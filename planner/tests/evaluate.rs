@@ -210,6 +210,13 @@ fn inconsistent_plans_are_refused_naming_what_is_wrong() {
              polychip train runs but the cluster planner does not model",
         ),
         (
+            one(
+                r#"{"device": "nvidia-a800-class", "layers": [0, "15.5+40"]}, {"device": "nvidia-a800-class", "layers": ["15.5+40", 32]}"#,
+                "",
+            ),
+            "stage 0 of group 0: layers holds \"15.5+40\", a cut inside a block by its width",
+        ),
+        (
             one(a800, r#", "sequences": 15"#),
             "group 0 gives sequences 15, a last micro-batch smaller than its others",
         ),
@@ -295,17 +302,20 @@ fn a_profile_prices_the_types_it_covers_and_scales_to_other_tp() {
             forward: 0.001,
             backward: 0.002,
             weight_grad: None,
+            fused_backward: None,
         }),
         block: Passes {
             forward: 0.01 * b as f64,
             backward: 0.02 * b as f64,
             weight_grad: None,
+            fused_backward: None,
         },
         attention: None,
         head: Some(Passes {
             forward: 0.005,
             backward: 0.01,
             weight_grad: None,
+            fused_backward: None,
         }),
         optimizer_per_param: Some(1e-11),
         block_activation_bytes: None,

@@ -55,7 +55,7 @@ impl Profile {
 /// apart, as the zero-bubble schedule runs them; together the backward
 /// pass), and the device bytes its forward keeps for the backward (what
 /// the host holds after the forward less before it).
-fn time_passes(stage: &Stage, b: usize, reps: usize) -> Result<(f64, f64, f64, u64)> {
+fn time_passes(stage: &Stage, b: usize, reps: usize) -> Result<Timed> {
     let cfg = stage.config().clone();
     // Any valid tokens do: the costs do not depend on the values.
     let token = |i: usize| (i * 37 % cfg.vocab) as i32;
@@ -66,7 +66,7 @@ fn time_passes(stage: &Stage, b: usize, reps: usize) -> Result<(f64, f64, f64, u
     let grad: Vec<f32> = (0..b * cfg.seq_len * cfg.dim)
         .map(|i| ((i % 7) as f32 - 3.0) * 1e-3)
         .collect();
-    let (mut fw, mut bw, mut ww) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut fw, mut bw, mut ww, mut fused) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let mut kept = 0u64;
     for _ in 0..reps + 1 {
         let input = match stage.range().embed {
@@ -90,24 +90,59 @@ fn time_passes(stage: &Stage, b: usize, reps: usize) -> Result<(f64, f64, f64, u
                 Some(g)
             }
         };
+        let again = match &input {
+            StageInput::Tokens(x) => StageInput::Tokens(x.clone()),
+            StageInput::Hidden(x) => StageInput::Hidden(x.clone()),
+        };
         let before = dev.memory_in_use();
         let start = Instant::now();
-        let (saved, _, _) = stage.forward(input, t)?;
+        let (saved, _, _) = stage.forward(input, t.clone())?;
         let mid = Instant::now();
         kept = kept.max(dev.memory_in_use().saturating_sub(before));
-        let (_, work) = stage.backward_split(saved, g, 1.0)?;
+        let (_, work) = stage.backward_split(saved, g.clone(), 1.0)?;
         let input_done = Instant::now();
         stage.weight_pass(work, &mut |_| Ok(()))?;
         fw.push((mid - start).as_secs_f64());
         bw.push((input_done - mid).as_secs_f64());
         ww.push(input_done.elapsed().as_secs_f64());
+        // The same backward pass run whole.
+        let (saved, _, _) = stage.forward(again, t)?;
+        let whole = Instant::now();
+        stage.backward(saved, g, 1.0)?;
+        fused.push(whole.elapsed().as_secs_f64());
     }
     let med = |mut v: Vec<f64>| {
         v.remove(0);
         v.sort_by(f64::total_cmp);
         v[v.len() / 2]
     };
-    Ok((med(fw), med(bw), med(ww), kept))
+    Ok(Timed {
+        forward: med(fw),
+        input_pass: med(bw),
+        weight_pass: med(ww),
+        fused: med(fused),
+        kept,
+    })
+}
+
+/// One stage's passes as [`time_passes`] measures them: medians, seconds.
+struct Timed {
+    forward: f64,
+    /// The backward pass's input gradients (split as zero bubble runs it).
+    input_pass: f64,
+    /// Its weights' gradients, right after.
+    weight_pass: f64,
+    /// The backward pass run whole.
+    fused: f64,
+    /// Device bytes the forward keeps for the backward.
+    kept: u64,
+}
+
+impl Timed {
+    /// The split backward pass.
+    fn backward(&self) -> f64 {
+        self.input_pass + self.weight_pass
+    }
 }
 
 /// Profiles `device` on `cfg` with micro-batches of `b` sequences: the
@@ -143,8 +178,8 @@ pub fn profile_repeated(
     // milliseconds from one profile to the next.
     let e0 = time_passes(&st(range(0, true, false))?, b, reps)?;
     let h0 = time_passes(&st(range(0, false, true))?, b, reps)?;
-    let embed = (e0.0, e0.1 + e0.2);
-    let head = (h0.0, h0.1 + h0.2);
+    let embed = (e0.forward, e0.backward());
+    let head = (h0.forward, h0.backward());
     // Blocks from a stage of all of them (up to 16, fewer when they do not
     // fit the device): a stage of many blocks no longer fits the caches
     // that one or two blocks fit, and its blocks cost more.
@@ -158,8 +193,8 @@ pub fn profile_repeated(
     }
     let bn = time_passes(&st(range(many, false, false))?, b, reps / 2 + 1)?;
     let k = many as f64;
-    let block = (bn.0 / k, (bn.1 + bn.2) / k);
-    let block_weights = bn.2 / k;
+    let block = (bn.forward / k, bn.backward() / k);
+    let block_weights = bn.weight_pass / k;
     // How a block's time divides between its halves (a pipeline may cut a
     // block between them): each half alone, as a stage of that half only,
     // gives the shares, which apply to the block's time from the stage of
@@ -174,14 +209,14 @@ pub fn profile_repeated(
     let ffn = time_passes(&st(half(1))?, b, reps)?;
     let share = |a: f64, f: f64| if a + f > 0.0 { a / (a + f) } else { 0.5 };
     let attention = (
-        block.0 * share(att.0, ffn.0),
-        block.1 * share(att.1 + att.2, ffn.1 + ffn.2),
+        block.0 * share(att.forward, ffn.forward),
+        block.1 * share(att.backward(), ffn.backward()),
     );
     // What the blocks keep, their first block's input included: that one
     // was allocated before the forward (it is the stage's input), so the
     // memory that grew during it misses it.
     let input_bytes = (b * cfg.seq_len * cfg.dim * t.precision.dtype().size()) as u64;
-    let block_activation_bytes = Some((bn.3 + input_bytes) / many as u64);
+    let block_activation_bytes = Some((bn.kept + input_bytes) / many as u64);
     // The optimizer step of a two-block stage, per parameter.
     let opt_stage = st(range(cfg.layers.min(2), true, true))?;
     let params: usize = opt_stage.params().iter().map(|p| p.spec.numel()).sum();
@@ -214,7 +249,8 @@ pub fn profile_repeated(
             head_backward: head.1,
             optimizer_per_param: times[times.len() / 2] / params as f64,
             block_weight_grad: block_weights,
-            head_weight_grad: h0.2,
+            head_weight_grad: h0.weight_pass,
+            fused_backward_ratio: bn.fused / bn.backward().max(f64::MIN_POSITIVE),
         },
     })
 }
@@ -805,6 +841,7 @@ pub fn to_file(
         forward,
         backward,
         weight_grad: (weights > 0.0).then_some(weights),
+        fused_backward: None,
     };
     let entries = profiles
         .iter()
@@ -820,7 +857,11 @@ pub fn to_file(
                 micro_batch: p.micro_batch as u64,
                 tp: 1,
                 embedding: Some(passes(c.embed_forward, c.embed_backward, 0.0)),
-                block: passes(c.block_forward, c.block_backward, c.block_weight_grad),
+                block: Passes {
+                    fused_backward: (c.fused_backward_ratio > 0.0)
+                        .then_some(c.fused_backward_ratio * c.block_backward),
+                    ..passes(c.block_forward, c.block_backward, c.block_weight_grad)
+                },
                 attention: Some(passes(c.attention_forward, c.attention_backward, 0.0)),
                 head: Some(passes(c.head_forward, c.head_backward, c.head_weight_grad)),
                 optimizer_per_param: Some(c.optimizer_per_param),

@@ -601,8 +601,11 @@ fn join_parts(dir: &Path, tensors: &mut [(PathBuf, SafeTensors)]) -> Result<()> 
                     p.axis
                 )));
             }
-            if p.start != next || extent != Some(p.end as i64 - p.start as i64) || p.end <= p.start
-            {
+            let held = p
+                .end
+                .checked_sub(p.start)
+                .and_then(|n| i64::try_from(n).ok());
+            if p.start != next || p.end <= p.start || extent != held {
                 return Err(bad(format!(
                     "`{}` ({}) does not start where the parts before it end ({next}) or does \
                      not hold {}..{}",
@@ -951,6 +954,14 @@ mod tests {
                 "is [2] along axis 0",
             ),
             (vec![("w@x", &[2], vec![0.0; 2])], "is not a part"),
+            (
+                vec![("w@1:1..9223372036854775809", &[2, 2], vec![0.0; 4])],
+                "does not start where",
+            ),
+            (
+                vec![("w@1:0..18446744073709551615", &[2, 2], vec![0.0; 4])],
+                "does not start where the parts before it end (0) or does not hold",
+            ),
             (
                 vec![("w@1:1..3", &[2, 2], vec![0.0; 4])],
                 "does not start where",
