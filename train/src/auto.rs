@@ -53,8 +53,9 @@ impl Profile {
 /// Median seconds of a micro-batch through `stage`: its forward pass, its
 /// backward pass's input gradients and its weights' gradients (timed
 /// apart, as the zero-bubble schedule runs them; together the backward
-/// pass), and the device bytes its forward keeps for the backward (what
-/// the host holds after the forward less before it).
+/// pass), the backward pass run whole (after a forward pass of its own),
+/// and the device bytes its forward keeps for the backward (what the host
+/// holds after the forward less before it).
 fn time_passes(stage: &Stage, b: usize, reps: usize) -> Result<Timed> {
     let cfg = stage.config().clone();
     // Any valid tokens do: the costs do not depend on the values.
@@ -250,7 +251,9 @@ pub fn profile_repeated(
             optimizer_per_param: times[times.len() / 2] / params as f64,
             block_weight_grad: block_weights,
             head_weight_grad: h0.weight_pass,
-            fused_backward_ratio: bn.fused / bn.backward().max(f64::MIN_POSITIVE),
+            // The same work as the split passes, less their overhead: a
+            // ratio above 1 (or far below) is the machine's noise.
+            fused_backward_ratio: (bn.fused / bn.backward().max(f64::MIN_POSITIVE)).clamp(0.5, 1.0),
         },
     })
 }
@@ -296,6 +299,9 @@ fn median_profile(ps: &[Profile]) -> Profile {
         v.sort_by(f64::total_cmp);
         *cost(&mut costs) = v[v.len() / 2];
     }
+    let mut ratios: Vec<f64> = ps.iter().map(|p| p.costs.fused_backward_ratio).collect();
+    ratios.sort_by(f64::total_cmp);
+    costs.fused_backward_ratio = ratios[ratios.len() / 2];
     Profile {
         device: first.device.clone(),
         micro_batch: first.micro_batch,

@@ -523,7 +523,7 @@ fn load_files(dir: PathBuf, manifest: Manifest) -> Result<Loaded> {
         }
         tensors.push((p, st));
     }
-    join_parts(&dir, &mut tensors)?;
+    join_parts(&mut tensors)?;
     Ok(Loaded {
         dir,
         manifest,
@@ -531,43 +531,51 @@ fn load_files(dir: PathBuf, manifest: Manifest) -> Result<Loaded> {
     })
 }
 
-/// One saved part of a tensor cut by width: `name@axis:start..end`.
+/// One saved part of a tensor cut by width:
+/// `NAME@AXIS:START..END/WHOLE`.
 struct SavedPart {
     file: usize,
     key: String,
     axis: usize,
     start: usize,
     end: usize,
+    whole: usize,
 }
 
-/// Reads `key` as a part, `NAME@AXIS:START..END`.
-fn parse_part(key: &str) -> Option<(&str, usize, usize, usize)> {
+/// Reads `key` as a part, `NAME@AXIS:START..END/WHOLE`: the name and the
+/// part's axis, start, end and whole extent.
+fn parse_part(key: &str) -> Option<(&str, [usize; 4])> {
     let (name, at) = key.rsplit_once('@')?;
     let (axis, span) = at.split_once(':')?;
+    let (span, whole) = span.split_once('/')?;
     let (a, b) = span.split_once("..")?;
     let num = |x: &str| {
         (!x.is_empty() && x.bytes().all(|c| c.is_ascii_digit()))
             .then(|| x.parse::<usize>().ok())
             .flatten()
     };
-    Some((name, num(axis)?, num(a)?, num(b)?))
+    Some((name, [num(axis)?, num(a)?, num(b)?, num(whole)?]))
 }
 
-/// Joins the parts that stages holding a feed-forward half cut by width
-/// saved (`NAME@AXIS:START..END`, see [`crate::params::Part`]) into the
+/// Joins the parts that stages holding a half cut by its width saved
+/// (`NAME@AXIS:START..END/WHOLE`, see [`crate::params::Part`]) into the
 /// whole tensor `NAME`, kept in the first part's file: a checkpoint then
-/// reads alike whatever split saved it. Parts that overlap, leave a gap,
-/// disagree in shape or type, or are not matrices are refused by name.
-fn join_parts(dir: &Path, tensors: &mut [(PathBuf, SafeTensors)]) -> Result<()> {
+/// reads alike whatever split saved it. Parts must be matrices cut along
+/// one axis (0 or 1) into consecutive, non-empty ranges covering exactly
+/// `0..WHOLE`, alike in type and in their other axis, and `NAME` must not
+/// also be saved whole; anything else is refused, naming the tensor and
+/// the file.
+fn join_parts(tensors: &mut [(PathBuf, SafeTensors)]) -> Result<()> {
     let mut parts: BTreeMap<String, Vec<SavedPart>> = BTreeMap::new();
-    for (file, (_, st)) in tensors.iter().enumerate() {
+    for (file, (path, st)) in tensors.iter().enumerate() {
         for key in st.tensors.keys() {
-            let Some((name, axis, start, end)) = parse_part(key) else {
+            let Some((name, [axis, start, end, whole])) = parse_part(key) else {
                 if key.contains('@') {
                     return Err(TrainError::Checkpoint {
-                        path: dir.to_path_buf(),
+                        path: path.clone(),
                         message: format!(
-                            "has a tensor `{key}` that is not a part (NAME@AXIS:START..END)"
+                            "has a tensor `{key}` that is not a part \
+                             (NAME@AXIS:START..END/WHOLE)"
                         ),
                     });
                 }
@@ -579,57 +587,113 @@ fn join_parts(dir: &Path, tensors: &mut [(PathBuf, SafeTensors)]) -> Result<()> 
                 axis,
                 start,
                 end,
+                whole,
             });
         }
     }
     for (name, mut list) in parts {
-        let bad = |what: String| TrainError::Checkpoint {
-            path: dir.to_path_buf(),
-            message: format!("has parts of `{name}` that do not make a whole: {what}"),
+        list.sort_by_key(|p| (p.start, p.end));
+        let path_of = |p: &SavedPart| tensors[p.file].0.clone();
+        let bad = |p: &SavedPart, what: String| TrainError::Checkpoint {
+            path: path_of(p),
+            message: format!("has a part `{}` of `{name}` that {what}", p.key),
         };
-        list.sort_by_key(|p| p.start);
+        if let Some((path, _)) = tensors
+            .iter()
+            .find(|(_, st)| st.tensors.contains_key(&name))
+        {
+            return Err(TrainError::Checkpoint {
+                path: path.clone(),
+                message: format!(
+                    "holds `{name}` whole, and the checkpoint holds parts of it too \
+                     ({}): which is its value is not clear",
+                    list[0].key
+                ),
+            });
+        }
+        let (axis, whole) = (list[0].axis, list[0].whole);
         let mut pieces: Vec<(StoredTensor, usize)> = Vec::with_capacity(list.len());
         let mut next = 0;
         for p in &list {
-            let t = tensors[p.file].1.tensors.remove(&p.key).expect("listed");
-            let extent = t.shape.get(p.axis).copied();
-            if t.shape.len() != 2 || p.axis > 1 || p.axis != list[0].axis {
-                return Err(bad(format!(
-                    "`{}` is {} along axis {}",
-                    p.key,
-                    crate::safetensors::show_shape(&t.shape),
-                    p.axis
-                )));
+            let t = tensors[p.file].1.tensors.get(&p.key).expect("listed");
+            if p.axis > 1 {
+                return Err(bad(
+                    p,
+                    format!("is cut along axis {}; a matrix has axes 0 and 1", p.axis),
+                ));
             }
-            let held = p
-                .end
-                .checked_sub(p.start)
-                .and_then(|n| i64::try_from(n).ok());
-            if p.start != next || p.end <= p.start || extent != held {
-                return Err(bad(format!(
-                    "`{}` ({}) does not start where the parts before it end ({next}) or does \
-                     not hold {}..{}",
-                    p.key,
-                    crate::safetensors::show_shape(&t.shape),
-                    p.start,
-                    p.end
-                )));
+            if p.axis != axis || p.whole != whole {
+                return Err(bad(
+                    p,
+                    format!(
+                        "is cut along axis {} of {}, where `{}` is cut along axis {axis} of \
+                         {whole}",
+                        p.axis, p.whole, list[0].key
+                    ),
+                ));
+            }
+            if t.shape.len() != 2 {
+                return Err(bad(
+                    p,
+                    format!(
+                        "is {}, not a matrix (only matrices are cut)",
+                        crate::safetensors::show_shape(&t.shape)
+                    ),
+                ));
+            }
+            if p.end <= p.start {
+                return Err(bad(p, format!("is empty ({}..{})", p.start, p.end)));
+            }
+            if p.start != next {
+                let what = match p.start < next {
+                    true => format!("overlaps the part before it, which ends at {next}"),
+                    false => format!("leaves {next}..{} of {whole} missing", p.start),
+                };
+                return Err(bad(p, what));
+            }
+            if p.end > whole {
+                return Err(bad(p, format!("runs past the whole's {whole}")));
+            }
+            let held = i64::try_from(p.end - p.start).ok();
+            if t.shape.get(axis).copied() != held {
+                return Err(bad(
+                    p,
+                    format!(
+                        "is {}, which does not hold {}..{} along axis {axis}",
+                        crate::safetensors::show_shape(&t.shape),
+                        p.start,
+                        p.end
+                    ),
+                ));
             }
             if let Some((first, _)) = pieces.first()
-                && (t.dtype != first.dtype || t.shape[1 - p.axis] != first.shape[1 - p.axis])
+                && (t.dtype != first.dtype || t.shape[1 - axis] != first.shape[1 - axis])
             {
-                return Err(bad(format!(
-                    "`{}` is {} {}, unlike `{}`",
-                    p.key,
-                    t.dtype,
-                    crate::safetensors::show_shape(&t.shape),
-                    list[0].key
-                )));
+                return Err(bad(
+                    p,
+                    format!(
+                        "is {} {}, unlike `{}` ({} {})",
+                        t.dtype,
+                        crate::safetensors::show_shape(&t.shape),
+                        list[0].key,
+                        first.dtype,
+                        crate::safetensors::show_shape(&first.shape)
+                    ),
+                ));
             }
             next = p.end;
-            pieces.push((t, p.end - p.start));
+            pieces.push((t.clone(), p.end - p.start));
         }
-        let axis = list[0].axis;
+        if next != whole {
+            let last = list.last().expect("a part");
+            return Err(bad(
+                last,
+                format!("leaves {next}..{whole} of {whole} missing"),
+            ));
+        }
+        for p in &list {
+            tensors[p.file].1.tensors.remove(&p.key);
+        }
         let first = &pieces[0].0;
         let (dtype, other) = (first.dtype, first.shape[1 - axis] as usize);
         let size = dtype.size();
@@ -647,9 +711,9 @@ fn join_parts(dir: &Path, tensors: &mut [(PathBuf, SafeTensors)]) -> Result<()> 
             }
         }
         let mut shape = vec![other as i64; 2];
-        shape[axis] = next as i64;
-        let whole = StoredTensor { dtype, shape, data };
-        tensors[list[0].file].1.insert(name, whole)?;
+        shape[axis] = whole as i64;
+        let joined = StoredTensor { dtype, shape, data };
+        tensors[list[0].file].1.insert(name, joined)?;
     }
     Ok(())
 }
@@ -910,65 +974,79 @@ mod tests {
                 .collect()
         };
         let mut t = files(&[
-            ("w@1:2..5", &[2, 3], cols(2, 5)),
-            ("w@1:0..2", &[2, 2], cols(0, 2)),
+            ("w@1:2..5/5", &[2, 3], cols(2, 5)),
+            ("w@1:0..2/5", &[2, 2], cols(0, 2)),
         ]);
-        join_parts(Path::new("ck"), &mut t).unwrap();
+        join_parts(&mut t).unwrap();
         let joined: Vec<&StoredTensor> = t.iter().filter_map(|(_, s)| s.tensors.get("w")).collect();
         assert_eq!(joined, vec![&f32s(&[2, 5], whole.iter().copied())]);
         assert!(t.iter().all(|(_, s)| s.tensors.keys().all(|k| k == "w")));
         // Rows likewise.
         let mut t = files(&[
-            ("v.exp_avg@0:0..1", &[1, 2], vec![1.0, 2.0]),
-            ("v.exp_avg@0:1..3", &[2, 2], vec![3.0, 4.0, 5.0, 6.0]),
+            ("v.exp_avg@0:0..1/3", &[1, 2], vec![1.0, 2.0]),
+            ("v.exp_avg@0:1..3/3", &[2, 2], vec![3.0, 4.0, 5.0, 6.0]),
         ]);
-        join_parts(Path::new("ck"), &mut t).unwrap();
+        join_parts(&mut t).unwrap();
         assert_eq!(
             t[0].1.tensors["v.exp_avg"],
             f32s(&[3, 2], [1.0, 2.0, 3.0, 4.0, 5.0, 6.0])
         );
+        let z = |n: usize| vec![0.0; n];
         for (bad, want) in [
             (
                 vec![
-                    ("w@1:0..2", &[2i64, 2][..], vec![0.0; 4]),
-                    ("w@1:3..5", &[2, 2], vec![0.0; 4]),
+                    ("w@1:0..2/5", &[2i64, 2][..], z(4)),
+                    ("w@1:3..5/5", &[2, 2], z(4)),
                 ],
-                "does not start where the parts before it end (2)",
+                "`w@1:3..5/5` of `w` that leaves 2..3 of 5 missing",
             ),
             (
-                vec![
-                    ("w@1:0..2", &[2, 2], vec![0.0; 4]),
-                    ("w@1:1..3", &[2, 2], vec![0.0; 4]),
-                ],
-                "does not start where",
+                vec![("w@1:0..2/5", &[2, 2], z(4)), ("w@1:1..3/5", &[2, 2], z(4))],
+                "overlaps the part before it, which ends at 2",
             ),
             (
-                vec![
-                    ("w@1:0..2", &[2, 2], vec![0.0; 4]),
-                    ("w@1:2..4", &[3, 2], vec![0.0; 6]),
-                ],
-                "unlike `w@1:0..2`",
+                vec![("w@1:0..2/5", &[2, 2], z(4)), ("w@1:2..4/5", &[2, 2], z(4))],
+                "`w@1:2..4/5` of `w` that leaves 4..5 of 5 missing",
             ),
             (
-                vec![("w@0:0..2", &[2], vec![0.0; 2])],
-                "is [2] along axis 0",
-            ),
-            (vec![("w@x", &[2], vec![0.0; 2])], "is not a part"),
-            (
-                vec![("w@1:1..9223372036854775809", &[2, 2], vec![0.0; 4])],
-                "does not start where",
+                vec![("w@1:0..2/5", &[2, 2], z(4)), ("w@1:2..5/5", &[3, 3], z(9))],
+                "unlike `w@1:0..2/5`",
             ),
             (
-                vec![("w@1:0..18446744073709551615", &[2, 2], vec![0.0; 4])],
-                "does not start where the parts before it end (0) or does not hold",
+                vec![("w@1:0..2/4", &[2, 2], z(4)), ("w@1:2..6/4", &[2, 4], z(8))],
+                "runs past the whole's 4",
+            ),
+            (vec![("w@0:0..2/2", &[2], z(2))], "is [2], not a matrix"),
+            (vec![("w@5:0..2/2", &[2, 2], z(4))], "is cut along axis 5"),
+            (
+                vec![("w@0:0..1/2", &[1, 2], z(2)), ("w@1:1..2/2", &[2, 1], z(2))],
+                "is cut along axis 1 of 2, where `w@0:0..1/2` is cut along axis 0",
             ),
             (
-                vec![("w@1:1..3", &[2, 2], vec![0.0; 4])],
-                "does not start where",
+                vec![("w@0:0..0/2", &[0, 2], z(0)), ("w@0:0..2/2", &[2, 2], z(4))],
+                "is empty (0..0)",
+            ),
+            (vec![("w@x", &[2], z(2))], "is not a part"),
+            (vec![("w@1:0..2", &[2, 2], z(4))], "is not a part"),
+            (
+                vec![("w@1:1..9223372036854775809/9", &[2, 2], z(4))],
+                "leaves 0..1 of 9 missing",
+            ),
+            (
+                vec![(
+                    "w@1:0..18446744073709551615/18446744073709551615",
+                    &[2, 2],
+                    z(4),
+                )],
+                "does not hold 0..18446744073709551615",
+            ),
+            (
+                vec![("w", &[2, 2], z(4)), ("w@1:0..2/2", &[2, 2], z(4))],
+                "holds `w` whole, and the checkpoint holds parts of it too",
             ),
         ] {
             let mut t = files(&bad);
-            let e = join_parts(Path::new("ck"), &mut t).unwrap_err().to_string();
+            let e = join_parts(&mut t).unwrap_err().to_string();
             assert!(e.contains(want), "{bad:?}: {e}");
         }
     }

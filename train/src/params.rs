@@ -308,9 +308,12 @@ impl Part {
         }
     }
 
-    /// The suffix naming it in a checkpoint's stage file, `@axis:start..end`.
+    /// The suffix naming it in a checkpoint's stage file,
+    /// `@axis:start..end/whole` (`whole` the whole parameter's extent along
+    /// `axis`).
     pub fn tag(&self) -> String {
-        format!("@{}:{}..{}", self.axis, self.start, self.end)
+        let whole = self.full[self.axis];
+        format!("@{}:{}..{}/{whole}", self.axis, self.start, self.end)
     }
 }
 
@@ -744,7 +747,7 @@ mod tests {
             .find(|p| p.name == "layers.1.feed_forward.w2.weight")
             .unwrap();
         assert_eq!(w2.shape, vec![64, 70]);
-        assert_eq!(w2.part.as_ref().unwrap().tag(), "@1:50..120");
+        assert_eq!(w2.part.as_ref().unwrap().tag(), "@1:50..120/176");
 
         // An attention half cut after its first key/value head (tiny has
         // 2, each with 2 query heads of 16): its heads' rows of wq, wk and
@@ -768,22 +771,22 @@ mod tests {
                 (
                     "layers.1.attention.wq.weight",
                     &[32, 64][..],
-                    "@0:32..64".to_string()
+                    "@0:32..64/64".to_string()
                 ),
                 (
                     "layers.1.attention.wk.weight",
                     &[16, 64][..],
-                    "@0:16..32".to_string()
+                    "@0:16..32/32".to_string()
                 ),
                 (
                     "layers.1.attention.wv.weight",
                     &[16, 64][..],
-                    "@0:16..32".to_string()
+                    "@0:16..32/32".to_string()
                 ),
                 (
                     "layers.1.attention.wo.weight",
                     &[64, 32][..],
-                    "@1:32..64".to_string()
+                    "@1:32..64/64".to_string()
                 ),
             ]
         );

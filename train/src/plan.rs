@@ -391,7 +391,7 @@ impl TrainPlan {
                 if a != next || (b <= a && !end_alone) || b > last {
                     return bad(format!(
                         "group {gi} stage {si} ({}) holds blocks {a}..{b}, but it must start at \
-                         block {next}, end by block {last} and hold at least half a block \
+                         block {next}, end by block {last} and hold a part of the model \
                          (only a pipeline's first stage may hold the embedding alone, 0..0, \
                          and only its last the head alone, {last}..{last})",
                         s.device
@@ -850,7 +850,7 @@ mod tests {
         ] {
             let plan = TrainPlan::parse_stages(bad, 1, 2, 4).unwrap();
             let e = plan.validate(&cfg, 8).unwrap_err().to_string();
-            assert!(e.contains("hold at least half a block"), "{bad}: {e}");
+            assert!(e.contains("hold a part of the model"), "{bad}: {e}");
         }
     }
 

@@ -243,8 +243,8 @@ impl Stage {
 
     /// The shape of the activation a later stage receives from it for a
     /// micro-batch of `b` sequences: `[b, seq_len, dim]`, or the pair
-    /// `[2, b, seq_len, dim]` across a cut inside a feed-forward half. The
-    /// gradient sent back has the same shape.
+    /// `[2, b, seq_len, dim]` across a cut inside a half. The gradient
+    /// sent back has the same shape.
     pub fn activation_shape(cfg: &ModelConfig, pair: bool, b: usize) -> Vec<i64> {
         let one = [b as i64, cfg.seq_len as i64, cfg.dim as i64];
         match pair {
@@ -308,8 +308,8 @@ impl Stage {
     }
 
     /// Parameter `which` ([`crate::params::block`]) of block `layer`, a
-    /// block whose half holding it the stage holds (a feed-forward half
-    /// held from a column past its first holds no norm).
+    /// block whose half holding it the stage holds (a half held from a
+    /// part past its first holds no norm).
     fn block_param(&self, layer: usize, which: usize) -> &Param {
         let ffn = usize::from(which >= ATTENTION_PARAMS);
         let half = 2 * layer + ffn;
@@ -352,11 +352,10 @@ impl Stage {
                 (x, Some(tokens), b)
             }
             StageInput::Hidden(x) => {
-                let want = self.input_shape(
-                    x.shape()
-                        .get(usize::from(self.range.takes_pair()))
-                        .map_or(0, |&b| b as usize),
-                );
+                // The batch is the first axis, or the second of a pair.
+                let at = usize::from(self.range.takes_pair());
+                let b = x.shape().get(at).map_or(0, |&b| b as usize);
+                let want = self.input_shape(b);
                 if x.shape() != want.as_slice() {
                     return Err(crate::TrainError::Plan(format!(
                         "stage {}..{} takes an activation of shape {want:?}, not {:?}",
@@ -365,7 +364,6 @@ impl Stage {
                         x.shape()
                     )));
                 }
-                let b = want[usize::from(self.range.takes_pair())] as usize;
                 (x, None, b)
             }
         };
