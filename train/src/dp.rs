@@ -16,8 +16,8 @@ use crate::plan::Role;
 /// layers` the half blocks (unit `h + 1` is half `h`, see
 /// [`crate::params::Cut`]), `2 * layers + 1` the final norm and head; with
 /// the part of a half held ([`crate::params::StageRange::held`]; nothing
-/// for the ends). Ranks hold the same parameters when
-/// they hold the same units.
+/// for the ends). Ranks hold the same parameters when they hold the same
+/// units.
 type UnitKey = (usize, Range<usize>);
 
 /// The units `role` holds, in model order.
@@ -62,8 +62,8 @@ fn holder_sets(roles: &[Role], cfg: &ModelConfig) -> Vec<Vec<usize>> {
 
 /// The units `role` holds, each with its parameters' index range in
 /// [`Stage::params`] (the order of `params::stage_params`: embedding, 5 per
-/// attention half and 4 per feed-forward half, 3 for one held from a
-/// column past its first, final norm and head).
+/// attention half and 4 per feed-forward half, one fewer for a half held
+/// from a part past its first, final norm and head).
 pub(crate) fn unit_params(role: &Role, cfg: &ModelConfig) -> Vec<(UnitKey, Range<usize>)> {
     let mut at = 0;
     role_units(role, cfg)

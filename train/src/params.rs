@@ -119,7 +119,7 @@ impl serde::Serialize for Cut {
 /// What a plan file's cut must be.
 const CUT_EXPECTED: &str = "a block number, whole or halfway (e.g. 3 or 3.5), or \"3+HEADS\" or \"3.5+COLS\" to \
      cut block 3's attention half after HEADS of its key/value heads or its feed-forward \
-     half after COLS of its columns";
+     half after COLS of its columns (HEADS and COLS from 1)";
 
 impl<'de> serde::Deserialize<'de> for Cut {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Cut, D::Error> {

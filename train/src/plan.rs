@@ -185,7 +185,7 @@ impl TrainPlan {
                     "--stages entry {part:?} is not DEVICE=FIRST..END (e.g. ferrite:0=0..3, \
                      ferrite:0=0..3.5 to cut halfway through block 3, ferrite:0=0..3+1 to cut \
                      its attention half after one key/value head, or ferrite:0=0..3.5+40 to \
-                     cut its feed-forward half after 40 columns)"
+                     cut its feed-forward half after 40 columns; heads and columns from 1)"
                 ))
             };
             let (device, range) = part.split_once('=').ok_or_else(bad)?;
