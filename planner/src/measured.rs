@@ -1246,6 +1246,29 @@ mod tests {
         }
     }
 
+    /// Uniforms in [0, 1) from xorshift64 seeded with `seed`.
+    fn uniform(mut state: u64) -> impl FnMut() -> f64 {
+        move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state >> 11) as f64 / (1u64 << 53) as f64
+        }
+    }
+
+    /// Device 1 on `0..(h, c)`, device 0 on the rest of `halves` half
+    /// blocks: a two-stage pipeline cut inside half `h`.
+    fn slow_then_fast(h: usize, c: usize, halves: usize) -> [MeasuredStage; 2] {
+        let stage = |device, from, from_cols, to, to_cols| MeasuredStage {
+            device,
+            from,
+            to,
+            from_cols,
+            to_cols,
+        };
+        [stage(1, 0, 0, h, c), stage(0, h, c, halves, 0)]
+    }
+
     fn dev(name: &str, block: f64, head: f64) -> MeasuredDevice {
         MeasuredDevice {
             name: name.into(),
@@ -1589,13 +1612,7 @@ mod tests {
         // a brute force over every layout's expected step finds, and no
         // layout expects less than its nominal step (the convexity the
         // window rests on).
-        let mut state = 0x9e37_79b9_7f4a_7c15u64;
-        let mut next = move || {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            (state >> 11) as f64 / (1u64 << 53) as f64
-        };
+        let mut next = uniform(0x9e37_79b9_7f4a_7c15u64);
         for case in 0..200 {
             let n = 2 + (case % 2);
             let devs: Vec<MeasuredDevice> = (0..n)
@@ -1883,22 +1900,7 @@ mod tests {
         let mut best = f64::INFINITY;
         for h in (1..48).step_by(2) {
             for c in (2..176).step_by(2) {
-                let stages = [
-                    MeasuredStage {
-                        device: 1,
-                        from: 0,
-                        to: h,
-                        from_cols: 0,
-                        to_cols: c,
-                    },
-                    MeasuredStage {
-                        device: 0,
-                        from: h,
-                        to: 48,
-                        from_cols: c,
-                        to_cols: 0,
-                    },
-                ];
+                let stages = slow_then_fast(h, c, 48);
                 best = best.min(pipeline_time(&devs, &at(176), &stages, m, 0));
             }
         }
@@ -1973,22 +1975,7 @@ mod tests {
         let mut best = f64::INFINITY;
         for h in (0..46).step_by(2) {
             for c in 1..8 {
-                let stages = [
-                    MeasuredStage {
-                        device: 1,
-                        from: 0,
-                        to: h,
-                        from_cols: 0,
-                        to_cols: c,
-                    },
-                    MeasuredStage {
-                        device: 0,
-                        from: h,
-                        to: 46,
-                        from_cols: c,
-                        to_cols: 0,
-                    },
-                ];
+                let stages = slow_then_fast(h, c, 46);
                 best = best.min(pipeline_time(&devs, &at(8), &stages, m, 0));
             }
         }
@@ -2018,13 +2005,7 @@ mod tests {
         // kv heads (none when there is one, or none); its step is its
         // stages' simulated step, and it expects no more than the plan at
         // half a block's grain.
-        let mut state = 0x2545_f491_4f6c_dd1du64;
-        let mut next = move || {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            (state >> 11) as f64 / (1u64 << 53) as f64
-        };
+        let mut next = uniform(0x2545_f491_4f6c_dd1du64);
         let (mut width_cuts, mut head_cuts) = (0, 0);
         for case in 0..60 {
             let n = 2 + (case % 2);
