@@ -896,7 +896,22 @@ pub fn checkpoint_weights(path: &Path) -> Result<(Manifest, BTreeMap<String, Vec
             });
         };
         let bytes = st.take(file, &spec.name, DType::F32, &spec.shape)?;
-        out.insert(spec.name.clone(), to_f32(DType::F32, &bytes));
+        let values = to_f32(DType::F32, &bytes);
+        // Saves refuse diverged weights; a checkpoint written before they
+        // did (or by hand) is refused here, for logits and export alike.
+        if let Some(i) = values.iter().position(|v| !v.is_finite()) {
+            return Err(TrainError::Checkpoint {
+                path: file.clone(),
+                message: format!(
+                    "has a weight that is not finite: tensor `{}` element {i} is {} (of {}); \
+                     a model with NaN or infinite weights cannot be used",
+                    spec.name,
+                    values[i],
+                    values.len()
+                ),
+            });
+        }
+        out.insert(spec.name.clone(), values);
     }
     Ok((loaded.manifest, out))
 }

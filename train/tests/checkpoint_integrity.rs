@@ -625,3 +625,46 @@ fn a_version_1_checkpoint_is_refused_naming_the_format() {
     std::fs::write(&m, v1).unwrap();
     refused(&root, &m, &["polychip-checkpoint/1", "this build reads"]);
 }
+
+/// A checkpoint whose weights are not finite (saved before saves refused
+/// them, or by hand) is refused by what reads its weights (logits,
+/// export), naming the file, the tensor and the element.
+#[test]
+fn weights_that_are_not_finite_are_refused_by_name() {
+    use polychip_train::params::{StageRange, stage_params};
+    let root = scratch("nan");
+    let cfg = ModelConfig::preset("mini").unwrap();
+    let mut st = SafeTensors::new();
+    for spec in stage_params(&cfg, &StageRange::whole(&cfg)) {
+        let mut values = vec![0.01f32; spec.numel()];
+        if spec.name == "layers.1.feed_forward.w2.weight" {
+            values[5] = f32::NAN;
+        }
+        let t = StoredTensor {
+            dtype: DType::F32,
+            shape: spec.shape.clone(),
+            data: values.iter().flat_map(|v| v.to_le_bytes()).collect(),
+        };
+        st.insert(spec.name, t).unwrap();
+    }
+    checkpoint::write_tensors(&root, 3, &st, 0, 1).unwrap();
+    let manifest = Manifest {
+        format: checkpoint::FORMAT.into(),
+        step: 3,
+        model: cfg,
+        train: TrainConfig::default(),
+        plan: "test".into(),
+        files: vec![checkpoint::stage_file(0, 1)],
+        sums: Vec::new(),
+    };
+    checkpoint::commit(&root, &manifest).unwrap();
+    let e = polychip_train::hf::checkpoint_weights(&root)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("stage-00-of-01")
+            && e.contains("tensor `layers.1.feed_forward.w2.weight` element 5 is NaN"),
+        "{e}"
+    );
+    let _ = std::fs::remove_dir_all(&root);
+}
