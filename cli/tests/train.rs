@@ -238,9 +238,8 @@ fn half_blocks_and_a_smaller_last_micro_batch_follow_the_curve() {
 /// halves cut by their key/value heads: the same curve as one device; a
 /// checkpoint (each stage's part saved under its place in the whole)
 /// resumes into splits with and without width cuts.
-/// Cuts the model cannot have are refused by name. (Replicas of a width
-/// cut need more devices than the bundled three: their reduction groups
-/// are tested in `polychip_train::dp`.)
+/// Replicas of a width cut reduce each part with its own. Cuts the model
+/// cannot have are refused by name.
 #[test]
 fn a_feed_forward_half_cut_by_width_follows_the_curve_and_resumes_across_splits() {
     let dir = scratch("width");
@@ -252,6 +251,27 @@ fn a_feed_forward_half_cut_by_width_follows_the_curve_and_resumes_across_splits(
     ];
     let (reference, _, c) = follows_and_checkpoints(&dir, 8, &layout, "width cuts");
     resumes_into(&dir, &reference, &c, "ferrite:0=0..1,cobalt:0=1..2");
+    // Two replicas of a width cut with a sharded optimizer step, each part
+    // reduced with its own (two more devices than the bundled three, from
+    // the plugins' device counts).
+    let more = [
+        ("POLYCHIP_FERRITE_DEVICES", "2"),
+        ("POLYCHIP_COBALT_DEVICES", "2"),
+    ];
+    let replicas = [
+        "--steps",
+        "8",
+        "--stages",
+        "ferrite=0..1+1,cobalt=1+1..2",
+        "--copies",
+        "2",
+        "--micro-batch-size",
+        "2",
+        "--shard-optimizer",
+    ];
+    let got = curve_env(&dir, "replicas", &COMMON, &replicas, &more);
+    let d = max_diff(&reference, &got);
+    assert!(d <= F32_BOUND, "replicas of a width cut: differs by {d}");
     resumes_into(
         &dir,
         &reference,
