@@ -1059,9 +1059,24 @@ fn report(args: &Args, plan: &TrainPlan, s: &Summary) -> Result<(), TrainError> 
             s.tokens_per_s
         );
     }
-    for t in &s.stage_times {
+    // Ranks in order, as the plan numbers them.
+    let roles = plan.roles();
+    for (r, t) in s.stage_times.iter().enumerate() {
+        let predicted = roles
+            .get(r)
+            .and_then(|role| plan.groups[role.group].stages[role.stage].predicted_passes)
+            .filter(|[f, b]| *f > 0.0 && *b > 0.0)
+            .map_or(String::new(), |[f, b]| {
+                format!(
+                    " (predicted {:.2} and {:.2}: {:+.1}%, {:+.1}%)",
+                    f * 1e3,
+                    b * 1e3,
+                    (t.forward / f - 1.0) * 100.0,
+                    (t.backward / b - 1.0) * 100.0
+                )
+            });
         println!(
-            "  {}: forward {:.2} ms, backward {:.2} ms per micro-batch",
+            "  {}: forward {:.2} ms, backward {:.2} ms per micro-batch{predicted}",
             t.label,
             t.forward * 1e3,
             t.backward * 1e3

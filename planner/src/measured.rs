@@ -464,6 +464,28 @@ fn unit_params(model: &MeasuredModel, span: &Span) -> Vec<u64> {
     units
 }
 
+/// Forward and backward seconds of one micro-batch through stage `s`, the
+/// `i`th of a pipeline of `k`, on a device of costs `d`, as the search
+/// prices it: its parts' costs ([`stage_passes`]), the backward pass run
+/// whole unless the stage splits it (a zero-bubble stage that sends a
+/// gradient).
+pub fn stage_pass_times(
+    d: &MeasuredDevice,
+    model: &MeasuredModel,
+    s: &MeasuredStage,
+    i: usize,
+    k: usize,
+) -> (f64, f64) {
+    let span = Span::of(s, i, k);
+    let (attention, ffn) = span.counts(model.ffn, model.kv_heads);
+    let (f, mut b) = stage_passes(d, attention, ffn, span.embed, span.head);
+    let splits = model.schedule == PipelineSchedule::ZeroBubble && i > 0;
+    if !splits {
+        b *= d.fused_backward();
+    }
+    (f, b)
+}
+
 /// The simulated step of one pipeline of `m` micro-batches whose every
 /// stage then all-reduces the gradients of `reduced_params` parameters,
 /// overlapped with its last backward pass when the model says so (the
@@ -487,13 +509,7 @@ fn pipeline_time(
             let span = Span::of(s, i, p);
             let (embed, head) = (span.embed, span.head);
             let (attention, ffn) = span.counts(model.ffn, model.kv_heads);
-            let (f, mut b) = stage_passes(d, attention, ffn, embed, head);
-            // Only a zero-bubble stage that sends a gradient splits its
-            // backward pass; the others run it whole.
-            let splits = model.schedule == PipelineSchedule::ZeroBubble && i > 0;
-            if !splits {
-                b *= d.fused_backward();
-            }
+            let (f, b) = stage_pass_times(d, model, s, i, p);
             let mut params = attention * model.attention_params as f64
                 + ffn * (model.block_params - model.attention_params) as f64;
             if embed {

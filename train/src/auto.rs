@@ -708,6 +708,20 @@ pub fn auto_plan(
         let sum: f64 = w.iter().sum();
         w.iter().map(|x| x / sum).collect()
     });
+    // Each pipeline stage's predicted passes (`costs` are at the size the
+    // pipeline search found the best at; replicas dealt by sequence are
+    // whole models, each at its own size, and get none).
+    let passes = |p: &measured::MeasuredPipeline, j: usize| {
+        let s = &p.stages[j];
+        (p.stages.len() > 1).then(|| {
+            let model = MeasuredModel {
+                schedule,
+                ..measured_model(cfg, t, p.micro_batch, gb, choices)
+            };
+            let (f, b) = measured::stage_pass_times(&costs[s.device], &model, s, j, p.stages.len());
+            [f, b]
+        })
+    };
     let groups = found
         .pipelines
         .iter()
@@ -720,13 +734,15 @@ pub fn auto_plan(
             stages: p
                 .stages
                 .iter()
-                .map(|s| StagePlan {
+                .enumerate()
+                .map(|(j, s)| StagePlan {
                     device: costs[s.device].name.clone(),
                     layers: [
                         Cut::inside(s.from, s.from_cols),
                         Cut::inside(s.to, s.to_cols),
                     ],
                     optimizer_weight: shares.as_ref().map(|w| w[i]),
+                    predicted_passes: passes(p, j),
                 })
                 .collect(),
         })

@@ -40,6 +40,12 @@ pub struct StagePlan {
     /// weights are gathered. Given on every stage of a plan or on none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub optimizer_weight: Option<f64>,
+    /// The planner's forward and backward seconds of one micro-batch
+    /// through this stage (plans from `--plan auto`): `polychip train`
+    /// prints them beside the measured ones, so a stage the profile
+    /// misjudged shows.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub predicted_passes: Option<[f64; 2]>,
 }
 
 /// `copies` identical pipelines.
@@ -160,6 +166,7 @@ impl TrainPlan {
                     device: device.to_string(),
                     layers: [Cut::at(0), Cut::block(layers)],
                     optimizer_weight: None,
+                    predicted_passes: None,
                 }],
             }],
             predicted_step_seconds: None,
@@ -202,6 +209,7 @@ impl TrainPlan {
                 device: device.trim().to_string(),
                 layers: [first, end],
                 optimizer_weight: None,
+                predicted_passes: None,
             });
         }
         Ok(TrainPlan {
@@ -423,6 +431,19 @@ impl TrainPlan {
                     ));
                 }
                 next = b;
+                if let Some(p) = s.predicted_passes
+                    && !p
+                        .iter()
+                        .all(|x| x.is_finite() && (0.0..=MAX_PREDICTED_STEP_SECONDS).contains(x))
+                {
+                    return bad(format!(
+                        "group {gi} stage {si} ({}): predicted_passes is [{}, {}]; they must be \
+                         seconds, from 0 to {MAX_PREDICTED_STEP_SECONDS:e}",
+                        s.device,
+                        polychip_planner::cluster::fmt_num(p[0]),
+                        polychip_planner::cluster::fmt_num(p[1])
+                    ));
+                }
                 if let Some(w) = s.optimizer_weight
                     && !(w > 0.0 && w <= MAX_OPTIMIZER_WEIGHT)
                 {
@@ -642,6 +663,7 @@ pub fn from_planner(plan: &polychip_planner::plan::Plan) -> Result<TrainPlan> {
                     Cut::block(s.end_layer as usize),
                 ],
                 optimizer_weight: None,
+                predicted_passes: None,
             });
         }
         let size = |field: &str, v: u64| {
@@ -748,6 +770,28 @@ mod tests {
         ["ferrite:0", "ferrite:1", "cobalt:0"]
             .map(String::from)
             .to_vec()
+    }
+
+    #[test]
+    fn predicted_passes_are_seconds_or_refused_by_stage() {
+        let cfg = ModelConfig::preset("tiny").unwrap();
+        let mut plan =
+            TrainPlan::parse_stages("ferrite:0=0..2+1,cobalt:0=2+1..4", 1, 2, 2).unwrap();
+        plan.groups[0].stages[1].predicted_passes = Some([0.009, 0.012]);
+        plan.validate(&cfg, 4).unwrap();
+        let text = serde_json::to_string(&plan).unwrap();
+        assert!(
+            text.contains(r#""predicted_passes":[0.009,0.012]"#),
+            "{text}"
+        );
+        for bad in [f64::NAN, -1.0, 1e10] {
+            plan.groups[0].stages[1].predicted_passes = Some([0.009, bad]);
+            let e = plan.validate(&cfg, 4).unwrap_err().to_string();
+            assert!(
+                e.contains("group 0 stage 1 (cobalt:0): predicted_passes is [0.009,"),
+                "{e}"
+            );
+        }
     }
 
     #[test]
