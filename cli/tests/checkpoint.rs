@@ -28,10 +28,7 @@ fn refused(args: &[&str]) -> String {
 }
 
 fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("polychip-ckpt-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+    common::scratch_dir("ckpt", name)
 }
 
 fn s(p: &Path) -> String {

@@ -92,10 +92,7 @@ fn no_driver_means_zero_devices_and_the_reason() {
 }
 
 fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("polychip-opencl-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+    common::scratch_dir("opencl", name)
 }
 
 /// `polychip train` on the default model (`tiny`, 4 blocks) with the

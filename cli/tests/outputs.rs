@@ -10,10 +10,7 @@ use common::{built_plugin, polychip};
 use std::path::{Path, PathBuf};
 
 fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("polychip-outputs-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+    common::scratch_dir("outputs", name)
 }
 
 fn s(p: &Path) -> String {

@@ -15,10 +15,7 @@ const F32_BOUND: f64 = 1e-4;
 const BF16_BOUND: f64 = 2e-2;
 
 fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("polychip-train-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+    common::scratch_dir("train", name)
 }
 
 const COMMON: [&str; 10] = [

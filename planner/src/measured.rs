@@ -257,13 +257,6 @@ impl Span {
         }
     }
 
-    /// The attention halves and the feed-forward halves `[from, to)`
-    /// (the columns ignored: a half `from` cut by its columns counts
-    /// whole, a half `to` not at all; [`Span::counts`] counts them).
-    pub fn half_counts(&self) -> (usize, usize) {
-        half_counts(self.from, self.to)
-    }
-
     /// The attention halves and the feed-forward halves it holds, a half
     /// held in part counted by its share of the columns: of the `kv_heads`
     /// kv heads for an attention half, of the `ffn` columns for a
@@ -1719,7 +1712,6 @@ mod tests {
             embed: false,
             head: false,
         };
-        assert_eq!(span.half_counts(), (2, 2));
         assert_eq!(span.counts(176, 0), (2.0, 2.0));
         // Its units: a quarter of half 1's feed-forward weights gone, a
         // quarter of half 5's held.
@@ -1763,7 +1755,6 @@ mod tests {
             embed: false,
             head: false,
         };
-        assert_eq!(span.half_counts(), (1, 1));
         assert_eq!(span.counts(176, 4), (1.5, 1.0));
         assert_eq!(span.counts(176, 0), (1.0, 1.0));
         // Its units: a quarter of half 2's attention weights gone, three

@@ -53,10 +53,10 @@ impl Profile {
 /// Median seconds of a micro-batch through `stage`: its forward pass, its
 /// backward pass's input gradients and its weights' gradients (timed
 /// apart, as the zero-bubble schedule runs them; together the backward
-/// pass), the backward pass run whole (after a forward pass of its own),
-/// and the device bytes its forward keeps for the backward (what the host
-/// holds after the forward less before it).
-fn time_passes(stage: &Stage, b: usize, reps: usize) -> Result<Timed> {
+/// pass), with `whole` the backward pass run whole too (after a forward
+/// pass of its own), and the device bytes its forward keeps for the
+/// backward (what the host holds after the forward less before it).
+fn time_passes(stage: &Stage, b: usize, reps: usize, whole: bool) -> Result<Timed> {
     let cfg = stage.config().clone();
     // Any valid tokens do: the costs do not depend on the values.
     let token = |i: usize| (i * 37 % cfg.vocab) as i32;
@@ -106,11 +106,13 @@ fn time_passes(stage: &Stage, b: usize, reps: usize) -> Result<Timed> {
         fw.push((mid - start).as_secs_f64());
         bw.push((input_done - mid).as_secs_f64());
         ww.push(input_done.elapsed().as_secs_f64());
-        // The same backward pass run whole.
-        let (saved, _, _) = stage.forward(again, t)?;
-        let whole = Instant::now();
-        stage.backward(saved, g, 1.0)?;
-        fused.push(whole.elapsed().as_secs_f64());
+        if whole {
+            // The same backward pass run whole.
+            let (saved, _, _) = stage.forward(again, t)?;
+            let start = Instant::now();
+            stage.backward(saved, g, 1.0)?;
+            fused.push(start.elapsed().as_secs_f64());
+        }
     }
     let med = |mut v: Vec<f64>| {
         v.remove(0);
@@ -121,7 +123,7 @@ fn time_passes(stage: &Stage, b: usize, reps: usize) -> Result<Timed> {
         forward: med(fw),
         input_pass: med(bw),
         weight_pass: med(ww),
-        fused: med(fused),
+        fused: if whole { med(fused) } else { 0.0 },
         kept,
     })
 }
@@ -133,7 +135,7 @@ struct Timed {
     input_pass: f64,
     /// Its weights' gradients, right after.
     weight_pass: f64,
-    /// The backward pass run whole.
+    /// The backward pass run whole (0 when not asked for).
     fused: f64,
     /// Device bytes the forward keeps for the backward.
     kept: u64,
@@ -177,8 +179,8 @@ pub fn profile_repeated(
     // run it): measured directly, where the difference of two noisy
     // stage times moved a slow chip's embedding between 0 and several
     // milliseconds from one profile to the next.
-    let e0 = time_passes(&st(range(0, true, false))?, b, reps)?;
-    let h0 = time_passes(&st(range(0, false, true))?, b, reps)?;
+    let e0 = time_passes(&st(range(0, true, false))?, b, reps, false)?;
+    let h0 = time_passes(&st(range(0, false, true))?, b, reps, false)?;
     let embed = (e0.forward, e0.backward());
     let head = (h0.forward, h0.backward());
     // Blocks from a stage of all of them (up to 16, fewer when they do not
@@ -192,7 +194,7 @@ pub fn profile_repeated(
     while many > 1 && !fits(many) {
         many /= 2;
     }
-    let bn = time_passes(&st(range(many, false, false))?, b, reps / 2 + 1)?;
+    let bn = time_passes(&st(range(many, false, false))?, b, reps / 2 + 1, true)?;
     let k = many as f64;
     let block = (bn.forward / k, bn.backward() / k);
     let block_weights = bn.weight_pass / k;
@@ -206,8 +208,8 @@ pub fn profile_repeated(
         embed: false,
         head: false,
     };
-    let att = time_passes(&st(half(0))?, b, reps)?;
-    let ffn = time_passes(&st(half(1))?, b, reps)?;
+    let att = time_passes(&st(half(0))?, b, reps, false)?;
+    let ffn = time_passes(&st(half(1))?, b, reps, false)?;
     let share = |a: f64, f: f64| if a + f > 0.0 { a / (a + f) } else { 0.5 };
     let attention = (
         block.0 * share(att.forward, ffn.forward),

@@ -637,21 +637,8 @@ impl HfModel {
             let bytes = h.read_tensor(file, &loc.hf)?;
             let dtype = h.tensors[&loc.hf].dtype.expect("checked when opened");
             let values = to_f32(dtype, &bytes);
-            // A model with NaN or infinite weights computes nothing usable:
-            // refused by name (import, --init-from, logits).
-            if let Some(i) = values.iter().position(|v| !v.is_finite()) {
-                return Err(TrainError::Checkpoint {
-                    path: h.path.clone(),
-                    message: format!(
-                        "has a weight that is not finite: tensor `{}` element {i} is {} (of {}); \
-                         a model with NaN or infinite weights cannot be used",
-                        loc.hf,
-                        values[i],
-                        values.len()
-                    ),
-                });
-            }
-            Ok(values)
+            // Import, --init-from, logits.
+            check_finite(&h.path, &loc.hf, values)
         };
         let mut out = BTreeMap::new();
         for spec in specs {
@@ -878,6 +865,24 @@ pub fn export_weights(
     })
 }
 
+/// `values`, tensor `name` of the file `path`, when every one is finite:
+/// a model with NaN or infinite weights computes nothing usable, and is
+/// refused naming the file, the tensor and the element.
+fn check_finite(path: &Path, name: &str, values: Vec<f32>) -> Result<Vec<f32>> {
+    match values.iter().position(|v| !v.is_finite()) {
+        None => Ok(values),
+        Some(i) => Err(TrainError::Checkpoint {
+            path: path.to_path_buf(),
+            message: format!(
+                "has a weight that is not finite: tensor `{name}` element {i} is {} (of {}); \
+                 a model with NaN or infinite weights cannot be used",
+                values[i],
+                values.len()
+            ),
+        }),
+    }
+}
+
 /// The weights of a polychip checkpoint (a step directory or a root with
 /// `latest`, of any stage split), by the trainer's names, and its manifest.
 pub fn checkpoint_weights(path: &Path) -> Result<(Manifest, BTreeMap<String, Vec<f32>>)> {
@@ -896,21 +901,9 @@ pub fn checkpoint_weights(path: &Path) -> Result<(Manifest, BTreeMap<String, Vec
             });
         };
         let bytes = st.take(file, &spec.name, DType::F32, &spec.shape)?;
-        let values = to_f32(DType::F32, &bytes);
         // Saves refuse diverged weights; a checkpoint written before they
         // did (or by hand) is refused here, for logits and export alike.
-        if let Some(i) = values.iter().position(|v| !v.is_finite()) {
-            return Err(TrainError::Checkpoint {
-                path: file.clone(),
-                message: format!(
-                    "has a weight that is not finite: tensor `{}` element {i} is {} (of {}); \
-                     a model with NaN or infinite weights cannot be used",
-                    spec.name,
-                    values[i],
-                    values.len()
-                ),
-            });
-        }
+        let values = check_finite(file, &spec.name, to_f32(DType::F32, &bytes))?;
         out.insert(spec.name.clone(), values);
     }
     Ok((loaded.manifest, out))

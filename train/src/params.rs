@@ -247,12 +247,16 @@ impl StageRange {
     /// Attention halves and feed-forward halves held, a half held in part
     /// counted by its share of its width.
     pub fn half_counts(&self, cfg: &ModelConfig) -> (f64, f64) {
-        let mut counts = [0.0; 2];
-        for h in self.halves() {
-            let width = half_width(cfg, h);
-            counts[h % 2] += self.held(h, width).len() as f64 / width.max(1) as f64;
-        }
-        (counts[0], counts[1])
+        // The planner's count of the same span, so the two agree.
+        let (s, e) = (self.start, self.end);
+        polychip_planner::measured::span_counts(
+            s.half,
+            s.cols,
+            e.half,
+            e.cols,
+            cfg.ffn,
+            cfg.kv_heads,
+        )
     }
 }
 

@@ -115,3 +115,13 @@ pub fn max_diff(a: &[f64], b: &[f64]) -> f64 {
         .map(|(x, y)| (x - y).abs())
         .fold(0.0, f64::max)
 }
+
+/// A fresh, empty scratch directory `polychip-{suite}-{pid}-{name}` in the
+/// temporary directory (whatever an earlier run left there removed).
+#[allow(dead_code)]
+pub fn scratch_dir(suite: &str, name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("polychip-{suite}-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
