@@ -19,7 +19,7 @@
 //! Every other crate that reads or writes such files goes through these, so
 //! the rules (and their messages) are the same everywhere.
 
-use std::fs::FileType;
+use std::fs::{File, FileType};
 use std::io::{Error, ErrorKind, Read, Write};
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
@@ -49,50 +49,86 @@ pub fn kind(ft: FileType) -> &'static str {
     }
 }
 
-/// Reads the text file `path` if it is a regular file of at most `max_len`
-/// bytes. Anything else is refused before it is opened, so that a FIFO
-/// named in its place cannot block and `/dev/zero` cannot fill the memory;
-/// a file that grows past the bound while it is read is refused too (and
-/// one swapped for a FIFO between the check and the open is opened without
-/// blocking and refused). The errors say what the path is (a directory, a
-/// FIFO, a device) or how long.
-pub fn read_text_file(path: &Path, max_len: u64) -> std::io::Result<String> {
+/// Whether a symbolic link may stand for a file read with
+/// [`open_regular`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Links {
+    /// Follow it (a path the user named; a Hugging Face cache, whose
+    /// snapshots are links to blobs).
+    Follow,
+    /// Refuse it (a file a checkpoint names: it must be inside it); the
+    /// open fails with `ELOOP`.
+    Refuse,
+}
+
+fn not_regular(ft: FileType) -> Error {
+    Error::new(
+        ErrorKind::InvalidInput,
+        format!("it is {}, not a regular file; it was not read", kind(ft)),
+    )
+}
+
+fn too_long(what: String, max_len: u64) -> Error {
+    Error::new(
+        ErrorKind::InvalidData,
+        format!("{what} more than the {max_len} bytes such a file may have"),
+    )
+}
+
+/// Opens `path` for reading if it is a regular file of at most `max_len`
+/// bytes; returns it and its length, nothing read. It is opened with
+/// `O_NONBLOCK`, so a FIFO named in its place does not block the open, and
+/// checked with `fstat` before a byte is read. The errors say what the
+/// path is (a directory, a FIFO, a device) or how long.
+pub fn open_regular(path: &Path, links: Links, max_len: u64) -> std::io::Result<(File, u64)> {
     use std::os::unix::fs::OpenOptionsExt;
-    let not_regular = |ft: FileType| {
-        Error::new(
-            ErrorKind::InvalidInput,
-            format!("it is {}, not a regular file; it was not read", kind(ft)),
-        )
-    };
+    let mut flags = libc::O_NONBLOCK;
+    if links == Links::Refuse {
+        flags |= libc::O_NOFOLLOW;
+    }
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(flags)
+        .open(path)?;
+    let meta = file.metadata()?;
+    if !meta.file_type().is_file() {
+        return Err(not_regular(meta.file_type()));
+    }
+    if meta.len() > max_len {
+        return Err(too_long(
+            format!("it is {} bytes long,", meta.len()),
+            max_len,
+        ));
+    }
+    Ok((file, meta.len()))
+}
+
+/// All of `path` ([`open_regular`]'s checks), at most `max_len` bytes: a
+/// file that grows past the bound while it is read is refused too, so
+/// `/dev/zero` or a growing file cannot fill the memory.
+pub fn read_regular(path: &Path, links: Links, max_len: u64) -> std::io::Result<Vec<u8>> {
+    let (file, len) = open_regular(path, links, max_len)?;
+    let mut out = Vec::with_capacity(len as usize);
+    // One byte more than the bound: a file that grew since fstat is refused.
+    file.take(max_len.saturating_add(1)).read_to_end(&mut out)?;
+    if out.len() as u64 > max_len {
+        return Err(too_long("it grew while it was read, to".into(), max_len));
+    }
+    Ok(out)
+}
+
+/// Reads the text file `path` if it is a regular file of at most `max_len`
+/// bytes ([`read_regular`], links followed). Anything else is refused
+/// before it is opened, so that a device named in its place is not even
+/// opened; a leading UTF-8 byte-order mark is dropped.
+pub fn read_text_file(path: &Path, max_len: u64) -> std::io::Result<String> {
     let meta = std::fs::metadata(path)?;
     if !meta.file_type().is_file() {
         return Err(not_regular(meta.file_type()));
     }
-    let too_long = |what: String| {
-        Error::new(
-            ErrorKind::InvalidData,
-            format!("{what} more than the {max_len} bytes such a file may have"),
-        )
-    };
-    if meta.len() > max_len {
-        return Err(too_long(format!("it is {} bytes long,", meta.len())));
-    }
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        // On a regular file it changes nothing; a FIFO swapped in after
-        // the check opens at once instead of waiting for a writer.
-        .custom_flags(libc::O_NONBLOCK)
-        .open(path)?;
-    let opened = file.metadata()?;
-    if !opened.file_type().is_file() {
-        return Err(not_regular(opened.file_type()));
-    }
-    let mut text = String::new();
-    file.take(max_len.saturating_add(1))
-        .read_to_string(&mut text)?;
-    if text.len() as u64 > max_len {
-        return Err(too_long("it grew while it was read, to".into()));
-    }
+    let bytes = read_regular(path, Links::Follow, max_len)?;
+    let mut text = String::from_utf8(bytes)
+        .map_err(|_| Error::new(ErrorKind::InvalidData, "stream did not contain valid UTF-8"))?;
     // A UTF-8 byte-order mark (some Windows editors write one) is not
     // part of the text: TOML and JSON parsers would refuse it as the
     // first character.

@@ -1,33 +1,37 @@
 //! Reading files that came from elsewhere (checkpoints, Hugging Face
-//! directories) without trusting them: only regular files are read, opened
-//! with `O_NONBLOCK` so that a FIFO named in their place cannot block the
-//! open, checked with `fstat` before a byte is read, and read no further
-//! than a bound the caller sets (so `/dev/zero`, or a file that grows while
-//! it is read, cannot exhaust memory).
+//! directories) without trusting them, by [`polychip_files`]'s rules (only
+//! regular files, opened without blocking, read no further than a bound),
+//! its refusals turned into checkpoint errors that name the file.
 //!
 //! And the seal polychip puts on the files it writes: a CRC-64 of every byte
 //! of the file, recorded inside the file itself as 16 hex digits after a
 //! fixed key; the digits count as `0` while the CRC is computed.
 
 use std::fs::File;
-use std::io::Read;
-use std::os::unix::fs::OpenOptionsExt;
+use std::io::ErrorKind;
 use std::path::Path;
 
 use crate::error::{Result, TrainError};
 use crate::safetensors::crc64_update;
 
-/// Whether a symbolic link may stand for the file.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Links {
-    /// Follow it (a path the user named; a Hugging Face cache, whose
-    /// snapshots are links to blobs).
-    Follow,
-    /// Refuse it (a file a checkpoint names: it must be inside it).
-    Refuse,
-}
+pub use polychip_files::Links;
 
-fn refuse(path: &Path, message: String) -> TrainError {
+/// A refusal of `path` by [`polychip_files::open_regular`] as a checkpoint
+/// error: a link where `links` refuses one named as such, the crate's own
+/// refusals (not a regular file, too long) with their words, anything else
+/// as the I/O error it is.
+fn refusal(path: &Path, links: Links, e: std::io::Error) -> TrainError {
+    let message = match e.raw_os_error() {
+        Some(libc::ELOOP) if links == Links::Refuse => {
+            "is a symbolic link; a checkpoint's files must be inside its directory, not \
+             links to elsewhere"
+                .to_string()
+        }
+        None if matches!(e.kind(), ErrorKind::InvalidInput | ErrorKind::InvalidData) => {
+            e.to_string()
+        }
+        _ => return TrainError::io(path, e),
+    };
     TrainError::Checkpoint {
         path: path.to_path_buf(),
         message,
@@ -35,65 +39,16 @@ fn refuse(path: &Path, message: String) -> TrainError {
 }
 
 /// Opens `path` for reading if it is a regular file of at most `max_len`
-/// bytes; returns it and its length. Nothing is read.
+/// bytes ([`polychip_files::open_regular`]); returns it and its length.
+/// Nothing is read.
 pub fn open_regular(path: &Path, links: Links, max_len: u64) -> Result<(File, u64)> {
-    let mut flags = libc::O_NONBLOCK;
-    if links == Links::Refuse {
-        flags |= libc::O_NOFOLLOW;
-    }
-    let file = match std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(flags)
-        .open(path)
-    {
-        Ok(f) => f,
-        Err(e) if e.raw_os_error() == Some(libc::ELOOP) && links == Links::Refuse => {
-            return Err(refuse(
-                path,
-                "is a symbolic link; a checkpoint's files must be inside its directory, \
-                 not links to elsewhere"
-                    .into(),
-            ));
-        }
-        Err(e) => return Err(TrainError::io(path, e)),
-    };
-    let meta = file.metadata().map_err(|e| TrainError::io(path, e))?;
-    if !meta.file_type().is_file() {
-        return Err(refuse(
-            path,
-            format!(
-                "is {}, not a regular file; it was not read",
-                polychip_files::kind(meta.file_type())
-            ),
-        ));
-    }
-    if meta.len() > max_len {
-        return Err(refuse(
-            path,
-            format!(
-                "is {} bytes long, more than the {max_len} bytes it may have",
-                meta.len()
-            ),
-        ));
-    }
-    Ok((file, meta.len()))
+    polychip_files::open_regular(path, links, max_len).map_err(|e| refusal(path, links, e))
 }
 
-/// Reads all of `path` ([`open_regular`]'s checks), at most `max_len` bytes.
+/// Reads all of `path` ([`polychip_files::read_regular`]), at most
+/// `max_len` bytes.
 pub fn read_regular(path: &Path, links: Links, max_len: u64) -> Result<Vec<u8>> {
-    let (file, len) = open_regular(path, links, max_len)?;
-    let mut out = Vec::with_capacity(len as usize);
-    // One byte more than the bound: a file that grew since fstat is refused.
-    file.take(max_len.saturating_add(1))
-        .read_to_end(&mut out)
-        .map_err(|e| TrainError::io(path, e))?;
-    if out.len() as u64 > max_len {
-        return Err(refuse(
-            path,
-            format!("grew past the {max_len} bytes it may have while being read"),
-        ));
-    }
-    Ok(out)
+    polychip_files::read_regular(path, links, max_len).map_err(|e| refusal(path, links, e))
 }
 
 /// The 16 hex digits of a seal: where they are in `bytes` and their value.
