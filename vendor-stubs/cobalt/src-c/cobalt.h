@@ -189,8 +189,11 @@ void cobalt_gather(const cobalt_view *view, void *plain);
 /* A contiguous row-major plain buffer to the device elements, encoding. */
 void cobalt_scatter(const cobalt_view *view, const void *plain);
 
-/* malloc of count * size bytes (at least 1); NULL with *error set (OUT_OF_MEMORY naming `op`) on failure. */
+/* A host buffer of count * size bytes (at least 1), kept buffers reused (scratch.c); NULL with
+ * *error set (OUT_OF_MEMORY naming `op`) on failure. Handed back with cobalt_scratch_free. */
 void *cobalt_scratch(const char *op, int64_t count, size_t size, PolychipError **error);
+/* Hands back a cobalt_scratch buffer (NULL does nothing). */
+void cobalt_scratch_free(void *buffer);
 /* A new buffer with a floating view's elements as float / double. */
 PolychipError *cobalt_load_f32(const char *op, const cobalt_view *view, float **out);
 PolychipError *cobalt_load_f64(const char *op, const cobalt_view *view, double **out);

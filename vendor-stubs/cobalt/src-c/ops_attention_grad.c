@@ -121,7 +121,7 @@ PolychipError *cobalt_op_attention_backward(uint32_t device, PolychipStream *str
     error = error ? error : cobalt_store_f64(op, &grad_k, buf[GK]);
     error = error ? error : cobalt_store_f64(op, &grad_v, buf[GV]);
     for (int i = 0; i < COUNT; i++) {
-        free(buf[i]);
+        cobalt_scratch_free(buf[i]);
     }
     return error;
 }

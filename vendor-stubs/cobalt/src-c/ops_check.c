@@ -176,7 +176,7 @@ PolychipError *cobalt_load_indices(const char *op, const cobalt_view *view, int6
     int64_t *values = cobalt_scratch(op, view->numel, sizeof *values, &error);
     uint8_t *raw = values == NULL ? NULL : cobalt_scratch(op, view->numel, view->elem_size, &error);
     if (raw == NULL) {
-        free(values);
+        cobalt_scratch_free(values);
         return error;
     }
     cobalt_gather(view, raw);
@@ -189,13 +189,13 @@ PolychipError *cobalt_load_indices(const char *op, const cobalt_view *view, int6
             memcpy(&values[i], raw + (size_t)i * sizeof values[i], sizeof values[i]);
         }
     }
-    free(raw);
+    cobalt_scratch_free(raw);
     *out = values;
     return NULL;
 }
 
 void cobalt_free_all(void **list, int count) {
     for (int i = 0; i < count; i++) {
-        free(list[i]);
+        cobalt_scratch_free(list[i]);
     }
 }

@@ -31,7 +31,7 @@ PolychipError *cobalt_op_fill(uint32_t device, PolychipStream *stream, const Pol
         memcpy(plain + (size_t)i * out.elem_size, element, out.elem_size);
     }
     cobalt_scatter(&out, plain);
-    free(plain);
+    cobalt_scratch_free(plain);
     return NULL;
 }
 
@@ -84,7 +84,7 @@ PolychipError *cobalt_op_copy(uint32_t device, PolychipStream *stream, const Pol
     }
     cobalt_gather(&src, plain);
     cobalt_scatter(&dst, plain);
-    free(plain);
+    cobalt_scratch_free(plain);
     return NULL;
 }
 
@@ -116,6 +116,6 @@ PolychipError *cobalt_op_cast(uint32_t device, PolychipStream *stream, const Pol
         return error;
     }
     error = cobalt_store_f64(op, &dst, values);
-    free(values);
+    cobalt_scratch_free(values);
     return error;
 }

@@ -106,8 +106,8 @@ static PolychipError *binary(binary_kind kind, uint32_t device, PolychipStream *
         }
         error = cobalt_store_f64(op, &out, x);
     }
-    free(x);
-    free(y);
+    cobalt_scratch_free(x);
+    cobalt_scratch_free(y);
     return error;
 }
 

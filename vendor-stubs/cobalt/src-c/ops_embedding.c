@@ -59,7 +59,7 @@ static PolychipError *check(const char *op, const cobalt_arg *table, const cobal
         }
     }
     if (error != NULL) {
-        free(values);
+        cobalt_scratch_free(values);
         return error;
     }
     *out_indices = values;
@@ -96,10 +96,10 @@ PolychipError *cobalt_op_embedding(uint32_t device, PolychipStream *stream,
             }
             cobalt_scatter(&out, plain);
         }
-        free(table);
-        free(plain);
+        cobalt_scratch_free(table);
+        cobalt_scratch_free(plain);
     }
-    free(ix);
+    cobalt_scratch_free(ix);
     return error;
 }
 
@@ -134,9 +134,9 @@ PolychipError *cobalt_op_embedding_backward(uint32_t device, PolychipStream *str
             }
         }
         error = error ? error : cobalt_store_f64(op, &grad_weight, table);
-        free(table);
-        free(rows);
+        cobalt_scratch_free(table);
+        cobalt_scratch_free(rows);
     }
-    free(ix);
+    cobalt_scratch_free(ix);
     return error;
 }

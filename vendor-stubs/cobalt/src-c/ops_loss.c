@@ -63,7 +63,7 @@ static PolychipError *check(const char *op, const cobalt_arg *list, int64_t igno
     double *x = NULL;
     error = error ? error : cobalt_load_f64(op, logits, &x);
     if (error != NULL) {
-        free(t);
+        cobalt_scratch_free(t);
         return error;
     }
     *out_logits = x;
@@ -103,8 +103,8 @@ PolychipError *cobalt_op_cross_entropy(uint32_t device, PolychipStream *stream,
     }
     double mean = total / (double)count; /* NaN when every row is ignored */
     error = cobalt_store_f64(op, &loss, &mean);
-    free(x);
-    free(t);
+    cobalt_scratch_free(x);
+    cobalt_scratch_free(t);
     return error;
 }
 
@@ -150,7 +150,7 @@ PolychipError *cobalt_op_cross_entropy_backward(uint32_t device, PolychipStream 
         }
     }
     error = cobalt_store_f64(op, &grad_logits, x);
-    free(x);
-    free(t);
+    cobalt_scratch_free(x);
+    cobalt_scratch_free(t);
     return error;
 }

@@ -89,9 +89,9 @@ static PolychipError *multiply(const char *op, const cobalt_view *op_a, const co
                 r[j] = accumulate ? r[j] + alpha * acc[j] : alpha * acc[j];
             }
         }
-        free(a);
-        free(b);
-        free(acc);
+        cobalt_scratch_free(a);
+        cobalt_scratch_free(b);
+        cobalt_scratch_free(acc);
     } else {
         float *a = NULL;
         float *b = NULL;
@@ -110,9 +110,9 @@ static PolychipError *multiply(const char *op, const cobalt_view *op_a, const co
                 r[j] = accumulate ? r[j] + alpha * (double)acc[j] : alpha * (double)acc[j];
             }
         }
-        free(a);
-        free(b);
-        free(acc);
+        cobalt_scratch_free(a);
+        cobalt_scratch_free(b);
+        cobalt_scratch_free(acc);
     }
     return error;
 }
@@ -237,6 +237,6 @@ PolychipError *cobalt_op_matmul(uint32_t device, PolychipStream *stream,
     if (error == NULL) {
         error = cobalt_store_f64(op, &out, result);
     }
-    free(result);
+    cobalt_scratch_free(result);
     return error;
 }

@@ -154,13 +154,13 @@ static PolychipError *reduce(reduce_kind kind, uint32_t device, PolychipStream *
             if (indices != NULL) {
                 cobalt_scatter(&out, indices);
             }
-            free(indices);
+            cobalt_scratch_free(indices);
         } else {
             error = cobalt_store_f64(op, &out, result);
         }
     }
-    free(x);
-    free(result);
+    cobalt_scratch_free(x);
+    cobalt_scratch_free(result);
     return error;
 }
 
@@ -211,7 +211,7 @@ PolychipError *cobalt_op_sum_squares(uint32_t device, PolychipStream *stream,
         for (int64_t i = 0; error == NULL && i < input.numel; i++) {
             total += x[i] * x[i];
         }
-        free(x);
+        cobalt_scratch_free(x);
     }
     if (error == NULL) {
         error = cobalt_store_f64(op, &out, &total);

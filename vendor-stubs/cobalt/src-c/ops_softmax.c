@@ -91,7 +91,7 @@ PolychipError *cobalt_op_softmax(uint32_t device, PolychipStream *stream,
         if (error == NULL) {
             softmax_rows_f64(x, rows, length);
             error = cobalt_store_f64(op, &out, x);
-            free(x);
+            cobalt_scratch_free(x);
         }
     } else {
         float *x;
@@ -99,7 +99,7 @@ PolychipError *cobalt_op_softmax(uint32_t device, PolychipStream *stream,
         if (error == NULL) {
             softmax_rows_f32(x, rows, length);
             error = cobalt_store_f32(op, &out, x);
-            free(x);
+            cobalt_scratch_free(x);
         }
     }
     return error;

@@ -66,7 +66,7 @@ PolychipError *cobalt_op_log_softmax(uint32_t device, PolychipStream *stream,
         }
     }
     error = cobalt_store_f64(op, &out, x);
-    free(x);
+    cobalt_scratch_free(x);
     return error;
 }
 
@@ -114,8 +114,8 @@ static PolychipError *backward(const char *op, int log_form, uint32_t device,
     if (error == NULL) {
         error = cobalt_store_f64(op, &grad_in, gv);
     }
-    free(yv);
-    free(gv);
+    cobalt_scratch_free(yv);
+    cobalt_scratch_free(gv);
     return error;
 }
 

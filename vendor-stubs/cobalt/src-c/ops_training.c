@@ -97,6 +97,6 @@ PolychipError *cobalt_op_scale(uint32_t device, PolychipStream *stream, const Po
         x[i] *= args->alpha;
     }
     error = error ? error : cobalt_store_f64(op, &tensor, x);
-    free(x);
+    cobalt_scratch_free(x);
     return error;
 }

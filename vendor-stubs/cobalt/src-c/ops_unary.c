@@ -61,7 +61,7 @@ PolychipError *cobalt_pointwise(const char *op, uint32_t device, const cobalt_ar
         }
     }
     for (int k = 0; k < count; k++) {
-        free(buffers[k]);
+        cobalt_scratch_free(buffers[k]);
     }
     return error;
 }

@@ -281,37 +281,19 @@ void cobalt_gather(const cobalt_view *view, void *plain) { transfer(view, plain,
 
 void cobalt_scatter(const cobalt_view *view, const void *plain) { transfer(view, NULL, plain); }
 
-void *cobalt_scratch(const char *op, int64_t count, size_t size, PolychipError **error) {
-    if (count < 0 || (uint64_t)count > SIZE_MAX / size) {
-        *error = cobalt_error(POLYCHIP_ERROR_OUT_OF_MEMORY,
-                              "cobalt: %s: a scratch buffer of %" PRId64
-                              " %zu-byte elements does not fit in host memory",
-                              op, count, size);
-        return NULL;
-    }
-    size_t bytes = count == 0 ? 1 : (size_t)count * size;
-    void *buffer = malloc(bytes);
-    if (buffer == NULL) {
-        *error = cobalt_error(POLYCHIP_ERROR_OUT_OF_MEMORY,
-                              "cobalt: %s: host memory for a %zu-byte scratch buffer ran out", op,
-                              bytes);
-    }
-    return buffer;
-}
-
 PolychipError *cobalt_load_f32(const char *op, const cobalt_view *view, float **out) {
     PolychipError *error = NULL;
     float *values = cobalt_scratch(op, view->numel, sizeof *values, &error);
     uint8_t *raw = values == NULL ? NULL : cobalt_scratch(op, view->numel, view->elem_size, &error);
     if (raw == NULL) {
-        free(values);
+        cobalt_scratch_free(values);
         return error;
     }
     cobalt_gather(view, raw);
     for (int64_t i = 0; i < view->numel; i++) {
         values[i] = cobalt_read_f32(view->dtype, raw + (size_t)i * view->elem_size);
     }
-    free(raw);
+    cobalt_scratch_free(raw);
     *out = values;
     return NULL;
 }
@@ -321,14 +303,14 @@ PolychipError *cobalt_load_f64(const char *op, const cobalt_view *view, double *
     double *values = cobalt_scratch(op, view->numel, sizeof *values, &error);
     uint8_t *raw = values == NULL ? NULL : cobalt_scratch(op, view->numel, view->elem_size, &error);
     if (raw == NULL) {
-        free(values);
+        cobalt_scratch_free(values);
         return error;
     }
     cobalt_gather(view, raw);
     for (int64_t i = 0; i < view->numel; i++) {
         values[i] = cobalt_read_f64(view->dtype, raw + (size_t)i * view->elem_size);
     }
-    free(raw);
+    cobalt_scratch_free(raw);
     *out = values;
     return NULL;
 }
@@ -343,7 +325,7 @@ PolychipError *cobalt_store_f32(const char *op, const cobalt_view *view, const f
         cobalt_write_f32(view->dtype, raw + (size_t)i * view->elem_size, values[i]);
     }
     cobalt_scatter(view, raw);
-    free(raw);
+    cobalt_scratch_free(raw);
     return NULL;
 }
 
@@ -357,7 +339,7 @@ PolychipError *cobalt_store_f64(const char *op, const cobalt_view *view, const d
         cobalt_write_f64(view->dtype, raw + (size_t)i * view->elem_size, values[i]);
     }
     cobalt_scatter(view, raw);
-    free(raw);
+    cobalt_scratch_free(raw);
     return NULL;
 }
 
