@@ -128,7 +128,7 @@ fn profile(args: &Args) -> Result<(), String> {
         let (embedding, head) = (e.embedding.unwrap_or_default(), e.head.unwrap_or_default());
         eprintln!(
             "{} (micro-batch {}): embedding {:.2}/{:.2} ms, block {:.2}/{:.2} ms, head \
-             {:.2}/{:.2} ms (forward/backward), optimizer {:.2} ns per parameter",
+             {:.2}/{:.2} ms (forward/backward), optimizer {:.2} ns per parameter{}",
             e.chip,
             e.micro_batch,
             1e3 * embedding.forward,
@@ -137,7 +137,12 @@ fn profile(args: &Args) -> Result<(), String> {
             1e3 * e.block.backward,
             1e3 * head.forward,
             1e3 * head.backward,
-            1e9 * e.optimizer_per_param.unwrap_or(0.0)
+            1e9 * e.optimizer_per_param.unwrap_or(0.0),
+            e.stage_overhead.map_or_else(String::new, |o| format!(
+                ", {:.2}/{:.2} ms more for any stage",
+                1e3 * o.forward,
+                1e3 * o.backward
+            ))
         );
     }
     let text = serde_json::to_string_pretty(&file).map_err(|e| e.to_string())?;

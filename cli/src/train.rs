@@ -546,9 +546,10 @@ fn resolve_plan(
             }
             for p in &profiles {
                 let c = &p.costs;
+                let stage = c.stage_forward + c.stage_backward;
                 eprintln!(
                     "{} {} (micro-batch {}): block {:.2} ms, embedding {:.2} ms, head {:.2} \
-                     ms (forward + backward), optimizer {:.1} ns per parameter",
+                     ms (forward + backward), optimizer {:.1} ns per parameter{}",
                     match given {
                         Some(_) => "profile read for",
                         None => "profiled",
@@ -558,7 +559,11 @@ fn resolve_plan(
                     p.block_seconds() * 1e3,
                     (c.embed_forward + c.embed_backward) * 1e3,
                     (c.head_forward + c.head_backward) * 1e3,
-                    c.optimizer_per_param * 1e9
+                    c.optimizer_per_param * 1e9,
+                    match stage > 0.0 {
+                        true => format!(", {:.2} ms more for any stage", stage * 1e3),
+                        false => String::new(),
+                    }
                 );
             }
             let expected = match found.expected_step_seconds > found.step_seconds * (1.0 + 1e-9) {

@@ -71,13 +71,22 @@ pub struct MeasuredDevice {
     /// whole pass measured 5-6% less in training (docs/performance.md).
     #[serde(default)]
     pub fused_backward_ratio: f64,
+    /// A fixed forward cost each pipeline stage (or replica) pays per
+    /// micro-batch whatever it holds (a launch, a synchronisation, memory
+    /// mapped afresh): 0 when the profile found none. The costs above are
+    /// of the parts alone, without it.
+    #[serde(default)]
+    pub stage_forward: f64,
+    /// The same of the backward pass.
+    #[serde(default)]
+    pub stage_backward: f64,
 }
 
 impl MeasuredDevice {
     /// Every cost of a device, one accessor each (all but the name): the
     /// one list code that treats the costs alike derives from, so that a
     /// cost added to the struct is added here and nowhere else.
-    pub const COSTS: [fn(&mut MeasuredDevice) -> &mut f64; 11] = [
+    pub const COSTS: [fn(&mut MeasuredDevice) -> &mut f64; 13] = [
         |d| &mut d.block_forward,
         |d| &mut d.block_backward,
         |d| &mut d.attention_forward,
@@ -89,6 +98,8 @@ impl MeasuredDevice {
         |d| &mut d.optimizer_per_param,
         |d| &mut d.block_weight_grad,
         |d| &mut d.head_weight_grad,
+        |d| &mut d.stage_forward,
+        |d| &mut d.stage_backward,
     ];
 
     /// What a backward pass run whole costs over its split costs
@@ -395,7 +406,8 @@ pub fn sharded_optimizer(per_param: &[f64], params: u64, link_bandwidth: f64) ->
 /// the columns ([`span_counts`]): its cost is taken as linear in the
 /// columns, the half's norm (which the stage before the cut computes and
 /// sends on) being negligible against its matrix products and its
-/// attention.
+/// attention. Every stage adds the device's fixed cost per stage
+/// ([`MeasuredDevice::stage_forward`]).
 pub fn stage_passes(
     d: &MeasuredDevice,
     attention: f64,
@@ -405,8 +417,10 @@ pub fn stage_passes(
 ) -> (f64, f64) {
     let (a, f_) = (attention, feed_forward);
     let (mut f, mut b) = (
-        a * d.attention_forward + f_ * (d.block_forward - d.attention_forward),
-        a * d.attention_backward + f_ * (d.block_backward - d.attention_backward),
+        d.stage_forward + a * d.attention_forward + f_ * (d.block_forward - d.attention_forward),
+        d.stage_backward
+            + a * d.attention_backward
+            + f_ * (d.block_backward - d.attention_backward),
     );
     if embed {
         f += d.embed_forward;
@@ -1293,6 +1307,8 @@ mod tests {
             block_weight_grad: block / 3.0,
             head_weight_grad: head / 3.0,
             fused_backward_ratio: 0.0,
+            stage_forward: 0.0,
+            stage_backward: 0.0,
         }
     }
 
@@ -1414,6 +1430,31 @@ mod tests {
         // The pipeline beats the fast chip alone (17 per micro-batch).
         assert!(plan.step_seconds < plan.alone_step_seconds[0], "{plan:?}");
         assert!(plan.speedup_ratio > 0.95, "{plan:?}");
+    }
+
+    #[test]
+    fn a_fixed_cost_per_stage_is_paid_once_by_each_stage_and_moves_the_balance() {
+        // As above, but the slow chip pays 3 per micro-batch for any stage
+        // (1 forward, 2 backward): a block and a half would cost it 18
+        // against the fast stage's 15.5; one block 13 against 16.
+        let mut slow = dev("slow", 10.0, 20.0);
+        slow.stage_forward = 1.0;
+        slow.stage_backward = 2.0;
+        assert_eq!(stage_passes(&slow, 0.0, 0.0, false, false), (1.0, 2.0));
+        let (f, b) = stage_passes(&slow, 2.0, 2.0, true, true);
+        assert!((f + b - (3.0 + 20.0 + 20.0)).abs() < 1e-9, "{f} {b}");
+        let (m, all) = (32, &|_, _, _| true);
+        let devs = [dev("fast", 1.0, 1.0), slow];
+        let plan = search(&devs, &model(16, m), Layouts::Pipelines, all).unwrap();
+        let p = &plan.pipelines[0];
+        assert_eq!(p.stages[0].device, 1, "{plan:?}");
+        assert_eq!((p.stages[0].from, p.stages[0].to), (0, 2), "{plan:?}");
+        // Alone, the whole model pays it once a micro-batch.
+        let free = [dev("fast", 1.0, 1.0), dev("slow", 10.0, 20.0)];
+        let without = search(&free, &model(16, m), Layouts::Pipelines, all).unwrap();
+        let more = plan.alone_step_seconds[1] - without.alone_step_seconds[1];
+        assert!((more - 3.0 * m as f64).abs() < 1e-6, "{more}");
+        assert!(plan.step_seconds > without.step_seconds, "{plan:?}");
     }
 
     #[test]

@@ -88,6 +88,14 @@ pub struct ProfileEntry {
     /// embedding).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub head: Option<Passes>,
+    /// A fixed cost each pipeline stage pays per micro-batch whatever it
+    /// holds (a launch, a synchronisation, memory mapped afresh), apart
+    /// from the parts above, which are then of the parts alone: what a
+    /// stage of one half costs beyond its share of a long stage's block
+    /// (`polychip profile` measures it where it exceeds the machine's
+    /// noise). Optional: when absent, none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stage_overhead: Option<Passes>,
     /// The optimizer step (with gradient clipping), seconds per parameter.
     /// Optional: when absent, the cost model's (memory-bound) estimate.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -135,9 +143,10 @@ impl ProfileEntry {
     /// to a cluster have every part ([`ClusterSpec::apply_profile`] fills
     /// them in).
     pub fn costs(&self, name: &str) -> MeasuredDevice {
-        let (embedding, head) = (
+        let (embedding, head, stage) = (
             self.embedding.unwrap_or_default(),
             self.head.unwrap_or_default(),
+            self.stage_overhead.unwrap_or_default(),
         );
         MeasuredDevice {
             name: name.to_string(),
@@ -162,6 +171,8 @@ impl ProfileEntry {
                 (Some(f), b) if b > 0.0 => f / b,
                 _ => 0.0,
             },
+            stage_forward: stage.forward,
+            stage_backward: stage.backward,
         }
     }
 
@@ -196,6 +207,14 @@ impl ProfileEntry {
             ("attention.backward", given(self.attention).map(|p| p[1])),
             ("head.forward", given(self.head).map(|p| p[0])),
             ("head.backward", given(self.head).map(|p| p[1])),
+            (
+                "stage_overhead.forward",
+                given(self.stage_overhead).map(|p| p[0]),
+            ),
+            (
+                "stage_overhead.backward",
+                given(self.stage_overhead).map(|p| p[1]),
+            ),
             ("optimizer_per_param", self.optimizer_per_param),
         ];
         for (field, v) in times.into_iter().filter_map(|(f, v)| Some((f, v?))) {
@@ -587,6 +606,7 @@ impl ChipType {
                 _ => None,
             },
             head: part(lo.head, hi.head),
+            stage_overhead: part(lo.stage_overhead, hi.stage_overhead),
             // Per parameter: it does not depend on the micro-batch.
             optimizer_per_param: lo.optimizer_per_param,
             ..lo.clone()
@@ -744,6 +764,7 @@ mod tests {
                 weight_grad: None,
                 fused_backward: None,
             }),
+            stage_overhead: None,
             optimizer_per_param: Some(1e-9),
             block_activation_bytes: Some(1000 * b),
             peak_memory_bytes: None,
@@ -981,5 +1002,26 @@ mod tests {
             err.contains("block.forward is 1e308; it must be seconds") && err.len() < 200,
             "{err}"
         );
+        // A fixed cost per stage: seconds as the parts, added once a stage.
+        let mut e = entry("x", 2, 1.0);
+        e.stage_overhead = Some(Passes {
+            forward: -1.0,
+            ..Passes::default()
+        });
+        let text = serde_json::to_string(&file(vec![e.clone()])).unwrap();
+        let err = ProfileFile::from_json_str(&text).unwrap_err().to_string();
+        assert!(
+            err.contains("stage_overhead.forward is -1; it must be seconds"),
+            "{err}"
+        );
+        e.stage_overhead = Some(Passes {
+            forward: 0.5,
+            backward: 0.25,
+            ..Passes::default()
+        });
+        let text = serde_json::to_string(&file(vec![e])).unwrap();
+        let parsed = ProfileFile::from_json_str(&text).unwrap();
+        let c = parsed.entries[0].costs("x:0");
+        assert_eq!((c.stage_forward, c.stage_backward), (0.5, 0.25));
     }
 }

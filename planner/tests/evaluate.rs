@@ -319,6 +319,7 @@ fn a_profile_prices_the_types_it_covers_and_scales_to_other_tp() {
         }),
         optimizer_per_param: Some(1e-11),
         block_activation_bytes: None,
+        stage_overhead: None,
         peak_memory_bytes: None,
     };
     let profile = ProfileFile {

@@ -128,6 +128,29 @@ fn time_passes(stage: &Stage, b: usize, reps: usize, whole: bool) -> Result<Time
     })
 }
 
+/// How far the halves' stages may exceed the long stage's block, as a
+/// share of it, before the excess counts as a fixed cost per stage: the
+/// machine's noise (two timings of one stage differ by 1-3% here).
+const STAGE_OVERHEAD_NOISE: f64 = 0.05;
+
+/// The fixed cost a stage pays per micro-batch whatever it holds, from a
+/// stage of each half of a block alone (`attention`, `ffn`) and a stage of
+/// `k` blocks (`long`), seconds: with `o` that cost and `B` a block,
+/// `attention + ffn = B + 2o` and `long = kB + o`. 0 where the halves
+/// exceed the long stage's block by no more than the noise
+/// ([`STAGE_OVERHEAD_NOISE`]). A cost of this kind (a launch or a
+/// synchronisation per stage, memory mapped afresh) is spread thin over a
+/// long stage's blocks and paid whole by a short stage, so a plan balanced
+/// on the long stage's blocks alone runs its short stages slow.
+fn stage_overhead(attention: f64, ffn: f64, long: f64, k: f64) -> f64 {
+    let block = long / k;
+    let excess = attention + ffn - block;
+    if excess.is_nan() || excess <= STAGE_OVERHEAD_NOISE * block {
+        return 0.0;
+    }
+    (excess / (2.0 - 1.0 / k)).min(long / 2.0)
+}
+
 /// One stage's passes as [`time_passes`] measures them: medians, seconds.
 struct Timed {
     forward: f64,
@@ -181,8 +204,6 @@ pub fn profile_repeated(
     // milliseconds from one profile to the next.
     let e0 = time_passes(&st(range(0, true, false))?, b, reps, false)?;
     let h0 = time_passes(&st(range(0, false, true))?, b, reps, false)?;
-    let embed = (e0.forward, e0.backward());
-    let head = (h0.forward, h0.backward());
     // Blocks from a stage of all of them (up to 16, fewer when they do not
     // fit the device): a stage of many blocks no longer fits the caches
     // that one or two blocks fit, and its blocks cost more.
@@ -196,8 +217,6 @@ pub fn profile_repeated(
     }
     let bn = time_passes(&st(range(many, false, false))?, b, reps / 2 + 1, true)?;
     let k = many as f64;
-    let block = (bn.forward / k, bn.backward() / k);
-    let block_weights = bn.weight_pass / k;
     // How a block's time divides between its halves (a pipeline may cut a
     // block between them): each half alone, as a stage of that half only,
     // gives the shares, which apply to the block's time from the stage of
@@ -210,10 +229,29 @@ pub fn profile_repeated(
     };
     let att = time_passes(&st(half(0))?, b, reps, false)?;
     let ffn = time_passes(&st(half(1))?, b, reps, false)?;
+    // What every stage pays besides its parts: each stage timed here pays
+    // it once, so the ends and the blocks are of the parts alone without it.
+    let overhead = (
+        stage_overhead(att.forward, ffn.forward, bn.forward, k),
+        stage_overhead(att.backward(), ffn.backward(), bn.backward(), k),
+    );
+    let embed = (
+        (e0.forward - overhead.0).max(0.0),
+        (e0.backward() - overhead.1).max(0.0),
+    );
+    let head = (
+        (h0.forward - overhead.0).max(0.0),
+        (h0.backward() - overhead.1).max(0.0),
+    );
+    let block = (
+        (bn.forward - overhead.0) / k,
+        (bn.backward() - overhead.1) / k,
+    );
+    let block_weights = bn.weight_pass / k;
     let share = |a: f64, f: f64| if a + f > 0.0 { a / (a + f) } else { 0.5 };
     let attention = (
-        block.0 * share(att.forward, ffn.forward),
-        block.1 * share(att.backward(), ffn.backward()),
+        block.0 * share(att.forward - overhead.0, ffn.forward - overhead.0),
+        block.1 * share(att.backward() - overhead.1, ffn.backward() - overhead.1),
     );
     // What the blocks keep, their first block's input included: that one
     // was allocated before the forward (it is the stage's input), so the
@@ -256,6 +294,8 @@ pub fn profile_repeated(
             // The same work as the split passes, less their overhead: a
             // ratio above 1 (or far below) is the machine's noise.
             fused_backward_ratio: (bn.fused / bn.backward().max(f64::MIN_POSITIVE)).clamp(0.5, 1.0),
+            stage_forward: overhead.0,
+            stage_backward: overhead.1,
         },
     })
 }
@@ -888,6 +928,8 @@ pub fn to_file(
                 },
                 attention: Some(passes(c.attention_forward, c.attention_backward, 0.0)),
                 head: Some(passes(c.head_forward, c.head_backward, c.head_weight_grad)),
+                stage_overhead: (c.stage_forward > 0.0 || c.stage_backward > 0.0)
+                    .then(|| passes(c.stage_forward, c.stage_backward, 0.0)),
                 optimizer_per_param: Some(c.optimizer_per_param),
                 block_activation_bytes: p.block_activation_bytes,
                 peak_memory_bytes: Some(p.peak_memory_bytes),
@@ -1000,6 +1042,21 @@ pub fn from_file(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_fixed_cost_per_stage_is_what_the_halves_alone_pay_beyond_the_long_stage() {
+        // Block 10 (attention 4, feed-forward 6), 1 per stage: the halves
+        // alone cost 5 and 7, a stage of 16 blocks 161, of one block 11.
+        let o = stage_overhead(5.0, 7.0, 161.0, 16.0);
+        assert!((o - 1.0).abs() < 1e-12, "{o}");
+        assert!((stage_overhead(5.0, 7.0, 11.0, 1.0) - 1.0).abs() < 1e-12);
+        // Within the noise (5% of the block), or below it: none.
+        assert_eq!(stage_overhead(4.2, 6.2, 160.0, 16.0), 0.0);
+        assert_eq!(stage_overhead(3.0, 5.0, 160.0, 16.0), 0.0);
+        assert_eq!(stage_overhead(f64::NAN, 5.0, 160.0, 16.0), 0.0);
+        // Never more than half the long stage.
+        assert_eq!(stage_overhead(1e3, 1e3, 16.0, 16.0), 8.0);
+    }
 
     #[test]
     fn zero_bubble_is_priced_only_with_queued_sends_and_a_core_per_rank_unless_asked_for() {
