@@ -185,8 +185,9 @@ pub struct Args {
     /// the shortest step when any kind may run that much slower or faster
     /// than profiled, rather than the layout of the shortest predicted
     /// step, which is often one balanced on the profile's errors. 0 takes
-    /// the shortest predicted step. Default 0.1 (how far two identical
-    /// runs differ on a shared machine).
+    /// the shortest predicted step. Default 0.05 (how far the bundled
+    /// devices' passes in training land from their profile on a quiet
+    /// machine; 0.1 suits a busy one).
     #[arg(long, value_name = "FRACTION")]
     profile_error: Option<f64>,
     /// With `--plan auto`: plan from this profile file (as `--save-profile`
