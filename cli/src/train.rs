@@ -759,6 +759,12 @@ fn train(args: &Args) -> Result<ExitCode, TrainError> {
         ));
     }
     let mut plan = resolve_plan(args, &rt, &model, &t, &cores)?;
+    let kinds: Vec<(String, String)> = rt
+        .devices()
+        .iter()
+        .map(|d| (d.props().name.clone(), d.plugin().vendor().to_string()))
+        .collect();
+    plan.name_vendors(&kinds);
     if args.no_shard_optimizer && plan.shards_optimizer() {
         plan.unshard_optimizer();
         plan.predicted_step_seconds = None;

@@ -249,5 +249,36 @@ fn profile_then_evaluate_a_saved_plan_of_the_bundled_devices() {
     ]);
     assert_eq!(code, Some(2));
     assert!(err.contains("whose layers is 2"), "{err}");
+    // The planner's own plan of the devices, its chip types the names
+    // `polychip devices` reports (`Ferrite F1`), trains as it is.
+    let (code, json, err) = polychip(&[
+        "plan",
+        "--cluster",
+        &devices,
+        "--model",
+        "mini",
+        "--global-batch",
+        "8",
+        "--json",
+    ]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        json.contains("\"chip\": \"Ferrite F1\"") || json.contains("\"chip\": \"Cobalt"),
+        "{json}"
+    );
+    let planned = file("planned.json");
+    std::fs::write(&planned, json).unwrap();
+    let (code, out, err) = polychip(&[
+        "train",
+        "--model",
+        "mini",
+        "--plan",
+        &planned,
+        "--global-batch",
+        "8",
+        "--steps",
+        "1",
+    ]);
+    assert_eq!(code, Some(0), "{out}{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -103,10 +103,11 @@ impl MeasuredDevice {
     ];
 
     /// What a backward pass run whole costs over its split costs
-    /// ([`Self::fused_backward_ratio`], 1 when not measured).
+    /// ([`Self::fused_backward_ratio`], 1 when not measured), within half
+    /// to twice (the same work; profile files are held to that range).
     pub fn fused_backward(&self) -> f64 {
         match self.fused_backward_ratio {
-            r if r > 0.0 && r.is_finite() => r,
+            r if r > 0.0 && r.is_finite() => r.clamp(0.5, 2.0),
             _ => 1.0,
         }
     }

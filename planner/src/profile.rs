@@ -249,11 +249,11 @@ impl ProfileEntry {
         ];
         for (part, p) in parts.into_iter().filter_map(|(n, p)| Some((n, p?))) {
             if let Some(f) = p.fused_backward
-                && !(f.is_finite() && f > 0.0 && f <= 2.0 * p.backward)
+                && !(f.is_finite() && f > 0.0 && f >= 0.5 * p.backward && f <= 2.0 * p.backward)
             {
                 return Err(format!(
                     "{at}: {part}.fused_backward is {}; it is the same pass as {part}.backward \
-                     ({}) run whole, so it must be positive and at most twice that",
+                     ({}) run whole, so it must be positive and from half to twice that",
                     fmt_num(f),
                     fmt_num(p.backward)
                 ));
@@ -1000,6 +1000,18 @@ mod tests {
         let err = ProfileFile::from_json_str(&text).unwrap_err().to_string();
         assert!(
             err.contains("block.forward is 1e308; it must be seconds") && err.len() < 200,
+            "{err}"
+        );
+        // The backward pass run whole is the same work as the split one:
+        // from half to twice it.
+        let mut e = entry("x", 2, 1.0);
+        e.block.fused_backward = Some(1e-9);
+        let text = serde_json::to_string(&file(vec![e])).unwrap();
+        let err = ProfileFile::from_json_str(&text).unwrap_err().to_string();
+        assert!(
+            err.contains(
+                "block.fused_backward is 0.000000001; it is the same pass as block.backward (2)"
+            ) && err.contains("from half to twice that"),
             "{err}"
         );
         // A fixed cost per stage: seconds as the parts, added once a stage.

@@ -229,7 +229,8 @@ impl TrainPlan {
     /// Reads a plan file: TOML (`[[group]]` tables), or JSON (`.json`): this
     /// struct as `--save-plan` writes it, or the FLOP-based planner's answer
     /// as `polychip plan --json` prints it (its chip type names must then be
-    /// vendor names, and its tensor-parallel degrees 1).
+    /// vendor names or device names as `polychip devices` reports them, see
+    /// [`TrainPlan::name_vendors`], and its tensor-parallel degrees 1).
     pub fn load(path: &Path) -> Result<TrainPlan> {
         let text = read_text_file(path, MAX_TEXT_FILE).map_err(|e| TrainError::io(path, e))?;
         let bad = |e: String| TrainError::Plan(format!("plan file {}: {e}", path.display()));
@@ -537,6 +538,27 @@ impl TrainPlan {
                 at.unwrap_or((r.rank, n))
             })
             .collect()
+    }
+
+    /// Stages naming a device kind by the name `polychip devices` reports
+    /// (`Ferrite F1`, as `polychip plan` writes the chip types of a cluster
+    /// made from `polychip devices --json`) name its vendor instead,
+    /// ignoring case and surrounding spaces; `kinds` are the (name,
+    /// vendor) pairs of the devices present. A stage naming a device
+    /// (`vendor:index`) or a vendor is left as it is.
+    pub fn name_vendors(&mut self, kinds: &[(String, String)]) {
+        for s in self.groups.iter_mut().flat_map(|g| g.stages.iter_mut()) {
+            let want = s.device.trim();
+            if want.contains(':') || kinds.iter().any(|(_, v)| v.eq_ignore_ascii_case(want)) {
+                continue;
+            }
+            if let Some((_, vendor)) = kinds
+                .iter()
+                .find(|(n, _)| n.trim().eq_ignore_ascii_case(want))
+            {
+                s.device = vendor.clone();
+            }
+        }
     }
 
     /// Every rank's role. A stage naming only a vendor gets that vendor's
@@ -861,6 +883,24 @@ mod tests {
             e.contains("--stages entry \"=0..4\" names no device"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn a_stage_naming_a_device_kind_by_its_model_name_runs_on_its_vendor() {
+        let kinds = [
+            ("Ferrite F1".to_string(), "ferrite".to_string()),
+            ("Cobalt C1".to_string(), "cobalt".to_string()),
+        ];
+        let mut plan = TrainPlan::parse_stages("ferrite f1=0..2,cobalt:0=2..4", 2, 1, 4).unwrap();
+        plan.groups[0].stages[0].device = " Ferrite F1 ".into();
+        plan.name_vendors(&kinds);
+        let roles = plan.roles();
+        let got: Vec<&str> = roles.iter().map(|r| r.device.as_str()).collect();
+        assert_eq!(got, ["ferrite:0", "cobalt:0", "ferrite:1", "cobalt:0"]);
+        // A name no device has is left, and refused where devices are checked.
+        let mut plan = TrainPlan::parse_stages("Opal O1=0..4", 1, 1, 4).unwrap();
+        plan.name_vendors(&kinds);
+        assert_eq!(plan.groups[0].stages[0].device, "Opal O1");
     }
 
     #[test]
