@@ -896,6 +896,29 @@ fn a_saved_profile_plans_again_without_profiling_and_a_foreign_one_is_refused() 
         &["--device", "ferrite:0", "--profile", &path(&prof)],
         "--profile applies to --plan auto",
     );
+    // Two entries of one kind and size (the second under its vendor's
+    // name) are refused, not one of them taken.
+    let mut twice = v.clone();
+    let mut copy = (entries.iter())
+        .find(|e| e["chip"].as_str().unwrap().starts_with("Ferrite"))
+        .unwrap()
+        .clone();
+    copy["chip"] = "ferrite".into();
+    copy["block"]["forward"] = 1.0.into();
+    twice["entries"].as_array_mut().unwrap().push(copy);
+    let twice_path = dir.join("twice.json");
+    std::fs::write(&twice_path, twice.to_string()).unwrap();
+    refused(
+        &[
+            "--plan",
+            "auto",
+            "--devices",
+            "ferrite:0,cobalt:0",
+            "--profile",
+            &path(&twice_path),
+        ],
+        "both give ferrite:0 (Ferrite F1) at a micro-batch size of",
+    );
 }
 
 /// The JSON file at `path`.

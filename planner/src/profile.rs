@@ -57,6 +57,16 @@ pub struct Passes {
     pub fused_backward: Option<f64>,
 }
 
+/// A fixed cost each pipeline stage pays per micro-batch, seconds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StageOverhead {
+    /// Of the forward pass.
+    pub forward: f64,
+    /// Of the backward pass.
+    pub backward: f64,
+}
+
 /// One chip type's measurements at one micro-batch size and tp degree.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -95,7 +105,7 @@ pub struct ProfileEntry {
     /// (`polychip profile` measures it where it exceeds the machine's
     /// noise). Optional: when absent, none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub stage_overhead: Option<Passes>,
+    pub stage_overhead: Option<StageOverhead>,
     /// The optimizer step (with gradient clipping), seconds per parameter.
     /// Optional: when absent, the cost model's (memory-bound) estimate.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -209,11 +219,11 @@ impl ProfileEntry {
             ("head.backward", given(self.head).map(|p| p[1])),
             (
                 "stage_overhead.forward",
-                given(self.stage_overhead).map(|p| p[0]),
+                self.stage_overhead.map(|o| o.forward),
             ),
             (
                 "stage_overhead.backward",
-                given(self.stage_overhead).map(|p| p[1]),
+                self.stage_overhead.map(|o| o.backward),
             ),
             ("optimizer_per_param", self.optimizer_per_param),
         ];
@@ -232,7 +242,7 @@ impl ProfileEntry {
             && (a.forward > self.block.forward || a.backward > self.block.backward)
         {
             return Err(format!(
-                "{at}: attention ({} s forward, {} s backward) is half of the block, so it \
+                "{at}: attention ({} s forward, {} s backward) is a part of the block, so it \
                  cannot take longer than block ({} s, {} s)",
                 fmt_num(a.forward),
                 fmt_num(a.backward),
@@ -606,7 +616,16 @@ impl ChipType {
                 _ => None,
             },
             head: part(lo.head, hi.head),
-            stage_overhead: part(lo.stage_overhead, hi.stage_overhead),
+            stage_overhead: match (lo.stage_overhead, hi.stage_overhead) {
+                (None, None) => None,
+                (a, c) => {
+                    let (a, c) = (a.unwrap_or_default(), c.unwrap_or_default());
+                    Some(StageOverhead {
+                        forward: mix(a.forward, c.forward),
+                        backward: mix(a.backward, c.backward),
+                    })
+                }
+            },
             // Per parameter: it does not depend on the micro-batch.
             optimizer_per_param: lo.optimizer_per_param,
             ..lo.clone()
@@ -1016,9 +1035,9 @@ mod tests {
         );
         // A fixed cost per stage: seconds as the parts, added once a stage.
         let mut e = entry("x", 2, 1.0);
-        e.stage_overhead = Some(Passes {
+        e.stage_overhead = Some(StageOverhead {
             forward: -1.0,
-            ..Passes::default()
+            backward: 0.0,
         });
         let text = serde_json::to_string(&file(vec![e.clone()])).unwrap();
         let err = ProfileFile::from_json_str(&text).unwrap_err().to_string();
@@ -1026,10 +1045,9 @@ mod tests {
             err.contains("stage_overhead.forward is -1; it must be seconds"),
             "{err}"
         );
-        e.stage_overhead = Some(Passes {
+        e.stage_overhead = Some(StageOverhead {
             forward: 0.5,
             backward: 0.25,
-            ..Passes::default()
         });
         let text = serde_json::to_string(&file(vec![e])).unwrap();
         let parsed = ProfileFile::from_json_str(&text).unwrap();

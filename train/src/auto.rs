@@ -931,8 +931,12 @@ pub fn to_file(
                 },
                 attention: Some(passes(c.attention_forward, c.attention_backward, 0.0)),
                 head: Some(passes(c.head_forward, c.head_backward, c.head_weight_grad)),
-                stage_overhead: (c.stage_forward > 0.0 || c.stage_backward > 0.0)
-                    .then(|| passes(c.stage_forward, c.stage_backward, 0.0)),
+                stage_overhead: (c.stage_forward > 0.0 || c.stage_backward > 0.0).then_some(
+                    polychip_planner::profile::StageOverhead {
+                        forward: c.stage_forward,
+                        backward: c.stage_backward,
+                    },
+                ),
                 optimizer_per_param: Some(c.optimizer_per_param),
                 block_activation_bytes: p.block_activation_bytes,
                 peak_memory_bytes: Some(p.peak_memory_bytes),
@@ -1004,6 +1008,24 @@ pub fn from_file(
             .iter()
             .find(|e| e.tp == 1 && e.micro_batch == b as u64 && names_kind(&e.chip, d))
     };
+    // Two entries for one kind and size: which one holds is not for this
+    // file's reader to guess (the cluster planner refuses them alike).
+    for d in &kinds {
+        for &b in sizes {
+            let same: Vec<usize> = (file.entries.iter().enumerate())
+                .filter(|(_, e)| e.tp == 1 && e.micro_batch == b as u64 && names_kind(&e.chip, d))
+                .map(|(i, _)| i)
+                .collect();
+            if let [first, second, ..] = same[..] {
+                return Err(TrainError::Plan(format!(
+                    "{label}: entries {first} and {second} both give {} ({}) at a micro-batch \
+                     size of {b} and tp 1; keep one",
+                    device_name(d),
+                    d.props().name
+                )));
+            }
+        }
+    }
     let have: Vec<usize> = sizes
         .iter()
         .copied()

@@ -759,6 +759,16 @@ fn locate(value: &serde_json::Value) -> Option<String> {
     Some(top)
 }
 
+/// A device name from a plan as an error shows it: quoted, with control
+/// and formatting characters escaped, and cut after 80 characters.
+fn shown(name: &str) -> String {
+    const MAX: usize = 80;
+    match name.char_indices().nth(MAX) {
+        Some((at, _)) => format!("{:?}... ({} bytes)", &name[..at], name.len()),
+        None => format!("{name:?}"),
+    }
+}
+
 /// Checks that each role's device is among `devices` (`vendor:index`, lower
 /// case) and that no two roles share one.
 pub fn check_devices(roles: &[&Role], devices: &[String]) -> Result<()> {
@@ -770,14 +780,16 @@ pub fn check_devices(roles: &[&Role], devices: &[String]) -> Result<()> {
                 r.rank,
                 r.group,
                 r.stage,
-                r.device,
+                shown(&r.device),
                 devices.join(", ")
             )));
         }
         if let Some(o) = roles[..i].iter().find(|o| o.device == r.device) {
             return Err(TrainError::Plan(format!(
                 "ranks {} and {} both need device {}; give each stage its own device",
-                o.rank, r.rank, r.device
+                o.rank,
+                r.rank,
+                shown(&r.device)
             )));
         }
     }
@@ -992,14 +1004,23 @@ mod tests {
         let e = check_devices(&roles.iter().collect::<Vec<_>>(), &devices())
             .unwrap_err()
             .to_string();
-        assert!(e.contains("cobalt:1, which is not present"), "{e}");
+        assert!(e.contains("\"cobalt:1\", which is not present"), "{e}");
+        // A name from a file is shown quoted, escaped and cut short.
+        let mut odd = TrainPlan::parse_stages("cobalt=0..4", 1, 2, 4).unwrap();
+        odd.groups[0].stages[0].device = format!("x\u{1b}[2J{}", "y".repeat(100_000));
+        let roles = odd.roles();
+        let e = check_devices(&roles.iter().collect::<Vec<_>>(), &devices())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("needs device \"x\\u{1b}[2jyyy"), "{e}");
+        assert!(e.len() < 400 && e.contains("(100007 bytes)"), "{e}");
         let twice = TrainPlan::parse_stages("ferrite:1=0..2,ferrite:1=2..4", 1, 2, 4).unwrap();
         let roles = twice.roles();
         let e = check_devices(&roles.iter().collect::<Vec<_>>(), &devices())
             .unwrap_err()
             .to_string();
         assert!(
-            e.contains("ranks 0 and 1 both need device ferrite:1"),
+            e.contains("ranks 0 and 1 both need device \"ferrite:1\""),
             "{e}"
         );
         assert!(TrainPlan::parse_stages("ferrite:0", 1, 1, 1).is_err());
