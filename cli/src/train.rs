@@ -764,7 +764,7 @@ fn train(args: &Args) -> Result<ExitCode, TrainError> {
         .iter()
         .map(|d| (d.props().name.clone(), d.plugin().vendor().to_string()))
         .collect();
-    plan.name_vendors(&kinds);
+    plan.name_vendors(&kinds)?;
     if args.no_shard_optimizer && plan.shards_optimizer() {
         plan.unshard_optimizer();
         plan.predicted_step_seconds = None;

@@ -544,21 +544,31 @@ impl TrainPlan {
     /// (`Ferrite F1`, as `polychip plan` writes the chip types of a cluster
     /// made from `polychip devices --json`) name its vendor instead,
     /// ignoring case and surrounding spaces; `kinds` are the (name,
-    /// vendor) pairs of the devices present. A stage naming a device
-    /// (`vendor:index`) or a vendor is left as it is.
-    pub fn name_vendors(&mut self, kinds: &[(String, String)]) {
+    /// vendor) pairs of the devices present, one per device. A stage
+    /// naming a device (`vendor:index`) or a vendor is left as it is; a
+    /// name of a vendor whose devices here are of several names is refused
+    /// (its vendor would not say which device).
+    pub fn name_vendors(&mut self, kinds: &[(String, String)]) -> Result<()> {
+        let same = |a: &str, b: &str| a.trim().eq_ignore_ascii_case(b.trim());
         for s in self.groups.iter_mut().flat_map(|g| g.stages.iter_mut()) {
             let want = s.device.trim();
-            if want.contains(':') || kinds.iter().any(|(_, v)| v.eq_ignore_ascii_case(want)) {
+            if want.contains(':') || kinds.iter().any(|(_, v)| same(v, want)) {
                 continue;
             }
-            if let Some((_, vendor)) = kinds
-                .iter()
-                .find(|(n, _)| n.trim().eq_ignore_ascii_case(want))
-            {
-                s.device = vendor.clone();
+            let Some((_, vendor)) = kinds.iter().find(|(n, _)| same(n, want)) else {
+                continue;
+            };
+            if let Some((other, _)) = kinds.iter().find(|(n, v)| v == vendor && !same(n, want)) {
+                return Err(TrainError::Plan(format!(
+                    "a stage names device kind {}, but {vendor}'s devices here are of more \
+                     than one kind ({} too); name its devices as {vendor}:INDEX instead",
+                    shown(want),
+                    shown(other)
+                )));
             }
+            s.device = vendor.clone();
         }
+        Ok(())
     }
 
     /// Every rank's role. A stage naming only a vendor gets that vendor's
@@ -905,14 +915,25 @@ mod tests {
         ];
         let mut plan = TrainPlan::parse_stages("ferrite f1=0..2,cobalt:0=2..4", 2, 1, 4).unwrap();
         plan.groups[0].stages[0].device = " Ferrite F1 ".into();
-        plan.name_vendors(&kinds);
+        plan.name_vendors(&kinds).unwrap();
         let roles = plan.roles();
         let got: Vec<&str> = roles.iter().map(|r| r.device.as_str()).collect();
         assert_eq!(got, ["ferrite:0", "cobalt:0", "ferrite:1", "cobalt:0"]);
         // A name no device has is left, and refused where devices are checked.
         let mut plan = TrainPlan::parse_stages("Opal O1=0..4", 1, 1, 4).unwrap();
-        plan.name_vendors(&kinds);
+        plan.name_vendors(&kinds).unwrap();
         assert_eq!(plan.groups[0].stages[0].device, "Opal O1");
+        // A vendor with devices of two kinds: its name would not say which.
+        let two = [
+            ("Ferrite F1".to_string(), "ferrite".to_string()),
+            ("Ferrite F2".to_string(), "ferrite".to_string()),
+        ];
+        let mut plan = TrainPlan::parse_stages("Ferrite F2=0..4", 1, 1, 4).unwrap();
+        let e = plan.name_vendors(&two).unwrap_err().to_string();
+        assert!(
+            e.contains("names device kind \"Ferrite F2\", but ferrite's devices here are of more than one kind (\"Ferrite F1\" too)"),
+            "{e}"
+        );
     }
 
     #[test]
