@@ -301,7 +301,8 @@ pub fn plan(
             .zip(&alone_best)
             .map(|(c, b)| {
                 let tokens = (settings.global_batch * model.seq_len) as f64;
-                match b.as_ref().map(|b| tokens / b.time) {
+                let step = |b: &Best| ctx.build(&Choice::Pp(b.clone())).step_time_simulated;
+                match b.as_ref().map(|b| tokens / step(b)) {
                     Some(t) if t.is_finite() && t > 0.0 => AloneThroughput {
                         chip: c.name.clone(),
                         chips: c.count,
@@ -318,9 +319,11 @@ pub fn plan(
             })
             .collect();
         let sum: f64 = alone.iter().map(|a| a.tokens_per_s).sum();
-        // Both sides from the search's step times, through one formula, so
-        // that equal plans give a ratio of exactly 1.
-        let mixed = (settings.global_batch * model.seq_len) as f64 / best.time();
+        // Both sides from the assembled plans' simulated steps (what the
+        // report prints; the search ranks by its analytic estimate, which
+        // may differ by a few percent), through one formula, so that equal
+        // plans give a ratio of exactly 1.
+        let mixed = (settings.global_batch * model.seq_len) as f64 / plan.step_time_simulated;
         let ratio = (sum > 0.0).then(|| mixed / sum);
         (alone, ratio)
     };
