@@ -280,5 +280,22 @@ fn profile_then_evaluate_a_saved_plan_of_the_bundled_devices() {
         "1",
     ]);
     assert_eq!(code, Some(0), "{out}{err}");
+    // It is a plan of mini: another model is refused, not trained on it.
+    let (code, _, err) = polychip(&[
+        "train",
+        "--model",
+        "tiny",
+        "--plan",
+        &planned,
+        "--global-batch",
+        "8",
+        "--steps",
+        "1",
+    ]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("it was planned for model \"mini\" with sequences of 16 tokens, and this run trains \"tiny\""),
+        "{err}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }

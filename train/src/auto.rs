@@ -803,6 +803,7 @@ pub fn auto_plan(
             .then_some(schedule),
         // Each rank on the cores its device was profiled on.
         core_order: cores.map(|_| devices.iter().map(device_name).collect()),
+        planned_for: None,
     };
     Ok((plan, found, profiles))
 }

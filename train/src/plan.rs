@@ -107,6 +107,11 @@ pub struct TrainPlan {
     /// share. Each device of the plan must appear once.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub core_order: Option<Vec<String>>,
+    /// The model name and sequence length a planner plan (`polychip plan
+    /// --json`) was made for: [`Self::validate`] refuses another model.
+    /// Not written or read in plan files of this struct's own format.
+    #[serde(skip)]
+    pub planned_for: Option<(String, usize)>,
 }
 
 /// What one rank does.
@@ -172,6 +177,7 @@ impl TrainPlan {
             predicted_step_seconds: None,
             schedule: None,
             core_order: None,
+            planned_for: None,
         }
     }
 
@@ -223,6 +229,7 @@ impl TrainPlan {
             predicted_step_seconds: None,
             schedule: None,
             core_order: None,
+            planned_for: None,
         })
     }
 
@@ -353,6 +360,19 @@ impl TrainPlan {
         let bad = |m: String| Err(TrainError::Plan(m));
         if self.groups.is_empty() {
             return bad("it has no groups".into());
+        }
+        if let Some((model, seq_len)) = &self.planned_for
+            && (!model.trim().eq_ignore_ascii_case(cfg.name.trim()) || *seq_len != cfg.seq_len)
+        {
+            return bad(format!(
+                "it was planned for model {} with sequences of {seq_len} tokens, and this run \
+                 trains {:?} with sequences of {}; plan for this model (polychip plan --model \
+                 {:?}) or train the model planned for",
+                shown(model),
+                cfg.name,
+                cfg.seq_len,
+                cfg.name
+            ));
         }
         self.check_prediction().map_err(TrainError::Plan)?;
         for (gi, g) in self.groups.iter().enumerate() {
@@ -718,6 +738,7 @@ pub fn from_planner(plan: &polychip_planner::plan::Plan) -> Result<TrainPlan> {
         predicted_step_seconds: Some(plan.step_time_simulated),
         schedule: None,
         core_order: None,
+        planned_for: Some((plan.model.clone(), plan.seq_len as usize)),
     })
 }
 
