@@ -268,30 +268,14 @@ fn profile_then_evaluate_a_saved_plan_of_the_bundled_devices() {
     );
     let planned = file("planned.json");
     std::fs::write(&planned, json).unwrap();
-    let (code, out, err) = polychip(&[
-        "train",
-        "--model",
-        "mini",
-        "--plan",
-        &planned,
-        "--global-batch",
-        "8",
-        "--steps",
-        "1",
-    ]);
+    let train = |model: &str| {
+        let args = ["--plan", &planned, "--global-batch", "8", "--steps", "1"];
+        polychip(&[&["train", "--model", model][..], &args].concat())
+    };
+    let (code, out, err) = train("mini");
     assert_eq!(code, Some(0), "{out}{err}");
     // It is a plan of mini: another model is refused, not trained on it.
-    let (code, _, err) = polychip(&[
-        "train",
-        "--model",
-        "tiny",
-        "--plan",
-        &planned,
-        "--global-batch",
-        "8",
-        "--steps",
-        "1",
-    ]);
+    let (code, _, err) = train("tiny");
     assert_eq!(code, Some(2), "{err}");
     assert!(
         err.contains("it was planned for model \"mini\" with sequences of 16 tokens, and this run trains \"tiny\""),
