@@ -295,11 +295,26 @@ impl ProfileEntry {
     }
 }
 
+/// serde's message for `e` with this module's type names said as what the
+/// file holds there.
+fn plain(e: &serde_json::Error) -> String {
+    let passes = "an object of seconds {\"forward\": .., \"backward\": ..} (optionally \
+                  \"weight_grad\" and \"fused_backward\")";
+    let overhead = "an object of seconds {\"forward\": .., \"backward\": ..}";
+    e.to_string()
+        .replace("struct Passes with 4 elements", passes)
+        .replace("struct Passes", passes)
+        .replace("struct StageOverhead with 2 elements", overhead)
+        .replace("struct StageOverhead", overhead)
+        .replace("struct ProfileEntry", "an entry object")
+        .replace("struct ProfileFile", "a profile object")
+}
+
 impl ProfileFile {
     /// Parses and checks a profile from JSON text.
     pub fn from_json_str(text: &str) -> Result<Self, SpecError> {
         let p: ProfileFile = serde_json::from_str(text)
-            .map_err(|e| SpecError::Profile(format!("is not a valid profile: {e}")))?;
+            .map_err(|e| SpecError::Profile(format!("is not a valid profile: {}", plain(&e))))?;
         p.validate()?;
         Ok(p)
     }
@@ -1031,6 +1046,17 @@ mod tests {
             err.contains(
                 "block.fused_backward is 0.000000001; it is the same pass as block.backward (2)"
             ) && err.contains("from half to twice that"),
+            "{err}"
+        );
+        // serde's type names are said as what the file holds there.
+        let mut v = serde_json::to_value(file(vec![entry("x", 2, 1.0)])).unwrap();
+        v["entries"][0]["stage_overhead"] = "x".into();
+        let err = ProfileFile::from_json_str(&v.to_string())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("expected an object of seconds {\"forward\": .., \"backward\": ..} at")
+                && !err.contains("struct"),
             "{err}"
         );
         // A fixed cost per stage: seconds as the parts, added once a stage.
