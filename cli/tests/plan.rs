@@ -158,20 +158,17 @@ fn profile_then_evaluate_a_saved_plan_of_the_bundled_devices() {
     ]);
     assert_eq!(code, Some(0), "{out}{err}");
     let (devices, plan) = (file("devices.json"), file("plan.json"));
+    let plan_mini = |extra: &[&str]| {
+        polychip(
+            &[
+                &["plan", "--cluster", devices.as_str(), "--model", "mini"][..],
+                extra,
+            ]
+            .concat(),
+        )
+    };
     let eval = |extra: &[&str]| {
-        let mut args = vec![
-            "plan",
-            "--cluster",
-            devices.as_str(),
-            "--model",
-            "mini",
-            "--dtype",
-            "f32",
-            "--evaluate",
-            plan.as_str(),
-        ];
-        args.extend(extra);
-        polychip(&args)
+        plan_mini(&[&["--dtype", "f32", "--evaluate", plan.as_str()][..], extra].concat())
     };
     let (code, table, err) = eval(&[]);
     assert_eq!(code, Some(0), "{err}");
@@ -212,12 +209,7 @@ fn profile_then_evaluate_a_saved_plan_of_the_bundled_devices() {
     named["schedule"] = "zero-bubble".into();
     let zb_plan = file("zb-plan.json");
     std::fs::write(&zb_plan, named.to_string()).unwrap();
-    let (code, json, err) = polychip(&[
-        "plan",
-        "--cluster",
-        &devices,
-        "--model",
-        "mini",
+    let (code, json, err) = plan_mini(&[
         "--dtype",
         "f32",
         "--evaluate",
@@ -251,16 +243,7 @@ fn profile_then_evaluate_a_saved_plan_of_the_bundled_devices() {
     assert!(err.contains("whose layers is 2"), "{err}");
     // The planner's own plan of the devices, its chip types the names
     // `polychip devices` reports (`Ferrite F1`), trains as it is.
-    let (code, json, err) = polychip(&[
-        "plan",
-        "--cluster",
-        &devices,
-        "--model",
-        "mini",
-        "--global-batch",
-        "8",
-        "--json",
-    ]);
+    let (code, json, err) = plan_mini(&["--global-batch", "8", "--json"]);
     assert_eq!(code, Some(0), "{err}");
     assert!(
         json.contains("\"chip\": \"Ferrite F1\"") || json.contains("\"chip\": \"Cobalt"),

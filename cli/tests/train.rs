@@ -881,15 +881,12 @@ fn a_saved_profile_plans_again_without_profiling_and_a_foreign_one_is_refused() 
     let ferrite_path = dir.join("ferrite.json");
     std::fs::write(&ferrite_path, ferrite_only.to_string()).unwrap();
     let ferrite_arg = path(&ferrite_path);
-    refused(
-        &[
-            "--plan",
-            "auto",
-            "--devices",
-            "ferrite:0,cobalt:0",
-            "--profile",
-            &ferrite_arg,
-        ],
+    let planned_from = |file: &str, want: &str| {
+        let both = ["--plan", "auto", "--devices", "ferrite:0,cobalt:0"];
+        refused(&[&both[..], &["--profile", file]].concat(), want)
+    };
+    planned_from(
+        &ferrite_arg,
         "has no entry at tp 1 and a micro-batch size of [4, 2, 1] for cobalt:0",
     );
     refused(
@@ -908,15 +905,8 @@ fn a_saved_profile_plans_again_without_profiling_and_a_foreign_one_is_refused() 
     twice["entries"].as_array_mut().unwrap().push(copy);
     let twice_path = dir.join("twice.json");
     std::fs::write(&twice_path, twice.to_string()).unwrap();
-    refused(
-        &[
-            "--plan",
-            "auto",
-            "--devices",
-            "ferrite:0,cobalt:0",
-            "--profile",
-            &path(&twice_path),
-        ],
+    planned_from(
+        &path(&twice_path),
         "both give ferrite:0 (Ferrite F1) at a micro-batch size of",
     );
 }

@@ -16,6 +16,10 @@
 //!   an output that is one of its inputs, or another of its outputs, before
 //!   it starts, instead of overwriting it.
 //!
+//! - Words from a file shown to the user ([`printable`]) cannot drive the
+//!   terminal or reorder the line: control and bidirectional-formatting
+//!   characters are written as escapes.
+//!
 //! Every other crate that reads or writes such files goes through these, so
 //! the rules (and their messages) are the same everywhere.
 
@@ -342,8 +346,38 @@ impl<'de> serde::de::Visitor<'de> for StrictVisitor {
     }
 }
 
+/// `text` with control and bidirectional-formatting characters written as
+/// escapes: words from a file (a checkpoint's plan, a plan's device name),
+/// printed, cannot drive the terminal or reorder the line around them.
+pub fn printable(text: &str) -> String {
+    let hidden = |c: char| {
+        c.is_control()
+            || ('\u{202a}'..='\u{202e}').contains(&c)
+            || ('\u{2066}'..='\u{2069}').contains(&c)
+    };
+    text.chars()
+        .flat_map(|c| -> Vec<char> {
+            match hidden(c) {
+                true => c.escape_unicode().collect(),
+                false => vec![c],
+            }
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn words_from_a_file_are_printed_without_control_or_bidi_characters() {
+        use super::printable;
+        assert_eq!(printable("1 x [ferrite:0 0..2]"), "1 x [ferrite:0 0..2]");
+        assert_eq!(
+            printable("a\u{1b}[2Jb\u{202e}c\nd"),
+            "a\\u{1b}[2Jb\\u{202e}c\\u{a}d"
+        );
+        assert_eq!(printable("évité 日本"), "évité 日本");
+    }
+
     use super::*;
 
     fn scratch(name: &str) -> PathBuf {

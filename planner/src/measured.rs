@@ -1280,16 +1280,27 @@ mod tests {
         }
     }
 
-    /// Device 1 on `0..(h, c)`, device 0 on the rest of `halves` half
-    /// blocks: a two-stage pipeline cut inside half `h`.
-    fn slow_then_fast(h: usize, c: usize, halves: usize) -> [MeasuredStage; 2] {
-        let stage = |device, from, from_cols, to, to_cols| MeasuredStage {
+    /// A stage of `device` from half `from` (after `from_cols` of its
+    /// columns) to half `to` (after `to_cols`).
+    fn stage(
+        device: usize,
+        from: usize,
+        from_cols: usize,
+        to: usize,
+        to_cols: usize,
+    ) -> MeasuredStage {
+        MeasuredStage {
             device,
             from,
             to,
             from_cols,
             to_cols,
-        };
+        }
+    }
+
+    /// Device 1 on `0..(h, c)`, device 0 on the rest of `halves` half
+    /// blocks: a two-stage pipeline cut inside half `h`.
+    fn slow_then_fast(h: usize, c: usize, halves: usize) -> [MeasuredStage; 2] {
         [stage(1, 0, 0, h, c), stage(0, h, c, halves, 0)]
     }
 
@@ -1408,22 +1419,7 @@ mod tests {
         let whole = pipeline_time(
             &devs,
             &model(16, 32),
-            &[
-                MeasuredStage {
-                    device: 1,
-                    from: 0,
-                    to: 2,
-                    from_cols: 0,
-                    to_cols: 0,
-                },
-                MeasuredStage {
-                    device: 0,
-                    from: 2,
-                    to: 32,
-                    from_cols: 0,
-                    to_cols: 0,
-                },
-            ],
+            &[stage(1, 0, 0, 2, 0), stage(0, 2, 0, 32, 0)],
             32,
             0,
         );
@@ -1827,13 +1823,6 @@ mod tests {
             link_bandwidth: 1e6,
             async_sends: false,
             ..model(2, 1)
-        };
-        let stage = |device, from, from_cols, to, to_cols| MeasuredStage {
-            device,
-            from,
-            to,
-            from_cols,
-            to_cols,
         };
         let between = [stage(0, 0, 0, 1, 0), stage(1, 1, 0, 4, 0)];
         let inside = [stage(0, 0, 0, 1, 88), stage(1, 1, 88, 4, 0)];

@@ -36,7 +36,11 @@ pub const MAX_ENTRIES: usize = 4096;
 
 /// Forward and backward seconds of one micro-batch through a part.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "an object of seconds {\"forward\": .., \"backward\": ..} (optionally \
+                 \"weight_grad\" and \"fused_backward\")"
+)]
 pub struct Passes {
     /// Forward, seconds.
     pub forward: f64,
@@ -59,7 +63,10 @@ pub struct Passes {
 
 /// A fixed cost each pipeline stage pays per micro-batch, seconds.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "an object of seconds {\"forward\": .., \"backward\": ..}"
+)]
 pub struct StageOverhead {
     /// Of the forward pass.
     pub forward: f64,
@@ -69,7 +76,7 @@ pub struct StageOverhead {
 
 /// One chip type's measurements at one micro-batch size and tp degree.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, expecting = "an entry object")]
 pub struct ProfileEntry {
     /// The chip type: its name in the cluster, a device name of it
     /// (`ferrite:0`) or a vendor (`ferrite`), matched as
@@ -125,7 +132,7 @@ fn one() -> u64 {
 
 /// A profile file.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, expecting = "a profile object")]
 pub struct ProfileFile {
     /// [`FORMAT`].
     pub format: String,
@@ -295,26 +302,11 @@ impl ProfileEntry {
     }
 }
 
-/// serde's message for `e` with this module's type names said as what the
-/// file holds there.
-fn plain(e: &serde_json::Error) -> String {
-    let passes = "an object of seconds {\"forward\": .., \"backward\": ..} (optionally \
-                  \"weight_grad\" and \"fused_backward\")";
-    let overhead = "an object of seconds {\"forward\": .., \"backward\": ..}";
-    e.to_string()
-        .replace("struct Passes with 4 elements", passes)
-        .replace("struct Passes", passes)
-        .replace("struct StageOverhead with 2 elements", overhead)
-        .replace("struct StageOverhead", overhead)
-        .replace("struct ProfileEntry", "an entry object")
-        .replace("struct ProfileFile", "a profile object")
-}
-
 impl ProfileFile {
     /// Parses and checks a profile from JSON text.
     pub fn from_json_str(text: &str) -> Result<Self, SpecError> {
         let p: ProfileFile = serde_json::from_str(text)
-            .map_err(|e| SpecError::Profile(format!("is not a valid profile: {}", plain(&e))))?;
+            .map_err(|e| SpecError::Profile(format!("is not a valid profile: {e}")))?;
         p.validate()?;
         Ok(p)
     }

@@ -791,12 +791,17 @@ fn locate(value: &serde_json::Value) -> Option<String> {
 }
 
 /// A device name from a plan as an error shows it: quoted, with control
-/// and formatting characters escaped, and cut after 80 characters.
+/// and formatting characters escaped ([`polychip_files::printable`]), and
+/// cut after 80 characters.
 fn shown(name: &str) -> String {
     const MAX: usize = 80;
     match name.char_indices().nth(MAX) {
-        Some((at, _)) => format!("{:?}... ({} bytes)", &name[..at], name.len()),
-        None => format!("{name:?}"),
+        Some((at, _)) => format!(
+            "\"{}\"... ({} bytes)",
+            polychip_files::printable(&name[..at]),
+            name.len()
+        ),
+        None => format!("\"{}\"", polychip_files::printable(name)),
     }
 }
 

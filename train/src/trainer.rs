@@ -319,7 +319,7 @@ pub fn run(opts: &Options, runtime: &Runtime, mut job: Option<&mut Job>) -> Resu
             eprintln!(
                 "resumed from {} (step {start}, saved with plan {})",
                 loaded.dir.display(),
-                printable(&loaded.manifest.plan)
+                polychip_files::printable(&loaded.manifest.plan)
             );
         }
     }
@@ -793,38 +793,4 @@ fn gather(
         crate::checkpoint::write_atomic(path, text.as_bytes())?;
     }
     Ok(())
-}
-
-/// `text` with control and bidirectional-formatting characters written as
-/// escapes: a checkpoint's own words, printed, cannot drive the terminal
-/// or reorder the line around them.
-fn printable(text: &str) -> String {
-    let hidden = |c: char| {
-        c.is_control()
-            || ('\u{202a}'..='\u{202e}').contains(&c)
-            || ('\u{2066}'..='\u{2069}').contains(&c)
-    };
-    text.chars()
-        .flat_map(|c| -> Vec<char> {
-            match hidden(c) {
-                true => c.escape_unicode().collect(),
-                false => vec![c],
-            }
-        })
-        .collect()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::printable;
-
-    #[test]
-    fn a_checkpoints_words_are_printed_without_control_or_bidi_characters() {
-        assert_eq!(printable("1 x [ferrite:0 0..2]"), "1 x [ferrite:0 0..2]");
-        assert_eq!(
-            printable("a\u{1b}[2Jb\u{202e}c\nd"),
-            "a\\u{1b}[2Jb\\u{202e}c\\u{a}d"
-        );
-        assert_eq!(printable("évité 日本"), "évité 日本");
-    }
 }
