@@ -231,9 +231,18 @@ pub fn profile_repeated(
     let ffn = time_passes(&st(half(1))?, b, reps, false)?;
     // What every stage pays besides its parts: each stage timed here pays
     // it once, so the ends and the blocks are of the parts alone without it.
+    // Every stage of one part timed here pays it too, so it is no more
+    // than the cheapest of them (a larger estimate is the noise's).
+    let cheapest = |pass: fn(&Timed) -> f64| {
+        [&e0, &h0, &att, &ffn]
+            .into_iter()
+            .map(pass)
+            .fold(f64::INFINITY, f64::min)
+    };
     let overhead = (
-        stage_overhead(att.forward, ffn.forward, bn.forward, k),
-        stage_overhead(att.backward(), ffn.backward(), bn.backward(), k),
+        stage_overhead(att.forward, ffn.forward, bn.forward, k).min(cheapest(|t| t.forward)),
+        stage_overhead(att.backward(), ffn.backward(), bn.backward(), k)
+            .min(cheapest(Timed::backward)),
     );
     let embed = (
         (e0.forward - overhead.0).max(0.0),
@@ -247,7 +256,8 @@ pub fn profile_repeated(
         (bn.forward - overhead.0) / k,
         (bn.backward() - overhead.1) / k,
     );
-    let block_weights = bn.weight_pass / k;
+    // The weights' gradients are part of the backward pass.
+    let block_weights = (bn.weight_pass / k).min(block.1);
     let share = |a: f64, f: f64| if a + f > 0.0 { a / (a + f) } else { 0.5 };
     let attention = (
         block.0 * share(att.forward - overhead.0, ffn.forward - overhead.0),
@@ -290,7 +300,7 @@ pub fn profile_repeated(
             head_backward: head.1,
             optimizer_per_param: times[times.len() / 2] / params as f64,
             block_weight_grad: block_weights,
-            head_weight_grad: h0.weight_pass,
+            head_weight_grad: h0.weight_pass.min(head.1),
             // The same work as the split passes, less their overhead: a
             // ratio above 1 (or far below) is the machine's noise.
             fused_backward_ratio: (bn.fused / bn.backward().max(f64::MIN_POSITIVE)).clamp(0.5, 1.0),
