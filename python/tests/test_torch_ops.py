@@ -254,6 +254,35 @@ def basics():
     }
 
 
+def convolutions(to):
+    """Conv2d with groups, stride, padding and dilation (windows that
+    overlap: the input's gradient is added offset by offset), a patch
+    embedding (windows apart: one copy) and a depthwise Conv1d without a
+    bias: outputs and every gradient."""
+    cases = [
+        (lambda x, w, b: F.conv2d(x, w, b, stride=(2, 1), padding=(1, 2), dilation=(1, 2), groups=2),
+         rand(2, 4, 7, 6), rand(6, 2, 3, 2, seed=1), rand(6, seed=2)),
+        (lambda x, w, b: F.conv2d(x, w, b, stride=4), rand(2, 3, 8, 8), rand(5, 3, 4, 4, seed=1), rand(5, seed=2)),
+        (lambda x, w: F.conv1d(x, w, padding=2, groups=3), rand(2, 3, 9), rand(3, 1, 3, seed=1)),
+    ]
+    return [grads(fn, *inputs)(to) for fn, *inputs in cases]
+
+
+def recurrent_cells(to):
+    """torch.lstm_cell and gru_cell (PyTorch takes the fused cells on the
+    device), with and without biases: outputs and every gradient."""
+    n, i, h = 3, 4, 5
+    x, h0, c0 = rand(n, i), rand(n, h, seed=1), rand(n, h, seed=2)
+    lstm = [rand(4 * h, i, seed=3), rand(4 * h, h, seed=4), rand(4 * h, seed=5), rand(4 * h, seed=6)]
+    gru = [rand(3 * h, i, seed=3), rand(3 * h, h, seed=4), rand(3 * h, seed=5), rand(3 * h, seed=6)]
+    return [
+        grads(lambda x, h, c, *w: torch.cat(torch.lstm_cell(x, (h, c), *w), 1), x, h0, c0, *lstm)(to),
+        grads(lambda x, h, c, wi, wh: torch.lstm_cell(x, (h, c), wi, wh)[0], x, h0, c0, *lstm[:2])(to),
+        grads(lambda x, h, *w: torch.gru_cell(x, h, *w), x, h0, *gru)(to),
+        grads(lambda x, h, wi, wh: torch.gru_cell(x, h, wi, wh), x, h0, *gru[:2])(to),
+    ]
+
+
 SAMPLES = {}
 for _name in ("add", "sub", "mul", "div"):
     SAMPLES.update(binary(_name))
@@ -271,6 +300,15 @@ SAMPLES.update(
         "silu_backward": lambda to: aten.silu_backward(to(P), to(A)),
         "threshold_backward": lambda to: aten.threshold_backward(to(P), to(A.relu()), 0),
         "tanh_backward": lambda to: aten.tanh_backward(to(P), to(A.tanh())),
+        "sigmoid": lambda to: aten.sigmoid(to(A * 30)),
+        "sigmoid_backward": lambda to: aten.sigmoid_backward(to(P), to(A.sigmoid())),
+        "unfold": lambda to: [to(rand(3, 4, 5)).unfold(1, 2, 1), to(A).unfold(-1, 3, 2), (lambda x: (x.unfold(1, 2, 2).mul_(3), x)[1])(to(A.clone()))],
+        "convolution_overrideable": convolutions,
+        "convolution_backward_overrideable": convolutions,
+        "_thnn_fused_lstm_cell": recurrent_cells,
+        "_thnn_fused_lstm_cell_backward_impl": recurrent_cells,
+        "_thnn_fused_gru_cell": recurrent_cells,
+        "_thnn_fused_gru_cell_backward": recurrent_cells,
         "pow.Tensor_Scalar": lambda to: aten.pow.Tensor_Scalar(to(P), 2.5),
         "pow_.Scalar": lambda to: aten.pow_.Scalar(to(P.clone()), 3.0),
         "mm": lambda to: aten.mm(to(A), to(rand(4, 5).t().contiguous().t())),

@@ -15,6 +15,7 @@ C++ half registers (allocation, views, copies and casts, fill, scalar
 reads). The test suite's per-operator test is generated from both.
 """
 
+import itertools
 import math
 import numbers
 import time
@@ -515,6 +516,24 @@ def _gelu_backward(grad: torch.Tensor, self: torch.Tensor, *, approximate: str =
     return _activation_backward("gelu_backward", aten.gelu_backward.default, grad, self)
 
 
+@_impl("sigmoid")
+def _sigmoid(self: torch.Tensor) -> torch.Tensor:
+    # 1 / (1 + e^-x) as (tanh(x / 2) + 1) / 2: no overflow at either end.
+    if not _on_device(self) or not _ok("tanh", self) or not _ok("mul", self):
+        return _fallback(aten.sigmoid.default, self)
+    out = torch.tanh(self * 0.5)
+    out.mul_(0.5)
+    return out.add_(0.5)
+
+
+@_impl("sigmoid_backward")
+def _sigmoid_backward(grad: torch.Tensor, output: torch.Tensor) -> torch.Tensor:
+    # grad * y (1 - y), from the sigmoid's output y.
+    if not _on_device(grad, output) or grad.dtype != output.dtype or not _ok("mul", grad):
+        return _fallback(aten.sigmoid_backward.default, grad, output)
+    return grad * output * (1.0 - output)
+
+
 # ------------------------------------------------------------------- matmul
 
 
@@ -1000,6 +1019,237 @@ def _cross_entropy_loss(
         count = int((target.cpu() != ignore_index).sum())
         return _CrossEntropy.apply(self, target, ignore_index) * count
     return _CrossEntropy.apply(self, target, ignore_index)
+
+
+@_impl("unfold")
+def _unfold(self: torch.Tensor, dimension: int, size: int, step: int) -> torch.Tensor:
+    # A view (``Tensor.unfold``, and ``repeat`` inside PyTorch): each window
+    # of ``size`` along ``dimension``, ``step`` apart, as a new last dimension.
+    d = dimension + self.dim() if dimension < 0 else dimension
+    if self.dim() == 0:
+        d, length, stride = 0, 1, 1
+        shape, strides = [], []
+    else:
+        if not 0 <= d < self.dim():
+            raise IndexError(f"Dimension out of range (expected to be in range of [{-self.dim()}, {self.dim() - 1}], but got {dimension})")
+        length, stride = self.shape[d], self.stride(d)
+        shape, strides = list(self.shape), list(self.stride())
+    if step <= 0:
+        raise RuntimeError(f"step is {step} but must be > 0")
+    if size < 0 or size > length:
+        raise RuntimeError(f"maximum size for tensor at dimension {d} is {length} but size is {size}")
+    if self.dim() == 0:
+        return self.as_strided([size], [1], self.storage_offset())
+    shape[d] = (length - size) // step + 1
+    strides[d] = stride * step
+    return self.as_strided(shape + [size], strides + [stride], self.storage_offset())
+
+
+# ------------------------------------------------------------- convolution
+
+# PyTorch sends a convolution on a backend it does not know to
+# `convolution_overrideable` (whose default raises), so a model with a
+# Conv1d/Conv2d/Conv3d (ViT's patches, Whisper's front end, Mamba's causal
+# convolution, CNNs) needs these two. They lower the convolution to the
+# plugin's matmul: the input's patches are gathered by one strided copy on
+# the device (im2col), each group's weights multiply them, and the input's
+# gradient is scattered back by strided adds, one per kernel offset (one
+# copy when the windows do not overlap). Transposed convolutions and dtypes
+# the matmul lacks go to the CPU fallback, counted as `convolution`.
+
+
+def _conv_lists(nd: int, *params: Sequence[int]) -> List[List[int]]:
+    return [list(p) * nd if len(p) == 1 else list(p) for p in params]
+
+
+def _conv_plain(input: torch.Tensor, weight: torch.Tensor, bias: Any, transposed: bool, *tensors: Any) -> bool:
+    live = [t for t in (input, weight, bias, *tensors) if t is not None]
+    return (
+        not transposed
+        and input.dim() == weight.dim() >= 3
+        and _matmul_ok(*live)
+        and all(t.dtype == input.dtype for t in live)
+    )
+
+
+def _padded(x: torch.Tensor, padding: Sequence[int]) -> torch.Tensor:
+    """``x`` with ``padding`` zeros on both sides of each spatial dimension."""
+    if not any(padding):
+        return x
+    spatial = [s + 2 * p for s, p in zip(x.shape[2:], padding)]
+    out = torch.zeros((x.shape[0], x.shape[1], *spatial), dtype=x.dtype, device=x.device)
+    inner = out
+    for i, (s, p) in enumerate(zip(x.shape[2:], padding)):
+        inner = inner.narrow(2 + i, p, s)
+    inner.copy_(x)
+    return out
+
+
+def _windows(xp: torch.Tensor, k: Sequence[int], o: Sequence[int], stride: Sequence[int], dilation: Sequence[int]) -> torch.Tensor:
+    """The view ``(N, C, *k, *o)`` of ``xp`` (padded) whose element
+    ``[n, c, *j, *i]`` is ``xp[n, c, *(i * stride + j * dilation)]``."""
+    st = xp.stride()
+    return xp.as_strided(
+        (xp.shape[0], xp.shape[1], *k, *o),
+        (st[0], st[1], *[st[2 + d] * dilation[d] for d in range(len(k))], *[st[2 + d] * stride[d] for d in range(len(k))]),
+        xp.storage_offset(),
+    )
+
+
+def _conv_geometry(input: torch.Tensor, weight: torch.Tensor, stride: Any, padding: Any, dilation: Any) -> Tuple[List[int], ...]:
+    nd = weight.dim() - 2
+    stride, padding, dilation = _conv_lists(nd, stride, padding, dilation)
+    k = list(weight.shape[2:])
+    o = [(s + 2 * p - d * (kk - 1) - 1) // st + 1 for s, p, d, kk, st in zip(input.shape[2:], padding, dilation, k, stride)]
+    return stride, padding, dilation, k, o
+
+
+def _im2col(input: torch.Tensor, groups: int, geometry: Tuple[List[int], ...]) -> torch.Tensor:
+    """``(groups, C / groups * prod(k), N * prod(o))``: each column one
+    output position's window."""
+    stride, padding, dilation, k, o = geometry
+    nd = len(k)
+    w = _windows(_padded(input, padding), k, o, stride, dilation)
+    # (C, *k, N, *o), laid out so that the matmul's operands are plain views.
+    cols = w.permute(1, *range(2, 2 + nd), 0, *range(2 + nd, 2 + 2 * nd)).contiguous()
+    return cols.view(groups, -1, input.shape[0] * math.prod(o))
+
+
+@_impl("convolution_overrideable")
+def _convolution(
+    input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
+    stride: Any, padding: Any, dilation: Any, transposed: bool, output_padding: Any, groups: int,
+) -> torch.Tensor:
+    if not _conv_plain(input, weight, bias, transposed):
+        return _fallback(aten.convolution.default, input, weight, bias, stride, padding, dilation, transposed, output_padding, groups)
+    geometry = _conv_geometry(input, weight, stride, padding, dilation)
+    o = geometry[4]
+    n, out_channels = input.shape[0], weight.shape[0]
+    cols = _im2col(input, groups, geometry)
+    wm = weight.contiguous().view(groups, out_channels // groups, -1)
+    out = torch.bmm(wm, cols)  # (groups, O / groups, N * prod(o))
+    out = out.view(out_channels, n, *o).transpose(0, 1).contiguous()
+    if bias is not None:
+        out.add_(bias.view(1, out_channels, *[1] * len(o)))
+    return out
+
+
+@_impl("convolution_backward_overrideable")
+def _convolution_backward(
+    grad_output: torch.Tensor, input: torch.Tensor, weight: torch.Tensor,
+    stride: Any, padding: Any, dilation: Any, transposed: bool, output_padding: Any, groups: int,
+    output_mask: Sequence[bool],
+) -> Tuple[Optional[torch.Tensor], ...]:
+    if not _conv_plain(input, weight, None, transposed, grad_output):
+        bias_sizes = [weight.shape[1] * groups if transposed else weight.shape[0]]
+        return _fallback(
+            aten.convolution_backward.default, grad_output, input, weight, bias_sizes,
+            stride, padding, dilation, transposed, output_padding, groups, output_mask,
+        )
+    geometry = _conv_geometry(input, weight, stride, padding, dilation)
+    stride, padding, dilation, k, o = geometry
+    nd = len(k)
+    n, channels, out_channels = input.shape[0], input.shape[1], weight.shape[0]
+    # (groups, O / groups, N * prod(o))
+    go = grad_output.transpose(0, 1).contiguous().view(groups, out_channels // groups, -1)
+    grad_input = grad_weight = grad_bias = None
+    if output_mask[2]:
+        grad_bias = grad_output.sum([0, *range(2, 2 + nd)])
+    if output_mask[1]:
+        cols = _im2col(input, groups, geometry)
+        grad_weight = torch.bmm(go, cols.transpose(1, 2)).view(weight.shape)
+    if output_mask[0]:
+        wm = weight.contiguous().view(groups, out_channels // groups, -1)
+        # (C, *k, N, *o): each window's gradient, scattered back below.
+        dcols = torch.bmm(wm.transpose(1, 2), go).view(channels, *k, n, *o)
+        dcols = dcols.permute(nd + 1, 0, *range(1, nd + 1), *range(nd + 2, 2 * nd + 2))  # (N, C, *k, *o)
+        spatial = [s + 2 * p for s, p in zip(input.shape[2:], padding)]
+        gxp = torch.zeros((n, channels, *spatial), dtype=input.dtype, device=input.device)
+        windows = _windows(gxp, k, o, stride, dilation)
+        if all(st >= d * (kk - 1) + 1 for st, d, kk in zip(stride, dilation, k)):
+            windows.copy_(dcols)  # windows apart: each element written once
+        else:
+            for j in itertools.product(*[range(kk) for kk in k]):
+                at = (slice(None), slice(None), *j)
+                windows[at].add_(dcols[at])
+        grad_input = gxp
+        for i, (s, p) in enumerate(zip(input.shape[2:], padding)):
+            grad_input = grad_input.narrow(2 + i, p, s)
+        grad_input = grad_input.contiguous()
+    return grad_input, grad_weight, grad_bias
+
+
+# ------------------------------------------------------ recurrent cells
+
+# PyTorch's LSTM and GRU take their fused cells on a PrivateUse1 device, as
+# on CUDA; the CPU has no such kernels, so the fallback cannot run them.
+# Here each is the cell's arithmetic in the registered operators (the
+# workspace holds what the backward needs, as CUDA's does).
+
+
+def _gates(x: torch.Tensor, h: torch.Tensor, bx: Optional[torch.Tensor], bh: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
+    if bx is not None:
+        x = x + bx
+    if bh is not None:
+        h = h + bh
+    return x, h
+
+
+@_impl("_thnn_fused_lstm_cell")
+def _lstm_cell(
+    input_gates: torch.Tensor, hidden_gates: torch.Tensor, cx: torch.Tensor,
+    input_bias: Optional[torch.Tensor] = None, hidden_bias: Optional[torch.Tensor] = None,
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    x, h = _gates(input_gates, hidden_gates, input_bias, hidden_bias)
+    i, f, g, o = (x + h).chunk(4, 1)
+    i, f, g, o = torch.sigmoid(i), torch.sigmoid(f), torch.tanh(g), torch.sigmoid(o)
+    cy = f * cx + i * g
+    hy = o * torch.tanh(cy)
+    return hy, cy, torch.cat([i, f, g, o], 1)
+
+
+@_impl("_thnn_fused_lstm_cell_backward_impl")
+def _lstm_cell_backward(
+    grad_hy: Optional[torch.Tensor], grad_cy: Optional[torch.Tensor], cx: torch.Tensor,
+    cy: torch.Tensor, workspace: torch.Tensor, has_bias: bool,
+) -> Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
+    i, f, g, o = workspace.chunk(4, 1)
+    tc = torch.tanh(cy)
+    gcx = torch.zeros_like(cy) if grad_cy is None else grad_cy.clone()
+    if grad_hy is None:
+        grad_o = torch.zeros_like(o)
+    else:
+        gcx = gcx + grad_hy * o * (1.0 - tc * tc)
+        grad_o = grad_hy * tc * o * (1.0 - o)
+    grad_gates = torch.cat([gcx * g * i * (1.0 - i), gcx * cx * f * (1.0 - f), gcx * i * (1.0 - g * g), grad_o], 1)
+    grad_bias = grad_gates.sum(0) if has_bias else None
+    return grad_gates, gcx * f, grad_bias
+
+
+@_impl("_thnn_fused_gru_cell")
+def _gru_cell(
+    input_gates: torch.Tensor, hidden_gates: torch.Tensor, hx: torch.Tensor,
+    input_bias: Optional[torch.Tensor] = None, hidden_bias: Optional[torch.Tensor] = None,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    x, h = _gates(input_gates, hidden_gates, input_bias, hidden_bias)
+    xr, xz, xn = x.chunk(3, 1)
+    hr, hz, hn = h.chunk(3, 1)
+    r, z = torch.sigmoid(xr + hr), torch.sigmoid(xz + hz)
+    n = torch.tanh(xn + r * hn)
+    hy = n + z * (hx - n)
+    return hy, torch.cat([r, z, n, hx, hn], 1)
+
+
+@_impl("_thnn_fused_gru_cell_backward")
+def _gru_cell_backward(grad_hy: torch.Tensor, workspace: torch.Tensor, has_bias: bool) -> Tuple[Optional[torch.Tensor], ...]:
+    r, z, n, hx, hn = workspace.chunk(5, 1)
+    grad_n = grad_hy * (1.0 - z) * (1.0 - n * n)  # before the tanh
+    grad_z = grad_hy * (hx - n) * z * (1.0 - z)
+    grad_r = grad_n * hn * r * (1.0 - r)
+    grad_input = torch.cat([grad_r, grad_z, grad_n], 1)
+    grad_hidden = torch.cat([grad_r, grad_z, grad_n * r], 1)
+    biases = (grad_input.sum(0), grad_hidden.sum(0)) if has_bias else (None, None)
+    return grad_input, grad_hidden, grad_hy * z, *biases
 
 
 # -------------------------------------------------------------------- joins
