@@ -18,7 +18,9 @@ its backend-autoload entry point) builds the C++ half against the installed
 torch on first use; see ``_build``.
 """
 
+import atexit
 import os
+import time
 from types import ModuleType
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -124,6 +126,22 @@ def _device_module(native: Any) -> ModuleType:
 
 
 _native_backend, _runtime = _bind()
+
+
+def _let_autograd_threads_finish() -> None:
+    """At exit, before the interpreter finalizes: releases the GIL for a
+    moment. PyTorch runs a device's backward pass on a thread of its own,
+    and that thread may drop the finished graph's last reference (which
+    holds Python objects, so it takes the GIL) just after ``backward()``
+    has returned. Were it still waiting for the GIL when finalization
+    starts, CPython would end the thread inside a C++ destructor and the
+    process would abort ("terminate called without an active exception").
+    The wait lets a thread already queued on the GIL finish first."""
+    for _ in range(5):
+        time.sleep(0.002)
+
+
+atexit.register(_let_autograd_threads_finish)
 
 
 def device_count() -> int:
