@@ -180,6 +180,9 @@ fn plan(args: &Args) -> Result<(), String> {
                 p.display()
             );
         }
+        for e in &applied.implausible {
+            eprintln!("warning: {}: {e}", p.display());
+        }
     }
     if let Some(p) = &args.evaluate {
         let mut spec = PlanSpec::load(p).map_err(|e| e.to_string())?;

@@ -186,6 +186,31 @@ fn profile_then_evaluate_a_saved_plan_of_the_bundled_devices() {
     let profile = file("profile.json");
     let (code, json, err) = eval(&["--profile", &profile, "--json"]);
     assert_eq!(code, Some(0), "{err}");
+    // A measured profile is below the devices' declared peaks; the same
+    // times a million times smaller (seconds' digits of microseconds) are
+    // used, with a warning naming the file, the chip and the part.
+    assert!(!err.contains("warning"), "{err}");
+    let mut tiny: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&profile).unwrap()).unwrap();
+    for e in tiny["entries"].as_array_mut().unwrap() {
+        for part in ["embedding", "block", "attention", "head", "stage_overhead"] {
+            if let Some(times) = e[part].as_object_mut() {
+                for t in times.values_mut() {
+                    *t = serde_json::json!(t.as_f64().unwrap() * 1e-6);
+                }
+            }
+        }
+    }
+    let fast = file("fast-profile.json");
+    std::fs::write(&fast, tiny.to_string()).unwrap();
+    let (code, _, err) = eval(&["--profile", &fast]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        err.contains(&format!(
+            "warning: {fast}: Ferrite F1 at micro-batch 1 and tp 1: its block would have run at"
+        )) && err.contains("its times are not seconds"),
+        "{err}"
+    );
     let ev: serde_json::Value = serde_json::from_str(&json).unwrap();
     assert_eq!(ev["measured_chips"].as_array().unwrap().len(), 2, "{ev}");
     assert_eq!(

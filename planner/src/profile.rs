@@ -440,6 +440,12 @@ impl ClusterSpec {
                     continue;
                 }
             };
+            if let Some(why) = implausible(e, &self.chip_types[ty], model, settings.dtype) {
+                applied.implausible.push(format!(
+                    "{} at micro-batch {} and tp {}: {why}",
+                    e.chip, e.micro_batch, e.tp
+                ));
+            }
             let (e, estimated) = self.complete(e, ty, model, settings);
             if !estimated.is_empty() {
                 applied.estimated.push(format!(
@@ -555,6 +561,62 @@ pub struct Applied {
     /// model estimated (`"GH-96 at micro-batch 1 and tp 4: embedding,
     /// head"`).
     pub estimated: Vec<String>,
+    /// Entries whose times no chip of the type can have measured (see
+    /// [`implausible`]), with why: used as given, but worth a warning.
+    pub implausible: Vec<String>,
+}
+
+/// Why entry `e`'s times cannot be measurements of `chip` (a sentence),
+/// if they cannot: its block or head would have computed faster than the
+/// chip type's peak in `dtype` (counting the least work the pass can do:
+/// the weights' products and half the attention scores, as a causal
+/// kernel skips the rest; three times the forward pass's for forward and
+/// backward), which points at times in the wrong unit (they are seconds),
+/// a peak set too low, or a timing that left out part of the work (Sailor's
+/// GPT-Neo profile times a head at 2-10x the GH200's peak: not its logits
+/// product); or a pass of one micro-batch would take over an hour.
+pub fn implausible(
+    e: &ProfileEntry,
+    chip: &ChipType,
+    model: &ModelSpec,
+    dtype: Dtype,
+) -> Option<String> {
+    const HOUR: f64 = 3600.0;
+    let b = e.micro_batch;
+    let block = model.matmul_forward_flops(b) + 0.5 * model.attention_score_forward_flops(b);
+    let peak = chip.peak_flops.get(dtype);
+    let mut parts = vec![("block", e.block, block)];
+    if let Some(h) = e.head {
+        parts.push(("head", h, model.head_forward_flops(b)));
+    }
+    if let Some(x) = e.embedding {
+        parts.push(("embedding", x, 0.0));
+    }
+    for (name, p, forward_flops) in parts {
+        let seconds = p.forward + p.backward;
+        if p.forward > HOUR || p.backward > HOUR {
+            return Some(format!(
+                "its {name} takes over an hour a micro-batch ({:.3e} s forward, {:.3e} s backward); \
+                 the profile's times are seconds",
+                p.forward, p.backward
+            ));
+        }
+        if forward_flops <= 0.0 || seconds <= 0.0 || peak <= 0.0 {
+            continue;
+        }
+        let rate = 3.0 * forward_flops / (seconds * e.tp.max(1) as f64);
+        if rate > peak {
+            return Some(format!(
+                "its {name} would have run at {:.3e} FLOP/s a chip, {:.1}x the chip type's {dtype} \
+                 peak ({:.3e}): its times are not seconds, the cluster's peak is too low, or what \
+                 was timed leaves out part of the work",
+                rate,
+                rate / peak,
+                peak
+            ));
+        }
+    }
+    None
 }
 
 impl ChipType {
@@ -812,6 +874,53 @@ mod tests {
             core_order: None,
             entries,
         }
+    }
+
+    /// Times no chip could have measured are flagged, not refused: a
+    /// block or head faster than the chip's peak (a time in another unit
+    /// than seconds, or a peak set too low), or a pass of over an hour; a
+    /// real one is not.
+    #[test]
+    fn times_faster_than_the_peak_or_over_an_hour_are_flagged() {
+        let c = ClusterSpec::from_toml_str(include_str!(
+            "../../examples/clusters/china-mobile-3-vendor.toml"
+        ))
+        .unwrap();
+        let (chip, model) = (&c.chip_types[0], ModelSpec::llama_7b());
+        // One LLaMA-7B block on 4 sequences of 4096 is about 3.6 TFLOP
+        // forward and backward: at 40% of the peak it takes seconds.
+        let flops = 3.0 * model.layer_forward_flops(4);
+        let real = flops / (0.4 * chip.peak_flops.get(Dtype::Bf16));
+        let e = |block: f64| entry(&chip.name, 4, block / 3.0);
+        assert_eq!(implausible(&e(real), chip, &model, Dtype::Bf16), None);
+        let fast = implausible(&e(real / 1000.0), chip, &model, Dtype::Bf16).unwrap();
+        assert!(
+            fast.contains("its block would have run at")
+                && fast.contains("the chip type's bf16 peak"),
+            "{fast}"
+        );
+        // A head written in the wrong unit while its block is right.
+        let mut head = e(real);
+        let h = head.head.as_mut().unwrap();
+        (h.forward, h.backward) = (1e-9, 2e-9);
+        assert!(
+            implausible(&head, chip, &model, Dtype::Bf16)
+                .unwrap()
+                .contains("its head")
+        );
+        let slow = implausible(&e(3.0 * 4000.0), chip, &model, Dtype::Bf16).unwrap();
+        assert!(slow.contains("over an hour"), "{slow}");
+        // apply_profile keeps such an entry and lists it.
+        let mut cluster = c.clone();
+        let applied = cluster
+            .apply_profile(&file(vec![e(real / 1000.0)]), &model, &bf16())
+            .unwrap();
+        assert_eq!(applied.covered, vec![chip.name.clone()]);
+        assert_eq!(applied.implausible.len(), 1);
+        assert!(
+            applied.implausible[0]
+                .starts_with(&format!("{} at micro-batch 4 and tp 1: ", chip.name))
+        );
     }
 
     #[test]

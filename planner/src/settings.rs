@@ -23,6 +23,16 @@ pub enum Dtype {
     F16,
 }
 
+impl std::fmt::Display for Dtype {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Dtype::F32 => "f32",
+            Dtype::Bf16 => "bf16",
+            Dtype::F16 => "f16",
+        })
+    }
+}
+
 impl Dtype {
     /// Bytes per element.
     pub fn bytes(self) -> u64 {

@@ -8,7 +8,7 @@
 //!
 //! Environment (read once, at load): `POLYCHIP_FERRITE_DEVICES` (default 2,
 //! at most 64), `POLYCHIP_FERRITE_MEMORY_MIB` per device (default 4096) and
-//! `POLYCHIP_FERRITE_PEAK_GFLOPS` per device (default 95).
+//! `POLYCHIP_FERRITE_PEAK_GFLOPS` per device (default 200, one core's f32 ceiling).
 
 /// Launches an operator's kernel on its views through
 /// [`ops::launch_outputs`]. `launch!(self, queue, op, args => |[views...]|

@@ -9,7 +9,7 @@ fn plugin() -> Ferrite {
     Ferrite::with_config(Config {
         devices: 2,
         memory_bytes: 1 << 20,
-        peak_flops: 95e9,
+        peak_flops: 200e9,
     })
 }
 
@@ -66,9 +66,9 @@ fn device_properties() {
     assert_eq!(props.memory_bytes, 1 << 20);
     assert!(props.host_visible && props.rdma_exportable);
     assert!(props.compute_units >= 1);
-    assert_eq!(props.peak_flops_f32, 95e9);
-    assert_eq!(props.peak_flops_bf16, 95e9);
-    assert_eq!(props.peak_flops_f16, 95e9);
+    assert_eq!(props.peak_flops_f32, 200e9);
+    assert_eq!(props.peak_flops_bf16, 200e9);
+    assert_eq!(props.peak_flops_f16, 200e9);
     assert_eq!(props.memory_bandwidth, 10e9);
     assert_eq!(props.link_bandwidth, 10e9);
     assert_eq!(Ferrite::VENDOR, c"Ferrite");
