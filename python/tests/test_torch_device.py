@@ -153,6 +153,23 @@ def test_strict_mode_from_the_environment():
     assert r.returncode == 0 and r.stdout.strip() == "True", r.stderr
 
 
+def test_views_of_no_elements_past_their_storage_run():
+    """A chunk of an empty tensor starts past its storage's end (an LSTM on
+    a batch of none chunks its gates so): operators take it, as PyTorch's
+    CPU does. Before, viewing it failed ("byte offset 16 is past the end of
+    the tensor's 0-byte buffer")."""
+    d = torch.device("polychip", 0)
+    x = torch.empty(5, 0, 16, device=d)
+    last = x.chunk(4, 2)[3]
+    assert last.storage_offset() > 0 and last.numel() == 0
+    with pt.strict():
+        y = torch.tanh(last) * 2.0 + last
+    assert y.shape == (5, 0, 4)
+    lstm = torch.nn.LSTM(3, 4).to(d)
+    out, (h, c) = lstm(torch.randn(5, 0, 3, device=d))
+    assert out.shape == (5, 0, 4) and h.shape == (1, 0, 4)
+
+
 def test_a_script_ending_right_after_a_backward_pass_exits_cleanly():
     """PyTorch runs a device's backward pass on a thread of its own, which
     may release the finished graph (and Python objects with it) after

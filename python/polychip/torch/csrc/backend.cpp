@@ -218,11 +218,14 @@ polychip_tensor_t* view_of(const at::Tensor& t) {
   const auto code = dtype_code(t.scalar_type(), &ok);
   TORCH_CHECK(ok, "polychip: dtype ", t.scalar_type(), " has no polychip equivalent");
   polychip_tensor_t* out = nullptr;
+  // A view of no elements addresses no memory: its offset (a chunk of an
+  // empty tensor may start past its storage's end) is taken as 0.
+  const uint64_t offset =
+      t.numel() == 0 ? 0 : static_cast<uint64_t>(t.storage_offset()) * t.element_size();
   check(
       polychip_tensor_view_as(
           storage_handle(t.storage()), code, static_cast<int32_t>(t.dim()),
-          t.sizes().data(), t.strides().data(),
-          static_cast<uint64_t>(t.storage_offset()) * t.element_size(), &out),
+          t.sizes().data(), t.strides().data(), offset, &out),
       "viewing a tensor");
   return out;
 }
