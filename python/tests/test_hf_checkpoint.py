@@ -91,13 +91,17 @@ def test_step0_and_saved_checkpoint_exports(tmp_path):
     assert diff > 1e-4
 
 
-def save_transformers_model(path, seed=0, shard=None, **kw):
+def save_transformers_model(path, seed=0, shard=None, mistral=False, **kw):
     torch.manual_seed(seed)
     base = dict(vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32,
                 rope_theta=5000.0, rms_norm_eps=1e-5)
     base.update(kw)
-    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**base)).eval()
+    if mistral:
+        # No sliding window: LLaMA's computation under Mistral's names.
+        model = transformers.MistralForCausalLM(transformers.MistralConfig(**base, sliding_window=None)).eval()
+    else:
+        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**base)).eval()
     with torch.no_grad():
         for p in model.parameters():
             # Larger than the default init, so the logits vary visibly.
@@ -107,11 +111,12 @@ def save_transformers_model(path, seed=0, shard=None, **kw):
     return model
 
 
-@pytest.mark.parametrize("kind", ["single", "sharded", "tied"])
+@pytest.mark.parametrize("kind", ["single", "sharded", "tied", "mistral"])
 def test_transformers_model_imports_with_equal_logits_and_trains(tmp_path, kind):
     src = tmp_path / "src"
     kw = {"sharded": dict(shard="20KB", num_key_value_heads=1),
-          "tied": dict(tie_word_embeddings=True, vocab_size=300, num_hidden_layers=1)}.get(kind, {})
+          "tied": dict(tie_word_embeddings=True, vocab_size=300, num_hidden_layers=1),
+          "mistral": dict(mistral=True)}.get(kind, {})
     model = save_transformers_model(src, **kw)
     if kind == "sharded":
         assert (src / "model.safetensors.index.json").exists()

@@ -248,12 +248,15 @@ pub fn read_config(dir: &Path, seq_len: Option<usize>) -> Result<HfConfig> {
         path: &path,
         map: &map,
     };
-    match f.string("model_type")? {
-        Some("llama") => {}
+    let mistral = match f.string("model_type")? {
+        Some("llama") => false,
+        // Mistral is LLaMA with a sliding attention window: the same
+        // tensors and computation wherever the window does not cut in.
+        Some("mistral") => true,
         Some(other) => {
             return Err(f.fail(format!(
                 "has `model_type` = {other:?}; polychip trains the LLaMA architecture \
-                 (model_type \"llama\") only"
+                 (model_type \"llama\", or \"mistral\" without a sliding window) only"
             )));
         }
         None => {
@@ -261,7 +264,7 @@ pub fn read_config(dir: &Path, seq_len: Option<usize>) -> Result<HfConfig> {
                 "has no `model_type`; polychip imports LLaMA models (model_type \"llama\")".into(),
             ));
         }
-    }
+    };
     if let Some(act) = f.string("hidden_act")?
         && act != "silu"
     {
@@ -370,6 +373,21 @@ pub fn read_config(dir: &Path, seq_len: Option<usize>) -> Result<HfConfig> {
         return Err(f.fail(format!(
             "has a rotary base `rope_theta` = {rope_theta}; it must exceed 1"
         )));
+    }
+    if mistral && let Some(v) = f.get("sliding_window") {
+        // The window must never cut in at any length the model takes, so
+        // that training here and the LLaMA config it exports compute what
+        // the checkpoint's own does.
+        match v.as_u64() {
+            Some(w) if w as usize >= max_pos => {}
+            _ => {
+                return Err(f.fail(format!(
+                    "has `sliding_window` = {v}, shorter than `max_position_embeddings` = \
+                     {max_pos}; the trainer's attention is full causal attention (a Mistral \
+                     model is taken when its window is null or spans every position)"
+                )));
+            }
+        }
     }
     let tie = f.flag("tie_word_embeddings")?;
     let seq_len = match seq_len {

@@ -226,6 +226,17 @@ fn a_config_maps_onto_the_trainers_model() {
         HfModel::open(&dir, None).unwrap().model().rope_theta,
         10000.0
     );
+    // Mistral is LLaMA where its sliding window never cuts in: none, or
+    // one spanning every position (a shorter one is refused, see below).
+    for window in [Value::Null, json!(64), json!(4096)] {
+        let mut cfg = config();
+        cfg["model_type"] = json!("mistral");
+        cfg["architectures"] = json!(["MistralForCausalLM"]);
+        cfg["sliding_window"] = window.clone();
+        let dir = hf_dir("mistral", &cfg, |_| {});
+        let m = HfModel::open(&dir, None).unwrap_or_else(|e| panic!("{window}: {e}"));
+        assert_eq!(m.model(), &want, "{window}");
+    }
 }
 
 #[test]
@@ -234,8 +245,16 @@ fn every_field_the_trainer_cannot_represent_is_refused_by_name() {
     let cases: Vec<(&str, Edit, &str)> = vec![
         (
             "model_type",
-            Box::new(|c| c["model_type"] = json!("mistral")),
-            "`model_type` = \"mistral\"",
+            Box::new(|c| c["model_type"] = json!("qwen2")),
+            "`model_type` = \"qwen2\"",
+        ),
+        (
+            "sliding_window",
+            Box::new(|c| {
+                c["model_type"] = json!("mistral");
+                c["sliding_window"] = json!(32);
+            }),
+            "`sliding_window` = 32, shorter than `max_position_embeddings` = 64",
         ),
         (
             "no-model_type",
