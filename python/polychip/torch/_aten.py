@@ -1025,13 +1025,14 @@ def _cross_entropy_loss(
 def _unfold(self: torch.Tensor, dimension: int, size: int, step: int) -> torch.Tensor:
     # A view (``Tensor.unfold``, and ``repeat`` inside PyTorch): each window
     # of ``size`` along ``dimension``, ``step`` apart, as a new last dimension.
-    d = dimension + self.dim() if dimension < 0 else dimension
+    ndim = max(self.dim(), 1)  # a 0-d tensor unfolds as one of one element
+    d = dimension + ndim if dimension < 0 else dimension
+    if not 0 <= d < ndim:
+        raise IndexError(f"Dimension out of range (expected to be in range of [{-ndim}, {ndim - 1}], but got {dimension})")
     if self.dim() == 0:
-        d, length, stride = 0, 1, 1
+        length, stride = 1, 1
         shape, strides = [], []
     else:
-        if not 0 <= d < self.dim():
-            raise IndexError(f"Dimension out of range (expected to be in range of [{-self.dim()}, {self.dim() - 1}], but got {dimension})")
         length, stride = self.shape[d], self.stride(d)
         shape, strides = list(self.shape), list(self.stride())
     if step <= 0:
