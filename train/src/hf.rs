@@ -379,12 +379,17 @@ pub fn read_config(dir: &Path, seq_len: Option<usize>) -> Result<HfConfig> {
         // that training here and the LLaMA config it exports compute what
         // the checkpoint's own does.
         match v.as_u64() {
-            Some(w) if w as usize >= max_pos => {}
-            _ => {
+            Some(w) if w >= max_pos as u64 => {}
+            Some(_) => {
                 return Err(f.fail(format!(
                     "has `sliding_window` = {v}, shorter than `max_position_embeddings` = \
                      {max_pos}; the trainer's attention is full causal attention (a Mistral \
                      model is taken when its window is null or spans every position)"
+                )));
+            }
+            None => {
+                return Err(f.fail(format!(
+                    "has `sliding_window` = {v}, not a whole number of positions (or null)"
                 )));
             }
         }

@@ -257,6 +257,14 @@ fn every_field_the_trainer_cannot_represent_is_refused_by_name() {
             "`sliding_window` = 32, shorter than `max_position_embeddings` = 64",
         ),
         (
+            "sliding_window-str",
+            Box::new(|c| {
+                c["model_type"] = json!("mistral");
+                c["sliding_window"] = json!("4096");
+            }),
+            "`sliding_window` = \"4096\", not a whole number of positions",
+        ),
+        (
             "no-model_type",
             Box::new(|c| {
                 c.as_object_mut().unwrap().remove("model_type");
