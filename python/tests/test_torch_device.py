@@ -153,6 +153,22 @@ def test_strict_mode_from_the_environment():
     assert r.returncode == 0 and r.stdout.strip() == "True", r.stderr
 
 
+def test_torch_compile_says_which_backend_works():
+    """torch.compile's default backend (Inductor) generates kernels of its
+    own and failed with "KeyError: 'polychip'"; it now says so and names
+    the backend that runs (aot_eager, whose graph runs on the plugin)."""
+    d = torch.device("polychip", 0)
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2)).to(d)
+    x = torch.randn(4, 8).to(d)
+    with pytest.raises(Exception, match="backend=\"aot_eager\""):
+        torch.compile(m)(x)
+    y = torch.compile(m, backend="aot_eager")(x)
+    y.sum().backward()
+    torch.testing.assert_close(y.cpu(), m(x).cpu())
+    assert all(p.grad is not None for p in m.parameters())
+
+
 def test_views_of_no_elements_past_their_storage_run():
     """A chunk of an empty tensor starts past its storage's end (an LSTM on
     a batch of none chunks its gates so): operators take it, as PyTorch's

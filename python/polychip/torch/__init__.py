@@ -19,7 +19,10 @@ torch on first use; see ``_build``.
 """
 
 import atexit
+import importlib.abc
+import importlib.util
 import os
+import sys
 import time
 from types import ModuleType
 from typing import Any, Dict, List, Optional, Tuple
@@ -142,6 +145,66 @@ def _let_autograd_threads_finish() -> None:
 
 
 atexit.register(_let_autograd_threads_finish)
+
+
+INDUCTOR_MESSAGE = (
+    "polychip: torch.compile's default backend (Inductor) generates kernels of its own, which "
+    "cannot run on a polychip device; compile with torch.compile(model, backend=\"aot_eager\") "
+    "(the traced graph then runs on the plugins' operators) or leave the model uncompiled"
+)
+
+
+def _refuse_inductor(common: ModuleType) -> None:
+    """Registers ``polychip`` with Inductor (its codegen registry,
+    ``common``) so that compiling a graph of polychip tensors stops with
+    ``INDUCTOR_MESSAGE`` instead of ``KeyError: 'polychip'``."""
+
+    class _Refusing(type):
+        # Whatever Inductor asks of the scheduling or wrapper class first.
+        def __getattr__(cls, name: str) -> Any:
+            raise RuntimeError(INDUCTOR_MESSAGE)
+
+    class _NoKernels(metaclass=_Refusing):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            raise RuntimeError(INDUCTOR_MESSAGE)
+
+    if common.get_scheduling_for_device(_NAME) is None:
+        common.register_device_op_overrides(_NAME, common.DeviceOpOverrides())
+        common.register_backend_for_device(_NAME, _NoKernels, _NoKernels)
+
+
+class _InductorHook(importlib.abc.MetaPathFinder):
+    """Runs ``_refuse_inductor`` when Inductor's codegen registry is first
+    imported (importing it here would add a second to every import of
+    this module); a failure there leaves Inductor as it was."""
+
+    MODULE = "torch._inductor.codegen.common"
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        if fullname != self.MODULE:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(fullname)
+        loader = getattr(spec, "loader", None)
+        if loader is None or not hasattr(loader, "exec_module"):
+            return spec
+        run = loader.exec_module
+
+        def exec_module(module: ModuleType) -> None:
+            run(module)
+            try:
+                _refuse_inductor(module)
+            except Exception:  # noqa: BLE001 - never break Inductor for other devices
+                pass
+
+        loader.exec_module = exec_module
+        return spec
+
+
+if _InductorHook.MODULE in sys.modules:
+    _refuse_inductor(sys.modules[_InductorHook.MODULE])
+else:
+    sys.meta_path.insert(0, _InductorHook())
 
 
 def device_count() -> int:
