@@ -10,6 +10,7 @@ use polychip_host::{DType, LoadOptions, Runtime};
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 
+use crate::errors::Int;
 use crate::tensor::Tensor;
 
 /// `(ns per call through the Rust host, ns per call through the C API)` of
@@ -20,9 +21,10 @@ pub(crate) fn _bench_fill(
     py: Python<'_>,
     tensor: &Tensor,
     plugin: PathBuf,
-    plugin_device: u32,
-    calls: usize,
+    plugin_device: Int<u32>,
+    calls: Int<usize>,
 ) -> PyResult<(f64, f64)> {
+    let (plugin_device, calls) = (plugin_device.0, calls.0);
     let shape: Vec<i64> = tensor.shape(py)?;
     let handle = tensor.handle;
     py.detach(move || {

@@ -8,7 +8,7 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
 use crate::Handle;
-use crate::errors::{check, exception, handle};
+use crate::errors::{Int, check, exception, handle};
 use crate::tensor::Tensor;
 
 /// This process's place in a job of ranks.
@@ -61,14 +61,16 @@ impl Comm {
     /// `polychip launch`, mpirun, srun), or, given `rank`, `world_size` and
     /// `master_addr`/`master_port`, the job they describe.
     #[new]
-    #[pyo3(signature = (rank = None, world_size = None, master_addr = None, master_port = 0))]
+    #[pyo3(signature = (rank = None, world_size = None, master_addr = None, master_port = Int(0)))]
     fn new(
         py: Python<'_>,
-        rank: Option<u32>,
-        world_size: Option<u32>,
+        rank: Option<Int<u32>>,
+        world_size: Option<Int<u32>>,
         master_addr: Option<&str>,
-        master_port: u16,
+        master_port: Int<u16>,
     ) -> PyResult<Comm> {
+        let (rank, world_size, master_port) =
+            (rank.map(|r| r.0), world_size.map(|w| w.0), master_port.0);
         let addr = master_addr
             .map(CString::new)
             .transpose()

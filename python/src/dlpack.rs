@@ -15,7 +15,7 @@ use pyo3::types::PyCapsule;
 use pyo3::{IntoPyObjectExt, ffi};
 
 use crate::Handle;
-use crate::errors::{check, handle};
+use crate::errors::{Int, check, handle};
 use crate::runtime::Runtime;
 use crate::stream::Stream;
 use crate::tensor::Tensor;
@@ -76,7 +76,7 @@ fn capsule(
 
 /// Whether a device's memory is host-visible.
 fn host_visible(py: Python<'_>, runtime: &Runtime, device: u32) -> PyResult<bool> {
-    let info = runtime.device_info(py, device)?;
+    let info = runtime.device_info(py, Int(device))?;
     match info.get_item("host_visible")? {
         Some(v) => v.extract(),
         None => Ok(false),
@@ -195,8 +195,9 @@ pub(crate) fn from_dlpack(
     py: Python<'_>,
     runtime: &Bound<'_, Runtime>,
     obj: &Bound<'_, PyAny>,
-    device: Option<u32>,
+    device: Option<Int<u32>>,
 ) -> PyResult<Tensor> {
+    let device = device.map(|d| d.0);
     let capsule = if obj.cast::<PyCapsule>().is_ok() {
         obj.clone()
     } else if obj.hasattr("__dlpack__")? {

@@ -66,3 +66,58 @@ use crate::Handle;
 pub(crate) fn handle(error: *mut polychip_error_t) -> Handle {
     error as Handle
 }
+
+/// An integer argument of type `T`. An int outside `T`'s range made pyo3
+/// raise a bare `OverflowError` ("Python int too large to convert to C
+/// long", "can't convert negative int to unsigned") that named no argument:
+/// pyo3 names the argument in a `TypeError` only, so that is what this
+/// raises, with the value and the range (`argument 'device': -1 is out of
+/// range: expected an integer from 0 to 4294967295`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Int<T>(pub T);
+
+/// The integer types [`Int`] takes, with their range.
+pub(crate) trait IntRange: for<'py> FromPyObject<'py> {
+    const MIN: i128;
+    const MAX: i128;
+}
+
+macro_rules! int_range {
+    ($($t:ty),*) => {$(
+        impl IntRange for $t {
+            const MIN: i128 = <$t>::MIN as i128;
+            const MAX: i128 = <$t>::MAX as i128;
+        }
+    )*};
+}
+int_range!(i32, i64, u16, u32, u64, usize);
+
+impl<'py, T: IntRange> FromPyObject<'py> for Int<T> {
+    fn extract_bound(ob: &Bound<'py, PyAny>) -> PyResult<Self> {
+        match ob.extract::<T>() {
+            Ok(v) => Ok(Int(v)),
+            Err(e) if e.is_instance_of::<pyo3::exceptions::PyOverflowError>(ob.py()) => {
+                let shown = ob
+                    .repr()
+                    .map(|r| r.to_string())
+                    .unwrap_or_else(|_| "the value".into());
+                let shown = if shown.len() > 60 {
+                    format!("{}... ({} digits)", &shown[..40], shown.len())
+                } else {
+                    shown
+                };
+                Err(pyo3::exceptions::PyTypeError::new_err(format!(
+                    "{shown} is out of range: expected an integer from {} to {}",
+                    T::MIN,
+                    T::MAX
+                )))
+            }
+            Err(e) => Err(e),
+        }
+    }
+}
+
+/// The values of a list of [`Int`] arguments.
+pub(crate) fn ints<T: Copy>(v: &[Int<T>]) -> Vec<T> {
+    v.iter().map(|i| i.0).collect()
+}

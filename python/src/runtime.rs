@@ -8,7 +8,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
 use crate::Handle;
-use crate::errors::{check, handle};
+use crate::errors::{Int, check, handle, ints};
 use crate::tensor::{Tensor, dtype_code};
 
 /// The polychip API version of the native module, `(major, minor)`.
@@ -87,8 +87,9 @@ impl Runtime {
     pub(crate) fn device_info<'py>(
         &self,
         py: Python<'py>,
-        index: u32,
+        index: Int<u32>,
     ) -> PyResult<Bound<'py, PyDict>> {
+        let index = index.0;
         // SAFETY: an all-zero info with its struct_size is a valid out-param.
         let mut i: polychip_device_info_t = unsafe { std::mem::zeroed() };
         i.struct_size = size_of::<polychip_device_info_t>();
@@ -139,11 +140,12 @@ impl Runtime {
     #[pyo3(signature = (device, dtype, shape, zero = false))]
     fn tensor(
         slf: &Bound<'_, Self>,
-        device: u32,
+        device: Int<u32>,
         dtype: &str,
-        shape: Vec<i64>,
+        shape: Vec<Int<i64>>,
         zero: bool,
     ) -> PyResult<Tensor> {
+        let (device, shape) = (device.0, ints(&shape));
         let py = slf.py();
         let code = dtype_code(dtype)?;
         let rt = slf.get().handle;

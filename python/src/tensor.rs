@@ -8,7 +8,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
 use crate::Handle;
-use crate::errors::{check, exception, handle};
+use crate::errors::{Int, check, exception, handle, ints};
 use crate::runtime::Runtime;
 
 /// The dtype names Python uses, in `polychip_dtype_t` order.
@@ -194,7 +194,7 @@ impl Tensor {
         let vendor = self
             .runtime
             .get()
-            .device_info(py, i.device)?
+            .device_info(py, Int(i.device))?
             .get_item("vendor")?
             .map(|v| v.to_string())
             .unwrap_or_default();
@@ -264,14 +264,15 @@ impl Tensor {
 
     /// A view of the same memory with its own shape, strides (elements) and
     /// element offset from this view's first element.
-    #[pyo3(signature = (shape, strides, offset = 0))]
+    #[pyo3(signature = (shape, strides, offset = Int(0)))]
     fn view(
         &self,
         py: Python<'_>,
-        shape: Vec<i64>,
-        strides: Vec<i64>,
-        offset: i64,
+        shape: Vec<Int<i64>>,
+        strides: Vec<Int<i64>>,
+        offset: Int<i64>,
     ) -> PyResult<Tensor> {
+        let (shape, strides, offset) = (ints(&shape), ints(&strides), offset.0);
         if shape.len() != strides.len() {
             return Err(PyValueError::new_err(format!(
                 "view: shape has {} dimensions but strides {}",
@@ -298,15 +299,16 @@ impl Tensor {
     /// A view of the same buffer as elements of `dtype`, with its own shape
     /// and strides (in elements of `dtype`), starting `byte_offset` bytes
     /// from the start of the buffer.
-    #[pyo3(signature = (dtype, shape, strides, byte_offset = 0))]
+    #[pyo3(signature = (dtype, shape, strides, byte_offset = Int(0)))]
     fn reinterpret(
         &self,
         py: Python<'_>,
         dtype: &str,
-        shape: Vec<i64>,
-        strides: Vec<i64>,
-        byte_offset: u64,
+        shape: Vec<Int<i64>>,
+        strides: Vec<Int<i64>>,
+        byte_offset: Int<u64>,
     ) -> PyResult<Tensor> {
+        let (shape, strides, byte_offset) = (ints(&shape), ints(&strides), byte_offset.0);
         if shape.len() != strides.len() {
             return Err(PyValueError::new_err(format!(
                 "reinterpret: shape has {} dimensions but strides {}",

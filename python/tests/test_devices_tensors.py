@@ -109,6 +109,32 @@ def test_device_arguments_are_checked(ferrite):
     assert t.to(polychip.device(ferrite.index)).device_index == ferrite.index
 
 
+def test_integers_out_of_range_name_their_argument(ferrite):
+    """An int outside its argument's range raised a bare OverflowError
+    ("Python int too large to convert to C long") that named nothing; the
+    native layer now says which argument, the value and the range."""
+    rt = polychip.runtime()
+    d = ferrite.index
+    cases = [
+        (lambda: rt.tensor(d, "float32", [2**70]), "argument 'shape': 1180591620717411303424 is out of range"),
+        (lambda: rt.tensor(-1, "float32", [2]), "argument 'device': -1 is out of range: expected an integer from 0 to 4294967295"),
+        (lambda: rt.device_info(2**64), "argument 'index': 18446744073709551616 is out of range"),
+        (lambda: polychip.ops.sum(rt.tensor(d, "float32", [2]), rt.tensor(d, "float32", [1]), 2**40),
+         "argument 'dim': 1099511627776 is out of range: expected an integer from -2147483648 to 2147483647"),
+    ]
+    v = rt.tensor(d, "float32", [4])
+    cases += [
+        (lambda: v.view([2], [1], 2**64), "argument 'offset': 18446744073709551616 is out of range"),
+        (lambda: v.reinterpret("float32", [1], [1], -1), "argument 'byte_offset': -1 is out of range"),
+    ]
+    for call, message in cases:
+        with pytest.raises(TypeError, match=message):
+            call()
+    # A huge int's digits are cut.
+    with pytest.raises(TypeError, match=r"argument 'shape': 1000000000000000000000000000000000000000\.\.\. \(201 digits\)"):
+        rt.tensor(d, "float32", [10**200])
+
+
 def test_a_device_of_another_runtime_is_refused(ferrite):
     old = polychip.device(ferrite.index)
     other = polychip._native.Runtime(None, True, False)

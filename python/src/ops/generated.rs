@@ -9,7 +9,7 @@
 use polychip::*;
 use pyo3::prelude::*;
 
-use crate::errors::{check, handle};
+use crate::errors::{Int, check, handle};
 use crate::stream::Stream;
 use crate::tensor::Tensor;
 
@@ -290,45 +290,45 @@ fn swiglu_backward(py: Python<'_>, gate: &Tensor, up: &Tensor, grad_out: &Tensor
 
 /// `sum`: Sum over a dimension. On f32, f16 or bf16. Since 1.1.
 #[pyfunction]
-#[pyo3(signature = (input, out, dim = -1, keepdim = false, *, stream = None))]
-fn sum(py: Python<'_>, input: &Tensor, out: &Tensor, dim: i32, keepdim: bool, stream: Option<&Stream>) -> PyResult<()> {
+#[pyo3(signature = (input, out, dim = Int(-1), keepdim = false, *, stream = None))]
+fn sum(py: Python<'_>, input: &Tensor, out: &Tensor, dim: Int<i32>, keepdim: bool, stream: Option<&Stream>) -> PyResult<()> {
     let input = input.handle;
     let out = out.handle;
     let stream = stream.map_or(0, |s| s.handle);
-    let error = py.detach(move || handle(polychip_op_sum(stream as *const _, input as *const _, out as *const _, dim, keepdim)));
+    let error = py.detach(move || handle(polychip_op_sum(stream as *const _, input as *const _, out as *const _, dim.0, keepdim)));
     check(py, error)
 }
 
 /// `mean`: Mean over a dimension. On f32, f16 or bf16. Since 1.1.
 #[pyfunction]
-#[pyo3(signature = (input, out, dim = -1, keepdim = false, *, stream = None))]
-fn mean(py: Python<'_>, input: &Tensor, out: &Tensor, dim: i32, keepdim: bool, stream: Option<&Stream>) -> PyResult<()> {
+#[pyo3(signature = (input, out, dim = Int(-1), keepdim = false, *, stream = None))]
+fn mean(py: Python<'_>, input: &Tensor, out: &Tensor, dim: Int<i32>, keepdim: bool, stream: Option<&Stream>) -> PyResult<()> {
     let input = input.handle;
     let out = out.handle;
     let stream = stream.map_or(0, |s| s.handle);
-    let error = py.detach(move || handle(polychip_op_mean(stream as *const _, input as *const _, out as *const _, dim, keepdim)));
+    let error = py.detach(move || handle(polychip_op_mean(stream as *const _, input as *const _, out as *const _, dim.0, keepdim)));
     check(py, error)
 }
 
 /// `max`: Maximum over a dimension. On f32, f16 or bf16. Since 1.1.
 #[pyfunction]
-#[pyo3(signature = (input, out, dim = -1, keepdim = false, *, stream = None))]
-fn max(py: Python<'_>, input: &Tensor, out: &Tensor, dim: i32, keepdim: bool, stream: Option<&Stream>) -> PyResult<()> {
+#[pyo3(signature = (input, out, dim = Int(-1), keepdim = false, *, stream = None))]
+fn max(py: Python<'_>, input: &Tensor, out: &Tensor, dim: Int<i32>, keepdim: bool, stream: Option<&Stream>) -> PyResult<()> {
     let input = input.handle;
     let out = out.handle;
     let stream = stream.map_or(0, |s| s.handle);
-    let error = py.detach(move || handle(polychip_op_max(stream as *const _, input as *const _, out as *const _, dim, keepdim)));
+    let error = py.detach(move || handle(polychip_op_max(stream as *const _, input as *const _, out as *const _, dim.0, keepdim)));
     check(py, error)
 }
 
 /// `argmax`: Index of the maximum over a dimension (i64). On f32, f16 or bf16. Since 1.1.
 #[pyfunction]
-#[pyo3(signature = (input, out, dim = -1, keepdim = false, *, stream = None))]
-fn argmax(py: Python<'_>, input: &Tensor, out: &Tensor, dim: i32, keepdim: bool, stream: Option<&Stream>) -> PyResult<()> {
+#[pyo3(signature = (input, out, dim = Int(-1), keepdim = false, *, stream = None))]
+fn argmax(py: Python<'_>, input: &Tensor, out: &Tensor, dim: Int<i32>, keepdim: bool, stream: Option<&Stream>) -> PyResult<()> {
     let input = input.handle;
     let out = out.handle;
     let stream = stream.map_or(0, |s| s.handle);
-    let error = py.detach(move || handle(polychip_op_argmax(stream as *const _, input as *const _, out as *const _, dim, keepdim)));
+    let error = py.detach(move || handle(polychip_op_argmax(stream as *const _, input as *const _, out as *const _, dim.0, keepdim)));
     check(py, error)
 }
 
@@ -535,38 +535,38 @@ fn embedding_backward(py: Python<'_>, grad_out: &Tensor, indices: &Tensor, grad_
 
 /// `cross_entropy`: Mean cross-entropy with `ignore_index`. On f32, f16 or bf16. Since 1.1.
 #[pyfunction]
-#[pyo3(signature = (logits, targets, loss, ignore_index = -100, *, stream = None))]
-fn cross_entropy(py: Python<'_>, logits: &Tensor, targets: &Tensor, loss: &Tensor, ignore_index: i64, stream: Option<&Stream>) -> PyResult<()> {
+#[pyo3(signature = (logits, targets, loss, ignore_index = Int(-100), *, stream = None))]
+fn cross_entropy(py: Python<'_>, logits: &Tensor, targets: &Tensor, loss: &Tensor, ignore_index: Int<i64>, stream: Option<&Stream>) -> PyResult<()> {
     let logits = logits.handle;
     let targets = targets.handle;
     let loss = loss.handle;
     let stream = stream.map_or(0, |s| s.handle);
-    let error = py.detach(move || handle(polychip_op_cross_entropy(stream as *const _, logits as *const _, targets as *const _, loss as *const _, ignore_index)));
+    let error = py.detach(move || handle(polychip_op_cross_entropy(stream as *const _, logits as *const _, targets as *const _, loss as *const _, ignore_index.0)));
     check(py, error)
 }
 
 /// `cross_entropy_backward`: Backward of `cross_entropy`. On f32, f16 or bf16. Since 1.1.
 #[pyfunction]
-#[pyo3(signature = (logits, targets, grad_logits, grad_loss = 1.0, ignore_index = -100, *, stream = None))]
-fn cross_entropy_backward(py: Python<'_>, logits: &Tensor, targets: &Tensor, grad_logits: &Tensor, grad_loss: f64, ignore_index: i64, stream: Option<&Stream>) -> PyResult<()> {
+#[pyo3(signature = (logits, targets, grad_logits, grad_loss = 1.0, ignore_index = Int(-100), *, stream = None))]
+fn cross_entropy_backward(py: Python<'_>, logits: &Tensor, targets: &Tensor, grad_logits: &Tensor, grad_loss: f64, ignore_index: Int<i64>, stream: Option<&Stream>) -> PyResult<()> {
     let logits = logits.handle;
     let targets = targets.handle;
     let grad_logits = grad_logits.handle;
     let stream = stream.map_or(0, |s| s.handle);
-    let error = py.detach(move || handle(polychip_op_cross_entropy_backward(stream as *const _, logits as *const _, targets as *const _, grad_logits as *const _, grad_loss, ignore_index)));
+    let error = py.detach(move || handle(polychip_op_cross_entropy_backward(stream as *const _, logits as *const _, targets as *const _, grad_logits as *const _, grad_loss, ignore_index.0)));
     check(py, error)
 }
 
 /// `adamw`: One AdamW step in place. On f32, f16 or bf16. Since 1.1.
 #[pyfunction]
 #[pyo3(signature = (param, grad, exp_avg, exp_avg_sq, lr, beta1, beta2, eps, weight_decay, step, *, stream = None))]
-fn adamw(py: Python<'_>, param: &Tensor, grad: &Tensor, exp_avg: &Tensor, exp_avg_sq: &Tensor, lr: f64, beta1: f64, beta2: f64, eps: f64, weight_decay: f64, step: i64, stream: Option<&Stream>) -> PyResult<()> {
+fn adamw(py: Python<'_>, param: &Tensor, grad: &Tensor, exp_avg: &Tensor, exp_avg_sq: &Tensor, lr: f64, beta1: f64, beta2: f64, eps: f64, weight_decay: f64, step: Int<i64>, stream: Option<&Stream>) -> PyResult<()> {
     let param = param.handle;
     let grad = grad.handle;
     let exp_avg = exp_avg.handle;
     let exp_avg_sq = exp_avg_sq.handle;
     let stream = stream.map_or(0, |s| s.handle);
-    let error = py.detach(move || handle(polychip_op_adamw(stream as *const _, param as *const _, grad as *const _, exp_avg as *const _, exp_avg_sq as *const _, lr, beta1, beta2, eps, weight_decay, step)));
+    let error = py.detach(move || handle(polychip_op_adamw(stream as *const _, param as *const _, grad as *const _, exp_avg as *const _, exp_avg_sq as *const _, lr, beta1, beta2, eps, weight_decay, step.0)));
     check(py, error)
 }
 

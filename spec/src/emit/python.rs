@@ -67,7 +67,7 @@ pub(super) fn rust(spec: &Spec) -> String {
         "\n#![allow(clippy::too_many_arguments)]\n\n\
          use polychip::*;\n\
          use pyo3::prelude::*;\n\n\
-         use crate::errors::{check, handle};\n\
+         use crate::errors::{Int, check, handle};\n\
          use crate::stream::Stream;\n\
          use crate::tensor::Tensor;\n",
     );
@@ -121,11 +121,18 @@ fn function(out: &mut String, args: &Args, op: &Op) {
         .collect();
     for (f, default) in &scalars {
         let ty = f.scalar().expect("scalar").ty;
+        let int = matches!(ty, ScalarType::I64 | ScalarType::I32);
         signature.push(match default {
+            Some(d) if int => format!("{} = Int({d})", f.name),
             Some(d) => format!("{} = {d}", f.name),
             None => f.name.clone(),
         });
-        rust_params.push(format!("{}: {}", f.name, ty.safe()));
+        // Integers through `Int`: out of range, the argument is named.
+        rust_params.push(if int {
+            format!("{}: Int<{}>", f.name, ty.safe())
+        } else {
+            format!("{}: {}", f.name, ty.safe())
+        });
     }
     signature.push("*".to_owned());
     signature.push("stream = None".to_owned());
@@ -149,7 +156,14 @@ fn function(out: &mut String, args: &Args, op: &Op) {
     out.push_str("    let stream = stream.map_or(0, |s| s.handle);\n");
     let mut call = vec!["stream as *const _".to_owned()];
     call.extend(tensors.iter().map(|f| format!("{} as *const _", f.name)));
-    call.extend(scalars.iter().map(|(f, _)| f.name.clone()));
+    call.extend(
+        scalars
+            .iter()
+            .map(|(f, _)| match f.scalar().expect("scalar").ty {
+                ScalarType::I64 | ScalarType::I32 => format!("{}.0", f.name),
+                _ => f.name.clone(),
+            }),
+    );
     writeln!(
         out,
         "    let error = py.detach(move || handle(polychip_op_{}({})));\n    check(py, error)\n}}",
