@@ -153,6 +153,28 @@ def test_strict_mode_from_the_environment():
     assert r.returncode == 0 and r.stdout.strip() == "True", r.stderr
 
 
+def test_advanced_indexing_takes_cpu_indices_as_pytorch_does():
+    """x[cpu_index] on a device tensor (logits[torch.arange(n), labels], a
+    CPU mask) is allowed by PyTorch on any device; it was refused as
+    tensors on two devices. Writes and gradients through it too; other
+    operators (index_select) still refuse a CPU index, as on CUDA."""
+    d = torch.device("polychip", 0)
+    x = torch.arange(6.0).to(d)
+    assert x[torch.tensor([0, 2])].device == d
+    assert x[torch.tensor([0, 2])].cpu().tolist() == [0.0, 2.0]
+    assert x[torch.arange(6) % 2 == 0].cpu().tolist() == [0.0, 2.0, 4.0]
+    logits, labels = torch.randn(3, 5), torch.tensor([0, 4, 2])
+    assert torch.equal(logits.to(d)[torch.arange(3), labels].cpu(), logits[torch.arange(3), labels])
+    y = x.clone()
+    y[torch.tensor([0, 3])] = 7.0
+    assert y.cpu().tolist() == [7.0, 1.0, 2.0, 7.0, 4.0, 5.0]
+    w = torch.zeros(6, device=d, requires_grad=True)
+    w[torch.tensor([1, 1, 4])].sum().backward()
+    assert w.grad.cpu().tolist() == [0.0, 2.0, 0.0, 0.0, 1.0, 0.0]
+    with pytest.raises(RuntimeError, match="same device"):
+        x.index_select(0, torch.tensor([1]))
+
+
 def test_torch_compile_says_which_backend_works():
     """torch.compile's default backend (Inductor) generates kernels of its
     own and failed with "KeyError: 'polychip'"; it now says so and names

@@ -274,9 +274,15 @@ std::string op_label(const c10::OperatorName& name) {
 }
 
 // PyTorch's rule for an operator's tensors: one device (0-d CPU tensors
-// aside). The CPU fallback would otherwise compute across devices.
+// aside, and, for advanced indexing, index tensors on the CPU, as PyTorch
+// allows `x[cpu_index]` on any device). The CPU fallback would otherwise
+// compute across devices.
 void check_one_device(const c10::OperatorHandle& op, const torch::jit::Stack& stack) {
   const auto n = op.schema().arguments().size();
+  const auto& base = op.schema().operator_name().name;
+  const bool cpu_indices = base == "aten::index" || base == "aten::index_put" ||
+                           base == "aten::index_put_" || base == "aten::_index_put_impl_" ||
+                           base == "aten::_unsafe_index" || base == "aten::_unsafe_index_put";
   std::optional<c10::Device> first;
   auto visit = [&](const at::Tensor& t) {
     if (!t.defined() || (t.device().is_cpu() && t.dim() == 0)) return;
@@ -296,7 +302,7 @@ void check_one_device(const c10::OperatorHandle& op, const torch::jit::Stack& st
       for (const at::Tensor& t : v.toTensorList()) visit(t);
     } else if (v.isOptionalTensorList()) {
       for (const std::optional<at::Tensor> t : v.toOptionalTensorList()) {
-        if (t.has_value()) visit(*t);
+        if (t.has_value() && !(cpu_indices && t->defined() && t->device().is_cpu())) visit(*t);
       }
     }
   }
