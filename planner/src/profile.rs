@@ -574,7 +574,8 @@ pub struct Applied {
 /// backward), which points at times in the wrong unit (they are seconds),
 /// a peak set too low, or a timing that left out part of the work (Sailor's
 /// GPT-Neo profile times a head at 2-10x the GH200's peak: not its logits
-/// product); or a pass of one micro-batch would take over an hour.
+/// product); or a pass of one micro-batch (or the fixed cost per stage, or
+/// the optimizer step over the whole model) would take over an hour.
 pub fn implausible(
     e: &ProfileEntry,
     chip: &ChipType,
@@ -592,6 +593,18 @@ pub fn implausible(
     if let Some(x) = e.embedding {
         parts.push(("embedding", x, 0.0));
     }
+    if let Some(o) = e.stage_overhead {
+        parts.push((
+            "fixed cost per stage",
+            Passes {
+                forward: o.forward,
+                backward: o.backward,
+                weight_grad: None,
+                fused_backward: None,
+            },
+            0.0,
+        ));
+    }
     for (name, p, forward_flops) in parts {
         let seconds = p.forward + p.backward;
         if p.forward > HOUR || p.backward > HOUR {
@@ -605,6 +618,12 @@ pub fn implausible(
             continue;
         }
         let rate = 3.0 * forward_flops / (seconds * e.tp.max(1) as f64);
+        if !rate.is_finite() {
+            return Some(format!(
+                "its {name} takes {seconds:.3e} s forward and backward, faster than any chip could \
+                 run it: the profile's times are seconds"
+            ));
+        }
         if rate > peak {
             return Some(format!(
                 "its {name} would have run at {:.3e} FLOP/s a chip, {:.1}x the chip type's {dtype} \
@@ -613,6 +632,17 @@ pub fn implausible(
                 rate,
                 rate / peak,
                 peak
+            ));
+        }
+    }
+    // The optimizer step over the whole model, at its time per parameter.
+    if let Some(per_param) = e.optimizer_per_param {
+        let step = per_param * model.total_params() as f64 / e.tp.max(1) as f64;
+        if step > HOUR {
+            return Some(format!(
+                "its optimizer step takes {per_param:.3e} s a parameter, over an hour for the \
+                 model's {} parameters; the profile's times are seconds",
+                model.total_params()
             ));
         }
     }
@@ -910,6 +940,25 @@ mod tests {
         );
         let slow = implausible(&e(3.0 * 4000.0), chip, &model, Dtype::Bf16).unwrap();
         assert!(slow.contains("over an hour"), "{slow}");
+        let mut optimizer = e(real);
+        optimizer.optimizer_per_param = Some(1e-3);
+        let why = implausible(&optimizer, chip, &model, Dtype::Bf16).unwrap();
+        assert!(
+            why.contains("its optimizer step takes 1.000e-3 s a parameter"),
+            "{why}"
+        );
+        let mut overhead = e(real);
+        overhead.stage_overhead = Some(StageOverhead {
+            forward: 5000.0,
+            backward: 0.0,
+        });
+        let why = implausible(&overhead, chip, &model, Dtype::Bf16).unwrap();
+        assert!(
+            why.contains("its fixed cost per stage takes over an hour"),
+            "{why}"
+        );
+        let why = implausible(&e(1e-300), chip, &model, Dtype::Bf16).unwrap();
+        assert!(why.contains("faster than any chip could run it"), "{why}");
         // apply_profile keeps such an entry and lists it.
         let mut cluster = c.clone();
         let applied = cluster

@@ -260,6 +260,10 @@ def test_bad_input_fails_clearly_and_nothing_runs_across_devices():
         torch.empty(10**12, device=f"polychip:{COBALT}")
     with pytest.raises(RuntimeError, match="ComplexFloat has no polychip equivalent"):
         torch.zeros(2, dtype=torch.complex64, device=f"polychip:{FERRITE}").cpu()
+    # PyTorch keeps device indices in 8 bits: polychip:128 arrives as -128,
+    # which landed on the current device; it is refused, saying why.
+    with pytest.raises(RuntimeError, match="device index -128 is not a device.*wrap around"):
+        torch.zeros(2, device="polychip:128")
     # The plugins check indices: an error naming the operator, never a read
     # out of bounds.
     with pytest.raises(polychip.errors.InvalidArgument, match="embedding.*(outside|out of range)"):

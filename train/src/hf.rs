@@ -261,7 +261,9 @@ pub fn read_config(dir: &Path, seq_len: Option<usize>) -> Result<HfConfig> {
         }
         None => {
             return Err(f.fail(
-                "has no `model_type`; polychip imports LLaMA models (model_type \"llama\")".into(),
+                "has no `model_type`; polychip imports LLaMA models (model_type \"llama\", or \
+                 \"mistral\" without a sliding window)"
+                    .into(),
             ));
         }
     };
@@ -378,13 +380,29 @@ pub fn read_config(dir: &Path, seq_len: Option<usize>) -> Result<HfConfig> {
         // The window must never cut in at any length the model takes, so
         // that training here and the LLaMA config it exports compute what
         // the checkpoint's own does.
-        match v.as_u64() {
+        // A whole number written as a float (128.0) is that number.
+        let whole = v.as_u64().or_else(|| {
+            v.as_f64()
+                .filter(|w| w.fract() == 0.0 && (0.0..1e18).contains(w))
+                .map(|w| w as u64)
+        });
+        let positions = if f.get("max_position_embeddings").is_some() {
+            format!("`max_position_embeddings` = {max_pos}")
+        } else {
+            format!("the {max_pos} positions `max_position_embeddings` defaults to")
+        };
+        match whole {
             Some(w) if w >= max_pos as u64 => {}
             Some(_) => {
                 return Err(f.fail(format!(
-                    "has `sliding_window` = {v}, shorter than `max_position_embeddings` = \
-                     {max_pos}; the trainer's attention is full causal attention (a Mistral \
-                     model is taken when its window is null or spans every position)"
+                    "has `sliding_window` = {v}, shorter than {positions}; the trainer's \
+                     attention is full causal attention (a Mistral model is taken when its \
+                     window is null or spans every position)"
+                )));
+            }
+            None if v.as_f64().is_some_and(|w| w < 0.0) => {
+                return Err(f.fail(format!(
+                    "has `sliding_window` = {v}, a negative number of positions"
                 )));
             }
             None => {

@@ -228,7 +228,7 @@ fn a_config_maps_onto_the_trainers_model() {
     );
     // Mistral is LLaMA where its sliding window never cuts in: none, or
     // one spanning every position (a shorter one is refused, see below).
-    for window in [Value::Null, json!(64), json!(4096)] {
+    for window in [Value::Null, json!(64), json!(4096), json!(64.0)] {
         let mut cfg = config();
         cfg["model_type"] = json!("mistral");
         cfg["architectures"] = json!(["MistralForCausalLM"]);
@@ -263,6 +263,24 @@ fn every_field_the_trainer_cannot_represent_is_refused_by_name() {
                 c["sliding_window"] = json!("4096");
             }),
             "`sliding_window` = \"4096\", not a whole number of positions",
+        ),
+        (
+            "sliding_window-negative",
+            Box::new(|c| {
+                c["model_type"] = json!("mistral");
+                c["sliding_window"] = json!(-1);
+            }),
+            "`sliding_window` = -1, a negative number of positions",
+        ),
+        (
+            "sliding_window-default-positions",
+            Box::new(|c| {
+                c["model_type"] = json!("mistral");
+                c["sliding_window"] = json!(100);
+                c.as_object_mut().unwrap().remove("max_position_embeddings");
+            }),
+            "`sliding_window` = 100, shorter than the 2048 positions `max_position_embeddings` \
+             defaults to",
         ),
         (
             "no-model_type",

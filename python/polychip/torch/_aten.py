@@ -516,22 +516,38 @@ def _gelu_backward(grad: torch.Tensor, self: torch.Tensor, *, approximate: str =
     return _activation_backward("gelu_backward", aten.gelu_backward.default, grad, self)
 
 
+def _f32_on_device(*xs: torch.Tensor, ops_used: Sequence[str]) -> bool:
+    """Whether ``xs`` (one device, f32 or 16-bit) can be computed in f32
+    with ``ops_used`` (the result rounded once to their dtype, as PyTorch's
+    CPU kernels do for 16-bit inputs)."""
+    return (
+        _on_device(*xs)
+        and len({x.device for x in xs}) == 1
+        and len({x.dtype for x in xs}) == 1
+        and xs[0].dtype in (torch.float32, torch.bfloat16, torch.float16)
+        and all("float32" in ops.DTYPES[o] for o in ops_used)
+    )
+
+
 @_impl("sigmoid")
 def _sigmoid(self: torch.Tensor) -> torch.Tensor:
-    # 1 / (1 + e^-x) as (tanh(x / 2) + 1) / 2: no overflow at either end.
-    if not _on_device(self) or not _ok("tanh", self) or not _ok("mul", self):
+    # e^min(x, 0) / (1 + e^-|x|) in f32: neither exponent overflows, and no
+    # difference of near-equal numbers loses the negative tail (sigmoid(-20)
+    # is 2.06e-9, not 0).
+    if not _f32_on_device(self, ops_used=("exp", "relu", "neg", "mul", "sqrt", "add", "div")):
         return _fallback(aten.sigmoid.default, self)
-    out = torch.tanh(self * 0.5)
-    out.mul_(0.5)
-    return out.add_(0.5)
+    x = self.float()
+    below = torch.exp(-torch.relu(-x))
+    return (below / (torch.exp(-torch.sqrt(x * x)) + 1.0)).to(self.dtype)
 
 
 @_impl("sigmoid_backward")
 def _sigmoid_backward(grad: torch.Tensor, output: torch.Tensor) -> torch.Tensor:
-    # grad * y (1 - y), from the sigmoid's output y.
-    if not _on_device(grad, output) or grad.dtype != output.dtype or not _ok("mul", grad):
+    # grad * y (1 - y), from the sigmoid's output y, in f32.
+    if not _f32_on_device(grad, output, ops_used=("mul", "sub")):
         return _fallback(aten.sigmoid_backward.default, grad, output)
-    return grad * output * (1.0 - output)
+    y = output.float()
+    return (grad.float() * y * (1.0 - y)).to(grad.dtype)
 
 
 # ------------------------------------------------------------------- matmul
@@ -1100,6 +1116,14 @@ def _windows(xp: torch.Tensor, k: Sequence[int], o: Sequence[int], stride: Seque
 def _conv_geometry(input: torch.Tensor, weight: torch.Tensor, stride: Any, padding: Any, dilation: Any) -> Tuple[List[int], ...]:
     nd = weight.dim() - 2
     stride, padding, dilation = _conv_lists(nd, stride, padding, dilation)
+    # What PyTorch's CPU and CUDA kernels check (aten::convolution leaves
+    # these to the backend).
+    if any(s <= 0 for s in stride):
+        raise RuntimeError("non-positive stride is not supported")
+    if any(d <= 0 for d in dilation):
+        raise RuntimeError("non-positive dilation is not supported")
+    if any(p < 0 for p in padding):
+        raise RuntimeError("negative padding is not supported")
     k = list(weight.shape[2:])
     o = [(s + 2 * p - d * (kk - 1) - 1) // st + 1 for s, p, d, kk, st in zip(input.shape[2:], padding, dilation, k, stride)]
     return stride, padding, dilation, k, o

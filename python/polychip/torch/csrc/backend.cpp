@@ -632,6 +632,12 @@ struct Guard final : c10::impl::DeviceGuardImplInterface {
   c10::Device getDevice() const override { return c10::Device(kType, t_device); }
   void setDevice(c10::Device d) const override {
     TORCH_CHECK(d.type() == kType, "polychip guard given a ", d.type(), " device");
+    // -1 is "the current device"; below it is an index PyTorch wrapped
+    // (it keeps device indices in 8 bits: polychip:128 arrives as -128).
+    TORCH_CHECK(d.index() >= -1, "polychip: device index ", static_cast<int>(d.index()),
+                " is not a device: this process has ", static_cast<int>(g_device_count),
+                " polychip devices (PyTorch keeps a device index in 8 bits, so polychip:128 "
+                "and above wrap around)");
     if (d.index() >= 0) {
       check_device(d.index());
       t_device = d.index();
