@@ -1051,10 +1051,13 @@ def _unfold(self: torch.Tensor, dimension: int, size: int, step: int) -> torch.T
     else:
         length, stride = self.shape[d], self.stride(d)
         shape, strides = list(self.shape), list(self.stride())
+    # PyTorch's checks, in its order.
+    if size < 0:
+        raise RuntimeError(f"size is {size} but must be >= 0")
+    if size > length:
+        raise RuntimeError(f"maximum size for tensor at dimension {d} is {length} but size is {size}")
     if step <= 0:
         raise RuntimeError(f"step is {step} but must be > 0")
-    if size < 0 or size > length:
-        raise RuntimeError(f"maximum size for tensor at dimension {d} is {length} but size is {size}")
     if self.dim() == 0:
         return self.as_strided([size], [1], self.storage_offset())
     shape[d] = (length - size) // step + 1
