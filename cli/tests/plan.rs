@@ -187,8 +187,8 @@ fn profile_then_evaluate_a_saved_plan_of_the_bundled_devices() {
     let (code, json, err) = eval(&["--profile", &profile, "--json"]);
     assert_eq!(code, Some(0), "{err}");
     // A measured profile is below the devices' declared peaks; the same
-    // times a million times smaller (seconds' digits of microseconds) are
-    // used, with a warning naming the file, the chip and the part.
+    // times a million times smaller are used as given, with a warning
+    // naming the file, the chip and the part.
     assert!(!err.contains("warning"), "{err}");
     let mut tiny: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&profile).unwrap()).unwrap();

@@ -855,7 +855,19 @@ fn a_saved_profile_plans_again_without_profiling_and_a_foreign_one_is_refused() 
         err.contains("profile read for cobalt:0") && !err.contains("profiled"),
         "{err}"
     );
-    assert_eq!(read_json(&first), read_json(&again));
+    // The same plan, and the prediction to rounding: at stop 35 this test
+    // failed once on predictions that differed in their 17th digit.
+    let (mut a, mut b) = (read_json(&first), read_json(&again));
+    let step = |v: &mut serde_json::Value| {
+        v.as_object_mut()
+            .unwrap()
+            .remove("predicted_step_seconds")
+            .and_then(|s| s.as_f64())
+            .unwrap()
+    };
+    let (sa, sb) = (step(&mut a), step(&mut b));
+    assert_eq!(a, b);
+    assert!((sa - sb).abs() <= 1e-12 * sa, "{sa} against {sb}");
     // Another model's profile, or one without a device kind, is refused
     // naming the file and what is wrong, before anything is profiled.
     let refused = |args: &[&str], want: &str| {

@@ -908,8 +908,8 @@ mod tests {
 
     /// Times no chip could have measured are flagged, not refused: a
     /// block or head faster than the chip's peak (a time in another unit
-    /// than seconds, or a peak set too low), or a pass of over an hour; a
-    /// real one is not.
+    /// than seconds, or a peak set too low), a pass, a fixed stage cost or
+    /// an optimizer step of over an hour; a real entry is not.
     #[test]
     fn times_faster_than_the_peak_or_over_an_hour_are_flagged() {
         let c = ClusterSpec::from_toml_str(include_str!(

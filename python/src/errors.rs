@@ -101,8 +101,14 @@ impl<'py, T: IntRange> FromPyObject<'py> for Int<T> {
                     .repr()
                     .map(|r| r.to_string())
                     .unwrap_or_else(|_| "the value".into());
-                let shown = if shown.len() > 60 {
-                    format!("{}... ({} digits)", &shown[..40], shown.len())
+                let n = shown.chars().count();
+                let shown = if n > 60 {
+                    let head: String = shown.chars().take(40).collect();
+                    let digits = shown.chars().all(|c| c.is_ascii_digit() || c == '-');
+                    format!(
+                        "{head}... ({n} {})",
+                        if digits { "digits" } else { "characters" }
+                    )
                 } else {
                     shown
                 };
