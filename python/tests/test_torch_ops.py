@@ -452,12 +452,20 @@ def test_sigmoid_keeps_its_negative_tail(vendor, index):
     torch.testing.assert_close(xg.grad.cpu(), xc.grad, rtol=1e-5, atol=0)
 
 
-def test_convolution_refuses_what_the_cpu_refuses():
+def test_convolution_refuses_what_the_cpu_refuses_and_keeps_channels_last():
     d = torch.device("polychip", _devices()[0][1])
     x, w = rand(2, 4, 9, 10).to(d), rand(6, 4, 3, 3).to(d)
     for kwargs, message in ((dict(dilation=0), "non-positive dilation"), (dict(stride=(1, 0)), "non-positive stride")):
         with pytest.raises(RuntimeError, match=message):
             F.conv2d(x, w, **kwargs)
+    # A channels-last input gives a channels-last output and gradient, as
+    # PyTorch's kernels do.
+    last = x.contiguous(memory_format=torch.channels_last).detach().requires_grad_()
+    y = F.conv2d(last, w, padding=1)
+    y.sum().backward()
+    assert y.is_contiguous(memory_format=torch.channels_last) and not y.is_contiguous()
+    assert last.grad.is_contiguous(memory_format=torch.channels_last)
+    torch.testing.assert_close(y.cpu(), F.conv2d(x.cpu(), w.cpu(), padding=1), rtol=2e-5, atol=2e-5)
 
 
 def test_every_registered_operator_is_documented():

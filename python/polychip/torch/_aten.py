@@ -1156,10 +1156,19 @@ def _convolution(
     cols = _im2col(input, groups, geometry)
     wm = weight.contiguous().view(groups, out_channels // groups, -1)
     out = torch.bmm(wm, cols)  # (groups, O / groups, N * prod(o))
-    out = out.view(out_channels, n, *o).transpose(0, 1).contiguous()
+    out = out.view(out_channels, n, *o).transpose(0, 1).contiguous(memory_format=_conv_layout(input))
     if bias is not None:
         out.add_(bias.view(1, out_channels, *[1] * len(o)))
     return out
+
+
+def _conv_layout(input: torch.Tensor) -> torch.memory_format:
+    """The memory format of a convolution's output and input gradient:
+    channels-last when the input is (as PyTorch's kernels keep it)."""
+    last = {4: torch.channels_last, 5: torch.channels_last_3d}.get(input.dim())
+    if last is not None and not input.is_contiguous() and input.is_contiguous(memory_format=last):
+        return last
+    return torch.contiguous_format
 
 
 @_impl("convolution_backward_overrideable")
@@ -1203,7 +1212,7 @@ def _convolution_backward(
         grad_input = gxp
         for i, (s, p) in enumerate(zip(input.shape[2:], padding)):
             grad_input = grad_input.narrow(2 + i, p, s)
-        grad_input = grad_input.contiguous()
+        grad_input = grad_input.contiguous(memory_format=_conv_layout(input))
     return grad_input, grad_weight, grad_bias
 
 
