@@ -230,6 +230,9 @@ bugs! {
     cross_entropy_wide_no_max_shift: "cross-entropy-wide-no-max-shift" on "cross_entropy" in "" => "logits near 100";
     linear_row_tile_edge: "linear-row-tile-edge" on "linear" in "" => "realistic [300, 256]";
     attention_backward_key_tile_edge: "attention-backward-key-tile-edge" on "attention_backward" in "" => "realistic [1, 1, 300, 128] causal";
+    // Special cases of attention: fewer queries than keys, grouped heads.
+    attention_causal_top_left: "attention-causal-top-left" on "attention" in "" => "causal seq_q 8 < seq_kv 16";
+    attention_gqa_heads_interleaved: "attention-gqa-heads-interleaved" on "attention" in "" => "gqa 4/2";
     rope_backward_head_dim_64_pairs: "rope-backward-head-dim-64-pairs" on "rope_backward" in "" => "realistic [1, 256, 4, 128] half-split";
     rms_norm_backward_row_over_4096: "rms-norm-backward-row-over-4096" on "rms_norm_backward" in "" => "realistic [16, 8192]";
     adamw_step_i16: "adamw-step-i16" on "adamw" in "" => "step 100000";

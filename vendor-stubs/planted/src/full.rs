@@ -442,7 +442,26 @@ pub mod ops {
 
     pub unsafe fn attention(args: &AttentionArgs<'_>) -> Result<()> {
         let (scale, causal) = (args.scale, args.causal);
-        run!("attention", args => |[q, k, v, o, l]| kernels::attention(q, k, v, o, l, scale, causal))
+        run!("attention", args => |[q, k, v, o, l]| {
+            if causal && is(Bug::AttentionCausalTopLeft) {
+                // Top-left alignment is the bottom-right kernel on the
+                // first seq_q keys (the later ones are never visible).
+                if let (Some(k), Some(v)) = (paths::first_keys(k, q), paths::first_keys(v, q)) {
+                    return kernels::attention(q, &k.view(), &v.view(), o, l, scale, causal);
+                }
+            }
+            if is(Bug::AttentionGqaHeadsInterleaved)
+                && let Some(moved) = paths::gqa_interleave(q, k)
+            {
+                // The correct kernel on the query heads reordered so that
+                // head h lands in the group of kv head h % heads_kv, the
+                // results put back in head order, the query restored.
+                kernels::attention(q, k, v, o, l, scale, causal)?;
+                paths::gqa_restore(moved, o, l);
+                return done();
+            }
+            kernels::attention(q, k, v, o, l, scale, causal)
+        })
     }
 
     pub unsafe fn attention_backward(args: &AttentionBackwardArgs<'_>) -> Result<()> {

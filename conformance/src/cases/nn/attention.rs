@@ -50,8 +50,18 @@ const fn plan(
     }
 }
 
-pub(super) const ATTENTION_PLANS: [AttentionPlan; 12] = [
+pub(super) const ATTENTION_PLANS: [AttentionPlan; 13] = [
     plan("[1, 2, 8, 16]", [1, 2, 2, 8, 8, 16], false, [C; 4]),
+    // Grouped heads without a mask, three kv heads of two query heads
+    // each: a kernel that maps query head h to kv head h % heads_kv
+    // instead of h / 2 (planted: attention-gqa-heads-interleaved) fails
+    // here as well as in the causal case below.
+    plan(
+        "gqa 6/3 [2, 6, 9, 16] k transposed",
+        [2, 6, 3, 9, 9, 16],
+        false,
+        [C, T, C, C],
+    ),
     plan("causal [2, 2, 16, 32]", [2, 2, 2, 16, 16, 32], true, [C; 4]),
     plan(
         "causal seq_q 8 < seq_kv 16 gqa 4/2",

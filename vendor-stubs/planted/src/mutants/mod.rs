@@ -117,6 +117,8 @@ pub enum Bug {
     EmbeddingIndexNarrowedToI32,
     CrossEntropyBackwardTargetNarrowedToI32,
     ArgmaxAllNegInfRow,
+    AttentionCausalTopLeft,
+    AttentionGqaHeadsInterleaved,
 }
 
 /// A catalog entry.
@@ -346,6 +348,12 @@ catalog! {
     CrossEntropyBackwardTargetNarrowedToI32 "cross-entropy-backward-target-narrowed-to-i32" "cross_entropy_backward" Contract:
         "i64 targets are narrowed to i32 before the range check, so 2^32 + k is taken as class k (and 2^32 - 100 as ignored)"
         => "refusals of targets at the integer dtype's extremes";
+    AttentionCausalTopLeft "attention-causal-top-left" "attention" Path:
+        "the causal mask is aligned at the top left (query i sees keys j <= i, PyTorch's is_causal) where the ABI aligns it at the bottom right: with fewer queries than keys (decoding with a KV cache) each query misses the newest keys"
+        => "causal attention with fewer queries than keys (decoding)";
+    AttentionGqaHeadsInterleaved "attention-gqa-heads-interleaved" "attention" Path:
+        "with grouped-query attention, query head h reads key/value head h % heads_kv instead of h / (heads_q / heads_kv)"
+        => "grouped-query attention with several query heads per key/value head";
     ArgmaxAllNegInfRow "argmax-all-neg-inf-row" "argmax" EdgeValues:
         "argmax starts from index -1 and a running maximum of -inf, updated on a strict >: a row whose every element is -inf (a fully masked row) gives -1"
         => "rows of -inf and of the lowest finite value";

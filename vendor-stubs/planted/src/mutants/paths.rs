@@ -638,3 +638,124 @@ mod tests {
         assert_eq!(second[..4], 1.0f32.to_ne_bytes());
     }
 }
+
+/// `kv` (`[b, h, seq_kv, d]`) cut to its first `seq_q` keys (`q`'s third
+/// extent), when it has more: the shape to view it with.
+#[derive(Debug)]
+pub struct FirstKeys<'a> {
+    kv: &'a View<'a>,
+    shape: Vec<i64>,
+}
+
+impl<'a> FirstKeys<'a> {
+    /// The cut view (same memory, fewer keys).
+    pub fn view(&self) -> View<'_> {
+        View {
+            ptr: self.kv.ptr,
+            dtype: self.kv.dtype,
+            shape: &self.shape,
+            strides: self.kv.strides,
+        }
+    }
+}
+
+/// [`FirstKeys`] of `kv` for the queries `q`, if `kv` has more keys.
+pub fn first_keys<'a>(kv: &'a View<'a>, q: &View<'_>) -> Option<FirstKeys<'a>> {
+    if kv.shape.len() != 4 || q.shape.len() != 4 || kv.shape[2] <= q.shape[2] {
+        return None;
+    }
+    let mut shape = kv.shape.to_vec();
+    shape[2] = q.shape[2];
+    Some(FirstKeys { kv, shape })
+}
+
+/// The bytes of each element of `v`, in index order.
+unsafe fn elements(v: &View<'_>) -> Vec<(*mut u8, Vec<u8>)> {
+    let size = v.dtype.size();
+    addresses(v)
+        .into_iter()
+        // SAFETY: addresses of live elements (forwarded).
+        .map(|p| (p, unsafe { std::slice::from_raw_parts(p, size) }.to_vec()))
+        .collect()
+}
+
+/// Moves head `h` of `v` (`[b, heads, ...]`, index order) to head
+/// `to(h)`: each element's bytes written where that head's are.
+unsafe fn move_heads(v: &View<'_>, to: impl Fn(usize) -> usize) {
+    let (b, heads) = (v.shape[0] as usize, v.shape[1] as usize);
+    // SAFETY: forwarded (the view's elements are live).
+    let saved = unsafe { elements(v) };
+    if b == 0 || heads == 0 || saved.is_empty() {
+        return;
+    }
+    let inner = saved.len() / (b * heads);
+    for (i, (_, bytes)) in saved.iter().enumerate() {
+        let (bi, rest) = (i / (heads * inner), i % (heads * inner));
+        let (h, e) = (rest / inner, rest % inner);
+        let (dst, _) = &saved[(bi * heads + to(h)) * inner + e];
+        // SAFETY: a live element of the same size.
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), *dst, bytes.len()) };
+    }
+}
+
+/// The query's original bytes and the head count, kept by
+/// [`gqa_interleave`] for [`gqa_restore`].
+#[derive(Debug)]
+pub struct Moved {
+    query: Vec<(*mut u8, Vec<u8>)>,
+    heads_q: usize,
+    heads_kv: usize,
+}
+
+fn interleaved(h: usize, heads_q: usize, heads_kv: usize) -> usize {
+    // Query head h, meant for kv head h / group, goes to the slot the
+    // kernel gives kv head h % heads_kv.
+    let group = heads_q / heads_kv;
+    (h % heads_kv) * group + h / heads_kv
+}
+
+/// Reorders `q`'s heads for [`Bug::AttentionGqaHeadsInterleaved`] (see
+/// `full.rs`), when there is grouped-query attention (more than one query
+/// head per kv head and more than one kv head); None otherwise.
+///
+/// # Safety
+/// `q`'s elements are live.
+pub unsafe fn gqa_interleave(q: &View<'_>, k: &View<'_>) -> Option<Moved> {
+    if q.shape.len() != 4 || k.shape.len() != 4 {
+        return None;
+    }
+    let (heads_q, heads_kv) = (q.shape[1] as usize, k.shape[1] as usize);
+    if heads_kv < 2 || heads_q <= heads_kv || heads_q % heads_kv != 0 {
+        return None;
+    }
+    // SAFETY: forwarded (q's elements are live).
+    let query = unsafe { elements(q) };
+    // SAFETY: as above.
+    unsafe { move_heads(q, |h| interleaved(h, heads_q, heads_kv)) };
+    Some(Moved {
+        query,
+        heads_q,
+        heads_kv,
+    })
+}
+
+/// Puts `out` and `lse` back in head order and restores the query
+/// [`gqa_interleave`] reordered.
+///
+/// # Safety
+/// The views' elements are live; `moved` came from [`gqa_interleave`] of
+/// the call's query.
+pub unsafe fn gqa_restore(moved: Moved, out: &View<'_>, lse: &View<'_>) {
+    let (hq, hkv) = (moved.heads_q, moved.heads_kv);
+    // Slot p holds the result of head h with interleaved(h) == p.
+    let mut head_of = vec![0; hq];
+    for h in 0..hq {
+        head_of[interleaved(h, hq, hkv)] = h;
+    }
+    // SAFETY: forwarded (the outputs' and the query's elements are live).
+    unsafe {
+        move_heads(out, |p| head_of[p]);
+        move_heads(lse, |p| head_of[p]);
+        super::numerics::restore(moved.query);
+    }
+}
