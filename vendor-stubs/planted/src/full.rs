@@ -456,9 +456,9 @@ pub mod ops {
                 // The correct kernel on the query heads reordered so that
                 // head h lands in the group of kv head h % heads_kv, the
                 // results put back in head order, the query restored.
-                kernels::attention(q, k, v, o, l, scale, causal)?;
+                let result = kernels::attention(q, k, v, o, l, scale, causal);
                 paths::gqa_restore(moved, o, l);
-                return done();
+                return result;
             }
             kernels::attention(q, k, v, o, l, scale, causal)
         })
