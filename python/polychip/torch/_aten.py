@@ -1252,7 +1252,7 @@ def _lstm_cell_backward(
 ) -> Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
     i, f, g, o = workspace.chunk(4, 1)
     tc = torch.tanh(cy)
-    gcx = torch.zeros_like(cy) if grad_cy is None else grad_cy.clone()
+    gcx = torch.zeros_like(cy) if grad_cy is None else grad_cy  # only read below
     if grad_hy is None:
         grad_o = torch.zeros_like(o)
     else:

@@ -279,10 +279,14 @@ std::string op_label(const c10::OperatorName& name) {
 // compute across devices.
 void check_one_device(const c10::OperatorHandle& op, const torch::jit::Stack& stack) {
   const auto n = op.schema().arguments().size();
-  const auto& base = op.schema().operator_name().name;
-  const bool cpu_indices = base == "aten::index" || base == "aten::index_put" ||
-                           base == "aten::index_put_" || base == "aten::_index_put_impl_" ||
-                           base == "aten::_unsafe_index" || base == "aten::_unsafe_index_put";
+  // Only an operator with an optional-tensor list (the index operators'
+  // indices) asks, so other fallbacks compare no names.
+  auto cpu_indices = [&op] {
+    const auto& base = op.schema().operator_name().name;
+    return base == "aten::index" || base == "aten::index_put" || base == "aten::index_put_" ||
+           base == "aten::_index_put_impl_" || base == "aten::_unsafe_index" ||
+           base == "aten::_unsafe_index_put";
+  };
   std::optional<c10::Device> first;
   auto visit = [&](const at::Tensor& t) {
     if (!t.defined() || (t.device().is_cpu() && t.dim() == 0)) return;
@@ -301,8 +305,9 @@ void check_one_device(const c10::OperatorHandle& op, const torch::jit::Stack& st
     } else if (v.isTensorList()) {
       for (const at::Tensor& t : v.toTensorList()) visit(t);
     } else if (v.isOptionalTensorList()) {
+      const bool skip_cpu = cpu_indices();
       for (const std::optional<at::Tensor> t : v.toOptionalTensorList()) {
-        if (t.has_value() && !(cpu_indices && t->defined() && t->device().is_cpu())) visit(*t);
+        if (t.has_value() && !(skip_cpu && t->defined() && t->device().is_cpu())) visit(*t);
       }
     }
   }

@@ -165,16 +165,28 @@ pub unsafe fn linear_tile_edge_save(out: &View<'_>) -> Vec<(*mut u8, Vec<u8>)> {
     if n <= 256 || n % 64 == 0 {
         return Vec::new();
     }
-    let size = out.dtype.size();
-    rows(out)
-        .iter()
-        .flat_map(|r| r[n - n % 64..].to_vec())
-        // SAFETY: addresses of live elements.
+    let tail = rows(out).into_iter().flat_map(|r| r[n - n % 64..].to_vec());
+    // SAFETY: addresses of live elements.
+    unsafe { save(tail, out.dtype.size()) }
+}
+
+/// The bytes of the elements of `size` bytes at `addresses`, kept with
+/// their addresses for [`restore`].
+///
+/// # Safety
+/// Every address is a live element of `size` bytes.
+pub unsafe fn save(
+    addresses: impl IntoIterator<Item = *mut u8>,
+    size: usize,
+) -> Vec<(*mut u8, Vec<u8>)> {
+    addresses
+        .into_iter()
+        // SAFETY: forwarded.
         .map(|p| (p, unsafe { std::slice::from_raw_parts(p, size) }.to_vec()))
         .collect()
 }
 
-/// Puts back what [`linear_tile_edge_save`] saved.
+/// Puts back what [`save`] (or a `*_save` of a mutant) saved.
 pub unsafe fn restore(saved: Vec<(*mut u8, Vec<u8>)>) {
     for (p, bytes) in saved {
         // SAFETY: the same live elements.

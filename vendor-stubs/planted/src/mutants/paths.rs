@@ -17,6 +17,7 @@ use std::sync::Mutex;
 use ferrite_kernels::{DType, View};
 
 use super::elems::{addresses, load, load_int, map, round, rows, store, store_int};
+use super::numerics::{restore, save};
 
 /// The lanes of the vectorised reduction.
 const LANES: usize = 8;
@@ -73,13 +74,9 @@ pub unsafe fn linear_row_tile_save(out: &View<'_>) -> Vec<(*mut u8, Vec<u8>)> {
     if all.len() <= TILE || all.len() % TILE == 0 {
         return Vec::new();
     }
-    let size = out.dtype.size();
-    all[all.len() / TILE * TILE..]
-        .iter()
-        .flatten()
-        // SAFETY: addresses of live elements.
-        .map(|&p| (p, unsafe { std::slice::from_raw_parts(p, size) }.to_vec()))
-        .collect()
+    let tail = all[all.len() / TILE * TILE..].iter().flatten().copied();
+    // SAFETY: addresses of live elements.
+    unsafe { save(tail, out.dtype.size()) }
 }
 
 /// The strides with which the bias-row fast path reads `b` when it has as
@@ -309,14 +306,13 @@ pub unsafe fn attention_key_tile_save(grad: &View<'_>) -> Vec<(*mut u8, Vec<u8>)
         return Vec::new();
     }
     let kept = skv / TILE * TILE;
-    let size = grad.dtype.size();
-    addresses(grad)
+    let tile = addresses(grad)
         .into_iter()
         .enumerate()
         .filter(|(i, _)| (i / d) % skv >= kept)
-        // SAFETY: addresses of live elements.
-        .map(|(_, p)| (p, unsafe { std::slice::from_raw_parts(p, size) }.to_vec()))
-        .collect()
+        .map(|(_, p)| p);
+    // SAFETY: addresses of live elements.
+    unsafe { save(tile, grad.dtype.size()) }
 }
 
 /// rope_backward (half-split pairs) for a head dim over 64, as a kernel
@@ -671,12 +667,8 @@ pub fn first_keys<'a>(kv: &'a View<'a>, q: &View<'_>) -> Option<FirstKeys<'a>> {
 
 /// The bytes of each element of `v`, in index order.
 unsafe fn elements(v: &View<'_>) -> Vec<(*mut u8, Vec<u8>)> {
-    let size = v.dtype.size();
-    addresses(v)
-        .into_iter()
-        // SAFETY: addresses of live elements (forwarded).
-        .map(|p| (p, unsafe { std::slice::from_raw_parts(p, size) }.to_vec()))
-        .collect()
+    // SAFETY: addresses of live elements (forwarded).
+    unsafe { save(addresses(v), v.dtype.size()) }
 }
 
 /// Moves head `h` of `v` (`[b, heads, ...]`, index order) to head
@@ -756,6 +748,6 @@ pub unsafe fn gqa_restore(moved: Moved, out: &View<'_>, lse: &View<'_>) {
     unsafe {
         move_heads(out, |p| head_of[p]);
         move_heads(lse, |p| head_of[p]);
-        super::numerics::restore(moved.query);
+        restore(moved.query);
     }
 }
