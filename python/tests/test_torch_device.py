@@ -124,6 +124,19 @@ def test_fallback_is_counted_per_operator_and_correct():
     assert not pt.fallback_report() and "no aten operator" in str(pt.fallback_report())
 
 
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64, torch.uint8])
+def test_integer_histograms_count_as_cuda_counts_them(dtype):
+    # The CPU's kernel takes floats only; CUDA's counts integers (MoE
+    # routing in transformers relies on it) and returns their dtype.
+    x = torch.tensor([0, 1, 1, 3, 7, 2, 2, 2], dtype=dtype)
+    d = x.to(f"polychip:{FERRITE}")
+    got = torch.histc(d, bins=4, min=0, max=3)
+    assert got.dtype == dtype and got.device == d.device
+    assert got.cpu().tolist() == torch.histc(x.double(), bins=4, min=0, max=3).tolist() == [1, 2, 3, 1]
+    # min == max: the data's range, as for floats.
+    assert torch.histc(d, bins=7).cpu().tolist() == torch.histc(x.double(), bins=7).tolist()
+
+
 def test_strict_mode_names_the_operator_and_restores():
     d = torch.randn(3, device=f"polychip:{FERRITE}")
     assert not pt.strict.enabled()

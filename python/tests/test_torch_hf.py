@@ -104,7 +104,10 @@ def test_llama_forward_with_padding_uses_the_math_attention_on_the_plugin():
     torch.testing.assert_close(got.cpu()[mask.bool()], want[mask.bool()], rtol=1e-4, atol=1e-4)
 
 
-FAMILIES = ["gpt2", "bert", "mistral", "qwen2", "opt", "gpt_neox", "falcon", "bloom", "phi", "gemma", "gptj", "t5", "bart"]
+FAMILIES = [
+    "gpt2", "bert", "mistral", "qwen2", "opt", "gpt_neox", "falcon", "bloom", "phi", "gemma", "gptj", "t5", "bart",
+    "mixtral",
+]
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -116,7 +119,9 @@ def test_other_architectures_match_cpu(family):
     (partial rotary), Falcon (ALiBi), BLOOM (ALiBi, an embedding layer
     norm), Gemma (a scaled embedding, one key/value head), GPT-J (parallel
     attention and MLP), T5 (relative position buckets, an encoder and a
-    decoder) and BART. Gradients equal the CPU's, tied parameters included
+    decoder), BART and Mixtral (mixture-of-experts routing as
+    transformers runs it on an accelerator, with its load-balancing loss:
+    integer histograms). Gradients equal the CPU's, tied parameters included
     (Module.to keeps the Parameter objects)."""
     make = {
         "gpt2": lambda: transformers.GPT2LMHeadModel(transformers.GPT2Config(
@@ -156,6 +161,10 @@ def test_other_architectures_match_cpu(family):
             vocab_size=96, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
             decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64,
             max_position_embeddings=64, dropout=0.0)),
+        "mixtral": lambda: transformers.MixtralForCausalLM(transformers.MixtralConfig(
+            vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2,
+            output_router_logits=True, router_aux_loss_coef=0.1)),
     }[family]
     device = torch.device("polychip", index_of("Ferrite"))
     torch.manual_seed(0)

@@ -714,6 +714,19 @@ def _vector_norm(
     return norm if out_dtype == torch.float32 else norm.to(out_dtype)
 
 
+@_impl("histc")
+def _histc(self: torch.Tensor, bins: int = 100, min: Any = 0, max: Any = 0) -> torch.Tensor:
+    # CUDA counts integer inputs (Hugging Face's mixture-of-experts routing
+    # does, in int32) where the CPU's kernel takes only floats: integers
+    # are counted as float64 (exact below 2^53, and the same bins, as a
+    # bin is floor((x - min) * bins / (max - min))) and the counts
+    # returned in the input's dtype, as CUDA returns them.
+    if self.is_floating_point() or self.dtype == torch.bool:
+        return _fallback(aten.histc.default, self, bins, min, max)
+    counts = _fallback(aten.histc.default, self.to(torch.float64), bins, min, max)
+    return counts.to(self.dtype)
+
+
 # ------------------------------------------------------------------ softmax
 
 
