@@ -106,6 +106,33 @@ def test_generators_are_per_device_and_seedable():
     assert len(torch.polychip.default_generators) == pt.device_count()
 
 
+def test_random_operators_draw_from_the_devices_generators():
+    d = f"polychip:{FERRITE}"
+    # The device's default generator, as CUDA's operators use theirs.
+    torch.polychip.manual_seed(11)
+    a = torch.randn(4, device=d)
+    torch.polychip.manual_seed(11)
+    assert torch.equal(torch.randn(4, device=d).cpu(), a.cpu())
+    state = torch.polychip.get_rng_state(FERRITE)
+    b = torch.rand(3, device=d)
+    torch.polychip.set_rng_state(state, FERRITE)
+    assert torch.equal(torch.rand(3, device=d).cpu(), b.cpu())
+    # A generator of the device's own, passed in.
+    g = torch.Generator(device=d).manual_seed(5)
+    x = torch.randn(3, generator=g, device=d)
+    assert x.device == torch.device(d)
+    assert not torch.equal(torch.randn(3, generator=g, device=d).cpu(), x.cpu())  # it advanced
+    g.manual_seed(5)
+    assert torch.equal(torch.randn(3, generator=g, device=d).cpu(), x.cpu())
+    assert sorted(torch.randperm(6, generator=g, device=d).cpu().tolist()) == list(range(6))
+    assert torch.multinomial(torch.ones(5, device=d), 3, generator=g).device == torch.device(d)
+    # torch.manual_seed seeds every device's generator.
+    torch.manual_seed(3)
+    u = torch.rand(2, device=d)
+    torch.manual_seed(3)
+    assert torch.equal(torch.rand(2, device=d).cpu(), u.cpu())
+
+
 def test_fallback_is_counted_per_operator_and_correct():
     pt.reset_fallback_report()
     x = torch.randn(4, 5)
@@ -135,6 +162,46 @@ def test_integer_histograms_count_as_cuda_counts_them(dtype):
     assert got.cpu().tolist() == torch.histc(x.double(), bins=4, min=0, max=3).tolist() == [1, 2, 3, 1]
     # min == max: the data's range, as for floats.
     assert torch.histc(d, bins=7).cpu().tolist() == torch.histc(x.double(), bins=7).tolist()
+
+
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors")
+def test_nested_tensors_run_through_the_cpu():
+    # nn.TransformerEncoder in inference with a padding mask takes
+    # PyTorch's nested-tensor fast path on any accelerator.
+    device = f"polychip:{COBALT}"
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(32, 4, 64, batch_first=True)
+    enc = torch.nn.TransformerEncoder(layer, 2).eval()
+    x = torch.randn(3, 6, 32)
+    pad = torch.zeros(3, 6, dtype=torch.bool)
+    pad[0, 4:] = True
+    pad[2, 1:] = True
+    with torch.no_grad():
+        want = enc(x, src_key_padding_mask=pad)
+        pt.reset_fallback_report()
+        got = enc.to(device)(x.to(device), src_key_padding_mask=pad.to(device))
+    assert got.device == torch.device(device)
+    torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=1e-6)
+    assert "aten::_nested_tensor_from_mask" in pt.fallback_report()
+    # Nested tensors themselves: made, copied, padded, written in place.
+    a, b = torch.randn(2, 3), torch.randn(4, 3)
+    nt = torch.nested.nested_tensor([a, b], device=device)
+    assert nt.is_nested and nt.device == torch.device(device)
+    back = nt.to("cpu")
+    assert back.device.type == "cpu" and torch.equal(back.unbind()[1], b)
+    padded = torch.nested.to_padded_tensor(nt, 0.0)
+    assert padded.device == torch.device(device) and torch.equal(padded.cpu()[0, :2], a)
+    assert nt.mul_(2) is nt
+    assert torch.equal(nt.to("cpu").unbind()[0], a * 2)
+    assert torch.equal((nt + 1).to("cpu").unbind()[1], b * 2 + 1)
+    assert nt.to(torch.float64).to("cpu").dtype == torch.float64
+
+
+def test_sparse_gradients_are_refused_in_a_sentence():
+    emb = torch.nn.Embedding(10, 4, sparse=True).to(f"polychip:{FERRITE}")
+    out = emb(torch.tensor([1, 2], device=f"polychip:{FERRITE}")).sum()
+    with pytest.raises(NotImplementedError, match=r"no sparse tensors \(nn.Embedding\(sparse=True\)"):
+        out.backward()
 
 
 def test_strict_mode_names_the_operator_and_restores():

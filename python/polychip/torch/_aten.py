@@ -13,6 +13,9 @@ aten operator's name, or raises under strict mode. Nothing else falls back.
 ``REGISTERED`` lists every aten name registered here; ``BASICS`` those the
 C++ half registers (allocation, views, copies and casts, fill, scalar
 reads). The test suite's per-operator test is generated from both.
+``ADJUSTED`` lists operators registered only to run on the CPU as CUDA
+runs them where the CPU's own kernel refuses the input (integer
+histograms); they always take the counted fallback.
 """
 
 import itertools
@@ -32,6 +35,7 @@ from . import _runtime as _RT
 aten = torch.ops.aten
 
 REGISTERED: set = set()
+ADJUSTED: set = set()
 BASICS = (
     "empty.memory_format",
     "empty_strided",
@@ -108,6 +112,16 @@ def _impl(*names: str, key: str = "PrivateUse1") -> Callable[[Callable], Callabl
         for name in names:
             _lib.impl(name, _counted(name, fn), key)
             REGISTERED.add(name)
+        return fn
+
+    return register
+
+
+def _adjust(*names: str) -> Callable[[Callable], Callable]:
+    def register(fn: Callable) -> Callable:
+        for name in names:
+            _lib.impl(name, fn, "PrivateUse1")
+            ADJUSTED.add(name)
         return fn
 
     return register
@@ -714,7 +728,7 @@ def _vector_norm(
     return norm if out_dtype == torch.float32 else norm.to(out_dtype)
 
 
-@_impl("histc")
+@_adjust("histc")
 def _histc(self: torch.Tensor, bins: int = 100, min: Any = 0, max: Any = 0) -> torch.Tensor:
     # CUDA counts integer inputs (Hugging Face's mixture-of-experts routing
     # does, in int32) where the CPU's kernel takes only floats: integers

@@ -26,6 +26,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/EmptyTensor.h>
 #include <ATen/MemoryOverlap.h>
+#include <ATen/NestedTensorImpl.h>
 #include <ATen/detail/PrivateUse1HooksInterface.h>
 #include <ATen/native/CPUFallback.h>
 #include <ATen/native/Resize.h>
@@ -313,12 +314,217 @@ void check_one_device(const c10::OperatorHandle& op, const torch::jit::Stack& st
   }
 }
 
+std::vector<at::Generator>& generators();
+
+// The device a fallback's random draws belong to: its generator's, else
+// that of its first polychip tensor or device argument.
+std::optional<c10::DeviceIndex> random_device(const torch::jit::Stack& stack, size_t base) {
+  for (size_t i = base; i < stack.size(); ++i) {
+    const auto& v = stack[i];
+    if (v.isTensor() && v.toTensor().defined() &&
+        v.toTensor().device().type() == c10::DeviceType::PrivateUse1) {
+      return v.toTensor().device().index();
+    }
+    if (v.isDevice() && v.toDevice().type() == c10::DeviceType::PrivateUse1) {
+      return v.toDevice().has_index() ? v.toDevice().index() : t_device;
+    }
+  }
+  return std::nullopt;
+}
+
+// Random operators draw from a polychip generator as CUDA's draw from
+// theirs: the one given, or else the device's default (so that
+// torch.polychip.manual_seed and get/set_rng_state govern them). The CPU
+// kernel takes CPU generators only, so the polychip one lends its state to
+// a CPU generator for the call and takes the advanced state back after.
+struct LentGenerators {
+  std::recursive_mutex& mutex() {
+    static std::recursive_mutex m;
+    return m;
+  }
+  std::unique_lock<std::recursive_mutex> lock{mutex(), std::defer_lock};
+  std::vector<std::pair<at::Generator, at::Generator>> lent;  // (polychip, CPU)
+
+  void lend(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+    const auto& args = op.schema().arguments();
+    const auto base = stack->size() - args.size();
+    for (size_t i = 0; i < args.size(); ++i) {
+      const auto& type = args[i].type();
+      const bool generator =
+          type->kind() == c10::TypeKind::GeneratorType ||
+          (type->kind() == c10::TypeKind::OptionalType &&
+           type->castRaw<c10::OptionalType>()->getElementType()->kind() ==
+               c10::TypeKind::GeneratorType);
+      if (!generator) continue;
+      auto& v = (*stack)[base + i];
+      at::Generator own;
+      if (v.isGenerator()) {
+        own = v.toGenerator();
+        if (own.device().type() != c10::DeviceType::PrivateUse1) continue;
+      } else {
+        const auto device = random_device(*stack, base);
+        if (!device || *device < 0 || static_cast<size_t>(*device) >= generators().size()) continue;
+        own = generators()[*device];
+      }
+      if (!lock.owns_lock()) lock.lock();
+      auto cpu = at::make_generator<at::CPUGeneratorImpl>();
+      {
+        std::lock_guard<std::mutex> g(own.mutex());
+        cpu.set_state(own.get_state());
+      }
+      v = c10::IValue(cpu);
+      lent.emplace_back(own, cpu);
+    }
+  }
+
+  ~LentGenerators() {
+    for (auto& [own, cpu] : lent) {
+      std::lock_guard<std::mutex> g(own.mutex());
+      own.set_state(cpu.get_state());
+    }
+  }
+};
+
 void boxed_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   check_one_device(op, *stack);
   const auto name = op_label(op.schema().operator_name());
   count_fallback(name);
   FallbackTimer timer(name);
+  LentGenerators generators;
+  generators.lend(op, stack);
   at::native::cpu_fallback(op, stack);
+}
+
+// ---------------------------------------------------------- nested tensors
+//
+// PyTorch's (strided) nested tensors, such as nn.TransformerEncoder's fast
+// path makes of a padded batch in inference, have kernels for the CPU and
+// CUDA only. On polychip a nested tensor is its buffer on the device with
+// the nested sizes, strides and offsets (CPU metadata) over it; every
+// operator on one runs on the CPU, counted like any fallback, its nested
+// tensors moved whole (buffer and metadata) each way.
+
+bool on_polychip(const at::Tensor& t) {
+  return t.defined() && t.device().type() == c10::DeviceType::PrivateUse1;
+}
+
+// `t`'s whole storage as a 1-D tensor, the same sizes, strides and offsets
+// over a copy of it on `device`.
+at::Tensor nested_on(const at::Tensor& t, c10::Device device) {
+  auto* impl = at::native::get_nested_tensor_impl(t);
+  at::Tensor buffer = impl->get_unsafe_storage_as_tensor().to(device);
+  return at::detail::make_tensor<at::native::NestedTensorImpl>(
+      buffer, impl->get_nested_sizes(), impl->get_nested_strides(), impl->get_storage_offsets());
+}
+
+at::Tensor any_on(const at::Tensor& t, c10::Device device) {
+  if (!t.defined()) return t;
+  return t.is_nested() ? nested_on(t, device) : t.to(device);
+}
+
+void nested_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  check_one_device(op, *stack);
+  const auto name = op_label(op.schema().operator_name());
+  count_fallback(name);
+  FallbackTimer timer(name);
+  const auto& args = op.schema().arguments();
+  const auto n = args.size();
+  const auto base = stack->size() - n;
+  std::optional<c10::Device> device;
+  // (polychip tensor, its CPU copy) of each argument the operator writes.
+  std::vector<std::pair<at::Tensor, at::Tensor>> written;
+  auto to_cpu = [&](const at::Tensor& t, bool writes) {
+    if (!on_polychip(t)) return t;
+    if (!device) device = t.device();
+    at::Tensor cpu = any_on(t, at::kCPU);
+    if (writes) written.emplace_back(t, cpu);
+    return cpu;
+  };
+  for (size_t i = 0; i < n; ++i) {
+    auto& v = (*stack)[base + i];
+    const bool writes = args[i].alias_info() != nullptr && args[i].alias_info()->isWrite();
+    if (v.isTensor()) {
+      v = to_cpu(v.toTensor(), writes);
+    } else if (v.isTensorList()) {
+      std::vector<at::Tensor> list;
+      for (const at::Tensor& t : v.toTensorList()) list.push_back(to_cpu(t, writes));
+      v = c10::IValue(list);
+    } else if (v.isOptionalTensorList()) {
+      c10::List<std::optional<at::Tensor>> list;
+      for (const std::optional<at::Tensor> t : v.toOptionalTensorList()) {
+        list.push_back(t.has_value() ? std::optional<at::Tensor>(to_cpu(*t, writes)) : t);
+      }
+      v = c10::IValue(list);
+    }
+  }
+  op.callBoxed(stack);
+  // What the operator wrote goes back into the polychip tensors' storage;
+  // a result that is one of them is returned as it.
+  for (auto& [dev, cpu] : written) {
+    if (dev.is_nested()) {
+      auto* d = at::native::get_nested_tensor_impl(dev);
+      auto* c = at::native::get_nested_tensor_impl(cpu);
+      d->get_unsafe_storage_as_tensor().copy_(c->get_unsafe_storage_as_tensor());
+    } else {
+      dev.copy_(cpu);
+    }
+  }
+  auto back = [&](const at::Tensor& t) {
+    for (auto& [dev, cpu] : written) {
+      if (t.defined() && t.is_same(cpu)) return dev;
+    }
+    return device ? any_on(t, *device) : t;
+  };
+  const auto results = op.schema().returns().size();
+  for (size_t i = stack->size() - results; i < stack->size(); ++i) {
+    auto& v = (*stack)[i];
+    if (v.isTensor()) {
+      v = back(v.toTensor());
+    } else if (v.isTensorList()) {
+      std::vector<at::Tensor> list;
+      for (const at::Tensor& t : v.toTensorList()) list.push_back(back(t));
+      v = c10::IValue(list);
+    }
+  }
+}
+
+// A nested tensor's copy to another device or dtype: on the CPU, then to
+// the target device (the CPU's own kernel would put a copy meant for the
+// CPU back on polychip).
+at::Tensor nested_to_copy(const at::Tensor& self, std::optional<at::ScalarType> dtype,
+                          std::optional<at::Layout> layout, std::optional<at::Device> device,
+                          std::optional<bool> pin_memory, bool non_blocking,
+                          std::optional<at::MemoryFormat> memory_format) {
+  at::Tensor cpu = at::_to_copy(nested_on(self, at::kCPU), dtype, layout, at::Device(at::kCPU),
+                                pin_memory, non_blocking, memory_format);
+  const auto target = device.value_or(self.device());
+  return target.is_cpu() ? cpu : nested_on(cpu, target);
+}
+
+TORCH_LIBRARY_IMPL(_, NestedTensorPrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&nested_fallback>());
+}
+
+TORCH_LIBRARY_IMPL(aten, NestedTensorPrivateUse1, m) {
+  m.impl("_to_copy", nested_to_copy);
+}
+
+// Sparse tensors are not supported on the device: said in one sentence
+// rather than by the dispatcher's list of every backend.
+void sparse_refusal(const c10::OperatorHandle& op, torch::jit::Stack* /*stack*/) {
+  TORCH_CHECK_NOT_IMPLEMENTED(
+      false, op_label(op.schema().operator_name()),
+      ": the polychip device has no sparse tensors (nn.Embedding(sparse=True) and "
+      "EmbeddingBag(sparse=True) make sparse gradients: use sparse=False, or keep sparse "
+      "tensors on the CPU)");
+}
+
+TORCH_LIBRARY_IMPL(_, SparsePrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&sparse_refusal>());
+}
+
+TORCH_LIBRARY_IMPL(_, SparseCsrPrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&sparse_refusal>());
 }
 
 // ---------------------------------------------------------------- copies
