@@ -249,6 +249,14 @@ bugs! {
     silu_f16_flushes_subnormals: "silu-f16-flushes-subnormals" on "silu" in "f16" => "large negative inputs";
     silu_backward_negative_cutoff: "silu-backward-negative-cutoff" on "silu_backward" in "" => "large negative inputs";
     argmax_all_neg_inf_row: "argmax-all-neg-inf-row" on "argmax" in "" => "rows of -inf";
+    softmax_running_max_from_zero: "softmax-running-max-from-zero" on "softmax" in "" => "large negative logits";
+    silu_backward_far_tail_nan: "silu-backward-far-tail-nan" on "silu_backward" in "" => "inputs from -110";
+    cast_nan_payload_to_infinity: "cast-nan-payload-to-infinity" on "cast" in "f64" => "outside tolerance";
+    rms_norm_drops_vector_tail: "rms-norm-drops-vector-tail" on "rms_norm" in "" => "[3, 7]";
+    linear_no_inner_dim_skips_write: "linear-no-inner-dim-skips-write" on "linear" in "" => "[3, 0] N 5";
+    neg_output_inner_stride_flipped: "neg-output-inner-stride-flipped" on "neg" in "" => "out reversed along dim 2";
+    embedding_half_pair_store_past_end: "embedding-half-pair-store-past-end" on "embedding" in "bf16,f16" => "the plugin wrote outside output out";
+    adamw_epsilon_hat: "adamw-epsilon-hat" on "adamw" in "" => "gradients about eps";
     adamw_lr_zero_skips_moments: "adamw-lr-zero-skips-moments" on "adamw" in "" => " lr 0 ";
     // State kept between calls: a cache keyed by address.
     linear_weight_cache_by_address: "linear-weight-cache-by-address" on "linear" in "" => "after a call with other values in the same buffers";

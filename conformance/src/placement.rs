@@ -105,6 +105,14 @@ impl Placement {
         }
     }
 
+    /// The same view `extra` elements further into a buffer that much
+    /// longer (more guard before it).
+    pub fn with_lead(mut self, extra: usize) -> Placement {
+        self.offset += extra;
+        self.buffer_len += extra;
+        self
+    }
+
     /// Whether the view is compact: its elements are one run of the buffer.
     fn is_compact(&self) -> bool {
         self.strides == compact(&self.shape)

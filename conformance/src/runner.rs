@@ -84,9 +84,15 @@ impl Uploaded {
 }
 
 /// Uploads one tensor in its layout inside a guarded buffer; outputs are
-/// filled with poison.
-fn upload(device: &Device, spec: &TensorSpec, poison: u8) -> polychip_host::Result<Uploaded> {
-    let placement = Placement::new(&spec.shape, spec.layout);
+/// filled with poison. A case with a warm-up call puts its views one
+/// element further in (see [`warm_up`]).
+fn upload(
+    device: &Device,
+    spec: &TensorSpec,
+    poison: u8,
+    warm_up: bool,
+) -> polychip_host::Result<Uploaded> {
+    let placement = Placement::new(&spec.shape, spec.layout).with_lead(usize::from(warm_up));
     let elements = match spec.role {
         Role::Output => vec![poison; numel(&spec.shape) * spec.dtype.size()],
         Role::Input | Role::InOut => to_bytes(spec.dtype, &spec.values),
@@ -363,7 +369,11 @@ struct Run {
 /// one element (so every index stays valid and every value in its
 /// domain), the plugin called and its result discarded, then every buffer
 /// written back as uploaded (inputs, in-place tensors, poisoned outputs
-/// and guards), for the call that is judged.
+/// and guards), for the call that is judged. The case's views sit one
+/// element further into their buffers than any other case's: a cache
+/// keyed by address would otherwise be hit, when the device hands back
+/// the same memory, by the base case that ran earlier with the judged
+/// values themselves, and serve them right.
 fn warm_up(
     case: &Case,
     uploaded: &[Option<Uploaded>],
@@ -407,7 +417,7 @@ fn execute(device: &Device, case: &Case, poison: u8) -> Result<Run, String> {
             uploaded.push(None);
             continue;
         }
-        let u = upload(device, spec, poison).map_err(|e| {
+        let u = upload(device, spec, poison, case.warm_up).map_err(|e| {
             let needed = case_bytes(case);
             let memory = device.props().memory_bytes;
             if e.code() == ErrorCode::OutOfMemory && needed.saturating_mul(4) > memory {

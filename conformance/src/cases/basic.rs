@@ -69,9 +69,18 @@ fn fill(dtype: DType) -> Vec<Case> {
             move |_| Ok(vec![reference::fill(&[5], value)?]),
         ));
     }
+    // A NaN whose payload is only its lowest bit (signalling) must stay a
+    // NaN: narrowing its bits by a shift, without setting the quiet bit,
+    // makes it infinity.
+    let low_nan = f64::from_bits(0x7ff0_0000_0000_0001);
     for (shape, layout) in shapes {
-        for value in [2.5, -3.75, 1e10, f64::NAN] {
-            let label = format!("{} value {value}", shape_label(shape, layout));
+        for value in [2.5, -3.75, 1e10, f64::NAN, low_nan] {
+            let value_label = if value.to_bits() == low_nan.to_bits() {
+                "NaN (payload 1)".to_string()
+            } else {
+                value.to_string()
+            };
+            let label = format!("{} value {value_label}", shape_label(shape, layout));
             let out_shape = shape.to_vec();
             cases.push(case(
                 "fill",
@@ -135,6 +144,18 @@ fn cast(dtype: DType) -> Vec<Case> {
         }
         if target != dtype {
             values.extend(rounding_ties(dtype, target));
+        }
+        if dtype == DType::F64 {
+            // NaNs whose payload lies in the low bits only (signalling),
+            // which a narrowing by shifts turns into infinities.
+            values.extend(
+                [
+                    0x7ff0_0000_0000_0001u64,
+                    0xfff0_0000_0000_0001,
+                    0x7ff0_0000_1000_0000,
+                ]
+                .map(f64::from_bits),
+            );
         }
         let n = values.len();
         for layout in [Layout::Contiguous, Layout::Strided] {
@@ -426,20 +447,24 @@ fn softmax(dtype: DType) -> Vec<Case> {
         ));
     }
     // Logits near 1000 overflow exp unless the row maximum is subtracted;
-    // a -inf logit gets probability 0; a row of -inf is NaN.
+    // logits near -1000 underflow every exp to 0 (0/0) unless it is, even
+    // when a running maximum starts at 0 rather than -inf; a -inf logit
+    // gets probability 0; a row of -inf is NaN.
     let big = [1000.0, 1001.0, 1002.0, 999.0];
+    let small = [-1000.0, -1001.0, -1002.0, -999.0];
     let neg_inf = [f64::NEG_INFINITY, 0.0, 1.0, 2.0];
     let all_inf = [f64::NEG_INFINITY; 4];
     let mut x: Vec<f64> = big
         .iter()
+        .chain(&small)
         .map(|&v| crate::values::round_to(dtype, v))
         .collect();
     x.extend(neg_inf);
     x.extend(all_inf);
     cases.push(softmax_case(
         dtype,
-        "large logits, -inf, an all -inf row".into(),
-        &[3, 4],
+        "large logits, large negative logits, -inf, an all -inf row".into(),
+        &[4, 4],
         x,
         Layout::Contiguous,
     ));

@@ -104,17 +104,18 @@ fn unary(op: UnaryOp, dtype: DType) -> Vec<Case> {
         cases.push(exp_subnormal_results(dtype));
     }
     if op == UnaryOp::Silu {
-        let x = negative_tail(dtype, 24);
-        let tolerance = Tolerance::computed(negative_tail_rel(&x));
-        cases.push(unary_case(
-            op,
-            dtype,
-            NEGATIVE_TAIL.into(),
-            &[x.len()],
-            x,
-            Layout::Contiguous,
-            tolerance,
-        ));
+        for (label, x, tolerance) in tails(dtype) {
+            let n = x.len();
+            cases.push(unary_case(
+                op,
+                dtype,
+                label.into(),
+                &[n],
+                x,
+                Layout::Contiguous,
+                tolerance,
+            ));
+        }
     }
     cases
 }
@@ -140,6 +141,38 @@ fn negative_tail(dtype: DType, n: usize) -> Vec<f64> {
     (0..n)
         .map(|j| crate::values::round_to(dtype, hi + (lo - hi) * j as f64 / (n - 1) as f64))
         .collect()
+}
+
+/// The label of the cases of [`beyond_tail`].
+const BEYOND_TAIL: &str =
+    "inputs from -110 to the lowest finite value: results that round to 0 in every dtype";
+
+/// Inputs below the tail of [`negative_tail`], down to the dtype's lowest
+/// finite value, where `x sigmoid(x)` and its derivative are below half
+/// the smallest f32 subnormal: each result is 0 (of either sign). A kernel
+/// whose `exp(-x)` overflows unguarded on the way (`x e^x (...)` of an
+/// `exp(-x)` of inf, or `inf / inf`) returns NaN instead.
+fn beyond_tail(dtype: DType) -> Vec<f64> {
+    let lowest = -specials(dtype)[5];
+    [
+        -110.0, -200.0, -500.0, -709.0, -710.0, -745.0, -800.0, -1e4, -6e4, -1e6, -1e30,
+    ]
+    .into_iter()
+    .filter(|&x| x > lowest)
+    .chain([lowest])
+    .map(|x| crate::values::round_to(dtype, x))
+    .collect()
+}
+
+/// The two tails, each with its label and tolerance (relative to the
+/// element: in the second, 0 itself).
+fn tails(dtype: DType) -> [(&'static str, Vec<f64>, Tolerance); 2] {
+    let near = negative_tail(dtype, 24);
+    let tolerance = Tolerance::computed(negative_tail_rel(&near));
+    [
+        (NEGATIVE_TAIL, near, tolerance),
+        (BEYOND_TAIL, beyond_tail(dtype), Tolerance::computed(16.0)),
+    ]
 }
 
 /// The relative error of an f32 `x sigmoid(x)` (or its derivative) in the
@@ -332,23 +365,24 @@ fn activation_backward(op: ActivationBackwardOp, dtype: DType) -> Vec<Case> {
         ));
     }
     if op == ActivationBackwardOp::SiluBackward {
-        // The gradient g e^x (1 + x) of the tail (see `negative_tail`).
-        let x = negative_tail(dtype, 24);
-        let g = rng.values(dtype, x.len(), 0.5, 2.0);
-        let (rel, n) = (negative_tail_rel(&x), x.len());
-        cases.push(case(
-            op.name(),
-            dtype,
-            NEGATIVE_TAIL,
-            vec![
-                input("grad_out", dtype, &[n], g, Layout::Contiguous),
-                input("input", dtype, &[n], x, Layout::Contiguous),
-                output("grad_in", dtype, &[n], Layout::Contiguous),
-            ],
-            Tolerance::computed(rel),
-            move |exec, t| exec.activation_backward(op, &t[0], &t[1], &t[2]),
-            |d| Ok(vec![reference::silu_backward(&d[0], &d[1])?]),
-        ));
+        // The gradient g e^x (1 + x) of the tails (see `tails`).
+        for (label, x, tolerance) in tails(dtype) {
+            let n = x.len();
+            let g = rng.values(dtype, n, 0.5, 2.0);
+            cases.push(case(
+                op.name(),
+                dtype,
+                label,
+                vec![
+                    input("grad_out", dtype, &[n], g, Layout::Contiguous),
+                    input("input", dtype, &[n], x, Layout::Contiguous),
+                    output("grad_in", dtype, &[n], Layout::Contiguous),
+                ],
+                tolerance,
+                move |exec, t| exec.activation_backward(op, &t[0], &t[1], &t[2]),
+                |d| Ok(vec![reference::silu_backward(&d[0], &d[1])?]),
+            ));
+        }
     }
     cases
 }
@@ -376,23 +410,24 @@ fn swiglu(dtype: DType) -> Vec<Case> {
             )
         })
         .collect();
-    // silu of a gate in the tail (see `negative_tail`).
-    let gate = negative_tail(dtype, 24);
-    let up = rng.values(dtype, gate.len(), 0.5, 2.0);
-    let n = gate.len();
-    cases.push(case(
-        "swiglu",
-        dtype,
-        NEGATIVE_TAIL,
-        vec![
-            input("gate", dtype, &[n], gate.clone(), Layout::Contiguous),
-            input("up", dtype, &[n], up, Layout::Contiguous),
-            output("out", dtype, &[n], Layout::Contiguous),
-        ],
-        Tolerance::computed(negative_tail_rel(&gate)),
-        |exec, t| exec.swiglu(&t[0], &t[1], &t[2]),
-        |d| Ok(vec![reference::swiglu(&d[0], &d[1])?]),
-    ));
+    // silu of a gate in the tails (see `tails`).
+    for (label, gate, tolerance) in tails(dtype) {
+        let n = gate.len();
+        let up = rng.values(dtype, n, 0.5, 2.0);
+        cases.push(case(
+            "swiglu",
+            dtype,
+            label,
+            vec![
+                input("gate", dtype, &[n], gate, Layout::Contiguous),
+                input("up", dtype, &[n], up, Layout::Contiguous),
+                output("out", dtype, &[n], Layout::Contiguous),
+            ],
+            tolerance,
+            |exec, t| exec.swiglu(&t[0], &t[1], &t[2]),
+            |d| Ok(vec![reference::swiglu(&d[0], &d[1])?]),
+        ));
+    }
     cases
 }
 
@@ -429,31 +464,32 @@ fn swiglu_backward(dtype: DType) -> Vec<Case> {
             )
         })
         .collect();
-    // A gate in the tail (see `negative_tail`): both gradients are tiny.
-    let gate = negative_tail(dtype, 24);
-    let n = gate.len();
-    let (up, g) = (
-        rng.values(dtype, n, 0.5, 2.0),
-        rng.values(dtype, n, 0.5, 2.0),
-    );
-    cases.push(case(
-        "swiglu_backward",
-        dtype,
-        NEGATIVE_TAIL,
-        vec![
-            input("gate", dtype, &[n], gate.clone(), Layout::Contiguous),
-            input("up", dtype, &[n], up, Layout::Contiguous),
-            input("grad_out", dtype, &[n], g, Layout::Contiguous),
-            output("grad_gate", dtype, &[n], Layout::Contiguous),
-            output("grad_up", dtype, &[n], Layout::Contiguous),
-        ],
-        Tolerance::computed(negative_tail_rel(&gate)),
-        |exec, t| exec.swiglu_backward(&t[0], &t[1], &t[2], &t[3], &t[4]),
-        |d| {
-            let (gg, gu) = reference::swiglu_backward(&d[0], &d[1], &d[2])?;
-            Ok(vec![gg, gu])
-        },
-    ));
+    // A gate in the tails (see `tails`): both gradients are tiny, or 0.
+    for (label, gate, tolerance) in tails(dtype) {
+        let n = gate.len();
+        let (up, g) = (
+            rng.values(dtype, n, 0.5, 2.0),
+            rng.values(dtype, n, 0.5, 2.0),
+        );
+        cases.push(case(
+            "swiglu_backward",
+            dtype,
+            label,
+            vec![
+                input("gate", dtype, &[n], gate, Layout::Contiguous),
+                input("up", dtype, &[n], up, Layout::Contiguous),
+                input("grad_out", dtype, &[n], g, Layout::Contiguous),
+                output("grad_gate", dtype, &[n], Layout::Contiguous),
+                output("grad_up", dtype, &[n], Layout::Contiguous),
+            ],
+            tolerance,
+            |exec, t| exec.swiglu_backward(&t[0], &t[1], &t[2], &t[3], &t[4]),
+            |d| {
+                let (gg, gu) = reference::swiglu_backward(&d[0], &d[1], &d[2])?;
+                Ok(vec![gg, gu])
+            },
+        ));
+    }
     cases
 }
 
@@ -472,7 +508,11 @@ fn reduce(op: ReduceOp, dtype: DType) -> Vec<Case> {
     // The last plan reduces a contiguous last dimension whose extent is
     // neither a multiple of a vector width (4 to 32 lanes) nor below one:
     // a vectorised kernel's remainder loop runs there and nowhere else.
-    let plans: [(&[usize], i32, bool, Layout); 10] = [
+    // Negative dims other than -1 (-2, -3) count from the end too: a kernel
+    // that takes any negative dim for the last fails them.
+    let plans: [(&[usize], i32, bool, Layout); 12] = [
+        (&[3, 5, 7], -2, true, Layout::Contiguous),
+        (&[2, 3, 4], -3, false, Layout::Transposed),
         (&[3, 5, 7], 0, false, Layout::Contiguous),
         (&[3, 5, 7], 1, true, Layout::Contiguous),
         (&[3, 5, 7], -1, false, Layout::Strided),

@@ -12,9 +12,9 @@
 //!   dimension contiguous, padding between rows: a slice of a fused
 //!   projection), and gaps between its elements (stride 2: a view whose
 //!   dimensions collapse into one stride that is not 1);
-//! - for every written tensor, a negative stride on its first dimension,
-//!   gaps between its elements (stride 2) and gaps between its rows (a row
-//!   slice);
+//! - for every written tensor, a negative stride on its first and on its
+//!   last dimension, gaps between its elements (stride 2) and gaps between
+//!   its rows (a row slice);
 //! - one case with every tensor non-compact at once;
 //! - for every output that the operator's spec lets be exactly one of its
 //!   inputs (`alias` in `spec/ops.toml`), the call run in place;
@@ -144,11 +144,11 @@ fn layouts(b: &Case) -> Vec<Case> {
                 }
             }
             Role::Output | Role::InOut => {
-                if spec.shape.first().is_some_and(|&e| e > 1) {
+                for d in ends(&spec.shape) {
                     out.push(variant(
                         b,
-                        format!("{name} reversed along dim 0 (negative stride)"),
-                        |ts| ts[t].layout = Layout::Reversed(0),
+                        format!("{name} reversed along dim {d} (negative stride)"),
+                        |ts| ts[t].layout = Layout::Reversed(d),
                     ));
                 }
             }

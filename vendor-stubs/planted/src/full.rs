@@ -121,6 +121,9 @@ pub mod ops {
             if is(Bug::CastF16Saturates) && paths::cast_f16_saturating(src, dst) {
                 return done();
             }
+            if is(Bug::CastNanPayloadToInfinity) && bad::cast_nan_payload_inf(src, dst) {
+                return done();
+            }
             kernels::cast(src, dst)
         })
     }
@@ -169,6 +172,10 @@ pub mod ops {
                 bad::softmax_second_pass(i, o);
                 return done();
             }
+            if is(Bug::SoftmaxRunningMaxFromZero) {
+                bad::softmax_max_from_zero(i, o);
+                return done();
+            }
             kernels::softmax(i, o)
         })
     }
@@ -197,6 +204,13 @@ pub mod ops {
                 UnaryOp::Exp if is(Bug::ExpFastApprox) => bad::exp_fast(i, o),
                 UnaryOp::Exp if is(Bug::ExpFlushesSubnormals) && paths::exp_ftz(i, o) => {}
                 UnaryOp::Neg if is(Bug::NegAsZeroMinus) => paths::neg_zero_minus(i, o),
+                UnaryOp::Neg if is(Bug::NegOutputInnerStrideFlipped) => {
+                    if let Some((ptr, strides)) = paths::inner_stride_flipped(o) {
+                        let flipped = View { ptr, strides: &strides, ..*o };
+                        return kernels::unary(k, i, &flipped);
+                    }
+                    return kernels::unary(k, i, o);
+                }
                 UnaryOp::Log if is(Bug::LogZeroNan) => bad::log_zero_nan(i, o),
                 UnaryOp::Sqrt if is(Bug::SqrtNegZero) => bad::sqrt_neg_zero(i, o),
                 UnaryOp::Rsqrt if is(Bug::RsqrtHangsOnLargeTensors) && i.numel() > 65536 => {
@@ -235,6 +249,10 @@ pub mod ops {
             }
             if op == ActivationBackwardOp::SiluBackward && is(Bug::SiluBackwardNegativeCutoff) {
                 paths::silu_backward_cutoff(g, i, gi);
+                return done();
+            }
+            if op == ActivationBackwardOp::SiluBackward && is(Bug::SiluBackwardFarTailNan) {
+                bad::silu_backward_unguarded(g, i, gi);
                 return done();
             }
             kernels::activation_backward(k, g, i, gi)
@@ -313,6 +331,9 @@ pub mod ops {
                 Vec::new()
             }
         };
+        if is(Bug::LinearNoInnerDimSkipsWrite) && i.shape.last() == Some(&0) {
+            return done();
+        }
         if is(Bug::LinearWeightCacheByAddress) {
             // SAFETY: as above.
             let packed = unsafe { paths::packed_weight(w) };
@@ -393,6 +414,9 @@ pub mod ops {
         run!("rms_norm", args => |[i, w, o, r]| {
             if is(Bug::RmsNormEpsOutsideSqrt) {
                 bad::rms_norm_eps_outside(i, w, o, r, eps);
+                return done();
+            }
+            if is(Bug::RmsNormDropsVectorTail) && paths::rms_norm_vector_tail(i, w, o, r, eps) {
                 return done();
             }
             kernels::rms_norm(i, w, o, r, eps)
@@ -573,6 +597,13 @@ pub mod ops {
         if is(Bug::AdamwLrZeroSkipsMoments) && lr == 0.0 {
             return Ok(());
         }
+        // eps added to sqrt(v) with the correction in the step size: the
+        // same as eps / sqrt(1 - beta2^t) added to sqrt(v_hat).
+        let eps = if is(Bug::AdamwEpsilonHat) && step >= 1 {
+            eps / (1.0 - b2.powi(step.min(i64::from(i32::MAX)) as i32)).sqrt()
+        } else {
+            eps
+        };
         run!("adamw", args => |[g, p, m, v]| {
             if is(Bug::AdamwStepI16) {
                 let h = paths::Adamw { lr, beta1: b1, beta2: b2, eps, weight_decay: wd, step };

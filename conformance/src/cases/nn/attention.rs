@@ -28,6 +28,11 @@ pub(super) struct AttentionPlan {
     /// (A one-hot softmax would make the gradients cancel to almost nothing
     /// against the intermediate terms, an ill-conditioned case.)
     pub(super) large_scores: bool,
+    /// With `large_scores`, k negated: scores of -96 to -160, every
+    /// exponential of which underflows f32 unless the row maximum is
+    /// subtracted (a running maximum that starts at 0 rather than -inf
+    /// gives 0/0).
+    pub(super) negative_scores: bool,
 }
 
 const fn plan(
@@ -47,10 +52,11 @@ const fn plan(
         causal,
         layouts,
         large_scores: false,
+        negative_scores: false,
     }
 }
 
-pub(super) const ATTENTION_PLANS: [AttentionPlan; 13] = [
+pub(super) const ATTENTION_PLANS: [AttentionPlan; 15] = [
     plan("[1, 2, 8, 16]", [1, 2, 2, 8, 8, 16], false, [C; 4]),
     // Grouped heads without a mask, three kv heads of two query heads
     // each: a kernel that maps query head h to kv head h % heads_kv
@@ -88,6 +94,8 @@ pub(super) const ATTENTION_PLANS: [AttentionPlan; 13] = [
         [C; 4],
     ),
     plan("seq_kv 1", [1, 2, 2, 5, 1, 8], false, [C; 4]),
+    // No key at all: every output row is 0 and its log-sum-exp -inf.
+    plan("seq_kv 0", [1, 2, 2, 4, 0, 8], false, [C; 4]),
     plan(
         "single query and key, head_dim 2",
         [1, 1, 1, 1, 1, 2],
@@ -114,6 +122,11 @@ pub(super) const ATTENTION_PLANS: [AttentionPlan; 13] = [
         large_scores: true,
         ..plan("causal large scores", [2, 2, 1, 8, 8, 8], true, [C; 4])
     },
+    AttentionPlan {
+        large_scores: true,
+        negative_scores: true,
+        ..plan("large negative scores", [1, 2, 2, 6, 6, 8], false, [C; 4])
+    },
 ];
 
 impl AttentionPlan {
@@ -138,7 +151,10 @@ impl AttentionPlan {
         let (nq, nk) = (numel(&qs), numel(&ks));
         if self.large_scores {
             let q = (0..nq).map(|_| 6.0 + rng.below(4) as f64).collect();
-            let k = (0..nk).map(|_| 15.0 + rng.below(3) as f64).collect();
+            let sign = if self.negative_scores { -1.0 } else { 1.0 };
+            let k = (0..nk)
+                .map(|_| sign * (15.0 + rng.below(3) as f64))
+                .collect();
             [q, k, rng.values(dtype, nk, -1.0, 1.0)]
         } else {
             [

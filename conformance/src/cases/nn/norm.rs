@@ -3,7 +3,9 @@
 use super::*;
 
 /// Normalisation shapes with the layouts of (input, parameters, outputs).
-const NORM_PLANS: [(&[usize], Layout, Layout, Layout); 9] = [
+/// Rows of 7 and 37 (odd, prime) catch a vectorised loop's tail: every
+/// other width here is 1 or a multiple of 4.
+const NORM_PLANS: [(&[usize], Layout, Layout, Layout); 11] = [
     (&[64], C, C, C),
     (&[3, 1], C, C, C),
     (&[1, 1, 16], C, C, C),
@@ -13,6 +15,8 @@ const NORM_PLANS: [(&[usize], Layout, Layout, Layout); 9] = [
     (&[5, 24], S, S, C),
     (&[6, 20], C, C, S),
     (&[0, 8], C, C, C),
+    (&[3, 7], C, C, C),
+    (&[2, 37], S, C, S),
 ];
 
 /// The label of a normalisation case; `backward` names the tensors that

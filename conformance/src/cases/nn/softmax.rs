@@ -128,7 +128,10 @@ pub(super) fn log_softmax_cases(dtype: DType) -> Vec<Case> {
         let name = label(shape, &[("input", l0), ("out", l2)]);
         push(name, shape, x, [l0, l2], last(shape));
     }
-    // Logits near 1000 overflow exp unless the row maximum is subtracted; a
+    // Logits near 1000 overflow exp unless the row maximum is subtracted;
+    // logits near -200 underflow every exp in f32 unless it is (a running
+    // maximum that starts at 0 rather than -inf); a spread of 800 makes
+    // log(exp(x - max) / sum) -inf where x - max - log(sum) is -800; a
     // -inf logit has log-probability -inf; a row of -inf is NaN. The result
     // of a logit near 1000 is only known to an ULP of 1000 in f32 (the
     // problem's condition number is |x| / |out|), so a backward-stable f32
@@ -137,12 +140,14 @@ pub(super) fn log_softmax_cases(dtype: DType) -> Vec<Case> {
     let inf = f64::NEG_INFINITY;
     let x = vec![
         1000.0, 1002.0, 1004.0, 996.0, //
+        -200.0, -201.0, -203.0, -199.0, //
+        0.0, -800.0, -3.0, -1.0, //
         inf, 0.0, 1.0, 2.0, //
         inf, inf, inf, inf,
     ];
     push(
-        "large logits, -inf, an all -inf row".into(),
-        &[3, 4],
+        "large logits, large negative logits, a spread of 800, -inf, an all -inf row".into(),
+        &[5, 4],
         x,
         [C, C],
         4 + 500,

@@ -109,6 +109,9 @@ pub(super) fn embedding_plans(rng: &mut Rng) -> Vec<EmbeddingPlan> {
         random(10, 8),
         [C, T, T],
     );
+    // An odd number of elements in the rows and the table (15 and 45):
+    // a kernel that stores 16-bit values in pairs writes one past the end.
+    plan("odd sizes", (9, 5), &[3], DType::I64, random(3, 9), [C; 3]);
     plan(
         "index out of range",
         (10, 4),

@@ -8,7 +8,9 @@ use super::*;
 /// `(input shape, N, bias, layouts of input, weight, bias, out)`.
 type LinearPlan = (&'static [usize], usize, bool, [Layout; 4]);
 
-pub(super) const LINEAR_PLANS: [LinearPlan; 11] = [
+/// The last two have no input features (K = 0): the output is the bias,
+/// or zeros, and must still be written.
+pub(super) const LINEAR_PLANS: [LinearPlan; 13] = [
     (&[4, 16], 8, true, [C; 4]),
     (&[4, 16], 8, false, [C; 4]),
     (&[2, 3, 24], 5, true, [C; 4]),
@@ -20,6 +22,8 @@ pub(super) const LINEAR_PLANS: [LinearPlan; 11] = [
     (&[6, 12], 10, true, [T, C, C, C]),
     (&[6, 12], 10, true, [C, T, S, C]),
     (&[3, 20], 9, false, [S, S, C, S]),
+    (&[3, 0], 5, true, [C; 4]),
+    (&[2, 2, 0], 3, false, [C; 4]),
 ];
 
 pub(super) fn linear_cases(dtype: DType) -> Vec<Case> {

@@ -84,6 +84,37 @@ pub(super) fn adamw_cases(dtype: DType) -> Vec<Case> {
             h,
         ));
     }
+    // Gradients the size of eps, in the first steps: eps is added to
+    // sqrt(v / (1 - beta2^t)), and a kernel that folds the bias correction
+    // into the step size instead (Adam's paper's "epsilon hat", TF/Keras)
+    // adds it to sqrt(v), eps / sqrt(1 - beta2^t) in effect: 4.5 times
+    // too large here. (eps 1e-2 with gradients of about 1e-2, so that f16
+    // holds them.)
+    for step in [1, 3] {
+        let n = 32;
+        let (lr, eps) = (if narrow { 6.4e-2 } else { 1e-3 }, 1e-2);
+        let p = rng.values(dtype, n, -1.0, 1.0);
+        let g = rng.values(dtype, n, -3e-2, 3e-2);
+        let (m, v) = if step == 1 {
+            (vec![0.0; n], vec![0.0; n])
+        } else {
+            let m = rng.values(DType::F32, n, -3e-3, 3e-3);
+            let v = rng.values(DType::F32, n, 1e-5, 1e-4);
+            (m, v)
+        };
+        let h = AdamwOptions {
+            lr,
+            beta1: 0.9,
+            beta2: 0.95,
+            eps,
+            weight_decay: 0.0,
+            step,
+        };
+        let label = format!(
+            "[32] step {step} lr {lr} beta2 0.95 weight decay 0 eps {eps} , gradients about eps"
+        );
+        cases.push(adamw_case(dtype, label, &[n], [p, g, m, v], [C; 3], h));
+    }
     cases
 }
 
@@ -252,14 +283,22 @@ mod tests {
             number(" weight decay "),
             number(" step ") as i64,
         );
-        let (wd, step) = match bug {
-            "no weight decay" => (0.0, step),
+        let eps = if label.contains(" eps ") {
+            number(" eps ")
+        } else {
+            1e-8
+        };
+        let (wd, step, eps) = match bug {
+            "no weight decay" => (0.0, step, eps),
             // beta^step vanishes: no bias correction.
-            "no bias correction" => (wd, 1_000_000),
-            _ => (wd, step),
+            "no bias correction" => (wd, 1_000_000, eps),
+            // eps added to sqrt(v) with the correction folded into the
+            // step size: eps / sqrt(1 - beta2^t) in effect.
+            "epsilon hat" => (wd, step, eps / (1.0 - beta2.powi(step as i32)).sqrt()),
+            _ => (wd, step, eps),
         };
         let (p, _, _) =
-            reference::adamw(&d[0], &d[1], &d[2], &d[3], lr, 0.9, beta2, 1e-8, wd, step).unwrap();
+            reference::adamw(&d[0], &d[1], &d[2], &d[3], lr, 0.9, beta2, eps, wd, step).unwrap();
         let p = if bug == "no update" {
             d[0].data.clone()
         } else {
@@ -302,6 +341,9 @@ mod tests {
                 }
                 if !case.label.contains("weight decay 0 ") {
                     bugs.push("no weight decay");
+                }
+                if case.label.contains("gradients about eps") {
+                    bugs.push("epsilon hat");
                 }
                 // A single element may round the same either way in bf16.
                 if d[0].data.len() < 16 {

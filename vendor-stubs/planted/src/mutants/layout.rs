@@ -91,6 +91,14 @@ pub unsafe fn after(op: &str, out: &View<'_>) {
             // SAFETY: see the function's contract.
             unsafe { last.add(size).write_bytes(0x3f, size) };
         }
+        // 16-bit elements stored in pairs: an odd count's last pair runs
+        // one element past the highest one.
+        "embedding"
+            if is(Bug::EmbeddingHalfPairStorePastEnd) && size == 2 && addrs.len() % 2 == 1 =>
+        {
+            // SAFETY: see the function's contract.
+            unsafe { last.add(size).write_bytes(0, size) };
+        }
         "neg" if is(Bug::NegZeroesElementBefore) => {
             // SAFETY: see the function's contract.
             unsafe { first.sub(size).write_bytes(0, size) };

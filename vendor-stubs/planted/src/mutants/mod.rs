@@ -119,6 +119,14 @@ pub enum Bug {
     ArgmaxAllNegInfRow,
     AttentionCausalTopLeft,
     AttentionGqaHeadsInterleaved,
+    SoftmaxRunningMaxFromZero,
+    RmsNormDropsVectorTail,
+    LinearNoInnerDimSkipsWrite,
+    NegOutputInnerStrideFlipped,
+    EmbeddingHalfPairStorePastEnd,
+    SiluBackwardFarTailNan,
+    AdamwEpsilonHat,
+    CastNanPayloadToInfinity,
 }
 
 /// A catalog entry.
@@ -357,6 +365,30 @@ catalog! {
     ArgmaxAllNegInfRow "argmax-all-neg-inf-row" "argmax" EdgeValues:
         "argmax starts from index -1 and a running maximum of -inf, updated on a strict >: a row whose every element is -inf (a fully masked row) gives -1"
         => "rows of -inf and of the lowest finite value";
+    SoftmaxRunningMaxFromZero "softmax-running-max-from-zero" "softmax" EdgeValues:
+        "the running row maximum starts at 0 instead of -inf: a row whose logits are all far below 0 underflows every exponential and gives 0/0"
+        => "large negative logits";
+    RmsNormDropsVectorTail "rms-norm-drops-vector-tail" "rms_norm" Size:
+        "the sum of squares runs 4 lanes wide and drops the remainder of a row whose width is not a multiple of 4"
+        => "rows of an odd width";
+    LinearNoInnerDimSkipsWrite "linear-no-inner-dim-skips-write" "linear" EdgeValues:
+        "with no input features (K = 0) the kernel returns early, leaving the output unwritten instead of the bias (or zeros)"
+        => "linear with K = 0";
+    NegOutputInnerStrideFlipped "neg-output-inner-stride-flipped" "neg" Layout:
+        "an output whose last dimension runs backwards (negative inner stride) is written forwards from the row's lowest address: each row comes out reversed"
+        => "outputs reversed along their last dimension";
+    EmbeddingHalfPairStorePastEnd "embedding-half-pair-store-past-end" "embedding" OutOfBounds:
+        "16-bit rows are stored two elements at a time: with an odd number of elements the last pair store writes one element past the end"
+        => "odd output sizes and the guard after the output";
+    SiluBackwardFarTailNan "silu-backward-far-tail-nan" "silu_backward" EdgeValues:
+        "the derivative is computed as 1/(1+e) + x e/(1+e)^2 with e = exp(-x): below x = -709 e overflows and the result is NaN instead of 0"
+        => "inputs from -110 to the lowest finite value";
+    AdamwEpsilonHat "adamw-epsilon-hat" "adamw" Path:
+        "the bias correction is folded into the step size (Adam's paper's epsilon-hat form, as TF/Keras): eps is added to sqrt(v) instead of sqrt(v / (1 - beta2^t))"
+        => "gradients about eps in the first steps";
+    CastNanPayloadToInfinity "cast-nan-payload-to-infinity" "cast" EdgeValues:
+        "f64 is narrowed to 16 bits by shifting the mantissa without setting the quiet bit: a NaN whose payload lies in the low bits becomes infinity"
+        => "NaNs with low payload bits";
 }
 
 /// A kernel that never returns ([`Bug::RsqrtHangsOnLargeTensors`]): the

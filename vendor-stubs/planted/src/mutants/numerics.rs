@@ -289,14 +289,31 @@ pub unsafe fn rms_norm_eps_outside(
     inv_rms: &View<'_>,
     eps: f64,
 ) {
+    // SAFETY: forwarded.
+    unsafe {
+        rms_norm_rows(input, weight, out, inv_rms, |x| {
+            let ms = x.iter().map(|v| v * v).sum::<f64>() / x.len().max(1) as f64;
+            1.0 / (ms.sqrt() + eps)
+        })
+    }
+}
+
+/// rms_norm with each row's inverse scale given by `inv_of` (of the row's
+/// values): `out = x inv w`, `inv_rms = inv`.
+pub unsafe fn rms_norm_rows(
+    input: &View<'_>,
+    weight: &View<'_>,
+    out: &View<'_>,
+    inv_rms: &View<'_>,
+    inv_of: impl Fn(&[f64]) -> f64,
+) {
     let w = addresses(weight);
     let r = addresses(inv_rms);
     for (k, (ri, ro)) in rows(input).iter().zip(rows(out)).enumerate() {
         // SAFETY: addresses of live elements.
         unsafe {
             let x: Vec<f64> = ri.iter().map(|&p| load(input.dtype, p)).collect();
-            let ms = x.iter().map(|v| v * v).sum::<f64>() / x.len().max(1) as f64;
-            let inv = 1.0 / (ms.sqrt() + eps);
+            let inv = inv_of(&x);
             for ((v, &o), &wp) in x.iter().zip(&ro).zip(&w) {
                 store(out.dtype, o, v * inv * load(weight.dtype, wp));
             }
@@ -305,6 +322,68 @@ pub unsafe fn rms_norm_eps_outside(
             }
         }
     }
+}
+
+/// softmax whose running row maximum starts at 0 rather than -inf: rows
+/// of logits all far below 0 underflow to 0/0.
+pub unsafe fn softmax_max_from_zero(input: &View<'_>, out: &View<'_>) {
+    let (d, od) = (input.dtype, out.dtype);
+    for (ri, ro) in rows(input).iter().zip(rows(out)) {
+        // SAFETY: addresses of live elements.
+        unsafe {
+            let x: Vec<f64> = ri.iter().map(|&p| load(d, p)).collect();
+            // Planted: the maximum starts at 0.
+            let max = x.iter().copied().fold(0.0, f64::max);
+            let e: Vec<f64> = x.iter().map(|v| (v - max).exp()).collect();
+            let sum: f64 = e.iter().sum();
+            for (v, &o) in e.iter().zip(&ro) {
+                store(od, o, v / sum);
+            }
+        }
+    }
+}
+
+/// silu_backward as `g (1/(1+e) + x e / (1+e)^2)` with `e = exp(-x)`,
+/// unguarded: below x = -709 `e` overflows and the result is NaN.
+pub unsafe fn silu_backward_unguarded(g: &View<'_>, x: &View<'_>, gi: &View<'_>) {
+    let (ga, xa, gia) = (addresses(g), addresses(x), addresses(gi));
+    for i in 0..gia.len() {
+        // SAFETY: addresses of live elements.
+        unsafe {
+            let (go, v) = (load(g.dtype, ga[i]), load(x.dtype, xa[i]));
+            let e = (-v).exp();
+            let d = 1.0 / (1.0 + e) + v * e / ((1.0 + e) * (1.0 + e));
+            store(gi.dtype, gia[i], go * d);
+        }
+    }
+}
+
+/// f64 to f16 or bf16 by shifting the mantissa without setting the quiet
+/// bit: a NaN whose payload lies only in the bits shifted out becomes
+/// infinity. Returns false (not handled) for other pairs of dtypes.
+pub unsafe fn cast_nan_payload_inf(src: &View<'_>, dst: &View<'_>) -> bool {
+    let kept = match dst.dtype {
+        DType::F16 => 10,
+        DType::BF16 => 7,
+        _ => return false,
+    };
+    if src.dtype != DType::F64 {
+        return false;
+    }
+    for (&s, &d) in addresses(src).iter().zip(&addresses(dst)) {
+        // SAFETY: addresses of live elements.
+        unsafe {
+            let v = load(src.dtype, s);
+            let payload = (v.to_bits() >> (52 - kept)) & ((1 << kept) - 1);
+            let r = if v.is_nan() && payload == 0 {
+                f64::INFINITY.copysign(v)
+            } else {
+                v
+            };
+            store(dst.dtype, d, r);
+        }
+    }
+    true
 }
 
 /// layer_norm with the unbiased variance.

@@ -22,6 +22,45 @@ use super::numerics::{restore, save};
 /// The lanes of the vectorised reduction.
 const LANES: usize = 8;
 
+/// The origin and strides with which a kernel writes an output whose last
+/// dimension runs backwards as if it ran forwards from the row's lowest
+/// address (each row reversed). `None` for any other output.
+pub fn inner_stride_flipped(out: &View<'_>) -> Option<(*mut u8, Vec<i64>)> {
+    let r = out.shape.len();
+    let (n, s) = (*out.shape.last()?, *out.strides.last()?);
+    if r < 2 || s >= 0 || n < 2 {
+        return None;
+    }
+    let lowest = (n - 1) * s * out.dtype.size() as i64;
+    let mut strides = out.strides.to_vec();
+    strides[r - 1] = -s;
+    Some((out.ptr.wrapping_offset(lowest as isize), strides))
+}
+
+/// rms_norm whose sum of squares runs 4 lanes wide and drops the row's
+/// remainder (the last `h % 4` elements). Returns false (not handled) for
+/// rows of 4 or fewer, or a multiple of 4, elements.
+pub unsafe fn rms_norm_vector_tail(
+    input: &View<'_>,
+    weight: &View<'_>,
+    out: &View<'_>,
+    inv_rms: &View<'_>,
+    eps: f64,
+) -> bool {
+    let h = input.shape.last().copied().unwrap_or(0) as usize;
+    if h <= 4 || h % 4 == 0 {
+        return false;
+    }
+    // SAFETY: forwarded.
+    unsafe {
+        super::numerics::rms_norm_rows(input, weight, out, inv_rms, |x| {
+            let ss: f64 = x[..h / 4 * 4].iter().map(|v| v * v).sum();
+            1.0 / (ss / h as f64 + eps).sqrt()
+        })
+    };
+    true
+}
+
 /// sum over a contiguous last dimension of more than 8 elements, not a
 /// multiple of 8, without the remainder. Returns false (not handled) for
 /// every other reduction.
