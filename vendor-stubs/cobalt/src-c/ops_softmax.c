@@ -20,13 +20,16 @@ static void softmax_rows_f32(float *x, int64_t rows, int64_t length) {
         for (int64_t j = 0; j < length; j++) {
             max = row[j] > max ? row[j] : max;
         }
-        float sum = 0.0f;
+        /* The sum in double: an f32 running sum of a vocabulary-wide row
+         * (152K to millions of terms) drifts by up to 1e-3 relative,
+         * which every probability of the row inherits. */
+        double sum = 0.0;
         for (int64_t j = 0; j < length; j++) {
             row[j] = expf(row[j] - max);
             sum += row[j];
         }
         for (int64_t j = 0; j < length; j++) {
-            row[j] /= sum;
+            row[j] = (float)((double)row[j] / sum);
         }
     }
 }
