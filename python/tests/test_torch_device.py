@@ -126,6 +126,16 @@ def test_random_operators_draw_from_the_devices_generators():
     assert torch.equal(torch.randn(3, generator=g, device=d).cpu(), x.cpu())
     assert sorted(torch.randperm(6, generator=g, device=d).cpu().tolist()) == list(range(6))
     assert torch.multinomial(torch.ones(5, device=d), 3, generator=g).device == torch.device(d)
+    # A random operator without a generator argument (native_dropout)
+    # draws from the device's generator too.
+    x = torch.ones(64, device=d)
+    torch.polychip.manual_seed(123)
+    a = torch.nn.functional.dropout(x, 0.5, training=True)
+    torch.polychip.manual_seed(123)
+    assert torch.equal(torch.nn.functional.dropout(x, 0.5, training=True).cpu(), a.cpu())
+    cpu_state = torch.get_rng_state()
+    torch.nn.functional.dropout(x, 0.5, training=True)
+    assert torch.equal(torch.get_rng_state(), cpu_state)  # the CPU's own stream is left alone
     # torch.manual_seed seeds every device's generator.
     torch.manual_seed(3)
     u = torch.rand(2, device=d)

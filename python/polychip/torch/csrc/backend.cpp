@@ -337,6 +337,9 @@ std::optional<c10::DeviceIndex> random_device(const torch::jit::Stack& stack, si
 // torch.polychip.manual_seed and get/set_rng_state govern them). The CPU
 // kernel takes CPU generators only, so the polychip one lends its state to
 // a CPU generator for the call and takes the advanced state back after.
+// A random operator without a generator argument (native_dropout) draws
+// from the CPU's default generator: that one holds the device's state for
+// the call and gets its own back after.
 struct LentGenerators {
   std::recursive_mutex& mutex() {
     static std::recursive_mutex m;
@@ -344,10 +347,12 @@ struct LentGenerators {
   }
   std::unique_lock<std::recursive_mutex> lock{mutex(), std::defer_lock};
   std::vector<std::pair<at::Generator, at::Generator>> lent;  // (polychip, CPU)
+  at::Tensor cpu_default_state;  // defined while the CPU default is lent
 
   void lend(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     const auto& args = op.schema().arguments();
     const auto base = stack->size() - args.size();
+    bool takes_generator = false;
     for (size_t i = 0; i < args.size(); ++i) {
       const auto& type = args[i].type();
       const bool generator =
@@ -356,6 +361,7 @@ struct LentGenerators {
            type->castRaw<c10::OptionalType>()->getElementType()->kind() ==
                c10::TypeKind::GeneratorType);
       if (!generator) continue;
+      takes_generator = true;
       auto& v = (*stack)[base + i];
       at::Generator own;
       if (v.isGenerator()) {
@@ -375,12 +381,29 @@ struct LentGenerators {
       v = c10::IValue(cpu);
       lent.emplace_back(own, cpu);
     }
+    if (takes_generator || !op.hasTag(at::Tag::nondeterministic_seeded)) return;
+    const auto device = random_device(*stack, base);
+    if (!device || *device < 0 || static_cast<size_t>(*device) >= generators().size()) return;
+    lock.lock();
+    at::Generator own = generators()[*device];
+    at::Generator cpu = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> g(own.mutex());
+    std::lock_guard<std::mutex> c(cpu.mutex());
+    cpu_default_state = cpu.get_state();
+    cpu.set_state(own.get_state());
+    lent.emplace_back(own, cpu);
   }
 
   ~LentGenerators() {
     for (auto& [own, cpu] : lent) {
       std::lock_guard<std::mutex> g(own.mutex());
+      std::lock_guard<std::mutex> c(cpu.mutex());
       own.set_state(cpu.get_state());
+    }
+    if (cpu_default_state.defined()) {
+      at::Generator cpu = at::detail::getDefaultCPUGenerator();
+      std::lock_guard<std::mutex> c(cpu.mutex());
+      cpu.set_state(cpu_default_state);
     }
   }
 };
