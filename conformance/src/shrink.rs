@@ -132,12 +132,15 @@ fn shrink_values(device: &Device, case: &Case, index: usize, factor: f64) -> Opt
     }
     let mut kept = Vec::new();
     let mut total = 0;
+    // Inputs the shrinking leaves as they are (integers, broadcast views).
+    let mut as_given = Vec::new();
     for spec in &current.tensors {
+        if spec.role == Role::Output {
+            continue;
+        }
         // A broadcast tensor's values must stay equal along its zero stride.
-        if spec.role == Role::Output
-            || !spec.dtype.is_float()
-            || matches!(spec.layout, Layout::Broadcast(_))
-        {
+        if !spec.dtype.is_float() || matches!(spec.layout, Layout::Broadcast(_)) {
+            as_given.push(spec.name);
             continue;
         }
         let plain = round_to(spec.dtype, 1.0);
@@ -151,7 +154,7 @@ fn shrink_values(device: &Device, case: &Case, index: usize, factor: f64) -> Opt
         }
     }
     let why = run_case(device, &current, index, factor).message;
-    let values = if total == 0 {
+    let mut values = if total == 0 {
         "every input value set to 1".to_string()
     } else {
         format!(
@@ -160,5 +163,8 @@ fn shrink_values(device: &Device, case: &Case, index: usize, factor: f64) -> Opt
             if total > kept.len() { ", ..." } else { "" }
         )
     };
+    if !as_given.is_empty() {
+        values.push_str(&format!(" ({} as given)", as_given.join(", ")));
+    }
     Some(format!("still fails with {values}: {why}"))
 }

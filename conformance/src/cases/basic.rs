@@ -185,10 +185,12 @@ fn binary(op: BinaryOp, dtype: DType) -> Vec<Case> {
         1.0
     };
     let mut cases = Vec::new();
-    // The last pair broadcasts a column with as many elements as the
+    // The eighth pair broadcasts a column with as many elements as the
     // output has columns, which a bias-row fast path chosen by element
-    // count alone would read as a row.
-    let pairs: [(&[usize], &[usize], Layout); 8] = [
+    // count alone would read as a row; the last two have a single-element
+    // `b` (0-d and [1]), which a scalar fast path serves (with alpha, for
+    // add and sub).
+    let pairs: [(&[usize], &[usize], Layout); 10] = [
         (&[3, 4], &[3, 4], Layout::Contiguous),
         (&[2, 3], &[3], Layout::Contiguous),
         (&[3, 1, 5], &[4, 1], Layout::Contiguous),
@@ -197,6 +199,8 @@ fn binary(op: BinaryOp, dtype: DType) -> Vec<Case> {
         (&[64, 65], &[64, 65], Layout::Transposed),
         (&[7, 9], &[1, 9], Layout::Strided),
         (&[6, 6], &[6, 1], Layout::Contiguous),
+        (&[2, 5], &[], Layout::Contiguous),
+        (&[7], &[1], Layout::Contiguous),
     ];
     for (a_shape, b_shape, layout) in pairs {
         let out_shape = reference::broadcast_shapes(a_shape, b_shape).expect("the pairs broadcast");
@@ -299,10 +303,13 @@ fn matmul(dtype: DType) -> Vec<Case> {
     let mut rng = Rng::for_case("matmul", dtype);
     let mut cases = Vec::new();
     // (batch of a, batch of b, m, k, n, transpose_a, transpose_b, alpha, beta)
-    // The last two are the shapes kernels special-case: M = 1 against a
-    // transposed b (a decoding step through a weight, the GEMV path) and
-    // K = 1 with beta (a rank-1 update, the outer-product path).
-    let plans: [MatmulPlan; 11] = [
+    // Then the shapes kernels special-case: M = 1 against a transposed b
+    // (a decoding step through a weight, the GEMV path) and K = 1 with
+    // beta (a rank-1 update, the outer-product path); then a batch of one
+    // `a` broadcast against three of `b` (a batch offset of index times
+    // stride reads past `a`), and a batched, transposed, gapped `b` (a
+    // batch stride computed from the shape as if packed).
+    let plans: [MatmulPlan; 13] = [
         (&[], &[], 1, 1, 1, false, false, 1.0, 0.0),
         (&[], &[], 3, 5, 4, false, false, 1.0, 0.0),
         (&[], &[], 17, 33, 9, true, false, 1.0, 0.0),
@@ -314,6 +321,8 @@ fn matmul(dtype: DType) -> Vec<Case> {
         (&[], &[], 8, 300, 8, false, false, 1.0, 0.0),
         (&[], &[], 1, 40, 24, false, true, 1.0, 0.0),
         (&[], &[], 6, 1, 5, false, false, 1.0, 0.5),
+        (&[1], &[3], 4, 6, 5, false, false, 1.0, 0.0),
+        (&[3], &[3], 4, 6, 5, false, true, 1.0, 0.0),
     ];
     for (ba, bb, m, k, n, ta, tb, alpha, beta) in plans {
         let a_shape: Vec<usize> = ba
@@ -346,7 +355,7 @@ fn matmul(dtype: DType) -> Vec<Case> {
         } else {
             Layout::Contiguous
         };
-        // The batched plan reads b through a stride-2 view.
+        // The batched plans read b through a stride-2 view.
         let b_layout = if ba.len() == 1 {
             Layout::Strided
         } else {

@@ -274,6 +274,9 @@ pub(super) fn unary_case(
 fn pow_scalar(dtype: DType) -> Vec<Case> {
     let mut rng = Rng::for_case("pow_scalar", dtype);
     let mut cases = Vec::new();
+    // The last two give fractional exponents negative bases (NaN): a pow
+    // computed as exp2(e log2 |x|), the sign fixed up for integer
+    // exponents only, returns a number there.
     for (exponent, lo) in [
         (2.0, -3.0),
         (3.0, -3.0),
@@ -281,6 +284,8 @@ fn pow_scalar(dtype: DType) -> Vec<Case> {
         (0.5, 0.0),
         (0.0, -3.0),
         (1.7, 0.01),
+        (-0.5, -3.0),
+        (1.7, -3.0),
     ] {
         let mut x = rng.values(dtype, 40, lo, 3.0);
         if exponent == 0.0 {
@@ -295,7 +300,14 @@ fn pow_scalar(dtype: DType) -> Vec<Case> {
         cases.push(case(
             "pow_scalar",
             dtype,
-            format!("exponent {exponent} [{n}] {layout}"),
+            format!(
+                "exponent {exponent} [{n}] {layout}{}",
+                if lo < 0.0 && f64::fract(exponent) != 0.0 {
+                    " negative bases"
+                } else {
+                    ""
+                }
+            ),
             vec![
                 input("input", dtype, &[n], x, layout),
                 output("out", dtype, &[n], Layout::Contiguous),
