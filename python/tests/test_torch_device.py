@@ -279,6 +279,14 @@ def test_torch_compile_says_which_backend_works():
     y.sum().backward()
     torch.testing.assert_close(y.cpu(), m(x).cpu())
     assert all(p.grad is not None for p in m.parameters())
+    # A loss inside the compiled function: the fused cross-entropy kernel
+    # is traced with fake tensors, which have no device memory (it failed
+    # so); they take PyTorch's decomposition.
+    labels = torch.tensor([0, 1, 1, 0])
+    step = torch.compile(lambda x, t: torch.nn.functional.cross_entropy(m(x), t), backend="aot_eager")
+    loss = step(x, labels.to(d))
+    torch.testing.assert_close(loss.cpu(), torch.nn.functional.cross_entropy(m(x), labels.to(d)).cpu())
+    loss.backward()
 
 
 def test_views_of_no_elements_past_their_storage_run():

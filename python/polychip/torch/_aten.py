@@ -1034,6 +1034,9 @@ class _CrossEntropy(torch.autograd.Function):
         return grad_logits, None, None
 
 
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
 @_impl("cross_entropy_loss", key="AutogradPrivateUse1")
 def _cross_entropy_loss(
     self: torch.Tensor,
@@ -1043,8 +1046,13 @@ def _cross_entropy_loss(
     ignore_index: int = -100,
     label_smoothing: float = 0.0,
 ) -> torch.Tensor:
+    # Tensor subclasses (the fake tensors torch.compile traces with, the
+    # functional ones of AOT autograd) have no device memory to hand a
+    # plugin: they take the decomposition, which traces into the graph.
     fused = (
-        weight is None
+        type(self) in _PLAIN
+        and type(target) in _PLAIN
+        and weight is None
         and label_smoothing == 0.0
         and reduction in (1, 2)
         and self.dim() == 2
