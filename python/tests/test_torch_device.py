@@ -106,6 +106,15 @@ def test_generators_are_per_device_and_seedable():
     assert len(torch.polychip.default_generators) == pt.device_count()
 
 
+def test_pinned_host_memory_is_what_the_device_pinned():
+    t = torch.arange(6.0).pin_memory()
+    assert t.is_pinned() and not torch.arange(6.0).is_pinned()
+    assert torch.empty(3, pin_memory=True).is_pinned()
+    assert t[2:].is_pinned()  # a view inside a pinned block
+    d = t.to(f"polychip:{COBALT}", non_blocking=True)
+    assert torch.equal(d.cpu(), t)
+
+
 def test_random_operators_draw_from_the_devices_generators():
     d = f"polychip:{FERRITE}"
     # The device's default generator, as CUDA's operators use theirs.

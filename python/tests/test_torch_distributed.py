@@ -125,6 +125,47 @@ DDP = textwrap.dedent(
 )
 
 
+UNUSED_AND_TIMEOUT = textwrap.dedent(
+    """
+    import time
+    from datetime import timedelta
+    import torch, torch.distributed as dist
+    import polychip.torch
+    from polychip.torch.distributed import device_for_rank
+
+    dist.init_process_group("polychip", timeout=timedelta(seconds=3))
+    rank = dist.get_rank()
+    dev = device_for_rank(vendors=["Ferrite", "Cobalt"])
+    # DDP's reducer asks the device for pinned host memory for its map of
+    # used parameters, and asserts that it got it.
+    class Two(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.used, self.unused = torch.nn.Linear(4, 2), torch.nn.Linear(4, 2)
+        def forward(self, x):
+            return self.used(x)
+    torch.manual_seed(0)
+    model = Two().to(dev)
+    ddp = torch.nn.parallel.DistributedDataParallel(model, find_unused_parameters=True)
+    ddp(torch.ones(3, 4, device=dev) * (rank + 1)).sum().backward()
+    assert model.unused.weight.grad is None
+    g = model.used.weight.grad.cpu()
+    assert torch.allclose(g, torch.full((2, 4), 4.5)), g
+    print(f"rank {rank} unused ok", flush=True)
+    # The process group's timeout is the communicator's: rank 1 comes 8 s
+    # late, rank 0 gives up after 3.
+    if rank == 1:
+        time.sleep(8)
+    else:
+        start = time.monotonic()
+        try:
+            dist.all_reduce(torch.ones(2, device=dev))
+        except Exception as e:
+            print(f"rank 0 timed out after {time.monotonic() - start:.1f}: {e}", flush=True)
+    """
+)
+
+
 SECRET = textwrap.dedent(
     """
     import os, tempfile
@@ -161,6 +202,13 @@ def launch(tmp_path, code, how):
 def test_every_collective_across_two_vendors(tmp_path, how):
     out = launch(tmp_path, COLLECTIVES, how)
     assert "rank 0 collectives ok" in out and "rank 1 collectives ok" in out, out
+
+
+def test_ddp_finds_unused_parameters_and_the_group_timeout_holds(tmp_path):
+    out = launch(tmp_path, UNUSED_AND_TIMEOUT, "torchrun")
+    assert "rank 0 unused ok" in out and "rank 1 unused ok" in out, out
+    waited = float(out.split("rank 0 timed out after ", 1)[1].split(":", 1)[0])
+    assert 2.5 <= waited < 7.5, out
 
 
 def test_without_a_secret_from_the_launcher_the_ranks_share_one_through_the_torch_store(tmp_path):

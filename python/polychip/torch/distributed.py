@@ -22,14 +22,17 @@ return completed ``Work`` (``wait()`` returns at once; ``get_future()`` is
 already resolved with the tensors), so ``async_op=True`` is accepted but does
 not overlap communication with compute. CPU tensors are staged through the
 rank's current polychip device; non-contiguous tensors through a contiguous
-copy.
+copy. A collective waits for its peers at most the process group's
+``timeout`` (``init_process_group(timeout=...)``; its default, 30 minutes
+as for gloo, gives way to ``POLYCHIP_COMM_TIMEOUT_SECS`` when that is set).
 """
 
+import contextlib
 import os
 import secrets
 import socket
 from datetime import timedelta
-from typing import Any, Callable, List, Optional, Sequence
+from typing import Any, Callable, Iterator, List, Optional, Sequence
 
 import torch
 import torch.distributed as dist
@@ -108,6 +111,33 @@ def _share_job_secret(store: Any, rank: int, timeout: timedelta) -> None:
     os.environ[SECRET_VAR] = store.get(key).decode()
 
 
+_TIMEOUT_ENV = "POLYCHIP_COMM_TIMEOUT_SECS"
+# The longest timeout the communicator takes (a week).
+_MAX_TIMEOUT_SECS = 604_800
+
+
+@contextlib.contextmanager
+def _comm_timeout(timeout: timedelta) -> Iterator[None]:
+    """The process group's ``timeout`` as the communicator's (which reads
+    ``POLYCHIP_COMM_TIMEOUT_SECS`` when it joins): what
+    ``init_process_group(timeout=...)`` says, or its default (30 minutes,
+    as for gloo) unless ``POLYCHIP_COMM_TIMEOUT_SECS`` is set."""
+    default = getattr(dist.constants, "default_pg_timeout", None)
+    if timeout is None or (timeout == default and os.environ.get(_TIMEOUT_ENV)):
+        yield
+        return
+    before = os.environ.get(_TIMEOUT_ENV)
+    seconds = min(max(timeout.total_seconds(), 0.001), _MAX_TIMEOUT_SECS)
+    os.environ[_TIMEOUT_ENV] = repr(seconds)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(_TIMEOUT_ENV, None)
+        else:
+            os.environ[_TIMEOUT_ENV] = before
+
+
 class ProcessGroupPolychip(dist.ProcessGroup):
     """One polychip communicator per process group."""
 
@@ -122,7 +152,8 @@ class ProcessGroupPolychip(dist.ProcessGroup):
         else:
             store.wait([key], timeout)
         addr, _, port_text = store.get(key).decode().rpartition(":")
-        self._comm = polychip.comm.init(rank, size, addr, int(port_text))
+        with _comm_timeout(timeout):
+            self._comm = polychip.comm.init(rank, size, addr, int(port_text))
 
     def getBackendName(self) -> str:
         return NAME

@@ -38,6 +38,8 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
+#include <cstring>
 #include <map>
 #include <mutex>
 #include <string>
@@ -173,6 +175,50 @@ struct Allocator final : at::Allocator {
 };
 
 Allocator g_allocator;
+
+// Page-locked host memory is a CUDA notion; the plugins copy from any host
+// memory alike. But PyTorch asks a device for pinned buffers (DataLoader's
+// pin_memory, DistributedDataParallel's reducer, which asserts it got
+// them), so "pinned" memory is host memory this allocator made and
+// remembers: is_pinned() says true of it and of nothing else.
+std::mutex g_pinned_mutex;
+std::map<uintptr_t, size_t> g_pinned;  // start -> bytes
+
+void free_pinned(void* ptr) {
+  {
+    std::lock_guard<std::mutex> lock(g_pinned_mutex);
+    g_pinned.erase(reinterpret_cast<uintptr_t>(ptr));
+  }
+  std::free(ptr);
+}
+
+bool is_pinned(const void* data) {
+  const auto p = reinterpret_cast<uintptr_t>(data);
+  std::lock_guard<std::mutex> lock(g_pinned_mutex);
+  auto it = g_pinned.upper_bound(p);
+  if (it == g_pinned.begin()) return false;
+  --it;
+  return p < it->first + std::max<size_t>(it->second, 1);
+}
+
+struct PinnedAllocator final : at::Allocator {
+  at::DataPtr allocate(size_t nbytes) override {
+    void* ptr = std::malloc(std::max<size_t>(nbytes, 1));
+    TORCH_CHECK(ptr != nullptr, "polychip: could not allocate ", nbytes,
+                " bytes of pinned host memory");
+    {
+      std::lock_guard<std::mutex> lock(g_pinned_mutex);
+      g_pinned[reinterpret_cast<uintptr_t>(ptr)] = nbytes;
+    }
+    return {ptr, ptr, &free_pinned, c10::Device(c10::DeviceType::CPU)};
+  }
+  at::DeleterFnPtr raw_deleter() const override { return &free_pinned; }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    if (count > 0) std::memcpy(dest, src, count);
+  }
+};
+
+PinnedAllocator g_pinned_allocator;
 
 // The allocation holding address `p`, if any (copied out under the lock).
 bool find_block(const void* p, Block* out) {
@@ -974,10 +1020,8 @@ struct Hooks final : at::PrivateUse1HooksInterface {
                 "polychip: the address is not in memory the polychip allocator made");
     return at::Device(at::DeviceType::PrivateUse1, a.device);
   }
-  bool isPinnedPtr(const void* /*data*/) const override { return false; }
-  at::Allocator* getPinnedMemoryAllocator() const override {
-    return at::getCPUAllocator();
-  }
+  bool isPinnedPtr(const void* data) const override { return is_pinned(data); }
+  at::Allocator* getPinnedMemoryAllocator() const override { return &g_pinned_allocator; }
   void resizePrivateUse1Bytes(const c10::Storage& storage, size_t bytes) const override {
     TORCH_CHECK(bytes >= storage.nbytes(), "polychip: storages only grow");
     grow_storage(storage, bytes);
