@@ -78,6 +78,25 @@ def test_memory_is_accounted_and_freed():
     assert pt.memory_allocated(FERRITE) == before
 
 
+def test_device_generic_memory_functions_answer():
+    # torch.accelerator's memory functions (which device-generic code such
+    # as Hugging Face's calls) need a DeviceAllocator; torch.polychip has
+    # torch.cuda's names.
+    d = f"polychip:{COBALT}"
+    before = torch.accelerator.memory_allocated(COBALT)
+    x = torch.ones(1000, device=d)
+    assert torch.accelerator.memory_allocated(COBALT) == before + 4000
+    assert torch.polychip.memory_allocated(d) == before + 4000
+    assert torch.accelerator.memory_stats(COBALT)["allocated_bytes.all.current"] == before + 4000
+    torch.accelerator.empty_cache()
+    torch.accelerator.reset_peak_memory_stats(COBALT)
+    assert torch.accelerator.max_memory_allocated(COBALT) == before + 4000
+    del x
+    assert torch.polychip.max_memory_allocated(COBALT) == before + 4000
+    assert torch.polychip.get_device_name(COBALT).startswith("Cobalt")
+    assert torch.polychip.is_bf16_supported()
+
+
 def test_device_guard_streams_and_events():
     torch.polychip.set_device(COBALT)
     try:

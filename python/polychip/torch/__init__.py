@@ -115,8 +115,36 @@ def _device_module(native: Any) -> ModuleType:
         def __exit__(self, *exc: Any) -> None:
             native.set_device(self.previous)
 
-    for f in (is_available, synchronize, manual_seed, manual_seed_all, get_rng_state, set_rng_state, device):
+    # The memory functions device-generic code calls on an accelerator's
+    # module (torch.cuda's names).
+    def memory_allocated(device: Any = None) -> int:
+        return native.memory_stats(_index(_NAME if device is None else device))[0]
+
+    def max_memory_allocated(device: Any = None) -> int:
+        return native.memory_stats(_index(_NAME if device is None else device))[1]
+
+    def reset_peak_memory_stats(device: Any = None) -> None:
+        native.reset_peak(_index(_NAME if device is None else device))
+
+    def empty_cache() -> None:
+        # No cache: freed memory goes back to the plugin at once.
+        return None
+
+    def get_device_name(device: Any = None) -> str:
+        info = device_info(_index(_NAME if device is None else device))
+        return f"{info['vendor']} {info['name']}"
+
+    def is_bf16_supported(including_emulation: bool = True) -> bool:
+        return True
+
+    for f in (
+        is_available, synchronize, manual_seed, manual_seed_all, get_rng_state, set_rng_state, device,
+        memory_allocated, max_memory_allocated, reset_peak_memory_stats, empty_cache, get_device_name,
+        is_bf16_supported,
+    ):
         setattr(m, f.__name__, f)
+    m.memory_reserved = memory_allocated
+    m.max_memory_reserved = max_memory_allocated
     m.default_generators = tuple(native.default_generator(i) for i in range(native.device_count()))
     m.device_count = native.device_count
     m.current_device = native.current_device

@@ -27,6 +27,7 @@
 #include <ATen/EmptyTensor.h>
 #include <ATen/MemoryOverlap.h>
 #include <ATen/NestedTensorImpl.h>
+#include <c10/core/CachingDeviceAllocator.h>
 #include <ATen/detail/PrivateUse1HooksInterface.h>
 #include <ATen/native/CPUFallback.h>
 #include <ATen/native/Resize.h>
@@ -139,7 +140,32 @@ polychip_tensor_t* storage_handle(const c10::Storage& storage) {
   return static_cast<Block*>(ptr.get_context())->handle;
 }
 
-struct Allocator final : at::Allocator {
+// A device allocator, as torch.accelerator's memory functions ask of every
+// accelerator: no cache to empty, no streams to track (work is complete when
+// a call returns), the bytes live and at their peak per device.
+struct Allocator final : c10::DeviceAllocator {
+  bool initialized() override { return g_runtime != nullptr; }
+  void emptyCache(c10::MempoolId_t /*pool*/) override {}
+  void recordStream(const at::DataPtr& /*ptr*/, c10::Stream /*stream*/) override {}
+  c10::CachingDeviceAllocator::DeviceStats getDeviceStats(c10::DeviceIndex device) override {
+    check_device(device);
+    c10::CachingDeviceAllocator::DeviceStats stats;
+    std::lock_guard<std::mutex> lock(g_alloc_mutex);
+    for (auto* bytes : {&stats.allocated_bytes, &stats.reserved_bytes, &stats.active_bytes,
+                        &stats.requested_bytes}) {
+      auto& all = (*bytes)[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)];
+      all.current = g_allocated[device];
+      all.peak = g_peak[device];
+    }
+    return stats;
+  }
+  void resetAccumulatedStats(c10::DeviceIndex device) override { check_device(device); }
+  void resetPeakStats(c10::DeviceIndex device) override {
+    check_device(device);
+    std::lock_guard<std::mutex> lock(g_alloc_mutex);
+    g_peak[device] = g_allocated[device];
+  }
+
   at::DataPtr allocate(size_t nbytes) override {
     const auto device = t_device;
     check_device(device);
