@@ -410,6 +410,22 @@ def test_operator(name, vendor, index):
     torch.testing.assert_close(got, expected, rtol=2e-5, atol=2e-5, equal_nan=True)
 
 
+def test_elementwise_results_keep_their_inputs_layout():
+    # As PyTorch's kernels do: a channels-last or transposed input gives a
+    # result of its layout, so views taken of it work as on the CPU.
+    d = torch.device("polychip", _devices()[0][1])
+    x = rand(2, 3, 4, 5).contiguous(memory_format=torch.channels_last)
+    t = rand(3, 4).t()
+    with pt.strict():
+        for f in (torch.relu, torch.exp, lambda v: v * 2, lambda v: v + v, lambda v: v.pow(2)):
+            for v in (x, t):
+                got = f(v.to(d))
+                assert got.stride() == f(v).stride(), (got.stride(), f(v).stride())
+                torch.testing.assert_close(got.cpu(), f(v), rtol=2e-5, atol=2e-5)
+        y = torch.relu(x.to(d)).permute(0, 2, 3, 1).view(2, 60)
+    torch.testing.assert_close(y.cpu(), torch.relu(x).permute(0, 2, 3, 1).reshape(2, 60))
+
+
 def test_kernels_accept_strided_and_broadcast_views():
     d = torch.device("polychip", _devices()[1][1])
     x = rand(4, 6)

@@ -149,6 +149,19 @@ def _empty(shape: Sequence[int], dtype: torch.dtype, like: torch.Tensor) -> torc
     return torch.empty(tuple(shape), dtype=dtype, device=like.device)
 
 
+def _like(shape: Sequence[int], dtype: torch.dtype, *inputs: Any) -> torch.Tensor:
+    """An elementwise operator's output: laid out as its first input of the
+    output's shape when that one is not contiguous but dense (channels-last,
+    transposed), as PyTorch's kernels lay it out, so that views taken of the
+    result (``permute(...).view``) work as on the CPU; else contiguous."""
+    for x in inputs:
+        if isinstance(x, torch.Tensor) and tuple(x.shape) == tuple(shape):
+            if x.is_contiguous():
+                break
+            return torch.empty_like(x, dtype=dtype)
+    return _empty(shape, dtype, inputs[0])
+
+
 def _label(op: Any) -> str:
     name = op._schema.name
     overload = op._schema.overload_name
@@ -350,7 +363,7 @@ def _binary(name: str, a: Any, b: Any, alpha: Any = 1, inplace: bool = False) ->
         if _overlaps_partially(out, bt):
             bt = bt.clone()
     else:
-        out = _empty(shape, dtype, a)
+        out = _like(shape, dtype, at, bt)
     getattr(ops, name)(_pc(at), _pc(bt), _pc(out), float(alpha))
     return out
 
@@ -409,7 +422,7 @@ def _rsub(self: torch.Tensor, other: Any, alpha: Any = 1) -> torch.Tensor:
         dtype = _result_type(self, _scalar(other))
         if dtype in _FLOATS and _NAMES[dtype] in ops.DTYPES["sub"]:
             s = self if self.dtype == dtype else self.to(dtype)
-            out = _empty(s.shape, dtype, s)
+            out = _like(s.shape, dtype, s)
             ops.sub(_pc(_constant(_scalar(other), dtype, s)), _pc(s), _pc(out), float(alpha))
             return out
         return _fallback(aten.rsub.Scalar, self, other, alpha=alpha)
@@ -423,7 +436,7 @@ def _unary(name: str, x: torch.Tensor, op: Any, out: Optional[torch.Tensor] = No
     if not _ok(name, x):
         return _fallback(op, x) if out is None else _fallback(op, x, out=out)
     if out is None:
-        result = _empty(x.shape, x.dtype, x)
+        result = _like(x.shape, x.dtype, x)
     elif out is x:
         result = x
     else:
@@ -460,7 +473,7 @@ for _name in _UNARY:
 def _gelu(self: torch.Tensor, *, approximate: str = "none") -> torch.Tensor:
     if approximate != "tanh" or not _ok("gelu", self):
         return _fallback(aten.gelu.default, self, approximate=approximate)
-    out = _empty(self.shape, self.dtype, self)
+    out = _like(self.shape, self.dtype, self)
     ops.gelu(_pc(self), _pc(out))
     return out
 
@@ -470,7 +483,7 @@ def _pow(self: torch.Tensor, exponent: Any) -> torch.Tensor:
     dtype = _result_type(self, exponent)
     if dtype != self.dtype or not _ok("pow_scalar", self) or isinstance(exponent, complex):
         return _fallback(aten.pow.Tensor_Scalar, self, exponent)
-    out = _empty(self.shape, self.dtype, self)
+    out = _like(self.shape, self.dtype, self)
     ops.pow_scalar(_pc(self), _pc(out), float(exponent))
     return out
 
@@ -488,7 +501,7 @@ def _activation_backward(
 ) -> torch.Tensor:
     if grad.dtype != x.dtype or grad.shape != x.shape or not _ok(name, grad):
         return _fallback(op, grad, x)
-    out = _empty(x.shape, x.dtype, x)
+    out = _like(x.shape, x.dtype, grad, x)
     getattr(ops, name)(_pc(grad), _pc(x), _pc(out))
     return out
 
@@ -501,7 +514,7 @@ def _threshold_backward(grad: torch.Tensor, self: torch.Tensor, threshold: Any) 
         return _fallback(aten.threshold_backward.default, grad, self, threshold)
     if grad.dtype != self.dtype or grad.shape != self.shape or not _ok("relu_backward", grad):
         return _fallback(aten.threshold_backward.default, grad, self, threshold)
-    out = _empty(self.shape, self.dtype, self)
+    out = _like(self.shape, self.dtype, grad, self)
     ops.relu_backward(_pc(grad), _pc(self), _pc(out))
     return out
 
