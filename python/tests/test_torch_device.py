@@ -125,6 +125,26 @@ def test_generators_are_per_device_and_seedable():
     assert len(torch.polychip.default_generators) == pt.device_count()
 
 
+class _DeviceDataset(torch.utils.data.Dataset):
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        return torch.full((2,), float(i), device=f"polychip:{FERRITE}")
+
+
+def test_a_forked_worker_making_device_tensors_is_refused_in_a_sentence():
+    # A DataLoader worker is a fork of this process: the device cannot
+    # follow it there (as CUDA's cannot). The tensors it would have sent
+    # back could not cross processes either: the parent waited for ever.
+    loader = torch.utils.data.DataLoader(_DeviceDataset(), batch_size=2, num_workers=1, timeout=60)
+    with pytest.raises(RuntimeError, match="forked from the one that loaded the polychip device"):
+        next(iter(loader))
+    # The usual way: CPU tensors in the worker, moved in the parent.
+    cpu = torch.utils.data.DataLoader(torch.arange(8.0), batch_size=4, num_workers=1, pin_memory=True)
+    assert [b.to(f"polychip:{FERRITE}").sum().item() for b in cpu] == [6.0, 22.0]
+
+
 def test_pinned_host_memory_is_what_the_device_pinned():
     t = torch.arange(6.0).pin_memory()
     assert t.is_pinned() and not torch.arange(6.0).is_pinned()

@@ -41,6 +41,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <pthread.h>
 #include <map>
 #include <mutex>
 #include <string>
@@ -58,6 +59,9 @@ c10::DeviceIndex g_device_count = 0;
 thread_local c10::DeviceIndex t_device = 0;
 thread_local c10::StreamId t_stream[64] = {};
 std::atomic<bool> g_strict{false};
+// Set in a child of fork(): the plugins' devices, threads and memory are the
+// parent's (see Allocator::allocate).
+std::atomic<bool> g_forked{false};
 
 std::mutex g_fallback_mutex;
 // Per aten operator: CPU fallback calls, and seconds spent in them.
@@ -169,6 +173,12 @@ struct Allocator final : c10::DeviceAllocator {
   at::DataPtr allocate(size_t nbytes) override {
     const auto device = t_device;
     check_device(device);
+    TORCH_CHECK(!g_forked.load(),
+                "polychip: this process was forked from the one that loaded the polychip "
+                "device (a DataLoader worker, a multiprocessing 'fork' child), and a device "
+                "cannot be used across fork, as CUDA's cannot: make CPU tensors there and move "
+                "them to the device in the parent (DataLoader(pin_memory=True) speeds the copy), "
+                "or start children with the 'spawn' method");
     const int64_t shape[1] = {static_cast<int64_t>(nbytes)};
     polychip_tensor_t* handle = nullptr;
     check(
@@ -1071,6 +1081,7 @@ void init(uintptr_t runtime, int64_t device_count) {
     generators().back().set_current_seed(c10::detail::getNonDeterministicRandom());
   }
   c10::SetAllocator(c10::DeviceType::PrivateUse1, &g_allocator);
+  pthread_atfork(nullptr, nullptr, [] { g_forked.store(true); });
   static Hooks hooks;
   at::RegisterPrivateUse1HooksInterface(&hooks);
 }
