@@ -299,7 +299,9 @@ polychip_tensor_t* view_of(const at::Tensor& t) {
   TORCH_CHECK(is_polychip(t), "polychip: expected a polychip tensor, got one on ", t.device());
   bool ok = false;
   const auto code = dtype_code(t.scalar_type(), &ok);
-  TORCH_CHECK(ok, "polychip: dtype ", t.scalar_type(), " has no polychip equivalent");
+  TORCH_CHECK(ok, "polychip: torch.", c10::getDtypeNames(t.scalar_type()).first,
+              " tensors are not supported on the device (it holds float32, float16, bfloat16, "
+              "float64, int32, int64, uint8 and bool)");
   polychip_tensor_t* out = nullptr;
   // A view of no elements addresses no memory: its offset (a chunk of an
   // empty tensor may start past its storage's end) is taken as 0.
