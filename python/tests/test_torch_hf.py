@@ -5,6 +5,11 @@ f32, within 2e-2 in bf16. Every forward, backward and optimizer operator
 runs on the plugin except a short, known list (rotary tables and position
 arithmetic), which the fallback report shows."""
 
+import json
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -315,3 +320,49 @@ def test_generate_save_load_clipping_sgd_and_autocast():
         x = torch.randn(4, 4, device=device)
         assert (x @ x).dtype == torch.bfloat16 and torch.softmax(x, -1).dtype == torch.float32
     assert logits.dtype == torch.bfloat16
+
+
+TRAINER = """
+import json, sys, torch, transformers
+import polychip.torch
+cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32)
+ids = torch.randint(0, 64, (8, 12), generator=torch.Generator().manual_seed(0))
+class Data(torch.utils.data.Dataset):
+    def __len__(self): return 8
+    def __getitem__(self, i): return {"input_ids": ids[i], "labels": ids[i]}
+torch.manual_seed(0)
+model = transformers.LlamaForCausalLM(cfg)
+args = transformers.TrainingArguments(
+    output_dir=sys.argv[1], per_device_train_batch_size=4, num_train_epochs=2, learning_rate=1e-3,
+    report_to=[], save_strategy="no", logging_steps=1, seed=0, disable_tqdm=True, use_cpu=sys.argv[2] == "cpu")
+trainer = transformers.Trainer(model=model, args=args, train_dataset=Data())
+trainer.train()
+print("DEVICE", next(model.parameters()).device)
+print("LOSSES", json.dumps([h["loss"] for h in trainer.state.log_history if "loss" in h]))
+"""
+
+
+def test_the_hugging_face_trainer_trains_on_the_device_accelerate_is_told(tmp_path):
+    """accelerate (under the Trainer) knows the accelerators it was written
+    for; ACCELERATE_TORCH_DEVICE, its own override, puts the Trainer on a
+    polychip device. Its losses equal the CPU Trainer's."""
+    pytest.importorskip("accelerate")
+    script = tmp_path / "trainer.py"
+    script.write_text(TRAINER)
+
+    def run(where, env):
+        out = subprocess.run(
+            [sys.executable, str(script), str(tmp_path / where), where],
+            capture_output=True, text=True, timeout=600, env={**os.environ, **env},
+        )
+        assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+        lines = dict(line.split(" ", 1) for line in out.stdout.splitlines() if line.startswith(("DEVICE", "LOSSES")))
+        return lines["DEVICE"], json.loads(lines["LOSSES"])
+
+    device, got = run("polychip", {"ACCELERATE_TORCH_DEVICE": "polychip:0"})
+    assert device == "polychip:0"
+    cpu_device, want = run("cpu", {})
+    assert cpu_device == "cpu" and len(got) == len(want) == 4
+    for a, b in zip(got, want):
+        assert abs(a - b) <= 1e-4 * abs(b), (got, want)
