@@ -166,6 +166,39 @@ UNUSED_AND_TIMEOUT = textwrap.dedent(
 )
 
 
+SYNC_BATCH_NORM = textwrap.dedent(
+    """
+    import torch, torch.distributed as dist
+    import polychip.torch
+    from polychip.torch.distributed import device_for_rank
+
+    dist.init_process_group("polychip")
+    rank = dist.get_rank()
+    dev = device_for_rank(vendors=["Ferrite", "Cobalt"])
+    torch.manual_seed(0)
+    def net():
+        return torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3, padding=1), torch.nn.BatchNorm2d(4), torch.nn.ReLU())
+    whole, mine = net(), net()
+    mine.load_state_dict(whole.state_dict())
+    ddp = torch.nn.parallel.DistributedDataParallel(torch.nn.SyncBatchNorm.convert_sync_batchnorm(mine).to(dev))
+    x = torch.randn(4, 3, 5, 5, generator=torch.Generator().manual_seed(1))
+    out = ddp(x[2 * rank:2 * rank + 2].to(dev))
+    (out * out).sum().backward()
+    # One process on the whole batch: the same statistics, so the same
+    # outputs, running statistics and (DDP averages over two) gradients.
+    want = whole(x)
+    (want * want).sum().backward()
+    torch.testing.assert_close(out.detach().cpu(), want[2 * rank:2 * rank + 2].detach(), rtol=1e-5, atol=1e-5)
+    for p, q in zip(mine.parameters(), whole.parameters()):
+        torch.testing.assert_close(p.grad.cpu(), q.grad / 2, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(mine[1].running_mean.cpu(), whole[1].running_mean)
+    torch.testing.assert_close(mine[1].running_var.cpu(), whole[1].running_var)
+    print(f"rank {rank} sync batch norm ok", flush=True)
+    dist.destroy_process_group()
+    """
+)
+
+
 SECRET = textwrap.dedent(
     """
     import os, tempfile
@@ -209,6 +242,11 @@ def test_ddp_finds_unused_parameters_and_the_group_timeout_holds(tmp_path):
     assert "rank 0 unused ok" in out and "rank 1 unused ok" in out, out
     waited = float(out.split("rank 0 timed out after ", 1)[1].split(":", 1)[0])
     assert 2.5 <= waited < 7.5, out
+
+
+def test_sync_batch_norm_across_two_vendors_matches_the_whole_batch(tmp_path):
+    out = launch(tmp_path, SYNC_BATCH_NORM, "torchrun")
+    assert "rank 0 sync batch norm ok" in out and "rank 1 sync batch norm ok" in out, out
 
 
 def test_without_a_secret_from_the_launcher_the_ranks_share_one_through_the_torch_store(tmp_path):

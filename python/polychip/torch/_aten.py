@@ -13,9 +13,9 @@ aten operator's name, or raises under strict mode. Nothing else falls back.
 ``REGISTERED`` lists every aten name registered here; ``BASICS`` those the
 C++ half registers (allocation, views, copies and casts, fill, scalar
 reads). The test suite's per-operator test is generated from both.
-``ADJUSTED`` lists operators registered only to run on the CPU as CUDA
-runs them where the CPU's own kernel refuses the input (integer
-histograms); they always take the counted fallback.
+``ADJUSTED`` lists operators CUDA has that the CPU lacks or refuses for
+these inputs, composed here of other operators (integer histograms,
+synchronized batch norm's statistics): no plugin operator of their own.
 """
 
 import itertools
@@ -1532,3 +1532,119 @@ def _addcmul_(self: torch.Tensor, tensor1: torch.Tensor, tensor2: torch.Tensor, 
 @_impl("addcdiv_")
 def _addcdiv_(self: torch.Tensor, tensor1: torch.Tensor, tensor2: torch.Tensor, *, value: Any = 1) -> torch.Tensor:
     return _addc("addcdiv_", self, tensor1, tensor2, value)
+
+
+# ------------------------------------------------- synchronized batch norm
+
+# nn.SyncBatchNorm calls five operators CUDA alone has (the CPU has none, so
+# the fallback could not run them); here they are PyTorch's formulas in
+# ordinary operators, per channel (dimension 1), statistics in f32.
+
+
+def _channels(x: torch.Tensor) -> Tuple[List[int], List[int]]:
+    """The dimensions a statistic reduces over, and the shape a per-channel
+    vector broadcasts as."""
+    dims = [d for d in range(x.dim()) if d != 1]
+    shape = [1] * x.dim()
+    shape[1] = x.shape[1]
+    return dims, shape
+
+
+@_adjust("batch_norm_stats")
+def _batch_norm_stats(input: torch.Tensor, eps: float) -> Tuple[torch.Tensor, torch.Tensor]:
+    dims, _ = _channels(input)
+    x = input.float()
+    mean = x.mean(dims)
+    var = x.var(dims, unbiased=False)
+    return mean, (var + eps).rsqrt()
+
+
+@_adjust("batch_norm_gather_stats_with_counts")
+def _batch_norm_gather_stats_with_counts(
+    input: torch.Tensor,
+    mean: torch.Tensor,
+    invstd: torch.Tensor,
+    running_mean: Optional[torch.Tensor],
+    running_var: Optional[torch.Tensor],
+    momentum: float,
+    eps: float,
+    counts: torch.Tensor,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    # Each rank's (count, mean, biased variance) combined into the whole
+    # batch's; the running statistics take the unbiased variance.
+    n = counts.float().reshape(-1, 1)
+    total = n.sum()
+    all_mean = (n * mean).sum(0) / total
+    var_each = invstd.float().pow(-2) - eps
+    var = (n * (var_each + (mean - all_mean).pow(2))).sum(0) / total
+    if running_mean is not None:
+        running_mean.mul_(1 - momentum).add_(all_mean.to(running_mean.dtype), alpha=momentum)
+    if running_var is not None:
+        unbiased = var * total / (total - 1).clamp(min=1)
+        running_var.mul_(1 - momentum).add_(unbiased.to(running_var.dtype), alpha=momentum)
+    return all_mean, (var + eps).rsqrt()
+
+
+@_adjust("batch_norm_elemt")
+def _batch_norm_elemt(
+    input: torch.Tensor,
+    weight: Optional[torch.Tensor],
+    bias: Optional[torch.Tensor],
+    mean: torch.Tensor,
+    invstd: torch.Tensor,
+    eps: float,
+) -> torch.Tensor:
+    _, shape = _channels(input)
+    y = (input.float() - mean.reshape(shape)) * invstd.reshape(shape)
+    if weight is not None:
+        y = y * weight.float().reshape(shape)
+    if bias is not None:
+        y = y + bias.float().reshape(shape)
+    return y.to(input.dtype)
+
+
+@_adjust("batch_norm_backward_reduce")
+def _batch_norm_backward_reduce(
+    grad_out: torch.Tensor,
+    input: torch.Tensor,
+    mean: torch.Tensor,
+    invstd: torch.Tensor,
+    weight: Optional[torch.Tensor],
+    input_g: bool,
+    weight_g: bool,
+    bias_g: bool,
+) -> Tuple[torch.Tensor, ...]:
+    dims, shape = _channels(input)
+    dy = grad_out.float()
+    sum_dy = dy.sum(dims)
+    sum_dy_xmu = (dy * (input.float() - mean.reshape(shape))).sum(dims)
+    empty = torch.empty(0, device=input.device)
+    param = weight.dtype if weight is not None else input.dtype
+    grad_weight = (sum_dy_xmu * invstd).to(param) if weight_g else empty
+    grad_bias = sum_dy.to(param) if bias_g else empty
+    if not input_g:
+        sum_dy, sum_dy_xmu = empty, empty
+    return sum_dy, sum_dy_xmu, grad_weight, grad_bias
+
+
+@_adjust("batch_norm_backward_elemt")
+def _batch_norm_backward_elemt(
+    grad_out: torch.Tensor,
+    input: torch.Tensor,
+    mean: torch.Tensor,
+    invstd: torch.Tensor,
+    weight: Optional[torch.Tensor],
+    sum_dy: torch.Tensor,
+    sum_dy_xmu: torch.Tensor,
+    count: torch.Tensor,
+) -> torch.Tensor:
+    _, shape = _channels(input)
+    total = count.float().sum()
+    mean_dy = (sum_dy / total).reshape(shape)
+    mean_dy_xmu = (sum_dy_xmu / total).reshape(shape)
+    inv = invstd.reshape(shape)
+    x_mu = input.float() - mean.reshape(shape)
+    g = (grad_out.float() - mean_dy - x_mu * inv * inv * mean_dy_xmu) * inv
+    if weight is not None:
+        g = g * weight.float().reshape(shape)
+    return g.to(input.dtype)
