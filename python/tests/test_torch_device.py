@@ -8,6 +8,7 @@ import sys
 
 import pytest
 import torch
+import torch.utils.checkpoint
 
 import polychip
 import polychip.torch as pt
@@ -184,6 +185,17 @@ def test_random_operators_draw_from_the_devices_generators():
     cpu_state = torch.get_rng_state()
     torch.nn.functional.dropout(x, 0.5, training=True)
     assert torch.equal(torch.get_rng_state(), cpu_state)  # the CPU's own stream is left alone
+    # Activation checkpointing replays the device's random state, so a
+    # recomputed dropout draws the forward pass's mask.
+    lin = torch.nn.Linear(8, 8).to(d)
+    for reentrant in (False, True):
+        x = torch.randn(4, 8, device=d, requires_grad=True)
+        y = torch.utils.checkpoint.checkpoint(
+            lambda v: torch.nn.functional.dropout(lin(v), 0.5, True), x, use_reentrant=reentrant
+        )
+        y.sum().backward()
+        want = ((y != 0).float() * 2) @ lin.weight
+        torch.testing.assert_close(x.grad.cpu(), want.detach().cpu())
     # torch.manual_seed seeds every device's generator.
     torch.manual_seed(3)
     u = torch.rand(2, device=d)

@@ -150,6 +150,9 @@ def _device_module(native: Any) -> ModuleType:
     m.current_device = native.current_device
     m.set_device = native.set_device
     m.is_initialized = lambda: True
+    # What activation checkpointing looks at before it saves and restores
+    # the device's random state (as torch.cuda._initialized).
+    m._initialized = True
     m._lazy_init = lambda: None
     m._is_in_bad_fork = lambda: False
     m.get_amp_supported_dtype = lambda: [torch.float16, torch.bfloat16]
