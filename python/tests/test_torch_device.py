@@ -96,6 +96,14 @@ def test_device_generic_memory_functions_answer():
     assert torch.polychip.max_memory_allocated(COBALT) == before + 4000
     assert torch.polychip.get_device_name(COBALT).startswith("Cobalt")
     assert torch.polychip.is_bf16_supported()
+    assert pt.memory_allocated(torch.device(d)) == pt.memory_allocated(COBALT)
+    for bad in ("cpu", torch.device("cpu"), "cuda:0"):
+        with pytest.raises(ValueError, match="Expected a polychip device"):
+            torch.polychip.memory_allocated(bad)
+    before = torch.polychip.current_device()
+    torch.polychip.set_device(f"polychip:{COBALT}")
+    assert torch.polychip.current_device() == COBALT
+    torch.polychip.set_device(before)
 
 
 def test_device_guard_streams_and_events():
@@ -265,6 +273,26 @@ def test_nested_tensors_run_through_the_cpu():
     assert torch.equal(nt.to("cpu").unbind()[0], a * 2)
     assert torch.equal((nt + 1).to("cpu").unbind()[1], b * 2 + 1)
     assert nt.to(torch.float64).to("cpu").dtype == torch.float64
+    # Writes through views of a nested tensor reach it, as on the CPU.
+    for where in ("cpu", device):
+        n = torch.nested.nested_tensor([torch.ones(2, 3), torch.ones(1, 3)], device=where)
+        n.unbind()[0].fill_(7)
+        n.select(0, 1).fill_(5)
+        n.reshape(2, -1, 3).mul_(2)
+        got = [t.cpu().tolist() for t in n.unbind()]
+        assert got == [[[14.0] * 3] * 2, [[10.0] * 3]], (where, got)
+    # Operators that are compositions for dense tensors but nested kernels
+    # of their own on the CPU (linear, matmul, attention) run there.
+    w = torch.randn(4, 3)
+    cpu_nt = torch.nested.nested_tensor([a, b])
+    dev_nt = torch.nested.nested_tensor([a, b], device=device)
+    for f in (
+        lambda v, w: torch.nn.functional.linear(v, w),
+        lambda v, w: torch.matmul(v, v.transpose(1, 2)),
+    ):
+        want, got = f(cpu_nt, w), f(dev_nt, w.to(device))
+        for x, y in zip(want.unbind(), got.to("cpu").unbind()):
+            torch.testing.assert_close(y, x)
 
 
 def test_sparse_gradients_are_refused_in_a_sentence():
@@ -347,6 +375,11 @@ def test_torch_compile_says_which_backend_works():
     loss = step(x, labels.to(d))
     torch.testing.assert_close(loss.cpu(), torch.nn.functional.cross_entropy(m(x), labels.to(d)).cpu())
     loss.backward()
+    # torch.func's transforms over the loss take the decomposition too.
+    logits = torch.randn(6, 5)
+    t = torch.randint(0, 5, (6,), generator=torch.Generator().manual_seed(2))
+    g = torch.func.grad(torch.nn.functional.cross_entropy)(logits.to(d), t.to(d))
+    torch.testing.assert_close(g.cpu(), torch.func.grad(torch.nn.functional.cross_entropy)(logits, t))
 
 
 def test_views_of_no_elements_past_their_storage_run():

@@ -97,7 +97,12 @@ def _device_module(native: Any) -> ModuleType:
 
     def _index(device: Any) -> int:
         d = torch.device(device) if not isinstance(device, int) else torch.device(_NAME, device)
+        if d.type != _NAME:
+            raise ValueError(f"Expected a polychip device, but got: {d}")
         return native.current_device() if d.index is None else d.index
+
+    def set_device(device: Any) -> None:
+        native.set_device(_index(device))
 
     class device:
         """Context manager making ``polychip:index`` the current device
@@ -148,7 +153,7 @@ def _device_module(native: Any) -> ModuleType:
     m.default_generators = tuple(native.default_generator(i) for i in range(native.device_count()))
     m.device_count = native.device_count
     m.current_device = native.current_device
-    m.set_device = native.set_device
+    m.set_device = set_device
     m.is_initialized = lambda: True
     # What activation checkpointing looks at before it saves and restores
     # the device's random state (as torch.cuda._initialized).
@@ -321,18 +326,20 @@ if os.environ.get("POLYCHIP_TORCH_STRICT", "") not in ("", "0"):
     _native_backend.set_strict(True)
 
 
-def memory_allocated(device: Optional[int] = None) -> int:
-    """Bytes of polychip device memory PyTorch holds on ``device``."""
-    return _native_backend.memory_stats(_native_backend.current_device() if device is None else device)[0]
+def memory_allocated(device: Any = None) -> int:
+    """Bytes of polychip device memory PyTorch holds on ``device`` (an
+    index, ``"polychip:N"`` or a ``torch.device``; the current one if
+    None)."""
+    return torch.polychip.memory_allocated(device)
 
 
-def max_memory_allocated(device: Optional[int] = None) -> int:
+def max_memory_allocated(device: Any = None) -> int:
     """The peak of ``memory_allocated`` since start or ``reset_peak_memory_stats``."""
-    return _native_backend.memory_stats(_native_backend.current_device() if device is None else device)[1]
+    return torch.polychip.max_memory_allocated(device)
 
 
-def reset_peak_memory_stats(device: Optional[int] = None) -> None:
-    _native_backend.reset_peak(_native_backend.current_device() if device is None else device)
+def reset_peak_memory_stats(device: Any = None) -> None:
+    torch.polychip.reset_peak_memory_stats(device)
 
 
 def kernel_report() -> Dict[str, Tuple[int, float]]:

@@ -155,11 +155,23 @@ def _like(shape: Sequence[int], dtype: torch.dtype, *inputs: Any) -> torch.Tenso
     transposed), as PyTorch's kernels lay it out, so that views taken of the
     result (``permute(...).view``) work as on the CPU; else contiguous."""
     for x in inputs:
-        if isinstance(x, torch.Tensor) and tuple(x.shape) == tuple(shape):
+        if isinstance(x, torch.Tensor) and tuple(x.shape) == tuple(shape) and _dense(x):
             if x.is_contiguous():
                 break
             return torch.empty_like(x, dtype=dtype)
     return _empty(shape, dtype, inputs[0])
+
+
+def _dense(x: torch.Tensor) -> bool:
+    """Whether ``x``'s elements fill a block of memory once each (no
+    zero-stride or overlapping dimension, no gaps), in any order."""
+    order = sorted((s, n) for s, n in zip(x.stride(), x.shape) if n != 1)
+    expected = 1
+    for s, n in order:
+        if s != expected:
+            return False
+        expected *= n
+    return True
 
 
 def _label(op: Any) -> str:
@@ -1061,10 +1073,12 @@ def _cross_entropy_loss(
 ) -> torch.Tensor:
     # Tensor subclasses (the fake tensors torch.compile traces with, the
     # functional ones of AOT autograd) have no device memory to hand a
-    # plugin: they take the decomposition, which traces into the graph.
+    # plugin, and torch.func's transforms (grad, jacrev, vmap) cannot run
+    # the fused Function on this device: they take the decomposition.
     fused = (
         type(self) in _PLAIN
         and type(target) in _PLAIN
+        and not torch._C._are_functorch_transforms_active()
         and weight is None
         and label_smoothing == 0.0
         and reduction in (1, 2)
@@ -1532,6 +1546,23 @@ def _addcmul_(self: torch.Tensor, tensor1: torch.Tensor, tensor2: torch.Tensor, 
 @_impl("addcdiv_")
 def _addcdiv_(self: torch.Tensor, tensor1: torch.Tensor, tensor2: torch.Tensor, *, value: Any = 1) -> torch.Tensor:
     return _addc("addcdiv_", self, tensor1, tensor2, value)
+
+
+# ------------------------------------------------------------------ dropout
+
+
+@_adjust("native_dropout")
+def _native_dropout(input: torch.Tensor, p: float, train: Optional[bool]) -> Tuple[torch.Tensor, torch.Tensor]:
+    # The CPU kernel's steps, so that its mask is drawn by bernoulli_, which
+    # takes a generator: the device's (a CPU kernel without a generator
+    # argument would draw from the CPU's, shared with every other thread).
+    if input.numel() == 0:
+        return input, torch.empty_like(input, dtype=torch.bool)
+    if train is not None and not train:
+        return input.clone(), torch.ones_like(input, dtype=torch.bool)
+    keep = 1.0 - p
+    mask = torch.empty_like(input, memory_format=torch.contiguous_format).bernoulli_(keep)
+    return input * mask * (0.0 if keep == 0 else 1.0 / keep), mask.to(torch.bool)
 
 
 # ------------------------------------------------- synchronized batch norm

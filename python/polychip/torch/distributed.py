@@ -126,6 +126,8 @@ def _comm_timeout(timeout: timedelta) -> Iterator[None]:
     if timeout is None or (timeout == default and os.environ.get(_TIMEOUT_ENV)):
         yield
         return
+    if timeout.total_seconds() <= 0:
+        raise ValueError(f"the process group's timeout must be positive, not {timeout}")
     before = os.environ.get(_TIMEOUT_ENV)
     seconds = min(max(timeout.total_seconds(), 0.001), _MAX_TIMEOUT_SECS)
     os.environ[_TIMEOUT_ENV] = repr(seconds)

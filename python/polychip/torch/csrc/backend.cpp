@@ -120,6 +120,16 @@ void check_device(c10::DeviceIndex index) {
       " polychip devices (polychip.torch.device_info(i) lists them)");
 }
 
+// Refuses any use of the device in a child of fork().
+void check_not_forked() {
+  TORCH_CHECK(!g_forked.load(),
+              "polychip: this process was forked from the one that loaded the polychip "
+              "device (a DataLoader worker, a multiprocessing 'fork' child), and a device "
+              "cannot be used across fork, as CUDA's cannot: make CPU tensors there and move "
+              "them to the device in the parent (DataLoader(pin_memory=True) speeds the copy), "
+              "or start children with the 'spawn' method");
+}
+
 // ------------------------------------------------------------- allocator
 
 void free_allocation(void* ctx) {
@@ -173,12 +183,7 @@ struct Allocator final : c10::DeviceAllocator {
   at::DataPtr allocate(size_t nbytes) override {
     const auto device = t_device;
     check_device(device);
-    TORCH_CHECK(!g_forked.load(),
-                "polychip: this process was forked from the one that loaded the polychip "
-                "device (a DataLoader worker, a multiprocessing 'fork' child), and a device "
-                "cannot be used across fork, as CUDA's cannot: make CPU tensors there and move "
-                "them to the device in the parent (DataLoader(pin_memory=True) speeds the copy), "
-                "or start children with the 'spawn' method");
+    check_not_forked();
     const int64_t shape[1] = {static_cast<int64_t>(nbytes)};
     polychip_tensor_t* handle = nullptr;
     check(
@@ -297,6 +302,7 @@ bool is_float(at::ScalarType t) {
 // strides and offset over the storage's byte tensor.
 polychip_tensor_t* view_of(const at::Tensor& t) {
   TORCH_CHECK(is_polychip(t), "polychip: expected a polychip tensor, got one on ", t.device());
+  check_not_forked();
   bool ok = false;
   const auto code = dtype_code(t.scalar_type(), &ok);
   TORCH_CHECK(ok, "polychip: torch.", c10::getDtypeNames(t.scalar_type()).first,
@@ -450,7 +456,12 @@ struct LentGenerators {
       at::Generator own;
       if (v.isGenerator()) {
         own = v.toGenerator();
-        if (own.device().type() != c10::DeviceType::PrivateUse1) continue;
+        if (own.device().type() != c10::DeviceType::PrivateUse1) {
+          TORCH_CHECK(!random_device(*stack, base),
+                      "Expected a 'polychip' device type for generator but found '",
+                      own.device().type(), "'");
+          continue;
+        }
       } else {
         const auto device = random_device(*stack, base);
         if (!device || *device < 0 || static_cast<size_t>(*device) >= generators().size()) continue;
@@ -530,20 +541,28 @@ at::Tensor any_on(const at::Tensor& t, c10::Device device) {
 }
 
 void nested_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  check_one_device(op, *stack);
   const auto name = op_label(op.schema().operator_name());
+  // copy_ takes a source on another device, as for dense tensors.
+  if (name != "aten::copy_") check_one_device(op, *stack);
   count_fallback(name);
   FallbackTimer timer(name);
+  LentGenerators generators;
+  generators.lend(op, stack);
   const auto& args = op.schema().arguments();
   const auto n = args.size();
   const auto base = stack->size() - n;
   std::optional<c10::Device> device;
   // (polychip tensor, its CPU copy) of each argument the operator writes.
   std::vector<std::pair<at::Tensor, at::Tensor>> written;
+  // (CPU copy, polychip storage) of each nested argument: a result that
+  // views the copy's storage (unbind, select, a reshape) is made the same
+  // view of the polychip storage, so that writes through it land there.
+  std::vector<std::pair<c10::Storage, c10::Storage>> storages;
   auto to_cpu = [&](const at::Tensor& t, bool writes) {
     if (!on_polychip(t)) return t;
     if (!device) device = t.device();
     at::Tensor cpu = any_on(t, at::kCPU);
+    if (t.is_nested()) storages.emplace_back(cpu.storage(), t.storage());
     if (writes) written.emplace_back(t, cpu);
     return cpu;
   };
@@ -576,9 +595,24 @@ void nested_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
       dev.copy_(cpu);
     }
   }
-  auto back = [&](const at::Tensor& t) {
+  auto back = [&](const at::Tensor& t) -> at::Tensor {
+    if (!t.defined()) return t;
     for (auto& [dev, cpu] : written) {
-      if (t.defined() && t.is_same(cpu)) return dev;
+      if (t.is_same(cpu)) return dev;
+    }
+    for (auto& [cpu, dev] : storages) {
+      if (!t.storage().is_alias_of(cpu)) continue;
+      if (t.is_nested()) {
+        auto* impl = at::native::get_nested_tensor_impl(t);
+        at::Tensor buffer = at::empty({0}, t.options().device(*device));
+        buffer.set_(dev, 0, {static_cast<int64_t>(dev.nbytes() / t.element_size())}, {1});
+        return at::detail::make_tensor<at::native::NestedTensorImpl>(
+            buffer, impl->get_nested_sizes(), impl->get_nested_strides(),
+            impl->get_storage_offsets());
+      }
+      at::Tensor view = at::empty({0}, t.options().device(*device));
+      view.set_(dev, t.storage_offset(), t.sizes(), t.strides());
+      return view;
     }
     return device ? any_on(t, *device) : t;
   };
@@ -612,8 +646,15 @@ TORCH_LIBRARY_IMPL(_, NestedTensorPrivateUse1, m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&nested_fallback>());
 }
 
+// Operators that are compositions for dense tensors but have nested
+// kernels of their own on the CPU and CUDA: without a kernel here their
+// composition would run on the nested tensor (and fail asking its sizes).
 TORCH_LIBRARY_IMPL(aten, NestedTensorPrivateUse1, m) {
   m.impl("_to_copy", nested_to_copy);
+  for (const char* name : {"linear", "matmul", "scaled_dot_product_attention", "chunk", "narrow",
+                           "split.Tensor", "split_with_sizes", "softmax.int", "dropout"}) {
+    m.impl(name, torch::CppFunction::makeFromBoxedFunction<&nested_fallback>());
+  }
 }
 
 // Sparse tensors are not supported on the device: said in one sentence
@@ -819,8 +860,15 @@ at::Tensor reshape_alias(const at::Tensor& self, c10::SymIntArrayRef size,
                                     C10_AS_INTARRAYREF_SLOW(stride));
 }
 
+// The CPU fallback's way back for an out= result: an empty `dst` takes the
+// result's layout when that is dense (a channels-last or transposed input
+// gives a result of its layout, as on the CPU), else it is contiguous.
 at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
+  const bool fresh = dst.numel() == 0;
   resize_(dst, self.sym_sizes(), std::nullopt);
+  if (fresh && !self.is_contiguous() && self.is_non_overlapping_and_dense()) {
+    const_cast<at::Tensor&>(dst).as_strided_(self.sizes(), self.strides(), dst.storage_offset());
+  }
   return copy_from(self, dst, false);
 }
 
@@ -1050,7 +1098,9 @@ struct Hooks final : at::PrivateUse1HooksInterface {
     return generators()[i];
   }
   at::Generator getNewGenerator(c10::DeviceIndex d) const override {
-    return at::make_generator<Generator>(d < 0 ? t_device : d);
+    const auto i = d < 0 ? t_device : d;
+    check_device(i);
+    return at::make_generator<Generator>(i);
   }
   at::Device getDeviceFromPtr(void* data) const override {
     Block a{};
