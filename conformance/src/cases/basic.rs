@@ -157,6 +157,11 @@ fn cast(dtype: DType) -> Vec<Case> {
                 .map(f64::from_bits),
             );
         }
+        // NaNs with every payload bit set (f32's 0x7fffffff in f32): an
+        // "add 0x7fff and shift" narrowing to bf16 carries into the sign.
+        if dtype.is_float() {
+            values.extend([0x7fff_ffff_e000_0000u64, 0xffff_ffff_e000_0000].map(f64::from_bits));
+        }
         let n = values.len();
         for layout in [Layout::Contiguous, Layout::Strided] {
             cases.push(case(
@@ -309,7 +314,7 @@ fn matmul(dtype: DType) -> Vec<Case> {
     // `a` broadcast against three of `b` (a batch offset of index times
     // stride reads past `a`), and a batched, transposed, gapped `b` (a
     // batch stride computed from the shape as if packed).
-    let plans: [MatmulPlan; 13] = [
+    let plans: [MatmulPlan; 14] = [
         (&[], &[], 1, 1, 1, false, false, 1.0, 0.0),
         (&[], &[], 3, 5, 4, false, false, 1.0, 0.0),
         (&[], &[], 17, 33, 9, true, false, 1.0, 0.0),
@@ -323,6 +328,8 @@ fn matmul(dtype: DType) -> Vec<Case> {
         (&[], &[], 6, 1, 5, false, false, 1.0, 0.5),
         (&[1], &[3], 4, 6, 5, false, false, 1.0, 0.0),
         (&[3], &[3], 4, 6, 5, false, true, 1.0, 0.0),
+        // A product small enough for a kernel's naive loop, with alpha.
+        (&[], &[], 2, 3, 2, false, false, 2.0, 0.0),
     ];
     for (ba, bb, m, k, n, ta, tb, alpha, beta) in plans {
         let a_shape: Vec<usize> = ba

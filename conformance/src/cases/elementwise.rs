@@ -573,16 +573,23 @@ fn reduce(op: ReduceOp, dtype: DType) -> Vec<Case> {
             f64::NEG_INFINITY,
             -2.0,
         ];
-        cases.push(reduce_case(
-            op,
-            dtype,
-            "NaN and infinities in rows".into(),
-            &[3, 3],
-            x,
-            1,
-            false,
-            Layout::Contiguous,
-        ));
+        // Along rows, and along columns (dim 0), which kernels reduce on
+        // a path of their own.
+        for (label, dim) in [
+            ("NaN and infinities in rows", 1),
+            ("NaN and infinities in columns", 0),
+        ] {
+            cases.push(reduce_case(
+                op,
+                dtype,
+                label.into(),
+                &[3, 3],
+                x.clone(),
+                dim,
+                false,
+                Layout::Contiguous,
+            ));
+        }
     }
     if matches!(op, ReduceOp::Max | ReduceOp::Argmax) {
         // A row of -inf only (a fully masked row: argmax 0, max -inf),
@@ -664,11 +671,14 @@ pub(super) fn reduce_case(
 
 fn sum_squares(dtype: DType) -> Vec<Case> {
     let mut rng = Rng::for_case("sum_squares", dtype);
-    let shapes: [(&[usize], Layout); 6] = [
+    // The row slice cannot be walked as one run of memory (the gapped
+    // view can, in memory order).
+    let shapes: [(&[usize], Layout); 7] = [
         (&[], Layout::Contiguous),
         (&[7], Layout::Contiguous),
         (&[33, 65], Layout::Transposed),
         (&[16, 9], Layout::Strided),
+        (&[5, 11], Layout::RowSlice),
         (&[4096], Layout::Contiguous),
         (&[0], Layout::Contiguous),
     ];
