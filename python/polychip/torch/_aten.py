@@ -13,9 +13,10 @@ aten operator's name, or raises under strict mode. Nothing else falls back.
 ``REGISTERED`` lists every aten name registered here; ``BASICS`` those the
 C++ half registers (allocation, views, copies and casts, fill, scalar
 reads). The test suite's per-operator test is generated from both.
-``ADJUSTED`` lists operators CUDA has that the CPU lacks or refuses for
-these inputs, composed here of other operators (integer histograms,
-synchronized batch norm's statistics): no plugin operator of their own.
+``ADJUSTED`` lists operators composed here of other operators, with no
+plugin operator of their own: those CUDA has that the CPU lacks or refuses
+for these inputs (integer histograms, synchronized batch norm's
+statistics), and dropout, whose mask is drawn from the device's generator.
 """
 
 import itertools

@@ -427,9 +427,11 @@ std::optional<c10::DeviceIndex> random_device(const torch::jit::Stack& stack, si
 // torch.polychip.manual_seed and get/set_rng_state govern them). The CPU
 // kernel takes CPU generators only, so the polychip one lends its state to
 // a CPU generator for the call and takes the advanced state back after.
-// A random operator without a generator argument (native_dropout) draws
-// from the CPU's default generator: that one holds the device's state for
-// the call and gets its own back after.
+// A random operator without a generator argument draws from the CPU's
+// default generator: that one holds the device's state for the call and
+// gets its own back after (CPU draws in other threads meanwhile would see
+// the device's stream; dropout, the common one, is composed in _aten.py
+// of bernoulli_, which takes a generator, so it does not come here).
 struct LentGenerators {
   std::recursive_mutex& mutex() {
     static std::recursive_mutex m;
