@@ -156,10 +156,12 @@ def _like(shape: Sequence[int], dtype: torch.dtype, *inputs: Any) -> torch.Tenso
     transposed), as PyTorch's kernels lay it out, so that views taken of the
     result (``permute(...).view``) work as on the CPU; else contiguous."""
     for x in inputs:
-        if isinstance(x, torch.Tensor) and tuple(x.shape) == tuple(shape) and _dense(x):
+        if isinstance(x, torch.Tensor) and tuple(x.shape) == tuple(shape):
+            # Contiguous (the common case) first: it is dense, and cheap to ask.
             if x.is_contiguous():
                 break
-            return torch.empty_like(x, dtype=dtype)
+            if _dense(x):
+                return torch.empty_like(x, dtype=dtype)
     return _empty(shape, dtype, inputs[0])
 
 
@@ -1563,7 +1565,7 @@ def _native_dropout(input: torch.Tensor, p: float, train: Optional[bool]) -> Tup
         return input.clone(), torch.ones_like(input, dtype=torch.bool)
     keep = 1.0 - p
     mask = torch.empty_like(input, memory_format=torch.contiguous_format).bernoulli_(keep)
-    return input * mask * (0.0 if keep == 0 else 1.0 / keep), mask.to(torch.bool)
+    return (input * mask).mul_(0.0 if keep == 0 else 1.0 / keep), mask.to(torch.bool)
 
 
 # ------------------------------------------------- synchronized batch norm
