@@ -39,16 +39,24 @@ pub struct LaunchOptions {
     pub command: Vec<String>,
     /// How long ranks being stopped get between SIGTERM and SIGKILL.
     pub grace: Duration,
+    /// How long the other ranks get, after one fails, to end on their own
+    /// before they are sent SIGTERM. A failure often ends several ranks at
+    /// once (one that cannot listen closes the rendezvous store, and its
+    /// peers see it gone); this lets the rank with the cause finish saying
+    /// it, rather than being stopped in the middle of its message.
+    pub settle: Duration,
 }
 
 impl LaunchOptions {
-    /// `nproc` ranks of `command`, no device list, a 5 s grace period.
+    /// `nproc` ranks of `command`, no device list, half a second for the
+    /// others to settle after a failure, a 5 s grace period.
     pub fn new(nproc: usize, command: Vec<String>) -> LaunchOptions {
         LaunchOptions {
             nproc,
             devices: None,
             command,
             grace: Duration::from_secs(5),
+            settle: Duration::from_millis(500),
         }
     }
 }
@@ -229,6 +237,7 @@ pub fn launch(opts: &LaunchOptions) -> Result<LaunchOutcome> {
     let mut interrupted: Option<i32> = None;
     let mut output_error: Option<std::io::Error> = None;
     let mut kill_at: Option<Instant> = None;
+    let mut failed_at: Option<Instant> = None;
     loop {
         let mut running = 0;
         for (rank, r) in ranks.iter_mut().enumerate() {
@@ -266,7 +275,10 @@ pub fn launch(opts: &LaunchOptions) -> Result<LaunchOutcome> {
             signal_all(&ranks, libc::SIGTERM);
             kill_at = Some(Instant::now() + opts.grace);
         }
-        if failure.is_some() && kill_at.is_none() {
+        if failure.is_some() && failed_at.is_none() {
+            failed_at = Some(Instant::now());
+        }
+        if failed_at.is_some_and(|t| t.elapsed() >= opts.settle) && kill_at.is_none() {
             signal_all(&ranks, libc::SIGTERM);
             kill_at = Some(Instant::now() + opts.grace);
         }
