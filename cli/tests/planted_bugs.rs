@@ -263,6 +263,12 @@ bugs! {
     // A kernel that never returns: each such case fails as hung and the
     // suite goes on to the next.
     rsqrt_hangs_on_large_tensors: "rsqrt-hangs-on-large-tensors" on "rsqrt" in "f32" => "the plugin hung: no result within 5 s";
+    // Streams and events (the stream case of each unit).
+    stream_wait_event_ignored: "stream-wait-event-ignored" on "copy" in "f32" => "on a stream, behind another stream's work";
+    event_record_completes_at_once: "event-record-completes-at-once" on "copy" in "f32" => "on a stream, behind another stream's work";
+    event_synchronize_returns_at_once: "event-synchronize-returns-at-once" on "copy" in "f32" => "then event_synchronize";
+    stream_synchronize_returns_at_once: "stream-synchronize-returns-at-once" on "copy" in "f64" => "then stream_synchronize";
+    add_ignores_stream: "add-ignores-stream" on "add" in "f32" => "on a stream, behind another stream's work";
     // Refusals and the ABI's contract.
     cross_entropy_refuses_internal: "cross-entropy-refuses-internal" on "cross_entropy" in "" => "must be refused with POLYCHIP_ERROR_INVALID_ARGUMENT";
     embedding_backward_foreign_error: "embedding-backward-foreign-error" on "embedding_backward" in "" => "never created";

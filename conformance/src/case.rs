@@ -131,6 +131,43 @@ pub struct Case {
     /// a packed operand kept from an earlier call (a cache keyed by
     /// address) then shows.
     pub warm_up: bool,
+    /// Whether the call is made on a stream of its own, behind another
+    /// stream's work through an event, and how its completion is awaited
+    /// (`None`: on the device's default stream). See [`StreamSync`].
+    pub on_stream: Option<StreamSync>,
+}
+
+/// How a case run on a stream waits for its call's work before its outputs
+/// are read on the default stream (which does not wait for other streams).
+///
+/// The inputs are first overwritten with other values; a second stream,
+/// kept busy for a few milliseconds, then copies the right values back and
+/// records an event; the call's stream waits for that event and runs the
+/// call. A plugin whose wait, event, synchronisation or stream destruction
+/// returns early, or whose operator ignores the stream it is given, then
+/// reads the other values or leaves its outputs poisoned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StreamSync {
+    /// An event recorded after the call, then `event_synchronize`.
+    Event,
+    /// `stream_synchronize` on the call's stream.
+    Stream,
+    /// `stream_destroy` of the call's stream, which waits for its work.
+    Destroy,
+}
+
+impl StreamSync {
+    /// Every way, in the order the derived cases take them.
+    pub const ALL: [StreamSync; 3] = [StreamSync::Event, StreamSync::Stream, StreamSync::Destroy];
+
+    /// The plugin function that must wait.
+    pub fn function(self) -> &'static str {
+        match self {
+            StreamSync::Event => "event_synchronize",
+            StreamSync::Stream => "stream_synchronize",
+            StreamSync::Destroy => "stream_destroy",
+        }
+    }
 }
 
 impl fmt::Debug for Case {

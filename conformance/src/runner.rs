@@ -8,10 +8,10 @@
 
 use std::time::Instant;
 
-use polychip_host::{Device, ErrorCode, HostError, Tensor};
+use polychip_host::{DType, Device, ErrorCode, HostError, Stream, Tensor};
 use serde::{Deserialize, Serialize};
 
-use crate::case::{Case, Role, TensorSpec};
+use crate::case::{Case, Role, StreamSync, TensorSpec};
 use crate::compare::{Stats, bias_failure, compare};
 use crate::placement::Placement;
 use crate::reference::RefError;
@@ -365,6 +365,19 @@ struct Run {
     problems: Vec<String>,
 }
 
+/// Writes an input's values rotated by one element into its buffer (the
+/// guards as uploaded): other values, each of which the input can hold.
+fn write_other_values(spec: &TensorSpec, u: &Uploaded) -> polychip_host::Result<()> {
+    let mut values = spec.values.clone();
+    if !values.is_empty() {
+        values.rotate_left(1);
+    }
+    let bytes = u
+        .placement
+        .fill(spec.dtype.size(), &to_bytes(spec.dtype, &values));
+    u.buffer.write_bytes(&bytes)
+}
+
 /// The warm-up call of [`Case::warm_up`]: the inputs' values rotated by
 /// one element (so every index stays valid and every value in its
 /// domain), the plugin called and its result discarded, then every buffer
@@ -383,15 +396,7 @@ fn warm_up(
     for (spec, u) in case.tensors.iter().zip(uploaded) {
         let Some(u) = u else { continue };
         if spec.role != Role::Output {
-            let mut values = spec.values.clone();
-            if !values.is_empty() {
-                values.rotate_left(1);
-            }
-            let bytes = u
-                .placement
-                .fill(spec.dtype.size(), &to_bytes(spec.dtype, &values));
-            u.buffer
-                .write_bytes(&bytes)
+            write_other_values(spec, u)
                 .map_err(|e| format!("could not write {}: {e}", spec.name))?;
         }
     }
@@ -405,6 +410,112 @@ fn warm_up(
         }
     }
     Ok(())
+}
+
+/// How long the stream that restores a stream case's inputs is kept busy
+/// first, so that a call that does not wait for it reads the other values.
+const STREAM_BUSY_SECONDS: f64 = 0.005;
+
+/// What a stream case keeps alive until its buffers have been read: the
+/// streams (destroying one waits for its work) and the buffers their work
+/// copies.
+struct StreamCase {
+    _streams: Vec<Stream>,
+    _buffers: Vec<Tensor>,
+}
+
+/// The call of [`Case::on_stream`]: every input's buffer is overwritten
+/// with other values (rotated by one element, as a warm-up's); a stream is
+/// kept busy for [`STREAM_BUSY_SECONDS`] with copies and then copies each
+/// input's buffer back as uploaded, and records an event; a second stream
+/// waits for the event, runs the call, and is awaited as `sync` says. The
+/// outputs are then read on the default stream, which waits for neither.
+fn on_stream(
+    device: &Device,
+    case: &Case,
+    uploaded: &[Option<Uploaded>],
+    tensors: &[Tensor],
+    sync: StreamSync,
+) -> Result<(polychip_host::Result<()>, StreamCase), String> {
+    let setup = |what: &str, e: HostError| {
+        format!("could not set up the call on a stream: {what} failed: {e}")
+    };
+    let mut buffers = Vec::new();
+    let mut restores = Vec::new();
+    for (spec, u) in case.tensors.iter().zip(uploaded) {
+        let Some(u) = u else { continue };
+        if spec.role == Role::Output {
+            continue;
+        }
+        let saved = device
+            .empty(spec.dtype, &[u.placement.buffer_len as i64])
+            .and_then(|t| t.write_bytes(&u.written).map(|()| t))
+            .map_err(|e| setup(&format!("saving {}", spec.name), e))?;
+        write_other_values(spec, u).map_err(|e| setup(&format!("overwriting {}", spec.name), e))?;
+        restores.push((saved.clone(), u.buffer.clone(), spec.name));
+        buffers.push(saved);
+    }
+    let restore = device.stream().map_err(|e| setup("stream_create", e))?;
+    buffers
+        .extend(keep_busy(device, &restore).map_err(|e| setup("copy (keeping a stream busy)", e))?);
+    for (saved, buffer, name) in &restores {
+        restore
+            .exec()
+            .copy(saved, buffer)
+            .map_err(|e| setup(&format!("copy of {name} on a stream"), e))?;
+    }
+    let ready = restore.record().map_err(|e| setup("event_record", e))?;
+    let run = device.stream().map_err(|e| setup("stream_create", e))?;
+    run.wait(&ready)
+        .map_err(|e| setup("stream_wait_event", e))?;
+    let called = (case.call)(&run.exec(), tensors);
+    let mut streams = vec![restore];
+    let awaited = match sync {
+        StreamSync::Event => {
+            let outcome = run.record().and_then(|done| done.synchronize());
+            streams.push(run);
+            outcome
+        }
+        StreamSync::Stream => {
+            let outcome = run.synchronize();
+            streams.push(run);
+            outcome
+        }
+        StreamSync::Destroy => {
+            drop(run);
+            Ok(())
+        }
+    };
+    // The call's own refusal first; else an error its work reported when
+    // awaited.
+    let outcome = called.and(awaited);
+    Ok((
+        outcome,
+        StreamCase {
+            _streams: streams,
+            _buffers: buffers,
+        },
+    ))
+}
+
+/// Queues copies on `stream` that take about [`STREAM_BUSY_SECONDS`] (one
+/// timed on the default stream first); returns their buffers, which must
+/// outlive the copies.
+fn keep_busy(device: &Device, stream: &Stream) -> polychip_host::Result<Vec<Tensor>> {
+    // Filled on the device: a host-to-device copy can be slow on a device
+    // whose memory is not the host's.
+    const ELEMENTS: i64 = 1 << 18;
+    let from = device.empty(DType::F32, &[ELEMENTS])?;
+    device.exec().fill(&from, 0.0)?;
+    let to = device.empty(DType::F32, &[ELEMENTS])?;
+    let started = Instant::now();
+    device.exec().copy(&from, &to)?;
+    let once = started.elapsed().as_secs_f64().max(1e-6);
+    let copies = (STREAM_BUSY_SECONDS / once).ceil().clamp(1.0, 1024.0) as usize;
+    for _ in 0..copies {
+        stream.exec().copy(&from, &to)?;
+    }
+    Ok(vec![from, to])
 }
 
 /// Uploads the case's tensors (outputs poisoned with `poison`), calls the
@@ -448,7 +559,16 @@ fn execute(device: &Device, case: &Case, poison: u8) -> Result<Run, String> {
         warm_up(case, &uploaded, &exec, &tensors)?;
     }
     let started = Instant::now();
-    let outcome = (case.call)(&exec, &tensors);
+    // A stream case's streams stay alive until its buffers are read:
+    // destroying one waits for its work, which would hide a wait that
+    // returned early.
+    let (outcome, _streams) = match case.on_stream {
+        None => ((case.call)(&exec, &tensors), None),
+        Some(sync) => {
+            let (outcome, streams) = on_stream(device, case, &uploaded, &tensors, sync)?;
+            (outcome, Some(streams))
+        }
+    };
     let plugin_seconds = started.elapsed().as_secs_f64();
 
     let mut elements = vec![Vec::new(); case.tensors.len()];

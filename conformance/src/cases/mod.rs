@@ -210,6 +210,7 @@ pub fn case(
         tolerance,
         resize: None,
         warm_up: false,
+        on_stream: None,
     }
 }
 
@@ -336,7 +337,7 @@ mod tests {
     use std::collections::HashSet;
 
     use super::*;
-    use crate::case::Role;
+    use crate::case::{Role, StreamSync};
 
     /// Cases whose reference must fail (the plugin must refuse them).
     fn refused(label: &str) -> bool {
@@ -402,8 +403,19 @@ mod tests {
     }
 
     #[test]
-    fn every_op_runs_broadcast_reversed_and_gapped_tensors_every_permitted_alias_and_a_warm_up() {
+    fn every_op_runs_broadcast_reversed_and_gapped_tensors_every_permitted_alias_a_warm_up_and_on_a_stream()
+     {
+        let mut ways = Vec::new();
         for info in registry() {
+            for &dtype in info.dtypes {
+                let on_stream: Vec<_> = info
+                    .cases(dtype, Tier::Default)
+                    .iter()
+                    .filter_map(|c| c.on_stream)
+                    .collect();
+                assert_eq!(on_stream.len(), 1, "{} {dtype}: one stream case", info.name);
+                ways.extend(on_stream);
+            }
             let cases = info.cases(info.dtypes[0], Tier::Default);
             let layouts: Vec<Layout> = cases
                 .iter()
@@ -447,6 +459,14 @@ mod tests {
                     );
                 }
             }
+        }
+        for way in StreamSync::ALL {
+            let n = ways.iter().filter(|&&w| w == way).count();
+            assert!(
+                n * 5 >= ways.len(),
+                "{way:?} awaits only {n} of {} stream cases",
+                ways.len()
+            );
         }
     }
 

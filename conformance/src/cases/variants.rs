@@ -20,7 +20,11 @@
 //!   inputs (`alias` in `spec/ops.toml`), the call run in place;
 //! - the call run after a warm-up call on the same buffers with other
 //!   input values (`Case::warm_up`), so that a result kept from an earlier
-//!   call (a cache keyed by address) shows.
+//!   call (a cache keyed by address) shows;
+//! - from the first base only, the call run on a stream of its own behind
+//!   another stream's work (`Case::on_stream`), awaited by one of the three
+//!   ways a caller waits for a stream (which one depends on the operator
+//!   and dtype, so that every way is taken across the suite).
 //!
 //! Every tensor also sits at a non-zero offset inside a guarded buffer
 //! (`crate::placement`), so offsets and writes outside an output are
@@ -28,7 +32,7 @@
 
 use polychip_host::Op;
 
-use crate::case::{Case, Layout, Role, TensorSpec};
+use crate::case::{Case, Layout, Role, StreamSync, TensorSpec};
 
 /// Base cases are at most this large (elements over all tensors), so the
 /// derived cases stay quick.
@@ -48,7 +52,8 @@ const CONSTANT_ROWS_CANCEL: &[(&str, &str)] = &[
 /// The cases derived from `base` (the operator's own cases in one dtype).
 pub fn derive(base: &[Case]) -> Vec<Case> {
     let mut out = Vec::new();
-    for b in pick_bases(base) {
+    let bases = pick_bases(base);
+    for b in &bases {
         out.extend(layouts(b));
         out.extend(in_place(b));
         out.push(variant(
@@ -58,7 +63,26 @@ pub fn derive(base: &[Case]) -> Vec<Case> {
         ));
         out.last_mut().expect("just pushed").warm_up = true;
     }
+    if let Some(b) = bases.first() {
+        let sync = stream_sync_for(b);
+        out.push(variant(
+            b,
+            format!(
+                "on a stream, behind another stream's work through an event, then {}",
+                sync.function()
+            ),
+            |_| {},
+        ));
+        out.last_mut().expect("just pushed").on_stream = Some(sync);
+    }
     out
+}
+
+/// Which way the stream case of `b`'s (operator, dtype) is awaited: drawn
+/// from the pair's own generator, so that each way is taken by about a
+/// third of the units.
+fn stream_sync_for(b: &Case) -> StreamSync {
+    StreamSync::ALL[super::Rng::for_case(b.op, b.dtype).below(StreamSync::ALL.len())]
 }
 
 fn total_elements(c: &Case) -> usize {

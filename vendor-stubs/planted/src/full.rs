@@ -1,7 +1,8 @@
 //! Full mode (`POLYCHIP_PLANTED_BUG` set): every operator in every dtype
-//! Ferrite supports, correct, through `ferrite-kernels` on the calling
-//! thread (memory is host memory and every stream is synchronous), except
-//! where the selected [`crate::mutants`] bug takes over one operator.
+//! Ferrite supports, correct, through `ferrite-kernels` on host memory (on
+//! the calling thread, except `copy` and `fill` on a stream, which run on
+//! its worker: [`crate::streams`]), except where the selected
+//! [`crate::mutants`] bug takes over one operator.
 
 use ferrite_kernels::{self as kernels, KernelError, View};
 use polychip_plugin_sdk::{

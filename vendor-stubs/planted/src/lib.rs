@@ -1,6 +1,7 @@
 //! "Planted": a test-only plugin whose bugs are planted on purpose, so that
 //! tests can prove the host and the conformance suite catch them. One device
-//! of ordinary host memory, synchronous streams.
+//! of ordinary host memory; streams with a worker thread each (see
+//! [`streams`]).
 //!
 //! Planted bugs, each of which the conformance suite must flag by name:
 //!
@@ -37,6 +38,7 @@
 
 pub mod full;
 pub mod mutants;
+pub mod streams;
 
 use std::alloc::Layout;
 use std::collections::HashMap;
@@ -52,7 +54,8 @@ use polychip_plugin_sdk::{
     UnaryArgs, UnaryOp,
 };
 
-use mutants::Mode;
+use mutants::{Bug, Mode, is};
+use streams::{Event, OwnedDesc, Stream};
 
 /// The plugin's state: live allocations and their sizes.
 #[derive(Debug, Default)]
@@ -76,8 +79,8 @@ fn full() -> bool {
 }
 
 impl Plugin for Planted {
-    type Stream = ();
-    type Event = ();
+    type Stream = Stream;
+    type Event = Event;
     const VENDOR: &'static std::ffi::CStr = c"Planted";
     const VERSION: &'static std::ffi::CStr = c"0.1.0";
 
@@ -137,43 +140,79 @@ impl Plugin for Planted {
 
     unsafe fn memcpy(
         &self,
-        _q: Queue<'_, ()>,
+        q: Queue<'_, Stream>,
         _kind: CopyKind,
         dst: *mut u8,
         src: *const u8,
         bytes: usize,
     ) -> Result<()> {
+        enter(q);
         // SAFETY: the caller guarantees both ranges (all memory here is host memory).
         unsafe { std::ptr::copy_nonoverlapping(src, dst, bytes) };
         Ok(())
     }
 
-    fn stream_create(&self, _device: u32) -> Result<()> {
+    fn stream_create(&self, _device: u32) -> Result<Stream> {
+        Stream::new()
+    }
+    fn stream_synchronize(&self, stream: &Stream) -> Result<()> {
+        stream.synchronize()
+    }
+    fn event_create(&self, _device: u32) -> Result<Event> {
+        Ok(Event::default())
+    }
+    fn event_record(&self, event: &Event, q: Queue<'_, Stream>) -> Result<()> {
+        event.record(q.stream);
         Ok(())
     }
-    fn stream_synchronize(&self, _stream: &()) -> Result<()> {
+    fn stream_wait_event(&self, q: Queue<'_, Stream>, event: &Event) -> Result<()> {
+        event.wait_on(q.stream);
         Ok(())
     }
-    fn event_create(&self, _device: u32) -> Result<()> {
-        Ok(())
-    }
-    fn event_record(&self, _event: &(), _q: Queue<'_, ()>) -> Result<()> {
-        Ok(())
-    }
-    fn stream_wait_event(&self, _q: Queue<'_, ()>, _event: &()) -> Result<()> {
-        Ok(())
-    }
-    fn event_synchronize(&self, _event: &()) -> Result<()> {
+    fn event_synchronize(&self, event: &Event) -> Result<()> {
+        event.synchronize();
         Ok(())
     }
 }
 
-impl Operators for Planted {
-    unsafe fn fill(&self, _q: Queue<'_, ()>, args: &FillArgs<'_>) -> Result<()> {
-        if full() {
-            // SAFETY: forwarded contract.
-            return unsafe { full::ops::fill(args) };
+/// Full mode's `copy` and `fill`: queued on their stream, or run at once
+/// on the default stream.
+fn queue_or_run(
+    q: Queue<'_, Stream>,
+    job: impl FnOnce() -> Result<()> + Send + 'static,
+) -> Result<()> {
+    match q.stream {
+        Some(stream) => {
+            stream.enqueue(Box::new(job));
+            Ok(())
         }
+        None => job(),
+    }
+}
+
+/// Before an operator runs on the calling thread: the work queued on its
+/// stream first (see [`streams`]).
+fn enter(q: Queue<'_, Stream>) {
+    if let Some(stream) = q.stream {
+        stream.drain();
+    }
+}
+
+impl Operators for Planted {
+    unsafe fn fill(&self, q: Queue<'_, Stream>, args: &FillArgs<'_>) -> Result<()> {
+        if full() {
+            let (out, value) = (OwnedDesc::new(&args.out), args.value);
+            return queue_or_run(q, move || {
+                let args = FillArgs {
+                    out: out.desc(),
+                    value,
+                };
+                // SAFETY: forwarded contract; the host keeps the memory
+                // alive until the stream is synchronised.
+                unsafe { full::ops::fill(&args) }
+            });
+        }
+        enter(q);
         if args.out.dtype != DType::F32 || !args.out.is_contiguous() {
             return Err(Error::unimplemented(
                 "planted: fill supports compact f32 only",
@@ -189,7 +228,8 @@ impl Operators for Planted {
         Ok(())
     }
 
-    unsafe fn matmul(&self, _q: Queue<'_, ()>, args: &MatmulArgs<'_>) -> Result<()> {
+    unsafe fn matmul(&self, q: Queue<'_, Stream>, args: &MatmulArgs<'_>) -> Result<()> {
+        enter(q);
         if full() {
             // SAFETY: forwarded contract.
             return unsafe { full::ops::matmul(args) };
@@ -197,11 +237,19 @@ impl Operators for Planted {
         panic!("planted bug: matmul panics on shape {:?}", args.a.shape);
     }
 
-    unsafe fn copy(&self, _q: Queue<'_, ()>, args: &CopyArgs<'_>) -> Result<()> {
+    unsafe fn copy(&self, q: Queue<'_, Stream>, args: &CopyArgs<'_>) -> Result<()> {
         if full() {
-            // SAFETY: forwarded contract.
-            return unsafe { full::ops::copy(args) };
+            let (src, dst) = (OwnedDesc::new(&args.src), OwnedDesc::new(&args.dst));
+            return queue_or_run(q, move || {
+                let args = CopyArgs {
+                    src: src.desc(),
+                    dst: dst.desc(),
+                };
+                // SAFETY: as `fill`'s.
+                unsafe { full::ops::copy(&args) }
+            });
         }
+        enter(q);
         let size = args.src.dtype.size();
         for (s, d) in addresses(&args.src, size)
             .into_iter()
@@ -213,7 +261,8 @@ impl Operators for Planted {
         Ok(())
     }
 
-    unsafe fn cast(&self, _q: Queue<'_, ()>, args: &CastArgs<'_>) -> Result<()> {
+    unsafe fn cast(&self, q: Queue<'_, Stream>, args: &CastArgs<'_>) -> Result<()> {
+        enter(q);
         if full() {
             // SAFETY: forwarded contract.
             return unsafe { full::ops::cast(args) };
@@ -246,7 +295,15 @@ impl Operators for Planted {
         Ok(())
     }
 
-    unsafe fn binary(&self, _q: Queue<'_, ()>, op: BinaryOp, args: &BinaryArgs<'_>) -> Result<()> {
+    unsafe fn binary(
+        &self,
+        q: Queue<'_, Stream>,
+        op: BinaryOp,
+        args: &BinaryArgs<'_>,
+    ) -> Result<()> {
+        if !(op == BinaryOp::Add && is(Bug::AddIgnoresStream)) {
+            enter(q);
+        }
         if full() {
             // SAFETY: forwarded contract.
             return unsafe { full::ops::binary(op, args) };
@@ -287,7 +344,8 @@ impl Operators for Planted {
         Ok(())
     }
 
-    unsafe fn softmax(&self, _q: Queue<'_, ()>, args: &SoftmaxArgs<'_>) -> Result<()> {
+    unsafe fn softmax(&self, q: Queue<'_, Stream>, args: &SoftmaxArgs<'_>) -> Result<()> {
+        enter(q);
         if full() {
             // SAFETY: forwarded contract.
             return unsafe { full::ops::softmax(args) };
@@ -308,7 +366,8 @@ impl Operators for Planted {
         Ok(())
     }
 
-    unsafe fn unary(&self, _q: Queue<'_, ()>, op: UnaryOp, args: &UnaryArgs<'_>) -> Result<()> {
+    unsafe fn unary(&self, q: Queue<'_, Stream>, op: UnaryOp, args: &UnaryArgs<'_>) -> Result<()> {
+        enter(q);
         if full() {
             // SAFETY: forwarded contract.
             return unsafe { full::ops::unary(op, args) };
@@ -319,157 +378,190 @@ impl Operators for Planted {
 
     unsafe fn activation_backward(
         &self,
-        _q: Queue<'_, ()>,
+        q: Queue<'_, Stream>,
         op: ActivationBackwardOp,
         args: &ActivationBackwardArgs<'_>,
     ) -> Result<()> {
+        enter(q);
         // SAFETY: forwarded contract (only full mode lists this operator).
         unsafe { full::ops::activation_backward(op, args) }
     }
 
-    unsafe fn reduce(&self, _q: Queue<'_, ()>, op: ReduceOp, args: &ReduceArgs<'_>) -> Result<()> {
+    unsafe fn reduce(
+        &self,
+        q: Queue<'_, Stream>,
+        op: ReduceOp,
+        args: &ReduceArgs<'_>,
+    ) -> Result<()> {
+        enter(q);
         // SAFETY: forwarded contract (only full mode lists this operator).
         unsafe { full::ops::reduce(op, args) }
     }
 
-    unsafe fn pow_scalar(&self, _q: Queue<'_, ()>, args: &PowScalarArgs<'_>) -> Result<()> {
+    unsafe fn pow_scalar(&self, q: Queue<'_, Stream>, args: &PowScalarArgs<'_>) -> Result<()> {
+        enter(q);
         // SAFETY: forwarded contract (only full mode lists this operator).
         unsafe { full::ops::pow_scalar(args) }
     }
 
-    unsafe fn swiglu(&self, _q: Queue<'_, ()>, args: &SwigluArgs<'_>) -> Result<()> {
+    unsafe fn swiglu(&self, q: Queue<'_, Stream>, args: &SwigluArgs<'_>) -> Result<()> {
+        enter(q);
         // SAFETY: forwarded contract (only full mode lists this operator).
         unsafe { full::ops::swiglu(args) }
     }
 
     unsafe fn swiglu_backward(
         &self,
-        _q: Queue<'_, ()>,
+        q: Queue<'_, Stream>,
         args: &SwigluBackwardArgs<'_>,
     ) -> Result<()> {
+        enter(q);
         // SAFETY: forwarded contract (only full mode lists this operator).
         unsafe { full::ops::swiglu_backward(args) }
     }
 
-    unsafe fn sum_squares(&self, _q: Queue<'_, ()>, args: &SumSquaresArgs<'_>) -> Result<()> {
+    unsafe fn sum_squares(&self, q: Queue<'_, Stream>, args: &SumSquaresArgs<'_>) -> Result<()> {
+        enter(q);
         // SAFETY: forwarded contract (only full mode lists this operator).
         unsafe { full::ops::sum_squares(args) }
     }
 
-    unsafe fn linear(&self, _q: Queue<'_, ()>, args: &LinearArgs<'_>) -> Result<()> {
+    unsafe fn linear(&self, q: Queue<'_, Stream>, args: &LinearArgs<'_>) -> Result<()> {
+        enter(q);
         // SAFETY: forwarded contract (only full mode lists this operator).
         unsafe { full::ops::linear(args) }
     }
 
-    unsafe fn log_softmax(&self, _q: Queue<'_, ()>, args: &SoftmaxArgs<'_>) -> Result<()> {
+    unsafe fn log_softmax(&self, q: Queue<'_, Stream>, args: &SoftmaxArgs<'_>) -> Result<()> {
+        enter(q);
         // SAFETY: forwarded contract (only full mode lists this operator).
         unsafe { full::ops::log_softmax(args) }
     }
 
     unsafe fn softmax_backward(
         &self,
-        _q: Queue<'_, ()>,
+        q: Queue<'_, Stream>,
         args: &SoftmaxBackwardArgs<'_>,
     ) -> Result<()> {
+        enter(q);
         // SAFETY: forwarded contract (only full mode lists this operator).
         unsafe { full::ops::softmax_backward(args) }
     }
 
     unsafe fn log_softmax_backward(
         &self,
-        _q: Queue<'_, ()>,
+        q: Queue<'_, Stream>,
         args: &SoftmaxBackwardArgs<'_>,
     ) -> Result<()> {
+        enter(q);
         // SAFETY: forwarded contract (only full mode lists this operator).
         unsafe { full::ops::log_softmax_backward(args) }
     }
 
-    unsafe fn rms_norm(&self, _q: Queue<'_, ()>, args: &RmsNormArgs<'_>) -> Result<()> {
+    unsafe fn rms_norm(&self, q: Queue<'_, Stream>, args: &RmsNormArgs<'_>) -> Result<()> {
+        enter(q);
         // SAFETY: forwarded contract (only full mode lists this operator).
         unsafe { full::ops::rms_norm(args) }
     }
 
     unsafe fn rms_norm_backward(
         &self,
-        _q: Queue<'_, ()>,
+        q: Queue<'_, Stream>,
         args: &RmsNormBackwardArgs<'_>,
     ) -> Result<()> {
+        enter(q);
         // SAFETY: forwarded contract (only full mode lists this operator).
         unsafe { full::ops::rms_norm_backward(args) }
     }
 
-    unsafe fn layer_norm(&self, _q: Queue<'_, ()>, args: &LayerNormArgs<'_>) -> Result<()> {
+    unsafe fn layer_norm(&self, q: Queue<'_, Stream>, args: &LayerNormArgs<'_>) -> Result<()> {
+        enter(q);
         // SAFETY: forwarded contract (only full mode lists this operator).
         unsafe { full::ops::layer_norm(args) }
     }
 
     unsafe fn layer_norm_backward(
         &self,
-        _q: Queue<'_, ()>,
+        q: Queue<'_, Stream>,
         args: &LayerNormBackwardArgs<'_>,
     ) -> Result<()> {
+        enter(q);
         // SAFETY: forwarded contract (only full mode lists this operator).
         unsafe { full::ops::layer_norm_backward(args) }
     }
 
-    unsafe fn rope(&self, _q: Queue<'_, ()>, args: &RopeArgs<'_>) -> Result<()> {
+    unsafe fn rope(&self, q: Queue<'_, Stream>, args: &RopeArgs<'_>) -> Result<()> {
+        enter(q);
         // SAFETY: forwarded contract (only full mode lists this operator).
         unsafe { full::ops::rope(args, false) }
     }
 
-    unsafe fn rope_backward(&self, _q: Queue<'_, ()>, args: &RopeArgs<'_>) -> Result<()> {
+    unsafe fn rope_backward(&self, q: Queue<'_, Stream>, args: &RopeArgs<'_>) -> Result<()> {
+        enter(q);
         // SAFETY: forwarded contract (only full mode lists this operator).
         unsafe { full::ops::rope(args, true) }
     }
 
-    unsafe fn attention(&self, _q: Queue<'_, ()>, args: &AttentionArgs<'_>) -> Result<()> {
+    unsafe fn attention(&self, q: Queue<'_, Stream>, args: &AttentionArgs<'_>) -> Result<()> {
+        enter(q);
         // SAFETY: forwarded contract (only full mode lists this operator).
         unsafe { full::ops::attention(args) }
     }
 
     unsafe fn attention_backward(
         &self,
-        _q: Queue<'_, ()>,
+        q: Queue<'_, Stream>,
         args: &AttentionBackwardArgs<'_>,
     ) -> Result<()> {
+        enter(q);
         // SAFETY: forwarded contract (only full mode lists this operator).
         unsafe { full::ops::attention_backward(args) }
     }
 
-    unsafe fn embedding(&self, _q: Queue<'_, ()>, args: &EmbeddingArgs<'_>) -> Result<()> {
+    unsafe fn embedding(&self, q: Queue<'_, Stream>, args: &EmbeddingArgs<'_>) -> Result<()> {
+        enter(q);
         // SAFETY: forwarded contract (only full mode lists this operator).
         unsafe { full::ops::embedding(args) }
     }
 
     unsafe fn embedding_backward(
         &self,
-        _q: Queue<'_, ()>,
+        q: Queue<'_, Stream>,
         args: &EmbeddingBackwardArgs<'_>,
     ) -> Result<()> {
+        enter(q);
         // SAFETY: forwarded contract (only full mode lists this operator).
         unsafe { full::ops::embedding_backward(args) }
     }
 
-    unsafe fn cross_entropy(&self, _q: Queue<'_, ()>, args: &CrossEntropyArgs<'_>) -> Result<()> {
+    unsafe fn cross_entropy(
+        &self,
+        q: Queue<'_, Stream>,
+        args: &CrossEntropyArgs<'_>,
+    ) -> Result<()> {
+        enter(q);
         // SAFETY: forwarded contract (only full mode lists this operator).
         unsafe { full::ops::cross_entropy(args) }
     }
 
     unsafe fn cross_entropy_backward(
         &self,
-        _q: Queue<'_, ()>,
+        q: Queue<'_, Stream>,
         args: &CrossEntropyBackwardArgs<'_>,
     ) -> Result<()> {
+        enter(q);
         // SAFETY: forwarded contract (only full mode lists this operator).
         unsafe { full::ops::cross_entropy_backward(args) }
     }
 
-    unsafe fn adamw(&self, _q: Queue<'_, ()>, args: &AdamwArgs<'_>) -> Result<()> {
+    unsafe fn adamw(&self, q: Queue<'_, Stream>, args: &AdamwArgs<'_>) -> Result<()> {
+        enter(q);
         // SAFETY: forwarded contract (only full mode lists this operator).
         unsafe { full::ops::adamw(args) }
     }
 
-    unsafe fn scale(&self, _q: Queue<'_, ()>, args: &ScaleArgs<'_>) -> Result<()> {
+    unsafe fn scale(&self, q: Queue<'_, Stream>, args: &ScaleArgs<'_>) -> Result<()> {
+        enter(q);
         // SAFETY: forwarded contract (only full mode lists this operator).
         unsafe { full::ops::scale(args) }
     }

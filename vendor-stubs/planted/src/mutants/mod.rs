@@ -2,7 +2,8 @@
 //!
 //! Each [`Bug`] is one mutation of the otherwise correct full-mode plugin
 //! (`crate::full`, every operator through `ferrite-kernels`), and touches
-//! exactly one operator. Each entry of [`CATALOG`] says what real-world bug
+//! exactly one operator (the [`Kind::Stream`] bugs touch the streams, and
+//! are checked at the operator they name). Each entry of [`CATALOG`] says what real-world bug
 //! it imitates and which conformance check catches it
 //! (`cli/tests/planted_bugs.rs` proves each one is flagged at its operator).
 //!
@@ -46,6 +47,9 @@ pub enum Kind {
     Path,
     /// Wrong only because of an earlier call (state kept between calls).
     State,
+    /// Streams and events: work that runs before what it must wait for, or
+    /// is read before it has finished.
+    Stream,
 }
 
 /// One planted bug.
@@ -127,6 +131,11 @@ pub enum Bug {
     SiluBackwardFarTailNan,
     AdamwEpsilonHat,
     CastNanPayloadToInfinity,
+    StreamWaitEventIgnored,
+    EventRecordCompletesAtOnce,
+    EventSynchronizeReturnsAtOnce,
+    StreamSynchronizeReturnsAtOnce,
+    AddIgnoresStream,
 }
 
 /// A catalog entry.
@@ -389,6 +398,26 @@ catalog! {
     CastNanPayloadToInfinity "cast-nan-payload-to-infinity" "cast" EdgeValues:
         "f64 is narrowed to 16 bits by shifting the mantissa without setting the quiet bit: a NaN whose payload lies in the low bits becomes infinity"
         => "NaNs with low payload bits";
+    // Streams: in full mode `copy` and `fill` run on their stream's worker
+    // thread (`crate::streams`), the other operators on the calling thread
+    // once their stream's earlier work is done. The first two show at every
+    // operator's stream case, the next two where `copy`'s is awaited that
+    // way, the last at `add`'s.
+    StreamWaitEventIgnored "stream-wait-event-ignored" "copy" Stream:
+        "stream_wait_event returns without queueing the wait: later work on the stream runs before the event's work"
+        => "the stream case: the call's stream waits for another stream's work through an event";
+    EventRecordCompletesAtOnce "event-record-completes-at-once" "copy" Stream:
+        "event_record marks the event complete when recorded instead of when the stream reaches it"
+        => "the stream case: the call's stream waits for another stream's work through an event";
+    EventSynchronizeReturnsAtOnce "event-synchronize-returns-at-once" "copy" Stream:
+        "event_synchronize returns without waiting for the event (the work before it is still running)"
+        => "the stream case awaited by event_synchronize (copy in f32)";
+    StreamSynchronizeReturnsAtOnce "stream-synchronize-returns-at-once" "copy" Stream:
+        "stream_synchronize returns without waiting for the stream's work"
+        => "the stream case awaited by stream_synchronize (copy in f64)";
+    AddIgnoresStream "add-ignores-stream" "add" Stream:
+        "add runs at once, as if on the default stream, without waiting for the work queued on the stream it is given"
+        => "the stream case: the call's stream waits for another stream's work through an event";
 }
 
 /// A kernel that never returns ([`Bug::RsqrtHangsOnLargeTensors`]): the
