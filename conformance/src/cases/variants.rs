@@ -52,7 +52,16 @@ const CONSTANT_ROWS_CANCEL: &[(&str, &str)] = &[
 /// The cases derived from `base` (the operator's own cases in one dtype).
 pub fn derive(base: &[Case]) -> Vec<Case> {
     let mut out = Vec::new();
-    let bases = pick_bases(base);
+    let eligible = eligible_bases(base);
+    let bases = pick_bases(&eligible);
+    // Every other eligible case in place too where another operand is
+    // broadcast against the output (a scalar or a row): a kernel's
+    // broadcast fast path that re-reads the full operand after writing it.
+    for b in &eligible {
+        if !bases.iter().any(|p| std::ptr::eq(*p, *b)) && broadcasts(b) {
+            out.extend(in_place(b));
+        }
+    }
     for b in &bases {
         out.extend(layouts(b));
         out.extend(in_place(b));
@@ -89,10 +98,35 @@ fn total_elements(c: &Case) -> usize {
     c.tensors.iter().map(|t| t.values.len()).sum()
 }
 
-/// The first and the largest compact, accepted case (once if they are the
+/// Whether an input of `c` has fewer elements than one of its outputs.
+fn broadcasts(c: &Case) -> bool {
+    let largest_output = c
+        .tensors
+        .iter()
+        .filter(|t| t.role == Role::Output)
+        .map(|t| t.values.len().max(super::numel(&t.shape)))
+        .max()
+        .unwrap_or(0);
+    c.tensors
+        .iter()
+        .any(|t| t.role == Role::Input && super::numel(&t.shape) < largest_output)
+}
+
+/// The first and the largest of the eligible cases (once if they are the
 /// same).
-fn pick_bases(cases: &[Case]) -> Vec<&Case> {
-    let eligible: Vec<&Case> = cases
+fn pick_bases<'a>(eligible: &[&'a Case]) -> Vec<&'a Case> {
+    let mut picked: Vec<&Case> = eligible.first().copied().into_iter().collect();
+    if let Some(largest) = eligible.iter().max_by_key(|c| total_elements(c)) {
+        if !std::ptr::eq(*largest, picked[0]) {
+            picked.push(largest);
+        }
+    }
+    picked
+}
+
+/// The compact cases the reference accepts, small enough to derive from.
+fn eligible_bases(cases: &[Case]) -> Vec<&Case> {
+    cases
         .iter()
         .filter(|c| {
             c.tensors
@@ -105,14 +139,7 @@ fn pick_bases(cases: &[Case]) -> Vec<&Case> {
             let dense: Vec<_> = c.tensors.iter().map(TensorSpec::dense).collect();
             (c.reference)(&dense).is_ok()
         })
-        .collect();
-    let mut picked: Vec<&Case> = eligible.first().copied().into_iter().collect();
-    if let Some(largest) = eligible.iter().max_by_key(|c| total_elements(c)) {
-        if !std::ptr::eq(*largest, picked[0]) {
-            picked.push(largest);
-        }
-    }
-    picked
+        .collect()
 }
 
 /// `values` (row-major, of `shape`) made equal along dimension `d`: every
