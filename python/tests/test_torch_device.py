@@ -2,6 +2,7 @@
 copies across vendors, the device guard, streams and events, generators,
 the counted CPU fallback and strict mode, and autoloading."""
 
+import copy
 import os
 import subprocess
 import sys
@@ -240,6 +241,70 @@ def test_integer_histograms_count_as_cuda_counts_them(dtype):
     assert got.cpu().tolist() == torch.histc(x.double(), bins=4, min=0, max=3).tolist() == [1, 2, 3, 1]
     # min == max: the data's range, as for floats.
     assert torch.histc(d, bins=7).cpu().tolist() == torch.histc(x.double(), bins=7).tolist()
+
+
+@pytest.mark.parametrize("index", [FERRITE, COBALT])
+def test_batch_norm_updates_its_running_statistics(index):
+    # native_batch_norm's schema does not say it writes the running
+    # statistics; the CPU fallback must not lose the update (eval-mode
+    # outputs of every BatchNorm model depend on it).
+    dev = f"polychip:{index}"
+    torch.manual_seed(0)
+    for cpu in (torch.nn.BatchNorm1d(3), torch.nn.BatchNorm1d(3, momentum=None), torch.nn.InstanceNorm1d(3, track_running_stats=True)):
+        on = copy.deepcopy(cpu).to(dev)
+        for _ in range(3):
+            x = torch.randn(8, 3, 5) * 2 + 1
+            cpu(x)
+            on(x.to(dev))
+        torch.testing.assert_close(on.running_mean.cpu(), cpu.running_mean)
+        torch.testing.assert_close(on.running_var.cpu(), cpu.running_var)
+        assert on.num_batches_tracked.item() == cpu.num_batches_tracked.item()
+        cpu.eval(), on.eval()
+        x = torch.randn(4, 3, 5)
+        torch.testing.assert_close(on(x.to(dev)).cpu(), cpu(x))
+
+
+def test_fallback_backward_passes_keep_their_arguments():
+    # f64 takes the CPU for gelu's backward: the tanh form must go with it;
+    # rms_norm over two dimensions or in f64 has no CPU backward kernel at
+    # all (CUDA's only): its formula runs instead.
+    dev = f"polychip:{FERRITE}"
+    x = torch.linspace(-4, 4, 9, dtype=torch.float64)
+    for approximate in ("tanh", "none"):
+        want = torch.autograd.grad(torch.nn.functional.gelu(x.requires_grad_(), approximate=approximate).sum(), x)[0]
+        d = x.detach().to(dev).requires_grad_()
+        got = torch.autograd.grad(torch.nn.functional.gelu(d, approximate=approximate).sum(), d)[0]
+        torch.testing.assert_close(got.cpu(), want)
+    for shape, dtype in (((2, 8), torch.float32), ((8,), torch.float64)):
+        torch.manual_seed(1)
+        cpu = torch.nn.RMSNorm(shape, dtype=dtype)
+        with torch.no_grad():
+            cpu.weight.uniform_(0.5, 1.5)
+        on = copy.deepcopy(cpu).to(dev)
+        x = torch.randn(4, 2, 8, dtype=dtype)
+        g = torch.randn(4, 2, 8, dtype=dtype)
+        xc, xd = x.clone().requires_grad_(), x.to(dev).requires_grad_()
+        cpu(xc).backward(g)
+        on(xd).backward(g.to(dev))
+        torch.testing.assert_close(xd.grad.cpu(), xc.grad)
+        torch.testing.assert_close(on.weight.grad.cpu(), cpu.weight.grad)
+
+
+def test_losses_run_in_f32_under_autocast():
+    # As on CUDA, where cross_entropy decomposes into operators autocast
+    # runs in f32: the fused loss casts its 16-bit logits.
+    dev = f"polychip:{FERRITE}"
+    torch.manual_seed(0)
+    x, w, y = torch.randn(16, 50) * 3, torch.randn(50, 40) / 7, torch.randint(0, 40, (16,))
+    wd = w.to(dev).requires_grad_()
+    with torch.autocast("polychip", dtype=torch.bfloat16):
+        logits = x.to(dev) @ wd
+        loss = torch.nn.functional.cross_entropy(logits, y.to(dev))
+    assert logits.dtype == torch.bfloat16 and loss.dtype == torch.float32
+    want = torch.nn.functional.cross_entropy(logits.detach().cpu().float(), y)
+    torch.testing.assert_close(loss.detach().cpu(), want)
+    loss.backward()
+    assert wd.grad.dtype == torch.float32 and torch.isfinite(wd.grad).all()
 
 
 @pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors")

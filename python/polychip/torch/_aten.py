@@ -16,7 +16,9 @@ reads). The test suite's per-operator test is generated from both.
 ``ADJUSTED`` lists operators composed here of other operators, with no
 plugin operator of their own: those CUDA has that the CPU lacks or refuses
 for these inputs (integer histograms, synchronized batch norm's
-statistics), and dropout, whose mask is drawn from the device's generator.
+statistics), dropout, whose mask is drawn from the device's generator, and
+batch norm, run under the name whose schema says it updates the running
+statistics.
 """
 
 import itertools
@@ -512,10 +514,12 @@ def _pow_(self: torch.Tensor, exponent: Any) -> torch.Tensor:
 
 
 def _activation_backward(
-    name: str, op: Any, grad: torch.Tensor, x: torch.Tensor
+    name: str, op: Any, grad: torch.Tensor, x: torch.Tensor, **kwargs: Any
 ) -> torch.Tensor:
+    # ``kwargs``: the operator's own arguments (gelu's ``approximate``),
+    # passed on to the CPU when the call falls back.
     if grad.dtype != x.dtype or grad.shape != x.shape or not _ok(name, grad):
-        return _fallback(op, grad, x)
+        return _fallback(op, grad, x, **kwargs)
     out = _like(x.shape, x.dtype, grad, x)
     getattr(ops, name)(_pc(grad), _pc(x), _pc(out))
     return out
@@ -555,7 +559,9 @@ def _silu_backward(grad: torch.Tensor, self: torch.Tensor) -> torch.Tensor:
 def _gelu_backward(grad: torch.Tensor, self: torch.Tensor, *, approximate: str = "none") -> torch.Tensor:
     if approximate != "tanh":
         return _fallback(aten.gelu_backward.default, grad, self, approximate=approximate)
-    return _activation_backward("gelu_backward", aten.gelu_backward.default, grad, self)
+    return _activation_backward(
+        "gelu_backward", aten.gelu_backward.default, grad, self, approximate=approximate
+    )
 
 
 def _f32_on_device(*xs: torch.Tensor, ops_used: Sequence[str]) -> bool:
@@ -890,6 +896,34 @@ def _rms_norm(
     return out, inv.view((*rows, 1))
 
 
+def _rms_norm_backward_composed(
+    grad_out: torch.Tensor,
+    input: torch.Tensor,
+    k: int,
+    rstd: torch.Tensor,
+    weight: Optional[torch.Tensor],
+    output_mask: Sequence[bool],
+) -> Tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
+    """rms_norm's backward over the last ``k`` dimensions, in f32 (f64 for
+    f64 inputs): with r = rstd and x^ = x r, dx = r (g w - x^ mean(g w x^))
+    and dw = the sum of g x^ over the leading dimensions."""
+    acc = torch.float64 if input.dtype == torch.float64 else torch.float32
+    lead = input.dim() - k
+    x = input.to(acc)
+    g = grad_out.to(acc)
+    r = rstd.to(acc).reshape(*input.shape[:lead], *([1] * k))
+    x_hat = x * r
+    gw = g * weight.to(acc) if weight is not None else g
+    grad_input = None
+    if output_mask[0]:
+        dims = tuple(range(lead, input.dim()))
+        grad_input = (r * (gw - x_hat * (gw * x_hat).mean(dim=dims, keepdim=True))).to(input.dtype)
+    grad_weight = None
+    if output_mask[1] and weight is not None:
+        grad_weight = (g * x_hat).sum(dim=tuple(range(lead))).to(weight.dtype) if lead else (g * x_hat).to(weight.dtype)
+    return grad_input, grad_weight
+
+
 @_impl("_fused_rms_norm_backward")
 def _rms_norm_backward(
     grad_out: torch.Tensor,
@@ -899,10 +933,10 @@ def _rms_norm_backward(
     weight: Optional[torch.Tensor],
     output_mask: Sequence[bool],
 ) -> Tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
-    op = aten._fused_rms_norm_backward.default
-    args = (grad_out, input, normalized_shape, rstd, weight, output_mask)
     if len(normalized_shape) != 1 or not _ok("rms_norm_backward", input, grad_out) or rstd.dtype != torch.float32:
-        return _fallback(op, *args)
+        # The CPU has no kernel for this operator (CUDA's and Meta's only):
+        # its formula in other operators.
+        return _rms_norm_backward_composed(grad_out, input, len(normalized_shape), rstd, weight, output_mask)
     h = input.shape[-1]
     rows = input.shape[:-1]
     w = _or_constant(weight, 1.0, input)
@@ -1091,6 +1125,12 @@ def _cross_entropy_loss(
         and _on_device(self, target)
         and _ok("cross_entropy", self)
     )
+    if fused and self.dtype in (torch.float16, torch.bfloat16) and torch.is_autocast_enabled(_DEVICE):
+        # Autocast runs losses in f32: CUDA decomposes this operator into
+        # log_softmax and nll_loss, which its policy lists as f32; fused,
+        # it is on no list, so the logits are cast here (the cast is in the
+        # graph, so their gradient comes back in their own dtype).
+        self = self.float()
     if not fused:
         # PyTorch's own decomposition (log_softmax and nll_loss, which run
         # on the plugin or are counted as fallbacks).
@@ -1582,6 +1622,29 @@ def _channels(x: torch.Tensor) -> Tuple[List[int], List[int]]:
     shape = [1] * x.dim()
     shape[1] = x.shape[1]
     return dims, shape
+
+
+@_adjust("native_batch_norm")
+def _native_batch_norm(
+    input: torch.Tensor,
+    weight: Optional[torch.Tensor],
+    bias: Optional[torch.Tensor],
+    running_mean: Optional[torch.Tensor],
+    running_var: Optional[torch.Tensor],
+    training: bool,
+    momentum: float,
+    eps: float,
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    # CUDA's and the CPU's kernels update the running statistics in place,
+    # but this operator's schema does not say it writes them, so the CPU
+    # fallback (which writes back what a schema marks written) would lose
+    # the update: BatchNorm's running mean and variance would stay at 0
+    # and 1. The same computation under the name whose schema marks them.
+    if (running_mean is None) != (running_var is None):
+        return _fallback(aten.native_batch_norm.default, input, weight, bias, running_mean, running_var, training, momentum, eps)
+    if running_mean is None:
+        return aten._native_batch_norm_legit.no_stats(input, weight, bias, training, momentum, eps)
+    return aten._native_batch_norm_legit.default(input, weight, bias, running_mean, running_var, training, momentum, eps)
 
 
 @_adjust("batch_norm_stats")
