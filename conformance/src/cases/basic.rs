@@ -106,6 +106,16 @@ fn copy(dtype: DType) -> Vec<Case> {
         (&[], Layout::Contiguous, Layout::Contiguous),
         (&[0, 4], Layout::Contiguous, Layout::Contiguous),
         (&[64, 33], Layout::Contiguous, Layout::Contiguous),
+        // A transpose of more than 4,096 elements whose 37 rows end in a
+        // partial tile (a tiled transpose's path for large copies).
+        (&[37, 130], Layout::Transposed, Layout::Contiguous),
+        (&[130, 37], Layout::Contiguous, Layout::Transposed),
+        // Nine dimensions, past a kernel's fixed arrays of eight.
+        (
+            &[2, 1, 2, 3, 1, 2, 2, 1, 3],
+            Layout::Reversed(3),
+            Layout::Transposed,
+        ),
     ];
     for (shape, src_layout, dst_layout) in layouts {
         let values = any_values(&mut rng, dtype, numel(shape));
@@ -194,8 +204,9 @@ fn binary(op: BinaryOp, dtype: DType) -> Vec<Case> {
     // output has columns, which a bias-row fast path chosen by element
     // count alone would read as a row; the last two have a single-element
     // `b` (0-d and [1]), which a scalar fast path serves (with alpha, for
-    // add and sub).
-    let pairs: [(&[usize], &[usize], Layout); 10] = [
+    // add and sub), and one more has nine dimensions (past a kernel's fixed
+    // arrays of eight).
+    let pairs: [(&[usize], &[usize], Layout); 11] = [
         (&[3, 4], &[3, 4], Layout::Contiguous),
         (&[2, 3], &[3], Layout::Contiguous),
         (&[3, 1, 5], &[4, 1], Layout::Contiguous),
@@ -206,6 +217,7 @@ fn binary(op: BinaryOp, dtype: DType) -> Vec<Case> {
         (&[6, 6], &[6, 1], Layout::Contiguous),
         (&[2, 5], &[], Layout::Contiguous),
         (&[7], &[1], Layout::Contiguous),
+        (&[2, 1, 2, 3, 1, 2, 2, 1, 3], &[2, 1, 3], Layout::Transposed),
     ];
     for (a_shape, b_shape, layout) in pairs {
         let out_shape = reference::broadcast_shapes(a_shape, b_shape).expect("the pairs broadcast");

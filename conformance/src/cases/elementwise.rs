@@ -28,13 +28,15 @@ pub(super) fn cases(op: Op) -> Option<fn(DType) -> Vec<Case>> {
     })
 }
 
-const SHAPES: [(&[usize], Layout); 6] = [
+const SHAPES: [(&[usize], Layout); 7] = [
     (&[], Layout::Contiguous),
     (&[7], Layout::Contiguous),
     (&[3, 5], Layout::Transposed),
     (&[4, 6], Layout::Strided),
     (&[0, 3], Layout::Contiguous),
     (&[2, 3, 67], Layout::Contiguous),
+    // Nine dimensions, past a kernel's fixed arrays of eight.
+    (&[2, 1, 2, 3, 1, 2, 2, 1, 3], Layout::Transposed),
 ];
 
 fn unary_reference(op: UnaryOp, x: &Dense) -> Result<Dense, reference::RefError> {
