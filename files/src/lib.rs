@@ -268,16 +268,45 @@ pub fn check_distinct(inputs: &[(&str, &Path)], outputs: &[(&str, &Path)]) -> Re
     Ok(())
 }
 
+/// The most values (numbers, strings, arrays, objects, ...) a JSON file
+/// parsed with [`parse_json_value`] may hold: a parsed value takes some
+/// 100 bytes and more, so a file of nested empty objects under the 64 MiB
+/// a file may have would otherwise take gigabytes before any check of what
+/// it says. Plans, device lists and model configurations hold thousands.
+pub const MAX_JSON_VALUES: usize = 1 << 20;
+
+thread_local! {
+    /// Values [`parse_json_value`] may still make on this thread.
+    static JSON_BUDGET: std::cell::Cell<usize> = const { std::cell::Cell::new(usize::MAX) };
+}
+
 /// Parses `text` as JSON into a value, refusing an object with two
 /// members of one key (`{"copies": 64, "copies": 1}`), which
-/// `serde_json::from_str::<Value>` would silently read as the last. The
-/// error names the key and, like `serde_json`'s own, the line and column.
+/// `serde_json::from_str::<Value>` would silently read as the last, and a
+/// document of more than [`MAX_JSON_VALUES`] values. The error names the
+/// key and, like `serde_json`'s own, the line and column.
 pub fn parse_json_value(text: &str) -> Result<serde_json::Value, serde_json::Error> {
     use serde::Deserialize;
     let mut de = serde_json::Deserializer::from_str(text);
-    let v = Strict::deserialize(&mut de)?;
+    let before = JSON_BUDGET.replace(MAX_JSON_VALUES);
+    let v = Strict::deserialize(&mut de);
+    JSON_BUDGET.set(before);
+    let v = v?;
     de.end()?;
     Ok(v.0)
+}
+
+/// Takes one value from the thread's budget, or says it is spent.
+fn spend<E: serde::de::Error>() -> Result<(), E> {
+    let left = JSON_BUDGET.get();
+    if left == 0 {
+        return Err(E::custom(format!(
+            "the document holds more than {MAX_JSON_VALUES} values, more than a plan, a device \
+             list or a model configuration has"
+        )));
+    }
+    JSON_BUDGET.set(left - 1);
+    Ok(())
 }
 
 /// A JSON value deserialized with duplicate keys refused.
@@ -285,6 +314,7 @@ struct Strict(serde_json::Value);
 
 impl<'de> serde::Deserialize<'de> for Strict {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        spend::<D::Error>()?;
         d.deserialize_any(StrictVisitor).map(Strict)
     }
 }
@@ -480,6 +510,21 @@ mod tests {
         assert!(parse_json_value(r#"{"a": 1} x"#).is_err());
         // Large integers keep their type.
         assert_eq!(parse_json_value("18446744073709551615").unwrap(), u64::MAX);
+    }
+
+    #[test]
+    fn json_of_more_values_than_any_plan_holds_is_refused_before_it_is_built() {
+        // Nested empty objects: 2^20 + 1 values in 21 MB of text.
+        let many = format!(
+            "[{}{{}}]",
+            "{\"a\":{},\"b\":{}},".repeat(MAX_JSON_VALUES / 3)
+        );
+        let err = parse_json_value(&many).unwrap_err().to_string();
+        assert!(err.contains("more than 1048576 values"), "{err}");
+        // Just under the bound parses, and the budget is per document.
+        let fewer = format!("[{}]", vec!["1"; MAX_JSON_VALUES - 1].join(","));
+        assert!(parse_json_value(&fewer).is_ok());
+        assert!(parse_json_value(&fewer).is_ok());
     }
 
     #[test]

@@ -64,17 +64,39 @@ pub enum SpecError {
         /// What is wrong in it.
         source: Box<SpecError>,
     },
+    /// A file holds more values than any input of the planner has.
+    #[error(
+        "{}: holds more than {} values (counted by their separators), more than any cluster, \
+         model, settings, plan or profile file has",
+        path.display(),
+        polychip_files::MAX_JSON_VALUES
+    )]
+    TooManyValues {
+        /// The file.
+        path: PathBuf,
+    },
     /// A plan to evaluate is inconsistent with the model or the cluster.
     #[error("plan: {0}")]
     Plan(String),
 }
 
-/// Reads a whole file ([`read_text_file`]), naming it in the error.
+/// Reads a whole file ([`read_text_file`]), naming it in the error, and
+/// refuses one with more separators (`{[,=:`, an upper bound on the values
+/// of a TOML or JSON document) than [`polychip_files::MAX_JSON_VALUES`]:
+/// parsing builds a tree of some 100 bytes a value, so a 64 MiB file of
+/// empty tables would take gigabytes before any check of what it says.
 pub(crate) fn read_file(path: &std::path::Path) -> Result<String, SpecError> {
-    read_text_file(path, MAX_TEXT_FILE).map_err(|source| SpecError::Io {
+    let text = read_text_file(path, MAX_TEXT_FILE).map_err(|source| SpecError::Io {
         path: path.to_path_buf(),
         source,
-    })
+    })?;
+    let separators = text.bytes().filter(|b| b"{[,=:".contains(b)).count();
+    if separators > polychip_files::MAX_JSON_VALUES {
+        return Err(SpecError::TooManyValues {
+            path: path.to_path_buf(),
+        });
+    }
+    Ok(text)
 }
 
 use polychip_files::{MAX_TEXT_FILE, read_text_file};
@@ -96,5 +118,15 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("a character device"), "{err}");
+        let dir = std::env::temp_dir().join(format!("polychip-spec-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let nested = dir.join("nested.json");
+        std::fs::write(&nested, "{\"a\":{},".repeat(600_000)).unwrap();
+        let err = read_file(&nested).unwrap_err().to_string();
+        assert!(
+            err.contains("nested.json: holds more than 1048576 values"),
+            "{err}"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -38,9 +38,10 @@ use crate::settings::TrainingSettings;
 const MAX_GROUPS: usize = 4096;
 const MAX_STAGES: usize = 10_000;
 /// The most stage-micro-batch pairs the simulator runs for one plan (each
-/// group's stages times its micro-batches, summed): beyond it a plan is
-/// refused rather than simulated for minutes.
-const MAX_SIMULATED: u64 = 16_000_000;
+/// group's stages times its micro-batches, summed; about 100 bytes and a
+/// microsecond each): beyond it a plan is refused rather than simulated for
+/// long in gigabytes. (128 stages of 16,384 micro-batches stay inside.)
+const MAX_SIMULATED: u64 = 1 << 21;
 
 /// One stage of a pipeline: a chip type (an index into the cluster), its
 /// tensor-parallel degree, whether the next stage shares its node, and its
@@ -128,7 +129,7 @@ pub(crate) fn assemble(
                 pipeline: settings.schedule,
             };
             r.step_time_analytic = r.schedule().analytic_step_time();
-            let sim = r.simulate();
+            let sim = crate::sim::step(&r.schedule());
             r.step_time_simulated = sim.step_time;
             r.bubble_fraction = sim.bubble_fraction;
             r
@@ -339,7 +340,16 @@ impl PlanSpec {
     }
 
     fn from_value(v: &Value) -> Result<PlanSpec, SpecError> {
+        if v.get("plan").is_some() {
+            known_keys(v, "the report", REPORT_KEYS)?;
+        }
         let v = v.get("plan").unwrap_or(v);
+        if v.get("replicas").is_some() {
+            known_keys(v, "the plan", PLAN_KEYS)?;
+        } else if v.get("group").is_some() || v.get("groups").is_some() {
+            known_keys(v, "the plan", TRAIN_PLAN_KEYS)?;
+            one_of(v, "the plan", "group", "groups")?;
+        }
         let (groups, planner) = match (v.get("replicas"), v.get("group"), v.get("groups")) {
             (Some(g), _, _) => (g, true),
             (None, Some(g), _) | (None, None, Some(g)) => (g, false),
@@ -363,6 +373,11 @@ impl PlanSpec {
         let mut out = Vec::with_capacity(groups.len());
         for (gi, g) in groups.iter().enumerate() {
             let at = format!("group {gi}");
+            match planner {
+                true => known_keys(g, &at, PLANNER_GROUP_KEYS)?,
+                false => known_keys(g, &at, GROUP_KEYS)?,
+            }
+            one_of(g, &at, "copies", "dp")?;
             let stages = g
                 .get("stages")
                 .and_then(Value::as_array)
@@ -408,6 +423,10 @@ impl PlanSpec {
             let mut layers: Vec<[u64; 2]> = Vec::with_capacity(stages.len());
             for (si, s) in stages.iter().enumerate() {
                 let at = format!("stage {si} of group {gi}");
+                match planner {
+                    true => known_keys(s, &at, PLANNER_STAGE_KEYS)?,
+                    false => known_keys(s, &at, STAGE_KEYS)?,
+                }
                 per_replica.push(stage_chips(s, &at, copies)?);
                 let range = if planner {
                     [
@@ -584,6 +603,9 @@ impl PlanSpec {
                         c.chips_per_node
                     )));
                 }
+                if let Some(why) = model.tp_refusal(s.tp) {
+                    return Err(plan_err(format!("{at}: {why}")));
+                }
                 let [first, end] = s.layers;
                 // A stage of no layer is scored (as frameworks' plans can
                 // give one, e.g. a transpose alone) and reported as one that
@@ -651,6 +673,117 @@ impl PlanSpec {
     }
 }
 
+/// The keys of `polychip plan --json`'s report (and of `--evaluate
+/// --json`'s) around its `plan` object.
+const REPORT_KEYS: &[&str] = &[
+    "plan",
+    "alone",
+    "candidates",
+    "exhaustive",
+    "hetero_speedup_ratio",
+    "search_seconds",
+    "settings",
+    "bottleneck",
+    "cannot_run",
+    "fits",
+    "group_labels",
+    "measured_chips",
+    "overflows",
+    "polychip_count_chips",
+];
+/// The keys of the planner's `plan` object.
+const PLAN_KEYS: &[&str] = &[
+    "replicas",
+    "model",
+    "kind",
+    "dp",
+    "seq_len",
+    "global_batch",
+    "chips_used",
+    "bubble_fraction",
+    "mfu",
+    "step_time_analytic",
+    "step_time_simulated",
+    "tokens_per_s",
+    "tokens_per_s_simulated",
+    "settings",
+];
+/// The keys of the planner's replicas and their stages (read: the
+/// structure; the others are its predictions, ignored).
+const PLANNER_GROUP_KEYS: &[&str] = &[
+    "copies",
+    "micro_batch_size",
+    "micro_batches",
+    "sequences",
+    "stages",
+    "pipeline",
+    "bubble_fraction",
+    "step_time_analytic",
+    "step_time_simulated",
+];
+const PLANNER_STAGE_KEYS: &[&str] = &[
+    "chip",
+    "tp",
+    "first_layer",
+    "end_layer",
+    "memory",
+    "memory_capacity",
+    "mfu",
+    "timing",
+];
+/// The keys of a `polychip train --save-plan` plan and of one written by
+/// hand, at the top, per group and per stage.
+const TRAIN_PLAN_KEYS: &[&str] = &[
+    "group",
+    "groups",
+    "schedule",
+    "predicted_step_seconds",
+    "core_order",
+];
+const GROUP_KEYS: &[&str] = &[
+    "copies",
+    "dp",
+    "micro_batch_size",
+    "micro_batches",
+    "sequences",
+    "stages",
+];
+const STAGE_KEYS: &[&str] = &[
+    "chip",
+    "device",
+    "tp",
+    "layers",
+    "optimizer_weight",
+    "predicted_passes",
+];
+
+/// Refuses a key of the object `v` that is not in `known` (a misspelt
+/// `micro_batch_szie` or `TP` would otherwise be ignored and the plan
+/// scored with the default).
+fn known_keys(v: &Value, at: &str, known: &[&str]) -> Result<(), SpecError> {
+    let Some(object) = v.as_object() else {
+        return Ok(());
+    };
+    match object.keys().find(|k| !known.contains(&k.as_str())) {
+        Some(k) => Err(plan_err(format!(
+            "{at} has the key {}, which a plan does not have (known here: {})",
+            polychip_files::printable(&format!("{k:?}")),
+            known.join(", ")
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// Refuses an object that gives both of two keys that mean one thing.
+fn one_of(v: &Value, at: &str, a: &str, b: &str) -> Result<(), SpecError> {
+    match v.get(a).is_some() && v.get(b).is_some() {
+        true => Err(plan_err(format!(
+            "{at} gives both {a:?} and {b:?}, which mean the same; give one"
+        ))),
+        false => Ok(()),
+    }
+}
+
 /// The most replicas a stage that mixes chip types may list.
 const MAX_MIXED_REPLICAS: usize = MAX_GROUPS;
 
@@ -661,6 +794,7 @@ const MAX_MIXED_REPLICAS: usize = MAX_GROUPS;
 /// for `copies` replicas; `tp` one number or a list as long as the
 /// entries), naming every replica of the group.
 fn stage_chips(s: &Value, at: &str, copies: u64) -> Result<Vec<(String, u64)>, SpecError> {
+    one_of(s, at, "chip", "device")?;
     let tp = s.get("tp");
     let chip = match (s.get("chip"), s.get("device")) {
         (Some(c), _) | (None, Some(c)) => c,
@@ -675,6 +809,8 @@ fn stage_chips(s: &Value, at: &str, copies: u64) -> Result<Vec<(String, u64)>, S
         let (name, tp) = match c {
             Value::String(n) => (n.clone(), tp),
             Value::Object(_) => {
+                known_keys(c, at, &["chip", "device", "tp", "copies"])?;
+                one_of(c, at, "chip", "device")?;
                 let n = match (c.get("chip"), c.get("device")) {
                     (Some(Value::String(n)), _) | (None, Some(Value::String(n))) => n.clone(),
                     _ => return Err(plan_err(format!("{at} names no chip"))),

@@ -600,11 +600,11 @@ fn simulated_step(stages: Vec<StageTiming>, m: usize, pipeline: PipelineSchedule
         .map(|s| s.forward + s.backward)
         .fold(0.0, f64::max);
     if schedule.stages.iter().any(|s| 2.0 * s.send_next >= slowest) {
-        return sim::simulate(&schedule).step_time;
+        return sim::step(&schedule).step_time;
     }
     let mut at = |k: usize| {
         schedule.microbatches = k;
-        sim::simulate(&schedule).step_time
+        sim::step(&schedule).step_time
     };
     // The mean time a micro-batch adds from `k` to twice `k`, and from
     // there to four times: equal but for the schedule's repeating pattern
@@ -1254,7 +1254,7 @@ mod tests {
                     ],
                 ] {
                     let m = 5001;
-                    let full = sim::simulate(&Schedule {
+                    let full = sim::step(&Schedule {
                         stages: stages.clone(),
                         microbatches: m,
                         pipeline,

@@ -42,7 +42,9 @@ pub struct ModelSpec {
 /// that every count and FLOP figure of the planner stays exact in `u64`
 /// and finite in `f64`.
 pub const MODEL_LIMITS: [(&str, u64); 7] = [
-    ("layers", 10_000),
+    // Eight times Llama 3 405B's 126: the search over a 2^20-chip cluster
+    // takes half a minute at this depth (ten minutes and more at 10,000).
+    ("layers", 1024),
     ("hidden", 1 << 20),
     ("ffn", 1 << 22),
     ("heads", 1 << 16),
@@ -188,6 +190,28 @@ impl ModelSpec {
     }
 
     /// Width of the key (and of the value) projection: `h * g / a`.
+    /// Whether tensor parallelism of degree `tp` splits this model's layers
+    /// as Megatron splits them: whole attention heads and key/value heads
+    /// per chip. (Not the feed-forward width: a model described by its
+    /// FLOPs, a GPT's 4h MLP as a SwiGLU of 8h/3 columns, need not divide;
+    /// frameworks pad it.)
+    pub fn tp_splits(&self, tp: u64) -> bool {
+        tp > 0 && self.heads % tp == 0 && self.kv_heads % tp == 0
+    }
+
+    /// Why tensor parallelism of degree `tp` cannot split this model's
+    /// layers (`None`: it can; see [`ModelSpec::tp_splits`]).
+    pub fn tp_refusal(&self, tp: u64) -> Option<String> {
+        (!self.tp_splits(tp)).then(|| {
+            format!(
+                "tp {tp} does not divide the model's {} attention heads and {} key/value \
+                 heads (Megatron-style tensor parallelism gives each chip whole heads, and \
+                 refuses such a degree)",
+                self.heads, self.kv_heads
+            )
+        })
+    }
+
     pub fn kv_dim(&self) -> u64 {
         self.hidden * self.kv_heads / self.heads
     }
@@ -634,7 +658,7 @@ mod tests {
         // Every size at its limit: the counts are still exact.
         let big = ModelSpec {
             name: "big".into(),
-            layers: 10_000,
+            layers: 1024,
             hidden: 1 << 20,
             ffn: 1 << 22,
             heads: 1 << 16,

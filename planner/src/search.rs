@@ -105,9 +105,14 @@ pub const FULL_ENUMERATION_BUDGET: u64 = 100_000;
 /// square of the number of types, not exponentially.
 pub const LARGEST_K_LIMIT: u64 = 20_000;
 
-/// The most combinations `--exhaustive` may enumerate for one data-parallel
-/// degree; a larger space is refused (the default search handles it).
-pub const EXHAUSTIVE_LIMIT: u64 = 1_000_000;
+/// The most combinations `--exhaustive` may enumerate over all the
+/// data-parallel degrees it tries; a larger space is refused (the default
+/// search handles it). Each combination costs about half a millisecond
+/// (its layer splits and micro-batch sizes), so this bounds an exhaustive
+/// search to some ten seconds. (Until 2026-12-05 the bound was 10^6 for
+/// the first degree alone, which let four types of 16 chips run for eight
+/// minutes.)
+pub const EXHAUSTIVE_LIMIT: u64 = 20_000;
 
 impl Default for PlanOptions {
     fn default() -> Self {
@@ -229,12 +234,13 @@ pub fn plan(
     }
     if options.exhaustive {
         let ctx = Ctx::new(model, cluster, settings, options);
-        let combos = ctx.combinations(1, true);
+        let combos = ctx.exhaustive_combinations();
         if combos > EXHAUSTIVE_LIMIT {
             return Err(PlanError::TooLarge(format!(
                 "an exhaustive search of this cluster would enumerate {} combinations of chip \
-                 types, tensor-parallel degrees and stage counts for one data-parallel degree \
-                 alone, more than the {EXHAUSTIVE_LIMIT} it may; plan without --exhaustive",
+                 types, tensor-parallel degrees and stage counts over its data-parallel \
+                 degrees, more than the {EXHAUSTIVE_LIMIT} it may (about half a millisecond \
+                 each); plan without --exhaustive",
                 if combos == u64::MAX {
                     "more than 2^64".to_string()
                 } else {
@@ -756,7 +762,7 @@ impl<'a> Ctx<'a> {
         let chip = self.chip(ty);
         TP_DEGREES
             .iter()
-            .filter(|&&tp| chip.chips_per_node % tp == 0)
+            .filter(|&&tp| chip.chips_per_node % tp == 0 && self.model.tp_splits(tp))
             .map(|&tp| (tp, (chip.count / (d * tp)).min(self.model.layers)))
             .filter(|&(_, k)| k > 0)
             .collect()
@@ -764,6 +770,21 @@ impl<'a> Ctx<'a> {
 
     /// Combinations of one option per type (unused included) for `d`
     /// replicas: with every stage count (`every_k`) or the largest only.
+    fn exhaustive_combinations(&self) -> u64 {
+        let big_b = self.settings.global_batch;
+        let max_count = self
+            .cluster
+            .chip_types
+            .iter()
+            .map(|c| c.count)
+            .max()
+            .unwrap_or(0);
+        (1..=max_count.min(big_b))
+            .filter(|d| big_b % d == 0)
+            .map(|d| self.combinations(d, true))
+            .fold(0u64, u64::saturating_add)
+    }
+
     fn combinations(&self, d: u64, every_k: bool) -> u64 {
         (0..self.cluster.chip_types.len()).fold(1u64, |acc, ty| {
             let ks = self.largest_ks(ty, d);

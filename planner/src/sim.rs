@@ -149,8 +149,20 @@ fn splits_backward(schedule: PipelineSchedule, i: usize) -> bool {
     schedule == PipelineSchedule::ZeroBubble && i > 0
 }
 
-/// Simulates one step of `schedule` (see the module docs).
+/// Simulates one step of `schedule` (see the module docs), keeping every
+/// event (for a trace).
 pub fn simulate(schedule: &Schedule) -> SimResult {
+    run(schedule, true)
+}
+
+/// [`simulate`] without the events (`events` is empty): the step time and
+/// the stages' busy time only, in memory that does not grow with the
+/// events' count.
+pub fn step(schedule: &Schedule) -> SimResult {
+    run(schedule, false)
+}
+
+fn run(schedule: &Schedule, keep_events: bool) -> SimResult {
     let st = &schedule.stages;
     let p = st.len();
     let m = schedule.microbatches.max(1);
@@ -166,7 +178,7 @@ pub fn simulate(schedule: &Schedule) -> SimResult {
     let mut arrive_bwd = vec![vec![None::<f64>; m]; p];
     // When each stage's sender thread is next free (asynchronous sends).
     let mut sender_free = vec![0.0f64; p];
-    let mut events = Vec::with_capacity(p * m * 5 + 2 * p);
+    let mut events = Vec::with_capacity(if keep_events { p * m * 5 + 2 * p } else { 0 });
     let mut progress = true;
     while progress {
         progress = false;
@@ -191,13 +203,15 @@ pub fn simulate(schedule: &Schedule) -> SimResult {
                 };
                 let end = start + dur;
                 free[i] = end;
-                events.push(Event {
-                    stage: i,
-                    kind,
-                    microbatch: Some(j),
-                    start,
-                    end,
-                });
+                if keep_events {
+                    events.push(Event {
+                        stage: i,
+                        kind,
+                        microbatch: Some(j),
+                        start,
+                        end,
+                    });
+                }
                 if pass == Pass::Forward {
                     fwd_end[i][j] = Some(end);
                 }
@@ -226,13 +240,15 @@ pub fn simulate(schedule: &Schedule) -> SimResult {
                         EventKind::SendGradient => arrive_bwd[i][j] = Some(arrival),
                         _ => arrive_fwd[i][j] = Some(arrival),
                     }
-                    events.push(Event {
-                        stage: i,
-                        kind,
-                        microbatch: Some(j),
-                        start: from,
-                        end: arrival,
-                    });
+                    if keep_events {
+                        events.push(Event {
+                            stage: i,
+                            kind,
+                            microbatch: Some(j),
+                            start: from,
+                            end: arrival,
+                        });
+                    }
                 }
                 next[i] += 1;
                 progress = true;
@@ -247,20 +263,22 @@ pub fn simulate(schedule: &Schedule) -> SimResult {
     for (i, s) in st.iter().enumerate() {
         let ar_end = free[i] + s.dp_allreduce;
         let opt_end = ar_end + s.optimizer;
-        events.push(Event {
-            stage: i,
-            kind: EventKind::AllReduce,
-            microbatch: None,
-            start: free[i],
-            end: ar_end,
-        });
-        events.push(Event {
-            stage: i,
-            kind: EventKind::Optimizer,
-            microbatch: None,
-            start: ar_end,
-            end: opt_end,
-        });
+        if keep_events {
+            events.push(Event {
+                stage: i,
+                kind: EventKind::AllReduce,
+                microbatch: None,
+                start: free[i],
+                end: ar_end,
+            });
+            events.push(Event {
+                stage: i,
+                kind: EventKind::Optimizer,
+                microbatch: None,
+                start: ar_end,
+                end: opt_end,
+            });
+        }
         step_time = step_time.max(opt_end);
     }
     let stage_busy: Vec<f64> = st

@@ -267,13 +267,63 @@ fn inconsistent_plans_are_refused_naming_what_is_wrong() {
             one(r#"{"device": "nvidia-a800-class", "layers": [0, -1]}"#, ""),
             "layers holds -1, not a layer index",
         ),
+        // A misspelt or foreign key is refused, not ignored (the plan was
+        // scored at tp 1 and one replica), and so are two keys meaning one.
+        (
+            one(
+                r#"{"chip": "nvidia-a800-class", "TP": 4, "layers": [0, 32]}"#,
+                "",
+            ),
+            "stage 0 of group 0 has the key \"TP\", which a plan does not have",
+        ),
+        (
+            one(a800, r#", "replicas": 8"#),
+            "group 0 has the key \"replicas\", which a plan does not have",
+        ),
+        (
+            one(a800, r#", "micro_batch_szie": 2"#),
+            "group 0 has the key \"micro_batch_szie\"",
+        ),
+        (
+            one(a800, r#", "copies": 1, "dp": 2"#),
+            "group 0 gives both \"copies\" and \"dp\"",
+        ),
+        (
+            one(
+                r#"{"chip": "nvidia-a800-class", "device": "biren-br104-class", "layers": [0, 32]}"#,
+                "",
+            ),
+            "gives both \"chip\" and \"device\"",
+        ),
     ];
     for (text, want) in cases {
         let got = err(&text, true, &m);
         assert!(got.contains(want), "{text}\nwanted {want:?}\ngot {got:?}");
     }
-    // A plan too large to simulate is refused, not run for minutes: 300
-    // one-layer stages of 65,536 micro-batches.
+    // Tensor parallelism gives each chip whole heads: 20 heads do not
+    // split 8 ways (Megatron refuses it), and the search does not propose it.
+    let twenty = ModelSpec {
+        heads: 20,
+        kv_heads: 20,
+        hidden: 2560,
+        ..ModelSpec::llama_7b()
+    };
+    let got = err(
+        &one(
+            r#"{"chip": "nvidia-a800-class", "tp": 8, "layers": [0, 32]}"#,
+            "",
+        ),
+        true,
+        &twenty,
+    );
+    assert!(
+        got.contains("tp 8 does not divide the model's 20 attention heads"),
+        "{got}"
+    );
+    // A plan too large to simulate is refused, not run for minutes in
+    // gigabytes: 300 one-layer stages of 65,536 micro-batches (and 200
+    // stages of 16,384: 3.3 M pairs, which took 4 GB when the bound was
+    // 16 M and the simulator kept every event).
     let deep = ModelSpec {
         layers: 300,
         ..ModelSpec::llama_7b()
@@ -285,9 +335,22 @@ fn inconsistent_plans_are_refused_naming_what_is_wrong() {
     );
     let got = err(&text, true, &deep);
     assert!(
-        got.contains("more than the 16000000 the planner runs"),
+        got.contains("more than the 2097152 the planner runs"),
         "{got}"
     );
+    let text = format!(
+        r#"{{"group": [{{"micro_batch_size": 1, "micro_batches": 16384, "stages": [{}]}}]}}"#,
+        stages[..200].join(", ")
+    );
+    let got = err(
+        &text,
+        true,
+        &ModelSpec {
+            layers: 200,
+            ..deep
+        },
+    );
+    assert!(got.contains("3276800 stage-micro-batch pairs"), "{got}");
 }
 
 #[test]

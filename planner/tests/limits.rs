@@ -127,3 +127,30 @@ fn the_1024_and_4096_chip_examples_plan_within_their_bounds() {
         );
     }
 }
+
+/// The search proposes only tensor-parallel degrees that give each chip
+/// whole heads: a model of 20 heads is never split 8 ways (it was, on
+/// clusters of 8-chip nodes, and Megatron refuses such a plan).
+#[test]
+fn the_search_splits_only_whole_heads() {
+    let model = ModelSpec {
+        heads: 20,
+        kv_heads: 20,
+        hidden: 2560,
+        ..ModelSpec::llama_7b()
+    };
+    for types in [1, 3] {
+        let found = plan(
+            &model,
+            &cluster_of(types),
+            &TrainingSettings::new(64),
+            &PlanOptions::default(),
+        )
+        .unwrap();
+        for r in &found.plan.replicas {
+            for s in &r.stages {
+                assert!(model.tp_splits(s.tp), "tp {} for 20 heads", s.tp);
+            }
+        }
+    }
+}
