@@ -496,7 +496,36 @@ fn softmax(dtype: DType) -> Vec<Case> {
         x,
         Layout::Contiguous,
     ));
+    cases.push(softmax_case(
+        dtype,
+        padded_rows::LABEL.into(),
+        &padded_rows::SHAPE,
+        padded_rows::values(&mut rng, dtype),
+        Layout::Contiguous,
+    ));
     cases
+}
+
+/// Rows of 2,048 logits of -10,000 (masked, as an attention or a padded
+/// batch masks them) but for a window of 128 ordinary logits, 256 further
+/// in each row: a row's maximum that one part of a work-group's tree never
+/// reaches is off by 10,000, where exp overflows or gives 0/0.
+pub(super) mod padded_rows {
+    use super::*;
+
+    pub const LABEL: &str = "rows of 2048 masked logits (-10000) but for a window of 128, moving";
+    pub const SHAPE: [usize; 2] = [8, 2048];
+    pub const WINDOW: usize = 128;
+
+    pub fn values(rng: &mut Rng, dtype: DType) -> Vec<f64> {
+        let masked = crate::values::round_to(dtype, -10_000.0);
+        let mut x = vec![masked; SHAPE[0] * SHAPE[1]];
+        for r in 0..SHAPE[0] {
+            let at = r * SHAPE[1] + 256 * r;
+            x[at..at + WINDOW].copy_from_slice(&rng.values(dtype, WINDOW, -4.0, 4.0));
+        }
+        x
+    }
 }
 
 fn softmax_case(dtype: DType, label: String, shape: &[usize], x: Vec<f64>, layout: Layout) -> Case {

@@ -609,6 +609,25 @@ fn reduce(op: ReduceOp, dtype: DType) -> Vec<Case> {
             Layout::Contiguous,
         ));
     }
+    if op == ReduceOp::Argmax {
+        // -0 and +0 are equal: a tie, which argmax breaks by the first
+        // index whichever zero comes first (a comparison that ranks +0
+        // above -0 does not), in short rows and in rows long enough for a
+        // work-group's tree of partial results.
+        let mut x = vec![-1.0; 2 * 100];
+        (x[3], x[70]) = (-0.0, 0.0);
+        (x[100 + 5], x[100 + 90]) = (0.0, -0.0);
+        cases.push(reduce_case(
+            op,
+            dtype,
+            "rows whose maximum is -0 and +0 tied".into(),
+            &[2, 100],
+            x,
+            1,
+            false,
+            Layout::Contiguous,
+        ));
+    }
     cases
 }
 

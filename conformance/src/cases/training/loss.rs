@@ -186,6 +186,20 @@ pub(super) fn cross_entropy_plans(rng: &mut Rng, dtype: DType) -> Vec<CrossEntro
             0.0,
         );
     }
+    // Masked rows (`padded_rows`), each target inside its row's window:
+    // the masked logits' -10,000 enters no result but the row maximum.
+    let [n, c] = crate::cases::basic::padded_rows::SHAPE;
+    plans.push(CrossEntropyPlan {
+        label: format!("{} [{n}, {c}] i64", crate::cases::basic::padded_rows::LABEL),
+        logits: crate::cases::basic::padded_rows::values(rng, dtype),
+        n,
+        c,
+        targets: (0..n).map(|r| (256 * r + 17 * r % 128) as f64).collect(),
+        idx_dtype: DType::I64,
+        ignore_index: -100,
+        layouts: [C; 2],
+        extra: 0,
+    });
     plans
 }
 
