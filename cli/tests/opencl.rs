@@ -67,6 +67,33 @@ fn conform_passes_every_case_with_nothing_unimplemented() {
     assert_eq!(code, 0, "{text}");
 }
 
+/// The row kernels (reductions, softmax, norms, embedding backward's sort,
+/// matmul's tiles) built for groups of 32 work-items, as a GPU whose
+/// kernels allow fewer than the device's 256 needs
+/// (`POLYCHIP_OPENCL_WORK_GROUP`), pass as they do at 256.
+#[test]
+fn row_kernels_pass_at_a_smaller_work_group() {
+    let Some(plugin) = opencl() else {
+        return;
+    };
+    let ops = "^(sum|max|argmax|softmax|log_softmax_backward|cross_entropy|rms_norm|layer_norm_backward|embedding_backward|matmul|attention)$";
+    let (code, text, doc) = conform_report(
+        &["--plugin", &plugin, "--ops", ops, "--dtype", "f32"],
+        &[("POLYCHIP_OPENCL_WORK_GROUP", "32")],
+    );
+    let rows = doc["rows"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no report: {text}"));
+    let total = |key: &str| rows.iter().map(|r| r[key].as_u64().unwrap()).sum::<u64>();
+    assert_eq!(
+        (total("failed"), total("not_implemented")),
+        (0, 0),
+        "{text}"
+    );
+    assert_eq!(rows.len(), 11, "{text}");
+    assert_eq!(code, 0, "{text}");
+}
+
 #[test]
 fn no_driver_means_zero_devices_and_the_reason() {
     let plugin = built_plugin(PLUGIN);

@@ -291,7 +291,20 @@ impl<'a> Ctx<'a> {
             return Ok(());
         }
         let built = self.programs.get(self.device, flavor)?;
-        let kernel = built.kernel(name)?;
+        let (kernel, most) = built.kernel(name, self.device)?;
+        if let Some(group) = local.map(|l| l.iter().product::<usize>())
+            && group > most
+        {
+            return Err(Error::unimplemented(format!(
+                "opencl: {}: the kernel {name} runs at most {most} work-items in a group on {}, \
+                 fewer than the {group} it is launched with; set {}={} (a power of two no \
+                 larger) to build the row kernels for smaller groups",
+                self.op,
+                self.device.info.name,
+                crate::program::WORK_GROUP_VAR,
+                1usize << most.max(1).ilog2()
+            )));
+        }
         let mut args = Args::new(&kernel, name);
         set(&mut args)?;
         args.run(self.queue, global, local)

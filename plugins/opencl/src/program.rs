@@ -121,11 +121,17 @@ impl Flavor {
     }
 }
 
+/// The variable that sets the work-group size of the row kernels.
+pub const WORK_GROUP_VAR: &str = "POLYCHIP_OPENCL_WORK_GROUP";
+
 /// A built program and the kernels taken from it so far.
 #[derive(Debug)]
 pub struct Built {
     program: Program,
-    kernels: Mutex<HashMap<String, Arc<Mutex<Kernel>>>>,
+    /// Each kernel taken so far, and the most work-items a group of it may
+    /// have on the device (`CL_KERNEL_WORK_GROUP_SIZE`, which a kernel that
+    /// needs many registers has below the device's own limit).
+    kernels: Mutex<HashMap<String, (Arc<Mutex<Kernel>>, usize)>>,
 }
 
 // SAFETY: program objects are thread-safe; the kernels are behind mutexes.
@@ -143,9 +149,23 @@ pub struct Programs {
 }
 
 impl Programs {
-    /// No program built yet; `wg` from the device's limit.
+    /// No program built yet; `wg` from the device's limit, or from
+    /// `POLYCHIP_OPENCL_WORK_GROUP` (a power of two from 16 to the device's
+    /// limit; anything else is ignored with a warning) where a kernel allows
+    /// fewer work-items than the device.
     pub fn new(device: &Device) -> Programs {
-        let mut wg = 256usize.min(device.info.max_work_group.max(1));
+        let limit = device.info.max_work_group.max(1);
+        let mut wg = 256usize.min(limit);
+        if let Ok(text) = std::env::var(WORK_GROUP_VAR) {
+            match text.trim().parse::<usize>() {
+                Ok(n) if n.is_power_of_two() && (16..=limit).contains(&n) => wg = n,
+                _ => log::warn!(
+                    "opencl: {WORK_GROUP_VAR}={text:?} is not a power of two from 16 to {}'s \
+                     limit of {limit}; ignored",
+                    device.info.name
+                ),
+            }
+        }
         while !wg.is_power_of_two() {
             wg &= wg - 1;
         }
@@ -221,17 +241,21 @@ impl Programs {
 }
 
 impl Built {
-    /// The kernel named `name`, created on first use.
-    pub fn kernel(&self, name: &str) -> Result<Arc<Mutex<Kernel>>> {
+    /// The kernel named `name`, created on first use, and the most
+    /// work-items a group of it may have on `device`.
+    pub fn kernel(&self, name: &str, device: &Device) -> Result<(Arc<Mutex<Kernel>>, usize)> {
         let mut kernels = self.kernels.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(k) = kernels.get(name) {
-            return Ok(Arc::clone(k));
+        if let Some((k, most)) = kernels.get(name) {
+            return Ok((Arc::clone(k), *most));
         }
         let kernel = Kernel::create(&self.program, name)
             .map_err(|e| cl_error(&format!("clCreateKernel({name})"), e.0))?;
+        let most = kernel
+            .get_work_group_size(device.id)
+            .map_err(|e| cl_error(&format!("clGetKernelWorkGroupInfo({name})"), e.0))?;
         let kernel = Arc::new(Mutex::new(kernel));
-        kernels.insert(name.to_owned(), Arc::clone(&kernel));
-        Ok(kernel)
+        kernels.insert(name.to_owned(), (Arc::clone(&kernel), most));
+        Ok((kernel, most))
     }
 }
 
