@@ -131,8 +131,11 @@ pub struct Built {
     /// Each kernel taken so far, and the most work-items a group of it may
     /// have on the device (`CL_KERNEL_WORK_GROUP_SIZE`, which a kernel that
     /// needs many registers has below the device's own limit).
-    kernels: Mutex<HashMap<String, (Arc<Mutex<Kernel>>, usize)>>,
+    kernels: Mutex<HashMap<String, (SharedKernel, usize)>>,
 }
+
+/// A kernel object, shared by the calls that launch it (one at a time).
+type SharedKernel = Arc<Mutex<Kernel>>;
 
 // SAFETY: program objects are thread-safe; the kernels are behind mutexes.
 unsafe impl Send for Built {}
@@ -243,7 +246,7 @@ impl Programs {
 impl Built {
     /// The kernel named `name`, created on first use, and the most
     /// work-items a group of it may have on `device`.
-    pub fn kernel(&self, name: &str, device: &Device) -> Result<(Arc<Mutex<Kernel>>, usize)> {
+    pub fn kernel(&self, name: &str, device: &Device) -> Result<(SharedKernel, usize)> {
         let mut kernels = self.kernels.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some((k, most)) = kernels.get(name) {
             return Ok((Arc::clone(k), *most));
