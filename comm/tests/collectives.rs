@@ -293,6 +293,34 @@ fn lost_peer_is_reported() {
     );
 }
 
+/// Ranks that disagree on a broadcast's root (each its own) fail at once,
+/// naming both calls: each used to return its own data as if broadcast.
+#[test]
+fn a_broadcast_whose_ranks_disagree_on_the_root_fails_on_every_rank() {
+    for len in [16usize, 3 << 20] {
+        let results = world(2, |c| {
+            let me = c.rank();
+            let mut buf = vec![me as u8 + 1; len];
+            let started = std::time::Instant::now();
+            (c.broadcast(&mut buf, me), started.elapsed())
+        });
+        for (r, took) in results {
+            let e = r.expect_err("the roots differ");
+            assert!(matches!(e, CommError::Mismatch { .. }), "{e}");
+            assert!(e.to_string().contains("(as its root)"), "{e}");
+            assert!(took < std::time::Duration::from_secs(5), "{took:?}");
+        }
+    }
+    // Agreeing ranks still broadcast, the root included.
+    let results = world(3, |c| {
+        let mut buf = vec![c.rank() as u8; 5000];
+        c.broadcast(&mut buf, 2).map(|()| buf)
+    });
+    for r in results {
+        assert!(r.unwrap().iter().all(|&b| b == 2));
+    }
+}
+
 #[test]
 fn mismatched_counts_and_dtypes() {
     for dtype_differs in [false, true] {

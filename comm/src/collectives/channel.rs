@@ -3,7 +3,7 @@
 //! signal for (class, sender); the receiver checks the header, reads the
 //! payload in place and returns a credit that frees the slot.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::{Communicator, DType, HDR, NSLOT, ReduceOp, SCRATCH, SLOT};
 use crate::error::{CommError, Result};
@@ -220,6 +220,71 @@ impl Communicator {
     }
 
     /// Returns the slot of `peer`'s oldest unreleased message.
+    /// Waits until `peer` has taken all but `pending` of the messages of
+    /// `class` this rank sent it (`h`'s call, as a root that receives
+    /// nothing from `peer`). A root that returned without waiting would let
+    /// a collective whose ranks disagree on the root succeed on every rank,
+    /// each keeping its own data: if `peer` sends this rank a message of
+    /// `class` meanwhile, it is in another call, and the mismatch is
+    /// reported at once with both calls described.
+    pub(crate) fn await_taken(
+        &mut self,
+        class: usize,
+        peer: usize,
+        h: &Header,
+        len: usize,
+        pending: u64,
+    ) -> Result<()> {
+        let sent = self.sent[peer][class].saturating_sub(pending);
+        let credit = SignalId((128 + class * 64 + peer) as u32);
+        let data = SignalId((class * 64 + peer) as u32);
+        let deadline = *self
+            .deadline
+            .get_or_insert_with(|| Instant::now() + self.timeout);
+        let what = || format!("rank {peer} to take this rank's {}", h.kind);
+        let mut lost = false;
+        loop {
+            if self.transport.signal_value(credit) >= sent {
+                return Ok(());
+            }
+            let m = self.received[peer][class];
+            // The peer releases before it sends again, so a credit that
+            // came with its message is seen here.
+            if self.transport.signal_value(data) > m {
+                if self.transport.signal_value(credit) >= sent {
+                    return Ok(());
+                }
+                let off = self.slot(class, peer, m);
+                let mut got = [0u64; 4];
+                let raw = self.view.bytes(off, 32).chunks_exact(8);
+                got.iter_mut()
+                    .zip(raw)
+                    .for_each(|(w, b)| *w = u64::from_ne_bytes(b.try_into().expect("8 bytes")));
+                let message = format!(
+                    "rank {peer} called {}, this rank called {} (as its root)",
+                    Header::describe(&got),
+                    Header::describe(&h.words(len))
+                );
+                return Err(self.fail(CommError::Mismatch {
+                    rank: self.rank,
+                    op: h.kind.into(),
+                    message,
+                }));
+            }
+            let slice = (Instant::now() + Duration::from_millis(10)).min(deadline);
+            if slice >= deadline || lost {
+                return self.wait(credit, sent, what);
+            }
+            match self.transport.wait(credit, sent, slice) {
+                Ok(()) => return Ok(()),
+                Err(CommError::Timeout { .. }) => {}
+                // A peer that found the mismatch first may have left
+                // already: look once more for its message before saying so.
+                Err(_) => lost = true,
+            }
+        }
+    }
+
     pub(crate) fn release(&mut self, class: usize, peer: usize) -> Result<()> {
         self.received[peer][class] += 1;
         let credit = SignalId((128 + class * 64 + self.rank) as u32);

@@ -1,9 +1,9 @@
 //! Operations that move data without reducing it: all-gather, all-to-all,
 //! broadcast, send/recv and the barrier.
 
-use super::Communicator;
 use super::channel::Header;
 use super::ops::piece;
+use super::{Communicator, NSLOT};
 use crate::error::Result;
 
 impl Communicator {
@@ -71,12 +71,23 @@ impl Communicator {
             let r = piece(buf.len(), seg, p);
             if self.rank == root {
                 for peer in self.peers() {
+                    // A free slot first, waited for as below (a peer that
+                    // is not taking may be in another call).
+                    self.await_taken(0, peer, &h, r.len(), NSLOT - 1)?;
                     self.put(0, peer, &h, &buf[r.clone()])?;
                 }
             } else {
                 let off = self.take(0, root, &h, r.len())?;
                 buf[r.clone()].copy_from_slice(view.bytes(off, r.len()));
                 self.release(0, root)?;
+            }
+        }
+        // The root returns once every peer has taken the data: ranks that
+        // disagree on the root then fail, instead of each returning its own.
+        if self.rank == root {
+            let last = piece(buf.len(), seg, pieces.saturating_sub(1)).len();
+            for peer in self.peers() {
+                self.await_taken(0, peer, &h, last, 0)?;
             }
         }
         Ok(())

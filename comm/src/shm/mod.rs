@@ -313,19 +313,60 @@ impl ShmTransport {
         self.ctl[rank].word((SIG_BASE + signal.0 as usize * SIG_STRIDE) / 8)
     }
 
-    /// `Some(why)` when `peer` closed its transport or its process is gone.
-    fn lost(&self, peer: usize) -> Option<String> {
-        if self.ctl[peer].word(CLOSED).load(Ordering::Acquire) != 0 {
-            return Some("it closed its transport".into());
-        }
-        let pid = self.pids[peer];
-        // SAFETY: kill with signal 0 only checks that the process exists.
-        let failed = pid > 0 && unsafe { libc::kill(pid, 0) } != 0;
-        if failed && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH) {
-            return Some(format!("its process {pid} has exited"));
-        }
-        None
+    /// Whether `peer` closed its transport: it left the job cleanly.
+    fn closed(&self, peer: usize) -> bool {
+        self.ctl[peer].word(CLOSED).load(Ordering::Acquire) != 0
     }
+
+    /// `Some(why)` when `peer`'s process is gone without closing its
+    /// transport: exited, killed, or a zombie its parent has not reaped
+    /// (which `kill(pid, 0)` still finds; a rank that calls `os._exit` under
+    /// a launcher that does not wait for it stays one).
+    fn gone(&self, peer: usize) -> Option<String> {
+        let pid = self.pids[peer];
+        process_gone(pid).then(|| format!("its process {pid} has exited"))
+    }
+
+    /// Why a wait cannot be satisfied any more, if it cannot: a peer whose
+    /// process is gone without closing its transport (a crash), or every
+    /// peer closed (as TCP's goodbyes: a peer that left cleanly is not a
+    /// failure while others may still raise the signal; collectives only
+    /// wait on a departed peer's credits from its last call).
+    fn failure(&self) -> Option<(usize, String)> {
+        let peers = (0..self.world).filter(|&p| p != self.rank);
+        if let Some(lost) = peers
+            .clone()
+            .filter(|&p| !self.closed(p))
+            .find_map(|p| self.gone(p).map(|w| (p, w)))
+        {
+            return Some(lost);
+        }
+        let mut closed = peers.clone().filter(|&p| self.closed(p));
+        let first = closed.next()?;
+        (closed.count() + 1 == self.world - 1).then(|| (first, "it closed its transport".into()))
+    }
+}
+
+/// Whether process `pid` has exited: not found, or a zombie (found by
+/// `kill(pid, 0)` until its parent reaps it).
+fn process_gone(pid: i32) -> bool {
+    if pid <= 0 {
+        return false;
+    }
+    // SAFETY: kill with signal 0 only checks that the process exists.
+    let failed = unsafe { libc::kill(pid, 0) } != 0;
+    if failed && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH) {
+        return true;
+    }
+    // /proc/PID/stat: "pid (comm) state ...", the command in parentheses
+    // (which may hold spaces and parentheses itself).
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    let state = stat
+        .rsplit_once(')')
+        .and_then(|(_, rest)| rest.trim_start().chars().next());
+    matches!(state, Some('Z' | 'X'))
 }
 
 impl Transport for ShmTransport {
@@ -447,10 +488,7 @@ impl Transport for ShmTransport {
             let now = Instant::now();
             if now >= next_check {
                 next_check = now + Duration::from_millis(100);
-                if let Some((peer, why)) = (0..self.world)
-                    .filter(|&p| p != self.rank)
-                    .find_map(|p| self.lost(p).map(|w| (p, w)))
-                {
+                if let Some((peer, why)) = self.failure() {
                     if counter.load(Ordering::Acquire) >= value {
                         return Ok(());
                     }
@@ -514,6 +552,28 @@ impl Drop for ShmTransport {
 mod tests {
     use super::*;
     use std::time::SystemTime;
+
+    /// A peer that exited is gone even while its parent has not reaped it
+    /// (a zombie, which `kill(pid, 0)` still finds): a rank that called
+    /// `os._exit` under a launcher that does not wait was waited for until
+    /// the timeout.
+    #[test]
+    fn an_exited_process_is_gone_before_it_is_reaped() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("0.05")
+            .spawn()
+            .unwrap();
+        let pid = child.id() as i32;
+        assert!(!process_gone(pid));
+        let until = Instant::now() + Duration::from_secs(10);
+        while !process_gone(pid) && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(process_gone(pid), "a zombie counts as gone");
+        child.wait().unwrap();
+        assert!(process_gone(pid));
+        assert!(!process_gone(std::process::id() as i32));
+    }
 
     fn scratch(name: &str) -> std::path::PathBuf {
         let dir = std::env::temp_dir().join(format!("polychip-shm-{name}-{}", std::process::id()));

@@ -142,10 +142,50 @@ def _device_module(native: Any) -> ModuleType:
     def is_bf16_supported(including_emulation: bool = True) -> bool:
         return True
 
+    # Streams and events under torch.cuda's names, which device-generic code
+    # (distributed checkpointing, FSDP) calls on the current accelerator's
+    # module. Polychip streams complete their work before each call
+    # returns, so they order nothing, but they are real torch.Stream
+    # objects of the device.
+    def _device(device: Any) -> torch.device:
+        return torch.device(_NAME, _index(_NAME if device is None else device))
+
+    def current_stream(device: Any = None) -> torch.Stream:
+        return torch.accelerator.current_stream(_device(device))
+
+    def default_stream(device: Any = None) -> torch.Stream:
+        return torch.Stream(device=_device(device), priority=0)
+
+    def Stream(device: Any = None, priority: int = 0, **_: Any) -> torch.Stream:  # noqa: N802 - torch.cuda's name
+        return torch.Stream(device=_device(device), priority=priority)
+
+    def Event(enable_timing: bool = False, blocking: bool = False, interprocess: bool = False) -> torch.Event:  # noqa: N802
+        return torch.Event(device=_device(None), enable_timing=enable_timing, blocking=blocking, interprocess=interprocess)
+
+    def set_stream(stream: torch.Stream) -> None:
+        torch.accelerator.set_stream(stream)
+
+    class stream:  # noqa: N801 - torch.cuda's name
+        """Context manager making ``s`` its device's current stream (None:
+        no change)."""
+
+        def __init__(self, s: Any) -> None:
+            self.s = s
+
+        def __enter__(self) -> Any:
+            if self.s is not None:
+                self.previous = torch.accelerator.current_stream(self.s.device)
+                torch.accelerator.set_stream(self.s)
+            return self.s
+
+        def __exit__(self, *exc: Any) -> None:
+            if self.s is not None:
+                torch.accelerator.set_stream(self.previous)
+
     for f in (
         is_available, synchronize, manual_seed, manual_seed_all, get_rng_state, set_rng_state, device,
         memory_allocated, max_memory_allocated, reset_peak_memory_stats, empty_cache, get_device_name,
-        is_bf16_supported,
+        is_bf16_supported, current_stream, default_stream, Stream, Event, set_stream, stream,
     ):
         setattr(m, f.__name__, f)
     m.memory_reserved = memory_allocated

@@ -1624,6 +1624,15 @@ def _channels(x: torch.Tensor) -> Tuple[List[int], List[int]]:
     return dims, shape
 
 
+@_adjust("record_stream")
+def _record_stream(self: torch.Tensor, stream: Any) -> None:
+    # Keeps memory from being reused while another stream may still use
+    # it (FSDP calls it): a polychip call's work is complete when it
+    # returns, and freed memory goes back to the plugin at once, so there
+    # is nothing to keep.
+    return None
+
+
 @_adjust("native_batch_norm")
 def _native_batch_norm(
     input: torch.Tensor,

@@ -56,7 +56,9 @@ def _reduce_op(op: Any) -> str:
     for k, v in _OPS.items():
         if op == k:
             return v
-    raise ValueError(f"the polychip backend does not reduce with {op} (it has sum, avg, max and min)")
+    kind = getattr(op, "op", op)  # a ReduceOp object holds its RedOpType
+    name = getattr(kind, "name", str(kind))
+    raise ValueError(f"the polychip backend does not reduce with ReduceOp.{name} (it has SUM, AVG, MAX and MIN)")
 
 
 def _done(result: Any) -> Any:
@@ -180,7 +182,17 @@ class ProcessGroupPolychip(dist.ProcessGroup):
         self._each(tensors, True, lambda v: self._comm.broadcast(v, opts.rootRank))
         return _done(tensors)
 
+    @staticmethod
+    def _apart(input: torch.Tensor, output: torch.Tensor) -> torch.Tensor:
+        """``input``, or a copy of it where it shares memory with ``output``:
+        FSDP gathers and reduce-scatters in place, its own part of
+        ``output`` as ``input``, which the communicator refuses."""
+        if input.device == output.device and input.untyped_storage().data_ptr() == output.untyped_storage().data_ptr():
+            return input.clone()
+        return input
+
     def _gather_into(self, output: torch.Tensor, input: torch.Tensor) -> None:
+        input = self._apart(input, output)
         send = _Staged(input, False)
         recv = _Staged(output, True)
         self._comm.all_gather(send.view, recv.view)
@@ -199,6 +211,7 @@ class ProcessGroupPolychip(dist.ProcessGroup):
         return _done(output_tensors)
 
     def _scatter_from(self, output: torch.Tensor, input: torch.Tensor, op: str) -> None:
+        input = self._apart(input, output)
         send = _Staged(input, False)
         recv = _Staged(output, True)
         self._comm.reduce_scatter(send.view, recv.view, op)

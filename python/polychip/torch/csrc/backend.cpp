@@ -144,14 +144,23 @@ void free_allocation(void* ctx) {
   delete block;
 }
 
-// The byte tensor behind a storage.
-polychip_tensor_t* storage_handle(const c10::Storage& storage) {
+bool find_block(const void* p, Block* out);
+
+// The byte tensor behind a storage, and where in it the storage starts. A
+// storage PyTorch made over device memory without the allocator (legacy
+// pickling's `_write_file`, as `pickle.dumps` of a tensor runs it, wraps a
+// storage's pointer in one of its own) is found by its address among the
+// live allocations.
+std::pair<polychip_tensor_t*, uint64_t> storage_handle(const c10::Storage& storage) {
   const auto& ptr = storage.data_ptr();
-  TORCH_CHECK(
-      ptr.get_deleter() == &free_allocation,
-      "polychip: a polychip tensor's storage was not made by the polychip "
-      "allocator, so its memory cannot be handed to a plugin");
-  return static_cast<Block*>(ptr.get_context())->handle;
+  if (ptr.get_deleter() == &free_allocation) {
+    return {static_cast<Block*>(ptr.get_context())->handle, 0};
+  }
+  Block block{};
+  TORCH_CHECK(ptr.get() != nullptr && find_block(ptr.get(), &block),
+              "polychip: a polychip tensor's storage addresses no memory the polychip "
+              "allocator has live, so it cannot be handed to a plugin");
+  return {block.handle, reinterpret_cast<uintptr_t>(ptr.get()) - block.address};
 }
 
 // A device allocator, as torch.accelerator's memory functions ask of every
@@ -311,12 +320,13 @@ polychip_tensor_t* view_of(const at::Tensor& t) {
   polychip_tensor_t* out = nullptr;
   // A view of no elements addresses no memory: its offset (a chunk of an
   // empty tensor may start past its storage's end) is taken as 0.
+  const auto [handle, start] = storage_handle(t.storage());
   const uint64_t offset =
-      t.numel() == 0 ? 0 : static_cast<uint64_t>(t.storage_offset()) * t.element_size();
+      t.numel() == 0 ? 0
+                     : start + static_cast<uint64_t>(t.storage_offset()) * t.element_size();
   check(
-      polychip_tensor_view_as(
-          storage_handle(t.storage()), code, static_cast<int32_t>(t.dim()),
-          t.sizes().data(), t.strides().data(), offset, &out),
+      polychip_tensor_view_as(handle, code, static_cast<int32_t>(t.dim()), t.sizes().data(),
+                              t.strides().data(), offset, &out),
       "viewing a tensor");
   return out;
 }
@@ -817,17 +827,20 @@ at::Tensor as_strided(const at::Tensor& self, c10::SymIntArrayRef size, c10::Sym
   return at::cpu::as_strided_symint(self, size, stride, std::move(storage_offset));
 }
 
-// Grows a storage to `bytes`, keeping its contents, through the device.
-void grow_storage(const c10::Storage& storage, size_t bytes) {
+// Resizes a storage to `bytes` (`Storage.resize_`: FSDP frees a sharded
+// parameter's storage by resizing it to 0 and grows it back before use),
+// keeping the contents the two sizes share, through the device.
+void resize_storage(const c10::Storage& storage, size_t bytes) {
   const size_t old = storage.nbytes();
-  if (bytes <= old) return;
+  if (bytes == old) return;
   const c10::DeviceGuard guard(storage.device());
   at::DataPtr fresh = g_allocator.allocate(bytes);
-  if (old > 0) {
-    const int64_t n[1] = {static_cast<int64_t>(old)}, one[1] = {1};
+  const size_t kept = std::min(old, bytes);
+  if (kept > 0) {
+    const int64_t n[1] = {static_cast<int64_t>(kept)}, one[1] = {1};
     polychip_tensor_t *s = nullptr, *d = nullptr;
-    check(polychip_tensor_view_as(storage_handle(storage), POLYCHIP_DTYPE_U8, 1, n, one, 0, &s),
-          "resize");
+    const auto [handle, start] = storage_handle(storage);
+    check(polychip_tensor_view_as(handle, POLYCHIP_DTYPE_U8, 1, n, one, start, &s), "resize");
     polychip_error_t* e = polychip_tensor_view_as(
         static_cast<Block*>(fresh.get_context())->handle, POLYCHIP_DTYPE_U8, 1, n, one, 0, &d);
     if (e == nullptr) e = polychip_op_copy(nullptr, s, d);
@@ -851,7 +864,8 @@ const at::Tensor& resize_(const at::Tensor& self, c10::SymIntArrayRef size,
   if (numel > 0) {
     const size_t needed =
         static_cast<size_t>(self.storage_offset() + numel) * self.element_size();
-    grow_storage(self.storage(), needed);
+    // Tensor.resize_ only grows its storage (as PyTorch's kernels do).
+    if (needed > self.storage().nbytes()) resize_storage(self.storage(), needed);
   }
   return self;
 }
@@ -1113,8 +1127,7 @@ struct Hooks final : at::PrivateUse1HooksInterface {
   bool isPinnedPtr(const void* data) const override { return is_pinned(data); }
   at::Allocator* getPinnedMemoryAllocator() const override { return &g_pinned_allocator; }
   void resizePrivateUse1Bytes(const c10::Storage& storage, size_t bytes) const override {
-    TORCH_CHECK(bytes >= storage.nbytes(), "polychip: storages only grow");
-    grow_storage(storage, bytes);
+    resize_storage(storage, bytes);
   }
 };
 
