@@ -13,7 +13,7 @@
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use polychip_files::{MAX_TEXT_FILE, read_text_file};
+use polychip_files::{MAX_TEXT_FILE, printable_lines, read_text_file};
 use polychip_planner::cluster::ClusterSpec;
 use polychip_planner::evaluate::{self, Evaluation, PlanSpec};
 use polychip_planner::model::ModelSpec;
@@ -80,7 +80,7 @@ pub fn run(args: &Args) -> ExitCode {
     match plan(args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("polychip plan: {e}");
+            eprintln!("polychip plan: {}", printable_lines(&e));
             ExitCode::from(2)
         }
     }
@@ -96,7 +96,10 @@ fn load_cluster(path: &Path) -> Result<ClusterSpec, String> {
         let (cluster, notes) = ClusterSpec::from_devices_json_with_notes(&json)
             .map_err(|e| format!("{}: {e}", path.display()))?;
         for note in notes {
-            eprintln!("note: {}: {note}", path.display());
+            eprintln!(
+                "{}",
+                printable_lines(&format!("note: {}: {note}", path.display()))
+            );
         }
         return Ok(cluster);
     }
@@ -107,7 +110,9 @@ fn load_cluster(path: &Path) -> Result<ClusterSpec, String> {
 /// planner's fields, or the trainer's).
 fn load_model(arg: &str) -> Result<ModelSpec, String> {
     let path = Path::new(arg);
-    if path.is_file() {
+    // A name that can only be a file (a directory in it, or `.toml`) is
+    // read as one, so that a missing file is said to be missing.
+    if path.is_file() || arg.contains('/') || arg.ends_with(".toml") {
         return match ModelSpec::load(path) {
             Ok(m) => Ok(m),
             Err(planner) => ModelConfig::from_arg(arg)
@@ -167,21 +172,38 @@ fn plan(args: &Args) -> Result<(), String> {
         let applied = cluster
             .apply_profile(&profile, &model, &settings)
             .map_err(|e| format!("{}: {e}", p.display()))?;
+        let mut notes = Vec::new();
         if !applied.ignored.is_empty() {
-            eprintln!(
+            notes.push(format!(
                 "note: {} has entries for chips the cluster does not have ({}); they are left out",
                 p.display(),
                 applied.ignored.join(", ")
-            );
+            ));
         }
-        for e in &applied.estimated {
-            eprintln!(
+        notes.extend(applied.estimated.iter().map(|e| {
+            format!(
                 "note: {}: {e} not given; estimated by the cost model, scaled to the measured block",
                 p.display()
-            );
+            )
+        }));
+        notes.extend(
+            applied
+                .implausible
+                .iter()
+                .map(|e| format!("warning: {}: {e}", p.display())),
+        );
+        // A profile of thousands of entries gives as many notes: the first
+        // few, and how many more.
+        const SHOWN: usize = 20;
+        for n in notes.iter().take(SHOWN) {
+            eprintln!("{}", printable_lines(n));
         }
-        for e in &applied.implausible {
-            eprintln!("warning: {}: {e}", p.display());
+        if notes.len() > SHOWN {
+            eprintln!(
+                "note: {}: {} more notes and warnings like these",
+                p.display(),
+                notes.len() - SHOWN
+            );
         }
     }
     if let Some(p) = &args.evaluate {
@@ -206,7 +228,7 @@ fn plan(args: &Args) -> Result<(), String> {
                 serde_json::to_string_pretty(&ev).map_err(|e| e.to_string())?
             );
         } else {
-            print!("{}", evaluation_table(&ev));
+            print!("{}", printable_lines(&evaluation_table(&ev)));
         }
         return Ok(());
     }
@@ -229,7 +251,7 @@ fn plan(args: &Args) -> Result<(), String> {
         let text = serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?;
         println!("{text}");
     } else {
-        print!("{}", table(&report));
+        print!("{}", printable_lines(&table(&report)));
     }
     Ok(())
 }

@@ -207,7 +207,7 @@ fn profile_then_evaluate_a_saved_plan_of_the_bundled_devices() {
     assert_eq!(code, Some(0), "{err}");
     assert!(
         err.contains(&format!(
-            "warning: {fast}: Ferrite F1 at micro-batch 1 and tp 1: its block would have run at"
+            "warning: {fast}: Ferrite F1 at micro-batch 1 and tp 1: its block's forward pass would have run at"
         )) && err.contains("its times are not seconds"),
         "{err}"
     );

@@ -395,8 +395,51 @@ pub fn printable(text: &str) -> String {
         .collect()
 }
 
+/// The longest line [`printable_lines`] prints whole.
+pub const MAX_PRINTED_LINE: usize = 1000;
+
+/// `text` for a terminal, line by line: each line [`printable`] (control
+/// and bidirectional characters escaped) and cut after
+/// [`MAX_PRINTED_LINE`] characters, saying how many were left out. For
+/// messages and reports that quote a file (a parser's error shows the line
+/// it stopped on, which may be megabytes long or drive the terminal) or
+/// print names from one.
+pub fn printable_lines(text: &str) -> String {
+    let mut out = String::with_capacity(text.len().min(1 << 20));
+    for (i, line) in text.split('\n').enumerate() {
+        if i > 0 {
+            out.push('\n');
+        }
+        let (kept, rest) = match line.char_indices().nth(MAX_PRINTED_LINE) {
+            Some((at, _)) => (&line[..at], line[at..].chars().count()),
+            None => (line, 0),
+        };
+        out.push_str(&printable(kept));
+        if rest > 0 {
+            out.push_str(&format!("... ({rest} more characters)"));
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn messages_keep_their_lines_but_not_control_characters_or_megabytes() {
+        use super::printable_lines;
+        assert_eq!(
+            printable_lines("a\u{1b}]0;x\u{7}\nb"),
+            "a\\u{1b}]0;x\\u{7}\nb"
+        );
+        let long = format!("{}\nend", "x".repeat(5_000_000));
+        let out = printable_lines(&long);
+        assert!(
+            out.len() < 1100 && out.ends_with("(4999000 more characters)\nend"),
+            "{}",
+            &out[990..]
+        );
+    }
+
     #[test]
     fn words_from_a_file_are_printed_without_control_or_bidi_characters() {
         use super::printable;

@@ -242,8 +242,19 @@ impl ProfileEntry {
                 ));
             }
         }
-        if self.block.forward + self.block.backward <= 0.0 {
-            return Err(format!("{at}: a block costs no time at all"));
+        // A block's and the head's passes are real work: one that takes no
+        // time is a measurement that went wrong (the embedding's lookup and
+        // a stage's fixed cost may be nil).
+        let passes = [("block", Some(self.block)), ("head", self.head)];
+        for (part, p) in passes.into_iter().filter_map(|(n, p)| Some((n, p?))) {
+            for (pass, v) in [("forward", p.forward), ("backward", p.backward)] {
+                if v <= 0.0 {
+                    return Err(format!(
+                        "{at}: {part}.{pass} is {}; a {part}'s {pass} pass takes some time",
+                        fmt_num(v)
+                    ));
+                }
+            }
         }
         if let Some(a) = self.attention
             && (a.forward > self.block.forward || a.backward > self.block.backward)
@@ -365,8 +376,9 @@ impl ProfileFile {
         }
         if self.dtype != dtype {
             return Err(SpecError::Profile(format!(
-                "was measured in {:?}, but the plan computes in {:?}; profile with that dtype",
-                self.dtype, dtype
+                "was measured in {}, but the plan computes in {} (--dtype); profile with that \
+                 dtype, or plan with --dtype {}",
+                self.dtype, dtype, self.dtype
             )));
         }
         Ok(())
@@ -606,7 +618,6 @@ pub fn implausible(
         ));
     }
     for (name, p, forward_flops) in parts {
-        let seconds = p.forward + p.backward;
         if p.forward > HOUR || p.backward > HOUR {
             return Some(format!(
                 "its {name} takes over an hour a micro-batch ({:.3e} s forward, {:.3e} s backward); \
@@ -614,25 +625,36 @@ pub fn implausible(
                 p.forward, p.backward
             ));
         }
-        if forward_flops <= 0.0 || seconds <= 0.0 || peak <= 0.0 {
+        if forward_flops <= 0.0 || peak <= 0.0 {
             continue;
         }
-        let rate = 3.0 * forward_flops / (seconds * e.tp.max(1) as f64);
-        if !rate.is_finite() {
-            return Some(format!(
-                "its {name} takes {seconds:.3e} s forward and backward, faster than any chip could \
-                 run it: the profile's times are seconds"
-            ));
-        }
-        if rate > peak {
-            return Some(format!(
-                "its {name} would have run at {:.3e} FLOP/s a chip, {:.1}x the chip type's {dtype} \
-                 peak ({:.3e}): its times are not seconds, the cluster's peak is too low, or what \
-                 was timed leaves out part of the work",
-                rate,
-                rate / peak,
-                peak
-            ));
+        // Each pass on its own (the backward pass does twice the forward's
+        // work): a forward pass of 1e-300 s hides in a sum with a real
+        // backward pass.
+        for (pass, seconds, flops) in [
+            ("forward", p.forward, forward_flops),
+            ("backward", p.backward, 2.0 * forward_flops),
+        ] {
+            if seconds <= 0.0 {
+                continue;
+            }
+            let rate = flops / (seconds * e.tp.max(1) as f64);
+            if !rate.is_finite() {
+                return Some(format!(
+                    "its {name}'s {pass} pass takes {seconds:.3e} s, faster than any chip could \
+                     run it: the profile's times are seconds"
+                ));
+            }
+            if rate > peak {
+                return Some(format!(
+                    "its {name}'s {pass} pass would have run at {:.3e} FLOP/s a chip, {:.1}x the \
+                     chip type's {dtype} peak ({:.3e}): its times are not seconds, the cluster's \
+                     peak is too low, or what was timed leaves out part of the work",
+                    rate,
+                    rate / peak,
+                    peak
+                ));
+            }
         }
     }
     // The optimizer step over the whole model, at its time per parameter.
@@ -925,10 +947,16 @@ mod tests {
         assert_eq!(implausible(&e(real), chip, &model, Dtype::Bf16), None);
         let fast = implausible(&e(real / 1000.0), chip, &model, Dtype::Bf16).unwrap();
         assert!(
-            fast.contains("its block would have run at")
+            fast.contains("its block's forward pass would have run at")
                 && fast.contains("the chip type's bf16 peak"),
             "{fast}"
         );
+        // A forward pass of next to nothing beside a real backward pass
+        // (their sum looked plausible).
+        let mut tiny = e(real);
+        tiny.block.forward = 1e-300;
+        let why = implausible(&tiny, chip, &model, Dtype::Bf16).unwrap();
+        assert!(why.contains("its block's forward pass"), "{why}");
         // A head written in the wrong unit while its block is right.
         let mut head = e(real);
         let h = head.head.as_mut().unwrap();
@@ -1186,6 +1214,26 @@ mod tests {
             err.contains("block.forward is 1e308; it must be seconds") && err.len() < 200,
             "{err}"
         );
+        // A block's or the head's pass of no time is a failed measurement
+        // (it was accepted and priced a stage at next to nothing).
+        for (part, pass) in [("block", 0), ("block", 1), ("head", 0), ("head", 1)] {
+            let mut e = entry("x", 2, 1.0);
+            let p = if part == "block" {
+                &mut e.block
+            } else {
+                e.head.as_mut().unwrap()
+            };
+            *[&mut p.forward, &mut p.backward][pass] = 0.0;
+            let text = serde_json::to_string(&file(vec![e])).unwrap();
+            let err = ProfileFile::from_json_str(&text).unwrap_err().to_string();
+            let name = ["forward", "backward"][pass];
+            assert!(
+                err.contains(&format!(
+                    "{part}.{name} is 0; a {part}'s {name} pass takes some time"
+                )),
+                "{err}"
+            );
+        }
         // The backward pass run whole is the same work as the split one:
         // from half to twice it.
         let mut e = entry("x", 2, 1.0);
