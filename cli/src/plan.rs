@@ -46,12 +46,14 @@ pub struct Args {
     /// Sequences per optimizer step.
     #[arg(long, value_name = "N", default_value_t = 1024)]
     global_batch: u64,
-    /// Compute dtype: f32, bf16 or f16.
-    #[arg(long, value_name = "TYPE", default_value = "bf16")]
-    dtype: String,
-    /// Activation recomputation: none, selective or full.
-    #[arg(long, value_name = "KIND", default_value = "none")]
-    recompute: String,
+    /// Compute dtype: f32, bf16 or f16 [default: bf16; with --evaluate of a
+    /// `polychip plan --json` report, the report's].
+    #[arg(long, value_name = "TYPE")]
+    dtype: Option<String>,
+    /// Activation recomputation: none, selective or full [default: none;
+    /// with --evaluate of a report, the report's].
+    #[arg(long, value_name = "KIND")]
+    recompute: Option<String>,
     /// Shard the optimizer state over data-parallel replicas (ZeRO-1).
     #[arg(long)]
     shard_optimizer: bool,
@@ -151,22 +153,68 @@ fn plan(args: &Args) -> Result<(), String> {
             args.global_batch
         ));
     }
-    let mut settings = TrainingSettings::new(args.global_batch);
-    settings.dtype = match args.dtype.as_str() {
-        "f32" => Dtype::F32,
-        "bf16" => Dtype::Bf16,
-        "f16" => Dtype::F16,
-        d => return Err(format!("--dtype {d}: expected f32, bf16 or f16")),
+    // A plan to evaluate is read first: a `polychip plan --json` report
+    // records the settings it was made under, which are the defaults here
+    // (a flag given overrides its own).
+    let spec = match &args.evaluate {
+        Some(p) => Some(PlanSpec::load(p).map_err(|e| e.to_string())?),
+        None => None,
     };
-    settings.recompute = match args.recompute.as_str() {
-        "none" => Recompute::None,
-        "selective" => Recompute::Selective,
-        "full" => Recompute::Full,
-        r => return Err(format!("--recompute {r}: expected none, selective or full")),
-    };
-    settings.shard_optimizer = args.shard_optimizer;
-    settings.flash_attention = !args.no_flash_attention;
-    settings.schedule = args.schedule.unwrap_or_default();
+    let recorded = spec.as_ref().and_then(|s| s.settings.clone());
+    let mut settings = recorded
+        .clone()
+        .unwrap_or_else(|| TrainingSettings::new(args.global_batch));
+    settings.global_batch = args.global_batch;
+    if let Some(d) = &args.dtype {
+        settings.dtype = match d.as_str() {
+            "f32" => Dtype::F32,
+            "bf16" => Dtype::Bf16,
+            "f16" => Dtype::F16,
+            d => return Err(format!("--dtype {d}: expected f32, bf16 or f16")),
+        };
+    }
+    if let Some(r) = &args.recompute {
+        settings.recompute = match r.as_str() {
+            "none" => Recompute::None,
+            "selective" => Recompute::Selective,
+            "full" => Recompute::Full,
+            r => return Err(format!("--recompute {r}: expected none, selective or full")),
+        };
+    }
+    settings.shard_optimizer |= args.shard_optimizer;
+    settings.flash_attention &= !args.no_flash_attention;
+    if let Some(schedule) = args.schedule {
+        settings.schedule = schedule;
+    }
+    if let (Some(recorded), Some(p)) = (&recorded, &args.evaluate) {
+        // The global batch of a plan evaluated is its own.
+        let mut same = recorded.clone();
+        same.global_batch = settings.global_batch;
+        if same != settings {
+            eprintln!(
+                "note: {}: made under other settings than the flags give ({}); evaluated under the flags'",
+                p.display(),
+                settings_differences(recorded, &settings)
+            );
+        }
+    }
+    if let (Some((name, seq_len)), Some(p)) = (
+        spec.as_ref().and_then(|s| s.made_for.clone()),
+        &args.evaluate,
+    ) {
+        if name != model.name || seq_len != model.seq_len {
+            eprintln!(
+                "{}",
+                printable_lines(&format!(
+                    "note: {}: planned for model {name:?} with sequences of {seq_len}; evaluated for \
+                     {:?} with sequences of {}",
+                    p.display(),
+                    model.name,
+                    model.seq_len
+                ))
+            );
+        }
+    }
     if let Some(p) = &args.profile {
         let profile = ProfileFile::load(p).map_err(|e| e.to_string())?;
         let applied = cluster
@@ -206,8 +254,7 @@ fn plan(args: &Args) -> Result<(), String> {
             );
         }
     }
-    if let Some(p) = &args.evaluate {
-        let mut spec = PlanSpec::load(p).map_err(|e| e.to_string())?;
+    if let Some(mut spec) = spec {
         if args.schedule.is_some() {
             spec.schedule = None;
         }
@@ -254,6 +301,30 @@ fn plan(args: &Args) -> Result<(), String> {
         print!("{}", printable_lines(&table(&report)));
     }
     Ok(())
+}
+
+/// What differs between two training settings, as flags.
+fn settings_differences(a: &TrainingSettings, b: &TrainingSettings) -> String {
+    let mut out = Vec::new();
+    if a.dtype != b.dtype {
+        out.push(format!("--dtype {} for {}", b.dtype, a.dtype));
+    }
+    if a.recompute != b.recompute {
+        out.push(format!("--recompute {:?} for {:?}", b.recompute, a.recompute).to_lowercase());
+    }
+    if a.shard_optimizer != b.shard_optimizer {
+        out.push("--shard-optimizer".into());
+    }
+    if a.flash_attention != b.flash_attention {
+        out.push("--no-flash-attention".into());
+    }
+    if a.schedule != b.schedule {
+        out.push(format!("--schedule {:?} for {:?}", b.schedule, a.schedule).to_lowercase());
+    }
+    match out.is_empty() {
+        true => "the micro-batch sizes searched".into(),
+        false => out.join(", "),
+    }
 }
 
 fn table(r: &PlanReport) -> String {

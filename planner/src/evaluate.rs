@@ -296,6 +296,12 @@ pub struct PlanSpec {
     /// The pipelines' schedule the file names (`"schedule"`, as `polychip
     /// train --save-plan` writes it), which it is evaluated under.
     pub schedule: Option<PipelineSchedule>,
+    /// The training settings a `polychip plan --json` report records (its
+    /// `settings`), for a caller to evaluate it under the same ones.
+    pub settings: Option<TrainingSettings>,
+    /// The model and sequence length a planner's plan names (its `model`
+    /// and `seq_len`), for a caller to compare with the model evaluated.
+    pub made_for: Option<(String, u64)>,
 }
 
 fn plan_err(m: String) -> SpecError {
@@ -343,6 +349,17 @@ impl PlanSpec {
         if v.get("plan").is_some() {
             known_keys(v, "the report", REPORT_KEYS)?;
         }
+        let settings = match v.get("settings") {
+            None | Some(Value::Null) => None,
+            Some(s) => Some(
+                TrainingSettings::deserialize(s)
+                    .map_err(|e| plan_err(format!("its settings are not training settings: {e}")))
+                    .and_then(|s: TrainingSettings| {
+                        s.validate()?;
+                        Ok(s)
+                    })?,
+            ),
+        };
         let v = v.get("plan").unwrap_or(v);
         if v.get("replicas").is_some() {
             known_keys(v, "the plan", PLAN_KEYS)?;
@@ -538,9 +555,18 @@ impl PlanSpec {
                 ))
             })?),
         };
+        let made_for = match (
+            v.get("model").and_then(Value::as_str),
+            v.get("seq_len").and_then(Value::as_u64),
+        ) {
+            (Some(m), Some(l)) if planner => Some((m.to_string(), l)),
+            _ => None,
+        };
         Ok(PlanSpec {
             groups: out,
             schedule,
+            settings,
+            made_for,
         })
     }
 
@@ -706,7 +732,6 @@ const PLAN_KEYS: &[&str] = &[
     "step_time_simulated",
     "tokens_per_s",
     "tokens_per_s_simulated",
-    "settings",
 ];
 /// The keys of the planner's replicas and their stages (read: the
 /// structure; the others are its predictions, ignored).

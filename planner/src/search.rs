@@ -199,6 +199,9 @@ pub struct PlanReport {
     pub search_seconds: f64,
     /// Whether the search was exhaustive.
     pub exhaustive: bool,
+    /// The training settings the plan was made under (so that `--evaluate`
+    /// of this report scores it under the same ones).
+    pub settings: TrainingSettings,
 }
 
 /// Bytes of weights, gradients and optimizer state of the whole model when
@@ -340,6 +343,7 @@ pub fn plan(
         candidates,
         search_seconds: start.elapsed().as_secs_f64(),
         exhaustive: options.exhaustive,
+        settings: settings.clone(),
     })
 }
 

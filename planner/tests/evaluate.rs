@@ -13,7 +13,7 @@ use polychip_planner::model::ModelSpec;
 use polychip_planner::profile::{FORMAT, Passes, ProfileEntry, ProfileFile};
 use polychip_planner::schedule::PipelineSchedule;
 use polychip_planner::search::{PlanOptions, plan};
-use polychip_planner::settings::{Dtype, TrainingSettings};
+use polychip_planner::settings::{Dtype, Recompute, TrainingSettings};
 
 fn err(text: &str, json: bool, model: &ModelSpec) -> String {
     let spec = match PlanSpec::parse(text, json) {
@@ -52,6 +52,19 @@ fn the_searchs_answer_evaluates_to_its_own_prediction() {
     let slowest = &ev.plan.replicas[ev.bottleneck.group].stages;
     let t = |i: usize| slowest[i].timing.forward + slowest[i].timing.backward;
     assert!((0..slowest.len()).all(|i| t(i) <= t(ev.bottleneck.stage)));
+    // The report records its settings, which a caller evaluates it under
+    // (`polychip plan --evaluate` does): recomputation and a sharded
+    // optimizer give back the same step (without them, 24% less).
+    let mut other = s.clone();
+    (other.recompute, other.shard_optimizer) = (Recompute::Full, true);
+    let report = plan(&m, &c, &other, &PlanOptions::default()).unwrap();
+    let spec = PlanSpec::parse(&serde_json::to_string(&report).unwrap(), true).unwrap();
+    assert_eq!(spec.settings.as_ref(), Some(&other));
+    assert_eq!(spec.made_for, Some((m.name.clone(), m.seq_len)));
+    let ev = evaluate(&spec, &m, &c, spec.settings.as_ref().unwrap()).unwrap();
+    assert_eq!(ev.plan.step_time_simulated, report.plan.step_time_simulated);
+    let defaults = evaluate(&spec, &m, &c, &s).unwrap();
+    assert!(defaults.plan.step_time_simulated < 0.9 * report.plan.step_time_simulated);
 }
 
 #[test]
