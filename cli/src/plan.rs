@@ -362,7 +362,7 @@ fn table(r: &PlanReport) -> String {
             ));
         }
         line(format!(
-            "micro-batch size {}, count {}, step {:.3} s analytic / {:.3} s simulated, bubble {:.1}%",
+            "micro-batch size {}, count {}, step {:.3} s analytic / {:.3} s simulated, idle {:.1}% (bubble, all-reduce and optimizer)",
             rep.micro_batch_size,
             rep.micro_batches,
             rep.step_time_analytic,
@@ -386,7 +386,7 @@ fn table(r: &PlanReport) -> String {
         p.step_time_analytic, p.step_time_simulated
     ));
     line(format!(
-        "tokens/s: {:.0} (simulated {:.0}), MFU {:.1}%, bubble fraction {:.1}%",
+        "tokens/s: {:.0} (simulated {:.0}), MFU {:.1}%, idle {:.1}% (bubble, all-reduce and optimizer)",
         p.tokens_per_s,
         p.tokens_per_s_simulated,
         100.0 * p.mfu,
@@ -439,7 +439,7 @@ fn evaluation_table(ev: &Evaluation) -> String {
         };
         line(format!(
             "{}: {} replica(s), micro-batch {} x {}, step {:.4} s analytic / {:.4} s \
-             simulated, bubble {:.1}%{schedule}",
+             simulated, idle {:.1}%{schedule}",
             label(g),
             r.copies,
             r.micro_batch_size,

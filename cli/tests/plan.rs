@@ -22,7 +22,7 @@ fn plans_both_example_clusters_with_both_presets() {
                 "data-parallel degree",
                 "predicted step time",
                 "tokens/s",
-                "bubble fraction",
+                "idle",
                 "HeteroSpeedupRatio: ",
                 "candidates evaluated",
             ] {

@@ -751,9 +751,23 @@ impl ChipType {
             optimizer_per_param: lo.optimizer_per_param,
             ..lo.clone()
         };
-        let act = match (lo.block_activation_bytes, hi.block_activation_bytes) {
-            (Some(a), Some(c)) => Some(mix(a as f64, c as f64)),
-            _ => None,
+        // The activations from the entries that measured them (not every
+        // entry need): between two, linear; beyond them, in proportion to
+        // the sequences from the nearest (a measurement at micro-batch 1
+        // alone used to be taken at 1 and nowhere else, so a larger
+        // micro-batch was sized by the formula, smaller than the measured).
+        let sized: Vec<(f64, f64)> = at
+            .iter()
+            .filter_map(|m| Some((m.micro_batch as f64, m.block_activation_bytes? as f64)))
+            .collect();
+        let act = match sized.iter().position(|&(mb, _)| mb >= x) {
+            _ if sized.is_empty() => None,
+            Some(0) => Some(sized[0].1 * x / sized[0].0),
+            Some(i) => {
+                let ((m0, a0), (m1, a1)) = (sized[i - 1], sized[i]);
+                Some(a0 + (a1 - a0) * (x - m0) / (m1 - m0))
+            }
+            None => sized.last().map(|&(mb, a)| a * x / mb),
         };
         Some((e.costs(&self.name), act))
     }
@@ -1030,6 +1044,24 @@ mod tests {
         assert_eq!(f(4), 3.0);
         assert_eq!(f(8), 6.0);
         assert_eq!(f(1), 0.5);
+        // Activations (1000 bytes a sequence in `entry`) from the entries
+        // that measured them, wherever the others did not.
+        let act = |c: &ClusterSpec, b| c.chip_types[0].measured_costs(b, 1).unwrap().1;
+        assert_eq!((act(&c, 3), act(&c, 8)), (Some(3000.0), Some(8000.0)));
+        let mut one = file(vec![entry(&name, 1, 1.0), entry(&name, 2, 2.0)]);
+        one.entries[1].block_activation_bytes = None;
+        let mut partial = c.clone();
+        partial
+            .chip_types
+            .iter_mut()
+            .for_each(|t| t.measured.clear());
+        partial
+            .apply_profile(&one, &ModelSpec::llama_7b(), &bf16())
+            .unwrap();
+        assert_eq!(
+            (act(&partial, 1), act(&partial, 2), act(&partial, 4)),
+            (Some(1000.0), Some(2000.0), Some(4000.0))
+        );
         assert!(chip.measured_costs(2, 2).is_none());
         assert_eq!(chip.nearest_measured_tp(4), Some(1));
         assert_eq!(c.chip_types[1].nearest_measured_tp(1), None);
