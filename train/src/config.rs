@@ -54,7 +54,7 @@ fn default_theta() -> f64 {
 pub const MODEL_LIMITS: [(&str, usize); 7] = [
     ("vocab", 1 << 24),
     ("dim", 1 << 20),
-    ("layers", 10_000),
+    ("layers", 1024),
     ("heads", 1 << 16),
     ("kv_heads", 1 << 16),
     ("ffn", 1 << 22),

@@ -198,11 +198,7 @@ impl Communicator {
             format!("rank {peer}'s message #{m} for {kind}")
         })?;
         let off = self.slot(class, peer, m);
-        let mut got = [0u64; 4];
-        let raw = self.view.bytes(off, 32).chunks_exact(8);
-        got.iter_mut()
-            .zip(raw)
-            .for_each(|(w, b)| *w = u64::from_ne_bytes(b.try_into().expect("8 bytes")));
+        let got = self.header_at(off);
         let want = h.words(len);
         if got != want {
             let message = format!(
@@ -219,7 +215,6 @@ impl Communicator {
         Ok(off + HDR)
     }
 
-    /// Returns the slot of `peer`'s oldest unreleased message.
     /// Waits until `peer` has taken all but `pending` of the messages of
     /// `class` this rank sent it (`h`'s call, as a root that receives
     /// nothing from `peer`). A root that returned without waiting would let
@@ -254,12 +249,7 @@ impl Communicator {
                 if self.transport.signal_value(credit) >= sent {
                     return Ok(());
                 }
-                let off = self.slot(class, peer, m);
-                let mut got = [0u64; 4];
-                let raw = self.view.bytes(off, 32).chunks_exact(8);
-                got.iter_mut()
-                    .zip(raw)
-                    .for_each(|(w, b)| *w = u64::from_ne_bytes(b.try_into().expect("8 bytes")));
+                let got = self.header_at(self.slot(class, peer, m));
                 let message = format!(
                     "rank {peer} called {}, this rank called {} (as its root)",
                     Header::describe(&got),
@@ -285,6 +275,18 @@ impl Communicator {
         }
     }
 
+    /// The header of the message in the slot at `off`.
+    fn header_at(&self, off: usize) -> [u64; 4] {
+        let mut words = [0u64; 4];
+        let raw = self.view.bytes(off, 32).chunks_exact(8);
+        words
+            .iter_mut()
+            .zip(raw)
+            .for_each(|(w, b)| *w = u64::from_ne_bytes(b.try_into().expect("8 bytes")));
+        words
+    }
+
+    /// Returns the slot of `peer`'s oldest unreleased message.
     pub(crate) fn release(&mut self, class: usize, peer: usize) -> Result<()> {
         self.received[peer][class] += 1;
         let credit = SignalId((128 + class * 64 + self.rank) as u32);
