@@ -78,7 +78,7 @@ COLLECTIVES = textwrap.dedent(
         dist.recv(got, 0)
         eq(got, [42.0])
     work = dist.all_reduce(torch.ones(2, device=dev), async_op=True)
-    assert work.wait() and work.is_completed()
+    assert work.wait() and work.get_future().wait()[0].cpu().tolist() == [2.0, 2.0]
     fut = work.get_future()
     assert fut.done() and fut.value()[0].cpu().tolist() == [2.0, 2.0]
     try:
@@ -269,7 +269,40 @@ FSDP_AND_FRIENDS = textwrap.dedent(
     back = {"w": torch.zeros(4, device=dev)}
     dcp.load(back, checkpoint_id=path)
     assert back["w"].cpu().tolist() == [0.0, 1.0, 2.0, 3.0], back
-    # Ranks that disagree on a broadcast's root fail, each saying so.
+    # A device mesh, and what is built on it: FSDP2 and tensor parallelism.
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+    mesh = init_device_mesh("polychip", (2,))
+    for how in ("fsdp2", "tensor parallel"):
+        torch.manual_seed(0)
+        whole = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.ReLU(), torch.nn.Linear(8, 4))
+        mine = copy.deepcopy(whole).to(dev)
+        if how == "fsdp2":
+            fully_shard(mine[0], mesh=mesh), fully_shard(mine[2], mesh=mesh), fully_shard(mine, mesh=mesh)
+            part = lambda x: x[2 * rank:2 * rank + 2]
+        else:
+            parallelize_module(mine, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
+            part = lambda x: x
+        opt_w = torch.optim.SGD(whole.parameters(), lr=0.1)
+        opt_m = torch.optim.SGD(mine.parameters(), lr=0.1)
+        for step in range(3):
+            x = torch.randn(4, 6, generator=torch.Generator().manual_seed(step))
+            opt_w.zero_grad(), opt_m.zero_grad()
+            (whole(x) ** 2).mean().backward()
+            (mine(part(x).to(dev)) ** 2).mean().backward()
+            opt_w.step(), opt_m.step()
+        for p, q in zip(mine.parameters(), whole.parameters()):
+            torch.testing.assert_close(p.full_tensor().cpu(), q.detach(), rtol=1e-5, atol=1e-6)
+        print(f"rank {rank} {how} ok", flush=True)
+    # Batched sends and receives (a swap).
+    send, recv = torch.full((3,), float(rank), device=dev), torch.zeros(3, device=dev)
+    ops = [dist.P2POp(dist.isend, send, 1 - rank), dist.P2POp(dist.irecv, recv, 1 - rank)]
+    for w in dist.batch_isend_irecv(ops):
+        w.wait()
+    assert recv.cpu().tolist() == [1.0 - rank] * 3, recv
+    # Ranks that disagree on a broadcast's root fail, each saying so (last:
+    # the communicator is unusable after).
     try:
         dist.broadcast(torch.full((4,), float(rank), device=dev), src=rank)
         print(f"rank {rank} broadcast from disagreeing roots returned", flush=True)
@@ -313,7 +346,7 @@ def test_sync_batch_norm_across_two_vendors_matches_the_whole_batch(tmp_path):
 def test_fsdp_in_place_collectives_checkpoints_and_disagreeing_roots_across_two_vendors(tmp_path):
     out = launch(tmp_path, FSDP_AND_FRIENDS, "torchrun", str(tmp_path / "dcp"))
     for rank in (0, 1):
-        for strategy in ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD"):
+        for strategy in ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "fsdp2", "tensor parallel"):
             assert f"rank {rank} {strategy} ok" in out, out
         assert f"rank {rank} disagreeing roots refused" in out and "(as its root)" in out, out
         assert f"rank {rank} fsdp and friends ok" in out, out

@@ -142,8 +142,12 @@ def _comm_timeout(timeout: timedelta) -> Iterator[None]:
             os.environ[_TIMEOUT_ENV] = before
 
 
-class ProcessGroupPolychip(dist.ProcessGroup):
-    """One polychip communicator per process group."""
+class ProcessGroupPolychip(torch._C._distributed_c10d.Backend):
+    """One polychip communicator per process group: a ``Backend`` (what
+    ``init_process_group`` puts behind a ``ProcessGroup``), so that
+    PyTorch finds the group's name and its backend for a device, as
+    ``DeviceMesh`` (and FSDP2, DTensor, tensor parallelism) and
+    ``batch_isend_irecv`` ask."""
 
     def __init__(self, store: Any, rank: int, size: int, timeout: timedelta) -> None:
         super().__init__(rank, size)
@@ -161,6 +165,13 @@ class ProcessGroupPolychip(dist.ProcessGroup):
 
     def getBackendName(self) -> str:
         return NAME
+
+    @property
+    def supports_coalescing(self) -> bool:
+        # Asked by batch_isend_irecv; the base class's answer would ask the
+        # Python object again (without end). Sends and receives run one
+        # after another, each when called.
+        return False
 
     def _each(self, tensors: Sequence[torch.Tensor], writes: bool, fn: Callable[[Any], None]) -> None:
         for t in tensors:
