@@ -245,20 +245,25 @@ FSDP_AND_FRIENDS = textwrap.dedent(
     got = [None, None]
     dist.all_gather_object(got, {"rank": rank, "x": torch.full((2,), float(rank), device=dev)})
     assert [g["x"].cpu().tolist() for g in got] == [[0.0, 0.0], [1.0, 1.0]], got
-    # FSDP (its storages shrink to nothing and grow back) trains as one
-    # process on the whole batch.
-    for strategy in (ShardingStrategy.FULL_SHARD, ShardingStrategy.SHARD_GRAD_OP, ShardingStrategy.NO_SHARD):
-        torch.manual_seed(0)
-        whole = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
-        mine = FSDP(copy.deepcopy(whole), sharding_strategy=strategy, device_id=dev)
+    def train_both(whole, mine, part):
+        # Three SGD steps: `whole` on the batch here, `mine` on `part` of it
+        # on the device.
         opt_w = torch.optim.SGD(whole.parameters(), lr=0.1)
         opt_m = torch.optim.SGD(mine.parameters(), lr=0.1)
         for step in range(3):
             x = torch.randn(4, 6, generator=torch.Generator().manual_seed(step))
             opt_w.zero_grad(), opt_m.zero_grad()
             (whole(x) ** 2).mean().backward()
-            (mine(x[2 * rank:2 * rank + 2].to(dev)) ** 2).mean().backward()
+            (mine(part(x).to(dev)) ** 2).mean().backward()
             opt_w.step(), opt_m.step()
+
+    # FSDP (its storages shrink to nothing and grow back) trains as one
+    # process on the whole batch.
+    for strategy in (ShardingStrategy.FULL_SHARD, ShardingStrategy.SHARD_GRAD_OP, ShardingStrategy.NO_SHARD):
+        torch.manual_seed(0)
+        whole = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
+        mine = FSDP(copy.deepcopy(whole), sharding_strategy=strategy, device_id=dev)
+        train_both(whole, mine, lambda x: x[2 * rank:2 * rank + 2])
         with FSDP.summon_full_params(mine):
             for p, q in zip(mine.parameters(), whole.parameters()):
                 torch.testing.assert_close(p.detach().cpu(), q.detach(), rtol=1e-5, atol=1e-6)
@@ -284,14 +289,7 @@ FSDP_AND_FRIENDS = textwrap.dedent(
         else:
             parallelize_module(mine, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
             part = lambda x: x
-        opt_w = torch.optim.SGD(whole.parameters(), lr=0.1)
-        opt_m = torch.optim.SGD(mine.parameters(), lr=0.1)
-        for step in range(3):
-            x = torch.randn(4, 6, generator=torch.Generator().manual_seed(step))
-            opt_w.zero_grad(), opt_m.zero_grad()
-            (whole(x) ** 2).mean().backward()
-            (mine(part(x).to(dev)) ** 2).mean().backward()
-            opt_w.step(), opt_m.step()
+        train_both(whole, mine, part)
         for p, q in zip(mine.parameters(), whole.parameters()):
             torch.testing.assert_close(p.full_tensor().cpu(), q.detach(), rtol=1e-5, atol=1e-6)
         print(f"rank {rank} {how} ok", flush=True)
