@@ -311,6 +311,31 @@ FSDP_AND_FRIENDS = textwrap.dedent(
 )
 
 
+GLOO_BESIDE = textwrap.dedent(
+    """
+    import torch, torch.distributed as dist
+    import polychip.torch
+    from polychip.torch.distributed import device_for_rank
+
+    dev = device_for_rank(rank=int(__import__("os").environ["RANK"]), vendors=["Ferrite", "Cobalt"])
+    # gloo for CPU tensors and polychip for the device's, bound to this
+    # rank's device (both used to fail: the gloo half was dropped, and
+    # device_id recursed).
+    dist.init_process_group("cpu:gloo,polychip:polychip", device_id=dev)
+    rank = dist.get_rank()
+    t = torch.tensor([1, 2, 3], dtype=torch.int8) * (rank + 1)
+    dist.broadcast(t, 1)
+    assert t.tolist() == [2, 4, 6], t
+    d = torch.ones(2, device=dev)
+    dist.all_reduce(d)
+    assert d.cpu().tolist() == [2.0, 2.0], d
+    dist.monitored_barrier()
+    print(f"rank {rank} gloo beside ok", flush=True)
+    dist.destroy_process_group()
+    """
+)
+
+
 def launch(tmp_path, code, how, *args):
     script = tmp_path / "ranks.py"
     script.write_text(code)
@@ -348,6 +373,11 @@ def test_fsdp_in_place_collectives_checkpoints_and_disagreeing_roots_across_two_
             assert f"rank {rank} {strategy} ok" in out, out
         assert f"rank {rank} disagreeing roots refused" in out and "(as its root)" in out, out
         assert f"rank {rank} fsdp and friends ok" in out, out
+
+
+def test_gloo_for_cpu_tensors_beside_polychip_and_a_bound_device(tmp_path):
+    out = launch(tmp_path, GLOO_BESIDE, "torchrun")
+    assert "rank 0 gloo beside ok" in out and "rank 1 gloo beside ok" in out, out
 
 
 def test_without_a_secret_from_the_launcher_the_ranks_share_one_through_the_torch_store(tmp_path):

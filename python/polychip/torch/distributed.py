@@ -166,12 +166,19 @@ class ProcessGroupPolychip(torch._C._distributed_c10d.Backend):
     def getBackendName(self) -> str:
         return NAME
 
-    @property
-    def supports_coalescing(self) -> bool:
-        # Asked by batch_isend_irecv; the base class's answer would ask the
-        # Python object again (without end). Sends and receives run one
-        # after another, each when called.
-        return False
+    # What PyTorch asks a backend it may use (batch_isend_irecv asks
+    # `supports_coalescing`, `init_process_group(device_id=...)`
+    # `supports_splitting`): the base class's answers ask the Python object
+    # again, without end. This backend has none of these (sends and
+    # receives run one after another, each when called).
+    supports_coalescing = property(lambda self: False)
+    supports_splitting = property(lambda self: False)
+    supports_shrinking = property(lambda self: False)
+    supports_reconfigure = property(lambda self: False)
+    supports_abort_hooks = property(lambda self: False)
+    supports_completion_hooks = property(lambda self: False)
+    supports_tensor_alloc = property(lambda self: False)
+    supports_window = property(lambda self: False)
 
     def _each(self, tensors: Sequence[torch.Tensor], writes: bool, fn: Callable[[Any], None]) -> None:
         for t in tensors:
