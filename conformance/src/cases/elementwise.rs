@@ -612,7 +612,7 @@ fn reduce(op: ReduceOp, dtype: DType) -> Vec<Case> {
     if op == ReduceOp::Argmax {
         // -0 and +0 are equal: a tie, which argmax breaks by the first
         // index whichever zero comes first (a comparison that ranks +0
-        // above -0 does not), in short rows and in rows long enough for a
+        // above -0 does not), in rows of 100, long enough for a
         // work-group's tree of partial results.
         let mut x = vec![-1.0; 2 * 100];
         (x[3], x[70]) = (-0.0, 0.0);
