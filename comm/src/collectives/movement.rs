@@ -82,12 +82,14 @@ impl Communicator {
                 self.release(0, root)?;
             }
         }
-        // The root returns once every peer has taken the data: ranks that
-        // disagree on the root then fail, instead of each returning its own.
+        // The root returns once every peer has taken the first piece (so is
+        // in this broadcast, from this root): ranks that disagree on the
+        // root then fail, instead of each returning its own data. Not the
+        // last piece: the root need not wait for its peers' copies.
         if self.rank == root {
             let last = piece(buf.len(), seg, pieces.saturating_sub(1)).len();
             for peer in self.peers() {
-                self.await_taken(0, peer, &h, last, 0)?;
+                self.await_taken(0, peer, &h, last, pieces.saturating_sub(1) as u64)?;
             }
         }
         Ok(())
