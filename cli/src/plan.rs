@@ -187,14 +187,16 @@ fn plan(args: &Args) -> Result<(), String> {
         settings.schedule = schedule;
     }
     if let (Some(recorded), Some(p)) = (&recorded, &args.evaluate) {
-        // The global batch of a plan evaluated is its own.
-        let mut same = recorded.clone();
-        same.global_batch = settings.global_batch;
-        if same != settings {
+        let changed = flags_changing(recorded, &settings);
+        if !changed.is_empty() {
             eprintln!(
-                "note: {}: made under other settings than the flags give ({}); evaluated under the flags'",
-                p.display(),
-                settings_differences(recorded, &settings)
+                "{}",
+                printable_lines(&format!(
+                    "note: {}: made under other settings than the flags give ({}); evaluated \
+                     under the flags'",
+                    p.display(),
+                    changed.join(", ")
+                ))
             );
         }
     }
@@ -303,8 +305,10 @@ fn plan(args: &Args) -> Result<(), String> {
     Ok(())
 }
 
-/// What differs between two training settings, as flags.
-fn settings_differences(a: &TrainingSettings, b: &TrainingSettings) -> String {
+/// The flags that changed `recorded` into `given` (the settings a flag
+/// sets; the others are the report's own).
+fn flags_changing(recorded: &TrainingSettings, given: &TrainingSettings) -> Vec<String> {
+    let (a, b) = (recorded, given);
     let mut out = Vec::new();
     if a.dtype != b.dtype {
         out.push(format!("--dtype {} for {}", b.dtype, a.dtype));
@@ -321,10 +325,7 @@ fn settings_differences(a: &TrainingSettings, b: &TrainingSettings) -> String {
     if a.schedule != b.schedule {
         out.push(format!("--schedule {:?} for {:?}", b.schedule, a.schedule).to_lowercase());
     }
-    match out.is_empty() {
-        true => "the micro-batch sizes searched".into(),
-        false => out.join(", "),
-    }
+    out
 }
 
 fn table(r: &PlanReport) -> String {
