@@ -124,6 +124,25 @@ impl Flavor {
 /// The variable that sets the work-group size of the row kernels.
 pub const WORK_GROUP_VAR: &str = "POLYCHIP_OPENCL_WORK_GROUP";
 
+/// The row kernels' work-group size on a device of `limit` work-items a
+/// group: 256 or the largest power of two under `limit`, or `var` (the
+/// value of [`WORK_GROUP_VAR`]) when it is a power of two from 16 to
+/// `limit` (anything else is ignored with a warning naming `device`).
+fn work_group(limit: usize, var: Option<&str>, device: &str) -> usize {
+    let limit = limit.max(1);
+    let mut wg = 256usize.min(limit);
+    if let Some(text) = var {
+        match text.trim().parse::<usize>() {
+            Ok(n) if n.is_power_of_two() && (16..=limit).contains(&n) => wg = n,
+            _ => log::warn!(
+                "opencl: {WORK_GROUP_VAR}={text:?} is not a power of two from 16 to {device}'s \
+                 limit of {limit}; ignored"
+            ),
+        }
+    }
+    1 << wg.ilog2()
+}
+
 /// A built program and the kernels taken from it so far.
 #[derive(Debug)]
 pub struct Built {
@@ -157,21 +176,11 @@ impl Programs {
     /// limit; anything else is ignored with a warning) where a kernel allows
     /// fewer work-items than the device.
     pub fn new(device: &Device) -> Programs {
-        let limit = device.info.max_work_group.max(1);
-        let mut wg = 256usize.min(limit);
-        if let Ok(text) = std::env::var(WORK_GROUP_VAR) {
-            match text.trim().parse::<usize>() {
-                Ok(n) if n.is_power_of_two() && (16..=limit).contains(&n) => wg = n,
-                _ => log::warn!(
-                    "opencl: {WORK_GROUP_VAR}={text:?} is not a power of two from 16 to {}'s \
-                     limit of {limit}; ignored",
-                    device.info.name
-                ),
-            }
-        }
-        while !wg.is_power_of_two() {
-            wg &= wg - 1;
-        }
+        let wg = work_group(
+            device.info.max_work_group,
+            std::env::var(WORK_GROUP_VAR).ok().as_deref(),
+            &device.info.name,
+        );
         Programs {
             slots: Default::default(),
             building: Mutex::new(()),
@@ -367,5 +376,24 @@ impl<'k> Args<'k> {
         .cl(&format!("clEnqueueNDRangeKernel({})", self.name))?;
         drop(ClEvent::new(event));
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::work_group;
+
+    #[test]
+    fn the_work_group_is_the_variables_when_the_device_allows_it() {
+        assert_eq!(work_group(1024, None, "d"), 256);
+        assert_eq!(work_group(200, None, "d"), 128);
+        assert_eq!(work_group(1024, Some("32"), "d"), 32);
+        assert_eq!(work_group(1024, Some(" 512 "), "d"), 512);
+        // Not a power of two, below 16, past the device's limit, not a
+        // number: the default.
+        for bad in ["48", "8", "2048", "x", ""] {
+            assert_eq!(work_group(1024, Some(bad), "d"), 256, "{bad}");
+        }
+        assert_eq!(work_group(64, Some("128"), "d"), 64);
     }
 }
