@@ -68,7 +68,8 @@ pub struct LaunchOutcome {
     /// exited non-zero; 1 when it was killed by a signal; 128 + the signal
     /// when the launcher itself was interrupted.
     pub exit_code: i32,
-    /// The rank whose failure ended the job (the first seen), if any.
+    /// The rank whose failure ended the job, if any: the first seen, unless
+    /// a rank killed by a signal from outside the job is seen after it.
     pub failed_rank: Option<usize>,
     /// The signal that killed the failing rank (or interrupted the
     /// launcher), if that is how it ended.
@@ -238,6 +239,9 @@ pub fn launch(opts: &LaunchOptions) -> Result<LaunchOutcome> {
     let mut output_error: Option<std::io::Error> = None;
     let mut kill_at: Option<Instant> = None;
     let mut failed_at: Option<Instant> = None;
+    // Whether the launcher has signalled the ranks itself: after that, a
+    // rank killed by a signal says nothing about the cause.
+    let mut stopping = false;
     loop {
         let mut running = 0;
         for (rank, r) in ranks.iter_mut().enumerate() {
@@ -247,7 +251,7 @@ pub fn launch(opts: &LaunchOptions) -> Result<LaunchOutcome> {
             match r.child.try_wait() {
                 Ok(Some(status)) => {
                     r.status = Some(status);
-                    if !status.success() && failure.is_none() && interrupted.is_none() {
+                    if interrupted.is_none() && takes_the_blame(failure, status, stopping) {
                         failure = Some((rank, status));
                     }
                 }
@@ -265,6 +269,7 @@ pub fn launch(opts: &LaunchOptions) -> Result<LaunchOutcome> {
         if caught != 0 && interrupted.is_none() {
             interrupted = Some(caught);
             signal_all(&ranks, caught);
+            stopping = true;
             kill_at = Some(Instant::now() + opts.grace);
         }
         let failed = out_failed.load(Ordering::SeqCst);
@@ -273,6 +278,7 @@ pub fn launch(opts: &LaunchOptions) -> Result<LaunchOutcome> {
             // than let them run on (or block) for nothing.
             output_error = Some(std::io::Error::from_raw_os_error(failed));
             signal_all(&ranks, libc::SIGTERM);
+            stopping = true;
             kill_at = Some(Instant::now() + opts.grace);
         }
         if failure.is_some() && failed_at.is_none() {
@@ -280,6 +286,7 @@ pub fn launch(opts: &LaunchOptions) -> Result<LaunchOutcome> {
         }
         if failed_at.is_some_and(|t| t.elapsed() >= opts.settle) && kill_at.is_none() {
             signal_all(&ranks, libc::SIGTERM);
+            stopping = true;
             kill_at = Some(Instant::now() + opts.grace);
         }
         if kill_at.is_some_and(|t| Instant::now() >= t) {
@@ -337,6 +344,24 @@ pub fn launch(opts: &LaunchOptions) -> Result<LaunchOutcome> {
         });
     }
     Ok(outcome(opts.nproc, failure, interrupted))
+}
+
+/// Whether a rank that ended with `status` is the job's cause rather than
+/// `cause`, the one blamed so far. The first failure seen is the cause,
+/// with one exception: a rank killed by a signal the launcher did not send
+/// (`stopping` is false) takes the blame from a rank that exited with a
+/// code. A signal comes from outside the job, while a rank that exits with
+/// a code may be reporting that a peer is gone; the launcher polls every
+/// 10 ms, and on a loaded machine it can find both ended in one poll,
+/// or the reporter first.
+fn takes_the_blame(cause: Option<(usize, ExitStatus)>, status: ExitStatus, stopping: bool) -> bool {
+    if status.success() {
+        return false;
+    }
+    match cause {
+        None => true,
+        Some((_, blamed)) => !stopping && status.signal().is_some() && blamed.signal().is_none(),
+    }
 }
 
 fn outcome(
@@ -565,5 +590,21 @@ mod tests {
         let killed = outcome(3, Some((2, ExitStatus::from_raw(9))), None);
         assert_eq!((killed.exit_code, killed.signal), (1, Some(9)));
         assert_eq!(killed.description, "rank 2 killed by signal 9");
+    }
+
+    #[test]
+    fn a_signal_from_outside_takes_the_blame_from_a_rank_reporting_it() {
+        let code = ExitStatus::from_raw(2 << 8);
+        let killed = ExitStatus::from_raw(9);
+        let ok = ExitStatus::from_raw(0);
+        assert!(takes_the_blame(None, code, false));
+        assert!(!takes_the_blame(None, ok, false));
+        // Rank 0 said "peer rank 1 is gone" and was seen first.
+        assert!(takes_the_blame(Some((0, code)), killed, false));
+        // Once the launcher stops the ranks, their signals are its own.
+        assert!(!takes_the_blame(Some((0, code)), killed, true));
+        // The first of two failures of the same kind stays the cause.
+        assert!(!takes_the_blame(Some((0, code)), code, false));
+        assert!(!takes_the_blame(Some((0, killed)), killed, false));
     }
 }
