@@ -30,7 +30,7 @@
 
 // The API minor version this header describes; minors only add functions
 // and append struct fields.
-#define POLYCHIP_API_MINOR 0
+#define POLYCHIP_API_MINOR 1
 
 // `DLPACK_FLAG_BITMASK_READ_ONLY`: the consumer must not write the data.
 #define POLYCHIP_DLPACK_FLAG_READ_ONLY 1
@@ -86,6 +86,19 @@ typedef struct polychip_comm_options_t {
 
 // A reduction.
 typedef uint32_t polychip_reduce_op_t;
+
+// The direction of a `polychip_comm_p2p_t`.
+typedef uint32_t polychip_p2p_kind_t;
+
+// One send or receive of a `polychip_comm_p2p_group`.
+typedef struct polychip_comm_p2p_t {
+  // `POLYCHIP_P2P_SEND` or `POLYCHIP_P2P_RECV`.
+  polychip_p2p_kind_t kind;
+  // The rank sent to or received from.
+  uint32_t peer;
+  // The tensor sent, or received into (compact).
+  const struct polychip_tensor_t *tensor;
+} polychip_comm_p2p_t;
 
 // Whether an export may copy.
 typedef int32_t polychip_dlpack_copy_t;
@@ -291,6 +304,12 @@ typedef struct polychip_tensor_info_t {
 
 // Minimum.
 #define POLYCHIP_REDUCE_MIN 3
+
+// Sends the tensor to the peer.
+#define POLYCHIP_P2P_SEND 0
+
+// Receives into the tensor what the peer sends.
+#define POLYCHIP_P2P_RECV 1
 
 // Copy only when the requested device cannot see the memory.
 #define POLYCHIP_DLPACK_COPY_IF_NEEDED -1
@@ -519,6 +538,23 @@ struct polychip_error_t *polychip_comm_send(const struct polychip_comm_t *comm,
 struct polychip_error_t *polychip_comm_recv(const struct polychip_comm_t *comm,
                                             const struct polychip_tensor_t *t,
                                             uint32_t peer);
+
+// Runs `count` sends and receives together, so that ranks that each send
+// before they receive (a swap, a ring, both directions of a pipeline) do
+// not wait on each other, as blocking `polychip_comm_send` and
+// `polychip_comm_recv` of more than 1 MiB would. Operations with the same
+// peer in the same direction are matched in their order in `ops`; a peer
+// takes each send with `polychip_comm_recv` or a group's receive of the
+// same byte size. At most 4,096 operations; no receive may share memory
+// with another operation's tensor.
+//
+// Thread safety: any thread; calls on one communicator are serialized.
+//
+// # Safety
+// `ops` points to `count` readable operations (or `count` is 0).
+struct polychip_error_t *polychip_comm_p2p_group(const struct polychip_comm_t *comm,
+                                                 const struct polychip_comm_p2p_t *ops,
+                                                 size_t count);
 
 // Waits until every rank has called it.
 //

@@ -9,7 +9,7 @@ use std::sync::Mutex;
 
 use polychip_comm::bootstrap::{self, InitOptions, Job};
 use polychip_comm::collectives::{Communicator, ReduceOp};
-use polychip_comm::device::{DeviceComm, StagingPool};
+use polychip_comm::device::{DeviceComm, DeviceP2p, MAX_GROUP, StagingPool};
 use polychip_comm::env::RankInfo;
 
 use crate::error::{ApiError, ApiResult, guard, polychip_error_t};
@@ -34,6 +34,26 @@ pub const POLYCHIP_REDUCE_AVG: polychip_reduce_op_t = 1;
 pub const POLYCHIP_REDUCE_MAX: polychip_reduce_op_t = 2;
 /// Minimum.
 pub const POLYCHIP_REDUCE_MIN: polychip_reduce_op_t = 3;
+
+/// The direction of a `polychip_comm_p2p_t`.
+pub type polychip_p2p_kind_t = u32;
+/// Sends the tensor to the peer.
+pub const POLYCHIP_P2P_SEND: polychip_p2p_kind_t = 0;
+/// Receives into the tensor what the peer sends.
+pub const POLYCHIP_P2P_RECV: polychip_p2p_kind_t = 1;
+
+/// One send or receive of a `polychip_comm_p2p_group`.
+#[repr(C)]
+#[allow(non_camel_case_types)]
+#[derive(Debug, Clone, Copy)]
+pub struct polychip_comm_p2p_t {
+    /// `POLYCHIP_P2P_SEND` or `POLYCHIP_P2P_RECV`.
+    pub kind: polychip_p2p_kind_t,
+    /// The rank sent to or received from.
+    pub peer: u32,
+    /// The tensor sent, or received into (compact).
+    pub tensor: *const polychip_tensor_t,
+}
 
 /// How to join a job without a launcher's environment.
 #[repr(C)]
@@ -450,6 +470,61 @@ pub extern "C" fn polychip_comm_recv(
     collective("polychip_comm_recv", comm, |d| {
         check_peer(d, peer)?;
         Ok(d.recv(&tensor(t, "tensor")?.tensor, peer as usize)?)
+    })
+}
+
+/// Runs `count` sends and receives together, so that ranks that each send
+/// before they receive (a swap, a ring, both directions of a pipeline) do
+/// not wait on each other, as blocking `polychip_comm_send` and
+/// `polychip_comm_recv` of more than 1 MiB would. Operations with the same
+/// peer in the same direction are matched in their order in `ops`; a peer
+/// takes each send with `polychip_comm_recv` or a group's receive of the
+/// same byte size. At most 4,096 operations; no receive may share memory
+/// with another operation's tensor.
+///
+/// Thread safety: any thread; calls on one communicator are serialized.
+///
+/// # Safety
+/// `ops` points to `count` readable operations (or `count` is 0).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn polychip_comm_p2p_group(
+    comm: *const polychip_comm_t,
+    ops: *const polychip_comm_p2p_t,
+    count: usize,
+) -> *mut polychip_error_t {
+    collective("polychip_comm_p2p_group", comm, |d| {
+        if count > MAX_GROUP {
+            return Err(ApiError::invalid(format!(
+                "a group of {count} operations; the most is {MAX_GROUP}"
+            )));
+        }
+        if count > 0 && ops.is_null() {
+            return Err(ApiError::invalid(format!("ops is NULL with count {count}")));
+        }
+        let raw: &[polychip_comm_p2p_t] = match count {
+            0 => &[],
+            // SAFETY: the caller's contract: `count` readable operations.
+            _ => unsafe { std::slice::from_raw_parts(ops, count) },
+        };
+        let mut handles = Vec::with_capacity(count);
+        for (i, op) in raw.iter().enumerate() {
+            check_peer(d, op.peer)?;
+            handles.push(tensor(op.tensor, &format!("ops[{i}].tensor"))?);
+        }
+        let group = raw
+            .iter()
+            .zip(&handles)
+            .enumerate()
+            .map(|(i, (op, t))| match op.kind {
+                POLYCHIP_P2P_SEND => Ok(DeviceP2p::Send(&t.tensor, op.peer as usize)),
+                POLYCHIP_P2P_RECV => Ok(DeviceP2p::Recv(&t.tensor, op.peer as usize)),
+                other => Err(ApiError::invalid(format!(
+                    "ops[{i}].kind is {other}, not a polychip_p2p_kind_t \
+                     (POLYCHIP_P2P_SEND = 0, POLYCHIP_P2P_RECV = 1)"
+                ))),
+            })
+            .collect::<ApiResult<Vec<_>>>()?;
+        Ok(d.p2p_group(&group)?)
     })
 }
 

@@ -47,7 +47,7 @@ use crate::error::{ApiError, ApiResult};
 pub const POLYCHIP_API_MAJOR: u32 = 1;
 /// The API minor version this header describes; minors only add functions
 /// and append struct fields.
-pub const POLYCHIP_API_MINOR: u32 = 0;
+pub const POLYCHIP_API_MINOR: u32 = 1;
 
 /// A non-NULL out-param, or an error naming it.
 fn out_param<T>(ptr: *mut T, name: &str) -> ApiResult<NonNull<T>> {

@@ -121,7 +121,10 @@ fn versions_and_options_are_checked() {
     // SAFETY: readable options; `rt` writable.
     let (code, message) = refused(unsafe { polychip_runtime_new(&options, &mut rt) });
     assert_eq!(code, POLYCHIP_API_ERROR_VERSION_MISMATCH);
-    assert!(message.contains("built for polychip API 2.0"), "{message}");
+    assert!(
+        message.contains(&format!("built for polychip API 2.{POLYCHIP_API_MINOR}")),
+        "{message}"
+    );
     assert!(rt.is_null(), "out-params are untouched on failure");
     options.api_major = 1;
     options.api_minor = POLYCHIP_API_MINOR + 1;
@@ -737,6 +740,37 @@ fn a_peer_that_is_not_a_rank_is_refused() {
             "{message}"
         );
     }
+    // A group checks every operation before anything moves.
+    let op = |kind, peer| polychip_comm_p2p_t {
+        kind,
+        peer,
+        tensor: t,
+    };
+    let cases = [
+        (
+            vec![op(POLYCHIP_P2P_SEND, 3)],
+            "peer 3 is not a rank of this communicator",
+        ),
+        (
+            vec![op(7, 0)],
+            "ops[0].kind is 7, not a polychip_p2p_kind_t",
+        ),
+        (vec![op(POLYCHIP_P2P_RECV, 0)], "peer 0 is not another rank"),
+    ];
+    for (ops, want) in cases {
+        // SAFETY: `ops` holds `ops.len()` operations.
+        let (_, message) =
+            refused(unsafe { polychip_comm_p2p_group(comm, ops.as_ptr(), ops.len()) });
+        assert!(message.contains(want), "{message}");
+    }
+    // SAFETY: NULL with a count is refused before it is read.
+    let (_, message) = refused(unsafe { polychip_comm_p2p_group(comm, null(), 2) });
+    assert!(message.contains("ops is NULL with count 2"), "{message}");
+    // SAFETY: as above; the count is refused before the pointer is read.
+    let (_, message) = refused(unsafe { polychip_comm_p2p_group(comm, null(), 1 << 40) });
+    assert!(message.contains("the most is 4096"), "{message}");
+    // SAFETY: an empty group reads nothing.
+    ok(unsafe { polychip_comm_p2p_group(comm, null(), 0) });
     ok(polychip_comm_destroy(comm));
     polychip_tensor_destroy(t);
     polychip_runtime_destroy(rt);

@@ -389,12 +389,19 @@ fn a_directory_with_another_runs_checkpoints_is_refused_unless_resumed() {
     // While a run holds it, another is refused (the lock is the
     // committing rank's; here util-linux's `flock` holds it, where it is
     // installed).
+    // It says "held" once it holds the lock; `-o` keeps the lock out of
+    // its child, so that killing `flock` frees it.
     let holder = std::process::Command::new("flock")
+        .arg("-o")
         .arg(ck.join(".lock"))
-        .args(["sleep", "30"])
+        .args(["sh", "-c", "echo held; exec sleep 30"])
+        .stdout(std::process::Stdio::piped())
         .spawn();
     if let Ok(mut holder) = holder {
-        std::thread::sleep(std::time::Duration::from_millis(500));
+        let mut said = String::new();
+        let out = holder.stdout.take().unwrap();
+        std::io::BufRead::read_line(&mut std::io::BufReader::new(out), &mut said).unwrap();
+        assert_eq!(said.trim(), "held");
         let (code, _, err) = run(&["--steps", "4", "--resume", &s(&ck)]);
         let _ = holder.kill();
         let _ = holder.wait();

@@ -141,7 +141,7 @@ fn plugins_that_crash_or_hang_while_loading_are_named_and_the_others_still_show(
             "BROKEN_CTOR_SEGV",
             "crashed while loading (signal 11, SIGSEGV)",
         ),
-        ("BROKEN_INIT_HANG", "did not finish loading within 2 s"),
+        ("BROKEN_INIT_HANG", "did not finish loading within 8 s"),
     ] {
         let path = common::broken_plugin(variant);
         listed.push(path.display().to_string());
@@ -176,7 +176,9 @@ fn plugins_that_crash_or_hang_while_loading_are_named_and_the_others_still_show(
     let path = listed.join(":");
     let (code, text, seconds) = devices_timed(&[
         ("POLYCHIP_PLUGIN_PATH", &path),
-        ("POLYCHIP_PLUGIN_LOAD_TIMEOUT_SECS", "2"),
+        // Every probe has the deadline, the real plugins' too, started
+        // at once on a machine that may be loaded: 8 s, not 2.
+        ("POLYCHIP_PLUGIN_LOAD_TIMEOUT_SECS", "8"),
     ]);
     assert_eq!(
         code,
@@ -184,7 +186,7 @@ fn plugins_that_crash_or_hang_while_loading_are_named_and_the_others_still_show(
         "failed plugins make the exit status 1:\n{text}"
     );
     assert!(
-        seconds < 30.0,
+        seconds < 45.0,
         "the probes run at once under one deadline: {seconds} s"
     );
     for (file, what) in &expected {

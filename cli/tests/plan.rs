@@ -136,11 +136,12 @@ fn profile_then_evaluate_a_saved_plan_of_the_bundled_devices() {
     for e in entries {
         assert!(e["block"]["forward"].as_f64().unwrap() > 0.0, "{e}");
         assert!(e["peak_memory_bytes"].as_u64().unwrap() > 0, "{e}");
-        // The weights' gradients timed apart, a part of the backward pass.
+        // The weights' gradients timed apart, a part of the backward pass
+        // (at most all of it: the two are noisy medians, clamped).
         for part in ["block", "head"] {
             let (w, b) = (&e[part]["weight_grad"], &e[part]["backward"]);
             assert!(w.as_f64().unwrap() > 0.0, "{e}");
-            assert!(w.as_f64().unwrap() < b.as_f64().unwrap(), "{e}");
+            assert!(w.as_f64().unwrap() <= b.as_f64().unwrap(), "{e}");
         }
     }
     let (code, out, err) = polychip(&[

@@ -114,7 +114,7 @@ fn a_hung_case_fails_alone_and_the_suite_goes_on() {
             "--dtype",
             "f32",
             "--case-timeout",
-            "2",
+            "5",
         ],
     );
     assert_eq!(code, 1, "{text}");
@@ -137,20 +137,22 @@ fn a_hung_case_fails_alone_and_the_suite_goes_on() {
             f["result"]["message"]
                 .as_str()
                 .unwrap()
-                .starts_with("the plugin hung: no result within 2 s"),
+                .starts_with("the plugin hung: no result within 5 s"),
             "{f}"
         );
     }
     // rsqrt's small cases ran and passed, before and after each hang.
     assert!(row("rsqrt")["passed"].as_u64().unwrap() > 10, "{text}");
-    // Each hang costs its 2 s, though the kernel prints a heartbeat for
+    // Each hang costs its 5 s, though the kernel prints a heartbeat for
     // 60 s (the timeout counts from the last result, not the last line);
     // the rest of the run takes seconds (up to 15 on a loaded machine).
+    // (5 s, not 2: a new worker, after a hang, starts this debug binary and
+    // loads the plugin within the same bound.)
     let hung = failures.len() as u64;
     println!("{hung} hung case(s); the run took {:?}", started.elapsed());
     assert!(
-        started.elapsed().as_secs() < 2 * hung + 40,
-        "{hung} hangs of 2 s took {:?}",
+        started.elapsed().as_secs() < 5 * hung + 40,
+        "{hung} hangs of 5 s took {:?}",
         started.elapsed()
     );
 }

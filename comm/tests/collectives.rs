@@ -16,8 +16,19 @@ const DTYPES: [DType; 5] = [DType::F32, DType::F16, DType::BF16, DType::I32, DTy
 const OPS: [ReduceOp; 4] = [ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max, ReduceOp::Min];
 const SIZES: [usize; 5] = [0, 1, 7, 1000, 65537];
 
-/// Runs `f` on `n` thread ranks and returns their results in rank order.
+/// Runs `f` on `n` thread ranks and returns their results in rank order,
+/// each operation bounded at 20 s (a loaded machine can hold a debug rank
+/// back for seconds between two operations).
 fn world<T: Send>(n: usize, f: impl Fn(&mut Communicator) -> T + Sync) -> Vec<T> {
+    world_timing_out(n, Duration::from_secs(20), f)
+}
+
+/// [`world`] with operations bounded at `timeout`, for tests of timeouts.
+fn world_timing_out<T: Send>(
+    n: usize,
+    timeout: Duration,
+    f: impl Fn(&mut Communicator) -> T + Sync,
+) -> Vec<T> {
     let store = Arc::new(MemoryStore::new());
     thread::scope(|s| {
         let handles: Vec<_> = (0..n)
@@ -27,7 +38,7 @@ fn world<T: Send>(n: usize, f: impl Fn(&mut Communicator) -> T + Sync) -> Vec<T>
                     let t =
                         ShmTransport::new(&*store, r, n, Duration::from_secs(20)).expect("connect");
                     let mut c = Communicator::new(Arc::new(t)).expect("communicator");
-                    c.set_timeout(Duration::from_secs(2));
+                    c.set_timeout(timeout);
                     // Every rank finishes connecting before any starts its
                     // part: a rank that leaves at once (the lost-peer test)
                     // must not vanish while a slower peer is still mapping
@@ -255,7 +266,7 @@ fn deterministic_mode_is_bit_identical() {
 #[test]
 fn missing_rank_times_out() {
     let gate = Barrier::new(3);
-    let results = world(3, |c| {
+    let results = world_timing_out(3, Duration::from_secs(2), |c| {
         let start = Instant::now();
         let r = if c.rank() == 2 {
             Ok(())
@@ -348,4 +359,104 @@ fn mismatched_counts_and_dtypes() {
             );
         }
     }
+}
+
+/// Message `k` from rank `from` to rank `to`: bytes that say whose it is.
+fn message(from: usize, to: usize, k: usize, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| (hash((from * 64 + to) as u64 * 1000 + k as u64) as usize + i) as u8)
+        .collect()
+}
+
+/// A group's sends and receives run together: two ranks that each send 4
+/// MiB before receiving (a swap, which blocks with plain calls past 1 MiB)
+/// and a ring of three with several messages a lane, of sizes from 0 to
+/// 3 MiB, arrive intact and in order; a rank may take a group's sends
+/// with plain receives.
+#[test]
+fn a_group_of_sends_and_receives_does_not_wait_on_itself() {
+    use polychip_comm::collectives::P2p;
+    let results = world(2, |c| {
+        let (me, peer) = (c.rank(), 1 - c.rank());
+        let out = message(me, peer, 0, 4 << 20);
+        let mut got = vec![0u8; 4 << 20];
+        c.p2p_group(&mut [P2p::Send(&out, peer), P2p::Recv(&mut got, peer)])
+            .map(|()| got == message(peer, me, 0, 4 << 20))
+    });
+    assert!(results.into_iter().all(|r| r.unwrap()), "the swap");
+    let sizes = [3 << 20, 0, 17, 1 << 20];
+    let results = world(3, |c| {
+        let (me, n) = (c.rank(), 3);
+        let (next, prev) = ((me + 1) % n, (me + n - 1) % n);
+        let outs: Vec<Vec<u8>> = (0..sizes.len())
+            .map(|k| message(me, next, k, sizes[k]))
+            .collect();
+        let mut ins: Vec<Vec<u8>> = sizes.iter().map(|&s| vec![0u8; s]).collect();
+        if me == 2 {
+            // Plain calls on this rank, in the group's order per lane: it
+            // sends first, which its group-running peers let it do.
+            for o in &outs {
+                c.send(o, next)?;
+            }
+            for i in ins.iter_mut() {
+                c.recv(i, prev)?;
+            }
+        } else {
+            let mut ops: Vec<P2p<'_>> = Vec::new();
+            for (o, i) in outs.iter().zip(ins.iter_mut()) {
+                ops.push(P2p::Recv(i, prev));
+                ops.push(P2p::Send(o, next));
+            }
+            c.p2p_group(&mut ops)?;
+        }
+        Ok::<_, CommError>((0..sizes.len()).all(|k| ins[k] == message(prev, me, k, sizes[k])))
+    });
+    for (r, ok) in results.into_iter().enumerate() {
+        assert!(ok.unwrap(), "rank {r}'s messages");
+    }
+}
+
+#[test]
+fn a_group_refuses_a_peer_outside_it_and_names_a_size_mismatch() {
+    use polychip_comm::collectives::P2p;
+    let results = world(2, |c| {
+        let me = c.rank();
+        c.p2p_group(&mut [P2p::Send(&[1, 2], me)])
+            .unwrap_err()
+            .to_string()
+    });
+    for e in results {
+        assert!(e.contains("not another rank of this communicator"), "{e}");
+    }
+    let results = world(2, |c| {
+        let (me, peer) = (c.rank(), 1 - c.rank());
+        let out = vec![0u8; 100 + me];
+        let mut got = vec![0u8; 100 + peer + 1];
+        c.p2p_group(&mut [P2p::Send(&out, peer), P2p::Recv(&mut got, peer)])
+    });
+    for r in results {
+        let e = r.expect_err("the sizes differ");
+        assert!(matches!(e, CommError::Mismatch { .. }), "{e}");
+    }
+}
+
+#[test]
+fn a_group_that_cannot_move_times_out_naming_what_it_waits_for() {
+    use polychip_comm::collectives::P2p;
+    let results = world_timing_out(2, Duration::from_secs(2), |c| {
+        if c.rank() == 1 {
+            // Never sends; stays until rank 0 has given up (timeout 2 s).
+            thread::sleep(Duration::from_millis(2500));
+            return None;
+        }
+        let mut got = vec![0u8; 10];
+        Some(c.p2p_group(&mut [P2p::Send(&[7u8; 10], 1), P2p::Recv(&mut got, 1)]))
+    });
+    let e = results[0].as_ref().unwrap().as_ref().unwrap_err();
+    assert!(matches!(e, CommError::Timeout { .. }), "{e}");
+    assert!(
+        e.to_string()
+            .contains("rank 1's next message (a group of sends and receives)"),
+        "{e}"
+    );
 }

@@ -177,6 +177,49 @@ fn send_recv_between_vendors() {
     });
 }
 
+/// A group swaps tensors larger than a chunk between a staged (Cobalt)
+/// and a device-direct (Ferrite) rank, whose plain calls would each wait
+/// for the other's receive; a rank may take a group's sends with plain
+/// receives, chunk by chunk; a receive that shares memory with another
+/// operation of the group is refused before anything moves.
+#[test]
+fn a_group_swaps_between_vendors_and_matches_plain_calls() {
+    use polychip_comm::device::DeviceP2p;
+    let devices = [device("cobalt", 0), device("ferrite", 0)];
+    world20(&devices, |d, dc| {
+        dc.set_chunk_bytes(1 << 20);
+        let (me, peer) = (dc.comm().rank(), 1 - dc.comm().rank());
+        for count in [0, 5, (3 << 20) + 1] {
+            let out = tensor(d, DType::F32, &values(me, count));
+            let got = d.zeros(DType::F32, &[count as i64]).unwrap();
+            dc.p2p_group(&[DeviceP2p::Send(&out, peer), DeviceP2p::Recv(&got, peer)])
+                .unwrap();
+            assert_eq!(
+                got.to_vec::<f32>().unwrap(),
+                values(peer, count),
+                "rank {me} x {count}"
+            );
+            assert_eq!(dc.last_path(), Some(Path::of(d)));
+        }
+        // Rank 0 sends in a group, rank 1 receives with a plain call.
+        let count = (2 << 20) + 9;
+        if me == 0 {
+            let out = tensor(d, DType::F32, &values(5, count));
+            dc.p2p_group(&[DeviceP2p::Send(&out, 1)]).unwrap();
+        } else {
+            let got = d.zeros(DType::F32, &[count as i64]).unwrap();
+            dc.recv(&got, 0).unwrap();
+            assert_eq!(got.to_vec::<f32>().unwrap(), values(5, count));
+        }
+        let t = d.zeros(DType::F32, &[8]).unwrap();
+        let e = dc
+            .p2p_group(&[DeviceP2p::Send(&t, peer), DeviceP2p::Recv(&t, peer)])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("operations 0 and 1 share memory"), "{e}");
+    });
+}
+
 #[test]
 fn staging_pool_does_not_grow_on_repeated_calls() {
     let devices = mixed();

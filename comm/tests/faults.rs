@@ -3,7 +3,7 @@
 //! the ordinary harness). Children ignore SIGTERM, so the launcher's stop
 //! does not cut their report short, and write what they saw to a file in a
 //! directory named after the test process (their parent). Checked: a rank
-//! killed mid all-reduce (64 MiB, shared memory and TCP) surfaces on every
+//! killed mid all-reduce (16 MiB, shared memory and TCP) surfaces on every
 //! survivor as PeerLost/Timeout naming the operation and a rank within the
 //! 5 s timeout, and the launcher names the killed rank; a rank that never
 //! arrives makes the others' init time out naming it; mismatched sizes are
@@ -112,15 +112,17 @@ fn start(info: &RankInfo, transport: TransportKind) -> Job {
     init_with(info.clone(), options).unwrap()
 }
 
-/// The last rank kills itself (SIGKILL) during the second 64 MiB
-/// all-reduce; the others report the error they got.
+/// The last rank kills itself (SIGKILL) during the second 16 MiB
+/// all-reduce (or a later one); the others report the error they got. (At
+/// 64 MiB the first all-reduce of this debug build could pass the 5 s
+/// timeout on a loaded machine, and every rank ended without a kill.)
 fn kill_mid_all_reduce(name: &str, transport: TransportKind) {
     let Some((info, dir)) = child(name) else {
         return;
     };
     let mut job = start(&info, transport);
     let victim = info.world_size - 1;
-    let mut buf = vec![0u8; 64 << 20];
+    let mut buf = vec![0u8; 16 << 20];
     let began = Instant::now();
     for i in 0.. {
         if i == 1 && info.rank == victim {
@@ -186,10 +188,12 @@ fn a_rank_that_never_arrives_times_out_init() {
     for (r, rep) in reports.iter().enumerate().take(2) {
         assert_eq!(rep.len(), 3, "rank {r} reported nothing: {rep:?}");
         let ms: u64 = rep[1].parse().unwrap();
-        assert!((4_000..15_000).contains(&ms), "rank {r} took {ms} ms");
-        // Rank 0 times out first and stops the store; rank 1 may see that.
+        assert!(ms < 15_000, "rank {r} took {ms} ms");
+        // Rank 0 times out first and stops the store; rank 1 may see that
+        // (sooner than its own timeout when it started later).
         let store_gone = r > 0 && rep[0] == "PeerLost" && rep[2].contains("rendezvous store");
         if !store_gone {
+            assert!(ms >= 4_000, "rank {r} took {ms} ms");
             assert_eq!(rep[0], "Timeout", "rank {r}: {rep:?}");
             assert!(rep[2].contains("init"), "{rep:?}");
             assert!(rep[2].contains("rank 2 of 3 to join"), "{rep:?}");

@@ -153,20 +153,46 @@ fn case_bytes(case: &Case) -> u64 {
 const SECOND_POISON: u8 = 0x00;
 
 /// Runs `case` (number `index` of its list) on `device`, scaling every
-/// tolerance by `factor` (1 unless a waiver loosens it).
+/// tolerance by `factor` (1 unless a waiver loosens it). A stream case that
+/// passed when its timing could not show a wait that returns early runs
+/// again, its busy stream kept busy longer ([`STREAM_RETRIES`]).
 pub fn run_case(device: &Device, case: &Case, index: usize, factor: f64) -> CaseResult {
+    let mut busy = STREAM_BUSY_SECONDS;
+    let mut tries = 0;
+    loop {
+        let mut missed = false;
+        let result = run_case_once(device, case, index, factor, busy, &mut missed);
+        if result.status != Status::Passed || !missed || tries == STREAM_RETRIES {
+            return result;
+        }
+        tries += 1;
+        busy *= 2.0;
+    }
+}
+
+/// [`run_case`] once, a stream case's busy stream kept busy for `busy`
+/// seconds; sets `missed` when that case's timing missed its window.
+fn run_case_once(
+    device: &Device,
+    case: &Case,
+    index: usize,
+    factor: f64,
+    busy: f64,
+    missed: &mut bool,
+) -> CaseResult {
     let dense: Vec<_> = case.tensors.iter().map(TensorSpec::dense).collect();
     let started = Instant::now();
     let expected = (case.reference)(&dense);
     let reference_seconds = started.elapsed().as_secs_f64();
     let fail = |message: String| result(case, index, Status::Failed, message);
-    let first = match execute(device, case, POISON_BYTE) {
+    let first = match execute(device, case, POISON_BYTE, busy) {
         Ok(run) => run,
         Err(message) if message.starts_with(TOO_LARGE) => {
             return result(case, index, Status::Skipped, message);
         }
         Err(message) => return fail(message),
     };
+    *missed = first.window_missed;
     let timed = |mut r: CaseResult| {
         r.plugin_seconds = first.plugin_seconds;
         r.reference_seconds = reference_seconds;
@@ -214,7 +240,7 @@ pub fn run_case(device: &Device, case: &Case, index: usize, factor: f64) -> Case
         .filter(|(_, at)| !at.is_empty())
         .collect();
     if !candidates.is_empty() {
-        match execute(device, case, SECOND_POISON) {
+        match execute(device, case, SECOND_POISON, busy) {
             Ok(second) if second.outcome.is_ok() => {
                 for (t, at) in &candidates {
                     let spec = &case.tensors[*t];
@@ -363,6 +389,9 @@ struct Run {
     elements: Vec<Vec<u8>>,
     /// Inputs that changed and guard zones that were overwritten.
     problems: Vec<String>,
+    /// A stream case whose timing could not show a wait that returns early
+    /// ([`Window::missed`]).
+    window_missed: bool,
 }
 
 /// Writes an input's values rotated by one element into its buffer (the
@@ -416,12 +445,40 @@ fn warm_up(
 /// first, so that a call that does not wait for it reads the other values.
 const STREAM_BUSY_SECONDS: f64 = 0.005;
 
+/// How many times a stream case that passed is run again, each time with
+/// the busy stream kept busy twice as long, when this thread was held up
+/// long enough that the busy stream may have finished before the call was
+/// queued or before the outputs were read (a loaded machine): such a pass
+/// says nothing about a wait that returns early.
+const STREAM_RETRIES: usize = 3;
+
 /// What a stream case keeps alive until its buffers have been read: the
 /// streams (destroying one waits for its work) and the buffers their work
-/// copies.
+/// copies; and the timing that says whether the case could see a wait that
+/// returns early.
 struct StreamCase {
     _streams: Vec<Stream>,
     _buffers: Vec<Tensor>,
+    window: Window,
+}
+
+/// A stream case's timing: the busy stream's estimated work, the time this
+/// thread took from queueing it to queueing the call, and when the wait
+/// for the call returned.
+struct Window {
+    busy: f64,
+    queued: f64,
+    awaited: Instant,
+}
+
+impl Window {
+    /// Whether this thread's own delays, before the call was queued and
+    /// between the wait and the end of the reads, ate half of the busy
+    /// stream's work: then a call that did not wait, or a wait that
+    /// returned early, might still have found the inputs restored.
+    fn missed(&self) -> bool {
+        self.queued + self.awaited.elapsed().as_secs_f64() >= self.busy / 2.0
+    }
 }
 
 /// The call of [`Case::on_stream`]: every input's buffer is overwritten
@@ -435,7 +492,7 @@ fn on_stream(
     case: &Case,
     uploaded: &[Option<Uploaded>],
     tensors: &[Tensor],
-    sync: StreamSync,
+    (sync, busy_seconds): (StreamSync, f64),
 ) -> Result<(polychip_host::Result<()>, StreamCase), String> {
     let setup = |what: &str, e: HostError| {
         format!("could not set up the call on a stream: {what} failed: {e}")
@@ -456,8 +513,10 @@ fn on_stream(
         buffers.push(saved);
     }
     let restore = device.stream().map_err(|e| setup("stream_create", e))?;
-    buffers
-        .extend(keep_busy(device, &restore).map_err(|e| setup("copy (keeping a stream busy)", e))?);
+    let (busy, busy_buffers) = keep_busy(device, &restore, busy_seconds)
+        .map_err(|e| setup("copy (keeping a stream busy)", e))?;
+    let started = Instant::now();
+    buffers.extend(busy_buffers);
     for (saved, buffer, name) in &restores {
         restore
             .exec()
@@ -469,6 +528,7 @@ fn on_stream(
     run.wait(&ready)
         .map_err(|e| setup("stream_wait_event", e))?;
     let called = (case.call)(&run.exec(), tensors);
+    let queued = started.elapsed().as_secs_f64();
     let mut streams = vec![restore];
     let awaited = match sync {
         StreamSync::Event => {
@@ -494,34 +554,47 @@ fn on_stream(
         StreamCase {
             _streams: streams,
             _buffers: buffers,
+            window: Window {
+                busy,
+                queued,
+                awaited: Instant::now(),
+            },
         },
     ))
 }
 
-/// Queues copies on `stream` that take about [`STREAM_BUSY_SECONDS`] (one
-/// timed on the default stream first); returns their buffers, which must
-/// outlive the copies.
-fn keep_busy(device: &Device, stream: &Stream) -> polychip_host::Result<Vec<Tensor>> {
+/// Queues copies on `stream` that take about `seconds` (the quickest of
+/// three timed on the default stream first, so that one this thread was
+/// held up in does not cut the count); returns the estimated time they
+/// take and their buffers, which must outlive the copies.
+fn keep_busy(
+    device: &Device,
+    stream: &Stream,
+    seconds: f64,
+) -> polychip_host::Result<(f64, Vec<Tensor>)> {
     // Filled on the device: a host-to-device copy can be slow on a device
     // whose memory is not the host's.
     const ELEMENTS: i64 = 1 << 18;
     let from = device.empty(DType::F32, &[ELEMENTS])?;
     device.exec().fill(&from, 0.0)?;
     let to = device.empty(DType::F32, &[ELEMENTS])?;
-    let started = Instant::now();
-    device.exec().copy(&from, &to)?;
-    let once = started.elapsed().as_secs_f64().max(1e-6);
-    let copies = (STREAM_BUSY_SECONDS / once).ceil().clamp(1.0, 1024.0) as usize;
+    let mut once = f64::INFINITY;
+    for _ in 0..3 {
+        let started = Instant::now();
+        device.exec().copy(&from, &to)?;
+        once = once.min(started.elapsed().as_secs_f64().max(1e-6));
+    }
+    let copies = (seconds / once).ceil().clamp(1.0, 4096.0) as usize;
     for _ in 0..copies {
         stream.exec().copy(&from, &to)?;
     }
-    Ok(vec![from, to])
+    Ok((copies as f64 * once, vec![from, to]))
 }
 
 /// Uploads the case's tensors (outputs poisoned with `poison`), calls the
 /// plugin, and reads every buffer back whole. `Err` when the suite itself
 /// could not upload or read a tensor.
-fn execute(device: &Device, case: &Case, poison: u8) -> Result<Run, String> {
+fn execute(device: &Device, case: &Case, poison: u8, busy: f64) -> Result<Run, String> {
     let mut uploaded: Vec<Option<Uploaded>> = Vec::with_capacity(case.tensors.len());
     for spec in &case.tensors {
         if spec.alias_of.is_some() {
@@ -562,10 +635,10 @@ fn execute(device: &Device, case: &Case, poison: u8) -> Result<Run, String> {
     // A stream case's streams stay alive until its buffers are read:
     // destroying one waits for its work, which would hide a wait that
     // returned early.
-    let (outcome, _streams) = match case.on_stream {
+    let (outcome, stream_case) = match case.on_stream {
         None => ((case.call)(&exec, &tensors), None),
         Some(sync) => {
-            let (outcome, streams) = on_stream(device, case, &uploaded, &tensors, sync)?;
+            let (outcome, streams) = on_stream(device, case, &uploaded, &tensors, (sync, busy))?;
             (outcome, Some(streams))
         }
     };
@@ -608,6 +681,7 @@ fn execute(device: &Device, case: &Case, poison: u8) -> Result<Run, String> {
         }
         elements[t] = bytes;
     }
+    let window_missed = stream_case.as_ref().is_some_and(|s| s.window.missed());
     for (t, spec) in case.tensors.iter().enumerate() {
         if let Some(source) = spec.alias_of {
             elements[t] = elements[source].clone();
@@ -618,5 +692,6 @@ fn execute(device: &Device, case: &Case, poison: u8) -> Result<Run, String> {
         plugin_seconds,
         elements,
         problems,
+        window_missed,
     })
 }

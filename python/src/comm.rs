@@ -233,6 +233,41 @@ impl Comm {
         })
     }
 
+    /// Runs sends and receives together: `ops` is a list of `("send" or
+    /// "recv", tensor, peer)`. Ranks that each send before they receive
+    /// (a swap, a ring, both directions of a pipeline) do not wait on each
+    /// other, as `send` and `recv` of more than 1 MiB would; operations
+    /// with one peer in one direction are matched in their order.
+    fn p2p_group(
+        &self,
+        py: Python<'_>,
+        ops: Vec<(String, PyRef<'_, Tensor>, Int<u32>)>,
+    ) -> PyResult<()> {
+        let mut raw = Vec::with_capacity(ops.len());
+        for (i, (kind, tensor, peer)) in ops.iter().enumerate() {
+            let kind = match kind.as_str() {
+                "send" => POLYCHIP_P2P_SEND,
+                "recv" => POLYCHIP_P2P_RECV,
+                other => {
+                    return Err(PyValueError::new_err(format!(
+                        "ops[{i}] is a {other:?}, not a \"send\" or a \"recv\""
+                    )));
+                }
+            };
+            raw.push(polychip_comm_p2p_t {
+                kind,
+                peer: peer.0,
+                tensor: tensor.handle as *const _,
+            });
+        }
+        let (at, count) = (raw.as_ptr() as usize, raw.len());
+        self.run(py, move |c| {
+            // SAFETY: `raw` (at `at`) holds `count` operations and outlives
+            // the call; the tensors are held by `ops`.
+            handle(unsafe { polychip_comm_p2p_group(c as *const _, at as *const _, count) })
+        })
+    }
+
     /// Waits until every rank has called it.
     fn barrier(&self, py: Python<'_>) -> PyResult<()> {
         self.run(py, |c| handle(polychip_comm_barrier(c as *const _)))

@@ -25,6 +25,11 @@ SCRIPT = textwrap.dedent(
     b = polychip.tensor([7.0 if rank == 1 else 0.0], device=dev)
     comm.broadcast(b, root=1)
     assert b.numpy().tolist() == [7.0]
+    # A swap of 2 MiB each way, each rank sending first: one group.
+    mine = polychip.tensor(np.full(1 << 19, rank, dtype=np.float32), device=dev)
+    theirs = polychip.empty((1 << 19,), device=dev)
+    comm.p2p_group([("send", mine, 1 - rank), ("recv", theirs, 1 - rank)])
+    assert (theirs.numpy() == 1 - rank).all(), theirs.numpy()[:4]
     half = comm.split(color=0, key=world - rank)
     assert half.world_size == 2 and half.rank == world - 1 - rank
     comm.barrier()
@@ -59,6 +64,11 @@ def test_a_peer_out_of_range_and_a_closed_comm_are_refused_clearly(cobalt):
     for call in (comm.send, comm.recv):
         with pytest.raises(errors.InvalidArgument, match=r"peer 3 is not a rank of this communicator \(ranks 0 to 0\)"):
             call(t, 3)
+    with pytest.raises(ValueError, match=r'ops\[1\] is a "sned", not a "send" or a "recv"'):
+        comm.p2p_group([("recv", t, 0), ("sned", t, 0)])
+    with pytest.raises(errors.InvalidArgument, match="peer 0 is not another rank"):
+        comm.p2p_group([("recv", t, 0)])
+    comm.p2p_group([])
     comm.close()
     # Used to say "comm is NULL".
     for call in (lambda: comm.all_reduce(t), lambda: comm.rank, lambda: comm.split(0)):

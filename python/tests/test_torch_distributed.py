@@ -133,7 +133,7 @@ UNUSED_AND_TIMEOUT = textwrap.dedent(
     import polychip.torch
     from polychip.torch.distributed import device_for_rank
 
-    dist.init_process_group("polychip", timeout=timedelta(seconds=3))
+    dist.init_process_group("polychip")
     rank = dist.get_rank()
     dev = device_for_rank(vendors=["Ferrite", "Cobalt"])
     # DDP's reducer asks the device for pinned host memory for its map of
@@ -152,14 +152,17 @@ UNUSED_AND_TIMEOUT = textwrap.dedent(
     g = model.used.weight.grad.cpu()
     assert torch.allclose(g, torch.full((2, 4), 4.5)), g
     print(f"rank {rank} unused ok", flush=True)
-    # The process group's timeout is the communicator's: rank 1 comes 8 s
-    # late, rank 0 gives up after 3.
+    # A process group's timeout is its communicator's: rank 1 comes 8 s
+    # late, rank 0 gives up after 3. (A group made here, where the ranks are
+    # in step: 3 s for the whole job would also bound its start, which a
+    # loaded machine can spread further.)
+    short = dist.new_group(timeout=timedelta(seconds=3))
     if rank == 1:
         time.sleep(8)
     else:
         start = time.monotonic()
         try:
-            dist.all_reduce(torch.ones(2, device=dev))
+            dist.all_reduce(torch.ones(2, device=dev), group=short)
         except Exception as e:
             print(f"rank 0 timed out after {time.monotonic() - start:.1f}: {e}", flush=True)
     """
@@ -293,12 +296,18 @@ FSDP_AND_FRIENDS = textwrap.dedent(
         for p, q in zip(mine.parameters(), whole.parameters()):
             torch.testing.assert_close(p.full_tensor().cpu(), q.detach(), rtol=1e-5, atol=1e-6)
         print(f"rank {rank} {how} ok", flush=True)
-    # Batched sends and receives (a swap).
-    send, recv = torch.full((3,), float(rank), device=dev), torch.zeros(3, device=dev)
-    ops = [dist.P2POp(dist.isend, send, 1 - rank), dist.P2POp(dist.irecv, recv, 1 - rank)]
-    for w in dist.batch_isend_irecv(ops):
-        w.wait()
-    assert recv.cpu().tolist() == [1.0 - rank] * 3, recv
+    # Batched sends and receives: swaps of 3 floats and of 8 MiB each way
+    # (past 1 MiB, one send after another would wait for the other's
+    # receive), two messages a direction, a CPU tensor among them.
+    for n in (3, 2 << 20):
+        send, recv = torch.full((n,), float(rank), device=dev), torch.zeros(n, device=dev)
+        extra, extra_in = torch.arange(5.0) + rank, torch.zeros(5)
+        ops = [dist.P2POp(dist.isend, send, 1 - rank), dist.P2POp(dist.isend, extra, 1 - rank),
+               dist.P2POp(dist.irecv, recv, 1 - rank), dist.P2POp(dist.irecv, extra_in, 1 - rank)]
+        for w in dist.batch_isend_irecv(ops):
+            w.wait()
+        assert torch.equal(recv.cpu(), torch.full((n,), 1.0 - rank)), recv
+        assert extra_in.tolist() == (torch.arange(5.0) + 1 - rank).tolist(), extra_in
     # Ranks that disagree on a broadcast's root fail, each saying so (last:
     # the communicator is unusable after).
     try:
@@ -373,6 +382,56 @@ def test_fsdp_in_place_collectives_checkpoints_and_disagreeing_roots_across_two_
             assert f"rank {rank} {strategy} ok" in out, out
         assert f"rank {rank} disagreeing roots refused" in out and "(as its root)" in out, out
         assert f"rank {rank} fsdp and friends ok" in out, out
+
+
+PIPELINING = textwrap.dedent(
+    """
+    import copy
+    import torch, torch.distributed as dist
+    import polychip.torch
+    from polychip.torch.distributed import device_for_rank
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+
+    dist.init_process_group("polychip")
+    rank = dist.get_rank()
+    dev = device_for_rank(vendors=["Ferrite", "Cobalt"])
+    torch.manual_seed(0)
+    whole = torch.nn.Sequential(
+        torch.nn.Linear(16, 512), torch.nn.GELU(), torch.nn.Linear(512, 512), torch.nn.Tanh(), torch.nn.Linear(512, 8)
+    )
+    # Micro-batches of 1,024 x 512 floats (2 MiB) each way between the
+    # stages: more than a plain send holds before its receive.
+    x, y = torch.randn(4096, 16), torch.randn(4096, 8)
+    loss_fn = torch.nn.MSELoss()
+    ref = copy.deepcopy(whole)
+    losses = [loss_fn(ref(xc), yc) for xc, yc in zip(x.chunk(4), y.chunk(4))]
+    (sum(losses) / 4).backward()  # the schedules scale gradients by the micro-batch count
+    mine = slice(0, 3) if rank == 0 else slice(3, 5)
+    for name, schedule in (("GPipe", ScheduleGPipe), ("1F1B", Schedule1F1B)):
+        part = copy.deepcopy(whole[mine]).to(dev)
+        stage = PipelineStage(part, rank, 2, dev)
+        sched = schedule(stage, n_microbatches=4, loss_fn=loss_fn)
+        got = []
+        if rank == 0:
+            sched.step(x.to(dev))
+        else:
+            sched.step(target=y.to(dev), losses=got)
+            torch.testing.assert_close(sum(l.cpu() for l in got), sum(losses).detach(), rtol=1e-5, atol=1e-6)
+        for p, q in zip(part.parameters(), ref[mine].parameters()):
+            torch.testing.assert_close(p.grad.cpu(), q.grad, rtol=1e-4, atol=1e-6)
+        print(f"rank {rank} {name} ok", flush=True)
+    dist.destroy_process_group()
+    """
+)
+
+
+def test_torch_pipelining_across_two_vendors_matches_one_process(tmp_path):
+    # torch.distributed.pipelining sends each stage's activations and
+    # gradients with batch_isend_irecv: one group of sends and receives.
+    out = launch(tmp_path, PIPELINING, "torchrun")
+    for rank in (0, 1):
+        for name in ("GPipe", "1F1B"):
+            assert f"rank {rank} {name} ok" in out, out
 
 
 def test_gloo_for_cpu_tensors_beside_polychip_and_a_bound_device(tmp_path):

@@ -111,7 +111,7 @@ impl Reducer {
                 || "grad all-reduce".into(),
                 "allreduce",
                 || {
-                    let ready = std::iter::once(0);
+                    let ready = std::iter::once((0, now_us()));
                     let (rank, buckets) = (self.rank, &self.buckets);
                     reduce_in_order(rank, groups, buckets, ready, pool, None, &mut Vec::new())
                 },
@@ -122,7 +122,7 @@ impl Reducer {
         let stream = self.stream.take();
         let mut reduced = std::mem::take(pool);
         let (out, joined) = thread::scope(|scope| {
-            let (tx, rx) = mpsc::channel::<usize>();
+            let (tx, rx) = mpsc::channel::<(usize, f64)>();
             let reducer = scope.spawn(move || {
                 let mut spans = Vec::new();
                 let r = reduce_in_order(
@@ -143,7 +143,7 @@ impl Reducer {
                     stage.finish_grads_of(next..from)?;
                     from = next;
                     // A reducer that stopped has its error to report.
-                    let _ = tx.send(next);
+                    let _ = tx.send((next, now_us()));
                 }
                 Ok(())
             };
@@ -193,28 +193,32 @@ fn bucket_params(
 }
 
 /// Reduces `buckets` in order, each once `ready` has said the gradients
-/// from its first parameter on are final (the values it yields fall); a
-/// `ready` that ends first means the passes stopped.
+/// from its first parameter on are final (the values it yields fall, each
+/// with the time it was said); a `ready` that ends first means the passes
+/// stopped. A bucket's span starts when it could: when it was ready or the
+/// previous bucket done, whichever is later (the thread's waking up, which
+/// a loaded machine can delay past the backward pass, is the reduction's
+/// time too).
 fn reduce_in_order(
     rank: usize,
     groups: &mut [ReductionGroup],
     buckets: &[Bucket],
-    mut ready: impl Iterator<Item = usize>,
+    mut ready: impl Iterator<Item = (usize, f64)>,
     pool: &mut StagingPool,
     stream: Option<&Stream>,
     spans: &mut Vec<Span>,
 ) -> Result<()> {
-    let mut from = usize::MAX;
+    let (mut from, mut said, mut free) = (usize::MAX, 0.0, 0.0);
     for (k, b) in buckets.iter().enumerate() {
         while from > b.params.start {
-            from = ready.next().ok_or_else(|| {
+            (from, said) = ready.next().ok_or_else(|| {
                 stopped(
                     rank,
                     "the backward pass stopped before its gradients were final",
                 )
             })?;
         }
-        let start = now_us();
+        let start = f64::max(said, free).min(now_us());
         let group = &mut groups[b.group];
         let mut dc = DeviceComm::with_pool(&mut group.comm, std::mem::take(pool));
         if let Some(s) = stream {
@@ -226,11 +230,12 @@ fn reduce_in_order(
             let name = format!("the reduction group of ranks {:?}", group.members);
             e.in_group(&group.members, &name)
         })?;
+        free = now_us();
         spans.push(Span {
             name: format!("reduce bucket {k}"),
             cat: REDUCER_CAT,
             start_us: start,
-            dur_us: now_us() - start,
+            dur_us: free - start,
         });
     }
     Ok(())

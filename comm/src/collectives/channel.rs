@@ -122,6 +122,53 @@ impl Communicator {
         r.map_err(|e| self.fail(e))
     }
 
+    /// Waits at most `most` (and not past the operation's deadline) for
+    /// this rank's `signal` to reach `value`: for a caller that polls
+    /// several signals. Returns whether it did; fails as [`Self::wait`]
+    /// does once the deadline passes or a peer is lost.
+    pub(super) fn nap(
+        &mut self,
+        signal: SignalId,
+        value: u64,
+        most: Duration,
+        what: impl Fn() -> String,
+    ) -> Result<bool> {
+        if self.transport.signal_value(signal) >= value {
+            return Ok(true);
+        }
+        let timeout = self.timeout;
+        let deadline = *self
+            .deadline
+            .get_or_insert_with(|| Instant::now() + timeout);
+        let until = deadline.min(Instant::now() + most);
+        if until < deadline {
+            match self.transport.wait(signal, value, until) {
+                Ok(()) => return Ok(true),
+                Err(CommError::Timeout { .. }) => return Ok(false),
+                Err(_) => {}
+            }
+        }
+        // The deadline (or a failure, which this names): as `wait` says it.
+        self.wait(signal, value, what).map(|()| true)
+    }
+
+    /// The signal a `put` to `peer` on `class` waits on, and the value.
+    pub(super) fn credit_needed(&self, class: usize, peer: usize) -> Option<(SignalId, u64)> {
+        let m = self.sent[peer][class];
+        (m >= NSLOT).then(|| (SignalId((128 + class * 64 + peer) as u32), m - NSLOT + 1))
+    }
+
+    /// The signal a `take` from `peer` on `class` waits on, and the value.
+    pub(super) fn data_needed(&self, class: usize, peer: usize) -> (SignalId, u64) {
+        let m = self.received[peer][class];
+        (SignalId((class * 64 + peer) as u32), m + 1)
+    }
+
+    /// Whether `signal` has reached `value` (no wait).
+    pub(super) fn reached(&self, signal: SignalId, value: u64) -> bool {
+        self.transport.signal_value(signal) >= value
+    }
+
     fn slot(&self, class: usize, sender: usize, index: u64) -> usize {
         ((class * self.world + sender) * NSLOT as usize + (index % NSLOT) as usize) * (HDR + SLOT)
     }

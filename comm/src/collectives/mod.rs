@@ -34,6 +34,7 @@ mod reduce;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+pub use movement::P2p;
 pub use reduce::{DType, ReduceOp};
 
 use crate::error::{CommError, Result};

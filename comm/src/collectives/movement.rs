@@ -1,5 +1,7 @@
 //! Operations that move data without reducing it: all-gather, all-to-all,
-//! broadcast, send/recv and the barrier.
+//! broadcast, send/recv (alone and in groups) and the barrier.
+
+use std::time::Duration;
 
 use super::channel::Header;
 use super::ops::piece;
@@ -141,5 +143,162 @@ impl Communicator {
             self.release(0, peer)?;
         }
         Ok(())
+    }
+}
+
+/// One operation of a [`Communicator::p2p_group`]: a send of a buffer to a
+/// rank, or a receive into a buffer from one.
+#[derive(Debug)]
+pub enum P2p<'a> {
+    /// Sends the bytes to the rank, which receives them with a
+    /// [`Communicator::recv`] or a group's [`P2p::Recv`] of the same length.
+    Send(&'a [u8], usize),
+    /// Receives into the bytes what the rank sends.
+    Recv(&'a mut [u8], usize),
+}
+
+impl P2p<'_> {
+    fn peer(&self) -> usize {
+        match self {
+            P2p::Send(_, p) | P2p::Recv(_, p) => *p,
+        }
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            P2p::Send(b, _) => b.len(),
+            P2p::Recv(b, _) => b.len(),
+        }
+    }
+}
+
+/// The operations of a group between this rank and one peer in one
+/// direction, run one after another (in the order of the plain calls):
+/// `at` is the current operation, `piece` its next piece.
+struct Lane {
+    peer: usize,
+    send: bool,
+    ops: Vec<usize>,
+    at: usize,
+    piece: usize,
+}
+
+/// How long a group that cannot move waits on one of its signals before it
+/// looks at the others again: from the first to the last, doubling.
+const NAP: (Duration, Duration) = (Duration::from_micros(50), Duration::from_millis(1));
+
+impl Communicator {
+    /// Runs sends and receives together: whichever operation can move
+    /// does, a piece at a time, so that ranks that each send before they
+    /// receive (a swap, a ring, both directions of a pipeline) do not wait
+    /// on each other as blocking [`Communicator::send`] and
+    /// [`Communicator::recv`] of more than 1 MiB would. Operations with the
+    /// same peer in the same direction run in their order in `ops`, so a
+    /// peer may take them with plain calls in that order, or with a group
+    /// of its own.
+    pub fn p2p_group(&mut self, ops: &mut [P2p<'_>]) -> Result<()> {
+        self.begin("send/recv", None, None, 0, 0, false)?;
+        for op in ops.iter() {
+            let peer = op.peer();
+            if peer == self.rank || peer >= self.world {
+                return Err(self.usage(format!(
+                    "a group's {} with rank {peer}, not another rank of this communicator \
+                     (ranks 0 to {})",
+                    if matches!(op, P2p::Send(..)) {
+                        "send"
+                    } else {
+                        "receive"
+                    },
+                    self.world - 1
+                )));
+            }
+        }
+        let mut lanes: Vec<Lane> = Vec::new();
+        for (i, op) in ops.iter().enumerate() {
+            let (peer, send) = (op.peer(), matches!(op, P2p::Send(..)));
+            match lanes.iter_mut().find(|l| (l.peer, l.send) == (peer, send)) {
+                Some(lane) => lane.ops.push(i),
+                None => lanes.push(Lane {
+                    peer,
+                    send,
+                    ops: vec![i],
+                    at: 0,
+                    piece: 0,
+                }),
+            }
+        }
+        let view = self.view;
+        let mut nap = NAP.0;
+        loop {
+            let mut moved = false;
+            for lane in lanes.iter_mut() {
+                while lane.at < lane.ops.len() && self.lane_ready(lane) {
+                    let op = &mut ops[lane.ops[lane.at]];
+                    let len = op.len();
+                    let (seg, pieces) = Self::segments(len, None);
+                    let r = piece(len, seg, lane.piece);
+                    let h = Header {
+                        kind: "send/recv",
+                        dtype: None,
+                        op: None,
+                        root: 0,
+                        count: len,
+                        seq: 0,
+                    };
+                    match op {
+                        P2p::Send(buf, _) => self.put(1, lane.peer, &h, &buf[r])?,
+                        P2p::Recv(buf, _) => {
+                            let off = self.take(1, lane.peer, &h, r.len())?;
+                            buf[r.clone()].copy_from_slice(view.bytes(off, r.len()));
+                            self.release(1, lane.peer)?;
+                        }
+                    }
+                    lane.piece += 1;
+                    if lane.piece == pieces {
+                        (lane.at, lane.piece) = (lane.at + 1, 0);
+                    }
+                    moved = true;
+                }
+            }
+            let Some(lane) = lanes.iter().find(|l| l.at < l.ops.len()) else {
+                return Ok(());
+            };
+            if moved {
+                nap = NAP.0;
+                continue;
+            }
+            // Nothing can move: wait a little on the first lane's signal
+            // (the deadline, when it passes, names every lane still open).
+            let (signal, value) = match lane.send {
+                true => self
+                    .credit_needed(1, lane.peer)
+                    .expect("a send that cannot move"),
+                false => self.data_needed(1, lane.peer),
+            };
+            let open: Vec<String> = lanes
+                .iter()
+                .filter(|l| l.at < l.ops.len())
+                .map(|l| match l.send {
+                    true => format!("rank {} to free a staging slot", l.peer),
+                    false => format!("rank {}'s next message", l.peer),
+                })
+                .collect();
+            let what = || format!("{} (a group of sends and receives)", open.join(", "));
+            self.nap(signal, value, nap, what)?;
+            nap = (nap * 2).min(NAP.1);
+        }
+    }
+
+    /// Whether `lane`'s next piece can move without waiting.
+    fn lane_ready(&self, lane: &Lane) -> bool {
+        match lane.send {
+            true => self
+                .credit_needed(1, lane.peer)
+                .is_none_or(|(s, v)| self.reached(s, v)),
+            false => {
+                let (s, v) = self.data_needed(1, lane.peer);
+                self.reached(s, v)
+            }
+        }
     }
 }

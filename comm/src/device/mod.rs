@@ -19,11 +19,13 @@
 //! runs, no device work or other thread may use their memory (synchronize
 //! the streams that produce them first).
 
+mod p2p;
 mod pipeline;
 mod staging;
 
 use polychip_host::{Device, Stream, Tensor};
 
+pub use p2p::{DeviceP2p, MAX_GROUP};
 pub use pipeline::DEPTH;
 pub use staging::StagingPool;
 

@@ -57,13 +57,25 @@ fn addr(t: &Tensor, at: usize) -> *mut c_void {
 
 /// Copies bytes `at..at + out.len()` of compact tensor `t` to `out`, on
 /// `stream` or the default stream (complete when this returns).
-fn d2h(ctx: Ctx, t: &Tensor, at: usize, out: &mut [u8], stream: Option<&Stream>) -> Result<()> {
+pub(super) fn d2h(
+    ctx: Ctx,
+    t: &Tensor,
+    at: usize,
+    out: &mut [u8],
+    stream: Option<&Stream>,
+) -> Result<()> {
     t.read_range(at, out, stream)
         .map_err(|e| ctx.host("device-to-host staging copy", e))
 }
 
 /// Copies `data` to bytes `at..at + data.len()` of compact tensor `t`.
-fn h2d(ctx: Ctx, t: &Tensor, at: usize, data: &[u8], stream: Option<&Stream>) -> Result<()> {
+pub(super) fn h2d(
+    ctx: Ctx,
+    t: &Tensor,
+    at: usize,
+    data: &[u8],
+    stream: Option<&Stream>,
+) -> Result<()> {
     t.write_range(at, data, stream)
         .map_err(|e| ctx.host("host-to-device staging copy", e))
 }
@@ -87,7 +99,7 @@ pub(super) unsafe fn host_slice(t: &Tensor, bytes: usize) -> &mut [u8] {
     unsafe { std::slice::from_raw_parts_mut(addr(t, 0).cast(), bytes) }
 }
 
-fn staged(t: Option<&Tensor>) -> Option<&Tensor> {
+pub(super) fn staged(t: Option<&Tensor>) -> Option<&Tensor> {
     t.filter(|t| Path::of(t.device()) == Path::Staged)
 }
 

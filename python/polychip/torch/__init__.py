@@ -215,8 +215,10 @@ def _let_autograd_threads_finish() -> None:
     has returned. Were it still waiting for the GIL when finalization
     starts, CPython would end the thread inside a C++ destructor and the
     process would abort ("terminate called without an active exception").
-    The wait lets a thread already queued on the GIL finish first."""
-    for _ in range(5):
+    The wait lets a thread already queued on the GIL finish first: 50 ms,
+    as a loaded machine can keep that thread off a core for more than the
+    10 ms this once was."""
+    for _ in range(25):
         time.sleep(0.002)
 
 

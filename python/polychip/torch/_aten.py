@@ -1591,6 +1591,27 @@ def _addcdiv_(self: torch.Tensor, tensor1: torch.Tensor, tensor2: torch.Tensor, 
     return _addc("addcdiv_", self, tensor1, tensor2, value)
 
 
+# ------------------------------------------------------------------ losses
+
+
+# PyTorch's generic kernel of these two (structured: the reduced output is
+# made first) hands the CPU's `.out` kernel an output of the reduced shape,
+# which that kernel's first step resizes to the inputs' shape with a
+# deprecation warning ("outputs will not be resized" in a future release).
+@_adjust("mse_loss")
+def _mse_loss(self: torch.Tensor, target: torch.Tensor, reduction: int = 1) -> torch.Tensor:
+    # Composed of device operators (reduction: 0 none, 1 mean, 2 sum).
+    d = torch.sub(self, target)
+    d = torch.mul(d, d)
+    return d if reduction == 0 else d.mean() if reduction == 1 else d.sum()
+
+
+@_adjust("smooth_l1_loss")
+def _smooth_l1_loss(self: torch.Tensor, target: torch.Tensor, reduction: int = 1, beta: float = 1.0) -> torch.Tensor:
+    # The CPU's own functional kernel, which makes its output itself.
+    return _fallback(aten.smooth_l1_loss.default, self, target, reduction, beta)
+
+
 # ------------------------------------------------------------------ dropout
 
 

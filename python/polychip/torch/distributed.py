@@ -9,7 +9,8 @@ tensors.
 Supported: all-reduce and reduce (sum, avg, max, min), broadcast,
 all-gather (list and tensor forms), reduce-scatter (list and tensor forms),
 all-to-all (equal splits, list and tensor forms), gather and scatter (over
-all-gather and broadcast), the coalesced forms, barrier, send and recv;
+all-gather and broadcast), the coalesced forms, barrier, send and recv
+(``batch_isend_irecv`` runs a batch as one group of sends and receives);
 ``DistributedDataParallel`` runs over it with each rank on a different
 vendor's device.
 
@@ -162,6 +163,11 @@ class ProcessGroupPolychip(torch._C._distributed_c10d.Backend):
         addr, _, port_text = store.get(key).decode().rpartition(":")
         with _comm_timeout(timeout):
             self._comm = polychip.comm.init(rank, size, addr, int(port_text))
+        # Sends and receives queued by a coalescing block (batch_isend_irecv)
+        # until it ends: (kind, staged tensor, peer) and each call's
+        # (future, tensors); None outside a block.
+        self._coalesced: Optional[List[Any]] = None
+        self._coalesced_futures: List[Any] = []
 
     def getBackendName(self) -> str:
         return NAME
@@ -169,9 +175,9 @@ class ProcessGroupPolychip(torch._C._distributed_c10d.Backend):
     # What PyTorch asks a backend it may use (batch_isend_irecv asks
     # `supports_coalescing`, `init_process_group(device_id=...)`
     # `supports_splitting`): the base class's answers ask the Python object
-    # again, without end. This backend has none of these (sends and
-    # receives run one after another, each when called).
-    supports_coalescing = property(lambda self: False)
+    # again, without end. Of these this backend coalesces sends and
+    # receives (below), and does nothing else.
+    supports_coalescing = property(lambda self: True)
     supports_splitting = property(lambda self: False)
     supports_shrinking = property(lambda self: False)
     supports_reconfigure = property(lambda self: False)
@@ -325,13 +331,52 @@ class ProcessGroupPolychip(torch._C._distributed_c10d.Backend):
         self._comm.barrier()
         return _done(None)
 
+    def start_coalescing(self) -> None:
+        """Starts a coalescing block (``batch_isend_irecv`` runs its
+        operations in one): sends and receives are queued until
+        ``end_coalescing`` runs them together, so that ranks that each send
+        before they receive do not wait on each other. Collectives inside
+        the block run when called."""
+        if self._coalesced is not None:
+            raise RuntimeError("the polychip backend is already coalescing (start_coalescing called twice)")
+        self._coalesced, self._coalesced_futures = [], []
+
+    def end_coalescing(self) -> Any:
+        """Runs the sends and receives queued since ``start_coalescing``
+        as one group; returns its completed ``Work``."""
+        if self._coalesced is None:
+            raise RuntimeError("the polychip backend is not coalescing (end_coalescing without start_coalescing)")
+        queued, self._coalesced = self._coalesced, None
+        futures, self._coalesced_futures = self._coalesced_futures, []
+        try:
+            self._comm.p2p_group([(kind, staged.view, peer) for kind, staged, peer in queued])
+            for _, staged, _ in queued:
+                staged.finish()
+        except BaseException as e:
+            for future, _ in futures:
+                future.set_exception(e)
+            raise
+        for future, tensors in futures:
+            future.set_result(tensors)
+        return _done(None)
+
+    def _p2p(self, kind: str, tensors: List[torch.Tensor], peer: int) -> Any:
+        if self._coalesced is None:
+            call = self._comm.send if kind == "send" else self._comm.recv
+            self._each(tensors, kind == "recv", lambda v: call(v, peer))
+            return _done(tensors)
+        # Staged now: a send carries the tensor's values at the call.
+        future: torch.futures.Future = torch.futures.Future()
+        for t in tensors:
+            self._coalesced.append((kind, _Staged(t, kind == "recv"), peer))
+        self._coalesced_futures.append((future, tensors))
+        return _create_work_from_future(future)
+
     def send(self, tensors: List[torch.Tensor], dst: int, tag: int = 0) -> Any:
-        self._each(tensors, False, lambda v: self._comm.send(v, dst))
-        return _done(tensors)
+        return self._p2p("send", tensors, dst)
 
     def recv(self, tensors: List[torch.Tensor], src: int, tag: int = 0) -> Any:
-        self._each(tensors, True, lambda v: self._comm.recv(v, src))
-        return _done(tensors)
+        return self._p2p("recv", tensors, src)
 
     def recv_anysource(self, tensors: List[torch.Tensor], tag: int = 0) -> Any:
         raise ValueError("the polychip backend receives from a named rank only (recv with src=)")
