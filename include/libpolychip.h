@@ -92,6 +92,9 @@ typedef uint32_t polychip_p2p_kind_t;
 
 // One send or receive of a `polychip_comm_p2p_group`.
 typedef struct polychip_comm_p2p_t {
+  // Size of this struct as the caller knows it (the same in every
+  // element: the array's stride; later minors may append fields).
+  size_t struct_size;
   // `POLYCHIP_P2P_SEND` or `POLYCHIP_P2P_RECV`.
   polychip_p2p_kind_t kind;
   // The rank sent to or received from.
@@ -545,13 +548,16 @@ struct polychip_error_t *polychip_comm_recv(const struct polychip_comm_t *comm,
 // `polychip_comm_recv` of more than 1 MiB would. Operations with the same
 // peer in the same direction are matched in their order in `ops`; a peer
 // takes each send with `polychip_comm_recv` or a group's receive of the
-// same byte size. At most 4,096 operations; no receive may share memory
-// with another operation's tensor.
+// same byte size; a send to this rank goes to a receive from this rank, in
+// order. At most 4,096 operations; no receive may share memory with
+// another operation's tensor. Every element's `struct_size` is the same
+// (the array's stride, at least this header's size).
 //
 // Thread safety: any thread; calls on one communicator are serialized.
 //
 // # Safety
-// `ops` points to `count` readable operations (or `count` is 0).
+// `ops` points to `count` readable operations of `ops->struct_size`
+// bytes each (or `count` is 0).
 struct polychip_error_t *polychip_comm_p2p_group(const struct polychip_comm_t *comm,
                                                  const struct polychip_comm_p2p_t *ops,
                                                  size_t count);

@@ -47,6 +47,9 @@ pub const POLYCHIP_P2P_RECV: polychip_p2p_kind_t = 1;
 #[allow(non_camel_case_types)]
 #[derive(Debug, Clone, Copy)]
 pub struct polychip_comm_p2p_t {
+    /// Size of this struct as the caller knows it (the same in every
+    /// element: the array's stride; later minors may append fields).
+    pub struct_size: usize,
     /// `POLYCHIP_P2P_SEND` or `POLYCHIP_P2P_RECV`.
     pub kind: polychip_p2p_kind_t,
     /// The rank sent to or received from.
@@ -479,13 +482,16 @@ pub extern "C" fn polychip_comm_recv(
 /// `polychip_comm_recv` of more than 1 MiB would. Operations with the same
 /// peer in the same direction are matched in their order in `ops`; a peer
 /// takes each send with `polychip_comm_recv` or a group's receive of the
-/// same byte size. At most 4,096 operations; no receive may share memory
-/// with another operation's tensor.
+/// same byte size; a send to this rank goes to a receive from this rank, in
+/// order. At most 4,096 operations; no receive may share memory with
+/// another operation's tensor. Every element's `struct_size` is the same
+/// (the array's stride, at least this header's size).
 ///
 /// Thread safety: any thread; calls on one communicator are serialized.
 ///
 /// # Safety
-/// `ops` points to `count` readable operations (or `count` is 0).
+/// `ops` points to `count` readable operations of `ops->struct_size`
+/// bytes each (or `count` is 0).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn polychip_comm_p2p_group(
     comm: *const polychip_comm_t,
@@ -501,11 +507,37 @@ pub unsafe extern "C" fn polychip_comm_p2p_group(
         if count > 0 && ops.is_null() {
             return Err(ApiError::invalid(format!("ops is NULL with count {count}")));
         }
-        let raw: &[polychip_comm_p2p_t] = match count {
-            0 => &[],
-            // SAFETY: the caller's contract: `count` readable operations.
-            _ => unsafe { std::slice::from_raw_parts(ops, count) },
+        let mut raw = Vec::with_capacity(count);
+        let want = size_of::<polychip_comm_p2p_t>();
+        let stride = match count {
+            0 => want,
+            // SAFETY: the caller's contract: element 0's first field, its
+            // `struct_size` (every element's stride), is readable; nothing
+            // past it is read before it is checked.
+            _ => unsafe { ops.cast::<usize>().read_unaligned() },
         };
+        if !(want..=4096).contains(&stride) {
+            return Err(ApiError::invalid(format!(
+                "ops[0].struct_size is {stride}; this library needs {want} to 4096"
+            )));
+        }
+        for i in 0..count {
+            // SAFETY: element `i` of `count` readable elements of `stride`
+            // bytes, each starting with this struct's fields.
+            let op = unsafe {
+                ops.cast::<u8>()
+                    .add(i * stride)
+                    .cast::<polychip_comm_p2p_t>()
+                    .read_unaligned()
+            };
+            if op.struct_size != stride {
+                return Err(ApiError::invalid(format!(
+                    "ops[{i}].struct_size is {}, but ops[0]'s is {stride}: every element has the same",
+                    op.struct_size
+                )));
+            }
+            raw.push(op);
+        }
         let mut handles = Vec::with_capacity(count);
         for (i, op) in raw.iter().enumerate() {
             check_peer(d, op.peer)?;

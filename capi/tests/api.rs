@@ -742,9 +742,14 @@ fn a_peer_that_is_not_a_rank_is_refused() {
     }
     // A group checks every operation before anything moves.
     let op = |kind, peer| polychip_comm_p2p_t {
+        struct_size: size_of::<polychip_comm_p2p_t>(),
         kind,
         peer,
         tensor: t,
+    };
+    let sized = |struct_size| polychip_comm_p2p_t {
+        struct_size,
+        ..op(POLYCHIP_P2P_SEND, 0)
     };
     let cases = [
         (
@@ -755,7 +760,18 @@ fn a_peer_that_is_not_a_rank_is_refused() {
             vec![op(7, 0)],
             "ops[0].kind is 7, not a polychip_p2p_kind_t",
         ),
-        (vec![op(POLYCHIP_P2P_RECV, 0)], "peer 0 is not another rank"),
+        (
+            vec![op(POLYCHIP_P2P_RECV, 0)],
+            "sends this rank 0 message(s) and receives 1",
+        ),
+        (
+            vec![sized(8)],
+            "ops[0].struct_size is 8; this library needs 24 to 4096",
+        ),
+        (
+            vec![op(POLYCHIP_P2P_SEND, 0), sized(32)],
+            "ops[1].struct_size is 32, but ops[0]'s is 24",
+        ),
     ];
     for (ops, want) in cases {
         // SAFETY: `ops` holds `ops.len()` operations.
@@ -771,6 +787,20 @@ fn a_peer_that_is_not_a_rank_is_refused() {
     assert!(message.contains("the most is 4096"), "{message}");
     // SAFETY: an empty group reads nothing.
     ok(unsafe { polychip_comm_p2p_group(comm, null(), 0) });
+    // A send to this rank goes to its receive from this rank.
+    let back = tensor(rt, device_of(rt, "Ferrite"), &[0.0]);
+    let recv = polychip_comm_p2p_t {
+        tensor: back,
+        ..op(POLYCHIP_P2P_RECV, 0)
+    };
+    let pair = [op(POLYCHIP_P2P_SEND, 0), recv];
+    // SAFETY: `pair` holds two operations.
+    ok(unsafe { polychip_comm_p2p_group(comm, pair.as_ptr(), 2) });
+    let mut got = [0f32; 1];
+    // SAFETY: `got` holds the tensor's 4 bytes.
+    ok(unsafe { polychip_tensor_read(back, got.as_mut_ptr().cast(), 4) });
+    assert_eq!(got, [1.0]);
+    polychip_tensor_destroy(back);
     ok(polychip_comm_destroy(comm));
     polychip_tensor_destroy(t);
     polychip_runtime_destroy(rt);

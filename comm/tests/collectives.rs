@@ -420,13 +420,32 @@ fn a_group_of_sends_and_receives_does_not_wait_on_itself() {
 fn a_group_refuses_a_peer_outside_it_and_names_a_size_mismatch() {
     use polychip_comm::collectives::P2p;
     let results = world(2, |c| {
-        let me = c.rank();
-        c.p2p_group(&mut [P2p::Send(&[1, 2], me)])
-            .unwrap_err()
-            .to_string()
+        let e = c.p2p_group(&mut [P2p::Send(&[1, 2], 5)]);
+        let mut back = [0u8; 2];
+        let unpaired = c.p2p_group(&mut [P2p::Send(&[1, 2], c.rank())]);
+        let sizes = c.p2p_group(&mut [
+            P2p::Send(&[1, 2, 3], c.rank()),
+            P2p::Recv(&mut back, c.rank()),
+        ]);
+        (
+            e.unwrap_err().to_string(),
+            unpaired.unwrap_err().to_string(),
+            sizes.unwrap_err().to_string(),
+        )
     });
-    for e in results {
-        assert!(e.contains("not another rank of this communicator"), "{e}");
+    for (e, unpaired, sizes) in results {
+        assert!(
+            e.contains("with rank 5, not a rank of this communicator (ranks 0 to 1)"),
+            "{e}"
+        );
+        assert!(
+            unpaired.contains("sends this rank 1 message(s) and receives 0"),
+            "{unpaired}"
+        );
+        assert!(
+            sizes.contains("has 3 bytes but the receive it pairs with (operation 1) has 2"),
+            "{sizes}"
+        );
     }
     let results = world(2, |c| {
         let (me, peer) = (c.rank(), 1 - c.rank());
@@ -458,5 +477,64 @@ fn a_group_that_cannot_move_times_out_naming_what_it_waits_for() {
         e.to_string()
             .contains("rank 1's next message (a group of sends and receives)"),
         "{e}"
+    );
+}
+
+/// Sends to this rank go to its receives from this rank, the first to the
+/// first, beside the sends and receives with the other ranks.
+#[test]
+fn a_group_pairs_its_sends_to_this_rank_with_its_receives_in_order() {
+    use polychip_comm::collectives::P2p;
+    let results = world(2, |c| {
+        let (me, peer) = (c.rank(), 1 - c.rank());
+        let (a, b) = (message(me, me, 0, 3000), message(me, me, 1, 5));
+        let out = message(me, peer, 0, 2 << 20);
+        let (mut x, mut y, mut got) = (vec![0u8; 3000], vec![0u8; 5], vec![0u8; 2 << 20]);
+        c.p2p_group(&mut [
+            P2p::Recv(&mut x, me),
+            P2p::Send(&out, peer),
+            P2p::Send(&a, me),
+            P2p::Recv(&mut got, peer),
+            P2p::Recv(&mut y, me),
+            P2p::Send(&b, me),
+        ])
+        .unwrap();
+        x == a && y == b && got == message(peer, me, 0, 2 << 20)
+    });
+    assert!(results.into_iter().all(|ok| ok));
+}
+
+/// A group waiting for a late peer sleeps: a second of waiting costs its
+/// thread well under a second of CPU (the project's rule: spin briefly,
+/// then sleep).
+#[test]
+fn a_group_waiting_for_a_late_peer_does_not_burn_its_core() {
+    use polychip_comm::collectives::P2p;
+    fn cpu_seconds() -> f64 {
+        let mut t = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: `t` is writable.
+        unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut t) };
+        t.tv_sec as f64 + t.tv_nsec as f64 * 1e-9
+    }
+    let results = world(2, |c| {
+        let (me, peer) = (c.rank(), 1 - c.rank());
+        if me == 1 {
+            thread::sleep(Duration::from_secs(1));
+        }
+        let (out, mut got) = (vec![me as u8; 100], vec![0u8; 100]);
+        let (cpu, wall) = (cpu_seconds(), Instant::now());
+        c.p2p_group(&mut [P2p::Send(&out, peer), P2p::Recv(&mut got, peer)])
+            .unwrap();
+        (cpu_seconds() - cpu, wall.elapsed(), got[0] as usize == peer)
+    });
+    let (cpu, wall, ok) = &results[0];
+    assert!(ok);
+    assert!(wall.as_secs_f64() > 0.8, "rank 0 waited {wall:?}");
+    assert!(
+        *cpu < 0.3,
+        "rank 0 spent {cpu:.3} s of CPU waiting {wall:?}"
     );
 }

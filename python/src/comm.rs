@@ -237,7 +237,8 @@ impl Comm {
     /// "recv", tensor, peer)`. Ranks that each send before they receive
     /// (a swap, a ring, both directions of a pipeline) do not wait on each
     /// other, as `send` and `recv` of more than 1 MiB would; operations
-    /// with one peer in one direction are matched in their order.
+    /// with one peer in one direction are matched in their order, and a
+    /// send to this rank goes to a receive from this rank.
     fn p2p_group(
         &self,
         py: Python<'_>,
@@ -255,6 +256,7 @@ impl Comm {
                 }
             };
             raw.push(polychip_comm_p2p_t {
+                struct_size: size_of::<polychip_comm_p2p_t>(),
                 kind,
                 peer: peer.0,
                 tensor: tensor.handle as *const _,

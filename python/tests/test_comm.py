@@ -66,9 +66,13 @@ def test_a_peer_out_of_range_and_a_closed_comm_are_refused_clearly(cobalt):
             call(t, 3)
     with pytest.raises(ValueError, match=r'ops\[1\] is a "sned", not a "send" or a "recv"'):
         comm.p2p_group([("recv", t, 0), ("sned", t, 0)])
-    with pytest.raises(errors.InvalidArgument, match="peer 0 is not another rank"):
+    with pytest.raises(errors.InvalidArgument, match=r"sends this rank 0 message\(s\) and receives 1"):
         comm.p2p_group([("recv", t, 0)])
     comm.p2p_group([])
+    # A send to this rank goes to its receive from this rank.
+    back = polychip.tensor([0.0], device=cobalt)
+    comm.p2p_group([("send", t, 0), ("recv", back, 0)])
+    assert back.numpy().tolist() == [1.0]
     comm.close()
     # Used to say "comm is NULL".
     for call in (lambda: comm.all_reduce(t), lambda: comm.rank, lambda: comm.split(0)):

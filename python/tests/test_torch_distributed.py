@@ -390,14 +390,27 @@ PIPELINING = textwrap.dedent(
     import torch, torch.distributed as dist
     import polychip.torch
     from polychip.torch.distributed import device_for_rank
-    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+    from torch.distributed.pipelining import (
+        PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B, ScheduleInterleavedZeroBubble,
+        ScheduleLoopedBFS,
+    )
 
     dist.init_process_group("polychip")
     rank = dist.get_rank()
     dev = device_for_rank(vendors=["Ferrite", "Cobalt"])
+    # Early receives, then sends, then waits (4 MiB each way): receives
+    # that blocked would wait on each other.
+    a, b = torch.full((1 << 20,), float(rank), device=dev), torch.zeros(1 << 20, device=dev)
+    received, sent = dist.irecv(b, 1 - rank), dist.isend(a, 1 - rank)
+    received.wait(), sent.wait()
+    assert torch.equal(b.cpu(), torch.full((1 << 20,), float(1 - rank))), b
+    print(f"rank {rank} early receives ok", flush=True)
     torch.manual_seed(0)
     whole = torch.nn.Sequential(
-        torch.nn.Linear(16, 512), torch.nn.GELU(), torch.nn.Linear(512, 512), torch.nn.Tanh(), torch.nn.Linear(512, 8)
+        torch.nn.Linear(16, 512),
+        torch.nn.Sequential(torch.nn.GELU(), torch.nn.Linear(512, 512)),
+        torch.nn.Sequential(torch.nn.Tanh(), torch.nn.Linear(512, 512)),
+        torch.nn.Sequential(torch.nn.GELU(), torch.nn.Linear(512, 8)),
     )
     # Micro-batches of 1,024 x 512 floats (2 MiB) each way between the
     # stages: more than a plain send holds before its receive.
@@ -406,31 +419,48 @@ PIPELINING = textwrap.dedent(
     ref = copy.deepcopy(whole)
     losses = [loss_fn(ref(xc), yc) for xc, yc in zip(x.chunk(4), y.chunk(4))]
     (sum(losses) / 4).backward()  # the schedules scale gradients by the micro-batch count
-    mine = slice(0, 3) if rank == 0 else slice(3, 5)
-    for name, schedule in (("GPipe", ScheduleGPipe), ("1F1B", Schedule1F1B)):
-        part = copy.deepcopy(whole[mine]).to(dev)
-        stage = PipelineStage(part, rank, 2, dev)
-        sched = schedule(stage, n_microbatches=4, loss_fn=loss_fn)
+    # One stage a rank (parts 0-1 on Ferrite, 2-3 on Cobalt), then two
+    # (0 and 2 on Ferrite, 1 and 3 on Cobalt), every hop between vendors.
+    single = [(ScheduleGPipe, "GPipe"), (Schedule1F1B, "1F1B")]
+    looped = [(ScheduleInterleaved1F1B, "Interleaved1F1B"), (ScheduleInterleavedZeroBubble, "InterleavedZeroBubble"),
+              (ScheduleLoopedBFS, "LoopedBFS")]
+    for schedule, name in single + looped:
+        if (schedule, name) in single:
+            mine = [[0, 1], [2, 3]][rank]
+            parts = [copy.deepcopy(whole[mine[0]:mine[1] + 1]).to(dev)]
+            stages = [PipelineStage(parts[0], rank, 2, dev)]
+            refs = [ref[mine[0]:mine[1] + 1]]
+        else:
+            mine = [rank, rank + 2]
+            parts = [copy.deepcopy(whole[i]).to(dev) for i in mine]
+            stages = [PipelineStage(p, i, 4, dev) for p, i in zip(parts, mine)]
+            refs = [ref[i] for i in mine]
+        sched = schedule(stages[0] if len(stages) == 1 else stages, n_microbatches=4, loss_fn=loss_fn)
         got = []
         if rank == 0:
             sched.step(x.to(dev))
         else:
             sched.step(target=y.to(dev), losses=got)
             torch.testing.assert_close(sum(l.cpu() for l in got), sum(losses).detach(), rtol=1e-5, atol=1e-6)
-        for p, q in zip(part.parameters(), ref[mine].parameters()):
-            torch.testing.assert_close(p.grad.cpu(), q.grad, rtol=1e-4, atol=1e-6)
+        for part, r in zip(parts, refs):
+            for p, q in zip(part.parameters(), r.parameters()):
+                torch.testing.assert_close(p.grad.cpu(), q.grad, rtol=1e-4, atol=1e-6)
         print(f"rank {rank} {name} ok", flush=True)
     dist.destroy_process_group()
     """
 )
 
+SCHEDULES = ("early receives", "GPipe", "1F1B", "Interleaved1F1B", "InterleavedZeroBubble", "LoopedBFS")
+
 
 def test_torch_pipelining_across_two_vendors_matches_one_process(tmp_path):
     # torch.distributed.pipelining sends each stage's activations and
-    # gradients with batch_isend_irecv: one group of sends and receives.
+    # gradients with isend/irecv and batch_isend_irecv, receives posted
+    # before the sends they wait for: the backend queues them and runs them
+    # as one group at the wait.
     out = launch(tmp_path, PIPELINING, "torchrun")
     for rank in (0, 1):
-        for name in ("GPipe", "1F1B"):
+        for name in SCHEDULES:
             assert f"rank {rank} {name} ok" in out, out
 
 

@@ -94,62 +94,71 @@ impl Communicator {
         let deadline = *self
             .deadline
             .get_or_insert_with(|| Instant::now() + timeout);
-        let r = self
-            .transport
-            .wait(signal, value, deadline)
-            .map_err(|e| match e {
-                CommError::Timeout { rank, .. } => CommError::Timeout {
-                    rank,
-                    op: op.into(),
-                    after: timeout,
-                    waiting_for: what(),
-                },
-                CommError::PeerLost {
-                    rank, peer, why, ..
-                } => CommError::PeerLost {
-                    rank,
-                    op: op.into(),
-                    peer,
-                    why,
-                },
-                CommError::Io { rank, message, .. } => CommError::Io {
-                    rank,
-                    op: op.into(),
-                    message,
-                },
-                e => e,
-            });
-        r.map_err(|e| self.fail(e))
+        let r = self.transport.wait(signal, value, deadline);
+        r.map_err(|e| {
+            let e = Self::restate(e, op, timeout, what);
+            self.fail(e)
+        })
     }
 
-    /// Waits at most `most` (and not past the operation's deadline) for
-    /// this rank's `signal` to reach `value`: for a caller that polls
-    /// several signals. Returns whether it did; fails as [`Self::wait`]
-    /// does once the deadline passes or a peer is lost.
-    pub(super) fn nap(
+    /// A transport's error as the operation `op` reports it.
+    fn restate(
+        e: CommError,
+        op: &'static str,
+        timeout: Duration,
+        what: impl Fn() -> String,
+    ) -> CommError {
+        match e {
+            CommError::Timeout { rank, .. } => CommError::Timeout {
+                rank,
+                op: op.into(),
+                after: timeout,
+                waiting_for: what(),
+            },
+            CommError::PeerLost {
+                rank, peer, why, ..
+            } => CommError::PeerLost {
+                rank,
+                op: op.into(),
+                peer,
+                why,
+            },
+            CommError::Io { rank, message, .. } => CommError::Io {
+                rank,
+                op: op.into(),
+                message,
+            },
+            e => e,
+        }
+    }
+
+    /// For a caller that polls several signals and sleeps itself: fails
+    /// as [`Self::wait`] would if `peers` holds a peer the transport sees
+    /// gone (a peer outside `peers` that left is no concern of the
+    /// caller's), or once the operation's deadline (set by the first call)
+    /// has passed with `signal` short of `value`. Returns at once.
+    pub(super) fn check_waiting(
         &mut self,
         signal: SignalId,
         value: u64,
-        most: Duration,
+        peers: &[usize],
         what: impl Fn() -> String,
-    ) -> Result<bool> {
-        if self.transport.signal_value(signal) >= value {
-            return Ok(true);
-        }
+    ) -> Result<()> {
         let timeout = self.timeout;
         let deadline = *self
             .deadline
             .get_or_insert_with(|| Instant::now() + timeout);
-        let until = deadline.min(Instant::now() + most);
-        if until < deadline {
-            match self.transport.wait(signal, value, until) {
-                Ok(()) => return Ok(true),
-                Err(CommError::Timeout { .. }) => return Ok(false),
-                Err(_) => {}
+        if Instant::now() >= deadline {
+            return self.wait(signal, value, what);
+        }
+        match self.transport.wait(signal, value, Instant::now()) {
+            Ok(()) | Err(CommError::Timeout { .. }) => Ok(()),
+            Err(CommError::PeerLost { peer, .. }) if !peers.contains(&peer) => Ok(()),
+            Err(e) => {
+                let e = Self::restate(e, self.op, timeout, what);
+                Err(self.fail(e))
             }
         }
-        // The deadline (or a failure, which this names): as `wait` says it.
-        self.wait(signal, value, what).map(|()| true)
     }
 
     /// The signal a `put` to `peer` on `class` waits on, and the value.

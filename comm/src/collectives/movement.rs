@@ -1,7 +1,7 @@
 //! Operations that move data without reducing it: all-gather, all-to-all,
 //! broadcast, send/recv (alone and in groups) and the barrier.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::channel::Header;
 use super::ops::piece;
@@ -183,9 +183,16 @@ struct Lane {
     piece: usize,
 }
 
-/// How long a group that cannot move waits on one of its signals before it
-/// looks at the others again: from the first to the last, doubling.
-const NAP: (Duration, Duration) = (Duration::from_micros(50), Duration::from_millis(1));
+/// A group that cannot move yields its core for this long, then sleeps
+/// between looks at its signals, from the first to the second nap,
+/// doubling; it asks the transport whether its peers are still there (and
+/// the deadline whether it has passed) at the third interval.
+const IDLE: (Duration, Duration, Duration, Duration) = (
+    Duration::from_millis(2),
+    Duration::from_micros(50),
+    Duration::from_millis(1),
+    Duration::from_millis(100),
+);
 
 impl Communicator {
     /// Runs sends and receives together: whichever operation can move
@@ -195,14 +202,15 @@ impl Communicator {
     /// [`Communicator::recv`] of more than 1 MiB would. Operations with the
     /// same peer in the same direction run in their order in `ops`, so a
     /// peer may take them with plain calls in that order, or with a group
-    /// of its own.
+    /// of its own. Sends to this rank go to its receives from this rank,
+    /// in order. The timeout bounds a wait in which nothing moves.
     pub fn p2p_group(&mut self, ops: &mut [P2p<'_>]) -> Result<()> {
         self.begin("send/recv", None, None, 0, 0, false)?;
         for op in ops.iter() {
             let peer = op.peer();
-            if peer == self.rank || peer >= self.world {
+            if peer >= self.world {
                 return Err(self.usage(format!(
-                    "a group's {} with rank {peer}, not another rank of this communicator \
+                    "a group's {} with rank {peer}, not a rank of this communicator \
                      (ranks 0 to {})",
                     if matches!(op, P2p::Send(..)) {
                         "send"
@@ -213,9 +221,13 @@ impl Communicator {
                 )));
             }
         }
+        self.to_self(ops)?;
         let mut lanes: Vec<Lane> = Vec::new();
         for (i, op) in ops.iter().enumerate() {
             let (peer, send) = (op.peer(), matches!(op, P2p::Send(..)));
+            if peer == self.rank {
+                continue;
+            }
             match lanes.iter_mut().find(|l| (l.peer, l.send) == (peer, send)) {
                 Some(lane) => lane.ops.push(i),
                 None => lanes.push(Lane {
@@ -227,8 +239,9 @@ impl Communicator {
                 }),
             }
         }
+        let peers: Vec<usize> = lanes.iter().map(|l| l.peer).collect();
         let view = self.view;
-        let mut nap = NAP.0;
+        let (mut idle_since, mut asked, mut nap) = (None, Instant::now(), IDLE.1);
         loop {
             let mut moved = false;
             for lane in lanes.iter_mut() {
@@ -264,31 +277,86 @@ impl Communicator {
                 return Ok(());
             };
             if moved {
-                nap = NAP.0;
+                // The timeout bounds a wait without progress.
+                self.deadline = None;
+                (idle_since, nap) = (None, IDLE.1);
                 continue;
             }
-            // Nothing can move: wait a little on the first lane's signal
-            // (the deadline, when it passes, names every lane still open).
+            // Nothing can move: yield a while, then sleep between looks (a
+            // rank waiting for a late peer must not burn its core), and
+            // now and then ask whether the peers are still there.
+            let now = Instant::now();
+            if now - *idle_since.get_or_insert(now) < IDLE.0 {
+                std::thread::yield_now();
+                continue;
+            }
+            std::thread::sleep(nap);
+            nap = (nap * 2).min(IDLE.2);
+            if asked.elapsed() < IDLE.3 && self.deadline.is_some() {
+                continue;
+            }
+            asked = Instant::now();
             let (signal, value) = match lane.send {
                 true => self
                     .credit_needed(1, lane.peer)
                     .expect("a send that cannot move"),
                 false => self.data_needed(1, lane.peer),
             };
-            let open: Vec<String> = lanes
-                .iter()
-                .filter(|l| l.at < l.ops.len())
-                .map(|l| match l.send {
-                    true => format!("rank {} to free a staging slot", l.peer),
-                    false => format!("rank {}'s next message", l.peer),
-                })
-                .collect();
-            let what = || format!("{} (a group of sends and receives)", open.join(", "));
-            self.nap(signal, value, nap, what)?;
-            nap = (nap * 2).min(NAP.1);
+            let lanes = &lanes;
+            let what = || {
+                let open: Vec<String> = lanes
+                    .iter()
+                    .filter(|l| l.at < l.ops.len())
+                    .map(|l| match l.send {
+                        true => format!("rank {} to free a staging slot", l.peer),
+                        false => format!("rank {}'s next message", l.peer),
+                    })
+                    .collect();
+                format!("{} (a group of sends and receives)", open.join(", "))
+            };
+            self.check_waiting(signal, value, &peers, what)?;
         }
     }
 
+    /// Copies a group's sends to this rank into its receives from this
+    /// rank, the first to the first; refuses counts or sizes that differ.
+    fn to_self(&self, ops: &mut [P2p<'_>]) -> Result<()> {
+        let me = self.rank;
+        let sends: Vec<usize> = (0..ops.len())
+            .filter(|&i| matches!(ops[i], P2p::Send(_, p) if p == me))
+            .collect();
+        let recvs: Vec<usize> = (0..ops.len())
+            .filter(|&i| matches!(ops[i], P2p::Recv(_, p) if p == me))
+            .collect();
+        if sends.len() != recvs.len() {
+            return Err(self.usage(format!(
+                "a group sends this rank {} message(s) and receives {} from it; they pair in \
+                 order, so the counts must match",
+                sends.len(),
+                recvs.len()
+            )));
+        }
+        for (&s, &r) in sends.iter().zip(&recvs) {
+            let (a, b) = (ops[s].len(), ops[r].len());
+            if a != b {
+                return Err(self.usage(format!(
+                    "a group's send to this rank (operation {s}) has {a} bytes but the receive \
+                     it pairs with (operation {r}) has {b}"
+                )));
+            }
+        }
+        for (&s, &r) in sends.iter().zip(&recvs) {
+            let (lo, hi) = ops.split_at_mut(s.max(r));
+            let (send, recv) = match s < r {
+                true => (&lo[s], &mut hi[0]),
+                false => (&hi[0], &mut lo[r]),
+            };
+            if let (P2p::Send(from, _), P2p::Recv(to, _)) = (send, recv) {
+                to.copy_from_slice(from);
+            }
+        }
+        Ok(())
+    }
     /// Whether `lane`'s next piece can move without waiting.
     fn lane_ready(&self, lane: &Lane) -> bool {
         match lane.send {

@@ -99,6 +99,21 @@ pub(super) unsafe fn host_slice(t: &Tensor, bytes: usize) -> &mut [u8] {
     unsafe { std::slice::from_raw_parts_mut(addr(t, 0).cast(), bytes) }
 }
 
+/// [`host_slice`] to read: others may read the memory meanwhile (two sends
+/// of one tensor).
+///
+/// # Safety
+/// As [`host_slice`], except that the memory may be read, not written, by
+/// others while the slice lives.
+pub(super) unsafe fn host_slice_ref(t: &Tensor, bytes: usize) -> &[u8] {
+    if bytes == 0 {
+        return &[];
+    }
+    // SAFETY: the caller's contract: host-visible memory of `bytes` bytes
+    // inside a live allocation that `t` keeps alive, written by nothing.
+    unsafe { std::slice::from_raw_parts(addr(t, 0).cast::<u8>(), bytes) }
+}
+
 pub(super) fn staged(t: Option<&Tensor>) -> Option<&Tensor> {
     t.filter(|t| Path::of(t.device()) == Path::Staged)
 }

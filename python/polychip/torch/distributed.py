@@ -10,7 +10,9 @@ Supported: all-reduce and reduce (sum, avg, max, min), broadcast,
 all-gather (list and tensor forms), reduce-scatter (list and tensor forms),
 all-to-all (equal splits, list and tensor forms), gather and scatter (over
 all-gather and broadcast), the coalesced forms, barrier, send and recv
-(``batch_isend_irecv`` runs a batch as one group of sends and receives);
+(queued until the next wait, collective or batch's end, then run together
+as one group, so that ranks sending to each other first do not wait on
+each other: ``torch.distributed.pipelining`` works);
 ``DistributedDataParallel`` runs over it with each rank on a different
 vendor's device.
 
@@ -20,7 +22,7 @@ on ``MASTER_ADDR`` (default ``127.0.0.1``); the job's secret for it is
 ``POLYCHIP_JOB_SECRET`` when set, else one that rank 0 publishes through
 PyTorch's store. Collectives run when called and
 return completed ``Work`` (``wait()`` returns at once; ``get_future()`` is
-already resolved with the tensors), so ``async_op=True`` is accepted but does
+already resolved with the tensors; a send's or receive's runs the queue), so ``async_op=True`` is accepted but does
 not overlap communication with compute. CPU tensors are staged through the
 rank's current polychip device; non-contiguous tensors through a contiguous
 copy. A collective waits for its peers at most the process group's
@@ -163,11 +165,10 @@ class ProcessGroupPolychip(torch._C._distributed_c10d.Backend):
         addr, _, port_text = store.get(key).decode().rpartition(":")
         with _comm_timeout(timeout):
             self._comm = polychip.comm.init(rank, size, addr, int(port_text))
-        # Sends and receives queued by a coalescing block (batch_isend_irecv)
-        # until it ends: (kind, staged tensor, peer) and each call's
-        # (future, tensors); None outside a block.
-        self._coalesced: Optional[List[Any]] = None
-        self._coalesced_futures: List[Any] = []
+        # Sends and receives queued until the next wait, collective or end
+        # of a batch: (kind, staged tensor, peer), and each call's work.
+        self._pending: List[Any] = []
+        self._pending_works: List["_P2PWork"] = []
 
     def getBackendName(self) -> str:
         return NAME
@@ -333,44 +334,46 @@ class ProcessGroupPolychip(torch._C._distributed_c10d.Backend):
 
     def start_coalescing(self) -> None:
         """Starts a coalescing block (``batch_isend_irecv`` runs its
-        operations in one): sends and receives are queued until
-        ``end_coalescing`` runs them together, so that ranks that each send
-        before they receive do not wait on each other. Collectives inside
-        the block run when called."""
-        if self._coalesced is not None:
-            raise RuntimeError("the polychip backend is already coalescing (start_coalescing called twice)")
-        self._coalesced, self._coalesced_futures = [], []
+        operations in one). Sends and receives are queued anyway (below);
+        ``end_coalescing`` runs what is queued."""
 
     def end_coalescing(self) -> Any:
-        """Runs the sends and receives queued since ``start_coalescing``
-        as one group; returns its completed ``Work``."""
-        if self._coalesced is None:
-            raise RuntimeError("the polychip backend is not coalescing (end_coalescing without start_coalescing)")
-        queued, self._coalesced = self._coalesced, None
-        futures, self._coalesced_futures = self._coalesced_futures, []
+        """Runs the sends and receives queued so far as one group; returns
+        a completed ``Work``."""
+        self._flush()
+        return _done(None)
+
+    def _flush(self) -> None:
+        """Runs every queued send and receive as one group
+        (``polychip_comm_p2p_group``: whichever can move does, so that
+        ranks that each send before they receive do not wait on each
+        other); completes their works, or fails them all with its error."""
+        if not self._pending:
+            return
+        queued, self._pending = self._pending, []
+        works, self._pending_works = self._pending_works, []
         try:
             self._comm.p2p_group([(kind, staged.view, peer) for kind, staged, peer in queued])
             for _, staged, _ in queued:
                 staged.finish()
         except BaseException as e:
-            for future, _ in futures:
-                future.set_exception(e)
+            for work in works:
+                work._future.set_exception(e)
             raise
-        for future, tensors in futures:
-            future.set_result(tensors)
-        return _done(None)
+        for work in works:
+            work._future.set_result(work._tensors)
 
     def _p2p(self, kind: str, tensors: List[torch.Tensor], peer: int) -> Any:
-        if self._coalesced is None:
-            call = self._comm.send if kind == "send" else self._comm.recv
-            self._each(tensors, kind == "recv", lambda v: call(v, peer))
-            return _done(tensors)
-        # Staged now: a send carries the tensor's values at the call.
-        future: torch.futures.Future = torch.futures.Future()
-        for t in tensors:
-            self._coalesced.append((kind, _Staged(t, kind == "recv"), peer))
-        self._coalesced_futures.append((future, tensors))
-        return _create_work_from_future(future)
+        # Queued, as NCCL's and gloo's sends and receives return before
+        # they are done: the data moves at the next wait, collective or
+        # batch's end, all queued operations together. A polychip tensor
+        # is sent as it is then (do not change it before the wait, as with
+        # any backend); another (a CPU tensor, a strided view) is copied now.
+        staged = [(kind, _Staged(t, kind == "recv"), peer) for t in tensors]
+        work = _P2PWork(self, tensors)
+        self._pending.extend(staged)
+        self._pending_works.append(work)
+        return work
 
     def send(self, tensors: List[torch.Tensor], dst: int, tag: int = 0) -> Any:
         return self._p2p("send", tensors, dst)
@@ -380,6 +383,51 @@ class ProcessGroupPolychip(torch._C._distributed_c10d.Backend):
 
     def recv_anysource(self, tensors: List[torch.Tensor], tag: int = 0) -> Any:
         raise ValueError("the polychip backend receives from a named rank only (recv with src=)")
+
+
+class _P2PWork(torch._C._distributed_c10d.Work):
+    """A queued send or receive: ``wait()`` (and ``get_future()``) runs
+    every operation its backend has queued, as one group, and raises what
+    that group raised. ``is_completed()`` says False, as for the backend's
+    other works (PyTorch's wrapper does not ask a Python work)."""
+
+    def __init__(self, backend: "ProcessGroupPolychip", tensors: List[torch.Tensor]) -> None:
+        super().__init__()
+        self._backend = backend
+        self._tensors = tensors
+        self._future: torch.futures.Future = torch.futures.Future()
+
+    def wait(self, timeout: Any = None) -> bool:
+        if not self._future.done():
+            self._backend._flush()
+        self._future.wait()  # raises the group's error
+        return True
+
+    def get_future(self) -> torch.futures.Future:
+        if not self._future.done():
+            self._backend._flush()
+        return self._future
+
+
+def _flushing(method: Callable) -> Callable:
+    """``method`` after the backend's queued sends and receives: a
+    collective keeps its place after them, as on the other backends."""
+
+    def run(self: "ProcessGroupPolychip", *args: Any, **kwargs: Any) -> Any:
+        self._flush()
+        return method(self, *args, **kwargs)
+
+    run.__name__, run.__doc__ = method.__name__, method.__doc__
+    return run
+
+
+for _name in (
+    "allreduce", "reduce", "broadcast", "_allgather_base", "allgather", "_reduce_scatter_base", "reduce_scatter",
+    "alltoall_base", "all_to_all_single", "alltoall", "allreduce_coalesced", "all_gather_single_coalesced",
+    "reduce_scatter_single_coalesced", "gather_single", "gather", "scatter", "all_gather_single",
+    "reduce_scatter_single", "barrier",
+):
+    setattr(ProcessGroupPolychip, _name, _flushing(getattr(ProcessGroupPolychip, _name)))
 
 
 def _home(t: torch.Tensor) -> torch.device:
