@@ -36,7 +36,8 @@ enum What {
 #[derive(Debug, clap::Args)]
 struct CommArgs {
     /// Operations, comma-separated: all_reduce, all_gather, reduce_scatter,
-    /// broadcast, reduce, all_to_all, sendrecv, barrier, or `all`.
+    /// broadcast, reduce, all_to_all, sendrecv (a group), sendrecv_blocking
+    /// (its baseline: blocking calls in turns), barrier, or `all`.
     #[arg(long, value_name = "LIST", default_value = "all")]
     ops: String,
     /// Buffer sizes, comma-separated, in bytes or with K, M, G (default

@@ -24,7 +24,7 @@ use std::time::Instant;
 
 use half::{bf16, f16};
 
-use crate::collectives::{Communicator, DType, ReduceOp, SLOT};
+use crate::collectives::{Communicator, DType, P2p, ReduceOp, SLOT};
 use crate::error::{CommError, Result};
 
 /// An operation the benchmark can time.
@@ -42,15 +42,20 @@ pub enum Op {
     Reduce,
     /// [`Communicator::all_to_all`].
     AllToAll,
-    /// Ranks `2k` and `2k + 1` exchange buffers with send/recv.
+    /// Ranks `2k` and `2k + 1` exchange buffers: one
+    /// [`Communicator::p2p_group`] of a send and a receive.
     SendRecv,
+    /// The same exchange with blocking [`Communicator::send`] and
+    /// [`Communicator::recv`] taking turns a 1 MiB piece at a time (what
+    /// fits in the peer's slots): the baseline of `sendrecv`.
+    SendRecvBlocking,
     /// [`Communicator::barrier`] latency (size 0).
     Barrier,
 }
 
 impl Op {
     /// Every operation, in table order.
-    pub const ALL: [Op; 8] = [
+    pub const ALL: [Op; 9] = [
         Op::AllReduce,
         Op::AllGather,
         Op::ReduceScatter,
@@ -58,6 +63,7 @@ impl Op {
         Op::Reduce,
         Op::AllToAll,
         Op::SendRecv,
+        Op::SendRecvBlocking,
         Op::Barrier,
     ];
 
@@ -71,6 +77,7 @@ impl Op {
             Op::Reduce => "reduce",
             Op::AllToAll => "all_to_all",
             Op::SendRecv => "sendrecv",
+            Op::SendRecvBlocking => "sendrecv_blocking",
             Op::Barrier => "barrier",
         }
     }
@@ -81,7 +88,7 @@ impl Op {
         match self {
             Op::AllReduce => 2.0 * (n - 1.0) / n,
             Op::AllGather | Op::ReduceScatter | Op::AllToAll => (n - 1.0) / n,
-            Op::Broadcast | Op::Reduce | Op::SendRecv => 1.0,
+            Op::Broadcast | Op::Reduce | Op::SendRecv | Op::SendRecvBlocking => 1.0,
             Op::Barrier => 0.0,
         }
     }
@@ -486,7 +493,7 @@ fn bench_one(
                 });
                 recv.fill(0);
             }
-            Op::SendRecv => {
+            Op::SendRecv | Op::SendRecvBlocking => {
                 fill(dtype, send, |i| value(rank_base, i));
                 recv.fill(0);
             }
@@ -503,6 +510,10 @@ fn bench_one(
             Op::Reduce => c.reduce(recv, dtype, ReduceOp::Sum, 0),
             Op::AllToAll => c.all_to_all(send, recv),
             Op::SendRecv => match partner {
+                Some(p) => c.p2p_group(&mut [P2p::Send(send, p), P2p::Recv(recv, p)]),
+                None => Ok(()),
+            },
+            Op::SendRecvBlocking => match partner {
                 Some(p) => exchange(c, send, recv, p),
                 None => Ok(()),
             },
@@ -543,7 +554,7 @@ fn bench_one(
                 value((((i / per) * n + me) % 64) as i64, i % per)
             })
         }
-        Op::SendRecv => match partner {
+        Op::SendRecv | Op::SendRecvBlocking => match partner {
             Some(p) => count_wrong(dtype, recv, |i| value((p + 1) as i64, i)),
             None => 0,
         },
@@ -738,7 +749,7 @@ mod tests {
             ..BenchOptions::default()
         };
         let rows = run(&mut comm, &options).unwrap();
-        assert_eq!(rows.len(), 2 * 7 + 1);
+        assert_eq!(rows.len(), 2 * 8 + 1);
         assert!(rows.iter().all(|r| r.wrong == 0), "{rows:?}");
         let table = format_table(&rows);
         assert!(table.starts_with(&header()));

@@ -70,6 +70,15 @@ pub trait Transport: Send + Sync {
     fn wait(&self, signal: SignalId, value: u64, deadline: Instant) -> Result<()>;
     /// The current value of this rank's counter `signal`.
     fn signal_value(&self, signal: SignalId) -> u64;
+    /// Starts (`true`) or ends (`false`) a stretch in which the caller
+    /// polls [`Transport::signal_value`] and calls [`Transport::progress`]
+    /// instead of waiting (a group of sends and receives): a transport
+    /// whose progress needs driving (TCP) then leaves the driving to it.
+    fn polling(&self, _on: bool) {}
+    /// Moves what is queued and reads what has arrived, without waiting,
+    /// inside [`Transport::polling`]. Nothing to do where writes land
+    /// straight in the peers' memory.
+    fn progress(&self) {}
     /// The address this rank listens on for its peers, for a transport
     /// over a network (TCP): the groups split from it listen there too, as
     /// it is one its peers can reach (the world's may have been chosen by

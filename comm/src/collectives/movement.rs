@@ -1,12 +1,14 @@
 //! Operations that move data without reducing it: all-gather, all-to-all,
 //! broadcast, send/recv (alone and in groups) and the barrier.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::channel::Header;
 use super::ops::piece;
 use super::{Communicator, NSLOT};
 use crate::error::Result;
+use crate::transport::Transport;
 
 impl Communicator {
     /// Concatenates every rank's `send` into `recv` (`world` blocks, in rank order).
@@ -183,6 +185,26 @@ struct Lane {
     piece: usize,
 }
 
+/// A transport in [`Transport::polling`] mode while this lives.
+struct Polling(Arc<dyn Transport>);
+
+impl Polling {
+    fn new(transport: &Arc<dyn Transport>) -> Polling {
+        transport.polling(true);
+        Polling(transport.clone())
+    }
+}
+
+impl Drop for Polling {
+    fn drop(&mut self) {
+        self.0.polling(false);
+    }
+}
+
+/// Times a group looks at its signals, nothing having moved, before it
+/// yields its core (as the shared-memory transport's wait spins first).
+const SPINS: usize = 256;
+
 /// A group that cannot move yields its core for this long, then sleeps
 /// between looks at its signals, from the first to the second nap,
 /// doubling; it asks the transport whether its peers are still there (and
@@ -221,7 +243,9 @@ impl Communicator {
                 )));
             }
         }
-        self.to_self(ops)?;
+        if ops.iter().any(|op| op.peer() == self.rank) {
+            self.to_self(ops)?;
+        }
         let mut lanes: Vec<Lane> = Vec::new();
         for (i, op) in ops.iter().enumerate() {
             let (peer, send) = (op.peer(), matches!(op, P2p::Send(..)));
@@ -240,9 +264,12 @@ impl Communicator {
             }
         }
         let peers: Vec<usize> = lanes.iter().map(|l| l.peer).collect();
+        let _polling = Polling::new(&self.transport);
         let view = self.view;
         let (mut idle_since, mut asked, mut nap) = (None, Instant::now(), IDLE.1);
+        let mut spins = 0;
         loop {
+            self.transport.progress();
             let mut moved = false;
             for lane in lanes.iter_mut() {
                 while lane.at < lane.ops.len() && self.lane_ready(lane) {
@@ -279,7 +306,12 @@ impl Communicator {
             if moved {
                 // The timeout bounds a wait without progress.
                 self.deadline = None;
-                (idle_since, nap) = (None, IDLE.1);
+                (idle_since, nap, spins) = (None, IDLE.1, 0);
+                continue;
+            }
+            if spins < SPINS {
+                spins += 1;
+                std::hint::spin_loop();
                 continue;
             }
             // Nothing can move: yield a while, then sleep between looks (a

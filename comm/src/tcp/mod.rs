@@ -540,6 +540,23 @@ impl Transport for TcpTransport {
             .counter(signal)
             .map_or(0, |c| c.load(Ordering::Acquire))
     }
+
+    fn polling(&self, on: bool) {
+        // A caller driving the sockets: writes go out at once, and the
+        // progress thread parks.
+        match on {
+            true => self.inner.shared.enter(),
+            false => self.inner.shared.leave(),
+        }
+    }
+
+    fn progress(&self) {
+        let inner = &*self.inner;
+        inner.flush_all();
+        if let Some(mut inbox) = inner.inbox() {
+            inbox.drain_all(&inner.shared);
+        }
+    }
 }
 
 impl Drop for TcpTransport {
