@@ -34,6 +34,7 @@ import contextlib
 import os
 import secrets
 import socket
+import threading
 from datetime import timedelta
 from typing import Any, Callable, Iterator, List, Optional, Sequence
 
@@ -169,6 +170,8 @@ class ProcessGroupPolychip(torch._C._distributed_c10d.Backend):
         # of a batch: (kind, staged tensor, peer), and each call's work.
         self._pending: List[Any] = []
         self._pending_works: List["_P2PWork"] = []
+        # A work may be waited for on another thread than the one queueing.
+        self._queue_lock = threading.RLock()
 
     def getBackendName(self) -> str:
         return NAME
@@ -348,10 +351,14 @@ class ProcessGroupPolychip(torch._C._distributed_c10d.Backend):
         (``polychip_comm_p2p_group``: whichever can move does, so that
         ranks that each send before they receive do not wait on each
         other); completes their works, or fails them all with its error."""
-        if not self._pending:
-            return
-        queued, self._pending = self._pending, []
-        works, self._pending_works = self._pending_works, []
+        with self._queue_lock:
+            if not self._pending:
+                return
+            queued, self._pending = self._pending, []
+            works, self._pending_works = self._pending_works, []
+            self._run_group(queued, works)
+
+    def _run_group(self, queued: List[Any], works: List["_P2PWork"]) -> None:
         try:
             self._comm.p2p_group([(kind, staged.view, peer) for kind, staged, peer in queued])
             for _, staged, _ in queued:
@@ -371,8 +378,9 @@ class ProcessGroupPolychip(torch._C._distributed_c10d.Backend):
         # any backend); another (a CPU tensor, a strided view) is copied now.
         staged = [(kind, _Staged(t, kind == "recv"), peer) for t in tensors]
         work = _P2PWork(self, tensors)
-        self._pending.extend(staged)
-        self._pending_works.append(work)
+        with self._queue_lock:
+            self._pending.extend(staged)
+            self._pending_works.append(work)
         return work
 
     def send(self, tensors: List[torch.Tensor], dst: int, tag: int = 0) -> Any:
