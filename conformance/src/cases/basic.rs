@@ -73,8 +73,14 @@ fn fill(dtype: DType) -> Vec<Case> {
     // NaN: narrowing its bits by a shift, without setting the quiet bit,
     // makes it infinity.
     let low_nan = f64::from_bits(0x7ff0_0000_0000_0001);
+    // Infinities and values past 2^63 saturate an integer dtype (a
+    // conversion through a wider integer wraps or is undefined there).
+    let saturating = [f64::INFINITY, f64::NEG_INFINITY, 1e19, -1e20];
     for (shape, layout) in shapes {
-        for value in [2.5, -3.75, 1e10, f64::NAN, low_nan] {
+        for value in [2.5, -3.75, 1e10, f64::NAN, low_nan]
+            .into_iter()
+            .chain(saturating)
+        {
             let value_label = if value.to_bits() == low_nan.to_bits() {
                 "NaN (payload 1)".to_string()
             } else {

@@ -144,7 +144,7 @@ fn eligible_bases(cases: &[Case]) -> Vec<&Case> {
 
 /// `values` (row-major, of `shape`) made equal along dimension `d`: every
 /// element takes the value of its slice-0 counterpart.
-fn constant_along(values: &[f64], shape: &[usize], d: usize) -> Vec<f64> {
+pub(super) fn constant_along(values: &[f64], shape: &[usize], d: usize) -> Vec<f64> {
     let inner: usize = shape[d + 1..].iter().product();
     let block = inner * shape[d];
     (0..values.len())

@@ -56,7 +56,7 @@ const fn plan(
     }
 }
 
-pub(super) const ATTENTION_PLANS: [AttentionPlan; 17] = [
+pub(super) const ATTENTION_PLANS: [AttentionPlan; 19] = [
     plan("[1, 2, 8, 16]", [1, 2, 2, 8, 8, 16], false, [C; 4]),
     // Grouped heads without a mask, three kv heads of two query heads
     // each: a kernel that maps query head h to kv head h % heads_kv
@@ -98,6 +98,15 @@ pub(super) const ATTENTION_PLANS: [AttentionPlan; 17] = [
     // vectorised dot product over head_dim drops its remainder there.
     plan("head_dim 6", [1, 2, 2, 5, 7, 6], false, [C; 4]),
     plan("causal head_dim 20", [1, 2, 1, 6, 6, 20], true, [C; 4]),
+    // Five blocks of 128 keys and a partial sixth: a kernel that tiles the
+    // keys must carry its running maximum and sums across every block.
+    plan("seq_kv 700", [1, 2, 1, 3, 700, 8], false, [C; 4]),
+    plan(
+        "causal seq_q 4 seq_kv 660",
+        [1, 2, 2, 4, 660, 8],
+        true,
+        [C; 4],
+    ),
     // No key at all: every output row is 0 and its log-sum-exp -inf.
     plan("seq_kv 0", [1, 2, 2, 4, 0, 8], false, [C; 4]),
     plan(

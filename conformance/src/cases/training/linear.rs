@@ -8,9 +8,13 @@ use super::*;
 /// `(input shape, N, bias, layouts of input, weight, bias, out)`.
 type LinearPlan = (&'static [usize], usize, bool, [Layout; 4]);
 
-/// The last two have no input features (K = 0): the output is the bias,
-/// or zeros, and must still be written.
-pub(super) const LINEAR_PLANS: [LinearPlan; 13] = [
+/// Inputs of three dimensions whose batch stride is not the rows' (a
+/// reversed or broadcast batch) and an output so laid out: a kernel that
+/// folds the leading dimensions into rows by the row stride alone reads or
+/// writes the wrong rows (the derived layouts cover 2-D cases only: the
+/// bases are the first and the largest). The last two have no input features (K = 0): the
+/// output is the bias, or zeros, and must still be written.
+pub(super) const LINEAR_PLANS: [LinearPlan; 16] = [
     (&[4, 16], 8, true, [C; 4]),
     (&[4, 16], 8, false, [C; 4]),
     (&[2, 3, 24], 5, true, [C; 4]),
@@ -22,6 +26,9 @@ pub(super) const LINEAR_PLANS: [LinearPlan; 13] = [
     (&[6, 12], 10, true, [T, C, C, C]),
     (&[6, 12], 10, true, [C, T, S, C]),
     (&[3, 20], 9, false, [S, S, C, S]),
+    (&[2, 3, 24], 5, true, [Layout::Reversed(0), C, C, C]),
+    (&[3, 2, 16], 4, false, [Layout::Broadcast(0), C, C, C]),
+    (&[2, 3, 24], 5, true, [C, C, C, Layout::Reversed(0)]),
     (&[3, 0], 5, true, [C; 4]),
     (&[2, 2, 0], 3, false, [C; 4]),
 ];
@@ -33,7 +40,11 @@ pub(super) fn linear_cases(dtype: DType) -> Vec<Case> {
         let k = *in_shape.last().expect("rank >= 1");
         let mut out_shape = in_shape[..in_shape.len() - 1].to_vec();
         out_shape.push(n);
-        let x = rng.values(dtype, numel(in_shape), -2.0, 2.0);
+        let mut x = rng.values(dtype, numel(in_shape), -2.0, 2.0);
+        if let Layout::Broadcast(d) = l_in {
+            // What a zero stride lets the kernel read: equal along `d`.
+            x = crate::cases::variants::constant_along(&x, in_shape, d);
+        }
         let w = rng.values(dtype, n * k, -1.0, 1.0);
         let mut tensors = vec![
             input("input", dtype, in_shape, x, l_in),
