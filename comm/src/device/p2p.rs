@@ -93,7 +93,15 @@ impl DeviceComm<'_> {
             .map(|i| if staged[i] { bytes[i] } else { 0 })
             .collect();
         let (stream, chunk) = (self.stream, self.chunk);
-        let mut bufs = self.pool.take(&sizes).into_iter();
+        let bufs = self.pool.try_take(&sizes).map_err(|bytes| CommError::Io {
+            rank,
+            op: ctx.op.into(),
+            message: format!(
+                "could not allocate {bytes} bytes of host memory to stage a tensor of the group \
+                 (a group stages each staged tensor whole; send it in parts)"
+            ),
+        })?;
+        let mut bufs = bufs.into_iter();
         let mut host: Vec<Bytes<'_>> = Vec::with_capacity(ops.len());
         for (i, op) in ops.iter().enumerate() {
             let buf = bufs.next().expect("one per operation");

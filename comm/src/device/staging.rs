@@ -27,19 +27,25 @@ impl HostBuf {
         len: 0,
     };
 
-    /// A zeroed buffer of at least `len` bytes (a whole number of pages);
-    /// writing the zeros faults every page in now.
-    fn new(len: usize) -> HostBuf {
-        let len = len.next_multiple_of(PAGE);
-        let layout = Layout::from_size_align(len, PAGE).expect("staging size fits a layout");
+    fn layout(len: usize) -> Layout {
+        Layout::from_size_align(len.next_multiple_of(PAGE), PAGE)
+            .expect("staging size fits a layout")
+    }
+
+    /// A zeroed buffer of at least `len` bytes (a whole number of pages),
+    /// or `None` when the memory cannot be had; writing the zeros faults
+    /// every page in now.
+    fn try_new(len: usize) -> Option<HostBuf> {
+        if len > isize::MAX as usize - PAGE {
+            return None;
+        }
+        let layout = Self::layout(len);
+        let len = layout.size();
         // SAFETY: `layout` has a non-zero size (callers never ask for 0 bytes).
-        let ptr = unsafe { alloc(layout) };
-        let Some(ptr) = NonNull::new(ptr) else {
-            handle_alloc_error(layout)
-        };
+        let ptr = NonNull::new(unsafe { alloc(layout) })?;
         // SAFETY: `ptr` is a fresh allocation of `len` writable bytes.
         unsafe { ptr.as_ptr().write_bytes(0, len) };
-        HostBuf { ptr, len }
+        Some(HostBuf { ptr, len })
     }
 
     fn as_mut_slice(&mut self) -> &mut [u8] {
@@ -106,20 +112,33 @@ impl StagingPool {
     /// too small is replaced (the only allocation). Returns disjoint slices
     /// of exactly `sizes[i]` bytes (a size of 0 allocates nothing).
     pub(crate) fn take(&mut self, sizes: &[usize]) -> Vec<&mut [u8]> {
+        match self.try_take(sizes) {
+            Ok(slices) => slices,
+            Err(bytes) => handle_alloc_error(HostBuf::layout(bytes)),
+        }
+    }
+
+    /// [`StagingPool::take`], or `Err(bytes)` when a buffer of that many
+    /// bytes cannot be had (for sizes that follow from the caller's
+    /// tensors: a group stages each whole), rather than ending the process.
+    pub(crate) fn try_take(&mut self, sizes: &[usize]) -> Result<Vec<&mut [u8]>, usize> {
         if self.bufs.len() < sizes.len() {
             self.bufs.resize_with(sizes.len(), || HostBuf::EMPTY);
         }
         for (buf, &size) in self.bufs.iter_mut().zip(sizes) {
             if buf.len < size {
-                *buf = HostBuf::new(size);
+                // The old buffer first, so that both are not held at once.
+                *buf = HostBuf::EMPTY;
+                *buf = HostBuf::try_new(size).ok_or(size)?;
                 self.allocations += 1;
             }
         }
-        self.bufs
+        Ok(self
+            .bufs
             .iter_mut()
             .zip(sizes)
             .map(|(buf, &size)| &mut buf.as_mut_slice()[..size])
-            .collect()
+            .collect())
     }
 }
 
@@ -144,5 +163,16 @@ mod tests {
         pool.take(&[1, 0, 2]);
         assert_eq!(pool.allocations(), 3);
         assert_eq!(pool.bytes(), 4096 + 12288);
+    }
+
+    #[test]
+    fn a_size_that_cannot_be_had_is_an_error_and_the_pool_stays_usable() {
+        let mut pool = StagingPool::new();
+        pool.take(&[5000]);
+        assert_eq!(
+            pool.try_take(&[10, usize::MAX / 2]).err(),
+            Some(usize::MAX / 2)
+        );
+        assert_eq!(pool.try_take(&[10, 20]).unwrap()[1].len(), 20);
     }
 }
