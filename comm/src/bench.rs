@@ -189,7 +189,7 @@ pub fn parse_sizes(list: &str) -> Result<Vec<usize>> {
 }
 
 /// Parses a dtype name: `f32`/`float`, `f16`/`half`, `bf16`/`bfloat16`,
-/// `i32`/`int32`, `i64`/`int64`.
+/// `i32`/`int32`, `i64`/`int64`, `f64`/`double`, `u8`/`uint8`, `bool`.
 pub fn parse_dtype(name: &str) -> Result<DType> {
     match name.trim().to_ascii_lowercase().as_str() {
         "f32" | "float" | "float32" => Ok(DType::F32),
@@ -197,8 +197,11 @@ pub fn parse_dtype(name: &str) -> Result<DType> {
         "bf16" | "bfloat16" => Ok(DType::BF16),
         "i32" | "int" | "int32" => Ok(DType::I32),
         "i64" | "int64" => Ok(DType::I64),
+        "f64" | "double" | "float64" => Ok(DType::F64),
+        "u8" | "uint8" => Ok(DType::U8),
+        "bool" => Ok(DType::Bool),
         other => Err(CommError::Usage(format!(
-            "unknown dtype {other:?}: expected f32, f16, bf16, i32 or i64"
+            "unknown dtype {other:?}: expected f32, f16, bf16, i32, i64, f64, u8 or bool"
         ))),
     }
 }
@@ -415,6 +418,11 @@ fn encode(dtype: DType, v: i64, out: &mut [u8]) {
         DType::BF16 => out.copy_from_slice(&bf16::from_f32(v as f32).to_ne_bytes()),
         DType::I32 => out.copy_from_slice(&(v as i32).to_ne_bytes()),
         DType::I64 => out.copy_from_slice(&v.to_ne_bytes()),
+        DType::F64 => out.copy_from_slice(&(v as f64).to_ne_bytes()),
+        DType::U8 => out[0] = v as u8,
+        // The values are never negative: a sum or maximum is non-zero
+        // where any value is (or), a minimum where all are (and).
+        DType::Bool => out[0] = (v != 0) as u8,
     }
 }
 
@@ -615,6 +623,9 @@ fn type_name(dtype: DType) -> &'static str {
         DType::BF16 => "bfloat16",
         DType::I32 => "int32",
         DType::I64 => "int64",
+        DType::F64 => "double",
+        DType::U8 => "uint8",
+        DType::Bool => "bool",
     }
 }
 

@@ -12,7 +12,11 @@ use polychip_comm::collectives::{Communicator, DType, ReduceOp};
 use polychip_comm::shm::ShmTransport;
 use polychip_comm::store::{MemoryStore, Store};
 
-const DTYPES: [DType; 5] = [DType::F32, DType::F16, DType::BF16, DType::I32, DType::I64];
+/// The dtypes reduced by arithmetic (bools, as logic, are the kernel's
+/// unit tests' and the device tests').
+fn dtypes() -> impl Iterator<Item = DType> {
+    DType::ALL.into_iter().filter(|&d| d != DType::Bool)
+}
 const OPS: [ReduceOp; 4] = [ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max, ReduceOp::Min];
 const SIZES: [usize; 5] = [0, 1, 7, 1000, 65537];
 
@@ -79,6 +83,9 @@ fn input(dtype: DType, rank: usize, count: usize, seed: u64) -> Vec<u8> {
             DType::BF16 => out.extend(bf16::from_f64(f).to_ne_bytes()),
             DType::I32 => out.extend((h as i32).to_ne_bytes()),
             DType::I64 => out.extend((h as i64).to_ne_bytes()),
+            DType::F64 => out.extend(f.to_ne_bytes()),
+            DType::U8 => out.push(h as u8),
+            DType::Bool => unreachable!("bools are tested elsewhere"),
         }
     }
     out
@@ -89,6 +96,7 @@ fn float(dtype: DType, b: &[u8], i: usize) -> f64 {
         DType::F32 => f32::from_ne_bytes(b[i * 4..i * 4 + 4].try_into().unwrap()) as f64,
         DType::F16 => f16::from_ne_bytes(b[i * 2..i * 2 + 2].try_into().unwrap()).to_f64(),
         DType::BF16 => bf16::from_ne_bytes(b[i * 2..i * 2 + 2].try_into().unwrap()).to_f64(),
+        DType::F64 => f64::from_ne_bytes(b[i * 8..i * 8 + 8].try_into().unwrap()),
         _ => unreachable!(),
     }
 }
@@ -96,6 +104,7 @@ fn float(dtype: DType, b: &[u8], i: usize) -> f64 {
 fn int(dtype: DType, b: &[u8], i: usize) -> i64 {
     match dtype {
         DType::I32 => i32::from_ne_bytes(b[i * 4..i * 4 + 4].try_into().unwrap()) as i64,
+        DType::U8 => b[i] as i64,
         _ => i64::from_ne_bytes(b[i * 8..i * 8 + 8].try_into().unwrap()),
     }
 }
@@ -105,9 +114,13 @@ fn check(dtype: DType, op: ReduceOp, inputs: &[Vec<u8>], first: usize, got: &[u8
     let n = inputs.len();
     for k in 0..got.len() / dtype.size() {
         let i = first + k;
-        if matches!(dtype, DType::I32 | DType::I64) {
+        if matches!(dtype, DType::I32 | DType::I64 | DType::U8) {
             let xs = inputs.iter().map(|b| int(dtype, b, i));
             let want = match (dtype, op) {
+                (DType::U8, ReduceOp::Sum | ReduceOp::Avg) => {
+                    xs.fold(0u8, |a, x| a.wrapping_add(x as u8)) as i64
+                        / if op == ReduceOp::Avg { n as i64 } else { 1 }
+                }
                 (DType::I32, ReduceOp::Sum | ReduceOp::Avg) => {
                     xs.fold(0i32, |a, x| a.wrapping_add(x as i32)) as i64
                         / if op == ReduceOp::Avg { n as i64 } else { 1 }
@@ -130,6 +143,7 @@ fn check(dtype: DType, op: ReduceOp, inputs: &[Vec<u8>], first: usize, got: &[u8
             ReduceOp::Min => xs.iter().copied().fold(f64::MAX, f64::min),
         };
         let eps = match dtype {
+            DType::F64 => f64::EPSILON,
             DType::F32 => f32::EPSILON as f64,
             DType::F16 => 2f64.powi(-10),
             _ => 2f64.powi(-7),
@@ -146,7 +160,7 @@ fn check(dtype: DType, op: ReduceOp, inputs: &[Vec<u8>], first: usize, got: &[u8
 fn every_operation(n: usize) {
     world(n, |c| {
         let (me, mut seed) = (c.rank(), 0u64);
-        for dtype in DTYPES {
+        for dtype in dtypes() {
             for count in SIZES {
                 seed += 1;
                 let what =

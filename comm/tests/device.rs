@@ -262,11 +262,11 @@ fn non_compact_and_unsupported_dtypes_are_usage_errors() {
             m.contains("[3, 2]") && m.contains("[1, 3]") && m.contains("not compact"),
             "{m}"
         );
-        let f64s = d.zeros(DType::F64, &[4]).unwrap();
-        let Err(CommError::Usage(m)) = dc.all_reduce(&f64s, ReduceOp::Sum) else {
-            panic!("an f64 reduction was accepted")
+        let bools = d.zeros(DType::Bool, &[4]).unwrap();
+        let Err(CommError::Usage(m)) = dc.all_reduce(&bools, ReduceOp::Avg) else {
+            panic!("an average of bools was accepted")
         };
-        assert!(m.contains("f64"), "{m}");
+        assert!(m.contains("bool tensors reduce with sum (or)"), "{m}");
         let a = d.zeros(DType::F32, &[8]).unwrap();
         let view = a.as_strided(&[4], &[1], 2).unwrap();
         let Err(CommError::Usage(m)) =
@@ -300,8 +300,17 @@ fn non_compact_and_unsupported_dtypes_are_usage_errors() {
     });
 }
 
-/// Every dtype the device collectives reduce.
-const DTYPES: [DType; 5] = [DType::F32, DType::BF16, DType::F16, DType::I32, DType::I64];
+/// Every dtype the device collectives reduce by arithmetic (bools, which
+/// reduce as logic, have a test of their own).
+const DTYPES: [DType; 7] = [
+    DType::F32,
+    DType::BF16,
+    DType::F16,
+    DType::I32,
+    DType::I64,
+    DType::F64,
+    DType::U8,
+];
 
 #[test]
 fn reduce_to_every_root_across_direct_and_staged_ranks() {
@@ -440,11 +449,14 @@ fn reduce_and_all_to_all_usage_errors_name_op_rank_and_tensor() {
             m.contains(&format!("rank {me}: reduce")) && m.contains("root 2") && m.contains("[6]"),
             "{m}"
         );
-        let f64s = d.zeros(DType::F64, &[4]).unwrap();
-        let Err(CommError::Usage(m)) = dc.reduce(&f64s, ReduceOp::Sum, 0) else {
-            panic!("an f64 reduction was accepted")
+        let bools = d.zeros(DType::Bool, &[4]).unwrap();
+        let Err(CommError::Usage(m)) = dc.reduce(&bools, ReduceOp::Avg, 0) else {
+            panic!("an average of bools was accepted")
         };
-        assert!(m.contains("f64"), "{m}");
+        assert!(
+            m.contains(&format!("rank {me}: reduce")) && m.contains("not avg"),
+            "{m}"
+        );
         let strided = d
             .zeros(DType::F32, &[2, 3])
             .unwrap()
@@ -573,4 +585,25 @@ fn byte_range_copies_refuse_what_they_cannot_copy_naming_it() {
     let own = cobalt.stream().unwrap();
     t.write_range(4, &7f32.to_ne_bytes(), Some(&own)).unwrap();
     assert_eq!(t.to_vec::<f32>().unwrap()[1], 7.0);
+}
+
+/// Bools reduce as logic across vendors: sum and max are or, min is and.
+#[test]
+fn bools_reduce_as_or_and_and_across_vendors() {
+    let devices = mixed();
+    world20(&devices, |d, dc| {
+        let me = dc.comm().rank();
+        // Element i is true on rank r when bit r of i is set.
+        let mine: Vec<u8> = (0..8).map(|i| (i >> me) as u8 & 1).collect();
+        for (op, want) in [
+            (ReduceOp::Sum, [0u8, 1, 1, 1, 1, 1, 1, 1]),
+            (ReduceOp::Max, [0, 1, 1, 1, 1, 1, 1, 1]),
+            (ReduceOp::Min, [0, 0, 0, 0, 0, 0, 0, 1]),
+        ] {
+            let t = d.empty(DType::Bool, &[8]).unwrap();
+            t.write_bytes(&mine).unwrap();
+            dc.all_reduce(&t, op).unwrap();
+            assert_eq!(t.read_bytes().unwrap(), want, "rank {me} {op:?}");
+        }
+    });
 }

@@ -384,6 +384,60 @@ def test_fsdp_in_place_collectives_checkpoints_and_disagreeing_roots_across_two_
         assert f"rank {rank} fsdp and friends ok" in out, out
 
 
+DTYPES = textwrap.dedent(
+    """
+    import torch, torch.distributed as dist
+    import polychip.torch
+    from polychip.torch.distributed import device_for_rank
+
+    dist.init_process_group("polychip")
+    rank = dist.get_rank()
+    dev = device_for_rank(vendors=["Ferrite", "Cobalt"])
+    mine = lambda dtype: (torch.arange(4) * (rank + 1) - 3).to(dtype)
+    both = [torch.arange(4) * (r + 1) - 3 for r in range(2)]
+    # float64, uint8 and bool reduce on the device and on the CPU (uint8
+    # wraps; bool sums and maxima are or, minima and); int8, int16 and
+    # uint16 CPU tensors, which the device does not hold, reduce widened.
+    for dtype in (torch.float64, torch.uint8, torch.bool, torch.int8, torch.int16, torch.uint16):
+        places = ["cpu", dev] if dtype in (torch.float64, torch.uint8, torch.bool) else ["cpu"]
+        for where in places:
+            for op, combine in ((dist.ReduceOp.SUM, lambda a, b: a + b), (dist.ReduceOp.MAX, torch.maximum),
+                                (dist.ReduceOp.MIN, torch.minimum)):
+                t = mine(dtype).to(where)
+                dist.all_reduce(t, op=op)
+                # In int64 (the CPU has no uint16 arithmetic), wrapped back.
+                wide = [b.to(dtype).to(torch.float64 if dtype.is_floating_point else torch.int64) for b in both]
+                want = combine(*wide) if dtype != torch.bool else {
+                    dist.ReduceOp.SUM: both[0].bool() | both[1].bool(), dist.ReduceOp.MAX: both[0].bool() | both[1].bool(),
+                    dist.ReduceOp.MIN: both[0].bool() & both[1].bool()}[op]
+                assert torch.equal(t.cpu(), want.to(dtype)), (dtype, where, op, t, want)
+    # Moves of dtypes the device does not hold travel as bytes.
+    for dtype in (torch.int8, torch.int16, torch.float8_e4m3fn, torch.complex64):
+        t = mine(dtype)
+        dist.broadcast(t, 1)
+        assert torch.equal(t.view(torch.uint8), both[1].to(dtype).view(torch.uint8)), (dtype, t)
+        out = torch.empty(8, dtype=dtype)
+        dist.all_gather_into_tensor(out, mine(dtype))
+        assert torch.equal(out.view(torch.uint8), torch.cat(both).to(dtype).view(torch.uint8)), (dtype, out)
+        got = torch.empty(4, dtype=dtype)
+        ops = [dist.P2POp(dist.isend, mine(dtype), 1 - rank), dist.P2POp(dist.irecv, got, 1 - rank)]
+        for w in dist.batch_isend_irecv(ops):
+            w.wait()
+        assert torch.equal(got.view(torch.uint8), both[1 - rank].to(dtype).view(torch.uint8)), (dtype, got)
+    try:
+        dist.all_reduce(mine(torch.float8_e4m3fn))
+    except ValueError as e:
+        assert "does not reduce torch.float8_e4m3fn" in str(e), e
+        print(f"rank {rank} dtypes ok", flush=True)
+    """
+)
+
+
+def test_reductions_and_moves_of_every_dtype_across_two_vendors(tmp_path):
+    out = launch(tmp_path, DTYPES, "torchrun")
+    assert "rank 0 dtypes ok" in out and "rank 1 dtypes ok" in out, out
+
+
 PIPELINING = textwrap.dedent(
     """
     import copy

@@ -53,7 +53,7 @@ impl Header {
             .and_then(|i| KINDS.get(i))
             .copied()
             .unwrap_or("?");
-        let dtype = [DType::F32, DType::F16, DType::BF16, DType::I32, DType::I64]
+        let dtype = DType::ALL
             .into_iter()
             .find(|d| d.code() == (w[0] >> 8) & 0xff);
         let op = [ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max, ReduceOp::Min]

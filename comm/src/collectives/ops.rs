@@ -7,7 +7,7 @@ use std::ops::Range;
 
 use super::reduce::fold;
 use super::{Communicator, DType, ReduceOp, SLOT};
-use crate::error::Result;
+use crate::error::{CommError, Result};
 
 /// All-reduce buffers up to this many bytes take the one-step path.
 const SMALL: usize = 32 << 10;
@@ -53,6 +53,12 @@ impl Communicator {
     }
 
     /// Pieces of `count` elements: (elements per piece, number of pieces >= 1).
+    /// Refuses a reduction no kernel defines (the average of bools).
+    fn check_reduction(&self, dtype: DType, op: ReduceOp, kind: &str) -> Result<()> {
+        super::reduce::check_op(dtype, op)
+            .map_err(|why| CommError::Usage(format!("rank {}: {kind}: {why}", self.rank)))
+    }
+
     pub(super) fn segments(count: usize, dtype: Option<DType>) -> (usize, usize) {
         let seg = SLOT / dtype.map_or(1, DType::size);
         (seg, count.div_ceil(seg).max(1))
@@ -89,6 +95,7 @@ impl Communicator {
         op: ReduceOp,
     ) -> Result<()> {
         let count = self.count(out.len(), Some(dtype), "all_reduce")?;
+        self.check_reduction(dtype, op, "all_reduce")?;
         let h = self.begin("all_reduce", Some(dtype), Some(op), 0, count, true)?;
         let (me, n, es, view) = (self.rank, self.world, dtype.size(), self.view);
         let mut inputs: [&[u8]; super::MAX_WORLD] = [&[]; super::MAX_WORLD];
@@ -153,6 +160,7 @@ impl Communicator {
         op: ReduceOp,
     ) -> Result<()> {
         let count = self.count(recv.len(), Some(dtype), "reduce_scatter")?;
+        self.check_reduction(dtype, op, "reduce_scatter")?;
         if send.len() != recv.len() * self.world {
             return Err(self.usage(format!(
                 "send has {} bytes, expected world x {}",
@@ -204,6 +212,7 @@ impl Communicator {
         root: usize,
     ) -> Result<()> {
         let count = self.count(buf.len(), Some(dtype), "reduce")?;
+        self.check_reduction(dtype, op, "reduce")?;
         let h = self.begin("reduce", Some(dtype), Some(op), root, count, true)?;
         let (me, n, es, view) = (self.rank, self.world, dtype.size(), self.view);
         let (seg, pieces) = Self::segments(count, Some(dtype));

@@ -1,7 +1,8 @@
 //! Element types, reduction operators and the local reduction kernel: `n`
 //! inputs combined element by element, always in rank order
 //! `((x0 op x1) op x2) ...`, so a result never depends on timing. f16 and
-//! bf16 accumulate in f32 and round once; integers wrap.
+//! bf16 accumulate in f32 and round once; integers wrap; bools combine as
+//! logic (sum and max are or, min is and).
 
 use half::{bf16, f16};
 
@@ -18,15 +19,23 @@ pub enum DType {
     I32,
     /// Two's-complement 64-bit integer (wrapping).
     I64,
+    /// IEEE binary64.
+    F64,
+    /// Unsigned 8-bit integer (wrapping).
+    U8,
+    /// A byte that is 0 (false) or not (true): sum and max are or, min is
+    /// and, the average is refused.
+    Bool,
 }
 
 impl DType {
     /// Bytes per element.
     pub fn size(self) -> usize {
         match self {
+            DType::U8 | DType::Bool => 1,
             DType::F16 | DType::BF16 => 2,
             DType::F32 | DType::I32 => 4,
-            DType::I64 => 8,
+            DType::I64 | DType::F64 => 8,
         }
     }
 
@@ -38,8 +47,23 @@ impl DType {
             DType::BF16 => "bf16",
             DType::I32 => "i32",
             DType::I64 => "i64",
+            DType::F64 => "f64",
+            DType::U8 => "u8",
+            DType::Bool => "bool",
         }
     }
+
+    /// Every element type, in code order.
+    pub const ALL: [DType; 8] = [
+        DType::F32,
+        DType::F16,
+        DType::BF16,
+        DType::I32,
+        DType::I64,
+        DType::F64,
+        DType::U8,
+        DType::Bool,
+    ];
 
     pub(crate) fn code(self) -> u64 {
         self as u64 + 1
@@ -87,34 +111,34 @@ trait Lane {
 }
 
 macro_rules! float_lane {
-    ($name:ident, $t:ty, $n:expr, $to:expr, $from:expr) => {
+    ($name:ident, $t:ty, $acc:ty, $n:expr, $to:expr, $from:expr) => {
         struct $name;
         impl Lane for $name {
             const SIZE: usize = $n;
-            type A = f32;
+            type A = $acc;
             #[inline(always)]
-            fn load(b: &[u8]) -> f32 {
+            fn load(b: &[u8]) -> $acc {
                 $to(<$t>::from_ne_bytes(b.try_into().expect("lane")))
             }
             #[inline(always)]
-            fn store(a: f32, b: &mut [u8]) {
+            fn store(a: $acc, b: &mut [u8]) {
                 b.copy_from_slice(&$from(a).to_ne_bytes())
             }
             #[inline(always)]
-            fn add(a: f32, b: f32) -> f32 {
+            fn add(a: $acc, b: $acc) -> $acc {
                 a + b
             }
             #[inline(always)]
-            fn max(a: f32, b: f32) -> f32 {
+            fn max(a: $acc, b: $acc) -> $acc {
                 a.max(b)
             }
             #[inline(always)]
-            fn min(a: f32, b: f32) -> f32 {
+            fn min(a: $acc, b: $acc) -> $acc {
                 a.min(b)
             }
             #[inline(always)]
-            fn div(a: f32, n: usize) -> f32 {
-                a / n as f32
+            fn div(a: $acc, n: usize) -> $acc {
+                a / n as $acc
             }
         }
     };
@@ -148,17 +172,63 @@ macro_rules! int_lane {
             }
             #[inline(always)]
             fn div(a: $t, n: usize) -> $t {
-                a / n as $t
+                // Truncating, in a type that holds any rank count.
+                (a as i128 / n as i128) as $t
             }
         }
     };
 }
 
-float_lane!(F32L, f32, 4, |x: f32| x, |x: f32| x);
-float_lane!(F16L, f16, 2, f16::to_f32, f16::from_f32);
-float_lane!(BF16L, bf16, 2, bf16::to_f32, bf16::from_f32);
+float_lane!(F32L, f32, f32, 4, |x: f32| x, |x: f32| x);
+float_lane!(F16L, f16, f32, 2, f16::to_f32, f16::from_f32);
+float_lane!(BF16L, bf16, f32, 2, bf16::to_f32, bf16::from_f32);
+float_lane!(F64L, f64, f64, 8, |x: f64| x, |x: f64| x);
 int_lane!(I32L, i32);
 int_lane!(I64L, i64);
+int_lane!(U8L, u8);
+
+/// Bools as bytes: any non-zero byte is true, and a result is stored as 0
+/// or 1.
+struct BoolL;
+impl Lane for BoolL {
+    const SIZE: usize = 1;
+    type A = u8;
+    #[inline(always)]
+    fn load(b: &[u8]) -> u8 {
+        (b[0] != 0) as u8
+    }
+    #[inline(always)]
+    fn store(a: u8, b: &mut [u8]) {
+        b[0] = a;
+    }
+    #[inline(always)]
+    fn add(a: u8, b: u8) -> u8 {
+        a | b
+    }
+    #[inline(always)]
+    fn max(a: u8, b: u8) -> u8 {
+        a | b
+    }
+    #[inline(always)]
+    fn min(a: u8, b: u8) -> u8 {
+        a & b
+    }
+    #[inline(always)]
+    fn div(a: u8, _: usize) -> u8 {
+        // Refused before any kernel runs ([`check_op`]).
+        a
+    }
+}
+
+/// Refuses a combination no kernel defines: the average of bools.
+pub(crate) fn check_op(dtype: DType, op: ReduceOp) -> Result<(), String> {
+    match (dtype, op) {
+        (DType::Bool, ReduceOp::Avg) => {
+            Err("bool tensors reduce with sum (or), max (or) and min (and), not avg".into())
+        }
+        _ => Ok(()),
+    }
+}
 
 /// Writes into `out` the reduction of every rank's input, in rank order.
 /// Rank `me`'s input is `own`, or `out`'s current contents when `own` is
@@ -177,6 +247,9 @@ pub(crate) fn fold(
         DType::BF16 => fold_t::<BF16L>(op, out, own, me, inputs),
         DType::I32 => fold_t::<I32L>(op, out, own, me, inputs),
         DType::I64 => fold_t::<I64L>(op, out, own, me, inputs),
+        DType::F64 => fold_t::<F64L>(op, out, own, me, inputs),
+        DType::U8 => fold_t::<U8L>(op, out, own, me, inputs),
+        DType::Bool => fold_t::<BoolL>(op, out, own, me, inputs),
     }
 }
 
@@ -349,6 +422,10 @@ mod tests {
                 DType::BF16 => out.extend(half::bf16::from_f64(v).to_ne_bytes()),
                 DType::I32 => out.extend((x as i32).to_ne_bytes()),
                 DType::I64 => out.extend((x as i64).to_ne_bytes()),
+                DType::F64 => out.extend(v.to_ne_bytes()),
+                DType::U8 => out.push(x as u8),
+                // Bytes other than 0 and 1 are true too.
+                DType::Bool => out.push((x % 3) as u8 * (x >> 60) as u8),
             }
         }
         out
@@ -361,14 +438,16 @@ mod tests {
             DType::BF16 => reference::<BF16L>(op, inputs),
             DType::I32 => reference::<I32L>(op, inputs),
             DType::I64 => reference::<I64L>(op, inputs),
+            DType::F64 => reference::<F64L>(op, inputs),
+            DType::U8 => reference::<U8L>(op, inputs),
+            DType::Bool => reference::<BoolL>(op, inputs),
         }
     }
 
     #[test]
     fn fold_matches_the_element_by_element_definition() {
-        let dtypes = [DType::F32, DType::F16, DType::BF16, DType::I32, DType::I64];
         let ops = [ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max, ReduceOp::Min];
-        for dtype in dtypes {
+        for dtype in DType::ALL {
             for n in 1..=5 {
                 for count in [0, 1, 7, BLOCK - 1, BLOCK + 3, 3 * BLOCK + 17] {
                     let inputs: Vec<Vec<u8>> = (0..n).map(|r| bytes(dtype, r, count)).collect();

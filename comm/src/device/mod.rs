@@ -56,19 +56,20 @@ impl Path {
     }
 }
 
-/// The communication dtype of a device dtype (F32, F16, BF16, I32, I64).
+/// The communication dtype of a device dtype (every dtype of the ABI has
+/// one; a `Result` for dtypes a later ABI may add).
 pub fn comm_dtype(dtype: polychip_host::DType) -> Result<DType> {
     use polychip_host::DType as H;
-    match dtype {
-        H::F32 => Ok(DType::F32),
-        H::F16 => Ok(DType::F16),
-        H::BF16 => Ok(DType::BF16),
-        H::I32 => Ok(DType::I32),
-        H::I64 => Ok(DType::I64),
-        other => Err(CommError::Usage(format!(
-            "collectives do not reduce {other} tensors (f32, f16, bf16, i32, i64 only)"
-        ))),
-    }
+    Ok(match dtype {
+        H::F32 => DType::F32,
+        H::F16 => DType::F16,
+        H::BF16 => DType::BF16,
+        H::F64 => DType::F64,
+        H::I32 => DType::I32,
+        H::I64 => DType::I64,
+        H::U8 => DType::U8,
+        H::Bool => DType::Bool,
+    })
 }
 
 /// Collectives on device tensors over a borrowed [`Communicator`].

@@ -83,6 +83,9 @@ pub fn encode(dtype: DType, xs: &[f32]) -> Vec<u8> {
             .collect(),
         DType::I32 => xs.iter().flat_map(|&x| (x as i32).to_ne_bytes()).collect(),
         DType::I64 => xs.iter().flat_map(|&x| (x as i64).to_ne_bytes()).collect(),
+        DType::F64 => xs.iter().flat_map(|&x| (x as f64).to_ne_bytes()).collect(),
+        // Wrapping, as the reduction does.
+        DType::U8 => xs.iter().map(|&x| x as i64 as u8).collect(),
         _ => unreachable!(),
     }
 }

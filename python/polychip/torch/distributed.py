@@ -71,23 +71,50 @@ def _done(result: Any) -> Any:
     return _create_work_from_future(future)
 
 
+# What a polychip device holds; a CPU tensor of another dtype is staged as
+# its bytes (for a move) or widened (for a reduction).
+_HELD = {torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int32, torch.int64, torch.uint8, torch.bool}
+# Integers a reduction widens to int32 and narrows back (sums wrap as in
+# the narrow type: the low bits of a sum are the sum of the low bits).
+_WIDENED = {torch.int8, torch.int16, torch.uint16}
+
+
 class _Staged:
     """A polychip view of a tensor for the communicator: the tensor itself
     when it is a contiguous polychip tensor, else a contiguous copy on a
-    polychip device that ``finish()`` writes back."""
+    polychip device that ``finish()`` writes back. A CPU tensor of a dtype
+    the device does not hold travels as its bytes (``reduces`` False) or,
+    for a reduction, widened to int32 (int8, int16, uint16; others are
+    refused, naming the dtype)."""
 
-    def __init__(self, t: torch.Tensor, writes: bool) -> None:
+    def __init__(self, t: torch.Tensor, writes: bool, reduces: bool = False) -> None:
         self.tensor = t
         self.writes = writes
+        self.as_bytes = False
         if t.device.type == NAME and t.is_contiguous():
             self.staged = t
         else:
             device = t.device if t.device.type == NAME else torch.device(NAME, torch.polychip.current_device())
-            self.staged = t.to(device, copy=True, memory_format=torch.contiguous_format)
+            flat = t
+            if t.dtype not in _HELD:
+                if reduces and t.dtype not in _WIDENED:
+                    raise ValueError(
+                        f"the polychip backend does not reduce {t.dtype} tensors (it reduces float32, float16, "
+                        "bfloat16, float64, int32, int64, uint8, bool, and int8, int16 and uint16 widened to int32)"
+                    )
+                if reduces:
+                    flat = t.to(torch.int32)
+                else:
+                    flat, self.as_bytes = t.reshape(-1).contiguous().view(torch.uint8), True
+            self.staged = flat.to(device, copy=True, memory_format=torch.contiguous_format)
         self.view = _aten._pc(self.staged)
 
     def finish(self) -> None:
-        if self.writes and self.staged is not self.tensor:
+        if not self.writes or self.staged is self.tensor:
+            return
+        if self.as_bytes:
+            self.tensor.copy_(self.staged.cpu().view(self.tensor.dtype).view(self.tensor.shape))
+        else:
             self.tensor.copy_(self.staged)
 
 
@@ -190,20 +217,22 @@ class ProcessGroupPolychip(torch._C._distributed_c10d.Backend):
     supports_tensor_alloc = property(lambda self: False)
     supports_window = property(lambda self: False)
 
-    def _each(self, tensors: Sequence[torch.Tensor], writes: bool, fn: Callable[[Any], None]) -> None:
+    def _each(
+        self, tensors: Sequence[torch.Tensor], writes: bool, fn: Callable[[Any], None], reduces: bool = False
+    ) -> None:
         for t in tensors:
-            s = _Staged(t, writes)
+            s = _Staged(t, writes, reduces)
             fn(s.view)
             s.finish()
 
     def allreduce(self, tensors: List[torch.Tensor], opts: Any) -> Any:
         op = _reduce_op(opts.reduceOp)
-        self._each(tensors, True, lambda v: self._comm.all_reduce(v, op))
+        self._each(tensors, True, lambda v: self._comm.all_reduce(v, op), reduces=True)
         return _done(tensors)
 
     def reduce(self, tensors: List[torch.Tensor], opts: Any) -> Any:
         op = _reduce_op(opts.reduceOp)
-        self._each(tensors, True, lambda v: self._comm.reduce(v, op, opts.rootRank))
+        self._each(tensors, True, lambda v: self._comm.reduce(v, op, opts.rootRank), reduces=True)
         return _done(tensors)
 
     def broadcast(self, tensors: List[torch.Tensor], opts: Any) -> Any:
@@ -240,8 +269,8 @@ class ProcessGroupPolychip(torch._C._distributed_c10d.Backend):
 
     def _scatter_from(self, output: torch.Tensor, input: torch.Tensor, op: str) -> None:
         input = self._apart(input, output)
-        send = _Staged(input, False)
-        recv = _Staged(output, True)
+        send = _Staged(input, False, reduces=True)
+        recv = _Staged(output, True, reduces=True)
         self._comm.reduce_scatter(send.view, recv.view, op)
         recv.finish()
 
@@ -439,7 +468,14 @@ for _name in (
 
 
 def _home(t: torch.Tensor) -> torch.device:
-    return t.device if t.device.type == NAME else torch.device(NAME, torch.polychip.current_device())
+    """Where a collective assembles its whole from parts of ``t``: ``t``'s
+    polychip device, the current one for a CPU tensor the device holds, or
+    the CPU for one it does not (staged as bytes or widened, by part)."""
+    if t.device.type == NAME:
+        return t.device
+    if t.dtype not in _HELD:
+        return t.device
+    return torch.device(NAME, torch.polychip.current_device())
 
 
 def _create(store: Any, rank: int, size: int, timeout: timedelta) -> ProcessGroupPolychip:
