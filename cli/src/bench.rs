@@ -49,7 +49,7 @@ struct CommArgs {
     /// every rank is on this machine). Default: `POLYCHIP_TRANSPORT`, else auto.
     #[arg(long, value_name = "KIND")]
     transport: Option<String>,
-    /// Element type: f32, bf16, f16, i32 or i64.
+    /// Element type: f32, bf16, f16, i32, i64, f64, u8 or bool.
     #[arg(long, value_name = "TYPE", default_value = "f32")]
     dtype: String,
     /// Ranks to start when not already inside a launcher (default
