@@ -470,6 +470,12 @@ fn a_group_refuses_a_peer_outside_it_and_names_a_size_mismatch() {
     for r in results {
         let e = r.expect_err("the sizes differ");
         assert!(matches!(e, CommError::Mismatch { .. }), "{e}");
+        // In bytes, with no root or call number (they are a collective's).
+        let m = e.to_string();
+        assert!(
+            m.contains("send/recv of 10") && m.contains(" bytes (") && !m.contains("root"),
+            "{m}"
+        );
     }
 }
 

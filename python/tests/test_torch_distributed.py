@@ -438,6 +438,50 @@ def test_reductions_and_moves_of_every_dtype_across_two_vendors(tmp_path):
     assert "rank 0 dtypes ok" in out and "rank 1 dtypes ok" in out, out
 
 
+REFUSED = textwrap.dedent(
+    """
+    import time, traceback
+    import torch, torch.distributed as dist
+    import polychip.torch
+    from polychip.torch.distributed import device_for_rank
+
+    start = time.monotonic()
+    dist.init_process_group("polychip")
+    rank = dist.get_rank()
+    dev = device_for_rank(vendors=["Ferrite", "Cobalt"])
+    def check(fn):
+        try:
+            fn()
+        except Exception as e:
+            assert "receives 1 from it" in str(e), e
+            traceback.print_exc()
+    def refused():
+        # A receive from this rank with no send: refused before anything moves.
+        if rank == 1:
+            r = torch.zeros(1, device=dev)
+            dist.recv(r, src=1)
+    check(refused)
+    t = torch.ones(2, device=dev)
+    dist.all_reduce(t)
+    assert t.cpu().tolist() == [2.0, 2.0], t
+    dist.destroy_process_group()
+    print(f"rank {rank} ended at {time.monotonic() - start:.1f} s", flush=True)
+    """
+)
+
+
+def test_a_refused_receive_leaves_nothing_that_holds_the_communicator_open(tmp_path, monkeypatch):
+    # The refusal's traceback, kept by the receive's future through
+    # PyTorch's C++, held the backend: its communicator stayed open past
+    # destroy_process_group, and the peer's final barrier waited out the
+    # whole timeout (20 s here; 30 minutes by default).
+    monkeypatch.setenv("POLYCHIP_COMM_TIMEOUT_SECS", "20")
+    out = launch(tmp_path, REFUSED, "torchrun")
+    for rank in (0, 1):
+        ended = float(out.split(f"rank {rank} ended at ", 1)[1].split(" s", 1)[0])
+        assert ended < 15, out
+
+
 PIPELINING = textwrap.dedent(
     """
     import copy

@@ -59,6 +59,10 @@ impl Header {
         let op = [ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max, ReduceOp::Min]
             .into_iter()
             .find(|o| o.code() == (w[0] >> 16) & 0xff);
+        if kind == "send/recv" {
+            // Counted in bytes, with no root or call number.
+            return format!("send/recv of {} bytes ({}-byte message)", w[1], w[3]);
+        }
         let mut s = format!(
             "{kind} of {} x {}",
             w[1],

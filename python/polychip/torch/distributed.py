@@ -31,6 +31,7 @@ as for gloo, gives way to ``POLYCHIP_COMM_TIMEOUT_SECS`` when that is set).
 """
 
 import contextlib
+import copy
 import os
 import secrets
 import socket
@@ -393,11 +394,21 @@ class ProcessGroupPolychip(torch._C._distributed_c10d.Backend):
             for _, staged, _ in queued:
                 staged.finish()
         except BaseException as e:
+            # The works keep a copy without the traceback: the traceback's
+            # frames hold this backend, and a future holding them through
+            # PyTorch's C++ would keep the communicator from closing at
+            # destroy_process_group (its peers then wait at their final
+            # barrier for the whole timeout).
+            kept = _bare(e)
             for work in works:
-                work._future.set_exception(e)
+                work._future.set_exception(kept)
+                work._backend = None
             raise
         for work in works:
             work._future.set_result(work._tensors)
+            # A finished work needs its backend no more (one a caller keeps
+            # must not keep the communicator open).
+            work._backend = None
 
     def _p2p(self, kind: str, tensors: List[torch.Tensor], peer: int) -> Any:
         # Queued, as NCCL's and gloo's sends and receives return before
@@ -422,6 +433,16 @@ class ProcessGroupPolychip(torch._C._distributed_c10d.Backend):
         raise ValueError("the polychip backend receives from a named rank only (recv with src=)")
 
 
+def _bare(e: BaseException) -> BaseException:
+    """A copy of ``e`` without its traceback or chained exceptions."""
+    try:
+        kept = copy.copy(e)
+    except Exception:
+        kept = RuntimeError(str(e))
+    kept.__traceback__ = kept.__context__ = kept.__cause__ = None
+    return kept
+
+
 class _P2PWork(torch._C._distributed_c10d.Work):
     """A queued send or receive: ``wait()`` (and ``get_future()``) runs
     every operation its backend has queued, as one group, and raises what
@@ -430,19 +451,21 @@ class _P2PWork(torch._C._distributed_c10d.Work):
 
     def __init__(self, backend: "ProcessGroupPolychip", tensors: List[torch.Tensor]) -> None:
         super().__init__()
-        self._backend = backend
+        self._backend: Optional["ProcessGroupPolychip"] = backend
         self._tensors = tensors
         self._future: torch.futures.Future = torch.futures.Future()
 
     def wait(self, timeout: Any = None) -> bool:
-        if not self._future.done():
-            self._backend._flush()
+        backend = self._backend  # None once the work is done
+        if backend is not None:
+            backend._flush()
         self._future.wait()  # raises the group's error
         return True
 
     def get_future(self) -> torch.futures.Future:
-        if not self._future.done():
-            self._backend._flush()
+        backend = self._backend  # None once the work is done
+        if backend is not None:
+            backend._flush()
         return self._future
 
 
