@@ -308,6 +308,18 @@ typedef struct polychip_tensor_info_t {
 // Minimum.
 #define POLYCHIP_REDUCE_MIN 3
 
+// Product (integers wrap). API 1.1.
+#define POLYCHIP_REDUCE_PROD 4
+
+// Bitwise and (integer and bool tensors). API 1.1.
+#define POLYCHIP_REDUCE_BAND 5
+
+// Bitwise or (integer and bool tensors). API 1.1.
+#define POLYCHIP_REDUCE_BOR 6
+
+// Bitwise exclusive or (integer and bool tensors). API 1.1.
+#define POLYCHIP_REDUCE_BXOR 7
+
 // Sends the tensor to the peer.
 #define POLYCHIP_P2P_SEND 0
 

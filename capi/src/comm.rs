@@ -34,6 +34,14 @@ pub const POLYCHIP_REDUCE_AVG: polychip_reduce_op_t = 1;
 pub const POLYCHIP_REDUCE_MAX: polychip_reduce_op_t = 2;
 /// Minimum.
 pub const POLYCHIP_REDUCE_MIN: polychip_reduce_op_t = 3;
+/// Product (integers wrap). API 1.1.
+pub const POLYCHIP_REDUCE_PROD: polychip_reduce_op_t = 4;
+/// Bitwise and (integer and bool tensors). API 1.1.
+pub const POLYCHIP_REDUCE_BAND: polychip_reduce_op_t = 5;
+/// Bitwise or (integer and bool tensors). API 1.1.
+pub const POLYCHIP_REDUCE_BOR: polychip_reduce_op_t = 6;
+/// Bitwise exclusive or (integer and bool tensors). API 1.1.
+pub const POLYCHIP_REDUCE_BXOR: polychip_reduce_op_t = 7;
 
 /// The direction of a `polychip_comm_p2p_t`.
 pub type polychip_p2p_kind_t = u32;
@@ -138,9 +146,13 @@ fn reduce_op(op: polychip_reduce_op_t) -> ApiResult<ReduceOp> {
         POLYCHIP_REDUCE_AVG => ReduceOp::Avg,
         POLYCHIP_REDUCE_MAX => ReduceOp::Max,
         POLYCHIP_REDUCE_MIN => ReduceOp::Min,
+        POLYCHIP_REDUCE_PROD => ReduceOp::Prod,
+        POLYCHIP_REDUCE_BAND => ReduceOp::BitAnd,
+        POLYCHIP_REDUCE_BOR => ReduceOp::BitOr,
+        POLYCHIP_REDUCE_BXOR => ReduceOp::BitXor,
         other => {
             return Err(ApiError::invalid(format!(
-                "op {other} is not a polychip_reduce_op_t (POLYCHIP_REDUCE_SUM = 0 to POLYCHIP_REDUCE_MIN = 3)"
+                "op {other} is not a polychip_reduce_op_t (POLYCHIP_REDUCE_SUM = 0 to POLYCHIP_REDUCE_BXOR = 7)"
             )));
         }
     })

@@ -607,3 +607,39 @@ fn bools_reduce_as_or_and_and_across_vendors() {
         }
     });
 }
+
+/// Products and the bitwise operators across vendors: products wrap in
+/// integers; bitwise operators refuse floats.
+#[test]
+fn products_and_bitwise_operators_across_vendors() {
+    let devices = mixed();
+    world20(&devices, |d, dc| {
+        let me = dc.comm().rank() as i64;
+        let ints: Vec<u8> = [me + 5, 1 << (me + 1), -(me + 1)]
+            .iter()
+            .flat_map(|x| x.to_ne_bytes())
+            .collect();
+        for (op, want) in [
+            (ReduceOp::Prod, [5 * 6 * 7, 2 * 4 * 8, -6]),
+            (ReduceOp::BitAnd, [5 & 6 & 7, 0, -1 & -2 & -3]),
+            (ReduceOp::BitOr, [7, 14, -1]),
+            (ReduceOp::BitXor, [5 ^ 6 ^ 7, 14, -1 ^ -2 ^ -3]),
+        ] {
+            let t = d.empty(DType::I64, &[3]).unwrap();
+            t.write_bytes(&ints).unwrap();
+            dc.all_reduce(&t, op).unwrap();
+            let want: Vec<u8> = want.iter().flat_map(|x: &i64| x.to_ne_bytes()).collect();
+            assert_eq!(t.read_bytes().unwrap(), want, "rank {me} {op:?}");
+        }
+        let f = tensor(d, DType::F32, &[1.5, 2.0]);
+        dc.all_reduce(&f, ReduceOp::Prod).unwrap();
+        assert_eq!(f.to_vec::<f32>().unwrap(), [3.375, 8.0]);
+        let Err(CommError::Usage(m)) = dc.all_reduce(&f, ReduceOp::BitXor) else {
+            panic!("a bitwise reduction of floats was accepted")
+        };
+        assert!(
+            m.contains("bxor is bitwise: it reduces integer and bool tensors, not f32"),
+            "{m}"
+        );
+    });
+}

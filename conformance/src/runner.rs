@@ -463,8 +463,8 @@ struct StreamCase {
 }
 
 /// A stream case's timing: the busy stream's estimated work, the time this
-/// thread took from queueing it to queueing the call, and when the wait
-/// for the call returned.
+/// thread took from queueing its first copy to queueing the call, and when
+/// the wait for the call returned.
 struct Window {
     busy: f64,
     queued: f64,
@@ -513,9 +513,8 @@ fn on_stream(
         buffers.push(saved);
     }
     let restore = device.stream().map_err(|e| setup("stream_create", e))?;
-    let (busy, busy_buffers) = keep_busy(device, &restore, busy_seconds)
+    let (busy, started, busy_buffers) = keep_busy(device, &restore, busy_seconds)
         .map_err(|e| setup("copy (keeping a stream busy)", e))?;
-    let started = Instant::now();
     buffers.extend(busy_buffers);
     for (saved, buffer, name) in &restores {
         restore
@@ -566,12 +565,13 @@ fn on_stream(
 /// Queues copies on `stream` that take about `seconds` (the quickest of
 /// three timed on the default stream first, so that one this thread was
 /// held up in does not cut the count); returns the estimated time they
-/// take and their buffers, which must outlive the copies.
+/// take, when the first was queued, and their buffers, which must outlive
+/// the copies.
 fn keep_busy(
     device: &Device,
     stream: &Stream,
     seconds: f64,
-) -> polychip_host::Result<(f64, Vec<Tensor>)> {
+) -> polychip_host::Result<(f64, Instant, Vec<Tensor>)> {
     // Filled on the device: a host-to-device copy can be slow on a device
     // whose memory is not the host's.
     const ELEMENTS: i64 = 1 << 18;
@@ -585,10 +585,11 @@ fn keep_busy(
         once = once.min(started.elapsed().as_secs_f64().max(1e-6));
     }
     let copies = (seconds / once).ceil().clamp(1.0, 4096.0) as usize;
+    let started = Instant::now();
     for _ in 0..copies {
         stream.exec().copy(&from, &to)?;
     }
-    Ok((copies as f64 * once, vec![from, to]))
+    Ok((copies as f64 * once, started, vec![from, to]))
 }
 
 /// Uploads the case's tensors (outputs poisoned with `poison`), calls the

@@ -23,9 +23,13 @@ fn reduce_op(op: &str) -> PyResult<polychip_reduce_op_t> {
         "avg" => POLYCHIP_REDUCE_AVG,
         "max" => POLYCHIP_REDUCE_MAX,
         "min" => POLYCHIP_REDUCE_MIN,
+        "prod" => POLYCHIP_REDUCE_PROD,
+        "band" => POLYCHIP_REDUCE_BAND,
+        "bor" => POLYCHIP_REDUCE_BOR,
+        "bxor" => POLYCHIP_REDUCE_BXOR,
         other => {
             return Err(PyValueError::new_err(format!(
-                "op {other:?} is not a reduction (sum, avg, max, min)"
+                "op {other:?} is not a reduction (sum, avg, max, min, prod, band, bor, bxor)"
             )));
         }
     })

@@ -81,11 +81,18 @@ COLLECTIVES = textwrap.dedent(
     assert work.wait() and work.get_future().wait()[0].cpu().tolist() == [2.0, 2.0]
     fut = work.get_future()
     assert fut.done() and fut.value()[0].cpu().tolist() == [2.0, 2.0]
+    p = torch.full((2,), float(rank + 2), device=dev)
+    dist.all_reduce(p, op=dist.ReduceOp.PRODUCT)
+    eq(p, [6.0, 6.0])
+    for op, want in ((dist.ReduceOp.BAND, 5 & 6), (dist.ReduceOp.BOR, 5 | 6), (dist.ReduceOp.BXOR, 5 ^ 6)):
+        b = torch.full((3,), rank + 5, dtype=torch.int32, device=dev)
+        dist.all_reduce(b, op=op)
+        eq(b, [want] * 3)
     try:
-        dist.all_reduce(torch.ones(1, device=dev), op=dist.ReduceOp.PRODUCT)
-        raise AssertionError("PRODUCT should be refused")
-    except (ValueError, RuntimeError) as e:
-        assert "ReduceOp.PRODUCT (it has SUM, AVG, MAX and MIN)" in str(e), e
+        dist.all_reduce(torch.ones(1, device=dev), op=dist.ReduceOp.BAND)
+        raise AssertionError("a bitwise and of floats should be refused")
+    except Exception as e:
+        assert "band is bitwise: it reduces integer and bool tensors, not f32" in str(e), e
     dist.barrier()
     dist.destroy_process_group()
     print(f"rank {rank} collectives ok", flush=True)

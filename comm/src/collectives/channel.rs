@@ -56,7 +56,7 @@ impl Header {
         let dtype = DType::ALL
             .into_iter()
             .find(|d| d.code() == (w[0] >> 8) & 0xff);
-        let op = [ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max, ReduceOp::Min]
+        let op = ReduceOp::ALL
             .into_iter()
             .find(|o| o.code() == (w[0] >> 16) & 0xff);
         if kind == "send/recv" {

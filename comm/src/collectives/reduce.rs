@@ -81,6 +81,14 @@ pub enum ReduceOp {
     Max,
     /// Minimum (floats: as for `Max`).
     Min,
+    /// Product (integers wrap).
+    Prod,
+    /// Bitwise and (integers and bools).
+    BitAnd,
+    /// Bitwise or (integers and bools).
+    BitOr,
+    /// Bitwise exclusive or (integers and bools).
+    BitXor,
 }
 
 impl ReduceOp {
@@ -91,8 +99,24 @@ impl ReduceOp {
             ReduceOp::Avg => "avg",
             ReduceOp::Max => "max",
             ReduceOp::Min => "min",
+            ReduceOp::Prod => "prod",
+            ReduceOp::BitAnd => "band",
+            ReduceOp::BitOr => "bor",
+            ReduceOp::BitXor => "bxor",
         }
     }
+
+    /// Every operator, in code order.
+    pub const ALL: [ReduceOp; 8] = [
+        ReduceOp::Sum,
+        ReduceOp::Avg,
+        ReduceOp::Max,
+        ReduceOp::Min,
+        ReduceOp::Prod,
+        ReduceOp::BitAnd,
+        ReduceOp::BitOr,
+        ReduceOp::BitXor,
+    ];
 
     pub(crate) fn code(self) -> u64 {
         self as u64 + 1
@@ -108,6 +132,12 @@ trait Lane {
     fn max(a: Self::A, b: Self::A) -> Self::A;
     fn min(a: Self::A, b: Self::A) -> Self::A;
     fn div(a: Self::A, n: usize) -> Self::A;
+    fn mul(a: Self::A, b: Self::A) -> Self::A;
+    /// Bitwise and, or, xor: integers and bools only ([`check_op`]
+    /// refuses them for floats, whose lanes leave `a` as it is).
+    fn and(a: Self::A, b: Self::A) -> Self::A;
+    fn or(a: Self::A, b: Self::A) -> Self::A;
+    fn xor(a: Self::A, b: Self::A) -> Self::A;
 }
 
 macro_rules! float_lane {
@@ -139,6 +169,22 @@ macro_rules! float_lane {
             #[inline(always)]
             fn div(a: $acc, n: usize) -> $acc {
                 a / n as $acc
+            }
+            #[inline(always)]
+            fn mul(a: $acc, b: $acc) -> $acc {
+                a * b
+            }
+            #[inline(always)]
+            fn and(a: $acc, _: $acc) -> $acc {
+                a
+            }
+            #[inline(always)]
+            fn or(a: $acc, _: $acc) -> $acc {
+                a
+            }
+            #[inline(always)]
+            fn xor(a: $acc, _: $acc) -> $acc {
+                a
             }
         }
     };
@@ -174,6 +220,22 @@ macro_rules! int_lane {
             fn div(a: $t, n: usize) -> $t {
                 // Truncating, in a type that holds any rank count.
                 (a as i128 / n as i128) as $t
+            }
+            #[inline(always)]
+            fn mul(a: $t, b: $t) -> $t {
+                a.wrapping_mul(b)
+            }
+            #[inline(always)]
+            fn and(a: $t, b: $t) -> $t {
+                a & b
+            }
+            #[inline(always)]
+            fn or(a: $t, b: $t) -> $t {
+                a | b
+            }
+            #[inline(always)]
+            fn xor(a: $t, b: $t) -> $t {
+                a ^ b
             }
         }
     };
@@ -218,14 +280,40 @@ impl Lane for BoolL {
         // Refused before any kernel runs ([`check_op`]).
         a
     }
+    #[inline(always)]
+    fn mul(a: u8, b: u8) -> u8 {
+        a & b
+    }
+    #[inline(always)]
+    fn and(a: u8, b: u8) -> u8 {
+        a & b
+    }
+    #[inline(always)]
+    fn or(a: u8, b: u8) -> u8 {
+        a | b
+    }
+    #[inline(always)]
+    fn xor(a: u8, b: u8) -> u8 {
+        a ^ b
+    }
 }
 
-/// Refuses a combination no kernel defines: the average of bools.
+/// Refuses a combination no kernel defines: the average of bools, and
+/// bitwise operators on floats.
 pub(crate) fn check_op(dtype: DType, op: ReduceOp) -> Result<(), String> {
+    let float = matches!(dtype, DType::F32 | DType::F16 | DType::BF16 | DType::F64);
+    let bitwise = matches!(op, ReduceOp::BitAnd | ReduceOp::BitOr | ReduceOp::BitXor);
     match (dtype, op) {
-        (DType::Bool, ReduceOp::Avg) => {
-            Err("bool tensors reduce with sum (or), max (or) and min (and), not avg".into())
-        }
+        (DType::Bool, ReduceOp::Avg) => Err(
+            "bool tensors reduce with sum (or), max (or), min (and), prod (and) and the bitwise \
+             operators, not avg"
+                .into(),
+        ),
+        _ if float && bitwise => Err(format!(
+            "{} is bitwise: it reduces integer and bool tensors, not {}",
+            op.name(),
+            dtype.name()
+        )),
         _ => Ok(()),
     }
 }
@@ -288,6 +376,10 @@ fn fold_t<L: Lane>(op: ReduceOp, out: &mut [u8], own: Option<&[u8]>, me: usize, 
         ReduceOp::Avg => fold_with::<L>(out, n, src, L::add, |a| L::div(a, n)),
         ReduceOp::Max => fold_with::<L>(out, n, src, L::max, |a| a),
         ReduceOp::Min => fold_with::<L>(out, n, src, L::min, |a| a),
+        ReduceOp::Prod => fold_with::<L>(out, n, src, L::mul, |a| a),
+        ReduceOp::BitAnd => fold_with::<L>(out, n, src, L::and, |a| a),
+        ReduceOp::BitOr => fold_with::<L>(out, n, src, L::or, |a| a),
+        ReduceOp::BitXor => fold_with::<L>(out, n, src, L::xor, |a| a),
     }
 }
 
@@ -391,6 +483,10 @@ mod tests {
                     ReduceOp::Sum | ReduceOp::Avg => L::add(a, at(j)),
                     ReduceOp::Max => L::max(a, at(j)),
                     ReduceOp::Min => L::min(a, at(j)),
+                    ReduceOp::Prod => L::mul(a, at(j)),
+                    ReduceOp::BitAnd => L::and(a, at(j)),
+                    ReduceOp::BitOr => L::or(a, at(j)),
+                    ReduceOp::BitXor => L::xor(a, at(j)),
                 };
             }
             if op == ReduceOp::Avg {
@@ -446,13 +542,15 @@ mod tests {
 
     #[test]
     fn fold_matches_the_element_by_element_definition() {
-        let ops = [ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max, ReduceOp::Min];
         for dtype in DType::ALL {
             for n in 1..=5 {
                 for count in [0, 1, 7, BLOCK - 1, BLOCK + 3, 3 * BLOCK + 17] {
                     let inputs: Vec<Vec<u8>> = (0..n).map(|r| bytes(dtype, r, count)).collect();
                     let refs: Vec<&[u8]> = inputs.iter().map(|b| &b[..]).collect();
-                    for op in ops {
+                    for op in ReduceOp::ALL {
+                        if check_op(dtype, op).is_err() {
+                            continue;
+                        }
                         let want = expected(dtype, op, &inputs);
                         for (me, mine) in inputs.iter().enumerate() {
                             let mut out = vec![0u8; want.len()];

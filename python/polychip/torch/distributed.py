@@ -54,6 +54,10 @@ _OPS = {
     dist.ReduceOp.AVG: "avg",
     dist.ReduceOp.MAX: "max",
     dist.ReduceOp.MIN: "min",
+    dist.ReduceOp.PRODUCT: "prod",
+    dist.ReduceOp.BAND: "band",
+    dist.ReduceOp.BOR: "bor",
+    dist.ReduceOp.BXOR: "bxor",
 }
 
 
@@ -63,7 +67,7 @@ def _reduce_op(op: Any) -> str:
             return v
     kind = getattr(op, "op", op)  # a ReduceOp object holds its RedOpType
     name = getattr(kind, "name", str(kind))
-    raise ValueError(f"the polychip backend does not reduce with ReduceOp.{name} (it has SUM, AVG, MAX and MIN)")
+    raise ValueError(f"the polychip backend does not reduce with ReduceOp.{name} (it has SUM, AVG, MAX, MIN, PRODUCT, BAND, BOR and BXOR)")
 
 
 def _done(result: Any) -> Any:

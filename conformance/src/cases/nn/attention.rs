@@ -102,8 +102,8 @@ pub(super) const ATTENTION_PLANS: [AttentionPlan; 19] = [
     // keys must carry its running maximum and sums across every block.
     plan("seq_kv 700", [1, 2, 1, 3, 700, 8], false, [C; 4]),
     plan(
-        "causal seq_q 4 seq_kv 660",
-        [1, 2, 2, 4, 660, 8],
+        "causal seq_q 3 seq_kv 660",
+        [1, 2, 2, 3, 660, 8],
         true,
         [C; 4],
     ),

@@ -124,8 +124,10 @@ mod tests {
 
     #[test]
     fn attention_cases_stay_small_and_cover_queries_that_see_no_key() {
+        // The work is sq x skv x d: long key sequences come with few
+        // queries.
         for p in ATTENTION_PLANS {
-            assert!(p.sq <= 48 && p.skv <= 48 && p.d <= 32, "{}", p.label);
+            assert!(p.sq * p.skv <= 48 * 48 && p.d <= 32, "{}", p.label);
         }
         let c = attention_cases(DType::F32);
         let hidden = c
