@@ -621,7 +621,7 @@ fn products_and_bitwise_operators_across_vendors() {
             .collect();
         for (op, want) in [
             (ReduceOp::Prod, [5 * 6 * 7, 2 * 4 * 8, -6]),
-            (ReduceOp::BitAnd, [5 & 6 & 7, 0, -1 & -2 & -3]),
+            (ReduceOp::BitAnd, [5 & 6 & 7, 0, -4]),
             (ReduceOp::BitOr, [7, 14, -1]),
             (ReduceOp::BitXor, [5 ^ 6 ^ 7, 14, -1 ^ -2 ^ -3]),
         ] {
