@@ -348,19 +348,27 @@ pub fn launch(opts: &LaunchOptions) -> Result<LaunchOutcome> {
 
 /// Whether a rank that ended with `status` is the job's cause rather than
 /// `cause`, the one blamed so far. The first failure seen is the cause,
-/// with one exception: a rank killed by a signal the launcher did not send
-/// (`stopping` is false) takes the blame from a rank that exited with a
-/// code. A signal comes from outside the job, while a rank that exits with
-/// a code may be reporting that a peer is gone; the launcher polls every
-/// 10 ms, and on a loaded machine it can find both ended in one poll,
-/// or the reporter first.
+/// with one exception: a rank killed by a signal from outside the job (a
+/// kill, a terminal's or a batch system's stop; one the launcher did not
+/// send itself, `stopping` false) takes the blame from a rank that exited
+/// with a code, which may be reporting that this peer is gone: the
+/// launcher polls every 10 ms, and on a loaded machine it can find both
+/// ended in one poll, or the reporter first. A signal a rank raises itself
+/// (an abort, a segmentation fault) may be how it reports a peer gone, and
+/// takes no blame.
 fn takes_the_blame(cause: Option<(usize, ExitStatus)>, status: ExitStatus, stopping: bool) -> bool {
     if status.success() {
         return false;
     }
     match cause {
         None => true,
-        Some((_, blamed)) => !stopping && status.signal().is_some() && blamed.signal().is_none(),
+        Some((_, blamed)) => {
+            let external = matches!(
+                status.signal(),
+                Some(libc::SIGKILL | libc::SIGTERM | libc::SIGINT | libc::SIGHUP | libc::SIGQUIT)
+            );
+            !stopping && external && blamed.signal().is_none()
+        }
     }
 }
 
@@ -605,6 +613,13 @@ mod tests {
         assert!(!takes_the_blame(Some((0, code)), killed, true));
         // The first of two failures of the same kind stays the cause.
         assert!(!takes_the_blame(Some((0, code)), code, false));
+        // A rank that aborts (a signal of its own) after its peer exited
+        // with the cause takes no blame.
+        assert!(!takes_the_blame(
+            Some((1, code)),
+            ExitStatus::from_raw(6),
+            false
+        ));
         assert!(!takes_the_blame(Some((0, killed)), killed, false));
     }
 }

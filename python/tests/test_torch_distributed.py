@@ -510,6 +510,28 @@ PIPELINING = textwrap.dedent(
     received.wait(), sent.wait()
     assert torch.equal(b.cpu(), torch.full((1 << 20,), float(1 - rank))), b
     print(f"rank {rank} early receives ok", flush=True)
+    # A send queued on one group is run by a wait on another (the peer
+    # answers on the second only once it has the first).
+    other = dist.new_group([0, 1])
+    x, y = torch.full((4,), 1.0 + rank, device=dev), torch.zeros(4, device=dev)
+    if rank == 0:
+        w = dist.isend(x, 1)
+        dist.recv(y, 1, group=other)
+        w.wait()
+    else:
+        dist.recv(y, 0)
+        dist.send(x, 0, group=other)
+    assert y.cpu().tolist() == [2.0 - rank] * 4, y
+    # More sends and receives queued than one group takes (4,096).
+    if rank == 0:
+        works = [dist.isend(torch.full((1,), float(i)), 1) for i in range(4500)]
+    else:
+        got = [torch.zeros(1) for _ in range(4500)]
+        works = [dist.irecv(g, 0) for g in got]
+    for w in works:
+        w.wait()
+    assert rank == 0 or [g.item() for g in got] == [float(i) for i in range(4500)]
+    print(f"rank {rank} queues ok", flush=True)
     torch.manual_seed(0)
     whole = torch.nn.Sequential(
         torch.nn.Linear(16, 512),
@@ -555,7 +577,7 @@ PIPELINING = textwrap.dedent(
     """
 )
 
-SCHEDULES = ("early receives", "GPipe", "1F1B", "Interleaved1F1B", "InterleavedZeroBubble", "LoopedBFS")
+SCHEDULES = ("early receives", "queues", "GPipe", "1F1B", "Interleaved1F1B", "InterleavedZeroBubble", "LoopedBFS")
 
 
 def test_torch_pipelining_across_two_vendors_matches_one_process(tmp_path):

@@ -34,8 +34,10 @@ import contextlib
 import copy
 import os
 import secrets
+import itertools
 import socket
 import threading
+import weakref
 from datetime import timedelta
 from typing import Any, Callable, Iterator, List, Optional, Sequence
 
@@ -204,6 +206,8 @@ class ProcessGroupPolychip(torch._C._distributed_c10d.Backend):
         self._pending_works: List["_P2PWork"] = []
         # A work may be waited for on another thread than the one queueing.
         self._queue_lock = threading.RLock()
+        self._order = next(_BACKEND_ORDER)
+        _BACKENDS.add(self)
 
     def getBackendName(self) -> str:
         return NAME
@@ -415,6 +419,9 @@ class ProcessGroupPolychip(torch._C._distributed_c10d.Backend):
             work._backend = None
 
     def _p2p(self, kind: str, tensors: List[torch.Tensor], peer: int) -> Any:
+        if len(self._pending) + len(tensors) > _MAX_GROUP:
+            # A group takes at most 4,096 operations: run what is queued.
+            self._flush()
         # Queued, as NCCL's and gloo's sends and receives return before
         # they are done: the data moves at the next wait, collective or
         # batch's end, all queued operations together. A polychip tensor
@@ -447,6 +454,29 @@ def _bare(e: BaseException) -> BaseException:
     return kept
 
 
+# The most operations one group takes (``polychip_comm_p2p_group``).
+_MAX_GROUP = 4096
+
+# Every live backend of this process, in the order they were made: a wait
+# or a collective on one group runs the queues of all (a send queued on one
+# group may be what a peer waits for before it answers on another).
+_BACKENDS: "weakref.WeakSet[ProcessGroupPolychip]" = weakref.WeakSet()
+_BACKEND_ORDER = itertools.count()
+
+
+def _flush_all(own: "ProcessGroupPolychip") -> None:
+    """Runs every group's queue, ``own``'s raising its error; another
+    group's error is its own works' to raise (they hold it)."""
+    for backend in sorted(list(_BACKENDS), key=lambda b: b._order):
+        if backend is own:
+            backend._flush()
+            continue
+        try:
+            backend._flush()
+        except Exception:
+            pass
+
+
 class _P2PWork(torch._C._distributed_c10d.Work):
     """A queued send or receive: ``wait()`` (and ``get_future()``) runs
     every operation its backend has queued, as one group, and raises what
@@ -462,23 +492,23 @@ class _P2PWork(torch._C._distributed_c10d.Work):
     def wait(self, timeout: Any = None) -> bool:
         backend = self._backend  # None once the work is done
         if backend is not None:
-            backend._flush()
+            _flush_all(backend)
         self._future.wait()  # raises the group's error
         return True
 
     def get_future(self) -> torch.futures.Future:
         backend = self._backend  # None once the work is done
         if backend is not None:
-            backend._flush()
+            _flush_all(backend)
         return self._future
 
 
 def _flushing(method: Callable) -> Callable:
-    """``method`` after the backend's queued sends and receives: a
+    """``method`` after the queued sends and receives (of every group): a
     collective keeps its place after them, as on the other backends."""
 
     def run(self: "ProcessGroupPolychip", *args: Any, **kwargs: Any) -> Any:
-        self._flush()
+        _flush_all(self)
         return method(self, *args, **kwargs)
 
     run.__name__, run.__doc__ = method.__name__, method.__doc__
