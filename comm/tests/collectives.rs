@@ -381,9 +381,7 @@ fn mismatched_counts_and_dtypes() {
 
 /// Message `k` from rank `from` to rank `to`: bytes that say whose it is.
 fn message(from: usize, to: usize, k: usize, len: usize) -> Vec<u8> {
-    (0..len)
-        .map(|i| (hash((from * 64 + to) as u64 * 1000 + k as u64) as usize + i) as u8)
-        .collect()
+    input(DType::U8, from * 64 + to, len, k as u64)
 }
 
 /// A group's sends and receives run together: two ranks that each send 4

@@ -80,7 +80,7 @@ def _done(result: Any) -> Any:
 
 # What a polychip device holds; a CPU tensor of another dtype is staged as
 # its bytes (for a move) or widened (for a reduction).
-_HELD = {torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int32, torch.int64, torch.uint8, torch.bool}
+_HELD = frozenset(_aten._NAMES)
 # Integers a reduction widens to int32 and narrows back (sums wrap as in
 # the narrow type: the low bits of a sum are the sum of the low bits).
 _WIDENED = {torch.int8, torch.int16, torch.uint16}
@@ -379,9 +379,9 @@ class ProcessGroupPolychip(torch._C._distributed_c10d.Backend):
         ``end_coalescing`` runs what is queued."""
 
     def end_coalescing(self) -> Any:
-        """Runs the sends and receives queued so far as one group; returns
-        a completed ``Work``."""
-        self._flush()
+        """Runs the sends and receives queued so far (of every group, as a
+        wait does); returns a completed ``Work``."""
+        _flush_all(self)
         return _done(None)
 
     def _flush(self) -> None:
