@@ -352,9 +352,11 @@ typedef struct PolychipError *(*PolychipPowScalarFn)(uint32_t device,
                                                      struct PolychipStream *stream,
                                                      const struct PolychipPowScalarArgs *args);
 
-// `grad_in = grad_out * f'(input)` for `relu_backward` (derivative 1 where
-// `input > 0`, else 0), `silu_backward` (`s (1 + x (1 - s))`, `s =
-// sigmoid(x)`) and `gelu_backward` (derivative of the tanh form).
+// `grad_in = grad_out * f'(input)` for `silu_backward` (`s (1 + x (1 -
+// s))`, `s = sigmoid(x)`) and `gelu_backward` (derivative of the tanh form);
+// for `relu_backward` a select, as PyTorch's `threshold_backward`: `grad_in =
+// input <= 0 ? 0 : grad_out` (0 even where `grad_out` is infinite or NaN; a
+// NaN input passes `grad_out`; the sign of a zero is not judged).
 typedef struct PolychipActivationBackwardArgs {
   // Size of this struct as the host knows it.
   size_t struct_size;

@@ -5,7 +5,7 @@
 //! reference. Needs `cargo build --workspace` first (for Ferrite's library).
 
 mod common;
-use common::{built, encode, tensor, values, world};
+use common::{built, encode, tensor, values, world, world_of_failures};
 
 use std::path::PathBuf;
 use std::sync::OnceLock;
@@ -218,6 +218,66 @@ fn a_group_swaps_between_vendors_and_matches_plain_calls() {
             .to_string();
         assert!(e.contains("operations 0 and 1 share memory"), "{e}");
     });
+}
+
+/// A send and a receive whose sizes differ only past the first chunk (a
+/// tensor is sent a chunk at a time): the receiver fails at the first
+/// chunk naming both sizes, in plain calls and in groups, where comparing
+/// the chunks alone took the first 1 MiB and lost the rest silently. An
+/// 8 MiB send is not two 4 MiB receives either.
+#[test]
+fn sizes_that_differ_past_the_first_chunk_are_a_mismatch() {
+    use polychip_comm::device::DeviceP2p;
+    let devices = [device("ferrite", 0), device("cobalt", 0)];
+    let chunk = 1usize << 20;
+    let world = |f: &(dyn Fn(&Device, &mut DeviceComm) -> Option<String> + Sync)| {
+        world_of_failures(&devices, Duration::from_secs(3), f)
+    };
+    for group in [false, true] {
+        let errors = world(&|d, dc| {
+            dc.set_chunk_bytes(chunk);
+            let me = dc.comm().rank();
+            // Rank 0 sends a chunk and 4 bytes; rank 1 receives a chunk.
+            let count = chunk / 4 + if me == 0 { 1 } else { 0 };
+            let t = tensor(d, DType::F32, &values(me, count));
+            let op = match me {
+                0 => DeviceP2p::Send(&t, 1),
+                _ => DeviceP2p::Recv(&t, 0),
+            };
+            match (group, op) {
+                (true, op) => dc.p2p_group(&[op]),
+                (false, DeviceP2p::Send(t, p)) => dc.send(t, p),
+                (false, DeviceP2p::Recv(t, p)) => dc.recv(t, p),
+            }
+            .err()
+            .map(|e| e.to_string())
+        });
+        // The sender's part fits the 1 MiB in flight and returns.
+        let e = errors[1].as_deref().unwrap_or_else(|| {
+            panic!("group {group}: a 1 MiB receive took part of a larger send: {errors:?}")
+        });
+        assert!(e.contains("send/recv of 1048580 bytes"), "{e}");
+        assert!(e.contains("send/recv of 1048576 bytes"), "{e}");
+    }
+    let errors = world(&|d, dc| {
+        dc.set_chunk_bytes(chunk);
+        let me = dc.comm().rank();
+        if me == 0 {
+            let t = tensor(d, DType::F32, &values(0, chunk / 2));
+            // The receiver fails at the first part; this rank then waits
+            // for the rest to be taken, and is told its peer left or
+            // times out.
+            let _ = dc.send(&t, 1);
+            None
+        } else {
+            let t = d.zeros(DType::F32, &[(chunk / 4) as i64]).unwrap();
+            dc.recv(&t, 0).err().map(|e| e.to_string())
+        }
+    });
+    let e = errors[1]
+        .as_deref()
+        .expect("two halves of a send were taken as sends");
+    assert!(e.contains("send/recv of 2097152 bytes"), "{e}");
 }
 
 #[test]

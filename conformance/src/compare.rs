@@ -218,11 +218,13 @@ pub fn compare(
             stats.finite += 1;
             // Where the operator is exactly an IEEE operation or a pure
             // rounding, a zero's sign is part of the answer (sqrt(-0) is -0,
-            // -0 * 1 is -0, a copy keeps it); elsewhere it is not judged.
+            // -0 * 1 is -0, a copy keeps it) unless the tolerance leaves
+            // it open (`relu_backward`); elsewhere it is not judged.
             // Only an exact zero is judged: a tiny exact value that rounds
             // to zero may come out as either zero from a correct kernel
             // (`0 + 0.5 * -2^-149` is +0 in f32).
             let zero_sign = (pure || tol.bias == Bias::Always)
+                && tol.zero_sign
                 && g == 0.0
                 && x == 0.0
                 && g.is_sign_negative() != x.is_sign_negative();

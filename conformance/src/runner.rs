@@ -659,9 +659,20 @@ fn execute(device: &Device, case: &Case, poison: u8, busy: f64) -> Result<Run, S
             Role::Output => "output",
             Role::InOut => "in-place tensor",
         };
+        // On a stream the suite restores inputs with the plugin's own copy
+        // of their dtype: a broken copy shows here too.
+        let restored = if case.on_stream.is_some() && spec.role == Role::Input {
+            format!(
+                " (the suite restored it on a stream with the plugin's {} copy: if copy fails \
+                 its own cases, fix that first)",
+                spec.dtype
+            )
+        } else {
+            String::new()
+        };
         if let Some((count, first)) = damage {
             problems.push(format!(
-                "the plugin wrote outside {what} {}: {count} guard element(s) changed, the first {first}",
+                "the plugin wrote outside {what} {}: {count} guard element(s) changed, the first {first}{restored}",
                 spec.name
             ));
         }
@@ -675,7 +686,7 @@ fn execute(device: &Device, case: &Case, poison: u8, busy: f64) -> Result<Run, S
                     .position(|(a, b)| a != b)
                     .unwrap_or(0);
                 problems.push(format!(
-                    "input {} was modified (first at element {at})",
+                    "input {} was modified (first at element {at}){restored}",
                     spec.name
                 ));
             }

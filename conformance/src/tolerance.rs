@@ -91,6 +91,9 @@ pub struct Tolerance {
     pub bias: Bias,
     /// In-place outputs whose relative error is judged against their change.
     pub change_relative: &'static [&'static str],
+    /// Whether an exact zero's sign is judged where the operator is a pure
+    /// rounding (see `compare`): false where the ABI leaves it open.
+    pub zero_sign: bool,
 }
 
 impl Tolerance {
@@ -103,6 +106,7 @@ impl Tolerance {
         n: 0,
         bias: Bias::Never,
         change_relative: &[],
+        zero_sign: true,
     };
 
     /// Computed in f32 (f64 for f64) with an error of `rel` units of
@@ -161,6 +165,15 @@ impl Tolerance {
     pub const fn change_relative(self, names: &'static [&'static str]) -> Tolerance {
         Tolerance {
             change_relative: names,
+            ..self
+        }
+    }
+
+    /// Without judging the sign of an exact zero (`relu_backward`'s zeros,
+    /// which a select gives as +0 and a product by 0 as -0).
+    pub const fn any_zero_sign(self) -> Tolerance {
+        Tolerance {
+            zero_sign: false,
             ..self
         }
     }

@@ -103,7 +103,16 @@ impl Communicator {
     /// same length. Returns once the last piece is written; blocks while
     /// more than 1 MiB is unconsumed.
     pub fn send(&mut self, buf: &[u8], peer: usize) -> Result<()> {
-        let h = self.begin("send/recv", None, None, 0, buf.len(), false)?;
+        self.send_part(buf, peer, buf.len())
+    }
+
+    /// [`Communicator::send`] of `buf`, one part of a message of `total`
+    /// bytes sent in several (a device tensor in chunks): every part's
+    /// header carries the total, so a receiver expecting another size fails
+    /// at the first part, naming both, where parts of equal sizes alone
+    /// would let it take a prefix and lose the rest.
+    pub(crate) fn send_part(&mut self, buf: &[u8], peer: usize, total: usize) -> Result<()> {
+        let h = self.begin("send/recv", None, None, 0, total, false)?;
         if peer == self.rank {
             return Err(self.usage("send to self".into()));
         }
@@ -119,7 +128,14 @@ impl Communicator {
 
     /// Receives into `buf` what `peer` sent with [`Communicator::send`].
     pub fn recv(&mut self, buf: &mut [u8], peer: usize) -> Result<()> {
-        let h = self.begin("send/recv", None, None, 0, buf.len(), false)?;
+        let total = buf.len();
+        self.recv_part(buf, peer, total)
+    }
+
+    /// [`Communicator::recv`] into `buf`, one part of a message of `total`
+    /// bytes (see [`Communicator::send_part`]).
+    pub(crate) fn recv_part(&mut self, buf: &mut [u8], peer: usize, total: usize) -> Result<()> {
+        let h = self.begin("send/recv", None, None, 0, total, false)?;
         if peer == self.rank || peer >= self.world {
             return Err(self.usage(format!("recv from rank {peer}")));
         }
@@ -227,6 +243,16 @@ impl Communicator {
     /// of its own. Sends to this rank go to its receives from this rank,
     /// in order. The timeout bounds a wait in which nothing moves.
     pub fn p2p_group(&mut self, ops: &mut [P2p<'_>]) -> Result<()> {
+        self.p2p_group_parts(ops, None)
+    }
+
+    /// [`Communicator::p2p_group`] where operation `i` is a part of a
+    /// message of `totals[i]` bytes (see [`Communicator::send_part`]).
+    pub(crate) fn p2p_group_parts(
+        &mut self,
+        ops: &mut [P2p<'_>],
+        totals: Option<&[usize]>,
+    ) -> Result<()> {
         self.begin("send/recv", None, None, 0, 0, false)?;
         for op in ops.iter() {
             let peer = op.peer();
@@ -244,7 +270,7 @@ impl Communicator {
             }
         }
         if ops.iter().any(|op| op.peer() == self.rank) {
-            self.to_self(ops)?;
+            self.to_self(ops, totals)?;
         }
         let mut lanes: Vec<Lane> = Vec::new();
         for (i, op) in ops.iter().enumerate() {
@@ -273,7 +299,8 @@ impl Communicator {
             let mut moved = false;
             for lane in lanes.iter_mut() {
                 while lane.at < lane.ops.len() && self.lane_ready(lane) {
-                    let op = &mut ops[lane.ops[lane.at]];
+                    let at = lane.ops[lane.at];
+                    let op = &mut ops[at];
                     let len = op.len();
                     let (seg, pieces) = Self::segments(len, None);
                     let r = piece(len, seg, lane.piece);
@@ -282,7 +309,7 @@ impl Communicator {
                         dtype: None,
                         op: None,
                         root: 0,
-                        count: len,
+                        count: totals.map_or(len, |t| t[at]),
                         seq: 0,
                     };
                     match op {
@@ -352,7 +379,7 @@ impl Communicator {
 
     /// Copies a group's sends to this rank into its receives from this
     /// rank, the first to the first; refuses counts or sizes that differ.
-    fn to_self(&self, ops: &mut [P2p<'_>]) -> Result<()> {
+    fn to_self(&self, ops: &mut [P2p<'_>], totals: Option<&[usize]>) -> Result<()> {
         let me = self.rank;
         let sends: Vec<usize> = (0..ops.len())
             .filter(|&i| matches!(ops[i], P2p::Send(_, p) if p == me))
@@ -369,8 +396,10 @@ impl Communicator {
             )));
         }
         for (&s, &r) in sends.iter().zip(&recvs) {
-            let (a, b) = (ops[s].len(), ops[r].len());
-            if a != b {
+            // The messages' sizes (of which these may be parts).
+            let size = |i: usize| totals.map_or(ops[i].len(), |t| t[i]);
+            let (a, b) = (size(s), size(r));
+            if a != b || ops[s].len() != ops[r].len() {
                 return Err(self.usage(format!(
                     "a group's send to this rank (operation {s}) has {a} bytes but the receive \
                      it pairs with (operation {r}) has {b}"

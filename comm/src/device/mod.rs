@@ -403,8 +403,10 @@ impl<'c> DeviceComm<'c> {
             store: false,
             bytes,
         };
+        // Each chunk's header carries the tensor's size, which the peer's
+        // must equal.
         let mut f = |c: &mut Communicator, s: Option<&[u8]>, _: Option<&mut [u8]>| {
-            c.send(s.expect("src"), peer)
+            c.send_part(s.expect("src"), peer, bytes)
         };
         self.chunked(self.ctx("send"), args, &mut f)
     }
@@ -422,7 +424,7 @@ impl<'c> DeviceComm<'c> {
             bytes,
         };
         let mut f = |c: &mut Communicator, _: Option<&[u8]>, d: Option<&mut [u8]>| {
-            c.recv(d.expect("dst"), peer)
+            c.recv_part(d.expect("dst"), peer, bytes)
         };
         self.chunked(self.ctx("recv"), args, &mut f)
     }

@@ -42,6 +42,15 @@ enum Bytes<'a> {
     Write(&'a mut [u8]),
 }
 
+impl Bytes<'_> {
+    fn len(&self) -> usize {
+        match self {
+            Bytes::Read(b) => b.len(),
+            Bytes::Write(b) => b.len(),
+        }
+    }
+}
+
 impl DeviceComm<'_> {
     /// Runs sends and receives together, so that ranks that send to each
     /// other before they receive do not wait on each other (see
@@ -121,12 +130,14 @@ impl DeviceComm<'_> {
                 (false, true) => Bytes::Write(unsafe { host_slice(t, bytes[i]) }),
             });
         }
-        // Each tensor as the plain calls send it: one message per chunk.
-        let mut pieces = Vec::new();
+        // Each tensor as the plain calls send it: one message per chunk,
+        // each carrying the tensor's size (`totals`).
+        let (mut pieces, mut totals) = (Vec::new(), Vec::new());
         for (op, buf) in ops.iter().zip(host.iter_mut()) {
             let peer = match *op {
                 DeviceP2p::Send(_, p) | DeviceP2p::Recv(_, p) => p,
             };
+            let (before, total) = (pieces.len(), buf.len());
             // An empty tensor is one empty message, as in the plain calls.
             match buf {
                 Bytes::Read(b) if b.is_empty() => pieces.push(P2p::Send(b, peer)),
@@ -136,8 +147,9 @@ impl DeviceComm<'_> {
                     false => pieces.extend(b.chunks_mut(chunk).map(|c| P2p::Recv(c, peer))),
                 },
             }
+            totals.resize(totals.len() + pieces.len() - before, total);
         }
-        self.comm.p2p_group(&mut pieces)?;
+        self.comm.p2p_group_parts(&mut pieces, Some(&totals))?;
         drop(pieces);
         for (i, buf) in host.iter().enumerate() {
             if let (true, Bytes::Write(b)) = (staged[i], buf) {

@@ -74,8 +74,20 @@ fn fill(dtype: DType) -> Vec<Case> {
     // makes it infinity.
     let low_nan = f64::from_bits(0x7ff0_0000_0000_0001);
     // Infinities and values past 2^63 saturate an integer dtype (a
-    // conversion through a wider integer wraps or is undefined there).
-    let saturating = [f64::INFINITY, f64::NEG_INFINITY, 1e19, -1e20];
+    // conversion through a wider integer wraps or is undefined there);
+    // 2^63 itself, the double `i64::MAX` arrives as (`x > 9223372036854775807.0`
+    // is false there, as that literal is 2^63), -2^63 and 2^31 too. -0 stays
+    // -0 in the floating dtypes (a `value == 0` memset fast path makes it +0).
+    let saturating = [
+        f64::INFINITY,
+        f64::NEG_INFINITY,
+        1e19,
+        -1e20,
+        9_223_372_036_854_775_808.0,
+        -9_223_372_036_854_775_808.0,
+        2_147_483_648.0,
+        -0.0,
+    ];
     for (shape, layout) in shapes {
         for value in [2.5, -3.75, 1e10, f64::NAN, low_nan]
             .into_iter()
@@ -123,8 +135,28 @@ fn copy(dtype: DType) -> Vec<Case> {
             Layout::Transposed,
         ),
     ];
+    // Integers beyond f32's (i32) or at the ends of their dtype: a copy
+    // through a float of the same width rounds or saturates them.
+    let extremes: &[f64] = match dtype {
+        DType::I32 => &[
+            16_777_217.0,
+            -16_777_217.0,
+            -2_147_483_648.0,
+            2_147_483_647.0,
+        ],
+        DType::I64 => &[
+            -9_223_372_036_854_775_808.0,
+            4_611_686_018_427_389_952.0,
+            9_007_199_254_740_991.0,
+            -2_147_483_649.0,
+        ],
+        _ => &[],
+    };
     for (shape, src_layout, dst_layout) in layouts {
-        let values = any_values(&mut rng, dtype, numel(shape));
+        let mut values = any_values(&mut rng, dtype, numel(shape));
+        if values.len() >= 2 * extremes.len() {
+            values[..extremes.len()].copy_from_slice(extremes);
+        }
         let label = format!("{} to {dst_layout}", shape_label(shape, src_layout));
         cases.push(case(
             "copy",
@@ -364,15 +396,24 @@ fn matmul(dtype: DType) -> Vec<Case> {
         let out_shape: Vec<usize> = batch.iter().copied().chain([m, n]).collect();
         let a = rng.values(dtype, numel(&a_shape), -2.0, 2.0);
         let b = rng.values(dtype, numel(&b_shape), -2.0, 2.0);
+        // The accumulating plans over K > 1 read `out` through a view that
+        // is not packed (an epilogue that assumes `ldc = N` reads the wrong
+        // values), in every dtype: derived layouts reach only an operator's
+        // first and largest plans.
+        let out_layout = match (beta != 0.0 && k > 1, out_shape.len()) {
+            (false, _) => Layout::Contiguous,
+            (true, 2) => Layout::Transposed,
+            (true, _) => Layout::Strided,
+        };
         let out = if beta == 0.0 {
-            output("out", dtype, &out_shape, Layout::Contiguous)
+            output("out", dtype, &out_shape, out_layout)
         } else {
             inout(
                 "out",
                 dtype,
                 &out_shape,
                 rng.values(dtype, numel(&out_shape), -1.0, 1.0),
-                Layout::Contiguous,
+                out_layout,
             )
         };
         let a_layout = if m > 1 && k > 1 && rng.below(2) == 0 {
@@ -387,13 +428,18 @@ fn matmul(dtype: DType) -> Vec<Case> {
             Layout::Contiguous
         };
         let label = format!(
-            "a {:?} b {:?} ta {ta} tb {tb} alpha {alpha} beta {beta}{}",
+            "a {:?} b {:?} ta {ta} tb {tb} alpha {alpha} beta {beta}{}{}",
             a_shape,
             b_shape,
             if a_layout == Layout::Transposed {
                 " a transposed in memory"
             } else {
                 ""
+            },
+            if out_layout == Layout::Contiguous {
+                String::new()
+            } else {
+                format!(" out {out_layout}")
             }
         );
         let options = MatmulOptions {

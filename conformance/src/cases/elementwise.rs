@@ -217,7 +217,8 @@ fn exp_subnormal_results(dtype: DType) -> Case {
 /// The error model of an activation's backward.
 pub(super) fn activation_backward_tolerance(op: ActivationBackwardOp) -> Tolerance {
     if op == ActivationBackwardOp::ReluBackward {
-        Tolerance::EXACT
+        // A select: exactly `grad_out` or zero, of either sign.
+        Tolerance::EXACT.any_zero_sign()
     } else {
         Tolerance::accumulated(16.0, 8).with_bias(Bias::LowPrecision)
     }

@@ -103,12 +103,19 @@ fn activation_backward(
     Ok(Dense::new(&input.shape, data))
 }
 
-/// `grad_in = grad_out * (1 if input > 0 else 0)`, a product as the ABI
-/// writes it (so an infinite `grad_out` where `input <= 0` gives NaN).
+/// `grad_in = 0 if input <= 0 else grad_out`, a select as PyTorch's
+/// `threshold_backward` (since 2026-12-05; before, a product): where
+/// `input <= 0` the gradient is 0 even when `grad_out` is infinite or NaN,
+/// and a NaN `input` passes `grad_out` through.
 pub fn relu_backward(grad_out: &Dense, input: &Dense) -> Result<Dense, RefError> {
-    activation_backward("relu_backward", grad_out, input, |x| {
-        if x > 0.0 { 1.0 } else { 0.0 }
-    })
+    expect_shape("relu_backward", "grad_out", grad_out, &input.shape)?;
+    let data = grad_out
+        .data
+        .iter()
+        .zip(&input.data)
+        .map(|(&g, &x)| if x <= 0.0 { 0.0 } else { g })
+        .collect();
+    Ok(Dense::new(&input.shape, data))
 }
 
 /// `grad_in = grad_out * s (1 + x (1 - s))`, `s = sigmoid(input)`.

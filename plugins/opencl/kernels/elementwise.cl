@@ -83,7 +83,7 @@ __kernel void pc_pow_scalar(__global const S *x, pc_layout xl, __global S *out, 
     ST(out, pc_at(&ol, i), pow(LD(x, pc_at(&xl, i)), exponent));
 }
 
-// grad_in = grad_out * f'(x): 0 relu, 1 silu, 2 gelu.
+// grad_in = grad_out * f'(x): 0 relu (a select), 1 silu, 2 gelu.
 __kernel void pc_activation_backward(__global const S *g, pc_layout gl, __global const S *x,
                                      pc_layout xl, __global S *out, pc_layout ol, int op, long n) {
     long i = get_global_id(0);
@@ -92,7 +92,10 @@ __kernel void pc_activation_backward(__global const S *g, pc_layout gl, __global
     A v = LD(x, pc_at(&xl, i));
     A d, c, s;
     if (op == 0) {
-        d = (v > (A)0) ? (A)1 : (A)0;
+        // A select, as PyTorch's threshold_backward: 0 even for an infinite
+        // or NaN gradient where x <= 0; a NaN x passes the gradient.
+        ST(out, pc_at(&ol, i), (v <= (A)0) ? (A)0 : go);
+        return;
     } else if (op == 1) {
         s = pc_sigmoid_c(v, &c);
         d = s * ((A)1 + v * c);

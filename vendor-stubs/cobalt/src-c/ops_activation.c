@@ -6,7 +6,7 @@
  *   silu'(x)   = s (1 + x (1 - s)),  s = sigmoid(x)
  *   gelu(x)    = 0.5 x (1 + tanh(u)),  u = sqrt(2/pi) (x + 0.044715 x^3)
  *   gelu'(x)   = 0.5 (1 + t) + 0.5 x (1 - t^2) sqrt(2/pi) (1 + 3 * 0.044715 x^2),  t = tanh(u)
- *   relu'(x)   = 1 where x > 0, else 0 (NaN gives 0)
+ *   relu_backward selects: 0 where x <= 0, else grad_out (a NaN x passes it)
  *
  * The backward operators compute grad_in = grad_out * f'(input) literally
  * (so an infinite grad_out times a zero derivative is NaN). For a finite x so
@@ -49,7 +49,7 @@ double cobalt_gelu_grad(double x) {
 /* in = {grad_out, input}; out = {grad_in}. */
 static void f_relu_backward(const double *in, double *out, double p) {
     (void)p;
-    out[0] = in[0] * (in[1] > 0.0 ? 1.0 : 0.0);
+    out[0] = in[1] <= 0.0 ? 0.0 : in[0]; /* a select (a NaN input passes) */
 }
 
 static void f_silu_backward(const double *in, double *out, double p) {

@@ -111,7 +111,8 @@ pub unsafe fn activation_backward(
         match op {
             ActivationOp::Relu => map_blocks(ops, 1, |[d, g, x]| {
                 for ((d, &g), &x) in d.iter_mut().zip(g.iter()).zip(x.iter()) {
-                    *d = g * if x > 0.0 { 1.0 } else { 0.0 };
+                    // A select, as PyTorch's threshold_backward.
+                    *d = if x <= 0.0 { 0.0 } else { g };
                 }
             }),
             ActivationOp::Silu => map_blocks(ops, 2, |[d, g, x]| {

@@ -18,6 +18,8 @@ pub(super) struct CrossEntropyPlan {
     layouts: [Layout; 2],
     /// Extra accumulation terms for logits far from 0 (see where it is set).
     extra: usize,
+    /// The backward's gradient of the loss, where a plan needs its own.
+    grad_loss: Option<f64>,
 }
 
 /// The plans shared by the forward and backward operators.
@@ -52,6 +54,7 @@ pub(super) fn cross_entropy_plans(rng: &mut Rng, dtype: DType) -> Vec<CrossEntro
             // |offset| / 2 more terms of accumulation against a loss of a
             // few units.
             extra: (offset.abs() / 2.0) as usize,
+            grad_loss: None,
         });
     };
     plan(rng, "random", (8, 10), DType::I64, -100, None, [C; 2], 0.0);
@@ -92,6 +95,19 @@ pub(super) fn cross_entropy_plans(rng: &mut Rng, dtype: DType) -> Vec<CrossEntro
         "ignored rows",
         (6, 50),
         DType::I64,
+        -100,
+        Some(t),
+        [C; 2],
+        0.0,
+    );
+    // PyTorch's default ignore_index, -100, with 32-bit targets (an index
+    // read as unsigned 32 bits is 4294967196, refused as out of range).
+    let t = vec![4, -100, 0, 49, -100, 7];
+    plan(
+        rng,
+        "ignored rows",
+        (6, 50),
+        DType::I32,
         -100,
         Some(t),
         [C; 2],
@@ -186,6 +202,23 @@ pub(super) fn cross_entropy_plans(rng: &mut Rng, dtype: DType) -> Vec<CrossEntro
             0.0,
         );
     }
+    // A row holding NaN and one holding +inf: their loss and gradients are
+    // NaN, even where the gradient of the loss is 0 (a kernel that writes
+    // zeros for a zero gradient hides the overflow from a loss scaler's
+    // check for non-finite gradients).
+    plan(
+        rng,
+        "non-finite logits",
+        (4, 6),
+        DType::I64,
+        -100,
+        Some(vec![1, 2, 3, 4]),
+        [C; 2],
+        0.0,
+    );
+    let last = plans.last_mut().expect("just pushed");
+    (last.logits[6 + 3], last.logits[12 + 5]) = (f64::NAN, f64::INFINITY);
+    last.grad_loss = Some(0.0);
     // Masked rows (`padded_rows`), each target inside its row's window:
     // the masked logits' -10,000 enters no result but the row maximum.
     let [n, c] = crate::cases::basic::padded_rows::SHAPE;
@@ -199,6 +232,7 @@ pub(super) fn cross_entropy_plans(rng: &mut Rng, dtype: DType) -> Vec<CrossEntro
         ignore_index: -100,
         layouts: [C; 2],
         extra: 0,
+        grad_loss: None,
     });
     plans
 }
@@ -239,7 +273,7 @@ pub(super) fn cross_entropy_backward_cases(dtype: DType) -> Vec<Case> {
     let mut cases = Vec::new();
     for (i, p) in plans.into_iter().enumerate() {
         // The usual 1, and another gradient of the loss now and then.
-        let grad_loss = if i % 3 == 2 { -0.375 } else { 1.0 };
+        let grad_loss = p.grad_loss.unwrap_or(if i % 3 == 2 { -0.375 } else { 1.0 });
         let ignore = p.ignore_index;
         let label = if grad_loss == 1.0 {
             p.label

@@ -164,9 +164,11 @@ pub struct PolychipPowScalarArgs {
 /// An operator entry taking [`PolychipPowScalarArgs`].
 pub type PolychipPowScalarFn = Option<unsafe extern "C" fn(device: u32, stream: *mut PolychipStream, args: *const PolychipPowScalarArgs) -> *mut PolychipError>;
 
-/// `grad_in = grad_out * f'(input)` for `relu_backward` (derivative 1 where
-/// `input > 0`, else 0), `silu_backward` (`s (1 + x (1 - s))`, `s =
-/// sigmoid(x)`) and `gelu_backward` (derivative of the tanh form).
+/// `grad_in = grad_out * f'(input)` for `silu_backward` (`s (1 + x (1 -
+/// s))`, `s = sigmoid(x)`) and `gelu_backward` (derivative of the tanh form);
+/// for `relu_backward` a select, as PyTorch's `threshold_backward`: `grad_in =
+/// input <= 0 ? 0 : grad_out` (0 even where `grad_out` is infinite or NaN; a
+/// NaN input passes `grad_out`; the sign of a zero is not judged).
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct PolychipActivationBackwardArgs {
