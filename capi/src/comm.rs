@@ -324,11 +324,11 @@ pub extern "C" fn polychip_comm_destroy(comm: *mut polychip_comm_t) -> *mut poly
 
 /// Refuses a peer rank that `d`'s communicator does not have (the
 /// transports index their connections by it).
-fn check_peer(d: &mut DeviceComm<'_>, peer: u32) -> ApiResult<()> {
+fn check_peer(d: &mut DeviceComm<'_>, peer: u32, what: &str) -> ApiResult<()> {
     let world = d.comm().world_size();
     if peer as usize >= world {
         return Err(ApiError::invalid(format!(
-            "peer {peer} is not a rank of this communicator (ranks 0 to {})",
+            "{what} {peer} is not a rank of this communicator (ranks 0 to {})",
             world - 1
         )));
     }
@@ -466,7 +466,7 @@ pub extern "C" fn polychip_comm_send(
     peer: u32,
 ) -> *mut polychip_error_t {
     collective("polychip_comm_send", comm, |d| {
-        check_peer(d, peer)?;
+        check_peer(d, peer, "peer")?;
         Ok(d.send(&tensor(t, "tensor")?.tensor, peer as usize)?)
     })
 }
@@ -483,7 +483,7 @@ pub extern "C" fn polychip_comm_recv(
     peer: u32,
 ) -> *mut polychip_error_t {
     collective("polychip_comm_recv", comm, |d| {
-        check_peer(d, peer)?;
+        check_peer(d, peer, "peer")?;
         Ok(d.recv(&tensor(t, "tensor")?.tensor, peer as usize)?)
     })
 }
@@ -552,7 +552,7 @@ pub unsafe extern "C" fn polychip_comm_p2p_group(
         }
         let mut handles = Vec::with_capacity(count);
         for (i, op) in raw.iter().enumerate() {
-            check_peer(d, op.peer)?;
+            check_peer(d, op.peer, &format!("ops[{i}].peer"))?;
             handles.push(tensor(op.tensor, &format!("ops[{i}].tensor"))?);
         }
         let group = raw

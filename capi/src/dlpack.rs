@@ -515,6 +515,20 @@ unsafe fn import(rt: &RuntimeObject, incoming: Incoming, target: i64) -> ApiResu
                 )));
             }
             let bytes = (dl.byte_offset as i64 + (hi + 1) * size as i64) as u64;
+            // kDLExtDev is shared with other libraries: memory another
+            // library (or a forged capsule) names would be handed to the
+            // plugin, and a host-visible device's reads would dereference
+            // it. Only memory this process's polychip allocated on the
+            // device, and still holds, is taken.
+            if numel > 0 && !device.holds(dl.data, bytes) {
+                return Err(ApiError::invalid(format!(
+                    "the DLPack tensor on device {index} ({}) names {bytes} bytes at {:p}, which are \
+                     not inside memory polychip allocated on that device and still holds (kDLExtDev \
+                     is shared with other libraries); import it from the CPU, or through the \
+                     library that made it",
+                    device, dl.data
+                )));
+            }
             // Nothing below fails: the buffer takes over `release` and must
             // not run it on an error path (the caller would still own it).
             // SAFETY: the producer promises the memory until `release`, which

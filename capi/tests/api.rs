@@ -754,7 +754,7 @@ fn a_peer_that_is_not_a_rank_is_refused() {
     let cases = [
         (
             vec![op(POLYCHIP_P2P_SEND, 3)],
-            "peer 3 is not a rank of this communicator",
+            "ops[0].peer 3 is not a rank of this communicator",
         ),
         (
             vec![op(7, 0)],

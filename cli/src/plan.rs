@@ -15,6 +15,7 @@ use std::process::ExitCode;
 
 use polychip_files::{MAX_TEXT_FILE, printable_lines, read_text_file};
 use polychip_planner::cluster::ClusterSpec;
+use polychip_planner::error::SpecError;
 use polychip_planner::evaluate::{self, Evaluation, PlanSpec};
 use polychip_planner::model::ModelSpec;
 use polychip_planner::profile::ProfileFile;
@@ -260,8 +261,13 @@ fn plan(args: &Args) -> Result<(), String> {
         if args.schedule.is_some() {
             spec.schedule = None;
         }
-        let ev =
-            evaluate::evaluate(&spec, &model, &cluster, &settings).map_err(|e| e.to_string())?;
+        // What the plan says against the model and the cluster is said of
+        // the plan file.
+        let plan_file = args.evaluate.as_deref().unwrap_or(Path::new("-"));
+        let ev = evaluate::evaluate(&spec, &model, &cluster, &settings).map_err(|e| match e {
+            SpecError::Plan(m) => format!("plan {}: {m}", plan_file.display()),
+            e => e.to_string(),
+        })?;
         if let Some(trace) = &args.trace {
             let text = serde_json::to_string(
                 &ev.plan

@@ -709,6 +709,8 @@ fn train(args: &Args) -> Result<ExitCode, TrainError> {
     // files by the process that writes them (rank 0, or the launching one).
     if let Some(dir) = &args.checkpoint_dir {
         check_output_dir("--checkpoint-dir", dir)?;
+        polychip_train::checkpoint::check_lock_file(dir)
+            .map_err(|m| TrainError::Config(format!("--checkpoint-dir {}: {m}", dir.display())))?;
         polychip_train::checkpoint::check_root_for_run(dir, args.resume.as_deref())?;
     }
     if !launched || info.rank == 0 {

@@ -411,5 +411,15 @@ fn a_directory_with_another_runs_checkpoints_is_refused_unless_resumed() {
             "{err}"
         );
     }
+    // A lock file that is not a file is refused before anything runs,
+    // naming it (it was "Is a directory (os error 21)" after the plan).
+    std::fs::remove_file(ck.join(".lock")).unwrap();
+    std::fs::create_dir(ck.join(".lock")).unwrap();
+    let (code, out, err) = run(&["--steps", "4", "--resume", &s(&ck)]);
+    assert_eq!(code, Some(2), "{out}{err}");
+    assert!(
+        err.contains("its lock file .lock is a directory, not a file") && !out.contains("step 3"),
+        "{out}{err}"
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -188,8 +188,9 @@ fn profile_then_evaluate_a_saved_plan_of_the_bundled_devices() {
     let (code, json, err) = eval(&["--profile", &profile, "--json"]);
     assert_eq!(code, Some(0), "{err}");
     // A measured profile is below the devices' declared peaks; the same
-    // times a million times smaller are used as given, with a warning
-    // naming the file, the chip and the part.
+    // times a million times smaller (at least the 1 ns a pass must take)
+    // are used as given, with a warning naming the file, the chip and the
+    // part.
     assert!(!err.contains("warning"), "{err}");
     let mut tiny: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&profile).unwrap()).unwrap();
@@ -197,7 +198,7 @@ fn profile_then_evaluate_a_saved_plan_of_the_bundled_devices() {
         for part in ["embedding", "block", "attention", "head", "stage_overhead"] {
             if let Some(times) = e[part].as_object_mut() {
                 for t in times.values_mut() {
-                    *t = serde_json::json!(t.as_f64().unwrap() * 1e-6);
+                    *t = serde_json::json!((t.as_f64().unwrap() * 1e-6).max(1e-9));
                 }
             }
         }
@@ -253,20 +254,24 @@ fn profile_then_evaluate_a_saved_plan_of_the_bundled_devices() {
         w > 0.0 && w < r["stages"][1]["timing"]["backward"].as_f64().unwrap(),
         "{r}"
     );
-    // Another model's profile is refused, naming the field.
-    let (code, _, err) = polychip(&[
-        "plan",
-        "--cluster",
-        &file("devices.json"),
-        "--model",
-        "tiny",
-        "--dtype",
-        "f32",
-        "--profile",
-        &profile,
-    ]);
+    // Another model's profile is refused, naming the field; a plan that
+    // does not fit the model (mini's 2 layers, tiny's more) is refused
+    // naming the plan file.
+    let plan_tiny = |flag: &str, path: &str| {
+        let devices = file("devices.json");
+        polychip(&["plan", "--cluster", &devices, "--model", "tiny", flag, path])
+    };
+    let (code, _, err) = plan_tiny("--profile", &profile);
     assert_eq!(code, Some(2));
-    assert!(err.contains("whose layers is 2"), "{err}");
+    assert!(
+        err.contains(&format!(
+            "{profile}: profile was measured on model \"mini\" whose layers is 2"
+        )),
+        "{err}"
+    );
+    let (code, _, err) = plan_tiny("--evaluate", &plan);
+    assert_eq!(code, Some(2));
+    assert!(err.contains(&format!("plan {plan}: ")), "{err}");
     // The planner's own plan of the devices, its chip types the names
     // `polychip devices` reports (`Ferrite F1`), trains as it is.
     let (code, json, err) = plan_mini(&["--global-batch", "8", "--json"]);

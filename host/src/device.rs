@@ -59,6 +59,13 @@ impl Device {
         &self.plugin.devices()[self.index as usize]
     }
 
+    /// Whether `ptr..ptr + bytes` lies inside one live allocation this
+    /// host made on this device (what an address handed in from outside,
+    /// a DLPack import's, must be; an empty range always does).
+    pub fn holds(&self, ptr: *const std::ffi::c_void, bytes: u64) -> bool {
+        crate::memory::inside_live_allocation(self, ptr, bytes)
+    }
+
     /// Bytes of device memory the host's buffers on this device hold now
     /// (allocations made through this host; not the plugin's own
     /// workspace, nor memory borrowed through DLPack).

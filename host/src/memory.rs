@@ -23,6 +23,8 @@ pub struct Buffer {
     ptr: *mut c_void,
     bytes: u64,
     release: Release,
+    /// Its serial among the device's borrowed buffers (foreign ones).
+    borrowed: Option<u64>,
 }
 
 impl std::fmt::Debug for Buffer {
@@ -49,12 +51,16 @@ impl Buffer {
         if let Some(u) = device.plugin().usage.get(device.index() as usize) {
             let now = u.in_use.fetch_add(bytes, Ordering::Relaxed) + bytes;
             u.peak.fetch_max(now, Ordering::Relaxed);
+            if !ptr.is_null() {
+                lock(&u.live).allocations.insert(ptr as usize, bytes);
+            }
         }
         Ok(Buffer {
             device: device.clone(),
             ptr,
             bytes,
             release: Release::Plugin,
+            borrowed: None,
         })
     }
 
@@ -71,11 +77,19 @@ impl Buffer {
         bytes: u64,
         release: Box<dyn FnOnce() + Send>,
     ) -> Buffer {
+        let borrowed = device.plugin().usage.get(device.index() as usize).map(|u| {
+            let mut live = lock(&u.live);
+            let serial = live.serial;
+            live.serial += 1;
+            live.borrowed.insert((ptr as usize, serial), bytes);
+            serial
+        });
         Buffer {
             device: device.clone(),
             ptr,
             bytes,
             release: Release::Foreign(Mutex::new(Some(release))),
+            borrowed,
         }
     }
 
@@ -100,8 +114,44 @@ impl Buffer {
     }
 }
 
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Whether `ptr..ptr + bytes` lies inside one live allocation the host made
+/// on `device` (an empty range: at any address).
+pub(crate) fn inside_live_allocation(device: &Device, ptr: *const c_void, bytes: u64) -> bool {
+    if bytes == 0 {
+        return true;
+    }
+    let Some(u) = device.plugin().usage.get(device.index() as usize) else {
+        return false;
+    };
+    let at = ptr as usize;
+    let holds = |start: usize, len: u64| {
+        let into = (at - start) as u64;
+        into <= len && len - into >= bytes
+    };
+    let live = lock(&u.live);
+    // Allocations do not overlap: only the last one starting at or before
+    // `at` can hold it. Borrowed buffers may: each starting there is asked.
+    live.allocations
+        .range(..=at)
+        .next_back()
+        .is_some_and(|(&start, &len)| holds(start, len))
+        || live
+            .borrowed
+            .range(..=(at, u64::MAX))
+            .rev()
+            .any(|(&(start, _), &len)| holds(start, len))
+}
+
 impl Drop for Buffer {
     fn drop(&mut self) {
+        let usage = self.device.plugin().usage.get(self.device.index() as usize);
+        if let (Some(u), Some(serial)) = (usage, self.borrowed) {
+            lock(&u.live).borrowed.remove(&(self.ptr as usize, serial));
+        }
         if let Release::Foreign(release) = &self.release {
             let release = release.lock().unwrap_or_else(|e| e.into_inner()).take();
             if let Some(release) = release {
@@ -109,8 +159,11 @@ impl Drop for Buffer {
             }
             return;
         }
-        if let Some(u) = self.device.plugin().usage.get(self.device.index() as usize) {
+        if let Some(u) = usage {
             u.in_use.fetch_sub(self.bytes, Ordering::Relaxed);
+            if !self.ptr.is_null() {
+                lock(&u.live).allocations.remove(&(self.ptr as usize));
+            }
         }
         if self.ptr.is_null() {
             return;

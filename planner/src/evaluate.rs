@@ -311,7 +311,13 @@ fn plan_err(m: String) -> SpecError {
 /// An unsigned field of `v`, or `default` when absent.
 fn field_u64(v: &Value, key: &str, at: &str, default: Option<u64>) -> Result<u64, SpecError> {
     match v.get(key) {
-        None | Some(Value::Null) => default.ok_or_else(|| plan_err(format!("{at} has no {key}"))),
+        None => default.ok_or_else(|| plan_err(format!("{at} has no {key}"))),
+        // null is not "absent": a plan that nulled a count meant something
+        // else than the default (it was silently 1).
+        Some(Value::Null) => Err(plan_err(match default {
+            Some(d) => format!("{at}: {key} is null; give a number, or leave it out for {d}"),
+            None => format!("{at}: {key} is null, not a non-negative integer"),
+        })),
         Some(x) => x
             .as_u64()
             .ok_or_else(|| plan_err(format!("{at}: {key} is {x}, not a non-negative integer"))),
@@ -540,6 +546,36 @@ impl PlanSpec {
                  plan has 1 to {MAX_GROUPS}",
                 out.len()
             )));
+        }
+        // A planner's plan restates its replicas and its batch: the groups
+        // are what is evaluated, so totals that disagree with them (one
+        // edited, not the other) are refused rather than ignored.
+        if planner {
+            let dp = out.iter().map(|g| g.copies).fold(0u64, u64::saturating_add);
+            let batch = out
+                .iter()
+                .map(|g| {
+                    g.copies
+                        .saturating_mul(g.micro_batch_size)
+                        .saturating_mul(g.micro_batches)
+                })
+                .fold(0u64, u64::saturating_add);
+            for (key, sum, what) in [
+                ("dp", dp, "its replicas' copies add up to"),
+                (
+                    "global_batch",
+                    batch,
+                    "its replicas' sequences (copies x micro-batch size x micro-batches) add up to",
+                ),
+            ] {
+                if let Some(x) = v.get(key)
+                    && x.as_u64() != Some(sum)
+                {
+                    return Err(plan_err(format!(
+                        "gives {key} {x}, but {what} {sum}: edit the one to match the other"
+                    )));
+                }
+            }
         }
         // A train plan's `schedule`, or the pipeline the planner's own
         // answer priced its replicas under (`replicas[].pipeline`).
@@ -856,7 +892,12 @@ fn stage_chips(s: &Value, at: &str, copies: u64) -> Result<Vec<(String, u64)>, S
             )));
         }
         let tp = match tp {
-            None | Some(Value::Null) => 1,
+            None => 1,
+            Some(Value::Null) => {
+                return Err(plan_err(format!(
+                    "{at}: tp is null; give a number, or leave it out for 1"
+                )));
+            }
             Some(t) => t
                 .as_u64()
                 .ok_or_else(|| plan_err(format!("{at}: tp is {t}, not a non-negative integer")))?,

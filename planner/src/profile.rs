@@ -31,6 +31,9 @@ use crate::settings::Dtype;
 /// The `format` a profile file carries.
 pub const FORMAT: &str = "polychip-profile/1";
 
+/// The shortest pass of a block or the head a profile may give, in seconds.
+pub const MIN_PASS_SECONDS: f64 = 1e-9;
+
 /// The most entries a profile file may hold.
 pub const MAX_ENTRIES: usize = 4096;
 
@@ -243,14 +246,17 @@ impl ProfileEntry {
             }
         }
         // A block's and the head's passes are real work: one that takes no
-        // time is a measurement that went wrong (the embedding's lookup and
+        // time, or less than a nanosecond (no kernel launches that fast), is
+        // a measurement that went wrong or not in seconds, and a step of
+        // such passes made throughput infinite (the embedding's lookup and
         // a stage's fixed cost may be nil).
         let passes = [("block", Some(self.block)), ("head", self.head)];
         for (part, p) in passes.into_iter().filter_map(|(n, p)| Some((n, p?))) {
             for (pass, v) in [("forward", p.forward), ("backward", p.backward)] {
-                if v <= 0.0 {
+                if v < MIN_PASS_SECONDS {
                     return Err(format!(
-                        "{at}: {part}.{pass} is {}; a {part}'s {pass} pass takes some time",
+                        "{at}: {part}.{pass} is {}; a {part}'s {pass} pass takes some time, at \
+                         least {MIN_PASS_SECONDS:e} s",
                         fmt_num(v)
                     ));
                 }
@@ -338,7 +344,10 @@ impl ProfileFile {
                 self.format
             )));
         }
-        self.model.validate()?;
+        // Said of the profile (its file, once loaded): the model it records.
+        self.model
+            .validate()
+            .map_err(|e| SpecError::Profile(format!("records a model that is not valid: {e}")))?;
         if self.entries.is_empty() {
             return Err(SpecError::Profile("has no entries".into()));
         }
@@ -942,6 +951,21 @@ mod tests {
         }
     }
 
+    #[test]
+    fn an_invalid_model_is_said_of_the_profile() {
+        let mut f = file(vec![entry("x", 2, 1.0)]);
+        f.model.hidden = 0;
+        let err = ProfileFile::from_json_str(&serde_json::to_string(&f).unwrap())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with(
+                "profile records a model that is not valid: model \"llama-7b\": hidden is 0"
+            ),
+            "{err}"
+        );
+    }
+
     /// Times no chip could have measured are flagged, not refused: a
     /// block or head faster than the chip's peak (a time in another unit
     /// than seconds, or a peak set too low), a pass, a fixed stage cost or
@@ -1266,6 +1290,17 @@ mod tests {
                 "{err}"
             );
         }
+        // Nor one of a subnormal time, which made throughput infinite.
+        let mut e = entry("x", 2, 1.0);
+        e.block.forward = 5e-324;
+        let text = serde_json::to_string(&file(vec![e])).unwrap();
+        let err = ProfileFile::from_json_str(&text).unwrap_err().to_string();
+        assert!(
+            err.contains(
+                "block.forward is 5e-324; a block's forward pass takes some time, at least 1e-9 s"
+            ),
+            "{err}"
+        );
         // The backward pass run whole is the same work as the split one:
         // from half to twice it.
         let mut e = entry("x", 2, 1.0);

@@ -364,6 +364,58 @@ fn inconsistent_plans_are_refused_naming_what_is_wrong() {
         },
     );
     assert!(got.contains("3276800 stage-micro-batch pairs"), "{got}");
+    // null is not the default: a count or a tp nulled is refused (each
+    // was silently 1).
+    for (extra, stage, want) in [
+        (
+            r#", "copies": null"#,
+            a800,
+            "group 0: copies is null; give a number, or leave it out for 1",
+        ),
+        (
+            r#", "dp": null"#,
+            a800,
+            "group 0: dp is null; give a number, or leave it out for 1",
+        ),
+        (
+            "",
+            r#"{"chip": "nvidia-a800-class", "tp": null, "layers": [0, 32]}"#,
+            "tp is null; give a number, or leave it out for 1",
+        ),
+    ] {
+        let got = err(&one(stage, extra), true, &m);
+        assert!(got.contains(want), "{got}");
+    }
+    // A planner's report restates its replicas and batch: totals that
+    // disagree with its groups are refused, not ignored.
+    let (c, s) = (example_cluster(), TrainingSettings::new(256));
+    let report = plan(&m, &c, &s, &PlanOptions::default()).unwrap();
+    let mut v = serde_json::to_value(&report).unwrap();
+    let dp = v["plan"]["dp"].as_u64().unwrap();
+    for (key, value, want) in [
+        (
+            "dp",
+            dp + 1,
+            format!(
+                "gives dp {}, but its replicas' copies add up to {dp}",
+                dp + 1
+            ),
+        ),
+        (
+            "global_batch",
+            255,
+            "gives global_batch 255, but its replicas' sequences".to_string(),
+        ),
+    ] {
+        let mut edited = v.clone();
+        edited["plan"][key] = value.into();
+        let got = PlanSpec::parse(&edited.to_string(), true)
+            .unwrap_err()
+            .to_string();
+        assert!(got.contains(&want), "{got}");
+    }
+    v["plan"]["dp"] = dp.into();
+    PlanSpec::parse(&v.to_string(), true).unwrap();
 }
 
 #[test]

@@ -154,3 +154,49 @@ def test_a_refused_capsule_stays_the_callers(ferrite):
     with pytest.raises(polychip.errors.InvalidArgument, match="device 99 does not exist"):
         polychip._native.from_dlpack(polychip.runtime(), capsule, 99)
     assert polychip.from_dlpack(capsule, device=ferrite).numpy().tolist() == [0.0, 1.0, 2.0]
+
+
+def test_a_forged_device_capsule_is_refused_naming_its_memory(ferrite):
+    """kDLExtDev is shared with other libraries: a capsule naming memory
+    polychip did not allocate (another library's, or a forged address) was
+    taken, and reading it crashed the process. Only memory this process's
+    polychip holds on that device is taken."""
+    import ctypes as C
+
+    class DLTensor(C.Structure):
+        _fields_ = [
+            ("data", C.c_void_p),
+            ("device", C.c_int32 * 2),
+            ("ndim", C.c_int32),
+            ("dtype", C.c_uint8 * 4),
+            ("shape", C.POINTER(C.c_int64)),
+            ("strides", C.POINTER(C.c_int64)),
+            ("byte_offset", C.c_uint64),
+        ]
+
+    class Managed(C.Structure):
+        pass
+
+    deleter = C.CFUNCTYPE(None, C.POINTER(Managed))
+    Managed._fields_ = [
+        ("version", C.c_uint32 * 2),
+        ("ctx", C.c_void_p),
+        ("deleter", deleter),
+        ("flags", C.c_uint64),
+        ("tensor", DLTensor),
+    ]
+    new_capsule = C.pythonapi.PyCapsule_New
+    new_capsule.restype, new_capsule.argtypes = C.py_object, [C.c_void_p, C.c_char_p, C.c_void_p]
+    host = np.arange(4, dtype=np.float32)
+    shape = (C.c_int64 * 1)(4)
+    kept = []
+    for data in (0x1000, address(host)):
+        m = Managed((1, 0), None, deleter(), 0, DLTensor(data, (12, ferrite.index), 1, (2, 32, 1, 0), shape, None, 0))
+        kept.append(m)
+        capsule = new_capsule(C.addressof(m), b"dltensor_versioned", None)
+        with pytest.raises(polychip.errors.InvalidArgument, match="not inside memory polychip allocated"):
+            polychip.from_dlpack(capsule)
+    # Its own memory still comes back, as a view of the same buffer.
+    t = polychip.from_dlpack(host, device=ferrite).to(ferrite)
+    back = polychip.from_dlpack(torch.from_dlpack(t))
+    assert back.numpy().tolist() == [0.0, 1.0, 2.0, 3.0]

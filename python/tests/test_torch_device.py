@@ -230,6 +230,89 @@ def test_fallback_is_counted_per_operator_and_correct():
     assert not pt.fallback_report() and "no aten operator" in str(pt.fallback_report())
 
 
+@pytest.mark.parametrize("index", [FERRITE, COBALT])
+def test_fallback_writes_in_place_and_out_results_through_strided_views(index):
+    """The CPU fallback writes an in-place or out= result back through
+    resize_ and a copy: resize_ to the same sizes made a strided view
+    contiguous, so the result landed on the wrong elements of its storage
+    (an nn.init on a column slice of a weight wrote into other columns)."""
+    d = f"polychip:{index}"
+    x = torch.arange(12.0).view(3, 4) - 5
+    y = x.to(d)
+    v = y[:, 1:]
+    v.masked_fill_(v > 0, 0.0)
+    want = x.clone()
+    want[:, 1:].masked_fill_(want[:, 1:] > 0, 0.0)
+    assert torch.equal(y.cpu(), want) and v.stride() == (4, 1)
+    y = x.to(d)
+    y.t().clamp_(min=0)
+    assert torch.equal(y.cpu(), x.clamp(min=0))
+    y = x.to(d)
+    torch.cumsum(x.to(d)[:, :2], 1, out=y[:, 2:])
+    want = x.clone()
+    torch.cumsum(x[:, :2], 1, out=want[:, 2:])
+    assert torch.equal(y.cpu(), want)
+    t = x.to(d).t()
+    t.resize_(4, 3)
+    assert t.stride() == (1, 4)
+    w = torch.full((4, 6), 7.0, device=d)
+    torch.nn.init.uniform_(w[:, :3], -1, 1)
+    assert torch.equal(w[:, 3:].cpu(), torch.full((4, 3), 7.0)) and bool((w[:, :3].abs() <= 1).all())
+
+
+@pytest.mark.parametrize("index", [FERRITE, COBALT])
+def test_cross_entropy_is_twice_differentiable_and_sums_no_row_to_zero(index):
+    """The fused cross-entropy's backward had no graph of its own, so a
+    gradient penalty lost its second-order term silently; and a sum over
+    rows that are all ignored (Hugging Face's loss with
+    num_items_in_batch) was NaN (a mean over none times 0)."""
+    d = f"polychip:{index}"
+    g = torch.Generator().manual_seed(3)
+    x0, w0 = torch.randn(6, 4, generator=g), torch.randn(4, 5, generator=g)
+    t0 = torch.tensor([0, 4, -100, 2, 1, 3])
+    grads = []
+    for dev in ("cpu", d):
+        x = x0.to(dev, copy=True).requires_grad_()
+        w = w0.to(dev, copy=True).requires_grad_()
+        loss = torch.nn.functional.cross_entropy(x @ w, t0.to(dev))
+        (gx,) = torch.autograd.grad(loss, x, create_graph=True)
+        (loss + gx.pow(2).sum()).backward()
+        grads.append((w.grad.cpu(), x.grad.cpu()))
+    torch.testing.assert_close(grads[1], grads[0], rtol=1e-4, atol=1e-5)
+    for targets in (torch.full((6,), -100), torch.zeros(0, dtype=torch.long)):
+        x = x0[: len(targets)].to(d, copy=True).requires_grad_()
+        loss = torch.nn.functional.cross_entropy(x, targets.to(d), reduction="sum")
+        loss.backward()
+        assert loss.item() == 0.0 and torch.equal(x.grad.cpu(), torch.zeros_like(x0[: len(targets)]))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_times_or_over_a_scalar_rounds_once_as_pytorch(dtype):
+    """PyTorch multiplies and divides a bf16/f16 tensor by a Python scalar
+    in f32 and rounds once (its add and sub round the scalar first); the
+    scalar was rounded to the tensor's dtype first (1-ULP differences in a
+    quarter of the elements for 0.1)."""
+    d = f"polychip:{FERRITE}"
+    x = (torch.randn(4096, generator=torch.Generator().manual_seed(5)) * 3).to(dtype)
+    x[:4] = torch.tensor([0.0, -0.0, float("inf"), float("nan")])
+    for f in (
+        lambda t: t * 0.1,
+        lambda t: t * torch.tensor(0.1),
+        lambda t: t / 0.3,
+        lambda t: t / 4.0,
+        lambda t: t + 0.1,
+        lambda t: t - 0.3,
+        lambda t: t.clone().mul_(0.1),
+        lambda t: t.clone().div_(0.3),
+        lambda t: t * -0.0,
+    ):
+        want, got = f(x), f(x.to(d)).cpu()
+        assert torch.equal(got.view(torch.int16), want.view(torch.int16)) or (
+            torch.equal(got.isnan(), want.isnan())
+            and torch.equal(got[~got.isnan()].view(torch.int16), want[~want.isnan()].view(torch.int16))
+        )
+
+
 @pytest.mark.parametrize("dtype", [torch.int32, torch.int64, torch.uint8])
 def test_integer_histograms_count_as_cuda_counts_them(dtype):
     # The CPU's kernel takes floats only; CUDA's counts integers (MoE

@@ -246,7 +246,11 @@ impl RootLock {
     pub fn take(root: &Path) -> Result<RootLock> {
         use std::os::fd::AsRawFd;
         std::fs::create_dir_all(root).map_err(|e| TrainError::io(root, e))?;
-        let path = root.join(".lock");
+        check_lock_file(root).map_err(|message| TrainError::Checkpoint {
+            path: root.to_path_buf(),
+            message,
+        })?;
+        let path = root.join(LOCK_FILE);
         let file = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
@@ -272,6 +276,23 @@ impl RootLock {
             });
         }
         Ok(RootLock { _file: file })
+    }
+}
+
+/// The name of the lock file in a checkpoint directory.
+pub const LOCK_FILE: &str = ".lock";
+
+/// Refuses a checkpoint directory `root` whose lock file is there and is not
+/// a regular file (a directory, a link that would make the lock elsewhere,
+/// a FIFO): checked before the first step, and again when the lock is taken.
+pub fn check_lock_file(root: &Path) -> std::result::Result<(), String> {
+    match std::fs::symlink_metadata(root.join(LOCK_FILE)) {
+        Ok(m) if !m.file_type().is_file() => Err(format!(
+            "its lock file {LOCK_FILE} is {}, not a file: a run locks the directory through \
+             it; remove it, or give this run another --checkpoint-dir",
+            polychip_files::kind(m.file_type())
+        )),
+        _ => Ok(()),
     }
 }
 

@@ -130,20 +130,33 @@ pub fn seal(bytes: &mut [u8], prefix: &[u8]) -> u64 {
 /// wrong when it is missing or differs.
 pub fn check_seal(bytes: &[u8], prefix: &[u8]) -> std::result::Result<u64, String> {
     let Some(s) = find_seal(bytes, prefix)? else {
-        return Err(missing_seal(prefix));
+        return Err(missing_seal(bytes, prefix));
     };
     let actual = !crc_skipping(!0, bytes, 0, s.at);
     seal_matches(actual, s.recorded)?;
     Ok(s.recorded)
 }
 
-/// The message for a file without its seal.
-pub fn missing_seal(prefix: &[u8]) -> String {
-    format!(
-        "has no {} checksum, which every file polychip writes carries; it was not \
-         written by polychip, or was edited",
-        String::from_utf8_lossy(prefix).trim_matches([':', ' ', '"'])
-    )
+/// The message for a file without its seal in `bytes` (those searched):
+/// none at all, or one written in another form than polychip writes it (a
+/// tool that re-serialised the JSON with other spacing), so that it cannot
+/// be found and checked.
+pub fn missing_seal(bytes: &[u8], prefix: &[u8]) -> String {
+    let written = String::from_utf8_lossy(prefix);
+    let key = written.trim_matches([':', ' ', '"']);
+    let quoted = format!("\"{key}\"");
+    if find(bytes, quoted.as_bytes()).is_some() {
+        format!(
+            "records its checksum ({quoted}) in another form than polychip writes it \
+             (`{written}` followed by 16 lowercase hex digits and `\"`): it was rewritten by \
+             another tool, and its bytes cannot be checked against it"
+        )
+    } else {
+        format!(
+            "does not record its checksum (it has no {quoted}), which every file polychip \
+             writes does; it was not written by polychip, or was edited"
+        )
+    }
 }
 
 /// The message when the recomputed CRC differs.

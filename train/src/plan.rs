@@ -411,6 +411,20 @@ impl TrainPlan {
             let mut next = Cut::at(0);
             let last = Cut::block(cfg.layers);
             for (si, s) in g.stages.iter().enumerate() {
+                // An empty name (or an empty vendor before the index) named
+                // the device ":0", which no machine has.
+                if s.device
+                    .trim()
+                    .split(':')
+                    .next()
+                    .is_none_or(|v| v.trim().is_empty())
+                {
+                    return bad(format!(
+                        "group {gi} stage {si} names device {}, which has no vendor: name a \
+                         device (ferrite:0), a vendor (ferrite) or a device kind (\"Ferrite F1\")",
+                        shown(&s.device)
+                    ));
+                }
                 let [a, b] = s.layers;
                 // A stage of no blocks holds an end of the model alone: the
                 // embedding (the first stage, 0..0) or the head (the last,
@@ -859,6 +873,22 @@ mod tests {
             let e = plan.validate(&cfg, 4).unwrap_err().to_string();
             assert!(
                 e.contains("group 0 stage 1 (cobalt:0): predicted_passes is [0.009,"),
+                "{e}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_stage_naming_no_vendor_is_refused() {
+        let cfg = ModelConfig::preset("tiny").unwrap();
+        let mut plan = TrainPlan::parse_stages("ferrite:0=0..4", 1, 4, 1).unwrap();
+        for name in ["", "  ", ":1", " :0"] {
+            plan.groups[0].stages[0].device = name.into();
+            let e = plan.validate(&cfg, 4).unwrap_err().to_string();
+            assert!(
+                e.contains(&format!(
+                    "group 0 stage 0 names device \"{name}\", which has no vendor"
+                )),
                 "{e}"
             );
         }

@@ -285,7 +285,10 @@ impl SafeTensors {
         };
         let crc = match header_seal(bytes) {
             Ok(Some(seal)) => check_sealed(bytes, seal).map(|()| seal.recorded),
-            Ok(None) => Err(files::missing_seal(SEAL_PREFIX)),
+            Ok(None) => Err(files::missing_seal(
+                &bytes[..header_end(bytes)],
+                SEAL_PREFIX,
+            )),
             Err(m) => Err(m),
         }
         .map_err(fail)?;
@@ -329,7 +332,7 @@ impl SafeTensors {
         if out.metadata.remove(CHECKSUM_KEY).is_some() {
             let seal = header_seal(bytes)
                 .and_then(|s| {
-                    s.ok_or_else(|| format!("has a {CHECKSUM_KEY} that is not 16 hex digits"))
+                    s.ok_or_else(|| files::missing_seal(&bytes[..header_end(bytes)], SEAL_PREFIX))
                 })
                 .map_err(fail)?;
             check_sealed(bytes, seal).map_err(fail)?;
@@ -594,9 +597,7 @@ impl Header {
         raw.extend_from_slice(&header);
         let seal = files::find_seal(&raw, SEAL_PREFIX).map_err(fail)?;
         if seal.is_none() && metadata.contains_key(CHECKSUM_KEY) {
-            return Err(fail(format!(
-                "has a {CHECKSUM_KEY} that is not 16 hex digits"
-            )));
+            return Err(fail(files::missing_seal(&raw, SEAL_PREFIX)));
         }
         Ok(Header {
             path: path.to_path_buf(),

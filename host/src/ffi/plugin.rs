@@ -72,11 +72,27 @@ pub struct Plugin {
     pub(crate) usage: Vec<MemoryUsage>,
 }
 
-/// Bytes a device's host-owned buffers hold now and at most.
+/// Bytes a device's host-owned buffers hold now and at most, and where
+/// they are.
 #[derive(Debug, Default)]
 pub(crate) struct MemoryUsage {
     pub in_use: AtomicU64,
     pub peak: AtomicU64,
+    /// Where the live buffers are (for checking an address handed in from
+    /// outside, a DLPack import's).
+    pub live: std::sync::Mutex<LiveMemory>,
+}
+
+/// A device's live buffers by address.
+#[derive(Debug, Default)]
+pub(crate) struct LiveMemory {
+    /// The host's allocations (which do not overlap): address to bytes.
+    pub allocations: std::collections::BTreeMap<usize, u64>,
+    /// Memory borrowed from other owners (which may overlap, or lie inside
+    /// an allocation): (address, serial) to bytes.
+    pub borrowed: std::collections::BTreeMap<(usize, u64), u64>,
+    /// The next borrowed buffer's serial.
+    pub serial: u64,
 }
 
 // SAFETY: the table's pointers are static (plugins are never unloaded) and the

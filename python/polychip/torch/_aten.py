@@ -262,7 +262,8 @@ _CONSTANTS: Dict[Tuple[Any, ...], torch.Tensor] = {}
 def _constant(value: float, dtype: torch.dtype, like: torch.Tensor) -> torch.Tensor:
     """A 0-dimensional device tensor holding ``value`` (cached: kernels only
     read it)."""
-    key = (like.device.index, dtype, value)
+    # The sign too: -0.0 == 0.0, and both hash alike.
+    key = (like.device.index, dtype, value, math.copysign(1.0, value))
     t = _CONSTANTS.get(key) if value == value else None
     if t is None:
         t = torch.empty((), dtype=dtype, device=like.device)
@@ -354,7 +355,34 @@ def _binary(name: str, a: Any, b: Any, alpha: Any = 1, inplace: bool = False) ->
         # x *= c in place is the optimizer's `scale` (no constant tensor).
         ops.scale(_pc(a), float(bv))
         return a
-    if scalar:
+    if (
+        scalar
+        and dtype in (torch.float16, torch.bfloat16)
+        and a.dtype == dtype
+        and name in ("mul", "div")
+        and _NAMES[dtype] in ops.DTYPES["add"]
+        and (not inplace or _NAMES[dtype] in ops.DTYPES["scale"])
+    ):
+        # PyTorch multiplies and divides a half-precision tensor by a
+        # scalar in f32, rounding once: the scalar is not rounded to the
+        # tensor's dtype first (0.1 in bf16 is 0.10009765625; its add and
+        # sub do round it, as below). Multiplying goes to the operators' f64
+        # `alpha`, which they apply in f32: `-0 + c a` (-0 is the identity
+        # of addition for every value, -0 included); dividing does too where
+        # 1/c is exact (a power of two), else it runs in f32.
+        c = float(bv)
+        if name == "div":
+            m = math.frexp(c)[0] if math.isfinite(c) else 0.0
+            if abs(m) != 0.5:
+                r = _binary("div", a.to(torch.float32), c).to(dtype)
+                return a.copy_(r) if inplace else r
+            c = 1.0 / c
+        if inplace:
+            ops.scale(_pc(a), c)
+            return a
+        bt = a
+        a, alpha, name = _constant(-0.0, dtype, a), c, "add"
+    elif scalar:
         bt = _constant(bv, dtype, a)
     else:
         if not _on_device(b) or b.device != a.device:
@@ -1091,6 +1119,18 @@ class _CrossEntropy(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> Tuple[Any, ...]:
         logits, targets = ctx.saved_tensors
+        if torch.is_grad_enabled():
+            # A backward that is itself differentiated (create_graph=True: a
+            # gradient penalty, a Hessian-vector product): the gradient from
+            # differentiable operators, so that its own graph reaches the
+            # logits (the fused operator's result has none, and the second
+            # order term was silently dropped).
+            keep = targets != ctx.ignore_index
+            p = torch.softmax(logits.float(), dim=-1)
+            onehot = torch.nn.functional.one_hot(torch.where(keep, targets, 0).long(), logits.shape[-1])
+            scale = grad.float() / keep.sum()
+            g = (p - onehot) * (keep.unsqueeze(-1) * scale)
+            return g.to(logits.dtype), None, None
         grad_logits = _empty(logits.shape, logits.dtype, logits)
         ops.cross_entropy_backward(_pc(logits), _pc(targets), _pc(grad_logits), float(grad.item()), int(ctx.ignore_index))
         return grad_logits, None, None
@@ -1138,6 +1178,10 @@ def _cross_entropy_loss(
     if reduction == 2:
         # The sum is the mean times the rows counted (the targets are small).
         count = int((target.cpu() != ignore_index).sum())
+        if count == 0:
+            # A sum over no row is 0 (the mean is NaN, and NaN * 0 is NaN),
+            # with a zero gradient, as on the CPU.
+            return self[:0].sum()
         return _CrossEntropy.apply(self, target, ignore_index) * count
     return _CrossEntropy.apply(self, target, ignore_index)
 

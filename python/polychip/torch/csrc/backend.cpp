@@ -858,6 +858,11 @@ const at::Tensor& resize_(const at::Tensor& self, c10::SymIntArrayRef size,
                   *memory_format == at::MemoryFormat::Preserve,
               "polychip: resize_ supports the contiguous memory format only");
   auto sizes = C10_AS_INTARRAYREF_SLOW(size);
+  // Same sizes: nothing changes, strides included (as PyTorch's own
+  // resize_). The CPU fallback writes an in-place or out= result back
+  // through copy_from_and_resize, and making a strided view contiguous here
+  // wrote the result over the wrong elements of its storage.
+  if (self.sizes() == sizes) return self;
   auto* impl = self.unsafeGetTensorImpl();
   impl->set_sizes_contiguous(sizes);
   const int64_t numel = impl->numel();
