@@ -3,6 +3,7 @@ copies across vendors, the device guard, streams and events, generators,
 the counted CPU fallback and strict mode, and autoloading."""
 
 import copy
+import gc
 import os
 import subprocess
 import sys
@@ -609,3 +610,24 @@ def test_bad_input_fails_clearly_and_nothing_runs_across_devices():
         torch.nn.functional.embedding(torch.tensor([5], device=a.device), torch.randn(3, 2, device=a.device))
     with pytest.raises(RuntimeError, match="doesn't match the broadcast shape"):
         a.add_(torch.randn(2, 3, device=a.device))
+
+
+def test_polychip_tensors_on_private_memory_reach_torch_zero_copy(cobalt):
+    """torch.from_dlpack of a polychip tensor in private device memory
+    (kDLExtDev) gives a polychip:N tensor over the same memory; its first
+    use refused it ("no memory the polychip allocator has live") until the
+    backend imported such storages through libpolychip's DLPack."""
+    t = polychip.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]], device=cobalt)
+    tt = torch.from_dlpack(t)
+    assert tt.device == torch.device("polychip", COBALT) and tt.shape == (2, 3)
+    assert torch.equal((tt[:, 1:] * 2).cpu(), torch.tensor([[4.0, 6.0], [10.0, 12.0]]))
+    tt[1].add_(10)
+    assert t.numpy().tolist() == [[1.0, 2.0, 3.0], [14.0, 15.0, 16.0]], "writes by torch reach polychip"
+    polychip.ops.scale(t, 2.0)
+    assert tt.cpu().tolist() == [[2.0, 4.0, 6.0], [28.0, 30.0, 32.0]], "and polychip's reach torch"
+    del t  # torch's tensor keeps the memory
+    gc.collect()
+    assert tt.sum().item() == 102.0
+    # Back again: polychip sees its own memory.
+    back = polychip.from_dlpack(tt)
+    assert back.device == cobalt and back.numpy().tolist() == tt.cpu().tolist()

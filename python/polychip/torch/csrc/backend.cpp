@@ -146,21 +146,88 @@ void free_allocation(void* ctx) {
 
 bool find_block(const void* p, Block* out);
 
+// A storage PyTorch made over device memory that libpolychip holds but this
+// allocator did not give out (torch.from_dlpack of a polychip tensor whose
+// device memory is not host-visible, which DLPack names kDLExtDev): the
+// storage's own DataPtr (whose deleter runs the producer's DLPack deleter)
+// and libpolychip's import of the same bytes, which the storage owns from
+// its first use on.
+struct Imported {
+  at::DataPtr original;
+  polychip_tensor_t* handle;
+};
+
+void free_imported(void* ctx) {
+  auto* imported = static_cast<Imported*>(ctx);
+  polychip_tensor_destroy(imported->handle);
+  delete imported;  // `original` last: the producer's memory outlives the import
+}
+
+// The DLPack tensor lent to libpolychip's import: the storage's bytes,
+// which the storage keeps (its deleter only frees this description).
+struct Lent {
+  polychip_dlpack_versioned_t managed;
+  int64_t shape[1];
+};
+
+void free_lent(polychip_dlpack_versioned_t* managed) {
+  delete reinterpret_cast<Lent*>(managed);
+}
+
+std::mutex g_import_mutex;
+
 // The byte tensor behind a storage, and where in it the storage starts. A
 // storage PyTorch made over device memory without the allocator (legacy
 // pickling's `_write_file`, as `pickle.dumps` of a tensor runs it, wraps a
 // storage's pointer in one of its own) is found by its address among the
-// live allocations.
+// live allocations; one over memory libpolychip gave another owner
+// (torch.from_dlpack of a polychip tensor) is imported through DLPack, which
+// refuses memory libpolychip does not hold, and keeps the import.
 std::pair<polychip_tensor_t*, uint64_t> storage_handle(const c10::Storage& storage) {
   const auto& ptr = storage.data_ptr();
   if (ptr.get_deleter() == &free_allocation) {
     return {static_cast<Block*>(ptr.get_context())->handle, 0};
   }
+  if (ptr.get_deleter() == &free_imported) {
+    return {static_cast<Imported*>(ptr.get_context())->handle, 0};
+  }
   Block block{};
-  TORCH_CHECK(ptr.get() != nullptr && find_block(ptr.get(), &block),
-              "polychip: a polychip tensor's storage addresses no memory the polychip "
-              "allocator has live, so it cannot be handed to a plugin");
-  return {block.handle, reinterpret_cast<uintptr_t>(ptr.get()) - block.address};
+  TORCH_CHECK(ptr.get() != nullptr,
+              "polychip: a polychip tensor's storage addresses no memory, so it cannot be "
+              "handed to a plugin");
+  if (find_block(ptr.get(), &block)) {
+    return {block.handle, reinterpret_cast<uintptr_t>(ptr.get()) - block.address};
+  }
+  std::lock_guard<std::mutex> lock(g_import_mutex);
+  auto* impl = storage.unsafeGetStorageImpl();
+  if (impl->data_ptr().get_deleter() == &free_imported) {  // imported meanwhile
+    return {static_cast<Imported*>(impl->data_ptr().get_context())->handle, 0};
+  }
+  void* data = impl->data_ptr().get();
+  const auto device = storage.device();
+  auto* lent = new Lent{};
+  lent->shape[0] = static_cast<int64_t>(storage.nbytes());
+  lent->managed.version = {1, 0};
+  lent->managed.deleter = &free_lent;
+  lent->managed.dl_tensor.data = data;
+  lent->managed.dl_tensor.device = {12, static_cast<int32_t>(device.index())};
+  lent->managed.dl_tensor.ndim = 1;
+  lent->managed.dl_tensor.dtype = {1, 8, 1};  // bytes
+  lent->managed.dl_tensor.shape = lent->shape;
+  polychip_tensor_t* handle = nullptr;
+  polychip_error_t* error =
+      polychip_tensor_from_dlpack(g_runtime, &lent->managed, device.index(), &handle);
+  if (error != nullptr) {
+    delete lent;  // still ours on failure
+    std::string message = polychip_error_message(error);
+    polychip_error_destroy(error);
+    TORCH_CHECK(false, "polychip: a polychip tensor's storage (", storage.nbytes(),
+                " bytes at ", data, " on ", device,
+                ") was not allocated by polychip.torch, and libpolychip refused it: ", message);
+  }
+  auto* imported = new Imported{at::DataPtr(), handle};
+  imported->original = impl->set_data_ptr(at::DataPtr(data, imported, &free_imported, device));
+  return {handle, 0};
 }
 
 // A device allocator, as torch.accelerator's memory functions ask of every
