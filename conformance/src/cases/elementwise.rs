@@ -379,6 +379,25 @@ fn activation_backward(op: ActivationBackwardOp, dtype: DType) -> Vec<Case> {
             },
         ));
     }
+    if op == ActivationBackwardOp::GeluBackward && dtype != DType::F16 {
+        // Far past where the derivative is 1 or 0: x^2 overflows f32 from
+        // 1.8e19 on (a kernel's `s + 2 x s (1 - s) u'` became 0 * inf, NaN).
+        let x = vec![1e10, -1e10, 1e13, -1e13, 1e20, -1e20, 3e38, -3e38];
+        let n = x.len();
+        cases.push(case(
+            op.name(),
+            dtype,
+            "inputs from 1e10 to 3e38",
+            vec![
+                input("grad_out", dtype, &[n], vec![1.0; n], Layout::Contiguous),
+                input("input", dtype, &[n], x, Layout::Contiguous),
+                output("grad_in", dtype, &[n], Layout::Contiguous),
+            ],
+            Tolerance::computed(16.0),
+            move |exec, t| exec.activation_backward(op, &t[0], &t[1], &t[2]),
+            |d| Ok(vec![reference::gelu_backward(&d[0], &d[1])?]),
+        ));
+    }
     if op == ActivationBackwardOp::SiluBackward {
         // The gradient g e^x (1 + x) of the tails (see `tails`).
         for (label, x, tolerance) in tails(dtype) {

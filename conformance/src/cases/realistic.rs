@@ -14,7 +14,7 @@
 
 use polychip_host::{ActivationBackwardOp, BinaryOp, DType, MatmulOptions, ReduceOp, UnaryOp};
 
-use super::{Rng, case, input, output};
+use super::{Rng, case, input, numel, output};
 use crate::case::{Case, Layout, Resize};
 use crate::reference::{self, Indices};
 use crate::tolerance::{Bias, Tolerance};
@@ -180,17 +180,27 @@ const FAMILIES: &[Family] = &[
     Family {
         op: "attention",
         build: attention,
-        // [heads, seq, head_dim].
-        default: &[&[2, 512, 64]],
-        full: &[&[8, 2048, 128]],
+        // [batch, heads, kv heads, queries, keys, head_dim, causal]; a
+        // causal prefix of keys (more keys than queries) over several
+        // query blocks.
+        default: &[&[1, 2, 2, 512, 512, 64, 1], &[1, 1, 1, 128, 384, 16, 1]],
+        full: &[&[1, 8, 8, 2048, 2048, 128, 1]],
     },
     Family {
         op: "attention_backward",
         build: attention_backward,
-        // [heads, seq, head_dim]: a head dim of 128, and a sequence past
-        // 256 that is not a multiple of a key tile.
-        default: &[&[1, 300, 128]],
-        full: &[&[4, 1031, 128]],
+        // [batch, heads, kv heads, queries, keys, head_dim, causal]: a head
+        // dim of 128 and a sequence past 256 that is not a multiple of a key
+        // tile; and the shapes a kernel that splits the keys across threads
+        // must map back: a causal prefix of keys over several query blocks,
+        // grouped heads over two batches, grouped heads of two kv heads.
+        default: &[
+            &[1, 1, 1, 300, 300, 128, 1],
+            &[1, 1, 1, 128, 384, 16, 1],
+            &[2, 4, 1, 64, 300, 16, 0],
+            &[1, 4, 2, 64, 300, 16, 1],
+        ],
+        full: &[&[1, 4, 4, 1031, 1031, 128, 1]],
     },
     Family {
         op: "rope",
@@ -636,78 +646,117 @@ fn layer_norm(dtype: DType, p: &[usize]) -> Case {
     )
 }
 
+/// Attention's shapes from a family's parameters `[batch, heads, kv
+/// heads, queries, keys, head_dim, causal]`: q's shape, k's and v's, the
+/// statistics', the scale, whether causal, and the label (q's shape, then
+/// the keys' where they differ, as in `[1, 1, 300, 128] causal`).
+struct AttentionShape {
+    q: [usize; 4],
+    kv: [usize; 4],
+    stats: [usize; 3],
+    scale: f64,
+    causal: bool,
+    label: String,
+}
+
+fn attention_shape(p: &[usize]) -> AttentionShape {
+    let (b, hq, sq, skv, hd) = (p[0], p[1].max(1), p[3], p[4], p[5]);
+    // The kv heads divide the heads (a size the shrinker or a test made
+    // smaller may not: the largest that does).
+    let hkv = (1..=p[2].clamp(1, hq)).rev().find(|k| hq % k == 0).unwrap_or(1);
+    let causal = p[6] != 0;
+    let (q, kv) = ([b, hq, sq, hd], [b, hkv, skv, hd]);
+    let mut label = dims(&q);
+    if kv != q {
+        label += &format!(" kv {}", dims(&kv));
+    }
+    if causal {
+        label += " causal";
+    }
+    AttentionShape {
+        q,
+        kv,
+        stats: [b, hq, sq],
+        scale: 1.0 / (hd as f64).sqrt(),
+        causal,
+        label,
+    }
+}
+
 fn attention(dtype: DType, p: &[usize]) -> Case {
-    let (heads, seq, hd) = (p[0], p[1], p[2]);
+    let a = attention_shape(p);
     let mut r = rng("attention", dtype, p);
-    let shape = [1, heads, seq, hd];
-    let n = heads * seq * hd;
-    let q = r.values(dtype, n, -1.0, 1.0);
-    let k = r.values(dtype, n, -1.0, 1.0);
-    let v = r.values(dtype, n, -1.0, 1.0);
-    let scale = 1.0 / (hd as f64).sqrt();
+    let q = r.values(dtype, numel(&a.q), -1.0, 1.0);
+    let k = r.values(dtype, numel(&a.kv), -1.0, 1.0);
+    let v = r.values(dtype, numel(&a.kv), -1.0, 1.0);
+    let (scale, causal) = (a.scale, a.causal);
     case(
         "attention",
         dtype,
-        format!("{} causal", dims(&shape)),
+        a.label,
         vec![
-            input("q", dtype, &shape, q, C),
-            input("k", dtype, &shape, k, C),
-            input("v", dtype, &shape, v, C),
-            output("out", dtype, &shape, C),
-            output("lse", DType::F32, &[1, heads, seq], C),
+            input("q", dtype, &a.q, q, C),
+            input("k", dtype, &a.kv, k, C),
+            input("v", dtype, &a.kv, v, C),
+            output("out", dtype, &a.q, C),
+            output("lse", DType::F32, &a.stats, C),
         ],
-        Tolerance::accumulated(8.0, seq + hd).with_low(2.0),
-        move |exec, t| exec.attention(&t[0], &t[1], &t[2], &t[3], &t[4], scale, true),
+        Tolerance::accumulated(8.0, a.kv[2] + a.q[3]).with_low(2.0),
+        move |exec, t| exec.attention(&t[0], &t[1], &t[2], &t[3], &t[4], scale, causal),
         move |d| {
-            let (out, lse) = reference::attention(&d[0], &d[1], &d[2], scale, true)?;
+            let (out, lse) = reference::attention(&d[0], &d[1], &d[2], scale, causal)?;
             Ok(vec![out, lse])
         },
     )
 }
 
-/// Causal attention's backward at a realistic head dim and sequence: the
-/// saved `out` and `lse` of the reference forward, stored as a plugin
-/// would have (as `nn::attention`'s small cases).
+/// Attention's backward at a realistic head dim and sequence: the saved
+/// `out` and `lse` of the reference forward, stored as a plugin would have
+/// (as `nn::attention`'s small cases).
 fn attention_backward(dtype: DType, p: &[usize]) -> Case {
-    let (heads, seq, hd) = (p[0], p[1], p[2]);
+    let a = attention_shape(p);
     let mut r = rng("attention_backward", dtype, p);
-    let shape = [1, heads, seq, hd];
-    let n = heads * seq * hd;
-    let q = r.values(dtype, n, -1.0, 1.0);
-    let k = r.values(dtype, n, -1.0, 1.0);
-    let v = r.values(dtype, n, -1.0, 1.0);
-    let g = r.values(dtype, n, -1.0, 1.0);
-    let scale = 1.0 / (hd as f64).sqrt();
-    let dense = |x: &Vec<f64>| reference::Dense::new(&shape, x.clone());
-    let (out, lse) = reference::attention(&dense(&q), &dense(&k), &dense(&v), scale, true)
-        .expect("valid shapes");
+    let q = r.values(dtype, numel(&a.q), -1.0, 1.0);
+    let k = r.values(dtype, numel(&a.kv), -1.0, 1.0);
+    let v = r.values(dtype, numel(&a.kv), -1.0, 1.0);
+    let g = r.values(dtype, numel(&a.q), -1.0, 1.0);
+    let (scale, causal) = (a.scale, a.causal);
+    let dense = |shape: &[usize], x: &Vec<f64>| reference::Dense::new(shape, x.clone());
+    let (out, lse) = reference::attention(
+        &dense(&a.q, &q),
+        &dense(&a.kv, &k),
+        &dense(&a.kv, &v),
+        scale,
+        causal,
+    )
+    .expect("valid shapes");
     let stored = super::nn::stored;
-    let stats = [1, heads, seq];
     case(
         "attention_backward",
         dtype,
-        format!("{} causal", dims(&shape)),
+        a.label,
         vec![
-            input("q", dtype, &shape, q, C),
-            input("k", dtype, &shape, k, C),
-            input("v", dtype, &shape, v, C),
-            input("out", dtype, &shape, stored(dtype, &out), C),
-            input("lse", DType::F32, &stats, stored(DType::F32, &lse), C),
-            input("grad_out", dtype, &shape, g, C),
-            output("grad_q", dtype, &shape, C),
-            output("grad_k", dtype, &shape, C),
-            output("grad_v", dtype, &shape, C),
+            input("q", dtype, &a.q, q, C),
+            input("k", dtype, &a.kv, k, C),
+            input("v", dtype, &a.kv, v, C),
+            input("out", dtype, &a.q, stored(dtype, &out), C),
+            input("lse", DType::F32, &a.stats, stored(DType::F32, &lse), C),
+            input("grad_out", dtype, &a.q, g, C),
+            output("grad_q", dtype, &a.q, C),
+            output("grad_k", dtype, &a.kv, C),
+            output("grad_v", dtype, &a.kv, C),
         ],
-        // As `nn::attention`: sums over the keys, the queries and the head.
-        Tolerance::accumulated(8.0, 2 * seq + hd).with_low(3.0),
+        // As `nn::attention`: sums over the keys, the queries (of every
+        // query head of a group, for a kv head's gradients) and the head.
+        Tolerance::accumulated(8.0, a.kv[2] + a.q[2] * (a.q[1] / a.kv[1]) + a.q[3]).with_low(3.0),
         move |exec, t| {
             exec.attention_backward(
-                &t[0], &t[1], &t[2], &t[3], &t[4], &t[5], &t[6], &t[7], &t[8], scale, true,
+                &t[0], &t[1], &t[2], &t[3], &t[4], &t[5], &t[6], &t[7], &t[8], scale, causal,
             )
         },
         move |d| {
             let (gq, gk, gv) = reference::attention_backward(
-                &d[0], &d[1], &d[2], &d[3], &d[4], &d[5], scale, true,
+                &d[0], &d[1], &d[2], &d[3], &d[4], &d[5], scale, causal,
             )?;
             Ok(vec![gq, gk, gv])
         },

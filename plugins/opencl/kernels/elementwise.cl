@@ -99,6 +99,10 @@ __kernel void pc_activation_backward(__global const S *g, pc_layout gl, __global
     } else if (op == 1) {
         s = pc_sigmoid_c(v, &c);
         d = s * ((A)1 + v * c);
+    } else if (fabs(v) > (A)20) {
+        // 1 (or 0) to every float's precision; v^2 overflows from 1.8e19
+        // on in f32, which made the product below 0 * inf.
+        d = (v > (A)0) ? (A)1 : (A)0;
     } else {
         A v2 = v * v;
         A u = PC_GELU_K * (v + PC_GELU_C * v2 * v);

@@ -58,6 +58,12 @@ pub(crate) fn gelu(x: f32) -> f32 {
 /// d gelu / dx `= s + 2 x s (1 - s) u'`, `s = sigmoid(2u)`.
 #[inline(always)]
 fn gelu_grad(x: f32) -> f32 {
+    // Past |x| = 20 the derivative is 1 (or 0) to every float's precision
+    // (sigmoid(2u) at |2u| > 600), and x^2 overflows from 1.8e19 on, which
+    // made the product below 0 * inf: NaN.
+    if x.abs() > 20.0 {
+        return if x > 0.0 { 1.0 } else { 0.0 };
+    }
     let x2 = x * x;
     let u = GELU_K * (x + GELU_C * x2 * x);
     let du = GELU_K * (1.0 + 3.0 * GELU_C * x2);

@@ -255,8 +255,10 @@ pub(super) fn attention_backward_cases(dtype: DType) -> Vec<Case> {
         if p.large_scores {
             // grad_q = scale sum_j dS_ij k_j with sum_j dS_ij = 0 and k about
             // 16 + (-1, 0 or 1): the common 16 cancels, leaving the f32
-            // rounding errors of terms 16 times the size of the result.
-            n *= 16;
+            // rounding errors of terms up to 17 times the size of the result
+            // (16 let one element of an f32 kernel that passes everywhere
+            // else fail by 9% of it under other random data).
+            n *= 17;
         }
         let mut tensors = p.inputs(dtype, qkv);
         tensors.extend([
