@@ -625,9 +625,24 @@ def test_polychip_tensors_on_private_memory_reach_torch_zero_copy(cobalt):
     assert t.numpy().tolist() == [[1.0, 2.0, 3.0], [14.0, 15.0, 16.0]], "writes by torch reach polychip"
     polychip.ops.scale(t, 2.0)
     assert tt.cpu().tolist() == [[2.0, 4.0, 6.0], [28.0, 30.0, 32.0]], "and polychip's reach torch"
+    # Its storage is the producer's: not resized away from it (as PyTorch
+    # refuses for any storage it does not own).
+    with pytest.raises(RuntimeError, match="not resizable"):
+        tt.resize_(100)
+    assert tt.shape == (2, 3)
     del t  # torch's tensor keeps the memory
     gc.collect()
     assert tt.sum().item() == 102.0
     # Back again: polychip sees its own memory.
     back = polychip.from_dlpack(tt)
     assert back.device == cobalt and back.numpy().tolist() == tt.cpu().tolist()
+
+
+def test_resize_grows_keeps_and_refuses_impossible_sizes_unchanged():
+    x = torch.arange(3.0, device=f"polychip:{COBALT}")
+    x.resize_(10)
+    assert x.shape == (10,) and x[:3].cpu().tolist() == [0.0, 1.0, 2.0]
+    for sizes, message in [((-1,), "negative size -1"), ((2**62, 2**62), "overflows the element count")]:
+        with pytest.raises(RuntimeError, match=message):
+            x.resize_(*sizes)
+        assert x.shape == (10,), "a refused resize leaves the sizes"

@@ -35,6 +35,7 @@
 #include <ATen/ops/as_strided_cpu_dispatch.h>
 #include <ATen/ops/set_cpu_dispatch.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <c10/util/safe_numerics.h>
 #include <torch/csrc/Generator.h>
 
 #include <atomic>
@@ -900,6 +901,9 @@ at::Tensor as_strided(const at::Tensor& self, c10::SymIntArrayRef size, c10::Sym
 void resize_storage(const c10::Storage& storage, size_t bytes) {
   const size_t old = storage.nbytes();
   if (bytes == old) return;
+  // As PyTorch's own: a storage over memory it does not own (one made by
+  // torch.from_dlpack, shared with its producer) keeps its memory.
+  TORCH_CHECK(storage.resizable(), "Trying to resize storage that is not resizable");
   const c10::DeviceGuard guard(storage.device());
   at::DataPtr fresh = g_allocator.allocate(bytes);
   const size_t kept = std::min(old, bytes);
@@ -930,15 +934,22 @@ const at::Tensor& resize_(const at::Tensor& self, c10::SymIntArrayRef size,
   // through copy_from_and_resize, and making a strided view contiguous here
   // wrote the result over the wrong elements of its storage.
   if (self.sizes() == sizes) return self;
-  auto* impl = self.unsafeGetTensorImpl();
-  impl->set_sizes_contiguous(sizes);
-  const int64_t numel = impl->numel();
+  int64_t numel = 1;
+  for (const int64_t d : sizes) {
+    TORCH_CHECK(d >= 0, "polychip: resize_ to a negative size ", d);
+    TORCH_CHECK(!c10::mul_overflows(numel, d, &numel), "polychip: resize_ to ", sizes,
+                " overflows the element count");
+  }
   if (numel > 0) {
-    const size_t needed =
-        static_cast<size_t>(self.storage_offset() + numel) * self.element_size();
-    // Tensor.resize_ only grows its storage (as PyTorch's kernels do).
+    size_t needed = 0;
+    TORCH_CHECK(!c10::mul_overflows(static_cast<size_t>(self.storage_offset() + numel),
+                                    static_cast<size_t>(self.element_size()), &needed),
+                "polychip: resize_ to ", sizes, " overflows the byte count");
+    // Tensor.resize_ only grows its storage (as PyTorch's kernels do); the
+    // storage first, so that a refused one leaves the sizes as they were.
     if (needed > self.storage().nbytes()) resize_storage(self.storage(), needed);
   }
+  self.unsafeGetTensorImpl()->set_sizes_contiguous(sizes);
   return self;
 }
 
