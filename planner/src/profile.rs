@@ -210,11 +210,11 @@ impl ProfileEntry {
                 crate::settings::MAX_GLOBAL_BATCH
             ));
         }
-        if !crate::search::TP_DEGREES.contains(&self.tp) {
+        if self.tp == 0 || self.tp > crate::cluster::MAX_CHIPS_PER_NODE {
             return Err(format!(
-                "{at}: tp {} is not one of {:?}",
+                "{at}: tp {} must be from 1 to {} (a tensor-parallel group lies inside a node)",
                 self.tp,
-                crate::search::TP_DEGREES
+                crate::cluster::MAX_CHIPS_PER_NODE
             ));
         }
         let given = |p: Option<Passes>| p.map(|p| [p.forward, p.backward]);

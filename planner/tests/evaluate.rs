@@ -238,7 +238,7 @@ fn inconsistent_plans_are_refused_naming_what_is_wrong() {
                 r#"{"device": "nvidia-a800-class", "tp": 3, "layers": [0, 32]}"#,
                 "",
             ),
-            "tp 3 is not a degree the planner models",
+            "tp 3 does not divide \"nvidia-a800-class\"'s 8 chips per node",
         ),
         (
             one(a800, r#", "copies": 300"#),
@@ -681,4 +681,56 @@ fn a_plan_with_a_key_twice_is_refused_not_read_as_the_last() {
         "micro_batches": 32, "stages": [{"chip": "A100", "layers": 32}]}]}"#;
     let e = err(text, true, &m);
     assert!(e.contains("\"copies\" appears twice"), "{e}");
+}
+
+#[test]
+fn a_tensor_parallel_degree_outside_the_searchs_is_scored() {
+    // Nodes of 16 (as Trainium's) with tp 16, and of 6 with tp 3: the
+    // search tries 1, 2, 4 and 8, a measured run may use any degree a node
+    // holds whole.
+    let cluster = |per_node: u64| {
+        ClusterSpec::from_toml_str(&format!(
+            r#"inter_node_bandwidth = 25e9
+[[chip_types]]
+name = "x"
+count = {}
+chips_per_node = {per_node}
+memory_bytes = 103079215104
+peak_flops = {{ f32 = 50e12, bf16 = 400e12, f16 = 400e12 }}
+efficiency = 0.5
+intra_node_bandwidth = 100e9
+nic_bandwidth = 25e9
+"#,
+            per_node * 4
+        ))
+        .unwrap()
+    };
+    let m = ModelSpec::llama_7b();
+    let s = TrainingSettings::new(64);
+    let step = |c: &ClusterSpec, tp: u64| {
+        let text = format!(
+            r#"{{"group": [{{"micro_batch_size": 1, "micro_batches": 64, "stages": [{{"chip": "x", "tp": {tp}, "layers": [0, 32]}}]}}]}}"#
+        );
+        evaluate(&PlanSpec::parse(&text, true).unwrap(), &m, c, &s)
+            .map(|e| e.plan.step_time_simulated)
+            .map_err(|e| e.to_string())
+    };
+    let sixteen = cluster(16);
+    let (t8, t16) = (step(&sixteen, 8).unwrap(), step(&sixteen, 16).unwrap());
+    assert!(
+        t16.is_finite() && t16 > 0.0 && t16 < t8,
+        "tp 16 {t16} s, tp 8 {t8} s"
+    );
+    // 3 divides a node of 6 but not LLaMA's 32 heads; 16 does not divide 6.
+    let six = cluster(6);
+    let err = step(&six, 3).unwrap_err();
+    assert!(
+        err.contains("tp 3 does not divide the model's 32 attention heads"),
+        "{err}"
+    );
+    let err = step(&six, 16).unwrap_err();
+    assert!(
+        err.contains("tp 16 does not divide \"x\"'s 6 chips per node"),
+        "{err}"
+    );
 }

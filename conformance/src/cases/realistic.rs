@@ -663,7 +663,10 @@ fn attention_shape(p: &[usize]) -> AttentionShape {
     let (b, hq, sq, skv, hd) = (p[0], p[1].max(1), p[3], p[4], p[5]);
     // The kv heads divide the heads (a size the shrinker or a test made
     // smaller may not: the largest that does).
-    let hkv = (1..=p[2].clamp(1, hq)).rev().find(|k| hq % k == 0).unwrap_or(1);
+    let hkv = (1..=p[2].clamp(1, hq))
+        .rev()
+        .find(|k| hq % k == 0)
+        .unwrap_or(1);
     let causal = p[6] != 0;
     let (q, kv) = ([b, hq, sq, hd], [b, hkv, skv, hd]);
     let mut label = dims(&q);
