@@ -63,7 +63,9 @@ pub struct Args {
     #[arg(long)]
     no_flash_attention: bool,
     /// The pipelines' schedule: 1f1b (Megatron-LM's and DeepSpeed's, the
-    /// default) or zero-bubble (`polychip train --schedule zero-bubble`).
+    /// default), zero-bubble (`polychip train --schedule zero-bubble`) or
+    /// gpipe (all forward passes, then all backward passes: PyTorch's
+    /// `ScheduleGPipe`; more activations held).
     /// With --evaluate it overrides the plan file's `schedule`.
     #[arg(long, value_name = "SCHEDULE")]
     schedule: Option<PipelineSchedule>,

@@ -175,9 +175,11 @@ pub struct Args {
     /// The pipeline schedule: `1f1b`, or `zero-bubble`, which sends each
     /// input gradient before computing the weights' gradients and runs
     /// deeper warm-up, so that a stage waits less (it keeps more
-    /// activations, and needs queued sends). The results are the same bits.
-    /// Default: the plan's; `--plan auto` prices both and takes the
-    /// faster; otherwise 1f1b.
+    /// activations, and needs queued sends), or `gpipe` (every forward pass,
+    /// then every backward pass: the same bubble as 1f1b, and the
+    /// activations of every micro-batch held). The results are the same
+    /// bits. Default: the plan's; `--plan auto` prices 1f1b and zero-bubble
+    /// and takes the faster; otherwise 1f1b.
     #[arg(long, value_name = "SCHEDULE")]
     schedule: Option<PipelineSchedule>,
     /// With `--plan auto`: the relative error assumed of each device

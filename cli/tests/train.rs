@@ -629,6 +629,9 @@ fn the_overlapped_reduction_gives_the_same_bits_and_starts_inside_the_backward_p
         // one's weights' gradients start the reduction.
         let split = run("zero-bubble", &["--schedule", "zero-bubble"]);
         assert_eq!(overlapped, split, "{precision}");
+        // Every forward pass first, then every backward pass: the same sums.
+        let gpipe = run("gpipe", &["--schedule", "gpipe"]);
+        assert_eq!(overlapped, gpipe, "{precision}");
     }
     // Each rank's buckets run on the reducer's row; in every step, rank
     // 0's first bucket (the head's end of the model) starts before its

@@ -587,7 +587,7 @@ impl PlanSpec {
             None | Some(Value::Null) => None,
             Some(x) => Some(x.as_str().and_then(|s| s.parse().ok()).ok_or_else(|| {
                 plan_err(format!(
-                    "schedule is {x}; expected \"1f1b\" or \"zero-bubble\""
+                    "schedule is {x}; expected \"1f1b\", \"zero-bubble\" or \"gpipe\""
                 ))
             })?),
         };

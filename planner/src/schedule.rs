@@ -49,6 +49,13 @@ pub enum PipelineSchedule {
     /// phase's first (1F1B: `min(p - i - 1, m)`). `polychip train
     /// --schedule zero-bubble`.
     ZeroBubble,
+    /// GPipe (Huang et al., 2019; `ScheduleGPipe` of PyTorch's pipelining):
+    /// every forward pass of the step, then every backward pass, so each
+    /// stage holds the activations of all `m` micro-batches. As fast as
+    /// 1F1B (the same bubble), with more memory; for scoring runs that used
+    /// it (the search proposes 1F1B and zero bubble).
+    #[serde(rename = "gpipe")]
+    GPipe,
 }
 
 impl PipelineSchedule {
@@ -57,6 +64,7 @@ impl PipelineSchedule {
         match self {
             PipelineSchedule::OneFOneB => "1f1b",
             PipelineSchedule::ZeroBubble => "zero-bubble",
+            PipelineSchedule::GPipe => "gpipe",
         }
     }
 
@@ -68,6 +76,7 @@ impl PipelineSchedule {
         match self {
             PipelineSchedule::OneFOneB => depth.min(m),
             PipelineSchedule::ZeroBubble => (2 * depth).min(m),
+            PipelineSchedule::GPipe => m.saturating_sub(1),
         }
     }
 
@@ -88,8 +97,9 @@ impl std::str::FromStr for PipelineSchedule {
         match s {
             "1f1b" => Ok(PipelineSchedule::OneFOneB),
             "zero-bubble" => Ok(PipelineSchedule::ZeroBubble),
+            "gpipe" => Ok(PipelineSchedule::GPipe),
             _ => Err(format!(
-                "unknown pipeline schedule `{s}`: expected 1f1b or zero-bubble"
+                "unknown pipeline schedule `{s}`: expected 1f1b, zero-bubble or gpipe"
             )),
         }
     }
@@ -143,6 +153,32 @@ mod tests {
             sends_async: false,
             weight_grad: 0.0,
         }
+    }
+
+    #[test]
+    fn gpipe_runs_every_forward_first_and_holds_every_micro_batch() {
+        use crate::sim::{Pass, stage_order, step};
+        let (p, m) = (3usize, 5usize);
+        for i in 0..p {
+            let order = stage_order(i, p, m, PipelineSchedule::GPipe);
+            let passes: Vec<Pass> = order.iter().map(|&(pass, _)| pass).collect();
+            assert_eq!(passes[..m], [Pass::Forward; 5]);
+            assert_eq!(passes[m..], [Pass::Backward; 5]);
+            assert_eq!(PipelineSchedule::GPipe.in_flight(i, p, m), m);
+        }
+        assert_eq!("gpipe".parse(), Ok(PipelineSchedule::GPipe));
+        // Equal stages: the same step as 1F1B, (m + p - 1) t.
+        let mut s = Schedule {
+            stages: (0..p).map(|_| stage(1.0, 2.0)).collect(),
+            microbatches: m,
+            pipeline: PipelineSchedule::GPipe,
+        };
+        let gpipe = step(&s).step_time;
+        s.pipeline = PipelineSchedule::OneFOneB;
+        assert!(
+            (gpipe - step(&s).step_time).abs() < 1e-9 && (gpipe - 21.0).abs() < 1e-9,
+            "{gpipe}"
+        );
     }
 
     #[test]

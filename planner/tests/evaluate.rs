@@ -638,6 +638,15 @@ fn a_plan_names_its_schedule_and_is_priced_and_sized_under_it() {
     let act = |r: &polychip_planner::plan::Replica, i: usize| r.stages[i].memory.activations;
     assert!((act(rz, 0) / act(r1, 0) - 1.5).abs() < 1e-9);
     assert!((act(rz, 1) / act(r1, 1) - 2.0).abs() < 1e-9);
+    // GPipe: every forward pass first, so every stage holds the
+    // activations of all 32 micro-batches (1F1B: 2 and 1), at a step
+    // within the simulator's ordering of 1F1B's.
+    let gp = run(r#""schedule": "gpipe","#);
+    let rg = &gp.plan.replicas[0];
+    assert_eq!(rg.pipeline, PipelineSchedule::GPipe);
+    assert!((act(rg, 0) / act(r1, 0) - 16.0).abs() < 1e-9);
+    assert!((act(rg, 1) / act(r1, 1) - 32.0).abs() < 1e-9);
+    assert!((rg.step_time_simulated / r1.step_time_simulated - 1.0).abs() < 0.05);
     // The settings' schedule applies where the file names none.
     let mut s = TrainingSettings::new(64);
     s.schedule = PipelineSchedule::ZeroBubble;
