@@ -62,6 +62,11 @@ pub struct Args {
     /// through memory and are kept for the backward pass.
     #[arg(long)]
     no_flash_attention: bool,
+    /// Tensor parallelism without sequence parallelism (Megatron-LM without
+    /// `--sequence-parallel`, DeepSpeed's Megatron): the norms' and
+    /// dropouts' activations are whole on every chip of a group.
+    #[arg(long)]
+    no_sequence_parallel: bool,
     /// The pipelines' schedule: 1f1b (Megatron-LM's and DeepSpeed's, the
     /// default), zero-bubble (`polychip train --schedule zero-bubble`) or
     /// gpipe (all forward passes, then all backward passes: PyTorch's
@@ -186,6 +191,7 @@ fn plan(args: &Args) -> Result<(), String> {
     }
     settings.shard_optimizer |= args.shard_optimizer;
     settings.flash_attention &= !args.no_flash_attention;
+    settings.sequence_parallel &= !args.no_sequence_parallel;
     if let Some(schedule) = args.schedule {
         settings.schedule = schedule;
     }
@@ -329,6 +335,9 @@ fn flags_changing(recorded: &TrainingSettings, given: &TrainingSettings) -> Vec<
     }
     if a.flash_attention != b.flash_attention {
         out.push("--no-flash-attention".into());
+    }
+    if a.sequence_parallel != b.sequence_parallel {
+        out.push("--no-sequence-parallel".into());
     }
     if a.schedule != b.schedule {
         out.push(format!("--schedule {:?} for {:?}", b.schedule, a.schedule).to_lowercase());

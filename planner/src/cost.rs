@@ -198,8 +198,9 @@ pub fn stage_params(model: &ModelSpec, layers: &Range<u64>) -> u64 {
 
 /// Activation bytes one layer keeps per micro-batch of `micro_batch`
 /// sequences on each of `tp` chips (Korthikanti et al., 16-bit; the 34 scaled
-/// by the dtype's size over 2): `s b h (34 + 5 a s / h) / t`; with flash
-/// attention or selective recomputation `34 s b h / t`; with full
+/// by the dtype's size over 2): `s b h (34 + 5 a s / h) / t` with sequence
+/// parallelism, `s b h (10 + 24 / t + 5 a s / (h t))` without; with flash
+/// attention or selective recomputation the score term is 0; with full
 /// recomputation `2 s b h` (the layer input only).
 pub fn layer_activation_bytes(
     model: &ModelSpec,
@@ -241,7 +242,14 @@ fn full_layer_activation_bytes(
     } else {
         5.0 * a * s / h
     };
-    sbh * (34.0 * scale + scores) / tp.max(1) as f64
+    let t = tp.max(1) as f64;
+    // Without sequence parallelism the norms' and dropouts' 10 bytes per
+    // element are whole on every chip of the group.
+    let kept = match settings.sequence_parallel {
+        true => 34.0 / t,
+        false => 10.0 + 24.0 / t,
+    };
+    sbh * (kept * scale + scores / t)
 }
 
 /// Bytes of the logits and loss buffers on each of `tp` chips of the last

@@ -104,6 +104,16 @@ fn activation_bytes_per_layer() {
     s.recompute = Recompute::None;
     s.dtype = Dtype::F32;
     close(layer_activation_bytes(&m, &s, 1, 8), 2.0 * 142_606_336.0);
+    // Without sequence parallelism: s b h (10 + 24 / t + 5 a s / (h t)).
+    s.dtype = Dtype::Bf16;
+    s.sequence_parallel = false;
+    close(layer_activation_bytes(&m, &s, 1, 8), SBH * (10.0 + 3.0));
+    close(layer_activation_bytes(&m, &s, 1, 1), SBH * 34.0);
+    s.flash_attention = false;
+    close(
+        layer_activation_bytes(&m, &s, 1, 8),
+        SBH * (10.0 + 3.0 + 20.0),
+    );
 }
 
 #[test]

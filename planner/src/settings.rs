@@ -88,6 +88,13 @@ pub struct TrainingSettings {
     /// matrices: `34 s b h / t` bytes per layer. On by default.
     #[serde(default = "yes")]
     pub flash_attention: bool,
+    /// Sequence parallelism (Korthikanti et al.) beside tensor parallelism:
+    /// the norms' and dropouts' activations are split over the `t` chips
+    /// too, `34 s b h / t` bytes per layer; without it (Megatron-LM before
+    /// `--sequence-parallel`, DeepSpeed's Megatron) they are not, `s b h (10
+    /// + 24 / t)`. On by default.
+    #[serde(default = "yes")]
+    pub sequence_parallel: bool,
     /// Micro-batch sizes (sequences) the planner may choose from.
     #[serde(default = "default_micro_batches")]
     pub micro_batch_sizes: Vec<u64>,
@@ -115,6 +122,7 @@ impl TrainingSettings {
             shard_optimizer: false,
             bf16_gradients: false,
             flash_attention: true,
+            sequence_parallel: true,
             micro_batch_sizes: default_micro_batches(),
             schedule: PipelineSchedule::default(),
         }
