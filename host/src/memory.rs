@@ -51,7 +51,9 @@ impl Buffer {
         if let Some(u) = device.plugin().usage.get(device.index() as usize) {
             let now = u.in_use.fetch_add(bytes, Ordering::Relaxed) + bytes;
             u.peak.fetch_max(now, Ordering::Relaxed);
-            if !ptr.is_null() {
+            // (An empty allocation holds no address, and may share one
+            // with a real one: it is not kept.)
+            if !ptr.is_null() && bytes > 0 {
                 lock(&u.live).allocations.insert(ptr as usize, bytes);
             }
         }
@@ -161,7 +163,7 @@ impl Drop for Buffer {
         }
         if let Some(u) = usage {
             u.in_use.fetch_sub(self.bytes, Ordering::Relaxed);
-            if !self.ptr.is_null() {
+            if !self.ptr.is_null() && self.bytes > 0 {
                 lock(&u.live).allocations.remove(&(self.ptr as usize));
             }
         }
