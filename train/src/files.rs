@@ -145,7 +145,16 @@ pub fn missing_seal(bytes: &[u8], prefix: &[u8]) -> String {
     let written = String::from_utf8_lossy(prefix);
     let key = written.trim_matches([':', ' ', '"']);
     let quoted = format!("\"{key}\"");
-    if find(bytes, quoted.as_bytes()).is_some() {
+    // The key, as a key (followed by a colon, after any spacing), not a
+    // value that happens to be the same word.
+    let as_key = (0..bytes.len()).any(|i| {
+        bytes[i..].starts_with(quoted.as_bytes())
+            && bytes[i + quoted.len()..]
+                .iter()
+                .find(|c| !c.is_ascii_whitespace())
+                == Some(&b':')
+    });
+    if as_key {
         format!(
             "records its checksum ({quoted}) in another form than polychip writes it \
              (`{written}` followed by 16 lowercase hex digits and `\"`): it was rewritten by \
@@ -168,4 +177,20 @@ pub fn seal_matches(actual: u64, recorded: u64) -> std::result::Result<(), Strin
         ));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::missing_seal;
+
+    #[test]
+    fn a_seal_written_otherwise_is_told_from_none_and_from_a_value() {
+        let prefix = b"\"checksum\": \"";
+        let other = missing_seal(b"{\"checksum\" :\n \"00\"}", prefix);
+        assert!(other.contains("in another form"), "{other}");
+        for none in [&b"{\"step\": 1}"[..], b"{\"name\": \"checksum\", \"x\": 1}"] {
+            let m = missing_seal(none, prefix);
+            assert!(m.contains("does not record its checksum"), "{m}");
+        }
+    }
 }
