@@ -265,13 +265,12 @@ fn plan(args: &Args) -> Result<(), String> {
             );
         }
     }
-    if let Some(mut spec) = spec {
+    if let (Some(mut spec), Some(plan_file)) = (spec, args.evaluate.as_deref()) {
         if args.schedule.is_some() {
             spec.schedule = None;
         }
         // What the plan says against the model and the cluster is said of
         // the plan file.
-        let plan_file = args.evaluate.as_deref().unwrap_or(Path::new("-"));
         let ev = evaluate::evaluate(&spec, &model, &cluster, &settings).map_err(|e| match e {
             SpecError::Plan(m) => format!("plan {}: {m}", plan_file.display()),
             e => e.to_string(),

@@ -254,40 +254,38 @@ fn an_edited_manifest_is_refused() {
     let dir = file.parent().unwrap().to_path_buf();
     let m = dir.join("manifest.json");
     let good = std::fs::read(&m).unwrap();
-    // A flipped digit of the step.
-    replace_bytes(&m, "\"step\": 6", "\"step\": 7");
-    refused(&root, &m, &["corrupt", "checksum"]);
-    // Another learning rate.
-    std::fs::write(&m, &good).unwrap();
-    replace_bytes(&m, "\"lr\": 0.003", "\"lr\": 0.005");
-    refused(&root, &m, &["corrupt"]);
-    // The checksum removed (renamed).
-    std::fs::write(&m, &good).unwrap();
-    replace_bytes(&m, "\"checksum\"", "\"checksun\"");
-    refused(
-        &root,
-        &m,
-        &["does not record its checksum (it has no \"checksum\")"],
-    );
-    // Or written in another form (a tool's spacing).
-    std::fs::write(&m, &good).unwrap();
-    replace_bytes(&m, "\"checksum\": \"", " \"checksum\":\"");
-    refused(
-        &root,
-        &m,
-        &["records its checksum (\"checksum\") in another form"],
-    );
-    // A stage file's recorded length changed: refused, even with a checksum
-    // recomputed by someone who knows the scheme? No: the manifest's own
-    // checksum catches it first.
-    std::fs::write(&m, &good).unwrap();
     let len = std::fs::metadata(&file).unwrap().len();
-    replace_bytes(
-        &m,
-        &format!("\"bytes\": {len}"),
-        &format!("\"bytes\": {}", len + 1),
+    let (bytes, longer) = (
+        format!("\"bytes\": {len}"),
+        format!("\"bytes\": {}", len + 1),
     );
-    refused(&root, &m, &["corrupt"]);
+    let edits: [(&str, &str, &[&str]); 5] = [
+        // A flipped digit of the step.
+        ("\"step\": 6", "\"step\": 7", &["corrupt", "checksum"]),
+        // Another learning rate.
+        ("\"lr\": 0.003", "\"lr\": 0.005", &["corrupt"]),
+        // The checksum removed (renamed).
+        (
+            "\"checksum\"",
+            "\"checksun\"",
+            &["does not record its checksum (it has no \"checksum\")"],
+        ),
+        // Or written in another form (a tool's spacing).
+        (
+            "\"checksum\": \"",
+            " \"checksum\":\"",
+            &["records its checksum (\"checksum\") in another form"],
+        ),
+        // A stage file's recorded length changed: refused, even with a
+        // checksum recomputed by someone who knows the scheme? No: the
+        // manifest's own checksum catches it first.
+        (&bytes, &longer, &["corrupt"]),
+    ];
+    for (from, to, want) in edits {
+        std::fs::write(&m, &good).unwrap();
+        replace_bytes(&m, from, to);
+        refused(&root, &m, want);
+    }
 }
 
 #[test]

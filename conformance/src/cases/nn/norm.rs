@@ -268,21 +268,18 @@ pub(super) fn layer_norm_cases(dtype: DType) -> Vec<Case> {
 pub(super) fn layer_norm_backward_cases(dtype: DType) -> Vec<Case> {
     let mut rng = Rng::for_case("layer_norm_backward", dtype);
     let mut cases = Vec::new();
+    // (shape, layouts, the forward pass's eps, the inputs' range).
     let plans = NORM_PLANS
         .into_iter()
-        .map(|(shape, l0, l1, l2)| (shape, (l0, l1, l2), 1e-5));
+        .map(|(shape, l0, l1, l2)| (shape, (l0, l1, l2), 1e-5, (-1.0, 3.0)));
     // Rows of almost one value, whose statistics a forward pass with eps
     // 0.1 saved: a kernel that recomputes rstd with its own eps (1e-5)
     // instead of reading the saved one is off by a factor of 70.
-    let saved_eps = [(&[4usize, 16][..], (C, C, C), 0.1)];
-    for (shape, (l0, l1, l2), eps) in plans.chain(saved_eps) {
+    let saved_eps = [(&[4usize, 16][..], (C, C, C), 0.1, (1.0, 1.03))];
+    for (shape, (l0, l1, l2), eps, (lo, hi)) in plans.chain(saved_eps) {
         let (h, n) = (last(shape), numel(shape));
         let stats = &shape[..shape.len() - 1];
-        let x = if eps == 1e-5 {
-            rng.values(dtype, n, -1.0, 3.0)
-        } else {
-            rng.values(dtype, n, 1.0, 1.03)
-        };
+        let x = rng.values(dtype, n, lo, hi);
         let w = rng.values(dtype, h, 0.5, 1.5);
         let b = rng.values(dtype, h, -0.5, 0.5);
         let g = rng.values(dtype, n, -1.0, 1.0);

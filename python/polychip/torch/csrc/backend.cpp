@@ -35,9 +35,9 @@
 #include <ATen/ops/as_strided_cpu_dispatch.h>
 #include <ATen/ops/set_cpu_dispatch.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
-#include <c10/util/safe_numerics.h>
 #include <torch/csrc/Generator.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
@@ -934,21 +934,16 @@ const at::Tensor& resize_(const at::Tensor& self, c10::SymIntArrayRef size,
   // through copy_from_and_resize, and making a strided view contiguous here
   // wrote the result over the wrong elements of its storage.
   if (self.sizes() == sizes) return self;
-  int64_t numel = 1;
-  for (const int64_t d : sizes) {
-    TORCH_CHECK(d >= 0, "polychip: resize_ to a negative size ", d);
-    TORCH_CHECK(!c10::mul_overflows(numel, d, &numel), "polychip: resize_ to ", sizes,
-                " overflows the element count");
-  }
-  if (numel > 0) {
-    size_t needed = 0;
-    TORCH_CHECK(!c10::mul_overflows(static_cast<size_t>(self.storage_offset() + numel),
-                                    static_cast<size_t>(self.element_size()), &needed),
-                "polychip: resize_ to ", sizes, " overflows the byte count");
-    // Tensor.resize_ only grows its storage (as PyTorch's kernels do); the
-    // storage first, so that a refused one leaves the sizes as they were.
-    if (needed > self.storage().nbytes()) resize_storage(self.storage(), needed);
-  }
+  // Refused as PyTorch's own resize_ refuses them: a negative size, and
+  // bytes that overflow.
+  at::detail::check_size_nonnegative(sizes);
+  const size_t needed = at::detail::computeStorageNbytesContiguous(
+      sizes, self.element_size(), static_cast<size_t>(self.storage_offset()));
+  // Tensor.resize_ only grows its storage (as PyTorch's kernels do), and
+  // not for no element; the storage first, so that a refused one leaves the
+  // sizes as they were.
+  const bool empty = std::find(sizes.begin(), sizes.end(), 0) != sizes.end();
+  if (!empty && needed > self.storage().nbytes()) resize_storage(self.storage(), needed);
   self.unsafeGetTensorImpl()->set_sizes_contiguous(sizes);
   return self;
 }
