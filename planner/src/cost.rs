@@ -53,6 +53,9 @@ pub struct StageShape<'a> {
     /// all-reduce across nodes ([`dp_bandwidth`]). Empty: only copies of
     /// its own pipeline.
     pub dp_peers: &'a [usize],
+    /// All `d` replicas of the stage sit in one node
+    /// ([`crate::placement`]), so their all-reduce stays inside it.
+    pub dp_one_node: bool,
 }
 
 impl StageShape<'_> {
@@ -471,7 +474,8 @@ pub fn tp_allreduce_time(bytes: f64, n: u64, bandwidth: f64) -> f64 {
 /// other chip types (`peers`, indices into the cluster, which may include
 /// the stage's own), the slowest cross-node link to them, as different
 /// types do not share a node; else the intra-node link when all `d t` chips
-/// fit in one node, else the cross-node path.
+/// sit in one node (`one_node`, from [`crate::placement`]), else the
+/// cross-node path.
 ///
 /// Across nodes the ring (NCCL's, as every framework's) enters and leaves
 /// each node once: the replicas of one tensor-parallel rank that share a
@@ -488,6 +492,7 @@ pub fn dp_bandwidth(
     dp: u64,
     tp: u64,
     peers: &[usize],
+    one_node: bool,
 ) -> f64 {
     let tp = tp.max(1);
     let ring = |c: &ChipType| {
@@ -503,7 +508,7 @@ pub fn dp_bandwidth(
         .map(|c| across(chip, c))
         .reduce(f64::min)
         .unwrap_or_else(|| {
-            if dp * tp <= chip.chips_per_node {
+            if one_node {
                 cluster.link_bandwidth(chip, chip, true)
             } else {
                 across(chip, chip)
@@ -776,7 +781,14 @@ pub fn analytic_stage_timing(
     let dp_allreduce = allreduce_time(
         params * settings.grad_bytes(),
         stage.dp,
-        dp_bandwidth(cluster, chip, stage.dp, tp, stage.dp_peers),
+        dp_bandwidth(
+            cluster,
+            chip,
+            stage.dp,
+            tp,
+            stage.dp_peers,
+            stage.dp_one_node,
+        ),
     );
     StageTiming {
         name: format!(

@@ -58,6 +58,7 @@ fn shape(c: &ClusterSpec, layers: Range<u64>, index: usize, dp: u64, tp: u64) ->
         tp,
         next: None,
         dp_peers: &[],
+        dp_one_node: crate::placement::first_stage_one_node(&c.chip_types[0], dp, tp),
     }
 }
 
@@ -381,6 +382,7 @@ fn a_devices_json_cluster_reserves_nothing() {
         tp: 1,
         next: None,
         dp_peers: &[],
+        dp_one_node: true,
     };
     let x = stage_memory(&m, &s, &st, ONE);
     assert_eq!(x.reserve, 0.0);
@@ -407,7 +409,8 @@ fn transfers_and_data_parallel_all_reduce() {
         chip: &c.chip_types[0],
         same_node: true,
     });
-    st.dp = 16; // 16 chips span two nodes: the cross-node path, 12.5 GB/s
+    // 16 chips span two nodes: the cross-node path, 12.5 GB/s.
+    (st.dp, st.dp_one_node) = (16, false);
     let t = stage_timing(&m, &s, &c, &st, ONE);
     close(t.send_next, 2.0 * SBH / 100e9);
     close(
@@ -463,15 +466,17 @@ fn a_cross_node_ring_gets_its_members_share_of_the_nic() {
     c.inter_node_bandwidth = 6e9;
     let x = c.chip_types[0].clone();
     // Within a node: NVLink.
-    assert_eq!(dp_bandwidth(&c, &x, 4, 2, &[]), 100e9);
+    assert_eq!(dp_bandwidth(&c, &x, 4, 2, &[], true), 100e9);
+    // The same group placed across two nodes (after a stage of 6 chips).
+    assert_eq!(dp_bandwidth(&c, &x, 4, 2, &[], false), 4e9);
     // 16 replicas at tp 1: 8 members on each node, capped by the network.
-    assert_eq!(dp_bandwidth(&c, &x, 16, 1, &[]), 6e9);
+    assert_eq!(dp_bandwidth(&c, &x, 16, 1, &[], false), 6e9);
     // tp 4: two members per node, two rings per node.
-    assert_eq!(dp_bandwidth(&c, &x, 4, 4, &[]), 2e9);
+    assert_eq!(dp_bandwidth(&c, &x, 4, 4, &[], false), 2e9);
     // tp 8: one member per node.
-    assert_eq!(dp_bandwidth(&c, &x, 2, 8, &[]), 1e9);
+    assert_eq!(dp_bandwidth(&c, &x, 2, 8, &[], false), 1e9);
     // With Y (50 GB/s per chip) in the group: the slower ring end.
-    assert_eq!(dp_bandwidth(&c, &x, 4, 4, &[0, 1]), 2e9);
+    assert_eq!(dp_bandwidth(&c, &x, 4, 4, &[0, 1], true), 2e9);
     assert_eq!(c.link_bandwidth(&x, &x, false), 1e9);
 }
 

@@ -44,13 +44,12 @@ const MAX_STAGES: usize = 10_000;
 const MAX_SIMULATED: u64 = 1 << 21;
 
 /// One stage of a pipeline: a chip type (an index into the cluster), its
-/// tensor-parallel degree, whether the next stage shares its node, and its
-/// layer count.
+/// tensor-parallel degree and its layer count. Which node its chips sit in
+/// follows from the group's order ([`crate::placement`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct LayoutStage {
     pub ty: usize,
     pub tp: u64,
-    pub same_node: bool,
     pub layers: u64,
 }
 
@@ -86,6 +85,8 @@ pub(crate) fn assemble(
             };
             let mut start = 0;
             let mut stages = Vec::with_capacity(p);
+            let types: Vec<(usize, u64)> = g.stages.iter().map(|s| (s.ty, s.tp)).collect();
+            let placed = crate::placement::place(cluster, g.copies, &types);
             for (i, s) in g.stages.iter().enumerate() {
                 let c = chip(s.ty);
                 // The types its gradients are reduced with, over all groups.
@@ -101,9 +102,11 @@ pub(crate) fn assemble(
                     tp: s.tp,
                     next: g.stages.get(i + 1).map(|n| Boundary {
                         chip: chip(n.ty),
-                        same_node: s.same_node,
+                        same_node: placed[i].send_same_node,
                     }),
                     dp_peers: &peers,
+                    // Replicas of other groups sit elsewhere.
+                    dp_one_node: placed[i].replicas_same_node && dp == g.copies,
                 };
                 stages.push(StagePlan {
                     chip: c.name.clone(),
@@ -648,7 +651,6 @@ impl PlanSpec {
                 })?;
             let mut next = 0u64;
             let mut stages: Vec<LayoutStage> = Vec::with_capacity(g.stages.len());
-            let mut tp_run = 0u64;
             for (si, s) in g.stages.iter().enumerate() {
                 let at = format!("stage {si} of {}", g.label(gi));
                 let ty = cluster
@@ -683,19 +685,9 @@ impl PlanSpec {
                 }
                 next = end;
                 used[ty] = used[ty].saturating_add(g.copies.saturating_mul(s.tp));
-                // Consecutive stages of one type share a node while their
-                // chips fit in it (as the search places them).
-                match stages.last_mut() {
-                    Some(last) if last.ty == ty && tp_run + s.tp <= c.chips_per_node => {
-                        last.same_node = true;
-                        tp_run += s.tp;
-                    }
-                    _ => tp_run = s.tp,
-                }
                 stages.push(LayoutStage {
                     ty,
                     tp: s.tp,
-                    same_node: false,
                     layers: end - first,
                 });
             }

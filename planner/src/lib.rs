@@ -22,6 +22,7 @@ pub mod framework;
 pub mod measured;
 pub mod model;
 pub mod overlap;
+pub mod placement;
 pub mod plan;
 pub mod profile;
 pub mod schedule;

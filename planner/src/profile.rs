@@ -539,6 +539,7 @@ impl ClusterSpec {
                 tp: e.tp,
                 next: None,
                 dp_peers: &[],
+                dp_one_node: true,
             };
             crate::cost::analytic_stage_timing(model, settings, self, &shape, mb)
         };
@@ -1120,6 +1121,7 @@ mod tests {
                 tp: 1,
                 next: None,
                 dp_peers: &[],
+                dp_one_node: true,
             }
         }
         let mb = |size| Microbatching { size, count: 4 };

@@ -65,6 +65,7 @@ use crate::cost::{
 use crate::error::SpecError;
 use crate::evaluate::{Layout, LayoutStage, assemble};
 use crate::model::ModelSpec;
+use crate::placement::{StagePlacement, place};
 use crate::plan::{Plan, PlanKind};
 use crate::settings::TrainingSettings;
 
@@ -402,8 +403,8 @@ struct Seg {
     k: u64,
 }
 
-/// A pipeline's stages in order: (chip type, tp, same node as the next).
-type StageList = Vec<(usize, u64, bool)>;
+/// A pipeline's stages in order: (chip type, tp, where its chips sit).
+type StageList = Vec<(usize, u64, StagePlacement)>;
 
 /// The best HeteroPP candidate of a search.
 #[derive(Debug, Clone)]
@@ -532,17 +533,19 @@ impl<'a> Ctx<'a> {
         &self.cluster.chip_types[ty]
     }
 
-    /// Expands segments into stages: (type, tp, same node as the next).
-    fn stages(&self, segs: &[Seg]) -> StageList {
-        let mut out = Vec::new();
-        for s in segs {
-            let cpn = self.chip(s.ty).chips_per_node;
-            for q in 0..s.k {
-                let same = q + 1 < s.k && ((q + 1) * s.tp) % cpn != 0;
-                out.push((s.ty, s.tp, same));
-            }
-        }
-        out
+    /// Expands segments into the stages of `d` copies of the pipeline:
+    /// (type, tp, where its chips sit).
+    fn stages(&self, segs: &[Seg], d: u64) -> StageList {
+        let types: Vec<(usize, u64)> = segs
+            .iter()
+            .flat_map(|s| (0..s.k).map(move |_| (s.ty, s.tp)))
+            .collect();
+        let placed = place(self.cluster, d, &types);
+        types
+            .into_iter()
+            .zip(placed)
+            .map(|((ty, tp), at)| (ty, tp, at))
+            .collect()
     }
 
     fn shape<'c>(
@@ -563,6 +566,7 @@ impl<'a> Ctx<'a> {
             tp,
             next: None,
             dp_peers: &[],
+            dp_one_node: crate::placement::first_stage_one_node(chip, dp, tp),
         }
     }
 
@@ -595,7 +599,7 @@ impl<'a> Ctx<'a> {
     /// (none: only this pipeline's copies).
     fn place(
         &mut self,
-        st: &[(usize, u64, bool)],
+        st: &[(usize, u64, StagePlacement)],
         dp: u64,
         b: u64,
         m: Option<u64>,
@@ -662,12 +666,15 @@ impl<'a> Ctx<'a> {
         let sbh = (model.seq_len * b * model.hidden * settings.dtype.bytes()) as f64;
         let (mut max_t, mut sum_t, mut p2p, mut tail) = (0.0f64, 0.0, 0.0, 0.0f64);
         let mut start = 0;
-        for (i, (&(ty, tp, same), &n)) in st.iter().zip(&layers).enumerate() {
+        for (i, (&(ty, tp, at), &n)) in st.iter().zip(&layers).enumerate() {
             let chip = self.chip(ty);
             let t = n as f64 * coefs[i].c + coefs[i].extra;
             if i + 1 < p {
                 let (nty, _, _) = st[i + 1];
-                p2p += 2.0 * sbh / self.cluster.link_bandwidth(chip, self.chip(nty), same);
+                p2p += 2.0 * sbh
+                    / self
+                        .cluster
+                        .link_bandwidth(chip, self.chip(nty), at.send_same_node);
             }
             max_t = max_t.max(t);
             sum_t += t;
@@ -675,7 +682,7 @@ impl<'a> Ctx<'a> {
             let ar = allreduce_time(
                 params * settings.grad_bytes(),
                 dp,
-                dp_bandwidth(self.cluster, chip, dp, tp, peers),
+                dp_bandwidth(self.cluster, chip, dp, tp, peers, at.replicas_same_node),
             );
             let opt = optimizer_time(settings, chip, params, dp);
             tail = tail.max(ar + opt);
@@ -958,7 +965,7 @@ impl<'a> Ctx<'a> {
                     .orders(used)
                     .into_iter()
                     .map(|o| {
-                        let st = self.stages(&o);
+                        let st = self.stages(&o, d);
                         (o, st)
                     })
                     .collect();
@@ -1002,7 +1009,7 @@ impl<'a> Ctx<'a> {
         let peers = types(&mut alone.iter().map(|g| g.segs.as_slice()));
         let mut placed = Vec::new();
         for g in alone {
-            let st = self.stages(&g.segs);
+            let st = self.stages(&g.segs, g.d);
             self.candidates += 1;
             placed.push(self.place(&st, dp, g.b, None, &peers)?);
         }
@@ -1046,7 +1053,7 @@ impl<'a> Ctx<'a> {
         let mut time = 0.0f64;
         let mut out = Vec::new();
         for g in groups {
-            let st = self.stages(&g.segs);
+            let st = self.stages(&g.segs, g.d);
             let p = self.place(&st, dp, g.b, Some(g.m), &peers)?;
             time = time.max(p.time(g.m));
             out.push(Group {
@@ -1079,15 +1086,10 @@ impl<'a> Ctx<'a> {
                 micro_batch_size: g.b,
                 micro_batches: g.m,
                 stages: self
-                    .stages(&g.segs)
+                    .stages(&g.segs, g.d)
                     .into_iter()
                     .zip(&g.layers)
-                    .map(|((ty, tp, same_node), &layers)| LayoutStage {
-                        ty,
-                        tp,
-                        same_node,
-                        layers,
-                    })
+                    .map(|((ty, tp, _), &layers)| LayoutStage { ty, tp, layers })
                     .collect(),
             })
             .collect();

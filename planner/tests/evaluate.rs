@@ -692,28 +692,30 @@ fn a_plan_with_a_key_twice_is_refused_not_read_as_the_last() {
     assert!(e.contains("\"copies\" appears twice"), "{e}");
 }
 
-#[test]
-fn a_tensor_parallel_degree_outside_the_searchs_is_scored() {
-    // Nodes of 16 (as Trainium's) with tp 16, and of 6 with tp 3: the
-    // search tries 1, 2, 4 and 8, a measured run may use any degree a node
-    // holds whole.
-    let cluster = |per_node: u64| {
-        ClusterSpec::from_toml_str(&format!(
-            r#"inter_node_bandwidth = 25e9
+/// `count` chips of one type "x", `per_node` to a node, each with
+/// `nic` bytes/s out of it (100 GB/s inside, a 25 GB/s network).
+fn one_type_cluster(per_node: u64, count: u64, nic: f64) -> ClusterSpec {
+    ClusterSpec::from_toml_str(&format!(
+        r#"inter_node_bandwidth = 25e9
 [[chip_types]]
 name = "x"
-count = {}
+count = {count}
 chips_per_node = {per_node}
 memory_bytes = 103079215104
 peak_flops = {{ f32 = 50e12, bf16 = 400e12, f16 = 400e12 }}
 efficiency = 0.5
 intra_node_bandwidth = 100e9
-nic_bandwidth = 25e9
-"#,
-            per_node * 4
-        ))
-        .unwrap()
-    };
+nic_bandwidth = {nic:e}
+"#
+    ))
+    .unwrap()
+}
+
+#[test]
+fn a_tensor_parallel_degree_outside_the_searchs_is_scored() {
+    // Nodes of 16 (as Trainium's) with tp 16, and of 6 with tp 3: the
+    // search tries 1, 2, 4 and 8, a measured run may use any degree a node
+    // holds whole.
     let m = ModelSpec::llama_7b();
     let s = TrainingSettings::new(64);
     let step = |c: &ClusterSpec, tp: u64| {
@@ -724,14 +726,14 @@ nic_bandwidth = 25e9
             .map(|e| e.plan.step_time_simulated)
             .map_err(|e| e.to_string())
     };
-    let sixteen = cluster(16);
+    let sixteen = one_type_cluster(16, 64, 25e9);
     let (t8, t16) = (step(&sixteen, 8).unwrap(), step(&sixteen, 16).unwrap());
     assert!(
         t16.is_finite() && t16 > 0.0 && t16 < t8,
         "tp 16 {t16} s, tp 8 {t8} s"
     );
     // 3 divides a node of 6 but not LLaMA's 32 heads; 16 does not divide 6.
-    let six = cluster(6);
+    let six = one_type_cluster(6, 24, 25e9);
     let err = step(&six, 3).unwrap_err();
     assert!(
         err.contains("tp 3 does not divide the model's 32 attention heads"),
@@ -742,4 +744,61 @@ nic_bandwidth = 25e9
         err.contains("tp 16 does not divide \"x\"'s 6 chips per node"),
         "{err}"
     );
+}
+
+/// Replicas of a stage sit next to each other in a node and the stages
+/// after them (Megatron-LM's and DeepSpeed's rank order), so one placement
+/// prices both transfers: one pipeline of four stages on a node of four
+/// sends inside it; four copies of it reduce each stage inside a node and
+/// send across nodes; three copies of two stages put the second stage's
+/// replicas on two nodes.
+#[test]
+fn sends_and_all_reduces_follow_one_placement_of_the_replicas() {
+    let c = one_type_cluster(4, 16, 10e9);
+    let m = ModelSpec::llama_7b();
+    let s = TrainingSettings::new(48);
+    let timings = |copies: u64, splits: &[u64]| {
+        let stages: Vec<String> = splits
+            .windows(2)
+            .map(|w| {
+                format!(
+                    r#"{{"chip": "x", "tp": 1, "layers": [{}, {}]}}"#,
+                    w[0], w[1]
+                )
+            })
+            .collect();
+        let text = format!(
+            r#"{{"group": [{{"copies": {copies}, "micro_batch_size": 1, "micro_batches": {}, "stages": [{}]}}]}}"#,
+            48 / copies,
+            stages.join(", ")
+        );
+        let ev = evaluate(&PlanSpec::parse(&text, true).unwrap(), &m, &c, &s).unwrap();
+        ev.plan.replicas[0]
+            .stages
+            .iter()
+            .map(|st| (st.timing.send_next, st.timing.dp_allreduce))
+            .collect::<Vec<_>>()
+    };
+    let one = timings(1, &[0, 8, 16, 24, 32]);
+    let four = timings(4, &[0, 8, 16, 24, 32]);
+    // The same sends, across the 10 GB/s NIC instead of the 100 GB/s link.
+    let ratio = four[0].0 / one[0].0;
+    assert!((ratio - 10.0).abs() < 1e-9, "send ratio {ratio}");
+    // Four replicas of a middle stage reduce over the intra-node link:
+    // 2 (d - 1)/d of its gradients at 100 GB/s.
+    let grads = 8.0 * m.layer_params() as f64 * s.grad_bytes();
+    let within = 2.0 * 3.0 / 4.0 * grads / 100e9;
+    assert!((four[1].1 / within - 1.0).abs() < 1e-9, "{four:?}");
+    // Three copies of two stages: the first stage's replicas share node 0,
+    // the second's straddle nodes 0 and 1 (chips 3, 4 and 5).
+    let three = timings(3, &[0, 16, 32]);
+    assert!(three[0].0 > 9.0 * one[0].0, "{three:?}");
+    let (first, second) = (three[0].1, three[1].1);
+    let grads = |n: u64, end: u64| (n * m.layer_params() + end) as f64 * s.grad_bytes();
+    let at = |bytes: f64, bw: f64| 2.0 * 2.0 / 3.0 * bytes / bw;
+    let first_within = at(grads(16, m.embedding_params()), 100e9);
+    assert!((first / first_within - 1.0).abs() < 1e-9, "{three:?}");
+    // Across nodes: three members' share of the NIC, capped by the network.
+    let second_across = at(grads(16, m.head_params()), 25e9);
+    assert!((second / second_across - 1.0).abs() < 1e-9, "{three:?}");
 }

@@ -204,6 +204,7 @@ mod tests {
                         tp: 1,
                         next: None,
                         dp_peers: &[],
+                        dp_one_node: true,
                     };
                     let mb = Microbatching {
                         size: b as u64,
