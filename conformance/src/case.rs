@@ -78,9 +78,39 @@ pub struct TensorSpec {
     /// on its own: it is the input's view, and the input is not expected to
     /// come back unchanged.
     pub alias_of: Option<usize>,
+    /// An i64 tensor's exact values where f64 cannot hold them all (beyond
+    /// 2^53; `values` then holds their nearest f64s, which the reference
+    /// sees): an input is uploaded from these, and an output must come back
+    /// equal to them bit for bit, besides matching the reference.
+    pub exact_i64: Option<Vec<i64>>,
 }
 
 impl TensorSpec {
+    /// The element bytes uploaded for it, in row-major order: its exact
+    /// i64 values where it has them, else its values in its dtype.
+    pub fn bytes(&self) -> Vec<u8> {
+        self.bytes_rotated(0)
+    }
+
+    /// [`Self::bytes`] of its values rotated left by `by` elements (other
+    /// values, each of which the tensor can hold).
+    pub fn bytes_rotated(&self, by: usize) -> Vec<u8> {
+        fn rotated<T: Clone>(v: &[T], by: usize) -> Vec<T> {
+            let mut v = v.to_vec();
+            if let Some(by) = by.checked_rem(v.len()) {
+                v.rotate_left(by);
+            }
+            v
+        }
+        match &self.exact_i64 {
+            Some(exact) => rotated(exact, by)
+                .iter()
+                .flat_map(|x| x.to_ne_bytes())
+                .collect(),
+            None => crate::values::to_bytes(self.dtype, &rotated(&self.values, by)),
+        }
+    }
+
     /// The tensor as the reference sees it.
     pub fn dense(&self) -> Dense {
         Dense {

@@ -95,22 +95,25 @@ impl Worst {
     /// `worst at element [i, j] (flat k): got .., want .., allowed ..` for
     /// an output of `shape` and `dtype`.
     pub fn describe(&self, shape: &[usize], dtype: DType) -> String {
-        let at = unravel(self.index, shape);
-        let at: Vec<String> = at.iter().map(usize::to_string).collect();
         let rounded = if self.rounded == self.want || self.want.is_nan() {
             String::new()
         } else {
             format!(" (= {} in {dtype})", self.rounded)
         };
         format!(
-            "worst at element [{}] (flat {}): got {}, want {}{rounded}, allowed error {:.3e}",
-            at.join(", "),
-            self.index,
+            "worst at {}: got {}, want {}{rounded}, allowed error {:.3e}",
+            index_label(shape, self.index),
             self.got,
             self.want,
             self.allowed
         )
     }
+}
+
+/// `element [i, j] (flat k)`: where row-major element `flat` of `shape` is.
+pub fn index_label(shape: &[usize], flat: usize) -> String {
+    let at: Vec<String> = unravel(flat, shape).iter().map(usize::to_string).collect();
+    format!("element [{}] (flat {flat})", at.join(", "))
 }
 
 /// The multi-dimensional index of row-major element `flat` of `shape`.

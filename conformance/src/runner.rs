@@ -15,7 +15,7 @@ use crate::case::{Case, Role, StreamSync, TensorSpec};
 use crate::compare::{Stats, bias_failure, compare};
 use crate::placement::Placement;
 use crate::reference::RefError;
-use crate::values::{POISON_BYTE, from_bytes, to_bytes};
+use crate::values::{POISON_BYTE, from_bytes};
 
 /// How a case ended.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -95,7 +95,7 @@ fn upload(
     let placement = Placement::new(&spec.shape, spec.layout).with_lead(usize::from(warm_up));
     let elements = match spec.role {
         Role::Output => vec![poison; numel(&spec.shape) * spec.dtype.size()],
-        Role::Input | Role::InOut => to_bytes(spec.dtype, &spec.values),
+        Role::Input | Role::InOut => spec.bytes(),
     };
     let written = placement.fill(spec.dtype.size(), &elements);
     let buffer = device.empty(spec.dtype, &[placement.buffer_len as i64])?;
@@ -318,6 +318,9 @@ fn run_case_once(
         {
             problems.push(format!("output {}: {why}", spec.name));
         }
+        if let Some(why) = exact_i64_mismatch(spec, bytes) {
+            problems.push(format!("output {}: {why}", spec.name));
+        }
         stats.merge(&s);
     }
     let (status, message) = if problems.is_empty() {
@@ -365,7 +368,7 @@ fn judge_refusal(
     }
     problems.extend(run.problems.iter().cloned());
     for (t, spec) in case.tensors.iter().enumerate() {
-        if spec.role == Role::InOut && run.elements[t] != to_bytes(spec.dtype, &spec.values) {
+        if spec.role == Role::InOut && run.elements[t] != spec.bytes() {
             problems.push(format!("in-place tensor {} was modified", spec.name));
         }
     }
@@ -376,6 +379,31 @@ fn judge_refusal(
         r.message = format!("refused, but not cleanly: {}", problems.join("; "));
     }
     r
+}
+
+/// Where an output with exact i64 values (beyond what f64 holds, see
+/// [`TensorSpec::exact_i64`]) came back other than them bit for bit: the
+/// count and the first, with its index. A kernel that moves i64 through a
+/// double rounds such values, which the comparison in f64 cannot see.
+fn exact_i64_mismatch(spec: &TensorSpec, bytes: &[u8]) -> Option<String> {
+    let want = spec.exact_i64.as_ref()?;
+    let got = bytes
+        .chunks_exact(8)
+        .map(|c| i64::from_ne_bytes(c.try_into().expect("chunks of 8")));
+    let wrong: Vec<(usize, i64, i64)> = got
+        .zip(want)
+        .enumerate()
+        .filter(|(_, (g, w))| g != *w)
+        .map(|(i, (g, &w))| (i, g, w))
+        .collect();
+    let &(i, g, w) = wrong.first()?;
+    Some(format!(
+        "{} of {} element(s) differ from the exact i64 values; the first, {}, is {g} where it \
+         must be {w} (integers beyond 2^53 do not survive a trip through a double)",
+        wrong.len(),
+        want.len(),
+        crate::compare::index_label(&spec.shape, i)
+    ))
 }
 
 /// What one call of the plugin did to the case's tensors.
@@ -397,13 +425,7 @@ struct Run {
 /// Writes an input's values rotated by one element into its buffer (the
 /// guards as uploaded): other values, each of which the input can hold.
 fn write_other_values(spec: &TensorSpec, u: &Uploaded) -> polychip_host::Result<()> {
-    let mut values = spec.values.clone();
-    if !values.is_empty() {
-        values.rotate_left(1);
-    }
-    let bytes = u
-        .placement
-        .fill(spec.dtype.size(), &to_bytes(spec.dtype, &values));
+    let bytes = u.placement.fill(spec.dtype.size(), &spec.bytes_rotated(1));
     u.buffer.write_bytes(&bytes)
 }
 
@@ -677,7 +699,7 @@ fn execute(device: &Device, case: &Case, poison: u8, busy: f64) -> Result<Run, S
             ));
         }
         if spec.role == Role::Input && !aliased.contains(&t) {
-            let written = to_bytes(spec.dtype, &spec.values);
+            let written = spec.bytes();
             if bytes != written {
                 let size = spec.dtype.size();
                 let at = bytes

@@ -144,28 +144,43 @@ fn copy(dtype: DType) -> Vec<Case> {
             -2_147_483_648.0,
             2_147_483_647.0,
         ],
+        DType::I64 => &[-2_147_483_649.0],
+        _ => &[],
+    };
+    // i64s a double cannot hold (it would round 2^53 + 1 to 2^53), and the
+    // ends of the range, which a double saturates or rounds.
+    let exact: &[i64] = match dtype {
         DType::I64 => &[
-            -9_223_372_036_854_775_808.0,
-            4_611_686_018_427_389_952.0,
-            9_007_199_254_740_991.0,
-            -2_147_483_649.0,
+            i64::MIN,
+            i64::MAX,
+            (1 << 53) + 1,
+            -(1 << 53) - 1,
+            (1 << 62) + 1,
+            (1 << 53) - 1,
         ],
         _ => &[],
     };
     for (shape, src_layout, dst_layout) in layouts {
         let mut values = any_values(&mut rng, dtype, numel(shape));
-        if values.len() >= 2 * extremes.len() {
+        let mut whole: Option<Vec<i64>> = None;
+        if values.len() >= 2 * (extremes.len() + exact.len()) {
             values[..extremes.len()].copy_from_slice(extremes);
+            if !exact.is_empty() {
+                let mut w: Vec<i64> = values.iter().map(|&v| v as i64).collect();
+                w[extremes.len()..extremes.len() + exact.len()].copy_from_slice(exact);
+                values = w.iter().map(|&x| x as f64).collect();
+                whole = Some(w);
+            }
         }
+        let mut src = input("src", dtype, shape, values, src_layout);
+        let mut dst = output("dst", dtype, shape, dst_layout);
+        (src.exact_i64, dst.exact_i64) = (whole.clone(), whole);
         let label = format!("{} to {dst_layout}", shape_label(shape, src_layout));
         cases.push(case(
             "copy",
             dtype,
             label,
-            vec![
-                input("src", dtype, shape, values, src_layout),
-                output("dst", dtype, shape, dst_layout),
-            ],
+            vec![src, dst],
             Tolerance::EXACT,
             |exec, t| exec.copy(&t[0], &t[1]),
             |d| Ok(vec![reference::copy(&d[0])?]),

@@ -160,6 +160,7 @@ pub fn input(
         values: values.into_iter().map(|v| round_to(dtype, v)).collect(),
         layout,
         alias_of: None,
+        exact_i64: None,
     }
 }
 
@@ -173,6 +174,7 @@ pub fn output(name: &'static str, dtype: DType, shape: &[usize], layout: Layout)
         values: vec![0.0; numel(shape)],
         layout,
         alias_of: None,
+        exact_i64: None,
     }
 }
 

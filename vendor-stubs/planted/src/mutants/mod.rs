@@ -131,6 +131,7 @@ pub enum Bug {
     SiluBackwardFarTailNan,
     AdamwEpsilonHat,
     CastNanPayloadToInfinity,
+    CopyI64ThroughDouble,
     StreamWaitEventIgnored,
     EventRecordCompletesAtOnce,
     EventSynchronizeReturnsAtOnce,
@@ -398,6 +399,9 @@ catalog! {
     CastNanPayloadToInfinity "cast-nan-payload-to-infinity" "cast" EdgeValues:
         "f64 is narrowed to 16 bits by shifting the mantissa without setting the quiet bit: a NaN whose payload lies in the low bits becomes infinity"
         => "NaNs with low payload bits";
+    CopyI64ThroughDouble "copy-i64-through-double" "copy" Numerics:
+        "one element-wise copy loop for every dtype, through a double: an i64 beyond 2^53 is rounded to a double's precision (2^53 + 1 comes back as 2^53)"
+        => "i64 copies of values a double cannot hold, compared bit for bit";
     // Streams: in full mode `copy` and `fill` run on their stream's worker
     // thread (`crate::streams`), the other operators on the calling thread
     // once their stream's earlier work is done. The first two show at every

@@ -171,6 +171,12 @@ pub unsafe fn neg_zero_minus(input: &View<'_>, out: &View<'_>) {
     unsafe { map(input, out, round, |x| 0.0 - x) };
 }
 
+/// An element-wise copy through a double (for any dtype).
+pub unsafe fn copy_through_double(src: &View<'_>, dst: &View<'_>) {
+    // SAFETY: forwarded.
+    unsafe { map(src, dst, round, |x| x) };
+}
+
 /// Floating conversions to f16 that saturate at ±65504. Returns false for
 /// other casts.
 pub unsafe fn cast_f16_saturating(src: &View<'_>, dst: &View<'_>) -> bool {
