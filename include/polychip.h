@@ -949,11 +949,16 @@ typedef struct PolychipPluginApi {
   uint32_t abi_major;
   // The ABI minor the plugin was built for.
   uint32_t abi_minor;
-  // The vendor's name, NUL-terminated UTF-8, static.
+  // The vendor's name, NUL-terminated, static: 1 to 64 ASCII letters,
+  // digits, `-`, `_` and `.`, starting with a letter or digit (it names
+  // the plugin's devices, `vendor:N`). The host refuses any other, and a
+  // second plugin whose name equals (ignoring case) one already loaded.
   const char *vendor;
-  // The plugin's own version, NUL-terminated UTF-8, static.
+  // The plugin's own version, NUL-terminated UTF-8, static; at most 256
+  // bytes.
   const char *plugin_version;
-  // Number of devices this plugin drives (may be 0).
+  // Number of devices this plugin drives (may be 0; the host refuses
+  // more than 4096).
   struct PolychipError *(*device_count)(uint32_t *out_count);
   // Properties of device `device` (see [`PolychipDeviceProps`] for the
   // `struct_size` protocol).

@@ -132,6 +132,19 @@ pub enum HostError {
         /// What is wrong.
         source: ArgError,
     },
+    /// A second plugin of a vendor already loaded from another file: device
+    /// ids are `vendor:N`, so the two could not be told apart.
+    #[error(
+        "{path}: its vendor name {vendor:?} is already taken by {other}, loaded before it (devices are named vendor:N, so two plugins cannot share one); polychip goes on without it"
+    )]
+    VendorTaken {
+        /// The plugin file refused.
+        path: PathBuf,
+        /// Its vendor name.
+        vendor: String,
+        /// The file whose plugin has that vendor name.
+        other: PathBuf,
+    },
     /// A host-side misuse: wrong device, wrong buffer size, bad index.
     #[error("{0}")]
     Usage(String),
@@ -176,6 +189,7 @@ impl HostError {
             | HostError::NoEntrySymbol { .. }
             | HostError::StructTooSmall { .. }
             | HostError::MissingFunction { .. }
+            | HostError::VendorTaken { .. }
             | HostError::Contract { .. } => ErrorCode::Internal,
         }
     }

@@ -97,7 +97,21 @@ impl Runtime {
 
     /// Loads one more plugin file; on failure records it and returns the error.
     pub fn add(&mut self, file: &Path, options: &LoadOptions) -> Result<Arc<Plugin>, HostError> {
-        match load_plugin(file, options) {
+        let loaded = load_plugin(file, options).and_then(|plugin| {
+            // Another file of the same vendor (a copy, or two plugins that
+            // chose one name) would make `vendor:N` ambiguous.
+            match self.plugins.iter().find(|p| {
+                !Arc::ptr_eq(p, &plugin) && p.vendor().eq_ignore_ascii_case(plugin.vendor())
+            }) {
+                Some(other) => Err(HostError::VendorTaken {
+                    path: file.to_path_buf(),
+                    vendor: plugin.vendor().to_string(),
+                    other: other.path().to_path_buf(),
+                }),
+                None => Ok(plugin),
+            }
+        });
+        match loaded {
             Ok(plugin) => {
                 if !self.plugins.iter().any(|p| Arc::ptr_eq(p, &plugin)) {
                     log::debug!(

@@ -12,6 +12,9 @@
  *   FAKE_NEEDS_HOST_1_7    refuses hosts older than ABI 1.7
  *   FAKE_FOREIGN_ERROR     device_count returns an error the host never made
  *   FAKE_NEWER_MINOR       claims ABI 1.9 with a larger (appended) table
+ *   FAKE_HUGE_COUNT        device_count reports 2^32 - 1 devices
+ *   FAKE_VENDOR_COLON      its vendor name holds a ':' (device ids are vendor:N)
+ *   FAKE_CONTROL_NAME      its device name holds terminal escape sequences
  */
 #include <stdlib.h>
 #include <string.h>
@@ -31,7 +34,11 @@ static PolychipError *device_count(uint32_t *out_count) {
     return (PolychipError *)&not_an_error;
 #else
     if (!out_count) return fail(POLYCHIP_ERROR_INVALID_ARGUMENT, "fake: out_count is NULL");
+#ifdef FAKE_HUGE_COUNT
+    *out_count = 0xFFFFFFFFu;
+#else
     *out_count = 1;
+#endif
     return NULL;
 #endif
 }
@@ -41,7 +48,11 @@ static PolychipError *device_props(uint32_t device, PolychipDeviceProps *out) {
     size_t n;
     if (device != 0 || !out) return fail(POLYCHIP_ERROR_INVALID_ARGUMENT, "fake: bad device_props call");
     memset(&props, 0, sizeof props);
+#ifdef FAKE_CONTROL_NAME
+    strcpy(props.name, "Fake\x1b[2J\nF0");
+#else
     strcpy(props.name, "Fake F0");
+#endif
     props.memory_bytes = 1u << 20;
     props.memory_flags = POLYCHIP_MEMORY_HOST_VISIBLE;
     n = out->struct_size < sizeof props ? out->struct_size : sizeof props;
@@ -128,7 +139,11 @@ static NewerTable table = {
         sizeof(PolychipPluginApi),
         POLYCHIP_ABI_MAJOR,
         POLYCHIP_ABI_MINOR,
+#ifdef FAKE_VENDOR_COLON
+        "Fa:ke",
+#else
         "Fake",
+#endif
         "0.1.0",
         device_count,
         device_props,

@@ -302,3 +302,60 @@ fn one_file_under_several_names_is_loaded_once() {
     assert_eq!(files, [hard], "the first name is kept");
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// A plugin's device count is bounded before the host queries each device:
+/// a broken count (an uninitialised `uint32_t`) is refused, naming it,
+/// instead of filling memory with billions of device entries.
+#[test]
+fn a_device_count_beyond_the_hosts_bound_is_refused() {
+    let error = load_error("FAKE_HUGE_COUNT");
+    let message = error.to_string();
+    assert!(
+        message.contains("device_count")
+            && message.contains("reported 4294967295 devices")
+            && message.contains("(4096)"),
+        "{message}"
+    );
+}
+
+/// The vendor name makes the device ids (`vendor:N`): one that could not be
+/// written in a device list is refused, naming the character.
+#[test]
+fn a_vendor_name_that_cannot_name_devices_is_refused() {
+    let message = load_error("FAKE_VENDOR_COLON").to_string();
+    assert!(message.contains("vendor \"Fa:ke\" holds ':'"), "{message}");
+}
+
+/// A device name with control characters (terminal escapes, a newline) is
+/// kept with them escaped, so printing it cannot drive the terminal.
+#[test]
+fn control_characters_in_a_device_name_are_escaped() {
+    let plugin = common::load(&common::fake_plugin(Some("FAKE_CONTROL_NAME")));
+    assert_eq!(plugin.devices()[0].name, "Fake\\u{1b}[2J\\nF0");
+}
+
+/// Two files of one vendor (a copied plugin, or two plugins that chose one
+/// name) would give two devices each id: the second is refused, naming both
+/// files, and the first stays loaded.
+#[test]
+fn a_second_plugin_of_a_vendor_already_loaded_is_refused() {
+    let ferrite = common::ferrite_path();
+    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("loader-vendor-taken-{}", std::process::id()));
+    std::fs::remove_dir_all(&dir).ok();
+    std::fs::create_dir_all(&dir).unwrap();
+    let copy = dir.join("libpolychip_vendor_ferrite_copy.so");
+    std::fs::copy(&ferrite, &copy).unwrap();
+    let runtime = Runtime::load(&[ferrite.clone(), copy.clone()], &LoadOptions::default());
+    assert_eq!(runtime.plugins().len(), 1);
+    assert_eq!(runtime.plugins()[0].path(), ferrite);
+    assert_eq!(runtime.failures().len(), 1);
+    let message = runtime.failures()[0].error.to_string();
+    assert!(
+        message.contains(copy.to_str().unwrap())
+            && message.contains(ferrite.to_str().unwrap())
+            && message.contains("\"Ferrite\" is already taken"),
+        "{message}"
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}

@@ -198,6 +198,19 @@ fn open(path: &Path) -> Result<Plugin> {
             read_str(path, "plugin_version", api.plugin_version)?,
         )
     };
+    check_vendor(path, &vendor)?;
+    if version.len() > MAX_VERSION_BYTES {
+        return Err(HostError::Contract {
+            plugin: path.display().to_string(),
+            function: "polychip_plugin_init_v1",
+            what: format!(
+                "the plugin table's plugin_version is {} bytes long; the host accepts at most \
+                 {MAX_VERSION_BYTES}",
+                version.len()
+            ),
+        });
+    }
+    let version = printable(&version);
     let label = format!("{} ({vendor})", path.display());
     Plugin::new(path_buf, vendor, version, api, ops).map_err(|e| e.with_plugin_label(label))
 }
@@ -305,6 +318,62 @@ unsafe fn read_op_table(path: &Path, ptr: *const PolychipOpTable) -> Result<Poly
         std::ptr::copy_nonoverlapping(ptr.cast::<u8>(), table.as_mut_ptr().cast::<u8>(), n);
         table.assume_init()
     })
+}
+
+/// The longest vendor name the host accepts, bytes.
+pub const MAX_VENDOR_BYTES: usize = 64;
+/// The longest plugin version the host accepts, bytes.
+pub const MAX_VERSION_BYTES: usize = 256;
+
+/// A vendor name names the plugin's devices (`vendor:N`), on command lines
+/// and in lists (`--devices a:0,b:0`, `--stages "a:0 0..8 | b:0 8..16"`):
+/// 1 to [`MAX_VENDOR_BYTES`] ASCII letters, digits, `-`, `_` and `.`,
+/// starting with a letter or digit. Anything else is refused, naming what.
+fn check_vendor(path: &Path, vendor: &str) -> Result<()> {
+    let what = if vendor.is_empty() {
+        Some("is empty".to_string())
+    } else if vendor.len() > MAX_VENDOR_BYTES {
+        Some(format!(
+            "is {} bytes long; the host accepts at most {MAX_VENDOR_BYTES}",
+            vendor.len()
+        ))
+    } else if let Some(c) = vendor
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.')))
+    {
+        Some(format!(
+            "\"{}\" holds {:?}; a vendor name is ASCII letters, digits, '-', '_' and '.' (it names \
+             the devices, vendor:N)",
+            printable(vendor),
+            c
+        ))
+    } else if !vendor.starts_with(|c: char| c.is_ascii_alphanumeric()) {
+        Some(format!("{vendor:?} does not start with a letter or digit"))
+    } else {
+        None
+    };
+    match what {
+        Some(what) => Err(HostError::Contract {
+            plugin: path.display().to_string(),
+            function: "polychip_plugin_init_v1",
+            what: format!("the plugin table's vendor {what}"),
+        }),
+        None => Ok(()),
+    }
+}
+
+/// `text` with its control characters escaped (`\u{1b}`, `\n`), as a
+/// plugin's strings are printed to terminals and logs.
+pub(crate) fn printable(text: &str) -> String {
+    text.chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_default().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
 }
 
 /// # Safety

@@ -101,6 +101,11 @@ unsafe impl Send for Plugin {}
 // SAFETY: as above.
 unsafe impl Sync for Plugin {}
 
+/// The most devices the host takes from one plugin (a count beyond it is a
+/// broken plugin, whose properties the host would otherwise query and keep
+/// one by one).
+pub const MAX_PLUGIN_DEVICES: u32 = 4096;
+
 type Entry<A> =
     Option<unsafe extern "C" fn(u32, *mut PolychipStream, *const A) -> *mut PolychipError>;
 
@@ -123,6 +128,16 @@ impl Plugin {
             usage: Vec::new(),
         };
         let count = plugin.device_count()?;
+        if count > MAX_PLUGIN_DEVICES {
+            return Err(HostError::Contract {
+                plugin: plugin.vendor.clone(),
+                function: "device_count",
+                what: format!(
+                    "reported {count} devices, more than the host accepts from one plugin \
+                     ({MAX_PLUGIN_DEVICES})"
+                ),
+            });
+        }
         plugin.devices = (0..count)
             .map(|i| plugin.query_props(i))
             .collect::<Result<_>>()?;
@@ -196,7 +211,9 @@ impl Plugin {
         // struct_size says how much the plugin may write.
         let e = unsafe { self.api.device_props.expect("checked at load")(device, &mut raw) };
         self.check("device_props", e)?;
-        Ok(DeviceProps::from_raw(&raw))
+        let mut props = DeviceProps::from_raw(&raw);
+        props.name = super::load::printable(&props.name);
+        Ok(props)
     }
 
     /// `mem_alloc`.

@@ -101,11 +101,16 @@ pub struct PolychipPluginApi {
     pub abi_major: u32,
     /// The ABI minor the plugin was built for.
     pub abi_minor: u32,
-    /// The vendor's name, NUL-terminated UTF-8, static.
+    /// The vendor's name, NUL-terminated, static: 1 to 64 ASCII letters,
+    /// digits, `-`, `_` and `.`, starting with a letter or digit (it names
+    /// the plugin's devices, `vendor:N`). The host refuses any other, and a
+    /// second plugin whose name equals (ignoring case) one already loaded.
     pub vendor: *const c_char,
-    /// The plugin's own version, NUL-terminated UTF-8, static.
+    /// The plugin's own version, NUL-terminated UTF-8, static; at most 256
+    /// bytes.
     pub plugin_version: *const c_char,
-    /// Number of devices this plugin drives (may be 0).
+    /// Number of devices this plugin drives (may be 0; the host refuses
+    /// more than 4096).
     pub device_count: Option<unsafe extern "C" fn(out_count: *mut u32) -> *mut PolychipError>,
     /// Properties of device `device` (see [`PolychipDeviceProps`] for the
     /// `struct_size` protocol).
