@@ -623,7 +623,7 @@ struct polychip_error_t *polychip_tensor_to_dlpack_legacy(const struct polychip_
 // back, e.g. a torch tensor made from a polychip one), become a tensor
 // sharing it, zero-copy; other host data (kDLCPU), or read-only data, is
 // copied onto device `device` of `runtime` (-1: device 0, or the tensor's
-// own).
+// own; another negative value is refused).
 //
 // Ownership: on success libpolychip owns `managed` and calls its deleter
 // once, when the last view of the data is gone (at once after a copy); on

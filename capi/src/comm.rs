@@ -216,6 +216,13 @@ pub unsafe extern "C" fn polychip_comm_init(
                 o.rank, o.world_size
             )));
         }
+        let most = polychip_comm::collectives::MAX_WORLD;
+        if o.world_size as usize > most {
+            return Err(ApiError::invalid(format!(
+                "options->world_size {} is more than the {most} ranks a communicator takes",
+                o.world_size
+            )));
+        }
         let addr = if o.master_addr.is_null() {
             "127.0.0.1".to_owned()
         } else {

@@ -431,6 +431,12 @@ fn dtype_of(dl: polychip_dlpack_dtype_t) -> ApiResult<DType> {
 /// # Safety
 /// `incoming.dl` describes valid memory until `release` runs.
 unsafe fn import(rt: &RuntimeObject, incoming: Incoming, target: i64) -> ApiResult<(Tensor, u32)> {
+    if target < -1 {
+        return Err(ApiError::invalid(format!(
+            "device {target} is not a device index; give one from 0, or -1 for device 0 or \
+             the tensor's own"
+        )));
+    }
     let dl = incoming.dl;
     let dtype = dtype_of(dl.dtype)?;
     let ndim = usize::try_from(dl.ndim)
@@ -641,7 +647,7 @@ fn shared_view(
 /// back, e.g. a torch tensor made from a polychip one), become a tensor
 /// sharing it, zero-copy; other host data (kDLCPU), or read-only data, is
 /// copied onto device `device` of `runtime` (-1: device 0, or the tensor's
-/// own).
+/// own; another negative value is refused).
 ///
 /// Ownership: on success libpolychip owns `managed` and calls its deleter
 /// once, when the last view of the data is gone (at once after a copy); on

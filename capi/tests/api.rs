@@ -460,6 +460,15 @@ fn dlpack_imports_refuse_what_they_cannot_read() {
         "{message}"
     );
     foreign.dl_tensor.dtype.lanes = 1;
+    // A negative device other than -1 names no device (it was read as -1).
+    // SAFETY: as above.
+    let (code, message) =
+        refused(unsafe { polychip_tensor_from_dlpack(rt, &mut foreign, -7, &mut out) });
+    assert_eq!(code, POLYCHIP_API_ERROR_INVALID_ARGUMENT, "{message}");
+    assert!(
+        message.contains("device -7 is not a device index"),
+        "{message}"
+    );
     foreign.dl_tensor.device.device_type = 2;
     // SAFETY: as above.
     let (_, message) =
@@ -715,6 +724,34 @@ fn sizes_that_overflow_or_exceed_memory_are_refused_not_crashing() {
     assert!(message.contains("copy 5 is neither"), "{message}");
     polychip_tensor_destroy(t);
     polychip_runtime_destroy(rt);
+}
+
+/// A world larger than a communicator takes is refused at once, naming
+/// the field (it used to wait out the rendezvous timeout for rank 1).
+#[test]
+fn a_world_larger_than_a_communicator_takes_is_refused_at_once() {
+    for world_size in [64, 65_537, u32::MAX] {
+        let options = polychip_comm_options_t {
+            struct_size: size_of::<polychip_comm_options_t>(),
+            rank: 0,
+            world_size,
+            master_addr: null(),
+            master_port: 0,
+        };
+        let mut comm = null_mut();
+        let start = std::time::Instant::now();
+        // SAFETY: readable options; `comm` writable.
+        let (code, message) = refused(unsafe { polychip_comm_init(&options, &mut comm) });
+        assert_eq!(code, POLYCHIP_API_ERROR_INVALID_ARGUMENT, "{message}");
+        assert!(
+            message.contains(&format!(
+                "options->world_size {world_size} is more than the 63 ranks"
+            )),
+            "{message}"
+        );
+        assert!(start.elapsed().as_secs() < 5, "{:?}", start.elapsed());
+        assert!(comm.is_null());
+    }
 }
 
 #[test]

@@ -159,15 +159,27 @@ fn relaunch(args: &CommArgs) -> polychip_comm::Result<ExitCode> {
     // Check the options here, so that mistakes are reported once.
     let checked = options(args)?;
     let (kind, _) = transport_kind(args)?;
-    let nproc = match args.nproc {
-        Some(n) => n,
+    let (nproc, named) = match args.nproc {
+        Some(n) => (n, "-n".to_string()),
         None => match std::env::var("POLYCHIP_BENCH_RANKS") {
-            Ok(s) => s.trim().parse().map_err(|_| {
-                CommError::Usage(format!("POLYCHIP_BENCH_RANKS={s:?} is not a number"))
-            })?,
-            Err(_) => 2,
+            Ok(s) => (
+                s.trim().parse().map_err(|_| {
+                    CommError::Usage(format!("POLYCHIP_BENCH_RANKS={s:?} is not a number"))
+                })?,
+                format!("POLYCHIP_BENCH_RANKS={s:?}"),
+            ),
+            Err(_) => (2, "-n".to_string()),
         },
     };
+    // The ranks' communicators take 1 to MAX_WORLD ranks: refused here,
+    // naming where the count came from, before any rank starts.
+    let most = polychip_comm::collectives::MAX_WORLD;
+    if !(1..=most).contains(&nproc) {
+        return Err(CommError::Usage(format!(
+            "{named} gives {nproc} ranks; the benchmark runs 1 to {most} (the most a \
+             communicator takes)"
+        )));
+    }
     checked.check(nproc)?;
     check_memory(&checked, nproc)?;
     let exe = std::env::current_exe().map_err(|e| CommError::Io {

@@ -33,15 +33,18 @@ pub(crate) fn check_distinct(
 
 /// Checks that `path` can be written as the output file of `flag` without
 /// changing it: an existing regular file is opened for writing (not
-/// truncated); a new one is created and removed again. A directory, a FIFO
-/// or a device is refused (writing to a FIFO blocks).
+/// truncated), and the temporary file the write goes through is created
+/// beside it and removed again ([`polychip_files::check_atomic_write`]); a
+/// new one is created and removed again. A directory, a FIFO or a device
+/// is refused (writing to a FIFO blocks).
 pub(crate) fn check_file(flag: &str, path: &Path) -> Result<(), String> {
     let fail = |m: String| Err(format!("{flag} {}: {m}", path.display()));
     match std::fs::metadata(path) {
         Ok(meta) if meta.is_dir() => fail("is a directory; give a file name".into()),
         Ok(meta) if !meta.is_file() => fail("is not a regular file".into()),
         Ok(_) => match std::fs::OpenOptions::new().write(true).open(path) {
-            Ok(_) => Ok(()),
+            Ok(_) => polychip_files::check_atomic_write(path)
+                .or_else(|e| fail(format!("cannot be replaced: {e}"))),
             Err(e) => fail(format!("cannot be written: {e}")),
         },
         Err(e) if is_missing(&e) => {

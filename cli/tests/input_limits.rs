@@ -647,6 +647,22 @@ fn bench_comm_refuses_sizes_and_iterations_that_cannot_run() {
     if code != Some(0) {
         assert!(out.contains("--transport verbs"), "{out}");
     }
+    // More ranks than a communicator takes: refused before any rank starts
+    // (64 ranks used to start and each fail), naming where the count came
+    // from.
+    let sized = ["bench", "comm", "--sizes", "4K", "--iters", "1"];
+    let (code, _, err) = polychip_env(&[&sized[..], &["-n", "64"]].concat(), &[]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("-n gives 64 ranks; the benchmark runs 1 to 63"),
+        "{err}"
+    );
+    let (code, _, err) = polychip_env(&sized, &[("POLYCHIP_BENCH_RANKS", "0")]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("POLYCHIP_BENCH_RANKS=\"0\" gives 0 ranks"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -974,7 +990,7 @@ fn training_settings_and_plans_that_cannot_train_are_refused_by_field() {
     for (text, want) in [
         (
             "eps = inf\n",
-            "eps is inf; it must be positive and at most 0.1",
+            "eps is inf; it must be from 1.18e-38 (f32's smallest normal number",
         ),
         (
             "warmup = 18446744073709551615\n",

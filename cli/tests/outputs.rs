@@ -157,6 +157,24 @@ fn conform_checks_its_reports_files_before_the_suite_runs() {
     let (code, _, err) = polychip(&["conform", "--plugin", &plugin, "--waivers", "/dev/zero"]);
     assert_eq!(code, Some(2), "{err}");
     assert!(err.contains("a character device"), "{err}");
+    // A file that may be written in a directory where nothing may be
+    // created (the report goes through a temporary file beside it, renamed
+    // over it): refused before the suite, not after it.
+    let (code, out, err) = polychip(&[
+        "conform",
+        "--plugin",
+        &plugin,
+        "--ops",
+        "^fill$",
+        "--json",
+        "/proc/self/comm",
+    ]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("--json /proc/self/comm: cannot be replaced: its temporary file"),
+        "{err}"
+    );
+    assert!(!out.contains("passed"), "the suite did not run: {out}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

@@ -241,6 +241,15 @@ pub fn init() -> Result<Job> {
 /// Starts the job as `info` says, with `options`.
 pub fn init_with(info: RankInfo, options: InitOptions) -> Result<Job> {
     let (rank, world, timeout) = (info.rank, info.world_size, options.timeout);
+    // Refused here, before the rendezvous: the communicator built at the
+    // end would refuse it only after every rank had waited for the others.
+    if world > crate::collectives::MAX_WORLD {
+        return Err(CommError::Usage(format!(
+            "world size {world} (from {}) is more than the {} ranks a communicator takes",
+            info.launcher,
+            crate::collectives::MAX_WORLD
+        )));
+    }
     let store = Arc::new(TcpStore::connect(&info, timeout)?);
     let (pick, why) = choose_requested_by(
         options.transport,

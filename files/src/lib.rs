@@ -142,6 +142,58 @@ pub fn read_text_file(path: &Path, max_len: u64) -> std::io::Result<String> {
     Ok(text)
 }
 
+/// The temporary file [`write_atomic`] writes `path` through:
+/// `.<name>.tmp-<pid>` in `path`'s directory.
+fn temporary_sibling(path: &Path) -> std::io::Result<PathBuf> {
+    let name = path.file_name().ok_or_else(|| {
+        Error::new(
+            ErrorKind::InvalidInput,
+            "the path names no file (it ends in \"..\" or \"/\")",
+        )
+    })?;
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let mut tmp_name = std::ffi::OsString::from(".");
+    tmp_name.push(name);
+    tmp_name.push(format!(".tmp-{}", std::process::id()));
+    Ok(dir.join(tmp_name))
+}
+
+/// Checks, before any work, that [`write_atomic`] could write `path`: its
+/// temporary file can be created beside it (it is created and removed
+/// again; nothing else changes). A directory where an existing file may be
+/// written but no new file created (no write permission on it, an
+/// immutable one, `/proc`) passes a check of the file alone and fails only
+/// at the write, after the work.
+pub fn check_atomic_write(path: &Path) -> std::io::Result<()> {
+    let tmp = temporary_sibling(path)?;
+    let _ = std::fs::remove_file(&tmp);
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&tmp)
+        .map_err(|e| {
+            Error::new(
+                e.kind(),
+                format!(
+                    "its temporary file {} cannot be created: {e}",
+                    tmp.display()
+                ),
+            )
+        })?;
+    std::fs::remove_file(&tmp).map_err(|e| {
+        Error::new(
+            e.kind(),
+            format!(
+                "its temporary file {} cannot be removed: {e}",
+                tmp.display()
+            ),
+        )
+    })
+}
+
 /// Writes `bytes` to `path` whole or not at all: a private temporary file
 /// beside it (`.<name>.tmp-<pid>`, created new: a stale file or a link at
 /// that name is removed first, never followed), synced, renamed over
@@ -161,20 +213,7 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
             ),
         ));
     }
-    let name = path.file_name().ok_or_else(|| {
-        Error::new(
-            ErrorKind::InvalidInput,
-            "the path names no file (it ends in \"..\" or \"/\")",
-        )
-    })?;
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d,
-        _ => Path::new("."),
-    };
-    let mut tmp_name = std::ffi::OsString::from(".");
-    tmp_name.push(name);
-    tmp_name.push(format!(".tmp-{}", std::process::id()));
-    let tmp = dir.join(tmp_name);
+    let tmp = temporary_sibling(path)?;
     let at_tmp = |e: Error| {
         Error::new(
             e.kind(),
@@ -201,7 +240,9 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
         let _ = std::fs::remove_file(&tmp);
         return Err(e);
     }
-    if let Ok(d) = std::fs::File::open(dir) {
+    if let Some(dir) = tmp.parent()
+        && let Ok(d) = std::fs::File::open(dir)
+    {
         let _ = d.sync_all();
     }
     Ok(())

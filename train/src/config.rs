@@ -199,8 +199,10 @@ impl ModelConfig {
         if self.vocab > i32::MAX as usize {
             return Err(format!("vocab {} does not fit i32 token ids", self.vocab));
         }
-        if !(self.norm_eps > 0.0 && self.norm_eps.is_finite()) {
-            return Err(format!("norm_eps must be positive, not {}", self.norm_eps));
+        if let Some(why) = eps_problem(self.norm_eps, MAX_NORM_EPS) {
+            return Err(format!(
+                "norm_eps is {why} (RMSNorm's epsilon: a large one flattens every row)"
+            ));
         }
         if !(self.rope_theta > 1.0 && self.rope_theta.is_finite()) {
             return Err(format!("rope_theta must exceed 1, not {}", self.rope_theta));
@@ -271,6 +273,26 @@ impl Precision {
 /// The largest AdamW epsilon accepted, 0.1 (PyTorch's default is 1e-8;
 /// some recipes use up to 1e-3): one far larger divides every update away.
 pub const MAX_EPS: f64 = 0.1;
+
+/// The largest RMSNorm epsilon accepted, 0.1 (models use 1e-12 to 1e-5):
+/// one far larger than the mean square of the activations flattens every
+/// normalized row to about 0, and training then learns nothing.
+pub const MAX_NORM_EPS: f64 = 0.1;
+
+/// Why an epsilon (AdamW's or a norm's) of `value` is refused, if it is:
+/// it must lie from f32's smallest normal number (below it the training
+/// precision rounds it to a subnormal or to 0, and the division it guards
+/// overflows to inf or NaN) to `max`. The text completes "`name` is ..".
+pub fn eps_problem(value: f64, max: f64) -> Option<String> {
+    let min = f64::from(f32::MIN_POSITIVE);
+    (!(min..=max).contains(&value)).then(|| {
+        format!(
+            "{}; it must be from {min:.2e} (f32's smallest normal number: a smaller one \
+             rounds to 0 in training) to {max}",
+            polychip_planner::cluster::fmt_num(value)
+        )
+    })
+}
 
 /// The most warm-up steps accepted, a billion: more than any run takes, so
 /// that a resumed run may keep a warm-up longer than its `steps`, while a
@@ -378,11 +400,10 @@ impl TrainConfig {
                 polychip_planner::cluster::fmt_num(self.weight_decay)
             ));
         }
-        if !(self.eps > 0.0 && self.eps <= MAX_EPS) {
+        if let Some(why) = eps_problem(self.eps, MAX_EPS) {
             return bad(format!(
-                "eps is {}; it must be positive and at most {MAX_EPS} (AdamW's epsilon \
-                 guards a division: a large one stops the updates)",
-                polychip_planner::cluster::fmt_num(self.eps)
+                "eps is {why} (AdamW's epsilon guards a division: a large one stops the \
+                 updates)"
             ));
         }
         if self.warmup > MAX_WARMUP {
@@ -520,16 +541,38 @@ mod tests {
 
     #[test]
     fn an_eps_or_warmup_that_stops_training_is_refused_by_name() {
-        for eps in [f64::INFINITY, f64::NAN, 0.0, -1e-8, 1.0] {
+        // 1e-46 is positive in f64 and 0 in f32: the division it guards
+        // gave NaN, reported as a learning rate too high.
+        for eps in [f64::INFINITY, f64::NAN, 0.0, -1e-8, 1.0, 1e-46] {
             let c = TrainConfig {
                 eps,
                 ..TrainConfig::default()
             };
             let e = c.validate().unwrap_err().to_string();
             assert!(
-                e.contains("eps is ") && e.contains("at most 0.1"),
+                e.contains("eps is ") && e.contains("to 0.1") && e.contains("smallest normal"),
                 "{eps}: {e}"
             );
+        }
+        // A model's RMSNorm epsilon alike: 1e38 trained nothing (every
+        // normalized row about 0), with a loss stuck at ln 256 and exit 0.
+        for norm_eps in [1e38, 1.0, 1e-46, f64::NAN] {
+            let m = ModelConfig {
+                norm_eps,
+                ..ModelConfig::preset("mini").unwrap()
+            };
+            let e = m.validate().unwrap_err();
+            assert!(
+                e.starts_with("norm_eps is ") && e.contains("to 0.1"),
+                "{norm_eps}: {e}"
+            );
+        }
+        for norm_eps in [1e-12, 1e-5, 0.1] {
+            let m = ModelConfig {
+                norm_eps,
+                ..ModelConfig::preset("mini").unwrap()
+            };
+            assert_eq!(m.validate(), Ok(()), "{norm_eps}");
         }
         let c = TrainConfig {
             warmup: u64::MAX,

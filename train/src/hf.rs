@@ -366,10 +366,8 @@ pub fn read_config(dir: &Path, seq_len: Option<usize>) -> Result<HfConfig> {
         )));
     }
     let norm_eps = f.float("rms_norm_eps")?.unwrap_or(1e-6);
-    if !(norm_eps > 0.0 && norm_eps.is_finite()) {
-        return Err(f.fail(format!(
-            "has `rms_norm_eps` = {norm_eps}, not a positive number"
-        )));
+    if let Some(why) = crate::config::eps_problem(norm_eps, crate::config::MAX_NORM_EPS) {
+        return Err(f.fail(format!("has `rms_norm_eps` = {why}")));
     }
     if !(rope_theta > 1.0 && rope_theta.is_finite()) {
         return Err(f.fail(format!(

@@ -80,11 +80,13 @@ impl Config {
             }
         }
         if let Some(raw) = lookup(MEMORY_VAR) {
-            match parse(&raw, |v: u64| v.checked_mul(MIB).is_some()) {
+            // 0 MiB would make every allocation fail, as a device that
+            // cannot hold a tensor: refused as Cobalt refuses it.
+            match parse(&raw, |v: u64| v >= 1 && v.checked_mul(MIB).is_some()) {
                 Parsed::Unset => {}
                 Parsed::Value(mib) => config.memory_bytes = mib * MIB,
                 Parsed::Bad => warn(&format!(
-                    "{MEMORY_VAR}={raw:?} is not a number of MiB; using the default {DEFAULT_MEMORY_MIB}"
+                    "{MEMORY_VAR}={raw:?} is not a number of MiB from 1; using the default {DEFAULT_MEMORY_MIB}"
                 )),
             }
         }
@@ -162,7 +164,7 @@ mod tests {
         assert!(w.is_empty());
         assert_eq!(config(&[(DEVICES_VAR, "0")]).0.devices, 0);
         assert_eq!(config(&[(DEVICES_VAR, "64")]).0.devices, 64);
-        assert_eq!(config(&[(MEMORY_VAR, "0")]).0.memory_bytes, 0);
+        assert_eq!(config(&[(MEMORY_VAR, "1")]).0.memory_bytes, 1 << 20);
     }
 
     #[test]
@@ -191,8 +193,11 @@ mod tests {
             assert_eq!(c.peak_flops, 200e9, "{bad}");
             assert_eq!(w.len(), 1, "{bad}");
         }
-        let (c, w) = config(&[(MEMORY_VAR, &u64::MAX.to_string())]);
-        assert_eq!(c.memory_bytes, DEFAULT_MEMORY_MIB << 20);
-        assert_eq!(w.len(), 1);
+        // 0 MiB (no tensor fits) and more than u64 bytes alike.
+        for bad in ["0".to_string(), u64::MAX.to_string()] {
+            let (c, w) = config(&[(MEMORY_VAR, &bad)]);
+            assert_eq!(c.memory_bytes, DEFAULT_MEMORY_MIB << 20, "{bad}");
+            assert!(w.len() == 1 && w[0].contains("from 1"), "{bad}: {w:?}");
+        }
     }
 }
