@@ -548,6 +548,26 @@ def test_views_of_no_elements_past_their_storage_run():
     assert out.shape == (5, 0, 4) and h.shape == (1, 0, 4)
 
 
+@pytest.mark.parametrize("index", [FERRITE, COBALT])
+def test_a_copy_into_no_elements_still_checks_the_shapes(index):
+    """copy_ into an empty destination of a shape the source does not
+    broadcast to fails, as on the CPU (it returned early, copying nothing
+    and raising nothing); one it broadcasts to is still nothing to do."""
+    d = torch.device("polychip", index)
+    for dst, src in (
+        (torch.empty(0, device=d), torch.ones(3, 4, device=d)),
+        (torch.empty(0, device=d), torch.ones(3, 4)),
+        (torch.empty(0), torch.ones(3, 4, device=d)),
+        (torch.empty(2, 0, device=d), torch.ones(3, 1, device=d)),
+    ):
+        with pytest.raises(RuntimeError):
+            torch.empty(dst.shape).copy_(torch.ones(src.shape))  # the CPU refuses it
+        with pytest.raises(RuntimeError):
+            dst.copy_(src)
+    assert torch.empty(0, 4, device=d).copy_(torch.ones(4, device=d)).shape == (0, 4)
+    assert torch.empty(0, device=d).copy_(torch.ones(1)).shape == (0,)
+
+
 def test_a_script_ending_right_after_a_backward_pass_exits_cleanly():
     """PyTorch runs a device's backward pass on a thread of its own, which
     may release the finished graph (and Python objects with it) after

@@ -111,7 +111,7 @@ def test_llama_forward_with_padding_uses_the_math_attention_on_the_plugin():
 
 FAMILIES = [
     "gpt2", "bert", "mistral", "qwen2", "opt", "gpt_neox", "falcon", "bloom", "phi", "gemma", "gptj", "t5", "bart",
-    "mixtral",
+    "mixtral", "phimoe",
 ]
 
 
@@ -126,7 +126,8 @@ def test_other_architectures_match_cpu(family):
     attention and MLP), T5 (relative position buckets, an encoder and a
     decoder), BART and Mixtral (mixture-of-experts routing as
     transformers runs it on an accelerator, with its load-balancing loss:
-    integer histograms). Gradients equal the CPU's, tied parameters included
+    integer histograms), PhiMoE (sparsemixer routing: a Python number as
+    the first operand of add). Gradients equal the CPU's, tied parameters included
     (Module.to keeps the Parameter objects)."""
     make = {
         "gpt2": lambda: transformers.GPT2LMHeadModel(transformers.GPT2Config(
@@ -170,6 +171,11 @@ def test_other_architectures_match_cpu(family):
             vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
             num_attention_heads=4, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2,
             output_router_logits=True, router_aux_loss_coef=0.1)),
+        # PhiMoE's sparsemixer routing calls torch.add(0.3333, mask,
+        # alpha=0.6667): a number as `self`, which crashed the add kernel.
+        "phimoe": lambda: transformers.PhimoeForCausalLM(transformers.PhimoeConfig(
+            vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2)),
     }[family]
     device = torch.device("polychip", index_of("Ferrite"))
     torch.manual_seed(0)

@@ -468,6 +468,57 @@ def test_sigmoid_keeps_its_negative_tail(vendor, index):
     torch.testing.assert_close(xg.grad.cpu(), xc.grad, rtol=1e-5, atol=0)
 
 
+@pytest.mark.parametrize("vendor,index", _devices(), ids=[v for v, _ in _devices()])
+def test_binary_operators_promote_round_and_refuse_as_the_cpu_does(vendor, index):
+    """The elementwise kernels' corner cases, each against the CPU bit for
+    bit: a number as ``self`` (phimoe's ``torch.add(0.3333, t,
+    alpha=0.6667)``, ``torch.div(1.0, t)``: the dispatcher hands it over as
+    a Python number, which crashed the kernel), a 0-d CPU tensor that
+    promotes as a tensor (an integer tensor plus a 0-d bf16 tensor is bf16,
+    not f32), an in-place result of a wider dtype rounded once (bf16 += f32
+    was computed in bf16), rsub with a 0-d CPU integer tensor (sent to the
+    Scalar overload), a result of a dtype ``out`` cannot hold and `-` on
+    bools (both refused on the CPU, computed on the device), an out= of
+    another shape through the fallback (left empty), and torch.cat with an
+    empty legacy tensor of a wider dtype (it sets the result's dtype)."""
+    d = torch.device("polychip", index)
+    xf = rand(3, 4) * 3
+    cases = {
+        "number self add alpha": lambda x: torch.add(0.3333, x, alpha=0.6667),
+        "number self add": lambda x: torch.add(0.1, x),
+        "number self sub": lambda x: torch.sub(1.1, x),
+        "number self mul": lambda x: torch.mul(0.1, x),
+        "number self div": lambda x: torch.div(0.3, x),
+        "cpu 0-d promotes": lambda x: (x * 10).long() + torch.tensor(0.5, dtype=torch.bfloat16),
+        "cpu 0-d rsub": lambda x: torch.rsub((x * 10).long(), torch.tensor(5)),
+        "in place rounds once": lambda x: x.to(torch.bfloat16).add_(x * 1.001),
+        "in place mixed halves": lambda x: x.to(torch.bfloat16).mul_(x.to(torch.float16)),
+        "fallback out resizes": lambda x: torch.neg((x * 10).long(), out=torch.empty(0, dtype=torch.long, device=x.device)),
+        "cat empty legacy": lambda x: torch.cat([torch.tensor([], device=x.device), x.to(torch.bfloat16).flatten()]),
+    }
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        for name, fn in cases.items():
+            want = fn(xf.to(dtype))
+            got = fn(xf.to(dtype).to(d)).cpu()
+            assert got.dtype == want.dtype, (name, dtype, got.dtype, want.dtype)
+            if "alpha" in name:
+                # a + alpha * b: the CPU fuses the multiply-add (one ulp)
+                ulp = torch.finfo(dtype).eps
+                torch.testing.assert_close(got, want, rtol=ulp, atol=ulp)
+            else:
+                assert torch.equal(got, want), (name, dtype, got, want)
+    for fn, message in (
+        (lambda x: torch.add(x, 1.5, out=torch.empty(3, 4, dtype=torch.long, device=x.device)), "can't be cast"),
+        (lambda x: torch.exp(x, out=torch.empty(3, 4, dtype=torch.int32, device=x.device)), "can't be cast"),
+        (lambda x: x - (x > 0), "bool tensor is not supported"),
+        (lambda x: torch.rsub(x, True), "bool tensor is not supported"),
+    ):
+        with pytest.raises(RuntimeError, match=message):
+            fn(xf)
+        with pytest.raises(RuntimeError, match=message):
+            fn(xf.to(d))
+
+
 def test_convolution_refuses_what_the_cpu_refuses_and_keeps_channels_last():
     d = torch.device("polychip", _devices()[0][1])
     x, w = rand(2, 4, 9, 10).to(d), rand(6, 4, 3, 3).to(d)

@@ -243,6 +243,8 @@ def _on_cpu(op: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
         pairs = zip(orig, cpu) if isinstance(orig, (list, tuple)) else [(orig, cpu)]
         for o, c in pairs:
             if isinstance(o, torch.Tensor) and o is not c:
+                if o.shape != c.shape:
+                    o.resize_(c.shape)  # an out= the CPU kernel resized
                 o.copy_(c)
                 written[id(c)] = o
 
@@ -279,6 +281,10 @@ def _is_scalar(x: Any) -> bool:
     )
 
 
+def _is_bool(x: Any) -> bool:
+    return isinstance(x, bool) or (isinstance(x, torch.Tensor) and x.dtype == torch.bool)
+
+
 def _scalar(x: Any) -> Any:
     return x.item() if isinstance(x, torch.Tensor) else x
 
@@ -311,8 +317,31 @@ def _broadcast(a: Sequence[int], b: Sequence[int]) -> Tuple[int, ...]:
     return tuple(out)
 
 
+# PyTorch's names of dtypes in its messages (c10::ScalarType).
+_SCALAR_TYPE_NAMES = {
+    torch.float32: "Float",
+    torch.float64: "Double",
+    torch.float16: "Half",
+    torch.bfloat16: "BFloat16",
+    torch.int64: "Long",
+    torch.int32: "Int",
+    torch.int16: "Short",
+    torch.int8: "Char",
+    torch.uint8: "Byte",
+    torch.bool: "Bool",
+}
+
+
 def _write_into(out: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
-    """The ``out=`` convention: resize ``out`` to the result, then copy."""
+    """The ``out=`` convention: resize ``out`` to the result, then copy.
+    As PyTorch's elementwise operators do, a result whose dtype cannot be
+    cast safely to ``out``'s (a float result into an integer ``out``) is
+    refused rather than truncated."""
+    if not torch.can_cast(value.dtype, out.dtype):
+        raise RuntimeError(
+            f"result type {_SCALAR_TYPE_NAMES.get(value.dtype, value.dtype)} can't be cast to the "
+            f"desired output type {_SCALAR_TYPE_NAMES.get(out.dtype, out.dtype)}"
+        )
     if out.shape != value.shape:
         out.resize_(value.shape)
     out.copy_(value)
@@ -340,13 +369,34 @@ def _binary(name: str, a: Any, b: Any, alpha: Any = 1, inplace: bool = False) ->
         ("div", True): aten.div_.Tensor,
     }[(name, inplace)]
     extra = {"alpha": alpha} if name in ("add", "sub") and alpha != 1 else {}
+    if name == "sub" and (_is_bool(a) or _is_bool(b)):
+        return _fallback(op, a, b, **extra)  # PyTorch refuses `-` with a bool: its message
+    if not isinstance(a, torch.Tensor):
+        # A number as ``self`` (torch.add(0.3, t, alpha=0.6), torch.div(1.0,
+        # t)): the dispatcher hands the wrapped number over as a Python
+        # number, and ``b`` is the device tensor.
+        # (The CPU rounds such a number to the tensor's dtype first, as a
+        # constant of that dtype does: a bf16 `0.1 * t` is not `t * 0.1`.)
+        if name == "add" and alpha == 1:
+            return _binary(name, b, a)  # commutative: the scalar's own path
+        dtype = torch.result_type(b, a)
+        if (
+            dtype not in _FLOATS
+            or _NAMES[dtype] not in ops.DTYPES[name]
+            or isinstance(a, complex)
+            or isinstance(alpha, complex)
+        ):
+            return _fallback(op, a, b, **extra)
+        a = _constant(a, dtype, b)
     scalar = _is_scalar(b)
     bv = _scalar(b) if scalar else b
-    dtype = _result_type(a, bv)
-    if inplace and dtype != a.dtype:
-        if not torch.can_cast(dtype, a.dtype):
-            return _fallback(op, a, b, **extra)
-        dtype = a.dtype
+    # A 0-d CPU tensor promotes as a tensor, not as a number: an integer
+    # tensor plus a 0-d bf16 tensor is bf16 (a Python float would give f32).
+    dtype = _result_type(a, b)
+    if inplace and dtype != a.dtype and not torch.can_cast(dtype, a.dtype):
+        return _fallback(op, a, b, **extra)
+    # In place into a narrower dtype (bf16 += f32) PyTorch computes in the
+    # promoted dtype and rounds once into ``a``: so does the copy below.
     if dtype not in _FLOATS or _NAMES[dtype] not in ops.DTYPES[name]:
         return _fallback(op, a, b, **extra)
     if isinstance(alpha, complex) or (scalar and isinstance(bv, complex)):
@@ -464,13 +514,20 @@ for _name in _BINARY:
 def _rsub(self: torch.Tensor, other: Any, alpha: Any = 1) -> torch.Tensor:
     # other - alpha * self
     if _is_scalar(other):
-        dtype = _result_type(self, _scalar(other))
-        if dtype in _FLOATS and _NAMES[dtype] in ops.DTYPES["sub"]:
+        dtype = _result_type(self, other)
+        if (
+            dtype in _FLOATS
+            and _NAMES[dtype] in ops.DTYPES["sub"]
+            and not _is_bool(self)
+            and not _is_bool(other)
+            and not isinstance(alpha, complex)
+        ):
             s = self if self.dtype == dtype else self.to(dtype)
             out = _like(s.shape, dtype, s)
             ops.sub(_pc(_constant(_scalar(other), dtype, s)), _pc(s), _pc(out), float(alpha))
             return out
-        return _fallback(aten.rsub.Scalar, self, other, alpha=alpha)
+        op = aten.rsub.Tensor if isinstance(other, torch.Tensor) else aten.rsub.Scalar
+        return _fallback(op, self, other, alpha=alpha)
     return _binary("sub", other, self, alpha)
 
 
@@ -1446,8 +1503,10 @@ def _cat(tensors: Sequence[torch.Tensor], dim: int = 0) -> torch.Tensor:
     live = [t for t in tensors if not (t.dim() == 1 and t.numel() == 0)]
     if not live or not _on_device(*live) or len({t.device for t in live}) != 1:
         return _fallback(aten.cat.default, tensors, dim)
+    # The skipped empty tensors take part in the result's dtype, as on the
+    # CPU (torch.cat([torch.tensor([]), x_bf16]) is float32).
     dtype = live[0].dtype
-    for t in live[1:]:
+    for t in tensors:
         dtype = torch.promote_types(dtype, t.dtype)
     d = dim + live[0].dim() if dim < 0 else dim
     shape = list(live[0].shape)

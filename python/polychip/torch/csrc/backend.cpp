@@ -787,8 +787,11 @@ void device_copy(const at::Tensor& src, const at::Tensor& dst) {
 
 at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool /*non_blocking*/) {
   TORCH_CHECK(self.defined() && dst.defined(), "polychip: copy of an undefined tensor");
-  if (dst.numel() == 0) return dst;
+  // The source must broadcast to the destination even when there is
+  // nothing to copy (PyTorch's copy_ raises for an empty destination of
+  // another shape; the out= way back resizes through copy_from_and_resize).
   at::Tensor src = self.sizes() == dst.sizes() ? self : self.expand(dst.sizes());
+  if (dst.numel() == 0) return dst;
   const bool same_dtype = src.scalar_type() == dst.scalar_type();
   bool ok_src = false, ok_dst = false;
   dtype_code(src.scalar_type(), &ok_src);
