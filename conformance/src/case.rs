@@ -165,6 +165,13 @@ pub struct Case {
     /// stream's work through an event, and how its completion is awaited
     /// (`None`: on the device's default stream). See [`StreamSync`].
     pub on_stream: Option<StreamSync>,
+    /// Whether, once the call passes alone, it is also made from several
+    /// threads at once, each with buffers and a stream of its own, for a
+    /// few rounds (see `runner::concurrent_problem`): every result must
+    /// still be right. The ABI makes every plugin function thread-safe;
+    /// state a plugin shares between calls without a lock (a global
+    /// scratch buffer, a cached handle or workspace) shows only this way.
+    pub concurrent: bool,
 }
 
 /// How a case run on a stream waits for its call's work before its outputs

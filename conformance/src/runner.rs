@@ -159,15 +159,137 @@ const SECOND_POISON: u8 = 0x00;
 pub fn run_case(device: &Device, case: &Case, index: usize, factor: f64) -> CaseResult {
     let mut busy = STREAM_BUSY_SECONDS;
     let mut tries = 0;
-    loop {
+    let mut result = loop {
         let mut missed = false;
         let result = run_case_once(device, case, index, factor, busy, &mut missed);
         if result.status != Status::Passed || !missed || tries == STREAM_RETRIES {
-            return result;
+            break result;
         }
         tries += 1;
         busy *= 2.0;
+    };
+    if case.concurrent
+        && result.status == Status::Passed
+        && let Some(why) = concurrent_problem(device, case, factor)
+    {
+        result.status = Status::Failed;
+        result.message = why;
     }
+    result
+}
+
+/// Rounds of a [`Case::concurrent`] case; in each, every thread's call is
+/// released at once.
+const CONCURRENT_ROUNDS: usize = 8;
+
+/// The threads of a [`Case::concurrent`] case: as many as the machine runs
+/// at once, from 2 (a race needs two) to 4.
+fn concurrent_threads() -> usize {
+    std::thread::available_parallelism().map_or(2, |n| n.get().clamp(2, 4))
+}
+
+/// Calls `case` (which passed alone) from several threads at once, each
+/// with buffers of its own and a stream of its own (the ABI lets two
+/// threads use two streams at once, never one), for
+/// [`CONCURRENT_ROUNDS`] rounds, and judges every output as a single call
+/// is judged. `None` when every call was right; else what went wrong, the
+/// first failure named.
+fn concurrent_problem(device: &Device, case: &Case, factor: f64) -> Option<String> {
+    let dense: Vec<_> = case.tensors.iter().map(TensorSpec::dense).collect();
+    let expected = (case.reference)(&dense).ok()?;
+    let threads = concurrent_threads();
+    let barrier = std::sync::Barrier::new(threads);
+    // One thread's calls: the problems of each, with its round.
+    let calls = |thread: usize| -> Vec<String> {
+        let stream = device.stream();
+        let mut problems = Vec::new();
+        for round in 0..CONCURRENT_ROUNDS {
+            let uploaded: Result<Vec<Option<Uploaded>>, HostError> = case
+                .tensors
+                .iter()
+                .map(|spec| match spec.alias_of {
+                    Some(_) => Ok(None),
+                    None => upload(device, spec, POISON_BYTE, false).map(Some),
+                })
+                .collect();
+            // Every thread waits once a round, whatever failed, so that
+            // none waits for ever.
+            barrier.wait();
+            let at = format!("thread {thread}, round {}", round + 1);
+            let (stream, uploaded) = match (&stream, &uploaded) {
+                (Ok(s), Ok(u)) => (s, u),
+                (Err(e), _) | (_, Err(e)) => {
+                    problems.push(format!("{at}: could not set up the call: {e}"));
+                    continue;
+                }
+            };
+            let target = |t: usize| case.tensors[t].alias_of.unwrap_or(t);
+            let tensors: Vec<Tensor> = (0..case.tensors.len())
+                .map(|t| {
+                    let u = uploaded[target(t)].as_ref();
+                    u.expect("aliases name uploaded tensors").view.clone()
+                })
+                .collect();
+            if let Err(e) =
+                (case.call)(&stream.exec(), &tensors).and_then(|()| stream.synchronize())
+            {
+                problems.push(format!("{at}: the call failed: {e}"));
+                continue;
+            }
+            let mut outputs = expected.iter();
+            for (t, spec) in case.tensors.iter().enumerate() {
+                if spec.role == Role::Input {
+                    continue;
+                }
+                let want = outputs.next().expect("one expected tensor per output");
+                let u = uploaded[target(t)].as_ref().expect("uploaded");
+                let bytes = match u.read(spec) {
+                    Ok((bytes, None)) => bytes,
+                    Ok((_, Some((count, first)))) => {
+                        problems.push(format!(
+                            "{at}: the plugin wrote outside {}: {count} guard element(s) \
+                             changed, the first {first}",
+                            spec.name
+                        ));
+                        continue;
+                    }
+                    Err(e) => {
+                        problems.push(format!("{at}: could not read {} back: {e}", spec.name));
+                        continue;
+                    }
+                };
+                if let (_, Some(w)) = judge_output(case, spec, &bytes, &want.data, factor) {
+                    problems.push(format!(
+                        "{at}: output {}: {}",
+                        spec.name,
+                        w.describe(&spec.shape, spec.dtype)
+                    ));
+                } else if let Some(why) = exact_i64_mismatch(spec, &bytes) {
+                    problems.push(format!("{at}: output {}: {why}", spec.name));
+                }
+            }
+        }
+        problems
+    };
+    let problems: Vec<String> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads).map(|t| s.spawn(move || calls(t))).collect();
+        handles
+            .into_iter()
+            .flat_map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| vec!["a calling thread panicked".to_string()])
+            })
+            .collect()
+    });
+    let first = problems.first()?;
+    Some(format!(
+        "right when called alone, but wrong when called from {threads} threads at once (each \
+         with its own buffers and stream; the ABI makes every plugin function thread-safe): \
+         {} of {} calls went wrong; the first, {first}. State shared between calls without a \
+         lock (a global scratch buffer, a cached handle or workspace) does this",
+        problems.len(),
+        threads * CONCURRENT_ROUNDS
+    ))
 }
 
 /// [`run_case`] once, a stream case's busy stream kept busy for `busy`
@@ -290,20 +412,7 @@ fn run_case_once(
                 want.data.len()
             )));
         }
-        let got = from_bytes(spec.dtype, bytes);
-        // Judged against the exact reference (see `crate::tolerance`); an
-        // in-place update may be judged relative to its change.
-        let before = (spec.role == Role::InOut
-            && case.tolerance.change_relative.contains(&spec.name))
-        .then_some(&spec.values[..]);
-        let (s, worst) = compare(
-            spec.dtype,
-            &got,
-            &want.data,
-            before,
-            &case.tolerance,
-            factor,
-        );
+        let (s, worst) = judge_output(case, spec, bytes, &want.data, factor);
         if let Some(w) = worst {
             problems.push(format!(
                 "output {}: {} of {} element(s) outside tolerance; {}",
@@ -379,6 +488,22 @@ fn judge_refusal(
         r.message = format!("refused, but not cleanly: {}", problems.join("; "));
     }
     r
+}
+
+/// Compares the bytes of `spec`, an output of `case`, with its exact
+/// reference `want` (see `crate::tolerance`): an in-place update may be
+/// judged relative to its change.
+fn judge_output(
+    case: &Case,
+    spec: &TensorSpec,
+    bytes: &[u8],
+    want: &[f64],
+    factor: f64,
+) -> (Stats, Option<crate::compare::Worst>) {
+    let before = (spec.role == Role::InOut && case.tolerance.change_relative.contains(&spec.name))
+        .then_some(&spec.values[..]);
+    let got = from_bytes(spec.dtype, bytes);
+    compare(spec.dtype, &got, want, before, &case.tolerance, factor)
 }
 
 /// Where an output with exact i64 values (beyond what f64 holds, see

@@ -213,6 +213,7 @@ pub fn case(
         resize: None,
         warm_up: false,
         on_stream: None,
+        concurrent: false,
     }
 }
 

@@ -24,7 +24,10 @@
 //! - from the first base only, the call run on a stream of its own behind
 //!   another stream's work (`Case::on_stream`), awaited by one of the three
 //!   ways a caller waits for a stream (which one depends on the operator
-//!   and dtype, so that every way is taken across the suite).
+//!   and dtype, so that every way is taken across the suite);
+//! - from the largest base, the call made from several threads at once,
+//!   each with its own buffers and stream (`Case::concurrent`): state the
+//!   plugin shares between calls without a lock shows.
 //!
 //! Every tensor also sits at a non-zero offset inside a guarded buffer
 //! (`crate::placement`), so offsets and writes outside an output are
@@ -83,6 +86,16 @@ pub fn derive(base: &[Case]) -> Vec<Case> {
             |_| {},
         ));
         out.last_mut().expect("just pushed").on_stream = Some(sync);
+    }
+    // The largest base from several threads at once: the longest calls,
+    // so the likeliest to overlap.
+    if let Some(b) = bases.last() {
+        out.push(variant(
+            b,
+            "called from several threads at once, each with its own buffers and stream".into(),
+            |_| {},
+        ));
+        out.last_mut().expect("just pushed").concurrent = true;
     }
     out
 }

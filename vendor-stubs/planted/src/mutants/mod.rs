@@ -50,6 +50,9 @@ pub enum Kind {
     /// Streams and events: work that runs before what it must wait for, or
     /// is read before it has finished.
     Stream,
+    /// Right alone, wrong when called from several threads at once: state
+    /// shared between calls without a lock.
+    Concurrency,
 }
 
 /// One planted bug.
@@ -132,6 +135,7 @@ pub enum Bug {
     AdamwEpsilonHat,
     CastNanPayloadToInfinity,
     CopyI64ThroughDouble,
+    SoftmaxSharedScratch,
     StreamWaitEventIgnored,
     EventRecordCompletesAtOnce,
     EventSynchronizeReturnsAtOnce,
@@ -402,6 +406,9 @@ catalog! {
     CopyI64ThroughDouble "copy-i64-through-double" "copy" Numerics:
         "one element-wise copy loop for every dtype, through a double: an i64 beyond 2^53 is rounded to a double's precision (2^53 + 1 comes back as 2^53)"
         => "i64 copies of values a double cannot hold, compared bit for bit";
+    SoftmaxSharedScratch "softmax-shared-scratch" "softmax" Concurrency:
+        "each row's exponentials go through one process-wide scratch buffer, without a lock (a static workspace, as a library's cached handle or buffer is): two threads' calls at once read each other's rows"
+        => "the call made from several threads at once";
     // Streams: in full mode `copy` and `fill` run on their stream's worker
     // thread (`crate::streams`), the other operators on the calling thread
     // once their stream's earlier work is done. The first two show at every

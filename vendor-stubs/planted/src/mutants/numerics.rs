@@ -343,6 +343,53 @@ pub unsafe fn softmax_max_from_zero(input: &View<'_>, out: &View<'_>) {
     }
 }
 
+/// The process-wide scratch of [`softmax_shared_scratch`]: one row's
+/// exponentials, as f64 bits (atomics, so the race is on values, not
+/// undefined behaviour).
+static SCRATCH: [std::sync::atomic::AtomicU64; SCRATCH_LEN] =
+    [const { std::sync::atomic::AtomicU64::new(0) }; SCRATCH_LEN];
+const SCRATCH_LEN: usize = 4096;
+
+/// Softmax through [`SCRATCH`] without a lock: each row's exponentials are
+/// stored there, the thread pauses for 100 µs (as waiting on a kernel or a
+/// page fault would let another call run), and they are read back to
+/// normalize.
+/// Right alone; two calls at once read each other's rows. Returns false
+/// (the correct kernel runs) for rows wider than the scratch.
+pub unsafe fn softmax_shared_scratch(input: &View<'_>, out: &View<'_>) -> bool {
+    use std::sync::atomic::Ordering::Relaxed;
+    let (d, od) = (input.dtype, out.dtype);
+    let (ri, ro) = (rows(input), rows(out));
+    if ri.iter().any(|r| r.len() > SCRATCH_LEN) {
+        return false;
+    }
+    for (ri, ro) in ri.iter().zip(&ro) {
+        // SAFETY: addresses of live elements.
+        unsafe {
+            let x: Vec<f64> = ri.iter().map(|&p| load(d, p)).collect();
+            let max = x.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            for (slot, v) in SCRATCH.iter().zip(&x) {
+                let e = if max == f64::NEG_INFINITY {
+                    f64::NAN
+                } else {
+                    (v - max).exp()
+                };
+                slot.store(e.to_bits(), Relaxed);
+            }
+            std::thread::sleep(std::time::Duration::from_micros(100));
+            let e: Vec<f64> = SCRATCH[..x.len()]
+                .iter()
+                .map(|s| f64::from_bits(s.load(Relaxed)))
+                .collect();
+            let sum: f64 = e.iter().sum();
+            for (v, &o) in e.iter().zip(ro) {
+                store(od, o, v / sum);
+            }
+        }
+    }
+    true
+}
+
 /// silu_backward as `g (1/(1+e) + x e / (1+e)^2)` with `e = exp(-x)`,
 /// unguarded: below x = -709 `e` overflows and the result is NaN.
 pub unsafe fn silu_backward_unguarded(g: &View<'_>, x: &View<'_>, gi: &View<'_>) {
