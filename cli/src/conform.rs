@@ -116,7 +116,7 @@ pub fn run(args: &Args) -> ExitCode {
     if !(args.case_timeout > 0.0 && args.case_timeout <= MAX_CASE_TIMEOUT) {
         return usage(format!(
             "--case-timeout {} is not a number of seconds in (0, {MAX_CASE_TIMEOUT}]",
-            args.case_timeout
+            polychip_planner::cluster::fmt_num(args.case_timeout)
         ));
     }
     let tier = if args.full { Tier::Full } else { Tier::Default };

@@ -25,6 +25,9 @@ use polychip_planner::settings::{Dtype, Recompute, TrainingSettings};
 use polychip_train::config::ModelConfig;
 
 /// Options of `polychip plan`.
+/// `--global-batch` when it is not given (and no plan is evaluated).
+const DEFAULT_GLOBAL_BATCH: u64 = 1024;
+
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// The cluster file (TOML; see examples/clusters/), or `polychip
@@ -44,9 +47,10 @@ pub struct Args {
     /// output) from its measurements.
     #[arg(long, value_name = "FILE")]
     profile: Option<PathBuf>,
-    /// Sequences per optimizer step.
-    #[arg(long, value_name = "N", default_value_t = 1024)]
-    global_batch: u64,
+    /// Sequences per optimizer step [default: 1024; with --evaluate, the
+    /// plan's own: its groups' copies x micro-batch size x micro-batches].
+    #[arg(long, value_name = "N")]
+    global_batch: Option<u64>,
     /// Compute dtype: f32, bf16 or f16 [default: bf16; with --evaluate of a
     /// `polychip plan --json` report, the report's].
     #[arg(long, value_name = "TYPE")]
@@ -155,10 +159,10 @@ fn plan(args: &Args) -> Result<(), String> {
         )?;
     }
     let max = polychip_planner::settings::MAX_GLOBAL_BATCH;
-    if args.global_batch > max {
+    let global_batch = args.global_batch.unwrap_or(DEFAULT_GLOBAL_BATCH);
+    if global_batch > max {
         return Err(format!(
-            "--global-batch is {}, more than the planner accepts ({max} sequences)",
-            args.global_batch
+            "--global-batch is {global_batch}, more than the planner accepts ({max} sequences)"
         ));
     }
     // A plan to evaluate is read first: a `polychip plan --json` report
@@ -171,8 +175,8 @@ fn plan(args: &Args) -> Result<(), String> {
     let recorded = spec.as_ref().and_then(|s| s.settings.clone());
     let mut settings = recorded
         .clone()
-        .unwrap_or_else(|| TrainingSettings::new(args.global_batch));
-    settings.global_batch = args.global_batch;
+        .unwrap_or_else(|| TrainingSettings::new(global_batch));
+    settings.global_batch = global_batch;
     if let Some(d) = &args.dtype {
         settings.dtype = match d.as_str() {
             "f32" => Dtype::F32,
@@ -275,6 +279,21 @@ fn plan(args: &Args) -> Result<(), String> {
             SpecError::Plan(m) => format!("plan {}: {m}", plan_file.display()),
             e => e.to_string(),
         })?;
+        // The plan's groups fix its batch; a --global-batch that differs
+        // is said, not silently dropped.
+        if let Some(n) = args.global_batch
+            && n != ev.plan.global_batch
+        {
+            eprintln!(
+                "{}",
+                printable_lines(&format!(
+                    "note: {}: its groups take {} sequences per step (copies x micro-batch size \
+                     x micro-batches), not --global-batch {n}; the plan's are evaluated",
+                    plan_file.display(),
+                    ev.plan.global_batch
+                ))
+            );
+        }
         if let Some(trace) = &args.trace {
             let text = serde_json::to_string(
                 &ev.plan

@@ -297,3 +297,42 @@ fn profile_then_evaluate_a_saved_plan_of_the_bundled_devices() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A plan's groups fix its batch: a `--global-batch` that differs is said
+/// in a note (it was silently dropped), one that agrees is not.
+#[test]
+fn evaluate_notes_a_global_batch_the_plan_does_not_take() {
+    let dir = std::env::temp_dir().join(format!("polychip-eval-batch-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let plan = dir.join("plan.toml");
+    std::fs::write(
+        &plan,
+        "[[group]]\nmicro_batch_size = 1\nmicro_batches = 4\nstages = [{ chip = \
+         \"nvidia-a800-class\", tp = 8, layers = [0, 32] }]\n",
+    )
+    .unwrap();
+    let cluster = example("china-mobile-3-vendor.toml");
+    let run = |batch: &str| {
+        let (code, _, err) = polychip(&[
+            "plan",
+            "--cluster",
+            &cluster,
+            "--model",
+            "llama-7b",
+            "--evaluate",
+            plan.to_str().unwrap(),
+            "--global-batch",
+            batch,
+        ]);
+        assert_eq!(code, Some(0), "{err}");
+        err
+    };
+    let err = run("64");
+    assert!(
+        err.contains("its groups take 4 sequences per step")
+            && err.contains("not --global-batch 64"),
+        "{err}"
+    );
+    assert!(!run("4").contains("--global-batch"));
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -364,8 +364,15 @@ impl ProfileFile {
     }
 
     /// Refuses a profile measured on another model shape or dtype than
-    /// `model` in `dtype` (the name does not count).
-    pub fn check_matches(&self, model: &ModelSpec, dtype: Dtype) -> Result<(), SpecError> {
+    /// `model` in `dtype` (the name does not count); `dtype_flag` is the
+    /// caller's flag that sets the dtype (`--dtype` for `polychip plan`,
+    /// `--precision` for `polychip train`), which the message names.
+    pub fn check_matches(
+        &self,
+        model: &ModelSpec,
+        dtype: Dtype,
+        dtype_flag: &str,
+    ) -> Result<(), SpecError> {
         let (a, b) = (&self.model, model);
         let fields = [
             ("layers", a.layers, b.layers),
@@ -385,8 +392,8 @@ impl ProfileFile {
         }
         if self.dtype != dtype {
             return Err(SpecError::Profile(format!(
-                "was measured in {}, but the plan computes in {} (--dtype); profile with that \
-                 dtype, or plan with --dtype {}",
+                "was measured in {}, but the plan computes in {} ({dtype_flag}); profile with \
+                 that dtype, or plan with {dtype_flag} {}",
                 self.dtype, dtype, self.dtype
             )));
         }
@@ -447,7 +454,7 @@ impl ClusterSpec {
         model: &ModelSpec,
         settings: &crate::settings::TrainingSettings,
     ) -> Result<Applied, SpecError> {
-        profile.check_matches(model, settings.dtype)?;
+        profile.check_matches(model, settings.dtype, "--dtype")?;
         let mut applied = Applied::default();
         let mut first_miss = None;
         for (i, e) in profile.entries.iter().enumerate() {

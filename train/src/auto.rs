@@ -1003,7 +1003,7 @@ pub fn from_file(
     devices: &[Device],
     sizes: &[usize],
 ) -> Result<(Vec<Profile>, Vec<usize>)> {
-    file.check_matches(&cfg.planner_spec(), dtype(t))
+    file.check_matches(&cfg.planner_spec(), dtype(t), "--precision")
         .map_err(|e| TrainError::Plan(format!("{label}: {e}")))?;
     let mut kinds: Vec<&Device> = Vec::new();
     for d in devices {

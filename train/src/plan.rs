@@ -25,6 +25,11 @@ pub const MAX_OPTIMIZER_WEIGHT: f64 = 1e12;
 /// years).
 pub const MAX_PREDICTED_STEP_SECONDS: f64 = 1e9;
 
+/// The shortest `predicted_step_seconds` a plan may give, 1 ns (no step
+/// is shorter; a subnormal one made the measured step's excess over it a
+/// 300-digit percentage).
+pub const MIN_PREDICTED_STEP_SECONDS: f64 = 1e-9;
+
 /// One pipeline stage: which device runs which blocks (or half blocks).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -276,14 +281,14 @@ impl TrainPlan {
         }
     }
 
-    /// Refuses a `predicted_step_seconds` that is not a positive finite
-    /// number of seconds (at most [`MAX_PREDICTED_STEP_SECONDS`]).
+    /// Refuses a `predicted_step_seconds` that is not a number of seconds
+    /// from [`MIN_PREDICTED_STEP_SECONDS`] to [`MAX_PREDICTED_STEP_SECONDS`].
     fn check_prediction(&self) -> std::result::Result<(), String> {
         match self.predicted_step_seconds {
-            Some(p) if !(p.is_finite() && p > 0.0 && p <= MAX_PREDICTED_STEP_SECONDS) => {
+            Some(p) if !(MIN_PREDICTED_STEP_SECONDS..=MAX_PREDICTED_STEP_SECONDS).contains(&p) => {
                 Err(format!(
-                    "predicted_step_seconds is {}; it must be a positive number of seconds, \
-                     at most {MAX_PREDICTED_STEP_SECONDS:e}",
+                    "predicted_step_seconds is {}; it must be a number of seconds from \
+                     {MIN_PREDICTED_STEP_SECONDS:e} to {MAX_PREDICTED_STEP_SECONDS:e}",
                     polychip_planner::cluster::fmt_num(p)
                 ))
             }
@@ -920,11 +925,11 @@ mod tests {
             TrainPlan::load(&file).unwrap_err().to_string()
         };
         let toml = "[[group]]\nmicro_batch_size = 1\nmicro_batches = 4\nstages = [{ device = \"ferrite:0\", layers = [0, 4] }]\n";
-        for bad in ["nan", "-inf", "-5.0", "0.0"] {
+        for bad in ["nan", "-inf", "-5.0", "0.0", "1e-300", "2e9"] {
             let e = load("p.toml", &format!("predicted_step_seconds = {bad}\n{toml}"));
             assert!(
                 e.contains("p.toml: predicted_step_seconds is ")
-                    && e.contains("it must be a positive number of seconds"),
+                    && e.contains("it must be a number of seconds from 1e-9 to 1e9"),
                 "{bad}: {e}"
             );
         }
