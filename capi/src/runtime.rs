@@ -242,8 +242,11 @@ fn library_dir() -> Option<PathBuf> {
         .map(PathBuf::from)
 }
 
-/// The plugin files the options name, and the problems of listed paths.
-fn plugin_files(options: &polychip_runtime_options_t) -> ApiResult<(Vec<PathBuf>, Vec<String>)> {
+/// The plugin files the options name, the problems of listed paths, and
+/// the directories bundled plugins were looked for in.
+fn plugin_files(
+    options: &polychip_runtime_options_t,
+) -> ApiResult<(Vec<PathBuf>, Vec<String>, Vec<PathBuf>)> {
     let list = if options.plugin_path.is_null() {
         std::env::var(discovery::PLUGIN_PATH_VAR).unwrap_or_default()
     } else {
@@ -268,7 +271,7 @@ fn plugin_files(options: &polychip_runtime_options_t) -> ApiResult<(Vec<PathBuf>
         .into_iter()
         .map(|p| format!("{}: {}", p.path.display(), p.reason))
         .collect();
-    Ok((files, problems))
+    Ok((files, problems, dirs))
 }
 
 /// Makes a runtime: loads the plugins `options` names (NULL: the defaults)
@@ -294,8 +297,9 @@ pub unsafe extern "C" fn polychip_runtime_new(
         if options.log.is_some() {
             crate::log::install(options.log, options.log_context, options.log_level);
         }
-        let (files, problems) = plugin_files(&options)?;
-        let runtime = Runtime::load(&files, &LoadOptions::default());
+        let (files, problems, bundled_dirs) = plugin_files(&options)?;
+        let mut runtime = Runtime::load(&files, &LoadOptions::default());
+        runtime.forgive_hidden_bundled(&bundled_dirs);
         let mut failures: Vec<String> = problems;
         failures.extend(runtime.failures().iter().map(|f| f.error.to_string()));
         if options.strict && !failures.is_empty() {

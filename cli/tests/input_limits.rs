@@ -1021,7 +1021,7 @@ fn training_settings_and_plans_that_cannot_train_are_refused_by_field() {
             &[],
             &[
                 "plan.toml: predicted_step_seconds is ",
-                "a positive number of seconds",
+                "a number of seconds from 1e-9 to 1e9",
             ],
         );
         assert!(!out.contains("NaN ms"), "{out}");

@@ -7,7 +7,10 @@
 //! named `libpolychip_vendor_*.so` in the running program's directory or its
 //! parent (cargo puts test binaries in `deps/` below the profile directory),
 //! or in `lib/polychip` beside that parent (an installed prefix); set
-//! `POLYCHIP_NO_BUNDLED_PLUGINS=1` to skip them.
+//! `POLYCHIP_NO_BUNDLED_PLUGINS=1` to skip them. A listed file hides a
+//! bundled one of the same file name, and a listed plugin a bundled one
+//! of the same vendor (two plugins of one vendor would give their devices
+//! the same ids; anywhere else the second is refused).
 //!
 //! A plugin must resolve (through symlinks) to a regular file: a FIFO, a
 //! directory or a device named as a plugin is refused before it is opened.
@@ -226,6 +229,16 @@ pub fn bundled_in(dirs: &[PathBuf]) -> Vec<PathBuf> {
         }
     }
     files
+}
+
+/// Whether `path` is a bundled plugin of `dirs` (a
+/// `libpolychip_vendor_*.so` in one of them).
+pub fn is_bundled_in(path: &Path, dirs: &[PathBuf]) -> bool {
+    let named = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .is_some_and(|n| n.starts_with(BUNDLED_PREFIX));
+    named && path.parent().is_some_and(|p| dirs.iter().any(|d| d == p))
 }
 
 /// The bundled plugins next to the running program.

@@ -48,6 +48,7 @@ impl Runtime {
             Some(probe) => Runtime::load_probed(&files, &LoadOptions::default(), probe),
             None => Runtime::load(&files, &LoadOptions::default()),
         };
+        runtime.forgive_hidden_bundled(&discovery::program_dirs());
         runtime
             .failures
             .extend(problems.into_iter().map(|p| LoadFailure {
@@ -137,6 +138,21 @@ impl Runtime {
                 Err(error)
             }
         }
+    }
+
+    /// Drops the failures of bundled plugins (in `bundled_dirs`) refused
+    /// because a plugin of their vendor, listed and so loaded first, was
+    /// loaded already: a listed plugin hides the bundled one of its vendor,
+    /// as a listed file hides a bundled one of its name, so pointing
+    /// `POLYCHIP_PLUGIN_PATH` at another build of a vendor is no failure.
+    pub fn forgive_hidden_bundled(&mut self, bundled_dirs: &[PathBuf]) {
+        self.failures.retain(|f| match &f.error {
+            HostError::VendorTaken { path, .. } if discovery::is_bundled_in(path, bundled_dirs) => {
+                log::info!("{} (a listed plugin of its vendor hides it)", f.error);
+                false
+            }
+            _ => true,
+        });
     }
 
     /// Loaded plugins, in load order.
