@@ -542,3 +542,24 @@ def test_every_registered_operator_is_documented():
     # Each operator's name, without its overload and in-place underscore.
     missing = [n for n in OPERATORS if f"`{n.split('.')[0].rstrip('_')}" not in doc]
     assert not missing, f"docs/pytorch.md does not list {missing}"
+
+
+@pytest.mark.parametrize("vendor,index", _devices(), ids=[v for v, _ in _devices()])
+def test_a_sum_over_several_dimensions_rounds_once(vendor, index):
+    """sum and mean over several dimensions in bf16/f16 give the exact
+    result rounded once, as one reduction does (they were reduced one
+    dimension at a time, rounding in between: a bf16 mean over (0, 2) came
+    out an ulp off the CPU's), for any order of the dimensions, kept or
+    not, on a strided input too."""
+    d = torch.device("polychip", index)
+    torch.manual_seed(1)
+    for dtype in (torch.bfloat16, torch.float16):
+        x = torch.randn(24, 20, 30).to(dtype)
+        for t in (x, x.transpose(0, 2)):
+            for dims in ((0, 2), (0, 1), (1, 2), (0, 1, 2), (2, 0)):
+                for keepdim in (False, True):
+                    for fn in ("sum", "mean"):
+                        want = getattr(t.double(), fn)(dims, keepdim=keepdim).to(dtype)
+                        got = getattr(t.to(d), fn)(dims, keepdim=keepdim).cpu()
+                        assert got.shape == want.shape, (fn, dims, keepdim)
+                        assert torch.equal(got, want), (dtype, fn, dims, keepdim)

@@ -748,6 +748,20 @@ def _reduce(name: str, op: Any, x: torch.Tensor, dims: List[int], keepdim: bool,
     if len(set(dims)) != len(dims) or any(not 0 <= d < x.dim() for d in dims):
         return _fallback(op, x, *args, **kwargs)
     fn = getattr(ops, name)
+    big = [d for d in dims if x.shape[d] > 1]
+    if name != "max" and len(big) > 1:
+        # A sum over several dimensions rounds once, as PyTorch's does: the
+        # reduced dimensions are moved last and merged into one (a copy
+        # unless they already are), then summed in one pass. One at a time,
+        # a bf16 mean over (0, 2) rounded in between and came out an ulp off.
+        keep = [d for d in range(x.dim()) if d not in dims]
+        moved = x.permute(keep + sorted(dims)).contiguous()
+        merged = moved.reshape([x.shape[d] for d in keep] + [-1])
+        out = _empty([x.shape[d] for d in keep] + [1], x.dtype, x)
+        fn(_pc(merged), _pc(out), len(keep), True)
+        if keepdim:
+            return out.reshape([1 if d in dims else s for d, s in enumerate(x.shape)])
+        return out.reshape([x.shape[d] for d in keep])
     current = x
     for d in sorted(dims, reverse=True):
         shape = list(current.shape)
