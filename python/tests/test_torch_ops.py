@@ -563,3 +563,35 @@ def test_a_sum_over_several_dimensions_rounds_once(vendor, index):
                         got = getattr(t.to(d), fn)(dims, keepdim=keepdim).cpu()
                         assert got.shape == want.shape, (fn, dims, keepdim)
                         assert torch.equal(got, want), (dtype, fn, dims, keepdim)
+
+
+@pytest.mark.parametrize("vendor,index", _devices(), ids=[v for v, _ in _devices()])
+def test_fill_converts_its_value_as_the_cpu_does(vendor, index):
+    """fill_, full and zero_ take the value into the tensor's dtype as the
+    CPU does: -1 wraps into a uint8's 255, a fraction truncates into an
+    int32, and a value the dtype cannot hold raises (300 into uint8, 1e30
+    and NaN into int32, 1e6 into f16); the plugin's fill of the double
+    clamped or saturated them silently."""
+    d = torch.device("polychip", index)
+    cases = [
+        lambda dev: torch.full((2,), -1, dtype=torch.uint8, device=dev),
+        lambda dev: torch.full((2,), 300, dtype=torch.uint8, device=dev),
+        lambda dev: torch.empty(2, dtype=torch.int32, device=dev).fill_(1e30),
+        lambda dev: torch.empty(2, dtype=torch.int32, device=dev).fill_(float("nan")),
+        lambda dev: torch.empty(2, dtype=torch.int32, device=dev).fill_(-2.7),
+        lambda dev: torch.empty(2, dtype=torch.float16, device=dev).fill_(1e6),
+        lambda dev: torch.empty(1, dtype=torch.float16, device=dev).fill_(1e6),
+        lambda dev: torch.empty(2, dtype=torch.bfloat16, device=dev).fill_(1 / 3),
+        lambda dev: torch.empty(2, dtype=torch.int64, device=dev).fill_(2**60 + 1),
+        lambda dev: torch.empty(2, dtype=torch.bool, device=dev).fill_(0.5),
+        lambda dev: torch.ones(2, device=dev).fill_(torch.tensor(2.5)),
+    ]
+    for i, make in enumerate(cases):
+        try:
+            want = make("cpu")
+        except RuntimeError:
+            with pytest.raises(RuntimeError):
+                make(d)
+            continue
+        got = make(d).cpu()
+        assert got.dtype == want.dtype and torch.equal(got, want), (i, got, want)

@@ -997,12 +997,22 @@ bool fill_on_device(const at::Tensor& self, const at::Scalar& value) {
   bool ok = false;
   dtype_code(self.scalar_type(), &ok);
   if (!ok || value.isComplex()) return false;
-  double v = value.toDouble();
-  if (value.isIntegral(false) && (self.scalar_type() == at::kLong)) {
+  // The value as PyTorch converts it into the tensor's dtype: a CPU tensor
+  // filled the CPU's way wraps -1 into a uint8's 255 and raises where the
+  // CPU raises (300 into uint8, 1e30 or NaN into int32, 1e6 into f16),
+  // where the plugin's fill of the double would clamp or saturate. (The
+  // CPU fills a one-element tensor by another path, which does not check
+  // overflow: so does this, for one.)
+  const int64_t n = self.numel() == 1 ? 1 : 2;
+  at::Tensor probe = at::empty({n}, at::TensorOptions().dtype(self.scalar_type()));
+  probe.fill_(value);
+  const at::Scalar converted = probe[0].item();
+  if (self.scalar_type() == at::kLong) {
     // f64 carries integers exactly up to 2^53 only.
-    const int64_t i = value.toLong();
+    const int64_t i = converted.toLong();
     if (i > (int64_t{1} << 53) || i < -(int64_t{1} << 53)) return false;
   }
+  const double v = converted.toDouble();
   if (self.numel() == 0) return true;
   View o(self);
   timed("fill", [&] { return polychip_op_fill(nullptr, o.h, v); });
