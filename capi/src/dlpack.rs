@@ -380,6 +380,18 @@ pub unsafe extern "C" fn polychip_tensor_to_dlpack_legacy(
         let out = out_param(out, "out")?;
         let t = self::tensor(tensor, "tensor")?;
         settle(producer)?;
+        if copy == POLYCHIP_DLPACK_COPY_IF_NEEDED
+            && device_type == POLYCHIP_DLPACK_CPU
+            && !t.tensor.device().props().host_visible
+        {
+            return Err(ApiError::invalid(format!(
+                "the tensor lives in {}'s private memory, which a kDLCPU consumer reads only \
+                 through a copy, and a legacy (unversioned) DLPack tensor cannot say it is one: \
+                 export DLPack 1.x (polychip_tensor_to_dlpack; Python: max_version=(1, 0)), or \
+                 ask for the copy (POLYCHIP_DLPACK_COPY_ALWAYS; Python: copy=True)",
+                t.tensor.device()
+            )));
+        }
         let copy = if copy == POLYCHIP_DLPACK_COPY_IF_NEEDED {
             POLYCHIP_DLPACK_COPY_NEVER
         } else {

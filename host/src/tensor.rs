@@ -417,6 +417,15 @@ impl Tensor {
         if self.is_compact() {
             return self.h2d(lo, data);
         }
+        // A view that reaches one element through several indices (a zero
+        // stride) would keep only the last of their values: refused, as an
+        // operator's output of that view is.
+        polychip_plugin_sdk::check::writable("write", "tensor", &self.desc()).map_err(|e| {
+            HostError::Usage(format!(
+                "cannot write {} bytes into this view: {e}",
+                data.len()
+            ))
+        })?;
         let mut span = vec![0u8; (hi - lo) as usize];
         self.d2h(lo, &mut span)?;
         let mut src = data.chunks_exact(size);

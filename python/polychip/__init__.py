@@ -135,6 +135,8 @@ def _index(device: Union[int, Device, None]) -> int:
             )
         return device.index
     try:
+        if isinstance(device, bool):
+            raise TypeError  # True is an int, but names no device
         index = operator.index(device)
     except TypeError:
         raise TypeError(

@@ -135,8 +135,9 @@ impl Comm {
     }
 
     /// A communicator of the ranks that pass the same `color`, ordered by `key`.
-    #[pyo3(signature = (color, key = 0))]
-    fn split(&self, py: Python<'_>, color: u32, key: u32) -> PyResult<Comm> {
+    #[pyo3(signature = (color, key = Int(0)))]
+    fn split(&self, py: Python<'_>, color: Int<u32>, key: Int<u32>) -> PyResult<Comm> {
+        let (color, key) = (color.0, key.0);
         let c = self.live(py)?;
         let (out, error) = py.detach(move || {
             let mut out = null_mut();
@@ -192,8 +193,9 @@ impl Comm {
     }
 
     /// Rank `root`'s `tensor` into every rank's.
-    #[pyo3(signature = (tensor, root = 0))]
-    fn broadcast(&self, py: Python<'_>, tensor: &Tensor, root: u32) -> PyResult<()> {
+    #[pyo3(signature = (tensor, root = Int(0)))]
+    fn broadcast(&self, py: Python<'_>, tensor: &Tensor, root: Int<u32>) -> PyResult<()> {
+        let root = root.0;
         let t = tensor.handle;
         self.run(py, move |c| {
             handle(polychip_comm_broadcast(c as *const _, t as *const _, root))
@@ -201,8 +203,9 @@ impl Comm {
     }
 
     /// Reduces `tensor` across ranks into rank `root`'s.
-    #[pyo3(signature = (tensor, op = "sum", root = 0))]
-    fn reduce(&self, py: Python<'_>, tensor: &Tensor, op: &str, root: u32) -> PyResult<()> {
+    #[pyo3(signature = (tensor, op = "sum", root = Int(0)))]
+    fn reduce(&self, py: Python<'_>, tensor: &Tensor, op: &str, root: Int<u32>) -> PyResult<()> {
+        let root = root.0;
         let (t, op) = (tensor.handle, reduce_op(op)?);
         self.run(py, move |c| {
             handle(polychip_comm_reduce(c as *const _, t as *const _, op, root))
@@ -222,7 +225,8 @@ impl Comm {
     }
 
     /// Sends `tensor` to rank `peer`.
-    fn send(&self, py: Python<'_>, tensor: &Tensor, peer: u32) -> PyResult<()> {
+    fn send(&self, py: Python<'_>, tensor: &Tensor, peer: Int<u32>) -> PyResult<()> {
+        let peer = peer.0;
         let t = tensor.handle;
         self.run(py, move |c| {
             handle(polychip_comm_send(c as *const _, t as *const _, peer))
@@ -230,7 +234,8 @@ impl Comm {
     }
 
     /// Receives into `tensor` what rank `peer` sends.
-    fn recv(&self, py: Python<'_>, tensor: &Tensor, peer: u32) -> PyResult<()> {
+    fn recv(&self, py: Python<'_>, tensor: &Tensor, peer: Int<u32>) -> PyResult<()> {
+        let peer = peer.0;
         let t = tensor.handle;
         self.run(py, move |c| {
             handle(polychip_comm_recv(c as *const _, t as *const _, peer))

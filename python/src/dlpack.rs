@@ -122,7 +122,7 @@ impl Tensor {
         let index = self.info(py)?.device;
         let device_type = match dl_device {
             None => 0,
-            Some((POLYCHIP_DLPACK_CPU, _)) => POLYCHIP_DLPACK_CPU,
+            Some((POLYCHIP_DLPACK_CPU, 0)) => POLYCHIP_DLPACK_CPU,
             Some((POLYCHIP_DLPACK_EXT_DEV, id)) if id == index as i32 => POLYCHIP_DLPACK_EXT_DEV,
             Some(other) => {
                 return Err(PyBufferError::new_err(format!(

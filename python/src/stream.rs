@@ -6,7 +6,7 @@ use polychip::*;
 use pyo3::prelude::*;
 
 use crate::Handle;
-use crate::errors::{check, handle};
+use crate::errors::{Int, check, handle};
 use crate::runtime::Runtime;
 
 /// An in-order queue of work on one device; operators given `stream=` run
@@ -26,7 +26,8 @@ pub(crate) struct Event {
 impl Stream {
     /// A new stream on device `device` of `runtime`.
     #[new]
-    fn new(py: Python<'_>, runtime: &Runtime, device: u32) -> PyResult<Stream> {
+    fn new(py: Python<'_>, runtime: &Runtime, device: Int<u32>) -> PyResult<Stream> {
+        let device = device.0;
         let mut out = null_mut();
         // SAFETY: `out` writable.
         let e = unsafe { polychip_stream_new(runtime.ptr(), device, &mut out) };

@@ -255,10 +255,12 @@ impl Tensor {
         &self,
         py: Python<'_>,
         stream: Option<&Bound<'_, PyAny>>,
-        max_version: Option<(u32, u32)>,
-        dl_device: Option<(i32, i32)>,
+        max_version: Option<(Int<u32>, Int<u32>)>,
+        dl_device: Option<(Int<i32>, Int<i32>)>,
         copy: Option<bool>,
     ) -> PyResult<Py<PyAny>> {
+        let max_version = max_version.map(|(a, b)| (a.0, b.0));
+        let dl_device = dl_device.map(|(a, b)| (a.0, b.0));
         self.dlpack(py, stream, max_version, dl_device, copy)
     }
 
@@ -351,10 +353,29 @@ impl Tensor {
     }
 }
 
-/// A device argument (an index or a `polychip.Device`) checked against
-/// `runtime`'s devices.
+/// A device argument (an index, a `polychip.Device` or a `polychip:N`
+/// torch.device) checked against `runtime`'s devices.
 fn device_index(py: Python<'_>, runtime: &Py<Runtime>, device: &Bound<'_, PyAny>) -> PyResult<u32> {
-    let index = if device.hasattr("index")? && !device.is_instance_of::<pyo3::types::PyInt>() {
+    // A polychip.Device (which knows its runtime), or a torch.device of
+    // type "polychip"; any other object with an `index` (a torch.device of
+    // "cuda" or "meta") names no polychip device, and a bool is no index.
+    let torch_polychip = device.get_type().name()? == "device"
+        && device
+            .getattr("type")
+            .and_then(|t| t.extract::<String>())
+            .is_ok_and(|t| t == "polychip");
+    let refuse = || {
+        Err(PyTypeError::new_err(format!(
+            "device must be a device index (an int) or a polychip.Device, not {}",
+            device
+                .repr()
+                .map_or_else(|_| "that".to_string(), |r| r.to_string())
+        )))
+    };
+    if device.is_instance_of::<pyo3::types::PyBool>() {
+        return refuse();
+    }
+    let index = if device.hasattr("_runtime")? || torch_polychip {
         if let Ok(other) = device.getattr("_runtime") {
             if !other.is(runtime.bind(py)) {
                 let message = format!(
@@ -369,14 +390,11 @@ fn device_index(py: Python<'_>, runtime: &Py<Runtime>, device: &Bound<'_, PyAny>
         device.clone()
     };
     let count = runtime.get().device_count(py)?;
-    let index: i64 = match index.call_method0("__index__").and_then(|i| i.extract()) {
-        Ok(i) => i,
-        Err(_) => {
-            return Err(PyTypeError::new_err(format!(
-                "device must be a device index (an int) or a polychip.Device, not {}",
-                device.get_type().name()?
-            )));
-        }
+    let Ok(index) = index
+        .call_method0("__index__")
+        .and_then(|i| i.extract::<i64>())
+    else {
+        return refuse();
     };
     u32::try_from(index)
         .ok()

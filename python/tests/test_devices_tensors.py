@@ -101,11 +101,16 @@ def test_device_arguments_are_checked(ferrite):
             polychip.empty((1,), device=bad)
         with pytest.raises(errors.InvalidArgument, match=f"device {bad} does not exist"):
             polychip.from_dlpack(np.ones(1, np.float32), device=bad)
-    for bad in (1.5, "0", None):
+    # Anything with an `index` was taken for a device (a torch.device of
+    # "cuda" or "meta" moved the tensor to that polychip index), and a bool
+    # for an int.
+    import types
+    for bad in (1.5, "0", None, True, types.SimpleNamespace(type="cuda", index=0)):
         with pytest.raises(TypeError, match="device must be a device index"):
             t.to(bad)
-    with pytest.raises(TypeError, match="device must be a device index"):
-        polychip.empty((1,), device=0.0)
+    for bad in (0.0, False):
+        with pytest.raises(TypeError, match="device must be a device index"):
+            polychip.empty((1,), device=bad)
     assert t.to(polychip.device(ferrite.index)).device_index == ferrite.index
 
 
@@ -126,6 +131,9 @@ def test_integers_out_of_range_name_their_argument(ferrite):
     cases += [
         (lambda: v.view([2], [1], 2**64), "argument 'offset': 18446744073709551616 is out of range"),
         (lambda: v.reinterpret("float32", [1], [1], -1), "argument 'byte_offset': -1 is out of range"),
+        # These raised a bare OverflowError that named nothing.
+        (lambda: polychip._native.Stream(rt, 2**32), "argument 'device': 4294967296 is out of range"),
+        (lambda: v.__dlpack__(max_version=(-1, 0)), "-1 is out of range"),
     ]
     for call, message in cases:
         with pytest.raises(TypeError, match=message):

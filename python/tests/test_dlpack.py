@@ -200,3 +200,19 @@ def test_a_forged_device_capsule_is_refused_naming_its_memory(ferrite):
     t = polychip.from_dlpack(host, device=ferrite).to(ferrite)
     back = polychip.from_dlpack(torch.from_dlpack(t))
     assert back.numpy().tolist() == [0.0, 1.0, 2.0, 3.0]
+
+
+
+def test_a_legacy_export_of_private_memory_says_why_it_needs_a_copy(cobalt):
+    """A legacy (unversioned) capsule cannot flag a copy, so a CPU export of
+    Cobalt's private memory is refused unless the copy is asked for; the
+    message said "copies were forbidden" though the caller had not
+    forbidden them. A CPU device id other than 0 is refused, not read as
+    (1, 0)."""
+    t = polychip.tensor([1.0, 2.0], device=cobalt)
+    with pytest.raises(BufferError, match="legacy .unversioned. DLPack tensor cannot say it is one"):
+        t.__dlpack__(dl_device=(1, 0))
+    assert t.__dlpack__(dl_device=(1, 0), copy=True) is not None
+    assert t.__dlpack__(dl_device=(1, 0), max_version=(1, 0)) is not None
+    with pytest.raises(BufferError, match=r"dl_device \(1, 7\) cannot be given"):
+        t.__dlpack__(dl_device=(1, 7))

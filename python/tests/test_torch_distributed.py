@@ -431,6 +431,17 @@ DTYPES = textwrap.dedent(
         for w in dist.batch_isend_irecv(ops):
             w.wait()
         assert torch.equal(got.view(torch.uint8), both[1 - rank].to(dtype).view(torch.uint8)), (dtype, got)
+    # An expanded view cannot take the result: refused before either rank
+    # communicates (the all-reduce ran, then its write-back failed), so
+    # the next collective still pairs up.
+    try:
+        dist.all_reduce(torch.ones(1, device=dev).expand(4))
+        raise AssertionError("an expanded tensor was reduced into")
+    except RuntimeError as e:
+        assert "holds some elements more than once" in str(e), e
+    t = mine(torch.float64).to(dev)
+    dist.all_reduce(t)
+    assert torch.equal(t.cpu(), (both[0] + both[1]).to(torch.float64)), t
     try:
         dist.all_reduce(mine(torch.float8_e4m3fn))
     except ValueError as e:

@@ -443,3 +443,29 @@ fn streams_and_events_order_work_across_streams() {
         s1.synchronize().unwrap();
     }
 }
+
+/// Writing host bytes into a view that reaches one element through several
+/// indices (a zero stride) is refused, as an operator's output of that view
+/// is; it kept the last value silently. A strided view without overlap is
+/// written element by element.
+#[test]
+fn writing_into_a_self_overlapping_view_is_refused() {
+    for device in devices() {
+        let base = device.from_slice(&[0.0f32; 4], &[4]).unwrap();
+        let overlapping = base.as_strided(&[3], &[0], 0).unwrap();
+        let bytes: Vec<u8> = [7.0f32, 8.0, 9.0]
+            .iter()
+            .flat_map(|x| x.to_ne_bytes())
+            .collect();
+        let err = overlapping.write_bytes(&bytes).unwrap_err().to_string();
+        assert!(
+            err.contains("cannot write 12 bytes into this view")
+                && err.contains("writes some elements more than once"),
+            "{err}"
+        );
+        assert_eq!(base.to_vec::<f32>().unwrap(), [0.0; 4]);
+        let every_other = base.as_strided(&[2], &[2], 0).unwrap();
+        every_other.write_bytes(&bytes[..8]).unwrap();
+        assert_eq!(base.to_vec::<f32>().unwrap(), [7.0, 0.0, 8.0, 0.0]);
+    }
+}

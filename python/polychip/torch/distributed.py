@@ -95,6 +95,14 @@ class _Staged:
     refused, naming the dtype)."""
 
     def __init__(self, t: torch.Tensor, writes: bool, reduces: bool = False) -> None:
+        if writes and torch._debug_has_internal_overlap(t) == 1:
+            # Refused before any rank communicates (gloo and NCCL refuse it
+            # too): the result could not be written back.
+            raise RuntimeError(
+                f"the polychip backend cannot write a collective's result into a tensor of shape "
+                f"{list(t.shape)} and strides {list(t.stride())}: it holds some elements more than "
+                "once (an expanded view); pass a contiguous tensor (.contiguous() or .clone())"
+            )
         self.tensor = t
         self.writes = writes
         self.as_bytes = False
