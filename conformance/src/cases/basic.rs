@@ -379,7 +379,11 @@ fn matmul(dtype: DType) -> Vec<Case> {
     // `a` broadcast against three of `b` (a batch offset of index times
     // stride reads past `a`), and a batched, transposed, gapped `b` (a
     // batch stride computed from the shape as if packed).
-    let plans: [MatmulPlan; 14] = [
+    // The last broadcasts an inner batch dim of `a` against a `b` of
+    // lower rank with batch dims of its own (multi-query attention's `q @
+    // k`; round 7: batch dims aligned at the front, or an operand indexed
+    // by the batch modulo its own count, passed every other plan).
+    let plans: [MatmulPlan; 15] = [
         (&[], &[], 1, 1, 1, false, false, 1.0, 0.0),
         (&[], &[], 3, 5, 4, false, false, 1.0, 0.0),
         (&[], &[], 17, 33, 9, true, false, 1.0, 0.0),
@@ -395,6 +399,7 @@ fn matmul(dtype: DType) -> Vec<Case> {
         (&[3], &[3], 4, 6, 5, false, true, 1.0, 0.0),
         // A product small enough for a kernel's naive loop, with alpha.
         (&[], &[], 2, 3, 2, false, false, 2.0, 0.0),
+        (&[2, 1], &[3], 4, 6, 5, false, false, 1.0, 0.0),
     ];
     for (ba, bb, m, k, n, ta, tb, alpha, beta) in plans {
         let a_shape: Vec<usize> = ba
@@ -565,12 +570,32 @@ fn softmax(dtype: DType) -> Vec<Case> {
     ));
     cases.push(softmax_case(
         dtype,
+        "rows of 37 masked (-10000) but for the last 3, the largest last".into(),
+        &[4, 37],
+        tail_rows(&mut rng, dtype, 4, 37),
+        Layout::Contiguous,
+    ));
+    cases.push(softmax_case(
+        dtype,
         padded_rows::LABEL.into(),
         &padded_rows::SHAPE,
         padded_rows::values(&mut rng, dtype),
         Layout::Contiguous,
     ));
     cases
+}
+
+/// Rows of `c` logits of -10,000 but for the last 3, random, the largest
+/// last: a row maximum that skips a vector loop's remainder misses them.
+pub(super) fn tail_rows(rng: &mut Rng, dtype: DType, rows: usize, c: usize) -> Vec<f64> {
+    let masked = crate::values::round_to(dtype, -10_000.0);
+    let mut x = vec![masked; rows * c];
+    for r in 0..rows {
+        let mut w = rng.values(dtype, 3, -4.0, 4.0);
+        w.sort_by(|a, b| a.partial_cmp(b).unwrap());
+        x[r * c + c - 3..r * c + c].copy_from_slice(&w);
+    }
+    x
 }
 
 /// Rows of 2,048 logits of -10,000 (masked, as an attention or a padded

@@ -104,6 +104,25 @@ fn unary(op: UnaryOp, dtype: DType) -> Vec<Case> {
     }
     if op == UnaryOp::Exp {
         cases.push(exp_subnormal_results(dtype));
+        // Inputs up to ln(max) (round 7: a fast exp that clamped its input
+        // to 88 passed, nothing above 10 being tested).
+        let top = match dtype {
+            DType::F16 => 65504f64.ln(),
+            DType::F64 => f64::MAX.ln(),
+            _ => f64::from(f32::MAX).ln(),
+        };
+        let x: Vec<f64> = (0..24)
+            .map(|j| crate::values::round_to(dtype, top - 8.0 + 8.0 * f64::from(j) / 23.0))
+            .collect();
+        cases.push(unary_case(
+            UnaryOp::Exp,
+            dtype,
+            "results up to the overflow threshold".into(),
+            &[x.len()],
+            x,
+            Layout::Contiguous,
+            unary_tolerance(UnaryOp::Exp),
+        ));
     }
     if op == UnaryOp::Silu {
         for (label, x, tolerance) in tails(dtype) {
@@ -544,7 +563,12 @@ fn reduce(op: ReduceOp, dtype: DType) -> Vec<Case> {
     // a vectorised kernel's remainder loop runs there and nowhere else.
     // Negative dims other than -1 (-2, -3) count from the end too: a kernel
     // that takes any negative dim for the last fails them.
-    let plans: [(&[usize], i32, bool, Layout); 12] = [
+    // The last two reduce a non-last dim into more than 64 outputs over a
+    // lane of 100 (round 7: a column kernel that skipped its last partial
+    // block of outputs, or kept its accumulators across blocks, and an
+    // OpenCL work-group path that read a strided lane as contiguous,
+    // passed every smaller case).
+    let plans: [(&[usize], i32, bool, Layout); 14] = [
         (&[3, 5, 7], -2, true, Layout::Contiguous),
         (&[2, 3, 4], -3, false, Layout::Transposed),
         (&[3, 5, 7], 0, false, Layout::Contiguous),
@@ -557,6 +581,8 @@ fn reduce(op: ReduceOp, dtype: DType) -> Vec<Case> {
         (&[4, 0], 1, false, Layout::Contiguous),
         (&[0, 4], 1, true, Layout::Contiguous),
         (&[5, 37], -1, false, Layout::Contiguous),
+        (&[100, 130], 0, false, Layout::Contiguous),
+        (&[2, 100, 70], 1, true, Layout::Contiguous),
     ];
     for (shape, dim, keepdim, layout) in plans {
         // Small integers make ties, which argmax must break by first index.

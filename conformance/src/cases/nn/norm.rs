@@ -4,8 +4,11 @@ use super::*;
 
 /// Normalisation shapes with the layouts of (input, parameters, outputs).
 /// Rows of 7 and 37 (odd, prime) catch a vectorised loop's tail: every
-/// other width here is 1 or a multiple of 4.
-const NORM_PLANS: [(&[usize], Layout, Layout, Layout); 11] = [
+/// other width here is 1 or a multiple of 4. 300 rows put the backward
+/// passes' parameter gradients through a column sum of several chunks of
+/// rows, the last partial (round 7: an OpenCL two-stage sum that dropped
+/// its last chunk passed every case of 16 rows or fewer).
+const NORM_PLANS: [(&[usize], Layout, Layout, Layout); 12] = [
     (&[64], C, C, C),
     (&[3, 1], C, C, C),
     (&[1, 1, 16], C, C, C),
@@ -17,6 +20,7 @@ const NORM_PLANS: [(&[usize], Layout, Layout, Layout); 11] = [
     (&[0, 8], C, C, C),
     (&[3, 7], C, C, C),
     (&[2, 37], S, C, S),
+    (&[300, 16], C, C, C),
 ];
 
 /// The label of a normalisation case; `backward` names the tensors that

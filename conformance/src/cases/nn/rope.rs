@@ -5,8 +5,10 @@ use super::*;
 /// `[batch, seq, heads, D]`, interleaved pairs, the first position, and the
 /// layouts of (input, cos/sin tables, out). The last two have an odd number
 /// of pairs in each layout (D = 2 and 10 interleaved, 6 half-split): a
-/// kernel that rotates two pairs a step drops the last one there.
-const ROPE_PLANS: [([usize; 4], bool, usize, Layout, Layout, Layout); 11] = [
+/// kernel that rotates two pairs a step drops the last one there. The
+/// third from last is half-split with a batch of 2 (round 7: a half-split kernel
+/// that ignored the batch passed, every batch-2 plan being interleaved).
+const ROPE_PLANS: [([usize; 4], bool, usize, Layout, Layout, Layout); 12] = [
     ([1, 8, 2, 16], false, 0, C, C, C),
     ([2, 5, 3, 8], true, 0, C, C, C),
     ([1, 1, 1, 2], false, 3, C, C, C),
@@ -16,6 +18,7 @@ const ROPE_PLANS: [([usize; 4], bool, usize, Layout, Layout, Layout); 11] = [
     ([1, 9, 2, 10], false, 0, C, S, C),
     ([1, 16, 8, 32], false, 4000, C, C, C),
     ([1, 3, 2, 2], true, 1, C, C, C),
+    ([2, 5, 3, 8], false, 0, C, C, C),
     ([2, 5, 2, 10], true, 0, C, C, C),
     ([1, 4, 3, 6], false, 2, C, C, C),
 ];

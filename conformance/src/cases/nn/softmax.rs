@@ -152,6 +152,13 @@ pub(super) fn log_softmax_cases(dtype: DType) -> Vec<Case> {
         [C, C],
         4 + 500,
     );
+    push(
+        "rows of 37 masked (-10000) but for the last 3".into(),
+        &[4, 37],
+        crate::cases::basic::tail_rows(&mut rng, dtype, 4, 37),
+        [C, C],
+        37 + 5000,
+    );
     // Masked rows (see `padded_rows`): the masked outputs near -10,000 are
     // known to an ULP of 10,000 (5,000 more terms, as above).
     let shape = crate::cases::basic::padded_rows::SHAPE;

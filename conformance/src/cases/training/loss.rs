@@ -145,6 +145,9 @@ pub(super) fn cross_entropy_plans(rng: &mut Rng, dtype: DType) -> Vec<CrossEntro
         [C; 2],
         0.0,
     );
+    // No rows: the mean over none is NaN, as PyTorch's (round 7: a kernel
+    // skipped when an operand is empty left the loss unwritten).
+    plan(rng, "no rows", (0, 5), DType::I64, -100, None, [C; 2], 0.0);
     plan(rng, "random", (12, 9), DType::I64, -100, None, [T, C], 0.0);
     plan(rng, "random", (10, 6), DType::I32, -100, None, [S, S], 0.0);
     plan(
@@ -232,6 +235,22 @@ pub(super) fn cross_entropy_plans(rng: &mut Rng, dtype: DType) -> Vec<CrossEntro
         ignore_index: -100,
         layouts: [C; 2],
         extra: 0,
+        grad_loss: None,
+    });
+    // Rows of 37 masked but for their last 3, the largest last (round 7:
+    // a row maximum that skipped a vector loop's remainder passed every
+    // width here, each a multiple of the vector), with targets inside the
+    // tail and outside it (a loss near 10,000, known to an ULP of it).
+    plans.push(CrossEntropyPlan {
+        label: "rows of 37 masked (-10000) but for the last 3 [4, 37] i64".into(),
+        logits: crate::cases::basic::tail_rows(rng, dtype, 4, 37),
+        n: 4,
+        c: 37,
+        targets: vec![36.0, 34.0, 0.0, 20.0],
+        idx_dtype: DType::I64,
+        ignore_index: -100,
+        layouts: [C; 2],
+        extra: 5000,
         grad_loss: None,
     });
     plans
