@@ -451,6 +451,18 @@ def test_sparse_gradients_are_refused_in_a_sentence():
         out.backward()
 
 
+def test_quantized_tensors_are_refused_in_a_sentence():
+    """A quantized tensor moved to the device is refused naming what to do
+    (the dispatcher's message named aten::empty_quantized and a
+    `Quantizedpolychip` backend)."""
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # quantized creation is deprecated in PyTorch
+        q = torch.quantize_per_tensor(torch.ones(3), 0.1, 0, torch.qint8)
+    with pytest.raises(NotImplementedError, match=r"no quantized tensors \(call .dequantize\(\) first"):
+        q.to(f"polychip:{FERRITE}")
+
+
 def test_strict_mode_names_the_operator_and_restores():
     d = torch.randn(3, device=f"polychip:{FERRITE}")
     assert not pt.strict.enabled()

@@ -755,6 +755,19 @@ TORCH_LIBRARY_IMPL(_, SparseCsrPrivateUse1, m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&sparse_refusal>());
 }
 
+// Quantized tensors likewise (the dispatcher's message named
+// `aten::empty_quantized` and the `Quantizedpolychip` backend).
+void quantized_refusal(const c10::OperatorHandle& op, torch::jit::Stack* /*stack*/) {
+  TORCH_CHECK_NOT_IMPLEMENTED(
+      false, op_label(op.schema().operator_name()),
+      ": the polychip device has no quantized tensors (call .dequantize() first, or keep "
+      "quantized tensors on the CPU)");
+}
+
+TORCH_LIBRARY_IMPL(_, QuantizedPrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&quantized_refusal>());
+}
+
 // ---------------------------------------------------------------- copies
 
 at::Tensor empty_on(const at::Tensor& like, at::IntArrayRef sizes, at::ScalarType dtype) {
