@@ -302,8 +302,7 @@ fn profile_then_evaluate_a_saved_plan_of_the_bundled_devices() {
 /// in a note (it was silently dropped), one that agrees is not.
 #[test]
 fn evaluate_notes_a_global_batch_the_plan_does_not_take() {
-    let dir = std::env::temp_dir().join(format!("polychip-eval-batch-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = common::scratch_dir("plan", "eval-batch");
     let plan = dir.join("plan.toml");
     std::fs::write(
         &plan,

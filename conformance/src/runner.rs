@@ -223,13 +223,7 @@ fn concurrent_problem(device: &Device, case: &Case, factor: f64) -> Option<Strin
                     continue;
                 }
             };
-            let target = |t: usize| case.tensors[t].alias_of.unwrap_or(t);
-            let tensors: Vec<Tensor> = (0..case.tensors.len())
-                .map(|t| {
-                    let u = uploaded[target(t)].as_ref();
-                    u.expect("aliases name uploaded tensors").view.clone()
-                })
-                .collect();
+            let tensors = views(case, uploaded);
             if let Err(e) =
                 (case.call)(&stream.exec(), &tensors).and_then(|()| stream.synchronize())
             {
@@ -242,8 +236,7 @@ fn concurrent_problem(device: &Device, case: &Case, factor: f64) -> Option<Strin
                     continue;
                 }
                 let want = outputs.next().expect("one expected tensor per output");
-                let u = uploaded[target(t)].as_ref().expect("uploaded");
-                let bytes = match u.read(spec) {
+                let bytes = match holder(case, uploaded, t).read(spec) {
                     Ok((bytes, None)) => bytes,
                     Ok((_, Some((count, first)))) => {
                         problems.push(format!(
@@ -488,6 +481,22 @@ fn judge_refusal(
         r.message = format!("refused, but not cleanly: {}", problems.join("; "));
     }
     r
+}
+
+/// The upload that holds tensor `t` of `case`: its own, or for an in-place
+/// output its input's.
+fn holder<'a>(case: &Case, uploaded: &'a [Option<Uploaded>], t: usize) -> &'a Uploaded {
+    let at = case.tensors[t].alias_of.unwrap_or(t);
+    uploaded[at]
+        .as_ref()
+        .expect("aliases name uploaded tensors")
+}
+
+/// The views the plugin is called with, in the case's order.
+fn views(case: &Case, uploaded: &[Option<Uploaded>]) -> Vec<Tensor> {
+    (0..case.tensors.len())
+        .map(|t| holder(case, uploaded, t).view.clone())
+        .collect()
 }
 
 /// Compares the bytes of `spec`, an output of `case`, with its exact
@@ -765,16 +774,7 @@ fn execute(device: &Device, case: &Case, poison: u8, busy: f64) -> Result<Run, S
         })?;
         uploaded.push(Some(u));
     }
-    let target = |t: usize| case.tensors[t].alias_of.unwrap_or(t);
-    let tensors: Vec<Tensor> = (0..case.tensors.len())
-        .map(|t| {
-            uploaded[target(t)]
-                .as_ref()
-                .expect("aliases name uploaded tensors")
-                .view
-                .clone()
-        })
-        .collect();
+    let tensors = views(case, &uploaded);
     let exec = device.exec();
     if case.warm_up {
         warm_up(case, &uploaded, &exec, &tensors)?;
