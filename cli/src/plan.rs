@@ -469,9 +469,14 @@ fn evaluation_table(ev: &Evaluation) -> String {
             .unwrap_or_else(|| format!("group {g}"))
     };
     for (g, r) in p.replicas.iter().enumerate() {
-        let schedule = match r.stages.len() {
-            1 => String::new(),
-            _ => format!(", {} schedule", r.pipeline.name()),
+        let schedule = match (r.stages.len(), r.virtual_stages) {
+            (1, _) => String::new(),
+            (_, 1) => format!(", {} schedule", r.pipeline.name()),
+            (_, v) => format!(
+                ", interleaved {} schedule, {v} chunks on each of {} devices",
+                r.pipeline.name(),
+                r.devices()
+            ),
         };
         line(format!(
             "{}: {} replica(s), micro-batch {} x {}, step {:.4} s analytic / {:.4} s \
@@ -493,8 +498,16 @@ fn evaluation_table(ev: &Evaluation) -> String {
                 .filter(|(k, _)| *k != "total")
                 .filter_map(|(k, v)| Some(format!("{k} {}", fmt_bytes(v.as_f64()?))))
                 .collect();
+            let name = match r.virtual_stages {
+                1 => format!("stage {i}"),
+                _ => format!(
+                    "stage {i} (chunk {} of device {})",
+                    i / r.devices(),
+                    i % r.devices()
+                ),
+            };
             line(format!(
-                "  stage {i}: {} x{} layers {}..{}: forward {:.3} ms, backward {:.3} ms, send \
+                "  {name}: {} x{} layers {}..{}: forward {:.3} ms, backward {:.3} ms, send \
                  {:.3} ms, all-reduce {:.3} ms, optimizer {:.3} ms",
                 s.chip,
                 s.tp,
@@ -506,8 +519,18 @@ fn evaluation_table(ev: &Evaluation) -> String {
                 1e3 * s.timing.dp_allreduce,
                 1e3 * s.timing.optimizer
             ));
+            let devices = r.devices();
+            if r.virtual_stages > 1 && i >= devices {
+                // A later chunk: its device's memory is shown once, above.
+                line(format!("    memory: device {}'s, above", i % devices));
+                continue;
+            }
+            let device = match r.virtual_stages {
+                1 => String::new(),
+                _ => format!(" for device {i}, all its chunks"),
+            };
             line(format!(
-                "    memory {} of {} ({}): {}",
+                "    memory{device} {} of {} ({}): {}",
                 fmt_bytes(s.memory.total),
                 fmt_bytes(s.memory_capacity as f64),
                 if s.memory.total <= s.memory_capacity as f64 {
@@ -524,9 +547,14 @@ fn evaluation_table(ev: &Evaluation) -> String {
         p.step_time_analytic, p.step_time_simulated, p.tokens_per_s_simulated
     ));
     let b = &ev.bottleneck;
+    let interleaved = p
+        .replicas
+        .get(b.group)
+        .is_some_and(|r| r.virtual_stages > 1);
     line(format!(
-        "bottleneck: {} stage {} ({}), {:.3} ms per micro-batch",
+        "bottleneck: {} {} {} ({}), {:.3} ms per micro-batch",
         label(b.group),
+        if interleaved { "device" } else { "stage" },
         b.stage,
         b.chip,
         1e3 * b.seconds_per_micro_batch

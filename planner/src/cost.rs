@@ -126,6 +126,31 @@ pub struct MemoryBreakdown {
 type Terms = ([f64; 3], [f64; 3]);
 
 impl MemoryBreakdown {
+    /// One device's memory from the breakdowns of the model chunks it
+    /// holds under interleaving: their weights, gradients, optimizer state,
+    /// activations and logits add up; the workspace is the largest chunk's
+    /// (one pass runs at a time) and the reserve is counted once.
+    pub fn of_device(chunks: &[MemoryBreakdown]) -> MemoryBreakdown {
+        let mut d = MemoryBreakdown::default();
+        for c in chunks {
+            d.weights += c.weights;
+            d.gradients += c.gradients;
+            d.optimizer += c.optimizer;
+            d.activations += c.activations;
+            d.logits += c.logits;
+            d.workspace = d.workspace.max(c.workspace);
+            d.reserve = d.reserve.max(c.reserve);
+        }
+        d.total = d.weights
+            + d.gradients
+            + d.optimizer
+            + d.activations
+            + d.logits
+            + d.workspace
+            + d.reserve;
+        d
+    }
+
     /// `terms` with `chip`'s reserve, and `total` their sum.
     fn of(chip: &ChipType, ([weights, gradients, optimizer], rest): Terms) -> Self {
         let reserve = chip.memory_reserve() as f64;
@@ -356,9 +381,7 @@ fn megatron_terms(
     let gradients = params * settings.grad_bytes();
     let optimizer = params * settings.optimizer_bytes() / shard;
     let n = (stage.layers.end - stage.layers.start) as f64;
-    let kept = settings
-        .schedule
-        .in_flight(stage.index, stage.num_stages, mb.count as usize) as f64;
+    let kept = kept_micro_batches(settings, stage, mb);
     // A profile's measured bytes per block replace the formula (without
     // full recomputation, which keeps less than was measured).
     let measured = measured_block_activations(settings, stage, mb);
@@ -378,6 +401,29 @@ fn megatron_terms(
         [weights, gradients, optimizer],
         [activations, logits, workspace],
     )
+}
+
+/// The micro-batches whose activations `stage` keeps at most, under the
+/// settings' schedule ([`crate::schedule::PipelineSchedule::in_flight`]).
+/// Under
+/// interleaving (`virtual_stages` `v > 1`) `stage` is one of the `p v` chunks, and its share of its device's chunk passes in flight
+/// ([`crate::schedule::interleaved_in_flight`]) is that count over `v`: so
+/// a device's chunks, summed, keep as many chunk passes' activations as its
+/// warm-up holds (exactly, when its chunks are alike).
+pub fn kept_micro_batches(
+    settings: &TrainingSettings,
+    stage: &StageShape,
+    mb: Microbatching,
+) -> f64 {
+    let m = mb.count as usize;
+    let v = settings.virtual_stages.max(1) as usize;
+    if v == 1 {
+        return settings
+            .schedule
+            .in_flight(stage.index, stage.num_stages, m) as f64;
+    }
+    let p = (stage.num_stages / v).max(1);
+    crate::schedule::interleaved_in_flight(stage.index % p, p, v, m.max(1)) as f64 / v as f64
 }
 
 /// A profile's measured activation bytes per block of `stage`'s chip at
@@ -432,9 +478,7 @@ fn polychip_terms(
     };
     let tokens = mb.size * model.seq_len;
     let n = (stage.layers.end - stage.layers.start) as f64;
-    let kept = settings
-        .schedule
-        .in_flight(stage.index, stage.num_stages, mb.count as usize) as f64;
+    let kept = kept_micro_batches(settings, stage, mb);
     let block = measured_block_activations(settings, stage, mb)
         .unwrap_or_else(|| counts::block_bytes(shape, tokens, c) as f64 / t);
     let activations = kept * (n * block + counts::micro_batch_bytes(tokens) as f64);

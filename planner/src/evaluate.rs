@@ -27,7 +27,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::cluster::ClusterSpec;
-use crate::cost::{Boundary, Microbatching, StageShape, stage_memory, stage_timing};
+use crate::cost::{
+    Boundary, MemoryBreakdown, Microbatching, StageShape, stage_memory, stage_timing,
+};
 use crate::error::SpecError;
 use crate::model::ModelSpec;
 use crate::plan::{Plan, PlanKind, Replica, StagePlan};
@@ -85,10 +87,19 @@ pub(crate) fn assemble(
             };
             let mut start = 0;
             let mut stages = Vec::with_capacity(p);
-            let types: Vec<(usize, u64)> = g.stages.iter().map(|s| (s.ty, s.tp)).collect();
+            // Under interleaving the stages are the chunks of `devices`
+            // devices, chunk `i` on device `i % devices`, which are placed.
+            let v = settings.virtual_stages.max(1) as usize;
+            let devices = (p / v).max(1);
+            let types: Vec<(usize, u64)> =
+                g.stages[..devices].iter().map(|s| (s.ty, s.tp)).collect();
             let placed = crate::placement::place(cluster, g.copies, &types);
+            // The last device's send to the first one's next chunk stays in
+            // a node when the whole pipeline does.
+            let wraps_in_node = placed[..devices - 1].iter().all(|d| d.send_same_node);
             for (i, s) in g.stages.iter().enumerate() {
                 let c = chip(s.ty);
+                let device = i % devices;
                 // The types its gradients are reduced with, over all groups.
                 let peers: Vec<usize> = holders
                     .other_types(s.ty, Holders::units(start, s.layers, i, p))
@@ -102,11 +113,14 @@ pub(crate) fn assemble(
                     tp: s.tp,
                     next: g.stages.get(i + 1).map(|n| Boundary {
                         chip: chip(n.ty),
-                        same_node: placed[i].send_same_node,
+                        same_node: match device + 1 < devices {
+                            true => placed[device].send_same_node,
+                            false => wraps_in_node,
+                        },
                     }),
                     dp_peers: &peers,
                     // Replicas of other groups sit elsewhere.
-                    dp_one_node: placed[i].replicas_same_node && dp == g.copies,
+                    dp_one_node: placed[device].replicas_same_node && dp == g.copies,
                 };
                 stages.push(StagePlan {
                     chip: c.name.clone(),
@@ -120,6 +134,21 @@ pub(crate) fn assemble(
                 });
                 start += s.layers;
             }
+            if v > 1 {
+                // Each chunk shows its device's memory: all its chunks'.
+                for d in 0..devices {
+                    let chunks: Vec<MemoryBreakdown> = stages
+                        .iter()
+                        .skip(d)
+                        .step_by(devices)
+                        .map(|s| s.memory)
+                        .collect();
+                    let memory = MemoryBreakdown::of_device(&chunks);
+                    for s in stages.iter_mut().skip(d).step_by(devices) {
+                        s.memory = memory;
+                    }
+                }
+            }
             let mut r = Replica {
                 copies: g.copies,
                 stages,
@@ -130,6 +159,7 @@ pub(crate) fn assemble(
                 step_time_simulated: 0.0,
                 bubble_fraction: 0.0,
                 pipeline: settings.schedule,
+                virtual_stages: v as u64,
             };
             r.step_time_analytic = r.schedule().analytic_step_time();
             let sim = crate::sim::step(&r.schedule());
@@ -147,6 +177,7 @@ pub(crate) fn assemble(
     let mut peak = 0.0;
     for r in &mut replicas {
         let last = r.stages.len().saturating_sub(1);
+        let devices = r.devices();
         for (si, s) in r.stages.iter_mut().enumerate() {
             let c = cluster.chip(&s.chip).expect("chip of the plan");
             let n = (s.end_layer - s.first_layer) as f64;
@@ -156,7 +187,10 @@ pub(crate) fn assemble(
             }
             let stage_peak = c.peak_flops.get(dtype) * s.tp as f64;
             s.mfu = 3.0 * fwd * r.micro_batches as f64 / (step_s * stage_peak);
-            peak += stage_peak * r.copies as f64;
+            // A device's chips once, not once per chunk.
+            if si < devices {
+                peak += stage_peak * r.copies as f64;
+            }
         }
     }
     let bubble = replicas
@@ -299,6 +333,10 @@ pub struct PlanSpec {
     /// The pipelines' schedule the file names (`"schedule"`, as `polychip
     /// train --save-plan` writes it), which it is evaluated under.
     pub schedule: Option<PipelineSchedule>,
+    /// Model chunks per device under the interleaved schedule, as the file
+    /// names it (`"virtual_stages"`; its stages are then the chunks in
+    /// model order), which it is evaluated under.
+    pub virtual_stages: Option<u64>,
     /// The training settings a `polychip plan --json` report records (its
     /// `settings`), for a caller to evaluate it under the same ones.
     pub settings: Option<TrainingSettings>,
@@ -590,9 +628,27 @@ impl PlanSpec {
             None | Some(Value::Null) => None,
             Some(x) => Some(x.as_str().and_then(|s| s.parse().ok()).ok_or_else(|| {
                 plan_err(format!(
-                    "schedule is {x}; expected \"1f1b\", \"zero-bubble\" or \"gpipe\""
+                    "schedule is {x}; expected \"1f1b\", \"zero-bubble\" or \"gpipe\" \
+                     (an interleaved 1F1B plan gives \"virtual_stages\" beside \"1f1b\")"
                 ))
             })?),
+        };
+        let named = match planner {
+            true => groups.iter().find_map(|g| g.get("virtual_stages")),
+            false => v.get("virtual_stages"),
+        };
+        let virtual_stages = match named {
+            None | Some(Value::Null) => None,
+            Some(x) => Some(
+                x.as_u64()
+                    .filter(|v| (1..=crate::settings::MAX_VIRTUAL_STAGES).contains(v))
+                    .ok_or_else(|| {
+                        plan_err(format!(
+                            "virtual_stages is {x}; it must be 1 (no interleaving) to {}",
+                            crate::settings::MAX_VIRTUAL_STAGES
+                        ))
+                    })?,
+            ),
         };
         let made_for = match (
             v.get("model").and_then(Value::as_str),
@@ -604,6 +660,7 @@ impl PlanSpec {
         Ok(PlanSpec {
             groups: out,
             schedule,
+            virtual_stages,
             settings,
             made_for,
         })
@@ -618,6 +675,7 @@ impl PlanSpec {
         &self,
         model: &ModelSpec,
         cluster: &ClusterSpec,
+        virtual_stages: u64,
     ) -> Result<Vec<Layout>, SpecError> {
         let mut used = vec![0u64; cluster.chip_types.len()];
         let mut sequences = 0u64;
@@ -684,7 +742,27 @@ impl PlanSpec {
                     )));
                 }
                 next = end;
-                used[ty] = used[ty].saturating_add(g.copies.saturating_mul(s.tp));
+                // Under interleaving a device's chips hold its every chunk.
+                let devices = g.stages.len() / virtual_stages.max(1) as usize;
+                if si < devices {
+                    used[ty] = used[ty].saturating_add(g.copies.saturating_mul(s.tp));
+                } else if let Some(d) = stages.get(si % devices)
+                    && (d.ty, d.tp) != (ty, s.tp)
+                {
+                    return Err(plan_err(format!(
+                        "{at} is chunk {} of device {} of the interleaved pipeline (its stages \
+                         are {} chunks per device, in model order), but is on {:?} with tp {} \
+                         where the device's first chunk (stage {}) is on {:?} with tp {}",
+                        si / devices,
+                        si % devices,
+                        virtual_stages,
+                        c.name,
+                        s.tp,
+                        si % devices,
+                        cluster.chip_types[d.ty].name,
+                        d.tp
+                    )));
+                }
                 stages.push(LayoutStage {
                     ty,
                     tp: s.tp,
@@ -697,6 +775,13 @@ impl PlanSpec {
                     model.name, model.layers
                 )));
             }
+            crate::sim::check_interleaving(
+                stages.len(),
+                virtual_stages as usize,
+                crate::schedule::PipelineSchedule::OneFOneB,
+                g.micro_batches as usize,
+            )
+            .map_err(|why| plan_err(format!("{at}: {why}")))?;
             out.push(Layout {
                 copies: g.copies,
                 micro_batch_size: g.micro_batch_size,
@@ -770,6 +855,7 @@ const PLANNER_GROUP_KEYS: &[&str] = &[
     "sequences",
     "stages",
     "pipeline",
+    "virtual_stages",
     "bubble_fraction",
     "step_time_analytic",
     "step_time_simulated",
@@ -790,6 +876,7 @@ const TRAIN_PLAN_KEYS: &[&str] = &[
     "group",
     "groups",
     "schedule",
+    "virtual_stages",
     "predicted_step_seconds",
     "core_order",
 ];
@@ -961,11 +1048,13 @@ fn stage_chips(s: &Value, at: &str, copies: u64) -> Result<Vec<(String, u64)>, S
 pub struct Bottleneck {
     /// Its group.
     pub group: usize,
-    /// Its index in the pipeline.
+    /// Its index in the pipeline (under interleaving, its device's, which
+    /// is that of the device's first chunk).
     pub stage: usize,
     /// Its chip type.
     pub chip: String,
-    /// Forward plus backward of one micro-batch, seconds.
+    /// Forward plus backward of one micro-batch, seconds (under
+    /// interleaving, of all its device's chunks).
     pub seconds_per_micro_batch: f64,
 }
 
@@ -1022,15 +1111,19 @@ pub fn evaluate(
 ) -> Result<Evaluation, SpecError> {
     model.validate()?;
     cluster.validate()?;
-    let layouts = spec.layouts(model, cluster)?;
     let mut settings = settings.clone();
+    if let Some(schedule) = spec.schedule {
+        settings.schedule = schedule;
+    }
+    if let Some(v) = spec.virtual_stages {
+        settings.virtual_stages = v;
+    }
+    settings.check_interleaving()?;
+    let layouts = spec.layouts(model, cluster, settings.virtual_stages)?;
     settings.global_batch = layouts
         .iter()
         .map(|g| g.copies * g.micro_batch_size * g.micro_batches)
         .sum();
-    if let Some(schedule) = spec.schedule {
-        settings.schedule = schedule;
-    }
     let kind = if layouts.len() == 1 {
         PlanKind::HeteroPp
     } else {
@@ -1039,24 +1132,27 @@ pub fn evaluate(
     let plan = assemble(model, cluster, &settings, &layouts, kind);
     let group = plan.slowest_group();
     let r = &plan.replicas[group];
-    let (stage, s) = r
-        .stages
+    // Per device: under interleaving the sum of its chunks.
+    let devices = r.devices();
+    let mut per_device = vec![0.0f64; devices];
+    for (k, s) in r.stages.iter().enumerate() {
+        per_device[k % devices] += s.timing.forward + s.timing.backward;
+    }
+    let (stage, &seconds) = per_device
         .iter()
         .enumerate()
-        .max_by(|a, b| {
-            let t = |s: &StagePlan| s.timing.forward + s.timing.backward;
-            t(a.1).total_cmp(&t(b.1))
-        })
+        .max_by(|a, b| a.1.total_cmp(b.1))
         .expect("a pipeline has stages");
     let bottleneck = Bottleneck {
         group,
         stage,
-        chip: s.chip.clone(),
-        seconds_per_micro_batch: s.timing.forward + s.timing.backward,
+        chip: r.stages[stage].chip.clone(),
+        seconds_per_micro_batch: seconds,
     };
     let mut overflows = Vec::new();
     for (g, r) in plan.replicas.iter().enumerate() {
-        for (i, s) in r.stages.iter().enumerate() {
+        // A device's chunks all show its memory: each device once.
+        for (i, s) in r.stages.iter().enumerate().take(r.devices()) {
             let cap = s.memory_capacity as f64;
             if s.memory.total > cap {
                 overflows.push(Overflow {

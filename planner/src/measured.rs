@@ -590,6 +590,7 @@ fn simulated_step(stages: Vec<StageTiming>, m: usize, pipeline: PipelineSchedule
         stages,
         microbatches: m,
         pipeline,
+        virtual_stages: 1,
     };
     // A link that may carry less than the slowest stage computes (its
     // sends both ways against that stage's passes) can build queues whose
@@ -1258,6 +1259,7 @@ mod tests {
                         stages: stages.clone(),
                         microbatches: m,
                         pipeline,
+                        virtual_stages: 1,
                     })
                     .step_time;
                     let fast = simulated_step(stages, m, pipeline);

@@ -69,6 +69,21 @@ pub struct Replica {
     /// The schedule its stages run.
     #[serde(default)]
     pub pipeline: PipelineSchedule,
+    /// Model chunks per device under the interleaved schedule (1: not
+    /// interleaved). Above 1, `stages` are the chunks in model order, chunk
+    /// `k` on the pipeline's device `k mod (stages / virtual_stages)`, and
+    /// each chunk's `memory` is its device's: all its chunks'
+    /// ([`crate::schedule::Schedule::virtual_stages`]).
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub virtual_stages: u64,
+}
+
+fn one() -> u64 {
+    1
+}
+
+fn is_one(v: &u64) -> bool {
+    *v == 1
 }
 
 /// Whether stage `index` of a pipeline of `stages` may hold no layer,
@@ -86,6 +101,7 @@ impl Replica {
             stages: self.stages.iter().map(|s| s.timing.clone()).collect(),
             microbatches: self.micro_batches as usize,
             pipeline: self.pipeline,
+            virtual_stages: self.virtual_stages.max(1) as usize,
         }
     }
 
@@ -94,9 +110,16 @@ impl Replica {
         sim::simulate(&self.schedule())
     }
 
+    /// Devices (pipeline stages) of one copy: its stages, or under
+    /// interleaving its chunks over `virtual_stages`.
+    pub fn devices(&self) -> usize {
+        self.stages.len() / self.virtual_stages.max(1) as usize
+    }
+
     /// Chips over all copies.
     pub fn chips(&self) -> u64 {
-        self.copies * self.stages.iter().map(|s| s.tp).sum::<u64>()
+        let devices = &self.stages[..self.devices()];
+        self.copies * devices.iter().map(|s| s.tp).sum::<u64>()
     }
 }
 

@@ -115,26 +115,75 @@ pub struct Schedule {
     /// The order of each stage's passes.
     #[serde(default)]
     pub pipeline: PipelineSchedule,
+    /// Model chunks per device (`v`): 1, or under Megatron-LM's interleaved
+    /// 1F1B schedule (Narayanan et al., 2021) more, when `stages` lists the
+    /// `p v` chunks in model order and chunk `k` runs on device `k mod p`
+    /// ([`crate::sim`]).
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub virtual_stages: usize,
+}
+
+fn one() -> usize {
+    1
+}
+
+fn is_one(v: &usize) -> bool {
+    *v == 1
+}
+
+/// The model chunks a device of an interleaved pipeline of `p` devices, `v`
+/// chunks each, and `m` micro-batches holds activations for at most:
+/// Megatron-LM's warm-up, `2 (p - i - 1) + (v - 1) p` chunk passes (all of
+/// them when `m = p`), and one more, of the `m v` it runs.
+pub fn interleaved_in_flight(device: usize, p: usize, v: usize, m: usize) -> usize {
+    (interleaved_warm_up(device, p, v, m) + 1).min(m * v)
+}
+
+/// The forward chunk passes device `device` of `p` runs before its first
+/// backward one under the interleaved schedule, less one (as
+/// [`PipelineSchedule::warm_up`]).
+pub fn interleaved_warm_up(device: usize, p: usize, v: usize, m: usize) -> usize {
+    let total = m * v;
+    if m == p {
+        return total;
+    }
+    (2 * p.saturating_sub(device + 1) + (v - 1) * p).min(total)
 }
 
 impl Schedule {
+    /// Devices in the pipeline (`p`): its stages, or under interleaving
+    /// its chunks over `v`.
+    pub fn devices(&self) -> usize {
+        self.stages.len() / self.virtual_stages.max(1)
+    }
+
     /// The analytic 1F1B step time with unequal stages (Metis, AMP):
     /// `T = (m - 1) * max_i t_i + sum_i t_i + p2p + max_i (dp_i + opt_i)`,
     /// where `t_i = forward_i + backward_i`, and `p2p` is the forward and
     /// backward transfers of one micro-batch through the whole pipeline
     /// (`2 * sum_i send_next_i`).
+    ///
+    /// Under interleaving (`v` chunks per device, `t_i` the sum of device
+    /// `i`'s chunks, `dp_i + opt_i` too) the fill and drain shrink by `v`
+    /// (Narayanan et al., 2021): `T = (m - 1/v) max_i t_i + (sum_i t_i +
+    /// p2p) / v + max_i (dp_i + opt_i)`, which is the formula above at `v =
+    /// 1` and `(m + (p - 1)/v) t` for equal stages.
     pub fn analytic_step_time(&self) -> f64 {
-        let t: Vec<f64> = self.stages.iter().map(|s| s.forward + s.backward).collect();
+        let p = self.devices().max(1);
+        let v = self.virtual_stages.max(1);
+        let mut t = vec![0.0; p];
+        let mut tail = vec![0.0; p];
+        for (k, s) in self.stages.iter().enumerate() {
+            t[k % p] += s.forward + s.backward;
+            tail[k % p] += s.dp_allreduce + s.optimizer;
+        }
         let max = t.iter().cloned().fold(0.0, f64::max);
         let sum: f64 = t.iter().sum();
         let p2p: f64 = 2.0 * self.stages.iter().map(|s| s.send_next).sum::<f64>();
-        let tail = self
-            .stages
-            .iter()
-            .map(|s| s.dp_allreduce + s.optimizer)
-            .fold(0.0, f64::max);
+        let tail = tail.iter().cloned().fold(0.0, f64::max);
         let m = self.microbatches.max(1) as f64;
-        (m - 1.0) * max + sum + p2p + tail
+        let v = v as f64;
+        (m - 1.0 / v) * max + (sum + p2p) / v + tail
     }
 }
 
@@ -172,6 +221,7 @@ mod tests {
             stages: (0..p).map(|_| stage(1.0, 2.0)).collect(),
             microbatches: m,
             pipeline: PipelineSchedule::GPipe,
+            virtual_stages: 1,
         };
         let gpipe = step(&s).step_time;
         s.pipeline = PipelineSchedule::OneFOneB;
@@ -190,6 +240,7 @@ mod tests {
             stages: (0..p).map(|_| stage(t / 3.0, 2.0 * t / 3.0)).collect(),
             microbatches: m,
             pipeline: Default::default(),
+            virtual_stages: 1,
         };
         let time = s.analytic_step_time();
         assert!((time - (m + p - 1) as f64 * t).abs() < 1e-12);

@@ -223,6 +223,14 @@ pub fn plan(
     model.validate()?;
     cluster.validate()?;
     settings.validate()?;
+    if settings.virtual_stages > 1 {
+        return Err(crate::error::SpecError::Settings(format!(
+            "virtual_stages is {}, but the search proposes plans without interleaving; score \
+             an interleaved plan with polychip plan --evaluate",
+            settings.virtual_stages
+        ))
+        .into());
+    }
     let needed = training_state_bytes(model, settings);
     let available: f64 = cluster
         .chip_types

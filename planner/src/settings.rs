@@ -102,6 +102,23 @@ pub struct TrainingSettings {
     /// default. A plan file that names one is evaluated under its own.
     #[serde(default)]
     pub schedule: PipelineSchedule,
+    /// Model chunks per pipeline device under Megatron-LM's interleaved
+    /// 1F1B schedule; 1 (the default): not interleaved. Plans that use it
+    /// are scored (`polychip plan --evaluate`, whose plan file may name it);
+    /// the search proposes plans without it.
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub virtual_stages: u64,
+}
+
+/// The most model chunks per device an interleaved plan may have.
+pub const MAX_VIRTUAL_STAGES: u64 = 64;
+
+fn one() -> u64 {
+    1
+}
+
+fn is_one(v: &u64) -> bool {
+    *v == 1
 }
 
 fn yes() -> bool {
@@ -125,6 +142,7 @@ impl TrainingSettings {
             sequence_parallel: true,
             micro_batch_sizes: default_micro_batches(),
             schedule: PipelineSchedule::default(),
+            virtual_stages: 1,
         }
     }
 
@@ -141,6 +159,26 @@ impl TrainingSettings {
     /// Reads, parses and validates a settings TOML file.
     pub fn load(path: &Path) -> Result<Self, SpecError> {
         Self::from_toml_str(&read_file(path)?)
+    }
+
+    /// Checks `virtual_stages`: 1 to [`MAX_VIRTUAL_STAGES`], and above 1
+    /// only with the 1F1B schedule.
+    pub fn check_interleaving(&self) -> Result<(), SpecError> {
+        if !(1..=MAX_VIRTUAL_STAGES).contains(&self.virtual_stages) {
+            return Err(SpecError::Settings(format!(
+                "virtual_stages is {}; it must be 1 (no interleaving) to {MAX_VIRTUAL_STAGES}",
+                self.virtual_stages
+            )));
+        }
+        if self.virtual_stages > 1 && self.schedule != PipelineSchedule::OneFOneB {
+            return Err(SpecError::Settings(format!(
+                "virtual_stages is {} with the {} schedule; interleaving is modelled for 1f1b \
+                 only",
+                self.virtual_stages,
+                self.schedule.name()
+            )));
+        }
+        Ok(())
     }
 
     /// Checks the batch and the micro-batch candidates.
@@ -177,6 +215,7 @@ impl TrainingSettings {
                 "micro_batch_sizes is empty; give at least one size".into(),
             ));
         }
+        self.check_interleaving()?;
         if self.micro_batch_sizes.contains(&0) {
             return Err(SpecError::Settings(
                 "micro_batch_sizes contains 0; sizes must be at least 1".into(),

@@ -802,3 +802,91 @@ fn sends_and_all_reduces_follow_one_placement_of_the_replicas() {
     let second_across = at(grads(16, m.head_params()), 25e9);
     assert!((second / second_across - 1.0).abs() < 1e-9, "{three:?}");
 }
+
+#[test]
+fn an_interleaved_plan_is_scored_chunk_by_chunk_and_sized_by_device() {
+    let m = ModelSpec::llama_7b();
+    let c = one_type_cluster(8, 8, 25e9);
+    let s = TrainingSettings::new(8);
+    let plan = |v: u64, micro_batches: u64| {
+        let per = 32 / (4 * v);
+        let stages = vec![format!(r#"{{"chip": "x", "layers": {per}}}"#); (4 * v) as usize];
+        format!(
+            r#"{{"virtual_stages": {v}, "groups": [{{"copies": 1, "micro_batch_size": 1,
+            "micro_batches": {micro_batches}, "stages": [{}]}}]}}"#,
+            stages.join(", ")
+        )
+    };
+    let run = |text: &str| evaluate(&PlanSpec::parse(text, true).unwrap(), &m, &c, &s).unwrap();
+    let (plain, two) = (run(&plan(1, 8)), run(&plan(2, 8)));
+    let (r1, r2) = (&plain.plan.replicas[0], &two.plan.replicas[0]);
+    assert_eq!((r1.virtual_stages, r2.virtual_stages), (1, 2));
+    assert_eq!((r1.stages.len(), r2.stages.len(), r2.devices()), (4, 8, 4));
+    assert_eq!(plain.plan.chips_used, two.plan.chips_used);
+    // The bubble shrinks: (m + (p - 1)/2) against (m + p - 1) passes, with
+    // twice the sends.
+    assert!(r2.step_time_simulated < 0.95 * r1.step_time_simulated);
+    assert!(r2.bubble_fraction < r1.bubble_fraction);
+    // A device holds the weights of its chunks, as many as a plain stage;
+    // device 0 keeps 11 chunk passes of 4 layers (2 (p - 1) + p + 1), where
+    // stage 0 keeps 4 of 8: 1 + (p - 1)/(p v) = 1.375 times the
+    // activations (Narayanan et al., 2021).
+    for d in 0..4 {
+        let (a, b) = (&r1.stages[d].memory, &r2.stages[d].memory);
+        assert!(
+            (a.weights - b.weights).abs() < 1e-6 * a.weights,
+            "device {d}"
+        );
+        assert_eq!(r2.stages[d].memory, r2.stages[d + 4].memory);
+    }
+    let ratio = r2.stages[0].memory.activations / r1.stages[0].memory.activations;
+    assert!((ratio - 1.375).abs() < 1e-9, "{ratio}");
+    // The bottleneck is a device, its time all its chunks'.
+    let t = |s: &polychip_planner::plan::StagePlan| s.timing.forward + s.timing.backward;
+    let b = &two.bottleneck;
+    assert!(b.stage < 4);
+    let want = t(&r2.stages[b.stage]) + t(&r2.stages[b.stage + 4]);
+    assert!((b.seconds_per_micro_batch - want).abs() < 1e-12);
+    // The evaluation's own JSON evaluates to itself.
+    let json = serde_json::to_string(&two).unwrap();
+    let again = evaluate(&PlanSpec::parse(&json, true).unwrap(), &m, &c, &s).unwrap();
+    assert_eq!(again.plan, two.plan);
+    // Micro-batches in groups of the devices, chunks alike on a device, 1f1b.
+    let err_x = |text: &str| match PlanSpec::parse(text, true) {
+        Ok(spec) => evaluate(&spec, &m, &c, &s).unwrap_err().to_string(),
+        Err(e) => e.to_string(),
+    };
+    let e = err_x(&plan(2, 6));
+    assert!(e.contains("multiple of 4, not 6"), "{e}");
+    let e = err_x(&plan(1, 8).replace("\"virtual_stages\": 1", "\"virtual_stages\": 0"));
+    assert!(e.contains("virtual_stages is 0"), "{e}");
+    let zb = plan(2, 8).replace(
+        "{\"virtual_stages\"",
+        "{\"schedule\": \"zero-bubble\", \"virtual_stages\"",
+    );
+    assert!(err_x(&zb).contains("1f1b only"), "{zb}");
+    let e = err_x(&plan(2, 8).replacen("\"layers\": 4}", "\"layers\": 4, \"tp\": 2}", 1));
+    assert!(e.contains("where the device's first chunk"), "{e}");
+    let mixed = r#"{"virtual_stages": 2, "groups": [{"copies": 1, "micro_batch_size": 1,
+        "micro_batches": 4, "stages": [
+        {"chip": "nvidia-a800-class", "layers": 8}, {"chip": "iluvatar-bi-v100-class", "layers": 8},
+        {"chip": "iluvatar-bi-v100-class", "layers": 8}, {"chip": "iluvatar-bi-v100-class", "layers": 8}]}]}"#;
+    let e = err(mixed, true, &m);
+    assert!(
+        e.contains("stage 2 of group 0 is chunk 1 of device 0") && e.contains("nvidia-a800-class"),
+        "{e}"
+    );
+    // The search proposes no interleaving.
+    let mut v2 = s.clone();
+    v2.virtual_stages = 2;
+    let e = plan_fn(&m, &c, &v2).unwrap_err().to_string();
+    assert!(e.contains("--evaluate"), "{e}");
+}
+
+fn plan_fn(
+    m: &ModelSpec,
+    c: &ClusterSpec,
+    s: &TrainingSettings,
+) -> Result<polychip_planner::search::PlanReport, polychip_planner::search::PlanError> {
+    plan(m, c, s, &PlanOptions::default())
+}

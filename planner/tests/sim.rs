@@ -43,6 +43,7 @@ fn sched(stages: Vec<StageTiming>, m: usize) -> Schedule {
         stages,
         microbatches: m,
         pipeline: Default::default(),
+        virtual_stages: 1,
     }
 }
 
@@ -538,4 +539,128 @@ fn zero_bubble_events_keep_its_order_and_every_dependency() {
         gains[gains.len() / 2],
         gains[gains.len() - 1]
     );
+}
+
+/// An interleaved schedule: `p` devices of `v` chunks, the chunks' timings
+/// given in model order.
+fn interleaved(chunks: Vec<StageTiming>, v: usize, m: usize) -> Schedule {
+    let mut s = sched(chunks, m);
+    s.virtual_stages = v;
+    s
+}
+
+#[test]
+fn interleaving_shrinks_the_bubble_by_the_chunks_per_device() {
+    // p devices of equal work t per micro-batch, split into v chunks: the
+    // step is (m + (p - 1) / v) t (Narayanan et al., 2021), and the
+    // analytic formula agrees.
+    for (p, v, m) in [
+        (4usize, 2usize, 8usize),
+        (4, 4, 16),
+        (2, 3, 6),
+        (3, 2, 3),
+        (8, 2, 16),
+    ] {
+        let t = 1.0;
+        let chunk = st(t / v as f64 / 3.0, 2.0 * t / v as f64 / 3.0, 0.0);
+        let s = interleaved(vec![chunk; p * v], v, m);
+        polychip_planner::sim::check(&s).unwrap();
+        let want = (m as f64 + (p - 1) as f64 / v as f64) * t;
+        let got = simulate(&s).step_time;
+        assert!(
+            (got - want).abs() < EPS,
+            "p {p} v {v} m {m}: {got} vs {want}"
+        );
+        assert!(
+            (s.analytic_step_time() - want).abs() < EPS,
+            "p {p} v {v} m {m}"
+        );
+        // One chunk per device is the non-interleaved step.
+        let plain = sched(vec![st(t / 3.0, 2.0 * t / 3.0, 0.0); p], m);
+        let plain_time = simulate(&plain).step_time;
+        assert!((plain_time - (m + p - 1) as f64 * t).abs() < EPS);
+        assert!(got < plain_time || p == 1);
+    }
+}
+
+#[test]
+fn interleaved_devices_run_every_chunk_pass_once_in_dependency_order() {
+    let mut r = Rng(0x1f1b_2021);
+    for _ in 0..200 {
+        let p = r.n(2, 6);
+        let v = r.n(2, 4);
+        let m = p * r.n(1, 4);
+        let mut chunks: Vec<StageTiming> = (0..p * v)
+            .map(|_| {
+                let f = 0.1 + r.f();
+                st(f, f * (1.0 + 2.0 * r.f()), 0.3 * r.f())
+            })
+            .collect();
+        let async_sends = r.f() < 0.5;
+        for c in &mut chunks {
+            c.sends_async = async_sends;
+            (c.dp_allreduce, c.optimizer) = (0.1 * r.f(), 0.01 * r.f());
+        }
+        let s = interleaved(chunks, v, m);
+        let res = simulate(&s);
+        let n = p * v;
+        for k in 0..n {
+            // Every chunk runs each micro-batch's forward and backward once.
+            let c = compute(&res, k);
+            assert_eq!(c.len(), 2 * m, "p {p} v {v} m {m} chunk {k}");
+            for j in 0..m {
+                let f = end_of(&res, k, EventKind::Forward, j);
+                let b = end_of(&res, k, EventKind::Backward, j);
+                assert!(f <= b + EPS);
+                if k > 0 {
+                    // After the previous chunk's forward and its transfer.
+                    let prev = end_of(&res, k - 1, EventKind::Forward, j);
+                    let arrived = prev + s.stages[k - 1].send_next;
+                    let start = c
+                        .iter()
+                        .find(|e| e.kind == EventKind::Forward && e.microbatch == Some(j))
+                        .unwrap()
+                        .start;
+                    assert!(start + EPS >= arrived, "chunk {k} mb {j}");
+                }
+            }
+        }
+        // A device's passes never overlap.
+        for i in 0..p {
+            let mut busy: Vec<(f64, f64)> = res
+                .events
+                .iter()
+                .filter(|e| !e.kind.is_transfer() && e.stage % p == i)
+                .filter(|e| matches!(e.kind, EventKind::Forward | EventKind::Backward))
+                .map(|e| (e.start, e.end))
+                .collect();
+            busy.sort_by(|a, b| a.0.total_cmp(&b.0));
+            for w in busy.windows(2) {
+                assert!(w[0].1 <= w[1].0 + EPS, "device {i} overlaps: {w:?}");
+            }
+        }
+        // Work conservation: the step is at least the busiest device's
+        // passes, and the simulator's busy time is per device.
+        assert_eq!(res.stage_busy.len(), p);
+        let most = res.stage_busy.iter().cloned().fold(0.0, f64::max);
+        assert!(res.step_time + EPS >= most);
+        let trace = chrome_trace(&res, &[]);
+        let events = trace["traceEvents"].as_array().unwrap().len();
+        assert!(events >= 2 * n * m + 2 * (n - 1) * m + 2 * p, "{events}");
+    }
+}
+
+#[test]
+fn interleaving_is_refused_where_it_cannot_run() {
+    use polychip_planner::sim::check;
+    let chunk = st(1.0, 2.0, 0.0);
+    // Micro-batches not a multiple of the devices.
+    let err = check(&interleaved(vec![chunk.clone(); 8], 2, 6)).unwrap_err();
+    assert!(err.contains("multiple of 4"), "{err}");
+    // Chunks not a multiple of v, or one device.
+    assert!(check(&interleaved(vec![chunk.clone(); 7], 2, 4)).is_err());
+    assert!(check(&interleaved(vec![chunk.clone(); 2], 2, 4)).is_err());
+    let mut zb = interleaved(vec![chunk; 8], 2, 8);
+    zb.pipeline = PipelineSchedule::ZeroBubble;
+    assert!(check(&zb).unwrap_err().contains("zero-bubble"));
 }

@@ -253,11 +253,29 @@ impl TrainPlan {
 
     /// [`Self::load`]'s parsing of `text`, read from `path`.
     fn parse(text: &str, path: &Path) -> std::result::Result<TrainPlan, String> {
+        // An interleaved plan (`polychip plan --evaluate` scores them) lists
+        // model chunks, not stages: refused as such, not as a stray key.
+        let interleaved = |v: Option<u64>| match v {
+            Some(v) if v > 1 => Err(interleaving_refused(v)),
+            _ => Ok(()),
+        };
         if path.extension().is_none_or(|e| e != "json") {
+            if let Ok(v) = toml::from_str::<toml::Table>(text) {
+                interleaved(
+                    v.get("virtual_stages")
+                        .and_then(|x| x.as_integer())
+                        .map(|x| x.max(0) as u64),
+                )?;
+            }
             return toml::from_str(text).map_err(|e| e.to_string());
         }
         let value: serde_json::Value =
             polychip_files::parse_json_value(text).map_err(|e| e.to_string())?;
+        interleaved(
+            value
+                .get("virtual_stages")
+                .and_then(serde_json::Value::as_u64),
+        )?;
         let planner = match (value.get("plan"), value.get("replicas")) {
             (Some(p), _) => Some(p.clone()),
             (None, Some(_)) => Some(value.clone()),
@@ -715,9 +733,20 @@ impl TrainPlan {
 }
 
 /// The planner's plan as a training layout (chip types are vendor names).
+/// Why a plan of `v` model chunks per device is refused.
+fn interleaving_refused(v: u64) -> String {
+    format!(
+        "the plan is interleaved ({v} model chunks per device), which polychip train does not \
+         run; polychip plan --evaluate scores such plans"
+    )
+}
+
 pub fn from_planner(plan: &polychip_planner::plan::Plan) -> Result<TrainPlan> {
     let mut groups = Vec::new();
     for r in &plan.replicas {
+        if r.virtual_stages > 1 {
+            return Err(TrainError::Plan(interleaving_refused(r.virtual_stages)));
+        }
         let mut stages = Vec::new();
         for s in &r.stages {
             if s.tp != 1 {
@@ -912,6 +941,28 @@ mod tests {
         .unwrap();
         let err = TrainPlan::load(&file).unwrap_err().to_string();
         assert!(err.contains("\"micro_batches\" appears twice"), "{err}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn an_interleaved_plan_is_refused_as_such() {
+        let dir = std::env::temp_dir().join(format!("polychip-plan-vpp-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let load = |name: &str, text: &str| {
+            let file = dir.join(name);
+            std::fs::write(&file, text).unwrap();
+            TrainPlan::load(&file).unwrap_err().to_string()
+        };
+        let stages = r#"[{"device": "ferrite:0", "layers": [0, 1]}, {"device": "ferrite:1", "layers": [1, 2]},
+            {"device": "ferrite:0", "layers": [2, 3]}, {"device": "ferrite:1", "layers": [3, 4]}]"#;
+        let json = format!(
+            r#"{{"virtual_stages": 2, "group": [{{"micro_batch_size": 1, "micro_batches": 4,
+            "stages": {stages}}}]}}"#
+        );
+        let toml = "virtual_stages = 2\n[[group]]\nmicro_batch_size = 1\nmicro_batches = 4\nstages = [{ device = \"ferrite:0\", layers = [0, 4] }]\n";
+        for e in [load("p.json", &json), load("p.toml", toml)] {
+            assert!(e.contains("interleaved (2 model chunks per device)"), "{e}");
+        }
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -36,6 +36,7 @@ pub fn measured_schedule(plan: &TrainPlan, s: &Summary) -> Schedule {
         stages,
         microbatches: g.micro_batches,
         pipeline: s.schedule,
+        virtual_stages: 1,
     }
 }
 
