@@ -930,7 +930,14 @@ def _layer_norm(
     input: torch.Tensor, normalized_shape: Sequence[int], weight: Optional[torch.Tensor], bias: Optional[torch.Tensor], eps: float
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     op = aten.native_layer_norm.default
-    if len(normalized_shape) != 1 or input.dim() < 1 or not _ok("layer_norm", input):
+    # A normalized_shape other than the input's last dimension (a wrong one
+    # included: the CPU's kernel says why it refuses it) is not the plugin's.
+    if (
+        len(normalized_shape) != 1
+        or input.dim() < 1
+        or input.shape[-1] != normalized_shape[0]
+        or not _ok("layer_norm", input)
+    ):
         return _fallback(op, input, normalized_shape, weight, bias, eps)
     w = _or_constant(weight, 1.0, input)
     b = _or_constant(bias, 0.0, input)
@@ -1232,7 +1239,9 @@ def _cross_entropy_loss(
         and reduction in (1, 2)
         and self.dim() == 2
         and target.dim() == 1
-        and target.dtype in (torch.int32, torch.int64)
+        # Long targets, as PyTorch's nll_loss takes (int32 ones it refuses,
+        # and so does the decomposition below, in its words).
+        and target.dtype == torch.int64
         and _on_device(self, target)
         and _ok("cross_entropy", self)
     )
