@@ -1,7 +1,14 @@
 """The exceptions polychip raises. The class follows the error code of the
 polychip API (``polychip.errors.Error.code``); the message is the host's and
 names what was wrong: the operator, the argument, the shape or dtype, the
-file or the rank."""
+file or the rank.
+
+Each class also derives from the built-in exception Python code expects for
+its kind (``ValueError``, ``MemoryError``, ...). An invalid argument and an
+out-of-memory error are ``RuntimeError`` too, as PyTorch's own are (its
+shape errors, and ``torch.OutOfMemoryError``), so code written for
+PyTorch that catches ``RuntimeError`` (a batch-size finder, a retry) catches
+them on ``polychip:N`` as well."""
 
 
 class Error(Exception):
@@ -10,13 +17,13 @@ class Error(Exception):
     code = 4
 
 
-class InvalidArgument(Error, ValueError):
+class InvalidArgument(Error, ValueError, RuntimeError):
     """An argument is wrong: out of range, a freed tensor, a bad layout."""
 
     code = 1
 
 
-class OutOfMemory(Error, MemoryError):
+class OutOfMemory(Error, MemoryError, RuntimeError):
     """A device ran out of memory."""
 
     code = 2

@@ -51,6 +51,9 @@ def test_bad_input_raises_the_class_of_its_code(ferrite, cobalt):
     with pytest.raises(errors.ShapeMismatch, match="matmul: b has shape \\[4, 5\\]") as e:
         polychip.ops.matmul(a, b, out)
     assert e.value.code == 6 and isinstance(e.value, ValueError)
+    # RuntimeError too, as PyTorch's shape errors and out-of-memory are.
+    assert isinstance(e.value, RuntimeError)
+    assert issubclass(errors.OutOfMemory, MemoryError) and issubclass(errors.OutOfMemory, RuntimeError)
     with pytest.raises(errors.DTypeMismatch, match="a is float32|a is f32"):
         polychip.ops.add(a, polychip.zeros((2, 3), dtype="float16", device=ferrite), a)
     with pytest.raises(errors.InvalidArgument, match="is on Cobalt"):
