@@ -335,3 +335,48 @@ fn evaluate_notes_a_global_batch_the_plan_does_not_take() {
     assert!(!run("4").contains("--global-batch"));
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A model whose parts the device cannot hold is refused by `polychip
+/// profile` and by `train --plan auto` before any weights are built (it
+/// used to take minutes and gigabytes of host memory, then abort), naming
+/// the device, the part and the shortfall.
+#[test]
+fn a_model_too_large_to_profile_is_refused_before_building_it() {
+    let dir = common::scratch_dir("plan", "too-large-to-profile");
+    let model = dir.join("mid.toml");
+    std::fs::write(
+        &model,
+        "name = \"mid\"\ndim = 8192\nlayers = 64\nheads = 64\nkv_heads = 8\nffn = 28672\nseq_len = 4096\n",
+    )
+    .unwrap();
+    let model = model.to_str().unwrap();
+    let out = dir.join("p.json");
+    let started = std::time::Instant::now();
+    let (code, _, err) = polychip(&["profile", "--model", model, "--out", out.to_str().unwrap()]);
+    assert_ne!(code, Some(0), "{err}");
+    assert!(
+        err.contains("with micro-batches of 1 sequences of 4096")
+            && err.contains("so the model cannot be profiled or trained on it"),
+        "{err}"
+    );
+    assert!(!out.exists());
+    let (code, _, err) = polychip(&[
+        "train",
+        "--model",
+        model,
+        "--devices",
+        "ferrite:0",
+        "--steps",
+        "1",
+        "--global-batch",
+        "2",
+    ]);
+    assert_ne!(code, Some(0), "{err}");
+    assert!(
+        err.contains("cannot hold") && err.contains("MiB short")
+            || err.contains("cannot be profiled"),
+        "{err}"
+    );
+    assert!(started.elapsed().as_secs() < 30, "{:?}", started.elapsed());
+    std::fs::remove_dir_all(&dir).ok();
+}

@@ -196,6 +196,36 @@ pub fn profile_repeated(
         embed,
         head,
     };
+    // Each stage profiled below must fit the device: refused first, in a
+    // sentence, where a model too large for it used to take minutes and
+    // gigabytes of host memory building weights the device then refused
+    // (or the host's allocator aborted).
+    let have = device.props().memory_bytes;
+    let need = |r: &StageRange| memory::stage_memory(cfg, t.precision, r, b, 1);
+    for (what, r) in [
+        ("its embedding alone", range(0, true, false)),
+        ("its output head alone", range(0, false, true)),
+        ("one of its blocks", range(1, false, false)),
+    ] {
+        let need = need(&r);
+        if need.total() > have {
+            let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
+            return Err(TrainError::Plan(format!(
+                "{} cannot hold {what} with micro-batches of {b} sequences of {}: that needs \
+                 {:.1} MiB (weights and optimizer {:.1} MiB, activations {:.1} MiB, work \
+                 buffers {:.1} MiB) but the device has {:.1} MiB, so the model cannot be \
+                 profiled or trained on it; use a smaller model, sequence length or \
+                 micro-batch",
+                device_name(device),
+                cfg.seq_len,
+                mib(need.total()),
+                mib(need.state),
+                mib(need.activations),
+                mib(need.transient),
+                mib(have)
+            )));
+        }
+    }
     device.reset_peak_memory();
     let st = |r| Stage::new(cfg, r, t.precision, device, 0);
     // Each end of the model alone (a stage of no blocks, as a pipeline may
@@ -268,8 +298,13 @@ pub fn profile_repeated(
     // memory that grew during it misses it.
     let input_bytes = (b * cfg.seq_len * cfg.dim * t.precision.dtype().size()) as u64;
     let block_activation_bytes = Some((bn.kept + input_bytes) / many as u64);
-    // The optimizer step of a two-block stage, per parameter.
-    let opt_stage = st(range(cfg.layers.min(2), true, true))?;
+    // The optimizer step of a two-block stage with both ends, per
+    // parameter (of one block where that does not fit).
+    let both = range(cfg.layers.min(2), true, true);
+    let opt_stage = match need(&both).total() <= have {
+        true => st(both)?,
+        false => st(range(1, false, false))?,
+    };
     let params: usize = opt_stage.params().iter().map(|p| p.spec.numel()).sum();
     let mut times = Vec::new();
     for step in 1..=reps as u64 + 1 {
