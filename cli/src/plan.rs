@@ -81,6 +81,11 @@ pub struct Args {
     /// Enumerate every plan of the space without pruning (small cases).
     #[arg(long)]
     exhaustive: bool,
+    /// Stop searching after this many seconds and report the best plan
+    /// found so far, with a note (0: no limit).
+    #[arg(long, value_name = "SECS", default_value_t = search::DEFAULT_TIME_LIMIT_SECONDS,
+          value_parser = clap::value_parser!(u64).range(0..=604_800))]
+    search_timeout: u64,
     /// Print the report as JSON.
     #[arg(long)]
     json: bool,
@@ -315,9 +320,18 @@ fn plan(args: &Args) -> Result<(), String> {
     }
     let options = PlanOptions {
         exhaustive: args.exhaustive,
+        time_limit_seconds: args.search_timeout,
         ..PlanOptions::default()
     };
     let report = search::plan(&model, &cluster, &settings, &options).map_err(|e| e.to_string())?;
+    if report.time_limited {
+        eprintln!(
+            "note: the search reached its time limit of {} s after {} candidates and stopped: \
+             the plan is the best of those, not necessarily the best of the space (allow more \
+             with --search-timeout)",
+            args.search_timeout, report.candidates
+        );
+    }
     if let Some(trace) = &args.trace {
         let text = serde_json::to_string(
             &report

@@ -821,6 +821,7 @@ const REPORT_KEYS: &[&str] = &[
     "exhaustive",
     "hetero_speedup_ratio",
     "search_seconds",
+    "time_limited",
     "settings",
     "bottleneck",
     "cannot_run",

@@ -91,6 +91,22 @@ pub struct PlanOptions {
     /// largest stage count per tp. 0: always the largest only (HeteroPP's
     /// rule).
     pub full_enumeration_budget: u64,
+    /// The most seconds the search may take (0: no limit). Past it, the
+    /// search stops trying candidates and returns the best found so far,
+    /// and the report says it was cut short
+    /// ([`PlanReport::time_limited`]); a cluster and batch inside the input
+    /// limits can otherwise take minutes (a 1,024-layer model on a million
+    /// chips with a global batch of 120 divisors).
+    #[serde(default = "default_time_limit")]
+    pub time_limit_seconds: u64,
+}
+
+/// The default [`PlanOptions::time_limit_seconds`]: a minute, some sixty
+/// times what the 4,096-chip example takes.
+pub const DEFAULT_TIME_LIMIT_SECONDS: u64 = 60;
+
+fn default_time_limit() -> u64 {
+    DEFAULT_TIME_LIMIT_SECONDS
 }
 
 /// The default [`PlanOptions::full_enumeration_budget`]: every cluster of
@@ -123,6 +139,7 @@ impl Default for PlanOptions {
             heteropp: true,
             speedup_ratio: true,
             full_enumeration_budget: FULL_ENUMERATION_BUDGET,
+            time_limit_seconds: DEFAULT_TIME_LIMIT_SECONDS,
         }
     }
 }
@@ -200,6 +217,12 @@ pub struct PlanReport {
     pub search_seconds: f64,
     /// Whether the search was exhaustive.
     pub exhaustive: bool,
+    /// Whether the search reached its time limit
+    /// ([`PlanOptions::time_limit_seconds`]) and stopped early: the plan
+    /// is the best of the candidates tried, not necessarily the search's
+    /// best.
+    #[serde(default)]
+    pub time_limited: bool,
     /// The training settings the plan was made under (so that `--evaluate`
     /// of this report scores it under the same ones).
     pub settings: TrainingSettings,
@@ -262,23 +285,36 @@ pub fn plan(
         }
     }
     let mut candidates = 0u64;
+    let deadline = (options.time_limit_seconds > 0)
+        .then(|| start + std::time::Duration::from_secs(options.time_limit_seconds));
+    let mut time_limited = false;
     // Each type alone: for the ratio and the mixed-groups relaxation. A
     // single-type cluster is planned alone too, so that its ratio of exactly
     // 1 is a result of the search, not an assumption.
     let mut alone_best: Vec<Option<Best>> = Vec::new();
     if options.speedup_ratio || options.mixed_replicas {
-        for chip in &cluster.chip_types {
+        let n = cluster.chip_types.len() as u32;
+        for (i, chip) in cluster.chip_types.iter().enumerate() {
             let sub = ClusterSpec {
                 chip_types: vec![chip.clone()],
                 inter_node_bandwidth: cluster.inter_node_bandwidth,
             };
             let mut ctx = Ctx::new(model, &sub, settings, options);
+            // The types alone share half the time, one after another; the
+            // search over all of them has the rest.
+            ctx.deadline = deadline.map(|_| {
+                start
+                    + std::time::Duration::from_secs(options.time_limit_seconds) * (i as u32 + 1)
+                        / (2 * n)
+            });
             let best = ctx.search_heteropp();
             candidates += ctx.candidates;
+            time_limited |= ctx.time_limited;
             alone_best.push(best.map(|b| b.with_types(&[cluster_index(cluster, &chip.name)])));
         }
     }
     let mut ctx = Ctx::new(model, cluster, settings, options);
+    ctx.deadline = deadline;
     let mut best = match options.heteropp {
         true => ctx.search_heteropp().map(Choice::Pp),
         false => None,
@@ -298,7 +334,16 @@ pub fn plan(
         }
     }
     candidates += ctx.candidates;
+    time_limited |= ctx.time_limited;
     let Some(best) = best else {
+        if time_limited {
+            return Err(PlanError::TooLarge(format!(
+                "the search found no plan within its time limit of {} s ({candidates} \
+                 candidates tried); allow it more (polychip plan --search-timeout), or give a \
+                 global batch with fewer divisors or fewer chip types",
+                options.time_limit_seconds
+            )));
+        }
         let b_min = smallest_micro_batch(settings);
         return Err(PlanError::NoFeasiblePlan(format!(
             "no plan fits the {} model on this cluster: its weights, gradients and optimizer state need {} of the cluster's {}, but no split into at most {} stages of one chip type each (tensor parallel up to 8 inside a node) whose data-parallel degree divides the global batch of {} leaves room for the activations of {b_min}-sequence micro-batches; try --recompute full, --shard-optimizer or another global batch",
@@ -352,6 +397,7 @@ pub fn plan(
         candidates,
         search_seconds: start.elapsed().as_secs_f64(),
         exhaustive: options.exhaustive,
+        time_limited,
         settings: settings.clone(),
     })
 }
@@ -514,6 +560,10 @@ struct Ctx<'a> {
     /// the embedding and head.
     big: ModelSpec,
     candidates: u64,
+    /// When the search must stop ([`PlanOptions::time_limit_seconds`]).
+    deadline: Option<Instant>,
+    /// Whether it stopped there.
+    time_limited: bool,
 }
 
 impl<'a> Ctx<'a> {
@@ -534,7 +584,17 @@ impl<'a> Ctx<'a> {
             layer_time: Default::default(),
             big,
             candidates: 0,
+            deadline: None,
+            time_limited: false,
         }
+    }
+
+    /// Whether the deadline has passed (and so the search stops).
+    fn out_of_time(&mut self) -> bool {
+        if !self.time_limited && self.deadline.is_some_and(|d| Instant::now() >= d) {
+            self.time_limited = true;
+        }
+        self.time_limited
     }
 
     fn chip(&self, ty: usize) -> &'a ChipType {
@@ -715,10 +775,27 @@ impl<'a> Ctx<'a> {
         sizes.sort_unstable();
         sizes.dedup();
         let mut best: Option<Best> = None;
-        for d in (1..=max_count.min(big_b)).filter(|d| big_b % d == 0) {
+        // Under a time limit, a first pass over every degree with only the
+        // largest stage count per (type, tp) (HeteroPP's rule, quick) finds
+        // a plan to return if the full pass runs out of time, and gives
+        // the full pass's lower bound a plan to prune against from its
+        // first degree. (Without a limit the pass is skipped, so the search
+        // and its candidate count are as they were.)
+        let passes: &[bool] = match self.deadline.is_some() && !self.exhaustive {
+            true => &[true, false],
+            false => &[false],
+        };
+        for (&quick, d) in passes.iter().flat_map(|q| {
+            (1..=max_count.min(big_b))
+                .filter(move |d| big_b % d == 0)
+                .map(move |d| (q, d))
+        }) {
+            if self.out_of_time() {
+                break;
+            }
             // Options per type: None (unused) or (tp, k).
             let combos = self.combinations(d, true);
-            let every_k = self.exhaustive || combos <= self.budget;
+            let every_k = !quick && (self.exhaustive || combos <= self.budget);
             let opts: Vec<Vec<Option<(u64, u64)>>> = (0..nty)
                 .map(|ty| {
                     // Most stages first, so that good plans come early and
@@ -743,6 +820,9 @@ impl<'a> Ctx<'a> {
                 // selection (see `reduced_space`).
                 for used in self.reduced_space(&opts) {
                     let stages: u64 = used.iter().map(|s| s.k).sum();
+                    if self.out_of_time() {
+                        break;
+                    }
                     if stages <= l && self.memory_may_fit(&used, d) {
                         self.try_sizes(&used, d, &sizes, &mut best);
                     }
@@ -755,6 +835,9 @@ impl<'a> Ctx<'a> {
                     .filter_map(|ty| opts[ty][idx[ty]].map(|(tp, k)| Seg { ty, tp, k }))
                     .collect();
                 let stages: u64 = used.iter().map(|s| s.k).sum();
+                if self.out_of_time() {
+                    break;
+                }
                 if !used.is_empty() && stages <= l && self.memory_may_fit(&used, d) {
                     self.try_sizes(&used, d, &sizes, &mut best);
                 }

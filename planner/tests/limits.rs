@@ -154,3 +154,41 @@ fn the_search_splits_only_whole_heads() {
         }
     }
 }
+
+/// A 1,024-layer model on six types of a million chips each, inside every
+/// input bound: the full search takes minutes (it took 326 s for one such
+/// type and a batch of 120 divisors before its first quick pass), so it
+/// stops at its time limit with the best plan of a quick pass over every
+/// data-parallel degree, and says so.
+#[test]
+fn a_search_past_its_time_limit_returns_the_best_found_and_says_so() {
+    let types: String = (0..6)
+        .map(|i| {
+            format!(
+                "[[chip_types]]\nname = \"t{i}\"\ncount = 1048576\nchips_per_node = 1024\n\
+                 memory_bytes = {}\npeak_flops = {{ f32 = 20e12, bf16 = {}e12, f16 = 300e12 }}\n\
+                 efficiency = 0.5\nintra_node_bandwidth = 200e9\nnic_bandwidth = 25e9\n",
+                85899345920u64 + i * (1 << 30),
+                300 - 3 * i
+            )
+        })
+        .collect();
+    let cluster =
+        ClusterSpec::from_toml_str(&format!("inter_node_bandwidth = 25e9\n{types}")).unwrap();
+    let model = ModelSpec::from_toml_str(
+        "name = \"m1024\"\nlayers = 1024\nhidden = 1024\nffn = 4096\nheads = 16\n\
+         kv_heads = 16\nvocab = 32000\nseq_len = 512\n",
+    )
+    .unwrap();
+    let options = PlanOptions {
+        time_limit_seconds: 1,
+        ..PlanOptions::default()
+    };
+    let start = Instant::now();
+    let report = plan(&model, &cluster, &TrainingSettings::new(1024), &options).unwrap();
+    let took = start.elapsed();
+    assert!(report.time_limited);
+    assert!(report.plan.fits());
+    // The limit, and the plan's assembly after it (a debug build).
+    assert!(took < Duration::from_secs(30), "{took:?}");
+}
