@@ -111,7 +111,9 @@ pub struct Args {
     /// Without it such a resume is refused, naming the setting.
     #[arg(long, requires = "resume")]
     allow_changed_settings: bool,
-    /// Stop after N steps of the schedule (the schedule still ends at --steps).
+    /// Stop after step N of the schedule, counted from its start (a resumed
+    /// run's too: N must be after the checkpoint's step); the schedule still
+    /// ends at --steps.
     #[arg(long, value_name = "N")]
     stop_after: Option<u64>,
     /// Write a Chrome trace of the run here (and of the simulator's step for

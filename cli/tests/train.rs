@@ -359,6 +359,27 @@ fn a_sharded_optimizer_step_follows_the_curve_and_resumes_exactly() {
         full[6..],
         "resuming a sharded run must be bit-exact"
     );
+    // A --stop-after at the checkpoint's step trains nothing: refused,
+    // the checkpoint left as it was (it was saved again, exit 0).
+    let latest = std::fs::read_to_string(Path::new(&c).join("latest")).unwrap();
+    let (code, _, err) = polychip(
+        &[
+            &COMMON[..],
+            &steps[..],
+            &sharded,
+            &["--resume", &c, "--stop-after", "6", "--checkpoint-dir", &c],
+        ]
+        .concat(),
+    );
+    assert_ne!(code, Some(0), "{err}");
+    assert!(
+        err.contains("--stop-after 6 is at or before the checkpoint's step 6"),
+        "{err}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(Path::new(&c).join("latest")).unwrap(),
+        latest
+    );
     // Its checkpoint holds whole moments: it resumes unsharded too.
     let plain = curve(
         &dir,

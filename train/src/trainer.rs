@@ -324,6 +324,16 @@ pub fn run(opts: &Options, runtime: &Runtime, mut job: Option<&mut Job>) -> Resu
         }
     }
     let end = opts.stop_after.map_or(t.steps, |s| s.min(t.steps));
+    if let Some(s) = opts.stop_after
+        && s <= start
+    {
+        // Nothing would run, and the checkpoint would be saved again.
+        return Err(TrainError::Config(format!(
+            "--stop-after {s} is at or before the checkpoint's step {start}: nothing would be \
+             trained (it counts the schedule's steps from its start, a resumed run's too); \
+             give a step after {start}"
+        )));
+    }
     let mut summary = Summary {
         start_step: start,
         ..Summary::default()
