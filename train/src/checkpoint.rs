@@ -545,11 +545,66 @@ fn load_files(dir: PathBuf, manifest: Manifest) -> Result<Loaded> {
         tensors.push((p, st));
     }
     join_parts(&mut tensors)?;
+    check_contents(&manifest.model, &tensors)?;
     Ok(Loaded {
         dir,
         manifest,
         tensors,
     })
+}
+
+/// Refuses a stage file's tensor that the manifest's model does not have
+/// (a checkpoint of a larger model under a smaller manifest resumed
+/// truncated, silently), and values no run saves: a weight or moment that
+/// is not finite, a negative second moment. Such a checkpoint used to load
+/// and diverge a step later, blamed on the learning rate.
+fn check_contents(model: &ModelConfig, tensors: &[(PathBuf, SafeTensors)]) -> Result<()> {
+    use std::collections::BTreeSet;
+    let whole = crate::params::StageRange::whole(model);
+    let mut known: BTreeSet<String> = BTreeSet::new();
+    for spec in crate::params::stage_params(model, &whole) {
+        known.insert(format!("{}.exp_avg", spec.name));
+        known.insert(format!("{}.exp_avg_sq", spec.name));
+        known.insert(spec.name);
+    }
+    for (path, st) in tensors {
+        let refuse = |message: String| TrainError::Checkpoint {
+            path: path.clone(),
+            message,
+        };
+        for (key, t) in &st.tensors {
+            if !known.contains(key) {
+                return Err(refuse(format!(
+                    "has tensor `{}`, which the checkpoint's model ({} layers of width {}) does \
+                     not have",
+                    polychip_files::printable(key),
+                    model.layers,
+                    model.dim
+                )));
+            }
+            if t.dtype != DType::F32 {
+                continue; // refused by name and type when restored
+            }
+            let second_moment = key.ends_with(".exp_avg_sq");
+            let bad = t.data.chunks_exact(4).enumerate().find_map(|(i, c)| {
+                let v = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+                (!v.is_finite() || (second_moment && v < 0.0)).then_some((i, v))
+            });
+            if let Some((i, v)) = bad {
+                let what = match (key.ends_with(".exp_avg") || second_moment, v.is_finite()) {
+                    (true, true) => "a negative second moment of AdamW (a square's average)",
+                    (true, false) => "an AdamW moment that is not finite",
+                    (false, _) => "a weight that is not finite",
+                };
+                return Err(refuse(format!(
+                    "has {what}: tensor `{key}` element {i} is {v} (of {}); no run saves one, so \
+                     the file was damaged or edited",
+                    t.data.len() / 4
+                )));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// One saved part of a tensor cut by width:
@@ -983,6 +1038,40 @@ mod tests {
                 (PathBuf::from(format!("{key}.safetensors")), st)
             })
             .collect()
+    }
+
+    #[test]
+    fn tensors_the_model_lacks_and_values_no_run_saves_are_refused() {
+        let model = ModelConfig::preset("mini").unwrap();
+        let spec =
+            &crate::params::stage_params(&model, &crate::params::StageRange::whole(&model))[0];
+        let name = spec.name.clone();
+        let n = spec.numel();
+        let check = |key: &str, v: Vec<f32>| {
+            let shape = [v.len() as i64];
+            check_contents(&model, &files(&[(key, &shape, v)]))
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default()
+        };
+        assert_eq!(check(&name, vec![0.5; n]), "");
+        assert_eq!(check(&format!("{name}.exp_avg_sq"), vec![0.0; n]), "");
+        let mut nan = vec![0.5; n];
+        nan[3] = f32::NAN;
+        let e = check(&name, nan.clone());
+        assert!(
+            e.contains("a weight that is not finite") && e.contains("element 3 is NaN"),
+            "{e}"
+        );
+        let e = check(&format!("{name}.exp_avg"), nan);
+        assert!(e.contains("an AdamW moment that is not finite"), "{e}");
+        let e = check(&format!("{name}.exp_avg_sq"), vec![-1.0; n]);
+        assert!(e.contains("a negative second moment"), "{e}");
+        let e = check("layers.99.attention.wq.weight", vec![0.0; 4]);
+        assert!(
+            e.contains("has tensor `layers.99.attention.wq.weight`, which the checkpoint's model"),
+            "{e}"
+        );
     }
 
     #[test]
