@@ -1094,10 +1094,14 @@ pub fn from_file(
         )));
     }
     let mut profiles = Vec::new();
+    let params = cfg.planner_spec().total_params() as f64;
     for d in &kinds {
         for &b in &have {
             let e = entry(d, b).expect("checked above");
             let name = device_name(d);
+            for note in entry_notes(e, params) {
+                eprintln!("note: {label}: {name} at a micro-batch of {b}: {note}");
+            }
             profiles.push(Profile {
                 device: name.clone(),
                 micro_batch: b,
@@ -1110,9 +1114,70 @@ pub fn from_file(
     Ok((profiles, have))
 }
 
+/// What a profile entry leaves to be taken as free, and times no device
+/// can have measured (in another unit than seconds): the notes `--profile`
+/// prints (the cluster planner's `plan --profile` warns of the same).
+/// `params` is the model's parameter count.
+fn entry_notes(e: &polychip_planner::profile::ProfileEntry, params: f64) -> Vec<String> {
+    const HOUR: f64 = 3600.0;
+    let mut notes = Vec::new();
+    for (what, missing) in [
+        ("embedding", e.embedding.is_none()),
+        ("head", e.head.is_none()),
+        ("optimizer_per_param", e.optimizer_per_param.is_none()),
+    ] {
+        if missing {
+            notes.push(format!(
+                "it gives no {what}, which is taken as free; profile the device with polychip \
+                 profile for a measured one"
+            ));
+        }
+    }
+    let mut passes = vec![("block", e.block.forward, e.block.backward)];
+    if let Some(h) = e.head {
+        passes.push(("head", h.forward, h.backward));
+    }
+    if let Some(x) = e.embedding {
+        passes.push(("embedding", x.forward, x.backward));
+    }
+    for (what, forward, backward) in passes {
+        if forward > HOUR || backward > HOUR {
+            notes.push(format!(
+                "its {what} takes over an hour a micro-batch ({forward:.3e} s forward, \
+                 {backward:.3e} s backward); the profile's times are seconds"
+            ));
+        }
+    }
+    if let Some(o) = e.optimizer_per_param
+        && o * params > HOUR
+    {
+        notes.push(format!(
+            "its optimizer step takes {o:.3e} s a parameter, over an hour for the model's \
+             {params} parameters; the profile's times are seconds"
+        ));
+    }
+    notes
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_profile_entrys_missing_parts_and_hour_long_times_are_noted() {
+        let text = r#"{"chip": "x", "micro_batch": 1, "tp": 1,
+                       "block": {"forward": 2e6, "backward": 0.01}}"#;
+        let entry: polychip_planner::profile::ProfileEntry = serde_json::from_str(text).unwrap();
+        let notes = entry_notes(&entry, 1e6).join("\n");
+        for want in [
+            "no embedding, which is taken as free",
+            "no head",
+            "no optimizer_per_param",
+            "its block takes over an hour",
+        ] {
+            assert!(notes.contains(want), "{notes}");
+        }
+    }
 
     #[test]
     fn a_fixed_cost_per_stage_is_what_the_halves_alone_pay_beyond_the_long_stage() {
