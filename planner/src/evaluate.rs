@@ -349,6 +349,17 @@ fn plan_err(m: String) -> SpecError {
     SpecError::Plan(m)
 }
 
+/// A non-negative whole number, written as an integer or as a float with
+/// no fraction (`128.0`, as `polychip train` reads a plan's layers), up to
+/// 2^53 (beyond it a float is not exact).
+fn whole_number(x: &Value) -> Option<u64> {
+    x.as_u64().or_else(|| {
+        x.as_f64()
+            .filter(|f| *f >= 0.0 && f.fract() == 0.0 && *f <= (1u64 << 53) as f64)
+            .map(|f| f as u64)
+    })
+}
+
 /// An unsigned field of `v`, or `default` when absent.
 fn field_u64(v: &Value, key: &str, at: &str, default: Option<u64>) -> Result<u64, SpecError> {
     match v.get(key) {
@@ -497,7 +508,7 @@ impl PlanSpec {
                         field_u64(s, "first_layer", &at, None)?,
                         field_u64(s, "end_layer", &at, None)?,
                     ]
-                } else if let Some(n) = s.get("layers").and_then(Value::as_u64) {
+                } else if let Some(n) = s.get("layers").and_then(whole_number) {
                     // A count: the layers after the previous stage's.
                     let first = layers.last().map_or(0, |p| p[1]);
                     let end = first.checked_add(n).ok_or_else(|| {
@@ -511,7 +522,7 @@ impl PlanSpec {
                         .filter(|l| l.len() == 2)
                         .ok_or_else(|| plan_err(format!("{at} has no layers [first, end]")))?;
                     let n = |x: &Value| {
-                        x.as_u64().ok_or_else(|| match x.as_f64() {
+                        whole_number(x).ok_or_else(|| match x.as_f64() {
                             Some(f) if f >= 0.0 && (f * 2.0).fract() == 0.0 => plan_err(format!(
                                 "{at}: layers holds {x}, a cut halfway through a block, which \
                                  polychip train runs but the cluster planner does not model: \
@@ -620,6 +631,24 @@ impl PlanSpec {
         }
         // A train plan's `schedule`, or the pipeline the planner's own
         // answer priced its replicas under (`replicas[].pipeline`).
+        // A planner's groups share one schedule; ones that differ (an
+        // edited report) are refused, not scored under the first.
+        if planner {
+            for key in ["pipeline", "virtual_stages"] {
+                let mut named = groups
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(i, g)| g.get(key).map(|x| (i, x)));
+                if let Some((i, first)) = named.next()
+                    && let Some((j, other)) = named.find(|(_, x)| *x != first)
+                {
+                    return Err(plan_err(format!(
+                        "group {i} gives {key} {first} but group {j} {other}: a plan's \
+                         pipelines share one; give every group the same"
+                    )));
+                }
+            }
+        }
         let named = match planner {
             true => groups.iter().find_map(|g| g.get("pipeline")),
             false => v.get("schedule"),
@@ -650,6 +679,31 @@ impl PlanSpec {
                     })?,
             ),
         };
+        // The restated fields it reads must be what they say (a negative
+        // sequence length read as "unknown" hid an edit).
+        if planner {
+            if let Some(x) = v
+                .get("seq_len")
+                .filter(|x| x.as_u64().is_none_or(|l| l == 0))
+            {
+                return Err(plan_err(format!(
+                    "seq_len is {x}, not a positive integer (the sequence length it was planned \
+                     for)"
+                )));
+            }
+            if let Some(x) = v.get("model").filter(|x| !x.is_string()) {
+                return Err(plan_err(format!(
+                    "model is {x}, not the name of the model it was planned for"
+                )));
+            }
+        } else if let Some(x) = v.get("predicted_step_seconds")
+            && !x.as_f64().is_some_and(|p| (1e-9..=1e9).contains(&p))
+        {
+            return Err(plan_err(format!(
+                "predicted_step_seconds is {x}; it must be a number of seconds from 1e-9 to 1e9 \
+                 (as polychip train reads it)"
+            )));
+        }
         let made_for = match (
             v.get("model").and_then(Value::as_str),
             v.get("seq_len").and_then(Value::as_u64),

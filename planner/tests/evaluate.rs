@@ -890,3 +890,53 @@ fn plan_fn(
 ) -> Result<polychip_planner::search::PlanReport, polychip_planner::search::PlanError> {
     plan(m, c, s, &PlanOptions::default())
 }
+
+#[test]
+fn whole_layers_written_as_floats_parse_and_restated_fields_must_be_valid() {
+    let m = ModelSpec::llama_7b();
+    let plan = |layers: &str, extra: &str| {
+        format!(
+            r#"{{{extra} "groups": [{{"copies": 2, "micro_batch_size": 1, "micro_batches": 32,
+            "stages": [{{"chip": "nvidia-a800-class", "layers": {layers}}},
+                       {{"chip": "iluvatar-bi-v100-class", "layers": [20, 32]}}]}}]}}"#
+        )
+    };
+    // `polychip train` reads 20.0 as a layer; so does --evaluate (it called
+    // it a cut halfway through a block), in both forms.
+    assert_eq!(err(&plan("[0, 20.0]", ""), true, &m), "");
+    assert_eq!(err(&plan("20.0", ""), true, &m), "");
+    assert!(err(&plan("[0, 19.5]", ""), true, &m).contains("halfway through a block"));
+    let e = err(
+        &plan("[0, 20]", r#""predicted_step_seconds": -1,"#),
+        true,
+        &m,
+    );
+    assert!(e.contains("predicted_step_seconds is -1"), "{e}");
+    // A report's restated fields, and its groups' one schedule.
+    let c = example_cluster();
+    let report = plan_fn(&m, &c, &TrainingSettings::new(256)).unwrap();
+    let mut v = serde_json::to_value(&report).unwrap();
+    v["plan"]["seq_len"] = serde_json::json!(-5);
+    let e = PlanSpec::parse(&v.to_string(), true)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("seq_len is -5"), "{e}");
+    let mut v = serde_json::to_value(&report).unwrap();
+    let groups = v["plan"]["replicas"].as_array_mut().unwrap();
+    if groups.len() < 2 {
+        let g = groups[0].clone();
+        groups.push(g);
+    }
+    groups[1]["pipeline"] = serde_json::json!("gpipe");
+    let sum = |key: &str| -> u64 { groups.iter().map(|g| g[key].as_u64().unwrap()).sum() };
+    let (dp, batch) = (sum("copies"), sum("sequences"));
+    v["plan"]["dp"] = serde_json::json!(dp);
+    v["plan"]["global_batch"] = serde_json::json!(batch);
+    let e = PlanSpec::parse(&v.to_string(), true)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("group 0 gives pipeline \"1f1b\" but group 1 \"gpipe\""),
+        "{e}"
+    );
+}
