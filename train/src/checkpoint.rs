@@ -275,7 +275,37 @@ impl RootLock {
                 message,
             });
         }
+        remove_debris(root);
         Ok(RootLock { _file: file })
+    }
+}
+
+/// Removes what interrupted saves left in `root` (run under its lock, so
+/// no other run writes there, and before this run's first save): the
+/// `step-N.partial/` directories of saves killed before their rename (each
+/// holds stage files, weights and moments: repeated interruptions leaked
+/// disk) and the temporary files of `latest` written and not yet renamed
+/// (`.latest.tmp-PID`). A finished step and `latest` itself are never
+/// touched; what cannot be removed is left, as before.
+fn remove_debris(root: &Path) {
+    let Ok(entries) = std::fs::read_dir(root) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let Some(n) = name.to_str() else { continue };
+        let Ok(kind) = e.file_type() else { continue };
+        let partial = kind.is_dir()
+            && n.strip_suffix(".partial")
+                .is_some_and(|stem| step_of_name(stem).is_some());
+        let latest_tmp = kind.is_file()
+            && n.strip_prefix(".latest.tmp-")
+                .is_some_and(|pid| !pid.is_empty() && pid.bytes().all(|b| b.is_ascii_digit()));
+        if partial {
+            let _ = std::fs::remove_dir_all(e.path());
+        } else if latest_tmp {
+            let _ = std::fs::remove_file(e.path());
+        }
     }
 }
 
@@ -1038,6 +1068,45 @@ mod tests {
                 (PathBuf::from(format!("{key}.safetensors")), st)
             })
             .collect()
+    }
+
+    #[test]
+    fn taking_the_lock_removes_what_interrupted_saves_left() {
+        let root = std::env::temp_dir().join(format!("polychip-debris-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        std::fs::create_dir_all(root.join("step-00000003.partial")).unwrap();
+        std::fs::write(
+            root.join("step-00000003.partial/stage-00-of-01.safetensors"),
+            b"x",
+        )
+        .unwrap();
+        std::fs::create_dir_all(root.join("step-00000002")).unwrap();
+        for (name, body) in [
+            (".latest.tmp-4242", "step-00000003"),
+            ("latest", "step-00000002"),
+            (".latest.tmp-abc", "kept: not a pid"),
+            ("notes.partial", "kept: not a step"),
+        ] {
+            std::fs::write(root.join(name), body).unwrap();
+        }
+        let lock = RootLock::take(&root).unwrap();
+        let mut left: Vec<String> = std::fs::read_dir(&root)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        left.sort();
+        assert_eq!(
+            left,
+            [
+                ".latest.tmp-abc",
+                ".lock",
+                "latest",
+                "notes.partial",
+                "step-00000002"
+            ]
+        );
+        drop(lock);
+        std::fs::remove_dir_all(&root).unwrap();
     }
 
     #[test]
