@@ -384,7 +384,7 @@ fn megatron_terms(
     let kept = kept_micro_batches(settings, stage, mb);
     // A profile's measured bytes per block replace the formula (without
     // full recomputation, which keeps less than was measured).
-    let measured = measured_block_activations(settings, stage, mb);
+    let measured = measured_block_activations(model, settings, stage, mb);
     let per_layer =
         measured.unwrap_or_else(|| layer_activation_bytes(model, settings, mb.size, stage.tp));
     let mut activations = n * kept * per_layer;
@@ -428,17 +428,33 @@ pub fn kept_micro_batches(
 
 /// A profile's measured activation bytes per block of `stage`'s chip at
 /// `mb`'s size, when it has them and full recomputation (which keeps less
-/// than was measured) is off.
+/// than was measured) is off. At a tensor-parallel degree the profile does
+/// not measure, the nearest measured degree's bytes scaled by the formula's
+/// ratio between the two degrees ([`layer_activation_bytes`]), as its times
+/// are scaled by the FLOP model's (they were ignored there, silently).
 fn measured_block_activations(
+    model: &ModelSpec,
     settings: &TrainingSettings,
     stage: &StageShape,
     mb: Microbatching,
 ) -> Option<f64> {
-    stage
-        .chip
-        .measured_costs(mb.size, stage.tp.max(1))
-        .and_then(|(_, act)| act)
-        .filter(|_| settings.recompute != Recompute::Full)
+    if settings.recompute == Recompute::Full {
+        return None;
+    }
+    let tp = stage.tp.max(1);
+    let at = |t: u64| {
+        stage
+            .chip
+            .measured_costs(mb.size, t)
+            .and_then(|(_, act)| act)
+    };
+    if let Some(bytes) = at(tp) {
+        return Some(bytes);
+    }
+    let near = stage.chip.nearest_measured_tp(tp)?;
+    let bytes = at(near)?;
+    let formula = |t: u64| layer_activation_bytes(model, settings, mb.size, t);
+    (formula(near) > 0.0).then(|| bytes * formula(tp) / formula(near))
 }
 
 /// [`stage_memory`]'s terms under `polychip train`, tensor by tensor as
@@ -479,7 +495,7 @@ fn polychip_terms(
     let tokens = mb.size * model.seq_len;
     let n = (stage.layers.end - stage.layers.start) as f64;
     let kept = kept_micro_batches(settings, stage, mb);
-    let block = measured_block_activations(settings, stage, mb)
+    let block = measured_block_activations(model, settings, stage, mb)
         .unwrap_or_else(|| counts::block_bytes(shape, tokens, c) as f64 / t);
     let activations = kept * (n * block + counts::micro_batch_bytes(tokens) as f64);
     let logits = if stage.holds_head() {

@@ -612,6 +612,30 @@ pub fn implausible(
     dtype: Dtype,
 ) -> Option<String> {
     const HOUR: f64 = 3600.0;
+    if chip.chips_per_node % e.tp.max(1) != 0 {
+        return Some(format!(
+            "its tp {} does not divide the type's {} chips per node, so no plan uses it as \
+             measured (other degrees are scaled from it)",
+            e.tp, chip.chips_per_node
+        ));
+    }
+    match e.block_activation_bytes {
+        Some(0) => {
+            return Some(
+                "its block keeps no activations (block_activation_bytes 0), where a block keeps \
+                 at least its input for the backward pass"
+                    .into(),
+            );
+        }
+        Some(bytes) if bytes > chip.memory_bytes => {
+            return Some(format!(
+                "its block keeps {bytes} bytes of activations, more than a chip's memory ({}): \
+                 the figure is not bytes per block of one micro-batch",
+                chip.memory_bytes
+            ));
+        }
+        _ => {}
+    }
     let b = e.micro_batch;
     let block = model.matmul_forward_flops(b) + 0.5 * model.attention_score_forward_flops(b);
     let peak = chip.peak_flops.get(dtype);
@@ -1014,6 +1038,19 @@ mod tests {
         );
         let slow = implausible(&e(3.0 * 4000.0), chip, &model, Dtype::Bf16).unwrap();
         assert!(slow.contains("over an hour"), "{slow}");
+        // Activations of no bytes, or of more than a chip holds; a degree
+        // no node of the type allows.
+        let mut act = e(real);
+        act.block_activation_bytes = Some(0);
+        let why = implausible(&act, chip, &model, Dtype::Bf16).unwrap();
+        assert!(why.contains("keeps no activations"), "{why}");
+        act.block_activation_bytes = Some(chip.memory_bytes + 1);
+        let why = implausible(&act, chip, &model, Dtype::Bf16).unwrap();
+        assert!(why.contains("more than a chip's memory"), "{why}");
+        let mut tp3 = e(real);
+        tp3.tp = 3;
+        let why = implausible(&tp3, chip, &model, Dtype::Bf16).unwrap();
+        assert!(why.contains("its tp 3 does not divide"), "{why}");
         let mut optimizer = e(real);
         optimizer.optimizer_per_param = Some(1e-3);
         let why = implausible(&optimizer, chip, &model, Dtype::Bf16).unwrap();
