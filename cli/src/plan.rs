@@ -134,9 +134,17 @@ fn load_model(arg: &str) -> Result<ModelSpec, String> {
     if path.is_file() || arg.contains('/') || arg.ends_with(".toml") {
         return match ModelSpec::load(path) {
             Ok(m) => Ok(m),
+            // Either format is read: when neither reads it, both say why
+            // (a trainer model's `dim` is "unknown" to the planner's).
             Err(planner) => ModelConfig::from_arg(arg)
                 .map(|c| c.planner_spec())
-                .map_err(|_| planner.to_string()),
+                .map_err(|trainer| match planner {
+                    SpecError::Io { .. } => planner.to_string(),
+                    _ => format!(
+                        "{planner}\nread as polychip train's model format instead (`dim` for \
+                         `hidden`): {trainer}"
+                    ),
+                }),
         };
     }
     match ModelSpec::preset(arg) {

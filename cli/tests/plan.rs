@@ -380,3 +380,36 @@ fn a_model_too_large_to_profile_is_refused_before_building_it() {
     assert!(started.elapsed().as_secs() < 30, "{:?}", started.elapsed());
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// A model file that neither format reads is named, with both formats'
+/// reasons (`dim` beside `hidden` was "unknown field dim", though `dim`
+/// alone is the trainer's format).
+#[test]
+fn a_model_file_neither_format_reads_is_named_with_both_reasons() {
+    let dir = common::scratch_dir("plan", "model-both-formats");
+    let model = dir.join("both.toml");
+    std::fs::write(
+        &model,
+        "name = \"m\"\ndim = 64\nlayers = 2\nhidden = 64\nheads = 4\nkv_heads = 4\nffn = 128\n\
+         vocab = 256\nseq_len = 64\n",
+    )
+    .unwrap();
+    let cluster = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../examples/clusters/h2-like-1024.toml"
+    );
+    let (code, _, err) = polychip(&[
+        "plan",
+        "--cluster",
+        cluster,
+        "--model",
+        model.to_str().unwrap(),
+    ]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains(&format!("{}: could not parse model TOML", model.display()))
+            && err.contains("read as polychip train's model format instead"),
+        "{err}"
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}

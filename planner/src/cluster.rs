@@ -433,6 +433,15 @@ impl ClusterSpec {
             if chip.name.trim().is_empty() {
                 return Err(SpecError::Cluster("a chip type has an empty name".into()));
             }
+            // A name is printed in tables and notes: a newline or escape
+            // sequence in it broke their rows.
+            if chip.name.chars().any(char::is_control) {
+                return Err(SpecError::Cluster(format!(
+                    "chip type name {} contains a control character (a newline, tab or \
+                     escape); name it with printable characters",
+                    polychip_files::printable(&format!("{:?}", chip.name))
+                )));
+            }
             if !seen.insert(chip.name.as_str()) {
                 return Err(SpecError::Cluster(format!(
                     "chip type \"{}\" appears twice; names must be unique",
@@ -664,6 +673,24 @@ impl ClusterSpec {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_chip_name_with_a_control_character_is_refused() {
+        let text = |name: &str| {
+            format!(
+                "inter_node_bandwidth = 25e9\n[[chip_types]]\nname = \"{name}\"\ncount = 8\n\
+                 chips_per_node = 8\nmemory_bytes = 85899345920\n\
+                 peak_flops = {{ f32 = 20e12, bf16 = 300e12, f16 = 300e12 }}\nefficiency = 0.5\n\
+                 intra_node_bandwidth = 200e9\nnic_bandwidth = 25e9\n"
+            )
+        };
+        assert!(ClusterSpec::from_toml_str(&text("a-1")).is_ok());
+        let e = ClusterSpec::from_toml_str(&text("a\\u001b[31m\\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("contains a control character"), "{e}");
+        assert!(!e.contains('\u{1b}') && !e.contains('\n'), "{e}");
+    }
 
     const A100: &str = r#"
 inter_node_bandwidth = 25e9

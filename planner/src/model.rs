@@ -124,7 +124,10 @@ impl ModelSpec {
 
     /// Reads, parses and validates a model TOML file.
     pub fn load(path: &Path) -> Result<Self, SpecError> {
-        Self::from_toml_str(&read_file(path)?)
+        Self::from_toml_str(&read_file(path)?).map_err(|e| SpecError::InFile {
+            path: path.to_path_buf(),
+            source: Box::new(e),
+        })
     }
 
     /// Checks that every size is positive and at most its

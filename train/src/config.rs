@@ -374,30 +374,48 @@ impl TrainConfig {
                 self.eval_sequences
             ));
         }
+        // Numbers as the planner prints them: 1e-300 in 300 digits hid the
+        // sentence.
+        let num = polychip_planner::cluster::fmt_num;
         if !(self.lr > 0.0 && self.lr.is_finite()) {
-            return bad(format!("lr must be positive, not {}", self.lr));
+            return bad(format!("lr must be positive, not {}", num(self.lr)));
         }
         if !(self.min_lr >= 0.0 && self.min_lr <= self.lr) {
             return bad(format!(
                 "min_lr {} must lie in [0, lr = {}]",
-                self.min_lr, self.lr
+                num(self.min_lr),
+                num(self.lr)
             ));
         }
         for (name, b) in [("beta1", self.beta1), ("beta2", self.beta2)] {
             if !(0.0..1.0).contains(&b) {
-                return bad(format!("{name} must lie in [0, 1), not {b}"));
+                return bad(format!("{name} must lie in [0, 1), not {}", num(b)));
             }
         }
         if !(self.clip >= 0.0 && self.clip.is_finite()) {
             return bad(format!(
                 "clip must be 0 (off) or positive, not {}",
-                self.clip
+                num(self.clip)
             ));
         }
         if !(self.weight_decay >= 0.0 && self.weight_decay.is_finite()) {
             return bad(format!(
                 "weight_decay must be non-negative and finite, not {}",
-                polychip_planner::cluster::fmt_num(self.weight_decay)
+                num(self.weight_decay)
+            ));
+        }
+        // Decoupled decay multiplies each weight by 1 - lr * weight_decay
+        // a step: at 1 or more it zeroes or flips the weights (the run
+        // diverged, blamed on the learning rate). Refused where the decay
+        // is what is out of scale (a learning rate beyond reason with a
+        // usual decay diverges, and says so).
+        if self.weight_decay > 1.0 && self.lr * self.weight_decay >= 1.0 {
+            return bad(format!(
+                "lr x weight_decay is {} ({} x {}): AdamW's decoupled decay multiplies the \
+                 weights by 1 - lr x weight_decay each step, so it must be below 1",
+                num(self.lr * self.weight_decay),
+                num(self.lr),
+                num(self.weight_decay)
             ));
         }
         if let Some(why) = eps_problem(self.eps, MAX_EPS) {
@@ -444,6 +462,39 @@ impl TrainConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_weight_decay_out_of_scale_is_refused_and_numbers_print_compactly() {
+        let t = |lr: f64, weight_decay: f64| {
+            TrainConfig {
+                lr,
+                min_lr: 0.0,
+                weight_decay,
+                ..TrainConfig::default()
+            }
+            .validate()
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default()
+        };
+        assert_eq!(t(3e-3, 0.1), "");
+        let e = t(3e-3, 1e30);
+        assert!(
+            e.contains("lr x weight_decay is 3.0000000000000003e27"),
+            "{e}"
+        );
+        // A learning rate beyond reason with a usual decay diverges, and
+        // the run says so.
+        assert_eq!(t(1e300, 0.1), "");
+        let e = TrainConfig {
+            lr: 1e-300,
+            ..TrainConfig::default()
+        }
+        .validate()
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("lr = 1e-300]"), "{e}");
+    }
 
     #[test]
     fn presets_validate_and_count_parameters() {

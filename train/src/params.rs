@@ -143,8 +143,10 @@ impl<'de> serde::Deserialize<'de> for Cut {
                 }
             }
             fn visit_f64<E: serde::de::Error>(self, v: f64) -> std::result::Result<Cut, E> {
-                Cut::from_f64(v)
-                    .ok_or_else(|| E::custom(format!("block {v} is not {CUT_EXPECTED}")))
+                Cut::from_f64(v).ok_or_else(|| {
+                    let v = polychip_planner::cluster::fmt_num(v);
+                    E::custom(format!("block {v} is not {CUT_EXPECTED}"))
+                })
             }
             fn visit_str<E: serde::de::Error>(self, v: &str) -> std::result::Result<Cut, E> {
                 Cut::parse(v).ok_or_else(|| {

@@ -319,7 +319,7 @@ pub fn run(opts: &Options, runtime: &Runtime, mut job: Option<&mut Job>) -> Resu
             eprintln!(
                 "resumed from {} (step {start}, saved with plan {})",
                 loaded.dir.display(),
-                polychip_files::printable(&loaded.manifest.plan)
+                polychip_files::printable_lines(&loaded.manifest.plan)
             );
         }
     }
