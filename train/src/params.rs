@@ -366,18 +366,37 @@ impl ParamSpec {
     /// Its initial values for `seed`: the same on every rank and in every
     /// plan (a part's are those of its place in the whole parameter).
     pub fn initial_values(&self, seed: u64) -> Vec<f32> {
-        let whole = self.whole_initial_values(seed);
-        self.take_part(whole)
+        self.try_initial_values(seed)
+            .unwrap_or_else(|e| panic!("{e}"))
     }
 
-    fn whole_initial_values(&self, seed: u64) -> Vec<f32> {
+    /// [`Self::initial_values`], or an error naming the parameter when the
+    /// host cannot hold them (a model larger than the host's memory used
+    /// to abort the process inside the allocator).
+    pub fn try_initial_values(&self, seed: u64) -> Result<Vec<f32>> {
+        let whole = self.whole_initial_values(seed)?;
+        Ok(self.take_part(whole))
+    }
+
+    fn whole_initial_values(&self, seed: u64) -> Result<Vec<f32>> {
         let n = self.full_numel();
+        let mut out: Vec<f32> = Vec::new();
+        out.try_reserve_exact(n).map_err(|_| {
+            TrainError::Config(format!(
+                "the host cannot hold the {n} initial values of `{}` ({:.1} MiB): the model is \
+                 too large for this machine's memory",
+                self.name,
+                (n * 4) as f64 / (1u64 << 20) as f64
+            ))
+        })?;
         let std = match self.init {
-            Init::Ones => return vec![1.0; n],
+            Init::Ones => {
+                out.resize(n, 1.0);
+                return Ok(out);
+            }
             Init::Normal(s) | Init::Embedding(s) => s,
         };
         let mut rng = SplitMix64::new(seed ^ fnv1a(self.name.as_bytes()));
-        let mut out = Vec::with_capacity(n);
         while out.len() < n {
             // Box-Muller: two uniforms in (0, 1] give two normals.
             let u1 = ((rng.next_u64() >> 11) as f64 + 1.0) / (1u64 << 53) as f64;
@@ -389,7 +408,7 @@ impl ParamSpec {
                 out.push((std * r * t.sin()) as f32);
             }
         }
-        out
+        Ok(out)
     }
 }
 
@@ -413,7 +432,7 @@ impl InitialWeights {
     /// from the given ones (checking their number).
     pub fn take(&mut self, spec: &ParamSpec) -> Result<Vec<f32>> {
         match self {
-            InitialWeights::Seed(seed) => Ok(spec.initial_values(*seed)),
+            InitialWeights::Seed(seed) => spec.try_initial_values(*seed),
             InitialWeights::Given { values, source } => {
                 // A part leaves the whole in place for the other parts.
                 let v = match spec.part {
@@ -611,6 +630,23 @@ impl SplitMix64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn initial_values_the_host_cannot_hold_are_an_error_naming_the_parameter() {
+        let huge = ParamSpec {
+            name: "tok_embeddings.weight".into(),
+            shape: vec![1 << 31, 1 << 31],
+            init: Init::Normal(0.02),
+            part: None,
+        };
+        let e = huge.try_initial_values(1).unwrap_err().to_string();
+        assert!(
+            e.contains(
+                "cannot hold the 4611686018427387904 initial values of `tok_embeddings.weight`"
+            ),
+            "{e}"
+        );
+    }
 
     #[test]
     fn stages_partition_the_parameters() {
