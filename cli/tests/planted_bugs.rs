@@ -258,6 +258,7 @@ bugs! {
     // State shared between calls without a lock: only calls from several
     // threads at once show it.
     softmax_shared_scratch: "softmax-shared-scratch" on "softmax" in "f32" => "wrong when called from";
+    softmax_rows_one_stride: "softmax-rows-one-stride" on "softmax" in "" => "permuted";
     rms_norm_drops_vector_tail: "rms-norm-drops-vector-tail" on "rms_norm" in "" => "[3, 7]";
     linear_no_inner_dim_skips_write: "linear-no-inner-dim-skips-write" on "linear" in "" => "[3, 0] N 5";
     neg_output_inner_stride_flipped: "neg-output-inner-stride-flipped" on "neg" in "" => "out reversed along dim 2";

@@ -42,6 +42,14 @@ pub enum Layout {
     /// A negative stride on this dimension: the slices are stored in reverse
     /// order and the view starts at the last one.
     Reversed(usize),
+    /// The first two dimensions swapped in memory, the last one compact: a
+    /// permuted view such as `[batch, heads, seq, d]` of a `[batch, seq,
+    /// heads, d]` tensor, or `[seq, batch, h]` of `[batch, seq, h]`. With
+    /// three dimensions or more its rows are not evenly spaced, so a kernel
+    /// that walks `[..., H]` as `[rows, H]` with one row stride misreads it;
+    /// with four or more its last two dimensions are compact, so one that
+    /// judges a view compact by its inner dimensions misreads it too.
+    Permuted,
 }
 
 impl fmt::Display for Layout {
@@ -53,6 +61,7 @@ impl fmt::Display for Layout {
             Layout::RowSlice => f.write_str("row slice"),
             Layout::Broadcast(d) => write!(f, "broadcast along dim {d} (stride 0)"),
             Layout::Reversed(d) => write!(f, "reversed along dim {d} (negative stride)"),
+            Layout::Permuted => f.write_str("permuted (dims 0 and 1 swapped in memory)"),
         }
     }
 }

@@ -82,6 +82,13 @@ impl Placement {
                 strides[d] = -strides[d];
                 strides
             }
+            Layout::Permuted if n >= 2 => {
+                let mut stored = shape.clone();
+                stored.swap(0, 1);
+                let mut strides = compact(&stored);
+                strides.swap(0, 1);
+                strides
+            }
             _ => compact(&shape),
         };
         let empty = shape.contains(&0);
@@ -233,6 +240,7 @@ mod tests {
             Layout::Broadcast(1),
             Layout::Reversed(0),
             Layout::Reversed(1),
+            Layout::Permuted,
         ];
         for layout in layouts {
             let p = Placement::new(&[3, 4], layout);
@@ -258,6 +266,17 @@ mod tests {
         let r = Placement::new(&[3, 4], Layout::Reversed(0));
         assert_eq!(r.strides, vec![-4, 1]);
         assert_eq!(r.positions()[0], GUARD + 8, "row 0 is stored last");
+        // [2, 3, 4] stored as [3, 2, 4]: row (i, j) starts at 4 i + 8 j, so
+        // consecutive rows are not evenly spaced.
+        let q = Placement::new(&[2, 3, 4], Layout::Permuted);
+        assert_eq!(q.strides, vec![4, 8, 1]);
+        let rows: Vec<usize> = q
+            .positions()
+            .iter()
+            .step_by(4)
+            .map(|&x| x - GUARD)
+            .collect();
+        assert_eq!(rows, vec![0, 8, 16, 4, 12, 20]);
         assert_eq!(
             Placement::new(&[0, 4], Layout::Strided).positions(),
             Vec::<usize>::new()

@@ -111,6 +111,21 @@ fn fill(dtype: DType) -> Vec<Case> {
             ));
         }
     }
+    // A permuted output of three dims, whose rows are not evenly spaced: a
+    // fill that walks it as [rows, last] with one row stride leaves rows
+    // unwritten and writes outside the view. (Three dims, not four: with
+    // the last two compact, such a fill would cover the view's elements in
+    // another order, which a fill cannot tell.)
+    let shape = [3, 4, 5];
+    cases.push(case(
+        "fill",
+        dtype,
+        format!("{} value -7.75", shape_label(&shape, Layout::Permuted)),
+        vec![output("out", dtype, &shape, Layout::Permuted)],
+        Tolerance::EXACT,
+        move |exec, t| exec.fill(&t[0], -7.75),
+        move |_| Ok(vec![reference::fill(&shape, -7.75)?]),
+    ));
     cases
 }
 
@@ -240,6 +255,34 @@ fn cast(dtype: DType) -> Vec<Case> {
                 |d| Ok(vec![reference::cast(&d[0])?]),
             ));
         }
+    }
+    // A destination of four dims, permuted (rows not evenly spaced, the last
+    // two dims compact), from a permuted and from a transposed source: a
+    // conversion that handles one- or two-dimensional views only (one row
+    // stride), or judges a view compact by its inner dims, gets them wrong.
+    let target = if dtype == DType::F32 {
+        DType::BF16
+    } else {
+        DType::F32
+    };
+    let shape = [2, 3, 4, 5];
+    for layout in [Layout::Permuted, Layout::Transposed] {
+        let values = rng.values(dtype, numel(&shape), -1000.0, 1000.0);
+        cases.push(case(
+            "cast",
+            dtype,
+            format!(
+                "to {target} {} src, permuted dst",
+                shape_label(&shape, layout)
+            ),
+            vec![
+                input("src", dtype, &shape, values, layout),
+                output("dst", target, &shape, Layout::Permuted),
+            ],
+            Tolerance::EXACT,
+            |exec, t| exec.cast(&t[0], &t[1]),
+            |d| Ok(vec![reference::cast(&d[0])?]),
+        ));
     }
     cases
 }
@@ -582,6 +625,17 @@ fn softmax(dtype: DType) -> Vec<Case> {
         padded_rows::values(&mut rng, dtype),
         Layout::Contiguous,
     ));
+    // A permuted input (as [batch, heads, seq, keys] scores of a [batch,
+    // seq, heads, keys] tensor): rows that are not evenly spaced, which a
+    // kernel that walks [..., C] as [rows, C] with one row stride misreads,
+    // and compact last two dims, which a kernel that judges a view compact
+    // by its inner dims takes for a compact tensor. (The output is compact:
+    // an output permuted as its input would make a row-wise kernel that
+    // reads and writes every row in memory order right by accident.)
+    let shape = [2, 3, 4, 19];
+    let x = rng.values(dtype, numel(&shape), -8.0, 8.0);
+    let label = shape_label(&shape, Layout::Permuted);
+    cases.push(softmax_case(dtype, label, &shape, x, Layout::Permuted));
     cases
 }
 

@@ -341,6 +341,30 @@ fn pow_scalar(dtype: DType) -> Vec<Case> {
             move |d| Ok(vec![reference::pow_scalar(&d[0], exponent)?]),
         ));
     }
+    // An output of four dims, permuted (rows not evenly spaced, the last
+    // two dims compact), from a permuted and from a transposed input: an
+    // elementwise kernel that handles one- or two-dimensional views only,
+    // or judges a view compact by its inner dims, misreads them.
+    let shape = [2, 3, 4, 5];
+    for layout in [Layout::Permuted, Layout::Transposed] {
+        let x = rng.values(dtype, numel(&shape), -3.0, 3.0);
+        cases.push(case(
+            "pow_scalar",
+            dtype,
+            format!(
+                "exponent 3 {} input, permuted out",
+                shape_label(&shape, layout)
+            ),
+            vec![
+                input("input", dtype, &shape, x, layout),
+                output("out", dtype, &shape, Layout::Permuted),
+            ],
+            // As the exponent 3 above.
+            Tolerance::computed(8.0 + 6.0 * 100f64.ln()),
+            |exec, t| exec.pow_scalar(&t[0], &t[1], 3.0),
+            |d| Ok(vec![reference::pow_scalar(&d[0], 3.0)?]),
+        ));
+    }
     cases
 }
 
@@ -740,7 +764,7 @@ fn sum_squares(dtype: DType) -> Vec<Case> {
     let mut rng = Rng::for_case("sum_squares", dtype);
     // The row slice cannot be walked as one run of memory (the gapped
     // view can, in memory order).
-    let shapes: [(&[usize], Layout); 7] = [
+    let shapes: [(&[usize], Layout); 8] = [
         (&[], Layout::Contiguous),
         (&[7], Layout::Contiguous),
         (&[33, 65], Layout::Transposed),
@@ -748,6 +772,10 @@ fn sum_squares(dtype: DType) -> Vec<Case> {
         (&[5, 11], Layout::RowSlice),
         (&[4096], Layout::Contiguous),
         (&[0], Layout::Contiguous),
+        // Rows not evenly spaced (the first two dims swapped in memory),
+        // which a kernel that walks [..., last] as [rows, last] with one row
+        // stride misses, reading outside the view.
+        (&[3, 4, 5], Layout::Permuted),
     ];
     shapes
         .iter()

@@ -30,6 +30,9 @@ use crate::values::round_to;
 pub(super) const C: Layout = Layout::Contiguous;
 pub(super) const T: Layout = Layout::Transposed;
 pub(super) const S: Layout = Layout::Strided;
+/// The first two dims swapped in memory: with three dims or more, rows that
+/// are not evenly spaced (see [`Layout::Permuted`]).
+pub(super) const P: Layout = Layout::Permuted;
 
 /// The case generator of each operator of this family.
 pub(super) fn cases(op: Op) -> Option<fn(DType) -> Vec<Case>> {

@@ -23,6 +23,16 @@ const NORM_PLANS: [(&[usize], Layout, Layout, Layout); 12] = [
     (&[300, 16], C, C, C),
 ];
 
+/// A normalisation whose rows (input, grad_out, out, grad_input) and
+/// forward statistics are permuted, the first two dims swapped in memory
+/// (the parameters, and the statistics a backward reads, compact): the rows
+/// are not evenly spaced, so a kernel that walks `[..., H]` as `[rows, H]`
+/// with one row stride reads and writes the wrong rows, and their last two
+/// dims are compact, so one that judges a view compact by its inner dims
+/// does too. (Run after the plans above, so that their values stay as they
+/// were.)
+const PERMUTED_PLAN: (&[usize], Layout, Layout, Layout) = (&[2, 3, 4, 37], P, C, P);
+
 /// The label of a normalisation case; `backward` names the tensors that
 /// share each layout in the backward operators.
 fn norm_label(shape: &[usize], l: (Layout, Layout, Layout), backward: bool) -> String {
@@ -101,13 +111,18 @@ pub(super) fn rms_norm_cases(dtype: DType) -> Vec<Case> {
         1e-6,
         (C, C, C),
     ));
+    let (shape, l0, l1, l2) = PERMUTED_PLAN;
+    let x = rng.values(dtype, numel(shape), -2.0, 2.0);
+    let w = rng.values(dtype, last(shape), 0.5, 1.5);
+    let name = norm_label(shape, (l0, l1, l2), false);
+    cases.push(rms_norm_case(dtype, name, shape, x, w, 1e-6, (l0, l1, l2)));
     cases
 }
 
 pub(super) fn rms_norm_backward_cases(dtype: DType) -> Vec<Case> {
     let mut rng = Rng::for_case("rms_norm_backward", dtype);
     let mut cases = Vec::new();
-    for (shape, l0, l1, l2) in NORM_PLANS {
+    for (shape, l0, l1, l2) in NORM_PLANS.into_iter().chain([PERMUTED_PLAN]) {
         let (h, n) = (last(shape), numel(shape));
         let stats = &shape[..shape.len() - 1];
         // With H = 1 the gradient is r g w (1 - x^2 r^2) = r^3 g w eps: for
@@ -216,23 +231,18 @@ fn layer_norm_case(
 pub(super) fn layer_norm_cases(dtype: DType) -> Vec<Case> {
     let mut rng = Rng::for_case("layer_norm", dtype);
     let mut cases = Vec::new();
-    for (shape, l0, l1, l2) in NORM_PLANS {
+    // A plan's case: rows with a mean of about 1, not 0, so that the mean
+    // matters.
+    let planned = |rng: &mut Rng, (shape, l0, l1, l2): (&[usize], Layout, Layout, Layout)| {
         let h = last(shape);
-        // Rows with a mean of about 1, not 0, so that the mean matters.
         let x = rng.values(dtype, numel(shape), -1.0, 3.0);
         let w = rng.values(dtype, h, 0.5, 1.5);
         let b = rng.values(dtype, h, -0.5, 0.5);
         let name = norm_label(shape, (l0, l1, l2), false);
-        cases.push(layer_norm_case(
-            dtype,
-            name,
-            shape,
-            x,
-            w,
-            b,
-            1e-5,
-            (l0, l1, l2),
-        ));
+        layer_norm_case(dtype, name, shape, x, w, b, 1e-5, (l0, l1, l2))
+    };
+    for plan in NORM_PLANS {
+        cases.push(planned(&mut rng, plan));
     }
     // Rows with a mean of 100 and a standard deviation of 0.3, where the
     // tolerance above grows with the condition number (about 350): the
@@ -266,6 +276,7 @@ pub(super) fn layer_norm_cases(dtype: DType) -> Vec<Case> {
         0.01,
         (C, C, C),
     ));
+    cases.push(planned(&mut rng, PERMUTED_PLAN));
     cases
 }
 
@@ -280,7 +291,9 @@ pub(super) fn layer_norm_backward_cases(dtype: DType) -> Vec<Case> {
     // 0.1 saved: a kernel that recomputes rstd with its own eps (1e-5)
     // instead of reading the saved one is off by a factor of 70.
     let saved_eps = [(&[4usize, 16][..], (C, C, C), 0.1, (1.0, 1.03))];
-    for (shape, (l0, l1, l2), eps, (lo, hi)) in plans.chain(saved_eps) {
+    let (shape, l0, l1, l2) = PERMUTED_PLAN;
+    let permuted = [(shape, (l0, l1, l2), 1e-5, (-1.0, 3.0))];
+    for (shape, (l0, l1, l2), eps, (lo, hi)) in plans.chain(saved_eps).chain(permuted) {
         let (h, n) = (last(shape), numel(shape));
         let stats = &shape[..shape.len() - 1];
         let x = rng.values(dtype, n, lo, hi);

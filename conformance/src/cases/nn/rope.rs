@@ -23,6 +23,15 @@ const ROPE_PLANS: [([usize; 4], bool, usize, Layout, Layout, Layout); 12] = [
     ([1, 4, 3, 6], false, 2, C, C, C),
 ];
 
+/// Input and output stored sequence-major (`[seq, batch, heads, D]`, as
+/// Megatron keeps them) and seen as `[batch, seq, heads, D]`: the first two
+/// dims swapped in memory, the last two compact. A kernel that judges a
+/// view compact by its inner dims, or walks it as `[rows, D]` with one row
+/// stride, rotates pairs by another position's angle. (Run after the plans
+/// above, so that their values stay as they were.)
+const PERMUTED_ROPE: ([usize; 4], bool, usize, Layout, Layout, Layout) =
+    ([2, 5, 3, 8], false, 3, P, C, P);
+
 /// The `cos` and `sin` tables `[seq, D/2]` of positions `first..first+seq`
 /// with the usual frequencies `10000^(-2j/D)`.
 pub(crate) fn rope_tables(seq: usize, d: usize, first: usize) -> (Vec<f64>, Vec<f64>) {
@@ -41,7 +50,9 @@ pub(crate) fn rope_tables(seq: usize, d: usize, first: usize) -> (Vec<f64>, Vec<
 fn rope_family(op: &'static str, backward: bool, dtype: DType) -> Vec<Case> {
     let mut rng = Rng::for_case(op, dtype);
     let mut cases = Vec::new();
-    for (shape, interleaved, first, l_in, l_tab, l_out) in ROPE_PLANS {
+    for (shape, interleaved, first, l_in, l_tab, l_out) in
+        ROPE_PLANS.into_iter().chain([PERMUTED_ROPE])
+    {
         let [_, seq, _, d] = shape;
         let (cos, sin) = rope_tables(seq, d, first);
         let x = rng.values(dtype, numel(&shape), -2.0, 2.0);

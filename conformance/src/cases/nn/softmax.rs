@@ -93,8 +93,21 @@ fn softmax_family_backward(op: &'static str, log: bool, dtype: DType) -> Vec<Cas
     }
     let g = rng.values(dtype, 24, -1.0, 1.0);
     push("masked logits (-inf)".into(), &shape, logits, g, [C; 3]);
+    // out and grad_in permuted (rows not evenly spaced, the last two dims
+    // compact), grad_out compact: a kernel that walks [..., N] as [rows, N]
+    // with one row stride, or judges a view compact by its inner dims,
+    // misreads them. (With every tensor permuted alike, a row-wise kernel
+    // that takes each in memory order would be right by accident.)
+    let shape = PERMUTED_ROWS;
+    let logits = rng.values(DType::F64, numel(shape), -4.0, 4.0);
+    let g = rng.values(dtype, numel(shape), -1.0, 1.0);
+    let name = label(shape, &[("out", P), ("grad_in", P)]);
+    push(name, shape, logits, g, [P, C, P]);
     cases
 }
+
+/// The shape of the row-wise cases whose tensors are permuted.
+const PERMUTED_ROWS: &[usize] = &[2, 3, 4, 19];
 
 pub(super) fn softmax_backward_cases(dtype: DType) -> Vec<Case> {
     softmax_family_backward("softmax_backward", false, dtype)
@@ -169,6 +182,11 @@ pub(super) fn log_softmax_cases(dtype: DType) -> Vec<Case> {
         [C, C],
         shape[1] + 5000,
     );
+    // A permuted input, a compact output (see the backward's).
+    let shape = PERMUTED_ROWS;
+    let x = rng.values(dtype, numel(shape), -8.0, 8.0);
+    let name = label(shape, &[("input", P)]);
+    push(name, shape, x, [P, C], last(shape));
     cases
 }
 

@@ -42,47 +42,44 @@ pub(super) fn adamw_cases(dtype: DType) -> Vec<Case> {
     // 64 times larger and the weight decay 0.3, so that the decay alone,
     // lr wd |p| ~ 0.02 |p|, is several ULPs of p.
     let narrow = matches!(dtype, DType::BF16 | DType::F16);
-    for (shape, [l_p, l_g, l_m], step, lr, beta2, weight_decay, zero) in plans {
-        let (lr, weight_decay) = if narrow {
-            (lr * 64.0, if weight_decay > 0.0 { 0.3 } else { 0.0 })
-        } else {
-            (lr, weight_decay)
+    let planned =
+        |rng: &mut Rng, (shape, [l_p, l_g, l_m], step, lr, beta2, weight_decay, zero): Plan| {
+            let (lr, weight_decay) = if narrow {
+                (lr * 64.0, if weight_decay > 0.0 { 0.3 } else { 0.0 })
+            } else {
+                (lr, weight_decay)
+            };
+            let n = numel(shape);
+            let p = rng.values(dtype, n, -1.0, 1.0);
+            let mut g = rng.values(dtype, n, -1.0, 1.0);
+            let (m, v) = if zero {
+                // A zero gradient leaves zero moments and no update.
+                g[0] = 0.0;
+                (vec![0.0; n], vec![0.0; n])
+            } else {
+                (
+                    rng.values(DType::F32, n, -0.3, 0.3),
+                    rng.values(DType::F32, n, 0.25, 1.0),
+                )
+            };
+            let h = AdamwOptions {
+                lr,
+                beta1: 0.9,
+                beta2,
+                eps: 1e-8,
+                weight_decay,
+                step,
+            };
+            let moments = if zero { "zero moments" } else { "moments" };
+            let label = format!(
+                "{} step {step} lr {lr} beta2 {beta2} weight decay {weight_decay} {moments}{}",
+                shape_label(shape, C),
+                layouts(&[("param", l_p), ("grad", l_g), ("moments", l_m)])
+            );
+            adamw_case(dtype, label, shape, [p, g, m, v], [l_p, l_g, l_m], h)
         };
-        let n = numel(shape);
-        let p = rng.values(dtype, n, -1.0, 1.0);
-        let mut g = rng.values(dtype, n, -1.0, 1.0);
-        let (m, v) = if zero {
-            // A zero gradient leaves zero moments and no update.
-            g[0] = 0.0;
-            (vec![0.0; n], vec![0.0; n])
-        } else {
-            (
-                rng.values(DType::F32, n, -0.3, 0.3),
-                rng.values(DType::F32, n, 0.25, 1.0),
-            )
-        };
-        let h = AdamwOptions {
-            lr,
-            beta1: 0.9,
-            beta2,
-            eps: 1e-8,
-            weight_decay,
-            step,
-        };
-        let moments = if zero { "zero moments" } else { "moments" };
-        let label = format!(
-            "{} step {step} lr {lr} beta2 {beta2} weight decay {weight_decay} {moments}{}",
-            shape_label(shape, C),
-            layouts(&[("param", l_p), ("grad", l_g), ("moments", l_m)])
-        );
-        cases.push(adamw_case(
-            dtype,
-            label,
-            shape,
-            [p, g, m, v],
-            [l_p, l_g, l_m],
-            h,
-        ));
+    for plan in plans {
+        cases.push(planned(&mut rng, plan));
     }
     // Gradients the size of eps, in the first steps: eps is added to
     // sqrt(v / (1 - beta2^t)), and a kernel that folds the bias correction
@@ -115,6 +112,23 @@ pub(super) fn adamw_cases(dtype: DType) -> Vec<Case> {
         );
         cases.push(adamw_case(dtype, label, &[n], [p, g, m, v], [C; 3], h));
     }
+    // The parameter and moments permuted, four dims (rows not evenly
+    // spaced, the last two dims compact), the gradient compact: a kernel
+    // that handles two-dimensional views only, or judges a view compact by
+    // its inner dims, updates the wrong elements. (With every tensor
+    // permuted alike, one that takes each in memory order would be right
+    // by accident.)
+    let permuted = Layout::Permuted;
+    let plan: Plan = (
+        &[2, 3, 4, 5],
+        [permuted, C, permuted],
+        10,
+        1e-3,
+        0.999,
+        0.1,
+        false,
+    );
+    cases.push(planned(&mut rng, plan));
     cases
 }
 
@@ -259,6 +273,15 @@ pub(super) fn scale_cases(dtype: DType) -> Vec<Case> {
             product,
         );
     }
+    // A permuted tensor of three dims, whose rows are not evenly spaced: a
+    // kernel that walks [..., last] as [rows, last] with one row stride
+    // scales outside the view and leaves rows as they were. (Three dims,
+    // not four: with the last two compact it would scale every element in
+    // another order, which scaling in place cannot tell.)
+    let shape = [3, 4, 5];
+    let x = rng.values(dtype, numel(&shape), -4.0, 4.0);
+    let label = format!("{} alpha -3", shape_label(&shape, Layout::Permuted));
+    push(label, &shape, x, Layout::Permuted, -3.0, product);
     cases
 }
 

@@ -136,6 +136,7 @@ pub enum Bug {
     CastNanPayloadToInfinity,
     CopyI64ThroughDouble,
     SoftmaxSharedScratch,
+    SoftmaxRowsOneStride,
     StreamWaitEventIgnored,
     EventRecordCompletesAtOnce,
     EventSynchronizeReturnsAtOnce,
@@ -409,6 +410,9 @@ catalog! {
     SoftmaxSharedScratch "softmax-shared-scratch" "softmax" Concurrency:
         "each row's exponentials go through one process-wide scratch buffer, without a lock (a static workspace, as a library's cached handle or buffer is): two threads' calls at once read each other's rows"
         => "the call made from several threads at once";
+    SoftmaxRowsOneStride "softmax-rows-one-stride" "softmax" Layout:
+        "a view of three or more dims is walked as [rows, C] with one row stride, the second-to-last dim's: a permuted view (scores [b, h, s, k] of a [b, s, h, k] tensor) is read in the wrong order (mutation round 8, a shared copy routine of a C plugin)"
+        => "permuted inputs (dims 0 and 1 swapped in memory)";
     // Streams: in full mode `copy` and `fill` run on their stream's worker
     // thread (`crate::streams`), the other operators on the calling thread
     // once their stream's earlier work is done. The first two show at every
