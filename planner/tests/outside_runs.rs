@@ -595,3 +595,107 @@ fn the_cluster_model_scores_amps_homogeneous_runs() {
     );
     assert!(f.agree >= 51, "{}/{} outcomes", f.agree, f.runs);
 }
+
+/// One vTrain run scored without a profile: its name, predicted and
+/// measured seconds per sequence, and whether it is predicted to fit.
+struct VtrainRun {
+    set: String,
+    name: String,
+    predicted: f64,
+    measured: f64,
+    fits: bool,
+}
+
+/// Every run of `file` (under `vtrain/`), scored under the runs' own
+/// settings (fp16, full recomputation, no flash attention, no sequence
+/// parallelism: Megatron-DeepSpeed as vTrain ran it); a run's set is its
+/// model (and, for single-node runs, the set is the model over every plan
+/// of it).
+fn score_vtrain(file: &str) -> Vec<VtrainRun> {
+    let dir = data("vtrain");
+    let text = std::fs::read_to_string(dir.join(file)).unwrap();
+    let runs: Value = serde_json::from_str(&text).unwrap();
+    let s = &runs["settings"];
+    assert_eq!(
+        (s["dtype"].as_str(), s["recompute"].as_str()),
+        (Some("f16"), Some("full"))
+    );
+    let mut settings = TrainingSettings::new(1);
+    settings.dtype = Dtype::F16;
+    settings.recompute = polychip_planner::settings::Recompute::Full;
+    settings.flash_attention = false;
+    settings.sequence_parallel = false;
+    let cluster = ClusterSpec::load(&dir.join("a100-80g-vtrain.toml")).unwrap();
+    let mut models: BTreeMap<String, ModelSpec> = BTreeMap::new();
+    let mut out = Vec::new();
+    for run in runs["runs"].as_array().unwrap() {
+        let name = run["name"].as_str().unwrap().to_string();
+        let model_name = run["model"].as_str().unwrap();
+        let model = models
+            .entry(model_name.to_string())
+            .or_insert_with(|| ModelSpec::load(&dir.join(format!("{model_name}.toml"))).unwrap());
+        let spec = PlanSpec::parse(&run["plan"].to_string(), true)
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        let ev =
+            evaluate(&spec, model, &cluster, &settings).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let sequences = ev.plan.global_batch as f64;
+        out.push(VtrainRun {
+            set: name.split('/').take(2).collect::<Vec<_>>().join("/"),
+            name,
+            predicted: ev.plan.step_time_simulated / sequences,
+            measured: run["measured_step_s"].as_f64().unwrap() / sequences,
+            fits: ev.fits,
+        });
+    }
+    out
+}
+
+/// vTrain's measured runs (`tests/data/outside/vtrain/`, converted from
+/// github.com/VIA-Research/vTrain by `convert_vtrain.py`): Megatron-DeepSpeed
+/// on A100 nodes, 103 runs of four GPT-3-style models on 64 to 512 GPUs
+/// and 1,440 runs on one node. No profile exists for them, so the issue's
+/// bar without one applies: Spearman >= 0.7 on each model's runs (measured
+/// 0.927, 0.741, 0.702 and 0.861 on the four large sets, 0.97-0.99 on the
+/// single-node ones); every run ran, and all but one are predicted to fit
+/// (3.6B as 64 replicas of micro-batch 8 is counted at 96 GB of 86: this
+/// stack's fp16 gradients and logits take less than the Megatron count
+/// here, which AMP's fp16 runs contradict; see docs/planner.md).
+#[test]
+fn the_cluster_model_scores_vtrains_runs() {
+    for (file, floor) in [
+        ("vtrain-multi-runs.json", 0.7),
+        ("vtrain-single-runs.json", 0.95),
+    ] {
+        let runs = score_vtrain(file);
+        let mut sets: BTreeMap<&str, Vec<&VtrainRun>> = BTreeMap::new();
+        for r in &runs {
+            sets.entry(r.set.as_str()).or_default().push(r);
+        }
+        println!("{file}:");
+        for (set, rs) in &sets {
+            let p: Vec<f64> = rs.iter().map(|r| r.predicted).collect();
+            let m: Vec<f64> = rs.iter().map(|r| r.measured).collect();
+            let scale = one_scale(&p, &m);
+            let rho = spearman(&p, &m);
+            let fit = rs.iter().filter(|r| r.fits).count();
+            println!(
+                "  {set}: {} runs, Spearman {rho:.3}, top-1 regret {:.1}%, median error {:.1}% as \
+                 given, {:.1}% after scaling by {scale:.3}, {fit}/{} predicted to fit (all ran)",
+                rs.len(),
+                100.0 * top1_regret(&p, &m),
+                100.0 * median_error(&p, &m, 1.0),
+                100.0 * median_error(&p, &m, scale),
+                rs.len()
+            );
+            for r in rs.iter().filter(|r| !r.fits) {
+                println!("    predicted not to fit, but ran: {}", r.name);
+            }
+            assert!(rho >= floor, "{set}: Spearman {rho:.3}");
+        }
+        let misses = runs.iter().filter(|r| !r.fits).count();
+        assert!(
+            misses <= 1,
+            "{file}: {misses} runs that ran predicted not to fit"
+        );
+    }
+}
