@@ -478,7 +478,9 @@ pub fn load_for_resume(
             diffs.join("; ")
         )));
     }
-    Ok((load_files(dir, manifest)?, diffs))
+    let loaded = load_files(dir, manifest)?;
+    check_contents(&loaded.manifest.model, &loaded.tensors)?;
+    Ok((loaded, diffs))
 }
 
 /// The training settings in which `now` differs from the `saved` ones of a
@@ -575,7 +577,6 @@ fn load_files(dir: PathBuf, manifest: Manifest) -> Result<Loaded> {
         tensors.push((p, st));
     }
     join_parts(&mut tensors)?;
-    check_contents(&manifest.model, &tensors)?;
     Ok(Loaded {
         dir,
         manifest,
@@ -588,7 +589,10 @@ fn load_files(dir: PathBuf, manifest: Manifest) -> Result<Loaded> {
 /// truncated, silently), and values no run saves: a weight or moment that
 /// is not finite, a negative second moment. Such a checkpoint used to load
 /// and diverge a step later, blamed on the learning rate.
-fn check_contents(model: &ModelConfig, tensors: &[(PathBuf, SafeTensors)]) -> Result<()> {
+pub(crate) fn check_contents(
+    model: &ModelConfig,
+    tensors: &[(PathBuf, SafeTensors)],
+) -> Result<()> {
     use std::collections::BTreeSet;
     let whole = crate::params::StageRange::whole(model);
     let mut known: BTreeSet<String> = BTreeSet::new();

@@ -927,6 +927,7 @@ fn check_finite(path: &Path, name: &str, values: Vec<f32>) -> Result<Vec<f32>> {
 pub fn checkpoint_weights(path: &Path) -> Result<(Manifest, BTreeMap<String, Vec<f32>>)> {
     let mut loaded = checkpoint::open(path)?;
     let model = loaded.manifest.model.clone();
+    checkpoint::check_contents(&model, &loaded.tensors)?;
     let mut out = BTreeMap::new();
     for spec in stage_params(&model, &StageRange::whole(&model)) {
         let Some((file, st)) = loaded

@@ -386,7 +386,7 @@ impl ParamSpec {
                 "the host cannot hold the {n} initial values of `{}` ({:.1} MiB): the model is \
                  too large for this machine's memory",
                 self.name,
-                (n * 4) as f64 / (1u64 << 20) as f64
+                n as f64 * 4.0 / (1u64 << 20) as f64
             ))
         })?;
         let std = match self.init {

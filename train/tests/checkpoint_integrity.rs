@@ -27,7 +27,14 @@ fn model() -> ModelConfig {
 
 fn tensors(seed: f32) -> SafeTensors {
     let mut st = SafeTensors::new();
-    for (i, name) in ["a.weight", "b.weight", "c.weight"].iter().enumerate() {
+    for (i, name) in [
+        "layers.0.ffn_norm.weight",
+        "layers.1.ffn_norm.weight",
+        "layers.2.ffn_norm.weight",
+    ]
+    .iter()
+    .enumerate()
+    {
         let data = (0..8)
             .flat_map(|k| (seed + (i * 8 + k) as f32).to_le_bytes())
             .collect();
@@ -124,10 +131,10 @@ fn replace_bytes(file: &Path, from: &str, to: &str) {
 fn swapped_offsets_of_same_shape_tensors_are_refused() {
     let (root, file) = saved("swap");
     edit_header(&file, |h| {
-        let a = h["a.weight"]["data_offsets"].clone();
-        let b = h["b.weight"]["data_offsets"].clone();
-        h.get_mut("a.weight").unwrap()["data_offsets"] = b;
-        h.get_mut("b.weight").unwrap()["data_offsets"] = a;
+        let a = h["layers.0.ffn_norm.weight"]["data_offsets"].clone();
+        let b = h["layers.1.ffn_norm.weight"]["data_offsets"].clone();
+        h.get_mut("layers.0.ffn_norm.weight").unwrap()["data_offsets"] = b;
+        h.get_mut("layers.1.ffn_norm.weight").unwrap()["data_offsets"] = a;
     });
     // A valid safetensors file still (another tool would read it)...
     SafeTensors::from_bytes(&file, &std::fs::read(&file).unwrap()).unwrap_err();
@@ -139,7 +146,7 @@ fn swapped_offsets_of_same_shape_tensors_are_refused() {
 fn a_changed_shape_or_dtype_in_the_header_is_refused() {
     let (root, file) = saved("shape");
     edit_header(&file, |h| {
-        h.get_mut("c.weight").unwrap()["shape"] = serde_json::json!([4, 2]);
+        h.get_mut("layers.2.ffn_norm.weight").unwrap()["shape"] = serde_json::json!([4, 2]);
     });
     refused(&root, &file, &["checksum"]);
 }
@@ -147,7 +154,11 @@ fn a_changed_shape_or_dtype_in_the_header_is_refused() {
 #[test]
 fn duplicate_tensor_names_are_refused() {
     let (root, file) = saved("dup");
-    replace_bytes(&file, "\"b.weight\":", "\"a.weight\":");
+    replace_bytes(
+        &file,
+        "\"layers.1.ffn_norm.weight\":",
+        "\"layers.0.ffn_norm.weight\":",
+    );
     refused(&root, &file, &["checksum"]);
     // Without a checksum to lean on (a file from another writer), the
     // structure alone refuses it, naming the tensor.
@@ -155,9 +166,9 @@ fn duplicate_tensor_names_are_refused() {
     let msg = SafeTensors::from_bytes(&file, &bytes)
         .unwrap_err()
         .to_string();
-    assert!(msg.contains("`a.weight` twice"), "{msg}");
+    assert!(msg.contains("`layers.0.ffn_norm.weight` twice"), "{msg}");
     let msg = Header::read(&file).unwrap_err().to_string();
-    assert!(msg.contains("`a.weight` twice"), "{msg}");
+    assert!(msg.contains("`layers.0.ffn_norm.weight` twice"), "{msg}");
 }
 
 #[test]
@@ -165,12 +176,13 @@ fn overlapping_and_out_of_range_offsets_are_refused() {
     let (root, file) = saved("overlap");
     let good = std::fs::read(&file).unwrap();
     edit_header(&file, |h| {
-        h.get_mut("b.weight").unwrap()["data_offsets"] = serde_json::json!([0, 32]);
+        h.get_mut("layers.1.ffn_norm.weight").unwrap()["data_offsets"] = serde_json::json!([0, 32]);
     });
     refused(&root, &file, &[]);
     std::fs::write(&file, &good).unwrap();
     edit_header(&file, |h| {
-        h.get_mut("c.weight").unwrap()["data_offsets"] = serde_json::json!([64, 1u64 << 40]);
+        h.get_mut("layers.2.ffn_norm.weight").unwrap()["data_offsets"] =
+            serde_json::json!([64, 1u64 << 40]);
     });
     refused(&root, &file, &[]);
 }
