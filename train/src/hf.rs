@@ -528,6 +528,17 @@ impl HfModel {
             let mut files: Vec<String> = index.values().cloned().collect();
             files.sort();
             files.dedup();
+            // A shard the index names but the directory lacks: said so,
+            // naming the index (the read's own error named the file alone).
+            if let Some((name, file)) = index.iter().find(|(_, f)| !dir.join(f).exists()) {
+                return Err(fail(
+                    &index_path,
+                    format!(
+                        "places tensor `{name}` in the shard {file}, which is not in {}",
+                        dir.display()
+                    ),
+                ));
+            }
             (files, Some(index))
         } else {
             let bin = dir.join("pytorch_model.bin").is_file();

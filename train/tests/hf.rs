@@ -674,7 +674,11 @@ fn sharded_models_import_and_bad_indexes_are_refused() {
     assert!(msg.contains("weight_map"), "{msg}");
     let msg =
         edit(&|i| i["weight_map"]["model.norm.weight"] = json!("model-00009-of-00009.safetensors"));
-    assert!(msg.contains("model-00009-of-00009.safetensors"), "{msg}");
+    assert!(
+        msg.contains("model.safetensors.index.json")
+            && msg.contains("places tensor `model.norm.weight` in the shard model-00009-of-00009.safetensors, which is not in"),
+        "{msg}"
+    );
 }
 
 #[test]
