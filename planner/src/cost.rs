@@ -405,8 +405,8 @@ fn megatron_terms(
 
 /// The micro-batches whose activations `stage` keeps at most, under the
 /// settings' schedule ([`crate::schedule::PipelineSchedule::in_flight`]).
-/// Under
-/// interleaving (`virtual_stages` `v > 1`) `stage` is one of the `p v` chunks, and its share of its device's chunk passes in flight
+/// Under interleaving (`virtual_stages` `v > 1`) `stage` is one of the `p
+/// v` chunks, and its share of its device's chunk passes in flight
 /// ([`crate::schedule::interleaved_in_flight`]) is that count over `v`: so
 /// a device's chunks, summed, keep as many chunk passes' activations as its
 /// warm-up holds (exactly, when its chunks are alike).
