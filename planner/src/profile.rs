@@ -509,6 +509,28 @@ impl ClusterSpec {
         }
         for c in &mut self.chip_types {
             c.measured.sort_by_key(|m| (m.tp, m.micro_batch));
+            // A larger micro-batch is not much slower per sequence: an
+            // entry that is (a time of another size, or unit) is used as
+            // given, with a warning.
+            let per_sequence = |m: &ProfileEntry| {
+                (m.block.forward + m.block.backward) / m.micro_batch.max(1) as f64
+            };
+            for w in c.measured.windows(2) {
+                let (a, b) = (&w[0], &w[1]);
+                let (x, y) = (per_sequence(a), per_sequence(b));
+                if a.tp == b.tp && x > 0.0 && y > 2.0 * x {
+                    applied.implausible.push(format!(
+                        "{} at tp {}: its block takes {y:.3e} s a sequence at micro-batch {}, \
+                         {:.1}x its {x:.3e} s at micro-batch {}; a larger micro-batch is not \
+                         that much slower per sequence (a time of another size, or unit?)",
+                        c.name,
+                        a.tp,
+                        b.micro_batch,
+                        y / x,
+                        a.micro_batch
+                    ));
+                }
+            }
         }
         Ok(applied)
     }
@@ -1081,6 +1103,29 @@ mod tests {
             applied.implausible[0]
                 .starts_with(&format!("{} at micro-batch 4 and tp 1: ", chip.name))
         );
+        // A larger micro-batch far slower per sequence than a smaller one.
+        let at = |b: u64, per_sequence: f64| entry(&chip.name, b, per_sequence * b as f64 / 3.0);
+        let mut cluster = c.clone();
+        let applied = cluster
+            .apply_profile(&file(vec![at(1, real / 4.0), at(2, real)]), &model, &bf16())
+            .unwrap();
+        assert!(
+            applied
+                .implausible
+                .iter()
+                .any(|w| w.contains("4.0x its") && w.contains("at micro-batch 1")),
+            "{:?}",
+            applied.implausible
+        );
+        let mut cluster = c.clone();
+        let applied = cluster
+            .apply_profile(
+                &file(vec![at(1, real / 4.0), at(2, real / 4.5)]),
+                &model,
+                &bf16(),
+            )
+            .unwrap();
+        assert!(applied.implausible.is_empty(), "{:?}", applied.implausible);
     }
 
     #[test]
