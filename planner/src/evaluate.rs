@@ -763,6 +763,7 @@ impl PlanSpec {
                 })?;
             let mut next = 0u64;
             let mut stages: Vec<LayoutStage> = Vec::with_capacity(g.stages.len());
+            let devices = (g.stages.len() / virtual_stages.max(1) as usize).max(1);
             for (si, s) in g.stages.iter().enumerate() {
                 let at = format!("stage {si} of {}", g.label(gi));
                 let ty = cluster
@@ -797,7 +798,6 @@ impl PlanSpec {
                 }
                 next = end;
                 // Under interleaving a device's chips hold its every chunk.
-                let devices = g.stages.len() / virtual_stages.max(1) as usize;
                 if si < devices {
                     used[ty] = used[ty].saturating_add(g.copies.saturating_mul(s.tp));
                 } else if let Some(d) = stages.get(si % devices)

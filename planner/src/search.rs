@@ -796,6 +796,12 @@ impl<'a> Ctx<'a> {
             // Options per type: None (unused) or (tp, k).
             let combos = self.combinations(d, true);
             let every_k = !quick && (self.exhaustive || combos <= self.budget);
+            // A degree the full pass would try with the largest stage
+            // counts only is what the quick pass already tried: the same
+            // candidates, pruned against no better a plan then than now.
+            if !quick && !every_k && passes.len() > 1 {
+                continue;
+            }
             let opts: Vec<Vec<Option<(u64, u64)>>> = (0..nty)
                 .map(|ty| {
                     // Most stages first, so that good plans come early and

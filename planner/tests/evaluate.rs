@@ -858,6 +858,11 @@ fn an_interleaved_plan_is_scored_chunk_by_chunk_and_sized_by_device() {
     };
     let e = err_x(&plan(2, 6));
     assert!(e.contains("multiple of 4, not 6"), "{e}");
+    // Fewer stages than chunks per device: refused (it divided by zero).
+    let one = r#"{"virtual_stages": 2, "groups": [{"copies": 1, "micro_batch_size": 1,
+        "micro_batches": 2, "stages": [{"chip": "x", "layers": 32}]}]}"#;
+    let e = err_x(one);
+    assert!(e.contains("at least 4; this one has 1"), "{e}");
     let e = err_x(&plan(1, 8).replace("\"virtual_stages\": 1", "\"virtual_stages\": 0"));
     assert!(e.contains("virtual_stages is 0"), "{e}");
     let zb = plan(2, 8).replace(

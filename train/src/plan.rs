@@ -944,15 +944,23 @@ mod tests {
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
-    #[test]
-    fn an_interleaved_plan_is_refused_as_such() {
-        let dir = std::env::temp_dir().join(format!("polychip-plan-vpp-{}", std::process::id()));
+    /// A scratch directory for `tag`, and the error of loading `text`
+    /// written there as `name`.
+    fn scratch_loader(tag: &str) -> (std::path::PathBuf, impl Fn(&str, &str) -> String) {
+        let dir = std::env::temp_dir().join(format!("polychip-plan-{tag}-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        let load = |name: &str, text: &str| {
-            let file = dir.join(name);
+        let at = dir.clone();
+        let load = move |name: &str, text: &str| {
+            let file = at.join(name);
             std::fs::write(&file, text).unwrap();
             TrainPlan::load(&file).unwrap_err().to_string()
         };
+        (dir, load)
+    }
+
+    #[test]
+    fn an_interleaved_plan_is_refused_as_such() {
+        let (dir, load) = scratch_loader("vpp");
         let stages = r#"[{"device": "ferrite:0", "layers": [0, 1]}, {"device": "ferrite:1", "layers": [1, 2]},
             {"device": "ferrite:0", "layers": [2, 3]}, {"device": "ferrite:1", "layers": [3, 4]}]"#;
         let json = format!(
@@ -968,13 +976,7 @@ mod tests {
 
     #[test]
     fn a_bad_prediction_or_field_type_is_refused_naming_the_field() {
-        let dir = std::env::temp_dir().join(format!("polychip-plan-pred-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let load = |name: &str, text: &str| {
-            let file = dir.join(name);
-            std::fs::write(&file, text).unwrap();
-            TrainPlan::load(&file).unwrap_err().to_string()
-        };
+        let (dir, load) = scratch_loader("pred");
         let toml = "[[group]]\nmicro_batch_size = 1\nmicro_batches = 4\nstages = [{ device = \"ferrite:0\", layers = [0, 4] }]\n";
         for bad in ["nan", "-inf", "-5.0", "0.0", "1e-300", "2e9"] {
             let e = load("p.toml", &format!("predicted_step_seconds = {bad}\n{toml}"));
