@@ -414,6 +414,16 @@ fn check(info: RankInfo, names: [&str; 4]) -> Result<RankInfo> {
     Ok(info)
 }
 
+/// A host as the socket calls take it: an IPv6 address written in URL
+/// brackets (`[::1]`, as `MASTER_ADDR` often is) without them; any other
+/// host as it is.
+pub fn bare_host(host: &str) -> &str {
+    match host.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
+        Some(inner) if inner.parse::<std::net::Ipv6Addr>().is_ok() => inner,
+        _ => host,
+    }
+}
+
 /// The first host of a Slurm node list: `node[01-04,07],gpu5` gives
 /// `node01`, `a,b` gives `a`, `rack[1-2]-n[3-4]` gives `rack1-n3`.
 pub fn first_host(list: &str) -> Option<String> {

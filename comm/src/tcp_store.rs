@@ -447,7 +447,7 @@ fn try_connect(
     port: u16,
     remaining: Option<Duration>,
 ) -> std::result::Result<TcpStream, Attempt> {
-    let addrs: Vec<SocketAddr> = (addr, port)
+    let addrs: Vec<SocketAddr> = (crate::env::bare_host(addr), port)
         .to_socket_addrs()
         .map_err(|e| Attempt::Failed(format!("cannot resolve {addr:?}: {}", describe_io(&e))))?
         .collect();
@@ -551,18 +551,19 @@ struct Server {
 
 impl Server {
     fn start(addr: &str, port: u16, auth: JobAuth) -> Result<Server> {
-        if addr == "0.0.0.0" || addr == "::" || addr == "[::]" {
+        if addr == "0.0.0.0" || crate::env::bare_host(addr) == "::" {
             log::warn!(
                 "rendezvous store: MASTER_ADDR={addr} serves on every network interface: anyone \
                  who can reach port {port} can try to join (only holders of the job's secret \
                  get in); give rank 0's own address to serve only there"
             );
         }
-        let listener = TcpListener::bind((addr, port)).map_err(|e| CommError::Io {
-            rank: 0,
-            op: format!("could not serve the rendezvous store on {addr}:{port}"),
-            message: describe_io(&e),
-        })?;
+        let listener =
+            TcpListener::bind((crate::env::bare_host(addr), port)).map_err(|e| CommError::Io {
+                rank: 0,
+                op: format!("could not serve the rendezvous store on {addr}:{port}"),
+                message: describe_io(&e),
+            })?;
         let io_err = |e: io::Error| CommError::Io {
             rank: 0,
             op: format!("rendezvous store on {addr}:{port}"),

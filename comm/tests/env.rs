@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 
 use polychip_comm::CommError;
-use polychip_comm::env::{RankInfo, first_host, from_vars};
+use polychip_comm::env::{RankInfo, bare_host, first_host, from_vars};
 
 fn read(vars: &[(&str, &str)]) -> Result<RankInfo, CommError> {
     let map: HashMap<String, String> = vars
@@ -292,6 +292,17 @@ fn slurm_errors() {
         error(&vars),
         "rendezvous: SLURM_LOCALID is 4 but SLURM_TASKS_PER_NODE is 4"
     );
+}
+
+#[test]
+fn an_ipv6_master_addr_in_brackets_is_taken_without_them() {
+    assert_eq!(bare_host("[::1]"), "::1");
+    assert_eq!(bare_host("[fe80::1]"), "fe80::1");
+    assert_eq!(bare_host("::1"), "::1");
+    assert_eq!(bare_host("node01"), "node01");
+    // Not an IPv6 address in brackets: left as it is (resolving names it).
+    assert_eq!(bare_host("[node01]"), "[node01]");
+    assert_eq!(bare_host("[::1"), "[::1");
 }
 
 #[test]

@@ -440,3 +440,19 @@ fn other_launchers_must_pass_the_secret() {
     rank1.set("k", b"v").unwrap();
     assert_eq!(rank0.get("k", TIMEOUT).unwrap(), b"v");
 }
+
+#[test]
+fn the_store_serves_on_an_ipv6_address_written_in_brackets() {
+    if std::net::TcpListener::bind("[::1]:0").is_err() {
+        eprintln!("skipped: this machine has no IPv6 loopback");
+        return;
+    }
+    let at = |rank: usize, port: u16| RankInfo {
+        master_addr: "[::1]".to_string(),
+        ..RankInfo::local(rank, 2, port)
+    };
+    let server = TcpStore::connect(&at(0, 0), TIMEOUT).unwrap();
+    let client = TcpStore::connect(&at(1, server.port()), TIMEOUT).unwrap();
+    client.set("k", b"v6").unwrap();
+    assert_eq!(server.get("k", TIMEOUT).unwrap(), b"v6".to_vec());
+}

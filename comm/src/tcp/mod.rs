@@ -63,7 +63,10 @@ const POLL_SLICE: Duration = Duration::from_millis(50);
 /// kernel's route; nothing is sent), or `None` when it has no route.
 pub fn route_to(host: &str, port: u16) -> Option<IpAddr> {
     use std::net::{SocketAddr, ToSocketAddrs, UdpSocket};
-    let target = (host, port.max(1)).to_socket_addrs().ok()?.next()?;
+    let target = (crate::env::bare_host(host), port.max(1))
+        .to_socket_addrs()
+        .ok()?
+        .next()?;
     let any: SocketAddr = if target.is_ipv4() {
         (Ipv4Addr::UNSPECIFIED, 0).into()
     } else {
