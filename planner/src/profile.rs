@@ -510,27 +510,11 @@ impl ClusterSpec {
         for c in &mut self.chip_types {
             c.measured.sort_by_key(|m| (m.tp, m.micro_batch));
             // A larger micro-batch is not much slower per sequence: an
-            // entry that is (a time of another size, or unit) is used as
-            // given, with a warning.
-            let per_sequence = |m: &ProfileEntry| {
-                (m.block.forward + m.block.backward) / m.micro_batch.max(1) as f64
-            };
-            for w in c.measured.windows(2) {
-                let (a, b) = (&w[0], &w[1]);
-                let (x, y) = (per_sequence(a), per_sequence(b));
-                if a.tp == b.tp && x > 0.0 && y > 2.0 * x {
-                    applied.implausible.push(format!(
-                        "{} at tp {}: its block takes {y:.3e} s a sequence at micro-batch {}, \
-                         {:.1}x its {x:.3e} s at micro-batch {}; a larger micro-batch is not \
-                         that much slower per sequence (a time of another size, or unit?)",
-                        c.name,
-                        a.tp,
-                        b.micro_batch,
-                        y / x,
-                        a.micro_batch
-                    ));
-                }
-            }
+            // entry that is is used as given, with a warning.
+            let entries: Vec<&ProfileEntry> = c.measured.iter().collect();
+            applied
+                .implausible
+                .extend(slower_per_sequence(&c.name, &entries));
         }
         Ok(applied)
     }
@@ -633,7 +617,6 @@ pub fn implausible(
     model: &ModelSpec,
     dtype: Dtype,
 ) -> Option<String> {
-    const HOUR: f64 = 3600.0;
     if chip.chips_per_node % e.tp.max(1) != 0 {
         return Some(format!(
             "its tp {} does not divide the type's {} chips per node, so no plan uses it as \
@@ -641,22 +624,8 @@ pub fn implausible(
             e.tp, chip.chips_per_node
         ));
     }
-    match e.block_activation_bytes {
-        Some(0) => {
-            return Some(
-                "its block keeps no activations (block_activation_bytes 0), where a block keeps \
-                 at least its input for the backward pass"
-                    .into(),
-            );
-        }
-        Some(bytes) if bytes > chip.memory_bytes => {
-            return Some(format!(
-                "its block keeps {bytes} bytes of activations, more than a chip's memory ({}): \
-                 the figure is not bytes per block of one micro-batch",
-                chip.memory_bytes
-            ));
-        }
-        _ => {}
+    if let Some(why) = unusable(e, chip.memory_bytes, model) {
+        return Some(why);
     }
     let b = e.micro_batch;
     let block = model.matmul_forward_flops(b) + 0.5 * model.attention_score_forward_flops(b);
@@ -681,13 +650,6 @@ pub fn implausible(
         ));
     }
     for (name, p, forward_flops) in parts {
-        if p.forward > HOUR || p.backward > HOUR {
-            return Some(format!(
-                "its {name} takes over an hour a micro-batch ({:.3e} s forward, {:.3e} s backward); \
-                 the profile's times are seconds",
-                p.forward, p.backward
-            ));
-        }
         if forward_flops <= 0.0 || peak <= 0.0 {
             continue;
         }
@@ -720,6 +682,51 @@ pub fn implausible(
             }
         }
     }
+    None
+}
+
+/// Why entry `e`'s figures cannot be measurements of a chip with
+/// `memory_bytes` of memory on `model` (a sentence), whatever its speed:
+/// a block that keeps no activations or more than the chip's memory, or a
+/// pass of one micro-batch (or the fixed cost per stage, or the optimizer
+/// step over the whole model) that takes over an hour. [`implausible`]
+/// adds the checks that need the chip type's peak.
+pub fn unusable(e: &ProfileEntry, memory_bytes: u64, model: &ModelSpec) -> Option<String> {
+    const HOUR: f64 = 3600.0;
+    match e.block_activation_bytes {
+        Some(0) => {
+            return Some(
+                "its block keeps no activations (block_activation_bytes 0), where a block keeps \
+                 at least its input for the backward pass"
+                    .into(),
+            );
+        }
+        Some(bytes) if bytes > memory_bytes => {
+            return Some(format!(
+                "its block keeps {bytes} bytes of activations, more than a chip's memory \
+                 ({memory_bytes}): the figure is not bytes per block of one micro-batch"
+            ));
+        }
+        _ => {}
+    }
+    let mut parts = vec![("block", e.block.forward, e.block.backward)];
+    if let Some(h) = e.head {
+        parts.push(("head", h.forward, h.backward));
+    }
+    if let Some(x) = e.embedding {
+        parts.push(("embedding", x.forward, x.backward));
+    }
+    if let Some(o) = e.stage_overhead {
+        parts.push(("fixed cost per stage", o.forward, o.backward));
+    }
+    for (name, forward, backward) in parts {
+        if forward > HOUR || backward > HOUR {
+            return Some(format!(
+                "its {name} takes over an hour a micro-batch ({forward:.3e} s forward, \
+                 {backward:.3e} s backward); the profile's times are seconds"
+            ));
+        }
+    }
     // The optimizer step over the whole model, at its time per parameter.
     if let Some(per_param) = e.optimizer_per_param {
         let step = per_param * model.total_params() as f64 / e.tp.max(1) as f64;
@@ -732,6 +739,35 @@ pub fn implausible(
         }
     }
     None
+}
+
+/// Pairs of one chip's entries at the same tp, the second at the next
+/// larger micro-batch, whose block is more than twice as slow per sequence
+/// as the first's (a time of another size, or unit): a sentence for each,
+/// naming the chip as `chip`. `entries` may come in any order.
+pub fn slower_per_sequence(chip: &str, entries: &[&ProfileEntry]) -> Vec<String> {
+    let mut sorted = entries.to_vec();
+    sorted.sort_by_key(|m| (m.tp, m.micro_batch));
+    let per_sequence =
+        |m: &ProfileEntry| (m.block.forward + m.block.backward) / m.micro_batch.max(1) as f64;
+    sorted
+        .windows(2)
+        .filter_map(|w| {
+            let (a, b) = (w[0], w[1]);
+            let (x, y) = (per_sequence(a), per_sequence(b));
+            (a.tp == b.tp && x > 0.0 && y > 2.0 * x).then(|| {
+                format!(
+                    "{chip} at tp {}: its block takes {y:.3e} s a sequence at micro-batch {}, \
+                     {:.1}x its {x:.3e} s at micro-batch {}; a larger micro-batch is not that \
+                     much slower per sequence (a time of another size, or unit?)",
+                    a.tp,
+                    b.micro_batch,
+                    y / x,
+                    a.micro_batch
+                )
+            })
+        })
+        .collect()
 }
 
 impl ChipType {

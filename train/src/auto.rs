@@ -1094,12 +1094,18 @@ pub fn from_file(
         )));
     }
     let mut profiles = Vec::new();
-    let params = cfg.planner_spec().total_params() as f64;
+    let model = cfg.planner_spec();
     for d in &kinds {
+        let name = device_name(d);
+        let mine: Vec<_> = (file.entries.iter())
+            .filter(|e| e.tp == 1 && names_kind(&e.chip, d))
+            .collect();
+        for note in polychip_planner::profile::slower_per_sequence(&name, &mine) {
+            eprintln!("note: {label}: {note}");
+        }
         for &b in &have {
             let e = entry(d, b).expect("checked above");
-            let name = device_name(d);
-            for note in entry_notes(e, params) {
+            for note in entry_notes(e, d.props().memory_bytes, &model) {
                 eprintln!("note: {label}: {name} at a micro-batch of {b}: {note}");
             }
             profiles.push(Profile {
@@ -1114,12 +1120,16 @@ pub fn from_file(
     Ok((profiles, have))
 }
 
-/// What a profile entry leaves to be taken as free, and times no device
-/// can have measured (in another unit than seconds): the notes `--profile`
-/// prints (the cluster planner's `plan --profile` warns of the same).
-/// `params` is the model's parameter count.
-fn entry_notes(e: &polychip_planner::profile::ProfileEntry, params: f64) -> Vec<String> {
-    const HOUR: f64 = 3600.0;
+/// What a profile entry leaves to be taken as free, and figures no device
+/// with `memory_bytes` of memory can have measured on `model` (times in
+/// another unit than seconds, activations beyond its memory): the notes
+/// `--profile` prints (the cluster planner's `plan --profile` warns of the
+/// same).
+fn entry_notes(
+    e: &polychip_planner::profile::ProfileEntry,
+    memory_bytes: u64,
+    model: &polychip_planner::model::ModelSpec,
+) -> Vec<String> {
     let mut notes = Vec::new();
     for (what, missing) in [
         ("embedding", e.embedding.is_none()),
@@ -1133,29 +1143,7 @@ fn entry_notes(e: &polychip_planner::profile::ProfileEntry, params: f64) -> Vec<
             ));
         }
     }
-    let mut passes = vec![("block", e.block.forward, e.block.backward)];
-    if let Some(h) = e.head {
-        passes.push(("head", h.forward, h.backward));
-    }
-    if let Some(x) = e.embedding {
-        passes.push(("embedding", x.forward, x.backward));
-    }
-    for (what, forward, backward) in passes {
-        if forward > HOUR || backward > HOUR {
-            notes.push(format!(
-                "its {what} takes over an hour a micro-batch ({forward:.3e} s forward, \
-                 {backward:.3e} s backward); the profile's times are seconds"
-            ));
-        }
-    }
-    if let Some(o) = e.optimizer_per_param
-        && o * params > HOUR
-    {
-        notes.push(format!(
-            "its optimizer step takes {o:.3e} s a parameter, over an hour for the model's \
-             {params} parameters; the profile's times are seconds"
-        ));
-    }
+    notes.extend(polychip_planner::profile::unusable(e, memory_bytes, model));
     notes
 }
 
@@ -1168,13 +1156,30 @@ mod tests {
         let text = r#"{"chip": "x", "micro_batch": 1, "tp": 1,
                        "block": {"forward": 2e6, "backward": 0.01}}"#;
         let entry: polychip_planner::profile::ProfileEntry = serde_json::from_str(text).unwrap();
-        let notes = entry_notes(&entry, 1e6).join("\n");
+        let model = crate::config::ModelConfig::preset("tiny")
+            .unwrap()
+            .planner_spec();
+        let notes = entry_notes(&entry, 1 << 30, &model).join("\n");
         for want in [
             "no embedding, which is taken as free",
             "no head",
             "no optimizer_per_param",
             "its block takes over an hour",
         ] {
+            assert!(notes.contains(want), "{notes}");
+        }
+        // Activations beyond the device's memory, or none.
+        for (bytes, want) in [
+            (2u64 << 30, "more than a chip's memory"),
+            (0, "keeps no activations"),
+        ] {
+            let text = format!(
+                r#"{{"chip": "x", "micro_batch": 1, "tp": 1, "block_activation_bytes": {bytes},
+                    "block": {{"forward": 0.01, "backward": 0.02}}}}"#
+            );
+            let entry: polychip_planner::profile::ProfileEntry =
+                serde_json::from_str(&text).unwrap();
+            let notes = entry_notes(&entry, 1 << 30, &model).join("\n");
             assert!(notes.contains(want), "{notes}");
         }
     }
