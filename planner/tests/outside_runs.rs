@@ -699,3 +699,296 @@ fn the_cluster_model_scores_vtrains_runs() {
         );
     }
 }
+
+/// One run of `megatron-selene/megatron-selene-runs.json` scored: without
+/// a profile and, for the 22B runs, from the paper's Table 4 layer.
+struct SeleneRun {
+    name: String,
+    model: String,
+    recompute: String,
+    predicted: f64,
+    profiled: Option<f64>,
+    measured: f64,
+    fits: bool,
+    peak_share: f64,
+}
+
+/// NVIDIA's Megatron-LM runs on Selene (`tests/data/outside/megatron-selene/`,
+/// converted by `convert_megatron_selene.py` from github.com/calculon-ai/calculon,
+/// which replays the measured iteration times of Korthikanti et al. 2022,
+/// "Reducing Activation Recomputation in Large Transformer Models", Table
+/// 5, and the paper's section 6.3): GPT models of 22B, 175B, 530B and 1T
+/// on DGX A100 80GB nodes, tp 8, pipelines of 1 to 64 stages (the 175B and
+/// 530B interleaved, three chunks a device), no data parallelism but one
+/// run (the 530B on 2,240 GPUs, dp 8), each trained with full recomputation
+/// and with selective recomputation plus sequence parallelism: 9 runs, all
+/// of which ran. Scored without a profile (the cluster is spec sheets and
+/// the paper's links), and the two 22B runs also from the paper's Table 4
+/// (one layer, forward and backward, of that model at tp 8 and micro-batch
+/// 4) as a one-entry profile of the blocks alone.
+fn score_megatron_selene() -> Vec<SeleneRun> {
+    let dir = data("megatron-selene");
+    let text = std::fs::read_to_string(dir.join("megatron-selene-runs.json")).unwrap();
+    let runs: Value = serde_json::from_str(&text).unwrap();
+    let s = &runs["settings"];
+    assert_eq!(
+        (
+            s["dtype"].as_str(),
+            s["flash_attention"].as_bool(),
+            s["schedule"].as_str()
+        ),
+        (Some("f16"), Some(false), Some("1f1b"))
+    );
+    let cluster = ClusterSpec::load(&dir.join("selene-a100-80g.toml")).unwrap();
+    let mut out = Vec::new();
+    for run in runs["runs"].as_array().unwrap() {
+        let name = run["name"].as_str().unwrap().to_string();
+        let model_name = run["model"].as_str().unwrap();
+        let model = ModelSpec::load(&dir.join(format!("{model_name}.toml"))).unwrap();
+        let recompute = run["settings"]["recompute"].as_str().unwrap().to_string();
+        let mut settings = TrainingSettings::new(1);
+        settings.dtype = Dtype::F16;
+        settings.flash_attention = false;
+        settings.recompute = match recompute.as_str() {
+            "full" => polychip_planner::settings::Recompute::Full,
+            "selective" => polychip_planner::settings::Recompute::Selective,
+            other => panic!("{name}: recompute {other}"),
+        };
+        settings.sequence_parallel = run["settings"]["sequence_parallel"].as_bool().unwrap();
+        let spec = PlanSpec::parse(&run["plan"].to_string(), true)
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        let ev =
+            evaluate(&spec, &model, &cluster, &settings).unwrap_or_else(|e| panic!("{name}: {e}"));
+        // The 22B runs from the paper's layer of the same run's technique
+        // (`megatron-selene-profile-22b-{full,seqsel}.json`).
+        let profiled = (model_name == "megatron-22b").then(|| {
+            let mode = if recompute == "full" {
+                "full"
+            } else {
+                "seqsel"
+            };
+            let profile =
+                ProfileFile::load(&dir.join(format!("megatron-selene-profile-22b-{mode}.json")))
+                    .unwrap();
+            let mut measured = cluster.clone();
+            let applied = measured.apply_profile(&profile, &model, &settings).unwrap();
+            assert_eq!(applied.covered.len(), 1, "{name}");
+            evaluate(&spec, &model, &measured, &settings)
+                .unwrap_or_else(|e| panic!("{name} with the profile: {e}"))
+                .plan
+                .step_time_simulated
+        });
+        let peak_share = ev
+            .plan
+            .replicas
+            .iter()
+            .flat_map(|r| &r.stages)
+            .map(|s| s.memory.total / s.memory_capacity as f64)
+            .fold(0.0, f64::max);
+        out.push(SeleneRun {
+            name,
+            model: model_name.to_string(),
+            recompute,
+            predicted: ev.plan.step_time_simulated,
+            profiled,
+            measured: run["measured_step_s"].as_f64().unwrap(),
+            fits: ev.fits,
+            peak_share,
+        });
+    }
+    out
+}
+
+/// The Selene runs (see `score_megatron_selene`): prints every run, the
+/// figures over the 9 (seconds per sequence), and per model what selective
+/// recomputation with sequence parallelism saves over full recomputation,
+/// measured and predicted.
+#[test]
+fn the_cluster_model_scores_megatrons_selene_runs() {
+    let runs = score_megatron_selene();
+    println!("megatron-selene-runs.json on selene-a100-80g (seconds per iteration):");
+    println!(
+        "  {:<28} {:>11} {:>11} {:>10} {:>9} {:>5}",
+        "run", "predicted", "profiled", "measured", "peak/cap", "fits"
+    );
+    for r in &runs {
+        println!(
+            "  {:<28} {:>11.3} {:>11} {:>10.2} {:>9.2} {:>5}",
+            r.name,
+            r.predicted,
+            r.profiled.map_or("-".into(), |p| format!("{p:.3}")),
+            r.measured,
+            r.peak_share,
+            r.fits
+        );
+    }
+    // Ranked by seconds per sequence, as the global batches differ.
+    let text = std::fs::read_to_string(data("megatron-selene/megatron-selene-runs.json")).unwrap();
+    let json: Value = serde_json::from_str(&text).unwrap();
+    let sequences: Vec<f64> = json["runs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            r["plan"]["groups"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|g| {
+                    (g["copies"].as_u64().unwrap()
+                        * g["micro_batch_size"].as_u64().unwrap()
+                        * g["micro_batches"].as_u64().unwrap()) as f64
+                })
+                .sum()
+        })
+        .collect();
+    let p: Vec<f64> = runs
+        .iter()
+        .zip(&sequences)
+        .map(|(r, n)| r.predicted / n)
+        .collect();
+    let m: Vec<f64> = runs
+        .iter()
+        .zip(&sequences)
+        .map(|(r, n)| r.measured / n)
+        .collect();
+    let scale = one_scale(&p, &m);
+    let rho = spearman(&p, &m);
+    let err = median_error(&p, &m, 1.0);
+    let err_scaled = median_error(&p, &m, scale);
+    let fit = runs.iter().filter(|r| r.fits).count();
+    println!(
+        "  {} runs without a profile: Spearman {rho:.3}, top-1 regret {:.1}%, median error \
+         {:.1}% as given, {:.1}% after scaling by {scale:.3}; {fit}/{} predicted to fit (all ran)",
+        runs.len(),
+        100.0 * top1_regret(&p, &m),
+        100.0 * err,
+        100.0 * err_scaled,
+        runs.len()
+    );
+    // Within each model: the full-recompute run's time over the selective +
+    // sequence-parallel one's (the paper's "throughput increase", 29-32%).
+    let mut gains = Vec::new();
+    for full in runs.iter().filter(|r| r.recompute == "full") {
+        let sel = runs
+            .iter()
+            .find(|r| r.model == full.model && r.recompute == "selective")
+            .unwrap();
+        let (measured, predicted) = (full.measured / sel.measured, full.predicted / sel.predicted);
+        println!(
+            "  {}: full recompute / selective + sequence parallel: measured {measured:.3}, \
+             predicted {predicted:.3}{}",
+            full.model,
+            match (full.profiled, sel.profiled) {
+                (Some(f), Some(s)) => format!(", from Table 4's layer {:.3}", f / s),
+                _ => String::new(),
+            }
+        );
+        gains.push((measured, predicted));
+    }
+    let dp1 = runs
+        .iter()
+        .find(|r| r.name == "turing-530B/seqsel")
+        .unwrap();
+    let dp8 = runs
+        .iter()
+        .find(|r| r.name == "turing-530B/seqsel/dp8")
+        .unwrap();
+    println!(
+        "  530B at dp 8 over dp 1 (2,240 over 280 GPUs): measured {:.3}, predicted {:.3}",
+        dp8.measured / dp1.measured,
+        dp8.predicted / dp1.predicted
+    );
+    for r in runs.iter().filter(|r| r.profiled.is_some()) {
+        println!(
+            "  {} from Table 4's layer alone: {:.3} s against {:.2} measured ({:+.1}%)",
+            r.name,
+            r.profiled.unwrap(),
+            r.measured,
+            100.0 * (r.profiled.unwrap() / r.measured - 1.0)
+        );
+    }
+    // One 22B block (a middle stage of one layer, tp 8, micro-batch 4) as
+    // the cost model prices it, against Table 4's measured layer.
+    {
+        use polychip_planner::cost::{Microbatching, StageShape, analytic_stage_timing};
+        let dir = data("megatron-selene");
+        let cluster = ClusterSpec::load(&dir.join("selene-a100-80g.toml")).unwrap();
+        let model = ModelSpec::load(&dir.join("megatron-22b.toml")).unwrap();
+        for (mode, recompute, sp) in [
+            ("full", polychip_planner::settings::Recompute::Full, false),
+            (
+                "seqsel",
+                polychip_planner::settings::Recompute::Selective,
+                true,
+            ),
+        ] {
+            let mut settings = TrainingSettings::new(1);
+            settings.dtype = Dtype::F16;
+            settings.flash_attention = false;
+            settings.recompute = recompute;
+            settings.sequence_parallel = sp;
+            let shape = StageShape {
+                chip: &cluster.chip_types[0],
+                layers: 0..1,
+                index: 1,
+                num_stages: 3,
+                dp: 1,
+                tp: 8,
+                next: None,
+                dp_peers: &[],
+                dp_one_node: true,
+            };
+            let mb = Microbatching { size: 4, count: 1 };
+            let t = analytic_stage_timing(&model, &settings, &cluster, &shape, mb);
+            let profile =
+                ProfileFile::load(&dir.join(format!("megatron-selene-profile-22b-{mode}.json")))
+                    .unwrap();
+            let b = &profile.entries[0].block;
+            println!(
+                "  22B block, {mode}: cost model forward {:.2} ms, backward {:.2} ms (recompute \
+                 included); Table 4 {:.1} and {:.1} ms{}",
+                1e3 * t.forward,
+                1e3 * t.backward,
+                1e3 * b.forward,
+                1e3 * b.backward,
+                if mode == "full" {
+                    " (no recompute; 19.5 with it)"
+                } else {
+                    ""
+                }
+            );
+        }
+    }
+    // Floors at what the model achieves (measured when this test was
+    // added): Spearman 1.000 (the models' sizes order the runs; the
+    // figure that discriminates is the next one); the gain of selective
+    // recomputation with sequence parallelism over full recomputation
+    // within 2.4% of the measured on every model (1.322 against 1.291 on
+    // the 22B the worst); 47.3% too slow as given at the guessed efficiency
+    // 0.5 (the runs' MFU is 41-56%), 8.4% after one scale (x 0.724), the
+    // large models relatively faster than the 22B as on vTrain's runs;
+    // from Table 4's layer alone the 22B runs within 4.2% and 6.6%; every
+    // run predicted to fit.
+    assert!(rho >= 0.95, "Spearman {rho:.3}");
+    for (measured, predicted) in &gains {
+        assert!(
+            (predicted / measured - 1.0).abs() <= 0.03,
+            "gain predicted {predicted:.3}, measured {measured:.3}"
+        );
+    }
+    assert!(err <= 0.5, "median error {err:.3}");
+    assert!(
+        err_scaled <= 0.1,
+        "median error after one scale {err_scaled:.3}"
+    );
+    for r in runs.iter().filter(|r| r.profiled.is_some()) {
+        let e = (r.profiled.unwrap() / r.measured - 1.0).abs();
+        assert!(e <= 0.08, "{} from the profile: {e:.3}", r.name);
+    }
+    assert!(
+        dp8.predicted > dp1.predicted,
+        "data parallelism predicted to cost nothing"
+    );
+    assert_eq!(fit, runs.len(), "a run that ran was predicted not to fit");
+}
