@@ -725,7 +725,8 @@ fn attention_time_with(
 
 /// The compute of one transformer layer on each of `tp` chips, without
 /// its all-reduces: the weight matmuls, attention, and the memory-bound
-/// passes (norms and residual adds replicated over `tp`).
+/// passes (norms and residual adds replicated over `tp`, or split by it
+/// under sequence parallelism).
 pub fn layer_time(
     model: &ModelSpec,
     settings: &TrainingSettings,
@@ -739,7 +740,7 @@ pub fn layer_time(
         .map(|mm| rates.matmul(mm))
         .sum();
     let passes: PassTime = model
-        .layer_memory_passes(micro_batch, tp, rates.elem)
+        .layer_memory_passes(micro_batch, tp, rates.elem, settings.sequence_parallel)
         .iter()
         .map(|p| rates.memory_pass(p))
         .sum();

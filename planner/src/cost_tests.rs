@@ -261,12 +261,20 @@ fn tensor_parallel_all_reduces_have_a_latency_term() {
     let t8 = stage_timing(&m, &s, &c, &shape(&c, 10..20, 1, 1, 8), ONE);
     close(t8.forward, 10.0 * layer8.forward + 20.0 * ar);
     close(t8.backward, 10.0 * layer8.backward + 20.0 * ar);
-    // The replicated norms and residual adds are not divided by t.
-    let passes = |tp| m.layer_memory_passes(1, tp, 2.0);
+    // The replicated norms and residual adds are not divided by t, but
+    // for sequence parallelism.
+    let passes = |tp| m.layer_memory_passes(1, tp, 2.0, false);
+    let split = |tp| m.layer_memory_passes(1, tp, 2.0, true);
     for i in 0..4 {
         assert_eq!(passes(8)[i], passes(1)[i]);
+        assert_eq!(split(8)[i].forward_bytes * 8.0, passes(1)[i].forward_bytes);
+        assert_eq!(
+            split(8)[i].backward_bytes * 8.0,
+            passes(1)[i].backward_bytes
+        );
     }
     assert_eq!(passes(8)[5].forward_bytes * 8.0, passes(1)[5].forward_bytes);
+    assert_eq!(split(8)[5], passes(8)[5]);
 }
 
 /// The measurement: at moderate shapes tensor parallelism 2 or 4

@@ -960,23 +960,30 @@ fn the_cluster_model_scores_megatrons_selene_runs() {
             );
         }
     }
-    // Floors at what the model achieves (measured when this test was
-    // added): Spearman 1.000 (the models' sizes order the runs; the
-    // figure that discriminates is the next one); the gain of selective
-    // recomputation with sequence parallelism over full recomputation
-    // within 2.4% of the measured on every model (1.322 against 1.291 on
-    // the 22B the worst); 47.3% too slow as given at the guessed efficiency
-    // 0.5 (the runs' MFU is 41-56%), 8.4% after one scale (x 0.724), the
-    // large models relatively faster than the 22B as on vTrain's runs;
-    // from Table 4's layer alone the 22B runs within 4.2% and 6.6%; every
-    // run predicted to fit.
+    // Floors at what the model achieves: Spearman 1.000 (the models'
+    // sizes order the runs; the figure that discriminates is the next
+    // one); the gain of selective recomputation with sequence parallelism
+    // over full recomputation within 0.3% of the measured on the 175B,
+    // 530B and 1T, and 5.3% over it on the 22B (1.360 against 1.291: its
+    // full recomputation's backward is priced at 24.6 ms a layer against
+    // Table 4's 19.5; before sequence parallelism split the norms and
+    // residual adds, 1.322, and the others 0.1-1.3% off); 46.0% too slow
+    // as given at the guessed efficiency 0.5 (the runs' MFU is 41-56%),
+    // 9.0% after one scale (x 0.728), the large models relatively faster
+    // than the 22B as on vTrain's runs; from Table 4's layer alone the 22B
+    // runs within 4.2% and 6.5%; every run predicted to fit.
     assert!(rho >= 0.95, "Spearman {rho:.3}");
     for (measured, predicted) in &gains {
         assert!(
-            (predicted / measured - 1.0).abs() <= 0.03,
+            (predicted / measured - 1.0).abs() <= 0.06,
             "gain predicted {predicted:.3}, measured {measured:.3}"
         );
     }
+    let large_gains = &gains[1..]; // the 22B is first in the file
+    assert!(
+        large_gains.iter().all(|(m, p)| (p / m - 1.0).abs() <= 0.01),
+        "gains of the large models {large_gains:?}"
+    );
     assert!(err <= 0.5, "median error {err:.3}");
     assert!(
         err_scaled <= 0.1,
