@@ -230,7 +230,21 @@ fn describe(
     }
     let raw = v.raw();
     let (mut export, data, byte_offset, flags) = if must_copy {
-        let mut bytes = vec![0u8; v.numel() * v.dtype().size()];
+        // A broadcast view of a few bytes may name terabytes: a copy the
+        // host cannot hold is an error, not an abort in the allocator.
+        let len = v.numel() * v.dtype().size();
+        let mut bytes = Vec::new();
+        bytes.try_reserve_exact(len).map_err(|_| {
+            ApiError::new(
+                POLYCHIP_API_ERROR_OUT_OF_MEMORY,
+                format!(
+                    "exporting a copy of the tensor ({}, shape {:?}) needs {len} bytes of host memory, which could not be allocated",
+                    v.dtype(),
+                    v.shape()
+                ),
+            )
+        })?;
+        bytes.resize(len, 0);
         v.read_into(&mut bytes)?;
         let strides = contiguous_strides(v.shape());
         let data = bytes.as_mut_ptr().cast::<c_void>();

@@ -720,6 +720,45 @@ fn sizes_that_overflow_or_exceed_memory_are_refused_not_crashing() {
     let (_, message) =
         refused(unsafe { polychip_tensor_write(t, buf.as_ptr().cast(), usize::MAX) });
     assert!(message.contains("bytes do not fill"), "{message}");
+    // A copy of a broadcast view of terabytes, on export: an error, not an
+    // abort in the allocator (legacy and versioned exports, and a copy
+    // asked for of host-visible memory).
+    let ferrite = device_of(rt, "Ferrite");
+    let f = tensor(rt, ferrite, &[1.0]);
+    for (base, copy) in [
+        (t, POLYCHIP_DLPACK_COPY_IF_NEEDED),
+        (f, POLYCHIP_DLPACK_COPY_ALWAYS),
+    ] {
+        let (shape, strides) = ([1i64 << 40], [0i64]);
+        let mut v = null_mut();
+        // SAFETY: one extent and stride; `v` writable.
+        ok(unsafe { polychip_tensor_view(base, 1, shape.as_ptr(), strides.as_ptr(), 0, &mut v) });
+        let mut m = null_mut();
+        // SAFETY: `m` writable.
+        let (code, message) = refused(unsafe {
+            polychip_tensor_to_dlpack(v, POLYCHIP_DLPACK_CPU, copy, null(), &mut m)
+        });
+        assert_eq!(code, POLYCHIP_API_ERROR_OUT_OF_MEMORY, "{message}");
+        assert!(
+            message.contains("shape [1099511627776]") && message.contains("4398046511104 bytes"),
+            "{message}"
+        );
+        assert!(m.is_null());
+        let mut legacy = null_mut();
+        // SAFETY: `legacy` writable.
+        let (code, _) = refused(unsafe {
+            polychip_tensor_to_dlpack_legacy(
+                v,
+                POLYCHIP_DLPACK_CPU,
+                POLYCHIP_DLPACK_COPY_ALWAYS,
+                null(),
+                &mut legacy,
+            )
+        });
+        assert_eq!(code, POLYCHIP_API_ERROR_OUT_OF_MEMORY);
+        polychip_tensor_destroy(v);
+    }
+    polychip_tensor_destroy(f);
     // An export's copy mode outside the three is refused, not taken as -1.
     let mut m = null_mut();
     // SAFETY: `m` writable.
@@ -843,5 +882,43 @@ fn a_peer_that_is_not_a_rank_is_refused() {
     polychip_tensor_destroy(back);
     ok(polychip_comm_destroy(comm));
     polychip_tensor_destroy(t);
+    polychip_runtime_destroy(rt);
+}
+
+/// A kDLExtDev capsule without a deleter that names memory polychip
+/// allocated keeps that memory: the owner's destruction waits for the
+/// import (it freed it, and the import then read and wrote the next
+/// tensor given that address).
+#[test]
+fn a_device_import_keeps_the_memory_it_names_until_it_is_gone() {
+    let rt = runtime();
+    for vendor in ["Ferrite", "Cobalt"] {
+        let dev = device_of(rt, vendor);
+        let owner = tensor(rt, dev, &[1.0, 2.0, 3.0, 4.0]);
+        let (mut shape, mut strides) = ([4i64], [1i64]);
+        let mut m = host_managed(
+            data_of(owner),
+            &mut shape,
+            &mut strides,
+            POLYCHIP_DLPACK_EXT_DEV,
+        );
+        m.dl_tensor.device.device_id = dev as i32;
+        let mut import = null_mut();
+        // SAFETY: a readable managed tensor without a deleter; `import` writable.
+        ok(unsafe { polychip_tensor_from_dlpack(rt, &mut m, -1, &mut import) });
+        polychip_tensor_destroy(owner);
+        // New tensors do not get the memory the import still uses.
+        let others: Vec<_> = (0..8).map(|_| tensor(rt, dev, &[9.0; 4])).collect();
+        assert_eq!(read(import, 4), [1.0, 2.0, 3.0, 4.0], "{vendor}");
+        ok(polychip_op_scale(null(), import, 10.0));
+        for &o in &others {
+            assert_eq!(read(o, 4), [9.0; 4], "{vendor}");
+        }
+        assert_eq!(read(import, 4), [10.0, 20.0, 30.0, 40.0], "{vendor}");
+        polychip_tensor_destroy(import);
+        for o in others {
+            polychip_tensor_destroy(o);
+        }
+    }
     polychip_runtime_destroy(rt);
 }

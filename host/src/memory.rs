@@ -148,33 +148,107 @@ pub(crate) fn inside_live_allocation(device: &Device, ptr: *const c_void, bytes:
             .any(|(&(start, _), &len)| holds(start, len))
 }
 
+/// What a dropped [`Buffer`] still has to do (free its memory, or call its
+/// owner's release) once nothing borrows inside its range.
+pub(crate) struct Deferred {
+    start: usize,
+    bytes: u64,
+    action: Box<dyn FnOnce() + Send>,
+}
+
+impl std::fmt::Debug for Deferred {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Deferred({:#x}, {} bytes)", self.start, self.bytes)
+    }
+}
+
+/// Whether a borrowed range of `live` overlaps `start..start + bytes`.
+fn borrowed_inside(
+    borrowed: &std::collections::BTreeMap<(usize, u64), u64>,
+    start: usize,
+    bytes: u64,
+) -> bool {
+    let end = start as u128 + u128::from(bytes);
+    borrowed.iter().any(|(&(at, _), &len)| {
+        len > 0 && (at as u128) < end && at as u128 + u128::from(len) > start as u128
+    })
+}
+
 impl Drop for Buffer {
     fn drop(&mut self) {
         let usage = self.device.plugin().usage.get(self.device.index() as usize);
-        if let (Some(u), Some(serial)) = (usage, self.borrowed) {
-            lock(&u.live).borrowed.remove(&(self.ptr as usize, serial));
-        }
-        if let Release::Foreign(release) = &self.release {
-            let release = release.lock().unwrap_or_else(|e| e.into_inner()).take();
-            if let Some(release) = release {
-                release();
+        let (start, bytes) = (self.ptr as usize, self.bytes);
+        // What freeing it means: the owner's release, or the plugin's free.
+        let action: Option<Box<dyn FnOnce() + Send>> = match &self.release {
+            Release::Foreign(release) => release
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .take()
+                .map(|r| Box::new(r) as Box<dyn FnOnce() + Send>),
+            Release::Plugin => {
+                let device = self.device.clone();
+                Some(Box::new(move || {
+                    if let Some(u) = device.plugin().usage.get(device.index() as usize) {
+                        u.in_use.fetch_sub(bytes, Ordering::Relaxed);
+                    }
+                    if start == 0 {
+                        return;
+                    }
+                    let ptr = start as *mut c_void;
+                    // SAFETY: the pointer came from mem_alloc on this device;
+                    // every stream that used it holds an Arc to the buffer
+                    // until it synchronizes, and nothing borrows inside it
+                    // any more, so no work still uses it.
+                    if let Err(e) = unsafe { device.plugin().mem_free(device.index(), ptr) } {
+                        log::error!("freeing {bytes} bytes on {device}: {e}");
+                    }
+                }))
+            }
+        };
+        let Some(u) = usage else {
+            if let Some(action) = action {
+                action();
             }
             return;
-        }
-        if let Some(u) = usage {
-            u.in_use.fetch_sub(self.bytes, Ordering::Relaxed);
-            if !self.ptr.is_null() && self.bytes > 0 {
-                lock(&u.live).allocations.remove(&(self.ptr as usize));
+        };
+        let mut ready = Vec::new();
+        {
+            let mut live = lock(&u.live);
+            if let Some(serial) = self.borrowed {
+                live.borrowed.remove(&(start, serial));
+            }
+            if matches!(self.release, Release::Plugin) && !self.ptr.is_null() && bytes > 0 {
+                live.allocations.remove(&start);
+            }
+            // Memory a DLPack import borrows inside this buffer stays until
+            // the import is gone (an import of memory polychip allocated,
+            // whose capsule keeps nothing alive, read the next allocation
+            // that took the freed address).
+            if let Some(action) = action {
+                if bytes > 0 && borrowed_inside(&live.borrowed, start, bytes) {
+                    live.deferred.push(Deferred {
+                        start,
+                        bytes,
+                        action,
+                    });
+                } else {
+                    ready.push(action);
+                }
+            }
+            // This borrower's end may release buffers that waited for it.
+            if self.borrowed.is_some() && !live.deferred.is_empty() {
+                let waiting = std::mem::take(&mut live.deferred);
+                for d in waiting {
+                    if borrowed_inside(&live.borrowed, d.start, d.bytes) {
+                        live.deferred.push(d);
+                    } else {
+                        ready.push(d.action);
+                    }
+                }
             }
         }
-        if self.ptr.is_null() {
-            return;
-        }
-        // SAFETY: the pointer came from mem_alloc on this device; every stream
-        // that used it holds an Arc to the buffer until it synchronizes, so no
-        // work still uses it.
-        if let Err(e) = unsafe { self.device.plugin().mem_free(self.device.index(), self.ptr) } {
-            log::error!("freeing {} bytes on {}: {e}", self.bytes, self.device);
+        for action in ready {
+            action();
         }
     }
 }

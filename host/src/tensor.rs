@@ -367,7 +367,18 @@ impl Tensor {
         if self.is_compact() {
             return Ok(span);
         }
-        let mut out = Vec::with_capacity(self.numel() * size);
+        // A broadcast view of a small span may name far more elements than
+        // the host can hold: an error, not an abort in the allocator.
+        let mut out = Vec::new();
+        out.try_reserve_exact(self.numel() * size).map_err(|_| {
+            HostError::Usage(format!(
+                "reading a {} tensor of shape {} needs {} bytes of host memory, which could not \
+                 be allocated",
+                self.dtype,
+                Shape::from(self.shape.as_slice()),
+                self.numel() * size
+            ))
+        })?;
         for_each_offset(&self.shape, &self.strides, |e| {
             let at = (e * size as i64 - lo) as usize;
             out.extend_from_slice(&span[at..at + size]);

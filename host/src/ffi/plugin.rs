@@ -93,6 +93,10 @@ pub(crate) struct LiveMemory {
     pub borrowed: std::collections::BTreeMap<(usize, u64), u64>,
     /// The next borrowed buffer's serial.
     pub serial: u64,
+    /// Buffers whose last reference went while memory borrowed from them
+    /// was still in use (a DLPack import naming memory inside them): their
+    /// free, or release, waits for the last such borrower.
+    pub deferred: Vec<crate::memory::Deferred>,
 }
 
 // SAFETY: the table's pointers are static (plugins are never unloaded) and the
