@@ -630,8 +630,6 @@ def test_bad_input_fails_clearly_and_nothing_runs_across_devices():
     assert (a + torch.tensor(2.0)).device == a.device  # a 0-d CPU tensor is a scalar
     with pytest.raises(RuntimeError, match="allocating device memory.*out of memory"):
         torch.empty(10**12, device=f"polychip:{COBALT}")
-    with pytest.raises(RuntimeError, match=r"torch.complex64 tensors are not supported on the device \(it holds float32"):
-        torch.zeros(2, dtype=torch.complex64, device=f"polychip:{FERRITE}").cpu()
     # PyTorch keeps device indices in 8 bits: polychip:128 arrives as -128,
     # which landed on the current device; it is refused, saying why.
     with pytest.raises(RuntimeError, match="device index -128 is not a device.*wrap around"):
@@ -678,3 +676,86 @@ def test_resize_grows_keeps_and_refuses_impossible_sizes_unchanged():
         with pytest.raises(RuntimeError, match=message):
             x.resize_(*sizes)
         assert x.shape == (10,), "a refused resize leaves the sizes"
+
+
+@pytest.mark.parametrize(
+    "dtype",
+    [torch.int8, torch.int16, torch.uint16, torch.uint32, torch.uint64, torch.complex64, torch.complex128,
+     torch.float8_e4m3fn, torch.float8_e5m2],
+)
+def test_a_tensor_of_any_dtype_is_stored_moved_and_computed_on_the_cpu(dtype):
+    """The device stores every dtype (its operators take float32, float16,
+    bfloat16, float64, int32, int64, uint8 and bool): moves, strided copies,
+    fills and moves between vendors carry the bytes exactly, and the
+    operators run through the CPU fallback (an int8 tensor or Meta's
+    complex rotary embedding stopped with "not supported on the device")."""
+    f, c = f"polychip:{FERRITE}", f"polychip:{COBALT}"
+    base = torch.tensor([[1, -2, 3, 4], [5, 6, -7, 8]])
+    x = base.to(dtype) if not dtype.is_complex else (base + 1j * base.flip(1)).to(dtype)
+    bits = lambda t: t.cpu().reshape(-1).contiguous().view(torch.uint8)
+    d = x.to(f)
+    assert d.dtype == dtype and d.device == torch.device(f)
+    assert torch.equal(bits(d), bits(x))
+    assert torch.equal(bits(d.to(c)), bits(x))  # between vendors
+    assert torch.equal(bits(d[:, ::2].clone()), bits(x[:, ::2]))  # strided, on the device
+    assert torch.equal(bits(d.t().contiguous()), bits(x.t().contiguous()))
+    e = torch.empty_like(d)
+    e.copy_(d)
+    assert torch.equal(bits(e), bits(x))
+    z = torch.zeros(3, dtype=dtype, device=f)
+    assert torch.equal(bits(z), bits(torch.zeros(3, dtype=dtype)))
+    assert bits(d[0, 1]).tolist() == bits(x[0, 1]).tolist()
+    if dtype in (torch.int8, torch.int16, torch.complex64, torch.complex128):
+        pt.reset_fallback_report()
+        got = (d * 2 + d).sum(dim=1)
+        want = (x * 2 + x).sum(dim=1)
+        assert got.device == torch.device(f) and torch.equal(got.cpu(), want)
+        assert pt.fallback_report().total > 0
+
+
+def test_metas_complex_rotary_embedding_matches_the_cpu_and_complex_views_alias():
+    """LLaMA's reference code rotates with complex numbers
+    (``torch.polar``, ``view_as_complex``, ``view_as_real``)."""
+    torch.manual_seed(0)
+    freqs = torch.polar(torch.ones(6, 8), torch.randn(6, 8))
+    x = torch.randn(2, 6, 4, 16, requires_grad=True)
+
+    def rope(x, f):
+        xc = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
+        return torch.view_as_real(xc * f.view(1, 6, 1, 8)).flatten(3).type_as(x)
+
+    want = rope(x, freqs)
+    want.square().sum().backward()
+    xd = x.detach().to(f"polychip:{FERRITE}").requires_grad_()
+    got = rope(xd, freqs.to(f"polychip:{FERRITE}"))
+    got.square().sum().backward()
+    torch.testing.assert_close(got.cpu(), want, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(xd.grad.cpu(), x.grad, rtol=1e-5, atol=1e-5)
+    # The views share the tensor's memory, as on the CPU.
+    r = torch.randn(4, 8, 2, device=f"polychip:{FERRITE}")
+    cx = torch.view_as_complex(r)
+    torch.view_as_real(cx)[0, 0, 1] = 7.0
+    assert r[0, 0, 1].item() == 7.0 and cx[0, 0].imag.item() == 7.0
+
+
+def test_conjugate_and_negative_views_are_copied_resolved():
+    """A lazy ``conj()`` (autograd makes one in a complex product's
+    backward) and the negative view of its imaginary part are resolved
+    when copied, read, written into and moved between vendors (copying one
+    recursed without end, a segmentation fault)."""
+    f, c = f"polychip:{FERRITE}", f"polychip:{COBALT}"
+    x = torch.tensor([1 + 2j, 3 - 4j, -5 + 6j])
+    xd = x.to(f)
+    assert torch.equal(xd.conj().cpu(), x.conj().resolve_conj())
+    assert xd.conj().imag.is_neg() and torch.equal(xd.conj().imag.cpu(), x.conj().imag.resolve_neg())
+    assert torch.equal(xd.conj().to(c).cpu(), x.conj().resolve_conj())
+    assert torch.equal(xd.conj().clone().cpu(), x.conj().resolve_conj())
+    y, yd = x.clone(), xd.clone()
+    new = torch.tensor([7 + 1j, 8, 9j])
+    y.conj().copy_(new)
+    yd.conj().copy_(new.to(f))
+    assert torch.equal(yd.cpu(), y)
+    y.conj().imag.copy_(torch.tensor([1.0, 2, 3]))
+    yd.conj().imag.copy_(torch.tensor([1.0, 2, 3], device=f))
+    assert torch.equal(yd.cpu(), y)
+    assert torch.equal((xd.conj() * xd).cpu(), x.conj() * x)

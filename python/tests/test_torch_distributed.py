@@ -418,19 +418,25 @@ DTYPES = textwrap.dedent(
                     dist.ReduceOp.SUM: both[0].bool() | both[1].bool(), dist.ReduceOp.MAX: both[0].bool() | both[1].bool(),
                     dist.ReduceOp.MIN: both[0].bool() & both[1].bool()}[op]
                 assert torch.equal(t.cpu(), want.to(dtype)), (dtype, where, op, t, want)
-    # Moves of dtypes the device does not hold travel as bytes.
+    # Moves of dtypes the device's operators do not take travel as bytes,
+    # from the CPU or stored on the device; their reductions widened.
     for dtype in (torch.int8, torch.int16, torch.float8_e4m3fn, torch.complex64):
-        t = mine(dtype)
-        dist.broadcast(t, 1)
-        assert torch.equal(t.view(torch.uint8), both[1].to(dtype).view(torch.uint8)), (dtype, t)
-        out = torch.empty(8, dtype=dtype)
-        dist.all_gather_into_tensor(out, mine(dtype))
-        assert torch.equal(out.view(torch.uint8), torch.cat(both).to(dtype).view(torch.uint8)), (dtype, out)
-        got = torch.empty(4, dtype=dtype)
-        ops = [dist.P2POp(dist.isend, mine(dtype), 1 - rank), dist.P2POp(dist.irecv, got, 1 - rank)]
-        for w in dist.batch_isend_irecv(ops):
-            w.wait()
-        assert torch.equal(got.view(torch.uint8), both[1 - rank].to(dtype).view(torch.uint8)), (dtype, got)
+        for where in ("cpu", dev):
+            t = mine(dtype).to(where)
+            dist.broadcast(t, 1)
+            assert t.device.type == torch.device(where).type
+            assert torch.equal(t.cpu().view(torch.uint8), both[1].to(dtype).view(torch.uint8)), (dtype, t)
+            out = torch.empty(8, dtype=dtype, device=where)
+            dist.all_gather_into_tensor(out, mine(dtype).to(where))
+            assert torch.equal(out.cpu().view(torch.uint8), torch.cat(both).to(dtype).view(torch.uint8)), (dtype, out)
+            got = torch.empty(4, dtype=dtype, device=where)
+            ops = [dist.P2POp(dist.isend, mine(dtype).to(where), 1 - rank), dist.P2POp(dist.irecv, got, 1 - rank)]
+            for w in dist.batch_isend_irecv(ops):
+                w.wait()
+            assert torch.equal(got.cpu().view(torch.uint8), both[1 - rank].to(dtype).view(torch.uint8)), (dtype, got)
+    t = mine(torch.int8).to(dev)
+    dist.all_reduce(t)
+    assert t.device == dev and torch.equal(t.cpu(), (both[0] + both[1]).to(torch.int8)), t
     # An expanded view cannot take the result: refused before either rank
     # communicates (the all-reduce ran, then its write-back failed), so
     # the next collective still pairs up.

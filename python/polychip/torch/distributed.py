@@ -89,8 +89,9 @@ _WIDENED = {torch.int8, torch.int16, torch.uint16}
 class _Staged:
     """A polychip view of a tensor for the communicator: the tensor itself
     when it is a contiguous polychip tensor, else a contiguous copy on a
-    polychip device that ``finish()`` writes back. A CPU tensor of a dtype
-    the device does not hold travels as its bytes (``reduces`` False) or,
+    polychip device that ``finish()`` writes back. A tensor of a dtype the
+    device's operators do not take (on the CPU, or stored on the device as
+    its bytes) travels as its bytes (``reduces`` False) or,
     for a reduction, widened to int32 (int8, int16, uint16; others are
     refused, naming the dtype)."""
 
@@ -106,7 +107,7 @@ class _Staged:
         self.tensor = t
         self.writes = writes
         self.as_bytes = False
-        if t.device.type == NAME and t.is_contiguous():
+        if t.device.type == NAME and t.is_contiguous() and t.dtype in _HELD:
             self.staged = t
         else:
             device = t.device if t.device.type == NAME else torch.device(NAME, torch.polychip.current_device())

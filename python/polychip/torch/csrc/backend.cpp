@@ -399,10 +399,40 @@ polychip_tensor_t* view_of(const at::Tensor& t) {
   return out;
 }
 
-// A view handle freed at scope exit.
+// A handle for `t`'s memory as the copies move it: a typed view where the
+// device holds its dtype, else a view of its bytes (uint8, one more
+// dimension of the element's size), so that a tensor of any dtype (int8,
+// int16, complex, float8, ...) can be stored, copied and moved, while the
+// operators take only the dtypes above (the others run on the CPU).
+polychip_tensor_t* storage_view_of(const at::Tensor& t) {
+  bool ok = false;
+  dtype_code(t.scalar_type(), &ok);
+  if (ok) return view_of(t);
+  TORCH_CHECK(is_polychip(t), "polychip: expected a polychip tensor, got one on ", t.device());
+  check_not_forked();
+  const int64_t size = static_cast<int64_t>(t.element_size());
+  std::vector<int64_t> sizes(t.sizes().begin(), t.sizes().end());
+  std::vector<int64_t> strides;
+  for (const int64_t s : t.strides()) strides.push_back(s * size);
+  sizes.push_back(size);
+  strides.push_back(1);
+  const auto [handle, start] = storage_handle(t.storage());
+  const uint64_t offset =
+      t.numel() == 0 ? 0 : start + static_cast<uint64_t>(t.storage_offset()) * size;
+  polychip_tensor_t* out = nullptr;
+  check(polychip_tensor_view_as(handle, POLYCHIP_DTYPE_U8, static_cast<int32_t>(sizes.size()),
+                                sizes.data(), strides.data(), offset, &out),
+        "viewing a tensor's bytes");
+  return out;
+}
+
+// A view handle freed at scope exit: typed (`View`), or for the copies of
+// any dtype (`View(t, View::kBytes)`) as `storage_view_of` makes it.
 struct View {
   polychip_tensor_t* h;
+  enum Bytes { kBytes };
   explicit View(const at::Tensor& t) : h(view_of(t)) {}
+  View(const at::Tensor& t, Bytes) : h(storage_view_of(t)) {}
   ~View() { polychip_tensor_destroy(h); }
   View(const View&) = delete;
   View& operator=(const View&) = delete;
@@ -790,12 +820,46 @@ void device_copy(const at::Tensor& src, const at::Tensor& dst) {
     device_copy(tmp, dst);
     return;
   }
-  View s(src), d(dst);
   if (src.scalar_type() == dst.scalar_type()) {
+    View s(src, View::kBytes), d(dst, View::kBytes);
     timed("copy", [&] { return polychip_op_copy(nullptr, s.h, d.h); });
   } else {
+    View s(src), d(dst);
     timed("cast", [&] { return polychip_op_cast(nullptr, s.h, d.h); });
   }
+}
+
+// A copy where either side carries a conjugate or negative bit (a lazy
+// `conj()` of a complex tensor, as autograd makes in a complex product's
+// backward): through the CPU, which resolves the bits; the device's copies
+// move stored values. PyTorch's conjugate fallback would resolve such a
+// source by a clone on the device, which copies it again: a recursion
+// without end (a segmentation fault).
+at::Tensor copy_with_math_bits(const at::Tensor& src, const at::Tensor& dst) {
+  const std::string name = "aten::_copy_from (conjugate or negative view)";
+  count_fallback(name);
+  FallbackTimer timer(name);
+  at::Tensor value;
+  if (is_polychip(src)) {
+    value = at::empty(src.sizes(), src.options().device(at::kCPU));
+    View s(src, View::kBytes);
+    timed("copy from the device", [&] { return polychip_tensor_read(s.h, value.data_ptr(), value.nbytes()); });
+    if (src.is_conj()) value = value.conj_physical();
+    if (src.is_neg()) value = value.neg();
+  } else {
+    value = src.to(at::kCPU).resolve_conj().resolve_neg();
+  }
+  if (!is_polychip(dst)) {
+    const_cast<at::Tensor&>(dst).copy_(value);
+    return dst;
+  }
+  at::Tensor stored = value.to(dst.scalar_type());
+  if (dst.is_conj()) stored = stored.conj_physical();
+  if (dst.is_neg()) stored = stored.neg();
+  stored = stored.contiguous();
+  View d(dst, View::kBytes);
+  timed("copy to the device", [&] { return polychip_tensor_write(d.h, stored.data_ptr(), stored.nbytes()); });
+  return dst;
 }
 
 at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool /*non_blocking*/) {
@@ -805,22 +869,22 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool /*non_b
   // another shape; the out= way back resizes through copy_from_and_resize).
   at::Tensor src = self.sizes() == dst.sizes() ? self : self.expand(dst.sizes());
   if (dst.numel() == 0) return dst;
+  if (src.is_conj() || src.is_neg() || dst.is_conj() || dst.is_neg()) {
+    return copy_with_math_bits(src, dst);
+  }
   const bool same_dtype = src.scalar_type() == dst.scalar_type();
-  bool ok_src = false, ok_dst = false;
-  dtype_code(src.scalar_type(), &ok_src);
-  dtype_code(dst.scalar_type(), &ok_dst);
   if (!is_polychip(src)) {
     // CPU (or another host device) to polychip: convert on the CPU, then
     // one write of row-major bytes into the destination view.
     at::Tensor host = src.to(at::kCPU, dst.scalar_type()).contiguous();
-    View d(dst);
+    View d(dst, View::kBytes);
     timed("copy to the device", [&] { return polychip_tensor_write(d.h, host.data_ptr(), host.nbytes()); });
     return dst;
   }
   if (!is_polychip(dst)) {
     at::Tensor host = at::empty(src.sizes(), src.options().device(at::kCPU));
     {
-      View s(src);
+      View s(src, View::kBytes);
       timed("copy from the device", [&] { return polychip_tensor_read(s.h, host.data_ptr(), host.nbytes()); });
     }
     const_cast<at::Tensor&>(dst).copy_(host);
@@ -833,7 +897,7 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool /*non_b
   if (src.device() != dst.device() && same_dtype) {
     // Between devices, perhaps of two vendors: staged through the host.
     {
-      View s(src), d(dst);
+      View s(src, View::kBytes), d(dst, View::kBytes);
       timed("copy between devices", [&] { return polychip_tensor_copy(s.h, d.h); });
       return dst;
     }
@@ -984,7 +1048,7 @@ at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
 
 at::Scalar local_scalar_dense(const at::Tensor& self) {
   at::Tensor host = at::empty({}, self.options().device(at::kCPU));
-  View s(self);
+  View s(self, View::kBytes);
   timed("reading a scalar", [&] { return polychip_tensor_read(s.h, host.data_ptr(), host.nbytes()); });
   return host.item();
 }
@@ -1005,6 +1069,12 @@ at::Tensor& set_source_storage_offset(at::Tensor& self, at::Storage storage, int
 at::Tensor view(const at::Tensor& self, c10::SymIntArrayRef size) {
   return at::native::view(self, C10_AS_INTARRAYREF_SLOW(size));
 }
+
+// A complex tensor's real view and back: views of the same memory, as on
+// the CPU (through the CPU fallback they were copies, so a write into one
+// did not reach the other).
+at::Tensor view_as_real(const at::Tensor& self) { return at::native::view_as_real(self); }
+at::Tensor view_as_complex(const at::Tensor& self) { return at::native::view_as_complex(self); }
 
 bool fill_on_device(const at::Tensor& self, const at::Scalar& value) {
   bool ok = false;
@@ -1079,6 +1149,8 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("set_.source_Storage", set_source_storage);
   m.impl("set_.source_Storage_storage_offset", set_source_storage_offset);
   m.impl("view", view);
+  m.impl("view_as_real", view_as_real);
+  m.impl("view_as_complex", view_as_complex);
   m.impl("fill_.Scalar", fill_scalar);
   m.impl("fill_.Tensor", fill_tensor);
   m.impl("zero_", zero);
@@ -1092,6 +1164,17 @@ int64_t sdp_choice(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v
                    const std::optional<at::Tensor>& mask, double dropout, bool causal,
                    std::optional<double> scale, bool enable_gqa) {
   return at::_fused_sdp_choice(q, k, v, mask, dropout, causal, scale, enable_gqa);
+}
+
+// The copies resolve conjugate and negative bits themselves (see
+// `copy_with_math_bits`), as the CPU's and CUDA's copy_ do.
+TORCH_LIBRARY_IMPL(aten, Conjugate, m) {
+  m.impl("_copy_from", torch::CppFunction::makeFallthrough());
+  m.impl("_copy_from_and_resize", torch::CppFunction::makeFallthrough());
+}
+TORCH_LIBRARY_IMPL(aten, Negative, m) {
+  m.impl("_copy_from", torch::CppFunction::makeFallthrough());
+  m.impl("_copy_from_and_resize", torch::CppFunction::makeFallthrough());
 }
 
 TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
