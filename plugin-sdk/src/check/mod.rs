@@ -353,6 +353,208 @@ pub fn writable(op: &'static str, tensor: &'static str, t: &TensorDesc) -> Check
     Ok(())
 }
 
+/// How two tensors of one call share memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sharing {
+    /// No byte of one is a byte of the other.
+    Apart,
+    /// The same view: address, dtype, shape and strides.
+    Same,
+    /// Some elements overlap (or the test could not rule it out).
+    Overlap,
+}
+
+/// Most nodes [`sharing`]'s search visits before it takes two views as
+/// overlapping (views that far from simple no framework makes).
+const SHARING_WORK: usize = 100_000;
+
+/// How `a` and `b` share memory. Views whose byte spans are disjoint are
+/// apart at once; otherwise the test is exact: it looks for element indices
+/// of the two whose bytes overlap (a bounded search over the dimensions by
+/// stride, as NumPy's `may_share_memory` does), so interleaved views (the
+/// even and the odd columns of one matrix, two halves of one row) are apart.
+pub fn sharing(a: &TensorDesc, b: &TensorDesc) -> Sharing {
+    let (na, nb) = (a.numel(), b.numel());
+    if na == 0 || nb == 0 {
+        return Sharing::Apart;
+    }
+    let (ea, eb) = (a.dtype.size() as i128, b.dtype.size() as i128);
+    // The bytes each spans: compact tensors (no strides) at once.
+    let span = |t: &TensorDesc, n: usize, e: i128| {
+        let base = t.data as usize as i128;
+        let Some(strides) = t.strides else {
+            return (base, base + n as i128 * e);
+        };
+        let (mut lo, mut hi) = (0i128, 0i128);
+        for (&d, &s) in t.shape.iter().zip(strides) {
+            let reach = i128::from(d - 1) * i128::from(s) * e;
+            if reach < 0 {
+                lo += reach;
+            } else {
+                hi += reach;
+            }
+        }
+        (base + lo, base + hi + e)
+    };
+    let (alo, ahi) = span(a, na, ea);
+    let (blo, bhi) = span(b, nb, eb);
+    if ahi <= blo || bhi <= alo {
+        return Sharing::Apart;
+    }
+    let alike = a.data == b.data && a.dtype == b.dtype && a.shape == b.shape;
+    if alike && a.strides == b.strides {
+        return Sharing::Same;
+    }
+    let (sa, sb) = (a.strides(), b.strides());
+    if alike {
+        let same = a
+            .shape
+            .iter()
+            .zip(sa.iter().zip(sb.iter()))
+            .all(|(&d, (&x, &y))| d == 1 || x == y);
+        if same {
+            return Sharing::Same;
+        }
+    }
+    // Variables: a's indices with coefficient `stride * size`, b's with the
+    // negated one; an overlap is a sum in [lo, hi], where the two elements'
+    // bytes intersect (a's address minus b's in (-ea, eb)).
+    let mut vars: Vec<(i128, i128)> = Vec::new();
+    for (t, strides, e, sign) in [(a, &sa, ea, 1i128), (b, &sb, eb, -1i128)] {
+        for (&d, &s) in t.shape.iter().zip(strides.iter()) {
+            if d > 1 && s != 0 {
+                vars.push((sign * i128::from(s) * e, i128::from(d - 1)));
+            }
+        }
+    }
+    vars.sort_by_key(|&(c, _)| std::cmp::Reverse(c.abs()));
+    let offset = b.data as usize as i128 - a.data as usize as i128;
+    let (lo, hi) = (offset - ea + 1, offset + eb - 1);
+    // The least and most the variables from `k` on can add.
+    let mut rest = vec![(0i128, 0i128); vars.len() + 1];
+    for k in (0..vars.len()).rev() {
+        let (c, n) = vars[k];
+        let (x, y) = (0.min(c * n), 0.max(c * n));
+        rest[k] = (rest[k + 1].0 + x, rest[k + 1].1 + y);
+    }
+    let mut work = 0usize;
+    match solvable(&vars, &rest, 0, 0, (lo, hi), &mut work) {
+        Some(false) => Sharing::Apart,
+        _ => Sharing::Overlap,
+    }
+}
+
+/// Whether some `x_k` in `0..=n_k` from variable `k` on bring `sum` into
+/// `target`; `None` when the search ran out of work.
+fn solvable(
+    vars: &[(i128, i128)],
+    rest: &[(i128, i128)],
+    k: usize,
+    sum: i128,
+    target: (i128, i128),
+    work: &mut usize,
+) -> Option<bool> {
+    *work += 1;
+    if *work > SHARING_WORK {
+        return None;
+    }
+    let (lo, hi) = target;
+    if sum + rest[k].1 < lo || sum + rest[k].0 > hi {
+        return Some(false);
+    }
+    let Some(&(c, n)) = vars.get(k) else {
+        return Some(true);
+    };
+    // c x must land in [lo - sum - rest_max, hi - sum - rest_min].
+    let (want_lo, want_hi) = (lo - sum - rest[k + 1].1, hi - sum - rest[k + 1].0);
+    let (mut x0, mut x1) = if c > 0 {
+        (
+            want_lo.div_euclid(c) + i128::from(want_lo.rem_euclid(c) != 0),
+            want_hi.div_euclid(c),
+        )
+    } else {
+        let c = -c;
+        // -c x in [want_lo, want_hi]  <=>  x in [-want_hi / c, -want_lo / c]
+        let (l, h) = (-want_hi, -want_lo);
+        (
+            l.div_euclid(c) + i128::from(l.rem_euclid(c) != 0),
+            h.div_euclid(c),
+        )
+    };
+    x0 = x0.max(0);
+    x1 = x1.min(n);
+    let mut x = x0;
+    while x <= x1 {
+        match solvable(vars, rest, k + 1, sum + c * x, target, work) {
+            Some(false) => x += 1,
+            other => return other,
+        }
+    }
+    Some(false)
+}
+
+/// The operator's tensors share memory only where it works in place: each
+/// output apart from every other output, and from every input unless it is
+/// exactly that input and the input is one of the output's `aliases` (the
+/// spec's `alias`). An output that overlaps an input in part, or one the
+/// operator does not update in place, gets a wrong result (the kernel
+/// reads what it has already written); optional tensors absent are `None`.
+#[allow(clippy::type_complexity)]
+pub fn apart(
+    op: &'static str,
+    inputs: &[(&'static str, Option<&TensorDesc>)],
+    outputs: &[(&'static str, Option<&TensorDesc>, &[&str])],
+) -> Checked {
+    let describe = |t: &TensorDesc| {
+        format!(
+            "shape {} and strides {}",
+            Shape::from(t.shape),
+            Shape::from(&*t.strides())
+        )
+    };
+    for (i, &(oname, o, aliases)) in outputs.iter().enumerate() {
+        let Some(o) = o else { continue };
+        for &(iname, x) in inputs {
+            let Some(x) = x else { continue };
+            let message = match sharing(o, x) {
+                Sharing::Apart => continue,
+                Sharing::Same if aliases.contains(&iname) => continue,
+                Sharing::Same => format!(
+                    "output {oname} is input {iname}, and {op} does not write {oname} in place \
+                     of {iname}; pass an output of its own"
+                ),
+                Sharing::Overlap => format!(
+                    "output {oname} ({}) overlaps input {iname} ({}) in part: {op} would read \
+                     elements of {iname} it has already written; pass an output apart from it{}",
+                    describe(o),
+                    describe(x),
+                    if aliases.contains(&iname) {
+                        format!(", or exactly {iname} to work in place")
+                    } else {
+                        String::new()
+                    }
+                ),
+            };
+            return Err(ArgError::Invalid { op, message });
+        }
+        for &(other, p, _) in &outputs[i + 1..] {
+            let Some(p) = p else { continue };
+            if sharing(o, p) != Sharing::Apart {
+                return Err(ArgError::Invalid {
+                    op,
+                    message: format!(
+                        "outputs {oname} ({}) and {other} ({}) share memory; {op} writes each \
+                         apart",
+                        describe(o),
+                        describe(p)
+                    ),
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
 /// NumPy broadcasting of two shapes, or `None` when they do not broadcast.
 pub fn broadcast_shapes(a: &[i64], b: &[i64]) -> Option<Vec<i64>> {
     let n = a.len().max(b.len());

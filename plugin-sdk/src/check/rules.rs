@@ -255,8 +255,13 @@ mod tests {
     use crate::error::ErrorCode;
     use crate::ops::*;
 
+    /// A tensor at an address of its own (never read: the checks only
+    /// compare addresses), 4 GiB from the last one.
     fn t(dtype: DType, shape: &[i64]) -> TensorDesc<'_> {
-        TensorDesc::new(std::ptr::null_mut(), dtype, shape, None)
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        static NEXT: AtomicUsize = AtomicUsize::new(1 << 40);
+        let at = NEXT.fetch_add(1 << 32, Ordering::Relaxed);
+        TensorDesc::new(at as *mut u8, dtype, shape, None)
     }
 
     fn f32s(shape: &[i64]) -> TensorDesc<'_> {
@@ -446,10 +451,11 @@ mod tests {
         let q = t(DType::F16, &[2, 8, 16, 64]);
         let kv = t(DType::F16, &[2, 2, 32, 64]);
         let lse = f32s(&[2, 8, 16]);
-        assert!(AttentionArgs::new(Op::Attention, q, kv, kv, q, lse, 0.125, true).is_ok());
+        let out = t(DType::F16, &[2, 8, 16, 64]);
+        assert!(AttentionArgs::new(Op::Attention, q, kv, kv, out, lse, 0.125, true).is_ok());
         let bad_kv = t(DType::F16, &[2, 3, 32, 64]);
-        let err =
-            AttentionArgs::new(Op::Attention, q, bad_kv, bad_kv, q, lse, 0.125, true).unwrap_err();
+        let err = AttentionArgs::new(Op::Attention, q, bad_kv, bad_kv, out, lse, 0.125, true)
+            .unwrap_err();
         assert!(
             err.to_string().contains("heads_kv dividing q's 8 heads"),
             "{err}"
@@ -479,9 +485,9 @@ mod tests {
             )
             .is_ok()
         );
-        let p = t(DType::BF16, &[3]);
-        let m = f32s(&[3]);
-        let adamw = |step| AdamwArgs::new(Op::Adamw, p, p, m, m, 1e-3, 0.9, 0.999, 1e-8, 0.0, step);
+        let (p, g) = (t(DType::BF16, &[3]), t(DType::BF16, &[3]));
+        let (m, v) = (f32s(&[3]), f32s(&[3]));
+        let adamw = |step| AdamwArgs::new(Op::Adamw, p, g, m, v, 1e-3, 0.9, 0.999, 1e-8, 0.0, step);
         assert!(adamw(0).unwrap_err().to_string().contains("step is 0"));
         assert!(adamw(1).is_ok());
         let linear = |bias, out| LinearArgs::new(Op::Linear, f32s(&[2, 5, 4]), w, bias, out);
@@ -514,5 +520,120 @@ mod tests {
         )
         .unwrap_err();
         assert!(err.to_string().contains("head_dim 7 must be even"), "{err}");
+    }
+
+    /// A view at `offset` elements into a buffer at a fixed address.
+    fn at<'a>(offset: usize, shape: &'a [i64], strides: &'a [i64]) -> TensorDesc<'a> {
+        TensorDesc::new(
+            (0x1000_0000 + 4 * offset) as *mut u8,
+            DType::F32,
+            shape,
+            Some(strides),
+        )
+    }
+
+    #[test]
+    fn sharing_is_exact_for_interleaved_and_shifted_views() {
+        use crate::check::{Sharing, sharing};
+        let same = at(0, &[3, 3], &[3, 1]);
+        assert_eq!(sharing(&same, &at(0, &[3, 3], &[3, 1])), Sharing::Same);
+        // The transpose of the same memory, a shifted and a strided view.
+        assert_eq!(sharing(&same, &at(0, &[3, 3], &[1, 3])), Sharing::Overlap);
+        assert_eq!(
+            sharing(&at(0, &[4], &[2]), &at(2, &[4], &[2])),
+            Sharing::Overlap
+        );
+        // Even against odd elements, and two halves of each row: apart.
+        assert_eq!(
+            sharing(&at(0, &[5], &[2]), &at(1, &[5], &[2])),
+            Sharing::Apart
+        );
+        assert_eq!(
+            sharing(&at(0, &[64, 32], &[64, 1]), &at(32, &[64, 32], &[64, 1])),
+            Sharing::Apart
+        );
+        // Columns 0..4 against column 4 of the same rows (another shape),
+        // and against columns 3..5 (one shared column).
+        assert_eq!(
+            sharing(&at(0, &[1000, 4], &[8, 1]), &at(4, &[1000, 1], &[8, 1])),
+            Sharing::Apart
+        );
+        assert_eq!(
+            sharing(&at(0, &[1000, 4], &[8, 1]), &at(3, &[1000, 2], &[8, 1])),
+            Sharing::Overlap
+        );
+        // A flipped view, an empty one, and a broadcast element inside.
+        assert_eq!(
+            sharing(&at(0, &[4], &[1]), &at(3, &[4], &[-1])),
+            Sharing::Overlap
+        );
+        assert_eq!(
+            sharing(&at(0, &[4], &[1]), &at(1, &[0], &[1])),
+            Sharing::Apart
+        );
+        assert_eq!(
+            sharing(&at(0, &[4], &[2]), &at(6, &[7], &[0])),
+            Sharing::Overlap
+        );
+        assert_eq!(
+            sharing(&at(0, &[4], &[2]), &at(5, &[7], &[0])),
+            Sharing::Apart
+        );
+        // Bytes, not elements: an f64 view straddles two f32 elements.
+        let wide = TensorDesc::new(0x1000_0004 as *mut u8, DType::F64, &[2], Some(&[2]));
+        assert_eq!(sharing(&at(0, &[2], &[4]), &wide), Sharing::Apart);
+        assert_eq!(sharing(&at(2, &[2], &[4]), &wide), Sharing::Overlap);
+    }
+
+    #[test]
+    fn outputs_share_memory_with_inputs_only_in_place() {
+        let x = at(0, &[4], &[1]);
+        // In place where the spec allows it; a copy onto itself it does not.
+        assert!(BinaryArgs::new(Op::Add, x, f32s(&[4]), x, 1.0).is_ok());
+        let err = CopyArgs::new(Op::Copy, x, x).unwrap_err().to_string();
+        assert!(
+            err.contains("output dst is input src, and copy does not write dst in place"),
+            "{err}"
+        );
+        let err = CopyArgs::new(Op::Copy, at(2, &[4], &[2]), at(0, &[4], &[2]))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("output dst (shape [4] and strides [2]) overlaps input src (shape [4] and strides [2]) in part"),
+            "{err}"
+        );
+        assert!(CopyArgs::new(Op::Copy, at(1, &[5], &[2]), at(0, &[5], &[2])).is_ok());
+        // The optimizer's state: two moments in one tensor are refused.
+        let (p, g) = (f32s(&[4]), f32s(&[4]));
+        let err = AdamwArgs::new(Op::Adamw, p, g, x, x, 0.1, 0.9, 0.99, 1e-8, 0.0, 1)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("outputs exp_avg"), "{err}");
+        assert!(err.contains("and exp_avg_sq"), "{err}");
+        let err = AdamwArgs::new(
+            Op::Adamw,
+            p,
+            x,
+            at(0, &[4], &[1]),
+            f32s(&[4]),
+            0.1,
+            0.9,
+            0.99,
+            1e-8,
+            0.0,
+            1,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("output exp_avg is input grad"), "{err}");
+        // A matmul writing into one of its operands.
+        let a = at(0, &[2, 2], &[2, 1]);
+        let err = MatmulArgs::new(Op::Matmul, a, f32s(&[2, 2]), a, 1.0, 0.0, false, false)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("matmul does not write out in place of a"),
+            "{err}"
+        );
     }
 }

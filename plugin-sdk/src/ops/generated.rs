@@ -594,7 +594,8 @@ pub struct FillArgs<'a> {
 
 impl<'a> FillArgs<'a> {
     /// Checks a call of `op` (one of `fill`): the spec's dtype, rank and
-    /// shape rules, then that no output overlaps itself.
+    /// shape rules, then that no output overlaps itself, and
+    /// that the tensors share memory only where the operator works in place.
     #[inline]
     pub fn new(op: Op, out: TensorDesc<'a>, value: f64) -> Result<Self, ArgError> {
         let name = op.name();
@@ -645,7 +646,8 @@ pub struct CopyArgs<'a> {
 
 impl<'a> CopyArgs<'a> {
     /// Checks a call of `op` (one of `copy`): the spec's dtype, rank and
-    /// shape rules, then that no output overlaps itself.
+    /// shape rules, then that no output overlaps itself, and
+    /// that the tensors share memory only where the operator works in place.
     #[inline]
     pub fn new(op: Op, src: TensorDesc<'a>, dst: TensorDesc<'a>) -> Result<Self, ArgError> {
         let name = op.name();
@@ -653,6 +655,7 @@ impl<'a> CopyArgs<'a> {
         check::shape_like(name, ("dst", &dst), ("src", &src))?;
         let args = CopyArgs { src, dst };
         check::writable(name, "dst", &args.dst)?;
+        check::apart(name, &[("src", Some(&args.src))], &[("dst", Some(&args.dst), &[])])?;
         Ok(args)
     }
 
@@ -698,7 +701,8 @@ pub struct CastArgs<'a> {
 
 impl<'a> CastArgs<'a> {
     /// Checks a call of `op` (one of `cast`): the spec's dtype, rank and
-    /// shape rules, then that no output overlaps itself.
+    /// shape rules, then that no output overlaps itself, and
+    /// that the tensors share memory only where the operator works in place.
     #[inline]
     pub fn new(op: Op, src: TensorDesc<'a>, dst: TensorDesc<'a>) -> Result<Self, ArgError> {
         let name = op.name();
@@ -707,6 +711,7 @@ impl<'a> CastArgs<'a> {
         check::shape_like(name, ("dst", &dst), ("src", &src))?;
         let args = CastArgs { src, dst };
         check::writable(name, "dst", &args.dst)?;
+        check::apart(name, &[("src", Some(&args.src))], &[("dst", Some(&args.dst), &[])])?;
         Ok(args)
     }
 
@@ -756,7 +761,8 @@ pub struct BinaryArgs<'a> {
 
 impl<'a> BinaryArgs<'a> {
     /// Checks a call of `op` (one of `add`, `sub`, `mul`, `div`): the spec's dtype, rank and
-    /// shape rules, then that no output overlaps itself.
+    /// shape rules, then that no output overlaps itself, and
+    /// that the tensors share memory only where the operator works in place.
     #[inline]
     pub fn new(op: Op, a: TensorDesc<'a>, b: TensorDesc<'a>, out: TensorDesc<'a>, alpha: f64) -> Result<Self, ArgError> {
         let name = op.name();
@@ -766,6 +772,7 @@ impl<'a> BinaryArgs<'a> {
         check::shape_broadcast(name, ("out", &out), ("a", &a), ("b", &b))?;
         let args = BinaryArgs { a, b, out, alpha };
         check::writable(name, "out", &args.out)?;
+        check::apart(name, &[("a", Some(&args.a)), ("b", Some(&args.b))], &[("out", Some(&args.out), &["a", "b"])])?;
         Ok(args)
     }
 
@@ -823,7 +830,8 @@ pub struct MatmulArgs<'a> {
 
 impl<'a> MatmulArgs<'a> {
     /// Checks a call of `op` (one of `matmul`): the spec's dtype, rank and
-    /// shape rules, then [`rules::matmul`] (`op(a)`'s K equals `op(b)`'s, the batch dimensions broadcast, and `out` is `[batch..., M, N]`), then that no output overlaps itself.
+    /// shape rules, then [`rules::matmul`] (`op(a)`'s K equals `op(b)`'s, the batch dimensions broadcast, and `out` is `[batch..., M, N]`), then that no output overlaps itself, and
+    /// that the tensors share memory only where the operator works in place.
     #[inline]
     pub fn new(op: Op, a: TensorDesc<'a>, b: TensorDesc<'a>, out: TensorDesc<'a>, alpha: f64, beta: f64, transpose_a: bool, transpose_b: bool) -> Result<Self, ArgError> {
         let name = op.name();
@@ -836,6 +844,7 @@ impl<'a> MatmulArgs<'a> {
         let args = MatmulArgs { a, b, out, alpha, beta, transpose_a, transpose_b };
         rules::matmul(op, &args)?;
         check::writable(name, "out", &args.out)?;
+        check::apart(name, &[("a", Some(&args.a)), ("b", Some(&args.b))], &[("out", Some(&args.out), &[])])?;
         Ok(args)
     }
 
@@ -886,7 +895,8 @@ pub struct SoftmaxArgs<'a> {
 
 impl<'a> SoftmaxArgs<'a> {
     /// Checks a call of `op` (one of `softmax`, `log_softmax`): the spec's dtype, rank and
-    /// shape rules, then that no output overlaps itself.
+    /// shape rules, then that no output overlaps itself, and
+    /// that the tensors share memory only where the operator works in place.
     #[inline]
     pub fn new(op: Op, input: TensorDesc<'a>, out: TensorDesc<'a>) -> Result<Self, ArgError> {
         let name = op.name();
@@ -896,6 +906,7 @@ impl<'a> SoftmaxArgs<'a> {
         check::shape_like(name, ("out", &out), ("input", &input))?;
         let args = SoftmaxArgs { input, out };
         check::writable(name, "out", &args.out)?;
+        check::apart(name, &[("input", Some(&args.input))], &[("out", Some(&args.out), &["input"])])?;
         Ok(args)
     }
 
@@ -941,7 +952,8 @@ pub struct UnaryArgs<'a> {
 
 impl<'a> UnaryArgs<'a> {
     /// Checks a call of `op` (one of `neg`, `exp`, `log`, `sqrt`, `rsqrt`, `tanh`, `relu`, `silu`, `gelu`): the spec's dtype, rank and
-    /// shape rules, then that no output overlaps itself.
+    /// shape rules, then that no output overlaps itself, and
+    /// that the tensors share memory only where the operator works in place.
     #[inline]
     pub fn new(op: Op, input: TensorDesc<'a>, out: TensorDesc<'a>) -> Result<Self, ArgError> {
         let name = op.name();
@@ -950,6 +962,7 @@ impl<'a> UnaryArgs<'a> {
         check::shape_like(name, ("out", &out), ("input", &input))?;
         let args = UnaryArgs { input, out };
         check::writable(name, "out", &args.out)?;
+        check::apart(name, &[("input", Some(&args.input))], &[("out", Some(&args.out), &["input"])])?;
         Ok(args)
     }
 
@@ -997,7 +1010,8 @@ pub struct PowScalarArgs<'a> {
 
 impl<'a> PowScalarArgs<'a> {
     /// Checks a call of `op` (one of `pow_scalar`): the spec's dtype, rank and
-    /// shape rules, then that no output overlaps itself.
+    /// shape rules, then that no output overlaps itself, and
+    /// that the tensors share memory only where the operator works in place.
     #[inline]
     pub fn new(op: Op, input: TensorDesc<'a>, out: TensorDesc<'a>, exponent: f64) -> Result<Self, ArgError> {
         let name = op.name();
@@ -1006,6 +1020,7 @@ impl<'a> PowScalarArgs<'a> {
         check::shape_like(name, ("out", &out), ("input", &input))?;
         let args = PowScalarArgs { input, out, exponent };
         check::writable(name, "out", &args.out)?;
+        check::apart(name, &[("input", Some(&args.input))], &[("out", Some(&args.out), &["input"])])?;
         Ok(args)
     }
 
@@ -1054,7 +1069,8 @@ pub struct ActivationBackwardArgs<'a> {
 
 impl<'a> ActivationBackwardArgs<'a> {
     /// Checks a call of `op` (one of `relu_backward`, `silu_backward`, `gelu_backward`): the spec's dtype, rank and
-    /// shape rules, then that no output overlaps itself.
+    /// shape rules, then that no output overlaps itself, and
+    /// that the tensors share memory only where the operator works in place.
     #[inline]
     pub fn new(op: Op, grad_out: TensorDesc<'a>, input: TensorDesc<'a>, grad_in: TensorDesc<'a>) -> Result<Self, ArgError> {
         let name = op.name();
@@ -1065,6 +1081,7 @@ impl<'a> ActivationBackwardArgs<'a> {
         check::shape_like(name, ("grad_in", &grad_in), ("input", &input))?;
         let args = ActivationBackwardArgs { grad_out, input, grad_in };
         check::writable(name, "grad_in", &args.grad_in)?;
+        check::apart(name, &[("grad_out", Some(&args.grad_out)), ("input", Some(&args.input))], &[("grad_in", Some(&args.grad_in), &["grad_out", "input"])])?;
         Ok(args)
     }
 
@@ -1113,7 +1130,8 @@ pub struct SwigluArgs<'a> {
 
 impl<'a> SwigluArgs<'a> {
     /// Checks a call of `op` (one of `swiglu`): the spec's dtype, rank and
-    /// shape rules, then that no output overlaps itself.
+    /// shape rules, then that no output overlaps itself, and
+    /// that the tensors share memory only where the operator works in place.
     #[inline]
     pub fn new(op: Op, gate: TensorDesc<'a>, up: TensorDesc<'a>, out: TensorDesc<'a>) -> Result<Self, ArgError> {
         let name = op.name();
@@ -1124,6 +1142,7 @@ impl<'a> SwigluArgs<'a> {
         check::shape_like(name, ("out", &out), ("gate", &gate))?;
         let args = SwigluArgs { gate, up, out };
         check::writable(name, "out", &args.out)?;
+        check::apart(name, &[("gate", Some(&args.gate)), ("up", Some(&args.up))], &[("out", Some(&args.out), &["gate", "up"])])?;
         Ok(args)
     }
 
@@ -1176,7 +1195,8 @@ pub struct SwigluBackwardArgs<'a> {
 
 impl<'a> SwigluBackwardArgs<'a> {
     /// Checks a call of `op` (one of `swiglu_backward`): the spec's dtype, rank and
-    /// shape rules, then that no output overlaps itself.
+    /// shape rules, then that no output overlaps itself, and
+    /// that the tensors share memory only where the operator works in place.
     #[inline]
     pub fn new(op: Op, gate: TensorDesc<'a>, up: TensorDesc<'a>, grad_out: TensorDesc<'a>, grad_gate: TensorDesc<'a>, grad_up: TensorDesc<'a>) -> Result<Self, ArgError> {
         let name = op.name();
@@ -1192,6 +1212,7 @@ impl<'a> SwigluBackwardArgs<'a> {
         let args = SwigluBackwardArgs { gate, up, grad_out, grad_gate, grad_up };
         check::writable(name, "grad_gate", &args.grad_gate)?;
         check::writable(name, "grad_up", &args.grad_up)?;
+        check::apart(name, &[("gate", Some(&args.gate)), ("up", Some(&args.up)), ("grad_out", Some(&args.grad_out))], &[("grad_gate", Some(&args.grad_gate), &["gate", "up", "grad_out"]), ("grad_up", Some(&args.grad_up), &["gate", "up", "grad_out"])])?;
         Ok(args)
     }
 
@@ -1244,7 +1265,8 @@ pub struct ReduceArgs<'a> {
 
 impl<'a> ReduceArgs<'a> {
     /// Checks a call of `op` (one of `sum`, `mean`, `max`, `argmax`): the spec's dtype, rank and
-    /// shape rules, then [`rules::reduce`] (`out` is `input`'s shape without dimension `dim` (with it set to 1 under `keepdim`)), then that no output overlaps itself.
+    /// shape rules, then [`rules::reduce`] (`out` is `input`'s shape without dimension `dim` (with it set to 1 under `keepdim`)), then that no output overlaps itself, and
+    /// that the tensors share memory only where the operator works in place.
     #[inline]
     pub fn new(op: Op, input: TensorDesc<'a>, out: TensorDesc<'a>, dim: i32, keepdim: bool) -> Result<Self, ArgError> {
         let name = op.name();
@@ -1256,6 +1278,7 @@ impl<'a> ReduceArgs<'a> {
         let args = ReduceArgs { input, out, dim, keepdim };
         rules::reduce(op, &args)?;
         check::writable(name, "out", &args.out)?;
+        check::apart(name, &[("input", Some(&args.input))], &[("out", Some(&args.out), &[])])?;
         Ok(args)
     }
 
@@ -1303,7 +1326,8 @@ pub struct SumSquaresArgs<'a> {
 
 impl<'a> SumSquaresArgs<'a> {
     /// Checks a call of `op` (one of `sum_squares`): the spec's dtype, rank and
-    /// shape rules, then that no output overlaps itself.
+    /// shape rules, then that no output overlaps itself, and
+    /// that the tensors share memory only where the operator works in place.
     #[inline]
     pub fn new(op: Op, input: TensorDesc<'a>, out: TensorDesc<'a>) -> Result<Self, ArgError> {
         let name = op.name();
@@ -1312,6 +1336,7 @@ impl<'a> SumSquaresArgs<'a> {
         check::rank(name, "out", &out, 0, "0-dimensional")?;
         let args = SumSquaresArgs { input, out };
         check::writable(name, "out", &args.out)?;
+        check::apart(name, &[("input", Some(&args.input))], &[("out", Some(&args.out), &[])])?;
         Ok(args)
     }
 
@@ -1361,7 +1386,8 @@ pub struct LinearArgs<'a> {
 
 impl<'a> LinearArgs<'a> {
     /// Checks a call of `op` (one of `linear`): the spec's dtype, rank and
-    /// shape rules, then [`rules::linear`] (`weight`'s K equals `input`'s last dimension, `bias` is `[N]` and `out` is `[..., N]`), then that no output overlaps itself.
+    /// shape rules, then [`rules::linear`] (`weight`'s K equals `input`'s last dimension, `bias` is `[N]` and `out` is `[..., N]`), then that no output overlaps itself, and
+    /// that the tensors share memory only where the operator works in place.
     #[inline]
     pub fn new(op: Op, input: TensorDesc<'a>, weight: TensorDesc<'a>, bias: Option<TensorDesc<'a>>, out: TensorDesc<'a>) -> Result<Self, ArgError> {
         let name = op.name();
@@ -1376,6 +1402,7 @@ impl<'a> LinearArgs<'a> {
         let args = LinearArgs { input, weight, bias, out };
         rules::linear(op, &args)?;
         check::writable(name, "out", &args.out)?;
+        check::apart(name, &[("input", Some(&args.input)), ("weight", Some(&args.weight)), ("bias", args.bias.as_ref())], &[("out", Some(&args.out), &[])])?;
         Ok(args)
     }
 }
@@ -1414,7 +1441,8 @@ pub struct SoftmaxBackwardArgs<'a> {
 
 impl<'a> SoftmaxBackwardArgs<'a> {
     /// Checks a call of `op` (one of `softmax_backward`, `log_softmax_backward`): the spec's dtype, rank and
-    /// shape rules, then that no output overlaps itself.
+    /// shape rules, then that no output overlaps itself, and
+    /// that the tensors share memory only where the operator works in place.
     #[inline]
     pub fn new(op: Op, out: TensorDesc<'a>, grad_out: TensorDesc<'a>, grad_in: TensorDesc<'a>) -> Result<Self, ArgError> {
         let name = op.name();
@@ -1426,6 +1454,7 @@ impl<'a> SoftmaxBackwardArgs<'a> {
         check::shape_like(name, ("grad_in", &grad_in), ("out", &out))?;
         let args = SoftmaxBackwardArgs { out, grad_out, grad_in };
         check::writable(name, "grad_in", &args.grad_in)?;
+        check::apart(name, &[("out", Some(&args.out)), ("grad_out", Some(&args.grad_out))], &[("grad_in", Some(&args.grad_in), &[])])?;
         Ok(args)
     }
 
@@ -1478,7 +1507,8 @@ pub struct RmsNormArgs<'a> {
 
 impl<'a> RmsNormArgs<'a> {
     /// Checks a call of `op` (one of `rms_norm`): the spec's dtype, rank and
-    /// shape rules, then that no output overlaps itself.
+    /// shape rules, then that no output overlaps itself, and
+    /// that the tensors share memory only where the operator works in place.
     #[inline]
     pub fn new(op: Op, input: TensorDesc<'a>, weight: TensorDesc<'a>, out: TensorDesc<'a>, inv_rms: TensorDesc<'a>, eps: f64) -> Result<Self, ArgError> {
         let name = op.name();
@@ -1493,6 +1523,7 @@ impl<'a> RmsNormArgs<'a> {
         let args = RmsNormArgs { input, weight, out, inv_rms, eps };
         check::writable(name, "out", &args.out)?;
         check::writable(name, "inv_rms", &args.inv_rms)?;
+        check::apart(name, &[("input", Some(&args.input)), ("weight", Some(&args.weight))], &[("out", Some(&args.out), &[]), ("inv_rms", Some(&args.inv_rms), &[])])?;
         Ok(args)
     }
 
@@ -1549,7 +1580,8 @@ pub struct RmsNormBackwardArgs<'a> {
 
 impl<'a> RmsNormBackwardArgs<'a> {
     /// Checks a call of `op` (one of `rms_norm_backward`): the spec's dtype, rank and
-    /// shape rules, then that no output overlaps itself.
+    /// shape rules, then that no output overlaps itself, and
+    /// that the tensors share memory only where the operator works in place.
     #[inline]
     pub fn new(op: Op, grad_out: TensorDesc<'a>, input: TensorDesc<'a>, weight: TensorDesc<'a>, inv_rms: TensorDesc<'a>, grad_input: TensorDesc<'a>, grad_weight: TensorDesc<'a>) -> Result<Self, ArgError> {
         let name = op.name();
@@ -1568,6 +1600,7 @@ impl<'a> RmsNormBackwardArgs<'a> {
         let args = RmsNormBackwardArgs { grad_out, input, weight, inv_rms, grad_input, grad_weight };
         check::writable(name, "grad_input", &args.grad_input)?;
         check::writable(name, "grad_weight", &args.grad_weight)?;
+        check::apart(name, &[("grad_out", Some(&args.grad_out)), ("input", Some(&args.input)), ("weight", Some(&args.weight)), ("inv_rms", Some(&args.inv_rms))], &[("grad_input", Some(&args.grad_input), &[]), ("grad_weight", Some(&args.grad_weight), &[])])?;
         Ok(args)
     }
 
@@ -1627,7 +1660,8 @@ pub struct LayerNormArgs<'a> {
 
 impl<'a> LayerNormArgs<'a> {
     /// Checks a call of `op` (one of `layer_norm`): the spec's dtype, rank and
-    /// shape rules, then that no output overlaps itself.
+    /// shape rules, then that no output overlaps itself, and
+    /// that the tensors share memory only where the operator works in place.
     #[inline]
     pub fn new(op: Op, input: TensorDesc<'a>, weight: TensorDesc<'a>, bias: TensorDesc<'a>, out: TensorDesc<'a>, mean: TensorDesc<'a>, rstd: TensorDesc<'a>, eps: f64) -> Result<Self, ArgError> {
         let name = op.name();
@@ -1647,6 +1681,7 @@ impl<'a> LayerNormArgs<'a> {
         check::writable(name, "out", &args.out)?;
         check::writable(name, "mean", &args.mean)?;
         check::writable(name, "rstd", &args.rstd)?;
+        check::apart(name, &[("input", Some(&args.input)), ("weight", Some(&args.weight)), ("bias", Some(&args.bias))], &[("out", Some(&args.out), &[]), ("mean", Some(&args.mean), &[]), ("rstd", Some(&args.rstd), &[])])?;
         Ok(args)
     }
 
@@ -1709,7 +1744,8 @@ pub struct LayerNormBackwardArgs<'a> {
 
 impl<'a> LayerNormBackwardArgs<'a> {
     /// Checks a call of `op` (one of `layer_norm_backward`): the spec's dtype, rank and
-    /// shape rules, then that no output overlaps itself.
+    /// shape rules, then that no output overlaps itself, and
+    /// that the tensors share memory only where the operator works in place.
     #[inline]
     pub fn new(op: Op, grad_out: TensorDesc<'a>, input: TensorDesc<'a>, weight: TensorDesc<'a>, mean: TensorDesc<'a>, rstd: TensorDesc<'a>, grad_input: TensorDesc<'a>, grad_weight: TensorDesc<'a>, grad_bias: TensorDesc<'a>) -> Result<Self, ArgError> {
         let name = op.name();
@@ -1733,6 +1769,7 @@ impl<'a> LayerNormBackwardArgs<'a> {
         check::writable(name, "grad_input", &args.grad_input)?;
         check::writable(name, "grad_weight", &args.grad_weight)?;
         check::writable(name, "grad_bias", &args.grad_bias)?;
+        check::apart(name, &[("grad_out", Some(&args.grad_out)), ("input", Some(&args.input)), ("weight", Some(&args.weight)), ("mean", Some(&args.mean)), ("rstd", Some(&args.rstd))], &[("grad_input", Some(&args.grad_input), &[]), ("grad_weight", Some(&args.grad_weight), &[]), ("grad_bias", Some(&args.grad_bias), &[])])?;
         Ok(args)
     }
 
@@ -1790,7 +1827,8 @@ pub struct RopeArgs<'a> {
 
 impl<'a> RopeArgs<'a> {
     /// Checks a call of `op` (one of `rope`, `rope_backward`): the spec's dtype, rank and
-    /// shape rules, then [`rules::rope`] (`head_dim` is even and `cos` and `sin` are `[seq, head_dim / 2]`), then that no output overlaps itself.
+    /// shape rules, then [`rules::rope`] (`head_dim` is even and `cos` and `sin` are `[seq, head_dim / 2]`), then that no output overlaps itself, and
+    /// that the tensors share memory only where the operator works in place.
     #[inline]
     pub fn new(op: Op, input: TensorDesc<'a>, cos: TensorDesc<'a>, sin: TensorDesc<'a>, out: TensorDesc<'a>, interleaved: bool) -> Result<Self, ArgError> {
         let name = op.name();
@@ -1803,6 +1841,7 @@ impl<'a> RopeArgs<'a> {
         let args = RopeArgs { input, cos, sin, out, interleaved };
         rules::rope(op, &args)?;
         check::writable(name, "out", &args.out)?;
+        check::apart(name, &[("input", Some(&args.input)), ("cos", Some(&args.cos)), ("sin", Some(&args.sin))], &[("out", Some(&args.out), &["input"])])?;
         Ok(args)
     }
 
@@ -1861,7 +1900,8 @@ pub struct AttentionArgs<'a> {
 
 impl<'a> AttentionArgs<'a> {
     /// Checks a call of `op` (one of `attention`): the spec's dtype, rank and
-    /// shape rules, then [`rules::attention`] (`k` is `[batch, heads_kv, seq_kv, D]` with `heads_kv` dividing `q`'s heads, and `lse` is `[batch, heads_q, seq_q]`), then that no output overlaps itself.
+    /// shape rules, then [`rules::attention`] (`k` is `[batch, heads_kv, seq_kv, D]` with `heads_kv` dividing `q`'s heads, and `lse` is `[batch, heads_q, seq_q]`), then that no output overlaps itself, and
+    /// that the tensors share memory only where the operator works in place.
     #[inline]
     pub fn new(op: Op, q: TensorDesc<'a>, k: TensorDesc<'a>, v: TensorDesc<'a>, out: TensorDesc<'a>, lse: TensorDesc<'a>, scale: f64, causal: bool) -> Result<Self, ArgError> {
         let name = op.name();
@@ -1879,6 +1919,7 @@ impl<'a> AttentionArgs<'a> {
         rules::attention(op, &args)?;
         check::writable(name, "out", &args.out)?;
         check::writable(name, "lse", &args.lse)?;
+        check::apart(name, &[("q", Some(&args.q)), ("k", Some(&args.k)), ("v", Some(&args.v))], &[("out", Some(&args.out), &[]), ("lse", Some(&args.lse), &[])])?;
         Ok(args)
     }
 
@@ -1947,7 +1988,8 @@ pub struct AttentionBackwardArgs<'a> {
 
 impl<'a> AttentionBackwardArgs<'a> {
     /// Checks a call of `op` (one of `attention_backward`): the spec's dtype, rank and
-    /// shape rules, then [`rules::attention_backward`] (as for `attention`), then that no output overlaps itself.
+    /// shape rules, then [`rules::attention_backward`] (as for `attention`), then that no output overlaps itself, and
+    /// that the tensors share memory only where the operator works in place.
     #[inline]
     pub fn new(op: Op, q: TensorDesc<'a>, k: TensorDesc<'a>, v: TensorDesc<'a>, out: TensorDesc<'a>, lse: TensorDesc<'a>, grad_out: TensorDesc<'a>, grad_q: TensorDesc<'a>, grad_k: TensorDesc<'a>, grad_v: TensorDesc<'a>, scale: f64, causal: bool) -> Result<Self, ArgError> {
         let name = op.name();
@@ -1974,6 +2016,7 @@ impl<'a> AttentionBackwardArgs<'a> {
         check::writable(name, "grad_q", &args.grad_q)?;
         check::writable(name, "grad_k", &args.grad_k)?;
         check::writable(name, "grad_v", &args.grad_v)?;
+        check::apart(name, &[("q", Some(&args.q)), ("k", Some(&args.k)), ("v", Some(&args.v)), ("out", Some(&args.out)), ("lse", Some(&args.lse)), ("grad_out", Some(&args.grad_out))], &[("grad_q", Some(&args.grad_q), &[]), ("grad_k", Some(&args.grad_k), &[]), ("grad_v", Some(&args.grad_v), &[])])?;
         Ok(args)
     }
 
@@ -2030,7 +2073,8 @@ pub struct EmbeddingArgs<'a> {
 
 impl<'a> EmbeddingArgs<'a> {
     /// Checks a call of `op` (one of `embedding`): the spec's dtype, rank and
-    /// shape rules, then [`rules::embedding`] (`out` is `indices`' shape followed by `H`), then that no output overlaps itself.
+    /// shape rules, then [`rules::embedding`] (`out` is `indices`' shape followed by `H`), then that no output overlaps itself, and
+    /// that the tensors share memory only where the operator works in place.
     #[inline]
     pub fn new(op: Op, weight: TensorDesc<'a>, indices: TensorDesc<'a>, out: TensorDesc<'a>) -> Result<Self, ArgError> {
         let name = op.name();
@@ -2041,6 +2085,7 @@ impl<'a> EmbeddingArgs<'a> {
         let args = EmbeddingArgs { weight, indices, out };
         rules::embedding(op, &args)?;
         check::writable(name, "out", &args.out)?;
+        check::apart(name, &[("weight", Some(&args.weight)), ("indices", Some(&args.indices))], &[("out", Some(&args.out), &[])])?;
         Ok(args)
     }
 
@@ -2089,7 +2134,8 @@ pub struct EmbeddingBackwardArgs<'a> {
 
 impl<'a> EmbeddingBackwardArgs<'a> {
     /// Checks a call of `op` (one of `embedding_backward`): the spec's dtype, rank and
-    /// shape rules, then [`rules::embedding_backward`] (`grad_out` is `indices`' shape followed by `H`), then that no output overlaps itself.
+    /// shape rules, then [`rules::embedding_backward`] (`grad_out` is `indices`' shape followed by `H`), then that no output overlaps itself, and
+    /// that the tensors share memory only where the operator works in place.
     #[inline]
     pub fn new(op: Op, grad_out: TensorDesc<'a>, indices: TensorDesc<'a>, grad_weight: TensorDesc<'a>) -> Result<Self, ArgError> {
         let name = op.name();
@@ -2100,6 +2146,7 @@ impl<'a> EmbeddingBackwardArgs<'a> {
         let args = EmbeddingBackwardArgs { grad_out, indices, grad_weight };
         rules::embedding_backward(op, &args)?;
         check::writable(name, "grad_weight", &args.grad_weight)?;
+        check::apart(name, &[("grad_out", Some(&args.grad_out)), ("indices", Some(&args.indices))], &[("grad_weight", Some(&args.grad_weight), &[])])?;
         Ok(args)
     }
 
@@ -2150,7 +2197,8 @@ pub struct CrossEntropyArgs<'a> {
 
 impl<'a> CrossEntropyArgs<'a> {
     /// Checks a call of `op` (one of `cross_entropy`): the spec's dtype, rank and
-    /// shape rules, then [`rules::cross_entropy`] (`targets` is `[N]`), then that no output overlaps itself.
+    /// shape rules, then [`rules::cross_entropy`] (`targets` is `[N]`), then that no output overlaps itself, and
+    /// that the tensors share memory only where the operator works in place.
     #[inline]
     pub fn new(op: Op, logits: TensorDesc<'a>, targets: TensorDesc<'a>, loss: TensorDesc<'a>, ignore_index: i64) -> Result<Self, ArgError> {
         let name = op.name();
@@ -2162,6 +2210,7 @@ impl<'a> CrossEntropyArgs<'a> {
         let args = CrossEntropyArgs { logits, targets, loss, ignore_index };
         rules::cross_entropy(op, &args)?;
         check::writable(name, "loss", &args.loss)?;
+        check::apart(name, &[("logits", Some(&args.logits)), ("targets", Some(&args.targets))], &[("loss", Some(&args.loss), &[])])?;
         Ok(args)
     }
 
@@ -2215,7 +2264,8 @@ pub struct CrossEntropyBackwardArgs<'a> {
 
 impl<'a> CrossEntropyBackwardArgs<'a> {
     /// Checks a call of `op` (one of `cross_entropy_backward`): the spec's dtype, rank and
-    /// shape rules, then [`rules::cross_entropy_backward`] (`targets` is `[N]`), then that no output overlaps itself.
+    /// shape rules, then [`rules::cross_entropy_backward`] (`targets` is `[N]`), then that no output overlaps itself, and
+    /// that the tensors share memory only where the operator works in place.
     #[inline]
     pub fn new(op: Op, logits: TensorDesc<'a>, targets: TensorDesc<'a>, grad_logits: TensorDesc<'a>, grad_loss: f64, ignore_index: i64) -> Result<Self, ArgError> {
         let name = op.name();
@@ -2227,6 +2277,7 @@ impl<'a> CrossEntropyBackwardArgs<'a> {
         let args = CrossEntropyBackwardArgs { logits, targets, grad_logits, grad_loss, ignore_index };
         rules::cross_entropy_backward(op, &args)?;
         check::writable(name, "grad_logits", &args.grad_logits)?;
+        check::apart(name, &[("logits", Some(&args.logits)), ("targets", Some(&args.targets))], &[("grad_logits", Some(&args.grad_logits), &[])])?;
         Ok(args)
     }
 
@@ -2291,7 +2342,8 @@ pub struct AdamwArgs<'a> {
 
 impl<'a> AdamwArgs<'a> {
     /// Checks a call of `op` (one of `adamw`): the spec's dtype, rank and
-    /// shape rules, then [`rules::adamw`] (`step` is at least 1), then that no output overlaps itself.
+    /// shape rules, then [`rules::adamw`] (`step` is at least 1), then that no output overlaps itself, and
+    /// that the tensors share memory only where the operator works in place.
     #[inline]
     pub fn new(op: Op, param: TensorDesc<'a>, grad: TensorDesc<'a>, exp_avg: TensorDesc<'a>, exp_avg_sq: TensorDesc<'a>, lr: f64, beta1: f64, beta2: f64, eps: f64, weight_decay: f64, step: i64) -> Result<Self, ArgError> {
         let name = op.name();
@@ -2307,6 +2359,7 @@ impl<'a> AdamwArgs<'a> {
         check::writable(name, "param", &args.param)?;
         check::writable(name, "exp_avg", &args.exp_avg)?;
         check::writable(name, "exp_avg_sq", &args.exp_avg_sq)?;
+        check::apart(name, &[("grad", Some(&args.grad))], &[("param", Some(&args.param), &[]), ("exp_avg", Some(&args.exp_avg), &[]), ("exp_avg_sq", Some(&args.exp_avg_sq), &[])])?;
         Ok(args)
     }
 
@@ -2360,7 +2413,8 @@ pub struct ScaleArgs<'a> {
 
 impl<'a> ScaleArgs<'a> {
     /// Checks a call of `op` (one of `scale`): the spec's dtype, rank and
-    /// shape rules, then that no output overlaps itself.
+    /// shape rules, then that no output overlaps itself, and
+    /// that the tensors share memory only where the operator works in place.
     #[inline]
     pub fn new(op: Op, tensor: TensorDesc<'a>, alpha: f64) -> Result<Self, ArgError> {
         let name = op.name();

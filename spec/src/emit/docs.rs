@@ -47,8 +47,12 @@ pub(super) fn emit(spec: &Spec) -> String {
     }
     out.push_str(
         "\nThe rules the host and the SDK check for each args struct, beyond every\n\
-         output not overlapping itself (`T`: the operator's dtype; a tensor with\n\
-         no rule may have any shape):\n\n\
+         output not overlapping itself and the tensors of a call sharing memory\n\
+         only in place (each output apart from every other output, and from every\n\
+         input unless it is exactly an input the spec's `alias` lets it be; views\n\
+         that interleave without a common byte, such as a matrix's even and odd\n\
+         columns, are apart) (`T`: the operator's dtype; a tensor with no rule may\n\
+         have any shape):\n\n\
          | args | tensors | scalars | and |\n|---|---|---|---|\n",
     );
     for args in &spec.args {

@@ -228,7 +228,8 @@ fn safe_struct(out: &mut String, spec: &Spec, args: &Args) {
     writeln!(
         out,
         "    /// Checks a call of `op` (one of {ops_text}): the spec's dtype, rank and\n\
-         \x20   /// shape rules{rule_text}, then that no output overlaps itself.\n\
+         \x20   /// shape rules{rule_text}, then that no output overlaps itself, and\n\
+         \x20   /// that the tensors share memory only where the operator works in place.\n\
          \x20   #[inline]\n\
          \x20   pub fn new(op: Op, {}) -> Result<Self, ArgError> {{\n\
          \x20       let name = op.name();",
@@ -268,10 +269,54 @@ fn safe_struct(out: &mut String, spec: &Spec, args: &Args) {
             }
         }
     }
+    apart(out, args);
     out.push_str("        Ok(args)\n    }\n");
     operands(out, args);
     out.push_str("}\n");
     raw_args(out, args);
+}
+
+/// The check that the call's tensors share memory only where the operator
+/// works in place ([`check::apart`]): inputs, then outputs (written or
+/// updated) with the inputs each may be exactly (the spec's `alias`).
+fn apart(out: &mut String, args: &Args) {
+    let tensors: Vec<(&Field, &crate::model::Tensor)> = args
+        .fields
+        .iter()
+        .filter_map(|f| f.tensor().map(|t| (f, t)))
+        .collect();
+    let value = |f: &Field, t: &crate::model::Tensor| match t.optional {
+        Some(_) => format!("args.{}.as_ref()", f.name),
+        None => format!("Some(&args.{})", f.name),
+    };
+    let inputs: Vec<String> = tensors
+        .iter()
+        .filter(|(_, t)| t.role == Role::In)
+        .map(|(f, t)| format!("(\"{}\", {})", f.name, value(f, t)))
+        .collect();
+    let outputs: Vec<String> = tensors
+        .iter()
+        .filter(|(_, t)| t.role != Role::In)
+        .map(|(f, t)| {
+            let aliases: Vec<String> = t.alias.iter().map(|a| format!("\"{a}\"")).collect();
+            format!(
+                "(\"{}\", {}, &[{}])",
+                f.name,
+                value(f, t),
+                aliases.join(", ")
+            )
+        })
+        .collect();
+    if outputs.is_empty() || (outputs.len() == 1 && inputs.is_empty()) {
+        return;
+    }
+    writeln!(
+        out,
+        "        check::apart(name, &[{}], &[{}])?;",
+        inputs.join(", "),
+        outputs.join(", ")
+    )
+    .unwrap();
 }
 
 /// Writes one check line; for an optional tensor, inside `if let Some(x) =
