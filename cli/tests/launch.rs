@@ -117,6 +117,25 @@ fn long_output_lines_are_never_mixed() {
 }
 
 #[test]
+fn output_without_newlines_is_passed_on_in_bounded_pieces() {
+    // A megabyte without a newline: the launcher passes it on in pieces
+    // of 64 KiB, each with the prefix (it held the whole line: a rank
+    // writing /dev/zero took the launcher's memory without bound).
+    let script = "head -c 1000000 /dev/zero | tr '\\0' x";
+    let run = launch(&["-n", "1", "--", "sh", "-c", script]);
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    let pieces: Vec<&str> = run.stdout.lines().collect();
+    assert_eq!(pieces.len(), 1_000_000usize.div_ceil(64 << 10));
+    let mut total = 0;
+    for piece in pieces {
+        let body = piece.strip_prefix("[rank 0] ").unwrap();
+        assert!(body.len() <= 64 << 10 && body.bytes().all(|b| b == b'x'));
+        total += body.len();
+    }
+    assert_eq!(total, 1_000_000);
+}
+
+#[test]
 fn a_failing_rank_stops_the_others_and_sets_the_exit_code() {
     let run = launch(&[
         "-n",

@@ -467,6 +467,10 @@ fn stop_all(ranks: &mut [Rank], sig: i32, grace: Duration) {
 /// stdout is recorded in `failed` (its OS error; the launch then stops the
 /// ranks), and the rest of the stream is drained so no rank blocks on a
 /// full pipe meanwhile.
+/// The longest piece of a rank's output line the launcher holds before it
+/// passes it on (64 KiB).
+const MAX_LINE: u64 = 64 << 10;
+
 fn forward(
     rank: usize,
     from: impl Read + Send + 'static,
@@ -482,7 +486,10 @@ fn forward(
         let mut out = Vec::new();
         loop {
             line.clear();
-            match reader.read_until(b'\n', &mut line) {
+            // A line is passed on in pieces of at most MAX_LINE bytes, each
+            // with the prefix: a rank writing without newlines (`cat
+            // /dev/zero`) took the launcher's memory without bound.
+            match (&mut reader).take(MAX_LINE).read_until(b'\n', &mut line) {
                 Ok(0) | Err(_) => break,
                 Ok(_) => {}
             }
