@@ -214,9 +214,14 @@ typedef struct polychip_runtime_options_t {
   // `polychip_runtime_failure` and the other plugins work.
   bool strict;
   // Where log records go (process-wide: the latest runtime made with a
-  // callback sets it). Default NULL: records are dropped.
+  // callback sets it; with the last runtime destroyed, records are
+  // dropped again). A record made inside a C API call reaches `log` on
+  // that thread just before the call returns, when libpolychip holds no
+  // lock (so `log` may call the C API); one its own calls make is
+  // dropped. Default NULL: records are dropped.
   polychip_log_fn log;
-  // Passed back to `log`; must stay valid while any runtime lives.
+  // Passed back to `log`; must stay valid while any runtime lives, and
+  // is not used after.
   void *log_context;
   // The most detailed level passed to `log`. Default `POLYCHIP_API_LOG_WARN`.
   polychip_log_level_t log_level;

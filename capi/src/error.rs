@@ -144,7 +144,10 @@ fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
 /// Runs `f` inside the panic firewall; an `Err` or a panic becomes an error
 /// object whose message starts with `function`.
 pub(crate) fn guard(function: &str, f: impl FnOnce() -> ApiResult<()>) -> *mut polychip_error_t {
-    match catch_unwind(AssertUnwindSafe(f)) {
+    crate::log::enter();
+    let result = catch_unwind(AssertUnwindSafe(f));
+    crate::log::leave();
+    match result {
         Ok(Ok(())) => null_mut(),
         Ok(Err(mut e)) => {
             if !e.message.starts_with(function) {
@@ -162,7 +165,10 @@ pub(crate) fn guard(function: &str, f: impl FnOnce() -> ApiResult<()>) -> *mut p
 /// Runs `f` inside the panic firewall for a function that cannot report an
 /// error (a destroy, a getter); a panic is logged and `fallback` returned.
 pub(crate) fn quiet<T>(function: &str, fallback: T, f: impl FnOnce() -> T) -> T {
-    catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|payload| {
+    crate::log::enter();
+    let result = catch_unwind(AssertUnwindSafe(f));
+    crate::log::leave();
+    result.unwrap_or_else(|payload| {
         log::error!("{function} panicked: {}", panic_message(&*payload));
         fallback
     })

@@ -74,9 +74,14 @@ pub struct polychip_runtime_options_t {
     /// `polychip_runtime_failure` and the other plugins work.
     pub strict: bool,
     /// Where log records go (process-wide: the latest runtime made with a
-    /// callback sets it). Default NULL: records are dropped.
+    /// callback sets it; with the last runtime destroyed, records are
+    /// dropped again). A record made inside a C API call reaches `log` on
+    /// that thread just before the call returns, when libpolychip holds no
+    /// lock (so `log` may call the C API); one its own calls make is
+    /// dropped. Default NULL: records are dropped.
     pub log: polychip_log_fn,
-    /// Passed back to `log`; must stay valid while any runtime lives.
+    /// Passed back to `log`; must stay valid while any runtime lives, and
+    /// is not used after.
     pub log_context: *mut c_void,
     /// The most detailed level passed to `log`. Default `POLYCHIP_API_LOG_WARN`.
     pub log_level: polychip_log_level_t,
@@ -290,7 +295,7 @@ pub unsafe extern "C" fn polychip_runtime_new(
     options: *const polychip_runtime_options_t,
     out: *mut *mut polychip_runtime_t,
 ) -> *mut polychip_error_t {
-    guard("polychip_runtime_new", || {
+    let error = guard("polychip_runtime_new", || {
         let out = out_param(out, "out")?;
         // SAFETY: forwarded contract.
         let options = unsafe { read_options(options)? };
@@ -332,8 +337,13 @@ pub unsafe extern "C" fn polychip_runtime_new(
         };
         // SAFETY: `out` was checked non-NULL and is writable per the contract.
         unsafe { out.write(RUNTIMES.insert(object).cast()) };
+        crate::log::runtimes(Some(true));
         Ok(())
-    })
+    });
+    if !error.is_null() {
+        crate::log::runtimes(None);
+    }
+    error
 }
 
 /// Destroys a runtime handle. Tensors, streams and communicators made from
@@ -346,8 +356,9 @@ pub unsafe extern "C" fn polychip_runtime_new(
 pub extern "C" fn polychip_runtime_destroy(runtime: *mut polychip_runtime_t) {
     quiet("polychip_runtime_destroy", (), || {
         if !runtime.is_null() {
-            if let Err(e) = RUNTIMES.remove(runtime.cast(), "runtime") {
-                log::warn!("polychip_runtime_destroy: {}", e.message);
+            match RUNTIMES.remove(runtime.cast(), "runtime") {
+                Ok(_) => crate::log::runtimes(Some(false)),
+                Err(e) => log::warn!("polychip_runtime_destroy: {}", e.message),
             }
         }
     })
