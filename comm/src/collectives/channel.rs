@@ -34,6 +34,9 @@ pub(crate) struct Header {
     pub(super) root: usize,
     pub(super) count: usize,
     pub(super) seq: u64,
+    /// A whole-call check ([`Communicator::agree`]): a header-only message
+    /// describing a call that runs as several collectives, not one of them.
+    pub(super) whole: bool,
 }
 
 impl Header {
@@ -42,6 +45,7 @@ impl Header {
         let w0 = kind
             | self.dtype.map_or(0, DType::code) << 8
             | self.op.map_or(0, ReduceOp::code) << 16
+            | u64::from(self.whole) << 24
             | (self.root as u64) << 32;
         [w0, self.count as u64, self.seq, len as u64]
     }
@@ -70,6 +74,14 @@ impl Header {
         );
         if let Some(op) = op {
             s += &format!(" ({})", op.name());
+        }
+        if (w[0] >> 24) & 1 == 1 {
+            // A whole-call check: header only, describing the whole call.
+            return format!(
+                "{s}, root {}, call #{} (whole-call check)",
+                w[0] >> 32,
+                w[2]
+            );
         }
         format!(
             "{s}, root {}, call #{}, {}-byte message",
@@ -273,6 +285,27 @@ impl Communicator {
             }));
         }
         Ok(off + HDR)
+    }
+
+    /// Waits for the next message from `peer` on `class` (as [`Self::take`],
+    /// for `h`'s call) and returns its header words, whatever they are,
+    /// releasing its slot: for [`Communicator::agree`], which compares the
+    /// headers of every rank itself.
+    pub(crate) fn take_header(
+        &mut self,
+        class: usize,
+        peer: usize,
+        h: &Header,
+    ) -> Result<[u64; 4]> {
+        let m = self.received[peer][class];
+        let data = SignalId((class * 64 + peer) as u32);
+        let kind = h.kind;
+        self.wait(data, m + 1, || {
+            format!("rank {peer}'s message #{m} for {kind}")
+        })?;
+        let got = self.header_at(self.slot(class, peer, m));
+        self.release(class, peer)?;
+        Ok(got)
     }
 
     /// Waits until `peer` has taken all but `pending` of the messages of

@@ -26,6 +26,7 @@
 //! After any error the communicator is unusable (the ranks' message
 //! sequences may disagree): later calls fail at once.
 
+mod agree;
 mod channel;
 mod movement;
 mod ops;
@@ -242,6 +243,7 @@ impl Communicator {
             root,
             count,
             seq,
+            whole: false,
         })
     }
 

@@ -311,6 +311,7 @@ impl Communicator {
                         root: 0,
                         count: totals.map_or(len, |t| t[at]),
                         seq: 0,
+                        whole: false,
                     };
                     match op {
                         P2p::Send(buf, _) => self.put(1, lane.peer, &h, &buf[r])?,

@@ -66,7 +66,31 @@ impl Communicator {
 
     /// Reduces `buf` across ranks in place: every rank ends with the result.
     pub fn all_reduce(&mut self, buf: &mut [u8], dtype: DType, op: ReduceOp) -> Result<()> {
-        self.all_reduce_impl(None, buf, dtype, op)
+        self.all_reduce_impl(None, buf, dtype, op, None)
+    }
+
+    /// [`Communicator::all_reduce`] (`src` given: `all_reduce_into`) of one
+    /// part of a call of `total` elements run in several (a device tensor
+    /// in chunks): every message's header carries the total, so ranks whose
+    /// totals differ fail at the first part, every rank (each takes from
+    /// every other first), naming both, where parts of equal sizes alone
+    /// would let one rank return with a partial result.
+    pub(crate) fn all_reduce_part(
+        &mut self,
+        src: Option<&[u8]>,
+        out: &mut [u8],
+        dtype: DType,
+        op: ReduceOp,
+        total: usize,
+    ) -> Result<()> {
+        if src.is_some_and(|s| s.len() != out.len()) {
+            return Err(self.usage(format!(
+                "all_reduce: send has {} bytes, recv {}",
+                src.map_or(0, <[u8]>::len),
+                out.len()
+            )));
+        }
+        self.all_reduce_impl(src, out, dtype, op, Some(total))
     }
 
     /// Reduces every rank's `send` into every rank's `recv` (same length).
@@ -84,19 +108,23 @@ impl Communicator {
                 recv.len()
             )));
         }
-        self.all_reduce_impl(Some(send), recv, dtype, op)
+        self.all_reduce_impl(Some(send), recv, dtype, op, None)
     }
 
+    /// `total`: the element count headers carry, when `out` is one part of
+    /// a larger call (see [`Communicator::all_reduce_part`]).
     fn all_reduce_impl(
         &mut self,
         src: Option<&[u8]>,
         out: &mut [u8],
         dtype: DType,
         op: ReduceOp,
+        total: Option<usize>,
     ) -> Result<()> {
         let count = self.count(out.len(), Some(dtype), "all_reduce")?;
         self.check_reduction(dtype, op, "all_reduce")?;
-        let h = self.begin("all_reduce", Some(dtype), Some(op), 0, count, true)?;
+        let whole = total.unwrap_or(count);
+        let h = self.begin("all_reduce", Some(dtype), Some(op), 0, whole, true)?;
         let (me, n, es, view) = (self.rank, self.world, dtype.size(), self.view);
         let mut inputs: [&[u8]; super::MAX_WORLD] = [&[]; super::MAX_WORLD];
         if n == 1 || out.len() <= SMALL {

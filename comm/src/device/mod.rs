@@ -18,6 +18,19 @@
 //! on every rank (the default is). Tensors must be compact; while a call
 //! runs, no device work or other thread may use their memory (synchronize
 //! the streams that produce them first).
+//!
+//! A chunk's host collective checks only that chunk against the peers', so
+//! every chunked call makes the ranks agree on the whole call first or with
+//! its first chunk: an all-reduce's chunks each carry the whole element
+//! count in their headers (every rank takes from every other in the first
+//! chunk, so all see a difference at once); a broadcast or a reduce, whose
+//! chunks go one way only, first exchanges one header-only message per pair
+//! of ranks describing the whole call (kind, element count, dtype, op,
+//! root). Ranks whose calls differ then fail at once with
+//! [`CommError::Mismatch`] naming both calls, instead of one returning a
+//! partial result while another waits out the timeout. Send and receive
+//! carry the tensor's size in each chunk; all-gather, reduce-scatter and
+//! all-to-all run as one host collective, which carries the whole size.
 
 mod p2p;
 mod pipeline;
@@ -224,8 +237,10 @@ impl<'c> DeviceComm<'c> {
             store: true,
             bytes,
         };
+        // Every chunk's header carries the whole count (see `agree`).
+        let total = t.numel();
         let mut f = |c: &mut Communicator, _: Option<&[u8]>, d: Option<&mut [u8]>| {
-            c.all_reduce(d.expect("dst"), dtype, op)
+            c.all_reduce_part(None, d.expect("dst"), dtype, op, total)
         };
         self.chunked(self.ctx("all_reduce"), args, &mut f)
     }
@@ -259,8 +274,9 @@ impl<'c> DeviceComm<'c> {
             store: true,
             bytes: rb,
         };
+        let total = recv.numel();
         let mut f = |c: &mut Communicator, s: Option<&[u8]>, d: Option<&mut [u8]>| {
-            c.all_reduce_into(s.expect("src"), d.expect("dst"), dtype, op)
+            c.all_reduce_part(s, d.expect("dst"), dtype, op, total)
         };
         self.chunked(self.ctx("all_reduce"), args, &mut f)
     }
@@ -299,6 +315,22 @@ impl<'c> DeviceComm<'c> {
         )
     }
 
+    /// Makes every rank agree on the whole call before its first chunk
+    /// (see the module documentation): a call whose chunks go one way only
+    /// (a broadcast's from the root, a reduce's to it) would otherwise let
+    /// a rank that reads nothing from a peer return, or wait until the
+    /// timeout, when their sizes differ.
+    fn agree(
+        &mut self,
+        kind: &'static str,
+        dtype: DType,
+        op: Option<ReduceOp>,
+        root: usize,
+        t: &Tensor,
+    ) -> Result<()> {
+        self.comm.agree(kind, Some(dtype), op, root, t.numel())
+    }
+
     fn same_dtype(&self, op: &str, a: &Tensor, b: &Tensor) -> Result<()> {
         if a.dtype() != b.dtype() {
             return Err(CommError::Usage(format!(
@@ -314,6 +346,8 @@ impl<'c> DeviceComm<'c> {
     /// Copies `root`'s `t` into every rank's `t`.
     pub fn broadcast(&mut self, t: &Tensor, root: usize) -> Result<()> {
         let bytes = self.check("broadcast", t)?;
+        let dtype = comm_dtype(t.dtype());
+        self.agree("broadcast", dtype, None, root, t)?;
         self.record(&[t]);
         let load = self.comm.rank() == root;
         let args = Chunked {
@@ -345,6 +379,7 @@ impl<'c> DeviceComm<'c> {
                 t.device()
             )));
         }
+        self.agree("reduce", dtype, Some(op), root, t)?;
         self.record(&[t]);
         let args = Chunked {
             src: None,

@@ -7,7 +7,8 @@
 //!
 //! Chunkable operations (all-reduce, reduce, broadcast, send/recv) run as
 //! one host collective per chunk of [`DeviceComm::chunk_bytes`] on every
-//! rank, whatever its path, so the ranks' call sequences always agree. When a
+//! rank, whatever its path, so the ranks' call sequences always agree (and
+//! the ranks agree on the whole call first: see the parent module). When a
 //! tensor is staged and there is more than one chunk, a loader thread copies
 //! chunk `k + 1` device-to-host and a storer thread copies chunk `k - 1`
 //! host-to-device while this thread runs the collective on chunk `k`, each
