@@ -245,6 +245,33 @@ pub fn adamw(op: Op, args: &AdamwArgs) -> Checked {
             ),
         });
     }
+    // As torch.optim.AdamW takes them: a beta of 1 divides the bias
+    // correction by zero (every weight became NaN, silently).
+    let invalid = |message: String| {
+        Err(ArgError::Invalid {
+            op: op.name(),
+            message,
+        })
+    };
+    for (name, beta) in [("beta1", args.beta1), ("beta2", args.beta2)] {
+        if !(0.0..1.0).contains(&beta) {
+            return invalid(format!(
+                "{name} is {beta}; it must be at least 0 and below 1 (at 1 the bias correction \
+                 divides by zero)"
+            ));
+        }
+    }
+    for (name, value) in [
+        ("lr", args.lr),
+        ("eps", args.eps),
+        ("weight_decay", args.weight_decay),
+    ] {
+        if !(value.is_finite() && value >= 0.0) {
+            return invalid(format!(
+                "{name} is {value}; it must be finite and at least 0"
+            ));
+        }
+    }
     Ok(())
 }
 
@@ -490,6 +517,32 @@ mod tests {
         let adamw = |step| AdamwArgs::new(Op::Adamw, p, g, m, v, 1e-3, 0.9, 0.999, 1e-8, 0.0, step);
         assert!(adamw(0).unwrap_err().to_string().contains("step is 0"));
         assert!(adamw(1).is_ok());
+        let with = |beta1, beta2, lr, eps| {
+            AdamwArgs::new(Op::Adamw, p, g, m, v, lr, beta1, beta2, eps, 0.0, 1)
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+        };
+        assert!(
+            with(1.0, 0.999, 1e-3, 1e-8)
+                .unwrap_err()
+                .contains("beta1 is 1; it must be")
+        );
+        assert!(
+            with(0.9, -0.1, 1e-3, 1e-8)
+                .unwrap_err()
+                .contains("beta2 is -0.1")
+        );
+        assert!(
+            with(0.9, 0.999, f64::NAN, 1e-8)
+                .unwrap_err()
+                .contains("lr is NaN")
+        );
+        assert!(
+            with(0.9, 0.999, 1e-3, -1.0)
+                .unwrap_err()
+                .contains("eps is -1")
+        );
+        assert!(with(0.0, 0.0, 0.0, 0.0).is_ok());
         let linear = |bias, out| LinearArgs::new(Op::Linear, f32s(&[2, 5, 4]), w, bias, out);
         assert!(linear(Some(f32s(&[10])), f32s(&[2, 5, 10])).is_ok());
         assert!(linear(None, f32s(&[2, 5, 10])).is_ok());

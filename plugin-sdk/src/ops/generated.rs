@@ -2342,7 +2342,7 @@ pub struct AdamwArgs<'a> {
 
 impl<'a> AdamwArgs<'a> {
     /// Checks a call of `op` (one of `adamw`): the spec's dtype, rank and
-    /// shape rules, then [`rules::adamw`] (`step` is at least 1), then that no output overlaps itself, and
+    /// shape rules, then [`rules::adamw`] (`step` is at least 1; `beta1` and `beta2` are at least 0 and below 1; `lr`, `eps` and `weight_decay` are finite and at least 0), then that no output overlaps itself, and
     /// that the tensors share memory only where the operator works in place.
     #[inline]
     pub fn new(op: Op, param: TensorDesc<'a>, grad: TensorDesc<'a>, exp_avg: TensorDesc<'a>, exp_avg_sq: TensorDesc<'a>, lr: f64, beta1: f64, beta2: f64, eps: f64, weight_decay: f64, step: i64) -> Result<Self, ArgError> {
