@@ -257,10 +257,20 @@ pub fn init_with(info: RankInfo, options: InitOptions) -> Result<Job> {
         &info,
         rdma_availability,
     )?;
+    // One process per rank: a second one given the same rank (a launcher's
+    // mistake) joined too, and waited in its first collective until the
+    // job ended, then blamed a lost peer.
+    let claims = store.add(&format!("polychip/rank/{rank}"), 1)?;
+    if claims > 1 {
+        return Err(CommError::Usage(format!(
+            "rank {rank} joined the job twice: another process of this job (rendezvous {}:{})              already has rank {rank}; give each process a rank of its own ({})",
+            info.master_addr, info.master_port, info.launcher
+        )));
+    }
     let explicit = options.transport.is_some();
     store.set(
         &format!("polychip/transport/{rank}"),
-        format!("{} {}", pick.name(), u8::from(explicit)).as_bytes(),
+        format!("{} {} {world}", pick.name(), u8::from(explicit)).as_bytes(),
     )?;
     let mut picks = Vec::with_capacity(world);
     for peer in 0..world {
@@ -275,7 +285,18 @@ pub fn init_with(info: RankInfo, options: InitOptions) -> Result<Job> {
             e => e,
         })?;
         let text = String::from_utf8_lossy(&raw);
-        let (name, flag) = text.split_once(' ').unwrap_or((&text, "0"));
+        let mut words = text.split(' ');
+        let (name, flag) = (words.next().unwrap_or(""), words.next().unwrap_or("0"));
+        // Every rank must be of one world: a rank started with another
+        // size waited for ranks that never came, and timed out naming none.
+        if let Some(theirs) = words.next().and_then(|w| w.parse::<usize>().ok())
+            && theirs != world
+        {
+            return Err(CommError::Usage(format!(
+                "rank {peer} was started with a world of {theirs} ranks, this rank (rank {rank})                  with {world} ({}): every rank of a job must be given the same world size",
+                info.launcher
+            )));
+        }
         let kind = TransportKind::parse(name)?.unwrap_or(TransportKind::Tcp);
         picks.push((kind, flag == "1"));
     }

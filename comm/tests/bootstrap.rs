@@ -149,3 +149,73 @@ fn a_single_process_job_needs_no_launcher() {
     // Dropping shuts down too.
     drop(job);
 }
+
+#[test]
+fn a_rank_given_twice_or_a_world_that_differs_is_refused_at_once() {
+    // Ranks 0, 1 and a second process given rank 1: one of the two rank
+    // 1s is refused at once, naming the rank; the other runs the job.
+    let port = free_port().unwrap();
+    let start = std::time::Instant::now();
+    let handles: Vec<_> = [0usize, 1, 1]
+        .into_iter()
+        .map(|r| {
+            thread::spawn(move || -> Result<(), String> {
+                let mut options = InitOptions::from_env().unwrap();
+                options.timeout = Duration::from_secs(20);
+                let mut job = init_with(info(r, 2, 2, port), options).map_err(|e| e.to_string())?;
+                let mut buf = 1i64.to_ne_bytes().to_vec();
+                job.all_reduce(&mut buf, DType::I64, ReduceOp::Sum).unwrap();
+                assert_eq!(i64::from_ne_bytes(buf[..].try_into().unwrap()), 2);
+                job.finish().unwrap();
+                Ok(())
+            })
+        })
+        .collect();
+    let results: Vec<_> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    assert!(results[0].is_ok(), "{results:?}");
+    let refused: Vec<&String> = results[1..]
+        .iter()
+        .filter_map(|r| r.as_ref().err())
+        .collect();
+    assert_eq!(refused.len(), 1, "{results:?}");
+    assert!(
+        refused[0].contains("rank 1 joined the job twice"),
+        "{}",
+        refused[0]
+    );
+    assert!(
+        start.elapsed() < Duration::from_secs(15),
+        "{:?}",
+        start.elapsed()
+    );
+
+    // Rank 1 started with a world of 3 where rank 0 has 2: both refused
+    // at once, naming the two sizes (they waited out the timeout).
+    let port = free_port().unwrap();
+    let start = std::time::Instant::now();
+    let handles: Vec<_> = [(0usize, 2usize), (1, 3)]
+        .into_iter()
+        .map(|(r, world)| {
+            thread::spawn(move || {
+                let mut options = InitOptions::from_env().unwrap();
+                options.timeout = Duration::from_secs(20);
+                init_with(info(r, world, world, port), options)
+                    .map(|_| ())
+                    .unwrap_err()
+                    .to_string()
+            })
+        })
+        .collect();
+    for h in handles {
+        let message = h.join().unwrap();
+        assert!(
+            message.contains("world of") && message.contains("same world size"),
+            "{message}"
+        );
+    }
+    assert!(
+        start.elapsed() < Duration::from_secs(15),
+        "{:?}",
+        start.elapsed()
+    );
+}
