@@ -271,7 +271,11 @@ fn plugin_files(
         }
         dirs.extend(discovery::program_dirs());
     }
-    let (files, problems) = discovery::discover_from(&list, &dirs);
+    let source = match options.plugin_path.is_null() {
+        true => discovery::PLUGIN_PATH_VAR,
+        false => "the plugin path given (options->plugin_path)",
+    };
+    let (files, problems) = discovery::discover_from(&list, source, &dirs);
     let problems = problems
         .into_iter()
         .map(|p| format!("{}: {}", p.path.display(), p.reason))

@@ -118,12 +118,12 @@ pub fn warn_if_writable_by_others(path: &Path) {
     }
 }
 
-fn warn_if_dir_writable_by_others(dir: &Path) {
+fn warn_if_dir_writable_by_others(dir: &Path, source: &str) {
     if let Ok(meta) = std::fs::metadata(dir)
         && let Some(reason) = writable_by_others("it", &meta, true)
     {
         log::warn!(
-            "{}: plugin directory listed in {PLUGIN_PATH_VAR}: {reason}: another user could add a plugin, which would run inside polychip",
+            "{}: plugin directory listed in {source}: {reason}: another user could add a plugin, which would run inside polychip",
             dir.display()
         );
     }
@@ -158,14 +158,16 @@ fn shared_libraries_in(
     Ok((found, problems))
 }
 
-/// The plugin files named by a `POLYCHIP_PLUGIN_PATH`-style list.
-pub fn from_path_list(list: &str) -> (Vec<PathBuf>, Vec<SearchProblem>) {
+/// The plugin files named by a `POLYCHIP_PLUGIN_PATH`-style list; its
+/// problems name where the list came from (`source`: the variable, or a
+/// caller's option).
+pub fn from_path_list(list: &str, source: &str) -> (Vec<PathBuf>, Vec<SearchProblem>) {
     let mut files = Vec::new();
     let mut problems = Vec::new();
     for entry in list.split(':').filter(|e| !e.is_empty()) {
         let path = PathBuf::from(entry);
         if path.is_dir() {
-            warn_if_dir_writable_by_others(&path);
+            warn_if_dir_writable_by_others(&path, source);
             match shared_libraries_in(&path, "") {
                 Ok((found, skipped)) => {
                     files.extend(found);
@@ -183,13 +185,13 @@ pub fn from_path_list(list: &str) -> (Vec<PathBuf>, Vec<SearchProblem>) {
                 Ok(_) => files.push(path),
                 Err(reason) => problems.push(SearchProblem {
                     path,
-                    reason: format!("listed in {PLUGIN_PATH_VAR} but {reason}"),
+                    reason: format!("listed in {source} but {reason}"),
                 }),
             }
         } else {
             problems.push(SearchProblem {
                 path,
-                reason: format!("listed in {PLUGIN_PATH_VAR} but does not exist"),
+                reason: format!("listed in {source} but does not exist"),
             });
         }
     }
@@ -250,8 +252,13 @@ pub fn bundled() -> Vec<PathBuf> {
 /// the bundled ones in `bundled_dirs`, without duplicates: a listed file
 /// hides a bundled one of the same name, and of several names of one file
 /// (symlinks, hard links, one path listed twice) only the first is kept.
-pub fn discover_from(list: &str, bundled_dirs: &[PathBuf]) -> (Vec<PathBuf>, Vec<SearchProblem>) {
-    let (mut files, problems) = from_path_list(list);
+/// `source` names where `list` came from, for its problems.
+pub fn discover_from(
+    list: &str,
+    source: &str,
+    bundled_dirs: &[PathBuf],
+) -> (Vec<PathBuf>, Vec<SearchProblem>) {
+    let (mut files, problems) = from_path_list(list, source);
     let listed_names: HashSet<_> = files
         .iter()
         .filter_map(|f| f.file_name().map(|n| n.to_owned()))
@@ -276,5 +283,9 @@ pub fn discover() -> (Vec<PathBuf>, Vec<SearchProblem>) {
     } else {
         program_dirs()
     };
-    discover_from(&std::env::var(PLUGIN_PATH_VAR).unwrap_or_default(), &dirs)
+    discover_from(
+        &std::env::var(PLUGIN_PATH_VAR).unwrap_or_default(),
+        PLUGIN_PATH_VAR,
+        &dirs,
+    )
 }

@@ -297,7 +297,8 @@ fn one_file_under_several_names_is_loaded_once() {
         symlink.display(),
         hard.display()
     );
-    let (files, problems) = polychip_host::discovery::discover_from(&list, &[]);
+    let (files, problems) =
+        polychip_host::discovery::discover_from(&list, "POLYCHIP_PLUGIN_PATH", &[]);
     assert!(problems.is_empty(), "{problems:?}");
     assert_eq!(files, [hard], "the first name is kept");
     std::fs::remove_dir_all(&dir).ok();
