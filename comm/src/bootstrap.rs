@@ -313,6 +313,9 @@ pub fn init_with(info: RankInfo, options: InitOptions) -> Result<Job> {
         TransportKind::Shm => Arc::new(ShmTransport::new(&*store, rank, world, timeout)?),
         TransportKind::Tcp => {
             let mut tcp = options.tcp;
+            // The secret the store took (perhaps given, not from this
+            // process's environment) is the one the mesh proves.
+            tcp.auth.get_or_insert_with(|| store.auth().clone());
             if std::env::var_os(crate::tcp::ADDR_ENV).is_none() && tcp.bind_addr.is_loopback() {
                 // Peers on other machines cannot reach 127.0.0.1: listen on
                 // the address this machine reaches rank 0's from.

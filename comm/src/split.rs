@@ -120,6 +120,11 @@ impl Communicator {
                 if let Some(addr) = self.transport().listen_addr() {
                     options.bind_addr = addr;
                 }
+                // The secret the world's ranks proved (which the store took,
+                // perhaps not from this process's environment).
+                if let Some(auth) = self.transport().job_auth() {
+                    options.auth = Some(auth);
+                }
                 Ok(Arc::new(TcpTransport::with_options(
                     store, rank, size, timeout, options,
                 )?))

@@ -11,8 +11,12 @@
 //!   client sends its rank, its job id and `HMAC(secret, "client", server
 //!   nonce, job id, rank)`; the server answers a status byte (and on error a
 //!   message: another job's rank, or a wrong secret). A connection that does
-//!   not finish this within 5 s is dropped, and only members count as
-//!   connected ranks.
+//!   not finish this within 5 s of being accepted is dropped (the 5 s cover
+//!   the whole handshake, however the client spreads its bytes), and only
+//!   members count as connected ranks. At most [`MAX_HANDSHAKING`]
+//!   connections are in their handshake at once: beyond that the oldest is
+//!   dropped once it is [`EVICT_AGE`] old, else the new one is closed at
+//!   once (a rank whose connection is closed tries again).
 //! * request: an op byte (`1` SET, `2` GET, `3` ADD), the key (u32 length
 //!   and bytes), then SET: the value (u32 length and bytes); GET: the
 //!   timeout in milliseconds (u64); ADD: the delta (i64).
@@ -44,8 +48,16 @@ use crate::error::{CommError, Result};
 use crate::store::Store;
 
 const MAGIC: &[u8; 5] = b"PCST\x02";
-/// How long a new connection has to prove it belongs to the job.
+/// How long a new connection has to prove it belongs to the job, in all.
 const HANDSHAKE: Duration = Duration::from_secs(5);
+/// Most connections in their handshake at once (each holds a thread).
+pub const MAX_HANDSHAKING: usize = 64;
+/// How old the oldest connection in its handshake must be before a new one
+/// takes its place when [`MAX_HANDSHAKING`] are open; a rank's own handshake
+/// takes one round trip.
+pub const EVICT_AGE: Duration = Duration::from_millis(250);
+/// Refusals logged one by one before they are only counted.
+const LOGGED_REFUSALS: usize = 10;
 /// Bytes of a handshake nonce.
 const NONCE: usize = 16;
 const OP_SET: u8 = 1;
@@ -70,6 +82,8 @@ pub struct TcpStore {
     rank: usize,
     addr: String,
     port: u16,
+    /// The job's secret and id its ranks proved.
+    auth: JobAuth,
     client: Mutex<Client>,
     server: Option<Server>,
 }
@@ -120,6 +134,7 @@ impl TcpStore {
             rank,
             addr,
             port,
+            auth: auth.clone(),
             client: Mutex::new(Client {
                 stream,
                 broken: None,
@@ -133,6 +148,12 @@ impl TcpStore {
     /// given port 0).
     pub fn port(&self) -> u16 {
         self.port
+    }
+
+    /// The job's secret and id its ranks proved (the transports built on
+    /// it prove the same).
+    pub fn auth(&self) -> &JobAuth {
+        &self.auth
     }
 
     /// This rank.
@@ -540,6 +561,70 @@ struct Shared {
     /// passed the handshake.
     live: Mutex<usize>,
     left: Condvar,
+    /// The connections in their handshake: an id, when accepted, and a
+    /// handle to drop it by.
+    handshaking: Mutex<Vec<(u64, Instant, TcpStream)>>,
+    /// Connections refused or dropped before they proved themselves.
+    refused: std::sync::atomic::AtomicUsize,
+}
+
+impl Shared {
+    /// Logs why a connection that did not prove itself was dropped: the
+    /// first few one by one, then one line per thousand.
+    fn note_refusal(&self, why: std::fmt::Arguments<'_>) {
+        let n = self.refused.fetch_add(1, Ordering::Relaxed) + 1;
+        if n <= LOGGED_REFUSALS {
+            log::warn!("rendezvous store: {why}");
+        } else if n % 1000 == 0 {
+            log::warn!(
+                "rendezvous store: {n} connections refused or dropped so far before proving \
+                 they belong to the job (the latest: {why})"
+            );
+        }
+    }
+
+    /// Makes room for a new connection in its handshake: `false` when it
+    /// must be refused.
+    fn admit(&self, id: u64, peer: SocketAddr, stream: TcpStream) -> bool {
+        let mut handshaking = self.handshaking.lock().unwrap_or_else(|e| e.into_inner());
+        let now = Instant::now();
+        if handshaking.len() >= MAX_HANDSHAKING {
+            let (at, since) = handshaking
+                .iter()
+                .enumerate()
+                .min_by_key(|(_, h)| h.1)
+                .map(|(i, h)| (i, h.1))
+                .expect("a full table");
+            if now.duration_since(since) < EVICT_AGE {
+                drop(handshaking);
+                self.note_refusal(format_args!(
+                    "refused a connection from {peer}: {MAX_HANDSHAKING} connections are already \
+                     proving they belong to the job"
+                ));
+                return false;
+            }
+            let (_, _, oldest) = handshaking.swap_remove(at);
+            let _ = oldest.shutdown(Shutdown::Both);
+            let from = oldest
+                .peer_addr()
+                .map_or_else(|_| "?".to_string(), |a| a.to_string());
+            self.note_refusal(format_args!(
+                "dropped a connection from {from} after {:?} of handshake to make room: \
+                 {MAX_HANDSHAKING} connections were proving they belong to the job",
+                now.duration_since(since)
+            ));
+        }
+        handshaking.push((id, now, stream));
+        true
+    }
+
+    /// The connection `id` finished its handshake (either way).
+    fn handshake_over(&self, id: u64) {
+        let mut handshaking = self.handshaking.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(at) = handshaking.iter().position(|h| h.0 == id) {
+            handshaking.swap_remove(at);
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -580,6 +665,8 @@ impl Server {
             clients: Mutex::default(),
             live: Mutex::new(0),
             left: Condvar::new(),
+            handshaking: Mutex::default(),
+            refused: Default::default(),
         });
         let accept_shared = Arc::clone(&shared);
         let accept = std::thread::Builder::new()
@@ -624,12 +711,18 @@ impl Server {
 }
 
 fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
+    let mut next_id = 0u64;
     while !shared.stop.load(Ordering::SeqCst) {
         match listener.accept() {
             Ok((stream, peer)) => {
-                let Ok(clone) = stream.try_clone() else {
+                let (Ok(clone), Ok(handle)) = (stream.try_clone(), stream.try_clone()) else {
                     continue;
                 };
+                next_id += 1;
+                let id = next_id;
+                if !shared.admit(id, peer, handle) {
+                    continue;
+                }
                 let _ = stream.set_nonblocking(false);
                 let _ = stream.set_nodelay(true);
                 let thread_shared = Arc::clone(&shared);
@@ -637,11 +730,12 @@ fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
                     .name(format!("store-client:{peer}"))
                     .spawn(move || {
                         let mut member = false;
-                        if let Err(e) = serve_client(stream, &thread_shared, &mut member) {
+                        if let Err(e) = serve_client(stream, &thread_shared, id, &mut member) {
                             if member {
                                 log::debug!("rendezvous store: client {peer}: {e}");
                             } else {
-                                log::warn!("rendezvous store: refused a client at {peer}: {e}");
+                                thread_shared
+                                    .note_refusal(format_args!("refused a client at {peer}: {e}"));
                             }
                         }
                         if member {
@@ -649,6 +743,9 @@ fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
                             thread_shared.left.notify_all();
                         }
                     });
+                if spawned.is_err() {
+                    shared.handshake_over(id);
+                }
                 if let Ok(handle) = spawned {
                     let mut clients = shared.clients.lock().unwrap_or_else(|e| e.into_inner());
                     // Reap finished clients so the list does not grow.
@@ -676,18 +773,14 @@ fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
 /// The server's half of the handshake: `Ok` once the client proved it is
 /// a rank of this job (the caller then tells it so); `Err` (after telling
 /// it why, when it got that far) otherwise.
-fn server_handshake(stream: &mut TcpStream, shared: &Shared) -> io::Result<()> {
+fn server_handshake(stream: &TcpStream, shared: &Shared) -> io::Result<()> {
     let bad = |m: String| io::Error::new(io::ErrorKind::PermissionDenied, m);
-    let deadline = Instant::now() + HANDSHAKE;
-    let left = || {
-        Some(
-            deadline
-                .saturating_duration_since(Instant::now())
-                .max(Duration::from_millis(1)),
-        )
+    // Every read and write waits only for what is left of the 5 s, so a
+    // client trickling its bytes is cut off at the deadline all the same.
+    let stream = &mut Deadlined {
+        stream,
+        deadline: Instant::now() + HANDSHAKE,
     };
-    stream.set_write_timeout(left())?;
-    stream.set_read_timeout(left())?;
     let mut hello = [0u8; 5 + NONCE];
     stream.read_exact(&mut hello[..5])?;
     if &hello[..5] != MAGIC {
@@ -702,12 +795,11 @@ fn server_handshake(stream: &mut TcpStream, shared: &Shared) -> io::Result<()> {
     answer.extend_from_slice(&nonce);
     answer.extend_from_slice(&auth.tag(&[b"server", client_nonce, job]));
     stream.write_all(&answer)?;
-    stream.set_read_timeout(left())?;
     let rank = read_u64(stream)?;
     let their_job = read_bytes(stream, MAX_KEY)?;
     let mut tag = [0u8; 32];
     stream.read_exact(&mut tag)?;
-    let refuse = |stream: &mut TcpStream, why: String| {
+    let refuse = |stream: &mut Deadlined<'_>, why: String| {
         let mut reply = vec![STATUS_ERROR];
         put_bytes(&mut reply, why.as_bytes());
         let _ = stream.write_all(&reply);
@@ -732,10 +824,78 @@ fn server_handshake(stream: &mut TcpStream, shared: &Shared) -> io::Result<()> {
     Ok(())
 }
 
+/// A stream whose reads and writes fail with `TimedOut` once `deadline` has
+/// passed (a socket's own timeouts bound each call, not their sum).
+struct Deadlined<'a> {
+    stream: &'a TcpStream,
+    deadline: Instant,
+}
+
+impl Deadlined<'_> {
+    /// What is left until the deadline; `TimedOut` when nothing is.
+    fn left(&self) -> io::Result<Duration> {
+        let left = self.deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("the handshake did not finish within {}", human(HANDSHAKE)),
+            ));
+        }
+        Ok(left)
+    }
+}
+
+impl Read for Deadlined<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.stream.set_read_timeout(Some(self.left()?))?;
+        match self.stream.read(buf) {
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                ) =>
+            {
+                // Reported the same way whichever call ran out.
+                self.left()?;
+                Err(e)
+            }
+            other => other,
+        }
+    }
+}
+
+impl Write for Deadlined<'_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.stream.set_write_timeout(Some(self.left()?))?;
+        self.stream.write(buf)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
 /// Serves one client until it disconnects or the server stops; `member` is
-/// set (and the client counted live) once it passed the handshake.
-fn serve_client(mut stream: TcpStream, shared: &Shared, member: &mut bool) -> io::Result<()> {
-    server_handshake(&mut stream, shared)?;
+/// set (and the client counted live) once it passed the handshake. `id` is
+/// its entry among the connections in their handshake.
+fn serve_client(
+    mut stream: TcpStream,
+    shared: &Shared,
+    id: u64,
+    member: &mut bool,
+) -> io::Result<()> {
+    let result = serve(&mut stream, shared, id, member);
+    // The accept loop holds a clone of the socket until it reaps this
+    // thread: hang up now, so a refused client is not left waiting.
+    let _ = stream.shutdown(Shutdown::Both);
+    result
+}
+
+/// [`serve_client`]'s work.
+fn serve(stream: &mut TcpStream, shared: &Shared, id: u64, member: &mut bool) -> io::Result<()> {
+    let handshake = server_handshake(stream, shared);
+    shared.handshake_over(id);
+    handshake?;
     // Counted before the client hears it is in, so a rank that got in is
     // always among those rank 0 waits for.
     *shared.live.lock().unwrap_or_else(|e| e.into_inner()) += 1;
@@ -745,7 +905,7 @@ fn serve_client(mut stream: TcpStream, shared: &Shared, member: &mut bool) -> io
     // Between requests a member may stay quiet for as long as it likes.
     loop {
         stream.set_read_timeout(None)?;
-        let op = match read_u8(&mut stream) {
+        let op = match read_u8(stream) {
             Ok(op) => op,
             Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(()),
             Err(e) => return Err(e),
@@ -754,12 +914,12 @@ fn serve_client(mut stream: TcpStream, shared: &Shared, member: &mut bool) -> io
             return Ok(());
         }
         stream.set_read_timeout(Some(IO_GRACE))?;
-        let key = read_bytes(&mut stream, MAX_KEY)?;
+        let key = read_bytes(stream, MAX_KEY)?;
         let key = String::from_utf8_lossy(&key).into_owned();
         let mut reply = Vec::new();
         match op {
             OP_SET => {
-                let value = read_bytes(&mut stream, MAX_VALUE)?;
+                let value = read_bytes(stream, MAX_VALUE)?;
                 let mut map = shared.map.lock().unwrap_or_else(|e| e.into_inner());
                 let old = map.get(&key).map_or(0, |v| key.len() + v.len());
                 let total = shared.total.load(Ordering::Relaxed) - old + key.len() + value.len();
@@ -781,7 +941,7 @@ fn serve_client(mut stream: TcpStream, shared: &Shared, member: &mut bool) -> io
                 }
             }
             OP_GET => {
-                let ms = read_u64(&mut stream)?;
+                let ms = read_u64(stream)?;
                 match wait_for(shared, &key, Duration::from_millis(ms)) {
                     Some(value) => {
                         reply.push(STATUS_OK);
@@ -792,7 +952,7 @@ fn serve_client(mut stream: TcpStream, shared: &Shared, member: &mut bool) -> io
                 }
             }
             OP_ADD => {
-                let delta = read_i64(&mut stream)?;
+                let delta = read_i64(stream)?;
                 let mut map = shared.map.lock().unwrap_or_else(|e| e.into_inner());
                 let old = match map.get(&key) {
                     None => Some(0),

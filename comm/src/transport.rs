@@ -86,4 +86,10 @@ pub trait Transport: Send + Sync {
     fn listen_addr(&self) -> Option<std::net::IpAddr> {
         None
     }
+
+    /// The job's secret its ranks proved to each other when it connected
+    /// (TCP): the groups split from it prove the same one. `None` otherwise.
+    fn job_auth(&self) -> Option<crate::auth::JobAuth> {
+        None
+    }
 }

@@ -456,3 +456,178 @@ fn the_store_serves_on_an_ipv6_address_written_in_brackets() {
     client.set("k", b"v6").unwrap();
     assert_eq!(server.get("k", TIMEOUT).unwrap(), b"v6".to_vec());
 }
+
+// ------------------------------------ connections that never prove themselves
+
+/// Reads until the server closes the connection or `limit` passes: the
+/// bytes read, and whether it was closed.
+fn read_until_closed(s: &mut std::net::TcpStream, limit: Duration) -> (usize, bool) {
+    use std::io::Read;
+    let until = Instant::now() + limit;
+    let mut total = 0;
+    let mut buf = [0u8; 256];
+    loop {
+        let left = until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return (total, false);
+        }
+        s.set_read_timeout(Some(left)).unwrap();
+        match s.read(&mut buf) {
+            Ok(0) => return (total, true),
+            Ok(n) => total += n,
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return (total, true),
+            Err(_) => return (total, false),
+        }
+    }
+}
+
+/// Sends `bytes` one at a time, `gap` apart, until the server hangs up.
+fn trickle(mut s: std::net::TcpStream, bytes: Vec<u8>, gap: Duration) -> thread::JoinHandle<()> {
+    use std::io::Write;
+    thread::spawn(move || {
+        for b in bytes {
+            if s.write_all(&[b]).is_err() {
+                return;
+            }
+            thread::sleep(gap);
+        }
+    })
+}
+
+#[test]
+fn a_trickling_client_is_dropped_within_the_handshake_limit() {
+    use std::io::{Read, Write};
+    let a = auth("the job's own secret", "job");
+    let rank0 = TcpStore::connect_with(&RankInfo::local(0, 2, 0), &a, TIMEOUT).unwrap();
+    let port = rank0.port();
+    let start = Instant::now();
+    // One trickles its hello, a byte every 400 ms (all of it would take 8 s).
+    let slow_hello = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    let mut hello = b"PCST\x02".to_vec();
+    hello.extend_from_slice(&[0u8; 16]);
+    let t1 = trickle(
+        slow_hello.try_clone().unwrap(),
+        hello.clone(),
+        Duration::from_millis(400),
+    );
+    // The other sends its hello at once, then trickles a 64 KiB job id.
+    let mut slow_id = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    slow_id.write_all(&hello).unwrap();
+    let mut answer = [0u8; 5 + 16 + 32];
+    slow_id
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    slow_id.read_exact(&mut answer).unwrap();
+    let mut proof = 1u64.to_le_bytes().to_vec();
+    proof.extend_from_slice(&(64u32 << 10).to_le_bytes());
+    proof.extend_from_slice(&[b'j'; 64 << 10]);
+    let t2 = trickle(
+        slow_id.try_clone().unwrap(),
+        proof,
+        Duration::from_millis(400),
+    );
+
+    let mut slow_hello = slow_hello;
+    let (got, closed) = read_until_closed(&mut slow_hello, Duration::from_secs(20));
+    let took = start.elapsed();
+    assert!(closed && got == 0, "closed {closed} after {got} bytes");
+    assert!(
+        took >= Duration::from_secs(4) && took < Duration::from_secs(7),
+        "a trickled hello was dropped after {took:?}; the limit is 5 s"
+    );
+    let (got, closed) = read_until_closed(&mut slow_id, Duration::from_secs(20));
+    let took = start.elapsed();
+    assert!(closed && got == 0, "closed {closed} after {got} more bytes");
+    assert!(
+        took < Duration::from_secs(7),
+        "a trickled job id was dropped after {took:?}; the limit is 5 s"
+    );
+    t1.join().unwrap();
+    t2.join().unwrap();
+    // The job is not held up.
+    let rank1 = TcpStore::connect_with(&RankInfo::local(1, 2, port), &a, TIMEOUT).unwrap();
+    rank1.set("k", b"v").unwrap();
+    assert_eq!(rank0.get("k", TIMEOUT).unwrap(), b"v");
+}
+
+#[test]
+fn a_flood_of_unauthenticated_connections_is_capped_and_the_job_still_works() {
+    use polychip_comm::tcp_store::MAX_HANDSHAKING;
+    use std::io::Write;
+    let a = auth("the job's own secret", "job");
+    let rank0 = TcpStore::connect_with(&RankInfo::local(0, 2, 0), &a, TIMEOUT).unwrap();
+    let port = rank0.port();
+    // 300 connections that each send one byte of a hello and stop.
+    let mut flood: Vec<std::net::TcpStream> = (0..300)
+        .filter_map(|_| {
+            let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+            s.write_all(b"P").ok()?;
+            Some(s)
+        })
+        .collect();
+    assert!(flood.len() >= 250, "{} connections opened", flood.len());
+    let opened = Instant::now();
+    thread::sleep(Duration::from_millis(500));
+    // At most MAX_HANDSHAKING of them still hold a thread on rank 0: the
+    // others were closed at once (or dropped to make room).
+    let open = flood
+        .iter_mut()
+        .map(|s| read_until_closed(s, Duration::from_millis(10)).1)
+        .filter(|closed| !closed)
+        .count();
+    assert!(
+        open <= MAX_HANDSHAKING,
+        "{open} unauthenticated connections still open; the cap is {MAX_HANDSHAKING}"
+    );
+    // A rank still gets in while they are open.
+    let joined = Instant::now();
+    let rank1 = TcpStore::connect_with(&RankInfo::local(1, 2, port), &a, TIMEOUT).unwrap();
+    assert!(
+        joined.elapsed() < Duration::from_secs(4),
+        "rank 1 joined after {:?}",
+        joined.elapsed()
+    );
+    rank1.set("k", b"v").unwrap();
+    assert_eq!(rank0.get("k", TIMEOUT).unwrap(), b"v");
+    // And none of the flood outlives its 5 s (from when rank 0 accepted
+    // it, at the latest when the last one was open; 3 s spare for a busy
+    // machine).
+    let until = opened + Duration::from_secs(8);
+    for (i, s) in flood.iter_mut().enumerate() {
+        let left = until.saturating_duration_since(Instant::now());
+        assert!(
+            read_until_closed(s, left.max(Duration::from_millis(10))).1,
+            "connection {i} still open {:?} after the flood",
+            opened.elapsed()
+        );
+    }
+    drop(rank1);
+    rank0.wait_for_others_to_leave(TIMEOUT).unwrap();
+}
+
+#[test]
+fn many_ranks_joining_at_once_all_get_in_despite_the_cap() {
+    use polychip_comm::tcp_store::MAX_HANDSHAKING;
+    let world = 4 * MAX_HANDSHAKING + 1;
+    let a = auth("the job's own secret", "job");
+    let rank0 = TcpStore::connect_with(&RankInfo::local(0, world, 0), &a, TIMEOUT).unwrap();
+    let port = rank0.port();
+    let barrier_ = Arc::new(std::sync::Barrier::new(world - 1));
+    let ranks: Vec<_> = (1..world)
+        .map(|r| {
+            let a = a.clone();
+            let barrier_ = Arc::clone(&barrier_);
+            thread::spawn(move || {
+                barrier_.wait();
+                let store = TcpStore::connect_with(&RankInfo::local(r, world, port), &a, TIMEOUT)?;
+                barrier(&store, "all-in", r, world, TIMEOUT)?;
+                Ok::<_, CommError>(())
+            })
+        })
+        .collect();
+    barrier(&rank0, "all-in", 0, world, TIMEOUT).unwrap();
+    for r in ranks {
+        r.join().unwrap().unwrap();
+    }
+    rank0.wait_for_others_to_leave(TIMEOUT).unwrap();
+}

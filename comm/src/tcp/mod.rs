@@ -97,6 +97,12 @@ pub struct TcpOptions {
     pub spin: Duration,
     /// Prefix of the store keys (keep distinct per job sharing one store).
     pub key_prefix: String,
+    /// The job's secret and id, which the ranks prove to each other before
+    /// a connection joins the mesh (see the `mesh` module's handshake);
+    /// `None`: the job's own from the environment
+    /// ([`JobAuth::from_env`](crate::auth::JobAuth::from_env)), as the
+    /// rendezvous store reads them.
+    pub auth: Option<crate::auth::JobAuth>,
 }
 
 impl Default for TcpOptions {
@@ -106,6 +112,7 @@ impl Default for TcpOptions {
             socket_buffer: Some(4 << 20),
             spin: Duration::from_micros(50),
             key_prefix: "polychip/tcp".into(),
+            auth: None,
         }
     }
 }
@@ -334,6 +341,8 @@ pub struct TcpTransport {
     spin: Duration,
     /// The address it listens on (and published).
     bind_addr: IpAddr,
+    /// The secret its peers proved they hold (groups split from it use it).
+    auth: Option<crate::auth::JobAuth>,
     /// Whether `Drop` says goodbye (cleared only by `abort_for_test`).
     goodbye: bool,
 }
@@ -352,6 +361,9 @@ impl TcpTransport {
 
     /// Builds the mesh: listens, publishes `host:port` in the store, connects
     /// to every lower rank and accepts every higher one, all within `timeout`.
+    /// A connection joins only once both ends proved they hold the job's
+    /// secret ([`TcpOptions::auth`]); others are dropped, each within 5 s,
+    /// without holding up the rest.
     pub fn with_options(
         store: Arc<dyn Store>,
         rank: usize,
@@ -363,6 +375,10 @@ impl TcpTransport {
             return Err(CommError::Usage(format!(
                 "tcp: rank {rank} is not in a world of {world_size}"
             )));
+        }
+        let mut options = options;
+        if options.auth.is_none() {
+            options.auth = Some(mesh::job_auth(&options, rank)?);
         }
         let streams = mesh::connect(store.as_ref(), rank, world_size, timeout, &options)?;
         let shared = Shared::new(rank, world_size, timeout).map_err(|e| CommError::Io {
@@ -406,6 +422,7 @@ impl TcpTransport {
             progress,
             spin: options.spin,
             bind_addr: options.bind_addr,
+            auth: options.auth,
             goodbye: true,
         })
     }
@@ -434,6 +451,10 @@ impl Transport for TcpTransport {
 
     fn listen_addr(&self) -> Option<IpAddr> {
         Some(self.bind_addr)
+    }
+
+    fn job_auth(&self) -> Option<crate::auth::JobAuth> {
+        self.auth.clone()
     }
 
     fn register(&self, len: usize) -> Result<(RegionId, *mut u8)> {
