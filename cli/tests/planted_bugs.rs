@@ -282,6 +282,18 @@ bugs! {
     cross_entropy_backward_stale_error: "cross-entropy-backward-stale-error" on "cross_entropy_backward" in "" => "already taken back";
     embedding_index_narrowed_to_i32: "embedding-index-narrowed-to-i32" on "embedding" in "" => "index 4294967297 out of range";
     cross_entropy_backward_target_narrowed_to_i32: "cross-entropy-backward-target-narrowed-to-i32" on "cross_entropy_backward" in "" => "target 4294967196 out of range";
+    // Mutation round 9: other scalar values, an infinity before a NaN,
+    // overflow in a norm, rows of no elements, a late bad index, and the
+    // sparest descriptors the ABI allows.
+    add_alpha_zero_skips_b: "add-alpha-zero-skips-b" on "add" in "" => "special values alpha 0";
+    max_stops_at_infinity: "max-stops-at-infinity" on "max" in "" => "+inf before NaN";
+    sum_squares_scaled_by_max: "sum-squares-scaled-by-max" on "sum_squares" in "" => "an infinity";
+    rms_norm_zero_width_skips_stats: "rms-norm-zero-width-skips-stats" on "rms_norm" in "" => "[3, 0]";
+    attention_scale_zero_as_unset: "attention-scale-zero-as-unset" on "attention" in "" => "scale 0";
+    embedding_check_first_block: "embedding-check-first-block" on "embedding" in "" => "out of range after 1100 in range";
+    mul_null_strides_refused: "mul-null-strides-refused" on "mul" in "" => "NULL strides for compact tensors";
+    sum_null_data_refused: "sum-null-data-refused" on "sum" in "" => "NULL data for empty ones";
+    relu_backward_nan_input_zero: "relu-backward-nan-input-zero" on "relu_backward" in "" => "special values";
     // The host refuses step 0 itself (its argument checks run before any
     // plugin code), so no caller can reach this plugin's refusal: the bug is
     // unobservable through the host, and the suite cannot flag it.

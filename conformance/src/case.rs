@@ -181,6 +181,11 @@ pub struct Case {
     /// state a plugin shares between calls without a lock (a global
     /// scratch buffer, a cached handle or workspace) shows only this way.
     pub concurrent: bool,
+    /// Whether the plugin is given the sparest descriptors the ABI allows
+    /// (`polychip_host::Tensor::bare`): NULL `strides` for every compact
+    /// tensor and NULL `data` for every empty one, as a framework passing
+    /// its DLPack tensors through may give them.
+    pub bare: bool,
 }
 
 /// How a case run on a stream waits for its call's work before its outputs

@@ -495,7 +495,10 @@ fn holder<'a>(case: &Case, uploaded: &'a [Option<Uploaded>], t: usize) -> &'a Up
 /// The views the plugin is called with, in the case's order.
 fn views(case: &Case, uploaded: &[Option<Uploaded>]) -> Vec<Tensor> {
     (0..case.tensors.len())
-        .map(|t| holder(case, uploaded, t).view.clone())
+        .map(|t| {
+            let view = &holder(case, uploaded, t).view;
+            if case.bare { view.bare() } else { view.clone() }
+        })
         .collect()
 }
 

@@ -22,6 +22,9 @@ pub struct Tensor {
     shape: Vec<i64>,
     strides: Vec<i64>,
     offset: u64,
+    /// Whether [`Tensor::raw`] gives the sparest descriptor the ABI allows
+    /// (see [`Tensor::bare`]).
+    bare: bool,
 }
 
 /// Calls `f` with the element offset of every index of `shape` under
@@ -59,6 +62,7 @@ impl Tensor {
             shape: shape.to_vec(),
             strides: contiguous_strides(shape),
             offset: 0,
+            bare: false,
         }
     }
 
@@ -129,10 +133,32 @@ impl Tensor {
         )
     }
 
+    /// The same view, whose ABI descriptor ([`Tensor::raw`]) is the sparest
+    /// the ABI allows, as a DLPack producer may pass it: NULL `strides` when
+    /// the view is compact, and NULL `data` (and a zero `byte_offset`) when
+    /// it has no elements (a zero-byte allocation may be NULL). The checks
+    /// the host makes, and the elements, are those of the view itself.
+    pub fn bare(&self) -> Tensor {
+        Tensor {
+            bare: true,
+            ..self.clone()
+        }
+    }
+
     /// The ABI descriptor; borrows `self` for the pointers inside.
     pub fn raw(&self) -> PolychipTensor {
+        let empty = self.bare && self.numel() == 0;
+        let strides = if self.bare && self.is_compact() {
+            std::ptr::null()
+        } else {
+            self.strides.as_ptr()
+        };
         PolychipTensor {
-            data: self.buffer.ptr(),
+            data: if empty {
+                std::ptr::null_mut()
+            } else {
+                self.buffer.ptr()
+            },
             device: PolychipDevice {
                 device_type: POLYCHIP_DEVICE_TYPE_EXT,
                 device_id: self.device().index() as i32,
@@ -140,8 +166,8 @@ impl Tensor {
             ndim: self.shape.len() as i32,
             dtype: self.dtype.to_raw(),
             shape: self.shape.as_ptr(),
-            strides: self.strides.as_ptr(),
-            byte_offset: self.offset,
+            strides,
+            byte_offset: if empty { 0 } else { self.offset },
         }
     }
 
@@ -190,6 +216,7 @@ impl Tensor {
             shape: shape.to_vec(),
             strides: strides.to_vec(),
             offset: offset.max(0) as u64,
+            bare: false,
         };
         if let Some((lo, hi)) = view.desc().byte_span() {
             let (first, end) = (offset.checked_add(lo), offset.checked_add(hi));

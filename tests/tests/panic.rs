@@ -10,9 +10,10 @@ use polychip_host::{DType, ErrorCode, HostError, MatmulOptions};
 fn a_panicking_plugin_call_becomes_an_error_and_the_host_goes_on() {
     let device = common::first_device(&common::bundled("polychip_testplugin_planted"));
     let a = device.zeros(DType::F32, &[2, 2]).unwrap();
+    let out = device.zeros(DType::F32, &[2, 2]).unwrap();
     let error = device
         .exec()
-        .matmul(&a, &a, &a, MatmulOptions::default())
+        .matmul(&a, &a, &out, MatmulOptions::default())
         .unwrap_err();
     assert_eq!(error.code(), ErrorCode::Panic);
     assert!(

@@ -348,12 +348,30 @@ fn binary(op: BinaryOp, dtype: DType) -> Vec<Case> {
         op,
         dtype,
         "special values".into(),
-        (&[n * n], a),
-        (&[n * n], b),
+        (&[n * n], a.clone()),
+        (&[n * n], b.clone()),
         &[n * n],
         Layout::Contiguous,
         alpha,
     ));
+    // add and sub at other alphas (every case above has 0.5): alpha 0,
+    // where `alpha * b` is still NaN for an infinite or NaN `b` (mutation
+    // round 9: a kernel that skips `b` when alpha is 0, as BLAS's axpy
+    // does, passed), and -1 (`add` as a subtraction).
+    if matches!(op, BinaryOp::Add | BinaryOp::Sub) {
+        for other in [0.0, -1.0] {
+            cases.push(binary_case(
+                op,
+                dtype,
+                format!("special values alpha {other}"),
+                (&[n * n], a.clone()),
+                (&[n * n], b.clone()),
+                &[n * n],
+                Layout::Contiguous,
+                other,
+            ));
+        }
+    }
     cases
 }
 

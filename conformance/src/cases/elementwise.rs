@@ -422,6 +422,29 @@ fn activation_backward(op: ActivationBackwardOp, dtype: DType) -> Vec<Case> {
             },
         ));
     }
+    if op == ActivationBackwardOp::ReluBackward {
+        // Every pair of special values (grad_out, input): the ABI's select
+        // gives 0 wherever input <= 0, even for an infinite or NaN
+        // grad_out, and passes grad_out where input is NaN (mutation round
+        // 9: `x > 0 ? g : 0`, which gives 0 there, passed every case).
+        let s = specials(dtype);
+        let n = s.len();
+        let g: Vec<f64> = (0..n * n).map(|i| s[i / n]).collect();
+        let x: Vec<f64> = (0..n * n).map(|i| s[i % n]).collect();
+        cases.push(case(
+            op.name(),
+            dtype,
+            "special values",
+            vec![
+                input("grad_out", dtype, &[n * n], g, Layout::Contiguous),
+                input("input", dtype, &[n * n], x, Layout::Contiguous),
+                output("grad_in", dtype, &[n * n], Layout::Contiguous),
+            ],
+            activation_backward_tolerance(op),
+            move |exec, t| exec.activation_backward(op, &t[0], &t[1], &t[2]),
+            |d| Ok(vec![reference::relu_backward(&d[0], &d[1])?]),
+        ));
+    }
     if op == ActivationBackwardOp::GeluBackward && dtype != DType::F16 {
         // Far past where the derivative is 1 or 0: x^2 overflows f32 from
         // 1.8e19 on (a kernel's `s + 2 x s (1 - s) u'` became 0 * inf, NaN).
@@ -664,6 +687,32 @@ fn reduce(op: ReduceOp, dtype: DType) -> Vec<Case> {
         }
     }
     if matches!(op, ReduceOp::Max | ReduceOp::Argmax) {
+        // +inf before a NaN in a row or column (the case above has every
+        // NaN first): a scan that stops at +inf, as nothing can beat it,
+        // misses the NaN after it (mutation round 9). Rows and columns
+        // each have an infinity before, and one after, their NaN.
+        let (inf, nan) = (f64::INFINITY, f64::NAN);
+        let x = vec![
+            inf, 1.0, nan, 2.0, //
+            3.0, inf, 0.0, nan, //
+            nan, 2.0, inf, 1.0, //
+            1.0, nan, 5.0, inf,
+        ];
+        for (label, dim) in [
+            ("+inf before NaN in rows", 1),
+            ("+inf before NaN in columns", 0),
+        ] {
+            cases.push(reduce_case(
+                op,
+                dtype,
+                label.into(),
+                &[4, 4],
+                x.clone(),
+                dim,
+                false,
+                Layout::Contiguous,
+            ));
+        }
         // A row of -inf only (a fully masked row: argmax 0, max -inf),
         // and rows whose maximum is the lowest finite value.
         let (inf, low) = (f64::NEG_INFINITY, -specials(dtype)[5]);
@@ -777,21 +826,46 @@ fn sum_squares(dtype: DType) -> Vec<Case> {
         // stride misses, reading outside the view.
         (&[3, 4, 5], Layout::Permuted),
     ];
-    shapes
+    let mut plans: Vec<(String, Vec<usize>, Vec<f64>, Layout)> = shapes
         .iter()
         .map(|&(shape, layout)| {
             let x = rng.values(dtype, numel(shape), -3.0, 3.0);
+            (shape_label(shape, layout), shape.to_vec(), x, layout)
+        })
+        .collect();
+    // A gradient norm must show an overflow (mutation round 9: a norm
+    // scaled by the largest |x|, as LAPACK's nrm2 avoids overflow, gave
+    // inf / inf = NaN for an infinity and skipped a NaN): an infinity of
+    // either sign gives +inf, a NaN among infinities gives NaN, and
+    // finite squares past f32's range give +inf (f32, bf16 and f64 only:
+    // f16's largest square is 4.3e9).
+    let (inf, nan) = (f64::INFINITY, f64::NAN);
+    let mut specials = vec![
+        ("an infinity", vec![1.5, -2.0, inf, 0.5, 3.0, -inf, 1.0]),
+        ("a NaN among infinities", vec![inf, 2.0, nan, -inf, 1.0]),
+    ];
+    if dtype != DType::F16 {
+        specials.push(("squares past f32's range", vec![2e19, -3e19, 1.0, 2.5e19]));
+    }
+    for (label, x) in specials {
+        let n = x.len();
+        plans.push((format!("[{n}] {label}"), vec![n], x, Layout::Contiguous));
+    }
+    plans
+        .into_iter()
+        .map(|(label, shape, x, layout)| {
+            let n = numel(&shape);
             case(
                 "sum_squares",
                 dtype,
-                shape_label(shape, layout),
+                label,
                 vec![
-                    input("input", dtype, shape, x, layout),
+                    input("input", dtype, &shape, x, layout),
                     output("out", DType::F32, &[], Layout::Contiguous),
                 ],
                 // Positive terms accumulated in f32 (f64 for f64 inputs, whose
                 // output is still f32).
-                Tolerance::accumulated(0.0, numel(shape)),
+                Tolerance::accumulated(0.0, n),
                 |exec, t| exec.sum_squares(&t[0], &t[1]),
                 |d| Ok(vec![reference::sum_squares(&d[0])?]),
             )

@@ -214,6 +214,7 @@ pub fn case(
         warm_up: false,
         on_stream: None,
         concurrent: false,
+        bare: false,
     }
 }
 

@@ -25,6 +25,10 @@
 //!   another stream's work (`Case::on_stream`), awaited by one of the three
 //!   ways a caller waits for a stream (which one depends on the operator
 //!   and dtype, so that every way is taken across the suite);
+//! - from the first base, and from every eligible case with an empty
+//!   tensor, the call given the sparest descriptors the ABI allows
+//!   (`Case::bare`: NULL strides for compact tensors, NULL data for empty
+//!   ones, as DLPack producers pass them);
 //! - from the largest base, the call made from several threads at once,
 //!   each with its own buffers and stream (`Case::concurrent`): state the
 //!   plugin shares between calls without a lock shows.
@@ -86,6 +90,23 @@ pub fn derive(base: &[Case]) -> Vec<Case> {
             |_| {},
         ));
         out.last_mut().expect("just pushed").on_stream = Some(sync);
+    }
+    // The first base, and every eligible case with an empty tensor, given
+    // the sparest descriptors the ABI allows (DLPack's): NULL strides for
+    // compact tensors, NULL data for empty ones (mutation round 9: a C
+    // plugin that dereferenced NULL strides, and one that refused an
+    // empty tensor's NULL data, passed every case).
+    for b in &eligible {
+        let first = bases.first().is_some_and(|f| std::ptr::eq(*f, *b));
+        let empty = b.tensors.iter().any(|t| super::numel(&t.shape) == 0);
+        if first || empty {
+            out.push(variant(
+                b,
+                "NULL strides for compact tensors, NULL data for empty ones".into(),
+                |_| {},
+            ));
+            out.last_mut().expect("just pushed").bare = true;
+        }
     }
     // The largest base from several threads at once: the longest calls,
     // so the likeliest to overlap.

@@ -374,27 +374,41 @@ const SHARING_WORK: usize = 100_000;
 /// stride, as NumPy's `may_share_memory` does), so interleaved views (the
 /// even and the odd columns of one matrix, two halves of one row) are apart.
 pub fn sharing(a: &TensorDesc, b: &TensorDesc) -> Sharing {
-    let (na, nb) = (a.numel(), b.numel());
+    // Saturating throughout: the SDK checks descriptors from any host, and
+    // an absurd one must not overflow here (it is refused elsewhere, or
+    // taken as overlapping).
+    let count = |t: &TensorDesc| {
+        t.shape
+            .iter()
+            .try_fold(1i128, |n, &d| n.checked_mul(i128::from(d)))
+            .unwrap_or(i128::MAX)
+    };
+    let (na, nb) = (count(a), count(b));
     if na == 0 || nb == 0 {
         return Sharing::Apart;
     }
     let (ea, eb) = (a.dtype.size() as i128, b.dtype.size() as i128);
     // The bytes each spans: compact tensors (no strides) at once.
-    let span = |t: &TensorDesc, n: usize, e: i128| {
+    let span = |t: &TensorDesc, n: i128, e: i128| {
         let base = t.data as usize as i128;
         let Some(strides) = t.strides else {
-            return (base, base + n as i128 * e);
+            return (base, base.saturating_add(n.saturating_mul(e)));
         };
         let (mut lo, mut hi) = (0i128, 0i128);
         for (&d, &s) in t.shape.iter().zip(strides) {
-            let reach = i128::from(d - 1) * i128::from(s) * e;
+            let reach = (i128::from(d) - 1)
+                .saturating_mul(i128::from(s))
+                .saturating_mul(e);
             if reach < 0 {
-                lo += reach;
+                lo = lo.saturating_add(reach);
             } else {
-                hi += reach;
+                hi = hi.saturating_add(reach);
             }
         }
-        (base + lo, base + hi + e)
+        (
+            base.saturating_add(lo),
+            base.saturating_add(hi).saturating_add(e),
+        )
     };
     let (alo, ahi) = span(a, na, ea);
     let (blo, bhi) = span(b, nb, eb);
@@ -423,7 +437,7 @@ pub fn sharing(a: &TensorDesc, b: &TensorDesc) -> Sharing {
     for (t, strides, e, sign) in [(a, &sa, ea, 1i128), (b, &sb, eb, -1i128)] {
         for (&d, &s) in t.shape.iter().zip(strides.iter()) {
             if d > 1 && s != 0 {
-                vars.push((sign * i128::from(s) * e, i128::from(d - 1)));
+                vars.push((sign * i128::from(s) * e, i128::from(d) - 1));
             }
         }
     }
@@ -434,8 +448,12 @@ pub fn sharing(a: &TensorDesc, b: &TensorDesc) -> Sharing {
     let mut rest = vec![(0i128, 0i128); vars.len() + 1];
     for k in (0..vars.len()).rev() {
         let (c, n) = vars[k];
-        let (x, y) = (0.min(c * n), 0.max(c * n));
-        rest[k] = (rest[k + 1].0 + x, rest[k + 1].1 + y);
+        let reach = c.saturating_mul(n);
+        let (x, y) = (0.min(reach), 0.max(reach));
+        rest[k] = (
+            rest[k + 1].0.saturating_add(x),
+            rest[k + 1].1.saturating_add(y),
+        );
     }
     let mut work = 0usize;
     match solvable(&vars, &rest, 0, 0, (lo, hi), &mut work) {
@@ -459,14 +477,17 @@ fn solvable(
         return None;
     }
     let (lo, hi) = target;
-    if sum + rest[k].1 < lo || sum + rest[k].0 > hi {
+    if sum.saturating_add(rest[k].1) < lo || sum.saturating_add(rest[k].0) > hi {
         return Some(false);
     }
     let Some(&(c, n)) = vars.get(k) else {
         return Some(true);
     };
     // c x must land in [lo - sum - rest_max, hi - sum - rest_min].
-    let (want_lo, want_hi) = (lo - sum - rest[k + 1].1, hi - sum - rest[k + 1].0);
+    let (want_lo, want_hi) = (
+        lo.saturating_sub(sum).saturating_sub(rest[k + 1].1),
+        hi.saturating_sub(sum).saturating_sub(rest[k + 1].0),
+    );
     let (mut x0, mut x1) = if c > 0 {
         (
             want_lo.div_euclid(c) + i128::from(want_lo.rem_euclid(c) != 0),
@@ -475,7 +496,7 @@ fn solvable(
     } else {
         let c = -c;
         // -c x in [want_lo, want_hi]  <=>  x in [-want_hi / c, -want_lo / c]
-        let (l, h) = (-want_hi, -want_lo);
+        let (l, h) = (want_hi.saturating_neg(), want_lo.saturating_neg());
         (
             l.div_euclid(c) + i128::from(l.rem_euclid(c) != 0),
             h.div_euclid(c),
@@ -485,7 +506,14 @@ fn solvable(
     x1 = x1.min(n);
     let mut x = x0;
     while x <= x1 {
-        match solvable(vars, rest, k + 1, sum + c * x, target, work) {
+        match solvable(
+            vars,
+            rest,
+            k + 1,
+            sum.saturating_add(c.saturating_mul(x)),
+            target,
+            work,
+        ) {
             Some(false) => x += 1,
             other => return other,
         }

@@ -145,6 +145,10 @@ pub mod ops {
         };
         let alpha = args.alpha;
         run!(op.name(), args => |[a, b, out]| {
+            if op == BinaryOp::Add && alpha == 0.0 && is(Bug::AddAlphaZeroSkipsB) {
+                paths::add_alpha_zero_copy(a, out);
+                return done();
+            }
             if op == BinaryOp::Mul && is(Bug::MulColumnBroadcastAsRow) {
                 if let Some(strides) = paths::column_as_row(b, out) {
                     let row = View { shape: out.shape, strides: &strides, ..*b };
@@ -258,6 +262,10 @@ pub mod ops {
                 bad::relu_backward_at_zero(g, i, gi);
                 return done();
             }
+            if op == ActivationBackwardOp::ReluBackward && is(Bug::ReluBackwardNanInputZero) {
+                bad::relu_backward_nan_zero(g, i, gi);
+                return done();
+            }
             if op == ActivationBackwardOp::SiluBackward && is(Bug::SiluBackwardNegativeCutoff) {
                 paths::silu_backward_cutoff(g, i, gi);
                 return done();
@@ -302,6 +310,9 @@ pub mod ops {
             let handled = match op {
                 ReduceOp::Sum if is(Bug::SumDropsVectorTail) => paths::sum_vector_tail(i, o, dim),
                 ReduceOp::Max if is(Bug::MaxIgnoresNan) => bad::max_ignoring_nan(i, o, dim),
+                ReduceOp::Max if is(Bug::MaxStopsAtInfinity) => {
+                    bad::max_stopping_at_infinity(i, o, dim)
+                }
                 ReduceOp::Argmax if is(Bug::ArgmaxLastTie) => bad::argmax_last(i, o, dim),
                 ReduceOp::Argmax if is(Bug::ArgmaxAllNegInfRow) => {
                     paths::argmax_from_minus_one(i, o, dim)
@@ -318,6 +329,10 @@ pub mod ops {
     pub unsafe fn sum_squares(args: &SumSquaresArgs<'_>) -> Result<()> {
         run!("sum_squares", args => |[i, o]| {
             if is(Bug::SumSquaresHalfAccumulation) && bad::sum_squares_half(i, o) {
+                return done();
+            }
+            if is(Bug::SumSquaresScaledByMax) {
+                bad::sum_squares_scaled(i, o);
                 return done();
             }
             kernels::sum_squares(i, o)
@@ -423,6 +438,9 @@ pub mod ops {
     pub unsafe fn rms_norm(args: &RmsNormArgs<'_>) -> Result<()> {
         let eps = args.eps;
         run!("rms_norm", args => |[i, w, o, r]| {
+            if is(Bug::RmsNormZeroWidthSkipsStats) && w.shape == [0] {
+                return done();
+            }
             if is(Bug::RmsNormEpsOutsideSqrt) {
                 bad::rms_norm_eps_outside(i, w, o, r, eps);
                 return done();
@@ -478,6 +496,11 @@ pub mod ops {
     pub unsafe fn attention(args: &AttentionArgs<'_>) -> Result<()> {
         let (scale, causal) = (args.scale, args.causal);
         run!("attention", args => |[q, k, v, o, l]| {
+            let scale = if scale == 0.0 && is(Bug::AttentionScaleZeroAsUnset) {
+                1.0 / (q.shape[3] as f64).sqrt()
+            } else {
+                scale
+            };
             if causal && is(Bug::AttentionCausalTopLeft) {
                 // Top-left alignment is the bottom-right kernel on the
                 // first seq_q keys (the later ones are never visible).
@@ -518,6 +541,26 @@ pub mod ops {
     pub unsafe fn embedding(args: &EmbeddingArgs<'_>) -> Result<()> {
         run!("embedding", args => |[w, i, o]| {
             let rows = w.shape.first().copied().unwrap_or(0);
+            if is(Bug::EmbeddingCheckFirstBlock)
+                && let Some(bad) = paths::ids_bad_past_first_block(i, rows)
+            {
+                // The bad ids read row 0, then their rows are zeroed.
+                let fixed = bad::remap_indices(i, rows, |x, rows| {
+                    if (0..rows).contains(&x) { x } else { 0 }
+                });
+                let strides = polychip_plugin_sdk::contiguous_strides(i.shape);
+                let narrow: Vec<i32>;
+                let ptr = if i.dtype == kernels::DType::I32 {
+                    narrow = fixed.iter().map(|&x| x as i32).collect();
+                    narrow.as_ptr().cast_mut().cast::<u8>()
+                } else {
+                    fixed.as_ptr().cast_mut().cast::<u8>()
+                };
+                let idx = View { ptr, dtype: i.dtype, shape: i.shape, strides: &strides };
+                kernels::embedding(w, &idx, o)?;
+                paths::zero_rows(o, &bad);
+                return done();
+            }
             let remap: Option<fn(i64, i64) -> i64> = if is(Bug::EmbeddingU16Index) {
                 Some(|x, _| x & 0xffff)
             } else if is(Bug::EmbeddingIndexNarrowedToI32) {

@@ -192,16 +192,20 @@ impl AttentionPlan {
 pub(super) fn attention_cases(dtype: DType) -> Vec<Case> {
     let mut rng = Rng::for_case("attention", dtype);
     let mut cases = Vec::new();
-    for p in ATTENTION_PLANS {
+    let plans = ATTENTION_PLANS
+        .iter()
+        .map(|p| (*p, p.label.to_string(), None))
+        .chain([scale_zero_plan()]);
+    for (p, name, scale) in plans {
         let (qs, _) = p.shapes();
         let mut tensors = p.inputs(dtype, p.qkv(&mut rng, dtype));
         tensors.push(output("out", dtype, &qs, p.layouts[3]));
         tensors.push(output("lse", DType::F32, &qs[..3], p.layouts[3]));
-        let (scale, causal) = (p.scale(), p.causal);
+        let (scale, causal) = (scale.unwrap_or(p.scale()), p.causal);
         cases.push(case(
             "attention",
             dtype,
-            p.label,
+            name,
             tensors,
             // Dot products over head_dim, a softmax over seq_kv, and the
             // weighted sum of seq_kv values, accumulated in f32; a
@@ -220,25 +224,37 @@ pub(super) fn attention_cases(dtype: DType) -> Vec<Case> {
     cases
 }
 
+/// The causal plan once more with `scale` 0, run after the others (so that
+/// they keep their values): every visible key weighs the same, whatever
+/// the scores (mutation round 9: a kernel that took a scale of 0 for
+/// "unset", PyTorch's `scale=None`, and used `1/sqrt(D)` passed).
+fn scale_zero_plan() -> (AttentionPlan, String, Option<f64>) {
+    let p = ATTENTION_PLANS[2];
+    (p, format!("{} scale 0", p.label), Some(0.0))
+}
+
 pub(super) fn attention_backward_cases(dtype: DType) -> Vec<Case> {
     let mut rng = Rng::for_case("attention_backward", dtype);
     let mut cases = Vec::new();
     // Every plan, and the first once more with the saved out transposed
     // and grad_out strided.
-    let mut plans: Vec<(AttentionPlan, String, [Layout; 2])> = ATTENTION_PLANS
+    let mut plans: Vec<(AttentionPlan, String, [Layout; 2], Option<f64>)> = ATTENTION_PLANS
         .iter()
-        .map(|p| (*p, p.label.to_string(), [C, C]))
+        .map(|p| (*p, p.label.to_string(), [C, C], None))
         .collect();
     let first = ATTENTION_PLANS[0];
     plans.push((
         first,
         format!("{} saved out transposed grad_out strided", first.label),
         [T, S],
+        None,
     ));
-    for (p, name, [l_out, l_grad]) in plans {
+    let (zero, name, scale) = scale_zero_plan();
+    plans.push((zero, name, [C, C], scale));
+    for (p, name, [l_out, l_grad], scale) in plans {
         let (qs, ks) = p.shapes();
         let qkv = p.qkv(&mut rng, dtype);
-        let (scale, causal) = (p.scale(), p.causal);
+        let (scale, causal) = (scale.unwrap_or(p.scale()), p.causal);
         let (out, lse) = reference::attention(
             &Dense::new(&qs, qkv[0].clone()),
             &Dense::new(&ks, qkv[1].clone()),

@@ -33,6 +33,12 @@ const NORM_PLANS: [(&[usize], Layout, Layout, Layout); 12] = [
 /// were.)
 const PERMUTED_PLAN: (&[usize], Layout, Layout, Layout) = (&[2, 3, 4, 37], P, C, P);
 
+/// Rows of no elements (H = 0) in the forward passes: the mean of nothing
+/// is 0 / 0, so every statistic is NaN (mutation round 9: a kernel that
+/// returned early for an empty weight left them unwritten). Run last, so
+/// that the cases before keep their values.
+const ZERO_WIDTH_PLAN: (&[usize], Layout, Layout, Layout) = (&[3, 0], C, C, C);
+
 /// The label of a normalisation case; `backward` names the tensors that
 /// share each layout in the backward operators.
 fn norm_label(shape: &[usize], l: (Layout, Layout, Layout), backward: bool) -> String {
@@ -116,6 +122,17 @@ pub(super) fn rms_norm_cases(dtype: DType) -> Vec<Case> {
     let w = rng.values(dtype, last(shape), 0.5, 1.5);
     let name = norm_label(shape, (l0, l1, l2), false);
     cases.push(rms_norm_case(dtype, name, shape, x, w, 1e-6, (l0, l1, l2)));
+    let (shape, l0, l1, l2) = ZERO_WIDTH_PLAN;
+    let name = norm_label(shape, (l0, l1, l2), false);
+    cases.push(rms_norm_case(
+        dtype,
+        name,
+        shape,
+        vec![],
+        vec![],
+        1e-6,
+        (l0, l1, l2),
+    ));
     cases
 }
 
@@ -277,6 +294,7 @@ pub(super) fn layer_norm_cases(dtype: DType) -> Vec<Case> {
         (C, C, C),
     ));
     cases.push(planned(&mut rng, PERMUTED_PLAN));
+    cases.push(planned(&mut rng, ZERO_WIDTH_PLAN));
     cases
 }
 

@@ -141,6 +141,22 @@ pub(super) fn embedding_plans(rng: &mut Rng) -> Vec<EmbeddingPlan> {
             [C; 3],
         );
     }
+    // One bad index after 1,100 good ones, past the first work-group
+    // or block of a device-side range check (mutation round 9: an OpenCL
+    // check whose one work-group looked at its first 256 ids only let a
+    // bad id at 1,100 through, and the lookup wrote zeros for it).
+    for (idx_dtype, bad) in [(DType::I32, -1), (DType::I64, 10)] {
+        let mut idx: Vec<i64> = (0..1100).map(|i| (i * 7) % 10).collect();
+        idx.push(bad);
+        plan(
+            &format!("index {bad} out of range after 1100 in range"),
+            (10, 4),
+            &[1101],
+            idx_dtype,
+            idx,
+            [C; 3],
+        );
+    }
     plans
 }
 

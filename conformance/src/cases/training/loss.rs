@@ -253,6 +253,27 @@ pub(super) fn cross_entropy_plans(rng: &mut Rng, dtype: DType) -> Vec<CrossEntro
         extra: 5000,
         grad_loss: None,
     });
+    // One bad target after 1,100 good ones (and one ignored), past the
+    // first work-group or block of a device-side range check (mutation
+    // round 9, see the embedding cases of the same name).
+    for (idx_dtype, bad) in [(DType::I32, -2i64), (DType::I64, 3)] {
+        let (n, c) = (1101, 3);
+        let mut targets: Vec<f64> = (0..n - 1).map(|i| (i % c) as f64).collect();
+        targets[500] = -100.0;
+        targets.push(bad as f64);
+        plans.push(CrossEntropyPlan {
+            label: format!("target {bad} out of range after 1100 rows [{n}, {c}] {idx_dtype}"),
+            logits: rng.values(dtype, n * c, -4.0, 4.0),
+            n,
+            c,
+            targets,
+            idx_dtype,
+            ignore_index: -100,
+            layouts: [C; 2],
+            extra: 0,
+            grad_loss: None,
+        });
+    }
     plans
 }
 

@@ -12,7 +12,7 @@ use polychip_plugin_sdk::__export::generated;
 use polychip_plugin_sdk::abi::{
     self, PolychipAdamwArgs, PolychipBinaryArgs, PolychipCrossEntropyBackwardArgs,
     PolychipEmbeddingBackwardArgs, PolychipError, PolychipHostApi, PolychipOpTable,
-    PolychipRopeArgs, PolychipStream,
+    PolychipReduceArgs, PolychipRopeArgs, PolychipStream, PolychipTensor,
 };
 
 use super::{Bug, is};
@@ -62,6 +62,12 @@ pub fn patch(table: &mut PolychipOpTable) {
     }
     if is(Bug::RopeBackwardNoWrite) {
         table.rope_backward = Some(rope_backward_no_write);
+    }
+    if is(Bug::MulNullStridesRefused) {
+        table.mul = Some(mul_null_strides_refused);
+    }
+    if is(Bug::SumNullDataRefused) {
+        table.sum = Some(sum_null_data_refused);
     }
 }
 
@@ -149,4 +155,43 @@ unsafe extern "C" fn rope_backward_no_write(
 ) -> *mut PolychipError {
     // Planted: success, and nothing launched.
     null_mut()
+}
+
+unsafe extern "C" fn mul_null_strides_refused(
+    device: u32,
+    stream: *mut PolychipStream,
+    args: *const PolychipBinaryArgs,
+) -> *mut PolychipError {
+    // SAFETY: the host keeps the operator contract.
+    if let Some(a) = unsafe { copy_of(args) } {
+        let null = |t: &PolychipTensor| t.ndim > 0 && t.strides.is_null();
+        if null(&a.a) || null(&a.b) || null(&a.out) {
+            // Planted: NULL strides (compact) taken for a missing argument.
+            return error_new(
+                abi::POLYCHIP_ERROR_INVALID_ARGUMENT,
+                "planted: mul: a tensor has NULL strides",
+            );
+        }
+    }
+    // SAFETY: forwarded contract.
+    unsafe { generated::mul::<Planted>(device, stream, args) }
+}
+
+unsafe extern "C" fn sum_null_data_refused(
+    device: u32,
+    stream: *mut PolychipStream,
+    args: *const PolychipReduceArgs,
+) -> *mut PolychipError {
+    // SAFETY: the host keeps the operator contract.
+    if let Some(a) = unsafe { copy_of(args) }
+        && (a.input.data.is_null() || a.out.data.is_null())
+    {
+        // Planted: NULL data refused before the extents are looked at.
+        return error_new(
+            abi::POLYCHIP_ERROR_INVALID_ARGUMENT,
+            "planted: sum: a tensor has NULL data",
+        );
+    }
+    // SAFETY: forwarded contract.
+    unsafe { generated::sum::<Planted>(device, stream, args) }
 }

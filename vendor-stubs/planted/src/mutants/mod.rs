@@ -137,6 +137,15 @@ pub enum Bug {
     CopyI64ThroughDouble,
     SoftmaxSharedScratch,
     SoftmaxRowsOneStride,
+    AddAlphaZeroSkipsB,
+    MaxStopsAtInfinity,
+    SumSquaresScaledByMax,
+    RmsNormZeroWidthSkipsStats,
+    AttentionScaleZeroAsUnset,
+    EmbeddingCheckFirstBlock,
+    MulNullStridesRefused,
+    SumNullDataRefused,
+    ReluBackwardNanInputZero,
     StreamWaitEventIgnored,
     EventRecordCompletesAtOnce,
     EventSynchronizeReturnsAtOnce,
@@ -413,6 +422,34 @@ catalog! {
     SoftmaxRowsOneStride "softmax-rows-one-stride" "softmax" Layout:
         "a view of three or more dims is walked as [rows, C] with one row stride, the second-to-last dim's: a permuted view (scores [b, h, s, k] of a [b, s, h, k] tensor) is read in the wrong order (mutation round 8, a shared copy routine of a C plugin)"
         => "permuted inputs (dims 0 and 1 swapped in memory)";
+    // Mutation round 9 (2026-12-05): one per class the round found missed.
+    AddAlphaZeroSkipsB "add-alpha-zero-skips-b" "add" Path:
+        "add with alpha 0 copies `a` and never reads `b` (BLAS axpy's early return), so an infinite or NaN `b` does not make the result NaN"
+        => "special values at alpha 0";
+    MaxStopsAtInfinity "max-stops-at-infinity" "max" EdgeValues:
+        "max stops scanning a lane at the first +inf, as nothing can beat it, and misses a NaN after it"
+        => "+inf before NaN in rows and columns";
+    SumSquaresScaledByMax "sum-squares-scaled-by-max" "sum_squares" EdgeValues:
+        "the sum of squares is scaled by the largest |x| to avoid overflow (LAPACK's nrm2): an infinity gives inf / inf = NaN where the norm is +inf"
+        => "sum_squares of an infinity";
+    RmsNormZeroWidthSkipsStats "rms-norm-zero-width-skips-stats" "rms_norm" EdgeValues:
+        "rms_norm returns early when the weight is empty (H = 0), leaving inv_rms unwritten where the mean of nothing makes it NaN"
+        => "rows of no elements ([3, 0])";
+    AttentionScaleZeroAsUnset "attention-scale-zero-as-unset" "attention" Path:
+        "a scale of 0 is taken for \"unset\" (PyTorch's scale=None) and replaced by 1/sqrt(head_dim)"
+        => "attention with scale 0";
+    EmbeddingCheckFirstBlock "embedding-check-first-block" "embedding" Contract:
+        "the device-side range check of the indices covers one work-group's first 256 ids: a bad id past them is not refused, and its row is written as zeros"
+        => "an index out of range after 1100 in range";
+    MulNullStridesRefused "mul-null-strides-refused" "mul" Contract:
+        "a raw entry that needs explicit strides refuses a tensor whose strides are NULL, which the ABI (as DLPack) defines as compact row-major"
+        => "NULL strides for compact tensors";
+    SumNullDataRefused "sum-null-data-refused" "sum" Contract:
+        "a raw entry refuses an empty tensor whose data is NULL (a zero-byte allocation may be NULL) before seeing that it has no elements"
+        => "NULL data for empty tensors";
+    ReluBackwardNanInputZero "relu-backward-nan-input-zero" "relu_backward" EdgeValues:
+        "relu_backward written as `x > 0 ? g : 0`: a NaN input gives 0 where the ABI's select (`x <= 0 ? 0 : g`, PyTorch's threshold_backward) passes the gradient"
+        => "special values in relu_backward";
     // Streams: in full mode `copy` and `fill` run on their stream's worker
     // thread (`crate::streams`), the other operators on the calling thread
     // once their stream's earlier work is done. The first two show at every

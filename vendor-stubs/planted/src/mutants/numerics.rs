@@ -537,6 +537,51 @@ pub unsafe fn max_ignoring_nan(input: &View<'_>, out: &View<'_>, dim: usize) -> 
     true
 }
 
+/// max that stops scanning a lane at the first +inf (a NaN after it is
+/// missed). Returns false when a reduced extent is 0.
+pub unsafe fn max_stopping_at_infinity(input: &View<'_>, out: &View<'_>, dim: usize) -> bool {
+    let g = groups(input, dim);
+    if g.iter().any(Vec::is_empty) {
+        return false;
+    }
+    for (grp, o) in g.iter().zip(addresses(out)) {
+        let mut m = f64::NEG_INFINITY;
+        for &p in grp {
+            // SAFETY: the address of a live element.
+            let v = unsafe { load(input.dtype, p) };
+            if v.is_nan() || v > m {
+                m = v;
+            }
+            if m == f64::INFINITY || m.is_nan() {
+                break;
+            }
+        }
+        // SAFETY: the address of a live output element.
+        unsafe { store(out.dtype, o, m) };
+    }
+    true
+}
+
+/// The sum of squares scaled by the largest |x| (NaN never becomes the
+/// scale): `scale^2 sum (x / scale)^2`, which an infinity turns into NaN.
+pub unsafe fn sum_squares_scaled(input: &View<'_>, out: &View<'_>) {
+    let xs: Vec<f64> = addresses(input)
+        .into_iter()
+        // SAFETY: addresses of live elements.
+        .map(|p| unsafe { load(input.dtype, p) })
+        .collect();
+    let scale = xs
+        .iter()
+        .fold(0.0f64, |m, &x| if x.abs() > m { x.abs() } else { m });
+    let total = if scale > 0.0 {
+        xs.iter().map(|x| (x / scale) * (x / scale)).sum::<f64>() * scale * scale
+    } else {
+        xs.iter().map(|x| x * x).sum::<f64>()
+    };
+    // SAFETY: the live f32 scalar output.
+    unsafe { store(out.dtype, out.ptr, total) };
+}
+
 /// argmax returning the last of equal maxima. Returns false when a reduced
 /// extent is 0.
 pub unsafe fn argmax_last(input: &View<'_>, out: &View<'_>, dim: usize) -> bool {
@@ -573,6 +618,22 @@ pub unsafe fn relu_backward_at_zero(g: &View<'_>, x: &View<'_>, gi: &View<'_>) {
             let v = load(x.dtype, xa[i]);
             let r = if v >= 0.0 { load(g.dtype, ga[i]) } else { 0.0 };
             store(gi.dtype, gia[i], if v.is_nan() { f64::NAN } else { r });
+        }
+    }
+}
+
+/// relu_backward as `x > 0 ? g : 0`: 0 for a NaN input.
+pub unsafe fn relu_backward_nan_zero(g: &View<'_>, x: &View<'_>, gi: &View<'_>) {
+    let (ga, xa, gia) = (addresses(g), addresses(x), addresses(gi));
+    for i in 0..gia.len() {
+        // SAFETY: addresses of live elements.
+        unsafe {
+            let r = if load(x.dtype, xa[i]) > 0.0 {
+                load(g.dtype, ga[i])
+            } else {
+                0.0
+            };
+            store(gi.dtype, gia[i], r);
         }
     }
 }

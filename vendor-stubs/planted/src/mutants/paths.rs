@@ -796,3 +796,49 @@ pub unsafe fn gqa_restore(moved: Moved, out: &View<'_>, lse: &View<'_>) {
         restore(moved.query);
     }
 }
+
+/// add with alpha 0 as a copy of `a`, broadcast to `out`'s shape: `b` is
+/// never read.
+pub unsafe fn add_alpha_zero_copy(a: &View<'_>, out: &View<'_>) {
+    let (r, ro) = (a.shape.len(), out.shape.len());
+    let strides: Vec<i64> = (0..ro)
+        .map(|d| match (d + r).checked_sub(ro) {
+            Some(k) if a.shape[k] == out.shape[d] => a.strides[k],
+            _ => 0,
+        })
+        .collect();
+    let wide = View {
+        shape: out.shape,
+        strides: &strides,
+        ..*a
+    };
+    for (s, d) in addresses(&wide).into_iter().zip(addresses(out)) {
+        // SAFETY: addresses of live elements of one dtype.
+        unsafe { store(out.dtype, d, load(a.dtype, s)) };
+    }
+}
+
+/// The positions of the indices out of `0..rows` when none of the first
+/// 256 is (what a range check of one 256-wide work-group sees), or `None`.
+pub unsafe fn ids_bad_past_first_block(indices: &View<'_>, rows: i64) -> Option<Vec<usize>> {
+    let ids: Vec<i64> = addresses(indices)
+        .into_iter()
+        // SAFETY: addresses of live elements.
+        .map(|p| unsafe { load_int(indices.dtype, p) })
+        .collect();
+    let bad: Vec<usize> = (0..ids.len())
+        .filter(|&i| ids[i] < 0 || ids[i] >= rows)
+        .collect();
+    (!bad.is_empty() && bad[0] >= 256 && rows > 0).then_some(bad)
+}
+
+/// Writes zeros over rows `bad` of `out` (`[indices..., H]`).
+pub unsafe fn zero_rows(out: &View<'_>, bad: &[usize]) {
+    let all = rows(out);
+    for &r in bad {
+        for &p in &all[r] {
+            // SAFETY: addresses of live elements.
+            unsafe { store(out.dtype, p, 0.0) };
+        }
+    }
+}
