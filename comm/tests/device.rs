@@ -5,33 +5,16 @@
 //! reference. Needs `cargo build --workspace` first (for Ferrite's library).
 
 mod common;
-use common::{built, encode, tensor, values, world, world_of_failures};
+use common::{device, encode, tensor, values, world, world_of_failures};
 
-use std::path::PathBuf;
-use std::sync::OnceLock;
 use std::time::Duration;
 
 use polychip_comm::CommError;
 use polychip_comm::collectives::ReduceOp;
 use polychip_comm::device::{DeviceComm, Path};
-use polychip_host::{DType, Device, LoadOptions, Runtime};
+use polychip_host::{DType, Device};
 
 const SIZES: [usize; 5] = [0, 1, 1000, 1 << 20, (1 << 21) + 3];
-
-/// Loads Ferrite and Cobalt once per process; returns `vendor:index`.
-fn device(vendor: &str, index: usize) -> Device {
-    static RUNTIME: OnceLock<Runtime> = OnceLock::new();
-    let rt = RUNTIME.get_or_init(|| {
-        let files = [
-            built("libpolychip_vendor_ferrite.so"),
-            PathBuf::from(cobalt::LIBRARY_PATH),
-        ];
-        let rt = Runtime::load(&files, &LoadOptions::default());
-        assert!(rt.failures().is_empty(), "{:?}", rt.failures());
-        rt
-    });
-    rt.devices_of(vendor)[index].clone()
-}
 
 /// [`world`] with this file's 20 s timeouts.
 fn world20<T: Send>(

@@ -6,16 +6,14 @@
 //! (staged). Needs `cargo build --workspace` first (for Ferrite's library).
 
 mod common;
-use common::{built, tensor, values, world_of_failures};
+use common::{device, tensor, values, world_of_failures};
 
-use std::path::PathBuf;
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use polychip_comm::CommError;
 use polychip_comm::collectives::ReduceOp;
 use polychip_comm::device::{CHUNK, DeviceComm};
-use polychip_host::{DType, Device, LoadOptions, Runtime};
+use polychip_host::{DType, Device};
 
 /// Long enough that a rank left waiting is told apart from one that failed
 /// at once (see [`FAST`]).
@@ -24,20 +22,6 @@ const TIMEOUT: Duration = Duration::from_secs(20);
 const FAST: Duration = Duration::from_secs(10);
 /// Elements of f32 in one chunk.
 const C: usize = CHUNK / 4;
-
-fn device(vendor: &str, index: usize) -> Device {
-    static RUNTIME: OnceLock<Runtime> = OnceLock::new();
-    let rt = RUNTIME.get_or_init(|| {
-        let files = [
-            built("libpolychip_vendor_ferrite.so"),
-            PathBuf::from(cobalt::LIBRARY_PATH),
-        ];
-        let rt = Runtime::load(&files, &LoadOptions::default());
-        assert!(rt.failures().is_empty(), "{:?}", rt.failures());
-        rt
-    });
-    rt.devices_of(vendor)[index].clone()
-}
 
 /// Ferrite:0 (direct), Cobalt:0 (staged), Ferrite:1, ... for `n` ranks.
 fn devices(n: usize) -> Vec<Device> {

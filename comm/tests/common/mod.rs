@@ -4,7 +4,7 @@
 #![allow(dead_code)] // not every test file needs every helper
 
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::thread;
 use std::time::Duration;
 
@@ -13,7 +13,7 @@ use polychip_comm::collectives::Communicator;
 use polychip_comm::device::DeviceComm;
 use polychip_comm::shm::ShmTransport;
 use polychip_comm::store::MemoryStore;
-use polychip_host::{DType, Device, Tensor};
+use polychip_host::{DType, Device, LoadOptions, Runtime, Tensor};
 
 /// A plugin library the workspace built beside this test's profile.
 pub fn built(file: &str) -> PathBuf {
@@ -28,6 +28,21 @@ pub fn built(file: &str) -> PathBuf {
                 dir.display()
             )
         })
+}
+
+/// Loads Ferrite and Cobalt once per process; returns `vendor:index`.
+pub fn device(vendor: &str, index: usize) -> Device {
+    static RUNTIME: OnceLock<Runtime> = OnceLock::new();
+    let rt = RUNTIME.get_or_init(|| {
+        let files = [
+            built("libpolychip_vendor_ferrite.so"),
+            PathBuf::from(cobalt::LIBRARY_PATH),
+        ];
+        let rt = Runtime::load(&files, &LoadOptions::default());
+        assert!(rt.failures().is_empty(), "{:?}", rt.failures());
+        rt
+    });
+    rt.devices_of(vendor)[index].clone()
 }
 
 /// Runs `f` on one thread rank per device (connect and collective

@@ -131,10 +131,12 @@ pub(crate) struct Line {
 }
 
 impl Line {
-    /// Whether the row is contiguous `f32` (usable in place, no copy).
+    /// Whether the row is contiguous `f32` (usable in place, no copy). A
+    /// row at NULL (of an empty tensor, which the ABI lets have no data) is
+    /// not: a slice may not be made from NULL, even of no elements.
     #[inline(always)]
     pub(crate) fn direct(&self) -> bool {
-        self.dt == DType::F32 && (self.stride == 1 || self.len <= 1)
+        self.dt == DType::F32 && (self.stride == 1 || self.len <= 1) && !self.p.is_null()
     }
 
     /// The row as `f32`: the memory itself when contiguous `f32`, else a
