@@ -215,6 +215,13 @@ unsafe fn read_options(
     let mut out = defaults();
     // SAFETY: forwarded contract.
     unsafe { struct_prefix::read(options, &mut out, "options")? };
+    if out.log_level > POLYCHIP_API_LOG_TRACE {
+        return Err(ApiError::invalid(format!(
+            "options->log_level is {}, not a level (POLYCHIP_API_LOG_OFF 0 to \
+             POLYCHIP_API_LOG_TRACE 5)",
+            out.log_level
+        )));
+    }
     if out.api_major != POLYCHIP_API_MAJOR || out.api_minor > POLYCHIP_API_MINOR {
         return Err(ApiError::new(
             POLYCHIP_API_ERROR_VERSION_MISMATCH,

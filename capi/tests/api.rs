@@ -131,6 +131,13 @@ fn versions_and_options_are_checked() {
     // SAFETY: as above.
     let (code, _) = refused(unsafe { polychip_runtime_new(&options, &mut rt) });
     assert_eq!(code, POLYCHIP_API_ERROR_VERSION_MISMATCH);
+    // A log level past trace is refused, not taken as trace.
+    options.api_minor = POLYCHIP_API_MINOR;
+    options.log_level = 999;
+    // SAFETY: as above.
+    let (code, message) = refused(unsafe { polychip_runtime_new(&options, &mut rt) });
+    assert_eq!(code, POLYCHIP_API_ERROR_INVALID_ARGUMENT);
+    assert!(message.contains("options->log_level is 999"), "{message}");
 }
 
 #[test]

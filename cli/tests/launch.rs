@@ -136,6 +136,25 @@ fn output_without_newlines_is_passed_on_in_bounded_pieces() {
 }
 
 #[test]
+fn a_job_secret_the_ranks_would_refuse_is_refused_before_any_starts() {
+    let out = Command::new(env!("CARGO_BIN_EXE_polychip"))
+        .args(["launch", "-n", "2", "--", "sh", "-c", "echo started"])
+        .env("POLYCHIP_JOB_SECRET", "abc")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(!stdout.contains("started"), "a rank started: {stdout}");
+    assert!(
+        stderr.contains("POLYCHIP_JOB_SECRET is 3 bytes long"),
+        "{stderr}"
+    );
+}
+
+#[test]
 fn a_failing_rank_stops_the_others_and_sets_the_exit_code() {
     let run = launch(&[
         "-n",

@@ -164,6 +164,8 @@ pub fn launch(opts: &LaunchOptions) -> Result<LaunchOutcome> {
         Some(j) => j,
         None => crate::auth::hex(&crate::auth::random_bytes(8)?),
     };
+    // A secret every rank would refuse is refused before any starts.
+    crate::auth::JobAuth::new(secret.as_bytes(), job_id.as_str())?;
     let signals = SignalGuard::install();
 
     let (done_tx, done_rx) = mpsc::channel::<()>();
