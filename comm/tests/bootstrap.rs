@@ -154,18 +154,29 @@ fn a_single_process_job_needs_no_launcher() {
 fn a_rank_given_twice_or_a_world_that_differs_is_refused_at_once() {
     // Ranks 0, 1 and a second process given rank 1: one of the two rank
     // 1s is refused at once, naming the rank; the other runs the job.
+    // The job stays up until all three have their answer (the refused one
+    // could otherwise arrive after the job had ended).
     let port = free_port().unwrap();
     let start = std::time::Instant::now();
+    let all = std::sync::Arc::new(std::sync::Barrier::new(3));
     let handles: Vec<_> = [0usize, 1, 1]
         .into_iter()
         .map(|r| {
+            let all = all.clone();
             thread::spawn(move || -> Result<(), String> {
                 let mut options = InitOptions::from_env().unwrap();
                 options.timeout = Duration::from_secs(20);
-                let mut job = init_with(info(r, 2, 2, port), options).map_err(|e| e.to_string())?;
+                let mut job = match init_with(info(r, 2, 2, port), options) {
+                    Ok(job) => job,
+                    Err(e) => {
+                        all.wait();
+                        return Err(e.to_string());
+                    }
+                };
                 let mut buf = 1i64.to_ne_bytes().to_vec();
                 job.all_reduce(&mut buf, DType::I64, ReduceOp::Sum).unwrap();
                 assert_eq!(i64::from_ne_bytes(buf[..].try_into().unwrap()), 2);
+                all.wait();
                 job.finish().unwrap();
                 Ok(())
             })
