@@ -21,6 +21,9 @@ const MAGIC: u32 = 0x3248_4350;
 /// Magic, rank, world size, generation, nonce.
 const HELLO_LEN: usize = 40;
 
+/// The job's secret of these tests' meshes.
+const SECRET: &str = "the job's secret 0123";
+
 fn options(secret: &str) -> TcpOptions {
     TcpOptions {
         auth: Some(JobAuth::new(secret, "mesh-test").expect("a secret")),
@@ -37,6 +40,26 @@ fn start_rank(
 ) -> JoinHandle<polychip_comm::Result<TcpTransport>> {
     let store = Arc::clone(store);
     thread::spawn(move || TcpTransport::with_options(store, rank, world, timeout, options))
+}
+
+/// `rank` of a two-rank mesh holding the job's secret, started on a thread.
+fn job_rank(
+    store: &Arc<dyn Store>,
+    rank: usize,
+    timeout: Duration,
+) -> JoinHandle<polychip_comm::Result<TcpTransport>> {
+    start_rank(store, rank, 2, timeout, options(SECRET))
+}
+
+/// The two ranks' transports, once both are built.
+fn joined(
+    rank0: JoinHandle<polychip_comm::Result<TcpTransport>>,
+    rank1: JoinHandle<polychip_comm::Result<TcpTransport>>,
+) -> Vec<TcpTransport> {
+    vec![
+        rank0.join().unwrap().unwrap(),
+        rank1.join().unwrap().unwrap(),
+    ]
 }
 
 /// Where `rank` of the first mesh built over `store` listens.
@@ -108,13 +131,7 @@ fn read_to_close(s: &mut TcpStream, limit: Duration) -> std::io::Result<usize> {
 #[test]
 fn a_stranger_without_the_secret_cannot_claim_a_rank() {
     let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
-    let rank0 = start_rank(
-        &store,
-        0,
-        2,
-        Duration::from_secs(20),
-        options("the job's secret 0123"),
-    );
+    let rank0 = job_rank(&store, 0, Duration::from_secs(20));
     let addr = address_of(&*store, 0);
 
     // The old attack: a hello of the unauthenticated protocol.
@@ -154,30 +171,15 @@ fn a_stranger_without_the_secret_cannot_claim_a_rank() {
     );
 
     // The real rank 1 still gets in, and the two exchange data.
-    let rank1 = start_rank(
-        &store,
-        1,
-        2,
-        Duration::from_secs(20),
-        options("the job's secret 0123"),
-    );
-    let ranks = vec![
-        rank0.join().unwrap().unwrap(),
-        rank1.join().unwrap().unwrap(),
-    ];
+    let rank1 = job_rank(&store, 1, Duration::from_secs(20));
+    let ranks = joined(rank0, rank1);
     exchange(ranks);
 }
 
 #[test]
 fn a_stalled_connection_does_not_delay_the_mesh() {
     let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
-    let rank0 = start_rank(
-        &store,
-        0,
-        2,
-        Duration::from_secs(30),
-        options("the job's secret 0123"),
-    );
+    let rank0 = job_rank(&store, 0, Duration::from_secs(30));
     let addr = address_of(&*store, 0);
     // One that sends nothing, one that stops halfway through its hello.
     let silent = TcpStream::connect(addr).unwrap();
@@ -185,17 +187,8 @@ fn a_stalled_connection_does_not_delay_the_mesh() {
     half.write_all(&forged_hello(1, 2)[..10]).unwrap();
     thread::sleep(Duration::from_millis(200));
     let start = Instant::now();
-    let rank1 = start_rank(
-        &store,
-        1,
-        2,
-        Duration::from_secs(30),
-        options("the job's secret 0123"),
-    );
-    let ranks = vec![
-        rank0.join().unwrap().unwrap(),
-        rank1.join().unwrap().unwrap(),
-    ];
+    let rank1 = job_rank(&store, 1, Duration::from_secs(30));
+    let ranks = joined(rank0, rank1);
     let took = start.elapsed();
     assert!(
         took < Duration::from_secs(2),
@@ -208,13 +201,7 @@ fn a_stalled_connection_does_not_delay_the_mesh() {
 #[test]
 fn a_stalled_connection_is_dropped_within_the_hello_limit() {
     let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
-    let rank0 = start_rank(
-        &store,
-        0,
-        2,
-        Duration::from_secs(30),
-        options("the job's secret 0123"),
-    );
+    let rank0 = job_rank(&store, 0, Duration::from_secs(30));
     let addr = address_of(&*store, 0);
     let mut silent = TcpStream::connect(addr).unwrap();
     let start = Instant::now();
@@ -226,29 +213,14 @@ fn a_stalled_connection_is_dropped_within_the_hello_limit() {
         took >= Duration::from_secs(4) && took < Duration::from_secs(7),
         "dropped after {took:?}; the limit is 5 s"
     );
-    let rank1 = start_rank(
-        &store,
-        1,
-        2,
-        Duration::from_secs(30),
-        options("the job's secret 0123"),
-    );
-    exchange(vec![
-        rank0.join().unwrap().unwrap(),
-        rank1.join().unwrap().unwrap(),
-    ]);
+    let rank1 = job_rank(&store, 1, Duration::from_secs(30));
+    exchange(joined(rank0, rank1));
 }
 
 #[test]
 fn a_flood_of_stalled_connections_does_not_lock_a_rank_out() {
     let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
-    let rank0 = start_rank(
-        &store,
-        0,
-        2,
-        Duration::from_secs(30),
-        options("the job's secret 0123"),
-    );
+    let rank0 = job_rank(&store, 0, Duration::from_secs(30));
     let addr = address_of(&*store, 0);
     // More than the acceptor handshakes with at once (64).
     let flood: Vec<_> = (0..150)
@@ -257,17 +229,8 @@ fn a_flood_of_stalled_connections_does_not_lock_a_rank_out() {
     assert!(flood.len() >= 100, "{} connections opened", flood.len());
     thread::sleep(Duration::from_millis(300));
     let start = Instant::now();
-    let rank1 = start_rank(
-        &store,
-        1,
-        2,
-        Duration::from_secs(30),
-        options("the job's secret 0123"),
-    );
-    let ranks = vec![
-        rank0.join().unwrap().unwrap(),
-        rank1.join().unwrap().unwrap(),
-    ];
+    let rank1 = job_rank(&store, 1, Duration::from_secs(30));
+    let ranks = joined(rank0, rank1);
     let took = start.elapsed();
     assert!(
         took < Duration::from_secs(4),
@@ -281,7 +244,7 @@ fn a_flood_of_stalled_connections_does_not_lock_a_rank_out() {
 fn ranks_with_different_secrets_do_not_form_a_mesh() {
     let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
     let timeout = Duration::from_secs(3);
-    let rank0 = start_rank(&store, 0, 2, timeout, options("the job's secret 0123"));
+    let rank0 = start_rank(&store, 0, 2, timeout, options(SECRET));
     let rank1 = start_rank(&store, 1, 2, timeout, options("another secret 456789"));
     let e0 = rank0.join().unwrap().unwrap_err();
     let e1 = rank1.join().unwrap().unwrap_err();
@@ -309,13 +272,7 @@ fn an_impostor_at_a_ranks_address_is_refused() {
         s.write_all(&[0x33; 32]).unwrap();
         let _ = read_to_close(&mut s, Duration::from_secs(10));
     });
-    let rank1 = start_rank(
-        &store,
-        1,
-        2,
-        Duration::from_secs(10),
-        options("the job's secret 0123"),
-    );
+    let rank1 = job_rank(&store, 1, Duration::from_secs(10));
     let e = rank1.join().unwrap().unwrap_err();
     assert!(
         matches!(e, CommError::PeerLost { peer: 0, .. })

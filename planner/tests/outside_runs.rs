@@ -28,7 +28,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use polychip_planner::cluster::ClusterSpec;
-use polychip_planner::evaluate::{PlanSpec, evaluate};
+use polychip_planner::evaluate::{Evaluation, PlanSpec, evaluate};
 use polychip_planner::model::ModelSpec;
 use polychip_planner::profile::ProfileFile;
 use polychip_planner::settings::{Dtype, TrainingSettings};
@@ -115,6 +115,17 @@ fn top1_regret(predicted: &[f64], measured: &[f64]) -> f64 {
 
 /// Training in `dtype` with attention without a fused kernel and no
 /// recomputation: the options of every run here (Megatron-DeepSpeed).
+/// The largest share of its chip's memory a stage of `ev` is predicted to
+/// take.
+fn peak_share(ev: &Evaluation) -> f64 {
+    ev.plan
+        .replicas
+        .iter()
+        .flat_map(|r| &r.stages)
+        .map(|s| s.memory.total / s.memory_capacity as f64)
+        .fold(0.0, f64::max)
+}
+
 fn unfused(dtype: Dtype) -> TrainingSettings {
     let mut s = TrainingSettings::new(1);
     s.dtype = dtype;
@@ -488,13 +499,7 @@ fn score_amp(runs_file: &str, cluster_name: &str, profiled_types: usize) -> AmpF
             empty += 1;
             assert!(!ran, "{name} ran");
         }
-        let peak = ev
-            .plan
-            .replicas
-            .iter()
-            .flat_map(|r| &r.stages)
-            .map(|s| s.memory.total / s.memory_capacity as f64)
-            .fold(0.0, f64::max);
+        let peak = peak_share(ev);
         println!(
             "  {name:<72} {:>10.3} {:>10.3} {:>10} {peak:>9.2} {:>6} {ran:>6}",
             ev.plan.step_time_simulated,
@@ -700,6 +705,20 @@ fn the_cluster_model_scores_vtrains_runs() {
     }
 }
 
+/// The Selene runs' settings: fp16 without flash attention, with the
+/// run's recomputation and sequence parallelism.
+fn selene_settings(
+    recompute: polychip_planner::settings::Recompute,
+    sequence_parallel: bool,
+) -> TrainingSettings {
+    let mut settings = TrainingSettings::new(1);
+    settings.dtype = Dtype::F16;
+    settings.flash_attention = false;
+    settings.recompute = recompute;
+    settings.sequence_parallel = sequence_parallel;
+    settings
+}
+
 /// One run of `megatron-selene/megatron-selene-runs.json` scored: without
 /// a profile and, for the 22B runs, from the paper's Table 4 layer.
 struct SeleneRun {
@@ -746,15 +765,14 @@ fn score_megatron_selene() -> Vec<SeleneRun> {
         let model_name = run["model"].as_str().unwrap();
         let model = ModelSpec::load(&dir.join(format!("{model_name}.toml"))).unwrap();
         let recompute = run["settings"]["recompute"].as_str().unwrap().to_string();
-        let mut settings = TrainingSettings::new(1);
-        settings.dtype = Dtype::F16;
-        settings.flash_attention = false;
-        settings.recompute = match recompute.as_str() {
-            "full" => polychip_planner::settings::Recompute::Full,
-            "selective" => polychip_planner::settings::Recompute::Selective,
-            other => panic!("{name}: recompute {other}"),
-        };
-        settings.sequence_parallel = run["settings"]["sequence_parallel"].as_bool().unwrap();
+        let settings = selene_settings(
+            match recompute.as_str() {
+                "full" => polychip_planner::settings::Recompute::Full,
+                "selective" => polychip_planner::settings::Recompute::Selective,
+                other => panic!("{name}: recompute {other}"),
+            },
+            run["settings"]["sequence_parallel"].as_bool().unwrap(),
+        );
         let spec = PlanSpec::parse(&run["plan"].to_string(), true)
             .unwrap_or_else(|e| panic!("{name}: {e}"));
         let ev =
@@ -778,13 +796,7 @@ fn score_megatron_selene() -> Vec<SeleneRun> {
                 .plan
                 .step_time_simulated
         });
-        let peak_share = ev
-            .plan
-            .replicas
-            .iter()
-            .flat_map(|r| &r.stages)
-            .map(|s| s.memory.total / s.memory_capacity as f64)
-            .fold(0.0, f64::max);
+        let peak_share = peak_share(&ev);
         out.push(SeleneRun {
             name,
             model: model_name.to_string(),
@@ -923,11 +935,7 @@ fn the_cluster_model_scores_megatrons_selene_runs() {
                 true,
             ),
         ] {
-            let mut settings = TrainingSettings::new(1);
-            settings.dtype = Dtype::F16;
-            settings.flash_attention = false;
-            settings.recompute = recompute;
-            settings.sequence_parallel = sp;
+            let settings = selene_settings(recompute, sp);
             let shape = StageShape {
                 chip: &cluster.chip_types[0],
                 layers: 0..1,

@@ -6,7 +6,7 @@
 
 use super::channel::Header;
 use super::{Communicator, DType, MAX_WORLD, ReduceOp};
-use crate::error::{CommError, Result};
+use crate::error::Result;
 
 impl Communicator {
     /// Makes every rank agree on a whole call (its `kind`, element `count`,
@@ -14,7 +14,7 @@ impl Communicator {
     /// sends its call's description to every other and reads theirs (one
     /// header-only message each way per pair of ranks). Every rank then
     /// holds every call, so a rank whose call differs from another's fails
-    /// at once with [`CommError::Mismatch`] naming both, on every rank,
+    /// at once with [`crate::error::CommError::Mismatch`] naming both, on every rank,
     /// however the parts would have gone on.
     pub(crate) fn agree(
         &mut self,
@@ -43,15 +43,6 @@ impl Communicator {
         let Some(peer) = (0..self.world).find(|&r| calls[r] != mine) else {
             return Ok(());
         };
-        let message = format!(
-            "rank {peer} called {}, this rank called {}",
-            Header::describe(&calls[peer]),
-            Header::describe(&mine)
-        );
-        Err(self.fail(CommError::Mismatch {
-            rank: self.rank,
-            op: kind.into(),
-            message,
-        }))
+        Err(self.mismatch(kind, peer, &calls[peer], &mine))
     }
 }

@@ -263,28 +263,46 @@ impl Communicator {
         h: &Header,
         len: usize,
     ) -> Result<usize> {
-        let m = self.received[peer][class];
-        let data = SignalId((class * 64 + peer) as u32);
-        let kind = h.kind;
-        self.wait(data, m + 1, || {
-            format!("rank {peer}'s message #{m} for {kind}")
-        })?;
-        let off = self.slot(class, peer, m);
+        let off = self.next_message(class, peer, h.kind)?;
         let got = self.header_at(off);
         let want = h.words(len);
         if got != want {
-            let message = format!(
-                "rank {peer} called {}, this rank called {}",
-                Header::describe(&got),
-                Header::describe(&want)
-            );
-            return Err(self.fail(CommError::Mismatch {
-                rank: self.rank,
-                op: h.kind.into(),
-                message,
-            }));
+            return Err(self.mismatch(h.kind, peer, &got, &want));
         }
         Ok(off + HDR)
+    }
+
+    /// Waits for the next message from `peer` on `class` and returns the
+    /// offset of its header in the staging view (`kind` names the call in
+    /// a timeout).
+    fn next_message(&mut self, class: usize, peer: usize, kind: &'static str) -> Result<usize> {
+        let m = self.received[peer][class];
+        let data = SignalId((class * 64 + peer) as u32);
+        self.wait(data, m + 1, || {
+            format!("rank {peer}'s message #{m} for {kind}")
+        })?;
+        Ok(self.slot(class, peer, m))
+    }
+
+    /// Fails the communicator with [`CommError::Mismatch`]: `peer`'s call
+    /// (header words `theirs`) is not this rank's (`mine`).
+    pub(crate) fn mismatch(
+        &mut self,
+        kind: &'static str,
+        peer: usize,
+        theirs: &[u64; 4],
+        mine: &[u64; 4],
+    ) -> CommError {
+        let message = format!(
+            "rank {peer} called {}, this rank called {}",
+            Header::describe(theirs),
+            Header::describe(mine)
+        );
+        self.fail(CommError::Mismatch {
+            rank: self.rank,
+            op: kind.into(),
+            message,
+        })
     }
 
     /// Waits for the next message from `peer` on `class` (as [`Self::take`],
@@ -297,13 +315,8 @@ impl Communicator {
         peer: usize,
         h: &Header,
     ) -> Result<[u64; 4]> {
-        let m = self.received[peer][class];
-        let data = SignalId((class * 64 + peer) as u32);
-        let kind = h.kind;
-        self.wait(data, m + 1, || {
-            format!("rank {peer}'s message #{m} for {kind}")
-        })?;
-        let got = self.header_at(self.slot(class, peer, m));
+        let off = self.next_message(class, peer, h.kind)?;
+        let got = self.header_at(off);
         self.release(class, peer)?;
         Ok(got)
     }

@@ -541,27 +541,14 @@ pub mod ops {
     pub unsafe fn embedding(args: &EmbeddingArgs<'_>) -> Result<()> {
         run!("embedding", args => |[w, i, o]| {
             let rows = w.shape.first().copied().unwrap_or(0);
-            if is(Bug::EmbeddingCheckFirstBlock)
-                && let Some(bad) = paths::ids_bad_past_first_block(i, rows)
-            {
-                // The bad ids read row 0, then their rows are zeroed.
-                let fixed = bad::remap_indices(i, rows, |x, rows| {
-                    if (0..rows).contains(&x) { x } else { 0 }
-                });
-                let strides = polychip_plugin_sdk::contiguous_strides(i.shape);
-                let narrow: Vec<i32>;
-                let ptr = if i.dtype == kernels::DType::I32 {
-                    narrow = fixed.iter().map(|&x| x as i32).collect();
-                    narrow.as_ptr().cast_mut().cast::<u8>()
-                } else {
-                    fixed.as_ptr().cast_mut().cast::<u8>()
-                };
-                let idx = View { ptr, dtype: i.dtype, shape: i.shape, strides: &strides };
-                kernels::embedding(w, &idx, o)?;
-                paths::zero_rows(o, &bad);
-                return done();
-            }
-            let remap: Option<fn(i64, i64) -> i64> = if is(Bug::EmbeddingU16Index) {
+            // Ids the range check misses past its first block: they read
+            // row 0, then their rows are zeroed.
+            let bad = is(Bug::EmbeddingCheckFirstBlock)
+                .then(|| paths::ids_bad_past_first_block(i, rows))
+                .flatten();
+            let remap: Option<fn(i64, i64) -> i64> = if bad.is_some() {
+                Some(|x, rows| if (0..rows).contains(&x) { x } else { 0 })
+            } else if is(Bug::EmbeddingU16Index) {
                 Some(|x, _| x & 0xffff)
             } else if is(Bug::EmbeddingIndexNarrowedToI32) {
                 Some(|x, _| i64::from(x as i32))
@@ -583,7 +570,11 @@ pub mod ops {
                 fixed.as_ptr().cast_mut().cast::<u8>()
             };
             let idx = View { ptr, dtype: i.dtype, shape: i.shape, strides: &strides };
-            kernels::embedding(w, &idx, o)
+            kernels::embedding(w, &idx, o)?;
+            if let Some(bad) = bad {
+                paths::zero_rows(o, &bad);
+            }
+            done()
         })
     }
 
