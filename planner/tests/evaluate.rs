@@ -475,7 +475,8 @@ fn a_profile_prices_the_types_it_covers_and_scales_to_other_tp() {
     );
     assert_eq!(ev.measured_chips, vec!["nvidia-a800-class".to_string()]);
     // At tp 2, which the profile does not cover, the measured tp-1 costs
-    // are scaled by the cost model's own tp-2 over tp-1 ratio.
+    // are scaled by the geometric mean of the cost model's own tp-2 over
+    // tp-1 ratios with its dispatch floor and without it.
     let at = |tp: u64, c: &ClusterSpec| {
         let text = plan.replace(
             r#""layers": [0, 32]"#,
@@ -491,8 +492,14 @@ fn a_profile_prices_the_types_it_covers_and_scales_to_other_tp() {
             .clone()
     };
     let (analytic1, analytic2) = (at(1, &example_cluster()), at(2, &example_cluster()));
+    let mut bare = example_cluster();
+    for t in &mut bare.chip_types {
+        t.kernel_dispatch_seconds = Some(0.0);
+    }
+    let (work1, work2) = (at(1, &bare), at(2, &bare));
     let measured2 = at(2, &c);
-    let want = t.forward * analytic2.forward / analytic1.forward;
+    let want =
+        t.forward * (analytic2.forward / analytic1.forward * work2.forward / work1.forward).sqrt();
     assert!(
         (measured2.forward - want).abs() < 1e-9 * want,
         "{measured2:?} {want}"
