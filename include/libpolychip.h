@@ -481,7 +481,7 @@ struct polychip_error_t *polychip_comm_split(const struct polychip_comm_t *comm,
 // Thread safety: any thread, not concurrently with a call using `comm`.
 struct polychip_error_t *polychip_comm_destroy(struct polychip_comm_t *comm);
 
-// Reduces `tensor` across ranks in place.
+// Reduces `t` across ranks in place.
 //
 // Every rank of `comm` calls it, in the same order as the other
 // collectives. Thread safety: any thread; calls on one communicator are
@@ -511,7 +511,7 @@ struct polychip_error_t *polychip_comm_reduce_scatter(const struct polychip_comm
                                                       const struct polychip_tensor_t *recv,
                                                       polychip_reduce_op_t op);
 
-// Copies rank `root`'s `tensor` into every rank's.
+// Copies rank `root`'s `t` into every rank's.
 //
 // Every rank of `comm` calls it, in the same order as the other
 // collectives. Thread safety: any thread; calls on one communicator are
@@ -520,7 +520,7 @@ struct polychip_error_t *polychip_comm_broadcast(const struct polychip_comm_t *c
                                                  const struct polychip_tensor_t *t,
                                                  uint32_t root);
 
-// Reduces `tensor` across ranks into rank `root`'s (the others' are left
+// Reduces `t` across ranks into rank `root`'s (the others' are left
 // as they were).
 //
 // Every rank of `comm` calls it, in the same order as the other
@@ -541,7 +541,8 @@ struct polychip_error_t *polychip_comm_all_to_all(const struct polychip_comm_t *
                                                   const struct polychip_tensor_t *send,
                                                   const struct polychip_tensor_t *recv);
 
-// Sends `tensor` to rank `peer`, which calls `polychip_comm_recv`.
+// Sends `t` to rank `peer`, which calls `polychip_comm_recv` with a
+// tensor of the same byte size and dtype.
 //
 // Every rank of `comm` calls it, in the same order as the other
 // collectives. Thread safety: any thread; calls on one communicator are
@@ -550,7 +551,9 @@ struct polychip_error_t *polychip_comm_send(const struct polychip_comm_t *comm,
                                             const struct polychip_tensor_t *t,
                                             uint32_t peer);
 
-// Receives into `tensor` what rank `peer` sends.
+// Receives into `t` what rank `peer` sends: a send of another byte size
+// or dtype is refused, naming both (`POLYCHIP_API_ERROR_INVALID_ARGUMENT`,
+// as for collectives whose ranks disagree).
 //
 // Every rank of `comm` calls it, in the same order as the other
 // collectives. Thread safety: any thread; calls on one communicator are

@@ -232,6 +232,8 @@ pub unsafe extern "C" fn polychip_comm_init(
                 .map_err(|_| ApiError::invalid("options->master_addr is not UTF-8"))?
                 .to_owned()
         };
+        // Refused before the rendezvous, quoted escaped and cut.
+        polychip_comm::env::check_host("options->master_addr", &addr).map_err(ApiError::invalid)?;
         let info = RankInfo {
             rank: o.rank as usize,
             world_size: o.world_size as usize,
@@ -355,7 +357,7 @@ fn collective(
 // each returns when this rank's part is done. Thread safety: any thread;
 // calls on one communicator are serialized.
 
-/// Reduces `tensor` across ranks in place.
+/// Reduces `t` across ranks in place.
 ///
 /// Every rank of `comm` calls it, in the same order as the other
 /// collectives. Thread safety: any thread; calls on one communicator are
@@ -367,7 +369,7 @@ pub extern "C" fn polychip_comm_all_reduce(
     op: polychip_reduce_op_t,
 ) -> *mut polychip_error_t {
     collective("polychip_comm_all_reduce", comm, |d| {
-        Ok(d.all_reduce(&tensor(t, "tensor")?.tensor, reduce_op(op)?)?)
+        Ok(d.all_reduce(&tensor(t, "t")?.tensor, reduce_op(op)?)?)
     })
 }
 
@@ -410,7 +412,7 @@ pub extern "C" fn polychip_comm_reduce_scatter(
     })
 }
 
-/// Copies rank `root`'s `tensor` into every rank's.
+/// Copies rank `root`'s `t` into every rank's.
 ///
 /// Every rank of `comm` calls it, in the same order as the other
 /// collectives. Thread safety: any thread; calls on one communicator are
@@ -422,11 +424,11 @@ pub extern "C" fn polychip_comm_broadcast(
     root: u32,
 ) -> *mut polychip_error_t {
     collective("polychip_comm_broadcast", comm, |d| {
-        Ok(d.broadcast(&tensor(t, "tensor")?.tensor, root as usize)?)
+        Ok(d.broadcast(&tensor(t, "t")?.tensor, root as usize)?)
     })
 }
 
-/// Reduces `tensor` across ranks into rank `root`'s (the others' are left
+/// Reduces `t` across ranks into rank `root`'s (the others' are left
 /// as they were).
 ///
 /// Every rank of `comm` calls it, in the same order as the other
@@ -440,7 +442,7 @@ pub extern "C" fn polychip_comm_reduce(
     root: u32,
 ) -> *mut polychip_error_t {
     collective("polychip_comm_reduce", comm, |d| {
-        Ok(d.reduce(&tensor(t, "tensor")?.tensor, reduce_op(op)?, root as usize)?)
+        Ok(d.reduce(&tensor(t, "t")?.tensor, reduce_op(op)?, root as usize)?)
     })
 }
 
@@ -461,7 +463,8 @@ pub extern "C" fn polychip_comm_all_to_all(
     })
 }
 
-/// Sends `tensor` to rank `peer`, which calls `polychip_comm_recv`.
+/// Sends `t` to rank `peer`, which calls `polychip_comm_recv` with a
+/// tensor of the same byte size and dtype.
 ///
 /// Every rank of `comm` calls it, in the same order as the other
 /// collectives. Thread safety: any thread; calls on one communicator are
@@ -474,11 +477,13 @@ pub extern "C" fn polychip_comm_send(
 ) -> *mut polychip_error_t {
     collective("polychip_comm_send", comm, |d| {
         check_peer(d, peer, "peer")?;
-        Ok(d.send(&tensor(t, "tensor")?.tensor, peer as usize)?)
+        Ok(d.send(&tensor(t, "t")?.tensor, peer as usize)?)
     })
 }
 
-/// Receives into `tensor` what rank `peer` sends.
+/// Receives into `t` what rank `peer` sends: a send of another byte size
+/// or dtype is refused, naming both (`POLYCHIP_API_ERROR_INVALID_ARGUMENT`,
+/// as for collectives whose ranks disagree).
 ///
 /// Every rank of `comm` calls it, in the same order as the other
 /// collectives. Thread safety: any thread; calls on one communicator are
@@ -491,7 +496,7 @@ pub extern "C" fn polychip_comm_recv(
 ) -> *mut polychip_error_t {
     collective("polychip_comm_recv", comm, |d| {
         check_peer(d, peer, "peer")?;
-        Ok(d.recv(&tensor(t, "tensor")?.tensor, peer as usize)?)
+        Ok(d.recv(&tensor(t, "t")?.tensor, peer as usize)?)
     })
 }
 

@@ -11,7 +11,10 @@ use std::sync::Arc;
 
 use polychip_host::{DType, Tensor};
 
-use crate::error::{ApiError, ApiResult, guard, polychip_error_t, quiet};
+use crate::error::{
+    ApiError, ApiResult, POLYCHIP_API_ERROR_DTYPE_MISMATCH, POLYCHIP_API_ERROR_SHAPE_MISMATCH,
+    guard, polychip_error_t, quiet,
+};
 use crate::handle::{Handle, Registry};
 use crate::runtime::{RUNTIMES, polychip_runtime_t};
 use crate::{out_param, struct_prefix};
@@ -463,14 +466,23 @@ pub extern "C" fn polychip_tensor_copy(
         if s.device() == d.device() {
             return Ok(d.device().exec().copy(s, d)?);
         }
-        if s.dtype() != d.dtype() || s.shape() != d.shape() {
-            return Err(ApiError::invalid(format!(
-                "src is {} {:?} but dst is {} {:?}; a copy needs one dtype and shape",
-                s.dtype(),
-                s.shape(),
-                d.dtype(),
-                d.shape()
-            )));
+        // The codes the one-device copy gives (the plugin's argument check).
+        let differ = match (s.dtype() != d.dtype(), s.shape() != d.shape()) {
+            (true, _) => Some(POLYCHIP_API_ERROR_DTYPE_MISMATCH),
+            (false, true) => Some(POLYCHIP_API_ERROR_SHAPE_MISMATCH),
+            (false, false) => None,
+        };
+        if let Some(code) = differ {
+            return Err(ApiError::new(
+                code,
+                format!(
+                    "src is {} {:?} but dst is {} {:?}; a copy needs one dtype and shape",
+                    s.dtype(),
+                    s.shape(),
+                    d.dtype(),
+                    d.shape()
+                ),
+            ));
         }
         let moved = s.to_device(d.device())?;
         Ok(d.device().exec().copy(&moved, d)?)

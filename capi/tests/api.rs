@@ -929,3 +929,207 @@ fn a_device_import_keeps_the_memory_it_names_until_it_is_gone() {
     }
     polychip_runtime_destroy(rt);
 }
+
+/// A zeroed tensor of `dtype` and `shape` on `device`.
+fn zeros(
+    rt: *const polychip_runtime_t,
+    device: u32,
+    dtype: polychip_dtype_t,
+    shape: &[i64],
+) -> *mut polychip_tensor_t {
+    let mut t = null_mut();
+    // SAFETY: `shape` has `shape.len()` extents; `t` is writable.
+    ok(unsafe {
+        polychip_tensor_new(
+            rt,
+            device,
+            dtype,
+            shape.len() as i32,
+            shape.as_ptr(),
+            true,
+            &mut t,
+        )
+    });
+    t
+}
+
+/// A copy between tensors of two dtypes (or two shapes) fails with the
+/// same code on one device and across devices: DTYPE_MISMATCH (the
+/// cross-device copy said INVALID_ARGUMENT), SHAPE_MISMATCH for shapes.
+#[test]
+fn a_copy_of_mismatched_dtypes_or_shapes_has_one_code_on_any_devices() {
+    let rt = runtime();
+    let (f, c) = (device_of(rt, "Ferrite"), device_of(rt, "Cobalt"));
+    let src = tensor(rt, f, &[1.0, 2.0]);
+    for (dst_device, dtype, shape, want) in [
+        (
+            f,
+            POLYCHIP_DTYPE_I32,
+            [2],
+            POLYCHIP_API_ERROR_DTYPE_MISMATCH,
+        ),
+        (
+            c,
+            POLYCHIP_DTYPE_I32,
+            [2],
+            POLYCHIP_API_ERROR_DTYPE_MISMATCH,
+        ),
+        (
+            f,
+            POLYCHIP_DTYPE_F32,
+            [3],
+            POLYCHIP_API_ERROR_SHAPE_MISMATCH,
+        ),
+        (
+            c,
+            POLYCHIP_DTYPE_F32,
+            [3],
+            POLYCHIP_API_ERROR_SHAPE_MISMATCH,
+        ),
+    ] {
+        let dst = zeros(rt, dst_device, dtype, &shape);
+        let (code, message) = refused(polychip_tensor_copy(src, dst));
+        assert_eq!(code, want, "to device {dst_device}, {shape:?}: {message}");
+        polychip_tensor_destroy(dst);
+    }
+    polychip_tensor_destroy(src);
+    polychip_runtime_destroy(rt);
+}
+
+/// One rank alone: a communicator of world 1.
+fn comm_alone() -> *mut polychip_comm_t {
+    let options = polychip_comm_options_t {
+        struct_size: size_of::<polychip_comm_options_t>(),
+        rank: 0,
+        world_size: 1,
+        master_addr: null(),
+        master_port: 0,
+    };
+    let mut comm = null_mut();
+    // SAFETY: readable options; `comm` writable.
+    ok(unsafe { polychip_comm_init(&options, &mut comm) });
+    comm
+}
+
+/// The comm functions name a NULL tensor as the header names the
+/// parameter (`t`; they said "tensor").
+#[test]
+fn a_null_tensor_is_named_as_the_header_names_it() {
+    let comm = comm_alone();
+    let calls: [(&str, *mut polychip_error_t); 5] = [
+        (
+            "all_reduce",
+            polychip_comm_all_reduce(comm, null(), POLYCHIP_REDUCE_SUM),
+        ),
+        ("broadcast", polychip_comm_broadcast(comm, null(), 0)),
+        (
+            "reduce",
+            polychip_comm_reduce(comm, null(), POLYCHIP_REDUCE_SUM, 0),
+        ),
+        ("send", polychip_comm_send(comm, null(), 0)),
+        ("recv", polychip_comm_recv(comm, null(), 0)),
+    ];
+    for (what, error) in calls {
+        let (code, message) = refused(error);
+        assert_eq!(
+            code, POLYCHIP_API_ERROR_INVALID_ARGUMENT,
+            "{what}: {message}"
+        );
+        assert!(message.contains("t is NULL"), "{what}: {message}");
+        assert!(!message.contains("tensor is NULL"), "{what}: {message}");
+    }
+    ok(polychip_comm_destroy(comm));
+}
+
+/// A master_addr no socket call could take (control characters, 100 KB)
+/// is refused at once naming the field, quoted escaped and cut.
+#[test]
+fn a_master_addr_that_is_no_host_is_refused_naming_the_field() {
+    let long = std::ffi::CString::new("h".repeat(100_000)).unwrap();
+    let escape = std::ffi::CString::new("node\u{1b}]0;x\u{7}").unwrap();
+    for (addr, want) in [
+        (&long, "… (100000 bytes), longer than the 255 bytes"),
+        (
+            &escape,
+            r#""node\u{1b}]0;x\u{7}", which is not a host name"#,
+        ),
+    ] {
+        let options = polychip_comm_options_t {
+            struct_size: size_of::<polychip_comm_options_t>(),
+            rank: 0,
+            world_size: 2,
+            master_addr: addr.as_ptr(),
+            master_port: 1,
+        };
+        let mut comm = null_mut();
+        // SAFETY: readable options with a NUL-terminated address.
+        let (code, message) = refused(unsafe { polychip_comm_init(&options, &mut comm) });
+        assert_eq!(code, POLYCHIP_API_ERROR_INVALID_ARGUMENT, "{message}");
+        assert!(message.contains("options->master_addr is "), "{message}");
+        assert!(message.contains(want), "{message}");
+        assert!(
+            message.len() < 600 && !message.contains('\u{1b}'),
+            "{message:?}"
+        );
+        assert!(comm.is_null());
+    }
+}
+
+/// f32 sent with polychip_comm_send and received with polychip_comm_recv
+/// into an i32 tensor of the same byte size: the receiver is refused,
+/// naming both dtypes (it read 1065353216 for 1.0).
+#[test]
+fn a_recv_of_another_dtype_than_the_send_is_refused_naming_both() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let results: Vec<Result<(), (u32, String)>> = std::thread::scope(|s| {
+        let ranks: Vec<_> = (0..2u32)
+            .map(|rank| {
+                s.spawn(move || {
+                    let addr = c"127.0.0.1";
+                    let options = polychip_comm_options_t {
+                        struct_size: size_of::<polychip_comm_options_t>(),
+                        rank,
+                        world_size: 2,
+                        master_addr: addr.as_ptr(),
+                        master_port: port,
+                    };
+                    let mut comm = null_mut();
+                    // SAFETY: readable options; `comm` writable.
+                    ok(unsafe { polychip_comm_init(&options, &mut comm) });
+                    let rt = runtime();
+                    let d = device_of(rt, "Ferrite");
+                    let (t, r) = match rank {
+                        0 => {
+                            let t = tensor(rt, d, &[1.0, 2.0]);
+                            (t, take(polychip_comm_send(comm, t, 1)))
+                        }
+                        _ => {
+                            let t = zeros(rt, d, POLYCHIP_DTYPE_I32, &[2]);
+                            (t, take(polychip_comm_recv(comm, t, 0)))
+                        }
+                    };
+                    // Rank 1's communicator is broken and skips the final
+                    // barrier, at which rank 0's would wait out the
+                    // timeout: rank 0 keeps its communicator.
+                    if rank == 1 {
+                        let _ = take(polychip_comm_destroy(comm));
+                    }
+                    polychip_tensor_destroy(t);
+                    polychip_runtime_destroy(rt);
+                    r
+                })
+            })
+            .collect();
+        ranks.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let (code, message) = results[1].clone().expect_err("f32 was received as i32");
+    assert_eq!(code, POLYCHIP_API_ERROR_INVALID_ARGUMENT, "{message}");
+    assert!(
+        message.contains("the dtypes differ (f32 sent, i32 received)"),
+        "{message}"
+    );
+}

@@ -18,6 +18,7 @@ use polychip_comm::CommError;
 use polychip_comm::bench::{self, BenchOptions};
 use polychip_comm::bootstrap::{self, InitOptions, TransportKind};
 use polychip_comm::launch::{LaunchOptions, launch};
+use polychip_files::printable_lines;
 
 /// Options of `polychip bench`.
 #[derive(Debug, clap::Args)]
@@ -76,11 +77,11 @@ pub fn run(args: &Args) -> ExitCode {
     match result {
         Ok(code) => code,
         Err(CommError::Usage(message)) => {
-            eprintln!("polychip bench comm: {message}");
+            eprintln!("polychip bench comm: {}", printable_lines(&message));
             ExitCode::from(2)
         }
         Err(e) => {
-            eprintln!("polychip bench comm: {e}");
+            eprintln!("polychip bench comm: {}", printable_lines(&e.to_string()));
             ExitCode::FAILURE
         }
     }

@@ -18,6 +18,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Subcommand;
+use polychip_files::printable_lines;
 use polychip_train::config::Precision;
 use polychip_train::model::Stage;
 use polychip_train::params::{InitialWeights, StageRange};
@@ -98,7 +99,7 @@ pub fn run(args: &Args) -> ExitCode {
     match done {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("polychip checkpoint: {e}");
+            eprintln!("polychip checkpoint: {}", printable_lines(&e.to_string()));
             ExitCode::from(2)
         }
     }

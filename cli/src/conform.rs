@@ -19,6 +19,7 @@ use polychip_conformance::report::Report;
 use polychip_conformance::runner::CaseResult;
 use polychip_conformance::suite::{self, Isolation, Unit};
 use polychip_conformance::waivers::Waivers;
+use polychip_files::printable_lines;
 use polychip_host::{DType, LoadOptions, Runtime};
 use regex::Regex;
 
@@ -28,9 +29,11 @@ pub struct Args {
     /// The plugin to check (default: every plugin polychip devices would load).
     #[arg(long)]
     plugin: Option<PathBuf>,
-    /// The plugin's device to run on.
-    #[arg(long, default_value_t = 0)]
-    device: u32,
+    /// The plugin's device to run on (an index, 0 or more).
+    // A negative index is taken as a value and refused by name (clap took
+    // `-1` for a flag: "unexpected argument").
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
+    device: i64,
     /// Only operators whose name matches this regular expression.
     #[arg(long)]
     ops: Option<String>,
@@ -81,8 +84,23 @@ pub const DEFAULT_CASE_TIMEOUT: f64 = 120.0;
 const MAX_CASE_TIMEOUT: f64 = 86_400.0;
 
 fn usage(message: String) -> ExitCode {
-    eprintln!("polychip conform: {message}");
+    eprintln!("polychip conform: {}", printable_lines(&message));
     ExitCode::from(2)
+}
+
+/// `--device`'s value as an index: 0 or more, at most `u32::MAX`.
+fn device_index(device: i64) -> Result<u32, String> {
+    u32::try_from(device).map_err(|_| match device < 0 {
+        true => format!("--device {device}: a device index is 0 or more"),
+        false => format!("--device {device}: a device index is at most {}", u32::MAX),
+    })
+}
+
+impl Args {
+    /// `--device`, checked by [`run`] first.
+    fn device(&self) -> u32 {
+        device_index(self.device).expect("checked by run")
+    }
 }
 
 fn parse_dtypes(names: &[String]) -> Result<Vec<DType>, String> {
@@ -98,6 +116,9 @@ fn parse_dtypes(names: &[String]) -> Result<Vec<DType>, String> {
 
 /// Runs the subcommand.
 pub fn run(args: &Args) -> ExitCode {
+    if let Err(e) = device_index(args.device) {
+        return usage(e);
+    }
     let ops = match args.ops.as_deref().map(Regex::new).transpose() {
         Ok(r) => r,
         Err(e) => return usage(format!("--ops is not a valid regular expression: {e}")),
@@ -252,7 +273,7 @@ fn check_plugin(
     let loaded = &runtime.plugins()[0];
     let vendor = format!("{} {}", loaded.vendor(), loaded.version());
     let device_count = loaded.devices().len() as u32;
-    if args.device >= device_count {
+    if args.device() >= device_count {
         return Err(format!(
             "{}: device {} does not exist; {vendor} has {device_count} device(s)",
             plugin.display(),
@@ -283,7 +304,7 @@ fn check_plugin(
         results.push(r);
     };
     if args.no_isolate {
-        let device = runtime.devices()[args.device as usize].clone();
+        let device = runtime.devices()[args.device() as usize].clone();
         for &unit in units {
             suite::run_unit(&device, unit, 0, args.case, waivers, &mut on_result);
         }
@@ -293,7 +314,7 @@ fn check_plugin(
         let iso = Isolation {
             exe,
             plugin: plugin.to_path_buf(),
-            device: args.device,
+            device: args.device(),
             waivers: args.waivers.clone(),
             selection: selection_args(args),
             case_timeout: Duration::from_secs_f64(args.case_timeout),
@@ -306,7 +327,7 @@ fn check_plugin(
     let report = Report::new(
         &plugin.display().to_string(),
         &vendor,
-        args.device,
+        args.device(),
         &results,
         waivers,
         started.elapsed().as_secs_f64(),
@@ -338,8 +359,8 @@ fn worker(args: &Args, units: &[Unit], waivers: &Waivers) -> ExitCode {
     if let Some(f) = runtime.failures().first() {
         return usage(f.error.to_string());
     }
-    let Some(device) = runtime.devices().get(args.device as usize).cloned() else {
-        return usage(format!("device {} does not exist", args.device));
+    let Some(device) = runtime.devices().get(args.device() as usize).cloned() else {
+        return usage(format!("device {} does not exist", args.device()));
     };
     let mut out = std::io::stdout().lock();
     suite::run_worker(

@@ -11,6 +11,7 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
+use polychip_files::printable_lines;
 use polychip_host::probe::{Probe, REFUSED_EXIT};
 use polychip_host::{Device, LoadOptions, Runtime};
 use serde_json::{Value, json};
@@ -188,7 +189,7 @@ pub fn run(args: &Args) -> ExitCode {
     let runtime = match runtime_from_env() {
         Ok(r) => r,
         Err(e) => {
-            eprintln!("polychip devices: {e}");
+            eprintln!("polychip devices: {}", printable_lines(&e.to_string()));
             return ExitCode::from(2);
         }
     };

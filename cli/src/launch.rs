@@ -7,6 +7,7 @@ use std::process::ExitCode;
 
 use polychip_comm::CommError;
 use polychip_comm::launch::{LaunchOptions, launch};
+use polychip_files::printable_lines;
 
 /// Options of `polychip launch`.
 #[derive(Debug, clap::Args)]
@@ -39,11 +40,11 @@ pub fn run(args: &Args) -> ExitCode {
             ExitCode::from(code)
         }
         Err(CommError::Usage(message)) => {
-            eprintln!("polychip launch: {message}");
+            eprintln!("polychip launch: {}", printable_lines(&message));
             ExitCode::from(2)
         }
         Err(e) => {
-            eprintln!("polychip launch: {e}");
+            eprintln!("polychip launch: {}", printable_lines(&e.to_string()));
             ExitCode::FAILURE
         }
     }

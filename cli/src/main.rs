@@ -112,7 +112,7 @@ fn main() -> ExitCode {
     env_logger::Builder::new()
         .parse_filters(&log_filter(std::env::var("POLYCHIP_LOG").ok()))
         .init();
-    let cli = Cli::parse();
+    let cli = Cli::try_parse().unwrap_or_else(|e| parse_failed(&e));
     let code = match cli.command {
         Command::Devices(args) => devices::run(&args),
         Command::Conform(args) => conform::run(&args),
@@ -130,6 +130,29 @@ fn main() -> ExitCode {
         stdout_failed(&e);
     }
     code
+}
+
+/// Ends the program for a command line clap refused (or `--help`,
+/// `--version`) as clap does, except that a refusal quoting an argument
+/// with control characters, or a very long one, is printed with them
+/// escaped and cut ([`polychip_files::printable_lines`]), as every other
+/// message of the command is: clap echoes the argument raw.
+fn parse_failed(e: &clap::Error) -> ! {
+    if e.use_stderr() {
+        // Without styles, and without the escape sequences an argument
+        // held (which clap passes on to a terminal as they are).
+        let plain = e.render().to_string();
+        let shown = polychip_files::printable_lines(&plain);
+        let hostile = std::env::args_os().any(|a| {
+            let a = a.to_string_lossy();
+            a.len() > polychip_files::MAX_PRINTED_LINE || polychip_files::printable(&a) != a
+        });
+        if hostile || shown != plain {
+            eprint!("{shown}");
+            std::process::exit(e.exit_code());
+        }
+    }
+    e.exit()
 }
 
 /// The exit code when standard output is closed under the program (`EPIPE`,

@@ -8,6 +8,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use polychip_files::printable_lines;
 use polychip_train::auto;
 use polychip_train::config::{ModelConfig, Precision, TrainConfig};
 
@@ -54,7 +55,7 @@ pub fn run(args: &Args) -> ExitCode {
     match profile(args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("polychip profile: {e}");
+            eprintln!("polychip profile: {}", printable_lines(&e.to_string()));
             ExitCode::from(2)
         }
     }

@@ -15,6 +15,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use polychip_comm::launch::{LaunchOptions, launch};
+use polychip_files::printable_lines;
 use polychip_host::{Device, Runtime};
 use polychip_planner::measured::MeasuredPlan;
 use polychip_planner::profile::ProfileFile;
@@ -224,7 +225,7 @@ pub fn run(args: &Args) -> ExitCode {
     match train(args) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("polychip train: {e}");
+            eprintln!("polychip train: {}", printable_lines(&e.to_string()));
             ExitCode::from(2)
         }
     }
@@ -870,7 +871,7 @@ fn train(args: &Args) -> Result<ExitCode, TrainError> {
             // never reach (they find this rank gone instead), and before
             // leaving: a peer that finds this rank gone fails, and the
             // launcher then stops this rank, perhaps before it has printed.
-            eprintln!("polychip train: {e}");
+            eprintln!("polychip train: {}", printable_lines(&e.to_string()));
             if let Some(j) = job {
                 j.abandon();
             }

@@ -1168,3 +1168,89 @@ fn messages_name_the_cause_not_a_symptom() {
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A negative `--device` is refused by name (clap took `-1` for a flag:
+/// "unexpected argument '-1'").
+#[test]
+fn a_negative_device_index_is_refused_by_name() {
+    for bad in ["-1", "-7"] {
+        let (code, _, err) = polychip_env(&["conform", "--device", bad], &[]);
+        assert_eq!(code, Some(2), "{err}");
+        assert!(
+            err.contains(&format!("--device {bad}: a device index is 0 or more")),
+            "{err}"
+        );
+    }
+}
+
+/// What the command quotes from its arguments and environment has its
+/// control characters escaped and a very long value cut: clap's refusals,
+/// the launcher's, and the rendezvous variables' (they were echoed raw and
+/// whole). A job id longer than the store's handshake carries is refused
+/// before any rank starts, naming the variable and the limit.
+#[test]
+fn quoted_input_is_escaped_and_cut_and_a_huge_job_id_refused_by_name() {
+    let clean = |err: &str| !err.contains('\u{1b}') && !err.contains('\u{7}');
+    let (code, _, err) = polychip_env(&["conform", "--device", "\u{1b}]0;x\u{7}"], &[]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(clean(&err) && err.contains("for '--device"), "{err:?}");
+    let (code, _, err) = polychip_env(&["conform", "--device", "1\u{8}\u{8}2"], &[]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(!err.contains('\u{8}'), "{err:?}");
+    let devices = "a\u{1b}[2J,b,c";
+    let (code, _, err) = polychip_env(
+        &["launch", "-n", "2", "--devices", devices, "--", "true"],
+        &[],
+    );
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        clean(&err) && err.contains(r#""a\u{1b}[2J,b,c" has 3 entries"#),
+        "{err:?}"
+    );
+    let long = format!("{},", "x".repeat(100_000));
+    let (code, _, err) = polychip_env(
+        &["launch", "-n", "2", "--devices", &long, "--", "true"],
+        &[],
+    );
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("… (100001 bytes) has an empty entry"), "{err}");
+    assert!(err.len() < 1000, "{} bytes", err.len());
+    let job_id = "j".repeat(70_000);
+    let (code, _, err) = polychip_env(
+        &["launch", "-n", "2", "--", "true"],
+        &[("POLYCHIP_JOB_ID", &job_id)],
+    );
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("POLYCHIP_JOB_ID is 70000 bytes long; a job id has at most 65536 bytes"),
+        "{err}"
+    );
+    let run = [
+        "--steps",
+        "1",
+        "--device",
+        "ferrite:0",
+        "--micro-batch-size",
+        "2",
+    ];
+    let long_addr = "h".repeat(100_000);
+    for (addr, needle) in [
+        (
+            "node0\u{1b}]0;x\u{7}",
+            r#"MASTER_ADDR is "node0\u{1b}]0;x\u{7}", which is not a host"#,
+        ),
+        (
+            long_addr.as_str(),
+            "… (100000 bytes), longer than the 255 bytes",
+        ),
+    ] {
+        let env = [
+            ("RANK", "0"),
+            ("WORLD_SIZE", "2"),
+            ("MASTER_ADDR", addr),
+            ("MASTER_PORT", "29500"),
+        ];
+        let out = refused(&run, &env, &[needle]);
+        assert!(clean(&out) && out.len() < 2000, "{out:?}");
+    }
+}

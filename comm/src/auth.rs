@@ -39,6 +39,22 @@ pub const SECRET_VAR: &str = "POLYCHIP_JOB_SECRET";
 pub const JOB_ID_VAR: &str = "POLYCHIP_JOB_ID";
 /// The shortest secret accepted, in bytes.
 pub const MIN_SECRET: usize = 16;
+/// The longest job id accepted, in bytes: the most the rendezvous store's
+/// handshake carries (a longer one failed that handshake on every rank,
+/// naming no variable).
+pub const MAX_JOB_ID: usize = 64 << 10;
+
+/// Refuses a job id longer than [`MAX_JOB_ID`], naming `var`, the
+/// variable it came from.
+fn check_job_id(var: &str, job_id: &str) -> Result<()> {
+    if job_id.len() > MAX_JOB_ID {
+        return Err(CommError::Usage(format!(
+            "{var} is {} bytes long; a job id has at most {MAX_JOB_ID} bytes (64 KiB)",
+            job_id.len()
+        )));
+    }
+    Ok(())
+}
 
 /// A job's secret and id.
 #[derive(Clone, PartialEq, Eq)]
@@ -76,9 +92,11 @@ pub fn hex(bytes: &[u8]) -> String {
 }
 
 impl JobAuth {
-    /// A secret and id given directly (tests, embedders).
+    /// A secret and id given directly (tests, embedders). The secret has
+    /// at least [`MIN_SECRET`] bytes, the id at most [`MAX_JOB_ID`].
     pub fn new(secret: impl Into<Vec<u8>>, job_id: impl Into<String>) -> Result<JobAuth> {
-        let secret = secret.into();
+        let (secret, job_id) = (secret.into(), job_id.into());
+        check_job_id(JOB_ID_VAR, &job_id)?;
         if secret.len() < MIN_SECRET {
             return Err(CommError::Usage(format!(
                 "{SECRET_VAR} is {} bytes long; a job secret needs at least {MIN_SECRET} \
@@ -86,20 +104,17 @@ impl JobAuth {
                 secret.len()
             )));
         }
-        Ok(JobAuth {
-            secret,
-            job_id: job_id.into(),
-        })
+        Ok(JobAuth { secret, job_id })
     }
 
     /// The job's secret and id for `info`, from the environment (see the
     /// module documentation).
     pub fn from_env(info: &RankInfo) -> Result<JobAuth> {
-        let job_id = std::env::var(JOB_ID_VAR)
-            .ok()
-            .filter(|v| !v.is_empty())
-            .or_else(|| launcher_job_id(info))
-            .unwrap_or_default();
+        let (var, job_id) = match std::env::var(JOB_ID_VAR).ok().filter(|v| !v.is_empty()) {
+            Some(id) => (JOB_ID_VAR, id),
+            None => launcher_job_id(info).unwrap_or((JOB_ID_VAR, String::new())),
+        };
+        check_job_id(var, &job_id)?;
         match std::env::var_os(SECRET_VAR) {
             Some(v) => JobAuth::new(v.into_encoded_bytes(), job_id),
             None if matches!(info.launcher, "torchrun" | "mpirun" | "slurm")
@@ -141,8 +156,8 @@ impl JobAuth {
     }
 }
 
-/// The job id the launcher gave, if it gives one.
-fn launcher_job_id(info: &RankInfo) -> Option<String> {
+/// The job id the launcher gave, if it gives one, and its variable.
+fn launcher_job_id(info: &RankInfo) -> Option<(&'static str, String)> {
     let var = match info.launcher {
         "torchrun" => "TORCHELASTIC_RUN_ID",
         "slurm" => "SLURM_JOB_ID",
@@ -152,6 +167,7 @@ fn launcher_job_id(info: &RankInfo) -> Option<String> {
     std::env::var(var)
         .ok()
         .filter(|v| !v.is_empty() && v != "none")
+        .map(|v| (var, v))
 }
 
 /// Writes `bytes` to a new file at `path` that only this user can read
@@ -314,6 +330,28 @@ mod tests {
         assert!(!a.verify(&[b"server", b"nonce", b"job"], &t));
         assert!(JobAuth::new("short", "job").is_err());
         assert!(!format!("{a:?}").contains("0123"), "Debug hides the secret");
+    }
+
+    /// A job id longer than the store's handshake carries is refused
+    /// naming its variable and the limit (it failed the handshake on
+    /// every rank, naming neither); the longest accepted still is.
+    #[test]
+    fn a_job_id_over_64_kib_is_refused_naming_the_variable() {
+        let secret = "0123456789abcdef";
+        let e = JobAuth::new(secret, "j".repeat(MAX_JOB_ID + 1))
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            e,
+            "POLYCHIP_JOB_ID is 65537 bytes long; a job id has at most 65536 bytes (64 KiB)"
+        );
+        assert!(JobAuth::new(secret, "j".repeat(MAX_JOB_ID)).is_ok());
+        let e = check_job_id("SLURM_JOB_ID", &"1".repeat(70_000)).unwrap_err();
+        assert!(
+            e.to_string()
+                .starts_with("SLURM_JOB_ID is 70000 bytes long"),
+            "{e}"
+        );
     }
 
     #[test]

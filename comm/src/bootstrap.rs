@@ -78,7 +78,8 @@ impl TransportKind {
             "tcp" => Ok(Some(TransportKind::Tcp)),
             "verbs" | "rdma" => Ok(Some(TransportKind::Verbs)),
             _ => Err(CommError::Environment(format!(
-                "{TRANSPORT_ENV}={value:?} is not one of shm, tcp, verbs, auto"
+                "{TRANSPORT_ENV}={} is not one of shm, tcp, verbs, auto",
+                crate::text::quoted(value)
             ))),
         }
     }
@@ -263,8 +264,11 @@ pub fn init_with(info: RankInfo, options: InitOptions) -> Result<Job> {
     let claims = store.add(&format!("polychip/rank/{rank}"), 1)?;
     if claims > 1 {
         return Err(CommError::Usage(format!(
-            "rank {rank} joined the job twice: another process of this job (rendezvous {}:{})              already has rank {rank}; give each process a rank of its own ({})",
-            info.master_addr, info.master_port, info.launcher
+            "rank {rank} joined the job twice: another process of this job (rendezvous {}:{}) \
+             already has rank {rank}; give each process a rank of its own ({})",
+            crate::text::shown(&info.master_addr),
+            info.master_port,
+            info.launcher
         )));
     }
     let explicit = options.transport.is_some();
@@ -293,7 +297,8 @@ pub fn init_with(info: RankInfo, options: InitOptions) -> Result<Job> {
             && theirs != world
         {
             return Err(CommError::Usage(format!(
-                "rank {peer} was started with a world of {theirs} ranks, this rank (rank {rank})                  with {world} ({}): every rank of a job must be given the same world size",
+                "rank {peer} was started with a world of {theirs} ranks, this rank (rank {rank}) \
+                 with {world} ({}): every rank of a job must be given the same world size",
                 info.launcher
             )));
         }

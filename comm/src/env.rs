@@ -8,6 +8,7 @@
 //! rank 0 of a world of 1.
 
 use crate::error::{CommError, Result};
+use crate::text::{quoted, shown};
 
 /// The port Slurm jobs rendezvous on when `MASTER_PORT` is not set is this
 /// plus the job id modulo 1000 (so two jobs sharing a node rarely collide).
@@ -41,8 +42,9 @@ pub fn parse_timeout(value: Option<&str>) -> Result<std::time::Duration> {
             Ok(std::time::Duration::from_secs_f64(s))
         }
         _ => Err(CommError::Environment(format!(
-            "{TIMEOUT_ENV} is {v:?}, which is not a number of seconds greater than 0 and at \
-             most {MAX_TIMEOUT_SECS} (one week)"
+            "{TIMEOUT_ENV} is {}, which is not a number of seconds greater than 0 and at \
+             most {MAX_TIMEOUT_SECS} (one week)",
+            quoted(v)
         ))),
     }
 }
@@ -133,7 +135,7 @@ pub fn from_vars(get: impl Fn(&str) -> Option<String>) -> Result<RankInfo> {
         )))
     } else {
         let mut info = RankInfo::single();
-        if let Some(addr) = vars.get("MASTER_ADDR") {
+        if let Some(addr) = vars.host("MASTER_ADDR")? {
             info.master_addr = addr;
         }
         if vars.has("MASTER_PORT") {
@@ -159,9 +161,19 @@ impl Vars<'_> {
         self.get(name).is_some()
     }
 
-    /// The value for messages: quoted, or "unset".
+    /// The value for messages (see [`shown`]), or "unset".
     fn raw(&self, name: &str) -> String {
-        self.get(name).unwrap_or_else(|| "unset".to_string())
+        self.get(name)
+            .map_or_else(|| "unset".to_string(), |v| shown(&v))
+    }
+
+    /// A host variable's value, checked ([`check_host`]).
+    fn host(&self, name: &str) -> Result<Option<String>> {
+        let Some(host) = self.get(name) else {
+            return Ok(None);
+        };
+        check_host(name, &host).map_err(CommError::Environment)?;
+        Ok(Some(host))
     }
 
     fn number(&self, name: &str, launcher: &str) -> Result<usize> {
@@ -172,7 +184,8 @@ impl Vars<'_> {
         })?;
         let n = value.parse::<usize>().map_err(|_| {
             CommError::Environment(format!(
-                "{name} is {value:?}, which is not a non-negative integer"
+                "{name} is {}, which is not a non-negative integer",
+                quoted(&value)
             ))
         })?;
         if n > MAX_WORLD_SIZE {
@@ -195,7 +208,8 @@ impl Vars<'_> {
         let value = self.get(name).unwrap_or_default();
         value.parse::<u16>().map_err(|_| {
             CommError::Environment(format!(
-                "{name} is {value:?}, which is not a TCP port (0 to 65535)"
+                "{name} is {}, which is not a TCP port (0 to 65535)",
+                quoted(&value)
             ))
         })
     }
@@ -286,7 +300,8 @@ fn slurm(vars: &Vars) -> Result<RankInfo> {
         let digits: String = tasks.chars().take_while(char::is_ascii_digit).collect();
         let n = digits.parse::<usize>().map_err(|_| {
             CommError::Environment(format!(
-                "SLURM_TASKS_PER_NODE is {tasks:?}, which does not start with a number of tasks"
+                "SLURM_TASKS_PER_NODE is {}, which does not start with a number of tasks",
+                quoted(&tasks)
             ))
         })?;
         (n, "SLURM_TASKS_PER_NODE")
@@ -297,7 +312,7 @@ fn slurm(vars: &Vars) -> Result<RankInfo> {
                 .to_string(),
         ));
     };
-    let master_addr = match vars.get("MASTER_ADDR") {
+    let master_addr = match vars.host("MASTER_ADDR")? {
         Some(addr) => addr,
         None => {
             let (name, list) = if let Some(list) = vars.get("SLURM_JOB_NODELIST") {
@@ -311,12 +326,16 @@ fn slurm(vars: &Vars) -> Result<RankInfo> {
                         .to_string(),
                 ));
             };
-            first_host(&list).ok_or_else(|| {
+            let host = first_host(&list).ok_or_else(|| {
                 CommError::Environment(format!(
-                    "{name} is {list:?}, which does not start with a host name; \
-                     set MASTER_ADDR to rank 0's host"
+                    "{name} is {}, which does not start with a host name; \
+                     set MASTER_ADDR to rank 0's host",
+                    quoted(&list)
                 ))
-            })?
+            })?;
+            check_host(&format!("the first host of {name}"), &host)
+                .map_err(CommError::Environment)?;
+            host
         }
     };
     let master_port = if vars.has("MASTER_PORT") {
@@ -325,7 +344,8 @@ fn slurm(vars: &Vars) -> Result<RankInfo> {
         let job = match vars.get("SLURM_JOB_ID").or_else(|| vars.get("SLURM_JOBID")) {
             Some(id) => id.parse::<u64>().map_err(|_| {
                 CommError::Environment(format!(
-                    "SLURM_JOB_ID is {id:?}, which is not a job number; set MASTER_PORT"
+                    "SLURM_JOB_ID is {}, which is not a job number; set MASTER_PORT",
+                    quoted(&id)
                 ))
             })?,
             None => 0,
@@ -372,7 +392,7 @@ fn master(
         return Err(CommError::Environment(message));
     }
     let addr = vars
-        .get("MASTER_ADDR")
+        .host("MASTER_ADDR")?
         .unwrap_or_else(|| "127.0.0.1".to_string());
     let port = if vars.has("MASTER_PORT") {
         vars.port("MASTER_PORT")?
@@ -412,6 +432,31 @@ fn check(info: RankInfo, names: [&str; 4]) -> Result<RankInfo> {
         ));
     }
     Ok(info)
+}
+
+/// The longest rendezvous host accepted, in bytes: a DNS name has at
+/// most 253 characters, and an address (IPv6 with a zone) far fewer.
+pub const MAX_HOST: usize = 255;
+
+/// Refuses a rendezvous host that no socket call could take, before any
+/// rank waits on it: longer than [`MAX_HOST`] bytes, or holding control
+/// characters or spaces. The message names `what` (the variable or the
+/// field the host came from) and quotes the value ([`quoted`]).
+pub fn check_host(what: &str, host: &str) -> std::result::Result<(), String> {
+    if host.len() > MAX_HOST {
+        return Err(format!(
+            "{what} is {}, longer than the {MAX_HOST} bytes of any host name or address",
+            quoted(host)
+        ));
+    }
+    if host.chars().any(|c| c.is_control() || c.is_whitespace()) {
+        return Err(format!(
+            "{what} is {}, which is not a host name or address (it holds control characters \
+             or spaces)",
+            quoted(host)
+        ));
+    }
+    Ok(())
 }
 
 /// A host as the socket calls take it: an IPv6 address written in URL

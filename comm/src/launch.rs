@@ -26,6 +26,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crate::error::{CommError, Result};
+use crate::text::quoted;
 
 /// What to launch.
 #[derive(Debug, Clone)]
@@ -96,16 +97,18 @@ pub fn parse_devices(spec: &str, nproc: usize) -> Result<Vec<String>> {
     let entries: Vec<String> = spec.split(',').map(|s| s.trim().to_string()).collect();
     if entries.iter().any(String::is_empty) {
         return Err(CommError::Usage(format!(
-            "--devices {spec:?} has an empty entry; give a comma-separated list like \
-             ferrite:0,ferrite:1"
+            "--devices {} has an empty entry; give a comma-separated list like \
+             ferrite:0,ferrite:1",
+            quoted(spec)
         )));
     }
     match entries.len() {
         1 => Ok(vec![entries[0].clone(); nproc]),
         n if n == nproc => Ok(entries),
         n => Err(CommError::Usage(format!(
-            "--devices {spec:?} has {n} entries but -n is {nproc}: give one device per rank, \
-             or a single device for all ranks"
+            "--devices {} has {n} entries but -n is {nproc}: give one device per rank, \
+             or a single device for all ranks",
+            quoted(spec)
         ))),
     }
 }
@@ -164,7 +167,8 @@ pub fn launch(opts: &LaunchOptions) -> Result<LaunchOutcome> {
         Some(j) => j,
         None => crate::auth::hex(&crate::auth::random_bytes(8)?),
     };
-    // A secret every rank would refuse is refused before any starts.
+    // A secret or a job id every rank would refuse is refused before any
+    // starts, naming its variable.
     crate::auth::JobAuth::new(secret.as_bytes(), job_id.as_str())?;
     let signals = SignalGuard::install();
 
@@ -229,7 +233,7 @@ pub fn launch(opts: &LaunchOptions) -> Result<LaunchOutcome> {
                 return Err(CommError::Io {
                     rank,
                     op: "launch".into(),
-                    message: format!("could not start {program:?}: {e}"),
+                    message: format!("could not start {}: {e}", quoted(program)),
                 });
             }
         }
@@ -594,6 +598,19 @@ mod tests {
         let err = parse_devices("a,b", 3).unwrap_err().to_string();
         assert!(err.contains("has 2 entries but -n is 3"), "{err}");
         assert!(parse_devices("a,,b", 3).is_err());
+    }
+
+    #[test]
+    fn a_device_list_is_quoted_escaped_and_cut() {
+        let err = parse_devices("a\u{1b}[2J,b", 3).unwrap_err().to_string();
+        assert!(
+            err.contains(r#"--devices "a\u{1b}[2J,b" has 2 entries"#),
+            "{err}"
+        );
+        let long = format!("{},", "x".repeat(100_000));
+        let err = parse_devices(&long, 3).unwrap_err().to_string();
+        assert!(err.contains("… (100001 bytes) has an empty entry"), "{err}");
+        assert!(err.len() < 400, "{} bytes", err.len());
     }
 
     #[test]

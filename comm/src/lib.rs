@@ -19,6 +19,7 @@ pub mod split;
 pub mod store;
 pub mod tcp;
 pub mod tcp_store;
+pub mod text;
 pub mod transport;
 pub mod verbs;
 

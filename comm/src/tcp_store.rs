@@ -46,6 +46,7 @@ use crate::auth::JobAuth;
 use crate::env::RankInfo;
 use crate::error::{CommError, Result};
 use crate::store::Store;
+use crate::text::{quoted, shown};
 
 const MAGIC: &[u8; 5] = b"PCST\x02";
 /// How long a new connection has to prove it belongs to the job, in all.
@@ -208,7 +209,7 @@ impl TcpStore {
 
     /// `host:port` of the store, for messages.
     fn where_(&self) -> String {
-        format!("{}:{}", self.addr, self.port)
+        format!("{}:{}", shown(&self.addr), self.port)
     }
 
     /// Sends one request and reads its reply status, holding the connection
@@ -234,7 +235,9 @@ impl TcpStore {
                 STATUS_TIMEOUT => Ok(Reply::TimedOut),
                 STATUS_ERROR => {
                     let message = read_bytes(&mut client.stream, MAX_VALUE)?;
-                    Ok(Reply::Error(String::from_utf8_lossy(&message).into_owned()))
+                    // The server's words: escaped, and cut if very long.
+                    let message = String::from_utf8_lossy(&message);
+                    Ok(Reply::Error(polychip_files::printable_lines(&message)))
                 }
                 other => Err(io::Error::new(
                     io::ErrorKind::InvalidData,
@@ -289,8 +292,9 @@ impl Store for TcpStore {
         check_key(self.rank, op, key)?;
         if value.len() > MAX_VALUE {
             return Err(CommError::Usage(format!(
-                "rank {}: {op}: the value for key {key:?} is {} bytes; the store takes at most {MAX_VALUE}",
+                "rank {}: {op}: the value for key {} is {} bytes; the store takes at most {MAX_VALUE}",
                 self.rank,
+                quoted(key),
                 value.len()
             )));
         }
@@ -318,7 +322,11 @@ impl Store for TcpStore {
                 rank: self.rank,
                 op: op.to_string(),
                 after: timeout,
-                waiting_for: format!("key {key:?} in the rendezvous store at {}", self.where_()),
+                waiting_for: format!(
+                    "key {} in the rendezvous store at {}",
+                    quoted(key),
+                    self.where_()
+                ),
             }),
             Reply::Error(m) => Err(self.refused(op, m)),
         }
@@ -424,13 +432,14 @@ fn connect_with_retry(
     deadline: Option<Instant>,
 ) -> Result<TcpStream> {
     let mut backoff = Duration::from_millis(10);
+    let host = shown(addr);
     loop {
         let remaining = deadline.map(|d| d.saturating_duration_since(Instant::now()));
         let last_error = match try_connect(rank, auth, addr, port, remaining) {
             Ok(stream) => return Ok(stream),
             Err(Attempt::Refused(why)) => {
                 return Err(CommError::Usage(format!(
-                    "rank {rank}: the rendezvous store at {addr}:{port} {why}"
+                    "rank {rank}: the rendezvous store at {host}:{port} {why}"
                 )));
             }
             Err(Attempt::Failed(e)) => e,
@@ -440,7 +449,7 @@ fn connect_with_retry(
             return Err(CommError::Io {
                 rank,
                 op: format!(
-                    "could not reach the rendezvous store at {addr}:{port} within {}",
+                    "could not reach the rendezvous store at {host}:{port} within {}",
                     human(timeout)
                 ),
                 message: last_error,
@@ -470,12 +479,15 @@ fn try_connect(
 ) -> std::result::Result<TcpStream, Attempt> {
     let addrs: Vec<SocketAddr> = (crate::env::bare_host(addr), port)
         .to_socket_addrs()
-        .map_err(|e| Attempt::Failed(format!("cannot resolve {addr:?}: {}", describe_io(&e))))?
+        .map_err(|e| {
+            let why = describe_io(&e);
+            Attempt::Failed(format!("cannot resolve {}: {why}", quoted(addr)))
+        })?
         .collect();
     let limit = remaining
         .unwrap_or(Duration::from_secs(10))
         .clamp(Duration::from_millis(10), Duration::from_secs(10));
-    let mut last = format!("{addr:?} resolves to no address");
+    let mut last = format!("{} resolves to no address", quoted(addr));
     let nonce = crate::auth::random_bytes(NONCE).map_err(|e| Attempt::Failed(e.to_string()))?;
     for sa in addrs {
         match TcpStream::connect_timeout(&sa, limit) {
@@ -522,9 +534,9 @@ fn client_handshake(
     let job = auth.job_id.as_bytes();
     if !auth.verify(&[b"server", nonce, job], server_tag) {
         return Err(Attempt::Refused(format!(
-            "cannot prove it belongs to this job (job id {:?}): it is another job's store on the \
+            "cannot prove it belongs to this job (job id {}): it is another job's store on the \
              same port, or the ranks were given different {} values",
-            auth.job_id,
+            quoted(&auth.job_id),
             crate::auth::SECRET_VAR
         )));
     }
@@ -537,9 +549,10 @@ fn client_handshake(
         STATUS_OK => Ok(()),
         _ => {
             let message = read_bytes(stream, MAX_KEY).map_err(failed)?;
+            // The server's words: escaped, and cut if very long.
             Err(Attempt::Refused(format!(
                 "refused this rank: {}",
-                String::from_utf8_lossy(&message)
+                polychip_files::printable_lines(&String::from_utf8_lossy(&message))
             )))
         }
     }
@@ -636,9 +649,10 @@ struct Server {
 
 impl Server {
     fn start(addr: &str, port: u16, auth: JobAuth) -> Result<Server> {
+        let host = shown(addr);
         if addr == "0.0.0.0" || crate::env::bare_host(addr) == "::" {
             log::warn!(
-                "rendezvous store: MASTER_ADDR={addr} serves on every network interface: anyone \
+                "rendezvous store: MASTER_ADDR={host} serves on every network interface: anyone \
                  who can reach port {port} can try to join (only holders of the job's secret \
                  get in); give rank 0's own address to serve only there"
             );
@@ -646,12 +660,12 @@ impl Server {
         let listener =
             TcpListener::bind((crate::env::bare_host(addr), port)).map_err(|e| CommError::Io {
                 rank: 0,
-                op: format!("could not serve the rendezvous store on {addr}:{port}"),
+                op: format!("could not serve the rendezvous store on {host}:{port}"),
                 message: describe_io(&e),
             })?;
         let io_err = |e: io::Error| CommError::Io {
             rank: 0,
-            op: format!("rendezvous store on {addr}:{port}"),
+            op: format!("rendezvous store on {host}:{port}"),
             message: describe_io(&e),
         };
         let port = listener.local_addr().map_err(io_err)?.port();
@@ -673,7 +687,7 @@ impl Server {
             .name(format!("store-server:{port}"))
             .spawn(move || accept_loop(listener, accept_shared))
             .map_err(io_err)?;
-        log::debug!("rendezvous store serving on {addr}:{port}");
+        log::debug!("rendezvous store serving on {host}:{port}");
         Ok(Server {
             port,
             shared,
@@ -807,10 +821,10 @@ fn server_handshake(stream: &TcpStream, shared: &Shared) -> io::Result<()> {
     };
     if their_job != job {
         let why = format!(
-            "it is a rank of job {:?}, and this store serves job {:?} (two jobs given the same \
+            "it is a rank of job {}, and this store serves job {} (two jobs given the same \
              MASTER_ADDR:MASTER_PORT?)",
-            String::from_utf8_lossy(&their_job),
-            auth.job_id
+            quoted(&String::from_utf8_lossy(&their_job)),
+            quoted(&auth.job_id)
         );
         return refuse(stream, why);
     }
@@ -928,7 +942,8 @@ fn serve(stream: &mut TcpStream, shared: &Shared, id: u64, member: &mut bool) ->
                     reply.push(STATUS_ERROR);
                     let message = format!(
                         "the store holds at most {MAX_TOTAL} bytes of keys and values, and \
-                         setting key {key:?} to {} bytes would make it {total}",
+                         setting key {} to {} bytes would make it {total}",
+                        quoted(&key),
                         value.len()
                     );
                     put_bytes(&mut reply, message.as_bytes());
@@ -972,7 +987,8 @@ fn serve(stream: &mut TcpStream, shared: &Shared, id: u64, member: &mut bool) ->
                             reply.push(STATUS_ERROR);
                             let message = format!(
                                 "the store holds at most {MAX_TOTAL} bytes of keys and values, \
-                                 and a new key {key:?} would make it {total}"
+                                 and a new key {} would make it {total}",
+                                quoted(&key)
                             );
                             put_bytes(&mut reply, message.as_bytes());
                             stream.write_all(&reply)?;
@@ -989,7 +1005,8 @@ fn serve(stream: &mut TcpStream, shared: &Shared, id: u64, member: &mut bool) ->
                         drop(map);
                         reply.push(STATUS_ERROR);
                         let message = format!(
-                            "key {key:?} holds a value that is not an integer, so ADD cannot add to it"
+                            "key {} holds a value that is not an integer, so ADD cannot add to it",
+                            quoted(&key)
                         );
                         put_bytes(&mut reply, message.as_bytes());
                     }

@@ -263,6 +263,71 @@ fn sizes_that_differ_past_the_first_chunk_are_a_mismatch() {
     assert!(e.contains("send/recv of 2097152 bytes"), "{e}");
 }
 
+/// f32 sent and received as i32 (the same byte size) is refused by the
+/// receiver naming both dtypes, in plain calls and in groups, direct and
+/// staged: it was taken silently (1.0 read back as 1065353216). A group's
+/// send to this rank and the receive it pairs with are checked alike.
+#[test]
+fn a_dtype_that_differs_between_send_and_recv_is_a_mismatch() {
+    use polychip_comm::device::DeviceP2p;
+    for devices in [
+        [device("ferrite", 0), device("cobalt", 0)],
+        [device("cobalt", 0), device("ferrite", 0)],
+    ] {
+        for group in [false, true] {
+            let outcomes = world_of_failures(&devices, Duration::from_secs(3), |d, dc| {
+                let me = dc.comm().rank();
+                let t = match me {
+                    0 => tensor(d, DType::F32, &[1.0, 2.0, 3.0]),
+                    _ => d.zeros(DType::I32, &[3]).unwrap(),
+                };
+                let op = match me {
+                    0 => DeviceP2p::Send(&t, 1),
+                    _ => DeviceP2p::Recv(&t, 0),
+                };
+                let r = match (group, op) {
+                    (true, op) => dc.p2p_group(&[op]),
+                    (false, DeviceP2p::Send(t, p)) => dc.send(t, p),
+                    (false, DeviceP2p::Recv(t, p)) => dc.recv(t, p),
+                };
+                let read = (me == 1).then(|| t.to_vec::<i32>().unwrap());
+                (
+                    r.map_err(|e| (matches!(e, CommError::Mismatch { .. }), e.to_string())),
+                    read,
+                )
+            });
+            let (r, read) = &outcomes[1];
+            let Err((mismatch, e)) = r else {
+                panic!("group {group}: f32 was received as i32: {read:?}");
+            };
+            assert!(mismatch, "group {group}: {e}");
+            assert!(e.contains("send/recv of 12 bytes of f32"), "{e}");
+            assert!(e.contains("send/recv of 12 bytes of i32"), "{e}");
+            assert!(
+                e.contains("the dtypes differ (f32 sent, i32 received)"),
+                "{e}"
+            );
+            assert_eq!(read.as_deref(), Some(&[0, 0, 0][..]), "nothing written");
+        }
+    }
+    // Within one rank's group.
+    let d = device("ferrite", 0);
+    world20(std::slice::from_ref(&d), |d, dc| {
+        let (a, b) = (
+            tensor(d, DType::F32, &[1.0]),
+            d.zeros(DType::I32, &[1]).unwrap(),
+        );
+        let e = dc
+            .p2p_group(&[DeviceP2p::Send(&a, 0), DeviceP2p::Recv(&b, 0)])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("(operation 0) is f32 but the receive it pairs with (operation 1) is i32"),
+            "{e}"
+        );
+    });
+}
+
 #[test]
 fn staging_pool_does_not_grow_on_repeated_calls() {
     let devices = mixed();

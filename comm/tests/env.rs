@@ -370,3 +370,67 @@ fn timeouts_must_be_positive_finite_seconds() {
         );
     }
 }
+
+/// A `MASTER_ADDR` no socket call could take (100 KB long, or holding an
+/// escape sequence) is refused by name before any rank waits on it, and
+/// the message quotes it escaped and cut: it used to be accepted, then
+/// echoed raw and whole by the store's connection errors.
+#[test]
+fn a_master_addr_that_is_no_host_is_refused_quoted_and_cut() {
+    let long = "h".repeat(100_000);
+    let torchrun = |addr: &'static str| {
+        vec![
+            ("RANK", "0"),
+            ("WORLD_SIZE", "2"),
+            ("MASTER_ADDR", addr),
+            ("MASTER_PORT", "29500"),
+        ]
+    };
+    let long: &'static str = Box::leak(long.into_boxed_str());
+    for vars in [
+        torchrun(long),
+        vec![("MASTER_ADDR", long)],
+        vec![
+            ("SLURM_PROCID", "0"),
+            ("SLURM_NTASKS", "2"),
+            ("SLURM_LOCALID", "0"),
+            ("SLURM_NTASKS_PER_NODE", "2"),
+            ("MASTER_ADDR", long),
+        ],
+    ] {
+        let e = error(&vars);
+        assert!(e.contains("MASTER_ADDR is \"hhh"), "{e}");
+        assert!(
+            e.contains("… (100000 bytes), longer than the 255 bytes"),
+            "{e}"
+        );
+        assert!(e.len() < 600, "{} bytes", e.len());
+    }
+    let e = error(&torchrun("node0\u{1b}]0;pwned\u{7}"));
+    assert!(!e.contains('\u{1b}') && !e.contains('\u{7}'), "{e:?}");
+    assert!(
+        e.contains(r#"MASTER_ADDR is "node0\u{1b}]0;pwned\u{7}", which is not a host name"#),
+        "{e}"
+    );
+    // The first host of a Slurm node list is checked too.
+    let e = error(&[
+        ("SLURM_PROCID", "0"),
+        ("SLURM_NTASKS", "2"),
+        ("SLURM_LOCALID", "0"),
+        ("SLURM_NTASKS_PER_NODE", "2"),
+        ("SLURM_JOB_NODELIST", "no\u{1b}de[1-2]"),
+    ]);
+    assert!(e.contains("the first host of SLURM_JOB_NODELIST is"), "{e}");
+    assert!(!e.contains('\u{1b}'), "{e:?}");
+    // Other values quoted by the messages are cut and escaped as well.
+    let e = error(&[("RANK", long), ("WORLD_SIZE", "2")]);
+    assert!(
+        e.contains("… (100000 bytes), which is not a non-negative"),
+        "{e}"
+    );
+    let e = error(&[("WORLD_SIZE", "4\u{1b}[2J")]);
+    assert!(
+        e.contains(r"WORLD_SIZE is 4\u{1b}[2J but RANK is not set"),
+        "{e}"
+    );
+}

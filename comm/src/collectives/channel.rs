@@ -64,8 +64,10 @@ impl Header {
             .into_iter()
             .find(|o| o.code() == (w[0] >> 16) & 0xff);
         if kind == "send/recv" {
-            // Counted in bytes, with no root or call number.
-            return format!("send/recv of {} bytes ({}-byte message)", w[1], w[3]);
+            // Counted in bytes, with no root or call number; of a dtype
+            // when the buffer has one (a device tensor).
+            let of = dtype.map_or(String::new(), |d| format!(" of {}", d.name()));
+            return format!("send/recv of {} bytes{of} ({}-byte message)", w[1], w[3]);
         }
         let mut s = format!(
             "{kind} of {} x {}",
@@ -88,6 +90,49 @@ impl Header {
             w[0] >> 32,
             w[2],
             w[3]
+        )
+    }
+
+    /// The dtype code of header words `w` (0: none).
+    fn dtype_code(w: &[u64; 4]) -> u64 {
+        (w[0] >> 8) & 0xff
+    }
+
+    /// Whether a message whose header is `got` is the one a receiver
+    /// expecting `want` waits for: the same words, or a send/recv whose
+    /// only difference is that one side gave no dtype (a host buffer of
+    /// bytes, which takes or gives any dtype).
+    pub(super) fn matches(got: &[u64; 4], want: &[u64; 4]) -> bool {
+        if got == want {
+            return true;
+        }
+        let p2p = KINDS.iter().position(|k| *k == "send/recv").unwrap_or(0) as u64 + 1;
+        let untyped = |w: &[u64; 4]| [w[0] & !(0xff << 8), w[1], w[2], w[3]];
+        want[0] & 0xff == p2p
+            && (Self::dtype_code(got) == 0 || Self::dtype_code(want) == 0)
+            && untyped(got) == untyped(want)
+    }
+
+    /// What a send/recv's headers `theirs` (the sender's) and `mine` (this
+    /// receiver's) say of their dtypes when both have one and they differ:
+    /// a clause naming both.
+    pub(super) fn dtypes_differ(theirs: &[u64; 4], mine: &[u64; 4]) -> Option<String> {
+        let p2p = KINDS.iter().position(|k| *k == "send/recv").unwrap_or(0) as u64 + 1;
+        let name = |w: &[u64; 4]| {
+            DType::ALL
+                .into_iter()
+                .find(|d| d.code() == Self::dtype_code(w))
+                .map_or("?", DType::name)
+        };
+        let (a, b) = (Self::dtype_code(theirs), Self::dtype_code(mine));
+        (mine[0] & 0xff == p2p && theirs[0] & 0xff == p2p && a != 0 && b != 0 && a != b).then(
+            || {
+                format!(
+                    "the dtypes differ ({} sent, {} received)",
+                    name(theirs),
+                    name(mine)
+                )
+            },
         )
     }
 }
@@ -266,7 +311,7 @@ impl Communicator {
         let off = self.next_message(class, peer, h.kind)?;
         let got = self.header_at(off);
         let want = h.words(len);
-        if got != want {
+        if !Header::matches(&got, &want) {
             return Err(self.mismatch(h.kind, peer, &got, &want));
         }
         Ok(off + HDR)
@@ -293,11 +338,14 @@ impl Communicator {
         theirs: &[u64; 4],
         mine: &[u64; 4],
     ) -> CommError {
-        let message = format!(
+        let mut message = format!(
             "rank {peer} called {}, this rank called {}",
             Header::describe(theirs),
             Header::describe(mine)
         );
+        if let Some(dtypes) = Header::dtypes_differ(theirs, mine) {
+            message = format!("{message}: {dtypes}");
+        }
         self.fail(CommError::Mismatch {
             rank: self.rank,
             op: kind.into(),

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use super::channel::Header;
 use super::ops::piece;
-use super::{Communicator, NSLOT};
+use super::{Communicator, DType, NSLOT};
 use crate::error::Result;
 use crate::transport::Transport;
 
@@ -103,16 +103,25 @@ impl Communicator {
     /// same length. Returns once the last piece is written; blocks while
     /// more than 1 MiB is unconsumed.
     pub fn send(&mut self, buf: &[u8], peer: usize) -> Result<()> {
-        self.send_part(buf, peer, buf.len())
+        self.send_part(buf, peer, buf.len(), None)
     }
 
     /// [`Communicator::send`] of `buf`, one part of a message of `total`
     /// bytes sent in several (a device tensor in chunks): every part's
     /// header carries the total, so a receiver expecting another size fails
     /// at the first part, naming both, where parts of equal sizes alone
-    /// would let it take a prefix and lose the rest.
-    pub(crate) fn send_part(&mut self, buf: &[u8], peer: usize, total: usize) -> Result<()> {
-        let h = self.begin("send/recv", None, None, 0, total, false)?;
+    /// would let it take a prefix and lose the rest. With a `dtype` (a
+    /// device tensor's), every part's header carries it too, and a
+    /// receiver expecting another dtype fails at the first part naming
+    /// both (bytes sent or received without one match any dtype).
+    pub(crate) fn send_part(
+        &mut self,
+        buf: &[u8],
+        peer: usize,
+        total: usize,
+        dtype: Option<DType>,
+    ) -> Result<()> {
+        let h = self.begin("send/recv", dtype, None, 0, total, false)?;
         if peer == self.rank {
             return Err(self.usage("send to self".into()));
         }
@@ -129,13 +138,19 @@ impl Communicator {
     /// Receives into `buf` what `peer` sent with [`Communicator::send`].
     pub fn recv(&mut self, buf: &mut [u8], peer: usize) -> Result<()> {
         let total = buf.len();
-        self.recv_part(buf, peer, total)
+        self.recv_part(buf, peer, total, None)
     }
 
     /// [`Communicator::recv`] into `buf`, one part of a message of `total`
-    /// bytes (see [`Communicator::send_part`]).
-    pub(crate) fn recv_part(&mut self, buf: &mut [u8], peer: usize, total: usize) -> Result<()> {
-        let h = self.begin("send/recv", None, None, 0, total, false)?;
+    /// bytes of `dtype` (see [`Communicator::send_part`]).
+    pub(crate) fn recv_part(
+        &mut self,
+        buf: &mut [u8],
+        peer: usize,
+        total: usize,
+        dtype: Option<DType>,
+    ) -> Result<()> {
+        let h = self.begin("send/recv", dtype, None, 0, total, false)?;
         if peer == self.rank || peer >= self.world {
             return Err(self.usage(format!("recv from rank {peer}")));
         }
@@ -247,11 +262,12 @@ impl Communicator {
     }
 
     /// [`Communicator::p2p_group`] where operation `i` is a part of a
-    /// message of `totals[i]` bytes (see [`Communicator::send_part`]).
+    /// message of `parts[i].0` bytes of dtype `parts[i].1` (see
+    /// [`Communicator::send_part`]).
     pub(crate) fn p2p_group_parts(
         &mut self,
         ops: &mut [P2p<'_>],
-        totals: Option<&[usize]>,
+        parts: Option<&[(usize, Option<DType>)]>,
     ) -> Result<()> {
         self.begin("send/recv", None, None, 0, 0, false)?;
         for op in ops.iter() {
@@ -270,7 +286,7 @@ impl Communicator {
             }
         }
         if ops.iter().any(|op| op.peer() == self.rank) {
-            self.to_self(ops, totals)?;
+            self.to_self(ops, parts)?;
         }
         let mut lanes: Vec<Lane> = Vec::new();
         for (i, op) in ops.iter().enumerate() {
@@ -304,12 +320,13 @@ impl Communicator {
                     let len = op.len();
                     let (seg, pieces) = Self::segments(len, None);
                     let r = piece(len, seg, lane.piece);
+                    let (count, dtype) = parts.map_or((len, None), |p| p[at]);
                     let h = Header {
                         kind: "send/recv",
-                        dtype: None,
+                        dtype,
                         op: None,
                         root: 0,
-                        count: totals.map_or(len, |t| t[at]),
+                        count,
                         seq: 0,
                         whole: false,
                     };
@@ -379,8 +396,9 @@ impl Communicator {
     }
 
     /// Copies a group's sends to this rank into its receives from this
-    /// rank, the first to the first; refuses counts or sizes that differ.
-    fn to_self(&self, ops: &mut [P2p<'_>], totals: Option<&[usize]>) -> Result<()> {
+    /// rank, the first to the first; refuses counts, sizes or dtypes that
+    /// differ.
+    fn to_self(&self, ops: &mut [P2p<'_>], parts: Option<&[(usize, Option<DType>)]>) -> Result<()> {
         let me = self.rank;
         let sends: Vec<usize> = (0..ops.len())
             .filter(|&i| matches!(ops[i], P2p::Send(_, p) if p == me))
@@ -398,12 +416,23 @@ impl Communicator {
         }
         for (&s, &r) in sends.iter().zip(&recvs) {
             // The messages' sizes (of which these may be parts).
-            let size = |i: usize| totals.map_or(ops[i].len(), |t| t[i]);
+            let size = |i: usize| parts.map_or(ops[i].len(), |p| p[i].0);
             let (a, b) = (size(s), size(r));
             if a != b || ops[s].len() != ops[r].len() {
                 return Err(self.usage(format!(
                     "a group's send to this rank (operation {s}) has {a} bytes but the receive \
                      it pairs with (operation {r}) has {b}"
+                )));
+            }
+            let dtype = |i: usize| parts.and_then(|p| p[i].1);
+            if let (Some(a), Some(b)) = (dtype(s), dtype(r))
+                && a != b
+            {
+                return Err(self.usage(format!(
+                    "a group's send to this rank (operation {s}) is {} but the receive it pairs \
+                     with (operation {r}) is {}: the dtypes differ",
+                    a.name(),
+                    b.name()
                 )));
             }
         }

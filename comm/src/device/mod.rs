@@ -426,9 +426,11 @@ impl<'c> DeviceComm<'c> {
     }
 
     /// Sends `t` to `peer`, which calls [`DeviceComm::recv`] with a tensor of
-    /// the same byte size.
+    /// the same byte size and dtype (the receiver refuses another dtype,
+    /// naming both; this rank learns of it only if it is still waiting for
+    /// the receiver to take its chunks).
     pub fn send(&mut self, t: &Tensor, peer: usize) -> Result<()> {
-        let bytes = self.check("send", t)?;
+        let (bytes, dtype) = (self.check("send", t)?, comm_dtype(t.dtype()));
         self.check_peer("send", peer)?;
         self.record(&[t]);
         let args = Chunked {
@@ -438,17 +440,19 @@ impl<'c> DeviceComm<'c> {
             store: false,
             bytes,
         };
-        // Each chunk's header carries the tensor's size, which the peer's
-        // must equal.
+        // Each chunk's header carries the tensor's size and dtype, which
+        // the peer's must equal.
         let mut f = |c: &mut Communicator, s: Option<&[u8]>, _: Option<&mut [u8]>| {
-            c.send_part(s.expect("src"), peer, bytes)
+            c.send_part(s.expect("src"), peer, bytes, Some(dtype))
         };
         self.chunked(self.ctx("send"), args, &mut f)
     }
 
-    /// Receives into `t` what `peer` sent with [`DeviceComm::send`].
+    /// Receives into `t` what `peer` sent with [`DeviceComm::send`]: a
+    /// send of another byte size or dtype is a [`CommError::Mismatch`]
+    /// naming both.
     pub fn recv(&mut self, t: &Tensor, peer: usize) -> Result<()> {
-        let bytes = self.check("recv", t)?;
+        let (bytes, dtype) = (self.check("recv", t)?, comm_dtype(t.dtype()));
         self.check_peer("recv", peer)?;
         self.record(&[t]);
         let args = Chunked {
@@ -459,7 +463,7 @@ impl<'c> DeviceComm<'c> {
             bytes,
         };
         let mut f = |c: &mut Communicator, _: Option<&[u8]>, d: Option<&mut [u8]>| {
-            c.recv_part(d.expect("dst"), peer, bytes)
+            c.recv_part(d.expect("dst"), peer, bytes, Some(dtype))
         };
         self.chunked(self.ctx("recv"), args, &mut f)
     }

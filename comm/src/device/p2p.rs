@@ -5,8 +5,8 @@
 
 use polychip_host::Tensor;
 
-use super::DeviceComm;
 use super::pipeline::{d2h, h2d, host_slice, host_slice_ref, overlap, staged};
+use super::{DeviceComm, comm_dtype};
 use crate::collectives::P2p;
 use crate::error::{CommError, Result};
 
@@ -131,8 +131,8 @@ impl DeviceComm<'_> {
             });
         }
         // Each tensor as the plain calls send it: one message per chunk,
-        // each carrying the tensor's size (`totals`).
-        let (mut pieces, mut totals) = (Vec::new(), Vec::new());
+        // each carrying the tensor's size and dtype (`parts`).
+        let (mut pieces, mut parts) = (Vec::new(), Vec::new());
         for (op, buf) in ops.iter().zip(host.iter_mut()) {
             let peer = match *op {
                 DeviceP2p::Send(_, p) | DeviceP2p::Recv(_, p) => p,
@@ -147,9 +147,10 @@ impl DeviceComm<'_> {
                     false => pieces.extend(b.chunks_mut(chunk).map(|c| P2p::Recv(c, peer))),
                 },
             }
-            totals.resize(totals.len() + pieces.len() - before, total);
+            let part = (total, Some(comm_dtype(op.tensor().dtype())));
+            parts.resize(parts.len() + pieces.len() - before, part);
         }
-        self.comm.p2p_group_parts(&mut pieces, Some(&totals))?;
+        self.comm.p2p_group_parts(&mut pieces, Some(&parts))?;
         drop(pieces);
         for (i, buf) in host.iter().enumerate() {
             if let (true, Bytes::Write(b)) = (staged[i], buf) {
