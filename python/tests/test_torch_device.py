@@ -759,3 +759,115 @@ def test_conjugate_and_negative_views_are_copied_resolved():
     yd.conj().imag.copy_(torch.tensor([1.0, 2, 3], device=f))
     assert torch.equal(yd.cpu(), y)
     assert torch.equal((xd.conj() * xd).cpu(), x.conj() * x)
+
+
+class _MaskedAttention(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.attn = torch.nn.MultiheadAttention(16, 4, kdim=8, vdim=12)
+
+    def forward(self, q, k, v):
+        padding = torch.zeros(2, 7, dtype=torch.bool, device=q.device)
+        padding[0, 5:] = True
+        banned = torch.triu(torch.ones(5, 7, dtype=torch.bool, device=q.device), 3)
+        return self.attn(q, k, v, key_padding_mask=padding, attn_mask=banned, average_attn_weights=False)[0]
+
+
+class _PackedLSTM(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lstm = torch.nn.LSTM(8, 12, num_layers=2, bidirectional=True, batch_first=True)
+
+    def forward(self, x):
+        packed = torch.nn.utils.rnn.pack_padded_sequence(x, torch.tensor([5, 3, 2]), batch_first=True)
+        return torch.nn.utils.rnn.pad_packed_sequence(self.lstm(packed)[0], batch_first=True)[0]
+
+
+IDIOMS = {
+    # key padding and attention masks together, separate key/value sizes
+    "multihead_attention": (_MaskedAttention, [(5, 2, 16), (7, 2, 8), (7, 2, 12)]),
+    "transformer": (lambda: torch.nn.Transformer(16, 2, 1, 1, 32, dropout=0.0, batch_first=True),
+                    [(2, 6, 16), (2, 5, 16)]),
+    "packed_bidirectional_lstm": (_PackedLSTM, [(3, 5, 8)]),
+    "conv_transpose_group_norm": (lambda: torch.nn.Sequential(
+        torch.nn.Conv1d(4, 8, 3, padding="same", dilation=2), torch.nn.GroupNorm(2, 8), torch.nn.GELU(),
+        torch.nn.Conv1d(8, 6, 5, stride=2, groups=2, padding=2, padding_mode="reflect"),
+        torch.nn.ConvTranspose1d(6, 4, 4, stride=2, padding=1)), [(2, 4, 20)]),
+    "channels_last_conv": (lambda: torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3, padding=1, bias=False), torch.nn.BatchNorm2d(8), torch.nn.Hardswish(),
+        torch.nn.Conv2d(8, 8, 3, groups=8, padding=1), torch.nn.InstanceNorm2d(8, affine=True),
+        torch.nn.ConvTranspose2d(8, 2, 2, stride=2, groups=2)).to(memory_format=torch.channels_last),
+        [(2, 3, 6, 6)]),
+}
+
+
+@pytest.mark.parametrize("idiom", list(IDIOMS))
+def test_training_idioms_match_cpu(idiom):
+    """Modules built of PyTorch's own layers train on the device as on the
+    CPU (two SGD steps: outputs and every gradient): masked multi-head
+    attention, nn.Transformer, a packed bidirectional LSTM, dilated,
+    reflect-padded, grouped and transposed convolutions with group norm
+    (transposed convolutions run on the CPU, counted), a channels-last
+    convolution stack with batch and instance norm."""
+    make, shapes = IDIOMS[idiom]
+    # Ferrite and Cobalt in turn.
+    device = torch.device("polychip", (FERRITE, COBALT)[list(IDIOMS).index(idiom) % 2])
+    g = torch.Generator().manual_seed(0)
+    inputs = [torch.randn(*s, generator=g) for s in shapes]
+    torch.manual_seed(0)
+    cpu, dev = make(), make()
+    dev.load_state_dict(cpu.state_dict())
+    dev.to(device)
+    runs = []
+    for model, on in ((cpu, "cpu"), (dev, device)):
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        steps = []
+        for _ in range(2):
+            out = model(*[x.to(on) for x in inputs])
+            weights = torch.linspace(-1, 1, out.numel(), device=on).reshape(out.shape)
+            (out * weights).sum().backward()
+            steps.append((out.detach().cpu(), [p.grad.cpu() for p in model.parameters()]))
+            opt.step()
+            opt.zero_grad()
+        runs.append(steps)
+    scale = max(p.abs().max().item() for p in runs[0][0][1])
+    for (out, grads), (got, got_grads) in zip(*runs):
+        torch.testing.assert_close(got, out, rtol=1e-4, atol=1e-5)
+        # A gradient that is zero but for rounding (a key bias under
+        # softmax, a bias before a norm) is compared against the largest.
+        for (name, _), p, q in zip(cpu.named_parameters(), grads, got_grads):
+            torch.testing.assert_close(q, p, rtol=1e-4, atol=1e-6 * scale, msg=name)
+
+
+def test_safetensors_and_per_sample_gradients():
+    """safetensors saves device tensors (read through the CPU) and loads
+    them back onto the device by index (it refuses device names it does
+    not know, `polychip:0` among them, before PyTorch sees them);
+    torch.func's vmap over grad (per-sample gradients) runs on the
+    device."""
+    safetensors_torch = pytest.importorskip("safetensors.torch")
+    import tempfile
+
+    from torch.func import functional_call, grad, vmap
+
+    device = torch.device("polychip", COBALT)
+    torch.manual_seed(0)
+    cpu = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Tanh(), torch.nn.Linear(3, 2))
+    dev = copy.deepcopy(cpu).to(device)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "m.safetensors")
+        safetensors_torch.save_file(dev.state_dict(), path)
+        on_cpu = safetensors_torch.load_file(path)
+        assert all(torch.equal(on_cpu[k], v) for k, v in cpu.state_dict().items())
+        back = safetensors_torch.load_file(path, device=COBALT)
+        assert all(v.device == device and torch.equal(v.cpu(), on_cpu[k]) for k, v in back.items())
+    x = torch.randn(5, 4, generator=torch.Generator().manual_seed(1))
+
+    def per_sample(model, xs):
+        params = {k: v.detach() for k, v in model.named_parameters()}
+        loss = lambda p, row: functional_call(model, p, (row[None],)).pow(2).sum()  # noqa: E731
+        return vmap(grad(loss), in_dims=(None, 0))(params, xs)
+
+    want, got = per_sample(cpu, x), per_sample(dev, x.to(device))
+    for k in want:
+        torch.testing.assert_close(got[k].cpu(), want[k], rtol=1e-5, atol=1e-6, msg=k)

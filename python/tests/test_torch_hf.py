@@ -109,9 +109,36 @@ def test_llama_forward_with_padding_uses_the_math_attention_on_the_plugin():
     torch.testing.assert_close(got.cpu()[mask.bool()], want[mask.bool()], rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("vendor", ["Ferrite", "Cobalt"])
+def test_from_pretrained_with_a_polychip_device_map(tmp_path, vendor):
+    """`from_pretrained(path, device_map="polychip:N")` loads the checkpoint
+    onto the device. transformers 5 then kernelizes the model for its
+    device type through the `kernels` library (one of its dependencies),
+    which refused any type it does not know: every polychip device map
+    failed with `ValueError: Unsupported device type 'polychip'`. polychip
+    is now a type it knows no kernel for, so each layer keeps its PyTorch
+    forward, and the loaded model trains like the CPU's."""
+    device = torch.device("polychip", index_of(vendor))
+    cpu, _ = pair(torch.float32)
+    cpu.save_pretrained(tmp_path)
+    ids = torch.randint(0, 96, (2, 8), generator=torch.Generator().manual_seed(4))
+    want = cpu(ids, labels=ids).loss
+    for device_map in (str(device), {"": str(device)}):
+        dev = transformers.LlamaForCausalLM.from_pretrained(tmp_path, device_map=device_map)
+        for (name, p), q in zip(cpu.named_parameters(), dev.parameters()):
+            assert q.device == device and torch.equal(q.detach().cpu(), p.detach()), name
+        got = dev(ids.to(device), labels=ids.to(device)).loss
+        got.backward()
+        assert abs(got.item() - want.item()) <= 2e-5 * abs(want.item())
+    kernels = pytest.importorskip("kernels")
+    kernels.kernelize(dev, device="polychip", mode=kernels.Mode.TRAINING)  # what from_pretrained asks
+    with pytest.raises(ValueError, match="Unsupported device type"):
+        kernels.kernelize(dev, device="no-such-device", mode=kernels.Mode.TRAINING)  # others: as before
+
+
 FAMILIES = [
     "gpt2", "bert", "mistral", "qwen2", "opt", "gpt_neox", "falcon", "bloom", "phi", "gemma", "gptj", "t5", "bart",
-    "mixtral", "phimoe",
+    "mixtral", "phimoe", "gemma2", "deepseek_v3", "gpt_bigcode", "cohere", "deberta_v2", "longformer", "xlnet",
 ]
 
 
@@ -128,7 +155,15 @@ def test_other_architectures_match_cpu(family):
     transformers runs it on an accelerator, with its load-balancing loss:
     integer histograms), PhiMoE (sparsemixer routing: a Python number as
     the first operand of add). Gradients equal the CPU's, tied parameters included
-    (Module.to keeps the Parameter objects)."""
+    (Module.to keeps the Parameter objects). Gemma 2 (logit soft-capping,
+    sliding and global layers alternating, eager attention), DeepSeek-V3
+    (low-rank latent attention, a sigmoid router choosing experts within
+    the best groups, shared experts), GPT-BigCode (multi-query attention),
+    Cohere (parallel attention and MLP, interleaved rotary), DeBERTa-v2
+    (disentangled relative attention: gathers by clamped log buckets),
+    Longformer (banded attention over overlapping chunks: as_strided views,
+    padding, diagonal shifts; global attention on chosen tokens) and XLNet (relative attention with its shift,
+    einsum, two streams under a permutation mask, segments)."""
     make = {
         "gpt2": lambda: transformers.GPT2LMHeadModel(transformers.GPT2Config(
             vocab_size=96, n_embd=32, n_layer=2, n_head=4, n_positions=64,
@@ -176,6 +211,30 @@ def test_other_architectures_match_cpu(family):
         "phimoe": lambda: transformers.PhimoeForCausalLM(transformers.PhimoeConfig(
             vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
             num_attention_heads=4, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2)),
+        "gemma2": lambda: transformers.Gemma2ForCausalLM(transformers.Gemma2Config(
+            vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=8, sliding_window=8, attn_implementation="eager")),
+        "deepseek_v3": lambda: transformers.DeepseekV3ForCausalLM(transformers.DeepseekV3Config(
+            vocab_size=96, hidden_size=32, intermediate_size=64, moe_intermediate_size=32, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=4, n_routed_experts=4, n_shared_experts=1,
+            num_experts_per_tok=2, n_group=2, topk_group=1, first_k_dense_replace=1, kv_lora_rank=16,
+            q_lora_rank=16, qk_rope_head_dim=4, qk_nope_head_dim=4, v_head_dim=8)),
+        "gpt_bigcode": lambda: transformers.GPTBigCodeForCausalLM(transformers.GPTBigCodeConfig(
+            vocab_size=96, n_embd=32, n_layer=2, n_head=4, n_positions=64, multi_query=True,
+            resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)),
+        "cohere": lambda: transformers.CohereForCausalLM(transformers.CohereConfig(
+            vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2)),
+        "deberta_v2": lambda: transformers.DebertaV2ForMaskedLM(transformers.DebertaV2Config(
+            vocab_size=96, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+            max_position_embeddings=64, relative_attention=True, position_buckets=8,
+            pos_att_type=["p2c", "c2p"], hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)),
+        "longformer": lambda: transformers.LongformerForMaskedLM(transformers.LongformerConfig(
+            vocab_size=96, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+            max_position_embeddings=64, attention_window=4, pad_token_id=1, hidden_dropout_prob=0.0,
+            attention_probs_dropout_prob=0.0)),
+        "xlnet": lambda: transformers.XLNetLMHeadModel(transformers.XLNetConfig(
+            vocab_size=96, d_model=32, n_layer=2, n_head=4, d_inner=64, dropout=0.0)),
     }[family]
     device = torch.device("polychip", index_of("Ferrite"))
     torch.manual_seed(0)
@@ -192,10 +251,24 @@ def test_other_architectures_match_cpu(family):
         assert embeddings_tied(dev) == (family in ("gpt2", "bert"))
     ids = torch.randint(0, 96, (2, 16), generator=torch.Generator().manual_seed(2))
     inputs = {"input_ids": ids, "labels": ids}
-    if family == "bert":
+    if family in ("bert", "deberta_v2", "longformer"):
         mask = torch.ones_like(ids)
         mask[0, :3] = 0
         inputs["attention_mask"] = mask
+    if family == "longformer":
+        # Global attention on one token of each sequence: the global
+        # projections (gathered by nonzero indices) train too.
+        inputs["global_attention_mask"] = torch.zeros_like(ids)
+        inputs["global_attention_mask"][:, 3] = 1
+    if family == "xlnet":
+        # Permutation language modelling (its two attention streams): the
+        # last two tokens, hidden from every position, are predicted.
+        inputs["perm_mask"] = torch.zeros(2, 16, 16)
+        inputs["perm_mask"][:, :, -2:] = 1.0
+        inputs["target_mapping"] = torch.zeros(2, 2, 16)
+        inputs["target_mapping"][:, 0, -2] = inputs["target_mapping"][:, 1, -1] = 1.0
+        inputs["labels"] = ids[:, -2:].contiguous()
+        inputs["token_type_ids"] = (torch.arange(16) >= 8).long().expand(2, 16)  # two segments
     want = cpu(**inputs).loss
     got = dev(**{k: v.to(device) for k, v in inputs.items()}).loss
     want.backward()
@@ -231,11 +304,20 @@ class _Convolutional(torch.nn.Module):
         return torch.nn.functional.cross_entropy(self.body(pixels), labels)
 
 
-@pytest.mark.parametrize("family", ["vit", "whisper", "mamba", "cnn", "lstm", "gru"])
+@pytest.mark.parametrize("family", [
+    "vit", "whisper", "mamba", "cnn", "lstm", "gru", "convnext", "swin", "segformer", "wav2vec2", "mamba2", "clip",
+])
 def test_convolutional_and_recurrent_models_match_cpu(family):
     """Models with convolutions (ViT's patch embedding, Whisper's audio
     front end, Mamba's causal depthwise convolution, a CNN with batch norm
-    and pooling) and recurrent layers (LSTM, GRU: PyTorch's fused cells).
+    and pooling, ConvNeXt's depthwise 7x7 convolutions and channels-last
+    layer norm, SegFormer's overlapping patches, reduced keys and
+    bilinear upsampling, Wav2Vec2's group-normed feature encoder, its
+    weight-normed positional convolution and CTC loss), windowed attention
+    (Swin: shifted windows by roll, a relative position bias gathered from
+    a table), Mamba2's chunked state-space scan (cumsum, segment sums),
+    CLIP's two towers and contrastive loss, and recurrent layers (LSTM,
+    GRU: PyTorch's fused cells).
     The convolutions and the cells run on the plugin (none of them falls
     back), and the loss and every gradient equal the CPU's."""
     make, inputs = {
@@ -259,6 +341,40 @@ def test_convolutional_and_recurrent_models_match_cpu(family):
                  lambda g: (lambda ids: {"ids": ids, "labels": ids})(torch.randint(0, 96, (2, 10), generator=g))),
         "gru": (lambda: _Recurrent(torch.nn.GRU),
                 lambda g: (lambda ids: {"ids": ids, "labels": ids})(torch.randint(0, 96, (2, 10), generator=g))),
+        "convnext": (lambda: transformers.ConvNextForImageClassification(transformers.ConvNextConfig(
+            hidden_sizes=[8, 16], depths=[1, 1], num_stages=2, num_labels=5, image_size=32)),
+            lambda g: {"pixel_values": torch.randn(2, 3, 32, 32, generator=g), "labels": torch.tensor([0, 3])}),
+        "swin": (lambda: transformers.SwinForImageClassification(transformers.SwinConfig(
+            image_size=32, patch_size=4, embed_dim=16, depths=[1, 1], num_heads=[2, 2], window_size=4,
+            num_labels=5, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, drop_path_rate=0.0)),
+            lambda g: {"pixel_values": torch.randn(2, 3, 32, 32, generator=g), "labels": torch.tensor([0, 3])}),
+        "segformer": (lambda: transformers.SegformerForSemanticSegmentation(transformers.SegformerConfig(
+            num_encoder_blocks=2, depths=[1, 1], sr_ratios=[2, 1], hidden_sizes=[8, 16], patch_sizes=[7, 3],
+            strides=[4, 2], num_attention_heads=[1, 2], mlp_ratios=[2, 2], decoder_hidden_size=16, num_labels=4,
+            hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, classifier_dropout_prob=0.0,
+            drop_path_rate=0.0)),
+            lambda g: {"pixel_values": torch.randn(2, 3, 32, 32, generator=g),
+                       "labels": torch.randint(0, 4, (2, 32, 32), generator=g)}),
+        "wav2vec2": (lambda: transformers.Wav2Vec2ForCTC(transformers.Wav2Vec2Config(
+            vocab_size=12, hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=64,
+            conv_dim=(16, 16), conv_stride=(5, 2), conv_kernel=(10, 3), num_conv_pos_embeddings=8,
+            num_conv_pos_embedding_groups=4, hidden_dropout=0.0, activation_dropout=0.0, attention_dropout=0.0,
+            feat_proj_dropout=0.0, final_dropout=0.0, layerdrop=0.0, mask_time_prob=0.0, pad_token_id=0,
+            ctc_loss_reduction="mean")),
+            lambda g: {"input_values": torch.randn(2, 400, generator=g),
+                       "labels": torch.randint(1, 12, (2, 5), generator=g)}),
+        "mamba2": (lambda: transformers.Mamba2ForCausalLM(transformers.Mamba2Config(
+            vocab_size=96, hidden_size=32, num_hidden_layers=1, state_size=8, num_heads=8, head_dim=8,
+            n_groups=1, chunk_size=4, expand=2)),
+            lambda g: (lambda ids: {"input_ids": ids, "labels": ids})(torch.randint(3, 96, (2, 12), generator=g))),
+        "clip": (lambda: transformers.CLIPModel(transformers.CLIPConfig(
+            text_config=dict(vocab_size=96, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+                             intermediate_size=64, max_position_embeddings=32),
+            vision_config=dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=64,
+                               image_size=16, patch_size=4),
+            projection_dim=16)),
+            lambda g: {"input_ids": torch.randint(3, 96, (2, 8), generator=g),
+                       "pixel_values": torch.randn(2, 3, 16, 16, generator=g), "return_loss": True}),
     }[family]
     device = torch.device("polychip", index_of("Cobalt"))
     torch.manual_seed(0)
@@ -269,7 +385,7 @@ def test_convolutional_and_recurrent_models_match_cpu(family):
     batch = inputs(torch.Generator().manual_seed(2))
 
     def loss(model, on):
-        out = model(**{k: v.to(on) for k, v in batch.items()})
+        out = model(**{k: v.to(on) if isinstance(v, torch.Tensor) else v for k, v in batch.items()})
         return out if isinstance(out, torch.Tensor) else out.loss
 
     want = loss(cpu, "cpu")

@@ -251,17 +251,53 @@ def _refuse_inductor(common: ModuleType) -> None:
         common.register_backend_for_device(_NAME, _NoKernels, _NoKernels)
 
 
-class _InductorHook(importlib.abc.MetaPathFinder):
-    """Runs ``_refuse_inductor`` when Inductor's codegen registry is first
-    imported (importing it here would add a second to every import of
-    this module); a failure there leaves Inductor as it was."""
+def _admit_to_hub_kernels(kernelize: ModuleType) -> None:
+    """Lets the ``kernels`` library (Hugging Face's hub kernels, which
+    transformers 5 depends on) take ``polychip`` as a device type.
 
-    MODULE = "torch._inductor.codegen.common"
+    ``from_pretrained(..., device_map="polychip:0")`` kernelizes the loaded
+    model for its device's type by name, and ``kernels`` checks that name
+    against the device types it knows (``cuda``, ``mps``, ...): every
+    polychip device map failed with ``ValueError: Unsupported device type
+    'polychip'``. Admitted, ``polychip`` is a device type for which no hub
+    kernel exists, so each layer keeps its PyTorch forward (transformers
+    asks for the fallback), as on any device a kernel was not built for.
+    ``kernels``' own check is kept for every other name."""
+    validate = getattr(kernelize, "_validate_device_type", None)
+    if validate is None or getattr(validate, "_admits_polychip", False):
+        return
+
+    def _validate_device_type(device_type: str) -> None:
+        if device_type != _NAME:
+            validate(device_type)
+
+    _validate_device_type._admits_polychip = True  # type: ignore[attr-defined]
+    kernelize._validate_device_type = _validate_device_type  # type: ignore[attr-defined]
+
+
+class _ImportHook(importlib.abc.MetaPathFinder):
+    """Adapts a module of another package to the ``polychip`` device when
+    it is first imported (importing it here would add its import time to
+    every import of this module): Inductor's codegen registry
+    (``_refuse_inductor``) and the ``kernels`` library's ``kernelize``
+    (``_admit_to_hub_kernels``). A failure there leaves the module as it
+    was."""
+
+    PATCHES = {
+        "torch._inductor.codegen.common": _refuse_inductor,
+        "kernels._internals.layer.kernelize": _admit_to_hub_kernels,
+    }
+
+    def __init__(self, pending: Dict[str, Any]) -> None:
+        self.pending = pending
 
     def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
-        if fullname != self.MODULE:
+        patch = self.pending.pop(fullname, None)
+        if patch is None:
             return None
-        sys.meta_path.remove(self)
+        if not self.pending:
+            sys.meta_path.remove(self)
+        # The other finders find it (this one no longer answers for it).
         spec = importlib.util.find_spec(fullname)
         loader = getattr(spec, "loader", None)
         if loader is None or not hasattr(loader, "exec_module"):
@@ -271,18 +307,29 @@ class _InductorHook(importlib.abc.MetaPathFinder):
         def exec_module(module: ModuleType) -> None:
             run(module)
             try:
-                _refuse_inductor(module)
-            except Exception:  # noqa: BLE001 - never break Inductor for other devices
+                patch(module)
+            except Exception:  # noqa: BLE001 - never break the module for other devices
                 pass
 
         loader.exec_module = exec_module
         return spec
 
 
-if _InductorHook.MODULE in sys.modules:
-    _refuse_inductor(sys.modules[_InductorHook.MODULE])
-else:
-    sys.meta_path.insert(0, _InductorHook())
+def _install_import_hook() -> None:
+    pending = {}
+    for name, patch in _ImportHook.PATCHES.items():
+        if name in sys.modules:
+            try:
+                patch(sys.modules[name])
+            except Exception:  # noqa: BLE001 - as in _ImportHook
+                pass
+        else:
+            pending[name] = patch
+    if pending:
+        sys.meta_path.insert(0, _ImportHook(pending))
+
+
+_install_import_hook()
 
 
 def device_count() -> int:
