@@ -59,8 +59,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::cluster::{ChipType, ClusterSpec};
 use crate::cost::{
-    Microbatching, StageShape, allreduce_time, dp_bandwidth, optimizer_time, stage_memory,
-    stage_params, stage_timing,
+    Microbatching, StageShape, allreduce_time, dp_bandwidth, optimizer_time, pipeline_send_time,
+    stage_memory, stage_params, stage_timing,
 };
 use crate::error::SpecError;
 use crate::evaluate::{Layout, LayoutStage, assemble};
@@ -739,10 +739,11 @@ impl<'a> Ctx<'a> {
             let t = n as f64 * coefs[i].c + coefs[i].extra;
             if i + 1 < p {
                 let (nty, _, _) = st[i + 1];
-                p2p += 2.0 * sbh
-                    / self
-                        .cluster
-                        .link_bandwidth(chip, self.chip(nty), at.send_same_node);
+                p2p += 2.0
+                    * pipeline_send_time(settings, sbh, tp, chip, || {
+                        self.cluster
+                            .link_bandwidth(chip, self.chip(nty), at.send_same_node)
+                    });
             }
             max_t = max_t.max(t);
             sum_t += t;

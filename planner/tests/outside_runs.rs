@@ -328,7 +328,8 @@ fn the_cluster_model_ranks_measured_outside_runs() {
                 f.median_error_scaled
             );
             // From the profile Sailor measured on the same GPUs, the issue's
-            // bar with a profile: measured 0.998 and 4.6%.
+            // bar with a profile: measured 0.997 and 7.9% (0.998 and 4.6% before
+            // stop 43 priced every chip of a stage sending the whole activation).
             assert!(g.spearman >= 0.9, "{cluster}: Spearman {:.3}", g.spearman);
             assert!(g.median_error <= 0.1, "{cluster}: {}", g.median_error);
             // A profile of the blocks alone still ranks the runs.
@@ -342,21 +343,22 @@ fn the_cluster_model_ranks_measured_outside_runs() {
 /// measurements would price them: the micro-batch sizes and
 /// tensor-parallel degrees the part lacks are carried from the nearest
 /// measured entry by the cost model (`profile::apply_measured`). Measured
-/// (median error as given): every entry 4.6%, tp 1 alone 9.7%,
-/// micro-batch 1 alone 2.4%, micro-batch 1 at tp 1 alone 10.0%, Spearman
-/// 0.996-0.999 (with the cost model's whole ratio between shapes, before
-/// stop 43: 16.2%, 13.0% and 17.8%).
+/// (median error as given): every entry 7.9%, tp 1 alone 7.4%,
+/// micro-batch 1 alone 5.9%, micro-batch 1 at tp 1 alone 12.8% (1.9% after
+/// one scale), Spearman 0.996-0.999. With the cost model's whole ratio
+/// between shapes and whole activations sent by every chip (before stop
+/// 43): 4.6%, 16.2%, 13.0% and 17.8%.
 #[test]
 fn part_of_a_profile_still_prices_the_runs() {
     type Keep = fn(&ProfileEntry) -> bool;
     let parts: [(&str, Keep, f64); 4] = [
-        ("every entry", |_| true, 0.06),
-        ("tp 1 alone", |e| e.tp == 1, 0.11),
-        ("micro-batch 1 alone", |e| e.micro_batch == 1, 0.04),
+        ("every entry", |_| true, 0.09),
+        ("tp 1 alone", |e| e.tp == 1, 0.09),
+        ("micro-batch 1 alone", |e| e.micro_batch == 1, 0.07),
         (
             "micro-batch 1 at tp 1 alone",
             |e| e.micro_batch == 1 && e.tp == 1,
-            0.11,
+            0.14,
         ),
     ];
     for (what, keep, ceiling) in parts {
@@ -710,7 +712,7 @@ fn score_vtrain(file: &str) -> Vec<VtrainRun> {
 /// on A100 nodes, 103 runs of four GPT-3-style models on 64 to 512 GPUs
 /// and 1,440 runs on one node. No profile exists for them, so the issue's
 /// bar without one applies: Spearman >= 0.7 on each model's runs (measured
-/// 0.927, 0.741, 0.702 and 0.861 on the four large sets, 0.97-0.99 on the
+/// 0.927, 0.719, 0.748 and 0.836 on the four large sets, 0.97-0.99 on the
 /// single-node ones); every run ran, and all but one are predicted to fit
 /// (3.6B as 64 replicas of micro-batch 8 is counted at 96 GB of 86: this
 /// stack's fp16 gradients and logits take less than the Megatron count
@@ -1021,15 +1023,17 @@ fn the_cluster_model_scores_megatrons_selene_runs() {
     // Floors at what the model achieves: Spearman 1.000 (the models'
     // sizes order the runs; the figure that discriminates is the next
     // one); the gain of selective recomputation with sequence parallelism
-    // over full recomputation within 0.3% of the measured on the 175B,
-    // 530B and 1T, and 5.3% over it on the 22B (1.360 against 1.291: its
-    // full recomputation's backward is priced at 24.6 ms a layer against
-    // Table 4's 19.5; before sequence parallelism split the norms and
-    // residual adds, 1.322, and the others 0.1-1.3% off); 46.0% too slow
-    // as given at the guessed efficiency 0.5 (the runs' MFU is 41-56%),
-    // 9.0% after one scale (x 0.728), the large models relatively faster
-    // than the 22B as on vTrain's runs; from Table 4's layer alone the 22B
-    // runs within 4.2% and 6.5%; every run predicted to fit.
+    // over full recomputation 0.2-2.5% over the measured on the 175B,
+    // 530B and 1T (0.3% before stop 43 split the pipeline sends by tp: the
+    // sends priced whole had narrowed the gap), and 5.3% over it on the
+    // 22B (1.360 against 1.291: its full recomputation's backward is
+    // priced at 24.6 ms a layer against Table 4's 19.5; before sequence
+    // parallelism split the norms and residual adds, 1.322, and the others
+    // 0.1-1.3% off); 35.0% too slow as given at the guessed efficiency 0.5
+    // (the runs' MFU is 41-56%; 46.0% with the sends whole), 6.8% after one
+    // scale (x 0.754; 9.0%), the large models relatively faster than the
+    // 22B as on vTrain's runs; from Table 4's layer alone the 22B runs
+    // within 4.2% and 6.5%; every run predicted to fit.
     assert!(rho >= 0.95, "Spearman {rho:.3}");
     for (measured, predicted) in &gains {
         assert!(
@@ -1039,12 +1043,12 @@ fn the_cluster_model_scores_megatrons_selene_runs() {
     }
     let large_gains = &gains[1..]; // the 22B is first in the file
     assert!(
-        large_gains.iter().all(|(m, p)| (p / m - 1.0).abs() <= 0.01),
+        large_gains.iter().all(|(m, p)| (p / m - 1.0).abs() <= 0.03),
         "gains of the large models {large_gains:?}"
     );
-    assert!(err <= 0.5, "median error {err:.3}");
+    assert!(err <= 0.4, "median error {err:.3}");
     assert!(
-        err_scaled <= 0.1,
+        err_scaled <= 0.08,
         "median error after one scale {err_scaled:.3}"
     );
     for r in runs.iter().filter(|r| r.profiled.is_some()) {
@@ -1317,18 +1321,20 @@ fn the_cluster_model_scores_bigsciences_jean_zay_runs() {
         );
     }
     // Floors slightly below what the model reaches (docs/performance.md):
-    // Spearman 0.025 (the 21 runs' seconds per sequence span 0.054-0.072,
+    // Spearman -0.055 (the 21 runs' seconds per sequence span 0.054-0.072,
     // two measurements of one plan differ by 2.8%: the ranking is near
-    // chance), top-1 regret 25.2% (the model picks a 2-stage plan, slowed
-    // in practice by its gradient all-reduce over 24 replicas), median error
-    // 20.4% as given and 8.1% after one scale (x 0.857); 23 of 24 outcomes
+    // chance; 0.025 before stop 43 split the pipeline sends by tp), top-1
+    // regret 25.2% (the model picks a 2-stage plan, slowed in practice by
+    // its gradient all-reduce over 24 replicas), median error 18.3% as
+    // given and 6.4% after one scale (x 0.871; 20.4% and 8.1% with the
+    // sends whole); 23 of 24 outcomes
     // (the plan missed ran out of memory at 0.98 of an A100 by this count);
     // peak memory 17.8% under nvidia-smi's (the allocator's cache and the
     // CUDA context are not counted).
     assert_eq!(ran.len(), 21);
-    assert!(rho >= -0.05, "Spearman {rho:.3}");
+    assert!(rho >= -0.1, "Spearman {rho:.3}");
     assert!(regret <= 0.27, "top-1 regret {regret:.3}");
-    assert!(err <= 0.23, "median error {err:.3}");
+    assert!(err <= 0.21, "median error {err:.3}");
     assert!(
         err_scaled <= 0.1,
         "median error after one scale {err_scaled:.3}"
