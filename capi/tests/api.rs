@@ -1113,10 +1113,26 @@ fn a_recv_of_another_dtype_than_the_send_is_refused_naming_both() {
                         }
                     };
                     // Rank 1's communicator is broken and skips the final
-                    // barrier, at which rank 0's would wait out the
-                    // timeout: rank 0 keeps its communicator.
-                    if rank == 1 {
-                        let _ = take(polychip_comm_destroy(comm));
+                    // barrier; it told rank 0, whose destroy fails at once
+                    // naming it (it used to wait out the 60 s timeout).
+                    let start = std::time::Instant::now();
+                    let destroyed = take(polychip_comm_destroy(comm));
+                    let took = start.elapsed();
+                    assert!(
+                        took < std::time::Duration::from_secs(2),
+                        "destroy took {took:?}"
+                    );
+                    match rank {
+                        0 => {
+                            let (code, message) = destroyed.expect_err("rank 1 failed");
+                            assert_eq!(code, POLYCHIP_API_ERROR_PEER_LOST, "{message}");
+                            assert!(
+                                message.contains("peer rank 1 is gone: it failed: rank 1: ")
+                                    && message.contains("the dtypes differ"),
+                                "{message}"
+                            );
+                        }
+                        _ => destroyed.unwrap(),
                     }
                     polychip_tensor_destroy(t);
                     polychip_runtime_destroy(rt);
@@ -1126,6 +1142,7 @@ fn a_recv_of_another_dtype_than_the_send_is_refused_naming_both() {
             .collect();
         ranks.into_iter().map(|h| h.join().unwrap()).collect()
     });
+    results[0].clone().expect("the send succeeded");
     let (code, message) = results[1].clone().expect_err("f32 was received as i32");
     assert_eq!(code, POLYCHIP_API_ERROR_INVALID_ARGUMENT, "{message}");
     assert!(

@@ -29,8 +29,12 @@
 //! Shutdown (dropping the [`Job`] or [`Job::finish`]): every rank passes a
 //! final store barrier, drops its transport, and rank 0 waits for the
 //! others to close their store connections before stopping the server. A
-//! rank whose communicator failed skips the barrier. Sub-communicators made
-//! with [`Communicator::split`] hold the store too: drop them first.
+//! rank whose communicator failed (or that calls [`Job::abandon`], or whose
+//! thread is panicking) skips the barrier and announces at it that it will
+//! not come: the ranks waiting there, and any arriving later, fail at once
+//! naming it and its error, as they do when their transport hears of a
+//! peer's failure while they wait. Sub-communicators made with
+//! [`Communicator::split`] hold the store too: drop them first.
 
 use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
@@ -42,7 +46,7 @@ use crate::error::{CommError, Result};
 use crate::shm::ShmTransport;
 use crate::store::Store;
 use crate::tcp::{TcpOptions, TcpTransport};
-use crate::tcp_store::{TcpStore, barrier};
+use crate::tcp_store::{TcpStore, announce_failure, barrier_watching};
 use crate::transport::Transport;
 use crate::verbs::{RdmaAvailability, VerbsOptions, rdma_availability};
 
@@ -383,6 +387,9 @@ fn verbs(
     })
 }
 
+/// The store keys of the job's exit barrier.
+const EXIT: &str = "polychip/job/exit";
+
 impl Job {
     /// This rank's place in the job.
     pub fn info(&self) -> &RankInfo {
@@ -407,21 +414,44 @@ impl Job {
 
     /// Leaves the job after a local failure: no exit barrier (the other
     /// ranks would only time out waiting for this one there), so the
-    /// process can report its error and exit at once; the peers then find
-    /// it gone at their next wait for it.
+    /// process can report its error and exit at once. Its communicator is
+    /// aborted ([`Communicator::abort`]) unless it already failed, and the
+    /// failure announced at the exit barrier: the peers fail at once,
+    /// in their current call, their next one, or at their exit barrier.
     pub fn abandon(mut self) {
-        drop(self.comm.take());
+        if let Some(comm) = self.comm.as_mut() {
+            comm.abort("it abandoned the job");
+        }
+        let _ = self.shutdown();
     }
 
     fn shutdown(&mut self) -> Result<()> {
-        let Some(comm) = self.comm.take() else {
+        let Some(mut comm) = self.comm.take() else {
             return Ok(());
         };
         let (rank, world) = (self.info.rank, self.info.world_size);
+        if std::thread::panicking() {
+            comm.abort("its thread panicked");
+        }
         let healthy = comm.broken().is_none();
-        let passed = match healthy {
-            true => barrier(&*self.store, "polychip/job/exit", rank, world, self.timeout),
-            false => Ok(()),
+        let passed = match comm.broken() {
+            None => {
+                let transport = comm.transport().clone();
+                let watch = move || {
+                    let e = transport.peer_lost()?;
+                    Some(e.restated(|r| r, |_| "barrier".into()))
+                };
+                barrier_watching(&*self.store, EXIT, rank, world, self.timeout, &watch)
+            }
+            Some(why) => {
+                // Best effort: the ranks waiting at the barrier learn it
+                // there (their transports told them already, if they
+                // listen).
+                if let Err(e) = announce_failure(&*self.store, EXIT, rank, why) {
+                    log::debug!("rank {rank}: could not announce its failure at exit: {e}");
+                }
+                Ok(())
+            }
         };
         drop(comm);
         passed?;

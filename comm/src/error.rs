@@ -68,7 +68,42 @@ pub enum CommError {
     },
 }
 
+/// How a [`CommError::PeerLost`] begins its reason when the peer announced
+/// its own failure (see [`crate::transport::Transport::abort`]): "peer rank
+/// 0 is gone: it failed: rank 0: all_reduce: ...".
+pub const PEER_FAILED: &str = "it failed: ";
+
+/// Longest reason an announced failure carries (longer ones are cut).
+pub const MAX_ABORT_REASON: usize = 2048;
+
+/// `why` cut to at most [`MAX_ABORT_REASON`] bytes on a character boundary.
+pub fn abort_reason(why: &str) -> &str {
+    let mut end = why.len().min(MAX_ABORT_REASON);
+    while !why.is_char_boundary(end) {
+        end -= 1;
+    }
+    &why[..end]
+}
+
 impl CommError {
+    /// The error a rank reports when `peer` announced that its
+    /// communicator failed, for `why` (its own error's words).
+    pub fn peer_failed(rank: usize, op: impl Into<String>, peer: usize, why: &str) -> CommError {
+        CommError::PeerLost {
+            rank,
+            op: op.into(),
+            peer,
+            why: format!("{PEER_FAILED}{why}"),
+        }
+    }
+
+    /// Whether this error reports a failure a peer announced (rather than
+    /// one this rank found itself): a rank that learns of a peer's failure
+    /// does not announce it again.
+    pub fn is_peer_failure(&self) -> bool {
+        matches!(self, CommError::PeerLost { why, .. } if why.starts_with(PEER_FAILED))
+    }
+
     /// The same error with its ranks (the one that saw it, and a lost peer)
     /// passed through `rank` and its operation through `op`; the variants
     /// without them are returned as they are.

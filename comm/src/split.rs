@@ -11,7 +11,10 @@
 //! addresses, the verbs queue pair records). The parent must have a store
 //! recorded ([`Communicator::set_store`]; `bootstrap::init` does it).
 //!
-//! Dropping a group closes its transport. Over TCP a peer may still be
+//! A group's failure (an error of one of its calls, which the failing rank
+//! announces over the group's transport) fails its other members' waits at
+//! once; it does not abort the parent, which stays usable: the ranks decide
+//! there what to do next. Dropping a group closes its transport. Over TCP a peer may still be
 //! returning the slot credits of the group's last collective, and its write
 //! to a closed connection fails: pass a barrier on the parent before
 //! dropping a group that others may still be finishing.

@@ -389,6 +389,94 @@ pub fn barrier(
     }
 }
 
+/// How the done key of a barrier begins when a rank announced that it will
+/// not come ([`announce_failure`]): then `<rank>\n<why>`.
+const FAILED_MARK: &str = "failed ";
+/// How long [`barrier_watching`] waits on the store between looks at its
+/// other source of failures.
+const WATCH_SLICE: Duration = Duration::from_millis(100);
+
+/// Tells the ranks waiting at the barrier `key_prefix` (see [`barrier`]),
+/// and those that arrive later, that `rank` will not come because of `why`
+/// (its communicator failed): their [`barrier_watching`] fails at once
+/// naming it. The first rank to announce is the one named.
+pub fn announce_failure(store: &dyn Store, key_prefix: &str, rank: usize, why: &str) -> Result<()> {
+    if store.add(&format!("{key_prefix}/failed"), 1)? == 1 {
+        let why = crate::error::abort_reason(why);
+        store.set(
+            &format!("{key_prefix}/done"),
+            format!("{FAILED_MARK}{rank}\n{why}").as_bytes(),
+        )?;
+    }
+    Ok(())
+}
+
+/// [`barrier`], failing at once when a rank announced it will not come
+/// ([`announce_failure`]) or, checked every 100 ms while it waits, when
+/// `failed` returns an error (a failure its transport heard of): the error
+/// is returned as it is.
+pub fn barrier_watching(
+    store: &dyn Store,
+    key_prefix: &str,
+    rank: usize,
+    world: usize,
+    timeout: Duration,
+    failed: &dyn Fn() -> Option<CommError>,
+) -> Result<()> {
+    let arrived_key = format!("{key_prefix}/arrived");
+    let done_key = format!("{key_prefix}/done");
+    let done = |value: Vec<u8>| -> Result<()> {
+        let text = String::from_utf8_lossy(&value);
+        let Some(rest) = text.strip_prefix(FAILED_MARK) else {
+            return Ok(());
+        };
+        let (peer, why) = rest.split_once('\n').unwrap_or((rest, ""));
+        let peer = peer.parse().unwrap_or(usize::MAX);
+        Err(CommError::peer_failed(rank, "barrier", peer, why))
+    };
+    if let Some(e) = failed() {
+        return Err(e);
+    }
+    let arrived = store.add(&arrived_key, 1)?;
+    if arrived == world as i64 {
+        // Unless a rank announced its failure first: it will never come.
+        match store.get(&done_key, Duration::ZERO) {
+            Ok(value) => return done(value),
+            Err(CommError::Timeout { .. }) => store.set(&done_key, b"1")?,
+            Err(e) => return Err(e),
+        }
+    }
+    let start = Instant::now();
+    loop {
+        let left = timeout.saturating_sub(start.elapsed());
+        match store.get(&done_key, left.min(WATCH_SLICE)) {
+            Ok(value) => return done(value),
+            Err(CommError::Timeout { .. }) if !left.is_zero() => {}
+            Err(CommError::Timeout { .. }) => {
+                let arrived = store.add(&arrived_key, 0).unwrap_or(arrived);
+                return Err(CommError::Timeout {
+                    rank,
+                    op: "barrier".to_string(),
+                    after: timeout,
+                    waiting_for: format!(
+                        "all {world} ranks at barrier {key_prefix:?} (only {arrived} arrived)"
+                    ),
+                });
+            }
+            // The store is gone (its rank 0 left): why, if the transport
+            // knows.
+            Err(e) => return Err(failed().unwrap_or(e)),
+        }
+        if let Some(e) = failed() {
+            // Every rank may have arrived and left meanwhile.
+            return match store.get(&done_key, Duration::ZERO) {
+                Ok(value) => done(value),
+                Err(_) => Err(e),
+            };
+        }
+    }
+}
+
 fn check_key(rank: usize, op: &str, key: &str) -> Result<()> {
     if key.len() > MAX_KEY {
         return Err(CommError::Usage(format!(

@@ -79,6 +79,32 @@ pub trait Transport: Send + Sync {
     /// inside [`Transport::polling`]. Nothing to do where writes land
     /// straight in the peers' memory.
     fn progress(&self) {}
+    /// Tells every peer, out of band and at once, that this rank's
+    /// communicator failed for `why` (its error's words, cut to
+    /// [`crate::error::MAX_ABORT_REASON`] bytes): a peer blocked in any wait
+    /// then fails with [`crate::CommError::PeerLost`] naming this rank and
+    /// `why` (see [`crate::CommError::peer_failed`]), instead of waiting out
+    /// its deadline, and so does every later wait of theirs. Best effort,
+    /// bounded (a peer that takes nothing for a second has its connection
+    /// closed instead), idempotent: only the first call announces.
+    fn abort(&self, _why: &str) {}
+
+    /// The failure a peer announced with [`Transport::abort`], if one did,
+    /// as the error of a wait (`PeerLost`, op "wait"). Cheap (an atomic
+    /// load when none did): checked when every operation begins.
+    fn peer_failure(&self) -> Option<crate::CommError> {
+        None
+    }
+
+    /// [`Transport::peer_failure`], or else a peer known to be lost (its
+    /// process gone without closing its transport, its connection ended
+    /// without a goodbye): what a rank waiting outside the transport (at
+    /// the job's exit barrier) checks now and then. A peer that left
+    /// cleanly is no failure here. May cost system calls.
+    fn peer_lost(&self) -> Option<crate::CommError> {
+        self.peer_failure()
+    }
+
     /// The address this rank listens on for its peers, for a transport
     /// over a network (TCP): the groups split from it listen there too, as
     /// it is one its peers can reach (the world's may have been chosen by

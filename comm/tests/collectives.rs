@@ -296,7 +296,11 @@ fn missing_rank_times_out() {
     });
     for (rank, (r, took)) in results.iter().take(2).enumerate() {
         let e = r.clone().expect_err("a rank never arrived");
-        assert!(matches!(e, CommError::Timeout { .. }), "{e}");
+        // The first rank to time out announces it: the other may learn of
+        // it from that rank ("peer rank 0 is gone: it failed: rank 0:
+        // all_reduce: timed out ... waiting for rank 2's message").
+        let announced = e.is_peer_failure() && e.to_string().contains("timed out");
+        assert!(matches!(e, CommError::Timeout { .. }) || announced, "{e}");
         assert!(
             e.to_string()
                 .starts_with(&format!("rank {rank}: all_reduce:"))

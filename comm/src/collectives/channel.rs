@@ -137,6 +137,14 @@ impl Header {
     }
 }
 
+/// The peer a `PeerLost` names.
+fn lost_peer(e: &CommError) -> usize {
+    match e {
+        CommError::PeerLost { peer, .. } => *peer,
+        _ => usize::MAX,
+    }
+}
+
 impl Communicator {
     /// Waits for this rank's `signal` to reach `value`. The operation's
     /// deadline is set (timeout from now) by its first wait that has to
@@ -214,7 +222,11 @@ impl Communicator {
         }
         match self.transport.wait(signal, value, Instant::now()) {
             Ok(()) | Err(CommError::Timeout { .. }) => Ok(()),
-            Err(CommError::PeerLost { peer, .. }) if !peers.contains(&peer) => Ok(()),
+            Err(e @ CommError::PeerLost { .. })
+                if !e.is_peer_failure() && !peers.contains(&lost_peer(&e)) =>
+            {
+                Ok(())
+            }
             Err(e) => {
                 let e = Self::restate(e, self.op, timeout, what);
                 Err(self.fail(e))

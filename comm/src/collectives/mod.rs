@@ -24,7 +24,11 @@
 //! there is no faster non-deterministic path today.
 //!
 //! After any error the communicator is unusable (the ranks' message
-//! sequences may disagree): later calls fail at once.
+//! sequences may disagree): later calls fail at once. The error is also
+//! announced to every peer ([`Transport::abort`]), so a peer waiting in any
+//! call, or starting one later, fails at once naming this rank and its
+//! error rather than waiting out its deadline (an error that was itself a
+//! peer's announcement is not announced again).
 
 mod agree;
 mod channel;
@@ -81,6 +85,16 @@ pub struct Communicator {
     /// them first ([`Transport::writes_parts_in_place`]).
     in_place: bool,
     store: Option<Arc<dyn Store>>,
+}
+
+impl Drop for Communicator {
+    fn drop(&mut self) {
+        // Unwinding out of a rank's work: its peers would otherwise wait
+        // for it until their deadlines.
+        if self.broken.is_none() && std::thread::panicking() {
+            self.abort("its thread panicked");
+        }
+    }
 }
 
 impl std::fmt::Debug for Communicator {
@@ -226,6 +240,10 @@ impl Communicator {
             )));
         }
         self.op = kind;
+        // A peer announced its failure: one load when none did.
+        if let Some(e) = self.transport.peer_failure() {
+            return Err(self.fail(e.restated(|r| r, |_| kind.to_string())));
+        }
         // The clock starts at the operation's first wait that blocks (see
         // `channel.rs`): reading it costs as much as a tenth of a small
         // all-reduce.
@@ -254,8 +272,25 @@ impl Communicator {
             false => format!("{}: {op}", self.op),
         };
         let e = e.restated(|r| r, within);
-        self.broken = Some(e.to_string());
+        let why = e.to_string();
+        if !e.is_peer_failure() && self.broken.is_none() {
+            self.transport.abort(&why);
+        }
+        self.broken = Some(why);
         e
+    }
+
+    /// Fails this communicator on purpose (like `ncclCommAbort`): later
+    /// calls fail, and every peer's current or next wait fails at once
+    /// naming this rank and `why`. Nothing happens if it already failed
+    /// (its failure was announced then).
+    pub fn abort(&mut self, why: &str) {
+        if self.broken.is_some() {
+            return;
+        }
+        let why = format!("rank {}: {why}", self.rank);
+        self.transport.abort(&why);
+        self.broken = Some(why);
     }
 
     fn usage(&self, message: String) -> CommError {

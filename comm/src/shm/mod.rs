@@ -7,7 +7,9 @@
 //! such as a header and a payload, with one increment). The mappings are
 //! found without a lock. `wait` spins, then yields, then sleeps on
 //! a futex, checks the peers' liveness about every 100 ms and fails at its
-//! deadline. All unsafe code of the communication layer lives in this module
+//! deadline. A rank whose communicator fails publishes its reason in its
+//! control segment and marks every peer's ([`Transport::abort`]); a waiter
+//! sees the mark with one load per turn of its loop and fails at once. All unsafe code of the communication layer lives in this module
 //! (the mappings and the futex in `map.rs`).
 
 mod map;
@@ -29,7 +31,8 @@ pub const SIGNALS: usize = 256;
 const SIG_STRIDE: usize = 64;
 const SIG_BASE: usize = 4096;
 const CTL_LEN: usize = SIG_BASE + SIGNALS * SIG_STRIDE;
-// Control header words (u64 index): pid, closed flag, number of sleepers.
+// Control header words (u64 index): pid, closed flag, number of sleepers,
+// the abort flag, the notice a peer left, the abort reason.
 const PID: usize = 0;
 /// Busy-wait iterations before `wait` starts yielding the CPU.
 const SPINS: usize = 256;
@@ -37,6 +40,17 @@ const SPINS: usize = 256;
 const YIELD_FOR: Duration = Duration::from_millis(5);
 const CLOSED: usize = 1;
 const WAITERS: usize = 2;
+/// Whether this rank announced a failure ([`Transport::abort`]): 0 no, 1
+/// while it writes its reason, [`PUBLISHED`] once the reason is readable.
+const ABORTED: usize = 3;
+const PUBLISHED: u64 = 2;
+/// 0, or 1 + the rank of the first peer whose announced failure reached
+/// this rank (written by that peer): one load tells a waiter.
+const NOTICE: usize = 4;
+/// The reason's length in bytes, then its bytes from word [`REASON`] on.
+const REASON_LEN: usize = 5;
+const REASON: usize = 8;
+const _: () = assert!((REASON * 8 + crate::error::MAX_ABORT_REASON) <= SIG_BASE);
 
 /// The shared-memory transport.
 #[derive(Debug)]
@@ -327,12 +341,39 @@ impl ShmTransport {
         process_gone(pid).then(|| format!("its process {pid} has exited"))
     }
 
-    /// Why a wait cannot be satisfied any more, if it cannot: a peer whose
+    /// What `peer` announced when it aborted, if it published it.
+    fn reason(&self, peer: usize) -> String {
+        let ctl = &self.ctl[peer];
+        if ctl.word(ABORTED).load(Ordering::Acquire) != PUBLISHED {
+            return "its communicator failed".into();
+        }
+        let len = (ctl.word(REASON_LEN).load(Ordering::Relaxed) as usize)
+            .min(crate::error::MAX_ABORT_REASON);
+        let mut bytes: Vec<u8> = (0..len.div_ceil(8))
+            .flat_map(|i| ctl.word(REASON + i).load(Ordering::Relaxed).to_le_bytes())
+            .collect();
+        bytes.truncate(len);
+        String::from_utf8_lossy(&bytes).into_owned()
+    }
+
+    /// The peer whose announced failure reached this rank first, if any.
+    fn noticed(&self) -> Option<usize> {
+        let n = self.ctl[self.rank].word(NOTICE).load(Ordering::Acquire);
+        let peer = (n as usize).checked_sub(1)?;
+        (peer < self.world && peer != self.rank).then_some(peer)
+    }
+
+    /// Why a wait cannot be satisfied any more, if it cannot: a peer that
+    /// announced its failure, a peer whose
     /// process is gone without closing its transport (a crash), or every
     /// peer closed (as TCP's goodbyes: a peer that left cleanly is not a
     /// failure while others may still raise the signal; collectives only
     /// wait on a departed peer's credits from its last call).
     fn failure(&self) -> Option<(usize, String)> {
+        if let Some(peer) = self.noticed() {
+            let why = format!("{}{}", crate::error::PEER_FAILED, self.reason(peer));
+            return Some((peer, why));
+        }
         let peers = (0..self.world).filter(|&p| p != self.rank);
         if let Some(lost) = peers
             .clone()
@@ -480,13 +521,15 @@ impl Transport for ShmTransport {
         }
         let start = Instant::now();
         let mut next_check = start;
+        let notice = self.ctl[self.rank].word(NOTICE);
         loop {
             let seen = counter.load(Ordering::Acquire);
             if seen >= value {
                 return Ok(());
             }
             let now = Instant::now();
-            if now >= next_check {
+            // A peer's announced failure is one load away: seen at once.
+            if now >= next_check || notice.load(Ordering::Relaxed) != 0 {
                 next_check = now + Duration::from_millis(100);
                 if let Some((peer, why)) = self.failure() {
                     if counter.load(Ordering::Acquire) >= value {
@@ -529,6 +572,74 @@ impl Transport for ShmTransport {
 
     fn signal_value(&self, signal: SignalId) -> u64 {
         self.signal(self.rank, signal).load(Ordering::Acquire)
+    }
+
+    /// Publishes `why` in this rank's control segment, then marks every
+    /// peer's segment (the first mark a peer gets stays) and wakes its
+    /// sleeping waiters: a mapping outlives the files' removal, so peers
+    /// read it even after this rank closed its transport.
+    fn abort(&self, why: &str) {
+        let own = &self.ctl[self.rank];
+        if own
+            .word(ABORTED)
+            .compare_exchange(0, 1, Ordering::SeqCst, Ordering::SeqCst)
+            .is_err()
+        {
+            return;
+        }
+        let bytes = crate::error::abort_reason(why).as_bytes();
+        for (i, chunk) in bytes.chunks(8).enumerate() {
+            let mut word = [0u8; 8];
+            word[..chunk.len()].copy_from_slice(chunk);
+            own.word(REASON + i)
+                .store(u64::from_le_bytes(word), Ordering::Relaxed);
+        }
+        own.word(REASON_LEN)
+            .store(bytes.len() as u64, Ordering::Relaxed);
+        own.word(ABORTED).store(PUBLISHED, Ordering::SeqCst);
+        let mark = self.rank as u64 + 1;
+        for peer in (0..self.world).filter(|&p| p != self.rank) {
+            let ctl = &self.ctl[peer];
+            let _ = ctl
+                .word(NOTICE)
+                .compare_exchange(0, mark, Ordering::SeqCst, Ordering::SeqCst);
+            if ctl.word(WAITERS).load(Ordering::SeqCst) != 0 {
+                // Which counter it sleeps on is its own business: wake all.
+                for s in 0..SIGNALS {
+                    futex(
+                        self.signal(peer, SignalId(s as u32)),
+                        libc::FUTEX_WAKE,
+                        i32::MAX as u32,
+                        None,
+                    );
+                }
+            }
+        }
+    }
+
+    fn peer_failure(&self) -> Option<CommError> {
+        let peer = self.noticed()?;
+        Some(CommError::peer_failed(
+            self.rank,
+            "wait",
+            peer,
+            &self.reason(peer),
+        ))
+    }
+
+    fn peer_lost(&self) -> Option<CommError> {
+        if let Some(e) = self.peer_failure() {
+            return Some(e);
+        }
+        let (peer, why) = (0..self.world)
+            .filter(|&p| p != self.rank && !self.closed(p))
+            .find_map(|p| self.gone(p).map(|w| (p, w)))?;
+        Some(CommError::PeerLost {
+            rank: self.rank,
+            op: "wait".into(),
+            peer,
+            why,
+        })
     }
 }
 

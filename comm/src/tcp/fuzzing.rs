@@ -136,6 +136,36 @@ mod tests {
         );
     }
 
+    /// An ABORT frame's reason is the failure every later call reports,
+    /// and the goodbye after it is no clean departure.
+    #[test]
+    fn an_abort_frame_fails_the_receiver_with_its_reason() {
+        let why = "rank 0: all_reduce: rank 1 called ×";
+        let mut bytes = frame(0, 3, 0, &[1; 10]);
+        bytes.extend(Header::abort(why.len()));
+        bytes.extend(why.as_bytes());
+        bytes.extend(Header::goodbye());
+        // Split inside the abort header and inside its reason.
+        let (a, rest) = bytes.split_at(10 + 32 + 5);
+        let (b, c) = rest.split_at(32 + 10);
+        let got = receive(&[4096], &[a, b, c]);
+        assert_eq!(got.frames, 1);
+        assert!(!got.left);
+        let failure = got.failure.unwrap_or_default();
+        assert!(
+            failure.ends_with(&format!("peer rank 0 is gone: it failed: {why}")),
+            "{failure}"
+        );
+        let mut long = Header::abort(1 << 20).to_vec();
+        long.extend([b'x'; 64]);
+        let got = receive(&[4096], &[&long]);
+        assert!(
+            got.failure
+                .unwrap_or_default()
+                .contains("an abort reason of 1048576 bytes")
+        );
+    }
+
     #[test]
     fn bad_frames_are_refused_with_what_is_wrong() {
         let cases: [(Vec<u8>, &str); 5] = [

@@ -27,6 +27,14 @@
 //! a wait fails with `PeerLost` ("left the job") once it cannot be satisfied:
 //! at once when every peer has left, otherwise at the deadline. A connection
 //! that ends without a GOODBYE (a crash) is a lost peer, as above.
+//!
+//! Failure: a rank whose communicator fails sends every peer an ABORT frame
+//! carrying its reason ([`Transport::abort`]), behind what it already
+//! queued; whichever thread reads that connection (a waiter, a blocked
+//! sender, the progress thread) records it as the transport's failure,
+//! which wakes every waiter and fails it, and every later call, naming the
+//! rank and its reason. A peer that takes nothing for [`ABORT_STALL`] has
+//! its connection shut down instead (it then sees a lost peer).
 
 #[doc(hidden)]
 pub mod fuzzing;
@@ -58,6 +66,8 @@ const IDLE: Duration = Duration::from_millis(1);
 const BACKGROUND_POLL: Duration = Duration::from_millis(10);
 /// How long a waiter blocks in `poll` before re-checking its deadline.
 const POLL_SLICE: Duration = Duration::from_millis(50);
+/// How long an ABORT frame may wait for a peer to take bytes.
+const ABORT_STALL: Duration = Duration::from_secs(1);
 
 /// The local address this machine sends from to reach `host:port` (the
 /// kernel's route; nothing is sent), or `None` when it has no route.
@@ -173,8 +183,12 @@ impl Inner {
                 return Ok(());
             }
             if e.kind() == std::io::ErrorKind::TimedOut {
-                // A half-sent frame leaves the stream unusable.
+                // A half-sent frame leaves the stream unusable: close it,
+                // so that nothing more (an ABORT frame) is read as its rest.
                 shared.fail_lost(peer, format!("send stalled: {e}"));
+                shared.peer_gone(peer);
+                // SAFETY: plain syscall on a socket the transport owns.
+                unsafe { libc::shutdown(out.fd, libc::SHUT_RDWR) };
                 return Err(CommError::Timeout {
                     rank: shared.rank,
                     op: format!("tcp {op}"),
@@ -580,6 +594,42 @@ impl Transport for TcpTransport {
         if let Some(mut inbox) = inner.inbox() {
             inbox.drain_all(&inner.shared);
         }
+    }
+
+    fn abort(&self, why: &str) {
+        let inner = &*self.inner;
+        let shared = &inner.shared;
+        if shared.aborted.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let why = crate::error::abort_reason(why).as_bytes();
+        let header = recv::Header::abort(why.len());
+        for peer in 0..inner.outboxes.len() {
+            if shared.has_left(peer) || shared.is_gone(peer) {
+                continue;
+            }
+            let Some(mut out) = inner.outbox(peer) else {
+                continue;
+            };
+            // Behind the writes already queued, so the peer reads the
+            // frames before it in order.
+            let parts: [&[u8]; 3] = [&out.queue, &header, why];
+            let sent = send::send_all_within(inner, out.fd, &parts, ABORT_STALL);
+            out.queue.clear();
+            if sent.is_err() {
+                // It reads nothing: a closed connection tells it instead.
+                // SAFETY: plain syscall on a socket the transport owns.
+                unsafe { libc::shutdown(out.fd, libc::SHUT_RDWR) };
+            }
+        }
+    }
+
+    fn peer_failure(&self) -> Option<CommError> {
+        self.inner.shared.announced_failure("wait")
+    }
+
+    fn peer_lost(&self) -> Option<CommError> {
+        self.inner.shared.check("wait").err()
     }
 }
 

@@ -13,12 +13,17 @@ use std::os::fd::RawFd;
 use std::time::{Duration, Instant};
 
 use super::state::{MAX_SIGNALS, Shared};
+use crate::error::MAX_ABORT_REASON;
 use crate::transport::{RegionId, SignalId};
 
 const MAGIC: u32 = 0x5043_5457; // "PCTW"
 /// The magic of the GOODBYE frame a transport sends every peer when it is
 /// dropped: the rest of its header is zero and no payload follows.
 const GOODBYE_MAGIC: u32 = 0x5043_5447; // "PCTG"
+/// The magic of the ABORT frame a transport sends every peer when its
+/// communicator fails: the header's last word is the length of the reason
+/// (UTF-8, at most [`MAX_ABORT_REASON`] bytes) that follows, the rest zero.
+const ABORT_MAGIC: u32 = 0x5043_5441; // "PCTA"
 pub(crate) const HEADER_LEN: usize = 32;
 /// Size of each peer's read-ahead buffer.
 const READ_BUFFER: usize = 64 << 10;
@@ -53,28 +58,57 @@ impl Header {
         b
     }
 
-    /// The header of a write, or `None` for a GOODBYE frame.
-    fn decode(b: &[u8]) -> Result<Option<Header>, String> {
+    /// The header of an ABORT frame whose reason is `len` bytes (at most
+    /// [`MAX_ABORT_REASON`]); the reason follows it.
+    pub fn abort(len: usize) -> [u8; HEADER_LEN] {
+        let mut b = [0u8; HEADER_LEN];
+        b[0..4].copy_from_slice(&ABORT_MAGIC.to_le_bytes());
+        b[24..32].copy_from_slice(&(len as u64).to_le_bytes());
+        b
+    }
+
+    /// The frame a header starts.
+    fn decode(b: &[u8]) -> Result<Frame, String> {
         let b: &[u8; HEADER_LEN] = b.try_into().map_err(|_| "short header".to_string())?;
         Self::decode_exact(b)
     }
 
-    fn decode_exact(b: &[u8; HEADER_LEN]) -> Result<Option<Header>, String> {
+    fn decode_exact(b: &[u8; HEADER_LEN]) -> Result<Frame, String> {
         let word = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().expect("4 bytes"));
         let long = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
         if word(0) == GOODBYE_MAGIC && b[4..].iter().all(|&x| x == 0) {
-            return Ok(None);
+            return Ok(Frame::Goodbye);
+        }
+        if word(0) == ABORT_MAGIC && b[4..24].iter().all(|&x| x == 0) {
+            let len = long(24);
+            if len > MAX_ABORT_REASON as u64 {
+                return Err(format!(
+                    "an abort reason of {len} bytes, more than {MAX_ABORT_REASON}"
+                ));
+            }
+            return Ok(Frame::Abort { len: len as usize });
         }
         if word(0) != MAGIC {
             return Err(format!("bad frame magic {:#x}", word(0)));
         }
-        Ok(Some(Header {
+        Ok(Frame::Write(Header {
             region: word(4),
             signal: word(8),
             offset: long(16),
             len: long(24),
         }))
     }
+}
+
+/// What a header starts.
+enum Frame {
+    Write(Header),
+    /// The peer left cleanly.
+    Goodbye,
+    /// The peer's communicator failed; `len` bytes of reason follow.
+    Abort {
+        len: usize,
+    },
 }
 
 /// What one `recv` brought.
@@ -361,10 +395,33 @@ impl PeerIn {
             }
             let raw = &self.buf[self.start..self.start + HEADER_LEN];
             let header = match Header::decode(raw) {
-                Ok(Some(h)) => h,
-                Ok(None) => {
+                Ok(Frame::Write(h)) => h,
+                Ok(Frame::Goodbye) => {
                     self.start += HEADER_LEN;
                     shared.peer_left(peer);
+                    continue;
+                }
+                Ok(Frame::Abort { len }) => {
+                    // The reason comes through the read-ahead buffer, which
+                    // always has room for it (see `fill`).
+                    if self.end - self.start < HEADER_LEN + len {
+                        match self.fill() {
+                            Got::Bytes(_) => progress.read = true,
+                            Got::Empty => return progress,
+                            Got::Eof => self.ended(shared, peer, "connection closed".into()),
+                            Got::Failed(e) => {
+                                self.ended(shared, peer, format!("receive failed: {e}"));
+                            }
+                        }
+                        if !self.open {
+                            return progress;
+                        }
+                        continue;
+                    }
+                    let at = self.start + HEADER_LEN;
+                    let why = String::from_utf8_lossy(&self.buf[at..at + len]).into_owned();
+                    self.start = at + len;
+                    shared.peer_aborted(peer, why);
                     continue;
                 }
                 Err(message) => {

@@ -33,6 +33,18 @@ pub(crate) struct Outbox {
 /// socket fails, or when the peer accepted nothing for the transport's
 /// timeout (a `TimedOut` error).
 pub(crate) fn send_all(inner: &Inner, fd: RawFd, parts: &[&[u8]]) -> io::Result<()> {
+    send_all_within(inner, fd, parts, inner.shared.timeout)
+}
+
+/// [`send_all`], failing once the peer accepted nothing for `stall` (an
+/// ABORT frame does not wait the transport's timeout for a peer that
+/// reads nothing).
+pub(crate) fn send_all_within(
+    inner: &Inner,
+    fd: RawFd,
+    parts: &[&[u8]],
+    stall: Duration,
+) -> io::Result<()> {
     let mut storage: Vec<IoSlice<'_>> = parts
         .iter()
         .filter(|p| !p.is_empty())
@@ -71,7 +83,7 @@ pub(crate) fn send_all(inner: &Inner, fd: RawFd, parts: &[&[u8]]) -> io::Result<
             _ => break Err(err),
         }
         let stalled = last_progress.elapsed();
-        if stalled >= inner.shared.timeout {
+        if stalled >= stall {
             break Err(io::Error::new(
                 io::ErrorKind::TimedOut,
                 format!("the peer accepted no data for {stalled:?}"),

@@ -25,6 +25,8 @@ pub(crate) const PAGE: usize = 4096;
 const ALIVE: u8 = 0;
 const LEFT: u8 = 1;
 const GONE: u8 = 2;
+/// It announced that its communicator failed (an ABORT frame).
+const ABORTED: u8 = 3;
 
 /// What a wait failing because of a clean departure reports.
 pub(crate) const LEFT_THE_JOB: &str = "left the job";
@@ -54,8 +56,19 @@ impl Drop for Region {
 /// Why the transport failed.
 #[derive(Debug, Clone)]
 enum Failure {
-    Lost { peer: usize, why: String },
-    Protocol { peer: usize, message: String },
+    Lost {
+        peer: usize,
+        why: String,
+    },
+    Protocol {
+        peer: usize,
+        message: String,
+    },
+    /// The peer announced its communicator's failure, for `why`.
+    Aborted {
+        peer: usize,
+        why: String,
+    },
 }
 
 /// State shared between the transport and its receiver threads.
@@ -71,6 +84,8 @@ pub(crate) struct Shared {
     counters: Box<[AtomicU64]>,
     failed: AtomicBool,
     failure: Mutex<Option<Failure>>,
+    /// Whether this rank announced its own failure (once).
+    pub aborted: AtomicBool,
     /// Per peer: [`ALIVE`], [`LEFT`] (it said goodbye) or [`GONE`] (its
     /// receiver thread ended without a goodbye).
     peers: Box<[AtomicU8]>,
@@ -113,6 +128,7 @@ impl Shared {
             counters: (0..MAX_SIGNALS).map(|_| AtomicU64::new(0)).collect(),
             failed: AtomicBool::new(false),
             failure: Mutex::new(None),
+            aborted: AtomicBool::new(false),
             peers: (0..world_size).map(|_| AtomicU8::new(ALIVE)).collect(),
             departed: AtomicUsize::new(0),
             sleepers: AtomicUsize::new(0),
@@ -266,6 +282,16 @@ impl Shared {
         }
     }
 
+    /// Records that `peer` announced its communicator's failure: every
+    /// later wait and write fails naming it (its goodbye, which follows,
+    /// is no clean departure).
+    pub fn peer_aborted(&self, peer: usize, why: String) {
+        log::debug!("tcp rank {}: peer rank {peer} failed: {why}", self.rank);
+        let _ =
+            self.peers[peer].compare_exchange(ALIVE, ABORTED, Ordering::SeqCst, Ordering::SeqCst);
+        self.fail(Failure::Aborted { peer, why });
+    }
+
     /// Records that `peer`'s connection ended without a goodbye.
     pub fn peer_gone(&self, peer: usize) {
         let _ = self.peers[peer].compare_exchange(ALIVE, GONE, Ordering::SeqCst, Ordering::SeqCst);
@@ -343,7 +369,26 @@ impl Shared {
                 op,
                 message: format!("peer rank {peer} broke the protocol: {message}"),
             },
+            Failure::Aborted { peer, why } => CommError::peer_failed(self.rank, op, peer, &why),
         })
+    }
+
+    /// The failure a peer announced, if it is the first failure (one load
+    /// when there is none).
+    pub fn announced_failure(&self, op: &str) -> Option<CommError> {
+        if !self.failed.load(Ordering::Acquire) {
+            return None;
+        }
+        let first = self.failure.lock().unwrap_or_else(|e| e.into_inner());
+        match first.as_ref()? {
+            Failure::Aborted { peer, why } => Some(CommError::peer_failed(
+                self.rank,
+                format!("tcp {op}"),
+                *peer,
+                why,
+            )),
+            _ => None,
+        }
     }
 
     /// Fails with the first failure, if any.

@@ -1,0 +1,419 @@
+//! A failure on one rank reaches its peers at once: a rank whose
+//! communicator fails (a mismatch it detects, a panic, `Job::abandon`)
+//! announces it to every peer, and a peer blocked in a receive, an
+//! all-reduce, a barrier or its job's exit barrier fails within a second or
+//! two naming that rank and its error, instead of waiting out its timeout
+//! (20 s here); so does a peer that arrives later. Over shared memory and
+//! TCP, with threads as ranks; a failure in a split group reaches that
+//! group only, and the parent stays usable.
+
+use std::sync::{Arc, Barrier};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use polychip_comm::CommError;
+use polychip_comm::bootstrap::{InitOptions, TransportKind, init_with};
+use polychip_comm::collectives::{Communicator, DType, ReduceOp};
+use polychip_comm::env::RankInfo;
+use polychip_comm::launch::free_port;
+use polychip_comm::shm::ShmTransport;
+use polychip_comm::store::{MemoryStore, Store};
+use polychip_comm::tcp::{TcpOptions, TcpTransport};
+use polychip_comm::transport::Transport;
+
+/// Every wait's deadline: a test that waits it out has failed.
+const TIMEOUT: Duration = Duration::from_secs(20);
+/// How soon a peer must learn of a failure.
+const PROMPT: Duration = Duration::from_secs(2);
+
+#[derive(Clone, Copy, Debug)]
+enum Kind {
+    Shm,
+    Tcp,
+}
+
+/// Runs `f(rank, communicator)` on `n` thread ranks over `kind`; results
+/// in rank order.
+fn world<T: Send>(kind: Kind, n: usize, f: impl Fn(usize, Communicator) -> T + Sync) -> Vec<T> {
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    thread::scope(|s| {
+        let handles: Vec<_> = (0..n)
+            .map(|r| {
+                let (store, f) = (store.clone(), &f);
+                s.spawn(move || {
+                    let t: Arc<dyn Transport> = match kind {
+                        Kind::Shm => Arc::new(ShmTransport::new(&*store, r, n, TIMEOUT).unwrap()),
+                        Kind::Tcp => Arc::new(
+                            TcpTransport::with_options(
+                                store.clone(),
+                                r,
+                                n,
+                                TIMEOUT,
+                                TcpOptions::default(),
+                            )
+                            .unwrap(),
+                        ),
+                    };
+                    let mut c = Communicator::new(t).unwrap();
+                    c.set_timeout(TIMEOUT);
+                    c.set_store(store);
+                    f(r, c)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+/// What rank 1 is blocked in when rank 0 fails.
+#[derive(Clone, Copy, Debug)]
+enum Blocked {
+    Recv,
+    AllReduce,
+    Barrier,
+}
+
+impl Blocked {
+    fn run(self, c: &mut Communicator) -> polychip_comm::Result<()> {
+        match self {
+            Blocked::Recv => c.recv(&mut [0u8; 8], 0),
+            Blocked::AllReduce => c.all_reduce(&mut [0u8; 16], DType::F32, ReduceOp::Sum),
+            Blocked::Barrier => c.barrier(),
+        }
+    }
+}
+
+/// Checks that `e` (taking `took`) names rank 0's failure and came fast.
+fn names_rank_0(e: &CommError, took: Duration, rank0_said: &str) {
+    eprintln!("rank 1 after {took:?}: {e}");
+    assert!(took < PROMPT, "took {took:?}: {e}");
+    assert!(e.is_peer_failure(), "{e}");
+    let text = e.to_string();
+    assert!(
+        text.starts_with("rank 1: ") && text.contains("peer rank 0 is gone: it failed: "),
+        "{text}"
+    );
+    assert!(text.contains(rank0_said), "{text} lacks {rank0_said:?}");
+}
+
+/// Rank 1 sends 8 bytes and then blocks; rank 0 receives 16 and fails
+/// with a mismatch only it sees: rank 1 hears of it at once.
+fn mismatch_reaches_a_blocked_peer(kind: Kind, blocked: Blocked) {
+    let results = world(kind, 2, |rank, mut c| {
+        let start = Instant::now();
+        let r = match rank {
+            0 => {
+                let e = c.recv(&mut [0u8; 16], 1).unwrap_err();
+                assert!(matches!(e, CommError::Mismatch { .. }), "{e}");
+                // Rank 0 stays in the job a while: rank 1 learns through
+                // the transport, not from rank 0 leaving.
+                thread::sleep(Duration::from_millis(2500));
+                Err(e)
+            }
+            _ => {
+                c.send(&[1u8; 8], 0).unwrap();
+                blocked.run(&mut c)
+            }
+        };
+        (r, start.elapsed())
+    });
+    let (rank0, _) = &results[0];
+    let said = rank0.as_ref().unwrap_err().to_string();
+    assert!(
+        said.contains("rank 1 called send/recv of 8 bytes"),
+        "{said}"
+    );
+    let (r, took) = &results[1];
+    let e = r.as_ref().expect_err("rank 1 succeeded");
+    names_rank_0(e, *took, &said);
+}
+
+#[test]
+fn shm_a_mismatch_fails_a_peer_blocked_in_recv_at_once() {
+    mismatch_reaches_a_blocked_peer(Kind::Shm, Blocked::Recv);
+}
+
+#[test]
+fn shm_a_mismatch_fails_a_peer_blocked_in_all_reduce_at_once() {
+    mismatch_reaches_a_blocked_peer(Kind::Shm, Blocked::AllReduce);
+}
+
+#[test]
+fn shm_a_mismatch_fails_a_peer_blocked_in_barrier_at_once() {
+    mismatch_reaches_a_blocked_peer(Kind::Shm, Blocked::Barrier);
+}
+
+#[test]
+fn tcp_a_mismatch_fails_a_peer_blocked_in_recv_at_once() {
+    mismatch_reaches_a_blocked_peer(Kind::Tcp, Blocked::Recv);
+}
+
+#[test]
+fn tcp_a_mismatch_fails_a_peer_blocked_in_all_reduce_at_once() {
+    mismatch_reaches_a_blocked_peer(Kind::Tcp, Blocked::AllReduce);
+}
+
+#[test]
+fn tcp_a_mismatch_fails_a_peer_blocked_in_barrier_at_once() {
+    mismatch_reaches_a_blocked_peer(Kind::Tcp, Blocked::Barrier);
+}
+
+/// Rank 0 fails and closes its communicator before rank 1 makes its next
+/// call: the late call fails at once too, naming rank 0 (three ranks, so
+/// that rank 0's departure alone would not end rank 1's wait).
+fn a_late_peer_fails_at_once(kind: Kind) {
+    let failed = Barrier::new(3);
+    let results = world(kind, 3, |rank, mut c| {
+        let r = match rank {
+            0 => {
+                let e = c.recv(&mut [0u8; 16], 1).unwrap_err();
+                failed.wait();
+                drop(c);
+                Err(e)
+            }
+            1 => {
+                c.send(&[1u8; 8], 0).unwrap();
+                failed.wait();
+                thread::sleep(Duration::from_millis(300));
+                let start = Instant::now();
+                let r = c.all_reduce(&mut [0u8; 16], DType::F32, ReduceOp::Sum);
+                return (r, start.elapsed());
+            }
+            _ => {
+                failed.wait();
+                // Rank 2 joins rank 1's all-reduce and waits in it too.
+                let start = Instant::now();
+                let r = c.all_reduce(&mut [0u8; 16], DType::F32, ReduceOp::Sum);
+                return (r, start.elapsed());
+            }
+        };
+        (r, Duration::ZERO)
+    });
+    let said = results[0].0.as_ref().unwrap_err().to_string();
+    let (r, took) = &results[1];
+    names_rank_0(r.as_ref().unwrap_err(), *took, &said);
+    let (r, took) = &results[2];
+    let e = r.as_ref().unwrap_err();
+    assert!(*took < PROMPT, "took {took:?}: {e}");
+    assert!(
+        e.to_string().contains("peer rank 0 is gone: it failed: "),
+        "{e}"
+    );
+}
+
+#[test]
+fn shm_a_peer_arriving_after_a_failure_fails_at_once() {
+    a_late_peer_fails_at_once(Kind::Shm);
+}
+
+#[test]
+fn tcp_a_peer_arriving_after_a_failure_fails_at_once() {
+    a_late_peer_fails_at_once(Kind::Tcp);
+}
+
+/// A rank's thread panics mid-job (its communicator dropped while
+/// unwinding): its peer blocked in an all-reduce fails at once naming it.
+fn a_panic_reaches_a_blocked_peer(kind: Kind) {
+    let results = world(kind, 3, |rank, mut c| {
+        let start = Instant::now();
+        let r = match rank {
+            0 => {
+                let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
+                    let _held = c;
+                    thread::sleep(Duration::from_millis(200));
+                    panic!("rank 0 gives up");
+                }));
+                assert!(panicked.is_err());
+                Ok(())
+            }
+            _ => c.all_reduce(&mut [0u8; 16], DType::F32, ReduceOp::Sum),
+        };
+        (r, start.elapsed())
+    });
+    for (r, took) in &results[1..] {
+        let e = r.as_ref().unwrap_err();
+        assert!(*took < PROMPT, "took {took:?}: {e}");
+        assert!(
+            e.to_string()
+                .contains("peer rank 0 is gone: it failed: rank 0: its thread panicked"),
+            "{e}"
+        );
+    }
+}
+
+#[test]
+fn shm_a_rank_that_panics_fails_its_peers_at_once() {
+    a_panic_reaches_a_blocked_peer(Kind::Shm);
+}
+
+#[test]
+fn tcp_a_rank_that_panics_fails_its_peers_at_once() {
+    a_panic_reaches_a_blocked_peer(Kind::Tcp);
+}
+
+/// A mismatch inside the group {0, 1} of four ranks fails that group's
+/// other member at once; the group {2, 3} and the parent are unaffected.
+fn a_groups_failure_stays_in_the_group(kind: Kind) {
+    let results = world(kind, 4, |rank, mut c| {
+        let mut group = c.split((rank / 2) as u32, rank as u32).unwrap();
+        let start = Instant::now();
+        let r = match (rank, group.rank()) {
+            (0 | 1, 0) => group.recv(&mut [0u8; 16], 1).map(|_| 0),
+            (0 | 1, _) => group
+                .send(&[1u8; 8], 0)
+                .and_then(|()| group.recv(&mut [0u8; 8], 0))
+                .map(|_| 0),
+            _ => {
+                let mut buf = 1i64.to_ne_bytes().to_vec();
+                group
+                    .all_reduce(&mut buf, DType::I64, ReduceOp::Sum)
+                    .map(|()| i64::from_ne_bytes(buf[..].try_into().unwrap()))
+            }
+        };
+        let took = start.elapsed();
+        // The parent still works on every rank.
+        let mut buf = 1i64.to_ne_bytes().to_vec();
+        c.all_reduce(&mut buf, DType::I64, ReduceOp::Sum).unwrap();
+        assert_eq!(i64::from_ne_bytes(buf[..].try_into().unwrap()), 4);
+        c.barrier().unwrap();
+        drop(group);
+        (r, took)
+    });
+    let (r, _) = &results[0];
+    assert!(matches!(r, Err(CommError::Mismatch { .. })), "{r:?}");
+    let (r, took) = &results[1];
+    let e = r.as_ref().unwrap_err();
+    assert!(*took < PROMPT, "took {took:?}: {e}");
+    // In the group's ranks: group rank 0 (parent rank 0) failed.
+    assert!(
+        e.to_string().contains("peer rank 0 is gone: it failed: "),
+        "{e}"
+    );
+    for (r, _) in &results[2..] {
+        assert_eq!(r.as_ref().unwrap(), &2);
+    }
+}
+
+#[test]
+fn shm_a_failure_in_a_group_reaches_its_members_only() {
+    a_groups_failure_stays_in_the_group(Kind::Shm);
+}
+
+#[test]
+fn tcp_a_failure_in_a_group_reaches_its_members_only() {
+    a_groups_failure_stays_in_the_group(Kind::Tcp);
+}
+
+/// Whole jobs (a real TCP store, `init_with`) of two thread ranks: rank
+/// `failing` fails a receive with a mismatch; the other, which sent and
+/// went on to finish the job, gets an error naming the failed rank within
+/// a second or two at its exit barrier, whether the failed rank stays a
+/// while (`linger`) or leaves at once (it announces its failure at the
+/// barrier). The failed rank's own finish returns at once.
+fn job_exit_fails_at_once(transport: TransportKind, failing: usize, linger: Duration) {
+    let port = free_port().unwrap();
+    let handles: Vec<_> = (0..2)
+        .map(|rank| {
+            thread::spawn(move || {
+                let mut options = InitOptions::from_env().unwrap();
+                options.transport = Some(transport);
+                options.timeout = TIMEOUT;
+                let info = RankInfo {
+                    local_rank: rank,
+                    local_world_size: 2,
+                    ..RankInfo::local(rank, 2, port)
+                };
+                let mut job = init_with(info, options).unwrap();
+                let other = 1 - rank;
+                if rank == failing {
+                    let e = job.recv(&mut [0u8; 16], other).unwrap_err();
+                    thread::sleep(linger);
+                    let start = Instant::now();
+                    job.finish().unwrap();
+                    (Err(e), start.elapsed())
+                } else {
+                    job.send(&[1u8; 8], other).unwrap();
+                    let start = Instant::now();
+                    (job.finish(), start.elapsed())
+                }
+            })
+        })
+        .collect();
+    let results: Vec<_> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    let (failed, took) = &results[failing];
+    assert!(*took < PROMPT, "the failed rank's finish took {took:?}");
+    let said = failed.as_ref().unwrap_err().to_string();
+    let (r, took) = &results[1 - failing];
+    let e = r.as_ref().expect_err("the job ended cleanly");
+    assert!(*took < PROMPT + linger, "took {took:?}: {e}");
+    let text = e.to_string();
+    assert!(
+        text.contains(&format!("peer rank {failing} is gone: it failed: ")) && text.contains(&said),
+        "{text} lacks {said:?}"
+    );
+}
+
+#[test]
+fn shm_a_failed_rank_leaving_at_once_fails_the_others_exit() {
+    job_exit_fails_at_once(TransportKind::Shm, 1, Duration::ZERO);
+    job_exit_fails_at_once(TransportKind::Shm, 0, Duration::ZERO);
+}
+
+#[test]
+fn shm_a_failed_rank_that_lingers_fails_the_others_exit_at_once() {
+    job_exit_fails_at_once(TransportKind::Shm, 1, Duration::from_secs(3));
+}
+
+#[test]
+fn tcp_a_failed_rank_leaving_at_once_fails_the_others_exit() {
+    job_exit_fails_at_once(TransportKind::Tcp, 1, Duration::ZERO);
+    job_exit_fails_at_once(TransportKind::Tcp, 0, Duration::ZERO);
+}
+
+#[test]
+fn tcp_a_failed_rank_that_lingers_fails_the_others_exit_at_once() {
+    job_exit_fails_at_once(TransportKind::Tcp, 0, Duration::from_secs(3));
+}
+
+/// `Job::abandon` on one rank while the other waits in a receive: the
+/// receive fails at once naming the rank that abandoned.
+#[test]
+fn an_abandoned_job_fails_a_peers_receive_at_once() {
+    for transport in [TransportKind::Shm, TransportKind::Tcp] {
+        let port = free_port().unwrap();
+        let handles: Vec<_> = (0..2)
+            .map(|rank| {
+                thread::spawn(move || {
+                    let mut options = InitOptions::from_env().unwrap();
+                    options.transport = Some(transport);
+                    options.timeout = TIMEOUT;
+                    let info = RankInfo {
+                        local_rank: rank,
+                        local_world_size: 2,
+                        ..RankInfo::local(rank, 2, port)
+                    };
+                    let mut job = init_with(info, options).unwrap();
+                    job.barrier().unwrap();
+                    if rank == 1 {
+                        thread::sleep(Duration::from_millis(200));
+                        job.abandon();
+                        return None;
+                    }
+                    let start = Instant::now();
+                    let e = job.recv(&mut [0u8; 8], 1).unwrap_err();
+                    let took = start.elapsed();
+                    let _ = job.finish();
+                    Some((e, took))
+                })
+            })
+            .collect();
+        let results: Vec<_> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+        let (e, took) = results[0].as_ref().unwrap();
+        assert!(*took < PROMPT, "{transport:?}: took {took:?}: {e}");
+        assert!(
+            e.to_string()
+                .contains("peer rank 1 is gone: it failed: rank 1: it abandoned the job"),
+            "{transport:?}: {e}"
+        );
+    }
+}
