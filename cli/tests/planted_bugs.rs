@@ -65,15 +65,19 @@ fn catalog_names() -> Vec<String> {
         "an unknown bug name must fail plugin init:\n{text}"
     );
     let list = text
-        .split("known: ")
+        .split("known (one a line):\n")
         .nth(1)
         .unwrap_or_else(|| panic!("the init error lists the known names:\n{text}"));
+    // The names, up to the first line that is not one.
     list.lines()
-        .next()
-        .unwrap()
-        .split(", ")
-        .map(|s| s.trim().to_string())
-        .filter(|s| s != "none")
+        .map(str::trim)
+        .take_while(|s| {
+            !s.is_empty()
+                && s.chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+        })
+        .filter(|s| *s != "none")
+        .map(str::to_string)
         .collect()
 }
 

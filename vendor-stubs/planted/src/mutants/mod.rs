@@ -515,10 +515,12 @@ pub fn init_mode() -> Result<Mode, String> {
         Ok(name) => match CATALOG.iter().find(|m| m.name == name) {
             Some(m) => Mode::Planted(m.bug),
             None => {
+                // One name a line: a host prints at most 1,000
+                // characters of a line, and the catalog is longer.
                 let names: Vec<&str> = CATALOG.iter().map(|m| m.name).collect();
                 return Err(format!(
-                    "planted: unknown {ENV}={name:?}; known: none, {}",
-                    names.join(", ")
+                    "planted: unknown {ENV}={name:?}; known (one a line):\nnone\n{}",
+                    names.join("\n")
                 ));
             }
         },
