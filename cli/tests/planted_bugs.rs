@@ -298,6 +298,14 @@ bugs! {
     mul_null_strides_refused: "mul-null-strides-refused" on "mul" in "" => "NULL strides for compact tensors";
     sum_null_data_refused: "sum-null-data-refused" on "sum" in "" => "NULL data for empty ones";
     relu_backward_nan_input_zero: "relu-backward-nan-input-zero" on "relu_backward" in "" => "special values";
+    // Mutation round 10: rows and lanes of one, and a NaN past a lane's
+    // first block.
+    softmax_row_of_one_as_one: "softmax-row-of-one-as-one" on "softmax" in "" => "rows of one logit";
+    sum_unit_dim_as_copy: "sum-unit-dim-as-copy" on "sum" in "" => "[6, 1] strided dim 1";
+    max_nan_first_block_only: "max-nan-first-block-only" on "max" in "" => "a NaN past the first 512";
+    max_into_uninitialised_output: "max-into-uninitialised-output" on "max" in "" => "outputs holding a large finite value";
+    matmul_gemv_n_reads_a_packed: "matmul-gemv-n-reads-a-packed" on "matmul" in "" => "a [5, 3] b [5, 1] ta true";
+    layer_norm_row_of_one_as_bias: "layer-norm-row-of-one-as-bias" on "layer_norm" in "" => "rows of one element";
     // The host refuses step 0 itself (its argument checks run before any
     // plugin code), so no caller can reach this plugin's refusal: the bug is
     // unobservable through the host, and the suite cannot flag it.

@@ -186,6 +186,13 @@ pub struct Case {
     /// tensor and NULL `data` for every empty one, as a framework passing
     /// its DLPack tensors through may give them.
     pub bare: bool,
+    /// Whether the outputs hold a large finite value before the call
+    /// ([`crate::values::FINITE_POISON_BYTE`]) rather than the NaN poison:
+    /// a kernel that reads an output before writing it (a maximum taken
+    /// with `fmax` into an output it never initialised, as an atomic-max
+    /// kernel that counts on a memset does) ignores a NaN there and is
+    /// right by accident, but not with a number.
+    pub finite_poison: bool,
 }
 
 /// How a case run on a stream waits for its call's work before its outputs

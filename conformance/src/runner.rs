@@ -15,7 +15,7 @@ use crate::case::{Case, Role, StreamSync, TensorSpec};
 use crate::compare::{Stats, bias_failure, compare};
 use crate::placement::Placement;
 use crate::reference::RefError;
-use crate::values::{POISON_BYTE, from_bytes};
+use crate::values::{FINITE_POISON_BYTE, POISON_BYTE, from_bytes};
 
 /// How a case ended.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -300,7 +300,12 @@ fn run_case_once(
     let expected = (case.reference)(&dense);
     let reference_seconds = started.elapsed().as_secs_f64();
     let fail = |message: String| result(case, index, Status::Failed, message);
-    let first = match execute(device, case, POISON_BYTE, busy) {
+    let poison = if case.finite_poison {
+        FINITE_POISON_BYTE
+    } else {
+        POISON_BYTE
+    };
+    let first = match execute(device, case, poison, busy) {
         Ok(run) => run,
         Err(message) if message.starts_with(TOO_LARGE) => {
             return result(case, index, Status::Skipped, message);
@@ -346,12 +351,7 @@ fn run_case_once(
         .iter()
         .enumerate()
         .filter(|(_, spec)| spec.role == Role::Output && spec.alias_of.is_none())
-        .map(|(t, spec)| {
-            (
-                t,
-                poisoned(&first.elements[t], spec.dtype.size(), POISON_BYTE),
-            )
-        })
+        .map(|(t, spec)| (t, poisoned(&first.elements[t], spec.dtype.size(), poison)))
         .filter(|(_, at)| !at.is_empty())
         .collect();
     if !candidates.is_empty() {

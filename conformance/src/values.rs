@@ -93,6 +93,12 @@ pub fn from_bytes(dtype: DType, bytes: &[u8]) -> Vec<f64> {
 /// so an element the plugin leaves unwritten is recognisable.
 pub const POISON_BYTE: u8 = 0xFF;
 
+/// The byte outputs are filled with instead in the cases that ask for a
+/// finite poison (`Case::finite_poison`): a large finite value in every
+/// floating dtype (about 1.3e36 in f32 and bf16, 61,280 in f16, 1e286 in
+/// f64).
+pub const FINITE_POISON_BYTE: u8 = 0x7B;
+
 /// Unit roundoff (half an ULP of 1) of a floating dtype; 0 for integers.
 pub fn unit_roundoff(dtype: DType) -> f64 {
     match dtype {

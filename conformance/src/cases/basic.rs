@@ -444,7 +444,10 @@ fn matmul(dtype: DType) -> Vec<Case> {
     // lower rank with batch dims of its own (multi-query attention's `q @
     // k`; round 7: batch dims aligned at the front, or an operand indexed
     // by the batch modulo its own count, passed every other plan).
-    let plans: [MatmulPlan; 15] = [
+    // And last, N = 1 with a transposed `a` (a matrix-vector product on
+    // a naive path that reads `a` as packed rows; mutation round 10: every
+    // N = 1 product before had a packed `a`).
+    let plans: [MatmulPlan; 16] = [
         (&[], &[], 1, 1, 1, false, false, 1.0, 0.0),
         (&[], &[], 3, 5, 4, false, false, 1.0, 0.0),
         (&[], &[], 17, 33, 9, true, false, 1.0, 0.0),
@@ -461,6 +464,7 @@ fn matmul(dtype: DType) -> Vec<Case> {
         // A product small enough for a kernel's naive loop, with alpha.
         (&[], &[], 2, 3, 2, false, false, 2.0, 0.0),
         (&[2, 1], &[3], 4, 6, 5, false, false, 1.0, 0.0),
+        (&[], &[], 3, 5, 1, true, false, 1.0, 0.0),
     ];
     for (ba, bb, m, k, n, ta, tb, alpha, beta) in plans {
         let a_shape: Vec<usize> = ba
@@ -631,6 +635,13 @@ fn softmax(dtype: DType) -> Vec<Case> {
     ));
     cases.push(softmax_case(
         dtype,
+        "rows of one logit: NaN, +inf, -inf, 0, -5, 1000".into(),
+        &[6, 1],
+        rows_of_one(dtype),
+        Layout::Contiguous,
+    ));
+    cases.push(softmax_case(
+        dtype,
         "rows of 37 masked (-10000) but for the last 3, the largest last".into(),
         &[4, 37],
         tail_rows(&mut rng, dtype, 4, 37),
@@ -654,7 +665,32 @@ fn softmax(dtype: DType) -> Vec<Case> {
     let x = rng.values(dtype, numel(&shape), -8.0, 8.0);
     let label = shape_label(&shape, Layout::Permuted);
     cases.push(softmax_case(dtype, label, &shape, x, Layout::Permuted));
+    // Evenly spaced rows whose extent-1 dim has a stride that is not its
+    // compact one (see the norms' `UNIT_DIM_PLAN`, mutation round 10).
+    let shape = [4, 1, 19];
+    let x = rng.values(dtype, numel(&shape), -8.0, 8.0);
+    let label = shape_label(&shape, Layout::Permuted);
+    cases.push(softmax_case(dtype, label, &shape, x, Layout::Permuted));
     cases
+}
+
+/// Rows of one logit each for the softmax family and cross-entropy: a row
+/// of one is 1 (log 0) only where its logit is finite; NaN, +inf and -inf
+/// give NaN (`inf - inf`), as PyTorch's kernels do. Mutation round 10: a
+/// kernel that writes 1 (or 0) for rows of one without looking at them
+/// passed every case, no row of one holding anything but a finite value.
+pub(crate) fn rows_of_one(dtype: DType) -> Vec<f64> {
+    [
+        f64::NAN,
+        f64::INFINITY,
+        f64::NEG_INFINITY,
+        0.0,
+        -5.0,
+        1000.0,
+    ]
+    .iter()
+    .map(|&v| crate::values::round_to(dtype, v))
+    .collect()
 }
 
 /// Rows of `c` logits of -10,000 but for the last 3, random, the largest

@@ -615,7 +615,11 @@ fn reduce(op: ReduceOp, dtype: DType) -> Vec<Case> {
     // block of outputs, or kept its accumulators across blocks, and an
     // OpenCL work-group path that read a strided lane as contiguous,
     // passed every smaller case).
-    let plans: [(&[usize], i32, bool, Layout); 14] = [
+    // The two after them reduce a dim of extent 1 in a view that is not
+    // compact (mutation round 10: a kernel that takes such a reduction for
+    // a copy of the input in memory order passed every case, each extent-1
+    // reduction being of a compact input).
+    let plans: [(&[usize], i32, bool, Layout); 16] = [
         (&[3, 5, 7], -2, true, Layout::Contiguous),
         (&[2, 3, 4], -3, false, Layout::Transposed),
         (&[3, 5, 7], 0, false, Layout::Contiguous),
@@ -630,6 +634,8 @@ fn reduce(op: ReduceOp, dtype: DType) -> Vec<Case> {
         (&[5, 37], -1, false, Layout::Contiguous),
         (&[100, 130], 0, false, Layout::Contiguous),
         (&[2, 100, 70], 1, true, Layout::Contiguous),
+        (&[3, 5, 1], 2, false, Layout::Permuted),
+        (&[6, 1], 1, true, Layout::Strided),
     ];
     for (shape, dim, keepdim, layout) in plans {
         // Small integers make ties, which argmax must break by first index.
@@ -724,6 +730,44 @@ fn reduce(op: ReduceOp, dtype: DType) -> Vec<Case> {
             &[3, 3],
             x,
             1,
+            false,
+            Layout::Contiguous,
+        ));
+    }
+    if matches!(op, ReduceOp::Max | ReduceOp::Argmax) {
+        // A NaN past the first 512 elements of a row of 600, and in a
+        // column past the first 64 of 130 (over 70 rows): a kernel that
+        // combines the maxima of its blocks, its work-items or its blocks
+        // of outputs with a comparison (or fmax), or whose work-items skip
+        // a NaN after their first element (a row of 600 over a work-group
+        // of up to 256 gives each two or three), drops a NaN that is not
+        // in the first one (mutation round 10: every NaN before sat in a
+        // row or column of 3 or 4). Row 1 holds two NaNs (argmax: the
+        // first) and an +inf before them.
+        let mut x = rng.values(dtype, 2 * 600, -4.0, 4.0);
+        x[560] = f64::NAN;
+        (x[600 + 10], x[600 + 70], x[600 + 580]) = (f64::INFINITY, f64::NAN, f64::NAN);
+        cases.push(reduce_case(
+            op,
+            dtype,
+            "a NaN past the first 512 of a row of 600".into(),
+            &[2, 600],
+            x,
+            1,
+            false,
+            Layout::Contiguous,
+        ));
+        let mut x = rng.values(dtype, 70 * 130, -4.0, 4.0);
+        x[50 * 130 + 100] = f64::NAN;
+        x[66 * 130 + 5] = f64::NAN;
+        (x[3 * 130 + 120], x[69 * 130 + 120]) = (f64::INFINITY, f64::NAN);
+        cases.push(reduce_case(
+            op,
+            dtype,
+            "NaNs in columns past the first 64 of 130".into(),
+            &[70, 130],
+            x,
+            0,
             false,
             Layout::Contiguous,
         ));

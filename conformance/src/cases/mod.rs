@@ -215,6 +215,7 @@ pub fn case(
         on_stream: None,
         concurrent: false,
         bare: false,
+        finite_poison: false,
     }
 }
 

@@ -29,6 +29,10 @@
 //!   tensor, the call given the sparest descriptors the ABI allows
 //!   (`Case::bare`: NULL strides for compact tensors, NULL data for empty
 //!   ones, as DLPack producers pass them);
+//! - from the first base, the call made with every output holding a large
+//!   finite value before it rather than the NaN poison
+//!   (`Case::finite_poison`), so that a kernel reading an output before
+//!   writing it (`fmax` into an output it never initialised) shows;
 //! - from the largest base, the call made from several threads at once,
 //!   each with its own buffers and stream (`Case::concurrent`): state the
 //!   plugin shares between calls without a lock shows.
@@ -107,6 +111,18 @@ pub fn derive(base: &[Case]) -> Vec<Case> {
             ));
             out.last_mut().expect("just pushed").bare = true;
         }
+    }
+    // The first base with its outputs holding a large finite value rather
+    // than the NaN poison (mutation round 10: a max kernel that took `fmax`
+    // of an output it never initialised and each lane's maximum ignored the
+    // NaN poison and passed every case).
+    if let Some(b) = bases.first() {
+        out.push(variant(
+            b,
+            "outputs holding a large finite value before the call".into(),
+            |_| {},
+        ));
+        out.last_mut().expect("just pushed").finite_poison = true;
     }
     // The largest base from several threads at once: the longest calls,
     // so the likeliest to overlap.

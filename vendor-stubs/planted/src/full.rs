@@ -171,6 +171,14 @@ pub mod ops {
             }
             let ra = a.shape.len();
             let k = if ta { a.shape[ra - 2] } else { a.shape[ra - 1] };
+            if is(Bug::MatmulGemvNReadsAPacked) && ra == 2 && out.shape[r - 1] == 1 {
+                // Planted: a matrix-vector product (N = 1) that reads `a`
+                // as packed rows of op(a), its strides and transpose unread.
+                let m = out.shape[r - 2];
+                let (shape, strides) = ([m, k], [k, 1]);
+                let misread = View { shape: &shape, strides: &strides, ..*a };
+                return kernels::matmul(&misread, b, out, false, tb, alpha, beta);
+            }
             if is(Bug::MatmulRank1IgnoresBeta) && k == 1 {
                 return kernels::matmul(a, b, out, ta, tb, alpha, 0.0);
             }
@@ -189,6 +197,10 @@ pub mod ops {
                 return done();
             }
             if is(Bug::SoftmaxSharedScratch) && bad::softmax_shared_scratch(i, o) {
+                return done();
+            }
+            if is(Bug::SoftmaxRowOfOneAsOne) && i.shape.last() == Some(&1) {
+                bad::fill_value(o, 1.0);
                 return done();
             }
             kernels::softmax(i, o)
@@ -313,6 +325,13 @@ pub mod ops {
                 ReduceOp::Max if is(Bug::MaxStopsAtInfinity) => {
                     bad::max_stopping_at_infinity(i, o, dim)
                 }
+                ReduceOp::Max if is(Bug::MaxNanFirstBlockOnly) => {
+                    bad::max_nan_first_block_only(i, o, dim)
+                }
+                ReduceOp::Max if is(Bug::MaxIntoUninitialisedOutput) => {
+                    bad::max_into_uninitialised(i, o, dim)
+                }
+                ReduceOp::Sum if is(Bug::SumUnitDimAsCopy) => bad::reduce_unit_dim_as_copy(i, o, dim),
                 ReduceOp::Argmax if is(Bug::ArgmaxLastTie) => bad::argmax_last(i, o, dim),
                 ReduceOp::Argmax if is(Bug::ArgmaxAllNegInfRow) => {
                     paths::argmax_from_minus_one(i, o, dim)
@@ -467,6 +486,13 @@ pub mod ops {
         run!("layer_norm", args => |[i, w, b, o, m, r]| {
             if is(Bug::LayerNormUnbiasedVariance) {
                 bad::layer_norm_unbiased(i, w, b, o, m, r, eps);
+                return done();
+            }
+            if is(Bug::LayerNormRowOfOneAsBias) && w.shape == [1] {
+                kernels::layer_norm(i, w, b, o, m, r, eps)?;
+                // SAFETY: the bias's one live element.
+                let bias = unsafe { bad::load_one(b) };
+                bad::fill_value(o, bias);
                 return done();
             }
             kernels::layer_norm(i, w, b, o, m, r, eps)

@@ -33,6 +33,15 @@ const NORM_PLANS: [(&[usize], Layout, Layout, Layout); 12] = [
 /// were.)
 const PERMUTED_PLAN: (&[usize], Layout, Layout, Layout) = (&[2, 3, 4, 37], P, C, P);
 
+/// Rows `[4, 1, 19]` permuted (dims 0 and 1 swapped in memory, as
+/// PyTorch's `permute` of a `[1, 4, 19]` tensor gives): evenly spaced rows
+/// whose extent-1 dim has a stride of 76, not the compact 19. A kernel
+/// that judges the leading dims compact skipping extent-1 dims, as
+/// PyTorch's `is_contiguous` does, and then steps rows by the innermost
+/// leading stride (the extent-1 dim's) misreads them (mutation round 10).
+/// Run last in the forward passes.
+const UNIT_DIM_PLAN: (&[usize], Layout, Layout, Layout) = (&[4, 1, 19], P, C, P);
+
 /// Rows of no elements (H = 0) in the forward passes: the mean of nothing
 /// is 0 / 0, so every statistic is NaN (mutation round 9: a kernel that
 /// returned early for an empty weight left them unwritten). Run last, so
@@ -133,6 +142,11 @@ pub(super) fn rms_norm_cases(dtype: DType) -> Vec<Case> {
         1e-6,
         (l0, l1, l2),
     ));
+    let (shape, l0, l1, l2) = UNIT_DIM_PLAN;
+    let x = rng.values(dtype, numel(shape), -2.0, 2.0);
+    let w = rng.values(dtype, last(shape), 0.5, 1.5);
+    let name = norm_label(shape, (l0, l1, l2), false);
+    cases.push(rms_norm_case(dtype, name, shape, x, w, 1e-6, (l0, l1, l2)));
     cases
 }
 
@@ -223,6 +237,7 @@ fn layer_norm_case(
         .iter()
         .zip(&rstd.data)
         .map(|(m, r)| (m * r).abs())
+        .filter(|c| c.is_finite())
         .fold(0.0, f64::max);
     case(
         "layer_norm",
@@ -295,6 +310,22 @@ pub(super) fn layer_norm_cases(dtype: DType) -> Vec<Case> {
     ));
     cases.push(planned(&mut rng, PERMUTED_PLAN));
     cases.push(planned(&mut rng, ZERO_WIDTH_PLAN));
+    // Rows of one element: x - mean is 0 only where x is finite (inf - inf
+    // and NaN - NaN are NaN), so NaN and the infinities give NaN, not the
+    // bias (mutation round 10: a kernel that wrote the bias for rows of one
+    // passed every case).
+    let inf = f64::INFINITY;
+    cases.push(layer_norm_case(
+        dtype,
+        "rows of one element: NaN, +inf, -inf, 2".into(),
+        &[4, 1],
+        vec![f64::NAN, inf, -inf, 2.0],
+        vec![1.5],
+        vec![0.25],
+        1e-5,
+        (C, C, C),
+    ));
+    cases.push(planned(&mut rng, UNIT_DIM_PLAN));
     cases
 }
 

@@ -103,6 +103,18 @@ fn softmax_family_backward(op: &'static str, log: bool, dtype: DType) -> Vec<Cas
     let g = rng.values(dtype, numel(shape), -1.0, 1.0);
     let name = label(shape, &[("out", P), ("grad_in", P)]);
     push(name, shape, logits, g, [P, C, P]);
+    // Rows of one (out 1, or log-probability 0) with gradients NaN, +inf,
+    // -inf and finite: the gradient is 0 only where grad_out is finite
+    // (`g - g`), NaN elsewhere (mutation round 10, as the forward's rows of
+    // one).
+    let logits = rng.values(DType::F64, 6, -4.0, 4.0);
+    push(
+        "rows of one, grad_out NaN, +inf, -inf, 0, -5, 1000".into(),
+        &[6, 1],
+        logits,
+        crate::cases::basic::rows_of_one(dtype),
+        [C; 3],
+    );
     cases
 }
 
@@ -166,6 +178,13 @@ pub(super) fn log_softmax_cases(dtype: DType) -> Vec<Case> {
         4 + 500,
     );
     push(
+        "rows of one logit: NaN, +inf, -inf, 0, -5, 1000".into(),
+        &[6, 1],
+        crate::cases::basic::rows_of_one(dtype),
+        [C, C],
+        1 + 500,
+    );
+    push(
         "rows of 37 masked (-10000) but for the last 3".into(),
         &[4, 37],
         crate::cases::basic::tail_rows(&mut rng, dtype, 4, 37),
@@ -184,6 +203,12 @@ pub(super) fn log_softmax_cases(dtype: DType) -> Vec<Case> {
     );
     // A permuted input, a compact output (see the backward's).
     let shape = PERMUTED_ROWS;
+    let x = rng.values(dtype, numel(shape), -8.0, 8.0);
+    let name = label(shape, &[("input", P)]);
+    push(name, shape, x, [P, C], last(shape));
+    // Evenly spaced rows whose extent-1 dim has a stride that is not its
+    // compact one (see the norms' `UNIT_DIM_PLAN`, mutation round 10).
+    let shape: &[usize] = &[4, 1, 19];
     let x = rng.values(dtype, numel(shape), -8.0, 8.0);
     let name = label(shape, &[("input", P)]);
     push(name, shape, x, [P, C], last(shape));

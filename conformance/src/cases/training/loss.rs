@@ -274,6 +274,24 @@ pub(super) fn cross_entropy_plans(rng: &mut Rng, dtype: DType) -> Vec<CrossEntro
             grad_loss: None,
         });
     }
+    // Rows of one class holding NaN, +inf and -inf besides finite logits:
+    // a row of one class has loss 0 and gradient 0 only where its logit is
+    // finite (`inf - inf` is NaN), so the mean loss is NaN (mutation round
+    // 10: kernels that wrote a loss of 0, or gradients of 0, for one class
+    // without reading the logits passed, the only single-class case being
+    // of finite logits).
+    plans.push(CrossEntropyPlan {
+        label: "rows of one class: NaN, +inf, -inf, 0, -5, 1000 [6, 1] i64".into(),
+        logits: crate::cases::basic::rows_of_one(dtype),
+        n: 6,
+        c: 1,
+        targets: vec![0.0; 6],
+        idx_dtype: DType::I64,
+        ignore_index: -100,
+        layouts: [C; 2],
+        extra: 0,
+        grad_loss: None,
+    });
     plans
 }
 

@@ -146,6 +146,12 @@ pub enum Bug {
     MulNullStridesRefused,
     SumNullDataRefused,
     ReluBackwardNanInputZero,
+    SoftmaxRowOfOneAsOne,
+    SumUnitDimAsCopy,
+    MaxNanFirstBlockOnly,
+    LayerNormRowOfOneAsBias,
+    MaxIntoUninitialisedOutput,
+    MatmulGemvNReadsAPacked,
     StreamWaitEventIgnored,
     EventRecordCompletesAtOnce,
     EventSynchronizeReturnsAtOnce,
@@ -450,6 +456,25 @@ catalog! {
     ReluBackwardNanInputZero "relu-backward-nan-input-zero" "relu_backward" EdgeValues:
         "relu_backward written as `x > 0 ? g : 0`: a NaN input gives 0 where the ABI's select (`x <= 0 ? 0 : g`, PyTorch's threshold_backward) passes the gradient"
         => "special values in relu_backward";
+    // Mutation round 10: one per class the round found missed.
+    SoftmaxRowOfOneAsOne "softmax-row-of-one-as-one" "softmax" Path:
+        "softmax over a last dimension of 1 writes 1 without reading the logits: a NaN or infinite logit gives 1 where exp(inf - inf) is NaN"
+        => "rows of one logit";
+    SumUnitDimAsCopy "sum-unit-dim-as-copy" "sum" Path:
+        "a sum over a dimension of extent 1 taken for a copy of the input in memory order: a transposed or strided input comes out permuted"
+        => "a reduction over an extent-1 dim of a transposed input";
+    MaxNanFirstBlockOnly "max-nan-first-block-only" "max" EdgeValues:
+        "max combines the maxima of a lane's blocks of 64 (or of a work-group's items) with a plain comparison: a NaN outside the first block is dropped"
+        => "a NaN past the first 512 of a row of 600";
+    LayerNormRowOfOneAsBias "layer-norm-row-of-one-as-bias" "layer_norm" Path:
+        "layer_norm over rows of one element writes the bias (x - mean taken as 0): NaN and infinite inputs give the bias where inf - inf is NaN"
+        => "rows of one element holding NaN and infinities";
+    MaxIntoUninitialisedOutput "max-into-uninitialised-output" "max" State:
+        "max takes fmax of each element and the output, which it never initialised (an atomic-max kernel that counts on a memset): the NaN poison is ignored by fmax, a number left there wins"
+        => "outputs holding a large finite value before the call";
+    MatmulGemvNReadsAPacked "matmul-gemv-n-reads-a-packed" "matmul" Path:
+        "a matrix-vector product (N = 1) reads `a` as packed rows of op(a), ignoring its strides and transpose_a"
+        => "N = 1 with a transposed a";
     // Streams: in full mode `copy` and `fill` run on their stream's worker
     // thread (`crate::streams`), the other operators on the calling thread
     // once their stream's earlier work is done. The first two show at every

@@ -688,6 +688,96 @@ pub unsafe fn remap_indices(
 /// Each hand-written mutant is really wrong where its bug says (so a test
 /// that the suite misses it is about the suite, not a dead mutant), and
 /// right elsewhere.
+/// max that keeps a NaN only when it lies in a lane's first block of 64
+/// elements: the blocks' (or work-items') maxima are combined with a plain
+/// comparison, which a NaN never wins. Returns false when a reduced extent
+/// is 0.
+pub unsafe fn max_nan_first_block_only(input: &View<'_>, out: &View<'_>, dim: usize) -> bool {
+    let g = groups(input, dim);
+    if g.iter().any(Vec::is_empty) {
+        return false;
+    }
+    for (grp, o) in g.iter().zip(addresses(out)) {
+        let mut m = f64::NEG_INFINITY;
+        for (j, &p) in grp.iter().enumerate() {
+            // SAFETY: the address of a live element.
+            let v = unsafe { load(input.dtype, p) };
+            if v.is_nan() {
+                if j < 64 {
+                    m = v;
+                    break;
+                }
+            } else if v > m {
+                m = v;
+            }
+        }
+        // SAFETY: the address of a live output element.
+        unsafe { store(out.dtype, o, m) };
+    }
+    true
+}
+
+/// A reduction over a dim of extent 1 taken for a copy: the input's
+/// elements read in memory order from its first, as if it were compact,
+/// and written to the output in its logical order. Returns false unless
+/// the reduced extent is 1.
+pub unsafe fn reduce_unit_dim_as_copy(input: &View<'_>, out: &View<'_>, dim: usize) -> bool {
+    if input.shape.get(dim) != Some(&1) {
+        return false;
+    }
+    let size = input.dtype.size();
+    for (k, o) in addresses(out).into_iter().enumerate() {
+        // SAFETY: the element `k` places after the view's first lies in
+        // its (padded) buffer: the views this runs on cover that many.
+        let v = unsafe { load(input.dtype, input.ptr.wrapping_add(k * size)) };
+        // SAFETY: the address of a live output element.
+        unsafe { store(out.dtype, o, v) };
+    }
+    true
+}
+
+/// Every element of `out` set to `v` (a row-wise shortcut's constant).
+pub unsafe fn fill_value(out: &View<'_>, v: f64) {
+    for o in addresses(out) {
+        // SAFETY: the address of a live output element.
+        unsafe { store(out.dtype, o, v) };
+    }
+}
+
+/// The first element of `v`.
+pub unsafe fn load_one(v: &View<'_>) -> f64 {
+    // SAFETY: the caller's live element.
+    unsafe { load(v.dtype, v.ptr) }
+}
+
+/// max taken with `fmax` into the output, which is never initialised (an
+/// atomic-max kernel that counts on a memset): a NaN already there is
+/// ignored, so the NaN poison passes, but any number there wins if it is
+/// larger. A NaN input still gives NaN. Returns false when a reduced
+/// extent is 0.
+pub unsafe fn max_into_uninitialised(input: &View<'_>, out: &View<'_>, dim: usize) -> bool {
+    let g = groups(input, dim);
+    if g.iter().any(Vec::is_empty) {
+        return false;
+    }
+    for (grp, o) in g.iter().zip(addresses(out)) {
+        // SAFETY: the address of a live output element.
+        let mut m = unsafe { load(out.dtype, o) };
+        for &p in grp {
+            // SAFETY: the address of a live element.
+            let v = unsafe { load(input.dtype, p) };
+            if v.is_nan() {
+                m = v;
+                break;
+            }
+            m = m.max(v);
+        }
+        // SAFETY: the address of a live output element.
+        unsafe { store(out.dtype, o, m) };
+    }
+    true
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
