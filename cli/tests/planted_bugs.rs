@@ -306,6 +306,8 @@ bugs! {
     max_into_uninitialised_output: "max-into-uninitialised-output" on "max" in "" => "outputs holding a large finite value";
     matmul_gemv_n_reads_a_packed: "matmul-gemv-n-reads-a-packed" on "matmul" in "" => "a [5, 3] b [5, 1] ta true";
     layer_norm_row_of_one_as_bias: "layer-norm-row-of-one-as-bias" on "layer_norm" in "" => "rows of one element";
+    // A NaN or +inf score taken for a row that saw no key.
+    attention_nan_row_as_masked: "attention-nan-row-as-masked" on "attention" in "" => "NaN in q";
     // The host refuses step 0 itself (its argument checks run before any
     // plugin code), so no caller can reach this plugin's refusal: the bug is
     // unobservable through the host, and the suite cannot flag it.

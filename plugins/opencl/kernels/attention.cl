@@ -139,7 +139,12 @@ pc_attention_fwd(__global const S *q, long q_off, __global const S *k, long k_of
             __local A *row = ps + lid * PC_ATT_C;
             A m_old = m_s[lid];
             A m_new = m_old;
-            for (int j = 0; j < PC_ATT_C; ++j) m_new = fmax(m_new, row[j]);
+            // NaN wins from either side (fmax would drop it and leave a
+            // row of NaN scores at -inf, taken for one that saw no key).
+            for (int j = 0; j < PC_ATT_C; ++j) {
+                A x = row[j];
+                m_new = (x > m_new || isnan(x)) ? x : m_new;
+            }
             if (m_new == -A_INF) {
                 for (int j = 0; j < PC_ATT_C; ++j) row[j] = (A)0;
                 al_s[lid] = (A)1;
@@ -176,14 +181,16 @@ pc_attention_fwd(__global const S *q, long q_off, __global const S *k, long k_of
     }
     barrier(CLK_LOCAL_MEM_FENCE);
 
+    // l is 0 only for a query that saw no key (zeros, lse = -inf); it is
+    // NaN, never 0, once a NaN or +inf score reached the row's maximum.
     for (int r = 0; r < nq; ++r) {
         A l = l_s[r];
         for (long t = lid; t < d; t += PC_ATT_WG)
-            ST(out, out_off + qbase + r * d + t, l > (A)0 ? os[r * dp + t] / l : (A)0);
+            ST(out, out_off + qbase + r * d + t, l != (A)0 ? os[r * dp + t] / l : (A)0);
     }
     if (lid < nq) {
         A l = l_s[lid];
-        lse[lse_off + bh * sq + i0 + lid] = l > (A)0 ? (float)(m_s[lid] + log(l)) : -INFINITY;
+        lse[lse_off + bh * sq + i0 + lid] = l != (A)0 ? (float)(m_s[lid] + log(l)) : -INFINITY;
     }
 }
 

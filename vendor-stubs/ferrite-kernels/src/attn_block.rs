@@ -45,7 +45,9 @@ simd_dispatch!(pub(crate) unsafe fn online_softmax[](g: &Geom, s: &mut [f32], m:
 /// Masks the score block `s` (`m.len()` rows of `bc` at stride [`LDS`],
 /// queries from `i0`, keys from `kb`), turns it into `exp(s - new max)`,
 /// and rescales the running sums `l` and output rows `o` by
-/// `exp(old max - new max)`. Rows that have seen no key yet stay zero.
+/// `exp(old max - new max)`. Rows that have seen no key yet stay zero; a
+/// NaN score, or a +inf one (`inf - inf`), makes the row's maximum or sum
+/// NaN, and so its output and log-sum-exp.
 ///
 /// # Safety
 /// Plain slice code; `unsafe` only for the dispatch.
@@ -65,7 +67,14 @@ unsafe fn softmax_impl(
         if vis < kb + bc {
             row[vis.saturating_sub(kb).min(bc)..].fill(f32::NEG_INFINITY);
         }
-        let m_new = max(row).max(m[r]);
+        // NaN wins from either side (`f32::max` would drop it and leave a
+        // row of NaN scores at -inf, taken below for one that saw no key).
+        let m_blk = max(row);
+        let m_new = if m_blk > m[r] || m_blk.is_nan() {
+            m_blk
+        } else {
+            m[r]
+        };
         if m_new == f32::NEG_INFINITY {
             row.fill(0.0);
             continue;

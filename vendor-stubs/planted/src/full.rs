@@ -544,6 +544,11 @@ pub mod ops {
                 paths::gqa_restore(moved, o, l);
                 return result;
             }
+            if is(Bug::AttentionNanRowAsMasked) {
+                kernels::attention(q, k, v, o, l, scale, causal)?;
+                paths::attention_nan_rows_as_masked(o, l);
+                return done();
+            }
             kernels::attention(q, k, v, o, l, scale, causal)
         })
     }

@@ -33,7 +33,13 @@ pub(super) struct AttentionPlan {
     /// subtracted (a running maximum that starts at 0 rather than -inf
     /// gives 0/0).
     pub(super) negative_scores: bool,
+    /// Writes NaN or infinities into the random `q`, `k`, `v` (the cases
+    /// of [`SPECIAL_PLANS`]).
+    pub(super) special: Option<Special>,
 }
+
+/// Writes a plan's special values into its random `q`, `k`, `v`.
+pub(super) type Special = fn(&AttentionPlan, &mut [Vec<f64>; 3]);
 
 const fn plan(
     label: &'static str,
@@ -53,6 +59,7 @@ const fn plan(
         layouts,
         large_scores: false,
         negative_scores: false,
+        special: None,
     }
 }
 
@@ -142,6 +149,118 @@ pub(super) const ATTENTION_PLANS: [AttentionPlan; 19] = [
     },
 ];
 
+/// Rows whose scores hold NaN or +inf, run after the other plans (so that
+/// they keep their values). Softmax subtracts the row's maximum, and a NaN
+/// maximum, or `+inf - +inf`, makes every weight, the output row and its
+/// log-sum-exp NaN, as PyTorch's math and flash kernels give. Mutation
+/// round 10: Ferrite and OpenCL took a running maximum that skipped NaN
+/// (`fmax`), or a maximum that is not finite, for a row that saw no key and
+/// wrote zeros (and `lse = -inf`), hiding a diverged run. Only a row that
+/// sees no key at all keeps its zeros. Every case also has rows of finite
+/// scores, and the backward gets the reference's NaN `out` and `lse` rows.
+pub(super) const SPECIAL_PLANS: [AttentionPlan; 4] = [
+    AttentionPlan {
+        special: Some(nan_in_q),
+        ..plan(
+            "NaN in q (head 1, query 3)",
+            [1, 2, 2, 6, 20, 8],
+            false,
+            [C; 4],
+        )
+    },
+    // The NaN key in the second block of 128 keys, seen by queries 4 to 7
+    // (queries 0 to 3 see keys up to 132 only): a kernel that tiles the
+    // keys must carry the NaN from one block's maximum into the next.
+    AttentionPlan {
+        special: Some(nan_in_k),
+        ..plan(
+            "causal NaN in k at key 136 of 140 gqa 2/1",
+            [1, 2, 1, 8, 140, 8],
+            true,
+            [C; 4],
+        )
+    },
+    AttentionPlan {
+        special: Some(inf_score),
+        ..plan(
+            "one +inf score, the others -inf (head 0, query 2)",
+            [1, 2, 2, 4, 9, 8],
+            false,
+            [C; 4],
+        )
+    },
+    AttentionPlan {
+        special: Some(single_key_nan_inf),
+        ..plan(
+            "seq_kv 1: the key's score NaN (head 0) and +inf (head 1, query 2)",
+            [1, 2, 2, 5, 1, 8],
+            false,
+            [C; 4],
+        )
+    },
+];
+
+/// The backward's NaN key: key 130, which every query sees. With key 136,
+/// queries 0 to 3 (which do not see it) get a NaN `grad_q` from Ferrite's
+/// and OpenCL's tiled kernels (and PyTorch's): `dQ = scale dS K` over a
+/// block of keys multiplies the masked key's 0 in `dS` by its NaN row of
+/// `K`. The reference, skipping masked keys, gives their finite gradient;
+/// that NaN is not the class these cases guard (a NaN hidden as zeros) and
+/// is left to the ABI (see docs/conformance.md).
+const NAN_K_SEEN_BY_ALL: AttentionPlan = AttentionPlan {
+    special: Some(nan_in_k_seen_by_all),
+    ..plan(
+        "causal NaN in k at key 130 of 140 gqa 2/1",
+        [1, 2, 1, 8, 140, 8],
+        true,
+        [C; 4],
+    )
+};
+
+/// Flat index of `[b, h, s, c]` in a compact `[B, H, S, D]` tensor.
+fn flat(shape: [usize; 4], [b, h, s, c]: [usize; 4]) -> usize {
+    ((b * shape[1] + h) * shape[2] + s) * shape[3] + c
+}
+
+/// One NaN in query 3 of head 1: that row's scores are all NaN.
+fn nan_in_q(p: &AttentionPlan, qkv: &mut [Vec<f64>; 3]) {
+    let (qs, _) = p.shapes();
+    qkv[0][flat(qs, [0, 1, 3, 5])] = f64::NAN;
+}
+
+/// One NaN in key 136: one NaN score in each row that sees it.
+fn nan_in_k(p: &AttentionPlan, qkv: &mut [Vec<f64>; 3]) {
+    let (_, ks) = p.shapes();
+    qkv[1][flat(ks, [0, 0, 136, 2])] = f64::NAN;
+}
+
+/// One NaN in key 130, in the second block of 128 keys, seen by every
+/// query.
+fn nan_in_k_seen_by_all(p: &AttentionPlan, qkv: &mut [Vec<f64>; 3]) {
+    let (_, ks) = p.shapes();
+    qkv[1][flat(ks, [0, 0, 130, 2])] = f64::NAN;
+}
+
+/// `q[0, 0, 2, 0] = +inf` and column 0 of head 0's keys -1 but for key 5,
+/// where it is 1: query 2's scores are +inf at key 5 and -inf elsewhere.
+fn inf_score(p: &AttentionPlan, qkv: &mut [Vec<f64>; 3]) {
+    let (qs, ks) = p.shapes();
+    qkv[0][flat(qs, [0, 0, 2, 0])] = f64::INFINITY;
+    for j in 0..p.skv {
+        qkv[1][flat(ks, [0, 0, j, 0])] = if j == 5 { 1.0 } else { -1.0 };
+    }
+}
+
+/// One key per head: NaN in head 0's (every query of head 0 has the one
+/// NaN score), and `q[0, 1, 2, 0] = +inf` against a key of 0.5 (a +inf
+/// score for query 2 of head 1).
+fn single_key_nan_inf(p: &AttentionPlan, qkv: &mut [Vec<f64>; 3]) {
+    let (qs, ks) = p.shapes();
+    qkv[1][flat(ks, [0, 0, 0, 3])] = f64::NAN;
+    qkv[0][flat(qs, [0, 1, 2, 0])] = f64::INFINITY;
+    qkv[1][flat(ks, [0, 1, 0, 0])] = 0.5;
+}
+
 impl AttentionPlan {
     fn shapes(&self) -> ([usize; 4], [usize; 4]) {
         (
@@ -158,8 +277,16 @@ impl AttentionPlan {
         }
     }
 
-    /// Random q, k, v.
+    /// Random q, k, v (with the plan's special values).
     fn qkv(&self, rng: &mut Rng, dtype: DType) -> [Vec<f64>; 3] {
+        let mut qkv = self.random_qkv(rng, dtype);
+        if let Some(special) = self.special {
+            special(self, &mut qkv);
+        }
+        qkv
+    }
+
+    fn random_qkv(&self, rng: &mut Rng, dtype: DType) -> [Vec<f64>; 3] {
         let (qs, ks) = self.shapes();
         let (nq, nk) = (numel(&qs), numel(&ks));
         if self.large_scores {
@@ -195,7 +322,12 @@ pub(super) fn attention_cases(dtype: DType) -> Vec<Case> {
     let plans = ATTENTION_PLANS
         .iter()
         .map(|p| (*p, p.label.to_string(), None))
-        .chain([scale_zero_plan()]);
+        .chain([scale_zero_plan()])
+        .chain(
+            SPECIAL_PLANS
+                .iter()
+                .map(|p| (*p, p.label.to_string(), None)),
+        );
     for (p, name, scale) in plans {
         let (qs, _) = p.shapes();
         let mut tensors = p.inputs(dtype, p.qkv(&mut rng, dtype));
@@ -251,6 +383,14 @@ pub(super) fn attention_backward_cases(dtype: DType) -> Vec<Case> {
     ));
     let (zero, name, scale) = scale_zero_plan();
     plans.push((zero, name, [C, C], scale));
+    // The special plans, the NaN key moved to one every query sees.
+    let mut special = SPECIAL_PLANS;
+    special[1] = NAN_K_SEEN_BY_ALL;
+    plans.extend(
+        special
+            .iter()
+            .map(|p| (*p, p.label.to_string(), [C, C], None)),
+    );
     for (p, name, [l_out, l_grad], scale) in plans {
         let (qs, ks) = p.shapes();
         let qkv = p.qkv(&mut rng, dtype);

@@ -149,4 +149,19 @@ mod tests {
         let lse = &(big.reference)(&dense).unwrap()[1];
         assert!(lse.data.iter().any(|&l| l > 89.0), "{lse:?}");
     }
+
+    #[test]
+    fn attention_special_cases_have_nan_rows_and_finite_ones() {
+        for c in attention_cases(DType::F32) {
+            if !SPECIAL_PLANS.iter().any(|p| p.label == c.label) {
+                continue;
+            }
+            let dense: Vec<Dense> = c.tensors.iter().map(TensorSpec::dense).collect();
+            let out = (c.reference)(&dense).unwrap();
+            for t in &out {
+                assert!(t.data.iter().any(|x| x.is_nan()), "{}", c.label);
+                assert!(t.data.iter().any(|x| x.is_finite()), "{}", c.label);
+            }
+        }
+    }
 }

@@ -342,52 +342,93 @@ pub(super) fn layer_norm_backward_cases(dtype: DType) -> Vec<Case> {
     let saved_eps = [(&[4usize, 16][..], (C, C, C), 0.1, (1.0, 1.03))];
     let (shape, l0, l1, l2) = PERMUTED_PLAN;
     let permuted = [(shape, (l0, l1, l2), 1e-5, (-1.0, 3.0))];
-    for (shape, (l0, l1, l2), eps, (lo, hi)) in plans.chain(saved_eps).chain(permuted) {
+    for (shape, layouts, eps, (lo, hi)) in plans.chain(saved_eps).chain(permuted) {
         let (h, n) = (last(shape), numel(shape));
-        let stats = &shape[..shape.len() - 1];
         let x = rng.values(dtype, n, lo, hi);
         let w = rng.values(dtype, h, 0.5, 1.5);
         let b = rng.values(dtype, h, -0.5, 0.5);
         let g = rng.values(dtype, n, -1.0, 1.0);
-        let (_, mean, rstd) = reference::layer_norm(
-            &Dense::new(shape, x.clone()),
-            &Dense::new(&[h], w.clone()),
-            &Dense::new(&[h], b),
-            eps,
-        )
-        .expect("valid shapes");
-        let mut label = norm_label(shape, (l0, l1, l2), true);
+        let mut label = norm_label(shape, layouts, true);
         if eps != 1e-5 {
             label.push_str(&format!(" saved with eps {eps}"));
         }
-        cases.push(case(
-            "layer_norm_backward",
+        cases.push(layer_norm_backward_case(
             dtype,
             label,
-            vec![
-                input("grad_out", dtype, shape, g, l0),
-                input("input", dtype, shape, x, l0),
-                input("weight", dtype, &[h], w, l1),
-                input("mean", DType::F32, stats, stored(DType::F32, &mean), l1),
-                input("rstd", DType::F32, stats, stored(DType::F32, &rstd), l1),
-                output("grad_input", dtype, shape, l2),
-                output("grad_weight", dtype, &[h], l2),
-                output("grad_bias", dtype, &[h], l2),
-            ],
-            // grad_input sums over the row, grad_weight and grad_bias over
-            // the rows.
-            Tolerance::accumulated(8.0, h + rows(shape)),
-            |exec, t| {
-                exec.layer_norm_backward(&t[0], &t[1], &t[2], &t[3], &t[4], &t[5], &t[6], &t[7])
-            },
-            |d| {
-                let (gi, gw, gb) =
-                    reference::layer_norm_backward(&d[0], &d[1], &d[2], &d[3], &d[4])?;
-                Ok(vec![gi, gw, gb])
-            },
+            shape,
+            layouts,
+            eps,
+            [x, w, b, g],
+        ));
+    }
+    // Rows of one element: xhat is 0 and grad_input is
+    // rstd (g w - mean(g w)), 0 only where the gradient is finite (inf -
+    // inf and NaN - NaN are NaN); grad_weight sums g xhat (inf 0 is NaN)
+    // and grad_bias sums g. Mutation round 10: a kernel that wrote a zero
+    // grad_input for rows of one without reading grad_out passed every
+    // case, none of which had a gradient that is not finite.
+    let inf = f64::INFINITY;
+    let specials = [
+        ("NaN, +inf, -inf, 2", vec![f64::NAN, inf, -inf, 2.0]),
+        ("-inf, 2, -0.5", vec![-inf, 2.0, -0.5]),
+    ];
+    for (values, g) in specials {
+        let rows = g.len();
+        let x = rng.values(dtype, rows, -1.0, 3.0);
+        cases.push(layer_norm_backward_case(
+            dtype,
+            format!("rows of one element, gradients {values}"),
+            &[rows, 1],
+            (C, C, C),
+            1e-5,
+            [x, vec![1.5], vec![0.25], g],
         ));
     }
     cases
+}
+
+/// A `layer_norm_backward` case of `x`, `w` and `g`, with the statistics a
+/// forward pass with `eps` saved (`b` only feeds that forward pass).
+fn layer_norm_backward_case(
+    dtype: DType,
+    label: String,
+    shape: &[usize],
+    (l0, l1, l2): (Layout, Layout, Layout),
+    eps: f64,
+    [x, w, b, g]: [Vec<f64>; 4],
+) -> Case {
+    let h = last(shape);
+    let stats = &shape[..shape.len() - 1];
+    let (_, mean, rstd) = reference::layer_norm(
+        &Dense::new(shape, x.clone()),
+        &Dense::new(&[h], w.clone()),
+        &Dense::new(&[h], b),
+        eps,
+    )
+    .expect("valid shapes");
+    case(
+        "layer_norm_backward",
+        dtype,
+        label,
+        vec![
+            input("grad_out", dtype, shape, g, l0),
+            input("input", dtype, shape, x, l0),
+            input("weight", dtype, &[h], w, l1),
+            input("mean", DType::F32, stats, stored(DType::F32, &mean), l1),
+            input("rstd", DType::F32, stats, stored(DType::F32, &rstd), l1),
+            output("grad_input", dtype, shape, l2),
+            output("grad_weight", dtype, &[h], l2),
+            output("grad_bias", dtype, &[h], l2),
+        ],
+        // grad_input sums over the row, grad_weight and grad_bias over
+        // the rows.
+        Tolerance::accumulated(8.0, h + rows(shape)),
+        |exec, t| exec.layer_norm_backward(&t[0], &t[1], &t[2], &t[3], &t[4], &t[5], &t[6], &t[7]),
+        |d| {
+            let (gi, gw, gb) = reference::layer_norm_backward(&d[0], &d[1], &d[2], &d[3], &d[4])?;
+            Ok(vec![gi, gw, gb])
+        },
+    )
 }
 
 // ---------------------------------------------------------------------------

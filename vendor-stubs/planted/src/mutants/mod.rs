@@ -152,6 +152,7 @@ pub enum Bug {
     LayerNormRowOfOneAsBias,
     MaxIntoUninitialisedOutput,
     MatmulGemvNReadsAPacked,
+    AttentionNanRowAsMasked,
     StreamWaitEventIgnored,
     EventRecordCompletesAtOnce,
     EventSynchronizeReturnsAtOnce,
@@ -475,6 +476,9 @@ catalog! {
     MatmulGemvNReadsAPacked "matmul-gemv-n-reads-a-packed" "matmul" Path:
         "a matrix-vector product (N = 1) reads `a` as packed rows of op(a), ignoring its strides and transpose_a"
         => "N = 1 with a transposed a";
+    AttentionNanRowAsMasked "attention-nan-row-as-masked" "attention" EdgeValues:
+        "the running row maximum is taken with fmax, which drops NaN: a row whose scores hold NaN (or +inf, whose inf - inf is NaN) is taken for one that saw no key and written as zeros with lse = -inf, hiding a diverged run"
+        => "NaN in q or k and +inf scores";
     // Streams: in full mode `copy` and `fill` run on their stream's worker
     // thread (`crate::streams`), the other operators on the calling thread
     // once their stream's earlier work is done. The first two show at every

@@ -842,3 +842,25 @@ pub unsafe fn zero_rows(out: &View<'_>, bad: &[usize]) {
         }
     }
 }
+
+/// attention's results with every row whose log-sum-exp is NaN taken for a
+/// row that saw no key ([`Bug::AttentionNanRowAsMasked`]): its output row
+/// zeroed and its log-sum-exp `-inf`, as a kernel whose running maximum
+/// (`fmax`) dropped the NaN scores writes it.
+///
+/// [`Bug::AttentionNanRowAsMasked`]: super::Bug::AttentionNanRowAsMasked
+pub unsafe fn attention_nan_rows_as_masked(out: &View<'_>, lse: &View<'_>) {
+    let out_rows = rows(out);
+    for (r, p) in addresses(lse).into_iter().enumerate() {
+        // SAFETY: addresses of live elements of the outputs.
+        unsafe {
+            if !load(lse.dtype, p).is_nan() {
+                continue;
+            }
+            store(lse.dtype, p, f64::NEG_INFINITY);
+            for &o in out_rows.get(r).into_iter().flatten() {
+                store(out.dtype, o, 0.0);
+            }
+        }
+    }
+}
