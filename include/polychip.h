@@ -631,8 +631,11 @@ typedef struct PolychipError *(*PolychipRopeFn)(uint32_t device,
 // `[batch, heads_kv, seq_kv, D]` with `heads_q` a multiple of `heads_kv`
 // (query head `h` uses key/value head `h / (heads_q / heads_kv)`). With
 // `causal`, query `i` sees keys `j <= i + (seq_kv - seq_q)` (aligned at the
-// end). A query that sees no key produces zeros and `lse = -inf`. Softmax
-// statistics accumulate in at least f32.
+// end). A query that sees no key produces zeros and `lse = -inf`; a NaN or
+// +inf score among the keys a query sees (NaN in `q` or `k`, an overflowed
+// product) makes its output row and `lse` NaN, as `exp(s - max)` gives
+// (`inf - inf` is NaN), never the zeros of a query that sees no key.
+// Softmax statistics accumulate in at least f32.
 typedef struct PolychipAttentionArgs {
   // Size of this struct as the host knows it.
   size_t struct_size;

@@ -446,8 +446,8 @@ pub type PolychipRopeFn = Option<unsafe extern "C" fn(device: u32, stream: *mut 
 /// end). A query that sees no key produces zeros and `lse = -inf`; a NaN or
 /// +inf score among the keys a query sees (NaN in `q` or `k`, an overflowed
 /// product) makes its output row and `lse` NaN, as `exp(s - max)` gives
-/// (`inf - inf` is NaN), never the zeros of a query that sees no key. Softmax statistics
-/// accumulate in at least f32.
+/// (`inf - inf` is NaN), never the zeros of a query that sees no key.
+/// Softmax statistics accumulate in at least f32.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct PolychipAttentionArgs {
