@@ -7,7 +7,6 @@
 
 use std::ffi::{CStr, c_char, c_void};
 use std::ptr::{null, null_mut};
-use std::sync::Mutex;
 
 use polychip::*;
 
@@ -493,39 +492,6 @@ fn dlpack_imports_refuse_what_they_cannot_read() {
     ok(unsafe { polychip_tensor_from_dlpack(rt, &mut foreign, -1, &mut out) });
     assert_eq!(read(out, 2), [1.0, 2.0]);
     polychip_tensor_destroy(out);
-    polychip_runtime_destroy(rt);
-}
-
-static RECORDS: Mutex<Vec<(u32, String)>> = Mutex::new(Vec::new());
-
-unsafe extern "C" fn record(_ctx: *mut c_void, level: u32, message: *const c_char, len: usize) {
-    // SAFETY: `len` readable bytes for the call.
-    let bytes = unsafe { std::slice::from_raw_parts(message.cast::<u8>(), len) };
-    RECORDS
-        .lock()
-        .unwrap()
-        .push((level, String::from_utf8_lossy(bytes).into_owned()));
-}
-
-#[test]
-fn log_records_reach_the_callback() {
-    // SAFETY: an all-zero options struct is a valid value to fill.
-    let mut options: polychip_runtime_options_t = unsafe { std::mem::zeroed() };
-    options.struct_size = size_of::<polychip_runtime_options_t>();
-    // SAFETY: writable for its struct_size.
-    ok(unsafe { polychip_runtime_options_init(&mut options) });
-    options.log = Some(record);
-    options.log_level = POLYCHIP_API_LOG_DEBUG;
-    let mut rt = null_mut();
-    // SAFETY: readable options; `rt` writable.
-    ok(unsafe { polychip_runtime_new(&options, &mut rt) });
-    let records = RECORDS.lock().unwrap().clone();
-    assert!(
-        records
-            .iter()
-            .any(|(level, m)| *level == POLYCHIP_API_LOG_DEBUG && m.contains("loaded Ferrite")),
-        "{records:?}"
-    );
     polychip_runtime_destroy(rt);
 }
 
