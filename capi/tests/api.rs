@@ -773,16 +773,7 @@ fn a_world_larger_than_a_communicator_takes_is_refused_at_once() {
 fn a_peer_that_is_not_a_rank_is_refused() {
     let rt = runtime();
     let t = tensor(rt, device_of(rt, "Ferrite"), &[1.0]);
-    let options = polychip_comm_options_t {
-        struct_size: size_of::<polychip_comm_options_t>(),
-        rank: 0,
-        world_size: 1,
-        master_addr: null(),
-        master_port: 0,
-    };
-    let mut comm = null_mut();
-    // SAFETY: readable options; `comm` writable.
-    ok(unsafe { polychip_comm_init(&options, &mut comm) });
+    let comm = comm_alone();
     // Used to panic in the transport (an index out of bounds).
     for call in [polychip_comm_send, polychip_comm_recv] {
         let (code, message) = refused(call(comm, t, 3));

@@ -930,28 +930,42 @@ pub(crate) fn apply_measured(
     }
     // The cost model's passes of this stage at micro-batch `size` and
     // degree `tp`, with its dispatch floor (`whole`) or without (the work
-    // alone).
-    let mut bare = stage.chip.clone();
-    bare.kernel_dispatch_seconds = Some(0.0);
+    // alone; its chip type is made only when a carry needs it).
+    let bare = std::cell::OnceCell::new();
     let model_at = |size: u64, tp: u64, whole: bool| {
+        let chip = match whole {
+            true => stage.chip,
+            false => bare.get_or_init(|| ChipType {
+                kernel_dispatch_seconds: Some(0.0),
+                ..stage.chip.clone()
+            }),
+        };
         let s = crate::cost::StageShape {
             tp,
-            chip: if whole { stage.chip } else { &bare },
+            chip,
             ..stage.clone()
         };
         let mb = crate::cost::Microbatching { size, ..mb };
         let t = crate::cost::analytic_stage_timing(model, settings, cluster, &s, mb);
         (t.forward, t.backward)
     };
+    // The model at this stage's micro-batch size and the measured degree,
+    // where the first carry ends and the second starts.
+    let mut at_measured = None;
+    let mut here = || {
+        *at_measured.get_or_insert_with(|| {
+            (
+                model_at(mb.size, measured_tp, true),
+                model_at(mb.size, measured_tp, false),
+            )
+        })
+    };
     if near != mb.size {
-        let (from, to) = (
+        let (from, from0) = (
             model_at(near, measured_tp, true),
-            model_at(mb.size, measured_tp, true),
-        );
-        let (from0, to0) = (
             model_at(near, measured_tp, false),
-            model_at(mb.size, measured_tp, false),
         );
+        let (to, to0) = here();
         // Bounded by the measured time in proportion to the sequences, as
         // a pass's time per sequence does not grow with the batch nor fall
         // below that of a larger one.
@@ -972,14 +986,9 @@ pub(crate) fn apply_measured(
         // degree is mostly slower kernels than the model's, which split
         // with the work (Sailor's GH200 blocks run 1.8-2.4 times the
         // model's at tp 1 and speed up more than it with tp).
-        let (from, to) = (
-            model_at(mb.size, measured_tp, true),
-            model_at(mb.size, tp, true),
-        );
-        let (from0, to0) = (
-            model_at(mb.size, measured_tp, false),
-            model_at(mb.size, tp, false),
-        );
+        // `timing` holds the model's passes at this shape, floor included.
+        let ((from, from0), to) = (here(), (timing.forward, timing.backward));
+        let to0 = model_at(mb.size, tp, false);
         f *= split(from.0, to.0, from0.0, to0.0);
         b *= split(from.1, to.1, from0.1, to0.1);
     }
@@ -995,16 +1004,6 @@ pub(crate) fn apply_measured(
     timing.optimizer = params / shard * costs.optimizer_per_param;
 }
 
-/// A time `measured` at one shape carried to another by the cost model:
-/// the geometric mean of the measured time plus the model's difference
-/// between the shapes (`whole`: its times at the two, the part the model
-/// does not see staying fixed) and of the measured time scaled by the
-/// ratio of the model's work alone (`work`: its times without the
-/// dispatch floor, that part growing with the work). Against Sailor's
-/// GH200 runs priced from part of their profile (micro-batch 1 alone, tp
-/// 1 alone, both), this reading is within 2.4-10% where the model's whole
-/// ratio was 13-18% off (`outside_runs.rs`,
-/// `part_of_a_profile_still_prices_the_runs`; docs/planner.md).
 /// The factor that carries a measured time from one tensor-parallel
 /// degree to another: the geometric mean of the cost model's ratio between
 /// them with its dispatch floor (`from`, `to`: the floor stays fixed) and
@@ -1014,6 +1013,17 @@ fn split(from: f64, to: f64, from0: f64, to0: f64) -> f64 {
     (ratio(to, from) * ratio(to0, from0)).sqrt()
 }
 
+/// A time `measured` at one shape carried to another by the cost model:
+/// the geometric mean of the measured time plus the model's difference
+/// between the shapes (`whole`: its times at the two, the part the model
+/// does not see staying fixed) and of the measured time scaled by the
+/// ratio of the model's work alone (`work`: its times without the
+/// dispatch floor, that part growing with the work). Against Sailor's
+/// GH200 runs priced from part of their profile (micro-batch 1 alone, tp
+/// 1 alone, both), this reading and [`split`] are within 2.4-10% as given
+/// where the model's whole ratio was 13-18% off, with the pipeline sends
+/// priced as they were then (`outside_runs.rs`,
+/// `part_of_a_profile_still_prices_the_runs`; docs/planner.md).
 fn carry(measured: f64, whole: (f64, f64), work: (f64, f64)) -> f64 {
     let fixed = (measured + (whole.1 - whole.0)).max(0.0);
     let growing = if work.0 > 0.0 {
