@@ -9,6 +9,8 @@
 //! - [`tolerance`] and [`compare`]: the error model and the judgement of one
 //!   output (worst element, bias test);
 //! - [`placement`] and [`runner`]: guarded buffers and running one case;
+//!   [`fpenv`]: whether a call left a stream's thread with another
+//!   floating-point environment;
 //! - [`shrink`], [`suite`], [`report`], [`waivers`]: shrinking a failure,
 //!   running a plugin's units in child processes, the report, waivers.
 
@@ -17,6 +19,7 @@
 pub mod case;
 pub mod cases;
 pub mod compare;
+pub mod fpenv;
 pub mod placement;
 pub mod reference;
 pub mod report;

@@ -8,6 +8,7 @@
 
 use std::time::Instant;
 
+use polychip_host::ffi::fpenv;
 use polychip_host::{DType, Device, ErrorCode, HostError, Stream, Tensor};
 use serde::{Deserialize, Serialize};
 
@@ -616,9 +617,15 @@ const STREAM_RETRIES: usize = 3;
 /// copies; and the timing that says whether the case could see a wait that
 /// returns early.
 struct StreamCase {
-    _streams: Vec<Stream>,
+    /// The stream that kept the inputs busy, then (unless the case destroys
+    /// it) the one the call ran on.
+    streams: Vec<Stream>,
     _buffers: Vec<Tensor>,
     window: Window,
+    /// Whether the call ran on the last of `streams` and returned: then an
+    /// `add` queued behind it checks the floating-point environment of the
+    /// stream's thread ([`crate::fpenv`]).
+    probe: bool,
 }
 
 /// A stream case's timing: the busy stream's estimated work, the time this
@@ -707,11 +714,16 @@ fn on_stream(
     // The call's own refusal first; else an error its work reported when
     // awaited.
     let outcome = called.and(awaited);
+    // After a call that ran, the stream it ran on is probed for its
+    // thread's floating-point environment once the outputs have been read
+    // (a probe before would wait for a call whose wait returned early).
+    let probe = outcome.is_ok() && matches!(sync, StreamSync::Event | StreamSync::Stream);
     Ok((
         outcome,
         StreamCase {
-            _streams: streams,
+            streams,
             _buffers: buffers,
+            probe,
             window: Window {
                 busy,
                 queued,
@@ -755,6 +767,8 @@ fn keep_busy(
 /// plugin, and reads every buffer back whole. `Err` when the suite itself
 /// could not upload or read a tensor.
 fn execute(device: &Device, case: &Case, poison: u8, busy: f64) -> Result<Run, String> {
+    // What an earlier case's calls left (already reported there).
+    let _ = fpenv::take_change();
     let mut uploaded: Vec<Option<Uploaded>> = Vec::with_capacity(case.tensors.len());
     for spec in &case.tensors {
         if spec.alias_of.is_some() {
@@ -842,6 +856,19 @@ fn execute(device: &Device, case: &Case, poison: u8, busy: f64) -> Result<Run, S
             }
         }
         elements[t] = bytes;
+    }
+    // The host puts back a floating-point environment a call changed on
+    // the calling thread (ABI rule 12) and records it; the case fails.
+    if let Some(change) = fpenv::take_change() {
+        problems.push(change.to_string());
+    }
+    if let Some(what) = stream_case
+        .as_ref()
+        .filter(|s| s.probe)
+        .and_then(|s| s.streams.last())
+        .and_then(|run| crate::fpenv::left_changed(device, run))
+    {
+        problems.push(what);
     }
     let window_missed = stream_case.as_ref().is_some_and(|s| s.window.missed());
     for (t, spec) in case.tensors.iter().enumerate() {

@@ -20,6 +20,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use libloading::os::unix::{Library, RTLD_LOCAL, RTLD_NOW};
+use polychip_plugin_sdk::Op;
 use polychip_plugin_sdk::abi::{
     POLYCHIP_ABI_MAJOR, POLYCHIP_ABI_MIN_MINOR, POLYCHIP_ABI_MINOR, POLYCHIP_PLUGIN_INIT_V1_SYMBOL,
     PolychipHostApi, PolychipLogLevel, PolychipOpTable, PolychipPluginApi, PolychipPluginInitV1,
@@ -28,6 +29,7 @@ use polychip_plugin_sdk::abi::{
 use crate::discovery::{self, FileId};
 use crate::error::{HostError, Result};
 use crate::ffi::errors;
+use crate::ffi::fpenv::FpEnv;
 use crate::ffi::plugin::Plugin;
 
 /// How to load plugins.
@@ -136,6 +138,10 @@ fn open(path: &Path) -> Result<Plugin> {
     // dlopen searches the library path for a name without a slash; a plugin
     // path always means that file.
     let absolute = std::path::absolute(path).unwrap_or_else(|_| path_buf.clone());
+    // A library's initialisers may change the floating-point environment
+    // (one built with `-ffast-math` by an older GCC turns on FTZ/DAZ): put
+    // back once the entry has run, and reported once the plugin has a name.
+    let fp_before = FpEnv::current();
     // SAFETY: loading a library runs its initialisers. Plugins are trusted code
     // by design (like any driver); RTLD_LOCAL keeps their symbols apart.
     let library =
@@ -151,7 +157,10 @@ fn open(path: &Path) -> Result<Plugin> {
         library.get::<PolychipPluginInitV1>(POLYCHIP_PLUGIN_INIT_V1_SYMBOL.as_bytes())
     } {
         Ok(symbol) => *symbol,
-        Err(_) => return Err(missing_entry(library, path)),
+        Err(_) => {
+            fp_before.restore();
+            return Err(missing_entry(library, path));
+        }
     };
     let label = path.file_name().map_or_else(
         || path.display().to_string(),
@@ -162,6 +171,10 @@ fn open(path: &Path) -> Result<Plugin> {
     // SAFETY: `host` is a complete, immortal host table and `out` is writable;
     // this is the entry contract.
     let error = unsafe { entry(host, &mut out) };
+    let fp_after = FpEnv::current();
+    if fp_after != fp_before {
+        fp_before.restore();
+    }
     match errors::take(error) {
         Ok(None) => {}
         Ok(Some((code, message))) => {
@@ -190,7 +203,7 @@ fn open(path: &Path) -> Result<Plugin> {
     // with struct_size, abi_major and abi_minor in every major.
     let api = unsafe { read_plugin_table(path, out)? };
     // SAFETY: a non-NULL ops pointer addresses a static table starting with struct_size.
-    let ops = unsafe { read_op_table(path, api.ops)? };
+    let ops = unsafe { read_op_table(path, api.ops, api.abi_minor)? };
     // SAFETY: the vendor and version strings are static NUL-terminated strings per the ABI.
     let (vendor, version) = unsafe {
         (
@@ -212,7 +225,12 @@ fn open(path: &Path) -> Result<Plugin> {
     }
     let version = printable(&version);
     let label = format!("{} ({vendor})", path.display());
-    Plugin::new(path_buf, vendor, version, api, ops).map_err(|e| e.with_plugin_label(label))
+    let plugin =
+        Plugin::new(path_buf, vendor, version, api, ops).map_err(|e| e.with_plugin_label(label))?;
+    if fp_after != fp_before {
+        plugin.note_fp_env_change("loading (its initialisers and entry)", fp_before, fp_after);
+    }
+    Ok(plugin)
 }
 
 /// An error's message followed by its sources' (libloading puts the dynamic
@@ -296,9 +314,34 @@ unsafe fn read_plugin_table(
     Ok(api)
 }
 
+/// The bytes of the op table that ABI `1.minor` defines: through the last
+/// entry of an operator that minor (or an earlier one) introduced. The
+/// table only grows at the end, so that is a prefix.
+fn op_table_end(minor: u32) -> usize {
+    Op::ALL
+        .into_iter()
+        .map(Op::info)
+        .filter(|info| info.since <= (POLYCHIP_ABI_MAJOR, minor))
+        .map(|info| info.table_offset + size_of::<Option<unsafe extern "C" fn()>>())
+        .max()
+        .unwrap_or(size_of::<usize>())
+}
+
+/// Reads the op table of a plugin of ABI `1.minor`. Entries past the
+/// table's `struct_size` read as NULL ("not implemented"), and so do the
+/// entries of operators newer than `minor`, whatever the table holds there:
+/// a plugin of an older minor cannot have meant an operator it never saw
+/// (a table padded or reused from a newer header's layout), so the host
+/// treats that slot as absent, falls back where the caller allows it, and
+/// never calls into it.
+///
 /// # Safety
 /// `ptr` is non-NULL and addresses a readable op table of at least its own `struct_size`.
-unsafe fn read_op_table(path: &Path, ptr: *const PolychipOpTable) -> Result<PolychipOpTable> {
+unsafe fn read_op_table(
+    path: &Path,
+    ptr: *const PolychipOpTable,
+    minor: u32,
+) -> Result<PolychipOpTable> {
     // SAFETY: struct_size is the first field.
     let size = unsafe { ptr.cast::<usize>().read() };
     if size < size_of::<usize>() {
@@ -310,10 +353,12 @@ unsafe fn read_op_table(path: &Path, ptr: *const PolychipOpTable) -> Result<Poly
         });
     }
     let mut table = std::mem::MaybeUninit::<PolychipOpTable>::zeroed();
-    let n = size.min(size_of::<PolychipOpTable>());
+    let n = size
+        .min(size_of::<PolychipOpTable>())
+        .min(op_table_end(minor));
     // SAFETY: the plugin's table has `size >= n` readable bytes; an all-zero
     // table is valid (every entry None), so entries a shorter (older) table
-    // lacks read as "not implemented".
+    // lacks, or its minor does not define, read as "not implemented".
     Ok(unsafe {
         std::ptr::copy_nonoverlapping(ptr.cast::<u8>(), table.as_mut_ptr().cast::<u8>(), n);
         table.assume_init()

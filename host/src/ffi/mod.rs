@@ -3,6 +3,7 @@
 //! Everything outside this module is safe Rust.
 
 pub(crate) mod errors;
+pub mod fpenv;
 mod load;
 mod plugin;
 

@@ -14,6 +14,7 @@ use polychip_plugin_sdk::abi::{
 
 use crate::error::{HostError, Result};
 use crate::ffi::errors;
+use crate::ffi::fpenv::{FpEnv, FpEnvChange};
 
 /// A plugin's stream handle.
 #[derive(Debug)]
@@ -67,6 +68,11 @@ pub struct Plugin {
     pub(crate) ops: PolychipOpTable,
     devices: Vec<DeviceProps>,
     unimplemented_calls: AtomicU64,
+    /// Calls that returned with the calling thread's floating-point
+    /// environment changed ([`super::fpenv`]).
+    fp_env_changes: AtomicU64,
+    /// The functions already warned about such a change (once each).
+    fp_env_warned: std::sync::Mutex<Vec<String>>,
     /// Per device: bytes of host-owned buffers allocated now, and the most
     /// since the last reset ([`crate::Device::peak_memory_in_use`]).
     pub(crate) usage: Vec<MemoryUsage>,
@@ -129,6 +135,8 @@ impl Plugin {
             ops,
             devices: Vec::new(),
             unimplemented_calls: AtomicU64::new(0),
+            fp_env_changes: AtomicU64::new(0),
+            fp_env_warned: std::sync::Mutex::new(Vec::new()),
             usage: Vec::new(),
         };
         let count = plugin.device_count()?;
@@ -184,6 +192,54 @@ impl Plugin {
         self.unimplemented_calls.load(Ordering::Relaxed)
     }
 
+    /// How many calls returned with the calling thread's floating-point
+    /// environment changed (each restored by the host; ABI rule 12).
+    pub fn fp_env_changes(&self) -> u64 {
+        self.fp_env_changes.load(Ordering::Relaxed)
+    }
+
+    /// Runs `call` (one call into the plugin's tables) and puts the calling
+    /// thread's floating-point environment back as it was if the call
+    /// changed it: counted, warned about once per function, and recorded
+    /// for [`super::fpenv::take_change`].
+    #[inline]
+    fn guarded<T>(&self, function: &str, call: impl FnOnce() -> T) -> T {
+        let before = FpEnv::current();
+        let result = call();
+        let after = FpEnv::current();
+        if after != before {
+            self.fp_env_changed(function, before, after);
+        }
+        result
+    }
+
+    #[cold]
+    fn fp_env_changed(&self, function: &str, before: FpEnv, after: FpEnv) {
+        before.restore();
+        self.note_fp_env_change(function, before, after);
+    }
+
+    /// Counts, warns about and records a change the host already undid.
+    #[cold]
+    pub(crate) fn note_fp_env_change(&self, function: &str, before: FpEnv, after: FpEnv) {
+        self.fp_env_changes.fetch_add(1, Ordering::Relaxed);
+        let change = FpEnvChange {
+            plugin: self.vendor.clone(),
+            function: function.to_string(),
+            what: before.changes_to(after),
+        };
+        let mut warned = self
+            .fp_env_warned
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if !warned.iter().any(|f| f == function) {
+            warned.push(function.to_string());
+            log::warn!("{change} (warned once for {function})");
+        }
+        drop(warned);
+        super::fpenv::record(change);
+    }
+
     fn check(&self, function: &'static str, error: *mut PolychipError) -> Result<()> {
         match errors::take(error) {
             Ok(None) => Ok(()),
@@ -204,7 +260,9 @@ impl Plugin {
     fn device_count(&self) -> Result<u32> {
         let mut count = 0u32;
         // SAFETY: required function (checked at load); `count` is writable.
-        let e = unsafe { self.api.device_count.expect("checked at load")(&mut count) };
+        let e = self.guarded("device_count", || unsafe {
+            self.api.device_count.expect("checked at load")(&mut count)
+        });
         self.check("device_count", e)?;
         Ok(count)
     }
@@ -213,7 +271,9 @@ impl Plugin {
         let mut raw = PolychipDeviceProps::default();
         // SAFETY: required function; `raw` is a writable, zeroed struct whose
         // struct_size says how much the plugin may write.
-        let e = unsafe { self.api.device_props.expect("checked at load")(device, &mut raw) };
+        let e = self.guarded("device_props", || unsafe {
+            self.api.device_props.expect("checked at load")(device, &mut raw)
+        });
         self.check("device_props", e)?;
         let mut props = DeviceProps::from_raw(&raw);
         props.name = super::load::printable(&props.name);
@@ -224,7 +284,9 @@ impl Plugin {
     pub fn mem_alloc(&self, device: u32, bytes: u64) -> Result<*mut c_void> {
         let mut ptr = null_mut();
         // SAFETY: required function; `ptr` is writable.
-        let e = unsafe { self.api.mem_alloc.expect("checked at load")(device, bytes, &mut ptr) };
+        let e = self.guarded("mem_alloc", || unsafe {
+            self.api.mem_alloc.expect("checked at load")(device, bytes, &mut ptr)
+        });
         self.check("mem_alloc", e)?;
         if ptr.is_null() && bytes > 0 {
             return Err(HostError::Contract {
@@ -242,7 +304,9 @@ impl Plugin {
     /// `ptr` came from [`Plugin::mem_alloc`] on `device` and no work uses it.
     pub unsafe fn mem_free(&self, device: u32, ptr: *mut c_void) -> Result<()> {
         // SAFETY: required function; the caller guarantees `ptr`.
-        let e = unsafe { self.api.mem_free.expect("checked at load")(device, ptr) };
+        let e = self.guarded("mem_free", || unsafe {
+            self.api.mem_free.expect("checked at load")(device, ptr)
+        });
         self.check("mem_free", e)
     }
 
@@ -266,7 +330,9 @@ impl Plugin {
         };
         let stream = stream.map_or(null_mut(), |s| s.0.as_ptr());
         // SAFETY: required function; the caller guarantees the ranges.
-        let e = unsafe { f.expect("checked at load")(device, stream, dst, src, bytes) };
+        let e = self.guarded(function, || unsafe {
+            f.expect("checked at load")(device, stream, dst, src, bytes)
+        });
         self.check(function, e)
     }
 
@@ -274,7 +340,9 @@ impl Plugin {
     pub fn stream_create(&self, device: u32) -> Result<RawStream> {
         let mut out = null_mut();
         // SAFETY: required function; `out` is writable.
-        let e = unsafe { self.api.stream_create.expect("checked at load")(device, &mut out) };
+        let e = self.guarded("stream_create", || unsafe {
+            self.api.stream_create.expect("checked at load")(device, &mut out)
+        });
         self.check("stream_create", e)?;
         NonNull::new(out)
             .map(RawStream)
@@ -284,14 +352,18 @@ impl Plugin {
     /// `stream_destroy`.
     pub fn stream_destroy(&self, stream: RawStream) -> Result<()> {
         // SAFETY: required function; the handle came from stream_create and is given up.
-        let e = unsafe { self.api.stream_destroy.expect("checked at load")(stream.0.as_ptr()) };
+        let e = self.guarded("stream_destroy", || unsafe {
+            self.api.stream_destroy.expect("checked at load")(stream.0.as_ptr())
+        });
         self.check("stream_destroy", e)
     }
 
     /// `stream_synchronize`.
     pub fn stream_synchronize(&self, stream: &RawStream) -> Result<()> {
         // SAFETY: required function; a live handle.
-        let e = unsafe { self.api.stream_synchronize.expect("checked at load")(stream.0.as_ptr()) };
+        let e = self.guarded("stream_synchronize", || unsafe {
+            self.api.stream_synchronize.expect("checked at load")(stream.0.as_ptr())
+        });
         self.check("stream_synchronize", e)
     }
 
@@ -299,7 +371,9 @@ impl Plugin {
     pub fn event_create(&self, device: u32) -> Result<RawEvent> {
         let mut out = null_mut();
         // SAFETY: required function; `out` is writable.
-        let e = unsafe { self.api.event_create.expect("checked at load")(device, &mut out) };
+        let e = self.guarded("event_create", || unsafe {
+            self.api.event_create.expect("checked at load")(device, &mut out)
+        });
         self.check("event_create", e)?;
         NonNull::new(out)
             .map(RawEvent)
@@ -309,7 +383,9 @@ impl Plugin {
     /// `event_destroy`.
     pub fn event_destroy(&self, event: RawEvent) -> Result<()> {
         // SAFETY: required function; the handle came from event_create and is given up.
-        let e = unsafe { self.api.event_destroy.expect("checked at load")(event.0.as_ptr()) };
+        let e = self.guarded("event_destroy", || unsafe {
+            self.api.event_destroy.expect("checked at load")(event.0.as_ptr())
+        });
         self.check("event_destroy", e)
     }
 
@@ -317,8 +393,9 @@ impl Plugin {
     pub fn event_record(&self, event: &RawEvent, stream: Option<&RawStream>) -> Result<()> {
         let stream = stream.map_or(null_mut(), |s| s.0.as_ptr());
         // SAFETY: required function; live handles.
-        let e =
-            unsafe { self.api.event_record.expect("checked at load")(event.0.as_ptr(), stream) };
+        let e = self.guarded("event_record", || unsafe {
+            self.api.event_record.expect("checked at load")(event.0.as_ptr(), stream)
+        });
         self.check("event_record", e)
     }
 
@@ -326,16 +403,18 @@ impl Plugin {
     pub fn stream_wait_event(&self, stream: Option<&RawStream>, event: &RawEvent) -> Result<()> {
         let stream = stream.map_or(null_mut(), |s| s.0.as_ptr());
         // SAFETY: required function; live handles.
-        let e = unsafe {
+        let e = self.guarded("stream_wait_event", || unsafe {
             self.api.stream_wait_event.expect("checked at load")(stream, event.0.as_ptr())
-        };
+        });
         self.check("stream_wait_event", e)
     }
 
     /// `event_synchronize`.
     pub fn event_synchronize(&self, event: &RawEvent) -> Result<()> {
         // SAFETY: required function; a live handle.
-        let e = unsafe { self.api.event_synchronize.expect("checked at load")(event.0.as_ptr()) };
+        let e = self.guarded("event_synchronize", || unsafe {
+            self.api.event_synchronize.expect("checked at load")(event.0.as_ptr())
+        });
         self.check("event_synchronize", e)
     }
 
@@ -369,7 +448,7 @@ impl Plugin {
         };
         let stream = stream.map_or(null_mut(), |s| s.0.as_ptr());
         // SAFETY: a non-NULL entry of a checked table; the caller guarantees `args`.
-        let e = unsafe { f(device, stream, args) };
+        let e = self.guarded(op, || unsafe { f(device, stream, args) });
         if e.is_null() {
             return Ok(());
         }
