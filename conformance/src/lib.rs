@@ -10,7 +10,8 @@
 //!   output (worst element, bias test);
 //! - [`placement`] and [`runner`]: guarded buffers and running one case;
 //!   [`fpenv`]: whether a call left a stream's thread with another
-//!   floating-point environment;
+//!   floating-point environment; [`leaks`]: whether memory or threads
+//!   keep growing with repeated calls;
 //! - [`shrink`], [`suite`], [`report`], [`waivers`]: shrinking a failure,
 //!   running a plugin's units in child processes, the report, waivers.
 
@@ -20,6 +21,7 @@ pub mod case;
 pub mod cases;
 pub mod compare;
 pub mod fpenv;
+pub mod leaks;
 pub mod placement;
 pub mod reference;
 pub mod report;

@@ -176,7 +176,31 @@ pub fn run_case(device: &Device, case: &Case, index: usize, factor: f64) -> Case
         result.status = Status::Failed;
         result.message = why;
     }
+    if case.concurrent
+        && result.status == Status::Passed
+        && let Some(why) = leak_problem(device, case)
+    {
+        result.status = Status::Failed;
+        result.message = why;
+    }
     result
+}
+
+/// Calls `case` (which passed) again and again on one upload and says what
+/// keeps growing ([`crate::leaks`]).
+fn leak_problem(device: &Device, case: &Case) -> Option<String> {
+    let uploaded: Vec<Option<Uploaded>> = case
+        .tensors
+        .iter()
+        .map(|spec| match spec.alias_of {
+            Some(_) => Ok(None),
+            None => upload(device, spec, POISON_BYTE, false).map(Some),
+        })
+        .collect::<Result<_, HostError>>()
+        .ok()?;
+    let tensors = views(case, &uploaded);
+    let exec = device.exec();
+    crate::leaks::growth(|| (case.call)(&exec, &tensors).map_err(|e| e.to_string()))
 }
 
 /// Rounds of a [`Case::concurrent`] case; in each, every thread's call is
