@@ -107,7 +107,9 @@ pub struct MemoryBreakdown {
     /// Activations kept for the backward pass under 1F1B.
     pub activations: f64,
     /// The last stage only: the logits and loss buffers of the micro-batch
-    /// being trained, see [`logits_bytes`].
+    /// being trained ([`logits_bytes`]) beyond the last layer's recomputed
+    /// activations and backward transients, which never coexist with them
+    /// (the peak holds the larger).
     #[serde(default)]
     pub logits: f64,
     /// The largest transient buffers of one pass, see [`workspace_bytes`].
@@ -317,25 +319,39 @@ pub fn workspace_bytes(
     stage: &StageShape,
     micro_batch: u64,
 ) -> f64 {
+    let mut bytes =
+        matmul_workspace(stage.chip) + layer_workspace_bytes(model, settings, stage, micro_batch);
+    if stage.holds_embedding() {
+        let tokens = (micro_batch * model.seq_len) as f64;
+        bytes += tokens * model.hidden as f64 * settings.dtype.bytes() as f64;
+    }
+    bytes
+}
+
+/// The layers' part of [`workspace_bytes`]: the larger of one layer's FFN
+/// backward and its attention backward on each of `tp` chips of a stage
+/// with at least one layer (0 without layers).
+fn layer_workspace_bytes(
+    model: &ModelSpec,
+    settings: &TrainingSettings,
+    stage: &StageShape,
+    micro_batch: u64,
+) -> f64 {
+    if stage.layers.end <= stage.layers.start {
+        return 0.0;
+    }
     let t = stage.tp.max(1) as f64;
     let e = settings.dtype.bytes() as f64;
     let tokens = (micro_batch * model.seq_len) as f64;
     let (h, kv, f) = (model.hidden as f64, model.kv_dim() as f64, model.ffn as f64);
-    let mut bytes = matmul_workspace(stage.chip);
-    if stage.layers.end > stage.layers.start {
-        let ffn = 3.0 * tokens * f / t * e;
-        let attention = if settings.flash_attention {
-            tokens / t * ((h + 2.0 * kv) * e + 4.0 * h)
-        } else {
-            let s = model.seq_len as f64;
-            2.0 * (micro_batch * model.heads) as f64 / t * s * s * e
-        };
-        bytes += ffn.max(attention);
-    }
-    if stage.holds_embedding() {
-        bytes += tokens * h * e;
-    }
-    bytes
+    let ffn = 3.0 * tokens * f / t * e;
+    let attention = if settings.flash_attention {
+        tokens / t * ((h + 2.0 * kv) * e + 4.0 * h)
+    } else {
+        let s = model.seq_len as f64;
+        2.0 * (micro_batch * model.heads) as f64 / t * s * s * e
+    };
+    ffn.max(attention)
 }
 
 /// Memory of one device of `stage`: weights, gradients and optimizer state
@@ -344,7 +360,9 @@ pub fn workspace_bytes(
 /// gradients, `6 + 12/d` sharded), and the activations of its layers for
 /// `min(p - i, m)` micro-batches. Full recomputation adds the working set of
 /// the one layer being recomputed. The last stage adds the logits and loss
-/// buffers ([`logits_bytes`]); every stage its transient workspace
+/// buffers ([`logits_bytes`]) beyond that working set and the layer's
+/// backward transients, which are alive only after the loss's backward has
+/// freed them; every stage its transient workspace
 /// ([`workspace_bytes`]) and the chip's reserve
 /// ([`ChipType::memory_reserve`]).
 ///
@@ -387,12 +405,20 @@ fn megatron_terms(
     let measured = measured_block_activations(model, settings, stage, mb);
     let per_layer =
         measured.unwrap_or_else(|| layer_activation_bytes(model, settings, mb.size, stage.tp));
-    let mut activations = n * kept * per_layer;
-    if settings.recompute == Recompute::Full && n > 0.0 {
-        activations += full_layer_activation_bytes(model, settings, mb.size, stage.tp);
-    }
+    let recomputed = if settings.recompute == Recompute::Full && n > 0.0 {
+        full_layer_activation_bytes(model, settings, mb.size, stage.tp)
+    } else {
+        0.0
+    };
+    let activations = n * kept * per_layer + recomputed;
+    // The loss's buffers are freed before the last layer's backward (and,
+    // under full recomputation, its recomputed forward) starts: they never
+    // coexist with that layer's working set and backward transients, so
+    // the peak holds the larger of the two and `logits` counts what the
+    // loss needs beyond them.
     let logits = if stage.holds_head() {
-        logits_bytes(model, settings, mb.size, stage.tp)
+        let layer = recomputed + layer_workspace_bytes(model, settings, stage, mb.size);
+        (logits_bytes(model, settings, mb.size, stage.tp) - layer).max(0.0)
     } else {
         0.0
     };
