@@ -35,6 +35,7 @@ mod arch {
     /// The x87 control word's defined bits (masks, precision, rounding).
     const X87_BITS: u16 = 0x0f3f;
 
+    #[inline(always)]
     pub fn read() -> (u64, u16) {
         let mut mxcsr: u32 = 0;
         let mut cw: u16 = 0;
@@ -173,7 +174,7 @@ mod arch {
 
 impl FpEnv {
     /// The calling thread's control bits now.
-    #[inline]
+    #[inline(always)]
     pub fn current() -> FpEnv {
         let (control, x87) = arch::read();
         FpEnv { control, x87 }

@@ -202,7 +202,7 @@ impl Plugin {
     /// thread's floating-point environment back as it was if the call
     /// changed it: counted, warned about once per function, and recorded
     /// for [`super::fpenv::take_change`].
-    #[inline]
+    #[inline(always)]
     fn guarded<T>(&self, function: &str, call: impl FnOnce() -> T) -> T {
         let before = FpEnv::current();
         let result = call();
@@ -431,6 +431,7 @@ impl Plugin {
     /// # Safety
     /// `args` satisfies the operator's contract: its tensors address live
     /// memory of `device` that stays alive until the stream reaches the op.
+    #[inline]
     pub(crate) unsafe fn call_op<A>(
         &self,
         op: &'static str,
