@@ -44,7 +44,7 @@ struct CommArgs {
     /// Buffer sizes, comma-separated, in bytes or with K, M, G (default
     /// 4K,64K,1M,16M,64M): each a whole number of elements, at most 1G (a
     /// rank allocates a send and a receive buffer of the size).
-    #[arg(long, value_name = "LIST")]
+    #[arg(long, value_name = "LIST", allow_hyphen_values = true)]
     sizes: Option<String>,
     /// The transport: shm (one machine), tcp, verbs (RDMA) or auto (shm when
     /// every rank is on this machine). Default: `POLYCHIP_TRANSPORT`, else auto.
@@ -55,11 +55,11 @@ struct CommArgs {
     dtype: String,
     /// Ranks to start when not already inside a launcher (default
     /// `POLYCHIP_BENCH_RANKS`, else 2).
-    #[arg(short = 'n', long = "nproc", value_name = "N")]
+    #[arg(short = 'n', long = "nproc", value_name = "N", allow_negative_numbers = true, value_parser = crate::numbers::whole::<usize>(1))]
     nproc: Option<usize>,
     /// Timed iterations per row, 1 to 100000 (default about 2e9 / bytes,
     /// 20..=20000).
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = crate::numbers::whole::<usize>(1))]
     iters: Option<usize>,
     /// Where rank 0 writes the table instead of stdout (used when this
     /// command launches itself).
@@ -106,18 +106,23 @@ fn transport_kind(args: &CommArgs) -> polychip_comm::Result<(String, &'static st
     let (value, by) = match (&args.transport, std::env::var(bootstrap::TRANSPORT_ENV)) {
         (Some(flag), _) => (flag.clone(), "--transport"),
         (None, Ok(env)) => (env, bootstrap::TRANSPORT_ENV),
-        (None, Err(_)) => ("auto".into(), bootstrap::TRANSPORT_ENV),
+        (None, Err(std::env::VarError::NotUnicode(_))) => {
+            return Err(CommError::Usage(format!(
+                "{} is not UTF-8 text; expected shm, tcp, verbs or auto",
+                bootstrap::TRANSPORT_ENV
+            )));
+        }
+        (None, Err(std::env::VarError::NotPresent)) => ("auto".into(), bootstrap::TRANSPORT_ENV),
     };
+    let quoted = polychip_comm::text::quoted(&value);
     let kind = value.trim().to_ascii_lowercase();
     match kind.as_str() {
         "shm" | "tcp" | "verbs" | "auto" => Ok((kind, by)),
         _ => Err(CommError::Usage(match by {
             "--transport" => {
-                format!(
-                    "--transport {value:?} is not a transport: expected shm, tcp, verbs or auto"
-                )
+                format!("--transport {quoted} is not a transport: expected shm, tcp, verbs or auto")
             }
-            _ => format!("{by}={value:?} is not a transport: expected shm, tcp, verbs or auto"),
+            _ => format!("{by}={quoted} is not a transport: expected shm, tcp, verbs or auto"),
         })),
     }
 }
@@ -163,13 +168,22 @@ fn relaunch(args: &CommArgs) -> polychip_comm::Result<ExitCode> {
     let (nproc, named) = match args.nproc {
         Some(n) => (n, "-n".to_string()),
         None => match std::env::var("POLYCHIP_BENCH_RANKS") {
+            // Quoted escaped and cut, like every value from the user.
             Ok(s) => (
                 s.trim().parse().map_err(|_| {
-                    CommError::Usage(format!("POLYCHIP_BENCH_RANKS={s:?} is not a number"))
+                    CommError::Usage(format!(
+                        "POLYCHIP_BENCH_RANKS={} is not a whole number of ranks (1 or more)",
+                        polychip_comm::text::quoted(&s)
+                    ))
                 })?,
-                format!("POLYCHIP_BENCH_RANKS={s:?}"),
+                format!("POLYCHIP_BENCH_RANKS={}", polychip_comm::text::quoted(&s)),
             ),
-            Err(_) => (2, "-n".to_string()),
+            Err(std::env::VarError::NotUnicode(_)) => {
+                return Err(CommError::Usage(
+                    "POLYCHIP_BENCH_RANKS is not UTF-8 text; give a whole number of ranks".into(),
+                ));
+            }
+            Err(std::env::VarError::NotPresent) => (2, "-n".to_string()),
         },
     };
     // The ranks' communicators take 1 to MAX_WORLD ranks: refused here,
@@ -220,7 +234,10 @@ fn relaunch(args: &CommArgs) -> polychip_comm::Result<ExitCode> {
     printed.map_err(|e| CommError::Io {
         rank: 0,
         op: "bench".into(),
-        message: format!("rank 0 left no table in {}: {e}", table.display()),
+        message: format!(
+            "rank 0 left no table in {}: {e}",
+            polychip_files::shown_path(&table)
+        ),
     })?;
     Ok(ExitCode::SUCCESS)
 }
@@ -255,7 +272,7 @@ fn rank(args: &CommArgs) -> polychip_comm::Result<ExitCode> {
             Some(path) => std::fs::write(path, text).map_err(|e| CommError::Io {
                 rank,
                 op: "bench".into(),
-                message: format!("cannot write {}: {e}", path.display()),
+                message: format!("cannot write {}: {e}", polychip_files::shown_path(path)),
             })?,
             None => print!("{text}"),
         }

@@ -68,7 +68,7 @@ struct ImportArgs {
     #[arg(value_name = "OUT_CHECKPOINT_DIR")]
     out: PathBuf,
     /// Tokens per training sequence (default min(max_position_embeddings, 128)).
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = crate::numbers::whole::<usize>(1))]
     seq_len: Option<usize>,
 }
 
@@ -82,7 +82,7 @@ struct LogitsArgs {
     /// The token ids, comma-separated (e.g. `72,101,108,108,111`): at most
     /// the model's sequence length (a Hugging Face model's
     /// max_position_embeddings).
-    #[arg(long, value_name = "IDS", required = true)]
+    #[arg(long, value_name = "IDS", required = true, allow_hyphen_values = true)]
     tokens: String,
     /// The device to run on (default: the first device found).
     #[arg(long, value_name = "DEVICE")]
@@ -109,12 +109,12 @@ fn export(a: &ExportArgs) -> Result<(), TrainError> {
     let model = hf::export(&a.checkpoint, &a.out)?;
     println!(
         "exported {} ({}: {} parameters, {} blocks, dim {}) as a Hugging Face LLaMA model: {}",
-        a.checkpoint.display(),
+        polychip_files::shown_path(&a.checkpoint),
         model.name,
         model.parameters(),
         model.layers,
         model.dim,
-        a.out.display()
+        polychip_files::shown_path(&a.out)
     );
     Ok(())
 }
@@ -124,20 +124,26 @@ fn import(a: &ImportArgs) -> Result<(), TrainError> {
     println!(
         "imported {} ({} parameters, {} blocks, dim {}, vocabulary {}, sequences of {}) as \
          the step-0 checkpoint {}; continue with: polychip train --resume {}",
-        a.hf_dir.display(),
+        polychip_files::shown_path(&a.hf_dir),
         model.parameters(),
         model.layers,
         model.dim,
         model.vocab,
         model.seq_len,
-        a.out.display(),
-        a.out.display()
+        polychip_files::shown_path(&a.out),
+        polychip_files::shown_path(&a.out)
     );
     Ok(())
 }
 
 fn parse_tokens(list: &str, vocab: usize) -> Result<Vec<i32>, TrainError> {
-    let bad = |m: String| TrainError::Config(format!("--tokens {list:?}: {m}"));
+    // Quoted escaped and cut (a list of 60,000 ids was echoed whole).
+    let bad = |m: String| {
+        TrainError::Config(format!(
+            "--tokens {}: {m}",
+            polychip_comm::text::quoted(list)
+        ))
+    };
     let ids = list
         .split(',')
         .map(|t| {
@@ -147,7 +153,10 @@ fn parse_tokens(list: &str, vocab: usize) -> Result<Vec<i32>, TrainError> {
                 Ok(v) => Err(bad(format!(
                     "token {v} is outside the model's vocabulary 0..{vocab}"
                 ))),
-                Err(_) => Err(bad(format!("{t:?} is not a token id"))),
+                Err(_) => Err(bad(format!(
+                    "{} is not a token id",
+                    polychip_comm::text::quoted(t)
+                ))),
             }
         })
         .collect::<Result<Vec<_>, _>>()?;
@@ -199,7 +208,7 @@ fn logits(a: &LogitsArgs) -> Result<(), TrainError> {
     }
     let mut init = InitialWeights::Given {
         values: weights,
-        source: a.path.display().to_string(),
+        source: polychip_files::shown_path(&a.path),
     };
     let stage = Stage::with_weights(&model, range, Precision::F32, &device, &mut init)?;
     let ids = device.from_slice(&tokens, &[1, tokens.len() as i64])?;

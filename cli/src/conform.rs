@@ -41,7 +41,7 @@ pub struct Args {
     #[arg(long, value_delimiter = ',')]
     dtype: Vec<String>,
     /// Run only case number N of the selected operator and dtype (replay).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true, value_parser = crate::numbers::whole::<usize>(0))]
     case: Option<usize>,
     /// A TOML file of waivers: skipped cases and loosened tolerances, each with a reason.
     #[arg(long)]
@@ -61,17 +61,17 @@ pub struct Args {
     no_isolate: bool,
     /// Seconds a case may run before it is taken to hang: its worker is
     /// killed, the case fails and the suite goes on (not with --no-isolate).
-    #[arg(long, default_value_t = DEFAULT_CASE_TIMEOUT, value_name = "SECONDS")]
+    #[arg(long, default_value_t = DEFAULT_CASE_TIMEOUT, value_name = "SECONDS", allow_hyphen_values = true, value_parser = crate::numbers::Number)]
     case_timeout: f64,
     /// Internal: run the selected units and print JSON lines (the child
     /// process).
     #[arg(long, hide = true)]
     worker: bool,
     /// Internal: the first unit (of those selected) for a worker.
-    #[arg(long, hide = true, default_value_t = 0)]
+    #[arg(long, hide = true, default_value_t = 0, allow_negative_numbers = true, value_parser = crate::numbers::whole::<usize>(0))]
     start_unit: usize,
     /// Internal: the first case of that unit for a worker.
-    #[arg(long, hide = true, default_value_t = 0)]
+    #[arg(long, hide = true, default_value_t = 0, allow_negative_numbers = true, value_parser = crate::numbers::whole::<usize>(0))]
     start: usize,
 }
 
@@ -130,7 +130,7 @@ pub fn run(args: &Args) -> ExitCode {
     let waivers = match &args.waivers {
         Some(p) => match Waivers::load(p) {
             Ok(w) => w,
-            Err(e) => return usage(e),
+            Err(e) => return usage(crate::outputs::reshown(&e, p)),
         },
         None => Waivers::default(),
     };
@@ -276,7 +276,7 @@ fn check_plugin(
     if args.device() >= device_count {
         return Err(format!(
             "{}: device {} does not exist; {vendor} has {device_count} device(s)",
-            plugin.display(),
+            polychip_files::shown_path(plugin),
             args.device
         ));
     }

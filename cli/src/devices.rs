@@ -164,7 +164,7 @@ fn print_table(runtime: &Runtime) {
             println!(
                 "note: {} ({}) loaded but reports no devices; its warning on stderr says why",
                 plugin.vendor(),
-                plugin.path().display()
+                polychip_files::shown_path(plugin.path())
             );
         }
         let missing = plugin.ops().missing();

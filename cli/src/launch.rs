@@ -13,7 +13,7 @@ use polychip_files::printable_lines;
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// Number of ranks (processes) to start.
-    #[arg(short = 'n', long = "nproc", value_name = "N")]
+    #[arg(short = 'n', long = "nproc", value_name = "N", allow_negative_numbers = true, value_parser = crate::numbers::whole::<usize>(1))]
     nproc: usize,
     /// Devices, one per rank (`ferrite:0,ferrite:1,cobalt:0`) or one for all;
     /// each rank finds its entry in `POLYCHIP_DEVICE`.

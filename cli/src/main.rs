@@ -10,6 +10,7 @@ mod checkpoint;
 mod conform;
 mod devices;
 mod launch;
+mod numbers;
 mod outputs;
 mod plan;
 mod profile;
@@ -99,9 +100,11 @@ fn log_filter(value: Option<String>) -> String {
     if ok {
         v
     } else {
+        // Quoted escaped and cut (a 6,000-character value was echoed whole).
         eprintln!(
-            "polychip: POLYCHIP_LOG={v:?} is not a log filter (levels off, error, warn, info, \
-             debug, trace, or MODULE=LEVEL, comma-separated); logging at warn"
+            "polychip: POLYCHIP_LOG={} is not a log filter (levels off, error, warn, info, \
+             debug, trace, or MODULE=LEVEL, comma-separated); logging at warn",
+            polychip_comm::text::quoted(&v)
         );
         "warn".into()
     }

@@ -6,10 +6,24 @@
 
 use std::path::{Path, PathBuf};
 
+/// `message`, from a crate that writes the path whole (as `Path::display`
+/// does: the planner's loaders, the conformance suite's waivers), with its
+/// first occurrence of `path` written as every other message of the
+/// command writes a path ([`polychip_files::shown_path`]: escaped, cut
+/// after 200 characters).
+pub(crate) fn reshown(message: &str, path: &Path) -> String {
+    let raw = path.display().to_string();
+    message.replacen(&raw, &polychip_files::shown_path(path), 1)
+}
+
 /// Writes `bytes` to the output of `flag` at `path` whole or not at all.
 pub(crate) fn write(flag: &str, path: &Path, bytes: &[u8]) -> Result<(), String> {
-    polychip_files::write_atomic(path, bytes)
-        .map_err(|e| format!("{flag} {}: could not write it: {e}", path.display()))
+    polychip_files::write_atomic(path, bytes).map_err(|e| {
+        format!(
+            "{flag} {}: could not write it: {e}",
+            polychip_files::shown_path(path)
+        )
+    })
 }
 
 /// The file an argument that is either a preset's name or a file names,
@@ -38,7 +52,7 @@ pub(crate) fn check_distinct(
 /// new one is created and removed again. A directory, a FIFO or a device
 /// is refused (writing to a FIFO blocks).
 pub(crate) fn check_file(flag: &str, path: &Path) -> Result<(), String> {
-    let fail = |m: String| Err(format!("{flag} {}: {m}", path.display()));
+    let fail = |m: String| Err(format!("{flag} {}: {m}", polychip_files::shown_path(path)));
     match std::fs::metadata(path) {
         Ok(meta) if meta.is_dir() => fail("is a directory; give a file name".into()),
         Ok(meta) if !meta.is_file() => fail("is not a regular file".into()),
@@ -78,7 +92,7 @@ fn is_missing(e: &std::io::Error) -> bool {
 /// directory in which a file can be created; the probe file is removed and
 /// nothing is created in its place.
 pub(crate) fn check_dir(flag: &str, dir: &Path) -> Result<(), String> {
-    let fail = |m: String| Err(format!("{flag} {}: {m}", dir.display()));
+    let fail = |m: String| Err(format!("{flag} {}: {m}", polychip_files::shown_path(dir)));
     let mut existing = dir.to_path_buf();
     loop {
         match std::fs::metadata(&existing) {
@@ -87,11 +101,16 @@ pub(crate) fn check_dir(flag: &str, dir: &Path) -> Result<(), String> {
             Ok(_) => {
                 return fail(format!(
                     "{} is not a directory, so it cannot be created",
-                    existing.display()
+                    polychip_files::shown_path(&existing)
                 ));
             }
             Err(e) if is_missing(&e) => {}
-            Err(e) => return fail(format!("{} cannot be reached: {e}", existing.display())),
+            Err(e) => {
+                return fail(format!(
+                    "{} cannot be reached: {e}",
+                    polychip_files::shown_path(&existing)
+                ));
+            }
         }
         match existing.parent() {
             Some(p) if !p.as_os_str().is_empty() => existing = p.to_path_buf(),
@@ -119,13 +138,13 @@ pub(crate) fn check_dir(flag: &str, dir: &Path) -> Result<(), String> {
         Ok(_) => std::fs::remove_file(&probe).or_else(|e| {
             fail(format!(
                 "cannot remove the probe file {}: {e}",
-                probe.display()
+                polychip_files::shown_path(&probe)
             ))
         }),
         Err(e) if existing == dir => fail(format!("is not writable: {e}")),
         Err(e) => fail(format!(
             "cannot be created: its parent {} is not writable: {e}",
-            existing.display()
+            polychip_files::shown_path(&existing)
         )),
     }
 }

@@ -49,7 +49,7 @@ pub struct Args {
     profile: Option<PathBuf>,
     /// Sequences per optimizer step [default: 1024; with --evaluate, the
     /// plan's own: its groups' copies x micro-batch size x micro-batches].
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = crate::numbers::whole::<u64>(1))]
     global_batch: Option<u64>,
     /// Compute dtype: f32, bf16 or f16 [default: bf16; with --evaluate of a
     /// `polychip plan --json` report, the report's].
@@ -84,7 +84,8 @@ pub struct Args {
     /// Stop searching after this many seconds and report the best plan
     /// found so far, with a note (0: no limit).
     #[arg(long, value_name = "SECS", default_value_t = search::DEFAULT_TIME_LIMIT_SECONDS,
-          value_parser = clap::value_parser!(u64).range(0..=604_800))]
+          allow_negative_numbers = true,
+          value_parser = crate::numbers::whole::<u64>(0).most(604_800))]
     search_timeout: u64,
     /// Print the report as JSON.
     #[arg(long)]
@@ -109,20 +110,32 @@ pub fn run(args: &Args) -> ExitCode {
 fn load_cluster(path: &Path) -> Result<ClusterSpec, String> {
     if path.extension().is_some_and(|e| e == "json") {
         let text = read_text_file(path, MAX_TEXT_FILE)
-            .map_err(|e| format!("could not read {}: {e}", path.display()))?;
+            .map_err(|e| format!("could not read {}: {e}", polychip_files::shown_path(path)))?;
         let json: serde_json::Value = polychip_files::parse_json_value(&text)
-            .map_err(|e| format!("{} is not JSON: {e}", path.display()))?;
+            .map_err(|e| format!("{} is not JSON: {e}", polychip_files::shown_path(path)))?;
         let (cluster, notes) = ClusterSpec::from_devices_json_with_notes(&json)
-            .map_err(|e| format!("{}: {e}", path.display()))?;
+            .map_err(|e| format!("{}: {e}", polychip_files::shown_path(path)))?;
         for note in notes {
             eprintln!(
                 "{}",
-                printable_lines(&format!("note: {}: {note}", path.display()))
+                printable_lines(&format!(
+                    "note: {}: {note}",
+                    polychip_files::shown_path(path)
+                ))
             );
         }
         return Ok(cluster);
     }
-    ClusterSpec::load(path).map_err(|e| e.to_string())
+    ClusterSpec::load(path).map_err(|e| file_error(&e, path))
+}
+
+/// The planner's error about the file `path`, with the path written as
+/// every other message of the command writes one
+/// ([`polychip_files::shown_path`]: escaped, cut after 200 characters): the
+/// planner's loaders write it whole, as `Path::display` does (its first
+/// occurrence in the message is the one they wrote).
+pub(crate) fn file_error(e: &SpecError, path: &Path) -> String {
+    crate::outputs::reshown(&e.to_string(), path)
 }
 
 /// A planner preset, a trainer preset, or a model TOML file (the
@@ -139,10 +152,11 @@ fn load_model(arg: &str) -> Result<ModelSpec, String> {
             Err(planner) => ModelConfig::from_arg(arg)
                 .map(|c| c.planner_spec())
                 .map_err(|trainer| match planner {
-                    SpecError::Io { .. } => planner.to_string(),
+                    SpecError::Io { .. } => file_error(&planner, path),
                     _ => format!(
-                        "{planner}\nread as polychip train's model format instead (`dim` for \
-                         `hidden`): {trainer}"
+                        "{}\nread as polychip train's model format instead (`dim` for \
+                         `hidden`): {trainer}",
+                        file_error(&planner, path)
                     ),
                 }),
         };
@@ -182,7 +196,7 @@ fn plan(args: &Args) -> Result<(), String> {
     // records the settings it was made under, which are the defaults here
     // (a flag given overrides its own).
     let spec = match &args.evaluate {
-        Some(p) => Some(PlanSpec::load(p).map_err(|e| e.to_string())?),
+        Some(p) => Some(PlanSpec::load(p).map_err(|e| file_error(&e, p))?),
         None => None,
     };
     let recorded = spec.as_ref().and_then(|s| s.settings.clone());
@@ -220,7 +234,7 @@ fn plan(args: &Args) -> Result<(), String> {
                 printable_lines(&format!(
                     "note: {}: made under other settings than the flags give ({}); evaluated \
                      under the flags'",
-                    p.display(),
+                    polychip_files::shown_path(p),
                     changed.join(", ")
                 ))
             );
@@ -236,7 +250,7 @@ fn plan(args: &Args) -> Result<(), String> {
                 printable_lines(&format!(
                     "note: {}: planned for model {name:?} with sequences of {seq_len}; evaluated for \
                      {:?} with sequences of {}",
-                    p.display(),
+                    polychip_files::shown_path(p),
                     model.name,
                     model.seq_len
                 ))
@@ -244,29 +258,29 @@ fn plan(args: &Args) -> Result<(), String> {
         }
     }
     if let Some(p) = &args.profile {
-        let profile = ProfileFile::load(p).map_err(|e| e.to_string())?;
+        let profile = ProfileFile::load(p).map_err(|e| file_error(&e, p))?;
         let applied = cluster
             .apply_profile(&profile, &model, &settings)
-            .map_err(|e| format!("{}: {e}", p.display()))?;
+            .map_err(|e| format!("{}: {e}", polychip_files::shown_path(p)))?;
         let mut notes = Vec::new();
         if !applied.ignored.is_empty() {
             notes.push(format!(
                 "note: {} has entries for chips the cluster does not have ({}); they are left out",
-                p.display(),
+                polychip_files::shown_path(p),
                 applied.ignored.join(", ")
             ));
         }
         notes.extend(applied.estimated.iter().map(|e| {
             format!(
                 "note: {}: {e} not given; estimated by the cost model, scaled to the measured block",
-                p.display()
+                polychip_files::shown_path(p)
             )
         }));
         notes.extend(
             applied
                 .implausible
                 .iter()
-                .map(|e| format!("warning: {}: {e}", p.display())),
+                .map(|e| format!("warning: {}: {e}", polychip_files::shown_path(p))),
         );
         // A profile of thousands of entries gives as many notes: the first
         // few, and how many more.
@@ -277,7 +291,7 @@ fn plan(args: &Args) -> Result<(), String> {
         if notes.len() > SHOWN {
             eprintln!(
                 "note: {}: {} more notes and warnings like these",
-                p.display(),
+                polychip_files::shown_path(p),
                 notes.len() - SHOWN
             );
         }
@@ -289,7 +303,7 @@ fn plan(args: &Args) -> Result<(), String> {
         // What the plan says against the model and the cluster is said of
         // the plan file.
         let ev = evaluate::evaluate(&spec, &model, &cluster, &settings).map_err(|e| match e {
-            SpecError::Plan(m) => format!("plan {}: {m}", plan_file.display()),
+            SpecError::Plan(m) => format!("plan {}: {m}", polychip_files::shown_path(plan_file)),
             e => e.to_string(),
         })?;
         // The plan's groups fix its batch; a --global-batch that differs
@@ -302,7 +316,7 @@ fn plan(args: &Args) -> Result<(), String> {
                 printable_lines(&format!(
                     "note: {}: its groups take {} sequences per step (copies x micro-batch size \
                      x micro-batches), not --global-batch {n}; the plan's are evaluated",
-                    plan_file.display(),
+                    polychip_files::shown_path(plan_file),
                     ev.plan.global_batch
                 ))
             );

@@ -19,7 +19,7 @@ pub struct Args {
     #[arg(long, value_name = "PRESET_OR_FILE", default_value = "tiny")]
     model: String,
     /// Tokens per sequence (default: the model's).
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = crate::numbers::whole::<usize>(1))]
     seq_len: Option<usize>,
     /// Devices to profile (`vendor:index`, comma-separated; default: the
     /// first device of each vendor). One device per device name is
@@ -27,14 +27,19 @@ pub struct Args {
     #[arg(long, value_name = "LIST")]
     devices: Option<String>,
     /// Micro-batch sizes to measure, comma-separated.
-    #[arg(long, value_name = "LIST", default_value = "1,2,4")]
+    #[arg(
+        long,
+        value_name = "LIST",
+        default_value = "1,2,4",
+        allow_hyphen_values = true
+    )]
     micro_batch_sizes: String,
     /// Timed repetitions of each measurement (their median is kept).
-    #[arg(long, value_name = "N", default_value_t = 9)]
+    #[arg(long, value_name = "N", default_value_t = 9, allow_negative_numbers = true, value_parser = crate::numbers::whole::<usize>(1))]
     repeats: usize,
     /// Rounds over all the entries, interleaved (each field is the median
     /// over the rounds: steadier on a shared machine).
-    #[arg(long, value_name = "N", default_value_t = 1)]
+    #[arg(long, value_name = "N", default_value_t = 1, allow_negative_numbers = true, value_parser = crate::numbers::whole::<usize>(1))]
     rounds: usize,
     /// Compute precision: f32 or bf16.
     #[arg(long, value_name = "P", default_value = "f32")]
@@ -43,7 +48,7 @@ pub struct Args {
     /// the allowed cores one rank gets when a job spreads over the devices
     /// profiled, as `polychip train` pins its ranks (each simulated chip
     /// its own cores).
-    #[arg(long, value_name = "LIST")]
+    #[arg(long, value_name = "LIST", allow_hyphen_values = true)]
     cores: Option<String>,
     /// Where to write the profile (JSON).
     #[arg(long, value_name = "FILE")]
@@ -91,7 +96,10 @@ fn profile(args: &Args) -> Result<(), String> {
             .parse()
             .ok()
             .filter(|&b| (1..=1024).contains(&b))
-            .ok_or_else(|| format!("--micro-batch-sizes: {part:?} is not a size from 1 to 1024"))?;
+            .ok_or_else(|| {
+                let qp = polychip_comm::text::quoted(part);
+                format!("--micro-batch-sizes: {qp} is not a size from 1 to 1024")
+            })?;
         if !sizes.contains(&b) {
             sizes.push(b);
         }
@@ -148,6 +156,6 @@ fn profile(args: &Args) -> Result<(), String> {
     }
     let text = serde_json::to_string_pretty(&file).map_err(|e| e.to_string())?;
     crate::outputs::write("--out", &args.out, text.as_bytes())?;
-    eprintln!("profile: {}", args.out.display());
+    eprintln!("profile: {}", polychip_files::shown_path(&args.out));
     Ok(())
 }

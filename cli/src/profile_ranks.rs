@@ -258,7 +258,12 @@ pub fn profile(
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
-            .map_err(|e| failed(i, &format!("starting {}: {e}", exe.display())))?;
+            .map_err(|e| {
+                failed(
+                    i,
+                    &format!("starting {}: {e}", polychip_files::shown_path(&exe)),
+                )
+            })?;
         let stdout = child.stdout.take().expect("piped");
         let mut stdin = child.stdin.take();
         workers.children.push(child);

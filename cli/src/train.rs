@@ -41,7 +41,7 @@ pub struct Args {
     init_from: Option<PathBuf>,
     /// Tokens per training sequence (default: the model's; with
     /// --init-from, min(max_position_embeddings, 128)).
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = crate::numbers::whole::<usize>(1))]
     seq_len: Option<usize>,
     /// After training, write the final weights as a Hugging Face LLaMA
     /// directory (config.json, model.safetensors) that transformers'
@@ -53,22 +53,22 @@ pub struct Args {
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
     /// Optimizer steps.
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = crate::numbers::whole::<u64>(0))]
     steps: Option<u64>,
     /// Sequences per step over all replicas.
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = crate::numbers::whole::<usize>(1))]
     global_batch: Option<usize>,
     /// Peak learning rate.
-    #[arg(long, value_name = "LR")]
+    #[arg(long, value_name = "LR", allow_hyphen_values = true, value_parser = crate::numbers::Number)]
     lr: Option<f64>,
     /// Seed of initialization and data order.
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = crate::numbers::whole::<u64>(0))]
     seed: Option<u64>,
     /// Compute precision: f32 or bf16.
     #[arg(long, value_name = "TYPE")]
     precision: Option<String>,
     /// Validate every N steps (0: at the end only).
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = crate::numbers::whole::<u64>(0))]
     eval_every: Option<u64>,
     /// The layout: `auto` (HeteroAuto over --devices), `auto-pp` (pipelines
     /// mixing types only), `auto-dp` (replicas of one type each only), or a
@@ -83,11 +83,11 @@ pub struct Args {
     device: Option<String>,
     /// Replicas of the --stages/--device pipeline.
     /// (default 1; not with --plan, whose file or search sets it).
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = crate::numbers::whole::<usize>(1))]
     copies: Option<usize>,
     /// Sequences per micro-batch for --stages/--device.
     /// (default 2; not with --plan, whose file or search sets it).
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = crate::numbers::whole::<usize>(1))]
     micro_batch_size: Option<usize>,
     /// Devices --plan auto may use (default: the first device of every vendor).
     #[arg(long, value_name = "LIST")]
@@ -99,7 +99,7 @@ pub struct Args {
     #[arg(long, value_name = "DIR")]
     checkpoint_dir: Option<PathBuf>,
     /// Save every N steps (and after the last).
-    #[arg(long, value_name = "N", default_value_t = 0)]
+    #[arg(long, value_name = "N", default_value_t = 0, allow_negative_numbers = true, value_parser = crate::numbers::whole::<u64>(0))]
     save_every: u64,
     /// Resume from a checkpoint (a step directory, or a directory with
     /// `latest`; `polychip checkpoint import-hf` makes one of a Hugging
@@ -115,7 +115,7 @@ pub struct Args {
     /// Stop after step N of the schedule, counted from its start (a resumed
     /// run's too: N must be after the checkpoint's step); the schedule still
     /// ends at --steps.
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = crate::numbers::whole::<u64>(1))]
     stop_after: Option<u64>,
     /// Write a Chrome trace of the run here (and of the simulator's step for
     /// the same plan beside it, `.sim.json`).
@@ -129,11 +129,11 @@ pub struct Args {
     #[arg(long, value_name = "FILE")]
     log_json: Option<PathBuf>,
     /// Print one line every N steps.
-    #[arg(long, value_name = "N", default_value_t = 10)]
+    #[arg(long, value_name = "N", default_value_t = 10, allow_negative_numbers = true, value_parser = crate::numbers::whole::<u64>(0))]
     log_every: u64,
     /// The CPU cores the job may use (e.g. `0`, `0-1`, `0,2`); each rank
     /// gets its own share (default: every core this process may use).
-    #[arg(long, value_name = "LIST")]
+    #[arg(long, value_name = "LIST", allow_hyphen_values = true)]
     cores: Option<String>,
     /// Do not pin ranks to CPU cores.
     #[arg(long)]
@@ -193,7 +193,7 @@ pub struct Args {
     /// the shortest predicted step. Default 0.05 (how far the bundled
     /// devices' passes in training land from their profile on a quiet
     /// machine; 0.1 suits a busy one).
-    #[arg(long, value_name = "FRACTION")]
+    #[arg(long, value_name = "FRACTION", allow_hyphen_values = true, value_parser = crate::numbers::Number)]
     profile_error: Option<f64>,
     /// With `--plan auto`: plan from this profile file (as `--save-profile`
     /// or `polychip profile` writes it, or written by hand; format in
@@ -213,7 +213,7 @@ pub struct Args {
     /// its memory; a new deal is taken when it is predicted to shorten the
     /// step by more than 5%). The losses then depend on the timings in
     /// their last bits (the sequences are grouped differently).
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = crate::numbers::whole::<u64>(1))]
     rebalance_every: Option<u64>,
     /// Internal: the resolved plan (JSON) handed to the ranks.
     #[arg(long, hide = true, value_name = "FILE")]
@@ -317,15 +317,17 @@ pub(crate) fn device_pool(rt: &Runtime, spec: Option<&str>) -> Result<Vec<Device
             for (at, s) in list.split(',').enumerate() {
                 let want = s.trim().to_lowercase();
                 if want.is_empty() {
+                    let ql = polychip_comm::text::quoted(list);
                     return Err(TrainError::Config(format!(
-                        "--devices {list:?}: entry {} is empty; give a comma-separated list of \
+                        "--devices {ql}: entry {} is empty; give a comma-separated list of \
                          devices such as ferrite:0,cobalt:0",
                         at + 1
                     )));
                 }
                 let i = names.iter().position(|n| *n == want).ok_or_else(|| {
                     TrainError::Plan(format!(
-                        "--devices names {want}, which is not present; the devices are {}",
+                        "--devices names {}, which is not present; the devices are {}",
+                        polychip_comm::text::quoted(&want),
                         names.join(", ")
                     ))
                 })?;
@@ -448,16 +450,15 @@ fn resolve_plan(
                 )));
             }
             let given = match &args.profile {
-                Some(path) => Some(
-                    ProfileFile::load(path)
-                        .map_err(|e| TrainError::Plan(format!("--profile: {e}")))?,
-                ),
+                Some(path) => Some(ProfileFile::load(path).map_err(|e| {
+                    TrainError::Plan(format!("--profile: {}", crate::plan::file_error(&e, path)))
+                })?),
                 None => None,
             };
             let label = args
                 .profile
                 .as_ref()
-                .map(|p| format!("--profile {}", p.display()))
+                .map(|p| format!("--profile {}", polychip_files::shown_path(p)))
                 .unwrap_or_default();
             // Which devices share a core (with more ranks than cores, or
             // cores that do not divide evenly) decides much of the step:
@@ -536,7 +537,7 @@ fn resolve_plan(
             let (plan, found, profiles, devices) = best.expect("one order at least");
             if let Some(path) = &args.save_profile {
                 let source = match &args.profile {
-                    Some(p) => format!("polychip train --profile {} (read back) on", p.display()),
+                    Some(p) => format!("polychip train --profile {} (read back) on", polychip_files::shown_path(p)),
                     None => "polychip train --plan auto, profiled side by side (a process per device) on"
                         .into(),
                 };
@@ -546,9 +547,12 @@ fn resolve_plan(
                 let text = serde_json::to_string_pretty(&file)
                     .map_err(|e| TrainError::Plan(format!("--save-profile: {e}")))?;
                 polychip_train::checkpoint::write_atomic(path, text.as_bytes()).map_err(|e| {
-                    TrainError::Plan(format!("--save-profile {}: {e}", path.display()))
+                    TrainError::Plan(format!(
+                        "--save-profile {}: {e}",
+                        polychip_files::shown_path(path)
+                    ))
                 })?;
-                eprintln!("profile written to {}", path.display());
+                eprintln!("profile written to {}", polychip_files::shown_path(path));
             }
             for p in &profiles {
                 let c = &p.costs;
@@ -701,8 +705,9 @@ fn schedule(args: &Args, plan: &TrainPlan) -> PipelineSchedule {
 fn train(args: &Args) -> Result<ExitCode, TrainError> {
     check_distinct_files(args)?;
     if let Some(out) = &args.export_hf {
-        // Refuse before training, not after.
-        hf::check_new_dir(out)?;
+        // Refuse before training, not after, naming the flag as the other
+        // outputs' checks do.
+        hf::check_new_dir(out).map_err(|e| TrainError::Config(format!("--export-hf {e}")))?;
     }
     let (model, t) = settings(args)?;
     check_flags(args, &t)?;
@@ -714,8 +719,12 @@ fn train(args: &Args) -> Result<ExitCode, TrainError> {
     // files by the process that writes them (rank 0, or the launching one).
     if let Some(dir) = &args.checkpoint_dir {
         check_output_dir("--checkpoint-dir", dir)?;
-        polychip_train::checkpoint::check_lock_file(dir)
-            .map_err(|m| TrainError::Config(format!("--checkpoint-dir {}: {m}", dir.display())))?;
+        polychip_train::checkpoint::check_lock_file(dir).map_err(|m| {
+            TrainError::Config(format!(
+                "--checkpoint-dir {}: {m}",
+                polychip_files::shown_path(dir)
+            ))
+        })?;
         polychip_train::checkpoint::check_root_for_run(dir, args.resume.as_deref())?;
     }
     if !launched || info.rank == 0 {
@@ -799,7 +808,11 @@ fn train(args: &Args) -> Result<ExitCode, TrainError> {
     if let Some(path) = &args.save_plan {
         let text = serde_json::to_string_pretty(&plan).expect("a plan serializes");
         crate::outputs::write("--save-plan", path, text.as_bytes()).map_err(TrainError::Config)?;
-        println!("plan written to {}: {}", path.display(), plan.describe());
+        println!(
+            "plan written to {}: {}",
+            polychip_files::shown_path(path),
+            plan.describe()
+        );
         return Ok(ExitCode::SUCCESS);
     }
     if !launched {
@@ -1025,23 +1038,25 @@ pub(crate) fn pin_to(cores: &[usize]) -> Result<(), TrainError> {
 pub(crate) fn parse_cores(list: &str) -> Result<Vec<usize>, TrainError> {
     let allowed = pin::allowed_cores();
     let mut out = Vec::new();
+    let ql = polychip_comm::text::quoted(list);
     for part in list.split(',') {
         let part = part.trim();
+        let qp = polychip_comm::text::quoted(part);
         let (a, b) = part.split_once('-').unwrap_or((part, part));
         let (Ok(a), Ok(b)) = (a.trim().parse::<usize>(), b.trim().parse::<usize>()) else {
             return Err(TrainError::Config(format!(
-                "--cores {list:?}: {part:?} is not a core number or range like 0-3"
+                "--cores {ql}: {qp} is not a core number or range like 0-3"
             )));
         };
         if a > b {
             return Err(TrainError::Config(format!(
-                "--cores {list:?}: the range {part:?} is empty (its first core is above its last)"
+                "--cores {ql}: the range {qp} is empty (its first core is above its last)"
             )));
         }
         for c in a..=b {
             if !allowed.contains(&c) {
                 return Err(TrainError::Config(format!(
-                    "--cores {list:?}: core {c} is not available to this process (allowed: {allowed:?})"
+                    "--cores {ql}: core {c} is not available to this process (allowed: {allowed:?})"
                 )));
             }
             out.push(c);
@@ -1054,7 +1069,7 @@ fn corpus_name(args: &Args) -> String {
     args.corpus
         .as_ref()
         .map_or("the bundled Tiny Shakespeare".into(), |p| {
-            p.display().to_string()
+            polychip_files::shown_path(p)
         })
 }
 
@@ -1103,13 +1118,13 @@ fn report(args: &Args, plan: &TrainPlan, s: &Summary) -> Result<(), TrainError> 
     }
     suggest_rebalancing(args, plan, s);
     if let Some(c) = &s.checkpoint {
-        println!("checkpoint: {}", c.display());
+        println!("checkpoint: {}", polychip_files::shown_path(c));
     }
     if let Some(out) = &s.exported {
         println!(
             "exported the weights after step {} as a Hugging Face LLaMA model: {}",
             s.steps.last().map_or(s.start_step, |r| r.step),
-            out.display()
+            polychip_files::shown_path(out)
         );
     }
     if let Some(trace) = &args.trace {
@@ -1120,10 +1135,10 @@ fn report(args: &Args, plan: &TrainPlan, s: &Summary) -> Result<(), TrainError> 
         println!(
             "trace: {} (the simulator's step for this plan with the measured stage times, \
              {:.1} ms against {:.1} ms measured: {})",
-            trace.display(),
+            polychip_files::shown_path(trace),
             step * 1e3,
             s.median_step_seconds * 1e3,
-            sim_path.display()
+            polychip_files::shown_path(&sim_path)
         );
     }
     if let Some(path) = &args.log_json {
@@ -1208,7 +1223,7 @@ fn relaunch(plan: &TrainPlan) -> Result<ExitCode, TrainError> {
         TrainError::Config(format!(
             "the job's plan could not be written to {} for its ranks: {e} (the temporary \
              directory, from TMPDIR or /tmp, must exist and be writable)",
-            file.display()
+            polychip_files::shown_path(&file)
         ))
     })?;
     let exe = std::env::current_exe().map_err(|e| TrainError::io("polychip", e))?;

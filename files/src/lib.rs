@@ -179,7 +179,7 @@ pub fn check_atomic_write(path: &Path) -> std::io::Result<()> {
                 e.kind(),
                 format!(
                     "its temporary file {} cannot be created: {e}",
-                    tmp.display()
+                    shown_path(&tmp)
                 ),
             )
         })?;
@@ -188,7 +188,7 @@ pub fn check_atomic_write(path: &Path) -> std::io::Result<()> {
             e.kind(),
             format!(
                 "its temporary file {} cannot be removed: {e}",
-                tmp.display()
+                shown_path(&tmp)
             ),
         )
     })
@@ -217,7 +217,7 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     let at_tmp = |e: Error| {
         Error::new(
             e.kind(),
-            format!("the temporary file {}: {e}", tmp.display()),
+            format!("the temporary file {}: {e}", shown_path(&tmp)),
         )
     };
     // A stale one (left by a killed process of the same pid) or a link
@@ -233,8 +233,12 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
         f.write_all(bytes)
             .and_then(|()| f.sync_all())
             .map_err(at_tmp)?;
-        std::fs::rename(&tmp, path)
-            .map_err(|e| Error::new(e.kind(), format!("renaming {} over it: {e}", tmp.display())))
+        std::fs::rename(&tmp, path).map_err(|e| {
+            Error::new(
+                e.kind(),
+                format!("renaming {} over it: {e}", shown_path(&tmp)),
+            )
+        })
     })();
     if let Err(e) = written {
         let _ = std::fs::remove_file(&tmp);
@@ -291,8 +295,8 @@ pub fn check_distinct(inputs: &[(&str, &Path)], outputs: &[(&str, &Path)]) -> Re
             return Err(format!(
                 "{out} {} is the same file as {flag} {}: writing it would overwrite the input; \
                  write it elsewhere",
-                o.display(),
-                p.display()
+                shown_path(o),
+                shown_path(p)
             ));
         }
     }
@@ -301,8 +305,8 @@ pub fn check_distinct(inputs: &[(&str, &Path)], outputs: &[(&str, &Path)]) -> Re
             return Err(format!(
                 "{a} {} and {b} {} name the same path: one would overwrite the other; give each \
                  its own",
-                pa.display(),
-                pb.display()
+                shown_path(pa),
+                shown_path(pb)
             ));
         }
     }
@@ -436,6 +440,50 @@ pub fn printable(text: &str) -> String {
         .collect()
 }
 
+/// The most characters of a path [`shown_path`] shows: the bound
+/// `polychip_comm::text` puts on every other value a message quotes from
+/// the user (an argument, a variable, a host).
+pub const MAX_SHOWN: usize = 200;
+
+/// `path` as a message shows it, as `polychip_comm::text::shown` shows a
+/// value the user gave: control and bidirectional-formatting characters
+/// escaped ([`printable`]), a byte that is not UTF-8 written `\xNN` (where
+/// `Path::display` writes `�`, which names no byte), and a path of more
+/// than [`MAX_SHOWN`] characters cut there, followed by `… (N bytes)`. Every
+/// message of the command, the trainer and this crate that names a file
+/// or a directory names it so.
+pub fn shown_path(path: impl AsRef<Path>) -> String {
+    use std::fmt::Write as _;
+    use std::os::unix::ffi::OsStrExt;
+    let bytes = path.as_ref().as_os_str().as_bytes();
+    let mut out = String::new();
+    let mut left = MAX_SHOWN;
+    'chunks: for chunk in bytes.utf8_chunks() {
+        for c in chunk.valid().chars() {
+            if left == 0 {
+                break 'chunks;
+            }
+            out.push_str(&printable(c.encode_utf8(&mut [0; 4])));
+            left -= 1;
+        }
+        for b in chunk.invalid() {
+            if left == 0 {
+                break 'chunks;
+            }
+            let _ = write!(out, "\\x{b:02x}");
+            left -= 1;
+        }
+    }
+    let whole: usize = bytes
+        .utf8_chunks()
+        .map(|c| c.valid().chars().count() + c.invalid().len())
+        .sum();
+    if whole > MAX_SHOWN {
+        let _ = write!(out, "… ({} bytes)", bytes.len());
+    }
+    out
+}
+
 /// The longest line [`printable_lines`] prints whole.
 pub const MAX_PRINTED_LINE: usize = 1000;
 
@@ -479,6 +527,34 @@ mod tests {
             "{}",
             &out[990..]
         );
+    }
+
+    #[test]
+    fn paths_are_shown_escaped_byte_by_byte_and_cut() {
+        use super::{MAX_SHOWN, shown_path};
+        use std::os::unix::ffi::OsStrExt;
+        assert_eq!(shown_path("/tmp/évité 日本.json"), "/tmp/évité 日本.json");
+        assert_eq!(
+            shown_path("/tmp/a\u{1b}[2Jb\u{202e}c\nd"),
+            "/tmp/a\\u{1b}[2Jb\\u{202e}c\\u{a}d"
+        );
+        let odd = std::path::Path::new(std::ffi::OsStr::from_bytes(b"/tmp/x\xff\xfey.toml"));
+        assert_eq!(shown_path(odd), "/tmp/x\\xff\\xfey.toml");
+        let long = format!("/tmp/{}", "d/".repeat(2000));
+        assert_eq!(
+            shown_path(&long),
+            format!("{}… (4005 bytes)", &long[..MAX_SHOWN])
+        );
+        assert_eq!(shown_path(&long[..MAX_SHOWN]), long[..MAX_SHOWN]);
+        // Cut by characters, a byte that is not UTF-8 counting as one.
+        let wide = "日".repeat(MAX_SHOWN + 1);
+        assert_eq!(
+            shown_path(&wide),
+            format!("{}… ({} bytes)", "日".repeat(MAX_SHOWN), wide.len())
+        );
+        let bytes = [b'\xff'; MAX_SHOWN + 1];
+        let shown = shown_path(std::path::Path::new(std::ffi::OsStr::from_bytes(&bytes)));
+        assert_eq!(shown, format!("{}… (201 bytes)", "\\xff".repeat(MAX_SHOWN)));
     }
 
     #[test]

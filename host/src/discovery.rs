@@ -104,7 +104,7 @@ pub fn warn_if_writable_by_others(path: &Path) {
         && let Ok(meta) = std::fs::metadata(dir)
     {
         reasons.extend(writable_by_others(
-            &format!("its directory {}", dir.display()),
+            &format!("its directory {}", polychip_files::shown_path(dir)),
             &meta,
             false,
         ));
@@ -112,7 +112,7 @@ pub fn warn_if_writable_by_others(path: &Path) {
     if !reasons.is_empty() {
         log::warn!(
             "{}: {}: another user could replace this plugin's code, which runs inside polychip",
-            path.display(),
+            polychip_files::shown_path(path),
             reasons.join(" and ")
         );
     }
@@ -124,7 +124,7 @@ fn warn_if_dir_writable_by_others(dir: &Path, source: &str) {
     {
         log::warn!(
             "{}: plugin directory listed in {source}: {reason}: another user could add a plugin, which would run inside polychip",
-            dir.display()
+            polychip_files::shown_path(dir)
         );
     }
 }
@@ -283,9 +283,22 @@ pub fn discover() -> (Vec<PathBuf>, Vec<SearchProblem>) {
     } else {
         program_dirs()
     };
-    discover_from(
-        &std::env::var(PLUGIN_PATH_VAR).unwrap_or_default(),
-        PLUGIN_PATH_VAR,
-        &dirs,
-    )
+    // A list that is not UTF-8 is said, not skipped as if unset (its
+    // directories were not searched, without a word, until 2026-12-06).
+    let list = std::env::var_os(PLUGIN_PATH_VAR).unwrap_or_default();
+    let Some(text) = list.to_str() else {
+        let (files, mut problems) = discover_from("", PLUGIN_PATH_VAR, &dirs);
+        problems.insert(
+            0,
+            SearchProblem {
+                path: PathBuf::from(&list),
+                reason: format!(
+                    "{PLUGIN_PATH_VAR} is not UTF-8 text, so none of its directories was \
+                     searched; name them by paths that are"
+                ),
+            },
+        );
+        return (files, problems);
+    };
+    discover_from(text, PLUGIN_PATH_VAR, &dirs)
 }

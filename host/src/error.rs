@@ -10,7 +10,10 @@ use polychip_plugin_sdk::check::ArgError;
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum HostError {
     /// The file could not be opened as a shared library.
-    #[error("{path}: not a loadable shared library: {reason}")]
+    #[error(
+        "{}: not a loadable shared library: {reason}",
+        polychip_files::shown_path(path)
+    )]
     NotALibrary {
         /// The plugin file.
         path: PathBuf,
@@ -19,7 +22,10 @@ pub enum HostError {
     },
     /// Loading the plugin in a child process killed that process (a crash in
     /// its initialisers or its entry function, or a truncated file).
-    #[error("{path}: the plugin crashed while loading ({reason}); polychip goes on without it")]
+    #[error(
+        "{}: the plugin crashed while loading ({reason}); polychip goes on without it",
+        polychip_files::shown_path(path)
+    )]
     LoadCrashed {
         /// The plugin file.
         path: PathBuf,
@@ -28,7 +34,8 @@ pub enum HostError {
     },
     /// Loading the plugin in a child process did not finish within the deadline.
     #[error(
-        "{path}: the plugin did not finish loading within {seconds} s (its initialisers or its entry function hang; POLYCHIP_PLUGIN_LOAD_TIMEOUT_SECS sets the deadline); polychip goes on without it"
+        "{}: the plugin did not finish loading within {seconds} s (its initialisers or its entry function hang; POLYCHIP_PLUGIN_LOAD_TIMEOUT_SECS sets the deadline); polychip goes on without it",
+        polychip_files::shown_path(path)
     )]
     LoadTimedOut {
         /// The plugin file.
@@ -38,7 +45,8 @@ pub enum HostError {
     },
     /// The library has no polychip entry symbol at all.
     #[error(
-        "{path}: no entry symbol polychip_plugin_init_v1; this is not a polychip plugin (or it hides its entry symbol)"
+        "{}: no entry symbol polychip_plugin_init_v1; this is not a polychip plugin (or it hides its entry symbol)",
+        polychip_files::shown_path(path)
     )]
     NoEntrySymbol {
         /// The plugin file.
@@ -46,7 +54,8 @@ pub enum HostError {
     },
     /// The plugin speaks an ABI version this host does not accept.
     #[error(
-        "{path}: plugin ABI {plugin_major}.{plugin_minor} is not compatible with this host's ABI {host_major}.{host_minor} (accepts {host_major}.{min_minor} and newer minors of major {host_major})"
+        "{}: plugin ABI {plugin_major}.{plugin_minor} is not compatible with this host's ABI {host_major}.{host_minor} (accepts {host_major}.{min_minor} and newer minors of major {host_major})",
+        polychip_files::shown_path(path)
     )]
     VersionMismatch {
         /// The plugin file.
@@ -63,7 +72,10 @@ pub enum HostError {
         min_minor: u32,
     },
     /// The plugin's entry function reported an error.
-    #[error("{path}: initialisation failed ({code}): {message}")]
+    #[error(
+        "{}: initialisation failed ({code}): {message}",
+        polychip_files::shown_path(path)
+    )]
     InitFailed {
         /// The plugin file.
         path: PathBuf,
@@ -74,7 +86,8 @@ pub enum HostError {
     },
     /// A struct the plugin returned is smaller than the ABI requires.
     #[error(
-        "{path}: {structure}.struct_size is {size} bytes but ABI 1.0 requires at least {required}"
+        "{}: {structure}.struct_size is {size} bytes but ABI 1.0 requires at least {required}",
+        polychip_files::shown_path(path)
     )]
     StructTooSmall {
         /// The plugin file.
@@ -87,7 +100,10 @@ pub enum HostError {
         required: usize,
     },
     /// The plugin's table lacks a function every plugin must provide.
-    #[error("{path}: required function {function} is NULL in the plugin table")]
+    #[error(
+        "{}: required function {function} is NULL in the plugin table",
+        polychip_files::shown_path(path)
+    )]
     MissingFunction {
         /// The plugin file.
         path: PathBuf,
@@ -135,7 +151,8 @@ pub enum HostError {
     /// A second plugin of a vendor already loaded from another file: device
     /// ids are `vendor:N`, so the two could not be told apart.
     #[error(
-        "{path}: its vendor name {vendor:?} is already taken by {other}, loaded before it (devices are named vendor:N, so two plugins cannot share one); polychip goes on without it"
+        "{}: its vendor name {vendor:?} is already taken by {other}, loaded before it (devices are named vendor:N, so two plugins cannot share one); polychip goes on without it",
+        polychip_files::shown_path(path)
     )]
     VendorTaken {
         /// The plugin file refused.

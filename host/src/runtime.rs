@@ -52,7 +52,11 @@ impl Runtime {
         runtime
             .failures
             .extend(problems.into_iter().map(|p| LoadFailure {
-                error: HostError::Usage(format!("{}: {}", p.path.display(), p.reason)),
+                error: HostError::Usage(format!(
+                    "{}: {}",
+                    polychip_files::shown_path(&p.path),
+                    p.reason
+                )),
                 path: p.path,
             }));
         runtime

@@ -224,7 +224,7 @@ pub fn check_root_for_run(root: &Path, resume: Option<&Path>) -> Result<()> {
         message: format!(
             "already holds another run's checkpoints ({what}); to go on with that run give \
              --resume {}, or save into an empty or new directory",
-            root.display()
+            polychip_files::shown_path(root)
         ),
     })
 }
@@ -917,8 +917,8 @@ pub fn read_manifest(path: &Path) -> Result<(PathBuf, Manifest)> {
         return Err(err(
             &mpath,
             format!(
-                "has format {:?}; this build reads {FORMAT:?}",
-                manifest.format
+                "has format {}; this build reads {FORMAT:?}",
+                polychip_comm::text::quoted(&manifest.format)
             ),
         ));
     }
@@ -941,13 +941,22 @@ pub fn read_manifest(path: &Path) -> Result<(PathBuf, Manifest)> {
     {
         return Err(err(
             &mpath,
-            format!("names stage file {f:?}, which is not a plain file name"),
+            format!(
+                "names stage file {}, which is not a plain file name",
+                polychip_comm::text::quoted(f)
+            ),
         ));
     }
     let mut names: Vec<&String> = manifest.files.iter().collect();
     names.sort();
     if let Some(w) = names.windows(2).find(|w| w[0] == w[1]) {
-        return Err(err(&mpath, format!("names stage file {:?} twice", w[0])));
+        return Err(err(
+            &mpath,
+            format!(
+                "names stage file {} twice",
+                polychip_comm::text::quoted(w[0])
+            ),
+        ));
     }
     let listed: Vec<&String> = manifest.sums.iter().map(|s| &s.file).collect();
     if listed != manifest.files.iter().collect::<Vec<_>>() {

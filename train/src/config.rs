@@ -122,7 +122,8 @@ impl ModelConfig {
             },
             other => {
                 return Err(TrainError::Config(format!(
-                    "unknown model preset {other:?}; the presets are {}, or give a TOML file",
+                    "unknown model preset {}; the presets are {}, or give a TOML file",
+                    polychip_comm::text::quoted(other),
                     MODEL_PRESETS.join(", ")
                 )));
             }
@@ -135,14 +136,25 @@ impl ModelConfig {
             return Self::preset(arg);
         }
         let path = Path::new(arg);
-        if !path.exists() {
+        // A name that can only be a file (a directory in it, or `.toml`)
+        // is read as one, so that a missing file is said to be missing
+        // (it was "unknown model preset"), as `polychip plan` says it.
+        if !path.exists() && !arg.contains('/') && !arg.ends_with(".toml") {
             return Self::preset(arg);
         }
         let text = read_text_file(path, MAX_TEXT_FILE).map_err(|e| TrainError::io(path, e))?;
-        let cfg: ModelConfig = toml::from_str(&text)
-            .map_err(|e| TrainError::Config(format!("model file {}: {e}", path.display())))?;
-        cfg.validate()
-            .map_err(|e| TrainError::Config(format!("model file {}: {e}", path.display())))?;
+        let cfg: ModelConfig = toml::from_str(&text).map_err(|e| {
+            TrainError::Config(format!(
+                "model file {}: {e}",
+                polychip_files::shown_path(path)
+            ))
+        })?;
+        cfg.validate().map_err(|e| {
+            TrainError::Config(format!(
+                "model file {}: {e}",
+                polychip_files::shown_path(path)
+            ))
+        })?;
         Ok(cfg)
     }
 
@@ -264,7 +276,8 @@ impl Precision {
             "f32" => Ok(Precision::F32),
             "bf16" => Ok(Precision::Bf16),
             other => Err(TrainError::Config(format!(
-                "unknown precision {other:?}; use f32 or bf16"
+                "unknown precision {}; use f32 or bf16",
+                polychip_comm::text::quoted(other)
             ))),
         }
     }
@@ -448,8 +461,12 @@ impl TrainConfig {
     /// Reads a TOML file of these fields (missing ones take defaults).
     pub fn load(path: &Path) -> Result<Self> {
         let text = read_text_file(path, MAX_TEXT_FILE).map_err(|e| TrainError::io(path, e))?;
-        let in_file =
-            |e: String| TrainError::Config(format!("training file {}: {e}", path.display()));
+        let in_file = |e: String| {
+            TrainError::Config(format!(
+                "training file {}: {e}",
+                polychip_files::shown_path(path)
+            ))
+        };
         let cfg: TrainConfig = toml::from_str(&text).map_err(|e| in_file(e.to_string()))?;
         cfg.validate().map_err(|e| match e {
             TrainError::Config(m) => in_file(m),
@@ -543,7 +560,7 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(
-            e.contains(&file.display().to_string())
+            e.contains(&polychip_files::shown_path(&file))
                 && e.contains("vocab is 10")
                 && e.contains("256"),
             "{e}"
@@ -649,7 +666,7 @@ mod tests {
         assert!(
             e.starts_with(&format!(
                 "configuration: training file {}: eps is inf",
-                path.display()
+                polychip_files::shown_path(&path)
             )),
             "{e}"
         );

@@ -144,7 +144,7 @@ impl Corpus {
                 "grew past the {MAX_BYTES} bytes a corpus may hold while it was read"
             )));
         }
-        Corpus::from_bytes(&path.display().to_string(), bytes)
+        Corpus::from_bytes(&polychip_files::shown_path(path), bytes)
     }
 
     /// A corpus of `bytes`; `source` names it in messages (a path or a

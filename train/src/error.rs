@@ -1,5 +1,6 @@
 //! Training errors: each names the file, parameter, stage, rank or value that
-//! is wrong.
+//! is wrong (a file as [`polychip_files::shown_path`] shows it: escaped, and
+//! cut after 200 characters).
 
 use std::path::PathBuf;
 
@@ -16,7 +17,7 @@ pub enum TrainError {
     #[error("configuration: {0}")]
     Config(String),
     /// The text corpus cannot be used.
-    #[error("corpus {path}: {message}")]
+    #[error("corpus {}: {message}", polychip_files::shown_path(path))]
     Data {
         /// The corpus file.
         path: PathBuf,
@@ -24,7 +25,7 @@ pub enum TrainError {
         message: String,
     },
     /// A checkpoint is missing, corrupt or does not match the model.
-    #[error("checkpoint {path}: {message}")]
+    #[error("checkpoint {}: {message}", polychip_files::shown_path(path))]
     Checkpoint {
         /// The checkpoint file or directory.
         path: PathBuf,
@@ -38,7 +39,7 @@ pub enum TrainError {
     #[error("training diverged: {0}")]
     Diverged(String),
     /// A file could not be read or written.
-    #[error("{path}: {source}")]
+    #[error("{}: {source}", polychip_files::shown_path(path))]
     Io {
         /// The file.
         path: PathBuf,

@@ -255,8 +255,9 @@ pub fn read_config(dir: &Path, seq_len: Option<usize>) -> Result<HfConfig> {
         Some("mistral") => true,
         Some(other) => {
             return Err(f.fail(format!(
-                "has `model_type` = {other:?}; polychip trains the LLaMA architecture \
-                 (model_type \"llama\", or \"mistral\" without a sliding window) only"
+                "has `model_type` = {}; polychip trains the LLaMA architecture \
+                 (model_type \"llama\", or \"mistral\" without a sliding window) only",
+                polychip_comm::text::quoted(other)
             )));
         }
         None => {
@@ -271,8 +272,9 @@ pub fn read_config(dir: &Path, seq_len: Option<usize>) -> Result<HfConfig> {
         && act != "silu"
     {
         return Err(f.fail(format!(
-            "has `hidden_act` = {act:?}; the trainer's feed-forward block is SwiGLU, so only \
-             \"silu\" can be represented"
+            "has `hidden_act` = {}; the trainer's feed-forward block is SwiGLU, so only \
+             \"silu\" can be represented",
+            polychip_comm::text::quoted(act)
         )));
     }
     for key in ["attention_bias", "mlp_bias"] {
@@ -514,12 +516,26 @@ impl HfModel {
             };
             let mut index = BTreeMap::new();
             for (name, file) in weight_map {
+                // Before any message quotes it whole.
+                if name.chars().count() > crate::safetensors::MAX_NAME {
+                    return Err(fail(
+                        &index_path,
+                        format!(
+                            "maps a tensor of a {}-character name, {}, more than the {} a \
+                             tensor name may have",
+                            name.chars().count(),
+                            polychip_comm::text::quoted(name),
+                            crate::safetensors::MAX_NAME
+                        ),
+                    ));
+                }
                 let Some(file) = file.as_str().filter(|f| plain_file_name(f)) else {
                     return Err(fail(
                         &index_path,
                         format!(
-                            "maps tensor `{name}` to {file}, not the name of a file in {}",
-                            dir.display()
+                            "maps tensor `{name}` to {}, not the name of a file in {}",
+                            polychip_comm::text::shown(&file.to_string()),
+                            polychip_files::shown_path(dir)
                         ),
                     ));
                 };
@@ -535,7 +551,7 @@ impl HfModel {
                     &index_path,
                     format!(
                         "places tensor `{name}` in the shard {file}, which is not in {}",
-                        dir.display()
+                        polychip_files::shown_path(dir)
                     ),
                 ));
             }
@@ -726,7 +742,7 @@ impl HfModel {
     pub fn initial_weights(&self, specs: &[ParamSpec]) -> Result<InitialWeights> {
         Ok(InitialWeights::Given {
             values: self.weights(specs)?,
-            source: self.dir.display().to_string(),
+            source: polychip_files::shown_path(&self.dir),
         })
     }
 }
@@ -829,10 +845,19 @@ pub fn write_new_dir(out: &Path, fill: impl FnOnce(&Path) -> Result<()>) -> Resu
     tmp_name.push(name);
     tmp_name.push(format!(".tmp-{}", std::process::id()));
     let tmp = parent.join(tmp_name);
+    // A failure here is said of `out`, the directory asked for (it named
+    // only the temporary one, a path the user never gave).
+    let beside = |e: std::io::Error| {
+        let what = format!(
+            "cannot be written: its temporary directory {} could not be made: {e}",
+            polychip_files::shown_path(&tmp)
+        );
+        TrainError::io(out, std::io::Error::new(e.kind(), what))
+    };
     if tmp.exists() {
-        std::fs::remove_dir_all(&tmp).map_err(|e| TrainError::io(&tmp, e))?;
+        std::fs::remove_dir_all(&tmp).map_err(beside)?;
     }
-    std::fs::create_dir(&tmp).map_err(|e| TrainError::io(&tmp, e))?;
+    std::fs::create_dir(&tmp).map_err(beside)?;
     let done = fill(&tmp).and_then(|()| {
         if out.is_dir() {
             // Empty (checked above); remove_dir refuses if that changed.
@@ -850,11 +875,16 @@ pub fn write_new_dir(out: &Path, fill: impl FnOnce(&Path) -> Result<()>) -> Resu
     Ok(())
 }
 
-/// Refuses an output directory that exists and is not empty (or is a file).
+/// Refuses an output directory that exists and is not empty (or is a file),
+/// naming it as the path it is (`OUT: exists and is not empty; ...`): an
+/// output is not a checkpoint (a Hugging Face directory is not), and it
+/// was said as "checkpoint OUT" until 2026-12-06.
 pub fn check_new_dir(out: &Path) -> Result<()> {
-    let fail = |message: &str| TrainError::Checkpoint {
-        path: out.to_path_buf(),
-        message: message.into(),
+    let fail = |message: &str| {
+        TrainError::io(
+            out,
+            std::io::Error::new(std::io::ErrorKind::AlreadyExists, message),
+        )
     };
     match std::fs::read_dir(out) {
         Ok(mut entries) => {

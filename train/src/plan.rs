@@ -21,6 +21,11 @@ use crate::params::{Cut, StageRange};
 /// and their sum must stay finite.
 pub const MAX_OPTIMIZER_WEIGHT: f64 = 1e12;
 
+/// The most characters a plan's device name (a stage's `device`, an entry
+/// of `core_order`) may have: `vendor:index` or a device kind as
+/// `polychip devices` names it are a few dozen.
+pub const MAX_DEVICE_NAME: usize = 128;
+
 /// The longest `predicted_step_seconds` a plan may give, 1e9 s (about 32
 /// years).
 pub const MAX_PREDICTED_STEP_SECONDS: f64 = 1e9;
@@ -198,9 +203,10 @@ impl TrainPlan {
         let mut stages = Vec::new();
         for part in spec.split(',') {
             let part = part.trim();
+            let qp = polychip_comm::text::quoted(part);
             let bad = || {
                 TrainError::Config(format!(
-                    "--stages entry {part:?} is not DEVICE=FIRST..END (e.g. ferrite:0=0..3, \
+                    "--stages entry {qp} is not DEVICE=FIRST..END (e.g. ferrite:0=0..3, \
                      ferrite:0=0..3.5 to cut halfway through block 3, ferrite:0=0..3+1 to cut \
                      its attention half after one key/value head, or ferrite:0=0..3.5+40 to \
                      cut its feed-forward half after 40 columns; heads and columns from 1)"
@@ -209,7 +215,7 @@ impl TrainPlan {
             let (device, range) = part.split_once('=').ok_or_else(bad)?;
             if device.trim().is_empty() {
                 return Err(TrainError::Config(format!(
-                    "--stages entry {part:?} names no device before '='; write DEVICE=FIRST..END \
+                    "--stages entry {qp} names no device before '='; write DEVICE=FIRST..END \
                      (e.g. ferrite:0=0..3)"
                 )));
             }
@@ -245,8 +251,14 @@ impl TrainPlan {
     /// [`TrainPlan::name_vendors`], and its tensor-parallel degrees 1).
     pub fn load(path: &Path) -> Result<TrainPlan> {
         let text = read_text_file(path, MAX_TEXT_FILE).map_err(|e| TrainError::io(path, e))?;
-        let bad = |e: String| TrainError::Plan(format!("plan file {}: {e}", path.display()));
+        let bad = |e: String| {
+            TrainError::Plan(format!(
+                "plan file {}: {e}",
+                polychip_files::shown_path(path)
+            ))
+        };
         let plan = Self::parse(&text, path).map_err(bad)?;
+        plan.check_names().map_err(bad)?;
         plan.check_prediction().map_err(bad)?;
         Ok(plan)
     }
@@ -297,6 +309,41 @@ impl TrainPlan {
                 None => e.to_string(),
             }),
         }
+    }
+
+    /// Refuses a device name (a stage's, or in `core_order`) of more than
+    /// [`MAX_DEVICE_NAME`] characters, and a `core_order` of more devices
+    /// than a job has ranks, before any message quotes them (a
+    /// 100,000-character device name was echoed whole into the refusals).
+    fn check_names(&self) -> std::result::Result<(), String> {
+        for (gi, g) in self.groups.iter().enumerate() {
+            for (si, s) in g.stages.iter().enumerate() {
+                if s.device.chars().count() > MAX_DEVICE_NAME {
+                    return Err(format!(
+                        "group {gi} stage {si} names device {}, longer than the \
+                         {MAX_DEVICE_NAME} characters a device name may have",
+                        shown(&s.device)
+                    ));
+                }
+            }
+        }
+        if let Some(order) = &self.core_order {
+            if order.len() > MAX_WORLD_SIZE {
+                return Err(format!(
+                    "core_order lists {} devices, more than the {MAX_WORLD_SIZE} ranks a job \
+                     may have",
+                    order.len()
+                ));
+            }
+            if let Some(d) = order.iter().find(|d| d.chars().count() > MAX_DEVICE_NAME) {
+                return Err(format!(
+                    "core_order names device {}, longer than the {MAX_DEVICE_NAME} characters \
+                     a device name may have",
+                    shown(d)
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// Refuses a `predicted_step_seconds` that is not a number of seconds
@@ -384,6 +431,7 @@ impl TrainPlan {
         if self.groups.is_empty() {
             return bad("it has no groups".into());
         }
+        self.check_names().map_err(TrainError::Plan)?;
         if let Some((model, seq_len)) = &self.planned_for
             && (!model.trim().eq_ignore_ascii_case(cfg.name.trim()) || *seq_len != cfg.seq_len)
         {

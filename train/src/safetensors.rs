@@ -56,6 +56,12 @@ pub const SEAL_PREFIX: &[u8] = b"\"polychip.file_crc64\":\"";
 /// anything larger is a corrupt length.
 pub const MAX_HEADER_BYTES: u64 = 100_000_000;
 
+/// The most characters a name in a header (a tensor's, a field's, a
+/// metadata key) may have: a LLaMA tensor's is some 40, a polychip part's
+/// some 60. A longer one is refused before any message quotes it (a
+/// 100,000-character name was echoed whole into the refusal).
+pub const MAX_NAME: usize = 256;
+
 /// One tensor of a checkpoint: its element type, shape and raw
 /// little-endian, row-major bytes.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -401,7 +407,8 @@ fn check_sealed(bytes: &[u8], seal: files::Seal) -> std::result::Result<(), Stri
 }
 
 /// The first key that a JSON object of `header` has twice (a tensor name,
-/// a metadata key, a field of an entry), as a message; `None` when there is
+/// a metadata key, a field of an entry), or that is longer than
+/// [`MAX_NAME`], as a message; `None` when there is
 /// none or `header` is not JSON (the parser reports that).
 pub fn duplicate_key(header: &[u8]) -> Option<String> {
     use serde::de::{Deserialize, Deserializer, Error, IgnoredAny, MapAccess, SeqAccess, Visitor};
@@ -437,6 +444,10 @@ pub fn duplicate_key(header: &[u8]) -> Option<String> {
         fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> std::result::Result<NoDup, A::Error> {
             let mut seen = std::collections::BTreeSet::new();
             while let Some(k) = map.next_key::<String>()? {
+                if k.chars().count() > MAX_NAME {
+                    let _ = map.next_value::<IgnoredAny>();
+                    return Err(A::Error::custom(format!("LONG{k}")));
+                }
                 if seen.contains(&k) {
                     let _ = map.next_value::<IgnoredAny>();
                     return Err(A::Error::custom(format!("DUP{k}")));
@@ -454,6 +465,15 @@ pub fn duplicate_key(header: &[u8]) -> Option<String> {
     }
     let e = serde_json::from_slice::<NoDup>(header).err()?;
     let text = e.to_string();
+    if let Some(key) = text.strip_prefix("LONG") {
+        let key = key.rsplit_once(" at line ").map_or(key, |(k, _)| k);
+        return Some(format!(
+            "has a name of {} characters in its header, {}, more than the {MAX_NAME} a tensor \
+             name or field may have",
+            key.chars().count(),
+            polychip_comm::text::quoted(key)
+        ));
+    }
     let key = text.strip_prefix("DUP")?;
     let key = key.rsplit_once(" at line ").map_or(key, |(k, _)| k);
     Some(format!(

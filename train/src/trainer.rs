@@ -318,7 +318,7 @@ pub fn run(opts: &Options, runtime: &Runtime, mut job: Option<&mut Job>) -> Resu
             }
             eprintln!(
                 "resumed from {} (step {start}, saved with plan {})",
-                loaded.dir.display(),
+                polychip_files::shown_path(&loaded.dir),
                 polychip_files::printable_lines(&loaded.manifest.plan)
             );
         }

@@ -1,0 +1,537 @@
+//! Hostile inputs, round of 2026-12-06: negative values of numeric flags,
+//! paths and names from files quoted escaped and cut like every other
+//! value from the user, variables that are long or not UTF-8, a model file
+//! that is missing (needs the bundled plugins built, as `input_limits.rs`).
+
+mod common;
+
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::process::Command;
+
+/// `polychip ARGS` (any bytes) with the variables `env` set and those of
+/// `unset` removed: exit code and stderr.
+fn run(args: &[&OsStr], env: &[(&str, &OsStr)], unset: &[&str]) -> (Option<i32>, String) {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_polychip"));
+    cmd.args(args).env("POLYCHIP_TRANSPORT", "shm");
+    for v in unset {
+        cmd.env_remove(v);
+    }
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().expect("run polychip");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn os(args: &[&str]) -> Vec<&'static OsStr> {
+    args.iter()
+        .map(|a| OsStr::new(Box::leak(a.to_string().into_boxed_str())))
+        .collect()
+}
+
+fn refused(args: &[&str]) -> String {
+    let (code, err) = run(&os(args), &[], &[]);
+    assert_eq!(code, Some(2), "{args:?}: {err}");
+    err
+}
+
+/// Every whole-number flag of every subcommand given `-1` (and `--flag=-1`)
+/// is refused in a sentence naming the flag; it was clap's "unexpected
+/// argument '-1' found" (a negative number after a flag was taken for
+/// another flag) or "invalid digit found in string".
+#[test]
+fn a_negative_value_of_any_numeric_flag_is_refused_naming_the_flag() {
+    let flags: &[(&[&str], &str, &str)] = &[
+        (&["train"], "--steps", "0 or more"),
+        (&["train"], "--seq-len", "1 or more"),
+        (&["train"], "--global-batch", "1 or more"),
+        (&["train"], "--seed", "0 or more"),
+        (&["train"], "--eval-every", "0 or more"),
+        (&["train"], "--copies", "1 or more"),
+        (&["train"], "--micro-batch-size", "1 or more"),
+        (&["train"], "--save-every", "0 or more"),
+        (&["train"], "--stop-after", "1 or more"),
+        (&["train"], "--log-every", "0 or more"),
+        (&["train"], "--rebalance-every", "1 or more"),
+        (
+            &["plan", "--cluster", "c", "--model", "tiny"],
+            "--global-batch",
+            "1 or more",
+        ),
+        (
+            &["plan", "--cluster", "c", "--model", "tiny"],
+            "--search-timeout",
+            "from 0 to 604800",
+        ),
+        (&["profile", "--out", "o.json"], "--seq-len", "1 or more"),
+        (&["profile", "--out", "o.json"], "--repeats", "1 or more"),
+        (&["profile", "--out", "o.json"], "--rounds", "1 or more"),
+        (&["conform"], "--case", "0 or more"),
+        (
+            &["checkpoint", "import-hf", "a", "b"],
+            "--seq-len",
+            "1 or more",
+        ),
+        (&["bench", "comm"], "--iters", "1 or more"),
+        (&["bench", "comm"], "--nproc", "1 or more"),
+        (&["launch", "--", "true"], "--nproc", "1 or more"),
+    ];
+    for &(command, flag, range) in flags {
+        // `launch`'s command comes last.
+        let (head, tail) = match command.iter().position(|&a| a == "--") {
+            Some(at) => command.split_at(at),
+            None => (command, &[][..]),
+        };
+        let spelled = format!("{flag}=-1");
+        for given in [&[flag, "-1"][..], &[spelled.as_str()][..]] {
+            let args = [head, given, tail].concat();
+            let err = refused(&args);
+            assert!(
+                err.contains(&format!(
+                    "must be a whole number{}",
+                    match range {
+                        r if r.starts_with("from") => format!(" {r}"),
+                        r if r.starts_with('0') => format!(", {r}"),
+                        r => format!(" of {r}"),
+                    }
+                )) && err.contains(flag)
+                    && err.contains("\"-1\" is negative")
+                    && !err.contains("unexpected argument"),
+                "{args:?}: {err}"
+            );
+        }
+    }
+    // The short spelling names both.
+    let err = refused(&["launch", "-n", "-2", "--", "true"]);
+    assert!(err.contains("-n/--nproc must be"), "{err}");
+    // A number that is not whole, or past the type, is said so.
+    let err = refused(&["train", "--steps", "1e3"]);
+    assert!(
+        err.contains("--steps must be a whole number, 0 or more; \"1e3\" is not one"),
+        "{err}"
+    );
+    let err = refused(&["train", "--copies", "99999999999999999999"]);
+    assert!(err.contains("is more than 18446744073709551615"), "{err}");
+    let err = refused(&[
+        "plan",
+        "--cluster",
+        "c",
+        "--model",
+        "tiny",
+        "--search-timeout",
+        "604801",
+    ]);
+    assert!(err.contains("\"604801\" is more than 604800"), "{err}");
+}
+
+/// The real-number flags take a negative value as a value (it was
+/// "unexpected argument '-0'"), and their subcommand refuses it with its
+/// range.
+#[test]
+fn a_negative_value_of_a_real_flag_reaches_its_range_check() {
+    let err = refused(&[
+        "train",
+        "--model",
+        "mini",
+        "--device",
+        "ferrite:0",
+        "--lr",
+        "-0.1",
+    ]);
+    assert!(err.contains("lr must be positive, not -0.1"), "{err}");
+    let err = refused(&[
+        "train",
+        "--model",
+        "mini",
+        "--plan",
+        "auto",
+        "--profile-error",
+        "-1",
+    ]);
+    assert!(
+        err.contains("--profile-error -1 is not a fraction between 0 and 0.5"),
+        "{err}"
+    );
+    let err = refused(&["conform", "--case-timeout", "-1", "--plugin", "x"]);
+    assert!(
+        err.contains("--case-timeout -1 is not a number of seconds"),
+        "{err}"
+    );
+    let err = refused(&["train", "--lr", "fast"]);
+    assert!(
+        err.contains("--lr must be a number; \"fast\" is not one"),
+        "{err}"
+    );
+}
+
+/// A path in a message is escaped and cut after 200 characters, saying
+/// its length, like every other value from the user (it was cut only
+/// where the whole line passed 1,000 characters), and a byte that is not
+/// UTF-8 is written `\xNN` (it was `�`).
+#[test]
+fn paths_in_messages_are_escaped_and_cut_after_200_characters() {
+    let long = format!("/nonexistent/{}x.json", "d/".repeat(1500));
+    let cut = format!("{}… ({} bytes)", &long[..200], long.len());
+    let dir = common::scratch_dir("hostile", "paths");
+    let devices = dir.join("devices.json");
+    let (code, json, err) = common::polychip(&["devices", "--json"]);
+    assert_eq!(code, Some(0), "{err}");
+    std::fs::write(&devices, json).unwrap();
+    let devices = devices.to_str().unwrap();
+    let cases: Vec<Vec<&str>> = vec![
+        vec!["plan", "--cluster", &long, "--model", "tiny"],
+        vec!["plan", "--cluster", devices, "--model", &long],
+        vec![
+            "plan",
+            "--cluster",
+            devices,
+            "--model",
+            "mini",
+            "--evaluate",
+            &long,
+        ],
+        vec![
+            "plan",
+            "--cluster",
+            devices,
+            "--model",
+            "mini",
+            "--profile",
+            &long,
+        ],
+        vec![
+            "plan",
+            "--cluster",
+            devices,
+            "--model",
+            "mini",
+            "--trace",
+            &long,
+        ],
+        vec!["train", "--model", "mini", "--plan", &long],
+        vec!["train", "--model", &long],
+        vec!["train", "--model", "mini", "--config", &long],
+        vec![
+            "train",
+            "--model",
+            "mini",
+            "--device",
+            "ferrite:0",
+            "--corpus",
+            &long,
+        ],
+        vec![
+            "train",
+            "--model",
+            "mini",
+            "--plan",
+            "auto",
+            "--save-plan",
+            &long,
+        ],
+        vec!["train", "--resume", &long],
+        vec!["checkpoint", "export-hf", &long, "out"],
+        vec!["conform", "--waivers", &long, "--plugin", "x"],
+        vec!["conform", "--plugin", &long],
+        vec!["profile", "--out", &long],
+    ];
+    for args in cases {
+        let err = refused(&args);
+        assert!(
+            err.contains(&cut) && err.len() < 800 && !err.contains(&long[..1000]),
+            "{args:?}: {err}"
+        );
+    }
+    // A plugin path that does not load (the host's messages).
+    let out = Command::new(env!("CARGO_BIN_EXE_polychip"))
+        .arg("devices")
+        .env("POLYCHIP_PLUGIN_PATH", &long)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let failed = stdout
+        .lines()
+        .find(|l| l.starts_with("failed to load"))
+        .unwrap_or_default();
+    assert!(failed.contains(&cut) && failed.len() < 600, "{stdout}");
+    // Escaped byte by byte.
+    let odd = OsStr::from_bytes(b"/nonexistent/a\xff\x1b[31m.toml");
+    let args = [
+        OsStr::new("plan"),
+        OsStr::new("--cluster"),
+        odd,
+        OsStr::new("--model"),
+    ];
+    let (code, err) = run(&[&args[..], &[OsStr::new("tiny")]].concat(), &[], &[]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains(r"/nonexistent/a\xff\u{1b}[31m.toml"),
+        "{err:?}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A plan file's device name of 100,000 characters is refused by its
+/// length, quoted cut (it was echoed whole into the refusal that came
+/// first, cut only at the line's 1,000th character).
+#[test]
+fn a_plan_with_a_device_name_of_any_length_is_refused_by_its_length() {
+    let dir = common::scratch_dir("hostile", "device_name");
+    let name = format!("{}\u{1b}[2J", "x".repeat(100_000));
+    for (file, plan) in [
+        (
+            "stage.json",
+            serde_json::json!({"group": [{"copies": 1, "micro_batch_size": 2,
+                "micro_batches": 2, "stages": [{"device": name, "layers": [0, 2]}]}]}),
+        ),
+        (
+            "order.json",
+            serde_json::json!({"group": [{"copies": 1, "micro_batch_size": 2,
+                "micro_batches": 2, "stages": [{"device": "ferrite:0", "layers": [0, 2]}]}],
+                "core_order": [name]}),
+        ),
+    ] {
+        let path = dir.join(file);
+        std::fs::write(&path, plan.to_string()).unwrap();
+        let err = refused(&["train", "--model", "mini", "--plan", path.to_str().unwrap()]);
+        assert!(
+            err.contains("longer than the 128 characters a device name may have")
+                && err.contains("(100004 bytes)")
+                && err.len() < 800
+                && !err.contains('\u{1b}'),
+            "{file}: {err}"
+        );
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A Hugging Face model's config of the `mini` preset's shape.
+const CONFIG: &str = r#"{"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+  "hidden_act": "silu", "hidden_size": 32, "intermediate_size": 64,
+  "max_position_embeddings": 16, "num_attention_heads": 4, "num_hidden_layers": 2,
+  "num_key_value_heads": 2, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+  "tie_word_embeddings": false, "vocab_size": 256}"#;
+
+/// A tensor name of 100,000 characters in a safetensors header or a shard
+/// index is refused by its length, quoted cut (it was echoed whole).
+#[test]
+fn a_tensor_name_of_any_length_is_refused_by_its_length() {
+    let dir = common::scratch_dir("hostile", "tensor_name");
+    let name = format!("{}\u{1b}[2J", "w".repeat(100_000));
+    let header = serde_json::json!({&name: {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}})
+        .to_string();
+    let mut file = (header.len() as u64).to_le_bytes().to_vec();
+    file.extend_from_slice(header.as_bytes());
+    file.extend_from_slice(&[0; 4]);
+    let single = dir.join("single");
+    std::fs::create_dir(&single).unwrap();
+    std::fs::write(single.join("config.json"), CONFIG).unwrap();
+    std::fs::write(single.join("model.safetensors"), &file).unwrap();
+    let sharded = dir.join("sharded");
+    std::fs::create_dir(&sharded).unwrap();
+    std::fs::write(sharded.join("config.json"), CONFIG).unwrap();
+    let index = serde_json::json!({"weight_map": {&name: "model-1.safetensors"}});
+    std::fs::write(
+        sharded.join("model.safetensors.index.json"),
+        index.to_string(),
+    )
+    .unwrap();
+    for (model, needle) in [
+        (&single, "more than the 256 a tensor name or field may have"),
+        (&sharded, "more than the 256 a tensor name may have"),
+    ] {
+        let out = dir.join("out");
+        let err = refused(&[
+            "checkpoint",
+            "import-hf",
+            model.to_str().unwrap(),
+            out.to_str().unwrap(),
+        ]);
+        assert!(
+            err.contains(needle)
+                && err.contains("(100004 bytes)")
+                && err.len() < 800
+                && !err.contains('\u{1b}'),
+            "{err}"
+        );
+        assert!(!out.exists());
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Variables: a long `POLYCHIP_LOG` is quoted cut (it was echoed whole,
+/// 6,000 characters, past the line cut); `POLYCHIP_BENCH_RANKS` that is
+/// negative is not called "not a number", a long one is cut, and one that
+/// is not UTF-8 is refused (it was taken as unset: 2 ranks); so is a
+/// `POLYCHIP_TRANSPORT` that is not UTF-8 (it was taken as `auto`).
+#[test]
+fn long_or_undecodable_variables_are_refused_or_quoted_cut() {
+    let long = "x=".repeat(3000);
+    let (_, err) = run(
+        &os(&[
+            "plan",
+            "--cluster",
+            "/nonexistent/c.toml",
+            "--model",
+            "tiny",
+        ]),
+        &[("POLYCHIP_LOG", OsStr::new(&long))],
+        &[],
+    );
+    let line = err
+        .lines()
+        .find(|l| l.contains("POLYCHIP_LOG"))
+        .unwrap_or_default();
+    assert!(
+        line.contains("is not a log filter") && line.contains("… (6000 bytes)") && line.len() < 600,
+        "{err}"
+    );
+    let bench = os(&["bench", "comm", "--ops", "barrier", "--iters", "1"]);
+    let long_n = "9".repeat(3000);
+    for (value, needle) in [
+        (
+            OsStr::new("-1"),
+            "POLYCHIP_BENCH_RANKS=\"-1\" is not a whole number of ranks",
+        ),
+        (
+            OsStr::new(&long_n),
+            "… (3000 bytes) is not a whole number of ranks",
+        ),
+        (
+            OsStr::from_bytes(b"4\xff"),
+            "POLYCHIP_BENCH_RANKS is not UTF-8 text",
+        ),
+    ] {
+        let (code, err) = run(&bench, &[("POLYCHIP_BENCH_RANKS", value)], &[]);
+        assert_eq!(code, Some(2), "{err}");
+        assert!(err.contains(needle) && err.len() < 600, "{err}");
+    }
+    let (code, err) = run(
+        &bench,
+        &[("POLYCHIP_TRANSPORT", OsStr::from_bytes(b"shm\xff"))],
+        &[],
+    );
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("POLYCHIP_TRANSPORT is not UTF-8 text"),
+        "{err}"
+    );
+}
+
+/// A `--model` that can only be a file (a `/` in it, or `.toml`) and is
+/// missing is said to be missing, as `polychip plan` says it (it was
+/// "unknown model preset"); flags' lists are quoted cut.
+#[test]
+fn a_missing_model_file_is_said_missing_and_long_lists_are_cut() {
+    for model in ["/nonexistent/m.toml", "typo.toml"] {
+        let err = refused(&["train", "--model", model]);
+        assert!(
+            err.contains(model) && err.contains("No such file") && !err.contains("preset"),
+            "{err}"
+        );
+    }
+    let long = format!("{}\u{1b}[2J", "7".repeat(100_000));
+    for args in [
+        vec!["train", "--model", "mini", "--cores", &long],
+        vec!["train", "--model", "mini", "--stages", &long],
+        vec!["profile", "--out", "o.json", "--micro-batch-sizes", &long],
+    ] {
+        let err = refused(&args);
+        assert!(
+            err.contains("… (100004 bytes)") && err.len() < 1200 && !err.contains('\u{1b}'),
+            "{args:?}: {err}"
+        );
+    }
+}
+
+/// An output directory whose temporary sibling cannot be made is named in
+/// the refusal (it named only the temporary directory, a path the user
+/// never gave), and nothing is left; one that is not empty is named as an
+/// output, not as a checkpoint.
+#[test]
+fn an_output_directory_that_cannot_be_made_is_named() {
+    let dir = common::scratch_dir("hostile", "out_dir");
+    let hf = dir.join("hf");
+    let made = common::polychip(&[
+        "train",
+        "--model",
+        "mini",
+        "--device",
+        "ferrite:0",
+        "--steps",
+        "0",
+        "--export-hf",
+        hf.to_str().unwrap(),
+    ]);
+    assert_eq!(made.0, Some(0), "{}", made.2);
+    let err = refused(&[
+        "checkpoint",
+        "import-hf",
+        hf.to_str().unwrap(),
+        "/proc/polychip-out",
+    ]);
+    // /proc takes no new directory, even for root.
+    assert!(
+        err.contains(
+            "/proc/polychip-out: cannot be written: its temporary directory \
+             /proc/.polychip-out.tmp-"
+        ),
+        "{err}"
+    );
+    assert!(!std::path::Path::new("/proc/polychip-out").exists());
+    // An output directory that is not empty is said as the output it is
+    // (it was "checkpoint DIR", also of a Hugging Face directory).
+    let full = hf.to_str().unwrap();
+    let err = refused(&[
+        "train",
+        "--model",
+        "mini",
+        "--device",
+        "ferrite:0",
+        "--export-hf",
+        full,
+    ]);
+    assert!(
+        err.contains(&format!("--export-hf {full}: exists and is not empty"))
+            && !err.contains("checkpoint"),
+        "{err}"
+    );
+    let err = refused(&["checkpoint", "import-hf", full, full]);
+    assert!(
+        err.contains(&format!(": {full}: exists and is not empty"))
+            && !err.contains(&format!("checkpoint {full}")),
+        "{err}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A `POLYCHIP_PLUGIN_PATH` that is not UTF-8 is reported as a failure to
+/// load, naming the variable (it was taken as unset: its directories were
+/// not searched, without a word); the bundled plugins still load.
+#[test]
+fn a_plugin_path_that_is_not_utf8_is_reported() {
+    let out = Command::new(env!("CARGO_BIN_EXE_polychip"))
+        .arg("devices")
+        .env(
+            "POLYCHIP_PLUGIN_PATH",
+            OsStr::from_bytes(b"/nonexistent/plug\xff"),
+        )
+        .output()
+        .unwrap();
+    let (stdout, err) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert_eq!(out.status.code(), Some(1), "{stdout}{err}");
+    assert!(
+        stdout.contains(
+            "failed to load: /nonexistent/plug\\xff: POLYCHIP_PLUGIN_PATH is not UTF-8 text, \
+             so none of its directories was searched"
+        ) && stdout.contains("Ferrite F1"),
+        "{stdout}{err}"
+    );
+}
