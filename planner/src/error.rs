@@ -57,7 +57,7 @@ pub enum SpecError {
     #[error("profile {0}")]
     Profile(String),
     /// Something wrong inside a file, which the message names first.
-    #[error("{}: {source}", path.display())]
+    #[error("{}: {source}", polychip_files::shown_path(path))]
     InFile {
         /// The file.
         path: PathBuf,
@@ -68,7 +68,7 @@ pub enum SpecError {
     #[error(
         "{}: holds more than {} values (counted by their separators), more than any cluster, \
          model, settings, plan or profile file has",
-        path.display(),
+        polychip_files::shown_path(path),
         polychip_files::MAX_JSON_VALUES
     )]
     TooManyValues {

@@ -398,7 +398,9 @@ impl PlanSpec {
         let text = crate::error::read_file(path)?;
         let json = path.extension().is_some_and(|e| e == "json");
         Self::parse(&text, json).map_err(|e| match e {
-            SpecError::Plan(m) => SpecError::Plan(format!("{}: {m}", path.display())),
+            SpecError::Plan(m) => {
+                SpecError::Plan(format!("{}: {m}", polychip_files::shown_path(path)))
+            }
             e => e,
         })
     }
@@ -603,15 +605,17 @@ impl PlanSpec {
         // are what is evaluated, so totals that disagree with them (one
         // edited, not the other) are refused rather than ignored.
         if planner {
-            let dp = out.iter().map(|g| g.copies).fold(0u64, u64::saturating_add);
-            let batch = out
+            // Checked sums: a total past u64 is said as such, not as the
+            // saturated u64::MAX.
+            let dp = out
                 .iter()
-                .map(|g| {
-                    g.copies
-                        .saturating_mul(g.micro_batch_size)
-                        .saturating_mul(g.micro_batches)
-                })
-                .fold(0u64, u64::saturating_add);
+                .try_fold(0u64, |sum, g| sum.checked_add(g.copies));
+            let batch = out.iter().try_fold(0u64, |sum, g| {
+                g.copies
+                    .checked_mul(g.micro_batch_size)?
+                    .checked_mul(g.micro_batches)?
+                    .checked_add(sum)
+            });
             for (key, sum, what) in [
                 ("dp", dp, "its replicas' copies add up to"),
                 (
@@ -621,8 +625,10 @@ impl PlanSpec {
                 ),
             ] {
                 if let Some(x) = v.get(key)
-                    && x.as_u64() != Some(sum)
+                    && (sum.is_none() || x.as_u64() != sum)
                 {
+                    let sum =
+                        sum.map_or_else(|| format!("more than {}", u64::MAX), |n| n.to_string());
                     return Err(plan_err(format!(
                         "gives {key} {x}, but {what} {sum}: edit the one to match the other"
                     )));

@@ -331,7 +331,9 @@ impl ProfileFile {
     /// Reads a profile file.
     pub fn load(path: &Path) -> Result<Self, SpecError> {
         Self::from_json_str(&read_file(path)?).map_err(|e| match e {
-            SpecError::Profile(m) => SpecError::Profile(format!("{}: {m}", path.display())),
+            SpecError::Profile(m) => {
+                SpecError::Profile(format!("{}: {m}", polychip_files::shown_path(path)))
+            }
             e => e,
         })
     }

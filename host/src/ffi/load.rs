@@ -146,9 +146,12 @@ fn open(path: &Path) -> Result<Plugin> {
     // by design (like any driver); RTLD_LOCAL keeps their symbols apart.
     let library =
         unsafe { Library::open(Some(&absolute), RTLD_NOW | RTLD_LOCAL) }.map_err(|e| {
+            // dlerror's text repeats the path: shown as the message's own
+            // path is (escaped, cut), not raw.
+            let raw = absolute.display().to_string();
             HostError::NotALibrary {
                 path: path_buf.clone(),
-                reason: error_chain(&e),
+                reason: error_chain(&e).replace(&raw, &polychip_files::shown_path(&absolute)),
             }
         })?;
     let library: &'static Library = Box::leak(Box::new(library));
