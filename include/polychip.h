@@ -22,7 +22,7 @@
 
 // The ABI minor version this header describes. Minors only append: new
 // fields at the end of structs, new entries at the end of tables, new codes.
-#define POLYCHIP_ABI_MINOR 1
+#define POLYCHIP_ABI_MINOR 2
 
 // The oldest minor of major 1 that a host built from this header accepts.
 #define POLYCHIP_ABI_MIN_MINOR 0
@@ -39,7 +39,7 @@
 #define POLYCHIP_MEMORY_RDMA_EXPORTABLE 2
 
 // The number of operators in this minor's op table.
-#define POLYCHIP_OP_COUNT 47
+#define POLYCHIP_OP_COUNT 52
 
 // Signed integer (DLPack `kDLInt`).
 #define POLYCHIP_DTYPE_CODE_INT 0
@@ -317,9 +317,17 @@ typedef struct PolychipError *(*PolychipSoftmaxFn)(uint32_t device,
 
 // `out = f(input)` for `neg`, `exp`, `log`, `sqrt`, `rsqrt` (`1/sqrt(x)`),
 // `tanh`, `relu` (`max(x, 0)`, NaN stays NaN), `silu` (`x * sigmoid(x)`) and
-// `gelu` (the tanh form, `0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`).
+// `gelu` (the tanh form, `0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`);
+// since 1.2 `gelu_erf` (the exact form, `x Phi(x)` with the standard normal
+// CDF `Phi(x) = erfc(-x / sqrt(2)) / 2`, PyTorch's default GELU) and
+// `sigmoid` (`1 / (1 + e^-x)`).
 // IEEE semantics at the edges: `log(0) = -inf`, `log(-1) = NaN`,
-// `sqrt(-0) = -0`, `rsqrt(0) = +inf`, `exp(large) = +inf`. Computed in at
+// `sqrt(-0) = -0`, `rsqrt(0) = +inf`, `exp(large) = +inf`;
+// `gelu_erf(+inf) = +inf`, `gelu_erf(-inf) = NaN` (`-inf * 0`, as PyTorch
+// gives), `gelu_erf(x)` for large negative `x` a tiny negative number or a
+// zero, never NaN; `sigmoid(-inf) = 0`, `sigmoid(+inf) = 1`, `sigmoid(±0) =
+// 0.5`, and `sigmoid` of large negative `x` a tiny positive number, not 0
+// while it is representable; NaN gives NaN everywhere. Computed in at
 // least f32 and rounded once; any strides.
 typedef struct PolychipUnaryArgs {
   // Size of this struct as the host knows it.
@@ -353,10 +361,14 @@ typedef struct PolychipError *(*PolychipPowScalarFn)(uint32_t device,
                                                      const struct PolychipPowScalarArgs *args);
 
 // `grad_in = grad_out * f'(input)` for `silu_backward` (`s (1 + x (1 -
-// s))`, `s = sigmoid(x)`) and `gelu_backward` (derivative of the tanh form);
-// for `relu_backward` a select, as PyTorch's `threshold_backward`: `grad_in =
-// input <= 0 ? 0 : grad_out` (0 even where `grad_out` is infinite or NaN; a
-// NaN input passes `grad_out`; the sign of a zero is not judged).
+// s))`, `s = sigmoid(x)`), `gelu_backward` (derivative of the tanh form) and,
+// since 1.2, `gelu_erf_backward` (`Phi(x) + x phi(x)`, the derivative of the
+// exact form, `phi(x) = e^(-x^2/2) / sqrt(2 pi)`: 0.5 at ±0, 1 for large
+// positive `x`, 0 for large negative `x`, NaN at ±inf where `x phi(x)` is
+// `inf * 0`, as PyTorch gives); for `relu_backward` a select, as PyTorch's
+// `threshold_backward`: `grad_in = input <= 0 ? 0 : grad_out` (0 even where
+// `grad_out` is infinite or NaN; a NaN input passes `grad_out`; the sign of
+// a zero is not judged).
 typedef struct PolychipActivationBackwardArgs {
   // Size of this struct as the host knows it.
   size_t struct_size;
@@ -834,6 +846,32 @@ typedef struct PolychipError *(*PolychipScaleFn)(uint32_t device,
                                                  struct PolychipStream *stream,
                                                  const struct PolychipScaleArgs *args);
 
+// Since 1.2: the backward of an activation whose derivative is a function
+// of its output `y`, as PyTorch's autograd saves it: `sigmoid_backward`,
+// `grad_in = grad_out * y (1 - y)`, and `tanh_backward`, `grad_in = grad_out
+// * (1 - y^2)`. Computed in at least f32 and rounded once (a kernel may use
+// `(1 - y) (1 + y)` for `1 - y^2`, which does not cancel near `|y| = 1`);
+// IEEE arithmetic at the edges: an infinite `grad_out` where the factor is 0
+// (`y` exactly 0 or 1 for `sigmoid_backward`, ±1 for `tanh_backward`) gives
+// NaN, NaN in either input gives NaN, and `y` outside the activation's range
+// (which an output never is) is taken literally, except that a factor too
+// large for f32 (`|y|` above about 1.8e19) gives an unspecified result.
+typedef struct PolychipOutputBackwardArgs {
+  // Size of this struct as the host knows it.
+  size_t struct_size;
+  // Gradient of the activation's output.
+  struct PolychipTensor grad_out;
+  // The activation's output (saved from the forward pass).
+  struct PolychipTensor output;
+  // Gradient of the activation's input; same shape and dtype. In place: may be exactly `grad_out` or `output`.
+  struct PolychipTensor grad_in;
+} PolychipOutputBackwardArgs;
+
+// An operator entry taking [`PolychipOutputBackwardArgs`].
+typedef struct PolychipError *(*PolychipOutputBackwardFn)(uint32_t device,
+                                                          struct PolychipStream *stream,
+                                                          const struct PolychipOutputBackwardArgs *args);
+
 // The operator table. Append-only: a new operator is a new field at the end,
 // introduced by a new minor version. NULL entries are "not implemented".
 typedef struct PolychipOpTable {
@@ -933,6 +971,16 @@ typedef struct PolychipOpTable {
   PolychipAdamwFn adamw;
   // `x *= alpha` in place. On f32, f16 or bf16. Since 1.1.
   PolychipScaleFn scale;
+  // GELU, exact (erf) form. On f32, f16 or bf16. Since 1.2.
+  PolychipUnaryFn gelu_erf;
+  // Backward of `gelu_erf`. On f32, f16 or bf16. Since 1.2.
+  PolychipActivationBackwardFn gelu_erf_backward;
+  // `1 / (1 + e^-x)`. On f32, f16 or bf16. Since 1.2.
+  PolychipUnaryFn sigmoid;
+  // Backward of `sigmoid`, from its output. On f32, f16 or bf16. Since 1.2.
+  PolychipOutputBackwardFn sigmoid_backward;
+  // Backward of `tanh`, from its output. On f32, f16 or bf16. Since 1.2.
+  PolychipOutputBackwardFn tanh_backward;
 } PolychipOpTable;
 
 // What a plugin gives the host.
@@ -1086,6 +1134,8 @@ typedef struct PolychipError *(*PolychipPluginInitV1)(const struct PolychipHostA
 
 // Very detailed tracing.
 #define POLYCHIP_LOG_TRACE 5
+
+
 
 
 

@@ -308,6 +308,11 @@ bugs! {
     layer_norm_row_of_one_as_bias: "layer-norm-row-of-one-as-bias" on "layer_norm" in "" => "rows of one element";
     // A NaN or +inf score taken for a row that saw no key.
     attention_nan_row_as_masked: "attention-nan-row-as-masked" on "attention" in "" => "NaN in q";
+    // Mutation round 11: -inf leading a row, f16 sums past 65504 brought
+    // back by alpha, an ignored odd last row.
+    softmax_online_neg_inf_prefix: "softmax-online-neg-inf-prefix" on "softmax" in "" => "led by 2, 300 and 1030 -inf";
+    matmul_half_rounds_before_alpha: "matmul-half-rounds-before-alpha" on "matmul" in "f16" => "sums past 65504";
+    cross_entropy_odd_last_row_counted: "cross-entropy-odd-last-row-counted" on "cross_entropy" in "" => "odd rows, the last ignored";
     // The host refuses step 0 itself (its argument checks run before any
     // plugin code), so no caller can reach this plugin's refusal: the bug is
     // unobservable through the host, and the suite cannot flag it.

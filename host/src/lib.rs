@@ -30,7 +30,7 @@ pub use memory::Buffer;
 pub use ops::{AdamwOptions, Exec, MatmulOptions};
 pub use polychip_plugin_sdk::{
     ActivationBackwardOp, BinaryOp, DType, DeviceProps, ErrorCode, FieldInfo, FieldKind, Op,
-    OpInfo, ReduceOp, UnaryOp, contiguous_strides,
+    OpInfo, OutputBackwardOp, ReduceOp, UnaryOp, contiguous_strides,
 };
 pub use runtime::{LoadFailure, Runtime};
 pub use stream::{Event, Stream};

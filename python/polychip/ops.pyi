@@ -154,3 +154,18 @@ def adamw(param: Tensor, grad: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor, lr: 
 
 def scale(tensor: Tensor, alpha: float, *, stream: Optional[Stream] = None) -> None:
     """`x *= alpha` in place. On f32, f16 or bf16. Since 1.1. Arguments of `PolychipScaleArgs`."""
+
+def gelu_erf(input: Tensor, out: Tensor, *, stream: Optional[Stream] = None) -> None:
+    """GELU, exact (erf) form. On f32, f16 or bf16. Since 1.2. Arguments of `PolychipUnaryArgs`."""
+
+def gelu_erf_backward(grad_out: Tensor, input: Tensor, grad_in: Tensor, *, stream: Optional[Stream] = None) -> None:
+    """Backward of `gelu_erf`. On f32, f16 or bf16. Since 1.2. Arguments of `PolychipActivationBackwardArgs`."""
+
+def sigmoid(input: Tensor, out: Tensor, *, stream: Optional[Stream] = None) -> None:
+    """`1 / (1 + e^-x)`. On f32, f16 or bf16. Since 1.2. Arguments of `PolychipUnaryArgs`."""
+
+def sigmoid_backward(grad_out: Tensor, output: Tensor, grad_in: Tensor, *, stream: Optional[Stream] = None) -> None:
+    """Backward of `sigmoid`, from its output. On f32, f16 or bf16. Since 1.2. Arguments of `PolychipOutputBackwardArgs`."""
+
+def tanh_backward(grad_out: Tensor, output: Tensor, grad_in: Tensor, *, stream: Optional[Stream] = None) -> None:
+    """Backward of `tanh`, from its output. On f32, f16 or bf16. Since 1.2. Arguments of `PolychipOutputBackwardArgs`."""

@@ -14,6 +14,7 @@ import torch.utils.checkpoint
 
 import polychip
 import polychip.torch as pt
+from conftest import PROFILE_DIR
 
 
 def index_of(vendor):
@@ -471,7 +472,7 @@ def test_strict_mode_names_the_operator_and_restores():
             torch.cumsum(d, 0)
         # A kernel's own unsupported case names the operator too.
         with pytest.raises(RuntimeError, match=r"aten::gelu"):
-            torch.nn.functional.gelu(d)  # the exact (erf) form is not an operator
+            torch.nn.functional.gelu(d.double())  # no plugin GELU in f64
         (d * 2).sum()  # what the plugins do still runs
     assert not pt.strict.enabled()
     pt.strict(True)
@@ -490,6 +491,49 @@ def run(code, **env):
 def test_strict_mode_from_the_environment():
     r = run("import torch, polychip.torch as pt; print(pt.strict.enabled())", POLYCHIP_TORCH_STRICT="1")
     assert r.returncode == 0 and r.stdout.strip() == "True", r.stderr
+
+
+ABI_1_1_PLUGIN = """
+import torch, polychip.torch as pt
+dev = torch.device("polychip", 0)
+assert pt.device_info(0)["vendor"] == "Planted"
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.GELU(), torch.nn.Linear(8, 8), torch.nn.Sigmoid(),
+                            torch.nn.Linear(8, 4), torch.nn.Tanh())
+x = torch.randn(5, 6)
+want = torch.autograd.grad(model(x).sum(), list(model.parameters()))
+model.to(dev)
+pt.reset_fallback_report()
+got = torch.autograd.grad(model(x.to(dev)).sum(), list(model.parameters()))
+for g, w in zip(got, want):
+    torch.testing.assert_close(g.cpu(), w, rtol=1e-5, atol=1e-6)
+print(sorted(pt.fallback_report()))
+"""
+
+
+@pytest.mark.parametrize("ops", ["1.1", "1.2"])
+def test_a_plugin_without_the_1_2_operators_falls_back_for_them(ops):
+    """The exact GELU, sigmoid and tanh's backward run on ABI 1.2
+    operators (`gelu_erf`, `sigmoid`, `sigmoid_backward`, `tanh_backward`).
+    A plugin built for 1.1 has NULL entries there (the Planted plugin under
+    POLYCHIP_PLANTED_OPS=1.1): the model still trains, gelu and its
+    backward fall back to the CPU, counted, and sigmoid and tanh's backward
+    take their 1.1 compositions on the plugin."""
+    planted = PROFILE_DIR / "libpolychip_testplugin_planted.so"
+    if not planted.exists():
+        pytest.skip("the Planted plugin is not built")
+    r = run(
+        ABI_1_1_PLUGIN,
+        POLYCHIP_PLUGIN_PATH=str(planted),
+        POLYCHIP_PLANTED_BUG="none",
+        POLYCHIP_PLANTED_OPS=ops,
+    )
+    assert r.returncode == 0, r.stderr
+    fell_back = r.stdout.strip()
+    if ops == "1.1":
+        assert fell_back == "['aten::gelu', 'aten::gelu_backward']", fell_back
+    else:
+        assert fell_back == "[]", fell_back
 
 
 def test_advanced_indexing_takes_cpu_indices_as_pytorch_does():

@@ -12,6 +12,7 @@
  *   FAKE_NEEDS_HOST_1_7    refuses hosts older than ABI 1.7
  *   FAKE_FOREIGN_ERROR     device_count returns an error the host never made
  *   FAKE_NEWER_MINOR       claims ABI 1.9 with a larger (appended) table
+ *   FAKE_MINOR_1_1         claims ABI 1.1 with the newer op table, a 1.2 slot set
  *   FAKE_HUGE_COUNT        device_count reports 2^32 - 1 devices
  *   FAKE_VENDOR_COLON      its vendor name holds a ':' (device ids are vendor:N)
  *   FAKE_CONTROL_NAME      its device name holds terminal escape sequences
@@ -123,9 +124,24 @@ static PolychipError *fill(uint32_t device, PolychipStream *s, const PolychipFil
     return NULL;
 }
 
+#ifdef FAKE_MINOR_1_1
+/* What a slot ABI 1.2 added holds in this 1.1 plugin's table: the host must
+ * treat the slot as absent and never call it. */
+static PolychipError *never_called(uint32_t device, PolychipStream *stream,
+                                   const PolychipUnaryArgs *args) {
+    (void)device, (void)stream, (void)args;
+    abort();
+}
+#endif
+
 static const PolychipOpTable ops = {
     .struct_size = sizeof(PolychipOpTable),
     .fill = fill,
+#ifdef FAKE_MINOR_1_1
+    /* A 1.1 plugin whose table has the newer header's size and, in a slot
+     * ABI 1.2 added, a pointer it never meant. */
+    .sigmoid = never_called,
+#endif
 };
 
 /* A table from a hypothetical newer minor: 1.0's table plus appended fields. */
@@ -183,6 +199,9 @@ static PolychipError *init(const PolychipHostApi *host, const PolychipPluginApi 
 #ifdef FAKE_NEWER_MINOR
     table.v1_0.struct_size = sizeof(NewerTable);
     table.v1_0.abi_minor = 9;
+#endif
+#ifdef FAKE_MINOR_1_1
+    table.v1_0.abi_minor = 1;
 #endif
     *out_plugin = &table.v1_0;
     return NULL;

@@ -199,6 +199,41 @@ fn a_null_operator_entry_is_reported_and_counted_and_the_rest_works() {
 }
 
 #[test]
+fn a_plugin_of_an_older_minor_lacks_the_newer_operators_whatever_its_table_holds() {
+    // An ABI 1.1 plugin whose op table has the 1.2 header's size and, in
+    // `sigmoid`'s slot (added in 1.2), a function that aborts: the host
+    // reads the slot as NULL, so the call is "not implemented" (what a
+    // caller falls back on), and the plugin still loads and works.
+    let path = common::fake_plugin(Some("FAKE_MINOR_1_1"));
+    let device = common::first_device(&path);
+    assert_eq!(device.plugin().abi_version(), (1, 1));
+    let ops = device.plugin().ops();
+    assert_eq!(ops.implemented(), ["fill"]);
+    for op in [
+        "gelu_erf",
+        "gelu_erf_backward",
+        "sigmoid",
+        "sigmoid_backward",
+        "tanh_backward",
+    ] {
+        assert!(ops.missing().contains(&op), "{op}");
+    }
+    let t = device.zeros(DType::F32, &[4]).unwrap();
+    device.exec().fill(&t, 2.5).unwrap();
+    let before = device.plugin().unimplemented_calls();
+    let error = device
+        .exec()
+        .unary(polychip_host::UnaryOp::Sigmoid, &t, &t)
+        .unwrap_err();
+    assert!(
+        matches!(error, HostError::OpUnimplemented { op: "sigmoid", .. }),
+        "{error:?}"
+    );
+    assert_eq!(device.plugin().unimplemented_calls(), before + 1);
+    assert_eq!(t.to_vec::<f32>().unwrap(), [2.5; 4]);
+}
+
+#[test]
 fn failures_do_not_stop_the_other_plugins() {
     let bad = common::fake_plugin(Some("FAKE_NULL_MEM_ALLOC"));
     let good = common::cobalt_path();

@@ -862,3 +862,91 @@ pub extern "C" fn polychip_op_scale(stream: *const polychip_stream_t, tensor: *c
         with_exec(stream.as_deref(), &tensor.tensor, |exec| Ok(exec.scale(&tensor.tensor, alpha)?))
     })
 }
+
+/// `gelu_erf`: GELU, exact (erf) form. On f32, f16 or bf16. Since 1.2.
+///
+/// The arguments are those of `PolychipUnaryArgs` (include/polychip.h).
+/// `stream` NULL runs on the default stream of the first tensor's
+/// device, and the call returns when the work is done.
+///
+/// Thread safety: any thread; calls on one stream must not run concurrently.
+#[unsafe(no_mangle)]
+pub extern "C" fn polychip_op_gelu_erf(stream: *const polychip_stream_t, input: *const polychip_tensor_t, out: *const polychip_tensor_t) -> *mut polychip_error_t {
+    guard("polychip_op_gelu_erf", || {
+        let input = tensor_arg(input, "input")?;
+        let out = tensor_arg(out, "out")?;
+        let stream = stream_arg(stream)?;
+        with_exec(stream.as_deref(), &input.tensor, |exec| Ok(exec.gelu_erf(&input.tensor, &out.tensor)?))
+    })
+}
+
+/// `gelu_erf_backward`: Backward of `gelu_erf`. On f32, f16 or bf16. Since 1.2.
+///
+/// The arguments are those of `PolychipActivationBackwardArgs` (include/polychip.h).
+/// `stream` NULL runs on the default stream of the first tensor's
+/// device, and the call returns when the work is done.
+///
+/// Thread safety: any thread; calls on one stream must not run concurrently.
+#[unsafe(no_mangle)]
+pub extern "C" fn polychip_op_gelu_erf_backward(stream: *const polychip_stream_t, grad_out: *const polychip_tensor_t, input: *const polychip_tensor_t, grad_in: *const polychip_tensor_t) -> *mut polychip_error_t {
+    guard("polychip_op_gelu_erf_backward", || {
+        let grad_out = tensor_arg(grad_out, "grad_out")?;
+        let input = tensor_arg(input, "input")?;
+        let grad_in = tensor_arg(grad_in, "grad_in")?;
+        let stream = stream_arg(stream)?;
+        with_exec(stream.as_deref(), &grad_out.tensor, |exec| Ok(exec.gelu_erf_backward(&grad_out.tensor, &input.tensor, &grad_in.tensor)?))
+    })
+}
+
+/// `sigmoid`: `1 / (1 + e^-x)`. On f32, f16 or bf16. Since 1.2.
+///
+/// The arguments are those of `PolychipUnaryArgs` (include/polychip.h).
+/// `stream` NULL runs on the default stream of the first tensor's
+/// device, and the call returns when the work is done.
+///
+/// Thread safety: any thread; calls on one stream must not run concurrently.
+#[unsafe(no_mangle)]
+pub extern "C" fn polychip_op_sigmoid(stream: *const polychip_stream_t, input: *const polychip_tensor_t, out: *const polychip_tensor_t) -> *mut polychip_error_t {
+    guard("polychip_op_sigmoid", || {
+        let input = tensor_arg(input, "input")?;
+        let out = tensor_arg(out, "out")?;
+        let stream = stream_arg(stream)?;
+        with_exec(stream.as_deref(), &input.tensor, |exec| Ok(exec.sigmoid(&input.tensor, &out.tensor)?))
+    })
+}
+
+/// `sigmoid_backward`: Backward of `sigmoid`, from its output. On f32, f16 or bf16. Since 1.2.
+///
+/// The arguments are those of `PolychipOutputBackwardArgs` (include/polychip.h).
+/// `stream` NULL runs on the default stream of the first tensor's
+/// device, and the call returns when the work is done.
+///
+/// Thread safety: any thread; calls on one stream must not run concurrently.
+#[unsafe(no_mangle)]
+pub extern "C" fn polychip_op_sigmoid_backward(stream: *const polychip_stream_t, grad_out: *const polychip_tensor_t, output: *const polychip_tensor_t, grad_in: *const polychip_tensor_t) -> *mut polychip_error_t {
+    guard("polychip_op_sigmoid_backward", || {
+        let grad_out = tensor_arg(grad_out, "grad_out")?;
+        let output = tensor_arg(output, "output")?;
+        let grad_in = tensor_arg(grad_in, "grad_in")?;
+        let stream = stream_arg(stream)?;
+        with_exec(stream.as_deref(), &grad_out.tensor, |exec| Ok(exec.sigmoid_backward(&grad_out.tensor, &output.tensor, &grad_in.tensor)?))
+    })
+}
+
+/// `tanh_backward`: Backward of `tanh`, from its output. On f32, f16 or bf16. Since 1.2.
+///
+/// The arguments are those of `PolychipOutputBackwardArgs` (include/polychip.h).
+/// `stream` NULL runs on the default stream of the first tensor's
+/// device, and the call returns when the work is done.
+///
+/// Thread safety: any thread; calls on one stream must not run concurrently.
+#[unsafe(no_mangle)]
+pub extern "C" fn polychip_op_tanh_backward(stream: *const polychip_stream_t, grad_out: *const polychip_tensor_t, output: *const polychip_tensor_t, grad_in: *const polychip_tensor_t) -> *mut polychip_error_t {
+    guard("polychip_op_tanh_backward", || {
+        let grad_out = tensor_arg(grad_out, "grad_out")?;
+        let output = tensor_arg(output, "output")?;
+        let grad_in = tensor_arg(grad_in, "grad_in")?;
+        let stream = stream_arg(stream)?;
+        with_exec(stream.as_deref(), &grad_out.tensor, |exec| Ok(exec.tanh_backward(&grad_out.tensor, &output.tensor, &grad_in.tensor)?))
+    })
+}

@@ -447,7 +447,11 @@ fn matmul(dtype: DType) -> Vec<Case> {
     // And last, N = 1 with a transposed `a` (a matrix-vector product on
     // a naive path that reads `a` as packed rows; mutation round 10: every
     // N = 1 product before had a packed `a`).
-    let plans: [MatmulPlan; 16] = [
+    // After them, a short product over a long K with beta (few output
+    // tiles and K = 600: a kernel splits K across work-groups and adds the
+    // partial sums in an epilogue of its own, which must still apply beta;
+    // mutation round 11: the split path dropped it).
+    let plans: [MatmulPlan; 17] = [
         (&[], &[], 1, 1, 1, false, false, 1.0, 0.0),
         (&[], &[], 3, 5, 4, false, false, 1.0, 0.0),
         (&[], &[], 17, 33, 9, true, false, 1.0, 0.0),
@@ -465,6 +469,7 @@ fn matmul(dtype: DType) -> Vec<Case> {
         (&[], &[], 2, 3, 2, false, false, 2.0, 0.0),
         (&[2, 1], &[3], 4, 6, 5, false, false, 1.0, 0.0),
         (&[], &[], 3, 5, 1, true, false, 1.0, 0.0),
+        (&[], &[], 3, 600, 5, false, false, 1.0, 0.5),
     ];
     for (ba, bb, m, k, n, ta, tb, alpha, beta) in plans {
         let a_shape: Vec<usize> = ba
@@ -553,6 +558,42 @@ fn matmul(dtype: DType) -> Vec<Case> {
             },
         ));
     }
+    // Sums past f16's largest finite value (64 products of 30 to 40),
+    // brought back into range by alpha = 1/64: a kernel whose epilogue
+    // rounds the f32 accumulator to the output dtype before applying alpha
+    // (a half-precision C tile, cuBLAS's 16-bit compute types) gives
+    // infinities (mutation round 11). Every dtype: the values are plain.
+    let a = rng.values(dtype, 4 * 64, 30.0, 40.0);
+    let b = rng.values(dtype, 64 * 3, 30.0, 40.0);
+    let options = MatmulOptions {
+        transpose_a: false,
+        transpose_b: false,
+        alpha: 1.0 / 64.0,
+        beta: 0.0,
+    };
+    cases.push(case(
+        "matmul",
+        dtype,
+        "sums past 65504 scaled back by alpha 1/64 a [4, 64] b [64, 3]",
+        vec![
+            input("a", dtype, &[4, 64], a, Layout::Contiguous),
+            input("b", dtype, &[64, 3], b, Layout::Contiguous),
+            output("out", dtype, &[4, 3], Layout::Contiguous),
+        ],
+        Tolerance::accumulated(0.0, 64 + 2),
+        move |exec, t| exec.matmul(&t[0], &t[1], &t[2], options),
+        move |d| {
+            Ok(vec![reference::matmul(
+                &d[0],
+                &d[1],
+                &d[2],
+                false,
+                false,
+                1.0 / 64.0,
+                0.0,
+            )?])
+        },
+    ));
     // alpha == 0 reads neither a nor b: NaN there must not reach out.
     let a = vec![f64::NAN; 12];
     let b = rng.values(dtype, 12, -2.0, 2.0);
@@ -647,6 +688,15 @@ fn softmax(dtype: DType) -> Vec<Case> {
         tail_rows(&mut rng, dtype, 4, 37),
         Layout::Contiguous,
     ));
+    // And of 61: 13, 29 and 61 left after 16-, 32- and 64-wide loops, the
+    // last 3 past the middle of each (see the reductions' rows of 61).
+    cases.push(softmax_case(
+        dtype,
+        "rows of 61 masked (-10000) but for the last 3, the largest last".into(),
+        &[4, 61],
+        tail_rows(&mut rng, dtype, 4, 61),
+        Layout::Contiguous,
+    ));
     cases.push(softmax_case(
         dtype,
         padded_rows::LABEL.into(),
@@ -671,7 +721,40 @@ fn softmax(dtype: DType) -> Vec<Case> {
     let x = rng.values(dtype, numel(&shape), -8.0, 8.0);
     let label = shape_label(&shape, Layout::Permuted);
     cases.push(softmax_case(dtype, label, &shape, x, Layout::Permuted));
+    cases.push(softmax_case(
+        dtype,
+        left_padded::LABEL.into(),
+        &left_padded::SHAPE,
+        left_padded::values(&mut rng, dtype),
+        Layout::Contiguous,
+    ));
     cases
+}
+
+/// Rows whose first logits are -inf (a left-padded batch under an
+/// additive mask, masked vocabulary entries), then ordinary logits:
+/// prefixes of 2, 300 and 1,030 in rows of 1,100. An online softmax
+/// (a running maximum and a sum rescaled by `exp(old_max - new_max)`) that
+/// does not guard a maximum still at -inf computes `exp(-inf - -inf)`,
+/// NaN: per element once two -inf lead the row, per block once a whole
+/// block (of 256, of 1,024) is -inf. Mutation round 11: every -inf before
+/// was in a row of 4 whose first logit was the only one, or all of it.
+/// (Smaller than the `[4, 1000]` cases, so the derived layouts keep those
+/// as their bases.)
+pub(crate) mod left_padded {
+    use super::*;
+
+    pub const LABEL: &str = "rows of 1100 led by 2, 300 and 1030 -inf logits";
+    pub const SHAPE: [usize; 2] = [3, 1100];
+    pub const PREFIX: [usize; 3] = [2, 300, 1030];
+
+    pub fn values(rng: &mut Rng, dtype: DType) -> Vec<f64> {
+        let mut x = rng.values(dtype, SHAPE[0] * SHAPE[1], -8.0, 8.0);
+        for (r, &p) in PREFIX.iter().enumerate() {
+            x[r * SHAPE[1]..r * SHAPE[1] + p].fill(f64::NEG_INFINITY);
+        }
+        x
+    }
 }
 
 /// Rows of one logit each for the softmax family and cross-entropy: a row

@@ -50,6 +50,8 @@ fn unary_reference(op: UnaryOp, x: &Dense) -> Result<Dense, reference::RefError>
         UnaryOp::Relu => reference::relu(x),
         UnaryOp::Silu => reference::silu(x),
         UnaryOp::Gelu => reference::gelu(x),
+        UnaryOp::GeluErf => reference::gelu_erf(x),
+        UnaryOp::Sigmoid => reference::sigmoid(x),
     }
 }
 
@@ -64,6 +66,8 @@ fn unary_cases(op: UnaryOp) -> fn(DType) -> Vec<Case> {
         UnaryOp::Relu => |d| unary(UnaryOp::Relu, d),
         UnaryOp::Silu => |d| unary(UnaryOp::Silu, d),
         UnaryOp::Gelu => |d| unary(UnaryOp::Gelu, d),
+        UnaryOp::GeluErf => |d| unary(UnaryOp::GeluErf, d),
+        UnaryOp::Sigmoid => |d| unary(UnaryOp::Sigmoid, d),
     }
 }
 
@@ -124,6 +128,9 @@ fn unary(op: UnaryOp, dtype: DType) -> Vec<Case> {
             unary_tolerance(UnaryOp::Exp),
         ));
     }
+    if matches!(op, UnaryOp::GeluErf | UnaryOp::Sigmoid) {
+        cases.extend(gelu_erf_sigmoid_tails(op, dtype));
+    }
     if op == UnaryOp::Silu {
         for (label, x, tolerance) in tails(dtype) {
             let n = x.len();
@@ -139,6 +146,50 @@ fn unary(op: UnaryOp, dtype: DType) -> Vec<Case> {
         }
     }
     cases
+}
+
+/// The negative tails of `gelu_erf` (`x Phi(x)`, about `-phi(x)`: from -5
+/// to -12, results down to 1e-32; in f16 from -3 to -5.3, down to its
+/// subnormals) and `sigmoid` (about `e^x`: from -20 to -87, down to 1e-38;
+/// in f16 from -9 to -16, down past its smallest subnormal), where a kernel
+/// computing `1 + erf` (which cancels), or `1 / (1 + e^-x)` with an
+/// overflowing `e^-x`, or flushing subnormal results, fails; and the
+/// inputs beyond, down to the lowest finite value, whose results round to
+/// 0 (never NaN: an unguarded `inf / inf` or `inf * 0` shows). The
+/// condition number is about `x^2` for `gelu_erf` and `|x|` for `sigmoid`,
+/// times u(f32) (a kernel rounds `x / sqrt 2` or `e^x`'s reduced argument).
+fn gelu_erf_sigmoid_tails(op: UnaryOp, dtype: DType) -> Vec<Case> {
+    let (hi, lo) = match (op, dtype) {
+        (UnaryOp::GeluErf, DType::F16) => (-3.0, -5.3),
+        (UnaryOp::GeluErf, _) => (-5.0, -12.0),
+        (_, DType::F16) => (-9.0, -16.0),
+        _ => (-20.0, -87.0),
+    };
+    let n = 24;
+    let x: Vec<f64> = (0..n)
+        .map(|j| crate::values::round_to(dtype, hi + (lo - hi) * j as f64 / (n - 1) as f64))
+        .collect();
+    let condition = if op == UnaryOp::GeluErf { lo * lo } else { -lo };
+    vec![
+        unary_case(
+            op,
+            dtype,
+            format!("negative tail from {hi} to {lo}"),
+            &[n],
+            x,
+            Layout::Contiguous,
+            Tolerance::computed(16.0 + 2.0 * condition),
+        ),
+        unary_case(
+            op,
+            dtype,
+            BEYOND_TAIL.into(),
+            &[beyond_tail(dtype).len()],
+            beyond_tail(dtype),
+            Layout::Contiguous,
+            Tolerance::computed(16.0),
+        ),
+    ]
 }
 
 /// The label of the cases of [`negative_tail`].
@@ -261,6 +312,13 @@ pub(super) fn unary_tolerance(op: UnaryOp) -> Tolerance {
         // |x| <= 10.
         UnaryOp::Exp => Tolerance::computed(16.0),
         UnaryOp::Log | UnaryOp::Tanh | UnaryOp::Silu => Tolerance::computed(8.0),
+        // x Phi(x): its condition number |1 + x phi(x) / Phi(x)| is at
+        // most 1 + x^2 + 1 on [-4, 4] (about x^2 in the negative tail),
+        // times u(f32) for a kernel that rounds x / sqrt(2), plus erfc's
+        // own few ULPs.
+        UnaryOp::GeluErf => Tolerance::computed(48.0),
+        // 1 / (1 + e^-x): condition number |x| (1 - s) <= 4 on [-4, 4].
+        UnaryOp::Sigmoid => Tolerance::computed(8.0),
         // x sigmoid(2u) with u = c (x + a x^3): the sigmoid's condition
         // number 2|u| (1 - s) is at most 11 on [-4, 4]. The spec's formula
         // 0.5 x (1 + tanh(u)), evaluated literally in f32, cancels for x
@@ -379,6 +437,9 @@ fn activation_cases(op: ActivationBackwardOp) -> fn(DType) -> Vec<Case> {
         ActivationBackwardOp::GeluBackward => {
             |d| activation_backward(ActivationBackwardOp::GeluBackward, d)
         }
+        ActivationBackwardOp::GeluErfBackward => {
+            |d| activation_backward(ActivationBackwardOp::GeluErfBackward, d)
+        }
     }
 }
 
@@ -417,6 +478,9 @@ fn activation_backward(op: ActivationBackwardOp, dtype: DType) -> Vec<Case> {
                     ActivationBackwardOp::ReluBackward => reference::relu_backward(&d[0], &d[1]),
                     ActivationBackwardOp::SiluBackward => reference::silu_backward(&d[0], &d[1]),
                     ActivationBackwardOp::GeluBackward => reference::gelu_backward(&d[0], &d[1]),
+                    ActivationBackwardOp::GeluErfBackward => {
+                        reference::gelu_erf_backward(&d[0], &d[1])
+                    }
                 };
                 Ok(vec![r?])
             },
@@ -443,6 +507,36 @@ fn activation_backward(op: ActivationBackwardOp, dtype: DType) -> Vec<Case> {
             activation_backward_tolerance(op),
             move |exec, t| exec.activation_backward(op, &t[0], &t[1], &t[2]),
             |d| Ok(vec![reference::relu_backward(&d[0], &d[1])?]),
+        ));
+    }
+    if op == ActivationBackwardOp::GeluErfBackward {
+        // Every special input (the ABI defines them all: NaN at ±inf, where
+        // `x phi(x)` is `inf * 0`; 1 at the largest values, 0 at the
+        // lowest, 0.5 at ±0 and the subnormals), and inputs far out where
+        // x^2 overflows f32 (x phi(x) must stay 0, not `x * e^-inf` of
+        // an overflowed square turned NaN).
+        let mut x = specials(dtype);
+        if dtype != DType::F16 {
+            x.extend(
+                [1e10, -1e10, 1e20, -1e20, 3e38, -3e38].map(|v| crate::values::round_to(dtype, v)),
+            );
+        } else {
+            x.extend([300.0, -300.0, 6e4, -6e4]);
+        }
+        let n = x.len();
+        let g = rng.values(dtype, n, 0.5, 2.0);
+        cases.push(case(
+            op.name(),
+            dtype,
+            "special and huge inputs",
+            vec![
+                input("grad_out", dtype, &[n], g, Layout::Contiguous),
+                input("input", dtype, &[n], x, Layout::Contiguous),
+                output("grad_in", dtype, &[n], Layout::Contiguous),
+            ],
+            Tolerance::computed(16.0),
+            move |exec, t| exec.activation_backward(op, &t[0], &t[1], &t[2]),
+            |d| Ok(vec![reference::gelu_erf_backward(&d[0], &d[1])?]),
         ));
     }
     if op == ActivationBackwardOp::GeluBackward && dtype != DType::F16 {
@@ -768,6 +862,26 @@ fn reduce(op: ReduceOp, dtype: DType) -> Vec<Case> {
             &[70, 130],
             x,
             0,
+            false,
+            Layout::Contiguous,
+        ));
+    }
+    if matches!(op, ReduceOp::Max | ReduceOp::Argmax | ReduceOp::Sum) {
+        // Rows of 61, whose maximum sits past the middle of a 16-, 32- or
+        // 64-wide vector loop's remainder (13, 29 and 61 elements) in rows
+        // 0 and 1 and before it in row 2: a remainder finished by one
+        // half-width vector (8 of 16 lanes) and no scalar loop drops it
+        // (mutation round 11: every row before left a remainder of at most
+        // 8 of a 16-lane loop, 37 leaving 5).
+        let mut x = rng.values(dtype, 3 * 61, -4.0, 4.0);
+        (x[60], x[61 + 58], x[122 + 52]) = (6.0, 7.0, 5.0);
+        cases.push(reduce_case(
+            op,
+            dtype,
+            "rows of 61, the maximum in the vector remainder".into(),
+            &[3, 61],
+            x,
+            1,
             false,
             Layout::Contiguous,
         ));

@@ -9,6 +9,7 @@
 mod basic;
 mod elementwise;
 mod nn;
+mod output_backward;
 pub mod realistic;
 mod training;
 mod variants;
@@ -74,6 +75,7 @@ pub fn registry() -> Vec<OpInfo> {
         .filter_map(|op| {
             let cases = basic::cases(op)
                 .or_else(|| elementwise::cases(op))
+                .or_else(|| output_backward::cases(op))
                 .or_else(|| nn::cases(op))
                 .or_else(|| training::cases(op))?;
             Some(OpInfo {

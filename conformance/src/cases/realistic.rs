@@ -12,7 +12,9 @@
 //! `polychip conform`; the full tier (`--full`) adds larger sizes for a
 //! vendor's nightly run.
 
-use polychip_host::{ActivationBackwardOp, BinaryOp, DType, MatmulOptions, ReduceOp, UnaryOp};
+use polychip_host::{
+    ActivationBackwardOp, BinaryOp, DType, MatmulOptions, OutputBackwardOp, ReduceOp, UnaryOp,
+};
 
 use super::{Rng, case, input, numel, output};
 use crate::case::{Case, Layout, Resize};
@@ -291,6 +293,26 @@ const FAMILIES: &[Family] = &[
         default: &[&[1 << 20]],
         full: &[&[1 << 24]],
     },
+    unary_family!(UnaryOp::GeluErf, "gelu_erf"),
+    Family {
+        op: "gelu_erf_backward",
+        build: |d, p| activation_backward(d, p, ActivationBackwardOp::GeluErfBackward),
+        default: &[&[1024, 2048]],
+        full: &[&[4096, 4096]],
+    },
+    unary_family!(UnaryOp::Sigmoid, "sigmoid"),
+    Family {
+        op: "sigmoid_backward",
+        build: |d, p| output_backward(d, p, OutputBackwardOp::SigmoidBackward),
+        default: &[&[1024, 2048]],
+        full: &[&[4096, 4096]],
+    },
+    Family {
+        op: "tanh_backward",
+        build: |d, p| output_backward(d, p, OutputBackwardOp::TanhBackward),
+        default: &[&[1024, 2048]],
+        full: &[&[4096, 4096]],
+    },
 ];
 
 /// The realistic cases of `op` in `dtype` for `tier`.
@@ -468,8 +490,30 @@ fn activation_backward(dtype: DType, p: &[usize], op: ActivationBackwardOp) -> C
                 ActivationBackwardOp::ReluBackward => reference::relu_backward(&d[0], &d[1]),
                 ActivationBackwardOp::SiluBackward => reference::silu_backward(&d[0], &d[1]),
                 ActivationBackwardOp::GeluBackward => reference::gelu_backward(&d[0], &d[1]),
+                ActivationBackwardOp::GeluErfBackward => reference::gelu_erf_backward(&d[0], &d[1]),
             }?])
         },
+    )
+}
+
+fn output_backward(dtype: DType, p: &[usize], op: OutputBackwardOp) -> Case {
+    let mut r = rng(op.name(), dtype, p);
+    let n = p.iter().product();
+    let (lo, hi) = super::output_backward::range(op);
+    let g = r.values(dtype, n, -2.0, 2.0);
+    let y = r.values(dtype, n, lo, hi);
+    case(
+        op.name(),
+        dtype,
+        dims(p),
+        vec![
+            input("grad_out", dtype, p, g, C),
+            input("output", dtype, p, y, C),
+            output("grad_in", dtype, p, C),
+        ],
+        super::output_backward::tolerance(),
+        move |exec, t| exec.output_backward(op, &t[0], &t[1], &t[2]),
+        move |d| super::output_backward::reference(op, d),
     )
 }
 

@@ -12,6 +12,7 @@
 //! not fit, an index out of range, argmax over an empty dimension, an AdamW
 //! step below 1).
 
+mod activation;
 mod attention;
 mod basic;
 mod elementwise;
@@ -19,6 +20,7 @@ mod norm;
 mod reduce;
 mod training;
 
+pub use activation::{gelu_erf, gelu_erf_backward, sigmoid, sigmoid_backward, tanh_backward};
 pub use attention::{attention, attention_backward};
 pub use basic::{add, broadcast_shapes, cast, copy, div, fill, matmul, mul, softmax, sub};
 pub use elementwise::{

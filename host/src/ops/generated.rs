@@ -166,7 +166,7 @@ impl Exec<'_> {
         self.call(op.name(), entry, &raw, &tensors)
     }
 
-    /// `neg`, `exp`, `log`, `sqrt`, `rsqrt`, `tanh`, `relu`, `silu`, `gelu`, as `op` says.
+    /// `neg`, `exp`, `log`, `sqrt`, `rsqrt`, `tanh`, `relu`, `silu`, `gelu`, `gelu_erf`, `sigmoid`, as `op` says.
     ///
     /// The arguments are those of [`PolychipUnaryArgs`].
     pub fn unary(&self, op: UnaryOp, input: &Tensor, out: &Tensor) -> Result<()> {
@@ -181,6 +181,8 @@ impl Exec<'_> {
             UnaryOp::Relu => ops.relu,
             UnaryOp::Silu => ops.silu,
             UnaryOp::Gelu => ops.gelu,
+            UnaryOp::GeluErf => ops.gelu_erf,
+            UnaryOp::Sigmoid => ops.sigmoid,
         };
         let op = op.op();
         let tensors = [("input", input), ("out", out)];
@@ -252,7 +254,7 @@ impl Exec<'_> {
         self.unary(UnaryOp::Relu, input, out)
     }
 
-    /// `relu_backward`, `silu_backward`, `gelu_backward`, as `op` says.
+    /// `relu_backward`, `silu_backward`, `gelu_backward`, `gelu_erf_backward`, as `op` says.
     ///
     /// The arguments are those of [`PolychipActivationBackwardArgs`].
     pub fn activation_backward(&self, op: ActivationBackwardOp, grad_out: &Tensor, input: &Tensor, grad_in: &Tensor) -> Result<()> {
@@ -261,6 +263,7 @@ impl Exec<'_> {
             ActivationBackwardOp::ReluBackward => ops.relu_backward,
             ActivationBackwardOp::SiluBackward => ops.silu_backward,
             ActivationBackwardOp::GeluBackward => ops.gelu_backward,
+            ActivationBackwardOp::GeluErfBackward => ops.gelu_erf_backward,
         };
         let op = op.op();
         let tensors = [("grad_out", grad_out), ("input", input), ("grad_in", grad_in)];
@@ -631,5 +634,57 @@ impl Exec<'_> {
         ScaleArgs::new(op, tensor.desc(), alpha).map_err(|e| self.invalid(e))?;
         let raw = PolychipScaleArgs { struct_size: size_of::<PolychipScaleArgs>(), tensor: tensor.raw(), alpha };
         self.call(op.name(), entry, &raw, &tensors)
+    }
+
+    /// `gelu_erf`: GELU, exact (erf) form. On f32, f16 or bf16. Since 1.2.
+    ///
+    /// The arguments are those of [`PolychipUnaryArgs`].
+    pub fn gelu_erf(&self, input: &Tensor, out: &Tensor) -> Result<()> {
+        self.unary(UnaryOp::GeluErf, input, out)
+    }
+
+    /// `gelu_erf_backward`: Backward of `gelu_erf`. On f32, f16 or bf16. Since 1.2.
+    ///
+    /// The arguments are those of [`PolychipActivationBackwardArgs`].
+    pub fn gelu_erf_backward(&self, grad_out: &Tensor, input: &Tensor, grad_in: &Tensor) -> Result<()> {
+        self.activation_backward(ActivationBackwardOp::GeluErfBackward, grad_out, input, grad_in)
+    }
+
+    /// `sigmoid`: `1 / (1 + e^-x)`. On f32, f16 or bf16. Since 1.2.
+    ///
+    /// The arguments are those of [`PolychipUnaryArgs`].
+    pub fn sigmoid(&self, input: &Tensor, out: &Tensor) -> Result<()> {
+        self.unary(UnaryOp::Sigmoid, input, out)
+    }
+
+    /// `sigmoid_backward`, `tanh_backward`, as `op` says.
+    ///
+    /// The arguments are those of [`PolychipOutputBackwardArgs`].
+    pub fn output_backward(&self, op: OutputBackwardOp, grad_out: &Tensor, output: &Tensor, grad_in: &Tensor) -> Result<()> {
+        let ops = self.ops();
+        let entry = match op {
+            OutputBackwardOp::SigmoidBackward => ops.sigmoid_backward,
+            OutputBackwardOp::TanhBackward => ops.tanh_backward,
+        };
+        let op = op.op();
+        let tensors = [("grad_out", grad_out), ("output", output), ("grad_in", grad_in)];
+        self.on_device(op.name(), &tensors)?;
+        OutputBackwardArgs::new(op, grad_out.desc(), output.desc(), grad_in.desc()).map_err(|e| self.invalid(e))?;
+        let raw = PolychipOutputBackwardArgs { struct_size: size_of::<PolychipOutputBackwardArgs>(), grad_out: grad_out.raw(), output: output.raw(), grad_in: grad_in.raw() };
+        self.call(op.name(), entry, &raw, &tensors)
+    }
+
+    /// `sigmoid_backward`: Backward of `sigmoid`, from its output. On f32, f16 or bf16. Since 1.2.
+    ///
+    /// The arguments are those of [`PolychipOutputBackwardArgs`].
+    pub fn sigmoid_backward(&self, grad_out: &Tensor, output: &Tensor, grad_in: &Tensor) -> Result<()> {
+        self.output_backward(OutputBackwardOp::SigmoidBackward, grad_out, output, grad_in)
+    }
+
+    /// `tanh_backward`: Backward of `tanh`, from its output. On f32, f16 or bf16. Since 1.2.
+    ///
+    /// The arguments are those of [`PolychipOutputBackwardArgs`].
+    pub fn tanh_backward(&self, grad_out: &Tensor, output: &Tensor, grad_in: &Tensor) -> Result<()> {
+        self.output_backward(OutputBackwardOp::TanhBackward, grad_out, output, grad_in)
     }
 }

@@ -480,3 +480,53 @@ pub unsafe extern "C" fn scale<P: Operators>(device: u32, stream: *mut PolychipS
     // and which makes the checked tensors valid for the method.
     unsafe { call::<P, _>(Op::Scale, device, stream, args, |p, q, a| p.scale(q, a)) }
 }
+
+/// The `gelu_erf` entry.
+///
+/// # Safety
+/// The ABI's operator contract (see [`call`]).
+pub unsafe extern "C" fn gelu_erf<P: Operators>(device: u32, stream: *mut PolychipStream, args: *const abi::PolychipUnaryArgs) -> *mut PolychipError {
+    // SAFETY: the caller keeps the operator contract, which `call` requires
+    // and which makes the checked tensors valid for the method.
+    unsafe { call::<P, _>(Op::GeluErf, device, stream, args, |p, q, a| p.unary(q, UnaryOp::GeluErf, a)) }
+}
+
+/// The `gelu_erf_backward` entry.
+///
+/// # Safety
+/// The ABI's operator contract (see [`call`]).
+pub unsafe extern "C" fn gelu_erf_backward<P: Operators>(device: u32, stream: *mut PolychipStream, args: *const abi::PolychipActivationBackwardArgs) -> *mut PolychipError {
+    // SAFETY: the caller keeps the operator contract, which `call` requires
+    // and which makes the checked tensors valid for the method.
+    unsafe { call::<P, _>(Op::GeluErfBackward, device, stream, args, |p, q, a| p.activation_backward(q, ActivationBackwardOp::GeluErfBackward, a)) }
+}
+
+/// The `sigmoid` entry.
+///
+/// # Safety
+/// The ABI's operator contract (see [`call`]).
+pub unsafe extern "C" fn sigmoid<P: Operators>(device: u32, stream: *mut PolychipStream, args: *const abi::PolychipUnaryArgs) -> *mut PolychipError {
+    // SAFETY: the caller keeps the operator contract, which `call` requires
+    // and which makes the checked tensors valid for the method.
+    unsafe { call::<P, _>(Op::Sigmoid, device, stream, args, |p, q, a| p.unary(q, UnaryOp::Sigmoid, a)) }
+}
+
+/// The `sigmoid_backward` entry.
+///
+/// # Safety
+/// The ABI's operator contract (see [`call`]).
+pub unsafe extern "C" fn sigmoid_backward<P: Operators>(device: u32, stream: *mut PolychipStream, args: *const abi::PolychipOutputBackwardArgs) -> *mut PolychipError {
+    // SAFETY: the caller keeps the operator contract, which `call` requires
+    // and which makes the checked tensors valid for the method.
+    unsafe { call::<P, _>(Op::SigmoidBackward, device, stream, args, |p, q, a| p.output_backward(q, OutputBackwardOp::SigmoidBackward, a)) }
+}
+
+/// The `tanh_backward` entry.
+///
+/// # Safety
+/// The ABI's operator contract (see [`call`]).
+pub unsafe extern "C" fn tanh_backward<P: Operators>(device: u32, stream: *mut PolychipStream, args: *const abi::PolychipOutputBackwardArgs) -> *mut PolychipError {
+    // SAFETY: the caller keeps the operator contract, which `call` requires
+    // and which makes the checked tensors valid for the method.
+    unsafe { call::<P, _>(Op::TanhBackward, device, stream, args, |p, q, a| p.output_backward(q, OutputBackwardOp::TanhBackward, a)) }
+}

@@ -114,11 +114,21 @@ pub enum Op {
     Adamw,
     /// `scale`: `x *= alpha` in place.
     Scale,
+    /// `gelu_erf`: GELU, exact (erf) form.
+    GeluErf,
+    /// `gelu_erf_backward`: Backward of `gelu_erf`.
+    GeluErfBackward,
+    /// `sigmoid`: `1 / (1 + e^-x)`.
+    Sigmoid,
+    /// `sigmoid_backward`: Backward of `sigmoid`, from its output.
+    SigmoidBackward,
+    /// `tanh_backward`: Backward of `tanh`, from its output.
+    TanhBackward,
 }
 
 impl Op {
     /// Every operator, in slot order.
-    pub const ALL: [Op; 47] = [Op::Fill, Op::Copy, Op::Cast, Op::Add, Op::Sub, Op::Mul, Op::Div, Op::Matmul, Op::Softmax, Op::Neg, Op::Exp, Op::Log, Op::Sqrt, Op::Rsqrt, Op::Tanh, Op::PowScalar, Op::Relu, Op::ReluBackward, Op::Silu, Op::SiluBackward, Op::Gelu, Op::GeluBackward, Op::Swiglu, Op::SwigluBackward, Op::Sum, Op::Mean, Op::Max, Op::Argmax, Op::SumSquares, Op::Linear, Op::SoftmaxBackward, Op::LogSoftmax, Op::LogSoftmaxBackward, Op::RmsNorm, Op::RmsNormBackward, Op::LayerNorm, Op::LayerNormBackward, Op::Rope, Op::RopeBackward, Op::Attention, Op::AttentionBackward, Op::Embedding, Op::EmbeddingBackward, Op::CrossEntropy, Op::CrossEntropyBackward, Op::Adamw, Op::Scale];
+    pub const ALL: [Op; 52] = [Op::Fill, Op::Copy, Op::Cast, Op::Add, Op::Sub, Op::Mul, Op::Div, Op::Matmul, Op::Softmax, Op::Neg, Op::Exp, Op::Log, Op::Sqrt, Op::Rsqrt, Op::Tanh, Op::PowScalar, Op::Relu, Op::ReluBackward, Op::Silu, Op::SiluBackward, Op::Gelu, Op::GeluBackward, Op::Swiglu, Op::SwigluBackward, Op::Sum, Op::Mean, Op::Max, Op::Argmax, Op::SumSquares, Op::Linear, Op::SoftmaxBackward, Op::LogSoftmax, Op::LogSoftmaxBackward, Op::RmsNorm, Op::RmsNormBackward, Op::LayerNorm, Op::LayerNormBackward, Op::Rope, Op::RopeBackward, Op::Attention, Op::AttentionBackward, Op::Embedding, Op::EmbeddingBackward, Op::CrossEntropy, Op::CrossEntropyBackward, Op::Adamw, Op::Scale, Op::GeluErf, Op::GeluErfBackward, Op::Sigmoid, Op::SigmoidBackward, Op::TanhBackward];
 
     /// Its name in the op table.
     pub const fn name(self) -> &'static str {
@@ -170,6 +180,11 @@ impl Op {
             Op::CrossEntropyBackward => "cross_entropy_backward",
             Op::Adamw => "adamw",
             Op::Scale => "scale",
+            Op::GeluErf => "gelu_erf",
+            Op::GeluErfBackward => "gelu_erf_backward",
+            Op::Sigmoid => "sigmoid",
+            Op::SigmoidBackward => "sigmoid_backward",
+            Op::TanhBackward => "tanh_backward",
         }
     }
 }
@@ -383,8 +398,14 @@ const SCALE_FIELDS: &[FieldInfo] = &[
     FieldInfo { name: "alpha", kind: FieldKind::F64, offset: offset_of!(abi::PolychipScaleArgs, alpha), alias: &[], optional: false },
 ];
 
+const OUTPUT_BACKWARD_FIELDS: &[FieldInfo] = &[
+    FieldInfo { name: "grad_out", kind: FieldKind::In, offset: offset_of!(abi::PolychipOutputBackwardArgs, grad_out), alias: &[], optional: false },
+    FieldInfo { name: "output", kind: FieldKind::In, offset: offset_of!(abi::PolychipOutputBackwardArgs, output), alias: &[], optional: false },
+    FieldInfo { name: "grad_in", kind: FieldKind::Out, offset: offset_of!(abi::PolychipOutputBackwardArgs, grad_in), alias: &["grad_out", "output"], optional: false },
+];
+
 /// What the spec says of each operator, in slot order.
-pub(crate) static OPS: [OpInfo; 47] = [
+pub(crate) static OPS: [OpInfo; 52] = [
     OpInfo { op: Op::Fill, args: "PolychipFillArgs", size: size_of::<abi::PolychipFillArgs>(), table_offset: offset_of!(abi::PolychipOpTable, fill), since: (1, 0), family: "data", dtypes: &[DType::F32, DType::F16, DType::BF16, DType::F64, DType::I32, DType::I64, DType::U8, DType::Bool], accepted: "f32, f16, bf16, f64, i32, i64, u8 and bool", group: None, fields: FILL_FIELDS, doc: "Fill a tensor with a scalar. On any dtype. Since 1.0." },
     OpInfo { op: Op::Copy, args: "PolychipCopyArgs", size: size_of::<abi::PolychipCopyArgs>(), table_offset: offset_of!(abi::PolychipOpTable, copy), since: (1, 0), family: "data", dtypes: &[DType::F32, DType::F16, DType::BF16, DType::F64, DType::I32, DType::I64, DType::U8, DType::Bool], accepted: "f32, f16, bf16, f64, i32, i64, u8 and bool", group: None, fields: COPY_FIELDS, doc: "Strided copy. On any dtype. Since 1.0." },
     OpInfo { op: Op::Cast, args: "PolychipCastArgs", size: size_of::<abi::PolychipCastArgs>(), table_offset: offset_of!(abi::PolychipOpTable, cast), since: (1, 0), family: "data", dtypes: &[DType::F32, DType::F16, DType::BF16, DType::F64], accepted: "f32, f16, bf16 and f64", group: None, fields: CAST_FIELDS, doc: "Floating-point conversion. On f32, f16, bf16 or f64. Since 1.0." },
@@ -432,6 +453,11 @@ pub(crate) static OPS: [OpInfo; 47] = [
     OpInfo { op: Op::CrossEntropyBackward, args: "PolychipCrossEntropyBackwardArgs", size: size_of::<abi::PolychipCrossEntropyBackwardArgs>(), table_offset: offset_of!(abi::PolychipOpTable, cross_entropy_backward), since: (1, 1), family: "loss", dtypes: &[DType::F32, DType::F16, DType::BF16], accepted: "f32, f16 and bf16", group: None, fields: CROSS_ENTROPY_BACKWARD_FIELDS, doc: "Backward of `cross_entropy`. On f32, f16 or bf16. Since 1.1." },
     OpInfo { op: Op::Adamw, args: "PolychipAdamwArgs", size: size_of::<abi::PolychipAdamwArgs>(), table_offset: offset_of!(abi::PolychipOpTable, adamw), since: (1, 1), family: "optimizer", dtypes: &[DType::F32, DType::F16, DType::BF16], accepted: "f32, f16 and bf16", group: None, fields: ADAMW_FIELDS, doc: "One AdamW step in place. On f32, f16 or bf16. Since 1.1." },
     OpInfo { op: Op::Scale, args: "PolychipScaleArgs", size: size_of::<abi::PolychipScaleArgs>(), table_offset: offset_of!(abi::PolychipOpTable, scale), since: (1, 1), family: "optimizer", dtypes: &[DType::F32, DType::F16, DType::BF16], accepted: "f32, f16 and bf16", group: None, fields: SCALE_FIELDS, doc: "`x *= alpha` in place. On f32, f16 or bf16. Since 1.1." },
+    OpInfo { op: Op::GeluErf, args: "PolychipUnaryArgs", size: size_of::<abi::PolychipUnaryArgs>(), table_offset: offset_of!(abi::PolychipOpTable, gelu_erf), since: (1, 2), family: "activation", dtypes: &[DType::F32, DType::F16, DType::BF16], accepted: "f32, f16 and bf16", group: Some("unary"), fields: UNARY_FIELDS, doc: "GELU, exact (erf) form. On f32, f16 or bf16. Since 1.2." },
+    OpInfo { op: Op::GeluErfBackward, args: "PolychipActivationBackwardArgs", size: size_of::<abi::PolychipActivationBackwardArgs>(), table_offset: offset_of!(abi::PolychipOpTable, gelu_erf_backward), since: (1, 2), family: "activation", dtypes: &[DType::F32, DType::F16, DType::BF16], accepted: "f32, f16 and bf16", group: Some("activation_backward"), fields: ACTIVATION_BACKWARD_FIELDS, doc: "Backward of `gelu_erf`. On f32, f16 or bf16. Since 1.2." },
+    OpInfo { op: Op::Sigmoid, args: "PolychipUnaryArgs", size: size_of::<abi::PolychipUnaryArgs>(), table_offset: offset_of!(abi::PolychipOpTable, sigmoid), since: (1, 2), family: "activation", dtypes: &[DType::F32, DType::F16, DType::BF16], accepted: "f32, f16 and bf16", group: Some("unary"), fields: UNARY_FIELDS, doc: "`1 / (1 + e^-x)`. On f32, f16 or bf16. Since 1.2." },
+    OpInfo { op: Op::SigmoidBackward, args: "PolychipOutputBackwardArgs", size: size_of::<abi::PolychipOutputBackwardArgs>(), table_offset: offset_of!(abi::PolychipOpTable, sigmoid_backward), since: (1, 2), family: "activation", dtypes: &[DType::F32, DType::F16, DType::BF16], accepted: "f32, f16 and bf16", group: Some("output_backward"), fields: OUTPUT_BACKWARD_FIELDS, doc: "Backward of `sigmoid`, from its output. On f32, f16 or bf16. Since 1.2." },
+    OpInfo { op: Op::TanhBackward, args: "PolychipOutputBackwardArgs", size: size_of::<abi::PolychipOutputBackwardArgs>(), table_offset: offset_of!(abi::PolychipOpTable, tanh_backward), since: (1, 2), family: "elementwise", dtypes: &[DType::F32, DType::F16, DType::BF16], accepted: "f32, f16 and bf16", group: Some("output_backward"), fields: OUTPUT_BACKWARD_FIELDS, doc: "Backward of `tanh`, from its output. On f32, f16 or bf16. Since 1.2." },
 ];
 
 /// The operators that take [`BinaryArgs`], told apart by [`Operators::binary`]
@@ -490,11 +516,15 @@ pub enum UnaryOp {
     Silu,
     /// `gelu`: GELU, tanh form.
     Gelu,
+    /// `gelu_erf`: GELU, exact (erf) form.
+    GeluErf,
+    /// `sigmoid`: `1 / (1 + e^-x)`.
+    Sigmoid,
 }
 
 impl UnaryOp {
     /// Every one, in op-table order.
-    pub const ALL: [UnaryOp; 9] = [UnaryOp::Neg, UnaryOp::Exp, UnaryOp::Log, UnaryOp::Sqrt, UnaryOp::Rsqrt, UnaryOp::Tanh, UnaryOp::Relu, UnaryOp::Silu, UnaryOp::Gelu];
+    pub const ALL: [UnaryOp; 11] = [UnaryOp::Neg, UnaryOp::Exp, UnaryOp::Log, UnaryOp::Sqrt, UnaryOp::Rsqrt, UnaryOp::Tanh, UnaryOp::Relu, UnaryOp::Silu, UnaryOp::Gelu, UnaryOp::GeluErf, UnaryOp::Sigmoid];
 
     /// The operator.
     pub const fn op(self) -> Op {
@@ -508,6 +538,8 @@ impl UnaryOp {
             UnaryOp::Relu => Op::Relu,
             UnaryOp::Silu => Op::Silu,
             UnaryOp::Gelu => Op::Gelu,
+            UnaryOp::GeluErf => Op::GeluErf,
+            UnaryOp::Sigmoid => Op::Sigmoid,
         }
     }
 
@@ -527,11 +559,13 @@ pub enum ActivationBackwardOp {
     SiluBackward,
     /// `gelu_backward`: Backward of `gelu`.
     GeluBackward,
+    /// `gelu_erf_backward`: Backward of `gelu_erf`.
+    GeluErfBackward,
 }
 
 impl ActivationBackwardOp {
     /// Every one, in op-table order.
-    pub const ALL: [ActivationBackwardOp; 3] = [ActivationBackwardOp::ReluBackward, ActivationBackwardOp::SiluBackward, ActivationBackwardOp::GeluBackward];
+    pub const ALL: [ActivationBackwardOp; 4] = [ActivationBackwardOp::ReluBackward, ActivationBackwardOp::SiluBackward, ActivationBackwardOp::GeluBackward, ActivationBackwardOp::GeluErfBackward];
 
     /// The operator.
     pub const fn op(self) -> Op {
@@ -539,6 +573,7 @@ impl ActivationBackwardOp {
             ActivationBackwardOp::ReluBackward => Op::ReluBackward,
             ActivationBackwardOp::SiluBackward => Op::SiluBackward,
             ActivationBackwardOp::GeluBackward => Op::GeluBackward,
+            ActivationBackwardOp::GeluErfBackward => Op::GeluErfBackward,
         }
     }
 
@@ -573,6 +608,34 @@ impl ReduceOp {
             ReduceOp::Mean => Op::Mean,
             ReduceOp::Max => Op::Max,
             ReduceOp::Argmax => Op::Argmax,
+        }
+    }
+
+    /// Its name in the op table.
+    pub const fn name(self) -> &'static str {
+        self.op().name()
+    }
+}
+
+/// The operators that take [`OutputBackwardArgs`], told apart by [`Operators::output_backward`]
+/// and by the host's `Exec::output_backward`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum OutputBackwardOp {
+    /// `sigmoid_backward`: Backward of `sigmoid`, from its output.
+    SigmoidBackward,
+    /// `tanh_backward`: Backward of `tanh`, from its output.
+    TanhBackward,
+}
+
+impl OutputBackwardOp {
+    /// Every one, in op-table order.
+    pub const ALL: [OutputBackwardOp; 2] = [OutputBackwardOp::SigmoidBackward, OutputBackwardOp::TanhBackward];
+
+    /// The operator.
+    pub const fn op(self) -> Op {
+        match self {
+            OutputBackwardOp::SigmoidBackward => Op::SigmoidBackward,
+            OutputBackwardOp::TanhBackward => Op::TanhBackward,
         }
     }
 
@@ -940,7 +1003,7 @@ impl RawArgs for abi::PolychipSoftmaxArgs {
     }
 }
 
-/// The checked arguments of `neg`, `exp`, `log`, `sqrt`, `rsqrt`, `tanh`, `relu`, `silu`, `gelu` (see [`abi::PolychipUnaryArgs`]), as
+/// The checked arguments of `neg`, `exp`, `log`, `sqrt`, `rsqrt`, `tanh`, `relu`, `silu`, `gelu`, `gelu_erf`, `sigmoid` (see [`abi::PolychipUnaryArgs`]), as
 /// [`UnaryArgs::new`] checks them with the spec's rules.
 #[derive(Debug, Clone, Copy)]
 pub struct UnaryArgs<'a> {
@@ -951,7 +1014,7 @@ pub struct UnaryArgs<'a> {
 }
 
 impl<'a> UnaryArgs<'a> {
-    /// Checks a call of `op` (one of `neg`, `exp`, `log`, `sqrt`, `rsqrt`, `tanh`, `relu`, `silu`, `gelu`): the spec's dtype, rank and
+    /// Checks a call of `op` (one of `neg`, `exp`, `log`, `sqrt`, `rsqrt`, `tanh`, `relu`, `silu`, `gelu`, `gelu_erf`, `sigmoid`): the spec's dtype, rank and
     /// shape rules, then that no output overlaps itself, and
     /// that the tensors share memory only where the operator works in place.
     #[inline]
@@ -1055,7 +1118,7 @@ impl RawArgs for abi::PolychipPowScalarArgs {
     }
 }
 
-/// The checked arguments of `relu_backward`, `silu_backward`, `gelu_backward` (see [`abi::PolychipActivationBackwardArgs`]), as
+/// The checked arguments of `relu_backward`, `silu_backward`, `gelu_backward`, `gelu_erf_backward` (see [`abi::PolychipActivationBackwardArgs`]), as
 /// [`ActivationBackwardArgs::new`] checks them with the spec's rules.
 #[derive(Debug, Clone, Copy)]
 pub struct ActivationBackwardArgs<'a> {
@@ -1068,7 +1131,7 @@ pub struct ActivationBackwardArgs<'a> {
 }
 
 impl<'a> ActivationBackwardArgs<'a> {
-    /// Checks a call of `op` (one of `relu_backward`, `silu_backward`, `gelu_backward`): the spec's dtype, rank and
+    /// Checks a call of `op` (one of `relu_backward`, `silu_backward`, `gelu_backward`, `gelu_erf_backward`): the spec's dtype, rank and
     /// shape rules, then that no output overlaps itself, and
     /// that the tensors share memory only where the operator works in place.
     #[inline]
@@ -2454,6 +2517,67 @@ impl RawArgs for abi::PolychipScaleArgs {
     }
 }
 
+/// The checked arguments of `sigmoid_backward`, `tanh_backward` (see [`abi::PolychipOutputBackwardArgs`]), as
+/// [`OutputBackwardArgs::new`] checks them with the spec's rules.
+#[derive(Debug, Clone, Copy)]
+pub struct OutputBackwardArgs<'a> {
+    /// Gradient of the activation's output.
+    pub grad_out: TensorDesc<'a>,
+    /// The activation's output (saved from the forward pass).
+    pub output: TensorDesc<'a>,
+    /// Gradient of the activation's input; same shape and dtype. In place: may be exactly `grad_out` or `output`.
+    pub grad_in: TensorDesc<'a>,
+}
+
+impl<'a> OutputBackwardArgs<'a> {
+    /// Checks a call of `op` (one of `sigmoid_backward`, `tanh_backward`): the spec's dtype, rank and
+    /// shape rules, then that no output overlaps itself, and
+    /// that the tensors share memory only where the operator works in place.
+    #[inline]
+    pub fn new(op: Op, grad_out: TensorDesc<'a>, output: TensorDesc<'a>, grad_in: TensorDesc<'a>) -> Result<Self, ArgError> {
+        let name = op.name();
+        check::dtype_in(name, "grad_out", &grad_out, op.dtypes(), op.accepted())?;
+        check::same_dtype(name, ("grad_out", &grad_out), ("output", &output))?;
+        check::same_dtype(name, ("grad_out", &grad_out), ("grad_in", &grad_in))?;
+        check::shape_like(name, ("grad_out", &grad_out), ("output", &output))?;
+        check::shape_like(name, ("grad_in", &grad_in), ("output", &output))?;
+        let args = OutputBackwardArgs { grad_out, output, grad_in };
+        check::writable(name, "grad_in", &args.grad_in)?;
+        check::apart(name, &[("grad_out", Some(&args.grad_out)), ("output", Some(&args.output))], &[("grad_in", Some(&args.grad_in), &["grad_out", "output"])])?;
+        Ok(args)
+    }
+
+    /// The tensors with their names: inputs first, then the 1 the
+    /// operator writes, each in field order.
+    pub fn operands(&self) -> [(&'static str, &TensorDesc<'a>); 3] {
+        [("grad_out", &self.grad_out), ("output", &self.output), ("grad_in", &self.grad_in)]
+    }
+
+    /// How many of [`Self::operands`] (the last ones) the operator writes.
+    pub fn outputs(&self) -> usize {
+        1
+    }
+}
+
+impl RawArgs for abi::PolychipOutputBackwardArgs {
+    type Checked<'a> = OutputBackwardArgs<'a>;
+
+    #[inline]
+    unsafe fn check(&self, op: Op, device: u32) -> Result<OutputBackwardArgs<'_>, ArgError> {
+        let name = op.name();
+        // SAFETY: per this trait's contract, every descriptor in `self` is
+        // valid for the borrow; the dimension arrays outlive it.
+        unsafe {
+            OutputBackwardArgs::new(
+                op,
+                TensorDesc::from_raw(name, "grad_out", device, &self.grad_out)?,
+                TensorDesc::from_raw(name, "output", device, &self.output)?,
+                TensorDesc::from_raw(name, "grad_in", device, &self.grad_in)?,
+            )
+        }
+    }
+}
+
 /// The operators of a Rust plugin, one method per op-table entry (one per
 /// group for operators that share one, with an enum saying which). Every
 /// method has a default that reports "not implemented"; a plugin
@@ -2514,7 +2638,7 @@ pub trait Operators: Plugin {
         let _ = (queue, args);
         Err(unimplemented_op("softmax"))
     }
-    /// `neg`, `exp`, `log`, `sqrt`, `rsqrt`, `tanh`, `relu`, `silu`, `gelu` (told apart by `op`). Since 1.1.
+    /// `neg`, `exp`, `log`, `sqrt`, `rsqrt`, `tanh`, `relu`, `silu`, `gelu`, `gelu_erf`, `sigmoid` (told apart by `op`). Since 1.1.
     ///
     /// # Safety
     /// Every tensor in `args` addresses valid memory of this device (the
@@ -2532,7 +2656,7 @@ pub trait Operators: Plugin {
         let _ = (queue, args);
         Err(unimplemented_op("pow_scalar"))
     }
-    /// `relu_backward`, `silu_backward`, `gelu_backward` (told apart by `op`). Since 1.1.
+    /// `relu_backward`, `silu_backward`, `gelu_backward`, `gelu_erf_backward` (told apart by `op`). Since 1.1.
     ///
     /// # Safety
     /// Every tensor in `args` addresses valid memory of this device (the
@@ -2738,5 +2862,14 @@ pub trait Operators: Plugin {
     unsafe fn scale(&self, queue: Queue<'_, Self::Stream>, args: &ScaleArgs<'_>) -> Result<()> {
         let _ = (queue, args);
         Err(unimplemented_op("scale"))
+    }
+    /// `sigmoid_backward`, `tanh_backward` (told apart by `op`). Since 1.2.
+    ///
+    /// # Safety
+    /// Every tensor in `args` addresses valid memory of this device (the
+    /// host's side of the ABI contract).
+    unsafe fn output_backward(&self, queue: Queue<'_, Self::Stream>, op: OutputBackwardOp, args: &OutputBackwardArgs<'_>) -> Result<()> {
+        let _ = (queue, args);
+        Err(unimplemented_op(op.name()))
     }
 }

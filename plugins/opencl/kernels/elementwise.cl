@@ -1,6 +1,7 @@
 // Elementwise operators, on any strides (each operand comes with its own
 // layout; stride 0 broadcasts): binary, unary, pow_scalar, the activation
-// backwards, swiglu(+backward) and scale. Computed in A (f32, or f64 for
+// backwards (from the input, and since ABI 1.2 from the output),
+// swiglu(+backward) and scale. Computed in A (f32, or f64 for
 // f64) and rounded once.
 
 #pragma OPENCL FP_CONTRACT OFF
@@ -55,6 +56,31 @@ inline A pc_gelu(A x) {
 #define PC_RELU 6
 #define PC_SILU 7
 #define PC_GELU 8
+#define PC_GELU_ERF 9
+#define PC_SIGMOID 10
+
+#define PC_FRAC_1_SQRT_2 ((A)0.7071067811865476)
+#define PC_FRAC_1_SQRT_2PI ((A)0.3989422804014327)
+
+// The exact GELU, x Phi(x) with Phi(x) = erfc(-x / sqrt 2) / 2 (erfc keeps
+// the negative tail accurate where 1 + erf would cancel); -inf gives
+// -inf * 0, NaN, as the ABI says.
+inline A pc_gelu_erf(A x) { return x * ((A)0.5 * erfc(-x * PC_FRAC_1_SQRT_2)); }
+
+// Its derivative, Phi(x) + x phi(x) (NaN at +-inf).
+inline A pc_gelu_erf_grad(A x) {
+    return (A)0.5 * erfc(-x * PC_FRAC_1_SQRT_2) + x * (PC_FRAC_1_SQRT_2PI * exp((A)-0.5 * x * x));
+}
+
+// sigmoid(x), as e^x / (1 + e^x) for negative x so the tail keeps its
+// relative accuracy down to the subnormals.
+inline A pc_sigmoid(A x) {
+    if (x < (A)0) {
+        A e = exp(x);
+        return e / ((A)1 + e);
+    }
+    return (A)1 / ((A)1 + exp(-x));
+}
 
 __kernel void pc_unary(__global const S *x, pc_layout xl, __global S *out, pc_layout ol, int op,
                        long n) {
@@ -71,7 +97,9 @@ __kernel void pc_unary(__global const S *x, pc_layout xl, __global S *out, pc_la
     case PC_TANH: r = tanh(v); break;
     case PC_RELU: r = (v <= (A)0) ? (A)0 : v; break;
     case PC_SILU: r = v * pc_sigmoid_c(v, &c); break;
-    default: r = pc_gelu(v); break;
+    case PC_GELU: r = pc_gelu(v); break;
+    case PC_GELU_ERF: r = pc_gelu_erf(v); break;
+    default: r = pc_sigmoid(v); break;
     }
     ST(out, pc_at(&ol, i), r);
 }
@@ -83,7 +111,7 @@ __kernel void pc_pow_scalar(__global const S *x, pc_layout xl, __global S *out, 
     ST(out, pc_at(&ol, i), pow(LD(x, pc_at(&xl, i)), exponent));
 }
 
-// grad_in = grad_out * f'(x): 0 relu (a select), 1 silu, 2 gelu.
+// grad_in = grad_out * f'(x): 0 relu (a select), 1 silu, 2 gelu, 3 gelu_erf.
 __kernel void pc_activation_backward(__global const S *g, pc_layout gl, __global const S *x,
                                      pc_layout xl, __global S *out, pc_layout ol, int op, long n) {
     long i = get_global_id(0);
@@ -99,6 +127,8 @@ __kernel void pc_activation_backward(__global const S *g, pc_layout gl, __global
     } else if (op == 1) {
         s = pc_sigmoid_c(v, &c);
         d = s * ((A)1 + v * c);
+    } else if (op == 3) {
+        d = pc_gelu_erf_grad(v);
     } else if (fabs(v) > (A)20) {
         // 1 (or 0) to every float's precision; v^2 overflows from 1.8e19
         // on in f32, which made the product below 0 * inf.
@@ -111,6 +141,18 @@ __kernel void pc_activation_backward(__global const S *g, pc_layout gl, __global
         // d/dx [x sigmoid(2u)] = s + x * 2 s (1 - s) du
         d = s + v * (A)2 * s * c * du;
     }
+    ST(out, pc_at(&ol, i), go * d);
+}
+
+// grad_in = grad_out * f'(y) from the activation's output y: 0 sigmoid
+// (y (1 - y)), 1 tanh ((1 - y) (1 + y), which does not cancel near |y| = 1).
+__kernel void pc_output_backward(__global const S *g, pc_layout gl, __global const S *y,
+                                 pc_layout yl, __global S *out, pc_layout ol, int op, long n) {
+    long i = get_global_id(0);
+    if (i >= n) return;
+    A go = LD(g, pc_at(&gl, i));
+    A v = LD(y, pc_at(&yl, i));
+    A d = (op == 0) ? v * ((A)1 - v) : ((A)1 - v) * ((A)1 + v);
     ST(out, pc_at(&ol, i), go * d);
 }
 

@@ -31,10 +31,10 @@ use polychip_plugin_sdk::{
     ActivationBackwardArgs, ActivationBackwardOp, AdamwArgs, AttentionArgs, AttentionBackwardArgs,
     BinaryArgs, BinaryOp, CastArgs, CopyArgs, CopyKind, CrossEntropyArgs, CrossEntropyBackwardArgs,
     DeviceProps, EmbeddingArgs, EmbeddingBackwardArgs, Error, FillArgs, Host, LayerNormArgs,
-    LayerNormBackwardArgs, LinearArgs, MatmulArgs, Operators, Plugin, PowScalarArgs, Queue,
-    ReduceArgs, ReduceOp, Result, RmsNormArgs, RmsNormBackwardArgs, RopeArgs, ScaleArgs,
-    SoftmaxArgs, SoftmaxBackwardArgs, SumSquaresArgs, SwigluArgs, SwigluBackwardArgs, UnaryArgs,
-    UnaryOp, export_plugin,
+    LayerNormBackwardArgs, LinearArgs, MatmulArgs, Operators, OutputBackwardArgs, OutputBackwardOp,
+    Plugin, PowScalarArgs, Queue, ReduceArgs, ReduceOp, Result, RmsNormArgs, RmsNormBackwardArgs,
+    RopeArgs, ScaleArgs, SoftmaxArgs, SoftmaxBackwardArgs, SumSquaresArgs, SwigluArgs,
+    SwigluBackwardArgs, UnaryArgs, UnaryOp, export_plugin,
 };
 
 use call::Ctx;
@@ -336,6 +336,15 @@ impl Operators for OpenCl {
         ops::elementwise::activation_backward(Ctx::new(self, queue, op.op().name()), op, args)
     }
 
+    unsafe fn output_backward(
+        &self,
+        queue: Queue<'_, Stream>,
+        op: OutputBackwardOp,
+        args: &OutputBackwardArgs<'_>,
+    ) -> Result<()> {
+        ops::elementwise::output_backward(Ctx::new(self, queue, op.op().name()), op, args)
+    }
+
     unsafe fn reduce(
         &self,
         queue: Queue<'_, Stream>,
@@ -354,6 +363,7 @@ export_plugin!(
         swiglu_backward, sum, mean, max, argmax, sum_squares, linear, softmax_backward,
         log_softmax, log_softmax_backward, rms_norm, rms_norm_backward, layer_norm,
         layer_norm_backward, rope, rope_backward, attention, attention_backward, embedding,
-        embedding_backward, cross_entropy, cross_entropy_backward, adamw, scale
+        embedding_backward, cross_entropy, cross_entropy_backward, adamw, scale, gelu_erf,
+        gelu_erf_backward, sigmoid, sigmoid_backward, tanh_backward
     ]
 );

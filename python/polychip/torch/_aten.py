@@ -30,7 +30,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 from torch.utils._pytree import tree_map
 
-from polychip import _native, ops
+from polychip import _native, errors, ops
 
 from . import _native_backend as _C
 from . import _runtime as _RT
@@ -183,6 +183,31 @@ def _label(op: Any) -> str:
     name = op._schema.name
     overload = op._schema.overload_name
     return f"{name}.{overload}" if overload else name
+
+
+# (device index, plugin operator) pairs whose op-table entry is NULL: a
+# plugin of an older ABI minor (1.1 has no `gelu_erf`, `sigmoid`, ...), or
+# one that left the operator out. Learnt from the first call's
+# ``Unimplemented`` naming the NULL entry (the host raises it before the
+# plugin runs anything); the aten operator then falls back, counted, as
+# for a dtype the operator lacks.
+_MISSING: set = set()
+
+
+def _runs(name: str, device: torch.device, call: Callable[[], Any]) -> bool:
+    """Calls ``call`` (one ``polychip.ops.<name>`` call on ``device``);
+    False, and nothing written, when that device's plugin lacks ``name``
+    (remembered) or refuses this call as unimplemented (not remembered)."""
+    key = (device.index, name)
+    if key in _MISSING:
+        return False
+    try:
+        call()
+    except errors.Unimplemented as e:
+        if "op-table entry is NULL" in str(e):
+            _MISSING.add(key)
+        return False
+    return True
 
 
 def _one_device(args: Any) -> None:
@@ -571,12 +596,19 @@ for _name in _UNARY:
     _register_unary(_name)
 
 
+# aten's GELU forms: "tanh" is the ABI's `gelu`, "none" (nn.GELU's
+# default, BERT's) its `gelu_erf` (ABI 1.2).
+_GELU = {"tanh": "gelu", "none": "gelu_erf"}
+
+
 @_impl("gelu")
 def _gelu(self: torch.Tensor, *, approximate: str = "none") -> torch.Tensor:
-    if approximate != "tanh" or not _ok("gelu", self):
+    name = _GELU.get(approximate)
+    if name is None or not _ok(name, self):
         return _fallback(aten.gelu.default, self, approximate=approximate)
     out = _like(self.shape, self.dtype, self)
-    ops.gelu(_pc(self), _pc(out))
+    if not _runs(name, self.device, lambda: getattr(ops, name)(_pc(self), _pc(out))):
+        return _fallback(aten.gelu.default, self, approximate=approximate)
     return out
 
 
@@ -602,11 +634,14 @@ def _activation_backward(
     name: str, op: Any, grad: torch.Tensor, x: torch.Tensor, **kwargs: Any
 ) -> torch.Tensor:
     # ``kwargs``: the operator's own arguments (gelu's ``approximate``),
-    # passed on to the CPU when the call falls back.
+    # passed on to the CPU when the call falls back. ``x`` is the
+    # activation's input, or its output for the operators that take it
+    # (`sigmoid_backward`, `tanh_backward`).
     if grad.dtype != x.dtype or grad.shape != x.shape or not _ok(name, grad):
         return _fallback(op, grad, x, **kwargs)
     out = _like(x.shape, x.dtype, grad, x)
-    getattr(ops, name)(_pc(grad), _pc(x), _pc(out))
+    if not _runs(name, x.device, lambda: getattr(ops, name)(_pc(grad), _pc(x), _pc(out))):
+        return _fallback(op, grad, x, **kwargs)
     return out
 
 
@@ -625,9 +660,15 @@ def _threshold_backward(grad: torch.Tensor, self: torch.Tensor, threshold: Any) 
 
 @_impl("tanh_backward")
 def _tanh_backward(grad: torch.Tensor, output: torch.Tensor) -> torch.Tensor:
-    # grad * (1 - y^2), from tanh's output y.
+    # grad * (1 - y^2), from tanh's output y: one `tanh_backward` (ABI 1.2);
+    # on a plugin without it, as before, three arithmetic calls.
     if grad.dtype != output.dtype or grad.shape != output.shape or not _ok("mul", grad):
         return _fallback(aten.tanh_backward.default, grad, output)
+    if _ok("tanh_backward", grad):
+        out = _like(output.shape, output.dtype, grad, output)
+        call = lambda: ops.tanh_backward(_pc(grad), _pc(output), _pc(out))  # noqa: E731
+        if _runs("tanh_backward", output.device, call):
+            return out
     out = _empty(output.shape, output.dtype, output)
     ops.mul(_pc(output), _pc(output), _pc(out))
     ops.sub(_pc(_constant(1.0, output.dtype, output)), _pc(out), _pc(out))
@@ -642,10 +683,11 @@ def _silu_backward(grad: torch.Tensor, self: torch.Tensor) -> torch.Tensor:
 
 @_impl("gelu_backward")
 def _gelu_backward(grad: torch.Tensor, self: torch.Tensor, *, approximate: str = "none") -> torch.Tensor:
-    if approximate != "tanh":
+    name = _GELU.get(approximate)
+    if name is None:
         return _fallback(aten.gelu_backward.default, grad, self, approximate=approximate)
     return _activation_backward(
-        "gelu_backward", aten.gelu_backward.default, grad, self, approximate=approximate
+        name + "_backward", aten.gelu_backward.default, grad, self, approximate=approximate
     )
 
 
@@ -664,9 +706,14 @@ def _f32_on_device(*xs: torch.Tensor, ops_used: Sequence[str]) -> bool:
 
 @_impl("sigmoid")
 def _sigmoid(self: torch.Tensor) -> torch.Tensor:
-    # e^min(x, 0) / (1 + e^-|x|) in f32: neither exponent overflows, and no
-    # difference of near-equal numbers loses the negative tail (sigmoid(-20)
-    # is 2.06e-9, not 0).
+    # One `sigmoid` (ABI 1.2). On a plugin without it: e^min(x, 0) / (1 +
+    # e^-|x|) in f32, where neither exponent overflows and no difference of
+    # near-equal numbers loses the negative tail (sigmoid(-20) is 2.06e-9,
+    # not 0).
+    if _on_device(self) and _ok("sigmoid", self):
+        out = _like(self.shape, self.dtype, self)
+        if _runs("sigmoid", self.device, lambda: ops.sigmoid(_pc(self), _pc(out))):
+            return out
     if not _f32_on_device(self, ops_used=("exp", "relu", "neg", "mul", "sqrt", "add", "div")):
         return _fallback(aten.sigmoid.default, self)
     x = self.float()
@@ -676,7 +723,19 @@ def _sigmoid(self: torch.Tensor) -> torch.Tensor:
 
 @_impl("sigmoid_backward")
 def _sigmoid_backward(grad: torch.Tensor, output: torch.Tensor) -> torch.Tensor:
-    # grad * y (1 - y), from the sigmoid's output y, in f32.
+    # grad * y (1 - y), from the sigmoid's output y: one `sigmoid_backward`
+    # (ABI 1.2), or on a plugin without it the same in f32 arithmetic.
+    if (
+        _on_device(grad, output)
+        and grad.device == output.device
+        and grad.dtype == output.dtype
+        and grad.shape == output.shape
+        and _ok("sigmoid_backward", grad)
+    ):
+        out = _like(output.shape, output.dtype, grad, output)
+        call = lambda: ops.sigmoid_backward(_pc(grad), _pc(output), _pc(out))  # noqa: E731
+        if _runs("sigmoid_backward", output.device, call):
+            return out
     if not _f32_on_device(grad, output, ops_used=("mul", "sub")):
         return _fallback(aten.sigmoid_backward.default, grad, output)
     y = output.float()

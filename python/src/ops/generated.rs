@@ -580,6 +580,64 @@ fn scale(py: Python<'_>, tensor: &Tensor, alpha: f64, stream: Option<&Stream>) -
     check(py, error)
 }
 
+/// `gelu_erf`: GELU, exact (erf) form. On f32, f16 or bf16. Since 1.2.
+#[pyfunction]
+#[pyo3(signature = (input, out, *, stream = None))]
+fn gelu_erf(py: Python<'_>, input: &Tensor, out: &Tensor, stream: Option<&Stream>) -> PyResult<()> {
+    let input = input.handle;
+    let out = out.handle;
+    let stream = stream.map_or(0, |s| s.handle);
+    let error = py.detach(move || handle(polychip_op_gelu_erf(stream as *const _, input as *const _, out as *const _)));
+    check(py, error)
+}
+
+/// `gelu_erf_backward`: Backward of `gelu_erf`. On f32, f16 or bf16. Since 1.2.
+#[pyfunction]
+#[pyo3(signature = (grad_out, input, grad_in, *, stream = None))]
+fn gelu_erf_backward(py: Python<'_>, grad_out: &Tensor, input: &Tensor, grad_in: &Tensor, stream: Option<&Stream>) -> PyResult<()> {
+    let grad_out = grad_out.handle;
+    let input = input.handle;
+    let grad_in = grad_in.handle;
+    let stream = stream.map_or(0, |s| s.handle);
+    let error = py.detach(move || handle(polychip_op_gelu_erf_backward(stream as *const _, grad_out as *const _, input as *const _, grad_in as *const _)));
+    check(py, error)
+}
+
+/// `sigmoid`: `1 / (1 + e^-x)`. On f32, f16 or bf16. Since 1.2.
+#[pyfunction]
+#[pyo3(signature = (input, out, *, stream = None))]
+fn sigmoid(py: Python<'_>, input: &Tensor, out: &Tensor, stream: Option<&Stream>) -> PyResult<()> {
+    let input = input.handle;
+    let out = out.handle;
+    let stream = stream.map_or(0, |s| s.handle);
+    let error = py.detach(move || handle(polychip_op_sigmoid(stream as *const _, input as *const _, out as *const _)));
+    check(py, error)
+}
+
+/// `sigmoid_backward`: Backward of `sigmoid`, from its output. On f32, f16 or bf16. Since 1.2.
+#[pyfunction]
+#[pyo3(signature = (grad_out, output, grad_in, *, stream = None))]
+fn sigmoid_backward(py: Python<'_>, grad_out: &Tensor, output: &Tensor, grad_in: &Tensor, stream: Option<&Stream>) -> PyResult<()> {
+    let grad_out = grad_out.handle;
+    let output = output.handle;
+    let grad_in = grad_in.handle;
+    let stream = stream.map_or(0, |s| s.handle);
+    let error = py.detach(move || handle(polychip_op_sigmoid_backward(stream as *const _, grad_out as *const _, output as *const _, grad_in as *const _)));
+    check(py, error)
+}
+
+/// `tanh_backward`: Backward of `tanh`, from its output. On f32, f16 or bf16. Since 1.2.
+#[pyfunction]
+#[pyo3(signature = (grad_out, output, grad_in, *, stream = None))]
+fn tanh_backward(py: Python<'_>, grad_out: &Tensor, output: &Tensor, grad_in: &Tensor, stream: Option<&Stream>) -> PyResult<()> {
+    let grad_out = grad_out.handle;
+    let output = output.handle;
+    let grad_in = grad_in.handle;
+    let stream = stream.map_or(0, |s| s.handle);
+    let error = py.detach(move || handle(polychip_op_tanh_backward(stream as *const _, grad_out as *const _, output as *const _, grad_in as *const _)));
+    check(py, error)
+}
+
 /// Adds every operator to `m`, and `DTYPES`: operator name to the dtypes
 /// its `T` tensors may have.
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -630,6 +688,11 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(cross_entropy_backward, m)?)?;
     m.add_function(wrap_pyfunction!(adamw, m)?)?;
     m.add_function(wrap_pyfunction!(scale, m)?)?;
+    m.add_function(wrap_pyfunction!(gelu_erf, m)?)?;
+    m.add_function(wrap_pyfunction!(gelu_erf_backward, m)?)?;
+    m.add_function(wrap_pyfunction!(sigmoid, m)?)?;
+    m.add_function(wrap_pyfunction!(sigmoid_backward, m)?)?;
+    m.add_function(wrap_pyfunction!(tanh_backward, m)?)?;
     let dtypes = pyo3::types::PyDict::new(m.py());
     dtypes.set_item("fill", ("float32", "float16", "bfloat16", "float64", "int32", "int64", "uint8", "bool",))?;
     dtypes.set_item("copy", ("float32", "float16", "bfloat16", "float64", "int32", "int64", "uint8", "bool",))?;
@@ -678,6 +741,11 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     dtypes.set_item("cross_entropy_backward", ("float32", "float16", "bfloat16",))?;
     dtypes.set_item("adamw", ("float32", "float16", "bfloat16",))?;
     dtypes.set_item("scale", ("float32", "float16", "bfloat16",))?;
+    dtypes.set_item("gelu_erf", ("float32", "float16", "bfloat16",))?;
+    dtypes.set_item("gelu_erf_backward", ("float32", "float16", "bfloat16",))?;
+    dtypes.set_item("sigmoid", ("float32", "float16", "bfloat16",))?;
+    dtypes.set_item("sigmoid_backward", ("float32", "float16", "bfloat16",))?;
+    dtypes.set_item("tanh_backward", ("float32", "float16", "bfloat16",))?;
     m.add("DTYPES", dtypes)?;
     Ok(())
 }

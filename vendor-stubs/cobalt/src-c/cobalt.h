@@ -16,6 +16,7 @@
  *   ops_linear.c, ops_norm.c, ops_rope.c, ops_attention.c,
  *   ops_attention_grad.c, ops_embedding.c, ops_loss.c, ops_training.c
  *               the operators ABI 1.1 added
+ *   ops_activation_1_2.c  the operators ABI 1.2 added
  * Nothing here is exported: the library is built with -fvisibility=hidden and
  * only polychip_plugin_init_v1 carries POLYCHIP_EXPORT.
  */
@@ -356,6 +357,12 @@ COBALT_OP(cross_entropy, PolychipCrossEntropyArgs);
 COBALT_OP(cross_entropy_backward, PolychipCrossEntropyBackwardArgs);
 COBALT_OP(adamw, PolychipAdamwArgs);
 COBALT_OP(scale, PolychipScaleArgs);
+/* ABI 1.2 (ops_activation_1_2.c). */
+COBALT_OP(gelu_erf, PolychipUnaryArgs);
+COBALT_OP(gelu_erf_backward, PolychipActivationBackwardArgs);
+COBALT_OP(sigmoid, PolychipUnaryArgs);
+COBALT_OP(sigmoid_backward, PolychipOutputBackwardArgs);
+COBALT_OP(tanh_backward, PolychipOutputBackwardArgs);
 #undef COBALT_OP
 
 #endif /* COBALT_INTERNAL_H */

@@ -256,6 +256,11 @@ static const PolychipOpTable g_ops = {
     .cross_entropy_backward = cobalt_op_cross_entropy_backward,
     .adamw = cobalt_op_adamw,
     .scale = cobalt_op_scale,
+    .gelu_erf = cobalt_op_gelu_erf,
+    .gelu_erf_backward = cobalt_op_gelu_erf_backward,
+    .sigmoid = cobalt_op_sigmoid,
+    .sigmoid_backward = cobalt_op_sigmoid_backward,
+    .tanh_backward = cobalt_op_tanh_backward,
 };
 
 static const PolychipPluginApi g_plugin = {

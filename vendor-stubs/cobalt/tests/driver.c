@@ -265,14 +265,14 @@ static void check_table(void) {
     CHECK(OPS->fill && OPS->copy && OPS->cast && OPS->add && OPS->sub && OPS->mul && OPS->div &&
               OPS->matmul && OPS->softmax,
           "an operator of ABI 1.0 is missing");
-    /* Every entry of the table, ABI 1.1's included, is implemented. */
+    /* Every entry of the table, ABI 1.1's and 1.2's included, is implemented. */
     size_t entries = (sizeof(PolychipOpTable) - offsetof(PolychipOpTable, fill)) / sizeof(void (*)(void));
     for (size_t i = 0; i < entries; i++) {
         void (*entry)(void);
         memcpy(&entry, (const char *)OPS + offsetof(PolychipOpTable, fill) + i * sizeof entry, sizeof entry);
         CHECK(entry != NULL, "operator entry %zu of %zu is NULL", i, entries);
     }
-    CHECK(entries == 47, "the op table has %zu entries; ABI 1.1 has 9 + 38", entries);
+    CHECK(entries == 52, "the op table has %zu entries; ABI 1.2 has 9 + 38 + 5", entries);
 }
 
 static void check_devices(uint32_t expected_devices, uint64_t expected_bytes) {

@@ -1,6 +1,7 @@
-//! Activations and their gradients: the scalar `silu`/`gelu` formulas (and
-//! derivatives) shared with `unary`, `activation_backward`, and fused SwiGLU
-//! forward and backward. All in `f32`, rounded once, any strides, in place
+//! Activations and their gradients: the scalar `silu`/`gelu`/`gelu_erf`/
+//! `sigmoid` formulas (and derivatives) shared with `unary`,
+//! `activation_backward`, and fused SwiGLU forward and backward. All in
+//! `f32`, rounded once, any strides, in place
 //! allowed (an output exactly one of the inputs).
 
 use crate::error::{KernelError, bail};
@@ -17,6 +18,8 @@ pub enum ActivationOp {
     Silu,
     /// GELU, tanh form.
     Gelu,
+    /// GELU, exact (erf) form.
+    GeluErf,
 }
 
 /// `sqrt(2 / pi)`.
@@ -71,8 +74,47 @@ fn gelu_grad(x: f32) -> f32 {
     s + 2.0 * x * s * c * du
 }
 
+/// `1 / sqrt(2)`.
+const FRAC_1_SQRT_2: f32 = std::f32::consts::FRAC_1_SQRT_2;
+/// `1 / sqrt(2 pi)`, the standard normal density at 0.
+const FRAC_1_SQRT_2PI: f32 = 0.398_942_3;
+
+/// Exact GELU, `x Phi(x)` with `Phi(x) = erfc(-x / sqrt 2) / 2` (`erfc`
+/// keeps the negative tail's relative accuracy, where `1 + erf` would
+/// cancel), in `f32`. `-inf` gives `-inf * 0`, NaN, as the ABI says.
+#[inline(always)]
+pub(crate) fn gelu_erf(x: f32) -> f32 {
+    x * (0.5 * libm::erfcf(-x * FRAC_1_SQRT_2))
+}
+
+/// d gelu_erf / dx `= Phi(x) + x phi(x)`, in `f32` (NaN at ±inf). Past
+/// `|x| = 13` the density is below 1e-36 and taken as 0 (`x^2` would
+/// overflow from 1.8e19 on, and `exp_f32` saturates at its lowest input),
+/// so `x phi(x)` is exactly 0 there, and `inf * 0`, NaN, at ±inf.
+#[inline(always)]
+fn gelu_erf_grad(x: f32) -> f32 {
+    let density = if x.abs() > 13.0 {
+        0.0
+    } else {
+        FRAC_1_SQRT_2PI * exp_f32(-0.5 * x * x)
+    };
+    0.5 * libm::erfcf(-x * FRAC_1_SQRT_2) + x * density
+}
+
+/// `1 / (1 + e^-x)`, as `e^x / (1 + e^x)` for negative `x` so the negative
+/// tail stays accurate down to the subnormals (`e^-x` would overflow first).
+#[inline(always)]
+pub(crate) fn sigmoid(x: f32) -> f32 {
+    if x < 0.0 {
+        let e = exp_f32(x);
+        e / (1.0 + e)
+    } else {
+        1.0 / (1.0 + exp_f32(-x))
+    }
+}
+
 /// Checks that all views share `views[0]`'s float dtype and shape.
-fn check_same(kernel: &str, views: &[(&str, &View)]) -> Result<(), KernelError> {
+pub(crate) fn check_same(kernel: &str, views: &[(&str, &View)]) -> Result<(), KernelError> {
     let (_, first) = views[0];
     for &(name, v) in views {
         check_float(kernel, name, v)?;
@@ -129,6 +171,11 @@ pub unsafe fn activation_backward(
             ActivationOp::Gelu => map_blocks(ops, 2, |[d, g, x]| {
                 for ((d, &g), &x) in d.iter_mut().zip(g.iter()).zip(x.iter()) {
                     *d = g * gelu_grad(x);
+                }
+            }),
+            ActivationOp::GeluErf => map_blocks(ops, 4, |[d, g, x]| {
+                for ((d, &g), &x) in d.iter_mut().zip(g.iter()).zip(x.iter()) {
+                    *d = g * gelu_erf_grad(x);
                 }
             }),
         }

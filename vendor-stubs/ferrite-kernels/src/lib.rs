@@ -10,7 +10,7 @@
 //!
 //! ABI 1.1 kernels (`f32`, `f16` and `bf16`; statistics, moments and rope
 //! tables in `f32`; indices `i32`/`i64`): pointwise [`unary`],
-//! [`pow_scalar`], [`scale`], [`activation_backward`], [`swiglu`],
+//! [`pow_scalar`], [`scale`], [`activation_backward`], [`output_backward`], [`swiglu`],
 //! [`swiglu_backward`], [`adamw`]; reductions [`reduce`], [`sum_squares`];
 //! row kernels [`log_softmax`], [`softmax_backward`], [`rms_norm`],
 //! [`rms_norm_backward`], [`layer_norm`], [`layer_norm_backward`],
@@ -47,6 +47,7 @@ mod map;
 mod matmul;
 mod matmul_half;
 mod norm;
+mod output_backward;
 mod parallel;
 mod reduce;
 mod rms_norm;
@@ -75,6 +76,7 @@ pub use layer_norm::{layer_norm, layer_norm_backward};
 pub use linear::linear;
 pub use log_softmax::{log_softmax, softmax_backward};
 pub use matmul::matmul;
+pub use output_backward::{OutputOp, output_backward};
 pub use reduce::{ReduceOp, reduce};
 pub use rms_norm::{rms_norm, rms_norm_backward};
 pub use rope::rope;

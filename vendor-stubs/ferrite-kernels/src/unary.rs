@@ -1,9 +1,9 @@
-//! Pointwise math of ABI 1.1: `unary` (`neg`, `exp`, `log`, `sqrt`,
-//! `rsqrt`, `tanh`, `relu`, `silu`, `gelu`), `pow_scalar` and the in-place
-//! `scale`. `f32`/`f16`/`bf16`, computed in `f32` (`pow` in `f64`) and
-//! rounded once; any strides; in place allowed.
+//! Pointwise math of ABI 1.1 and 1.2: `unary` (`neg`, `exp`, `log`,
+//! `sqrt`, `rsqrt`, `tanh`, `relu`, `silu`, `gelu`; `gelu_erf`, `sigmoid`),
+//! `pow_scalar` and the in-place `scale`. `f32`/`f16`/`bf16`, computed in
+//! `f32` (`pow` in `f64`) and rounded once; any strides; in place allowed.
 
-use crate::activation::{gelu, silu};
+use crate::activation::{gelu, gelu_erf, sigmoid, silu};
 use crate::dtype::DType;
 use crate::error::{KernelError, bail};
 use crate::float::{exp_f32, tanh_f32};
@@ -32,6 +32,10 @@ pub enum UnaryOp {
     Silu,
     /// GELU, tanh form.
     Gelu,
+    /// GELU, exact form `x Phi(x)` (ABI 1.2).
+    GeluErf,
+    /// `1 / (1 + e^-x)` (ABI 1.2).
+    Sigmoid,
 }
 
 /// Checks a same-shape (input, output) pair of one float dtype.
@@ -88,6 +92,8 @@ pub unsafe fn unary(op: UnaryOp, input: &View, out: &View) -> Result<(), KernelE
             UnaryOp::Relu => pointwise(input, out, 1, |x| if x <= 0.0 { 0.0 } else { x }),
             UnaryOp::Silu => pointwise(input, out, 2, silu),
             UnaryOp::Gelu => pointwise(input, out, 2, gelu),
+            UnaryOp::GeluErf => pointwise(input, out, 4, gelu_erf),
+            UnaryOp::Sigmoid => pointwise(input, out, 2, sigmoid),
         }
     }
     Ok(())

@@ -1,5 +1,6 @@
 //! Activation gradients and SwiGLU against f64 references:
-//! `activation_backward` (relu, silu, gelu), `swiglu` and
+//! `activation_backward` (relu, silu, gelu, gelu_erf), `output_backward`
+//! (sigmoid, tanh), `swiglu` and
 //! `swiglu_backward`, for f32/f16/bf16 on empty, scalar, transposed,
 //! padded/flipped and large shapes; the derivative references are checked
 //! by finite differences of the forward references.
@@ -8,21 +9,60 @@ mod common;
 
 use common::pointwise::{SHAPES, close, grad_ref, layouts, unary_ref};
 use common::{FLOATS32, Layout, Tensor, eps, rnd};
-use ferrite_kernels::{ActivationOp, DType, UnaryOp, activation_backward, swiglu, swiglu_backward};
+use ferrite_kernels::{
+    ActivationOp, DType, OutputOp, UnaryOp, activation_backward, output_backward, swiglu,
+    swiglu_backward,
+};
 
 #[test]
 fn derivative_references_match_finite_differences() {
-    for op in [ActivationOp::Silu, ActivationOp::Gelu, ActivationOp::Relu] {
+    for op in [
+        ActivationOp::Silu,
+        ActivationOp::Gelu,
+        ActivationOp::GeluErf,
+        ActivationOp::Relu,
+    ] {
         let unary_op = match op {
             ActivationOp::Relu => UnaryOp::Relu,
             ActivationOp::Silu => UnaryOp::Silu,
             ActivationOp::Gelu => UnaryOp::Gelu,
+            ActivationOp::GeluErf => UnaryOp::GeluErf,
         };
         for i in 0..200 {
             let x = rnd(4, i) * 4.0 + 1e-3;
             let h = 1e-6;
             let fd = (unary_ref(unary_op, x + h) - unary_ref(unary_op, x - h)) / (2.0 * h);
             assert!((fd - grad_ref(op, x)).abs() < 1e-6, "{op:?} x={x}");
+        }
+    }
+}
+
+#[test]
+fn output_backward_matches_its_formulas() {
+    for dt in FLOATS32 {
+        for shape in SHAPES {
+            let r = shape.len();
+            let [l0, l1, l2] = layouts(r);
+            let mut g = Tensor::from_fn(dt, shape, &l0, |i| rnd(5, i));
+            let mut y = Tensor::from_fn(dt, shape, &l1, |i| rnd(6, i));
+            for (op, factor) in [
+                (OutputOp::Sigmoid, (|y| y * (1.0 - y)) as fn(f64) -> f64),
+                (OutputOp::Tanh, |y| 1.0 - y * y),
+            ] {
+                let mut d = Tensor::new(dt, shape, &l2);
+                // SAFETY: distinct buffers owned by the test.
+                unsafe { output_backward(op, &g.view(), &y.view(), &d.view()).unwrap() };
+                for i in 0..d.numel() {
+                    let want = g.get(i) * factor(y.get(i));
+                    close(
+                        dt,
+                        d.get(i),
+                        want,
+                        0.0,
+                        &format!("{op:?} {dt:?} {shape:?} {i}"),
+                    );
+                }
+            }
         }
     }
 }
@@ -37,7 +77,12 @@ fn activation_backward_and_swiglu() {
             let mut x = Tensor::from_fn(dt, shape, &l1, |i| rnd(6, i) * 4.0);
             let mut u = Tensor::from_fn(dt, shape, &l2, |i| rnd(7, i));
             let ctx = format!("{dt:?} {shape:?}");
-            for op in [ActivationOp::Relu, ActivationOp::Silu, ActivationOp::Gelu] {
+            for op in [
+                ActivationOp::Relu,
+                ActivationOp::Silu,
+                ActivationOp::Gelu,
+                ActivationOp::GeluErf,
+            ] {
                 let mut d = Tensor::new(dt, shape, &l2);
                 // SAFETY: distinct buffers owned by the test.
                 unsafe { activation_backward(op, &g.view(), &x.view(), &d.view()).unwrap() };

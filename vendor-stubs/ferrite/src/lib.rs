@@ -46,10 +46,10 @@ use polychip_plugin_sdk::{
     ActivationBackwardArgs, ActivationBackwardOp, AdamwArgs, AttentionArgs, AttentionBackwardArgs,
     BinaryArgs, BinaryOp, CastArgs, CopyArgs, CopyKind, CrossEntropyArgs, CrossEntropyBackwardArgs,
     DeviceProps, EmbeddingArgs, EmbeddingBackwardArgs, FillArgs, Host, LayerNormArgs,
-    LayerNormBackwardArgs, LinearArgs, MatmulArgs, Operators, Plugin, PowScalarArgs, Queue,
-    ReduceArgs, ReduceOp, Result, RmsNormArgs, RmsNormBackwardArgs, RopeArgs, ScaleArgs,
-    SoftmaxArgs, SoftmaxBackwardArgs, SumSquaresArgs, SwigluArgs, SwigluBackwardArgs, UnaryArgs,
-    UnaryOp, export_plugin,
+    LayerNormBackwardArgs, LinearArgs, MatmulArgs, Operators, OutputBackwardArgs, OutputBackwardOp,
+    Plugin, PowScalarArgs, Queue, ReduceArgs, ReduceOp, Result, RmsNormArgs, RmsNormBackwardArgs,
+    RopeArgs, ScaleArgs, SoftmaxArgs, SoftmaxBackwardArgs, SumSquaresArgs, SwigluArgs,
+    SwigluBackwardArgs, UnaryArgs, UnaryOp, export_plugin,
 };
 
 pub use config::Config;
@@ -234,6 +234,8 @@ impl Operators for Ferrite {
             UnaryOp::Relu => kernels::UnaryOp::Relu,
             UnaryOp::Silu => kernels::UnaryOp::Silu,
             UnaryOp::Gelu => kernels::UnaryOp::Gelu,
+            UnaryOp::GeluErf => kernels::UnaryOp::GeluErf,
+            UnaryOp::Sigmoid => kernels::UnaryOp::Sigmoid,
         };
         launch!(self, queue, op.name(), args => |[i, o]| kernels::unary(k, i, o))
     }
@@ -253,9 +255,25 @@ impl Operators for Ferrite {
             ActivationBackwardOp::ReluBackward => kernels::ActivationOp::Relu,
             ActivationBackwardOp::SiluBackward => kernels::ActivationOp::Silu,
             ActivationBackwardOp::GeluBackward => kernels::ActivationOp::Gelu,
+            ActivationBackwardOp::GeluErfBackward => kernels::ActivationOp::GeluErf,
         };
         launch!(self, queue, op.name(), args => |[g, i, gi]| {
             kernels::activation_backward(k, g, i, gi)
+        })
+    }
+
+    unsafe fn output_backward(
+        &self,
+        queue: Queue<'_, Stream>,
+        op: OutputBackwardOp,
+        args: &OutputBackwardArgs<'_>,
+    ) -> Result<()> {
+        let k = match op {
+            OutputBackwardOp::SigmoidBackward => kernels::OutputOp::Sigmoid,
+            OutputBackwardOp::TanhBackward => kernels::OutputOp::Tanh,
+        };
+        launch!(self, queue, op.name(), args => |[g, y, gi]| {
+            kernels::output_backward(k, g, y, gi)
         })
     }
 
@@ -469,7 +487,8 @@ export_plugin!(
         swiglu_backward, sum, mean, max, argmax, sum_squares, linear, softmax_backward,
         log_softmax, log_softmax_backward, rms_norm, rms_norm_backward, layer_norm,
         layer_norm_backward, rope, rope_backward, attention, attention_backward, embedding,
-        embedding_backward, cross_entropy, cross_entropy_backward, adamw, scale
+        embedding_backward, cross_entropy, cross_entropy_backward, adamw, scale, gelu_erf,
+        gelu_erf_backward, sigmoid, sigmoid_backward, tanh_backward
     ]
 );
 

@@ -9,9 +9,10 @@ use polychip_plugin_sdk::{
     ActivationBackwardArgs, ActivationBackwardOp, AdamwArgs, AttentionArgs, AttentionBackwardArgs,
     BinaryArgs, BinaryOp, CastArgs, CopyArgs, CrossEntropyArgs, CrossEntropyBackwardArgs, DType,
     EmbeddingArgs, EmbeddingBackwardArgs, Error, FillArgs, LayerNormArgs, LayerNormBackwardArgs,
-    LinearArgs, MatmulArgs, PowScalarArgs, ReduceArgs, ReduceOp, Result, RmsNormArgs,
-    RmsNormBackwardArgs, RopeArgs, ScaleArgs, SoftmaxArgs, SoftmaxBackwardArgs, SumSquaresArgs,
-    SwigluArgs, SwigluBackwardArgs, TensorDesc, UnaryArgs, UnaryOp,
+    LinearArgs, MatmulArgs, OutputBackwardArgs, OutputBackwardOp, PowScalarArgs, ReduceArgs,
+    ReduceOp, Result, RmsNormArgs, RmsNormBackwardArgs, RopeArgs, ScaleArgs, SoftmaxArgs,
+    SoftmaxBackwardArgs, SumSquaresArgs, SwigluArgs, SwigluBackwardArgs, TensorDesc, UnaryArgs,
+    UnaryOp,
 };
 
 use crate::mutants::{Bug, is, layout, numerics as bad, paths};
@@ -182,6 +183,15 @@ pub mod ops {
             if is(Bug::MatmulRank1IgnoresBeta) && k == 1 {
                 return kernels::matmul(a, b, out, ta, tb, alpha, 0.0);
             }
+            if is(Bug::MatmulHalfRoundsBeforeAlpha)
+                && out.dtype == kernels::DType::F16
+                && beta == 0.0
+                && alpha != 1.0
+            {
+                // Planted: the product rounded to f16, alpha applied after.
+                kernels::matmul(a, b, out, ta, tb, 1.0, 0.0)?;
+                return kernels::scale(out, alpha);
+            }
             kernels::matmul(a, b, out, ta, tb, alpha, beta)
         })
     }
@@ -203,6 +213,10 @@ pub mod ops {
                 bad::fill_value(o, 1.0);
                 return done();
             }
+            if is(Bug::SoftmaxOnlineNegInfPrefix) {
+                bad::softmax_online_unguarded(i, o);
+                return done();
+            }
             kernels::softmax(i, o)
         })
     }
@@ -218,6 +232,8 @@ pub mod ops {
             UnaryOp::Relu => kernels::UnaryOp::Relu,
             UnaryOp::Silu => kernels::UnaryOp::Silu,
             UnaryOp::Gelu => kernels::UnaryOp::Gelu,
+            UnaryOp::GeluErf => kernels::UnaryOp::GeluErf,
+            UnaryOp::Sigmoid => kernels::UnaryOp::Sigmoid,
         };
         run!(op.name(), args => |[i, o]| {
             match op {
@@ -268,6 +284,7 @@ pub mod ops {
             ActivationBackwardOp::ReluBackward => kernels::ActivationOp::Relu,
             ActivationBackwardOp::SiluBackward => kernels::ActivationOp::Silu,
             ActivationBackwardOp::GeluBackward => kernels::ActivationOp::Gelu,
+            ActivationBackwardOp::GeluErfBackward => kernels::ActivationOp::GeluErf,
         };
         run!(op.name(), args => |[g, i, gi]| {
             if op == ActivationBackwardOp::ReluBackward && is(Bug::ReluBackwardAtZero) {
@@ -288,6 +305,17 @@ pub mod ops {
             }
             kernels::activation_backward(k, g, i, gi)
         })
+    }
+
+    pub unsafe fn output_backward(
+        op: OutputBackwardOp,
+        args: &OutputBackwardArgs<'_>,
+    ) -> Result<()> {
+        let k = match op {
+            OutputBackwardOp::SigmoidBackward => kernels::OutputOp::Sigmoid,
+            OutputBackwardOp::TanhBackward => kernels::OutputOp::Tanh,
+        };
+        run!(op.name(), args => |[g, y, gi]| kernels::output_backward(k, g, y, gi))
     }
 
     pub unsafe fn swiglu(args: &SwigluArgs<'_>) -> Result<()> {
@@ -626,7 +654,10 @@ pub mod ops {
                 bad::cross_entropy_wide(l, t, o, ignore);
             }
             if is(Bug::CrossEntropyMeanOverAllRows) {
-                paths::cross_entropy_all_rows(l, t, o, ignore);
+                paths::cross_entropy_all_rows(l, t, o, ignore, false);
+            }
+            if is(Bug::CrossEntropyOddLastRowCounted) {
+                paths::cross_entropy_all_rows(l, t, o, ignore, true);
             }
             done()
         });

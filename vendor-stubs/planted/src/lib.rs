@@ -25,7 +25,10 @@
 //! each: layouts, aliasing, writes outside the output, size thresholds,
 //! numerics, rounding ties, edge values, refusals and the error-object
 //! contract). `POLYCHIP_PLANTED_BUG=none` plants nothing; an unknown name
-//! makes plugin init fail with a message listing the known names.
+//! makes plugin init fail with a message listing the known names. With
+//! `POLYCHIP_PLANTED_OPS=1.1` as well, the op table leaves the operators
+//! ABI 1.2 added NULL, as a plugin built before 1.2 has it (the PyTorch
+//! tests check that those aten operators then fall back to the CPU).
 //!
 //! Contract bugs that the SDK's checks would prevent are raw `extern "C"`
 //! op-table entries ([`mutants::contract`]), patched into the table after
@@ -48,10 +51,10 @@ use polychip_plugin_sdk::{
     ActivationBackwardArgs, ActivationBackwardOp, AdamwArgs, AttentionArgs, AttentionBackwardArgs,
     BinaryArgs, BinaryOp, CastArgs, CopyArgs, CopyKind, CrossEntropyArgs, CrossEntropyBackwardArgs,
     DType, DeviceProps, EmbeddingArgs, EmbeddingBackwardArgs, Error, FillArgs, Host, LayerNormArgs,
-    LayerNormBackwardArgs, LinearArgs, MatmulArgs, Operators, Plugin, PowScalarArgs, Queue,
-    ReduceArgs, ReduceOp, Result, RmsNormArgs, RmsNormBackwardArgs, RopeArgs, ScaleArgs,
-    SoftmaxArgs, SoftmaxBackwardArgs, SumSquaresArgs, SwigluArgs, SwigluBackwardArgs, TensorDesc,
-    UnaryArgs, UnaryOp,
+    LayerNormBackwardArgs, LinearArgs, MatmulArgs, Operators, OutputBackwardArgs, OutputBackwardOp,
+    Plugin, PowScalarArgs, Queue, ReduceArgs, ReduceOp, Result, RmsNormArgs, RmsNormBackwardArgs,
+    RopeArgs, ScaleArgs, SoftmaxArgs, SoftmaxBackwardArgs, SumSquaresArgs, SwigluArgs,
+    SwigluBackwardArgs, TensorDesc, UnaryArgs, UnaryOp,
 };
 
 use mutants::{Bug, Mode, is};
@@ -387,6 +390,17 @@ impl Operators for Planted {
         unsafe { full::ops::activation_backward(op, args) }
     }
 
+    unsafe fn output_backward(
+        &self,
+        q: Queue<'_, Stream>,
+        op: OutputBackwardOp,
+        args: &OutputBackwardArgs<'_>,
+    ) -> Result<()> {
+        enter(q);
+        // SAFETY: forwarded contract (only full mode lists this operator).
+        unsafe { full::ops::output_backward(op, args) }
+    }
+
     unsafe fn reduce(
         &self,
         q: Queue<'_, Stream>,
@@ -643,8 +657,12 @@ impl Planted {
     }
 }
 
-/// The op table: legacy mode's nine operators, or every operator with the
-/// selected contract bug's raw entry patched in.
+/// `1.1`: full mode's op table leaves ABI 1.2's operators NULL.
+const OPS_ENV: &str = "POLYCHIP_PLANTED_OPS";
+
+/// The op table: legacy mode's nine operators, or every operator (of ABI
+/// 1.1 only under `POLYCHIP_PLANTED_OPS=1.1`) with the selected contract
+/// bug's raw entry patched in.
 fn set_ops(table: &mut polychip_plugin_sdk::abi::PolychipOpTable) {
     use polychip_plugin_sdk::__export::generated as g;
     macro_rules! set {
@@ -703,6 +721,15 @@ fn set_ops(table: &mut polychip_plugin_sdk::abi::PolychipOpTable) {
         adamw,
         scale
     );
+    if std::env::var_os(OPS_ENV).is_none_or(|v| v != "1.1") {
+        set!(
+            gelu_erf,
+            gelu_erf_backward,
+            sigmoid,
+            sigmoid_backward,
+            tanh_backward
+        );
+    }
     mutants::contract::patch(table);
 }
 

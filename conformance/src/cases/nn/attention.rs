@@ -63,7 +63,7 @@ const fn plan(
     }
 }
 
-pub(super) const ATTENTION_PLANS: [AttentionPlan; 19] = [
+pub(super) const ATTENTION_PLANS: [AttentionPlan; 20] = [
     plan("[1, 2, 8, 16]", [1, 2, 2, 8, 8, 16], false, [C; 4]),
     // Grouped heads without a mask, three kv heads of two query heads
     // each: a kernel that maps query head h to kv head h % heads_kv
@@ -147,6 +147,16 @@ pub(super) const ATTENTION_PLANS: [AttentionPlan; 19] = [
         negative_scores: true,
         ..plan("large negative scores", [1, 2, 2, 6, 6, 8], false, [C; 4])
     },
+    // Groups of three query heads over four kv heads (Qwen2-7B has groups
+    // of 7): every grouped plan above has groups of 2, or one kv head, so
+    // a head map that assumes groups of 2 (`h / 2`, clamped), or a power of
+    // two (`h >> log2(group)`), passed (mutation round 11).
+    plan(
+        "causal gqa 12/4 (groups of 3)",
+        [1, 12, 4, 5, 7, 8],
+        true,
+        [C; 4],
+    ),
 ];
 
 /// Rows whose scores hold NaN or +inf, run after the other plans (so that

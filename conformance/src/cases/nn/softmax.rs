@@ -191,6 +191,13 @@ pub(super) fn log_softmax_cases(dtype: DType) -> Vec<Case> {
         [C, C],
         37 + 5000,
     );
+    push(
+        "rows of 61 masked (-10000) but for the last 3".into(),
+        &[4, 61],
+        crate::cases::basic::tail_rows(&mut rng, dtype, 4, 61),
+        [C, C],
+        61 + 5000,
+    );
     // Masked rows (see `padded_rows`): the masked outputs near -10,000 are
     // known to an ULP of 10,000 (5,000 more terms, as above).
     let shape = crate::cases::basic::padded_rows::SHAPE;
@@ -212,6 +219,15 @@ pub(super) fn log_softmax_cases(dtype: DType) -> Vec<Case> {
     let x = rng.values(dtype, numel(shape), -8.0, 8.0);
     let name = label(shape, &[("input", P)]);
     push(name, shape, x, [P, C], last(shape));
+    // Rows led by -inf logits (see `left_padded`).
+    let shape = crate::cases::basic::left_padded::SHAPE;
+    push(
+        crate::cases::basic::left_padded::LABEL.into(),
+        &shape,
+        crate::cases::basic::left_padded::values(&mut rng, dtype),
+        [C, C],
+        shape[1],
+    );
     cases
 }
 

@@ -12,9 +12,12 @@ type LinearPlan = (&'static [usize], usize, bool, [Layout; 4]);
 /// reversed or broadcast batch) and an output so laid out: a kernel that
 /// folds the leading dimensions into rows by the row stride alone reads or
 /// writes the wrong rows (the derived layouts cover 2-D cases only: the
-/// bases are the first and the largest). The last two have no input features (K = 0): the
-/// output is the bias, or zeros, and must still be written.
-pub(super) const LINEAR_PLANS: [LinearPlan; 16] = [
+/// bases are the first and the largest). The next two have no input features (K = 0): the
+/// output is the bias, or zeros, and must still be written. The last is a
+/// short product over a long K with a bias (one output tile, K = 600: a
+/// kernel that splits K adds the partial sums and the bias in an epilogue of
+/// its own; mutation round 11: the split path dropped the bias).
+pub(super) const LINEAR_PLANS: [LinearPlan; 17] = [
     (&[4, 16], 8, true, [C; 4]),
     (&[4, 16], 8, false, [C; 4]),
     (&[2, 3, 24], 5, true, [C; 4]),
@@ -31,6 +34,7 @@ pub(super) const LINEAR_PLANS: [LinearPlan; 16] = [
     (&[2, 3, 24], 5, true, [C, C, C, Layout::Reversed(0)]),
     (&[3, 0], 5, true, [C; 4]),
     (&[2, 2, 0], 3, false, [C; 4]),
+    (&[2, 600], 3, true, [C; 4]),
 ];
 
 pub(super) fn linear_cases(dtype: DType) -> Vec<Case> {

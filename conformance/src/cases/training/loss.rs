@@ -145,6 +145,20 @@ pub(super) fn cross_entropy_plans(rng: &mut Rng, dtype: DType) -> Vec<CrossEntro
         [C; 2],
         0.0,
     );
+    // An odd number of rows whose last is ignored, and one ignored before
+    // it: a kernel that takes rows in pairs (or vectors) and finishes the
+    // odd one on a scalar path without the ignore test counts or reads it
+    // (mutation round 11: every ignored row before was inside a block).
+    plan(
+        rng,
+        "odd rows, the last ignored",
+        (7, 9),
+        DType::I32,
+        -100,
+        Some(vec![3, 8, -100, 0, 5, 1, -100]),
+        [C; 2],
+        0.0,
+    );
     // No rows: the mean over none is NaN, as PyTorch's (round 7: a kernel
     // skipped when an operand is empty left the loss unwritten).
     plan(rng, "no rows", (0, 5), DType::I64, -100, None, [C; 2], 0.0);
@@ -253,6 +267,19 @@ pub(super) fn cross_entropy_plans(rng: &mut Rng, dtype: DType) -> Vec<CrossEntro
         extra: 5000,
         grad_loss: None,
     });
+    // And of 61 (see softmax's rows of 61).
+    plans.push(CrossEntropyPlan {
+        label: "rows of 61 masked (-10000) but for the last 3 [4, 61] i64".into(),
+        logits: crate::cases::basic::tail_rows(rng, dtype, 4, 61),
+        n: 4,
+        c: 61,
+        targets: vec![60.0, 59.0, 0.0, 30.0],
+        idx_dtype: DType::I64,
+        ignore_index: -100,
+        layouts: [C; 2],
+        extra: 5000,
+        grad_loss: None,
+    });
     // One bad target after 1,100 good ones (and one ignored), past the
     // first work-group or block of a device-side range check (mutation
     // round 9, see the embedding cases of the same name).
@@ -274,6 +301,23 @@ pub(super) fn cross_entropy_plans(rng: &mut Rng, dtype: DType) -> Vec<CrossEntro
             grad_loss: None,
         });
     }
+    // Rows led by -inf logits (`left_padded`), each target among the
+    // finite ones: an online log-sum-exp that does not guard a running
+    // maximum still at -inf is NaN (mutation round 11). Strided logits, so
+    // that the derived layouts keep their smaller bases.
+    let [n, c] = crate::cases::basic::left_padded::SHAPE;
+    plans.push(CrossEntropyPlan {
+        label: format!("{} [{n}, {c}] i64", crate::cases::basic::left_padded::LABEL),
+        logits: crate::cases::basic::left_padded::values(rng, dtype),
+        n,
+        c,
+        targets: vec![7.0, 1099.0, 1050.0],
+        idx_dtype: DType::I64,
+        ignore_index: -100,
+        layouts: [S, C],
+        extra: 0,
+        grad_loss: None,
+    });
     // Rows of one class holding NaN, +inf and -inf besides finite logits:
     // a row of one class has loss 0 and gradient 0 only where its logit is
     // finite (`inf - inf` is NaN), so the mean loss is NaN (mutation round

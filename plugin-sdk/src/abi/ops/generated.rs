@@ -129,9 +129,17 @@ pub type PolychipSoftmaxFn = Option<unsafe extern "C" fn(device: u32, stream: *m
 
 /// `out = f(input)` for `neg`, `exp`, `log`, `sqrt`, `rsqrt` (`1/sqrt(x)`),
 /// `tanh`, `relu` (`max(x, 0)`, NaN stays NaN), `silu` (`x * sigmoid(x)`) and
-/// `gelu` (the tanh form, `0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`).
+/// `gelu` (the tanh form, `0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`);
+/// since 1.2 `gelu_erf` (the exact form, `x Phi(x)` with the standard normal
+/// CDF `Phi(x) = erfc(-x / sqrt(2)) / 2`, PyTorch's default GELU) and
+/// `sigmoid` (`1 / (1 + e^-x)`).
 /// IEEE semantics at the edges: `log(0) = -inf`, `log(-1) = NaN`,
-/// `sqrt(-0) = -0`, `rsqrt(0) = +inf`, `exp(large) = +inf`. Computed in at
+/// `sqrt(-0) = -0`, `rsqrt(0) = +inf`, `exp(large) = +inf`;
+/// `gelu_erf(+inf) = +inf`, `gelu_erf(-inf) = NaN` (`-inf * 0`, as PyTorch
+/// gives), `gelu_erf(x)` for large negative `x` a tiny negative number or a
+/// zero, never NaN; `sigmoid(-inf) = 0`, `sigmoid(+inf) = 1`, `sigmoid(±0) =
+/// 0.5`, and `sigmoid` of large negative `x` a tiny positive number, not 0
+/// while it is representable; NaN gives NaN everywhere. Computed in at
 /// least f32 and rounded once; any strides.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
@@ -165,10 +173,14 @@ pub struct PolychipPowScalarArgs {
 pub type PolychipPowScalarFn = Option<unsafe extern "C" fn(device: u32, stream: *mut PolychipStream, args: *const PolychipPowScalarArgs) -> *mut PolychipError>;
 
 /// `grad_in = grad_out * f'(input)` for `silu_backward` (`s (1 + x (1 -
-/// s))`, `s = sigmoid(x)`) and `gelu_backward` (derivative of the tanh form);
-/// for `relu_backward` a select, as PyTorch's `threshold_backward`: `grad_in =
-/// input <= 0 ? 0 : grad_out` (0 even where `grad_out` is infinite or NaN; a
-/// NaN input passes `grad_out`; the sign of a zero is not judged).
+/// s))`, `s = sigmoid(x)`), `gelu_backward` (derivative of the tanh form) and,
+/// since 1.2, `gelu_erf_backward` (`Phi(x) + x phi(x)`, the derivative of the
+/// exact form, `phi(x) = e^(-x^2/2) / sqrt(2 pi)`: 0.5 at ±0, 1 for large
+/// positive `x`, 0 for large negative `x`, NaN at ±inf where `x phi(x)` is
+/// `inf * 0`, as PyTorch gives); for `relu_backward` a select, as PyTorch's
+/// `threshold_backward`: `grad_in = input <= 0 ? 0 : grad_out` (0 even where
+/// `grad_out` is infinite or NaN; a NaN input passes `grad_out`; the sign of
+/// a zero is not judged).
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct PolychipActivationBackwardArgs {
@@ -646,6 +658,32 @@ pub struct PolychipScaleArgs {
 /// An operator entry taking [`PolychipScaleArgs`].
 pub type PolychipScaleFn = Option<unsafe extern "C" fn(device: u32, stream: *mut PolychipStream, args: *const PolychipScaleArgs) -> *mut PolychipError>;
 
+/// Since 1.2: the backward of an activation whose derivative is a function
+/// of its output `y`, as PyTorch's autograd saves it: `sigmoid_backward`,
+/// `grad_in = grad_out * y (1 - y)`, and `tanh_backward`, `grad_in = grad_out
+/// * (1 - y^2)`. Computed in at least f32 and rounded once (a kernel may use
+/// `(1 - y) (1 + y)` for `1 - y^2`, which does not cancel near `|y| = 1`);
+/// IEEE arithmetic at the edges: an infinite `grad_out` where the factor is 0
+/// (`y` exactly 0 or 1 for `sigmoid_backward`, ±1 for `tanh_backward`) gives
+/// NaN, NaN in either input gives NaN, and `y` outside the activation's range
+/// (which an output never is) is taken literally, except that a factor too
+/// large for f32 (`|y|` above about 1.8e19) gives an unspecified result.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct PolychipOutputBackwardArgs {
+    /// Size of this struct as the host knows it.
+    pub struct_size: usize,
+    /// Gradient of the activation's output.
+    pub grad_out: PolychipTensor,
+    /// The activation's output (saved from the forward pass).
+    pub output: PolychipTensor,
+    /// Gradient of the activation's input; same shape and dtype. In place: may be exactly `grad_out` or `output`.
+    pub grad_in: PolychipTensor,
+}
+
+/// An operator entry taking [`PolychipOutputBackwardArgs`].
+pub type PolychipOutputBackwardFn = Option<unsafe extern "C" fn(device: u32, stream: *mut PolychipStream, args: *const PolychipOutputBackwardArgs) -> *mut PolychipError>;
+
 /// The operator table. Append-only: a new operator is a new field at the end,
 /// introduced by a new minor version. NULL entries are "not implemented".
 #[repr(C)]
@@ -747,10 +785,20 @@ pub struct PolychipOpTable {
     pub adamw: PolychipAdamwFn,
     /// `x *= alpha` in place. On f32, f16 or bf16. Since 1.1.
     pub scale: PolychipScaleFn,
+    /// GELU, exact (erf) form. On f32, f16 or bf16. Since 1.2.
+    pub gelu_erf: PolychipUnaryFn,
+    /// Backward of `gelu_erf`. On f32, f16 or bf16. Since 1.2.
+    pub gelu_erf_backward: PolychipActivationBackwardFn,
+    /// `1 / (1 + e^-x)`. On f32, f16 or bf16. Since 1.2.
+    pub sigmoid: PolychipUnaryFn,
+    /// Backward of `sigmoid`, from its output. On f32, f16 or bf16. Since 1.2.
+    pub sigmoid_backward: PolychipOutputBackwardFn,
+    /// Backward of `tanh`, from its output. On f32, f16 or bf16. Since 1.2.
+    pub tanh_backward: PolychipOutputBackwardFn,
 }
 
 /// The number of operators in this minor's op table.
-pub const POLYCHIP_OP_COUNT: usize = 47;
+pub const POLYCHIP_OP_COUNT: usize = 52;
 
 impl PolychipOpTable {
     /// Every operator's name, in table order, with whether its entry is set.
@@ -803,6 +851,11 @@ impl PolychipOpTable {
             ("cross_entropy_backward", self.cross_entropy_backward.is_some()),
             ("adamw", self.adamw.is_some()),
             ("scale", self.scale.is_some()),
+            ("gelu_erf", self.gelu_erf.is_some()),
+            ("gelu_erf_backward", self.gelu_erf_backward.is_some()),
+            ("sigmoid", self.sigmoid.is_some()),
+            ("sigmoid_backward", self.sigmoid_backward.is_some()),
+            ("tanh_backward", self.tanh_backward.is_some()),
         ]
     }
 }

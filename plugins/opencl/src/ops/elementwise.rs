@@ -3,8 +3,9 @@
 //! work-item per output element.
 
 use polychip_plugin_sdk::{
-    ActivationBackwardArgs, ActivationBackwardOp, BinaryArgs, BinaryOp, PowScalarArgs, Result,
-    ScaleArgs, SwigluArgs, SwigluBackwardArgs, UnaryArgs, UnaryOp,
+    ActivationBackwardArgs, ActivationBackwardOp, BinaryArgs, BinaryOp, OutputBackwardArgs,
+    OutputBackwardOp, PowScalarArgs, Result, ScaleArgs, SwigluArgs, SwigluBackwardArgs, UnaryArgs,
+    UnaryOp,
 };
 
 use crate::call::{Ctx, Operand, joint_layouts};
@@ -80,6 +81,8 @@ pub fn unary(ctx: Ctx<'_>, op: UnaryOp, args: &UnaryArgs<'_>) -> Result<()> {
         UnaryOp::Relu => 6,
         UnaryOp::Silu => 7,
         UnaryOp::Gelu => 8,
+        UnaryOp::GeluErf => 9,
+        UnaryOp::Sigmoid => 10,
     };
     pointwise(&ctx, "pc_unary", &[&x, &out], |k, _| {
         k.value(code)?;
@@ -99,7 +102,7 @@ pub fn pow_scalar(ctx: Ctx<'_>, args: &PowScalarArgs<'_>) -> Result<()> {
     ctx.finish()
 }
 
-/// `relu_backward`, `silu_backward`, `gelu_backward`.
+/// `relu_backward`, `silu_backward`, `gelu_backward`, `gelu_erf_backward`.
 pub fn activation_backward(
     ctx: Ctx<'_>,
     op: ActivationBackwardOp,
@@ -112,8 +115,30 @@ pub fn activation_backward(
         ActivationBackwardOp::ReluBackward => 0,
         ActivationBackwardOp::SiluBackward => 1,
         ActivationBackwardOp::GeluBackward => 2,
+        ActivationBackwardOp::GeluErfBackward => 3,
     };
     pointwise(&ctx, "pc_activation_backward", &[&g, &x, &out], |k, _| {
+        k.value(code)?;
+        Ok(())
+    })?;
+    ctx.finish()
+}
+
+/// `sigmoid_backward`, `tanh_backward` (ABI 1.2): from the activation's
+/// output.
+pub fn output_backward(
+    ctx: Ctx<'_>,
+    op: OutputBackwardOp,
+    args: &OutputBackwardArgs<'_>,
+) -> Result<()> {
+    let g = ctx.view("grad_out", &args.grad_out)?;
+    let y = ctx.view("output", &args.output)?;
+    let out = ctx.view("grad_in", &args.grad_in)?;
+    let code: i32 = match op {
+        OutputBackwardOp::SigmoidBackward => 0,
+        OutputBackwardOp::TanhBackward => 1,
+    };
+    pointwise(&ctx, "pc_output_backward", &[&g, &y, &out], |k, _| {
         k.value(code)?;
         Ok(())
     })?;

@@ -6,7 +6,7 @@ use super::{Layout, assert_close, eps};
 use ferrite_kernels::{ActivationOp, DType, UnaryOp};
 use half::{bf16, f16};
 
-pub const OPS: [UnaryOp; 9] = [
+pub const OPS: [UnaryOp; 11] = [
     UnaryOp::Neg,
     UnaryOp::Exp,
     UnaryOp::Log,
@@ -16,6 +16,8 @@ pub const OPS: [UnaryOp; 9] = [
     UnaryOp::Relu,
     UnaryOp::Silu,
     UnaryOp::Gelu,
+    UnaryOp::GeluErf,
+    UnaryOp::Sigmoid,
 ];
 
 pub fn sigmoid(x: f64) -> f64 {
@@ -28,6 +30,11 @@ pub fn gelu_u(x: f64) -> (f64, f64) {
         k * (x + 0.044715 * x * x * x),
         k * (1.0 + 3.0 * 0.044715 * x * x),
     )
+}
+
+/// The standard normal CDF, `erfc(-x / sqrt 2) / 2`.
+pub fn phi_cdf(x: f64) -> f64 {
+    0.5 * libm::erfc(-x * std::f64::consts::FRAC_1_SQRT_2)
 }
 
 pub fn unary_ref(op: UnaryOp, x: f64) -> f64 {
@@ -48,6 +55,8 @@ pub fn unary_ref(op: UnaryOp, x: f64) -> f64 {
         UnaryOp::Silu => x * sigmoid(x),
         // 0.5 x (1 + tanh(u)) == x sigmoid(2u), without cancellation.
         UnaryOp::Gelu => x * sigmoid(2.0 * gelu_u(x).0),
+        UnaryOp::GeluErf => x * phi_cdf(x),
+        UnaryOp::Sigmoid => sigmoid(x),
     }
 }
 
@@ -68,6 +77,10 @@ pub fn grad_ref(op: ActivationOp, x: f64) -> f64 {
             let (u, du) = gelu_u(x);
             let s = sigmoid(2.0 * u);
             s + 2.0 * x * s * (1.0 - s) * du
+        }
+        ActivationOp::GeluErf => {
+            let density = (-0.5 * x * x).exp() / (2.0 * std::f64::consts::PI).sqrt();
+            phi_cdf(x) + x * density
         }
     }
 }
@@ -95,9 +108,10 @@ pub fn close(dt: DType, got: f64, want: f64, abs: f64, ctx: &str) {
 }
 
 /// GELU's exponent `2u ~ x^3` is computed in f32: its rounding error is
-/// amplified by about `1 + x^2`.
+/// amplified by about `1 + x^2`; so is the exact GELU's `x / sqrt(2)` (the
+/// condition number of `x Phi(x)` is about `1 + x^2` for negative `x`).
 pub fn cond(op: UnaryOp, x: f64) -> f64 {
-    if op == UnaryOp::Gelu {
+    if op == UnaryOp::Gelu || op == UnaryOp::GeluErf {
         1.0 + x * x
     } else {
         1.0

@@ -153,6 +153,9 @@ pub enum Bug {
     MaxIntoUninitialisedOutput,
     MatmulGemvNReadsAPacked,
     AttentionNanRowAsMasked,
+    SoftmaxOnlineNegInfPrefix,
+    MatmulHalfRoundsBeforeAlpha,
+    CrossEntropyOddLastRowCounted,
     StreamWaitEventIgnored,
     EventRecordCompletesAtOnce,
     EventSynchronizeReturnsAtOnce,
@@ -479,6 +482,16 @@ catalog! {
     AttentionNanRowAsMasked "attention-nan-row-as-masked" "attention" EdgeValues:
         "the running row maximum is taken with fmax, which drops NaN: a row whose scores hold NaN (or +inf, whose inf - inf is NaN) is taken for one that saw no key and written as zeros with lse = -inf, hiding a diverged run"
         => "NaN in q or k and +inf scores";
+    // Mutation round 11: one per class the round found missed.
+    SoftmaxOnlineNegInfPrefix "softmax-online-neg-inf-prefix" "softmax" EdgeValues:
+        "an online softmax (a running maximum started at the first logit, the sum rescaled by exp(old max - new max)) with no guard for a maximum still at -inf: a row led by two -inf logits computes exp(-inf - -inf), NaN"
+        => "rows led by -inf logits";
+    MatmulHalfRoundsBeforeAlpha "matmul-half-rounds-before-alpha" "matmul" Numerics:
+        "the f16 epilogue rounds the f32 accumulator to f16 and applies alpha after (a half-precision C tile): a sum past 65504 is infinite even where alpha brings the result back into range"
+        => "sums past 65504 scaled back by alpha";
+    CrossEntropyOddLastRowCounted "cross-entropy-odd-last-row-counted" "cross_entropy" Path:
+        "rows are taken in pairs and an odd last row on a scalar path without the ignore test: an ignored last row is counted in the mean's denominator"
+        => "an odd number of rows whose last is ignored";
     // Streams: in full mode `copy` and `fill` run on their stream's worker
     // thread (`crate::streams`), the other operators on the calling thread
     // once their stream's earlier work is done. The first two show at every

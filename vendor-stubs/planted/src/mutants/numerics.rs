@@ -343,6 +343,31 @@ pub unsafe fn softmax_max_from_zero(input: &View<'_>, out: &View<'_>) {
     }
 }
 
+/// Softmax in one pass over each row: the maximum starts at the first
+/// logit (its sum at 1), and each later logit rescales the sum by
+/// `exp(old max - new max)` with no guard for a maximum still at -inf, so a
+/// row led by two -inf logits computes `exp(-inf - -inf)`, NaN.
+pub unsafe fn softmax_online_unguarded(input: &View<'_>, out: &View<'_>) {
+    let (d, od) = (input.dtype, out.dtype);
+    for (ri, ro) in rows(input).iter().zip(rows(out)) {
+        // SAFETY: addresses of live elements.
+        unsafe {
+            let x: Vec<f64> = ri.iter().map(|&p| load(d, p)).collect();
+            let Some(&first) = x.first() else { continue };
+            let (mut max, mut sum) = (first, 1.0);
+            for &v in &x[1..] {
+                let next = if v > max || v.is_nan() { v } else { max };
+                // Planted: exp(-inf - -inf) when both are -inf.
+                sum = sum * (max - next).exp() + (v - next).exp();
+                max = next;
+            }
+            for (&v, &o) in x.iter().zip(&ro) {
+                store(od, o, (v - max).exp() / sum);
+            }
+        }
+    }
+}
+
 /// The process-wide scratch of [`softmax_shared_scratch`]: one row's
 /// exponentials, as f64 bits (atomics, so the race is on values, not
 /// undefined behaviour).

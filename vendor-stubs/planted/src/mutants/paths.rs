@@ -201,15 +201,20 @@ pub unsafe fn cast_f16_saturating(src: &View<'_>, dst: &View<'_>) -> bool {
 }
 
 /// The mean cross-entropy over every row, ignored ones included, written
-/// over the correct kernel's loss (which has already refused bad targets).
+/// over the correct kernel's loss (which has already refused bad targets);
+/// with `odd_tail`, over the counted rows and an odd last row, ignored or
+/// not (rows taken in pairs, the odd one on a path without the ignore
+/// test).
 pub unsafe fn cross_entropy_all_rows(
     logits: &View<'_>,
     targets: &View<'_>,
     loss: &View<'_>,
     ignore_index: i64,
+    odd_tail: bool,
 ) {
     let t = addresses(targets);
     let mut total = 0.0f64;
+    let mut count = 0usize;
     for (row, &tp) in rows(logits).iter().zip(&t) {
         // SAFETY: addresses of live elements.
         unsafe {
@@ -221,11 +226,23 @@ pub unsafe fn cross_entropy_all_rows(
             let max = x.iter().copied().fold(f64::NEG_INFINITY, f64::max);
             let lse = max + x.iter().map(|v| (v - max).exp()).sum::<f64>().ln();
             total += lse - x[target as usize];
+            count += 1;
         }
     }
-    // Planted: divided by every row, counted or not.
+    // Planted: divided by every row, counted or not; or by the counted rows
+    // and an odd last row.
+    let rows = if !odd_tail {
+        t.len()
+    } else if t.len() % 2 == 1
+        // SAFETY: the address of a live element.
+        && unsafe { load_int(targets.dtype, t[t.len() - 1]) } == ignore_index
+    {
+        count + 1
+    } else {
+        count
+    };
     // SAFETY: the loss is a live scalar.
-    unsafe { store(loss.dtype, loss.ptr, total / t.len() as f64) };
+    unsafe { store(loss.dtype, loss.ptr, total / rows as f64) };
 }
 
 /// embedding_backward as a scatter-add without atomics: every occurrence
