@@ -16,11 +16,26 @@
  *   FAKE_HUGE_COUNT        device_count reports 2^32 - 1 devices
  *   FAKE_VENDOR_COLON      its vendor name holds a ':' (device ids are vendor:N)
  *   FAKE_CONTROL_NAME      its device name holds terminal escape sequences
+ *   FAKE_FAST_MATH_CTOR    a constructor turns on FTZ and DAZ when the library
+ *                          is loaded (what -ffast-math did with older GCC)
+ *   FAKE_FILL_ROUNDS_UP    fill leaves the rounding mode upward (ABI rule 12)
  */
 #include <stdlib.h>
 #include <string.h>
 
 #include "polychip.h"
+
+#ifdef FAKE_FILL_ROUNDS_UP
+#include <fenv.h>
+#endif
+
+#if defined(FAKE_FAST_MATH_CTOR) && defined(__x86_64__)
+#include <xmmintrin.h>
+/* crtfastmath.o's constructor: flush-to-zero and denormals-are-zero on. */
+__attribute__((constructor)) static void fast_math(void) {
+    _mm_setcsr(_mm_getcsr() | 0x8040);
+}
+#endif
 
 static const PolychipHostApi *g_host;
 
@@ -121,6 +136,9 @@ static PolychipError *fill(uint32_t device, PolychipStream *s, const PolychipFil
     }
     p = (float *)((char *)t->data + t->byte_offset);
     for (i = 0; i < n; i++) p[i] = (float)args->value;
+#ifdef FAKE_FILL_ROUNDS_UP
+    fesetround(FE_UPWARD);
+#endif
     return NULL;
 }
 

@@ -395,3 +395,61 @@ fn a_second_plugin_of_a_vendor_already_loaded_is_refused() {
     );
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// Whether subnormal f32 arithmetic on this thread keeps subnormals and
+/// rounds to nearest even (an opaque multiply and add).
+fn default_float_environment() -> bool {
+    let tiny = std::hint::black_box(f32::from_bits(1));
+    let one = std::hint::black_box(1.0f32);
+    let half_ulp = std::hint::black_box(2f32.powi(-24));
+    (tiny * one).to_bits() == 1 && one + half_ulp == 1.0
+}
+
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn a_library_that_turns_on_flush_to_zero_when_loaded_is_undone_and_named() {
+    // ABI rule 12: the host puts back the floating-point environment a
+    // plugin's constructor changed (as -ffast-math's crtfastmath.o does).
+    use polychip_host::ffi::fpenv::{FpEnv, take_change};
+    let _ = take_change();
+    let before = FpEnv::current();
+    let path = common::fake_plugin(Some("FAKE_FAST_MATH_CTOR"));
+    let device = common::first_device(&path);
+    assert_eq!(FpEnv::current(), before);
+    assert!(default_float_environment());
+    assert_eq!(device.plugin().fp_env_changes(), 1);
+    let change = take_change().expect("the load's change is recorded");
+    let text = change.to_string();
+    assert!(text.contains("loading"), "{text}");
+    assert!(text.contains("flush-to-zero (MXCSR.FZ) turned on"), "{text}");
+    assert!(text.contains("denormals-are-zero (MXCSR.DAZ) turned on"), "{text}");
+    // The plugin works; its calls change nothing more.
+    let t = device.zeros(DType::F32, &[4]).unwrap();
+    device.exec().fill(&t, 1.5).unwrap();
+    assert_eq!(take_change(), None);
+    assert_eq!(device.plugin().fp_env_changes(), 1);
+}
+
+#[test]
+fn an_operator_that_leaves_the_rounding_mode_changed_is_undone_and_named() {
+    use polychip_host::ffi::fpenv::{FpEnv, take_change};
+    let path = common::fake_plugin(Some("FAKE_FILL_ROUNDS_UP"));
+    let device = common::first_device(&path);
+    let _ = take_change();
+    let before = FpEnv::current();
+    let t = device.zeros(DType::F32, &[4]).unwrap();
+    for round in 1..=2 {
+        device.exec().fill(&t, 0.25).unwrap();
+        assert_eq!(FpEnv::current(), before, "round {round}");
+        assert!(default_float_environment(), "round {round}");
+        let change = take_change().expect("the call's change is recorded");
+        assert_eq!(change.function, "fill");
+        assert!(
+            change.what.contains("rounding mode changed from to nearest to upward")
+                || !cfg!(target_arch = "x86_64"),
+            "{change}"
+        );
+        assert_eq!(device.plugin().fp_env_changes(), round);
+    }
+    assert_eq!(t.to_vec::<f32>().unwrap(), [0.25; 4]);
+}

@@ -105,6 +105,8 @@ fn compile_fake_plugin(define: Option<&str>) -> PathBuf {
     ])
     .arg(root.join("../include"))
     .arg(root.join("c/fake_plugin.c"))
+    // libm, for a variant's fesetround.
+    .arg("-lm")
     .arg("-o")
     .arg(&tmp);
     if let Some(d) = define {
