@@ -279,6 +279,14 @@ typedef void (*cobalt_pointwise_fn)(const double *in, double *out, double param)
  */
 PolychipError *cobalt_pointwise(const char *op, uint32_t device, const cobalt_arg *list, int n_in,
                                 int n_out, cobalt_pointwise_fn fn, double param);
+/* A unary operator `out = fn(input)` (ops_unary.c), and an activation's
+ * backward `grad_in = fn(grad_out, input)` (ops_activation.c), begun and
+ * run elementwise. */
+PolychipError *cobalt_unary(const char *op, uint32_t device, PolychipStream *stream,
+                            const PolychipUnaryArgs *args, cobalt_pointwise_fn fn);
+PolychipError *cobalt_activation_backward(const char *op, uint32_t device, PolychipStream *stream,
+                                          const PolychipActivationBackwardArgs *args,
+                                          cobalt_pointwise_fn fn);
 /* sigmoid(x), silu(x) = x sigmoid(x), and gelu (tanh form) with derivatives. */
 double cobalt_sigmoid(double x);
 double cobalt_silu(double x);

@@ -62,7 +62,7 @@ static void f_gelu_backward(const double *in, double *out, double p) {
     out[0] = in[0] * cobalt_gelu_grad(in[1]);
 }
 
-static PolychipError *activation_backward(const char *op, uint32_t device, PolychipStream *stream,
+PolychipError *cobalt_activation_backward(const char *op, uint32_t device, PolychipStream *stream,
                                           const PolychipActivationBackwardArgs *args,
                                           cobalt_pointwise_fn fn) {
     PolychipError *error = COBALT_BEGIN(op, device, stream, args, PolychipActivationBackwardArgs);
@@ -80,17 +80,17 @@ static PolychipError *activation_backward(const char *op, uint32_t device, Polyc
 
 PolychipError *cobalt_op_relu_backward(uint32_t device, PolychipStream *stream,
                                        const PolychipActivationBackwardArgs *args) {
-    return activation_backward("relu_backward", device, stream, args, f_relu_backward);
+    return cobalt_activation_backward("relu_backward", device, stream, args, f_relu_backward);
 }
 
 PolychipError *cobalt_op_silu_backward(uint32_t device, PolychipStream *stream,
                                        const PolychipActivationBackwardArgs *args) {
-    return activation_backward("silu_backward", device, stream, args, f_silu_backward);
+    return cobalt_activation_backward("silu_backward", device, stream, args, f_silu_backward);
 }
 
 PolychipError *cobalt_op_gelu_backward(uint32_t device, PolychipStream *stream,
                                        const PolychipActivationBackwardArgs *args) {
-    return activation_backward("gelu_backward", device, stream, args, f_gelu_backward);
+    return cobalt_activation_backward("gelu_backward", device, stream, args, f_gelu_backward);
 }
 
 /* in = {gate, up}; out = {silu(gate) * up}. */

@@ -56,42 +56,20 @@ static void f_tanh_backward(const double *in, double *out, double p) {
     out[0] = in[0] * ((1.0 - in[1]) * (1.0 + in[1]));
 }
 
-static PolychipError *unary(const char *op, uint32_t device, PolychipStream *stream,
-                            const PolychipUnaryArgs *args, cobalt_pointwise_fn fn) {
-    PolychipError *error = COBALT_BEGIN(op, device, stream, args, PolychipUnaryArgs);
-    if (error != NULL) {
-        return error;
-    }
-    cobalt_view input;
-    cobalt_view out;
-    const cobalt_arg list[] = {{&input, &args->input, "input"}, {&out, &args->out, "out"}};
-    return cobalt_pointwise(op, device, list, 1, 1, fn, 0.0);
-}
-
 PolychipError *cobalt_op_gelu_erf(uint32_t device, PolychipStream *stream,
                                   const PolychipUnaryArgs *args) {
-    return unary("gelu_erf", device, stream, args, f_gelu_erf);
+    return cobalt_unary("gelu_erf", device, stream, args, f_gelu_erf);
 }
 
 PolychipError *cobalt_op_sigmoid(uint32_t device, PolychipStream *stream,
                                  const PolychipUnaryArgs *args) {
-    return unary("sigmoid", device, stream, args, f_sigmoid);
+    return cobalt_unary("sigmoid", device, stream, args, f_sigmoid);
 }
 
 PolychipError *cobalt_op_gelu_erf_backward(uint32_t device, PolychipStream *stream,
                                            const PolychipActivationBackwardArgs *args) {
-    const char *op = "gelu_erf_backward";
-    PolychipError *error = COBALT_BEGIN(op, device, stream, args, PolychipActivationBackwardArgs);
-    if (error != NULL) {
-        return error;
-    }
-    cobalt_view grad_out;
-    cobalt_view input;
-    cobalt_view grad_in;
-    const cobalt_arg list[] = {{&grad_out, &args->grad_out, "grad_out"},
-                               {&input, &args->input, "input"},
-                               {&grad_in, &args->grad_in, "grad_in"}};
-    return cobalt_pointwise(op, device, list, 2, 1, f_gelu_erf_backward, 0.0);
+    return cobalt_activation_backward("gelu_erf_backward", device, stream, args,
+                                      f_gelu_erf_backward);
 }
 
 static PolychipError *output_backward(const char *op, uint32_t device, PolychipStream *stream,

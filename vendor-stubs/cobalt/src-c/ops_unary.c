@@ -83,7 +83,7 @@ static void f_relu(const double *in, double *out, double p) {
 }
 
 /* The checks of the unary operators, then the elementwise engine. */
-static PolychipError *unary(const char *op, uint32_t device, PolychipStream *stream,
+PolychipError *cobalt_unary(const char *op, uint32_t device, PolychipStream *stream,
                             const PolychipUnaryArgs *args, cobalt_pointwise_fn fn) {
     PolychipError *error =
         COBALT_BEGIN(op, device, stream, args, PolychipUnaryArgs);
@@ -99,7 +99,7 @@ static PolychipError *unary(const char *op, uint32_t device, PolychipStream *str
 #define COBALT_UNARY(name)                                                                      \
     PolychipError *cobalt_op_##name(uint32_t device, PolychipStream *stream,                    \
                                     const PolychipUnaryArgs *args) {                            \
-        return unary(#name, device, stream, args, f_##name);                                    \
+        return cobalt_unary(#name, device, stream, args, f_##name);                                    \
     }
 COBALT_UNARY(neg)
 COBALT_UNARY(exp)
