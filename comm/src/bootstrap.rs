@@ -436,6 +436,10 @@ impl Job {
         let healthy = comm.broken().is_none();
         let passed = match comm.broken() {
             None => {
+                // It makes no more calls: a peer still waiting in one for
+                // it fails at once naming it, instead of at its deadline
+                // (and then fails this barrier too, announcing it).
+                comm.leave();
                 let transport = comm.transport().clone();
                 let watch = move || {
                     let e = transport.peer_lost()?;

@@ -73,6 +73,12 @@ pub enum CommError {
 /// 0 is gone: it failed: rank 0: all_reduce: ...".
 pub const PEER_FAILED: &str = "it failed: ";
 
+/// How a [`CommError::PeerLost`] gives its reason when the peer left
+/// cleanly (destroyed its communicator, or is finishing the job) before
+/// the call that needs it: "peer rank 2 is gone: it left (destroyed its
+/// communicator) before this call".
+pub const PEER_LEFT: &str = "it left (destroyed its communicator) before this call";
+
 /// Longest reason an announced failure carries (longer ones are cut).
 pub const MAX_ABORT_REASON: usize = 2048;
 
@@ -95,6 +101,23 @@ impl CommError {
             peer,
             why: format!("{PEER_FAILED}{why}"),
         }
+    }
+
+    /// The error a rank reports when `peer` left cleanly before the call
+    /// that needs it; `detail` (may be empty) says more.
+    pub fn peer_left(rank: usize, op: impl Into<String>, peer: usize, detail: &str) -> CommError {
+        CommError::PeerLost {
+            rank,
+            op: op.into(),
+            peer,
+            why: format!("{PEER_LEFT}{detail}"),
+        }
+    }
+
+    /// Whether this error reports a peer that left cleanly before the call
+    /// ([`CommError::peer_left`]).
+    pub fn is_peer_departure(&self) -> bool {
+        matches!(self, CommError::PeerLost { why, .. } if why.starts_with(PEER_LEFT))
     }
 
     /// Whether this error reports a failure a peer announced (rather than

@@ -17,6 +17,26 @@ pub struct RegionId(pub u32);
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct SignalId(pub u32);
 
+/// Most counters one departing rank declares final to one peer
+/// ([`Departure::finals`]).
+pub const MAX_FINALS: usize = 4;
+
+/// What a rank leaving cleanly tells one peer ([`Transport::leave`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Departure {
+    /// How many collective calls it made (its last call's number).
+    pub calls: u64,
+    /// The final value of each of the peer's counters it raised (at most
+    /// [`MAX_FINALS`]; more are ignored): nothing will raise them further.
+    pub finals: Vec<(SignalId, u64)>,
+}
+
+/// Whether `finals` makes `signal`'s counter stop below `value`: a wait
+/// for it can never end.
+pub(crate) fn short_of(finals: &[(SignalId, u64)], signal: SignalId, value: u64) -> bool {
+    finals.iter().any(|&(s, v)| s == signal && v < value)
+}
+
 /// A one-sided transport between the ranks of one job.
 ///
 /// Ordering: a signal a peer raises after a write is seen only after the
@@ -85,9 +105,35 @@ pub trait Transport: Send + Sync {
     /// then fails with [`crate::CommError::PeerLost`] naming this rank and
     /// `why` (see [`crate::CommError::peer_failed`]), instead of waiting out
     /// its deadline, and so does every later wait of theirs. Best effort,
-    /// bounded (a peer that takes nothing for a second has its connection
-    /// closed instead), idempotent: only the first call announces.
+    /// bounded (about a second in all, however many peers: a peer whose
+    /// connection has not taken it by then has the connection closed
+    /// instead), idempotent: only the first call announces.
     fn abort(&self, _why: &str) {}
+
+    /// Tells every peer, out of band, that this rank's communicator is
+    /// leaving cleanly (it was destroyed, or the job is finishing) and will
+    /// raise nothing more: `note(peer)` is what `peer` is told, the number
+    /// of collective calls this rank made and the final value of each
+    /// counter it raised on `peer` (at most [`MAX_FINALS`] of them). A peer
+    /// waiting for more than a final value then fails at once with
+    /// [`crate::CommError::PeerLost`] naming this rank ("it left",
+    /// [`crate::error::PEER_LEFT`]), instead of waiting out its deadline;
+    /// a wait the departed rank's writes satisfy still succeeds. Best
+    /// effort, bounded, only the first call counts. Transports that cannot
+    /// tell (verbs) ignore it.
+    fn leave(&self, _note: &dyn Fn(usize) -> Departure) {}
+
+    /// How many peers announced with [`Transport::leave`] that they left
+    /// (one load): what a call checks as it begins.
+    fn departures(&self) -> usize {
+        0
+    }
+
+    /// The number of collective calls `peer` made before it left, if it
+    /// announced with [`Transport::leave`] that it did.
+    fn departed(&self, _peer: usize) -> Option<u64> {
+        None
+    }
 
     /// The failure a peer announced with [`Transport::abort`], if one did,
     /// as the error of a wait (`PeerLost`, op "wait"). Cheap (an atomic

@@ -417,3 +417,279 @@ fn an_abandoned_job_fails_a_peers_receive_at_once() {
         );
     }
 }
+
+/// What every survivor's error says of a rank that left before the call
+/// (its own finding, or another survivor's announced one quoting it).
+fn names_departure(e: &CommError, took: Duration, peer: usize) {
+    let text = e.to_string();
+    eprintln!("after {took:?}: {text}");
+    assert!(took < PROMPT, "took {took:?}: {text}");
+    assert!(
+        text.contains(&format!(
+            "peer rank {peer} is gone: it left (destroyed its communicator) before this call"
+        )),
+        "{text}"
+    );
+}
+
+/// Three ranks make one all-reduce; rank 2 then drops its healthy
+/// communicator (`blocked`: while ranks 0 and 1 already wait in their next
+/// all-reduce; otherwise before they begin it). Ranks 0 and 1 fail within
+/// milliseconds naming rank 2 and saying it left, instead of waiting out
+/// the timeout (a clean departure of one rank among three used to be no
+/// failure until every peer had left).
+fn a_departure_fails_the_next_collective(kind: Kind, blocked: bool) {
+    let left = Barrier::new(3);
+    let results = world(kind, 3, |rank, mut c| {
+        let mut buf = 1i64.to_ne_bytes().to_vec();
+        c.all_reduce(&mut buf, DType::I64, ReduceOp::Sum).unwrap();
+        assert_eq!(i64::from_ne_bytes(buf[..].try_into().unwrap()), 3);
+        if rank == 2 {
+            if blocked {
+                thread::sleep(Duration::from_millis(300));
+            }
+            drop(c);
+            left.wait();
+            return None;
+        }
+        if !blocked {
+            left.wait();
+        }
+        let start = Instant::now();
+        let r = c.all_reduce(&mut [0u8; 16], DType::F32, ReduceOp::Sum);
+        let took = start.elapsed();
+        if blocked {
+            left.wait();
+        }
+        // Later calls fail too (the communicator is broken).
+        assert!(c.barrier().is_err());
+        Some((r, took))
+    });
+    for (rank, r) in results.iter().enumerate().take(2) {
+        let (r, took) = r.as_ref().unwrap();
+        let e = r
+            .as_ref()
+            .expect_err("the all-reduce succeeded without rank 2");
+        let wait = if blocked {
+            // It began 300 ms before rank 2 left.
+            took.saturating_sub(Duration::from_millis(300))
+        } else {
+            *took
+        };
+        eprint!("rank {rank} ");
+        names_departure(e, wait, 2);
+    }
+}
+
+#[test]
+fn shm_a_rank_that_left_fails_the_next_collective_at_once() {
+    a_departure_fails_the_next_collective(Kind::Shm, false);
+}
+
+#[test]
+fn shm_a_rank_leaving_fails_a_collective_waiting_for_it_at_once() {
+    a_departure_fails_the_next_collective(Kind::Shm, true);
+}
+
+#[test]
+fn tcp_a_rank_that_left_fails_the_next_collective_at_once() {
+    a_departure_fails_the_next_collective(Kind::Tcp, false);
+}
+
+#[test]
+fn tcp_a_rank_leaving_fails_a_collective_waiting_for_it_at_once() {
+    a_departure_fails_the_next_collective(Kind::Tcp, true);
+}
+
+/// Rank 2 sends rank 0 one message and leaves: rank 0 still receives it
+/// (sent before it left), and its next receive from rank 2 fails at once;
+/// rank 1's send to rank 2 fails at once; ranks 0 and 1 go on between
+/// themselves (a departure fails only what involves the departed rank).
+fn a_departure_fails_point_to_point_with_it(kind: Kind) {
+    let left = Barrier::new(3);
+    let results = world(kind, 3, |rank, mut c| {
+        // Every rank has mapped every other's memory before one leaves.
+        c.barrier().unwrap();
+        if rank == 2 {
+            c.send(&7u64.to_ne_bytes(), 0).unwrap();
+            drop(c);
+            left.wait();
+            return Vec::new();
+        }
+        left.wait();
+        let mut errors = Vec::new();
+        if rank == 0 {
+            let mut got = [0u8; 8];
+            c.recv(&mut got, 2).unwrap();
+            assert_eq!(u64::from_ne_bytes(got), 7);
+            c.send(&[1u8; 8], 1).unwrap();
+            c.recv(&mut got, 1).unwrap();
+            let start = Instant::now();
+            let r = c.recv(&mut got, 2);
+            errors.push((r, start.elapsed()));
+        } else {
+            let mut got = [0u8; 8];
+            c.recv(&mut got, 0).unwrap();
+            c.send(&[2u8; 8], 0).unwrap();
+            // Over TCP the departure comes as a frame: let it be read.
+            thread::sleep(Duration::from_millis(100));
+            let start = Instant::now();
+            let r = c.send(&[0u8; 8], 2);
+            errors.push((r, start.elapsed()));
+        }
+        errors
+    });
+    for r in &results[..2] {
+        let (r, took) = &r[0];
+        names_departure(r.as_ref().unwrap_err(), *took, 2);
+    }
+}
+
+#[test]
+fn shm_a_rank_that_left_fails_sends_and_receives_with_it() {
+    a_departure_fails_point_to_point_with_it(Kind::Shm);
+}
+
+#[test]
+fn tcp_a_rank_that_left_fails_sends_and_receives_with_it() {
+    a_departure_fails_point_to_point_with_it(Kind::Tcp);
+}
+
+/// The normal end: three ranks make a pipelined all-reduce (4 MiB) and a
+/// small one, then drop their communicators as each finishes, without a
+/// barrier, the first at once: the departures leave the others' last call
+/// whole and error-free.
+fn ranks_leaving_after_their_last_call_is_clean(kind: Kind) {
+    world(kind, 3, |rank, mut c| {
+        let mut big = vec![0u8; 4 << 20];
+        c.all_reduce(&mut big, DType::F32, ReduceOp::Sum).unwrap();
+        let mut buf = 1i64.to_ne_bytes().to_vec();
+        if rank != 0 {
+            thread::sleep(Duration::from_millis(50 * rank as u64));
+        }
+        c.all_reduce(&mut buf, DType::I64, ReduceOp::Sum).unwrap();
+        assert_eq!(i64::from_ne_bytes(buf[..].try_into().unwrap()), 3);
+        let mut b = vec![rank as u8; 300 << 10];
+        c.broadcast(&mut b, 1).unwrap();
+        assert!(b.iter().all(|&x| x == 1));
+    });
+}
+
+#[test]
+fn shm_ranks_leaving_after_their_last_call_end_cleanly() {
+    ranks_leaving_after_their_last_call_is_clean(Kind::Shm);
+}
+
+#[test]
+fn tcp_ranks_leaving_after_their_last_call_end_cleanly() {
+    ranks_leaving_after_their_last_call_is_clean(Kind::Tcp);
+}
+
+/// Whole jobs of three ranks: rank 2 finishes the job (its exit barrier)
+/// while ranks 0 and 1 make another all-reduce. They fail at once naming
+/// rank 2, and then fail its exit barrier too as they leave (rank 2's
+/// finish used to wait out its timeout at the barrier, the others theirs
+/// in the all-reduce).
+#[test]
+fn a_rank_finishing_early_fails_the_others_next_collective_at_once() {
+    for transport in [TransportKind::Shm, TransportKind::Tcp] {
+        let port = free_port().unwrap();
+        let handles: Vec<_> = (0..3)
+            .map(|rank| {
+                thread::spawn(move || {
+                    let mut options = InitOptions::from_env().unwrap();
+                    options.transport = Some(transport);
+                    options.timeout = TIMEOUT;
+                    let info = RankInfo {
+                        local_rank: rank,
+                        local_world_size: 3,
+                        ..RankInfo::local(rank, 3, port)
+                    };
+                    let mut job = init_with(info, options).unwrap();
+                    job.barrier().unwrap();
+                    let start = Instant::now();
+                    if rank == 2 {
+                        let r = job.finish();
+                        return (r, start.elapsed());
+                    }
+                    thread::sleep(Duration::from_millis(100));
+                    let start = Instant::now();
+                    let r = job.all_reduce(&mut [0u8; 16], DType::F32, ReduceOp::Sum);
+                    let took = start.elapsed();
+                    drop(job);
+                    (r, took)
+                })
+            })
+            .collect();
+        let results: Vec<_> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+        for (r, took) in &results[..2] {
+            eprint!("{transport:?}: ");
+            names_departure(r.as_ref().unwrap_err(), *took, 2);
+        }
+        let (r, took) = &results[2];
+        let e = r
+            .as_ref()
+            .expect_err("rank 2's exit succeeded without the others");
+        eprintln!("{transport:?}: rank 2 after {took:?}: {e}");
+        assert!(
+            *took < PROMPT + Duration::from_millis(100),
+            "took {took:?}: {e}"
+        );
+        assert!(e.to_string().contains("it failed: "), "{e}");
+    }
+}
+
+/// Host reduce and broadcast (root 0) of three ranks where rank 1's buffer
+/// is twice the others': the rank that sees the mismatch (the reduce's
+/// root, the broadcast's rank 1) fails with `Mismatch`; every other rank
+/// fails the call or, at the latest, its next call at once, naming the
+/// mismatch (the announcement), never waiting out the timeout.
+fn a_rooted_mismatch_fails_every_rank(kind: Kind, reduce: bool) {
+    let results = world(kind, 3, |rank, mut c| {
+        // (A rank still in this barrier may hear of the failure already.)
+        let ready = c.barrier();
+        let mut buf = vec![0u8; if rank == 1 { 32 } else { 16 }];
+        let start = Instant::now();
+        let first = ready.and_then(|()| match reduce {
+            true => c.reduce(&mut buf, DType::F32, ReduceOp::Sum, 0),
+            false => c.broadcast(&mut buf, 0),
+        });
+        // The others stay a while, so that no one learns it from a
+        // departure.
+        thread::sleep(Duration::from_millis(300));
+        let next = c.barrier();
+        (first, next, start.elapsed())
+    });
+    let what = if reduce { "reduce" } else { "broadcast" };
+    for (rank, (first, next, took)) in results.iter().enumerate() {
+        eprintln!("{kind:?} {what}: rank {rank}: {first:?}; next call: {next:?}");
+        assert!(*took < PROMPT + Duration::from_millis(300), "took {took:?}");
+        let e = first
+            .as_ref()
+            .err()
+            .unwrap_or_else(|| next.as_ref().unwrap_err());
+        let text = e.to_string();
+        assert!(
+            text.contains(&format!("{what} of 32")) || text.contains(&format!("{what} of 8 x")),
+            "rank {rank}: {text}"
+        );
+    }
+    let mismatch = if reduce { 0 } else { 1 };
+    assert!(
+        matches!(results[mismatch].0, Err(CommError::Mismatch { .. })),
+        "{:?}",
+        results[mismatch].0
+    );
+}
+
+#[test]
+fn shm_a_rooted_mismatch_fails_every_rank_by_its_next_call() {
+    a_rooted_mismatch_fails_every_rank(Kind::Shm, true);
+    a_rooted_mismatch_fails_every_rank(Kind::Shm, false);
+}
+
+#[test]
+fn tcp_a_rooted_mismatch_fails_every_rank_by_its_next_call() {
+    a_rooted_mismatch_fails_every_rank(Kind::Tcp, true);
+    a_rooted_mismatch_fails_every_rank(Kind::Tcp, false);
+}

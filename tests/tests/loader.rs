@@ -421,8 +421,14 @@ fn a_library_that_turns_on_flush_to_zero_when_loaded_is_undone_and_named() {
     let change = take_change().expect("the load's change is recorded");
     let text = change.to_string();
     assert!(text.contains("loading"), "{text}");
-    assert!(text.contains("flush-to-zero (MXCSR.FZ) turned on"), "{text}");
-    assert!(text.contains("denormals-are-zero (MXCSR.DAZ) turned on"), "{text}");
+    assert!(
+        text.contains("flush-to-zero (MXCSR.FZ) turned on"),
+        "{text}"
+    );
+    assert!(
+        text.contains("denormals-are-zero (MXCSR.DAZ) turned on"),
+        "{text}"
+    );
     // The plugin works; its calls change nothing more.
     let t = device.zeros(DType::F32, &[4]).unwrap();
     device.exec().fill(&t, 1.5).unwrap();
@@ -445,7 +451,9 @@ fn an_operator_that_leaves_the_rounding_mode_changed_is_undone_and_named() {
         let change = take_change().expect("the call's change is recorded");
         assert_eq!(change.function, "fill");
         assert!(
-            change.what.contains("rounding mode changed from to nearest to upward")
+            change
+                .what
+                .contains("rounding mode changed from to nearest to upward")
                 || !cfg!(target_arch = "x86_64"),
             "{change}"
         );

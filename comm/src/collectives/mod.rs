@@ -29,6 +29,14 @@
 //! call, or starting one later, fails at once naming this rank and its
 //! error rather than waiting out its deadline (an error that was itself a
 //! peer's announcement is not announced again).
+//!
+//! A communicator dropped healthy leaves cleanly ([`Communicator::leave`]):
+//! it tells every peer how many collectives it made and how many messages
+//! it sent each and took from each. A peer's collective begun after the
+//! departed rank's last one, a wait for a message or credit it never sent,
+//! and a send to it fail at once naming it ("peer rank 2 is gone: it left
+//! (destroyed its communicator) before this call"), while calls its last
+//! messages satisfy go on: ranks that all finish do not notice.
 
 mod agree;
 mod channel;
@@ -85,6 +93,8 @@ pub struct Communicator {
     /// them first ([`Transport::writes_parts_in_place`]).
     in_place: bool,
     store: Option<Arc<dyn Store>>,
+    /// Whether it told its peers it left ([`Communicator::leave`]).
+    left: bool,
 }
 
 impl Drop for Communicator {
@@ -94,6 +104,9 @@ impl Drop for Communicator {
         if self.broken.is_none() && std::thread::panicking() {
             self.abort("its thread panicked");
         }
+        // A healthy communicator leaves cleanly: a peer that still waits
+        // for it fails at once instead of at its deadline.
+        self.leave();
     }
 }
 
@@ -149,6 +162,7 @@ impl Communicator {
             scratch: vec![0; HDR + channel::SMALL_WRITE],
             in_place,
             store: None,
+            left: false,
         })
     }
 
@@ -239,10 +253,30 @@ impl Communicator {
                 self.rank, self.world
             )));
         }
+        if self.left {
+            return Err(CommError::Usage(format!(
+                "rank {}: {kind}: communicator unusable: it left the job",
+                self.rank
+            )));
+        }
         self.op = kind;
         // A peer announced its failure: one load when none did.
         if let Some(e) = self.transport.peer_failure() {
             return Err(self.fail(e.restated(|r| r, |_| kind.to_string())));
+        }
+        // A peer left before this collective (every collective involves
+        // every rank): one load when none did.
+        if collective && self.transport.departures() > 0 {
+            let call = self.seq + 1;
+            let gone = (0..self.world)
+                .filter(|&p| p != self.rank)
+                .filter_map(|p| Some((p, self.transport.departed(p)?)))
+                .find(|&(_, calls)| calls < call);
+            if let Some((peer, calls)) = gone {
+                let detail = format!(" (its last collective was call #{calls}, this is #{call})");
+                let e = CommError::peer_left(self.rank, kind, peer, &detail);
+                return Err(self.fail(e));
+            }
         }
         // The clock starts at the operation's first wait that blocks (see
         // `channel.rs`): reading it costs as much as a tenth of a small
@@ -291,6 +325,48 @@ impl Communicator {
         let why = format!("rank {}: {why}", self.rank);
         self.transport.abort(&why);
         self.broken = Some(why);
+    }
+
+    /// Fails the current call if `peer` left ([`Transport::leave`]): a
+    /// send to it could never be received.
+    fn check_not_left(&mut self, peer: usize) -> Result<()> {
+        if self.transport.departures() == 0 || self.transport.departed(peer).is_none() {
+            return Ok(());
+        }
+        let e = CommError::peer_left(self.rank, self.op, peer, "");
+        Err(self.fail(e))
+    }
+
+    /// Tells every peer this communicator leaves cleanly and makes no more
+    /// calls ([`Transport::leave`]): how many collectives it made and how
+    /// many messages it sent each peer and took from it, so that a peer
+    /// still waiting for it fails at once naming this rank, while one
+    /// whose wait this rank's last messages satisfy goes on. Done when a
+    /// healthy communicator is dropped, and by a job as it begins its exit
+    /// barrier; nothing happens after an error (it was announced then) or a
+    /// second time. Later calls fail.
+    pub fn leave(&mut self) {
+        if self.left || self.broken.is_some() {
+            return;
+        }
+        self.left = true;
+        let me = self.rank;
+        let (sent, received, calls) = (&self.sent, &self.received, self.seq);
+        let note = |peer: usize| crate::transport::Departure {
+            calls,
+            finals: (0..CLASSES)
+                .flat_map(|class| {
+                    [
+                        (SignalId((class * 64 + me) as u32), sent[peer][class]),
+                        (
+                            SignalId((128 + class * 64 + me) as u32),
+                            received[peer][class],
+                        ),
+                    ]
+                })
+                .collect(),
+        };
+        self.transport.leave(&note);
     }
 
     fn usage(&self, message: String) -> CommError {

@@ -131,6 +131,7 @@ impl Communicator {
                 self.world - 1
             )));
         }
+        self.check_not_left(peer)?;
         let (seg, pieces) = Self::segments(buf.len(), None);
         (0..pieces).try_for_each(|p| self.put(1, peer, &h, &buf[piece(buf.len(), seg, p)]))
     }
@@ -283,6 +284,13 @@ impl Communicator {
                     },
                     self.world - 1
                 )));
+            }
+        }
+        for op in ops.iter() {
+            if let P2p::Send(_, peer) = op
+                && *peer != self.rank
+            {
+                self.check_not_left(*peer)?;
             }
         }
         if ops.iter().any(|op| op.peer() == self.rank) {

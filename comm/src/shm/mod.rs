@@ -24,15 +24,21 @@ use map::{Map, futex};
 
 use crate::error::{CommError, Result};
 use crate::store::Store;
-use crate::transport::{RegionId, SignalId, Transport};
+use crate::transport::{Departure, MAX_FINALS, RegionId, SignalId, Transport};
 
 /// Number of signal counters per rank.
 pub const SIGNALS: usize = 256;
 const SIG_STRIDE: usize = 64;
 const SIG_BASE: usize = 4096;
-const CTL_LEN: usize = SIG_BASE + SIGNALS * SIG_STRIDE;
+/// Where a departing rank's final counter values for its peers start
+/// ([`Transport::leave`]): [`MAX_FINALS`] words per peer (of the first
+/// [`FINAL_PEERS`]), each `(signal + 1) << 48 | value`, 0 when unused.
+const FINALS: usize = SIG_BASE + SIGNALS * SIG_STRIDE;
+const FINAL_PEERS: usize = 64;
+const CTL_LEN: usize = FINALS + FINAL_PEERS * MAX_FINALS * 8;
 // Control header words (u64 index): pid, closed flag, number of sleepers,
-// the abort flag, the notice a peer left, the abort reason.
+// the abort flag, the notice a peer failed, the abort reason's length, the
+// departure, the number of peers that left, the abort reason.
 const PID: usize = 0;
 /// Busy-wait iterations before `wait` starts yielding the CPU.
 const SPINS: usize = 256;
@@ -49,6 +55,12 @@ const PUBLISHED: u64 = 2;
 const NOTICE: usize = 4;
 /// The reason's length in bytes, then its bytes from word [`REASON`] on.
 const REASON_LEN: usize = 5;
+/// 0, or 1 + the number of collective calls this rank made, once it left
+/// cleanly and published its final counter values ([`Transport::leave`]).
+const LEFT_AT: usize = 6;
+/// How many peers left cleanly (each adds one after publishing): one load
+/// tells a waiter or a call beginning.
+const DEPARTED: usize = 7;
 const REASON: usize = 8;
 const _: () = assert!((REASON * 8 + crate::error::MAX_ABORT_REASON) <= SIG_BASE);
 
@@ -356,6 +368,48 @@ impl ShmTransport {
         String::from_utf8_lossy(&bytes).into_owned()
     }
 
+    /// A peer that left ([`Transport::leave`]) with `signal` of this rank
+    /// final below `value`: the wait can never end.
+    fn left_short(&self, signal: SignalId, value: u64) -> Option<usize> {
+        if self.ctl[self.rank].word(DEPARTED).load(Ordering::Acquire) == 0 {
+            return None;
+        }
+        (0..self.world)
+            .filter(|&p| p != self.rank)
+            .find(|&p| crate::transport::short_of(&self.finals(p), signal, value))
+    }
+
+    /// The final values `peer` published for this rank as it left (none
+    /// while it has not).
+    fn finals(&self, peer: usize) -> Vec<(SignalId, u64)> {
+        let ctl = &self.ctl[peer];
+        if ctl.word(LEFT_AT).load(Ordering::Acquire) == 0 || self.rank >= FINAL_PEERS {
+            return Vec::new();
+        }
+        (0..MAX_FINALS)
+            .map(|k| {
+                ctl.word(FINALS / 8 + self.rank * MAX_FINALS + k)
+                    .load(Ordering::Relaxed)
+            })
+            .filter(|&w| w != 0)
+            .map(|w| (SignalId(((w >> 48) - 1) as u32), w & ((1 << 48) - 1)))
+            .collect()
+    }
+
+    /// Wakes every sleeping waiter of `peer` (whichever counter it sleeps on).
+    fn wake_all(&self, peer: usize) {
+        if self.ctl[peer].word(WAITERS).load(Ordering::SeqCst) != 0 {
+            for s in 0..SIGNALS {
+                futex(
+                    self.signal(peer, SignalId(s as u32)),
+                    libc::FUTEX_WAKE,
+                    i32::MAX as u32,
+                    None,
+                );
+            }
+        }
+    }
+
     /// The peer whose announced failure reached this rank first, if any.
     fn noticed(&self) -> Option<usize> {
         let n = self.ctl[self.rank].word(NOTICE).load(Ordering::Acquire);
@@ -369,7 +423,7 @@ impl ShmTransport {
     /// peer closed (as TCP's goodbyes: a peer that left cleanly is not a
     /// failure while others may still raise the signal; collectives only
     /// wait on a departed peer's credits from its last call).
-    fn failure(&self) -> Option<(usize, String)> {
+    fn failure(&self, signal: SignalId, value: u64) -> Option<(usize, String)> {
         if let Some(peer) = self.noticed() {
             let why = format!("{}{}", crate::error::PEER_FAILED, self.reason(peer));
             return Some((peer, why));
@@ -381,6 +435,9 @@ impl ShmTransport {
             .find_map(|p| self.gone(p).map(|w| (p, w)))
         {
             return Some(lost);
+        }
+        if let Some(peer) = self.left_short(signal, value) {
+            return Some((peer, crate::error::PEER_LEFT.into()));
         }
         let mut closed = peers.clone().filter(|&p| self.closed(p));
         let first = closed.next()?;
@@ -522,16 +579,21 @@ impl Transport for ShmTransport {
         let start = Instant::now();
         let mut next_check = start;
         let notice = self.ctl[self.rank].word(NOTICE);
+        let departed = self.ctl[self.rank].word(DEPARTED);
+        let mut departures = departed.load(Ordering::Relaxed);
         loop {
             let seen = counter.load(Ordering::Acquire);
             if seen >= value {
                 return Ok(());
             }
             let now = Instant::now();
-            // A peer's announced failure is one load away: seen at once.
-            if now >= next_check || notice.load(Ordering::Relaxed) != 0 {
+            // A peer's announced failure or departure is one load away:
+            // seen at once.
+            let left = departed.load(Ordering::Relaxed);
+            if now >= next_check || notice.load(Ordering::Relaxed) != 0 || left != departures {
                 next_check = now + Duration::from_millis(100);
-                if let Some((peer, why)) = self.failure() {
+                departures = left;
+                if let Some((peer, why)) = self.failure(signal, value) {
                     if counter.load(Ordering::Acquire) >= value {
                         return Ok(());
                     }
@@ -603,18 +665,48 @@ impl Transport for ShmTransport {
             let _ = ctl
                 .word(NOTICE)
                 .compare_exchange(0, mark, Ordering::SeqCst, Ordering::SeqCst);
-            if ctl.word(WAITERS).load(Ordering::SeqCst) != 0 {
-                // Which counter it sleeps on is its own business: wake all.
-                for s in 0..SIGNALS {
-                    futex(
-                        self.signal(peer, SignalId(s as u32)),
-                        libc::FUTEX_WAKE,
-                        i32::MAX as u32,
-                        None,
-                    );
-                }
+            self.wake_all(peer);
+        }
+    }
+
+    /// Publishes the final counter values for every peer in this rank's
+    /// control segment, then counts the departure in every peer's segment
+    /// and wakes its sleeping waiters (the mapping outlives the files'
+    /// removal, so peers read it after this rank closed its transport).
+    fn leave(&self, note: &dyn Fn(usize) -> Departure) {
+        let own = &self.ctl[self.rank];
+        if own.word(LEFT_AT).load(Ordering::SeqCst) != 0 {
+            return;
+        }
+        // Peers past the table learn only that it left (they wait as before).
+        let calls = note(self.rank).calls;
+        for peer in (0..self.world.min(FINAL_PEERS)).filter(|&p| p != self.rank) {
+            let d = note(peer);
+            let finals = d
+                .finals
+                .iter()
+                .filter(|(s, v)| (s.0 as usize) < SIGNALS && *v < 1 << 48);
+            let mut words = finals.map(|&(s, v)| (u64::from(s.0) + 1) << 48 | v);
+            for k in 0..MAX_FINALS {
+                let w = words.next().unwrap_or(0);
+                own.word(FINALS / 8 + peer * MAX_FINALS + k)
+                    .store(w, Ordering::Relaxed);
             }
         }
+        own.word(LEFT_AT).store(calls + 1, Ordering::SeqCst);
+        for peer in (0..self.world).filter(|&p| p != self.rank) {
+            self.ctl[peer].word(DEPARTED).fetch_add(1, Ordering::SeqCst);
+            self.wake_all(peer);
+        }
+    }
+
+    fn departures(&self) -> usize {
+        self.ctl[self.rank].word(DEPARTED).load(Ordering::Acquire) as usize
+    }
+
+    fn departed(&self, peer: usize) -> Option<u64> {
+        let at = self.ctl.get(peer)?.word(LEFT_AT).load(Ordering::Acquire);
+        at.checked_sub(1)
     }
 
     fn peer_failure(&self) -> Option<CommError> {

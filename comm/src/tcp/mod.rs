@@ -19,7 +19,8 @@
 //! later `wait` and `write`; a send to a live peer that accepts nothing for
 //! the transport's timeout fails with `Timeout`.
 //!
-//! Shutdown: a dropped transport first sends a GOODBYE frame to every peer.
+//! Shutdown: a dropped transport first sends a GOODBYE frame to every peer
+//! (bounded as an ABORT frame is, below).
 //! A peer that said goodbye has left the job cleanly, which is not a
 //! failure: it can no longer receive, so later writes to it return `Ok` and
 //! are discarded (collectives only write to a departed peer when returning
@@ -33,8 +34,19 @@
 //! queued; whichever thread reads that connection (a waiter, a blocked
 //! sender, the progress thread) records it as the transport's failure,
 //! which wakes every waiter and fails it, and every later call, naming the
-//! rank and its reason. A peer that takes nothing for [`ABORT_STALL`] has
-//! its connection shut down instead (it then sees a lost peer).
+//! rank and its reason. The frames go to every peer at once (non-blocking
+//! sends, one deadline of [`ANNOUNCE_WITHIN`] for all of them): a peer
+//! whose connection has not taken its frame by then has it shut down
+//! instead (it then sees a lost peer), so a failing rank never waits more
+//! than that however many peers read nothing (it used to wait a second per
+//! such peer, one after another).
+//!
+//! Leaving: a communicator dropped healthy (or one whose job begins its
+//! exit) sends every peer a FINALS frame, the same way: its number of
+//! collective calls and the final values of the peer's counters it raises
+//! ([`Transport::leave`]). A peer's wait for more than a final value fails
+//! at once naming it, as does its next collective (see
+//! [`crate::collectives`]); waits its last writes satisfy go on.
 
 #[doc(hidden)]
 pub mod fuzzing;
@@ -66,8 +78,10 @@ const IDLE: Duration = Duration::from_millis(1);
 const BACKGROUND_POLL: Duration = Duration::from_millis(10);
 /// How long a waiter blocks in `poll` before re-checking its deadline.
 const POLL_SLICE: Duration = Duration::from_millis(50);
-/// How long an ABORT frame may wait for a peer to take bytes.
-const ABORT_STALL: Duration = Duration::from_secs(1);
+/// How long an announcement (an ABORT, FINALS or GOODBYE frame to every
+/// peer) may take in all: a peer whose connection has not taken its frame
+/// by then has the connection shut down instead.
+const ANNOUNCE_WITHIN: Duration = Duration::from_secs(1);
 
 /// The local address this machine sends from to reach `host:port` (the
 /// kernel's route; nothing is sent), or `None` when it has no route.
@@ -217,6 +231,111 @@ impl Inner {
         }
     }
 
+    /// Sends every peer for which `frame` gives one its frame, behind
+    /// what is queued for it, to all at once: non-blocking sends, reading
+    /// this rank's connections meanwhile (a peer blocked sending to this
+    /// rank reads nothing until it can), one deadline `within` for all. A
+    /// peer whose connection has not taken the whole frame by then, or
+    /// whose connection another thread holds that long, has it shut down
+    /// (a half-sent frame leaves the stream unusable; the peer sees a lost
+    /// peer). Returns how many were shut down.
+    fn announce(&self, frame: &dyn Fn(usize) -> Option<Vec<u8>>, within: Duration) -> usize {
+        struct Pending<'a> {
+            peer: usize,
+            guard: Option<MutexGuard<'a, Outbox>>,
+            bytes: Vec<u8>,
+            frame: Vec<u8>,
+            at: usize,
+        }
+        let deadline = Instant::now() + within;
+        let mut pending: Vec<Pending<'_>> = (0..self.outboxes.len())
+            .filter(|&p| self.outboxes[p].is_some())
+            .filter_map(|peer| {
+                Some(Pending {
+                    peer,
+                    guard: None,
+                    bytes: Vec::new(),
+                    frame: frame(peer)?,
+                    at: 0,
+                })
+            })
+            .collect();
+        let mut fds: Vec<libc::pollfd> = Vec::new();
+        loop {
+            for p in pending.iter_mut() {
+                if p.guard.is_none() {
+                    let Some(out) = self.outboxes[p.peer].as_ref() else {
+                        continue;
+                    };
+                    let mut guard = match out.try_lock() {
+                        Ok(guard) => guard,
+                        Err(TryLockError::Poisoned(e)) => e.into_inner(),
+                        Err(TryLockError::WouldBlock) => continue,
+                    };
+                    p.bytes = std::mem::take(&mut guard.queue);
+                    p.bytes.extend_from_slice(&p.frame);
+                    p.guard = Some(guard);
+                }
+                let Some(guard) = &p.guard else { continue };
+                while p.at < p.bytes.len() {
+                    let rest = &p.bytes[p.at..];
+                    // SAFETY: `rest` is readable memory of `rest.len()`
+                    // bytes; the fd is an open socket the transport owns.
+                    let n = unsafe {
+                        libc::send(
+                            guard.fd,
+                            rest.as_ptr().cast(),
+                            rest.len(),
+                            libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+                        )
+                    };
+                    if n > 0 {
+                        p.at += n as usize;
+                        continue;
+                    }
+                    let e = std::io::Error::last_os_error();
+                    match e.kind() {
+                        std::io::ErrorKind::Interrupted => continue,
+                        std::io::ErrorKind::WouldBlock => break,
+                        // A broken connection tells the peer itself.
+                        _ => p.at = p.bytes.len(),
+                    }
+                }
+            }
+            pending.retain(|p| p.at < p.bytes.len() || p.guard.is_none());
+            if pending.is_empty() {
+                return 0;
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                for p in &pending {
+                    if let Some(stream) = &self.streams[p.peer] {
+                        // SAFETY: plain syscall on a socket the transport owns.
+                        unsafe { libc::shutdown(stream.as_raw_fd(), libc::SHUT_RDWR) };
+                    }
+                }
+                return pending.len();
+            }
+            if let Some(mut inbox) = self.inbox() {
+                inbox.drain_all(&self.shared);
+            }
+            fds.clear();
+            fds.extend(pending.iter().filter_map(|p| {
+                Some(libc::pollfd {
+                    fd: p.guard.as_ref()?.fd,
+                    events: libc::POLLOUT,
+                    revents: 0,
+                })
+            }));
+            let nap = (deadline - now).min(Duration::from_millis(2));
+            if fds.is_empty() {
+                std::thread::sleep(nap);
+            } else {
+                recv::poll_fds(&mut fds, nap);
+            }
+        }
+    }
+
     /// After a failed send to `peer`: reads its connection (briefly) to
     /// tell a goodbye (the peer shut its socket after leaving) from a loss,
     /// and returns whether the peer left cleanly.
@@ -246,6 +365,7 @@ impl Inner {
     /// case it sleeps until that thread raises a signal or lets go.
     fn drive(
         &self,
+        signal: SignalId,
         counter: &AtomicU64,
         value: u64,
         deadline: Instant,
@@ -260,6 +380,14 @@ impl Inner {
             }
             if let Err(e) = shared.check("wait") {
                 // Bytes that arrived before the loss still count.
+                return match counter.load(Ordering::SeqCst) >= value {
+                    true => Ok(()),
+                    false => Err(e),
+                };
+            }
+            // A peer's communicator left without raising it that far (its
+            // earlier frames are all applied).
+            if let Some(e) = shared.left_short(signal, value) {
                 return match counter.load(Ordering::SeqCst) >= value {
                     true => Ok(()),
                     false => Err(e),
@@ -555,7 +683,9 @@ impl Transport for TcpTransport {
         }
         let start = Instant::now();
         shared.enter();
-        let result = self.inner.drive(counter, value, deadline, self.spin);
+        let result = self
+            .inner
+            .drive(signal, counter, value, deadline, self.spin);
         shared.leave();
         result.map_err(|e| match e {
             CommError::Timeout { rank, op, .. } => CommError::Timeout {
@@ -603,25 +733,44 @@ impl Transport for TcpTransport {
             return;
         }
         let why = crate::error::abort_reason(why).as_bytes();
-        let header = recv::Header::abort(why.len());
-        for peer in 0..inner.outboxes.len() {
-            if shared.has_left(peer) || shared.is_gone(peer) {
-                continue;
-            }
-            let Some(mut out) = inner.outbox(peer) else {
-                continue;
-            };
-            // Behind the writes already queued, so the peer reads the
-            // frames before it in order.
-            let parts: [&[u8]; 3] = [&out.queue, &header, why];
-            let sent = send::send_all_within(inner, out.fd, &parts, ABORT_STALL);
-            out.queue.clear();
-            if sent.is_err() {
-                // It reads nothing: a closed connection tells it instead.
-                // SAFETY: plain syscall on a socket the transport owns.
-                unsafe { libc::shutdown(out.fd, libc::SHUT_RDWR) };
-            }
+        let mut frame = recv::Header::abort(why.len()).to_vec();
+        frame.extend_from_slice(why);
+        // Behind the writes already queued, so the peer reads the frames
+        // before it in order; a peer that takes nothing in time sees its
+        // connection closed instead.
+        let frame =
+            |peer: usize| (!shared.has_left(peer) && !shared.is_gone(peer)).then(|| frame.clone());
+        let stuck = inner.announce(&frame, ANNOUNCE_WITHIN);
+        if stuck > 0 {
+            log::debug!(
+                "tcp rank {}: {stuck} peer(s) took no failure notice in time: connections closed",
+                shared.rank
+            );
         }
+    }
+
+    fn leave(&self, note: &dyn Fn(usize) -> crate::transport::Departure) {
+        let inner = &*self.inner;
+        let shared = &inner.shared;
+        if shared.leaving.swap(true, Ordering::SeqCst) || shared.aborted.load(Ordering::SeqCst) {
+            return;
+        }
+        let frame = |peer: usize| {
+            if shared.has_left(peer) || shared.is_gone(peer) {
+                return None;
+            }
+            let d = note(peer);
+            Some(recv::Header::finals(d.calls, &d.finals))
+        };
+        inner.announce(&frame, ANNOUNCE_WITHIN);
+    }
+
+    fn departures(&self) -> usize {
+        self.inner.shared.leavers()
+    }
+
+    fn departed(&self, peer: usize) -> Option<u64> {
+        self.inner.shared.departed(peer)
     }
 
     fn peer_failure(&self) -> Option<CommError> {
@@ -629,6 +778,11 @@ impl Transport for TcpTransport {
     }
 
     fn peer_lost(&self) -> Option<CommError> {
+        // What has arrived first: a caller that found the store gone asks
+        // why, and the ABORT frame sent before may still be unread.
+        if let Some(mut inbox) = self.inner.inbox() {
+            inbox.drain_all(&self.inner.shared);
+        }
         self.inner.shared.check("wait").err()
     }
 }
@@ -640,18 +794,129 @@ impl Drop for TcpTransport {
         if let Some(handle) = self.progress.take() {
             let _ = handle.join();
         }
-        for peer in 0..inner.outboxes.len() {
-            let Some(mut out) = inner.outbox(peer) else {
-                continue;
+        if self.goodbye {
+            // Best effort, bounded: a peer that is already gone needs no
+            // goodbye.
+            let shared = &inner.shared;
+            let frame = |peer: usize| {
+                (!shared.has_left(peer) && !shared.is_gone(peer))
+                    .then(|| recv::Header::goodbye().to_vec())
             };
-            if self.goodbye && !inner.shared.has_left(peer) {
-                // Best effort: a peer that is already gone needs no goodbye.
-                let _ = send::send_all(inner, out.fd, &[&out.queue, &recv::Header::goodbye()]);
+            inner.announce(&frame, ANNOUNCE_WITHIN);
+        }
+        for peer in 0..inner.outboxes.len() {
+            if let Some(mut out) = inner.outbox(peer) {
+                out.queue.clear();
             }
-            out.queue.clear();
             if let Some(stream) = &inner.streams[peer] {
                 let _ = stream.shutdown(Shutdown::Both);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::MemoryStore;
+
+    /// Fills `t`'s connection to `peer` (which reads nothing) until it
+    /// takes no more without blocking: writes to a region the peer never
+    /// registered, so its reader stops at the first one.
+    fn stuff(t: &TcpTransport, peer: usize) -> usize {
+        let out = t.inner.outbox(peer).expect("a connection");
+        let mut frame = recv::Header {
+            region: 0,
+            signal: 0,
+            offset: 0,
+            len: 1 << 20,
+        }
+        .encode()
+        .to_vec();
+        frame.resize(1 << 20, 0);
+        let mut sent = 0;
+        loop {
+            // SAFETY: `frame` is readable for its length; the fd is an open
+            // socket of the transport.
+            let n = unsafe {
+                libc::send(
+                    out.fd,
+                    frame.as_ptr().cast(),
+                    frame.len(),
+                    libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+                )
+            };
+            if n <= 0 {
+                return sent;
+            }
+            sent += n as usize;
+        }
+    }
+
+    /// Rank 0 announces its failure while `STUCK` peers read nothing (their
+    /// connections full) and the last peer reads: the announcement takes
+    /// about a second in all, not a second per stuck peer (it took
+    /// `STUCK` seconds, peer after peer), and the reading peer learns of
+    /// the failure at once, not after the stuck ones.
+    #[test]
+    fn an_announcement_is_bounded_however_many_peers_read_nothing() {
+        const STUCK: usize = 6;
+        let world = STUCK + 2;
+        let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+        let timeout = Duration::from_secs(60);
+        let options = TcpOptions {
+            socket_buffer: Some(256 << 10),
+            ..TcpOptions::default()
+        };
+        let ts: Vec<Arc<TcpTransport>> = std::thread::scope(|s| {
+            let hs: Vec<_> = (0..world)
+                .map(|r| {
+                    let (store, options) = (store.clone(), options.clone());
+                    s.spawn(move || {
+                        TcpTransport::with_options(store, r, world, timeout, options).unwrap()
+                    })
+                })
+                .collect();
+            hs.into_iter()
+                .map(|h| Arc::new(h.join().unwrap()))
+                .collect()
+        });
+        ts[0].register(1 << 20).unwrap();
+        // Until the peers' readers have stopped (each reads ahead a while).
+        let mut quiet = 0;
+        while quiet < 3 {
+            let sent: usize = (1..=STUCK).map(|peer| stuff(&ts[0], peer)).sum();
+            quiet = if sent == 0 { quiet + 1 } else { 0 };
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let reader = ts[world - 1].clone();
+        let start = Instant::now();
+        let heard = std::thread::spawn(move || {
+            let e = reader
+                .wait(SignalId(7), 1, Instant::now() + Duration::from_secs(30))
+                .unwrap_err();
+            (e, start.elapsed())
+        });
+        ts[0].abort("rank 0: it gave up");
+        let took = start.elapsed();
+        let (e, heard_after) = heard.join().unwrap();
+        eprintln!("announced in {took:?}; the reading peer heard after {heard_after:?}: {e}");
+        assert!(
+            e.to_string().contains("it failed: rank 0: it gave up"),
+            "{e}"
+        );
+        // About 1 s; it took STUCK (6) s. Generous: the machine is loaded.
+        assert!(
+            took < Duration::from_secs(3),
+            "the announcement took {took:?}"
+        );
+        assert!(took >= ANNOUNCE_WITHIN / 2, "no peer was stuck: {took:?}");
+        assert!(
+            heard_after < Duration::from_millis(900),
+            "the reading peer heard after {heard_after:?}"
+        );
+        let start = Instant::now();
+        drop(ts);
+        eprintln!("dropped in {:?}", start.elapsed());
     }
 }

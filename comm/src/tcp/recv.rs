@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use super::state::{MAX_SIGNALS, Shared};
 use crate::error::MAX_ABORT_REASON;
-use crate::transport::{RegionId, SignalId};
+use crate::transport::{MAX_FINALS, RegionId, SignalId};
 
 const MAGIC: u32 = 0x5043_5457; // "PCTW"
 /// The magic of the GOODBYE frame a transport sends every peer when it is
@@ -24,6 +24,12 @@ const GOODBYE_MAGIC: u32 = 0x5043_5447; // "PCTG"
 /// communicator fails: the header's last word is the length of the reason
 /// (UTF-8, at most [`MAX_ABORT_REASON`] bytes) that follows, the rest zero.
 const ABORT_MAGIC: u32 = 0x5043_5441; // "PCTA"
+/// The magic of the FINALS frame a transport sends every peer when its
+/// communicator leaves cleanly ([`crate::transport::Transport::leave`]):
+/// bytes 8..16 hold its number of collective calls, the last word the
+/// number of (signal, final value) pairs that follow (16 bytes each, at
+/// most [`MAX_FINALS`]), the rest zero.
+const FINALS_MAGIC: u32 = 0x5043_5446; // "PCTF"
 pub(crate) const HEADER_LEN: usize = 32;
 /// Size of each peer's read-ahead buffer.
 const READ_BUFFER: usize = 64 << 10;
@@ -67,6 +73,22 @@ impl Header {
         b
     }
 
+    /// The FINALS frame (header and pairs) of a rank that made `calls`
+    /// collective calls and leaves `finals` (at most [`MAX_FINALS`] are
+    /// sent).
+    pub fn finals(calls: u64, finals: &[(SignalId, u64)]) -> Vec<u8> {
+        let finals = &finals[..finals.len().min(MAX_FINALS)];
+        let mut b = vec![0u8; HEADER_LEN];
+        b[0..4].copy_from_slice(&FINALS_MAGIC.to_le_bytes());
+        b[8..16].copy_from_slice(&calls.to_le_bytes());
+        b[24..32].copy_from_slice(&(finals.len() as u64).to_le_bytes());
+        for (signal, value) in finals {
+            b.extend_from_slice(&u64::from(signal.0).to_le_bytes());
+            b.extend_from_slice(&value.to_le_bytes());
+        }
+        b
+    }
+
     /// The frame a header starts.
     fn decode(b: &[u8]) -> Result<Frame, String> {
         let b: &[u8; HEADER_LEN] = b.try_into().map_err(|_| "short header".to_string())?;
@@ -88,6 +110,18 @@ impl Header {
             }
             return Ok(Frame::Abort { len: len as usize });
         }
+        if word(0) == FINALS_MAGIC && b[4..8].iter().chain(&b[16..24]).all(|&x| x == 0) {
+            let pairs = long(24);
+            if pairs > MAX_FINALS as u64 {
+                return Err(format!(
+                    "a departure with {pairs} final counters, more than {MAX_FINALS}"
+                ));
+            }
+            return Ok(Frame::Finals {
+                calls: long(8),
+                pairs: pairs as usize,
+            });
+        }
         if word(0) != MAGIC {
             return Err(format!("bad frame magic {:#x}", word(0)));
         }
@@ -108,6 +142,12 @@ enum Frame {
     /// The peer's communicator failed; `len` bytes of reason follow.
     Abort {
         len: usize,
+    },
+    /// The peer's communicator left after `calls` collective calls;
+    /// `pairs` (signal, final value) pairs of 16 bytes follow.
+    Finals {
+        calls: u64,
+        pairs: usize,
     },
 }
 
@@ -394,30 +434,51 @@ impl PeerIn {
                 }
             }
             let raw = &self.buf[self.start..self.start + HEADER_LEN];
-            let header = match Header::decode(raw) {
+            let frame = Header::decode(raw);
+            // A frame with a payload read through the read-ahead buffer
+            // (which always has room for it, see `fill`): its length.
+            let extra = match frame {
+                Ok(Frame::Abort { len }) => len,
+                Ok(Frame::Finals { pairs, .. }) => pairs * 16,
+                _ => 0,
+            };
+            if extra > 0 && self.end - self.start < HEADER_LEN + extra {
+                match self.fill() {
+                    Got::Bytes(_) => progress.read = true,
+                    Got::Empty => return progress,
+                    Got::Eof => self.ended(shared, peer, "connection closed".into()),
+                    Got::Failed(e) => {
+                        self.ended(shared, peer, format!("receive failed: {e}"));
+                    }
+                }
+                if !self.open {
+                    return progress;
+                }
+                continue;
+            }
+            let header = match frame {
                 Ok(Frame::Write(h)) => h,
+                Ok(Frame::Finals { calls, pairs }) => {
+                    let at = self.start + HEADER_LEN;
+                    let long = |i: usize| {
+                        u64::from_le_bytes(self.buf[i..i + 8].try_into().expect("8 bytes"))
+                    };
+                    let finals: Vec<(SignalId, u64)> = (0..pairs)
+                        .filter_map(|k| {
+                            let signal = u32::try_from(long(at + 16 * k)).ok()?;
+                            Some((SignalId(signal), long(at + 16 * k + 8)))
+                        })
+                        .collect();
+                    self.start = at + pairs * 16;
+                    shared.peer_departing(peer, calls, finals);
+                    continue;
+                }
                 Ok(Frame::Goodbye) => {
                     self.start += HEADER_LEN;
                     shared.peer_left(peer);
                     continue;
                 }
                 Ok(Frame::Abort { len }) => {
-                    // The reason comes through the read-ahead buffer, which
-                    // always has room for it (see `fill`).
-                    if self.end - self.start < HEADER_LEN + len {
-                        match self.fill() {
-                            Got::Bytes(_) => progress.read = true,
-                            Got::Empty => return progress,
-                            Got::Eof => self.ended(shared, peer, "connection closed".into()),
-                            Got::Failed(e) => {
-                                self.ended(shared, peer, format!("receive failed: {e}"));
-                            }
-                        }
-                        if !self.open {
-                            return progress;
-                        }
-                        continue;
-                    }
                     let at = self.start + HEADER_LEN;
                     let why = String::from_utf8_lossy(&self.buf[at..at + len]).into_owned();
                     self.start = at + len;

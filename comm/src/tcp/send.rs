@@ -36,15 +36,8 @@ pub(crate) fn send_all(inner: &Inner, fd: RawFd, parts: &[&[u8]]) -> io::Result<
     send_all_within(inner, fd, parts, inner.shared.timeout)
 }
 
-/// [`send_all`], failing once the peer accepted nothing for `stall` (an
-/// ABORT frame does not wait the transport's timeout for a peer that
-/// reads nothing).
-pub(crate) fn send_all_within(
-    inner: &Inner,
-    fd: RawFd,
-    parts: &[&[u8]],
-    stall: Duration,
-) -> io::Result<()> {
+/// [`send_all`], failing once the peer accepted nothing for `stall`.
+fn send_all_within(inner: &Inner, fd: RawFd, parts: &[&[u8]], stall: Duration) -> io::Result<()> {
     let mut storage: Vec<IoSlice<'_>> = parts
         .iter()
         .filter(|p| !p.is_empty())
