@@ -238,6 +238,11 @@ bugs! {
     attention_backward_key_tile_edge: "attention-backward-key-tile-edge" on "attention_backward" in "" => "realistic [1, 1, 300, 128] causal";
     // Special cases of attention: fewer queries than keys, grouped heads.
     attention_causal_top_left: "attention-causal-top-left" on "attention" in "" => "causal seq_q 8 < seq_kv 16";
+    // What a call leaves behind: its thread's floating-point environment
+    // (x86-64 only, where the planted bug changes it), a workspace per call.
+    #[cfg(target_arch = "x86_64")]
+    scale_leaves_ftz_on: "scale-leaves-ftz-on" on "scale" in "f32" => "flush-to-zero (MXCSR.FZ) turned on";
+    rms_norm_leaks_workspace: "rms-norm-leaks-workspace" on "rms_norm" in "f32" => "memory keeps growing with every call";
     attention_gqa_heads_interleaved: "attention-gqa-heads-interleaved" on "attention" in "" => "gqa 4/2";
     rope_backward_head_dim_64_pairs: "rope-backward-head-dim-64-pairs" on "rope_backward" in "" => "realistic [1, 256, 4, 128] half-split";
     rms_norm_backward_row_over_4096: "rms-norm-backward-row-over-4096" on "rms_norm_backward" in "" => "realistic [16, 8192]";

@@ -7,7 +7,9 @@
 //! One case per (operator, dtype), the one also called from several
 //! threads at once, is uploaded once and called in two timed phases after
 //! a warm-up; the process's resident memory and thread count are read from
-//! `/proc/self/status` around each phase. Growth counts only when both
+//! `/proc/self/status` around each phase, with the bytes in use from
+//! `malloc` (glibc's `mallinfo2`: a leak grows them even while the
+//! allocator reuses pages it kept, which resident memory misses). Growth counts only when both
 //! phases grow past the bound (a cache filled once, an allocator's arena or
 //! a pool's threads started late grow in one phase, not in both). A leak
 //! of device memory that is not host memory shows only when the plugin's
@@ -28,20 +30,26 @@ const MAX_CALLS: usize = 64;
 const FLOOR: u64 = 512 << 10;
 const PER_CALL: u64 = 16 << 10;
 
-/// Resident bytes and threads of this process, when `/proc` tells.
-fn usage() -> Option<(u64, u64)> {
+/// Resident bytes, threads, and bytes in use from `malloc` (0 where the C
+/// library does not tell) of this process, when `/proc` tells.
+fn usage() -> Option<(u64, u64, u64)> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
     let field = |name: &str| -> Option<u64> {
         let line = status.lines().find(|l| l.starts_with(name))?;
         line[name.len()..].split_whitespace().next()?.parse().ok()
     };
-    Some((field("VmRSS:")? * 1024, field("Threads:")?))
+    let heap = polychip_host::ffi::heap::heap_in_use().unwrap_or(0);
+    Some((field("VmRSS:")? * 1024, field("Threads:")?, heap))
 }
+
+/// What one phase measured: calls made, and the growth of resident
+/// memory, threads and `malloc`ed bytes.
+type Phase = (u64, i64, i64, i64);
 
 /// One phase: calls until [`PHASE`] has passed (within the call bounds);
 /// the calls made and the growth of memory and threads.
-fn phase(call: &mut impl FnMut() -> Result<(), String>) -> Result<(u64, i64, i64), String> {
-    let (rss, threads) = usage().ok_or("no /proc")?;
+fn phase(call: &mut impl FnMut() -> Result<(), String>) -> Result<Phase, String> {
+    let (rss, threads, heap) = usage().ok_or("no /proc")?;
     let started = Instant::now();
     let mut calls = 0u64;
     while (calls as usize) < MAX_CALLS
@@ -50,11 +58,13 @@ fn phase(call: &mut impl FnMut() -> Result<(), String>) -> Result<(u64, i64, i64
         call()?;
         calls += 1;
     }
-    let (rss2, threads2) = usage().ok_or("no /proc")?;
+    let (rss2, threads2, heap2) = usage().ok_or("no /proc")?;
+    let grown = |a: u64, b: u64| b as i64 - a as i64;
     Ok((
         calls,
-        rss2 as i64 - rss as i64,
-        threads2 as i64 - threads as i64,
+        grown(rss, rss2),
+        grown(threads, threads2),
+        grown(heap, heap2),
     ))
 }
 
@@ -71,12 +81,13 @@ pub fn growth(mut call: impl FnMut() -> Result<(), String>) -> Option<String> {
     judge(first, second)
 }
 
-/// The verdict on two phases' `(calls, memory growth, thread growth)`.
-fn judge(first: (u64, i64, i64), second: (u64, i64, i64)) -> Option<String> {
-    let leaks_memory =
-        |(calls, rss, _): (u64, i64, i64)| rss > 0 && rss as u64 >= FLOOR.max(PER_CALL * calls);
-    let leaks_threads =
-        |(calls, _, threads): (u64, i64, i64)| threads > 0 && threads as u64 * 2 >= calls;
+/// The verdict on two phases.
+fn judge(first: Phase, second: Phase) -> Option<String> {
+    let over = |calls: u64, bytes: i64| bytes > 0 && bytes as u64 >= FLOOR.max(PER_CALL * calls);
+    // Resident memory, or memory from malloc (which grows where resident
+    // memory does not while the allocator reuses pages it kept).
+    let leaks_memory = |(calls, rss, _, heap): Phase| over(calls, rss) || over(calls, heap);
+    let leaks_threads = |(calls, _, threads, _): Phase| threads > 0 && threads as u64 * 2 >= calls;
     let calls = first.0 + second.0;
     if leaks_threads(first) && leaks_threads(second) {
         return Some(format!(
@@ -86,11 +97,11 @@ fn judge(first: (u64, i64, i64), second: (u64, i64, i64)) -> Option<String> {
         ));
     }
     if leaks_memory(first) && leaks_memory(second) {
-        let grown = (first.1 + second.1) as u64;
+        let grown = (first.1.max(first.3) + second.1.max(second.3)) as u64;
         return Some(format!(
-            "memory keeps growing with every call: the process's resident memory grew by {} KiB \
-             over {calls} calls of this case ({} KiB a call, in both of two phases), a workspace \
-             or buffer allocated per call and never freed",
+            "memory keeps growing with every call: the process's memory (resident, or in use \
+             from malloc) grew by {} KiB over {calls} calls of this case ({} KiB a call, in both \
+             of two phases), a workspace or buffer allocated per call and never freed",
             grown >> 10,
             (grown / calls) >> 10
         ));
@@ -104,20 +115,23 @@ mod tests {
 
     #[test]
     fn growth_in_both_phases_is_a_leak_and_in_one_is_not() {
-        assert_eq!(judge((32, 0, 0), (32, 4096, 0)), None);
+        assert_eq!(judge((32, 0, 0, 0), (32, 4096, 0, 0)), None);
         // A cache filled once: one phase grows.
-        assert_eq!(judge((32, 8 << 20, 0), (32, 0, 0)), None);
-        let leak = judge((32, 2 << 20, 0), (32, 2 << 20, 0)).unwrap();
+        assert_eq!(judge((32, 8 << 20, 0, 8 << 20), (32, 0, 0, 0)), None);
+        let leak = judge((32, 2 << 20, 0, 0), (32, 2 << 20, 0, 0)).unwrap();
         assert!(leak.contains("64 KiB a call"), "{leak}");
+        // Memory from malloc grows while resident memory does not.
+        let reused = judge((32, 0, 0, 2 << 20), (32, 0, 0, 2 << 20)).unwrap();
+        assert!(reused.contains("64 KiB a call"), "{reused}");
         // Under the per-call bound: 4 KiB a call over 64 calls.
-        assert_eq!(judge((64, 256 << 10, 0), (64, 256 << 10, 0)), None);
-        let threads = judge((8, 0, 8), (8, 0, 8)).unwrap();
+        assert_eq!(judge((64, 256 << 10, 0, 0), (64, 256 << 10, 0, 0)), None);
+        let threads = judge((8, 0, 8, 0), (8, 0, 8, 0)).unwrap();
         assert!(
             threads.contains("16 more threads after 16 calls"),
             "{threads}"
         );
         // A pool that started its threads late.
-        assert_eq!(judge((8, 0, 4), (8, 0, 0)), None);
+        assert_eq!(judge((8, 0, 4, 0), (8, 0, 0, 0)), None);
     }
 
     #[test]

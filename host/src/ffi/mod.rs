@@ -4,6 +4,7 @@
 
 pub(crate) mod errors;
 pub mod fpenv;
+pub mod heap;
 mod load;
 mod plugin;
 

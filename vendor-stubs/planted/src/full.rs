@@ -495,6 +495,9 @@ pub mod ops {
             if is(Bug::RmsNormDropsVectorTail) && paths::rms_norm_vector_tail(i, w, o, r, eps) {
                 return done();
             }
+            if is(Bug::RmsNormLeaksWorkspace) {
+                paths::leak_workspace(i.shape.iter().map(|&d| d.max(0) as usize).product());
+            }
             kernels::rms_norm(i, w, o, r, eps)
         })
     }
@@ -727,6 +730,9 @@ pub mod ops {
             if is(Bug::ScaleAlphaZeroMemset) && alpha == 0.0 {
                 paths::scale_zero_memset(t);
                 return done();
+            }
+            if is(Bug::ScaleLeavesFtzOn) {
+                paths::leave_ftz_on();
             }
             kernels::scale(t, alpha)
         })

@@ -156,6 +156,8 @@ pub enum Bug {
     SoftmaxOnlineNegInfPrefix,
     MatmulHalfRoundsBeforeAlpha,
     CrossEntropyOddLastRowCounted,
+    ScaleLeavesFtzOn,
+    RmsNormLeaksWorkspace,
     StreamWaitEventIgnored,
     EventRecordCompletesAtOnce,
     EventSynchronizeReturnsAtOnce,
@@ -492,6 +494,13 @@ catalog! {
     CrossEntropyOddLastRowCounted "cross-entropy-odd-last-row-counted" "cross_entropy" Path:
         "rows are taken in pairs and an odd last row on a scalar path without the ignore test: an ignored last row is counted in the mean's denominator"
         => "an odd number of rows whose last is ignored";
+    // Stop 44: what a call leaves behind on its thread and in the process.
+    ScaleLeavesFtzOn "scale-leaves-ftz-on" "scale" State:
+        "scale turns on flush-to-zero and denormals-are-zero for speed and returns without restoring them: every later floating-point operation of the calling thread flushes subnormals (ABI rule 12)"
+        => "the calling thread's floating-point environment after the call";
+    RmsNormLeaksWorkspace "rms-norm-leaks-workspace" "rms_norm" State:
+        "rms_norm allocates a workspace per call (a copy of the input in f64) and never frees it: right on every call, out of memory after enough steps"
+        => "the same call made again and again on one upload";
     // Streams: in full mode `copy` and `fill` run on their stream's worker
     // thread (`crate::streams`), the other operators on the calling thread
     // once their stream's earlier work is done. The first two show at every

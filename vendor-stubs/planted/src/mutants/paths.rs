@@ -527,6 +527,29 @@ pub unsafe fn adamw_step_i16(
     }
 }
 
+/// `scale-leaves-ftz-on`: flush-to-zero and denormals-are-zero turned on
+/// on the calling thread and left so (x86-64; elsewhere nothing changes).
+pub fn leave_ftz_on() {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let mut mxcsr: u32 = 0;
+        // SAFETY: stmxcsr and ldmxcsr of the register's own value with its
+        // FZ (bit 15) and DAZ (bit 6) bits set: no reserved bit.
+        unsafe {
+            std::arch::asm!("stmxcsr [{}]", in(reg) &raw mut mxcsr, options(nostack, preserves_flags));
+            mxcsr |= (1 << 15) | (1 << 6);
+            std::arch::asm!("ldmxcsr [{}]", in(reg) &raw const mxcsr, options(nostack, preserves_flags));
+        }
+    }
+}
+
+/// `rms-norm-leaks-workspace`: a workspace of the input's bytes in f64,
+/// written (so resident) and never freed.
+pub fn leak_workspace(elements: usize) {
+    let workspace = vec![1.0f64; elements.max(1)];
+    std::mem::forget(workspace);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
