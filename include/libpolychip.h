@@ -1281,6 +1281,64 @@ struct polychip_error_t *polychip_op_scale(const struct polychip_stream_t *strea
                                            const struct polychip_tensor_t *tensor,
                                            double alpha);
 
+// `gelu_erf`: GELU, exact (erf) form. On f32, f16 or bf16. Since 1.2.
+//
+// The arguments are those of `PolychipUnaryArgs` (include/polychip.h).
+// `stream` NULL runs on the default stream of the first tensor's
+// device, and the call returns when the work is done.
+//
+// Thread safety: any thread; calls on one stream must not run concurrently.
+struct polychip_error_t *polychip_op_gelu_erf(const struct polychip_stream_t *stream,
+                                              const struct polychip_tensor_t *input,
+                                              const struct polychip_tensor_t *out);
+
+// `gelu_erf_backward`: Backward of `gelu_erf`. On f32, f16 or bf16. Since 1.2.
+//
+// The arguments are those of `PolychipActivationBackwardArgs` (include/polychip.h).
+// `stream` NULL runs on the default stream of the first tensor's
+// device, and the call returns when the work is done.
+//
+// Thread safety: any thread; calls on one stream must not run concurrently.
+struct polychip_error_t *polychip_op_gelu_erf_backward(const struct polychip_stream_t *stream,
+                                                       const struct polychip_tensor_t *grad_out,
+                                                       const struct polychip_tensor_t *input,
+                                                       const struct polychip_tensor_t *grad_in);
+
+// `sigmoid`: `1 / (1 + e^-x)`. On f32, f16 or bf16. Since 1.2.
+//
+// The arguments are those of `PolychipUnaryArgs` (include/polychip.h).
+// `stream` NULL runs on the default stream of the first tensor's
+// device, and the call returns when the work is done.
+//
+// Thread safety: any thread; calls on one stream must not run concurrently.
+struct polychip_error_t *polychip_op_sigmoid(const struct polychip_stream_t *stream,
+                                             const struct polychip_tensor_t *input,
+                                             const struct polychip_tensor_t *out);
+
+// `sigmoid_backward`: Backward of `sigmoid`, from its output. On f32, f16 or bf16. Since 1.2.
+//
+// The arguments are those of `PolychipOutputBackwardArgs` (include/polychip.h).
+// `stream` NULL runs on the default stream of the first tensor's
+// device, and the call returns when the work is done.
+//
+// Thread safety: any thread; calls on one stream must not run concurrently.
+struct polychip_error_t *polychip_op_sigmoid_backward(const struct polychip_stream_t *stream,
+                                                      const struct polychip_tensor_t *grad_out,
+                                                      const struct polychip_tensor_t *output,
+                                                      const struct polychip_tensor_t *grad_in);
+
+// `tanh_backward`: Backward of `tanh`, from its output. On f32, f16 or bf16. Since 1.2.
+//
+// The arguments are those of `PolychipOutputBackwardArgs` (include/polychip.h).
+// `stream` NULL runs on the default stream of the first tensor's
+// device, and the call returns when the work is done.
+//
+// Thread safety: any thread; calls on one stream must not run concurrently.
+struct polychip_error_t *polychip_op_tanh_backward(const struct polychip_stream_t *stream,
+                                                   const struct polychip_tensor_t *grad_out,
+                                                   const struct polychip_tensor_t *output,
+                                                   const struct polychip_tensor_t *grad_in);
+
 // The API version this library implements.
 //
 // Thread safety: any thread.

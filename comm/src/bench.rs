@@ -124,7 +124,8 @@ pub fn parse_ops(list: &str) -> Result<Vec<Op>> {
             .ok_or_else(|| {
                 let names: Vec<&str> = Op::ALL.iter().map(|o| o.name()).collect();
                 CommError::Usage(format!(
-                    "unknown operation {word:?}: expected `all` or some of {}",
+                    "unknown operation {}: expected `all` or some of {}",
+                    crate::text::quoted(word),
                     names.join(", ")
                 ))
             })?;
@@ -170,8 +171,9 @@ pub fn parse_sizes(list: &str) -> Result<Vec<usize>> {
             .and_then(|n| n.checked_mul(unit))
             .ok_or_else(|| {
                 CommError::Usage(format!(
-                    "--sizes: bad size {word:?}: give bytes, optionally with K, M or G (powers \
-                     of 1024), at most 1G"
+                    "--sizes: bad size {}: give bytes, optionally with K, M or G (powers \
+                     of 1024), at most 1G",
+                    crate::text::quoted(word)
                 ))
             })?;
         if size > MAX_SIZE {
@@ -201,7 +203,8 @@ pub fn parse_dtype(name: &str) -> Result<DType> {
         "u8" | "uint8" => Ok(DType::U8),
         "bool" => Ok(DType::Bool),
         other => Err(CommError::Usage(format!(
-            "unknown dtype {other:?}: expected f32, f16, bf16, i32, i64, f64, u8 or bool"
+            "unknown dtype {}: expected f32, f16, bf16, i32, i64, f64, u8 or bool",
+            crate::text::quoted(other)
         ))),
     }
 }

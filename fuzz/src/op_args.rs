@@ -160,5 +160,6 @@ pub fn run(data: &[u8]) {
         "PolychipCrossEntropyBackwardArgs" => PolychipCrossEntropyBackwardArgs,
         "PolychipAdamwArgs" => PolychipAdamwArgs,
         "PolychipScaleArgs" => PolychipScaleArgs,
+        "PolychipOutputBackwardArgs" => PolychipOutputBackwardArgs,
     );
 }
