@@ -886,6 +886,8 @@ fn execute(device: &Device, case: &Case, poison: u8, busy: f64) -> Result<Run, S
     if let Some(change) = fpenv::take_change() {
         problems.push(change.to_string());
     }
+    // Timed before the probe below, whose calls are not the case's.
+    let window_missed = stream_case.as_ref().is_some_and(|s| s.window.missed());
     if let Some(what) = stream_case
         .as_ref()
         .filter(|s| s.probe)
@@ -894,7 +896,6 @@ fn execute(device: &Device, case: &Case, poison: u8, busy: f64) -> Result<Run, S
     {
         problems.push(what);
     }
-    let window_missed = stream_case.as_ref().is_some_and(|s| s.window.missed());
     for (t, spec) in case.tensors.iter().enumerate() {
         if let Some(source) = spec.alias_of {
             elements[t] = elements[source].clone();
