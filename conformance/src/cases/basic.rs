@@ -3,7 +3,9 @@
 
 use polychip_host::{BinaryOp, DType, MatmulOptions, Op};
 
-use super::{Rng, case, inout, input, numel, output, rounding_ties, shape_label, specials};
+use super::{
+    Rng, case, every_pair, inout, input, numel, output, rounding_ties, shape_label, specials,
+};
 use crate::case::{Case, Layout};
 use crate::reference::{self, Dense};
 use crate::tolerance::{Bias, Tolerance};
@@ -342,8 +344,7 @@ fn binary(op: BinaryOp, dtype: DType) -> Vec<Case> {
     // Special values against each other: every pair of NaN, ±inf, ±0, max, ...
     let s = specials(dtype);
     let n = s.len();
-    let a: Vec<f64> = (0..n * n).map(|i| s[i / n]).collect();
-    let b: Vec<f64> = (0..n * n).map(|i| s[i % n]).collect();
+    let (a, b) = every_pair(&s);
     cases.push(binary_case(
         op,
         dtype,

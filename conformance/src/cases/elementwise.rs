@@ -3,7 +3,7 @@
 
 use polychip_host::{ActivationBackwardOp, DType, Op, ReduceOp, UnaryOp};
 
-use super::{Rng, case, input, numel, output, shape_label, specials};
+use super::{Rng, case, every_pair, input, numel, output, shape_label, specials};
 use crate::case::{Case, Layout};
 use crate::reference::{self, Dense};
 use crate::tolerance::{Bias, Tolerance};
@@ -493,8 +493,7 @@ fn activation_backward(op: ActivationBackwardOp, dtype: DType) -> Vec<Case> {
         // 9: `x > 0 ? g : 0`, which gives 0 there, passed every case).
         let s = specials(dtype);
         let n = s.len();
-        let g: Vec<f64> = (0..n * n).map(|i| s[i / n]).collect();
-        let x: Vec<f64> = (0..n * n).map(|i| s[i % n]).collect();
+        let (g, x) = every_pair(&s);
         cases.push(case(
             op.name(),
             dtype,

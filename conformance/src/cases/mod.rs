@@ -231,6 +231,16 @@ pub fn shape_label(shape: &[usize], layout: Layout) -> String {
     }
 }
 
+/// Every ordered pair of `values`, as two operands of `n * n` elements:
+/// element `i` pairs `values[i / n]` (first) with `values[i % n]` (second).
+pub fn every_pair(values: &[f64]) -> (Vec<f64>, Vec<f64>) {
+    let n = values.len();
+    (
+        (0..n * n).map(|i| values[i / n]).collect(),
+        (0..n * n).map(|i| values[i % n]).collect(),
+    )
+}
+
 /// Special floating values of `dtype`: NaN, ±inf, ±0, the largest finite
 /// value, and the smallest subnormal.
 pub fn specials(dtype: DType) -> Vec<f64> {

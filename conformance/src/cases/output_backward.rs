@@ -4,7 +4,7 @@
 
 use polychip_host::{DType, Op, OutputBackwardOp};
 
-use super::{Rng, case, input, numel, output, shape_label, specials};
+use super::{Rng, case, every_pair, input, numel, output, shape_label, specials};
 use crate::case::{Case, Layout};
 use crate::reference;
 use crate::tolerance::Tolerance;
@@ -101,8 +101,7 @@ fn output_backward(op: OutputBackwardOp, dtype: DType) -> Vec<Case> {
         .filter(|v| !(v.is_finite() && v.abs() > 2.0))
         .collect();
     let n = s.len();
-    let g: Vec<f64> = (0..n * n).map(|i| s[i / n]).collect();
-    let y: Vec<f64> = (0..n * n).map(|i| s[i % n]).collect();
+    let (g, y) = every_pair(&s);
     cases.push(case(
         op.name(),
         dtype,
