@@ -108,12 +108,10 @@ pub fn run(args: &Args) -> ExitCode {
 fn export(a: &ExportArgs) -> Result<(), TrainError> {
     let model = hf::export(&a.checkpoint, &a.out)?;
     println!(
-        "exported {} ({}: {} parameters, {} blocks, dim {}) as a Hugging Face LLaMA model: {}",
+        "exported {} ({}: {}) as a Hugging Face LLaMA model: {}",
         polychip_files::shown_path(&a.checkpoint),
         model.name,
-        model.parameters(),
-        model.layers,
-        model.dim,
+        model.size_text(),
         polychip_files::shown_path(&a.out)
     );
     Ok(())
@@ -122,12 +120,10 @@ fn export(a: &ExportArgs) -> Result<(), TrainError> {
 fn import(a: &ImportArgs) -> Result<(), TrainError> {
     let model = hf::import(&a.hf_dir, a.seq_len, &a.out)?;
     println!(
-        "imported {} ({} parameters, {} blocks, dim {}, vocabulary {}, sequences of {}) as \
-         the step-0 checkpoint {}; continue with: polychip train --resume {}",
+        "imported {} ({}, vocabulary {}, sequences of {}) as the step-0 checkpoint {}; \
+         continue with: polychip train --resume {}",
         polychip_files::shown_path(&a.hf_dir),
-        model.parameters(),
-        model.layers,
-        model.dim,
+        model.size_text(),
         model.vocab,
         model.seq_len,
         polychip_files::shown_path(&a.out),

@@ -331,7 +331,8 @@ fn check_plugin(
         &results,
         waivers,
         started.elapsed().as_secs_f64(),
-    );
+    )
+    .with_load_findings(loaded.load_findings(), loaded.load_notes());
     Ok((report, results))
 }
 

@@ -863,12 +863,9 @@ fn train(args: &Args) -> Result<ExitCode, TrainError> {
     }
     if rank == 0 {
         println!(
-            "training {} ({} parameters, {} blocks, dim {}) on {} for {} steps of {} sequences \
-             of {} bytes, {:?}; plan {}",
+            "training {} ({}) on {} for {} steps of {} sequences of {} bytes, {:?}; plan {}",
             model.name,
-            model.parameters(),
-            model.layers,
-            model.dim,
+            model.size_text(),
             corpus_name(args),
             t.steps,
             t.global_batch,

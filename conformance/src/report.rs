@@ -88,6 +88,14 @@ pub struct Report {
     pub waivers: Waivers,
     /// Wall-clock seconds of the whole run.
     pub seconds: f64,
+    /// What loading the plugin did that the ABI forbids (rules 12 and 13:
+    /// the floating-point environment or process state left changed by its
+    /// initialisers or entry), each a sentence; any fails the report.
+    pub load_findings: Vec<String>,
+    /// What loading it did that the ABI discourages but real drivers do
+    /// (rule 13: signal handlers installed, the environment changed);
+    /// reported, not failed.
+    pub load_notes: Vec<String>,
 }
 
 impl Report {
@@ -143,7 +151,18 @@ impl Report {
             failures,
             waivers: waivers.clone(),
             seconds,
+            load_findings: Vec::new(),
+            load_notes: Vec::new(),
         }
+    }
+
+    /// The report with what loading the plugin did that the ABI forbids
+    /// and discourages ([`polychip_host::ffi::Plugin::load_findings`] and
+    /// [`polychip_host::ffi::Plugin::load_notes`]).
+    pub fn with_load_findings(mut self, findings: Vec<String>, notes: Vec<String>) -> Report {
+        self.load_findings = findings;
+        self.load_notes = notes;
+        self
     }
 
     /// Totals over every row: (passed, failed, not implemented, skipped).
@@ -160,7 +179,7 @@ impl Report {
 
     /// Whether every implemented, unwaived case passed.
     pub fn ok(&self) -> bool {
-        self.totals().1 == 0
+        self.totals().1 == 0 && self.load_findings.is_empty()
     }
 
     /// The report as a table for people.
@@ -266,6 +285,12 @@ impl Report {
                 let _ = writeln!(out, "  {} {dtype}: {what}: {}", w.op, w.reason);
             }
         }
+        for note in &self.load_notes {
+            let _ = writeln!(out, "\nnote, loading the plugin: {note}");
+        }
+        for finding in &self.load_findings {
+            let _ = writeln!(out, "\nFAILED loading the plugin: {finding}");
+        }
         for f in &self.failures {
             let r = &f.result;
             let _ = writeln!(
@@ -287,15 +312,32 @@ impl Report {
                 .replace('"', "&quot;")
         };
         let (_, failed, _, skipped) = self.totals();
+        let failed = failed + self.load_findings.len();
         let mut out = String::new();
         let _ = writeln!(out, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>");
         let _ = writeln!(
             out,
             "<testsuites name=\"polychip conformance: {}\" tests=\"{}\" failures=\"{failed}\" skipped=\"{skipped}\" time=\"{:.3}\">",
             esc(&self.vendor),
-            results.len(),
+            results.len() + self.load_findings.len(),
             self.seconds
         );
+        if !self.load_findings.is_empty() {
+            let _ = writeln!(
+                out,
+                "  <testsuite name=\"load\" tests=\"{0}\" failures=\"{0}\">",
+                self.load_findings.len()
+            );
+            for (i, finding) in self.load_findings.iter().enumerate() {
+                let _ = writeln!(
+                    out,
+                    "    <testcase classname=\"load\" name=\"loading the plugin #{i}\" \
+                     time=\"0\">\n      <failure message=\"{}\"/>\n    </testcase>",
+                    esc(finding)
+                );
+            }
+            let _ = writeln!(out, "  </testsuite>");
+        }
         let mut ops: Vec<&str> = Vec::new();
         for r in results {
             if !ops.contains(&r.op.as_str()) {

@@ -15,6 +15,7 @@ use std::process::{Command, Stdio};
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
+use polychip_host::ffi::procstate::{ProcState, ProcStateChange};
 use polychip_host::{DType, Device};
 use regex::Regex;
 
@@ -98,10 +99,34 @@ pub fn run_unit(
             },
             _ => {
                 let factor = waiver.and_then(|w| w.factor).unwrap_or(1.0);
+                // Each call is checked where it is judged; this catches a
+                // change left by the case's other calls (from several
+                // threads, again and again) and puts this thread back, so
+                // that no case starts from what the one before left.
+                let state = ProcState::current();
                 let mut r = run_case(device, case, index, factor);
+                let after = ProcState::current();
+                if after != state {
+                    state.restore(&after);
+                    let forbidden = state.changes_to(&after).forbidden;
+                    if r.status == Status::Passed && !forbidden.is_empty() {
+                        r.status = Status::Failed;
+                        r.message = ProcStateChange {
+                            plugin: device.plugin().vendor().to_string(),
+                            during: "this case's repeated calls".into(),
+                            what: forbidden,
+                            forbidden: true,
+                        }
+                        .to_string();
+                    }
+                }
                 if r.status == Status::Failed {
                     if let Some(summary) = crate::shrink::shrink(device, case, index, factor) {
                         r.message = format!("{}; {summary}", r.message);
+                    }
+                    let after = ProcState::current();
+                    if after != state {
+                        state.restore(&after);
                     }
                 }
                 r

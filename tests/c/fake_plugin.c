@@ -19,7 +19,18 @@
  *   FAKE_FAST_MATH_CTOR    a constructor turns on FTZ and DAZ when the library
  *                          is loaded (what -ffast-math did with older GCC)
  *   FAKE_FILL_ROUNDS_UP    fill leaves the rounding mode upward (ABI rule 12)
+ *   FAKE_CTOR_PROCESS_STATE  a constructor changes the working directory,
+ *                          installs a SIGINT handler and sets an environment
+ *                          variable (ABI rule 13)
+ *   FAKE_FILL_BLOCKS_SIGNALS  fill blocks SIGUSR1 on the calling thread and
+ *                          pins it to one CPU (ABI rule 13)
  */
+#if defined(FAKE_CTOR_PROCESS_STATE) || defined(FAKE_FILL_BLOCKS_SIGNALS)
+#define _GNU_SOURCE
+#include <sched.h>
+#include <signal.h>
+#include <unistd.h>
+#endif
 #include <stdlib.h>
 #include <string.h>
 
@@ -34,6 +45,16 @@
 /* crtfastmath.o's constructor: flush-to-zero and denormals-are-zero on. */
 __attribute__((constructor)) static void fast_math(void) {
     _mm_setcsr(_mm_getcsr() | 0x8040);
+}
+#endif
+
+#ifdef FAKE_CTOR_PROCESS_STATE
+static void on_sigint(int signal) { (void)signal; }
+/* A runtime's constructor that makes itself at home in the process. */
+__attribute__((constructor)) static void take_over(void) {
+    if (chdir("/") != 0) abort();
+    signal(SIGINT, on_sigint);
+    setenv("FAKE_PLUGIN_WAS_HERE", "1", 1);
 }
 #endif
 
@@ -138,6 +159,29 @@ static PolychipError *fill(uint32_t device, PolychipStream *s, const PolychipFil
     for (i = 0; i < n; i++) p[i] = (float)args->value;
 #ifdef FAKE_FILL_ROUNDS_UP
     fesetround(FE_UPWARD);
+#endif
+#ifdef FAKE_FILL_BLOCKS_SIGNALS
+    {
+        /* A critical section whose signal mask is never put back, and an
+         * OpenMP-style binding of the calling thread to the first CPU it
+         * may run on. */
+        sigset_t block;
+        cpu_set_t cpus, one;
+        int c;
+        sigemptyset(&block);
+        sigaddset(&block, SIGUSR1);
+        pthread_sigmask(SIG_BLOCK, &block, NULL);
+        if (sched_getaffinity(0, sizeof cpus, &cpus) == 0) {
+            for (c = 0; c < CPU_SETSIZE; c++) {
+                if (CPU_ISSET(c, &cpus)) {
+                    CPU_ZERO(&one);
+                    CPU_SET(c, &one);
+                    sched_setaffinity(0, sizeof one, &one);
+                    break;
+                }
+            }
+        }
+    }
 #endif
     return NULL;
 }

@@ -222,6 +222,17 @@ impl ModelConfig {
         Ok(())
     }
 
+    /// Its size for messages: "41256 parameters, 3 blocks, dim 36".
+    pub fn size_text(&self) -> String {
+        let plural = |n: usize, one: &str| format!("{n} {one}{}", if n == 1 { "" } else { "s" });
+        format!(
+            "{}, {}, dim {}",
+            plural(self.parameters(), "parameter"),
+            plural(self.layers, "block"),
+            self.dim
+        )
+    }
+
     /// `dim / heads`.
     pub fn head_dim(&self) -> usize {
         self.dim / self.heads

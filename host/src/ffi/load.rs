@@ -31,6 +31,7 @@ use crate::error::{HostError, Result};
 use crate::ffi::errors;
 use crate::ffi::fpenv::FpEnv;
 use crate::ffi::plugin::Plugin;
+use crate::ffi::procstate::{ProcState, ProcStateChange};
 
 /// How to load plugins.
 #[derive(Debug, Clone)]
@@ -132,7 +133,31 @@ fn version_mismatch(
     }
 }
 
+/// [`open_checked`], with the process state it does not own read before
+/// and after (ABI rule 13, [`crate::ffi::procstate`]): a change is put back
+/// where the host may, and recorded on the plugin as a load finding.
 fn open(path: &Path) -> Result<Plugin> {
+    let before = ProcState::current();
+    let result = open_checked(path);
+    let after = ProcState::current();
+    if before != after {
+        before.restore(&after);
+        let plugin = match &result {
+            Ok(p) => p.vendor().to_string(),
+            Err(_) => polychip_files::shown_path(path),
+        };
+        let during = "loading (its initialisers, entry and device queries)";
+        for change in ProcStateChange::split(&plugin, during, before.changes_to(&after)) {
+            match &result {
+                Ok(p) => p.note_load_finding(change.to_string(), change.forbidden),
+                Err(_) => log::warn!("{change}"),
+            }
+        }
+    }
+    result
+}
+
+fn open_checked(path: &Path) -> Result<Plugin> {
     let path_buf = path.to_path_buf();
     discovery::warn_if_writable_by_others(path);
     // dlopen searches the library path for a name without a slash; a plugin

@@ -7,6 +7,7 @@ pub mod fpenv;
 pub mod heap;
 mod load;
 mod plugin;
+pub mod procstate;
 
 pub use load::{LoadOptions, load_plugin};
 pub(crate) use plugin::MemoryUsage;

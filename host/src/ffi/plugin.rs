@@ -73,6 +73,12 @@ pub struct Plugin {
     fp_env_changes: AtomicU64,
     /// The functions already warned about such a change (once each).
     fp_env_warned: std::sync::Mutex<Vec<String>>,
+    /// What loading the plugin did that the ABI forbids (a changed
+    /// floating-point environment or process state), each a sentence.
+    load_findings: std::sync::Mutex<Vec<String>>,
+    /// What loading it did that the ABI discourages (signal handlers
+    /// installed, the environment changed), each a sentence.
+    load_notes: std::sync::Mutex<Vec<String>>,
     /// Per device: bytes of host-owned buffers allocated now, and the most
     /// since the last reset ([`crate::Device::peak_memory_in_use`]).
     pub(crate) usage: Vec<MemoryUsage>,
@@ -137,6 +143,8 @@ impl Plugin {
             unimplemented_calls: AtomicU64::new(0),
             fp_env_changes: AtomicU64::new(0),
             fp_env_warned: std::sync::Mutex::new(Vec::new()),
+            load_findings: std::sync::Mutex::new(Vec::new()),
+            load_notes: std::sync::Mutex::new(Vec::new()),
             usage: Vec::new(),
         };
         let count = plugin.device_count()?;
@@ -198,6 +206,45 @@ impl Plugin {
         self.fp_env_changes.load(Ordering::Relaxed)
     }
 
+    /// What loading the plugin did that the ABI forbids, each a sentence
+    /// (rules 12 and 13: its initialisers or entry left the floating-point
+    /// environment or process state changed; the host undid what it could).
+    /// `polychip conform` fails a plugin with any.
+    pub fn load_findings(&self) -> Vec<String> {
+        self.load_findings
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// What loading the plugin did that the ABI discourages but real
+    /// drivers do (rule 13: signal handlers installed, the environment
+    /// changed), each a sentence. `polychip conform` reports them without
+    /// failing.
+    pub fn load_notes(&self) -> Vec<String> {
+        self.load_notes
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Records a finding of loading (`forbidden`) or a note, and warns
+    /// about a finding (a note is logged at info level: PoCL's LLVM makes
+    /// one for every OpenCL user).
+    #[cold]
+    pub(crate) fn note_load_finding(&self, finding: String, forbidden: bool) {
+        let list = if forbidden {
+            log::warn!("{finding}");
+            &self.load_findings
+        } else {
+            log::info!("{finding}");
+            &self.load_notes
+        };
+        list.lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push(finding);
+    }
+
     /// Runs `call` (one call into the plugin's tables) and puts the calling
     /// thread's floating-point environment back as it was if the call
     /// changed it: counted, warned about once per function, and recorded
@@ -237,6 +284,12 @@ impl Plugin {
             log::warn!("{change} (warned once for {function})");
         }
         drop(warned);
+        if function.starts_with("loading") {
+            self.load_findings
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .push(change.to_string());
+        }
         super::fpenv::record(change);
     }
 
