@@ -511,8 +511,78 @@ pub fn printable_lines(text: &str) -> String {
     out
 }
 
+/// A TOML parse or shape error of `text` as [`parse_error_at`] shows it
+/// (line, column, a window of the line, a caret); the parser's own
+/// message when it names no place.
+pub fn toml_error(text: &str, e: &toml::de::Error) -> String {
+    match e.span() {
+        Some(span) => parse_error_at(text, span, e.message()),
+        None => printable(e.message()),
+    }
+}
+
+/// Characters of a long source line shown either side of a parse error.
+const EXCERPT_SIDE: usize = 40;
+
+/// A parser's error at byte range `span` of `text` for a person: "line L,
+/// column C: MESSAGE", then the line (at most [`EXCERPT_SIDE`] characters
+/// either side of the error, the cut ends marked `...`, escaped by
+/// [`printable`]) and a caret under the error. Parsers such as `toml`
+/// quote the whole line, which in a hostile file is megabytes long.
+pub fn parse_error_at(text: &str, span: std::ops::Range<usize>, message: &str) -> String {
+    let at = span.start.min(text.len());
+    let at = (0..=at)
+        .rev()
+        .find(|&i| text.is_char_boundary(i))
+        .unwrap_or(0);
+    let line_start = text[..at].rfind('\n').map_or(0, |i| i + 1);
+    let line_end = text[at..].find('\n').map_or(text.len(), |i| at + i);
+    let line_no = text[..line_start].matches('\n').count() + 1;
+    let line = text[line_start..line_end].trim_end_matches('\r');
+    let column = text[line_start..at].chars().count();
+    let chars: Vec<char> = line.chars().collect();
+    let from = column.saturating_sub(EXCERPT_SIDE);
+    let to = (column + EXCERPT_SIDE).min(chars.len());
+    let before: String = chars[from..column.min(chars.len())].iter().collect();
+    let after: String = chars[column.min(chars.len())..to].iter().collect();
+    let lead = if from > 0 { "..." } else { "" };
+    let tail = if to < chars.len() { "..." } else { "" };
+    let shown_before = format!("{lead}{}", printable(&before));
+    let caret_at = shown_before.chars().count();
+    format!(
+        "line {line_no}, column {}: {}\n  | {shown_before}{}{tail}\n  | {}^",
+        column + 1,
+        printable(message.trim_end()),
+        printable(&after),
+        " ".repeat(caret_at)
+    )
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn parse_errors_show_a_window_of_a_long_line() {
+        use super::parse_error_at;
+        let text = format!("name = \"x\"\ndim = {}z\n", "1".repeat(100_000));
+        let at = text.find('z').unwrap();
+        let out = parse_error_at(&text, at..at + 1, "invalid number\n");
+        assert!(out.len() < 200, "{out}");
+        assert!(
+            out.starts_with("line 2, column 100007: invalid number\n"),
+            "{out}"
+        );
+        let lines: Vec<&str> = out.lines().collect();
+        assert_eq!(lines[1], format!("  | ...{}z", "1".repeat(40)));
+        assert_eq!(lines[2].find('^'), Some(4 + 3 + 40));
+        // Short lines whole; the start of a file; an escape sequence escaped.
+        let out = parse_error_at("a = \u{1b}[2J", 4..5, "bad");
+        assert_eq!(out, "line 1, column 5: bad\n  | a = \\u{1b}[2J\n  |     ^");
+        assert_eq!(
+            parse_error_at("", 0..0, "empty"),
+            "line 1, column 1: empty\n  | \n  | ^"
+        );
+    }
+
     #[test]
     fn messages_keep_their_lines_but_not_control_characters_or_megabytes() {
         use super::printable_lines;

@@ -145,8 +145,9 @@ impl ModelConfig {
         let text = read_text_file(path, MAX_TEXT_FILE).map_err(|e| TrainError::io(path, e))?;
         let cfg: ModelConfig = toml::from_str(&text).map_err(|e| {
             TrainError::Config(format!(
-                "model file {}: {e}",
-                polychip_files::shown_path(path)
+                "model file {}: {}",
+                polychip_files::shown_path(path),
+                polychip_files::toml_error(&text, &e)
             ))
         })?;
         cfg.validate().map_err(|e| {
@@ -478,7 +479,8 @@ impl TrainConfig {
                 polychip_files::shown_path(path)
             ))
         };
-        let cfg: TrainConfig = toml::from_str(&text).map_err(|e| in_file(e.to_string()))?;
+        let cfg: TrainConfig =
+            toml::from_str(&text).map_err(|e| in_file(polychip_files::toml_error(&text, &e)))?;
         cfg.validate().map_err(|e| match e {
             TrainError::Config(m) => in_file(m),
             e => e,

@@ -279,7 +279,7 @@ impl TrainPlan {
                         .map(|x| x.max(0) as u64),
                 )?;
             }
-            return toml::from_str(text).map_err(|e| e.to_string());
+            return toml::from_str(text).map_err(|e| polychip_files::toml_error(text, &e));
         }
         let value: serde_json::Value =
             polychip_files::parse_json_value(text).map_err(|e| e.to_string())?;
