@@ -511,7 +511,8 @@ struct polychip_error_t *polychip_comm_reduce_scatter(const struct polychip_comm
                                                       const struct polychip_tensor_t *recv,
                                                       polychip_reduce_op_t op);
 
-// Copies rank `root`'s `t` into every rank's.
+// Copies rank `root`'s `t` into every rank's. A `root` that is no rank of
+// `comm` is refused at once, naming it.
 //
 // Every rank of `comm` calls it, in the same order as the other
 // collectives. Thread safety: any thread; calls on one communicator are
@@ -521,7 +522,8 @@ struct polychip_error_t *polychip_comm_broadcast(const struct polychip_comm_t *c
                                                  uint32_t root);
 
 // Reduces `t` across ranks into rank `root`'s (the others' are left
-// as they were).
+// as they were). A `root` that is no rank of `comm` is refused at once,
+// naming it.
 //
 // Every rank of `comm` calls it, in the same order as the other
 // collectives. Thread safety: any thread; calls on one communicator are
@@ -637,7 +639,12 @@ struct polychip_error_t *polychip_tensor_to_dlpack_legacy(const struct polychip_
 // once, when the last view of the data is gone (at once after a copy); on
 // failure the caller still owns it. A managed tensor of another DLPack
 // major is refused (`POLYCHIP_API_ERROR_VERSION_MISMATCH`) without reading
-// more than its version. Thread safety: any thread.
+// more than its version. A managed tensor polychip exported is consumed
+// once: imported again while the first import owns it, or made by
+// `polychip_tensor_to_dlpack_legacy`, it is refused without being read.
+// Another library's device, a dtype polychip has not, an `ndim` out of
+// range and sizes that overflow 64 bits are refused naming the field and
+// its value. Thread safety: any thread.
 //
 // # Safety
 // `managed` points to a live DLPack 1.x managed tensor whose data is
@@ -648,7 +655,8 @@ struct polychip_error_t *polychip_tensor_from_dlpack(const struct polychip_runti
                                                      struct polychip_tensor_t **out);
 
 // A tensor from a legacy (unversioned) DLPack managed tensor; as
-// `polychip_tensor_from_dlpack` (legacy tensors carry no read-only flag).
+// `polychip_tensor_from_dlpack` (legacy tensors carry no read-only flag;
+// one polychip made with `polychip_tensor_to_dlpack` is refused).
 //
 // # Safety
 // `managed` points to a live managed tensor whose data is valid until its
@@ -1540,7 +1548,8 @@ struct polychip_error_t *polychip_tensor_info(const struct polychip_tensor_t *te
 
 // Copies `bytes` bytes of host memory at `src` into `tensor`'s elements,
 // in row-major order (`bytes` must be exactly numel × element size).
-// Returns when the copy is done.
+// Returns when the copy is done. `src` may overlap the tensor's own memory
+// (a host-visible device's): the copy is then staged through host memory.
 //
 // Thread safety: any thread.
 //
@@ -1552,6 +1561,7 @@ struct polychip_error_t *polychip_tensor_write(const struct polychip_tensor_t *t
 
 // Copies `tensor`'s elements, in row-major order, into `bytes` bytes of
 // host memory at `dst` (exactly numel × element size). Returns when done.
+// `dst` may overlap the tensor's own memory, as for `polychip_tensor_write`.
 //
 // Thread safety: any thread.
 //

@@ -226,6 +226,7 @@ pub unsafe extern "C" fn polychip_comm_init(
         let addr = if o.master_addr.is_null() {
             "127.0.0.1".to_owned()
         } else {
+            crate::address(o.master_addr, "options->master_addr")?;
             // SAFETY: per the contract, a NUL-terminated string.
             unsafe { CStr::from_ptr(o.master_addr) }
                 .to_str()
@@ -412,7 +413,8 @@ pub extern "C" fn polychip_comm_reduce_scatter(
     })
 }
 
-/// Copies rank `root`'s `t` into every rank's.
+/// Copies rank `root`'s `t` into every rank's. A `root` that is no rank of
+/// `comm` is refused at once, naming it.
 ///
 /// Every rank of `comm` calls it, in the same order as the other
 /// collectives. Thread safety: any thread; calls on one communicator are
@@ -424,12 +426,14 @@ pub extern "C" fn polychip_comm_broadcast(
     root: u32,
 ) -> *mut polychip_error_t {
     collective("polychip_comm_broadcast", comm, |d| {
+        check_peer(d, root, "root")?;
         Ok(d.broadcast(&tensor(t, "t")?.tensor, root as usize)?)
     })
 }
 
 /// Reduces `t` across ranks into rank `root`'s (the others' are left
-/// as they were).
+/// as they were). A `root` that is no rank of `comm` is refused at once,
+/// naming it.
 ///
 /// Every rank of `comm` calls it, in the same order as the other
 /// collectives. Thread safety: any thread; calls on one communicator are
@@ -442,6 +446,7 @@ pub extern "C" fn polychip_comm_reduce(
     root: u32,
 ) -> *mut polychip_error_t {
     collective("polychip_comm_reduce", comm, |d| {
+        check_peer(d, root, "root")?;
         Ok(d.reduce(&tensor(t, "t")?.tensor, reduce_op(op)?, root as usize)?)
     })
 }
@@ -530,6 +535,9 @@ pub unsafe extern "C" fn polychip_comm_p2p_group(
         }
         if count > 0 && ops.is_null() {
             return Err(ApiError::invalid(format!("ops is NULL with count {count}")));
+        }
+        if count > 0 {
+            crate::address(ops, "ops")?;
         }
         let mut raw = Vec::with_capacity(count);
         let want = size_of::<polychip_comm_p2p_t>();

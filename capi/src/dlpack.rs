@@ -155,13 +155,32 @@ struct Export {
 /// A zero-copy export's buffer and the runtime index of its device.
 type Shared = (Arc<Buffer>, u32);
 
-static LIVE: Mutex<Option<HashMap<usize, Option<Shared>>>> = Mutex::new(None);
+/// What is known of one managed struct polychip handed out.
+struct Exported {
+    /// The buffer, for a zero-copy export.
+    shared: Option<Shared>,
+    /// A legacy `DLManagedTensor` (else a `DLManagedTensorVersioned`).
+    legacy: bool,
+    /// An import owns it now (a second import would be a second owner:
+    /// its deleter would run twice, and the memory would be freed under
+    /// one of them).
+    imported: bool,
+}
 
-fn track(ptr: usize, shared: Option<Shared>) {
+static LIVE: Mutex<Option<HashMap<usize, Exported>>> = Mutex::new(None);
+
+fn track(ptr: usize, shared: Option<Shared>, legacy: bool) {
     LIVE.lock()
         .unwrap_or_else(|e| e.into_inner())
         .get_or_insert_with(HashMap::new)
-        .insert(ptr, shared);
+        .insert(
+            ptr,
+            Exported {
+                shared,
+                legacy,
+                imported: false,
+            },
+        );
 }
 
 fn untrack(ptr: usize) -> bool {
@@ -171,12 +190,49 @@ fn untrack(ptr: usize) -> bool {
         .is_some_and(|live| live.remove(&ptr).is_some())
 }
 
+/// Takes `ptr` for an import (through the function for `legacy` structs)
+/// when polychip exported it: refuses one imported already (until its
+/// deleter runs) and one of the other layout. `Ok(true)` when it was ours
+/// (then [`unclaim`] gives it back if the import fails).
+fn claim(ptr: usize, legacy: bool) -> ApiResult<bool> {
+    let mut live = LIVE.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(export) = live.as_mut().and_then(|l| l.get_mut(&ptr)) else {
+        return Ok(false);
+    };
+    if export.legacy != legacy {
+        return Err(ApiError::invalid(if export.legacy {
+            "managed is a legacy DLManagedTensor (made by polychip_tensor_to_dlpack_legacy); \
+             import it with polychip_tensor_from_dlpack_legacy"
+        } else {
+            "managed is a DLPack 1.x DLManagedTensorVersioned (made by \
+             polychip_tensor_to_dlpack); import it with polychip_tensor_from_dlpack"
+        }));
+    }
+    if export.imported {
+        return Err(ApiError::invalid(
+            "managed was imported already: a DLPack tensor is consumed once (the first \
+             import owns it and calls its deleter), so import it once and share the tensor \
+             handle, or make a view of it",
+        ));
+    }
+    export.imported = true;
+    Ok(true)
+}
+
+/// Gives back an export [`claim`] took, after a failed import.
+fn unclaim(ptr: usize) {
+    let mut live = LIVE.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(export) = live.as_mut().and_then(|l| l.get_mut(&ptr)) {
+        export.imported = false;
+    }
+}
+
 /// The exported buffer that holds the bytes `start..end`, with its device.
 fn exported_buffer(start: usize, end: usize) -> Option<Shared> {
     let live = LIVE.lock().unwrap_or_else(|e| e.into_inner());
     live.as_ref()?
         .values()
-        .flatten()
+        .filter_map(|e| e.shared.as_ref())
         .find_map(|(buffer, device)| {
             let base = buffer.ptr() as usize;
             (base <= start && end <= base + buffer.len() as usize)
@@ -366,7 +422,7 @@ pub unsafe extern "C" fn polychip_tensor_to_dlpack(
             flags,
             dl_tensor,
         }));
-        track(managed as usize, shared);
+        track(managed as usize, shared, false);
         // SAFETY: checked non-NULL; writable per the contract.
         unsafe { out.write(managed) };
         Ok(())
@@ -421,7 +477,7 @@ pub unsafe extern "C" fn polychip_tensor_to_dlpack_legacy(
             manager_ctx: Box::into_raw(export).cast(),
             deleter: Some(delete_managed),
         }));
-        track(managed as usize, shared);
+        track(managed as usize, shared, true);
         // SAFETY: checked non-NULL; writable per the contract.
         unsafe { out.write(managed) };
         Ok(())
@@ -445,10 +501,63 @@ fn dtype_of(dl: polychip_dlpack_dtype_t) -> ApiResult<DType> {
         })
         .ok_or_else(|| {
             ApiError::invalid(format!(
-                "DLPack dtype (code {}, bits {}, lanes {}) has no polychip dtype",
-                dl.code, dl.bits, dl.lanes
+                "DLPack dtype (code {}, bits {}, lanes {}: {}) has no polychip dtype; polychip \
+                 takes float32, float16, bfloat16, float64, int32, int64, uint8 and bool, of 1 lane",
+                dl.code,
+                dl.bits,
+                dl.lanes,
+                dlpack_dtype_name(dl)
             ))
         })
+}
+
+/// What a DLPack dtype is, in words (for messages).
+fn dlpack_dtype_name(dl: polychip_dlpack_dtype_t) -> String {
+    let kind = match dl.code {
+        0 => "int",
+        1 => "uint",
+        2 => "float",
+        3 => "opaque handle",
+        4 => "bfloat",
+        5 => "complex",
+        6 => "bool",
+        7..=13 => "float8/float6/float4",
+        _ => return format!("type code {} is not a DLPack type code", dl.code),
+    };
+    let base = if dl.code == 3 || dl.code >= 6 {
+        format!("{kind} of {} bits", dl.bits)
+    } else {
+        format!("{kind}{}", dl.bits)
+    };
+    match dl.lanes {
+        1 => base,
+        0 => format!("{base} with lanes 0, which is no vector width"),
+        n => format!("a vector of {n} {base} lanes"),
+    }
+}
+
+/// A DLPack device type's name (for messages): other libraries' devices
+/// are named, so a caller sees whose memory it passed.
+fn dlpack_device_name(device_type: i32) -> String {
+    let name = match device_type {
+        1 => "kDLCPU",
+        2 => "kDLCUDA",
+        3 => "kDLCUDAHost",
+        4 => "kDLOpenCL",
+        7 => "kDLVulkan",
+        8 => "kDLMetal",
+        9 => "kDLVPI",
+        10 => "kDLROCM",
+        11 => "kDLROCMHost",
+        12 => "kDLExtDev",
+        13 => "kDLCUDAManaged",
+        14 => "kDLOneAPI",
+        15 => "kDLWebGPU",
+        16 => "kDLHexagon",
+        17 => "kDLMAIA",
+        _ => return format!("device type {device_type}, which is no DLPack device type"),
+    };
+    format!("{name} ({device_type})")
 }
 
 /// Imports `incoming`: zero-copy onto the runtime device it names
@@ -471,6 +580,10 @@ unsafe fn import(rt: &RuntimeObject, incoming: Incoming, target: i64) -> ApiResu
         .ok_or_else(|| ApiError::invalid(format!("DLPack ndim {} is out of range", dl.ndim)))?;
     if ndim > 0 && dl.shape.is_null() {
         return Err(ApiError::invalid("DLPack shape is NULL"));
+    }
+    if ndim > 0 {
+        crate::address(dl.shape, "the DLPack tensor's shape")?;
+        crate::address(dl.strides, "the DLPack tensor's strides")?;
     }
     let shape: Vec<i64> = if ndim == 0 {
         Vec::new()
@@ -508,6 +621,11 @@ unsafe fn import(rt: &RuntimeObject, incoming: Incoming, target: i64) -> ApiResu
         return Err(ApiError::invalid(format!(
             "the DLPack tensor's data is NULL but its shape {shape:?} has {numel} elements"
         )));
+    }
+    if numel > 0 && dl.device.device_type == POLYCHIP_DLPACK_CPU {
+        // Host memory (a device address is checked against the device's
+        // allocations below).
+        crate::address(dl.data, "the DLPack tensor's data")?;
     }
     // The elements' byte span relative to the first element.
     let (mut lo, mut hi) = (0i64, 0i64);
@@ -579,9 +697,10 @@ unsafe fn import(rt: &RuntimeObject, incoming: Incoming, target: i64) -> ApiResu
             Ok((tensor, index))
         }
         POLYCHIP_DLPACK_CPU
-            if !incoming.read_only && shared_view(&dl, lo, hi, size, numel).is_some() =>
+            if !incoming.read_only && shared_view(rt, &dl, lo, hi, size, numel).is_some() =>
         {
-            let (buffer, index, offset) = shared_view(&dl, lo, hi, size, numel).expect("checked");
+            let (buffer, index, offset) =
+                shared_view(rt, &dl, lo, hi, size, numel).expect("checked");
             if target >= 0 && target != i64::from(index) {
                 return Err(ApiError::invalid(format!(
                     "the DLPack tensor is memory of device {index} but device {target} was asked for; move it with polychip_tensor_to_device"
@@ -641,7 +760,9 @@ unsafe fn import(rt: &RuntimeObject, incoming: Incoming, target: i64) -> ApiResu
             Ok((tensor, index))
         }
         other => Err(ApiError::invalid(format!(
-            "DLPack device type {other} is neither kDLCPU (1) nor kDLExtDev (12)"
+            "the DLPack tensor is on {}, not on kDLCPU (1) nor kDLExtDev (12): polychip \
+             reads host memory and its own devices' only; copy it to the CPU first",
+            dlpack_device_name(other)
         ))),
     }
 }
@@ -649,6 +770,7 @@ unsafe fn import(rt: &RuntimeObject, incoming: Incoming, target: i64) -> ApiResu
 /// When host data lies inside a buffer polychip exported (zero-copy) and
 /// still shares: that buffer, its device and the data's offset in it.
 fn shared_view(
+    rt: &RuntimeObject,
     dl: &polychip_dlpack_tensor_t,
     lo: i64,
     hi: i64,
@@ -661,10 +783,17 @@ fn shared_view(
     let first = (dl.data as usize as i64).checked_add(dl.byte_offset as i64)?;
     let start = first.checked_add(lo.checked_mul(size as i64)?)?;
     let end = first.checked_add((hi + 1).checked_mul(size as i64)?)?;
-    let (buffer, device) =
-        exported_buffer(usize::try_from(start).ok()?, usize::try_from(end).ok()?)?;
+    let (buffer, _) = exported_buffer(usize::try_from(start).ok()?, usize::try_from(end).ok()?)?;
+    // The device's index in the importing runtime (another runtime, which
+    // numbers its devices otherwise, may have exported it); a runtime
+    // without that device takes a copy.
+    let device = rt
+        .runtime
+        .devices()
+        .iter()
+        .position(|d| d == buffer.device())?;
     let offset = (first as usize).checked_sub(buffer.ptr() as usize)? as u64;
-    (offset % size as u64 == 0).then_some((buffer, device, offset))
+    (offset % size as u64 == 0).then_some((buffer, device as u32, offset))
 }
 
 /// A tensor from a DLPack 1.x managed tensor. Data on a polychip device
@@ -679,7 +808,12 @@ fn shared_view(
 /// once, when the last view of the data is gone (at once after a copy); on
 /// failure the caller still owns it. A managed tensor of another DLPack
 /// major is refused (`POLYCHIP_API_ERROR_VERSION_MISMATCH`) without reading
-/// more than its version. Thread safety: any thread.
+/// more than its version. A managed tensor polychip exported is consumed
+/// once: imported again while the first import owns it, or made by
+/// `polychip_tensor_to_dlpack_legacy`, it is refused without being read.
+/// Another library's device, a dtype polychip has not, an `ndim` out of
+/// range and sizes that overflow 64 bits are refused naming the field and
+/// its value. Thread safety: any thread.
 ///
 /// # Safety
 /// `managed` points to a live DLPack 1.x managed tensor whose data is
@@ -697,32 +831,53 @@ pub unsafe extern "C" fn polychip_tensor_from_dlpack(
         if managed.is_null() {
             return Err(ApiError::invalid("managed is NULL"));
         }
-        // SAFETY: per the contract, a live managed tensor; its version comes first.
-        let version = unsafe { (*managed).version };
-        if version.major != POLYCHIP_DLPACK_MAJOR {
-            return Err(ApiError::new(
-                POLYCHIP_API_ERROR_VERSION_MISMATCH,
-                format!(
-                    "the DLPack tensor is version {}.{} but polychip reads major {POLYCHIP_DLPACK_MAJOR}",
-                    version.major, version.minor
-                ),
-            ));
-        }
-        // SAFETY: as above.
-        let (dl, flags, deleter) =
-            unsafe { ((*managed).dl_tensor, (*managed).flags, (*managed).deleter) };
-        let incoming = Incoming {
-            dl,
-            read_only: flags & POLYCHIP_DLPACK_FLAG_READ_ONLY != 0,
-            release: release_of(managed, deleter),
-        };
+        crate::address(managed, "managed")?;
+        let ours = claim(managed as usize, false)?;
         // SAFETY: forwarded contract.
-        unsafe { finish_import(&rt, incoming, device, out) }
+        let result = unsafe { import_versioned(&rt, managed, device, out) };
+        if result.is_err() && ours {
+            unclaim(managed as usize);
+        }
+        result
     })
 }
 
+/// The body of `polychip_tensor_from_dlpack`, once `managed` is claimed.
+///
+/// # Safety
+/// As for `polychip_tensor_from_dlpack`, `managed` non-NULL.
+unsafe fn import_versioned(
+    rt: &RuntimeObject,
+    managed: *mut polychip_dlpack_versioned_t,
+    device: i64,
+    out: std::ptr::NonNull<*mut polychip_tensor_t>,
+) -> ApiResult<()> {
+    // SAFETY: per the contract, a live managed tensor; its version comes first.
+    let version = unsafe { (*managed).version };
+    if version.major != POLYCHIP_DLPACK_MAJOR {
+        return Err(ApiError::new(
+            POLYCHIP_API_ERROR_VERSION_MISMATCH,
+            format!(
+                "the DLPack tensor is version {}.{} but polychip reads major {POLYCHIP_DLPACK_MAJOR}",
+                version.major, version.minor
+            ),
+        ));
+    }
+    // SAFETY: as above.
+    let (dl, flags, deleter) =
+        unsafe { ((*managed).dl_tensor, (*managed).flags, (*managed).deleter) };
+    let incoming = Incoming {
+        dl,
+        read_only: flags & POLYCHIP_DLPACK_FLAG_READ_ONLY != 0,
+        release: release_of(managed, deleter),
+    };
+    // SAFETY: forwarded contract.
+    unsafe { finish_import(rt, incoming, device, out) }
+}
+
 /// A tensor from a legacy (unversioned) DLPack managed tensor; as
-/// `polychip_tensor_from_dlpack` (legacy tensors carry no read-only flag).
+/// `polychip_tensor_from_dlpack` (legacy tensors carry no read-only flag;
+/// one polychip made with `polychip_tensor_to_dlpack` is refused).
 ///
 /// # Safety
 /// `managed` points to a live managed tensor whose data is valid until its
@@ -740,6 +895,8 @@ pub unsafe extern "C" fn polychip_tensor_from_dlpack_legacy(
         if managed.is_null() {
             return Err(ApiError::invalid("managed is NULL"));
         }
+        crate::address(managed, "managed")?;
+        let ours = claim(managed as usize, true)?;
         // SAFETY: per the contract, a live managed tensor.
         let (dl, deleter) = unsafe { ((*managed).dl_tensor, (*managed).deleter) };
         let incoming = Incoming {
@@ -748,7 +905,11 @@ pub unsafe extern "C" fn polychip_tensor_from_dlpack_legacy(
             release: release_of(managed, deleter),
         };
         // SAFETY: forwarded contract.
-        unsafe { finish_import(&rt, incoming, device, out) }
+        let result = unsafe { finish_import(&rt, incoming, device, out) };
+        if result.is_err() && ours {
+            unclaim(managed as usize);
+        }
+        result
     })
 }
 

@@ -33,6 +33,15 @@ impl Handle {
     ];
 }
 
+/// The handle kind whose tag `value` carries, when it is one: a handle
+/// passed where a pointer belongs (a `polychip_tensor_t *` given as a
+/// `DLManagedTensorVersioned *`, say). No user-space address has these top
+/// bytes.
+pub(crate) fn kind_of(value: usize) -> Option<&'static str> {
+    let tag = (value as u64 >> 56) as u8;
+    Handle::ALL.iter().find(|k| k.0 == tag).map(|k| k.1)
+}
+
 struct Slot<T> {
     generation: u32,
     value: Option<Arc<T>>,

@@ -51,7 +51,32 @@ pub const POLYCHIP_API_MINOR: u32 = 1;
 
 /// A non-NULL out-param, or an error naming it.
 fn out_param<T>(ptr: *mut T, name: &str) -> ApiResult<NonNull<T>> {
-    NonNull::new(ptr).ok_or_else(|| ApiError::invalid(format!("{name} is NULL")))
+    let ptr = NonNull::new(ptr).ok_or_else(|| ApiError::invalid(format!("{name} is NULL")))?;
+    address(ptr.as_ptr(), name)?;
+    Ok(ptr)
+}
+
+/// Refuses a non-NULL pointer argument that no allocation has, before it
+/// is dereferenced: one of libpolychip's handles (a `polychip_tensor_t *`
+/// passed where a buffer or a DLPack struct belongs: both are opaque
+/// pointers to C, and reading through a handle crashed), or an address in
+/// the first page (a small integer or an offset passed as a pointer).
+fn address<T>(ptr: *const T, name: &str) -> ApiResult<()> {
+    let value = ptr as usize;
+    if value == 0 {
+        return Ok(());
+    }
+    if let Some(kind) = handle::kind_of(value) {
+        return Err(ApiError::invalid(format!(
+            "{name} is a {kind} handle ({ptr:p}), not a pointer to memory"
+        )));
+    }
+    if value < 4096 {
+        return Err(ApiError::invalid(format!(
+            "{name} ({ptr:p}) is not an address (it lies in the first page)"
+        )));
+    }
+    Ok(())
 }
 
 /// Size-first structs crossing the boundary: every field of API 1.0 is
@@ -67,8 +92,10 @@ mod struct_prefix {
     /// # Safety
     /// `ptr` points to a readable struct starting with a `usize`.
     unsafe fn size_of_callers<T>(ptr: *const T, name: &str) -> ApiResult<usize> {
-        // SAFETY: per the contract, the struct starts with a readable usize.
-        let size = unsafe { ptr.cast::<usize>().read() };
+        crate::address(ptr, name)?;
+        // SAFETY: per the contract, the struct starts with a readable usize
+        // (read unaligned: a packed caller's struct is not undefined here).
+        let size = unsafe { ptr.cast::<usize>().read_unaligned() };
         if size < size_of::<T>() {
             return Err(ApiError::invalid(format!(
                 "{name}->struct_size is {size} but polychip API 1.0 needs at least {}",

@@ -262,6 +262,7 @@ fn plugin_files(
     let list = if options.plugin_path.is_null() {
         std::env::var(discovery::PLUGIN_PATH_VAR).unwrap_or_default()
     } else {
+        crate::address(options.plugin_path, "options->plugin_path")?;
         // SAFETY: the options' contract: a NUL-terminated string borrowed for the call.
         unsafe { CStr::from_ptr(options.plugin_path) }
             .to_str()

@@ -93,6 +93,7 @@ pub(crate) unsafe fn dims<'a>(ndim: i32, shape: *const i64, name: &str) -> ApiRe
     if shape.is_null() {
         return Err(ApiError::invalid(format!("{name} is NULL for ndim {n}")));
     }
+    crate::address(shape, name)?;
     if n > 64 {
         return Err(ApiError::invalid(format!(
             "ndim {n} is above the 64 dimensions polychip supports"
@@ -152,6 +153,29 @@ fn check_byte_count(t: &Tensor, bytes: usize, verb: &str) -> ApiResult<()> {
         )));
     }
     Ok(())
+}
+
+/// Whether the host bytes `start..start + len` overlap `t`'s buffer.
+fn overlaps(t: &Tensor, start: usize, len: usize) -> bool {
+    let base = t.buffer().ptr() as usize;
+    let end = base.saturating_add(t.buffer().len() as usize);
+    len > 0 && start < end && base < start.saturating_add(len)
+}
+
+/// Room for `len` bytes of host memory to stage a copy of `name` through
+/// (it overlaps the tensor's own memory), or OUT_OF_MEMORY naming it.
+fn staging(len: usize, name: &str) -> ApiResult<Vec<u8>> {
+    let mut staged = Vec::new();
+    staged.try_reserve_exact(len).map_err(|_| {
+        ApiError::new(
+            crate::error::POLYCHIP_API_ERROR_OUT_OF_MEMORY,
+            format!(
+                "{name} overlaps the tensor's own memory, and the {len} bytes of host memory \
+                 to stage the copy through could not be allocated"
+            ),
+        )
+    })?;
+    Ok(staged)
 }
 
 /// A description of a tensor. Pointers are owned by the tensor and valid
@@ -367,7 +391,8 @@ pub unsafe extern "C" fn polychip_tensor_info(
 
 /// Copies `bytes` bytes of host memory at `src` into `tensor`'s elements,
 /// in row-major order (`bytes` must be exactly numel × element size).
-/// Returns when the copy is done.
+/// Returns when the copy is done. `src` may overlap the tensor's own memory
+/// (a host-visible device's): the copy is then staged through host memory.
 ///
 /// Thread safety: any thread.
 ///
@@ -384,6 +409,10 @@ pub unsafe extern "C" fn polychip_tensor_write(
         if src.is_null() && bytes > 0 {
             return Err(ApiError::invalid(format!("src is NULL for {bytes} bytes")));
         }
+        if bytes > 0 {
+            // (Empty slices' pointers are dangling, like Rust's 0x1.)
+            crate::address(src, "src")?;
+        }
         check_byte_count(&t.tensor, bytes, "fill")?;
         let data: &[u8] = if bytes == 0 {
             &[]
@@ -391,12 +420,21 @@ pub unsafe extern "C" fn polychip_tensor_write(
             // SAFETY: per the contract, `bytes` readable bytes.
             unsafe { std::slice::from_raw_parts(src.cast(), bytes) }
         };
+        // Host memory that is the tensor's own (a host-visible device's,
+        // found through polychip_tensor_info) goes through a copy: the
+        // plugin's copy takes ranges that do not overlap.
+        if overlaps(&t.tensor, src as usize, bytes) {
+            let mut staged = staging(bytes, "src")?;
+            staged.extend_from_slice(data);
+            return Ok(t.tensor.write_bytes(&staged)?);
+        }
         Ok(t.tensor.write_bytes(data)?)
     })
 }
 
 /// Copies `tensor`'s elements, in row-major order, into `bytes` bytes of
 /// host memory at `dst` (exactly numel × element size). Returns when done.
+/// `dst` may overlap the tensor's own memory, as for `polychip_tensor_write`.
 ///
 /// Thread safety: any thread.
 ///
@@ -413,7 +451,21 @@ pub unsafe extern "C" fn polychip_tensor_read(
         if dst.is_null() && bytes > 0 {
             return Err(ApiError::invalid(format!("dst is NULL for {bytes} bytes")));
         }
+        if bytes > 0 {
+            // (Empty slices' pointers are dangling, like Rust's 0x1.)
+            crate::address(dst, "dst")?;
+        }
         check_byte_count(&t.tensor, bytes, "hold")?;
+        if bytes > 0 && overlaps(&t.tensor, dst as usize, bytes) {
+            // As for a write: read into host memory of its own first.
+            let mut staged = staging(bytes, "dst")?;
+            staged.resize(bytes, 0);
+            t.tensor.read_into(&mut staged)?;
+            // SAFETY: per the contract, `bytes` writable bytes; `staged` is
+            // a separate allocation of as many.
+            unsafe { std::ptr::copy(staged.as_ptr(), dst.cast::<u8>(), bytes) };
+            return Ok(());
+        }
         let out: &mut [u8] = if bytes == 0 {
             &mut []
         } else {

@@ -465,7 +465,7 @@ fn dlpack_imports_refuse_what_they_cannot_read() {
     let (_, message) =
         refused(unsafe { polychip_tensor_from_dlpack(rt, &mut foreign, -1, &mut out) });
     assert!(
-        message.contains("lanes 4) has no polychip dtype"),
+        message.contains("lanes 4: a vector of 4 float32 lanes) has no polychip dtype"),
         "{message}"
     );
     foreign.dl_tensor.dtype.lanes = 1;
@@ -483,7 +483,7 @@ fn dlpack_imports_refuse_what_they_cannot_read() {
     let (_, message) =
         refused(unsafe { polychip_tensor_from_dlpack(rt, &mut foreign, -1, &mut out) });
     assert!(
-        message.contains("device type 2 is neither kDLCPU"),
+        message.contains("is on kDLCUDA (2), not on kDLCPU"),
         "{message}"
     );
     foreign.dl_tensor.device.device_type = POLYCHIP_DLPACK_CPU;

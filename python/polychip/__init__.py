@@ -153,15 +153,33 @@ def _index(device: Union[int, Device, None]) -> int:
 Tensor = _native.Tensor
 
 
+def _shape(shape: Union[int, Sequence[int]]) -> list:
+    """A shape argument as a list: an int (a NumPy integer too) is one
+    extent; anything else must be a sequence. A float, None or a bool was
+    refused with "'float' object is not iterable", which named no argument."""
+    if isinstance(shape, bool):
+        raise TypeError("shape must be an int or a sequence of ints, not bool")
+    try:
+        return [operator.index(shape)]
+    except TypeError:
+        pass
+    if isinstance(shape, (str, bytes)):
+        raise TypeError(f"shape must be an int or a sequence of ints, not {type(shape).__name__}")
+    try:
+        return list(shape)
+    except TypeError:
+        raise TypeError(f"shape must be an int or a sequence of ints, not {type(shape).__name__}") from None
+
+
 def empty(shape: Union[int, Sequence[int]], dtype: Any = "float32", device: Union[int, Device, None] = None) -> Tensor:
     """An uninitialised tensor on ``device`` (default device 0)."""
-    shape = [shape] if isinstance(shape, int) else list(shape)
+    shape = _shape(shape)
     return runtime().tensor(_index(device), _dtype(dtype), shape, False)
 
 
 def zeros(shape: Union[int, Sequence[int]], dtype: Any = "float32", device: Union[int, Device, None] = None) -> Tensor:
     """A tensor of zeros on ``device`` (default device 0)."""
-    shape = [shape] if isinstance(shape, int) else list(shape)
+    shape = _shape(shape)
     return runtime().tensor(_index(device), _dtype(dtype), shape, True)
 
 

@@ -8,7 +8,7 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
 use crate::Handle;
-use crate::errors::{Int, check, exception, handle};
+use crate::errors::{Int, Text, check, exception, handle, held};
 use crate::tensor::Tensor;
 
 /// This process's place in a job of ranks.
@@ -70,13 +70,13 @@ impl Comm {
         py: Python<'_>,
         rank: Option<Int<u32>>,
         world_size: Option<Int<u32>>,
-        master_addr: Option<&str>,
+        master_addr: Option<Text>,
         master_port: Int<u16>,
     ) -> PyResult<Comm> {
         let (rank, world_size, master_port) =
             (rank.map(|r| r.0), world_size.map(|w| w.0), master_port.0);
         let addr = master_addr
-            .map(CString::new)
+            .map(|a| CString::new(a.0))
             .transpose()
             .map_err(|_| PyValueError::new_err("master_addr contains a NUL byte"))?;
         let (out, error) = match (rank, world_size) {
@@ -120,7 +120,7 @@ impl Comm {
         let (mut r, mut w) = (0, 0);
         // SAFETY: both writable.
         let e = unsafe { polychip_comm_rank(self.live(py)? as *const _, &mut r, &mut w) };
-        check(py, handle(e))?;
+        check(py, held(e))?;
         Ok(r)
     }
 
@@ -130,7 +130,7 @@ impl Comm {
         let (mut r, mut w) = (0, 0);
         // SAFETY: both writable.
         let e = unsafe { polychip_comm_rank(self.live(py)? as *const _, &mut r, &mut w) };
-        check(py, handle(e))?;
+        check(py, held(e))?;
         Ok(w)
     }
 
@@ -251,11 +251,11 @@ impl Comm {
     fn p2p_group(
         &self,
         py: Python<'_>,
-        ops: Vec<(String, PyRef<'_, Tensor>, Int<u32>)>,
+        ops: Vec<(Text, PyRef<'_, Tensor>, Int<u32>)>,
     ) -> PyResult<()> {
         let mut raw = Vec::with_capacity(ops.len());
         for (i, (kind, tensor, peer)) in ops.iter().enumerate() {
-            let kind = match kind.as_str() {
+            let kind = match kind.0.as_str() {
                 "send" => POLYCHIP_P2P_SEND,
                 "recv" => POLYCHIP_P2P_RECV,
                 other => {

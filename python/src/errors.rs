@@ -4,6 +4,8 @@
 //! the host's message.
 
 use std::ffi::CStr;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use polychip::*;
 use pyo3::prelude::*;
@@ -62,9 +64,48 @@ pub(crate) fn check(py: Python<'_>, error: Handle) -> PyResult<()> {
 
 use crate::Handle;
 
-/// An error pointer as a handle (to leave a `Python::detach` closure).
+/// An error pointer as a handle, to leave a `Python::detach` closure (that
+/// is, without the GIL): the last thing every such closure does. At
+/// interpreter exit it keeps a daemon thread from re-entering Python (see
+/// [`at_exit`]).
 pub(crate) fn handle(error: *mut polychip_error_t) -> Handle {
+    if EXITING.load(Ordering::Acquire) && exiting_thread() != Some(std::thread::current().id()) {
+        // Python 3.9 to 3.13 end a thread that takes the GIL once the
+        // interpreter finalizes with pthread_exit, whose forced unwind
+        // through pyo3's frames aborted the whole process ("FATAL:
+        // exception not rethrown") at the exit of any program whose daemon
+        // threads were in a polychip call. Such a thread stops here
+        // instead, as Python 3.14 stops it itself; the process exits
+        // without it.
+        loop {
+            std::thread::park();
+        }
+    }
     error as Handle
+}
+
+/// An error pointer as a handle, in a call that holds the GIL.
+pub(crate) fn held(error: *mut polychip_error_t) -> Handle {
+    error as Handle
+}
+
+static EXITING: AtomicBool = AtomicBool::new(false);
+static EXIT_THREAD: Mutex<Option<std::thread::ThreadId>> = Mutex::new(None);
+
+fn exiting_thread() -> Option<std::thread::ThreadId> {
+    *EXIT_THREAD.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Registered with `atexit` when the module loads: from now on the only
+/// thread left to return into Python from a polychip call is the one
+/// exiting (other threads still running are daemon threads, which the
+/// interpreter is about to end). Waits a moment without the GIL so that
+/// threads already waiting for it get it before the interpreter finalizes.
+#[pyfunction]
+pub(crate) fn _at_exit(py: Python<'_>) {
+    *EXIT_THREAD.lock().unwrap_or_else(|e| e.into_inner()) = Some(std::thread::current().id());
+    EXITING.store(true, Ordering::Release);
+    py.detach(|| std::thread::sleep(std::time::Duration::from_millis(20)));
 }
 
 /// An integer argument of type `T`. An int outside `T`'s range made pyo3
@@ -126,4 +167,37 @@ impl<'py, T: IntRange> FromPyObject<'py> for Int<T> {
 /// The values of a list of [`Int`] arguments.
 pub(crate) fn ints<T: Copy>(v: &[Int<T>]) -> Vec<T> {
     v.iter().map(|i| i.0).collect()
+}
+
+/// A text argument. A `str` holding a lone surrogate (what `os.fsdecode`
+/// makes of bytes that are not UTF-8) made pyo3 raise a bare
+/// `UnicodeEncodeError` that named no argument; this raises a `TypeError`,
+/// which pyo3 prefixes with the argument's name, showing the text (cut).
+#[derive(Debug, Clone)]
+pub(crate) struct Text(pub String);
+
+impl<'py> FromPyObject<'py> for Text {
+    fn extract_bound(ob: &Bound<'py, PyAny>) -> PyResult<Self> {
+        match ob.extract::<String>() {
+            Ok(s) => Ok(Text(s)),
+            Err(e) if e.is_instance_of::<pyo3::exceptions::PyUnicodeError>(ob.py()) => {
+                let shown = ob
+                    .repr()
+                    .map(|r| r.to_string())
+                    .unwrap_or_else(|_| "the text".into());
+                let n = shown.chars().count();
+                let shown = if n > 80 {
+                    let head: String = shown.chars().take(60).collect();
+                    format!("{head}... ({} characters)", n - 2)
+                } else {
+                    shown
+                };
+                Err(pyo3::exceptions::PyTypeError::new_err(format!(
+                    "{shown} is not UTF-8 text (it holds a lone surrogate, as os.fsdecode makes \
+                     of bytes that are not UTF-8); polychip takes UTF-8 only"
+                )))
+            }
+            Err(e) => Err(e),
+        }
+    }
 }

@@ -31,6 +31,12 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(dlpack::from_dlpack, m)?)?;
     m.add_function(wrap_pyfunction!(runtime::api_version, m)?)?;
     m.add_function(wrap_pyfunction!(bench::_bench_fill, m)?)?;
+    // Daemon threads in a polychip call at interpreter exit (see
+    // errors::handle).
+    let at_exit = wrap_pyfunction!(errors::_at_exit, m)?;
+    m.py()
+        .import("atexit")?
+        .call_method1("register", (at_exit,))?;
     let ops = PyModule::new(m.py(), "ops")?;
     ops::register(&ops)?;
     m.add_submodule(&ops)?;

@@ -8,7 +8,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
 use crate::Handle;
-use crate::errors::{Int, check, handle, ints};
+use crate::errors::{Int, Text, check, handle, held, ints};
 use crate::tensor::{Tensor, dtype_code};
 
 /// The polychip API version of the native module, `(major, minor)`.
@@ -49,26 +49,29 @@ impl Runtime {
     #[pyo3(signature = (plugin_path = None, bundled = true, strict = false))]
     fn new(
         py: Python<'_>,
-        plugin_path: Option<&str>,
+        plugin_path: Option<Text>,
         bundled: bool,
         strict: bool,
     ) -> PyResult<Runtime> {
-        let path = plugin_path.map(CString::new).transpose().map_err(|_| {
-            pyo3::exceptions::PyValueError::new_err("plugin_path contains a NUL byte")
-        })?;
+        let path = plugin_path
+            .map(|p| CString::new(p.0))
+            .transpose()
+            .map_err(|_| {
+                pyo3::exceptions::PyValueError::new_err("plugin_path contains a NUL byte")
+            })?;
         // SAFETY: an all-zero options struct is a valid value to fill.
         let mut options: polychip_runtime_options_t = unsafe { std::mem::zeroed() };
         options.struct_size = size_of::<polychip_runtime_options_t>();
         // SAFETY: writable for its struct_size.
         let e = unsafe { polychip_runtime_options_init(&mut options) };
-        check(py, handle(e))?;
+        check(py, held(e))?;
         options.plugin_path = path.as_ref().map_or(null(), |p| p.as_ptr());
         options.bundled = bundled;
         options.strict = strict;
         let mut out = null_mut();
         // SAFETY: readable options whose string lives for the call; `out` writable.
         let e = unsafe { polychip_runtime_new(&options, &mut out) };
-        check(py, handle(e))?;
+        check(py, held(e))?;
         Ok(Runtime {
             handle: out as Handle,
         })
@@ -79,7 +82,7 @@ impl Runtime {
         let mut n = 0;
         // SAFETY: `n` is writable.
         let e = unsafe { polychip_runtime_device_count(self.ptr(), &mut n) };
-        check(py, handle(e))?;
+        check(py, held(e))?;
         Ok(n)
     }
 
@@ -95,7 +98,7 @@ impl Runtime {
         i.struct_size = size_of::<polychip_device_info_t>();
         // SAFETY: writable for its struct_size.
         let e = unsafe { polychip_runtime_device_info(self.ptr(), index, &mut i) };
-        check(py, handle(e))?;
+        check(py, held(e))?;
         let d = PyDict::new(py);
         d.set_item("index", index)?;
         d.set_item("vendor", text(i.vendor))?;
@@ -123,13 +126,13 @@ impl Runtime {
         let mut n = 0;
         // SAFETY: `n` is writable.
         let e = unsafe { polychip_runtime_failure_count(self.ptr(), &mut n) };
-        check(py, handle(e))?;
+        check(py, held(e))?;
         (0..n)
             .map(|i| {
                 let mut s = null();
                 // SAFETY: `s` is writable; the string lives with the runtime.
                 let e = unsafe { polychip_runtime_failure(self.ptr(), i, &mut s) };
-                check(py, handle(e))?;
+                check(py, held(e))?;
                 Ok(text(s))
             })
             .collect()
@@ -141,13 +144,13 @@ impl Runtime {
     fn tensor(
         slf: &Bound<'_, Self>,
         device: Int<u32>,
-        dtype: &str,
+        dtype: Text,
         shape: Vec<Int<i64>>,
         zero: bool,
     ) -> PyResult<Tensor> {
         let (device, shape) = (device.0, ints(&shape));
         let py = slf.py();
-        let code = dtype_code(dtype)?;
+        let code = dtype_code(&dtype.0)?;
         let rt = slf.get().handle;
         let (out, error) = py.detach(move || {
             let mut out = null_mut();

@@ -6,7 +6,7 @@ use polychip::*;
 use pyo3::prelude::*;
 
 use crate::Handle;
-use crate::errors::{Int, check, handle};
+use crate::errors::{Int, check, handle, held};
 use crate::runtime::Runtime;
 
 /// An in-order queue of work on one device; operators given `stream=` run
@@ -31,7 +31,7 @@ impl Stream {
         let mut out = null_mut();
         // SAFETY: `out` writable.
         let e = unsafe { polychip_stream_new(runtime.ptr(), device, &mut out) };
-        check(py, handle(e))?;
+        check(py, held(e))?;
         Ok(Stream {
             handle: out as Handle,
         })
@@ -49,7 +49,7 @@ impl Stream {
         let mut out = null_mut();
         // SAFETY: `out` writable.
         let e = unsafe { polychip_stream_record(self.handle as *const _, &mut out) };
-        check(py, handle(e))?;
+        check(py, held(e))?;
         Ok(Event {
             handle: out as Handle,
         })

@@ -8,7 +8,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
 use crate::Handle;
-use crate::errors::{Int, check, exception, handle, ints};
+use crate::errors::{Int, Text, check, exception, handle, held, ints};
 use crate::runtime::Runtime;
 
 /// The dtype names Python uses, in `polychip_dtype_t` order.
@@ -59,7 +59,7 @@ fn info_of(py: Python<'_>, tensor: *const polychip_tensor_t) -> PyResult<polychi
     info.struct_size = size_of::<polychip_tensor_info_t>();
     // SAFETY: writable for its struct_size; libpolychip checks the handle.
     let e = unsafe { polychip_tensor_info(tensor, &mut info) };
-    check(py, handle(e))?;
+    check(py, held(e))?;
     Ok(info)
 }
 
@@ -294,7 +294,7 @@ impl Tensor {
                 &mut out,
             )
         };
-        check(py, handle(e))?;
+        check(py, held(e))?;
         Ok(Tensor::new(out as Handle, self.runtime.clone_ref(py)))
     }
 
@@ -305,7 +305,7 @@ impl Tensor {
     fn reinterpret(
         &self,
         py: Python<'_>,
-        dtype: &str,
+        dtype: Text,
         shape: Vec<Int<i64>>,
         strides: Vec<Int<i64>>,
         byte_offset: Int<u64>,
@@ -318,7 +318,7 @@ impl Tensor {
                 strides.len()
             )));
         }
-        let code = dtype_code(dtype)?;
+        let code = dtype_code(&dtype.0)?;
         let mut out = null_mut();
         // SAFETY: both arrays have `len` entries; `out` writable.
         let e = unsafe {
@@ -332,7 +332,7 @@ impl Tensor {
                 &mut out,
             )
         };
-        check(py, handle(e))?;
+        check(py, held(e))?;
         Ok(Tensor::new(out as Handle, self.runtime.clone_ref(py)))
     }
 
@@ -347,7 +347,8 @@ impl Tensor {
     /// process made with `runtime`'s library (checked: a handle that is not
     /// a live tensor is refused).
     #[staticmethod]
-    fn _adopt(py: Python<'_>, runtime: Py<Runtime>, handle: usize) -> PyResult<Tensor> {
+    fn _adopt(py: Python<'_>, runtime: Py<Runtime>, handle: Int<usize>) -> PyResult<Tensor> {
+        let handle = handle.0;
         info_of(py, handle as *const polychip_tensor_t)?;
         Ok(Tensor::new(handle, runtime))
     }
