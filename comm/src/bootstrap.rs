@@ -433,6 +433,17 @@ impl Job {
         if std::thread::panicking() {
             comm.abort("its thread panicked");
         }
+        // A peer that left without taking a message this rank sent it: the
+        // job lost data, which its exit reports (and announces).
+        if comm.broken().is_none()
+            && let Some(e) = comm.undelivered()
+        {
+            let why = e.to_string();
+            comm.abort(why.strip_prefix(&format!("rank {rank}: ")).unwrap_or(&why));
+            let _ = announce_failure(&*self.store, EXIT, rank, &why);
+            drop(comm);
+            return Err(e);
+        }
         let healthy = comm.broken().is_none();
         let passed = match comm.broken() {
             None => {

@@ -119,8 +119,9 @@ pub trait Transport: Send + Sync {
     /// [`crate::CommError::PeerLost`] naming this rank ("it left",
     /// [`crate::error::PEER_LEFT`]), instead of waiting out its deadline;
     /// a wait the departed rank's writes satisfy still succeeds. Best
-    /// effort, bounded, only the first call counts. Transports that cannot
-    /// tell (verbs) ignore it.
+    /// effort, bounded, only the first call counts. Verbs carries it
+    /// through the rendezvous store (read every 100 ms, see
+    /// [`crate::verbs::notices`]); a transport that cannot tell ignores it.
     fn leave(&self, _note: &dyn Fn(usize) -> Departure) {}
 
     /// How many peers announced with [`Transport::leave`] that they left
@@ -133,6 +134,13 @@ pub trait Transport: Send + Sync {
     /// announced with [`Transport::leave`] that it did.
     fn departed(&self, _peer: usize) -> Option<u64> {
         None
+    }
+
+    /// The final values of this rank's counters that `peer` declared as
+    /// it left ([`Departure::finals`]); empty while it has not left, or
+    /// where the transport cannot tell.
+    fn finals(&self, _peer: usize) -> Vec<(SignalId, u64)> {
+        Vec::new()
     }
 
     /// The failure a peer announced with [`Transport::abort`], if one did,

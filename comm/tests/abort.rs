@@ -693,3 +693,285 @@ fn tcp_a_rooted_mismatch_fails_every_rank_by_its_next_call() {
     a_rooted_mismatch_fails_every_rank(Kind::Tcp, true);
     a_rooted_mismatch_fails_every_rank(Kind::Tcp, false);
 }
+
+/// Rank 1 drops its communicator straight after setup while rank 0 is
+/// slow between creating its files and opening its peers' (descheduled
+/// there, simulated): rank 0's setup still succeeds, and its first
+/// collective fails at once naming rank 1 as departed. Rank 1 used to
+/// remove its files before rank 0 opened them, and rank 0 waited for them
+/// until its timeout ("waiting for rank 1 to register region 0").
+#[test]
+fn shm_a_rank_leaving_straight_after_setup_is_a_departure_not_a_timeout() {
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let timeout = Duration::from_secs(5);
+    let results: Vec<_> = thread::scope(|s| {
+        let handles: Vec<_> = (0..2)
+            .map(|r| {
+                let store = store.clone();
+                s.spawn(move || {
+                    if r == 0 {
+                        polychip_comm::shm::set_attach_delay_for_test(Duration::from_millis(300));
+                    }
+                    let start = Instant::now();
+                    let t = ShmTransport::new(&*store, r, 2, timeout)
+                        .map_err(|e| format!("rank {r}'s transport: {e}"))?;
+                    let mut c = Communicator::new(Arc::new(t))
+                        .map_err(|e| format!("rank {r}'s communicator: {e}"))?;
+                    c.set_timeout(timeout);
+                    let setup = start.elapsed();
+                    if r == 1 {
+                        drop(c);
+                        return Ok((None, setup));
+                    }
+                    let start = Instant::now();
+                    let e = c.all_reduce(&mut [0u8; 16], DType::F32, ReduceOp::Sum);
+                    Ok((Some((e, start.elapsed())), setup))
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let results: Vec<(_, Duration)> = results
+        .into_iter()
+        .map(|r: Result<_, String>| r.unwrap())
+        .collect();
+    let (r, took) = results[0].0.as_ref().unwrap();
+    eprintln!("setups took {:?}, {:?}", results[0].1, results[1].1);
+    names_departure(r.as_ref().unwrap_err(), *took, 1);
+    assert!(r.as_ref().unwrap_err().is_peer_departure());
+}
+
+/// Rank 0 sends rank 1 a message rank 1 never receives; rank 1 then drops
+/// its communicator (the send returned: rank 1 was there). Rank 0's next
+/// call, a receive from rank 2 that rank 2 satisfies, fails naming rank 1
+/// and the message it never took, as does the call after; the send used to
+/// go nowhere unnoticed (over TCP, a send in the window before the leave
+/// frame is read).
+fn an_untaken_send_to_a_departed_rank_fails_the_next_call(kind: Kind) {
+    let left = Barrier::new(3);
+    let results = world(kind, 3, |rank, mut c| {
+        c.barrier().unwrap();
+        match rank {
+            0 => {
+                c.send(&[1u8; 8], 1).unwrap();
+                left.wait();
+                let start = Instant::now();
+                let r = c.recv(&mut [0u8; 8], 2);
+                let took = start.elapsed();
+                let next = c.barrier();
+                Some((r, took, next))
+            }
+            1 => {
+                left.wait();
+                drop(c);
+                None
+            }
+            _ => {
+                left.wait();
+                thread::sleep(Duration::from_millis(300));
+                // Rank 0 may have failed (and said so) already.
+                let _ = c.send(&[2u8; 8], 0);
+                None
+            }
+        }
+    });
+    let (r, took, next) = results[0].as_ref().unwrap();
+    let e = r
+        .as_ref()
+        .expect_err("the message rank 1 never took went unnoticed");
+    eprintln!("{kind:?}: after {took:?}: {e}");
+    assert!(e.is_peer_departure(), "{e}");
+    let text = e.to_string();
+    assert!(
+        text.starts_with("rank 0: send/recv: peer rank 1 is gone: it left")
+            && text.contains("it never took 1 message this rank sent it"),
+        "{text}"
+    );
+    assert!(*took < PROMPT, "took {took:?}");
+    assert!(next.is_err(), "the communicator stays failed: {next:?}");
+}
+
+#[test]
+fn shm_an_untaken_send_to_a_departed_rank_fails_the_next_call() {
+    an_untaken_send_to_a_departed_rank_fails_the_next_call(Kind::Shm);
+}
+
+#[test]
+fn tcp_an_untaken_send_to_a_departed_rank_fails_the_next_call() {
+    an_untaken_send_to_a_departed_rank_fails_the_next_call(Kind::Tcp);
+}
+
+/// Sets up `ranks` ((rank, world) each) over shared memory as threads and
+/// makes one all-reduce of 1 each: each rank's result (the sum, or the
+/// error's words) and how long it took.
+fn shm_ranks(ranks: &[(usize, usize)], timeout: Duration) -> Vec<(Result<i64, String>, Duration)> {
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    thread::scope(|s| {
+        let handles: Vec<_> = ranks
+            .iter()
+            .map(|&(r, w)| {
+                let store = store.clone();
+                s.spawn(move || {
+                    let start = Instant::now();
+                    let t = ShmTransport::new(&*store, r, w, timeout);
+                    let sum = t
+                        .and_then(|t| Communicator::new(Arc::new(t)))
+                        .and_then(|mut c| {
+                            c.set_timeout(timeout);
+                            let mut b = 1i64.to_ne_bytes().to_vec();
+                            c.all_reduce(&mut b, DType::I64, ReduceOp::Sum)?;
+                            Ok(i64::from_ne_bytes(b[..].try_into().unwrap()))
+                        });
+                    (sum.map_err(|e| e.to_string()), start.elapsed())
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+/// Without the launcher's checks (a bare `ShmTransport`, as a split group
+/// or an embedding builds): a second thread given rank 1 fails at once
+/// naming the rank given twice, and ranks 0 and 1 run the job (it replaced
+/// the first one's files: one rank 1 failed with a `Mismatch` about a
+/// "call #0", the other with "it closed its transport"); ranks started
+/// with different world sizes fail at once naming both sizes (they waited
+/// out the timeout naming a rank).
+#[test]
+fn shm_a_rank_given_twice_or_a_world_that_differs_fails_at_once() {
+    // A side of a world mismatch that misses the other's size waits this
+    // long, naming a rank.
+    let timeout = Duration::from_secs(4);
+    let results = shm_ranks(&[(0, 2), (1, 2), (1, 2)], timeout);
+    eprintln!("{results:?}");
+    assert_eq!(results[0].0, Ok(2), "{results:?}");
+    let refused: Vec<_> = results[1..]
+        .iter()
+        .filter_map(|(r, took)| Some((r.as_ref().err()?, took)))
+        .collect();
+    assert_eq!(refused.len(), 1, "{results:?}");
+    let (e, took) = refused[0];
+    assert!(
+        e.contains("rank 1: shm map: ") && e.contains("has taken rank 1 (a rank given twice)"),
+        "{e}"
+    );
+    assert!(*took < PROMPT, "took {took:?}");
+    assert!(results[1..].iter().any(|(r, _)| *r == Ok(2)), "{results:?}");
+
+    let results = shm_ranks(&[(0, 2), (1, 3)], timeout);
+    eprintln!("{results:?}");
+    let named =
+        |e: &String| e.contains("was started with a world of") && e.contains("the same world size");
+    assert!(
+        results
+            .iter()
+            .any(|(r, took)| r.as_ref().is_err_and(named) && *took < PROMPT),
+        "{results:?}"
+    );
+    assert!(results.iter().all(|(r, _)| r.is_err()), "{results:?}");
+    // Usually both (the first to see it keeps its files a moment for the
+    // other); one may still wait out the timeout on a loaded machine.
+    let both = results.iter().all(|(r, _)| r.as_ref().is_err_and(named));
+    eprintln!("both sides named the sizes: {both}");
+}
+
+/// Whole jobs of two ranks: rank 0 sends rank 1 a message that rank 1
+/// never receives, and rank 1 finishes its job. Rank 0's finish fails
+/// naming rank 1 and the message it never took, and announces it at the
+/// exit barrier, where rank 1 fails too (both used to finish cleanly, the
+/// message lost unnoticed).
+#[test]
+fn a_job_whose_message_was_never_taken_fails_its_exit() {
+    for transport in [TransportKind::Shm, TransportKind::Tcp] {
+        let port = free_port().unwrap();
+        let sent = Arc::new(Barrier::new(2));
+        let handles: Vec<_> = (0..2)
+            .map(|rank| {
+                let sent = sent.clone();
+                thread::spawn(move || {
+                    let mut options = InitOptions::from_env().unwrap();
+                    options.transport = Some(transport);
+                    options.timeout = TIMEOUT;
+                    let info = RankInfo {
+                        local_rank: rank,
+                        local_world_size: 2,
+                        ..RankInfo::local(rank, 2, port)
+                    };
+                    let mut job = init_with(info, options).unwrap();
+                    job.barrier().unwrap();
+                    if rank == 0 {
+                        job.send(&[1u8; 8], 1).unwrap();
+                        sent.wait();
+                        // Until rank 1's departure has arrived.
+                        thread::sleep(Duration::from_millis(300));
+                    } else {
+                        sent.wait();
+                    }
+                    let start = Instant::now();
+                    (job.finish(), start.elapsed())
+                })
+            })
+            .collect();
+        let results: Vec<_> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+        eprintln!("{transport:?}: {results:?}");
+        let (r, took) = &results[0];
+        let e = r
+            .as_ref()
+            .expect_err("rank 0's lost message went unnoticed");
+        assert!(e.is_peer_departure(), "{e}");
+        assert!(
+            e.to_string()
+                .contains("it never took 1 message this rank sent it"),
+            "{e}"
+        );
+        assert!(*took < PROMPT, "took {took:?}");
+        let (r, took) = &results[1];
+        let e = r.as_ref().expect_err("rank 1's exit succeeded");
+        assert!(
+            e.to_string().contains("it never took 1 message"),
+            "{transport:?}: {e}"
+        );
+        assert!(*took < PROMPT + Duration::from_millis(300), "took {took:?}");
+    }
+}
+
+/// Over TCP, rank 2 drops its communicator straight after setup while
+/// rank 0 joins 300 ms late: ranks 0 and 1 set up, and their first
+/// collective fails at once naming rank 2 as departed (the mesh is
+/// complete once every connection is, and the departure comes over it).
+#[test]
+fn tcp_a_rank_leaving_straight_after_setup_is_a_departure_not_a_timeout() {
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let timeout = Duration::from_secs(5);
+    let results: Vec<_> = thread::scope(|s| {
+        let handles: Vec<_> = (0..3)
+            .map(|r| {
+                let store = store.clone();
+                s.spawn(move || {
+                    if r == 0 {
+                        thread::sleep(Duration::from_millis(300));
+                    }
+                    let options = TcpOptions::default();
+                    let t = TcpTransport::with_options(store, r, 3, timeout, options)
+                        .map_err(|e| format!("rank {r}'s transport: {e}"))?;
+                    let mut c = Communicator::new(Arc::new(t))
+                        .map_err(|e| format!("rank {r}'s communicator: {e}"))?;
+                    c.set_timeout(timeout);
+                    if r == 2 {
+                        drop(c);
+                        return Ok(None);
+                    }
+                    let start = Instant::now();
+                    let e = c.all_reduce(&mut [0u8; 16], DType::F32, ReduceOp::Sum);
+                    Ok(Some((e, start.elapsed())))
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for r in results.into_iter().take(2) {
+        let r: Result<_, String> = r;
+        let (e, took) = r.unwrap().unwrap();
+        names_departure(e.as_ref().unwrap_err(), took, 2);
+    }
+}

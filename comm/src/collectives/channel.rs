@@ -167,7 +167,10 @@ impl Communicator {
         r.map_err(|e| {
             let e = Self::restate(e, op, timeout, what);
             self.fail(e)
-        })
+        })?;
+        // A departure that arrived meanwhile may have left a message this
+        // rank sent undelivered: found now, not at some later call.
+        self.check_undelivered()
     }
 
     /// A transport's error as the operation `op` reports it.

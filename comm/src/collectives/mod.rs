@@ -36,7 +36,13 @@
 //! departed rank's last one, a wait for a message or credit it never sent,
 //! and a send to it fail at once naming it ("peer rank 2 is gone: it left
 //! (destroyed its communicator) before this call"), while calls its last
-//! messages satisfy go on: ranks that all finish do not notice.
+//! messages satisfy go on: ranks that all finish do not notice. A send
+//! made before the notice arrived (over TCP it comes as a frame, read when
+//! this rank next reads its connections) returns as if delivered; a
+//! departed rank that never took it is found out by the first call that
+//! begins, or returns from a wait, after the notice arrived, which fails
+//! naming it ("... before this call: it never took 1 message this rank
+//! sent it"), as does every later call ([`Communicator::undelivered`]).
 
 mod agree;
 mod channel;
@@ -95,6 +101,9 @@ pub struct Communicator {
     store: Option<Arc<dyn Store>>,
     /// Whether it told its peers it left ([`Communicator::leave`]).
     left: bool,
+    /// How many departures ([`Transport::departures`]) it has checked for
+    /// messages the departed never took ([`Communicator::undelivered`]).
+    departures_seen: usize,
 }
 
 impl Drop for Communicator {
@@ -163,6 +172,7 @@ impl Communicator {
             in_place,
             store: None,
             left: false,
+            departures_seen: 0,
         })
     }
 
@@ -264,6 +274,10 @@ impl Communicator {
         if let Some(e) = self.transport.peer_failure() {
             return Err(self.fail(e.restated(|r| r, |_| kind.to_string())));
         }
+        // A peer left without taking what this rank sent it (a send made
+        // before its notice arrived): one load when no peer left since the
+        // last look.
+        self.check_undelivered()?;
         // A peer left before this collective (every collective involves
         // every rank): one load when none did.
         if collective && self.transport.departures() > 0 {
@@ -337,6 +351,58 @@ impl Communicator {
         Err(self.fail(e))
     }
 
+    /// Fails the current call if a peer that left ([`Transport::leave`])
+    /// never took messages this rank sent it (see
+    /// [`Communicator::undelivered`]); one load when no peer left since the
+    /// last look.
+    pub(crate) fn check_undelivered(&mut self) -> Result<()> {
+        let departures = self.transport.departures();
+        if departures == self.departures_seen {
+            return Ok(());
+        }
+        self.departures_seen = departures;
+        match self.undelivered() {
+            Some(e) => Err(self.fail(e)),
+            None => Ok(()),
+        }
+    }
+
+    /// A departed peer that never took some of the messages this rank sent
+    /// it, as the error of the current call: the count it declared taking
+    /// as it left (the final value of this rank's credit counter for it) is
+    /// below the count this rank sent. A send made before the peer's notice
+    /// arrived returned as if delivered; this is when it is found out, at
+    /// the latest in the first call that begins or waits after the notice
+    /// arrived. `None` when every departed peer took everything (or its
+    /// transport cannot tell).
+    pub fn undelivered(&self) -> Option<CommError> {
+        if self.transport.departures() == 0 {
+            return None;
+        }
+        (0..self.world)
+            .filter(|&p| p != self.rank && self.transport.departed(p).is_some())
+            .find_map(|peer| {
+                let finals = self.transport.finals(peer);
+                let lost: u64 = (0..CLASSES)
+                    .map(|class| {
+                        let credit = SignalId((128 + class * 64 + peer) as u32);
+                        finals
+                            .iter()
+                            .find(|(s, _)| *s == credit)
+                            .map_or(0, |&(_, taken)| {
+                                self.sent[peer][class].saturating_sub(taken)
+                            })
+                    })
+                    .sum();
+                let plural = if lost == 1 { "" } else { "s" };
+                let detail = format!(
+                    ": it never took {lost} message{plural} this rank sent it (a send to it \
+                     went nowhere)"
+                );
+                (lost > 0).then(|| CommError::peer_left(self.rank, self.op, peer, &detail))
+            })
+    }
+
     /// Tells every peer this communicator leaves cleanly and makes no more
     /// calls ([`Transport::leave`]): how many collectives it made and how
     /// many messages it sent each peer and took from it, so that a peer
@@ -350,6 +416,9 @@ impl Communicator {
             return;
         }
         self.left = true;
+        if let Some(e) = self.undelivered() {
+            log::warn!("{e}");
+        }
         let me = self.rank;
         let (sent, received, calls) = (&self.sent, &self.received, self.seq);
         let note = |peer: usize| crate::transport::Departure {

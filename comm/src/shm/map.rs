@@ -25,9 +25,9 @@ impl Map {
             message: format!("{path}: {e}"),
         };
         let file = if create {
-            let _ = fs::remove_file(path); // a stale file of the same name
-            let tmp = format!("{path}.tmp");
-            let _ = fs::remove_file(&tmp);
+            // A temporary name of this call's own, so that two processes
+            // claiming the same file do not remove each other's.
+            let tmp = format!("{path}.{:016x}.tmp", super::random_u64());
             // Private to this user (a job's activations and gradients pass
             // through these files), created new: a file or symlink planted
             // under the temporary name makes this fail rather than be
@@ -40,8 +40,9 @@ impl Map {
                 .custom_flags(libc::O_NOFOLLOW)
                 .open(&tmp)
                 .map_err(io)?;
-            f.set_len(len as u64).map_err(io)?;
-            fs::rename(&tmp, path).map_err(io)?;
+            let placed = f.set_len(len as u64).and_then(|()| claim(&tmp, path, rank));
+            let _ = fs::remove_file(&tmp);
+            placed.map_err(io)?;
             f
         } else {
             let f = OpenOptions::new()
@@ -99,6 +100,32 @@ impl Map {
         // SAFETY: in bounds (checked), 8-aligned (page-aligned base), shared memory is only accessed atomically at these offsets.
         unsafe { &*(self.ptr.add(index * 8) as *const AtomicU64) }
     }
+}
+
+/// Gives the file at `tmp` the name `path`, which must be free: job names
+/// are unique, so a regular file of this user there is another process's
+/// or thread's of this job that took the same rank (a rank given twice),
+/// which fails naming it; anything else there (a planted symlink, another
+/// user's file) is replaced, not followed. The caller removes `tmp`.
+fn claim(tmp: &str, path: &str, rank: usize) -> std::io::Result<()> {
+    match fs::hard_link(tmp, path) {
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        other => return other,
+    }
+    let meta = fs::symlink_metadata(path)?;
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    if meta.is_file() && meta.uid() == me {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::AlreadyExists,
+            format!(
+                "it exists already: another process or thread of this job has taken rank \
+                 {rank} (a rank given twice); give each rank a number of its own"
+            ),
+        ));
+    }
+    fs::remove_file(path)?;
+    fs::hard_link(tmp, path)
 }
 
 impl Drop for Map {

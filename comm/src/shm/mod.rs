@@ -9,8 +9,13 @@
 //! a futex, checks the peers' liveness about every 100 ms and fails at its
 //! deadline. A rank whose communicator fails publishes its reason in its
 //! control segment and marks every peer's ([`Transport::abort`]); a waiter
-//! sees the mark with one load per turn of its loop and fails at once. All unsafe code of the communication layer lives in this module
-//! (the mappings and the futex in `map.rs`).
+//! sees the mark with one load per turn of its loop and fails at once.
+//! Setup (connecting, and each region's registration) ends only once every
+//! rank has mapped every rank's files of that step, each rank recording its
+//! progress in its control segment: a rank that leaves straight after
+//! setup removes its files, which a slower peer must have opened by then.
+//! All unsafe code of the communication layer lives in this module (the
+//! mappings and the futex in `map.rs`).
 
 mod map;
 
@@ -62,7 +67,17 @@ const LEFT_AT: usize = 6;
 /// tells a waiter or a call beginning.
 const DEPARTED: usize = 7;
 const REASON: usize = 8;
-const _: () = assert!((REASON * 8 + crate::error::MAX_ABORT_REASON) <= SIG_BASE);
+/// How far this rank's setup got: 1 once it mapped every peer's control
+/// segment, `2 + id` once it mapped every peer's copy of region `id`. A rank
+/// finishes a setup step only when every peer has reached it (so has
+/// mapped its files), because a rank that leaves removes its files: a peer
+/// still to open them would wait for them until its deadline.
+const STAGE: usize = (REASON * 8 + crate::error::MAX_ABORT_REASON).div_ceil(8);
+/// The world size this rank was started with (written before its pid, so
+/// a peer that sees the pid sees it): ranks of different worlds fail at
+/// once naming both sizes instead of waiting for ranks that never come.
+const WORLD: usize = STAGE + 1;
+const _: () = assert!(WORLD * 8 + 8 <= SIG_BASE);
 
 /// The shared-memory transport.
 #[derive(Debug)]
@@ -214,6 +229,27 @@ fn sweep_in(dir: &std::path::Path, min_age: Duration) -> usize {
     removed
 }
 
+thread_local! {
+    /// How long this thread's setup steps pause between creating their own
+    /// file and opening the peers' (a rank descheduled there): for tests.
+    static ATTACH_DELAY: std::cell::Cell<Duration> = const { std::cell::Cell::new(Duration::ZERO) };
+}
+
+/// Makes this thread's shared-memory setup steps pause for `delay` after
+/// creating this rank's file and before opening the peers' (as a rank
+/// descheduled there would): for tests of setup races.
+#[doc(hidden)]
+pub fn set_attach_delay_for_test(delay: Duration) {
+    ATTACH_DELAY.with(|d| d.set(delay));
+}
+
+fn attach_delay() {
+    let delay = ATTACH_DELAY.with(|d| d.get());
+    if !delay.is_zero() {
+        std::thread::sleep(delay);
+    }
+}
+
 fn open_peer(
     path: &str,
     len: usize,
@@ -221,11 +257,19 @@ fn open_peer(
     deadline: Instant,
     timeout: Duration,
     what: &str,
+    lost: &dyn Fn() -> Option<CommError>,
 ) -> Result<Map> {
     let mut pause = Duration::from_micros(20);
     loop {
         if fs::metadata(path).is_ok() {
             return Map::open(path, len, false, rank);
+        }
+        if let Some(e) = lost() {
+            // (The file may have come since the look above.)
+            if fs::metadata(path).is_ok() {
+                continue;
+            }
+            return Err(e);
         }
         if Instant::now() >= deadline {
             return Err(CommError::Timeout {
@@ -287,11 +331,13 @@ impl ShmTransport {
             }
         }
         let mut unlink = Unlink(Some(&own_path));
+        own.word(WORLD).store(world as u64, Ordering::Release);
         own.word(PID)
             .store(u64::from(std::process::id()), Ordering::Release);
         let mut ctl = Vec::with_capacity(world);
         let mut pids = Vec::with_capacity(world);
         let mut own = Some(own);
+        attach_delay();
         for peer in 0..world {
             let map = match peer == rank {
                 true => own.take().expect("own control segment"),
@@ -302,6 +348,7 @@ impl ShmTransport {
                     deadline,
                     timeout,
                     &format!("rank {peer} to start"),
+                    &|| None,
                 )?,
             };
             let mut pid = map.word(PID).load(Ordering::Acquire);
@@ -309,20 +356,92 @@ impl ShmTransport {
                 std::thread::yield_now();
                 pid = map.word(PID).load(Ordering::Acquire);
             }
+            let theirs = map.word(WORLD).load(Ordering::Acquire);
+            if pid != 0 && theirs != world as u64 {
+                // This rank's file stays a moment, so that the peer (still
+                // polling for it, every 5 ms at most) sees this size too
+                // and fails as fast, instead of waiting for the removed
+                // file until its deadline.
+                std::thread::sleep(Duration::from_millis(200).min(timeout));
+                return Err(CommError::Mismatch {
+                    rank,
+                    op: "shm connect".into(),
+                    message: format!(
+                        "rank {peer} was started with a world of {theirs} ranks, this rank with \
+                         {world}: every rank of a job must be given the same world size"
+                    ),
+                });
+            }
             pids.push(pid as libc::pid_t);
             ctl.push(map);
         }
-        let regions = Regions::default();
-        unlink.0 = None;
-        Ok(ShmTransport {
+        let t = ShmTransport {
             rank,
             world,
             job: job.to_string(),
             timeout,
             ctl,
-            regions,
+            regions: Regions::default(),
             pids,
+        };
+        unlink.0 = None;
+        // Until every peer mapped this rank's control segment, this rank
+        // may not leave (its drop would remove the file under them).
+        t.reach(1, deadline, "control segment")?;
+        Ok(t)
+    }
+
+    /// During setup: `peer` closed its transport, or its process is gone,
+    /// before it `did` what this rank waits for, as the error.
+    fn setup_lost(&self, peer: usize, did: &str) -> Option<CommError> {
+        let why = match self.closed(peer) {
+            true => "it closed its transport".to_string(),
+            false => self.gone(peer)?,
+        };
+        Some(CommError::PeerLost {
+            rank: self.rank,
+            op: "shm connect".into(),
+            peer,
+            why: format!("{why} before it {did}"),
         })
+    }
+
+    /// Records that this rank reached setup `stage` (mapped every peer's
+    /// file of that step) and waits until every peer has too (mapped this
+    /// rank's), failing at `deadline`, or at once when a peer's process
+    /// is gone or a peer announced its failure.
+    fn reach(&self, stage: u64, deadline: Instant, what: &str) -> Result<()> {
+        self.ctl[self.rank]
+            .word(STAGE)
+            .fetch_max(stage, Ordering::SeqCst);
+        let mut pause = Duration::from_micros(20);
+        for peer in (0..self.world).filter(|&p| p != self.rank) {
+            loop {
+                if self.ctl[peer].word(STAGE).load(Ordering::Acquire) >= stage {
+                    break;
+                }
+                if let Some(e) = self.peer_failure() {
+                    return Err(e.restated(|r| r, |_| "shm connect".into()));
+                }
+                let lost = self.setup_lost(peer, &format!("mapped this rank's {what}"));
+                // (It may have got there, and left, since the look above.)
+                let reached = self.ctl[peer].word(STAGE).load(Ordering::Acquire) >= stage;
+                if let Some(e) = lost.filter(|_| !reached) {
+                    return Err(e);
+                }
+                if Instant::now() >= deadline {
+                    return Err(CommError::Timeout {
+                        rank: self.rank,
+                        op: "shm connect".into(),
+                        after: self.timeout,
+                        waiting_for: format!("rank {peer} to map this rank's {what}"),
+                    });
+                }
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_millis(5));
+            }
+        }
+        Ok(())
     }
 
     /// The job name the ranks agreed on.
@@ -492,6 +611,7 @@ impl Transport for ShmTransport {
         )?;
         let mut maps = Vec::with_capacity(self.world);
         let mut own = Some(own);
+        attach_delay();
         for peer in 0..self.world {
             maps.push(match peer == self.rank {
                 true => own.take().expect("own region"),
@@ -502,12 +622,17 @@ impl Transport for ShmTransport {
                     deadline,
                     self.timeout,
                     &format!("rank {peer} to register region {id}"),
+                    // A peer that is gone will not register it.
+                    &|| self.setup_lost(peer, &format!("registered region {id}")),
                 )?,
             });
         }
         let ptr = maps[self.rank].ptr;
         self.regions.set(id, maps)?;
         *count += 1;
+        // This rank may not leave (remove the file) before every peer
+        // mapped its copy.
+        self.reach(id as u64 + 2, deadline, &format!("region {id}"))?;
         Ok((RegionId(id as u32), ptr))
     }
 
@@ -709,6 +834,13 @@ impl Transport for ShmTransport {
         at.checked_sub(1)
     }
 
+    fn finals(&self, peer: usize) -> Vec<(SignalId, u64)> {
+        if peer >= self.world || peer == self.rank {
+            return Vec::new();
+        }
+        ShmTransport::finals(self, peer)
+    }
+
     fn peer_failure(&self) -> Option<CommError> {
         let peer = self.noticed()?;
         Some(CommError::peer_failed(
@@ -855,6 +987,49 @@ mod tests {
         }
         drop(t);
         assert!(fs::metadata(path(&a, 0, "ctl")).is_err(), "removed on drop");
+    }
+
+    /// A rank that fails between connecting and registering a region (its
+    /// transport dropped): the peer registering fails at once naming it,
+    /// where it waited for the region's file until its deadline.
+    #[test]
+    fn a_peer_that_leaves_during_setup_fails_the_others_at_once() {
+        let job = unique_job_name();
+        let timeout = Duration::from_secs(20);
+        let results: Vec<Result<(), (CommError, Duration)>> = std::thread::scope(|s| {
+            let hs: Vec<_> = [4096, 8192]
+                .into_iter()
+                .enumerate()
+                .map(|(rank, len)| {
+                    let job = &job;
+                    s.spawn(move || {
+                        let t = ShmTransport::with_job_name(job, rank, 2, timeout).unwrap();
+                        if rank == 1 {
+                            // It fails before its registration (here: it
+                            // is dropped).
+                            std::thread::sleep(Duration::from_millis(100));
+                            drop(t);
+                            return Ok(());
+                        }
+                        let start = Instant::now();
+                        t.register(len)
+                            .map(|_| ())
+                            .map_err(|e| (e, start.elapsed()))?;
+                        Ok(())
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        eprintln!("{results:?}");
+        let (e0, took) = results[0].as_ref().unwrap_err();
+        assert!(*took < Duration::from_secs(2), "{took:?}");
+        assert!(
+            e0.to_string().contains(
+                "peer rank 1 is gone: it closed its transport before it registered region 0"
+            ),
+            "{e0}"
+        );
     }
 
     #[test]

@@ -773,6 +773,10 @@ impl Transport for TcpTransport {
         self.inner.shared.departed(peer)
     }
 
+    fn finals(&self, peer: usize) -> Vec<(SignalId, u64)> {
+        self.inner.shared.finals_of(peer)
+    }
+
     fn peer_failure(&self) -> Option<CommError> {
         self.inner.shared.announced_failure("wait")
     }

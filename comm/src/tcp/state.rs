@@ -331,6 +331,13 @@ impl Shared {
             .checked_sub(1)
     }
 
+    /// The final values of this rank's counters `peer` declared as its
+    /// communicator left (empty while it has not).
+    pub fn finals_of(&self, peer: usize) -> Vec<(SignalId, u64)> {
+        let all = self.finals.lock().unwrap_or_else(|e| e.into_inner());
+        all.get(peer).cloned().unwrap_or_default()
+    }
+
     /// A peer whose communicator left with `signal` final below `value`,
     /// as a wait's error: the wait can never end.
     pub fn left_short(&self, signal: SignalId, value: u64) -> Option<CommError> {

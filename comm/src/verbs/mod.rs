@@ -5,8 +5,11 @@
 //! and RDMA WRITE WITH IMMEDIATE for signals. [`rdma_availability`] is always
 //! compiled and says whether RDMA can be used here, so the layer can pick
 //! another transport. The store records and the pure choices ([`wire`],
-//! [`options`]) need no hardware and are tested without the feature.
+//! [`options`]) need no hardware and are tested without the feature, as is
+//! the store-borne channel of its failure and departure notices
+//! ([`notices`]).
 
+pub mod notices;
 pub mod options;
 pub mod probe;
 pub mod wire;

@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use ibverbs_sys as ffi;
 
+use super::notices::Notices;
 use super::sys::{Context, Cq, Pd, Qp, Registered, wc_status_str};
 use super::wire::{RemoteRegion, WorkId, decode_imm};
 use crate::error::{CommError, Result};
@@ -45,6 +46,8 @@ pub(crate) struct Shared {
     failed: AtomicBool,
     failure: Mutex<Option<CommError>>,
     pub closing: AtomicBool,
+    /// The peers' failure and departure notices (through the store).
+    pub notices: std::sync::Arc<Notices>,
 }
 
 impl Shared {
@@ -55,6 +58,7 @@ impl Shared {
         cq: Cq,
         pd: Pd,
         ctx: Context,
+        notices: std::sync::Arc<Notices>,
     ) -> Shared {
         Shared {
             rank,
@@ -68,6 +72,7 @@ impl Shared {
             failed: AtomicBool::new(false),
             failure: Mutex::new(None),
             closing: AtomicBool::new(false),
+            notices,
         }
     }
 
@@ -158,6 +163,15 @@ impl Shared {
             p.free.lock().unwrap_or_else(|e| e.into_inner()).push(slot);
         }
         if let Some((status, vendor)) = wc.error() {
+            if self.notices.departed(peer).is_some() {
+                // A peer that left tore its queue pair down: the writes
+                // to it (its last credits) go nowhere, which is no loss.
+                log::debug!(
+                    "verbs rank {}: a work request to rank {peer}, which left, failed",
+                    self.rank
+                );
+                return;
+            }
             let what = if slot.is_some() {
                 "RDMA write"
             } else {

@@ -7,6 +7,16 @@
 //! immediate every byte before it has landed. A progress thread polls the
 //! CQ (freeing slots, raising signals, reposting receives); `wait` polls it
 //! too while it spins.
+//!
+//! Failure and departure notices ([`Transport::abort`],
+//! [`Transport::leave`]) go through the rendezvous store (see
+//! [`super::notices`]), read by a thread of their own every 100 ms: a peer
+//! whose communicator failed fails every wait and later call naming it; a
+//! departed peer fails waits for more than its final counter values and
+//! collectives after its last, and writes to it are discarded (its queue
+//! pair is gone; their failed completions are no loss), as over TCP. A
+//! dropped transport lets its posted writes complete (at most a second)
+//! before its queue pairs go.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -16,6 +26,7 @@ use std::time::{Duration, Instant};
 use ibverbs_sys as ffi;
 
 use super::connect::{self, access};
+use super::notices::Notices;
 use super::options::VerbsOptions;
 use super::state::{MAX_SIGNALS, Peer, Shared};
 use super::sys::Registered;
@@ -34,6 +45,8 @@ pub struct VerbsTransport {
     spin: Duration,
     register_lock: std::sync::Mutex<()>,
     progress: Option<JoinHandle<()>>,
+    /// Staging slots per peer (all free once every write completed).
+    slots: usize,
 }
 
 impl std::fmt::Debug for VerbsTransport {
@@ -93,8 +106,20 @@ impl VerbsTransport {
             dev.name,
             dev.gid_index
         );
+        // Failure and departure notices travel through the store (RDMA
+        // has no frames to carry them); a thread of their own reads them.
+        let notices = Arc::new(Notices::new(store.clone(), &mesh.base, rank, world_size));
+        let reader = Arc::clone(&notices);
+        std::thread::Builder::new()
+            .name(format!("verbs-notices-{rank}"))
+            .spawn(move || reader.run())
+            .map_err(|e| CommError::Io {
+                rank,
+                op: "verbs spawn notices".into(),
+                message: e.to_string(),
+            })?;
         let shared = Arc::new(Shared::new(
-            rank, world_size, peers, mesh.cq, mesh.pd, dev.ctx,
+            rank, world_size, peers, mesh.cq, mesh.pd, dev.ctx, notices,
         ));
         let thread_shared = Arc::clone(&shared);
         let progress = std::thread::Builder::new()
@@ -119,6 +144,7 @@ impl VerbsTransport {
             spin: options.spin,
             register_lock: std::sync::Mutex::new(()),
             progress: Some(progress),
+            slots: options.slots,
         })
     }
 
@@ -267,6 +293,13 @@ impl Transport for VerbsTransport {
             )));
         }
         shared.check("write")?;
+        if let Some(e) = shared.notices.failure("verbs write") {
+            return Err(e);
+        }
+        if shared.notices.departed(peer).is_some() {
+            // A peer that left can no longer receive: discard (as TCP).
+            return Ok(());
+        }
         let Some(p) = &shared.peers[peer] else {
             // SAFETY: the range is inside this rank's copy (checked above);
             // by the transport contract nobody else touches it until
@@ -358,6 +391,13 @@ impl Transport for VerbsTransport {
                 return Ok(());
             }
             shared.check("wait")?;
+            // A peer's notice (one load each when there is none).
+            if let Some(e) = shared.notices.failure("verbs wait") {
+                return Err(e);
+            }
+            if let Some(e) = shared.notices.left_short("verbs wait", signal, value) {
+                return Err(e);
+            }
             let now = Instant::now();
             if now >= deadline {
                 return Err(CommError::Timeout {
@@ -384,10 +424,59 @@ impl Transport for VerbsTransport {
             .counter(signal)
             .map_or(0, |c| c.load(Ordering::Acquire))
     }
+
+    /// Posts the failure notice through the store (bounded: about a
+    /// second, see [`super::notices`]).
+    fn abort(&self, why: &str) {
+        self.shared.notices.announce_failure(why);
+    }
+
+    /// Posts the departure notice through the store (bounded, as abort).
+    fn leave(&self, note: &dyn Fn(usize) -> crate::transport::Departure) {
+        self.shared.notices.announce_departure(note);
+    }
+
+    fn departures(&self) -> usize {
+        self.shared.notices.departures()
+    }
+
+    fn departed(&self, peer: usize) -> Option<u64> {
+        self.shared.notices.departed(peer)
+    }
+
+    fn finals(&self, peer: usize) -> Vec<(SignalId, u64)> {
+        self.shared.notices.finals(peer)
+    }
+
+    fn peer_failure(&self) -> Option<CommError> {
+        self.shared.notices.failure("wait")
+    }
+
+    fn peer_lost(&self) -> Option<CommError> {
+        self.peer_failure()
+            .or_else(|| self.shared.check("wait").err())
+    }
 }
 
 impl Drop for VerbsTransport {
     fn drop(&mut self) {
+        self.shared.notices.close();
+        // Let the writes already posted complete (land at the peers)
+        // before the queue pairs go, for at most a second.
+        let until = Instant::now() + Duration::from_secs(1);
+        let idle = |p: &Option<super::state::Peer>| {
+            p.as_ref().is_none_or(|p| {
+                p.free.lock().unwrap_or_else(|e| e.into_inner()).len() >= self.slots
+            })
+        };
+        while Instant::now() < until
+            && self.shared.check("close").is_ok()
+            && !self.shared.peers.iter().all(idle)
+        {
+            if self.shared.progress() == 0 {
+                std::thread::sleep(Duration::from_micros(50));
+            }
+        }
         self.shared.closing.store(true, Ordering::Release);
         if let Some(handle) = self.progress.take() {
             let _ = handle.join();
