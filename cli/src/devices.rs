@@ -175,6 +175,13 @@ fn print_table(runtime: &Runtime) {
                 missing.join(", ")
             );
         }
+        // ABI rules 12 and 13: what loading it changed in the process.
+        for finding in plugin.load_findings() {
+            println!("warning: {finding}");
+        }
+        for note in plugin.load_notes() {
+            println!("note: {note}");
+        }
     }
     for failure in runtime.failures() {
         println!("failed to load: {}", failure.error);
@@ -196,6 +203,13 @@ pub fn run(args: &Args) -> ExitCode {
     if args.json {
         let doc = json!({
             "devices": runtime.devices().iter().map(device_json).collect::<Vec<_>>(),
+            "plugins": runtime.plugins().iter().map(|p| json!({
+                "path": p.path().display().to_string(),
+                "vendor": p.vendor(),
+                "version": p.version(),
+                "load_findings": p.load_findings(),
+                "load_notes": p.load_notes(),
+            })).collect::<Vec<_>>(),
             "failures": runtime.failures().iter().map(|f| json!({
                 "path": f.path.display().to_string(),
                 "error": f.error.to_string(),

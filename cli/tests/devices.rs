@@ -76,6 +76,13 @@ fn json_describes_devices_for_machines() {
     assert_eq!(cobalt["host_visible"], false);
     assert_eq!(cobalt["ops_missing"].as_array().unwrap().len(), 0);
     assert_eq!(doc["failures"].as_array().unwrap().len(), 0);
+    // The bundled plugins leave the process as they found it (ABI rules 12
+    // and 13).
+    for plugin in doc["plugins"].as_array().unwrap() {
+        assert_eq!(plugin["load_findings"], serde_json::json!([]), "{plugin}");
+        assert_eq!(plugin["load_notes"], serde_json::json!([]), "{plugin}");
+    }
+    assert!(doc["plugins"].as_array().unwrap().len() >= 2, "{doc}");
 }
 
 #[test]
