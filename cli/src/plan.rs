@@ -302,10 +302,8 @@ fn plan(args: &Args) -> Result<(), String> {
         }
         // What the plan says against the model and the cluster is said of
         // the plan file.
-        let ev = evaluate::evaluate(&spec, &model, &cluster, &settings).map_err(|e| match e {
-            SpecError::Plan(m) => format!("plan {}: {m}", polychip_files::shown_path(plan_file)),
-            e => e.to_string(),
-        })?;
+        let ev = evaluate::evaluate(&spec, &model, &cluster, &settings)
+            .map_err(|e| e.of_plan_file(plan_file).to_string())?;
         // The plan's groups fix its batch; a --global-batch that differs
         // is said, not silently dropped.
         if let Some(n) = args.global_batch

@@ -78,6 +78,30 @@ pub enum SpecError {
     /// A plan to evaluate is inconsistent with the model or the cluster.
     #[error("plan: {0}")]
     Plan(String),
+    /// What is wrong with a plan file, read or evaluated: `plan FILE: ...`
+    /// whichever of the two found it (until stop 45 a file's own errors
+    /// read `plan: FILE: ...` and its evaluation's `plan FILE: ...`).
+    #[error("plan {}: {message}", polychip_files::shown_path(path))]
+    PlanFile {
+        /// The plan file.
+        path: PathBuf,
+        /// What is wrong, as [`SpecError::Plan`] says it.
+        message: String,
+    },
+}
+
+impl SpecError {
+    /// This error said of the plan file `path`: a [`SpecError::Plan`]
+    /// becomes a [`SpecError::PlanFile`]; any other is as it was.
+    pub fn of_plan_file(self, path: &std::path::Path) -> SpecError {
+        match self {
+            SpecError::Plan(message) => SpecError::PlanFile {
+                path: path.to_path_buf(),
+                message,
+            },
+            e => e,
+        }
+    }
 }
 
 /// Reads a whole file ([`read_text_file`]), naming it in the error, and

@@ -376,10 +376,164 @@ fn field_u64(v: &Value, key: &str, at: &str, default: Option<u64>) -> Result<u64
     }
 }
 
+/// The number of elements of a JSON array, read without keeping them
+/// (`None` for a value that is not an array).
+struct ArrayLen(Option<usize>);
+
+impl<'de> Deserialize<'de> for ArrayLen {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Counter;
+        impl<'de> serde::de::Visitor<'de> for Counter {
+            type Value = ArrayLen;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("any value")
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut a: A,
+            ) -> Result<ArrayLen, A::Error> {
+                let mut n = 0;
+                while a.next_element::<serde::de::IgnoredAny>()?.is_some() {
+                    n += 1;
+                }
+                Ok(ArrayLen(Some(n)))
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut a: A,
+            ) -> Result<ArrayLen, A::Error> {
+                while a
+                    .next_entry::<serde::de::IgnoredAny, serde::de::IgnoredAny>()?
+                    .is_some()
+                {}
+                Ok(ArrayLen(None))
+            }
+            fn visit_bool<E>(self, _: bool) -> Result<ArrayLen, E> {
+                Ok(ArrayLen(None))
+            }
+            fn visit_i64<E>(self, _: i64) -> Result<ArrayLen, E> {
+                Ok(ArrayLen(None))
+            }
+            fn visit_u64<E>(self, _: u64) -> Result<ArrayLen, E> {
+                Ok(ArrayLen(None))
+            }
+            fn visit_f64<E>(self, _: f64) -> Result<ArrayLen, E> {
+                Ok(ArrayLen(None))
+            }
+            fn visit_str<E>(self, _: &str) -> Result<ArrayLen, E> {
+                Ok(ArrayLen(None))
+            }
+            fn visit_unit<E>(self) -> Result<ArrayLen, E> {
+                Ok(ArrayLen(None))
+            }
+        }
+        d.deserialize_any(Counter)
+    }
+}
+
+/// The group lists of a JSON plan, counted without building them: at the
+/// top or under `plan`, as [`PlanSpec::from_value`] looks for them.
+#[derive(Deserialize, Default)]
+struct GroupCounts {
+    #[serde(default)]
+    replicas: Option<ArrayLen>,
+    #[serde(default)]
+    group: Option<ArrayLen>,
+    #[serde(default)]
+    groups: Option<ArrayLen>,
+    #[serde(default)]
+    plan: Option<Box<PlanCounts>>,
+}
+
+/// `plan` of [`GroupCounts`]: an object's lists, or nothing for another
+/// value.
+struct PlanCounts(GroupCounts);
+
+impl<'de> Deserialize<'de> for PlanCounts {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Plan;
+        impl<'de> serde::de::Visitor<'de> for Plan {
+            type Value = PlanCounts;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("any value")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, a: A) -> Result<PlanCounts, A::Error> {
+                GroupCounts::deserialize(serde::de::value::MapAccessDeserializer::new(a))
+                    .map(PlanCounts)
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut a: A,
+            ) -> Result<PlanCounts, A::Error> {
+                while a.next_element::<serde::de::IgnoredAny>()?.is_some() {}
+                Ok(PlanCounts(GroupCounts::default()))
+            }
+            fn visit_bool<E>(self, _: bool) -> Result<PlanCounts, E> {
+                Ok(PlanCounts(GroupCounts::default()))
+            }
+            fn visit_i64<E>(self, _: i64) -> Result<PlanCounts, E> {
+                Ok(PlanCounts(GroupCounts::default()))
+            }
+            fn visit_u64<E>(self, _: u64) -> Result<PlanCounts, E> {
+                Ok(PlanCounts(GroupCounts::default()))
+            }
+            fn visit_f64<E>(self, _: f64) -> Result<PlanCounts, E> {
+                Ok(PlanCounts(GroupCounts::default()))
+            }
+            fn visit_str<E>(self, _: &str) -> Result<PlanCounts, E> {
+                Ok(PlanCounts(GroupCounts::default()))
+            }
+            fn visit_unit<E>(self) -> Result<PlanCounts, E> {
+                Ok(PlanCounts(GroupCounts::default()))
+            }
+        }
+        d.deserialize_any(Plan)
+    }
+}
+
+/// The most groups a plan's text lists, counted before the plan is parsed
+/// into a tree (which takes some 100 bytes a value: a file of 200,000
+/// groups took about 200 MB before [`MAX_GROUPS`] refused it). JSON:
+/// the lengths of its `replicas`, `group` or `groups` arrays, read without
+/// keeping their elements; TOML: its `[[...groups]]`, `[[...group]]` and
+/// `[[...replicas]]` table headers. `None` when the text does not parse
+/// (the parse proper says why).
+fn listed_groups(text: &str, json: bool) -> Option<usize> {
+    if json {
+        let c: GroupCounts = serde_json::from_str(text).ok()?;
+        let len = |c: &GroupCounts| {
+            [&c.replicas, &c.group, &c.groups]
+                .iter()
+                .filter_map(|l| l.as_ref().and_then(|l| l.0))
+                .max()
+                .unwrap_or(0)
+        };
+        Some(len(&c).max(c.plan.as_ref().map_or(0, |p| len(&p.0))))
+    } else {
+        Some(
+            text.lines()
+                .map(|l| l.trim_start())
+                .filter(|l| {
+                    l.starts_with("[[") && {
+                        let name = l[2..].split("]]").next().unwrap_or("").trim();
+                        let last = name.rsplit('.').next().unwrap_or("").trim();
+                        matches!(last, "groups" | "group" | "replicas")
+                    }
+                })
+                .count(),
+        )
+    }
+}
+
 impl PlanSpec {
     /// Reads a plan from JSON or TOML text (`json` says which), in any of
     /// the forms the module documentation lists.
     pub fn parse(text: &str, json: bool) -> Result<PlanSpec, SpecError> {
+        if let Some(n) = listed_groups(text, json).filter(|&n| n > MAX_GROUPS) {
+            return Err(plan_err(format!(
+                "has {n} groups; a plan has 1 to {MAX_GROUPS}"
+            )));
+        }
         let value: Value = if json {
             polychip_files::parse_json_value(text)
                 .map_err(|e| plan_err(format!("is not valid JSON: {e}")))?
@@ -397,12 +551,7 @@ impl PlanSpec {
     pub fn load(path: &std::path::Path) -> Result<PlanSpec, SpecError> {
         let text = crate::error::read_file(path)?;
         let json = path.extension().is_some_and(|e| e == "json");
-        Self::parse(&text, json).map_err(|e| match e {
-            SpecError::Plan(m) => {
-                SpecError::Plan(format!("{}: {m}", polychip_files::shown_path(path)))
-            }
-            e => e,
-        })
+        Self::parse(&text, json).map_err(|e| e.of_plan_file(path))
     }
 
     fn from_value(v: &Value) -> Result<PlanSpec, SpecError> {

@@ -952,3 +952,28 @@ fn whole_layers_written_as_floats_parse_and_restated_fields_must_be_valid() {
         "{e}"
     );
 }
+
+/// A plan listing more groups than a plan may have is refused from a count
+/// of its group lists, before its text is parsed into a tree (200,000
+/// groups took about 200 MB that way): JSON at the top or under `plan`,
+/// and TOML's `[[groups]]` tables, with the count in the message.
+#[test]
+fn a_plan_of_too_many_groups_is_refused_before_it_is_built() {
+    let group = r#"{"copies":1,"micro_batch_size":1,"micro_batches":1,"stages":[{"layers":32,"chip":"a","tp":1}]}"#;
+    let many = vec![group; 200_000].join(",");
+    for text in [
+        format!(r#"{{"groups":[{many}]}}"#),
+        format!(r#"{{"plan":{{"replicas":[{many}]}}}}"#),
+    ] {
+        let e = PlanSpec::parse(&text, true).unwrap_err().to_string();
+        assert_eq!(e, "plan: has 200000 groups; a plan has 1 to 4096", "{e}");
+    }
+    let toml = "[[groups]]\ncopies = 1\n".repeat(5000);
+    let e = PlanSpec::parse(&toml, false).unwrap_err().to_string();
+    assert!(e.contains("has 5000 groups; a plan has 1 to 4096"), "{e}");
+    // At the limit the plan is read as before (and refused for what else
+    // is wrong with it, not its count).
+    let few = [group; 3].join(",");
+    let e = PlanSpec::parse(&format!(r#"{{"groups":[{few}]}}"#), true);
+    assert!(e.is_ok(), "{:?}", e.err());
+}

@@ -256,6 +256,7 @@ fn score_from(
 struct Figures {
     spearman: f64,
     top1_regret: f64,
+    top3_regret: f64,
     median_error: f64,
     median_error_scaled: f64,
     scale: f64,
@@ -274,6 +275,7 @@ fn figures(runs: &[Scored], predicted: fn(&Scored) -> f64) -> Figures {
     Figures {
         spearman: spearman(&p, &m),
         top1_regret: top1_regret(&p, &m),
+        top3_regret: topk_regret(&p, &m, 3),
         median_error: median_error(&p, &m, 1.0),
         median_error_scaled: median_error(&p, &m, scale),
         scale,
@@ -314,11 +316,12 @@ fn the_cluster_model_ranks_measured_outside_runs() {
             ("from its blocks alone", &h),
         ] {
             println!(
-                "  {} runs {what}: Spearman {:.3}, top-1 regret {:.1}%, median error {:.1}% as \
-                 given, {:.1}% after scaling by {:.3}",
+                "  {} runs {what}: Spearman {:.3}, top-1 regret {:.1}%, top-3 regret {:.1}%, \
+                 median error {:.1}% as given, {:.1}% after scaling by {:.3}",
                 runs.len(),
                 f.spearman,
                 100.0 * f.top1_regret,
+                100.0 * f.top3_regret,
                 100.0 * f.median_error,
                 100.0 * f.median_error_scaled,
                 f.scale,
@@ -359,21 +362,23 @@ fn the_cluster_model_ranks_measured_outside_runs() {
 /// tensor-parallel degrees the part lacks are carried from the nearest
 /// measured entry by the cost model (`profile::apply_measured`). Measured
 /// (median error as given): every entry 7.9%, tp 1 alone 7.4%,
-/// micro-batch 1 alone 5.9%, micro-batch 1 at tp 1 alone 12.8% (1.9% after
-/// one scale), Spearman 0.996-0.999. With the cost model's whole ratio
-/// between shapes and whole activations sent by every chip (before stop
-/// 43): 4.6%, 16.2%, 13.0% and 17.8%.
+/// micro-batch 1 alone 4.0%, micro-batch 1 at tp 1 alone 5.8% (4.1% after
+/// one scale), Spearman 0.996-0.999. With the geometric mean of the fixed
+/// and growing readings (stop 43 to 44): 5.9% and 12.8% (1.9% after one
+/// scale) on the last two. With the cost model's whole ratio between
+/// shapes and whole activations sent by every chip (before stop 43):
+/// 4.6%, 16.2%, 13.0% and 17.8%.
 #[test]
 fn part_of_a_profile_still_prices_the_runs() {
     type Keep = fn(&ProfileEntry) -> bool;
     let parts: [(&str, Keep, f64); 4] = [
         ("every entry", |_| true, 0.09),
         ("tp 1 alone", |e| e.tp == 1, 0.09),
-        ("micro-batch 1 alone", |e| e.micro_batch == 1, 0.07),
+        ("micro-batch 1 alone", |e| e.micro_batch == 1, 0.05),
         (
             "micro-batch 1 at tp 1 alone",
             |e| e.micro_batch == 1 && e.tp == 1,
-            0.14,
+            0.07,
         ),
     ];
     for (what, keep, ceiling) in parts {
@@ -501,6 +506,8 @@ fn the_default_dispatch_floor_is_near_the_best_of_a_sweep() {
 struct AmpFigures {
     rho: f64,
     rho_profile: f64,
+    /// The median error as given, from the profile.
+    error_profile: f64,
     rho_amp: f64,
     agree: usize,
     runs: usize,
@@ -585,10 +592,11 @@ fn score_amp(runs_file: &str, cluster_name: &str, profiled_types: usize) -> AmpF
     ] {
         let scale = one_scale(p, &m);
         println!(
-            "  {} runs that ran, {what}: Spearman {rho:.3}, top-1 regret {:.1}%, median error \
-             {:.1}% as given, {:.1}% after scaling by {scale:.3}",
+            "  {} runs that ran, {what}: Spearman {rho:.3}, top-1 regret {:.1}%, top-3 regret \
+             {:.1}%, median error {:.1}% as given, {:.1}% after scaling by {scale:.3}",
             m.len(),
             100.0 * top1_regret(p, &m),
+            100.0 * topk_regret(p, &m, 3),
             100.0 * median_error(p, &m, 1.0),
             100.0 * median_error(p, &m, scale),
         );
@@ -613,6 +621,7 @@ fn score_amp(runs_file: &str, cluster_name: &str, profiled_types: usize) -> AmpF
     AmpFigures {
         rho,
         rho_profile,
+        error_profile: median_error(&q, &m, 1.0),
         rho_amp,
         agree,
         runs: runs.len(),
@@ -630,15 +639,22 @@ fn score_amp(runs_file: &str, cluster_name: &str, profiled_types: usize) -> AmpF
 fn the_cluster_model_scores_amps_heterogeneous_runs() {
     let f = score_amp("amp-runs.json", "aws-v100-t4", 2);
     assert_eq!(f.empty, 3);
-    // Measured (docs/planner.md): 0.724 without a profile, the issue's
-    // bar 0.7 met; 0.816 from AMP's one-sequence profile, under its 0.9;
-    // AMP's own 0.394; 50 of 53 outcomes (the three missed failed for
-    // other reasons than memory, see the docs).
+    // Measured (docs/planner.md): 0.718 without a profile, the issue's
+    // bar 0.7 met; 0.851 from AMP's one-sequence profile, under its 0.9,
+    // with a median error of 7.4%, within its 10% (0.821 and 12.0% before
+    // stop 45 split a measurement's excess between slow kernels and host
+    // overhead); AMP's own 0.394; 50 of 53 outcomes (the three missed
+    // failed for other reasons than memory, see the docs).
     assert!(f.rho >= 0.7, "Spearman without a profile {:.3}", f.rho);
     assert!(
-        f.rho_profile >= 0.78,
+        f.rho_profile >= 0.83,
         "Spearman from the profile {:.3}",
         f.rho_profile
+    );
+    assert!(
+        f.error_profile <= 0.1,
+        "median error from the profile {:.3}",
+        f.error_profile
     );
     assert!(
         f.rho > f.rho_amp,
@@ -655,15 +671,21 @@ fn the_cluster_model_scores_amps_heterogeneous_runs() {
 #[test]
 fn the_cluster_model_scores_amps_homogeneous_runs() {
     let f = score_amp("amp-homogeneous-runs.json", "aws-t4x16", 1);
-    // Measured (docs/planner.md): 0.928 without a profile, 0.866 from the
-    // profile, AMP's own 0.935; 51 of 52 outcomes (the one missed, at 0.86
+    // Measured (docs/planner.md): 0.925 without a profile, 0.879 from the
+    // profile with a median error of 10.9% (0.868 and 12.4% before stop
+    // 45), AMP's own 0.935; 51 of 52 outcomes (the one missed, at 0.92
     // of a T4 by this count, failed; the same plan ran on the V100+T4
     // cluster, see the docs).
     assert!(f.rho >= 0.85, "Spearman without a profile {:.3}", f.rho);
     assert!(
-        f.rho_profile >= 0.8,
+        f.rho_profile >= 0.86,
         "Spearman from the profile {:.3}",
         f.rho_profile
+    );
+    assert!(
+        f.error_profile <= 0.12,
+        "median error from the profile {:.3}",
+        f.error_profile
     );
     assert!(f.agree >= 51, "{}/{} outcomes", f.agree, f.runs);
 }
