@@ -400,9 +400,9 @@ pub struct ClusterSpec {
 impl ClusterSpec {
     /// Parses and validates a cluster from TOML text.
     pub fn from_toml_str(text: &str) -> Result<Self, SpecError> {
-        let cluster: ClusterSpec = toml::from_str(text).map_err(|source| SpecError::Toml {
+        let cluster: ClusterSpec = toml::from_str(text).map_err(|e| SpecError::Toml {
             what: "cluster",
-            source,
+            message: polychip_files::toml_error(text, &e),
         })?;
         cluster.validate()?;
         Ok(cluster)

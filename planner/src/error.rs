@@ -16,12 +16,13 @@ pub enum SpecError {
         source: std::io::Error,
     },
     /// A TOML document did not parse or did not match the expected shape.
-    #[error("could not parse {what} TOML: {source}")]
+    #[error("could not parse {what} TOML: {message}")]
     Toml {
         /// What the document was meant to describe ("cluster", "model", ...).
         what: &'static str,
-        /// The parser's message, with line and column.
-        source: toml::de::Error,
+        /// The parser's message, with line, column and a window of the
+        /// line ([`polychip_files::toml_error`]).
+        message: String,
     },
     /// A model shape is inconsistent.
     #[error("model \"{model}\": {problem}")]

@@ -538,9 +538,9 @@ impl PlanSpec {
             polychip_files::parse_json_value(text)
                 .map_err(|e| plan_err(format!("is not valid JSON: {e}")))?
         } else {
-            let t: toml::Value = toml::from_str(text).map_err(|source| SpecError::Toml {
+            let t: toml::Value = toml::from_str(text).map_err(|e| SpecError::Toml {
                 what: "plan",
-                source,
+                message: polychip_files::toml_error(text, &e),
             })?;
             serde_json::to_value(t).map_err(|e| plan_err(e.to_string()))?
         };

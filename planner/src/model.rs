@@ -114,9 +114,9 @@ impl ModelSpec {
 
     /// Parses and validates a model from TOML text.
     pub fn from_toml_str(text: &str) -> Result<Self, SpecError> {
-        let model: ModelSpec = toml::from_str(text).map_err(|source| SpecError::Toml {
+        let model: ModelSpec = toml::from_str(text).map_err(|e| SpecError::Toml {
             what: "model",
-            source,
+            message: polychip_files::toml_error(text, &e),
         })?;
         model.validate()?;
         Ok(model)

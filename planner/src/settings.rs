@@ -148,9 +148,9 @@ impl TrainingSettings {
 
     /// Parses and validates settings from TOML text.
     pub fn from_toml_str(text: &str) -> Result<Self, SpecError> {
-        let s: TrainingSettings = toml::from_str(text).map_err(|source| SpecError::Toml {
+        let s: TrainingSettings = toml::from_str(text).map_err(|e| SpecError::Toml {
             what: "training settings",
-            source,
+            message: polychip_files::toml_error(text, &e),
         })?;
         s.validate()?;
         Ok(s)
