@@ -313,6 +313,15 @@ SAMPLES.update(
         "pow_.Scalar": lambda to: aten.pow_.Scalar(to(P.clone()), 3.0),
         "mm": lambda to: aten.mm(to(A), to(rand(4, 5).t().contiguous().t())),
         "bmm": lambda to: aten.bmm(to(rand(2, 3, 4)), to(rand(2, 4, 5).transpose(1, 2).contiguous().transpose(1, 2))),
+        # Into rows of a larger buffer, as Hugging Face's grouped expert
+        # matmul writes each expert's tokens (and into a transposed one).
+        "mm.out": lambda to: [
+            (lambda o: (aten.mm.out(to(A), to(rand(4, 5)), out=o[1:4]), o)[1])(to(torch.zeros(5, 5))),
+            (lambda o: (aten.mm.out(to(A), to(rand(4, 5)), out=o.t()[2:5]), o)[1])(to(torch.zeros(5, 6))),
+        ],
+        "bmm.out": lambda to: (lambda o: (aten.bmm.out(to(rand(2, 3, 4)), to(rand(2, 4, 5)), out=o[:, 1:]), o)[1])(
+            to(torch.zeros(2, 4, 5))
+        ),
         "addmm": lambda to: aten.addmm(to(rand(5)), to(A), to(rand(4, 5)), beta=0.5, alpha=2.0),
         "baddbmm": lambda to: aten.baddbmm(to(rand(2, 3, 5)), to(rand(2, 3, 4)), to(rand(2, 4, 5)), beta=0.5, alpha=2.0),
         "sum": lambda to: aten.sum.default(to(rand(3, 4, 5))),
@@ -628,3 +637,50 @@ def test_fill_converts_its_value_as_the_cpu_does(vendor, index):
             continue
         got = make(d).cpu()
         assert got.dtype == want.dtype and torch.equal(got, want), (i, got, want)
+
+
+@pytest.mark.parametrize("vendor,index", _devices(), ids=[v for v, _ in _devices()])
+def test_determinants_of_strided_views_differentiate_as_on_the_cpu(vendor, index):
+    """det and slogdet of a slice of a wider matrix (a view that is not
+    contiguous, whose CPU copy in the fallback was): PyTorch factors A^T
+    for a contiguous A, and its backward asks the device's A which of the
+    two the saved factors are. The gradient came out transposed."""
+    device = torch.device("polychip", index)
+    base = rand(2, 3, 7) + torch.eye(3, 7) * 3
+    for fn in (torch.linalg.det, lambda a: torch.linalg.slogdet(a)[1], torch.logdet):
+        results = []
+        for on in ("cpu", device):
+            x = base.to(on).requires_grad_()
+            a = x[:, :, 1:4]
+            assert not a.is_contiguous()
+            y = fn(a)
+            (g,) = torch.autograd.grad((y * torch.tensor([1.0, -2.0], device=on)).sum(), x)
+            results.append((y.detach().cpu(), g.cpu()))
+        (want, want_grad), (got, got_grad) = results
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5, equal_nan=True)
+        torch.testing.assert_close(got_grad, want_grad, rtol=1e-4, atol=1e-5, equal_nan=True)
+
+
+@pytest.mark.parametrize("vendor,index", _devices(), ids=[v for v, _ in _devices()])
+def test_join_and_broadcast_errors_are_the_cpus(vendor, index):
+    """cat, stack and the elementwise kernels refuse what the CPU refuses,
+    in its words (a wrong size in cat came out as a failed copy into the
+    result, naming neither cat nor the tensor; a failed broadcast as
+    "shapes ... do not broadcast")."""
+    device = torch.device("polychip", index)
+    cases = [
+        lambda d: torch.cat([torch.ones(3, 4, device=d), torch.ones(3, 4, 1, device=d)]),
+        lambda d: torch.cat([torch.ones(3, 4, device=d), torch.ones(3, 4, device=d)], 2),
+        lambda d: torch.cat([torch.ones(3, 4, device=d), torch.ones(2, 5, device=d)], 1),
+        lambda d: torch.cat([torch.ones(0, device=d), torch.ones(3, 4, device=d), torch.ones(3, 2, device=d)]),
+        lambda d: torch.cat([torch.tensor(1.0, device=d)]),
+        lambda d: torch.stack([torch.ones(3, 4, device=d), torch.ones(3, 5, device=d)]),
+        lambda d: torch.ones(3, 4, device=d) + torch.ones(2, 1, 5, device=d),
+        lambda d: torch.ones(3, 4, device=d).mul_(torch.ones(5, device=d)),
+    ]
+    for case in cases:
+        with pytest.raises(Exception) as want:
+            case("cpu")
+        with pytest.raises(type(want.value)) as got:
+            case(device)
+        assert str(got.value) == str(want.value)

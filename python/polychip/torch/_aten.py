@@ -16,9 +16,10 @@ reads). The test suite's per-operator test is generated from both.
 ``ADJUSTED`` lists operators composed here of other operators, with no
 plugin operator of their own: those CUDA has that the CPU lacks or refuses
 for these inputs (integer histograms, synchronized batch norm's
-statistics), dropout, whose mask is drawn from the device's generator, and
+statistics), dropout, whose mask is drawn from the device's generator,
 batch norm, run under the name whose schema says it updates the running
-statistics.
+statistics, and det and slogdet, whose fallback hands the CPU a matrix as
+contiguous as the device's (their backward depends on it).
 """
 
 import itertools
@@ -335,9 +336,12 @@ def _broadcast(a: Sequence[int], b: Sequence[int]) -> Tuple[int, ...]:
     a = (1,) * (n - len(a)) + tuple(a)
     b = (1,) * (n - len(b)) + tuple(b)
     out = []
-    for x, y in zip(a, b):
+    for i, (x, y) in enumerate(zip(a, b)):
         if x != y and x != 1 and y != 1:
-            raise RuntimeError(f"shapes {list(a)} and {list(b)} do not broadcast")
+            # PyTorch's words (the sizes are a's and b's, padded on the left).
+            raise RuntimeError(
+                f"The size of tensor a ({x}) must match the size of tensor b ({y}) at non-singleton dimension {i}"
+            )
         out.append(y if x == 1 else x)
     return tuple(out)
 
@@ -767,6 +771,33 @@ def _bmm(self: torch.Tensor, mat2: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def _matmul_out(op: Any, fn: Callable, ndim: int, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    # ``torch.mm(a, b, out=rows_of_a_buffer)``, as Hugging Face's grouped
+    # expert matmul runs each expert's rows: the product on the plugin,
+    # copied into ``out`` (a view of a larger buffer, any strides). A
+    # wrong-sized ``out`` is resized by the CPU's kernel, with its warning.
+    shape = (*a.shape[:-1], b.shape[-1])
+    plain = a.dim() == b.dim() == ndim and a.shape[-1] == b.shape[-2] and a.shape[:-2] == b.shape[:-2]
+    if not plain or not _matmul_ok(a, b, out) or tuple(out.shape) != shape or _shares_memory(out, a, b):
+        return _fallback(op, a, b, out=out)
+    out.copy_(fn(a, b))
+    return out
+
+
+def _shares_memory(out: torch.Tensor, *xs: torch.Tensor) -> bool:
+    return any(x.untyped_storage().data_ptr() == out.untyped_storage().data_ptr() for x in xs)
+
+
+@_impl("mm.out")
+def _mm_out(self: torch.Tensor, mat2: torch.Tensor, *, out: torch.Tensor) -> torch.Tensor:
+    return _matmul_out(aten.mm.out, _mm, 2, self, mat2, out)
+
+
+@_impl("bmm.out")
+def _bmm_out(self: torch.Tensor, mat2: torch.Tensor, *, out: torch.Tensor) -> torch.Tensor:
+    return _matmul_out(aten.bmm.out, _bmm, 3, self, mat2, out)
+
+
 def _addmm_like(op: Any, bias: torch.Tensor, a: torch.Tensor, b: torch.Tensor, beta: Any, alpha: Any) -> torch.Tensor:
     if not _matmul_ok(bias, a, b) or isinstance(beta, complex) or isinstance(alpha, complex):
         return _fallback(op, bias, a, b, beta=beta, alpha=alpha)
@@ -931,6 +962,53 @@ def _histc(self: torch.Tensor, bins: int = 100, min: Any = 0, max: Any = 0) -> t
         return _fallback(aten.histc.default, self, bins, min, max)
     counts = _fallback(aten.histc.default, self.to(torch.float64), bins, min, max)
     return counts.to(self.dtype)
+
+
+# ------------------------------------------------------------ determinants
+
+
+def _same_contiguity_on_cpu(a: torch.Tensor) -> torch.Tensor:
+    """``a`` on the CPU, contiguous exactly when ``a`` is. (A non-dense
+    view, such as a slice of a wider matrix, comes back contiguous from
+    ``.cpu()``; given in column-major order it stays non-contiguous.)"""
+    c = a.cpu()
+    if a.is_contiguous() or not c.is_contiguous() or a.dim() < 2:
+        return c
+    return c.mT.contiguous().mT
+
+
+def _determinant(op: Any, A: torch.Tensor, **outs: torch.Tensor) -> Any:
+    # PyTorch's det and slogdet factor A^T in place of A when A is
+    # contiguous (det(A^T) = det(A), and A^T is then the column-major
+    # matrix LAPACK takes without a copy), and their backward decides
+    # which of the two the saved LU is by asking the same of A: of the
+    # device's A here. The fallback's CPU copy of a strided view (a slice
+    # of a wider matrix) was contiguous where the device's A was not, so
+    # the CPU factored A^T, the backward took that for A's factors, and
+    # the gradient came out transposed. The CPU gets A as contiguous as
+    # the device's is.
+    if not _on_device(A):
+        return _fallback(op, A, **outs)
+    _one_device((A, outs))
+    label = _label(op)
+    _C.count_fallback(label)
+    start = time.perf_counter()
+    try:
+        return _on_cpu(op, (_same_contiguity_on_cpu(A),), outs)
+    finally:
+        _C.add_fallback_time(label, time.perf_counter() - start)
+
+
+@_adjust("_linalg_det.result")
+def _linalg_det_out(A: torch.Tensor, *, result: torch.Tensor, LU: torch.Tensor, pivots: torch.Tensor) -> Any:
+    return _determinant(aten._linalg_det.result, A, result=result, LU=LU, pivots=pivots)
+
+
+@_adjust("_linalg_slogdet.sign")
+def _linalg_slogdet_out(
+    A: torch.Tensor, *, sign: torch.Tensor, logabsdet: torch.Tensor, LU: torch.Tensor, pivots: torch.Tensor
+) -> Any:
+    return _determinant(aten._linalg_slogdet.sign, A, sign=sign, logabsdet=logabsdet, LU=LU, pivots=pivots)
 
 
 # ------------------------------------------------------------------ softmax
@@ -1585,12 +1663,12 @@ def _cat(tensors: Sequence[torch.Tensor], dim: int = 0) -> torch.Tensor:
     live = [t for t in tensors if not (t.dim() == 1 and t.numel() == 0)]
     if not live or not _on_device(*live) or len({t.device for t in live}) != 1:
         return _fallback(aten.cat.default, tensors, dim)
+    d = _cat_checked(tensors, live, dim)
     # The skipped empty tensors take part in the result's dtype, as on the
     # CPU (torch.cat([torch.tensor([]), x_bf16]) is float32).
     dtype = live[0].dtype
     for t in tensors:
         dtype = torch.promote_types(dtype, t.dtype)
-    d = dim + live[0].dim() if dim < 0 else dim
     shape = list(live[0].shape)
     shape[d] = sum(t.shape[d] for t in live)
     out = _empty(shape, dtype, live[0])
@@ -1603,10 +1681,42 @@ def _cat(tensors: Sequence[torch.Tensor], dim: int = 0) -> torch.Tensor:
     return out
 
 
+def _cat_checked(tensors: Sequence[torch.Tensor], live: Sequence[torch.Tensor], dim: int) -> int:
+    """``dim`` made non-negative, after the CPU's checks, with its
+    messages (a wrong size came out as a failed copy into the result,
+    naming neither cat nor the tensor)."""
+    for i, t in enumerate(tensors):
+        if t.dim() == 0:
+            raise RuntimeError(f"zero-dimensional tensor (at position {i}) cannot be concatenated")
+    ndim = live[0].dim()
+    n = max(ndim, 1)
+    if not -n <= dim < n:
+        raise IndexError(f"Dimension out of range (expected to be in range of [{-n}, {n - 1}], but got {dim})")
+    d = dim + ndim if dim < 0 else dim
+    for i, t in enumerate(tensors):
+        if t.dim() == 1 and t.numel() == 0:
+            continue
+        if t.dim() != ndim:
+            raise RuntimeError(f"Tensors must have same number of dimensions: got {ndim} and {t.dim()}")
+        for k in range(ndim):
+            if k != d and t.shape[k] != live[0].shape[k]:
+                raise RuntimeError(
+                    f"Sizes of tensors must match except in dimension {d}. Expected size {live[0].shape[k]} "
+                    f"but got size {t.shape[k]} for tensor number {i} in the list."
+                )
+    return d
+
+
 @_impl("stack")
 def _stack(tensors: Sequence[torch.Tensor], dim: int = 0) -> torch.Tensor:
     if not tensors:
         return _fallback(aten.stack.default, tensors, dim)
+    for i, t in enumerate(tensors[1:], 1):
+        if t.shape != tensors[0].shape:
+            raise RuntimeError(
+                f"stack expects each tensor to be equal size, but got {list(tensors[0].shape)} at entry 0 "
+                f"and {list(t.shape)} at entry {i}"
+            )
     d = dim + tensors[0].dim() + 1 if dim < 0 else dim
     return _cat([t.unsqueeze(d) for t in tensors], d)
 
