@@ -318,6 +318,10 @@ bugs! {
     softmax_online_neg_inf_prefix: "softmax-online-neg-inf-prefix" on "softmax" in "" => "led by 2, 300 and 1030 -inf";
     matmul_half_rounds_before_alpha: "matmul-half-rounds-before-alpha" on "matmul" in "f16" => "sums past 65504";
     cross_entropy_odd_last_row_counted: "cross-entropy-odd-last-row-counted" on "cross_entropy" in "" => "odd rows, the last ignored";
+    pow_scalar_half_as_sqrt: "pow-scalar-half-as-sqrt" on "pow_scalar" in "" => "exponent 0.5 special values";
+    sigmoid_overflowing_exp: "sigmoid-overflowing-exp" on "sigmoid" in "f32" => "results in the subnormal range";
+    copy_quiets_signalling_nan: "copy-quiets-signalling-nan" on "copy" in "f32" => "where it must be 0x7f800001";
+    memcpy_d2d_from_allocation_start: "memcpy-d2d-from-allocation-start" on "copy" in "f32" => "staged by memcpy_d2d";
     // The host refuses step 0 itself (its argument checks run before any
     // plugin code), so no caller can reach this plugin's refusal: the bug is
     // unobservable through the host, and the suite cannot flag it.

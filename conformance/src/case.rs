@@ -87,11 +87,13 @@ pub struct TensorSpec {
     /// on its own: it is the input's view, and the input is not expected to
     /// come back unchanged.
     pub alias_of: Option<usize>,
-    /// An i64 tensor's exact values where f64 cannot hold them all (beyond
-    /// 2^53; `values` then holds their nearest f64s, which the reference
-    /// sees): an input is uploaded from these, and an output must come back
-    /// equal to them bit for bit, besides matching the reference.
-    pub exact_i64: Option<Vec<i64>>,
+    /// The tensor's exact elements where f64 values cannot carry them all,
+    /// one i64 per element holding its bits (zero-extended below 8 bytes):
+    /// i64s beyond 2^53, or floating NaNs whose payload and signalling bit
+    /// matter (`values` then holds their nearest f64s, or NaN, which the
+    /// reference sees). An input is uploaded from these, and an output must
+    /// come back equal to them bit for bit, besides matching the reference.
+    pub exact_bits: Option<Vec<i64>>,
 }
 
 impl TensorSpec {
@@ -111,10 +113,10 @@ impl TensorSpec {
             }
             v
         }
-        match &self.exact_i64 {
+        match &self.exact_bits {
             Some(exact) => rotated(exact, by)
                 .iter()
-                .flat_map(|x| x.to_ne_bytes())
+                .flat_map(|&x| element_bytes(self.dtype.size(), x))
                 .collect(),
             None => crate::values::to_bytes(self.dtype, &rotated(&self.values, by)),
         }
@@ -126,6 +128,28 @@ impl TensorSpec {
             shape: self.shape.clone(),
             data: self.values.clone(),
         }
+    }
+}
+
+/// The native-endian bytes of one element of `size` bytes whose bits are
+/// the low bits of `bits`.
+pub fn element_bytes(size: usize, bits: i64) -> Vec<u8> {
+    match size {
+        1 => vec![bits as u8],
+        2 => (bits as u16).to_ne_bytes().to_vec(),
+        4 => (bits as u32).to_ne_bytes().to_vec(),
+        _ => bits.to_ne_bytes().to_vec(),
+    }
+}
+
+/// The bits of one element of `bytes.len()` bytes (native-endian),
+/// zero-extended: the inverse of [`element_bytes`].
+pub fn element_bits(bytes: &[u8]) -> i64 {
+    match *bytes {
+        [b] => i64::from(b),
+        [a, b] => i64::from(u16::from_ne_bytes([a, b])),
+        [a, b, c, d] => i64::from(u32::from_ne_bytes([a, b, c, d])),
+        _ => i64::from_ne_bytes(bytes.try_into().expect("elements of 1, 2, 4 or 8 bytes")),
     }
 }
 

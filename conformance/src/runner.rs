@@ -283,7 +283,7 @@ fn concurrent_problem(device: &Device, case: &Case, factor: f64) -> Option<Strin
                         spec.name,
                         w.describe(&spec.shape, spec.dtype)
                     ));
-                } else if let Some(why) = exact_i64_mismatch(spec, &bytes) {
+                } else if let Some(why) = exact_bits_mismatch(spec, &bytes) {
                     problems.push(format!("{at}: output {}: {why}", spec.name));
                 }
             }
@@ -446,7 +446,7 @@ fn run_case_once(
         {
             problems.push(format!("output {}: {why}", spec.name));
         }
-        if let Some(why) = exact_i64_mismatch(spec, bytes) {
+        if let Some(why) = exact_bits_mismatch(spec, bytes) {
             problems.push(format!("output {}: {why}", spec.name));
         }
         stats.merge(&s);
@@ -544,15 +544,17 @@ fn judge_output(
     compare(spec.dtype, &got, want, before, &case.tolerance, factor)
 }
 
-/// Where an output with exact i64 values (beyond what f64 holds, see
-/// [`TensorSpec::exact_i64`]) came back other than them bit for bit: the
-/// count and the first, with its index. A kernel that moves i64 through a
-/// double rounds such values, which the comparison in f64 cannot see.
-fn exact_i64_mismatch(spec: &TensorSpec, bytes: &[u8]) -> Option<String> {
-    let want = spec.exact_i64.as_ref()?;
+/// Where an output with exact bits (i64s beyond what f64 holds, NaN
+/// payloads, see [`TensorSpec::exact_bits`]) came back other than them bit
+/// for bit: the count and the first, with its index. A kernel that moves
+/// i64 through a double rounds such values, and one that moves floats
+/// through a conversion quiets signalling NaNs, which the comparison in f64
+/// cannot see.
+fn exact_bits_mismatch(spec: &TensorSpec, bytes: &[u8]) -> Option<String> {
+    let want = spec.exact_bits.as_ref()?;
     let got = bytes
-        .chunks_exact(8)
-        .map(|c| i64::from_ne_bytes(c.try_into().expect("chunks of 8")));
+        .chunks_exact(spec.dtype.size())
+        .map(crate::case::element_bits);
     let wrong: Vec<(usize, i64, i64)> = got
         .zip(want)
         .enumerate()
@@ -560,13 +562,21 @@ fn exact_i64_mismatch(spec: &TensorSpec, bytes: &[u8]) -> Option<String> {
         .map(|(i, (g, &w))| (i, g, w))
         .collect();
     let &(i, g, w) = wrong.first()?;
-    Some(format!(
-        "{} of {} element(s) differ from the exact i64 values; the first, {}, is {g} where it \
-         must be {w} (integers beyond 2^53 do not survive a trip through a double)",
-        wrong.len(),
-        want.len(),
-        crate::compare::index_label(&spec.shape, i)
-    ))
+    let at = crate::compare::index_label(&spec.shape, i);
+    let (n, of) = (wrong.len(), want.len());
+    Some(if spec.dtype.is_float() {
+        let width = 2 * spec.dtype.size() + 2;
+        format!(
+            "{n} of {of} element(s) differ from the exact bits; the first, {at}, is \
+             {g:#0width$x} where it must be {w:#0width$x} (a NaN's payload and signalling bit \
+             must survive: a copy through a floating conversion quiets a signalling NaN)"
+        )
+    } else {
+        format!(
+            "{n} of {of} element(s) differ from the exact i64 values; the first, {at}, is {g} \
+             where it must be {w} (integers beyond 2^53 do not survive a trip through a double)"
+        )
+    })
 }
 
 /// What one call of the plugin did to the case's tensors.

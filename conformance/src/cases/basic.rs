@@ -189,9 +189,26 @@ fn copy(dtype: DType) -> Vec<Case> {
                 whole = Some(w);
             }
         }
+        // NaNs of every kind, signalling ones among them, at the end: a copy
+        // moves bits (mutation round 12: a copy through a floating
+        // conversion, which quiets a signalling NaN, passed, as the
+        // suite's values travel as f64s where any NaN is NaN).
+        let nans = nan_patterns(dtype);
+        if !nans.is_empty() && values.len() >= 2 * nans.len() {
+            let mut w: Vec<i64> = crate::values::to_bytes(dtype, &values)
+                .chunks_exact(dtype.size())
+                .map(crate::case::element_bits)
+                .collect();
+            let at = values.len() - nans.len();
+            for (k, &bits) in nans.iter().enumerate() {
+                w[at + k] = bits as i64;
+                values[at + k] = f64::NAN;
+            }
+            whole = Some(w);
+        }
         let mut src = input("src", dtype, shape, values, src_layout);
         let mut dst = output("dst", dtype, shape, dst_layout);
-        (src.exact_i64, dst.exact_i64) = (whole.clone(), whole);
+        (src.exact_bits, dst.exact_bits) = (whole.clone(), whole);
         let label = format!("{} to {dst_layout}", shape_label(shape, src_layout));
         cases.push(case(
             "copy",
@@ -203,7 +220,55 @@ fn copy(dtype: DType) -> Vec<Case> {
             |d| Ok(vec![reference::copy(&d[0])?]),
         ));
     }
+    // The plugin's own memcpy_d2d (the host's `to_device` on the same
+    // device), from a view's address inside its buffer into a new one,
+    // over more than 4 KiB in the wider dtypes: no other case moves device
+    // memory but through the host (mutation round 12: a d2d that copied a
+    // device's encoded bytes without re-encoding them at the destination's
+    // offset, or that mis-advanced its 4 KiB chunks, passed the suite).
+    let n = 1031;
+    let values = any_values(&mut rng, dtype, n);
+    cases.push(case(
+        "copy",
+        dtype,
+        format!("[{n}] staged by memcpy_d2d from inside its buffer"),
+        vec![
+            input("src", dtype, &[n], values, Layout::Contiguous),
+            output("dst", dtype, &[n], Layout::Contiguous),
+        ],
+        Tolerance::EXACT,
+        |exec, t| {
+            let staged = t[0].to_device(exec.device())?;
+            exec.copy(&staged, &t[1])
+        },
+        |d| Ok(vec![reference::copy(&d[0])?]),
+    ));
     cases
+}
+
+/// NaN bit patterns of a floating dtype: signalling NaNs with the lowest
+/// payload bit (of either sign) and with a high one, a quiet NaN with a
+/// payload, and every bit set.
+fn nan_patterns(dtype: DType) -> Vec<u64> {
+    match dtype {
+        DType::F32 => vec![
+            0x7f80_0001,
+            0xff80_0001,
+            0x7fa0_0000,
+            0x7fc0_0001,
+            0xffff_ffff,
+        ],
+        DType::F64 => vec![
+            0x7ff0_0000_0000_0001,
+            0xfff0_0000_0000_0001,
+            0x7ff4_0000_0000_0000,
+            0x7ff8_0000_0000_0001,
+            0xffff_ffff_ffff_ffff,
+        ],
+        DType::F16 => vec![0x7c01, 0xfc01, 0x7d00, 0x7e01, 0xffff],
+        DType::BF16 => vec![0x7f81, 0xff81, 0x7fa0, 0x7fc1, 0xffff],
+        _ => Vec::new(),
+    }
 }
 
 fn cast(dtype: DType) -> Vec<Case> {

@@ -107,7 +107,7 @@ fn unary(op: UnaryOp, dtype: DType) -> Vec<Case> {
         ));
     }
     if op == UnaryOp::Exp {
-        cases.push(exp_subnormal_results(dtype));
+        cases.push(subnormal_results(op, dtype));
         // Inputs up to ln(max) (round 7: a fast exp that clamped its input
         // to 88 passed, nothing above 10 being tested).
         let top = match dtype {
@@ -130,6 +130,14 @@ fn unary(op: UnaryOp, dtype: DType) -> Vec<Case> {
     }
     if matches!(op, UnaryOp::GeluErf | UnaryOp::Sigmoid) {
         cases.extend(gelu_erf_sigmoid_tails(op, dtype));
+    }
+    if op == UnaryOp::Sigmoid {
+        // The ABI: sigmoid of a large negative x is "a tiny positive
+        // number, not 0 while it is representable". Below -87 that is
+        // e^x in the subnormal range, which the tail above stops short of
+        // (mutation round 12: `1 / (1 + e^-x)` in f32, whose e^-x overflows
+        // below -88.7, gave 0 there and passed).
+        cases.push(subnormal_results(op, dtype));
     }
     if op == UnaryOp::Silu {
         for (label, x, tolerance) in tails(dtype) {
@@ -261,7 +269,10 @@ fn negative_tail_rel(x: &[f64]) -> f64 {
 /// large here (about 100 in f32, 745 in f64), and the kernel rounds its
 /// reduced argument: it is charged relative to the element, which for a
 /// subnormal result is a small fraction of its ULP.
-fn exp_subnormal_results(dtype: DType) -> Case {
+///
+/// Also `sigmoid`'s, which is `e^x (1 - e^x + ...)`, `e^x` to every
+/// precision there: the same inputs, the same condition number.
+fn subnormal_results(op: UnaryOp, dtype: DType) -> Case {
     let tiny = crate::values::ulp(dtype, 0.0);
     let normal = match dtype {
         DType::F64 => f64::MIN_POSITIVE,
@@ -274,7 +285,7 @@ fn exp_subnormal_results(dtype: DType) -> Case {
         .collect();
     let tolerance = Tolerance::computed(16.0 + 2.0 * tiny.ln().abs().ceil());
     unary_case(
-        UnaryOp::Exp,
+        op,
         dtype,
         "results in the subnormal range".into(),
         &[x.len()],
@@ -421,6 +432,31 @@ fn pow_scalar(dtype: DType) -> Vec<Case> {
             Tolerance::computed(8.0 + 6.0 * 100f64.ln()),
             |exec, t| exec.pow_scalar(&t[0], &t[1], 3.0),
             |d| Ok(vec![reference::pow_scalar(&d[0], 3.0)?]),
+        ));
+    }
+    // C pow's special values at the exponents kernels special-case
+    // (mutation round 12: exponent 0.5 taken as sqrt passed, though
+    // pow(-0, 0.5) is +0 and pow(-inf, 0.5) +inf where sqrt gives -0 and
+    // NaN; likewise rsqrt for -0.5, a reciprocal or a product for the
+    // integers): the signs of zeros and infinities, odd and even
+    // exponents of negative bases, overflow and underflow at the ends.
+    let mut x = specials(dtype);
+    x.extend([2.0, -2.0, 3.0, -3.0, 0.25]);
+    for exponent in [0.5, -0.5, 2.0, 3.0, -1.0, -2.0, 1.0, 0.25, 1.7, -1.7] {
+        let x = x.clone();
+        let n = x.len();
+        cases.push(case(
+            "pow_scalar",
+            dtype,
+            format!("exponent {exponent} special values"),
+            vec![
+                input("input", dtype, &[n], x, Layout::Contiguous),
+                output("out", dtype, &[n], Layout::Contiguous),
+            ],
+            // As above; the special values themselves are exact.
+            Tolerance::computed(8.0 + 2.0 * f64::abs(exponent) * 100f64.ln()),
+            move |exec, t| exec.pow_scalar(&t[0], &t[1], exponent),
+            move |d| Ok(vec![reference::pow_scalar(&d[0], exponent)?]),
         ));
     }
     cases

@@ -162,7 +162,7 @@ pub fn input(
         values: values.into_iter().map(|v| round_to(dtype, v)).collect(),
         layout,
         alias_of: None,
-        exact_i64: None,
+        exact_bits: None,
     }
 }
 
@@ -176,7 +176,7 @@ pub fn output(name: &'static str, dtype: DType, shape: &[usize], layout: Layout)
         values: vec![0.0; numel(shape)],
         layout,
         alias_of: None,
-        exact_i64: None,
+        exact_bits: None,
     }
 }
 

@@ -234,9 +234,9 @@ fn layouts(b: &Case) -> Vec<Case> {
                             |ts| {
                                 ts[t].values = constant_along(&ts[t].values, &ts[t].shape, d);
                                 ts[t].layout = Layout::Broadcast(d);
-                                // New values: the exact i64s (and an
+                                // New values: the exact bits (and an
                                 // output's expected ones) no longer hold.
-                                ts.iter_mut().for_each(|s| s.exact_i64 = None);
+                                ts.iter_mut().for_each(|s| s.exact_bits = None);
                             },
                         ));
                     }

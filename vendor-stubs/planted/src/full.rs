@@ -110,7 +110,14 @@ pub mod ops {
 
     pub unsafe fn copy(args: &CopyArgs<'_>) -> Result<()> {
         run!("copy", args => |[src, dst]| {
-            if is(Bug::CopyI64ThroughDouble) && src.dtype == kernels::DType::I64 {
+            let through_double = match src.dtype {
+                kernels::DType::I64 => is(Bug::CopyI64ThroughDouble),
+                kernels::DType::F32 | kernels::DType::F64 | kernels::DType::F16 | kernels::DType::BF16 => {
+                    is(Bug::CopyQuietsSignallingNan)
+                }
+                _ => false,
+            };
+            if through_double {
                 // SAFETY: the views were checked by `run!`.
                 unsafe { paths::copy_through_double(src, dst) };
                 return done();
@@ -255,6 +262,9 @@ pub mod ops {
                     return kernels::unary(k, i, o);
                 }
                 UnaryOp::Log if is(Bug::LogZeroNan) => bad::log_zero_nan(i, o),
+                UnaryOp::Sigmoid if is(Bug::SigmoidOverflowingExp) => {
+                    bad::sigmoid_overflowing_exp(i, o)
+                }
                 UnaryOp::Sqrt if is(Bug::SqrtNegZero) => bad::sqrt_neg_zero(i, o),
                 UnaryOp::Rsqrt if is(Bug::RsqrtHangsOnLargeTensors) && i.numel() > 65536 => {
                     crate::mutants::hang()
@@ -268,6 +278,10 @@ pub mod ops {
     pub unsafe fn pow_scalar(args: &PowScalarArgs<'_>) -> Result<()> {
         let e = args.exponent;
         run!("pow_scalar", args => |[i, o]| {
+            if is(Bug::PowScalarHalfAsSqrt) && e == 0.5 {
+                bad::pow_half_as_sqrt(i, o);
+                return done();
+            }
             if is(Bug::PowScalarNanZeroExponent) {
                 bad::pow_nan_zero(i, o, e);
                 return done();

@@ -144,12 +144,21 @@ impl Plugin for Planted {
     unsafe fn memcpy(
         &self,
         q: Queue<'_, Stream>,
-        _kind: CopyKind,
+        kind: CopyKind,
         dst: *mut u8,
         src: *const u8,
         bytes: usize,
     ) -> Result<()> {
         enter(q);
+        let src = if kind == CopyKind::DeviceToDevice && is(Bug::MemcpyD2dFromAllocationStart) {
+            // The start of the allocation holding `src` (the greatest
+            // handed-out pointer at or below it).
+            let allocations = self.allocations.lock().unwrap();
+            let start = allocations.keys().filter(|&&p| p <= src as usize).max();
+            start.map_or(src, |&p| p as *const u8)
+        } else {
+            src
+        };
         // SAFETY: the caller guarantees both ranges (all memory here is host memory).
         unsafe { std::ptr::copy_nonoverlapping(src, dst, bytes) };
         Ok(())

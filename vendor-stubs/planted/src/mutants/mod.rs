@@ -156,6 +156,10 @@ pub enum Bug {
     SoftmaxOnlineNegInfPrefix,
     MatmulHalfRoundsBeforeAlpha,
     CrossEntropyOddLastRowCounted,
+    PowScalarHalfAsSqrt,
+    SigmoidOverflowingExp,
+    CopyQuietsSignallingNan,
+    MemcpyD2dFromAllocationStart,
     ScaleLeavesFtzOn,
     RmsNormLeaksWorkspace,
     StreamWaitEventIgnored,
@@ -494,6 +498,19 @@ catalog! {
     CrossEntropyOddLastRowCounted "cross-entropy-odd-last-row-counted" "cross_entropy" Path:
         "rows are taken in pairs and an odd last row on a scalar path without the ignore test: an ignored last row is counted in the mean's denominator"
         => "an odd number of rows whose last is ignored";
+    // Mutation round 12: one per class the round found missed.
+    PowScalarHalfAsSqrt "pow-scalar-half-as-sqrt" "pow_scalar" EdgeValues:
+        "exponent 0.5 special-cased as sqrt (as exponent 2 as x * x): C's pow(-0, 0.5) is +0 and pow(-inf, 0.5) +inf, where sqrt gives -0 and NaN"
+        => "special values at the exponents kernels special-case";
+    SigmoidOverflowingExp "sigmoid-overflowing-exp" "sigmoid" EdgeValues:
+        "sigmoid as 1 / (1 + exp(-x)) in f32: below x = -88.7 exp(-x) overflows and the result is 0 where the ABI wants e^x, a subnormal f32 down to -103"
+        => "sigmoid results in the subnormal range";
+    CopyQuietsSignallingNan "copy-quiets-signalling-nan" "copy" Numerics:
+        "floats are copied element by element through a double (one conversion loop for every dtype): a signalling NaN comes back quiet, its payload shifted"
+        => "NaN bit patterns copied bit for bit";
+    MemcpyD2dFromAllocationStart "memcpy-d2d-from-allocation-start" "copy" Contract:
+        "memcpy_d2d resolves its source to the allocation that holds it and copies from that allocation's start (a runtime addressed by buffer handle and offset, the offset dropped): a view inside a buffer is copied from the buffer's first byte"
+        => "a copy staged by memcpy_d2d from inside its buffer";
     // Stop 44: what a call leaves behind on its thread and in the process.
     ScaleLeavesFtzOn "scale-leaves-ftz-on" "scale" State:
         "scale turns on flush-to-zero and denormals-are-zero for speed and returns without restoring them: every later floating-point operation of the calling thread flushes subnormals (ABI rule 12)"

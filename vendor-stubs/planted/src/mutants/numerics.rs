@@ -663,6 +663,24 @@ pub unsafe fn relu_backward_nan_zero(g: &View<'_>, x: &View<'_>, gi: &View<'_>) 
     }
 }
 
+/// pow_scalar at exponent 0.5 as sqrt.
+pub unsafe fn pow_half_as_sqrt(input: &View<'_>, out: &View<'_>) {
+    // SAFETY: forwarded.
+    unsafe { super::elems::map(input, out, round, f64::sqrt) };
+}
+
+/// sigmoid as `1 / (1 + exp(-x))` in f32, whose `exp(-x)` overflows to
+/// infinity below -88.7 (the result then 0).
+pub unsafe fn sigmoid_overflowing_exp(input: &View<'_>, out: &View<'_>) {
+    // SAFETY: forwarded.
+    unsafe {
+        super::elems::map(input, out, round, |x| {
+            let e = (-(x as f32)).exp();
+            f64::from(1.0 / (1.0 + e))
+        })
+    };
+}
+
 /// log with log(0) = NaN.
 pub unsafe fn log_zero_nan(input: &View<'_>, out: &View<'_>) {
     // SAFETY: forwarded.
