@@ -640,6 +640,23 @@ def test_fill_converts_its_value_as_the_cpu_does(vendor, index):
 
 
 @pytest.mark.parametrize("vendor,index", _devices(), ids=[v for v, _ in _devices()])
+def test_fill_of_a_broadcast_view_writes_each_place_once(vendor, index):
+    """fill_ and zero_ of an expanded view (zero strides: several elements
+    in one place), which the CPU runs: the plugin refuses an output that
+    writes an element more than once, so the view is filled as one element
+    along each such dimension."""
+    d = torch.device("polychip", index)
+    results = []
+    for dev in ("cpu", d):
+        t = torch.arange(12.0, device=dev).reshape(4, 3)
+        t[:, :1].expand(4, 3).fill_(7)
+        t[1:2, :].expand(5, 3).zero_()
+        t[2, 1:2].expand(6).fill_(-1)
+        results.append(t.cpu())
+    assert torch.equal(results[0], results[1]), results
+
+
+@pytest.mark.parametrize("vendor,index", _devices(), ids=[v for v, _ in _devices()])
 def test_determinants_of_strided_views_differentiate_as_on_the_cpu(vendor, index):
     """det and slogdet of a slice of a wider matrix (a view that is not
     contiguous, whose CPU copy in the fallback was): PyTorch factors A^T

@@ -1097,7 +1097,16 @@ bool fill_on_device(const at::Tensor& self, const at::Scalar& value) {
   }
   const double v = converted.toDouble();
   if (self.numel() == 0) return true;
-  View o(self);
+  // A broadcast view (`t[:, :1].expand(4, 3).fill_(0)`, which the CPU
+  // runs) writes each of its zero-stride dimensions' elements to one
+  // place: filled as one element there, since the plugin refuses an output
+  // that writes an element more than once. Other overlapping views (an
+  // `unfold`) are still refused by name.
+  at::Tensor target = self;
+  for (int64_t d = 0; d < target.dim(); d++) {
+    if (target.stride(d) == 0 && target.size(d) > 1) target = target.narrow(d, 0, 1);
+  }
+  View o(target);
   timed("fill", [&] { return polychip_op_fill(nullptr, o.h, v); });
   return true;
 }
