@@ -2,10 +2,15 @@
 //! struct of any operator with tensors of any rank, extents, strides,
 //! dtype, device and offset, and any scalars, checked exactly as a plugin
 //! built on the SDK checks a host's call. It must return a checked struct
-//! or an error, never panic or overflow.
+//! or an error, never panic or overflow. Which struct each operator takes
+//! comes from `generated.rs`, which `cargo run -p polychip-spec` derives
+//! from `spec/ops.toml` with the SDK's files.
 
 use polychip_plugin_sdk::abi::{self, PolychipDataType, PolychipDevice, PolychipTensor};
 use polychip_plugin_sdk::{FieldKind, Op, RawArgs};
+
+#[rustfmt::skip]
+mod generated;
 
 struct Bytes<'a>(&'a [u8]);
 
@@ -80,9 +85,18 @@ fn tensor(b: &mut Bytes<'_>, dims: &mut Vec<Dims>) -> PolychipTensor {
     }
 }
 
-/// Fills an args struct of type `T` for `op` from the bytes and checks it.
-fn check<T: RawArgs + Copy>(op: Op, b: &mut Bytes<'_>) {
+/// Fills an args struct of type `T` for `op` from the bytes and checks it;
+/// returns `T`'s name, which must be the one the SDK's table gives `op`.
+fn check<T: RawArgs + Copy>(op: Op, b: &mut Bytes<'_>) -> &'static str {
     let info = op.info();
+    let name = std::any::type_name::<T>()
+        .rsplit("::")
+        .next()
+        .unwrap_or_default();
+    assert_eq!(
+        name, info.args,
+        "{op}: fuzz/src/op_args/generated.rs is stale: run `cargo run -p polychip-spec`"
+    );
     assert_eq!(std::mem::size_of::<T>(), info.size);
     let mut raw = vec![0u8; info.size];
     raw[..8].copy_from_slice(&(info.size as u64).to_ne_bytes());
@@ -113,15 +127,7 @@ fn check<T: RawArgs + Copy>(op: Op, b: &mut Bytes<'_>) {
     // SAFETY: every non-NULL shape and strides pointer points to `ndim`
     // i64s in `dims` (a negative ndim is refused before they are read).
     let _ = unsafe { args.check(op, 0) };
-}
-
-macro_rules! dispatch {
-    ($op:expr, $b:expr, $($name:literal => $ty:ident),* $(,)?) => {
-        match $op.info().args {
-            $($name => check::<abi::$ty>($op, $b),)*
-            other => panic!("an args struct the fuzz target does not list: {other}"),
-        }
-    };
+    name
 }
 
 /// One input.
@@ -131,35 +137,43 @@ pub fn run(data: &[u8]) {
     };
     let op = Op::ALL[usize::from(which) % Op::ALL.len()];
     let mut b = Bytes(rest);
-    dispatch!(op, &mut b,
-        "PolychipFillArgs" => PolychipFillArgs,
-        "PolychipCopyArgs" => PolychipCopyArgs,
-        "PolychipCastArgs" => PolychipCastArgs,
-        "PolychipBinaryArgs" => PolychipBinaryArgs,
-        "PolychipMatmulArgs" => PolychipMatmulArgs,
-        "PolychipSoftmaxArgs" => PolychipSoftmaxArgs,
-        "PolychipUnaryArgs" => PolychipUnaryArgs,
-        "PolychipPowScalarArgs" => PolychipPowScalarArgs,
-        "PolychipActivationBackwardArgs" => PolychipActivationBackwardArgs,
-        "PolychipSwigluArgs" => PolychipSwigluArgs,
-        "PolychipSwigluBackwardArgs" => PolychipSwigluBackwardArgs,
-        "PolychipReduceArgs" => PolychipReduceArgs,
-        "PolychipSumSquaresArgs" => PolychipSumSquaresArgs,
-        "PolychipLinearArgs" => PolychipLinearArgs,
-        "PolychipSoftmaxBackwardArgs" => PolychipSoftmaxBackwardArgs,
-        "PolychipRmsNormArgs" => PolychipRmsNormArgs,
-        "PolychipRmsNormBackwardArgs" => PolychipRmsNormBackwardArgs,
-        "PolychipLayerNormArgs" => PolychipLayerNormArgs,
-        "PolychipLayerNormBackwardArgs" => PolychipLayerNormBackwardArgs,
-        "PolychipRopeArgs" => PolychipRopeArgs,
-        "PolychipAttentionArgs" => PolychipAttentionArgs,
-        "PolychipAttentionBackwardArgs" => PolychipAttentionBackwardArgs,
-        "PolychipEmbeddingArgs" => PolychipEmbeddingArgs,
-        "PolychipEmbeddingBackwardArgs" => PolychipEmbeddingBackwardArgs,
-        "PolychipCrossEntropyArgs" => PolychipCrossEntropyArgs,
-        "PolychipCrossEntropyBackwardArgs" => PolychipCrossEntropyBackwardArgs,
-        "PolychipAdamwArgs" => PolychipAdamwArgs,
-        "PolychipScaleArgs" => PolychipScaleArgs,
-        "PolychipOutputBackwardArgs" => PolychipOutputBackwardArgs,
-    );
+    generated::dispatch(op, &mut b);
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use super::{Bytes, generated};
+    use polychip_plugin_sdk::Op;
+
+    /// The args structs named in `spec/ops.toml` (`[args.Name]`), read
+    /// directly from the spec rather than from anything derived from it.
+    fn spec_args() -> BTreeSet<String> {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../spec/ops.toml");
+        let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{path}: {e}"));
+        let spec: toml::Table = toml::from_str(&text).unwrap_or_else(|e| panic!("{path}: {e}"));
+        let args = spec["args"]
+            .as_table()
+            .expect("spec/ops.toml has [args.*] tables");
+        args.keys().map(|k| format!("Polychip{k}Args")).collect()
+    }
+
+    #[test]
+    fn every_args_struct_of_the_spec_is_checked() {
+        let mut checked = BTreeSet::new();
+        for op in Op::ALL {
+            // `check` asserts that the struct is the one the SDK's table
+            // gives the operator; empty input reads as zeros.
+            checked.insert(generated::dispatch(op, &mut Bytes(&[])).to_owned());
+        }
+        let spec = spec_args();
+        let missing: Vec<_> = spec.difference(&checked).collect();
+        assert!(
+            missing.is_empty(),
+            "args structs of spec/ops.toml that no operator's fuzz dispatch \
+             checks: {missing:?} (run `cargo run -p polychip-spec`)"
+        );
+        assert_eq!(checked, spec);
+    }
 }

@@ -2,7 +2,8 @@
 //! derives from it everything mechanical about an operator: the ABI's args
 //! structs and op table (and through cbindgen the C header), the SDK's
 //! checked arguments, `Operators` trait and export shims, the host's call
-//! methods, and the operator tables of `docs/abi.md`.
+//! methods, the `op_args` fuzz target's dispatch, and the operator tables
+//! of `docs/abi.md`.
 //!
 //! Why a generator whose output is committed (rather than macros or a build
 //! script): cbindgen must see the ABI types as plain Rust source; readers,

@@ -8,6 +8,7 @@ mod abi;
 mod capi;
 mod docs;
 mod export;
+mod fuzz;
 mod host;
 mod python;
 mod sdk;
@@ -38,6 +39,7 @@ pub fn all(spec: &Spec) -> Vec<Output> {
         whole("capi/src/ops/generated.rs", capi::emit(spec)),
         whole("python/src/ops/generated.rs", python::rust(spec)),
         whole("python/polychip/ops.pyi", python::stub(spec)),
+        whole("fuzz/src/op_args/generated.rs", fuzz::emit(spec)),
         Output {
             path: "docs/abi.md",
             text: docs::emit(spec),

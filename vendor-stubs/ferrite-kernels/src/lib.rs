@@ -61,6 +61,8 @@ mod sum_squares;
 mod unary;
 mod view;
 
+#[doc(hidden)]
+pub use activation::erfcf_reference;
 pub use activation::{ActivationOp, activation_backward, swiglu, swiglu_backward};
 pub use adamw::adamw;
 pub use attention::attention;

@@ -3,7 +3,7 @@
 //! `pow_scalar` and the in-place `scale`. `f32`/`f16`/`bf16`, computed in
 //! `f32` (`pow` in `f64`) and rounded once; any strides; in place allowed.
 
-use crate::activation::{gelu, gelu_erf, sigmoid, silu};
+use crate::activation::{gelu, gelu_erf_block, sigmoid, silu};
 use crate::dtype::DType;
 use crate::error::{KernelError, bail};
 use crate::float::{exp_f32, tanh_f32};
@@ -92,7 +92,10 @@ pub unsafe fn unary(op: UnaryOp, input: &View, out: &View) -> Result<(), KernelE
             UnaryOp::Relu => pointwise(input, out, 1, |x| if x <= 0.0 { 0.0 } else { x }),
             UnaryOp::Silu => pointwise(input, out, 2, silu),
             UnaryOp::Gelu => pointwise(input, out, 2, gelu),
-            UnaryOp::GeluErf => pointwise(input, out, 4, gelu_erf),
+            UnaryOp::GeluErf => {
+                let ops = [(out, Access::Write), (input, Access::Read)];
+                map_blocks(ops, 4, gelu_erf_block)
+            }
             UnaryOp::Sigmoid => pointwise(input, out, 2, sigmoid),
         }
     }

@@ -27,6 +27,7 @@ fn simd_and_baseline_agree_bit_for_bit() {
                 UnaryOp::Tanh,
                 UnaryOp::Silu,
                 UnaryOp::Gelu,
+                UnaryOp::GeluErf,
             ];
             for op in ops {
                 both_ways_all(&format!("unary {op:?} {ctx}"), || {
@@ -36,7 +37,11 @@ fn simd_and_baseline_agree_bit_for_bit() {
                     vec![o]
                 });
             }
-            for op in [ActivationOp::Silu, ActivationOp::Gelu] {
+            for op in [
+                ActivationOp::Silu,
+                ActivationOp::Gelu,
+                ActivationOp::GeluErf,
+            ] {
                 both_ways_all(&format!("activation_backward {op:?} {ctx}"), || {
                     let (mut g, mut a, mut o) = (y(2), x(), new());
                     // SAFETY: distinct buffers owned by the test.
