@@ -4,6 +4,8 @@
 //! immediate data), and a rank waits for its own signal counters to reach a
 //! value. Shared memory, TCP and RDMA verbs implement it.
 
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Instant;
 
 use crate::error::Result;
@@ -35,6 +37,75 @@ pub struct Departure {
 /// for it can never end.
 pub(crate) fn short_of(finals: &[(SignalId, u64)], signal: SignalId, value: u64) -> bool {
     finals.iter().any(|&(s, v)| s == signal && v < value)
+}
+
+/// What a rank knows of the peers whose communicators left cleanly: how
+/// many collective calls each made and the final values of this rank's
+/// counters it declared. One per transport that carries leave notices
+/// (TCP's frames, verbs' store notices).
+#[derive(Debug)]
+pub(crate) struct Departures {
+    /// Per peer: 0, or 1 + its number of collective calls once it left.
+    left_at: Box<[AtomicU64]>,
+    /// How many peers left (one load for a call beginning).
+    count: AtomicUsize,
+    /// Per peer: the final values of this rank's counters it declared.
+    finals: Mutex<Vec<Vec<(SignalId, u64)>>>,
+}
+
+impl Departures {
+    /// None of `world` ranks has left.
+    pub fn new(world: usize) -> Departures {
+        Departures {
+            left_at: (0..world).map(|_| AtomicU64::new(0)).collect(),
+            count: AtomicUsize::new(0),
+            finals: Mutex::new(vec![Vec::new(); world]),
+        }
+    }
+
+    /// Records that `peer` left after `calls` calls, declaring `finals`;
+    /// false when it was recorded already.
+    pub fn record(&self, peer: usize, calls: u64, finals: Vec<(SignalId, u64)>) -> bool {
+        let mut all = self.finals.lock().unwrap_or_else(|e| e.into_inner());
+        if self.left_at[peer].load(Ordering::SeqCst) != 0 {
+            return false;
+        }
+        all[peer] = finals;
+        drop(all);
+        self.left_at[peer].store(calls.saturating_add(1), Ordering::SeqCst);
+        self.count.fetch_add(1, Ordering::SeqCst);
+        true
+    }
+
+    /// How many peers left.
+    pub fn count(&self) -> usize {
+        self.count.load(Ordering::Acquire)
+    }
+
+    /// `peer`'s number of collective calls, if it left.
+    pub fn calls(&self, peer: usize) -> Option<u64> {
+        self.left_at
+            .get(peer)?
+            .load(Ordering::Acquire)
+            .checked_sub(1)
+    }
+
+    /// The final values of this rank's counters `peer` declared as it left
+    /// (empty while it has not).
+    pub fn finals(&self, peer: usize) -> Vec<(SignalId, u64)> {
+        let all = self.finals.lock().unwrap_or_else(|e| e.into_inner());
+        all.get(peer).cloned().unwrap_or_default()
+    }
+
+    /// A departed peer whose final value of `signal` is below `value`: a
+    /// wait for it can never end. One load when no peer left.
+    pub fn short_peer(&self, signal: SignalId, value: u64) -> Option<usize> {
+        if self.count() == 0 {
+            return None;
+        }
+        let all = self.finals.lock().unwrap_or_else(|e| e.into_inner());
+        (0..all.len()).find(|&p| short_of(&all[p], signal, value))
+    }
 }
 
 /// A one-sided transport between the ranks of one job.

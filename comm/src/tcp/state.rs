@@ -14,7 +14,7 @@ use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::error::{CommError, Result};
-use crate::transport::{RegionId, SignalId};
+use crate::transport::{Departures, RegionId, SignalId};
 
 /// Number of signal counters per rank: ids `0..MAX_SIGNALS`.
 pub const MAX_SIGNALS: usize = 4096;
@@ -93,14 +93,8 @@ pub(crate) struct Shared {
     peers: Box<[AtomicU8]>,
     /// How many peers said goodbye.
     departed: AtomicUsize,
-    /// Per peer: 0, or 1 + its number of collective calls once its
-    /// communicator left cleanly (a FINALS frame).
-    left_at: Box<[AtomicU64]>,
-    /// How many peers' communicators left (one load for a call beginning).
-    leavers: AtomicUsize,
-    /// Per peer: the final values of this rank's counters it raises, once
-    /// it left.
-    finals: Mutex<Vec<Vec<(SignalId, u64)>>>,
+    /// The peers whose communicators left cleanly (a FINALS frame).
+    departures: Departures,
     /// Threads blocked on `wake` (waiters that are not reading sockets).
     sleepers: AtomicUsize,
     lock: Mutex<()>,
@@ -142,9 +136,7 @@ impl Shared {
             leaving: AtomicBool::new(false),
             peers: (0..world_size).map(|_| AtomicU8::new(ALIVE)).collect(),
             departed: AtomicUsize::new(0),
-            left_at: (0..world_size).map(|_| AtomicU64::new(0)).collect(),
-            leavers: AtomicUsize::new(0),
-            finals: Mutex::new(vec![Vec::new(); world_size]),
+            departures: Departures::new(world_size),
             sleepers: AtomicUsize::new(0),
             lock: Mutex::new(()),
             wake: Condvar::new(),
@@ -301,18 +293,13 @@ impl Shared {
     /// `finals` (every frame it sent before has been applied): wakes every
     /// waiter, so one waiting for more fails at once.
     pub fn peer_departing(&self, peer: usize, calls: u64, finals: Vec<(SignalId, u64)>) {
-        let mut all = self.finals.lock().unwrap_or_else(|e| e.into_inner());
-        if self.left_at[peer].load(Ordering::SeqCst) != 0 {
+        if !self.departures.record(peer, calls, finals) {
             return;
         }
-        all[peer] = finals;
-        drop(all);
         log::debug!(
             "tcp rank {}: peer rank {peer} left after {calls} calls",
             self.rank
         );
-        self.left_at[peer].store(calls.saturating_add(1), Ordering::SeqCst);
-        self.leavers.fetch_add(1, Ordering::SeqCst);
         drop(self.lock.lock().unwrap_or_else(|e| e.into_inner()));
         self.wake.notify_all();
         self.kick();
@@ -320,33 +307,24 @@ impl Shared {
 
     /// How many peers' communicators left.
     pub fn leavers(&self) -> usize {
-        self.leavers.load(Ordering::Acquire)
+        self.departures.count()
     }
 
     /// `peer`'s number of collective calls, if its communicator left.
     pub fn departed(&self, peer: usize) -> Option<u64> {
-        self.left_at
-            .get(peer)?
-            .load(Ordering::Acquire)
-            .checked_sub(1)
+        self.departures.calls(peer)
     }
 
     /// The final values of this rank's counters `peer` declared as its
     /// communicator left (empty while it has not).
     pub fn finals_of(&self, peer: usize) -> Vec<(SignalId, u64)> {
-        let all = self.finals.lock().unwrap_or_else(|e| e.into_inner());
-        all.get(peer).cloned().unwrap_or_default()
+        self.departures.finals(peer)
     }
 
     /// A peer whose communicator left with `signal` final below `value`,
     /// as a wait's error: the wait can never end.
     pub fn left_short(&self, signal: SignalId, value: u64) -> Option<CommError> {
-        if self.leavers() == 0 {
-            return None;
-        }
-        let all = self.finals.lock().unwrap_or_else(|e| e.into_inner());
-        let peer =
-            (0..self.world_size).find(|&p| crate::transport::short_of(&all[p], signal, value))?;
+        let peer = self.departures.short_peer(signal, value)?;
         Some(CommError::peer_left(self.rank, "tcp wait", peer, ""))
     }
 

@@ -25,13 +25,13 @@
 //! [`Transport::abort`]: crate::transport::Transport::abort
 //! [`Transport::leave`]: crate::transport::Transport::leave
 
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 use crate::error::{CommError, MAX_ABORT_REASON, Result};
 use crate::store::Store;
-use crate::transport::{Departure, MAX_FINALS, SignalId};
+use crate::transport::{Departure, Departures, MAX_FINALS, SignalId};
 
 /// How often a rank's notice thread reads the change counter.
 pub const POLL_EVERY: Duration = Duration::from_millis(100);
@@ -109,12 +109,8 @@ pub struct Notices {
     failed: AtomicBool,
     /// The first peer failure that arrived: the peer and its reason.
     failure: Mutex<Option<(usize, String)>>,
-    /// Per peer: 0, or 1 + its number of collective calls once it left.
-    left_at: Box<[AtomicU64]>,
-    /// How many peers left.
-    leavers: AtomicUsize,
-    /// Per peer: the final values of this rank's counters it declared.
-    finals: Mutex<Vec<Vec<(SignalId, u64)>>>,
+    /// The peers that left.
+    departures: Departures,
     /// Whether this rank announced its failure or departure (once).
     announced: AtomicBool,
     /// The notice thread's sleep, cut short when the transport closes.
@@ -127,7 +123,7 @@ impl std::fmt::Debug for Notices {
         f.debug_struct("Notices")
             .field("base", &self.base)
             .field("rank", &self.rank)
-            .field("leavers", &self.leavers)
+            .field("departures", &self.departures.count())
             .field("failed", &self.failed)
             .finish_non_exhaustive()
     }
@@ -144,9 +140,7 @@ impl Notices {
             seen: AtomicI64::new(0),
             failed: AtomicBool::new(false),
             failure: Mutex::new(None),
-            left_at: (0..world).map(|_| AtomicU64::new(0)).collect(),
-            leavers: AtomicUsize::new(0),
-            finals: Mutex::new(vec![Vec::new(); world]),
+            departures: Departures::new(world),
             announced: AtomicBool::new(false),
             closing: Mutex::new(false),
             wake: Condvar::new(),
@@ -265,18 +259,12 @@ impl Notices {
     }
 
     fn peer_departed(&self, peer: usize, calls: u64, finals: Vec<(SignalId, u64)>) {
-        let mut all = self.finals.lock().unwrap_or_else(|e| e.into_inner());
-        if self.left_at[peer].load(Ordering::SeqCst) != 0 {
-            return;
+        if self.departures.record(peer, calls, finals) {
+            log::debug!(
+                "verbs rank {}: peer rank {peer} left after {calls} calls",
+                self.rank
+            );
         }
-        all[peer] = finals;
-        drop(all);
-        log::debug!(
-            "verbs rank {}: peer rank {peer} left after {calls} calls",
-            self.rank
-        );
-        self.left_at[peer].store(calls.saturating_add(1), Ordering::SeqCst);
-        self.leavers.fetch_add(1, Ordering::SeqCst);
     }
 
     fn failed_peer(&self) -> Option<usize> {
@@ -300,32 +288,24 @@ impl Notices {
 
     /// How many peers announced that they left (one load).
     pub fn departures(&self) -> usize {
-        self.leavers.load(Ordering::Acquire)
+        self.departures.count()
     }
 
     /// `peer`'s number of collective calls, if it left.
     pub fn departed(&self, peer: usize) -> Option<u64> {
-        self.left_at
-            .get(peer)?
-            .load(Ordering::Acquire)
-            .checked_sub(1)
+        self.departures.calls(peer)
     }
 
     /// The final values of this rank's counters `peer` declared as it left.
     pub fn finals(&self, peer: usize) -> Vec<(SignalId, u64)> {
-        let all = self.finals.lock().unwrap_or_else(|e| e.into_inner());
-        all.get(peer).cloned().unwrap_or_default()
+        self.departures.finals(peer)
     }
 
     /// A departed peer whose final value of `signal` is below `value`, as
     /// the error of a wait (`op`): the wait can never end. One load when
     /// no peer left.
     pub fn left_short(&self, op: &str, signal: SignalId, value: u64) -> Option<CommError> {
-        if self.departures() == 0 {
-            return None;
-        }
-        let all = self.finals.lock().unwrap_or_else(|e| e.into_inner());
-        let peer = (0..self.world).find(|&p| crate::transport::short_of(&all[p], signal, value))?;
+        let peer = self.departures.short_peer(signal, value)?;
         Some(CommError::peer_left(self.rank, op, peer, ""))
     }
 
