@@ -12,7 +12,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use polychip_comm::CommError;
-use polychip_comm::bootstrap::{InitOptions, TransportKind, init_with};
+use polychip_comm::bootstrap::{InitOptions, Job, TransportKind, init_with};
 use polychip_comm::collectives::{Communicator, DType, ReduceOp};
 use polychip_comm::env::RankInfo;
 use polychip_comm::launch::free_port;
@@ -304,6 +304,34 @@ fn tcp_a_failure_in_a_group_reaches_its_members_only() {
     a_groups_failure_stays_in_the_group(Kind::Tcp);
 }
 
+/// Runs `body(rank, job)` on both ranks of a whole job of two thread ranks
+/// (a real TCP store, `init_with`) over `transport`; results in rank order.
+fn two_rank_job<T: Send>(
+    transport: TransportKind,
+    body: impl Fn(usize, Job) -> T + Sync,
+) -> Vec<T> {
+    let port = free_port().unwrap();
+    let body = &body;
+    thread::scope(|s| {
+        let handles: Vec<_> = (0..2)
+            .map(|rank| {
+                s.spawn(move || {
+                    let mut options = InitOptions::from_env().unwrap();
+                    options.transport = Some(transport);
+                    options.timeout = TIMEOUT;
+                    let info = RankInfo {
+                        local_rank: rank,
+                        local_world_size: 2,
+                        ..RankInfo::local(rank, 2, port)
+                    };
+                    body(rank, init_with(info, options).unwrap())
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
 /// Whole jobs (a real TCP store, `init_with`) of two thread ranks: rank
 /// `failing` fails a receive with a mismatch; the other, which sent and
 /// went on to finish the job, gets an error naming the failed rank within
@@ -311,35 +339,20 @@ fn tcp_a_failure_in_a_group_reaches_its_members_only() {
 /// while (`linger`) or leaves at once (it announces its failure at the
 /// barrier). The failed rank's own finish returns at once.
 fn job_exit_fails_at_once(transport: TransportKind, failing: usize, linger: Duration) {
-    let port = free_port().unwrap();
-    let handles: Vec<_> = (0..2)
-        .map(|rank| {
-            thread::spawn(move || {
-                let mut options = InitOptions::from_env().unwrap();
-                options.transport = Some(transport);
-                options.timeout = TIMEOUT;
-                let info = RankInfo {
-                    local_rank: rank,
-                    local_world_size: 2,
-                    ..RankInfo::local(rank, 2, port)
-                };
-                let mut job = init_with(info, options).unwrap();
-                let other = 1 - rank;
-                if rank == failing {
-                    let e = job.recv(&mut [0u8; 16], other).unwrap_err();
-                    thread::sleep(linger);
-                    let start = Instant::now();
-                    job.finish().unwrap();
-                    (Err(e), start.elapsed())
-                } else {
-                    job.send(&[1u8; 8], other).unwrap();
-                    let start = Instant::now();
-                    (job.finish(), start.elapsed())
-                }
-            })
-        })
-        .collect();
-    let results: Vec<_> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    let results = two_rank_job(transport, |rank, mut job| {
+        let other = 1 - rank;
+        if rank == failing {
+            let e = job.recv(&mut [0u8; 16], other).unwrap_err();
+            thread::sleep(linger);
+            let start = Instant::now();
+            job.finish().unwrap();
+            (Err(e), start.elapsed())
+        } else {
+            job.send(&[1u8; 8], other).unwrap();
+            let start = Instant::now();
+            (job.finish(), start.elapsed())
+        }
+    });
     let (failed, took) = &results[failing];
     assert!(*took < PROMPT, "the failed rank's finish took {took:?}");
     let said = failed.as_ref().unwrap_err().to_string();
@@ -380,34 +393,19 @@ fn tcp_a_failed_rank_that_lingers_fails_the_others_exit_at_once() {
 #[test]
 fn an_abandoned_job_fails_a_peers_receive_at_once() {
     for transport in [TransportKind::Shm, TransportKind::Tcp] {
-        let port = free_port().unwrap();
-        let handles: Vec<_> = (0..2)
-            .map(|rank| {
-                thread::spawn(move || {
-                    let mut options = InitOptions::from_env().unwrap();
-                    options.transport = Some(transport);
-                    options.timeout = TIMEOUT;
-                    let info = RankInfo {
-                        local_rank: rank,
-                        local_world_size: 2,
-                        ..RankInfo::local(rank, 2, port)
-                    };
-                    let mut job = init_with(info, options).unwrap();
-                    job.barrier().unwrap();
-                    if rank == 1 {
-                        thread::sleep(Duration::from_millis(200));
-                        job.abandon();
-                        return None;
-                    }
-                    let start = Instant::now();
-                    let e = job.recv(&mut [0u8; 8], 1).unwrap_err();
-                    let took = start.elapsed();
-                    let _ = job.finish();
-                    Some((e, took))
-                })
-            })
-            .collect();
-        let results: Vec<_> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+        let results = two_rank_job(transport, |rank, mut job| {
+            job.barrier().unwrap();
+            if rank == 1 {
+                thread::sleep(Duration::from_millis(200));
+                job.abandon();
+                return None;
+            }
+            let start = Instant::now();
+            let e = job.recv(&mut [0u8; 8], 1).unwrap_err();
+            let took = start.elapsed();
+            let _ = job.finish();
+            Some((e, took))
+        });
         let (e, took) = results[0].as_ref().unwrap();
         assert!(*took < PROMPT, "{transport:?}: took {took:?}: {e}");
         assert!(
@@ -883,36 +881,20 @@ fn shm_a_rank_given_twice_or_a_world_that_differs_fails_at_once() {
 #[test]
 fn a_job_whose_message_was_never_taken_fails_its_exit() {
     for transport in [TransportKind::Shm, TransportKind::Tcp] {
-        let port = free_port().unwrap();
-        let sent = Arc::new(Barrier::new(2));
-        let handles: Vec<_> = (0..2)
-            .map(|rank| {
-                let sent = sent.clone();
-                thread::spawn(move || {
-                    let mut options = InitOptions::from_env().unwrap();
-                    options.transport = Some(transport);
-                    options.timeout = TIMEOUT;
-                    let info = RankInfo {
-                        local_rank: rank,
-                        local_world_size: 2,
-                        ..RankInfo::local(rank, 2, port)
-                    };
-                    let mut job = init_with(info, options).unwrap();
-                    job.barrier().unwrap();
-                    if rank == 0 {
-                        job.send(&[1u8; 8], 1).unwrap();
-                        sent.wait();
-                        // Until rank 1's departure has arrived.
-                        thread::sleep(Duration::from_millis(300));
-                    } else {
-                        sent.wait();
-                    }
-                    let start = Instant::now();
-                    (job.finish(), start.elapsed())
-                })
-            })
-            .collect();
-        let results: Vec<_> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+        let sent = Barrier::new(2);
+        let results = two_rank_job(transport, |rank, mut job| {
+            job.barrier().unwrap();
+            if rank == 0 {
+                job.send(&[1u8; 8], 1).unwrap();
+                sent.wait();
+                // Until rank 1's departure has arrived.
+                thread::sleep(Duration::from_millis(300));
+            } else {
+                sent.wait();
+            }
+            let start = Instant::now();
+            (job.finish(), start.elapsed())
+        });
         eprintln!("{transport:?}: {results:?}");
         let (r, took) = &results[0];
         let e = r
