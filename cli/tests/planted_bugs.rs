@@ -243,6 +243,7 @@ bugs! {
     #[cfg(target_arch = "x86_64")]
     scale_leaves_ftz_on: "scale-leaves-ftz-on" on "scale" in "f32" => "flush-to-zero (MXCSR.FZ) turned on";
     rms_norm_leaks_workspace: "rms-norm-leaks-workspace" on "rms_norm" in "f32" => "memory keeps growing with every call";
+    layer_norm_leaves_signals_blocked: "layer-norm-leaves-signals-blocked" on "layer_norm" in "f32" => "signal mask changed (blocked SIGINT, SIGTERM)";
     attention_gqa_heads_interleaved: "attention-gqa-heads-interleaved" on "attention" in "" => "gqa 4/2";
     rope_backward_head_dim_64_pairs: "rope-backward-head-dim-64-pairs" on "rope_backward" in "" => "realistic [1, 256, 4, 128] half-split";
     rms_norm_backward_row_over_4096: "rms-norm-backward-row-over-4096" on "rms_norm_backward" in "" => "realistic [16, 8192]";

@@ -533,6 +533,9 @@ pub mod ops {
                 bad::layer_norm_unbiased(i, w, b, o, m, r, eps);
                 return done();
             }
+            if is(Bug::LayerNormLeavesSignalsBlocked) {
+                paths::leave_signals_blocked();
+            }
             if is(Bug::LayerNormRowOfOneAsBias) && w.shape == [1] {
                 kernels::layer_norm(i, w, b, o, m, r, eps)?;
                 // SAFETY: the bias's one live element.

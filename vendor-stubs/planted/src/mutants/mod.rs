@@ -162,6 +162,7 @@ pub enum Bug {
     MemcpyD2dFromAllocationStart,
     ScaleLeavesFtzOn,
     RmsNormLeaksWorkspace,
+    LayerNormLeavesSignalsBlocked,
     StreamWaitEventIgnored,
     EventRecordCompletesAtOnce,
     EventSynchronizeReturnsAtOnce,
@@ -518,6 +519,10 @@ catalog! {
     RmsNormLeaksWorkspace "rms-norm-leaks-workspace" "rms_norm" State:
         "rms_norm allocates a workspace per call (a copy of the input in f64) and never frees it: right on every call, out of memory after enough steps"
         => "the same call made again and again on one upload";
+    // Stop 45: the process state a call leaves behind (ABI rule 13).
+    LayerNormLeavesSignalsBlocked "layer-norm-leaves-signals-blocked" "layer_norm" State:
+        "layer_norm blocks SIGINT and SIGTERM around its parallel section, so that no signal interrupts a worker mid-row, and returns without unblocking them: Ctrl-C and a launcher's stop no longer reach the calling thread (ABI rule 13)"
+        => "the calling thread's signal mask after the case";
     // Streams: in full mode `copy` and `fill` run on their stream's worker
     // thread (`crate::streams`), the other operators on the calling thread
     // once their stream's earlier work is done. The first two show at every

@@ -543,6 +543,20 @@ pub fn leave_ftz_on() {
     }
 }
 
+/// `layer-norm-leaves-signals-blocked`: SIGINT and SIGTERM blocked on the
+/// calling thread and left so.
+pub fn leave_signals_blocked() {
+    // SAFETY: sigemptyset initialises the set; SIG_BLOCK adds its signals
+    // to the calling thread's mask (the old mask is not asked for).
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+    }
+}
+
 /// `rms-norm-leaks-workspace`: a workspace of the input's bytes in f64,
 /// written (so resident) and never freed.
 pub fn leak_workspace(elements: usize) {
