@@ -51,13 +51,20 @@ struct Buffers {
 
 type Step = fn(&mut Buffers);
 
+impl Buffers {
+    /// Views of input, output, grad_out and grad_in.
+    fn views(&mut self) -> [View<'static>; 4] {
+        [
+            view(&mut self.x),
+            view(&mut self.y),
+            view(&mut self.g),
+            view(&mut self.dx),
+        ]
+    }
+}
+
 fn vectorized(b: &mut Buffers) {
-    let (x, y, g, dx) = (
-        view(&mut b.x),
-        view(&mut b.y),
-        view(&mut b.g),
-        view(&mut b.dx),
-    );
+    let [x, y, g, dx] = b.views();
     // SAFETY: four distinct live buffers of SHAPE's f32 elements.
     unsafe {
         unary(UnaryOp::GeluErf, &x, &y).unwrap();
@@ -67,12 +74,7 @@ fn vectorized(b: &mut Buffers) {
 
 fn scalar_erfcf(b: &mut Buffers) {
     use ferrite_kernels::erfcf_reference as old;
-    let (x, y, g, dx) = (
-        view(&mut b.x),
-        view(&mut b.y),
-        view(&mut b.g),
-        view(&mut b.dx),
-    );
+    let [x, y, g, dx] = b.views();
     // SAFETY: as above.
     unsafe {
         old::unary_gelu_erf(&x, &y).unwrap();

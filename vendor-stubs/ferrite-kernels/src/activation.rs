@@ -152,7 +152,7 @@ unsafe fn gelu_erf_grad_loop(d: &mut [f32], g: &[f32], x: &[f32]) {
 /// of the plugin.
 #[doc(hidden)]
 pub mod erfcf_reference {
-    use super::{FRAC_1_SQRT_2PI, check_same};
+    use super::{FRAC_1_SQRT_2PI, backward_ops};
     use crate::error::KernelError;
     use crate::float::exp_f32;
     use crate::map::{Access, map_blocks};
@@ -202,17 +202,7 @@ pub mod erfcf_reference {
         input: &View,
         grad_in: &View,
     ) -> Result<(), KernelError> {
-        let views = [
-            ("grad_in", grad_in),
-            ("grad_out", grad_out),
-            ("input", input),
-        ];
-        check_same("activation_backward", &views)?;
-        let ops = [
-            (grad_in, Access::Write),
-            (grad_out, Access::Read),
-            (input, Access::Read),
-        ];
+        let ops = backward_ops(grad_out, input, grad_in)?;
         // SAFETY: forwarded from this function's contract.
         unsafe {
             map_blocks(ops, 4, |[d, g, x]| {
@@ -255,6 +245,27 @@ pub(crate) fn check_same(kernel: &str, views: &[(&str, &View)]) -> Result<(), Ke
     Ok(())
 }
 
+/// The blocks an activation's backward maps over, `[grad_in, grad_out,
+/// input]`, once every view is checked to share the first's float dtype
+/// and shape.
+pub(crate) fn backward_ops<'v, 'a>(
+    grad_out: &'v View<'a>,
+    input: &'v View<'a>,
+    grad_in: &'v View<'a>,
+) -> Result<[(&'v View<'a>, Access); 3], KernelError> {
+    let views = [
+        ("grad_in", grad_in),
+        ("grad_out", grad_out),
+        ("input", input),
+    ];
+    check_same("activation_backward", &views)?;
+    Ok([
+        (grad_in, Access::Write),
+        (grad_out, Access::Read),
+        (input, Access::Read),
+    ])
+}
+
 /// `grad_in = grad_out * f'(input)` for the activation `op`.
 ///
 /// # Safety
@@ -267,17 +278,7 @@ pub unsafe fn activation_backward(
     input: &View,
     grad_in: &View,
 ) -> Result<(), KernelError> {
-    let views = [
-        ("grad_in", grad_in),
-        ("grad_out", grad_out),
-        ("input", input),
-    ];
-    check_same("activation_backward", &views)?;
-    let ops = [
-        (grad_in, Access::Write),
-        (grad_out, Access::Read),
-        (input, Access::Read),
-    ];
+    let ops = backward_ops(grad_out, input, grad_in)?;
     // SAFETY: forwarded from this function's contract.
     unsafe {
         match op {
