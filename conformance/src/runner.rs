@@ -9,7 +9,6 @@
 use std::time::Instant;
 
 use polychip_host::ffi::fpenv;
-use polychip_host::ffi::procstate::{Changes, ProcState, ProcStateChange};
 use polychip_host::{DType, Device, ErrorCode, HostError, Stream, Tensor};
 use serde::{Deserialize, Serialize};
 
@@ -804,9 +803,6 @@ fn keep_busy(
 fn execute(device: &Device, case: &Case, poison: u8, busy: f64) -> Result<Run, String> {
     // What an earlier case's calls left (already reported there).
     let _ = fpenv::take_change();
-    // The process state the plugin must leave alone (ABI rule 13), read
-    // around the whole case: uploads, the call and reading back.
-    let state = ProcState::current();
     let mut uploaded: Vec<Option<Uploaded>> = Vec::with_capacity(case.tensors.len());
     for spec in &case.tensors {
         if spec.alias_of.is_some() {
@@ -899,18 +895,6 @@ fn execute(device: &Device, case: &Case, poison: u8, busy: f64) -> Result<Run, S
     // the calling thread (ABI rule 12) and records it; the case fails.
     if let Some(change) = fpenv::take_change() {
         problems.push(change.to_string());
-    }
-    let after = ProcState::current();
-    if after != state {
-        state.restore(&after);
-        let changes = Changes {
-            discouraged: Vec::new(),
-            ..state.changes_to(&after)
-        };
-        let vendor = device.plugin().vendor().to_string();
-        for change in ProcStateChange::split(&vendor, "running this case", changes) {
-            problems.push(change.to_string());
-        }
     }
     // Timed before the probe below, whose calls are not the case's.
     let window_missed = stream_case.as_ref().is_some_and(|s| s.window.missed());

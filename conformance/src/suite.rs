@@ -99,25 +99,33 @@ pub fn run_unit(
             },
             _ => {
                 let factor = waiver.and_then(|w| w.factor).unwrap_or(1.0);
-                // Each call is checked where it is judged; this catches a
-                // change left by the case's other calls (from several
-                // threads, again and again) and puts this thread back, so
-                // that no case starts from what the one before left.
+                // The process state the plugin must leave alone (ABI rule
+                // 13), read once around all of the case's calls (uploads,
+                // the call, reading back, from several threads, again and
+                // again): a forbidden change fails the case, and this
+                // thread is put back so that no case starts from what the
+                // one before left. (Handlers and variables are reported at
+                // load only.)
                 let state = ProcState::current();
                 let mut r = run_case(device, case, index, factor);
                 let after = ProcState::current();
                 if after != state {
                     state.restore(&after);
                     let forbidden = state.changes_to(&after).forbidden;
-                    if r.status == Status::Passed && !forbidden.is_empty() {
-                        r.status = Status::Failed;
-                        r.message = ProcStateChange {
+                    if !forbidden.is_empty() {
+                        let change = ProcStateChange {
                             plugin: device.plugin().vendor().to_string(),
-                            during: "this case's repeated calls".into(),
+                            during: "running this case".into(),
                             what: forbidden,
                             forbidden: true,
                         }
                         .to_string();
+                        r.message = if r.status == Status::Failed {
+                            format!("{}; {change}", r.message)
+                        } else {
+                            change
+                        };
+                        r.status = Status::Failed;
                     }
                 }
                 if r.status == Status::Failed {
