@@ -15,7 +15,7 @@ use std::process::{Command, Stdio};
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
-use polychip_host::ffi::procstate::{ProcState, ProcStateChange};
+use polychip_host::ffi::procstate::{self, ProcStateChange};
 use polychip_host::{DType, Device};
 use regex::Regex;
 
@@ -106,35 +106,28 @@ pub fn run_unit(
                 // thread is put back so that no case starts from what the
                 // one before left. (Handlers and variables are reported at
                 // load only.)
-                let state = ProcState::current();
-                let mut r = run_case(device, case, index, factor);
-                let after = ProcState::current();
-                if after != state {
-                    state.restore(&after);
-                    let forbidden = state.changes_to(&after).forbidden;
-                    if !forbidden.is_empty() {
-                        let change = ProcStateChange {
-                            plugin: device.plugin().vendor().to_string(),
-                            during: "running this case".into(),
-                            what: forbidden,
-                            forbidden: true,
-                        }
-                        .to_string();
-                        r.message = if r.status == Status::Failed {
-                            format!("{}; {change}", r.message)
-                        } else {
-                            change
-                        };
-                        r.status = Status::Failed;
+                let (mut r, changes) = procstate::around(|| run_case(device, case, index, factor));
+                let forbidden = changes.forbidden;
+                if !forbidden.is_empty() {
+                    let change = ProcStateChange {
+                        plugin: device.plugin().vendor().to_string(),
+                        during: "running this case".into(),
+                        what: forbidden,
+                        forbidden: true,
                     }
+                    .to_string();
+                    r.message = if r.status == Status::Failed {
+                        format!("{}; {change}", r.message)
+                    } else {
+                        change
+                    };
+                    r.status = Status::Failed;
                 }
                 if r.status == Status::Failed {
-                    if let Some(summary) = crate::shrink::shrink(device, case, index, factor) {
+                    let (summary, _) =
+                        procstate::around(|| crate::shrink::shrink(device, case, index, factor));
+                    if let Some(summary) = summary {
                         r.message = format!("{}; {summary}", r.message);
-                    }
-                    let after = ProcState::current();
-                    if after != state {
-                        state.restore(&after);
                     }
                 }
                 r

@@ -31,7 +31,7 @@ use crate::error::{HostError, Result};
 use crate::ffi::errors;
 use crate::ffi::fpenv::FpEnv;
 use crate::ffi::plugin::Plugin;
-use crate::ffi::procstate::{ProcState, ProcStateChange};
+use crate::ffi::procstate::{self, ProcStateChange};
 
 /// How to load plugins.
 #[derive(Debug, Clone)]
@@ -137,17 +137,14 @@ fn version_mismatch(
 /// and after (ABI rule 13, [`crate::ffi::procstate`]): a change is put back
 /// where the host may, and recorded on the plugin as a load finding.
 fn open(path: &Path) -> Result<Plugin> {
-    let before = ProcState::current();
-    let result = open_checked(path);
-    let after = ProcState::current();
-    if before != after {
-        before.restore(&after);
+    let (result, changes) = procstate::around(|| open_checked(path));
+    if !changes.is_empty() {
         let plugin = match &result {
             Ok(p) => p.vendor().to_string(),
             Err(_) => polychip_files::shown_path(path),
         };
         let during = "loading (its initialisers, entry and device queries)";
-        for change in ProcStateChange::split(&plugin, during, before.changes_to(&after)) {
+        for change in ProcStateChange::split(&plugin, during, changes) {
             match &result {
                 Ok(p) => p.note_load_finding(change.to_string(), change.forbidden),
                 Err(_) => log::warn!("{change}"),
