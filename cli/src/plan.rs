@@ -1,5 +1,5 @@
 //! `polychip plan --cluster FILE --model PRESET_OR_FILE [--global-batch N]
-//! [--dtype bf16] [--recompute none|selective|full] [--shard-optimizer]
+//! [--dtype bf16] [--recompute none|selective|full] [--shard-optimizer] [--half-gradients]
 //! [--no-flash-attention] [--schedule 1f1b|zero-bubble]
 //! [--profile FILE] [--exhaustive] [--json] [--trace out.json]`: runs the
 //! HeteroAuto search (`polychip_planner::search`) and prints the plan as a
@@ -62,6 +62,12 @@ pub struct Args {
     /// Shard the optimizer state over data-parallel replicas (ZeRO-1).
     #[arg(long)]
     shard_optimizer: bool,
+    /// Gradients kept and all-reduced in 16 bits (2 bytes a parameter, not
+    /// 4): Megatron-LM's fp16/bf16 gradient buffer without
+    /// `--accumulate-allreduce-grads-in-fp32`, DeepSpeed's fp16 and bf16
+    /// optimizers' `.grad`; not PyTorch AMP, whose gradients are f32.
+    #[arg(long)]
+    half_gradients: bool,
     /// Attention without a fused (flash) kernel: the `a s^2` scores go
     /// through memory and are kept for the backward pass.
     #[arg(long)]
@@ -221,6 +227,7 @@ fn plan(args: &Args) -> Result<(), String> {
         };
     }
     settings.shard_optimizer |= args.shard_optimizer;
+    settings.bf16_gradients |= args.half_gradients;
     settings.flash_attention &= !args.no_flash_attention;
     settings.sequence_parallel &= !args.no_sequence_parallel;
     if let Some(schedule) = args.schedule {
@@ -384,6 +391,9 @@ fn flags_changing(recorded: &TrainingSettings, given: &TrainingSettings) -> Vec<
     }
     if a.shard_optimizer != b.shard_optimizer {
         out.push("--shard-optimizer".into());
+    }
+    if a.bf16_gradients != b.bf16_gradients {
+        out.push("--half-gradients".into());
     }
     if a.flash_attention != b.flash_attention {
         out.push("--no-flash-attention".into());

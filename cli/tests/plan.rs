@@ -73,6 +73,40 @@ fn json_and_trace() {
 }
 
 #[test]
+fn half_gradients_halve_the_gradients_of_an_evaluated_plan() {
+    let dir = std::env::temp_dir().join(format!("polychip-plan-half-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let cluster = example("china-mobile-3-vendor.toml");
+    let plan = |extra: &[&str]| {
+        let base = ["plan", "--cluster", &cluster, "--model", "llama-70b"];
+        let (code, out, err) =
+            polychip(&[&base[..], &["--global-batch", "512", "--json"], extra].concat());
+        assert_eq!(code, Some(0), "{err}");
+        (
+            serde_json::from_str::<serde_json::Value>(&out).unwrap(),
+            err,
+        )
+    };
+    let (searched, _) = plan(&[]);
+    let file = dir.join("plan.json");
+    std::fs::write(&file, searched.to_string()).unwrap();
+    let file = file.to_str().unwrap();
+    let gradients = |v: &serde_json::Value| {
+        v["plan"]["replicas"][0]["stages"][0]["memory"]["gradients"]
+            .as_f64()
+            .unwrap()
+    };
+    let (full, _) = plan(&["--evaluate", file]);
+    let (half, err) = plan(&["--evaluate", file, "--half-gradients"]);
+    assert_eq!(gradients(&full), gradients(&searched));
+    assert!(gradients(&full) > 0.0);
+    assert_eq!(gradients(&half), gradients(&full) / 2.0);
+    // The report was made with 4-byte gradients: the flag's change is said.
+    assert!(err.contains("--half-gradients"), "{err}");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
 fn an_infeasible_case_exits_2_with_the_shortfall() {
     let dir = std::env::temp_dir().join(format!("polychip-plan-tiny-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();

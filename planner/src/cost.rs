@@ -112,7 +112,9 @@ pub struct MemoryBreakdown {
     /// (the peak holds the larger).
     #[serde(default)]
     pub logits: f64,
-    /// The largest transient buffers of one pass, see [`workspace_bytes`].
+    /// The largest transient buffers of one pass, see [`workspace_bytes`];
+    /// on the first stage also what its embedding's backward needs beyond
+    /// them ([`embedding_backward_bytes`]).
     #[serde(default)]
     pub workspace: f64,
     /// What the runtime and allocator keep, see
@@ -304,28 +306,69 @@ pub fn logits_bytes(
     elements * (e + 4.0 + 4.0 + cast_back)
 }
 
-/// The largest transient buffers of one pass on each of `tp` chips of a
-/// stage with at least one layer: the larger of one layer's FFN backward
-/// (the gradients of gate, up and their product, `3 b s f / t` elements)
-/// and its attention backward (flash attention: dQ, dK, dV in the compute
-/// dtype and an f32 dQ accumulator; without it, the gradients of the
+/// The largest transient buffers of one layer's pass on each of `tp` chips
+/// of a stage with at least one layer: the larger of one layer's FFN
+/// backward (the gradients of gate, up and their product, `3 b s f / t`
+/// elements) and its attention backward (flash attention: dQ, dK, dV in the
+/// compute dtype and an f32 dQ accumulator; without it, the gradients of the
 /// probabilities and of the scores, `2 b (a/t) s^2` elements), plus the
 /// matmul library's workspace (`matmul_workspace_bytes`, by default
-/// [`MATMUL_WORKSPACE_BYTES`]); on the first stage also the
-/// embedding output's gradient (`b s h`).
+/// [`MATMUL_WORKSPACE_BYTES`]). The first stage's embedding backward, which
+/// runs after its first layer's, is [`embedding_backward_bytes`].
 pub fn workspace_bytes(
     model: &ModelSpec,
     settings: &TrainingSettings,
     stage: &StageShape,
     micro_batch: u64,
 ) -> f64 {
-    let mut bytes =
-        matmul_workspace(stage.chip) + layer_workspace_bytes(model, settings, stage, micro_batch);
-    if stage.holds_embedding() {
-        let tokens = (micro_batch * model.seq_len) as f64;
-        bytes += tokens * model.hidden as f64 * settings.dtype.bytes() as f64;
+    matmul_workspace(stage.chip) + layer_workspace_bytes(model, settings, stage, micro_batch)
+}
+
+/// The embedding backward's transients on each of `tp` chips of the stage
+/// that holds the embedding (0 on the others): the gradient of its output
+/// (`b s h` elements) and the gradient of the whole `V/t x h` table, which
+/// the backward of a (non-sparse) embedding lookup allocates dense, in the
+/// weights' dtype, before it is added into the accumulated gradient
+/// (PyTorch's `embedding_dense_backward`; Megatron-LM's and DeepSpeed's
+/// vocabulary-parallel embeddings use it). At a 250k vocabulary and hidden
+/// 14,336 in fp16 that is 3.6 GB a chip at tp 2. It runs after the stage's
+/// first layer's backward (and recomputed forward) have freed their
+/// buffers, so the stage's peak holds the larger of the two.
+pub fn embedding_backward_bytes(
+    model: &ModelSpec,
+    settings: &TrainingSettings,
+    stage: &StageShape,
+    micro_batch: u64,
+) -> f64 {
+    if !stage.holds_embedding() {
+        return 0.0;
     }
-    bytes
+    let e = settings.dtype.bytes() as f64;
+    let tokens = (micro_batch * model.seq_len) as f64;
+    let table = model.embedding_params() as f64 / stage.tp.max(1) as f64;
+    (tokens * model.hidden as f64 + table) * e
+}
+
+/// Bytes of the embedding's dropout mask that the stage holding the
+/// embedding keeps per micro-batch in flight (Korthikanti et al.: one byte
+/// per element of the embedding's `b s h` output, outside every layer and
+/// so not recomputed), split over the `t` chips with sequence parallelism
+/// and whole on each without (the output is all-reduced before the
+/// dropout); 0 on the other stages.
+pub fn embedding_mask_bytes(
+    model: &ModelSpec,
+    settings: &TrainingSettings,
+    stage: &StageShape,
+    micro_batch: u64,
+) -> f64 {
+    if !stage.holds_embedding() {
+        return 0.0;
+    }
+    let elements = (micro_batch * model.seq_len * model.hidden) as f64;
+    match settings.sequence_parallel {
+        true => elements / stage.tp.max(1) as f64,
+        false => elements,
+    }
 }
 
 /// The layers' part of [`workspace_bytes`]: the larger of one layer's FFN
@@ -362,9 +405,11 @@ fn layer_workspace_bytes(
 /// the one layer being recomputed. The last stage adds the logits and loss
 /// buffers ([`logits_bytes`]) beyond that working set and the layer's
 /// backward transients, which are alive only after the loss's backward has
-/// freed them; every stage its transient workspace
-/// ([`workspace_bytes`]) and the chip's reserve
-/// ([`ChipType::memory_reserve`]).
+/// freed them; the first stage its embedding's dropout mask per micro-batch
+/// in flight ([`embedding_mask_bytes`]) and what its embedding's backward
+/// needs beyond the layer's transients ([`embedding_backward_bytes`]);
+/// every stage its transient workspace ([`workspace_bytes`]) and the
+/// chip's reserve ([`ChipType::memory_reserve`]).
 ///
 /// A chip type whose `framework` is `polychip` is counted as `polychip
 /// train` allocates instead (see `crate::framework::polychip`).
@@ -410,19 +455,25 @@ fn megatron_terms(
     } else {
         0.0
     };
-    let activations = n * kept * per_layer + recomputed;
+    let activations = n * kept * per_layer
+        + recomputed
+        + kept * embedding_mask_bytes(model, settings, stage, mb.size);
     // The loss's buffers are freed before the last layer's backward (and,
     // under full recomputation, its recomputed forward) starts: they never
     // coexist with that layer's working set and backward transients, so
     // the peak holds the larger of the two and `logits` counts what the
-    // loss needs beyond them.
-    let logits = if stage.holds_head() {
-        let layer = recomputed + layer_workspace_bytes(model, settings, stage, mb.size);
-        (logits_bytes(model, settings, mb.size, stage.tp) - layer).max(0.0)
-    } else {
-        0.0
+    // loss needs beyond them. The embedding's backward runs after the first
+    // layer's (and, on a one-stage pipeline, long after the loss's): the
+    // workspace adds what it needs beyond both.
+    let layer = recomputed + layer_workspace_bytes(model, settings, stage, mb.size);
+    let loss = match stage.holds_head() {
+        true => logits_bytes(model, settings, mb.size, stage.tp),
+        false => 0.0,
     };
-    let workspace = workspace_bytes(model, settings, stage, mb.size);
+    let logits = (loss - layer).max(0.0);
+    let embedding =
+        (embedding_backward_bytes(model, settings, stage, mb.size) - layer.max(loss)).max(0.0);
+    let workspace = workspace_bytes(model, settings, stage, mb.size) + embedding;
     (
         [weights, gradients, optimizer],
         [activations, logits, workspace],

@@ -135,13 +135,20 @@ fn one_f_one_b_first_stage_keeps_the_most() {
     let acts: Vec<f64> = (0..4)
         .map(|i| stage_memory(&m, &s, &shape(&c, 10..20, i, 1, 8), ONE).activations)
         .collect();
-    close(acts[0], 10.0 * 4.0 * 142_606_336.0);
+    // The first stage also keeps the embedding's dropout mask per
+    // micro-batch in flight: one byte per element of b s h / t (sequence
+    // parallel), 4,194,304 B.
+    let mask = 4_194_304.0;
+    close(acts[0], 10.0 * 4.0 * 142_606_336.0 + 4.0 * mask);
     close(acts[3], 10.0 * 142_606_336.0);
     assert!(acts.windows(2).all(|w| w[0] > w[1]));
     let mut full = s.clone();
     full.recompute = Recompute::Full;
     let x = stage_memory(&m, &full, &shape(&c, 10..20, 0, 1, 8), ONE);
-    close(x.activations, 40.0 * 67_108_864.0 + 142_606_336.0);
+    close(
+        x.activations,
+        40.0 * 67_108_864.0 + 142_606_336.0 + 4.0 * mask,
+    );
     close(
         x.total,
         x.weights + x.gradients + x.optimizer + x.activations + x.logits + x.workspace + x.reserve,
@@ -369,11 +376,20 @@ fn logits_workspace_and_reserve() {
     f32s.dtype = Dtype::F32;
     close(logits_bytes(&m, &f32s, 1, 8), 16_384_000.0 * 12.0);
     // Workspace: the FFN backward's 3 b s f / t bf16 elements (88,080,384
-    // B, more than attention's 27,262,976) plus 32 MiB; the first stage
-    // also the embedding output's gradient (b s h, 67,108,864 B).
+    // B, more than attention's 27,262,976) plus 32 MiB; the first stage's
+    // embedding backward, after its first layer's, what it needs beyond
+    // those: the output's gradient (b s h, 67,108,864 B) and the dense
+    // gradient of the V h / t table (65,536,000 B) less the FFN's.
     close(mid.workspace, 88_080_384.0 + 33_554_432.0);
     close(last.workspace, mid.workspace);
-    close(first.workspace, mid.workspace + 67_108_864.0);
+    close(
+        embedding_backward_bytes(&m, &s, &shape(&c, 0..20, 0, 1, 8), 1),
+        67_108_864.0 + 65_536_000.0,
+    );
+    close(
+        first.workspace,
+        mid.workspace + 67_108_864.0 + 65_536_000.0 - 88_080_384.0,
+    );
     // Reserve: 768 MiB + 5% of 80 GB.
     close(mid.reserve, 805_306_368.0 + 4e9);
     for x in [first, mid, last] {

@@ -618,6 +618,27 @@ fn score_amp(runs_file: &str, cluster_name: &str, profiled_types: usize) -> AmpF
             spearman(&p, &m)
         );
     }
+    // The profile's backward passes are its forward's doubled (AMP timed
+    // forward passes only); at other multiples the two sets move apart.
+    for k in [1.0, 1.5] {
+        let mut scaled = profile.clone();
+        for e in &mut scaled.entries {
+            let passes = [Some(&mut e.block), e.embedding.as_mut(), e.head.as_mut()];
+            for x in passes.into_iter().flatten() {
+                x.backward = k * x.forward;
+            }
+        }
+        let mut c = cluster.clone();
+        c.apply_profile(&scaled, &model, &settings).unwrap();
+        let swept = score(&c);
+        let q = ran_only(&|i| swept[i].plan.step_time_simulated);
+        println!(
+            "  from the profile with each backward {k:.1} times its forward: Spearman {:.3}, \
+             median error {:.1}% as given",
+            spearman(&q, &m),
+            100.0 * median_error(&q, &m, 1.0)
+        );
+    }
     AmpFigures {
         rho,
         rho_profile,
@@ -698,6 +719,10 @@ struct VtrainRun {
     predicted: f64,
     measured: f64,
     fits: bool,
+    /// Seconds per sequence that one second per layer per micro-batch on
+    /// the pipeline's path would add: `(m + p - 1) L / p` over the
+    /// sequences (BigScience's runs suggest such a cost, see there).
+    layer_cycles: f64,
 }
 
 /// Every run of `file` (under `vtrain/`), scored under the runs' own
@@ -711,14 +736,21 @@ fn score_vtrain(file: &str) -> Vec<VtrainRun> {
     let runs: Value = serde_json::from_str(&text).unwrap();
     let s = &runs["settings"];
     assert_eq!(
-        (s["dtype"].as_str(), s["recompute"].as_str()),
-        (Some("f16"), Some("full"))
+        (
+            s["dtype"].as_str(),
+            s["recompute"].as_str(),
+            s["gradient_bytes"].as_u64()
+        ),
+        (Some("f16"), Some("full"), Some(2))
     );
     let mut settings = TrainingSettings::new(1);
     settings.dtype = Dtype::F16;
     settings.recompute = polychip_planner::settings::Recompute::Full;
     settings.flash_attention = false;
     settings.sequence_parallel = false;
+    // Megatron-DeepSpeed in fp16 keeps its gradients in fp16 (2 bytes), as
+    // the BigScience and DLPerf sets of the same stack are scored.
+    settings.bf16_gradients = true;
     let cluster = ClusterSpec::load(&dir.join("a100-80g-vtrain.toml")).unwrap();
     let mut models: BTreeMap<String, ModelSpec> = BTreeMap::new();
     let mut out = Vec::new();
@@ -733,12 +765,16 @@ fn score_vtrain(file: &str) -> Vec<VtrainRun> {
         let ev =
             evaluate(&spec, model, &cluster, &settings).unwrap_or_else(|e| panic!("{name}: {e}"));
         let sequences = ev.plan.global_batch as f64;
+        let replica = &ev.plan.replicas[0];
+        let p = replica.stages.len() as f64;
+        let cycles = replica.micro_batches as f64 + p - 1.0;
         out.push(VtrainRun {
             set: name.split('/').take(2).collect::<Vec<_>>().join("/"),
             name,
             predicted: ev.plan.step_time_simulated / sequences,
             measured: run["measured_step_s"].as_f64().unwrap() / sequences,
             fits: ev.fits,
+            layer_cycles: cycles * model.layers as f64 / p / sequences,
         });
     }
     out
@@ -749,11 +785,11 @@ fn score_vtrain(file: &str) -> Vec<VtrainRun> {
 /// on A100 nodes, 103 runs of four GPT-3-style models on 64 to 512 GPUs
 /// and 1,440 runs on one node. No profile exists for them, so the issue's
 /// bar without one applies: Spearman >= 0.7 on each model's runs (measured
-/// 0.927, 0.719, 0.748 and 0.836 on the four large sets, 0.97-0.99 on the
-/// single-node ones); every run ran, and all but one are predicted to fit
-/// (3.6B as 64 replicas of micro-batch 8 is counted at 86.3 GB of 85.9: this
-/// stack's fp16 gradients and logits take less than the Megatron count
-/// here, which AMP's fp16 runs contradict; see docs/planner.md).
+/// 0.927, 0.749, 0.761 and 0.826 on the four large sets, 0.97-0.99 on the
+/// single-node ones); every run ran, and every one is predicted to fit
+/// with the stack's fp16 gradients (with 4 bytes a gradient, 3.6B as 64
+/// replicas of micro-batch 8 was counted at 86.3 GB of 85.9; see
+/// docs/planner.md).
 #[test]
 fn the_cluster_model_scores_vtrains_runs() {
     for (file, floor) in [
@@ -784,11 +820,29 @@ fn the_cluster_model_scores_vtrains_runs() {
             for r in rs.iter().filter(|r| !r.fits) {
                 println!("    predicted not to fit, but ran: {}", r.name);
             }
+            // The fixed cost per layer and micro-batch that BigScience's
+            // runs suggest, tried on these (not in the model).
+            if file.contains("multi") {
+                let line: Vec<String> = [0.005, 0.015]
+                    .iter()
+                    .map(|o| {
+                        let p: Vec<f64> = rs
+                            .iter()
+                            .map(|r| r.predicted + o * r.layer_cycles)
+                            .collect();
+                        format!("{:.0} ms: {:.3}", 1e3 * o, spearman(&p, &m))
+                    })
+                    .collect();
+                println!(
+                    "    Spearman with a fixed cost per layer per micro-batch of {}",
+                    line.join(", ")
+                );
+            }
             assert!(rho >= floor, "{set}: Spearman {rho:.3}");
         }
         let misses = runs.iter().filter(|r| !r.fits).count();
         assert!(
-            misses <= 1,
+            misses == 0,
             "{file}: {misses} runs that ran predicted not to fit"
         );
     }
@@ -1137,6 +1191,8 @@ struct BigscienceRun {
     send: f64,
     optimizer: f64,
     analytic: f64,
+    /// Sequences per step (the plan's global batch).
+    sequences: f64,
 }
 
 /// The largest memory any stage of `ev` is predicted to take, bytes.
@@ -1218,6 +1274,7 @@ fn score_bigscience(nic: Option<f64>) -> Vec<BigscienceRun> {
             send: first.timing.send_next,
             optimizer: first.timing.optimizer,
             analytic: ev.plan.step_time_analytic / sequences,
+            sequences,
         });
     }
     out
@@ -1357,16 +1414,44 @@ fn the_cluster_model_scores_bigsciences_jean_zay_runs() {
             100.0 * median_error(&p, &m, scale)
         );
     }
+    // What the ranking misses (docs/performance.md): the plans that differ
+    // only in their micro-batch size show a fixed cost per layer and micro-
+    // batch that the model has no term for, and the shallow pipelines a
+    // slower gradient reduction than the spec sheet's. Neither is in the
+    // model (no mechanism is known for the first, and the network stays the
+    // spec sheet's, see the cluster file); this prints what each would do:
+    // `o` seconds added per layer per micro-batch on the slowest stage's
+    // path of `m + p - 1` cycles, and the reduction at `1 / f` of its speed.
+    for (o, f) in [(0.015, 1.0), (0.0, 2.9), (0.015, 2.9)] {
+        let p: Vec<f64> = ran
+            .iter()
+            .map(|r| {
+                let [dp, _, pp, b] = r.degrees.map(|x| x as f64);
+                let cycles = r.sequences / (dp * b) + pp - 1.0;
+                r.predicted + (cycles * o * 72.0 / pp + (f - 1.0) * r.dp_allreduce) / r.sequences
+            })
+            .collect();
+        let scale = one_scale(&p, &m);
+        println!(
+            "  with {:.0} ms per layer per micro-batch and the reduction at 1/{f:.2} of its \
+             speed: Spearman {:.3}, median error {:.1}% after scaling by {scale:.3}",
+            1e3 * o,
+            spearman(&p, &m),
+            100.0 * median_error(&p, &m, scale)
+        );
+    }
     // Floors slightly below what the model reaches (docs/performance.md):
     // Spearman -0.055 (the 21 runs' seconds per sequence span 0.054-0.072,
-    // two measurements of one plan differ by 2.8%: the ranking is near
-    // chance; 0.025 before stop 43 split the pipeline sends by tp), top-1
+    // while two measurements of one plan differ by 2.8%: not noise, the
+    // model misses what the lines above print; 0.025 before stop 43 split
+    // the pipeline sends by tp), top-1
     // regret 25.2% (the model picks a 2-stage plan, slowed in practice by
     // its gradient all-reduce over 24 replicas), median error 18.3% as
     // given and 6.4% after one scale (x 0.871; 20.4% and 8.1% with the
     // sends whole); 23 of 24 outcomes
-    // (the plan missed ran out of memory at 0.98 of an A100 by this count);
-    // peak memory 17.8% under nvidia-smi's (the allocator's cache and the
+    // (the plan missed ran out of memory at 1.00 of an A100 by this count,
+    // 0.98 before the embedding's backward and dropout mask were counted);
+    // peak memory 17.5% under nvidia-smi's (the allocator's cache and the
     // CUDA context are not counted).
     assert_eq!(ran.len(), 21);
     assert!(rho >= -0.1, "Spearman {rho:.3}");

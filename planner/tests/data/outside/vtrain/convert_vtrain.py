@@ -121,8 +121,12 @@ def convert(root, commit, path, kind, models, left_out):
 def main():
     root, commit = checkout_and_commit()
     here = pathlib.Path(__file__).resolve().parent
+    # Megatron-DeepSpeed in fp16 keeps each gradient in fp16 (the
+    # parameters' .grad under DeepSpeed's fp16 optimizers, Megatron's fp16
+    # grad buffer without --accumulate-allreduce-grads-in-fp32), as the
+    # BigScience and DLPerf sets of the same stack record.
     settings = {"dtype": "f16", "recompute": "full", "flash_attention": False,
-                "sequence_parallel": False, "schedule": "1f1b"}
+                "sequence_parallel": False, "gradient_bytes": 2, "schedule": "1f1b"}
     for kind, path, out in (("multi", "data/ground_truth_multi.csv", "vtrain-multi-runs.json"),
                             ("single", "data/ground_truth_single.csv", "vtrain-single-runs.json")):
         models, left_out = {}, []
