@@ -5,7 +5,8 @@
 //! HeteroAuto search (`polychip_planner::search`) and prints the plan as a
 //! table (or JSON), optionally writing a Chrome trace of its simulated
 //! step; with `--evaluate PLAN` it scores that plan instead
-//! (`polychip_planner::evaluate`). The cluster is a cluster TOML file or
+//! (`polychip_planner::evaluate`), with `--score RUNS` a file of measured
+//! runs (`polychip_planner::validate`). The cluster is a cluster TOML file or
 //! `polychip devices --json` output (`.json`); the model a planner preset,
 //! a trainer preset (tiny, deep, ...) or a model TOML file. Exit status 2
 //! when an input is invalid or no plan fits, with the reason on stderr.
@@ -22,6 +23,7 @@ use polychip_planner::profile::ProfileFile;
 use polychip_planner::schedule::PipelineSchedule;
 use polychip_planner::search::{self, PlanOptions, PlanReport, fmt_bytes};
 use polychip_planner::settings::{Dtype, Recompute, TrainingSettings};
+use polychip_planner::validate::{self, RunsFile, ScoredRun, Scores};
 use polychip_train::config::ModelConfig;
 
 /// Options of `polychip plan`.
@@ -43,6 +45,12 @@ pub struct Args {
     /// --save-plan` output, or a plan TOML) instead of searching.
     #[arg(long, value_name = "PLAN")]
     evaluate: Option<PathBuf>,
+    /// Score the cost model against measured runs: a runs file (JSON: each
+    /// run's plan, measured seconds per step or `"ran": false`; see
+    /// docs/planner.md) evaluated run by run, with Spearman, regret, median
+    /// error and fit/no-fit agreement.
+    #[arg(long, value_name = "RUNS", conflicts_with_all = ["evaluate", "trace", "exhaustive"])]
+    score: Option<PathBuf>,
     /// Price the chip types this profile covers (`polychip profile`
     /// output) from its measurements.
     #[arg(long, value_name = "FILE")]
@@ -205,9 +213,14 @@ fn plan(args: &Args) -> Result<(), String> {
         Some(p) => Some(PlanSpec::load(p).map_err(|e| file_error(&e, p))?),
         None => None,
     };
+    let runs = match &args.score {
+        Some(p) => Some(RunsFile::load(p).map_err(|e| e.to_string())?),
+        None => None,
+    };
     let recorded = spec.as_ref().and_then(|s| s.settings.clone());
     let mut settings = recorded
         .clone()
+        .or_else(|| runs.as_ref().and_then(|r| r.settings.clone()))
         .unwrap_or_else(|| TrainingSettings::new(global_batch));
     settings.global_batch = global_batch;
     if let Some(d) = &args.dtype {
@@ -302,6 +315,25 @@ fn plan(args: &Args) -> Result<(), String> {
                 notes.len() - SHOWN
             );
         }
+    }
+    if let Some(runs) = &runs {
+        let scored = validate::score_runs(runs, &model, &cluster, &settings).map_err(|e| {
+            format!(
+                "{}: {e}",
+                polychip_files::shown_path(args.score.as_deref().unwrap_or(Path::new("")))
+            )
+        })?;
+        let scores = validate::scores(&scored);
+        if args.json {
+            let doc = serde_json::json!({ "runs": scored, "scores": scores });
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&doc).map_err(|e| e.to_string())?
+            );
+        } else {
+            print!("{}", printable_lines(&scores_table(&scored, &scores)));
+        }
+        return Ok(());
     }
     if let (Some(mut spec), Some(plan_file)) = (spec, args.evaluate.as_deref()) {
         if args.schedule.is_some() {
@@ -499,6 +531,78 @@ fn table(r: &PlanReport) -> String {
 
 /// `--evaluate`'s table: every stage's memory terms and timings, the step,
 /// the bottleneck and what does not fit.
+/// `--score`'s table: each run, then the figures.
+fn scores_table(runs: &[ScoredRun], s: &Scores) -> String {
+    let mut out = String::new();
+    let width = runs
+        .iter()
+        .map(|r| r.name.chars().count())
+        .max()
+        .unwrap_or(3)
+        .clamp(3, 60);
+    out.push_str(&format!(
+        "{:<width$}  {:>6}  {:>12}  {:>12}  {:>6}  {:>9}  {:>5}\n",
+        "run", "seqs", "predicted s", "measured s", "ratio", "pred. GB", "fits"
+    ));
+    for r in runs {
+        let measured = r.measured_step_seconds;
+        let ran = match (r.predicted_fits, r.ran) {
+            (true, true) => "yes",
+            (false, false) => "no",
+            (true, false) => "yes, failed",
+            (false, true) => "no, ran",
+        };
+        out.push_str(&format!(
+            "{:<width$}  {:>6}  {:>12.4}  {:>12}  {:>6}  {:>9.2}  {ran}\n",
+            r.name,
+            r.global_batch,
+            r.predicted_step_seconds,
+            measured.map_or("-".into(), |m| format!("{m:.4}")),
+            measured.map_or("-".into(), |m| format!(
+                "{:.3}",
+                r.predicted_step_seconds / m
+            )),
+            r.predicted_peak_memory_bytes / 1e9,
+        ));
+    }
+    let pct = |x: Option<f64>| x.map_or("-".into(), |v| format!("{:.1}%", 100.0 * v));
+    out.push_str(&format!(
+        "{} runs that ran (ranked by seconds per sequence): Spearman {}, top-1 regret {}, top-3 \
+         regret {}, median error {} as given, {} after scaling by {}\n",
+        s.ran,
+        s.spearman
+            .map_or("- (fewer than two runs, or all alike)".into(), |v| format!(
+                "{v:.3}"
+            )),
+        pct(s.top1_regret),
+        pct(s.top3_regret),
+        pct(s.median_error),
+        pct(s.median_error_scaled),
+        s.scale.map_or("-".into(), |v| format!("{v:.3}")),
+    ));
+    out.push_str(&format!(
+        "fit/no-fit agreement: {} of {} runs",
+        s.fit_agreement, s.runs
+    ));
+    if !s.predicted_to_fit_but_failed.is_empty() {
+        out.push_str(&format!(
+            "; predicted to fit but did not run: {}",
+            s.predicted_to_fit_but_failed.join(", ")
+        ));
+    }
+    if !s.predicted_not_to_fit_but_ran.is_empty() {
+        out.push_str(&format!(
+            "; predicted not to fit but ran: {}",
+            s.predicted_not_to_fit_but_ran.join(", ")
+        ));
+    }
+    out.push('\n');
+    if let Some(m) = s.median_memory_error {
+        out.push_str(&format!("median peak-memory error: {:+.1}%\n", 100.0 * m));
+    }
+    out
+}
+
 fn evaluation_table(ev: &Evaluation) -> String {
     let p = &ev.plan;
     let mut out = String::new();

@@ -106,6 +106,104 @@ fn half_gradients_halve_the_gradients_of_an_evaluated_plan() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
+/// A file of the planner's outside datasets.
+fn outside(name: &str) -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../planner/tests/data/outside")
+        .join(name)
+}
+
+#[test]
+fn score_ranks_measured_outside_runs_and_says_each_outcome() {
+    // Sailor's GPT-Neo 2.7B runs on the GH200 cluster (fp32, no fused
+    // attention), as a runs file; one marked as not having run, so that
+    // the fit agreement has a miss to name.
+    let sailor: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(outside("sailor-runs.json")).unwrap())
+            .unwrap();
+    let mut runs: Vec<serde_json::Value> = sailor["runs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["cluster"] == "clariden-gh200" && r["model"] == "gpt-neo-2.7b")
+        .map(|r| {
+            serde_json::json!({
+                "name": r["name"],
+                "plan": r["plan"],
+                "step_seconds": r["measured_step_s"],
+                "peak_memory_bytes": r["measured_peak_bytes"],
+            })
+        })
+        .collect();
+    assert_eq!(runs.len(), 11);
+    let failed = runs[0]["name"].as_str().unwrap().to_string();
+    runs[0] = serde_json::json!({ "name": failed, "plan": runs[0]["plan"], "ran": false });
+    let doc = serde_json::json!({
+        "settings": { "dtype": "f32", "flash_attention": false },
+        "runs": runs,
+    });
+    let dir = std::env::temp_dir().join(format!("polychip-plan-score-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("runs.json");
+    std::fs::write(&file, doc.to_string()).unwrap();
+    let cluster = outside("clariden-gh200.toml");
+    let model = outside("gpt-neo-2.7b.toml");
+    let score = |extra: &[&str]| {
+        let base = [
+            "plan",
+            "--cluster",
+            cluster.to_str().unwrap(),
+            "--model",
+            model.to_str().unwrap(),
+            "--score",
+            file.to_str().unwrap(),
+        ];
+        polychip(&[&base[..], extra].concat())
+    };
+    let (code, out, err) = score(&["--json"]);
+    assert_eq!(code, Some(0), "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let s = &v["scores"];
+    assert_eq!(s["runs"].as_u64().unwrap() as usize, runs.len());
+    assert_eq!(s["ran"].as_u64().unwrap() as usize, runs.len() - 1);
+    assert!(s["spearman"].as_f64().unwrap() > 0.9, "{s}");
+    assert_eq!(
+        s["predicted_to_fit_but_failed"],
+        serde_json::json!([failed])
+    );
+    assert_eq!(
+        s["fit_agreement"].as_u64().unwrap() as usize,
+        runs.len() - 1,
+        "{s}"
+    );
+    assert!(
+        s["median_memory_error"].as_f64().unwrap().abs() < 0.5,
+        "{s}"
+    );
+    // The table says the same.
+    let (code, table, err) = score(&[]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        table.contains("10 runs that ran (ranked by seconds per sequence): Spearman ")
+            && table.contains(&format!("predicted to fit but did not run: {failed}")),
+        "{table}"
+    );
+    // A run without its outcome is refused naming the run and the file.
+    std::fs::write(
+        &file,
+        serde_json::json!({ "runs": [{ "name": "x", "plan": doc["runs"][1]["plan"] }] })
+            .to_string(),
+    )
+    .unwrap();
+    let (code, _, err) = score(&[]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("runs.json: run \"x\": has no step_seconds"),
+        "{err}"
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}
+
 #[test]
 fn an_infeasible_case_exits_2_with_the_shortfall() {
     let dir = std::env::temp_dir().join(format!("polychip-plan-tiny-{}", std::process::id()));

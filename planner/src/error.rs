@@ -79,6 +79,10 @@ pub enum SpecError {
     /// A plan to evaluate is inconsistent with the model or the cluster.
     #[error("plan: {0}")]
     Plan(String),
+    /// What is wrong in a runs file (`polychip plan --score`), naming the
+    /// run; the file is named around it ([`SpecError::InFile`]).
+    #[error("{0}")]
+    Runs(String),
     /// What is wrong with a plan file, read or evaluated: `plan FILE: ...`
     /// whichever of the two found it (until stop 45 a file's own errors
     /// read `plan: FILE: ...` and its evaluation's `plan FILE: ...`).

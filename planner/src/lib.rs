@@ -30,3 +30,4 @@ pub mod search;
 pub mod settings;
 pub mod sim;
 pub mod uncertainty;
+pub mod validate;

@@ -37,95 +37,13 @@ use polychip_planner::evaluate::{Evaluation, PlanSpec, evaluate};
 use polychip_planner::model::ModelSpec;
 use polychip_planner::profile::{ProfileEntry, ProfileFile};
 use polychip_planner::settings::{Dtype, TrainingSettings};
+use polychip_planner::validate::{median, median_error, one_scale, spearman, topk_regret};
 use serde_json::Value;
 
 fn data(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("tests/data/outside")
         .join(name)
-}
-
-/// Ranks of `v` (1-based, ties get their mean rank).
-fn ranks(v: &[f64]) -> Vec<f64> {
-    let mut idx: Vec<usize> = (0..v.len()).collect();
-    idx.sort_by(|&a, &b| v[a].total_cmp(&v[b]));
-    let mut r = vec![0.0; v.len()];
-    let mut i = 0;
-    while i < idx.len() {
-        let mut j = i;
-        while j + 1 < idx.len() && v[idx[j + 1]] == v[idx[i]] {
-            j += 1;
-        }
-        for k in i..=j {
-            r[idx[k]] = (i + j) as f64 / 2.0 + 1.0;
-        }
-        i = j + 1;
-    }
-    r
-}
-
-/// Spearman's rank correlation: Pearson's over the ranks.
-fn spearman(a: &[f64], b: &[f64]) -> f64 {
-    let (ra, rb) = (ranks(a), ranks(b));
-    let n = ra.len() as f64;
-    let (ma, mb) = (ra.iter().sum::<f64>() / n, rb.iter().sum::<f64>() / n);
-    let cov: f64 = ra.iter().zip(&rb).map(|(x, y)| (x - ma) * (y - mb)).sum();
-    let va: f64 = ra.iter().map(|x| (x - ma).powi(2)).sum();
-    let vb: f64 = rb.iter().map(|y| (y - mb).powi(2)).sum();
-    cov / (va * vb).sqrt()
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    }
-}
-
-/// The one scale that best maps predictions onto measurements: the
-/// geometric mean of measured over predicted (what setting the chips'
-/// efficiency to what they ran at does).
-fn one_scale(predicted: &[f64], measured: &[f64]) -> f64 {
-    let logs: f64 = measured
-        .iter()
-        .zip(predicted)
-        .map(|(m, p)| (m / p).ln())
-        .sum();
-    (logs / predicted.len() as f64).exp()
-}
-
-/// The median of |scale x predicted - measured| / measured.
-fn median_error(predicted: &[f64], measured: &[f64], scale: f64) -> f64 {
-    median(
-        predicted
-            .iter()
-            .zip(measured)
-            .map(|(p, m)| (scale * p - m).abs() / m)
-            .collect(),
-    )
-}
-
-/// How much slower the run predicted fastest measured than the fastest
-/// measured run.
-fn top1_regret(predicted: &[f64], measured: &[f64]) -> f64 {
-    topk_regret(predicted, measured, 1)
-}
-
-/// How much slower the fastest measured of the `k` runs predicted fastest
-/// is than the fastest measured run (top-1 regret when `k` is 1).
-fn topk_regret(predicted: &[f64], measured: &[f64], k: usize) -> f64 {
-    let best = measured.iter().copied().fold(f64::INFINITY, f64::min);
-    let mut order: Vec<usize> = (0..predicted.len()).collect();
-    order.sort_by(|&a, &b| predicted[a].total_cmp(&predicted[b]));
-    let chosen = order
-        .iter()
-        .take(k)
-        .map(|&i| measured[i])
-        .fold(f64::INFINITY, f64::min);
-    chosen / best - 1.0
 }
 
 /// Training in `dtype` with attention without a fused kernel and no
@@ -274,7 +192,7 @@ fn figures(runs: &[Scored], predicted: fn(&Scored) -> f64) -> Figures {
         .collect();
     Figures {
         spearman: spearman(&p, &m),
-        top1_regret: top1_regret(&p, &m),
+        top1_regret: topk_regret(&p, &m, 1),
         top3_regret: topk_regret(&p, &m, 3),
         median_error: median_error(&p, &m, 1.0),
         median_error_scaled: median_error(&p, &m, scale),
@@ -595,7 +513,7 @@ fn score_amp(runs_file: &str, cluster_name: &str, profiled_types: usize) -> AmpF
             "  {} runs that ran, {what}: Spearman {rho:.3}, top-1 regret {:.1}%, top-3 regret \
              {:.1}%, median error {:.1}% as given, {:.1}% after scaling by {scale:.3}",
             m.len(),
-            100.0 * top1_regret(p, &m),
+            100.0 * topk_regret(p, &m, 1),
             100.0 * topk_regret(p, &m, 3),
             100.0 * median_error(p, &m, 1.0),
             100.0 * median_error(p, &m, scale),
@@ -603,7 +521,7 @@ fn score_amp(runs_file: &str, cluster_name: &str, profiled_types: usize) -> AmpF
     }
     println!(
         "  AMP's own predictions: Spearman {rho_amp:.3}, top-1 regret {:.1}%",
-        100.0 * top1_regret(&amp, &m)
+        100.0 * topk_regret(&amp, &m, 1)
     );
     println!(
         "  outcome predicted for {agree}/{} runs ({empty} with a stage of no layer)",
@@ -812,7 +730,7 @@ fn the_cluster_model_scores_vtrains_runs() {
                 "  {set}: {} runs, Spearman {rho:.3}, top-1 regret {:.1}%, median error {:.1}% as \
                  given, {:.1}% after scaling by {scale:.3}, {fit}/{} predicted to fit (all ran)",
                 rs.len(),
-                100.0 * top1_regret(&p, &m),
+                100.0 * topk_regret(&p, &m, 1),
                 100.0 * median_error(&p, &m, 1.0),
                 100.0 * median_error(&p, &m, scale),
                 rs.len()
@@ -1016,7 +934,7 @@ fn the_cluster_model_scores_megatrons_selene_runs() {
         "  {} runs without a profile: Spearman {rho:.3}, top-1 regret {:.1}%, median error \
          {:.1}% as given, {:.1}% after scaling by {scale:.3}; {fit}/{} predicted to fit (all ran)",
         runs.len(),
-        100.0 * top1_regret(&p, &m),
+        100.0 * topk_regret(&p, &m, 1),
         100.0 * err,
         100.0 * err_scaled,
         runs.len()
@@ -1332,7 +1250,7 @@ fn the_cluster_model_scores_bigsciences_jean_zay_runs() {
     let m: Vec<f64> = ran.iter().map(|r| r.measured.unwrap()).collect();
     let scale = one_scale(&p, &m);
     let rho = spearman(&p, &m);
-    let regret = top1_regret(&p, &m);
+    let regret = topk_regret(&p, &m, 1);
     let err = median_error(&p, &m, 1.0);
     let err_scaled = median_error(&p, &m, scale);
     let agree = runs.iter().filter(|r| r.fits == r.ran).count();
