@@ -541,8 +541,8 @@ fn scores_table(runs: &[ScoredRun], s: &Scores) -> String {
         .unwrap_or(3)
         .clamp(3, 60);
     out.push_str(&format!(
-        "{:<width$}  {:>6}  {:>12}  {:>12}  {:>6}  {:>9}  {:>5}\n",
-        "run", "seqs", "predicted s", "measured s", "ratio", "pred. GB", "fits"
+        "{:<width$}  {:>6}  {:>12}  {:>12}  {:>6}  {:>10}  {:>5}\n",
+        "run", "seqs", "predicted s", "measured s", "ratio", "pred. peak", "fits"
     ));
     for r in runs {
         let measured = r.measured_step_seconds;
@@ -553,7 +553,7 @@ fn scores_table(runs: &[ScoredRun], s: &Scores) -> String {
             (false, true) => "no, ran",
         };
         out.push_str(&format!(
-            "{:<width$}  {:>6}  {:>12.4}  {:>12}  {:>6}  {:>9.2}  {ran}\n",
+            "{:<width$}  {:>6}  {:>12.4}  {:>12}  {:>6}  {:>10}  {ran}\n",
             r.name,
             r.global_batch,
             r.predicted_step_seconds,
@@ -562,7 +562,7 @@ fn scores_table(runs: &[ScoredRun], s: &Scores) -> String {
                 "{:.3}",
                 r.predicted_step_seconds / m
             )),
-            r.predicted_peak_memory_bytes / 1e9,
+            fmt_bytes(r.predicted_peak_memory_bytes),
         ));
     }
     let pct = |x: Option<f64>| x.map_or("-".into(), |v| format!("{:.1}%", 100.0 * v));
