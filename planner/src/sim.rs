@@ -16,8 +16,12 @@
 //! `send_next[i - 1]`; the backward of `j` on stage `i` waits for that
 //! backward on stage `i + 1` plus `send_next[i]` (the gradient travels back
 //! over the same link); the last stage's backward waits for its own forward.
-//! After its last backward a stage runs its `dp_allreduce`, then `optimizer`;
-//! the step ends when every stage has finished.
+//! After its last backward a stage runs its `dp_allreduce`; the
+//! `optimizer`s start together once every stage has reduced (clipping
+//! needs the whole model's gradient norm: one all-reduce over every stage,
+//! Megatron-LM's `clip_grad_norm` over the model-parallel group and
+//! `polychip train`'s loss-and-norm all-reduce), and the step ends when
+//! every stage has finished.
 //!
 //! Transfers block their sender: after a forward (backward) that sends, the
 //! stage is busy until the activation (its gradient) has arrived, as
@@ -379,9 +383,18 @@ fn run(schedule: &Schedule, keep_events: bool) -> SimResult {
         tails[k % p].0 += s.dp_allreduce;
         tails[k % p].1 += s.optimizer;
     }
+    // The optimizer steps start together: clipping needs the gradient norm
+    // of the whole model, one all-reduce over every stage once each has
+    // reduced its gradients (Megatron-LM's `clip_grad_norm` over the
+    // model-parallel group, `polychip train`'s loss and norm).
+    let barrier = tails
+        .iter()
+        .enumerate()
+        .map(|(i, &(allreduce, _))| free[i] + allreduce)
+        .fold(0.0f64, f64::max);
     for (i, &(allreduce, optimizer)) in tails.iter().enumerate() {
         let ar_end = free[i] + allreduce;
-        let opt_end = ar_end + optimizer;
+        let opt_end = barrier + optimizer;
         if keep_events {
             events.push(Event {
                 stage: i,
@@ -394,7 +407,7 @@ fn run(schedule: &Schedule, keep_events: bool) -> SimResult {
                 stage: i,
                 kind: EventKind::Optimizer,
                 microbatch: None,
-                start: ar_end,
+                start: barrier,
                 end: opt_end,
             });
         }
