@@ -719,7 +719,7 @@ struct polychip_error_t *polychip_op_cast(const struct polychip_stream_t *stream
                                           const struct polychip_tensor_t *src,
                                           const struct polychip_tensor_t *dst);
 
-// `add`: `a + alpha * b`. On f32, f16, bf16 or f64. Since 1.0.
+// `add`: `a + alpha * b`. On f32, f16, bf16, f64, i32 or i64 (i32 since 1.3, i64 since 1.3). Since 1.0.
 //
 // The arguments are those of `PolychipBinaryArgs` (include/polychip.h).
 // `stream` NULL runs on the default stream of the first tensor's
@@ -732,7 +732,7 @@ struct polychip_error_t *polychip_op_add(const struct polychip_stream_t *stream,
                                          const struct polychip_tensor_t *out,
                                          double alpha);
 
-// `sub`: `a - alpha * b`. On f32, f16, bf16 or f64. Since 1.0.
+// `sub`: `a - alpha * b`. On f32, f16, bf16, f64, i32 or i64 (i32 since 1.3, i64 since 1.3). Since 1.0.
 //
 // The arguments are those of `PolychipBinaryArgs` (include/polychip.h).
 // `stream` NULL runs on the default stream of the first tensor's
@@ -745,7 +745,7 @@ struct polychip_error_t *polychip_op_sub(const struct polychip_stream_t *stream,
                                          const struct polychip_tensor_t *out,
                                          double alpha);
 
-// `mul`: `a * b`. On f32, f16, bf16 or f64. Since 1.0.
+// `mul`: `a * b`. On f32, f16, bf16, f64, i32 or i64 (i32 since 1.3, i64 since 1.3). Since 1.0.
 //
 // The arguments are those of `PolychipBinaryArgs` (include/polychip.h).
 // `stream` NULL runs on the default stream of the first tensor's
@@ -1346,6 +1346,149 @@ struct polychip_error_t *polychip_op_tanh_backward(const struct polychip_stream_
                                                    const struct polychip_tensor_t *grad_out,
                                                    const struct polychip_tensor_t *output,
                                                    const struct polychip_tensor_t *grad_in);
+
+// `sin`: Sine (exact argument reduction). On f32, f16 or bf16. Since 1.3.
+//
+// The arguments are those of `PolychipUnaryArgs` (include/polychip.h).
+// `stream` NULL runs on the default stream of the first tensor's
+// device, and the call returns when the work is done.
+//
+// Thread safety: any thread; calls on one stream must not run concurrently.
+struct polychip_error_t *polychip_op_sin(const struct polychip_stream_t *stream,
+                                         const struct polychip_tensor_t *input,
+                                         const struct polychip_tensor_t *out);
+
+// `cos`: Cosine (exact argument reduction). On f32, f16 or bf16. Since 1.3.
+//
+// The arguments are those of `PolychipUnaryArgs` (include/polychip.h).
+// `stream` NULL runs on the default stream of the first tensor's
+// device, and the call returns when the work is done.
+//
+// Thread safety: any thread; calls on one stream must not run concurrently.
+struct polychip_error_t *polychip_op_cos(const struct polychip_stream_t *stream,
+                                         const struct polychip_tensor_t *input,
+                                         const struct polychip_tensor_t *out);
+
+// `select`: `cond ? a : b`, broadcast (PyTorch's `where`). On any dtype. Since 1.3.
+//
+// The arguments are those of `PolychipSelectArgs` (include/polychip.h).
+// `stream` NULL runs on the default stream of the first tensor's
+// device, and the call returns when the work is done.
+//
+// Thread safety: any thread; calls on one stream must not run concurrently.
+struct polychip_error_t *polychip_op_select(const struct polychip_stream_t *stream,
+                                            const struct polychip_tensor_t *cond,
+                                            const struct polychip_tensor_t *a,
+                                            const struct polychip_tensor_t *b,
+                                            const struct polychip_tensor_t *out);
+
+// `masked_fill`: `mask ? value : input`. On any dtype. Since 1.3.
+//
+// The arguments are those of `PolychipMaskedFillArgs` (include/polychip.h).
+// `stream` NULL runs on the default stream of the first tensor's
+// device, and the call returns when the work is done.
+//
+// Thread safety: any thread; calls on one stream must not run concurrently.
+struct polychip_error_t *polychip_op_masked_fill(const struct polychip_stream_t *stream,
+                                                 const struct polychip_tensor_t *input,
+                                                 const struct polychip_tensor_t *mask,
+                                                 const struct polychip_tensor_t *out,
+                                                 double value);
+
+// `convert`: Conversion between any two dtypes (PyTorch's `.to()`). On any dtype. Since 1.3.
+//
+// The arguments are those of `PolychipConvertArgs` (include/polychip.h).
+// `stream` NULL runs on the default stream of the first tensor's
+// device, and the call returns when the work is done.
+//
+// Thread safety: any thread; calls on one stream must not run concurrently.
+struct polychip_error_t *polychip_op_convert(const struct polychip_stream_t *stream,
+                                             const struct polychip_tensor_t *src,
+                                             const struct polychip_tensor_t *dst);
+
+// `arange`: `out[i] = start + i * step`. On f32, f16, bf16, f64, i32, i64 or u8. Since 1.3.
+//
+// The arguments are those of `PolychipArangeArgs` (include/polychip.h).
+// `stream` NULL runs on the default stream of the first tensor's
+// device, and the call returns when the work is done.
+//
+// Thread safety: any thread; calls on one stream must not run concurrently.
+struct polychip_error_t *polychip_op_arange(const struct polychip_stream_t *stream,
+                                            const struct polychip_tensor_t *out,
+                                            double start,
+                                            double step);
+
+// `eq`: `a == b` (bool). On f32, f16, bf16, f64, i32, i64 or u8. Since 1.3.
+//
+// The arguments are those of `PolychipCompareArgs` (include/polychip.h).
+// `stream` NULL runs on the default stream of the first tensor's
+// device, and the call returns when the work is done.
+//
+// Thread safety: any thread; calls on one stream must not run concurrently.
+struct polychip_error_t *polychip_op_eq(const struct polychip_stream_t *stream,
+                                        const struct polychip_tensor_t *a,
+                                        const struct polychip_tensor_t *b,
+                                        const struct polychip_tensor_t *out);
+
+// `ne`: `a != b` (bool). On f32, f16, bf16, f64, i32, i64 or u8. Since 1.3.
+//
+// The arguments are those of `PolychipCompareArgs` (include/polychip.h).
+// `stream` NULL runs on the default stream of the first tensor's
+// device, and the call returns when the work is done.
+//
+// Thread safety: any thread; calls on one stream must not run concurrently.
+struct polychip_error_t *polychip_op_ne(const struct polychip_stream_t *stream,
+                                        const struct polychip_tensor_t *a,
+                                        const struct polychip_tensor_t *b,
+                                        const struct polychip_tensor_t *out);
+
+// `lt`: `a < b` (bool). On f32, f16, bf16, f64, i32, i64 or u8. Since 1.3.
+//
+// The arguments are those of `PolychipCompareArgs` (include/polychip.h).
+// `stream` NULL runs on the default stream of the first tensor's
+// device, and the call returns when the work is done.
+//
+// Thread safety: any thread; calls on one stream must not run concurrently.
+struct polychip_error_t *polychip_op_lt(const struct polychip_stream_t *stream,
+                                        const struct polychip_tensor_t *a,
+                                        const struct polychip_tensor_t *b,
+                                        const struct polychip_tensor_t *out);
+
+// `le`: `a <= b` (bool). On f32, f16, bf16, f64, i32, i64 or u8. Since 1.3.
+//
+// The arguments are those of `PolychipCompareArgs` (include/polychip.h).
+// `stream` NULL runs on the default stream of the first tensor's
+// device, and the call returns when the work is done.
+//
+// Thread safety: any thread; calls on one stream must not run concurrently.
+struct polychip_error_t *polychip_op_le(const struct polychip_stream_t *stream,
+                                        const struct polychip_tensor_t *a,
+                                        const struct polychip_tensor_t *b,
+                                        const struct polychip_tensor_t *out);
+
+// `gt`: `a > b` (bool). On f32, f16, bf16, f64, i32, i64 or u8. Since 1.3.
+//
+// The arguments are those of `PolychipCompareArgs` (include/polychip.h).
+// `stream` NULL runs on the default stream of the first tensor's
+// device, and the call returns when the work is done.
+//
+// Thread safety: any thread; calls on one stream must not run concurrently.
+struct polychip_error_t *polychip_op_gt(const struct polychip_stream_t *stream,
+                                        const struct polychip_tensor_t *a,
+                                        const struct polychip_tensor_t *b,
+                                        const struct polychip_tensor_t *out);
+
+// `ge`: `a >= b` (bool). On f32, f16, bf16, f64, i32, i64 or u8. Since 1.3.
+//
+// The arguments are those of `PolychipCompareArgs` (include/polychip.h).
+// `stream` NULL runs on the default stream of the first tensor's
+// device, and the call returns when the work is done.
+//
+// Thread safety: any thread; calls on one stream must not run concurrently.
+struct polychip_error_t *polychip_op_ge(const struct polychip_stream_t *stream,
+                                        const struct polychip_tensor_t *a,
+                                        const struct polychip_tensor_t *b,
+                                        const struct polychip_tensor_t *out);
 
 // The API version this library implements.
 //

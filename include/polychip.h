@@ -22,7 +22,7 @@
 
 // The ABI minor version this header describes. Minors only append: new
 // fields at the end of structs, new entries at the end of tables, new codes.
-#define POLYCHIP_ABI_MINOR 2
+#define POLYCHIP_ABI_MINOR 3
 
 // The oldest minor of major 1 that a host built from this header accepts.
 #define POLYCHIP_ABI_MIN_MINOR 0
@@ -39,7 +39,7 @@
 #define POLYCHIP_MEMORY_RDMA_EXPORTABLE 2
 
 // The number of operators in this minor's op table.
-#define POLYCHIP_OP_COUNT 52
+#define POLYCHIP_OP_COUNT 64
 
 // Signed integer (DLPack `kDLInt`).
 #define POLYCHIP_DTYPE_CODE_INT 0
@@ -247,7 +247,11 @@ typedef struct PolychipError *(*PolychipCastFn)(uint32_t device,
 // Elementwise `out = a OP b` with NumPy broadcasting of `a` and `b` to
 // `out`'s shape. add: `a + alpha * b`; sub: `a - alpha * b`; mul: `a * b`;
 // div: `a / b` (IEEE: `x / 0` is ±inf or NaN). All three tensors have one
-// floating dtype.
+// floating dtype, or (add, sub and mul, since ABI 1.3) one of i32 and i64:
+// then the arithmetic wraps in two's complement as C's unsigned arithmetic
+// does (PyTorch's integer semantics), and `alpha` is an integer (converted
+// to the dtype, wrapping; `a + alpha * b` computed with wrapping products
+// and sums).
 typedef struct PolychipBinaryArgs {
   // Size of this struct as the host knows it.
   size_t struct_size;
@@ -320,7 +324,11 @@ typedef struct PolychipError *(*PolychipSoftmaxFn)(uint32_t device,
 // `gelu` (the tanh form, `0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`);
 // since 1.2 `gelu_erf` (the exact form, `x Phi(x)` with the standard normal
 // CDF `Phi(x) = erfc(-x / sqrt(2)) / 2`, PyTorch's default GELU) and
-// `sigmoid` (`1 / (1 + e^-x)`).
+// `sigmoid` (`1 / (1 + e^-x)`); since 1.3 `sin` and `cos`, whose argument
+// reduction is exact for every finite input (rotary tables reach 1e5 rad and
+// beyond): the result is within 1 ULP of the output dtype of the exact
+// value for every input (`sin(±inf)` and `cos(±inf)` are NaN, `sin(-0) =
+// -0`).
 // IEEE semantics at the edges: `log(0) = -inf`, `log(-1) = NaN`,
 // `sqrt(-0) = -0`, `rsqrt(0) = +inf`, `exp(large) = +inf`;
 // `gelu_erf(+inf) = +inf`, `gelu_erf(-inf) = NaN` (`-inf * 0`, as PyTorch
@@ -872,6 +880,119 @@ typedef struct PolychipError *(*PolychipOutputBackwardFn)(uint32_t device,
                                                           struct PolychipStream *stream,
                                                           const struct PolychipOutputBackwardArgs *args);
 
+// `out = cond ? a : b` elementwise (PyTorch's and NumPy's `where`), with
+// NumPy broadcasting of all three to `out`'s shape. `a`, `b` and `out` have
+// one dtype, any of the ABI's; the selected element's bits are copied
+// unchanged (a NaN's payload, -0). Since ABI 1.3.
+typedef struct PolychipSelectArgs {
+  // Size of this struct as the host knows it.
+  size_t struct_size;
+  // The condition (bool: 0 or 1).
+  struct PolychipTensor cond;
+  // Taken where `cond` is true.
+  struct PolychipTensor a;
+  // Taken where `cond` is false.
+  struct PolychipTensor b;
+  // Result, with the broadcast shape of `cond`, `a` and `b`. In place: may be exactly `a` or `b`.
+  struct PolychipTensor out;
+} PolychipSelectArgs;
+
+// An operator entry taking [`PolychipSelectArgs`].
+typedef struct PolychipError *(*PolychipSelectFn)(uint32_t device,
+                                                  struct PolychipStream *stream,
+                                                  const struct PolychipSelectArgs *args);
+
+// `out = mask ? value : input` elementwise, `mask` broadcast to `input`'s
+// shape; `value` is converted to the dtype as `fill` converts it (floats
+// round to nearest even; integers truncate toward zero and saturate, NaN
+// giving 0; bool is `value != 0`). Unmasked elements are copied bit for bit.
+// `out` may be `input` (PyTorch's `masked_fill_`). Since ABI 1.3.
+typedef struct PolychipMaskedFillArgs {
+  // Size of this struct as the host knows it.
+  size_t struct_size;
+  // The tensor to fill.
+  struct PolychipTensor input;
+  // Where to fill (bool), broadcast to `input`'s shape.
+  struct PolychipTensor mask;
+  // Result: same shape and dtype as `input`. In place: may be exactly `input`.
+  struct PolychipTensor out;
+  // The fill value.
+  double value;
+} PolychipMaskedFillArgs;
+
+// An operator entry taking [`PolychipMaskedFillArgs`].
+typedef struct PolychipError *(*PolychipMaskedFillFn)(uint32_t device,
+                                                      struct PolychipStream *stream,
+                                                      const struct PolychipMaskedFillArgs *args);
+
+// `dst = (dst.dtype) src` between any two of the ABI's dtypes, as PyTorch's
+// `.to()` converts: to a floating dtype, rounding once to nearest even (from
+// an integer or from f64 directly: no double rounding through f32 or f64,
+// i64 past 2^53 included); from a floating dtype to an integer one,
+// truncation toward zero, saturating at the type's range, NaN giving 0
+// (where C and PyTorch leave it undefined: `fill`'s rule); to bool, `src !=
+// 0` (NaN is true, -0 false); from bool, 0 or 1. Same shape, any strides.
+// Since ABI 1.3 (`cast`, of ABI 1.0, keeps converting between floating
+// dtypes only).
+typedef struct PolychipConvertArgs {
+  // Size of this struct as the host knows it.
+  size_t struct_size;
+  // Source.
+  struct PolychipTensor src;
+  // Destination; must not overlap `src`.
+  struct PolychipTensor dst;
+} PolychipConvertArgs;
+
+// An operator entry taking [`PolychipConvertArgs`].
+typedef struct PolychipError *(*PolychipConvertFn)(uint32_t device,
+                                                   struct PolychipStream *stream,
+                                                   const struct PolychipConvertArgs *args);
+
+// `out[i] = start + i * step` for a 1-D `out` of any dtype but bool: the
+// two operations in f64 (no fused multiply-add), then one conversion to
+// `out`'s dtype as `fill` converts (floats round to nearest even; integers
+// truncate toward zero and saturate at the type's range, NaN giving 0).
+// Integer results are exact wherever `start`, `step` and every value are
+// integers of at most 2^53 in magnitude (a caller with larger ones computes
+// elsewhere). Any stride. Since ABI 1.3.
+typedef struct PolychipArangeArgs {
+  // Size of this struct as the host knows it.
+  size_t struct_size;
+  // The values, `N` of them.
+  struct PolychipTensor out;
+  // The first value.
+  double start;
+  // The difference between neighbours.
+  double step;
+} PolychipArangeArgs;
+
+// An operator entry taking [`PolychipArangeArgs`].
+typedef struct PolychipError *(*PolychipArangeFn)(uint32_t device,
+                                                  struct PolychipStream *stream,
+                                                  const struct PolychipArangeArgs *args);
+
+// Elementwise comparison `out = a OP b` (bool: 0 or 1) with NumPy
+// broadcasting of `a` and `b` to `out`'s shape; `a` and `b` have one dtype,
+// floating or integer (not bool). eq: `==`; ne: `!=`; lt: `<`; le: `<=`;
+// gt: `>`; ge: `>=`. IEEE semantics: a NaN compares unequal to everything,
+// itself included, so only `ne` is true with a NaN operand; `-0 == +0`;
+// integers compare exactly (i64 beyond 2^53 too). Since ABI 1.3.
+typedef struct PolychipCompareArgs {
+  // Size of this struct as the host knows it.
+  size_t struct_size;
+  // Left operand.
+  struct PolychipTensor a;
+  // Right operand.
+  struct PolychipTensor b;
+  // Result (bool), with the broadcast shape of `a` and `b`.
+  struct PolychipTensor out;
+} PolychipCompareArgs;
+
+// An operator entry taking [`PolychipCompareArgs`].
+typedef struct PolychipError *(*PolychipCompareFn)(uint32_t device,
+                                                   struct PolychipStream *stream,
+                                                   const struct PolychipCompareArgs *args);
+
 // The operator table. Append-only: a new operator is a new field at the end,
 // introduced by a new minor version. NULL entries are "not implemented".
 typedef struct PolychipOpTable {
@@ -883,11 +1004,11 @@ typedef struct PolychipOpTable {
   PolychipCopyFn copy;
   // Floating-point conversion. On f32, f16, bf16 or f64. Since 1.0.
   PolychipCastFn cast;
-  // `a + alpha * b`. On f32, f16, bf16 or f64. Since 1.0.
+  // `a + alpha * b`. On f32, f16, bf16, f64, i32 or i64 (i32 since 1.3, i64 since 1.3). Since 1.0.
   PolychipBinaryFn add;
-  // `a - alpha * b`. On f32, f16, bf16 or f64. Since 1.0.
+  // `a - alpha * b`. On f32, f16, bf16, f64, i32 or i64 (i32 since 1.3, i64 since 1.3). Since 1.0.
   PolychipBinaryFn sub;
-  // `a * b`. On f32, f16, bf16 or f64. Since 1.0.
+  // `a * b`. On f32, f16, bf16, f64, i32 or i64 (i32 since 1.3, i64 since 1.3). Since 1.0.
   PolychipBinaryFn mul;
   // `a / b`. On f32, f16, bf16 or f64. Since 1.0.
   PolychipBinaryFn div;
@@ -981,6 +1102,30 @@ typedef struct PolychipOpTable {
   PolychipOutputBackwardFn sigmoid_backward;
   // Backward of `tanh`, from its output. On f32, f16 or bf16. Since 1.2.
   PolychipOutputBackwardFn tanh_backward;
+  // Sine (exact argument reduction). On f32, f16 or bf16. Since 1.3.
+  PolychipUnaryFn sin;
+  // Cosine (exact argument reduction). On f32, f16 or bf16. Since 1.3.
+  PolychipUnaryFn cos;
+  // `cond ? a : b`, broadcast (PyTorch's `where`). On any dtype. Since 1.3.
+  PolychipSelectFn select;
+  // `mask ? value : input`. On any dtype. Since 1.3.
+  PolychipMaskedFillFn masked_fill;
+  // Conversion between any two dtypes (PyTorch's `.to()`). On any dtype. Since 1.3.
+  PolychipConvertFn convert;
+  // `out[i] = start + i * step`. On f32, f16, bf16, f64, i32, i64 or u8. Since 1.3.
+  PolychipArangeFn arange;
+  // `a == b` (bool). On f32, f16, bf16, f64, i32, i64 or u8. Since 1.3.
+  PolychipCompareFn eq;
+  // `a != b` (bool). On f32, f16, bf16, f64, i32, i64 or u8. Since 1.3.
+  PolychipCompareFn ne;
+  // `a < b` (bool). On f32, f16, bf16, f64, i32, i64 or u8. Since 1.3.
+  PolychipCompareFn lt;
+  // `a <= b` (bool). On f32, f16, bf16, f64, i32, i64 or u8. Since 1.3.
+  PolychipCompareFn le;
+  // `a > b` (bool). On f32, f16, bf16, f64, i32, i64 or u8. Since 1.3.
+  PolychipCompareFn gt;
+  // `a >= b` (bool). On f32, f16, bf16, f64, i32, i64 or u8. Since 1.3.
+  PolychipCompareFn ge;
 } PolychipOpTable;
 
 // What a plugin gives the host.
@@ -1134,6 +1279,8 @@ typedef struct PolychipError *(*PolychipPluginInitV1)(const struct PolychipHostA
 
 // Very detailed tracing.
 #define POLYCHIP_LOG_TRACE 5
+
+
 
 
 

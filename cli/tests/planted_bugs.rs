@@ -244,6 +244,7 @@ bugs! {
     scale_leaves_ftz_on: "scale-leaves-ftz-on" on "scale" in "f32" => "flush-to-zero (MXCSR.FZ) turned on";
     rms_norm_leaks_workspace: "rms-norm-leaks-workspace" on "rms_norm" in "f32" => "memory keeps growing with every call";
     layer_norm_leaves_signals_blocked: "layer-norm-leaves-signals-blocked" on "layer_norm" in "f32" => "signal mask changed (blocked SIGINT, SIGTERM)";
+    adamw_pins_calling_thread: "adamw-pins-calling-thread" on "adamw" in "f32" => "CPU affinity changed from CPUs";
     attention_gqa_heads_interleaved: "attention-gqa-heads-interleaved" on "attention" in "" => "gqa 4/2";
     rope_backward_head_dim_64_pairs: "rope-backward-head-dim-64-pairs" on "rope_backward" in "" => "realistic [1, 256, 4, 128] half-split";
     rms_norm_backward_row_over_4096: "rms-norm-backward-row-over-4096" on "rms_norm_backward" in "" => "realistic [16, 8192]";
@@ -323,6 +324,23 @@ bugs! {
     sigmoid_overflowing_exp: "sigmoid-overflowing-exp" on "sigmoid" in "f32" => "results in the subnormal range";
     copy_quiets_signalling_nan: "copy-quiets-signalling-nan" on "copy" in "f32" => "where it must be 0x7f800001";
     memcpy_d2d_from_allocation_start: "memcpy-d2d-from-allocation-start" on "copy" in "f32" => "staged by memcpy_d2d";
+    // Mutation round 13: a broadcast `a`, a batch of accumulating
+    // products, square operands.
+    sub_swaps_column_a: "sub-swaps-column-a" on "sub" in "" => "a [5, 1] broadcast against b [5, 6]";
+    matmul_batched_beta_first_only: "matmul-batched-beta-first-only" on "matmul" in "" => "every batch accumulating";
+    matmul_transpose_inferred_when_square: "matmul-transpose-inferred-when-square" on "matmul" in "" => "square operands transposed";
+    linear_bias_per_row_when_square: "linear-bias-per-row-when-square" on "linear" in "" => "as many rows as output features";
+    layer_norm_backward_grad_bias_rows_when_square: "layer-norm-backward-grad-bias-rows-when-square" on "layer_norm_backward" in "" => "as many rows as features";
+    // ABI 1.3: sin reduced in f32, select as a blend, masked_fill's value
+    // through f32, eq by subtraction, convert wrapping past an integer range, arange as
+    // a running sum, integer add saturating.
+    sin_reduced_in_f32: "sin-reduced-in-f32" on "sin" in "" => "large arguments up to 1e5";
+    select_arithmetic_blend: "select-arithmetic-blend" on "select" in "" => "NaN and infinities in the branch not taken";
+    masked_fill_value_through_f32: "masked-fill-value-through-f32" on "masked_fill" in "" => "a rounding tie, or past 2^24";
+    eq_by_subtraction: "eq-by-subtraction" on "eq" in "" => "special values against themselves";
+    convert_integer_wraps: "convert-integer-wraps" on "convert" in "" => "specials, ties, range ends";
+    arange_accumulates: "arange-accumulates" on "arange" in "" => "a step that is not a power of two";
+    add_int_saturates: "add-int-saturates" on "add" in "i32,i64" => "wrapping past the ends of the range";
     // The host refuses step 0 itself (its argument checks run before any
     // plugin code), so no caller can reach this plugin's refusal: the bug is
     // unobservable through the host, and the suite cannot flag it.

@@ -3,8 +3,8 @@
 
 use std::path::PathBuf;
 
-use polychip_plugin_sdk::ErrorCode;
 use polychip_plugin_sdk::check::ArgError;
+use polychip_plugin_sdk::{DType, ErrorCode};
 
 /// Why a plugin could not be loaded, or a call failed.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -140,6 +140,27 @@ pub enum HostError {
         /// The operator.
         op: &'static str,
     },
+    /// The operator took on this dtype in a later ABI minor than the
+    /// plugin's (ABI 1.3's integer `add`, `sub` and `mul` on a 1.2
+    /// plugin): the host does not pass it, and counts the call as not
+    /// implemented.
+    #[error(
+        "{plugin}: operator {op} takes {dtype} since ABI {}.{}, and this plugin speaks ABI {}.{} \
+         (not implemented for this dtype)",
+        since.0, since.1, abi.0, abi.1
+    )]
+    DtypeUnimplemented {
+        /// The plugin's vendor.
+        plugin: String,
+        /// The operator.
+        op: &'static str,
+        /// The dtype.
+        dtype: DType,
+        /// The ABI version that added the dtype to the operator.
+        since: (u32, u32),
+        /// The plugin's ABI version.
+        abi: (u32, u32),
+    },
     /// The host refused an operator's arguments before calling the plugin.
     #[error("{plugin}: {source}")]
     InvalidArguments {
@@ -197,7 +218,9 @@ impl HostError {
         match self {
             HostError::Plugin { code, .. } | HostError::InitFailed { code, .. } => *code,
             HostError::VersionMismatch { .. } => ErrorCode::VersionMismatch,
-            HostError::OpUnimplemented { .. } => ErrorCode::Unimplemented,
+            HostError::OpUnimplemented { .. } | HostError::DtypeUnimplemented { .. } => {
+                ErrorCode::Unimplemented
+            }
             HostError::InvalidArguments { source, .. } => source.code(),
             HostError::Usage(_) => ErrorCode::InvalidArgument,
             HostError::NotALibrary { .. }

@@ -24,13 +24,13 @@ def cast(src: Tensor, dst: Tensor, *, stream: Optional[Stream] = None) -> None:
     """Floating-point conversion. On f32, f16, bf16 or f64. Since 1.0. Arguments of `PolychipCastArgs`."""
 
 def add(a: Tensor, b: Tensor, out: Tensor, alpha: float = 1.0, *, stream: Optional[Stream] = None) -> None:
-    """`a + alpha * b`. On f32, f16, bf16 or f64. Since 1.0. Arguments of `PolychipBinaryArgs`."""
+    """`a + alpha * b`. On f32, f16, bf16, f64, i32 or i64 (i32 since 1.3, i64 since 1.3). Since 1.0. Arguments of `PolychipBinaryArgs`."""
 
 def sub(a: Tensor, b: Tensor, out: Tensor, alpha: float = 1.0, *, stream: Optional[Stream] = None) -> None:
-    """`a - alpha * b`. On f32, f16, bf16 or f64. Since 1.0. Arguments of `PolychipBinaryArgs`."""
+    """`a - alpha * b`. On f32, f16, bf16, f64, i32 or i64 (i32 since 1.3, i64 since 1.3). Since 1.0. Arguments of `PolychipBinaryArgs`."""
 
 def mul(a: Tensor, b: Tensor, out: Tensor, alpha: float = 1.0, *, stream: Optional[Stream] = None) -> None:
-    """`a * b`. On f32, f16, bf16 or f64. Since 1.0. Arguments of `PolychipBinaryArgs`."""
+    """`a * b`. On f32, f16, bf16, f64, i32 or i64 (i32 since 1.3, i64 since 1.3). Since 1.0. Arguments of `PolychipBinaryArgs`."""
 
 def div(a: Tensor, b: Tensor, out: Tensor, alpha: float = 1.0, *, stream: Optional[Stream] = None) -> None:
     """`a / b`. On f32, f16, bf16 or f64. Since 1.0. Arguments of `PolychipBinaryArgs`."""
@@ -169,3 +169,39 @@ def sigmoid_backward(grad_out: Tensor, output: Tensor, grad_in: Tensor, *, strea
 
 def tanh_backward(grad_out: Tensor, output: Tensor, grad_in: Tensor, *, stream: Optional[Stream] = None) -> None:
     """Backward of `tanh`, from its output. On f32, f16 or bf16. Since 1.2. Arguments of `PolychipOutputBackwardArgs`."""
+
+def sin(input: Tensor, out: Tensor, *, stream: Optional[Stream] = None) -> None:
+    """Sine (exact argument reduction). On f32, f16 or bf16. Since 1.3. Arguments of `PolychipUnaryArgs`."""
+
+def cos(input: Tensor, out: Tensor, *, stream: Optional[Stream] = None) -> None:
+    """Cosine (exact argument reduction). On f32, f16 or bf16. Since 1.3. Arguments of `PolychipUnaryArgs`."""
+
+def select(cond: Tensor, a: Tensor, b: Tensor, out: Tensor, *, stream: Optional[Stream] = None) -> None:
+    """`cond ? a : b`, broadcast (PyTorch's `where`). On any dtype. Since 1.3. Arguments of `PolychipSelectArgs`."""
+
+def masked_fill(input: Tensor, mask: Tensor, out: Tensor, value: float, *, stream: Optional[Stream] = None) -> None:
+    """`mask ? value : input`. On any dtype. Since 1.3. Arguments of `PolychipMaskedFillArgs`."""
+
+def convert(src: Tensor, dst: Tensor, *, stream: Optional[Stream] = None) -> None:
+    """Conversion between any two dtypes (PyTorch's `.to()`). On any dtype. Since 1.3. Arguments of `PolychipConvertArgs`."""
+
+def arange(out: Tensor, start: float, step: float, *, stream: Optional[Stream] = None) -> None:
+    """`out[i] = start + i * step`. On f32, f16, bf16, f64, i32, i64 or u8. Since 1.3. Arguments of `PolychipArangeArgs`."""
+
+def eq(a: Tensor, b: Tensor, out: Tensor, *, stream: Optional[Stream] = None) -> None:
+    """`a == b` (bool). On f32, f16, bf16, f64, i32, i64 or u8. Since 1.3. Arguments of `PolychipCompareArgs`."""
+
+def ne(a: Tensor, b: Tensor, out: Tensor, *, stream: Optional[Stream] = None) -> None:
+    """`a != b` (bool). On f32, f16, bf16, f64, i32, i64 or u8. Since 1.3. Arguments of `PolychipCompareArgs`."""
+
+def lt(a: Tensor, b: Tensor, out: Tensor, *, stream: Optional[Stream] = None) -> None:
+    """`a < b` (bool). On f32, f16, bf16, f64, i32, i64 or u8. Since 1.3. Arguments of `PolychipCompareArgs`."""
+
+def le(a: Tensor, b: Tensor, out: Tensor, *, stream: Optional[Stream] = None) -> None:
+    """`a <= b` (bool). On f32, f16, bf16, f64, i32, i64 or u8. Since 1.3. Arguments of `PolychipCompareArgs`."""
+
+def gt(a: Tensor, b: Tensor, out: Tensor, *, stream: Optional[Stream] = None) -> None:
+    """`a > b` (bool). On f32, f16, bf16, f64, i32, i64 or u8. Since 1.3. Arguments of `PolychipCompareArgs`."""
+
+def ge(a: Tensor, b: Tensor, out: Tensor, *, stream: Optional[Stream] = None) -> None:
+    """`a >= b` (bool). On f32, f16, bf16, f64, i32, i64 or u8. Since 1.3. Arguments of `PolychipCompareArgs`."""

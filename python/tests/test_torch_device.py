@@ -536,6 +536,53 @@ def test_a_plugin_without_the_1_2_operators_falls_back_for_them(ops):
         assert fell_back == "[]", fell_back
 
 
+ABI_1_2_PLUGIN = """
+import torch, polychip.torch as pt
+dev = torch.device("polychip", 0)
+assert pt.device_info(0)["vendor"] == "Planted"
+x = torch.linspace(-3, 3, 24).reshape(4, 6)
+mask = x > 0.5
+def step(t):
+    pos = torch.arange(0, 6, device=t.device)
+    y = torch.where(t.gt(0), t.sin(), t.cos()) + pos.to(t.dtype)
+    z = t.clone().sin_()
+    return y.masked_fill(t < -2, -1.0), t.eq(0.0), z
+want = step(x)
+pt.reset_fallback_report()
+got = step(x.to(dev))
+for g, w in zip(got, want):
+    # sin and cos: the plugin's are within 1 ULP, as the CPU's are.
+    torch.testing.assert_close(g.cpu(), w, rtol=2.4e-7, atol=2.4e-7)
+print(sorted(pt.fallback_report()))
+"""
+
+
+@pytest.mark.parametrize("ops", ["1.2", "1.3"])
+def test_a_plugin_without_the_1_3_operators_falls_back_for_them(ops):
+    """where, masked_fill, comparisons, sin, cos, integer arange and
+    conversions run on ABI 1.3 operators. A plugin whose table lacks them
+    (the Planted plugin under POLYCHIP_PLANTED_OPS=1.2, as one built for
+    1.2 has it) gives the same results: those aten operators fall back to
+    the CPU, counted, and nothing else does."""
+    planted = PROFILE_DIR / "libpolychip_testplugin_planted.so"
+    if not planted.exists():
+        pytest.skip("the Planted plugin is not built")
+    env = dict(POLYCHIP_PLUGIN_PATH=str(planted), POLYCHIP_PLANTED_BUG="none")
+    if ops == "1.2":
+        env["POLYCHIP_PLANTED_OPS"] = "1.2"
+    r = run(ABI_1_2_PLUGIN, **env)
+    assert r.returncode == 0, r.stderr
+    fell_back = r.stdout.strip()
+    if ops == "1.2":
+        assert fell_back == (
+            "['aten::_copy_from (Long to Float)', 'aten::arange.start_out', 'aten::cos', "
+            "'aten::eq.Scalar', 'aten::gt.Scalar', 'aten::lt.Scalar', 'aten::masked_fill.Scalar', "
+            "'aten::sin', 'aten::sin_', 'aten::where.self']"
+        ), fell_back
+    else:
+        assert fell_back == "[]", fell_back
+
+
 def test_advanced_indexing_takes_cpu_indices_as_pytorch_does():
     """x[cpu_index] on a device tensor (logits[torch.arange(n), labels], a
     CPU mask) is allowed by PyTorch on any device; it was refused as

@@ -2,8 +2,8 @@
 torch.optim.AdamW, on each bundled vendor's device, and its loss curve
 matches the same model on PyTorch's CPU: within 2e-5 (relative) per step in
 f32, within 2e-2 in bf16. Every forward, backward and optimizer operator
-runs on the plugin except a short, known list (rotary tables and position
-arithmetic), which the fallback report shows."""
+runs on the plugin (since ABI 1.3 the rotary tables and the position
+arithmetic too), which the fallback report shows."""
 
 import json
 import os
@@ -17,16 +17,10 @@ import polychip.torch as pt
 
 transformers = pytest.importorskip("transformers")
 
-# What a LLaMA step still runs on the CPU (once per forward pass, on small
-# tensors): the rotary cos/sin tables, positions (arange, integer add) and
-# their conversion to float.
-KNOWN_FALLBACKS = {
-    "aten::cos.out",
-    "aten::sin.out",
-    "aten::arange.start_out",
-    "aten::add.Tensor",
-    "aten::_copy_from (Long to Float)",
-}
+# What a LLaMA step still runs on the CPU: nothing since ABI 1.3, whose
+# `sin`, `cos`, `arange`, integer `add` and `convert` took the rotary
+# tables, the positions and their conversion to float.
+KNOWN_FALLBACKS: set = set()
 
 
 def index_of(vendor):

@@ -286,11 +286,45 @@ def recurrent_cells(to):
 SAMPLES = {}
 for _name in ("add", "sub", "mul", "div"):
     SAMPLES.update(binary(_name))
-for _name in ("neg", "exp", "tanh", "relu", "silu"):
+for _name in ("neg", "exp", "tanh", "relu", "silu", "sin", "cos"):
     SAMPLES.update(unary(_name))
 for _name in ("log", "sqrt", "rsqrt"):
     SAMPLES.update(unary(_name, positive=True))
 SAMPLES.update(basics())
+# ABI 1.3: select (where), masked_fill, the comparisons, arange.
+_MASK = A > 0.2
+_ROWMASK = B > 0
+SAMPLES.update(
+    {
+        "where.self": lambda to: aten.where.self(to(_MASK), to(A), to(B)),
+        "where.self_out": lambda to: (lambda o: (aten.where.self_out(to(_MASK), to(A), to(P), out=o), o)[1])(
+            to(torch.empty(0))
+        ),
+        "masked_fill.Scalar": lambda to: aten.masked_fill.Scalar(to(A), to(_ROWMASK), -1e9),
+        "masked_fill_.Scalar": lambda to: aten.masked_fill_.Scalar(to(A.clone()), to(_MASK), float("-inf")),
+        "masked_fill.Tensor": lambda to: aten.masked_fill.Tensor(to(A), to(_MASK), torch.tensor(2.5)),
+        "masked_fill_.Tensor": lambda to: aten.masked_fill_.Tensor(to(A.clone()), to(_ROWMASK), torch.tensor(-3.0)),
+        "arange.start_out": lambda to: aten.arange.start_out(2, 40, 3, out=to(torch.empty(0, dtype=torch.int64))),
+    }
+)
+for _name in ("eq", "ne", "lt", "le", "gt", "ge"):
+    _op = getattr(aten, _name)
+    SAMPLES.update(
+        {
+            f"{_name}.Tensor": (lambda op: lambda to: op.Tensor(to(A.round()), to(B.round())))(_op),
+            f"{_name}.Scalar": (lambda op: lambda to: op.Scalar(to(A.round()), 0.0))(_op),
+            f"{_name}.Tensor_out": (
+                lambda op: lambda to: (lambda o: (op.Tensor_out(to(A), to(P), out=o), o)[1])(
+                    to(torch.empty(0, dtype=torch.bool))
+                )
+            )(_op),
+            f"{_name}.Scalar_out": (
+                lambda op: lambda to: (lambda o: (op.Scalar_out(to(A), 0.5, out=o), o)[1])(
+                    to(torch.empty(0, dtype=torch.bool))
+                )
+            )(_op),
+        }
+    )
 SAMPLES.update(
     {
         "rsub.Tensor": lambda to: aten.rsub.Tensor(to(A), to(B), alpha=3.0),
@@ -701,3 +735,96 @@ def test_join_and_broadcast_errors_are_the_cpus(vendor, index):
         with pytest.raises(type(want.value)) as got:
             case(device)
         assert str(got.value) == str(want.value)
+
+
+# ------------------------------------------------------------- ABI 1.3
+
+
+def _bits_equal(got, want):
+    """Equal bit for bit (NaN payloads aside: NaN where NaN), dtype too."""
+    assert got.dtype == want.dtype, (got.dtype, want.dtype)
+    assert got.shape == want.shape, (got.shape, want.shape)
+    if want.dtype.is_floating_point:
+        same_nan = torch.isnan(got) == torch.isnan(want)
+        assert bool(same_nan.all()), (got, want)
+        g, w = got[~torch.isnan(want)], want[~torch.isnan(want)]
+        assert torch.equal(g, w), (g, w)
+        # -0 and +0 told apart.
+        assert torch.equal(torch.signbit(g), torch.signbit(w)), (g, w)
+    else:
+        assert torch.equal(got, want), (got, want)
+
+
+_SPECIALS = [float("nan"), float("inf"), float("-inf"), 0.0, -0.0, 1.0, -1.0, 0.5, 3.0e38, 1e-45]
+
+
+@pytest.mark.parametrize("vendor,index", _devices(), ids=[v for v, _ in _devices()])
+def test_abi_1_3_operators_match_the_cpu_bit_for_bit(vendor, index):
+    """where, masked_fill (and in place), the six comparisons (tensor and
+    scalar, broadcast, NaN, infinities, -0), conversions between every pair
+    of dtypes, arange and integer add, sub and mul (wrapping) run on the
+    plugin's ABI 1.3 operators under strict mode and give the CPU's bits."""
+    d = torch.device("polychip", index)
+    g = torch.Generator().manual_seed(3)
+    s = torch.tensor(_SPECIALS)
+    a, b = s.repeat_interleave(len(_SPECIALS)), s.repeat(len(_SPECIALS))
+    mask = torch.rand(a.shape, generator=g) > 0.5
+    ints = torch.tensor([-(2**31), 2**31 - 1, -1, 0, 1, 7, 65537], dtype=torch.int32)
+    cases = {
+        "where": lambda t: torch.where(t(mask), t(a), t(b)),
+        "where broadcast": lambda t: torch.where(t(mask.reshape(10, 10)[:, :1]), t(a.reshape(10, 10)), t(b[:10])),
+        "where 0-d": lambda t: torch.where(t(mask.reshape(10, 10)), t(a.reshape(10, 10)), torch.tensor(-0.0)),
+        "masked_fill": lambda t: t(a).masked_fill(t(mask), float("-inf")),
+        "masked_fill_ bf16": lambda t: t(a.bfloat16()).masked_fill_(t(mask), 1.00390625),
+        "masked_fill int": lambda t: t(ints).masked_fill(t(ints > 0), -5),
+        "arange int64": lambda t: torch.arange(3, 1000, 7, device=t(a).device),
+        "arange int32": lambda t: torch.arange(-50, 50, 3, dtype=torch.int32, device=t(a).device),
+        "add int32 wraps": lambda t: torch.add(t(ints), t(ints[:, None]), alpha=3),
+        "sub int64": lambda t: torch.sub(t(ints.long()), 2**40, alpha=-2),
+        "mul int32 wraps": lambda t: t(ints) * t(ints[:, None]),
+    }
+    for name in ("eq", "ne", "lt", "le", "gt", "ge"):
+        cases[name] = (lambda n: lambda t: getattr(torch, n)(t(a), t(b)))(name)
+        cases[name + " scalar"] = (lambda n: lambda t: getattr(torch, n)(t(a), 0.0))(name)
+        cases[name + " f16 scalar"] = (lambda n: lambda t: getattr(torch, n)(t(a.half()), 0.1))(name)
+        cases[name + " int broadcast"] = (lambda n: lambda t: getattr(torch, n)(t(ints), t(ints[:, None])))(name)
+    dtypes = (torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int32, torch.int64, torch.uint8,
+              torch.bool)
+    # Floats to integers inside the integer's range (outside it C leaves
+    # the conversion undefined: PyTorch's CPU wraps or gives INT_MIN, the
+    # ABI saturates); floats to uint8 stay on the CPU (it wraps negatives).
+    values = torch.cat([s[~torch.isinf(s) & (s.abs() < 1e30)], torch.tensor([2.5, -2.5, 254.5, 100.0, -7.0])])
+    for src in dtypes:
+        for dst in dtypes:
+            if src == dst or (src.is_floating_point and dst == torch.uint8):
+                continue
+            v = values
+            if dst in (torch.uint8,) or (src == torch.uint8):
+                v = values.abs()
+            if src == torch.bool:
+                v = values != 0
+            cases[f"{src} to {dst}"] = (lambda x, y, v: lambda t: t(v.to(x)).to(y))(src, dst, v)
+    for name, f in cases.items():
+        want = f(lambda x: x)
+        with pt.strict():
+            got = f(lambda x: x.to(d)).cpu()
+        _bits_equal(got, want)
+
+
+@pytest.mark.parametrize("vendor,index", _devices(), ids=[v for v, _ in _devices()])
+def test_sin_and_cos_are_accurate_for_rotary_tables(vendor, index):
+    """A rotary table's angles reach 1e5 rad (positions times its lowest
+    frequency): sin and cos there within 1 ULP of f32 of the exact value
+    (f64), and the CPU's own within the same."""
+    d = torch.device("polychip", index)
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, 64, 2, dtype=torch.int64).float() / 64))
+    pos = torch.arange(0, 100000, 997, dtype=torch.int64).float()
+    x = pos[:, None] * inv_freq[None, :]
+    for f in (torch.sin, torch.cos):
+        exact = f(x.double())
+        with pt.strict():
+            got = f(x.to(d)).cpu()
+        ulp = torch.finfo(torch.float32).eps * exact.abs().clamp_min(2**-126).float()
+        err = (got.double() - exact).abs()
+        assert bool((err <= 1.0 * ulp.double()).all()), float((err / ulp.double()).max())
+        torch.testing.assert_close(got, f(x), rtol=2e-7, atol=1e-7)

@@ -37,6 +37,10 @@ pub struct Op {
     pub doc: String,
     /// Fields whose dtype differs for this operator.
     pub retype: BTreeMap<String, DType>,
+    /// Dtypes a later minor added to `dtypes` (they are in `dtypes` too),
+    /// each with that minor's version: a host never passes one to a plugin
+    /// of an older minor.
+    pub added: Vec<(String, (u32, u32))>,
 }
 
 /// One args struct.
@@ -139,8 +143,10 @@ pub enum Shape {
     Last(String),
     /// That tensor's shape without its last dimension.
     Rows(String),
-    /// The NumPy broadcast of the two.
-    Broadcast(String, String),
+    /// The NumPy broadcast of these (two or more).
+    Broadcast(Vec<String>),
+    /// Any shape that broadcasts to that tensor's (a mask applied to it).
+    BroadcastsTo(String),
 }
 
 /// A scalar field.
@@ -304,6 +310,8 @@ struct RawOp {
     doc: String,
     #[serde(default)]
     retype: BTreeMap<String, String>,
+    #[serde(default)]
+    added: BTreeMap<String, Vec<String>>,
 }
 
 #[derive(Deserialize)]
@@ -396,15 +404,32 @@ pub fn parse(text: &str) -> Result<Spec, String> {
         for (field, dtype) in &op.retype {
             retype.insert(field.clone(), dtype_rule(dtype, &sets, &what)?);
         }
+        let since = version(&op.since, &what)?;
+        let mut dtypes = dtypes;
+        let mut added = Vec::new();
+        for (minor, list) in &op.added {
+            let v = version(minor, &what)?;
+            if v <= since {
+                return Err(format!("{what}: added {minor:?} is not after its since"));
+            }
+            for d in list {
+                if !DTYPES.contains(&d.as_str()) || dtypes.contains(d) {
+                    return Err(format!("{what}: added {d:?} is not a new dtype"));
+                }
+                dtypes.push(d.clone());
+                added.push((d.clone(), v));
+            }
+        }
         ops.push(Op {
             name: op.name.clone(),
             args: index,
-            since: version(&op.since, &what)?,
+            since,
             family: op.family.clone(),
             dtypes,
             any_dtype,
             doc: op.doc.clone(),
             retype,
+            added,
         });
     }
     if let Some(unused) = raw.args.keys().find(|k| !order.contains(k)) {
@@ -641,9 +666,13 @@ fn shape(text: &str, what: &str) -> Result<Shape, String> {
         ["like", x] => Ok(Shape::Like((*x).to_owned())),
         ["last", x] => Ok(Shape::Last((*x).to_owned())),
         ["rows", x] => Ok(Shape::Rows((*x).to_owned())),
-        ["broadcast", a, b] => Ok(Shape::Broadcast((*a).to_owned(), (*b).to_owned())),
+        ["broadcasts", "to", x] => Ok(Shape::BroadcastsTo((*x).to_owned())),
+        ["broadcast", rest @ ..] if rest.len() >= 2 => Ok(Shape::Broadcast(
+            rest.iter().map(|&x| x.to_owned()).collect(),
+        )),
         _ => Err(format!(
-            "{what}: shape {text:?} is not `like x`, `last x`, `rows x` or `broadcast a b`"
+            "{what}: shape {text:?} is not `like x`, `last x`, `rows x`, `broadcast a b [c ...]` \
+             or `broadcasts to x`"
         )),
     }
 }
@@ -678,10 +707,13 @@ fn check_refs(spec: &Spec) -> Result<(), String> {
         for f in &args.fields {
             if let Some(t) = f.tensor() {
                 match &t.shape {
-                    Some(Shape::Like(x) | Shape::Last(x) | Shape::Rows(x)) => tensor(f, x)?,
-                    Some(Shape::Broadcast(a, b)) => {
-                        tensor(f, a)?;
-                        tensor(f, b)?;
+                    Some(
+                        Shape::Like(x) | Shape::Last(x) | Shape::Rows(x) | Shape::BroadcastsTo(x),
+                    ) => tensor(f, x)?,
+                    Some(Shape::Broadcast(xs)) => {
+                        for x in xs {
+                            tensor(f, x)?;
+                        }
                     }
                     None => {}
                 }

@@ -13,6 +13,7 @@
  *   FAKE_FOREIGN_ERROR     device_count returns an error the host never made
  *   FAKE_NEWER_MINOR       claims ABI 1.9 with a larger (appended) table
  *   FAKE_MINOR_1_1         claims ABI 1.1 with the newer op table, a 1.2 slot set
+ *   FAKE_MINOR_1_2         claims ABI 1.2 with the newer op table, 1.3 slots set
  *   FAKE_HUGE_COUNT        device_count reports 2^32 - 1 devices
  *   FAKE_VENDOR_COLON      its vendor name holds a ':' (device ids are vendor:N)
  *   FAKE_CONTROL_NAME      its device name holds terminal escape sequences
@@ -186,11 +187,28 @@ static PolychipError *fill(uint32_t device, PolychipStream *s, const PolychipFil
     return NULL;
 }
 
-#ifdef FAKE_MINOR_1_1
-/* What a slot ABI 1.2 added holds in this 1.1 plugin's table: the host must
- * treat the slot as absent and never call it. */
+#if defined(FAKE_MINOR_1_1) || defined(FAKE_MINOR_1_2)
+/* What a slot a later minor added holds in this older plugin's table: the
+ * host must treat the slot as absent and never call it. */
 static PolychipError *never_called(uint32_t device, PolychipStream *stream,
                                    const PolychipUnaryArgs *args) {
+    (void)device, (void)stream, (void)args;
+    abort();
+}
+#endif
+#ifdef FAKE_MINOR_1_2
+static PolychipError *never_selects(uint32_t device, PolychipStream *stream,
+                                    const PolychipSelectArgs *args) {
+    (void)device, (void)stream, (void)args;
+    abort();
+}
+static PolychipError *never_adds(uint32_t device, PolychipStream *stream,
+                                 const PolychipBinaryArgs *args) {
+    (void)device, (void)stream, (void)args;
+    abort();
+}
+static PolychipError *never_compares(uint32_t device, PolychipStream *stream,
+                                     const PolychipCompareArgs *args) {
     (void)device, (void)stream, (void)args;
     abort();
 }
@@ -203,6 +221,15 @@ static const PolychipOpTable ops = {
     /* A 1.1 plugin whose table has the newer header's size and, in a slot
      * ABI 1.2 added, a pointer it never meant. */
     .sigmoid = never_called,
+#endif
+#ifdef FAKE_MINOR_1_2
+    /* A 1.2 plugin whose table has the 1.3 header's size and, in slots ABI
+     * 1.3 added, pointers it never meant; its 1.2 slot is real. */
+    .sigmoid = never_called,
+    .sin = never_called,
+    .add = never_adds,
+    .select = never_selects,
+    .eq = never_compares,
 #endif
 };
 
@@ -264,6 +291,9 @@ static PolychipError *init(const PolychipHostApi *host, const PolychipPluginApi 
 #endif
 #ifdef FAKE_MINOR_1_1
     table.v1_0.abi_minor = 1;
+#endif
+#ifdef FAKE_MINOR_1_2
+    table.v1_0.abi_minor = 2;
 #endif
     *out_plugin = &table.v1_0;
     return NULL;

@@ -234,6 +234,75 @@ fn a_plugin_of_an_older_minor_lacks_the_newer_operators_whatever_its_table_holds
 }
 
 #[test]
+fn a_plugin_of_abi_1_2_lacks_the_1_3_operators_whatever_its_table_holds() {
+    // An ABI 1.2 plugin whose op table has the 1.3 header's size and, in
+    // `sin`'s, `select`'s and `eq`'s slots (added in 1.3), functions that
+    // abort: the host reads those slots as NULL (a 1.2 plugin never
+    // receives a 1.3 operator), and keeps its 1.2 entries (`sigmoid` and
+    // `add`, here functions that abort too, so they are only listed or
+    // refused, never called).
+    let path = common::fake_plugin(Some("FAKE_MINOR_1_2"));
+    let device = common::first_device(&path);
+    assert_eq!(device.plugin().abi_version(), (1, 2));
+    let ops = device.plugin().ops();
+    assert_eq!(ops.implemented(), ["fill", "add", "sigmoid"]);
+    for op in [
+        "sin",
+        "cos",
+        "select",
+        "masked_fill",
+        "eq",
+        "ne",
+        "lt",
+        "le",
+        "gt",
+        "ge",
+    ] {
+        assert!(ops.missing().contains(&op), "{op}");
+    }
+    let t = device.zeros(DType::F32, &[4]).unwrap();
+    let mask = device.zeros(DType::Bool, &[4]).unwrap();
+    device.exec().fill(&t, 2.5).unwrap();
+    let before = device.plugin().unimplemented_calls();
+    let exec = device.exec();
+    let sin = exec.unary(polychip_host::UnaryOp::Sin, &t, &t).unwrap_err();
+    assert!(
+        matches!(sin, HostError::OpUnimplemented { op: "sin", .. }),
+        "{sin:?}"
+    );
+    let select = exec.select(&mask, &t, &t, &t).unwrap_err();
+    assert!(
+        matches!(select, HostError::OpUnimplemented { op: "select", .. }),
+        "{select:?}"
+    );
+    let eq = exec.eq(&t, &t, &mask).unwrap_err();
+    assert!(
+        matches!(eq, HostError::OpUnimplemented { op: "eq", .. }),
+        "{eq:?}"
+    );
+    // `add` is in its table, but on integers only since ABI 1.3: the host
+    // refuses an i32 add (counted as not implemented) without calling it.
+    let i = device.zeros(DType::I32, &[4]).unwrap();
+    let add = exec.add(&i, &i, &i, 1.0).unwrap_err();
+    assert!(
+        matches!(
+            add,
+            HostError::DtypeUnimplemented {
+                op: "add",
+                dtype: DType::I32,
+                since: (1, 3),
+                abi: (1, 2),
+                ..
+            }
+        ),
+        "{add:?}"
+    );
+    assert_eq!(add.code(), polychip_host::ErrorCode::Unimplemented);
+    assert_eq!(device.plugin().unimplemented_calls(), before + 4);
+    assert_eq!(t.to_vec::<f32>().unwrap(), [2.5; 4]);
+}
+
+#[test]
 fn failures_do_not_stop_the_other_plugins() {
     let bad = common::fake_plugin(Some("FAKE_NULL_MEM_ALLOC"));
     let good = common::cobalt_path();

@@ -64,7 +64,7 @@ pub extern "C" fn polychip_op_cast(stream: *const polychip_stream_t, src: *const
     })
 }
 
-/// `add`: `a + alpha * b`. On f32, f16, bf16 or f64. Since 1.0.
+/// `add`: `a + alpha * b`. On f32, f16, bf16, f64, i32 or i64 (i32 since 1.3, i64 since 1.3). Since 1.0.
 ///
 /// The arguments are those of `PolychipBinaryArgs` (include/polychip.h).
 /// `stream` NULL runs on the default stream of the first tensor's
@@ -82,7 +82,7 @@ pub extern "C" fn polychip_op_add(stream: *const polychip_stream_t, a: *const po
     })
 }
 
-/// `sub`: `a - alpha * b`. On f32, f16, bf16 or f64. Since 1.0.
+/// `sub`: `a - alpha * b`. On f32, f16, bf16, f64, i32 or i64 (i32 since 1.3, i64 since 1.3). Since 1.0.
 ///
 /// The arguments are those of `PolychipBinaryArgs` (include/polychip.h).
 /// `stream` NULL runs on the default stream of the first tensor's
@@ -100,7 +100,7 @@ pub extern "C" fn polychip_op_sub(stream: *const polychip_stream_t, a: *const po
     })
 }
 
-/// `mul`: `a * b`. On f32, f16, bf16 or f64. Since 1.0.
+/// `mul`: `a * b`. On f32, f16, bf16, f64, i32 or i64 (i32 since 1.3, i64 since 1.3). Since 1.0.
 ///
 /// The arguments are those of `PolychipBinaryArgs` (include/polychip.h).
 /// `stream` NULL runs on the default stream of the first tensor's
@@ -948,5 +948,217 @@ pub extern "C" fn polychip_op_tanh_backward(stream: *const polychip_stream_t, gr
         let grad_in = tensor_arg(grad_in, "grad_in")?;
         let stream = stream_arg(stream)?;
         with_exec(stream.as_deref(), &grad_out.tensor, |exec| Ok(exec.tanh_backward(&grad_out.tensor, &output.tensor, &grad_in.tensor)?))
+    })
+}
+
+/// `sin`: Sine (exact argument reduction). On f32, f16 or bf16. Since 1.3.
+///
+/// The arguments are those of `PolychipUnaryArgs` (include/polychip.h).
+/// `stream` NULL runs on the default stream of the first tensor's
+/// device, and the call returns when the work is done.
+///
+/// Thread safety: any thread; calls on one stream must not run concurrently.
+#[unsafe(no_mangle)]
+pub extern "C" fn polychip_op_sin(stream: *const polychip_stream_t, input: *const polychip_tensor_t, out: *const polychip_tensor_t) -> *mut polychip_error_t {
+    guard("polychip_op_sin", || {
+        let input = tensor_arg(input, "input")?;
+        let out = tensor_arg(out, "out")?;
+        let stream = stream_arg(stream)?;
+        with_exec(stream.as_deref(), &input.tensor, |exec| Ok(exec.sin(&input.tensor, &out.tensor)?))
+    })
+}
+
+/// `cos`: Cosine (exact argument reduction). On f32, f16 or bf16. Since 1.3.
+///
+/// The arguments are those of `PolychipUnaryArgs` (include/polychip.h).
+/// `stream` NULL runs on the default stream of the first tensor's
+/// device, and the call returns when the work is done.
+///
+/// Thread safety: any thread; calls on one stream must not run concurrently.
+#[unsafe(no_mangle)]
+pub extern "C" fn polychip_op_cos(stream: *const polychip_stream_t, input: *const polychip_tensor_t, out: *const polychip_tensor_t) -> *mut polychip_error_t {
+    guard("polychip_op_cos", || {
+        let input = tensor_arg(input, "input")?;
+        let out = tensor_arg(out, "out")?;
+        let stream = stream_arg(stream)?;
+        with_exec(stream.as_deref(), &input.tensor, |exec| Ok(exec.cos(&input.tensor, &out.tensor)?))
+    })
+}
+
+/// `select`: `cond ? a : b`, broadcast (PyTorch's `where`). On any dtype. Since 1.3.
+///
+/// The arguments are those of `PolychipSelectArgs` (include/polychip.h).
+/// `stream` NULL runs on the default stream of the first tensor's
+/// device, and the call returns when the work is done.
+///
+/// Thread safety: any thread; calls on one stream must not run concurrently.
+#[unsafe(no_mangle)]
+pub extern "C" fn polychip_op_select(stream: *const polychip_stream_t, cond: *const polychip_tensor_t, a: *const polychip_tensor_t, b: *const polychip_tensor_t, out: *const polychip_tensor_t) -> *mut polychip_error_t {
+    guard("polychip_op_select", || {
+        let cond = tensor_arg(cond, "cond")?;
+        let a = tensor_arg(a, "a")?;
+        let b = tensor_arg(b, "b")?;
+        let out = tensor_arg(out, "out")?;
+        let stream = stream_arg(stream)?;
+        with_exec(stream.as_deref(), &cond.tensor, |exec| Ok(exec.select(&cond.tensor, &a.tensor, &b.tensor, &out.tensor)?))
+    })
+}
+
+/// `masked_fill`: `mask ? value : input`. On any dtype. Since 1.3.
+///
+/// The arguments are those of `PolychipMaskedFillArgs` (include/polychip.h).
+/// `stream` NULL runs on the default stream of the first tensor's
+/// device, and the call returns when the work is done.
+///
+/// Thread safety: any thread; calls on one stream must not run concurrently.
+#[unsafe(no_mangle)]
+pub extern "C" fn polychip_op_masked_fill(stream: *const polychip_stream_t, input: *const polychip_tensor_t, mask: *const polychip_tensor_t, out: *const polychip_tensor_t, value: f64) -> *mut polychip_error_t {
+    guard("polychip_op_masked_fill", || {
+        let input = tensor_arg(input, "input")?;
+        let mask = tensor_arg(mask, "mask")?;
+        let out = tensor_arg(out, "out")?;
+        let stream = stream_arg(stream)?;
+        with_exec(stream.as_deref(), &input.tensor, |exec| Ok(exec.masked_fill(&input.tensor, &mask.tensor, &out.tensor, value)?))
+    })
+}
+
+/// `convert`: Conversion between any two dtypes (PyTorch's `.to()`). On any dtype. Since 1.3.
+///
+/// The arguments are those of `PolychipConvertArgs` (include/polychip.h).
+/// `stream` NULL runs on the default stream of the first tensor's
+/// device, and the call returns when the work is done.
+///
+/// Thread safety: any thread; calls on one stream must not run concurrently.
+#[unsafe(no_mangle)]
+pub extern "C" fn polychip_op_convert(stream: *const polychip_stream_t, src: *const polychip_tensor_t, dst: *const polychip_tensor_t) -> *mut polychip_error_t {
+    guard("polychip_op_convert", || {
+        let src = tensor_arg(src, "src")?;
+        let dst = tensor_arg(dst, "dst")?;
+        let stream = stream_arg(stream)?;
+        with_exec(stream.as_deref(), &src.tensor, |exec| Ok(exec.convert(&src.tensor, &dst.tensor)?))
+    })
+}
+
+/// `arange`: `out[i] = start + i * step`. On f32, f16, bf16, f64, i32, i64 or u8. Since 1.3.
+///
+/// The arguments are those of `PolychipArangeArgs` (include/polychip.h).
+/// `stream` NULL runs on the default stream of the first tensor's
+/// device, and the call returns when the work is done.
+///
+/// Thread safety: any thread; calls on one stream must not run concurrently.
+#[unsafe(no_mangle)]
+pub extern "C" fn polychip_op_arange(stream: *const polychip_stream_t, out: *const polychip_tensor_t, start: f64, step: f64) -> *mut polychip_error_t {
+    guard("polychip_op_arange", || {
+        let out = tensor_arg(out, "out")?;
+        let stream = stream_arg(stream)?;
+        with_exec(stream.as_deref(), &out.tensor, |exec| Ok(exec.arange(&out.tensor, start, step)?))
+    })
+}
+
+/// `eq`: `a == b` (bool). On f32, f16, bf16, f64, i32, i64 or u8. Since 1.3.
+///
+/// The arguments are those of `PolychipCompareArgs` (include/polychip.h).
+/// `stream` NULL runs on the default stream of the first tensor's
+/// device, and the call returns when the work is done.
+///
+/// Thread safety: any thread; calls on one stream must not run concurrently.
+#[unsafe(no_mangle)]
+pub extern "C" fn polychip_op_eq(stream: *const polychip_stream_t, a: *const polychip_tensor_t, b: *const polychip_tensor_t, out: *const polychip_tensor_t) -> *mut polychip_error_t {
+    guard("polychip_op_eq", || {
+        let a = tensor_arg(a, "a")?;
+        let b = tensor_arg(b, "b")?;
+        let out = tensor_arg(out, "out")?;
+        let stream = stream_arg(stream)?;
+        with_exec(stream.as_deref(), &a.tensor, |exec| Ok(exec.eq(&a.tensor, &b.tensor, &out.tensor)?))
+    })
+}
+
+/// `ne`: `a != b` (bool). On f32, f16, bf16, f64, i32, i64 or u8. Since 1.3.
+///
+/// The arguments are those of `PolychipCompareArgs` (include/polychip.h).
+/// `stream` NULL runs on the default stream of the first tensor's
+/// device, and the call returns when the work is done.
+///
+/// Thread safety: any thread; calls on one stream must not run concurrently.
+#[unsafe(no_mangle)]
+pub extern "C" fn polychip_op_ne(stream: *const polychip_stream_t, a: *const polychip_tensor_t, b: *const polychip_tensor_t, out: *const polychip_tensor_t) -> *mut polychip_error_t {
+    guard("polychip_op_ne", || {
+        let a = tensor_arg(a, "a")?;
+        let b = tensor_arg(b, "b")?;
+        let out = tensor_arg(out, "out")?;
+        let stream = stream_arg(stream)?;
+        with_exec(stream.as_deref(), &a.tensor, |exec| Ok(exec.ne(&a.tensor, &b.tensor, &out.tensor)?))
+    })
+}
+
+/// `lt`: `a < b` (bool). On f32, f16, bf16, f64, i32, i64 or u8. Since 1.3.
+///
+/// The arguments are those of `PolychipCompareArgs` (include/polychip.h).
+/// `stream` NULL runs on the default stream of the first tensor's
+/// device, and the call returns when the work is done.
+///
+/// Thread safety: any thread; calls on one stream must not run concurrently.
+#[unsafe(no_mangle)]
+pub extern "C" fn polychip_op_lt(stream: *const polychip_stream_t, a: *const polychip_tensor_t, b: *const polychip_tensor_t, out: *const polychip_tensor_t) -> *mut polychip_error_t {
+    guard("polychip_op_lt", || {
+        let a = tensor_arg(a, "a")?;
+        let b = tensor_arg(b, "b")?;
+        let out = tensor_arg(out, "out")?;
+        let stream = stream_arg(stream)?;
+        with_exec(stream.as_deref(), &a.tensor, |exec| Ok(exec.lt(&a.tensor, &b.tensor, &out.tensor)?))
+    })
+}
+
+/// `le`: `a <= b` (bool). On f32, f16, bf16, f64, i32, i64 or u8. Since 1.3.
+///
+/// The arguments are those of `PolychipCompareArgs` (include/polychip.h).
+/// `stream` NULL runs on the default stream of the first tensor's
+/// device, and the call returns when the work is done.
+///
+/// Thread safety: any thread; calls on one stream must not run concurrently.
+#[unsafe(no_mangle)]
+pub extern "C" fn polychip_op_le(stream: *const polychip_stream_t, a: *const polychip_tensor_t, b: *const polychip_tensor_t, out: *const polychip_tensor_t) -> *mut polychip_error_t {
+    guard("polychip_op_le", || {
+        let a = tensor_arg(a, "a")?;
+        let b = tensor_arg(b, "b")?;
+        let out = tensor_arg(out, "out")?;
+        let stream = stream_arg(stream)?;
+        with_exec(stream.as_deref(), &a.tensor, |exec| Ok(exec.le(&a.tensor, &b.tensor, &out.tensor)?))
+    })
+}
+
+/// `gt`: `a > b` (bool). On f32, f16, bf16, f64, i32, i64 or u8. Since 1.3.
+///
+/// The arguments are those of `PolychipCompareArgs` (include/polychip.h).
+/// `stream` NULL runs on the default stream of the first tensor's
+/// device, and the call returns when the work is done.
+///
+/// Thread safety: any thread; calls on one stream must not run concurrently.
+#[unsafe(no_mangle)]
+pub extern "C" fn polychip_op_gt(stream: *const polychip_stream_t, a: *const polychip_tensor_t, b: *const polychip_tensor_t, out: *const polychip_tensor_t) -> *mut polychip_error_t {
+    guard("polychip_op_gt", || {
+        let a = tensor_arg(a, "a")?;
+        let b = tensor_arg(b, "b")?;
+        let out = tensor_arg(out, "out")?;
+        let stream = stream_arg(stream)?;
+        with_exec(stream.as_deref(), &a.tensor, |exec| Ok(exec.gt(&a.tensor, &b.tensor, &out.tensor)?))
+    })
+}
+
+/// `ge`: `a >= b` (bool). On f32, f16, bf16, f64, i32, i64 or u8. Since 1.3.
+///
+/// The arguments are those of `PolychipCompareArgs` (include/polychip.h).
+/// `stream` NULL runs on the default stream of the first tensor's
+/// device, and the call returns when the work is done.
+///
+/// Thread safety: any thread; calls on one stream must not run concurrently.
+#[unsafe(no_mangle)]
+pub extern "C" fn polychip_op_ge(stream: *const polychip_stream_t, a: *const polychip_tensor_t, b: *const polychip_tensor_t, out: *const polychip_tensor_t) -> *mut polychip_error_t {
+    guard("polychip_op_ge", || {
+        let a = tensor_arg(a, "a")?;
+        let b = tensor_arg(b, "b")?;
+        let out = tensor_arg(out, "out")?;
+        let stream = stream_arg(stream)?;
+        with_exec(stream.as_deref(), &a.tensor, |exec| Ok(exec.ge(&a.tensor, &b.tensor, &out.tensor)?))
     })
 }

@@ -28,7 +28,7 @@ pub(super) fn cases(op: Op) -> Option<fn(DType) -> Vec<Case>> {
 
 /// Values suited to `dtype`: floats in [-4, 4), integers in a small range,
 /// booleans 0/1.
-fn any_values(rng: &mut Rng, dtype: DType, n: usize) -> Vec<f64> {
+pub(super) fn any_values(rng: &mut Rng, dtype: DType, n: usize) -> Vec<f64> {
     match dtype {
         DType::Bool => (0..n).map(|_| rng.below(2) as f64).collect(),
         DType::U8 => (0..n).map(|_| rng.below(256) as f64).collect(),
@@ -249,7 +249,7 @@ fn copy(dtype: DType) -> Vec<Case> {
 /// NaN bit patterns of a floating dtype: signalling NaNs with the lowest
 /// payload bit (of either sign) and with a high one, a quiet NaN with a
 /// payload, and every bit set.
-fn nan_patterns(dtype: DType) -> Vec<u64> {
+pub(super) fn nan_patterns(dtype: DType) -> Vec<u64> {
     match dtype {
         DType::F32 => vec![
             0x7f80_0001,
@@ -355,6 +355,10 @@ fn cast(dtype: DType) -> Vec<Case> {
 }
 
 fn binary(op: BinaryOp, dtype: DType) -> Vec<Case> {
+    if !dtype.is_float() {
+        // ABI 1.3's integer add, sub and mul.
+        return super::data_1_3::binary_int(op, dtype);
+    }
     let name = op.name();
     let mut rng = Rng::for_case(name, dtype);
     let alpha = if matches!(op, BinaryOp::Add | BinaryOp::Sub) {

@@ -52,6 +52,8 @@ fn unary_reference(op: UnaryOp, x: &Dense) -> Result<Dense, reference::RefError>
         UnaryOp::Gelu => reference::gelu(x),
         UnaryOp::GeluErf => reference::gelu_erf(x),
         UnaryOp::Sigmoid => reference::sigmoid(x),
+        UnaryOp::Sin => reference::sin(x),
+        UnaryOp::Cos => reference::cos(x),
     }
 }
 
@@ -68,6 +70,8 @@ fn unary_cases(op: UnaryOp) -> fn(DType) -> Vec<Case> {
         UnaryOp::Gelu => |d| unary(UnaryOp::Gelu, d),
         UnaryOp::GeluErf => |d| unary(UnaryOp::GeluErf, d),
         UnaryOp::Sigmoid => |d| unary(UnaryOp::Sigmoid, d),
+        UnaryOp::Sin => |d| unary(UnaryOp::Sin, d),
+        UnaryOp::Cos => |d| unary(UnaryOp::Cos, d),
     }
 }
 
@@ -76,6 +80,7 @@ fn unary(op: UnaryOp, dtype: DType) -> Vec<Case> {
     let (lo, hi) = match op {
         UnaryOp::Log | UnaryOp::Sqrt | UnaryOp::Rsqrt => (0.01, 10.0),
         UnaryOp::Exp => (-10.0, 10.0),
+        UnaryOp::Sin | UnaryOp::Cos => (-10.0, 10.0),
         _ => (-4.0, 4.0),
     };
     let tolerance = unary_tolerance(op);
@@ -138,6 +143,9 @@ fn unary(op: UnaryOp, dtype: DType) -> Vec<Case> {
         // (mutation round 12: `1 / (1 + e^-x)` in f32, whose e^-x overflows
         // below -88.7, gave 0 there and passed).
         cases.push(subnormal_results(op, dtype));
+    }
+    if matches!(op, UnaryOp::Sin | UnaryOp::Cos) {
+        cases.extend(super::data_1_3::trig_extra(op, dtype));
     }
     if op == UnaryOp::Silu {
         for (label, x, tolerance) in tails(dtype) {
@@ -330,6 +338,8 @@ pub(super) fn unary_tolerance(op: UnaryOp) -> Tolerance {
         UnaryOp::GeluErf => Tolerance::computed(48.0),
         // 1 / (1 + e^-x): condition number |x| (1 - s) <= 4 on [-4, 4].
         UnaryOp::Sigmoid => Tolerance::computed(8.0),
+        // ABI 1.3: exact argument reduction, within about 1 ULP.
+        UnaryOp::Sin | UnaryOp::Cos => super::data_1_3::trig_tolerance(),
         // x sigmoid(2u) with u = c (x + a x^3): the sigmoid's condition
         // number 2|u| (1 - s) is at most 11 on [-4, 4]. The spec's formula
         // 0.5 x (1 + tanh(u)), evaluated literally in f32, cancels for x

@@ -7,10 +7,12 @@
 //! can rebuild exactly the case its parent asked for.
 
 mod basic;
+mod data_1_3;
 mod elementwise;
 mod nn;
 mod output_backward;
 pub mod realistic;
+mod round13;
 mod training;
 mod variants;
 
@@ -40,11 +42,13 @@ pub struct OpInfo {
 impl OpInfo {
     /// Every case of the operator in `dtype` for `tier`: its own, those
     /// derived from them (layouts and in-place calls, see `variants.rs`),
-    /// then the realistic sizes ([`realistic`]).
+    /// then mutation round 13's ([`round13`]), then the realistic sizes
+    /// ([`realistic`]).
     pub fn cases(&self, dtype: DType, tier: Tier) -> Vec<Case> {
         let mut cases = (self.base)(dtype);
         let derived = variants::derive(&cases);
         cases.extend(derived);
+        cases.extend(round13::cases(self.name, dtype));
         cases.extend(realistic::cases(self.name, dtype, tier));
         cases
     }
@@ -53,7 +57,10 @@ impl OpInfo {
     /// realistic ones (whose values are millions of elements).
     pub fn count(&self, dtype: DType, tier: Tier) -> usize {
         let base = (self.base)(dtype);
-        base.len() + variants::derive(&base).len() + realistic::count(self.name, tier)
+        base.len()
+            + variants::derive(&base).len()
+            + round13::cases(self.name, dtype).len()
+            + realistic::count(self.name, tier)
     }
 
     /// The labels of [`OpInfo::cases`], in order, building at most one
@@ -62,6 +69,11 @@ impl OpInfo {
         let base = (self.base)(dtype);
         let derived = variants::derive(&base);
         let mut labels: Vec<String> = base.into_iter().chain(derived).map(|c| c.label).collect();
+        labels.extend(
+            round13::cases(self.name, dtype)
+                .into_iter()
+                .map(|c| c.label),
+        );
         labels.extend(realistic::labels(self.name, dtype, tier));
         labels
     }
@@ -76,6 +88,7 @@ pub fn registry() -> Vec<OpInfo> {
             let cases = basic::cases(op)
                 .or_else(|| elementwise::cases(op))
                 .or_else(|| output_backward::cases(op))
+                .or_else(|| data_1_3::cases(op))
                 .or_else(|| nn::cases(op))
                 .or_else(|| training::cases(op))?;
             Some(OpInfo {

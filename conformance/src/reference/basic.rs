@@ -50,7 +50,7 @@ pub fn broadcast_shapes(a: &[usize], b: &[usize]) -> Option<Vec<usize>> {
 
 /// The flat position in a tensor of shape `shape` that broadcasts to the
 /// element at `out_index` of the broadcast result.
-fn broadcast_source(out_index: &[usize], shape: &[usize]) -> usize {
+pub(super) fn broadcast_source(out_index: &[usize], shape: &[usize]) -> usize {
     let skip = out_index.len() - shape.len();
     let mut flat = 0;
     for (d, &n) in shape.iter().enumerate() {

@@ -16,6 +16,7 @@ mod activation;
 mod attention;
 mod basic;
 mod elementwise;
+mod logic;
 mod norm;
 mod reduce;
 mod training;
@@ -27,6 +28,7 @@ pub use elementwise::{
     exp, gelu, gelu_backward, log, neg, pow_scalar, relu, relu_backward, rsqrt, silu,
     silu_backward, sqrt, swiglu, swiglu_backward, tanh,
 };
+pub use logic::{arange, compare, compare_fn, convert, cos, masked_fill, select, sin};
 pub use norm::{layer_norm, layer_norm_backward, rms_norm, rms_norm_backward, rope, rope_backward};
 pub use reduce::{
     argmax, log_softmax, log_softmax_backward, max, mean, softmax_backward, sum, sum_squares,

@@ -65,5 +65,17 @@ pub(super) fn dispatch(op: Op, b: &mut Bytes<'_>) -> &'static str {
         Op::Sigmoid => check::<abi::PolychipUnaryArgs>(op, b),
         Op::SigmoidBackward => check::<abi::PolychipOutputBackwardArgs>(op, b),
         Op::TanhBackward => check::<abi::PolychipOutputBackwardArgs>(op, b),
+        Op::Sin => check::<abi::PolychipUnaryArgs>(op, b),
+        Op::Cos => check::<abi::PolychipUnaryArgs>(op, b),
+        Op::Select => check::<abi::PolychipSelectArgs>(op, b),
+        Op::MaskedFill => check::<abi::PolychipMaskedFillArgs>(op, b),
+        Op::Convert => check::<abi::PolychipConvertArgs>(op, b),
+        Op::Arange => check::<abi::PolychipArangeArgs>(op, b),
+        Op::Eq => check::<abi::PolychipCompareArgs>(op, b),
+        Op::Ne => check::<abi::PolychipCompareArgs>(op, b),
+        Op::Lt => check::<abi::PolychipCompareArgs>(op, b),
+        Op::Le => check::<abi::PolychipCompareArgs>(op, b),
+        Op::Gt => check::<abi::PolychipCompareArgs>(op, b),
+        Op::Ge => check::<abi::PolychipCompareArgs>(op, b),
     }
 }

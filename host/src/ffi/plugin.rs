@@ -200,6 +200,12 @@ impl Plugin {
         self.unimplemented_calls.load(Ordering::Relaxed)
     }
 
+    /// Counts a call refused as not implemented before the plugin ran (a
+    /// dtype newer than the plugin's minor).
+    pub(crate) fn count_unimplemented(&self) {
+        self.unimplemented_calls.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// How many calls returned with the calling thread's floating-point
     /// environment changed (each restored by the host; ABI rule 12).
     pub fn fp_env_changes(&self) -> u64 {

@@ -107,25 +107,26 @@ impl Exec<'_> {
         let tensors = [("a", a), ("b", b), ("out", out)];
         self.on_device(op.name(), &tensors)?;
         BinaryArgs::new(op, a.desc(), b.desc(), out.desc(), alpha).map_err(|e| self.invalid(e))?;
+        self.dtype_since(op, a)?;
         let raw = PolychipBinaryArgs { struct_size: size_of::<PolychipBinaryArgs>(), a: a.raw(), b: b.raw(), out: out.raw(), alpha };
         self.call(op.name(), entry, &raw, &tensors)
     }
 
-    /// `add`: `a + alpha * b`. On f32, f16, bf16 or f64. Since 1.0.
+    /// `add`: `a + alpha * b`. On f32, f16, bf16, f64, i32 or i64 (i32 since 1.3, i64 since 1.3). Since 1.0.
     ///
     /// The arguments are those of [`PolychipBinaryArgs`].
     pub fn add(&self, a: &Tensor, b: &Tensor, out: &Tensor, alpha: f64) -> Result<()> {
         self.binary(BinaryOp::Add, a, b, out, alpha)
     }
 
-    /// `sub`: `a - alpha * b`. On f32, f16, bf16 or f64. Since 1.0.
+    /// `sub`: `a - alpha * b`. On f32, f16, bf16, f64, i32 or i64 (i32 since 1.3, i64 since 1.3). Since 1.0.
     ///
     /// The arguments are those of [`PolychipBinaryArgs`].
     pub fn sub(&self, a: &Tensor, b: &Tensor, out: &Tensor, alpha: f64) -> Result<()> {
         self.binary(BinaryOp::Sub, a, b, out, alpha)
     }
 
-    /// `mul`: `a * b`. On f32, f16, bf16 or f64. Since 1.0.
+    /// `mul`: `a * b`. On f32, f16, bf16, f64, i32 or i64 (i32 since 1.3, i64 since 1.3). Since 1.0.
     ///
     /// The arguments are those of [`PolychipBinaryArgs`].
     pub fn mul(&self, a: &Tensor, b: &Tensor, out: &Tensor, alpha: f64) -> Result<()> {
@@ -166,7 +167,7 @@ impl Exec<'_> {
         self.call(op.name(), entry, &raw, &tensors)
     }
 
-    /// `neg`, `exp`, `log`, `sqrt`, `rsqrt`, `tanh`, `relu`, `silu`, `gelu`, `gelu_erf`, `sigmoid`, as `op` says.
+    /// `neg`, `exp`, `log`, `sqrt`, `rsqrt`, `tanh`, `relu`, `silu`, `gelu`, `gelu_erf`, `sigmoid`, `sin`, `cos`, as `op` says.
     ///
     /// The arguments are those of [`PolychipUnaryArgs`].
     pub fn unary(&self, op: UnaryOp, input: &Tensor, out: &Tensor) -> Result<()> {
@@ -183,6 +184,8 @@ impl Exec<'_> {
             UnaryOp::Gelu => ops.gelu,
             UnaryOp::GeluErf => ops.gelu_erf,
             UnaryOp::Sigmoid => ops.sigmoid,
+            UnaryOp::Sin => ops.sin,
+            UnaryOp::Cos => ops.cos,
         };
         let op = op.op();
         let tensors = [("input", input), ("out", out)];
@@ -686,5 +689,134 @@ impl Exec<'_> {
     /// The arguments are those of [`PolychipOutputBackwardArgs`].
     pub fn tanh_backward(&self, grad_out: &Tensor, output: &Tensor, grad_in: &Tensor) -> Result<()> {
         self.output_backward(OutputBackwardOp::TanhBackward, grad_out, output, grad_in)
+    }
+
+    /// `sin`: Sine (exact argument reduction). On f32, f16 or bf16. Since 1.3.
+    ///
+    /// The arguments are those of [`PolychipUnaryArgs`].
+    pub fn sin(&self, input: &Tensor, out: &Tensor) -> Result<()> {
+        self.unary(UnaryOp::Sin, input, out)
+    }
+
+    /// `cos`: Cosine (exact argument reduction). On f32, f16 or bf16. Since 1.3.
+    ///
+    /// The arguments are those of [`PolychipUnaryArgs`].
+    pub fn cos(&self, input: &Tensor, out: &Tensor) -> Result<()> {
+        self.unary(UnaryOp::Cos, input, out)
+    }
+
+    /// `select`: `cond ? a : b`, broadcast (PyTorch's `where`). On any dtype. Since 1.3.
+    ///
+    /// The arguments are those of [`PolychipSelectArgs`].
+    pub fn select(&self, cond: &Tensor, a: &Tensor, b: &Tensor, out: &Tensor) -> Result<()> {
+        let op = Op::Select;
+        let entry = self.ops().select;
+        let tensors = [("cond", cond), ("a", a), ("b", b), ("out", out)];
+        self.on_device(op.name(), &tensors)?;
+        SelectArgs::new(op, cond.desc(), a.desc(), b.desc(), out.desc()).map_err(|e| self.invalid(e))?;
+        let raw = PolychipSelectArgs { struct_size: size_of::<PolychipSelectArgs>(), cond: cond.raw(), a: a.raw(), b: b.raw(), out: out.raw() };
+        self.call(op.name(), entry, &raw, &tensors)
+    }
+
+    /// `masked_fill`: `mask ? value : input`. On any dtype. Since 1.3.
+    ///
+    /// The arguments are those of [`PolychipMaskedFillArgs`].
+    pub fn masked_fill(&self, input: &Tensor, mask: &Tensor, out: &Tensor, value: f64) -> Result<()> {
+        let op = Op::MaskedFill;
+        let entry = self.ops().masked_fill;
+        let tensors = [("input", input), ("mask", mask), ("out", out)];
+        self.on_device(op.name(), &tensors)?;
+        MaskedFillArgs::new(op, input.desc(), mask.desc(), out.desc(), value).map_err(|e| self.invalid(e))?;
+        let raw = PolychipMaskedFillArgs { struct_size: size_of::<PolychipMaskedFillArgs>(), input: input.raw(), mask: mask.raw(), out: out.raw(), value };
+        self.call(op.name(), entry, &raw, &tensors)
+    }
+
+    /// `convert`: Conversion between any two dtypes (PyTorch's `.to()`). On any dtype. Since 1.3.
+    ///
+    /// The arguments are those of [`PolychipConvertArgs`].
+    pub fn convert(&self, src: &Tensor, dst: &Tensor) -> Result<()> {
+        let op = Op::Convert;
+        let entry = self.ops().convert;
+        let tensors = [("src", src), ("dst", dst)];
+        self.on_device(op.name(), &tensors)?;
+        ConvertArgs::new(op, src.desc(), dst.desc()).map_err(|e| self.invalid(e))?;
+        let raw = PolychipConvertArgs { struct_size: size_of::<PolychipConvertArgs>(), src: src.raw(), dst: dst.raw() };
+        self.call(op.name(), entry, &raw, &tensors)
+    }
+
+    /// `arange`: `out[i] = start + i * step`. On f32, f16, bf16, f64, i32, i64 or u8. Since 1.3.
+    ///
+    /// The arguments are those of [`PolychipArangeArgs`].
+    pub fn arange(&self, out: &Tensor, start: f64, step: f64) -> Result<()> {
+        let op = Op::Arange;
+        let entry = self.ops().arange;
+        let tensors = [("out", out)];
+        self.on_device(op.name(), &tensors)?;
+        ArangeArgs::new(op, out.desc(), start, step).map_err(|e| self.invalid(e))?;
+        let raw = PolychipArangeArgs { struct_size: size_of::<PolychipArangeArgs>(), out: out.raw(), start, step };
+        self.call(op.name(), entry, &raw, &tensors)
+    }
+
+    /// `eq`, `ne`, `lt`, `le`, `gt`, `ge`, as `op` says.
+    ///
+    /// The arguments are those of [`PolychipCompareArgs`].
+    pub fn compare(&self, op: CompareOp, a: &Tensor, b: &Tensor, out: &Tensor) -> Result<()> {
+        let ops = self.ops();
+        let entry = match op {
+            CompareOp::Eq => ops.eq,
+            CompareOp::Ne => ops.ne,
+            CompareOp::Lt => ops.lt,
+            CompareOp::Le => ops.le,
+            CompareOp::Gt => ops.gt,
+            CompareOp::Ge => ops.ge,
+        };
+        let op = op.op();
+        let tensors = [("a", a), ("b", b), ("out", out)];
+        self.on_device(op.name(), &tensors)?;
+        CompareArgs::new(op, a.desc(), b.desc(), out.desc()).map_err(|e| self.invalid(e))?;
+        let raw = PolychipCompareArgs { struct_size: size_of::<PolychipCompareArgs>(), a: a.raw(), b: b.raw(), out: out.raw() };
+        self.call(op.name(), entry, &raw, &tensors)
+    }
+
+    /// `eq`: `a == b` (bool). On f32, f16, bf16, f64, i32, i64 or u8. Since 1.3.
+    ///
+    /// The arguments are those of [`PolychipCompareArgs`].
+    pub fn eq(&self, a: &Tensor, b: &Tensor, out: &Tensor) -> Result<()> {
+        self.compare(CompareOp::Eq, a, b, out)
+    }
+
+    /// `ne`: `a != b` (bool). On f32, f16, bf16, f64, i32, i64 or u8. Since 1.3.
+    ///
+    /// The arguments are those of [`PolychipCompareArgs`].
+    pub fn ne(&self, a: &Tensor, b: &Tensor, out: &Tensor) -> Result<()> {
+        self.compare(CompareOp::Ne, a, b, out)
+    }
+
+    /// `lt`: `a < b` (bool). On f32, f16, bf16, f64, i32, i64 or u8. Since 1.3.
+    ///
+    /// The arguments are those of [`PolychipCompareArgs`].
+    pub fn lt(&self, a: &Tensor, b: &Tensor, out: &Tensor) -> Result<()> {
+        self.compare(CompareOp::Lt, a, b, out)
+    }
+
+    /// `le`: `a <= b` (bool). On f32, f16, bf16, f64, i32, i64 or u8. Since 1.3.
+    ///
+    /// The arguments are those of [`PolychipCompareArgs`].
+    pub fn le(&self, a: &Tensor, b: &Tensor, out: &Tensor) -> Result<()> {
+        self.compare(CompareOp::Le, a, b, out)
+    }
+
+    /// `gt`: `a > b` (bool). On f32, f16, bf16, f64, i32, i64 or u8. Since 1.3.
+    ///
+    /// The arguments are those of [`PolychipCompareArgs`].
+    pub fn gt(&self, a: &Tensor, b: &Tensor, out: &Tensor) -> Result<()> {
+        self.compare(CompareOp::Gt, a, b, out)
+    }
+
+    /// `ge`: `a >= b` (bool). On f32, f16, bf16, f64, i32, i64 or u8. Since 1.3.
+    ///
+    /// The arguments are those of [`PolychipCompareArgs`].
+    pub fn ge(&self, a: &Tensor, b: &Tensor, out: &Tensor) -> Result<()> {
+        self.compare(CompareOp::Ge, a, b, out)
     }
 }

@@ -6,12 +6,12 @@
 
 use std::ptr::null_mut;
 
-use polychip_plugin_sdk::DType;
 use polychip_plugin_sdk::abi::{
     POLYCHIP_DEVICE_TYPE_EXT, PolychipDevice, PolychipError, PolychipOpTable, PolychipStream,
     PolychipTensor,
 };
 use polychip_plugin_sdk::check::ArgError;
+use polychip_plugin_sdk::{DType, Op};
 
 #[rustfmt::skip]
 mod generated;
@@ -69,6 +69,27 @@ impl<'a> Exec<'a> {
             plugin: self.device.plugin().vendor().to_string(),
             source,
         }
+    }
+
+    /// Refuses, as not implemented (counted), a `T` dtype the operator
+    /// took on in a later ABI minor than the plugin's: a plugin never
+    /// receives a dtype its minor did not define for the operator (ABI
+    /// 1.3's integer `add`, `sub`, `mul` never reach a 1.2 plugin).
+    pub(crate) fn dtype_since(&self, op: Op, t: &Tensor) -> Result<()> {
+        let since = op.dtype_since(t.dtype());
+        let plugin = self.device.plugin();
+        let abi = plugin.abi_version();
+        if abi >= since {
+            return Ok(());
+        }
+        plugin.count_unimplemented();
+        Err(HostError::DtypeUnimplemented {
+            plugin: plugin.vendor().to_string(),
+            op: op.name(),
+            dtype: t.dtype(),
+            since,
+            abi,
+        })
     }
 
     /// The op table of the device's plugin.

@@ -284,6 +284,64 @@ pub fn shape_broadcast(
     )
 }
 
+/// `out` has the NumPy broadcast shape of every tensor of `all` (which
+/// must broadcast together): `select`'s three operands (ABI 1.3).
+pub fn shape_broadcast_all(
+    op: &'static str,
+    out: (&'static str, &TensorDesc),
+    all: &[(&'static str, &TensorDesc)],
+) -> Checked {
+    let mut shape: Vec<i64> = Vec::new();
+    for (i, &(name, t)) in all.iter().enumerate() {
+        shape = match broadcast_shapes(&shape, t.shape) {
+            Some(s) => s,
+            None => {
+                let before: Vec<&str> = all[..i].iter().map(|x| x.0).collect();
+                return Err(ArgError::ShapeMismatch {
+                    op,
+                    tensor: name,
+                    actual: Shape::from(t.shape),
+                    expected: format!(
+                        "it does not broadcast with the shape {} of {}",
+                        Shape::from(shape.as_slice()),
+                        before.join(" and ")
+                    ),
+                });
+            }
+        };
+    }
+    let names: Vec<&str> = all.iter().map(|x| x.0).collect();
+    shape_is(
+        op,
+        out.0,
+        out.1,
+        &shape,
+        &format!("it must equal the broadcast shape of {}", names.join(", ")),
+    )
+}
+
+/// `t` broadcasts (NumPy rules) to `to`'s shape, which it does not change:
+/// a mask applied to a tensor (ABI 1.3's `masked_fill`).
+pub fn shape_broadcasts_to(
+    op: &'static str,
+    t: (&'static str, &TensorDesc),
+    to: (&'static str, &TensorDesc),
+) -> Checked {
+    if broadcast_shapes(t.1.shape, to.1.shape).as_deref() == Some(to.1.shape) {
+        return Ok(());
+    }
+    Err(ArgError::ShapeMismatch {
+        op,
+        tensor: t.0,
+        actual: Shape::from(t.1.shape),
+        expected: format!(
+            "it must broadcast to {}'s shape {}",
+            to.0,
+            Shape::from(to.1.shape)
+        ),
+    })
+}
+
 /// A dimension of `of` given as `dim` (negative counts from the end),
 /// counted from the front.
 #[inline]
@@ -661,5 +719,42 @@ mod tests {
             !broadcasts_to(&[1, 3], &[1, 3], &[2, 3]),
             "out may not be larger than both"
         );
+    }
+
+    fn desc(shape: &[i64]) -> TensorDesc<'_> {
+        TensorDesc {
+            data: std::ptr::null_mut(),
+            dtype: crate::DType::F32,
+            shape,
+            strides: None,
+        }
+    }
+
+    #[test]
+    fn three_operands_broadcast_together_and_a_mask_broadcasts_to_its_tensor() {
+        let (c, a, b) = (desc(&[3, 1]), desc(&[1, 4]), desc(&[]));
+        let all = [("cond", &c), ("a", &a), ("b", &b)];
+        assert!(shape_broadcast_all("select", ("out", &desc(&[3, 4])), &all).is_ok());
+        let wrong = shape_broadcast_all("select", ("out", &desc(&[4, 3])), &all).unwrap_err();
+        assert!(wrong.to_string().contains("cond, a, b"), "{wrong}");
+        let (x, y) = (desc(&[2, 3]), desc(&[3, 2]));
+        let apart = shape_broadcast_all("select", ("out", &desc(&[2, 3])), &[("a", &x), ("b", &y)]);
+        assert!(
+            apart
+                .unwrap_err()
+                .to_string()
+                .contains("b has shape [3, 2]")
+        );
+        let input = desc(&[2, 3]);
+        for (mask, ok) in [
+            (&[3i64][..], true),
+            (&[2, 1], true),
+            (&[], true),
+            (&[2], false),
+            (&[1, 2, 3], false),
+        ] {
+            let got = shape_broadcasts_to("masked_fill", ("mask", &desc(mask)), ("input", &input));
+            assert_eq!(got.is_ok(), ok, "{mask:?}: {got:?}");
+        }
     }
 }

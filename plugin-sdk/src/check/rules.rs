@@ -6,11 +6,31 @@
 //! check that outputs do not overlap themselves.
 
 use super::{ArgError, Checked, broadcast_shapes, shape_is};
+use crate::DType;
 use crate::ops::{
-    AdamwArgs, AttentionArgs, AttentionBackwardArgs, CrossEntropyArgs, CrossEntropyBackwardArgs,
-    EmbeddingArgs, EmbeddingBackwardArgs, LinearArgs, MatmulArgs, Op, ReduceArgs, RopeArgs,
+    AdamwArgs, AttentionArgs, AttentionBackwardArgs, BinaryArgs, CrossEntropyArgs,
+    CrossEntropyBackwardArgs, EmbeddingArgs, EmbeddingBackwardArgs, LinearArgs, MatmulArgs, Op,
+    ReduceArgs, RopeArgs,
 };
 use crate::tensor::{Shape, TensorDesc};
+
+/// `add`, `sub`, `mul`, `div`: for i32 and i64 (ABI 1.3), `alpha` is an
+/// integer of at most 2^53 in magnitude (every such integer is an exact
+/// f64).
+pub fn binary(op: Op, args: &BinaryArgs) -> Checked {
+    let integer = matches!(args.a.dtype, DType::I32 | DType::I64);
+    let alpha = args.alpha;
+    if !integer || (alpha.fract() == 0.0 && alpha.abs() <= 9_007_199_254_740_992.0) {
+        return Ok(());
+    }
+    Err(ArgError::Invalid {
+        op: op.name(),
+        message: format!(
+            "alpha {alpha} must be an integer of at most 2^53 in magnitude for {} tensors",
+            args.a.dtype
+        ),
+    })
+}
 
 /// The dimensions of a matmul: batch shape of `out`, and M, K, N.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -530,3 +530,123 @@ pub unsafe extern "C" fn tanh_backward<P: Operators>(device: u32, stream: *mut P
     // and which makes the checked tensors valid for the method.
     unsafe { call::<P, _>(Op::TanhBackward, device, stream, args, |p, q, a| p.output_backward(q, OutputBackwardOp::TanhBackward, a)) }
 }
+
+/// The `sin` entry.
+///
+/// # Safety
+/// The ABI's operator contract (see [`call`]).
+pub unsafe extern "C" fn sin<P: Operators>(device: u32, stream: *mut PolychipStream, args: *const abi::PolychipUnaryArgs) -> *mut PolychipError {
+    // SAFETY: the caller keeps the operator contract, which `call` requires
+    // and which makes the checked tensors valid for the method.
+    unsafe { call::<P, _>(Op::Sin, device, stream, args, |p, q, a| p.unary(q, UnaryOp::Sin, a)) }
+}
+
+/// The `cos` entry.
+///
+/// # Safety
+/// The ABI's operator contract (see [`call`]).
+pub unsafe extern "C" fn cos<P: Operators>(device: u32, stream: *mut PolychipStream, args: *const abi::PolychipUnaryArgs) -> *mut PolychipError {
+    // SAFETY: the caller keeps the operator contract, which `call` requires
+    // and which makes the checked tensors valid for the method.
+    unsafe { call::<P, _>(Op::Cos, device, stream, args, |p, q, a| p.unary(q, UnaryOp::Cos, a)) }
+}
+
+/// The `select` entry.
+///
+/// # Safety
+/// The ABI's operator contract (see [`call`]).
+pub unsafe extern "C" fn select<P: Operators>(device: u32, stream: *mut PolychipStream, args: *const abi::PolychipSelectArgs) -> *mut PolychipError {
+    // SAFETY: the caller keeps the operator contract, which `call` requires
+    // and which makes the checked tensors valid for the method.
+    unsafe { call::<P, _>(Op::Select, device, stream, args, |p, q, a| p.select(q, a)) }
+}
+
+/// The `masked_fill` entry.
+///
+/// # Safety
+/// The ABI's operator contract (see [`call`]).
+pub unsafe extern "C" fn masked_fill<P: Operators>(device: u32, stream: *mut PolychipStream, args: *const abi::PolychipMaskedFillArgs) -> *mut PolychipError {
+    // SAFETY: the caller keeps the operator contract, which `call` requires
+    // and which makes the checked tensors valid for the method.
+    unsafe { call::<P, _>(Op::MaskedFill, device, stream, args, |p, q, a| p.masked_fill(q, a)) }
+}
+
+/// The `convert` entry.
+///
+/// # Safety
+/// The ABI's operator contract (see [`call`]).
+pub unsafe extern "C" fn convert<P: Operators>(device: u32, stream: *mut PolychipStream, args: *const abi::PolychipConvertArgs) -> *mut PolychipError {
+    // SAFETY: the caller keeps the operator contract, which `call` requires
+    // and which makes the checked tensors valid for the method.
+    unsafe { call::<P, _>(Op::Convert, device, stream, args, |p, q, a| p.convert(q, a)) }
+}
+
+/// The `arange` entry.
+///
+/// # Safety
+/// The ABI's operator contract (see [`call`]).
+pub unsafe extern "C" fn arange<P: Operators>(device: u32, stream: *mut PolychipStream, args: *const abi::PolychipArangeArgs) -> *mut PolychipError {
+    // SAFETY: the caller keeps the operator contract, which `call` requires
+    // and which makes the checked tensors valid for the method.
+    unsafe { call::<P, _>(Op::Arange, device, stream, args, |p, q, a| p.arange(q, a)) }
+}
+
+/// The `eq` entry.
+///
+/// # Safety
+/// The ABI's operator contract (see [`call`]).
+pub unsafe extern "C" fn eq<P: Operators>(device: u32, stream: *mut PolychipStream, args: *const abi::PolychipCompareArgs) -> *mut PolychipError {
+    // SAFETY: the caller keeps the operator contract, which `call` requires
+    // and which makes the checked tensors valid for the method.
+    unsafe { call::<P, _>(Op::Eq, device, stream, args, |p, q, a| p.compare(q, CompareOp::Eq, a)) }
+}
+
+/// The `ne` entry.
+///
+/// # Safety
+/// The ABI's operator contract (see [`call`]).
+pub unsafe extern "C" fn ne<P: Operators>(device: u32, stream: *mut PolychipStream, args: *const abi::PolychipCompareArgs) -> *mut PolychipError {
+    // SAFETY: the caller keeps the operator contract, which `call` requires
+    // and which makes the checked tensors valid for the method.
+    unsafe { call::<P, _>(Op::Ne, device, stream, args, |p, q, a| p.compare(q, CompareOp::Ne, a)) }
+}
+
+/// The `lt` entry.
+///
+/// # Safety
+/// The ABI's operator contract (see [`call`]).
+pub unsafe extern "C" fn lt<P: Operators>(device: u32, stream: *mut PolychipStream, args: *const abi::PolychipCompareArgs) -> *mut PolychipError {
+    // SAFETY: the caller keeps the operator contract, which `call` requires
+    // and which makes the checked tensors valid for the method.
+    unsafe { call::<P, _>(Op::Lt, device, stream, args, |p, q, a| p.compare(q, CompareOp::Lt, a)) }
+}
+
+/// The `le` entry.
+///
+/// # Safety
+/// The ABI's operator contract (see [`call`]).
+pub unsafe extern "C" fn le<P: Operators>(device: u32, stream: *mut PolychipStream, args: *const abi::PolychipCompareArgs) -> *mut PolychipError {
+    // SAFETY: the caller keeps the operator contract, which `call` requires
+    // and which makes the checked tensors valid for the method.
+    unsafe { call::<P, _>(Op::Le, device, stream, args, |p, q, a| p.compare(q, CompareOp::Le, a)) }
+}
+
+/// The `gt` entry.
+///
+/// # Safety
+/// The ABI's operator contract (see [`call`]).
+pub unsafe extern "C" fn gt<P: Operators>(device: u32, stream: *mut PolychipStream, args: *const abi::PolychipCompareArgs) -> *mut PolychipError {
+    // SAFETY: the caller keeps the operator contract, which `call` requires
+    // and which makes the checked tensors valid for the method.
+    unsafe { call::<P, _>(Op::Gt, device, stream, args, |p, q, a| p.compare(q, CompareOp::Gt, a)) }
+}
+
+/// The `ge` entry.
+///
+/// # Safety
+/// The ABI's operator contract (see [`call`]).
+pub unsafe extern "C" fn ge<P: Operators>(device: u32, stream: *mut PolychipStream, args: *const abi::PolychipCompareArgs) -> *mut PolychipError {
+    // SAFETY: the caller keeps the operator contract, which `call` requires
+    // and which makes the checked tensors valid for the method.
+    unsafe { call::<P, _>(Op::Ge, device, stream, args, |p, q, a| p.compare(q, CompareOp::Ge, a)) }
+}

@@ -124,11 +124,35 @@ pub enum Op {
     SigmoidBackward,
     /// `tanh_backward`: Backward of `tanh`, from its output.
     TanhBackward,
+    /// `sin`: Sine (exact argument reduction).
+    Sin,
+    /// `cos`: Cosine (exact argument reduction).
+    Cos,
+    /// `select`: `cond ? a : b`, broadcast (PyTorch's `where`).
+    Select,
+    /// `masked_fill`: `mask ? value : input`.
+    MaskedFill,
+    /// `convert`: Conversion between any two dtypes (PyTorch's `.to()`).
+    Convert,
+    /// `arange`: `out[i] = start + i * step`.
+    Arange,
+    /// `eq`: `a == b` (bool).
+    Eq,
+    /// `ne`: `a != b` (bool).
+    Ne,
+    /// `lt`: `a < b` (bool).
+    Lt,
+    /// `le`: `a <= b` (bool).
+    Le,
+    /// `gt`: `a > b` (bool).
+    Gt,
+    /// `ge`: `a >= b` (bool).
+    Ge,
 }
 
 impl Op {
     /// Every operator, in slot order.
-    pub const ALL: [Op; 52] = [Op::Fill, Op::Copy, Op::Cast, Op::Add, Op::Sub, Op::Mul, Op::Div, Op::Matmul, Op::Softmax, Op::Neg, Op::Exp, Op::Log, Op::Sqrt, Op::Rsqrt, Op::Tanh, Op::PowScalar, Op::Relu, Op::ReluBackward, Op::Silu, Op::SiluBackward, Op::Gelu, Op::GeluBackward, Op::Swiglu, Op::SwigluBackward, Op::Sum, Op::Mean, Op::Max, Op::Argmax, Op::SumSquares, Op::Linear, Op::SoftmaxBackward, Op::LogSoftmax, Op::LogSoftmaxBackward, Op::RmsNorm, Op::RmsNormBackward, Op::LayerNorm, Op::LayerNormBackward, Op::Rope, Op::RopeBackward, Op::Attention, Op::AttentionBackward, Op::Embedding, Op::EmbeddingBackward, Op::CrossEntropy, Op::CrossEntropyBackward, Op::Adamw, Op::Scale, Op::GeluErf, Op::GeluErfBackward, Op::Sigmoid, Op::SigmoidBackward, Op::TanhBackward];
+    pub const ALL: [Op; 64] = [Op::Fill, Op::Copy, Op::Cast, Op::Add, Op::Sub, Op::Mul, Op::Div, Op::Matmul, Op::Softmax, Op::Neg, Op::Exp, Op::Log, Op::Sqrt, Op::Rsqrt, Op::Tanh, Op::PowScalar, Op::Relu, Op::ReluBackward, Op::Silu, Op::SiluBackward, Op::Gelu, Op::GeluBackward, Op::Swiglu, Op::SwigluBackward, Op::Sum, Op::Mean, Op::Max, Op::Argmax, Op::SumSquares, Op::Linear, Op::SoftmaxBackward, Op::LogSoftmax, Op::LogSoftmaxBackward, Op::RmsNorm, Op::RmsNormBackward, Op::LayerNorm, Op::LayerNormBackward, Op::Rope, Op::RopeBackward, Op::Attention, Op::AttentionBackward, Op::Embedding, Op::EmbeddingBackward, Op::CrossEntropy, Op::CrossEntropyBackward, Op::Adamw, Op::Scale, Op::GeluErf, Op::GeluErfBackward, Op::Sigmoid, Op::SigmoidBackward, Op::TanhBackward, Op::Sin, Op::Cos, Op::Select, Op::MaskedFill, Op::Convert, Op::Arange, Op::Eq, Op::Ne, Op::Lt, Op::Le, Op::Gt, Op::Ge];
 
     /// Its name in the op table.
     pub const fn name(self) -> &'static str {
@@ -185,6 +209,18 @@ impl Op {
             Op::Sigmoid => "sigmoid",
             Op::SigmoidBackward => "sigmoid_backward",
             Op::TanhBackward => "tanh_backward",
+            Op::Sin => "sin",
+            Op::Cos => "cos",
+            Op::Select => "select",
+            Op::MaskedFill => "masked_fill",
+            Op::Convert => "convert",
+            Op::Arange => "arange",
+            Op::Eq => "eq",
+            Op::Ne => "ne",
+            Op::Lt => "lt",
+            Op::Le => "le",
+            Op::Gt => "gt",
+            Op::Ge => "ge",
         }
     }
 }
@@ -404,60 +440,103 @@ const OUTPUT_BACKWARD_FIELDS: &[FieldInfo] = &[
     FieldInfo { name: "grad_in", kind: FieldKind::Out, offset: offset_of!(abi::PolychipOutputBackwardArgs, grad_in), alias: &["grad_out", "output"], optional: false },
 ];
 
+const SELECT_FIELDS: &[FieldInfo] = &[
+    FieldInfo { name: "cond", kind: FieldKind::In, offset: offset_of!(abi::PolychipSelectArgs, cond), alias: &[], optional: false },
+    FieldInfo { name: "a", kind: FieldKind::In, offset: offset_of!(abi::PolychipSelectArgs, a), alias: &[], optional: false },
+    FieldInfo { name: "b", kind: FieldKind::In, offset: offset_of!(abi::PolychipSelectArgs, b), alias: &[], optional: false },
+    FieldInfo { name: "out", kind: FieldKind::Out, offset: offset_of!(abi::PolychipSelectArgs, out), alias: &["a", "b"], optional: false },
+];
+
+const MASKED_FILL_FIELDS: &[FieldInfo] = &[
+    FieldInfo { name: "input", kind: FieldKind::In, offset: offset_of!(abi::PolychipMaskedFillArgs, input), alias: &[], optional: false },
+    FieldInfo { name: "mask", kind: FieldKind::In, offset: offset_of!(abi::PolychipMaskedFillArgs, mask), alias: &[], optional: false },
+    FieldInfo { name: "out", kind: FieldKind::Out, offset: offset_of!(abi::PolychipMaskedFillArgs, out), alias: &["input"], optional: false },
+    FieldInfo { name: "value", kind: FieldKind::F64, offset: offset_of!(abi::PolychipMaskedFillArgs, value), alias: &[], optional: false },
+];
+
+const CONVERT_FIELDS: &[FieldInfo] = &[
+    FieldInfo { name: "src", kind: FieldKind::In, offset: offset_of!(abi::PolychipConvertArgs, src), alias: &[], optional: false },
+    FieldInfo { name: "dst", kind: FieldKind::Out, offset: offset_of!(abi::PolychipConvertArgs, dst), alias: &[], optional: false },
+];
+
+const ARANGE_FIELDS: &[FieldInfo] = &[
+    FieldInfo { name: "out", kind: FieldKind::Out, offset: offset_of!(abi::PolychipArangeArgs, out), alias: &[], optional: false },
+    FieldInfo { name: "start", kind: FieldKind::F64, offset: offset_of!(abi::PolychipArangeArgs, start), alias: &[], optional: false },
+    FieldInfo { name: "step", kind: FieldKind::F64, offset: offset_of!(abi::PolychipArangeArgs, step), alias: &[], optional: false },
+];
+
+const COMPARE_FIELDS: &[FieldInfo] = &[
+    FieldInfo { name: "a", kind: FieldKind::In, offset: offset_of!(abi::PolychipCompareArgs, a), alias: &[], optional: false },
+    FieldInfo { name: "b", kind: FieldKind::In, offset: offset_of!(abi::PolychipCompareArgs, b), alias: &[], optional: false },
+    FieldInfo { name: "out", kind: FieldKind::Out, offset: offset_of!(abi::PolychipCompareArgs, out), alias: &[], optional: false },
+];
+
 /// What the spec says of each operator, in slot order.
-pub(crate) static OPS: [OpInfo; 52] = [
-    OpInfo { op: Op::Fill, args: "PolychipFillArgs", size: size_of::<abi::PolychipFillArgs>(), table_offset: offset_of!(abi::PolychipOpTable, fill), since: (1, 0), family: "data", dtypes: &[DType::F32, DType::F16, DType::BF16, DType::F64, DType::I32, DType::I64, DType::U8, DType::Bool], accepted: "f32, f16, bf16, f64, i32, i64, u8 and bool", group: None, fields: FILL_FIELDS, doc: "Fill a tensor with a scalar. On any dtype. Since 1.0." },
-    OpInfo { op: Op::Copy, args: "PolychipCopyArgs", size: size_of::<abi::PolychipCopyArgs>(), table_offset: offset_of!(abi::PolychipOpTable, copy), since: (1, 0), family: "data", dtypes: &[DType::F32, DType::F16, DType::BF16, DType::F64, DType::I32, DType::I64, DType::U8, DType::Bool], accepted: "f32, f16, bf16, f64, i32, i64, u8 and bool", group: None, fields: COPY_FIELDS, doc: "Strided copy. On any dtype. Since 1.0." },
-    OpInfo { op: Op::Cast, args: "PolychipCastArgs", size: size_of::<abi::PolychipCastArgs>(), table_offset: offset_of!(abi::PolychipOpTable, cast), since: (1, 0), family: "data", dtypes: &[DType::F32, DType::F16, DType::BF16, DType::F64], accepted: "f32, f16, bf16 and f64", group: None, fields: CAST_FIELDS, doc: "Floating-point conversion. On f32, f16, bf16 or f64. Since 1.0." },
-    OpInfo { op: Op::Add, args: "PolychipBinaryArgs", size: size_of::<abi::PolychipBinaryArgs>(), table_offset: offset_of!(abi::PolychipOpTable, add), since: (1, 0), family: "elementwise", dtypes: &[DType::F32, DType::F16, DType::BF16, DType::F64], accepted: "f32, f16, bf16 and f64", group: Some("binary"), fields: BINARY_FIELDS, doc: "`a + alpha * b`. On f32, f16, bf16 or f64. Since 1.0." },
-    OpInfo { op: Op::Sub, args: "PolychipBinaryArgs", size: size_of::<abi::PolychipBinaryArgs>(), table_offset: offset_of!(abi::PolychipOpTable, sub), since: (1, 0), family: "elementwise", dtypes: &[DType::F32, DType::F16, DType::BF16, DType::F64], accepted: "f32, f16, bf16 and f64", group: Some("binary"), fields: BINARY_FIELDS, doc: "`a - alpha * b`. On f32, f16, bf16 or f64. Since 1.0." },
-    OpInfo { op: Op::Mul, args: "PolychipBinaryArgs", size: size_of::<abi::PolychipBinaryArgs>(), table_offset: offset_of!(abi::PolychipOpTable, mul), since: (1, 0), family: "elementwise", dtypes: &[DType::F32, DType::F16, DType::BF16, DType::F64], accepted: "f32, f16, bf16 and f64", group: Some("binary"), fields: BINARY_FIELDS, doc: "`a * b`. On f32, f16, bf16 or f64. Since 1.0." },
-    OpInfo { op: Op::Div, args: "PolychipBinaryArgs", size: size_of::<abi::PolychipBinaryArgs>(), table_offset: offset_of!(abi::PolychipOpTable, div), since: (1, 0), family: "elementwise", dtypes: &[DType::F32, DType::F16, DType::BF16, DType::F64], accepted: "f32, f16, bf16 and f64", group: Some("binary"), fields: BINARY_FIELDS, doc: "`a / b`. On f32, f16, bf16 or f64. Since 1.0." },
-    OpInfo { op: Op::Matmul, args: "PolychipMatmulArgs", size: size_of::<abi::PolychipMatmulArgs>(), table_offset: offset_of!(abi::PolychipOpTable, matmul), since: (1, 0), family: "matmul", dtypes: &[DType::F32, DType::F16, DType::BF16, DType::F64], accepted: "f32, f16, bf16 and f64", group: None, fields: MATMUL_FIELDS, doc: "Batched matmul. On f32, f16, bf16 or f64. Since 1.0." },
-    OpInfo { op: Op::Softmax, args: "PolychipSoftmaxArgs", size: size_of::<abi::PolychipSoftmaxArgs>(), table_offset: offset_of!(abi::PolychipOpTable, softmax), since: (1, 0), family: "softmax", dtypes: &[DType::F32, DType::F16, DType::BF16, DType::F64], accepted: "f32, f16, bf16 and f64", group: None, fields: SOFTMAX_FIELDS, doc: "Softmax over the last dimension. On f32, f16, bf16 or f64. Since 1.0." },
-    OpInfo { op: Op::Neg, args: "PolychipUnaryArgs", size: size_of::<abi::PolychipUnaryArgs>(), table_offset: offset_of!(abi::PolychipOpTable, neg), since: (1, 1), family: "elementwise", dtypes: &[DType::F32, DType::F16, DType::BF16], accepted: "f32, f16 and bf16", group: Some("unary"), fields: UNARY_FIELDS, doc: "`-x`. On f32, f16 or bf16. Since 1.1." },
-    OpInfo { op: Op::Exp, args: "PolychipUnaryArgs", size: size_of::<abi::PolychipUnaryArgs>(), table_offset: offset_of!(abi::PolychipOpTable, exp), since: (1, 1), family: "elementwise", dtypes: &[DType::F32, DType::F16, DType::BF16], accepted: "f32, f16 and bf16", group: Some("unary"), fields: UNARY_FIELDS, doc: "`e^x`. On f32, f16 or bf16. Since 1.1." },
-    OpInfo { op: Op::Log, args: "PolychipUnaryArgs", size: size_of::<abi::PolychipUnaryArgs>(), table_offset: offset_of!(abi::PolychipOpTable, log), since: (1, 1), family: "elementwise", dtypes: &[DType::F32, DType::F16, DType::BF16], accepted: "f32, f16 and bf16", group: Some("unary"), fields: UNARY_FIELDS, doc: "Natural logarithm. On f32, f16 or bf16. Since 1.1." },
-    OpInfo { op: Op::Sqrt, args: "PolychipUnaryArgs", size: size_of::<abi::PolychipUnaryArgs>(), table_offset: offset_of!(abi::PolychipOpTable, sqrt), since: (1, 1), family: "elementwise", dtypes: &[DType::F32, DType::F16, DType::BF16], accepted: "f32, f16 and bf16", group: Some("unary"), fields: UNARY_FIELDS, doc: "Square root. On f32, f16 or bf16. Since 1.1." },
-    OpInfo { op: Op::Rsqrt, args: "PolychipUnaryArgs", size: size_of::<abi::PolychipUnaryArgs>(), table_offset: offset_of!(abi::PolychipOpTable, rsqrt), since: (1, 1), family: "elementwise", dtypes: &[DType::F32, DType::F16, DType::BF16], accepted: "f32, f16 and bf16", group: Some("unary"), fields: UNARY_FIELDS, doc: "`1 / sqrt(x)`. On f32, f16 or bf16. Since 1.1." },
-    OpInfo { op: Op::Tanh, args: "PolychipUnaryArgs", size: size_of::<abi::PolychipUnaryArgs>(), table_offset: offset_of!(abi::PolychipOpTable, tanh), since: (1, 1), family: "elementwise", dtypes: &[DType::F32, DType::F16, DType::BF16], accepted: "f32, f16 and bf16", group: Some("unary"), fields: UNARY_FIELDS, doc: "Hyperbolic tangent. On f32, f16 or bf16. Since 1.1." },
-    OpInfo { op: Op::PowScalar, args: "PolychipPowScalarArgs", size: size_of::<abi::PolychipPowScalarArgs>(), table_offset: offset_of!(abi::PolychipOpTable, pow_scalar), since: (1, 1), family: "elementwise", dtypes: &[DType::F32, DType::F16, DType::BF16], accepted: "f32, f16 and bf16", group: None, fields: POW_SCALAR_FIELDS, doc: "`x ^ exponent`. On f32, f16 or bf16. Since 1.1." },
-    OpInfo { op: Op::Relu, args: "PolychipUnaryArgs", size: size_of::<abi::PolychipUnaryArgs>(), table_offset: offset_of!(abi::PolychipOpTable, relu), since: (1, 1), family: "activation", dtypes: &[DType::F32, DType::F16, DType::BF16], accepted: "f32, f16 and bf16", group: Some("unary"), fields: UNARY_FIELDS, doc: "`max(x, 0)`. On f32, f16 or bf16. Since 1.1." },
-    OpInfo { op: Op::ReluBackward, args: "PolychipActivationBackwardArgs", size: size_of::<abi::PolychipActivationBackwardArgs>(), table_offset: offset_of!(abi::PolychipOpTable, relu_backward), since: (1, 1), family: "activation", dtypes: &[DType::F32, DType::F16, DType::BF16], accepted: "f32, f16 and bf16", group: Some("activation_backward"), fields: ACTIVATION_BACKWARD_FIELDS, doc: "Backward of `relu`. On f32, f16 or bf16. Since 1.1." },
-    OpInfo { op: Op::Silu, args: "PolychipUnaryArgs", size: size_of::<abi::PolychipUnaryArgs>(), table_offset: offset_of!(abi::PolychipOpTable, silu), since: (1, 1), family: "activation", dtypes: &[DType::F32, DType::F16, DType::BF16], accepted: "f32, f16 and bf16", group: Some("unary"), fields: UNARY_FIELDS, doc: "`x * sigmoid(x)`. On f32, f16 or bf16. Since 1.1." },
-    OpInfo { op: Op::SiluBackward, args: "PolychipActivationBackwardArgs", size: size_of::<abi::PolychipActivationBackwardArgs>(), table_offset: offset_of!(abi::PolychipOpTable, silu_backward), since: (1, 1), family: "activation", dtypes: &[DType::F32, DType::F16, DType::BF16], accepted: "f32, f16 and bf16", group: Some("activation_backward"), fields: ACTIVATION_BACKWARD_FIELDS, doc: "Backward of `silu`. On f32, f16 or bf16. Since 1.1." },
-    OpInfo { op: Op::Gelu, args: "PolychipUnaryArgs", size: size_of::<abi::PolychipUnaryArgs>(), table_offset: offset_of!(abi::PolychipOpTable, gelu), since: (1, 1), family: "activation", dtypes: &[DType::F32, DType::F16, DType::BF16], accepted: "f32, f16 and bf16", group: Some("unary"), fields: UNARY_FIELDS, doc: "GELU, tanh form. On f32, f16 or bf16. Since 1.1." },
-    OpInfo { op: Op::GeluBackward, args: "PolychipActivationBackwardArgs", size: size_of::<abi::PolychipActivationBackwardArgs>(), table_offset: offset_of!(abi::PolychipOpTable, gelu_backward), since: (1, 1), family: "activation", dtypes: &[DType::F32, DType::F16, DType::BF16], accepted: "f32, f16 and bf16", group: Some("activation_backward"), fields: ACTIVATION_BACKWARD_FIELDS, doc: "Backward of `gelu`. On f32, f16 or bf16. Since 1.1." },
-    OpInfo { op: Op::Swiglu, args: "PolychipSwigluArgs", size: size_of::<abi::PolychipSwigluArgs>(), table_offset: offset_of!(abi::PolychipOpTable, swiglu), since: (1, 1), family: "activation", dtypes: &[DType::F32, DType::F16, DType::BF16], accepted: "f32, f16 and bf16", group: None, fields: SWIGLU_FIELDS, doc: "`silu(gate) * up`. On f32, f16 or bf16. Since 1.1." },
-    OpInfo { op: Op::SwigluBackward, args: "PolychipSwigluBackwardArgs", size: size_of::<abi::PolychipSwigluBackwardArgs>(), table_offset: offset_of!(abi::PolychipOpTable, swiglu_backward), since: (1, 1), family: "activation", dtypes: &[DType::F32, DType::F16, DType::BF16], accepted: "f32, f16 and bf16", group: None, fields: SWIGLU_BACKWARD_FIELDS, doc: "Backward of `swiglu`. On f32, f16 or bf16. Since 1.1." },
-    OpInfo { op: Op::Sum, args: "PolychipReduceArgs", size: size_of::<abi::PolychipReduceArgs>(), table_offset: offset_of!(abi::PolychipOpTable, sum), since: (1, 1), family: "reduction", dtypes: &[DType::F32, DType::F16, DType::BF16], accepted: "f32, f16 and bf16", group: Some("reduce"), fields: REDUCE_FIELDS, doc: "Sum over a dimension. On f32, f16 or bf16. Since 1.1." },
-    OpInfo { op: Op::Mean, args: "PolychipReduceArgs", size: size_of::<abi::PolychipReduceArgs>(), table_offset: offset_of!(abi::PolychipOpTable, mean), since: (1, 1), family: "reduction", dtypes: &[DType::F32, DType::F16, DType::BF16], accepted: "f32, f16 and bf16", group: Some("reduce"), fields: REDUCE_FIELDS, doc: "Mean over a dimension. On f32, f16 or bf16. Since 1.1." },
-    OpInfo { op: Op::Max, args: "PolychipReduceArgs", size: size_of::<abi::PolychipReduceArgs>(), table_offset: offset_of!(abi::PolychipOpTable, max), since: (1, 1), family: "reduction", dtypes: &[DType::F32, DType::F16, DType::BF16], accepted: "f32, f16 and bf16", group: Some("reduce"), fields: REDUCE_FIELDS, doc: "Maximum over a dimension. On f32, f16 or bf16. Since 1.1." },
-    OpInfo { op: Op::Argmax, args: "PolychipReduceArgs", size: size_of::<abi::PolychipReduceArgs>(), table_offset: offset_of!(abi::PolychipOpTable, argmax), since: (1, 1), family: "reduction", dtypes: &[DType::F32, DType::F16, DType::BF16], accepted: "f32, f16 and bf16", group: Some("reduce"), fields: REDUCE_FIELDS, doc: "Index of the maximum over a dimension (i64). On f32, f16 or bf16. Since 1.1." },
-    OpInfo { op: Op::SumSquares, args: "PolychipSumSquaresArgs", size: size_of::<abi::PolychipSumSquaresArgs>(), table_offset: offset_of!(abi::PolychipOpTable, sum_squares), since: (1, 1), family: "reduction", dtypes: &[DType::F32, DType::F16, DType::BF16], accepted: "f32, f16 and bf16", group: None, fields: SUM_SQUARES_FIELDS, doc: "Global sum of squares (f32 scalar). On f32, f16 or bf16. Since 1.1." },
-    OpInfo { op: Op::Linear, args: "PolychipLinearArgs", size: size_of::<abi::PolychipLinearArgs>(), table_offset: offset_of!(abi::PolychipOpTable, linear), since: (1, 1), family: "matmul", dtypes: &[DType::F32, DType::F16, DType::BF16], accepted: "f32, f16 and bf16", group: None, fields: LINEAR_FIELDS, doc: "`input @ weight^T + bias`. On f32, f16 or bf16. Since 1.1." },
-    OpInfo { op: Op::SoftmaxBackward, args: "PolychipSoftmaxBackwardArgs", size: size_of::<abi::PolychipSoftmaxBackwardArgs>(), table_offset: offset_of!(abi::PolychipOpTable, softmax_backward), since: (1, 1), family: "softmax", dtypes: &[DType::F32, DType::F16, DType::BF16], accepted: "f32, f16 and bf16", group: None, fields: SOFTMAX_BACKWARD_FIELDS, doc: "Backward of `softmax`. On f32, f16 or bf16. Since 1.1." },
-    OpInfo { op: Op::LogSoftmax, args: "PolychipSoftmaxArgs", size: size_of::<abi::PolychipSoftmaxArgs>(), table_offset: offset_of!(abi::PolychipOpTable, log_softmax), since: (1, 1), family: "softmax", dtypes: &[DType::F32, DType::F16, DType::BF16], accepted: "f32, f16 and bf16", group: None, fields: SOFTMAX_FIELDS, doc: "Log-softmax over the last dimension. On f32, f16 or bf16. Since 1.1." },
-    OpInfo { op: Op::LogSoftmaxBackward, args: "PolychipSoftmaxBackwardArgs", size: size_of::<abi::PolychipSoftmaxBackwardArgs>(), table_offset: offset_of!(abi::PolychipOpTable, log_softmax_backward), since: (1, 1), family: "softmax", dtypes: &[DType::F32, DType::F16, DType::BF16], accepted: "f32, f16 and bf16", group: None, fields: SOFTMAX_BACKWARD_FIELDS, doc: "Backward of `log_softmax`. On f32, f16 or bf16. Since 1.1." },
-    OpInfo { op: Op::RmsNorm, args: "PolychipRmsNormArgs", size: size_of::<abi::PolychipRmsNormArgs>(), table_offset: offset_of!(abi::PolychipOpTable, rms_norm), since: (1, 1), family: "normalization", dtypes: &[DType::F32, DType::F16, DType::BF16], accepted: "f32, f16 and bf16", group: None, fields: RMS_NORM_FIELDS, doc: "RMSNorm, returning the inverse RMS. On f32, f16 or bf16. Since 1.1." },
-    OpInfo { op: Op::RmsNormBackward, args: "PolychipRmsNormBackwardArgs", size: size_of::<abi::PolychipRmsNormBackwardArgs>(), table_offset: offset_of!(abi::PolychipOpTable, rms_norm_backward), since: (1, 1), family: "normalization", dtypes: &[DType::F32, DType::F16, DType::BF16], accepted: "f32, f16 and bf16", group: None, fields: RMS_NORM_BACKWARD_FIELDS, doc: "Backward of `rms_norm`. On f32, f16 or bf16. Since 1.1." },
-    OpInfo { op: Op::LayerNorm, args: "PolychipLayerNormArgs", size: size_of::<abi::PolychipLayerNormArgs>(), table_offset: offset_of!(abi::PolychipOpTable, layer_norm), since: (1, 1), family: "normalization", dtypes: &[DType::F32, DType::F16, DType::BF16], accepted: "f32, f16 and bf16", group: None, fields: LAYER_NORM_FIELDS, doc: "LayerNorm, returning mean and rstd. On f32, f16 or bf16. Since 1.1." },
-    OpInfo { op: Op::LayerNormBackward, args: "PolychipLayerNormBackwardArgs", size: size_of::<abi::PolychipLayerNormBackwardArgs>(), table_offset: offset_of!(abi::PolychipOpTable, layer_norm_backward), since: (1, 1), family: "normalization", dtypes: &[DType::F32, DType::F16, DType::BF16], accepted: "f32, f16 and bf16", group: None, fields: LAYER_NORM_BACKWARD_FIELDS, doc: "Backward of `layer_norm`. On f32, f16 or bf16. Since 1.1." },
-    OpInfo { op: Op::Rope, args: "PolychipRopeArgs", size: size_of::<abi::PolychipRopeArgs>(), table_offset: offset_of!(abi::PolychipOpTable, rope), since: (1, 1), family: "attention", dtypes: &[DType::F32, DType::F16, DType::BF16], accepted: "f32, f16 and bf16", group: None, fields: ROPE_FIELDS, doc: "Rotary position embedding. On f32, f16 or bf16. Since 1.1." },
-    OpInfo { op: Op::RopeBackward, args: "PolychipRopeArgs", size: size_of::<abi::PolychipRopeArgs>(), table_offset: offset_of!(abi::PolychipOpTable, rope_backward), since: (1, 1), family: "attention", dtypes: &[DType::F32, DType::F16, DType::BF16], accepted: "f32, f16 and bf16", group: None, fields: ROPE_FIELDS, doc: "Backward of `rope` (rotation by `-theta`). On f32, f16 or bf16. Since 1.1." },
-    OpInfo { op: Op::Attention, args: "PolychipAttentionArgs", size: size_of::<abi::PolychipAttentionArgs>(), table_offset: offset_of!(abi::PolychipOpTable, attention), since: (1, 1), family: "attention", dtypes: &[DType::F32, DType::F16, DType::BF16], accepted: "f32, f16 and bf16", group: None, fields: ATTENTION_FIELDS, doc: "Scaled-dot-product attention with GQA and causal mask, returning the log-sum-exp. On f32, f16 or bf16. Since 1.1." },
-    OpInfo { op: Op::AttentionBackward, args: "PolychipAttentionBackwardArgs", size: size_of::<abi::PolychipAttentionBackwardArgs>(), table_offset: offset_of!(abi::PolychipOpTable, attention_backward), since: (1, 1), family: "attention", dtypes: &[DType::F32, DType::F16, DType::BF16], accepted: "f32, f16 and bf16", group: None, fields: ATTENTION_BACKWARD_FIELDS, doc: "Backward of `attention`. On f32, f16 or bf16. Since 1.1." },
-    OpInfo { op: Op::Embedding, args: "PolychipEmbeddingArgs", size: size_of::<abi::PolychipEmbeddingArgs>(), table_offset: offset_of!(abi::PolychipOpTable, embedding), since: (1, 1), family: "embedding", dtypes: &[DType::F32, DType::F16, DType::BF16], accepted: "f32, f16 and bf16", group: None, fields: EMBEDDING_FIELDS, doc: "Embedding lookup. On f32, f16 or bf16. Since 1.1." },
-    OpInfo { op: Op::EmbeddingBackward, args: "PolychipEmbeddingBackwardArgs", size: size_of::<abi::PolychipEmbeddingBackwardArgs>(), table_offset: offset_of!(abi::PolychipOpTable, embedding_backward), since: (1, 1), family: "embedding", dtypes: &[DType::F32, DType::F16, DType::BF16], accepted: "f32, f16 and bf16", group: None, fields: EMBEDDING_BACKWARD_FIELDS, doc: "Embedding backward (accumulates). On f32, f16 or bf16. Since 1.1." },
-    OpInfo { op: Op::CrossEntropy, args: "PolychipCrossEntropyArgs", size: size_of::<abi::PolychipCrossEntropyArgs>(), table_offset: offset_of!(abi::PolychipOpTable, cross_entropy), since: (1, 1), family: "loss", dtypes: &[DType::F32, DType::F16, DType::BF16], accepted: "f32, f16 and bf16", group: None, fields: CROSS_ENTROPY_FIELDS, doc: "Mean cross-entropy with `ignore_index`. On f32, f16 or bf16. Since 1.1." },
-    OpInfo { op: Op::CrossEntropyBackward, args: "PolychipCrossEntropyBackwardArgs", size: size_of::<abi::PolychipCrossEntropyBackwardArgs>(), table_offset: offset_of!(abi::PolychipOpTable, cross_entropy_backward), since: (1, 1), family: "loss", dtypes: &[DType::F32, DType::F16, DType::BF16], accepted: "f32, f16 and bf16", group: None, fields: CROSS_ENTROPY_BACKWARD_FIELDS, doc: "Backward of `cross_entropy`. On f32, f16 or bf16. Since 1.1." },
-    OpInfo { op: Op::Adamw, args: "PolychipAdamwArgs", size: size_of::<abi::PolychipAdamwArgs>(), table_offset: offset_of!(abi::PolychipOpTable, adamw), since: (1, 1), family: "optimizer", dtypes: &[DType::F32, DType::F16, DType::BF16], accepted: "f32, f16 and bf16", group: None, fields: ADAMW_FIELDS, doc: "One AdamW step in place. On f32, f16 or bf16. Since 1.1." },
-    OpInfo { op: Op::Scale, args: "PolychipScaleArgs", size: size_of::<abi::PolychipScaleArgs>(), table_offset: offset_of!(abi::PolychipOpTable, scale), since: (1, 1), family: "optimizer", dtypes: &[DType::F32, DType::F16, DType::BF16], accepted: "f32, f16 and bf16", group: None, fields: SCALE_FIELDS, doc: "`x *= alpha` in place. On f32, f16 or bf16. Since 1.1." },
-    OpInfo { op: Op::GeluErf, args: "PolychipUnaryArgs", size: size_of::<abi::PolychipUnaryArgs>(), table_offset: offset_of!(abi::PolychipOpTable, gelu_erf), since: (1, 2), family: "activation", dtypes: &[DType::F32, DType::F16, DType::BF16], accepted: "f32, f16 and bf16", group: Some("unary"), fields: UNARY_FIELDS, doc: "GELU, exact (erf) form. On f32, f16 or bf16. Since 1.2." },
-    OpInfo { op: Op::GeluErfBackward, args: "PolychipActivationBackwardArgs", size: size_of::<abi::PolychipActivationBackwardArgs>(), table_offset: offset_of!(abi::PolychipOpTable, gelu_erf_backward), since: (1, 2), family: "activation", dtypes: &[DType::F32, DType::F16, DType::BF16], accepted: "f32, f16 and bf16", group: Some("activation_backward"), fields: ACTIVATION_BACKWARD_FIELDS, doc: "Backward of `gelu_erf`. On f32, f16 or bf16. Since 1.2." },
-    OpInfo { op: Op::Sigmoid, args: "PolychipUnaryArgs", size: size_of::<abi::PolychipUnaryArgs>(), table_offset: offset_of!(abi::PolychipOpTable, sigmoid), since: (1, 2), family: "activation", dtypes: &[DType::F32, DType::F16, DType::BF16], accepted: "f32, f16 and bf16", group: Some("unary"), fields: UNARY_FIELDS, doc: "`1 / (1 + e^-x)`. On f32, f16 or bf16. Since 1.2." },
-    OpInfo { op: Op::SigmoidBackward, args: "PolychipOutputBackwardArgs", size: size_of::<abi::PolychipOutputBackwardArgs>(), table_offset: offset_of!(abi::PolychipOpTable, sigmoid_backward), since: (1, 2), family: "activation", dtypes: &[DType::F32, DType::F16, DType::BF16], accepted: "f32, f16 and bf16", group: Some("output_backward"), fields: OUTPUT_BACKWARD_FIELDS, doc: "Backward of `sigmoid`, from its output. On f32, f16 or bf16. Since 1.2." },
-    OpInfo { op: Op::TanhBackward, args: "PolychipOutputBackwardArgs", size: size_of::<abi::PolychipOutputBackwardArgs>(), table_offset: offset_of!(abi::PolychipOpTable, tanh_backward), since: (1, 2), family: "elementwise", dtypes: &[DType::F32, DType::F16, DType::BF16], accepted: "f32, f16 and bf16", group: Some("output_backward"), fields: OUTPUT_BACKWARD_FIELDS, doc: "Backward of `tanh`, from its output. On f32, f16 or bf16. Since 1.2." },
+pub(crate) static OPS: [OpInfo; 64] = [
+    OpInfo { op: Op::Fill, args: "PolychipFillArgs", size: size_of::<abi::PolychipFillArgs>(), table_offset: offset_of!(abi::PolychipOpTable, fill), since: (1, 0), family: "data", dtypes: &[DType::F32, DType::F16, DType::BF16, DType::F64, DType::I32, DType::I64, DType::U8, DType::Bool], added: &[], accepted: "f32, f16, bf16, f64, i32, i64, u8 and bool", group: None, fields: FILL_FIELDS, doc: "Fill a tensor with a scalar. On any dtype. Since 1.0." },
+    OpInfo { op: Op::Copy, args: "PolychipCopyArgs", size: size_of::<abi::PolychipCopyArgs>(), table_offset: offset_of!(abi::PolychipOpTable, copy), since: (1, 0), family: "data", dtypes: &[DType::F32, DType::F16, DType::BF16, DType::F64, DType::I32, DType::I64, DType::U8, DType::Bool], added: &[], accepted: "f32, f16, bf16, f64, i32, i64, u8 and bool", group: None, fields: COPY_FIELDS, doc: "Strided copy. On any dtype. Since 1.0." },
+    OpInfo { op: Op::Cast, args: "PolychipCastArgs", size: size_of::<abi::PolychipCastArgs>(), table_offset: offset_of!(abi::PolychipOpTable, cast), since: (1, 0), family: "data", dtypes: &[DType::F32, DType::F16, DType::BF16, DType::F64], added: &[], accepted: "f32, f16, bf16 and f64", group: None, fields: CAST_FIELDS, doc: "Floating-point conversion. On f32, f16, bf16 or f64. Since 1.0." },
+    OpInfo { op: Op::Add, args: "PolychipBinaryArgs", size: size_of::<abi::PolychipBinaryArgs>(), table_offset: offset_of!(abi::PolychipOpTable, add), since: (1, 0), family: "elementwise", dtypes: &[DType::F32, DType::F16, DType::BF16, DType::F64, DType::I32, DType::I64], added: &[(DType::I32, (1, 3)), (DType::I64, (1, 3))], accepted: "f32, f16, bf16, f64, i32 and i64", group: Some("binary"), fields: BINARY_FIELDS, doc: "`a + alpha * b`. On f32, f16, bf16, f64, i32 or i64 (i32 since 1.3, i64 since 1.3). Since 1.0." },
+    OpInfo { op: Op::Sub, args: "PolychipBinaryArgs", size: size_of::<abi::PolychipBinaryArgs>(), table_offset: offset_of!(abi::PolychipOpTable, sub), since: (1, 0), family: "elementwise", dtypes: &[DType::F32, DType::F16, DType::BF16, DType::F64, DType::I32, DType::I64], added: &[(DType::I32, (1, 3)), (DType::I64, (1, 3))], accepted: "f32, f16, bf16, f64, i32 and i64", group: Some("binary"), fields: BINARY_FIELDS, doc: "`a - alpha * b`. On f32, f16, bf16, f64, i32 or i64 (i32 since 1.3, i64 since 1.3). Since 1.0." },
+    OpInfo { op: Op::Mul, args: "PolychipBinaryArgs", size: size_of::<abi::PolychipBinaryArgs>(), table_offset: offset_of!(abi::PolychipOpTable, mul), since: (1, 0), family: "elementwise", dtypes: &[DType::F32, DType::F16, DType::BF16, DType::F64, DType::I32, DType::I64], added: &[(DType::I32, (1, 3)), (DType::I64, (1, 3))], accepted: "f32, f16, bf16, f64, i32 and i64", group: Some("binary"), fields: BINARY_FIELDS, doc: "`a * b`. On f32, f16, bf16, f64, i32 or i64 (i32 since 1.3, i64 since 1.3). Since 1.0." },
+    OpInfo { op: Op::Div, args: "PolychipBinaryArgs", size: size_of::<abi::PolychipBinaryArgs>(), table_offset: offset_of!(abi::PolychipOpTable, div), since: (1, 0), family: "elementwise", dtypes: &[DType::F32, DType::F16, DType::BF16, DType::F64], added: &[], accepted: "f32, f16, bf16 and f64", group: Some("binary"), fields: BINARY_FIELDS, doc: "`a / b`. On f32, f16, bf16 or f64. Since 1.0." },
+    OpInfo { op: Op::Matmul, args: "PolychipMatmulArgs", size: size_of::<abi::PolychipMatmulArgs>(), table_offset: offset_of!(abi::PolychipOpTable, matmul), since: (1, 0), family: "matmul", dtypes: &[DType::F32, DType::F16, DType::BF16, DType::F64], added: &[], accepted: "f32, f16, bf16 and f64", group: None, fields: MATMUL_FIELDS, doc: "Batched matmul. On f32, f16, bf16 or f64. Since 1.0." },
+    OpInfo { op: Op::Softmax, args: "PolychipSoftmaxArgs", size: size_of::<abi::PolychipSoftmaxArgs>(), table_offset: offset_of!(abi::PolychipOpTable, softmax), since: (1, 0), family: "softmax", dtypes: &[DType::F32, DType::F16, DType::BF16, DType::F64], added: &[], accepted: "f32, f16, bf16 and f64", group: None, fields: SOFTMAX_FIELDS, doc: "Softmax over the last dimension. On f32, f16, bf16 or f64. Since 1.0." },
+    OpInfo { op: Op::Neg, args: "PolychipUnaryArgs", size: size_of::<abi::PolychipUnaryArgs>(), table_offset: offset_of!(abi::PolychipOpTable, neg), since: (1, 1), family: "elementwise", dtypes: &[DType::F32, DType::F16, DType::BF16], added: &[], accepted: "f32, f16 and bf16", group: Some("unary"), fields: UNARY_FIELDS, doc: "`-x`. On f32, f16 or bf16. Since 1.1." },
+    OpInfo { op: Op::Exp, args: "PolychipUnaryArgs", size: size_of::<abi::PolychipUnaryArgs>(), table_offset: offset_of!(abi::PolychipOpTable, exp), since: (1, 1), family: "elementwise", dtypes: &[DType::F32, DType::F16, DType::BF16], added: &[], accepted: "f32, f16 and bf16", group: Some("unary"), fields: UNARY_FIELDS, doc: "`e^x`. On f32, f16 or bf16. Since 1.1." },
+    OpInfo { op: Op::Log, args: "PolychipUnaryArgs", size: size_of::<abi::PolychipUnaryArgs>(), table_offset: offset_of!(abi::PolychipOpTable, log), since: (1, 1), family: "elementwise", dtypes: &[DType::F32, DType::F16, DType::BF16], added: &[], accepted: "f32, f16 and bf16", group: Some("unary"), fields: UNARY_FIELDS, doc: "Natural logarithm. On f32, f16 or bf16. Since 1.1." },
+    OpInfo { op: Op::Sqrt, args: "PolychipUnaryArgs", size: size_of::<abi::PolychipUnaryArgs>(), table_offset: offset_of!(abi::PolychipOpTable, sqrt), since: (1, 1), family: "elementwise", dtypes: &[DType::F32, DType::F16, DType::BF16], added: &[], accepted: "f32, f16 and bf16", group: Some("unary"), fields: UNARY_FIELDS, doc: "Square root. On f32, f16 or bf16. Since 1.1." },
+    OpInfo { op: Op::Rsqrt, args: "PolychipUnaryArgs", size: size_of::<abi::PolychipUnaryArgs>(), table_offset: offset_of!(abi::PolychipOpTable, rsqrt), since: (1, 1), family: "elementwise", dtypes: &[DType::F32, DType::F16, DType::BF16], added: &[], accepted: "f32, f16 and bf16", group: Some("unary"), fields: UNARY_FIELDS, doc: "`1 / sqrt(x)`. On f32, f16 or bf16. Since 1.1." },
+    OpInfo { op: Op::Tanh, args: "PolychipUnaryArgs", size: size_of::<abi::PolychipUnaryArgs>(), table_offset: offset_of!(abi::PolychipOpTable, tanh), since: (1, 1), family: "elementwise", dtypes: &[DType::F32, DType::F16, DType::BF16], added: &[], accepted: "f32, f16 and bf16", group: Some("unary"), fields: UNARY_FIELDS, doc: "Hyperbolic tangent. On f32, f16 or bf16. Since 1.1." },
+    OpInfo { op: Op::PowScalar, args: "PolychipPowScalarArgs", size: size_of::<abi::PolychipPowScalarArgs>(), table_offset: offset_of!(abi::PolychipOpTable, pow_scalar), since: (1, 1), family: "elementwise", dtypes: &[DType::F32, DType::F16, DType::BF16], added: &[], accepted: "f32, f16 and bf16", group: None, fields: POW_SCALAR_FIELDS, doc: "`x ^ exponent`. On f32, f16 or bf16. Since 1.1." },
+    OpInfo { op: Op::Relu, args: "PolychipUnaryArgs", size: size_of::<abi::PolychipUnaryArgs>(), table_offset: offset_of!(abi::PolychipOpTable, relu), since: (1, 1), family: "activation", dtypes: &[DType::F32, DType::F16, DType::BF16], added: &[], accepted: "f32, f16 and bf16", group: Some("unary"), fields: UNARY_FIELDS, doc: "`max(x, 0)`. On f32, f16 or bf16. Since 1.1." },
+    OpInfo { op: Op::ReluBackward, args: "PolychipActivationBackwardArgs", size: size_of::<abi::PolychipActivationBackwardArgs>(), table_offset: offset_of!(abi::PolychipOpTable, relu_backward), since: (1, 1), family: "activation", dtypes: &[DType::F32, DType::F16, DType::BF16], added: &[], accepted: "f32, f16 and bf16", group: Some("activation_backward"), fields: ACTIVATION_BACKWARD_FIELDS, doc: "Backward of `relu`. On f32, f16 or bf16. Since 1.1." },
+    OpInfo { op: Op::Silu, args: "PolychipUnaryArgs", size: size_of::<abi::PolychipUnaryArgs>(), table_offset: offset_of!(abi::PolychipOpTable, silu), since: (1, 1), family: "activation", dtypes: &[DType::F32, DType::F16, DType::BF16], added: &[], accepted: "f32, f16 and bf16", group: Some("unary"), fields: UNARY_FIELDS, doc: "`x * sigmoid(x)`. On f32, f16 or bf16. Since 1.1." },
+    OpInfo { op: Op::SiluBackward, args: "PolychipActivationBackwardArgs", size: size_of::<abi::PolychipActivationBackwardArgs>(), table_offset: offset_of!(abi::PolychipOpTable, silu_backward), since: (1, 1), family: "activation", dtypes: &[DType::F32, DType::F16, DType::BF16], added: &[], accepted: "f32, f16 and bf16", group: Some("activation_backward"), fields: ACTIVATION_BACKWARD_FIELDS, doc: "Backward of `silu`. On f32, f16 or bf16. Since 1.1." },
+    OpInfo { op: Op::Gelu, args: "PolychipUnaryArgs", size: size_of::<abi::PolychipUnaryArgs>(), table_offset: offset_of!(abi::PolychipOpTable, gelu), since: (1, 1), family: "activation", dtypes: &[DType::F32, DType::F16, DType::BF16], added: &[], accepted: "f32, f16 and bf16", group: Some("unary"), fields: UNARY_FIELDS, doc: "GELU, tanh form. On f32, f16 or bf16. Since 1.1." },
+    OpInfo { op: Op::GeluBackward, args: "PolychipActivationBackwardArgs", size: size_of::<abi::PolychipActivationBackwardArgs>(), table_offset: offset_of!(abi::PolychipOpTable, gelu_backward), since: (1, 1), family: "activation", dtypes: &[DType::F32, DType::F16, DType::BF16], added: &[], accepted: "f32, f16 and bf16", group: Some("activation_backward"), fields: ACTIVATION_BACKWARD_FIELDS, doc: "Backward of `gelu`. On f32, f16 or bf16. Since 1.1." },
+    OpInfo { op: Op::Swiglu, args: "PolychipSwigluArgs", size: size_of::<abi::PolychipSwigluArgs>(), table_offset: offset_of!(abi::PolychipOpTable, swiglu), since: (1, 1), family: "activation", dtypes: &[DType::F32, DType::F16, DType::BF16], added: &[], accepted: "f32, f16 and bf16", group: None, fields: SWIGLU_FIELDS, doc: "`silu(gate) * up`. On f32, f16 or bf16. Since 1.1." },
+    OpInfo { op: Op::SwigluBackward, args: "PolychipSwigluBackwardArgs", size: size_of::<abi::PolychipSwigluBackwardArgs>(), table_offset: offset_of!(abi::PolychipOpTable, swiglu_backward), since: (1, 1), family: "activation", dtypes: &[DType::F32, DType::F16, DType::BF16], added: &[], accepted: "f32, f16 and bf16", group: None, fields: SWIGLU_BACKWARD_FIELDS, doc: "Backward of `swiglu`. On f32, f16 or bf16. Since 1.1." },
+    OpInfo { op: Op::Sum, args: "PolychipReduceArgs", size: size_of::<abi::PolychipReduceArgs>(), table_offset: offset_of!(abi::PolychipOpTable, sum), since: (1, 1), family: "reduction", dtypes: &[DType::F32, DType::F16, DType::BF16], added: &[], accepted: "f32, f16 and bf16", group: Some("reduce"), fields: REDUCE_FIELDS, doc: "Sum over a dimension. On f32, f16 or bf16. Since 1.1." },
+    OpInfo { op: Op::Mean, args: "PolychipReduceArgs", size: size_of::<abi::PolychipReduceArgs>(), table_offset: offset_of!(abi::PolychipOpTable, mean), since: (1, 1), family: "reduction", dtypes: &[DType::F32, DType::F16, DType::BF16], added: &[], accepted: "f32, f16 and bf16", group: Some("reduce"), fields: REDUCE_FIELDS, doc: "Mean over a dimension. On f32, f16 or bf16. Since 1.1." },
+    OpInfo { op: Op::Max, args: "PolychipReduceArgs", size: size_of::<abi::PolychipReduceArgs>(), table_offset: offset_of!(abi::PolychipOpTable, max), since: (1, 1), family: "reduction", dtypes: &[DType::F32, DType::F16, DType::BF16], added: &[], accepted: "f32, f16 and bf16", group: Some("reduce"), fields: REDUCE_FIELDS, doc: "Maximum over a dimension. On f32, f16 or bf16. Since 1.1." },
+    OpInfo { op: Op::Argmax, args: "PolychipReduceArgs", size: size_of::<abi::PolychipReduceArgs>(), table_offset: offset_of!(abi::PolychipOpTable, argmax), since: (1, 1), family: "reduction", dtypes: &[DType::F32, DType::F16, DType::BF16], added: &[], accepted: "f32, f16 and bf16", group: Some("reduce"), fields: REDUCE_FIELDS, doc: "Index of the maximum over a dimension (i64). On f32, f16 or bf16. Since 1.1." },
+    OpInfo { op: Op::SumSquares, args: "PolychipSumSquaresArgs", size: size_of::<abi::PolychipSumSquaresArgs>(), table_offset: offset_of!(abi::PolychipOpTable, sum_squares), since: (1, 1), family: "reduction", dtypes: &[DType::F32, DType::F16, DType::BF16], added: &[], accepted: "f32, f16 and bf16", group: None, fields: SUM_SQUARES_FIELDS, doc: "Global sum of squares (f32 scalar). On f32, f16 or bf16. Since 1.1." },
+    OpInfo { op: Op::Linear, args: "PolychipLinearArgs", size: size_of::<abi::PolychipLinearArgs>(), table_offset: offset_of!(abi::PolychipOpTable, linear), since: (1, 1), family: "matmul", dtypes: &[DType::F32, DType::F16, DType::BF16], added: &[], accepted: "f32, f16 and bf16", group: None, fields: LINEAR_FIELDS, doc: "`input @ weight^T + bias`. On f32, f16 or bf16. Since 1.1." },
+    OpInfo { op: Op::SoftmaxBackward, args: "PolychipSoftmaxBackwardArgs", size: size_of::<abi::PolychipSoftmaxBackwardArgs>(), table_offset: offset_of!(abi::PolychipOpTable, softmax_backward), since: (1, 1), family: "softmax", dtypes: &[DType::F32, DType::F16, DType::BF16], added: &[], accepted: "f32, f16 and bf16", group: None, fields: SOFTMAX_BACKWARD_FIELDS, doc: "Backward of `softmax`. On f32, f16 or bf16. Since 1.1." },
+    OpInfo { op: Op::LogSoftmax, args: "PolychipSoftmaxArgs", size: size_of::<abi::PolychipSoftmaxArgs>(), table_offset: offset_of!(abi::PolychipOpTable, log_softmax), since: (1, 1), family: "softmax", dtypes: &[DType::F32, DType::F16, DType::BF16], added: &[], accepted: "f32, f16 and bf16", group: None, fields: SOFTMAX_FIELDS, doc: "Log-softmax over the last dimension. On f32, f16 or bf16. Since 1.1." },
+    OpInfo { op: Op::LogSoftmaxBackward, args: "PolychipSoftmaxBackwardArgs", size: size_of::<abi::PolychipSoftmaxBackwardArgs>(), table_offset: offset_of!(abi::PolychipOpTable, log_softmax_backward), since: (1, 1), family: "softmax", dtypes: &[DType::F32, DType::F16, DType::BF16], added: &[], accepted: "f32, f16 and bf16", group: None, fields: SOFTMAX_BACKWARD_FIELDS, doc: "Backward of `log_softmax`. On f32, f16 or bf16. Since 1.1." },
+    OpInfo { op: Op::RmsNorm, args: "PolychipRmsNormArgs", size: size_of::<abi::PolychipRmsNormArgs>(), table_offset: offset_of!(abi::PolychipOpTable, rms_norm), since: (1, 1), family: "normalization", dtypes: &[DType::F32, DType::F16, DType::BF16], added: &[], accepted: "f32, f16 and bf16", group: None, fields: RMS_NORM_FIELDS, doc: "RMSNorm, returning the inverse RMS. On f32, f16 or bf16. Since 1.1." },
+    OpInfo { op: Op::RmsNormBackward, args: "PolychipRmsNormBackwardArgs", size: size_of::<abi::PolychipRmsNormBackwardArgs>(), table_offset: offset_of!(abi::PolychipOpTable, rms_norm_backward), since: (1, 1), family: "normalization", dtypes: &[DType::F32, DType::F16, DType::BF16], added: &[], accepted: "f32, f16 and bf16", group: None, fields: RMS_NORM_BACKWARD_FIELDS, doc: "Backward of `rms_norm`. On f32, f16 or bf16. Since 1.1." },
+    OpInfo { op: Op::LayerNorm, args: "PolychipLayerNormArgs", size: size_of::<abi::PolychipLayerNormArgs>(), table_offset: offset_of!(abi::PolychipOpTable, layer_norm), since: (1, 1), family: "normalization", dtypes: &[DType::F32, DType::F16, DType::BF16], added: &[], accepted: "f32, f16 and bf16", group: None, fields: LAYER_NORM_FIELDS, doc: "LayerNorm, returning mean and rstd. On f32, f16 or bf16. Since 1.1." },
+    OpInfo { op: Op::LayerNormBackward, args: "PolychipLayerNormBackwardArgs", size: size_of::<abi::PolychipLayerNormBackwardArgs>(), table_offset: offset_of!(abi::PolychipOpTable, layer_norm_backward), since: (1, 1), family: "normalization", dtypes: &[DType::F32, DType::F16, DType::BF16], added: &[], accepted: "f32, f16 and bf16", group: None, fields: LAYER_NORM_BACKWARD_FIELDS, doc: "Backward of `layer_norm`. On f32, f16 or bf16. Since 1.1." },
+    OpInfo { op: Op::Rope, args: "PolychipRopeArgs", size: size_of::<abi::PolychipRopeArgs>(), table_offset: offset_of!(abi::PolychipOpTable, rope), since: (1, 1), family: "attention", dtypes: &[DType::F32, DType::F16, DType::BF16], added: &[], accepted: "f32, f16 and bf16", group: None, fields: ROPE_FIELDS, doc: "Rotary position embedding. On f32, f16 or bf16. Since 1.1." },
+    OpInfo { op: Op::RopeBackward, args: "PolychipRopeArgs", size: size_of::<abi::PolychipRopeArgs>(), table_offset: offset_of!(abi::PolychipOpTable, rope_backward), since: (1, 1), family: "attention", dtypes: &[DType::F32, DType::F16, DType::BF16], added: &[], accepted: "f32, f16 and bf16", group: None, fields: ROPE_FIELDS, doc: "Backward of `rope` (rotation by `-theta`). On f32, f16 or bf16. Since 1.1." },
+    OpInfo { op: Op::Attention, args: "PolychipAttentionArgs", size: size_of::<abi::PolychipAttentionArgs>(), table_offset: offset_of!(abi::PolychipOpTable, attention), since: (1, 1), family: "attention", dtypes: &[DType::F32, DType::F16, DType::BF16], added: &[], accepted: "f32, f16 and bf16", group: None, fields: ATTENTION_FIELDS, doc: "Scaled-dot-product attention with GQA and causal mask, returning the log-sum-exp. On f32, f16 or bf16. Since 1.1." },
+    OpInfo { op: Op::AttentionBackward, args: "PolychipAttentionBackwardArgs", size: size_of::<abi::PolychipAttentionBackwardArgs>(), table_offset: offset_of!(abi::PolychipOpTable, attention_backward), since: (1, 1), family: "attention", dtypes: &[DType::F32, DType::F16, DType::BF16], added: &[], accepted: "f32, f16 and bf16", group: None, fields: ATTENTION_BACKWARD_FIELDS, doc: "Backward of `attention`. On f32, f16 or bf16. Since 1.1." },
+    OpInfo { op: Op::Embedding, args: "PolychipEmbeddingArgs", size: size_of::<abi::PolychipEmbeddingArgs>(), table_offset: offset_of!(abi::PolychipOpTable, embedding), since: (1, 1), family: "embedding", dtypes: &[DType::F32, DType::F16, DType::BF16], added: &[], accepted: "f32, f16 and bf16", group: None, fields: EMBEDDING_FIELDS, doc: "Embedding lookup. On f32, f16 or bf16. Since 1.1." },
+    OpInfo { op: Op::EmbeddingBackward, args: "PolychipEmbeddingBackwardArgs", size: size_of::<abi::PolychipEmbeddingBackwardArgs>(), table_offset: offset_of!(abi::PolychipOpTable, embedding_backward), since: (1, 1), family: "embedding", dtypes: &[DType::F32, DType::F16, DType::BF16], added: &[], accepted: "f32, f16 and bf16", group: None, fields: EMBEDDING_BACKWARD_FIELDS, doc: "Embedding backward (accumulates). On f32, f16 or bf16. Since 1.1." },
+    OpInfo { op: Op::CrossEntropy, args: "PolychipCrossEntropyArgs", size: size_of::<abi::PolychipCrossEntropyArgs>(), table_offset: offset_of!(abi::PolychipOpTable, cross_entropy), since: (1, 1), family: "loss", dtypes: &[DType::F32, DType::F16, DType::BF16], added: &[], accepted: "f32, f16 and bf16", group: None, fields: CROSS_ENTROPY_FIELDS, doc: "Mean cross-entropy with `ignore_index`. On f32, f16 or bf16. Since 1.1." },
+    OpInfo { op: Op::CrossEntropyBackward, args: "PolychipCrossEntropyBackwardArgs", size: size_of::<abi::PolychipCrossEntropyBackwardArgs>(), table_offset: offset_of!(abi::PolychipOpTable, cross_entropy_backward), since: (1, 1), family: "loss", dtypes: &[DType::F32, DType::F16, DType::BF16], added: &[], accepted: "f32, f16 and bf16", group: None, fields: CROSS_ENTROPY_BACKWARD_FIELDS, doc: "Backward of `cross_entropy`. On f32, f16 or bf16. Since 1.1." },
+    OpInfo { op: Op::Adamw, args: "PolychipAdamwArgs", size: size_of::<abi::PolychipAdamwArgs>(), table_offset: offset_of!(abi::PolychipOpTable, adamw), since: (1, 1), family: "optimizer", dtypes: &[DType::F32, DType::F16, DType::BF16], added: &[], accepted: "f32, f16 and bf16", group: None, fields: ADAMW_FIELDS, doc: "One AdamW step in place. On f32, f16 or bf16. Since 1.1." },
+    OpInfo { op: Op::Scale, args: "PolychipScaleArgs", size: size_of::<abi::PolychipScaleArgs>(), table_offset: offset_of!(abi::PolychipOpTable, scale), since: (1, 1), family: "optimizer", dtypes: &[DType::F32, DType::F16, DType::BF16], added: &[], accepted: "f32, f16 and bf16", group: None, fields: SCALE_FIELDS, doc: "`x *= alpha` in place. On f32, f16 or bf16. Since 1.1." },
+    OpInfo { op: Op::GeluErf, args: "PolychipUnaryArgs", size: size_of::<abi::PolychipUnaryArgs>(), table_offset: offset_of!(abi::PolychipOpTable, gelu_erf), since: (1, 2), family: "activation", dtypes: &[DType::F32, DType::F16, DType::BF16], added: &[], accepted: "f32, f16 and bf16", group: Some("unary"), fields: UNARY_FIELDS, doc: "GELU, exact (erf) form. On f32, f16 or bf16. Since 1.2." },
+    OpInfo { op: Op::GeluErfBackward, args: "PolychipActivationBackwardArgs", size: size_of::<abi::PolychipActivationBackwardArgs>(), table_offset: offset_of!(abi::PolychipOpTable, gelu_erf_backward), since: (1, 2), family: "activation", dtypes: &[DType::F32, DType::F16, DType::BF16], added: &[], accepted: "f32, f16 and bf16", group: Some("activation_backward"), fields: ACTIVATION_BACKWARD_FIELDS, doc: "Backward of `gelu_erf`. On f32, f16 or bf16. Since 1.2." },
+    OpInfo { op: Op::Sigmoid, args: "PolychipUnaryArgs", size: size_of::<abi::PolychipUnaryArgs>(), table_offset: offset_of!(abi::PolychipOpTable, sigmoid), since: (1, 2), family: "activation", dtypes: &[DType::F32, DType::F16, DType::BF16], added: &[], accepted: "f32, f16 and bf16", group: Some("unary"), fields: UNARY_FIELDS, doc: "`1 / (1 + e^-x)`. On f32, f16 or bf16. Since 1.2." },
+    OpInfo { op: Op::SigmoidBackward, args: "PolychipOutputBackwardArgs", size: size_of::<abi::PolychipOutputBackwardArgs>(), table_offset: offset_of!(abi::PolychipOpTable, sigmoid_backward), since: (1, 2), family: "activation", dtypes: &[DType::F32, DType::F16, DType::BF16], added: &[], accepted: "f32, f16 and bf16", group: Some("output_backward"), fields: OUTPUT_BACKWARD_FIELDS, doc: "Backward of `sigmoid`, from its output. On f32, f16 or bf16. Since 1.2." },
+    OpInfo { op: Op::TanhBackward, args: "PolychipOutputBackwardArgs", size: size_of::<abi::PolychipOutputBackwardArgs>(), table_offset: offset_of!(abi::PolychipOpTable, tanh_backward), since: (1, 2), family: "elementwise", dtypes: &[DType::F32, DType::F16, DType::BF16], added: &[], accepted: "f32, f16 and bf16", group: Some("output_backward"), fields: OUTPUT_BACKWARD_FIELDS, doc: "Backward of `tanh`, from its output. On f32, f16 or bf16. Since 1.2." },
+    OpInfo { op: Op::Sin, args: "PolychipUnaryArgs", size: size_of::<abi::PolychipUnaryArgs>(), table_offset: offset_of!(abi::PolychipOpTable, sin), since: (1, 3), family: "elementwise", dtypes: &[DType::F32, DType::F16, DType::BF16], added: &[], accepted: "f32, f16 and bf16", group: Some("unary"), fields: UNARY_FIELDS, doc: "Sine (exact argument reduction). On f32, f16 or bf16. Since 1.3." },
+    OpInfo { op: Op::Cos, args: "PolychipUnaryArgs", size: size_of::<abi::PolychipUnaryArgs>(), table_offset: offset_of!(abi::PolychipOpTable, cos), since: (1, 3), family: "elementwise", dtypes: &[DType::F32, DType::F16, DType::BF16], added: &[], accepted: "f32, f16 and bf16", group: Some("unary"), fields: UNARY_FIELDS, doc: "Cosine (exact argument reduction). On f32, f16 or bf16. Since 1.3." },
+    OpInfo { op: Op::Select, args: "PolychipSelectArgs", size: size_of::<abi::PolychipSelectArgs>(), table_offset: offset_of!(abi::PolychipOpTable, select), since: (1, 3), family: "data", dtypes: &[DType::F32, DType::F16, DType::BF16, DType::F64, DType::I32, DType::I64, DType::U8, DType::Bool], added: &[], accepted: "f32, f16, bf16, f64, i32, i64, u8 and bool", group: None, fields: SELECT_FIELDS, doc: "`cond ? a : b`, broadcast (PyTorch's `where`). On any dtype. Since 1.3." },
+    OpInfo { op: Op::MaskedFill, args: "PolychipMaskedFillArgs", size: size_of::<abi::PolychipMaskedFillArgs>(), table_offset: offset_of!(abi::PolychipOpTable, masked_fill), since: (1, 3), family: "data", dtypes: &[DType::F32, DType::F16, DType::BF16, DType::F64, DType::I32, DType::I64, DType::U8, DType::Bool], added: &[], accepted: "f32, f16, bf16, f64, i32, i64, u8 and bool", group: None, fields: MASKED_FILL_FIELDS, doc: "`mask ? value : input`. On any dtype. Since 1.3." },
+    OpInfo { op: Op::Convert, args: "PolychipConvertArgs", size: size_of::<abi::PolychipConvertArgs>(), table_offset: offset_of!(abi::PolychipOpTable, convert), since: (1, 3), family: "data", dtypes: &[DType::F32, DType::F16, DType::BF16, DType::F64, DType::I32, DType::I64, DType::U8, DType::Bool], added: &[], accepted: "f32, f16, bf16, f64, i32, i64, u8 and bool", group: None, fields: CONVERT_FIELDS, doc: "Conversion between any two dtypes (PyTorch's `.to()`). On any dtype. Since 1.3." },
+    OpInfo { op: Op::Arange, args: "PolychipArangeArgs", size: size_of::<abi::PolychipArangeArgs>(), table_offset: offset_of!(abi::PolychipOpTable, arange), since: (1, 3), family: "data", dtypes: &[DType::F32, DType::F16, DType::BF16, DType::F64, DType::I32, DType::I64, DType::U8], added: &[], accepted: "f32, f16, bf16, f64, i32, i64 and u8", group: None, fields: ARANGE_FIELDS, doc: "`out[i] = start + i * step`. On f32, f16, bf16, f64, i32, i64 or u8. Since 1.3." },
+    OpInfo { op: Op::Eq, args: "PolychipCompareArgs", size: size_of::<abi::PolychipCompareArgs>(), table_offset: offset_of!(abi::PolychipOpTable, eq), since: (1, 3), family: "comparison", dtypes: &[DType::F32, DType::F16, DType::BF16, DType::F64, DType::I32, DType::I64, DType::U8], added: &[], accepted: "f32, f16, bf16, f64, i32, i64 and u8", group: Some("compare"), fields: COMPARE_FIELDS, doc: "`a == b` (bool). On f32, f16, bf16, f64, i32, i64 or u8. Since 1.3." },
+    OpInfo { op: Op::Ne, args: "PolychipCompareArgs", size: size_of::<abi::PolychipCompareArgs>(), table_offset: offset_of!(abi::PolychipOpTable, ne), since: (1, 3), family: "comparison", dtypes: &[DType::F32, DType::F16, DType::BF16, DType::F64, DType::I32, DType::I64, DType::U8], added: &[], accepted: "f32, f16, bf16, f64, i32, i64 and u8", group: Some("compare"), fields: COMPARE_FIELDS, doc: "`a != b` (bool). On f32, f16, bf16, f64, i32, i64 or u8. Since 1.3." },
+    OpInfo { op: Op::Lt, args: "PolychipCompareArgs", size: size_of::<abi::PolychipCompareArgs>(), table_offset: offset_of!(abi::PolychipOpTable, lt), since: (1, 3), family: "comparison", dtypes: &[DType::F32, DType::F16, DType::BF16, DType::F64, DType::I32, DType::I64, DType::U8], added: &[], accepted: "f32, f16, bf16, f64, i32, i64 and u8", group: Some("compare"), fields: COMPARE_FIELDS, doc: "`a < b` (bool). On f32, f16, bf16, f64, i32, i64 or u8. Since 1.3." },
+    OpInfo { op: Op::Le, args: "PolychipCompareArgs", size: size_of::<abi::PolychipCompareArgs>(), table_offset: offset_of!(abi::PolychipOpTable, le), since: (1, 3), family: "comparison", dtypes: &[DType::F32, DType::F16, DType::BF16, DType::F64, DType::I32, DType::I64, DType::U8], added: &[], accepted: "f32, f16, bf16, f64, i32, i64 and u8", group: Some("compare"), fields: COMPARE_FIELDS, doc: "`a <= b` (bool). On f32, f16, bf16, f64, i32, i64 or u8. Since 1.3." },
+    OpInfo { op: Op::Gt, args: "PolychipCompareArgs", size: size_of::<abi::PolychipCompareArgs>(), table_offset: offset_of!(abi::PolychipOpTable, gt), since: (1, 3), family: "comparison", dtypes: &[DType::F32, DType::F16, DType::BF16, DType::F64, DType::I32, DType::I64, DType::U8], added: &[], accepted: "f32, f16, bf16, f64, i32, i64 and u8", group: Some("compare"), fields: COMPARE_FIELDS, doc: "`a > b` (bool). On f32, f16, bf16, f64, i32, i64 or u8. Since 1.3." },
+    OpInfo { op: Op::Ge, args: "PolychipCompareArgs", size: size_of::<abi::PolychipCompareArgs>(), table_offset: offset_of!(abi::PolychipOpTable, ge), since: (1, 3), family: "comparison", dtypes: &[DType::F32, DType::F16, DType::BF16, DType::F64, DType::I32, DType::I64, DType::U8], added: &[], accepted: "f32, f16, bf16, f64, i32, i64 and u8", group: Some("compare"), fields: COMPARE_FIELDS, doc: "`a >= b` (bool). On f32, f16, bf16, f64, i32, i64 or u8. Since 1.3." },
 ];
 
 /// The operators that take [`BinaryArgs`], told apart by [`Operators::binary`]
@@ -520,11 +599,15 @@ pub enum UnaryOp {
     GeluErf,
     /// `sigmoid`: `1 / (1 + e^-x)`.
     Sigmoid,
+    /// `sin`: Sine (exact argument reduction).
+    Sin,
+    /// `cos`: Cosine (exact argument reduction).
+    Cos,
 }
 
 impl UnaryOp {
     /// Every one, in op-table order.
-    pub const ALL: [UnaryOp; 11] = [UnaryOp::Neg, UnaryOp::Exp, UnaryOp::Log, UnaryOp::Sqrt, UnaryOp::Rsqrt, UnaryOp::Tanh, UnaryOp::Relu, UnaryOp::Silu, UnaryOp::Gelu, UnaryOp::GeluErf, UnaryOp::Sigmoid];
+    pub const ALL: [UnaryOp; 13] = [UnaryOp::Neg, UnaryOp::Exp, UnaryOp::Log, UnaryOp::Sqrt, UnaryOp::Rsqrt, UnaryOp::Tanh, UnaryOp::Relu, UnaryOp::Silu, UnaryOp::Gelu, UnaryOp::GeluErf, UnaryOp::Sigmoid, UnaryOp::Sin, UnaryOp::Cos];
 
     /// The operator.
     pub const fn op(self) -> Op {
@@ -540,6 +623,8 @@ impl UnaryOp {
             UnaryOp::Gelu => Op::Gelu,
             UnaryOp::GeluErf => Op::GeluErf,
             UnaryOp::Sigmoid => Op::Sigmoid,
+            UnaryOp::Sin => Op::Sin,
+            UnaryOp::Cos => Op::Cos,
         }
     }
 
@@ -636,6 +721,46 @@ impl OutputBackwardOp {
         match self {
             OutputBackwardOp::SigmoidBackward => Op::SigmoidBackward,
             OutputBackwardOp::TanhBackward => Op::TanhBackward,
+        }
+    }
+
+    /// Its name in the op table.
+    pub const fn name(self) -> &'static str {
+        self.op().name()
+    }
+}
+
+/// The operators that take [`CompareArgs`], told apart by [`Operators::compare`]
+/// and by the host's `Exec::compare`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CompareOp {
+    /// `eq`: `a == b` (bool).
+    Eq,
+    /// `ne`: `a != b` (bool).
+    Ne,
+    /// `lt`: `a < b` (bool).
+    Lt,
+    /// `le`: `a <= b` (bool).
+    Le,
+    /// `gt`: `a > b` (bool).
+    Gt,
+    /// `ge`: `a >= b` (bool).
+    Ge,
+}
+
+impl CompareOp {
+    /// Every one, in op-table order.
+    pub const ALL: [CompareOp; 6] = [CompareOp::Eq, CompareOp::Ne, CompareOp::Lt, CompareOp::Le, CompareOp::Gt, CompareOp::Ge];
+
+    /// The operator.
+    pub const fn op(self) -> Op {
+        match self {
+            CompareOp::Eq => Op::Eq,
+            CompareOp::Ne => Op::Ne,
+            CompareOp::Lt => Op::Lt,
+            CompareOp::Le => Op::Le,
+            CompareOp::Gt => Op::Gt,
+            CompareOp::Ge => Op::Ge,
         }
     }
 
@@ -824,7 +949,7 @@ pub struct BinaryArgs<'a> {
 
 impl<'a> BinaryArgs<'a> {
     /// Checks a call of `op` (one of `add`, `sub`, `mul`, `div`): the spec's dtype, rank and
-    /// shape rules, then that no output overlaps itself, and
+    /// shape rules, then [`rules::binary`] (for i32 and i64, `alpha` is an integer of at most 2^53 in magnitude), then that no output overlaps itself, and
     /// that the tensors share memory only where the operator works in place.
     #[inline]
     pub fn new(op: Op, a: TensorDesc<'a>, b: TensorDesc<'a>, out: TensorDesc<'a>, alpha: f64) -> Result<Self, ArgError> {
@@ -834,6 +959,7 @@ impl<'a> BinaryArgs<'a> {
         check::same_dtype(name, ("a", &a), ("out", &out))?;
         check::shape_broadcast(name, ("out", &out), ("a", &a), ("b", &b))?;
         let args = BinaryArgs { a, b, out, alpha };
+        rules::binary(op, &args)?;
         check::writable(name, "out", &args.out)?;
         check::apart(name, &[("a", Some(&args.a)), ("b", Some(&args.b))], &[("out", Some(&args.out), &["a", "b"])])?;
         Ok(args)
@@ -1003,7 +1129,7 @@ impl RawArgs for abi::PolychipSoftmaxArgs {
     }
 }
 
-/// The checked arguments of `neg`, `exp`, `log`, `sqrt`, `rsqrt`, `tanh`, `relu`, `silu`, `gelu`, `gelu_erf`, `sigmoid` (see [`abi::PolychipUnaryArgs`]), as
+/// The checked arguments of `neg`, `exp`, `log`, `sqrt`, `rsqrt`, `tanh`, `relu`, `silu`, `gelu`, `gelu_erf`, `sigmoid`, `sin`, `cos` (see [`abi::PolychipUnaryArgs`]), as
 /// [`UnaryArgs::new`] checks them with the spec's rules.
 #[derive(Debug, Clone, Copy)]
 pub struct UnaryArgs<'a> {
@@ -1014,7 +1140,7 @@ pub struct UnaryArgs<'a> {
 }
 
 impl<'a> UnaryArgs<'a> {
-    /// Checks a call of `op` (one of `neg`, `exp`, `log`, `sqrt`, `rsqrt`, `tanh`, `relu`, `silu`, `gelu`, `gelu_erf`, `sigmoid`): the spec's dtype, rank and
+    /// Checks a call of `op` (one of `neg`, `exp`, `log`, `sqrt`, `rsqrt`, `tanh`, `relu`, `silu`, `gelu`, `gelu_erf`, `sigmoid`, `sin`, `cos`): the spec's dtype, rank and
     /// shape rules, then that no output overlaps itself, and
     /// that the tensors share memory only where the operator works in place.
     #[inline]
@@ -2578,6 +2704,305 @@ impl RawArgs for abi::PolychipOutputBackwardArgs {
     }
 }
 
+/// The checked arguments of `select` (see [`abi::PolychipSelectArgs`]), as
+/// [`SelectArgs::new`] checks them with the spec's rules.
+#[derive(Debug, Clone, Copy)]
+pub struct SelectArgs<'a> {
+    /// The condition (bool: 0 or 1).
+    pub cond: TensorDesc<'a>,
+    /// Taken where `cond` is true.
+    pub a: TensorDesc<'a>,
+    /// Taken where `cond` is false.
+    pub b: TensorDesc<'a>,
+    /// Result, with the broadcast shape of `cond`, `a` and `b`. In place: may be exactly `a` or `b`.
+    pub out: TensorDesc<'a>,
+}
+
+impl<'a> SelectArgs<'a> {
+    /// Checks a call of `op` (one of `select`): the spec's dtype, rank and
+    /// shape rules, then that no output overlaps itself, and
+    /// that the tensors share memory only where the operator works in place.
+    #[inline]
+    pub fn new(op: Op, cond: TensorDesc<'a>, a: TensorDesc<'a>, b: TensorDesc<'a>, out: TensorDesc<'a>) -> Result<Self, ArgError> {
+        let name = op.name();
+        check::dtype_in(name, "cond", &cond, &[DType::Bool], "bool")?;
+        check::same_dtype(name, ("a", &a), ("b", &b))?;
+        check::same_dtype(name, ("a", &a), ("out", &out))?;
+        check::shape_broadcast_all(name, ("out", &out), &[("cond", &cond), ("a", &a), ("b", &b)])?;
+        let args = SelectArgs { cond, a, b, out };
+        check::writable(name, "out", &args.out)?;
+        check::apart(name, &[("cond", Some(&args.cond)), ("a", Some(&args.a)), ("b", Some(&args.b))], &[("out", Some(&args.out), &["a", "b"])])?;
+        Ok(args)
+    }
+
+    /// The tensors with their names: inputs first, then the 1 the
+    /// operator writes, each in field order.
+    pub fn operands(&self) -> [(&'static str, &TensorDesc<'a>); 4] {
+        [("cond", &self.cond), ("a", &self.a), ("b", &self.b), ("out", &self.out)]
+    }
+
+    /// How many of [`Self::operands`] (the last ones) the operator writes.
+    pub fn outputs(&self) -> usize {
+        1
+    }
+}
+
+impl RawArgs for abi::PolychipSelectArgs {
+    type Checked<'a> = SelectArgs<'a>;
+
+    #[inline]
+    unsafe fn check(&self, op: Op, device: u32) -> Result<SelectArgs<'_>, ArgError> {
+        let name = op.name();
+        // SAFETY: per this trait's contract, every descriptor in `self` is
+        // valid for the borrow; the dimension arrays outlive it.
+        unsafe {
+            SelectArgs::new(
+                op,
+                TensorDesc::from_raw(name, "cond", device, &self.cond)?,
+                TensorDesc::from_raw(name, "a", device, &self.a)?,
+                TensorDesc::from_raw(name, "b", device, &self.b)?,
+                TensorDesc::from_raw(name, "out", device, &self.out)?,
+            )
+        }
+    }
+}
+
+/// The checked arguments of `masked_fill` (see [`abi::PolychipMaskedFillArgs`]), as
+/// [`MaskedFillArgs::new`] checks them with the spec's rules.
+#[derive(Debug, Clone, Copy)]
+pub struct MaskedFillArgs<'a> {
+    /// The tensor to fill.
+    pub input: TensorDesc<'a>,
+    /// Where to fill (bool), broadcast to `input`'s shape.
+    pub mask: TensorDesc<'a>,
+    /// Result: same shape and dtype as `input`. In place: may be exactly `input`.
+    pub out: TensorDesc<'a>,
+    /// The fill value.
+    pub value: f64,
+}
+
+impl<'a> MaskedFillArgs<'a> {
+    /// Checks a call of `op` (one of `masked_fill`): the spec's dtype, rank and
+    /// shape rules, then that no output overlaps itself, and
+    /// that the tensors share memory only where the operator works in place.
+    #[inline]
+    pub fn new(op: Op, input: TensorDesc<'a>, mask: TensorDesc<'a>, out: TensorDesc<'a>, value: f64) -> Result<Self, ArgError> {
+        let name = op.name();
+        check::dtype_in(name, "mask", &mask, &[DType::Bool], "bool")?;
+        check::same_dtype(name, ("input", &input), ("out", &out))?;
+        check::shape_broadcasts_to(name, ("mask", &mask), ("input", &input))?;
+        check::shape_like(name, ("out", &out), ("input", &input))?;
+        let args = MaskedFillArgs { input, mask, out, value };
+        check::writable(name, "out", &args.out)?;
+        check::apart(name, &[("input", Some(&args.input)), ("mask", Some(&args.mask))], &[("out", Some(&args.out), &["input"])])?;
+        Ok(args)
+    }
+
+    /// The tensors with their names: inputs first, then the 1 the
+    /// operator writes, each in field order.
+    pub fn operands(&self) -> [(&'static str, &TensorDesc<'a>); 3] {
+        [("input", &self.input), ("mask", &self.mask), ("out", &self.out)]
+    }
+
+    /// How many of [`Self::operands`] (the last ones) the operator writes.
+    pub fn outputs(&self) -> usize {
+        1
+    }
+}
+
+impl RawArgs for abi::PolychipMaskedFillArgs {
+    type Checked<'a> = MaskedFillArgs<'a>;
+
+    #[inline]
+    unsafe fn check(&self, op: Op, device: u32) -> Result<MaskedFillArgs<'_>, ArgError> {
+        let name = op.name();
+        // SAFETY: per this trait's contract, every descriptor in `self` is
+        // valid for the borrow; the dimension arrays outlive it.
+        unsafe {
+            MaskedFillArgs::new(
+                op,
+                TensorDesc::from_raw(name, "input", device, &self.input)?,
+                TensorDesc::from_raw(name, "mask", device, &self.mask)?,
+                TensorDesc::from_raw(name, "out", device, &self.out)?,
+                self.value,
+            )
+        }
+    }
+}
+
+/// The checked arguments of `convert` (see [`abi::PolychipConvertArgs`]), as
+/// [`ConvertArgs::new`] checks them with the spec's rules.
+#[derive(Debug, Clone, Copy)]
+pub struct ConvertArgs<'a> {
+    /// Source.
+    pub src: TensorDesc<'a>,
+    /// Destination; must not overlap `src`.
+    pub dst: TensorDesc<'a>,
+}
+
+impl<'a> ConvertArgs<'a> {
+    /// Checks a call of `op` (one of `convert`): the spec's dtype, rank and
+    /// shape rules, then that no output overlaps itself, and
+    /// that the tensors share memory only where the operator works in place.
+    #[inline]
+    pub fn new(op: Op, src: TensorDesc<'a>, dst: TensorDesc<'a>) -> Result<Self, ArgError> {
+        let name = op.name();
+        check::dtype_in(name, "src", &src, &[DType::F32, DType::F16, DType::BF16, DType::F64, DType::I32, DType::I64, DType::U8, DType::Bool], "f32, f16, bf16, f64, i32, i64, u8 and bool")?;
+        check::dtype_in(name, "dst", &dst, &[DType::F32, DType::F16, DType::BF16, DType::F64, DType::I32, DType::I64, DType::U8, DType::Bool], "f32, f16, bf16, f64, i32, i64, u8 and bool")?;
+        check::shape_like(name, ("dst", &dst), ("src", &src))?;
+        let args = ConvertArgs { src, dst };
+        check::writable(name, "dst", &args.dst)?;
+        check::apart(name, &[("src", Some(&args.src))], &[("dst", Some(&args.dst), &[])])?;
+        Ok(args)
+    }
+
+    /// The tensors with their names: inputs first, then the 1 the
+    /// operator writes, each in field order.
+    pub fn operands(&self) -> [(&'static str, &TensorDesc<'a>); 2] {
+        [("src", &self.src), ("dst", &self.dst)]
+    }
+
+    /// How many of [`Self::operands`] (the last ones) the operator writes.
+    pub fn outputs(&self) -> usize {
+        1
+    }
+}
+
+impl RawArgs for abi::PolychipConvertArgs {
+    type Checked<'a> = ConvertArgs<'a>;
+
+    #[inline]
+    unsafe fn check(&self, op: Op, device: u32) -> Result<ConvertArgs<'_>, ArgError> {
+        let name = op.name();
+        // SAFETY: per this trait's contract, every descriptor in `self` is
+        // valid for the borrow; the dimension arrays outlive it.
+        unsafe {
+            ConvertArgs::new(
+                op,
+                TensorDesc::from_raw(name, "src", device, &self.src)?,
+                TensorDesc::from_raw(name, "dst", device, &self.dst)?,
+            )
+        }
+    }
+}
+
+/// The checked arguments of `arange` (see [`abi::PolychipArangeArgs`]), as
+/// [`ArangeArgs::new`] checks them with the spec's rules.
+#[derive(Debug, Clone, Copy)]
+pub struct ArangeArgs<'a> {
+    /// The values, `N` of them.
+    pub out: TensorDesc<'a>,
+    /// The first value.
+    pub start: f64,
+    /// The difference between neighbours.
+    pub step: f64,
+}
+
+impl<'a> ArangeArgs<'a> {
+    /// Checks a call of `op` (one of `arange`): the spec's dtype, rank and
+    /// shape rules, then that no output overlaps itself, and
+    /// that the tensors share memory only where the operator works in place.
+    #[inline]
+    pub fn new(op: Op, out: TensorDesc<'a>, start: f64, step: f64) -> Result<Self, ArgError> {
+        let name = op.name();
+        check::dtype_in(name, "out", &out, op.dtypes(), op.accepted())?;
+        check::rank(name, "out", &out, 1, "[N]")?;
+        let args = ArangeArgs { out, start, step };
+        check::writable(name, "out", &args.out)?;
+        Ok(args)
+    }
+
+    /// The tensors with their names: inputs first, then the 1 the
+    /// operator writes, each in field order.
+    pub fn operands(&self) -> [(&'static str, &TensorDesc<'a>); 1] {
+        [("out", &self.out)]
+    }
+
+    /// How many of [`Self::operands`] (the last ones) the operator writes.
+    pub fn outputs(&self) -> usize {
+        1
+    }
+}
+
+impl RawArgs for abi::PolychipArangeArgs {
+    type Checked<'a> = ArangeArgs<'a>;
+
+    #[inline]
+    unsafe fn check(&self, op: Op, device: u32) -> Result<ArangeArgs<'_>, ArgError> {
+        let name = op.name();
+        // SAFETY: per this trait's contract, every descriptor in `self` is
+        // valid for the borrow; the dimension arrays outlive it.
+        unsafe {
+            ArangeArgs::new(
+                op,
+                TensorDesc::from_raw(name, "out", device, &self.out)?,
+                self.start,
+                self.step,
+            )
+        }
+    }
+}
+
+/// The checked arguments of `eq`, `ne`, `lt`, `le`, `gt`, `ge` (see [`abi::PolychipCompareArgs`]), as
+/// [`CompareArgs::new`] checks them with the spec's rules.
+#[derive(Debug, Clone, Copy)]
+pub struct CompareArgs<'a> {
+    /// Left operand.
+    pub a: TensorDesc<'a>,
+    /// Right operand.
+    pub b: TensorDesc<'a>,
+    /// Result (bool), with the broadcast shape of `a` and `b`.
+    pub out: TensorDesc<'a>,
+}
+
+impl<'a> CompareArgs<'a> {
+    /// Checks a call of `op` (one of `eq`, `ne`, `lt`, `le`, `gt`, `ge`): the spec's dtype, rank and
+    /// shape rules, then that no output overlaps itself, and
+    /// that the tensors share memory only where the operator works in place.
+    #[inline]
+    pub fn new(op: Op, a: TensorDesc<'a>, b: TensorDesc<'a>, out: TensorDesc<'a>) -> Result<Self, ArgError> {
+        let name = op.name();
+        check::dtype_in(name, "a", &a, op.dtypes(), op.accepted())?;
+        check::dtype_in(name, "out", &out, &[DType::Bool], "bool")?;
+        check::same_dtype(name, ("a", &a), ("b", &b))?;
+        check::shape_broadcast(name, ("out", &out), ("a", &a), ("b", &b))?;
+        let args = CompareArgs { a, b, out };
+        check::writable(name, "out", &args.out)?;
+        check::apart(name, &[("a", Some(&args.a)), ("b", Some(&args.b))], &[("out", Some(&args.out), &[])])?;
+        Ok(args)
+    }
+
+    /// The tensors with their names: inputs first, then the 1 the
+    /// operator writes, each in field order.
+    pub fn operands(&self) -> [(&'static str, &TensorDesc<'a>); 3] {
+        [("a", &self.a), ("b", &self.b), ("out", &self.out)]
+    }
+
+    /// How many of [`Self::operands`] (the last ones) the operator writes.
+    pub fn outputs(&self) -> usize {
+        1
+    }
+}
+
+impl RawArgs for abi::PolychipCompareArgs {
+    type Checked<'a> = CompareArgs<'a>;
+
+    #[inline]
+    unsafe fn check(&self, op: Op, device: u32) -> Result<CompareArgs<'_>, ArgError> {
+        let name = op.name();
+        // SAFETY: per this trait's contract, every descriptor in `self` is
+        // valid for the borrow; the dimension arrays outlive it.
+        unsafe {
+            CompareArgs::new(
+                op,
+                TensorDesc::from_raw(name, "a", device, &self.a)?,
+                TensorDesc::from_raw(name, "b", device, &self.b)?,
+                TensorDesc::from_raw(name, "out", device, &self.out)?,
+            )
+        }
+    }
+}
+
 /// The operators of a Rust plugin, one method per op-table entry (one per
 /// group for operators that share one, with an enum saying which). Every
 /// method has a default that reports "not implemented"; a plugin
@@ -2638,7 +3063,7 @@ pub trait Operators: Plugin {
         let _ = (queue, args);
         Err(unimplemented_op("softmax"))
     }
-    /// `neg`, `exp`, `log`, `sqrt`, `rsqrt`, `tanh`, `relu`, `silu`, `gelu`, `gelu_erf`, `sigmoid` (told apart by `op`). Since 1.1.
+    /// `neg`, `exp`, `log`, `sqrt`, `rsqrt`, `tanh`, `relu`, `silu`, `gelu`, `gelu_erf`, `sigmoid`, `sin`, `cos` (told apart by `op`). Since 1.1.
     ///
     /// # Safety
     /// Every tensor in `args` addresses valid memory of this device (the
@@ -2869,6 +3294,51 @@ pub trait Operators: Plugin {
     /// Every tensor in `args` addresses valid memory of this device (the
     /// host's side of the ABI contract).
     unsafe fn output_backward(&self, queue: Queue<'_, Self::Stream>, op: OutputBackwardOp, args: &OutputBackwardArgs<'_>) -> Result<()> {
+        let _ = (queue, args);
+        Err(unimplemented_op(op.name()))
+    }
+    /// `select`: `cond ? a : b`, broadcast (PyTorch's `where`). On any dtype. Since 1.3.
+    ///
+    /// # Safety
+    /// Every tensor in `args` addresses valid memory of this device (the
+    /// host's side of the ABI contract).
+    unsafe fn select(&self, queue: Queue<'_, Self::Stream>, args: &SelectArgs<'_>) -> Result<()> {
+        let _ = (queue, args);
+        Err(unimplemented_op("select"))
+    }
+    /// `masked_fill`: `mask ? value : input`. On any dtype. Since 1.3.
+    ///
+    /// # Safety
+    /// Every tensor in `args` addresses valid memory of this device (the
+    /// host's side of the ABI contract).
+    unsafe fn masked_fill(&self, queue: Queue<'_, Self::Stream>, args: &MaskedFillArgs<'_>) -> Result<()> {
+        let _ = (queue, args);
+        Err(unimplemented_op("masked_fill"))
+    }
+    /// `convert`: Conversion between any two dtypes (PyTorch's `.to()`). On any dtype. Since 1.3.
+    ///
+    /// # Safety
+    /// Every tensor in `args` addresses valid memory of this device (the
+    /// host's side of the ABI contract).
+    unsafe fn convert(&self, queue: Queue<'_, Self::Stream>, args: &ConvertArgs<'_>) -> Result<()> {
+        let _ = (queue, args);
+        Err(unimplemented_op("convert"))
+    }
+    /// `arange`: `out[i] = start + i * step`. On f32, f16, bf16, f64, i32, i64 or u8. Since 1.3.
+    ///
+    /// # Safety
+    /// Every tensor in `args` addresses valid memory of this device (the
+    /// host's side of the ABI contract).
+    unsafe fn arange(&self, queue: Queue<'_, Self::Stream>, args: &ArangeArgs<'_>) -> Result<()> {
+        let _ = (queue, args);
+        Err(unimplemented_op("arange"))
+    }
+    /// `eq`, `ne`, `lt`, `le`, `gt`, `ge` (told apart by `op`). Since 1.3.
+    ///
+    /// # Safety
+    /// Every tensor in `args` addresses valid memory of this device (the
+    /// host's side of the ABI contract).
+    unsafe fn compare(&self, queue: Queue<'_, Self::Stream>, op: CompareOp, args: &CompareArgs<'_>) -> Result<()> {
         let _ = (queue, args);
         Err(unimplemented_op(op.name()))
     }

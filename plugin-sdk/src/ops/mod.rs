@@ -35,6 +35,10 @@ pub struct OpInfo {
     pub family: &'static str,
     /// The dtypes it accepts for the tensors whose dtype is the operator's.
     pub dtypes: &'static [DType],
+    /// The dtypes of `dtypes` a later minor added, each with that minor's
+    /// version (ABI 1.3's integer `add`, `sub` and `mul`): a host passes
+    /// them only to plugins of that minor or newer.
+    pub added: &'static [(DType, (u32, u32))],
     /// `dtypes` as messages write them ("f32, f16 and bf16").
     pub accepted: &'static str,
     /// The SDK and host method it shares with the other operators of its
@@ -122,6 +126,16 @@ impl Op {
     /// The ABI version that introduced it.
     pub fn since(self) -> (u32, u32) {
         self.info().since
+    }
+
+    /// The ABI version from which it takes `dtype` for its `T` tensors:
+    /// [`Op::since`], or the later minor that added the dtype.
+    pub fn dtype_since(self, dtype: DType) -> (u32, u32) {
+        self.info()
+            .added
+            .iter()
+            .find(|(d, _)| *d == dtype)
+            .map_or(self.since(), |&(_, v)| v)
     }
 }
 

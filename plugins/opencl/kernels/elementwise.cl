@@ -58,6 +58,20 @@ inline A pc_gelu(A x) {
 #define PC_GELU 8
 #define PC_GELU_ERF 9
 #define PC_SIGMOID 10
+#define PC_SIN 11
+#define PC_COS 12
+
+// sin and cos (ABI 1.3) in double where the device has it (its argument
+// reduction is exact for every finite argument, a rotary table's 1e5 rad
+// included), rounded once to A; in A otherwise (OpenCL's full profile
+// bounds float sin and cos to 4 ULPs).
+#if defined(PC_F64) || defined(PC_HAS_FP64)
+inline A pc_sin(A x) { return (A)sin((double)x); }
+inline A pc_cos(A x) { return (A)cos((double)x); }
+#else
+inline A pc_sin(A x) { return sin(x); }
+inline A pc_cos(A x) { return cos(x); }
+#endif
 
 #define PC_FRAC_1_SQRT_2 ((A)0.7071067811865476)
 #define PC_FRAC_1_SQRT_2PI ((A)0.3989422804014327)
@@ -99,6 +113,8 @@ __kernel void pc_unary(__global const S *x, pc_layout xl, __global S *out, pc_la
     case PC_SILU: r = v * pc_sigmoid_c(v, &c); break;
     case PC_GELU: r = pc_gelu(v); break;
     case PC_GELU_ERF: r = pc_gelu_erf(v); break;
+    case PC_SIN: r = pc_sin(v); break;
+    case PC_COS: r = pc_cos(v); break;
     default: r = pc_sigmoid(v); break;
     }
     ST(out, pc_at(&ol, i), r);
@@ -189,4 +205,25 @@ __kernel void pc_scale(__global S *x, pc_layout xl, A alpha, long n) {
     if (i >= n) return;
     long j = pc_at(&xl, i);
     ST(x, j, LD(x, j) * alpha);
+}
+
+// The comparisons of ABI 1.3 on a floating dtype (values widened exactly
+// to A; IEEE: only != is true with NaN, -0 == +0): 0 eq, 1 ne, 2 lt, 3 le,
+// 4 gt, 5 ge. out is bool (uchar).
+__kernel void pc_compare(__global const S *a, pc_layout al, __global const S *b, pc_layout bl,
+                         __global uchar *out, pc_layout ol, int op, long n) {
+    long i = get_global_id(0);
+    if (i >= n) return;
+    A x = LD(a, pc_at(&al, i));
+    A y = LD(b, pc_at(&bl, i));
+    int r;
+    switch (op) {
+    case 0: r = x == y; break;
+    case 1: r = x != y; break;
+    case 2: r = x < y; break;
+    case 3: r = x <= y; break;
+    case 4: r = x > y; break;
+    default: r = x >= y; break;
+    }
+    out[pc_at(&ol, i)] = (uchar)(r ? 1 : 0);
 }

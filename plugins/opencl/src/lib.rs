@@ -28,12 +28,13 @@ use std::sync::Arc;
 use cl3::command_queue::{enqueue_copy_buffer, enqueue_read_buffer, enqueue_write_buffer};
 use opencl3::event::Event as ClEvent;
 use polychip_plugin_sdk::{
-    ActivationBackwardArgs, ActivationBackwardOp, AdamwArgs, AttentionArgs, AttentionBackwardArgs,
-    BinaryArgs, BinaryOp, CastArgs, CopyArgs, CopyKind, CrossEntropyArgs, CrossEntropyBackwardArgs,
-    DeviceProps, EmbeddingArgs, EmbeddingBackwardArgs, Error, FillArgs, Host, LayerNormArgs,
-    LayerNormBackwardArgs, LinearArgs, MatmulArgs, Operators, OutputBackwardArgs, OutputBackwardOp,
-    Plugin, PowScalarArgs, Queue, ReduceArgs, ReduceOp, Result, RmsNormArgs, RmsNormBackwardArgs,
-    RopeArgs, ScaleArgs, SoftmaxArgs, SoftmaxBackwardArgs, SumSquaresArgs, SwigluArgs,
+    ActivationBackwardArgs, ActivationBackwardOp, AdamwArgs, ArangeArgs, AttentionArgs,
+    AttentionBackwardArgs, BinaryArgs, BinaryOp, CastArgs, CompareArgs, CompareOp, ConvertArgs,
+    CopyArgs, CopyKind, CrossEntropyArgs, CrossEntropyBackwardArgs, DeviceProps, EmbeddingArgs,
+    EmbeddingBackwardArgs, Error, FillArgs, Host, LayerNormArgs, LayerNormBackwardArgs, LinearArgs,
+    MaskedFillArgs, MatmulArgs, Operators, OutputBackwardArgs, OutputBackwardOp, Plugin,
+    PowScalarArgs, Queue, ReduceArgs, ReduceOp, Result, RmsNormArgs, RmsNormBackwardArgs, RopeArgs,
+    ScaleArgs, SelectArgs, SoftmaxArgs, SoftmaxBackwardArgs, SumSquaresArgs, SwigluArgs,
     SwigluBackwardArgs, UnaryArgs, UnaryOp, export_plugin,
 };
 
@@ -345,6 +346,35 @@ impl Operators for OpenCl {
         ops::elementwise::output_backward(Ctx::new(self, queue, op.op().name()), op, args)
     }
 
+    unsafe fn convert(&self, queue: Queue<'_, Stream>, args: &ConvertArgs<'_>) -> Result<()> {
+        ops::data::convert(Ctx::new(self, queue, "convert"), args)
+    }
+
+    unsafe fn arange(&self, queue: Queue<'_, Stream>, args: &ArangeArgs<'_>) -> Result<()> {
+        ops::data::arange(Ctx::new(self, queue, "arange"), args)
+    }
+
+    unsafe fn select(&self, queue: Queue<'_, Stream>, args: &SelectArgs<'_>) -> Result<()> {
+        ops::elementwise::select(Ctx::new(self, queue, "select"), args)
+    }
+
+    unsafe fn masked_fill(
+        &self,
+        queue: Queue<'_, Stream>,
+        args: &MaskedFillArgs<'_>,
+    ) -> Result<()> {
+        ops::elementwise::masked_fill(Ctx::new(self, queue, "masked_fill"), args)
+    }
+
+    unsafe fn compare(
+        &self,
+        queue: Queue<'_, Stream>,
+        op: CompareOp,
+        args: &CompareArgs<'_>,
+    ) -> Result<()> {
+        ops::elementwise::compare(Ctx::new(self, queue, op.op().name()), op, args)
+    }
+
     unsafe fn reduce(
         &self,
         queue: Queue<'_, Stream>,
@@ -364,6 +394,7 @@ export_plugin!(
         log_softmax, log_softmax_backward, rms_norm, rms_norm_backward, layer_norm,
         layer_norm_backward, rope, rope_backward, attention, attention_backward, embedding,
         embedding_backward, cross_entropy, cross_entropy_backward, adamw, scale, gelu_erf,
-        gelu_erf_backward, sigmoid, sigmoid_backward, tanh_backward
+        gelu_erf_backward, sigmoid, sigmoid_backward, tanh_backward, sin, cos, select,
+        masked_fill, convert, arange, eq, ne, lt, le, gt, ge
     ]
 );

@@ -426,7 +426,13 @@ def _binary(name: str, a: Any, b: Any, alpha: Any = 1, inplace: bool = False) ->
         return _fallback(op, a, b, **extra)
     # In place into a narrower dtype (bf16 += f32) PyTorch computes in the
     # promoted dtype and rounds once into ``a``: so does the copy below.
-    if dtype not in _FLOATS or _NAMES[dtype] not in ops.DTYPES[name]:
+    # Integers (ABI 1.3): add, sub and mul on i32 and i64, wrapping as
+    # PyTorch does, with an integer alpha and scalars the dtype holds.
+    integer = dtype in _INTEGER_BINARY and name in ("add", "sub", "mul")
+    if integer:
+        if not _integer_operands(dtype, alpha, bv if scalar else None):
+            return _fallback(op, a, b, **extra)
+    elif dtype not in _FLOATS or _NAMES[dtype] not in ops.DTYPES[name]:
         return _fallback(op, a, b, **extra)
     if isinstance(alpha, complex) or (scalar and isinstance(bv, complex)):
         return _fallback(op, a, b, **extra)
@@ -488,8 +494,43 @@ def _binary(name: str, a: Any, b: Any, alpha: Any = 1, inplace: bool = False) ->
             bt = bt.clone()
     else:
         out = _like(shape, dtype, at, bt)
+    if integer:
+        # A plugin older than ABI 1.3 is refused integers (as not
+        # implemented) before anything runs: the CPU computes instead.
+        call = lambda: getattr(ops, name)(_pc(at), _pc(bt), _pc(out), float(alpha))  # noqa: E731
+        if not _runs_dtype(call):
+            return _fallback(op, a, b, **extra)
+        return out
     getattr(ops, name)(_pc(at), _pc(bt), _pc(out), float(alpha))
     return out
+
+
+# The integer dtypes of ABI 1.3's add, sub and mul.
+_INTEGER_BINARY = (torch.int32, torch.int64)
+
+
+def _integer_operands(dtype: torch.dtype, alpha: Any, scalar: Any) -> bool:
+    """Whether an integer add, sub or mul can run on the plugin: alpha a
+    Python integer of at most 2^53 (the ABI's rule), and a scalar operand
+    an integer the dtype holds (of at most 2^53: it travels as a double)."""
+    if type(alpha) is not int or abs(alpha) > 2**53:
+        return False
+    if scalar is None:
+        return True
+    if type(scalar) is not int or abs(scalar) > 2**53:
+        return False
+    lo, hi = _INT_RANGES[dtype]
+    return lo <= scalar <= hi
+
+
+def _runs_dtype(call: Callable[[], Any]) -> bool:
+    """Calls ``call``; False, nothing written, when the host refuses it as
+    not implemented (a dtype newer than the plugin's ABI minor)."""
+    try:
+        call()
+    except errors.Unimplemented:
+        return False
+    return True
 
 
 def _overlaps_partially(out: torch.Tensor, x: torch.Tensor) -> bool:
@@ -560,7 +601,10 @@ def _rsub(self: torch.Tensor, other: Any, alpha: Any = 1) -> torch.Tensor:
     return _binary("sub", other, self, alpha)
 
 
-_UNARY = ("neg", "exp", "log", "sqrt", "rsqrt", "tanh", "relu", "silu")
+# ``sin`` and ``cos`` came with ABI 1.3: on a plugin of an older minor (its
+# table has no entry for them) they fall back, as a dtype the operator
+# lacks does.
+_UNARY = ("neg", "exp", "log", "sqrt", "rsqrt", "tanh", "relu", "silu", "sin", "cos")
 
 
 def _unary(name: str, x: torch.Tensor, op: Any, out: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -572,7 +616,10 @@ def _unary(name: str, x: torch.Tensor, op: Any, out: Optional[torch.Tensor] = No
         result = x
     else:
         return _write_into(out, _unary(name, x, op))
-    getattr(ops, name)(_pc(x), _pc(result))
+    if not _runs(name, x.device, lambda: getattr(ops, name)(_pc(x), _pc(result))):
+        # The in-place operator (``sin_``) takes no ``out``.
+        takes_out = out is not None and op._schema.overload_name == "out"
+        return _fallback(op, x, out=out) if takes_out else _fallback(op, x)
     return result
 
 
@@ -598,6 +645,239 @@ def _register_unary(name: str) -> None:
 
 for _name in _UNARY:
     _register_unary(_name)
+
+
+# ------------------------------------------- selection and comparison (ABI 1.3)
+
+# The ranges an integer dtype holds: a value outside them is refused by
+# PyTorch's masked_fill (and wraps in a comparison's scalar), so such calls
+# go to the CPU rather than to the ABI's saturating conversion.
+_INT_RANGES = {
+    torch.int32: (-(2**31), 2**31 - 1),
+    torch.int64: (-(2**63), 2**63 - 1),
+    torch.uint8: (0, 255),
+}
+
+
+def _scalar_fits(value: Any, dtype: torch.dtype) -> bool:
+    """Whether the Python number ``value`` converts to ``dtype`` as the
+    ABI's `fill` converts it and as PyTorch does (no complex; an integer
+    dtype takes only finite values inside its range)."""
+    if isinstance(value, complex):
+        return False
+    bounds = _INT_RANGES.get(dtype)
+    if bounds is None:
+        return True
+    if isinstance(value, float) and not math.isfinite(value):
+        return False
+    return bounds[0] <= value <= bounds[1]
+
+
+def _to_device_dtype(x: torch.Tensor, like: torch.Tensor, dtype: torch.dtype) -> Optional[torch.Tensor]:
+    """``x`` as a tensor of ``dtype`` on ``like``'s device (a conversion is
+    the plugin's `convert`, ABI 1.3, or a counted fallback of its own), or
+    None where that takes more than a 0-d CPU tensor's move."""
+    if _on_device(x):
+        if x.device != like.device:
+            return None
+    elif x.dim() != 0:
+        return None
+    return x.to(device=like.device, dtype=dtype)
+
+
+def _broadcast3(a: Sequence[int], b: Sequence[int], c: Sequence[int]) -> Tuple[int, ...]:
+    return _broadcast(_broadcast(a, b), c)
+
+
+@_impl("where.self")
+def _where(condition: torch.Tensor, self: Any, other: Any) -> torch.Tensor:
+    # cond ? self : other, the three broadcast: one `select` (ABI 1.3).
+    op = aten.where.self
+    if (
+        not isinstance(self, torch.Tensor)
+        or not isinstance(other, torch.Tensor)
+        or condition.dtype != torch.bool
+        or not _on_device(condition)
+    ):
+        return _fallback(op, condition, self, other)
+    dtype = torch.result_type(self, other)
+    if _NAMES.get(dtype) not in ops.DTYPES["select"]:
+        return _fallback(op, condition, self, other)
+    a = _to_device_dtype(self, condition, dtype)
+    b = _to_device_dtype(other, condition, dtype)
+    if a is None or b is None:
+        return _fallback(op, condition, self, other)
+    shape = _broadcast3(condition.shape, a.shape, b.shape)
+    out = _like(shape, dtype, a, b, condition)
+    call = lambda: ops.select(_pc(condition), _pc(a), _pc(b), _pc(out))  # noqa: E731
+    if not _runs("select", condition.device, call):
+        return _fallback(op, condition, self, other)
+    return out
+
+
+@_impl("where.self_out")
+def _where_out(condition: torch.Tensor, self: Any, other: Any, *, out: torch.Tensor) -> torch.Tensor:
+    return _write_into(out, _where(condition, self, other))
+
+
+def _masked_fill(op: Any, self: torch.Tensor, mask: torch.Tensor, value: Any, inplace: bool) -> torch.Tensor:
+    # mask ? value : self, the mask broadcast to self: one `masked_fill`
+    # (ABI 1.3), in place for masked_fill_. The value is converted as the
+    # ABI's `fill` converts it, which is PyTorch's conversion wherever
+    # PyTorch accepts the value.
+    v = value
+    if isinstance(v, torch.Tensor):
+        if v.dim() != 0:
+            return _fallback(op, self, mask, value)
+        v = v.item()
+    if (
+        mask.dtype != torch.bool
+        or not _on_device(self, mask)
+        or mask.device != self.device
+        or _NAMES.get(self.dtype) not in ops.DTYPES["masked_fill"]
+        or not _scalar_fits(v, self.dtype)
+    ):
+        return _fallback(op, self, mask, value)
+    shape = tuple(self.shape)
+    try:
+        if _broadcast(mask.shape, shape) != shape:
+            return _fallback(op, self, mask, value)
+    except RuntimeError:
+        return _fallback(op, self, mask, value)
+    if inplace:
+        out = self
+        if _overlaps_partially(out, mask) or out.untyped_storage().data_ptr() == mask.untyped_storage().data_ptr():
+            mask = mask.clone()
+    else:
+        out = _like(shape, self.dtype, self)
+    call = lambda: ops.masked_fill(_pc(self), _pc(mask), _pc(out), float(v))  # noqa: E731
+    if not _runs("masked_fill", self.device, call):
+        return _fallback(op, self, mask, value)
+    return out
+
+
+@_impl("masked_fill.Scalar")
+def _masked_fill_scalar(self: torch.Tensor, mask: torch.Tensor, value: Any) -> torch.Tensor:
+    return _masked_fill(aten.masked_fill.Scalar, self, mask, value, False)
+
+
+@_impl("masked_fill_.Scalar")
+def _masked_fill_scalar_(self: torch.Tensor, mask: torch.Tensor, value: Any) -> torch.Tensor:
+    return _masked_fill(aten.masked_fill_.Scalar, self, mask, value, True)
+
+
+@_impl("masked_fill.Tensor")
+def _masked_fill_tensor(self: torch.Tensor, mask: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+    return _masked_fill(aten.masked_fill.Tensor, self, mask, value, False)
+
+
+@_impl("masked_fill_.Tensor")
+def _masked_fill_tensor_(self: torch.Tensor, mask: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+    return _masked_fill(aten.masked_fill_.Tensor, self, mask, value, True)
+
+
+# arange's output dtypes whose values PyTorch's CPU kernel computes as the
+# ABI's `arange` does: the integers, exactly. Its floating kernel adds the
+# step to a vector's base in the output's dtype (lanes `base + j * step`),
+# which differs from the ABI's `start + i * step` rounded once in the last
+# bits, so floating ranges stay on the CPU (counted).
+_ARANGE = (torch.int32, torch.int64, torch.uint8)
+
+
+@_impl("arange.start_out")
+def _arange_out(start: Any, end: Any, step: Any = 1, *, out: torch.Tensor) -> torch.Tensor:
+    # out[i] = start + i * step: one `arange` (ABI 1.3). The size as
+    # PyTorch computes it: ceil((end - start) / step) in double (exactly
+    # in integers for int64), with its refusals left to the CPU.
+    op = aten.arange.start_out
+    values = (start, end, step)
+    if (
+        not _on_device(out)
+        or out.dtype not in _ARANGE
+        or not all(type(v) in (int, float) for v in values)
+        or not all(math.isfinite(v) for v in values)
+        or step == 0
+        or (end - start) * step < 0
+        or max(abs(start), abs(end), abs(step)) > 2**31
+    ):
+        return _fallback(op, start, end, step, out=out)
+    integral = out.dtype not in _FLOATS
+    if integral and not all(type(v) is int for v in values):
+        return _fallback(op, start, end, step, out=out)
+    if out.dtype == torch.int64:
+        n = -((start - end) // step)
+    else:
+        n = math.ceil((float(end) - float(start)) / float(step))
+    n = max(int(n), 0)
+    if integral:
+        last = start + (n - 1) * step if n else start
+        lo, hi = _INT_RANGES[out.dtype]
+        if not (lo <= start <= hi and lo <= last <= hi):
+            return _fallback(op, start, end, step, out=out)
+    if out.numel() != n:
+        out.resize_((n,))
+    if out.dim() != 1:
+        return _fallback(op, start, end, step, out=out)
+    call = lambda: ops.arange(_pc(out), float(start), float(step))  # noqa: E731
+    if not _runs("arange", out.device, call):
+        return _fallback(op, start, end, step, out=out)
+    return out
+
+
+_COMPARE = ("eq", "ne", "lt", "le", "gt", "ge")
+
+
+def _compare(name: str, op: Any, a: torch.Tensor, b: Any) -> torch.Tensor:
+    # a OP b (bool), with PyTorch's promotion and broadcasting: one
+    # comparison (ABI 1.3) where both sides already have, or cast between
+    # floating dtypes to, the promoted dtype.
+    if not isinstance(a, torch.Tensor) or not _on_device(a):
+        return _fallback(op, a, b)
+    dtype = _result_type(a, b)
+    if _NAMES.get(dtype) not in ops.DTYPES[name]:
+        return _fallback(op, a, b)
+    if _is_scalar(b):
+        v = _scalar(b)
+        if isinstance(v, bool) or not _scalar_fits(v, dtype):
+            return _fallback(op, a, b)
+        bt = _constant(v, dtype, a)
+    else:
+        bt = _to_device_dtype(b, a, dtype)
+        if bt is None:
+            return _fallback(op, a, b)
+    at = a if a.dtype == dtype else a.to(dtype)
+    shape = _broadcast(at.shape, bt.shape)
+    out = _like(shape, torch.bool, at, bt)
+    call = lambda: getattr(ops, name)(_pc(at), _pc(bt), _pc(out))  # noqa: E731
+    if not _runs(name, a.device, call):
+        return _fallback(op, a, b)
+    return out
+
+
+def _register_compare(name: str) -> None:
+    tensor_op = getattr(aten, name).Tensor
+    scalar_op = getattr(aten, name).Scalar
+
+    def on_tensor(self: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
+        return _compare(name, tensor_op, self, other)
+
+    def on_scalar(self: torch.Tensor, other: Any) -> torch.Tensor:
+        return _compare(name, scalar_op, self, other)
+
+    def tensor_out(self: torch.Tensor, other: torch.Tensor, *, out: torch.Tensor) -> torch.Tensor:
+        return _write_into(out, _compare(name, tensor_op, self, other))
+
+    def scalar_out(self: torch.Tensor, other: Any, *, out: torch.Tensor) -> torch.Tensor:
+        return _write_into(out, _compare(name, scalar_op, self, other))
+
+    _impl(f"{name}.Tensor")(on_tensor)
+    _impl(f"{name}.Scalar")(on_scalar)
+    _impl(f"{name}.Tensor_out")(tensor_out)
+    _impl(f"{name}.Scalar_out")(scalar_out)
+
+
+for _name in _COMPARE:
+    _register_compare(_name)
 
 
 # aten's GELU forms: "tanh" is the ABI's `gelu`, "none" (nn.GELU's
@@ -666,7 +946,8 @@ def _threshold_backward(grad: torch.Tensor, self: torch.Tensor, threshold: Any) 
 def _tanh_backward(grad: torch.Tensor, output: torch.Tensor) -> torch.Tensor:
     # grad * (1 - y^2), from tanh's output y: one `tanh_backward` (ABI 1.2);
     # on a plugin without it, as before, three arithmetic calls.
-    if grad.dtype != output.dtype or grad.shape != output.shape or not _ok("mul", grad):
+    # (`mul` takes integers since ABI 1.3: the floating check is explicit.)
+    if grad.dtype != output.dtype or grad.shape != output.shape or grad.dtype not in _FLOATS or not _ok("mul", grad):
         return _fallback(aten.tanh_backward.default, grad, output)
     if _ok("tanh_backward", grad):
         out = _like(output.shape, output.dtype, grad, output)
@@ -1856,7 +2137,7 @@ def _foreach_norm(tensors: Sequence[torch.Tensor], ord: Any = 2, dtype: Optional
 @_impl("lerp_.Scalar")
 def _lerp_(self: torch.Tensor, end: torch.Tensor, weight: Any) -> torch.Tensor:
     # self += weight * (end - self)
-    if not _ok("sub", self) or end.dtype != self.dtype or not _on_device(end) or isinstance(weight, complex):
+    if self.dtype not in _FLOATS or not _ok("sub", self) or end.dtype != self.dtype or not _on_device(end) or isinstance(weight, complex):
         return _fallback(aten.lerp_.Scalar, self, end, weight)
     diff = _empty(_broadcast(self.shape, end.shape), self.dtype, self)
     ops.sub(_pc(end), _pc(self), _pc(diff))
@@ -1866,7 +2147,13 @@ def _lerp_(self: torch.Tensor, end: torch.Tensor, weight: Any) -> torch.Tensor:
 
 def _addc(op_name: str, self: torch.Tensor, t1: torch.Tensor, t2: torch.Tensor, value: Any) -> torch.Tensor:
     op = getattr(aten, op_name).default
-    if not _on_device(t1, t2) or len({self.dtype, t1.dtype, t2.dtype}) != 1 or not _ok("mul", self) or isinstance(value, complex):
+    if (
+        not _on_device(t1, t2)
+        or len({self.dtype, t1.dtype, t2.dtype}) != 1
+        or self.dtype not in _FLOATS
+        or not _ok("mul", self)
+        or isinstance(value, complex)
+    ):
         return _fallback(op, self, t1, t2, value=value)
     tmp = _empty(_broadcast(t1.shape, t2.shape), self.dtype, self)
     (ops.mul if op_name == "addcmul_" else ops.div)(_pc(t1), _pc(t2), _pc(tmp))

@@ -45,7 +45,7 @@ fn cast(py: Python<'_>, src: &Tensor, dst: &Tensor, stream: Option<&Stream>) -> 
     check(py, error)
 }
 
-/// `add`: `a + alpha * b`. On f32, f16, bf16 or f64. Since 1.0.
+/// `add`: `a + alpha * b`. On f32, f16, bf16, f64, i32 or i64 (i32 since 1.3, i64 since 1.3). Since 1.0.
 #[pyfunction]
 #[pyo3(signature = (a, b, out, alpha = 1.0, *, stream = None))]
 fn add(py: Python<'_>, a: &Tensor, b: &Tensor, out: &Tensor, alpha: f64, stream: Option<&Stream>) -> PyResult<()> {
@@ -57,7 +57,7 @@ fn add(py: Python<'_>, a: &Tensor, b: &Tensor, out: &Tensor, alpha: f64, stream:
     check(py, error)
 }
 
-/// `sub`: `a - alpha * b`. On f32, f16, bf16 or f64. Since 1.0.
+/// `sub`: `a - alpha * b`. On f32, f16, bf16, f64, i32 or i64 (i32 since 1.3, i64 since 1.3). Since 1.0.
 #[pyfunction]
 #[pyo3(signature = (a, b, out, alpha = 1.0, *, stream = None))]
 fn sub(py: Python<'_>, a: &Tensor, b: &Tensor, out: &Tensor, alpha: f64, stream: Option<&Stream>) -> PyResult<()> {
@@ -69,7 +69,7 @@ fn sub(py: Python<'_>, a: &Tensor, b: &Tensor, out: &Tensor, alpha: f64, stream:
     check(py, error)
 }
 
-/// `mul`: `a * b`. On f32, f16, bf16 or f64. Since 1.0.
+/// `mul`: `a * b`. On f32, f16, bf16, f64, i32 or i64 (i32 since 1.3, i64 since 1.3). Since 1.0.
 #[pyfunction]
 #[pyo3(signature = (a, b, out, alpha = 1.0, *, stream = None))]
 fn mul(py: Python<'_>, a: &Tensor, b: &Tensor, out: &Tensor, alpha: f64, stream: Option<&Stream>) -> PyResult<()> {
@@ -638,6 +638,146 @@ fn tanh_backward(py: Python<'_>, grad_out: &Tensor, output: &Tensor, grad_in: &T
     check(py, error)
 }
 
+/// `sin`: Sine (exact argument reduction). On f32, f16 or bf16. Since 1.3.
+#[pyfunction]
+#[pyo3(signature = (input, out, *, stream = None))]
+fn sin(py: Python<'_>, input: &Tensor, out: &Tensor, stream: Option<&Stream>) -> PyResult<()> {
+    let input = input.handle;
+    let out = out.handle;
+    let stream = stream.map_or(0, |s| s.handle);
+    let error = py.detach(move || handle(polychip_op_sin(stream as *const _, input as *const _, out as *const _)));
+    check(py, error)
+}
+
+/// `cos`: Cosine (exact argument reduction). On f32, f16 or bf16. Since 1.3.
+#[pyfunction]
+#[pyo3(signature = (input, out, *, stream = None))]
+fn cos(py: Python<'_>, input: &Tensor, out: &Tensor, stream: Option<&Stream>) -> PyResult<()> {
+    let input = input.handle;
+    let out = out.handle;
+    let stream = stream.map_or(0, |s| s.handle);
+    let error = py.detach(move || handle(polychip_op_cos(stream as *const _, input as *const _, out as *const _)));
+    check(py, error)
+}
+
+/// `select`: `cond ? a : b`, broadcast (PyTorch's `where`). On any dtype. Since 1.3.
+#[pyfunction]
+#[pyo3(signature = (cond, a, b, out, *, stream = None))]
+fn select(py: Python<'_>, cond: &Tensor, a: &Tensor, b: &Tensor, out: &Tensor, stream: Option<&Stream>) -> PyResult<()> {
+    let cond = cond.handle;
+    let a = a.handle;
+    let b = b.handle;
+    let out = out.handle;
+    let stream = stream.map_or(0, |s| s.handle);
+    let error = py.detach(move || handle(polychip_op_select(stream as *const _, cond as *const _, a as *const _, b as *const _, out as *const _)));
+    check(py, error)
+}
+
+/// `masked_fill`: `mask ? value : input`. On any dtype. Since 1.3.
+#[pyfunction]
+#[pyo3(signature = (input, mask, out, value, *, stream = None))]
+fn masked_fill(py: Python<'_>, input: &Tensor, mask: &Tensor, out: &Tensor, value: f64, stream: Option<&Stream>) -> PyResult<()> {
+    let input = input.handle;
+    let mask = mask.handle;
+    let out = out.handle;
+    let stream = stream.map_or(0, |s| s.handle);
+    let error = py.detach(move || handle(polychip_op_masked_fill(stream as *const _, input as *const _, mask as *const _, out as *const _, value)));
+    check(py, error)
+}
+
+/// `convert`: Conversion between any two dtypes (PyTorch's `.to()`). On any dtype. Since 1.3.
+#[pyfunction]
+#[pyo3(signature = (src, dst, *, stream = None))]
+fn convert(py: Python<'_>, src: &Tensor, dst: &Tensor, stream: Option<&Stream>) -> PyResult<()> {
+    let src = src.handle;
+    let dst = dst.handle;
+    let stream = stream.map_or(0, |s| s.handle);
+    let error = py.detach(move || handle(polychip_op_convert(stream as *const _, src as *const _, dst as *const _)));
+    check(py, error)
+}
+
+/// `arange`: `out[i] = start + i * step`. On f32, f16, bf16, f64, i32, i64 or u8. Since 1.3.
+#[pyfunction]
+#[pyo3(signature = (out, start, step, *, stream = None))]
+fn arange(py: Python<'_>, out: &Tensor, start: f64, step: f64, stream: Option<&Stream>) -> PyResult<()> {
+    let out = out.handle;
+    let stream = stream.map_or(0, |s| s.handle);
+    let error = py.detach(move || handle(polychip_op_arange(stream as *const _, out as *const _, start, step)));
+    check(py, error)
+}
+
+/// `eq`: `a == b` (bool). On f32, f16, bf16, f64, i32, i64 or u8. Since 1.3.
+#[pyfunction]
+#[pyo3(signature = (a, b, out, *, stream = None))]
+fn eq(py: Python<'_>, a: &Tensor, b: &Tensor, out: &Tensor, stream: Option<&Stream>) -> PyResult<()> {
+    let a = a.handle;
+    let b = b.handle;
+    let out = out.handle;
+    let stream = stream.map_or(0, |s| s.handle);
+    let error = py.detach(move || handle(polychip_op_eq(stream as *const _, a as *const _, b as *const _, out as *const _)));
+    check(py, error)
+}
+
+/// `ne`: `a != b` (bool). On f32, f16, bf16, f64, i32, i64 or u8. Since 1.3.
+#[pyfunction]
+#[pyo3(signature = (a, b, out, *, stream = None))]
+fn ne(py: Python<'_>, a: &Tensor, b: &Tensor, out: &Tensor, stream: Option<&Stream>) -> PyResult<()> {
+    let a = a.handle;
+    let b = b.handle;
+    let out = out.handle;
+    let stream = stream.map_or(0, |s| s.handle);
+    let error = py.detach(move || handle(polychip_op_ne(stream as *const _, a as *const _, b as *const _, out as *const _)));
+    check(py, error)
+}
+
+/// `lt`: `a < b` (bool). On f32, f16, bf16, f64, i32, i64 or u8. Since 1.3.
+#[pyfunction]
+#[pyo3(signature = (a, b, out, *, stream = None))]
+fn lt(py: Python<'_>, a: &Tensor, b: &Tensor, out: &Tensor, stream: Option<&Stream>) -> PyResult<()> {
+    let a = a.handle;
+    let b = b.handle;
+    let out = out.handle;
+    let stream = stream.map_or(0, |s| s.handle);
+    let error = py.detach(move || handle(polychip_op_lt(stream as *const _, a as *const _, b as *const _, out as *const _)));
+    check(py, error)
+}
+
+/// `le`: `a <= b` (bool). On f32, f16, bf16, f64, i32, i64 or u8. Since 1.3.
+#[pyfunction]
+#[pyo3(signature = (a, b, out, *, stream = None))]
+fn le(py: Python<'_>, a: &Tensor, b: &Tensor, out: &Tensor, stream: Option<&Stream>) -> PyResult<()> {
+    let a = a.handle;
+    let b = b.handle;
+    let out = out.handle;
+    let stream = stream.map_or(0, |s| s.handle);
+    let error = py.detach(move || handle(polychip_op_le(stream as *const _, a as *const _, b as *const _, out as *const _)));
+    check(py, error)
+}
+
+/// `gt`: `a > b` (bool). On f32, f16, bf16, f64, i32, i64 or u8. Since 1.3.
+#[pyfunction]
+#[pyo3(signature = (a, b, out, *, stream = None))]
+fn gt(py: Python<'_>, a: &Tensor, b: &Tensor, out: &Tensor, stream: Option<&Stream>) -> PyResult<()> {
+    let a = a.handle;
+    let b = b.handle;
+    let out = out.handle;
+    let stream = stream.map_or(0, |s| s.handle);
+    let error = py.detach(move || handle(polychip_op_gt(stream as *const _, a as *const _, b as *const _, out as *const _)));
+    check(py, error)
+}
+
+/// `ge`: `a >= b` (bool). On f32, f16, bf16, f64, i32, i64 or u8. Since 1.3.
+#[pyfunction]
+#[pyo3(signature = (a, b, out, *, stream = None))]
+fn ge(py: Python<'_>, a: &Tensor, b: &Tensor, out: &Tensor, stream: Option<&Stream>) -> PyResult<()> {
+    let a = a.handle;
+    let b = b.handle;
+    let out = out.handle;
+    let stream = stream.map_or(0, |s| s.handle);
+    let error = py.detach(move || handle(polychip_op_ge(stream as *const _, a as *const _, b as *const _, out as *const _)));
+    check(py, error)
+}
+
 /// Adds every operator to `m`, and `DTYPES`: operator name to the dtypes
 /// its `T` tensors may have.
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -693,13 +833,25 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(sigmoid, m)?)?;
     m.add_function(wrap_pyfunction!(sigmoid_backward, m)?)?;
     m.add_function(wrap_pyfunction!(tanh_backward, m)?)?;
+    m.add_function(wrap_pyfunction!(sin, m)?)?;
+    m.add_function(wrap_pyfunction!(cos, m)?)?;
+    m.add_function(wrap_pyfunction!(select, m)?)?;
+    m.add_function(wrap_pyfunction!(masked_fill, m)?)?;
+    m.add_function(wrap_pyfunction!(convert, m)?)?;
+    m.add_function(wrap_pyfunction!(arange, m)?)?;
+    m.add_function(wrap_pyfunction!(eq, m)?)?;
+    m.add_function(wrap_pyfunction!(ne, m)?)?;
+    m.add_function(wrap_pyfunction!(lt, m)?)?;
+    m.add_function(wrap_pyfunction!(le, m)?)?;
+    m.add_function(wrap_pyfunction!(gt, m)?)?;
+    m.add_function(wrap_pyfunction!(ge, m)?)?;
     let dtypes = pyo3::types::PyDict::new(m.py());
     dtypes.set_item("fill", ("float32", "float16", "bfloat16", "float64", "int32", "int64", "uint8", "bool",))?;
     dtypes.set_item("copy", ("float32", "float16", "bfloat16", "float64", "int32", "int64", "uint8", "bool",))?;
     dtypes.set_item("cast", ("float32", "float16", "bfloat16", "float64",))?;
-    dtypes.set_item("add", ("float32", "float16", "bfloat16", "float64",))?;
-    dtypes.set_item("sub", ("float32", "float16", "bfloat16", "float64",))?;
-    dtypes.set_item("mul", ("float32", "float16", "bfloat16", "float64",))?;
+    dtypes.set_item("add", ("float32", "float16", "bfloat16", "float64", "int32", "int64",))?;
+    dtypes.set_item("sub", ("float32", "float16", "bfloat16", "float64", "int32", "int64",))?;
+    dtypes.set_item("mul", ("float32", "float16", "bfloat16", "float64", "int32", "int64",))?;
     dtypes.set_item("div", ("float32", "float16", "bfloat16", "float64",))?;
     dtypes.set_item("matmul", ("float32", "float16", "bfloat16", "float64",))?;
     dtypes.set_item("softmax", ("float32", "float16", "bfloat16", "float64",))?;
@@ -746,6 +898,18 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     dtypes.set_item("sigmoid", ("float32", "float16", "bfloat16",))?;
     dtypes.set_item("sigmoid_backward", ("float32", "float16", "bfloat16",))?;
     dtypes.set_item("tanh_backward", ("float32", "float16", "bfloat16",))?;
+    dtypes.set_item("sin", ("float32", "float16", "bfloat16",))?;
+    dtypes.set_item("cos", ("float32", "float16", "bfloat16",))?;
+    dtypes.set_item("select", ("float32", "float16", "bfloat16", "float64", "int32", "int64", "uint8", "bool",))?;
+    dtypes.set_item("masked_fill", ("float32", "float16", "bfloat16", "float64", "int32", "int64", "uint8", "bool",))?;
+    dtypes.set_item("convert", ("float32", "float16", "bfloat16", "float64", "int32", "int64", "uint8", "bool",))?;
+    dtypes.set_item("arange", ("float32", "float16", "bfloat16", "float64", "int32", "int64", "uint8",))?;
+    dtypes.set_item("eq", ("float32", "float16", "bfloat16", "float64", "int32", "int64", "uint8",))?;
+    dtypes.set_item("ne", ("float32", "float16", "bfloat16", "float64", "int32", "int64", "uint8",))?;
+    dtypes.set_item("lt", ("float32", "float16", "bfloat16", "float64", "int32", "int64", "uint8",))?;
+    dtypes.set_item("le", ("float32", "float16", "bfloat16", "float64", "int32", "int64", "uint8",))?;
+    dtypes.set_item("gt", ("float32", "float16", "bfloat16", "float64", "int32", "int64", "uint8",))?;
+    dtypes.set_item("ge", ("float32", "float16", "bfloat16", "float64", "int32", "int64", "uint8",))?;
     m.add("DTYPES", dtypes)?;
     Ok(())
 }

@@ -72,9 +72,11 @@ pub(super) fn emit(spec: &Spec) -> String {
                         Some(Shape::Like(x)) => rule.push(format!("like `{x}`")),
                         Some(Shape::Last(x)) => rule.push(format!("`[H]`, H = `{x}`'s last")),
                         Some(Shape::Rows(x)) => rule.push(format!("`{x}`'s rows")),
-                        Some(Shape::Broadcast(a, b)) => {
-                            rule.push(format!("broadcast of `{a}`, `{b}`"))
+                        Some(Shape::Broadcast(xs)) => {
+                            let xs: Vec<String> = xs.iter().map(|x| format!("`{x}`")).collect();
+                            rule.push(format!("broadcast of {}", xs.join(", ")))
                         }
+                        Some(Shape::BroadcastsTo(x)) => rule.push(format!("broadcasts to `{x}`")),
                         None => {}
                     }
                     if t.optional.is_some() {

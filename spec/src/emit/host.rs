@@ -129,7 +129,9 @@ fn arg_names(args: &Args) -> Vec<String> {
 }
 
 /// The body shared by every call of `args`: `op` and `entry` are in scope.
-fn body(out: &mut String, args: &Args) {
+/// `added`: whether one of its operators took on dtypes in a later minor
+/// (the call then checks the plugin's minor for the `T` tensor's dtype).
+fn body(out: &mut String, args: &Args, added: bool) {
     let present: Vec<&Field> = args
         .fields
         .iter()
@@ -173,6 +175,17 @@ fn body(out: &mut String, args: &Args) {
         checked.join(", ")
     )
     .unwrap();
+    if added {
+        let anchor = args
+            .fields
+            .iter()
+            .find(|f| {
+                f.tensor()
+                    .is_some_and(|t| t.dtype == crate::model::DType::T)
+            })
+            .expect("an operator with added dtypes has T tensors");
+        writeln!(out, "        self.dtype_since(op, {})?;", anchor.name).unwrap();
+    }
     let mut raw = vec![format!(
         "struct_size: size_of::<Polychip{}Args>()",
         args.name
@@ -234,7 +247,7 @@ fn single(out: &mut String, args: &Args, op: &Op) {
         op.name
     )
     .unwrap();
-    body(out, args);
+    body(out, args, !op.added.is_empty());
     out.push_str("    }\n");
 }
 
@@ -272,7 +285,8 @@ fn dispatcher(out: &mut String, spec: &Spec, args: &Args, group: &str) {
         .unwrap();
     }
     out.push_str("        };\n        let op = op.op();\n");
-    body(out, args);
+    let added = args.ops.iter().any(|&i| !spec.ops[i].added.is_empty());
+    body(out, args, added);
     out.push_str("    }\n");
 }
 

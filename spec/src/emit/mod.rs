@@ -112,10 +112,18 @@ fn field_doc(field: &Field) -> String {
 /// "f32, f16 or bf16", or "any dtype".
 fn dtypes_text(op: &Op) -> String {
     if op.any_dtype {
-        "any dtype".to_owned()
-    } else {
-        list(&op.dtypes, "or")
+        return "any dtype".to_owned();
     }
+    let text = list(&op.dtypes, "or");
+    if op.added.is_empty() {
+        return text;
+    }
+    let added: Vec<String> = op
+        .added
+        .iter()
+        .map(|(d, (major, minor))| format!("{d} since {major}.{minor}"))
+        .collect();
+    format!("{text} ({})", added.join(", "))
 }
 
 /// The op-table comment of an operator: its doc, dtypes and version.

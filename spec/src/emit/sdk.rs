@@ -83,9 +83,14 @@ fn op_enum(out: &mut String, spec: &Spec) {
     for op in &spec.ops {
         let args = &spec.args[op.args];
         let dtypes: Vec<String> = op.dtypes.iter().map(|d| dtype_path(d)).collect();
+        let added: Vec<String> = op
+            .added
+            .iter()
+            .map(|(d, (major, minor))| format!("({}, ({major}, {minor}))", dtype_path(d)))
+            .collect();
         writeln!(
             out,
-            "    OpInfo {{ op: Op::{}, args: \"Polychip{}Args\", size: size_of::<abi::Polychip{1}Args>(), table_offset: offset_of!(abi::PolychipOpTable, {}), since: ({}, {}), family: \"{}\", dtypes: &[{}], accepted: \"{}\", group: {}, fields: {}_FIELDS, doc: {:?} }},",
+            "    OpInfo {{ op: Op::{}, args: \"Polychip{}Args\", size: size_of::<abi::Polychip{1}Args>(), table_offset: offset_of!(abi::PolychipOpTable, {}), since: ({}, {}), family: \"{}\", dtypes: &[{}], added: &[{}], accepted: \"{}\", group: {}, fields: {}_FIELDS, doc: {:?} }},",
             variant(op),
             args.name,
             op.name,
@@ -93,6 +98,7 @@ fn op_enum(out: &mut String, spec: &Spec) {
             op.since.1,
             op.family,
             dtypes.join(", "),
+            added.join(", "),
             super::list_and(&op.dtypes),
             args.group.as_ref().map_or("None".to_owned(), |g| format!("Some(\"{g}\")")),
             args.snake().to_ascii_uppercase(),
@@ -426,10 +432,21 @@ fn checks(out: &mut String, spec: &Spec, args: &Args) {
             Some(Shape::Rows(x)) => {
                 format!("check::shape_rows(name, (\"{n}\", &{n}), (\"{x}\", &{x}))?;")
             }
-            Some(Shape::Broadcast(a, b)) => {
+            Some(Shape::Broadcast(xs)) if xs.len() == 2 => {
+                let (a, b) = (&xs[0], &xs[1]);
                 format!(
                     "check::shape_broadcast(name, (\"{n}\", &{n}), (\"{a}\", &{a}), (\"{b}\", &{b}))?;"
                 )
+            }
+            Some(Shape::Broadcast(xs)) => {
+                let list: Vec<String> = xs.iter().map(|x| format!("(\"{x}\", &{x})")).collect();
+                format!(
+                    "check::shape_broadcast_all(name, (\"{n}\", &{n}), &[{}])?;",
+                    list.join(", ")
+                )
+            }
+            Some(Shape::BroadcastsTo(x)) => {
+                format!("check::shape_broadcasts_to(name, (\"{n}\", &{n}), (\"{x}\", &{x}))?;")
             }
         };
         guarded(out, optional(f), &line);

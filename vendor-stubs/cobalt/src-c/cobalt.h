@@ -17,6 +17,8 @@
  *   ops_attention_grad.c, ops_embedding.c, ops_loss.c, ops_training.c
  *               the operators ABI 1.1 added
  *   ops_activation_1_2.c  the operators ABI 1.2 added
+ *   ops_1_3.c   the operators ABI 1.3 added (sin, cos, select, masked_fill,
+ *               convert, arange, the comparisons)
  * Nothing here is exported: the library is built with -fvisibility=hidden and
  * only polychip_plugin_init_v1 carries POLYCHIP_EXPORT.
  */
@@ -371,6 +373,23 @@ COBALT_OP(gelu_erf_backward, PolychipActivationBackwardArgs);
 COBALT_OP(sigmoid, PolychipUnaryArgs);
 COBALT_OP(sigmoid_backward, PolychipOutputBackwardArgs);
 COBALT_OP(tanh_backward, PolychipOutputBackwardArgs);
+/* ABI 1.3 (ops_1_3.c). */
+/* add (sign 1: a + alpha b), sub (-1: a - alpha b) or mul (0: a b) on i32
+ * or i64, wrapping; `a` and `b` already broadcast to out's shape. */
+PolychipError *cobalt_binary_int(const char *op, int sign, const cobalt_view *a,
+                                 const cobalt_view *b, const cobalt_view *out, double alpha);
+COBALT_OP(sin, PolychipUnaryArgs);
+COBALT_OP(cos, PolychipUnaryArgs);
+COBALT_OP(select, PolychipSelectArgs);
+COBALT_OP(masked_fill, PolychipMaskedFillArgs);
+COBALT_OP(convert, PolychipConvertArgs);
+COBALT_OP(arange, PolychipArangeArgs);
+COBALT_OP(eq, PolychipCompareArgs);
+COBALT_OP(ne, PolychipCompareArgs);
+COBALT_OP(lt, PolychipCompareArgs);
+COBALT_OP(le, PolychipCompareArgs);
+COBALT_OP(gt, PolychipCompareArgs);
+COBALT_OP(ge, PolychipCompareArgs);
 #undef COBALT_OP
 
 #endif /* COBALT_INTERNAL_H */

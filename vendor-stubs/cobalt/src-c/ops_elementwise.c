@@ -42,10 +42,12 @@ static PolychipError *binary(binary_kind kind, uint32_t device, PolychipStream *
     if (error != NULL) {
         return error;
     }
-    if (a.dtype != b.dtype || a.dtype != out.dtype || !cobalt_dtype_is_float(a.dtype)) {
+    int integer = (a.dtype == COBALT_I32 || a.dtype == COBALT_I64) && kind != BINARY_DIV;
+    if (a.dtype != b.dtype || a.dtype != out.dtype || !(cobalt_dtype_is_float(a.dtype) || integer)) {
         return cobalt_error(POLYCHIP_ERROR_DTYPE_MISMATCH,
                             "cobalt: %s: a is %s, b is %s and out is %s; all three must have the "
-                            "same floating dtype (f32, f16, bf16 or f64)",
+                            "same floating dtype (f32, f16, bf16 or f64), or for add, sub and mul "
+                            "(ABI 1.3) i32 or i64",
                             op, cobalt_dtype_name(a.dtype), cobalt_dtype_name(b.dtype),
                             cobalt_dtype_name(out.dtype));
     }
@@ -79,6 +81,10 @@ static PolychipError *binary(binary_kind kind, uint32_t device, PolychipStream *
         !cobalt_view_broadcast(&b, out.ndim, out.shape, &wide_b)) {
         return cobalt_error(POLYCHIP_ERROR_INTERNAL, "cobalt: %s: broadcasting failed after its check",
                             op);
+    }
+    if (integer) {
+        return cobalt_binary_int(op, kind == BINARY_ADD ? 1 : kind == BINARY_SUB ? -1 : 0,
+                                 &wide_a, &wide_b, &out, uses_alpha ? args->alpha : 1.0);
     }
     double *x = NULL;
     double *y = NULL;

@@ -261,6 +261,18 @@ static const PolychipOpTable g_ops = {
     .sigmoid = cobalt_op_sigmoid,
     .sigmoid_backward = cobalt_op_sigmoid_backward,
     .tanh_backward = cobalt_op_tanh_backward,
+    .sin = cobalt_op_sin,
+    .cos = cobalt_op_cos,
+    .select = cobalt_op_select,
+    .masked_fill = cobalt_op_masked_fill,
+    .convert = cobalt_op_convert,
+    .arange = cobalt_op_arange,
+    .eq = cobalt_op_eq,
+    .ne = cobalt_op_ne,
+    .lt = cobalt_op_lt,
+    .le = cobalt_op_le,
+    .gt = cobalt_op_gt,
+    .ge = cobalt_op_ge,
 };
 
 static const PolychipPluginApi g_plugin = {

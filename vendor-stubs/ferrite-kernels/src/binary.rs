@@ -44,6 +44,10 @@ pub unsafe fn binary(
     b.validate("binary", "b")?;
     out.validate("binary", "out")?;
     let dt = out.dtype;
+    if matches!(dt, DType::I32 | DType::I64) {
+        // SAFETY: forwarded from this function's contract.
+        return unsafe { crate::logic::binary_int(op, a, b, out, alpha) };
+    }
     if !dt.is_float() || a.dtype != dt || b.dtype != dt {
         bail!(
             "binary: need one float dtype, got a={:?} b={:?} out={:?}",

@@ -1,5 +1,6 @@
 //! Pointwise math of ABI 1.1 and 1.2: `unary` (`neg`, `exp`, `log`,
-//! `sqrt`, `rsqrt`, `tanh`, `relu`, `silu`, `gelu`; `gelu_erf`, `sigmoid`),
+//! `sqrt`, `rsqrt`, `tanh`, `relu`, `silu`, `gelu`; `gelu_erf`, `sigmoid`;
+//! 1.3's `sin`, `cos`),
 //! `pow_scalar` and the in-place `scale`. `f32`/`f16`/`bf16`, computed in
 //! `f32` (`pow` in `f64`) and rounded once; any strides; in place allowed.
 
@@ -36,6 +37,11 @@ pub enum UnaryOp {
     GeluErf,
     /// `1 / (1 + e^-x)` (ABI 1.2).
     Sigmoid,
+    /// Sine (ABI 1.3), computed in f64 (exact argument reduction) and
+    /// rounded once.
+    Sin,
+    /// Cosine (ABI 1.3), likewise.
+    Cos,
 }
 
 /// Checks a same-shape (input, output) pair of one float dtype.
@@ -97,6 +103,11 @@ pub unsafe fn unary(op: UnaryOp, input: &View, out: &View) -> Result<(), KernelE
                 map_blocks(ops, 4, gelu_erf_block)
             }
             UnaryOp::Sigmoid => pointwise(input, out, 2, sigmoid),
+            // f64's sin and cos reduce any f32 argument exactly (a rotary
+            // table's 1e5 rad included); rounding the f64 result to f32 and
+            // then to f16 or bf16 stays within 1 ULP of the output dtype.
+            UnaryOp::Sin => pointwise(input, out, 8, |x| f64::from(x).sin() as f32),
+            UnaryOp::Cos => pointwise(input, out, 8, |x| f64::from(x).cos() as f32),
         }
     }
     Ok(())

@@ -43,12 +43,13 @@ use std::ffi::CStr;
 
 use ferrite_kernels::{self as kernels, View};
 use polychip_plugin_sdk::{
-    ActivationBackwardArgs, ActivationBackwardOp, AdamwArgs, AttentionArgs, AttentionBackwardArgs,
-    BinaryArgs, BinaryOp, CastArgs, CopyArgs, CopyKind, CrossEntropyArgs, CrossEntropyBackwardArgs,
-    DeviceProps, EmbeddingArgs, EmbeddingBackwardArgs, FillArgs, Host, LayerNormArgs,
-    LayerNormBackwardArgs, LinearArgs, MatmulArgs, Operators, OutputBackwardArgs, OutputBackwardOp,
-    Plugin, PowScalarArgs, Queue, ReduceArgs, ReduceOp, Result, RmsNormArgs, RmsNormBackwardArgs,
-    RopeArgs, ScaleArgs, SoftmaxArgs, SoftmaxBackwardArgs, SumSquaresArgs, SwigluArgs,
+    ActivationBackwardArgs, ActivationBackwardOp, AdamwArgs, ArangeArgs, AttentionArgs,
+    AttentionBackwardArgs, BinaryArgs, BinaryOp, CastArgs, CompareArgs, CompareOp, ConvertArgs,
+    CopyArgs, CopyKind, CrossEntropyArgs, CrossEntropyBackwardArgs, DeviceProps, EmbeddingArgs,
+    EmbeddingBackwardArgs, FillArgs, Host, LayerNormArgs, LayerNormBackwardArgs, LinearArgs,
+    MaskedFillArgs, MatmulArgs, Operators, OutputBackwardArgs, OutputBackwardOp, Plugin,
+    PowScalarArgs, Queue, ReduceArgs, ReduceOp, Result, RmsNormArgs, RmsNormBackwardArgs, RopeArgs,
+    ScaleArgs, SelectArgs, SoftmaxArgs, SoftmaxBackwardArgs, SumSquaresArgs, SwigluArgs,
     SwigluBackwardArgs, UnaryArgs, UnaryOp, export_plugin,
 };
 
@@ -236,8 +237,42 @@ impl Operators for Ferrite {
             UnaryOp::Gelu => kernels::UnaryOp::Gelu,
             UnaryOp::GeluErf => kernels::UnaryOp::GeluErf,
             UnaryOp::Sigmoid => kernels::UnaryOp::Sigmoid,
+            UnaryOp::Sin => kernels::UnaryOp::Sin,
+            UnaryOp::Cos => kernels::UnaryOp::Cos,
         };
         launch!(self, queue, op.name(), args => |[i, o]| kernels::unary(k, i, o))
+    }
+
+    unsafe fn convert(&self, queue: Queue<'_, Stream>, args: &ConvertArgs<'_>) -> Result<()> {
+        launch!(self, queue, "convert", args => |[src, dst]| kernels::convert(src, dst))
+    }
+
+    unsafe fn arange(&self, queue: Queue<'_, Stream>, args: &ArangeArgs<'_>) -> Result<()> {
+        let (start, step) = (args.start, args.step);
+        launch!(self, queue, "arange", args => |[out]| kernels::arange(out, start, step))
+    }
+
+    unsafe fn select(&self, queue: Queue<'_, Stream>, args: &SelectArgs<'_>) -> Result<()> {
+        launch!(self, queue, "select", args => |[c, a, b, o]| kernels::select(c, a, b, o))
+    }
+
+    unsafe fn masked_fill(
+        &self,
+        queue: Queue<'_, Stream>,
+        args: &MaskedFillArgs<'_>,
+    ) -> Result<()> {
+        let value = args.value;
+        launch!(self, queue, "masked_fill", args => |[i, m, o]| kernels::masked_fill(i, m, o, value))
+    }
+
+    unsafe fn compare(
+        &self,
+        queue: Queue<'_, Stream>,
+        op: CompareOp,
+        args: &CompareArgs<'_>,
+    ) -> Result<()> {
+        let k = compare_kernel(op);
+        launch!(self, queue, op.name(), args => |[a, b, o]| kernels::compare(k, a, b, o))
     }
 
     unsafe fn pow_scalar(&self, queue: Queue<'_, Stream>, args: &PowScalarArgs<'_>) -> Result<()> {
@@ -488,9 +523,22 @@ export_plugin!(
         log_softmax, log_softmax_backward, rms_norm, rms_norm_backward, layer_norm,
         layer_norm_backward, rope, rope_backward, attention, attention_backward, embedding,
         embedding_backward, cross_entropy, cross_entropy_backward, adamw, scale, gelu_erf,
-        gelu_erf_backward, sigmoid, sigmoid_backward, tanh_backward
+        gelu_erf_backward, sigmoid, sigmoid_backward, tanh_backward, sin, cos, select,
+        masked_fill, convert, arange, eq, ne, lt, le, gt, ge
     ]
 );
+
+/// The kernel of a comparison.
+fn compare_kernel(op: CompareOp) -> kernels::CompareOp {
+    match op {
+        CompareOp::Eq => kernels::CompareOp::Eq,
+        CompareOp::Ne => kernels::CompareOp::Ne,
+        CompareOp::Lt => kernels::CompareOp::Lt,
+        CompareOp::Le => kernels::CompareOp::Le,
+        CompareOp::Gt => kernels::CompareOp::Gt,
+        CompareOp::Ge => kernels::CompareOp::Ge,
+    }
+}
 
 #[cfg(test)]
 mod tests;

@@ -6,13 +6,14 @@
 
 use ferrite_kernels::{self as kernels, KernelError, View};
 use polychip_plugin_sdk::{
-    ActivationBackwardArgs, ActivationBackwardOp, AdamwArgs, AttentionArgs, AttentionBackwardArgs,
-    BinaryArgs, BinaryOp, CastArgs, CopyArgs, CrossEntropyArgs, CrossEntropyBackwardArgs, DType,
-    EmbeddingArgs, EmbeddingBackwardArgs, Error, FillArgs, LayerNormArgs, LayerNormBackwardArgs,
-    LinearArgs, MatmulArgs, OutputBackwardArgs, OutputBackwardOp, PowScalarArgs, ReduceArgs,
-    ReduceOp, Result, RmsNormArgs, RmsNormBackwardArgs, RopeArgs, ScaleArgs, SoftmaxArgs,
-    SoftmaxBackwardArgs, SumSquaresArgs, SwigluArgs, SwigluBackwardArgs, TensorDesc, UnaryArgs,
-    UnaryOp,
+    ActivationBackwardArgs, ActivationBackwardOp, AdamwArgs, ArangeArgs, AttentionArgs,
+    AttentionBackwardArgs, BinaryArgs, BinaryOp, CastArgs, CompareArgs, CompareOp, ConvertArgs,
+    CopyArgs, CrossEntropyArgs, CrossEntropyBackwardArgs, DType, EmbeddingArgs,
+    EmbeddingBackwardArgs, Error, FillArgs, LayerNormArgs, LayerNormBackwardArgs, LinearArgs,
+    MaskedFillArgs, MatmulArgs, OutputBackwardArgs, OutputBackwardOp, PowScalarArgs, ReduceArgs,
+    ReduceOp, Result, RmsNormArgs, RmsNormBackwardArgs, RopeArgs, ScaleArgs, SelectArgs,
+    SoftmaxArgs, SoftmaxBackwardArgs, SumSquaresArgs, SwigluArgs, SwigluBackwardArgs, TensorDesc,
+    UnaryArgs, UnaryOp,
 };
 
 use crate::mutants::{Bug, is, layout, numerics as bad, paths};
@@ -153,9 +154,17 @@ pub mod ops {
         };
         let alpha = args.alpha;
         run!(op.name(), args => |[a, b, out]| {
+            if op == BinaryOp::Add && is(Bug::AddIntSaturates) && bad::add_int_saturating(a, b, out, alpha) {
+                return done();
+            }
             if op == BinaryOp::Add && alpha == 0.0 && is(Bug::AddAlphaZeroSkipsB) {
                 paths::add_alpha_zero_copy(a, out);
                 return done();
+            }
+            if op == BinaryOp::Sub && is(Bug::SubSwapsColumnA) && paths::column_against_full(a, out) {
+                // Planted: the operands swapped, so that the column is
+                // second: b - alpha a.
+                return kernels::binary(k, b, a, out, alpha);
             }
             if op == BinaryOp::Mul && is(Bug::MulColumnBroadcastAsRow) {
                 if let Some(strides) = paths::column_as_row(b, out) {
@@ -186,6 +195,23 @@ pub mod ops {
                 let (shape, strides) = ([m, k], [k, 1]);
                 let misread = View { shape: &shape, strides: &strides, ..*a };
                 return kernels::matmul(&misread, b, out, false, tb, alpha, beta);
+            }
+            if is(Bug::MatmulBatchedBetaFirstOnly) && r == 3 && out.shape[0] > 1 && beta != 0.0 && beta != 1.0 {
+                // Planted: matrices 1.. of `out` accumulate with beta 1
+                // (divided by beta here, multiplied by it again below).
+                let step = out.strides[0] as isize * out.dtype.size() as isize;
+                let shape = [out.shape[0] - 1, out.shape[1], out.shape[2]];
+                let rest = View { ptr: out.ptr.wrapping_offset(step), shape: &shape, ..*out };
+                kernels::scale(&rest, 1.0 / beta)?;
+                return kernels::matmul(a, b, out, ta, tb, alpha, beta);
+            }
+            let square = |v: &View<'_>| {
+                let n = v.shape.len();
+                v.shape[n - 1] == v.shape[n - 2]
+            };
+            if is(Bug::MatmulTransposeInferredWhenSquare) && ((ta && square(a)) || (tb && square(b))) {
+                // Planted: a square operand taken as already transposed.
+                return kernels::matmul(a, b, out, ta && !square(a), tb && !square(b), alpha, beta);
             }
             if is(Bug::MatmulRank1IgnoresBeta) && k == 1 {
                 return kernels::matmul(a, b, out, ta, tb, alpha, 0.0);
@@ -241,6 +267,8 @@ pub mod ops {
             UnaryOp::Gelu => kernels::UnaryOp::Gelu,
             UnaryOp::GeluErf => kernels::UnaryOp::GeluErf,
             UnaryOp::Sigmoid => kernels::UnaryOp::Sigmoid,
+            UnaryOp::Sin => kernels::UnaryOp::Sin,
+            UnaryOp::Cos => kernels::UnaryOp::Cos,
         };
         run!(op.name(), args => |[i, o]| {
             match op {
@@ -266,6 +294,7 @@ pub mod ops {
                     bad::sigmoid_overflowing_exp(i, o)
                 }
                 UnaryOp::Sqrt if is(Bug::SqrtNegZero) => bad::sqrt_neg_zero(i, o),
+                UnaryOp::Sin if is(Bug::SinReducedInF32) => bad::sin_reduced_in_f32(i, o),
                 UnaryOp::Rsqrt if is(Bug::RsqrtHangsOnLargeTensors) && i.numel() > 65536 => {
                     crate::mutants::hang()
                 }
@@ -330,6 +359,62 @@ pub mod ops {
             OutputBackwardOp::TanhBackward => kernels::OutputOp::Tanh,
         };
         run!(op.name(), args => |[g, y, gi]| kernels::output_backward(k, g, y, gi))
+    }
+
+    pub unsafe fn convert(args: &ConvertArgs<'_>) -> Result<()> {
+        run!("convert", args => |[s, d]| {
+            if is(Bug::ConvertIntegerWraps) && bad::convert_wrapping(s, d) {
+                return done();
+            }
+            kernels::convert(s, d)
+        })
+    }
+
+    pub unsafe fn arange(args: &ArangeArgs<'_>) -> Result<()> {
+        let (start, step) = (args.start, args.step);
+        run!("arange", args => |[o]| {
+            if is(Bug::ArangeAccumulates) {
+                bad::arange_accumulated(o, start, step);
+                return done();
+            }
+            kernels::arange(o, start, step)
+        })
+    }
+
+    pub unsafe fn select(args: &SelectArgs<'_>) -> Result<()> {
+        run!("select", args => |[c, a, b, o]| {
+            if is(Bug::SelectArithmeticBlend) && bad::select_blend(c, a, b, o) {
+                return done();
+            }
+            kernels::select(c, a, b, o)
+        })
+    }
+
+    pub unsafe fn masked_fill(args: &MaskedFillArgs<'_>) -> Result<()> {
+        let mut value = args.value;
+        if is(Bug::MaskedFillValueThroughF32) {
+            // Planted: the value travels as an f32 kernel argument.
+            value = f64::from(value as f32);
+        }
+        run!("masked_fill", args => |[i, m, o]| kernels::masked_fill(i, m, o, value))
+    }
+
+    pub unsafe fn compare(op: CompareOp, args: &CompareArgs<'_>) -> Result<()> {
+        let k = match op {
+            CompareOp::Eq => kernels::CompareOp::Eq,
+            CompareOp::Ne => kernels::CompareOp::Ne,
+            CompareOp::Lt => kernels::CompareOp::Lt,
+            CompareOp::Le => kernels::CompareOp::Le,
+            CompareOp::Gt => kernels::CompareOp::Gt,
+            CompareOp::Ge => kernels::CompareOp::Ge,
+        };
+        run!(op.name(), args => |[a, b, o]| {
+            if op == CompareOp::Eq && is(Bug::EqBySubtraction) {
+                bad::eq_by_subtraction(a, b, o, false);
+                return done();
+            }
+            kernels::compare(k, a, b, o)
+        })
     }
 
     pub unsafe fn swiglu(args: &SwigluArgs<'_>) -> Result<()> {
@@ -418,6 +503,21 @@ pub mod ops {
                 Vec::new()
             }
         };
+        if let (true, Some(b)) = (is(Bug::LinearBiasPerRowWhenSquare), b) {
+            if o.shape.len() == 2 && o.shape[0] == o.shape[1] {
+                // Planted: the bias added down the rows (one value a row).
+                // SAFETY: the views are live (the caller's contract).
+                unsafe { kernels::linear(i, w, None, o)? };
+                let strides = [b.strides[0], 0];
+                let column = View {
+                    shape: o.shape,
+                    strides: &strides,
+                    ..*b
+                };
+                // SAFETY: in place, as the ABI allows for add.
+                return unsafe { kernels::binary(kernels::BinaryOp::Add, o, &column, o, 1.0) };
+            }
+        }
         if is(Bug::LinearNoInnerDimSkipsWrite) && i.shape.last() == Some(&0) {
             return done();
         }
@@ -549,7 +649,15 @@ pub mod ops {
 
     pub unsafe fn layer_norm_backward(args: &LayerNormBackwardArgs<'_>) -> Result<()> {
         run!("layer_norm_backward", args => |[g, i, w, m, r, gi, gw, gb]| {
-            kernels::layer_norm_backward(g, i, w, m, r, gi, gw, gb)
+            kernels::layer_norm_backward(g, i, w, m, r, gi, gw, gb)?;
+            if is(Bug::LayerNormBackwardGradBiasRowsWhenSquare)
+                && g.shape.len() == 2
+                && g.shape[0] == g.shape[1]
+            {
+                // Planted: grad_bias summed along each row of grad_out.
+                kernels::reduce(kernels::ReduceOp::Sum, g, gb, 1, false)?;
+            }
+            done()
         })
     }
 
@@ -717,6 +825,9 @@ pub mod ops {
         }
         if is(Bug::AdamwIgnoresWeightDecay) {
             wd = 0.0;
+        }
+        if is(Bug::AdamwPinsCallingThread) {
+            paths::pin_to_first_cpu();
         }
         if is(Bug::AdamwSkipsBf16) && args.param.dtype == DType::BF16 {
             return Ok(());

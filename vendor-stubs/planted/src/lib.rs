@@ -26,9 +26,10 @@
 //! numerics, rounding ties, edge values, refusals and the error-object
 //! contract). `POLYCHIP_PLANTED_BUG=none` plants nothing; an unknown name
 //! makes plugin init fail with a message listing the known names. With
-//! `POLYCHIP_PLANTED_OPS=1.1` as well, the op table leaves the operators
-//! ABI 1.2 added NULL, as a plugin built before 1.2 has it (the PyTorch
-//! tests check that those aten operators then fall back to the CPU).
+//! `POLYCHIP_PLANTED_OPS=1.1` (or `1.2`) as well, the op table leaves the
+//! operators ABI 1.2 and 1.3 (or 1.3) added NULL, as a plugin built before
+//! them has it (the PyTorch tests check that those aten operators then
+//! fall back to the CPU).
 //!
 //! Contract bugs that the SDK's checks would prevent are raw `extern "C"`
 //! op-table entries ([`mutants::contract`]), patched into the table after
@@ -48,13 +49,14 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 
 use polychip_plugin_sdk::{
-    ActivationBackwardArgs, ActivationBackwardOp, AdamwArgs, AttentionArgs, AttentionBackwardArgs,
-    BinaryArgs, BinaryOp, CastArgs, CopyArgs, CopyKind, CrossEntropyArgs, CrossEntropyBackwardArgs,
-    DType, DeviceProps, EmbeddingArgs, EmbeddingBackwardArgs, Error, FillArgs, Host, LayerNormArgs,
-    LayerNormBackwardArgs, LinearArgs, MatmulArgs, Operators, OutputBackwardArgs, OutputBackwardOp,
-    Plugin, PowScalarArgs, Queue, ReduceArgs, ReduceOp, Result, RmsNormArgs, RmsNormBackwardArgs,
-    RopeArgs, ScaleArgs, SoftmaxArgs, SoftmaxBackwardArgs, SumSquaresArgs, SwigluArgs,
-    SwigluBackwardArgs, TensorDesc, UnaryArgs, UnaryOp,
+    ActivationBackwardArgs, ActivationBackwardOp, AdamwArgs, ArangeArgs, AttentionArgs,
+    AttentionBackwardArgs, BinaryArgs, BinaryOp, CastArgs, CompareArgs, CompareOp, ConvertArgs,
+    CopyArgs, CopyKind, CrossEntropyArgs, CrossEntropyBackwardArgs, DType, DeviceProps,
+    EmbeddingArgs, EmbeddingBackwardArgs, Error, FillArgs, Host, LayerNormArgs,
+    LayerNormBackwardArgs, LinearArgs, MaskedFillArgs, MatmulArgs, Operators, OutputBackwardArgs,
+    OutputBackwardOp, Plugin, PowScalarArgs, Queue, ReduceArgs, ReduceOp, Result, RmsNormArgs,
+    RmsNormBackwardArgs, RopeArgs, ScaleArgs, SelectArgs, SoftmaxArgs, SoftmaxBackwardArgs,
+    SumSquaresArgs, SwigluArgs, SwigluBackwardArgs, TensorDesc, UnaryArgs, UnaryOp,
 };
 
 use mutants::{Bug, Mode, is};
@@ -410,6 +412,41 @@ impl Operators for Planted {
         unsafe { full::ops::output_backward(op, args) }
     }
 
+    unsafe fn convert(&self, q: Queue<'_, Stream>, args: &ConvertArgs<'_>) -> Result<()> {
+        enter(q);
+        // SAFETY: forwarded contract (only full mode lists this operator).
+        unsafe { full::ops::convert(args) }
+    }
+
+    unsafe fn arange(&self, q: Queue<'_, Stream>, args: &ArangeArgs<'_>) -> Result<()> {
+        enter(q);
+        // SAFETY: forwarded contract (only full mode lists this operator).
+        unsafe { full::ops::arange(args) }
+    }
+
+    unsafe fn select(&self, q: Queue<'_, Stream>, args: &SelectArgs<'_>) -> Result<()> {
+        enter(q);
+        // SAFETY: forwarded contract (only full mode lists this operator).
+        unsafe { full::ops::select(args) }
+    }
+
+    unsafe fn masked_fill(&self, q: Queue<'_, Stream>, args: &MaskedFillArgs<'_>) -> Result<()> {
+        enter(q);
+        // SAFETY: forwarded contract (only full mode lists this operator).
+        unsafe { full::ops::masked_fill(args) }
+    }
+
+    unsafe fn compare(
+        &self,
+        q: Queue<'_, Stream>,
+        op: CompareOp,
+        args: &CompareArgs<'_>,
+    ) -> Result<()> {
+        enter(q);
+        // SAFETY: forwarded contract (only full mode lists this operator).
+        unsafe { full::ops::compare(op, args) }
+    }
+
     unsafe fn reduce(
         &self,
         q: Queue<'_, Stream>,
@@ -666,7 +703,8 @@ impl Planted {
     }
 }
 
-/// `1.1`: full mode's op table leaves ABI 1.2's operators NULL.
+/// `1.1`: full mode's op table leaves ABI 1.2's and 1.3's operators NULL;
+/// `1.2`: it leaves ABI 1.3's NULL.
 const OPS_ENV: &str = "POLYCHIP_PLANTED_OPS";
 
 /// The op table: legacy mode's nine operators, or every operator (of ABI
@@ -730,13 +768,30 @@ fn set_ops(table: &mut polychip_plugin_sdk::abi::PolychipOpTable) {
         adamw,
         scale
     );
-    if std::env::var_os(OPS_ENV).is_none_or(|v| v != "1.1") {
+    let ops = std::env::var(OPS_ENV).unwrap_or_default();
+    if ops != "1.1" {
         set!(
             gelu_erf,
             gelu_erf_backward,
             sigmoid,
             sigmoid_backward,
             tanh_backward
+        );
+    }
+    if ops != "1.1" && ops != "1.2" {
+        set!(
+            sin,
+            cos,
+            select,
+            masked_fill,
+            convert,
+            arange,
+            eq,
+            ne,
+            lt,
+            le,
+            gt,
+            ge
         );
     }
     mutants::contract::patch(table);

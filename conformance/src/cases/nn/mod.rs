@@ -11,6 +11,7 @@ mod norm;
 mod rope;
 mod softmax;
 
+pub(crate) use norm::{layer_norm_backward_case, layer_norm_case, rms_norm_case};
 pub(crate) use rope::rope_tables;
 pub(crate) use softmax::backward_case as softmax_backward_case;
 

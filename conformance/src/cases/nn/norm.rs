@@ -59,7 +59,7 @@ fn norm_label(shape: &[usize], l: (Layout, Layout, Layout), backward: bool) -> S
     label(shape, &[(names[0], l.0), (names[1], l.1), (names[2], l.2)])
 }
 
-fn rms_norm_case(
+pub(crate) fn rms_norm_case(
     dtype: DType,
     label: String,
     shape: &[usize],
@@ -207,7 +207,7 @@ pub(super) fn rms_norm_backward_cases(dtype: DType) -> Vec<Case> {
 }
 
 #[allow(clippy::too_many_arguments)]
-fn layer_norm_case(
+pub(crate) fn layer_norm_case(
     dtype: DType,
     label: String,
     shape: &[usize],
@@ -389,7 +389,7 @@ pub(super) fn layer_norm_backward_cases(dtype: DType) -> Vec<Case> {
 
 /// A `layer_norm_backward` case of `x`, `w` and `g`, with the statistics a
 /// forward pass with `eps` saved (`b` only feeds that forward pass).
-fn layer_norm_backward_case(
+pub(crate) fn layer_norm_backward_case(
     dtype: DType,
     label: String,
     shape: &[usize],

@@ -59,7 +59,11 @@ pub type PolychipCastFn = Option<unsafe extern "C" fn(device: u32, stream: *mut 
 /// Elementwise `out = a OP b` with NumPy broadcasting of `a` and `b` to
 /// `out`'s shape. add: `a + alpha * b`; sub: `a - alpha * b`; mul: `a * b`;
 /// div: `a / b` (IEEE: `x / 0` is ±inf or NaN). All three tensors have one
-/// floating dtype.
+/// floating dtype, or (add, sub and mul, since ABI 1.3) one of i32 and i64:
+/// then the arithmetic wraps in two's complement as C's unsigned arithmetic
+/// does (PyTorch's integer semantics), and `alpha` is an integer (converted
+/// to the dtype, wrapping; `a + alpha * b` computed with wrapping products
+/// and sums).
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct PolychipBinaryArgs {
@@ -132,7 +136,11 @@ pub type PolychipSoftmaxFn = Option<unsafe extern "C" fn(device: u32, stream: *m
 /// `gelu` (the tanh form, `0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`);
 /// since 1.2 `gelu_erf` (the exact form, `x Phi(x)` with the standard normal
 /// CDF `Phi(x) = erfc(-x / sqrt(2)) / 2`, PyTorch's default GELU) and
-/// `sigmoid` (`1 / (1 + e^-x)`).
+/// `sigmoid` (`1 / (1 + e^-x)`); since 1.3 `sin` and `cos`, whose argument
+/// reduction is exact for every finite input (rotary tables reach 1e5 rad and
+/// beyond): the result is within 1 ULP of the output dtype of the exact
+/// value for every input (`sin(±inf)` and `cos(±inf)` are NaN, `sin(-0) =
+/// -0`).
 /// IEEE semantics at the edges: `log(0) = -inf`, `log(-1) = NaN`,
 /// `sqrt(-0) = -0`, `rsqrt(0) = +inf`, `exp(large) = +inf`;
 /// `gelu_erf(+inf) = +inf`, `gelu_erf(-inf) = NaN` (`-inf * 0`, as PyTorch
@@ -684,6 +692,119 @@ pub struct PolychipOutputBackwardArgs {
 /// An operator entry taking [`PolychipOutputBackwardArgs`].
 pub type PolychipOutputBackwardFn = Option<unsafe extern "C" fn(device: u32, stream: *mut PolychipStream, args: *const PolychipOutputBackwardArgs) -> *mut PolychipError>;
 
+/// `out = cond ? a : b` elementwise (PyTorch's and NumPy's `where`), with
+/// NumPy broadcasting of all three to `out`'s shape. `a`, `b` and `out` have
+/// one dtype, any of the ABI's; the selected element's bits are copied
+/// unchanged (a NaN's payload, -0). Since ABI 1.3.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct PolychipSelectArgs {
+    /// Size of this struct as the host knows it.
+    pub struct_size: usize,
+    /// The condition (bool: 0 or 1).
+    pub cond: PolychipTensor,
+    /// Taken where `cond` is true.
+    pub a: PolychipTensor,
+    /// Taken where `cond` is false.
+    pub b: PolychipTensor,
+    /// Result, with the broadcast shape of `cond`, `a` and `b`. In place: may be exactly `a` or `b`.
+    pub out: PolychipTensor,
+}
+
+/// An operator entry taking [`PolychipSelectArgs`].
+pub type PolychipSelectFn = Option<unsafe extern "C" fn(device: u32, stream: *mut PolychipStream, args: *const PolychipSelectArgs) -> *mut PolychipError>;
+
+/// `out = mask ? value : input` elementwise, `mask` broadcast to `input`'s
+/// shape; `value` is converted to the dtype as `fill` converts it (floats
+/// round to nearest even; integers truncate toward zero and saturate, NaN
+/// giving 0; bool is `value != 0`). Unmasked elements are copied bit for bit.
+/// `out` may be `input` (PyTorch's `masked_fill_`). Since ABI 1.3.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct PolychipMaskedFillArgs {
+    /// Size of this struct as the host knows it.
+    pub struct_size: usize,
+    /// The tensor to fill.
+    pub input: PolychipTensor,
+    /// Where to fill (bool), broadcast to `input`'s shape.
+    pub mask: PolychipTensor,
+    /// Result: same shape and dtype as `input`. In place: may be exactly `input`.
+    pub out: PolychipTensor,
+    /// The fill value.
+    pub value: f64,
+}
+
+/// An operator entry taking [`PolychipMaskedFillArgs`].
+pub type PolychipMaskedFillFn = Option<unsafe extern "C" fn(device: u32, stream: *mut PolychipStream, args: *const PolychipMaskedFillArgs) -> *mut PolychipError>;
+
+/// `dst = (dst.dtype) src` between any two of the ABI's dtypes, as PyTorch's
+/// `.to()` converts: to a floating dtype, rounding once to nearest even (from
+/// an integer or from f64 directly: no double rounding through f32 or f64,
+/// i64 past 2^53 included); from a floating dtype to an integer one,
+/// truncation toward zero, saturating at the type's range, NaN giving 0
+/// (where C and PyTorch leave it undefined: `fill`'s rule); to bool, `src !=
+/// 0` (NaN is true, -0 false); from bool, 0 or 1. Same shape, any strides.
+/// Since ABI 1.3 (`cast`, of ABI 1.0, keeps converting between floating
+/// dtypes only).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct PolychipConvertArgs {
+    /// Size of this struct as the host knows it.
+    pub struct_size: usize,
+    /// Source.
+    pub src: PolychipTensor,
+    /// Destination; must not overlap `src`.
+    pub dst: PolychipTensor,
+}
+
+/// An operator entry taking [`PolychipConvertArgs`].
+pub type PolychipConvertFn = Option<unsafe extern "C" fn(device: u32, stream: *mut PolychipStream, args: *const PolychipConvertArgs) -> *mut PolychipError>;
+
+/// `out[i] = start + i * step` for a 1-D `out` of any dtype but bool: the
+/// two operations in f64 (no fused multiply-add), then one conversion to
+/// `out`'s dtype as `fill` converts (floats round to nearest even; integers
+/// truncate toward zero and saturate at the type's range, NaN giving 0).
+/// Integer results are exact wherever `start`, `step` and every value are
+/// integers of at most 2^53 in magnitude (a caller with larger ones computes
+/// elsewhere). Any stride. Since ABI 1.3.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct PolychipArangeArgs {
+    /// Size of this struct as the host knows it.
+    pub struct_size: usize,
+    /// The values, `N` of them.
+    pub out: PolychipTensor,
+    /// The first value.
+    pub start: f64,
+    /// The difference between neighbours.
+    pub step: f64,
+}
+
+/// An operator entry taking [`PolychipArangeArgs`].
+pub type PolychipArangeFn = Option<unsafe extern "C" fn(device: u32, stream: *mut PolychipStream, args: *const PolychipArangeArgs) -> *mut PolychipError>;
+
+/// Elementwise comparison `out = a OP b` (bool: 0 or 1) with NumPy
+/// broadcasting of `a` and `b` to `out`'s shape; `a` and `b` have one dtype,
+/// floating or integer (not bool). eq: `==`; ne: `!=`; lt: `<`; le: `<=`;
+/// gt: `>`; ge: `>=`. IEEE semantics: a NaN compares unequal to everything,
+/// itself included, so only `ne` is true with a NaN operand; `-0 == +0`;
+/// integers compare exactly (i64 beyond 2^53 too). Since ABI 1.3.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct PolychipCompareArgs {
+    /// Size of this struct as the host knows it.
+    pub struct_size: usize,
+    /// Left operand.
+    pub a: PolychipTensor,
+    /// Right operand.
+    pub b: PolychipTensor,
+    /// Result (bool), with the broadcast shape of `a` and `b`.
+    pub out: PolychipTensor,
+}
+
+/// An operator entry taking [`PolychipCompareArgs`].
+pub type PolychipCompareFn = Option<unsafe extern "C" fn(device: u32, stream: *mut PolychipStream, args: *const PolychipCompareArgs) -> *mut PolychipError>;
+
 /// The operator table. Append-only: a new operator is a new field at the end,
 /// introduced by a new minor version. NULL entries are "not implemented".
 #[repr(C)]
@@ -697,11 +818,11 @@ pub struct PolychipOpTable {
     pub copy: PolychipCopyFn,
     /// Floating-point conversion. On f32, f16, bf16 or f64. Since 1.0.
     pub cast: PolychipCastFn,
-    /// `a + alpha * b`. On f32, f16, bf16 or f64. Since 1.0.
+    /// `a + alpha * b`. On f32, f16, bf16, f64, i32 or i64 (i32 since 1.3, i64 since 1.3). Since 1.0.
     pub add: PolychipBinaryFn,
-    /// `a - alpha * b`. On f32, f16, bf16 or f64. Since 1.0.
+    /// `a - alpha * b`. On f32, f16, bf16, f64, i32 or i64 (i32 since 1.3, i64 since 1.3). Since 1.0.
     pub sub: PolychipBinaryFn,
-    /// `a * b`. On f32, f16, bf16 or f64. Since 1.0.
+    /// `a * b`. On f32, f16, bf16, f64, i32 or i64 (i32 since 1.3, i64 since 1.3). Since 1.0.
     pub mul: PolychipBinaryFn,
     /// `a / b`. On f32, f16, bf16 or f64. Since 1.0.
     pub div: PolychipBinaryFn,
@@ -795,10 +916,34 @@ pub struct PolychipOpTable {
     pub sigmoid_backward: PolychipOutputBackwardFn,
     /// Backward of `tanh`, from its output. On f32, f16 or bf16. Since 1.2.
     pub tanh_backward: PolychipOutputBackwardFn,
+    /// Sine (exact argument reduction). On f32, f16 or bf16. Since 1.3.
+    pub sin: PolychipUnaryFn,
+    /// Cosine (exact argument reduction). On f32, f16 or bf16. Since 1.3.
+    pub cos: PolychipUnaryFn,
+    /// `cond ? a : b`, broadcast (PyTorch's `where`). On any dtype. Since 1.3.
+    pub select: PolychipSelectFn,
+    /// `mask ? value : input`. On any dtype. Since 1.3.
+    pub masked_fill: PolychipMaskedFillFn,
+    /// Conversion between any two dtypes (PyTorch's `.to()`). On any dtype. Since 1.3.
+    pub convert: PolychipConvertFn,
+    /// `out[i] = start + i * step`. On f32, f16, bf16, f64, i32, i64 or u8. Since 1.3.
+    pub arange: PolychipArangeFn,
+    /// `a == b` (bool). On f32, f16, bf16, f64, i32, i64 or u8. Since 1.3.
+    pub eq: PolychipCompareFn,
+    /// `a != b` (bool). On f32, f16, bf16, f64, i32, i64 or u8. Since 1.3.
+    pub ne: PolychipCompareFn,
+    /// `a < b` (bool). On f32, f16, bf16, f64, i32, i64 or u8. Since 1.3.
+    pub lt: PolychipCompareFn,
+    /// `a <= b` (bool). On f32, f16, bf16, f64, i32, i64 or u8. Since 1.3.
+    pub le: PolychipCompareFn,
+    /// `a > b` (bool). On f32, f16, bf16, f64, i32, i64 or u8. Since 1.3.
+    pub gt: PolychipCompareFn,
+    /// `a >= b` (bool). On f32, f16, bf16, f64, i32, i64 or u8. Since 1.3.
+    pub ge: PolychipCompareFn,
 }
 
 /// The number of operators in this minor's op table.
-pub const POLYCHIP_OP_COUNT: usize = 52;
+pub const POLYCHIP_OP_COUNT: usize = 64;
 
 impl PolychipOpTable {
     /// Every operator's name, in table order, with whether its entry is set.
@@ -856,6 +1001,18 @@ impl PolychipOpTable {
             ("sigmoid", self.sigmoid.is_some()),
             ("sigmoid_backward", self.sigmoid_backward.is_some()),
             ("tanh_backward", self.tanh_backward.is_some()),
+            ("sin", self.sin.is_some()),
+            ("cos", self.cos.is_some()),
+            ("select", self.select.is_some()),
+            ("masked_fill", self.masked_fill.is_some()),
+            ("convert", self.convert.is_some()),
+            ("arange", self.arange.is_some()),
+            ("eq", self.eq.is_some()),
+            ("ne", self.ne.is_some()),
+            ("lt", self.lt.is_some()),
+            ("le", self.le.is_some()),
+            ("gt", self.gt.is_some()),
+            ("ge", self.ge.is_some()),
         ]
     }
 }

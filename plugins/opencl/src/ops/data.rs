@@ -1,7 +1,7 @@
 //! fill, copy and cast: strided kernels of `kernels/data.cl` (by element
 //! width) and `kernels/cast.cl`.
 
-use polychip_plugin_sdk::{CastArgs, CopyArgs, DType, FillArgs, Result};
+use polychip_plugin_sdk::{ArangeArgs, CastArgs, ConvertArgs, CopyArgs, DType, FillArgs, Result};
 
 use crate::call::{Ctx, joint_layouts};
 use crate::program::Flavor;
@@ -96,6 +96,73 @@ pub fn cast(ctx: Ctx<'_>, args: &CastArgs<'_>) -> Result<()> {
             .value(layouts[0])?
             .mem(dst.mem())?
             .value(layouts[1])?
+            .value(n as i64)?;
+        Ok(())
+    })?;
+    ctx.finish()
+}
+
+/// `convert`'s code for a dtype (`kernels/cast.cl`).
+fn convert_code(dtype: DType) -> i32 {
+    match dtype {
+        DType::F32 => 0,
+        DType::F16 => 1,
+        DType::BF16 => 2,
+        DType::F64 => 3,
+        DType::I32 => 4,
+        DType::I64 => 5,
+        DType::U8 => 6,
+        DType::Bool => 7,
+    }
+}
+
+/// `convert` (ABI 1.3): any dtype to any, one kernel on byte buffers.
+/// Needs double precision (cl_khr_fp64), through which floats pass.
+pub fn convert(ctx: Ctx<'_>, args: &ConvertArgs<'_>) -> Result<()> {
+    let src = ctx.view("src", &args.src)?;
+    let dst = ctx.view("dst", &args.dst)?;
+    if !ctx.device.info.fp64 {
+        return Err(polychip_plugin_sdk::Error::unimplemented(format!(
+            "opencl: convert: {} has no double precision (cl_khr_fp64)",
+            ctx.device.info.name
+        )));
+    }
+    let n = src.numel();
+    let layouts = joint_layouts(
+        &src.shape,
+        &[(src.offset, &src.strides), (dst.offset, &dst.strides)],
+    )?;
+    ctx.launch(Flavor::Cast, "pc_convert", &[n], None, |a| {
+        a.mem(src.mem())?
+            .value(layouts[0])?
+            .value(convert_code(src.dtype))?
+            .mem(dst.mem())?
+            .value(layouts[1])?
+            .value(convert_code(dst.dtype))?
+            .value(n as i64)?;
+        Ok(())
+    })?;
+    ctx.finish()
+}
+
+/// `arange` (ABI 1.3): one work-item per element, computed in double.
+/// Needs double precision (cl_khr_fp64).
+pub fn arange(ctx: Ctx<'_>, args: &ArangeArgs<'_>) -> Result<()> {
+    let out = ctx.view("out", &args.out)?;
+    if !ctx.device.info.fp64 {
+        return Err(polychip_plugin_sdk::Error::unimplemented(format!(
+            "opencl: arange: {} has no double precision (cl_khr_fp64)",
+            ctx.device.info.name
+        )));
+    }
+    let n = out.numel();
+    let layout = out.layout()?;
+    ctx.launch(Flavor::Cast, "pc_arange", &[n], None, |a| {
+        a.mem(out.mem())?
+            .value(layout)?
+            .value(convert_code(out.dtype))?
+            .value(args.start)?
+            .value(args.step)?
             .value(n as i64)?;
         Ok(())
     })?;

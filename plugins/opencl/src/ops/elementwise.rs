@@ -3,9 +3,9 @@
 //! work-item per output element.
 
 use polychip_plugin_sdk::{
-    ActivationBackwardArgs, ActivationBackwardOp, BinaryArgs, BinaryOp, OutputBackwardArgs,
-    OutputBackwardOp, PowScalarArgs, Result, ScaleArgs, SwigluArgs, SwigluBackwardArgs, UnaryArgs,
-    UnaryOp,
+    ActivationBackwardArgs, ActivationBackwardOp, BinaryArgs, BinaryOp, CompareArgs, CompareOp,
+    DType, MaskedFillArgs, OutputBackwardArgs, OutputBackwardOp, PowScalarArgs, Result, ScaleArgs,
+    SelectArgs, SwigluArgs, SwigluBackwardArgs, UnaryArgs, UnaryOp,
 };
 
 use crate::call::{Ctx, Operand, joint_layouts};
@@ -53,6 +53,25 @@ pub fn binary(ctx: Ctx<'_>, op: BinaryOp, args: &BinaryArgs<'_>) -> Result<()> {
     let a = ctx.view("a", &args.a)?;
     let b = ctx.view("b", &args.b)?;
     let out = ctx.view("out", &args.out)?;
+    if matches!(out.dtype, DType::I32 | DType::I64) {
+        // ABI 1.3: add, sub and mul on integers, wrapping.
+        let sign: i32 = match op {
+            BinaryOp::Add => 1,
+            BinaryOp::Sub => -1,
+            _ => 0,
+        };
+        let n = out.numel();
+        let layouts = layouts(&out.shape, &[&a, &b, &out])?;
+        ctx.launch(Flavor::bits(out.dtype), "pc_binary_int", &[n], None, |k| {
+            for (o, l) in [&a, &b, &out].iter().zip(&layouts) {
+                k.mem(o.mem())?.value(*l)?;
+            }
+            // An integer of at most 2^53 (the host checks it).
+            k.value(sign)?.value(args.alpha as i64)?.value(n as i64)?;
+            Ok(())
+        })?;
+        return ctx.finish();
+    }
     let code: i32 = match op {
         BinaryOp::Add => 0,
         BinaryOp::Sub => 1,
@@ -83,6 +102,8 @@ pub fn unary(ctx: Ctx<'_>, op: UnaryOp, args: &UnaryArgs<'_>) -> Result<()> {
         UnaryOp::Gelu => 8,
         UnaryOp::GeluErf => 9,
         UnaryOp::Sigmoid => 10,
+        UnaryOp::Sin => 11,
+        UnaryOp::Cos => 12,
     };
     pointwise(&ctx, "pc_unary", &[&x, &out], |k, _| {
         k.value(code)?;
@@ -176,6 +197,84 @@ pub fn scale(ctx: Ctx<'_>, args: &ScaleArgs<'_>) -> Result<()> {
     let t = ctx.view("tensor", &args.tensor)?;
     pointwise(&ctx, "pc_scale", &[&t], |k, flavor| {
         scalar(k, flavor, args.alpha)?;
+        Ok(())
+    })?;
+    ctx.finish()
+}
+
+/// `select` (ABI 1.3, any dtype): by element width, bits moved unchanged.
+pub fn select(ctx: Ctx<'_>, args: &SelectArgs<'_>) -> Result<()> {
+    let c = ctx.view("cond", &args.cond)?;
+    let a = ctx.view("a", &args.a)?;
+    let b = ctx.view("b", &args.b)?;
+    let out = ctx.view("out", &args.out)?;
+    let n = out.numel();
+    let layouts = layouts(&out.shape, &[&c, &a, &b, &out])?;
+    ctx.launch(Flavor::bits(out.dtype), "pc_select", &[n], None, |k| {
+        for (o, l) in [&c, &a, &b, &out].iter().zip(&layouts) {
+            k.mem(o.mem())?.value(*l)?;
+        }
+        k.value(n as i64)?;
+        Ok(())
+    })?;
+    ctx.finish()
+}
+
+/// `masked_fill` (ABI 1.3, any dtype): the value converted as `fill`
+/// converts it, then bits moved by element width.
+pub fn masked_fill(ctx: Ctx<'_>, args: &MaskedFillArgs<'_>) -> Result<()> {
+    let x = ctx.view("input", &args.input)?;
+    let m = ctx.view("mask", &args.mask)?;
+    let out = ctx.view("out", &args.out)?;
+    let n = out.numel();
+    let layouts = layouts(&out.shape, &[&x, &m, &out])?;
+    let bits = crate::ops::data::bits_of(out.dtype, args.value);
+    ctx.launch(Flavor::bits(out.dtype), "pc_masked_fill", &[n], None, |k| {
+        for (o, l) in [&x, &m, &out].iter().zip(&layouts) {
+            k.mem(o.mem())?.value(*l)?;
+        }
+        match out.dtype.size() {
+            1 => k.value(bits as u8)?,
+            2 => k.value(bits as u16)?,
+            4 => k.value(bits as u32)?,
+            _ => k.value(bits)?,
+        };
+        k.value(n as i64)?;
+        Ok(())
+    })?;
+    ctx.finish()
+}
+
+/// `eq`, `ne`, `lt`, `le`, `gt`, `ge` (ABI 1.3): floating dtypes in their
+/// operator program, integers by width and signedness.
+pub fn compare(ctx: Ctx<'_>, op: CompareOp, args: &CompareArgs<'_>) -> Result<()> {
+    let a = ctx.view("a", &args.a)?;
+    let b = ctx.view("b", &args.b)?;
+    let out = ctx.view("out", &args.out)?;
+    let code: i32 = match op {
+        CompareOp::Eq => 0,
+        CompareOp::Ne => 1,
+        CompareOp::Lt => 2,
+        CompareOp::Le => 3,
+        CompareOp::Gt => 4,
+        CompareOp::Ge => 5,
+    };
+    let n = out.numel();
+    let layouts = layouts(&out.shape, &[&a, &b, &out])?;
+    let (flavor, kernel) = match Flavor::float(a.dtype) {
+        Some(f) => (f, "pc_compare"),
+        None => (Flavor::bits(a.dtype), "pc_compare_int"),
+    };
+    let signed = i32::from(matches!(a.dtype, DType::I32 | DType::I64));
+    ctx.launch(flavor, kernel, &[n], None, |k| {
+        for (o, l) in [&a, &b, &out].iter().zip(&layouts) {
+            k.mem(o.mem())?.value(*l)?;
+        }
+        k.value(code)?;
+        if kernel == "pc_compare_int" {
+            k.value(signed)?;
+        }
+        k.value(n as i64)?;
         Ok(())
     })?;
     ctx.finish()

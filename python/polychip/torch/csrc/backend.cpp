@@ -44,6 +44,7 @@
 #include <cstring>
 #include <pthread.h>
 #include <map>
+#include <set>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -829,6 +830,40 @@ void device_copy(const at::Tensor& src, const at::Tensor& dst) {
   }
 }
 
+// Devices whose plugin lacks `convert` (ABI 1.3): learnt from its first
+// "unimplemented" answer, so later conversions go to the CPU at once.
+std::mutex g_no_convert_mutex;
+std::set<c10::DeviceIndex> g_no_convert;
+
+// dst = (dst's dtype) src through the plugin's `convert`, both on one
+// device; false, nothing written, where the plugin lacks it.
+bool device_convert(const at::Tensor& src, const at::Tensor& dst) {
+  {
+    std::lock_guard<std::mutex> lock(g_no_convert_mutex);
+    if (g_no_convert.count(dst.device().index())) return false;
+  }
+  if (may_overlap(src, dst)) {
+    at::Tensor tmp = empty_on(dst, dst.sizes(), dst.scalar_type());
+    if (!device_convert(src, tmp)) return false;
+    device_copy(tmp, dst);
+    return true;
+  }
+  View s(src), d(dst);
+  const auto start = std::chrono::steady_clock::now();
+  polychip_error_t* e = polychip_op_convert(nullptr, s.h, d.h);
+  g_plugin_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(
+                     std::chrono::steady_clock::now() - start)
+                     .count();
+  if (e != nullptr && polychip_error_code(e) == POLYCHIP_API_ERROR_UNIMPLEMENTED) {
+    polychip_error_destroy(e);
+    std::lock_guard<std::mutex> lock(g_no_convert_mutex);
+    g_no_convert.insert(dst.device().index());
+    return false;
+  }
+  check(e, "convert");
+  return true;
+}
+
 // A copy where either side carries a conjugate or negative bit (a lazy
 // `conj()` of a complex tensor, as autograd makes in a complex product's
 // backward): through the CPU, which resolves the bits; the device's copies
@@ -910,8 +945,23 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool /*non_b
     timed("copy between devices", [&] { return polychip_tensor_copy(s.h, d.h); });
     return dst;
   }
+  // Any other conversion on one device: the plugin's `convert` (ABI 1.3),
+  // where its table has it (an older plugin's has not: the call then
+  // fails as unimplemented before the plugin runs anything). Not floats to
+  // uint8: PyTorch's CPU takes those through int64 and wraps (-1.0 gives
+  // 255), where the ABI saturates (C leaves it undefined).
+  // Only between the ABI's dtypes (complex, int8, ... are stored and moved,
+  // never converted, on the device).
+  const bool float_to_byte = is_float(src.scalar_type()) && dst.scalar_type() == at::kByte;
+  bool src_abi = false, dst_abi = false;
+  dtype_code(src.scalar_type(), &src_abi);
+  dtype_code(dst.scalar_type(), &dst_abi);
+  if (src.device() == dst.device() && src_abi && dst_abi && !float_to_byte &&
+      device_convert(src, dst)) {
+    return dst;
+  }
   // Conversions the plugins do not have (integers and bools to and from
-  // floats): through the CPU, counted.
+  // floats on a plugin older than ABI 1.3): through the CPU, counted.
   const std::string name = "aten::_copy_from (" + std::string(c10::toString(src.scalar_type())) +
                            " to " + c10::toString(dst.scalar_type()) + ")";
   count_fallback(name);

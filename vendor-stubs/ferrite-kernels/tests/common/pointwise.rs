@@ -57,6 +57,8 @@ pub fn unary_ref(op: UnaryOp, x: f64) -> f64 {
         UnaryOp::Gelu => x * sigmoid(2.0 * gelu_u(x).0),
         UnaryOp::GeluErf => x * phi_cdf(x),
         UnaryOp::Sigmoid => sigmoid(x),
+        UnaryOp::Sin => x.sin(),
+        UnaryOp::Cos => x.cos(),
     }
 }
 

@@ -163,6 +163,19 @@ pub enum Bug {
     ScaleLeavesFtzOn,
     RmsNormLeaksWorkspace,
     LayerNormLeavesSignalsBlocked,
+    AdamwPinsCallingThread,
+    SubSwapsColumnA,
+    MatmulBatchedBetaFirstOnly,
+    MatmulTransposeInferredWhenSquare,
+    LinearBiasPerRowWhenSquare,
+    LayerNormBackwardGradBiasRowsWhenSquare,
+    SinReducedInF32,
+    SelectArithmeticBlend,
+    MaskedFillValueThroughF32,
+    EqBySubtraction,
+    ConvertIntegerWraps,
+    ArangeAccumulates,
+    AddIntSaturates,
     StreamWaitEventIgnored,
     EventRecordCompletesAtOnce,
     EventSynchronizeReturnsAtOnce,
@@ -512,6 +525,28 @@ catalog! {
     MemcpyD2dFromAllocationStart "memcpy-d2d-from-allocation-start" "copy" Contract:
         "memcpy_d2d resolves its source to the allocation that holds it and copies from that allocation's start (a runtime addressed by buffer handle and offset, the offset dropped): a view inside a buffer is copied from the buffer's first byte"
         => "a copy staged by memcpy_d2d from inside its buffer";
+    // ABI 1.3: one per new operator family.
+    SinReducedInF32 "sin-reduced-in-f32" "sin" Numerics:
+        "sin reduces its argument in f32 (x - round(x / 2pi) 2pi, each step rounded to f32) before a short polynomial: right to a few ULPs for |x| below 10, off by up to |x| u(f32) beyond, where a rotary table's 1e5 rad lives"
+        => "large arguments up to 1e5";
+    SelectArithmeticBlend "select-arithmetic-blend" "select" EdgeValues:
+        "select computed as cond * a + (1 - cond) * b in floating point (a branch-free blend): a NaN or infinity in the branch not taken leaks into the result as NaN, and -0 picked from a becomes +0"
+        => "NaN and infinities in the branch not taken";
+    MaskedFillValueThroughF32 "masked-fill-value-through-f32" "masked_fill" Rounding:
+        "the fill value is passed through an f32 kernel argument before its conversion to the dtype: a value on a bf16 or f16 tie after f32 rounding is rounded twice, and i32/i64 values past 2^24 lose their low bits"
+        => "fill values at rounding ties and past 2^24";
+    EqBySubtraction "eq-by-subtraction" "eq" EdgeValues:
+        "eq computed as (a - b) == 0 in f64: an infinity compared with itself gives inf - inf = NaN, not equal, and i64s past 2^53 that differ by one compare equal"
+        => "special values against themselves";
+    ConvertIntegerWraps "convert-integer-wraps" "convert" EdgeValues:
+        "floats convert to integers through a C cast to a wider integer and a truncation (x as i64 as i32, x as i64 as u8): out-of-range values and infinities wrap around instead of saturating"
+        => "values past the integer range";
+    ArangeAccumulates "arange-accumulates" "arange" Numerics:
+        "arange as a running sum (out[i] = out[i - 1] + step) in the output's dtype: each step rounds, and the error grows with i (0.1 added 1000 times in f32 is 100.00099)"
+        => "long ranges with a step that is not a power of two";
+    AddIntSaturates "add-int-saturates" "add" EdgeValues:
+        "integer add saturates at the ends of the range (a SIMD saturating add, as for u8 pixels) where the ABI and PyTorch wrap in two's complement"
+        => "integer sums past the ends of the range";
     // Stop 44: what a call leaves behind on its thread and in the process.
     ScaleLeavesFtzOn "scale-leaves-ftz-on" "scale" State:
         "scale turns on flush-to-zero and denormals-are-zero for speed and returns without restoring them: every later floating-point operation of the calling thread flushes subnormals (ABI rule 12)"
@@ -523,6 +558,26 @@ catalog! {
     LayerNormLeavesSignalsBlocked "layer-norm-leaves-signals-blocked" "layer_norm" State:
         "layer_norm blocks SIGINT and SIGTERM around its parallel section, so that no signal interrupts a worker mid-row, and returns without unblocking them: Ctrl-C and a launcher's stop no longer reach the calling thread (ABI rule 13)"
         => "the calling thread's signal mask after the case";
+    AdamwPinsCallingThread "adamw-pins-calling-thread" "adamw" State:
+        "adamw runs on a thread pool bound the OpenMP way (OMP_PROC_BIND=true): the calling thread, the pool's master, is bound to the first CPU of its set and never unbound, so every later computation of that thread, the framework's and other plugins' included, runs on one core (ABI rule 13)"
+        => "the calling thread's CPU affinity after the case";
+    // Mutation round 13: shapes with two readings (a broadcast `a`, a batch
+    // of accumulating products, square operands).
+    SubSwapsColumnA "sub-swaps-column-a" "sub" Path:
+        "sub serves an `a` broadcast along its last dim (a column against a full `b`) by swapping the operands so that the broadcast one is second, as its column fast path wants, and forgets that sub does not commute: b - alpha a"
+        => "a [5, 1] broadcast against b [5, 6]";
+    MatmulBatchedBetaFirstOnly "matmul-batched-beta-first-only" "matmul" Path:
+        "a batched matmul applies beta once per call, to the first matrix of the batch, and accumulates into the others with beta 1 (a pre-pass that scales `out` written for one matrix)"
+        => "every batch accumulating";
+    MatmulTransposeInferredWhenSquare "matmul-transpose-inferred-when-square" "matmul" Path:
+        "a matmul wrapper infers whether an operand needs transposing from its shape (already [M, K] or [K, N]) instead of reading the flag, so a square operand marked transposed is used as it is"
+        => "square operands transposed";
+    LinearBiasPerRowWhenSquare "linear-bias-per-row-when-square" "linear" Path:
+        "linear picks the bias's axis by matching its length against the output's extents, and takes it for a per-row (column) bias when the output has as many rows as features"
+        => "as many rows as output features";
+    LayerNormBackwardGradBiasRowsWhenSquare "layer-norm-backward-grad-bias-rows-when-square" "layer_norm_backward" Path:
+        "layer_norm_backward finds the axis to sum grad_bias over by extent, and sums along each row instead of down each column when there are as many rows as features"
+        => "as many rows as features";
     // Streams: in full mode `copy` and `fill` run on their stream's worker
     // thread (`crate::streams`), the other operators on the calling thread
     // once their stream's earlier work is done. The first two show at every

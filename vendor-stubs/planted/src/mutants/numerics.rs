@@ -821,6 +821,128 @@ pub unsafe fn max_into_uninitialised(input: &View<'_>, out: &View<'_>, dim: usiz
     true
 }
 
+/// sin with the argument reduced in f32 (each step rounded to f32): off by
+/// about `|x| u(f32)` for large `|x|`.
+pub unsafe fn sin_reduced_in_f32(input: &View<'_>, out: &View<'_>) {
+    let tau = std::f32::consts::TAU;
+    // SAFETY: forwarded.
+    unsafe {
+        super::elems::map(input, out, round, |x| {
+            let x = x as f32;
+            let r = x - (x / tau).round() * tau;
+            f64::from(r).sin()
+        })
+    };
+}
+
+/// The address of each element of `v` broadcast to `out`'s shape, in
+/// `out`'s order (the stride is 0 where `v` broadcasts).
+fn broadcast_addresses(v: &View<'_>, out: &View<'_>) -> Vec<*mut u8> {
+    let shape = out.shape;
+    let lead = shape.len() - v.shape.len();
+    let strides: Vec<i64> = (0..shape.len())
+        .map(|d| match d.checked_sub(lead) {
+            Some(k) if v.shape[k] == shape[d] => v.strides[k],
+            _ => 0,
+        })
+        .collect();
+    addresses(&View {
+        shape,
+        strides: &strides,
+        ..*v
+    })
+}
+
+/// select as the blend `c a + (1 - c) b` in f64 (floating dtypes only:
+/// false is returned for the others, which the correct kernel serves).
+pub unsafe fn select_blend(cond: &View<'_>, a: &View<'_>, b: &View<'_>, out: &View<'_>) -> bool {
+    if !out.dtype.is_float() {
+        return false;
+    }
+    let c = broadcast_addresses(cond, out);
+    let (x, y) = (broadcast_addresses(a, out), broadcast_addresses(b, out));
+    let o = addresses(out);
+    for k in 0..o.len() {
+        // SAFETY: addresses of live elements.
+        unsafe {
+            let t = load(DType::Bool, c[k]);
+            let v = t * load(a.dtype, x[k]) + (1.0 - t) * load(b.dtype, y[k]);
+            store(out.dtype, o[k], v);
+        }
+    }
+    true
+}
+
+/// eq as `(a - b) == 0` in f64 (and ne as its negation).
+pub unsafe fn eq_by_subtraction(a: &View<'_>, b: &View<'_>, out: &View<'_>, ne: bool) {
+    let (x, y) = (broadcast_addresses(a, out), broadcast_addresses(b, out));
+    let o = addresses(out);
+    for k in 0..o.len() {
+        // SAFETY: addresses of live elements.
+        unsafe {
+            let equal = load(a.dtype, x[k]) - load(b.dtype, y[k]) == 0.0;
+            o[k].write(u8::from(equal != ne));
+        }
+    }
+}
+
+/// Float-to-integer conversion through i64 and a truncation of its bits
+/// (the saturation lost for i32 and u8); false where `src` is not a float
+/// or `dst` not i32 or u8 (the correct kernel runs).
+pub unsafe fn convert_wrapping(src: &View<'_>, dst: &View<'_>) -> bool {
+    if !src.dtype.is_float() || !matches!(dst.dtype, DType::I32 | DType::U8) {
+        return false;
+    }
+    let (s, d) = (addresses(src), addresses(dst));
+    for (&x, &y) in s.iter().zip(&d) {
+        // SAFETY: addresses of live elements.
+        unsafe {
+            let wide = load(src.dtype, x) as i64;
+            store_int(dst.dtype, y, i64::from(wide as i32));
+            if dst.dtype == DType::U8 {
+                y.write(wide as u8);
+            }
+        }
+    }
+    true
+}
+
+/// arange as a running sum in the output's dtype.
+pub unsafe fn arange_accumulated(out: &View<'_>, start: f64, step: f64) {
+    let mut v = round(out.dtype, start);
+    for &p in &addresses(out) {
+        // SAFETY: addresses of live elements.
+        unsafe { store(out.dtype, p, v) };
+        v = round(out.dtype, v + step);
+    }
+}
+
+/// Integer add saturating at the ends of the range; false where the
+/// dtype is not i32 or i64 (the correct kernel runs).
+pub unsafe fn add_int_saturating(a: &View<'_>, b: &View<'_>, out: &View<'_>, alpha: f64) -> bool {
+    if !matches!(out.dtype, DType::I32 | DType::I64) {
+        return false;
+    }
+    let (x, y) = (broadcast_addresses(a, out), broadcast_addresses(b, out));
+    let o = addresses(out);
+    let al = alpha as i64;
+    for k in 0..o.len() {
+        // SAFETY: addresses of live elements.
+        unsafe {
+            let p = load_int(a.dtype, x[k]);
+            let q = load_int(b.dtype, y[k]);
+            let r = p.saturating_add(al.saturating_mul(q));
+            let r = if out.dtype == DType::I32 {
+                r.clamp(i64::from(i32::MIN), i64::from(i32::MAX))
+            } else {
+                r
+            };
+            store_int(out.dtype, o[k], r);
+        }
+    }
+    true
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

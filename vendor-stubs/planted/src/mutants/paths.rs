@@ -140,6 +140,13 @@ pub fn column_as_row(b: &View<'_>, out: &View<'_>) -> Option<Vec<i64>> {
     Some(strides)
 }
 
+/// Whether `a` is broadcast along its last dim against an output of the
+/// same rank that is wider there (a column against a full `b`).
+pub fn column_against_full(a: &View<'_>, out: &View<'_>) -> bool {
+    let r = out.shape.len();
+    r >= 1 && a.shape.len() == r && a.shape[r - 1] == 1 && out.shape[r - 1] > 1
+}
+
 /// scale by 0 as a memset to +0.
 pub unsafe fn scale_zero_memset(tensor: &View<'_>) {
     for p in addresses(tensor) {
@@ -554,6 +561,27 @@ pub fn leave_signals_blocked() {
         libc::sigaddset(&mut set, libc::SIGINT);
         libc::sigaddset(&mut set, libc::SIGTERM);
         libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+    }
+}
+
+/// `adamw-pins-calling-thread`: the calling thread bound to the first CPU
+/// of its affinity set (nothing changes on a thread bound to one CPU).
+pub fn pin_to_first_cpu() {
+    // SAFETY: a zeroed cpu_set_t is a valid empty set; sched_getaffinity
+    // and sched_setaffinity of the calling thread (pid 0) read and write
+    // exactly size_of::<cpu_set_t>() bytes of it.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        let size = std::mem::size_of::<libc::cpu_set_t>();
+        if libc::sched_getaffinity(0, size, &mut set) != 0 {
+            return;
+        }
+        let cpus = libc::CPU_SETSIZE as usize;
+        if let Some(first) = (0..cpus).find(|&c| libc::CPU_ISSET(c, &set)) {
+            libc::CPU_ZERO(&mut set);
+            libc::CPU_SET(first, &mut set);
+            libc::sched_setaffinity(0, size, &set);
+        }
     }
 }
 
