@@ -765,6 +765,14 @@ fn train(args: &Args) -> Result<ExitCode, TrainError> {
     for f in rt.failures() {
         eprintln!("polychip train: a plugin failed to load: {}", f.error);
     }
+    // ABI rules 12 and 13: what loading a plugin changed that it must not
+    // (put back by the host). Handlers and variables, which real drivers
+    // set, are `polychip devices`' notes, not repeated on every run.
+    if !launched || info.rank == 0 {
+        for finding in rt.plugins().iter().flat_map(|p| p.load_findings()) {
+            eprintln!("polychip train: warning: {finding}");
+        }
+    }
     let planned_here = args.resolved_plan.is_none() && plans_automatically(args);
     if launched && planned_here && args.save_plan.is_none() {
         return Err(TrainError::Plan(

@@ -532,6 +532,51 @@ fn checkpoints_resume_exactly_and_load_into_another_split() {
 }
 
 #[test]
+fn a_plugin_that_pins_the_training_thread_is_put_back_and_named_once() {
+    // The planted plugin's adamw binds the calling thread to the first CPU
+    // of its set (an OpenMP pool's master thread) on every call: with two
+    // CPUs or more, the step's watch sees it, puts the set back and says
+    // so once, however many steps it happens again.
+    if std::thread::available_parallelism().map_or(1, |n| n.get()) < 2 {
+        eprintln!("skipped: one CPU, so binding the thread to its first CPU changes nothing");
+        return;
+    }
+    let planted = common::built_plugin("libpolychip_testplugin_planted.so");
+    let args = [
+        "train",
+        "--model",
+        "tiny",
+        "--steps",
+        "3",
+        "--device",
+        "planted:0",
+        "--no-pin",
+        "--eval-every",
+        "0",
+    ];
+    let env = [
+        ("POLYCHIP_PLUGIN_PATH", planted.as_str()),
+        ("POLYCHIP_NO_BUNDLED_PLUGINS", "1"),
+        ("POLYCHIP_PLANTED_BUG", "adamw-pins-calling-thread"),
+    ];
+    let (code, out, err) = polychip_env(&args, &env);
+    assert_eq!(code, Some(0), "{out}{err}");
+    let warnings: Vec<&str> = err.lines().filter(|l| l.contains("ABI rule 13")).collect();
+    assert_eq!(warnings.len(), 1, "said once: {err}");
+    assert!(
+        warnings[0].contains("rank 0: warning: plugin Planted changed process state")
+            && warnings[0].contains("while training step 1")
+            && warnings[0].contains("CPU affinity changed"),
+        "{err}"
+    );
+    // With the bug not planted, nothing is said.
+    let env = [env[0], env[1], ("POLYCHIP_PLANTED_BUG", "none")];
+    let (code, out, err) = polychip_env(&args, &env);
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert!(!err.contains("ABI rule 13"), "{err}");
+}
+
+#[test]
 fn a_stage_that_does_not_fit_is_refused_before_training() {
     let args = [
         "train",

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use polychip_comm::bootstrap::Job;
 use polychip_comm::collectives::{Communicator, DType as CommDType, ReduceOp};
 use polychip_comm::device::{DeviceComm, StagingPool};
+use polychip_host::ffi::procstate::{self, ProcStateChange};
 use polychip_host::{Device, Runtime};
 use serde::Serialize;
 use serde_json::Value;
@@ -156,6 +157,9 @@ pub struct Summary {
     /// Each new deal of the batch (`rebalance_every`): after which step,
     /// and each replica's sequences.
     pub deals: Vec<(u64, Vec<usize>)>,
+    /// What this rank's plugin changed of the process state it does not
+    /// own during the steps (ABI rule 13), each said once, as printed.
+    pub process_state: Vec<String>,
 }
 
 /// `vendor:index` of every device, lower case.
@@ -368,6 +372,14 @@ pub fn run(opts: &Options, runtime: &Runtime, mut job: Option<&mut Job>) -> Resu
         Some(dir) if rank == 0 => Some(checkpoint::RootLock::take(dir)?),
         _ => None,
     };
+    // ABI rule 13 during training: the process state compared once a step
+    // (a few tens of microseconds; every call would cost more than small
+    // operators), what the plugin changed put back and said once.
+    let mut watch = procstate::Watch::new();
+    let vendor = device.plugin().vendor().to_string();
+    // A change made again every step (a plugin that re-binds its thread
+    // on every call) is said at its first step only.
+    let mut said = std::collections::HashSet::new();
     for s in start..end {
         if kill_at == Some(s + 1) {
             eprintln!(
@@ -501,6 +513,15 @@ pub fn run(opts: &Options, runtime: &Runtime, mut job: Option<&mut Job>) -> Resu
                 let _ = std::fs::remove_dir_all(st);
             }
             summary.checkpoint = Some(saved?);
+        }
+        let changes = watch.look();
+        for change in ProcStateChange::split(&vendor, &format!("training step {step}"), changes) {
+            if !said.insert(change.what.clone()) {
+                continue;
+            }
+            let text = change.to_string();
+            eprintln!("rank {rank}: warning: {text}");
+            summary.process_state.push(text);
         }
         let rec = StepRecord {
             step,

@@ -1,5 +1,5 @@
-//! The process state a plugin does not own, read around loading a plugin
-//! and around each conformance case (ABI rule 13).
+//! The process state a plugin does not own, read around loading a plugin,
+//! around each conformance case and once a training step (ABI rule 13).
 //!
 //! A plugin shares its process with the framework, the host and other
 //! vendors' plugins. A library that changes the working directory (every
@@ -14,8 +14,8 @@
 //!
 //! Reading all of it costs system calls (tens of microseconds), too much for
 //! every operator call, so the host reads it around loading each plugin
-//! (its constructors and its entry) and `polychip conform` around every
-//! case. What the host owns or the calling thread owns is put back (the
+//! (its constructors and its entry), `polychip conform` around every case
+//! and `polychip train` once a step ([`Watch`]). What the host owns or the calling thread owns is put back (the
 //! working directory, the file-creation mask, the locale, the calling
 //! thread's signal mask and CPU affinity); what is the whole process's and
 //! may be in use by the plugin (signal handlers, standard streams, the
@@ -450,6 +450,45 @@ pub fn around<T>(call: impl FnOnce() -> T) -> (T, Changes) {
     (result, before.changes_to(&after))
 }
 
+/// The process state watched across many calls, for a loop too hot to
+/// bracket each call (a training step runs hundreds of operators): each
+/// [`Watch::look`] compares the state with the last one, puts back what
+/// [`ProcState::restore`] puts back, and takes what it leaves (a handler,
+/// an environment variable) as the state to compare with next, so that
+/// each change is reported once.
+#[derive(Debug)]
+pub struct Watch {
+    last: ProcState,
+}
+
+impl Watch {
+    /// Starts from the state now, as the calling thread sees it.
+    pub fn new() -> Watch {
+        Watch {
+            last: ProcState::current(),
+        }
+    }
+
+    /// What changed since [`Watch::new`] or the last look, as the calling
+    /// thread (the one that called `new`) sees it.
+    pub fn look(&mut self) -> Changes {
+        let now = ProcState::current();
+        if now == self.last {
+            return Changes::default();
+        }
+        self.last.restore(&now);
+        let changes = self.last.changes_to(&now);
+        self.last = ProcState::current();
+        changes
+    }
+}
+
+impl Default for Watch {
+    fn default() -> Watch {
+        Watch::new()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -476,6 +515,24 @@ mod tests {
                 "{what:?}"
             );
             assert_eq!(read_thread_mask().unwrap() & (1 << libc::SIGUSR2), 0);
+        })
+        .join()
+        .unwrap();
+    }
+
+    #[test]
+    fn a_watch_puts_back_the_mask_and_reports_each_change_once() {
+        std::thread::spawn(|| {
+            let mut watch = Watch::new();
+            assert!(watch.look().is_empty());
+            let mask = read_thread_mask().unwrap();
+            set_thread_mask(mask | (1 << libc::SIGUSR2));
+            let what = watch.look();
+            assert_eq!(what.forbidden.len(), 1, "{what:?}");
+            assert!(what.forbidden[0].contains("blocked SIGUSR2"), "{what:?}");
+            assert_eq!(read_thread_mask().unwrap(), mask);
+            // Put back: nothing more to say.
+            assert!(watch.look().is_empty());
         })
         .join()
         .unwrap();
