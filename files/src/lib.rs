@@ -541,10 +541,13 @@ pub fn parse_error_at(text: &str, span: std::ops::Range<usize>, message: &str) -
     let line = text[line_start..line_end].trim_end_matches('\r');
     let column = text[line_start..at].chars().count();
     let chars: Vec<char> = line.chars().collect();
-    let from = column.saturating_sub(EXCERPT_SIDE);
+    // The error may lie in the carriage returns trimmed off the line's end:
+    // the window is of the line as shown.
+    let shown_at = column.min(chars.len());
+    let from = column.saturating_sub(EXCERPT_SIDE).min(shown_at);
     let to = (column + EXCERPT_SIDE).min(chars.len());
-    let before: String = chars[from..column.min(chars.len())].iter().collect();
-    let after: String = chars[column.min(chars.len())..to].iter().collect();
+    let before: String = chars[from..shown_at].iter().collect();
+    let after: String = chars[shown_at..to].iter().collect();
     let lead = if from > 0 { "..." } else { "" };
     let tail = if to < chars.len() { "..." } else { "" };
     let shown_before = format!("{lead}{}", printable(&before));
@@ -560,6 +563,18 @@ pub fn parse_error_at(text: &str, span: std::ops::Range<usize>, message: &str) -
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn an_error_among_a_lines_trailing_carriage_returns_is_shown() {
+        // The line as shown drops its trailing `\r`s; an error 50 of them
+        // in sliced the window past the line's end.
+        let text = format!("dim = 1{}\nx", "\r".repeat(60));
+        let at = 7 + 50;
+        let out = super::parse_error_at(&text, at..at + 1, "bad");
+        assert!(out.starts_with("line 1, column 58: bad\n"), "{out}");
+        let out = super::parse_error_at(&text, text.len()..text.len(), "end");
+        assert!(out.starts_with("line 2, column 2: end"), "{out}");
+    }
+
     #[test]
     fn parse_errors_show_a_window_of_a_long_line() {
         use super::parse_error_at;
