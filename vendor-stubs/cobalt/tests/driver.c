@@ -265,14 +265,14 @@ static void check_table(void) {
     CHECK(OPS->fill && OPS->copy && OPS->cast && OPS->add && OPS->sub && OPS->mul && OPS->div &&
               OPS->matmul && OPS->softmax,
           "an operator of ABI 1.0 is missing");
-    /* Every entry of the table, ABI 1.1's and 1.2's included, is implemented. */
+    /* Every entry of the table, ABI 1.1's to 1.3's included, is implemented. */
     size_t entries = (sizeof(PolychipOpTable) - offsetof(PolychipOpTable, fill)) / sizeof(void (*)(void));
     for (size_t i = 0; i < entries; i++) {
         void (*entry)(void);
         memcpy(&entry, (const char *)OPS + offsetof(PolychipOpTable, fill) + i * sizeof entry, sizeof entry);
         CHECK(entry != NULL, "operator entry %zu of %zu is NULL", i, entries);
     }
-    CHECK(entries == 52, "the op table has %zu entries; ABI 1.2 has 9 + 38 + 5", entries);
+    CHECK(entries == 64, "the op table has %zu entries; ABI 1.3 has 9 + 38 + 5 + 12", entries);
 }
 
 static void check_devices(uint32_t expected_devices, uint64_t expected_bytes) {
@@ -729,7 +729,8 @@ static void check_elementwise(void) {
     ERR(POLYCHIP_ERROR_SHAPE_MISMATCH, binary(OPS->add, ta, tensor(dout, F32, 1, shape4, NULL, 0), tout, 1.0));
     ERR(POLYCHIP_ERROR_SHAPE_MISMATCH, binary(OPS->add, ta, tb, tensor(dout, F32, 2, shape32, NULL, 0), 1.0));
     ERR(POLYCHIP_ERROR_DTYPE_MISMATCH, binary(OPS->add, ta, tensor(dha, F16, 1, shape2, NULL, 0), tout, 1.0));
-    ERR(POLYCHIP_ERROR_DTYPE_MISMATCH, binary(OPS->mul, tensor(da, I32, 2, shape23, NULL, 0),
+    /* Integers take add, sub and mul since ABI 1.3, not div. */
+    ERR(POLYCHIP_ERROR_DTYPE_MISMATCH, binary(OPS->div, tensor(da, I32, 2, shape23, NULL, 0),
                                               tensor(db, I32, 1, shape3, NULL, 0),
                                               tensor(dout, I32, 2, shape23, NULL, 0), 1.0));
     ERR(POLYCHIP_ERROR_INVALID_ARGUMENT, OPS->add(0, NULL, NULL));

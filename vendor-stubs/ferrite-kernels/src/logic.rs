@@ -214,14 +214,16 @@ pub unsafe fn masked_fill(
     Ok(())
 }
 
-/// [`move_element`] from a source that may be unaligned.
+/// [`move_element`] from a source that may be unaligned, and may be `dst`
+/// itself (an unmasked element of an in-place `masked_fill`).
 ///
 /// # Safety
 /// `src` valid for `size` bytes; `dst` valid and aligned.
 #[inline(always)]
 unsafe fn move_element_unaligned(size: usize, src: *const u8, dst: *mut u8) {
-    // SAFETY: forwarded from the caller.
-    unsafe { std::ptr::copy_nonoverlapping(src, dst, size) }
+    // SAFETY: forwarded from the caller; `copy` allows the two to overlap
+    // (`copy_nonoverlapping` of an element onto itself is undefined).
+    unsafe { std::ptr::copy(src, dst, size) }
 }
 
 /// `out = a (op) b` elementwise (bool 0/1), `a` and `b` of one dtype
