@@ -49,7 +49,7 @@ pub struct Args {
     /// run's plan, measured seconds per step or `"ran": false`; see
     /// docs/planner.md) evaluated run by run, with Spearman, regret, median
     /// error and fit/no-fit agreement.
-    #[arg(long, value_name = "RUNS", conflicts_with_all = ["evaluate", "trace", "exhaustive"])]
+    #[arg(long, value_name = "RUNS", conflicts_with_all = ["evaluate", "trace", "exhaustive", "global_batch"])]
     score: Option<PathBuf>,
     /// Price the chip types this profile covers (`polychip profile`
     /// output) from its measurements.

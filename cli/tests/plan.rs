@@ -188,6 +188,11 @@ fn score_ranks_measured_outside_runs_and_says_each_outcome() {
             && table.contains(&format!("predicted to fit but did not run: {failed}")),
         "{table}"
     );
+    // Each run's plan gives its batch: a --global-batch is refused, not
+    // ignored.
+    let (code, _, err) = score(&["--global-batch", "8"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("--global-batch"), "{err}");
     // A run without its outcome is refused naming the run and the file.
     std::fs::write(
         &file,
