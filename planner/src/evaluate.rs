@@ -1311,6 +1311,18 @@ pub struct Evaluation {
     pub group_labels: Vec<String>,
 }
 
+impl Evaluation {
+    /// The most memory any stage's chip is predicted to hold, bytes.
+    pub fn peak_memory_bytes(&self) -> f64 {
+        self.plan
+            .replicas
+            .iter()
+            .flat_map(|r| &r.stages)
+            .map(|s| s.memory.total)
+            .fold(0.0, f64::max)
+    }
+}
+
 /// Scores `spec` on `cluster` (with any profile already applied) for
 /// `model`; `settings`' global batch is replaced by the plan's.
 pub fn evaluate(

@@ -276,13 +276,7 @@ pub fn score_runs(
         .map(|run| {
             let ev = evaluate(&run.plan, model, cluster, settings)
                 .map_err(|e| SpecError::Runs(format!("run {}: {e}", quoted(&run.name))))?;
-            let peak = ev
-                .plan
-                .replicas
-                .iter()
-                .flat_map(|r| &r.stages)
-                .map(|s| s.memory.total)
-                .fold(0.0, f64::max);
+            let peak = ev.peak_memory_bytes();
             Ok(ScoredRun {
                 name: run.name.clone(),
                 global_batch: ev.plan.global_batch,

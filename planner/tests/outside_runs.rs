@@ -147,13 +147,7 @@ fn score_from(
         let blocks_only = evaluate(&spec, &model, &estimated, &settings)
             .unwrap_or_else(|e| panic!("{name} with the blocks' profile: {e}"));
         let sequences = ev.plan.global_batch as f64;
-        let peak = ev
-            .plan
-            .replicas
-            .iter()
-            .flat_map(|r| &r.stages)
-            .map(|s| s.memory.total)
-            .fold(0.0, f64::max);
+        let peak = ev.peak_memory_bytes();
         out.entry(cluster_name.to_string())
             .or_default()
             .push(Scored {
@@ -1113,16 +1107,6 @@ struct BigscienceRun {
     sequences: f64,
 }
 
-/// The largest memory any stage of `ev` is predicted to take, bytes.
-fn largest_stage(ev: &Evaluation) -> f64 {
-    ev.plan
-        .replicas
-        .iter()
-        .flat_map(|r| &r.stages)
-        .map(|s| s.memory.total)
-        .fold(0.0, f64::max)
-}
-
 /// BigScience's topology sweep of the 181B model before BLOOM
 /// (`tests/data/outside/bigscience-jean-zay/`, converted by
 /// `convert_bigscience.py` from github.com/bigscience-workshop/bigscience,
@@ -1184,8 +1168,8 @@ fn score_bigscience(nic: Option<f64>) -> Vec<BigscienceRun> {
             fits: ev.fits,
             fits_4_byte_gradients: ev4.fits,
             peak_share: peak_share(&ev),
-            predicted_peak: largest_stage(&ev),
-            predicted_peak_4_byte_gradients: largest_stage(&ev4),
+            predicted_peak: ev.peak_memory_bytes(),
+            predicted_peak_4_byte_gradients: ev4.peak_memory_bytes(),
             measured_peak: run["measured_peak_bytes"].as_f64(),
             forward_backward: first.timing.forward + first.timing.backward,
             dp_allreduce: last.timing.dp_allreduce,
@@ -1499,7 +1483,7 @@ fn score_dlperf(nvlink: Option<f64>) -> Vec<DlperfRun> {
             fits: ev.fits,
             fits_4_byte_gradients: ev4.fits,
             peak_share: peak_share(&ev),
-            predicted_peak: largest_stage(&ev),
+            predicted_peak: ev.peak_memory_bytes(),
             measured_peak: run["measured_peak_bytes"].as_f64().unwrap(),
             forward_backward: first.timing.forward + first.timing.backward,
             send: first.timing.send_next,

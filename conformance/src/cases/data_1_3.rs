@@ -373,6 +373,22 @@ fn compare_cases(op: CompareOp) -> fn(DType) -> Vec<Case> {
     }
 }
 
+/// A 1-D integer input of `values`; an i64 one carries them bit for bit
+/// too (past 2^53 the f64 the reference sees is not the value).
+fn integer_input(name: &'static str, dtype: DType, values: Vec<i64>, layout: Layout) -> TensorSpec {
+    let mut t = input(
+        name,
+        dtype,
+        &[values.len()],
+        values.iter().map(|&x| x as f64).collect(),
+        layout,
+    );
+    if dtype == DType::I64 {
+        t.exact_bits = Some(values);
+    }
+    t
+}
+
 /// The operand shapes of the two-operand cases (comparisons, integer
 /// arithmetic): equal shapes, a row, a three-way broadcast, 0-d, 0-size,
 /// transposed and strided operands, and a 0-d right side.
@@ -473,22 +489,8 @@ fn compare_i64_exact(op: CompareOp) -> Case {
             if r { 1.0 } else { 0.0 }
         })
         .collect();
-    let mut ta = input(
-        "a",
-        DType::I64,
-        &[n],
-        a.iter().map(|&x| x as f64).collect(),
-        Layout::Strided,
-    );
-    ta.exact_bits = Some(a);
-    let mut tb = input(
-        "b",
-        DType::I64,
-        &[n],
-        b.iter().map(|&x| x as f64).collect(),
-        Layout::Contiguous,
-    );
-    tb.exact_bits = Some(b);
+    let ta = integer_input("a", DType::I64, a, Layout::Strided);
+    let tb = integer_input("b", DType::I64, b, Layout::Contiguous);
     case(
         op.name(),
         DType::I64,
@@ -580,17 +582,7 @@ fn convert_values(rng: &mut Rng, src: DType, dst: DType) -> Vec<f64> {
 pub(super) fn convert(src: DType) -> Vec<Case> {
     let mut rng = Rng::for_case("convert", src);
     let mut cases = Vec::new();
-    let all = [
-        DType::F32,
-        DType::F16,
-        DType::BF16,
-        DType::F64,
-        DType::I32,
-        DType::I64,
-        DType::U8,
-        DType::Bool,
-    ];
-    for (k, dst) in all.into_iter().enumerate() {
+    for (k, dst) in DType::ALL.into_iter().enumerate() {
         let values = convert_values(&mut rng, src, dst);
         let n = values.len();
         let layout = if k % 2 == 0 {
@@ -831,24 +823,10 @@ pub(super) fn binary_int(op: BinaryOp, dtype: DType) -> Vec<Case> {
             .zip(&b)
             .map(|(&x, &y)| wrap_int(op, dtype, x, y, al))
             .collect();
-        let mut ta = input(
-            "a",
-            dtype,
-            &[n * n],
-            a.iter().map(|&x| x as f64).collect(),
-            Layout::Strided,
-        );
-        let mut tb = input(
-            "b",
-            dtype,
-            &[n * n],
-            b.iter().map(|&x| x as f64).collect(),
-            Layout::Contiguous,
-        );
+        let ta = integer_input("a", dtype, a, Layout::Strided);
+        let tb = integer_input("b", dtype, b, Layout::Contiguous);
         let mut to = output("out", dtype, &[n * n], Layout::Contiguous);
         if dtype == DType::I64 {
-            ta.exact_bits = Some(a);
-            tb.exact_bits = Some(b);
             to.exact_bits = Some(want.clone());
         }
         let want: Vec<f64> = want.iter().map(|&x| x as f64).collect();
