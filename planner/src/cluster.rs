@@ -148,8 +148,17 @@ pub struct ChipType {
     pub efficiency: f64,
     /// Chip-to-chip bandwidth inside a node (NVLink and peers), bytes/s.
     pub intra_node_bandwidth: f64,
-    /// Network bandwidth per chip out of its node, bytes/s.
+    /// Network bandwidth per chip out of its node, bytes/s: its share when
+    /// every chip of the node sends at once (the node's network is
+    /// `nic_bandwidth * chips_per_node` in all).
     pub nic_bandwidth: f64,
+    /// The network interfaces a node has, which its chips share (a chip
+    /// sends through one). Optional: `chips_per_node` by default, a NIC a
+    /// chip, whose share is `nic_bandwidth` whoever else sends; 1 for a
+    /// node whose chips share one NIC, which lends a stage of fewer chips
+    /// than the node holds more each ([`ChipType::nic_share`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nics_per_node: Option<u64>,
     /// Memory bandwidth, bytes/s, for memory-bound work and the optimizer
     /// step; optional (then the largest peak over
     /// [`DEFAULT_FLOPS_PER_BYTE`], see [`ChipType::memory_bandwidth_or_default`]).
@@ -209,6 +218,18 @@ impl ChipType {
             let p = &self.peak_flops;
             p.f32.max(p.bf16).max(p.f16) / DEFAULT_FLOPS_PER_BYTE
         })
+    }
+
+    /// Bytes/s each of `k` chips of one node gets out of it when they send
+    /// at once: the node's network (`nic_bandwidth` times
+    /// `chips_per_node`) over `max(k, nics_per_node)`, each chip sending
+    /// through one interface. With a NIC a chip (the default) that is
+    /// `nic_bandwidth` for any `k`; with one NIC a node, a lone sender
+    /// gets the node's whole network.
+    pub fn nic_share(&self, k: u64) -> f64 {
+        let per_node = self.chips_per_node.max(1);
+        let nics = self.nics_per_node.unwrap_or(per_node).clamp(1, per_node);
+        self.nic_bandwidth * per_node as f64 / k.clamp(1, per_node).max(nics) as f64
     }
 
     /// The least time one kernel takes, seconds: `kernel_dispatch_seconds`
@@ -336,6 +357,14 @@ impl ChipType {
                     fmt_num(value)
                 )));
             }
+        }
+        if let Some(n) = self.nics_per_node
+            && !(1..=self.chips_per_node).contains(&n)
+        {
+            return Err(bad(format!(
+                "nics_per_node {n} is not from 1 to chips_per_node ({})",
+                self.chips_per_node
+            )));
         }
         if let Some(d) = self.kernel_dispatch_seconds
             && !(d.is_finite() && (0.0..=1.0).contains(&d))
@@ -473,13 +502,28 @@ impl ClusterSpec {
 
     /// Bandwidth between a chip of type `a` and one of type `b`: the
     /// intra-node link of `a` when they share a node (then `a` and `b` are
-    /// the same type), otherwise the least of both NICs and the network.
+    /// the same type), otherwise the least of both NICs and the network,
+    /// every chip of both nodes sending at once.
     pub fn link_bandwidth(&self, a: &ChipType, b: &ChipType, same_node: bool) -> f64 {
+        self.send_bandwidth(a, u64::MAX, b, u64::MAX, same_node)
+    }
+
+    /// [`ClusterSpec::link_bandwidth`] for a pipeline send with `senders`
+    /// chips of `a`'s node sending and `receivers` of `b`'s receiving at
+    /// once: across nodes each end gets its [`ChipType::nic_share`].
+    pub fn send_bandwidth(
+        &self,
+        a: &ChipType,
+        senders: u64,
+        b: &ChipType,
+        receivers: u64,
+        same_node: bool,
+    ) -> f64 {
         if same_node {
             a.intra_node_bandwidth.min(b.intra_node_bandwidth)
         } else {
-            a.nic_bandwidth
-                .min(b.nic_bandwidth)
+            a.nic_share(senders)
+                .min(b.nic_share(receivers))
                 .min(self.inter_node_bandwidth)
         }
     }
@@ -644,6 +688,7 @@ impl ClusterSpec {
                             efficiency: DEFAULT_EFFICIENCY,
                             intra_node_bandwidth: link,
                             nic_bandwidth: DEFAULT_NIC_BANDWIDTH,
+                            nics_per_node: None,
                             memory_bandwidth: mem_bw.filter(|b| *b > 0.0),
                             // The stub plugins count only tensor bytes
                             // against memory_bytes: nothing is reserved.
@@ -972,6 +1017,29 @@ nic_bandwidth = 25e9
         assert_eq!(c.link_bandwidth(a, a, true), 300e9);
         assert_eq!(c.link_bandwidth(a, &b, false), 12.5e9);
         assert_eq!(c.link_bandwidth(a, a, false), 25e9);
+        // One NIC for the node's 8 chips: 2 chips sending share the
+        // node's 200 GB/s, the network's 25 GB/s a flow bounds them.
+        let mut one = a.clone();
+        one.nics_per_node = Some(1);
+        assert_eq!(one.nic_share(2), 100e9);
+        assert_eq!(one.nic_share(8), 25e9);
+        assert_eq!(one.nic_share(0), 200e9);
+        assert_eq!(a.nic_share(2), 25e9);
+        assert_eq!(c.send_bandwidth(&one, 2, &one, 2, false), 25e9);
+        let mut wide = c.clone();
+        wide.inter_node_bandwidth = 400e9;
+        assert_eq!(wide.send_bandwidth(&one, 2, &one, 4, false), 50e9);
+        assert_eq!(wide.send_bandwidth(&one, 2, a, 2, false), 25e9);
+        let err = ClusterSpec::from_toml_str(&A100.replace(
+            "nic_bandwidth = 25e9",
+            "nic_bandwidth = 25e9\nnics_per_node = 9",
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("nics_per_node 9 is not from 1 to chips_per_node (8)"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -26,6 +26,12 @@ pub struct Boundary<'a> {
     pub chip: &'a ChipType,
     /// Both stages' chips share a node, so the transfer uses the intra-node link.
     pub same_node: bool,
+    /// Chips of this stage that send out of one node at once (its `tp`
+    /// times its replicas there), and of the next stage that receive into
+    /// one: across nodes, each end's share of its node's network
+    /// ([`ClusterSpec::send_bandwidth`]). `u64::MAX`: the whole node.
+    pub senders: u64,
+    pub receivers: u64,
 }
 
 /// One pipeline stage as the cost model sees it.
@@ -646,10 +652,12 @@ pub fn tp_allreduce_time(bytes: f64, n: u64, bandwidth: f64) -> f64 {
 /// node sit next to each other on it, so each of the node's `t` rings
 /// crosses its network once and gets the node's NIC bandwidth over `t`,
 /// that is the chip's share ([`ChipType::nic_bandwidth`]) times the
-/// group's members on a node, `min(d, chips_per_node / t)`; at most the
-/// network's per-flow bandwidth. (A pipeline send, where every chip of a
-/// node sends at once, gets the chip's share alone:
-/// [`ClusterSpec::link_bandwidth`].)
+/// group's members on a node, `min(d, chips_per_node / t)`, or, where the
+/// node's chips share fewer NICs than they are, the node's network over
+/// `t` ([`ChipType::nic_share`]); at most the network's per-flow
+/// bandwidth. (A pipeline send gets each end's share of its node's network
+/// for the chips sending or receiving at once there:
+/// [`ClusterSpec::send_bandwidth`].)
 pub fn dp_bandwidth(
     cluster: &ClusterSpec,
     chip: &ChipType,
@@ -659,9 +667,11 @@ pub fn dp_bandwidth(
     one_node: bool,
 ) -> f64 {
     let tp = tp.max(1);
+    // A node of fewer NICs than chips (`nics_per_node`) lends its `tp`
+    // rings its whole network however few of their members it holds.
     let ring = |c: &ChipType| {
         let members = (c.chips_per_node / tp).clamp(1, dp.max(1));
-        c.nic_bandwidth * members as f64
+        (c.nic_bandwidth * members as f64).max(c.nic_share(tp))
     };
     let across =
         |a: &ChipType, b: &ChipType| ring(a).min(ring(b)).min(cluster.inter_node_bandwidth);
@@ -941,7 +951,13 @@ pub fn analytic_stage_timing(
     }
     let send_next = stage.next.map_or(0.0, |next| {
         pipeline_send_time(settings, sbh_bytes, tp, chip, || {
-            cluster.link_bandwidth(chip, next.chip, next.same_node)
+            cluster.send_bandwidth(
+                chip,
+                next.senders,
+                next.chip,
+                next.receivers,
+                next.same_node,
+            )
         })
     });
     let params = stage.params(model) as f64 / tp as f64;

@@ -30,6 +30,7 @@ fn chip(name: &str, nic: f64) -> ChipType {
         efficiency: 0.5,
         intra_node_bandwidth: 100e9,
         nic_bandwidth: nic,
+        nics_per_node: None,
         memory_bandwidth: Some(2e12),
         memory_reserve_bytes: None,
         matmul_workspace_bytes: None,
@@ -444,6 +445,8 @@ fn transfers_and_data_parallel_all_reduce() {
     st.next = Some(Boundary {
         chip: &c.chip_types[1],
         same_node: false,
+        senders: u64::MAX,
+        receivers: u64::MAX,
     });
     let t = stage_timing(&m, &s, &c, &st, ONE);
     // 2 s b h bytes over min(25, 50, 12.5) GB/s.
@@ -456,6 +459,8 @@ fn transfers_and_data_parallel_all_reduce() {
     st.next = Some(Boundary {
         chip: &c.chip_types[0],
         same_node: true,
+        senders: u64::MAX,
+        receivers: u64::MAX,
     });
     // 16 chips span two nodes: the cross-node path, 12.5 GB/s.
     (st.dp, st.dp_one_node) = (16, false);
@@ -466,6 +471,33 @@ fn transfers_and_data_parallel_all_reduce() {
         2.0 * 15.0 / 16.0 * 10.0 * LAYER * 4.0 / 12.5e9,
     );
     assert_eq!(t.name, "stage 1 (X x1, layers 10-19)");
+}
+
+/// A pipeline send across nodes gets each end's share of its node's
+/// network for the chips sending or receiving there at once: with one NIC
+/// a node, a stage of 2 of its 8 chips gets 4 chips' shares each.
+#[test]
+fn a_send_from_a_few_chips_of_a_one_nic_node_gets_more_of_it() {
+    let (m, mut c, s) = (ModelSpec::llama_70b(), cluster(), TrainingSettings::new(64));
+    c.inter_node_bandwidth = 1e12;
+    let timed = |c: &ClusterSpec, senders: u64, receivers: u64| {
+        let mut st = shape(c, 10..20, 1, 1, 2);
+        st.next = Some(Boundary {
+            chip: &c.chip_types[0],
+            same_node: false,
+            senders,
+            receivers,
+        });
+        stage_timing(&m, &s, c, &st, ONE).send_next
+    };
+    // Each chip sends its half of the 2 s b h bytes (sequence parallel:
+    // no gather first). A NIC a chip (the default): 25 GB/s whoever sends.
+    close(timed(&c, 2, 2), SBH / 25e9);
+    c.chip_types[0].nics_per_node = Some(1);
+    close(timed(&c, 2, 2), SBH / 100e9);
+    // The receiving node busier: its share bounds the send.
+    close(timed(&c, 2, 8), SBH / 25e9);
+    close(timed(&c, u64::MAX, u64::MAX), SBH / 25e9);
 }
 
 /// A kernel takes at least the framework's dispatch: short kernels (a
@@ -505,8 +537,8 @@ fn the_dispatch_floor_bounds_short_kernels_only() {
 /// A data-parallel ring across nodes crosses each node's network once per
 /// ring: the chip's NIC share times the group's members on a node (its
 /// node's chips over t), at most the network's per-flow bandwidth; a group
-/// inside one node takes the intra-node link; a pipeline send keeps the
-/// chip's share alone.
+/// inside one node takes the intra-node link; a node of one NIC lends its
+/// rings its whole network.
 #[test]
 fn a_cross_node_ring_gets_its_members_share_of_the_nic() {
     let mut c = cluster(); // 8 chips per node; X's NIC 25 GB/s per chip
@@ -525,6 +557,15 @@ fn a_cross_node_ring_gets_its_members_share_of_the_nic() {
     assert_eq!(dp_bandwidth(&c, &x, 2, 8, &[], false), 1e9);
     // With Y (50 GB/s per chip) in the group: the slower ring end.
     assert_eq!(dp_bandwidth(&c, &x, 4, 4, &[0, 1], true), 2e9);
+    // One NIC for the node's 8 chips (8 GB/s in all): its `tp` rings share
+    // it however few members each has there (a NIC a chip: tp 2 at 2
+    // replicas gets the 2 members' shares).
+    let mut one = x.clone();
+    one.nics_per_node = Some(1);
+    assert_eq!(dp_bandwidth(&c, &x, 2, 2, &[], false), 2e9);
+    assert_eq!(dp_bandwidth(&c, &one, 2, 2, &[], false), 4e9);
+    assert_eq!(dp_bandwidth(&c, &one, 2, 4, &[], false), 2e9);
+    assert_eq!(dp_bandwidth(&c, &one, 2, 8, &[], false), 1e9);
     assert_eq!(c.link_bandwidth(&x, &x, false), 1e9);
 }
 

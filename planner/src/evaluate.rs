@@ -117,6 +117,9 @@ pub(crate) fn assemble(
                             true => placed[device].send_same_node,
                             false => wraps_in_node,
                         },
+                        // The group's replicas of each stage send at once.
+                        senders: s.tp.saturating_mul(g.copies),
+                        receivers: n.tp.saturating_mul(g.copies),
                     }),
                     dp_peers: &peers,
                     // Replicas of other groups sit elsewhere.

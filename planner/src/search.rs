@@ -738,11 +738,16 @@ impl<'a> Ctx<'a> {
             let chip = self.chip(ty);
             let t = n as f64 * coefs[i].c + coefs[i].extra;
             if i + 1 < p {
-                let (nty, _, _) = st[i + 1];
+                let (nty, ntp, _) = st[i + 1];
                 p2p += 2.0
                     * pipeline_send_time(settings, sbh, tp, chip, || {
-                        self.cluster
-                            .link_bandwidth(chip, self.chip(nty), at.send_same_node)
+                        self.cluster.send_bandwidth(
+                            chip,
+                            tp.saturating_mul(dp),
+                            self.chip(nty),
+                            ntp.saturating_mul(dp),
+                            at.send_same_node,
+                        )
                     });
             }
             max_t = max_t.max(t);

@@ -56,6 +56,7 @@ fn chip(rng: &mut XorShift, name: String, budget: u64) -> Option<ChipType> {
         efficiency: 0.3 + 0.4 * rng.unit(),
         intra_node_bandwidth: rng.pick(&[32e9, 100e9, 300e9]),
         nic_bandwidth: rng.pick(&[12.5e9, 25e9]),
+        nics_per_node: None,
         memory_bandwidth: Some(1e12 + rng.unit() * 1e12),
         memory_reserve_bytes: None,
         matmul_workspace_bytes: None,

@@ -162,6 +162,7 @@ mod tests {
             efficiency: 0.5,
             intra_node_bandwidth: 1e10,
             nic_bandwidth: 1e10,
+            nics_per_node: None,
             memory_bandwidth: None,
             memory_reserve_bytes: Some(0),
             matmul_workspace_bytes: Some(0),
