@@ -339,6 +339,7 @@ bugs! {
     masked_fill_value_through_f32: "masked-fill-value-through-f32" on "masked_fill" in "" => "a rounding tie, or past 2^24";
     eq_by_subtraction: "eq-by-subtraction" on "eq" in "" => "special values against themselves";
     convert_integer_wraps: "convert-integer-wraps" on "convert" in "" => "specials, ties, range ends";
+    convert_narrowing_saturates: "convert-narrowing-saturates" on "convert" in "i32,i64" => "specials, ties, range ends";
     arange_accumulates: "arange-accumulates" on "arange" in "" => "a step that is not a power of two";
     add_int_saturates: "add-int-saturates" on "add" in "i32,i64" => "wrapping past the ends of the range";
     // The host refuses step 0 itself (its argument checks run before any

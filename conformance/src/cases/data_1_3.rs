@@ -621,6 +621,7 @@ pub(super) fn convert(src: DType) -> Vec<Case> {
 }
 
 fn convert_case(src: DType, label: String, s: TensorSpec, d: TensorSpec) -> Case {
+    let narrowing = narrowing(src, d.dtype);
     case(
         "convert",
         src,
@@ -628,8 +629,21 @@ fn convert_case(src: DType, label: String, s: TensorSpec, d: TensorSpec) -> Case
         vec![s, d],
         Tolerance::EXACT,
         |exec, t| exec.convert(&t[0], &t[1]),
-        |d| Ok(vec![reference::convert(&d[0])?]),
+        move |d| Ok(vec![reference::convert(&d[0], narrowing)?]),
     )
+}
+
+/// From integer dtype `src` to a narrower integer `dst`: `dst`'s bits and
+/// whether it is signed (the conversion keeps the low bits).
+fn narrowing(src: DType, dst: DType) -> Option<(u32, bool)> {
+    let int = |d: DType| match d {
+        DType::I32 => Some((32, true)),
+        DType::I64 => Some((64, true)),
+        DType::U8 => Some((8, false)),
+        _ => None,
+    };
+    let ((from, _), (to, signed)) = (int(src)?, int(dst)?);
+    (to < from).then_some((to, signed))
 }
 
 /// i64s a double cannot hold, converted to each floating dtype (one

@@ -16,9 +16,22 @@ pub fn cos(input: &Dense) -> Result<Dense, RefError> {
 }
 
 /// `dst = (dtype) src`: the identity on exact f64 values (the suite
-/// rounds to the destination dtype with the ABI's conversion rules).
-pub fn convert(src: &Dense) -> Result<Dense, RefError> {
-    Ok(src.clone())
+/// rounds to the destination dtype with the ABI's conversion rules),
+/// except from an integer dtype to a narrower one (`to` of `to_bits`
+/// bits, signed or not), which keeps the low bits in two's complement, as
+/// PyTorch does (i64 2^40 to i32 is 0, -1 to u8 is 255). The integers are
+/// those the suite stored: f64s converted to i64 saturating.
+pub fn convert(src: &Dense, narrowing: Option<(u32, bool)>) -> Result<Dense, RefError> {
+    Ok(match narrowing {
+        None => src.clone(),
+        Some((bits, signed)) => src.map(|x| {
+            let low = (x as i64 as u64) & ((1u64 << bits) - 1);
+            match signed && low >> (bits - 1) == 1 {
+                true => low as f64 - (1u64 << bits) as f64,
+                false => low as f64,
+            }
+        }),
+    })
 }
 
 /// `out[i] = start + i * step` for `n` values, in f64 (a product and a

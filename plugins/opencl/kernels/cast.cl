@@ -78,7 +78,8 @@ PC_CAST_TO64(BF16)
 // layout in its own elements. A float goes through a double (exact), an
 // integer through a long (exact); each store rounds once: to a float to
 // nearest even (a long to f16 or bf16 through a double rounded to odd),
-// to an integer toward zero with saturation (NaN to 0), to bool != 0.
+// a double to an integer toward zero with saturation (NaN to 0), a long to
+// a narrower integer by its low bits (two's complement), to bool != 0.
 inline double pc_long_to_double_odd(long x) {
     double r = convert_double_rtz(x);
     if (convert_long(r) != x) r = as_double(as_ulong(r) | 1UL);
@@ -102,13 +103,13 @@ inline void pc_store_any(__global uchar *dst, long di, int dd, int is_int, long 
         ((__global double *)dst)[di] = is_int ? convert_double_rte(l) : d;
         break;
     case 4:
-        ((__global int *)dst)[di] = is_int ? convert_int_sat(l) : convert_int_sat_rtz(d);
+        ((__global int *)dst)[di] = is_int ? (int)l : convert_int_sat_rtz(d);
         break;
     case 5:
         ((__global long *)dst)[di] = is_int ? l : convert_long_sat_rtz(d);
         break;
     case 6:
-        dst[di] = is_int ? convert_uchar_sat(l) : convert_uchar_sat_rtz(d);
+        dst[di] = is_int ? (uchar)l : convert_uchar_sat_rtz(d);
         break;
     default:
         dst[di] = (uchar)(is_int ? l != 0 : d != 0.0);

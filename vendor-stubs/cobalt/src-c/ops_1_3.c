@@ -12,7 +12,8 @@
  * fill uses (cobalt_write_f64). Comparisons read floats exactly as double
  * and integers as int64_t, and write bools. convert takes any dtype to any
  * other: floats through cobalt_write_f64 (one rounding, saturating integer
- * conversions, NaN to 0), integers exactly or saturated, and an int64_t
+ * conversions, NaN to 0), integers exactly or wrapped to a narrower
+ * integer's low bits (as PyTorch narrows), and an int64_t
  * to f16 or bf16 through a double rounded to odd (one rounding overall).
  * arange computes start + i * step in double and converts it as fill does.
  */
@@ -339,12 +340,14 @@ static void convert_one(cobalt_dtype from, const uint8_t *p, cobalt_dtype to, ui
         memcpy(q, &x, sizeof x);
         return;
     case COBALT_I32: {
-        int32_t v = x < INT32_MIN ? INT32_MIN : x > INT32_MAX ? INT32_MAX : (int32_t)x;
+        /* The low 32 bits (two's complement), as PyTorch narrows: through
+         * an unsigned type, where C defines the wrap. */
+        uint32_t v = (uint32_t)(uint64_t)x;
         memcpy(q, &v, sizeof v);
         return;
     }
     case COBALT_U8:
-        q[0] = x < 0 ? 0 : x > 255 ? 255 : (uint8_t)x;
+        q[0] = (uint8_t)(uint64_t)x;
         return;
     case COBALT_BOOL:
         q[0] = x != 0;

@@ -297,16 +297,14 @@ unsafe fn store(dtype: DType, p: *mut u8, i: isize, v: Num) {
             (DType::Bool, Num::F(x)) => *p.offset(i) = u8::from(x != 0.0),
             (DType::Bool, Num::I(x)) => *p.offset(i) = u8::from(x != 0),
             // `as` from a float truncates toward zero, saturates and gives 0
-            // for NaN; between integers it wraps, so saturate first.
+            // for NaN; between integers it wraps (keeps the low bits), as
+            // the ABI and PyTorch do.
             (DType::I32, Num::F(x)) => *(p as *mut i32).offset(i) = x as i32,
-            (DType::I32, Num::I(x)) => {
-                *(p as *mut i32).offset(i) =
-                    x.clamp(i64::from(i32::MIN), i64::from(i32::MAX)) as i32
-            }
+            (DType::I32, Num::I(x)) => *(p as *mut i32).offset(i) = x as i32,
             (DType::I64, Num::F(x)) => *(p as *mut i64).offset(i) = x as i64,
             (DType::I64, Num::I(x)) => *(p as *mut i64).offset(i) = x,
             (DType::U8, Num::F(x)) => *p.offset(i) = x as u8,
-            (DType::U8, Num::I(x)) => *p.offset(i) = x.clamp(0, 255) as u8,
+            (DType::U8, Num::I(x)) => *p.offset(i) = x as u8,
             // Floats: one rounding to nearest even (i64 to f64 and f32 are
             // correctly rounded by `as`; to f16 and bf16 through values
             // rounded to odd).
@@ -334,8 +332,8 @@ unsafe fn store(dtype: DType, p: *mut u8, i: isize, v: Num) {
 
 /// `dst = (dst.dtype) src` between any two dtypes (ABI 1.3's `convert`):
 /// floats round once to nearest even, floats to integers truncate toward
-/// zero and saturate (NaN gives 0), integers to narrower ones saturate,
-/// anything to bool is `!= 0`. Same shape, any strides.
+/// zero and saturate (NaN gives 0), integers to narrower ones wrap (their
+/// low bits), anything to bool is `!= 0`. Same shape, any strides.
 ///
 /// # Safety
 /// Every element addressed by each view must be valid memory of its dtype;

@@ -366,6 +366,9 @@ pub mod ops {
             if is(Bug::ConvertIntegerWraps) && bad::convert_wrapping(s, d) {
                 return done();
             }
+            if is(Bug::ConvertNarrowingSaturates) && bad::convert_narrowing_saturated(s, d) {
+                return done();
+            }
             kernels::convert(s, d)
         })
     }

@@ -742,8 +742,11 @@ pub type PolychipMaskedFillFn = Option<unsafe extern "C" fn(device: u32, stream:
 /// an integer or from f64 directly: no double rounding through f32 or f64,
 /// i64 past 2^53 included); from a floating dtype to an integer one,
 /// truncation toward zero, saturating at the type's range, NaN giving 0
-/// (where C and PyTorch leave it undefined: `fill`'s rule); to bool, `src !=
-/// 0` (NaN is true, -0 false); from bool, 0 or 1. Same shape, any strides.
+/// (where C and PyTorch leave it undefined: `fill`'s rule); from an integer
+/// dtype to a narrower one, the low bits in two's complement (wrapping, as
+/// PyTorch and a C cast give: i64 2^40 is i32 0, i32 -1 is u8 255); to bool,
+/// `src != 0` (NaN is true, -0 false); from bool, 0 or 1. Same shape, any
+/// strides.
 /// Since ABI 1.3 (`cast`, of ABI 1.0, keeps converting between floating
 /// dtypes only).
 #[repr(C)]

@@ -174,6 +174,7 @@ pub enum Bug {
     MaskedFillValueThroughF32,
     EqBySubtraction,
     ConvertIntegerWraps,
+    ConvertNarrowingSaturates,
     ArangeAccumulates,
     AddIntSaturates,
     StreamWaitEventIgnored,
@@ -541,6 +542,9 @@ catalog! {
     ConvertIntegerWraps "convert-integer-wraps" "convert" EdgeValues:
         "floats convert to integers through a C cast to a wider integer and a truncation (x as i64 as i32, x as i64 as u8): out-of-range values and infinities wrap around instead of saturating"
         => "values past the integer range";
+    ConvertNarrowingSaturates "convert-narrowing-saturates" "convert" EdgeValues:
+        "an integer converts to a narrower integer with saturation (a clamp before the cast, or OpenCL's convert_int_sat) where the ABI and PyTorch keep the low bits: i64 2^40 to i32 gives 2147483647 instead of 0, i32 -1 to u8 0 instead of 255"
+        => "integer range ends narrowed";
     ArangeAccumulates "arange-accumulates" "arange" Numerics:
         "arange as a running sum (out[i] = out[i - 1] + step) in the output's dtype: each step rounds, and the error grows with i (0.1 added 1000 times in f32 is 100.00099)"
         => "long ranges with a step that is not a power of two";

@@ -907,6 +907,35 @@ pub unsafe fn convert_wrapping(src: &View<'_>, dst: &View<'_>) -> bool {
     true
 }
 
+/// An integer narrowed to a smaller integer with saturation (the ABI keeps
+/// the low bits); false where `src` and `dst` are not such a pair (the
+/// correct kernel runs).
+pub unsafe fn convert_narrowing_saturated(src: &View<'_>, dst: &View<'_>) -> bool {
+    let range = |d: DType| match d {
+        DType::I32 => Some((i64::from(i32::MIN), i64::from(i32::MAX))),
+        DType::U8 => Some((0, 255)),
+        _ => None,
+    };
+    let Some((lo, hi)) = range(dst.dtype) else {
+        return false;
+    };
+    if !matches!(src.dtype, DType::I64 | DType::I32) || src.dtype == dst.dtype {
+        return false;
+    }
+    let (s, d) = (addresses(src), addresses(dst));
+    for (&x, &y) in s.iter().zip(&d) {
+        // SAFETY: addresses of live elements.
+        unsafe {
+            let v = load_int(src.dtype, x).clamp(lo, hi);
+            match dst.dtype {
+                DType::U8 => y.write(v as u8),
+                _ => store_int(dst.dtype, y, v),
+            }
+        }
+    }
+    true
+}
+
 /// arange as a running sum in the output's dtype.
 pub unsafe fn arange_accumulated(out: &View<'_>, start: f64, step: f64) {
     let mut v = round(out.dtype, start);
