@@ -623,7 +623,7 @@ fn score_runs_take_the_schedule_flag_and_absurd_runs_are_refused() {
     let mut report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let (code, _, err) = score(run(&report), &[]);
     assert!(code == Some(0) && !err.contains("another model"), "{err}");
-    report["model"] = "gpt-neo-1.3b".into();
+    report["plan"]["model"] = "gpt-neo-1.3b".into();
     let (code, _, err) = score(run(&report), &[]);
     assert_eq!(code, Some(0), "{err}");
     assert!(
@@ -650,4 +650,68 @@ fn score_runs_take_the_schedule_flag_and_absurd_runs_are_refused() {
         "{err}"
     );
     std::fs::remove_dir_all(&dir).ok();
+}
+
+/// The launcher's and the comm layer's variables that are not UTF-8 are
+/// refused naming them: they were taken as unset (`RANK=$'\xff'
+/// WORLD_SIZE=2` made a launched rank of `bench comm` run a 2-rank job of
+/// its own with exit 0; a timeout that was not UTF-8 was the default);
+/// `POLYCHIP_COMM_ADDR` is quoted cut; `POLYCHIP_NO_BUNDLED_PLUGINS=true`
+/// keeps the bundled plugins out (only `1` did).
+#[test]
+fn comm_variables_that_are_not_utf8_are_refused_and_no_bundled_takes_any_value() {
+    let bench = os(&[
+        "bench", "comm", "--ops", "barrier", "--sizes", "4", "--iters", "1",
+    ]);
+    let bad = OsStr::from_bytes(b"\xff");
+    let (code, err) = run(
+        &bench,
+        &[
+            ("RANK", bad),
+            ("WORLD_SIZE", OsStr::new("2")),
+            ("MASTER_ADDR", OsStr::new("127.0.0.1")),
+            ("MASTER_PORT", OsStr::new("29877")),
+        ],
+        &[],
+    );
+    assert_ne!(code, Some(0), "{err}");
+    assert!(
+        err.contains("RANK is \"\u{fffd}\", which is not UTF-8 text"),
+        "{err}"
+    );
+    let two = os(&[
+        "bench", "comm", "-n", "2", "--ops", "barrier", "--sizes", "4", "--iters", "1",
+    ]);
+    for var in ["POLYCHIP_COMM_TIMEOUT_SECS", "POLYCHIP_JOB_ID"] {
+        let (code, err) = run(&two, &[(var, bad)], &[]);
+        assert_ne!(code, Some(0), "{var}: {err}");
+        assert!(
+            err.contains(&format!("{var} is \"\u{fffd}\", which is not UTF-8 text")),
+            "{err}"
+        );
+    }
+    let long = "x".repeat(3000);
+    let (code, err) = run(
+        &two,
+        &[
+            ("POLYCHIP_COMM_ADDR", OsStr::new(&long)),
+            ("POLYCHIP_TRANSPORT", OsStr::new("tcp")),
+        ],
+        &[],
+    );
+    assert_ne!(code, Some(0), "{err}");
+    assert!(
+        err.contains("… (3000 bytes) is not an IP address") && err.len() < 2000,
+        "{err}"
+    );
+    for value in ["true", "yes"] {
+        let out = Command::new(env!("CARGO_BIN_EXE_polychip"))
+            .arg("devices")
+            .env("POLYCHIP_NO_BUNDLED_PLUGINS", value)
+            .env_remove("POLYCHIP_PLUGIN_PATH")
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(!stdout.contains("Ferrite F1"), "{value}: {stdout}");
+    }
 }
