@@ -525,3 +525,31 @@ def test_torch_arange_takes_its_memory_on_the_device_before_the_host():
         assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 64 << 10
         assert torch.arange(2**31 + 1, 2**31 + 4, device=d).cpu().tolist() == [2**31 + 1, 2**31 + 2, 2**31 + 3]
         assert torch.arange(0, 1, 0.25, device=d).cpu().tolist() == [0.0, 0.25, 0.5, 0.75]
+
+
+def test_torch_factories_a_device_cannot_hold_are_refused_before_the_host_builds_them():
+    """A factory that falls back to the CPU (`eye`, `tril_indices`) built
+    its whole result in host memory before moving it to the device: 4 GB
+    for 3.5 s (`eye(2**15)`) and 8 GB for 20 s (`tril_indices(2**15,
+    2**15)`) on a 256 MiB device, before its refusal. The result's size is
+    found on the meta device and taken on the device first."""
+    torch, devices = _torch_devices()
+    import resource
+
+    import polychip.torch as pt
+
+    small = [d for d in devices if pt.device_info(d.index)["memory_bytes"] <= 1 << 30]
+    if not small:
+        pytest.skip("no device of at most 1 GiB")
+    for d in small:
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        for make in (
+            lambda: torch.eye(2**15, device=d),
+            lambda: torch.tril_indices(2**15, 2**15, device=d),
+            lambda: torch.triu_indices(2**15, 2**15, device=d),
+        ):
+            with pytest.raises(RuntimeError, match="out of memory"):
+                make()
+        # ru_maxrss is in KiB: well under the 4 GB the host took.
+        assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 1 << 20
+        assert torch.eye(3, device=d).cpu().tolist() == torch.eye(3).tolist()
