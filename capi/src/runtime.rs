@@ -270,7 +270,7 @@ fn plugin_files(
             .to_owned()
     };
     let mut dirs = Vec::new();
-    if options.bundled && std::env::var(discovery::NO_BUNDLED_VAR).as_deref() != Ok("1") {
+    if options.bundled && !discovery::bundled_disabled() {
         if let Some(dir) = library_dir() {
             // Beside the library (a build tree), or in its `polychip`
             // folder (an installed prefix: `PREFIX/lib/polychip`).

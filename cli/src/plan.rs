@@ -316,7 +316,40 @@ fn plan(args: &Args) -> Result<(), String> {
             );
         }
     }
-    if let Some(runs) = &runs {
+    if let Some(mut runs) = runs {
+        // --schedule overrides a run's plan's own, as with --evaluate (it
+        // was silently left to the plan's).
+        if args.schedule.is_some() {
+            for run in &mut runs.runs {
+                run.plan.schedule = None;
+            }
+        }
+        let other: Vec<&str> =
+            runs.runs
+                .iter()
+                .filter(|r| {
+                    r.plan.made_for.as_ref().is_some_and(|(name, seq_len)| {
+                        *name != model.name || *seq_len != model.seq_len
+                    })
+                })
+                .map(|r| r.name.as_str())
+                .collect();
+        if !other.is_empty() {
+            eprintln!(
+                "{}",
+                printable_lines(&format!(
+                    "note: {}: the plans of {} run{} ({}) were made for another model or sequence \
+                     length; all are evaluated for {:?} with sequences of {}",
+                    polychip_files::shown_path(args.score.as_deref().unwrap_or(Path::new(""))),
+                    other.len(),
+                    if other.len() == 1 { "" } else { "s" },
+                    other.iter().take(5).copied().collect::<Vec<_>>().join(", "),
+                    model.name,
+                    model.seq_len
+                ))
+            );
+        }
+        let runs = &runs;
         let scored = validate::score_runs(runs, &model, &cluster, &settings).map_err(|e| {
             format!(
                 "{}: {e}",

@@ -535,3 +535,183 @@ fn a_plugin_path_that_is_not_utf8_is_reported() {
         "{stdout}{err}"
     );
 }
+
+/// `plan --score`, round of 2026-12-06 (helper hostile5): `--schedule`
+/// overrides a run's plan's own schedule as it does with `--evaluate` (a
+/// run whose plan named `gpipe` was scored under gpipe, the flag silently
+/// dropped); runs whose plans were made for another model are named; a
+/// step of 5e-324 s (which printed `inf` and `NaN%`) and a plan file that
+/// is the runs file itself are refused naming the run.
+#[test]
+fn score_runs_take_the_schedule_flag_and_absurd_runs_are_refused() {
+    let data =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../planner/tests/data/outside");
+    let sailor: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(data.join("sailor-runs.json")).unwrap())
+            .unwrap();
+    let plan = sailor["runs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["cluster"] == "clariden-gh200" && r["model"] == "gpt-neo-2.7b")
+        .unwrap()["plan"]
+        .clone();
+    let mut gpipe = plan.clone();
+    gpipe["schedule"] = "gpipe".into();
+    let dir = std::env::temp_dir().join(format!("polychip-hostile-score-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("runs.json");
+    let (cluster, model) = (
+        data.join("clariden-gh200.toml"),
+        data.join("gpt-neo-2.7b.toml"),
+    );
+    let score = |runs: serde_json::Value, extra: &[&str]| {
+        std::fs::write(&file, serde_json::json!({ "runs": runs }).to_string()).unwrap();
+        let out = Command::new(env!("CARGO_BIN_EXE_polychip"))
+            .args(["plan", "--json", "--score"])
+            .arg(&file)
+            .arg("--cluster")
+            .arg(&cluster)
+            .arg("--model")
+            .arg(&model)
+            .args(extra)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        let doc = serde_json::from_slice::<serde_json::Value>(&out.stdout).ok();
+        (out.status.code(), doc, err)
+    };
+    let peak = |doc: &serde_json::Value| {
+        doc["runs"][0]["predicted_peak_memory_bytes"]
+            .as_f64()
+            .unwrap()
+    };
+    let run = |plan: &serde_json::Value| serde_json::json!([{ "name": "a", "plan": plan, "step_seconds": 1.0 }]);
+    let (code, plain, err) = score(run(&plan), &["--schedule", "1f1b"]);
+    assert_eq!(code, Some(0), "{err}");
+    let (code, own, err) = score(run(&gpipe), &[]);
+    assert_eq!(code, Some(0), "{err}");
+    let (code, flagged, err) = score(run(&gpipe), &["--schedule", "1f1b"]);
+    assert_eq!(code, Some(0), "{err}");
+    let (plain, own, flagged) = (
+        peak(&plain.unwrap()),
+        peak(&own.unwrap()),
+        peak(&flagged.unwrap()),
+    );
+    assert!(
+        own > plain,
+        "gpipe holds more activations: {own} against {plain}"
+    );
+    assert_eq!(
+        flagged, plain,
+        "--schedule 1f1b was not taken over the plan's gpipe"
+    );
+    // A run whose plan (a `polychip plan --json` report) was made for
+    // another model is named (it was scored without a word).
+    let out = Command::new(env!("CARGO_BIN_EXE_polychip"))
+        .args(["plan", "--json", "--global-batch", "16", "--cluster"])
+        .arg(&cluster)
+        .arg("--model")
+        .arg(&model)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let (code, _, err) = score(run(&report), &[]);
+    assert!(code == Some(0) && !err.contains("another model"), "{err}");
+    report["plan"]["model"] = "gpt-neo-1.3b".into();
+    let (code, _, err) = score(run(&report), &[]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        err.contains("the plans of 1 run (a) were made for another model"),
+        "{err}"
+    );
+    // Absurd figures and a plan file that is the runs file.
+    let (code, _, err) = score(
+        serde_json::json!([{ "name": "tiny", "plan": plan, "step_seconds": 5e-324 }]),
+        &[],
+    );
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("run \"tiny\": step_seconds is 5e-324"),
+        "{err}"
+    );
+    let (code, _, err) = score(
+        serde_json::json!([{ "name": "me", "plan_file": "runs.json", "step_seconds": 1 }]),
+        &[],
+    );
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("run \"me\": its plan_file \"runs.json\" is the runs file itself"),
+        "{err}"
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// The launcher's and the comm layer's variables that are not UTF-8 are
+/// refused naming them: they were taken as unset (`RANK=$'\xff'
+/// WORLD_SIZE=2` made a launched rank of `bench comm` run a 2-rank job of
+/// its own with exit 0; a timeout that was not UTF-8 was the default);
+/// `POLYCHIP_COMM_ADDR` is quoted cut; `POLYCHIP_NO_BUNDLED_PLUGINS=true`
+/// keeps the bundled plugins out (only `1` did).
+#[test]
+fn comm_variables_that_are_not_utf8_are_refused_and_no_bundled_takes_any_value() {
+    let bench = os(&[
+        "bench", "comm", "--ops", "barrier", "--sizes", "4", "--iters", "1",
+    ]);
+    let bad = OsStr::from_bytes(b"\xff");
+    let (code, err) = run(
+        &bench,
+        &[
+            ("RANK", bad),
+            ("WORLD_SIZE", OsStr::new("2")),
+            ("MASTER_ADDR", OsStr::new("127.0.0.1")),
+            ("MASTER_PORT", OsStr::new("29877")),
+        ],
+        &[],
+    );
+    assert_ne!(code, Some(0), "{err}");
+    assert!(
+        err.contains("RANK is \"\u{fffd}\", which is not UTF-8 text"),
+        "{err}"
+    );
+    let two = os(&[
+        "bench", "comm", "-n", "2", "--ops", "barrier", "--sizes", "4", "--iters", "1",
+    ]);
+    for var in ["POLYCHIP_COMM_TIMEOUT_SECS", "POLYCHIP_JOB_ID"] {
+        let (code, err) = run(&two, &[(var, bad)], &[]);
+        assert_ne!(code, Some(0), "{var}: {err}");
+        assert!(
+            err.contains(&format!("{var} is \"\u{fffd}\", which is not UTF-8 text")),
+            "{err}"
+        );
+    }
+    let long = "x".repeat(3000);
+    let (code, err) = run(
+        &two,
+        &[
+            ("POLYCHIP_COMM_ADDR", OsStr::new(&long)),
+            ("POLYCHIP_TRANSPORT", OsStr::new("tcp")),
+        ],
+        &[],
+    );
+    assert_ne!(code, Some(0), "{err}");
+    assert!(
+        err.contains("… (3000 bytes) is not an IP address") && err.len() < 2000,
+        "{err}"
+    );
+    for value in ["true", "yes"] {
+        let out = Command::new(env!("CARGO_BIN_EXE_polychip"))
+            .arg("devices")
+            .env("POLYCHIP_NO_BUNDLED_PLUGINS", value)
+            .env_remove("POLYCHIP_PLUGIN_PATH")
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(!stdout.contains("Ferrite F1"), "{value}: {stdout}");
+    }
+}

@@ -110,7 +110,7 @@ impl JobAuth {
     /// The job's secret and id for `info`, from the environment (see the
     /// module documentation).
     pub fn from_env(info: &RankInfo) -> Result<JobAuth> {
-        let (var, job_id) = match std::env::var(JOB_ID_VAR).ok().filter(|v| !v.is_empty()) {
+        let (var, job_id) = match crate::env::var(JOB_ID_VAR)?.filter(|v| !v.is_empty()) {
             Some(id) => (JOB_ID_VAR, id),
             None => launcher_job_id(info).unwrap_or((JOB_ID_VAR, String::new())),
         };

@@ -52,7 +52,43 @@ pub fn parse_timeout(value: Option<&str>) -> Result<std::time::Duration> {
 /// The deadline [`TIMEOUT_ENV`] sets in this process's environment (see
 /// [`parse_timeout`]).
 pub fn timeout_from_env() -> Result<std::time::Duration> {
-    parse_timeout(std::env::var(TIMEOUT_ENV).ok().as_deref())
+    parse_timeout(var(TIMEOUT_ENV)?.as_deref())
+}
+
+/// The environment variable `name`'s value, `None` when unset. A value
+/// that is not UTF-8 is an error naming the variable: it was taken as
+/// unset until 2026-12-06 (`RANK=$'\xff' WORLD_SIZE=2` made a rank of a
+/// launched job start a job of its own; a timeout or bind address that
+/// was not UTF-8 was silently the default).
+pub fn var(name: &str) -> Result<Option<String>> {
+    match std::env::var(name) {
+        Ok(v) => Ok(Some(v)),
+        Err(std::env::VarError::NotPresent) => Ok(None),
+        Err(std::env::VarError::NotUnicode(raw)) => Err(CommError::Environment(format!(
+            "{name} is {}, which is not UTF-8 text; set it to text or unset it",
+            quoted(&raw.to_string_lossy())
+        ))),
+    }
+}
+
+/// `read` given a lookup of the process's variables through [`var`]: the
+/// first that is not UTF-8 is the error, whatever `read` made of it.
+pub fn with_env_vars<T>(
+    read: impl FnOnce(&dyn Fn(&str) -> Option<String>) -> Result<T>,
+) -> Result<T> {
+    let bad = std::cell::RefCell::new(None);
+    let get = |name: &str| match var(name) {
+        Ok(v) => v,
+        Err(e) => {
+            bad.borrow_mut().get_or_insert(e);
+            None
+        }
+    };
+    let result = read(&get);
+    match bad.into_inner() {
+        Some(e) => Err(e),
+        None => result,
+    }
 }
 
 /// This process's place in the job, and where rank 0 serves the rendezvous
@@ -102,7 +138,7 @@ impl RankInfo {
 
 /// Reads this process's [`RankInfo`] from its environment.
 pub fn from_env() -> Result<RankInfo> {
-    from_vars(|name| std::env::var(name).ok())
+    with_env_vars(|get| from_vars(get))
 }
 
 /// The variables by which [`from_vars`] recognises a launcher, in the order
@@ -112,9 +148,11 @@ pub const RANK_VARS: [&str; 3] = ["RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID"
 /// Whether this process was started by a launcher (one of [`RANK_VARS`] is
 /// set and not empty): a program that can start its own ranks then is one.
 pub fn launched() -> bool {
+    // A value that is not UTF-8 counts as set: reading it says it is not
+    // text, rather than the process starting a job of its own.
     RANK_VARS
         .iter()
-        .any(|v| std::env::var(v).is_ok_and(|s| !s.trim().is_empty()))
+        .any(|v| std::env::var_os(v).is_some_and(|s| !s.to_string_lossy().trim().is_empty()))
 }
 
 /// Reads a [`RankInfo`] from variables looked up through `get` (which

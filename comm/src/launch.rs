@@ -158,18 +158,20 @@ pub fn launch(opts: &LaunchOptions) -> Result<LaunchOutcome> {
         None => None,
     };
     let port = free_port()?;
-    let given = |var: &str| std::env::var(var).ok().filter(|v| !v.is_empty());
-    let secret = match given(crate::auth::SECRET_VAR) {
+    // The secret is bytes, as the ranks read it (one that is not UTF-8 was
+    // taken as unset and replaced by a new one until 2026-12-06); the job
+    // id is text, and one that is not is refused naming it.
+    let secret = match std::env::var_os(crate::auth::SECRET_VAR).filter(|v| !v.is_empty()) {
         Some(s) => s,
-        None => crate::auth::hex(&crate::auth::random_bytes(16)?),
+        None => crate::auth::hex(&crate::auth::random_bytes(16)?).into(),
     };
-    let job_id = match given(crate::auth::JOB_ID_VAR) {
+    let job_id = match crate::env::var(crate::auth::JOB_ID_VAR)?.filter(|v| !v.is_empty()) {
         Some(j) => j,
         None => crate::auth::hex(&crate::auth::random_bytes(8)?),
     };
     // A secret or a job id every rank would refuse is refused before any
     // starts, naming its variable.
-    crate::auth::JobAuth::new(secret.as_bytes(), job_id.as_str())?;
+    crate::auth::JobAuth::new(secret.as_encoded_bytes(), job_id.as_str())?;
     let signals = SignalGuard::install();
 
     let (done_tx, done_rx) = mpsc::channel::<()>();

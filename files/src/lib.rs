@@ -279,6 +279,13 @@ fn identity(path: &Path) -> Identity {
     }
 }
 
+/// Whether `a` and `b` reach one existing file (by device and inode, links
+/// followed): an input that must not be another input, such as a runs
+/// file's plan file naming the runs file.
+pub fn same_file(a: &Path, b: &Path) -> bool {
+    matches!(identity(a), Identity::File(..)) && identity(a) == identity(b)
+}
+
 /// Refuses an output (a flag and its path) that names the same file as an
 /// input or as another output, before a command starts: it would overwrite
 /// its own input, or one output the other. Paths are compared by the file

@@ -276,9 +276,17 @@ pub fn discover_from(
     (files, problems)
 }
 
+/// Whether [`NO_BUNDLED_VAR`] turns the bundled plugins off: any value but
+/// empty and `0` does (`true`, `yes`, one that is not UTF-8), so that a
+/// value meant to keep them out never lets them in (only `1` did until
+/// 2026-12-06: `=true` loaded them without a word).
+pub fn bundled_disabled() -> bool {
+    std::env::var_os(NO_BUNDLED_VAR).is_some_and(|v| !v.is_empty() && v != "0")
+}
+
 /// Every plugin file to load, from the environment, without duplicates.
 pub fn discover() -> (Vec<PathBuf>, Vec<SearchProblem>) {
-    let dirs = if std::env::var(NO_BUNDLED_VAR).as_deref() == Ok("1") {
+    let dirs = if bundled_disabled() {
         Vec::new()
     } else {
         program_dirs()

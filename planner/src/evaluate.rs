@@ -348,6 +348,14 @@ pub struct PlanSpec {
     pub made_for: Option<(String, u64)>,
 }
 
+/// The stage-micro-batch pairs the simulator runs for groups of `(stages,
+/// micro-batches)`: their products, summed (saturating).
+fn simulated_pairs(groups: impl Iterator<Item = (usize, u64)>) -> u64 {
+    groups
+        .map(|(stages, m)| (stages as u64).saturating_mul(m))
+        .fold(0, u64::saturating_add)
+}
+
 fn plan_err(m: String) -> SpecError {
     SpecError::Plan(m)
 }
@@ -529,6 +537,16 @@ fn listed_groups(text: &str, json: bool) -> Option<usize> {
 }
 
 impl PlanSpec {
+    /// The stage-micro-batch pairs simulating this plan takes (its groups'
+    /// stages times micro-batches, summed), what its evaluation costs.
+    pub fn simulated_pairs(&self) -> u64 {
+        simulated_pairs(
+            self.groups
+                .iter()
+                .map(|g| (g.stages.len(), g.micro_batches)),
+        )
+    }
+
     /// Reads a plan from JSON or TOML text (`json` says which), in any of
     /// the forms the module documentation lists.
     pub fn parse(text: &str, json: bool) -> Result<PlanSpec, SpecError> {
@@ -1001,10 +1019,7 @@ impl PlanSpec {
                 stages,
             });
         }
-        let simulated: u64 = out
-            .iter()
-            .map(|g| (g.stages.len() as u64).saturating_mul(g.micro_batches))
-            .fold(0, u64::saturating_add);
+        let simulated = simulated_pairs(out.iter().map(|g| (g.stages.len(), g.micro_batches)));
         if simulated > MAX_SIMULATED {
             return Err(plan_err(format!(
                 "has {simulated} stage-micro-batch pairs to simulate (stages times \

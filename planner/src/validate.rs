@@ -41,6 +41,21 @@ use crate::settings::TrainingSettings;
 /// The most runs a runs file may list (each is a whole evaluation).
 pub const MAX_RUNS: usize = 10_000;
 
+/// The most stage-micro-batch pairs a runs file's plans may hold together
+/// (each plan at most 2^21, about a second of simulation): 10,000 runs of
+/// the largest plan, 14 MB of runs file, took more than three hours.
+pub const MAX_RUNS_SIMULATED: u64 = 1 << 24;
+
+/// The most bytes a runs file's `plan_file`s may hold together (each at
+/// most [`polychip_files::MAX_TEXT_FILE`]): 10,000 runs naming one 64 MiB
+/// plan read and parsed it 10,000 times.
+pub const MAX_PLAN_FILE_BYTES: u64 = polychip_files::MAX_TEXT_FILE;
+
+/// A measured step's range, in seconds: a nanosecond to some 30 years.
+/// Beyond it the figures overflow (a step of 5e-324 s made the ratio and
+/// the regret infinite, 1e308 s printed 300-digit numbers).
+pub const STEP_SECONDS: (f64, f64) = (1e-9, 1e9);
+
 /// One measured run of a runs file.
 #[derive(Debug, Clone)]
 pub struct MeasuredRun {
@@ -69,7 +84,7 @@ impl RunsFile {
     pub fn load(path: &Path) -> Result<RunsFile, SpecError> {
         let text = crate::error::read_file(path)?;
         let base = path.parent().unwrap_or(Path::new("."));
-        Self::parse(&text, base).map_err(|e| SpecError::InFile {
+        Self::parse_of(&text, base, Some(path)).map_err(|e| SpecError::InFile {
             path: path.to_path_buf(),
             source: Box::new(e),
         })
@@ -77,6 +92,12 @@ impl RunsFile {
 
     /// Reads a runs file's text; `plan_file`s are relative to `base`.
     pub fn parse(text: &str, base: &Path) -> Result<RunsFile, SpecError> {
+        Self::parse_of(text, base, None)
+    }
+
+    /// [`RunsFile::parse`] of the file `own` (which no run's `plan_file`
+    /// may name).
+    fn parse_of(text: &str, base: &Path, own: Option<&Path>) -> Result<RunsFile, SpecError> {
         let bad = SpecError::Runs;
         let v = polychip_files::parse_json_value(text)
             .map_err(|e| bad(format!("is not valid JSON: {e}")))?;
@@ -98,7 +119,14 @@ impl RunsFile {
                 // Each run's plan gives its global batch.
                 let mut s = s.clone();
                 if let Some(o) = s.as_object_mut() {
-                    o.entry("global_batch").or_insert(Value::from(1));
+                    if o.contains_key("global_batch") {
+                        return Err(bad(
+                            "its settings give a global_batch; each run's plan gives its own \
+                             (copies x micro-batch size x micro-batches): leave it out"
+                                .into(),
+                        ));
+                    }
+                    o.insert("global_batch".into(), Value::from(1));
                 }
                 let s = TrainingSettings::deserialize(&s)
                     .map_err(|e| bad(format!("its settings are not training settings: {e}")))?;
@@ -115,11 +143,28 @@ impl RunsFile {
                 list.len()
             )));
         }
-        let runs = list
-            .iter()
-            .enumerate()
-            .map(|(i, r)| MeasuredRun::from_value(i, r, base))
-            .collect::<Result<Vec<_>, _>>()?;
+        let mut plan_bytes = 0;
+        let mut runs: Vec<MeasuredRun> = Vec::with_capacity(list.len());
+        let mut simulated = 0u64;
+        for (i, r) in list.iter().enumerate() {
+            let run = MeasuredRun::from_value(i, r, base, own, &mut plan_bytes)?;
+            if runs.iter().any(|o| o.name == run.name) {
+                return Err(bad(format!(
+                    "names two runs {}; give each run its own name",
+                    quoted(&run.name)
+                )));
+            }
+            simulated = simulated.saturating_add(run.plan.simulated_pairs());
+            if simulated > MAX_RUNS_SIMULATED {
+                return Err(bad(format!(
+                    "has more stage-micro-batch pairs to simulate in its first {} runs' plans \
+                     together (stages times micro-batches, {simulated}) than the \
+                     {MAX_RUNS_SIMULATED} a runs file may; score its runs in several files",
+                    i + 1
+                )));
+            }
+            runs.push(run);
+        }
         Ok(RunsFile { settings, runs })
     }
 }
@@ -134,7 +179,15 @@ const RUN_KEYS: &[&str] = &[
 ];
 
 impl MeasuredRun {
-    fn from_value(i: usize, v: &Value, base: &Path) -> Result<MeasuredRun, SpecError> {
+    /// Run `i` of a runs file; `plan_bytes` counts the bytes of the plan
+    /// files read so far.
+    fn from_value(
+        i: usize,
+        v: &Value,
+        base: &Path,
+        own: Option<&Path>,
+        plan_bytes: &mut u64,
+    ) -> Result<MeasuredRun, SpecError> {
         let Some(o) = v.as_object() else {
             return Err(SpecError::Runs(format!("run {i} is not a JSON object")));
         };
@@ -162,6 +215,21 @@ impl MeasuredRun {
             }
             (None, Some(Value::String(f))) => {
                 let path = base.join(f);
+                if own.is_some_and(|own| polychip_files::same_file(own, &path)) {
+                    return Err(bad(format!(
+                        "its plan_file {} is the runs file itself; name the plan's own file",
+                        quoted(f)
+                    )));
+                }
+                *plan_bytes += std::fs::metadata(&path).map_or(0, |m| m.len());
+                if *plan_bytes > MAX_PLAN_FILE_BYTES {
+                    return Err(bad(format!(
+                        "its plan_file {} brings the plan files read to {} bytes, more than the \
+                         {MAX_PLAN_FILE_BYTES} a runs file's plan files may hold together",
+                        quoted(f),
+                        *plan_bytes
+                    )));
+                }
                 PlanSpec::load(&path).map_err(|e| bad(e.of_plan_file(&path).to_string()))?
             }
             (None, Some(_)) => return Err(bad("plan_file is not a string".into())),
@@ -171,17 +239,23 @@ impl MeasuredRun {
                 ));
             }
         };
-        let number = |key: &str| -> Result<Option<f64>, SpecError> {
-            match o.get(key) {
-                None | Some(Value::Null) => Ok(None),
-                Some(x) => match x.as_f64() {
-                    Some(n) if n.is_finite() && n > 0.0 => Ok(Some(n)),
-                    _ => Err(bad(format!("{key} is {x}; it is a number above 0"))),
-                },
-            }
-        };
-        let step_seconds = number("step_seconds")?;
-        let peak_memory_bytes = number("peak_memory_bytes")?;
+        let number =
+            |key: &str, (lo, hi): (f64, f64), range: &str| -> Result<Option<f64>, SpecError> {
+                match o.get(key) {
+                    None | Some(Value::Null) => Ok(None),
+                    Some(x) => match x.as_f64() {
+                        Some(n) if (lo..=hi).contains(&n) => Ok(Some(n)),
+                        _ => Err(bad(format!("{key} is {x}; it is a number of {range}"))),
+                    },
+                }
+            };
+        let step_seconds = number("step_seconds", STEP_SECONDS, "seconds from 1e-9 to 1e9")?;
+        let memory = (1.0, crate::cluster::MAX_MEMORY_BYTES as f64);
+        let peak_memory_bytes = number(
+            "peak_memory_bytes",
+            memory,
+            "bytes from 1 to 1125899906842624 (1 PiB)",
+        )?;
         let ran = match o.get("ran") {
             None => true,
             Some(Value::Bool(b)) => *b,
@@ -479,5 +553,109 @@ mod tests {
         )
         .unwrap();
         assert_eq!(ok.runs[0].step_seconds, None);
+    }
+
+    #[test]
+    fn absurd_runs_files_are_refused_before_anything_is_evaluated() {
+        let base = Path::new(".");
+        let plan = |m: u64| {
+            format!(
+                r#"{{"group": [{{"copies": 1, "micro_batch_size": 1, "micro_batches": {m}, "stages": [{{"chip": "x", "layers": [0, 2]}}]}}]}}"#
+            )
+        };
+        let err = |runs: &[String]| {
+            RunsFile::parse(&format!(r#"{{"runs": [{}]}}"#, runs.join(",")), base)
+                .unwrap_err()
+                .to_string()
+        };
+        let run = |name: &str, extra: &str| {
+            format!(r#"{{"name": "{name}", "plan": {}{extra}}}"#, plan(1))
+        };
+        // Steps and peaks outside physical ranges (5e-324 s made the ratio
+        // and regret infinite; 1e308 s printed 300 digits).
+        for (extra, says) in [
+            (r#", "step_seconds": 5e-324"#, "step_seconds is 5e-324"),
+            (r#", "step_seconds": 1e308"#, "step_seconds is 1e+308"),
+            (
+                r#", "step_seconds": 1, "peak_memory_bytes": 5e-324"#,
+                "peak_memory_bytes is 5e-324",
+            ),
+            (
+                r#", "step_seconds": 1, "peak_memory_bytes": 1e300"#,
+                "peak_memory_bytes is 1e+300",
+            ),
+        ] {
+            let e = err(&[run("a", extra)]);
+            assert!(e.contains(says) && e.contains(" from 1"), "{e}");
+        }
+        // Two runs of one name (the lists of misses named them alike).
+        let e = err(&[
+            run("a", r#", "step_seconds": 1"#),
+            run("a", r#", "step_seconds": 2"#),
+        ]);
+        assert!(e.contains("names two runs \"a\""), "{e}");
+        // A global batch in the settings (each plan gives its own; it was
+        // silently dropped).
+        let e = RunsFile::parse(
+            &format!(
+                r#"{{"settings": {{"global_batch": 7}}, "runs": [{}]}}"#,
+                run("a", r#", "step_seconds": 1"#)
+            ),
+            base,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("global_batch"), "{e}");
+        // The plans' simulation, bounded together: 9 plans of 2^21 pairs.
+        let big: Vec<String> = (0..9)
+            .map(|i| {
+                format!(
+                    r#"{{"name": "r{i}", "plan": {}, "step_seconds": 1}}"#,
+                    plan(1 << 21)
+                )
+            })
+            .collect();
+        let e = err(&big);
+        assert!(
+            e.contains("stage-micro-batch pairs") && e.contains("first 9 runs"),
+            "{e}"
+        );
+        assert!(RunsFile::parse(&format!(r#"{{"runs": [{}]}}"#, big[..8].join(",")), base).is_ok());
+    }
+
+    #[test]
+    fn a_plan_file_is_neither_the_runs_file_nor_too_much_to_read() {
+        let dir = std::env::temp_dir().join(format!("polychip-runs-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let runs = dir.join("runs.json");
+        std::fs::write(
+            &runs,
+            r#"{"runs": [{"name": "a", "plan_file": "./runs.json", "step_seconds": 1}]}"#,
+        )
+        .unwrap();
+        let e = RunsFile::load(&runs).unwrap_err().to_string();
+        assert!(e.contains("is the runs file itself"), "{e}");
+        // A small plan file, then one of 64 MiB (sparse: it is refused by
+        // its size before a byte of it is read): more than a runs file's
+        // plan files may hold together.
+        std::fs::write(
+            dir.join("p.json"),
+            r#"{"group": [{"copies": 1, "micro_batch_size": 1, "micro_batches": 1, "stages": [{"chip": "x", "layers": [0, 2]}]}]}"#,
+        )
+        .unwrap();
+        std::fs::File::create(dir.join("q.json"))
+            .unwrap()
+            .set_len(MAX_PLAN_FILE_BYTES)
+            .unwrap();
+        let list = [("r0", "p.json"), ("r1", "q.json")]
+            .map(|(n, f)| format!(r#"{{"name": "{n}", "plan_file": "{f}", "step_seconds": 1}}"#));
+        let e = RunsFile::parse(&format!(r#"{{"runs": [{}]}}"#, list.join(",")), &dir)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("run \"r1\": its plan_file \"q.json\" brings the plan files read to"),
+            "{e}"
+        );
+        std::fs::remove_dir_all(&dir).ok();
     }
 }

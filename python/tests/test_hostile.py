@@ -450,3 +450,106 @@ def test_an_export_of_another_runtime_is_imported_onto_this_runtimes_devices(fer
     assert u.device_index == 0
     polychip.ops.scale(u, 2.0)
     assert u.numpy().tolist() == [2.0, 4.0] and t.numpy().tolist() == [1.0, 2.0]
+
+
+# ------------------------------------------------ the PyTorch device (ABI 1.3)
+
+
+def _torch_devices():
+    torch = pytest.importorskip("torch")
+    import polychip.torch as pt
+
+    return torch, [torch.device("polychip", i) for i in range(pt.device_count())]
+
+
+def test_torch_scalars_an_f64_does_not_hold_and_narrowing_conversions_match_the_cpu():
+    """The ABI carries a scalar as an f64: an integer past 2^53 compared
+    with or filled into an int64 tensor was rounded (`x == 2**53 + 1` was
+    true of 2^53, `masked_fill(m, 2**62 + 1)` filled 2^62); integer
+    narrowing (int64 to int32 or uint8, int32 to uint8) saturated where
+    PyTorch wraps (2^40 to int32 gave 2147483647, -1 to uint8 gave 0)."""
+    torch, devices = _torch_devices()
+    big = torch.tensor([2**53, 2**53 + 1, 2**62 + 3, -(2**63)])
+    m = torch.tensor([True, False, True, False])
+    ints = torch.tensor([0, 1, -1, 255, 256, 70000, 2**40, -(2**40) - 1])
+    cases = {
+        "eq 2^53 + 1": lambda t: t(big) == 2**53 + 1,
+        "lt 2^53 + 1": lambda t: t(big) < 2**53 + 1,
+        "ge 0-d 2^53 + 1": lambda t: t(big) >= torch.tensor(2**53 + 1),
+        "masked_fill 2^62 + 1": lambda t: t(big).masked_fill(t(m), 2**62 + 1),
+        "masked_fill_ -2^62 - 1": lambda t: t(big.clone()).masked_fill_(t(m), -(2**62) - 1),
+        "masked_fill 0-d 2^53 + 1": lambda t: t(big).masked_fill(t(m), torch.tensor(2**53 + 1)),
+        "int64 to int32": lambda t: t(ints).to(torch.int32),
+        "int64 to uint8": lambda t: t(ints).to(torch.uint8),
+        "int32 to uint8": lambda t: t(ints.to(torch.int32)).to(torch.uint8),
+        "uint8 to int32": lambda t: t(ints.to(torch.uint8)).to(torch.int32),
+    }
+    for d in devices:
+        for name, f in cases.items():
+            want = f(lambda x: x)
+            got = f(lambda x: x.to(d)).cpu()
+            assert got.dtype == want.dtype and torch.equal(got, want), (d, name, got, want)
+
+
+def test_torch_masked_fill_values_beyond_a_float_dtype_are_refused_as_on_the_cpu():
+    """PyTorch refuses a finite masked_fill value beyond the dtype's range;
+    the device filled 65504 (65519 into f16) or infinity (1e300 into f32 or
+    bf16). Infinities and NaN are taken, as on the CPU."""
+    torch, devices = _torch_devices()
+    for d in devices:
+        for dtype, v in [(torch.float16, 65519.0), (torch.bfloat16, 1e300), (torch.float32, -1e300)]:
+            for dev in ("cpu", d):
+                x = torch.ones(2, dtype=dtype, device=dev)
+                with pytest.raises(RuntimeError, match="without overflow"):
+                    x.masked_fill(torch.tensor([True, False], device=dev), v)
+        got = torch.ones(2, dtype=torch.float16, device=d).masked_fill(
+            torch.tensor([True, False], device=d), float("-inf")
+        )
+        assert got.cpu().tolist() == [float("-inf"), 1.0]
+
+
+def test_torch_arange_takes_its_memory_on_the_device_before_the_host():
+    """A range the device cannot hold is refused as out of the device's
+    memory before any host memory is taken: an integer range past 2^31 and
+    a floating one go to the CPU's kernel, which built the whole range in
+    host memory first (4.6 GB for 2^29 int64s, on a 256 MiB device)."""
+    torch, devices = _torch_devices()
+    import resource
+
+    for d in devices:
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        for args in [(2**31 + 1, 2**31 + 1 + 2**40), (0.0, float(2**40))]:
+            with pytest.raises(RuntimeError, match="out of memory"):
+                torch.arange(*args, device=d)
+        # ru_maxrss is in KiB: less than 64 MiB more than before.
+        assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 64 << 10
+        assert torch.arange(2**31 + 1, 2**31 + 4, device=d).cpu().tolist() == [2**31 + 1, 2**31 + 2, 2**31 + 3]
+        assert torch.arange(0, 1, 0.25, device=d).cpu().tolist() == [0.0, 0.25, 0.5, 0.75]
+
+
+def test_torch_factories_a_device_cannot_hold_are_refused_before_the_host_builds_them():
+    """A factory that falls back to the CPU (`eye`, `tril_indices`) built
+    its whole result in host memory before moving it to the device: 4 GB
+    for 3.5 s (`eye(2**15)`) and 8 GB for 20 s (`tril_indices(2**15,
+    2**15)`) on a 256 MiB device, before its refusal. The result's size is
+    found on the meta device and taken on the device first."""
+    torch, devices = _torch_devices()
+    import resource
+
+    import polychip.torch as pt
+
+    small = [d for d in devices if pt.device_info(d.index)["memory_bytes"] <= 1 << 30]
+    if not small:
+        pytest.skip("no device of at most 1 GiB")
+    for d in small:
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        for make in (
+            lambda: torch.eye(2**15, device=d),
+            lambda: torch.tril_indices(2**15, 2**15, device=d),
+            lambda: torch.triu_indices(2**15, 2**15, device=d),
+        ):
+            with pytest.raises(RuntimeError, match="out of memory"):
+                make()
+        # ru_maxrss is in KiB: well under the 4 GB the host took.
+        assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 1 << 20
+        assert torch.eye(3, device=d).cpu().tolist() == torch.eye(3).tolist()

@@ -145,9 +145,12 @@ impl TcpOptions {
     /// The defaults, with the bind address from `POLYCHIP_COMM_ADDR` when set.
     pub fn from_env() -> Result<TcpOptions> {
         let mut options = TcpOptions::default();
-        if let Ok(addr) = std::env::var(ADDR_ENV) {
+        if let Some(addr) = crate::env::var(ADDR_ENV)? {
             options.bind_addr = addr.trim().parse().map_err(|e| {
-                CommError::Environment(format!("{ADDR_ENV}={addr:?} is not an IP address: {e}"))
+                CommError::Environment(format!(
+                    "{ADDR_ENV}={} is not an IP address: {e}",
+                    crate::text::quoted(&addr)
+                ))
             })?;
         }
         Ok(options)

@@ -63,7 +63,7 @@ impl VerbsOptions {
     /// `POLYCHIP_RDMA_DEVICE`, `POLYCHIP_RDMA_GID_INDEX` and
     /// `POLYCHIP_RDMA_PORT` when set.
     pub fn from_env() -> Result<VerbsOptions> {
-        VerbsOptions::from_vars(|name| std::env::var(name).ok())
+        crate::env::with_env_vars(|get| VerbsOptions::from_vars(get))
     }
 
     /// Like [`VerbsOptions::from_env`], reading variables through `var`.

@@ -662,15 +662,37 @@ _INT_RANGES = {
 def _scalar_fits(value: Any, dtype: torch.dtype) -> bool:
     """Whether the Python number ``value`` converts to ``dtype`` as the
     ABI's `fill` converts it and as PyTorch does (no complex; an integer
-    dtype takes only finite values inside its range)."""
+    dtype takes only finite values inside its range; the ABI carries the
+    value as an f64, so an integer it does not hold exactly, such as
+    2^53 + 1, is not taken: it was rounded, and `x == 2**53 + 1` or
+    `masked_fill(m, 2**62 + 1)` gave other results than the CPU's)."""
     if isinstance(value, complex):
         return False
+    if isinstance(value, int) and not isinstance(value, bool):
+        try:
+            if float(value) != value:
+                return False
+        except OverflowError:
+            return False
     bounds = _INT_RANGES.get(dtype)
     if bounds is None:
         return True
     if isinstance(value, float) and not math.isfinite(value):
         return False
     return bounds[0] <= value <= bounds[1]
+
+
+def _float_fits(value: Any, dtype: torch.dtype) -> bool:
+    """Whether PyTorch's masked_fill takes ``value`` into the floating
+    ``dtype``: a finite value beyond the dtype's largest is refused there
+    ("value cannot be converted to type c10::Half without overflow"),
+    where the ABI's conversion rounds it to infinity or to the largest
+    (65519 into f16 gave 65504 on the device); infinities and NaN are
+    taken."""
+    if dtype not in _FLOATS or dtype == torch.float64 or isinstance(value, complex):
+        return True
+    v = float(value)
+    return not math.isfinite(v) or abs(v) <= torch.finfo(dtype).max
 
 
 def _to_device_dtype(x: torch.Tensor, like: torch.Tensor, dtype: torch.dtype) -> Optional[torch.Tensor]:
@@ -736,6 +758,7 @@ def _masked_fill(op: Any, self: torch.Tensor, mask: torch.Tensor, value: Any, in
         or mask.device != self.device
         or _NAMES.get(self.dtype) not in ops.DTYPES["masked_fill"]
         or not _scalar_fits(v, self.dtype)
+        or not _float_fits(v, self.dtype)
     ):
         return _fallback(op, self, mask, value)
     shape = tuple(self.shape)
@@ -793,29 +816,39 @@ def _arange_out(start: Any, end: Any, step: Any = 1, *, out: torch.Tensor) -> to
     values = (start, end, step)
     if (
         not _on_device(out)
-        or out.dtype not in _ARANGE
         or not all(type(v) in (int, float) for v in values)
         or not all(math.isfinite(v) for v in values)
         or step == 0
         or (end - start) * step < 0
-        or max(abs(start), abs(end), abs(step)) > 2**31
     ):
-        return _fallback(op, start, end, step, out=out)
-    integral = out.dtype not in _FLOATS
-    if integral and not all(type(v) is int for v in values):
         return _fallback(op, start, end, step, out=out)
     if out.dtype == torch.int64:
         n = -((start - end) // step)
     else:
-        n = math.ceil((float(end) - float(start)) / float(step))
+        q = (float(end) - float(start)) / float(step)
+        if not math.isfinite(q):
+            return _fallback(op, start, end, step, out=out)  # the CPU's refusal
+        n = math.ceil(q)
     n = max(int(n), 0)
+    if n >= 2**63:
+        return _fallback(op, start, end, step, out=out)
+    # The range's memory is taken on the device first, so that a range the
+    # device cannot hold is refused as out of its memory before a CPU
+    # fallback builds it in host memory (`torch.arange(2**31 + 1, 2**31 + 1
+    # + 2**29, device=d)` on a 256 MiB device held 4.6 GB of the host for
+    # 9 s until 2026-12-06).
+    if out.numel() != n:
+        out.resize_((n,))
+    if out.dtype not in _ARANGE or max(abs(start), abs(end), abs(step)) > 2**31:
+        return _fallback(op, start, end, step, out=out)
+    integral = out.dtype not in _FLOATS
+    if integral and not all(type(v) is int for v in values):
+        return _fallback(op, start, end, step, out=out)
     if integral:
         last = start + (n - 1) * step if n else start
         lo, hi = _INT_RANGES[out.dtype]
         if not (lo <= start <= hi and lo <= last <= hi):
             return _fallback(op, start, end, step, out=out)
-    if out.numel() != n:
-        out.resize_((n,))
     if out.dim() != 1:
         return _fallback(op, start, end, step, out=out)
     call = lambda: ops.arange(_pc(out), float(start), float(step))  # noqa: E731

@@ -38,6 +38,7 @@
 #include <torch/csrc/Generator.h>
 
 #include <algorithm>
+#include <cmath>
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
@@ -614,8 +615,71 @@ struct LentGenerators {
   }
 };
 
+// A CPU fallback builds its whole result in host memory before it moves
+// to the device. An operator whose device tensors hold nothing (a factory:
+// `torch.eye(n, device=d)`, `tril_indices`) sizes its result from numbers
+// alone, so its result could be larger than the device holds: it is first
+// run on the meta device (shapes, no data), and a result of more than
+// 16 MiB is allocated on the device once, so that a device that cannot
+// hold it refuses it as out of its memory before the host builds it
+// (`torch.eye(2**15, device=d)` on a 256 MiB device took 4 GB of host
+// memory for 3.5 s, `tril_indices(2**15, 2**15)` 8 GB for 20 s, until
+// 2026-12-06). An operator the meta device cannot run is not checked.
+void reserve_factory_result(const c10::OperatorHandle& op, const torch::jit::Stack& stack) {
+  const auto n = op.schema().arguments().size();
+  std::optional<c10::Device> device;
+  torch::jit::Stack meta;
+  // The meta device's first run loads PyTorch's meta registrations (some
+  // 2.5 s): it is run only where the numbers could size a large result,
+  // their magnitudes' product past 2^21 (`eye(3)` is not checked).
+  double product = 1.0;
+  for (size_t i = stack.size() - n; i < stack.size(); ++i) {
+    const auto& v = stack[i];
+    if (v.isInt()) {
+      product *= std::max<double>(1.0, std::abs(static_cast<double>(v.toInt())));
+    } else if (v.isIntList()) {
+      for (const int64_t x : v.toIntList()) product *= std::max<double>(1.0, std::abs(static_cast<double>(x)));
+    }
+  }
+  if (product <= double(1 << 21)) return;
+  for (size_t i = stack.size() - n; i < stack.size(); ++i) {
+    const auto& v = stack[i];
+    if (v.isTensor()) {
+      const at::Tensor& t = v.toTensor();
+      if (!t.defined()) {
+        meta.push_back(v);
+        continue;
+      }
+      if (!is_polychip(t) || t.numel() != 0) return;  // sized by its inputs
+      device = t.device();
+      meta.push_back(at::empty_strided(t.sizes(), t.strides(), t.options().device(at::kMeta)));
+    } else if (v.isTensorList() || v.isOptionalTensorList() || v.isList()) {
+      return;
+    } else if (v.isDevice() && v.toDevice().type() == c10::DeviceType::PrivateUse1) {
+      device = v.toDevice();
+      meta.push_back(c10::Device(at::kMeta));
+    } else {
+      meta.push_back(v);
+    }
+  }
+  if (!device) return;
+  try {
+    op.callBoxed(&meta);
+  } catch (const std::exception&) {
+    return;
+  }
+  int64_t bytes = 0;
+  for (const auto& v : meta) {
+    if (v.isTensor() && v.toTensor().defined()) bytes += static_cast<int64_t>(v.toTensor().nbytes());
+  }
+  if (bytes <= (int64_t{16} << 20)) return;
+  // Taken and given back at once: the fallback's own result is made later.
+  at::empty({bytes}, at::TensorOptions().dtype(at::kByte).device(*device));
+}
+
 void boxed_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   check_one_device(op, *stack);
+  reserve_factory_result(op, *stack);
   const auto name = op_label(op.schema().operator_name());
   count_fallback(name);
   FallbackTimer timer(name);
@@ -950,13 +1014,20 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool /*non_b
   // fails as unimplemented before the plugin runs anything). Not floats to
   // uint8: PyTorch's CPU takes those through int64 and wraps (-1.0 gives
   // 255), where the ABI saturates (C leaves it undefined).
+  // Nor integers to a narrower integer (int64 to int32 or uint8, int32 to
+  // uint8): PyTorch's CPU wraps those (2^40 to int32 is 0, -1 to uint8 is
+  // 255), where the ABI saturates (until 2026-12-06 the device gave
+  // 2147483647 and 0, silently).
   // Only between the ABI's dtypes (complex, int8, ... are stored and moved,
   // never converted, on the device).
   const bool float_to_byte = is_float(src.scalar_type()) && dst.scalar_type() == at::kByte;
+  const bool narrowing = at::isIntegralType(src.scalar_type(), /*includeBool=*/false) &&
+                         at::isIntegralType(dst.scalar_type(), /*includeBool=*/false) &&
+                         c10::promoteTypes(src.scalar_type(), dst.scalar_type()) != dst.scalar_type();
   bool src_abi = false, dst_abi = false;
   dtype_code(src.scalar_type(), &src_abi);
   dtype_code(dst.scalar_type(), &dst_abi);
-  if (src.device() == dst.device() && src_abi && dst_abi && !float_to_byte &&
+  if (src.device() == dst.device() && src_abi && dst_abi && !float_to_byte && !narrowing &&
       device_convert(src, dst)) {
     return dst;
   }
