@@ -467,7 +467,8 @@ def test_torch_scalars_an_f64_does_not_hold_and_narrowing_conversions_match_the_
     with or filled into an int64 tensor was rounded (`x == 2**53 + 1` was
     true of 2^53, `masked_fill(m, 2**62 + 1)` filled 2^62); integer
     narrowing (int64 to int32 or uint8, int32 to uint8) saturated where
-    PyTorch wraps (2^40 to int32 gave 2147483647, -1 to uint8 gave 0)."""
+    PyTorch wraps (2^40 to int32 gave 2147483647, -1 to uint8 gave 0):
+    the ABI's `convert` keeps the low bits since stop 47."""
     torch, devices = _torch_devices()
     big = torch.tensor([2**53, 2**53 + 1, 2**62 + 3, -(2**63)])
     m = torch.tensor([True, False, True, False])

@@ -1014,20 +1014,13 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool /*non_b
   // fails as unimplemented before the plugin runs anything). Not floats to
   // uint8: PyTorch's CPU takes those through int64 and wraps (-1.0 gives
   // 255), where the ABI saturates (C leaves it undefined).
-  // Nor integers to a narrower integer (int64 to int32 or uint8, int32 to
-  // uint8): PyTorch's CPU wraps those (2^40 to int32 is 0, -1 to uint8 is
-  // 255), where the ABI saturates (until 2026-12-06 the device gave
-  // 2147483647 and 0, silently).
   // Only between the ABI's dtypes (complex, int8, ... are stored and moved,
   // never converted, on the device).
   const bool float_to_byte = is_float(src.scalar_type()) && dst.scalar_type() == at::kByte;
-  const bool narrowing = at::isIntegralType(src.scalar_type(), /*includeBool=*/false) &&
-                         at::isIntegralType(dst.scalar_type(), /*includeBool=*/false) &&
-                         c10::promoteTypes(src.scalar_type(), dst.scalar_type()) != dst.scalar_type();
   bool src_abi = false, dst_abi = false;
   dtype_code(src.scalar_type(), &src_abi);
   dtype_code(dst.scalar_type(), &dst_abi);
-  if (src.device() == dst.device() && src_abi && dst_abi && !float_to_byte && !narrowing &&
+  if (src.device() == dst.device() && src_abi && dst_abi && !float_to_byte &&
       device_convert(src, dst)) {
     return dst;
   }
