@@ -27,8 +27,9 @@
 use polychip_host::{BinaryOp, CompareOp, DType};
 
 use super::basic::{any_values, nan_patterns};
+use super::data_1_3::select_case;
 use super::{Rng, case, input, numel, output, shape_label};
-use crate::case::{Case, Layout, TensorSpec};
+use crate::case::{Case, Layout};
 use crate::reference::{self, Dense};
 use crate::tolerance::Tolerance;
 use crate::values::round_to;
@@ -229,18 +230,6 @@ fn select_square(dtype: DType) -> Case {
             input("b", dtype, &[6, 6], b, C),
             output("out", dtype, &[6, 6], C),
         ],
-    )
-}
-
-fn select_case(dtype: DType, label: String, tensors: [TensorSpec; 4]) -> Case {
-    case(
-        "select",
-        dtype,
-        label,
-        tensors.into(),
-        Tolerance::EXACT,
-        |exec, t| exec.select(&t[0], &t[1], &t[2], &t[3]),
-        |d| Ok(vec![reference::select(&d[0], &d[1], &d[2])?]),
     )
 }
 

@@ -11,6 +11,7 @@
 use ferrite_kernels::{DType, View};
 
 use super::elems::{addresses, load, load_int, map, round, store, store_int};
+use super::numerics::broadcast_addresses;
 
 /// Copies one element's bytes.
 ///
@@ -19,23 +20,6 @@ use super::elems::{addresses, load, load_int, map, round, store, store_int};
 unsafe fn move_bytes(size: usize, src: *mut u8, dst: *mut u8) {
     // SAFETY: forwarded; `copy` allows `src == dst`.
     unsafe { std::ptr::copy(src, dst, size) }
-}
-
-/// The address of each element of `v` broadcast to `shape` (NumPy's
-/// alignment: trailing dims), in row-major order over `shape`.
-fn broadcast_to(v: &View<'_>, shape: &[i64]) -> Vec<*mut u8> {
-    let lead = shape.len() - v.shape.len();
-    let strides: Vec<i64> = (0..shape.len())
-        .map(|d| match d.checked_sub(lead) {
-            Some(k) if v.shape[k] == shape[d] => v.strides[k],
-            _ => 0,
-        })
-        .collect();
-    addresses(&View {
-        shape,
-        strides: &strides,
-        ..*v
-    })
 }
 
 /// sin with a fast path for zero inputs that writes +0.
@@ -58,7 +42,7 @@ pub unsafe fn select_scalar_b_through_double(
     let size = out.dtype.size();
     // SAFETY: `b` holds one live element.
     let value = unsafe { load(b.dtype, b.ptr) };
-    let (c, x) = (broadcast_to(cond, out.shape), broadcast_to(a, out.shape));
+    let (c, x) = (broadcast_addresses(cond, out), broadcast_addresses(a, out));
     for (k, &o) in addresses(out).iter().enumerate() {
         // SAFETY: addresses of live elements.
         unsafe {
@@ -80,7 +64,7 @@ pub unsafe fn lt_scalar_as_f32(a: &View<'_>, b: &View<'_>, out: &View<'_>) -> bo
     }
     // SAFETY: `b` holds one live element.
     let y = f64::from(unsafe { load(b.dtype, b.ptr) } as f32);
-    let x = broadcast_to(a, out.shape);
+    let x = broadcast_addresses(a, out);
     for (k, &o) in addresses(out).iter().enumerate() {
         // SAFETY: addresses of live elements.
         unsafe { o.write(u8::from(load(a.dtype, x[k]) < y)) };
@@ -129,7 +113,7 @@ pub unsafe fn masked_fill_mask_per_row(
         strides: &[mask.strides[0], 0],
         ..*mask
     };
-    let (m, x) = (broadcast_to(&per_row, s), addresses(input));
+    let (m, x) = (broadcast_addresses(&per_row, out), addresses(input));
     let size = out.dtype.size();
     for (k, &o) in addresses(out).iter().enumerate() {
         // SAFETY: addresses of live elements.
