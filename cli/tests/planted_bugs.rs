@@ -342,6 +342,18 @@ bugs! {
     convert_narrowing_saturates: "convert-narrowing-saturates" on "convert" in "i32,i64" => "specials, ties, range ends";
     arange_accumulates: "arange-accumulates" on "arange" in "" => "a step that is not a power of two";
     add_int_saturates: "add-int-saturates" on "add" in "i32,i64" => "wrapping past the ends of the range";
+    // Mutation round 14: a zero's sign, 0-d operands a narrower kernel
+    // argument cannot hold, a 0-d cond, square shapes, two roundings,
+    // arange's rounding and its values past 2^53.
+    sin_zero_positive: "sin-zero-positive" on "sin" in "" => "±0 and arguments so small that sin(x) is x";
+    select_scalar_b_through_double: "select-scalar-b-through-double" on "select" in "" => "a 0-d b holding bits a double cannot carry";
+    lt_scalar_as_f32: "lt-scalar-as-f32" on "lt" in "f64,i64" => "a 0-d b f32 cannot hold";
+    select_scalar_cond_repeats: "select-scalar-cond-repeats" on "select" in "" => "cond 0-d true a [3, 1] b [1, 4]";
+    masked_fill_mask_per_row_when_square: "masked-fill-mask-per-row-when-square" on "masked_fill" in "" => "a square input, the mask per column";
+    convert_int_bf16_through_f32: "convert-int-bf16-through-f32" on "convert" in "i32,i64" => "integers one past a bf16 tie";
+    convert_f16_overflow_at_max: "convert-f16-overflow-at-max" on "convert" in "f32,f64" => "just past the largest f16";
+    arange_fused: "arange-fused" on "arange" in "" => "the product rounded before the sum";
+    arange_i64_in_integers: "arange-i64-in-integers" on "arange" in "i64" => "past 2^53: the f64 values";
     // The host refuses step 0 itself (its argument checks run before any
     // plugin code), so no caller can reach this plugin's refusal: the bug is
     // unobservable through the host, and the suite cannot flag it.

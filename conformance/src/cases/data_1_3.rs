@@ -249,7 +249,7 @@ fn select_exact_bits(dtype: DType) -> Option<Case> {
     ))
 }
 
-fn select_case(dtype: DType, label: String, tensors: [TensorSpec; 4]) -> Case {
+pub(super) fn select_case(dtype: DType, label: String, tensors: [TensorSpec; 4]) -> Case {
     case(
         "select",
         dtype,

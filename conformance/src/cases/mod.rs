@@ -13,6 +13,7 @@ mod nn;
 mod output_backward;
 pub mod realistic;
 mod round13;
+mod round14;
 mod training;
 mod variants;
 
@@ -42,13 +43,14 @@ pub struct OpInfo {
 impl OpInfo {
     /// Every case of the operator in `dtype` for `tier`: its own, those
     /// derived from them (layouts and in-place calls, see `variants.rs`),
-    /// then mutation round 13's ([`round13`]), then the realistic sizes
-    /// ([`realistic`]).
+    /// then mutation round 13's ([`round13`]) and 14's ([`round14`]), then
+    /// the realistic sizes ([`realistic`]).
     pub fn cases(&self, dtype: DType, tier: Tier) -> Vec<Case> {
         let mut cases = (self.base)(dtype);
         let derived = variants::derive(&cases);
         cases.extend(derived);
         cases.extend(round13::cases(self.name, dtype));
+        cases.extend(round14::cases(self.name, dtype));
         cases.extend(realistic::cases(self.name, dtype, tier));
         cases
     }
@@ -60,6 +62,7 @@ impl OpInfo {
         base.len()
             + variants::derive(&base).len()
             + round13::cases(self.name, dtype).len()
+            + round14::cases(self.name, dtype).len()
             + realistic::count(self.name, tier)
     }
 
@@ -69,11 +72,9 @@ impl OpInfo {
         let base = (self.base)(dtype);
         let derived = variants::derive(&base);
         let mut labels: Vec<String> = base.into_iter().chain(derived).map(|c| c.label).collect();
-        labels.extend(
-            round13::cases(self.name, dtype)
-                .into_iter()
-                .map(|c| c.label),
-        );
+        for extra in [round13::cases, round14::cases] {
+            labels.extend(extra(self.name, dtype).into_iter().map(|c| c.label));
+        }
         labels.extend(realistic::labels(self.name, dtype, tier));
         labels
     }

@@ -16,7 +16,7 @@ use polychip_plugin_sdk::{
     UnaryArgs, UnaryOp,
 };
 
-use crate::mutants::{Bug, is, layout, numerics as bad, paths};
+use crate::mutants::{Bug, is, layout, numerics as bad, paths, round14 as r14};
 
 /// The kernels' name for a dtype.
 fn kernel_dtype(dtype: DType) -> kernels::DType {
@@ -295,6 +295,7 @@ pub mod ops {
                 }
                 UnaryOp::Sqrt if is(Bug::SqrtNegZero) => bad::sqrt_neg_zero(i, o),
                 UnaryOp::Sin if is(Bug::SinReducedInF32) => bad::sin_reduced_in_f32(i, o),
+                UnaryOp::Sin if is(Bug::SinZeroPositive) => r14::sin_zero_positive(i, o),
                 UnaryOp::Rsqrt if is(Bug::RsqrtHangsOnLargeTensors) && i.numel() > 65536 => {
                     crate::mutants::hang()
                 }
@@ -363,7 +364,10 @@ pub mod ops {
 
     pub unsafe fn convert(args: &ConvertArgs<'_>) -> Result<()> {
         run!("convert", args => |[s, d]| {
-            if is(Bug::ConvertIntegerWraps) && bad::convert_wrapping(s, d) {
+            if is(Bug::ConvertIntegerWraps) && bad::convert_wrapping(s, d)
+                || is(Bug::ConvertIntBf16ThroughF32) && r14::convert_int_bf16_through_f32(s, d)
+                || is(Bug::ConvertF16OverflowAtMax) && r14::convert_f16_overflow_at_max(s, d)
+            {
                 return done();
             }
             if is(Bug::ConvertNarrowingSaturates) && bad::convert_narrowing_saturated(s, d) {
@@ -380,13 +384,24 @@ pub mod ops {
                 bad::arange_accumulated(o, start, step);
                 return done();
             }
+            if is(Bug::ArangeFused) {
+                r14::arange_fused(o, start, step);
+                return done();
+            }
+            if is(Bug::ArangeI64InIntegers) && r14::arange_i64_in_integers(o, start, step) {
+                return done();
+            }
             kernels::arange(o, start, step)
         })
     }
 
     pub unsafe fn select(args: &SelectArgs<'_>) -> Result<()> {
         run!("select", args => |[c, a, b, o]| {
-            if is(Bug::SelectArithmeticBlend) && bad::select_blend(c, a, b, o) {
+            if is(Bug::SelectArithmeticBlend) && bad::select_blend(c, a, b, o)
+                || is(Bug::SelectScalarBThroughDouble)
+                    && r14::select_scalar_b_through_double(c, a, b, o)
+                || is(Bug::SelectScalarCondRepeats) && r14::select_scalar_cond_repeats(c, a, b, o)
+            {
                 return done();
             }
             kernels::select(c, a, b, o)
@@ -399,7 +414,12 @@ pub mod ops {
             // Planted: the value travels as an f32 kernel argument.
             value = f64::from(value as f32);
         }
-        run!("masked_fill", args => |[i, m, o]| kernels::masked_fill(i, m, o, value))
+        run!("masked_fill", args => |[i, m, o]| {
+            if is(Bug::MaskedFillMaskPerRowWhenSquare) && r14::masked_fill_mask_per_row(i, m, o, value) {
+                return done();
+            }
+            kernels::masked_fill(i, m, o, value)
+        })
     }
 
     pub unsafe fn compare(op: CompareOp, args: &CompareArgs<'_>) -> Result<()> {
@@ -414,6 +434,9 @@ pub mod ops {
         run!(op.name(), args => |[a, b, o]| {
             if op == CompareOp::Eq && is(Bug::EqBySubtraction) {
                 bad::eq_by_subtraction(a, b, o, false);
+                return done();
+            }
+            if op == CompareOp::Lt && is(Bug::LtScalarAsF32) && r14::lt_scalar_as_f32(a, b, o) {
                 return done();
             }
             kernels::compare(k, a, b, o)

@@ -18,6 +18,7 @@ pub mod elems;
 pub mod layout;
 pub mod numerics;
 pub mod paths;
+pub mod round14;
 
 use std::sync::OnceLock;
 
@@ -177,6 +178,15 @@ pub enum Bug {
     ConvertNarrowingSaturates,
     ArangeAccumulates,
     AddIntSaturates,
+    SinZeroPositive,
+    SelectScalarBThroughDouble,
+    LtScalarAsF32,
+    SelectScalarCondRepeats,
+    MaskedFillMaskPerRowWhenSquare,
+    ConvertIntBf16ThroughF32,
+    ConvertF16OverflowAtMax,
+    ArangeFused,
+    ArangeI64InIntegers,
     StreamWaitEventIgnored,
     EventRecordCompletesAtOnce,
     EventSynchronizeReturnsAtOnce,
@@ -582,6 +592,36 @@ catalog! {
     LayerNormBackwardGradBiasRowsWhenSquare "layer-norm-backward-grad-bias-rows-when-square" "layer_norm_backward" Path:
         "layer_norm_backward finds the axis to sum grad_bias over by extent, and sums along each row instead of down each column when there are as many rows as features"
         => "as many rows as features";
+    // Mutation round 14: the operators of ABI 1.3 (a zero's sign, a 0-d
+    // operand a narrower kernel argument cannot hold, a 0-d cond, square
+    // shapes, two roundings, arange's rounding and past 2^53).
+    SinZeroPositive "sin-zero-positive" "sin" EdgeValues:
+        "sin takes a fast path for zero inputs that writes +0 (a memset of the zero lanes): sin(-0) is +0 where IEEE, C and PyTorch give -0"
+        => "±0 and arguments so small that sin(x) is x";
+    SelectScalarBThroughDouble "select-scalar-b-through-double" "select" Numerics:
+        "a 0-d b (torch.where(cond, x, scalar)) is passed to the kernel as a double and converted back for each element it fills: an i64 past 2^53 loses its low bits, a signalling NaN comes back quiet"
+        => "a 0-d b holding bits a double cannot carry";
+    LtScalarAsF32 "lt-scalar-as-f32" "lt" Numerics:
+        "lt against a 0-d b (x < threshold) passes b as an f32 kernel argument: in f64 0.1 becomes 0.10000000149 and 0.1 < 0.1 is true, in i64 2^53 + 1 becomes 2^53"
+        => "a 0-d b f32 cannot hold";
+    SelectScalarCondRepeats "select-scalar-cond-repeats" "select" Path:
+        "a 0-d cond takes a copy path that fills out with the chosen branch's elements in order, repeated, without broadcasting it to out's shape: a branch of [3, 1] against out [3, 4] comes out in the wrong places"
+        => "cond 0-d true a [3, 1] b [1, 4]";
+    MaskedFillMaskPerRowWhenSquare "masked-fill-mask-per-row-when-square" "masked_fill" Path:
+        "masked_fill picks the axis of a 1-D mask by matching its length against the input's extents, and reads it per row when the input has as many rows as columns (NumPy aligns it with the last dim: per column)"
+        => "a square input, the mask per column";
+    ConvertIntBf16ThroughF32 "convert-int-bf16-through-f32" "convert" Rounding:
+        "integers convert to bf16 through f32 (an int-to-float instruction, then the float-to-bf16 one): an integer one past a bf16 tie is rounded onto the tie by f32 and then to the even neighbour below"
+        => "integers one past a bf16 tie";
+    ConvertF16OverflowAtMax "convert-f16-overflow-at-max" "convert" EdgeValues:
+        "floats convert to f16 with an overflow test against the largest f16 (|x| > 65504 gives infinity) instead of rounding first: 65505 to 65519 give infinity where they round to 65504"
+        => "just past the largest f16";
+    ArangeFused "arange-fused" "arange" Numerics:
+        "arange computes start + i * step as one fused multiply-add (a compiler contracting it, or fma() for speed): one rounding where the ABI rounds the product and the sum, so f64 values differ in the last bit"
+        => "the product rounded before the sum";
+    ArangeI64InIntegers "arange-i64-in-integers" "arange" Numerics:
+        "arange into i64 computes in integers when start and step are whole (the exact answer, it seems): past 2^53 the ABI's values are the f64 results, 2^53 + 1 is 2^53"
+        => "past 2^53: the f64 values";
     // Streams: in full mode `copy` and `fill` run on their stream's worker
     // thread (`crate::streams`), the other operators on the calling thread
     // once their stream's earlier work is done. The first two show at every
