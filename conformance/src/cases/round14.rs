@@ -452,7 +452,7 @@ fn convert_past_bf16_ties(src: DType) -> Vec<Case> {
         ],
         Tolerance::EXACT,
         |exec, t| exec.convert(&t[0], &t[1]),
-        |d| Ok(vec![reference::convert(&d[0])?]),
+        |d| Ok(vec![reference::convert(&d[0], None)?]),
     )]
 }
 
@@ -499,7 +499,7 @@ fn convert_near_overflow(src: DType) -> Vec<Case> {
                 ],
                 Tolerance::EXACT,
                 |exec, t| exec.convert(&t[0], &t[1]),
-                |d| Ok(vec![reference::convert(&d[0])?]),
+                |d| Ok(vec![reference::convert(&d[0], None)?]),
             )
         })
         .collect()
