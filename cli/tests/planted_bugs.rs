@@ -347,7 +347,7 @@ bugs! {
     // arange's rounding and its values past 2^53.
     sin_zero_positive: "sin-zero-positive" on "sin" in "" => "±0 and arguments so small that sin(x) is x";
     select_scalar_b_through_double: "select-scalar-b-through-double" on "select" in "" => "a 0-d b holding bits a double cannot carry";
-    lt_scalar_as_f32: "lt-scalar-as-f32" on "lt" in "f64,i64" => "a 0-d b f32 cannot hold";
+    lt_scalar_as_f32: "lt-scalar-as-f32" on "lt" in "f64,i64" => "a 0-d b against its neighbours";
     select_scalar_cond_repeats: "select-scalar-cond-repeats" on "select" in "" => "cond 0-d true a [3, 1] b [1, 4]";
     masked_fill_mask_per_row_when_square: "masked-fill-mask-per-row-when-square" on "masked_fill" in "" => "a square input, the mask per column";
     convert_int_bf16_through_f32: "convert-int-bf16-through-f32" on "convert" in "i32,i64" => "integers one past a bf16 tie";

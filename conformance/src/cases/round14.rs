@@ -348,7 +348,7 @@ fn compare_scalar(op: CompareOp, dtype: DType) -> Vec<Case> {
             op.name(),
             dtype,
             format!(
-                "a 0-d {} f32 cannot hold, against its neighbours",
+                "a 0-d {} against its neighbours (in f64, i32 and i64 a value f32 cannot hold)",
                 if scalar_is_b { "b" } else { "a" }
             ),
             vec![a, b, output("out", DType::Bool, &[n], C)],

@@ -603,7 +603,7 @@ catalog! {
         => "a 0-d b holding bits a double cannot carry";
     LtScalarAsF32 "lt-scalar-as-f32" "lt" Numerics:
         "lt against a 0-d b (x < threshold) passes b as an f32 kernel argument: in f64 0.1 becomes 0.10000000149 and 0.1 < 0.1 is true, in i64 2^53 + 1 becomes 2^53"
-        => "a 0-d b f32 cannot hold";
+        => "a 0-d b against its neighbours";
     SelectScalarCondRepeats "select-scalar-cond-repeats" "select" Path:
         "a 0-d cond takes a copy path that fills out with the chosen branch's elements in order, repeated, without broadcasting it to out's shape: a branch of [3, 1] against out [3, 4] comes out in the wrong places"
         => "cond 0-d true a [3, 1] b [1, 4]";
