@@ -623,6 +623,13 @@ fn score_runs_take_the_schedule_flag_and_absurd_runs_are_refused() {
     let mut report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let (code, _, err) = score(run(&report), &[]);
     assert!(code == Some(0) && !err.contains("another model"), "{err}");
+    // ... and one made under other settings than those it is scored under.
+    let (code, _, err) = score(run(&report), &["--dtype", "f32"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        err.contains("the plans of 1 run (a) were made under other training settings"),
+        "{err}"
+    );
     report["plan"]["model"] = "gpt-neo-1.3b".into();
     let (code, _, err) = score(run(&report), &[]);
     assert_eq!(code, Some(0), "{err}");
