@@ -324,31 +324,37 @@ fn plan(args: &Args) -> Result<(), String> {
                 run.plan.schedule = None;
             }
         }
-        let other: Vec<&str> =
-            runs.runs
-                .iter()
-                .filter(|r| {
-                    r.plan.made_for.as_ref().is_some_and(|(name, seq_len)| {
-                        *name != model.name || *seq_len != model.seq_len
-                    })
-                })
-                .map(|r| r.name.as_str())
-                .collect();
-        if !other.is_empty() {
-            eprintln!(
-                "{}",
-                printable_lines(&format!(
-                    "note: {}: the plans of {} run{} ({}) were made for another model or sequence \
-                     length; all are evaluated for {:?} with sequences of {}",
-                    polychip_files::shown_path(args.score.as_deref().unwrap_or(Path::new(""))),
-                    other.len(),
-                    if other.len() == 1 { "" } else { "s" },
-                    other.iter().take(5).copied().collect::<Vec<_>>().join(", "),
-                    model.name,
-                    model.seq_len
-                ))
-            );
-        }
+        let score = args.score.as_deref().unwrap_or(Path::new(""));
+        let made_for_other = |r: &validate::MeasuredRun| {
+            r.plan
+                .made_for
+                .as_ref()
+                .is_some_and(|(name, seq_len)| *name != model.name || *seq_len != model.seq_len)
+        };
+        note_runs(
+            score,
+            &runs,
+            made_for_other,
+            &format!(
+                "made for another model or sequence length; all are evaluated for {:?} with \
+                 sequences of {}",
+                model.name, model.seq_len
+            ),
+        );
+        // A report's recorded settings are left aside for the runs file's
+        // and the flags': said, as --evaluate says it.
+        note_runs(
+            score,
+            &runs,
+            |r| {
+                r.plan
+                    .settings
+                    .as_ref()
+                    .is_some_and(|s| !flags_changing(s, &settings).is_empty())
+            },
+            "made under other training settings than the runs file's and the flags'; all are \
+             evaluated under those",
+        );
         let runs = &runs;
         let scored = validate::score_runs(runs, &model, &cluster, &settings).map_err(|e| {
             format!(
@@ -441,6 +447,36 @@ fn plan(args: &Args) -> Result<(), String> {
         print!("{}", printable_lines(&table(&report)));
     }
     Ok(())
+}
+
+/// A note naming the runs of `runs` that `pick` picks (the first five),
+/// saying their plans were `what`.
+fn note_runs(
+    score: &Path,
+    runs: &RunsFile,
+    pick: impl Fn(&validate::MeasuredRun) -> bool,
+    what: &str,
+) {
+    let picked: Vec<&str> = runs
+        .runs
+        .iter()
+        .filter(|r| pick(r))
+        .map(|r| r.name.as_str())
+        .collect();
+    if picked.is_empty() {
+        return;
+    }
+    let more = if picked.len() > 5 { ", ..." } else { "" };
+    eprintln!(
+        "{}",
+        printable_lines(&format!(
+            "note: {}: the plans of {} run{} ({}{more}) were {what}",
+            polychip_files::shown_path(score),
+            picked.len(),
+            if picked.len() == 1 { "" } else { "s" },
+            picked[..picked.len().min(5)].join(", "),
+        ))
+    );
 }
 
 /// The flags that changed `recorded` into `given` (the settings a flag

@@ -252,18 +252,19 @@ pub fn profile(
         inputs: Vec::new(),
     };
     for (i, name) in names.iter().enumerate() {
-        let mut child = Command::new(&exe)
-            .arg("profile-worker")
+        let mut cmd = Command::new(&exe);
+        cmd.arg("profile-worker")
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .map_err(|e| {
-                failed(
-                    i,
-                    &format!("starting {}: {e}", polychip_files::shown_path(&exe)),
-                )
-            })?;
+            .stderr(Stdio::inherit());
+        // Killed with the command (it profiled on to the end of its job).
+        polychip_files::die_with_parent(&mut cmd, 9);
+        let mut child = cmd.spawn().map_err(|e| {
+            failed(
+                i,
+                &format!("starting {}: {e}", polychip_files::shown_path(&exe)),
+            )
+        })?;
         let stdout = child.stdout.take().expect("piped");
         let mut stdin = child.stdin.take();
         workers.children.push(child);

@@ -623,6 +623,13 @@ fn score_runs_take_the_schedule_flag_and_absurd_runs_are_refused() {
     let mut report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let (code, _, err) = score(run(&report), &[]);
     assert!(code == Some(0) && !err.contains("another model"), "{err}");
+    // ... and one made under other settings than those it is scored under.
+    let (code, _, err) = score(run(&report), &["--dtype", "f32"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        err.contains("the plans of 1 run (a) were made under other training settings"),
+        "{err}"
+    );
     report["plan"]["model"] = "gpt-neo-1.3b".into();
     let (code, _, err) = score(run(&report), &[]);
     assert_eq!(code, Some(0), "{err}");
@@ -713,5 +720,67 @@ fn comm_variables_that_are_not_utf8_are_refused_and_no_bundled_takes_any_value()
             .unwrap();
         let stdout = String::from_utf8_lossy(&out.stdout);
         assert!(!stdout.contains("Ferrite F1"), "{value}: {stdout}");
+    }
+}
+
+/// `polychip conform` killed (SIGTERM, whose default ends it at once) takes
+/// its case worker with it: the worker ran on as an orphan through the
+/// rest of the suite (or in a hung case for ever), its results written
+/// into a closed pipe and ignored.
+#[test]
+fn a_killed_conform_leaves_no_worker_running() {
+    let plugin = std::path::Path::new(env!("CARGO_BIN_EXE_polychip"))
+        .with_file_name("libpolychip_vendor_ferrite.so");
+    if !plugin.exists() {
+        eprintln!("skipped: {} is not built", plugin.display());
+        return;
+    }
+    let mut conform = Command::new(env!("CARGO_BIN_EXE_polychip"))
+        .args(["conform", "--plugin"])
+        .arg(&plugin)
+        .env("POLYCHIP_NO_BUNDLED_PLUGINS", "1")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let pid = conform.id();
+    let children = format!("/proc/{pid}/task/{pid}/children");
+    let started = std::time::Instant::now();
+    let worker = loop {
+        let found = std::fs::read_to_string(&children)
+            .unwrap_or_default()
+            .split_whitespace()
+            .find(|c| {
+                std::fs::read(format!("/proc/{c}/cmdline"))
+                    .is_ok_and(|cmd| cmd.windows(8).any(|w| w == b"--worker"))
+            })
+            .map(str::to_string);
+        if let Some(w) = found {
+            break w;
+        }
+        assert!(
+            started.elapsed().as_secs() < 120,
+            "conform started no worker"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    let killed = Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    conform.wait().unwrap();
+    let gone = std::time::Instant::now();
+    while std::path::Path::new(&format!("/proc/{worker}")).exists()
+        && !std::fs::read_to_string(format!("/proc/{worker}/stat"))
+            .unwrap_or_default()
+            .contains(") Z ")
+    {
+        if gone.elapsed().as_secs() >= 10 {
+            // Not left running past the test.
+            let _ = Command::new("kill").args(["-KILL", &worker]).status();
+            panic!("the worker {worker} runs on after conform was killed");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
     }
 }

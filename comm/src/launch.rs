@@ -200,20 +200,8 @@ pub fn launch(opts: &LaunchOptions) -> Result<LaunchOutcome> {
         if let Some(devices) = &devices {
             cmd.env("POLYCHIP_DEVICE", &devices[rank]);
         }
-        #[cfg(target_os = "linux")]
-        {
-            // Die with the launcher even if it is killed with SIGKILL.
-            let die_with_parent = || {
-                // SAFETY: prctl with PR_SET_PDEATHSIG takes an integer
-                // signal number and no pointers.
-                unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) };
-                Ok(())
-            };
-            // SAFETY: the closure runs in the child between fork and exec
-            // and only calls prctl, which is async-signal-safe; it touches
-            // no memory shared with the parent.
-            unsafe { cmd.pre_exec(die_with_parent) };
-        }
+        // Die with the launcher even if it is killed with SIGKILL.
+        polychip_files::die_with_parent(&mut cmd, libc::SIGTERM);
         match cmd.spawn() {
             Ok(mut child) => {
                 let mut readers = Vec::with_capacity(2);

@@ -211,9 +211,11 @@ pub fn run_worker(
         run_unit(device, unit, from, only, waivers, |result| {
             let line =
                 serde_json::to_string(&WorkerLine { unit: u, result }).expect("results serialize");
-            // The parent reads until end of file; a closed pipe means it is gone.
-            let _ = writeln!(out, "{line}");
-            let _ = out.flush();
+            // The parent reads until end of file; a closed pipe means it is
+            // gone, and the worker stops (it ran the rest of the suite).
+            if writeln!(out, "{line}").and_then(|()| out.flush()).is_err() {
+                std::process::exit(1);
+            }
         });
     }
 }
@@ -293,13 +295,16 @@ pub fn run_isolated(
     let mut at = (0, first);
     while let Some((u, case)) = next(at) {
         at = (u, case);
-        let mut child = match Command::new(&iso.exe)
-            .args(iso.worker_args(u, case, only))
+        let mut cmd = Command::new(&iso.exe);
+        cmd.args(iso.worker_args(u, case, only))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-        {
+            .stderr(Stdio::piped());
+        // A worker dies with `polychip conform` (SIGKILL: a plugin may
+        // block other signals): it ran on through the suite, or in a hung
+        // case for ever, when conform was killed.
+        polychip_files::die_with_parent(&mut cmd, 9);
+        let mut child = match cmd.spawn() {
             Ok(c) => c,
             Err(e) => {
                 let message = format!("could not start the worker {}: {e}", iso.exe.display());

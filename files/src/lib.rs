@@ -568,6 +568,31 @@ pub fn parse_error_at(text: &str, span: std::ops::Range<usize>, message: &str) -
     )
 }
 
+/// Makes the child `cmd` starts receive `signal` when the thread that
+/// started it ends with its process (Linux's `PR_SET_PDEATHSIG`; elsewhere
+/// nothing): a helper process (a conformance worker, a plugin-load probe,
+/// a launched rank) does not run on as an orphan when its parent is killed
+/// (`polychip conform` ended by SIGTERM left its worker running the suite,
+/// a hung case for ever, until 2026-12-06).
+pub fn die_with_parent(cmd: &mut std::process::Command, signal: i32) {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::unix::process::CommandExt;
+        let die = move || {
+            // SAFETY: prctl with PR_SET_PDEATHSIG takes an integer signal
+            // number and no pointers.
+            unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, signal) };
+            Ok(())
+        };
+        // SAFETY: the closure runs in the child between fork and exec and
+        // only calls prctl, which is async-signal-safe; it touches no
+        // memory shared with the parent.
+        unsafe { cmd.pre_exec(die) };
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = (cmd, signal);
+}
+
 #[cfg(test)]
 mod tests {
     #[test]

@@ -107,13 +107,16 @@ impl Probe {
     }
 
     fn spawn(&self, file: &Path) -> std::io::Result<Child> {
-        Command::new(&self.program)
-            .args(&self.args)
+        let mut cmd = Command::new(&self.program);
+        cmd.args(&self.args)
             .arg(file)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
+            .stderr(Stdio::null());
+        // A plugin that hangs while loading does not outlive the command
+        // that probes it.
+        polychip_files::die_with_parent(&mut cmd, 9);
+        cmd.spawn()
     }
 
     /// Loads each of `files` in its own child process, several at once

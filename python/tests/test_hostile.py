@@ -554,3 +554,25 @@ def test_torch_factories_a_device_cannot_hold_are_refused_before_the_host_builds
         # ru_maxrss is in KiB: well under the 4 GB the host took.
         assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 1 << 20
         assert torch.eye(3, device=d).cpu().tolist() == torch.eye(3).tolist()
+
+
+def test_torch_conversions_to_half_precision_round_as_the_cpu_does():
+    """PyTorch's CPU converts f64, int32 and int64 to f16 and bf16 through
+    f32 (rounding twice); the device rounded once, so `.to(torch.float16)`
+    of `1 + 2**-11 + 2**-40` was 1.0009765625 on the device and 1.0 on the
+    CPU, and `.to(d, dtype)` differed from `.to(d).to(dtype)`."""
+    torch, devices = _torch_devices()
+    cases = [
+        (torch.float64, torch.float16, [1.0 + 2**-11 + 2**-40, -(1.0 + 2**-11 + 2**-40), 0.1]),
+        (torch.float64, torch.bfloat16, [1.0 + 2**-8 + 2**-40, 3.3]),
+        (torch.int32, torch.bfloat16, [2**30 + 2**22 + 1, -(2**30 + 2**22 + 1), 7]),
+        (torch.int64, torch.bfloat16, [2**40 + 2**32 + 1, 2**30 + 2**22 + 1]),
+        (torch.int64, torch.float16, [2049, 65519, -3]),
+    ]
+    for d in devices:
+        for src, dst, values in cases:
+            x = torch.tensor(values, dtype=src)
+            want = x.to(dst)
+            for got in (x.to(d).to(dst), x.to(d, dst), x.to(d)[::2].to(dst)):
+                w = want if got.shape == want.shape else want[::2]
+                assert torch.equal(got.cpu(), w), (d, src, dst, got.cpu(), w)

@@ -972,6 +972,21 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool /*non_b
     return copy_with_math_bits(src, dst);
   }
   const bool same_dtype = src.scalar_type() == dst.scalar_type();
+  // PyTorch's CPU converts f64, int32 and int64 to f16 and bf16 through
+  // f32, rounding twice (c10::Half and c10::BFloat16 are made from a
+  // float): so does the device, through an f32 copy, where the ABI's
+  // `cast` and `convert` round once (`1 + 2^-11 + 2^-40` to f16 was
+  // 1.0009765625 on the device and 1.0 on the CPU, 2^30 + 2^22 + 1 to bf16
+  // 2^30 + 2^23 and 2^30, until 2026-12-06; a CPU tensor moved to the
+  // device as f16 was the CPU's, so `.to(d, f16)` and `.to(d).to(f16)`
+  // differed).
+  const auto wide = [](at::ScalarType t) { return t == at::kDouble || t == at::kInt || t == at::kLong; };
+  const bool half = dst.scalar_type() == at::kHalf || dst.scalar_type() == at::kBFloat16;
+  if (is_polychip(src) && is_polychip(dst) && half && wide(src.scalar_type())) {
+    at::Tensor mid = empty_on(src, src.sizes(), at::kFloat);
+    copy_from(src, mid, false);
+    return copy_from(mid, dst, false);
+  }
   if (!is_polychip(src)) {
     // CPU (or another host device) to polychip: convert on the CPU, then
     // one write of row-major bytes into the destination view.
