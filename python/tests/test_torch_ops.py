@@ -325,6 +325,53 @@ for _name in ("eq", "ne", "lt", "le", "gt", "ge"):
             )(_op),
         }
     )
+# ABI 1.4: gather, scatter_add, advanced indexing, cumsum, any/all,
+# isneginf/isposinf, bitwise operators. Each `.out` sample passes an empty
+# `out` that the kernel resizes.
+_IDX = torch.tensor([[2, 0, 1, 2], [1, 1, 0, 0]])
+_INTS = torch.tensor([[5, -3, 12, 0], [7, 255, -1, 64]], dtype=torch.int64)
+
+
+def _out(dtype):
+    return lambda to: to(torch.empty(0, dtype=dtype))
+
+
+def _into(op, dtype, *args, **kwargs):
+    """A sample of ``op(*args(to), out=...)`` returning the output."""
+    return lambda to: (lambda o: (op(*(a(to) if callable(a) else a for a in args), **kwargs, out=o), o)[1])(
+        _out(dtype)(to)
+    )
+
+
+_F = torch.float32
+SAMPLES.update(
+    {
+        "gather.out": _into(aten.gather.out, _F, lambda to: to(A), 1, lambda to: to(_IDX)),
+        "scatter_add.out": _into(aten.scatter_add.out, _F, lambda to: to(A), 1, lambda to: to(_IDX), lambda to: to(P)),
+        "scatter_add_": lambda to: aten.scatter_add_(to(A.clone()), 1, to(_IDX), to(P)),
+        "index.Tensor_out": _into(aten.index.Tensor_out, _F, lambda to: to(A), lambda to: [None, to(_IDX)]),
+        "_index_put_impl_": lambda to: aten._index_put_impl_(
+            to(A.clone()), [to(torch.tensor([1, 0, 1]))], to(torch.ones(3, A.shape[1])), True
+        ),
+        "cumsum.out": _into(aten.cumsum.out, _F, lambda to: to(A), 1),
+        "isneginf.out": _into(aten.isneginf.out, torch.bool, lambda to: to(A.log())),
+        "isposinf.out": _into(aten.isposinf.out, torch.bool, lambda to: to(1 / A.round())),
+        "bitwise_not.out": _into(aten.bitwise_not.out, torch.int64, lambda to: to(_INTS)),
+    }
+)
+for _name in ("any", "all"):
+    _op = getattr(aten, _name)
+    SAMPLES.update(
+        {
+            f"{_name}.out": _into(_op.out, torch.bool, lambda to: to(A > 0.3), 1),
+            f"{_name}.dims_out": _into(_op.dims_out, torch.bool, lambda to: to(A > 0.3), [0, 1]),
+            f"{_name}.all_out": _into(_op.all_out, torch.bool, lambda to: to(A > -5)),
+        }
+    )
+for _name in ("bitwise_and", "bitwise_or", "bitwise_xor"):
+    SAMPLES[f"{_name}.Tensor_out"] = _into(
+        getattr(aten, _name).Tensor_out, torch.int64, lambda to: to(_INTS), lambda to: to(_INTS[:1] * 3)
+    )
 SAMPLES.update(
     {
         "rsub.Tensor": lambda to: aten.rsub.Tensor(to(A), to(B), alpha=3.0),
