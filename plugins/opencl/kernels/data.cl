@@ -66,6 +66,17 @@ __kernel void pc_compare_int(__global const S *a, pc_layout al, __global const S
     out[pc_at(&ol, i)] = (uchar)(r ? 1 : 0);
 }
 
+// ABI 1.4's bitwise operators on i32, i64, u8 or bool (bits of this
+// width): 0 and, 1 or, 2 xor. Bools stay 0 or 1.
+__kernel void pc_bitwise(__global const S *a, pc_layout al, __global const S *b, pc_layout bl,
+                         __global S *out, pc_layout ol, int op, long n) {
+    long i = get_global_id(0);
+    if (i >= n) return;
+    S x = a[pc_at(&al, i)];
+    S y = b[pc_at(&bl, i)];
+    out[pc_at(&ol, i)] = op == 0 ? (S)(x & y) : op == 1 ? (S)(x | y) : (S)(x ^ y);
+}
+
 // ABI 1.3's integer add (sign 1: a + alpha b), sub (-1: a - alpha b) and
 // mul (0: a b) on i32 or i64, wrapping in two's complement (unsigned
 // arithmetic on the sign-extended values, truncated to the width).
