@@ -126,6 +126,27 @@ static int64_t position(const cobalt_view *data, const cobalt_view *index, int32
     return pos;
 }
 
+/* The views of gather or scatter_add, `list` holding the data, the index
+ * and the other tensor (out or src) in that order, checked as `indexed`
+ * checks them, with list[written] writable; the indices in *idx (NULL
+ * on error). */
+static PolychipError *indexed_call(const char *op, uint32_t device, const cobalt_arg list[3],
+                                   int written, int32_t dim, int64_t **idx) {
+    *idx = NULL;
+    PolychipError *error = cobalt_views(op, device, list, 3);
+    if (error == NULL) {
+        error = indexed(op, list[0].view, list[1].view, list[2].name, list[2].view, dim, idx);
+    }
+    if (error == NULL) {
+        error = cobalt_need_writable(op, list[written].name, list[written].view);
+    }
+    if (error != NULL) {
+        cobalt_scratch_free(*idx);
+        *idx = NULL;
+    }
+    return error;
+}
+
 PolychipError *cobalt_op_gather(uint32_t device, PolychipStream *stream,
                                 const PolychipGatherArgs *args) {
     const char *op = "gather";
@@ -136,15 +157,8 @@ PolychipError *cobalt_op_gather(uint32_t device, PolychipStream *stream,
     cobalt_view input, index, out;
     const cobalt_arg list[] = {
         {&input, &args->input, "input"}, {&index, &args->index, "index"}, {&out, &args->out, "out"}};
-    error = cobalt_views(op, device, list, 3);
-    if (error != NULL) {
-        return error;
-    }
     int64_t *idx = NULL;
-    error = indexed(op, &input, &index, "out", &out, args->dim, &idx);
-    if (error == NULL) {
-        error = cobalt_need_writable(op, "out", &out);
-    }
+    error = indexed_call(op, device, list, 2, args->dim, &idx);
     if (error != NULL || out.numel == 0) {
         cobalt_scratch_free(idx);
         return error;
@@ -176,20 +190,13 @@ PolychipError *cobalt_op_scatter_add(uint32_t device, PolychipStream *stream,
     cobalt_view dst, index, src;
     const cobalt_arg list[] = {
         {&dst, &args->dst, "dst"}, {&index, &args->index, "index"}, {&src, &args->src, "src"}};
-    error = cobalt_views(op, device, list, 3);
-    if (error != NULL) {
-        return error;
-    }
-    int is_float = cobalt_dtype_is_float(dst.dtype);
-    if (!is_float && dst.dtype != COBALT_I32 && dst.dtype != COBALT_I64) {
-        return cobalt_error(POLYCHIP_ERROR_DTYPE_MISMATCH,
-                            "cobalt: scatter_add: dst is %s; it must be floating, i32 or i64",
-                            cobalt_dtype_name(dst.dtype));
-    }
     int64_t *idx = NULL;
-    error = indexed(op, &dst, &index, "src", &src, args->dim, &idx);
-    if (error == NULL) {
-        error = cobalt_need_writable(op, "dst", &dst);
+    error = indexed_call(op, device, list, 0, args->dim, &idx);
+    int is_float = error == NULL && cobalt_dtype_is_float(dst.dtype);
+    if (error == NULL && !is_float && dst.dtype != COBALT_I32 && dst.dtype != COBALT_I64) {
+        error = cobalt_error(POLYCHIP_ERROR_DTYPE_MISMATCH,
+                             "cobalt: scatter_add: dst is %s; it must be floating, i32 or i64",
+                             cobalt_dtype_name(dst.dtype));
     }
     if (error != NULL || src.numel == 0) {
         cobalt_scratch_free(idx);
