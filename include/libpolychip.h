@@ -1490,6 +1490,106 @@ struct polychip_error_t *polychip_op_ge(const struct polychip_stream_t *stream,
                                         const struct polychip_tensor_t *b,
                                         const struct polychip_tensor_t *out);
 
+// `gather`: `out[i] = input[i with dim replaced by index[i]]` (also `index_select`). On any dtype. Since 1.4.
+//
+// The arguments are those of `PolychipGatherArgs` (include/polychip.h).
+// `stream` NULL runs on the default stream of the first tensor's
+// device, and the call returns when the work is done.
+//
+// Thread safety: any thread; calls on one stream must not run concurrently.
+struct polychip_error_t *polychip_op_gather(const struct polychip_stream_t *stream,
+                                            const struct polychip_tensor_t *input,
+                                            const struct polychip_tensor_t *index,
+                                            const struct polychip_tensor_t *out,
+                                            int32_t dim);
+
+// `scatter_add`: `self[i with dim replaced by index[i]] += src[i]` (also `index_add`). On f32, f16, bf16, f64, i32 or i64. Since 1.4.
+//
+// The arguments are those of `PolychipScatterAddArgs` (include/polychip.h).
+// `stream` NULL runs on the default stream of the first tensor's
+// device, and the call returns when the work is done.
+//
+// Thread safety: any thread; calls on one stream must not run concurrently.
+struct polychip_error_t *polychip_op_scatter_add(const struct polychip_stream_t *stream,
+                                                 const struct polychip_tensor_t *dst,
+                                                 const struct polychip_tensor_t *index,
+                                                 const struct polychip_tensor_t *src,
+                                                 int32_t dim);
+
+// `cumsum`: Running sum along a dimension. On f32, f16, bf16, f64, i32 or i64. Since 1.4.
+//
+// The arguments are those of `PolychipCumsumArgs` (include/polychip.h).
+// `stream` NULL runs on the default stream of the first tensor's
+// device, and the call returns when the work is done.
+//
+// Thread safety: any thread; calls on one stream must not run concurrently.
+struct polychip_error_t *polychip_op_cumsum(const struct polychip_stream_t *stream,
+                                            const struct polychip_tensor_t *input,
+                                            const struct polychip_tensor_t *out,
+                                            int32_t dim);
+
+// `any`: Whether any element over a dimension is nonzero (bool). On any dtype. Since 1.4.
+//
+// The arguments are those of `PolychipReduceBoolArgs` (include/polychip.h).
+// `stream` NULL runs on the default stream of the first tensor's
+// device, and the call returns when the work is done.
+//
+// Thread safety: any thread; calls on one stream must not run concurrently.
+struct polychip_error_t *polychip_op_any(const struct polychip_stream_t *stream,
+                                         const struct polychip_tensor_t *input,
+                                         const struct polychip_tensor_t *out,
+                                         int32_t dim,
+                                         bool keepdim);
+
+// `all`: Whether every element over a dimension is nonzero (bool). On any dtype. Since 1.4.
+//
+// The arguments are those of `PolychipReduceBoolArgs` (include/polychip.h).
+// `stream` NULL runs on the default stream of the first tensor's
+// device, and the call returns when the work is done.
+//
+// Thread safety: any thread; calls on one stream must not run concurrently.
+struct polychip_error_t *polychip_op_all(const struct polychip_stream_t *stream,
+                                         const struct polychip_tensor_t *input,
+                                         const struct polychip_tensor_t *out,
+                                         int32_t dim,
+                                         bool keepdim);
+
+// `bitwise_and`: `a & b`. On i32, i64, u8 or bool. Since 1.4.
+//
+// The arguments are those of `PolychipBitwiseArgs` (include/polychip.h).
+// `stream` NULL runs on the default stream of the first tensor's
+// device, and the call returns when the work is done.
+//
+// Thread safety: any thread; calls on one stream must not run concurrently.
+struct polychip_error_t *polychip_op_bitwise_and(const struct polychip_stream_t *stream,
+                                                 const struct polychip_tensor_t *a,
+                                                 const struct polychip_tensor_t *b,
+                                                 const struct polychip_tensor_t *out);
+
+// `bitwise_or`: `a | b`. On i32, i64, u8 or bool. Since 1.4.
+//
+// The arguments are those of `PolychipBitwiseArgs` (include/polychip.h).
+// `stream` NULL runs on the default stream of the first tensor's
+// device, and the call returns when the work is done.
+//
+// Thread safety: any thread; calls on one stream must not run concurrently.
+struct polychip_error_t *polychip_op_bitwise_or(const struct polychip_stream_t *stream,
+                                                const struct polychip_tensor_t *a,
+                                                const struct polychip_tensor_t *b,
+                                                const struct polychip_tensor_t *out);
+
+// `bitwise_xor`: `a ^ b`. On i32, i64, u8 or bool. Since 1.4.
+//
+// The arguments are those of `PolychipBitwiseArgs` (include/polychip.h).
+// `stream` NULL runs on the default stream of the first tensor's
+// device, and the call returns when the work is done.
+//
+// Thread safety: any thread; calls on one stream must not run concurrently.
+struct polychip_error_t *polychip_op_bitwise_xor(const struct polychip_stream_t *stream,
+                                                 const struct polychip_tensor_t *a,
+                                                 const struct polychip_tensor_t *b,
+                                                 const struct polychip_tensor_t *out);
+
 // The API version this library implements.
 //
 // Thread safety: any thread.

@@ -22,7 +22,7 @@
 
 // The ABI minor version this header describes. Minors only append: new
 // fields at the end of structs, new entries at the end of tables, new codes.
-#define POLYCHIP_ABI_MINOR 3
+#define POLYCHIP_ABI_MINOR 4
 
 // The oldest minor of major 1 that a host built from this header accepts.
 #define POLYCHIP_ABI_MIN_MINOR 0
@@ -39,7 +39,7 @@
 #define POLYCHIP_MEMORY_RDMA_EXPORTABLE 2
 
 // The number of operators in this minor's op table.
-#define POLYCHIP_OP_COUNT 64
+#define POLYCHIP_OP_COUNT 72
 
 // Signed integer (DLPack `kDLInt`).
 #define POLYCHIP_DTYPE_CODE_INT 0
@@ -996,6 +996,144 @@ typedef struct PolychipError *(*PolychipCompareFn)(uint32_t device,
                                                    struct PolychipStream *stream,
                                                    const struct PolychipCompareArgs *args);
 
+// `out[i] = input[j]`, where `j` is the index `i` with its dimension `dim`
+// replaced by `index[i]` (PyTorch's `gather`). `index` and `out` have one
+// shape, of `input`'s rank (at least 1), each extent but `dim`'s at most
+// `input`'s; `index` is i32 or i64 and every element must lie in
+// `[0, input.shape[dim])`: a negative index or one past the end is an
+// `INVALID_ARGUMENT` error with nothing written, as PyTorch refuses it (no
+// wrapping from the end). The element's bits are copied unchanged (NaN
+// payloads, -0, i64 past 2^53). Any dtype, any strides, empty dimensions
+// (nothing read or written). A zero stride in `index` serves PyTorch's
+// `index_select`, `index.Tensor` with one index tensor and `embedding` of
+// any dtype: an index of one dimension expanded over the others. Since ABI
+// 1.4.
+typedef struct PolychipGatherArgs {
+  // Size of this struct as the host knows it.
+  size_t struct_size;
+  // The tensor read.
+  struct PolychipTensor input;
+  // Where along `dim` to read, i32 or i64, each in `[0, input.shape[dim])`.
+  struct PolychipTensor index;
+  // Result: `index`'s shape, `input`'s dtype.
+  struct PolychipTensor out;
+  // The dimension indexed; negative counts from the end.
+  int32_t dim;
+} PolychipGatherArgs;
+
+// An operator entry taking [`PolychipGatherArgs`].
+typedef struct PolychipError *(*PolychipGatherFn)(uint32_t device,
+                                                  struct PolychipStream *stream,
+                                                  const struct PolychipGatherArgs *args);
+
+// `dst[j] += src[i]` for every index `i` of `index`, where `j` is `i` with
+// its dimension `dim` replaced by `index[i]` (PyTorch's `scatter_add_`; its
+// `index_add_` and the accumulating `index_put_` of an advanced index are
+// this with the index expanded by a zero stride). `index` and `src` have one
+// shape, of `dst`'s rank (at least 1), each extent but `dim`'s at most
+// `dst`'s; indices as for `gather` (out of range: `INVALID_ARGUMENT`,
+// nothing written). Repeated indices add up. Integers (i32, i64) are exact
+// and wrap in two's complement. Floating dtypes: each element of `dst`
+// becomes its old value plus the updates that land on it, added in at least
+// f32 (f64 for f64) in an unspecified order and rounded once to the dtype
+// (f16 and bf16 never round per update): with at most one update per element
+// the result is `dst + src` rounded once, bit for bit; with several, within
+// the rounding of an f32 sum (PyTorch's CPU adds in index order in the
+// element's accumulation type, CUDA's atomics in any order). `dst` is
+// updated in place and shares no memory with `index` or `src`. Since ABI
+// 1.4.
+typedef struct PolychipScatterAddArgs {
+  // Size of this struct as the host knows it.
+  size_t struct_size;
+  // The tensor added into, in place (PyTorch's `self`).
+  struct PolychipTensor dst;
+  // Where along `dim` each update goes, i32 or i64, each in `[0, dst.shape[dim])`.
+  struct PolychipTensor index;
+  // The updates: `index`'s shape, `dst`'s dtype.
+  struct PolychipTensor src;
+  // The dimension indexed; negative counts from the end.
+  int32_t dim;
+} PolychipScatterAddArgs;
+
+// An operator entry taking [`PolychipScatterAddArgs`].
+typedef struct PolychipError *(*PolychipScatterAddFn)(uint32_t device,
+                                                      struct PolychipStream *stream,
+                                                      const struct PolychipScatterAddArgs *args);
+
+// `out[..., k, ...] = input[..., 0, ...] + ... + input[..., k, ...]` along
+// dimension `dim` (PyTorch's `cumsum`), `out` of `input`'s shape and dtype.
+// Integers (i32, i64) are exact and wrap in two's complement (PyTorch's
+// cumsum of bool, u8 or i32 gives i64: a caller converts first). Floating
+// dtypes keep a running sum in index order in at least f32 (f64 for f64),
+// each output that sum rounded once to the dtype: f16 and bf16 never round
+// the running sum to their own precision, so a long row of small terms
+// keeps growing. A plugin that accumulates f32 in f64 agrees with PyTorch's
+// CPU bit for bit (its kernel does); one in f32 is within the rounding of an
+// f32 running sum. NaN and infinities propagate from their position on
+// (`inf + -inf` is NaN); a sum of zeros keeps the sign IEEE addition gives
+// (`-0 + -0 = -0`). Any strides; `out` may be `input` (in place); an empty
+// dimension writes nothing. Since ABI 1.4.
+typedef struct PolychipCumsumArgs {
+  // Size of this struct as the host knows it.
+  size_t struct_size;
+  // Input.
+  struct PolychipTensor input;
+  // The running sums: `input`'s shape and dtype. In place: may be exactly `input`.
+  struct PolychipTensor out;
+  // The dimension summed along; negative counts from the end.
+  int32_t dim;
+} PolychipCumsumArgs;
+
+// An operator entry taking [`PolychipCumsumArgs`].
+typedef struct PolychipError *(*PolychipCumsumFn)(uint32_t device,
+                                                  struct PolychipStream *stream,
+                                                  const struct PolychipCumsumArgs *args);
+
+// `any` and `all` over one dimension: whether any (every) element is
+// nonzero, as bool (0 or 1). An element is nonzero as `convert` to bool
+// judges it: NaN is true, -0 false. `out` has `input`'s shape with `dim`
+// removed, or set to 1 when `keepdim` is nonzero. Over an empty dimension
+// `any` is false and `all` true. Any dtype, any strides. Since ABI 1.4.
+typedef struct PolychipReduceBoolArgs {
+  // Size of this struct as the host knows it.
+  size_t struct_size;
+  // Input, any dtype.
+  struct PolychipTensor input;
+  // Output (bool).
+  struct PolychipTensor out;
+  // The reduced dimension; negative counts from the end.
+  int32_t dim;
+  // Nonzero: keep the reduced dimension with extent 1.
+  uint8_t keepdim;
+} PolychipReduceBoolArgs;
+
+// An operator entry taking [`PolychipReduceBoolArgs`].
+typedef struct PolychipError *(*PolychipReduceBoolFn)(uint32_t device,
+                                                      struct PolychipStream *stream,
+                                                      const struct PolychipReduceBoolArgs *args);
+
+// Elementwise `out = a OP b` on the bits of integers and bools, with NumPy
+// broadcasting of `a` and `b` to `out`'s shape: `bitwise_and` (`&`),
+// `bitwise_or` (`|`), `bitwise_xor` (`^`). One dtype for all three: i32,
+// i64, u8 or bool (a bool is 0 or 1, and so is its result: PyTorch's
+// `logical_and`, `logical_or` and `logical_xor` of bools; `bitwise_not` is
+// `xor` with -1, or with true). Since ABI 1.4.
+typedef struct PolychipBitwiseArgs {
+  // Size of this struct as the host knows it.
+  size_t struct_size;
+  // Left operand.
+  struct PolychipTensor a;
+  // Right operand.
+  struct PolychipTensor b;
+  // Result, with the broadcast shape of `a` and `b`. In place: may be exactly `a` or `b`.
+  struct PolychipTensor out;
+} PolychipBitwiseArgs;
+
+// An operator entry taking [`PolychipBitwiseArgs`].
+typedef struct PolychipError *(*PolychipBitwiseFn)(uint32_t device,
+                                                   struct PolychipStream *stream,
+                                                   const struct PolychipBitwiseArgs *args);
+
 // The operator table. Append-only: a new operator is a new field at the end,
 // introduced by a new minor version. NULL entries are "not implemented".
 typedef struct PolychipOpTable {
@@ -1129,6 +1267,22 @@ typedef struct PolychipOpTable {
   PolychipCompareFn gt;
   // `a >= b` (bool). On f32, f16, bf16, f64, i32, i64 or u8. Since 1.3.
   PolychipCompareFn ge;
+  // `out[i] = input[i with dim replaced by index[i]]` (also `index_select`). On any dtype. Since 1.4.
+  PolychipGatherFn gather;
+  // `self[i with dim replaced by index[i]] += src[i]` (also `index_add`). On f32, f16, bf16, f64, i32 or i64. Since 1.4.
+  PolychipScatterAddFn scatter_add;
+  // Running sum along a dimension. On f32, f16, bf16, f64, i32 or i64. Since 1.4.
+  PolychipCumsumFn cumsum;
+  // Whether any element over a dimension is nonzero (bool). On any dtype. Since 1.4.
+  PolychipReduceBoolFn any;
+  // Whether every element over a dimension is nonzero (bool). On any dtype. Since 1.4.
+  PolychipReduceBoolFn all;
+  // `a & b`. On i32, i64, u8 or bool. Since 1.4.
+  PolychipBitwiseFn bitwise_and;
+  // `a | b`. On i32, i64, u8 or bool. Since 1.4.
+  PolychipBitwiseFn bitwise_or;
+  // `a ^ b`. On i32, i64, u8 or bool. Since 1.4.
+  PolychipBitwiseFn bitwise_xor;
 } PolychipOpTable;
 
 // What a plugin gives the host.
@@ -1282,6 +1436,10 @@ typedef struct PolychipError *(*PolychipPluginInitV1)(const struct PolychipHostA
 
 // Very detailed tracing.
 #define POLYCHIP_LOG_TRACE 5
+
+
+
+
 
 
 

@@ -354,6 +354,17 @@ bugs! {
     convert_f16_overflow_at_max: "convert-f16-overflow-at-max" on "convert" in "f32,f64" => "just past the largest f16";
     arange_fused: "arange-fused" on "arange" in "" => "the product rounded before the sum";
     arange_i64_in_integers: "arange-i64-in-integers" on "arange" in "i64" => "past 2^53: the f64 values";
+    // ABI 1.4: a negative index wrapped, half-precision updates rounded one
+    // at a time, a running sum in the dtype, a row read in part, NaN taken
+    // for zero, i64 bits through a double or a 32-bit kernel, a bool sum.
+    gather_wraps_negative_index: "gather-wraps-negative-index" on "gather" in "f32" => "accepted a call it must refuse";
+    scatter_add_rounds_per_update: "scatter-add-rounds-per-update" on "scatter_add" in "f16,bf16" => "eight half-ULP updates";
+    cumsum_accumulates_in_dtype: "cumsum-accumulates-in-dtype" on "cumsum" in "f16,bf16" => "small positive terms";
+    any_checks_first_1024: "any-checks-first-1024" on "any" in "" => "the deciding element last";
+    all_nan_as_zero: "all-nan-as-zero" on "all" in "f32" => "every pair of special values";
+    bitwise_and_through_f64: "bitwise-and-through-f64" on "bitwise_and" in "i64" => "extremes";
+    bitwise_or_bool_as_sum: "bitwise-or-bool-as-sum" on "bitwise_or" in "bool" => "";
+    bitwise_xor_low_32_bits: "bitwise-xor-low-32-bits" on "bitwise_xor" in "i64" => "extremes";
     // The host refuses step 0 itself (its argument checks run before any
     // plugin code), so no caller can reach this plugin's refusal: the bug is
     // unobservable through the host, and the suite cannot flag it.

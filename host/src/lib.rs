@@ -29,8 +29,8 @@ pub use ffi::{LoadOptions, OpSet, Plugin};
 pub use memory::Buffer;
 pub use ops::{AdamwOptions, Exec, MatmulOptions};
 pub use polychip_plugin_sdk::{
-    ActivationBackwardOp, BinaryOp, CompareOp, DType, DeviceProps, ErrorCode, FieldInfo, FieldKind,
-    Op, OpInfo, OutputBackwardOp, ReduceOp, UnaryOp, contiguous_strides,
+    ActivationBackwardOp, BinaryOp, BitwiseOp, CompareOp, DType, DeviceProps, ErrorCode, FieldInfo,
+    FieldKind, Op, OpInfo, OutputBackwardOp, ReduceBoolOp, ReduceOp, UnaryOp, contiguous_strides,
 };
 pub use runtime::{LoadFailure, Runtime};
 pub use stream::{Event, Stream};

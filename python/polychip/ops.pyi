@@ -205,3 +205,27 @@ def gt(a: Tensor, b: Tensor, out: Tensor, *, stream: Optional[Stream] = None) ->
 
 def ge(a: Tensor, b: Tensor, out: Tensor, *, stream: Optional[Stream] = None) -> None:
     """`a >= b` (bool). On f32, f16, bf16, f64, i32, i64 or u8. Since 1.3. Arguments of `PolychipCompareArgs`."""
+
+def gather(input: Tensor, index: Tensor, out: Tensor, dim: int = 0, *, stream: Optional[Stream] = None) -> None:
+    """`out[i] = input[i with dim replaced by index[i]]` (also `index_select`). On any dtype. Since 1.4. Arguments of `PolychipGatherArgs`."""
+
+def scatter_add(dst: Tensor, index: Tensor, src: Tensor, dim: int = 0, *, stream: Optional[Stream] = None) -> None:
+    """`self[i with dim replaced by index[i]] += src[i]` (also `index_add`). On f32, f16, bf16, f64, i32 or i64. Since 1.4. Arguments of `PolychipScatterAddArgs`."""
+
+def cumsum(input: Tensor, out: Tensor, dim: int = -1, *, stream: Optional[Stream] = None) -> None:
+    """Running sum along a dimension. On f32, f16, bf16, f64, i32 or i64. Since 1.4. Arguments of `PolychipCumsumArgs`."""
+
+def any(input: Tensor, out: Tensor, dim: int = -1, keepdim: bool = False, *, stream: Optional[Stream] = None) -> None:
+    """Whether any element over a dimension is nonzero (bool). On any dtype. Since 1.4. Arguments of `PolychipReduceBoolArgs`."""
+
+def all(input: Tensor, out: Tensor, dim: int = -1, keepdim: bool = False, *, stream: Optional[Stream] = None) -> None:
+    """Whether every element over a dimension is nonzero (bool). On any dtype. Since 1.4. Arguments of `PolychipReduceBoolArgs`."""
+
+def bitwise_and(a: Tensor, b: Tensor, out: Tensor, *, stream: Optional[Stream] = None) -> None:
+    """`a & b`. On i32, i64, u8 or bool. Since 1.4. Arguments of `PolychipBitwiseArgs`."""
+
+def bitwise_or(a: Tensor, b: Tensor, out: Tensor, *, stream: Optional[Stream] = None) -> None:
+    """`a | b`. On i32, i64, u8 or bool. Since 1.4. Arguments of `PolychipBitwiseArgs`."""
+
+def bitwise_xor(a: Tensor, b: Tensor, out: Tensor, *, stream: Optional[Stream] = None) -> None:
+    """`a ^ b`. On i32, i64, u8 or bool. Since 1.4. Arguments of `PolychipBitwiseArgs`."""

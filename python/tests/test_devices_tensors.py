@@ -13,7 +13,7 @@ def test_every_vendors_devices_are_listed(ferrite, cobalt):
     vendors = [d.vendor for d in devices]
     assert "Ferrite" in vendors and "Cobalt" in vendors
     assert ferrite.host_visible and not cobalt.host_visible
-    assert ferrite.ops_implemented == ferrite.ops_total == 64
+    assert ferrite.ops_implemented == ferrite.ops_total == 72
     assert "Ferrite" in repr(ferrite)
     assert polychip.runtime().failures() == []
 

@@ -583,6 +583,57 @@ def test_a_plugin_without_the_1_3_operators_falls_back_for_them(ops):
         assert fell_back == "[]", fell_back
 
 
+ABI_1_3_PLUGIN = """
+import torch, polychip.torch as pt
+dev = torch.device("polychip", 0)
+assert pt.device_info(0)["vendor"] == "Planted"
+x = torch.linspace(-3, 3, 24).reshape(4, 6)
+i = torch.tensor([3, 0, 3, 1])
+def step(t):
+    xs = t.clone().requires_grad_(True)
+    picked = xs[i.to(t.device)]
+    picked.sum().backward()
+    g = torch.gather(t, 1, i.to(t.device).reshape(4, 1))
+    c = torch.cumsum(t, 1)
+    a = torch.all(t > -3, 1)
+    n = torch.isneginf(t)
+    b = (t > 0) & (t < 2)
+    return picked.detach(), xs.grad, g, c, a, n, b
+want = step(x)
+pt.reset_fallback_report()
+got = step(x.to(dev))
+for g, w in zip(got, want):
+    torch.testing.assert_close(g.cpu(), w)
+print(sorted(pt.fallback_report()))
+"""
+
+
+@pytest.mark.parametrize("ops", ["1.3", "1.4"])
+def test_a_plugin_without_the_1_4_operators_falls_back_for_them(ops):
+    """Advanced indexing and its backward, gather, cumsum, all, isneginf
+    and bitwise_and run on ABI 1.4 operators (isneginf on 1.3's eq). A
+    plugin whose table lacks them (the Planted plugin under
+    POLYCHIP_PLANTED_OPS=1.3, as one built for 1.3 has it) gives the same
+    results: those aten operators fall back to the CPU, counted, and
+    nothing else does."""
+    planted = PROFILE_DIR / "libpolychip_testplugin_planted.so"
+    if not planted.exists():
+        pytest.skip("the Planted plugin is not built")
+    env = dict(POLYCHIP_PLUGIN_PATH=str(planted), POLYCHIP_PLANTED_BUG="none")
+    if ops == "1.3":
+        env["POLYCHIP_PLANTED_OPS"] = "1.3"
+    r = run(ABI_1_3_PLUGIN, **env)
+    assert r.returncode == 0, r.stderr
+    fell_back = r.stdout.strip()
+    if ops == "1.3":
+        assert fell_back == (
+            "['aten::_index_put_impl_', 'aten::all.out', 'aten::bitwise_and.Tensor_out', "
+            "'aten::cumsum.out', 'aten::gather.out', 'aten::index.Tensor_out']"
+        ), fell_back
+    else:
+        assert fell_back == "[]", fell_back
+
+
 def test_advanced_indexing_takes_cpu_indices_as_pytorch_does():
     """x[cpu_index] on a device tensor (logits[torch.arange(n), labels], a
     CPU mask) is allowed by PyTorch on any device; it was refused as

@@ -325,6 +325,53 @@ for _name in ("eq", "ne", "lt", "le", "gt", "ge"):
             )(_op),
         }
     )
+# ABI 1.4: gather, scatter_add, advanced indexing, cumsum, any/all,
+# isneginf/isposinf, bitwise operators. Each `.out` sample passes an empty
+# `out` that the kernel resizes.
+_IDX = torch.tensor([[2, 0, 1, 2], [1, 1, 0, 0]])
+_INTS = torch.tensor([[5, -3, 12, 0], [7, 255, -1, 64]], dtype=torch.int64)
+
+
+def _out(dtype):
+    return lambda to: to(torch.empty(0, dtype=dtype))
+
+
+def _into(op, dtype, *args, **kwargs):
+    """A sample of ``op(*args(to), out=...)`` returning the output."""
+    return lambda to: (lambda o: (op(*(a(to) if callable(a) else a for a in args), **kwargs, out=o), o)[1])(
+        _out(dtype)(to)
+    )
+
+
+_F = torch.float32
+SAMPLES.update(
+    {
+        "gather.out": _into(aten.gather.out, _F, lambda to: to(A), 1, lambda to: to(_IDX)),
+        "scatter_add.out": _into(aten.scatter_add.out, _F, lambda to: to(A), 1, lambda to: to(_IDX), lambda to: to(P)),
+        "scatter_add_": lambda to: aten.scatter_add_(to(A.clone()), 1, to(_IDX), to(P)),
+        "index.Tensor_out": _into(aten.index.Tensor_out, _F, lambda to: to(A), lambda to: [None, to(_IDX)]),
+        "_index_put_impl_": lambda to: aten._index_put_impl_(
+            to(A.clone()), [to(torch.tensor([1, 0, 1]))], to(torch.ones(3, A.shape[1])), True
+        ),
+        "cumsum.out": _into(aten.cumsum.out, _F, lambda to: to(A), 1),
+        "isneginf.out": _into(aten.isneginf.out, torch.bool, lambda to: to(A.log())),
+        "isposinf.out": _into(aten.isposinf.out, torch.bool, lambda to: to(1 / A.round())),
+        "bitwise_not.out": _into(aten.bitwise_not.out, torch.int64, lambda to: to(_INTS)),
+    }
+)
+for _name in ("any", "all"):
+    _op = getattr(aten, _name)
+    SAMPLES.update(
+        {
+            f"{_name}.out": _into(_op.out, torch.bool, lambda to: to(A > 0.3), 1),
+            f"{_name}.dims_out": _into(_op.dims_out, torch.bool, lambda to: to(A > 0.3), [0, 1]),
+            f"{_name}.all_out": _into(_op.all_out, torch.bool, lambda to: to(A > -5)),
+        }
+    )
+for _name in ("bitwise_and", "bitwise_or", "bitwise_xor"):
+    SAMPLES[f"{_name}.Tensor_out"] = _into(
+        getattr(aten, _name).Tensor_out, torch.int64, lambda to: to(_INTS), lambda to: to(_INTS[:1] * 3)
+    )
 SAMPLES.update(
     {
         "rsub.Tensor": lambda to: aten.rsub.Tensor(to(A), to(B), alpha=3.0),
@@ -829,3 +876,95 @@ def test_sin_and_cos_are_accurate_for_rotary_tables(vendor, index):
         err = (got.double() - exact).abs()
         assert bool((err <= 1.0 * ulp.double()).all()), float((err / ulp.double()).max())
         torch.testing.assert_close(got, f(x), rtol=2e-7, atol=1e-7)
+
+
+# ------------------------------------------------------------- ABI 1.4
+
+
+@pytest.mark.parametrize("vendor,index", _devices(), ids=[v for v, _ in _devices()])
+def test_abi_1_4_operators_match_the_cpu(vendor, index):
+    """gather, scatter_add (repeated indices), advanced indexing by integer
+    tensors (one, a leading None, two adjacent, negative indices) and its
+    accumulating index_put_, cumsum (f32 bit for bit: both accumulate in
+    f64; integers), any/all (NaN, -0, empty dims, several dims), isneginf
+    and the bitwise operators run on the plugin's ABI 1.4 operators under
+    strict mode and give the CPU's results."""
+    d = torch.device("polychip", index)
+    g = torch.Generator().manual_seed(14)
+    x = torch.randn(6, 5, generator=g)
+    idx = torch.randint(0, 6, (4, 5), generator=g)
+    cols = torch.randint(0, 5, (6, 3), generator=g)
+    ints = torch.tensor([-(2**31), 2**31 - 1, -1, 0, 1, 7, 65537], dtype=torch.int32)
+    s = torch.tensor(_SPECIALS)
+    row = torch.rand(3000, generator=g)
+    exact = {
+        "gather dim 0": lambda t: torch.gather(t(x), 0, t(idx)),
+        "gather dim 1": lambda t: torch.gather(t(x), -1, t(cols)),
+        "scatter_add ints": lambda t: torch.zeros(6, 5, dtype=torch.int64, device=t(x).device).scatter_add(
+            0, t(idx), t(idx * 3 - 5)
+        ),
+        "index": lambda t: t(x)[t(torch.tensor([5, 0, -1, 2, 2]))],
+        "index leading None": lambda t: t(x)[None, t(torch.tensor([[1, 3], [0, -2]]))],
+        "index two": lambda t: t(x)[t(torch.tensor([0, 5, 2])), t(torch.tensor([4, -5, 1]))],
+        "index dim 1": lambda t: t(x)[:, t(torch.tensor([4, 0, 0]))],
+        "cumsum": lambda t: torch.cumsum(t(x), 1),
+        "cumsum long row": lambda t: torch.cumsum(t(row), 0),
+        "cumsum int64 of bool": lambda t: torch.cumsum(t(x > 0), 0),
+        "cumsum int32 wraps": lambda t: torch.cumsum(t(ints), 0, dtype=torch.int32),
+        "cumsum -0": lambda t: torch.cumsum(t(torch.tensor([-0.0, -0.0])), 0),
+        "any": lambda t: torch.any(t(s.reshape(2, 5)), 1),
+        "all": lambda t: torch.all(t(s.reshape(5, 2)), 1, keepdim=True),
+        "all of everything": lambda t: torch.all(t(s[:4])),
+        "any empty dim": lambda t: torch.any(t(torch.zeros(3, 0)), 1),
+        "all empty dim": lambda t: torch.all(t(torch.zeros(3, 0)), 1),
+        "any dims": lambda t: torch.any(t(x > 1.5), dim=(0, 1)),
+        "isneginf": lambda t: torch.isneginf(t(s)),
+        "isposinf": lambda t: torch.isposinf(t(s.half())),
+        "and": lambda t: torch.bitwise_and(t(ints), t(ints[:, None])),
+        "or": lambda t: t(ints.long()) | t(ints.long()[:3, None]),
+        "xor bool": lambda t: t(x > 0) ^ t(x < 1),
+        "not": lambda t: ~t(ints),
+        "not bool": lambda t: ~t(x > 0),
+        "logical and": lambda t: t(x > 0) & t(x < 1),
+    }
+    for name, f in exact.items():
+        want = f(lambda v: v)
+        with pt.strict():
+            got = f(lambda v: v.to(d)).cpu()
+        _bits_equal(got, want)
+    # Floating scatter_add and index_put_ with repeated indices add in
+    # another order than the CPU's: equal to rounding.
+    close = {
+        "scatter_add": lambda t: t(x).scatter_add(1, t(cols), t(torch.ones(6, 3))),
+        "index_add backward": lambda t: _grad_of_index(t(x), t(torch.tensor([1, 1, 4, 0, 1]))),
+    }
+    for name, f in close.items():
+        want = f(lambda v: v)
+        with pt.strict():
+            got = f(lambda v: v.to(d)).cpu()
+        torch.testing.assert_close(got, want)
+
+
+def _grad_of_index(x, i):
+    """The gradient of ``(x[i] * w).sum()``: an accumulating index_put_."""
+    x = x.clone().requires_grad_(True)
+    w = torch.arange(x.shape[1], dtype=x.dtype).to(x.device)
+    (x[i] * w).sum().backward()
+    return x.grad
+
+
+@pytest.mark.parametrize("vendor,index", _devices(), ids=[v for v, _ in _devices()])
+def test_abi_1_4_indices_out_of_range_raise_as_on_the_cpu(vendor, index):
+    """An index past the end (or below -n for indexing) is an IndexError, as
+    PyTorch's CPU raises, and nothing is written."""
+    d = torch.device("polychip", index)
+    x = torch.arange(12.0).reshape(3, 4)
+    for f in (
+        lambda t: t(x)[t(torch.tensor([0, 3]))],
+        lambda t: torch.gather(t(x), 0, t(torch.tensor([[3]]))),
+        lambda t: torch.gather(t(x), 1, t(torch.tensor([[-1]]))),
+    ):
+        with pytest.raises((IndexError, RuntimeError)):
+            f(lambda v: v)
+        with pytest.raises(IndexError):
+            f(lambda v: v.to(d))

@@ -14,6 +14,7 @@
  *   FAKE_NEWER_MINOR       claims ABI 1.9 with a larger (appended) table
  *   FAKE_MINOR_1_1         claims ABI 1.1 with the newer op table, a 1.2 slot set
  *   FAKE_MINOR_1_2         claims ABI 1.2 with the newer op table, 1.3 slots set
+ *   FAKE_MINOR_1_3         claims ABI 1.3 with the newer op table, 1.4 slots set
  *   FAKE_HUGE_COUNT        device_count reports 2^32 - 1 devices
  *   FAKE_VENDOR_COLON      its vendor name holds a ':' (device ids are vendor:N)
  *   FAKE_CONTROL_NAME      its device name holds terminal escape sequences
@@ -187,7 +188,7 @@ static PolychipError *fill(uint32_t device, PolychipStream *s, const PolychipFil
     return NULL;
 }
 
-#if defined(FAKE_MINOR_1_1) || defined(FAKE_MINOR_1_2)
+#if defined(FAKE_MINOR_1_1) || defined(FAKE_MINOR_1_2) || defined(FAKE_MINOR_1_3)
 /* What a slot a later minor added holds in this older plugin's table: the
  * host must treat the slot as absent and never call it. */
 static PolychipError *never_called(uint32_t device, PolychipStream *stream,
@@ -213,6 +214,28 @@ static PolychipError *never_compares(uint32_t device, PolychipStream *stream,
     abort();
 }
 #endif
+#ifdef FAKE_MINOR_1_3
+static PolychipError *never_gathers(uint32_t device, PolychipStream *stream,
+                                    const PolychipGatherArgs *args) {
+    (void)device, (void)stream, (void)args;
+    abort();
+}
+static PolychipError *never_sums(uint32_t device, PolychipStream *stream,
+                                 const PolychipCumsumArgs *args) {
+    (void)device, (void)stream, (void)args;
+    abort();
+}
+static PolychipError *never_reduces(uint32_t device, PolychipStream *stream,
+                                    const PolychipReduceBoolArgs *args) {
+    (void)device, (void)stream, (void)args;
+    abort();
+}
+static PolychipError *never_ands(uint32_t device, PolychipStream *stream,
+                                 const PolychipBitwiseArgs *args) {
+    (void)device, (void)stream, (void)args;
+    abort();
+}
+#endif
 
 static const PolychipOpTable ops = {
     .struct_size = sizeof(PolychipOpTable),
@@ -230,6 +253,15 @@ static const PolychipOpTable ops = {
     .add = never_adds,
     .select = never_selects,
     .eq = never_compares,
+#endif
+#ifdef FAKE_MINOR_1_3
+    /* A 1.3 plugin whose table has the 1.4 header's size and, in slots ABI
+     * 1.4 added, pointers it never meant; its 1.3 slot is real. */
+    .sin = never_called,
+    .gather = never_gathers,
+    .cumsum = never_sums,
+    .any = never_reduces,
+    .bitwise_and = never_ands,
 #endif
 };
 
@@ -294,6 +326,9 @@ static PolychipError *init(const PolychipHostApi *host, const PolychipPluginApi 
 #endif
 #ifdef FAKE_MINOR_1_2
     table.v1_0.abi_minor = 2;
+#endif
+#ifdef FAKE_MINOR_1_3
+    table.v1_0.abi_minor = 3;
 #endif
     *out_plugin = &table.v1_0;
     return NULL;

@@ -303,6 +303,56 @@ fn a_plugin_of_abi_1_2_lacks_the_1_3_operators_whatever_its_table_holds() {
 }
 
 #[test]
+fn a_plugin_of_abi_1_3_lacks_the_1_4_operators_whatever_its_table_holds() {
+    // An ABI 1.3 plugin whose op table has the 1.4 header's size and, in
+    // `gather`'s, `cumsum`'s, `any`'s and `bitwise_and`'s slots (added in
+    // 1.4), functions that abort: the host reads those slots as NULL and
+    // refuses the calls as not implemented before any plugin code runs.
+    let path = common::fake_plugin(Some("FAKE_MINOR_1_3"));
+    let device = common::first_device(&path);
+    assert_eq!(device.plugin().abi_version(), (1, 3));
+    let ops = device.plugin().ops();
+    assert_eq!(ops.implemented(), ["fill", "sin"]);
+    for op in [
+        "gather",
+        "scatter_add",
+        "cumsum",
+        "any",
+        "all",
+        "bitwise_and",
+        "bitwise_or",
+        "bitwise_xor",
+    ] {
+        assert!(ops.missing().contains(&op), "{op}");
+    }
+    let t = device.zeros(DType::F32, &[4]).unwrap();
+    let idx = device.zeros(DType::I64, &[4]).unwrap();
+    let mask = device.zeros(DType::Bool, &[4]).unwrap();
+    let flag = device.zeros(DType::Bool, &[]).unwrap();
+    let out = device.zeros(DType::F32, &[4]).unwrap();
+    device.exec().fill(&t, 2.5).unwrap();
+    let before = device.plugin().unimplemented_calls();
+    let exec = device.exec();
+    let refused = [
+        ("gather", exec.gather(&t, &idx, &out, 0).unwrap_err()),
+        ("cumsum", exec.cumsum(&t, &t, 0).unwrap_err()),
+        ("any", exec.any(&t, &flag, 0, false).unwrap_err()),
+        (
+            "bitwise_and",
+            exec.bitwise_and(&mask, &mask, &mask).unwrap_err(),
+        ),
+    ];
+    for (name, e) in &refused {
+        assert!(
+            matches!(e, HostError::OpUnimplemented { op, .. } if op == name),
+            "{e:?}"
+        );
+    }
+    assert_eq!(device.plugin().unimplemented_calls(), before + 4);
+    assert_eq!(t.to_vec::<f32>().unwrap(), [2.5; 4]);
+}
+
+#[test]
 fn failures_do_not_stop_the_other_plugins() {
     let bad = common::fake_plugin(Some("FAKE_NULL_MEM_ALLOC"));
     let good = common::cobalt_path();

@@ -1162,3 +1162,144 @@ pub extern "C" fn polychip_op_ge(stream: *const polychip_stream_t, a: *const pol
         with_exec(stream.as_deref(), &a.tensor, |exec| Ok(exec.ge(&a.tensor, &b.tensor, &out.tensor)?))
     })
 }
+
+/// `gather`: `out[i] = input[i with dim replaced by index[i]]` (also `index_select`). On any dtype. Since 1.4.
+///
+/// The arguments are those of `PolychipGatherArgs` (include/polychip.h).
+/// `stream` NULL runs on the default stream of the first tensor's
+/// device, and the call returns when the work is done.
+///
+/// Thread safety: any thread; calls on one stream must not run concurrently.
+#[unsafe(no_mangle)]
+pub extern "C" fn polychip_op_gather(stream: *const polychip_stream_t, input: *const polychip_tensor_t, index: *const polychip_tensor_t, out: *const polychip_tensor_t, dim: i32) -> *mut polychip_error_t {
+    guard("polychip_op_gather", || {
+        let input = tensor_arg(input, "input")?;
+        let index = tensor_arg(index, "index")?;
+        let out = tensor_arg(out, "out")?;
+        let stream = stream_arg(stream)?;
+        with_exec(stream.as_deref(), &input.tensor, |exec| Ok(exec.gather(&input.tensor, &index.tensor, &out.tensor, dim)?))
+    })
+}
+
+/// `scatter_add`: `self[i with dim replaced by index[i]] += src[i]` (also `index_add`). On f32, f16, bf16, f64, i32 or i64. Since 1.4.
+///
+/// The arguments are those of `PolychipScatterAddArgs` (include/polychip.h).
+/// `stream` NULL runs on the default stream of the first tensor's
+/// device, and the call returns when the work is done.
+///
+/// Thread safety: any thread; calls on one stream must not run concurrently.
+#[unsafe(no_mangle)]
+pub extern "C" fn polychip_op_scatter_add(stream: *const polychip_stream_t, dst: *const polychip_tensor_t, index: *const polychip_tensor_t, src: *const polychip_tensor_t, dim: i32) -> *mut polychip_error_t {
+    guard("polychip_op_scatter_add", || {
+        let dst = tensor_arg(dst, "dst")?;
+        let index = tensor_arg(index, "index")?;
+        let src = tensor_arg(src, "src")?;
+        let stream = stream_arg(stream)?;
+        with_exec(stream.as_deref(), &dst.tensor, |exec| Ok(exec.scatter_add(&dst.tensor, &index.tensor, &src.tensor, dim)?))
+    })
+}
+
+/// `cumsum`: Running sum along a dimension. On f32, f16, bf16, f64, i32 or i64. Since 1.4.
+///
+/// The arguments are those of `PolychipCumsumArgs` (include/polychip.h).
+/// `stream` NULL runs on the default stream of the first tensor's
+/// device, and the call returns when the work is done.
+///
+/// Thread safety: any thread; calls on one stream must not run concurrently.
+#[unsafe(no_mangle)]
+pub extern "C" fn polychip_op_cumsum(stream: *const polychip_stream_t, input: *const polychip_tensor_t, out: *const polychip_tensor_t, dim: i32) -> *mut polychip_error_t {
+    guard("polychip_op_cumsum", || {
+        let input = tensor_arg(input, "input")?;
+        let out = tensor_arg(out, "out")?;
+        let stream = stream_arg(stream)?;
+        with_exec(stream.as_deref(), &input.tensor, |exec| Ok(exec.cumsum(&input.tensor, &out.tensor, dim)?))
+    })
+}
+
+/// `any`: Whether any element over a dimension is nonzero (bool). On any dtype. Since 1.4.
+///
+/// The arguments are those of `PolychipReduceBoolArgs` (include/polychip.h).
+/// `stream` NULL runs on the default stream of the first tensor's
+/// device, and the call returns when the work is done.
+///
+/// Thread safety: any thread; calls on one stream must not run concurrently.
+#[unsafe(no_mangle)]
+pub extern "C" fn polychip_op_any(stream: *const polychip_stream_t, input: *const polychip_tensor_t, out: *const polychip_tensor_t, dim: i32, keepdim: bool) -> *mut polychip_error_t {
+    guard("polychip_op_any", || {
+        let input = tensor_arg(input, "input")?;
+        let out = tensor_arg(out, "out")?;
+        let stream = stream_arg(stream)?;
+        with_exec(stream.as_deref(), &input.tensor, |exec| Ok(exec.any(&input.tensor, &out.tensor, dim, keepdim)?))
+    })
+}
+
+/// `all`: Whether every element over a dimension is nonzero (bool). On any dtype. Since 1.4.
+///
+/// The arguments are those of `PolychipReduceBoolArgs` (include/polychip.h).
+/// `stream` NULL runs on the default stream of the first tensor's
+/// device, and the call returns when the work is done.
+///
+/// Thread safety: any thread; calls on one stream must not run concurrently.
+#[unsafe(no_mangle)]
+pub extern "C" fn polychip_op_all(stream: *const polychip_stream_t, input: *const polychip_tensor_t, out: *const polychip_tensor_t, dim: i32, keepdim: bool) -> *mut polychip_error_t {
+    guard("polychip_op_all", || {
+        let input = tensor_arg(input, "input")?;
+        let out = tensor_arg(out, "out")?;
+        let stream = stream_arg(stream)?;
+        with_exec(stream.as_deref(), &input.tensor, |exec| Ok(exec.all(&input.tensor, &out.tensor, dim, keepdim)?))
+    })
+}
+
+/// `bitwise_and`: `a & b`. On i32, i64, u8 or bool. Since 1.4.
+///
+/// The arguments are those of `PolychipBitwiseArgs` (include/polychip.h).
+/// `stream` NULL runs on the default stream of the first tensor's
+/// device, and the call returns when the work is done.
+///
+/// Thread safety: any thread; calls on one stream must not run concurrently.
+#[unsafe(no_mangle)]
+pub extern "C" fn polychip_op_bitwise_and(stream: *const polychip_stream_t, a: *const polychip_tensor_t, b: *const polychip_tensor_t, out: *const polychip_tensor_t) -> *mut polychip_error_t {
+    guard("polychip_op_bitwise_and", || {
+        let a = tensor_arg(a, "a")?;
+        let b = tensor_arg(b, "b")?;
+        let out = tensor_arg(out, "out")?;
+        let stream = stream_arg(stream)?;
+        with_exec(stream.as_deref(), &a.tensor, |exec| Ok(exec.bitwise_and(&a.tensor, &b.tensor, &out.tensor)?))
+    })
+}
+
+/// `bitwise_or`: `a | b`. On i32, i64, u8 or bool. Since 1.4.
+///
+/// The arguments are those of `PolychipBitwiseArgs` (include/polychip.h).
+/// `stream` NULL runs on the default stream of the first tensor's
+/// device, and the call returns when the work is done.
+///
+/// Thread safety: any thread; calls on one stream must not run concurrently.
+#[unsafe(no_mangle)]
+pub extern "C" fn polychip_op_bitwise_or(stream: *const polychip_stream_t, a: *const polychip_tensor_t, b: *const polychip_tensor_t, out: *const polychip_tensor_t) -> *mut polychip_error_t {
+    guard("polychip_op_bitwise_or", || {
+        let a = tensor_arg(a, "a")?;
+        let b = tensor_arg(b, "b")?;
+        let out = tensor_arg(out, "out")?;
+        let stream = stream_arg(stream)?;
+        with_exec(stream.as_deref(), &a.tensor, |exec| Ok(exec.bitwise_or(&a.tensor, &b.tensor, &out.tensor)?))
+    })
+}
+
+/// `bitwise_xor`: `a ^ b`. On i32, i64, u8 or bool. Since 1.4.
+///
+/// The arguments are those of `PolychipBitwiseArgs` (include/polychip.h).
+/// `stream` NULL runs on the default stream of the first tensor's
+/// device, and the call returns when the work is done.
+///
+/// Thread safety: any thread; calls on one stream must not run concurrently.
+#[unsafe(no_mangle)]
+pub extern "C" fn polychip_op_bitwise_xor(stream: *const polychip_stream_t, a: *const polychip_tensor_t, b: *const polychip_tensor_t, out: *const polychip_tensor_t) -> *mut polychip_error_t {
+    guard("polychip_op_bitwise_xor", || {
+        let a = tensor_arg(a, "a")?;
+        let b = tensor_arg(b, "b")?;
+        let out = tensor_arg(out, "out")?;
+        let stream = stream_arg(stream)?;
+        with_exec(stream.as_deref(), &a.tensor, |exec| Ok(exec.bitwise_xor(&a.tensor, &b.tensor, &out.tensor)?))
+    })
+}

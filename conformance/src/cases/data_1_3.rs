@@ -390,9 +390,9 @@ fn integer_input(name: &'static str, dtype: DType, values: Vec<i64>, layout: Lay
 }
 
 /// The operand shapes of the two-operand cases (comparisons, integer
-/// arithmetic): equal shapes, a row, a three-way broadcast, 0-d, 0-size,
+/// arithmetic, ABI 1.4's bitwise operators): equal shapes, a row, a three-way broadcast, 0-d, 0-size,
 /// transposed and strided operands, and a 0-d right side.
-const BINARY_SHAPES: [(&[usize], &[usize], Layout); 8] = [
+pub(super) const BINARY_SHAPES: [(&[usize], &[usize], Layout); 8] = [
     (&[3, 4], &[3, 4], Layout::Contiguous),
     (&[2, 3], &[3], Layout::Contiguous),
     (&[3, 1, 5], &[4, 1], Layout::Contiguous),

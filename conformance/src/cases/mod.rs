@@ -8,6 +8,7 @@
 
 mod basic;
 mod data_1_3;
+mod data_1_4;
 mod elementwise;
 mod nn;
 mod output_backward;
@@ -90,6 +91,7 @@ pub fn registry() -> Vec<OpInfo> {
                 .or_else(|| elementwise::cases(op))
                 .or_else(|| output_backward::cases(op))
                 .or_else(|| data_1_3::cases(op))
+                .or_else(|| data_1_4::cases(op))
                 .or_else(|| nn::cases(op))
                 .or_else(|| training::cases(op))?;
             Some(OpInfo {

@@ -16,6 +16,7 @@ mod activation;
 mod attention;
 mod basic;
 mod elementwise;
+mod indexing;
 mod logic;
 mod norm;
 mod reduce;
@@ -28,6 +29,7 @@ pub use elementwise::{
     exp, gelu, gelu_backward, log, neg, pow_scalar, relu, relu_backward, rsqrt, silu,
     silu_backward, sqrt, swiglu, swiglu_backward, tanh,
 };
+pub use indexing::{bitwise, cumsum, gather, reduce_bool, scatter_add};
 pub use logic::{arange, compare, compare_fn, convert, cos, masked_fill, select, sin};
 pub use norm::{layer_norm, layer_norm_backward, rms_norm, rms_norm_backward, rope, rope_backward};
 pub use reduce::{

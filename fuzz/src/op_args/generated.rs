@@ -77,5 +77,13 @@ pub(super) fn dispatch(op: Op, b: &mut Bytes<'_>) -> &'static str {
         Op::Le => check::<abi::PolychipCompareArgs>(op, b),
         Op::Gt => check::<abi::PolychipCompareArgs>(op, b),
         Op::Ge => check::<abi::PolychipCompareArgs>(op, b),
+        Op::Gather => check::<abi::PolychipGatherArgs>(op, b),
+        Op::ScatterAdd => check::<abi::PolychipScatterAddArgs>(op, b),
+        Op::Cumsum => check::<abi::PolychipCumsumArgs>(op, b),
+        Op::Any => check::<abi::PolychipReduceBoolArgs>(op, b),
+        Op::All => check::<abi::PolychipReduceBoolArgs>(op, b),
+        Op::BitwiseAnd => check::<abi::PolychipBitwiseArgs>(op, b),
+        Op::BitwiseOr => check::<abi::PolychipBitwiseArgs>(op, b),
+        Op::BitwiseXor => check::<abi::PolychipBitwiseArgs>(op, b),
     }
 }

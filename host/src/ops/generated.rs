@@ -819,4 +819,113 @@ impl Exec<'_> {
     pub fn ge(&self, a: &Tensor, b: &Tensor, out: &Tensor) -> Result<()> {
         self.compare(CompareOp::Ge, a, b, out)
     }
+
+    /// `gather`: `out[i] = input[i with dim replaced by index[i]]` (also `index_select`). On any dtype. Since 1.4.
+    ///
+    /// The arguments are those of [`PolychipGatherArgs`].
+    pub fn gather(&self, input: &Tensor, index: &Tensor, out: &Tensor, dim: i32) -> Result<()> {
+        let op = Op::Gather;
+        let entry = self.ops().gather;
+        let tensors = [("input", input), ("index", index), ("out", out)];
+        self.on_device(op.name(), &tensors)?;
+        GatherArgs::new(op, input.desc(), index.desc(), out.desc(), dim).map_err(|e| self.invalid(e))?;
+        let raw = PolychipGatherArgs { struct_size: size_of::<PolychipGatherArgs>(), input: input.raw(), index: index.raw(), out: out.raw(), dim };
+        self.call(op.name(), entry, &raw, &tensors)
+    }
+
+    /// `scatter_add`: `self[i with dim replaced by index[i]] += src[i]` (also `index_add`). On f32, f16, bf16, f64, i32 or i64. Since 1.4.
+    ///
+    /// The arguments are those of [`PolychipScatterAddArgs`].
+    pub fn scatter_add(&self, dst: &Tensor, index: &Tensor, src: &Tensor, dim: i32) -> Result<()> {
+        let op = Op::ScatterAdd;
+        let entry = self.ops().scatter_add;
+        let tensors = [("dst", dst), ("index", index), ("src", src)];
+        self.on_device(op.name(), &tensors)?;
+        ScatterAddArgs::new(op, dst.desc(), index.desc(), src.desc(), dim).map_err(|e| self.invalid(e))?;
+        let raw = PolychipScatterAddArgs { struct_size: size_of::<PolychipScatterAddArgs>(), dst: dst.raw(), index: index.raw(), src: src.raw(), dim };
+        self.call(op.name(), entry, &raw, &tensors)
+    }
+
+    /// `cumsum`: Running sum along a dimension. On f32, f16, bf16, f64, i32 or i64. Since 1.4.
+    ///
+    /// The arguments are those of [`PolychipCumsumArgs`].
+    pub fn cumsum(&self, input: &Tensor, out: &Tensor, dim: i32) -> Result<()> {
+        let op = Op::Cumsum;
+        let entry = self.ops().cumsum;
+        let tensors = [("input", input), ("out", out)];
+        self.on_device(op.name(), &tensors)?;
+        CumsumArgs::new(op, input.desc(), out.desc(), dim).map_err(|e| self.invalid(e))?;
+        let raw = PolychipCumsumArgs { struct_size: size_of::<PolychipCumsumArgs>(), input: input.raw(), out: out.raw(), dim };
+        self.call(op.name(), entry, &raw, &tensors)
+    }
+
+    /// `any`, `all`, as `op` says.
+    ///
+    /// The arguments are those of [`PolychipReduceBoolArgs`].
+    pub fn reduce_bool(&self, op: ReduceBoolOp, input: &Tensor, out: &Tensor, dim: i32, keepdim: bool) -> Result<()> {
+        let ops = self.ops();
+        let entry = match op {
+            ReduceBoolOp::Any => ops.any,
+            ReduceBoolOp::All => ops.all,
+        };
+        let op = op.op();
+        let tensors = [("input", input), ("out", out)];
+        self.on_device(op.name(), &tensors)?;
+        ReduceBoolArgs::new(op, input.desc(), out.desc(), dim, keepdim).map_err(|e| self.invalid(e))?;
+        let raw = PolychipReduceBoolArgs { struct_size: size_of::<PolychipReduceBoolArgs>(), input: input.raw(), out: out.raw(), dim, keepdim: u8::from(keepdim) };
+        self.call(op.name(), entry, &raw, &tensors)
+    }
+
+    /// `any`: Whether any element over a dimension is nonzero (bool). On any dtype. Since 1.4.
+    ///
+    /// The arguments are those of [`PolychipReduceBoolArgs`].
+    pub fn any(&self, input: &Tensor, out: &Tensor, dim: i32, keepdim: bool) -> Result<()> {
+        self.reduce_bool(ReduceBoolOp::Any, input, out, dim, keepdim)
+    }
+
+    /// `all`: Whether every element over a dimension is nonzero (bool). On any dtype. Since 1.4.
+    ///
+    /// The arguments are those of [`PolychipReduceBoolArgs`].
+    pub fn all(&self, input: &Tensor, out: &Tensor, dim: i32, keepdim: bool) -> Result<()> {
+        self.reduce_bool(ReduceBoolOp::All, input, out, dim, keepdim)
+    }
+
+    /// `bitwise_and`, `bitwise_or`, `bitwise_xor`, as `op` says.
+    ///
+    /// The arguments are those of [`PolychipBitwiseArgs`].
+    pub fn bitwise(&self, op: BitwiseOp, a: &Tensor, b: &Tensor, out: &Tensor) -> Result<()> {
+        let ops = self.ops();
+        let entry = match op {
+            BitwiseOp::BitwiseAnd => ops.bitwise_and,
+            BitwiseOp::BitwiseOr => ops.bitwise_or,
+            BitwiseOp::BitwiseXor => ops.bitwise_xor,
+        };
+        let op = op.op();
+        let tensors = [("a", a), ("b", b), ("out", out)];
+        self.on_device(op.name(), &tensors)?;
+        BitwiseArgs::new(op, a.desc(), b.desc(), out.desc()).map_err(|e| self.invalid(e))?;
+        let raw = PolychipBitwiseArgs { struct_size: size_of::<PolychipBitwiseArgs>(), a: a.raw(), b: b.raw(), out: out.raw() };
+        self.call(op.name(), entry, &raw, &tensors)
+    }
+
+    /// `bitwise_and`: `a & b`. On i32, i64, u8 or bool. Since 1.4.
+    ///
+    /// The arguments are those of [`PolychipBitwiseArgs`].
+    pub fn bitwise_and(&self, a: &Tensor, b: &Tensor, out: &Tensor) -> Result<()> {
+        self.bitwise(BitwiseOp::BitwiseAnd, a, b, out)
+    }
+
+    /// `bitwise_or`: `a | b`. On i32, i64, u8 or bool. Since 1.4.
+    ///
+    /// The arguments are those of [`PolychipBitwiseArgs`].
+    pub fn bitwise_or(&self, a: &Tensor, b: &Tensor, out: &Tensor) -> Result<()> {
+        self.bitwise(BitwiseOp::BitwiseOr, a, b, out)
+    }
+
+    /// `bitwise_xor`: `a ^ b`. On i32, i64, u8 or bool. Since 1.4.
+    ///
+    /// The arguments are those of [`PolychipBitwiseArgs`].
+    pub fn bitwise_xor(&self, a: &Tensor, b: &Tensor, out: &Tensor) -> Result<()> {
+        self.bitwise(BitwiseOp::BitwiseXor, a, b, out)
+    }
 }

@@ -35,7 +35,7 @@ pub use tensor::*;
 pub const POLYCHIP_ABI_MAJOR: u32 = 1;
 /// The ABI minor version this header describes. Minors only append: new
 /// fields at the end of structs, new entries at the end of tables, new codes.
-pub const POLYCHIP_ABI_MINOR: u32 = 3;
+pub const POLYCHIP_ABI_MINOR: u32 = 4;
 /// The oldest minor of major 1 that a host built from this header accepts.
 pub const POLYCHIP_ABI_MIN_MINOR: u32 = 0;
 

@@ -9,8 +9,8 @@ use super::{ArgError, Checked, broadcast_shapes, shape_is};
 use crate::DType;
 use crate::ops::{
     AdamwArgs, AttentionArgs, AttentionBackwardArgs, BinaryArgs, CrossEntropyArgs,
-    CrossEntropyBackwardArgs, EmbeddingArgs, EmbeddingBackwardArgs, LinearArgs, MatmulArgs, Op,
-    ReduceArgs, RopeArgs,
+    CrossEntropyBackwardArgs, EmbeddingArgs, EmbeddingBackwardArgs, GatherArgs, LinearArgs,
+    MatmulArgs, Op, ReduceArgs, ReduceBoolArgs, RopeArgs, ScatterAddArgs,
 };
 use crate::tensor::{Shape, TensorDesc};
 
@@ -124,18 +124,67 @@ pub fn linear(op: Op, args: &LinearArgs) -> Checked {
 /// `sum`, `mean`, `max`, `argmax`: `out` is `input`'s shape without
 /// dimension `dim`, or with it set to 1 under `keepdim`.
 pub fn reduce(op: Op, args: &ReduceArgs) -> Checked {
-    let mut expected = args.input.shape.to_vec();
-    if args.keepdim {
-        expected[args.dim] = 1;
+    reduced(op, &args.input, &args.out, args.dim, args.keepdim)
+}
+
+/// `out` is `input`'s shape without dimension `dim`, or with it set to 1
+/// under `keepdim`.
+fn reduced(op: Op, input: &TensorDesc, out: &TensorDesc, dim: usize, keepdim: bool) -> Checked {
+    let mut expected = input.shape.to_vec();
+    if keepdim {
+        expected[dim] = 1;
     } else {
-        expected.remove(args.dim);
+        expected.remove(dim);
     }
-    let why = if args.keepdim {
+    let why = if keepdim {
         "it must be input's shape with dimension dim set to 1:"
     } else {
         "it must be input's shape without dimension dim:"
     };
-    shape_is(op.name(), "out", &args.out, &expected, why)
+    shape_is(op.name(), "out", out, &expected, why)
+}
+
+/// `any` and `all`: as [`reduce`].
+pub fn reduce_bool(op: Op, args: &ReduceBoolArgs) -> Checked {
+    reduced(op, &args.input, &args.out, args.dim, args.keepdim)
+}
+
+/// The index of `gather` and `scatter_add` against the tensor it indexes
+/// (`of`): the same rank, and each extent but `dim`'s at most `of`'s.
+fn index_within(op: Op, of: (&str, &TensorDesc), index: &TensorDesc, dim: usize) -> Checked {
+    let (name, t) = of;
+    let fits = index.ndim() == t.ndim()
+        && index
+            .shape
+            .iter()
+            .zip(t.shape)
+            .enumerate()
+            .all(|(d, (&i, &n))| d == dim || i <= n);
+    if fits {
+        return Ok(());
+    }
+    Err(ArgError::ShapeMismatch {
+        op: op.name(),
+        tensor: "index",
+        actual: Shape::from(index.shape),
+        expected: format!(
+            "it must have {name}'s rank {} and no extent but dimension {dim}'s larger than {name}'s shape {}",
+            t.ndim(),
+            Shape::from(t.shape)
+        ),
+    })
+}
+
+/// `gather`: `index` has `input`'s rank, each extent but `dim`'s at most
+/// `input`'s.
+pub fn gather(op: Op, args: &GatherArgs) -> Checked {
+    index_within(op, ("input", &args.input), &args.index, args.dim)
+}
+
+/// `scatter_add`: `index` has `dst`'s rank, each extent but `dim`'s at
+/// most `dst`'s.
+pub fn scatter_add(op: Op, args: &ScatterAddArgs) -> Checked {
+    index_within(op, ("dst", &args.dst), &args.index, args.dim)
 }
 
 /// `rope` and `rope_backward`: `head_dim` is even and `cos` and `sin` are

@@ -650,3 +650,83 @@ pub unsafe extern "C" fn ge<P: Operators>(device: u32, stream: *mut PolychipStre
     // and which makes the checked tensors valid for the method.
     unsafe { call::<P, _>(Op::Ge, device, stream, args, |p, q, a| p.compare(q, CompareOp::Ge, a)) }
 }
+
+/// The `gather` entry.
+///
+/// # Safety
+/// The ABI's operator contract (see [`call`]).
+pub unsafe extern "C" fn gather<P: Operators>(device: u32, stream: *mut PolychipStream, args: *const abi::PolychipGatherArgs) -> *mut PolychipError {
+    // SAFETY: the caller keeps the operator contract, which `call` requires
+    // and which makes the checked tensors valid for the method.
+    unsafe { call::<P, _>(Op::Gather, device, stream, args, |p, q, a| p.gather(q, a)) }
+}
+
+/// The `scatter_add` entry.
+///
+/// # Safety
+/// The ABI's operator contract (see [`call`]).
+pub unsafe extern "C" fn scatter_add<P: Operators>(device: u32, stream: *mut PolychipStream, args: *const abi::PolychipScatterAddArgs) -> *mut PolychipError {
+    // SAFETY: the caller keeps the operator contract, which `call` requires
+    // and which makes the checked tensors valid for the method.
+    unsafe { call::<P, _>(Op::ScatterAdd, device, stream, args, |p, q, a| p.scatter_add(q, a)) }
+}
+
+/// The `cumsum` entry.
+///
+/// # Safety
+/// The ABI's operator contract (see [`call`]).
+pub unsafe extern "C" fn cumsum<P: Operators>(device: u32, stream: *mut PolychipStream, args: *const abi::PolychipCumsumArgs) -> *mut PolychipError {
+    // SAFETY: the caller keeps the operator contract, which `call` requires
+    // and which makes the checked tensors valid for the method.
+    unsafe { call::<P, _>(Op::Cumsum, device, stream, args, |p, q, a| p.cumsum(q, a)) }
+}
+
+/// The `any` entry.
+///
+/// # Safety
+/// The ABI's operator contract (see [`call`]).
+pub unsafe extern "C" fn any<P: Operators>(device: u32, stream: *mut PolychipStream, args: *const abi::PolychipReduceBoolArgs) -> *mut PolychipError {
+    // SAFETY: the caller keeps the operator contract, which `call` requires
+    // and which makes the checked tensors valid for the method.
+    unsafe { call::<P, _>(Op::Any, device, stream, args, |p, q, a| p.reduce_bool(q, ReduceBoolOp::Any, a)) }
+}
+
+/// The `all` entry.
+///
+/// # Safety
+/// The ABI's operator contract (see [`call`]).
+pub unsafe extern "C" fn all<P: Operators>(device: u32, stream: *mut PolychipStream, args: *const abi::PolychipReduceBoolArgs) -> *mut PolychipError {
+    // SAFETY: the caller keeps the operator contract, which `call` requires
+    // and which makes the checked tensors valid for the method.
+    unsafe { call::<P, _>(Op::All, device, stream, args, |p, q, a| p.reduce_bool(q, ReduceBoolOp::All, a)) }
+}
+
+/// The `bitwise_and` entry.
+///
+/// # Safety
+/// The ABI's operator contract (see [`call`]).
+pub unsafe extern "C" fn bitwise_and<P: Operators>(device: u32, stream: *mut PolychipStream, args: *const abi::PolychipBitwiseArgs) -> *mut PolychipError {
+    // SAFETY: the caller keeps the operator contract, which `call` requires
+    // and which makes the checked tensors valid for the method.
+    unsafe { call::<P, _>(Op::BitwiseAnd, device, stream, args, |p, q, a| p.bitwise(q, BitwiseOp::BitwiseAnd, a)) }
+}
+
+/// The `bitwise_or` entry.
+///
+/// # Safety
+/// The ABI's operator contract (see [`call`]).
+pub unsafe extern "C" fn bitwise_or<P: Operators>(device: u32, stream: *mut PolychipStream, args: *const abi::PolychipBitwiseArgs) -> *mut PolychipError {
+    // SAFETY: the caller keeps the operator contract, which `call` requires
+    // and which makes the checked tensors valid for the method.
+    unsafe { call::<P, _>(Op::BitwiseOr, device, stream, args, |p, q, a| p.bitwise(q, BitwiseOp::BitwiseOr, a)) }
+}
+
+/// The `bitwise_xor` entry.
+///
+/// # Safety
+/// The ABI's operator contract (see [`call`]).
+pub unsafe extern "C" fn bitwise_xor<P: Operators>(device: u32, stream: *mut PolychipStream, args: *const abi::PolychipBitwiseArgs) -> *mut PolychipError {
+    // SAFETY: the caller keeps the operator contract, which `call` requires
+    // and which makes the checked tensors valid for the method.
+    unsafe { call::<P, _>(Op::BitwiseXor, device, stream, args, |p, q, a| p.bitwise(q, BitwiseOp::BitwiseXor, a)) }
+}

@@ -148,11 +148,27 @@ pub enum Op {
     Gt,
     /// `ge`: `a >= b` (bool).
     Ge,
+    /// `gather`: `out[i] = input[i with dim replaced by index[i]]` (also `index_select`).
+    Gather,
+    /// `scatter_add`: `self[i with dim replaced by index[i]] += src[i]` (also `index_add`).
+    ScatterAdd,
+    /// `cumsum`: Running sum along a dimension.
+    Cumsum,
+    /// `any`: Whether any element over a dimension is nonzero (bool).
+    Any,
+    /// `all`: Whether every element over a dimension is nonzero (bool).
+    All,
+    /// `bitwise_and`: `a & b`.
+    BitwiseAnd,
+    /// `bitwise_or`: `a | b`.
+    BitwiseOr,
+    /// `bitwise_xor`: `a ^ b`.
+    BitwiseXor,
 }
 
 impl Op {
     /// Every operator, in slot order.
-    pub const ALL: [Op; 64] = [Op::Fill, Op::Copy, Op::Cast, Op::Add, Op::Sub, Op::Mul, Op::Div, Op::Matmul, Op::Softmax, Op::Neg, Op::Exp, Op::Log, Op::Sqrt, Op::Rsqrt, Op::Tanh, Op::PowScalar, Op::Relu, Op::ReluBackward, Op::Silu, Op::SiluBackward, Op::Gelu, Op::GeluBackward, Op::Swiglu, Op::SwigluBackward, Op::Sum, Op::Mean, Op::Max, Op::Argmax, Op::SumSquares, Op::Linear, Op::SoftmaxBackward, Op::LogSoftmax, Op::LogSoftmaxBackward, Op::RmsNorm, Op::RmsNormBackward, Op::LayerNorm, Op::LayerNormBackward, Op::Rope, Op::RopeBackward, Op::Attention, Op::AttentionBackward, Op::Embedding, Op::EmbeddingBackward, Op::CrossEntropy, Op::CrossEntropyBackward, Op::Adamw, Op::Scale, Op::GeluErf, Op::GeluErfBackward, Op::Sigmoid, Op::SigmoidBackward, Op::TanhBackward, Op::Sin, Op::Cos, Op::Select, Op::MaskedFill, Op::Convert, Op::Arange, Op::Eq, Op::Ne, Op::Lt, Op::Le, Op::Gt, Op::Ge];
+    pub const ALL: [Op; 72] = [Op::Fill, Op::Copy, Op::Cast, Op::Add, Op::Sub, Op::Mul, Op::Div, Op::Matmul, Op::Softmax, Op::Neg, Op::Exp, Op::Log, Op::Sqrt, Op::Rsqrt, Op::Tanh, Op::PowScalar, Op::Relu, Op::ReluBackward, Op::Silu, Op::SiluBackward, Op::Gelu, Op::GeluBackward, Op::Swiglu, Op::SwigluBackward, Op::Sum, Op::Mean, Op::Max, Op::Argmax, Op::SumSquares, Op::Linear, Op::SoftmaxBackward, Op::LogSoftmax, Op::LogSoftmaxBackward, Op::RmsNorm, Op::RmsNormBackward, Op::LayerNorm, Op::LayerNormBackward, Op::Rope, Op::RopeBackward, Op::Attention, Op::AttentionBackward, Op::Embedding, Op::EmbeddingBackward, Op::CrossEntropy, Op::CrossEntropyBackward, Op::Adamw, Op::Scale, Op::GeluErf, Op::GeluErfBackward, Op::Sigmoid, Op::SigmoidBackward, Op::TanhBackward, Op::Sin, Op::Cos, Op::Select, Op::MaskedFill, Op::Convert, Op::Arange, Op::Eq, Op::Ne, Op::Lt, Op::Le, Op::Gt, Op::Ge, Op::Gather, Op::ScatterAdd, Op::Cumsum, Op::Any, Op::All, Op::BitwiseAnd, Op::BitwiseOr, Op::BitwiseXor];
 
     /// Its name in the op table.
     pub const fn name(self) -> &'static str {
@@ -221,6 +237,14 @@ impl Op {
             Op::Le => "le",
             Op::Gt => "gt",
             Op::Ge => "ge",
+            Op::Gather => "gather",
+            Op::ScatterAdd => "scatter_add",
+            Op::Cumsum => "cumsum",
+            Op::Any => "any",
+            Op::All => "all",
+            Op::BitwiseAnd => "bitwise_and",
+            Op::BitwiseOr => "bitwise_or",
+            Op::BitwiseXor => "bitwise_xor",
         }
     }
 }
@@ -471,8 +495,41 @@ const COMPARE_FIELDS: &[FieldInfo] = &[
     FieldInfo { name: "out", kind: FieldKind::Out, offset: offset_of!(abi::PolychipCompareArgs, out), alias: &[], optional: false },
 ];
 
+const GATHER_FIELDS: &[FieldInfo] = &[
+    FieldInfo { name: "input", kind: FieldKind::In, offset: offset_of!(abi::PolychipGatherArgs, input), alias: &[], optional: false },
+    FieldInfo { name: "index", kind: FieldKind::In, offset: offset_of!(abi::PolychipGatherArgs, index), alias: &[], optional: false },
+    FieldInfo { name: "out", kind: FieldKind::Out, offset: offset_of!(abi::PolychipGatherArgs, out), alias: &[], optional: false },
+    FieldInfo { name: "dim", kind: FieldKind::I32, offset: offset_of!(abi::PolychipGatherArgs, dim), alias: &[], optional: false },
+];
+
+const SCATTER_ADD_FIELDS: &[FieldInfo] = &[
+    FieldInfo { name: "dst", kind: FieldKind::InOut, offset: offset_of!(abi::PolychipScatterAddArgs, dst), alias: &[], optional: false },
+    FieldInfo { name: "index", kind: FieldKind::In, offset: offset_of!(abi::PolychipScatterAddArgs, index), alias: &[], optional: false },
+    FieldInfo { name: "src", kind: FieldKind::In, offset: offset_of!(abi::PolychipScatterAddArgs, src), alias: &[], optional: false },
+    FieldInfo { name: "dim", kind: FieldKind::I32, offset: offset_of!(abi::PolychipScatterAddArgs, dim), alias: &[], optional: false },
+];
+
+const CUMSUM_FIELDS: &[FieldInfo] = &[
+    FieldInfo { name: "input", kind: FieldKind::In, offset: offset_of!(abi::PolychipCumsumArgs, input), alias: &[], optional: false },
+    FieldInfo { name: "out", kind: FieldKind::Out, offset: offset_of!(abi::PolychipCumsumArgs, out), alias: &["input"], optional: false },
+    FieldInfo { name: "dim", kind: FieldKind::I32, offset: offset_of!(abi::PolychipCumsumArgs, dim), alias: &[], optional: false },
+];
+
+const REDUCE_BOOL_FIELDS: &[FieldInfo] = &[
+    FieldInfo { name: "input", kind: FieldKind::In, offset: offset_of!(abi::PolychipReduceBoolArgs, input), alias: &[], optional: false },
+    FieldInfo { name: "out", kind: FieldKind::Out, offset: offset_of!(abi::PolychipReduceBoolArgs, out), alias: &[], optional: false },
+    FieldInfo { name: "dim", kind: FieldKind::I32, offset: offset_of!(abi::PolychipReduceBoolArgs, dim), alias: &[], optional: false },
+    FieldInfo { name: "keepdim", kind: FieldKind::Flag, offset: offset_of!(abi::PolychipReduceBoolArgs, keepdim), alias: &[], optional: false },
+];
+
+const BITWISE_FIELDS: &[FieldInfo] = &[
+    FieldInfo { name: "a", kind: FieldKind::In, offset: offset_of!(abi::PolychipBitwiseArgs, a), alias: &[], optional: false },
+    FieldInfo { name: "b", kind: FieldKind::In, offset: offset_of!(abi::PolychipBitwiseArgs, b), alias: &[], optional: false },
+    FieldInfo { name: "out", kind: FieldKind::Out, offset: offset_of!(abi::PolychipBitwiseArgs, out), alias: &["a", "b"], optional: false },
+];
+
 /// What the spec says of each operator, in slot order.
-pub(crate) static OPS: [OpInfo; 64] = [
+pub(crate) static OPS: [OpInfo; 72] = [
     OpInfo { op: Op::Fill, args: "PolychipFillArgs", size: size_of::<abi::PolychipFillArgs>(), table_offset: offset_of!(abi::PolychipOpTable, fill), since: (1, 0), family: "data", dtypes: &[DType::F32, DType::F16, DType::BF16, DType::F64, DType::I32, DType::I64, DType::U8, DType::Bool], added: &[], accepted: "f32, f16, bf16, f64, i32, i64, u8 and bool", group: None, fields: FILL_FIELDS, doc: "Fill a tensor with a scalar. On any dtype. Since 1.0." },
     OpInfo { op: Op::Copy, args: "PolychipCopyArgs", size: size_of::<abi::PolychipCopyArgs>(), table_offset: offset_of!(abi::PolychipOpTable, copy), since: (1, 0), family: "data", dtypes: &[DType::F32, DType::F16, DType::BF16, DType::F64, DType::I32, DType::I64, DType::U8, DType::Bool], added: &[], accepted: "f32, f16, bf16, f64, i32, i64, u8 and bool", group: None, fields: COPY_FIELDS, doc: "Strided copy. On any dtype. Since 1.0." },
     OpInfo { op: Op::Cast, args: "PolychipCastArgs", size: size_of::<abi::PolychipCastArgs>(), table_offset: offset_of!(abi::PolychipOpTable, cast), since: (1, 0), family: "data", dtypes: &[DType::F32, DType::F16, DType::BF16, DType::F64], added: &[], accepted: "f32, f16, bf16 and f64", group: None, fields: CAST_FIELDS, doc: "Floating-point conversion. On f32, f16, bf16 or f64. Since 1.0." },
@@ -537,6 +594,14 @@ pub(crate) static OPS: [OpInfo; 64] = [
     OpInfo { op: Op::Le, args: "PolychipCompareArgs", size: size_of::<abi::PolychipCompareArgs>(), table_offset: offset_of!(abi::PolychipOpTable, le), since: (1, 3), family: "comparison", dtypes: &[DType::F32, DType::F16, DType::BF16, DType::F64, DType::I32, DType::I64, DType::U8], added: &[], accepted: "f32, f16, bf16, f64, i32, i64 and u8", group: Some("compare"), fields: COMPARE_FIELDS, doc: "`a <= b` (bool). On f32, f16, bf16, f64, i32, i64 or u8. Since 1.3." },
     OpInfo { op: Op::Gt, args: "PolychipCompareArgs", size: size_of::<abi::PolychipCompareArgs>(), table_offset: offset_of!(abi::PolychipOpTable, gt), since: (1, 3), family: "comparison", dtypes: &[DType::F32, DType::F16, DType::BF16, DType::F64, DType::I32, DType::I64, DType::U8], added: &[], accepted: "f32, f16, bf16, f64, i32, i64 and u8", group: Some("compare"), fields: COMPARE_FIELDS, doc: "`a > b` (bool). On f32, f16, bf16, f64, i32, i64 or u8. Since 1.3." },
     OpInfo { op: Op::Ge, args: "PolychipCompareArgs", size: size_of::<abi::PolychipCompareArgs>(), table_offset: offset_of!(abi::PolychipOpTable, ge), since: (1, 3), family: "comparison", dtypes: &[DType::F32, DType::F16, DType::BF16, DType::F64, DType::I32, DType::I64, DType::U8], added: &[], accepted: "f32, f16, bf16, f64, i32, i64 and u8", group: Some("compare"), fields: COMPARE_FIELDS, doc: "`a >= b` (bool). On f32, f16, bf16, f64, i32, i64 or u8. Since 1.3." },
+    OpInfo { op: Op::Gather, args: "PolychipGatherArgs", size: size_of::<abi::PolychipGatherArgs>(), table_offset: offset_of!(abi::PolychipOpTable, gather), since: (1, 4), family: "indexing", dtypes: &[DType::F32, DType::F16, DType::BF16, DType::F64, DType::I32, DType::I64, DType::U8, DType::Bool], added: &[], accepted: "f32, f16, bf16, f64, i32, i64, u8 and bool", group: None, fields: GATHER_FIELDS, doc: "`out[i] = input[i with dim replaced by index[i]]` (also `index_select`). On any dtype. Since 1.4." },
+    OpInfo { op: Op::ScatterAdd, args: "PolychipScatterAddArgs", size: size_of::<abi::PolychipScatterAddArgs>(), table_offset: offset_of!(abi::PolychipOpTable, scatter_add), since: (1, 4), family: "indexing", dtypes: &[DType::F32, DType::F16, DType::BF16, DType::F64, DType::I32, DType::I64], added: &[], accepted: "f32, f16, bf16, f64, i32 and i64", group: None, fields: SCATTER_ADD_FIELDS, doc: "`self[i with dim replaced by index[i]] += src[i]` (also `index_add`). On f32, f16, bf16, f64, i32 or i64. Since 1.4." },
+    OpInfo { op: Op::Cumsum, args: "PolychipCumsumArgs", size: size_of::<abi::PolychipCumsumArgs>(), table_offset: offset_of!(abi::PolychipOpTable, cumsum), since: (1, 4), family: "reduction", dtypes: &[DType::F32, DType::F16, DType::BF16, DType::F64, DType::I32, DType::I64], added: &[], accepted: "f32, f16, bf16, f64, i32 and i64", group: None, fields: CUMSUM_FIELDS, doc: "Running sum along a dimension. On f32, f16, bf16, f64, i32 or i64. Since 1.4." },
+    OpInfo { op: Op::Any, args: "PolychipReduceBoolArgs", size: size_of::<abi::PolychipReduceBoolArgs>(), table_offset: offset_of!(abi::PolychipOpTable, any), since: (1, 4), family: "reduction", dtypes: &[DType::F32, DType::F16, DType::BF16, DType::F64, DType::I32, DType::I64, DType::U8, DType::Bool], added: &[], accepted: "f32, f16, bf16, f64, i32, i64, u8 and bool", group: Some("reduce_bool"), fields: REDUCE_BOOL_FIELDS, doc: "Whether any element over a dimension is nonzero (bool). On any dtype. Since 1.4." },
+    OpInfo { op: Op::All, args: "PolychipReduceBoolArgs", size: size_of::<abi::PolychipReduceBoolArgs>(), table_offset: offset_of!(abi::PolychipOpTable, all), since: (1, 4), family: "reduction", dtypes: &[DType::F32, DType::F16, DType::BF16, DType::F64, DType::I32, DType::I64, DType::U8, DType::Bool], added: &[], accepted: "f32, f16, bf16, f64, i32, i64, u8 and bool", group: Some("reduce_bool"), fields: REDUCE_BOOL_FIELDS, doc: "Whether every element over a dimension is nonzero (bool). On any dtype. Since 1.4." },
+    OpInfo { op: Op::BitwiseAnd, args: "PolychipBitwiseArgs", size: size_of::<abi::PolychipBitwiseArgs>(), table_offset: offset_of!(abi::PolychipOpTable, bitwise_and), since: (1, 4), family: "bitwise", dtypes: &[DType::I32, DType::I64, DType::U8, DType::Bool], added: &[], accepted: "i32, i64, u8 and bool", group: Some("bitwise"), fields: BITWISE_FIELDS, doc: "`a & b`. On i32, i64, u8 or bool. Since 1.4." },
+    OpInfo { op: Op::BitwiseOr, args: "PolychipBitwiseArgs", size: size_of::<abi::PolychipBitwiseArgs>(), table_offset: offset_of!(abi::PolychipOpTable, bitwise_or), since: (1, 4), family: "bitwise", dtypes: &[DType::I32, DType::I64, DType::U8, DType::Bool], added: &[], accepted: "i32, i64, u8 and bool", group: Some("bitwise"), fields: BITWISE_FIELDS, doc: "`a | b`. On i32, i64, u8 or bool. Since 1.4." },
+    OpInfo { op: Op::BitwiseXor, args: "PolychipBitwiseArgs", size: size_of::<abi::PolychipBitwiseArgs>(), table_offset: offset_of!(abi::PolychipOpTable, bitwise_xor), since: (1, 4), family: "bitwise", dtypes: &[DType::I32, DType::I64, DType::U8, DType::Bool], added: &[], accepted: "i32, i64, u8 and bool", group: Some("bitwise"), fields: BITWISE_FIELDS, doc: "`a ^ b`. On i32, i64, u8 or bool. Since 1.4." },
 ];
 
 /// The operators that take [`BinaryArgs`], told apart by [`Operators::binary`]
@@ -761,6 +826,65 @@ impl CompareOp {
             CompareOp::Le => Op::Le,
             CompareOp::Gt => Op::Gt,
             CompareOp::Ge => Op::Ge,
+        }
+    }
+
+    /// Its name in the op table.
+    pub const fn name(self) -> &'static str {
+        self.op().name()
+    }
+}
+
+/// The operators that take [`ReduceBoolArgs`], told apart by [`Operators::reduce_bool`]
+/// and by the host's `Exec::reduce_bool`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ReduceBoolOp {
+    /// `any`: Whether any element over a dimension is nonzero (bool).
+    Any,
+    /// `all`: Whether every element over a dimension is nonzero (bool).
+    All,
+}
+
+impl ReduceBoolOp {
+    /// Every one, in op-table order.
+    pub const ALL: [ReduceBoolOp; 2] = [ReduceBoolOp::Any, ReduceBoolOp::All];
+
+    /// The operator.
+    pub const fn op(self) -> Op {
+        match self {
+            ReduceBoolOp::Any => Op::Any,
+            ReduceBoolOp::All => Op::All,
+        }
+    }
+
+    /// Its name in the op table.
+    pub const fn name(self) -> &'static str {
+        self.op().name()
+    }
+}
+
+/// The operators that take [`BitwiseArgs`], told apart by [`Operators::bitwise`]
+/// and by the host's `Exec::bitwise`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum BitwiseOp {
+    /// `bitwise_and`: `a & b`.
+    BitwiseAnd,
+    /// `bitwise_or`: `a | b`.
+    BitwiseOr,
+    /// `bitwise_xor`: `a ^ b`.
+    BitwiseXor,
+}
+
+impl BitwiseOp {
+    /// Every one, in op-table order.
+    pub const ALL: [BitwiseOp; 3] = [BitwiseOp::BitwiseAnd, BitwiseOp::BitwiseOr, BitwiseOp::BitwiseXor];
+
+    /// The operator.
+    pub const fn op(self) -> Op {
+        match self {
+            BitwiseOp::BitwiseAnd => Op::BitwiseAnd,
+            BitwiseOp::BitwiseOr => Op::BitwiseOr,
+            BitwiseOp::BitwiseXor => Op::BitwiseXor,
         }
     }
 
@@ -3003,6 +3127,321 @@ impl RawArgs for abi::PolychipCompareArgs {
     }
 }
 
+/// The checked arguments of `gather` (see [`abi::PolychipGatherArgs`]), as
+/// [`GatherArgs::new`] checks them with the spec's rules.
+#[derive(Debug, Clone, Copy)]
+pub struct GatherArgs<'a> {
+    /// The tensor read.
+    pub input: TensorDesc<'a>,
+    /// Where along `dim` to read, i32 or i64, each in `[0, input.shape[dim])`.
+    pub index: TensorDesc<'a>,
+    /// Result: `index`'s shape, `input`'s dtype.
+    pub out: TensorDesc<'a>,
+    /// The dimension indexed; negative counts from the end. Counted from the front here.
+    pub dim: usize,
+}
+
+impl<'a> GatherArgs<'a> {
+    /// Checks a call of `op` (one of `gather`): the spec's dtype, rank and
+    /// shape rules, then [`rules::gather`] (`index` has `input`'s rank, each extent but `dim`'s at most `input`'s), then that no output overlaps itself, and
+    /// that the tensors share memory only where the operator works in place.
+    #[inline]
+    pub fn new(op: Op, input: TensorDesc<'a>, index: TensorDesc<'a>, out: TensorDesc<'a>, dim: i32) -> Result<Self, ArgError> {
+        let name = op.name();
+        check::dtype_in(name, "index", &index, &[DType::I32, DType::I64], "i32 and i64")?;
+        check::same_dtype(name, ("input", &input), ("out", &out))?;
+        check::min_rank(name, "input", &input, 1)?;
+        check::shape_like(name, ("out", &out), ("index", &index))?;
+        let dim = check::dim_of(name, ("input", &input), dim)?;
+        let args = GatherArgs { input, index, out, dim };
+        rules::gather(op, &args)?;
+        check::writable(name, "out", &args.out)?;
+        check::apart(name, &[("input", Some(&args.input)), ("index", Some(&args.index))], &[("out", Some(&args.out), &[])])?;
+        Ok(args)
+    }
+
+    /// The tensors with their names: inputs first, then the 1 the
+    /// operator writes, each in field order.
+    pub fn operands(&self) -> [(&'static str, &TensorDesc<'a>); 3] {
+        [("input", &self.input), ("index", &self.index), ("out", &self.out)]
+    }
+
+    /// How many of [`Self::operands`] (the last ones) the operator writes.
+    pub fn outputs(&self) -> usize {
+        1
+    }
+}
+
+impl RawArgs for abi::PolychipGatherArgs {
+    type Checked<'a> = GatherArgs<'a>;
+
+    #[inline]
+    unsafe fn check(&self, op: Op, device: u32) -> Result<GatherArgs<'_>, ArgError> {
+        let name = op.name();
+        // SAFETY: per this trait's contract, every descriptor in `self` is
+        // valid for the borrow; the dimension arrays outlive it.
+        unsafe {
+            GatherArgs::new(
+                op,
+                TensorDesc::from_raw(name, "input", device, &self.input)?,
+                TensorDesc::from_raw(name, "index", device, &self.index)?,
+                TensorDesc::from_raw(name, "out", device, &self.out)?,
+                self.dim,
+            )
+        }
+    }
+}
+
+/// The checked arguments of `scatter_add` (see [`abi::PolychipScatterAddArgs`]), as
+/// [`ScatterAddArgs::new`] checks them with the spec's rules.
+#[derive(Debug, Clone, Copy)]
+pub struct ScatterAddArgs<'a> {
+    /// The tensor added into, in place (PyTorch's `self`).
+    pub dst: TensorDesc<'a>,
+    /// Where along `dim` each update goes, i32 or i64, each in `[0, dst.shape[dim])`.
+    pub index: TensorDesc<'a>,
+    /// The updates: `index`'s shape, `dst`'s dtype.
+    pub src: TensorDesc<'a>,
+    /// The dimension indexed; negative counts from the end. Counted from the front here.
+    pub dim: usize,
+}
+
+impl<'a> ScatterAddArgs<'a> {
+    /// Checks a call of `op` (one of `scatter_add`): the spec's dtype, rank and
+    /// shape rules, then [`rules::scatter_add`] (`index` has `dst`'s rank, each extent but `dim`'s at most `dst`'s), then that no output overlaps itself, and
+    /// that the tensors share memory only where the operator works in place.
+    #[inline]
+    pub fn new(op: Op, dst: TensorDesc<'a>, index: TensorDesc<'a>, src: TensorDesc<'a>, dim: i32) -> Result<Self, ArgError> {
+        let name = op.name();
+        check::dtype_in(name, "dst", &dst, op.dtypes(), op.accepted())?;
+        check::dtype_in(name, "index", &index, &[DType::I32, DType::I64], "i32 and i64")?;
+        check::same_dtype(name, ("dst", &dst), ("src", &src))?;
+        check::min_rank(name, "dst", &dst, 1)?;
+        check::shape_like(name, ("src", &src), ("index", &index))?;
+        let dim = check::dim_of(name, ("dst", &dst), dim)?;
+        let args = ScatterAddArgs { dst, index, src, dim };
+        rules::scatter_add(op, &args)?;
+        check::writable(name, "dst", &args.dst)?;
+        check::apart(name, &[("index", Some(&args.index)), ("src", Some(&args.src))], &[("dst", Some(&args.dst), &[])])?;
+        Ok(args)
+    }
+
+    /// The tensors with their names: inputs first, then the 1 the
+    /// operator writes, each in field order.
+    pub fn operands(&self) -> [(&'static str, &TensorDesc<'a>); 3] {
+        [("index", &self.index), ("src", &self.src), ("dst", &self.dst)]
+    }
+
+    /// How many of [`Self::operands`] (the last ones) the operator writes.
+    pub fn outputs(&self) -> usize {
+        1
+    }
+}
+
+impl RawArgs for abi::PolychipScatterAddArgs {
+    type Checked<'a> = ScatterAddArgs<'a>;
+
+    #[inline]
+    unsafe fn check(&self, op: Op, device: u32) -> Result<ScatterAddArgs<'_>, ArgError> {
+        let name = op.name();
+        // SAFETY: per this trait's contract, every descriptor in `self` is
+        // valid for the borrow; the dimension arrays outlive it.
+        unsafe {
+            ScatterAddArgs::new(
+                op,
+                TensorDesc::from_raw(name, "dst", device, &self.dst)?,
+                TensorDesc::from_raw(name, "index", device, &self.index)?,
+                TensorDesc::from_raw(name, "src", device, &self.src)?,
+                self.dim,
+            )
+        }
+    }
+}
+
+/// The checked arguments of `cumsum` (see [`abi::PolychipCumsumArgs`]), as
+/// [`CumsumArgs::new`] checks them with the spec's rules.
+#[derive(Debug, Clone, Copy)]
+pub struct CumsumArgs<'a> {
+    /// Input.
+    pub input: TensorDesc<'a>,
+    /// The running sums: `input`'s shape and dtype. In place: may be exactly `input`.
+    pub out: TensorDesc<'a>,
+    /// The dimension summed along; negative counts from the end. Counted from the front here.
+    pub dim: usize,
+}
+
+impl<'a> CumsumArgs<'a> {
+    /// Checks a call of `op` (one of `cumsum`): the spec's dtype, rank and
+    /// shape rules, then that no output overlaps itself, and
+    /// that the tensors share memory only where the operator works in place.
+    #[inline]
+    pub fn new(op: Op, input: TensorDesc<'a>, out: TensorDesc<'a>, dim: i32) -> Result<Self, ArgError> {
+        let name = op.name();
+        check::dtype_in(name, "input", &input, op.dtypes(), op.accepted())?;
+        check::same_dtype(name, ("input", &input), ("out", &out))?;
+        check::min_rank(name, "input", &input, 1)?;
+        check::shape_like(name, ("out", &out), ("input", &input))?;
+        let dim = check::dim_of(name, ("input", &input), dim)?;
+        let args = CumsumArgs { input, out, dim };
+        check::writable(name, "out", &args.out)?;
+        check::apart(name, &[("input", Some(&args.input))], &[("out", Some(&args.out), &["input"])])?;
+        Ok(args)
+    }
+
+    /// The tensors with their names: inputs first, then the 1 the
+    /// operator writes, each in field order.
+    pub fn operands(&self) -> [(&'static str, &TensorDesc<'a>); 2] {
+        [("input", &self.input), ("out", &self.out)]
+    }
+
+    /// How many of [`Self::operands`] (the last ones) the operator writes.
+    pub fn outputs(&self) -> usize {
+        1
+    }
+}
+
+impl RawArgs for abi::PolychipCumsumArgs {
+    type Checked<'a> = CumsumArgs<'a>;
+
+    #[inline]
+    unsafe fn check(&self, op: Op, device: u32) -> Result<CumsumArgs<'_>, ArgError> {
+        let name = op.name();
+        // SAFETY: per this trait's contract, every descriptor in `self` is
+        // valid for the borrow; the dimension arrays outlive it.
+        unsafe {
+            CumsumArgs::new(
+                op,
+                TensorDesc::from_raw(name, "input", device, &self.input)?,
+                TensorDesc::from_raw(name, "out", device, &self.out)?,
+                self.dim,
+            )
+        }
+    }
+}
+
+/// The checked arguments of `any`, `all` (see [`abi::PolychipReduceBoolArgs`]), as
+/// [`ReduceBoolArgs::new`] checks them with the spec's rules.
+#[derive(Debug, Clone, Copy)]
+pub struct ReduceBoolArgs<'a> {
+    /// Input, any dtype.
+    pub input: TensorDesc<'a>,
+    /// Output (bool).
+    pub out: TensorDesc<'a>,
+    /// The reduced dimension; negative counts from the end. Counted from the front here.
+    pub dim: usize,
+    /// Nonzero: keep the reduced dimension with extent 1.
+    pub keepdim: bool,
+}
+
+impl<'a> ReduceBoolArgs<'a> {
+    /// Checks a call of `op` (one of `any`, `all`): the spec's dtype, rank and
+    /// shape rules, then [`rules::reduce_bool`] (`out` is `input`'s shape without dimension `dim` (with it set to 1 under `keepdim`)), then that no output overlaps itself, and
+    /// that the tensors share memory only where the operator works in place.
+    #[inline]
+    pub fn new(op: Op, input: TensorDesc<'a>, out: TensorDesc<'a>, dim: i32, keepdim: bool) -> Result<Self, ArgError> {
+        let name = op.name();
+        check::dtype_in(name, "out", &out, &[DType::Bool], "bool")?;
+        check::min_rank(name, "input", &input, 1)?;
+        let dim = check::dim_of(name, ("input", &input), dim)?;
+        let args = ReduceBoolArgs { input, out, dim, keepdim };
+        rules::reduce_bool(op, &args)?;
+        check::writable(name, "out", &args.out)?;
+        check::apart(name, &[("input", Some(&args.input))], &[("out", Some(&args.out), &[])])?;
+        Ok(args)
+    }
+
+    /// The tensors with their names: inputs first, then the 1 the
+    /// operator writes, each in field order.
+    pub fn operands(&self) -> [(&'static str, &TensorDesc<'a>); 2] {
+        [("input", &self.input), ("out", &self.out)]
+    }
+
+    /// How many of [`Self::operands`] (the last ones) the operator writes.
+    pub fn outputs(&self) -> usize {
+        1
+    }
+}
+
+impl RawArgs for abi::PolychipReduceBoolArgs {
+    type Checked<'a> = ReduceBoolArgs<'a>;
+
+    #[inline]
+    unsafe fn check(&self, op: Op, device: u32) -> Result<ReduceBoolArgs<'_>, ArgError> {
+        let name = op.name();
+        // SAFETY: per this trait's contract, every descriptor in `self` is
+        // valid for the borrow; the dimension arrays outlive it.
+        unsafe {
+            ReduceBoolArgs::new(
+                op,
+                TensorDesc::from_raw(name, "input", device, &self.input)?,
+                TensorDesc::from_raw(name, "out", device, &self.out)?,
+                self.dim,
+                self.keepdim != 0,
+            )
+        }
+    }
+}
+
+/// The checked arguments of `bitwise_and`, `bitwise_or`, `bitwise_xor` (see [`abi::PolychipBitwiseArgs`]), as
+/// [`BitwiseArgs::new`] checks them with the spec's rules.
+#[derive(Debug, Clone, Copy)]
+pub struct BitwiseArgs<'a> {
+    /// Left operand.
+    pub a: TensorDesc<'a>,
+    /// Right operand.
+    pub b: TensorDesc<'a>,
+    /// Result, with the broadcast shape of `a` and `b`. In place: may be exactly `a` or `b`.
+    pub out: TensorDesc<'a>,
+}
+
+impl<'a> BitwiseArgs<'a> {
+    /// Checks a call of `op` (one of `bitwise_and`, `bitwise_or`, `bitwise_xor`): the spec's dtype, rank and
+    /// shape rules, then that no output overlaps itself, and
+    /// that the tensors share memory only where the operator works in place.
+    #[inline]
+    pub fn new(op: Op, a: TensorDesc<'a>, b: TensorDesc<'a>, out: TensorDesc<'a>) -> Result<Self, ArgError> {
+        let name = op.name();
+        check::dtype_in(name, "a", &a, op.dtypes(), op.accepted())?;
+        check::same_dtype(name, ("a", &a), ("b", &b))?;
+        check::same_dtype(name, ("a", &a), ("out", &out))?;
+        check::shape_broadcast(name, ("out", &out), ("a", &a), ("b", &b))?;
+        let args = BitwiseArgs { a, b, out };
+        check::writable(name, "out", &args.out)?;
+        check::apart(name, &[("a", Some(&args.a)), ("b", Some(&args.b))], &[("out", Some(&args.out), &["a", "b"])])?;
+        Ok(args)
+    }
+
+    /// The tensors with their names: inputs first, then the 1 the
+    /// operator writes, each in field order.
+    pub fn operands(&self) -> [(&'static str, &TensorDesc<'a>); 3] {
+        [("a", &self.a), ("b", &self.b), ("out", &self.out)]
+    }
+
+    /// How many of [`Self::operands`] (the last ones) the operator writes.
+    pub fn outputs(&self) -> usize {
+        1
+    }
+}
+
+impl RawArgs for abi::PolychipBitwiseArgs {
+    type Checked<'a> = BitwiseArgs<'a>;
+
+    #[inline]
+    unsafe fn check(&self, op: Op, device: u32) -> Result<BitwiseArgs<'_>, ArgError> {
+        let name = op.name();
+        // SAFETY: per this trait's contract, every descriptor in `self` is
+        // valid for the borrow; the dimension arrays outlive it.
+        unsafe {
+            BitwiseArgs::new(
+                op,
+                TensorDesc::from_raw(name, "a", device, &self.a)?,
+                TensorDesc::from_raw(name, "b", device, &self.b)?,
+                TensorDesc::from_raw(name, "out", device, &self.out)?,
+            )
+        }
+    }
+}
+
 /// The operators of a Rust plugin, one method per op-table entry (one per
 /// group for operators that share one, with an enum saying which). Every
 /// method has a default that reports "not implemented"; a plugin
@@ -3339,6 +3778,51 @@ pub trait Operators: Plugin {
     /// Every tensor in `args` addresses valid memory of this device (the
     /// host's side of the ABI contract).
     unsafe fn compare(&self, queue: Queue<'_, Self::Stream>, op: CompareOp, args: &CompareArgs<'_>) -> Result<()> {
+        let _ = (queue, args);
+        Err(unimplemented_op(op.name()))
+    }
+    /// `gather`: `out[i] = input[i with dim replaced by index[i]]` (also `index_select`). On any dtype. Since 1.4.
+    ///
+    /// # Safety
+    /// Every tensor in `args` addresses valid memory of this device (the
+    /// host's side of the ABI contract).
+    unsafe fn gather(&self, queue: Queue<'_, Self::Stream>, args: &GatherArgs<'_>) -> Result<()> {
+        let _ = (queue, args);
+        Err(unimplemented_op("gather"))
+    }
+    /// `scatter_add`: `self[i with dim replaced by index[i]] += src[i]` (also `index_add`). On f32, f16, bf16, f64, i32 or i64. Since 1.4.
+    ///
+    /// # Safety
+    /// Every tensor in `args` addresses valid memory of this device (the
+    /// host's side of the ABI contract).
+    unsafe fn scatter_add(&self, queue: Queue<'_, Self::Stream>, args: &ScatterAddArgs<'_>) -> Result<()> {
+        let _ = (queue, args);
+        Err(unimplemented_op("scatter_add"))
+    }
+    /// `cumsum`: Running sum along a dimension. On f32, f16, bf16, f64, i32 or i64. Since 1.4.
+    ///
+    /// # Safety
+    /// Every tensor in `args` addresses valid memory of this device (the
+    /// host's side of the ABI contract).
+    unsafe fn cumsum(&self, queue: Queue<'_, Self::Stream>, args: &CumsumArgs<'_>) -> Result<()> {
+        let _ = (queue, args);
+        Err(unimplemented_op("cumsum"))
+    }
+    /// `any`, `all` (told apart by `op`). Since 1.4.
+    ///
+    /// # Safety
+    /// Every tensor in `args` addresses valid memory of this device (the
+    /// host's side of the ABI contract).
+    unsafe fn reduce_bool(&self, queue: Queue<'_, Self::Stream>, op: ReduceBoolOp, args: &ReduceBoolArgs<'_>) -> Result<()> {
+        let _ = (queue, args);
+        Err(unimplemented_op(op.name()))
+    }
+    /// `bitwise_and`, `bitwise_or`, `bitwise_xor` (told apart by `op`). Since 1.4.
+    ///
+    /// # Safety
+    /// Every tensor in `args` addresses valid memory of this device (the
+    /// host's side of the ABI contract).
+    unsafe fn bitwise(&self, queue: Queue<'_, Self::Stream>, op: BitwiseOp, args: &BitwiseArgs<'_>) -> Result<()> {
         let _ = (queue, args);
         Err(unimplemented_op(op.name()))
     }

@@ -66,6 +66,51 @@ __kernel void pc_compare_int(__global const S *a, pc_layout al, __global const S
     out[pc_at(&ol, i)] = (uchar)(r ? 1 : 0);
 }
 
+// ABI 1.4's bitwise operators on i32, i64, u8 or bool (bits of this
+// width): 0 and, 1 or, 2 xor. Bools stay 0 or 1.
+__kernel void pc_bitwise(__global const S *a, pc_layout al, __global const S *b, pc_layout bl,
+                         __global S *out, pc_layout ol, int op, long n) {
+    long i = get_global_id(0);
+    if (i >= n) return;
+    S x = a[pc_at(&al, i)];
+    S y = b[pc_at(&bl, i)];
+    out[pc_at(&ol, i)] = op == 0 ? (S)(x & y) : op == 1 ? (S)(x | y) : (S)(x ^ y);
+}
+
+// ABI 1.4's any (every 0) and all (every 1) over the lanes (o, :, i) of a
+// compact [outer, n, inner] input of any dtype (bits of this width):
+// nonzero is bits other than the sign bit for a floating dtype (NaN is
+// nonzero, -0 zero), any bit for the others. out is bool.
+__kernel void pc_reduce_bool(__global const S *x, long xoff, __global uchar *out, long ooff,
+                             long outputs, long n, long inner, int every, int is_float) {
+    long g = get_global_id(0);
+    if (g >= outputs) return;
+    long o = g / inner, i = g - o * inner;
+    long base = xoff + o * n * inner + i;
+    S mask = is_float ? (S)~((S)1 << (8 * sizeof(S) - 1)) : (S)~(S)0;
+    int result = every;
+    for (long j = 0; j < n && result == every; ++j) {
+        int nonzero = (x[base + j * inner] & mask) != 0;
+        if (nonzero != every) result = !every;
+    }
+    out[ooff + g] = (uchar)result;
+}
+
+// ABI 1.4's cumsum of i32 or i64 along the lanes of a compact [outer, n,
+// inner] input, wrapping (unsigned arithmetic on the sign-extended values).
+__kernel void pc_cumsum_int(__global const S *x, long xoff, __global S *out, long ooff,
+                            long lanes, long n, long inner) {
+    long g = get_global_id(0);
+    if (g >= lanes) return;
+    long o = g / inner, i = g - o * inner;
+    long at = o * n * inner + i;
+    ulong sum = 0;
+    for (long j = 0; j < n; ++j) {
+        sum += (ulong)pc_widen(x[xoff + at + j * inner], 1);
+        out[ooff + at + j * inner] = (S)sum;
+    }
+}
+
 // ABI 1.3's integer add (sign 1: a + alpha b), sub (-1: a - alpha b) and
 // mul (0: a b) on i32 or i64, wrapping in two's complement (unsigned
 // arithmetic on the sign-extended values, truncated to the width).

@@ -15,6 +15,25 @@
 
 #define PC_RED_BLOCK 64
 
+// --------------------------------------------------------------- cumsum
+
+// ABI 1.4's cumsum of a floating dtype along the lanes of a compact
+// [outer, n, inner] input: a running sum in A (f32, f64 for f64) from +0,
+// each output rounded once. out may be x (each element read before it is
+// written).
+__kernel void pc_cumsum(__global const S *x, long xoff, __global S *out, long ooff, long lanes,
+                        long n, long inner) {
+    long g = get_global_id(0);
+    if (g >= lanes) return;
+    long o = g / inner, i = g - o * inner;
+    long at = o * n * inner + i;
+    A sum = (A)0;
+    for (long j = 0; j < n; ++j) {
+        sum += LD(x, xoff + at + j * inner);
+        ST(out, ooff + at + j * inner, sum);
+    }
+}
+
 // --------------------------------------------------------------- sum, mean
 
 __kernel void pc_reduce_sum_lane(__global const S *x, long xoff, __global S *out, long ooff,

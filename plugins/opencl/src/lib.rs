@@ -29,13 +29,14 @@ use cl3::command_queue::{enqueue_copy_buffer, enqueue_read_buffer, enqueue_write
 use opencl3::event::Event as ClEvent;
 use polychip_plugin_sdk::{
     ActivationBackwardArgs, ActivationBackwardOp, AdamwArgs, ArangeArgs, AttentionArgs,
-    AttentionBackwardArgs, BinaryArgs, BinaryOp, CastArgs, CompareArgs, CompareOp, ConvertArgs,
-    CopyArgs, CopyKind, CrossEntropyArgs, CrossEntropyBackwardArgs, DeviceProps, EmbeddingArgs,
-    EmbeddingBackwardArgs, Error, FillArgs, Host, LayerNormArgs, LayerNormBackwardArgs, LinearArgs,
-    MaskedFillArgs, MatmulArgs, Operators, OutputBackwardArgs, OutputBackwardOp, Plugin,
-    PowScalarArgs, Queue, ReduceArgs, ReduceOp, Result, RmsNormArgs, RmsNormBackwardArgs, RopeArgs,
-    ScaleArgs, SelectArgs, SoftmaxArgs, SoftmaxBackwardArgs, SumSquaresArgs, SwigluArgs,
-    SwigluBackwardArgs, UnaryArgs, UnaryOp, export_plugin,
+    AttentionBackwardArgs, BinaryArgs, BinaryOp, BitwiseArgs, BitwiseOp, CastArgs, CompareArgs,
+    CompareOp, ConvertArgs, CopyArgs, CopyKind, CrossEntropyArgs, CrossEntropyBackwardArgs,
+    CumsumArgs, DeviceProps, EmbeddingArgs, EmbeddingBackwardArgs, Error, FillArgs, Host,
+    LayerNormArgs, LayerNormBackwardArgs, LinearArgs, MaskedFillArgs, MatmulArgs, Operators,
+    OutputBackwardArgs, OutputBackwardOp, Plugin, PowScalarArgs, Queue, ReduceArgs, ReduceBoolArgs,
+    ReduceBoolOp, ReduceOp, Result, RmsNormArgs, RmsNormBackwardArgs, RopeArgs, ScaleArgs,
+    SelectArgs, SoftmaxArgs, SoftmaxBackwardArgs, SumSquaresArgs, SwigluArgs, SwigluBackwardArgs,
+    UnaryArgs, UnaryOp, export_plugin,
 };
 
 use call::Ctx;
@@ -375,6 +376,28 @@ impl Operators for OpenCl {
         ops::elementwise::compare(Ctx::new(self, queue, op.op().name()), op, args)
     }
 
+    unsafe fn cumsum(&self, queue: Queue<'_, Stream>, args: &CumsumArgs<'_>) -> Result<()> {
+        ops::reduce::cumsum(Ctx::new(self, queue, "cumsum"), args)
+    }
+
+    unsafe fn reduce_bool(
+        &self,
+        queue: Queue<'_, Stream>,
+        op: ReduceBoolOp,
+        args: &ReduceBoolArgs<'_>,
+    ) -> Result<()> {
+        ops::reduce::reduce_bool(Ctx::new(self, queue, op.op().name()), op, args)
+    }
+
+    unsafe fn bitwise(
+        &self,
+        queue: Queue<'_, Stream>,
+        op: BitwiseOp,
+        args: &BitwiseArgs<'_>,
+    ) -> Result<()> {
+        ops::elementwise::bitwise(Ctx::new(self, queue, op.op().name()), op, args)
+    }
+
     unsafe fn reduce(
         &self,
         queue: Queue<'_, Stream>,
@@ -395,6 +418,7 @@ export_plugin!(
         layer_norm_backward, rope, rope_backward, attention, attention_backward, embedding,
         embedding_backward, cross_entropy, cross_entropy_backward, adamw, scale, gelu_erf,
         gelu_erf_backward, sigmoid, sigmoid_backward, tanh_backward, sin, cos, select,
-        masked_fill, convert, arange, eq, ne, lt, le, gt, ge
+        masked_fill, convert, arange, eq, ne, lt, le, gt, ge, cumsum, any, all,
+        bitwise_and, bitwise_or, bitwise_xor
     ]
 );

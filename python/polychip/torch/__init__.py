@@ -474,6 +474,7 @@ def registered_ops() -> List[str]:
 
 
 from . import _aten  # noqa: E402,F401 - registers the plugin kernels
+from . import _aten_1_4  # noqa: E402,F401 - and those of ABI 1.4's operators
 from . import distributed  # noqa: E402
 
 distributed.register()

@@ -778,6 +778,99 @@ fn ge(py: Python<'_>, a: &Tensor, b: &Tensor, out: &Tensor, stream: Option<&Stre
     check(py, error)
 }
 
+/// `gather`: `out[i] = input[i with dim replaced by index[i]]` (also `index_select`). On any dtype. Since 1.4.
+#[pyfunction]
+#[pyo3(signature = (input, index, out, dim = Int(0), *, stream = None))]
+fn gather(py: Python<'_>, input: &Tensor, index: &Tensor, out: &Tensor, dim: Int<i32>, stream: Option<&Stream>) -> PyResult<()> {
+    let input = input.handle;
+    let index = index.handle;
+    let out = out.handle;
+    let stream = stream.map_or(0, |s| s.handle);
+    let error = py.detach(move || handle(polychip_op_gather(stream as *const _, input as *const _, index as *const _, out as *const _, dim.0)));
+    check(py, error)
+}
+
+/// `scatter_add`: `self[i with dim replaced by index[i]] += src[i]` (also `index_add`). On f32, f16, bf16, f64, i32 or i64. Since 1.4.
+#[pyfunction]
+#[pyo3(signature = (dst, index, src, dim = Int(0), *, stream = None))]
+fn scatter_add(py: Python<'_>, dst: &Tensor, index: &Tensor, src: &Tensor, dim: Int<i32>, stream: Option<&Stream>) -> PyResult<()> {
+    let dst = dst.handle;
+    let index = index.handle;
+    let src = src.handle;
+    let stream = stream.map_or(0, |s| s.handle);
+    let error = py.detach(move || handle(polychip_op_scatter_add(stream as *const _, dst as *const _, index as *const _, src as *const _, dim.0)));
+    check(py, error)
+}
+
+/// `cumsum`: Running sum along a dimension. On f32, f16, bf16, f64, i32 or i64. Since 1.4.
+#[pyfunction]
+#[pyo3(signature = (input, out, dim = Int(-1), *, stream = None))]
+fn cumsum(py: Python<'_>, input: &Tensor, out: &Tensor, dim: Int<i32>, stream: Option<&Stream>) -> PyResult<()> {
+    let input = input.handle;
+    let out = out.handle;
+    let stream = stream.map_or(0, |s| s.handle);
+    let error = py.detach(move || handle(polychip_op_cumsum(stream as *const _, input as *const _, out as *const _, dim.0)));
+    check(py, error)
+}
+
+/// `any`: Whether any element over a dimension is nonzero (bool). On any dtype. Since 1.4.
+#[pyfunction]
+#[pyo3(signature = (input, out, dim = Int(-1), keepdim = false, *, stream = None))]
+fn any(py: Python<'_>, input: &Tensor, out: &Tensor, dim: Int<i32>, keepdim: bool, stream: Option<&Stream>) -> PyResult<()> {
+    let input = input.handle;
+    let out = out.handle;
+    let stream = stream.map_or(0, |s| s.handle);
+    let error = py.detach(move || handle(polychip_op_any(stream as *const _, input as *const _, out as *const _, dim.0, keepdim)));
+    check(py, error)
+}
+
+/// `all`: Whether every element over a dimension is nonzero (bool). On any dtype. Since 1.4.
+#[pyfunction]
+#[pyo3(signature = (input, out, dim = Int(-1), keepdim = false, *, stream = None))]
+fn all(py: Python<'_>, input: &Tensor, out: &Tensor, dim: Int<i32>, keepdim: bool, stream: Option<&Stream>) -> PyResult<()> {
+    let input = input.handle;
+    let out = out.handle;
+    let stream = stream.map_or(0, |s| s.handle);
+    let error = py.detach(move || handle(polychip_op_all(stream as *const _, input as *const _, out as *const _, dim.0, keepdim)));
+    check(py, error)
+}
+
+/// `bitwise_and`: `a & b`. On i32, i64, u8 or bool. Since 1.4.
+#[pyfunction]
+#[pyo3(signature = (a, b, out, *, stream = None))]
+fn bitwise_and(py: Python<'_>, a: &Tensor, b: &Tensor, out: &Tensor, stream: Option<&Stream>) -> PyResult<()> {
+    let a = a.handle;
+    let b = b.handle;
+    let out = out.handle;
+    let stream = stream.map_or(0, |s| s.handle);
+    let error = py.detach(move || handle(polychip_op_bitwise_and(stream as *const _, a as *const _, b as *const _, out as *const _)));
+    check(py, error)
+}
+
+/// `bitwise_or`: `a | b`. On i32, i64, u8 or bool. Since 1.4.
+#[pyfunction]
+#[pyo3(signature = (a, b, out, *, stream = None))]
+fn bitwise_or(py: Python<'_>, a: &Tensor, b: &Tensor, out: &Tensor, stream: Option<&Stream>) -> PyResult<()> {
+    let a = a.handle;
+    let b = b.handle;
+    let out = out.handle;
+    let stream = stream.map_or(0, |s| s.handle);
+    let error = py.detach(move || handle(polychip_op_bitwise_or(stream as *const _, a as *const _, b as *const _, out as *const _)));
+    check(py, error)
+}
+
+/// `bitwise_xor`: `a ^ b`. On i32, i64, u8 or bool. Since 1.4.
+#[pyfunction]
+#[pyo3(signature = (a, b, out, *, stream = None))]
+fn bitwise_xor(py: Python<'_>, a: &Tensor, b: &Tensor, out: &Tensor, stream: Option<&Stream>) -> PyResult<()> {
+    let a = a.handle;
+    let b = b.handle;
+    let out = out.handle;
+    let stream = stream.map_or(0, |s| s.handle);
+    let error = py.detach(move || handle(polychip_op_bitwise_xor(stream as *const _, a as *const _, b as *const _, out as *const _)));
+    check(py, error)
+}
+
 /// Adds every operator to `m`, and `DTYPES`: operator name to the dtypes
 /// its `T` tensors may have.
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -845,6 +938,14 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(le, m)?)?;
     m.add_function(wrap_pyfunction!(gt, m)?)?;
     m.add_function(wrap_pyfunction!(ge, m)?)?;
+    m.add_function(wrap_pyfunction!(gather, m)?)?;
+    m.add_function(wrap_pyfunction!(scatter_add, m)?)?;
+    m.add_function(wrap_pyfunction!(cumsum, m)?)?;
+    m.add_function(wrap_pyfunction!(any, m)?)?;
+    m.add_function(wrap_pyfunction!(all, m)?)?;
+    m.add_function(wrap_pyfunction!(bitwise_and, m)?)?;
+    m.add_function(wrap_pyfunction!(bitwise_or, m)?)?;
+    m.add_function(wrap_pyfunction!(bitwise_xor, m)?)?;
     let dtypes = pyo3::types::PyDict::new(m.py());
     dtypes.set_item("fill", ("float32", "float16", "bfloat16", "float64", "int32", "int64", "uint8", "bool",))?;
     dtypes.set_item("copy", ("float32", "float16", "bfloat16", "float64", "int32", "int64", "uint8", "bool",))?;
@@ -910,6 +1011,14 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     dtypes.set_item("le", ("float32", "float16", "bfloat16", "float64", "int32", "int64", "uint8",))?;
     dtypes.set_item("gt", ("float32", "float16", "bfloat16", "float64", "int32", "int64", "uint8",))?;
     dtypes.set_item("ge", ("float32", "float16", "bfloat16", "float64", "int32", "int64", "uint8",))?;
+    dtypes.set_item("gather", ("float32", "float16", "bfloat16", "float64", "int32", "int64", "uint8", "bool",))?;
+    dtypes.set_item("scatter_add", ("float32", "float16", "bfloat16", "float64", "int32", "int64",))?;
+    dtypes.set_item("cumsum", ("float32", "float16", "bfloat16", "float64", "int32", "int64",))?;
+    dtypes.set_item("any", ("float32", "float16", "bfloat16", "float64", "int32", "int64", "uint8", "bool",))?;
+    dtypes.set_item("all", ("float32", "float16", "bfloat16", "float64", "int32", "int64", "uint8", "bool",))?;
+    dtypes.set_item("bitwise_and", ("int32", "int64", "uint8", "bool",))?;
+    dtypes.set_item("bitwise_or", ("int32", "int64", "uint8", "bool",))?;
+    dtypes.set_item("bitwise_xor", ("int32", "int64", "uint8", "bool",))?;
     m.add("DTYPES", dtypes)?;
     Ok(())
 }

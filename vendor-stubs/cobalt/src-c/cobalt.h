@@ -19,6 +19,8 @@
  *   ops_activation_1_2.c  the operators ABI 1.2 added
  *   ops_1_3.c   the operators ABI 1.3 added (sin, cos, select, masked_fill,
  *               convert, arange, the comparisons)
+ *   ops_1_4.c   the operators ABI 1.4 added (gather, scatter_add, cumsum,
+ *               any, all, the bitwise operators)
  * Nothing here is exported: the library is built with -fvisibility=hidden and
  * only polychip_plugin_init_v1 carries POLYCHIP_EXPORT.
  */
@@ -390,6 +392,22 @@ COBALT_OP(lt, PolychipCompareArgs);
 COBALT_OP(le, PolychipCompareArgs);
 COBALT_OP(gt, PolychipCompareArgs);
 COBALT_OP(ge, PolychipCompareArgs);
+/* `v` broadcast to out's shape and gathered into a new plain buffer
+ * (cobalt_scratch: hand it back with cobalt_scratch_free); SHAPE_MISMATCH
+ * when it does not broadcast. */
+PolychipError *cobalt_gather_wide(const char *op, const char *name, const cobalt_view *v,
+                                  const cobalt_view *out, uint8_t **plain);
+/* An integer element (i32, i64, u8 or bool) as int64_t, exactly. */
+int64_t cobalt_read_int(cobalt_dtype dtype, const uint8_t *p);
+/* ABI 1.4 (ops_1_4.c). */
+COBALT_OP(gather, PolychipGatherArgs);
+COBALT_OP(scatter_add, PolychipScatterAddArgs);
+COBALT_OP(cumsum, PolychipCumsumArgs);
+COBALT_OP(any, PolychipReduceBoolArgs);
+COBALT_OP(all, PolychipReduceBoolArgs);
+COBALT_OP(bitwise_and, PolychipBitwiseArgs);
+COBALT_OP(bitwise_or, PolychipBitwiseArgs);
+COBALT_OP(bitwise_xor, PolychipBitwiseArgs);
 #undef COBALT_OP
 
 #endif /* COBALT_INTERNAL_H */

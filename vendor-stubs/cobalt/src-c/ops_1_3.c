@@ -62,8 +62,8 @@ static PolychipError *widen(const char *op, const char *name, const cobalt_view 
                         cobalt_shape_str(so, out->ndim, out->shape));
 }
 
-/* Gathers `v` over out's shape into a new plain buffer. */
-static PolychipError *gather_wide(const char *op, const char *name, const cobalt_view *v,
+/* Gathers `v` over out's shape into a new plain buffer (cobalt.h). */
+PolychipError *cobalt_gather_wide(const char *op, const char *name, const cobalt_view *v,
                                   const cobalt_view *out, uint8_t **plain) {
     cobalt_view wide;
     PolychipError *error = widen(op, name, v, out, &wide);
@@ -106,12 +106,12 @@ PolychipError *cobalt_op_select(uint32_t device, PolychipStream *stream,
         return error;
     }
     uint8_t *c = NULL, *x = NULL, *y = NULL;
-    error = gather_wide(op, "cond", &cond, &out, &c);
+    error = cobalt_gather_wide(op, "cond", &cond, &out, &c);
     if (error == NULL) {
-        error = gather_wide(op, "a", &a, &out, &x);
+        error = cobalt_gather_wide(op, "a", &a, &out, &x);
     }
     if (error == NULL) {
-        error = gather_wide(op, "b", &b, &out, &y);
+        error = cobalt_gather_wide(op, "b", &b, &out, &y);
     }
     if (error == NULL) {
         size_t size = out.elem_size;
@@ -164,9 +164,9 @@ PolychipError *cobalt_op_masked_fill(uint32_t device, PolychipStream *stream,
     uint8_t fill[8];
     cobalt_write_f64(out.dtype, fill, args->value);
     uint8_t *m = NULL, *x = NULL;
-    error = gather_wide(op, "mask", &mask, &out, &m);
+    error = cobalt_gather_wide(op, "mask", &mask, &out, &m);
     if (error == NULL) {
-        error = gather_wide(op, "input", &input, &out, &x);
+        error = cobalt_gather_wide(op, "input", &input, &out, &x);
     }
     if (error == NULL) {
         size_t size = out.elem_size;
@@ -206,7 +206,7 @@ static int decide(compare_kind kind, int order) {
     return 0;
 }
 
-static int64_t read_int(cobalt_dtype dtype, const uint8_t *p) {
+int64_t cobalt_read_int(cobalt_dtype dtype, const uint8_t *p) {
     switch (dtype) {
     case COBALT_I32: {
         int32_t v;
@@ -250,9 +250,9 @@ static PolychipError *compare(compare_kind kind, uint32_t device, PolychipStream
         return error;
     }
     uint8_t *x = NULL, *y = NULL, *r = NULL;
-    error = gather_wide(op, "a", &a, &out, &x);
+    error = cobalt_gather_wide(op, "a", &a, &out, &x);
     if (error == NULL) {
-        error = gather_wide(op, "b", &b, &out, &y);
+        error = cobalt_gather_wide(op, "b", &b, &out, &y);
     }
     if (error == NULL) {
         r = cobalt_scratch(op, out.numel, 1, &error);
@@ -264,7 +264,7 @@ static PolychipError *compare(compare_kind kind, uint32_t device, PolychipStream
             const uint8_t *p = x + (size_t)i * size;
             const uint8_t *q = y + (size_t)i * size;
             int order = is_float ? order_f64(cobalt_read_f64(a.dtype, p), cobalt_read_f64(a.dtype, q))
-                                 : order_i64(read_int(a.dtype, p), read_int(a.dtype, q));
+                                 : order_i64(cobalt_read_int(a.dtype, p), cobalt_read_int(a.dtype, q));
             r[i] = (uint8_t)decide(kind, order);
         }
         cobalt_scatter(&out, r);
@@ -334,7 +334,7 @@ static void convert_one(cobalt_dtype from, const uint8_t *p, cobalt_dtype to, ui
         cobalt_write_f64(to, q, cobalt_read_f64(from, p));
         return;
     }
-    int64_t x = read_int(from, p);
+    int64_t x = cobalt_read_int(from, p);
     switch (to) {
     case COBALT_I64:
         memcpy(q, &x, sizeof x);
@@ -457,8 +457,8 @@ PolychipError *cobalt_binary_int(const char *op, int sign, const cobalt_view *a,
         uint64_t al = (uint64_t)(int64_t)alpha;
         size_t size = out->elem_size;
         for (int64_t i = 0; i < out->numel; i++) {
-            uint64_t p = (uint64_t)read_int(out->dtype, x + (size_t)i * size);
-            uint64_t q = (uint64_t)read_int(out->dtype, y + (size_t)i * size);
+            uint64_t p = (uint64_t)cobalt_read_int(out->dtype, x + (size_t)i * size);
+            uint64_t q = (uint64_t)cobalt_read_int(out->dtype, y + (size_t)i * size);
             uint64_t r = sign > 0 ? p + al * q : sign < 0 ? p - al * q : p * q;
             if (out->dtype == COBALT_I32) {
                 uint32_t v = (uint32_t)r;

@@ -273,6 +273,14 @@ static const PolychipOpTable g_ops = {
     .le = cobalt_op_le,
     .gt = cobalt_op_gt,
     .ge = cobalt_op_ge,
+    .gather = cobalt_op_gather,
+    .scatter_add = cobalt_op_scatter_add,
+    .cumsum = cobalt_op_cumsum,
+    .any = cobalt_op_any,
+    .all = cobalt_op_all,
+    .bitwise_and = cobalt_op_bitwise_and,
+    .bitwise_or = cobalt_op_bitwise_or,
+    .bitwise_xor = cobalt_op_bitwise_xor,
 };
 
 static const PolychipPluginApi g_plugin = {

@@ -44,12 +44,13 @@ use std::ffi::CStr;
 use ferrite_kernels::{self as kernels, View};
 use polychip_plugin_sdk::{
     ActivationBackwardArgs, ActivationBackwardOp, AdamwArgs, ArangeArgs, AttentionArgs,
-    AttentionBackwardArgs, BinaryArgs, BinaryOp, CastArgs, CompareArgs, CompareOp, ConvertArgs,
-    CopyArgs, CopyKind, CrossEntropyArgs, CrossEntropyBackwardArgs, DeviceProps, EmbeddingArgs,
-    EmbeddingBackwardArgs, FillArgs, Host, LayerNormArgs, LayerNormBackwardArgs, LinearArgs,
-    MaskedFillArgs, MatmulArgs, Operators, OutputBackwardArgs, OutputBackwardOp, Plugin,
-    PowScalarArgs, Queue, ReduceArgs, ReduceOp, Result, RmsNormArgs, RmsNormBackwardArgs, RopeArgs,
-    ScaleArgs, SelectArgs, SoftmaxArgs, SoftmaxBackwardArgs, SumSquaresArgs, SwigluArgs,
+    AttentionBackwardArgs, BinaryArgs, BinaryOp, BitwiseArgs, BitwiseOp, CastArgs, CompareArgs,
+    CompareOp, ConvertArgs, CopyArgs, CopyKind, CrossEntropyArgs, CrossEntropyBackwardArgs,
+    CumsumArgs, DeviceProps, EmbeddingArgs, EmbeddingBackwardArgs, FillArgs, GatherArgs, Host,
+    LayerNormArgs, LayerNormBackwardArgs, LinearArgs, MaskedFillArgs, MatmulArgs, Operators,
+    OutputBackwardArgs, OutputBackwardOp, Plugin, PowScalarArgs, Queue, ReduceArgs, ReduceBoolArgs,
+    ReduceBoolOp, ReduceOp, Result, RmsNormArgs, RmsNormBackwardArgs, RopeArgs, ScaleArgs,
+    ScatterAddArgs, SelectArgs, SoftmaxArgs, SoftmaxBackwardArgs, SumSquaresArgs, SwigluArgs,
     SwigluBackwardArgs, UnaryArgs, UnaryOp, export_plugin,
 };
 
@@ -273,6 +274,49 @@ impl Operators for Ferrite {
     ) -> Result<()> {
         let k = compare_kernel(op);
         launch!(self, queue, op.name(), args => |[a, b, o]| kernels::compare(k, a, b, o))
+    }
+
+    unsafe fn gather(&self, queue: Queue<'_, Stream>, args: &GatherArgs<'_>) -> Result<()> {
+        let dim = args.dim;
+        launch!(self, queue, "gather", args => |[i, x, o]| kernels::gather(i, x, o, dim))
+    }
+
+    unsafe fn scatter_add(
+        &self,
+        queue: Queue<'_, Stream>,
+        args: &ScatterAddArgs<'_>,
+    ) -> Result<()> {
+        let dim = args.dim;
+        launch!(self, queue, "scatter_add", args => |[x, s, d]| kernels::scatter_add(d, x, s, dim))
+    }
+
+    unsafe fn cumsum(&self, queue: Queue<'_, Stream>, args: &CumsumArgs<'_>) -> Result<()> {
+        let dim = args.dim;
+        launch!(self, queue, "cumsum", args => |[i, o]| kernels::cumsum(i, o, dim))
+    }
+
+    unsafe fn reduce_bool(
+        &self,
+        queue: Queue<'_, Stream>,
+        op: ReduceBoolOp,
+        args: &ReduceBoolArgs<'_>,
+    ) -> Result<()> {
+        let k = match op {
+            ReduceBoolOp::Any => kernels::BoolReduceOp::Any,
+            ReduceBoolOp::All => kernels::BoolReduceOp::All,
+        };
+        let (dim, keepdim) = (args.dim, args.keepdim);
+        launch!(self, queue, op.name(), args => |[i, o]| kernels::reduce_bool(k, i, o, dim, keepdim))
+    }
+
+    unsafe fn bitwise(
+        &self,
+        queue: Queue<'_, Stream>,
+        op: BitwiseOp,
+        args: &BitwiseArgs<'_>,
+    ) -> Result<()> {
+        let k = bitwise_kernel(op);
+        launch!(self, queue, op.name(), args => |[a, b, o]| kernels::bitwise(k, a, b, o))
     }
 
     unsafe fn pow_scalar(&self, queue: Queue<'_, Stream>, args: &PowScalarArgs<'_>) -> Result<()> {
@@ -524,7 +568,8 @@ export_plugin!(
         layer_norm_backward, rope, rope_backward, attention, attention_backward, embedding,
         embedding_backward, cross_entropy, cross_entropy_backward, adamw, scale, gelu_erf,
         gelu_erf_backward, sigmoid, sigmoid_backward, tanh_backward, sin, cos, select,
-        masked_fill, convert, arange, eq, ne, lt, le, gt, ge
+        masked_fill, convert, arange, eq, ne, lt, le, gt, ge, gather, scatter_add, cumsum, any,
+        all, bitwise_and, bitwise_or, bitwise_xor
     ]
 );
 
@@ -537,6 +582,15 @@ fn compare_kernel(op: CompareOp) -> kernels::CompareOp {
         CompareOp::Le => kernels::CompareOp::Le,
         CompareOp::Gt => kernels::CompareOp::Gt,
         CompareOp::Ge => kernels::CompareOp::Ge,
+    }
+}
+
+/// The kernel of a bitwise operator.
+fn bitwise_kernel(op: BitwiseOp) -> kernels::BitwiseOp {
+    match op {
+        BitwiseOp::BitwiseAnd => kernels::BitwiseOp::And,
+        BitwiseOp::BitwiseOr => kernels::BitwiseOp::Or,
+        BitwiseOp::BitwiseXor => kernels::BitwiseOp::Xor,
     }
 }
 

@@ -7,16 +7,17 @@
 use ferrite_kernels::{self as kernels, KernelError, View};
 use polychip_plugin_sdk::{
     ActivationBackwardArgs, ActivationBackwardOp, AdamwArgs, ArangeArgs, AttentionArgs,
-    AttentionBackwardArgs, BinaryArgs, BinaryOp, CastArgs, CompareArgs, CompareOp, ConvertArgs,
-    CopyArgs, CrossEntropyArgs, CrossEntropyBackwardArgs, DType, EmbeddingArgs,
-    EmbeddingBackwardArgs, Error, FillArgs, LayerNormArgs, LayerNormBackwardArgs, LinearArgs,
-    MaskedFillArgs, MatmulArgs, OutputBackwardArgs, OutputBackwardOp, PowScalarArgs, ReduceArgs,
-    ReduceOp, Result, RmsNormArgs, RmsNormBackwardArgs, RopeArgs, ScaleArgs, SelectArgs,
-    SoftmaxArgs, SoftmaxBackwardArgs, SumSquaresArgs, SwigluArgs, SwigluBackwardArgs, TensorDesc,
-    UnaryArgs, UnaryOp,
+    AttentionBackwardArgs, BinaryArgs, BinaryOp, BitwiseArgs, BitwiseOp, CastArgs, CompareArgs,
+    CompareOp, ConvertArgs, CopyArgs, CrossEntropyArgs, CrossEntropyBackwardArgs, CumsumArgs,
+    DType, EmbeddingArgs, EmbeddingBackwardArgs, Error, FillArgs, GatherArgs, LayerNormArgs,
+    LayerNormBackwardArgs, LinearArgs, MaskedFillArgs, MatmulArgs, OutputBackwardArgs,
+    OutputBackwardOp, PowScalarArgs, ReduceArgs, ReduceBoolArgs, ReduceBoolOp, ReduceOp, Result,
+    RmsNormArgs, RmsNormBackwardArgs, RopeArgs, ScaleArgs, ScatterAddArgs, SelectArgs, SoftmaxArgs,
+    SoftmaxBackwardArgs, SumSquaresArgs, SwigluArgs, SwigluBackwardArgs, TensorDesc, UnaryArgs,
+    UnaryOp,
 };
 
-use crate::mutants::{Bug, is, layout, numerics as bad, paths, round14 as r14};
+use crate::mutants::{Bug, indexing as bad14, is, layout, numerics as bad, paths, round14 as r14};
 
 /// The kernels' name for a dtype.
 fn kernel_dtype(dtype: DType) -> kernels::DType {
@@ -440,6 +441,73 @@ pub mod ops {
                 return done();
             }
             kernels::compare(k, a, b, o)
+        })
+    }
+
+    pub unsafe fn gather(args: &GatherArgs<'_>) -> Result<()> {
+        let dim = args.dim;
+        run!("gather", args => |[i, x, o]| {
+            if is(Bug::GatherWrapsNegativeIndex) && bad14::gather_wrapping(i, x, o, dim) {
+                return done();
+            }
+            kernels::gather(i, x, o, dim)
+        })
+    }
+
+    pub unsafe fn scatter_add(args: &ScatterAddArgs<'_>) -> Result<()> {
+        let dim = args.dim;
+        run!("scatter_add", args => |[x, s, d]| {
+            if is(Bug::ScatterAddRoundsPerUpdate) && bad14::scatter_add_per_update(d, x, s, dim) {
+                return done();
+            }
+            kernels::scatter_add(d, x, s, dim)
+        })
+    }
+
+    pub unsafe fn cumsum(args: &CumsumArgs<'_>) -> Result<()> {
+        let dim = args.dim;
+        run!("cumsum", args => |[i, o]| {
+            if is(Bug::CumsumAccumulatesInDtype) && bad14::cumsum_in_dtype(i, o, dim) {
+                return done();
+            }
+            kernels::cumsum(i, o, dim)
+        })
+    }
+
+    pub unsafe fn reduce_bool(op: ReduceBoolOp, args: &ReduceBoolArgs<'_>) -> Result<()> {
+        let (dim, keepdim) = (args.dim, args.keepdim);
+        let k = match op {
+            ReduceBoolOp::Any => kernels::BoolReduceOp::Any,
+            ReduceBoolOp::All => kernels::BoolReduceOp::All,
+        };
+        run!(op.name(), args => |[i, o]| {
+            let planted = match op {
+                ReduceBoolOp::Any => is(Bug::AnyChecksFirst1024) && bad14::any_first_block(i, o, dim, keepdim),
+                ReduceBoolOp::All => is(Bug::AllNanAsZero) && bad14::all_nan_as_zero(i, o, dim),
+            };
+            if planted {
+                return done();
+            }
+            kernels::reduce_bool(k, i, o, dim, keepdim)
+        })
+    }
+
+    pub unsafe fn bitwise(op: BitwiseOp, args: &BitwiseArgs<'_>) -> Result<()> {
+        let k = match op {
+            BitwiseOp::BitwiseAnd => kernels::BitwiseOp::And,
+            BitwiseOp::BitwiseOr => kernels::BitwiseOp::Or,
+            BitwiseOp::BitwiseXor => kernels::BitwiseOp::Xor,
+        };
+        run!(op.name(), args => |[a, b, o]| {
+            let planted = match op {
+                BitwiseOp::BitwiseAnd => is(Bug::BitwiseAndThroughF64) && bad14::and_through_f64(a, b, o),
+                BitwiseOp::BitwiseOr => is(Bug::BitwiseOrBoolAsSum) && bad14::or_bool_as_sum(a, b, o),
+                BitwiseOp::BitwiseXor => is(Bug::BitwiseXorLow32Bits) && bad14::xor_low_32(a, b, o),
+            };
+            if planted {
+                return done();
+            }
+            kernels::bitwise(k, a, b, o)
         })
     }
 

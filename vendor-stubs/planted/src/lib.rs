@@ -26,9 +26,9 @@
 //! numerics, rounding ties, edge values, refusals and the error-object
 //! contract). `POLYCHIP_PLANTED_BUG=none` plants nothing; an unknown name
 //! makes plugin init fail with a message listing the known names. With
-//! `POLYCHIP_PLANTED_OPS=1.1` (or `1.2`) as well, the op table leaves the
-//! operators ABI 1.2 and 1.3 (or 1.3) added NULL, as a plugin built before
-//! them has it (the PyTorch tests check that those aten operators then
+//! `POLYCHIP_PLANTED_OPS=1.1` (or `1.2`, `1.3`) as well, the op table leaves
+//! the operators ABI 1.2 to 1.4 (or 1.3 and 1.4, or 1.4) added NULL, as a
+//! plugin built before them has it (the PyTorch tests check that those aten operators then
 //! fall back to the CPU).
 //!
 //! Contract bugs that the SDK's checks would prevent are raw `extern "C"`
@@ -50,13 +50,14 @@ use std::sync::Mutex;
 
 use polychip_plugin_sdk::{
     ActivationBackwardArgs, ActivationBackwardOp, AdamwArgs, ArangeArgs, AttentionArgs,
-    AttentionBackwardArgs, BinaryArgs, BinaryOp, CastArgs, CompareArgs, CompareOp, ConvertArgs,
-    CopyArgs, CopyKind, CrossEntropyArgs, CrossEntropyBackwardArgs, DType, DeviceProps,
-    EmbeddingArgs, EmbeddingBackwardArgs, Error, FillArgs, Host, LayerNormArgs,
-    LayerNormBackwardArgs, LinearArgs, MaskedFillArgs, MatmulArgs, Operators, OutputBackwardArgs,
-    OutputBackwardOp, Plugin, PowScalarArgs, Queue, ReduceArgs, ReduceOp, Result, RmsNormArgs,
-    RmsNormBackwardArgs, RopeArgs, ScaleArgs, SelectArgs, SoftmaxArgs, SoftmaxBackwardArgs,
-    SumSquaresArgs, SwigluArgs, SwigluBackwardArgs, TensorDesc, UnaryArgs, UnaryOp,
+    AttentionBackwardArgs, BinaryArgs, BinaryOp, BitwiseArgs, BitwiseOp, CastArgs, CompareArgs,
+    CompareOp, ConvertArgs, CopyArgs, CopyKind, CrossEntropyArgs, CrossEntropyBackwardArgs,
+    CumsumArgs, DType, DeviceProps, EmbeddingArgs, EmbeddingBackwardArgs, Error, FillArgs,
+    GatherArgs, Host, LayerNormArgs, LayerNormBackwardArgs, LinearArgs, MaskedFillArgs, MatmulArgs,
+    Operators, OutputBackwardArgs, OutputBackwardOp, Plugin, PowScalarArgs, Queue, ReduceArgs,
+    ReduceBoolArgs, ReduceBoolOp, ReduceOp, Result, RmsNormArgs, RmsNormBackwardArgs, RopeArgs,
+    ScaleArgs, ScatterAddArgs, SelectArgs, SoftmaxArgs, SoftmaxBackwardArgs, SumSquaresArgs,
+    SwigluArgs, SwigluBackwardArgs, TensorDesc, UnaryArgs, UnaryOp,
 };
 
 use mutants::{Bug, Mode, is};
@@ -447,6 +448,46 @@ impl Operators for Planted {
         unsafe { full::ops::compare(op, args) }
     }
 
+    unsafe fn gather(&self, q: Queue<'_, Stream>, args: &GatherArgs<'_>) -> Result<()> {
+        enter(q);
+        // SAFETY: forwarded contract (only full mode lists this operator).
+        unsafe { full::ops::gather(args) }
+    }
+
+    unsafe fn scatter_add(&self, q: Queue<'_, Stream>, args: &ScatterAddArgs<'_>) -> Result<()> {
+        enter(q);
+        // SAFETY: forwarded contract (only full mode lists this operator).
+        unsafe { full::ops::scatter_add(args) }
+    }
+
+    unsafe fn cumsum(&self, q: Queue<'_, Stream>, args: &CumsumArgs<'_>) -> Result<()> {
+        enter(q);
+        // SAFETY: forwarded contract (only full mode lists this operator).
+        unsafe { full::ops::cumsum(args) }
+    }
+
+    unsafe fn reduce_bool(
+        &self,
+        q: Queue<'_, Stream>,
+        op: ReduceBoolOp,
+        args: &ReduceBoolArgs<'_>,
+    ) -> Result<()> {
+        enter(q);
+        // SAFETY: forwarded contract (only full mode lists this operator).
+        unsafe { full::ops::reduce_bool(op, args) }
+    }
+
+    unsafe fn bitwise(
+        &self,
+        q: Queue<'_, Stream>,
+        op: BitwiseOp,
+        args: &BitwiseArgs<'_>,
+    ) -> Result<()> {
+        enter(q);
+        // SAFETY: forwarded contract (only full mode lists this operator).
+        unsafe { full::ops::bitwise(op, args) }
+    }
+
     unsafe fn reduce(
         &self,
         q: Queue<'_, Stream>,
@@ -703,8 +744,8 @@ impl Planted {
     }
 }
 
-/// `1.1`: full mode's op table leaves ABI 1.2's and 1.3's operators NULL;
-/// `1.2`: it leaves ABI 1.3's NULL.
+/// `1.1`: full mode's op table leaves ABI 1.2's, 1.3's and 1.4's operators
+/// NULL; `1.2`: it leaves ABI 1.3's and 1.4's NULL; `1.3`: ABI 1.4's.
 const OPS_ENV: &str = "POLYCHIP_PLANTED_OPS";
 
 /// The op table: legacy mode's nine operators, or every operator (of ABI
@@ -792,6 +833,18 @@ fn set_ops(table: &mut polychip_plugin_sdk::abi::PolychipOpTable) {
             le,
             gt,
             ge
+        );
+    }
+    if ops != "1.1" && ops != "1.2" && ops != "1.3" {
+        set!(
+            gather,
+            scatter_add,
+            cumsum,
+            any,
+            all,
+            bitwise_and,
+            bitwise_or,
+            bitwise_xor
         );
     }
     mutants::contract::patch(table);

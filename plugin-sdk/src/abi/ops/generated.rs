@@ -808,6 +808,144 @@ pub struct PolychipCompareArgs {
 /// An operator entry taking [`PolychipCompareArgs`].
 pub type PolychipCompareFn = Option<unsafe extern "C" fn(device: u32, stream: *mut PolychipStream, args: *const PolychipCompareArgs) -> *mut PolychipError>;
 
+/// `out[i] = input[j]`, where `j` is the index `i` with its dimension `dim`
+/// replaced by `index[i]` (PyTorch's `gather`). `index` and `out` have one
+/// shape, of `input`'s rank (at least 1), each extent but `dim`'s at most
+/// `input`'s; `index` is i32 or i64 and every element must lie in
+/// `[0, input.shape[dim])`: a negative index or one past the end is an
+/// `INVALID_ARGUMENT` error with nothing written, as PyTorch refuses it (no
+/// wrapping from the end). The element's bits are copied unchanged (NaN
+/// payloads, -0, i64 past 2^53). Any dtype, any strides, empty dimensions
+/// (nothing read or written). A zero stride in `index` serves PyTorch's
+/// `index_select`, `index.Tensor` with one index tensor and `embedding` of
+/// any dtype: an index of one dimension expanded over the others. Since ABI
+/// 1.4.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct PolychipGatherArgs {
+    /// Size of this struct as the host knows it.
+    pub struct_size: usize,
+    /// The tensor read.
+    pub input: PolychipTensor,
+    /// Where along `dim` to read, i32 or i64, each in `[0, input.shape[dim])`.
+    pub index: PolychipTensor,
+    /// Result: `index`'s shape, `input`'s dtype.
+    pub out: PolychipTensor,
+    /// The dimension indexed; negative counts from the end.
+    pub dim: i32,
+}
+
+/// An operator entry taking [`PolychipGatherArgs`].
+pub type PolychipGatherFn = Option<unsafe extern "C" fn(device: u32, stream: *mut PolychipStream, args: *const PolychipGatherArgs) -> *mut PolychipError>;
+
+/// `dst[j] += src[i]` for every index `i` of `index`, where `j` is `i` with
+/// its dimension `dim` replaced by `index[i]` (PyTorch's `scatter_add_`; its
+/// `index_add_` and the accumulating `index_put_` of an advanced index are
+/// this with the index expanded by a zero stride). `index` and `src` have one
+/// shape, of `dst`'s rank (at least 1), each extent but `dim`'s at most
+/// `dst`'s; indices as for `gather` (out of range: `INVALID_ARGUMENT`,
+/// nothing written). Repeated indices add up. Integers (i32, i64) are exact
+/// and wrap in two's complement. Floating dtypes: each element of `dst`
+/// becomes its old value plus the updates that land on it, added in at least
+/// f32 (f64 for f64) in an unspecified order and rounded once to the dtype
+/// (f16 and bf16 never round per update): with at most one update per element
+/// the result is `dst + src` rounded once, bit for bit; with several, within
+/// the rounding of an f32 sum (PyTorch's CPU adds in index order in the
+/// element's accumulation type, CUDA's atomics in any order). `dst` is
+/// updated in place and shares no memory with `index` or `src`. Since ABI
+/// 1.4.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct PolychipScatterAddArgs {
+    /// Size of this struct as the host knows it.
+    pub struct_size: usize,
+    /// The tensor added into, in place (PyTorch's `self`).
+    pub dst: PolychipTensor,
+    /// Where along `dim` each update goes, i32 or i64, each in `[0, dst.shape[dim])`.
+    pub index: PolychipTensor,
+    /// The updates: `index`'s shape, `dst`'s dtype.
+    pub src: PolychipTensor,
+    /// The dimension indexed; negative counts from the end.
+    pub dim: i32,
+}
+
+/// An operator entry taking [`PolychipScatterAddArgs`].
+pub type PolychipScatterAddFn = Option<unsafe extern "C" fn(device: u32, stream: *mut PolychipStream, args: *const PolychipScatterAddArgs) -> *mut PolychipError>;
+
+/// `out[..., k, ...] = input[..., 0, ...] + ... + input[..., k, ...]` along
+/// dimension `dim` (PyTorch's `cumsum`), `out` of `input`'s shape and dtype.
+/// Integers (i32, i64) are exact and wrap in two's complement (PyTorch's
+/// cumsum of bool, u8 or i32 gives i64: a caller converts first). Floating
+/// dtypes keep a running sum in index order in at least f32 (f64 for f64),
+/// each output that sum rounded once to the dtype: f16 and bf16 never round
+/// the running sum to their own precision, so a long row of small terms
+/// keeps growing. A plugin that accumulates f32 in f64 agrees with PyTorch's
+/// CPU bit for bit (its kernel does); one in f32 is within the rounding of an
+/// f32 running sum. NaN and infinities propagate from their position on
+/// (`inf + -inf` is NaN); a sum of zeros keeps the sign IEEE addition gives
+/// (`-0 + -0 = -0`). Any strides; `out` may be `input` (in place); an empty
+/// dimension writes nothing. Since ABI 1.4.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct PolychipCumsumArgs {
+    /// Size of this struct as the host knows it.
+    pub struct_size: usize,
+    /// Input.
+    pub input: PolychipTensor,
+    /// The running sums: `input`'s shape and dtype. In place: may be exactly `input`.
+    pub out: PolychipTensor,
+    /// The dimension summed along; negative counts from the end.
+    pub dim: i32,
+}
+
+/// An operator entry taking [`PolychipCumsumArgs`].
+pub type PolychipCumsumFn = Option<unsafe extern "C" fn(device: u32, stream: *mut PolychipStream, args: *const PolychipCumsumArgs) -> *mut PolychipError>;
+
+/// `any` and `all` over one dimension: whether any (every) element is
+/// nonzero, as bool (0 or 1). An element is nonzero as `convert` to bool
+/// judges it: NaN is true, -0 false. `out` has `input`'s shape with `dim`
+/// removed, or set to 1 when `keepdim` is nonzero. Over an empty dimension
+/// `any` is false and `all` true. Any dtype, any strides. Since ABI 1.4.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct PolychipReduceBoolArgs {
+    /// Size of this struct as the host knows it.
+    pub struct_size: usize,
+    /// Input, any dtype.
+    pub input: PolychipTensor,
+    /// Output (bool).
+    pub out: PolychipTensor,
+    /// The reduced dimension; negative counts from the end.
+    pub dim: i32,
+    /// Nonzero: keep the reduced dimension with extent 1.
+    pub keepdim: u8,
+}
+
+/// An operator entry taking [`PolychipReduceBoolArgs`].
+pub type PolychipReduceBoolFn = Option<unsafe extern "C" fn(device: u32, stream: *mut PolychipStream, args: *const PolychipReduceBoolArgs) -> *mut PolychipError>;
+
+/// Elementwise `out = a OP b` on the bits of integers and bools, with NumPy
+/// broadcasting of `a` and `b` to `out`'s shape: `bitwise_and` (`&`),
+/// `bitwise_or` (`|`), `bitwise_xor` (`^`). One dtype for all three: i32,
+/// i64, u8 or bool (a bool is 0 or 1, and so is its result: PyTorch's
+/// `logical_and`, `logical_or` and `logical_xor` of bools; `bitwise_not` is
+/// `xor` with -1, or with true). Since ABI 1.4.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct PolychipBitwiseArgs {
+    /// Size of this struct as the host knows it.
+    pub struct_size: usize,
+    /// Left operand.
+    pub a: PolychipTensor,
+    /// Right operand.
+    pub b: PolychipTensor,
+    /// Result, with the broadcast shape of `a` and `b`. In place: may be exactly `a` or `b`.
+    pub out: PolychipTensor,
+}
+
+/// An operator entry taking [`PolychipBitwiseArgs`].
+pub type PolychipBitwiseFn = Option<unsafe extern "C" fn(device: u32, stream: *mut PolychipStream, args: *const PolychipBitwiseArgs) -> *mut PolychipError>;
+
 /// The operator table. Append-only: a new operator is a new field at the end,
 /// introduced by a new minor version. NULL entries are "not implemented".
 #[repr(C)]
@@ -943,10 +1081,26 @@ pub struct PolychipOpTable {
     pub gt: PolychipCompareFn,
     /// `a >= b` (bool). On f32, f16, bf16, f64, i32, i64 or u8. Since 1.3.
     pub ge: PolychipCompareFn,
+    /// `out[i] = input[i with dim replaced by index[i]]` (also `index_select`). On any dtype. Since 1.4.
+    pub gather: PolychipGatherFn,
+    /// `self[i with dim replaced by index[i]] += src[i]` (also `index_add`). On f32, f16, bf16, f64, i32 or i64. Since 1.4.
+    pub scatter_add: PolychipScatterAddFn,
+    /// Running sum along a dimension. On f32, f16, bf16, f64, i32 or i64. Since 1.4.
+    pub cumsum: PolychipCumsumFn,
+    /// Whether any element over a dimension is nonzero (bool). On any dtype. Since 1.4.
+    pub any: PolychipReduceBoolFn,
+    /// Whether every element over a dimension is nonzero (bool). On any dtype. Since 1.4.
+    pub all: PolychipReduceBoolFn,
+    /// `a & b`. On i32, i64, u8 or bool. Since 1.4.
+    pub bitwise_and: PolychipBitwiseFn,
+    /// `a | b`. On i32, i64, u8 or bool. Since 1.4.
+    pub bitwise_or: PolychipBitwiseFn,
+    /// `a ^ b`. On i32, i64, u8 or bool. Since 1.4.
+    pub bitwise_xor: PolychipBitwiseFn,
 }
 
 /// The number of operators in this minor's op table.
-pub const POLYCHIP_OP_COUNT: usize = 64;
+pub const POLYCHIP_OP_COUNT: usize = 72;
 
 impl PolychipOpTable {
     /// Every operator's name, in table order, with whether its entry is set.
@@ -1016,6 +1170,14 @@ impl PolychipOpTable {
             ("le", self.le.is_some()),
             ("gt", self.gt.is_some()),
             ("ge", self.ge.is_some()),
+            ("gather", self.gather.is_some()),
+            ("scatter_add", self.scatter_add.is_some()),
+            ("cumsum", self.cumsum.is_some()),
+            ("any", self.any.is_some()),
+            ("all", self.all.is_some()),
+            ("bitwise_and", self.bitwise_and.is_some()),
+            ("bitwise_or", self.bitwise_or.is_some()),
+            ("bitwise_xor", self.bitwise_xor.is_some()),
         ]
     }
 }

@@ -3,9 +3,10 @@
 //! work-item per output element.
 
 use polychip_plugin_sdk::{
-    ActivationBackwardArgs, ActivationBackwardOp, BinaryArgs, BinaryOp, CompareArgs, CompareOp,
-    DType, MaskedFillArgs, OutputBackwardArgs, OutputBackwardOp, PowScalarArgs, Result, ScaleArgs,
-    SelectArgs, SwigluArgs, SwigluBackwardArgs, UnaryArgs, UnaryOp,
+    ActivationBackwardArgs, ActivationBackwardOp, BinaryArgs, BinaryOp, BitwiseArgs, BitwiseOp,
+    CompareArgs, CompareOp, DType, MaskedFillArgs, OutputBackwardArgs, OutputBackwardOp,
+    PowScalarArgs, Result, ScaleArgs, SelectArgs, SwigluArgs, SwigluBackwardArgs, UnaryArgs,
+    UnaryOp,
 };
 
 use crate::call::{Ctx, Operand, joint_layouts};
@@ -275,6 +276,29 @@ pub fn compare(ctx: Ctx<'_>, op: CompareOp, args: &CompareArgs<'_>) -> Result<()
             k.value(signed)?;
         }
         k.value(n as i64)?;
+        Ok(())
+    })?;
+    ctx.finish()
+}
+
+/// `bitwise_and`, `bitwise_or`, `bitwise_xor` (ABI 1.4): bits of the
+/// element's width, operands broadcast.
+pub fn bitwise(ctx: Ctx<'_>, op: BitwiseOp, args: &BitwiseArgs<'_>) -> Result<()> {
+    let a = ctx.view("a", &args.a)?;
+    let b = ctx.view("b", &args.b)?;
+    let out = ctx.view("out", &args.out)?;
+    let code: i32 = match op {
+        BitwiseOp::BitwiseAnd => 0,
+        BitwiseOp::BitwiseOr => 1,
+        BitwiseOp::BitwiseXor => 2,
+    };
+    let n = out.numel();
+    let layouts = layouts(&out.shape, &[&a, &b, &out])?;
+    ctx.launch(Flavor::bits(out.dtype), "pc_bitwise", &[n], None, |k| {
+        for (o, l) in [&a, &b, &out].iter().zip(&layouts) {
+            k.mem(o.mem())?.value(*l)?;
+        }
+        k.value(code)?.value(n as i64)?;
         Ok(())
     })?;
     ctx.finish()

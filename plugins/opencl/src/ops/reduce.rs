@@ -13,7 +13,10 @@
 //! (so the result is reproducible): a grid of work-groups writes one
 //! partial sum each, and one work-group adds them up.
 
-use polychip_plugin_sdk::{DType, Error, ReduceArgs, ReduceOp, Result, SumSquaresArgs};
+use polychip_plugin_sdk::{
+    CumsumArgs, DType, Error, ReduceArgs, ReduceBoolArgs, ReduceBoolOp, ReduceOp, Result,
+    SumSquaresArgs,
+};
 
 use crate::call::Ctx;
 use crate::program::Flavor;
@@ -141,5 +144,69 @@ pub fn sum_squares(mut ctx: Ctx<'_>, args: &SumSquaresArgs<'_>) -> Result<()> {
         a.mem(part.mem())?.value(groups as i64)?.tensor(&out)?;
         Ok(())
     })?;
+    ctx.finish()
+}
+
+/// `[outer, n, inner]` of `shape` around dimension `d`.
+fn lanes(shape: &[i64], d: usize) -> (usize, usize, usize) {
+    let dims: Vec<usize> = shape.iter().map(|&e| e as usize).collect();
+    (
+        dims[..d].iter().product(),
+        dims[d],
+        dims[d + 1..].iter().product(),
+    )
+}
+
+/// `any` and `all` (ABI 1.4): one work-item per output, over the packed
+/// input's lane, by the bits of the element's width.
+pub fn reduce_bool(mut ctx: Ctx<'_>, op: ReduceBoolOp, args: &ReduceBoolArgs<'_>) -> Result<()> {
+    let x = ctx.input("input", &args.input)?;
+    let (outer, n, inner) = lanes(&x.shape, args.dim);
+    let out = ctx.output("out", &args.out)?;
+    let outputs = outer * inner;
+    let every = i32::from(op == ReduceBoolOp::All);
+    let is_float = i32::from(Flavor::float(x.dtype).is_some());
+    if outputs > 0 {
+        ctx.launch(
+            Flavor::bits(x.dtype),
+            "pc_reduce_bool",
+            &[outputs],
+            None,
+            |a| {
+                a.tensor(&x)?
+                    .tensor(&out)?
+                    .value(outputs as i64)?
+                    .value(n as i64)?
+                    .value(inner as i64)?
+                    .value(every)?
+                    .value(is_float)?;
+                Ok(())
+            },
+        )?;
+    }
+    ctx.finish()
+}
+
+/// `cumsum` (ABI 1.4): one work-item per lane, a running sum in f32 (f64
+/// for f64) or wrapping integers.
+pub fn cumsum(mut ctx: Ctx<'_>, args: &CumsumArgs<'_>) -> Result<()> {
+    let x = ctx.input("input", &args.input)?;
+    let (outer, n, inner) = lanes(&x.shape, args.dim);
+    let out = ctx.output("out", &args.out)?;
+    let count = outer * inner;
+    let (flavor, kernel) = match Flavor::float(x.dtype) {
+        Some(f) => (f, "pc_cumsum"),
+        None => (Flavor::bits(x.dtype), "pc_cumsum_int"),
+    };
+    if count > 0 && n > 0 {
+        ctx.launch(flavor, kernel, &[count], None, |a| {
+            a.tensor(&x)?
+                .tensor(&out)?
+                .value(count as i64)?
+                .value(n as i64)?
+                .value(inner as i64)?;
+            Ok(())
+        })?;
+    }
     ctx.finish()
 }

@@ -15,6 +15,7 @@
 
 pub mod contract;
 pub mod elems;
+pub mod indexing;
 pub mod layout;
 pub mod numerics;
 pub mod paths;
@@ -187,6 +188,14 @@ pub enum Bug {
     ConvertF16OverflowAtMax,
     ArangeFused,
     ArangeI64InIntegers,
+    GatherWrapsNegativeIndex,
+    ScatterAddRoundsPerUpdate,
+    CumsumAccumulatesInDtype,
+    AnyChecksFirst1024,
+    AllNanAsZero,
+    BitwiseAndThroughF64,
+    BitwiseOrBoolAsSum,
+    BitwiseXorLow32Bits,
     StreamWaitEventIgnored,
     EventRecordCompletesAtOnce,
     EventSynchronizeReturnsAtOnce,
@@ -561,6 +570,31 @@ catalog! {
     AddIntSaturates "add-int-saturates" "add" EdgeValues:
         "integer add saturates at the ends of the range (a SIMD saturating add, as for u8 pixels) where the ABI and PyTorch wrap in two's complement"
         => "integer sums past the ends of the range";
+    // ABI 1.4: one per new operator.
+    GatherWrapsNegativeIndex "gather-wraps-negative-index" "gather" EdgeValues:
+        "gather takes an index in [-n, 0) from the end (Python's and NumPy's rule) where the ABI and PyTorch refuse it: a wrong index reads a real element instead of failing"
+        => "a negative index refused";
+    ScatterAddRoundsPerUpdate "scatter-add-rounds-per-update" "scatter_add" Rounding:
+        "scatter_add adds f16 and bf16 updates one at a time in the dtype (a half-precision atomic add): each partial sum rounds, and many small updates to one element vanish"
+        => "eight half-ULP updates into one element";
+    CumsumAccumulatesInDtype "cumsum-accumulates-in-dtype" "cumsum" Numerics:
+        "cumsum keeps the running sum in the tensor's dtype (out[k] = out[k-1] + x[k]): in f16 and bf16 a long row of small terms stops growing once the sum's half-ULP exceeds a term"
+        => "a long row of small positive terms";
+    AnyChecksFirst1024 "any-checks-first-1024" "any" Path:
+        "any looks at the first 1,024 elements of each row only (one work-group's reduction without the loop over the rest)"
+        => "the deciding element last in a row of 1,101";
+    AllNanAsZero "all-nan-as-zero" "all" EdgeValues:
+        "all tests x > 0 || x < 0 for nonzero, under which NaN counts as zero (false) where a conversion to bool gives true"
+        => "every pair of special values";
+    BitwiseAndThroughF64 "bitwise-and-through-f64" "bitwise_and" EdgeValues:
+        "bitwise_and of i64 goes through double (a kernel written for floating dtypes): the bits below the 53rd of large values are lost"
+        => "every pair of the dtype's extremes (i64)";
+    BitwiseOrBoolAsSum "bitwise-or-bool-as-sum" "bitwise_or" EdgeValues:
+        "bitwise_or of bools adds the bytes (logical or done as arithmetic): true | true stores 2, which is not a bool"
+        => "bool operands";
+    BitwiseXorLow32Bits "bitwise-xor-low-32-bits" "bitwise_xor" EdgeValues:
+        "bitwise_xor of i64 by the 32-bit kernel: the low halves, sign-extended; the high bits are lost"
+        => "every pair of the dtype's extremes (i64)";
     // Stop 44: what a call leaves behind on its thread and in the process.
     ScaleLeavesFtzOn "scale-leaves-ftz-on" "scale" State:
         "scale turns on flush-to-zero and denormals-are-zero for speed and returns without restoring them: every later floating-point operation of the calling thread flushes subnormals (ABI rule 12)"

@@ -837,7 +837,7 @@ pub unsafe fn sin_reduced_in_f32(input: &View<'_>, out: &View<'_>) {
 
 /// The address of each element of `v` broadcast to `out`'s shape, in
 /// `out`'s order (the stride is 0 where `v` broadcasts).
-pub(super) fn broadcast_addresses(v: &View<'_>, out: &View<'_>) -> Vec<*mut u8> {
+pub(crate) fn broadcast_addresses(v: &View<'_>, out: &View<'_>) -> Vec<*mut u8> {
     let shape = out.shape;
     let lead = shape.len() - v.shape.len();
     let strides: Vec<i64> = (0..shape.len())

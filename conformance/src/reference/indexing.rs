@@ -1,0 +1,138 @@
+//! The operators of ABI 1.4 (`spec/ops.toml`): `gather` and `scatter_add`
+//! along one dimension (indices out of range refused), `cumsum` (an f64
+//! running sum from +0), the boolean reductions `any` and `all`, and the
+//! bitwise operators on integer values.
+
+use super::basic::{broadcast_shapes, broadcast_source};
+use super::{Dense, RefError, flat_index, numel, unravel};
+
+/// Checks `index` against `data` (the same rank, each extent but `dim`'s
+/// at most `data`'s) and every index in `[0, data.shape[dim])`.
+fn check_index(op: &'static str, data: &Dense, index: &Dense, dim: usize) -> Result<(), RefError> {
+    let r = data.ndim();
+    if dim >= r || index.ndim() != r || (0..r).any(|d| d != dim && index.shape[d] > data.shape[d]) {
+        return Err(RefError::new(
+            op,
+            format!(
+                "index of shape {:?} does not fit data {:?} along dim {dim}",
+                index.shape, data.shape
+            ),
+        ));
+    }
+    let n = data.shape[dim];
+    if let Some(bad) = index.data.iter().find(|&&i| !(0.0..n as f64).contains(&i)) {
+        return Err(RefError::new(
+            op,
+            format!("index {bad} is out of range [0, {n})"),
+        ));
+    }
+    Ok(())
+}
+
+/// The position in `data` that element `k` of `index` addresses.
+fn source(data: &Dense, index: &Dense, dim: usize, k: usize) -> usize {
+    let mut at = unravel(k, &index.shape);
+    at[dim] = index.data[k] as usize;
+    flat_index(&data.shape, &at)
+}
+
+/// `out[i] = input[i with dimension dim replaced by index[i]]`.
+pub fn gather(input: &Dense, index: &Dense, dim: usize) -> Result<Dense, RefError> {
+    check_index("gather", input, index, dim)?;
+    let data = (0..index.numel())
+        .map(|k| input.data[source(input, index, dim, k)])
+        .collect();
+    Ok(Dense::new(&index.shape, data))
+}
+
+/// `dst` with `src[i]` added at `i` with dimension `dim` replaced by
+/// `index[i]`, for every `i` (in f64; the suite rounds once).
+pub fn scatter_add(dst: &Dense, index: &Dense, src: &Dense, dim: usize) -> Result<Dense, RefError> {
+    check_index("scatter_add", dst, index, dim)?;
+    if src.shape != index.shape {
+        return Err(RefError::new(
+            "scatter_add",
+            format!("src {:?} is not index's shape {:?}", src.shape, index.shape),
+        ));
+    }
+    let mut out = dst.clone();
+    for k in 0..index.numel() {
+        out.data[source(dst, index, dim, k)] += src.data[k];
+    }
+    Ok(out)
+}
+
+/// The running sum of `input` along `dim`, in f64 from +0.
+pub fn cumsum(input: &Dense, dim: usize) -> Result<Dense, RefError> {
+    if dim >= input.ndim() {
+        return Err(RefError::new(
+            "cumsum",
+            format!("dim {dim} is out of range"),
+        ));
+    }
+    let mut out = input.clone();
+    let n = input.shape[dim];
+    let step: usize = input.shape[dim + 1..].iter().product();
+    for base in 0..input.numel() {
+        if (base / step) % n.max(1) != 0 {
+            continue;
+        }
+        let mut acc = 0.0;
+        for k in 0..n {
+            acc += input.data[base + k * step];
+            out.data[base + k * step] = acc;
+        }
+    }
+    Ok(out)
+}
+
+/// `any` (`all`: `every`) of `input != 0` over `dim` (NaN is nonzero), 1 or 0.
+pub fn reduce_bool(
+    input: &Dense,
+    dim: usize,
+    keepdim: bool,
+    every: bool,
+) -> Result<Dense, RefError> {
+    let op = if every { "all" } else { "any" };
+    if dim >= input.ndim() {
+        return Err(RefError::new(op, format!("dim {dim} is out of range")));
+    }
+    let mut shape = input.shape.clone();
+    shape[dim] = 1;
+    let mut out = Dense::from_fn(&shape, |at| {
+        let mut at = at.to_vec();
+        let hit = (0..input.shape[dim]).any(|k| {
+            at[dim] = k;
+            (input.data[flat_index(&input.shape, &at)] != 0.0) != every
+        });
+        f64::from(u8::from(hit != every))
+    });
+    if !keepdim {
+        shape.remove(dim);
+        out = out.reshape(&shape);
+    }
+    debug_assert_eq!(out.numel(), numel(&shape));
+    Ok(out)
+}
+
+/// `a OP b` on the integer values (`and`, `or`, `xor`) over the broadcast
+/// shape; the values are integers of at most 2^53 (the suite carries
+/// larger i64s as exact bits).
+pub fn bitwise(op: &'static str, a: &Dense, b: &Dense) -> Result<Dense, RefError> {
+    let shape = broadcast_shapes(&a.shape, &b.shape).ok_or_else(|| {
+        RefError::new(
+            op,
+            format!("shapes {:?} and {:?} do not broadcast", a.shape, b.shape),
+        )
+    })?;
+    let f: fn(i64, i64) -> i64 = match op {
+        "bitwise_and" => |x, y| x & y,
+        "bitwise_or" => |x, y| x | y,
+        _ => |x, y| x ^ y,
+    };
+    Ok(Dense::from_fn(&shape, |at| {
+        let x = a.data[broadcast_source(at, &a.shape)] as i64;
+        let y = b.data[broadcast_source(at, &b.shape)] as i64;
+        f(x, y) as f64
+    }))
+}

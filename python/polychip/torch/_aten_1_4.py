@@ -1,0 +1,339 @@
+"""The aten operators that run on ABI 1.4's operators: ``gather``,
+``scatter_add``, advanced indexing by integer tensors (``index.Tensor`` and
+the accumulating ``index_put_``, as one ``gather`` or ``scatter_add`` along
+the indexed dimension), ``cumsum``, ``any``/``all``, ``isneginf``/
+``isposinf`` (a 1.3 comparison) and the bitwise operators (``bitwise_not``
+as ``xor`` with all ones). On a plugin whose table lacks a slot (ABI 1.3 or
+older) each falls back to the CPU, counted, as before."""
+
+from typing import Any, List, Optional, Sequence, Tuple
+
+import torch
+
+from polychip import errors, ops
+
+from ._aten import _NAMES, _broadcast, _empty, _fallback, _impl, _on_device, _pc, _runs, _write_into
+
+aten = torch.ops.aten
+
+_INDEX = (torch.int32, torch.int64)
+
+
+def _dim(dim: int, ndim: int) -> int:
+    return dim + ndim if dim < 0 else dim
+
+
+def _runs_or_refused(name: str, device: torch.device, call: Any) -> bool:
+    """``_runs``, with an index the plugin refuses as out of range raised as
+    PyTorch raises it (an IndexError), not as the plugin's error."""
+    try:
+        return _runs(name, device, call)
+    except errors.InvalidArgument as e:
+        raise IndexError(f"index out of range in self ({e})") from None
+
+
+# ------------------------------------------------------------ gather, scatter
+
+
+def _index_fits(data: torch.Tensor, index: torch.Tensor, dim: int) -> bool:
+    return index.dim() == data.dim() and all(
+        d == dim or i <= n for d, (i, n) in enumerate(zip(index.shape, data.shape))
+    )
+
+
+def _gather(self: torch.Tensor, dim: int, index: torch.Tensor, out: Optional[torch.Tensor] = None) -> Optional[torch.Tensor]:
+    """``self.gather(dim, index)`` on the plugin, or None (nothing run)."""
+    if (
+        not _on_device(self, index)
+        or index.device != self.device
+        or index.dtype not in _INDEX
+        or _NAMES.get(self.dtype) not in ops.DTYPES["gather"]
+        or self.dim() == 0
+        or not _index_fits(self, index, dim)
+    ):
+        return None
+    result = _empty(index.shape, self.dtype, self)
+    if result.numel() == 0:
+        return result
+    if not _runs_or_refused("gather", self.device, lambda: ops.gather(_pc(self), _pc(index), _pc(result), dim)):
+        return None
+    return result
+
+
+@_impl("gather.out")
+def _gather_out(self: torch.Tensor, dim: int, index: torch.Tensor, sparse_grad: bool = False, *, out: torch.Tensor) -> torch.Tensor:
+    result = None if sparse_grad else _gather(self, _dim(dim, self.dim()), index)
+    if result is None:
+        return _fallback(aten.gather.out, self, dim, index, sparse_grad=sparse_grad, out=out)
+    return _write_into(out, result)
+
+
+def _scatter_add_into(dst: torch.Tensor, dim: int, index: torch.Tensor, src: torch.Tensor) -> bool:
+    """``dst.scatter_add_(dim, index, src)`` on the plugin (``src`` cut to
+    ``index``'s shape, as PyTorch reads it); False, nothing run, where it
+    cannot."""
+    if (
+        not _on_device(dst, index, src)
+        or len({dst.device, index.device, src.device}) != 1
+        or index.dtype not in _INDEX
+        or src.dtype != dst.dtype
+        or _NAMES.get(dst.dtype) not in ops.DTYPES["scatter_add"]
+        or dst.dim() == 0
+        or not _index_fits(dst, index, dim)
+        or src.dim() != index.dim()
+        or any(i > s for i, s in zip(index.shape, src.shape))
+    ):
+        return False
+    if index.numel() == 0:
+        return True
+    part = src[tuple(slice(0, n) for n in index.shape)]
+    if part.untyped_storage().data_ptr() == dst.untyped_storage().data_ptr():
+        part = part.clone()
+    return _runs_or_refused("scatter_add", dst.device, lambda: ops.scatter_add(_pc(dst), _pc(index), _pc(part), dim))
+
+
+@_impl("scatter_add.out")
+def _scatter_add_out(self: torch.Tensor, dim: int, index: torch.Tensor, src: torch.Tensor, *, out: torch.Tensor) -> torch.Tensor:
+    d = _dim(dim, self.dim())
+    if _on_device(self) and self.dim() > 0:
+        result = self.clone()
+        if _scatter_add_into(result, d, index, src):
+            return _write_into(out, result)
+    return _fallback(aten.scatter_add.out, self, dim, index, src, out=out)
+
+
+@_impl("scatter_add_")
+def _scatter_add_(self: torch.Tensor, dim: int, index: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
+    if self.dim() > 0 and _scatter_add_into(self, _dim(dim, self.dim()), index, src):
+        return self
+    return _fallback(aten.scatter_add_.default, self, dim, index, src)
+
+
+# ------------------------------------------------------------ advanced indexing
+
+
+def _flat_index(self: torch.Tensor, indices: Sequence[Optional[torch.Tensor]]) -> Optional[Tuple[torch.Tensor, int, torch.Tensor, List[int]]]:
+    """Advanced indexing by adjacent integer tensors as one index along one
+    dimension: ``(flat, p, index, shape)`` where ``flat`` is a view of
+    ``self`` with the indexed dimensions merged into dimension ``p``,
+    ``index`` the merged positions (negative ones counted from the end, as
+    PyTorch counts them), expanded over ``flat``'s other dimensions, and
+    ``shape`` the result's shape. None where that does not apply (bool
+    masks, indices apart, a view that cannot merge)."""
+    given = [i for i, x in enumerate(indices) if x is not None]
+    if not given or given != list(range(given[0], given[-1] + 1)) or len(indices) > self.dim():
+        return None
+    tensors = [indices[i] for i in given]
+    if not all(isinstance(t, torch.Tensor) and t.dtype in _INDEX for t in tensors):
+        return None
+    if not _on_device(self, *tensors) or len({self.device, *(t.device for t in tensors)}) != 1:
+        return None
+    p, k = given[0], len(given)
+    sizes = list(self.shape[p : p + k])
+    if any(n == 0 for n in sizes) or self.numel() == 0:
+        return None
+    try:
+        broadcast = torch.broadcast_tensors(*tensors)
+    except RuntimeError:
+        return None
+    lead, rest = list(self.shape[:p]), list(self.shape[p + k :])
+    merged = 1
+    for n in sizes:
+        merged *= n
+    try:
+        flat = self.view(lead + [merged] + rest)
+    except RuntimeError:
+        return None
+    position = None
+    stride = 1
+    for t, n in reversed(list(zip(broadcast, sizes))):
+        t = t.to(torch.int64)
+        t = torch.where(t < 0, t + n, t)
+        term = t * stride if stride != 1 else t
+        position = term if position is None else position + term
+        stride *= n
+    count = position.numel()
+    index = position.reshape(-1).view([1] * p + [count] + [1] * len(rest)).expand(lead + [count] + rest)
+    return flat, p, index, lead + list(position.shape) + rest
+
+
+@_impl("index.Tensor_out")
+def _index_out(self: torch.Tensor, indices: List[Optional[torch.Tensor]], *, out: torch.Tensor) -> torch.Tensor:
+    plan = _flat_index(self, indices)
+    if plan is not None:
+        flat, p, index, shape = plan
+        result = _gather(flat, p, index)
+        if result is not None:
+            return _write_into(out, result.view(shape))
+    return _fallback(aten.index.Tensor_out, self, indices, out=out)
+
+
+@_impl("_index_put_impl_")
+def _index_put_impl_(
+    self: torch.Tensor, indices: List[Optional[torch.Tensor]], values: torch.Tensor, accumulate: bool = False, unsafe: bool = False
+) -> torch.Tensor:
+    # The accumulating form (autograd's backward of indexing): one
+    # scatter_add. Assignment (duplicates: one of them wins) stays on the CPU.
+    plan = _flat_index(self, indices) if accumulate else None
+    if plan is not None and isinstance(values, torch.Tensor) and values.dtype == self.dtype:
+        flat, p, index, shape = plan
+        try:
+            src = values.expand(shape).reshape(index.shape)
+        except RuntimeError:
+            src = None
+        if src is not None and _scatter_add_into(flat, p, index, src.contiguous()):
+            return self
+    return _fallback(aten._index_put_impl_.default, self, indices, values, accumulate, unsafe)
+
+
+# ------------------------------------------------------------------ cumsum
+
+
+@_impl("cumsum.out")
+def _cumsum_out(self: torch.Tensor, dim: int, dtype: Optional[torch.dtype] = None, *, out: torch.Tensor) -> torch.Tensor:
+    op = aten.cumsum.out
+    want = out.dtype
+    if not _on_device(self, out) or _NAMES.get(want) not in ops.DTYPES["cumsum"] or (dtype is not None and dtype != want):
+        return _fallback(op, self, dim, dtype=dtype, out=out)
+    x = self if self.dim() > 0 else self.reshape(1)
+    d = _dim(dim, x.dim())
+    if self.dtype != want:
+        x = x.to(want)
+    result = _empty(x.shape, want, x)
+    if result.numel() > 0 and not _runs("cumsum", x.device, lambda: ops.cumsum(_pc(x), _pc(result), d)):
+        return _fallback(op, self, dim, dtype=dtype, out=out)
+    return _write_into(out, result.reshape(self.shape))
+
+
+# ------------------------------------------------------------------ any, all
+
+
+def _reduce_bool(name: str, self: torch.Tensor, dims: Optional[Sequence[int]], keepdim: bool) -> Optional[torch.Tensor]:
+    """``any``/``all`` of ``self`` over ``dims`` (None: every dimension) on
+    the plugin, or None."""
+    if not _on_device(self) or _NAMES.get(self.dtype) not in ops.DTYPES[name]:
+        return None
+    if dims is None or self.dim() == 0:
+        x = self.reshape(-1)
+        result = _empty((), torch.bool, self)
+        call = lambda: getattr(ops, name)(_pc(x), _pc(result), 0, False)  # noqa: E731
+        if not _runs(name, self.device, call):
+            return None
+        return result.reshape([1] * self.dim()) if keepdim else result
+    x = self
+    for d in sorted({_dim(d, self.dim()) for d in dims}, reverse=True):
+        shape = [n for i, n in enumerate(x.shape) if i != d or keepdim]
+        if keepdim:
+            shape[d] = 1
+        result = _empty(shape, torch.bool, x)
+
+        def call(source: torch.Tensor = x, result: torch.Tensor = result, d: int = d) -> None:
+            getattr(ops, name)(_pc(source), _pc(result), d, keepdim)
+
+        if not _runs(name, self.device, call):
+            return None
+        x = result
+    return x
+
+
+def _register_reduce_bool(name: str) -> None:
+    by_dim = getattr(aten, name)
+
+    def dim_out(self: torch.Tensor, dim: int, keepdim: bool = False, *, out: torch.Tensor) -> torch.Tensor:
+        result = _reduce_bool(name, self, [dim], keepdim)
+        if result is None:
+            return _fallback(by_dim.out, self, dim, keepdim, out=out)
+        return _write_into(out, result)
+
+    def dims_out(self: torch.Tensor, dim: Optional[List[int]] = None, keepdim: bool = False, *, out: torch.Tensor) -> torch.Tensor:
+        result = _reduce_bool(name, self, dim if dim else None, keepdim)
+        if result is None:
+            return _fallback(by_dim.dims_out, self, dim, keepdim, out=out)
+        return _write_into(out, result)
+
+    def all_out(self: torch.Tensor, *, out: torch.Tensor) -> torch.Tensor:
+        result = _reduce_bool(name, self, None, False)
+        if result is None:
+            return _fallback(by_dim.all_out, self, out=out)
+        return _write_into(out, result)
+
+    _impl(f"{name}.out")(dim_out)
+    _impl(f"{name}.dims_out")(dims_out)
+    _impl(f"{name}.all_out")(all_out)
+
+
+_register_reduce_bool("any")
+_register_reduce_bool("all")
+
+
+# ------------------------------------------------------ isneginf, isposinf
+
+
+def _register_isinf(name: str, value: float) -> None:
+    op = getattr(aten, name).out
+
+    def kernel(self: torch.Tensor, *, out: torch.Tensor) -> torch.Tensor:
+        # A floating tensor against a 0-d infinity: `eq` (ABI 1.3); an
+        # integer or bool tensor holds no infinity.
+        if not _on_device(self):
+            return _fallback(op, self, out=out)
+        if self.dtype not in (torch.float32, torch.float16, torch.bfloat16, torch.float64):
+            if self.dtype not in _NAMES:
+                return _fallback(op, self, out=out)
+            return _write_into(out, torch.zeros(self.shape, dtype=torch.bool, device=self.device))
+        result = _empty(self.shape, torch.bool, self)
+        inf = torch.full((), value, dtype=self.dtype, device=self.device)
+        if result.numel() > 0 and not _runs("eq", self.device, lambda: ops.eq(_pc(self), _pc(inf), _pc(result))):
+            return _fallback(op, self, out=out)
+        return _write_into(out, result)
+
+    _impl(f"{name}.out")(kernel)
+
+
+_register_isinf("isneginf", float("-inf"))
+_register_isinf("isposinf", float("inf"))
+
+
+# ------------------------------------------------------------------ bitwise
+
+
+def _bitwise(name: str, a: torch.Tensor, b: torch.Tensor) -> Optional[torch.Tensor]:
+    """``a OP b`` on the plugin (one dtype, integer or bool), or None."""
+    if not _on_device(a, b) or a.device != b.device or a.dtype != b.dtype or _NAMES.get(a.dtype) not in ops.DTYPES[name]:
+        return None
+    try:
+        shape = _broadcast(a.shape, b.shape)
+    except RuntimeError:
+        return None
+    result = _empty(shape, a.dtype, a)
+    if result.numel() > 0 and not _runs(name, a.device, lambda: getattr(ops, name)(_pc(a), _pc(b), _pc(result))):
+        return None
+    return result
+
+
+def _register_bitwise(name: str) -> None:
+    op = getattr(aten, name).Tensor_out
+
+    def kernel(self: torch.Tensor, other: torch.Tensor, *, out: torch.Tensor) -> torch.Tensor:
+        result = _bitwise(name, self, other)
+        if result is None:
+            return _fallback(op, self, other, out=out)
+        return _write_into(out, result)
+
+    _impl(f"{name}.Tensor_out")(kernel)
+
+
+for _name in ("bitwise_and", "bitwise_or", "bitwise_xor"):
+    _register_bitwise(_name)
+
+
+@_impl("bitwise_not.out")
+def _bitwise_not_out(self: torch.Tensor, *, out: torch.Tensor) -> torch.Tensor:
+    # xor with all ones (-1), or with true for bool.
+    result = None
+    if _on_device(self) and self.dtype in (torch.int32, torch.int64, torch.uint8, torch.bool):
+        ones = torch.full((), True if self.dtype == torch.bool else -1 if self.dtype != torch.uint8 else 255, dtype=self.dtype, device=self.device)
+        result = _bitwise("bitwise_xor", self, ones)
+    if result is None:
+        return _fallback(aten.bitwise_not.out, self, out=out)
+    return _write_into(out, result)
