@@ -56,7 +56,9 @@ fn props_come_from_the_driver_and_memory_is_private() {
     assert!(!p.host_visible && !p.rdma_exportable, "{p:?}");
     // "device (platform)", or the device alone: never a name cut short.
     assert!(!p.name.contains(" (") || p.name.ends_with(')'), "{p:?}");
-    assert_eq!(d.plugin().ops().missing(), Vec::<&str>::new());
+    // Every operator but ABI 1.4's gather and scatter_add, not written for
+    // OpenCL yet (docs/abi.md).
+    assert_eq!(d.plugin().ops().missing(), ["gather", "scatter_add"]);
 }
 
 #[test]

@@ -157,8 +157,17 @@ def _flat_index(self: torch.Tensor, indices: Sequence[Optional[torch.Tensor]]) -
     return flat, p, index, lead + list(position.shape) + rest
 
 
+def _on_self(self: torch.Tensor, indices: Sequence[Optional[torch.Tensor]]) -> List[Optional[torch.Tensor]]:
+    """The index tensors on ``self``'s device: PyTorch's advanced indexing
+    takes CPU indices (``logits[torch.arange(n), labels]``) on any device."""
+    if not _on_device(self):
+        return list(indices)
+    return [t.to(self.device) if isinstance(t, torch.Tensor) and t.device.type == "cpu" else t for t in indices]
+
+
 @_impl("index.Tensor_out")
 def _index_out(self: torch.Tensor, indices: List[Optional[torch.Tensor]], *, out: torch.Tensor) -> torch.Tensor:
+    indices = _on_self(self, indices)
     plan = _flat_index(self, indices)
     if plan is not None:
         flat, p, index, shape = plan
@@ -174,6 +183,7 @@ def _index_put_impl_(
 ) -> torch.Tensor:
     # The accumulating form (autograd's backward of indexing): one
     # scatter_add. Assignment (duplicates: one of them wins) stays on the CPU.
+    indices = _on_self(self, indices)
     plan = _flat_index(self, indices) if accumulate else None
     if plan is not None and isinstance(values, torch.Tensor) and values.dtype == self.dtype:
         flat, p, index, shape = plan

@@ -881,9 +881,9 @@ pub type PolychipScatterAddFn = Option<unsafe extern "C" fn(device: u32, stream:
 /// the running sum to their own precision, so a long row of small terms
 /// keeps growing. A plugin that accumulates f32 in f64 agrees with PyTorch's
 /// CPU bit for bit (its kernel does); one in f32 is within the rounding of an
-/// f32 running sum. NaN and infinities propagate from their position on
-/// (`inf + -inf` is NaN); a sum of zeros keeps the sign IEEE addition gives
-/// (`-0 + -0 = -0`). Any strides; `out` may be `input` (in place); an empty
+/// f32 running sum. The running sum starts at +0 (so a row of -0 gives +0,
+/// as PyTorch's CPU kernel does); NaN and infinities propagate from their
+/// position on (`inf + -inf` is NaN). Any strides; `out` may be `input` (in place); an empty
 /// dimension writes nothing. Since ABI 1.4.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
