@@ -1,5 +1,6 @@
 //! The OpenCL plugin through the `polychip` command: it passes `polychip
-//! conform` with nothing failed, unimplemented or skipped; it reports zero
+//! conform` with nothing failed or skipped, and nothing unimplemented but
+//! ABI 1.4's `gather` and `scatter_add`; it reports zero
 //! devices, with the reason, where OpenCL has no driver; and `polychip
 //! train` runs pipelines and replicas that include its device, a
 //! three-vendor pipeline following the single-device loss curve.
@@ -46,8 +47,12 @@ fn opencl() -> Option<String> {
     None
 }
 
+/// The operators the OpenCL plugin does not implement yet: ABI 1.4's
+/// indexing pair (`docs/opencl.md`). Every other one must pass.
+const NOT_YET: [&str; 2] = ["gather", "scatter_add"];
+
 #[test]
-fn conform_passes_every_case_with_nothing_unimplemented() {
+fn conform_passes_every_case_of_every_operator_but_the_ones_not_written_yet() {
     let Some(plugin) = opencl() else {
         return;
     };
@@ -57,7 +62,12 @@ fn conform_passes_every_case_with_nothing_unimplemented() {
         .unwrap_or_else(|| panic!("no report: {text}"));
     let total = |key: &str| rows.iter().map(|r| r[key].as_u64().unwrap()).sum::<u64>();
     assert_eq!(total("failed"), 0, "{text}");
-    assert_eq!(total("not_implemented"), 0, "{text}");
+    let missing: std::collections::BTreeSet<&str> = rows
+        .iter()
+        .filter(|r| r["not_implemented"].as_u64().unwrap() > 0)
+        .map(|r| r["op"].as_str().unwrap())
+        .collect();
+    assert_eq!(missing, NOT_YET.into_iter().collect(), "{text}");
     assert_eq!(total("skipped"), 0, "{text}");
     assert!(total("passed") > 4000, "{text}");
     // Every operator of the ABI, each in every dtype the spec lists.
