@@ -392,6 +392,37 @@ fn integer_input(name: &'static str, dtype: DType, values: Vec<i64>, layout: Lay
 /// The operand shapes of the two-operand cases (comparisons, integer
 /// arithmetic, ABI 1.4's bitwise operators): equal shapes, a row, a three-way broadcast, 0-d, 0-size,
 /// transposed and strided operands, and a 0-d right side.
+/// The labelled operands `a`, `b` and `out` of a case per pair of
+/// [`BINARY_SHAPES`]: `a` in the pair's layout and `b` drawn by `draw` (in
+/// that order, a pair after another), `out` of `out_dtype` in their
+/// broadcast shape. The comparisons' and the bitwise operators' cases.
+pub(super) fn binary_shape_operands(
+    rng: &mut Rng,
+    dtype: DType,
+    out_dtype: DType,
+    draw: impl Fn(&mut Rng, usize) -> Vec<f64>,
+) -> Vec<(String, [TensorSpec; 3])> {
+    BINARY_SHAPES
+        .into_iter()
+        .map(|(a_shape, b_shape, layout)| {
+            let out_shape = reference::broadcast_shapes(a_shape, b_shape).expect("they broadcast");
+            let a = draw(rng, numel(a_shape));
+            let b = draw(rng, numel(b_shape));
+            let label = format!(
+                "{} {}",
+                shape_label(a_shape, layout),
+                shape_label(b_shape, Layout::Contiguous)
+            );
+            let tensors = [
+                input("a", dtype, a_shape, a, layout),
+                input("b", dtype, b_shape, b, Layout::Contiguous),
+                output("out", out_dtype, &out_shape, Layout::Contiguous),
+            ];
+            (label, tensors)
+        })
+        .collect()
+}
+
 pub(super) const BINARY_SHAPES: [(&[usize], &[usize], Layout); 8] = [
     (&[3, 4], &[3, 4], Layout::Contiguous),
     (&[2, 3], &[3], Layout::Contiguous),
@@ -407,7 +438,6 @@ fn compare(op: CompareOp, dtype: DType) -> Vec<Case> {
     let name = op.name();
     let mut rng = Rng::for_case(name, dtype);
     let mut cases = Vec::new();
-    let pairs = BINARY_SHAPES;
     // Few distinct values, so that equal pairs are common.
     let draw = |rng: &mut Rng, n: usize| -> Vec<f64> {
         (0..n)
@@ -423,25 +453,8 @@ fn compare(op: CompareOp, dtype: DType) -> Vec<Case> {
             })
             .collect()
     };
-    for (a_shape, b_shape, layout) in pairs {
-        let out_shape = reference::broadcast_shapes(a_shape, b_shape).expect("they broadcast");
-        let a = draw(&mut rng, numel(a_shape));
-        let b = draw(&mut rng, numel(b_shape));
-        let label = format!(
-            "{} {}",
-            shape_label(a_shape, layout),
-            shape_label(b_shape, Layout::Contiguous)
-        );
-        cases.push(compare_case(
-            op,
-            dtype,
-            label,
-            [
-                input("a", dtype, a_shape, a, layout),
-                input("b", dtype, b_shape, b, Layout::Contiguous),
-                output("out", DType::Bool, &out_shape, Layout::Contiguous),
-            ],
-        ));
+    for (label, tensors) in binary_shape_operands(&mut rng, dtype, DType::Bool, draw) {
+        cases.push(compare_case(op, dtype, label, tensors));
     }
     // Every pair of special values: NaN against everything (itself too),
     // infinities against themselves, -0 against +0, the smallest subnormal
@@ -620,7 +633,7 @@ pub(super) fn convert(src: DType) -> Vec<Case> {
     cases
 }
 
-fn convert_case(src: DType, label: String, s: TensorSpec, d: TensorSpec) -> Case {
+pub(super) fn convert_case(src: DType, label: String, s: TensorSpec, d: TensorSpec) -> Case {
     let narrowing = narrowing(src, d.dtype);
     case(
         "convert",

@@ -9,7 +9,7 @@
 use polychip_host::{BitwiseOp, DType, Op, ReduceBoolOp};
 
 use super::basic::any_values;
-use super::data_1_3::BINARY_SHAPES;
+use super::data_1_3::binary_shape_operands;
 use super::{Rng, case, every_pair, inout, input, numel, output, shape_label, specials};
 use crate::case::{Case, Layout, TensorSpec};
 use crate::reference::{self, Dense};
@@ -611,27 +611,8 @@ fn bitwise(op: BitwiseOp, dtype: DType) -> Vec<Case> {
             })
             .collect()
     };
-    for (a_shape, b_shape, layout) in BINARY_SHAPES {
-        let out_shape = reference::broadcast_shapes(a_shape, b_shape).expect("they broadcast");
-        let (a, b) = (
-            draw(&mut rng, numel(a_shape)),
-            draw(&mut rng, numel(b_shape)),
-        );
-        let label = format!(
-            "{} {}",
-            shape_label(a_shape, layout),
-            shape_label(b_shape, Layout::Contiguous)
-        );
-        cases.push(bitwise_case(
-            op,
-            dtype,
-            label,
-            [
-                input("a", dtype, a_shape, a, layout),
-                input("b", dtype, b_shape, b, Layout::Contiguous),
-                output("out", dtype, &out_shape, Layout::Contiguous),
-            ],
-        ));
+    for (label, tensors) in binary_shape_operands(&mut rng, dtype, dtype, draw) {
+        cases.push(bitwise_case(op, dtype, label, tensors));
     }
     // Every pair of the dtype's extremes: the sign bit, all ones, 0.
     let ends: Vec<i64> = match dtype {

@@ -27,7 +27,7 @@
 use polychip_host::{BinaryOp, CompareOp, DType};
 
 use super::basic::{any_values, nan_patterns};
-use super::data_1_3::select_case;
+use super::data_1_3::{convert_case, select_case};
 use super::{Rng, case, input, numel, output, shape_label};
 use crate::case::{Case, Layout};
 use crate::reference::{self, Dense};
@@ -442,17 +442,11 @@ fn convert_past_bf16_ties(src: DType) -> Vec<Case> {
         })
         .collect();
     let n = values.len();
-    vec![case(
-        "convert",
+    vec![convert_case(
         src,
         format!("to bf16 [{n}]: integers one past a bf16 tie, which f32 rounds onto"),
-        vec![
-            input("src", src, &[n], values, C),
-            output("dst", DType::BF16, &[n], C),
-        ],
-        Tolerance::EXACT,
-        |exec, t| exec.convert(&t[0], &t[1]),
-        |d| Ok(vec![reference::convert(&d[0], None)?]),
+        input("src", src, &[n], values, C),
+        output("dst", DType::BF16, &[n], C),
     )]
 }
 
@@ -487,19 +481,13 @@ fn convert_near_overflow(src: DType) -> Vec<Case> {
             values.extend(negatives);
             values.push(max);
             let n = values.len();
-            case(
-                "convert",
+            convert_case(
                 src,
                 format!(
                     "to {dst} [{n}]: just past the largest {dst}, below and at the overflow tie"
                 ),
-                vec![
-                    input("src", src, &[n], values, C),
-                    output("dst", dst, &[n], C),
-                ],
-                Tolerance::EXACT,
-                |exec, t| exec.convert(&t[0], &t[1]),
-                |d| Ok(vec![reference::convert(&d[0], None)?]),
+                input("src", src, &[n], values, C),
+                output("dst", dst, &[n], C),
             )
         })
         .collect()
