@@ -71,6 +71,17 @@ pub struct MeasuredDevice {
     /// whole pass measured 5-6% less in training (docs/performance.md).
     #[serde(default)]
     pub fused_backward_ratio: f64,
+    /// A block's forward pass run while the stage holds another
+    /// micro-batch's activations (as every 1F1B stage but the last does:
+    /// it starts the next forward pass before the last one's backward) over
+    /// the same pass run with nothing else held, as the costs above are
+    /// measured: 0 when not measured, taken as 1. On Ferrite about 1.01
+    /// forward and 1.02-1.04 backward (docs/performance.md, stop 48).
+    #[serde(default)]
+    pub held_forward_ratio: f64,
+    /// The same of the backward pass.
+    #[serde(default)]
+    pub held_backward_ratio: f64,
     /// A fixed forward cost each pipeline stage (or replica) pays per
     /// micro-batch whatever it holds (a launch, a synchronisation, memory
     /// mapped afresh): 0 when the profile found none. The costs above are
@@ -110,6 +121,21 @@ impl MeasuredDevice {
             r if r > 0.0 && r.is_finite() => r.clamp(0.5, 2.0),
             _ => 1.0,
         }
+    }
+
+    /// What a stage's forward and backward passes cost when it holds
+    /// other micro-batches in flight over their costs above
+    /// ([`Self::held_forward_ratio`], 1 when not measured), each within
+    /// half to twice (profile files are held to that range).
+    pub fn held(&self) -> (f64, f64) {
+        let ratio = |r: f64| match r {
+            r if r > 0.0 && r.is_finite() => r.clamp(0.5, 2.0),
+            _ => 1.0,
+        };
+        (
+            ratio(self.held_forward_ratio),
+            ratio(self.held_backward_ratio),
+        )
     }
 
     /// The same device with every cost multiplied by `f`.
@@ -472,17 +498,41 @@ fn unit_params(model: &MeasuredModel, span: &Span) -> Vec<u64> {
     units
 }
 
+/// What stage `i` of a pipeline of `k` running `m` micro-batches under
+/// `schedule` pays on its forward and backward passes for the other
+/// micro-batches it holds in flight ([`MeasuredDevice::held`]): 1 for a
+/// stage that runs each micro-batch's backward pass right after its
+/// forward, as a device alone and the profile do.
+fn held_factors(
+    d: &MeasuredDevice,
+    schedule: PipelineSchedule,
+    i: usize,
+    k: usize,
+    m: usize,
+) -> (f64, f64) {
+    match schedule.in_flight(i, k, m) > 1 {
+        true => d.held(),
+        false => (1.0, 1.0),
+    }
+}
+
 /// Forward and backward seconds of one micro-batch through stage `s`, the
-/// `i`th of a pipeline of `k`, on a device of costs `d`, as the search
-/// prices it: its parts' costs ([`stage_passes`]), the backward pass run
-/// whole unless the stage splits it (a zero-bubble stage that sends a
-/// gradient).
+/// `i`th of a pipeline of `k` running `m` micro-batches, on a device of
+/// costs `d`, as the search prices it: its parts' costs
+/// ([`stage_passes`]), the backward pass run whole unless the stage splits
+/// it (a zero-bubble stage that sends a gradient), and both slower by the
+/// device's measured cost of holding other micro-batches in flight where
+/// the schedule has the stage hold them ([`MeasuredDevice::held`]; every
+/// 1F1B stage but the last): a stage before the last runs the next
+/// forward pass before the last one's backward, and reads that one's
+/// activations back after the caches have moved on.
 pub fn stage_pass_times(
     d: &MeasuredDevice,
     model: &MeasuredModel,
     s: &MeasuredStage,
     i: usize,
     k: usize,
+    m: usize,
 ) -> (f64, f64) {
     let span = Span::of(s, i, k);
     let (attention, ffn) = span.counts(model.ffn, model.kv_heads);
@@ -491,7 +541,8 @@ pub fn stage_pass_times(
     if !splits {
         b *= d.fused_backward();
     }
-    (f, b)
+    let held = held_factors(d, model.schedule, i, k, m);
+    (f * held.0, b * held.1)
 }
 
 /// The simulated step of one pipeline of `m` micro-batches whose every
@@ -517,7 +568,7 @@ fn pipeline_time(
             let span = Span::of(s, i, p);
             let (embed, head) = (span.embed, span.head);
             let (attention, ffn) = span.counts(model.ffn, model.kv_heads);
-            let (f, b) = stage_pass_times(d, model, s, i, p);
+            let (f, b) = stage_pass_times(d, model, s, i, p, m);
             let mut params = attention * model.attention_params as f64
                 + ffn * (model.block_params - model.attention_params) as f64;
             if embed {
@@ -542,6 +593,7 @@ fn pipeline_time(
             if head {
                 weight_grad += d.head_weight_grad;
             }
+            weight_grad *= held_factors(d, model.schedule, i, p, m).1;
             StageTiming {
                 name: d.name.clone(),
                 forward: f,
@@ -1321,6 +1373,8 @@ mod tests {
             block_weight_grad: block / 3.0,
             head_weight_grad: head / 3.0,
             fused_backward_ratio: 0.0,
+            held_forward_ratio: 0.0,
+            held_backward_ratio: 0.0,
             stage_forward: 0.0,
             stage_backward: 0.0,
         }
@@ -1454,6 +1508,67 @@ mod tests {
         let more = plan.alone_step_seconds[1] - without.alone_step_seconds[1];
         assert!((more - 3.0 * m as f64).abs() < 1e-6, "{more}");
         assert!(plan.step_seconds > without.step_seconds, "{plan:?}");
+    }
+
+    #[test]
+    fn stages_holding_micro_batches_in_flight_pay_the_measured_cost_of_holding() {
+        // Two chips alike but for what holding a second micro-batch costs
+        // them: 10% forward and 20% backward on `holds-badly`, nothing on
+        // `holds-well`.
+        let mut bad = dev("holds-badly", 1.0, 1.0);
+        (bad.held_forward_ratio, bad.held_backward_ratio) = (1.1, 1.2);
+        assert_eq!(bad.held(), (1.1, 1.2));
+        assert_eq!(dev("unmeasured", 1.0, 1.0).held(), (1.0, 1.0));
+        let m = 32;
+        let whole = |d: usize| [stage(d, 0, 0, 16, 0), stage(1 - d, 16, 0, 32, 0)];
+        let devs = [bad.clone(), dev("holds-well", 1.0, 1.0)];
+        let pass = |schedule, s: &[MeasuredStage; 2], i: usize, m: usize| {
+            let model = MeasuredModel {
+                schedule,
+                ..model(16, m)
+            };
+            stage_pass_times(&devs[s[i].device], &model, &s[i], i, 2, m)
+        };
+        let plain = stage_passes(&bad, 8.0, 8.0, true, false);
+        let first = pass(PipelineSchedule::OneFOneB, &whole(0), 0, m);
+        assert!(
+            (first.0 - 1.1 * plain.0).abs() < 1e-9,
+            "{first:?} {plain:?}"
+        );
+        assert!(
+            (first.1 - 1.2 * plain.1).abs() < 1e-9,
+            "{first:?} {plain:?}"
+        );
+        // The last stage runs each backward right after its forward, as
+        // does any stage of a single micro-batch; under GPipe it holds
+        // them all.
+        let last = stage_passes(&bad, 8.0, 8.0, false, true);
+        assert_eq!(pass(PipelineSchedule::OneFOneB, &whole(1), 1, m), last);
+        assert_eq!(pass(PipelineSchedule::OneFOneB, &whole(0), 0, 1), plain);
+        let gpipe = pass(PipelineSchedule::GPipe, &whole(1), 1, m);
+        assert!((gpipe.1 - 1.2 * last.1).abs() < 1e-9, "{gpipe:?}");
+        // So the search puts the chip that holds well first, where the
+        // profile alone could not tell the orders apart, and so pays
+        // nothing for holding; the other order would.
+        let all = &|_, _, _| true;
+        let plan = search(&devs, &model(16, m), Layouts::Pipelines, all).unwrap();
+        assert_eq!(plan.pipelines[0].stages[0].device, 1, "{plan:?}");
+        let both_well = [dev("a", 1.0, 1.0), dev("b", 1.0, 1.0)];
+        let unheld = search(&both_well, &model(16, m), Layouts::Pipelines, all).unwrap();
+        assert!(
+            (plan.step_seconds - unheld.step_seconds).abs() < 1e-9,
+            "{plan:?}"
+        );
+        let stages = plan.pipelines[0].stages.clone();
+        let swapped: Vec<MeasuredStage> = stages
+            .iter()
+            .map(|s| MeasuredStage {
+                device: 1 - s.device,
+                ..*s
+            })
+            .collect();
+        let other = pipeline_time(&devs, &model(16, m), &swapped, m, 0);
+        assert!(other > 1.05 * plan.step_seconds, "{other} {plan:?}");
     }
 
     #[test]

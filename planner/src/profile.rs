@@ -42,7 +42,7 @@ pub const MAX_ENTRIES: usize = 4096;
 #[serde(
     deny_unknown_fields,
     expecting = "an object of seconds {\"forward\": .., \"backward\": ..} (optionally \
-                 \"weight_grad\" and \"fused_backward\")"
+                 \"weight_grad\", \"fused_backward\" and \"held\")"
 )]
 pub struct Passes {
     /// Forward, seconds.
@@ -62,6 +62,28 @@ pub struct Passes {
     /// less. Optional: when absent, `backward`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fused_backward: Option<f64>,
+    /// The block's passes run while the stage holds another micro-batch's
+    /// activations, seconds, where measured beside the passes above
+    /// (`polychip profile` does, for the block): every 1F1B stage but the
+    /// last starts the next forward pass before the last one's backward,
+    /// and pays for it (on Ferrite 1-4%). Optional: when absent, the
+    /// passes above.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub held: Option<Held>,
+}
+
+/// A block's forward and backward seconds while another micro-batch is
+/// held in flight ([`Passes::held`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "an object of seconds {\"forward\": .., \"backward\": ..}"
+)]
+pub struct Held {
+    /// The forward pass, seconds.
+    pub forward: f64,
+    /// The backward pass (split, as `backward`), seconds.
+    pub backward: f64,
 }
 
 /// A fixed cost each pipeline stage pays per micro-batch, seconds.
@@ -191,6 +213,14 @@ impl ProfileEntry {
                 (Some(f), b) if b > 0.0 => f / b,
                 _ => 0.0,
             },
+            held_forward_ratio: match (self.block.held, self.block.forward) {
+                (Some(h), f) if f > 0.0 => h.forward / f,
+                _ => 0.0,
+            },
+            held_backward_ratio: match (self.block.held, self.block.backward) {
+                (Some(h), b) if b > 0.0 => h.backward / b,
+                _ => 0.0,
+            },
             stage_forward: stage.forward,
             stage_backward: stage.backward,
         }
@@ -291,6 +321,26 @@ impl ProfileEntry {
                     fmt_num(f),
                     fmt_num(p.backward)
                 ));
+            }
+            if let Some(h) = p.held {
+                for (pass, held, alone) in [
+                    ("forward", h.forward, p.forward),
+                    ("backward", h.backward, p.backward),
+                ] {
+                    if !(held.is_finite()
+                        && held > 0.0
+                        && held >= 0.5 * alone
+                        && held <= 2.0 * alone)
+                    {
+                        return Err(format!(
+                            "{at}: {part}.held.{pass} is {}; it is the same pass as \
+                             {part}.{pass} ({}) run with another micro-batch in flight, so it \
+                             must be positive and from half to twice that",
+                            fmt_num(held),
+                            fmt_num(alone)
+                        ));
+                    }
+                }
             }
             if let Some(w) = p.weight_grad
                 && !(w.is_finite() && (0.0..=p.backward).contains(&w))
@@ -569,6 +619,7 @@ impl ClusterSpec {
             backward: t.backward * sb,
             weight_grad: None,
             fused_backward: None,
+            held: None,
         };
         if e.embedding.is_none() {
             e.embedding = Some(scaled(at(0..0, 0, 2)));
@@ -647,6 +698,7 @@ pub fn implausible(
                 backward: o.backward,
                 weight_grad: None,
                 fused_backward: None,
+                held: None,
             },
             0.0,
         ));
@@ -824,6 +876,13 @@ impl ChipType {
             },
             fused_backward: match (a.fused_backward, c.fused_backward) {
                 (Some(x), Some(y)) => Some(mix(x, y)),
+                _ => None,
+            },
+            held: match (a.held, c.held) {
+                (Some(x), Some(y)) => Some(Held {
+                    forward: mix(x.forward, y.forward),
+                    backward: mix(x.backward, y.backward),
+                }),
                 _ => None,
             },
         };
@@ -1066,12 +1125,14 @@ mod tests {
                 backward: 0.1 * block,
                 weight_grad: None,
                 fused_backward: None,
+                held: None,
             }),
             block: Passes {
                 forward: block,
                 backward: 2.0 * block,
                 weight_grad: None,
                 fused_backward: None,
+                held: None,
             },
             attention: None,
             head: Some(Passes {
@@ -1079,6 +1140,7 @@ mod tests {
                 backward: 6.0 * block,
                 weight_grad: None,
                 fused_backward: None,
+                held: None,
             }),
             stage_overhead: None,
             optimizer_per_param: Some(1e-9),
@@ -1427,6 +1489,7 @@ mod tests {
             backward: 0.5,
             weight_grad: None,
             fused_backward: None,
+            held: None,
         });
         let c = halves.costs("x");
         assert_eq!((c.attention_forward, c.attention_backward), (0.25, 0.5));
@@ -1511,6 +1574,19 @@ mod tests {
             err.contains(
                 "block.fused_backward is 0.000000001; it is the same pass as block.backward (2)"
             ) && err.contains("from half to twice that"),
+            "{err}"
+        );
+        let mut e = entry("x", 2, 1.0);
+        e.block.held = Some(Held {
+            forward: e.block.forward * 1.01,
+            backward: e.block.backward * 3.0,
+        });
+        let err = ProfileFile::from_json_str(&serde_json::to_string(&file(vec![e])).unwrap())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("block.held.backward is 6; it is the same pass as block.backward (2)")
+                && err.contains("another micro-batch in flight"),
             "{err}"
         );
         // serde's type names are said as what the file holds there.

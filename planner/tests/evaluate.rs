@@ -434,12 +434,14 @@ fn a_profile_prices_the_types_it_covers_and_scales_to_other_tp() {
             backward: 0.002,
             weight_grad: None,
             fused_backward: None,
+            held: None,
         }),
         block: Passes {
             forward: 0.01 * b as f64,
             backward: 0.02 * b as f64,
             weight_grad: None,
             fused_backward: None,
+            held: None,
         },
         attention: None,
         head: Some(Passes {
@@ -447,6 +449,7 @@ fn a_profile_prices_the_types_it_covers_and_scales_to_other_tp() {
             backward: 0.01,
             weight_grad: None,
             fused_backward: None,
+            held: None,
         }),
         optimizer_per_param: Some(1e-11),
         block_activation_bytes: None,

@@ -56,7 +56,12 @@ impl Profile {
 /// pass), with `whole` the backward pass run whole too (after a forward
 /// pass of its own), and the device bytes its forward keeps for the
 /// backward (what the host holds after the forward less before it).
-fn time_passes(stage: &Stage, b: usize, reps: usize, whole: bool) -> Result<Timed> {
+///
+/// With `held` each micro-batch's backward pass runs after the next
+/// micro-batch's forward, as a 1F1B pipeline's stages before the last run
+/// them, the stage holding two micro-batches' activations; without it,
+/// right after its own forward, as a device alone and the last stage do.
+fn time_passes(stage: &Stage, b: usize, reps: usize, whole: bool, held: bool) -> Result<Timed> {
     let cfg = stage.config().clone();
     // Any valid tokens do: the costs do not depend on the values.
     let token = |i: usize| (i * 37 % cfg.vocab) as i32;
@@ -69,7 +74,12 @@ fn time_passes(stage: &Stage, b: usize, reps: usize, whole: bool) -> Result<Time
         .collect();
     let (mut fw, mut bw, mut ww, mut fused) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let mut kept = 0u64;
-    for _ in 0..reps + 1 {
+    // Forward passes run whose backward has not: (what the backward
+    // needs, the head's targets, the output gradient, the same input
+    // again for the whole pass).
+    let mut pending = std::collections::VecDeque::new();
+    let depth = 1 + usize::from(held);
+    for _ in 0..reps + depth {
         let input = match stage.range().embed {
             true => StageInput::Tokens(dev.from_slice(&tokens, &[b as i64, cfg.seq_len as i64])?),
             false => {
@@ -98,12 +108,19 @@ fn time_passes(stage: &Stage, b: usize, reps: usize, whole: bool) -> Result<Time
         let before = dev.memory_in_use();
         let start = Instant::now();
         let (saved, _, _) = stage.forward(input, t.clone())?;
-        let mid = Instant::now();
+        fw.push(start.elapsed().as_secs_f64());
         kept = kept.max(dev.memory_in_use().saturating_sub(before));
+        pending.push_back((saved, t, g, again));
+        if pending.len() < depth {
+            continue;
+        }
+        let Some((saved, t, g, again)) = pending.pop_front() else {
+            continue;
+        };
+        let mid = Instant::now();
         let (_, work) = stage.backward_split(saved, g.clone(), 1.0)?;
         let input_done = Instant::now();
         stage.weight_pass(work, &mut |_| Ok(()))?;
-        fw.push((mid - start).as_secs_f64());
         bw.push((input_done - mid).as_secs_f64());
         ww.push(input_done.elapsed().as_secs_f64());
         if whole {
@@ -232,8 +249,8 @@ pub fn profile_repeated(
     // run it): measured directly, where the difference of two noisy
     // stage times moved a slow chip's embedding between 0 and several
     // milliseconds from one profile to the next.
-    let e0 = time_passes(&st(range(0, true, false))?, b, reps, false)?;
-    let h0 = time_passes(&st(range(0, false, true))?, b, reps, false)?;
+    let e0 = time_passes(&st(range(0, true, false))?, b, reps, false, false)?;
+    let h0 = time_passes(&st(range(0, false, true))?, b, reps, false, false)?;
     // Blocks from a stage of all of them (up to 16, fewer when they do not
     // fit the device): a stage of many blocks no longer fits the caches
     // that one or two blocks fit, and its blocks cost more.
@@ -245,7 +262,19 @@ pub fn profile_repeated(
     while many > 1 && !fits(many) {
         many /= 2;
     }
-    let bn = time_passes(&st(range(many, false, false))?, b, reps / 2 + 1, true)?;
+    let blocks = st(range(many, false, false))?;
+    let bn = time_passes(&blocks, b, reps / 2 + 1, true, false)?;
+    // The same stage holding a second micro-batch in flight, as a 1F1B
+    // pipeline's stages before the last run it: its passes over the
+    // stage's alone give what holding costs (at least nothing: holding
+    // saves no work, and a ratio under 1 is the machine's noise).
+    let bh = time_passes(&blocks, b, reps / 2 + 1, false, true)?;
+    let held_ratio = |held: f64, alone: f64| (held / alone.max(f64::MIN_POSITIVE)).clamp(1.0, 2.0);
+    let held = (
+        held_ratio(bh.forward, bn.forward),
+        held_ratio(bh.backward(), bn.backward()),
+    );
+    drop(blocks);
     let k = many as f64;
     // How a block's time divides between its halves (a pipeline may cut a
     // block between them): each half alone, as a stage of that half only,
@@ -257,8 +286,8 @@ pub fn profile_repeated(
         embed: false,
         head: false,
     };
-    let att = time_passes(&st(half(0))?, b, reps, false)?;
-    let ffn = time_passes(&st(half(1))?, b, reps, false)?;
+    let att = time_passes(&st(half(0))?, b, reps, false, false)?;
+    let ffn = time_passes(&st(half(1))?, b, reps, false, false)?;
     // What every stage pays besides its parts: each stage timed here pays
     // it once, so the ends and the blocks are of the parts alone without it.
     // Every stage of one part timed here pays it too, so it is no more
@@ -339,6 +368,8 @@ pub fn profile_repeated(
             // The same work as the split passes, less their overhead: a
             // ratio above 1 (or far below) is the machine's noise.
             fused_backward_ratio: (bn.fused / bn.backward().max(f64::MIN_POSITIVE)).clamp(0.5, 1.0),
+            held_forward_ratio: held.0,
+            held_backward_ratio: held.1,
             stage_forward: overhead.0,
             stage_backward: overhead.1,
         },
@@ -386,9 +417,17 @@ fn median_profile(ps: &[Profile]) -> Profile {
         v.sort_by(f64::total_cmp);
         *cost(&mut costs) = v[v.len() / 2];
     }
-    let mut ratios: Vec<f64> = ps.iter().map(|p| p.costs.fused_backward_ratio).collect();
-    ratios.sort_by(f64::total_cmp);
-    costs.fused_backward_ratio = ratios[ratios.len() / 2];
+    // The ratios, each the median of the profiles'.
+    let ratios: [fn(&mut MeasuredDevice) -> &mut f64; 3] = [
+        |c| &mut c.fused_backward_ratio,
+        |c| &mut c.held_forward_ratio,
+        |c| &mut c.held_backward_ratio,
+    ];
+    for ratio in ratios {
+        let mut v: Vec<f64> = all.iter_mut().map(|c| *ratio(c)).collect();
+        v.sort_by(f64::total_cmp);
+        *ratio(&mut costs) = v[v.len() / 2];
+    }
     Profile {
         device: first.device.clone(),
         micro_batch: first.micro_batch,
@@ -808,7 +847,14 @@ pub fn auto_plan(
                 schedule,
                 ..measured_model(cfg, t, p.micro_batch, gb, choices)
             };
-            let (f, b) = measured::stage_pass_times(&costs[s.device], &model, s, j, p.stages.len());
+            let (f, b) = measured::stage_pass_times(
+                &costs[s.device],
+                &model,
+                s,
+                j,
+                p.stages.len(),
+                p.micro_batches,
+            );
             [f, b]
         })
     };
@@ -955,6 +1001,7 @@ pub fn to_file(
         backward,
         weight_grad: (weights > 0.0).then_some(weights),
         fused_backward: None,
+        held: None,
     };
     let entries = profiles
         .iter()
@@ -973,6 +1020,12 @@ pub fn to_file(
                 block: Passes {
                     fused_backward: (c.fused_backward_ratio > 0.0)
                         .then_some(c.fused_backward_ratio * c.block_backward),
+                    held: (c.held_forward_ratio > 0.0 && c.held_backward_ratio > 0.0).then_some(
+                        polychip_planner::profile::Held {
+                            forward: c.held_forward_ratio * c.block_forward,
+                            backward: c.held_backward_ratio * c.block_backward,
+                        },
+                    ),
                     ..passes(c.block_forward, c.block_backward, c.block_weight_grad)
                 },
                 attention: Some(passes(c.attention_forward, c.attention_backward, 0.0)),
