@@ -137,7 +137,7 @@ fn profile(args: &Args) -> Result<(), String> {
         let (embedding, head) = (e.embedding.unwrap_or_default(), e.head.unwrap_or_default());
         eprintln!(
             "{} (micro-batch {}): embedding {:.2}/{:.2} ms, block {:.2}/{:.2} ms, head \
-             {:.2}/{:.2} ms (forward/backward), optimizer {:.2} ns per parameter{}",
+             {:.2}/{:.2} ms (forward/backward), optimizer {:.2} ns per parameter{}{}",
             e.chip,
             e.micro_batch,
             1e3 * embedding.forward,
@@ -151,6 +151,11 @@ fn profile(args: &Args) -> Result<(), String> {
                 ", {:.2}/{:.2} ms more for any stage",
                 1e3 * o.forward,
                 1e3 * o.backward
+            )),
+            e.block.held.map_or_else(String::new, |h| format!(
+                ", block {:.2}/{:.2} ms holding a second micro-batch",
+                1e3 * h.forward,
+                1e3 * h.backward
             ))
         );
     }

@@ -559,7 +559,7 @@ fn resolve_plan(
                 let stage = c.stage_forward + c.stage_backward;
                 eprintln!(
                     "{} {} (micro-batch {}): block {:.2} ms, embedding {:.2} ms, head {:.2} \
-                     ms (forward + backward), optimizer {:.1} ns per parameter{}",
+                     ms (forward + backward), optimizer {:.1} ns per parameter{}{}",
                     match given {
                         Some(_) => "profile read for",
                         None => "profiled",
@@ -573,6 +573,15 @@ fn resolve_plan(
                     match stage > 0.0 {
                         true => format!(", {:.2} ms more for any stage", stage * 1e3),
                         false => String::new(),
+                    },
+                    match c.held() {
+                        (1.0, 1.0) => String::new(),
+                        (f, b) => format!(
+                            ", blocks {:+.1}%/{:+.1}% (forward/backward) holding a second \
+                             micro-batch",
+                            100.0 * (f - 1.0),
+                            100.0 * (b - 1.0)
+                        ),
                     }
                 );
             }

@@ -1116,6 +1116,17 @@ fn the_automatic_core_order_plans_each_pairing_and_keeps_the_least_expected_step
     // planning from it keeps that pairing whatever the --devices order.
     let file = read_json(&profile);
     assert_eq!(file["core_order"], v["core_order"], "{file}");
+    // Every entry gives the block's passes with a second micro-batch held
+    // too, never cheaper than without (the search prices a pipeline's
+    // stages before the last at them, and planning again from the file
+    // below gives the same plan only if they travel with it).
+    for e in file["entries"].as_array().unwrap() {
+        let (block, held) = (&e["block"], &e["block"]["held"]);
+        for pass in ["forward", "backward"] {
+            let (h, b) = (held[pass].as_f64(), block[pass].as_f64().unwrap());
+            assert!(h.is_some_and(|h| h >= b && h <= 2.0 * b), "{e}");
+        }
+    }
     let again = dir.join("again.json");
     let a = again.display().to_string();
     let err = plan_pinned(
