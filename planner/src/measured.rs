@@ -536,13 +536,32 @@ pub fn stage_pass_times(
 ) -> (f64, f64) {
     let span = Span::of(s, i, k);
     let (attention, ffn) = span.counts(model.ffn, model.kv_heads);
-    let (f, mut b) = stage_passes(d, attention, ffn, span.embed, span.head);
-    let splits = model.schedule == PipelineSchedule::ZeroBubble && i > 0;
-    if !splits {
-        b *= d.fused_backward();
-    }
-    let held = held_factors(d, model.schedule, i, k, m);
-    (f * held.0, b * held.1)
+    let (f, b) = stage_passes(d, attention, ffn, span.embed, span.head);
+    let (ff, fb) = schedule_factors(d, model.schedule, i, k, m);
+    (f * ff, b * fb)
+}
+
+/// What stage `i` of a pipeline of `k` running `m` micro-batches under
+/// `schedule` pays on a device of costs `d` over its parts' measured
+/// passes, forward and backward: the backward pass run whole unless the
+/// stage splits it ([`MeasuredDevice::fused_backward`]; a zero-bubble
+/// stage that sends a gradient splits it), and both passes slower where
+/// the stage holds other micro-batches in flight ([`held_factors`]). The
+/// measured search ([`stage_pass_times`]) and the cluster planner's
+/// measured chip types (`profile::apply_measured`) both price a stage so.
+pub fn schedule_factors(
+    d: &MeasuredDevice,
+    schedule: PipelineSchedule,
+    i: usize,
+    k: usize,
+    m: usize,
+) -> (f64, f64) {
+    let fused = match schedule == PipelineSchedule::ZeroBubble && i > 0 {
+        true => 1.0,
+        false => d.fused_backward(),
+    };
+    let held = held_factors(d, schedule, i, k, m);
+    (held.0, fused * held.1)
 }
 
 /// The simulated step of one pipeline of `m` micro-batches whose every

@@ -1056,8 +1056,19 @@ pub(crate) fn apply_measured(
     } else {
         1.0
     };
-    timing.forward = f;
-    timing.backward = b;
+    // The schedule's part, as the trainer's measured search prices it: the
+    // backward pass run whole where the stage does not split it, and both
+    // passes slower where it holds other micro-batches in flight (1 where
+    // the profile does not measure them, as other frameworks' do not).
+    let (ff, fb) = crate::measured::schedule_factors(
+        &costs,
+        settings.schedule,
+        stage.index,
+        stage.num_stages,
+        mb.count as usize,
+    );
+    timing.forward = f * ff;
+    timing.backward = b * fb;
     timing.weight_grad = (weight_share * timing.backward).min(timing.backward);
     timing.optimizer = params / shard * costs.optimizer_per_param;
 }

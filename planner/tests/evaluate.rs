@@ -421,11 +421,10 @@ fn inconsistent_plans_are_refused_naming_what_is_wrong() {
     PlanSpec::parse(&v.to_string(), true).unwrap();
 }
 
-#[test]
-fn a_profile_prices_the_types_it_covers_and_scales_to_other_tp() {
-    let m = ModelSpec::llama_7b();
-    let mut c = example_cluster();
-    let entry = |b: u64| ProfileEntry {
+/// A profile entry of the example cluster's A800 type at micro-batch `b`
+/// (LLaMA-7B, bf16): blocks 10 and 20 ms a sequence, the ends fixed.
+fn a800_entry(b: u64) -> ProfileEntry {
+    ProfileEntry {
         chip: "nvidia-a800-class".into(),
         micro_batch: b,
         tp: 1,
@@ -455,15 +454,27 @@ fn a_profile_prices_the_types_it_covers_and_scales_to_other_tp() {
         block_activation_bytes: None,
         stage_overhead: None,
         peak_memory_bytes: None,
-    };
-    let profile = ProfileFile {
+    }
+}
+
+/// A profile file of `entries` for LLaMA-7B in bf16.
+fn a800_profile(m: &ModelSpec, entries: Vec<ProfileEntry>) -> ProfileFile {
+    ProfileFile {
         format: FORMAT.into(),
         model: m.clone(),
         dtype: Dtype::Bf16,
         source: "test".into(),
-        entries: vec![entry(1), entry(2)],
+        entries,
         core_order: None,
-    };
+    }
+}
+
+#[test]
+fn a_profile_prices_the_types_it_covers_and_scales_to_other_tp() {
+    let m = ModelSpec::llama_7b();
+    let mut c = example_cluster();
+    let entry = a800_entry;
+    let profile = a800_profile(&m, vec![entry(1), entry(2)]);
     c.apply_profile(&profile, &m, &TrainingSettings::new(1))
         .unwrap();
     let plan = r#"{"group": [{"micro_batch_size": 2, "micro_batches": 4,
@@ -535,6 +546,52 @@ fn a_profile_prices_the_types_it_covers_and_scales_to_other_tp() {
         (t2.weight_grad - (32.0 * 0.03 + 0.004)).abs() < 1e-12,
         "{t2:?}"
     );
+}
+
+/// A profile's block passes run whole (`fused_backward`) and run holding
+/// a second micro-batch (`held`) price a pipeline's stages as the trainer's
+/// measured search prices them: under 1F1B every stage's backward pass
+/// whole, and the stages before the last (which hold more than one
+/// micro-batch in flight) at the held ratios; a profile without them (as
+/// other frameworks' are) prices every stage at its plain passes.
+#[test]
+fn a_profile_s_whole_and_held_passes_price_the_stages_that_run_them() {
+    let m = ModelSpec::llama_7b();
+    let plain = a800_profile(&m, vec![a800_entry(2)]);
+    let mut measured = plain.clone();
+    let block = &mut measured.entries[0].block;
+    block.fused_backward = Some(0.9 * block.backward);
+    block.held = Some(polychip_planner::profile::Held {
+        forward: 1.1 * block.forward,
+        backward: 1.2 * block.backward,
+    });
+    let plan = r#"{"group": [{"micro_batch_size": 2, "micro_batches": 8, "stages": [
+        {"device": "nvidia-a800-class", "layers": [0, 16]},
+        {"device": "nvidia-a800-class", "layers": [16, 32]}]}]}"#;
+    let spec = PlanSpec::parse(plan, true).unwrap();
+    let stages = |p: &ProfileFile, schedule| {
+        let mut c = example_cluster();
+        let mut s = TrainingSettings::new(1);
+        s.schedule = schedule;
+        c.apply_profile(p, &m, &s).unwrap();
+        let ev = evaluate(&spec, &m, &c, &s).unwrap();
+        let t = |i: usize| ev.plan.replicas[0].stages[i].timing.clone();
+        (t(0), t(1))
+    };
+    let close = |a: f64, b: f64| (a - b).abs() <= 1e-9 * b.abs();
+    let (p0, p1) = stages(&plain, PipelineSchedule::OneFOneB);
+    let (m0, m1) = stages(&measured, PipelineSchedule::OneFOneB);
+    assert!(close(m0.forward, 1.1 * p0.forward), "{m0:?} {p0:?}");
+    assert!(close(m0.backward, 0.9 * 1.2 * p0.backward), "{m0:?} {p0:?}");
+    assert!(close(m1.forward, p1.forward), "{m1:?} {p1:?}");
+    assert!(close(m1.backward, 0.9 * p1.backward), "{m1:?} {p1:?}");
+    // Under zero bubble the second stage splits its backward pass and
+    // holds its weights' gradients' inputs: split and held.
+    let (z1, zp1) = (
+        stages(&measured, PipelineSchedule::ZeroBubble).1,
+        stages(&plain, PipelineSchedule::ZeroBubble).1,
+    );
+    assert!(close(z1.backward, 1.2 * zp1.backward), "{z1:?} {zp1:?}");
 }
 
 fn plan_with(m: &ModelSpec, c: &ClusterSpec) -> polychip_planner::search::PlanReport {
