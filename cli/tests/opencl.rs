@@ -101,19 +101,23 @@ fn conform_passes_every_case_of_every_operator() {
     assert_eq!(code, 0, "{text}");
 }
 
-/// The row kernels (reductions, softmax, norms, embedding backward's sort,
-/// matmul's tiles) built for groups of 32 work-items, as a GPU whose
-/// kernels allow fewer than the device's 256 needs
-/// (`POLYCHIP_OPENCL_WORK_GROUP`), pass as they do at 256.
+/// The row kernels (reductions, softmax, norms, the key sort of embedding
+/// backward and of scatter_add, here made to sort every case, matmul's
+/// tiles) built for groups of 32 work-items, as a GPU whose kernels allow
+/// fewer than the device's 256 needs (`POLYCHIP_OPENCL_WORK_GROUP`), pass
+/// as they do at 256.
 #[test]
 fn row_kernels_pass_at_a_smaller_work_group() {
     let Some(plugin) = opencl() else {
         return;
     };
-    let ops = "^(sum|max|argmax|softmax|log_softmax_backward|cross_entropy|rms_norm|layer_norm_backward|embedding_backward|matmul|attention)$";
+    let ops = "^(sum|max|argmax|softmax|log_softmax_backward|cross_entropy|rms_norm|layer_norm_backward|embedding_backward|scatter_add|matmul|attention)$";
     let (code, text, doc) = conform_report(
         &["--plugin", &plugin, "--ops", ops, "--dtype", "f32"],
-        &[("POLYCHIP_OPENCL_WORK_GROUP", "32")],
+        &[
+            ("POLYCHIP_OPENCL_WORK_GROUP", "32"),
+            ("POLYCHIP_OPENCL_SCATTER_ADD", "sort"),
+        ],
     );
     let rows = doc["rows"]
         .as_array()
@@ -124,7 +128,7 @@ fn row_kernels_pass_at_a_smaller_work_group() {
         (0, 0),
         "{text}"
     );
-    assert_eq!(rows.len(), 11, "{text}");
+    assert_eq!(rows.len(), 12, "{text}");
     assert_eq!(code, 0, "{text}");
 }
 
