@@ -84,12 +84,14 @@ fn print(rows: &[Row], names: &[String]) {
                     hi * 1e6 / r.work
                 );
             } else {
+                // G... or M... per second.
+                let per = if r.unit.starts_with('M') { 1e6 } else { 1e9 };
                 line += &format!(
                     " {name} {:7.2} {} ({:.2}..{:.2})",
-                    rate(med) / 1e9,
+                    rate(med) / per,
                     r.unit,
-                    rate(hi) / 1e9,
-                    rate(lo) / 1e9
+                    rate(hi) / per,
+                    rate(lo) / per
                 );
             }
         }
@@ -224,19 +226,19 @@ fn main() {
     }
     rows.push(Row {
         name: "index_select f32 8192 of 4096x256".into(),
-        unit: "G elem/s",
+        unit: "M elem/s",
         work: (n * cols) as f64,
         times: select,
     });
     rows.push(Row {
         name: "index_add f32 8192 into 4096x256".into(),
-        unit: "G elem/s",
+        unit: "M elem/s",
         work: (n * cols) as f64,
         times: add,
     });
     rows.push(Row {
         name: "scatter_add f32 65536x64 into 16".into(),
-        unit: "G elem/s",
+        unit: "M elem/s",
         work: (65536 * 64) as f64,
         times: few,
     });

@@ -137,36 +137,43 @@ typedef A pc_scatter_acc;
 #endif
 
 // scatter_add without atomics, deterministic, in two formulations that
-// add the same updates in the same order (index order along dim), so they
-// give the same bits. A line: the positions of index, src and dst that
+// add the same updates in the same order (index order along dim) from the
+// element's old value, so they give the same bits. A line: the positions of index, src and dst that
 // differ only along dim; dl, il and sl are their layouts over index's
 // shape with dim's extent 1, dstep, istep and sstep their strides along
 // dim; K = k_len updates a line, D = places along dim.
 
-// The inverse walk. Over
-// global (D, lines), work-item (c, l) owns the dst element at place c
-// along dim of line l. It walks the line's K indices in order, adds every update whose
-// index is c to the element's old value in the accumulator, and stores
-// once, only if one landed (an element no update names keeps its bits).
-// Cost: K index reads per dst element of the lines, D * K per line: for
-// few places D.
+// The walk, for at most PC_WALK_PLACES places: over global (lines),
+// work-item l walks its line's K updates once, in order, and keeps the sum
+// of each place it meets in private memory (started from the element's
+// old value at its first update; `hit` marks the places met), then stores
+// those places once each: an element no update names keeps its bits.
+// Neighbouring work-items are neighbouring lines, which read neighbouring
+// indices where the index is compact. Cost: one read per update, and D
+// accumulators a work-item.
+#define PC_WALK_PLACES 64
 #define PC_SCATTER_ADD(NAME, IDX)                                                                \
-    __kernel void NAME(__global S *dst, pc_layout dl, long dstep, __global const IDX *idx,      \
-                       pc_layout il, long istep, __global const S *src, pc_layout sl,           \
-                       long sstep, long k_len, long count, __global const long *status) {       \
-        if (status[0] < count) return;                                                           \
-        long c = get_global_id(0), l = get_global_id(1);                                         \
-        long ib = pc_at(&il, l), sb = pc_at(&sl, l);                                             \
-        long at = pc_at(&dl, l) + c * dstep;                                                     \
-        pc_scatter_acc acc = PC_SCATTER_LD(dst, at);                                             \
-        int hit = 0;                                                                             \
+    __kernel void NAME(__global S *dst, pc_layout dl, long dstep, long places,                   \
+                       __global const IDX *idx, pc_layout il, long istep, __global const S *src, \
+                       pc_layout sl, long sstep, long k_len, long count,                         \
+                       __global const long *status) {                                            \
+        if (status[0] < count || places > PC_WALK_PLACES) return;                                \
+        long l = get_global_id(0);                                                               \
+        long ib = pc_at(&il, l), sb = pc_at(&sl, l), db = pc_at(&dl, l);                         \
+        pc_scatter_acc acc[PC_WALK_PLACES];                                                      \
+        ulong hit = 0;                                                                           \
         for (long k = 0; k < k_len; ++k) {                                                       \
-            if ((long)idx[ib + k * istep] == c) {                                                \
-                acc += PC_SCATTER_LD(src, sb + k * sstep);                                       \
-                hit = 1;                                                                         \
+            long c = (long)idx[ib + k * istep];                                                  \
+            if (c < 0 || c >= places) continue;                                                  \
+            ulong bit = (ulong)1 << c;                                                           \
+            if (!(hit & bit)) {                                                                  \
+                acc[c] = PC_SCATTER_LD(dst, db + c * dstep);                                     \
+                hit |= bit;                                                                      \
             }                                                                                    \
+            acc[c] += PC_SCATTER_LD(src, sb + k * sstep);                                        \
         }                                                                                        \
-        if (hit) PC_SCATTER_ST(dst, at, acc);                                                    \
+        for (long c = 0; c < places; ++c)                                                        \
+            if (hit & ((ulong)1 << c)) PC_SCATTER_ST(dst, db + c * dstep, acc[c]);               \
     }
 
 PC_SCATTER_ADD(pc_scatter_add_i32, int)

@@ -19,18 +19,20 @@
 //! old value in index order (f32 in f64 where the device has it, f16 and
 //! bf16 in f32, f64 in f64; integers wrapping) and rounds once, in one of
 //! two formulations that give the same bits:
-//! - the inverse walk, for at most [`WALK_MAX_PLACES`] places `D` along
-//!   `dim`: one work-item per destination element of the index's lines
-//!   reads its line's `K` indices (`K` the index's extent along `dim`),
-//!   `D * K` reads a line;
+//! - the walk, for at most [`WALK_MAX_PLACES`] places `D` along `dim`: one
+//!   work-item per line of the index (the positions that differ only along
+//!   `dim`) reads its `K` updates once, in order, keeping each place's sum
+//!   in private memory, and stores the places it met: one read per update;
 //! - sorted runs, for more places: keys `(line * D + index) << 32 | k` are
-//!   sorted on the device (the bitonic sort [`sort_keys`], which `embedding_backward` uses; one
-//!   line of keys when the index is one line expanded by zero strides, as
-//!   `index_add` passes it), and the first slot of each run adds the run:
-//!   `O(M log^2 M)` for `M` keys, then one read per update.
+//!   sorted on the device (the bitonic [`sort_keys`], which
+//!   `embedding_backward` uses; one line of keys when the index is one line
+//!   expanded by zero strides, as `index_add` passes it), and the first
+//!   slot of each run adds the run: `O(M log^2 M)` for `M` keys, then one
+//!   read per update. Past 2^32 - 2 lines times places, or 2^32 indices a
+//!   line, the keys do not fit and the call is UNIMPLEMENTED.
 //!
-//! `POLYCHIP_OPENCL_SCATTER_ADD=walk` or `sort` forces one (the tests run
-//! the suite through both).
+//! `POLYCHIP_OPENCL_SCATTER_ADD=sort` makes every call sort (the tests run
+//! the suite that way too).
 
 use std::sync::OnceLock;
 
@@ -174,7 +176,6 @@ pub fn gather(ctx: Ctx<'_>, args: &GatherArgs<'_>) -> Result<()> {
     }
     let limit = input.shape[dim] as usize;
     let flavor = Flavor::bits(input.dtype);
-    let status = check(&ctx, flavor, &index, limit)?;
     let base = without_dim(&input.strides, dim);
     let layouts = joint_layouts(
         &index.shape,
@@ -184,6 +185,7 @@ pub fn gather(ctx: Ctx<'_>, args: &GatherArgs<'_>) -> Result<()> {
             (out.offset, &out.strides),
         ],
     )?;
+    let status = check(&ctx, flavor, &index, limit)?;
     ctx.launch(flavor, &for_index("pc_gather", &index), &[n], None, |a| {
         a.mem(input.mem())?
             .value(layouts[0])?
@@ -203,36 +205,24 @@ pub fn gather(ctx: Ctx<'_>, args: &GatherArgs<'_>) -> Result<()> {
     ctx.finish()
 }
 
-/// The variable that forces one formulation of `scatter_add`: `walk` or
-/// `sort` (for tests; anything else is ignored with a warning).
+/// The variable that makes every `scatter_add` sort (`sort`), also where
+/// it would walk; for tests. Anything else is ignored with a warning.
 pub const SCATTER_ADD_VAR: &str = "POLYCHIP_OPENCL_SCATTER_ADD";
 
-/// Up to this many places along `dim`, `scatter_add` walks (D * K index
-/// reads a line are then no more than a sort of the line's keys costs).
+/// Up to this many places along `dim`, `scatter_add` walks (keeps each
+/// place's sum in private memory: `PC_WALK_PLACES` in `indexing.cl`).
 const WALK_MAX_PLACES: usize = 64;
 
-/// How `scatter_add` finds each element's updates.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Path {
-    /// Each destination element walks its line's indices.
-    Walk,
-    /// The (place, position) keys are sorted into runs.
-    Sort,
-}
-
-/// The formulation [`SCATTER_ADD_VAR`] forces, read once.
-fn forced_path() -> Option<Path> {
-    static FORCED: OnceLock<Option<Path>> = OnceLock::new();
-    *FORCED.get_or_init(|| {
-        let text = std::env::var(SCATTER_ADD_VAR).ok()?;
-        match text.trim() {
-            "walk" => Some(Path::Walk),
-            "sort" => Some(Path::Sort),
-            _ => {
-                log::warn!("opencl: {SCATTER_ADD_VAR}={text:?} is not `walk` or `sort`; ignored");
-                None
-            }
+/// Whether [`SCATTER_ADD_VAR`] makes every call sort, read once.
+fn always_sort() -> bool {
+    static SORT: OnceLock<bool> = OnceLock::new();
+    *SORT.get_or_init(|| match std::env::var(SCATTER_ADD_VAR) {
+        Ok(text) if text.trim() == "sort" => true,
+        Ok(text) => {
+            log::warn!("opencl: {SCATTER_ADD_VAR}={text:?} is not `sort`; ignored");
+            false
         }
+        Err(_) => false,
     })
 }
 
@@ -253,7 +243,6 @@ pub fn scatter_add(ctx: Ctx<'_>, args: &ScatterAddArgs<'_>) -> Result<()> {
         dtype => ctx.float(dtype)?,
     };
     let places = dst.shape[dim] as usize;
-    let status = check(&ctx, flavor, &index, places)?;
     // The lines: index's shape with dim's extent 1.
     let mut line_shape = index.shape.clone();
     let k_len = index.shape[dim] as usize;
@@ -276,22 +265,28 @@ pub fn scatter_add(ctx: Ctx<'_>, args: &ScatterAddArgs<'_>) -> Result<()> {
     // 2^32.
     let fits = (index_lines as u64).saturating_mul(places as u64) < u64::from(u32::MAX)
         && k_len as u64 <= u64::from(u32::MAX);
-    let path = match (forced_path(), fits) {
-        (Some(Path::Walk), _) | (_, false) => Path::Walk,
-        (Some(Path::Sort), true) => Path::Sort,
-        (None, true) if places > WALK_MAX_PLACES => Path::Sort,
-        (None, true) => Path::Walk,
-    };
-    if path == Path::Walk {
+    let walk = places <= WALK_MAX_PLACES && !(fits && always_sort());
+    if !walk && !fits {
+        return Err(Error::unimplemented(format!(
+            "opencl: scatter_add: {index_lines} lines of indices into {places} places along \
+             dimension {dim} of dst {:?}, {k_len} indices a line: past {WALK_MAX_PLACES} places \
+             the sorted formulation takes at most 2^32 - 2 (lines times places) and 2^32 \
+             indices a line",
+            dst.shape
+        )));
+    }
+    let status = check(&ctx, flavor, &index, places)?;
+    if walk {
         ctx.launch(
             flavor,
             &for_index("pc_scatter_add", &index),
-            &[places, lines],
+            &[lines],
             None,
             |a| {
                 a.mem(dst.mem())?
                     .value(layouts[0])?
                     .value(dst.strides[dim])?
+                    .value(places as i64)?
                     .mem(index.mem())?
                     .value(layouts[1])?
                     .value(index.strides[dim])?
