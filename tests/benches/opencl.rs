@@ -1,6 +1,7 @@
 //! The OpenCL plugin against Ferrite on the same cores, side by side in one
-//! run: matmul in f32 and bf16, causal attention forward and backward, and
-//! the cost of one small operator call (synchronous on the default stream,
+//! run: matmul in f32 and bf16, causal attention forward and backward,
+//! index_select, index_add and scatter_add (ABI 1.4's gather and
+//! scatter_add), and the cost of one small operator call (synchronous on the default stream,
 //! and queued on a stream then synchronized once per batch), which is where
 //! an asynchronous driver queue shows its cost.
 //!
@@ -83,12 +84,14 @@ fn print(rows: &[Row], names: &[String]) {
                     hi * 1e6 / r.work
                 );
             } else {
+                // G... or M... per second.
+                let per = if r.unit.starts_with('M') { 1e6 } else { 1e9 };
                 line += &format!(
                     " {name} {:7.2} {} ({:.2}..{:.2})",
-                    rate(med) / 1e9,
+                    rate(med) / per,
                     r.unit,
-                    rate(hi) / 1e9,
-                    rate(lo) / 1e9
+                    rate(hi) / per,
+                    rate(lo) / per
                 );
             }
         }
@@ -186,6 +189,59 @@ fn main() {
             times: bwd,
         });
     }
+
+    // ABI 1.4's indexing: index_select and index_add of 8,192 rows of a
+    // [4096, 256] f32 table (one line of indices expanded by a zero
+    // stride; OpenCL's scatter_add sorts it), and scatter_add of per-column
+    // indices into 16 places (OpenCL's walks).
+    let (places, cols, n) = (4096i64, 256i64, 8192i64);
+    let (mut select, mut add, mut few) = (Vec::new(), Vec::new(), Vec::new());
+    for d in &devices {
+        let ids: Vec<i64> = values(n as usize, 6)
+            .iter()
+            .map(|&x| ((x + 1.0) / 2.0 * places as f32) as i64 % places)
+            .collect();
+        let index = d.from_slice(&ids, &[n]).unwrap();
+        let index = index.as_strided(&[n, cols], &[1, 0], 0).unwrap();
+        let table = tensor(d, DType::F32, &[places, cols], 7);
+        let picked = d.zeros(DType::F32, &[n, cols]).unwrap();
+        let exec = d.exec();
+        select.push(time(rounds, || {
+            exec.gather(&table, &index, &picked, 0).unwrap()
+        }));
+        add.push(time(rounds, || {
+            exec.scatter_add(&table, &index, &picked, 0).unwrap()
+        }));
+        let (k, c) = (65536i64, 64i64);
+        let ids: Vec<i64> = values((k * c) as usize, 8)
+            .iter()
+            .map(|&x| ((x + 1.0) * 8.0) as i64 % 16)
+            .collect();
+        let index = d.from_slice(&ids, &[k, c]).unwrap();
+        let src = tensor(d, DType::F32, &[k, c], 9);
+        let dst = d.zeros(DType::F32, &[16, c]).unwrap();
+        few.push(time(rounds, || {
+            exec.scatter_add(&dst, &index, &src, 0).unwrap()
+        }));
+    }
+    rows.push(Row {
+        name: "index_select f32 8192 of 4096x256".into(),
+        unit: "M elem/s",
+        work: (n * cols) as f64,
+        times: select,
+    });
+    rows.push(Row {
+        name: "index_add f32 8192 into 4096x256".into(),
+        unit: "M elem/s",
+        work: (n * cols) as f64,
+        times: add,
+    });
+    rows.push(Row {
+        name: "scatter_add f32 65536x64 into 16".into(),
+        unit: "M elem/s",
+        work: (65536 * 64) as f64,
+        times: few,
+    });
 
     // One small call: scale of 16 f32.
     let calls = 200usize;

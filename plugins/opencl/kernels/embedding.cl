@@ -5,15 +5,16 @@
 // ids and rows ([N, H]) are compact. Each kernel comes in an i32 and an
 // i64 flavour of ids (PC_EMB_IDS below).
 //
-// Ids are checked on the device: pc_emb_check_* finds the first id outside
-// [0, V) and writes its position (N: none) and value to status[0..2]. The
-// lookup writes zeros for such ids (never a stray read); the backward does
-// nothing at all when status says an id is bad, so a refused call leaves
-// grad_weight as it was.
+// Ids are checked on the device: pc_index_check_* (indexing.cl) finds the
+// first id outside [0, V) and writes its position (N: none) and value to
+// status[0..2]. The lookup writes zeros for such ids (never a stray read);
+// the backward does nothing at all when status says an id is bad, so a
+// refused call leaves grad_weight as it was.
 //
 // The backward is deterministic without float atomics: the keys
-// (id << 32 | position) are sorted (bitonic, padded to a power of two of
-// at least 2 * PC_WG with ~0), so equal ids form runs in position order;
+// (id << 32 | position) are sorted (pc_sort_* in indexing.cl: bitonic,
+// padded to a power of two of at least 2 * PC_WG with ~0), so equal ids
+// form runs in position order;
 // the first slot of each run then adds the run's rows to its table row,
 // one work-item per column, in position order, and rounds once.
 
@@ -27,35 +28,6 @@ typedef ushort pc_emb_bits;
 #endif
 
 #define PC_EMB_NONE (~(ulong)0)
-
-// One work-group of PC_WG: the first position whose id is outside [0, V).
-#define PC_EMB_CHECK(NAME, IDX)                                                                  \
-    __kernel __attribute__((reqd_work_group_size(PC_WG, 1, 1))) void NAME(                       \
-        __global const IDX *ids, long ioff, long n, long vocab, __global long *status) {         \
-        __local long first[PC_WG];                                                               \
-        int t = (int)get_local_id(0);                                                            \
-        long f = n;                                                                              \
-        for (long j = t; j < n; j += PC_WG) {                                                    \
-            long id = (long)ids[ioff + j];                                                       \
-            if (id < 0 || id >= vocab) {                                                         \
-                f = j;                                                                           \
-                break;                                                                           \
-            }                                                                                    \
-        }                                                                                        \
-        first[t] = f;                                                                            \
-        for (int s = PC_WG / 2; s > 0; s >>= 1) {                                                \
-            barrier(CLK_LOCAL_MEM_FENCE);                                                        \
-            if (t < s) first[t] = min(first[t], first[t + s]);                                   \
-        }                                                                                        \
-        barrier(CLK_LOCAL_MEM_FENCE);                                                            \
-        if (t == 0) {                                                                            \
-            status[0] = first[0];                                                                \
-            status[1] = first[0] < n ? (long)ids[ioff + first[0]] : 0;                           \
-        }                                                                                        \
-    }
-
-PC_EMB_CHECK(pc_emb_check_i32, int)
-PC_EMB_CHECK(pc_emb_check_i64, long)
 
 // out[r, c] = weight[ids[r], c] over global (H, N).
 #define PC_EMB_GATHER(NAME, IDX)                                                                 \
@@ -81,46 +53,6 @@ PC_EMB_GATHER(pc_emb_gather_i64, long)
 
 PC_EMB_KEYS(pc_emb_keys_i32, int)
 PC_EMB_KEYS(pc_emb_keys_i64, long)
-
-// One step (k, j) over the whole array, j >= 2 * PC_WG: global (P / 2).
-__kernel void pc_emb_sort_step(__global ulong *keys, long k, long j) {
-    long t = get_global_id(0);
-    long i = 2 * j * (t / j) + (t % j);
-    int up = (i & k) == 0;
-    ulong a = keys[i], b = keys[i + j];
-    if ((a > b) == up) {
-        keys[i] = b;
-        keys[i + j] = a;
-    }
-}
-
-// The steps within blocks of 2 * PC_WG keys, in local memory: with k = 0,
-// every step of every k up to the block size (sorting each block); with
-// k > 0, the steps j = PC_WG .. 1 of that k. Global (P / 2), groups of PC_WG.
-__kernel __attribute__((reqd_work_group_size(PC_WG, 1, 1))) void
-pc_emb_sort_block(__global ulong *keys, long k) {
-    __local ulong l[2 * PC_WG];
-    long t = get_local_id(0);
-    long base = get_group_id(0) * (2 * PC_WG);
-    l[t] = keys[base + t];
-    l[t + PC_WG] = keys[base + t + PC_WG];
-    long k0 = k ? k : 2, k1 = k ? k : 2 * PC_WG;
-    for (long kk = k0; kk <= k1; kk <<= 1) {
-        for (long j = min(kk, (long)(2 * PC_WG)) >> 1; j > 0; j >>= 1) {
-            barrier(CLK_LOCAL_MEM_FENCE);
-            long i = 2 * j * (t / j) + (t % j);
-            int up = ((base + i) & kk) == 0;
-            ulong a = l[i], b = l[i + j];
-            if ((a > b) == up) {
-                l[i] = b;
-                l[i + j] = a;
-            }
-        }
-    }
-    barrier(CLK_LOCAL_MEM_FENCE);
-    keys[base + t] = l[t];
-    keys[base + t + PC_WG] = l[t + PC_WG];
-}
 
 // grad_weight[row, c] += the rows of grad_out whose id is row, over global
 // (H, N) of sorted slots: the first slot of each run does the run.

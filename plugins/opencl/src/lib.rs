@@ -31,12 +31,12 @@ use polychip_plugin_sdk::{
     ActivationBackwardArgs, ActivationBackwardOp, AdamwArgs, ArangeArgs, AttentionArgs,
     AttentionBackwardArgs, BinaryArgs, BinaryOp, BitwiseArgs, BitwiseOp, CastArgs, CompareArgs,
     CompareOp, ConvertArgs, CopyArgs, CopyKind, CrossEntropyArgs, CrossEntropyBackwardArgs,
-    CumsumArgs, DeviceProps, EmbeddingArgs, EmbeddingBackwardArgs, Error, FillArgs, Host,
-    LayerNormArgs, LayerNormBackwardArgs, LinearArgs, MaskedFillArgs, MatmulArgs, Operators,
+    CumsumArgs, DeviceProps, EmbeddingArgs, EmbeddingBackwardArgs, Error, FillArgs, GatherArgs,
+    Host, LayerNormArgs, LayerNormBackwardArgs, LinearArgs, MaskedFillArgs, MatmulArgs, Operators,
     OutputBackwardArgs, OutputBackwardOp, Plugin, PowScalarArgs, Queue, ReduceArgs, ReduceBoolArgs,
     ReduceBoolOp, ReduceOp, Result, RmsNormArgs, RmsNormBackwardArgs, RopeArgs, ScaleArgs,
-    SelectArgs, SoftmaxArgs, SoftmaxBackwardArgs, SumSquaresArgs, SwigluArgs, SwigluBackwardArgs,
-    UnaryArgs, UnaryOp, export_plugin,
+    ScatterAddArgs, SelectArgs, SoftmaxArgs, SoftmaxBackwardArgs, SumSquaresArgs, SwigluArgs,
+    SwigluBackwardArgs, UnaryArgs, UnaryOp, export_plugin,
 };
 
 use call::Ctx;
@@ -308,6 +308,8 @@ impl Operators for OpenCl {
         attention_backward(AttentionBackwardArgs<'_>) => attention::attention_backward;
         embedding(EmbeddingArgs<'_>) => embedding::embedding;
         embedding_backward(EmbeddingBackwardArgs<'_>) => embedding::embedding_backward;
+        gather(GatherArgs<'_>) => indexing::gather;
+        scatter_add(ScatterAddArgs<'_>) => indexing::scatter_add;
         adamw(AdamwArgs<'_>) => optim::adamw;
     }
 
@@ -418,7 +420,7 @@ export_plugin!(
         layer_norm_backward, rope, rope_backward, attention, attention_backward, embedding,
         embedding_backward, cross_entropy, cross_entropy_backward, adamw, scale, gelu_erf,
         gelu_erf_backward, sigmoid, sigmoid_backward, tanh_backward, sin, cos, select,
-        masked_fill, convert, arange, eq, ne, lt, le, gt, ge, cumsum, any, all,
-        bitwise_and, bitwise_or, bitwise_xor
+        masked_fill, convert, arange, eq, ne, lt, le, gt, ge, gather, scatter_add, cumsum, any,
+        all, bitwise_and, bitwise_or, bitwise_xor
     ]
 );

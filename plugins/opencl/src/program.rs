@@ -4,8 +4,9 @@
 //!
 //! A flavour is one storage type: the floating dtypes each get a program of
 //! every operator kernel (`-DPC_F32`, ...), the four element widths a
-//! program of copies and fills (`-DPC_BITS=uint`, ...), and the casts one
-//! program of their own. A build that fails is remembered with its build
+//! program of copies and fills and the operators that move bits or do
+//! integer arithmetic (`-DPC_BITS=uint`, ...: gather, integer
+//! scatter_add, ...), and the casts one program of their own. A build that fails is remembered with its build
 //! log, and every call that needs the program reports it.
 //!
 //! Kernel objects are not thread-safe while their arguments are set, so
@@ -31,6 +32,9 @@ use crate::driver::{ClResult, Device, cl_error};
 const COMMON: &str = include_str!("../kernels/common.cl");
 const DATA: &str = include_str!("../kernels/data.cl");
 const CAST: &str = include_str!("../kernels/cast.cl");
+/// The index check, gather and scatter_add: in the floating programs and
+/// in those by element width.
+const INDEXING: &str = include_str!("../kernels/indexing.cl");
 /// The operator kernels of the floating programs.
 const OPERATORS: &[&str] = &[
     include_str!("../kernels/elementwise.cl"),
@@ -41,6 +45,7 @@ const OPERATORS: &[&str] = &[
     include_str!("../kernels/attention.cl"),
     include_str!("../kernels/embedding.cl"),
     include_str!("../kernels/optim.cl"),
+    INDEXING,
 ];
 
 /// One program's storage type.
@@ -115,7 +120,7 @@ impl Flavor {
                 sources.extend_from_slice(OPERATORS)
             }
             Flavor::Cast => sources.push(CAST),
-            _ => sources.push(DATA),
+            _ => sources.extend_from_slice(&[DATA, INDEXING]),
         }
         sources
     }

@@ -6,6 +6,7 @@ pub mod attention;
 pub mod data;
 pub mod elementwise;
 pub mod embedding;
+pub mod indexing;
 pub mod matmul;
 pub mod norm;
 pub mod optim;
