@@ -353,6 +353,11 @@ SAMPLES.update(
         "_index_put_impl_": lambda to: aten._index_put_impl_(
             to(A.clone()), [to(torch.tensor([1, 0, 1]))], to(torch.ones(3, A.shape[1])), True
         ),
+        "index_select": lambda to: aten.index_select(to(A), 1, to(torch.tensor([3, 0, 3]))),
+        "index_select.out": _into(aten.index_select.out, _F, lambda to: to(A), 0, lambda to: to(torch.tensor([1, 1]))),
+        "index_add.out": _into(
+            aten.index_add.out, _F, lambda to: to(A), 1, lambda to: to(torch.tensor([2, 0, 2])), lambda to: to(P[:, :3])
+        ),
         "cumsum.out": _into(aten.cumsum.out, _F, lambda to: to(A), 1),
         "isneginf.out": _into(aten.isneginf.out, torch.bool, lambda to: to(A.log())),
         "isposinf.out": _into(aten.isposinf.out, torch.bool, lambda to: to(1 / A.round())),
@@ -907,6 +912,11 @@ def test_abi_1_4_operators_match_the_cpu(vendor, index):
         "index leading None": lambda t: t(x)[None, t(torch.tensor([[1, 3], [0, -2]]))],
         "index two": lambda t: t(x)[t(torch.tensor([0, 5, 2])), t(torch.tensor([4, -5, 1]))],
         "index dim 1": lambda t: t(x)[:, t(torch.tensor([4, 0, 0]))],
+        "index_select": lambda t: torch.index_select(t(x), 1, t(torch.tensor([4, 0, 0, 2]))),
+        "index_select int32 0-d": lambda t: t(x).index_select(-2, t(torch.tensor(5, dtype=torch.int32))),
+        "index_add ints": lambda t: torch.zeros(3, 5, dtype=torch.int64, device=t(x).device).index_add(
+            0, t(torch.tensor([2, 0, 2, 2])), t(torch.arange(20).reshape(4, 5))
+        ),
         "cumsum": lambda t: torch.cumsum(t(x), 1),
         "cumsum long row": lambda t: torch.cumsum(t(row), 0),
         "cumsum int64 of bool": lambda t: torch.cumsum(t(x > 0), 0),
@@ -936,6 +946,7 @@ def test_abi_1_4_operators_match_the_cpu(vendor, index):
     # another order than the CPU's: equal to rounding.
     close = {
         "scatter_add": lambda t: t(x).scatter_add(1, t(cols), t(torch.ones(6, 3))),
+        "index_add_": lambda t: t(x).clone().index_add_(1, t(torch.tensor([3, 3, 0])), t(torch.ones(6, 3))),
         "index_add backward": lambda t: _grad_of_index(t(x), t(torch.tensor([1, 1, 4, 0, 1]))),
     }
     for name, f in close.items():
@@ -963,6 +974,9 @@ def test_abi_1_4_indices_out_of_range_raise_as_on_the_cpu(vendor, index):
         lambda t: t(x)[t(torch.tensor([0, 3]))],
         lambda t: torch.gather(t(x), 0, t(torch.tensor([[3]]))),
         lambda t: torch.gather(t(x), 1, t(torch.tensor([[-1]]))),
+        lambda t: t(x).index_select(1, t(torch.tensor([4]))),
+        lambda t: t(x).index_select(0, t(torch.tensor([-1]))),
+        lambda t: t(x).index_add(0, t(torch.tensor([3])), t(torch.ones(1, 4))),
     ):
         with pytest.raises((IndexError, RuntimeError)):
             f(lambda v: v)

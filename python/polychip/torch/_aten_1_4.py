@@ -1,6 +1,8 @@
 """The aten operators that run on ABI 1.4's operators: ``gather``,
-``scatter_add``, advanced indexing by integer tensors (``index.Tensor`` and
-the accumulating ``index_put_``, as one ``gather`` or ``scatter_add`` along
+``scatter_add``, ``index_select`` and ``index_add`` (a ``gather`` and a
+``scatter_add`` whose index is one line expanded by zero strides),
+advanced indexing by integer tensors (``index.Tensor`` and the
+accumulating ``index_put_``, as one ``gather`` or ``scatter_add`` along
 the indexed dimension), ``cumsum``, ``any``/``all``, ``isneginf``/
 ``isposinf`` (a 1.3 comparison) and the bitwise operators (``bitwise_not``
 as ``xor`` with all ones). On a plugin whose table lacks a slot (ABI 1.3 or
@@ -107,6 +109,64 @@ def _scatter_add_(self: torch.Tensor, dim: int, index: torch.Tensor, src: torch.
     if self.dim() > 0 and _scatter_add_into(self, _dim(dim, self.dim()), index, src):
         return self
     return _fallback(aten.scatter_add_.default, self, dim, index, src)
+
+
+def _line(index: torch.Tensor, dim: int, shape: List[int]) -> torch.Tensor:
+    """A 1-D ``index`` laid along ``dim`` of ``shape`` by zero strides: the
+    index ``gather`` reads as ``index_select``'s and ``scatter_add`` as
+    ``index_add``'s (no copy)."""
+    view = [1] * len(shape)
+    view[dim] = index.numel()
+    return index.reshape(view).expand(*shape)
+
+
+def _index_select(self: torch.Tensor, dim: int, index: torch.Tensor) -> Optional[torch.Tensor]:
+    """``self.index_select(dim, index)`` as one ``gather``, or None (nothing
+    run: a 0-d ``self``, an index of more than one dimension, on another
+    device or of another dtype go to the CPU, which raises as it does)."""
+    if self.dim() == 0 or index.dim() > 1 or not _on_device(self, index):
+        return None
+    d = _dim(dim, self.dim())
+    if not 0 <= d < self.dim():
+        return None
+    shape = list(self.shape)
+    shape[d] = index.numel()
+    return _gather(self, d, _line(index.reshape(-1), d, shape))
+
+
+@_impl("index_select")
+def _index_select_functional(self: torch.Tensor, dim: int, index: torch.Tensor) -> torch.Tensor:
+    result = _index_select(self, dim, index)
+    if result is None:
+        return _fallback(aten.index_select.default, self, dim, index)
+    return result
+
+
+@_impl("index_select.out")
+def _index_select_out(self: torch.Tensor, dim: int, index: torch.Tensor, *, out: torch.Tensor) -> torch.Tensor:
+    result = _index_select(self, dim, index)
+    if result is None:
+        return _fallback(aten.index_select.out, self, dim, index, out=out)
+    return _write_into(out, result)
+
+
+@_impl("index_add.out")
+def _index_add_out(
+    self: torch.Tensor, dim: int, index: torch.Tensor, source: torch.Tensor, *, alpha: Any = 1, out: torch.Tensor
+) -> torch.Tensor:
+    """``index_add`` (and ``index_add_``, which PyTorch runs through it) as
+    one ``scatter_add`` into a copy of ``self``; shapes PyTorch refuses, an
+    ``alpha`` other than 1 and a 0-d ``self`` go to the CPU."""
+    if _on_device(self, index, source) and self.dim() > 0 and index.dim() <= 1 and isinstance(alpha, (int, float)) and alpha == 1:
+        d = _dim(dim, self.dim())
+        same_shape = source.dim() == self.dim() and all(
+            k == d or source.shape[k] == self.shape[k] for k in range(self.dim())
+        )
+        if 0 <= d < self.dim() and same_shape and source.shape[d] == index.numel():
+            result = self.clone()
+            if _scatter_add_into(result, d, _line(index.reshape(-1), d, list(source.shape)), source):
+                return _write_into(out, result)
+    return _fallback(aten.index_add.out, self, dim, index, source, alpha=alpha, out=out)
 
 
 # ------------------------------------------------------------ advanced indexing
