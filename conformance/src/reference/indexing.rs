@@ -62,6 +62,44 @@ pub fn scatter_add(dst: &Dense, index: &Dense, src: &Dense, dim: usize) -> Resul
     Ok(out)
 }
 
+/// [`scatter_add`] of integers of `bits` bits (32 or 64) on their exact
+/// values (`dst` and `src` as i64s, in row-major order: an i64 past 2^53
+/// is not a double), wrapping in two's complement as the ABI's integer
+/// `scatter_add` does; the result's elements as i64s.
+pub fn scatter_add_wrapping(
+    dst: &Dense,
+    dst_exact: &[i64],
+    index: &Dense,
+    src_exact: &[i64],
+    dim: usize,
+    bits: u32,
+) -> Result<Vec<i64>, RefError> {
+    check_index("scatter_add", dst, index, dim)?;
+    if dst_exact.len() != dst.numel()
+        || src_exact.len() != index.numel()
+        || !(1..=64).contains(&bits)
+    {
+        return Err(RefError::new(
+            "scatter_add",
+            format!(
+                "{} dst and {} src values for {} and {} elements of {bits} bits",
+                dst_exact.len(),
+                src_exact.len(),
+                dst.numel(),
+                index.numel()
+            ),
+        ));
+    }
+    let mut out = dst_exact.to_vec();
+    for (k, &v) in src_exact.iter().enumerate() {
+        let at = source(dst, index, dim, k);
+        out[at] = out[at].wrapping_add(v);
+    }
+    // Keep the low `bits` bits, sign-extended.
+    let shift = 64 - bits;
+    Ok(out.into_iter().map(|v| (v << shift) >> shift).collect())
+}
+
 /// The running sum of `input` along `dim`, in f64 from +0.
 pub fn cumsum(input: &Dense, dim: usize) -> Result<Dense, RefError> {
     if dim >= input.ndim() {
