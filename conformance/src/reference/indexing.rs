@@ -174,3 +174,34 @@ pub fn bitwise(op: &'static str, a: &Dense, b: &Dense) -> Result<Dense, RefError
         f(x, y) as f64
     }))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scatter_add_wrapping_wraps_per_width_and_keeps_i64_bits() {
+        let dst = Dense::new(&[3], vec![0.0; 3]);
+        let index = Dense::new(&[6], vec![0.0, 0.0, 0.0, 0.0, 1.0, 1.0]);
+        let q = 1i64 << 30;
+        let out = scatter_add_wrapping(&dst, &[q, 0, 9], &index, &[q, q, q, 7, i64::MAX, 3], 0, 32)
+            .unwrap();
+        // 2^32 + 7 keeps its low 32 bits; i64::MAX + 3 its low 32 bits,
+        // sign-extended (0xffff_ffff + 3 = 2); the untouched element stays.
+        assert_eq!(out, vec![7, 2, 9]);
+        let big = (1i64 << 53) + 1;
+        let out = scatter_add_wrapping(
+            &dst,
+            &[1 << 62, 0, 5],
+            &index,
+            &[1 << 62, 1 << 62, 1 << 62, 7, big, -(1 << 53)],
+            0,
+            64,
+        )
+        .unwrap();
+        assert_eq!(out, vec![7, 1, 5]);
+        // An index out of range is refused, as the other references do.
+        let bad = Dense::new(&[1], vec![3.0]);
+        assert!(scatter_add_wrapping(&dst, &[0, 0, 0], &bad, &[1], 0, 64).is_err());
+    }
+}
