@@ -365,6 +365,14 @@ bugs! {
     bitwise_and_through_f64: "bitwise-and-through-f64" on "bitwise_and" in "i64" => "extremes";
     bitwise_or_bool_as_sum: "bitwise-or-bool-as-sum" on "bitwise_or" in "bool" => "";
     bitwise_xor_low_32_bits: "bitwise-xor-low-32-bits" on "bitwise_xor" in "i64" => "extremes";
+    // Mutation round 15: a running sum from -0, a nonzero test on the low
+    // byte, integer updates saturating or through double, an index_select
+    // fast path written for dim 0.
+    cumsum_starts_negative_zero: "cumsum-starts-negative-zero" on "cumsum" in "f32,bf16" => "rows starting with -0";
+    any_tests_low_byte: "any-tests-low-byte" on "any" in "i32,i64" => "whose low byte is 0";
+    scatter_add_int_saturates: "scatter-add-int-saturates" on "scatter_add" in "i32,i64" => "past the ends of the range wrap";
+    scatter_add_int_through_f64: "scatter-add-int-through-f64" on "scatter_add" in "i64" => "past the ends of the range wrap";
+    gather_index_select_dim0_only: "gather-index-select-dim0-only" on "gather" in "f32" => "index_select along columns";
     // The host refuses step 0 itself (its argument checks run before any
     // plugin code), so no caller can reach this plugin's refusal: the bug is
     // unobservable through the host, and the suite cannot flag it.

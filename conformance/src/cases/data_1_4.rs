@@ -262,16 +262,23 @@ fn gather(dtype: DType) -> Vec<Case> {
 }
 
 fn gather_case(dtype: DType, p: &Plan, data: TensorSpec) -> Case {
-    let dim = p.dim;
+    gather_call(dtype, p.label.clone(), p.dim, data, index_tensor(p))
+}
+
+/// `gather` of `data` by `index` along `dim` into a compact `out`.
+pub(super) fn gather_call(
+    dtype: DType,
+    label: String,
+    dim: usize,
+    data: TensorSpec,
+    index: TensorSpec,
+) -> Case {
+    let out = output("out", dtype, &index.shape, Layout::Contiguous);
     case(
         "gather",
         dtype,
-        p.label.clone(),
-        vec![
-            data,
-            index_tensor(p),
-            output("out", dtype, &p.index, Layout::Contiguous),
-        ],
+        label,
+        vec![data, index, out],
         Tolerance::EXACT,
         move |exec, t| exec.gather(&t[0], &t[1], &t[2], dim as i32),
         move |d| Ok(vec![reference::gather(&d[0], &d[1], dim)?]),
@@ -351,11 +358,22 @@ fn scatter_add(dtype: DType) -> Vec<Case> {
 }
 
 fn scatter_add_case(dtype: DType, p: &Plan, tensors: [TensorSpec; 3], tol: Tolerance) -> Case {
-    let dim = p.dim;
+    scatter_add_call(dtype, p.label.clone(), p.dim, tensors, tol)
+}
+
+/// `scatter_add` into `dst` (the first of `tensors`, then `index` and
+/// `src`) along `dim`.
+pub(super) fn scatter_add_call(
+    dtype: DType,
+    label: String,
+    dim: usize,
+    tensors: [TensorSpec; 3],
+    tol: Tolerance,
+) -> Case {
     case(
         "scatter_add",
         dtype,
-        p.label.clone(),
+        label,
         tensors.into(),
         tol,
         move |exec, t| exec.scatter_add(&t[0], &t[1], &t[2], dim as i32),
@@ -475,7 +493,13 @@ fn cumsum_wraps(dtype: DType) -> Case {
     )
 }
 
-fn cumsum_case(dtype: DType, label: String, x: TensorSpec, dim: usize, tol: Tolerance) -> Case {
+pub(super) fn cumsum_case(
+    dtype: DType,
+    label: String,
+    x: TensorSpec,
+    dim: usize,
+    tol: Tolerance,
+) -> Case {
     let shape = x.shape.clone();
     case(
         "cumsum",
@@ -564,7 +588,7 @@ fn reduce_bool(op: ReduceBoolOp, dtype: DType) -> Vec<Case> {
 }
 
 #[allow(clippy::too_many_arguments)]
-fn reduce_bool_case(
+pub(super) fn reduce_bool_case(
     op: ReduceBoolOp,
     dtype: DType,
     shape: &[usize],

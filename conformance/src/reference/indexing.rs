@@ -62,6 +62,44 @@ pub fn scatter_add(dst: &Dense, index: &Dense, src: &Dense, dim: usize) -> Resul
     Ok(out)
 }
 
+/// [`scatter_add`] of integers of `bits` bits (32 or 64) on their exact
+/// values (`dst` and `src` as i64s, in row-major order: an i64 past 2^53
+/// is not a double), wrapping in two's complement as the ABI's integer
+/// `scatter_add` does; the result's elements as i64s.
+pub fn scatter_add_wrapping(
+    dst: &Dense,
+    dst_exact: &[i64],
+    index: &Dense,
+    src_exact: &[i64],
+    dim: usize,
+    bits: u32,
+) -> Result<Vec<i64>, RefError> {
+    check_index("scatter_add", dst, index, dim)?;
+    if dst_exact.len() != dst.numel()
+        || src_exact.len() != index.numel()
+        || !(1..=64).contains(&bits)
+    {
+        return Err(RefError::new(
+            "scatter_add",
+            format!(
+                "{} dst and {} src values for {} and {} elements of {bits} bits",
+                dst_exact.len(),
+                src_exact.len(),
+                dst.numel(),
+                index.numel()
+            ),
+        ));
+    }
+    let mut out = dst_exact.to_vec();
+    for (k, &v) in src_exact.iter().enumerate() {
+        let at = source(dst, index, dim, k);
+        out[at] = out[at].wrapping_add(v);
+    }
+    // Keep the low `bits` bits, sign-extended.
+    let shift = 64 - bits;
+    Ok(out.into_iter().map(|v| (v << shift) >> shift).collect())
+}
+
 /// The running sum of `input` along `dim`, in f64 from +0.
 pub fn cumsum(input: &Dense, dim: usize) -> Result<Dense, RefError> {
     if dim >= input.ndim() {
@@ -135,4 +173,35 @@ pub fn bitwise(op: &'static str, a: &Dense, b: &Dense) -> Result<Dense, RefError
         let y = b.data[broadcast_source(at, &b.shape)] as i64;
         f(x, y) as f64
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scatter_add_wrapping_wraps_per_width_and_keeps_i64_bits() {
+        let dst = Dense::new(&[3], vec![0.0; 3]);
+        let index = Dense::new(&[6], vec![0.0, 0.0, 0.0, 0.0, 1.0, 1.0]);
+        let q = 1i64 << 30;
+        let out = scatter_add_wrapping(&dst, &[q, 0, 9], &index, &[q, q, q, 7, i64::MAX, 3], 0, 32)
+            .unwrap();
+        // 2^32 + 7 keeps its low 32 bits; i64::MAX + 3 its low 32 bits,
+        // sign-extended (0xffff_ffff + 3 = 2); the untouched element stays.
+        assert_eq!(out, vec![7, 2, 9]);
+        let big = (1i64 << 53) + 1;
+        let out = scatter_add_wrapping(
+            &dst,
+            &[1 << 62, 0, 5],
+            &index,
+            &[1 << 62, 1 << 62, 1 << 62, 7, big, -(1 << 53)],
+            0,
+            64,
+        )
+        .unwrap();
+        assert_eq!(out, vec![7, 1, 5]);
+        // An index out of range is refused, as the other references do.
+        let bad = Dense::new(&[1], vec![3.0]);
+        assert!(scatter_add_wrapping(&dst, &[0, 0, 0], &bad, &[1], 0, 64).is_err());
+    }
 }

@@ -29,7 +29,7 @@ pub use elementwise::{
     exp, gelu, gelu_backward, log, neg, pow_scalar, relu, relu_backward, rsqrt, silu,
     silu_backward, sqrt, swiglu, swiglu_backward, tanh,
 };
-pub use indexing::{bitwise, cumsum, gather, reduce_bool, scatter_add};
+pub use indexing::{bitwise, cumsum, gather, reduce_bool, scatter_add, scatter_add_wrapping};
 pub use logic::{arange, compare, compare_fn, convert, cos, masked_fill, select, sin};
 pub use norm::{layer_norm, layer_norm_backward, rms_norm, rms_norm_backward, rope, rope_backward};
 pub use reduce::{

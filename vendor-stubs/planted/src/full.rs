@@ -17,7 +17,9 @@ use polychip_plugin_sdk::{
     UnaryOp,
 };
 
-use crate::mutants::{Bug, indexing as bad14, is, layout, numerics as bad, paths, round14 as r14};
+use crate::mutants::{
+    Bug, indexing as bad14, is, layout, numerics as bad, paths, round14 as r14, round15 as r15,
+};
 
 /// The kernels' name for a dtype.
 fn kernel_dtype(dtype: DType) -> kernels::DType {
@@ -447,7 +449,9 @@ pub mod ops {
     pub unsafe fn gather(args: &GatherArgs<'_>) -> Result<()> {
         let dim = args.dim;
         run!("gather", args => |[i, x, o]| {
-            if is(Bug::GatherWrapsNegativeIndex) && bad14::gather_wrapping(i, x, o, dim) {
+            if is(Bug::GatherWrapsNegativeIndex) && bad14::gather_wrapping(i, x, o, dim)
+                || is(Bug::GatherIndexSelectDim0Only) && r15::gather_select_dim0(i, x, o, dim)
+            {
                 return done();
             }
             kernels::gather(i, x, o, dim)
@@ -457,7 +461,10 @@ pub mod ops {
     pub unsafe fn scatter_add(args: &ScatterAddArgs<'_>) -> Result<()> {
         let dim = args.dim;
         run!("scatter_add", args => |[x, s, d]| {
-            if is(Bug::ScatterAddRoundsPerUpdate) && bad14::scatter_add_per_update(d, x, s, dim) {
+            if is(Bug::ScatterAddRoundsPerUpdate) && bad14::scatter_add_per_update(d, x, s, dim)
+                || is(Bug::ScatterAddIntSaturates) && r15::scatter_add_int(d, x, s, dim, false)
+                || is(Bug::ScatterAddIntThroughF64) && r15::scatter_add_int(d, x, s, dim, true)
+            {
                 return done();
             }
             kernels::scatter_add(d, x, s, dim)
@@ -467,7 +474,9 @@ pub mod ops {
     pub unsafe fn cumsum(args: &CumsumArgs<'_>) -> Result<()> {
         let dim = args.dim;
         run!("cumsum", args => |[i, o]| {
-            if is(Bug::CumsumAccumulatesInDtype) && bad14::cumsum_in_dtype(i, o, dim) {
+            if is(Bug::CumsumAccumulatesInDtype) && bad14::cumsum_in_dtype(i, o, dim)
+                || is(Bug::CumsumStartsNegativeZero) && r15::cumsum_negative_zero_start(i, o, dim)
+            {
                 return done();
             }
             kernels::cumsum(i, o, dim)
@@ -482,7 +491,10 @@ pub mod ops {
         };
         run!(op.name(), args => |[i, o]| {
             let planted = match op {
-                ReduceBoolOp::Any => is(Bug::AnyChecksFirst1024) && bad14::any_first_block(i, o, dim, keepdim),
+                ReduceBoolOp::Any => {
+                    is(Bug::AnyChecksFirst1024) && bad14::any_first_block(i, o, dim, keepdim)
+                        || is(Bug::AnyTestsLowByte) && r15::any_low_byte(i, o, dim)
+                }
                 ReduceBoolOp::All => is(Bug::AllNanAsZero) && bad14::all_nan_as_zero(i, o, dim),
             };
             if planted {

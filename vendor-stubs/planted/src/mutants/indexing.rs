@@ -11,7 +11,7 @@ use super::elems::{addresses, load, load_int, store, store_int};
 use super::numerics::broadcast_addresses;
 
 /// The row-major multi-index of element `k` of `shape`.
-fn coords(mut k: usize, shape: &[i64]) -> Vec<i64> {
+pub(super) fn coords(mut k: usize, shape: &[i64]) -> Vec<i64> {
     let mut c = vec![0; shape.len()];
     for d in (0..shape.len()).rev() {
         c[d] = (k % shape[d] as usize) as i64;
@@ -22,7 +22,7 @@ fn coords(mut k: usize, shape: &[i64]) -> Vec<i64> {
 
 /// The address of `data`'s element at the coordinates of element `k` of
 /// `shape` with its coordinate along `dim` replaced by `at`.
-fn element(data: &View<'_>, shape: &[i64], k: usize, dim: usize, at: i64) -> *mut u8 {
+pub(super) fn element(data: &View<'_>, shape: &[i64], k: usize, dim: usize, at: i64) -> *mut u8 {
     let mut c = coords(k, shape);
     c[dim] = at;
     let off: i64 = c.iter().zip(data.strides).map(|(i, s)| i * s).sum();
@@ -32,7 +32,7 @@ fn element(data: &View<'_>, shape: &[i64], k: usize, dim: usize, at: i64) -> *mu
 
 /// The indices of `index` (row-major), or None if one is outside
 /// `[lo, n)` (the correct kernel then refuses the call).
-unsafe fn indices(index: &View<'_>, lo: i64, n: i64) -> Option<Vec<i64>> {
+pub(super) unsafe fn indices(index: &View<'_>, lo: i64, n: i64) -> Option<Vec<i64>> {
     let idx: Vec<i64> = addresses(index)
         .into_iter()
         // SAFETY: addresses of live index elements.
@@ -91,7 +91,7 @@ pub unsafe fn scatter_add_per_update(
 }
 
 /// The row-major distance between neighbours along `dim` of `shape`.
-fn inner(shape: &[i64], dim: usize) -> usize {
+pub(super) fn inner(shape: &[i64], dim: usize) -> usize {
     shape[dim + 1..].iter().product::<i64>() as usize
 }
 

@@ -20,6 +20,7 @@ pub mod layout;
 pub mod numerics;
 pub mod paths;
 pub mod round14;
+pub mod round15;
 
 use std::sync::OnceLock;
 
@@ -196,6 +197,11 @@ pub enum Bug {
     BitwiseAndThroughF64,
     BitwiseOrBoolAsSum,
     BitwiseXorLow32Bits,
+    CumsumStartsNegativeZero,
+    AnyTestsLowByte,
+    ScatterAddIntSaturates,
+    ScatterAddIntThroughF64,
+    GatherIndexSelectDim0Only,
     StreamWaitEventIgnored,
     EventRecordCompletesAtOnce,
     EventSynchronizeReturnsAtOnce,
@@ -595,6 +601,24 @@ catalog! {
     BitwiseXorLow32Bits "bitwise-xor-low-32-bits" "bitwise_xor" EdgeValues:
         "bitwise_xor of i64 by the 32-bit kernel: the low halves, sign-extended; the high bits are lost"
         => "every pair of the dtype's extremes (i64)";
+    // Mutation round 15: a running sum from -0, a nonzero test on the low
+    // byte, integer updates saturating or through double, an index_select
+    // fast path written for dim 0.
+    CumsumStartsNegativeZero "cumsum-starts-negative-zero" "cumsum" EdgeValues:
+        "cumsum starts its running sum from -0 (IEEE's additive identity, so that x + acc is x for every x) where the ABI and PyTorch start from +0: a row that starts with -0 keeps -0 in its first outputs"
+        => "rows starting with -0";
+    AnyTestsLowByte "any-tests-low-byte" "any" EdgeValues:
+        "any of i32 and i64 tests each element's first byte (the bool kernel run on every dtype): 256, 2^24, the sign bit and 2^32 count as zero"
+        => "nonzero values whose low byte is 0";
+    ScatterAddIntSaturates "scatter-add-int-saturates" "scatter_add" EdgeValues:
+        "integer scatter_add saturates each update at the dtype's range (a saturating atomic) where the ABI and PyTorch wrap: partial sums that leave the range and come back end at the limit"
+        => "partial sums past the ends of the range wrap";
+    ScatterAddIntThroughF64 "scatter-add-int-through-f64" "scatter_add" EdgeValues:
+        "integer scatter_add adds each update in double (one accumulation path for every dtype): i64 updates past 2^53 lose their low bits"
+        => "partial sums past the ends of the range wrap (i64 updates past 2^53)";
+    GatherIndexSelectDim0Only "gather-index-select-dim0-only" "gather" Path:
+        "gather with an index that has a zero stride on every dimension but dim (PyTorch's index_select) takes a row-copy fast path written for dim 0: along dim 1 it copies whole rows by the first index of each row"
+        => "an index_select along columns (zero-stride index, dim 1)";
     // Stop 44: what a call leaves behind on its thread and in the process.
     ScaleLeavesFtzOn "scale-leaves-ftz-on" "scale" State:
         "scale turns on flush-to-zero and denormals-are-zero for speed and returns without restoring them: every later floating-point operation of the calling thread flushes subnormals (ABI rule 12)"
