@@ -218,7 +218,7 @@ pub fn run(args: &Args) -> ExitCode {
         match check_plugin(args, plugin, &units, &waivers) {
             Ok(Checked::Done(report, results)) => {
                 print!("{}", report.table());
-                reports.push(report);
+                reports.push(*report);
                 all_results.push(results);
             }
             Ok(Checked::Interrupted {
@@ -269,7 +269,7 @@ pub fn run(args: &Args) -> ExitCode {
 /// What checking one plugin came to.
 enum Checked {
     /// Every selected case ran.
-    Done(Report, Vec<CaseResult>),
+    Done(Box<Report>, Vec<CaseResult>),
     /// SIGINT, SIGTERM or SIGHUP stopped the suite after `done` of `total`
     /// cases.
     Interrupted {
@@ -376,7 +376,7 @@ fn check_plugin(
         started.elapsed().as_secs_f64(),
     )
     .with_load_findings(loaded.load_findings(), loaded.load_notes());
-    Ok(Checked::Done(report, results))
+    Ok(Checked::Done(Box::new(report), results))
 }
 
 /// The arguments that select the units, for a worker to select the same.

@@ -403,9 +403,7 @@ pub fn run_isolated(
             let _ = reader.join();
             tail.join().unwrap_or_default()
         };
-        let Some(now) = next(at) else {
-            return None;
-        };
+        let now = next(at)?;
         let message = if hung {
             format!(
                 "the plugin hung: no result within {} s (--case-timeout), so the worker was killed",
