@@ -156,6 +156,22 @@ fn a_negative_value_of_a_real_flag_reaches_its_range_check() {
         err.contains("--profile-error -1 is not a fraction between 0 and 0.5"),
         "{err}"
     );
+    // Not 300 digits (hostile sweep 6), with or without --plan auto.
+    for (flag, value) in [("--plan", "auto"), ("--device", "ferrite:0")] {
+        let err = refused(&[
+            "train",
+            "--model",
+            "mini",
+            flag,
+            value,
+            "--profile-error",
+            "1e300",
+        ]);
+        assert!(
+            err.contains("--profile-error 1e300 ") && err.len() < 300,
+            "{err}"
+        );
+    }
     let err = refused(&["conform", "--case-timeout", "-1", "--plugin", "x"]);
     assert!(
         err.contains("--case-timeout -1 is not a number of seconds"),
