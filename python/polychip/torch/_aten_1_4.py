@@ -93,6 +93,7 @@ def _gather(
 
 @_impl("gather.out")
 def _gather_out(self: torch.Tensor, dim: int, index: torch.Tensor, sparse_grad: bool = False, *, out: torch.Tensor) -> torch.Tensor:
+    _check_overlap(out, self, index)
     result = None if sparse_grad else _gather(self, _dim(dim, self.dim()), index)
     if result is None:
         return _fallback(aten.gather.out, self, dim, index, sparse_grad=sparse_grad, out=out)
@@ -253,6 +254,7 @@ def _index_put_impl_(
 @_impl("cumsum.out")
 def _cumsum_out(self: torch.Tensor, dim: int, dtype: Optional[torch.dtype] = None, *, out: torch.Tensor) -> torch.Tensor:
     op = aten.cumsum.out
+    _check_overlap(out, self)
     want = out.dtype
     if not _on_device(self, out) or _NAMES.get(want) not in ops.DTYPES["cumsum"] or (dtype is not None and dtype != want):
         return _fallback(op, self, dim, dtype=dtype, out=out)

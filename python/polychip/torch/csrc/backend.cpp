@@ -25,6 +25,7 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/EmptyTensor.h>
+#include <ATen/ExpandUtils.h>
 #include <ATen/MemoryOverlap.h>
 #include <ATen/NestedTensorImpl.h>
 #include <c10/core/CachingDeviceAllocator.h>
@@ -702,10 +703,16 @@ void reserve_fallback_result(const c10::OperatorHandle& op, const torch::jit::St
 }
 
 // The CPU fallback copies each device tensor to the host by itself, so an
-// input lying partly over a tensor the operator writes (`a[1:].lerp_(a[:-1],
-// w)`) was computed as if cloned, where PyTorch's CPU refuses it: refused
-// here as there, before anything runs (hostile sweep 6).
+// input lying partly over the tensor an operator writes
+// (`a[1:].atan2_(a[:-1])`, `torch.sigmoid(a[:-1], out=a[1:])`) was
+// computed as if cloned, where PyTorch's CPU refuses it: refused here as
+// there, before anything runs (hostile sweep 6). For an `out=` operator
+// only an input that broadcasts to the output, as a pointwise operator's
+// does: the CPU takes a reduction's `out=` over its input
+// (`torch.sum(a, 0, out=a[0])`).
 void check_written_overlap(const c10::OperatorHandle& op, const torch::jit::Stack& stack) {
+  const auto& name = op.schema().name();
+  const bool in_place = !name.empty() && name.back() == '_';
   const auto& args = op.schema().arguments();
   const auto base = stack.size() - args.size();
   for (size_t i = 0; i < args.size(); ++i) {
@@ -715,6 +722,7 @@ void check_written_overlap(const c10::OperatorHandle& op, const torch::jit::Stac
     for (size_t j = 0; j < args.size(); ++j) {
       const auto& r = stack[base + j];
       if (j == i || !r.isTensor() || !r.toTensor().defined() || !is_polychip(r.toTensor())) continue;
+      if (!in_place && !at::is_expandable_to(r.toTensor().sizes(), w.toTensor().sizes())) continue;
       at::assert_no_partial_overlap(w.toTensor(), r.toTensor());
     }
   }
