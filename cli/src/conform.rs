@@ -216,10 +216,24 @@ pub fn run(args: &Args) -> ExitCode {
     let mut all_results = Vec::new();
     for plugin in &plugins {
         match check_plugin(args, plugin, &units, &waivers) {
-            Ok((report, results)) => {
+            Ok(Checked::Done(report, results)) => {
                 print!("{}", report.table());
-                reports.push(report);
+                reports.push(*report);
                 all_results.push(results);
+            }
+            Ok(Checked::Interrupted {
+                signal,
+                done,
+                total,
+            }) => {
+                // Nothing half-done is written: no table, no reports.
+                eprintln!(
+                    "polychip conform: stopped by {} after {done} of {total} cases of {}; its \
+                     worker was stopped, and no report was written",
+                    polychip_files::signals::signal_name(signal),
+                    polychip_files::shown_path(plugin)
+                );
+                return ExitCode::from(128 + signal.clamp(1, 127) as u8);
             }
             Err(e) => return usage(e),
         }
@@ -252,12 +266,25 @@ pub fn run(args: &Args) -> ExitCode {
     }
 }
 
+/// What checking one plugin came to.
+enum Checked {
+    /// Every selected case ran.
+    Done(Box<Report>, Vec<CaseResult>),
+    /// SIGINT, SIGTERM or SIGHUP stopped the suite after `done` of `total`
+    /// cases.
+    Interrupted {
+        signal: i32,
+        done: usize,
+        total: usize,
+    },
+}
+
 fn check_plugin(
     args: &Args,
     plugin: &Path,
     units: &[Unit],
     waivers: &Waivers,
-) -> Result<(Report, Vec<CaseResult>), String> {
+) -> Result<Checked, String> {
     let runtime = if args.no_isolate {
         Runtime::load(&[plugin], &LoadOptions::default())
     } else {
@@ -319,7 +346,23 @@ fn check_plugin(
             selection: selection_args(args),
             case_timeout: Duration::from_secs_f64(args.case_timeout),
         };
-        suite::run_isolated(&iso, units, args.case, &mut on_result);
+        // A signal stops the worker with the suite: it ran on as an orphan
+        // when conform was ended by a signal it did not die of (SIGINT
+        // ignored in a background job) until 2026-12-06.
+        let signals = polychip_files::signals::SignalGuard::install();
+        let stopped =
+            suite::run_isolated(&iso, units, args.case, &mut on_result, || signals.caught());
+        if let Some(signal) = stopped {
+            if progress {
+                eprint!("\r{}\r", " ".repeat(80));
+            }
+            let done = results.len();
+            return Ok(Checked::Interrupted {
+                signal,
+                done,
+                total,
+            });
+        }
     }
     if progress {
         eprint!("\r{}\r", " ".repeat(80));
@@ -333,7 +376,7 @@ fn check_plugin(
         started.elapsed().as_secs_f64(),
     )
     .with_load_findings(loaded.load_findings(), loaded.load_notes());
-    Ok((report, results))
+    Ok(Checked::Done(Box::new(report), results))
 }
 
 /// The arguments that select the units, for a worker to select the same.

@@ -667,7 +667,12 @@ fn scores_table(runs: &[ScoredRun], s: &Scores) -> String {
     }
     out.push('\n');
     if let Some(m) = s.median_memory_error {
-        out.push_str(&format!("median peak-memory error: {:+.1}%\n", 100.0 * m));
+        out.push_str(&format!(
+            "median peak-memory error: {:+.1}% over the {} run(s) that ran and gave a peak (a \
+             failed run's peak is not counted)\n",
+            100.0 * m,
+            s.memory_runs
+        ));
     }
     out
 }

@@ -388,13 +388,15 @@ fn resolve_plan(
     let profile_error = match args.profile_error {
         Some(e) if !auto_mode => {
             return Err(TrainError::Plan(format!(
-                "--profile-error {e} applies to --plan auto, auto-pp or auto-dp only; this \
-                 job's layout is given"
+                "--profile-error {} applies to --plan auto, auto-pp or auto-dp only; this \
+                 job's layout is given",
+                polychip_planner::cluster::fmt_num(e)
             )));
         }
         Some(e) if !(0.0..=uncertainty::MAX_SIGMA).contains(&e) => {
             return Err(TrainError::Plan(format!(
-                "--profile-error {e} is not a fraction between 0 and {}",
+                "--profile-error {} is not a fraction between 0 and {}",
+                polychip_planner::cluster::fmt_num(e),
                 uncertainty::MAX_SIGMA
             )));
         }

@@ -156,6 +156,22 @@ fn a_negative_value_of_a_real_flag_reaches_its_range_check() {
         err.contains("--profile-error -1 is not a fraction between 0 and 0.5"),
         "{err}"
     );
+    // Not 300 digits (hostile sweep 6), with or without --plan auto.
+    for (flag, value) in [("--plan", "auto"), ("--device", "ferrite:0")] {
+        let err = refused(&[
+            "train",
+            "--model",
+            "mini",
+            flag,
+            value,
+            "--profile-error",
+            "1e300",
+        ]);
+        assert!(
+            err.contains("--profile-error 1e300 ") && err.len() < 300,
+            "{err}"
+        );
+    }
     let err = refused(&["conform", "--case-timeout", "-1", "--plugin", "x"]);
     assert!(
         err.contains("--case-timeout -1 is not a number of seconds"),
@@ -723,30 +739,34 @@ fn comm_variables_that_are_not_utf8_are_refused_and_no_bundled_takes_any_value()
     }
 }
 
-/// `polychip conform` killed (SIGTERM, whose default ends it at once) takes
-/// its case worker with it: the worker ran on as an orphan through the
-/// rest of the suite (or in a hung case for ever), its results written
-/// into a closed pipe and ignored.
-#[test]
-fn a_killed_conform_leaves_no_worker_running() {
+/// `polychip conform` started (with `sh -c 'trap "" INT; exec ...'` when
+/// `ignore_sigint`, as a background job of a non-interactive shell starts
+/// it), with the worker it runs the suite in: (conform, the worker's pid).
+/// None when Ferrite's plugin is not built.
+// The child is returned to the caller, which waits for it (`stop_conform`).
+#[allow(clippy::zombie_processes)]
+fn conform_with_worker(ignore_sigint: bool) -> Option<(std::process::Child, String)> {
     let plugin = std::path::Path::new(env!("CARGO_BIN_EXE_polychip"))
         .with_file_name("libpolychip_vendor_ferrite.so");
     if !plugin.exists() {
         eprintln!("skipped: {} is not built", plugin.display());
-        return;
+        return None;
     }
-    let mut conform = Command::new(env!("CARGO_BIN_EXE_polychip"))
-        .args(["conform", "--plugin"])
+    let trap = if ignore_sigint { "trap '' INT; " } else { "" };
+    let mut conform = Command::new("sh")
+        .arg("-c")
+        .arg(format!(r#"{trap}exec "$0" conform --plugin "$1""#))
+        .arg(env!("CARGO_BIN_EXE_polychip"))
         .arg(&plugin)
         .env("POLYCHIP_NO_BUNDLED_PLUGINS", "1")
         .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
     let pid = conform.id();
     let children = format!("/proc/{pid}/task/{pid}/children");
     let started = std::time::Instant::now();
-    let worker = loop {
+    loop {
         let found = std::fs::read_to_string(&children)
             .unwrap_or_default()
             .split_whitespace()
@@ -756,31 +776,91 @@ fn a_killed_conform_leaves_no_worker_running() {
             })
             .map(str::to_string);
         if let Some(w) = found {
-            break w;
+            return Some((conform, w));
         }
-        assert!(
-            started.elapsed().as_secs() < 120,
-            "conform started no worker"
-        );
+        if started.elapsed().as_secs() >= 120 {
+            let _ = conform.kill();
+            let _ = conform.wait();
+            panic!("conform started no worker");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
+/// Sends `signal` to conform and waits (at most 10 s) for it and then its
+/// worker to end: conform's exit code and stderr. Panics, killing what is
+/// left, when either runs on.
+fn stop_conform(
+    mut conform: std::process::Child,
+    worker: &str,
+    signal: &str,
+) -> (Option<i32>, String) {
+    let pid = conform.id().to_string();
+    assert!(
+        Command::new("kill")
+            .args([signal, &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let since = std::time::Instant::now();
+    let running = |p: &str| {
+        std::path::Path::new(&format!("/proc/{p}")).exists()
+            && !std::fs::read_to_string(format!("/proc/{p}/stat"))
+                .unwrap_or_default()
+                .contains(") Z ")
+    };
+    let status = loop {
+        if let Some(status) = conform.try_wait().unwrap() {
+            break status;
+        }
+        if since.elapsed().as_secs() >= 10 {
+            let _ = Command::new("kill").args(["-KILL", worker, &pid]).status();
+            panic!("conform runs on 10 s after {signal}");
+        }
         std::thread::sleep(std::time::Duration::from_millis(50));
     };
-    let killed = Command::new("kill")
-        .args(["-TERM", &pid.to_string()])
-        .status()
-        .unwrap();
-    assert!(killed.success());
-    conform.wait().unwrap();
-    let gone = std::time::Instant::now();
-    while std::path::Path::new(&format!("/proc/{worker}")).exists()
-        && !std::fs::read_to_string(format!("/proc/{worker}/stat"))
-            .unwrap_or_default()
-            .contains(") Z ")
-    {
-        if gone.elapsed().as_secs() >= 10 {
+    while running(worker) {
+        if since.elapsed().as_secs() >= 10 {
             // Not left running past the test.
-            let _ = Command::new("kill").args(["-KILL", &worker]).status();
-            panic!("the worker {worker} runs on after conform was killed");
+            let _ = Command::new("kill").args(["-KILL", worker]).status();
+            panic!("the worker {worker} runs on after conform was stopped by {signal}");
         }
         std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut conform.stderr.take().unwrap(), &mut err).unwrap();
+    (status.code(), err)
+}
+
+/// `polychip conform` killed (SIGTERM) takes its case worker with it: the
+/// worker ran on as an orphan through the rest of the suite (or in a hung
+/// case for ever), its results written into a closed pipe and ignored.
+#[test]
+fn a_killed_conform_leaves_no_worker_running() {
+    let Some((conform, worker)) = conform_with_worker(false) else {
+        return;
+    };
+    let (code, err) = stop_conform(conform, &worker, "-TERM");
+    assert_eq!(code, Some(128 + 15), "{err}");
+    assert!(err.contains("stopped by SIGTERM after"), "{err}");
+}
+
+/// SIGINT stops `polychip conform` and its worker and says so (exit 130),
+/// also when conform was started ignoring SIGINT (a background job of a
+/// non-interactive shell): it had no handler, so it died without a word
+/// or, ignoring SIGINT, ran the whole suite on (sweep 6).
+#[test]
+fn an_interrupted_conform_stops_its_worker_and_says_so() {
+    for ignored in [false, true] {
+        let Some((conform, worker)) = conform_with_worker(ignored) else {
+            return;
+        };
+        let (code, err) = stop_conform(conform, &worker, "-INT");
+        assert_eq!(code, Some(130), "SIGINT ignored at start: {ignored}: {err}");
+        assert!(
+            err.contains("stopped by SIGINT after") && err.contains("no report was written"),
+            "{err}"
+        );
     }
 }

@@ -172,7 +172,7 @@ pub fn launch(opts: &LaunchOptions) -> Result<LaunchOutcome> {
     // A secret or a job id every rank would refuse is refused before any
     // starts, naming its variable.
     crate::auth::JobAuth::new(secret.as_encoded_bytes(), job_id.as_str())?;
-    let signals = SignalGuard::install();
+    let signals = polychip_files::signals::SignalGuard::install();
 
     let (done_tx, done_rx) = mpsc::channel::<()>();
     // The raw OS error of the first failed write to our stdout (0: none).
@@ -261,7 +261,7 @@ pub fn launch(opts: &LaunchOptions) -> Result<LaunchOutcome> {
         if running == 0 {
             break;
         }
-        let caught = SIGNALLED.swap(0, Ordering::SeqCst);
+        let caught = signals.caught();
         if caught != 0 && interrupted.is_none() {
             interrupted = Some(caught);
             signal_all(&ranks, caught);
@@ -515,63 +515,6 @@ fn forward(
         }
         let _ = done.send(());
     })
-}
-
-/// The last of SIGINT, SIGTERM, SIGHUP received while a launch runs.
-static SIGNALLED: AtomicI32 = AtomicI32::new(0);
-
-extern "C" fn on_signal(sig: libc::c_int) {
-    SIGNALLED.store(sig, Ordering::SeqCst);
-}
-
-/// Catches SIGINT, SIGTERM and SIGHUP for the launch's duration, and puts
-/// the previous handlers back when dropped.
-struct SignalGuard {
-    previous: Vec<(libc::c_int, libc::sigaction)>,
-}
-
-impl std::fmt::Debug for SignalGuard {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SignalGuard").finish_non_exhaustive()
-    }
-}
-
-impl SignalGuard {
-    fn install() -> SignalGuard {
-        SIGNALLED.store(0, Ordering::SeqCst);
-        let mut previous = Vec::new();
-        for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
-            // SAFETY: sigaction is plain data; all-zero is a valid value
-            // (no handler, empty mask, no flags) that we then fill in.
-            let mut action: libc::sigaction = unsafe { std::mem::zeroed() };
-            action.sa_sigaction = on_signal as extern "C" fn(libc::c_int) as libc::sighandler_t;
-            action.sa_flags = libc::SA_RESTART;
-            // SAFETY: as above, a zeroed sigaction to receive the old one.
-            let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
-            // SAFETY: both pointers are to live, initialised sigaction
-            // values; the handler only stores to an atomic, which is
-            // async-signal-safe.
-            let rc = unsafe {
-                libc::sigemptyset(&mut action.sa_mask);
-                libc::sigaction(sig, &action, &mut old)
-            };
-            if rc == 0 {
-                previous.push((sig, old));
-            }
-        }
-        SignalGuard { previous }
-    }
-}
-
-impl Drop for SignalGuard {
-    fn drop(&mut self) {
-        for (sig, old) in &self.previous {
-            // SAFETY: `old` is the action sigaction gave us for `sig`.
-            unsafe {
-                libc::sigaction(*sig, old, std::ptr::null_mut());
-            }
-        }
-    }
 }
 
 #[cfg(test)]

@@ -265,12 +265,17 @@ fn parse_worker_line(line: &str) -> Option<WorkerLine> {
 /// gives no result for [`Isolation::case_timeout`], it is killed and that
 /// case fails as hung. Either way a new child continues with the next case.
 /// With `only`, `units` is one unit and only that case runs.
+///
+/// `interrupted` is asked about every 50 ms and after each result: when it
+/// gives a signal (not 0), the worker is killed and waited for, and that
+/// signal is returned with the suite unfinished (`None`: every case ran).
 pub fn run_isolated(
     iso: &Isolation,
     units: &[Unit],
     only: Option<usize>,
     mut emit: impl FnMut(CaseResult),
-) {
+    mut interrupted: impl FnMut() -> i32,
+) -> Option<i32> {
     // The cases each unit runs: [first, end).
     let first = only.unwrap_or(0);
     let ends: Vec<usize> = units
@@ -315,7 +320,7 @@ pub fn run_isolated(
                         emit(failed_case(unit, index, &labels, message.clone()));
                     }
                 }
-                return;
+                return None;
             }
         };
         let (tx, rx) = mpsc::channel();
@@ -352,8 +357,21 @@ pub fn run_isolated(
         // meanwhile does not extend it.
         let mut deadline = Instant::now() + iso.case_timeout;
         loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match rx.recv_timeout(left) {
+            let signal = interrupted();
+            if signal != 0 {
+                // Stopped from outside (SIGINT, SIGTERM): the worker goes
+                // with the suite instead of running on as an orphan.
+                let _ = child.kill();
+                let _ = child.wait();
+                return Some(signal);
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                hung = true;
+                let _ = child.kill();
+                break;
+            }
+            match rx.recv_timeout((deadline - now).min(Duration::from_millis(50))) {
                 Ok(line) => match parse_worker_line(&line) {
                     // What the plugin itself printed: not a result.
                     None => {}
@@ -373,11 +391,7 @@ pub fn run_isolated(
                     }
                 },
                 Err(RecvTimeoutError::Disconnected) => break,
-                Err(RecvTimeoutError::Timeout) => {
-                    hung = true;
-                    let _ = child.kill();
-                    break;
-                }
+                Err(RecvTimeoutError::Timeout) => {}
             }
         }
         let status = child.wait();
@@ -389,9 +403,7 @@ pub fn run_isolated(
             let _ = reader.join();
             tail.join().unwrap_or_default()
         };
-        let Some(now) = next(at) else {
-            return;
-        };
+        let now = next(at)?;
         let message = if hung {
             format!(
                 "the plugin hung: no result within {} s (--case-timeout), so the worker was killed",
@@ -406,6 +418,7 @@ pub fn run_isolated(
         emit(failed(now, message));
         at = (now.0, now.1 + 1);
     }
+    None
 }
 
 /// Case `index` of `unit` failed without a result of its own (the worker

@@ -20,8 +20,13 @@
 //!   terminal or reorder the line: control and bidirectional-formatting
 //!   characters are written as escapes.
 //!
+//! - A command running helper processes catches SIGINT, SIGTERM and SIGHUP
+//!   ([`signals::SignalGuard`]) to stop them and say why before it exits.
+//!
 //! Every other crate that reads or writes such files goes through these, so
 //! the rules (and their messages) are the same everywhere.
+
+pub mod signals;
 
 use std::fs::{File, FileType};
 use std::io::{Error, ErrorKind, Read, Write};

@@ -312,6 +312,21 @@ impl ProfileEntry {
             ("head", self.head),
         ];
         for (part, p) in parts.into_iter().filter_map(|(n, p)| Some((n, p?))) {
+            // Only the block's are read: another part's was ignored without
+            // a word until hostile sweep 6.
+            let only_block = [
+                ("fused_backward", p.fused_backward.is_some()),
+                ("held", p.held.is_some()),
+            ];
+            if let Some((field, _)) = only_block
+                .iter()
+                .find(|(_, given)| *given && part != "block")
+            {
+                return Err(format!(
+                    "{at}: {part}.{field} is given, but only the block's {field} is measured and \
+                     used (the {part}'s passes run once a micro-batch); remove it"
+                ));
+            }
             if let Some(f) = p.fused_backward
                 && !(f.is_finite() && f > 0.0 && f >= 0.5 * p.backward && f <= 2.0 * p.backward)
             {
@@ -1600,6 +1615,24 @@ mod tests {
                 && err.contains("another micro-batch in flight"),
             "{err}"
         );
+        // Only the block's held and fused passes are read: elsewhere they
+        // are refused, not ignored.
+        for field in ["held", "fused_backward"] {
+            let mut v = serde_json::to_value(file(vec![entry("x", 2, 1.0)])).unwrap();
+            v["entries"][0]["head"][field] = match field {
+                "held" => serde_json::json!({"forward": 1.0, "backward": 2.0}),
+                _ => serde_json::json!(2.0),
+            };
+            let err = ProfileFile::from_json_str(&v.to_string())
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains(&format!(
+                    "head.{field} is given, but only the block's {field}"
+                )),
+                "{err}"
+            );
+        }
         // serde's type names are said as what the file holds there.
         let mut v = serde_json::to_value(file(vec![entry("x", 2, 1.0)])).unwrap();
         v["entries"][0]["stage_overhead"] = "x".into();

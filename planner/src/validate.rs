@@ -333,8 +333,11 @@ pub struct Scores {
     /// The runs predicted not to fit that ran.
     pub predicted_not_to_fit_but_ran: Vec<String>,
     /// Median of (predicted - measured) / measured peak memory, over the
-    /// runs that give it.
+    /// runs that ran and give it (a failed run's peak is what it held when
+    /// it failed, not what it needed).
     pub median_memory_error: Option<f64>,
+    /// The runs [`Scores::median_memory_error`] is over.
+    pub memory_runs: usize,
 }
 
 /// Every run of `file` evaluated on `cluster` (its profile applied) for
@@ -380,8 +383,11 @@ pub fn scores(runs: &[ScoredRun]) -> Scores {
         .unzip();
     let some = !p.is_empty();
     let scale = some.then(|| one_scale(&p, &m));
+    // A run that did not fit has no meaningful measured peak (what it held
+    // when it failed): it counted in the median until 2026-12-06.
     let memory: Vec<f64> = runs
         .iter()
+        .filter(|r| r.ran)
         .filter_map(|r| {
             let m = r.measured_peak_memory_bytes?;
             Some((r.predicted_peak_memory_bytes - m) / m)
@@ -405,6 +411,7 @@ pub fn scores(runs: &[ScoredRun]) -> Scores {
         runs: runs.len(),
         predicted_to_fit_but_failed: names(&|r| r.predicted_fits && !r.ran),
         predicted_not_to_fit_but_ran: names(&|r| !r.predicted_fits && r.ran),
+        memory_runs: memory.len(),
         median_memory_error: (!memory.is_empty()).then(|| median(memory)),
     }
 }
@@ -519,6 +526,36 @@ mod tests {
         assert_eq!(topk_regret(&p, &m, 3), 0.0);
         assert!((one_scale(&[1.0, 4.0], &[2.0, 2.0]) - 1.0).abs() < 1e-12);
         assert!((median_error(&[1.0, 2.0, 4.0], &[1.0, 1.0, 1.0], 1.0) - 1.0).abs() < 1e-12);
+    }
+
+    /// A run that failed gives no meaningful peak (what it held when it
+    /// failed): it counted in the median memory error until 2026-12-06.
+    #[test]
+    fn failed_runs_peaks_are_not_in_the_memory_error() {
+        let run = |name: &str, ran: bool, measured: f64| ScoredRun {
+            name: name.into(),
+            global_batch: 8,
+            predicted_step_seconds: 1.0,
+            measured_step_seconds: ran.then_some(1.0),
+            predicted_fits: true,
+            ran,
+            predicted_peak_memory_bytes: 100.0,
+            measured_peak_memory_bytes: Some(measured),
+        };
+        // The ran run is 25% over; the failed ones' peaks would pull the
+        // median to -50%.
+        let s = scores(&[
+            run("a", true, 80.0),
+            run("b", false, 200.0),
+            run("c", false, 200.0),
+        ]);
+        assert_eq!(s.memory_runs, 1);
+        assert!(
+            (s.median_memory_error.unwrap() - 0.25).abs() < 1e-12,
+            "{s:?}"
+        );
+        let s = scores(&[run("b", false, 200.0)]);
+        assert_eq!((s.memory_runs, s.median_memory_error), (0, None));
     }
 
     #[test]

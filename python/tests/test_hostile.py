@@ -576,3 +576,193 @@ def test_torch_conversions_to_half_precision_round_as_the_cpu_does():
             for got in (x.to(d).to(dst), x.to(d, dst), x.to(d)[::2].to(dst)):
                 w = want if got.shape == want.shape else want[::2]
                 assert torch.equal(got.cpu(), w), (d, src, dst, got.cpu(), w)
+
+
+def test_torch_repeats_and_pads_a_device_cannot_hold_are_refused_before_the_host_builds_them():
+    """The reflect pad (a CPU kernel, run as a fallback) built its whole
+    result in host memory before the device refused it (600 MB of the host
+    for a 256 MiB device): the meta device sized only factories, and took
+    a pad's list of sizes for a list of tensors. `repeat_interleave` by a
+    tensor and `bincount`, sized by values, held 7.5 GB of the host for 27
+    s. Each result is now taken on the device first (hostile sweep 6);
+    `repeat`, `tile` and the other pads allocate on the device already."""
+    torch, devices = _torch_devices()
+    import resource
+
+    import polychip.torch as pt
+
+    small = [d for d in devices if pt.device_info(d.index)["memory_bytes"] <= 1 << 30]
+    if not small:
+        pytest.skip("no device of at most 1 GiB")
+    F = torch.nn.functional
+    for d in small:
+        x = torch.ones(1, 2, 4, device=d)
+        square = torch.ones(1, 2**12, 2**12, device=d)
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        for make in (
+            lambda: x.repeat(1, 2**14, 2**14),
+            lambda: torch.tile(x, (2**14, 2**14)),
+            lambda: F.pad(x, (2**29, 2**29), mode="replicate"),
+            lambda: F.pad(square, (2**12 - 1,) * 4, mode="reflect"),
+            lambda: torch.repeat_interleave(x, torch.tensor([2**30, 1], device=d), dim=1),
+            lambda: torch.bincount(torch.tensor([2**31], device=d)),
+        ):
+            with pytest.raises(RuntimeError, match="out of memory"):
+                make()
+        # ru_maxrss is in KiB: well under the gigabytes the host took.
+        assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 1 << 20
+        for make in (
+            lambda t: t.repeat(2, 1, 3),
+            lambda t: F.pad(t, (2, 3), mode="replicate"),
+            lambda t: F.pad(t, (2, 3), mode="reflect"),
+            lambda t: torch.repeat_interleave(t, torch.tensor([3, 1], device=t.device), dim=1),
+            lambda t: torch.bincount(t.flatten().long()),
+        ):
+            assert torch.equal(make(torch.arange(8.0).view(1, 2, 4).to(d)).cpu(), make(torch.arange(8.0).view(1, 2, 4)))
+
+
+def test_torch_in_place_ops_whose_input_lies_partly_over_the_output_raise_as_on_the_cpu():
+    """`a[1:].add_(a[:-1])` was computed on the device as if the input were
+    cloned; PyTorch's CPU refuses it (the elements overlap), before writing
+    anything. So does the device now, for in-place and out= operators,
+    copies, fallbacks and `scatter_add_` (which refuses even its own
+    source); full aliases (`a.add_(a)`) and disjoint views still work, and
+    an expanded output (one element written twice) is refused."""
+    torch, devices = _torch_devices()
+    partly = "some elements of the input tensor and the written-to tensor refer to a single memory location"
+    twice = "more than one element of the written-to tensor refers to a single memory location"
+    for d in devices:
+        for name, f, says in [
+            ("add_", lambda a: a[1:].add_(a[:-1]), partly),
+            ("mul_ transposed", lambda a: a[:4].view(2, 2).t().mul_(a[:4].view(2, 2)), partly),
+            ("sub out=", lambda a: torch.sub(a[:-1], 1.0, out=a[1:]), partly),
+            ("neg out=", lambda a: torch.neg(a[:-1], out=a[1:]), partly),
+            ("copy_", lambda a: a[1:].copy_(a[:-1]), partly),
+            ("lerp_", lambda a: a[1:].lerp_(a[:-1], 0.5), partly),
+            ("addcmul_", lambda a: a[1:].addcmul_(a[:-1], a[1:]), partly),
+            ("atan2_ (a fallback)", lambda a: a[1:].atan2_(a[:-1]), partly),
+            ("scatter_add_ of itself", lambda a: a.scatter_add_(0, torch.zeros(6, dtype=torch.long, device=a.device), a), partly),
+            ("sigmoid out= (a fallback)", lambda a: torch.sigmoid(a[:5], out=a[1:]), partly),
+            ("cumsum out=", lambda a: torch.cumsum(a[:3], 0, out=a[1:4]), partly),
+            ("gather out=", lambda a: torch.gather(a[:3], 0, torch.zeros(3, dtype=torch.long, device=a.device), out=a[1:4]), partly),
+            ("add_ into an expanded view", lambda a: a[:1].expand(3).add_(1.0), twice),
+            ("mul_ by a number into an expanded view", lambda a: a[:1].expand(3).mul_(2.0), twice),
+            ("copy_ into an expanded view", lambda a: a[:1].expand(3).copy_(a[3:]), twice),
+        ]:
+            for dev in ("cpu", d):
+                a = torch.arange(6.0, device=dev)
+                with pytest.raises(RuntimeError, match=says):
+                    f(a)
+                assert a.cpu().tolist() == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0], (dev, name)
+        # What the CPU takes: the same memory exactly, disjoint views, and
+        # a reduction's out= over its input (a fallback; what it reads of
+        # what it writes is the CPU kernel's order, so only taken).
+        for dev in ("cpu", d):
+            a = torch.arange(6.0, device=dev)
+            a.add_(a)
+            a[:3].add_(a[3:])
+            a[::2].mul_(a[1::2])
+            if dev == "cpu":
+                want = a.tolist()
+            m = a.view(2, 3)
+            torch.sum(m, 0, out=m[1])
+        assert a.cpu().tolist()[:3] == want[:3]
+
+
+def test_torch_abi_1_4_routes_check_dims_as_the_cpu_does():
+    """The ABI 1.4 routes took a dimension out of range to the plugin, whose
+    refusal was raised as "index out of range in self", reduced a repeated
+    `any`/`all` dim once (the CPU refuses it) and an empty dim list over
+    every dim (the CPU reduces none)."""
+    torch, devices = _torch_devices()
+    idx = torch.zeros(2, 3, dtype=torch.long)
+    for d in devices:
+        for dev in ("cpu", d):
+            x = torch.ones(2, 3, device=dev)
+            i = idx.to(dev)
+            for f, says in [
+                (lambda: x.gather(5, i), r"range of \[-2, 1\], but got 5"),
+                (lambda: x.gather(-3, i), r"range of \[-2, 1\], but got -3"),
+                (lambda: x.cumsum(2), r"range of \[-2, 1\], but got 2"),
+                (lambda: x.scatter_add(7, i, x), r"range of \[-2, 1\], but got 7"),
+                (lambda: x.any(dim=(0, 4)), r"range of \[-2, 1\], but got 4"),
+                (lambda: x.all(dim=-3), r"range of \[-2, 1\], but got -3"),
+                (lambda: torch.tensor(1.0, device=dev).cumsum(1), r"range of \[-1, 0\], but got 1"),
+            ]:
+                with pytest.raises(IndexError, match=says):
+                    f()
+            with pytest.raises(RuntimeError, match="dim 0 appears multiple times"):
+                x.any(dim=(0, -2))
+        x = torch.tensor([[0.0, 1.0, 2.0], [3.0, 0.0, 5.0]])
+        for f in (lambda t: t.all(dim=()), lambda t: t.any(dim=()), lambda t: t.any(dim=(0, 1), keepdim=True)):
+            want = f(x)
+            got = f(x.to(d)).cpu()
+            assert got.shape == want.shape and torch.equal(got, want)
+
+
+def test_torch_abi_1_4_routes_refuse_and_take_what_the_cpu_does():
+    """An index out of range in `gather`, `scatter_add` or advanced indexing
+    was an IndexError quoting the plugin ("index out of range in self
+    (polychip_op_gather: ...)"): the CPU raises a RuntimeError for `gather`
+    and `scatter_add` and an IndexError for indexing, naming the index,
+    the dimension and its size; and an index past its own dimension but
+    inside the indexed dimensions merged (`x[[0], [9]]` of a 3 x 4 `x`)
+    read or added into another element. `x & 3` (a Python number) raised
+    "Expected a value of type 'Tensor'"; `torch.any(x, 0, out=f)` wrote
+    into a float `out` the CPU refuses; `embedding` and `cross_entropy`
+    refused an index out of range with the plugin's InvalidArgument where
+    the CPU raises an IndexError (hostile sweep 6)."""
+    torch, devices = _torch_devices()
+    F = torch.nn.functional
+    for d in devices:
+        for dev in ("cpu", d):
+            x = torch.arange(12.0, device=dev).view(3, 4)
+            i = lambda v, shape=(3, 1): torch.full(shape, v, dtype=torch.long, device=dev)  # noqa: E731
+            for f, error, says in [
+                (lambda: x.gather(1, i(4)), RuntimeError, "index 4 is out of bounds for dimension 1 with size 4"),
+                (lambda: x.gather(1, i(-1)), RuntimeError, "index -1 is out of bounds for dimension 1 with size 4"),
+                (lambda: x.scatter_add(1, i(-1), torch.ones(3, 1, device=dev)), RuntimeError, "index -1 is out of bounds"),
+                (lambda: x[torch.tensor([3], device=dev)], IndexError, "index 3 is out of bounds for dimension 0 with size 3"),
+                (lambda: x[torch.tensor([-4], device=dev)], IndexError, "index -4 is out of bounds for dimension 0 with size 3"),
+                # The CPU names the place among the index tensors.
+                (lambda: x[:, torch.tensor([1, 9], device=dev)], IndexError, "index 9 is out of bounds for dimension 0 with size 4"),
+                # Past its own dimension but inside the merged one: the
+                # device read (or added into) another element.
+                (
+                    lambda: x[torch.tensor([0], device=dev), torch.tensor([9], device=dev)],
+                    IndexError,
+                    "index 9 is out of bounds for dimension 1 with size 4",
+                ),
+                (
+                    lambda: x[torch.tensor([1], device=dev), torch.tensor([-5], device=dev)],
+                    IndexError,
+                    "index -5 is out of bounds for dimension 1 with size 4",
+                ),
+                (
+                    lambda: x.index_put_(
+                        (torch.tensor([0], device=dev), torch.tensor([9], device=dev)), torch.ones(1, device=dev), accumulate=True
+                    ),
+                    IndexError,
+                    "index 9 is out of bounds for dimension 1 with size 4",
+                ),
+                (
+                    lambda: x.index_put_((torch.tensor([5], device=dev),), torch.ones(1, 4, device=dev), accumulate=True),
+                    IndexError,
+                    "index 5 is out of bounds for dimension 0 with size 3",
+                ),
+                (lambda: torch.any(x, 0, out=torch.empty(4, device=dev)), RuntimeError, "any only supports bool"),
+                (lambda: F.embedding(torch.tensor([5], device=dev), x), IndexError, "index out of range in self"),
+                (lambda: F.embedding(torch.tensor([-1], device=dev), x), IndexError, "index out of range in self"),
+                (lambda: F.cross_entropy(x, torch.tensor([0, 4, 1], device=dev)), IndexError, "Target 4 is out of bounds"),
+                (lambda: F.cross_entropy(x, torch.tensor([0, -2, 1], device=dev)), IndexError, "Target -2 is out of bounds"),
+            ]:
+                with pytest.raises(error, match=says):
+                    f()
+            assert x.cpu().flatten().tolist() == [float(v) for v in range(12)]
+        n = torch.tensor([1, 2, 6], device=d)
+        for f in (lambda t: t & 3, lambda t: t | 8, lambda t: t ^ True, lambda t: 5 & t):
+            want = f(n.cpu())
+            got = f(n).cpu()
+            assert got.dtype == want.dtype and torch.equal(got, want)
+        with pytest.raises(RuntimeError, match="bitwise_and"):
+            n & 1.5

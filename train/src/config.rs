@@ -324,6 +324,11 @@ pub fn eps_problem(value: f64, max: f64) -> Option<String> {
 /// value like 2^64 - 1 (a learning rate of 1e-22 for good) is refused.
 pub const MAX_WARMUP: u64 = 1_000_000_000;
 
+/// The most optimizer steps a run may have, a billion (hostile sweep 6:
+/// `--steps 18446744073709551615` was taken and trained as good as for
+/// ever).
+pub const MAX_STEPS: u64 = 1_000_000_000;
+
 /// Optimizer, schedule, batch and bookkeeping settings.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -447,6 +452,13 @@ impl TrainConfig {
             return bad(format!(
                 "eps is {why} (AdamW's epsilon guards a division: a large one stops the \
                  updates)"
+            ));
+        }
+        if self.steps > MAX_STEPS {
+            return bad(format!(
+                "steps is {}, more than the {MAX_STEPS} accepted (at a millisecond a step, \
+                 some 12 days; 2^64 - 1 ran as good as for ever)",
+                self.steps
             ));
         }
         if self.warmup > MAX_WARMUP {
@@ -655,15 +667,29 @@ mod tests {
             };
             assert_eq!(m.validate(), Ok(()), "{norm_eps}");
         }
-        let c = TrainConfig {
+        // A warm-up or a run of 2^64 - 1 steps (the run trained as good as
+        // for ever until hostile sweep 6).
+        let warmup = TrainConfig {
             warmup: u64::MAX,
             ..TrainConfig::default()
         };
-        let e = c.validate().unwrap_err().to_string();
-        assert!(
-            e.contains("warmup is 18446744073709551615 steps, more than the 1000000000"),
-            "{e}"
-        );
+        let steps = TrainConfig {
+            steps: u64::MAX,
+            ..TrainConfig::default()
+        };
+        for (c, says) in [
+            (
+                warmup,
+                "warmup is 18446744073709551615 steps, more than the 1000000000",
+            ),
+            (
+                steps,
+                "steps is 18446744073709551615, more than the 1000000000 accepted",
+            ),
+        ] {
+            let e = c.validate().unwrap_err().to_string();
+            assert!(e.contains(says), "{e}");
+        }
         // A warm-up longer than the steps (a run resumed with more) is fine.
         let c = TrainConfig {
             steps: 10,

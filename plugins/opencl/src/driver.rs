@@ -145,11 +145,15 @@ impl Info {
     /// only through copies (OpenCL gives the host no coherent access to a
     /// buffer outside a map, whatever the memory's physical home).
     pub fn props(&self) -> DeviceProps {
-        let peak = std::env::var("POLYCHIP_OPENCL_PEAK_GFLOPS")
-            .ok()
-            .and_then(|v| v.parse::<f64>().ok())
-            .filter(|v| v.is_finite() && *v > 0.0)
-            .map_or_else(|| self.derived_peak(), |g| g * 1e9);
+        let raw = std::env::var_os(PEAK_VAR).map(|v| v.to_string_lossy().into_owned());
+        let peak = match peak_override(raw.as_deref()) {
+            Ok(Some(flops)) => flops,
+            Ok(None) => self.derived_peak(),
+            Err(problem) => {
+                log::warn!("opencl: {problem}");
+                self.derived_peak()
+            }
+        };
         DeviceProps {
             name: self.short_name().to_owned(),
             memory_bytes: self.memory_bytes,
@@ -333,8 +337,43 @@ pub unsafe fn new_queue(
     unsafe { CommandQueue::create(context, device, 0) }.cl("clCreateCommandQueue")
 }
 
+/// The variable that overrides the peak the driver's figures give.
+pub const PEAK_VAR: &str = "POLYCHIP_OPENCL_PEAK_GFLOPS";
+
+/// [`PEAK_VAR`]'s value as FLOP/s: `None` when unset or empty, an error
+/// naming the variable and its range when it is not a number of GFLOP/s
+/// the planner takes (1e-3 to 1e11: 1e6 to 1e20 FLOP/s). A bad value was
+/// ignored without a word, and 1e300 reported as infinite FLOP/s, until
+/// 2026-12-06.
+pub fn peak_override(raw: Option<&str>) -> Result<Option<f64>, String> {
+    let Some(text) = raw.map(str::trim).filter(|t| !t.is_empty()) else {
+        return Ok(None);
+    };
+    match text.parse::<f64>() {
+        Ok(g) if (1e-3..=1e11).contains(&g) => Ok(Some(g * 1e9)),
+        _ => Err(format!(
+            "ignoring {PEAK_VAR}={:?}: expected a number of GFLOP/s from 0.001 to 1e11; using the \
+             peak the driver's figures give",
+            text.chars().take(64).collect::<String>()
+        )),
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_peak_override_is_bounded_and_named() {
+        assert_eq!(super::peak_override(None), Ok(None));
+        assert_eq!(super::peak_override(Some(" ")), Ok(None));
+        assert_eq!(super::peak_override(Some("2.5")), Ok(Some(2.5e9)));
+        for bad in ["1e300", "inf", "NaN", "0", "-3", "1e12", "lots"] {
+            let e = super::peak_override(Some(bad)).unwrap_err();
+            assert!(
+                e.contains(super::PEAK_VAR) && e.contains("to 1e11"),
+                "{bad}: {e}"
+            );
+        }
+    }
     use super::*;
 
     #[test]

@@ -436,6 +436,8 @@ def _binary(name: str, a: Any, b: Any, alpha: Any = 1, inplace: bool = False) ->
         return _fallback(op, a, b, **extra)
     if isinstance(alpha, complex) or (scalar and isinstance(bv, complex)):
         return _fallback(op, a, b, **extra)
+    if inplace:
+        _check_overlap(a, b)
     if scalar and inplace and name == "mul" and a.dtype == dtype and _NAMES[dtype] in ops.DTYPES["scale"]:
         # x *= c in place is the optimizer's `scale` (no constant tensor).
         ops.scale(_pc(a), float(bv))
@@ -533,6 +535,18 @@ def _runs_dtype(call: Callable[[], Any]) -> bool:
     return True
 
 
+def _check_overlap(out: torch.Tensor, *inputs: Any, exact_too: bool = False) -> None:
+    """Raises PyTorch's CPU's RuntimeError, before anything is written,
+    where ``out`` writes one element twice (an expanded view) or a device
+    tensor among ``inputs`` lies partly over it without being exactly it
+    (``a[1:].add_(a[:-1])``, ``torch.neg(a[:-1], out=a[1:])``): the device
+    computed those as if the input were cloned until hostile sweep 6.
+    Exactly the same memory (``a.add_(a)``) is allowed, as on the CPU,
+    unless ``exact_too`` (``scatter_add_`` refuses its own source)."""
+    same = [t for t in inputs if isinstance(t, torch.Tensor) and t.device == out.device]
+    _C.check_overlap(out, same, exact_too)
+
+
 def _overlaps_partially(out: torch.Tensor, x: torch.Tensor) -> bool:
     """Whether ``x`` shares memory with ``out`` without being exactly it
     (operators allow only exact aliases)."""
@@ -554,6 +568,7 @@ def _register_binary(name: str) -> None:
         return _binary(name, self, other, alpha, inplace=True)
 
     def out(self: torch.Tensor, other: Any, alpha: Any = 1, *, out: torch.Tensor) -> torch.Tensor:
+        _check_overlap(out, self, other)
         return _write_into(out, _binary(name, self, other, alpha))
 
     if name in ("add", "sub"):
@@ -615,6 +630,7 @@ def _unary(name: str, x: torch.Tensor, op: Any, out: Optional[torch.Tensor] = No
     elif out is x:
         result = x
     else:
+        _check_overlap(out, x)
         return _write_into(out, _unary(name, x, op))
     if not _runs(name, x.device, lambda: getattr(ops, name)(_pc(x), _pc(result))):
         # The in-place operator (``sin_``) takes no ``out``.
@@ -1514,8 +1530,26 @@ def _embedding(
     if weight.dim() != 2 or indices.dtype not in (torch.int32, torch.int64) or not _ok("embedding", weight) or not _on_device(indices):
         return _fallback(op, weight, indices, padding_idx, scale_grad_by_freq, sparse)
     out = _empty((*indices.shape, weight.shape[1]), weight.dtype, weight)
-    ops.embedding(_pc(weight), _pc(indices), _pc(out))
+    _indices_refused_as_the_cpu(
+        lambda: ops.embedding(_pc(weight), _pc(indices), _pc(out)), indices, weight.shape[0], None, lambda v: "index out of range in self"
+    )
     return out
+
+
+def _indices_refused_as_the_cpu(call: Callable[[], Any], indices: torch.Tensor, n: int, ignore: Optional[int], says: Callable[[int], str]) -> None:
+    """Runs ``call``; where the plugin refuses an index outside ``[0, n)``
+    (other than ``ignore``), raises PyTorch's CPU's IndexError, ``says`` of
+    the first such index (`embedding` and `cross_entropy` raised the
+    plugin's InvalidArgument, not an IndexError, until hostile sweep 6)."""
+    try:
+        call()
+    except errors.InvalidArgument as e:
+        flat = indices.reshape(-1).to("cpu", torch.int64)
+        bad = flat[((flat < 0) | (flat >= n)) & (flat != ignore if ignore is not None else True)]
+        if bad.numel():
+            # The plugin's words (naming the operator) stay as the cause.
+            raise IndexError(says(int(bad[0]))) from e
+        raise
 
 
 @_impl("embedding_dense_backward")
@@ -1640,7 +1674,13 @@ class _CrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, logits: torch.Tensor, targets: torch.Tensor, ignore_index: int) -> torch.Tensor:
         loss = _empty((), torch.float32, logits)
-        ops.cross_entropy(_pc(logits), _pc(targets), _pc(loss), int(ignore_index))
+        _indices_refused_as_the_cpu(
+            lambda: ops.cross_entropy(_pc(logits), _pc(targets), _pc(loss), int(ignore_index)),
+            targets,
+            logits.shape[-1],
+            int(ignore_index),
+            lambda v: f"Target {v} is out of bounds.",
+        )
         ctx.save_for_backward(logits, targets)
         ctx.ignore_index = ignore_index
         return loss if logits.dtype == torch.float32 else loss.to(logits.dtype)
@@ -2170,6 +2210,7 @@ def _foreach_norm(tensors: Sequence[torch.Tensor], ord: Any = 2, dtype: Optional
 @_impl("lerp_.Scalar")
 def _lerp_(self: torch.Tensor, end: torch.Tensor, weight: Any) -> torch.Tensor:
     # self += weight * (end - self)
+    _check_overlap(self, end)
     if self.dtype not in _FLOATS or not _ok("sub", self) or end.dtype != self.dtype or not _on_device(end) or isinstance(weight, complex):
         return _fallback(aten.lerp_.Scalar, self, end, weight)
     diff = _empty(_broadcast(self.shape, end.shape), self.dtype, self)
@@ -2180,6 +2221,7 @@ def _lerp_(self: torch.Tensor, end: torch.Tensor, weight: Any) -> torch.Tensor:
 
 def _addc(op_name: str, self: torch.Tensor, t1: torch.Tensor, t2: torch.Tensor, value: Any) -> torch.Tensor:
     op = getattr(aten, op_name).default
+    _check_overlap(self, t1, t2)
     if (
         not _on_device(t1, t2)
         or len({self.dtype, t1.dtype, t2.dtype}) != 1

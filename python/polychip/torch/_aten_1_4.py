@@ -14,7 +14,7 @@ import torch
 
 from polychip import errors, ops
 
-from ._aten import _NAMES, _broadcast, _empty, _fallback, _impl, _on_device, _pc, _runs, _write_into
+from ._aten import _NAMES, _broadcast, _check_overlap, _empty, _fallback, _impl, _on_device, _pc, _runs, _write_into
 
 aten = torch.ops.aten
 
@@ -22,15 +22,41 @@ _INDEX = (torch.int32, torch.int64)
 
 
 def _dim(dim: int, ndim: int) -> int:
-    return dim + ndim if dim < 0 else dim
+    """``dim`` counted from 0, or PyTorch's IndexError naming the range
+    (a 0-d tensor takes -1 and 0). A dimension out of range reached the
+    plugin, whose refusal was raised as an index out of range, until
+    hostile sweep 6."""
+    n = max(ndim, 1)
+    if not -n <= dim < n:
+        raise IndexError(f"Dimension out of range (expected to be in range of [{-n}, {n - 1}], but got {dim})")
+    return dim + n if dim < 0 else dim
 
 
-def _runs_or_refused(name: str, device: torch.device, call: Any) -> bool:
+def _out_of_bounds(error: type, checks: Sequence[Tuple[torch.Tensor, int, int]], negative: bool) -> None:
+    """Raises ``error`` as PyTorch's CPU words it for the first index of
+    ``checks`` (index tensor, its dimension, that dimension's size) outside
+    ``[0, n)``, or ``[-n, n)`` where ``negative`` indices count from the end."""
+    for index, dim, n in checks:
+        flat = index.reshape(-1).to("cpu", torch.int64)
+        bad = flat[((flat < -n) if negative else (flat < 0)) | (flat >= n)]
+        if bad.numel():
+            raise error(f"index {int(bad[0])} is out of bounds for dimension {dim} with size {n}")
+
+
+def _runs_or_refused(
+    name: str, device: torch.device, call: Any, error: type, checks: Sequence[Tuple[torch.Tensor, int, int]]
+) -> bool:
     """``_runs``, with an index the plugin refuses as out of range raised as
-    PyTorch raises it (an IndexError), not as the plugin's error."""
+    PyTorch's CPU raises it (``error``: a RuntimeError from ``gather`` and
+    ``scatter_add``, an IndexError from indexing, naming the index, the
+    dimension and its size): until hostile sweep 6 every one was an
+    IndexError quoting the plugin."""
     try:
         return _runs(name, device, call)
     except errors.InvalidArgument as e:
+        # Indexing counts negative indices from the end; gather and
+        # scatter_add refuse them.
+        _out_of_bounds(error, checks, error is IndexError)
         raise IndexError(f"index out of range in self ({e})") from None
 
 
@@ -43,8 +69,12 @@ def _index_fits(data: torch.Tensor, index: torch.Tensor, dim: int) -> bool:
     )
 
 
-def _gather(self: torch.Tensor, dim: int, index: torch.Tensor, out: Optional[torch.Tensor] = None) -> Optional[torch.Tensor]:
-    """``self.gather(dim, index)`` on the plugin, or None (nothing run)."""
+def _gather(
+    self: torch.Tensor, dim: int, index: torch.Tensor, error: type = RuntimeError, checks: Optional[List[Tuple[torch.Tensor, int, int]]] = None
+) -> Optional[torch.Tensor]:
+    """``self.gather(dim, index)`` on the plugin, or None (nothing run);
+    an index out of range raises ``error`` naming the first of ``checks``
+    (index tensor, dimension, size) out of range (default: ``index``)."""
     if (
         not _on_device(self, index)
         or index.device != self.device
@@ -57,20 +87,24 @@ def _gather(self: torch.Tensor, dim: int, index: torch.Tensor, out: Optional[tor
     result = _empty(index.shape, self.dtype, self)
     if result.numel() == 0:
         return result
-    if not _runs_or_refused("gather", self.device, lambda: ops.gather(_pc(self), _pc(index), _pc(result), dim)):
+    call = lambda: ops.gather(_pc(self), _pc(index), _pc(result), dim)  # noqa: E731
+    if not _runs_or_refused("gather", self.device, call, error, checks or [(index, dim, self.shape[dim])]):
         return None
     return result
 
 
 @_impl("gather.out")
 def _gather_out(self: torch.Tensor, dim: int, index: torch.Tensor, sparse_grad: bool = False, *, out: torch.Tensor) -> torch.Tensor:
+    _check_overlap(out, self, index)
     result = None if sparse_grad else _gather(self, _dim(dim, self.dim()), index)
     if result is None:
         return _fallback(aten.gather.out, self, dim, index, sparse_grad=sparse_grad, out=out)
     return _write_into(out, result)
 
 
-def _scatter_add_into(dst: torch.Tensor, dim: int, index: torch.Tensor, src: torch.Tensor) -> bool:
+def _scatter_add_into(
+    dst: torch.Tensor, dim: int, index: torch.Tensor, src: torch.Tensor, error: type = RuntimeError, checks: Optional[List[Tuple[torch.Tensor, int, int]]] = None
+) -> bool:
     """``dst.scatter_add_(dim, index, src)`` on the plugin (``src`` cut to
     ``index``'s shape, as PyTorch reads it); False, nothing run, where it
     cannot."""
@@ -91,7 +125,8 @@ def _scatter_add_into(dst: torch.Tensor, dim: int, index: torch.Tensor, src: tor
     part = src[tuple(slice(0, n) for n in index.shape)]
     if part.untyped_storage().data_ptr() == dst.untyped_storage().data_ptr():
         part = part.clone()
-    return _runs_or_refused("scatter_add", dst.device, lambda: ops.scatter_add(_pc(dst), _pc(index), _pc(part), dim))
+    call = lambda: ops.scatter_add(_pc(dst), _pc(index), _pc(part), dim)  # noqa: E731
+    return _runs_or_refused("scatter_add", dst.device, call, error, checks or [(index, dim, dst.shape[dim])])
 
 
 @_impl("scatter_add.out")
@@ -106,6 +141,10 @@ def _scatter_add_out(self: torch.Tensor, dim: int, index: torch.Tensor, src: tor
 
 @_impl("scatter_add_")
 def _scatter_add_(self: torch.Tensor, dim: int, index: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
+    # As the CPU: no source or index over the destination, even exactly
+    # (`x.scatter_add_(0, i, x)` was computed from a clone).
+    if _on_device(self):
+        _check_overlap(self, src, index, exact_too=True)
     if self.dim() > 0 and _scatter_add_into(self, _dim(dim, self.dim()), index, src):
         return self
     return _fallback(aten.scatter_add_.default, self, dim, index, src)
@@ -204,6 +243,11 @@ def _flat_index(self: torch.Tensor, indices: Sequence[Optional[torch.Tensor]]) -
         flat = self.view(lead + [merged] + rest)
     except RuntimeError:
         return None
+    if k > 1 and any(bool(((t < -n) | (t >= n)).any()) for t, n in zip(tensors, sizes)):
+        # Merged, an index past its own dimension can land inside the
+        # merged one (`x[[0], [9]]` of a 3 x 4 `x` read x[2, 1] until
+        # hostile sweep 6): refused first, as the CPU refuses it.
+        _out_of_bounds(IndexError, _given(self, indices), True)
     position = None
     stride = 1
     for t, n in reversed(list(zip(broadcast, sizes))):
@@ -215,6 +259,14 @@ def _flat_index(self: torch.Tensor, indices: Sequence[Optional[torch.Tensor]]) -
     count = position.numel()
     index = position.reshape(-1).view([1] * p + [count] + [1] * len(rest)).expand(lead + [count] + rest)
     return flat, p, index, lead + list(position.shape) + rest
+
+
+def _given(self: torch.Tensor, indices: Sequence[Optional[torch.Tensor]]) -> List[Tuple[torch.Tensor, int, int]]:
+    """(index tensor, its place among the index tensors, the size of the
+    dimension it indexes) of each index tensor given: PyTorch's CPU names
+    an index out of range by that place ("dimension 0" for ``x[:, i]``)."""
+    given = [(t, self.shape[i]) for i, t in enumerate(indices) if t is not None]
+    return [(t, k, n) for k, (t, n) in enumerate(given)]
 
 
 def _on_self(self: torch.Tensor, indices: Sequence[Optional[torch.Tensor]]) -> List[Optional[torch.Tensor]]:
@@ -231,7 +283,7 @@ def _index_out(self: torch.Tensor, indices: List[Optional[torch.Tensor]], *, out
     plan = _flat_index(self, indices)
     if plan is not None:
         flat, p, index, shape = plan
-        result = _gather(flat, p, index)
+        result = _gather(flat, p, index, IndexError, _given(self, indices))
         if result is not None:
             return _write_into(out, result.view(shape))
     return _fallback(aten.index.Tensor_out, self, indices, out=out)
@@ -251,7 +303,7 @@ def _index_put_impl_(
             src = values.expand(shape).reshape(index.shape)
         except RuntimeError:
             src = None
-        if src is not None and _scatter_add_into(flat, p, index, src.contiguous()):
+        if src is not None and _scatter_add_into(flat, p, index, src.contiguous(), IndexError, _given(self, indices)):
             return self
     return _fallback(aten._index_put_impl_.default, self, indices, values, accumulate, unsafe)
 
@@ -262,6 +314,7 @@ def _index_put_impl_(
 @_impl("cumsum.out")
 def _cumsum_out(self: torch.Tensor, dim: int, dtype: Optional[torch.dtype] = None, *, out: torch.Tensor) -> torch.Tensor:
     op = aten.cumsum.out
+    _check_overlap(out, self)
     want = out.dtype
     if not _on_device(self, out) or _NAMES.get(want) not in ops.DTYPES["cumsum"] or (dtype is not None and dtype != want):
         return _fallback(op, self, dim, dtype=dtype, out=out)
@@ -283,6 +336,18 @@ def _reduce_bool(name: str, self: torch.Tensor, dims: Optional[Sequence[int]], k
     the plugin, or None."""
     if not _on_device(self) or _NAMES.get(self.dtype) not in ops.DTYPES[name]:
         return None
+    if dims is not None:
+        # As the CPU: dims in range, none twice (a repeated dim was reduced
+        # once, an empty list reduced every dim where the CPU reduces none,
+        # until hostile sweep 6: that case goes to the CPU).
+        seen = set()
+        for d in dims:
+            k = _dim(d, self.dim())
+            if k in seen:
+                raise RuntimeError(f"dim {k} appears multiple times in the list of dims")
+            seen.add(k)
+        if not dims:
+            return None
     if dims is None or self.dim() == 0:
         x = self.reshape(-1)
         result = _empty((), torch.bool, self)
@@ -309,20 +374,27 @@ def _reduce_bool(name: str, self: torch.Tensor, dims: Optional[Sequence[int]], k
 def _register_reduce_bool(name: str) -> None:
     by_dim = getattr(aten, name)
 
+    def reduce(self: torch.Tensor, dims: Optional[Sequence[int]], keepdim: bool, out: torch.Tensor) -> Optional[torch.Tensor]:
+        # The CPU refuses an ``out`` neither bool nor uint8 (the device
+        # wrote 1.0 into a float one until hostile sweep 6).
+        if out.dtype not in (torch.bool, torch.uint8):
+            return None
+        return _reduce_bool(name, self, dims, keepdim)
+
     def dim_out(self: torch.Tensor, dim: int, keepdim: bool = False, *, out: torch.Tensor) -> torch.Tensor:
-        result = _reduce_bool(name, self, [dim], keepdim)
+        result = reduce(self, [dim], keepdim, out)
         if result is None:
             return _fallback(by_dim.out, self, dim, keepdim, out=out)
         return _write_into(out, result)
 
     def dims_out(self: torch.Tensor, dim: Optional[List[int]] = None, keepdim: bool = False, *, out: torch.Tensor) -> torch.Tensor:
-        result = _reduce_bool(name, self, dim if dim else None, keepdim)
+        result = reduce(self, dim, keepdim, out)
         if result is None:
             return _fallback(by_dim.dims_out, self, dim, keepdim, out=out)
         return _write_into(out, result)
 
     def all_out(self: torch.Tensor, *, out: torch.Tensor) -> torch.Tensor:
-        result = _reduce_bool(name, self, None, False)
+        result = reduce(self, None, False, out)
         if result is None:
             return _fallback(by_dim.all_out, self, out=out)
         return _write_into(out, result)
@@ -384,7 +456,13 @@ def _bitwise(name: str, a: torch.Tensor, b: torch.Tensor) -> Optional[torch.Tens
 def _register_bitwise(name: str) -> None:
     op = getattr(aten, name).Tensor_out
 
-    def kernel(self: torch.Tensor, other: torch.Tensor, *, out: torch.Tensor) -> torch.Tensor:
+    def kernel(self: torch.Tensor, other: Any, *, out: torch.Tensor) -> torch.Tensor:
+        if not isinstance(other, torch.Tensor):
+            # A Python number (`x & 3`: the dispatcher hands the wrapped
+            # number over as one), which the CPU's kernel takes as a 0-d
+            # tensor: it raised "Expected a value of type 'Tensor'" until
+            # hostile sweep 6.
+            other = torch.tensor(other)
         result = _bitwise(name, self, other)
         if result is None:
             return _fallback(op, self, other, out=out)

@@ -17,6 +17,14 @@ pub const DEFAULT_DEVICES: u32 = 2;
 pub const MAX_DEVICES: u32 = 64;
 /// MiB per device when [`MEMORY_VAR`] is unset.
 pub const DEFAULT_MEMORY_MIB: u64 = 4096;
+/// The most MiB a device may claim: 1 TiB (no value was too large until
+/// 2026-12-06, so a device could report 2^63 bytes, which the planner
+/// refuses as no chip's memory, and sizes built on it overflowed).
+pub const MAX_MEMORY_MIB: u64 = 1 << 20;
+/// The range of [`PEAK_VAR`] in GFLOP/s: the planner's range of peak
+/// FLOP/s (1e6 to 1e20), so that every device Ferrite reports can be
+/// planned for.
+pub const PEAK_GFLOPS_RANGE: (f64, f64) = (1e-3, 1e11);
 /// GFLOP/s per device when [`PEAK_VAR`] is unset: what one x86 core can
 /// do in f32 at most (two 16-wide fused multiply-adds a cycle at 3 GHz),
 /// so that no kernel on a core of its own runs above its device's peak
@@ -82,22 +90,21 @@ impl Config {
         if let Some(raw) = lookup(MEMORY_VAR) {
             // 0 MiB would make every allocation fail, as a device that
             // cannot hold a tensor: refused as Cobalt refuses it.
-            match parse(&raw, |v: u64| v >= 1 && v.checked_mul(MIB).is_some()) {
+            match parse(&raw, |v: u64| (1..=MAX_MEMORY_MIB).contains(&v)) {
                 Parsed::Unset => {}
                 Parsed::Value(mib) => config.memory_bytes = mib * MIB,
                 Parsed::Bad => warn(&format!(
-                    "{MEMORY_VAR}={raw:?} is not a number of MiB from 1; using the default {DEFAULT_MEMORY_MIB}"
+                    "{MEMORY_VAR}={raw:?} is not a number of MiB from 1 to {MAX_MEMORY_MIB} (1 TiB); using the default {DEFAULT_MEMORY_MIB}"
                 )),
             }
         }
         if let Some(raw) = lookup(PEAK_VAR) {
-            match parse(&raw, |v: f64| {
-                v.is_finite() && v > 0.0 && (v * 1e9).is_finite()
-            }) {
+            let (low, high) = PEAK_GFLOPS_RANGE;
+            match parse(&raw, |v: f64| (low..=high).contains(&v)) {
                 Parsed::Unset => {}
                 Parsed::Value(gflops) => config.peak_flops = gflops * 1e9,
                 Parsed::Bad => warn(&format!(
-                    "{PEAK_VAR}={raw:?} is not a positive number of GFLOP/s; using the default {DEFAULT_PEAK_GFLOPS}"
+                    "{PEAK_VAR}={raw:?} is not a number of GFLOP/s from {low} to {high:e}; using the default {DEFAULT_PEAK_GFLOPS}"
                 )),
             }
         }
@@ -193,11 +200,27 @@ mod tests {
             assert_eq!(c.peak_flops, 200e9, "{bad}");
             assert_eq!(w.len(), 1, "{bad}");
         }
-        // 0 MiB (no tensor fits) and more than u64 bytes alike.
-        for bad in ["0".to_string(), u64::MAX.to_string()] {
+        // 0 MiB (no tensor fits), more than 1 TiB (2^43 MiB was taken,
+        // 8 EiB a device, until 2026-12-06) and more than u64 bytes alike.
+        for bad in [
+            "0".to_string(),
+            (MAX_MEMORY_MIB + 1).to_string(),
+            (1u64 << 43).to_string(),
+            u64::MAX.to_string(),
+        ] {
             let (c, w) = config(&[(MEMORY_VAR, &bad)]);
             assert_eq!(c.memory_bytes, DEFAULT_MEMORY_MIB << 20, "{bad}");
-            assert!(w.len() == 1 && w[0].contains("from 1"), "{bad}: {w:?}");
+            assert!(
+                w.len() == 1 && w[0].contains(MEMORY_VAR) && w[0].contains("from 1 to 1048576"),
+                "{bad}: {w:?}"
+            );
+        }
+        assert_eq!(config(&[(MEMORY_VAR, "1048576")]).0.memory_bytes, 1 << 40);
+        // Past the planner's range of peaks (1e20 FLOP/s was taken).
+        for bad in ["1e12", "1e-4", "1e300"] {
+            let (c, w) = config(&[(PEAK_VAR, bad)]);
+            assert_eq!(c.peak_flops, 200e9, "{bad}");
+            assert!(w.len() == 1 && w[0].contains("to 1e11"), "{bad}: {w:?}");
         }
     }
 }

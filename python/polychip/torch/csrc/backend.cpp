@@ -25,6 +25,7 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/EmptyTensor.h>
+#include <ATen/ExpandUtils.h>
 #include <ATen/MemoryOverlap.h>
 #include <ATen/NestedTensorImpl.h>
 #include <c10/core/CachingDeviceAllocator.h>
@@ -616,16 +617,19 @@ struct LentGenerators {
 };
 
 // A CPU fallback builds its whole result in host memory before it moves
-// to the device. An operator whose device tensors hold nothing (a factory:
-// `torch.eye(n, device=d)`, `tril_indices`) sizes its result from numbers
-// alone, so its result could be larger than the device holds: it is first
-// run on the meta device (shapes, no data), and a result of more than
-// 16 MiB is allocated on the device once, so that a device that cannot
-// hold it refuses it as out of its memory before the host builds it
-// (`torch.eye(2**15, device=d)` on a 256 MiB device took 4 GB of host
-// memory for 3.5 s, `tril_indices(2**15, 2**15)` 8 GB for 20 s, until
-// 2026-12-06). An operator the meta device cannot run is not checked.
-void reserve_factory_result(const c10::OperatorHandle& op, const torch::jit::Stack& stack) {
+// to the device, so its result could be larger than the device holds: an
+// operator sized by numbers (a factory: `torch.eye(n, device=d)`,
+// `tril_indices`; a pad of a few elements by 2^30 on each side, which the
+// CPU's `replication_pad1d` builds) is first run on the meta device
+// (shapes, no data; device tensors as meta tensors of their sizes), and a
+// new result of more than 16 MiB is allocated on the device once, so that
+// a device that cannot hold it refuses it as out of its memory before the
+// host builds it (`torch.eye(2**15, device=d)` on a 256 MiB device took 4
+// GB of host memory for 3.5 s, `tril_indices(2**15, 2**15)` 8 GB for 20 s,
+// until 2026-12-06; a replicate or reflect pad took as much, until hostile
+// sweep 6). An operator the meta device cannot run (one sized by its
+// inputs' values) is not checked.
+void reserve_fallback_result(const c10::OperatorHandle& op, const torch::jit::Stack& stack) {
   const auto n = op.schema().arguments().size();
   std::optional<c10::Device> device;
   torch::jit::Stack meta;
@@ -650,10 +654,12 @@ void reserve_factory_result(const c10::OperatorHandle& op, const torch::jit::Sta
         meta.push_back(v);
         continue;
       }
-      if (!is_polychip(t) || t.numel() != 0) return;  // sized by its inputs
+      if (!is_polychip(t)) return;  // a CPU tensor's data may size it
       device = t.device();
       meta.push_back(at::empty_strided(t.sizes(), t.strides(), t.options().device(at::kMeta)));
-    } else if (v.isTensorList() || v.isOptionalTensorList() || v.isList()) {
+    } else if (v.isTensorList() || v.isOptionalTensorList()) {
+      // (Not every list: an int list is a list too, and `isList` took the
+      // pads' sizes for one, so a pad was never checked.)
       return;
     } else if (v.isDevice() && v.toDevice().type() == c10::DeviceType::PrivateUse1) {
       device = v.toDevice();
@@ -663,6 +669,14 @@ void reserve_factory_result(const c10::OperatorHandle& op, const torch::jit::Sta
     }
   }
   if (!device) return;
+  // Each input's storage and its bytes before the call.
+  std::vector<std::pair<c10::Storage, size_t>> inputs;
+  for (const auto& v : meta) {
+    if (v.isTensor() && v.toTensor().defined()) {
+      const auto& storage = v.toTensor().storage();
+      inputs.emplace_back(storage, storage.nbytes());
+    }
+  }
   try {
     op.callBoxed(&meta);
   } catch (const std::exception&) {
@@ -670,16 +684,94 @@ void reserve_factory_result(const c10::OperatorHandle& op, const torch::jit::Sta
   }
   int64_t bytes = 0;
   for (const auto& v : meta) {
-    if (v.isTensor() && v.toTensor().defined()) bytes += static_cast<int64_t>(v.toTensor().nbytes());
+    if (!v.isTensor() || !v.toTensor().defined()) continue;
+    const at::Tensor& t = v.toTensor();
+    // A result written into an input (in place, out=) takes only what it
+    // grew by (`eye.out` resizes an empty `out`).
+    int64_t held = 0;
+    bool aliased = false;
+    for (const auto& [storage, before] : inputs) {
+      if (!t.storage().is_alias_of(storage)) continue;
+      aliased = true;
+      held = std::max<int64_t>(held, static_cast<int64_t>(storage.nbytes()) - static_cast<int64_t>(before));
+    }
+    bytes += aliased ? held : static_cast<int64_t>(t.nbytes());
   }
   if (bytes <= (int64_t{16} << 20)) return;
   // Taken and given back at once: the fallback's own result is made later.
   at::empty({bytes}, at::TensorOptions().dtype(at::kByte).device(*device));
 }
 
+// The CPU fallback copies each device tensor to the host by itself, so an
+// input lying partly over the tensor an operator writes
+// (`a[1:].atan2_(a[:-1])`, `torch.sigmoid(a[:-1], out=a[1:])`) was
+// computed as if cloned, where PyTorch's CPU refuses it: refused here as
+// there, before anything runs (hostile sweep 6). For an `out=` operator
+// only an input that broadcasts to the output, as a pointwise operator's
+// does: the CPU takes a reduction's `out=` over its input
+// (`torch.sum(a, 0, out=a[0])`).
+void check_written_overlap(const c10::OperatorHandle& op, const torch::jit::Stack& stack) {
+  const auto& name = op.schema().name();
+  const bool in_place = !name.empty() && name.back() == '_';
+  const auto& args = op.schema().arguments();
+  const auto base = stack.size() - args.size();
+  for (size_t i = 0; i < args.size(); ++i) {
+    const auto& w = stack[base + i];
+    const bool writes = args[i].alias_info() != nullptr && args[i].alias_info()->isWrite();
+    if (!writes || !w.isTensor() || !w.toTensor().defined() || !is_polychip(w.toTensor())) continue;
+    for (size_t j = 0; j < args.size(); ++j) {
+      const auto& r = stack[base + j];
+      if (j == i || !r.isTensor() || !r.toTensor().defined() || !is_polychip(r.toTensor())) continue;
+      if (!in_place && !at::is_expandable_to(r.toTensor().sizes(), w.toTensor().sizes())) continue;
+      at::assert_no_partial_overlap(w.toTensor(), r.toTensor());
+    }
+  }
+}
+
+// The operators whose result is sized by their input's values, which the
+// meta device cannot size: `repeat_interleave(repeats)` (the sum of
+// `repeats`) and `bincount(x)` (the largest value plus one). Their result
+// is taken on the device once first, as above: `torch.repeat_interleave(x,
+// torch.tensor([2**30, 1], device=d), dim=1)` held 7.5 GB of the host for
+// 27 s before a 256 MiB device refused it, until hostile sweep 6.
+void reserve_value_sized_result(const c10::OperatorHandle& op, const torch::jit::Stack& stack) {
+  const auto name = op_label(op.schema().operator_name());
+  const bool repeats = name == "aten::repeat_interleave.Tensor";
+  if (!repeats && name != "aten::bincount") return;
+  const auto n = op.schema().arguments().size();
+  const auto base = stack.size() - n;
+  const auto& first = stack[base];
+  if (!first.isTensor() || !first.toTensor().defined() || !is_polychip(first.toTensor())) return;
+  const at::Tensor& values = first.toTensor();
+  if (values.numel() == 0 || values.dim() != 1 || !at::isIntegralType(values.scalar_type(), false)) return;
+  const at::Tensor host = values.to(at::kCPU).to(at::kDouble);
+  if (host.min().item<double>() < 0) return;  // the CPU's refusal
+  double count = 0;
+  int64_t element = 8;
+  if (repeats) {
+    const auto& given = stack[base + 1];
+    count = given.isInt() ? static_cast<double>(given.toInt()) : host.sum().item<double>();
+  } else {
+    count = host.max().item<double>() + 1;
+    if (stack[base + 2].isInt()) count = std::max(count, static_cast<double>(stack[base + 2].toInt()));
+    const auto& weights = stack[base + 1];
+    if (weights.isTensor() && weights.toTensor().defined() && weights.toTensor().scalar_type() == at::kFloat) {
+      element = 4;
+    }
+  }
+  const double bytes = count * static_cast<double>(element);
+  if (bytes <= double(int64_t{16} << 20)) return;
+  // More than any device holds is refused by the device as it is.
+  const double most = double(int64_t{1} << 62);
+  at::empty({static_cast<int64_t>(std::min(bytes, most))},
+            at::TensorOptions().dtype(at::kByte).device(values.device()));
+}
+
 void boxed_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   check_one_device(op, *stack);
-  reserve_factory_result(op, *stack);
+  check_written_overlap(op, *stack);
+  reserve_fallback_result(op, *stack);
+  reserve_value_sized_result(op, *stack);
   const auto name = op_label(op.schema().operator_name());
   count_fallback(name);
   FallbackTimer timer(name);
@@ -968,6 +1060,14 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool /*non_b
   // another shape; the out= way back resizes through copy_from_and_resize).
   at::Tensor src = self.sizes() == dst.sizes() ? self : self.expand(dst.sizes());
   if (dst.numel() == 0) return dst;
+  // As PyTorch's CPU refuses them (its copy_ is a TensorIterator): a
+  // destination writing one element twice (an expanded view), and a source
+  // partly over the destination (`a[1:].copy_(a[:-1])`), which the device
+  // copied as if the source were cloned until hostile sweep 6.
+  if (is_polychip(dst) && is_polychip(src) && src.device() == dst.device()) {
+    at::assert_no_internal_overlap(dst);
+    at::assert_no_partial_overlap(dst, src);
+  }
   if (src.is_conj() || src.is_neg() || dst.is_conj() || dst.is_neg()) {
     return copy_with_math_bits(src, dst);
   }
@@ -1527,6 +1627,20 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("handle", &handle, "An owned polychip_tensor_t* viewing a polychip tensor.");
   m.def("handles", &handles, "handle() of each tensor.");
   m.def("count_fallback", &count_fallback, "Counts one CPU fallback (raises in strict mode).");
+  m.def(
+      "check_overlap",
+      [](const at::Tensor& out, const std::vector<at::Tensor>& inputs, bool exact_too) {
+        at::assert_no_internal_overlap(out);
+        for (const auto& t : inputs) {
+          if (exact_too) {
+            at::assert_no_overlap(out, t);
+          } else {
+            at::assert_no_partial_overlap(out, t);
+          }
+        }
+      },
+      "Raises as PyTorch's CPU does where `out` writes an element twice or an input lies "
+      "partly over it (with exact_too, also exactly over it: scatter_add_).");
   m.def("add_fallback_time", &add_fallback_time, "Adds seconds to a fallback's time.");
   m.def("fallback_counts", &fallback_counts, "aten operator -> (calls, seconds).");
   m.def("reset_fallback_counts", &reset_fallback_counts);
