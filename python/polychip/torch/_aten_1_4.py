@@ -159,18 +159,26 @@ def _line(index: torch.Tensor, dim: int, shape: List[int]) -> torch.Tensor:
     return index.reshape(view).expand(*shape)
 
 
+class _Refused(Exception):
+    """An index the plugin refused: nothing was written, and the CPU, run
+    instead, raises its own error in its own words (``index_select`` and
+    ``index_add`` word theirs by operator and dimension)."""
+
+
 def _index_select(self: torch.Tensor, dim: int, index: torch.Tensor) -> Optional[torch.Tensor]:
     """``self.index_select(dim, index)`` as one ``gather``, or None (nothing
     run: a 0-d ``self``, an index of more than one dimension, on another
-    device or of another dtype go to the CPU, which raises as it does)."""
+    device or of another dtype, or out of range, go to the CPU, which
+    raises as it does)."""
     if self.dim() == 0 or index.dim() > 1 or not _on_device(self, index):
         return None
     d = _dim(dim, self.dim())
-    if not 0 <= d < self.dim():
-        return None
     shape = list(self.shape)
     shape[d] = index.numel()
-    return _gather(self, d, _line(index.reshape(-1), d, shape))
+    try:
+        return _gather(self, d, _line(index.reshape(-1), d, shape), error=_Refused)
+    except _Refused:
+        return None
 
 
 @_impl("index_select")
@@ -183,6 +191,7 @@ def _index_select_functional(self: torch.Tensor, dim: int, index: torch.Tensor) 
 
 @_impl("index_select.out")
 def _index_select_out(self: torch.Tensor, dim: int, index: torch.Tensor, *, out: torch.Tensor) -> torch.Tensor:
+    _check_overlap(out, self, index, exact_too=True)
     result = _index_select(self, dim, index)
     if result is None:
         return _fallback(aten.index_select.out, self, dim, index, out=out)
@@ -195,16 +204,22 @@ def _index_add_out(
 ) -> torch.Tensor:
     """``index_add`` (and ``index_add_``, which PyTorch runs through it) as
     one ``scatter_add`` into a copy of ``self``; shapes PyTorch refuses, an
-    ``alpha`` other than 1 and a 0-d ``self`` go to the CPU."""
+    ``alpha`` other than 1, a 0-d ``self`` and indices out of range go to
+    the CPU, which raises as it does."""
+    _check_overlap(out, index, source, exact_too=True)
     if _on_device(self, index, source) and self.dim() > 0 and index.dim() <= 1 and isinstance(alpha, (int, float)) and alpha == 1:
         d = _dim(dim, self.dim())
         same_shape = source.dim() == self.dim() and all(
             k == d or source.shape[k] == self.shape[k] for k in range(self.dim())
         )
-        if 0 <= d < self.dim() and same_shape and source.shape[d] == index.numel():
+        if same_shape and source.shape[d] == index.numel():
             result = self.clone()
-            if _scatter_add_into(result, d, _line(index.reshape(-1), d, list(source.shape)), source):
-                return _write_into(out, result)
+            line = _line(index.reshape(-1), d, list(source.shape))
+            try:
+                if _scatter_add_into(result, d, line, source, error=_Refused):
+                    return _write_into(out, result)
+            except _Refused:
+                pass
     return _fallback(aten.index_add.out, self, dim, index, source, alpha=alpha, out=out)
 
 
