@@ -334,9 +334,15 @@ fn profile_then_evaluate_a_saved_plan_of_the_bundled_devices() {
     for e in tiny["entries"].as_array_mut().unwrap() {
         for part in ["embedding", "block", "attention", "head", "stage_overhead"] {
             if let Some(times) = e[part].as_object_mut() {
-                for t in times.values_mut() {
+                // The block's held passes are an object of times too.
+                let held = times.get_mut("held").and_then(|h| h.as_object_mut());
+                let nested: Vec<&mut serde_json::Value> =
+                    held.map_or_else(Vec::new, |h| h.values_mut().collect());
+                let tiny = |t: &mut serde_json::Value| {
                     *t = serde_json::json!((t.as_f64().unwrap() * 1e-6).max(1e-9));
-                }
+                };
+                nested.into_iter().for_each(tiny);
+                times.values_mut().filter(|t| t.is_number()).for_each(tiny);
             }
         }
     }

@@ -3,7 +3,8 @@
 //! (forward and backward of a micro-batch through the embedding alone, a
 //! stage of blocks, each half of a block and the head alone, and the
 //! optimizer step, so that each cost is measured, not told apart by
-//! subtraction); the planner's measured-cost search
+//! subtraction; and the stage of blocks again holding a second
+//! micro-batch in flight, as a pipeline's stages before the last run it); the planner's measured-cost search
 //! (`polychip_planner::measured`) then evaluates every pipeline order and
 //! half-block split and the data-parallel deal of the batch in sequences
 //! with its simulator, under each schedule the job allows, and the layout
@@ -192,7 +193,9 @@ impl Timed {
 /// embedding alone, a stage of blocks alone (all, up to 16), the head
 /// alone, and the optimizer step, each timed as it runs in a pipeline, so
 /// that block, embedding, head and optimizer costs are each measured, not
-/// told apart by subtraction.
+/// told apart by subtraction; and the stage of blocks holding a second
+/// micro-batch in flight, for what holding costs a pipeline's stages
+/// before the last.
 pub fn profile(cfg: &ModelConfig, t: &TrainConfig, device: &Device, b: usize) -> Result<Profile> {
     profile_repeated(cfg, t, device, b, 5)
 }
