@@ -230,6 +230,7 @@ pub fn launch(opts: &LaunchOptions) -> Result<LaunchOutcome> {
     }
     drop(done_tx);
 
+    let launched = Instant::now();
     let mut failure: Option<(usize, ExitStatus)> = None;
     let mut interrupted: Option<i32> = None;
     let mut output_error: Option<std::io::Error> = None;
@@ -289,7 +290,7 @@ pub fn launch(opts: &LaunchOptions) -> Result<LaunchOutcome> {
             signal_all(&ranks, libc::SIGKILL);
             kill_at = Some(Instant::now() + Duration::from_secs(3600));
         }
-        std::thread::sleep(Duration::from_millis(10));
+        std::thread::sleep(watch_interval(launched.elapsed()));
     }
     if failure.is_some() || interrupted.is_some() || output_error.is_some() {
         // Whatever the ranks started is stopped too.
@@ -421,6 +422,18 @@ struct Rank {
     child: Child,
     status: Option<ExitStatus>,
     readers: Vec<JoinHandle<()>>,
+}
+
+/// How long the launcher sleeps between looks at its ranks, `elapsed`
+/// after starting them: 10 ms for the first 2 s (a short job, or a rank
+/// failing at start, is seen at once), then 100 ms. It slept 10 ms all
+/// job long until stop 48: 100 wake-ups a second on the ranks' cores
+/// (the launcher is not bound), each preempting a rank's compute thread.
+fn watch_interval(elapsed: Duration) -> Duration {
+    match elapsed < Duration::from_secs(2) {
+        true => Duration::from_millis(10),
+        false => Duration::from_millis(100),
+    }
 }
 
 /// Sends `sig` to every rank's process group (ranks that exited included:
