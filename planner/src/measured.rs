@@ -117,10 +117,7 @@ impl MeasuredDevice {
     /// ([`Self::fused_backward_ratio`], 1 when not measured), within half
     /// to twice (the same work; profile files are held to that range).
     pub fn fused_backward(&self) -> f64 {
-        match self.fused_backward_ratio {
-            r if r > 0.0 && r.is_finite() => r.clamp(0.5, 2.0),
-            _ => 1.0,
-        }
+        measured_ratio(self.fused_backward_ratio)
     }
 
     /// What a stage's forward and backward passes cost when it holds
@@ -128,13 +125,9 @@ impl MeasuredDevice {
     /// ([`Self::held_forward_ratio`], 1 when not measured), each within
     /// half to twice (profile files are held to that range).
     pub fn held(&self) -> (f64, f64) {
-        let ratio = |r: f64| match r {
-            r if r > 0.0 && r.is_finite() => r.clamp(0.5, 2.0),
-            _ => 1.0,
-        };
         (
-            ratio(self.held_forward_ratio),
-            ratio(self.held_backward_ratio),
+            measured_ratio(self.held_forward_ratio),
+            measured_ratio(self.held_backward_ratio),
         )
     }
 
@@ -145,6 +138,16 @@ impl MeasuredDevice {
             *cost(&mut d) *= f;
         }
         d
+    }
+}
+
+/// A measured ratio of one way of running a pass over another (the same
+/// work): 1 when not measured (0, or not finite), else held to half to
+/// twice, the range profile files are validated to.
+fn measured_ratio(r: f64) -> f64 {
+    match r {
+        r if r > 0.0 && r.is_finite() => r.clamp(0.5, 2.0),
+        _ => 1.0,
     }
 }
 
