@@ -14,7 +14,10 @@
 //! condition variable until a signal is raised or the reader lets go. A
 //! progress thread per transport covers the gaps: once no caller has driven
 //! the sockets for 1 ms it sends queued writes and reads incoming frames,
-//! and it parks while callers drive. Before a wait blocks, it sends every
+//! and it parks while callers drive (idle, it sleeps in `poll` on the
+//! connections and the eventfd that a deferred write, a failure or `close`
+//! kicks, so an idle rank's thread wakes about ten times a second, not a
+//! hundred: docs/communication.md). Before a wait blocks, it sends every
 //! queued write. The first lost peer or protocol violation fails every
 //! later `wait` and `write`; a send to a live peer that accepts nothing for
 //! the transport's timeout fails with `Timeout`.
@@ -74,8 +77,16 @@ use state::Shared;
 /// How long no caller must have driven the sockets before the progress
 /// thread reads them (and sends deferred writes) itself.
 const IDLE: Duration = Duration::from_millis(1);
-/// How long the progress thread blocks in `poll` at a time.
+/// How long the progress thread blocks in `poll` at a time while a
+/// connection is stalled (retried that often).
 const BACKGROUND_POLL: Duration = Duration::from_millis(10);
+/// How long it blocks otherwise: data, a deferred write, a failure or
+/// `close` wakes it at once (the sockets and the eventfd are in the poll
+/// set), so this only bounds how often an idle rank's progress thread
+/// wakes for nothing. At 10 ms it woke 100 times a second all job long,
+/// preempting the rank's compute thread on its core (stop 48 measured
+/// what such wake-ups cost: docs/communication.md).
+const QUIET_POLL: Duration = Duration::from_millis(100);
 /// How long a waiter blocks in `poll` before re-checking its deadline.
 const POLL_SLICE: Duration = Duration::from_millis(50);
 /// How long an announcement (an ABORT, FINALS or GOODBYE frame to every
@@ -167,6 +178,9 @@ pub(crate) struct Inner {
     outboxes: Vec<Option<Mutex<Outbox>>>,
     /// The connections (kept open here; the inbox and outboxes use their fds).
     streams: Vec<Option<TcpStream>>,
+    /// The progress thread's kernel thread id, once it runs (for the
+    /// tests that count its wake-ups in /proc).
+    progress_tid: std::sync::atomic::AtomicI32,
 }
 
 impl Inner {
@@ -442,32 +456,63 @@ impl Inner {
 /// [`IDLE`], it sends deferred writes and reads incoming frames, so peers
 /// are never held up by a rank busy elsewhere; it parks while callers drive.
 fn progress(inner: Arc<Inner>) {
+    // SAFETY: plain syscall without arguments.
+    let tid = unsafe { libc::gettid() };
+    inner.progress_tid.store(tid, Ordering::Relaxed);
     let shared = &inner.shared;
     let mut fds = Vec::new();
     while !shared.closing.load(Ordering::SeqCst) {
+        if shared.active.load(Ordering::SeqCst) > 0 {
+            // A caller reads and writes itself; the last to leave wakes
+            // this thread (it used to nap 0.5-1 ms at a time meanwhile,
+            // up to 2,000 wake-ups a second, on the core where a rank's
+            // compute thread runs while its communication thread waits).
+            shared.park_while_active(QUIET_POLL);
+            continue;
+        }
         let idle = shared.idle_for();
         if idle < IDLE {
             let guard = shared.park_lock.lock().unwrap_or_else(|e| e.into_inner());
             if !shared.closing.load(Ordering::SeqCst) {
-                // At least half of IDLE: at most ~2000 wake-ups a second
-                // while callers are busy.
+                // At least half of IDLE.
                 let nap = (IDLE - idle).max(IDLE / 2);
                 drop(shared.park.wait_timeout(guard, nap));
             }
             continue;
         }
+        shared.take_deferred();
         inner.flush_all();
-        match inner.inbox() {
+        let stalled = match inner.inbox() {
             Some(inbox) => inbox.poll_set(&mut fds),
             None => continue,
-        }
+        };
         if shared.active.load(Ordering::SeqCst) > 0 {
             continue;
         }
-        if fds.is_empty() {
-            std::thread::sleep(BACKGROUND_POLL);
-        } else {
-            recv::poll_fds(&mut fds, BACKGROUND_POLL);
+        fds.push(libc::pollfd {
+            fd: shared.kick_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        });
+        shared.polling(true);
+        // Re-check after counting as a poller: a write deferred or a
+        // transport closed from now on kicks the poll.
+        if !shared.has_deferred() && !shared.closing.load(Ordering::SeqCst) {
+            let wait = if stalled { BACKGROUND_POLL } else { QUIET_POLL };
+            recv::poll_fds(&mut fds, wait);
+        }
+        shared.polling(false);
+        if fds.last().is_some_and(|k| k.revents != 0) {
+            shared.clear_kick();
+        }
+        if shared.has_deferred() {
+            // Let a burst of tiny writes gather for IDLE, then flush them
+            // at the loop's top.
+            let guard = shared.park_lock.lock().unwrap_or_else(|e| e.into_inner());
+            if !shared.closing.load(Ordering::SeqCst) {
+                drop(shared.park.wait_timeout(guard, IDLE));
+            }
+            continue;
         }
         if shared.active.load(Ordering::SeqCst) > 0 {
             continue;
@@ -551,6 +596,7 @@ impl TcpTransport {
             inbox: Mutex::new(Inbox::new(&fds)),
             outboxes,
             streams,
+            progress_tid: std::sync::atomic::AtomicI32::new(0),
         });
         let progress = if world_size > 1 {
             let thread_inner = Arc::clone(&inner);
@@ -666,6 +712,8 @@ impl Transport for TcpTransport {
             out.queue.extend_from_slice(&header);
             out.queue.extend_from_slice(data);
             if out.queue.len() < send::QUEUE_MAX && shared.active.load(Ordering::SeqCst) == 0 {
+                drop(out);
+                shared.note_deferred();
                 return Ok(());
             }
             return inner.send(peer, &mut out, &[], "write");
@@ -925,5 +973,107 @@ mod tests {
         let start = Instant::now();
         drop(ts);
         eprintln!("dropped in {:?}", start.elapsed());
+    }
+    /// A job of two ranks in this process, each with `len` bytes registered.
+    fn pair(len: usize) -> Vec<TcpTransport> {
+        let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+        let ts: Vec<TcpTransport> = std::thread::scope(|s| {
+            let hs: Vec<_> = (0..2)
+                .map(|r| {
+                    let store = store.clone();
+                    s.spawn(move || {
+                        let timeout = Duration::from_secs(30);
+                        TcpTransport::with_options(store, r, 2, timeout, TcpOptions::default())
+                            .unwrap()
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for t in &ts {
+            t.register(len).unwrap();
+        }
+        ts
+    }
+
+    /// The voluntary context switches of `t`'s progress thread (from
+    /// /proc), or `None` where /proc does not say.
+    fn switches_of(t: &TcpTransport) -> Option<u64> {
+        let tid = t.inner.progress_tid.load(Ordering::Relaxed);
+        let status = std::fs::read_to_string(format!("/proc/self/task/{tid}/status")).ok()?;
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))
+            .and_then(|v| v.trim().parse().ok())
+    }
+
+    /// An idle rank's progress thread, and one whose caller waits a long
+    /// time, wake a few times a second, not 100 (the 10 ms poll until
+    /// stop 49) or up to 2,000 (its 0.5-1 ms naps while a caller waited):
+    /// each wake-up preempts whatever computes on the rank's core.
+    #[test]
+    fn the_progress_thread_sleeps_while_nothing_happens() {
+        let ts = pair(256);
+        std::thread::sleep(Duration::from_millis(300));
+        let Some(before) = switches_of(&ts[0]) else {
+            eprintln!("skipped: /proc does not show the threads' context switches");
+            return;
+        };
+        std::thread::sleep(Duration::from_secs(1));
+        let idle = switches_of(&ts[0]).unwrap() - before;
+        // Rank 0 waits 1 s for a signal rank 1 raises at its end.
+        let before = switches_of(&ts[0]).unwrap();
+        let waiter = std::thread::scope(|s| {
+            let waiter = s.spawn(|| {
+                ts[0]
+                    .wait(SignalId(3), 1, Instant::now() + Duration::from_secs(20))
+                    .unwrap();
+                switches_of(&ts[0]).unwrap()
+            });
+            std::thread::sleep(Duration::from_secs(1));
+            ts[1]
+                .write(0, RegionId(0), 0, &[0; 256], SignalId(3))
+                .unwrap();
+            waiter.join().unwrap()
+        }) - before;
+        eprintln!(
+            "progress thread: {idle} wake-ups idle for 1 s, {waiter} while a caller waited 1 s"
+        );
+        // 10 a second at most by design; before, 100 and 1,000-2,000.
+        assert!(idle <= 30, "{idle} wake-ups in 1 s idle");
+        assert!(waiter <= 30, "{waiter} wake-ups in 1 s of a caller waiting");
+    }
+
+    /// A tiny write that the writer defers (it then computes instead of
+    /// waiting) still reaches its peer within milliseconds: the progress
+    /// thread is woken for it, not left in its 100 ms poll.
+    #[test]
+    fn a_deferred_write_goes_out_without_waiting_for_the_idle_poll() {
+        let ts = pair(64);
+        let mut took = Vec::new();
+        for i in 1..=7u64 {
+            // Let rank 0's progress thread settle into its idle poll.
+            std::thread::sleep(Duration::from_millis(150));
+            let start = Instant::now();
+            std::thread::scope(|s| {
+                let reader = s.spawn(|| {
+                    ts[1]
+                        .wait(SignalId(5), i, Instant::now() + Duration::from_secs(20))
+                        .unwrap();
+                    start.elapsed()
+                });
+                std::thread::sleep(Duration::from_millis(5));
+                // At most DEFER_MAX bytes: queued, not sent.
+                ts[0]
+                    .write(1, RegionId(0), 0, &[1; 8], SignalId(5))
+                    .unwrap();
+                took.push(reader.join().unwrap() - Duration::from_millis(5));
+            });
+        }
+        took.sort();
+        eprintln!("deferred writes arrived after {took:?}");
+        // About IDLE (1 ms) each; up to the idle poll (100 ms) if the
+        // progress thread were not woken.
+        assert!(took[3] < Duration::from_millis(40), "median {:?}", took[3]);
     }
 }

@@ -330,18 +330,26 @@ impl Inbox {
         extra.is_some() && self.fds[1].revents != 0
     }
 
-    /// The open, unstalled connections (for a poll without the inbox).
-    pub fn poll_set(&self, out: &mut Vec<libc::pollfd>) {
+    /// The open, unstalled connections (for a poll without the inbox);
+    /// returns whether an open connection is stalled (to be retried soon).
+    pub fn poll_set(&self, out: &mut Vec<libc::pollfd>) -> bool {
         out.clear();
+        let mut stalled = false;
         for (_, conn) in self.peers.iter().flatten() {
-            if conn.open && conn.stalled_since.is_none() {
-                out.push(libc::pollfd {
-                    fd: conn.fd,
-                    events: libc::POLLIN,
-                    revents: 0,
-                });
+            if !conn.open {
+                continue;
             }
+            if conn.stalled_since.is_some() {
+                stalled = true;
+                continue;
+            }
+            out.push(libc::pollfd {
+                fd: conn.fd,
+                events: libc::POLLIN,
+                revents: 0,
+            });
         }
+        stalled
     }
 }
 

@@ -103,15 +103,21 @@ pub(crate) struct Shared {
     /// or a failure recorded by another thread must wake them.
     pollers: AtomicUsize,
     kick: OwnedFd,
+    /// A tiny write was queued for later (`write`'s deferral) since the
+    /// progress thread last flushed: it must not sleep long in `poll`.
+    deferred: AtomicBool,
     /// Callers inside `wait` or a blocked `write` (they read the sockets
     /// themselves, so the progress thread stays parked).
     pub active: AtomicUsize,
     /// When a caller last left `wait` or `write`, in ns since `epoch`.
     last_active: AtomicU64,
     epoch: Instant,
-    /// Where the progress thread parks (woken on close).
+    /// Where the progress thread parks (woken on close, and by the last
+    /// caller to leave while it is parked for them).
     pub park_lock: Mutex<()>,
     pub park: Condvar,
+    /// The progress thread is parked until no caller drives the sockets.
+    progress_parked: AtomicBool,
 }
 
 impl Shared {
@@ -142,11 +148,13 @@ impl Shared {
             wake: Condvar::new(),
             pollers: AtomicUsize::new(0),
             kick,
+            deferred: AtomicBool::new(false),
             active: AtomicUsize::new(0),
             last_active: AtomicU64::new(0),
             epoch: Instant::now(),
             park_lock: Mutex::new(()),
             park: Condvar::new(),
+            progress_parked: AtomicBool::new(false),
         })
     }
 
@@ -172,6 +180,25 @@ impl Shared {
         let _ = unsafe { libc::read(self.kick.as_raw_fd(), (&raw mut value).cast(), 8) };
     }
 
+    /// Notes that a tiny write was queued for later and wakes a progress
+    /// thread blocked in `poll`. SeqCst pairs with [`Shared::polling`]:
+    /// either the poller sees the flag before it blocks, or this sees the
+    /// poller and kicks.
+    pub fn note_deferred(&self) {
+        self.deferred.store(true, Ordering::SeqCst);
+        self.kick();
+    }
+
+    /// Whether a write was queued for later since [`Shared::take_deferred`].
+    pub fn has_deferred(&self) -> bool {
+        self.deferred.load(Ordering::SeqCst)
+    }
+
+    /// Clears the flag (before flushing every queue).
+    pub fn take_deferred(&self) -> bool {
+        self.deferred.swap(false, Ordering::SeqCst)
+    }
+
     /// Counts a thread entering (`true`) or leaving `poll`. SeqCst pairs
     /// with `kick`: either the poller re-checks after the change it waits
     /// for, or the changer sees the poller and kicks.
@@ -192,9 +219,29 @@ impl Shared {
     pub fn leave(&self) {
         self.last_active
             .store(self.epoch.elapsed().as_nanos() as u64, Ordering::Relaxed);
-        self.active.fetch_sub(1, Ordering::SeqCst);
+        let was = self.active.fetch_sub(1, Ordering::SeqCst);
         // A waiter blocked on the condition variable may now read itself.
         self.wake_all();
+        // SeqCst pairs with `park_while_active`: either the progress thread
+        // sees no caller before it blocks, or this sees it parked.
+        if was == 1 && self.progress_parked.load(Ordering::SeqCst) {
+            drop(self.park_lock.lock().unwrap_or_else(|e| e.into_inner()));
+            self.park.notify_all();
+        }
+    }
+
+    /// The progress thread: blocks while a caller drives the sockets
+    /// (it has nothing to do then), until the last one leaves, the
+    /// transport closes, or `at_most` passes.
+    pub fn park_while_active(&self, at_most: Duration) {
+        let guard = self.park_lock.lock().unwrap_or_else(|e| e.into_inner());
+        self.progress_parked.store(true, Ordering::SeqCst);
+        if self.active.load(Ordering::SeqCst) > 0 && !self.closing.load(Ordering::SeqCst) {
+            drop(self.park.wait_timeout(guard, at_most));
+        } else {
+            drop(guard);
+        }
+        self.progress_parked.store(false, Ordering::SeqCst);
     }
 
     /// How long no caller has been driving the sockets (zero while one is).
