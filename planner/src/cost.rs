@@ -426,9 +426,7 @@ pub fn stage_memory(
     mb: Microbatching,
 ) -> MemoryBreakdown {
     let terms = match stage.chip.framework {
-        Framework::Megatron | Framework::Deepspeed | Framework::Deepspeed03 => {
-            megatron_terms(model, settings, stage, mb)
-        }
+        Framework::Megatron => megatron_terms(model, settings, stage, mb),
         Framework::Polychip => polychip_terms(model, settings, stage, mb),
     };
     MemoryBreakdown::of(stage.chip, terms)
@@ -596,69 +594,31 @@ fn polychip_terms(
     )
 }
 
-/// Seconds of one micro-batch's pipeline transfers across a stage
-/// boundary: the activation forward and its gradient back.
-#[derive(Debug, Clone, Copy, PartialEq, Default)]
-pub struct SendTimes {
-    /// The activation, from this stage to the next.
-    pub forward: f64,
-    /// Its gradient, from the next stage back to this one.
-    pub backward: f64,
-}
-
-impl SendTimes {
-    /// Both ways.
-    pub fn round_trip(self) -> f64 {
-        self.forward + self.backward
-    }
-}
-
-/// Seconds to hand one micro-batch's activation (the whole `s b h` of
-/// `micro_batch` sequences) from a stage of `tp` chips of type `chip` to
-/// the next over the link `link` gives each chip, and its gradient back.
-/// Each chip of the group sends `1/t` of it: under sequence parallelism
-/// the activation is split along the sequence already; without it the
-/// frameworks split it before the send and gather it again inside the
-/// next stage's node (Megatron-LM's scatter-gather of pipeline tensors,
+/// Seconds to hand one micro-batch's activation (`bytes`, the whole `s b
+/// h`) from a stage of `tp` chips to the next over the link `link` gives
+/// each chip. Each chip of the group sends `1/t` of it: under sequence
+/// parallelism the activation is split along the sequence already; without
+/// it the frameworks split it before the send and gather it again inside
+/// the next stage's node (Megatron-LM's scatter-gather of pipeline tensors,
 /// on by default; DeepSpeed's partitioned pipeline activations), an
 /// all-gather of `(t - 1)/t` of it over the chip's intra-node link. Before
 /// stop 43 every chip was priced the whole activation over the network:
 /// Selene's runs moved from 46.0% to 36.0% off as given (9.0% to 6.6%
 /// after one scale), vTrain's 39.1B runs' ranking from 0.702 to 0.748.
-///
-/// A chip type whose framework sends as DeepSpeed before 0.5.5 with
-/// Megatron-LM v1.1.5's GPT-2 pipe ([`Framework::sends_whole_gradients`])
-/// sends, from each of its `t` chips, its `1/t` of the activation (the
-/// whole of it at `t = 1`) plus the `s x s` attention mask in fp16, and
-/// takes back the whole gradient on each chip, without a gather.
-pub fn pipeline_send_times(
-    model: &ModelSpec,
+pub fn pipeline_send_time(
     settings: &TrainingSettings,
-    micro_batch: u64,
+    bytes: f64,
     tp: u64,
     chip: &ChipType,
     link: impl FnOnce() -> f64,
-) -> SendTimes {
-    let bytes = (model.seq_len * micro_batch * model.hidden * settings.dtype.bytes()) as f64;
+) -> f64 {
     let t = tp.max(1) as f64;
-    let link = link();
     let gather = if tp > 1 && !settings.sequence_parallel {
         (t - 1.0) / t * bytes / chip.intra_node_bandwidth
     } else {
         0.0
     };
-    if chip.framework.sends_whole_gradients() {
-        let mask = 2.0 * (model.seq_len as f64).powi(2);
-        return SendTimes {
-            forward: (bytes / t + mask) / link + gather,
-            backward: bytes / link,
-        };
-    }
-    let one_way = bytes / t / link + gather;
-    SendTimes {
-        forward: one_way,
-        backward: one_way,
-    }
+    bytes / t / link() + gather
 }
 
 /// Ring all-reduce of `bytes` over `n` members: `2 (n - 1)/n * bytes / bw`.
@@ -989,8 +949,8 @@ pub fn analytic_stage_timing(
         forward += embedding.forward + tp_ar;
         backward += embedding.backward;
     }
-    let sends = stage.next.map_or(SendTimes::default(), |next| {
-        pipeline_send_times(model, settings, b, tp, chip, || {
+    let send_next = stage.next.map_or(0.0, |next| {
+        pipeline_send_time(settings, sbh_bytes, tp, chip, || {
             cluster.send_bandwidth(
                 chip,
                 next.senders,
@@ -1032,13 +992,11 @@ pub fn analytic_stage_timing(
         ),
         forward,
         backward,
-        send_next: sends.forward,
-        send_back: (sends.backward != sends.forward).then_some(sends.backward),
+        send_next,
         dp_allreduce,
         optimizer: optimizer_time(settings, chip, params, stage.dp),
         sends_async: false,
         weight_grad,
-        lockstep: chip.framework.steps_in_lockstep(),
     }
 }
 

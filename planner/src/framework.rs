@@ -19,19 +19,6 @@ pub enum Framework {
     Megatron,
     /// `polychip train`'s tensors ([`polychip`]).
     Polychip,
-    /// DeepSpeed's pipeline engine (`deepspeed/runtime/pipe`, as
-    /// Megatron-DeepSpeed runs it): memory as [`Framework::Megatron`], its
-    /// stages in lock step ([`Framework::steps_in_lockstep`]), activations
-    /// and gradients split over the tensor-parallel ranks (0.5.5 and
-    /// later).
-    Deepspeed,
-    /// DeepSpeed's pipeline engine before 0.5.5 running Megatron-LM
-    /// v1.1.5's `GPT2ModelPipe` (DeepSpeedExamples'
-    /// `Megatron-LM-v1.1.5-3D_parallelism`, as AMP's runs did): memory as
-    /// [`Framework::Megatron`], pipeline sends as
-    /// [`Framework::sends_whole_gradients`] says.
-    #[serde(rename = "deepspeed-0.3")]
-    Deepspeed03,
 }
 
 impl Framework {
@@ -40,30 +27,7 @@ impl Framework {
         match self {
             Framework::Megatron => "megatron",
             Framework::Polychip => "polychip",
-            Framework::Deepspeed => "deepspeed",
-            Framework::Deepspeed03 => "deepspeed-0.3",
         }
-    }
-
-    /// Whether its pipeline sends are those of DeepSpeed before 0.5.5
-    /// with Megatron-LM v1.1.5's GPT-2 pipe: each tensor-parallel rank
-    /// sends its `1/t` of the activation (`is_pipe_partitioned`, on under
-    /// tensor parallelism) and the whole `1 x 1 x s x s` attention mask,
-    /// cast to fp16 (`_exec_send_activations`), and the whole activation
-    /// gradient back (`is_grad_partitioned = False` until 0.5.5); see
-    /// `crate::cost::pipeline_send_times`. The other frameworks split both
-    /// by `t` and send no mask (Megatron-LM's scatter-gather since v2,
-    /// DeepSpeed's `pipe_partitioned` and `grad_partitioned` since 0.5.5,
-    /// Megatron-DeepSpeed's mask kept in its arguments, `polychip train`).
-    pub fn sends_whole_gradients(self) -> bool {
-        self == Framework::Deepspeed03
-    }
-
-    /// Whether its pipeline runs DeepSpeed's schedule: stages in lock
-    /// step, each pair of neighbours meeting to exchange before each pass
-    /// ([`crate::sim`]).
-    pub fn steps_in_lockstep(self) -> bool {
-        matches!(self, Framework::Deepspeed | Framework::Deepspeed03)
     }
 }
 

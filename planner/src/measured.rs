@@ -625,12 +625,10 @@ fn pipeline_time(
                     (true, false) => send,
                     (true, true) => 2.0 * send,
                 },
-                send_back: None,
                 dp_allreduce,
                 optimizer: params * d.optimizer_per_param,
                 sends_async: model.async_sends,
                 weight_grad: weight_grad.min(b),
-                lockstep: false,
             }
         })
         .collect();
@@ -1306,12 +1304,10 @@ mod tests {
             forward: f,
             backward: b,
             send_next: send,
-            send_back: None,
             dp_allreduce: 0.01,
             optimizer: 0.02,
             sends_async: async_sends,
             weight_grad: b / 3.0,
-            lockstep: false,
         };
         for pipeline in [PipelineSchedule::OneFOneB, PipelineSchedule::ZeroBubble] {
             for async_sends in [false, true] {

@@ -14,15 +14,8 @@ pub struct StageTiming {
     /// Backward time of one micro-batch on this stage.
     pub backward: f64,
     /// Time to send one micro-batch's activations to the next stage (and,
-    /// unless `send_back` says otherwise, the activation gradient back from
-    /// it); 0 for the last stage.
+    /// equally, the activation gradient back from it); 0 for the last stage.
     pub send_next: f64,
-    /// Time to send the activation gradient back from the next stage, where
-    /// it differs from `send_next` (a framework that splits its activations
-    /// over the tensor-parallel ranks but sends whole gradients:
-    /// [`crate::framework::Framework::sends_whole_gradients`]).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub send_back: Option<f64>,
     /// The stage's data-parallel gradient all-reduce after the last backward
     /// (the part not overlapped with computation).
     pub dp_allreduce: f64,
@@ -38,20 +31,6 @@ pub struct StageTiming {
     /// (0: not known, the backward pass is not split).
     #[serde(default)]
     pub weight_grad: f64,
-    /// Whether the stage exchanges with its neighbours as DeepSpeed's
-    /// pipeline engine does: in lock step, each send meeting its receive
-    /// ([`Framework::steps_in_lockstep`](crate::framework::Framework::steps_in_lockstep)).
-    /// A pipeline all of whose stages do is simulated so
-    /// ([`crate::sim`]); 1F1B without interleaving only.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub lockstep: bool,
-}
-
-impl StageTiming {
-    /// Time to send the activation gradient back from the next stage.
-    pub fn send_back(&self) -> f64 {
-        self.send_back.unwrap_or(self.send_next)
-    }
 }
 
 /// The order of a pipeline stage's passes (see [`crate::sim`]).
@@ -182,7 +161,7 @@ impl Schedule {
     /// `T = (m - 1) * max_i t_i + sum_i t_i + p2p + max_i (dp_i + opt_i)`,
     /// where `t_i = forward_i + backward_i`, and `p2p` is the forward and
     /// backward transfers of one micro-batch through the whole pipeline
-    /// (`sum_i send_next_i + send_back_i`).
+    /// (`2 * sum_i send_next_i`).
     ///
     /// Under interleaving (`v` chunks per device, `t_i` the sum of device
     /// `i`'s chunks, `dp_i + opt_i` too) the fill and drain shrink by `v`
@@ -200,11 +179,7 @@ impl Schedule {
         }
         let max = t.iter().cloned().fold(0.0, f64::max);
         let sum: f64 = t.iter().sum();
-        let p2p: f64 = self
-            .stages
-            .iter()
-            .map(|s| s.send_next + s.send_back())
-            .sum();
+        let p2p: f64 = 2.0 * self.stages.iter().map(|s| s.send_next).sum::<f64>();
         let tail = tail.iter().cloned().fold(0.0, f64::max);
         let m = self.microbatches.max(1) as f64;
         let v = v as f64;
@@ -222,12 +197,10 @@ mod tests {
             forward: f,
             backward: b,
             send_next: 0.0,
-            send_back: None,
             dp_allreduce: 0.0,
             optimizer: 0.0,
             sends_async: false,
             weight_grad: 0.0,
-            lockstep: false,
         }
     }
 

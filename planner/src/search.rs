@@ -59,7 +59,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::cluster::{ChipType, ClusterSpec};
 use crate::cost::{
-    Microbatching, StageShape, allreduce_time, dp_bandwidth, optimizer_time, pipeline_send_times,
+    Microbatching, StageShape, allreduce_time, dp_bandwidth, optimizer_time, pipeline_send_time,
     stage_memory, stage_params, stage_timing,
 };
 use crate::error::SpecError;
@@ -731,6 +731,7 @@ impl<'a> Ctx<'a> {
         }
         let layers = min_max(&coefs, l)?;
         // The step-time terms, as cost::stage_timing computes them.
+        let sbh = (model.seq_len * b * model.hidden * settings.dtype.bytes()) as f64;
         let (mut max_t, mut sum_t, mut p2p, mut tail) = (0.0f64, 0.0, 0.0, 0.0f64);
         let mut start = 0;
         for (i, (&(ty, tp, at), &n)) in st.iter().zip(&layers).enumerate() {
@@ -738,16 +739,16 @@ impl<'a> Ctx<'a> {
             let t = n as f64 * coefs[i].c + coefs[i].extra;
             if i + 1 < p {
                 let (nty, ntp, _) = st[i + 1];
-                p2p += pipeline_send_times(model, settings, b, tp, chip, || {
-                    self.cluster.send_bandwidth(
-                        chip,
-                        tp.saturating_mul(dp),
-                        self.chip(nty),
-                        ntp.saturating_mul(dp),
-                        at.send_same_node,
-                    )
-                })
-                .round_trip();
+                p2p += 2.0
+                    * pipeline_send_time(settings, sbh, tp, chip, || {
+                        self.cluster.send_bandwidth(
+                            chip,
+                            tp.saturating_mul(dp),
+                            self.chip(nty),
+                            ntp.saturating_mul(dp),
+                            at.send_same_node,
+                        )
+                    });
             }
             max_t = max_t.max(t);
             sum_t += t;

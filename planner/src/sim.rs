@@ -14,9 +14,8 @@
 //! its dependency has arrived: the forward of micro-batch
 //! `j` on stage `i` waits for that forward on stage `i - 1` plus
 //! `send_next[i - 1]`; the backward of `j` on stage `i` waits for that
-//! backward on stage `i + 1` plus `send_back[i]` (the gradient travels back
-//! over the same link, in `send_next[i]` unless the framework sends more
-//! back than forward); the last stage's backward waits for its own forward.
+//! backward on stage `i + 1` plus `send_next[i]` (the gradient travels back
+//! over the same link); the last stage's backward waits for its own forward.
 //! After its last backward a stage runs its `dp_allreduce`; the
 //! `optimizer`s start together once every stage has reduced (clipping
 //! needs the whole model's gradient norm: one all-reduce over every stage,
@@ -49,7 +48,7 @@
 //! at a time, and after its last one reduces and then updates all its
 //! chunks' parameters (their `dp_allreduce`s, then their `optimizer`s).
 
-use crate::schedule::{PipelineSchedule, Schedule, StageTiming, interleaved_warm_up};
+use crate::schedule::{PipelineSchedule, Schedule, interleaved_warm_up};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
@@ -265,13 +264,6 @@ pub fn check_interleaving(
 }
 
 fn run(schedule: &Schedule, keep_events: bool) -> SimResult {
-    if schedule.virtual_stages <= 1
-        && schedule.pipeline == PipelineSchedule::OneFOneB
-        && !schedule.stages.is_empty()
-        && schedule.stages.iter().all(|s| s.lockstep)
-    {
-        return run_lockstep(schedule, keep_events);
-    }
     let st = &schedule.stages;
     let n = st.len();
     let v = schedule.virtual_stages.max(1);
@@ -339,9 +331,7 @@ fn run(schedule: &Schedule, keep_events: bool) -> SimResult {
                     fwd_end[k][j] = Some(end);
                 }
                 let send = match pass {
-                    Pass::Backward if k > 0 => {
-                        Some((EventKind::SendGradient, st[k - 1].send_back()))
-                    }
+                    Pass::Backward if k > 0 => Some((EventKind::SendGradient, st[k - 1].send_next)),
                     Pass::Forward if k + 1 < n => {
                         Some((EventKind::SendActivation, st[k].send_next))
                     }
@@ -384,20 +374,6 @@ fn run(schedule: &Schedule, keep_events: bool) -> SimResult {
         (0..p).all(|i| next[i] == orders[i].len()),
         "the schedule deadlocked"
     );
-    finish(st, p, m, &free, events, keep_events)
-}
-
-/// The step's end once each device is free at `free[i]` after its passes:
-/// its reductions, the barrier and the optimizer steps (see the module
-/// docs), appended to `events` when `keep_events`.
-fn finish(
-    st: &[StageTiming],
-    p: usize,
-    m: usize,
-    free: &[f64],
-    mut events: Vec<Event>,
-    keep_events: bool,
-) -> SimResult {
     // Each device reduces, then updates, all its chunks' parameters.
     let mut step_time = 0.0f64;
     let mut stage_busy = vec![0.0f64; p];
@@ -506,92 +482,4 @@ pub fn chrome_trace(result: &SimResult, names: &[String]) -> Value {
 
 fn thread_name(tid: usize, name: &str) -> Value {
     json!({"name": "thread_name", "ph": "M", "pid": 0, "tid": tid, "args": {"name": name}})
-}
-
-/// DeepSpeed's pipeline schedule (`TrainSchedule` of
-/// `deepspeed/runtime/pipe/schedule.py`, every version): `2 (m + p - 1)`
-/// steps in which stage `i` runs a forward pass where the step and `i`
-/// are both even or both odd (micro-batch `(s - i) / 2`) and a backward
-/// pass otherwise (micro-batch `(s - 2p + i + 1) / 2`), each step's
-/// exchanges before its pass. A stage that runs a forward pass takes the
-/// activation its predecessor computed in the step before and sends back
-/// the gradient it computed then; the predecessor, in a backward step,
-/// does the same from its side. The engine's sends and receives block
-/// (NCCL broadcasts or sends in groups of two ranks, waited on), so each
-/// pair meets: its exchange starts when both are free, and both are busy
-/// until the activation (`send_next`) and the gradient (`send_back`) have
-/// crossed. Stages pair disjointly in each step, `(2k - 1, 2k)` in even
-/// steps and `(2k, 2k + 1)` in odd ones, so the steps are resolved in
-/// order.
-fn run_lockstep(schedule: &Schedule, keep_events: bool) -> SimResult {
-    let st = &schedule.stages;
-    let p = st.len();
-    let m = schedule.microbatches.max(1);
-    let valid = |j: i64| (0..m as i64).contains(&j);
-    // Stage `i`'s pass in step `s`: forward or not, and its micro-batch
-    // (out of range: none).
-    let pass = |s: i64, i: i64| -> (bool, i64) {
-        match (s - i) % 2 == 0 {
-            true => (true, (s - i) / 2),
-            false => (false, (s - 2 * p as i64 + i + 1).div_euclid(2)),
-        }
-    };
-    let mut free = vec![0.0f64; p];
-    let mut events = Vec::with_capacity(if keep_events { 4 * p * m + 2 * p } else { 0 });
-    for s in 0..2 * (m + p - 1) as i64 {
-        // Exchanges: stage `b` in a forward step with `b - 1`.
-        for b in 1..p {
-            let (forward, j) = pass(s, b as i64);
-            if !forward {
-                continue;
-            }
-            // The activation of `j` (computed by `b - 1` in step `s - 1`),
-            // and the gradient `b` computed in step `s - 1`.
-            let (_, g) = pass(s - 1, b as i64);
-            let a = b - 1;
-            let sends = [
-                (valid(j), EventKind::SendActivation, a, j, st[a].send_next),
-                (valid(g), EventKind::SendGradient, b, g, st[a].send_back()),
-            ];
-            if !sends.iter().any(|x| x.0) {
-                continue;
-            }
-            let mut t = free[a].max(free[b]);
-            for (_, kind, stage, j, dur) in sends.into_iter().filter(|x| x.0) {
-                if keep_events {
-                    events.push(Event {
-                        stage,
-                        kind,
-                        microbatch: Some(j as usize),
-                        start: t,
-                        end: t + dur,
-                    });
-                }
-                t += dur;
-            }
-            free[a] = t;
-            free[b] = t;
-        }
-        for (i, f) in free.iter_mut().enumerate() {
-            let (forward, j) = pass(s, i as i64);
-            if !valid(j) {
-                continue;
-            }
-            let (kind, dur) = match forward {
-                true => (EventKind::Forward, st[i].forward),
-                false => (EventKind::Backward, st[i].backward),
-            };
-            if keep_events {
-                events.push(Event {
-                    stage: i,
-                    kind,
-                    microbatch: Some(j as usize),
-                    start: *f,
-                    end: *f + dur,
-                });
-            }
-            *f += dur;
-        }
-    }
-    finish(st, p, m, &free, events, keep_events)
 }

@@ -32,7 +32,7 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use polychip_planner::cluster::{ClusterSpec, Framework};
+use polychip_planner::cluster::ClusterSpec;
 use polychip_planner::evaluate::{Evaluation, PlanSpec, evaluate};
 use polychip_planner::model::ModelSpec;
 use polychip_planner::profile::{ProfileEntry, ProfileFile};
@@ -528,31 +528,6 @@ fn score_amp(runs_file: &str, cluster_name: &str, profiled_types: usize) -> AmpF
             "  dispatch floor {:.0} µs, without a profile: Spearman {:.3}",
             d * 1e6,
             spearman(&p, &m)
-        );
-    }
-    // The runs' stack sends whole gradients and the attention mask
-    // (`framework = "deepspeed-0.3"` in the cluster files); priced as the
-    // modern stacks send (both split by tp, no mask):
-    let modern = |c: &ClusterSpec| {
-        let mut c = c.clone();
-        c.chip_types
-            .iter_mut()
-            .for_each(|t| t.framework = Framework::Megatron);
-        c
-    };
-    for (what, c) in [
-        ("without a profile", modern(&cluster)),
-        ("from the profile", modern(&measured_cluster)),
-    ] {
-        let swept = score(&c);
-        let q = ran_only(&|i| swept[i].plan.step_time_simulated);
-        println!(
-            "  {what} with the sends split by tp and no mask (framework megatron): Spearman \
-             {:.3}, top-1 regret {:.1}%, median error {:.1}% as given, {:.1}% after one scale",
-            spearman(&q, &m),
-            100.0 * topk_regret(&q, &m, 1),
-            100.0 * median_error(&q, &m, 1.0),
-            100.0 * median_error(&q, &m, one_scale(&q, &m)),
         );
     }
     // The profile's backward passes are its forward's doubled (AMP timed

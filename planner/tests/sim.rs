@@ -27,12 +27,10 @@ fn st(f: f64, b: f64, send: f64) -> StageTiming {
         forward: f,
         backward: b,
         send_next: send,
-        send_back: None,
         dp_allreduce: 0.0,
         optimizer: 0.0,
         sends_async: false,
         weight_grad: 0.0,
-        lockstep: false,
     }
 }
 
@@ -674,42 +672,4 @@ fn interleaving_is_refused_where_it_cannot_run() {
     let mut zb = interleaved(vec![chunk; 8], 2, 8);
     zb.pipeline = PipelineSchedule::ZeroBubble;
     assert!(check(&zb).unwrap_err().contains("zero-bubble"));
-}
-
-/// DeepSpeed's schedule (every stage `lockstep`): two stages, two
-/// micro-batches, forward 1 s, backward 2 s, the activation 0.5 s and its
-/// gradient 0.25 s. Worked by hand from `TrainSchedule`'s steps: stage 0
-/// runs F0 [0, 1]; step 1 exchanges the activation [1, 1.5] and stage 1
-/// runs F0 [1.5, 2.5]; step 2: stage 0 F1 [1.5, 2.5], stage 1 B0 [2.5,
-/// 4.5]; step 3 exchanges activation 1 and gradient 0 from 4.5 (when both
-/// are free) to 5.25, then stage 0 B0 to 7.25 and stage 1 F1 to 6.25;
-/// step 4: stage 1 B1 to 8.25; step 5 exchanges gradient 1 to 8.5, stage 0
-/// B1 to 10.5. The same stages free-running (each send blocking its sender
-/// alone) take 10 s: stage 1 runs F1 as soon as its gradient is sent
-/// (4.75), not when stage 0 can meet it.
-#[test]
-fn deepspeeds_lockstep_schedule_meets_at_each_exchange() {
-    let mut a = st(1.0, 2.0, 0.5);
-    a.send_back = Some(0.25);
-    let s = sched(vec![a, st(1.0, 2.0, 0.0)], 2);
-    let free = simulate(&s).step_time;
-    assert!((free - 10.0).abs() < EPS, "{free}");
-    let mut locked = s.clone();
-    locked.stages.iter_mut().for_each(|x| x.lockstep = true);
-    let r = simulate(&locked);
-    assert!((r.step_time - 10.5).abs() < EPS, "{}", r.step_time);
-    let exchange = |kind: EventKind, j: usize| {
-        let e = r
-            .events
-            .iter()
-            .find(|e| e.kind == kind && e.microbatch == Some(j))
-            .unwrap();
-        (e.start, e.end)
-    };
-    assert_eq!(exchange(EventKind::SendActivation, 1), (4.5, 5.0));
-    assert_eq!(exchange(EventKind::SendGradient, 0), (5.0, 5.25));
-    assert_eq!(exchange(EventKind::SendGradient, 1), (8.25, 8.5));
-    // Every pass of both stages ran once.
-    let passes = r.events.iter().filter(|e| !e.kind.is_transfer()).count();
-    assert_eq!(passes, 2 * 2 * 2 + 2 * 2);
 }

@@ -26,12 +26,10 @@ pub fn measured_schedule(plan: &TrainPlan, s: &Summary) -> Schedule {
             forward: t.forward,
             backward: t.backward,
             send_next: 0.0,
-            send_back: None,
             dp_allreduce: t.reduction,
             optimizer: t.optimizer,
             sends_async: true,
             weight_grad: t.weight_grad,
-            lockstep: false,
         })
         .collect();
     Schedule {
