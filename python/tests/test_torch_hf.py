@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import polychip.torch as pt
+from conftest import PROFILE_DIR
 
 transformers = pytest.importorskip("transformers")
 
@@ -596,3 +597,67 @@ def test_the_hugging_face_trainer_trains_on_the_device_accelerate_is_told(tmp_pa
     assert cpu_device == "cpu" and len(got) == len(want) == 4
     for a, b in zip(got, want):
         assert abs(a - b) <= 1e-4 * abs(b), (got, want)
+
+
+OPENCL_TRAINING = """
+import json, sys, torch, transformers
+import polychip.torch as pt
+vendors = [pt.device_info(i)["vendor"] for i in range(pt.device_count())]
+if vendors != ["OpenCL"]:
+    print("SKIP", json.dumps(vendors))
+    sys.exit(0)
+models = {
+    "gpt2": lambda: transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        vocab_size=96, n_embd=32, n_layer=2, n_head=4, n_positions=64,
+        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)),
+    "llama": lambda: transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)),
+}
+ids = torch.randint(0, 96, (2, 16), generator=torch.Generator().manual_seed(0))
+result = {}
+for name, make in models.items():
+    torch.manual_seed(0)
+    cpu = make()
+    dev = make()
+    dev.load_state_dict(cpu.state_dict())
+    dev.to("polychip:0")
+    pt.reset_fallback_report()
+    losses = []
+    for model, where in ((cpu, "cpu"), (dev, "polychip:0")):
+        opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.1)
+        got = []
+        for _ in range(3):
+            loss = model(ids.to(where), labels=ids.to(where)).loss
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            got.append(loss.item())
+        losses.append(got)
+    result[name] = {"cpu": losses[0], "device": losses[1], "fallbacks": dict(pt.fallback_report())}
+print("RESULT", json.dumps(result))
+"""
+
+
+def test_hugging_face_models_train_on_the_opencl_plugin_as_on_the_cpu(tmp_path):
+    """The real-driver plugin (OpenCL, on PoCL here) behind the PyTorch
+    device: GPT-2 and LLaMA train three AdamW steps with the CPU's losses
+    and nothing falling back. In a process of its own, as the plugins are
+    chosen at import."""
+    lib = PROFILE_DIR / "libpolychip_opencl.so"
+    if not lib.exists():
+        pytest.skip(f"the OpenCL plugin is not built ({lib}): cargo build --workspace builds it")
+    script = tmp_path / "opencl_training.py"
+    script.write_text(OPENCL_TRAINING)
+    env = {**os.environ, "POLYCHIP_PLUGIN_PATH": str(lib), "POLYCHIP_NO_BUNDLED_PLUGINS": "1"}
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600, env=env)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    lines = dict(line.split(" ", 1) for line in out.stdout.splitlines() if line.startswith(("SKIP", "RESULT")))
+    if "SKIP" in lines:
+        pytest.skip(f"no OpenCL device (scripts/install-deps installs PoCL); the plugins loaded: {lines['SKIP']}")
+    result = json.loads(lines["RESULT"])
+    for name, r in result.items():
+        assert r["fallbacks"] == {}, (name, r["fallbacks"])
+        assert r["device"][-1] < r["device"][0], (name, r["device"])
+        for a, b in zip(r["device"], r["cpu"]):
+            assert abs(a - b) <= 1e-4 * abs(b), (name, r)
