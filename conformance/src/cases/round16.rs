@@ -22,142 +22,136 @@ use super::data_1_4::cumsum_case;
 use super::elementwise::reduce_case;
 use super::training::{cross_entropy_call, embedding_call};
 use super::{input, output};
-use crate::case::{Case, Layout};
+use crate::case::{Case, Layout, Resize};
 use crate::tolerance::Tolerance;
 
 const C: Layout = Layout::Contiguous;
 
-/// The round's cases of operator `op` in `dtype` (none for most operators).
-pub(super) fn cases(op: &str, dtype: DType) -> Vec<Case> {
-    match op {
-        "cumsum" => cumsum_many_lines(dtype),
-        "softmax" => softmax_many_rows(dtype),
-        "sum" => reduce_many_lines(ReduceOp::Sum, dtype),
-        "mean" => reduce_many_lines(ReduceOp::Mean, dtype),
-        "max" => reduce_many_lines(ReduceOp::Max, dtype),
-        "argmax" => reduce_many_lines(ReduceOp::Argmax, dtype),
-        "embedding" => embedding_many_ids(dtype),
-        "cross_entropy" => cross_entropy_many_rows(dtype),
-        _ => Vec::new(),
-    }
-}
-
-/// `cumsum` along dim 1 of `[65_600, 2]`: more lines than a GPU grid's
-/// second dimension holds (65,535); a kernel that launches one block row
-/// per line in that dimension leaves the rest unwritten
-/// (PaddlePaddle/Paddle#43722). f32 and i64 only (the lines' count is
-/// what matters, not the dtype). Values small integers, so every sum is
-/// exact.
-fn cumsum_many_lines(dtype: DType) -> Vec<Case> {
-    if !matches!(dtype, DType::F32 | DType::I64) {
-        return Vec::new();
-    }
-    vec![cumsum_case(
-        dtype,
-        format!("[{LINES}, 2] dim 1: more lines than 65,535"),
-        input("input", dtype, &[LINES, 2], line_values(), C),
-        1,
-        Tolerance::EXACT,
-    )]
-}
-
 /// More lines than a grid's second dimension holds (65,535 blocks).
 const LINES: usize = 65_600;
 
+/// A family of cases by their count of lines (`p[0]`).
+type Build = fn(DType, &[usize]) -> Case;
+
+/// The round's cases of operator `op` in `dtype` (none for most operators):
+/// one of 65,600 lines, in f32 (and i64 for `cumsum`).
+pub(super) fn cases(op: &str, dtype: DType) -> Vec<Case> {
+    let build: Build = match op {
+        "cumsum" if matches!(dtype, DType::F32 | DType::I64) => cumsum_lines,
+        _ if dtype != DType::F32 => return Vec::new(),
+        "softmax" => softmax_rows,
+        "sum" => |d, p| reduce_lines(ReduceOp::Sum, d, p),
+        "mean" => |d, p| reduce_lines(ReduceOp::Mean, d, p),
+        "max" => |d, p| reduce_lines(ReduceOp::Max, d, p),
+        "argmax" => |d, p| reduce_lines(ReduceOp::Argmax, d, p),
+        "embedding" => embedding_ids,
+        "cross_entropy" => cross_entropy_rows,
+        _ => return Vec::new(),
+    };
+    // Sized, so that the shrinker can report the smallest count of lines
+    // that still fails (and the suite's check of small cases skips them).
+    let mut case = build(dtype, &[LINES]);
+    case.resize = Some(Resize {
+        build,
+        params: vec![LINES],
+    });
+    vec![case]
+}
+
 /// Small integers, so that every sum is exact; distinct along a line of 2
 /// (so the maximum and its index are one element).
-fn line_values() -> Vec<f64> {
-    (0..2 * LINES)
+fn line_values(lines: usize) -> Vec<f64> {
+    (0..2 * lines)
         .map(|k| ((k * 7) % 11) as f64 - 5.0)
         .collect()
 }
 
-/// `softmax` of `[65_600, 2]`: a kernel that launches one block row per
-/// row in a grid's second dimension leaves the rows past 65,535 unwritten.
-/// f32 only (the count of rows is what matters).
-fn softmax_many_rows(dtype: DType) -> Vec<Case> {
-    if dtype != DType::F32 {
-        return Vec::new();
-    }
-    vec![softmax_case(
+/// `cumsum` along dim 1 of `[lines, 2]` (PaddlePaddle/Paddle#43722).
+fn cumsum_lines(dtype: DType, p: &[usize]) -> Case {
+    let lines = p[0];
+    cumsum_case(
         dtype,
-        format!("[{LINES}, 2]: more rows than 65,535"),
-        &[LINES, 2],
-        line_values(),
-        C,
-    )]
+        format!("[{lines}, 2] dim 1: more lines than 65,535"),
+        input("input", dtype, &[lines, 2], line_values(lines), C),
+        1,
+        Tolerance::EXACT,
+    )
 }
 
-/// `sum`, `mean`, `max` and `argmax` along dim 1 of `[65_600, 2]`: 65,600
-/// outputs, past the rows of a grid's second dimension. f32 only.
-fn reduce_many_lines(op: ReduceOp, dtype: DType) -> Vec<Case> {
-    if dtype != DType::F32 {
-        return Vec::new();
-    }
-    vec![reduce_case(
+/// `softmax` of `[lines, 2]`.
+fn softmax_rows(dtype: DType, p: &[usize]) -> Case {
+    let lines = p[0];
+    softmax_case(
+        dtype,
+        format!("[{lines}, 2]: more rows than 65,535"),
+        &[lines, 2],
+        line_values(lines),
+        C,
+    )
+}
+
+/// `sum`, `mean`, `max` or `argmax` along dim 1 of `[lines, 2]`: one
+/// output per line.
+fn reduce_lines(op: ReduceOp, dtype: DType, p: &[usize]) -> Case {
+    let lines = p[0];
+    reduce_case(
         op,
         dtype,
-        format!("[{LINES}, 2] dim 1: more outputs than 65,535"),
-        &[LINES, 2],
-        line_values(),
+        format!("[{lines}, 2] dim 1: more outputs than 65,535"),
+        &[lines, 2],
+        line_values(lines),
         1,
         false,
         C,
-    )]
+    )
 }
 
-/// `embedding` of 65,600 ids from a `[7, 2]` table: a kernel with one block
-/// row per id in a grid's second dimension leaves the rows past 65,535
-/// unwritten. f32 only.
-fn embedding_many_ids(dtype: DType) -> Vec<Case> {
-    if dtype != DType::F32 {
-        return Vec::new();
-    }
-    let (vocab, h) = (7, 2);
+/// `embedding` of `lines` ids from a `[7, 2]` table.
+fn embedding_ids(dtype: DType, p: &[usize]) -> Case {
+    let (lines, vocab, h) = (p[0], 7, 2);
     let table: Vec<f64> = (0..vocab * h).map(|k| k as f64 - 6.5).collect();
-    let idx: Vec<f64> = (0..LINES).map(|k| ((k * 3) % vocab) as f64).collect();
-    vec![embedding_call(
+    let idx: Vec<f64> = (0..lines).map(|k| ((k * 3) % vocab) as f64).collect();
+    embedding_call(
         dtype,
-        format!("{LINES} i64 ids from [{vocab}, {h}]: more rows than 65,535"),
+        format!("{lines} i64 ids from [{vocab}, {h}]: more rows than 65,535"),
         [
             input("weight", dtype, &[vocab, h], table, C),
-            input("indices", DType::I64, &[LINES], idx, C),
-            output("out", dtype, &[LINES, h], C),
+            input("indices", DType::I64, &[lines], idx, C),
+            output("out", dtype, &[lines, h], C),
         ],
-    )]
+    )
 }
 
-/// `cross_entropy` of `[65_600, 2]` whose loss sits in the last 65 rows
-/// (1000 each; about 1e-13 before them): a kernel with one work-group per
-/// row in a grid's second dimension, or launched over at most 65,535 of
-/// them, drops those rows' losses and the mean falls from about 1 to 0.
-/// f32 only.
-fn cross_entropy_many_rows(dtype: DType) -> Vec<Case> {
-    if dtype != DType::F32 {
-        return Vec::new();
-    }
-    let tail = LINES - 65_535;
-    let logits: Vec<f64> = (0..LINES)
+/// `cross_entropy` of `[lines, 2]` whose loss sits in the rows past 65,535
+/// (1000 each; about 1e-13 before them; the last row when there are
+/// fewer): a kernel that drops those rows' losses brings the mean from
+/// about 1 to about 0.
+fn cross_entropy_rows(dtype: DType, p: &[usize]) -> Case {
+    let lines = p[0];
+    // The rows that hold the loss, at the end.
+    let tail = lines.saturating_sub(65_535).max(1);
+    let loud = |r: usize| r + tail >= lines;
+    let logits: Vec<f64> = (0..lines)
         .flat_map(|r| {
-            if r < LINES - tail {
-                [0.0, -30.0]
-            } else {
+            if loud(r) {
                 [0.0, -1000.0]
+            } else {
+                [0.0, -30.0]
             }
         })
         .collect();
-    let targets: Vec<f64> = (0..LINES)
-        .map(|r| if r < LINES - tail { 0.0 } else { 1.0 })
+    let targets: Vec<f64> = (0..lines)
+        .map(|r| if loud(r) { 1.0 } else { 0.0 })
         .collect();
-    vec![cross_entropy_call(
+    cross_entropy_call(
         dtype,
-        format!("[{LINES}, 2] i64: more rows than 65,535, the loss in the last {tail}"),
+        format!("[{lines}, 2] i64: more rows than 65,535, the loss in the last {tail}"),
         [
-            input("logits", dtype, &[LINES, 2], logits, C),
-            input("targets", DType::I64, &[LINES], targets, C),
+            input("logits", dtype, &[lines, 2], logits, C),
+            input("targets", DType::I64, &[lines], targets, C),
             output("loss", DType::F32, &[], C),
         ],
         -100,
         0,
-    )]
+    )
 }
