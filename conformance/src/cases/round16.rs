@@ -7,8 +7,8 @@
 //! (PaddlePaddle/Paddle#43722: cumsum silently wrong past it), leaves the
 //! rest unwritten or unread; every earlier case had at most a few thousand
 //! lines (the realistic ones are long, not many). Here 65,600 lines of 2
-//! elements for `cumsum`, `softmax`, the reductions, `embedding` and
-//! `cross_entropy`, each in f32 (and i64 for `cumsum`): the count of lines
+//! elements for `cumsum`, `softmax`, `log_softmax`, the reductions,
+//! `embedding` and `cross_entropy`, each in f32 (and i64 for `cumsum`): the count of lines
 //! is what matters, not the dtype, and each case is small (131,200
 //! elements).
 //!
@@ -20,6 +20,7 @@ use polychip_host::{DType, ReduceOp};
 use super::basic::softmax_case;
 use super::data_1_4::cumsum_case;
 use super::elementwise::reduce_case;
+use super::nn::log_softmax_case;
 use super::training::{cross_entropy_call, embedding_call};
 use super::{input, output};
 use crate::case::{Case, Layout, Resize};
@@ -40,6 +41,7 @@ pub(super) fn cases(op: &str, dtype: DType) -> Vec<Case> {
         "cumsum" if matches!(dtype, DType::F32 | DType::I64) => cumsum_lines,
         _ if dtype != DType::F32 => return Vec::new(),
         "softmax" => softmax_rows,
+        "log_softmax" => log_softmax_rows,
         "sum" => |d, p| reduce_lines(ReduceOp::Sum, d, p),
         "mean" => |d, p| reduce_lines(ReduceOp::Mean, d, p),
         "max" => |d, p| reduce_lines(ReduceOp::Max, d, p),
@@ -87,6 +89,19 @@ fn softmax_rows(dtype: DType, p: &[usize]) -> Case {
         &[lines, 2],
         line_values(lines),
         C,
+    )
+}
+
+/// `log_softmax` of `[lines, 2]`.
+fn log_softmax_rows(dtype: DType, p: &[usize]) -> Case {
+    let lines = p[0];
+    log_softmax_case(
+        dtype,
+        format!("[{lines}, 2]: more rows than 65,535"),
+        &[lines, 2],
+        line_values(lines),
+        [C, C],
+        2,
     )
 }
 
