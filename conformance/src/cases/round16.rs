@@ -40,8 +40,8 @@ pub(super) fn cases(op: &str, dtype: DType) -> Vec<Case> {
     let build: Build = match op {
         "cumsum" if matches!(dtype, DType::F32 | DType::I64) => cumsum_lines,
         _ if dtype != DType::F32 => return Vec::new(),
-        "softmax" => softmax_rows,
-        "log_softmax" => log_softmax_rows,
+        "softmax" => |d, p| softmax_rows(false, d, p),
+        "log_softmax" => |d, p| softmax_rows(true, d, p),
         "sum" => |d, p| reduce_lines(ReduceOp::Sum, d, p),
         "mean" => |d, p| reduce_lines(ReduceOp::Mean, d, p),
         "max" => |d, p| reduce_lines(ReduceOp::Max, d, p),
@@ -80,29 +80,19 @@ fn cumsum_lines(dtype: DType, p: &[usize]) -> Case {
     )
 }
 
-/// `softmax` of `[lines, 2]`.
-fn softmax_rows(dtype: DType, p: &[usize]) -> Case {
+/// `softmax` (`log` false) or `log_softmax` of `[lines, 2]`.
+fn softmax_rows(log: bool, dtype: DType, p: &[usize]) -> Case {
     let lines = p[0];
-    softmax_case(
-        dtype,
+    let (label, shape, x) = (
         format!("[{lines}, 2]: more rows than 65,535"),
-        &[lines, 2],
+        [lines, 2],
         line_values(lines),
-        C,
-    )
-}
-
-/// `log_softmax` of `[lines, 2]`.
-fn log_softmax_rows(dtype: DType, p: &[usize]) -> Case {
-    let lines = p[0];
-    log_softmax_case(
-        dtype,
-        format!("[{lines}, 2]: more rows than 65,535"),
-        &[lines, 2],
-        line_values(lines),
-        [C, C],
-        2,
-    )
+    );
+    if log {
+        log_softmax_case(dtype, label, &shape, x, [C, C], 2)
+    } else {
+        softmax_case(dtype, label, &shape, x, C)
+    }
 }
 
 /// `sum`, `mean`, `max` or `argmax` along dim 1 of `[lines, 2]`: one
