@@ -373,6 +373,10 @@ bugs! {
     scatter_add_int_saturates: "scatter-add-int-saturates" on "scatter_add" in "i32,i64" => "past the ends of the range wrap";
     scatter_add_int_through_f64: "scatter-add-int-through-f64" on "scatter_add" in "i64" => "past the ends of the range wrap";
     gather_index_select_dim0_only: "gather-index-select-dim0-only" on "gather" in "f32" => "index_select along columns";
+    // Mutation round 16: lines past a grid's second dimension never reached.
+    cumsum_first_65535_lines: "cumsum-first-65535-lines" on "cumsum" in "f32" => "more lines than 65,535";
+    softmax_first_65535_rows: "softmax-first-65535-rows" on "softmax" in "f32" => "more rows than 65,535";
+    sum_first_65535_outputs: "sum-first-65535-outputs" on "sum" in "f32" => "more outputs than 65,535";
     // The host refuses step 0 itself (its argument checks run before any
     // plugin code), so no caller can reach this plugin's refusal: the bug is
     // unobservable through the host, and the suite cannot flag it.

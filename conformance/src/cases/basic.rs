@@ -881,7 +881,13 @@ pub(super) mod padded_rows {
     }
 }
 
-fn softmax_case(dtype: DType, label: String, shape: &[usize], x: Vec<f64>, layout: Layout) -> Case {
+pub(super) fn softmax_case(
+    dtype: DType,
+    label: String,
+    shape: &[usize],
+    x: Vec<f64>,
+    layout: Layout,
+) -> Case {
     let n = shape.last().copied().unwrap_or(1);
     case(
         "softmax",

@@ -16,6 +16,7 @@ pub mod realistic;
 mod round13;
 mod round14;
 mod round15;
+mod round16;
 mod training;
 mod variants;
 
@@ -45,8 +46,9 @@ pub struct OpInfo {
 impl OpInfo {
     /// Every case of the operator in `dtype` for `tier`: its own, those
     /// derived from them (layouts and in-place calls, see `variants.rs`),
-    /// then mutation round 13's ([`round13`]), 14's ([`round14`]) and 15's
-    /// ([`round15`]), then the realistic sizes ([`realistic`]).
+    /// then mutation round 13's ([`round13`]), 14's ([`round14`]), 15's
+    /// ([`round15`]) and 16's ([`round16`]), then the realistic sizes
+    /// ([`realistic`]).
     pub fn cases(&self, dtype: DType, tier: Tier) -> Vec<Case> {
         let mut cases = (self.base)(dtype);
         let derived = variants::derive(&cases);
@@ -54,6 +56,7 @@ impl OpInfo {
         cases.extend(round13::cases(self.name, dtype));
         cases.extend(round14::cases(self.name, dtype));
         cases.extend(round15::cases(self.name, dtype));
+        cases.extend(round16::cases(self.name, dtype));
         cases.extend(realistic::cases(self.name, dtype, tier));
         cases
     }
@@ -67,6 +70,7 @@ impl OpInfo {
             + round13::cases(self.name, dtype).len()
             + round14::cases(self.name, dtype).len()
             + round15::cases(self.name, dtype).len()
+            + round16::cases(self.name, dtype).len()
             + realistic::count(self.name, tier)
     }
 
@@ -76,7 +80,12 @@ impl OpInfo {
         let base = (self.base)(dtype);
         let derived = variants::derive(&base);
         let mut labels: Vec<String> = base.into_iter().chain(derived).map(|c| c.label).collect();
-        for extra in [round13::cases, round14::cases, round15::cases] {
+        for extra in [
+            round13::cases,
+            round14::cases,
+            round15::cases,
+            round16::cases,
+        ] {
             labels.extend(extra(self.name, dtype).into_iter().map(|c| c.label));
         }
         labels.extend(realistic::labels(self.name, dtype, tier));

@@ -19,6 +19,7 @@ use polychip_plugin_sdk::{
 
 use crate::mutants::{
     Bug, indexing as bad14, is, layout, numerics as bad, paths, round14 as r14, round15 as r15,
+    round16 as r16,
 };
 
 /// The kernels' name for a dtype.
@@ -253,6 +254,13 @@ pub mod ops {
                 bad::softmax_online_unguarded(i, o);
                 return done();
             }
+            if is(Bug::SoftmaxFirst65535Rows) {
+                let n = o.shape.last().map_or(1, |&c| c.max(1) as usize);
+                let saved = r16::past_grid(o, |p| p / n);
+                let result = kernels::softmax(i, o);
+                r16::restore(saved);
+                return result;
+            }
             kernels::softmax(i, o)
         })
     }
@@ -479,6 +487,12 @@ pub mod ops {
             {
                 return done();
             }
+            if is(Bug::CumsumFirst65535Lines) {
+                let saved = r16::past_grid(o, |p| r15::line(o.shape, dim, p));
+                let result = kernels::cumsum(i, o, dim);
+                r16::restore(saved);
+                return result;
+            }
             kernels::cumsum(i, o, dim)
         })
     }
@@ -552,6 +566,12 @@ pub mod ops {
         };
         let (dim, keepdim) = (args.dim, args.keepdim);
         run!(op.name(), args => |[i, o]| {
+            if matches!(op, ReduceOp::Sum) && is(Bug::SumFirst65535Outputs) {
+                let saved = r16::past_grid(o, |p| p);
+                let result = kernels::reduce(k, i, o, dim, keepdim);
+                r16::restore(saved);
+                return result;
+            }
             let handled = match op {
                 ReduceOp::Sum if is(Bug::SumDropsVectorTail) => paths::sum_vector_tail(i, o, dim),
                 ReduceOp::Max if is(Bug::MaxIgnoresNan) => bad::max_ignoring_nan(i, o, dim),

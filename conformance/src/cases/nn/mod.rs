@@ -14,6 +14,7 @@ mod softmax;
 pub(crate) use norm::{layer_norm_backward_case, layer_norm_case, rms_norm_case};
 pub(crate) use rope::rope_tables;
 pub(crate) use softmax::backward_case as softmax_backward_case;
+pub(crate) use softmax::log_softmax_case;
 
 use attention::*;
 use norm::*;

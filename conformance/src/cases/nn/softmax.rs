@@ -129,24 +129,37 @@ pub(super) fn log_softmax_backward_cases(dtype: DType) -> Vec<Case> {
     softmax_family_backward("log_softmax_backward", true, dtype)
 }
 
+/// A `log_softmax` case of `x` (layouts of input and out), judged over
+/// rows of `n` terms.
+pub(crate) fn log_softmax_case(
+    dtype: DType,
+    label: String,
+    shape: &[usize],
+    x: Vec<f64>,
+    l: [Layout; 2],
+    n: usize,
+) -> Case {
+    case(
+        "log_softmax",
+        dtype,
+        label,
+        vec![
+            input("input", dtype, shape, x, l[0]),
+            output("out", dtype, shape, l[1]),
+        ],
+        // x - max - log(sum): the sum's error relative to the row's
+        // log-sum-exp, which cancels against x - max.
+        Tolerance::accumulated(8.0, n + 2),
+        |exec, t| exec.log_softmax(&t[0], &t[1]),
+        |d| Ok(vec![reference::log_softmax(&d[0])?]),
+    )
+}
+
 pub(super) fn log_softmax_cases(dtype: DType) -> Vec<Case> {
     let mut rng = Rng::for_case("log_softmax", dtype);
     let mut cases = Vec::new();
     let mut push = |label: String, shape: &[usize], x: Vec<f64>, l: [Layout; 2], n: usize| {
-        cases.push(case(
-            "log_softmax",
-            dtype,
-            label,
-            vec![
-                input("input", dtype, shape, x, l[0]),
-                output("out", dtype, shape, l[1]),
-            ],
-            // x - max - log(sum): the sum's error relative to the row's
-            // log-sum-exp, which cancels against x - max.
-            Tolerance::accumulated(8.0, n + 2),
-            |exec, t| exec.log_softmax(&t[0], &t[1]),
-            |d| Ok(vec![reference::log_softmax(&d[0])?]),
-        ));
+        cases.push(log_softmax_case(dtype, label, shape, x, l, n));
     };
     for (shape, l0, _, l2) in ROW_PLANS {
         let x = rng.values(dtype, numel(shape), -8.0, 8.0);

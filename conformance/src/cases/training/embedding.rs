@@ -1,6 +1,7 @@
 //! Cases of embedding lookup and its backward.
 
 use super::*;
+use crate::case::TensorSpec;
 
 // ---------------------------------------------------------------------------
 // Embedding.
@@ -169,25 +170,34 @@ pub(super) const EXTREME_INDICES: [(DType, i64); 5] = [
     (DType::I32, i32::MAX as i64),
 ];
 
+/// An `embedding` case of `[weight, indices, out]`: a copy, so the bits
+/// must match.
+pub(crate) fn embedding_call(dtype: DType, label: String, tensors: [TensorSpec; 3]) -> Case {
+    case(
+        "embedding",
+        dtype,
+        label,
+        tensors.into(),
+        Tolerance::EXACT,
+        |exec, t| exec.embedding(&t[0], &t[1], &t[2]),
+        |d| Ok(vec![reference::embedding(&d[0], &indices(&d[1]))?]),
+    )
+}
+
 pub(super) fn embedding_cases(dtype: DType) -> Vec<Case> {
     let mut rng = Rng::for_case("embedding", dtype);
     let mut cases = Vec::new();
     let mut push = |p: EmbeddingPlan, table: Vec<f64>| {
         let mut out_shape = p.idx_shape.clone();
         out_shape.push(p.h);
-        cases.push(case(
-            "embedding",
+        cases.push(embedding_call(
             dtype,
             p.label,
-            vec![
+            [
                 input("weight", dtype, &[p.vocab, p.h], table, p.layouts[0]),
                 input("indices", p.idx_dtype, &p.idx_shape, p.idx, p.layouts[1]),
                 output("out", dtype, &out_shape, p.layouts[2]),
             ],
-            // A copy: the bits must match.
-            Tolerance::EXACT,
-            |exec, t| exec.embedding(&t[0], &t[1], &t[2]),
-            |d| Ok(vec![reference::embedding(&d[0], &indices(&d[1]))?]),
         ));
     };
     for p in embedding_plans(&mut rng) {

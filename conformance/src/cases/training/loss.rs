@@ -1,6 +1,7 @@
 //! Cases of cross-entropy and its backward.
 
 use super::*;
+use crate::case::TensorSpec;
 
 // ---------------------------------------------------------------------------
 // Cross-entropy.
@@ -339,31 +340,49 @@ pub(super) fn cross_entropy_plans(rng: &mut Rng, dtype: DType) -> Vec<CrossEntro
     plans
 }
 
+/// A `cross_entropy` case of `[logits [N, C], targets [N], loss]`, judged
+/// as a log-sum-exp over C per row and a mean over N rows (`extra` more
+/// terms of accumulation for logits far from 0).
+pub(crate) fn cross_entropy_call(
+    dtype: DType,
+    label: String,
+    tensors: [TensorSpec; 3],
+    ignore: i64,
+    extra: usize,
+) -> Case {
+    let (n, c) = (tensors[0].shape[0], tensors[0].shape[1]);
+    case(
+        "cross_entropy",
+        dtype,
+        label,
+        tensors.into(),
+        Tolerance::accumulated(8.0, c + n + extra),
+        move |exec, t| exec.cross_entropy(&t[0], &t[1], &t[2], ignore),
+        move |d| {
+            Ok(vec![reference::cross_entropy(
+                &d[0],
+                &indices(&d[1]),
+                ignore,
+            )?])
+        },
+    )
+}
+
 pub(super) fn cross_entropy_cases(dtype: DType) -> Vec<Case> {
     let mut rng = Rng::for_case("cross_entropy", dtype);
     cross_entropy_plans(&mut rng, dtype)
         .into_iter()
         .map(|p| {
-            let ignore = p.ignore_index;
-            case(
-                "cross_entropy",
+            cross_entropy_call(
                 dtype,
                 p.label,
-                vec![
+                [
                     input("logits", dtype, &[p.n, p.c], p.logits, p.layouts[0]),
                     input("targets", p.idx_dtype, &[p.n], p.targets, p.layouts[1]),
                     output("loss", DType::F32, &[], C),
                 ],
-                // A log-sum-exp over C per row, a mean over N rows.
-                Tolerance::accumulated(8.0, p.c + p.n + p.extra),
-                move |exec, t| exec.cross_entropy(&t[0], &t[1], &t[2], ignore),
-                move |d| {
-                    Ok(vec![reference::cross_entropy(
-                        &d[0],
-                        &indices(&d[1]),
-                        ignore,
-                    )?])
-                },
+                p.ignore_index,
+                p.extra,
             )
         })
         .collect()

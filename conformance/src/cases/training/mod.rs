@@ -11,6 +11,8 @@ mod linear;
 mod loss;
 mod optim;
 
+pub(super) use embedding::embedding_call;
+pub(super) use loss::cross_entropy_call;
 pub(super) use optim::adamw_case;
 
 use embedding::*;

@@ -21,6 +21,7 @@ pub mod numerics;
 pub mod paths;
 pub mod round14;
 pub mod round15;
+pub mod round16;
 
 use std::sync::OnceLock;
 
@@ -202,6 +203,9 @@ pub enum Bug {
     ScatterAddIntSaturates,
     ScatterAddIntThroughF64,
     GatherIndexSelectDim0Only,
+    CumsumFirst65535Lines,
+    SoftmaxFirst65535Rows,
+    SumFirst65535Outputs,
     StreamWaitEventIgnored,
     EventRecordCompletesAtOnce,
     EventSynchronizeReturnsAtOnce,
@@ -619,6 +623,17 @@ catalog! {
     GatherIndexSelectDim0Only "gather-index-select-dim0-only" "gather" Path:
         "gather with an index that has a zero stride on every dimension but dim (PyTorch's index_select) takes a row-copy fast path written for dim 0: along dim 1 it copies whole rows by the first index of each row"
         => "an index_select along columns (zero-stride index, dim 1)";
+    // Mutation round 16: lines past a GPU grid's second dimension (65,535
+    // blocks) never reached.
+    CumsumFirst65535Lines "cumsum-first-65535-lines" "cumsum" Size:
+        "cumsum launches one block row per line in a grid's second dimension, which holds 65,535 (PaddlePaddle/Paddle#43722): the lines past it are never computed, and their outputs keep whatever they held"
+        => "more lines than 65,535";
+    SoftmaxFirst65535Rows "softmax-first-65535-rows" "softmax" Size:
+        "softmax launches one block per row in a grid's second dimension (65,535 at most): the rows past it are never written"
+        => "more rows than 65,535";
+    SumFirst65535Outputs "sum-first-65535-outputs" "sum" Size:
+        "sum launches one block per output in a grid's second dimension (65,535 at most): the outputs past it are never written"
+        => "more outputs than 65,535";
     // Stop 44: what a call leaves behind on its thread and in the process.
     ScaleLeavesFtzOn "scale-leaves-ftz-on" "scale" State:
         "scale turns on flush-to-zero and denormals-are-zero for speed and returns without restoring them: every later floating-point operation of the calling thread flushes subnormals (ABI rule 12)"

@@ -15,7 +15,7 @@ use super::indexing::{element, indices, inner};
 
 /// The line (output element, row-major) that element `p` of a tensor of
 /// `shape` reduces or scans into along `dim`.
-fn line(shape: &[i64], dim: usize, p: usize) -> usize {
+pub fn line(shape: &[i64], dim: usize, p: usize) -> usize {
     let (step, n) = (inner(shape, dim), shape[dim] as usize);
     (p / (n * step)) * step + p % step
 }
