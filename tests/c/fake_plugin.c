@@ -18,6 +18,10 @@
  *   FAKE_HUGE_COUNT        device_count reports 2^32 - 1 devices
  *   FAKE_VENDOR_COLON      its vendor name holds a ':' (device ids are vendor:N)
  *   FAKE_CONTROL_NAME      its device name holds terminal escape sequences
+ *   FAKE_ABSURD_PROPS      its device reports peaks and bandwidths that are
+ *                          NaN, infinite, negative or 1e300
+ *   FAKE_FILL_LONG_ERROR   fill fails with a 4 MiB message that starts with
+ *                          terminal escapes and a control character
  *   FAKE_FAST_MATH_CTOR    a constructor turns on FTZ and DAZ when the library
  *                          is loaded (what -ffast-math did with older GCC)
  *   FAKE_FILL_ROUNDS_UP    fill leaves the rounding mode upward (ABI rule 12)
@@ -35,6 +39,9 @@
 #endif
 #include <stdlib.h>
 #include <string.h>
+#ifdef FAKE_ABSURD_PROPS
+#include <math.h>
+#endif
 
 #include "polychip.h"
 
@@ -94,6 +101,13 @@ static PolychipError *device_props(uint32_t device, PolychipDeviceProps *out) {
 #endif
     props.memory_bytes = 1u << 20;
     props.memory_flags = POLYCHIP_MEMORY_HOST_VISIBLE;
+#ifdef FAKE_ABSURD_PROPS
+    props.peak_flops_f32 = 1e300;
+    props.peak_flops_bf16 = NAN;
+    props.peak_flops_f16 = -5e12;
+    props.memory_bandwidth = INFINITY;
+    props.link_bandwidth = -1.0;
+#endif
     n = out->struct_size < sizeof props ? out->struct_size : sizeof props;
     props.struct_size = n;
     memcpy(out, &props, n);
@@ -150,6 +164,20 @@ static PolychipError *fill(uint32_t device, PolychipStream *s, const PolychipFil
     (void)s;
     if (!args || args->struct_size < sizeof *args) return fail(POLYCHIP_ERROR_INVALID_ARGUMENT, "fake: fill args");
     t = &args->out;
+#ifdef FAKE_FILL_LONG_ERROR
+    {
+        static const char head[] = "fake: \x1b[31mfill failed\x1b[0m \x01";
+        size_t len = (size_t)4 << 20;
+        char *message = malloc(len);
+        PolychipError *e;
+        if (!message) return fail(POLYCHIP_ERROR_OUT_OF_MEMORY, "fake: malloc failed");
+        memset(message, 'x', len);
+        memcpy(message, head, sizeof head - 1);
+        e = g_host->error_new(g_host->context, POLYCHIP_ERROR_INTERNAL, message, len);
+        free(message);
+        return e;
+    }
+#endif
     if (t->dtype.code != POLYCHIP_DTYPE_CODE_FLOAT || t->dtype.bits != 32)
         return fail(POLYCHIP_ERROR_UNIMPLEMENTED, "fake: fill supports f32 only");
     for (i = t->ndim - 1; i >= 0; i--) {

@@ -489,6 +489,40 @@ fn control_characters_in_a_device_name_are_escaped() {
     assert_eq!(plugin.devices()[0].name, "Fake\\u{1b}[2J\\nF0");
 }
 
+/// Peaks and bandwidths no device can have (NaN, infinite, negative,
+/// 1e300) are taken as 0, the ABI's "not known", each a load finding
+/// naming the plugin, the device, the field and the value (until
+/// 2026-12-06 `polychip devices` printed 1e300 FLOP/s in 301 digits and
+/// `NaN G`, and its JSON a `null`).
+#[test]
+fn device_figures_no_device_can_have_are_taken_as_unknown_and_named() {
+    let plugin = common::load(&common::fake_plugin(Some("FAKE_ABSURD_PROPS")));
+    let props = &plugin.devices()[0];
+    for (field, value) in [
+        ("peak_flops_f32", props.peak_flops_f32),
+        ("peak_flops_bf16", props.peak_flops_bf16),
+        ("peak_flops_f16", props.peak_flops_f16),
+        ("memory_bandwidth", props.memory_bandwidth),
+        ("link_bandwidth", props.link_bandwidth),
+    ] {
+        assert_eq!(value.to_bits(), 0f64.to_bits(), "{field} = {value}");
+    }
+    assert_eq!(props.memory_bytes, 1 << 20, "memory is kept");
+    let findings = plugin.load_findings().join("\n");
+    for said in [
+        "plugin Fake device 0 reported peak_flops_f32 = 1e300, not a figure from 0 (not known) \
+         to 1e20 FLOP/s; it is taken as 0 (not known)",
+        "peak_flops_bf16 = NaN",
+        "peak_flops_f16 = -5e12",
+        "memory_bandwidth = inf, not a figure from 0 (not known) to 1e18 bytes/s",
+        "link_bandwidth = -1e0",
+    ] {
+        assert!(findings.contains(said), "{said:?} in {findings}");
+    }
+    // A plugin whose figures are sensible has no such finding.
+    assert!(common::load(&common::fake_plugin(None)).load_findings().is_empty());
+}
+
 /// Two files of one vendor (a copied plugin, or two plugins that chose one
 /// name) would give two devices each id: the second is refused, naming both
 /// files, and the first stays loaded.
