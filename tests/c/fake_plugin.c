@@ -20,8 +20,9 @@
  *   FAKE_CONTROL_NAME      its device name holds terminal escape sequences
  *   FAKE_ABSURD_PROPS      its device reports peaks and bandwidths that are
  *                          NaN, infinite, negative or 1e300
- *   FAKE_FILL_LONG_ERROR   fill fails with a 4 MiB message that starts with
- *                          terminal escapes and a control character
+ *   FAKE_FILL_LONG_ERROR   fill logs, and fails with, a 4 MiB message that
+ *                          starts with terminal escapes and a control
+ *                          character
  *   FAKE_FAST_MATH_CTOR    a constructor turns on FTZ and DAZ when the library
  *                          is loaded (what -ffast-math did with older GCC)
  *   FAKE_FILL_ROUNDS_UP    fill leaves the rounding mode upward (ABI rule 12)
@@ -173,6 +174,7 @@ static PolychipError *fill(uint32_t device, PolychipStream *s, const PolychipFil
         if (!message) return fail(POLYCHIP_ERROR_OUT_OF_MEMORY, "fake: malloc failed");
         memset(message, 'x', len);
         memcpy(message, head, sizeof head - 1);
+        g_host->log(g_host->context, POLYCHIP_LOG_WARN, message, len);
         e = g_host->error_new(g_host->context, POLYCHIP_ERROR_INTERNAL, message, len);
         free(message);
         return e;

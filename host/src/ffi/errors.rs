@@ -83,12 +83,12 @@ pub(crate) unsafe fn lossy(ptr: *const c_char, len: usize) -> String {
 /// the report.
 pub const MAX_ERROR_MESSAGE: usize = 64 << 10;
 
-/// The message of `len` bytes at `ptr`, at most [`MAX_ERROR_MESSAGE`] of
-/// them read.
+/// The message (or log record) of `len` bytes at `ptr`, at most
+/// [`MAX_ERROR_MESSAGE`] of them read.
 ///
 /// # Safety
 /// As for [`lossy`].
-unsafe fn bounded_message(ptr: *const c_char, len: usize) -> String {
+pub(crate) unsafe fn bounded_message(ptr: *const c_char, len: usize) -> String {
     if len <= MAX_ERROR_MESSAGE {
         // SAFETY: forwarded.
         return unsafe { lossy(ptr, len) };

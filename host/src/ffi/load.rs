@@ -62,7 +62,11 @@ unsafe extern "C" fn log_callback(
     // SAFETY: `ctx` is the leaked LogContext this host table was built with.
     let label = unsafe { &(*ctx.cast::<LogContext>()).label };
     // SAFETY: the ABI says `message` has `len` readable bytes for the call.
-    let message = unsafe { errors::lossy(message, len) };
+    // At most 64 KiB of it, its control characters escaped: the record goes
+    // to a terminal or a log file (until 2026-12-06 a plugin's terminal
+    // escapes reached stderr as they were, and a record of any length was
+    // copied whole).
+    let message = printable(&unsafe { errors::bounded_message(message, len) });
     let level = match level {
         0 | 1 => log::Level::Error,
         2 => log::Level::Warn,
