@@ -18,6 +18,7 @@
  *   FAKE_HUGE_COUNT        device_count reports 2^32 - 1 devices
  *   FAKE_VENDOR_COLON      its vendor name holds a ':' (device ids are vendor:N)
  *   FAKE_CONTROL_NAME      its device name holds terminal escape sequences
+ *                          and a right-to-left override
  *   FAKE_ABSURD_PROPS      its device reports peaks and bandwidths that are
  *                          NaN, infinite, negative or 1e300
  *   FAKE_FILL_LONG_ERROR   fill logs, and fails with, a 4 MiB message that
@@ -96,7 +97,7 @@ static PolychipError *device_props(uint32_t device, PolychipDeviceProps *out) {
     if (device != 0 || !out) return fail(POLYCHIP_ERROR_INVALID_ARGUMENT, "fake: bad device_props call");
     memset(&props, 0, sizeof props);
 #ifdef FAKE_CONTROL_NAME
-    strcpy(props.name, "Fake\x1b[2J\nF0");
+    strcpy(props.name, "Fake\x1b[2J\nF0\xe2\x80\xae");
 #else
     strcpy(props.name, "Fake F0");
 #endif

@@ -481,12 +481,14 @@ fn a_vendor_name_that_cannot_name_devices_is_refused() {
     assert!(message.contains("vendor \"Fa:ke\" holds ':'"), "{message}");
 }
 
-/// A device name with control characters (terminal escapes, a newline) is
-/// kept with them escaped, so printing it cannot drive the terminal.
+/// A device name with control characters (terminal escapes, a newline) and
+/// a right-to-left override is kept with them escaped, so printing it
+/// cannot drive the terminal or reorder the line (the override was kept
+/// until 2026-12-06).
 #[test]
 fn control_characters_in_a_device_name_are_escaped() {
     let plugin = common::load(&common::fake_plugin(Some("FAKE_CONTROL_NAME")));
-    assert_eq!(plugin.devices()[0].name, "Fake\\u{1b}[2J\\nF0");
+    assert_eq!(plugin.devices()[0].name, "Fake\\u{1b}[2J\\nF0\\u{202e}");
 }
 
 /// Peaks and bandwidths no device can have (NaN, infinite, negative,
@@ -520,7 +522,11 @@ fn device_figures_no_device_can_have_are_taken_as_unknown_and_named() {
         assert!(findings.contains(said), "{said:?} in {findings}");
     }
     // A plugin whose figures are sensible has no such finding.
-    assert!(common::load(&common::fake_plugin(None)).load_findings().is_empty());
+    assert!(
+        common::load(&common::fake_plugin(None))
+            .load_findings()
+            .is_empty()
+    );
 }
 
 /// Two files of one vendor (a copied plugin, or two plugins that chose one

@@ -436,15 +436,18 @@ fn check_vendor(path: &Path, vendor: &str) -> Result<()> {
     }
 }
 
-/// `text` with its control characters escaped (`\u{1b}`, `\n`), as a
-/// plugin's strings are printed to terminals and logs.
+/// `text` with its control characters escaped (`\u{1b}`, `\n`), and its
+/// bidirectional-formatting characters (`\u{202e}`, which reorders the rest
+/// of a line on a terminal: they were kept until 2026-12-06, where every
+/// word from a file was escaped), as a plugin's strings are printed to
+/// terminals and logs.
 pub(crate) fn printable(text: &str) -> String {
     text.chars()
         .map(|c| {
             if c.is_control() {
                 c.escape_default().to_string()
             } else {
-                c.to_string()
+                polychip_files::printable(c.encode_utf8(&mut [0; 4]))
             }
         })
         .collect()
