@@ -10,6 +10,8 @@
  *   FAKE_SMALL_TABLE       its table's struct_size covers only the versions
  *   FAKE_NULL_MEM_ALLOC    its table lacks the required mem_alloc
  *   FAKE_NEEDS_HOST_1_7    refuses hosts older than ABI 1.7
+ *   FAKE_INIT_FAILS_WITH_ESCAPES  its entry fails with a message holding
+ *                          terminal escapes and a right-to-left override
  *   FAKE_FOREIGN_ERROR     device_count returns an error the host never made
  *   FAKE_NEWER_MINOR       claims ABI 1.9 with a larger (appended) table
  *   FAKE_MINOR_1_1         claims ABI 1.1 with the newer op table, a 1.2 slot set
@@ -338,6 +340,9 @@ static PolychipError *init(const PolychipHostApi *host, const PolychipPluginApi 
     g_host = host;
 #ifdef FAKE_NEEDS_HOST_1_7
     if (host->abi_minor < 7) return fail(POLYCHIP_ERROR_VERSION_MISMATCH, "fake needs a host of ABI 1.7 or newer");
+#endif
+#ifdef FAKE_INIT_FAILS_WITH_ESCAPES
+    return fail(POLYCHIP_ERROR_INTERNAL, "fake: no device\x1b[2J\x1b]0;title\x07 \xe2\x80\xae here");
 #endif
 #ifdef FAKE_TABLE_MAJOR2
     table.v1_0.abi_major = 2;

@@ -207,10 +207,12 @@ fn open_checked(path: &Path) -> Result<Plugin> {
     match errors::take(error) {
         Ok(None) => {}
         Ok(Some((code, message))) => {
+            // Escaped as the plugin's other words are: every command prints
+            // it (`polychip devices` did so as it was until 2026-12-06).
             return Err(HostError::InitFailed {
                 path: path_buf,
                 code,
-                message,
+                message: printable(&message),
             });
         }
         Err(misuse) => {
