@@ -10,6 +10,7 @@
  *   FAKE_SMALL_TABLE       its table's struct_size covers only the versions
  *   FAKE_NULL_MEM_ALLOC    its table lacks the required mem_alloc
  *   FAKE_NEEDS_HOST_1_7    refuses hosts older than ABI 1.7
+ *   FAKE_ALLOC_ALIASES     mem_alloc returns the same memory every time
  *   FAKE_INIT_FAILS_WITH_ESCAPES  its entry fails with a message holding
  *                          terminal escapes and a right-to-left override
  *   FAKE_FOREIGN_ERROR     device_count returns an error the host never made
@@ -118,10 +119,18 @@ static PolychipError *device_props(uint32_t device, PolychipDeviceProps *out) {
     return NULL;
 }
 
+#ifdef FAKE_ALLOC_ALIASES
+static char g_arena[1u << 20];
+#endif
+
 static PolychipError *mem_alloc(uint32_t device, uint64_t bytes, void **out_ptr) {
     void *p;
     (void)device;
     if (bytes > (1u << 20)) return fail(POLYCHIP_ERROR_OUT_OF_MEMORY, "fake: more than 1 MiB requested");
+#ifdef FAKE_ALLOC_ALIASES
+    *out_ptr = bytes ? g_arena + 64 : NULL;
+    return NULL;
+#endif
     p = bytes ? calloc(1, (size_t)bytes) : NULL;
     if (bytes && !p) return fail(POLYCHIP_ERROR_OUT_OF_MEMORY, "fake: calloc failed");
     *out_ptr = p;
@@ -130,6 +139,9 @@ static PolychipError *mem_alloc(uint32_t device, uint64_t bytes, void **out_ptr)
 
 static PolychipError *mem_free(uint32_t device, void *ptr) {
     (void)device;
+#ifdef FAKE_ALLOC_ALIASES
+    if ((char *)ptr >= g_arena && (char *)ptr < g_arena + sizeof g_arena) return NULL;
+#endif
     free(ptr);
     return NULL;
 }

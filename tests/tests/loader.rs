@@ -106,6 +106,32 @@ fn a_failing_entrys_message_is_escaped() {
     assert!(!message.chars().any(char::is_control), "{message}");
 }
 
+/// An allocator that hands out memory still in use (here the same memory
+/// every time) is a contract violation named at the second allocation:
+/// until 2026-12-06 two buffers shared it, and a write to one changed the
+/// other without a word.
+#[test]
+fn an_allocation_overlapping_a_live_one_is_refused() {
+    let device = common::first_device(&common::fake_plugin(Some("FAKE_ALLOC_ALIASES")));
+    let a = device.zeros(DType::F32, &[4]).unwrap();
+    let error = device.zeros(DType::F32, &[4]).unwrap_err().to_string();
+    assert!(
+        error.contains("mem_alloc")
+            && error.contains("returned 16 bytes at 0x")
+            && error.contains("which overlap the 16 bytes at 0x")
+            && error.contains(
+                "it returned before and that are still in use (two buffers would share memory)"
+            ),
+        "{error}"
+    );
+    assert_eq!(device.memory_in_use(), 16, "the refused one is not counted");
+    drop(a);
+    // Once the first is gone, its memory may be handed out again.
+    let b = device.zeros(DType::F32, &[4]).unwrap();
+    device.exec().fill(&b, 2.5).unwrap();
+    assert_eq!(b.to_vec::<f32>().unwrap(), [2.5; 4]);
+}
+
 #[test]
 fn a_newer_minor_with_an_appended_table_loads() {
     let plugin = common::load(&common::fake_plugin(Some("FAKE_NEWER_MINOR")));
