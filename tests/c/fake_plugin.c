@@ -354,7 +354,7 @@ static PolychipError *init(const PolychipHostApi *host, const PolychipPluginApi 
     if (host->abi_minor < 7) return fail(POLYCHIP_ERROR_VERSION_MISMATCH, "fake needs a host of ABI 1.7 or newer");
 #endif
 #ifdef FAKE_INIT_FAILS_WITH_ESCAPES
-    return fail(POLYCHIP_ERROR_INTERNAL, "fake: no device\x1b[2J\x1b]0;title\x07 \xe2\x80\xae here");
+    return fail(POLYCHIP_ERROR_INTERNAL, "fake: no device\x1b[2J\x1b]0;title\x07 \xe2\x80\xae here\nsecond line\r");
 #endif
 #ifdef FAKE_TABLE_MAJOR2
     table.v1_0.abi_major = 2;

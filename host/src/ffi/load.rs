@@ -66,7 +66,7 @@ unsafe extern "C" fn log_callback(
     // to a terminal or a log file (until 2026-12-06 a plugin's terminal
     // escapes reached stderr as they were, and a record of any length was
     // copied whole).
-    let message = printable(&unsafe { errors::bounded_message(message, len) });
+    let message = printable_keeping_lines(&unsafe { errors::bounded_message(message, len) });
     let level = match level {
         0 | 1 => log::Level::Error,
         2 => log::Level::Warn,
@@ -212,7 +212,7 @@ fn open_checked(path: &Path) -> Result<Plugin> {
             return Err(HostError::InitFailed {
                 path: path_buf,
                 code,
-                message: printable(&message),
+                message: printable_keeping_lines(&message),
             });
         }
         Err(misuse) => {
@@ -453,6 +453,16 @@ pub(crate) fn printable(text: &str) -> String {
             }
         })
         .collect()
+}
+
+/// `text` as [`printable`] writes it, but its line breaks kept: a message
+/// or a record of several lines (a plugin listing what it knows, one a
+/// line) stays readable.
+pub(crate) fn printable_keeping_lines(text: &str) -> String {
+    text.split('\n')
+        .map(printable)
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 /// # Safety
