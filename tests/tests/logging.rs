@@ -121,10 +121,7 @@ fn a_plugin_record_with_terminal_escapes_and_no_end_is_escaped_and_cut() {
         "{}",
         &record[..200]
     );
-    assert!(
-        !record.chars().any(char::is_control),
-        "no line break either"
-    );
+    assert!(!record.chars().any(char::is_control), "{}", &record[..200]);
     assert!(record.len() < 65536 + 200, "{} bytes", record.len());
     assert!(
         record.ends_with("... (the plugin's message is 4194304 bytes; the first 65536 are kept)"),
