@@ -96,6 +96,15 @@ fn split_event(line: &str) -> (&str, Option<&str>) {
     }
 }
 
+/// A plugin's own output on a worker's standard output as the parent
+/// relays it to its standard error: after the worker's name, with control
+/// and bidirectional characters escaped and cut after 1,000 characters (a
+/// line may be 16 MiB; until 2026-12-06 it was relayed as it was, terminal
+/// escapes and all).
+fn relayed(name: &str, own: &str) -> String {
+    format!("{name}: {}", polychip_files::printable_lines(own))
+}
+
 fn say(event: &Event) {
     let mut out = std::io::stdout().lock();
     // A parent that is gone reads nothing: nothing to report to.
@@ -293,7 +302,7 @@ pub fn profile(
                     Ok(Some(line)) => {
                         let (own, event) = split_event(&line);
                         if !own.is_empty() {
-                            eprintln!("{name}: {own}");
+                            eprintln!("{}", relayed(&name, own));
                         }
                         let Some(event) = event else { continue };
                         serde_json::from_str::<Event>(event).map_err(|e| {
@@ -395,5 +404,21 @@ mod tests {
             serde_json::from_str(event.unwrap()),
             Ok(Event::Round)
         ));
+    }
+
+    #[test]
+    fn a_plugins_own_output_is_relayed_escaped_and_cut() {
+        let line = format!("\u{1b}]0;title\u{7}\u{202e}{}", "y".repeat(5000));
+        let out = relayed("cobalt:0", &line);
+        assert!(
+            out.starts_with("cobalt:0: \\u{1b}]0;title\\u{7}\\u{202e}yyy"),
+            "{out}"
+        );
+        assert!(
+            !out.chars().any(|c| c.is_control() || c == '\u{202e}'),
+            "{out}"
+        );
+        assert!(out.ends_with("more characters)"), "{out}");
+        assert!(out.len() < 1200, "{} bytes", out.len());
     }
 }

@@ -198,6 +198,52 @@ fn the_bundled_plugins_implement_and_pass_every_operator_in_every_dtype() {
     }
 }
 
+/// A plugin whose errors run to megabytes (with terminal escapes): every
+/// case it fails is reported failed, its message cut by the host to 64 KiB
+/// and saying how long it was. Until 2026-12-06 the worker's result line
+/// passed the parent's 1 MiB bound, was cut, was not read as a result, and
+/// the case vanished: the plugin "passed" with 0 cases failed and exit 0.
+#[test]
+fn a_plugin_whose_errors_run_to_megabytes_fails_each_case_it_fails() {
+    let plugin = common::fake_plugin("FAKE_FILL_LONG_ERROR");
+    let (code, text, doc) = common::conform_report(
+        &[
+            "--plugin",
+            plugin.to_str().unwrap(),
+            "--ops",
+            "^fill$",
+            "--dtype",
+            "f32",
+        ],
+        &[("POLYCHIP_NO_BUNDLED_PLUGINS", "1")],
+    );
+    assert_eq!(code, 1, "{}", &text[..text.len().min(4000)]);
+    let row = &doc["rows"][0];
+    assert_eq!((&row["op"], &row["dtype"]), (&"fill".into(), &"f32".into()));
+    let failed = row["failed"].as_u64().unwrap();
+    let all = failed + row["skipped"].as_u64().unwrap();
+    assert!(failed > 100, "{row}");
+    assert_eq!(row["passed"], 0, "{row}");
+    let failures = doc["failures"].as_array().unwrap();
+    assert_eq!(failures.len() as u64, failed, "each failed case is listed");
+    assert!(all > 100);
+    let said = "... (the plugin's message is 4194304 bytes; the first 65536 are kept)";
+    for f in failures {
+        let message = f["result"]["message"].as_str().unwrap();
+        assert!(
+            message.contains("fake: \u{1b}[31mfill failed"),
+            "{}",
+            &message[..200]
+        );
+        assert!(
+            message.contains(said),
+            "{}",
+            &message[message.len() - 300..]
+        );
+        assert!(message.len() < 4 * 65536, "{} bytes", message.len());
+    }
+}
+
 #[test]
 fn a_plugin_that_crashes_or_hangs_while_loading_is_named_not_fatal() {
     let segv = common::broken_plugin("BROKEN_INIT_SEGV");

@@ -260,3 +260,55 @@ fn usage_errors() {
     assert_eq!(run.code, Some(1), "{}", run.stderr);
     assert!(run.stderr.contains("could not start"), "{}", run.stderr);
 }
+
+/// When the system refuses a thread the launcher needs (too many processes
+/// and threads for the user: `ulimit -u` of an unprivileged user), the job
+/// stops with a sentence naming the rank, as when a rank cannot be
+/// started. Until 2026-12-06 the launcher panicked ("failed to spawn
+/// thread", exit 101). Root drops to `nobody` with setpriv, whose limit
+/// (prlimit's `--nproc`) is then enforced; skipped without root, setpriv
+/// or prlimit.
+#[test]
+fn a_thread_the_system_refuses_stops_the_job_with_a_sentence() {
+    let root = Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| o.stdout.trim_ascii() == b"0");
+    let tools = ["setpriv", "prlimit"]
+        .iter()
+        .all(|t| Command::new(t).arg("--version").output().is_ok());
+    if !root || !tools {
+        eprintln!(
+            "skipped: needs root, setpriv and prlimit to run as nobody under a process limit"
+        );
+        return;
+    }
+    let mut threads_refused = 0;
+    // Each rank is a process and two threads: depending on the limit, a
+    // rank or a thread is the first thing refused.
+    for limit in 4..=24 {
+        let out = Command::new("setpriv")
+            .args(["--reuid", "65534", "--regid", "65534", "--clear-groups"])
+            .args(["prlimit", &format!("--nproc={limit}")])
+            .arg(env!("CARGO_BIN_EXE_polychip"))
+            .args(["launch", "-n", "8", "--", "/bin/sleep", "0.2"])
+            .env("RUST_BACKTRACE", "0")
+            .stdin(Stdio::null())
+            .output()
+            .expect("run setpriv");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !stderr.contains("panicked") && out.status.code() != Some(101),
+            "ulimit -u {limit}: {:?}\n{stderr}",
+            out.status
+        );
+        if stderr.contains("could not start a thread to relay its output") {
+            threads_refused += 1;
+            assert_eq!(out.status.code(), Some(1), "{stderr}");
+            assert!(stderr.contains("polychip launch: rank "), "{stderr}");
+        }
+        // The stopped ranks' processes are gone before the next limit.
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    assert!(threads_refused > 0, "no limit made a thread fail");
+}

@@ -205,17 +205,39 @@ pub fn launch(opts: &LaunchOptions) -> Result<LaunchOutcome> {
         match cmd.spawn() {
             Ok(mut child) => {
                 let mut readers = Vec::with_capacity(2);
+                let mut relayed = Ok(());
                 if let Some(out) = child.stdout.take() {
-                    readers.push(forward(rank, out, false, done_tx.clone(), &out_failed));
+                    match forward(rank, out, false, done_tx.clone(), &out_failed) {
+                        Ok(r) => readers.push(r),
+                        Err(e) => relayed = Err(e),
+                    }
                 }
-                if let Some(err) = child.stderr.take() {
-                    readers.push(forward(rank, err, true, done_tx.clone(), &out_failed));
+                if relayed.is_ok()
+                    && let Some(err) = child.stderr.take()
+                {
+                    match forward(rank, err, true, done_tx.clone(), &out_failed) {
+                        Ok(r) => readers.push(r),
+                        Err(e) => relayed = Err(e),
+                    }
                 }
                 ranks.push(Rank {
                     child,
                     status: None,
                     readers,
                 });
+                // A thread the system refuses (too many processes and
+                // threads for the user): the job stops as when a rank
+                // cannot be started (until 2026-12-06 the launcher
+                // panicked, "failed to spawn thread", exit 101).
+                if let Err(e) = relayed {
+                    stop_all(&mut ranks, libc::SIGTERM, opts.grace);
+                    drop(signals);
+                    return Err(CommError::Io {
+                        rank,
+                        op: "launch".into(),
+                        message: format!("could not start a thread to relay its output: {e}"),
+                    });
+                }
             }
             Err(e) => {
                 stop_all(&mut ranks, libc::SIGTERM, opts.grace);
@@ -486,9 +508,9 @@ fn forward(
     to_stderr: bool,
     done: mpsc::Sender<()>,
     failed: &Arc<AtomicI32>,
-) -> JoinHandle<()> {
+) -> std::io::Result<JoinHandle<()>> {
     let failed = Arc::clone(failed);
-    std::thread::spawn(move || {
+    std::thread::Builder::new().spawn(move || {
         let prefix = format!("[rank {rank}] ");
         let mut reader = BufReader::new(from);
         let mut line = Vec::new();

@@ -182,8 +182,17 @@ impl Report {
         self.totals().1 == 0 && self.load_findings.is_empty()
     }
 
-    /// The report as a table for people.
+    /// The report as a table for people, for a terminal: what the plugin
+    /// said (its errors), the plugin's path and the waivers' reasons are
+    /// printed with control and bidirectional characters escaped and lines
+    /// cut after 1,000 characters ([`polychip_files::printable_lines`];
+    /// until 2026-12-06 a plugin's terminal escapes reached the terminal and
+    /// a 4 MiB message was printed whole for each case it failed).
     pub fn table(&self) -> String {
+        polychip_files::printable_lines(&self.raw_table())
+    }
+
+    fn raw_table(&self) -> String {
         let mut out = String::new();
         let _ = writeln!(
             out,
@@ -304,9 +313,13 @@ impl Report {
 
     /// The report as JUnit XML: one test suite per operator, one test case
     /// per (operator, dtype, case).
+    /// Control characters (a plugin's terminal escapes) are written as
+    /// `\u{..}` text: XML 1.0 has no way to hold them, and a report with one
+    /// was refused by every XML parser until 2026-12-06.
     pub fn junit(&self, results: &[CaseResult]) -> String {
         let esc = |s: &str| {
-            s.replace('&', "&amp;")
+            polychip_files::printable(s)
+                .replace('&', "&amp;")
                 .replace('<', "&lt;")
                 .replace('>', "&gt;")
                 .replace('"', "&quot;")
@@ -444,5 +457,37 @@ mod tests {
         assert_eq!(compact(12.5, 1, false), "12.5");
         assert_eq!(compact(3.2e9, 1, false), "3.2e9");
         assert_eq!(compact(0.25, 3, true), "+0.250");
+    }
+
+    /// What a plugin says (its error messages, with terminal escapes, a
+    /// control character, a bidirectional override and no end) reaches
+    /// neither the terminal nor the JUnit XML as it is.
+    #[test]
+    fn a_plugins_words_are_escaped_in_the_table_and_the_junit_report() {
+        let mut failed = result("fill", "f32", Stats::default());
+        failed.status = Status::Failed;
+        failed.message = format!("boom \u{1b}[2J\u{1}\u{202e}{}", "x".repeat(5000));
+        let results = [failed];
+        let report = Report::new("p\u{7}.so", "V 1", 0, &results, &Waivers::default(), 1.0);
+        let table = report.table();
+        assert!(
+            !table
+                .chars()
+                .any(|c| c.is_control() && c != '\n' || c == '\u{202e}'),
+            "{table}"
+        );
+        assert!(table.contains("boom \\u{1b}[2J\\u{1}\\u{202e}x"), "{table}");
+        assert!(
+            table.contains("... (4"),
+            "a line past 1,000 characters is cut: {table}"
+        );
+        assert!(table.contains("--plugin p\\u{7}.so"), "{table}");
+        let xml = report.junit(&results);
+        // XML 1.0 holds no C0 control character but tab, newline and return.
+        assert!(
+            !xml.chars().any(|c| c.is_control() && !"\t\n\r".contains(c)),
+            "{xml}"
+        );
+        assert!(xml.contains("message=\"boom \\u{1b}[2J\\u{1}"), "{xml}");
     }
 }

@@ -376,6 +376,24 @@ pub fn run_isolated(
                     // What the plugin itself printed: not a result.
                     None => {}
                     Some(l) if l.unit < units.len() => {
+                        // Cases between the last result and this one gave
+                        // none (a line too long to keep, or garbled, is not
+                        // read as a result): each fails, naming why, instead
+                        // of vanishing from the report (until 2026-12-06 a
+                        // plugin whose every failure said more than 1 MiB
+                        // passed with 0 cases failed).
+                        while let Some(missing) = next(at).filter(|&m| m < (l.unit, l.result.index))
+                        {
+                            emit(failed(
+                                missing,
+                                format!(
+                                    "no result came back from the worker for this case: a \
+                                     line of its output that was not a whole result (more \
+                                     than {MAX_LINE} bytes, or garbled) was dropped"
+                                ),
+                            ));
+                            at = (missing.0, missing.1 + 1);
+                        }
                         at = (l.unit, l.result.index + 1);
                         emit(l.result);
                         deadline = Instant::now() + iso.case_timeout;
@@ -411,6 +429,11 @@ pub fn run_isolated(
             )
         } else {
             match &status {
+                Ok(s) if s.success() => format!(
+                    "the worker exited with status 0 without a result for this case: the \
+                     plugin ended the process, or the case's result line (more than \
+                     {MAX_LINE} bytes, or garbled) was dropped"
+                ),
                 Ok(s) => format!("the plugin crashed: {}", describe_exit(s, &stderr)),
                 Err(e) => format!("the plugin crashed: the worker could not be waited for: {e}"),
             }

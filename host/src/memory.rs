@@ -49,13 +49,24 @@ impl Buffer {
     pub(crate) fn alloc(device: &Device, bytes: u64) -> Result<Buffer> {
         let ptr = device.plugin().mem_alloc(device.index(), bytes)?;
         if let Some(u) = device.plugin().usage.get(device.index() as usize) {
-            let now = u.in_use.fetch_add(bytes, Ordering::Relaxed) + bytes;
-            u.peak.fetch_max(now, Ordering::Relaxed);
             // (An empty allocation holds no address, and may share one
             // with a real one: it is not kept.)
             if !ptr.is_null() && bytes > 0 {
-                lock(&u.live).allocations.insert(ptr as usize, bytes);
+                let mut live = lock(&u.live);
+                if let Some(what) = overlap(&live.allocations, ptr as usize, bytes) {
+                    // Not freed: freeing it could free the memory of the
+                    // buffer it overlaps. Until 2026-12-06 two buffers
+                    // shared it, and each overwrote the other's values.
+                    return Err(crate::error::HostError::Contract {
+                        plugin: device.plugin().vendor().to_string(),
+                        function: "mem_alloc",
+                        what: format!("returned {bytes} bytes at {ptr:p} for {device}, {what}"),
+                    });
+                }
+                live.allocations.insert(ptr as usize, bytes);
             }
+            let now = u.in_use.fetch_add(bytes, Ordering::Relaxed) + bytes;
+            u.peak.fetch_max(now, Ordering::Relaxed);
         }
         Ok(Buffer {
             device: device.clone(),
@@ -122,6 +133,34 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 /// Whether `ptr..ptr + bytes` lies inside one live allocation the host made
 /// on `device` (an empty range: at any address).
+/// Why `bytes` at `at` cannot be a new allocation among the live
+/// `allocations` (which do not overlap): they pass the end of the address
+/// space, or overlap one still in use.
+fn overlap(
+    allocations: &std::collections::BTreeMap<usize, u64>,
+    at: usize,
+    bytes: u64,
+) -> Option<String> {
+    let Some(end) = u64::try_from(at)
+        .ok()
+        .and_then(|a| a.checked_add(bytes))
+        .and_then(|e| usize::try_from(e).ok())
+    else {
+        return Some("which pass the end of the address space".into());
+    };
+    // The last allocation starting before `end` is the only one that can
+    // reach into [at, end).
+    let (&start, &len) = allocations.range(..end).next_back()?;
+    let other_end = start as u64 + len;
+    (other_end > at as u64).then(|| {
+        format!(
+            "which overlap the {len} bytes at {:p} it returned before and that are still in \
+             use (two buffers would share memory)",
+            start as *const u8
+        )
+    })
+}
+
 pub(crate) fn inside_live_allocation(device: &Device, ptr: *const c_void, bytes: u64) -> bool {
     if bytes == 0 {
         return true;

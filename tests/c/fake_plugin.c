@@ -10,6 +10,9 @@
  *   FAKE_SMALL_TABLE       its table's struct_size covers only the versions
  *   FAKE_NULL_MEM_ALLOC    its table lacks the required mem_alloc
  *   FAKE_NEEDS_HOST_1_7    refuses hosts older than ABI 1.7
+ *   FAKE_ALLOC_ALIASES     mem_alloc returns the same memory every time
+ *   FAKE_INIT_FAILS_WITH_ESCAPES  its entry fails with a message holding
+ *                          terminal escapes and a right-to-left override
  *   FAKE_FOREIGN_ERROR     device_count returns an error the host never made
  *   FAKE_NEWER_MINOR       claims ABI 1.9 with a larger (appended) table
  *   FAKE_MINOR_1_1         claims ABI 1.1 with the newer op table, a 1.2 slot set
@@ -18,6 +21,12 @@
  *   FAKE_HUGE_COUNT        device_count reports 2^32 - 1 devices
  *   FAKE_VENDOR_COLON      its vendor name holds a ':' (device ids are vendor:N)
  *   FAKE_CONTROL_NAME      its device name holds terminal escape sequences
+ *                          and a right-to-left override
+ *   FAKE_ABSURD_PROPS      its device reports peaks and bandwidths that are
+ *                          NaN, infinite, negative or 1e300
+ *   FAKE_FILL_LONG_ERROR   fill logs, and fails with, a 4 MiB message that
+ *                          starts with terminal escapes and a control
+ *                          character
  *   FAKE_FAST_MATH_CTOR    a constructor turns on FTZ and DAZ when the library
  *                          is loaded (what -ffast-math did with older GCC)
  *   FAKE_FILL_ROUNDS_UP    fill leaves the rounding mode upward (ABI rule 12)
@@ -35,6 +44,9 @@
 #endif
 #include <stdlib.h>
 #include <string.h>
+#ifdef FAKE_ABSURD_PROPS
+#include <math.h>
+#endif
 
 #include "polychip.h"
 
@@ -88,22 +100,37 @@ static PolychipError *device_props(uint32_t device, PolychipDeviceProps *out) {
     if (device != 0 || !out) return fail(POLYCHIP_ERROR_INVALID_ARGUMENT, "fake: bad device_props call");
     memset(&props, 0, sizeof props);
 #ifdef FAKE_CONTROL_NAME
-    strcpy(props.name, "Fake\x1b[2J\nF0");
+    strcpy(props.name, "Fake\x1b[2J\nF0\xe2\x80\xae");
 #else
     strcpy(props.name, "Fake F0");
 #endif
     props.memory_bytes = 1u << 20;
     props.memory_flags = POLYCHIP_MEMORY_HOST_VISIBLE;
+#ifdef FAKE_ABSURD_PROPS
+    props.peak_flops_f32 = 1e300;
+    props.peak_flops_bf16 = NAN;
+    props.peak_flops_f16 = -5e12;
+    props.memory_bandwidth = INFINITY;
+    props.link_bandwidth = -1.0;
+#endif
     n = out->struct_size < sizeof props ? out->struct_size : sizeof props;
     props.struct_size = n;
     memcpy(out, &props, n);
     return NULL;
 }
 
+#ifdef FAKE_ALLOC_ALIASES
+static char g_arena[1u << 20];
+#endif
+
 static PolychipError *mem_alloc(uint32_t device, uint64_t bytes, void **out_ptr) {
     void *p;
     (void)device;
     if (bytes > (1u << 20)) return fail(POLYCHIP_ERROR_OUT_OF_MEMORY, "fake: more than 1 MiB requested");
+#ifdef FAKE_ALLOC_ALIASES
+    *out_ptr = bytes ? g_arena + 64 : NULL;
+    return NULL;
+#endif
     p = bytes ? calloc(1, (size_t)bytes) : NULL;
     if (bytes && !p) return fail(POLYCHIP_ERROR_OUT_OF_MEMORY, "fake: calloc failed");
     *out_ptr = p;
@@ -112,6 +139,9 @@ static PolychipError *mem_alloc(uint32_t device, uint64_t bytes, void **out_ptr)
 
 static PolychipError *mem_free(uint32_t device, void *ptr) {
     (void)device;
+#ifdef FAKE_ALLOC_ALIASES
+    if ((char *)ptr >= g_arena && (char *)ptr < g_arena + sizeof g_arena) return NULL;
+#endif
     free(ptr);
     return NULL;
 }
@@ -150,6 +180,21 @@ static PolychipError *fill(uint32_t device, PolychipStream *s, const PolychipFil
     (void)s;
     if (!args || args->struct_size < sizeof *args) return fail(POLYCHIP_ERROR_INVALID_ARGUMENT, "fake: fill args");
     t = &args->out;
+#ifdef FAKE_FILL_LONG_ERROR
+    {
+        static const char head[] = "fake: \x1b[31mfill failed\x1b[0m \x01";
+        size_t len = (size_t)4 << 20;
+        char *message = malloc(len);
+        PolychipError *e;
+        if (!message) return fail(POLYCHIP_ERROR_OUT_OF_MEMORY, "fake: malloc failed");
+        memset(message, 'x', len);
+        memcpy(message, head, sizeof head - 1);
+        g_host->log(g_host->context, POLYCHIP_LOG_WARN, message, len);
+        e = g_host->error_new(g_host->context, POLYCHIP_ERROR_INTERNAL, message, len);
+        free(message);
+        return e;
+    }
+#endif
     if (t->dtype.code != POLYCHIP_DTYPE_CODE_FLOAT || t->dtype.bits != 32)
         return fail(POLYCHIP_ERROR_UNIMPLEMENTED, "fake: fill supports f32 only");
     for (i = t->ndim - 1; i >= 0; i--) {
@@ -307,6 +352,9 @@ static PolychipError *init(const PolychipHostApi *host, const PolychipPluginApi 
     g_host = host;
 #ifdef FAKE_NEEDS_HOST_1_7
     if (host->abi_minor < 7) return fail(POLYCHIP_ERROR_VERSION_MISMATCH, "fake needs a host of ABI 1.7 or newer");
+#endif
+#ifdef FAKE_INIT_FAILS_WITH_ESCAPES
+    return fail(POLYCHIP_ERROR_INTERNAL, "fake: no device\x1b[2J\x1b]0;title\x07 \xe2\x80\xae here\nsecond line\r");
 #endif
 #ifdef FAKE_TABLE_MAJOR2
     table.v1_0.abi_major = 2;

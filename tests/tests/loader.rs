@@ -92,6 +92,53 @@ fn a_plugin_may_refuse_a_host_that_is_too_old() {
     );
 }
 
+/// The message of an entry that fails is kept with its terminal escapes
+/// and bidirectional characters escaped (its line breaks kept), as a device
+/// name is: every command
+/// prints it (`polychip devices` printed it as it was until 2026-12-06, so a
+/// plugin could clear the screen or set the terminal's title).
+#[test]
+fn a_failing_entrys_message_is_escaped() {
+    let message = load_error("FAKE_INIT_FAILS_WITH_ESCAPES").to_string();
+    assert!(
+        message.contains(
+            "fake: no device\\u{1b}[2J\\u{1b}]0;title\\u{7} \\u{202e} here\nsecond line\\r"
+        ),
+        "{message}"
+    );
+    // Its lines are kept (a plugin may list what it knows, one a line).
+    assert!(
+        !message.chars().any(|c| c.is_control() && c != '\n'),
+        "{message}"
+    );
+}
+
+/// An allocator that hands out memory still in use (here the same memory
+/// every time) is a contract violation named at the second allocation:
+/// until 2026-12-06 two buffers shared it, and a write to one changed the
+/// other without a word.
+#[test]
+fn an_allocation_overlapping_a_live_one_is_refused() {
+    let device = common::first_device(&common::fake_plugin(Some("FAKE_ALLOC_ALIASES")));
+    let a = device.zeros(DType::F32, &[4]).unwrap();
+    let error = device.zeros(DType::F32, &[4]).unwrap_err().to_string();
+    assert!(
+        error.contains("mem_alloc")
+            && error.contains("returned 16 bytes at 0x")
+            && error.contains("which overlap the 16 bytes at 0x")
+            && error.contains(
+                "it returned before and that are still in use (two buffers would share memory)"
+            ),
+        "{error}"
+    );
+    assert_eq!(device.memory_in_use(), 16, "the refused one is not counted");
+    drop(a);
+    // Once the first is gone, its memory may be handed out again.
+    let b = device.zeros(DType::F32, &[4]).unwrap();
+    device.exec().fill(&b, 2.5).unwrap();
+    assert_eq!(b.to_vec::<f32>().unwrap(), [2.5; 4]);
+}
+
 #[test]
 fn a_newer_minor_with_an_appended_table_loads() {
     let plugin = common::load(&common::fake_plugin(Some("FAKE_NEWER_MINOR")));
@@ -481,12 +528,52 @@ fn a_vendor_name_that_cannot_name_devices_is_refused() {
     assert!(message.contains("vendor \"Fa:ke\" holds ':'"), "{message}");
 }
 
-/// A device name with control characters (terminal escapes, a newline) is
-/// kept with them escaped, so printing it cannot drive the terminal.
+/// A device name with control characters (terminal escapes, a newline) and
+/// a right-to-left override is kept with them escaped, so printing it
+/// cannot drive the terminal or reorder the line (the override was kept
+/// until 2026-12-06).
 #[test]
 fn control_characters_in_a_device_name_are_escaped() {
     let plugin = common::load(&common::fake_plugin(Some("FAKE_CONTROL_NAME")));
-    assert_eq!(plugin.devices()[0].name, "Fake\\u{1b}[2J\\nF0");
+    assert_eq!(plugin.devices()[0].name, "Fake\\u{1b}[2J\\nF0\\u{202e}");
+}
+
+/// Peaks and bandwidths no device can have (NaN, infinite, negative,
+/// 1e300) are taken as 0, the ABI's "not known", each a load finding
+/// naming the plugin, the device, the field and the value (until
+/// 2026-12-06 `polychip devices` printed 1e300 FLOP/s in 301 digits and
+/// `NaN G`, and its JSON a `null`).
+#[test]
+fn device_figures_no_device_can_have_are_taken_as_unknown_and_named() {
+    let plugin = common::load(&common::fake_plugin(Some("FAKE_ABSURD_PROPS")));
+    let props = &plugin.devices()[0];
+    for (field, value) in [
+        ("peak_flops_f32", props.peak_flops_f32),
+        ("peak_flops_bf16", props.peak_flops_bf16),
+        ("peak_flops_f16", props.peak_flops_f16),
+        ("memory_bandwidth", props.memory_bandwidth),
+        ("link_bandwidth", props.link_bandwidth),
+    ] {
+        assert_eq!(value.to_bits(), 0f64.to_bits(), "{field} = {value}");
+    }
+    assert_eq!(props.memory_bytes, 1 << 20, "memory is kept");
+    let findings = plugin.load_findings().join("\n");
+    for said in [
+        "plugin Fake device 0 reported peak_flops_f32 = 1e300, not a figure from 0 (not known) \
+         to 1e20 FLOP/s; it is taken as 0 (not known)",
+        "peak_flops_bf16 = NaN",
+        "peak_flops_f16 = -5e12",
+        "memory_bandwidth = inf, not a figure from 0 (not known) to 1e18 bytes/s",
+        "link_bandwidth = -1e0",
+    ] {
+        assert!(findings.contains(said), "{said:?} in {findings}");
+    }
+    // A plugin whose figures are sensible has no such finding.
+    assert!(
+        common::load(&common::fake_plugin(None))
+            .load_findings()
+            .is_empty()
+    );
 }
 
 /// Two files of one vendor (a copied plugin, or two plugins that chose one

@@ -26,10 +26,18 @@ impl log::Log for Capture {
     fn flush(&self) {}
 }
 
+/// Installs [`Capture`] once for the tests of this file.
+fn capture() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        log::set_logger(&Capture).unwrap();
+        log::set_max_level(log::LevelFilter::Debug);
+    });
+}
+
 #[test]
 fn plugin_log_records_reach_the_host_logger() {
-    log::set_logger(&Capture).unwrap();
-    log::set_max_level(log::LevelFilter::Debug);
+    capture();
     let runtime = Runtime::load(
         &[common::cobalt_path(), common::ferrite_path()],
         &LoadOptions::default(),
@@ -85,4 +93,39 @@ fn rust_plugins_export_only_the_entry_symbol() {
             "{name} exports: {text}"
         );
     }
+}
+
+/// A plugin's record reaches the logger with its control characters
+/// escaped and cut at 64 KiB, saying how long it was (until 2026-12-06 its
+/// terminal escapes reached stderr as they were, and 4 MiB were copied
+/// whole).
+#[test]
+fn a_plugin_record_with_terminal_escapes_and_no_end_is_escaped_and_cut() {
+    capture();
+    let device = common::first_device(&common::fake_plugin(Some("FAKE_FILL_LONG_ERROR")));
+    let t = device.zeros(polychip_host::DType::F32, &[4]).unwrap();
+    let error = device.exec().fill(&t, 1.0).unwrap_err().to_string();
+    assert!(
+        error.contains("fake: \u{1b}[31mfill failed"),
+        "{}",
+        &error[..200]
+    );
+    let records = RECORDS.lock().unwrap();
+    let record = records
+        .iter()
+        .map(|(_, _, m)| m)
+        .find(|m| m.starts_with("libfake_fill_long_error.so: "))
+        .unwrap_or_else(|| panic!("no record of the plugin among {} records", records.len()));
+    assert!(
+        record.contains("fake: \\u{1b}[31mfill failed\\u{1b}[0m \\u{1}xxx"),
+        "{}",
+        &record[..200]
+    );
+    assert!(!record.chars().any(char::is_control), "{}", &record[..200]);
+    assert!(record.len() < 65536 + 200, "{} bytes", record.len());
+    assert!(
+        record.ends_with("... (the plugin's message is 4194304 bytes; the first 65536 are kept)"),
+        "{}",
+        &record[record.len() - 200..]
+    );
 }

@@ -68,8 +68,22 @@ pub fn conform_report(args: &[&str], env: &[(&str, &str)]) -> (i32, String, serd
 /// per variant and test process), under the test's scratch directory.
 #[allow(dead_code)]
 pub fn broken_plugin(variant: &str) -> std::path::PathBuf {
+    c_plugin("broken_plugin", variant)
+}
+
+/// Compiles `tests/c/fake_plugin.c` (a working plugin with one host-memory
+/// device and `fill`, which each variant breaks in one way) with
+/// `-D<variant>`, as [`broken_plugin`].
+#[allow(dead_code)]
+pub fn fake_plugin(variant: &str) -> std::path::PathBuf {
+    c_plugin("fake_plugin", variant)
+}
+
+/// Compiles `tests/c/<source>.c` with `-D<variant>` into
+/// `<scratch>/<source>s/lib<variant>.so`.
+fn c_plugin(source: &str, variant: &str) -> std::path::PathBuf {
     let root = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
-    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("broken_plugins");
+    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("{source}s"));
     std::fs::create_dir_all(&dir).unwrap();
     let out = dir.join(format!("lib{}.so", variant.to_lowercase()));
     let tmp = dir.join(format!(
@@ -91,18 +105,20 @@ pub fn broken_plugin(variant: &str) -> std::path::PathBuf {
             "-I",
         ])
         .arg(root.join("include"))
-        .arg(root.join("tests/c/broken_plugin.c"))
+        .arg(root.join(format!("tests/c/{source}.c")))
         .arg(format!("-D{variant}"))
+        // libm, for the fake plugin's variants.
+        .arg("-lm")
         .arg("-o")
         .arg(&tmp)
         .output()
         .unwrap_or_else(|e| panic!("run the C compiler {compiler}: {e}"));
     assert!(
         output.status.success(),
-        "compiling broken plugin {variant}:\n{}",
+        "compiling {source} {variant}:\n{}",
         String::from_utf8_lossy(&output.stderr)
     );
-    std::fs::rename(&tmp, &out).expect("move the broken plugin into place");
+    std::fs::rename(&tmp, &out).expect("move the plugin into place");
     out
 }
 

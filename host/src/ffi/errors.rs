@@ -75,6 +75,35 @@ pub(crate) unsafe fn lossy(ptr: *const c_char, len: usize) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
 
+/// The most bytes of a plugin's error message the host keeps. A longer one
+/// is cut there and says how long it was: until 2026-12-06 the host copied
+/// any length (each failed call of `polychip conform` kept its message, so a
+/// plugin failing every case with a few megabytes held gigabytes), and a
+/// message past the conform worker's 1 MiB line made its case vanish from
+/// the report.
+pub const MAX_ERROR_MESSAGE: usize = 64 << 10;
+
+/// The message (or log record) of `len` bytes at `ptr`, at most
+/// [`MAX_ERROR_MESSAGE`] of them read.
+///
+/// # Safety
+/// As for [`lossy`].
+pub(crate) unsafe fn bounded_message(ptr: *const c_char, len: usize) -> String {
+    if len <= MAX_ERROR_MESSAGE {
+        // SAFETY: forwarded.
+        return unsafe { lossy(ptr, len) };
+    }
+    // SAFETY: forwarded; fewer bytes than the caller has.
+    let mut kept = unsafe { lossy(ptr, MAX_ERROR_MESSAGE) };
+    // A character cut in two reads as U+FFFD at the end.
+    if kept.ends_with('\u{fffd}') {
+        kept.pop();
+    }
+    format!(
+        "{kept}... (the plugin's message is {len} bytes; the first {MAX_ERROR_MESSAGE} are kept)"
+    )
+}
+
 /// The host's `error_new` callback.
 pub(crate) unsafe extern "C" fn error_new(
     _ctx: *mut c_void,
@@ -83,7 +112,7 @@ pub(crate) unsafe extern "C" fn error_new(
     len: usize,
 ) -> *mut PolychipError {
     // SAFETY: the ABI says `message` has `len` readable bytes for the call.
-    let message = unsafe { lossy(message, len) };
+    let message = unsafe { bounded_message(message, len) };
     let ptr = Box::into_raw(Box::new(ErrorObject { code, message }));
     live()
         .get_or_insert_with(Registry::default)
@@ -152,5 +181,30 @@ mod tests {
         assert_eq!(take(std::ptr::null_mut()), Ok(None));
         let mut x = 0u8;
         assert_eq!(take((&mut x as *mut u8).cast()), Err(Misuse::Foreign));
+    }
+
+    #[test]
+    fn a_message_past_the_bound_is_cut_and_says_its_length() {
+        // "é" is two bytes: the bound falls inside one, which is dropped.
+        let long = format!("x{}", "é".repeat(MAX_ERROR_MESSAGE));
+        // SAFETY: long is valid for its length.
+        let e = unsafe { error_new(std::ptr::null_mut(), 1, long.as_ptr().cast(), long.len()) };
+        let (_, message) = take(e).unwrap().unwrap();
+        let said = format!(
+            "... (the plugin's message is {} bytes; the first {MAX_ERROR_MESSAGE} are kept)",
+            long.len()
+        );
+        assert!(
+            message.ends_with(&said),
+            "{}",
+            &message[message.len() - 200..]
+        );
+        let kept = &message[..message.len() - said.len()];
+        assert_eq!(kept, &long[..MAX_ERROR_MESSAGE - 1]);
+        // One at the bound is kept whole.
+        let exact = "y".repeat(MAX_ERROR_MESSAGE);
+        // SAFETY: as above.
+        let e = unsafe { error_new(std::ptr::null_mut(), 1, exact.as_ptr().cast(), exact.len()) };
+        assert_eq!(take(e).unwrap().unwrap().1, exact);
     }
 }

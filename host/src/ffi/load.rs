@@ -62,7 +62,11 @@ unsafe extern "C" fn log_callback(
     // SAFETY: `ctx` is the leaked LogContext this host table was built with.
     let label = unsafe { &(*ctx.cast::<LogContext>()).label };
     // SAFETY: the ABI says `message` has `len` readable bytes for the call.
-    let message = unsafe { errors::lossy(message, len) };
+    // At most 64 KiB of it, its control characters escaped: the record goes
+    // to a terminal or a log file (until 2026-12-06 a plugin's terminal
+    // escapes reached stderr as they were, and a record of any length was
+    // copied whole).
+    let message = printable_keeping_lines(&unsafe { errors::bounded_message(message, len) });
     let level = match level {
         0 | 1 => log::Level::Error,
         2 => log::Level::Warn,
@@ -203,10 +207,12 @@ fn open_checked(path: &Path) -> Result<Plugin> {
     match errors::take(error) {
         Ok(None) => {}
         Ok(Some((code, message))) => {
+            // Escaped as the plugin's other words are: every command prints
+            // it (`polychip devices` did so as it was until 2026-12-06).
             return Err(HostError::InitFailed {
                 path: path_buf,
                 code,
-                message,
+                message: printable_keeping_lines(&message),
             });
         }
         Err(misuse) => {
@@ -432,18 +438,31 @@ fn check_vendor(path: &Path, vendor: &str) -> Result<()> {
     }
 }
 
-/// `text` with its control characters escaped (`\u{1b}`, `\n`), as a
-/// plugin's strings are printed to terminals and logs.
+/// `text` with its control characters escaped (`\u{1b}`, `\n`), and its
+/// bidirectional-formatting characters (`\u{202e}`, which reorders the rest
+/// of a line on a terminal: they were kept until 2026-12-06, where every
+/// word from a file was escaped), as a plugin's strings are printed to
+/// terminals and logs.
 pub(crate) fn printable(text: &str) -> String {
     text.chars()
         .map(|c| {
             if c.is_control() {
                 c.escape_default().to_string()
             } else {
-                c.to_string()
+                polychip_files::printable(c.encode_utf8(&mut [0; 4]))
             }
         })
         .collect()
+}
+
+/// `text` as [`printable`] writes it, but its line breaks kept: a message
+/// or a record of several lines (a plugin listing what it knows, one a
+/// line) stays readable.
+pub(crate) fn printable_keeping_lines(text: &str) -> String {
+    text.split('\n')
+        .map(printable)
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 /// # Safety

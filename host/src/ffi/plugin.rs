@@ -122,6 +122,67 @@ unsafe impl Sync for Plugin {}
 /// one by one).
 pub const MAX_PLUGIN_DEVICES: u32 = 4096;
 
+/// The largest peak throughput a device may report, in FLOP/s (the
+/// planner's bound on a chip's peak).
+pub const MAX_PEAK_FLOPS: f64 = 1e20;
+
+/// The largest memory or link bandwidth a device may report, in bytes/s
+/// (the planner's bound on a chip's bandwidths).
+pub const MAX_BANDWIDTH: f64 = 1e18;
+
+/// Puts a device's peak throughputs and bandwidths that are not
+/// numbers a device can have (NaN, infinite, negative, or beyond
+/// [`MAX_PEAK_FLOPS`] / [`MAX_BANDWIDTH`]) to 0, the ABI's "not known",
+/// and says which, each a sentence to end `plugin X device N `. Until
+/// 2026-12-06 they reached `polychip devices` as they were (a FLOP/s of
+/// 1e300 in 301 digits, `NaN G`, a negative bandwidth) and its JSON as
+/// `null`.
+fn sanitize_figures(props: &mut DeviceProps) -> Vec<String> {
+    let mut problems = Vec::new();
+    let fields: [(&str, &mut f64, f64, &str); 5] = [
+        (
+            "peak_flops_f32",
+            &mut props.peak_flops_f32,
+            MAX_PEAK_FLOPS,
+            "FLOP/s",
+        ),
+        (
+            "peak_flops_bf16",
+            &mut props.peak_flops_bf16,
+            MAX_PEAK_FLOPS,
+            "FLOP/s",
+        ),
+        (
+            "peak_flops_f16",
+            &mut props.peak_flops_f16,
+            MAX_PEAK_FLOPS,
+            "FLOP/s",
+        ),
+        (
+            "memory_bandwidth",
+            &mut props.memory_bandwidth,
+            MAX_BANDWIDTH,
+            "bytes/s",
+        ),
+        (
+            "link_bandwidth",
+            &mut props.link_bandwidth,
+            MAX_BANDWIDTH,
+            "bytes/s",
+        ),
+    ];
+    for (field, value, max, unit) in fields {
+        if !(*value >= 0.0 && *value <= max) {
+            problems.push(format!(
+                "reported {field} = {value:e}, not a figure from 0 (not known) to {max:e} \
+                 {unit}; it is taken as 0 (not known)"
+            ));
+            *value = 0.0;
+        }
+    }
+    problems
+}
+
 type Entry<A> =
     Option<unsafe extern "C" fn(u32, *mut PolychipStream, *const A) -> *mut PolychipError>;
 
@@ -336,6 +397,12 @@ impl Plugin {
         self.check("device_props", e)?;
         let mut props = DeviceProps::from_raw(&raw);
         props.name = super::load::printable(&props.name);
+        for problem in sanitize_figures(&mut props) {
+            self.note_load_finding(
+                format!("plugin {} device {device} {problem}", self.vendor),
+                true,
+            );
+        }
         Ok(props)
     }
 
