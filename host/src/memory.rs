@@ -131,8 +131,6 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// Whether `ptr..ptr + bytes` lies inside one live allocation the host made
-/// on `device` (an empty range: at any address).
 /// Why `bytes` at `at` cannot be a new allocation among the live
 /// `allocations` (which do not overlap): they pass the end of the address
 /// space, or overlap one still in use.
@@ -161,6 +159,8 @@ fn overlap(
     })
 }
 
+/// Whether `ptr..ptr + bytes` lies inside one live allocation the host made
+/// on `device` (an empty range: at any address).
 pub(crate) fn inside_live_allocation(device: &Device, ptr: *const c_void, bytes: u64) -> bool {
     if bytes == 0 {
         return true;
