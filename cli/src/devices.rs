@@ -68,7 +68,12 @@ fn memory_kind(device: &Device) -> &'static str {
     }
 }
 
+/// Memory in GiB, or in MiB below a tenth of a GiB (a 1 MiB device
+/// showed as "0.00 GiB").
 fn gib(bytes: u64) -> String {
+    if bytes < (1u64 << 30) / 10 {
+        return format!("{:.2} MiB", bytes as f64 / (1u64 << 20) as f64);
+    }
     format!("{:.2} GiB", bytes as f64 / (1u64 << 30) as f64)
 }
 
@@ -226,5 +231,15 @@ pub fn run(args: &Args) -> ExitCode {
         ExitCode::SUCCESS
     } else {
         ExitCode::FAILURE
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn small_memories_are_shown_in_mib() {
+        assert_eq!(super::gib(1 << 20), "1.00 MiB");
+        assert_eq!(super::gib(64 << 20), "64.00 MiB");
+        assert_eq!(super::gib(8 << 30), "8.00 GiB");
     }
 }
