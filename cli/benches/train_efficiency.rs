@@ -404,9 +404,8 @@ impl Bench<'_> {
         ))
     }
 
-    /// Plans `c` once (`--save-plan`, into a file named after `c` and
-    /// `tag`) by `layout`; returns the file and the plan's description.
-    /// Plans `c` on `cores` and saves the plan: its file, its description
+    /// Plans `c` once on `cores` by `layout` (`--save-plan`, into a file
+    /// named after `c` and `tag`): the plan's file, its description
     /// and the efficiency the planner predicted for it (its
     /// HeteroSpeedupRatio, over each device alone at its best size in
     /// the same profile, so the machine's drift since cancels out).
