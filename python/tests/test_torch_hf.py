@@ -7,6 +7,7 @@ arithmetic too), which the fallback report shows."""
 
 import json
 import os
+import pathlib
 import subprocess
 import sys
 
@@ -18,6 +19,9 @@ from conftest import PROFILE_DIR
 
 transformers = pytest.importorskip("transformers")
 
+import tiny_models  # noqa: E402 - needs transformers
+from tiny_models import llama_config as config  # noqa: E402
+
 # What a LLaMA step still runs on the CPU: nothing since ABI 1.3, whose
 # `sin`, `cos`, `arange`, integer `add` and `convert` took the rotary
 # tables, the positions and their conversion to float.
@@ -26,20 +30,6 @@ KNOWN_FALLBACKS: set = set()
 
 def index_of(vendor):
     return next(i for i in range(pt.device_count()) if pt.device_info(i)["vendor"] == vendor)
-
-
-def config(**kw):
-    base = dict(
-        vocab_size=96,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-    )
-    base.update(kw)
-    return transformers.LlamaConfig(**base)
 
 
 def train(model, device, steps, fused, seed=1, batch=2, seq=16):
@@ -169,9 +159,7 @@ def test_other_architectures_match_cpu(family):
     recurrence, FNet's Fourier mixing, ProphetNet's n-gram streams, GPT-OSS's
     attention sinks and Qwen3-Next's gated delta rule."""
     make = {
-        "gpt2": lambda: transformers.GPT2LMHeadModel(transformers.GPT2Config(
-            vocab_size=96, n_embd=32, n_layer=2, n_head=4, n_positions=64,
-            resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)),
+        "gpt2": tiny_models.gpt2,
         "bert": lambda: transformers.BertForMaskedLM(transformers.BertConfig(
             vocab_size=96, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
             intermediate_size=64, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)),
@@ -600,20 +588,15 @@ def test_the_hugging_face_trainer_trains_on_the_device_accelerate_is_told(tmp_pa
 
 
 OPENCL_TRAINING = """
-import json, sys, torch, transformers
+import json, sys, torch
 import polychip.torch as pt
+sys.path.insert(0, sys.argv[1])
+import tiny_models
 vendors = [pt.device_info(i)["vendor"] for i in range(pt.device_count())]
 if vendors != ["OpenCL"]:
     print("SKIP", json.dumps(vendors))
     sys.exit(0)
-models = {
-    "gpt2": lambda: transformers.GPT2LMHeadModel(transformers.GPT2Config(
-        vocab_size=96, n_embd=32, n_layer=2, n_head=4, n_positions=64,
-        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)),
-    "llama": lambda: transformers.LlamaForCausalLM(transformers.LlamaConfig(
-        vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)),
-}
+models = {"gpt2": tiny_models.gpt2, "llama": tiny_models.llama}
 ids = torch.randint(0, 96, (2, 16), generator=torch.Generator().manual_seed(0))
 result = {}
 for name, make in models.items():
@@ -650,7 +633,10 @@ def test_hugging_face_models_train_on_the_opencl_plugin_as_on_the_cpu(tmp_path):
     script = tmp_path / "opencl_training.py"
     script.write_text(OPENCL_TRAINING)
     env = {**os.environ, "POLYCHIP_PLUGIN_PATH": str(lib), "POLYCHIP_NO_BUNDLED_PLUGINS": "1"}
-    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600, env=env)
+    tests = pathlib.Path(__file__).resolve().parent
+    out = subprocess.run(
+        [sys.executable, str(script), str(tests)], capture_output=True, text=True, timeout=600, env=env
+    )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     lines = dict(line.split(" ", 1) for line in out.stdout.splitlines() if line.startswith(("SKIP", "RESULT")))
     if "SKIP" in lines:

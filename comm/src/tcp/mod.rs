@@ -178,8 +178,9 @@ pub(crate) struct Inner {
     outboxes: Vec<Option<Mutex<Outbox>>>,
     /// The connections (kept open here; the inbox and outboxes use their fds).
     streams: Vec<Option<TcpStream>>,
-    /// The progress thread's kernel thread id, once it runs (for the
-    /// tests that count its wake-ups in /proc).
+    /// The progress thread's kernel thread id, once it runs (the tests
+    /// count its wake-ups in /proc).
+    #[cfg(test)]
     progress_tid: std::sync::atomic::AtomicI32,
 }
 
@@ -456,9 +457,12 @@ impl Inner {
 /// [`IDLE`], it sends deferred writes and reads incoming frames, so peers
 /// are never held up by a rank busy elsewhere; it parks while callers drive.
 fn progress(inner: Arc<Inner>) {
-    // SAFETY: plain syscall without arguments.
-    let tid = unsafe { libc::gettid() };
-    inner.progress_tid.store(tid, Ordering::Relaxed);
+    #[cfg(test)]
+    {
+        // SAFETY: plain syscall without arguments.
+        let tid = unsafe { libc::gettid() };
+        inner.progress_tid.store(tid, Ordering::Relaxed);
+    }
     let shared = &inner.shared;
     let mut fds = Vec::new();
     while !shared.closing.load(Ordering::SeqCst) {
@@ -472,12 +476,8 @@ fn progress(inner: Arc<Inner>) {
         }
         let idle = shared.idle_for();
         if idle < IDLE {
-            let guard = shared.park_lock.lock().unwrap_or_else(|e| e.into_inner());
-            if !shared.closing.load(Ordering::SeqCst) {
-                // At least half of IDLE.
-                let nap = (IDLE - idle).max(IDLE / 2);
-                drop(shared.park.wait_timeout(guard, nap));
-            }
+            // At least half of IDLE.
+            shared.nap((IDLE - idle).max(IDLE / 2));
             continue;
         }
         shared.take_deferred();
@@ -508,10 +508,7 @@ fn progress(inner: Arc<Inner>) {
         if shared.has_deferred() {
             // Let a burst of tiny writes gather for IDLE, then flush them
             // at the loop's top.
-            let guard = shared.park_lock.lock().unwrap_or_else(|e| e.into_inner());
-            if !shared.closing.load(Ordering::SeqCst) {
-                drop(shared.park.wait_timeout(guard, IDLE));
-            }
+            shared.nap(IDLE);
             continue;
         }
         if shared.active.load(Ordering::SeqCst) > 0 {
@@ -596,6 +593,7 @@ impl TcpTransport {
             inbox: Mutex::new(Inbox::new(&fds)),
             outboxes,
             streams,
+            #[cfg(test)]
             progress_tid: std::sync::atomic::AtomicI32::new(0),
         });
         let progress = if world_size > 1 {

@@ -114,8 +114,8 @@ pub(crate) struct Shared {
     epoch: Instant,
     /// Where the progress thread parks (woken on close, and by the last
     /// caller to leave while it is parked for them).
-    pub park_lock: Mutex<()>,
-    pub park: Condvar,
+    park_lock: Mutex<()>,
+    park: Condvar,
     /// The progress thread is parked until no caller drives the sockets.
     progress_parked: AtomicBool,
 }
@@ -227,6 +227,15 @@ impl Shared {
         if was == 1 && self.progress_parked.load(Ordering::SeqCst) {
             drop(self.park_lock.lock().unwrap_or_else(|e| e.into_inner()));
             self.park.notify_all();
+        }
+    }
+
+    /// The progress thread: parks for up to `at_most` unless the
+    /// transport is closing (`close` wakes it).
+    pub fn nap(&self, at_most: Duration) {
+        let guard = self.park_lock.lock().unwrap_or_else(|e| e.into_inner());
+        if !self.closing.load(Ordering::SeqCst) {
+            drop(self.park.wait_timeout(guard, at_most));
         }
     }
 
