@@ -6,8 +6,10 @@
 //! step unsharded, `--no-shard-optimizer`, and with the gradient reduction
 //! after the backward pass, `--reduce-after-backward`, for the A/Bs; the
 //! pipeline's plan again under 1F1B, `--schedule 1f1b` (the plan takes
-//! whichever schedule the planner predicts faster), and with blocking
-//! sends, `--blocking-sends`, too) and best plan;
+//! whichever schedule the planner predicts faster), with no stage running
+//! ahead of the schedule's own lead, `--run-ahead 1` (the plan runs ahead
+//! where memory allows), and with blocking sends, `--blocking-sends`, too)
+//! and best plan;
 //! efficiency = mixed tokens/s over the sum of the alone tokens/s. With the
 //! OpenCL plugin built beside the binary and an OpenCL device present (PoCL
 //! here), also OpenCL alone and PP and DP across the three vendors (three
@@ -119,7 +121,7 @@ const ALONE: [Config; 3] = [
     },
 ];
 
-const MIXED: [Config; 10] = [
+const MIXED: [Config; 11] = [
     Config {
         name: "PP ferrite+cobalt",
         plan: "auto-pp",
@@ -177,6 +179,19 @@ const MIXED: [Config; 10] = [
         opencl: false,
         same_plan_as: Some("PP ferrite+cobalt"),
     },
+    // The pipeline's plan with no stage running ahead of the schedule's
+    // own lead (`--run-ahead 1`): the A/B of running ahead, which the plan
+    // above has where memory allows (docs/performance.md, "Running ahead").
+    Config {
+        name: "PP run-ahead-1 ferrite+cobalt",
+        plan: "auto-pp",
+        devices: "ferrite:0,cobalt:0",
+        cores: "0,1",
+        extra: &["--run-ahead", "1"],
+        alone: TWO,
+        opencl: false,
+        same_plan_as: Some("PP ferrite+cobalt"),
+    },
     // The same with each send blocking its stage (`--blocking-sends`)
     // instead of queued for the rank's sender thread: the A/B of the
     // asynchronous sends.
@@ -185,7 +200,7 @@ const MIXED: [Config; 10] = [
         plan: "auto-pp",
         devices: "ferrite:0,cobalt:0",
         cores: "0,1",
-        extra: &["--blocking-sends", "--schedule", "1f1b"],
+        extra: &["--blocking-sends", "--schedule", "1f1b", "--run-ahead", "1"],
         alone: TWO,
         opencl: false,
         same_plan_as: Some("PP ferrite+cobalt"),
@@ -261,16 +276,30 @@ fn opencl_plugin(exe: &Path) -> Option<PathBuf> {
 }
 
 /// A plan's description as `c` runs it: a configuration that sets the
-/// schedule (`--schedule`) runs its plan under that one.
+/// schedule (`--schedule`) or the run-ahead (`--run-ahead`) runs its plan
+/// under those.
 fn with_schedule(c: &Config, described: String) -> String {
-    let Some(w) = c.extra.windows(2).find(|w| w[0] == "--schedule") else {
+    let flag = |name: &str| c.extra.windows(2).find(|w| w[0] == name).map(|w| w[1]);
+    let (schedule, ahead) = (flag("--schedule"), flag("--run-ahead"));
+    if schedule.is_none() && ahead.is_none() {
         return described;
+    }
+    let (rest, planned_ahead) = match described.rsplit_once(", run-ahead ") {
+        Some((rest, a)) => (rest, Some(a)),
+        None => (described.as_str(), None),
     };
-    let layout = [", 1f1b", ", zero-bubble"]
+    let (layout, planned) = ["1f1b", "zero-bubble"]
         .iter()
-        .find_map(|s| described.strip_suffix(s))
-        .unwrap_or(&described);
-    format!("{layout}, {}", w[1])
+        .find_map(|s| Some((rest.strip_suffix(&format!(", {s}"))?, Some(*s))))
+        .unwrap_or((rest, None));
+    let mut out = layout.to_string();
+    if let Some(s) = schedule.or(planned) {
+        out.push_str(&format!(", {s}"));
+    }
+    if let Some(a) = ahead.or(planned_ahead).filter(|a| *a != "1") {
+        out.push_str(&format!(", run-ahead {a}"));
+    }
+    out
 }
 
 fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {

@@ -185,6 +185,16 @@ pub struct Args {
     /// and takes the faster; otherwise 1f1b.
     #[arg(long, value_name = "SCHEDULE")]
     schedule: Option<PipelineSchedule>,
+    /// How far each pipeline stage may run ahead of the next, as a multiple
+    /// of the schedule's own lead (1f1b: one micro-batch per later stage;
+    /// zero-bubble: two), from 1 (the schedule as published) to 64. A stage
+    /// running further ahead holds more micro-batches' activations, and
+    /// the micro-batches it buffers carry the next stage through its
+    /// neighbour's slow spells (a busy machine). The results are the same
+    /// bits. Default: the plan's; `--plan auto` gives 4 where every stage's
+    /// memory allows (else the most that fits); otherwise 1.
+    #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = crate::numbers::whole::<usize>(1).most(polychip_planner::schedule::MAX_RUN_AHEAD as u64))]
+    run_ahead: Option<usize>,
     /// With `--plan auto`: the relative error assumed of each device
     /// kind's profile (0 to 0.5). The search takes the layout expecting
     /// the shortest step when any kind may run that much slower or faster
@@ -369,8 +379,12 @@ fn resolve_plan(
     if let Some(p) = &args.resolved_plan {
         return TrainPlan::load(p);
     }
-    if let Some(s) = args.schedule {
-        trainer::check_schedule(s, !args.blocking_sends)?;
+    if args.schedule.is_some() || args.run_ahead.is_some() {
+        let (s, a) = (
+            args.schedule.unwrap_or_default(),
+            args.run_ahead.unwrap_or(1),
+        );
+        trainer::check_schedule(s, a, !args.blocking_sends)?;
     }
     let auto_mode = plans_automatically(args);
     for (flag, given) in [
@@ -713,6 +727,11 @@ fn schedule(args: &Args, plan: &TrainPlan) -> PipelineSchedule {
     args.schedule.or(plan.schedule).unwrap_or_default()
 }
 
+/// How far each stage runs ahead: `--run-ahead`, else the plan's, else 1.
+fn run_ahead(args: &Args, plan: &TrainPlan) -> usize {
+    args.run_ahead.or(plan.run_ahead).unwrap_or(1)
+}
+
 fn train(args: &Args) -> Result<ExitCode, TrainError> {
     check_distinct_files(args)?;
     if let Some(out) = &args.export_hf {
@@ -816,7 +835,11 @@ fn train(args: &Args) -> Result<ExitCode, TrainError> {
         }
         plan.schedule = Some(s);
     }
-    trainer::check_schedule(schedule(args, &plan), !args.blocking_sends)?;
+    if let Some(r) = args.run_ahead {
+        plan.run_ahead = Some(r);
+    }
+    let (s, a) = (schedule(args, &plan), run_ahead(args, &plan));
+    trainer::check_schedule(s, a, !args.blocking_sends)?;
     plan.validate(&model, t.global_batch)?;
     if args.rebalance_every.is_some() {
         polychip_train::rebalance::check(&plan.roles())?;
@@ -845,7 +868,8 @@ fn train(args: &Args) -> Result<ExitCode, TrainError> {
                 .iter()
                 .find(|d| trainer::device_name(d) == r.device)
                 .expect("roles name present devices");
-            memory::check_role(&model, t.precision, r, schedule(args, &plan), d)?;
+            let (s, a) = (schedule(args, &plan), run_ahead(args, &plan));
+            memory::check_role(&model, t.precision, r, s, a, d)?;
         }
         if plan.world_size() > 1 {
             return relaunch(&plan);
@@ -875,6 +899,7 @@ fn train(args: &Args) -> Result<ExitCode, TrainError> {
         overlap_reduction: !args.reduce_after_backward,
         async_sends: !args.blocking_sends,
         schedule: schedule(args, &plan),
+        run_ahead: run_ahead(args, &plan),
     };
     let rank = job.as_ref().map_or(0, |j| j.rank());
     if let Some(j) = &job {
@@ -964,6 +989,12 @@ fn check_flags(args: &Args, t: &TrainConfig) -> Result<(), TrainError> {
         return bad(
             "--rebalance-every is 0; deal again every 1 step or more, or leave it out".into(),
         );
+    }
+    if args.run_ahead == Some(0) {
+        return bad(format!(
+            "--run-ahead is 0; it must be a whole number from 1 (the schedule as published) to {}",
+            polychip_planner::schedule::MAX_RUN_AHEAD
+        ));
     }
     if copies > polychip_comm::env::MAX_WORLD_SIZE {
         return bad(format!(
@@ -1191,10 +1222,10 @@ fn suggest_rebalancing(args: &Args, plan: &TrainPlan, s: &Summary) {
         .filter(|r| r.stage == 0)
         .map(|r| r.sequences)
         .collect();
-    let sched = schedule(args, plan);
+    let (sched, ahead) = (schedule(args, plan), run_ahead(args, plan));
     let global = now.iter().sum();
     let (Some(replicas), Some((deal, gain))) = (
-        rebalance::replicas(&roles, &per_rank, sched),
+        rebalance::replicas(&roles, &per_rank, sched, ahead),
         // The run's medians, whose spread is not kept: a gain over 5%.
         rebalance::better_deal(
             &roles,
@@ -1203,6 +1234,7 @@ fn suggest_rebalancing(args: &Args, plan: &TrainPlan, s: &Summary) {
             rebalance::UNKNOWN_NOISE,
             global,
             sched,
+            ahead,
         ),
     ) else {
         return;

@@ -57,6 +57,7 @@ fn a_negative_value_of_any_numeric_flag_is_refused_naming_the_flag() {
         (&["train"], "--stop-after", "1 or more"),
         (&["train"], "--log-every", "0 or more"),
         (&["train"], "--rebalance-every", "1 or more"),
+        (&["train"], "--run-ahead", "from 1 to 64"),
         (
             &["plan", "--cluster", "c", "--model", "tiny"],
             "--global-batch",

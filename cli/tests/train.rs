@@ -698,6 +698,14 @@ fn the_overlapped_reduction_gives_the_same_bits_and_starts_inside_the_backward_p
         // Every forward pass first, then every backward pass: the same sums.
         let gpipe = run("gpipe", &["--schedule", "gpipe"]);
         assert_eq!(overlapped, gpipe, "{precision}");
+        // The first stage running further ahead: the same sums.
+        let ahead = run("ahead", &["--run-ahead", "2"]);
+        assert_eq!(overlapped, ahead, "{precision}");
+        let split_ahead = run(
+            "zb-ahead",
+            &["--schedule", "zero-bubble", "--run-ahead", "3"],
+        );
+        assert_eq!(overlapped, split_ahead, "{precision}");
     }
     // Each rank's buckets run on the reducer's row; in every step, rank
     // 0's first bucket (the head's end of the model) starts before its
@@ -862,6 +870,34 @@ fn the_zero_bubble_schedule_refuses_blocking_sends_before_profiling() {
     assert_ne!(code, Some(0));
     assert!(
         err.contains("zero-bubble schedule needs queued sends") && !err.contains("profil"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_run_ahead_past_its_bound_or_with_blocking_sends_is_refused_before_anything_runs() {
+    for bad in ["0", "65", "1e9"] {
+        let (code, _, err) = polychip(&[&COMMON[..], &["--run-ahead", bad]].concat());
+        assert_ne!(code, Some(0));
+        assert!(
+            err.contains("--run-ahead") && err.contains(" to 64") && !err.contains("profiled"),
+            "{bad}: {err}"
+        );
+    }
+    // Blocking sends could deadlock on the activations it keeps in
+    // flight: refused before any profiling, naming both ways out.
+    let (code, _, err) = polychip(
+        &[
+            &COMMON[..],
+            &["--plan", "auto-pp", "--run-ahead", "2", "--blocking-sends"],
+        ]
+        .concat(),
+    );
+    assert_ne!(code, Some(0));
+    assert!(
+        err.contains("a run-ahead of 2 needs queued sends")
+            && err.contains("--run-ahead 1")
+            && !err.contains("profil"),
         "{err}"
     );
 }
@@ -1377,10 +1413,22 @@ fn the_pipeline_search_writes_the_schedule_it_priced_into_the_plan() {
     let (p, v, err) = plan_with("either", &[]);
     let chosen = v["schedule"].as_str().unwrap().to_string();
     assert!(["1f1b", "zero-bubble"].contains(&chosen.as_str()), "{v}");
-    assert!(
-        err.contains(&format!(", {chosen}; predicted step")),
-        "{err}"
-    );
+    // Running ahead as far as `--plan auto` lets a pipeline where memory
+    // allows (it does here), shown on the plan line; not where its two
+    // ranks would share a core.
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let shown = match cores >= 2 {
+        true => {
+            let ahead = polychip_planner::schedule::AUTO_RUN_AHEAD;
+            assert_eq!(v["run_ahead"], ahead, "{v}");
+            format!(", {chosen}, run-ahead {ahead}; predicted step")
+        }
+        false => {
+            assert!(v.get("run_ahead").is_none(), "{v}");
+            format!(", {chosen}; predicted step")
+        }
+    };
+    assert!(err.contains(&shown), "{err}");
     // Asked for, or the only one blocking sends allow.
     let (_, v, _) = plan_with("1f1b", &["--schedule", "1f1b"]);
     assert_eq!(v["schedule"], "1f1b");

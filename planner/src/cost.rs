@@ -501,9 +501,12 @@ pub fn kept_micro_batches(
     let m = mb.count as usize;
     let v = settings.virtual_stages.max(1) as usize;
     if v == 1 {
-        return settings
-            .schedule
-            .in_flight(stage.index, stage.num_stages, m) as f64;
+        return settings.schedule.in_flight(
+            stage.index,
+            stage.num_stages,
+            m,
+            settings.run_ahead as usize,
+        ) as f64;
     }
     let p = (stage.num_stages / v).max(1);
     crate::schedule::interleaved_in_flight(stage.index % p, p, v, m.max(1)) as f64 / v as f64

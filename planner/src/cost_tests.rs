@@ -122,13 +122,13 @@ fn activation_bytes_per_layer() {
 fn one_f_one_b_first_stage_keeps_the_most() {
     assert_eq!(
         (0..4)
-            .map(|i| PipelineSchedule::OneFOneB.in_flight(i, 4, 8))
+            .map(|i| PipelineSchedule::OneFOneB.in_flight(i, 4, 8, 1))
             .collect::<Vec<_>>(),
         [4, 3, 2, 1]
     );
     assert_eq!(
         (0..4)
-            .map(|i| PipelineSchedule::OneFOneB.in_flight(i, 4, 2))
+            .map(|i| PipelineSchedule::OneFOneB.in_flight(i, 4, 2, 1))
             .collect::<Vec<_>>(),
         [2, 2, 2, 1]
     );

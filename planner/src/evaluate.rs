@@ -163,6 +163,7 @@ pub(crate) fn assemble(
                 bubble_fraction: 0.0,
                 pipeline: settings.schedule,
                 virtual_stages: v as u64,
+                run_ahead: settings.run_ahead.max(1),
             };
             r.step_time_analytic = r.schedule().analytic_step_time();
             let sim = crate::sim::step(&r.schedule());
@@ -340,6 +341,10 @@ pub struct PlanSpec {
     /// names it (`"virtual_stages"`; its stages are then the chunks in
     /// model order), which it is evaluated under.
     pub virtual_stages: Option<u64>,
+    /// How far each stage runs ahead of the next, as the file names it
+    /// (`"run_ahead"`, a `polychip train --save-plan` plan's), which it is
+    /// evaluated under.
+    pub run_ahead: Option<u64>,
     /// The training settings a `polychip plan --json` report records (its
     /// `settings`), for a caller to evaluate it under the same ones.
     pub settings: Option<TrainingSettings>,
@@ -855,6 +860,20 @@ impl PlanSpec {
                     })?,
             ),
         };
+        let run_ahead = match v.get("run_ahead").filter(|_| !planner) {
+            None | Some(Value::Null) => None,
+            Some(x) => Some(
+                x.as_u64()
+                    .filter(|r| (1..=crate::schedule::MAX_RUN_AHEAD as u64).contains(r))
+                    .ok_or_else(|| {
+                        plan_err(format!(
+                            "run_ahead is {x}; it must be a whole number from 1 (the schedule \
+                             as published) to {}",
+                            crate::schedule::MAX_RUN_AHEAD
+                        ))
+                    })?,
+            ),
+        };
         // The restated fields it reads must be what they say (a negative
         // sequence length read as "unknown" hid an edit).
         if planner {
@@ -891,6 +910,7 @@ impl PlanSpec {
             groups: out,
             schedule,
             virtual_stages,
+            run_ahead,
             settings,
             made_for,
         })
@@ -1105,6 +1125,7 @@ const TRAIN_PLAN_KEYS: &[&str] = &[
     "groups",
     "schedule",
     "virtual_stages",
+    "run_ahead",
     "predicted_step_seconds",
     "core_order",
 ];
@@ -1357,6 +1378,9 @@ pub fn evaluate(
     }
     if let Some(v) = spec.virtual_stages {
         settings.virtual_stages = v;
+    }
+    if let Some(r) = spec.run_ahead {
+        settings.run_ahead = r;
     }
     settings.check_interleaving()?;
     let layouts = spec.layouts(model, cluster, settings.virtual_stages)?;

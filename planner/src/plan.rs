@@ -76,6 +76,10 @@ pub struct Replica {
     /// ([`crate::schedule::Schedule::virtual_stages`]).
     #[serde(default = "one", skip_serializing_if = "is_one")]
     pub virtual_stages: u64,
+    /// How far each stage runs ahead of the next, as a multiple of the
+    /// schedule's lead ([`crate::schedule::Schedule::run_ahead`]).
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub run_ahead: u64,
 }
 
 fn one() -> u64 {
@@ -102,6 +106,7 @@ impl Replica {
             microbatches: self.micro_batches as usize,
             pipeline: self.pipeline,
             virtual_stages: self.virtual_stages.max(1) as usize,
+            run_ahead: self.run_ahead.max(1) as usize,
         }
     }
 

@@ -108,6 +108,15 @@ pub struct TrainingSettings {
     /// the search proposes plans without it.
     #[serde(default = "one", skip_serializing_if = "is_one")]
     pub virtual_stages: u64,
+    /// How far each pipeline stage runs ahead of the next, as a multiple
+    /// of the schedule's lead ([`crate::schedule::Schedule::run_ahead`]):
+    /// 1 (the default) to [`crate::schedule::MAX_RUN_AHEAD`]. More holds
+    /// more micro-batches' activations on the stages before the last,
+    /// which the memory model counts (the search's and `--evaluate`'s). A
+    /// plan file that names one (`polychip train --save-plan`'s
+    /// `run_ahead`) is evaluated under its own.
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub run_ahead: u64,
 }
 
 /// The most model chunks per device an interleaved plan may have.
@@ -143,6 +152,7 @@ impl TrainingSettings {
             micro_batch_sizes: default_micro_batches(),
             schedule: PipelineSchedule::default(),
             virtual_stages: 1,
+            run_ahead: 1,
         }
     }
 
@@ -162,8 +172,24 @@ impl TrainingSettings {
     }
 
     /// Checks `virtual_stages`: 1 to [`MAX_VIRTUAL_STAGES`], and above 1
-    /// only with the 1F1B schedule.
+    /// only with the 1F1B schedule; and `run_ahead`: 1 to
+    /// [`crate::schedule::MAX_RUN_AHEAD`], and 1 under interleaving (whose
+    /// warm-up is Megatron-LM's).
     pub fn check_interleaving(&self) -> Result<(), SpecError> {
+        let max = crate::schedule::MAX_RUN_AHEAD as u64;
+        if !(1..=max).contains(&self.run_ahead) {
+            return Err(SpecError::Settings(format!(
+                "run_ahead is {}; it must be 1 (the schedule as published) to {max}",
+                self.run_ahead
+            )));
+        }
+        if self.run_ahead > 1 && self.virtual_stages > 1 {
+            return Err(SpecError::Settings(format!(
+                "run_ahead is {} with virtual_stages {}; an interleaved pipeline runs \
+                 Megatron-LM's warm-up, so give run_ahead 1",
+                self.run_ahead, self.virtual_stages
+            )));
+        }
         if !(1..=MAX_VIRTUAL_STAGES).contains(&self.virtual_stages) {
             return Err(SpecError::Settings(format!(
                 "virtual_stages is {}; it must be 1 (no interleaving) to {MAX_VIRTUAL_STAGES}",

@@ -142,12 +142,19 @@ pub enum Pass {
     Weights,
 }
 
-/// The fixed order of stage `i` of `p` under `schedule`: `(pass,
+/// The fixed order of stage `i` of `p` under `schedule`, running
+/// `ahead` times its lead ahead ([`Schedule::run_ahead`]): `(pass,
 /// micro-batch)`. A backward pass is split ([`Pass::Weights`] after it)
 /// under the zero-bubble schedule on every stage but the first, which
 /// sends no gradient.
-pub fn stage_order(i: usize, p: usize, m: usize, schedule: PipelineSchedule) -> Vec<(Pass, usize)> {
-    let warm = (schedule.warm_up(i, p, m) + 1).min(m);
+pub fn stage_order(
+    i: usize,
+    p: usize,
+    m: usize,
+    schedule: PipelineSchedule,
+    ahead: usize,
+) -> Vec<(Pass, usize)> {
+    let warm = (schedule.warm_up(i, p, m, ahead) + 1).min(m);
     let split = splits_backward(schedule, i);
     let mut ops: Vec<(Pass, usize)> = (0..warm).map(|j| (Pass::Forward, j)).collect();
     for k in 0..m {
@@ -274,7 +281,7 @@ fn run(schedule: &Schedule, keep_events: bool) -> SimResult {
     // is chunk `c` of device `i`.
     let orders: Vec<Vec<(Pass, usize, usize)>> = (0..p)
         .map(|i| match v {
-            1 => stage_order(i, p, m, schedule.pipeline)
+            1 => stage_order(i, p, m, schedule.pipeline, schedule.run_ahead)
                 .into_iter()
                 .map(|(pass, j)| (pass, i, j))
                 .collect(),

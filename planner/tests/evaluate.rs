@@ -730,6 +730,19 @@ fn a_plan_names_its_schedule_and_is_priced_and_sized_under_it() {
     );
     let e = err(&plan(r#""schedule": 3,"#), true, &m);
     assert!(e.contains("schedule is 3"), "{e}");
+    // A run-ahead of 3: stage 0 holds 3 + 1 micro-batches' activations
+    // (1F1B: 2), stage 1 as before; zero bubble's lead of 2 times 3, 7.
+    let ra = run(r#""run_ahead": 3,"#);
+    let ra_zb = run(r#""schedule": "zero-bubble", "run_ahead": 3,"#);
+    let r3 = &ra.plan.replicas[0];
+    assert_eq!(r3.run_ahead, 3);
+    assert!((act(r3, 0) / act(r1, 0) - 2.0).abs() < 1e-9);
+    assert!((act(r3, 1) / act(r1, 1) - 1.0).abs() < 1e-9);
+    assert!((act(&ra_zb.plan.replicas[0], 0) / act(r1, 0) - 3.5).abs() < 1e-9);
+    for bad in ["0", "65", "\"4\"", "-1"] {
+        let e = err(&plan(&format!(r#""run_ahead": {bad},"#)), true, &m);
+        assert!(e.contains(&format!("run_ahead is {bad}")), "{bad}: {e}");
+    }
 }
 
 #[test]

@@ -18,7 +18,7 @@ use polychip_host::Device;
 use polychip_planner::measured::{
     self, Layouts, MeasuredDevice, MeasuredModel, MeasuredPlan, SizedCosts,
 };
-use polychip_planner::schedule::PipelineSchedule;
+use polychip_planner::schedule::{AUTO_RUN_AHEAD, PipelineSchedule};
 
 use crate::config::{ModelConfig, TrainConfig};
 use crate::error::{Result, TrainError};
@@ -886,20 +886,86 @@ pub fn auto_plan(
                 .collect(),
         })
         .collect();
+    let pipelined = found.pipelines.iter().any(|p| p.stages.len() > 1);
+    let ahead = match devices.len() > available || !choices.async_sends {
+        // Stages sharing a core: one running ahead takes the core from
+        // the other (as zero bubble's deeper warm-up did, 1.19x 1F1B's
+        // step with three vendors on two cores). Blocking sends could
+        // deadlock on the activations it keeps in flight.
+        true => 1,
+        false => {
+            // The model the pipelines were priced under (the size the
+            // pipeline search found the best at: `costs`'s).
+            let b = found.pipelines.first().map_or(1, |p| p.micro_batch);
+            let model = MeasuredModel {
+                schedule,
+                ..measured_model(cfg, t, b, gb, choices)
+            };
+            run_ahead(cfg, t, &found, devices, &costs, &model)
+        }
+    };
     let plan = TrainPlan {
         groups,
         predicted_step_seconds: Some(found.step_seconds),
         // Replicas of one stage each run no pipeline schedule.
-        schedule: found
-            .pipelines
-            .iter()
-            .any(|p| p.stages.len() > 1)
-            .then_some(schedule),
+        schedule: pipelined.then_some(schedule),
+        run_ahead: (pipelined && ahead > 1).then_some(ahead),
         // Each rank on the cores its device was profiled on.
         core_order: cores.map(|_| devices.iter().map(device_name).collect()),
         planned_for: None,
     };
     Ok((plan, found, profiles))
+}
+
+/// How far the pipelines of `found` (priced on `costs`) run ahead under
+/// the model `model` (its schedule and micro-batches of the pipelines'
+/// size): the largest multiple of the schedule's lead up to
+/// [`AUTO_RUN_AHEAD`] at which every stage's memory still holds the
+/// micro-batches it then keeps in flight and the simulator, with the
+/// profile's pass times, gives no pipeline a longer step than at the lead
+/// the search laid them out at, 1 ([`measured::pipeline_step`]; the
+/// search's prediction stands). Running ahead buffers micro-batches
+/// between the stages, so that a stage rides out its neighbour's slow
+/// spells (docs/performance.md, "Running ahead").
+fn run_ahead(
+    cfg: &ModelConfig,
+    t: &TrainConfig,
+    found: &MeasuredPlan,
+    devices: &[Device],
+    costs: &[MeasuredDevice],
+    model: &MeasuredModel,
+) -> usize {
+    let schedule = model.schedule;
+    let no_longer = |ahead: usize| {
+        found.pipelines.iter().all(|p| {
+            let model = MeasuredModel {
+                micro_batches: p.micro_batches,
+                ..*model
+            };
+            let step = |a| measured::pipeline_step(costs, &model, &p.stages, p.micro_batches, a);
+            step(ahead) <= step(1) * (1.0 + 1e-9)
+        })
+    };
+    let fits = |ahead: usize| {
+        found.pipelines.iter().all(|p| {
+            let k = p.stages.len();
+            p.stages.iter().enumerate().all(|(j, s)| {
+                let range = StageRange {
+                    start: Cut::inside(s.from, s.from_cols),
+                    end: Cut::inside(s.to, s.to_cols),
+                    embed: j == 0,
+                    head: j + 1 == k,
+                };
+                let in_flight = schedule.in_flight(j, k, p.micro_batches, ahead);
+                let need = memory::stage_memory(cfg, t.precision, &range, p.micro_batch, in_flight);
+                need.total() <= devices[s.device].props().memory_bytes
+            })
+        })
+    };
+    (1..=AUTO_RUN_AHEAD)
+        .rev()
+        .find(|&a| a == 1 || (fits(a) && no_longer(a)))
+        .unwrap_or(1)
 }
 
 /// The model in the measured search's terms, micro-batches of `b`, under

@@ -87,19 +87,20 @@ pub fn stage_memory(
 /// would (the planner's validation measures that outcome).
 pub const NO_CHECK_VAR: &str = "POLYCHIP_TRAIN_NO_MEMORY_CHECK";
 
-/// Refuses a role whose stage does not fit its device under `schedule`
-/// (unless [`NO_CHECK_VAR`] is `1`).
+/// Refuses a role whose stage does not fit its device under `schedule`,
+/// running `ahead` times its lead ahead (unless [`NO_CHECK_VAR`] is `1`).
 pub fn check_role(
     cfg: &ModelConfig,
     precision: Precision,
     role: &Role,
     schedule: PipelineSchedule,
+    ahead: usize,
     device: &Device,
 ) -> Result<()> {
     if std::env::var(NO_CHECK_VAR).is_ok_and(|v| v == "1") {
         return Ok(());
     }
-    let in_flight = schedule.in_flight(role.stage, role.stages, role.micro_batches);
+    let in_flight = schedule.in_flight(role.stage, role.stages, role.micro_batches, ahead);
     let need = stage_memory(
         cfg,
         precision,

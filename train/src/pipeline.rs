@@ -47,6 +47,9 @@ pub struct StepData<'c> {
     pub global_batch: usize,
     /// The pipeline schedule.
     pub schedule: PipelineSchedule,
+    /// How far the stage runs ahead of the next, as a multiple of the
+    /// schedule's lead.
+    pub run_ahead: usize,
     /// Added to each forward pass (a slow chip, for tests and drills:
     /// [`crate::trainer::SLOW_VAR`]); zero otherwise.
     pub pass_delay: std::time::Duration,
@@ -70,7 +73,9 @@ pub fn train_step(
     done: &mut dyn FnMut(usize) -> Result<()>,
 ) -> Result<f64> {
     let (m, b) = (role.micro_batches, role.micro_batch_size);
-    let warm = data.schedule.warm_up(role.stage, role.stages, m);
+    let warm = data
+        .schedule
+        .warm_up(role.stage, role.stages, m, data.run_ahead);
     // Split backward passes only where a gradient is sent.
     let split = data.schedule == PipelineSchedule::ZeroBubble && role.prev.is_some();
     // Micro-batch i's sequences (the last may be fewer) and its share of

@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use polychip_comm::env::MAX_WORLD_SIZE;
 use polychip_files::{MAX_TEXT_FILE, read_text_file};
 use polychip_planner::plan::holds_one_end_alone;
-use polychip_planner::schedule::PipelineSchedule;
+use polychip_planner::schedule::{MAX_RUN_AHEAD, PipelineSchedule};
 
 use crate::config::{MAX_GLOBAL_BATCH, ModelConfig};
 use crate::error::{Result, TrainError};
@@ -109,6 +109,14 @@ pub struct TrainPlan {
     /// --schedule` overrides it, and without either pipelines run 1F1B.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub schedule: Option<PipelineSchedule>,
+    /// How far each pipeline stage runs ahead of the next, as a multiple
+    /// of the schedule's lead: 1 (the schedule as published) to
+    /// [`MAX_RUN_AHEAD`] (`--plan auto` gives
+    /// [`polychip_planner::schedule::AUTO_RUN_AHEAD`] where the stages'
+    /// memory allows; `polychip train --run-ahead` overrides it); without
+    /// it, 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_ahead: Option<usize>,
     /// The devices in the order whose positions give their ranks' cores on
     /// one machine (position `i` of `n` takes `pin::share(cores, i, n)`),
     /// as `--plan auto` profiled them there: a pipeline's stage order then
@@ -186,6 +194,7 @@ impl TrainPlan {
             }],
             predicted_step_seconds: None,
             schedule: None,
+            run_ahead: None,
             core_order: None,
             planned_for: None,
         }
@@ -239,6 +248,7 @@ impl TrainPlan {
             }],
             predicted_step_seconds: None,
             schedule: None,
+            run_ahead: None,
             core_order: None,
             planned_for: None,
         })
@@ -260,6 +270,7 @@ impl TrainPlan {
         let plan = Self::parse(&text, path).map_err(bad)?;
         plan.check_names().map_err(bad)?;
         plan.check_prediction().map_err(bad)?;
+        plan.check_run_ahead().map_err(bad)?;
         Ok(plan)
     }
 
@@ -344,6 +355,17 @@ impl TrainPlan {
             }
         }
         Ok(())
+    }
+
+    /// Refuses a `run_ahead` outside 1 to [`MAX_RUN_AHEAD`].
+    fn check_run_ahead(&self) -> std::result::Result<(), String> {
+        match self.run_ahead {
+            Some(r) if !(1..=MAX_RUN_AHEAD).contains(&r) => Err(format!(
+                "run_ahead is {r}; it must be a whole number from 1 (the schedule as published) \
+                 to {MAX_RUN_AHEAD}"
+            )),
+            _ => Ok(()),
+        }
     }
 
     /// Refuses a `predicted_step_seconds` that is not a number of seconds
@@ -446,6 +468,7 @@ impl TrainPlan {
             ));
         }
         self.check_prediction().map_err(TrainError::Plan)?;
+        self.check_run_ahead().map_err(TrainError::Plan)?;
         for (gi, g) in self.groups.iter().enumerate() {
             if g.copies == 0 || g.micro_batch_size == 0 || g.micro_batches == 0 {
                 return bad(format!(
@@ -773,7 +796,10 @@ impl TrainPlan {
         let joined = groups.join(" + ");
         match self.schedule {
             Some(s) if self.groups.iter().any(|g| g.stages.len() > 1) => {
-                format!("{joined}, {}", s.name())
+                match self.run_ahead.filter(|&r| r > 1) {
+                    Some(r) => format!("{joined}, {}, run-ahead {r}", s.name()),
+                    None => format!("{joined}, {}", s.name()),
+                }
             }
             _ => joined,
         }
@@ -833,6 +859,7 @@ pub fn from_planner(plan: &polychip_planner::plan::Plan) -> Result<TrainPlan> {
         groups,
         predicted_step_seconds: Some(plan.step_time_simulated),
         schedule: None,
+        run_ahead: None,
         core_order: None,
         planned_for: Some((plan.model.clone(), plan.seq_len as usize)),
     })
@@ -1019,6 +1046,38 @@ mod tests {
         for e in [load("p.json", &json), load("p.toml", toml)] {
             assert!(e.contains("interleaved (2 model chunks per device)"), "{e}");
         }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_plan_runs_ahead_as_far_as_it_says_within_bounds() {
+        let (dir, load) = scratch_loader("ahead");
+        let group = r#""group": [{"micro_batch_size": 1, "micro_batches": 4, "stages": [
+            {"device": "cobalt:0", "layers": [0, 2]}, {"device": "ferrite:0", "layers": [2, 4]}]}]"#;
+        for bad in ["0", "65", "-1", "4.5", "\"four\"", "18446744073709551616"] {
+            let e = load("p.json", &format!(r#"{{"run_ahead": {bad}, {group}}}"#));
+            assert!(
+                e.contains("p.json") && e.contains("run_ahead"),
+                "{bad}: {e}"
+            );
+        }
+        let file = dir.join("ok.json");
+        std::fs::write(
+            &file,
+            format!(r#"{{"run_ahead": 4, "schedule": "1f1b", {group}}}"#),
+        )
+        .unwrap();
+        let plan = TrainPlan::load(&file).unwrap();
+        assert_eq!(plan.run_ahead, Some(4));
+        assert!(
+            plan.describe().ends_with("b=1 m=4, 1f1b, run-ahead 4"),
+            "{}",
+            plan.describe()
+        );
+        // Written back as read.
+        let again: TrainPlan =
+            serde_json::from_str(&serde_json::to_string(&plan).unwrap()).unwrap();
+        assert_eq!(again, plan);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

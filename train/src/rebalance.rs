@@ -106,12 +106,14 @@ impl Replica {
 
 /// The replicas of `planned` (the plan's roles, whose memory was checked),
 /// from each rank's seconds per micro-batch (`per_rank`, by rank), under
-/// `schedule` (which says how many micro-batches a pipeline's stages hold
-/// in flight); `None` when a figure is missing or not positive.
+/// `schedule` run `ahead` times its lead ahead (which say how many
+/// micro-batches a pipeline's stages hold in flight); `None` when a figure
+/// is missing or not positive.
 pub fn replicas(
     planned: &[Role],
     per_rank: &[f64],
     schedule: PipelineSchedule,
+    ahead: usize,
 ) -> Option<Vec<Replica>> {
     let n = planned.iter().map(|r| r.replica).max()? + 1;
     let mut out: Vec<Option<Replica>> = vec![None; n];
@@ -123,7 +125,7 @@ pub fn replicas(
         // Holding more micro-batches in flight than the plan's deal would
         // need memory nobody checked: such a replica keeps at most the
         // plan's micro-batches.
-        let saturated = |m| schedule.in_flight(r.stage, r.stages, m);
+        let saturated = |m| schedule.in_flight(r.stage, r.stages, m, ahead);
         let grows = saturated(r.micro_batches) < saturated(usize::MAX / 2);
         let cap = match grows {
             true => r.micro_batches * r.micro_batch_size,
@@ -188,7 +190,8 @@ fn current(roles: &[Role], replicas: usize) -> Vec<usize> {
 /// share of the step's slowest passes it saves over the deal of `roles`,
 /// when that is more than [`required_gain`] of `noise`; no pipeline holds
 /// more micro-batches in flight than under `planned` (the plan's roles,
-/// `roles` before any new deal).
+/// `roles` before any new deal) under `schedule` run `ahead` times its
+/// lead ahead.
 pub fn better_deal(
     roles: &[Role],
     planned: &[Role],
@@ -196,8 +199,9 @@ pub fn better_deal(
     noise: f64,
     total: usize,
     schedule: PipelineSchedule,
+    ahead: usize,
 ) -> Option<(Vec<usize>, f64)> {
-    let reps = replicas(planned, per_rank, schedule)?;
+    let reps = replicas(planned, per_rank, schedule, ahead)?;
     let now = current(roles, reps.len());
     let new = deal(&reps, total)?;
     let gain = 1.0 - step_time(&reps, &new) / step_time(&reps, &now);
@@ -414,7 +418,7 @@ mod tests {
     fn only_a_clear_gain_deals_again() {
         let roles = ferrite_60_cobalt_4();
         let better = |per_rank: &[f64]| {
-            better_deal(&roles, &roles, per_rank, UNKNOWN_NOISE, 64, ONE_F_ONE_B)
+            better_deal(&roles, &roles, per_rank, UNKNOWN_NOISE, 64, ONE_F_ONE_B, 1)
         };
         // As planned (micro-batches of 4 at 4 and 60 s: 60 s each): no change.
         assert_eq!(better(&[4.0, 60.0]), None);
@@ -427,7 +431,7 @@ mod tests {
         assert_eq!(better(&[4.0, 62.4]), None);
         // 4.1% better (Cobalt at 63.6 s, 3 sequences: 61 s on Ferrite):
         // worth it when the measurements are steady to 1%, not to 2%.
-        let with = |noise| better_deal(&roles, &roles, &[4.0, 63.6], noise, 64, ONE_F_ONE_B);
+        let with = |noise| better_deal(&roles, &roles, &[4.0, 63.6], noise, 64, ONE_F_ONE_B, 1);
         assert_eq!(with(UNKNOWN_NOISE), None);
         let (deal, gain) = with(0.01).unwrap();
         assert_eq!(deal, [61, 3]);
@@ -435,7 +439,7 @@ mod tests {
         assert_eq!(with(0.02), None);
         assert_eq!(with(0.0).unwrap().0, [61, 3]);
         // Never under MIN_GAIN, however steady: 0.8% better is not taken.
-        let small = better_deal(&roles, &roles, &[4.0, 61.5], 0.0, 64, ONE_F_ONE_B);
+        let small = better_deal(&roles, &roles, &[4.0, 61.5], 0.0, 64, ONE_F_ONE_B, 1);
         assert_eq!(small, None);
         // A rank that measured nothing, or a figure missing: no change.
         assert_eq!(better(&[4.0, 0.0]), None);
@@ -450,14 +454,14 @@ mod tests {
         let mut one = TrainPlan::parse_stages("cobalt:0=0..2", 1, 1, 7).unwrap();
         p.groups.append(&mut one.groups);
         let roles = p.roles();
-        let reps = replicas(&roles, &[0.1, 0.1, 10.0], ONE_F_ONE_B).unwrap();
+        let reps = replicas(&roles, &[0.1, 0.1, 10.0], ONE_F_ONE_B, 1).unwrap();
         assert_eq!(reps[0].max_sequences, 1);
         assert_eq!(reps[1].max_sequences, usize::MAX);
         assert_eq!((reps[0].slowest, reps[0].total), (0.1, 0.2));
         // The fast pipeline cannot grow: no better deal.
         let slow = [0.1, 0.1, 10.0];
         assert_eq!(
-            better_deal(&roles, &roles, &slow, UNKNOWN_NOISE, 8, ONE_F_ONE_B),
+            better_deal(&roles, &roles, &slow, UNKNOWN_NOISE, 8, ONE_F_ONE_B, 1),
             None
         );
         // With 2 micro-batches its stages hold all they can: it may grow.
@@ -466,13 +470,14 @@ mod tests {
         p.groups.append(&mut one.groups);
         let planned = p.roles();
         let (deal, _) =
-            better_deal(&planned, &planned, &slow, UNKNOWN_NOISE, 8, ONE_F_ONE_B).unwrap();
+            better_deal(&planned, &planned, &slow, UNKNOWN_NOISE, 8, ONE_F_ONE_B, 1).unwrap();
         assert_eq!(deal, [7, 1]);
         // Dealt down to one micro-batch, it may grow back to what the plan
         // checked: the caps are the plan's.
         let mut now = planned.clone();
         apply(&mut now, &[1, 7]);
-        let (deal, _) = better_deal(&now, &planned, &slow, UNKNOWN_NOISE, 8, ONE_F_ONE_B).unwrap();
+        let (deal, _) =
+            better_deal(&now, &planned, &slow, UNKNOWN_NOISE, 8, ONE_F_ONE_B, 1).unwrap();
         assert_eq!(deal, [7, 1]);
     }
 

@@ -37,6 +37,7 @@ pub fn measured_schedule(plan: &TrainPlan, s: &Summary) -> Schedule {
         microbatches: g.micro_batches,
         pipeline: s.schedule,
         virtual_stages: 1,
+        run_ahead: s.run_ahead.max(1),
     }
 }
 

@@ -79,6 +79,9 @@ pub struct Options {
     pub async_sends: bool,
     /// The pipeline schedule; [`PipelineSchedule::ZeroBubble`] needs `async_sends`.
     pub schedule: PipelineSchedule,
+    /// How far each stage runs ahead of the next, as a multiple of the
+    /// schedule's lead ([`polychip_planner::schedule::Schedule::run_ahead`]).
+    pub run_ahead: usize,
     /// Deal the batch between the data-parallel replicas again every this
     /// many steps by their measured speeds ([`crate::rebalance`]); `None`
     /// keeps the plan's deal.
@@ -137,6 +140,8 @@ pub struct Summary {
     pub weight_grad_seconds: f64,
     /// The pipeline schedule the run used.
     pub schedule: PipelineSchedule,
+    /// The run-ahead it ran at.
+    pub run_ahead: usize,
     /// This rank's median wait for the gradient reduction after the passes
     /// (what the overlap left), seconds per step.
     pub reduction_seconds: f64,
@@ -213,19 +218,36 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-/// Refuses the zero-bubble schedule with blocking sends: it keeps more
-/// activations in flight than gradients, which blocking sends could
+/// Refuses the zero-bubble schedule, and any stage running further ahead
+/// than 1F1B's lead (`run_ahead` above 1), with blocking sends: each keeps
+/// more activations in flight than gradients, which blocking sends could
 /// deadlock on.
-pub fn check_schedule(schedule: PipelineSchedule, async_sends: bool) -> Result<()> {
-    if schedule == PipelineSchedule::ZeroBubble && !async_sends {
-        return Err(TrainError::Plan(
-            "the zero-bubble schedule needs queued sends: it keeps more activations in \
-             flight than gradients, which blocking sends could deadlock on (drop \
-             --blocking-sends or use --schedule 1f1b)"
-                .into(),
-        ));
+pub fn check_schedule(
+    schedule: PipelineSchedule,
+    run_ahead: usize,
+    async_sends: bool,
+) -> Result<()> {
+    if async_sends {
+        return Ok(());
     }
-    Ok(())
+    match schedule {
+        PipelineSchedule::ZeroBubble => Err(TrainError::Plan(format!(
+            "the zero-bubble schedule needs queued sends: it keeps more activations in flight \
+             than gradients, which blocking sends could deadlock on (drop --blocking-sends or \
+             use --schedule 1f1b{})",
+            if run_ahead > 1 {
+                " with --run-ahead 1"
+            } else {
+                ""
+            }
+        ))),
+        PipelineSchedule::OneFOneB if run_ahead > 1 => Err(TrainError::Plan(format!(
+            "a run-ahead of {run_ahead} needs queued sends: its stages keep more activations in \
+             flight than gradients, which blocking sends could deadlock on (drop \
+             --blocking-sends or give --run-ahead 1)"
+        ))),
+        _ => Ok(()),
+    }
 }
 
 /// Runs the job's part on this rank: `job` is `None` for a single-rank plan.
@@ -236,7 +258,7 @@ pub fn run(opts: &Options, runtime: &Runtime, mut job: Option<&mut Job>) -> Resu
     t.validate()?;
     opts.plan.validate(cfg, t.global_batch)?;
     opts.corpus.check_seq_len(cfg.seq_len)?;
-    check_schedule(opts.schedule, opts.async_sends)?;
+    check_schedule(opts.schedule, opts.run_ahead, opts.async_sends)?;
     let (rank, world) = match job.as_deref() {
         Some(j) => (j.rank(), j.world_size()),
         None => (0, 1),
@@ -267,7 +289,14 @@ pub fn run(opts: &Options, runtime: &Runtime, mut job: Option<&mut Job>) -> Resu
         .find(|d| device_name(d) == role.device)
         .expect("roles only name present devices")
         .clone();
-    memory::check_role(cfg, t.precision, &role, opts.schedule, &device)?;
+    memory::check_role(
+        cfg,
+        t.precision,
+        &role,
+        opts.schedule,
+        opts.run_ahead,
+        &device,
+    )?;
     if let Some(out) = &opts.export_hf {
         hf::check_new_dir(out)?;
     }
@@ -355,6 +384,7 @@ pub fn run(opts: &Options, runtime: &Runtime, mut job: Option<&mut Job>) -> Resu
         step,
         global_batch: t.global_batch,
         schedule: opts.schedule,
+        run_ahead: opts.run_ahead,
         pass_delay,
     };
     let (kill_at, fail_send_at) = (step_hook(KILL_VAR, rank), step_hook(FAIL_SEND_VAR, rank));
@@ -553,6 +583,7 @@ pub fn run(opts: &Options, runtime: &Runtime, mut job: Option<&mut Job>) -> Resu
                 speeds.noise,
                 t.global_batch,
                 opts.schedule,
+                opts.run_ahead,
             )
         });
         if let Some((deal, _)) = dealt {
@@ -598,6 +629,7 @@ pub fn run(opts: &Options, runtime: &Runtime, mut job: Option<&mut Job>) -> Resu
     summary.weight_grad_seconds = of(crate::pipeline::WEIGHTS);
     summary.backward_seconds = of("backward") + summary.weight_grad_seconds;
     summary.schedule = opts.schedule;
+    summary.run_ahead = opts.run_ahead;
     summary.reduction_seconds = of("allreduce");
     summary.optimizer_seconds = of("optimizer") + of("allgather");
     gather(opts, &role, &tracer, &mut summary, job)?;

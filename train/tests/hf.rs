@@ -848,6 +848,7 @@ fn a_trained_checkpoint_of_any_split_exports_and_imports_exactly() {
         overlap_reduction: true,
         async_sends: true,
         schedule: Default::default(),
+        run_ahead: 1,
     };
     let summary = trainer::run(&opts, common::runtime(), None).unwrap();
     assert_eq!(summary.exported.as_deref(), Some(root.join("hf").as_path()));

@@ -106,6 +106,7 @@ fn options(steps: u64, plan: TrainPlan, global_batch: usize) -> Options {
         overlap_reduction: true,
         async_sends: true,
         schedule: Default::default(),
+        run_ahead: 1,
     }
 }
 
