@@ -155,10 +155,10 @@ impl Corpus {
             return Err(TrainError::Data {
                 path: PathBuf::from(source),
                 message: format!(
-                    "holds {} bytes, but a corpus needs at least {MIN_BYTES} \
+                    "holds {}, but a corpus needs at least {MIN_BYTES} \
                      so that its training and validation splits each hold \
                      one byte and its successor",
-                    bytes.len()
+                    byte_count(bytes.len())
                 ),
             });
         }
@@ -209,10 +209,11 @@ impl Corpus {
                 return Err(TrainError::Data {
                     path: PathBuf::from(&self.source),
                     message: format!(
-                        "the {split} split holds {len} bytes, fewer than one \
-                         window of seq_len + 1 = {} bytes (seq_len {seq_len}); \
-                         use a shorter sequence length or a longer corpus",
-                        seq_len + 1
+                        "the {split} split holds {}, fewer than one window of \
+                         seq_len + 1 = {} (seq_len {seq_len}); use a shorter \
+                         sequence length or a longer corpus",
+                        byte_count(len),
+                        byte_count(seq_len + 1)
                     ),
                 });
             }
@@ -282,6 +283,14 @@ impl Corpus {
 }
 
 /// SplitMix64's output function: a fast bijective mix of 64 bits.
+/// `n` bytes as a message says it: "1 byte", "20 bytes".
+fn byte_count(n: usize) -> String {
+    match n {
+        1 => "1 byte".into(),
+        n => format!("{n} bytes"),
+    }
+}
+
 fn splitmix64(x: u64) -> u64 {
     let mut z = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
     z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);

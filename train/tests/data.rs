@@ -165,6 +165,10 @@ fn a_too_short_file_is_refused_naming_path_and_sizes() {
     assert!(msg.contains(&MIN_BYTES.to_string()), "{msg}");
     std::fs::remove_file(&path).unwrap();
     assert!(Corpus::from_bytes("empty", Vec::new()).is_err());
+    let one = Corpus::from_bytes("one", vec![b'x'])
+        .unwrap_err()
+        .to_string();
+    assert!(one.contains("holds 1 byte, but"), "{one}");
     assert!(Corpus::from_bytes("just enough", vec![0; MIN_BYTES]).is_ok());
 }
 
