@@ -135,9 +135,7 @@ mod tests {
         })
         .unwrap();
         assert_eq!(h.join().unwrap(), (7, Some("say hello".to_string())));
-        let n = std::thread::scope(|s| {
-            spawn_scoped(s, "add", || 1 + 1).unwrap().join().unwrap()
-        });
+        let n = std::thread::scope(|s| spawn_scoped(s, "add", || 1 + 1).unwrap().join().unwrap());
         assert_eq!(n, 2);
     }
 
@@ -153,7 +151,10 @@ mod tests {
         assert!(said.len() > "could not start a thread to relay rank 1's output: ".len());
         assert_eq!(e.purpose(), "relay rank 1's output");
         let io: io::Error = e.into();
-        assert!(io.to_string().starts_with("could not start a thread to relay"));
+        assert!(
+            io.to_string()
+                .starts_with("could not start a thread to relay")
+        );
     }
 
     #[test]
@@ -170,6 +171,9 @@ mod tests {
             Ok(first.join().unwrap())
         });
         let e = got.expect_err("a 1 EiB stack was given");
-        assert!(e.to_string().starts_with("could not start a thread to feed the sum: "));
+        assert!(
+            e.to_string()
+                .starts_with("could not start a thread to feed the sum: ")
+        );
     }
 }
