@@ -11,24 +11,6 @@ mod common;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// Whether this test can run commands as `nobody` under a process limit;
-/// says why not when it cannot.
-fn can_limit() -> bool {
-    let root = Command::new("id")
-        .arg("-u")
-        .output()
-        .is_ok_and(|o| o.stdout.trim_ascii() == b"0");
-    let tools = ["setpriv", "prlimit"]
-        .iter()
-        .all(|t| Command::new(t).arg("--version").output().is_ok());
-    if !root || !tools {
-        eprintln!(
-            "skipped: needs root, setpriv and prlimit to run as nobody under a process limit"
-        );
-    }
-    root && tools
-}
-
 /// `polychip ARGS` as `nobody` with at most `limit` processes and threads:
 /// its exit code and its output (stdout and stderr), killed (and the test
 /// failed) after `within`.
@@ -125,7 +107,7 @@ fn sweep(limits: std::ops::RangeInclusive<usize>, args: &[&str], within: Duratio
 /// readers, and the concurrency check's threads).
 #[test]
 fn conform_under_a_process_limit_fails_with_a_sentence() {
-    if !can_limit() {
+    if !common::can_limit_processes() {
         return;
     }
     let plugin = common::built_plugin("libpolychip_vendor_ferrite.so");
@@ -138,7 +120,7 @@ fn conform_under_a_process_limit_fails_with_a_sentence() {
 /// threads, the pipeline's sender, the stream threads of its device).
 #[test]
 fn train_under_a_process_limit_fails_with_a_sentence() {
-    if !can_limit() {
+    if !common::can_limit_processes() {
         return;
     }
     let args = [

@@ -58,7 +58,14 @@ impl From<ThreadRefused> for io::Error {
 /// system keeps the first 15 bytes), so a panic inside it and a debugger's
 /// thread list say what it was.
 fn builder(purpose: &str) -> Builder {
-    Builder::new().name(purpose.to_string())
+    let b = Builder::new().name(purpose.to_string());
+    #[cfg(test)]
+    if tests::REFUSE.get() {
+        // A stack no system gives (1 EiB): the thread is refused as a
+        // process limit refuses one, by `pthread_create` failing.
+        return b.stack_size(1 << 60);
+    }
+    b
 }
 
 fn refused(purpose: &str, error: io::Error) -> ThreadRefused {
@@ -76,7 +83,7 @@ where
     F: FnOnce() -> T + Send + 'static,
     T: Send + 'static,
 {
-    spawn_with(builder(purpose), purpose, f)
+    builder(purpose).spawn(f).map_err(|e| refused(purpose, e))
 }
 
 /// [`spawn`] inside a [`std::thread::scope`]. When it fails, the threads
@@ -93,28 +100,9 @@ where
     F: FnOnce() -> T + Send + 'scope,
     T: Send + 'scope,
 {
-    spawn_scoped_with(builder(purpose), scope, purpose, f)
-}
-
-fn spawn_with<F, T>(b: Builder, purpose: &str, f: F) -> Result<JoinHandle<T>, ThreadRefused>
-where
-    F: FnOnce() -> T + Send + 'static,
-    T: Send + 'static,
-{
-    b.spawn(f).map_err(|e| refused(purpose, e))
-}
-
-fn spawn_scoped_with<'scope, 'env, F, T>(
-    b: Builder,
-    scope: &'scope Scope<'scope, 'env>,
-    purpose: &str,
-    f: F,
-) -> Result<ScopedJoinHandle<'scope, T>, ThreadRefused>
-where
-    F: FnOnce() -> T + Send + 'scope,
-    T: Send + 'scope,
-{
-    b.spawn_scoped(scope, f).map_err(|e| refused(purpose, e))
+    builder(purpose)
+        .spawn_scoped(scope, f)
+        .map_err(|e| refused(purpose, e))
 }
 
 #[cfg(test)]
@@ -122,10 +110,17 @@ mod tests {
     use super::*;
     use std::sync::mpsc;
 
-    /// A stack no system gives (1 EiB): the thread is refused as a
-    /// process limit refuses one, by `pthread_create` failing.
-    fn refused_builder(purpose: &str) -> Builder {
-        builder(purpose).stack_size(1 << 60)
+    std::thread_local! {
+        /// Whether this thread's next threads are refused.
+        pub(super) static REFUSE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    }
+
+    /// `f` with this thread's threads refused.
+    fn refusing<T>(f: impl FnOnce() -> T) -> T {
+        REFUSE.set(true);
+        let r = f();
+        REFUSE.set(false);
+        r
     }
 
     #[test]
@@ -141,7 +136,7 @@ mod tests {
 
     #[test]
     fn a_refused_thread_is_an_error_naming_its_purpose() {
-        let e = spawn_with(refused_builder("x"), "relay rank 1's output", || ())
+        let e = refusing(|| spawn("relay rank 1's output", || ()))
             .expect_err("a 1 EiB stack was given");
         let said = e.to_string();
         assert!(
@@ -165,7 +160,7 @@ mod tests {
         let got: Result<u32, ThreadRefused> = std::thread::scope(|s| {
             let (tx, rx) = mpsc::channel::<u32>();
             let first = spawn_scoped(s, "sum", move || rx.iter().sum::<u32>())?;
-            spawn_scoped_with(refused_builder("y"), s, "feed the sum", || ())?;
+            refusing(|| spawn_scoped(s, "feed the sum", || ()))?;
             tx.send(1).unwrap();
             drop(tx);
             Ok(first.join().unwrap())
