@@ -139,7 +139,35 @@ fn train_under_a_process_limit_fails_with_a_sentence() {
         "--stages",
         "ferrite:0=0..1,ferrite:1=1..2",
     ];
-    // From 16 on, the run succeeds (on this machine's Ferrite, 2 cores).
-    let refused = sweep(1..=17, &args, Duration::from_secs(180));
+    // Enough for the run to succeed at the top (each plugin built is
+    // loaded in a child process first).
+    let refused = sweep(1..=24, &args, Duration::from_secs(180));
+    assert!(refused > 0, "no limit made a thread fail");
+}
+
+/// `polychip train --plan auto`: the profile workers (a process each, a
+/// relay thread each in the parent, a stop watcher in each), then the job.
+#[test]
+fn a_searched_plan_under_a_process_limit_fails_with_a_sentence() {
+    if !common::can_limit_processes() {
+        return;
+    }
+    let args = [
+        "train",
+        "--model",
+        "mini",
+        "--global-batch",
+        "8",
+        "--eval-every",
+        "0",
+        "--log-every",
+        "0",
+        "--no-pin",
+        "--steps",
+        "1",
+        "--plan",
+        "auto",
+    ];
+    let refused = sweep(1..=24, &args, Duration::from_secs(180));
     assert!(refused > 0, "no limit made a thread fail");
 }
