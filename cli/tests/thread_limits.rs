@@ -116,58 +116,32 @@ fn conform_under_a_process_limit_fails_with_a_sentence() {
     assert!(refused > 0, "no limit made a thread fail");
 }
 
+/// A one-step `polychip train` of `mini` with `extra` (the plan), swept
+/// over limits enough for it to succeed at the top (each plugin built is
+/// loaded in a child process first).
+fn train_sweep(extra: [&str; 2]) {
+    let mut args = vec!["train", "--model", "mini", "--global-batch", "8"];
+    args.extend_from_slice(&["--eval-every", "0", "--log-every", "0"]);
+    args.extend_from_slice(&["--no-pin", "--steps", "1"]);
+    args.extend_from_slice(&extra);
+    let refused = sweep(1..=24, &args, Duration::from_secs(180));
+    assert!(refused > 0, "no limit made a thread fail");
+}
+
 /// A two-rank `polychip train` (each rank a process with its transport's
 /// threads, the pipeline's sender, the stream threads of its device).
 #[test]
 fn train_under_a_process_limit_fails_with_a_sentence() {
-    if !common::can_limit_processes() {
-        return;
+    if common::can_limit_processes() {
+        train_sweep(["--stages", "ferrite:0=0..1,ferrite:1=1..2"]);
     }
-    let args = [
-        "train",
-        "--model",
-        "mini",
-        "--global-batch",
-        "8",
-        "--eval-every",
-        "0",
-        "--log-every",
-        "0",
-        "--no-pin",
-        "--steps",
-        "1",
-        "--stages",
-        "ferrite:0=0..1,ferrite:1=1..2",
-    ];
-    // Enough for the run to succeed at the top (each plugin built is
-    // loaded in a child process first).
-    let refused = sweep(1..=24, &args, Duration::from_secs(180));
-    assert!(refused > 0, "no limit made a thread fail");
 }
 
 /// `polychip train --plan auto`: the profile workers (a process each, a
 /// relay thread each in the parent, a stop watcher in each), then the job.
 #[test]
 fn a_searched_plan_under_a_process_limit_fails_with_a_sentence() {
-    if !common::can_limit_processes() {
-        return;
+    if common::can_limit_processes() {
+        train_sweep(["--plan", "auto"]);
     }
-    let args = [
-        "train",
-        "--model",
-        "mini",
-        "--global-batch",
-        "8",
-        "--eval-every",
-        "0",
-        "--log-every",
-        "0",
-        "--no-pin",
-        "--steps",
-        "1",
-        "--plan",
-        "auto",
-    ];
-    let refused = sweep(1..=24, &args, Duration::from_secs(180));
-    assert!(refused > 0, "no limit made a thread fail");
 }
