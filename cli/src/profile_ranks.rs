@@ -163,13 +163,14 @@ fn work() -> Result<(), String> {
     let stop = Arc::new(AtomicBool::new(false));
     {
         let (stopped_at, stop) = (stopped_at.clone(), stop.clone());
-        std::thread::spawn(move || {
+        polychip_files::threads::spawn("wait for the word to stop", move || {
             // "stop", anything else, or the end of input (a parent that is
             // gone): stop after the size at hand.
             let _ = read_line(&mut input);
             let _ = stopped_at.set(Instant::now());
             stop.store(true, Ordering::Release);
-        });
+        })
+        .map_err(|e| e.to_string())?;
     }
     let measured = auto::profile_rounds(
         &job.model,
@@ -292,8 +293,11 @@ pub fn profile(
         }
         workers.inputs.push(stdin);
         let events = events.clone();
+        // Refused, the workers started so far are killed (`Workers`' drop)
+        // and their relays end with their output.
+        let relay = format!("relay {name}'s profile");
         let name = name.clone();
-        std::thread::spawn(move || {
+        polychip_files::threads::spawn(&relay, move || {
             let mut out = BufReader::new(stdout);
             loop {
                 let event = match read_line(&mut out) {
@@ -317,7 +321,8 @@ pub fn profile(
                     return;
                 }
             }
-        });
+        })
+        .map_err(|e| failed(i, &e.to_string()))?;
     }
     drop(events);
     let mut ready = vec![false; n];

@@ -2,6 +2,8 @@
 //! sees, `[rank K] ` prefixes, a failing rank stopping the job with its
 //! exit code, `--devices`, and usage errors.
 
+mod common;
+
 use std::io::Read;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -270,17 +272,7 @@ fn usage_errors() {
 /// or prlimit.
 #[test]
 fn a_thread_the_system_refuses_stops_the_job_with_a_sentence() {
-    let root = Command::new("id")
-        .arg("-u")
-        .output()
-        .is_ok_and(|o| o.stdout.trim_ascii() == b"0");
-    let tools = ["setpriv", "prlimit"]
-        .iter()
-        .all(|t| Command::new(t).arg("--version").output().is_ok());
-    if !root || !tools {
-        eprintln!(
-            "skipped: needs root, setpriv and prlimit to run as nobody under a process limit"
-        );
+    if !common::can_limit_processes() {
         return;
     }
     let mut threads_refused = 0;

@@ -289,16 +289,42 @@ fn concurrent_problem(device: &Device, case: &Case, factor: f64) -> Option<Strin
         }
         problems
     };
-    let problems: Vec<String> = std::thread::scope(|s| {
-        let handles: Vec<_> = (0..threads).map(|t| s.spawn(move || calls(t))).collect();
-        handles
+    let problems = std::thread::scope(|s| {
+        // Each thread starts calling once every one has started: one the
+        // system refuses would leave the others waiting at the barrier
+        // for ever. Refused, the senders drop and the started ones return.
+        let mut starts = Vec::with_capacity(threads);
+        let mut handles = Vec::with_capacity(threads);
+        for t in 0..threads {
+            let (start, started) = std::sync::mpsc::channel::<()>();
+            let calls = &calls;
+            let h = polychip_files::threads::spawn_scoped(
+                s,
+                "call the op from several threads at once",
+                move || match started.recv() {
+                    Ok(()) => calls(t),
+                    Err(_) => Vec::new(),
+                },
+            )
+            .map_err(|e| e.to_string())?;
+            starts.push(start);
+            handles.push(h);
+        }
+        for start in starts {
+            let _ = start.send(());
+        }
+        Ok(handles
             .into_iter()
             .flat_map(|h| {
                 h.join()
                     .unwrap_or_else(|_| vec!["a calling thread panicked".to_string()])
             })
-            .collect()
+            .collect::<Vec<String>>())
     });
+    let problems = match problems {
+        Ok(p) => p,
+        Err(refused) => return Some(refused),
+    };
     let first = problems.first()?;
     Some(format!(
         "right when called alone, but wrong when called from {threads} threads at once (each \

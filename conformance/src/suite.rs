@@ -15,6 +15,7 @@ use std::process::{Command, Stdio};
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
+use polychip_files::threads::{self, ThreadRefused};
 use polychip_host::ffi::procstate::{self, ProcStateChange};
 use polychip_host::{DType, Device};
 use regex::Regex;
@@ -309,24 +310,39 @@ pub fn run_isolated(
         // block other signals): it ran on through the suite, or in a hung
         // case for ever, when conform was killed.
         polychip_files::die_with_parent(&mut cmd, 9);
+        // Every case from here on fails with `message` (the worker, or a
+        // thread to read it, could not start).
+        let mut fail_rest = |message: String| {
+            for (v, &end) in ends.iter().enumerate().skip(u) {
+                let (unit, from) = (units[v], if v == u { case } else { first });
+                let labels = unit.op.labels(unit.dtype, unit.tier);
+                for index in from..end {
+                    emit(failed_case(unit, index, &labels, message.clone()));
+                }
+            }
+        };
         let mut child = match cmd.spawn() {
             Ok(c) => c,
             Err(e) => {
-                let message = format!("could not start the worker {}: {e}", iso.exe.display());
-                for (v, &end) in ends.iter().enumerate().skip(u) {
-                    let (unit, from) = (units[v], if v == u { case } else { first });
-                    let labels = unit.op.labels(unit.dtype, unit.tier);
-                    for index in from..end {
-                        emit(failed_case(unit, index, &labels, message.clone()));
-                    }
-                }
+                fail_rest(format!(
+                    "could not start the worker {}: {e}",
+                    iso.exe.display()
+                ));
                 return None;
             }
+        };
+        // A thread the system refuses (a process limit): the worker is
+        // killed, which ends a reader already started (its pipe closes),
+        // and the cases left fail with the sentence.
+        let mut refused = |child: &mut std::process::Child, e: ThreadRefused| {
+            let _ = child.kill();
+            let _ = child.wait();
+            fail_rest(e.to_string());
         };
         let (tx, rx) = mpsc::channel();
         let stdout = child.stdout.take().expect("piped");
         // Sends each line of the worker's output; the channel closes at its end.
-        let reader = std::thread::spawn(move || {
+        let reader = threads::spawn("read the conformance worker's results", move || {
             let mut stdout = BufReader::new(stdout);
             while let Ok(Some(line)) = read_line_bounded(&mut stdout, MAX_LINE) {
                 if tx
@@ -337,8 +353,15 @@ pub fn run_isolated(
                 }
             }
         });
+        let reader = match reader {
+            Ok(r) => r,
+            Err(e) => {
+                refused(&mut child, e);
+                return None;
+            }
+        };
         let mut stderr = child.stderr.take().expect("piped");
-        let tail = std::thread::spawn(move || {
+        let tail = threads::spawn("keep the conformance worker's last words", move || {
             let mut kept: Vec<u8> = Vec::new();
             let mut buf = [0u8; 4096];
             while let Ok(n) = stderr.read(&mut buf) {
@@ -352,6 +375,13 @@ pub fn run_isolated(
             }
             kept
         });
+        let tail = match tail {
+            Ok(t) => t,
+            Err(e) => {
+                refused(&mut child, e);
+                return None;
+            }
+        };
         let mut hung = false;
         // The time counts from the last result: what the plugin prints
         // meanwhile does not extend it.

@@ -23,10 +23,15 @@
 //! - A command running helper processes catches SIGINT, SIGTERM and SIGHUP
 //!   ([`signals::SignalGuard`]) to stop them and say why before it exits.
 //!
+//! - A thread the system refuses (a process limit) is an error naming what
+//!   it was for ([`threads::spawn`], [`threads::spawn_scoped`]), not a
+//!   panic.
+//!
 //! Every other crate that reads or writes such files goes through these, so
 //! the rules (and their messages) are the same everywhere.
 
 pub mod signals;
+pub mod threads;
 
 use std::fs::{File, FileType};
 use std::io::{Error, ErrorKind, Read, Write};

@@ -556,12 +556,13 @@ pub fn profile_side_by_side(
     let all_done: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
     let began = Instant::now();
     let runs: Vec<Result<Vec<(Profile, Instant)>>> = std::thread::scope(|s| {
-        let handles: Vec<_> = devices
-            .iter()
-            .enumerate()
-            .map(|(i, d)| {
-                let (finished, failed, all_done) = (&finished, &failed, &all_done);
-                s.spawn(move || -> Result<Vec<(Profile, Instant)>> {
+        let mut handles = Vec::with_capacity(n);
+        for (i, d) in devices.iter().enumerate() {
+            let (finished, failed, all_done) = (&finished, &failed, &all_done);
+            let started = polychip_files::threads::spawn_scoped(
+                s,
+                "profile a device",
+                move || -> Result<Vec<(Profile, Instant)>> {
                     if let Some(cores) = cores {
                         let mine = crate::pin::share(cores, i, n);
                         if let Err(e) = crate::pin::pin(&mine) {
@@ -581,9 +582,19 @@ pub fn profile_side_by_side(
                     };
                     profile_rounds(cfg, t, d, sizes, began, &stop, &mut count)
                         .inspect_err(|_| failed.store(true, Ordering::Release))
-                })
-            })
-            .collect();
+                },
+            );
+            match started {
+                Ok(h) => handles.push(h),
+                Err(e) => {
+                    // The profiles already started stop after their
+                    // first round, and are joined before the error.
+                    failed.store(true, Ordering::Release);
+                    let refused = Err(TrainError::Plan(format!("profiling {d}: {e}")));
+                    return vec![refused];
+                }
+            }
+        }
         handles
             .into_iter()
             .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))

@@ -27,6 +27,7 @@ use std::thread;
 
 use polychip_comm::collectives::Communicator;
 use polychip_comm::device::{DeviceComm, Path, StagingPool};
+use polychip_files::threads::{ThreadRefused, spawn_scoped};
 use polychip_host::{Device, Stream, Tensor};
 
 use crate::error::{Result, TrainError};
@@ -323,7 +324,9 @@ impl Links {
         let (result, joined) = thread::scope(|scope| {
             let (tx, rx) = mpsc::channel::<Message>();
             let stop = &stop;
-            let sender = scope.spawn(move || {
+            // Refused, the rank fails with the sentence (its process ends,
+            // closing its links, as when a send fails).
+            let sender = spawn_scoped(scope, "send activations and gradients", move || {
                 let mut spans = Vec::new();
                 let mut result = Ok(());
                 for (t, peer, name) in rx {
@@ -361,7 +364,7 @@ impl Links {
                     }
                 }
                 (result, spans)
-            });
+            })?;
             let mut io = Io {
                 rank,
                 inc,
@@ -373,8 +376,15 @@ impl Links {
             }
             drop(io);
             let joined = tracer.span(|| "sends drain".into(), "p2p", || sender.join());
-            (result, joined)
-        });
+            Ok::<_, ThreadRefused>((result, joined))
+        })
+        .map_err(|e| {
+            TrainError::Comm(polychip_comm::CommError::Io {
+                rank,
+                op: "pipeline sends".into(),
+                message: e.to_string(),
+            })
+        })?;
         let (sent, spans) = joined.map_err(|_| {
             TrainError::Comm(polychip_comm::CommError::Io {
                 rank,

@@ -23,6 +23,7 @@ use std::thread;
 
 use polychip_comm::collectives::ReduceOp;
 use polychip_comm::device::{DeviceComm, Path, StagingPool};
+use polychip_files::threads::{ThreadRefused, spawn_scoped};
 use polychip_host::{Stream, Tensor};
 use polychip_planner::overlap::{BUCKET_BYTES, reduction_buckets};
 
@@ -121,21 +122,27 @@ impl Reducer {
         let (rank, buckets) = (self.rank, &self.buckets);
         let stream = self.stream.take();
         let mut reduced = std::mem::take(pool);
+        // A reducer the system refuses fails the step (the rank fails, as
+        // when its reduction fails), with the pool and stream it took.
         let (out, joined) = thread::scope(|scope| {
             let (tx, rx) = mpsc::channel::<(usize, f64)>();
-            let reducer = scope.spawn(move || {
-                let mut spans = Vec::new();
-                let r = reduce_in_order(
-                    rank,
-                    groups,
-                    buckets,
-                    rx.into_iter(),
-                    &mut reduced,
-                    stream.as_ref(),
-                    &mut spans,
-                );
-                (r, reduced, stream, spans)
-            });
+            let reducer = spawn_scoped(
+                scope,
+                "reduce gradients during the backward pass",
+                move || {
+                    let mut spans = Vec::new();
+                    let r = reduce_in_order(
+                        rank,
+                        groups,
+                        buckets,
+                        rx.into_iter(),
+                        &mut reduced,
+                        stream.as_ref(),
+                        &mut spans,
+                    );
+                    (r, reduced, stream, spans)
+                },
+            )?;
             // The gradients final so far: parameters `from..`.
             let mut from = all;
             let mut done = |next: usize| -> Result<()> {
@@ -150,8 +157,9 @@ impl Reducer {
             let out = passes(tracer, &mut done).and_then(|out| done(0).map(|()| out));
             drop(tx);
             let waited = tracer.span(|| "grad all-reduce".into(), "allreduce", || reducer.join());
-            (out, waited)
-        });
+            Ok::<_, ThreadRefused>((out, waited))
+        })
+        .map_err(|e| stopped(self.rank, &e.to_string()))?;
         let (reduction, back, stream, spans) =
             joined.map_err(|_| stopped(self.rank, "the reducer thread panicked"))?;
         *pool = back;

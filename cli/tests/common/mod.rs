@@ -4,6 +4,7 @@ use std::process::Command;
 
 /// `polychip ARGS` with the extra environment `env` and the shared-memory
 /// transport: its exit code, stdout and stderr.
+#[allow(dead_code)]
 pub fn polychip_env(args: &[&str], env: &[(&str, &str)]) -> (Option<i32>, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_polychip"))
         .args(args)
@@ -140,4 +141,24 @@ pub fn scratch_dir(suite: &str, name: &str) -> std::path::PathBuf {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     dir
+}
+
+/// Whether this test can run commands as `nobody` under a process limit
+/// (`setpriv --reuid 65534 ... prlimit --nproc=N`: root, setpriv and
+/// prlimit); says it skips when it cannot.
+#[allow(dead_code)]
+pub fn can_limit_processes() -> bool {
+    let root = Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| o.stdout.trim_ascii() == b"0");
+    let tools = ["setpriv", "prlimit"]
+        .iter()
+        .all(|t| Command::new(t).arg("--version").output().is_ok());
+    if !root || !tools {
+        eprintln!(
+            "skipped: needs root, setpriv and prlimit to run as nobody under a process limit"
+        );
+    }
+    root && tools
 }

@@ -22,6 +22,7 @@ use std::ops::Range;
 use std::sync::mpsc;
 use std::thread;
 
+use polychip_files::threads::{ThreadRefused, spawn_scoped};
 use polychip_host::{HostError, Stream, Tensor};
 
 use super::{DeviceComm, Path, StagingPool};
@@ -323,7 +324,14 @@ where
         for slot in slots {
             free_tx.send(slot).expect("the receiver is here");
         }
-        s.spawn(move || {
+        // Refused, the scope's channels drop with this closure: a loader
+        // already started finds its slots' channels closed and ends.
+        let refused = |e: ThreadRefused| CommError::Io {
+            rank: ctx.rank,
+            op: ctx.op.into(),
+            message: e.to_string(),
+        };
+        spawn_scoped(s, "load staged chunks", move || {
             let streams = match (loader.streams)() {
                 Ok(streams) => streams,
                 Err(e) => {
@@ -339,8 +347,9 @@ where
                     return;
                 }
             }
-        });
-        let storer = s.spawn(move || -> Result<()> {
+        })
+        .map_err(refused)?;
+        let storer = spawn_scoped(s, "store staged chunks", move || -> Result<()> {
             let streams = (storer.streams)()?;
             while let Ok((k, mut slot)) = done_rx.recv() {
                 (storer.copy)(k, &mut slot, &streams)?;
@@ -348,7 +357,8 @@ where
                 let _ = free_tx.send(slot);
             }
             Ok(())
-        });
+        })
+        .map_err(refused)?;
         let result = (|| -> Result<()> {
             for k in 0..chunks {
                 let mut slot = full_rx.recv().map_err(|_| stopped(ctx))??;
