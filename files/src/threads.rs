@@ -58,7 +58,9 @@ impl From<ThreadRefused> for io::Error {
 /// system keeps the first 15 bytes), so a panic inside it and a debugger's
 /// thread list say what it was.
 fn builder(purpose: &str) -> Builder {
-    let b = Builder::new().name(purpose.to_string());
+    // A name with a NUL byte would make `spawn` panic; a purpose may
+    // carry a device's name, which a plugin gives.
+    let b = Builder::new().name(purpose.replace('\0', " "));
     #[cfg(test)]
     if tests::REFUSE.get() {
         // A stack no system gives (1 EiB): the thread is refused as a
@@ -132,6 +134,12 @@ mod tests {
         assert_eq!(h.join().unwrap(), (7, Some("say hello".to_string())));
         let n = std::thread::scope(|s| spawn_scoped(s, "add", || 1 + 1).unwrap().join().unwrap());
         assert_eq!(n, 2);
+    }
+
+    #[test]
+    fn a_purpose_with_a_nul_byte_still_starts_its_thread() {
+        let h = spawn("relay bad\0name's profile", || 3).unwrap();
+        assert_eq!(h.join().unwrap(), 3);
     }
 
     #[test]
