@@ -838,8 +838,8 @@ fn train(args: &Args) -> Result<ExitCode, TrainError> {
     if let Some(r) = args.run_ahead {
         plan.run_ahead = Some(r);
     }
-    let (s, a) = (schedule(args, &plan), run_ahead(args, &plan));
-    trainer::check_schedule(s, a, !args.blocking_sends)?;
+    let (sched, ahead) = (schedule(args, &plan), run_ahead(args, &plan));
+    trainer::check_schedule(sched, ahead, !args.blocking_sends)?;
     plan.validate(&model, t.global_batch)?;
     if args.rebalance_every.is_some() {
         polychip_train::rebalance::check(&plan.roles())?;
@@ -868,8 +868,7 @@ fn train(args: &Args) -> Result<ExitCode, TrainError> {
                 .iter()
                 .find(|d| trainer::device_name(d) == r.device)
                 .expect("roles name present devices");
-            let (s, a) = (schedule(args, &plan), run_ahead(args, &plan));
-            memory::check_role(&model, t.precision, r, s, a, d)?;
+            memory::check_role(&model, t.precision, r, sched, ahead, d)?;
         }
         if plan.world_size() > 1 {
             return relaunch(&plan);
@@ -898,8 +897,8 @@ fn train(args: &Args) -> Result<ExitCode, TrainError> {
         rebalance_every: args.rebalance_every,
         overlap_reduction: !args.reduce_after_backward,
         async_sends: !args.blocking_sends,
-        schedule: schedule(args, &plan),
-        run_ahead: run_ahead(args, &plan),
+        schedule: sched,
+        run_ahead: ahead,
     };
     let rank = job.as_ref().map_or(0, |j| j.rank());
     if let Some(j) = &job {

@@ -847,33 +847,28 @@ impl PlanSpec {
             true => groups.iter().find_map(|g| g.get("virtual_stages")),
             false => v.get("virtual_stages"),
         };
-        let virtual_stages = match named {
-            None | Some(Value::Null) => None,
-            Some(x) => Some(
-                x.as_u64()
-                    .filter(|v| (1..=crate::settings::MAX_VIRTUAL_STAGES).contains(v))
-                    .ok_or_else(|| {
-                        plan_err(format!(
-                            "virtual_stages is {x}; it must be 1 (no interleaving) to {}",
-                            crate::settings::MAX_VIRTUAL_STAGES
-                        ))
-                    })?,
-            ),
+        // A count from 1 to `max`, where 1 means `one`.
+        let count = |named: Option<&Value>, key: &str, max: u64, one: &str| match named {
+            None | Some(Value::Null) => Ok(None),
+            Some(x) => match x.as_u64().filter(|n| (1..=max).contains(n)) {
+                Some(n) => Ok(Some(n)),
+                None => Err(plan_err(format!(
+                    "{key} is {x}; it must be 1 ({one}) to {max}"
+                ))),
+            },
         };
-        let run_ahead = match v.get("run_ahead").filter(|_| !planner) {
-            None | Some(Value::Null) => None,
-            Some(x) => Some(
-                x.as_u64()
-                    .filter(|r| (1..=crate::schedule::MAX_RUN_AHEAD as u64).contains(r))
-                    .ok_or_else(|| {
-                        plan_err(format!(
-                            "run_ahead is {x}; it must be a whole number from 1 (the schedule \
-                             as published) to {}",
-                            crate::schedule::MAX_RUN_AHEAD
-                        ))
-                    })?,
-            ),
-        };
+        let virtual_stages = count(
+            named,
+            "virtual_stages",
+            crate::settings::MAX_VIRTUAL_STAGES,
+            "no interleaving",
+        )?;
+        let run_ahead = count(
+            v.get("run_ahead").filter(|_| !planner),
+            "run_ahead",
+            crate::schedule::MAX_RUN_AHEAD as u64,
+            "the schedule as published",
+        )?;
         // The restated fields it reads must be what they say (a negative
         // sequence length read as "unknown" hid an edit).
         if planner {

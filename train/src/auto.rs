@@ -765,14 +765,7 @@ pub fn auto_plan(
             })
             .collect::<Result<Vec<MeasuredDevice>>>()?;
         let fits = |d: usize, s: measured::Span, in_flight: usize| {
-            let range = StageRange {
-                start: Cut::inside(s.from, s.from_cols),
-                end: Cut::inside(s.to, s.to_cols),
-                embed: s.embed,
-                head: s.head,
-            };
-            let need = memory::stage_memory(cfg, t.precision, &range, b, in_flight);
-            need.total() <= devices[d].props().memory_bytes
+            span_fits(cfg, t, &devices[d], s, b, in_flight)
         };
         let model = measured_model(cfg, t, b, gb, choices);
         for &schedule in &schedules {
@@ -946,37 +939,56 @@ fn run_ahead(
     costs: &[MeasuredDevice],
     model: &MeasuredModel,
 ) -> usize {
-    let schedule = model.schedule;
-    let no_longer = |ahead: usize| {
-        found.pipelines.iter().all(|p| {
+    // Each pipeline's model, and its step at the search's lead.
+    let pipelines: Vec<(&measured::MeasuredPipeline, MeasuredModel, f64)> = found
+        .pipelines
+        .iter()
+        .map(|p| {
             let model = MeasuredModel {
                 micro_batches: p.micro_batches,
                 ..*model
             };
-            let step = |a| measured::pipeline_step(costs, &model, &p.stages, p.micro_batches, a);
-            step(ahead) <= step(1) * (1.0 + 1e-9)
+            let at_one = measured::pipeline_step(costs, &model, &p.stages, p.micro_batches, 1);
+            (p, model, at_one)
         })
-    };
-    let fits = |ahead: usize| {
-        found.pipelines.iter().all(|p| {
+        .collect();
+    let runs = |ahead: usize| {
+        pipelines.iter().all(|(p, model, at_one)| {
             let k = p.stages.len();
-            p.stages.iter().enumerate().all(|(j, s)| {
-                let range = StageRange {
-                    start: Cut::inside(s.from, s.from_cols),
-                    end: Cut::inside(s.to, s.to_cols),
-                    embed: j == 0,
-                    head: j + 1 == k,
-                };
-                let in_flight = schedule.in_flight(j, k, p.micro_batches, ahead);
-                let need = memory::stage_memory(cfg, t.precision, &range, p.micro_batch, in_flight);
-                need.total() <= devices[s.device].props().memory_bytes
-            })
+            let fits = p.stages.iter().enumerate().all(|(j, s)| {
+                let in_flight = model.schedule.in_flight(j, k, p.micro_batches, ahead);
+                let span = measured::Span::of(s, j, k);
+                span_fits(cfg, t, &devices[s.device], span, p.micro_batch, in_flight)
+            });
+            fits && {
+                let step = measured::pipeline_step(costs, model, &p.stages, p.micro_batches, ahead);
+                step <= at_one * (1.0 + 1e-9)
+            }
         })
     };
-    (1..=AUTO_RUN_AHEAD)
-        .rev()
-        .find(|&a| a == 1 || (fits(a) && no_longer(a)))
-        .unwrap_or(1)
+    (2..=AUTO_RUN_AHEAD).rev().find(|&a| runs(a)).unwrap_or(1)
+}
+
+/// Whether a stage holding `s` fits `device`'s memory with `in_flight`
+/// micro-batches of `b` sequences in flight (the trainer's count,
+/// [`memory::stage_memory`]): the measured search's memory check, and
+/// how far `--plan auto` lets a pipeline run ahead.
+fn span_fits(
+    cfg: &ModelConfig,
+    t: &TrainConfig,
+    device: &Device,
+    s: measured::Span,
+    b: usize,
+    in_flight: usize,
+) -> bool {
+    let range = StageRange {
+        start: Cut::inside(s.from, s.from_cols),
+        end: Cut::inside(s.to, s.to_cols),
+        embed: s.embed,
+        head: s.head,
+    };
+    let need = memory::stage_memory(cfg, t.precision, &range, b, in_flight);
+    need.total() <= device.props().memory_bytes
 }
 
 /// The model in the measured search's terms, micro-batches of `b`, under
