@@ -121,7 +121,7 @@ const ALONE: [Config; 3] = [
     },
 ];
 
-const MIXED: [Config; 11] = [
+const MIXED: [Config; 12] = [
     Config {
         name: "PP ferrite+cobalt",
         plan: "auto-pp",
@@ -201,6 +201,20 @@ const MIXED: [Config; 11] = [
         devices: "ferrite:0,cobalt:0",
         cores: "0,1",
         extra: &["--blocking-sends", "--schedule", "1f1b", "--run-ahead", "1"],
+        alone: TWO,
+        opencl: false,
+        same_plan_as: Some("PP ferrite+cobalt"),
+    },
+    // The pipeline's plan with its cuts moved every 2 steps by the
+    // stages' measured speeds (`--rebalance-every 2`): the A/B of moving
+    // them, telling most beside a hog bound to one core (`HOG=core:1`)
+    // and over enough steps (`STEPS=12`) for a move to pay.
+    Config {
+        name: "PP rebalanced ferrite+cobalt",
+        plan: "auto-pp",
+        devices: "ferrite:0,cobalt:0",
+        cores: "0,1",
+        extra: &["--rebalance-every", "2"],
         alone: TWO,
         opencl: false,
         same_plan_as: Some("PP ferrite+cobalt"),

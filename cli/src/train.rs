@@ -217,12 +217,16 @@ pub struct Args {
     /// --profile`.
     #[arg(long, value_name = "FILE")]
     save_profile: Option<PathBuf>,
-    /// Deal the batch between the data-parallel replicas (one stage each,
-    /// or pipelines) again every N steps, by their measured speeds (each
-    /// keeps its micro-batch size and at least one sequence, a pipeline
-    /// its memory; a new deal is taken when it is predicted to shorten the
-    /// step by more than 5%). The losses then depend on the timings in
-    /// their last bits (the sequences are grouped differently).
+    /// Rebalance every N steps by the measured speeds: deal the batch
+    /// between the data-parallel replicas (one stage each, or pipelines)
+    /// again (each keeps its micro-batch size and at least one sequence, a
+    /// pipeline its memory), or, for a plan of one pipeline, move the cuts
+    /// between its stages (each keeps a key/value head or a column of
+    /// blocks and must fit its memory). A change is taken when it is
+    /// predicted to shorten the step by more than three times the
+    /// measurements' noise and at least 1% (5% until four steps are
+    /// measured). A new deal moves the losses' last bits (the sequences
+    /// are grouped differently); moved cuts leave f32 losses as they were.
     #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = crate::numbers::whole::<u64>(1))]
     rebalance_every: Option<u64>,
     /// Internal: the resolved plan (JSON) handed to the ranks.
@@ -842,7 +846,7 @@ fn train(args: &Args) -> Result<ExitCode, TrainError> {
     trainer::check_schedule(sched, ahead, !args.blocking_sends)?;
     plan.validate(&model, t.global_batch)?;
     if args.rebalance_every.is_some() {
-        polychip_train::rebalance::check(&plan.roles())?;
+        polychip_train::rebalance::check_rebalancing(&plan.roles())?;
     }
     if !launched && !args.no_pin {
         print_core_sharing(&plan, &cores);
@@ -939,7 +943,7 @@ fn train(args: &Args) -> Result<ExitCode, TrainError> {
         diverged = !report.passed();
     }
     if rank == 0 {
-        report(args, &plan, &summary)?;
+        report(args, &model, &plan, &summary)?;
     }
     if let Some(j) = job {
         j.finish()?;
@@ -1119,7 +1123,7 @@ fn corpus_name(args: &Args) -> String {
         })
 }
 
-fn report(args: &Args, plan: &TrainPlan, s: &Summary) -> Result<(), TrainError> {
+fn report(args: &Args, cfg: &ModelConfig, plan: &TrainPlan, s: &Summary) -> Result<(), TrainError> {
     if let (Some(predicted), true) = (plan.predicted_step_seconds, s.median_step_seconds > 0.0) {
         println!(
             "the planner predicted {:.1} ms per step; measured {:.1} ms ({:+.1}%)",
@@ -1145,7 +1149,8 @@ fn report(args: &Args, plan: &TrainPlan, s: &Summary) -> Result<(), TrainError> 
         let predicted = roles
             .get(r)
             .and_then(|role| plan.groups[role.group].stages[role.stage].predicted_passes)
-            .filter(|[f, b]| *f > 0.0 && *b > 0.0)
+            // The plan's predictions are of its cuts, not of moved ones.
+            .filter(|[f, b]| *f > 0.0 && *b > 0.0 && s.recuts.is_empty())
             .map_or(String::new(), |[f, b]| {
                 format!(
                     " (predicted {:.2} and {:.2}: {:+.1}%, {:+.1}%)",
@@ -1162,7 +1167,7 @@ fn report(args: &Args, plan: &TrainPlan, s: &Summary) -> Result<(), TrainError> 
             t.backward * 1e3
         );
     }
-    suggest_rebalancing(args, plan, s);
+    suggest_rebalancing(args, cfg, plan, s);
     if let Some(c) = &s.checkpoint {
         println!("checkpoint: {}", polychip_files::shown_path(c));
     }
@@ -1198,24 +1203,41 @@ fn report(args: &Args, plan: &TrainPlan, s: &Summary) -> Result<(), TrainError> 
     Ok(())
 }
 
-/// For data-parallel replicas of one stage each run without
-/// `--rebalance-every`: when the replicas' measured passes say the deal
-/// holds the step back by more than 5%, says by how much and what would
-/// deal by measured speed.
-fn suggest_rebalancing(args: &Args, plan: &TrainPlan, s: &Summary) {
+/// For a run without `--rebalance-every` of data-parallel replicas or of
+/// one pipeline: when the measured passes say the deal (or the pipeline's
+/// cuts) holds the step back by more than 5%, says by how much and what
+/// would deal (or cut) by measured speed.
+fn suggest_rebalancing(args: &Args, cfg: &ModelConfig, plan: &TrainPlan, s: &Summary) {
+    use polychip_train::rebalance;
     let roles = plan.roles();
-    if args.rebalance_every.is_some()
-        || polychip_train::rebalance::check(&roles).is_err()
-        || s.stage_times.len() != roles.len()
-    {
+    if args.rebalance_every.is_some() || s.stage_times.len() != roles.len() {
         return;
     }
-    use polychip_train::rebalance;
     let per_rank: Vec<f64> = s
         .stage_times
         .iter()
         .map(|t| t.forward + t.backward)
         .collect();
+    if rebalance::moves_cuts(&roles) {
+        let now: Vec<_> = roles.iter().map(|r| r.range).collect();
+        // The run's medians, whose spread is not kept: a gain over 5%.
+        let better =
+            polychip_train::recut::better_cuts(cfg, &now, &per_rank, rebalance::UNKNOWN_NOISE);
+        if let Some(r) = better {
+            println!(
+                "the stages' measured passes (the slowest {:.1} ms a micro-batch) say the cuts \
+                 hold the step back: cut as {} the slowest would take {:.0}% less; \
+                 --rebalance-every 10 moves the cuts so while training",
+                r.now * 1e3,
+                polychip_train::recut::replan(plan, &r.cuts).describe(),
+                r.gain() * 100.0
+            );
+        }
+        return;
+    }
+    if rebalance::check(&roles).is_err() {
+        return;
+    }
     let now: Vec<usize> = roles
         .iter()
         .filter(|r| r.stage == 0)

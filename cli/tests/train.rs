@@ -1616,11 +1616,84 @@ fn rebalancing_deals_the_batch_by_measured_speed_over_the_same_sequences() {
         ),
         (
             &["--device", "ferrite:0", "--rebalance-every", "1"][..],
-            "this plan has one",
+            "this plan has one replica of one stage",
         ),
     ] {
         let (code, _, err) = polychip(&[&COMMON[..], extra].concat());
         assert_ne!(code, Some(0));
         assert!(err.contains(want), "{err}");
     }
+}
+
+#[test]
+fn rebalancing_a_pipeline_moves_its_cuts_and_keeps_the_losses_to_the_bit() {
+    let dir = scratch("recut");
+    let plan = dir.join("pp.toml");
+    // Three stages, the first (Cobalt, rank 0) made 30 ms a forward pass
+    // slower: the cuts move work off it, through the middle stage.
+    std::fs::write(
+        &plan,
+        "[[group]]\nmicro_batch_size = 2\nmicro_batches = 4\n\
+         stages = [{ device = \"cobalt:0\", layers = [0, 1] }, \
+         { device = \"ferrite:0\", layers = [1, \"1.5+32\"] }, \
+         { device = \"ferrite:1\", layers = [\"1.5+32\", 2] }]\n",
+    )
+    .unwrap();
+    let p = plan.display().to_string();
+    let fixed = curve(&dir, "fixed", &["--plan", &p, "--steps", "6"]);
+    let ckpt = dir.join("ckpt");
+    let c = ckpt.display().to_string();
+    let json = dir.join("recut.json");
+    let j = json.display().to_string();
+    let mut args = COMMON.to_vec();
+    let log_every = args.iter().position(|a| *a == "--log-every").unwrap();
+    args[log_every + 1] = "1";
+    args.extend_from_slice(&["--plan", &p, "--steps", "6", "--stop-after", "5"]);
+    args.extend_from_slice(&["--rebalance-every", "1", "--checkpoint-dir", &c]);
+    args.extend_from_slice(&["--log-json", &j]);
+    let slow = [("POLYCHIP_TRAIN_SLOW_RANK", "0:30")];
+    let (code, out, err) = polychip_env(&args, &slow);
+    assert_eq!(code, Some(0), "{out}{err}");
+    let v = read_json(&json);
+    let recuts = v["summary"]["recuts"].as_array().unwrap();
+    // The first step (warming up) is not measured; after the second the
+    // cuts move, and Cobalt's stage ends before block 1.
+    assert_eq!(recuts[0][0], 2, "{out}");
+    let first = recuts[0][1].as_str().unwrap();
+    assert!(first.starts_with("1 x [cobalt:0 0..0"), "{first}");
+    assert!(
+        out.contains(&format!(
+            "step     2: the pipeline's cuts moved by measured speed: {first}"
+        )),
+        "{out}"
+    );
+    // The same arithmetic at any cut: the same losses, to the last bit.
+    let moved: Vec<f64> = v["summary"]["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["loss"].as_f64().unwrap())
+        .collect();
+    assert_eq!(moved, fixed[..5], "{out}");
+    // The checkpoint says the plan it was saved from, and resumes into the
+    // original cuts for the last step, as the fixed run took it.
+    let last = recuts.last().unwrap()[1].as_str().unwrap();
+    let manifest = std::fs::read_to_string(ckpt.join("step-00000005/manifest.json")).unwrap();
+    assert!(manifest.contains(last), "{manifest}");
+    let resumed = curve(
+        &dir,
+        "resumed",
+        &["--plan", &p, "--steps", "6", "--resume", &c],
+    );
+    assert_eq!(resumed, fixed[5..], "{out}");
+    // Without rebalancing, the run says what moving the cuts would gain.
+    let mut args: Vec<&str> = COMMON.to_vec();
+    args.extend_from_slice(&["--plan", &p, "--steps", "3"]);
+    let (code, out, err) = polychip_env(&args, &slow);
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert!(
+        out.contains("say the cuts hold the step back: cut as 1 x [cobalt:0 0..0")
+            && out.contains("--rebalance-every 10 moves the cuts so while training"),
+        "{out}"
+    );
 }

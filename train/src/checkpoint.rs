@@ -116,8 +116,16 @@ pub fn write_stage(
     index: usize,
     stages: usize,
 ) -> Result<()> {
+    let all: Vec<usize> = (0..stage.params().len()).collect();
+    write_tensors(root, step, &param_tensors(stage, &all)?, index, stages)
+}
+
+/// The weights and AdamW moments of `stage`'s parameters `which`
+/// (indices into [`Stage::params`]) on the host, under the names a
+/// checkpoint gives them.
+pub(crate) fn param_tensors(stage: &Stage, which: &[usize]) -> Result<SafeTensors> {
     let mut st = SafeTensors::new();
-    for p in stage.params() {
+    for p in which.iter().map(|&i| &stage.params()[i]) {
         let name = &p.spec.name;
         // A part of a parameter cut by width is saved under its place in
         // the whole (`@axis:start..end`); loading joins the parts.
@@ -129,7 +137,7 @@ pub fn write_stage(
             f32_tensor(&p.exp_avg_sq)?,
         )?;
     }
-    write_tensors(root, step, &st, index, stages)
+    Ok(st)
 }
 
 /// [`write_stage`] of tensors already on the host (weights under their
@@ -675,7 +683,7 @@ fn parse_part(key: &str) -> Option<(&str, [usize; 4])> {
 /// `0..WHOLE`, alike in type and in their other axis, and `NAME` must not
 /// also be saved whole; anything else is refused, naming the tensor and
 /// the file.
-fn join_parts(tensors: &mut [(PathBuf, SafeTensors)]) -> Result<()> {
+pub(crate) fn join_parts(tensors: &mut [(PathBuf, SafeTensors)]) -> Result<()> {
     let mut parts: BTreeMap<String, Vec<SavedPart>> = BTreeMap::new();
     for (file, (path, st)) in tensors.iter().enumerate() {
         for key in st.tensors.keys() {
@@ -1004,51 +1012,61 @@ impl Loaded {
     /// Copies this stage's weights and AdamW moments from the checkpoint,
     /// whatever stage split it was saved from.
     pub fn restore(&mut self, stage: &Stage) -> Result<()> {
-        for p in stage.params() {
-            let name = &p.spec.name;
-            for (suffix, t) in [
-                ("", &p.value),
-                (".exp_avg", &p.exp_avg),
-                (".exp_avg_sq", &p.exp_avg_sq),
-            ] {
-                let key = format!("{name}{suffix}");
-                let Some((path, st)) = self
-                    .tensors
-                    .iter_mut()
-                    .find(|(_, st)| st.tensors.contains_key(&key))
-                else {
-                    return Err(TrainError::Checkpoint {
-                        path: self.dir.clone(),
-                        message: format!("has no tensor {key}"),
-                    });
-                };
-                let mut data = match &p.spec.part {
-                    None => st.take(path, &key, DType::F32, &p.spec.shape)?,
-                    Some(part) => {
-                        // The whole stays for the other parts' stages.
-                        let whole = st.take(path, &key, DType::F32, &part.full)?;
-                        let sliced = part_bytes(part, &whole);
-                        st.tensors.insert(
-                            key.clone(),
-                            StoredTensor {
-                                dtype: DType::F32,
-                                shape: part.full.clone(),
-                                data: whole,
-                            },
-                        );
-                        sliced
-                    }
-                };
-                if cfg!(target_endian = "big") {
-                    for c in data.chunks_exact_mut(4) {
-                        c.reverse();
-                    }
-                }
-                t.write_bytes(&data)?;
-            }
-        }
-        stage.refresh_compute_weights()
+        restore_tensors(&mut self.tensors, &self.dir, stage)
     }
+}
+
+/// Copies `stage`'s weights and AdamW moments from `tensors` (whole
+/// tensors, parts joined: [`join_parts`]), whatever stages they came from;
+/// errors name `dir`.
+pub(crate) fn restore_tensors(
+    tensors: &mut [(PathBuf, SafeTensors)],
+    dir: &Path,
+    stage: &Stage,
+) -> Result<()> {
+    for p in stage.params() {
+        let name = &p.spec.name;
+        for (suffix, t) in [
+            ("", &p.value),
+            (".exp_avg", &p.exp_avg),
+            (".exp_avg_sq", &p.exp_avg_sq),
+        ] {
+            let key = format!("{name}{suffix}");
+            let Some((path, st)) = tensors
+                .iter_mut()
+                .find(|(_, st)| st.tensors.contains_key(&key))
+            else {
+                return Err(TrainError::Checkpoint {
+                    path: dir.to_path_buf(),
+                    message: format!("has no tensor {key}"),
+                });
+            };
+            let mut data = match &p.spec.part {
+                None => st.take(path, &key, DType::F32, &p.spec.shape)?,
+                Some(part) => {
+                    // The whole stays for the other parts' stages.
+                    let whole = st.take(path, &key, DType::F32, &part.full)?;
+                    let sliced = part_bytes(part, &whole);
+                    st.tensors.insert(
+                        key.clone(),
+                        StoredTensor {
+                            dtype: DType::F32,
+                            shape: part.full.clone(),
+                            data: whole,
+                        },
+                    );
+                    sliced
+                }
+            };
+            if cfg!(target_endian = "big") {
+                for c in data.chunks_exact_mut(4) {
+                    c.reverse();
+                }
+            }
+            t.write_bytes(&data)?;
+        }
+    }
+    stage.refresh_compute_weights()
 }
 
 /// The bytes of `part` of a whole f32 tensor's `whole`.

@@ -21,6 +21,7 @@ pub mod pin;
 pub mod pipeline;
 pub mod plan;
 pub mod rebalance;
+pub mod recut;
 pub mod reduce;
 pub mod safetensors;
 pub mod simulate;

@@ -69,6 +69,27 @@ pub fn check(roles: &[Role]) -> Result<()> {
     Ok(())
 }
 
+/// Whether rebalancing `roles` moves a pipeline's cuts ([`crate::recut`]):
+/// one replica of two stages or more. Replicas have their batch dealt
+/// again instead.
+pub fn moves_cuts(roles: &[Role]) -> bool {
+    roles.len() >= 2 && roles.iter().all(|r| r.replica == 0)
+}
+
+/// Checks that `roles` can be rebalanced while training
+/// (`--rebalance-every`): replicas whose batch is dealt again ([`check`]),
+/// or one pipeline whose cuts move ([`moves_cuts`]).
+pub fn check_rebalancing(roles: &[Role]) -> Result<()> {
+    if moves_cuts(roles) || check(roles).is_ok() {
+        return Ok(());
+    }
+    Err(TrainError::Plan(
+        "--rebalance-every deals the batch between data-parallel replicas, or moves the cuts \
+         between a pipeline's stages; this plan has one replica of one stage"
+            .into(),
+    ))
+}
+
 /// The seconds this rank's passes took among `spans` (its forward and
 /// backward passes, the weights' gradients included; not its waits for
 /// other stages) since `since_us`.

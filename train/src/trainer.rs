@@ -27,9 +27,11 @@ use crate::links::Links;
 use crate::memory;
 use crate::model::Stage;
 use crate::model::ops::OpRecord;
+use crate::params::StageRange;
 use crate::pipeline::{self, StepData};
 use crate::plan::{Role, TrainPlan};
 use crate::rebalance;
+use crate::recut;
 use crate::reduce::Reducer;
 use crate::trace::{self, Tracer};
 use polychip_planner::schedule::PipelineSchedule;
@@ -162,6 +164,9 @@ pub struct Summary {
     /// Each new deal of the batch (`rebalance_every`): after which step,
     /// and each replica's sequences.
     pub deals: Vec<(u64, Vec<usize>)>,
+    /// Each move of a pipeline's cuts (`rebalance_every` on a plan of one
+    /// pipeline): after which step, and the plan it trained on from then.
+    pub recuts: Vec<(u64, String)>,
     /// What this rank's plugin changed of the process state it does not
     /// own during the steps (ABI rule 13), each said once, as printed.
     pub process_state: Vec<String>,
@@ -275,9 +280,11 @@ pub fn run(opts: &Options, runtime: &Runtime, mut job: Option<&mut Job>) -> Resu
     // The roles as planned, whose memory was checked (rebalancing deals
     // `roles` again).
     let planned = roles.clone();
+    // The plan as the run has it now (moving a pipeline's cuts changes it).
+    let mut plan_now = opts.plan.clone();
     let mut rebalancer = match opts.rebalance_every {
         Some(every) => {
-            rebalance::check(&roles)?;
+            rebalance::check_rebalancing(&roles)?;
             Some(rebalance::Rebalancer::new(every))
         }
         None => None,
@@ -339,6 +346,8 @@ pub fn run(opts: &Options, runtime: &Runtime, mut job: Option<&mut Job>) -> Resu
     };
     let sharding = dp::Sharding::new(&opts.plan, &dp, &roles, &stage);
     let mut reducer = Reducer::new(&stage, &role, &dp, opts.overlap_reduction)?;
+    // A better cut that some stage's memory refused, said once.
+    let mut said_unfit = false;
     let mut start = 0;
     if let Some(path) = &opts.resume {
         let (mut loaded, changed) =
@@ -536,7 +545,15 @@ pub fn run(opts: &Options, runtime: &Runtime, mut job: Option<&mut Job>) -> Resu
                     Gathered::Moments,
                 )?;
             }
-            let saved = save(dir, step, &stage, &role, opts, job.as_deref_mut());
+            let saved = save(
+                dir,
+                step,
+                &stage,
+                &role,
+                opts,
+                &plan_now,
+                job.as_deref_mut(),
+            );
             if let (Err(_), Some(st)) = (&saved, &staging) {
                 // A failed save of the export's staging checkpoint (a full
                 // disk) leaves nothing beside the export.
@@ -574,18 +591,22 @@ pub fn run(opts: &Options, runtime: &Runtime, mut job: Option<&mut Job>) -> Resu
             );
         }
         summary.steps.push(rec);
-        let dealt = speeds.and_then(|_| {
-            let speeds = rebalance::Speeds::from(&scalars[2..]);
-            rebalance::better_deal(
-                &roles,
-                &planned,
-                &speeds.per_rank,
-                speeds.noise,
-                t.global_batch,
-                opts.schedule,
-                opts.run_ahead,
-            )
-        });
+        let moves_cuts = rebalance::moves_cuts(&roles);
+        let measured = speeds.map(|_| rebalance::Speeds::from(&scalars[2..]));
+        let dealt = measured
+            .as_ref()
+            .filter(|_| !moves_cuts)
+            .and_then(|speeds| {
+                rebalance::better_deal(
+                    &roles,
+                    &planned,
+                    &speeds.per_rank,
+                    speeds.noise,
+                    t.global_batch,
+                    opts.schedule,
+                    opts.run_ahead,
+                )
+            });
         if let Some((deal, _)) = dealt {
             rebalance::apply(&mut roles, &deal);
             role = roles[rank].clone();
@@ -597,6 +618,65 @@ pub fn run(opts: &Options, runtime: &Runtime, mut job: Option<&mut Job>) -> Resu
             }
             summary.deals.push((step, deal));
         }
+        let recut = measured.as_ref().filter(|_| moves_cuts).and_then(|speeds| {
+            let now: Vec<StageRange> = roles.iter().map(|r| r.range).collect();
+            recut::better_cuts(cfg, &now, &speeds.per_rank, speeds.noise)
+        });
+        if let (Some(r), Some(j)) = (recut, job.as_deref_mut()) {
+            let moved_plan = recut::replan(&plan_now, &r.cuts);
+            let moved = moved_plan.roles();
+            // Every stage must fit its device's memory at the new cuts, or
+            // all keep the old ones.
+            let fits = moved_plan.validate(cfg, t.global_batch).is_ok()
+                && memory::check_role(
+                    cfg,
+                    t.precision,
+                    &moved[rank],
+                    opts.schedule,
+                    opts.run_ahead,
+                    &device,
+                )
+                .is_ok();
+            let mut unfit = [f32::from(u8::from(!fits))];
+            all_reduce_f32(Some(&mut **j), &mut unfit)?;
+            if unfit[0] == 0.0 {
+                let old = std::mem::take(&mut roles);
+                let moving = Instant::now();
+                stage = tracer.span(
+                    || "move the pipeline's cuts".into(),
+                    "recut",
+                    || recut::move_stage(stage, &old, &moved, rank, j, t.seed),
+                )?;
+                roles = moved;
+                role = roles[rank].clone();
+                reducer = Reducer::new(&stage, &role, &dp, opts.overlap_reduction)?;
+                plan_now = moved_plan;
+                // The speeds measured at the old cuts say nothing of the new.
+                rebalancer = opts.rebalance_every.map(rebalance::Rebalancer::new);
+                if rank == 0 && opts.log_every > 0 {
+                    println!(
+                        "step {step:>5}: the pipeline's cuts moved by measured speed: {} (the \
+                         slowest stage took {:.1} ms a micro-batch; {:.1} predicted at these \
+                         cuts; moved in {:.0} ms)",
+                        plan_now.describe(),
+                        r.now * 1e3,
+                        r.slowest * 1e3,
+                        moving.elapsed().as_secs_f64() * 1e3
+                    );
+                }
+                summary.recuts.push((step, plan_now.describe()));
+            } else if rank == 0 && !said_unfit {
+                said_unfit = true;
+                eprintln!(
+                    "step {step}: the pipeline's measured speeds ask for the cuts {} (the slowest \
+                     stage took {:.1} ms a micro-batch; {:.1} predicted at those cuts), but a \
+                     stage would not fit its device's memory there: the cuts stay",
+                    moved_plan.describe(),
+                    r.now * 1e3,
+                    r.slowest * 1e3
+                );
+            }
+        }
     }
     if start >= end
         && let Some(dir) = saves_to
@@ -604,7 +684,15 @@ pub fn run(opts: &Options, runtime: &Runtime, mut job: Option<&mut Job>) -> Resu
         // No step ran (`--steps 0`, or resuming at the end): the checkpoint
         // "after the last step" is of the starting weights.
         check_finite_weights(start, &stage, job.as_deref_mut().map(|j| &mut **j))?;
-        summary.checkpoint = Some(save(dir, start, &stage, &role, opts, job.as_deref_mut())?);
+        summary.checkpoint = Some(save(
+            dir,
+            start,
+            &stage,
+            &role,
+            opts,
+            &plan_now,
+            job.as_deref_mut(),
+        )?);
     }
     let times: Vec<f64> = summary.steps.iter().skip(1).map(|r| r.seconds).collect();
     summary.median_step_seconds = median(if times.is_empty() {
@@ -697,6 +785,7 @@ fn save(
     stage: &Stage,
     role: &Role,
     opts: &Options,
+    plan: &TrainPlan,
     job: Option<&mut Job>,
 ) -> Result<PathBuf> {
     if role.replica == 0 {
@@ -708,14 +797,14 @@ fn save(
             j.barrier()?;
             return Ok(checkpoint::step_dir(dir, step));
         }
-        let done = commit(dir, step, opts);
+        let done = commit(dir, step, opts, plan);
         if done.is_err() {
             checkpoint::discard_partial(dir, step);
         }
         j.barrier()?;
         return done;
     }
-    let done = commit(dir, step, opts);
+    let done = commit(dir, step, opts, plan);
     if done.is_err() {
         checkpoint::discard_partial(dir, step);
     }
@@ -768,14 +857,14 @@ fn gather_shares(
     Ok(())
 }
 
-fn commit(dir: &std::path::Path, step: u64, opts: &Options) -> Result<PathBuf> {
-    let stages = opts.plan.groups[0].stages.len();
+fn commit(dir: &std::path::Path, step: u64, opts: &Options, plan: &TrainPlan) -> Result<PathBuf> {
+    let stages = plan.groups[0].stages.len();
     let manifest = Manifest {
         format: checkpoint::FORMAT.into(),
         step,
         model: opts.model.clone(),
         train: opts.train.clone(),
-        plan: opts.plan.describe(),
+        plan: plan.describe(),
         files: (0..stages)
             .map(|i| checkpoint::stage_file(i, stages))
             .collect(),

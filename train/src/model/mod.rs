@@ -283,6 +283,25 @@ impl Stage {
         self.precision.dtype()
     }
 
+    /// The precision it trains in.
+    pub fn precision(&self) -> Precision {
+        self.precision
+    }
+
+    /// The half block each parameter belongs to (see
+    /// [`StageRange::halves`]), in [`Self::params`] order; `None` for the
+    /// embedding's and the final norm's and head's.
+    pub fn param_halves(&self) -> Vec<Option<usize>> {
+        let mut out = vec![None; self.params.len()];
+        for (h, &first) in self.range.halves().zip(&self.half_starts) {
+            let n = half_param_count(&self.range, h);
+            for o in &mut out[first..first + n] {
+                *o = Some(h);
+            }
+        }
+        out
+    }
+
     /// Starts (or stops, with `false`) recording every operator call.
     pub fn record(&mut self, on: bool) {
         self.tape = on.then(|| RefCell::new(Vec::new()));
