@@ -1221,8 +1221,14 @@ fn suggest_rebalancing(args: &Args, cfg: &ModelConfig, plan: &TrainPlan, s: &Sum
     if rebalance::moves_cuts(&roles) {
         let now: Vec<_> = roles.iter().map(|r| r.range).collect();
         // The run's medians, whose spread is not kept: a gain over 5%.
-        let better =
-            polychip_train::recut::better_cuts(cfg, &now, &per_rank, rebalance::UNKNOWN_NOISE);
+        // (Every stage's memory is checked when the cuts move.)
+        let better = polychip_train::recut::better_cuts(
+            cfg,
+            &now,
+            &per_rank,
+            rebalance::UNKNOWN_NOISE,
+            &|_, _| true,
+        );
         if let Some(r) = better {
             println!(
                 "the stages' measured passes (the slowest {:.1} ms a micro-batch) say the cuts \

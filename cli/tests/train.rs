@@ -62,6 +62,11 @@ fn curve_env(
     let (code, out, err) = polychip_env(&args, env);
     assert_eq!(code, Some(0), "{tag}: {out}\n{err}");
     let v = read_json(&json);
+    summary_losses(&v)
+}
+
+/// Every step's loss in a `--log-json` file's summary.
+fn summary_losses(v: &serde_json::Value) -> Vec<f64> {
     v["summary"]["steps"]
         .as_array()
         .unwrap()
@@ -1553,12 +1558,7 @@ fn rebalancing_deals_the_batch_by_measured_speed_over_the_same_sequences() {
     );
     // The same sequences each step, grouped otherwise: the same losses
     // but for rounding.
-    let rebalanced: Vec<f64> = v["summary"]["steps"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|s| s["loss"].as_f64().unwrap())
-        .collect();
+    let rebalanced: Vec<f64> = summary_losses(&v);
     assert_eq!(fixed[0], rebalanced[0]);
     assert!(!out.contains("--rebalance-every 10 deals so"), "{out}");
     // Without rebalancing, the run says what it would gain.
@@ -1599,12 +1599,7 @@ fn rebalancing_deals_the_batch_by_measured_speed_over_the_same_sequences() {
     let first = &v["summary"]["deals"][0];
     assert_eq!(first[0], 2, "{v}");
     assert!(first[1][0].as_u64().unwrap() > 4, "{v}");
-    let losses: Vec<f64> = v["summary"]["steps"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|s| s["loss"].as_f64().unwrap())
-        .collect();
+    let losses: Vec<f64> = summary_losses(&v);
     for (a, b) in fixed.iter().zip(&losses) {
         assert!((a - b).abs() < 1e-4 * a.abs(), "{fixed:?} {losses:?}");
     }
@@ -1668,12 +1663,7 @@ fn rebalancing_a_pipeline_moves_its_cuts_and_keeps_the_losses_to_the_bit() {
         "{out}"
     );
     // The same arithmetic at any cut: the same losses, to the last bit.
-    let moved: Vec<f64> = v["summary"]["steps"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|s| s["loss"].as_f64().unwrap())
-        .collect();
+    let moved: Vec<f64> = summary_losses(&v);
     assert_eq!(moved, fixed[..5], "{out}");
     // The checkpoint says the plan it was saved from, and resumes into the
     // original cuts for the last step, as the fixed run took it.
@@ -1696,4 +1686,57 @@ fn rebalancing_a_pipeline_moves_its_cuts_and_keeps_the_losses_to_the_bit() {
             && out.contains("--rebalance-every 10 moves the cuts so while training"),
         "{out}"
     );
+}
+
+#[test]
+fn moved_cuts_stay_within_every_stages_memory() {
+    let dir = scratch("recut-memory");
+    // Ferrite's stage made 200 ms a forward pass slower: the balance would
+    // give Cobalt's stage most blocks, but its 10 MiB hold under two
+    // (block 0 alone needs 6.8 MiB, blocks 0 and 1 11.3 at these
+    // micro-batches): the cuts move part of the way, and every allocation
+    // succeeds (Cobalt refuses any past its memory).
+    let stages = ["--stages", "cobalt:0=0..1,ferrite:0=1..4"];
+    let common = [
+        "train",
+        "--model",
+        "tiny",
+        "--global-batch",
+        "16",
+        "--micro-batch-size",
+        "8",
+        "--eval-every",
+        "0",
+        "--no-pin",
+        "--steps",
+        "6",
+    ];
+    let env = [
+        ("POLYCHIP_COBALT_MEMORY_MIB", "10"),
+        ("POLYCHIP_TRAIN_SLOW_RANK", "1:200"),
+    ];
+    let mut fixed_args = vec!["--log-every", "0"];
+    fixed_args.extend_from_slice(&stages);
+    let fixed = curve_env(&dir, "fixed", &common, &fixed_args, &env);
+    let mut args = vec!["--log-every", "1", "--rebalance-every", "1"];
+    args.extend_from_slice(&stages);
+    let json = dir.join("moved.json");
+    let j = json.display().to_string();
+    let mut all: Vec<&str> = common.to_vec();
+    all.extend_from_slice(&args);
+    all.extend_from_slice(&["--log-json", &j]);
+    let (code, out, err) = polychip_env(&all, &env);
+    assert_eq!(code, Some(0), "{out}{err}");
+    let v = read_json(&json);
+    let recuts = v["summary"]["recuts"].as_array().unwrap();
+    assert!(!recuts.is_empty(), "{out}");
+    for r in recuts {
+        // Cobalt's stage ends inside block 1: more than it had, less than
+        // two blocks.
+        let plan = r[1].as_str().unwrap();
+        let end = plan.trim_start_matches("1 x [cobalt:0 0..");
+        assert!(end.starts_with("1+") || end.starts_with("1.5"), "{plan}");
+    }
+    let moved: Vec<f64> = summary_losses(&v);
+    assert_eq!(moved, fixed, "{out}");
 }

@@ -87,6 +87,42 @@ pub fn stage_memory(
 /// would (the planner's validation measures that outcome).
 pub const NO_CHECK_VAR: &str = "POLYCHIP_TRAIN_NO_MEMORY_CHECK";
 
+fn unchecked() -> bool {
+    std::env::var(NO_CHECK_VAR).is_ok_and(|v| v == "1")
+}
+
+/// What `role`'s stage needs under `schedule`, running `ahead` times its
+/// lead ahead.
+fn role_need(
+    cfg: &ModelConfig,
+    precision: Precision,
+    role: &Role,
+    schedule: PipelineSchedule,
+    ahead: usize,
+) -> StageMemory {
+    let in_flight = schedule.in_flight(role.stage, role.stages, role.micro_batches, ahead);
+    stage_memory(
+        cfg,
+        precision,
+        &role.range,
+        role.micro_batch_size,
+        in_flight,
+    )
+}
+
+/// [`check_role`]'s test against `have` bytes (true when [`NO_CHECK_VAR`]
+/// is `1`), for a role on another rank's device.
+pub fn role_fits(
+    cfg: &ModelConfig,
+    precision: Precision,
+    role: &Role,
+    schedule: PipelineSchedule,
+    ahead: usize,
+    have: u64,
+) -> bool {
+    unchecked() || role_need(cfg, precision, role, schedule, ahead).total() <= have
+}
+
 /// Refuses a role whose stage does not fit its device under `schedule`,
 /// running `ahead` times its lead ahead (unless [`NO_CHECK_VAR`] is `1`).
 pub fn check_role(
@@ -97,17 +133,11 @@ pub fn check_role(
     ahead: usize,
     device: &Device,
 ) -> Result<()> {
-    if std::env::var(NO_CHECK_VAR).is_ok_and(|v| v == "1") {
+    if unchecked() {
         return Ok(());
     }
     let in_flight = schedule.in_flight(role.stage, role.stages, role.micro_batches, ahead);
-    let need = stage_memory(
-        cfg,
-        precision,
-        &role.range,
-        role.micro_batch_size,
-        in_flight,
-    );
+    let need = role_need(cfg, precision, role, schedule, ahead);
     let have = device.props().memory_bytes;
     if need.total() > have {
         let mib = |b: u64| b as f64 / (1u64 << 20) as f64;

@@ -173,12 +173,15 @@ pub fn ranges(cuts: &[Cut], layers: usize) -> Vec<StageRange> {
 /// so that every stage's work at its pace is the same (a stage whose share
 /// would be less than a grain keeps one), then each is moved to the grain
 /// before or after it, whichever pair of neighbours is predicted to finish
-/// sooner.
+/// sooner. Every stage must keep some blocks' work and fit its device's
+/// memory (`fits(stage, range)`); where one would not at the balance, the
+/// cuts move a half, a quarter or an eighth of the way there instead.
 pub fn better_cuts(
     cfg: &ModelConfig,
     ranges_now: &[StageRange],
     per_stage: &[f64],
     noise: f64,
+    fits: &dyn Fn(usize, &StageRange) -> bool,
 ) -> Option<Recut> {
     let p = ranges_now.len();
     if p < 2
@@ -216,6 +219,10 @@ pub fn better_cuts(
     for _ in 0..p {
         let fixed: f64 = (0..p).filter(|&s| held[s]).map(|_| least).sum();
         let free: Vec<usize> = (0..p).filter(|&s| !held[s]).collect();
+        if free.is_empty() {
+            // Fewer grains than stages could use: nothing to balance.
+            return None;
+        }
         let inverse: f64 = free.iter().map(|&s| 1.0 / paces[s]).sum();
         let t = (total - fixed + free.iter().map(|&s| extra[s]).sum::<f64>()) / inverse;
         let mut changed = false;
@@ -234,17 +241,25 @@ pub fn better_cuts(
         }
     }
     let mut x = 0.0;
-    let around: Vec<[Cut; 2]> = blocks[..p - 1]
+    let balanced: Vec<f64> = blocks[..p - 1]
         .iter()
         .map(|b| {
             x += b;
-            work.around(cfg, x)
+            x
         })
         .collect();
+    let now_cuts: Vec<Cut> = ranges_now[..p - 1].iter().map(|r| r.end).collect();
+    let now_at: Vec<f64> = now_cuts.iter().map(|&c| work.position(cfg, c)).collect();
+    let now = per_stage.iter().copied().fold(0.0, f64::max);
+    // The slowest stage's predicted time between `cuts`, if every stage
+    // keeps some blocks' work and fits its memory.
     let time = |cuts: &[Cut]| -> Option<f64> {
         let rs = ranges(cuts, cfg.layers);
-        // Every stage keeps some blocks' work.
-        if rs.iter().any(|r| r.end <= r.start) {
+        if rs
+            .iter()
+            .enumerate()
+            .any(|(s, r)| r.end <= r.start || !fits(s, r))
+        {
             return None;
         }
         Some(
@@ -254,38 +269,45 @@ pub fn better_cuts(
                 .fold(0.0, f64::max),
         )
     };
-    let mut best: Option<(f64, Vec<Cut>)> = None;
-    if p <= EXHAUSTIVE_STAGES {
-        for pick in 0u32..(1 << (p - 1)) {
+    // The balance point first; where a stage's memory does not hold its
+    // share there, points nearer the cuts of now.
+    for toward in [1.0, 0.5, 0.25, 0.125] {
+        let at: Vec<f64> = (0..p - 1)
+            .map(|k| now_at[k] + toward * (balanced[k] - now_at[k]))
+            .collect();
+        let around: Vec<[Cut; 2]> = at.iter().map(|&x| work.around(cfg, x)).collect();
+        let mut best: Option<(f64, Vec<Cut>)> = None;
+        if p <= EXHAUSTIVE_STAGES {
+            for pick in 0u32..(1 << (p - 1)) {
+                let cuts: Vec<Cut> = (0..p - 1)
+                    .map(|k| around[k][((pick >> k) & 1) as usize])
+                    .collect();
+                if let Some(t) = time(&cuts)
+                    && best.as_ref().is_none_or(|(b, _)| t < *b)
+                {
+                    best = Some((t, cuts));
+                }
+            }
+        } else {
             let cuts: Vec<Cut> = (0..p - 1)
-                .map(|k| around[k][((pick >> k) & 1) as usize])
+                .map(|k| {
+                    let [lo, hi] = around[k];
+                    match at[k] - work.position(cfg, lo) <= work.position(cfg, hi) - at[k] {
+                        true => lo,
+                        false => hi,
+                    }
+                })
                 .collect();
-            if let Some(t) = time(&cuts)
-                && best.as_ref().is_none_or(|(b, _)| t < *b)
-            {
-                best = Some((t, cuts));
+            best = time(&cuts).map(|t| (t, cuts));
+        }
+        if let Some((slowest, cuts)) = best {
+            let recut = Recut { cuts, slowest, now };
+            if recut.cuts != now_cuts && recut.gain() > crate::rebalance::required_gain(noise) {
+                return Some(recut);
             }
         }
-    } else {
-        let mut x = 0.0;
-        let cuts: Vec<Cut> = (0..p - 1)
-            .map(|k| {
-                x += blocks[k];
-                let [lo, hi] = around[k];
-                match x - work.position(cfg, lo) <= work.position(cfg, hi) - x {
-                    true => lo,
-                    false => hi,
-                }
-            })
-            .collect();
-        best = time(&cuts).map(|t| (t, cuts));
     }
-    let (slowest, cuts) = best?;
-    let now_cuts: Vec<Cut> = ranges_now[..p - 1].iter().map(|r| r.end).collect();
-    let now = per_stage.iter().copied().fold(0.0, f64::max);
-    let recut = Recut { cuts, slowest, now };
-    (recut.cuts != now_cuts && recut.gain() > crate::rebalance::required_gain(noise))
-        .then_some(recut)
+    None
 }
 
 /// `plan` (of one pipeline) with its stages between `cuts`, the
@@ -399,6 +421,8 @@ pub fn move_stage(
 mod tests {
     use super::*;
 
+    const ANY: &dyn Fn(usize, &StageRange) -> bool = &|_, _| true;
+
     fn deep() -> ModelConfig {
         ModelConfig::preset("deep").unwrap()
     }
@@ -440,7 +464,7 @@ mod tests {
         // Cobalt 0..1.5, Ferrite 1.5..16 with Cobalt now three times as
         // slow as the plan had it: its stage takes 3 s where Ferrite's 1.
         let now = ranges(&[cut("1.5")], cfg.layers);
-        let r = better_cuts(&cfg, &now, &[3.0, 1.0], 0.0).unwrap();
+        let r = better_cuts(&cfg, &now, &[3.0, 1.0], 0.0, ANY).unwrap();
         assert_eq!(r.now, 3.0);
         assert!(r.gain() > 0.5, "{r:?}");
         // About a third of Cobalt's work stays with it.
@@ -448,22 +472,34 @@ mod tests {
         let before = w.position(&cfg, cut("1.5"));
         assert!(kept > 0.2 * before && kept < 0.5 * before, "{r:?}");
         // Balanced already: nothing moves.
-        assert_eq!(better_cuts(&cfg, &now, &[1.0, 1.0], 0.0), None);
+        assert_eq!(better_cuts(&cfg, &now, &[1.0, 1.0], 0.0, ANY), None);
         // A gain within the noise's margin is not taken.
-        let slight = better_cuts(&cfg, &now, &[1.04, 1.0], 0.0);
+        let slight = better_cuts(&cfg, &now, &[1.04, 1.0], 0.0, ANY);
         assert!(slight.is_some_and(|r| r.gain() < 0.03));
-        assert_eq!(better_cuts(&cfg, &now, &[1.04, 1.0], 0.02), None);
+        assert_eq!(better_cuts(&cfg, &now, &[1.04, 1.0], 0.02, ANY), None);
         // Nothing measured, or nonsense: nothing moves.
-        assert_eq!(better_cuts(&cfg, &now, &[0.0, 1.0], 0.0), None);
-        assert_eq!(better_cuts(&cfg, &now, &[f64::NAN, 1.0], 0.0), None);
-        assert_eq!(better_cuts(&cfg, &now[..1], &[1.0], 0.0), None);
+        assert_eq!(better_cuts(&cfg, &now, &[0.0, 1.0], 0.0, ANY), None);
+        assert_eq!(better_cuts(&cfg, &now, &[f64::NAN, 1.0], 0.0, ANY), None);
+        assert_eq!(better_cuts(&cfg, &now[..1], &[1.0], 0.0, ANY), None);
+        // Cobalt's memory holds at most 1.25 blocks: the cut moves part of
+        // the way, to a point its memory holds.
+        let w = Work::of(&cfg);
+        let limit = 1.25 * w.position(&cfg, cut("1"));
+        let small = |s: usize, r: &StageRange| s != 0 || w.stage(&cfg, r) <= limit;
+        let now = ranges(&[cut("1")], cfg.layers);
+        let r = better_cuts(&cfg, &now, &[1.0, 3.0], 0.0, &small).unwrap();
+        let held = w.position(&cfg, r.cuts[0]);
+        assert!(held > w.position(&cfg, cut("1")) && held <= limit, "{r:?}");
+        // And not at all where it holds nothing more.
+        let none = |s: usize, r: &StageRange| s != 0 || r.end <= cut("1");
+        assert_eq!(better_cuts(&cfg, &now, &[1.0, 3.0], 0.0, &none), None);
     }
 
     #[test]
     fn a_very_slow_stage_keeps_a_grain_and_every_stage_some_blocks() {
         let cfg = deep();
         let now = ranges(&[cut("4"), cut("8"), cut("12")], cfg.layers);
-        let r = better_cuts(&cfg, &now, &[1.0, 1000.0, 1.0, 1.0], 0.0).unwrap();
+        let r = better_cuts(&cfg, &now, &[1.0, 1000.0, 1.0, 1.0], 0.0, ANY).unwrap();
         let rs = ranges(&r.cuts, cfg.layers);
         assert!(rs.iter().all(|x| x.start < x.end), "{r:?}");
         // The slow stage keeps one kv head or so.
@@ -475,7 +511,7 @@ mod tests {
         let now = ranges(&many, cfg.layers);
         let mut t = vec![1.0; 16];
         t[0] = 2.0;
-        let r = better_cuts(&cfg, &now, &t, 0.0).unwrap();
+        let r = better_cuts(&cfg, &now, &t, 0.0, ANY).unwrap();
         assert_eq!(r.cuts.len(), 15);
         assert!(r.cuts[0] < cut("1"), "{r:?}");
         assert!(r.cuts.windows(2).all(|c| c[0] < c[1]), "{r:?}");

@@ -348,6 +348,19 @@ pub fn run(opts: &Options, runtime: &Runtime, mut job: Option<&mut Job>) -> Resu
     let mut reducer = Reducer::new(&stage, &role, &dp, opts.overlap_reduction)?;
     // A better cut that some stage's memory refused, said once.
     let mut said_unfit = false;
+    // Each stage's device memory (MiB, rounded down), for the cuts a
+    // pipeline's stages may move to: every rank checks every stage.
+    let capacities: Vec<u64> = match (&rebalancer, rebalance::moves_cuts(&roles)) {
+        (Some(_), true) => {
+            let mut mib = vec![0.0f32; world];
+            mib[rank] = (device.props().memory_bytes >> 20) as f32;
+            all_reduce_f32(job.as_deref_mut().map(|j| &mut **j), &mut mib)?;
+            mib.iter()
+                .map(|&m| (m as u64).saturating_mul(1 << 20))
+                .collect()
+        }
+        _ => Vec::new(),
+    };
     let mut start = 0;
     if let Some(path) = &opts.resume {
         let (mut loaded, changed) =
@@ -620,13 +633,21 @@ pub fn run(opts: &Options, runtime: &Runtime, mut job: Option<&mut Job>) -> Resu
         }
         let recut = measured.as_ref().filter(|_| moves_cuts).and_then(|speeds| {
             let now: Vec<StageRange> = roles.iter().map(|r| r.range).collect();
-            recut::better_cuts(cfg, &now, &speeds.per_rank, speeds.noise)
+            let fits = |s: usize, range: &StageRange| {
+                let mut r = roles[s].clone();
+                r.range = *range;
+                let have = capacities.get(s).copied().unwrap_or(0);
+                memory::role_fits(cfg, t.precision, &r, opts.schedule, opts.run_ahead, have)
+            };
+            recut::better_cuts(cfg, &now, &speeds.per_rank, speeds.noise, &fits)
         });
         if let (Some(r), Some(j)) = (recut, job.as_deref_mut()) {
             let moved_plan = recut::replan(&plan_now, &r.cuts);
             let moved = moved_plan.roles();
             // Every stage must fit its device's memory at the new cuts, or
             // all keep the old ones.
+            // (The moved plan is valid: every cut on the model's grain,
+            // every stage holding some of it; checked all the same.)
             let fits = moved_plan.validate(cfg, t.global_batch).is_ok()
                 && memory::check_role(
                     cfg,
