@@ -17,6 +17,9 @@
 //! the global batch change. The step's sequences, and so its gradient, stay
 //! the same; only how they are grouped changes, so the bits of the run
 //! depend on the timings (off by default).
+//!
+//! A plan of one pipeline has no batch to deal: there the same setting
+//! moves the cuts between its stages ([`crate::recut`]).
 
 use polychip_planner::schedule::PipelineSchedule;
 
