@@ -644,10 +644,10 @@ pub fn run(opts: &Options, runtime: &Runtime, mut job: Option<&mut Job>) -> Resu
         if let (Some(r), Some(j)) = (recut, job.as_deref_mut()) {
             let moved_plan = recut::replan(&plan_now, &r.cuts);
             let moved = moved_plan.roles();
-            // Every stage must fit its device's memory at the new cuts, or
-            // all keep the old ones.
-            // (The moved plan is valid: every cut on the model's grain,
-            // every stage holding some of it; checked all the same.)
+            // Every stage must fit its device's memory at the new cuts (as
+            // the search already checked from the all-reduced capacities),
+            // or all keep the old ones; the plan is valid by construction,
+            // checked all the same.
             let fits = moved_plan.validate(cfg, t.global_batch).is_ok()
                 && memory::check_role(
                     cfg,
