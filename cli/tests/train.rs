@@ -65,6 +65,14 @@ fn curve_env(
     summary_losses(&v)
 }
 
+/// [`COMMON`] printing every step (the common flags print none).
+fn common_printing_every_step() -> Vec<&'static str> {
+    let mut args = COMMON.to_vec();
+    let log_every = args.iter().position(|a| *a == "--log-every").unwrap();
+    args[log_every + 1] = "1";
+    args
+}
+
 /// Every step's loss in a `--log-json` file's summary.
 fn summary_losses(v: &serde_json::Value) -> Vec<f64> {
     v["summary"]["steps"]
@@ -1533,10 +1541,7 @@ fn rebalancing_deals_the_batch_by_measured_speed_over_the_same_sequences() {
     let fixed = curve(&dir, "fixed", &["--plan", &p, "--steps", "4"]);
     let json = dir.join("rebalanced.json");
     let j = json.display().to_string();
-    // Printing every step (the common flags print none).
-    let mut args = COMMON.to_vec();
-    let log_every = args.iter().position(|a| *a == "--log-every").unwrap();
-    args[log_every + 1] = "1";
+    let mut args = common_printing_every_step();
     args.extend_from_slice(&["--plan", &p, "--steps", "4", "--rebalance-every", "1"]);
     args.extend_from_slice(&["--log-json", &j]);
     let slow = [("POLYCHIP_TRAIN_SLOW_RANK", "1:100")];
@@ -1640,9 +1645,7 @@ fn rebalancing_a_pipeline_moves_its_cuts_and_keeps_the_losses_to_the_bit() {
     let c = ckpt.display().to_string();
     let json = dir.join("recut.json");
     let j = json.display().to_string();
-    let mut args = COMMON.to_vec();
-    let log_every = args.iter().position(|a| *a == "--log-every").unwrap();
-    args[log_every + 1] = "1";
+    let mut args = common_printing_every_step();
     args.extend_from_slice(&["--plan", &p, "--steps", "6", "--stop-after", "5"]);
     args.extend_from_slice(&["--rebalance-every", "1", "--checkpoint-dir", &c]);
     args.extend_from_slice(&["--log-json", &j]);

@@ -100,9 +100,12 @@ impl Work {
     /// A stage's work: its blocks, and the embedding or the head it holds.
     pub fn stage(&self, cfg: &ModelConfig, range: &StageRange) -> f64 {
         let blocks = self.position(cfg, range.end) - self.position(cfg, range.start);
-        blocks
-            + if range.embed { self.embedding } else { 0.0 }
-            + if range.head { self.head } else { 0.0 }
+        blocks + self.ends(range.embed, range.head)
+    }
+
+    /// The work of the embedding and the head, where held.
+    fn ends(&self, embed: bool, head: bool) -> f64 {
+        (if embed { self.embedding } else { 0.0 }) + if head { self.head } else { 0.0 }
     }
 
     /// The grains at or before and at or after block work `x` (one cut
@@ -197,18 +200,7 @@ pub fn better_cuts(
         .zip(per_stage)
         .map(|(r, t)| t / work.stage(cfg, r).max(work.least_grain()))
         .collect();
-    let extra: Vec<f64> = (0..p)
-        .map(|s| {
-            let mut e = 0.0;
-            if s == 0 {
-                e += work.embedding;
-            }
-            if s + 1 == p {
-                e += work.head;
-            }
-            e
-        })
-        .collect();
+    let extra: Vec<f64> = (0..p).map(|s| work.ends(s == 0, s + 1 == p)).collect();
     // Equal times T: stage s takes T / pace_s of work, its ends included,
     // at least a grain of blocks. Stages held at the least are taken out
     // and T solved again.
@@ -314,13 +306,11 @@ pub fn better_cuts(
 /// predicted passes dropped (they were for the old cuts).
 pub fn replan(plan: &TrainPlan, cuts: &[Cut]) -> TrainPlan {
     let mut plan = plan.clone();
-    let mut ends = vec![Cut::at(0)];
-    ends.extend_from_slice(cuts);
     if let Some(g) = plan.groups.first_mut() {
-        let last = g.stages.last().map(|s| s.layers[1]);
-        ends.push(last.unwrap_or(Cut::at(0)));
-        for (s, w) in g.stages.iter_mut().zip(ends.windows(2)) {
-            s.layers = [w[0], w[1]];
+        // The last stage ends at the model's end: its block count.
+        let layers = g.stages.last().map_or(0, |s| s.layers[1].half / 2);
+        for (s, r) in g.stages.iter_mut().zip(ranges(cuts, layers)) {
+            s.layers = [r.start, r.end];
             s.predicted_passes = None;
         }
     }

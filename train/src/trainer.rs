@@ -346,17 +346,18 @@ pub fn run(opts: &Options, runtime: &Runtime, mut job: Option<&mut Job>) -> Resu
     };
     let sharding = dp::Sharding::new(&opts.plan, &dp, &roles, &stage);
     let mut reducer = Reducer::new(&stage, &role, &dp, opts.overlap_reduction)?;
-    // A better cut that some stage's memory refused, said once.
-    let mut said_unfit = false;
-    // Each stage's device memory (MiB, rounded down), for the cuts a
-    // pipeline's stages may move to: every rank checks every stage.
-    let capacities: Vec<u64> = match (&rebalancer, rebalance::moves_cuts(&roles)) {
-        (Some(_), true) => {
-            let mut mib = vec![0.0f32; world];
-            mib[rank] = (device.props().memory_bytes >> 20) as f32;
-            all_reduce_f32(job.as_deref_mut().map(|j| &mut **j), &mut mib)?;
-            mib.iter()
-                .map(|&m| (m as u64).saturating_mul(1 << 20))
+    // Whether rebalancing moves the pipeline's cuts (a plan of one
+    // pipeline) rather than dealing the batch; fixed for the run.
+    let moves_cuts = rebalancer.is_some() && rebalance::moves_cuts(&roles);
+    // Each stage's device memory in bytes, for the cuts its pipeline may
+    // move to: every rank checks every stage's new range.
+    let capacities: Vec<u64> = match (moves_cuts, job.as_deref_mut()) {
+        (true, Some(j)) => {
+            let mine = device.props().memory_bytes.to_le_bytes();
+            let mut all = vec![0u8; 8 * world];
+            j.all_gather(&mine, &mut all)?;
+            all.chunks_exact(8)
+                .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
                 .collect()
         }
         _ => Vec::new(),
@@ -604,7 +605,6 @@ pub fn run(opts: &Options, runtime: &Runtime, mut job: Option<&mut Job>) -> Resu
             );
         }
         summary.steps.push(rec);
-        let moves_cuts = rebalance::moves_cuts(&roles);
         let measured = speeds.map(|_| rebalance::Speeds::from(&scalars[2..]));
         let dealt = measured
             .as_ref()
@@ -642,61 +642,36 @@ pub fn run(opts: &Options, runtime: &Runtime, mut job: Option<&mut Job>) -> Resu
             recut::better_cuts(cfg, &now, &speeds.per_rank, speeds.noise, &fits)
         });
         if let (Some(r), Some(j)) = (recut, job.as_deref_mut()) {
+            // Every stage fits its device's memory at the new cuts
+            // (`better_cuts` checked each against the gathered capacities,
+            // as `memory::check_role` would on its rank).
             let moved_plan = recut::replan(&plan_now, &r.cuts);
             let moved = moved_plan.roles();
-            // Every stage must fit its device's memory at the new cuts (as
-            // the search already checked from the all-reduced capacities),
-            // or all keep the old ones; the plan is valid by construction,
-            // checked all the same.
-            let fits = moved_plan.validate(cfg, t.global_batch).is_ok()
-                && memory::check_role(
-                    cfg,
-                    t.precision,
-                    &moved[rank],
-                    opts.schedule,
-                    opts.run_ahead,
-                    &device,
-                )
-                .is_ok();
-            let mut unfit = [f32::from(u8::from(!fits))];
-            all_reduce_f32(Some(&mut **j), &mut unfit)?;
-            if unfit[0] == 0.0 {
-                let old = std::mem::take(&mut roles);
-                let moving = Instant::now();
-                stage = tracer.span(
-                    || "move the pipeline's cuts".into(),
-                    "recut",
-                    || recut::move_stage(stage, &old, &moved, rank, j, t.seed),
-                )?;
-                roles = moved;
-                role = roles[rank].clone();
-                reducer = Reducer::new(&stage, &role, &dp, opts.overlap_reduction)?;
-                plan_now = moved_plan;
-                // The speeds measured at the old cuts say nothing of the new.
-                rebalancer = opts.rebalance_every.map(rebalance::Rebalancer::new);
-                if rank == 0 && opts.log_every > 0 {
-                    println!(
-                        "step {step:>5}: the pipeline's cuts moved by measured speed: {} (the \
-                         slowest stage took {:.1} ms a micro-batch; {:.1} predicted at these \
-                         cuts; moved in {:.0} ms)",
-                        plan_now.describe(),
-                        r.now * 1e3,
-                        r.slowest * 1e3,
-                        moving.elapsed().as_secs_f64() * 1e3
-                    );
-                }
-                summary.recuts.push((step, plan_now.describe()));
-            } else if rank == 0 && !said_unfit {
-                said_unfit = true;
-                eprintln!(
-                    "step {step}: the pipeline's measured speeds ask for the cuts {} (the slowest \
-                     stage took {:.1} ms a micro-batch; {:.1} predicted at those cuts), but a \
-                     stage would not fit its device's memory there: the cuts stay",
-                    moved_plan.describe(),
+            let old = std::mem::take(&mut roles);
+            let moving = Instant::now();
+            stage = tracer.span(
+                || "move the pipeline's cuts".into(),
+                "recut",
+                || recut::move_stage(stage, &old, &moved, rank, j, t.seed),
+            )?;
+            roles = moved;
+            role = roles[rank].clone();
+            reducer = Reducer::new(&stage, &role, &dp, opts.overlap_reduction)?;
+            plan_now = moved_plan;
+            // The speeds measured at the old cuts say nothing of the new.
+            rebalancer = opts.rebalance_every.map(rebalance::Rebalancer::new);
+            if rank == 0 && opts.log_every > 0 {
+                println!(
+                    "step {step:>5}: the pipeline's cuts moved by measured speed: {} (the \
+                     slowest stage took {:.1} ms a micro-batch; {:.1} predicted at these \
+                     cuts; moved in {:.0} ms)",
+                    plan_now.describe(),
                     r.now * 1e3,
-                    r.slowest * 1e3
+                    r.slowest * 1e3,
+                    moving.elapsed().as_secs_f64() * 1e3
                 );
             }
+            summary.recuts.push((step, plan_now.describe()));
         }
     }
     if start >= end
