@@ -106,20 +106,26 @@ impl TensorSpec {
     /// [`Self::bytes`] of its values rotated left by `by` elements (other
     /// values, each of which the tensor can hold).
     pub fn bytes_rotated(&self, by: usize) -> Vec<u8> {
-        fn rotated<T: Clone>(v: &[T], by: usize) -> Vec<T> {
-            let mut v = v.to_vec();
-            if let Some(by) = by.checked_rem(v.len()) {
-                v.rotate_left(by);
-            }
-            v
+        // The values from `by` on, then those before it: no rotated copy.
+        fn halves<T>(v: &[T], by: usize) -> [&[T]; 2] {
+            let by = by.checked_rem(v.len()).unwrap_or(0);
+            [&v[by..], &v[..by]]
         }
+        let size = self.dtype.size();
+        let mut out = Vec::with_capacity(self.values.len() * size);
         match &self.exact_bits {
-            Some(exact) => rotated(exact, by)
-                .iter()
-                .flat_map(|&x| element_bytes(self.dtype.size(), x))
-                .collect(),
-            None => crate::values::to_bytes(self.dtype, &rotated(&self.values, by)),
+            Some(exact) => {
+                for &x in halves(exact, by).into_iter().flatten() {
+                    push_element_bytes(&mut out, size, x);
+                }
+            }
+            None => {
+                for part in halves(&self.values, by) {
+                    crate::values::to_bytes_into(self.dtype, part, &mut out);
+                }
+            }
         }
+        out
     }
 
     /// The tensor as the reference sees it.
@@ -134,11 +140,18 @@ impl TensorSpec {
 /// The native-endian bytes of one element of `size` bytes whose bits are
 /// the low bits of `bits`.
 pub fn element_bytes(size: usize, bits: i64) -> Vec<u8> {
+    let mut out = Vec::with_capacity(size);
+    push_element_bytes(&mut out, size, bits);
+    out
+}
+
+/// [`element_bytes`] appended to `out`.
+fn push_element_bytes(out: &mut Vec<u8>, size: usize, bits: i64) {
     match size {
-        1 => vec![bits as u8],
-        2 => (bits as u16).to_ne_bytes().to_vec(),
-        4 => (bits as u32).to_ne_bytes().to_vec(),
-        _ => bits.to_ne_bytes().to_vec(),
+        1 => out.push(bits as u8),
+        2 => out.extend_from_slice(&(bits as u16).to_ne_bytes()),
+        4 => out.extend_from_slice(&(bits as u32).to_ne_bytes()),
+        _ => out.extend_from_slice(&bits.to_ne_bytes()),
     }
 }
 

@@ -93,12 +93,28 @@ fn upload(
     poison: u8,
     warm_up: bool,
 ) -> polychip_host::Result<Uploaded> {
-    let placement = Placement::new(&spec.shape, spec.layout).with_lead(usize::from(warm_up));
-    let elements = match spec.role {
+    upload_elements(device, spec, &elements(spec, poison), warm_up)
+}
+
+/// The bytes of `spec`'s elements before a call: its values, or `poison`
+/// in every byte of an output.
+fn elements(spec: &TensorSpec, poison: u8) -> Vec<u8> {
+    match spec.role {
         Role::Output => vec![poison; numel(&spec.shape) * spec.dtype.size()],
         Role::Input | Role::InOut => spec.bytes(),
-    };
-    let written = placement.fill(spec.dtype.size(), &elements);
+    }
+}
+
+/// [`upload`] of elements already encoded ([`elements`]): a case called
+/// again and again encodes its values once.
+fn upload_elements(
+    device: &Device,
+    spec: &TensorSpec,
+    elements: &[u8],
+    warm_up: bool,
+) -> polychip_host::Result<Uploaded> {
+    let placement = Placement::new(&spec.shape, spec.layout).with_lead(usize::from(warm_up));
+    let written = placement.fill(spec.dtype.size(), elements);
     let buffer = device.empty(spec.dtype, &[placement.buffer_len as i64])?;
     buffer.write_bytes(&written)?;
     let view = buffer.as_strided(
@@ -224,6 +240,14 @@ fn concurrent_problem(device: &Device, case: &Case, factor: f64) -> Option<Strin
     let expected = (case.reference)(&dense).ok()?;
     let threads = concurrent_threads();
     let barrier = std::sync::Barrier::new(threads);
+    let encoded: Vec<Vec<u8>> = case
+        .tensors
+        .iter()
+        .map(|spec| match spec.alias_of {
+            Some(_) => Vec::new(),
+            None => elements(spec, POISON_BYTE),
+        })
+        .collect();
     // One thread's calls: the problems of each, with its round.
     let calls = |thread: usize| -> Vec<String> {
         let stream = device.stream();
@@ -232,9 +256,10 @@ fn concurrent_problem(device: &Device, case: &Case, factor: f64) -> Option<Strin
             let uploaded: Result<Vec<Option<Uploaded>>, HostError> = case
                 .tensors
                 .iter()
-                .map(|spec| match spec.alias_of {
+                .zip(&encoded)
+                .map(|(spec, bytes)| match spec.alias_of {
                     Some(_) => Ok(None),
-                    None => upload(device, spec, POISON_BYTE, false).map(Some),
+                    None => upload_elements(device, spec, bytes, false).map(Some),
                 })
                 .collect();
             // Every thread waits once a round, whatever failed, so that

@@ -45,21 +45,33 @@ pub fn round_to(dtype: DType, x: f64) -> f64 {
 /// Native-endian bytes of `values` in `dtype` (rounding as [`round_to`]).
 pub fn to_bytes(dtype: DType, values: &[f64]) -> Vec<u8> {
     let mut out = Vec::with_capacity(values.len() * dtype.size());
-    for &x in values {
-        match dtype {
-            DType::F64 => out.extend_from_slice(&x.to_ne_bytes()),
-            DType::F32 => out.extend_from_slice(&(x as f32).to_ne_bytes()),
-            DType::F16 => out.extend_from_slice(&f16::from_f32(f32_round_to_odd(x)).to_ne_bytes()),
-            DType::BF16 => {
-                out.extend_from_slice(&bf16::from_f32(f32_round_to_odd(x)).to_ne_bytes())
-            }
-            DType::I32 => out.extend_from_slice(&(x as i32).to_ne_bytes()),
-            DType::I64 => out.extend_from_slice(&(x as i64).to_ne_bytes()),
-            DType::U8 => out.push(x as u8),
-            DType::Bool => out.push(u8::from(x != 0.0)),
+    to_bytes_into(dtype, values, &mut out);
+    out
+}
+
+/// [`to_bytes`] appended to `out`.
+pub fn to_bytes_into(dtype: DType, values: &[f64], out: &mut Vec<u8>) {
+    // One loop per dtype (the dtype matched once, not per element).
+    fn each<const N: usize>(values: &[f64], out: &mut Vec<u8>, f: impl Fn(f64) -> [u8; N]) {
+        out.reserve(values.len() * N);
+        for &x in values {
+            out.extend_from_slice(&f(x));
         }
     }
-    out
+    match dtype {
+        DType::F64 => each(values, out, f64::to_ne_bytes),
+        DType::F32 => each(values, out, |x| (x as f32).to_ne_bytes()),
+        DType::F16 => each(values, out, |x| {
+            f16::from_f32(f32_round_to_odd(x)).to_ne_bytes()
+        }),
+        DType::BF16 => each(values, out, |x| {
+            bf16::from_f32(f32_round_to_odd(x)).to_ne_bytes()
+        }),
+        DType::I32 => each(values, out, |x| (x as i32).to_ne_bytes()),
+        DType::I64 => each(values, out, |x| (x as i64).to_ne_bytes()),
+        DType::U8 => each(values, out, |x| [x as u8]),
+        DType::Bool => each(values, out, |x| [u8::from(x != 0.0)]),
+    }
 }
 
 /// Decodes native-endian bytes of `dtype` into f64 values.

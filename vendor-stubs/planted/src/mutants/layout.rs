@@ -94,6 +94,19 @@ fn collapses_to_gaps(shape: &[i64], strides: &[i64]) -> bool {
 /// the padding that `Planted::alloc` adds around every allocation (or in
 /// the caller's guard zone, which is the point).
 pub unsafe fn after(op: &str, out: &View<'_>) {
+    // Every element's address only where a bug of this operator is
+    // planted (gathered for every call of every operator, they were a
+    // quarter of a conformance run's time with no bug planted).
+    let planted = match op {
+        "add" => is(Bug::AddWritesOnePastEnd),
+        "embedding" => is(Bug::EmbeddingHalfPairStorePastEnd),
+        "neg" => is(Bug::NegZeroesElementBefore),
+        "gelu_backward" => is(Bug::GeluBackwardWritesGaps),
+        _ => false,
+    };
+    if !planted {
+        return;
+    }
     let size = out.dtype.size();
     let addrs = elems::addresses(out);
     let (Some(&first), Some(&last)) = (addrs.iter().min(), addrs.iter().max()) else {
