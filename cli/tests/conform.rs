@@ -170,28 +170,7 @@ fn bad_arguments_are_usage_errors() {
 fn implements_and_passes_every_operator_in_every_dtype(name: &str) {
     let (code, text, doc) = conform(&["--plugin", &plugin(name)]);
     assert_eq!(code, 0, "{name}:\n{text}");
-    assert_eq!(doc["failures"].as_array().unwrap().len(), 0, "{name}");
-    let rows = doc["rows"].as_array().unwrap();
-    let ops: std::collections::HashSet<&str> =
-        rows.iter().map(|r| r["op"].as_str().unwrap()).collect();
-    assert_eq!(
-        ops.len(),
-        polychip_host::ffi::OP_COUNT,
-        "{name}: every operator of the ABI is tested"
-    );
-    for r in rows {
-        assert_eq!(
-            r["not_implemented"], 0,
-            "{name} implements {} {}",
-            r["op"], r["dtype"]
-        );
-        assert!(
-            r["passed"].as_u64().unwrap() > 0,
-            "{name}: {} {} ran no case",
-            r["op"],
-            r["dtype"]
-        );
-    }
+    common::assert_passes_every_operator(name, &doc);
 }
 
 #[test]

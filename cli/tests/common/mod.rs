@@ -65,6 +65,35 @@ pub fn conform_report(args: &[&str], env: &[(&str, &str)]) -> (i32, String, serd
     (out.status.code().unwrap_or(-1), text, doc)
 }
 
+/// A conformance report (`doc`, of plugin `name`) with no failure, every
+/// operator of the ABI tested, each (operator, dtype) implemented and
+/// running a case at least.
+#[allow(dead_code)]
+pub fn assert_passes_every_operator(name: &str, doc: &serde_json::Value) {
+    assert_eq!(doc["failures"].as_array().unwrap().len(), 0, "{name}");
+    let rows = doc["rows"].as_array().unwrap();
+    let ops: std::collections::HashSet<&str> =
+        rows.iter().map(|r| r["op"].as_str().unwrap()).collect();
+    assert_eq!(
+        ops.len(),
+        polychip_host::ffi::OP_COUNT,
+        "{name}: every operator of the ABI is tested"
+    );
+    for r in rows {
+        assert_eq!(
+            r["not_implemented"], 0,
+            "{name} implements {} {}",
+            r["op"], r["dtype"]
+        );
+        assert!(
+            r["passed"].as_u64().unwrap() > 0,
+            "{name}: {} {} ran no case",
+            r["op"],
+            r["dtype"]
+        );
+    }
+}
+
 /// Compiles `tests/c/broken_plugin.c` with `-D<variant>` into a plugin (once
 /// per variant and test process), under the test's scratch directory.
 #[allow(dead_code)]
