@@ -801,26 +801,41 @@ fn tcp_an_untaken_send_to_a_departed_rank_fails_the_next_call() {
 
 /// Sets up `ranks` ((rank, world) each) over shared memory as threads and
 /// makes one all-reduce of 1 each: each rank's result (the sum, or the
-/// error's words) and how long it took.
+/// error's words) and how long it took. A rank whose all-reduce succeeded
+/// keeps its transport until every thread's set-up has returned (at most
+/// `timeout`): a thread started late on a loaded machine (CI, once) then
+/// still meets the job running, not a job that has ended and removed its
+/// files.
 fn shm_ranks(ranks: &[(usize, usize)], timeout: Duration) -> Vec<(Result<i64, String>, Duration)> {
     let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let set_up = std::sync::atomic::AtomicUsize::new(0);
     thread::scope(|s| {
         let handles: Vec<_> = ranks
             .iter()
             .map(|&(r, w)| {
-                let store = store.clone();
+                let (store, set_up) = (store.clone(), &set_up);
                 s.spawn(move || {
                     let start = Instant::now();
                     let t = ShmTransport::new(&*store, r, w, timeout);
+                    set_up.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                     let sum = t
                         .and_then(|t| Communicator::new(Arc::new(t)))
                         .and_then(|mut c| {
                             c.set_timeout(timeout);
                             let mut b = 1i64.to_ne_bytes().to_vec();
                             c.all_reduce(&mut b, DType::I64, ReduceOp::Sum)?;
-                            Ok(i64::from_ne_bytes(b[..].try_into().unwrap()))
+                            let took = start.elapsed();
+                            while set_up.load(std::sync::atomic::Ordering::SeqCst) < ranks.len()
+                                && start.elapsed() < timeout
+                            {
+                                thread::sleep(Duration::from_millis(1));
+                            }
+                            Ok((i64::from_ne_bytes(b[..].try_into().unwrap()), took))
                         });
-                    (sum.map_err(|e| e.to_string()), start.elapsed())
+                    match sum {
+                        Ok((sum, took)) => (Ok(sum), took),
+                        Err(e) => (Err(e.to_string()), start.elapsed()),
+                    }
                 })
             })
             .collect();
