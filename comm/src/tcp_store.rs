@@ -870,8 +870,14 @@ fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
                             thread_shared.left.notify_all();
                         }
                     });
-                if spawned.is_err() {
+                if let Err(e) = &spawned {
+                    // The connection closes; a rank's client retries
+                    // until its deadline, so this delays it, and says why.
                     shared.handshake_over(id);
+                    shared.note_refusal(format_args!(
+                        "dropped a connection from {peer}: could not start a thread to serve \
+                         it ({e}); the client retries"
+                    ));
                 }
                 if let Ok(handle) = spawned {
                     let mut clients = shared.clients.lock().unwrap_or_else(|e| e.into_inner());
