@@ -68,12 +68,17 @@ fn every_operator_slot_is_implemented() {
     }
 }
 
-#[test]
-fn conform_passes_every_case_of_every_operator() {
+/// `polychip conform` on the OpenCL device passes every case of every
+/// operator whose name begins with a letter from `lo` to `hi`, each in
+/// every dtype the spec lists, every one implemented. Two tests of half
+/// the operators each, so that the two halves run side by side (the
+/// whole suite on PoCL took a core for a minute).
+fn conform_passes_every_case_of(lo: char, hi: char) {
     let Some(plugin) = opencl() else {
         return;
     };
-    let (code, text, doc) = conform_report(&["--plugin", &plugin], &[]);
+    let ops = format!("^[{lo}-{hi}]");
+    let (code, text, doc) = conform_report(&["--plugin", &plugin, "--ops", &ops], &[]);
     let rows = doc["rows"]
         .as_array()
         .unwrap_or_else(|| panic!("no report: {text}"));
@@ -93,12 +98,31 @@ fn conform_passes_every_case_of_every_operator() {
     );
     assert_eq!(total("not_implemented"), 0, "{text}");
     assert_eq!(total("skipped"), 0, "{text}");
-    assert!(total("passed") > 4000, "{text}");
-    // Every operator of the ABI, each in every dtype the spec lists.
-    let ops: std::collections::BTreeSet<&str> =
+    assert!(total("passed") > 2000, "{text}");
+    // Every operator of the ABI in the range (the device lists them all,
+    // `every_operator_slot_is_implemented`).
+    let (devices, _) = devices_of(&plugin);
+    let all = devices["devices"][0]["ops_implemented"].as_array().unwrap();
+    let first = |name: &str| name.chars().next().unwrap_or_default();
+    let want: std::collections::BTreeSet<&str> = all
+        .iter()
+        .map(|o| o.as_str().unwrap())
+        .filter(|o| (lo..=hi).contains(&first(o)))
+        .collect();
+    let ran: std::collections::BTreeSet<&str> =
         rows.iter().map(|r| r["op"].as_str().unwrap()).collect();
-    assert_eq!(ops.len(), polychip_host::ffi::OP_COUNT, "{ops:?}");
+    assert_eq!(ran, want, "{ops}");
     assert_eq!(code, 0, "{text}");
+}
+
+#[test]
+fn conform_passes_every_case_of_the_operators_a_to_l() {
+    conform_passes_every_case_of('a', 'l');
+}
+
+#[test]
+fn conform_passes_every_case_of_the_operators_m_to_z() {
+    conform_passes_every_case_of('m', 'z');
 }
 
 /// The row kernels (reductions, softmax, norms, the key sort of embedding
