@@ -195,8 +195,8 @@ pub fn compare(
     };
     let mut worst: Option<Worst> = None;
     // The exact value rounded to the dtype is needed only to judge a pure
-    // rounding or an integer output (and to report a failure): rounding
-    // every element of a float output was an eighth of a whole run.
+    // rounding or an integer output (and to report a failure), not for
+    // every element of every float output.
     let float = dtype.is_float();
     let needs_rounding = pure || !float;
     for (i, (&g, &x)) in got.iter().zip(exact).enumerate() {
