@@ -343,4 +343,31 @@ mod tests {
                 .contains("gap")
         );
     }
+
+    #[test]
+    fn a_compact_views_guards_are_its_two_ends_counted_by_element() {
+        // Four-byte elements: one byte changed counts its element once.
+        let p = Placement::new(&[3, 2], Layout::Contiguous);
+        let elements: Vec<u8> = (0..24).collect();
+        let buffer = p.fill(4, &elements);
+        let mut after = buffer.clone();
+        // Every element of the view rewritten: no damage.
+        for b in &mut after[GUARD * 4..(GUARD + 6) * 4] {
+            *b = 0xee;
+        }
+        assert_eq!(p.guard_damage(4, &buffer, &after), None);
+        // Two elements after the end (one byte of each), one before.
+        after[(GUARD + 6) * 4 + 3] ^= 1;
+        after[(GUARD + 8) * 4] ^= 1;
+        after[(GUARD - 2) * 4 + 1] ^= 1;
+        let (count, first) = p.guard_damage(4, &buffer, &after).unwrap();
+        assert_eq!(count, 3);
+        assert!(first.contains("2 element(s) before its first"), "{first}");
+        // An empty view: the whole buffer is guard.
+        let empty = Placement::new(&[0, 4], Layout::Contiguous);
+        let buffer = empty.fill(2, &[]);
+        let mut after = buffer.clone();
+        *after.last_mut().unwrap() ^= 1;
+        assert_eq!(empty.guard_damage(2, &buffer, &after).unwrap().0, 1);
+    }
 }
