@@ -38,10 +38,16 @@ fn devices_of(plugin: &str) -> (serde_json::Value, String) {
 
 /// The plugin's path, when the machine has an OpenCL device.
 fn opencl() -> Option<String> {
+    opencl_devices().map(|(plugin, _)| plugin)
+}
+
+/// The plugin's path and its `polychip devices --json`, when the machine
+/// has an OpenCL device.
+fn opencl_devices() -> Option<(String, serde_json::Value)> {
     let plugin = built_plugin(PLUGIN);
     let (doc, err) = devices_of(&plugin);
     if doc["devices"].as_array().is_some_and(|d| !d.is_empty()) {
-        return Some(plugin);
+        return Some((plugin, doc));
     }
     let why =
         format!("no OpenCL device (install a driver: scripts/install-deps installs PoCL): {err}");
@@ -74,7 +80,7 @@ fn every_operator_slot_is_implemented() {
 /// the operators each, so that the two halves run side by side (the
 /// whole suite on PoCL took a core for a minute).
 fn conform_passes_every_case_of(lo: char, hi: char) {
-    let Some(plugin) = opencl() else {
+    let Some((plugin, devices)) = opencl_devices() else {
         return;
     };
     let ops = format!("^[{lo}-{hi}]");
@@ -101,7 +107,6 @@ fn conform_passes_every_case_of(lo: char, hi: char) {
     assert!(total("passed") > 2000, "{text}");
     // Every operator of the ABI in the range (the device lists them all,
     // `every_operator_slot_is_implemented`).
-    let (devices, _) = devices_of(&plugin);
     let all = devices["devices"][0]["ops_implemented"].as_array().unwrap();
     let first = |name: &str| name.chars().next().unwrap_or_default();
     let want: std::collections::BTreeSet<&str> = all

@@ -137,15 +137,8 @@ impl TensorSpec {
     }
 }
 
-/// The native-endian bytes of one element of `size` bytes whose bits are
-/// the low bits of `bits`.
-pub fn element_bytes(size: usize, bits: i64) -> Vec<u8> {
-    let mut out = Vec::with_capacity(size);
-    push_element_bytes(&mut out, size, bits);
-    out
-}
-
-/// [`element_bytes`] appended to `out`.
+/// Appends the native-endian bytes of one element of `size` bytes whose
+/// bits are the low bits of `bits`.
 fn push_element_bytes(out: &mut Vec<u8>, size: usize, bits: i64) {
     match size {
         1 => out.push(bits as u8),
@@ -156,7 +149,7 @@ fn push_element_bytes(out: &mut Vec<u8>, size: usize, bits: i64) {
 }
 
 /// The bits of one element of `bytes.len()` bytes (native-endian),
-/// zero-extended: the inverse of [`element_bytes`].
+/// zero-extended: the inverse of [`push_element_bytes`].
 pub fn element_bits(bytes: &[u8]) -> i64 {
     match *bytes {
         [b] => i64::from(b),

@@ -141,17 +141,11 @@ fn rms(values: impl Iterator<Item = f64> + Clone) -> f64 {
     // Scaled by the largest (no square overflows); by its reciprocal where
     // that is finite (a division per element was most of this pass).
     let inv = 1.0 / max;
-    let sum: f64 = if inv.is_finite() {
-        values
-            .filter(|w| w.is_finite())
-            .map(|w| (w * inv) * (w * inv))
-            .sum()
-    } else {
-        values
-            .filter(|w| w.is_finite())
-            .map(|w| (w / max) * (w / max))
-            .sum()
-    };
+    let scaled = |w: f64| if inv.is_finite() { w * inv } else { w / max };
+    let sum: f64 = values
+        .filter(|w| w.is_finite())
+        .map(|w| scaled(w) * scaled(w))
+        .sum();
     max * (sum / count as f64).sqrt()
 }
 

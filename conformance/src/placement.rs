@@ -194,70 +194,56 @@ impl Placement {
         before: &[u8],
         after: &[u8],
     ) -> Option<(usize, String)> {
-        // The view's elements as covered runs of the buffer: one run for a
-        // compact view (its guards are the two ends), else every position
-        // marked. Only what lies between the runs is compared, a run at a
-        // time, and element by element only where a run changed (comparing
-        // every element alone was a tenth of a whole conformance run).
-        let (covered, first, last) = if self.is_compact() {
-            let end = self.offset + self.numel();
-            (None, self.offset, end.max(self.offset + 1) - 1)
+        // The buffer's guard elements as runs `(from, to)`: a compact view's
+        // two ends, else the runs between the positions the view reaches.
+        // Each run is compared whole, and element by element only where it
+        // changed (comparing every element alone was a tenth of a whole
+        // conformance run).
+        let (runs, first, last) = if self.is_compact() {
+            let (start, end) = (self.offset, self.offset + self.numel());
+            let runs = vec![(0, start), (end, self.buffer_len)];
+            (runs, start, end.max(start + 1) - 1)
         } else {
             let mut covered = vec![false; self.buffer_len];
-            let (mut first, mut last) = (usize::MAX, 0);
             for p in self.positions() {
                 covered[p] = true;
-                first = first.min(p);
-                last = last.max(p);
             }
-            if first == usize::MAX {
-                (first, last) = (GUARD, GUARD);
+            let first = covered.iter().position(|&c| c).unwrap_or(GUARD);
+            let last = covered.iter().rposition(|&c| c).unwrap_or(GUARD);
+            let mut runs = Vec::new();
+            let mut p = 0;
+            for run in covered.chunk_by(|a, b| a == b) {
+                if !run[0] {
+                    runs.push((p, p + run.len()));
+                }
+                p += run.len();
             }
-            (Some(covered), first, last)
+            (runs, first, last)
         };
-        let (start, end) = (self.offset, self.offset + self.numel());
-        let is_element = |p: usize| match &covered {
-            Some(c) => c[p],
-            None => p >= start && p < end,
+        let same = |from: usize, to: usize| {
+            before[from * size..to * size] == after[from * size..to * size]
         };
         let mut count = 0;
         let mut where_ = None;
-        let mut p = 0;
-        while p < self.buffer_len {
-            if covered.is_none() && p == start && end > start {
-                p = end;
+        for (from, to) in runs {
+            if same(from, to) {
                 continue;
             }
-            if is_element(p) {
-                p += 1;
-                continue;
-            }
-            // A run of guard elements, p..q.
-            let mut q = p + 1;
-            while q < self.buffer_len && !is_element(q) {
-                q += 1;
-            }
-            if before[p * size..q * size] != after[p * size..q * size] {
-                for e in p..q {
-                    if before[e * size..(e + 1) * size] == after[e * size..(e + 1) * size] {
-                        continue;
+            for e in (from..to).filter(|&e| !same(e, e + 1)) {
+                count += 1;
+                where_.get_or_insert_with(|| {
+                    if e < first {
+                        format!("{} element(s) before its first element", first - e)
+                    } else if e > last {
+                        format!("{} element(s) after its last element", e - last)
+                    } else {
+                        format!(
+                            "in a gap between its elements ({} element(s) after its first)",
+                            e - first
+                        )
                     }
-                    count += 1;
-                    if where_.is_none() {
-                        where_ = Some(if e < first {
-                            format!("{} element(s) before its first element", first - e)
-                        } else if e > last {
-                            format!("{} element(s) after its last element", e - last)
-                        } else {
-                            format!(
-                                "in a gap between its elements ({} element(s) after its first)",
-                                e - first
-                            )
-                        });
-                    }
-                }
+                });
             }
-            p = q;
         }
         where_.map(|w| (count, w))
     }

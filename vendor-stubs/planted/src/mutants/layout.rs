@@ -94,17 +94,17 @@ fn collapses_to_gaps(shape: &[i64], strides: &[i64]) -> bool {
 /// the padding that `Planted::alloc` adds around every allocation (or in
 /// the caller's guard zone, which is the point).
 pub unsafe fn after(op: &str, out: &View<'_>) {
-    // Every element's address only where a bug of this operator is
-    // planted (gathered for every call of every operator, they were a
-    // quarter of a conformance run's time with no bug planted).
-    let planted = match op {
-        "add" => is(Bug::AddWritesOnePastEnd),
-        "embedding" => is(Bug::EmbeddingHalfPairStorePastEnd),
-        "neg" => is(Bug::NegZeroesElementBefore),
-        "gelu_backward" => is(Bug::GeluBackwardWritesGaps),
-        _ => false,
+    // The operator's bug of this kind, and the elements' addresses only
+    // where it is planted (gathered for every call of every operator, they
+    // were a quarter of a conformance run's time with no bug planted).
+    let bug = match op {
+        "add" => Bug::AddWritesOnePastEnd,
+        "embedding" => Bug::EmbeddingHalfPairStorePastEnd,
+        "neg" => Bug::NegZeroesElementBefore,
+        "gelu_backward" => Bug::GeluBackwardWritesGaps,
+        _ => return,
     };
-    if !planted {
+    if !is(bug) {
         return;
     }
     let size = out.dtype.size();
@@ -112,25 +112,23 @@ pub unsafe fn after(op: &str, out: &View<'_>) {
     let (Some(&first), Some(&last)) = (addrs.iter().min(), addrs.iter().max()) else {
         return;
     };
-    match op {
-        "add" if is(Bug::AddWritesOnePastEnd) => {
+    match bug {
+        Bug::AddWritesOnePastEnd => {
             // The element just after the highest one in memory.
             // SAFETY: see the function's contract.
             unsafe { last.add(size).write_bytes(0x3f, size) };
         }
         // 16-bit elements stored in pairs: an odd count's last pair runs
         // one element past the highest one.
-        "embedding"
-            if is(Bug::EmbeddingHalfPairStorePastEnd) && size == 2 && addrs.len() % 2 == 1 =>
-        {
+        Bug::EmbeddingHalfPairStorePastEnd if size == 2 && addrs.len() % 2 == 1 => {
             // SAFETY: see the function's contract.
             unsafe { last.add(size).write_bytes(0, size) };
         }
-        "neg" if is(Bug::NegZeroesElementBefore) => {
+        Bug::NegZeroesElementBefore => {
             // SAFETY: see the function's contract.
             unsafe { first.sub(size).write_bytes(0, size) };
         }
-        "gelu_backward" if is(Bug::GeluBackwardWritesGaps) => {
+        Bug::GeluBackwardWritesGaps => {
             let written: std::collections::HashSet<usize> =
                 addrs.iter().map(|&p| p as usize).collect();
             for &p in &addrs {
