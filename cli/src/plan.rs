@@ -1,6 +1,6 @@
 //! `polychip plan --cluster FILE --model PRESET_OR_FILE [--global-batch N]
 //! [--dtype bf16] [--recompute none|selective|full] [--shard-optimizer] [--half-gradients]
-//! [--no-flash-attention] [--schedule 1f1b|zero-bubble]
+//! [--no-flash-attention] [--schedule 1f1b|1f1b-deferred|zero-bubble|gpipe]
 //! [--profile FILE] [--exhaustive] [--json] [--trace out.json]`: runs the
 //! HeteroAuto search (`polychip_planner::search`) and prints the plan as a
 //! table (or JSON), optionally writing a Chrome trace of its simulated
@@ -86,8 +86,8 @@ pub struct Args {
     #[arg(long)]
     no_sequence_parallel: bool,
     /// The pipelines' schedule: 1f1b (Megatron-LM's and DeepSpeed's, the
-    /// default), zero-bubble (`polychip train --schedule zero-bubble`) or
-    /// gpipe (all forward passes, then all backward passes: PyTorch's
+    /// default), 1f1b-deferred and zero-bubble (as `polychip train
+    /// --schedule` runs them) or gpipe (all forward passes, then all backward passes: PyTorch's
     /// `ScheduleGPipe`; more activations held).
     /// With --evaluate it overrides the plan file's `schedule`.
     #[arg(long, value_name = "SCHEDULE")]

@@ -175,14 +175,18 @@ pub struct Args {
     /// way; this is for comparison.
     #[arg(long)]
     blocking_sends: bool,
-    /// The pipeline schedule: `1f1b`, or `zero-bubble`, which sends each
-    /// input gradient before computing the weights' gradients and runs
+    /// The pipeline schedule: `1f1b`; `1f1b-deferred`, 1f1b whose stages
+    /// after the first send the input gradients of their last two
+    /// micro-batches before computing those weights' gradients, at the end
+    /// of the step, so that the pipeline drains sooner (the last stage
+    /// holds one micro-batch more at its end); `zero-bubble`, which does so
+    /// for every micro-batch, each weights' pass right after, and runs
     /// deeper warm-up, so that a stage waits less (it keeps more
-    /// activations, and needs queued sends), or `gpipe` (every forward pass,
-    /// then every backward pass: the same bubble as 1f1b, and the
+    /// activations, and needs queued sends); or `gpipe` (every forward
+    /// pass, then every backward pass: the same bubble as 1f1b, and the
     /// activations of every micro-batch held). The results are the same
-    /// bits. Default: the plan's; `--plan auto` prices 1f1b and zero-bubble
-    /// and takes the faster; otherwise 1f1b.
+    /// bits. Default: the plan's; `--plan auto` prices 1f1b, 1f1b-deferred
+    /// and zero-bubble and takes the fastest; otherwise 1f1b.
     #[arg(long, value_name = "SCHEDULE")]
     schedule: Option<PipelineSchedule>,
     /// How far each pipeline stage may run ahead of the next, as a multiple

@@ -708,6 +708,9 @@ fn the_overlapped_reduction_gives_the_same_bits_and_starts_inside_the_backward_p
         // one's weights' gradients start the reduction.
         let split = run("zero-bubble", &["--schedule", "zero-bubble"]);
         assert_eq!(overlapped, split, "{precision}");
+        // Its last two split, their weights' gradients last: the same sums.
+        let deferred = run("deferred", &["--schedule", "1f1b-deferred"]);
+        assert_eq!(overlapped, deferred, "{precision}");
         // Every forward pass first, then every backward pass: the same sums.
         let gpipe = run("gpipe", &["--schedule", "gpipe"]);
         assert_eq!(overlapped, gpipe, "{precision}");
@@ -789,6 +792,13 @@ fn the_sender_thread_gives_the_same_bits_and_draws_its_own_row() {
         // the same tensors, each gradient accumulated in the same order.
         let split = run(&format!("{precision}-zb"), &["--schedule", "zero-bubble"]);
         assert_eq!(queued, split, "{precision}");
+        // The last two passes split, with blocking sends (1F1B's order of
+        // receives and sends, so no deadlock): the same bits.
+        let deferred = run(
+            &format!("{precision}-deferred"),
+            &["--schedule", "1f1b-deferred", "--blocking-sends"],
+        );
+        assert_eq!(queued, deferred, "{precision}");
     }
     let events = |tag: &str| -> Vec<serde_json::Value> {
         let v = read_json(trace(tag));
@@ -1432,11 +1442,12 @@ fn the_pipeline_search_writes_the_schedule_it_priced_into_the_plan() {
         let v = read_json(&plan);
         (p, v, err)
     };
-    // Both schedules priced: the plan names the one its prediction is for,
+    // Every schedule priced: the plan names the one its prediction is for,
     // and the plan line shows it.
     let (p, v, err) = plan_with("either", &[]);
     let chosen = v["schedule"].as_str().unwrap().to_string();
-    assert!(["1f1b", "zero-bubble"].contains(&chosen.as_str()), "{v}");
+    let all = ["1f1b", "1f1b-deferred", "zero-bubble"];
+    assert!(all.contains(&chosen.as_str()), "{v}");
     // Running ahead as far as `--plan auto` lets a pipeline where memory
     // allows (it does here), shown on the plan line; not where its two
     // ranks would share a core.
@@ -1459,7 +1470,9 @@ fn the_pipeline_search_writes_the_schedule_it_priced_into_the_plan() {
     let (_, v, _) = plan_with("zb", &["--schedule", "zero-bubble"]);
     assert_eq!(v["schedule"], "zero-bubble");
     let (_, v, _) = plan_with("blocking", &["--blocking-sends"]);
-    assert_eq!(v["schedule"], "1f1b");
+    assert!(all[..2].contains(&v["schedule"].as_str().unwrap()), "{v}");
+    let (_, v, _) = plan_with("deferred", &["--schedule", "1f1b-deferred"]);
+    assert_eq!(v["schedule"], "1f1b-deferred");
     // The plan's schedule runs; a zero-bubble plan with blocking sends is
     // refused, naming what to change.
     assert_eq!(curve(&dir, "run", &["--steps", "1", "--plan", &p]).len(), 1);

@@ -513,7 +513,13 @@ fn held_factors(
     k: usize,
     m: usize,
 ) -> (f64, f64) {
-    // Any run-ahead holds more than one where the schedule's own lead does.
+    // Any run-ahead holds more than one where the schedule's own lead
+    // does. Deferred weights hold one more on the last stage only at the
+    // step's end: its passes run as 1F1B's.
+    let schedule = match schedule {
+        PipelineSchedule::OneFOneBDeferred => PipelineSchedule::OneFOneB,
+        s => s,
+    };
     match schedule.in_flight(i, k, m, 1) > 1 {
         true => d.held(),
         false => (1.0, 1.0),

@@ -49,6 +49,19 @@ pub enum PipelineSchedule {
     /// phase's first (1F1B: `min(p - i - 1, m)`). `polychip train
     /// --schedule zero-bubble`.
     ZeroBubble,
+    /// 1F1B whose stages after the first defer the weights' gradients of
+    /// their last [`DEFERRED_WEIGHTS`] backward passes to the end of the
+    /// step: each of those passes computes the input's gradient and sends
+    /// it, and the weights' passes run after the stage's last one, while
+    /// the stages before it drain. The warm-up, the order of every other
+    /// pass and the memory of 1F1B (the last stage holds one micro-batch
+    /// more at its end); only these passes are split, where zero bubble
+    /// splits all (a split pass costs a CPU device 3-6% more than a whole
+    /// one). After the placement of weight passes in the cool-down of
+    /// ZB-H1 (Qi et al., 2024). `polychip train --schedule
+    /// 1f1b-deferred`.
+    #[serde(rename = "1f1b-deferred")]
+    OneFOneBDeferred,
     /// GPipe (Huang et al., 2019; `ScheduleGPipe` of PyTorch's pipelining):
     /// every forward pass of the step, then every backward pass, so each
     /// stage holds the activations of all `m` micro-batches. As fast as
@@ -64,8 +77,31 @@ impl PipelineSchedule {
         match self {
             PipelineSchedule::OneFOneB => "1f1b",
             PipelineSchedule::ZeroBubble => "zero-bubble",
+            PipelineSchedule::OneFOneBDeferred => "1f1b-deferred",
             PipelineSchedule::GPipe => "gpipe",
         }
+    }
+
+    /// Whether stage `stage` splits the backward pass of micro-batch `j`
+    /// (of `m`): computes the input's gradient, sends it, and computes the
+    /// weights' gradients apart. Zero bubble splits every pass of every
+    /// stage but the first (which sends no gradient), running each weights'
+    /// pass right after its input's; [`Self::OneFOneBDeferred`] the last
+    /// [`DEFERRED_WEIGHTS`] of those stages, running their weights' passes
+    /// after the stage's last backward pass ([`Self::defers_weights`]).
+    pub fn splits(self, stage: usize, j: usize, m: usize) -> bool {
+        match self {
+            PipelineSchedule::ZeroBubble => stage > 0,
+            PipelineSchedule::OneFOneBDeferred => stage > 0 && j + DEFERRED_WEIGHTS >= m,
+            PipelineSchedule::OneFOneB | PipelineSchedule::GPipe => false,
+        }
+    }
+
+    /// Whether the weights' passes of split backward passes run after the
+    /// stage's last backward pass ([`Self::OneFOneBDeferred`]) rather than
+    /// right after their own.
+    pub fn defers_weights(self) -> bool {
+        self == PipelineSchedule::OneFOneBDeferred
     }
 
     /// Forward passes stage `stage` of `stages` runs before its steady
@@ -78,7 +114,7 @@ impl PipelineSchedule {
         let depth = stages.saturating_sub(stage + 1);
         let lead = depth.saturating_mul(ahead.max(1));
         match self {
-            PipelineSchedule::OneFOneB => lead.min(m),
+            PipelineSchedule::OneFOneB | PipelineSchedule::OneFOneBDeferred => lead.min(m),
             PipelineSchedule::ZeroBubble => lead.saturating_mul(2).min(m),
             PipelineSchedule::GPipe => m.saturating_sub(1),
         }
@@ -87,12 +123,32 @@ impl PipelineSchedule {
     /// The micro-batches whose activations stage `stage` of `stages` holds
     /// at most (of `m`): those it has run forward before its first
     /// backward pass, and under a split one more, whose weights'
-    /// gradients still hold its inputs and output gradients.
+    /// gradients still hold its inputs and output gradients. Under
+    /// [`Self::OneFOneBDeferred`] the last stage (of two or more) holds one
+    /// more at its end: its second-last micro-batch's weights' pass waits
+    /// for the last one's input gradient; a stage before it holds its
+    /// last micro-batches' anyway while it drains.
     pub fn in_flight(self, stage: usize, stages: usize, m: usize, ahead: usize) -> usize {
-        let split = self == PipelineSchedule::ZeroBubble && stage > 0;
-        (self.warm_up(stage, stages, m, ahead) + 1).min(m) + usize::from(split)
+        let held = (self.warm_up(stage, stages, m, ahead) + 1).min(m);
+        match self {
+            PipelineSchedule::ZeroBubble => held + usize::from(stage > 0),
+            PipelineSchedule::OneFOneBDeferred if stage > 0 && stage + 1 == stages => {
+                held.max(DEFERRED_WEIGHTS.min(m))
+            }
+            _ => held,
+        }
     }
 }
+
+/// The backward passes at the end of a step whose weights' gradients each
+/// stage after the first defers under [`PipelineSchedule::OneFOneBDeferred`]:
+/// two, so that the last stage of a pipeline of two, whose second-last
+/// weights' pass would otherwise run before its last input gradient, sends
+/// that gradient as early as it can (each stage's weights' passes are
+/// about half its backward pass, and the first stage drains in one whole
+/// backward pass), while no stage holds more than one micro-batch more
+/// than 1F1B.
+pub const DEFERRED_WEIGHTS: usize = 2;
 
 /// The largest run-ahead ([`Schedule::run_ahead`]) a plan may give: a
 /// stage then holds up to 64 times the micro-batches 1F1B has it hold.
@@ -117,9 +173,10 @@ impl std::str::FromStr for PipelineSchedule {
         match s {
             "1f1b" => Ok(PipelineSchedule::OneFOneB),
             "zero-bubble" => Ok(PipelineSchedule::ZeroBubble),
+            "1f1b-deferred" => Ok(PipelineSchedule::OneFOneBDeferred),
             "gpipe" => Ok(PipelineSchedule::GPipe),
             _ => Err(format!(
-                "unknown pipeline schedule `{s}`: expected 1f1b, zero-bubble or gpipe"
+                "unknown pipeline schedule `{s}`: expected 1f1b, 1f1b-deferred, zero-bubble or gpipe"
             )),
         }
     }
@@ -261,6 +318,61 @@ mod tests {
     }
 
     #[test]
+    fn deferred_weights_split_the_last_two_passes_and_run_their_weights_last() {
+        use crate::sim::{Pass, stage_order, step};
+        use PipelineSchedule::OneFOneBDeferred as D;
+        let (p, m) = (2usize, 4usize);
+        // The first stage sends no gradient: 1F1B's order, nothing split.
+        assert_eq!(
+            stage_order(0, p, m, D, 1),
+            stage_order(0, p, m, PipelineSchedule::OneFOneB, 1)
+        );
+        let last = stage_order(1, p, m, D, 1);
+        use Pass::{Backward as B, Forward as F, Weights as W};
+        let want = [
+            (F, 0),
+            (B, 0),
+            (F, 1),
+            (B, 1),
+            (F, 2),
+            (B, 2),
+            (F, 3),
+            (B, 3),
+        ];
+        assert_eq!(last[..8], want);
+        assert_eq!(last[8..], [(W, 2), (W, 3)]);
+        assert!((0..m).all(|j| D.splits(1, j, m) == (j >= 2) && !D.splits(0, j, m)));
+        // A middle stage drains its last two before their weights' passes.
+        let middle = stage_order(1, 3, m, D, 1);
+        assert_eq!(middle[middle.len() - 4..], [(B, 2), (B, 3), (W, 2), (W, 3)]);
+        // The last stage holds the second-last micro-batch's inputs while
+        // it runs the last forward pass; the others hold what 1F1B does.
+        assert_eq!(D.in_flight(1, p, m, 4), 2);
+        assert_eq!(D.in_flight(1, p, 1, 1), 1);
+        assert_eq!(D.in_flight(0, p, m, 1), 2);
+        assert_eq!(D.in_flight(0, 1, m, 1), 1);
+        assert_eq!("1f1b-deferred".parse(), Ok(D));
+        assert_eq!(D.name(), "1f1b-deferred");
+        // Forward 1, backward 2 of which the weights' part 1: the first
+        // stage's last backward pass starts after the last stage's input
+        // gradient, a weights' pass earlier than under 1F1B (15).
+        let stage = |f, b| StageTiming {
+            weight_grad: 1.0,
+            ..stage(f, b)
+        };
+        let mut s = Schedule {
+            stages: vec![stage(1.0, 2.0), stage(1.0, 2.0)],
+            microbatches: m,
+            pipeline: PipelineSchedule::OneFOneB,
+            virtual_stages: 1,
+            run_ahead: 1,
+        };
+        assert!((step(&s).step_time - 15.0).abs() < 1e-12);
+        s.pipeline = D;
+        assert!((step(&s).step_time - 14.0).abs() < 1e-12, "{:?}", step(&s));
+    }
+
+    #[test]
     fn running_ahead_multiplies_the_lead_of_every_stage_but_the_last() {
         use PipelineSchedule::*;
         let (p, m) = (4usize, 64usize);
@@ -286,7 +398,11 @@ mod tests {
     #[test]
     fn running_ahead_keeps_every_pass_and_its_order_within_each_kind() {
         use crate::sim::{Pass, stage_order};
-        for schedule in [PipelineSchedule::OneFOneB, PipelineSchedule::ZeroBubble] {
+        for schedule in [
+            PipelineSchedule::OneFOneB,
+            PipelineSchedule::OneFOneBDeferred,
+            PipelineSchedule::ZeroBubble,
+        ] {
             for (p, m) in [(2usize, 9usize), (3, 16), (4, 3)] {
                 for i in 0..p {
                     for ahead in [1, 3, 64] {

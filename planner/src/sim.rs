@@ -1,6 +1,7 @@
 //! A discrete-event simulator of one training step of one pipeline under the
 //! non-interleaved 1F1B schedule (PipeDream-Flush, Megatron-LM), its
-//! interleaved form, or the zero-bubble one ([`PipelineSchedule`]), with
+//! interleaved form, 1F1B with deferred weights or the zero-bubble one
+//! ([`PipelineSchedule`]), with
 //! unequal stages, and a writer of its timeline in the Chrome trace-event
 //! format.
 //!
@@ -10,7 +11,10 @@
 //! order is fixed. Under the zero-bubble schedule a stage `i > 0` splits
 //! each backward pass: the input's gradient (`backward - weight_grad`),
 //! sent as soon as it is done, then the weights' (`weight_grad`), before
-//! the stage's next pass. An operation starts when its stage is free and
+//! the stage's next pass; under 1F1B with deferred weights a stage `i > 0`
+//! splits its last two backward passes so, and runs their weights' passes
+//! after its last backward pass (the split's own cost, 3-6% of those two
+//! passes on the bundled CPU devices, is not counted). An operation starts when its stage is free and
 //! its dependency has arrived: the forward of micro-batch
 //! `j` on stage `i` waits for that forward on stage `i - 1` plus
 //! `send_next[i - 1]`; the backward of `j` on stage `i` waits for that
@@ -145,8 +149,10 @@ pub enum Pass {
 /// The fixed order of stage `i` of `p` under `schedule`, running
 /// `ahead` times its lead ahead ([`Schedule::run_ahead`]): `(pass,
 /// micro-batch)`. A backward pass is split ([`Pass::Weights`] after it)
-/// under the zero-bubble schedule on every stage but the first, which
-/// sends no gradient.
+/// where [`PipelineSchedule::splits`] says: under the zero-bubble schedule
+/// on every stage but the first, which sends no gradient; under
+/// [`PipelineSchedule::OneFOneBDeferred`] the last two passes of those
+/// stages, their weights' passes at the end of the stage's order.
 pub fn stage_order(
     i: usize,
     p: usize,
@@ -155,23 +161,21 @@ pub fn stage_order(
     ahead: usize,
 ) -> Vec<(Pass, usize)> {
     let warm = (schedule.warm_up(i, p, m, ahead) + 1).min(m);
-    let split = splits_backward(schedule, i);
     let mut ops: Vec<(Pass, usize)> = (0..warm).map(|j| (Pass::Forward, j)).collect();
+    let mut deferred = Vec::new();
     for k in 0..m {
         ops.push((Pass::Backward, k));
-        if split {
-            ops.push((Pass::Weights, k));
+        match (schedule.splits(i, k, m), schedule.defers_weights()) {
+            (true, true) => deferred.push((Pass::Weights, k)),
+            (true, false) => ops.push((Pass::Weights, k)),
+            _ => {}
         }
         if warm + k < m {
             ops.push((Pass::Forward, warm + k));
         }
     }
+    ops.extend(deferred);
     ops
-}
-
-/// Whether stage `i` splits its backward passes under `schedule`.
-fn splits_backward(schedule: PipelineSchedule, i: usize) -> bool {
-    schedule == PipelineSchedule::ZeroBubble && i > 0
 }
 
 /// The fixed order of device `i` of `p` under Megatron-LM's interleaved
@@ -306,7 +310,7 @@ fn run(schedule: &Schedule, keep_events: bool) -> SimResult {
         progress = false;
         for i in 0..p {
             while let Some(&(pass, k, j)) = orders[i].get(next[i]) {
-                let split = splits_backward(schedule.pipeline, k);
+                let split = schedule.pipeline.splits(k, j, m);
                 let ready = match (pass, k) {
                     (Pass::Forward, 0) => Some(0.0),
                     (Pass::Forward, _) => arrive_fwd[k - 1][j],

@@ -651,11 +651,16 @@ impl Choices {
     /// and zero bubble's stages run further ahead, each taking the core
     /// from the other (three vendors on two cores measured its step 1.19x
     /// 1F1B's, docs/performance.md). Asked for, it is priced anyway.
+    /// 1F1B with deferred weights is left out there too: what it gains is
+    /// the last stages' weights' passes running while the first drains,
+    /// two stages computing at once.
     fn schedules(&self, oversubscribed: bool) -> Vec<PipelineSchedule> {
-        match (self.schedule, self.async_sends && !oversubscribed) {
-            (Some(s), _) => vec![s],
-            (None, true) => vec![PipelineSchedule::OneFOneB, PipelineSchedule::ZeroBubble],
-            (None, false) => vec![PipelineSchedule::OneFOneB],
+        use PipelineSchedule::{OneFOneB, OneFOneBDeferred, ZeroBubble};
+        match (self.schedule, oversubscribed, self.async_sends) {
+            (Some(s), ..) => vec![s],
+            (None, true, _) => vec![OneFOneB],
+            (None, false, false) => vec![OneFOneB, OneFOneBDeferred],
+            (None, false, true) => vec![OneFOneB, OneFOneBDeferred, ZeroBubble],
         }
     }
 }
@@ -1346,7 +1351,7 @@ mod tests {
 
     #[test]
     fn zero_bubble_is_priced_only_with_queued_sends_and_a_core_per_rank_unless_asked_for() {
-        use PipelineSchedule::{OneFOneB, ZeroBubble};
+        use PipelineSchedule::{OneFOneB, OneFOneBDeferred, ZeroBubble};
         let choices = |async_sends, schedule| Choices {
             shard_optimizer: true,
             overlap_reduction: true,
@@ -1354,8 +1359,14 @@ mod tests {
             schedule,
             profile_error: 0.1,
         };
-        assert_eq!(choices(true, None).schedules(false), [OneFOneB, ZeroBubble]);
-        assert_eq!(choices(false, None).schedules(false), [OneFOneB]);
+        assert_eq!(
+            choices(true, None).schedules(false),
+            [OneFOneB, OneFOneBDeferred, ZeroBubble]
+        );
+        assert_eq!(
+            choices(false, None).schedules(false),
+            [OneFOneB, OneFOneBDeferred]
+        );
         assert_eq!(choices(true, None).schedules(true), [OneFOneB]);
         assert_eq!(
             choices(true, Some(ZeroBubble)).schedules(true),

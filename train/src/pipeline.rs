@@ -12,6 +12,14 @@
 //! the gradient of the previous one, so even blocking sends of any size
 //! cannot deadlock.
 //!
+//! **1F1B with deferred weights** (`1f1b-deferred`). As 1F1B, except that
+//! a stage after the first splits its last two backward passes: it sends
+//! each input gradient as soon as it is computed and runs the two weights'
+//! passes after its last backward pass, while the stages before it drain
+//! (the first stage's last backward pass, which ends the step under 1F1B,
+//! starts a weights' pass or two earlier). Receives and sends keep 1F1B's
+//! order, so blocking sends cannot deadlock here either.
+//!
 //! **Zero bubble** (after ZB-H2 of Qi et al., "Zero Bubble Pipeline
 //! Parallelism", 2024). Each backward pass is split: the input's gradient
 //! first, sent at once, then the weights' gradients, which fill the time
@@ -77,7 +85,10 @@ pub fn train_step(
         .schedule
         .warm_up(role.stage, role.stages, m, data.run_ahead);
     // Split backward passes only where a gradient is sent.
-    let split = data.schedule == PipelineSchedule::ZeroBubble && role.prev.is_some();
+    let split = |j: usize| role.prev.is_some() && data.schedule.splits(role.stage, j, m);
+    // 1F1B's order of receives and sends (see the module docs): zero
+    // bubble sends a split pass's gradient first.
+    let receive_first = data.schedule != PipelineSchedule::ZeroBubble;
     // Micro-batch i's sequences (the last may be fewer) and its share of
     // the global batch, the weight of its loss.
     let size = |i: usize| role.micro_batch(i);
@@ -181,7 +192,7 @@ pub fn train_step(
             None => None,
         };
         let last = j + 1 == m;
-        if split {
+        if split(j) {
             let (g, work) = tracer.span(
                 || format!("B{j}"),
                 "backward",
@@ -225,6 +236,22 @@ pub fn train_step(
             _ => Ok(()),
         };
 
+    // The weights' passes deferred to the end of the step.
+    let mut deferred: Vec<(usize, Option<WeightGrads>)> = Vec::new();
+    let mut weights_after = |j: usize,
+                             work: Option<WeightGrads>,
+                             tracer: &mut Tracer,
+                             done: &mut dyn FnMut(usize) -> Result<()>|
+     -> Result<()> {
+        match (work, data.schedule.defers_weights()) {
+            (Some(work), true) => {
+                deferred.push((j, Some(work)));
+                Ok(())
+            }
+            (work, _) => weights(j, work, tracer, done),
+        }
+    };
+
     for i in 0..warm {
         let x = get_input(i, io, tracer)?;
         forward(i, x, io, tracer, &mut saved)?;
@@ -238,17 +265,18 @@ pub fn train_step(
         };
         forward(i, x, io, tracer, &mut saved)?;
         let (g, work) = backward(j, io, tracer, &mut saved, &mut *done)?;
-        // 1F1B receives the next activation before sending (see the
-        // module docs); a split pass sends its gradient first.
-        if i + 1 < m && role.prev.is_some() && !split {
+        if i + 1 < m && role.prev.is_some() && receive_first {
             pending = Some(get_input(i + 1, io, tracer)?);
         }
         send_grad(j, g, io, tracer)?;
-        weights(j, work, tracer, &mut *done)?;
+        weights_after(j, work, tracer, &mut *done)?;
     }
     for j in m - warm..m {
         let (g, work) = backward(j, io, tracer, &mut saved, &mut *done)?;
         send_grad(j, g, io, tracer)?;
+        weights_after(j, work, tracer, &mut *done)?;
+    }
+    for (j, work) in deferred {
         weights(j, work, tracer, &mut *done)?;
     }
     Ok(loss)

@@ -135,10 +135,12 @@ pub struct Summary {
     pub tokens_per_s: f64,
     /// This rank's median forward and backward time per micro-batch, seconds.
     pub forward_seconds: f64,
-    /// See `forward_seconds` (a split backward pass's two parts).
+    /// See `forward_seconds` (a split backward pass's two parts; where
+    /// only some passes are split, as under deferred weights, their
+    /// weights' parts spread over every pass).
     pub backward_seconds: f64,
-    /// The weights' gradients' part of `backward_seconds` under a split
-    /// backward pass (the zero-bubble schedule), else 0.
+    /// A split backward pass's weights' gradients (the zero-bubble
+    /// schedule, and deferred weights' last passes), else 0.
     pub weight_grad_seconds: f64,
     /// The pipeline schedule the run used.
     pub schedule: PipelineSchedule,
@@ -246,11 +248,13 @@ pub fn check_schedule(
                 ""
             }
         ))),
-        PipelineSchedule::OneFOneB if run_ahead > 1 => Err(TrainError::Plan(format!(
-            "a run-ahead of {run_ahead} needs queued sends: its stages keep more activations in \
+        PipelineSchedule::OneFOneB | PipelineSchedule::OneFOneBDeferred if run_ahead > 1 => {
+            Err(TrainError::Plan(format!(
+                "a run-ahead of {run_ahead} needs queued sends: its stages keep more activations in \
              flight than gradients, which blocking sends could deadlock on (drop \
              --blocking-sends or give --run-ahead 1)"
-        ))),
+            )))
+        }
         _ => Ok(()),
     }
 }
@@ -699,19 +703,22 @@ pub fn run(opts: &Options, runtime: &Runtime, mut job: Option<&mut Job>) -> Resu
     if summary.median_step_seconds > 0.0 {
         summary.tokens_per_s = tokens_per_step / summary.median_step_seconds;
     }
-    let of = |cat: &str| {
-        median(
-            tracer
-                .spans()
-                .iter()
-                .filter(|s| s.cat == cat)
-                .map(|s| s.dur_us / 1e6)
-                .collect(),
-        )
+    let spans_of = |cat: &str| -> Vec<f64> {
+        tracer
+            .spans()
+            .iter()
+            .filter(|s| s.cat == cat)
+            .map(|s| s.dur_us / 1e6)
+            .collect()
     };
+    let of = |cat: &str| median(spans_of(cat));
     summary.forward_seconds = of("forward");
-    summary.weight_grad_seconds = of(crate::pipeline::WEIGHTS);
-    summary.backward_seconds = of("backward") + summary.weight_grad_seconds;
+    // A backward pass's weights' part counts where it is split: every
+    // pass under zero bubble, the last two under deferred weights.
+    let (backward, weights) = (spans_of("backward"), spans_of(crate::pipeline::WEIGHTS));
+    let split_share = weights.len() as f64 / backward.len().max(1) as f64;
+    summary.weight_grad_seconds = median(weights);
+    summary.backward_seconds = median(backward) + summary.weight_grad_seconds * split_share;
     summary.schedule = opts.schedule;
     summary.run_ahead = opts.run_ahead;
     summary.reduction_seconds = of("allreduce");
