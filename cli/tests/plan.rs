@@ -397,6 +397,24 @@ fn profile_then_evaluate_a_saved_plan_of_the_bundled_devices() {
         w > 0.0 && w < r["stages"][1]["timing"]["backward"].as_f64().unwrap(),
         "{r}"
     );
+    // Deferred weights: 1F1B's passes, the last stage's last two weights'
+    // passes after its last input gradient: a shorter simulated step.
+    let (code, json, err) = plan_mini(&[
+        "--dtype",
+        "f32",
+        "--evaluate",
+        &plan,
+        "--profile",
+        &profile,
+        "--schedule",
+        "1f1b-deferred",
+        "--json",
+    ]);
+    assert_eq!(code, Some(0), "{err}");
+    let deferred: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(deferred["plan"]["replicas"][0]["pipeline"], "1f1b-deferred");
+    let simulated = |v: &serde_json::Value| v["plan"]["step_time_simulated"].as_f64().unwrap();
+    assert!(simulated(&deferred) < simulated(&ev), "{deferred}\n{ev}");
     // Another model's profile is refused, naming the field; a plan that
     // does not fit the model (mini's 2 layers, tiny's more) is refused
     // naming the plan file.
