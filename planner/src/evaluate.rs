@@ -838,7 +838,8 @@ impl PlanSpec {
             None | Some(Value::Null) => None,
             Some(x) => Some(x.as_str().and_then(|s| s.parse().ok()).ok_or_else(|| {
                 plan_err(format!(
-                    "schedule is {x}; expected \"1f1b\", \"zero-bubble\" or \"gpipe\" \
+                    "schedule is {x}; expected \"1f1b\", \"1f1b-deferred\", \"zero-bubble\" or \
+                     \"gpipe\" \
                      (an interleaved 1F1B plan gives \"virtual_stages\" beside \"1f1b\")"
                 ))
             })?),

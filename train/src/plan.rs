@@ -104,7 +104,8 @@ pub struct TrainPlan {
     /// The planner's predicted step time, seconds (plans from `--plan auto`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub predicted_step_seconds: Option<f64>,
-    /// The pipelines' schedule (`"1f1b"` or `"zero-bubble"`): the one the
+    /// The pipelines' schedule (`"1f1b"`, `"1f1b-deferred"`, `"zero-bubble"`
+    /// or `"gpipe"`): the one the
     /// prediction is for (`--plan auto` chooses it); `polychip train
     /// --schedule` overrides it, and without either pipelines run 1F1B.
     #[serde(default, skip_serializing_if = "Option::is_none")]
