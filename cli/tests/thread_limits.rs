@@ -86,6 +86,17 @@ fn sweep(limits: std::ops::RangeInclusive<usize>, args: &[&str], within: Duratio
             "ulimit -u {limit}: polychip {}: {code:?}\n{said}",
             args.join(" ")
         );
+        // Ferrite's kernels run on the calling thread when its pool's
+        // threads are refused (until 2026-12-07 every kernel large enough
+        // to split failed: "fill panicked: The global thread pool has not
+        // been initialized"), and conform does not take a stream the limit
+        // refused for a race.
+        assert!(
+            !said.contains("thread pool has not been initialized")
+                && !said.contains("State shared between calls"),
+            "ulimit -u {limit}: polychip {}: {code:?}\n{said}",
+            args.join(" ")
+        );
         if said.contains("could not start a thread to ") {
             threads_refused += 1;
             assert_ne!(code, Some(0), "ulimit -u {limit}: {said}");

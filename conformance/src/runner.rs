@@ -248,10 +248,11 @@ fn concurrent_problem(device: &Device, case: &Case, factor: f64) -> Option<Strin
             None => elements(spec, POISON_BYTE),
         })
         .collect();
-    // One thread's calls: the problems of each, with its round.
-    let calls = |thread: usize| -> Vec<String> {
+    // One thread's calls: the problems of each, with its round, and the
+    // set-ups (its stream, its buffers) that failed.
+    let calls = |thread: usize| -> (Vec<String>, Vec<String>) {
         let stream = device.stream();
-        let mut problems = Vec::new();
+        let (mut problems, mut setups) = (Vec::new(), Vec::new());
         for round in 0..CONCURRENT_ROUNDS {
             let uploaded: Result<Vec<Option<Uploaded>>, HostError> = case
                 .tensors
@@ -269,7 +270,7 @@ fn concurrent_problem(device: &Device, case: &Case, factor: f64) -> Option<Strin
             let (stream, uploaded) = match (&stream, &uploaded) {
                 (Ok(s), Ok(u)) => (s, u),
                 (Err(e), _) | (_, Err(e)) => {
-                    problems.push(format!("{at}: could not set up the call: {e}"));
+                    setups.push(format!("{at}: could not set up the call: {e}"));
                     continue;
                 }
             };
@@ -312,9 +313,9 @@ fn concurrent_problem(device: &Device, case: &Case, factor: f64) -> Option<Strin
                 }
             }
         }
-        problems
+        (problems, setups)
     };
-    let problems = std::thread::scope(|s| {
+    let outcomes = std::thread::scope(|s| {
         // Each thread starts calling once every one has started: one the
         // system refuses would leave the others waiting at the barrier
         // for ever. Refused, the senders drop and the started ones return.
@@ -328,7 +329,7 @@ fn concurrent_problem(device: &Device, case: &Case, factor: f64) -> Option<Strin
                 "call the op from several threads at once",
                 move || match started.recv() {
                     Ok(()) => calls(t),
-                    Err(_) => Vec::new(),
+                    Err(_) => (Vec::new(), Vec::new()),
                 },
             )
             .map_err(|e| e.to_string())?;
@@ -340,24 +341,50 @@ fn concurrent_problem(device: &Device, case: &Case, factor: f64) -> Option<Strin
         }
         Ok(handles
             .into_iter()
-            .flat_map(|h| {
+            .map(|h| {
                 h.join()
-                    .unwrap_or_else(|_| vec!["a calling thread panicked".to_string()])
+                    .unwrap_or_else(|_| (vec!["a calling thread panicked".to_string()], Vec::new()))
             })
-            .collect::<Vec<String>>())
+            .collect::<Vec<_>>())
     });
-    let problems = match problems {
-        Ok(p) => p,
+    let (problems, setups): (Vec<String>, Vec<String>) = match outcomes {
+        Ok(o) => {
+            let (p, s): (Vec<_>, Vec<_>) = o.into_iter().unzip();
+            (p.concat(), s.concat())
+        }
         Err(refused) => return Some(refused),
     };
-    let first = problems.first()?;
+    concurrency_verdict(&problems, &setups, threads)
+}
+
+/// What [`concurrent_problem`] says of its calls' `problems` (wrong or
+/// failed calls) and failed `setups` (a stream or buffers that could not
+/// be had), from `threads` threads: `None` when there are neither. Wrong
+/// calls point at shared state; set-ups that failed only at the thread's
+/// stream or buffers do not (a stream thread or memory the system
+/// refused), so they are said as what they are.
+fn concurrency_verdict(problems: &[String], setups: &[String], threads: usize) -> Option<String> {
+    let calls = threads * CONCURRENT_ROUNDS;
+    let not_set_up = match setups.len() {
+        0 => String::new(),
+        n => format!(" ({n} more could not be set up)"),
+    };
+    if let Some(first) = problems.first() {
+        return Some(format!(
+            "right when called alone, but wrong when called from {threads} threads at once \
+             (each with its own buffers and stream; the ABI makes every plugin function \
+             thread-safe): {} of {calls} calls went wrong{not_set_up}; the first, {first}. \
+             State shared between calls without a lock (a global scratch buffer, a cached \
+             handle or workspace) does this",
+            problems.len(),
+        ));
+    }
+    let first = setups.first()?;
     Some(format!(
-        "right when called alone, but wrong when called from {threads} threads at once (each \
-         with its own buffers and stream; the ABI makes every plugin function thread-safe): \
-         {} of {} calls went wrong; the first, {first}. State shared between calls without a \
-         lock (a global scratch buffer, a cached handle or workspace) does this",
-        problems.len(),
-        threads * CONCURRENT_ROUNDS
+        "right when called alone, but {} of {calls} calls from {threads} threads at once could \
+         not be set up (each needs a stream and buffers of its own: the ABI lets every thread \
+         have its own stream); the first, {first}. Every call that was set up was right",
+        setups.len(),
     ))
 }
 
@@ -969,4 +996,36 @@ fn execute(device: &Device, case: &Case, poison: u8, busy: f64) -> Result<Run, S
         problems,
         window_missed,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_concurrent_call_that_could_not_be_set_up_is_not_blamed_on_shared_state() {
+        let (wrong, setup) = (
+            vec!["thread 1, round 2: output out: 3 elements differ".to_string()],
+            vec!["thread 0, round 1: could not set up the call: stream_create failed".to_string()],
+        );
+        assert_eq!(concurrency_verdict(&[], &[], 2), None);
+        // Wrong results: shared state, the set-ups that failed counted.
+        let said = concurrency_verdict(&wrong, &setup, 2).unwrap();
+        assert!(
+            said.contains("1 of 16 calls went wrong (1 more could not be set up)")
+                && said.contains("the first, thread 1, round 2")
+                && said.contains("State shared"),
+            "{said}"
+        );
+        // Only set-ups failed (a stream thread the system refused): said
+        // as that, not as a race.
+        let said = concurrency_verdict(&[], &setup, 2).unwrap();
+        assert!(
+            said.contains("1 of 16 calls from 2 threads at once could not be set up")
+                && said.contains("stream_create failed")
+                && said.contains("Every call that was set up was right")
+                && !said.contains("State shared"),
+            "{said}"
+        );
+    }
 }

@@ -62,7 +62,7 @@ pub unsafe fn attention_backward(
     let units = g.b * g.hkv;
     let nkb = g.skv.div_ceil(BC);
     let work = g.b * g.hq * g.sq * g.skv * g.d.max(1);
-    let threads = rayon::current_num_threads();
+    let threads = crate::parallel::threads();
     let parallel = threads > 1 && units > 0 && work >= PAR_THRESHOLD;
     let chunks = match parallel {
         true => (2 * threads).div_ceil(units).clamp(1, nkb.max(1)),

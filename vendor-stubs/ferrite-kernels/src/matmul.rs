@@ -174,7 +174,7 @@ impl<'a> Geometry<'a> {
         F: Fn(usize, usize, Parallelism) + Sync,
     {
         let (batch, per) = (self.batch(), self.per_matrix());
-        let threads = rayon::current_num_threads();
+        let threads = crate::parallel::threads();
         let over_batch = batch > 1
             && chunk_count(batch, per) > 1
             && (per < 4 * GEMM_PAR_FLOPS || batch >= 2 * threads);

@@ -2,6 +2,8 @@
 //! (nothing below [`PAR_THRESHOLD`] leaves the calling thread), running the
 //! pieces, and a pointer wrapper that may cross threads.
 
+use std::error::Error;
+
 use rayon::prelude::*;
 
 /// Work (elements times per-element weight) below which kernels stay on the
@@ -10,6 +12,31 @@ pub(crate) const PAR_THRESHOLD: usize = 1 << 16;
 /// Smallest amount of work worth handing to another thread.
 const MIN_CHUNK_WORK: usize = 1 << 14;
 
+/// The threads kernels may split work over: the pool the caller runs in
+/// (a test's, or rayon's global pool), or 1 when the global pool could not
+/// be started. Rayon starts its global pool on first use and, when the
+/// system refuses one of its threads (a process limit), panics on that use
+/// and on every later one ("The global thread pool has not been
+/// initialized"): every kernel large enough to split would fail. Started
+/// here instead, once, a refusal leaves every kernel on its calling
+/// thread, slower but right.
+pub(crate) fn threads() -> usize {
+    use std::sync::OnceLock;
+    if rayon::current_thread_index().is_some() {
+        return rayon::current_num_threads();
+    }
+    static GLOBAL: OnceLock<usize> = OnceLock::new();
+    *GLOBAL.get_or_init(|| match rayon::ThreadPoolBuilder::new().build_global() {
+        Ok(()) => rayon::current_num_threads(),
+        // Started by someone else before: usable if it did start.
+        Err(e) if e.source().is_none() => {
+            std::panic::catch_unwind(rayon::current_num_threads).unwrap_or(1)
+        }
+        // A thread the system refused: the pool stays unusable.
+        Err(_) => 1,
+    })
+}
+
 /// How many pieces to cut `work` units of work into (1 = stay serial).
 #[inline]
 pub(crate) fn chunk_count(items: usize, weight: usize) -> usize {
@@ -17,7 +44,7 @@ pub(crate) fn chunk_count(items: usize, weight: usize) -> usize {
     if work < PAR_THRESHOLD || items < 2 {
         return 1;
     }
-    let threads = rayon::current_num_threads();
+    let threads = threads();
     if threads <= 1 {
         return 1;
     }
