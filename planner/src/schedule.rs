@@ -56,8 +56,8 @@ pub enum PipelineSchedule {
     /// the stages before it drain. The warm-up, the order of every other
     /// pass and the memory of 1F1B (the last stage holds one micro-batch
     /// more at its end); only these passes are split, where zero bubble
-    /// splits all (a split pass costs a CPU device 3-6% more than a whole
-    /// one). After the placement of weight passes in the cool-down of
+    /// splits all (a split pass costs the bundled CPU devices 3-10% more
+    /// than a whole one). After the placement of weight passes in the cool-down of
     /// ZB-H1 (Qi et al., 2024). `polychip train --schedule
     /// 1f1b-deferred`.
     #[serde(rename = "1f1b-deferred")]
@@ -144,8 +144,8 @@ impl PipelineSchedule {
 /// stage after the first defers under [`PipelineSchedule::OneFOneBDeferred`]:
 /// two, so that the last stage of a pipeline of two, whose second-last
 /// weights' pass would otherwise run before its last input gradient, sends
-/// that gradient as early as it can (each stage's weights' passes are
-/// about half its backward pass, and the first stage drains in one whole
+/// that gradient as early as it can (a stage's weights' pass is a third
+/// to a half of its backward pass, and the first stage drains in one whole
 /// backward pass), while no stage holds more than one micro-batch more
 /// than 1F1B.
 pub const DEFERRED_WEIGHTS: usize = 2;

@@ -13,10 +13,10 @@
 //! sent as soon as it is done, then the weights' (`weight_grad`), before
 //! the stage's next pass; under 1F1B with deferred weights a stage `i > 0`
 //! splits its last two backward passes so, and runs their weights' passes
-//! after its last backward pass (the split's own cost, 3-6% of those two
-//! passes on the bundled CPU devices, is not counted). An operation starts when its stage is free and
-//! its dependency has arrived: the forward of micro-batch
-//! `j` on stage `i` waits for that forward on stage `i - 1` plus
+//! after its last backward pass (the split's own cost, 3-10% of those two
+//! passes on the bundled CPU devices, is not counted). An operation starts
+//! when its stage is free and its dependency has arrived: the forward of
+//! micro-batch `j` on stage `i` waits for that forward on stage `i - 1` plus
 //! `send_next[i - 1]`; the backward of `j` on stage `i` waits for that
 //! backward on stage `i + 1` plus `send_next[i]` (the gradient travels back
 //! over the same link); the last stage's backward waits for its own forward.

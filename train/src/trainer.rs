@@ -250,9 +250,9 @@ pub fn check_schedule(
         ))),
         PipelineSchedule::OneFOneB | PipelineSchedule::OneFOneBDeferred if run_ahead > 1 => {
             Err(TrainError::Plan(format!(
-                "a run-ahead of {run_ahead} needs queued sends: its stages keep more activations in \
-             flight than gradients, which blocking sends could deadlock on (drop \
-             --blocking-sends or give --run-ahead 1)"
+                "a run-ahead of {run_ahead} needs queued sends: its stages keep more \
+                 activations in flight than gradients, which blocking sends could deadlock on \
+                 (drop --blocking-sends or give --run-ahead 1)"
             )))
         }
         _ => Ok(()),
