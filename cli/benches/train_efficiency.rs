@@ -167,8 +167,9 @@ const MIXED: [Config; 12] = [
         same_plan_as: Some("DP ferrite+cobalt"),
     },
     // The pipeline's plan under 1F1B (`--schedule 1f1b`): the A/B of the
-    // zero-bubble schedule, which the plan above may have chosen (then
-    // without a prediction: the plan was priced under the other).
+    // schedule the plan above may have chosen instead, zero bubble or 1F1B
+    // with deferred weights (then without a prediction: the plan was
+    // priced under the other).
     Config {
         name: "PP 1f1b ferrite+cobalt",
         plan: "auto-pp",
@@ -194,7 +195,8 @@ const MIXED: [Config; 12] = [
     },
     // The same with each send blocking its stage (`--blocking-sends`)
     // instead of queued for the rank's sender thread: the A/B of the
-    // asynchronous sends.
+    // asynchronous sends (under 1F1B and no run-ahead, which every plan
+    // can run with blocking sends; zero bubble cannot).
     Config {
         name: "PP blocking-sends ferrite+cobalt",
         plan: "auto-pp",
