@@ -225,6 +225,18 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
+/// A rank's backward seconds per micro-batch and its weights' passes'
+/// seconds, from the durations of its `backward` passes (under a split,
+/// the input's gradient) and of its split passes' `weights`: the
+/// weights' part counts where passes are split, every one under zero
+/// bubble, the last two under deferred weights, so it is spread over
+/// the passes by the share of them split.
+fn backward_per_pass(backward: Vec<f64>, weights: Vec<f64>) -> (f64, f64) {
+    let split_share = weights.len() as f64 / backward.len().max(1) as f64;
+    let w = median(weights);
+    (median(backward) + w * split_share, w)
+}
+
 /// Refuses the zero-bubble schedule, and any stage running further ahead
 /// than 1F1B's lead (`run_ahead` above 1), with blocking sends: each keeps
 /// more activations in flight than gradients, which blocking sends could
@@ -713,12 +725,8 @@ pub fn run(opts: &Options, runtime: &Runtime, mut job: Option<&mut Job>) -> Resu
     };
     let of = |cat: &str| median(spans_of(cat));
     summary.forward_seconds = of("forward");
-    // A backward pass's weights' part counts where it is split: every
-    // pass under zero bubble, the last two under deferred weights.
-    let (backward, weights) = (spans_of("backward"), spans_of(crate::pipeline::WEIGHTS));
-    let split_share = weights.len() as f64 / backward.len().max(1) as f64;
-    summary.weight_grad_seconds = median(weights);
-    summary.backward_seconds = median(backward) + summary.weight_grad_seconds * split_share;
+    (summary.backward_seconds, summary.weight_grad_seconds) =
+        backward_per_pass(spans_of("backward"), spans_of(crate::pipeline::WEIGHTS));
     summary.schedule = opts.schedule;
     summary.run_ahead = opts.run_ahead;
     summary.reduction_seconds = of("allreduce");
@@ -948,4 +956,25 @@ fn gather(
         crate::checkpoint::write_atomic(path, text.as_bytes())?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::backward_per_pass;
+
+    #[test]
+    fn a_split_passes_weights_count_by_the_share_of_passes_split() {
+        // Zero bubble: every pass split, its two parts add up.
+        let (b, w) = backward_per_pass(vec![10.0; 8], vec![5.0; 8]);
+        assert_eq!((b, w), (15.0, 5.0));
+        // Deferred weights: two of sixteen split (their input's parts
+        // shorter), the rest whole.
+        let mut passes = vec![15.0; 14];
+        passes.extend([10.0, 10.0]);
+        let (b, w) = backward_per_pass(passes, vec![5.0, 5.0]);
+        assert_eq!((b, w), (15.0 + 5.0 / 8.0, 5.0));
+        // Nothing split, or nothing run.
+        assert_eq!(backward_per_pass(vec![15.0; 4], vec![]), (15.0, 0.0));
+        assert_eq!(backward_per_pass(vec![], vec![]), (0.0, 0.0));
+    }
 }
