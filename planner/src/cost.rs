@@ -1054,7 +1054,13 @@ fn overlapped_reduction(
     if stage.holds_head() {
         units.push(bytes(model.head_params()));
     }
-    crate::overlap::exposed_reduction_of_units(timing.dp_allreduce, timing.backward, &units)
+    let window = crate::overlap::overlap_window(
+        settings.schedule,
+        stage.index,
+        timing.backward,
+        timing.weight_grad,
+    );
+    crate::overlap::exposed_reduction_of_units(timing.dp_allreduce, window, &units)
 }
 
 /// The optimizer step of `params` parameters (per chip, before sharding

@@ -638,15 +638,6 @@ fn pipeline_time_ahead(
             if head {
                 params += model.head_params as f64;
             }
-            let reduced = reduced_params as f64 * model.grad_bytes as f64;
-            let mut dp_allreduce = 2.0 * reduced / model.link_bandwidth;
-            if model.overlap_reduction && reduced_params > 0 {
-                let bytes: Vec<u64> = unit_params(model, &span)
-                    .into_iter()
-                    .map(|u| u * model.grad_bytes)
-                    .collect();
-                dp_allreduce = overlap::exposed_reduction_of_units(dp_allreduce, b, &bytes);
-            }
             let block_share = |params: u64| params as f64 / model.block_params.max(1) as f64;
             let mut weight_grad = d.block_weight_grad
                 * (attention * block_share(model.attention_params)
@@ -655,6 +646,16 @@ fn pipeline_time_ahead(
                 weight_grad += d.head_weight_grad;
             }
             weight_grad *= held_factors(d, model.schedule, i, p, m).1;
+            let reduced = reduced_params as f64 * model.grad_bytes as f64;
+            let mut dp_allreduce = 2.0 * reduced / model.link_bandwidth;
+            if model.overlap_reduction && reduced_params > 0 {
+                let bytes: Vec<u64> = unit_params(model, &span)
+                    .into_iter()
+                    .map(|u| u * model.grad_bytes)
+                    .collect();
+                let window = overlap::overlap_window(model.schedule, i, b, weight_grad);
+                dp_allreduce = overlap::exposed_reduction_of_units(dp_allreduce, window, &bytes);
+            }
             StageTiming {
                 name: d.name.clone(),
                 forward: f,

@@ -65,6 +65,23 @@ pub fn exposed_reduction(reduce: f64, backward: f64, buckets: &[u64]) -> f64 {
     (finish - backward).max(0.0)
 }
 
+/// The time a stage's gradients become final over, which its reduction
+/// can overlap: its last backward pass (`backward`), or, where the
+/// schedule splits that pass (zero bubble, and 1F1B with deferred weights,
+/// on every stage but the first), its weights' part (`weight_grad`, when
+/// known): the input's part before it finishes no weight's gradient.
+pub fn overlap_window(
+    schedule: crate::schedule::PipelineSchedule,
+    stage: usize,
+    backward: f64,
+    weight_grad: f64,
+) -> f64 {
+    match schedule.splits_last(stage) && weight_grad > 0.0 {
+        true => weight_grad.min(backward),
+        false => backward,
+    }
+}
+
 /// [`exposed_reduction`] of a stage whose units (in model order) hold
 /// `unit_bytes` of gradients, bucketed as the trainer buckets them
 /// ([`reduction_buckets`] at [`BUCKET_BYTES`]).
@@ -90,6 +107,28 @@ mod tests {
         );
         assert_eq!(reduction_buckets(&[1, 1], 10), vec![0..2]);
         assert!(reduction_buckets(&[], 10).is_empty());
+    }
+
+    #[test]
+    fn a_split_last_pass_overlaps_the_reduction_with_its_weights_part_only() {
+        use crate::schedule::PipelineSchedule::*;
+        for s in [OneFOneB, GPipe, ZeroBubble, OneFOneBDeferred] {
+            // The first stage runs its passes whole under every schedule.
+            assert_eq!(overlap_window(s, 0, 12.0, 4.0), 12.0);
+        }
+        assert_eq!(overlap_window(OneFOneB, 1, 12.0, 4.0), 12.0);
+        assert_eq!(overlap_window(ZeroBubble, 1, 12.0, 4.0), 4.0);
+        assert_eq!(overlap_window(OneFOneBDeferred, 2, 12.0, 4.0), 4.0);
+        // Not known: the whole pass.
+        assert_eq!(overlap_window(ZeroBubble, 1, 12.0, 0.0), 12.0);
+        // The shorter window leaves more of the reduction exposed.
+        let exposed = |w| exposed_reduction(8.0, w, &[1, 1, 1, 1]);
+        assert!(
+            exposed(4.0) > exposed(12.0),
+            "{} {}",
+            exposed(4.0),
+            exposed(12.0)
+        );
     }
 
     #[test]

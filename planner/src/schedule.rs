@@ -97,6 +97,12 @@ impl PipelineSchedule {
         }
     }
 
+    /// Whether stage `stage` splits its last backward pass (of any count),
+    /// whose weights' part then finishes its gradients.
+    pub fn splits_last(self, stage: usize) -> bool {
+        self.splits(stage, 0, 1)
+    }
+
     /// Whether the weights' passes of split backward passes run after the
     /// stage's last backward pass ([`Self::OneFOneBDeferred`]) rather than
     /// right after their own.
