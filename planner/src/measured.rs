@@ -554,8 +554,10 @@ pub fn stage_pass_times(
 /// What stage `i` of a pipeline of `k` running `m` micro-batches under
 /// `schedule` pays on a device of costs `d` over its parts' measured
 /// passes, forward and backward: the backward pass run whole unless the
-/// stage splits it ([`MeasuredDevice::fused_backward`]; a zero-bubble
-/// stage that sends a gradient splits it), and both passes slower where
+/// stage splits every pass ([`MeasuredDevice::fused_backward`];
+/// [`PipelineSchedule::splits`]: a zero-bubble stage that sends a
+/// gradient, or one deferring weights whose every pass is among its last
+/// two), and both passes slower where
 /// the stage holds other micro-batches in flight ([`held_factors`]). The
 /// measured search ([`stage_pass_times`]) and the cluster planner's
 /// measured chip types (`profile::apply_measured`) both price a stage so.
@@ -566,7 +568,7 @@ pub fn schedule_factors(
     k: usize,
     m: usize,
 ) -> (f64, f64) {
-    let fused = match schedule == PipelineSchedule::ZeroBubble && i > 0 {
+    let fused = match schedule.splits(i, 0, m.max(1)) {
         true => 1.0,
         false => d.fused_backward(),
     };

@@ -237,7 +237,7 @@ pub fn train_step(
         };
 
     // The weights' passes deferred to the end of the step.
-    let mut deferred: Vec<(usize, Option<WeightGrads>)> = Vec::new();
+    let mut deferred: Vec<(usize, WeightGrads)> = Vec::new();
     let mut weights_after = |j: usize,
                              work: Option<WeightGrads>,
                              tracer: &mut Tracer,
@@ -245,7 +245,7 @@ pub fn train_step(
      -> Result<()> {
         match (work, data.schedule.defers_weights()) {
             (Some(work), true) => {
-                deferred.push((j, Some(work)));
+                deferred.push((j, work));
                 Ok(())
             }
             (work, _) => weights(j, work, tracer, done),
@@ -277,7 +277,7 @@ pub fn train_step(
         weights_after(j, work, tracer, &mut *done)?;
     }
     for (j, work) in deferred {
-        weights(j, work, tracer, &mut *done)?;
+        weights(j, Some(work), tracer, &mut *done)?;
     }
     Ok(loss)
 }
