@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use polychip_conformance::cases::Tier;
 use polychip_conformance::report::Report;
 use polychip_conformance::runner::CaseResult;
-use polychip_conformance::suite::{self, Isolation, Unit};
+use polychip_conformance::suite::{self, Isolation, Stopped, Unit};
 use polychip_conformance::waivers::Waivers;
 use polychip_files::printable_lines;
 use polychip_host::{DType, LoadOptions, Runtime};
@@ -221,19 +221,34 @@ pub fn run(args: &Args) -> ExitCode {
                 reports.push(*report);
                 all_results.push(results);
             }
-            Ok(Checked::Interrupted {
-                signal,
-                done,
-                total,
-            }) => {
+            Ok(Checked::Stopped { why, done, total }) => {
                 // Nothing half-done is written: no table, no reports.
-                eprintln!(
-                    "polychip conform: stopped by {} after {done} of {total} cases of {}; its \
-                     worker was stopped, and no report was written",
-                    polychip_files::signals::signal_name(signal),
-                    polychip_files::shown_path(plugin)
-                );
-                return ExitCode::from(128 + signal.clamp(1, 127) as u8);
+                let plugin = polychip_files::shown_path(plugin);
+                return match why {
+                    Stopped::Signal(signal) => {
+                        eprintln!(
+                            "polychip conform: stopped by {} after {done} of {total} cases of \
+                             {plugin}; its worker was stopped, and no report was written",
+                            polychip_files::signals::signal_name(signal),
+                        );
+                        ExitCode::from(128 + signal.clamp(1, 127) as u8)
+                    }
+                    Stopped::Refused {
+                        message,
+                        unit,
+                        dtype,
+                        case,
+                    } => {
+                        eprintln!(
+                            "polychip conform: could not go on checking {plugin} after {done} of \
+                             {total} cases (next: {unit} {dtype} case {case}): {message}. The \
+                             system refused what conform needs to run the plugin (a process or \
+                             thread limit?), so this is no verdict on the plugin: no report was \
+                             written"
+                        );
+                        ExitCode::from(HARNESS_REFUSED)
+                    }
+                };
             }
             Err(e) => return usage(e),
         }
@@ -266,14 +281,18 @@ pub fn run(args: &Args) -> ExitCode {
     }
 }
 
+/// The exit status when the system refused conform's worker or a thread
+/// to read it: neither a plugin's failure (1) nor a wrong command (2).
+const HARNESS_REFUSED: u8 = 3;
+
 /// What checking one plugin came to.
 enum Checked {
     /// Every selected case ran.
     Done(Box<Report>, Vec<CaseResult>),
-    /// SIGINT, SIGTERM or SIGHUP stopped the suite after `done` of `total`
-    /// cases.
-    Interrupted {
-        signal: i32,
+    /// The suite stopped after `done` of `total` cases: a signal, or the
+    /// system refused the worker or a thread to read it.
+    Stopped {
+        why: Stopped,
         done: usize,
         total: usize,
     },
@@ -352,16 +371,12 @@ fn check_plugin(
         let signals = polychip_files::signals::SignalGuard::install();
         let stopped =
             suite::run_isolated(&iso, units, args.case, &mut on_result, || signals.caught());
-        if let Some(signal) = stopped {
+        if let Some(why) = stopped {
             if progress {
                 eprint!("\r{}\r", " ".repeat(80));
             }
             let done = results.len();
-            return Ok(Checked::Interrupted {
-                signal,
-                done,
-                total,
-            });
+            return Ok(Checked::Stopped { why, done, total });
         }
     }
     if progress {

@@ -268,15 +268,18 @@ fn parse_worker_line(line: &str) -> Option<WorkerLine> {
 /// With `only`, `units` is one unit and only that case runs.
 ///
 /// `interrupted` is asked about every 50 ms and after each result: when it
-/// gives a signal (not 0), the worker is killed and waited for, and that
-/// signal is returned with the suite unfinished (`None`: every case ran).
+/// gives a signal (not 0), the worker is killed and waited for, and the
+/// suite stops unfinished ([`Stopped::Signal`]). When the system refuses
+/// the worker or a thread to read it, the suite stops too
+/// ([`Stopped::Refused`]): the cases left are not judged, as no plugin
+/// code ran them. `None`: every case ran.
 pub fn run_isolated(
     iso: &Isolation,
     units: &[Unit],
     only: Option<usize>,
     mut emit: impl FnMut(CaseResult),
     mut interrupted: impl FnMut() -> i32,
-) -> Option<i32> {
+) -> Option<Stopped> {
     // The cases each unit runs: [first, end).
     let first = only.unwrap_or(0);
     let ends: Vec<usize> = units
@@ -310,34 +313,33 @@ pub fn run_isolated(
         // block other signals): it ran on through the suite, or in a hung
         // case for ever, when conform was killed.
         polychip_files::die_with_parent(&mut cmd, 9);
-        // Every case from here on fails with `message` (the worker, or a
-        // thread to read it, could not start).
-        let mut fail_rest = |message: String| {
-            for (v, &end) in ends.iter().enumerate().skip(u) {
-                let (unit, from) = (units[v], if v == u { case } else { first });
-                let labels = unit.op.labels(unit.dtype, unit.tier);
-                for index in from..end {
-                    emit(failed_case(unit, index, &labels, message.clone()));
-                }
-            }
+        // The system refused the worker or a thread to read it (a process
+        // limit, a missing executable): the suite stops there. Until
+        // 2026-12-07 every case left failed with the sentence, a harness
+        // failure reported as the plugin's.
+        let refused_at = |message: String| {
+            Some(Stopped::Refused {
+                message,
+                unit: units[u].op.name,
+                dtype: units[u].dtype.name(),
+                case,
+            })
         };
         let mut child = match cmd.spawn() {
             Ok(c) => c,
             Err(e) => {
-                fail_rest(format!(
+                return refused_at(format!(
                     "could not start the worker {}: {e}",
                     iso.exe.display()
                 ));
-                return None;
             }
         };
-        // A thread the system refuses (a process limit): the worker is
-        // killed, which ends a reader already started (its pipe closes),
-        // and the cases left fail with the sentence.
-        let mut refused = |child: &mut std::process::Child, e: ThreadRefused| {
+        // A thread refused: the worker is killed, which ends a reader
+        // already started (its pipe closes).
+        let refused = |child: &mut std::process::Child, e: ThreadRefused| {
             let _ = child.kill();
             let _ = child.wait();
-            fail_rest(e.to_string());
+            refused_at(e.to_string())
         };
         let (tx, rx) = mpsc::channel();
         let stdout = child.stdout.take().expect("piped");
@@ -355,10 +357,7 @@ pub fn run_isolated(
         });
         let reader = match reader {
             Ok(r) => r,
-            Err(e) => {
-                refused(&mut child, e);
-                return None;
-            }
+            Err(e) => return refused(&mut child, e),
         };
         let mut stderr = child.stderr.take().expect("piped");
         let tail = threads::spawn("keep the conformance worker's last words", move || {
@@ -377,10 +376,7 @@ pub fn run_isolated(
         });
         let tail = match tail {
             Ok(t) => t,
-            Err(e) => {
-                refused(&mut child, e);
-                return None;
-            }
+            Err(e) => return refused(&mut child, e),
         };
         let mut hung = false;
         // The time counts from the last result: what the plugin prints
@@ -393,7 +389,7 @@ pub fn run_isolated(
                 // with the suite instead of running on as an orphan.
                 let _ = child.kill();
                 let _ = child.wait();
-                return Some(signal);
+                return Some(Stopped::Signal(signal));
             }
             let now = Instant::now();
             if now >= deadline {
@@ -474,8 +470,24 @@ pub fn run_isolated(
     None
 }
 
+/// Why [`run_isolated`] stopped before every case ran.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Stopped {
+    /// A signal from outside (SIGINT, SIGTERM, SIGHUP).
+    Signal(i32),
+    /// The system refused what the suite needs to run the plugin: the
+    /// worker process or a thread to read it (`message`), before case
+    /// `case` of `unit` in `dtype`. No verdict on the plugin.
+    Refused {
+        message: String,
+        unit: &'static str,
+        dtype: &'static str,
+        case: usize,
+    },
+}
+
 /// Case `index` of `unit` failed without a result of its own (the worker
-/// died, hung or could not start), for `message`.
+/// died or hung), for `message`.
 fn failed_case(unit: Unit, index: usize, labels: &[String], message: String) -> CaseResult {
     CaseResult {
         op: unit.op.name.into(),
@@ -551,5 +563,41 @@ mod tests {
         assert_eq!(read_line_bounded(&mut r, 100).unwrap().unwrap(), b"short\n");
         assert_eq!(read_line_bounded(&mut r, 100).unwrap().unwrap(), b"tail");
         assert!(read_line_bounded(&mut r, 100).unwrap().is_none());
+    }
+
+    /// A worker the system does not start stops the suite without a
+    /// verdict on any case (until 2026-12-07 every case failed with the
+    /// sentence, as if the plugin had failed them).
+    #[test]
+    fn a_worker_that_cannot_start_stops_the_suite_without_judging_a_case() {
+        let re = Regex::new("^neg$").unwrap();
+        let units = select(Some(&re), &[DType::F32], Tier::Default);
+        assert_eq!(units.len(), 1);
+        let iso = Isolation {
+            exe: PathBuf::from("/nonexistent/polychip"),
+            plugin: PathBuf::from("/nonexistent/libplugin.so"),
+            device: 0,
+            waivers: None,
+            selection: Vec::new(),
+            case_timeout: Duration::from_secs(5),
+        };
+        let mut emitted = 0;
+        let stopped = run_isolated(&iso, &units, None, |_| emitted += 1, || 0);
+        assert_eq!(emitted, 0, "a case was judged");
+        match stopped {
+            Some(Stopped::Refused {
+                message,
+                unit,
+                dtype,
+                case,
+            }) => {
+                assert!(
+                    message.starts_with("could not start the worker /nonexistent/polychip: "),
+                    "{message}"
+                );
+                assert_eq!((unit, dtype, case), ("neg", "f32", 0));
+            }
+            other => panic!("{other:?}"),
+        }
     }
 }
