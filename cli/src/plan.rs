@@ -1,5 +1,6 @@
 //! `polychip plan --cluster FILE --model PRESET_OR_FILE [--global-batch N]
-//! [--dtype bf16] [--recompute none|selective|full] [--shard-optimizer] [--half-gradients]
+//! [--dtype bf16] [--recompute none|selective|full] [--shard-optimizer] [--zero-stage N]
+//! [--half-gradients]
 //! [--no-flash-attention] [--schedule 1f1b|1f1b-deferred|zero-bubble|gpipe]
 //! [--profile FILE] [--exhaustive] [--json] [--trace out.json]`: runs the
 //! HeteroAuto search (`polychip_planner::search`) and prints the plan as a
@@ -70,6 +71,13 @@ pub struct Args {
     /// Shard the optimizer state over data-parallel replicas (ZeRO-1).
     #[arg(long)]
     shard_optimizer: bool,
+    /// The ZeRO stage the replicas shard the training state to: 0, 1 (the
+    /// optimizer state, as --shard-optimizer), 2 (and the gradients,
+    /// reduce-scattered every micro-batch) or 3 (and the weights, gathered
+    /// for every pass: DeepSpeed's ZeRO-3, FSDP) [default: 0; with
+    /// --evaluate of a report, the report's].
+    #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = crate::numbers::whole::<u8>(0))]
+    zero_stage: Option<u8>,
     /// Gradients kept and all-reduced in 16 bits (2 bytes a parameter, not
     /// 4): Megatron-LM's fp16/bf16 gradient buffer without
     /// `--accumulate-allreduce-grads-in-fp32`, DeepSpeed's fp16 and bf16
@@ -240,6 +248,9 @@ fn plan(args: &Args) -> Result<(), String> {
         };
     }
     settings.shard_optimizer |= args.shard_optimizer;
+    if let Some(z) = args.zero_stage {
+        settings.zero_stage = z;
+    }
     settings.bf16_gradients |= args.half_gradients;
     settings.flash_attention &= !args.no_flash_attention;
     settings.sequence_parallel &= !args.no_sequence_parallel;
@@ -492,6 +503,12 @@ fn flags_changing(recorded: &TrainingSettings, given: &TrainingSettings) -> Vec<
     }
     if a.shard_optimizer != b.shard_optimizer {
         out.push("--shard-optimizer".into());
+    }
+    if a.zero_stage != b.zero_stage {
+        out.push(format!(
+            "--zero-stage {} for {}",
+            b.zero_stage, a.zero_stage
+        ));
     }
     if a.bf16_gradients != b.bf16_gradients {
         out.push("--half-gradients".into());

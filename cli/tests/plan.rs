@@ -106,6 +106,60 @@ fn half_gradients_halve_the_gradients_of_an_evaluated_plan() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
+/// `--zero-stage` scores a plan with its replicas sharding gradients and
+/// weights too: less memory, and the step pays the collectives; a stage
+/// past 3 is refused by name.
+#[test]
+fn zero_stages_shard_an_evaluated_plan() {
+    let dir = std::env::temp_dir().join(format!("polychip-plan-zero-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let cluster = example("china-mobile-3-vendor.toml");
+    let plan = |extra: &[&str]| {
+        let base = ["plan", "--cluster", &cluster, "--model", "llama-70b"];
+        polychip(&[&base[..], &["--global-batch", "512", "--json"], extra].concat())
+    };
+    let (code, out, err) = plan(&[]);
+    assert_eq!(code, Some(0), "{err}");
+    let file = dir.join("plan.json");
+    std::fs::write(&file, &out).unwrap();
+    let file = file.to_str().unwrap();
+    let scored = |zero: &str| {
+        let (code, out, err) = plan(&["--evaluate", file, "--zero-stage", zero]);
+        assert_eq!(code, Some(0), "{err}");
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        let memory = &v["plan"]["replicas"][0]["stages"][0]["memory"];
+        let part = |k: &str| memory[k].as_f64().unwrap();
+        let step = v["plan"]["step_time_simulated"].as_f64().unwrap();
+        (
+            [part("weights"), part("gradients"), part("optimizer")],
+            step,
+            err,
+        )
+    };
+    let (zero0, step0, _) = scored("0");
+    let (zero1, _, _) = scored("1");
+    let (zero2, _, _) = scored("2");
+    let (zero3, step3, err) = scored("3");
+    assert!(
+        zero1[2] < zero0[2] && zero1[..2] == zero0[..2],
+        "{zero0:?} {zero1:?}"
+    );
+    assert!(
+        zero2[1] < zero1[1] && zero2[0] == zero1[0],
+        "{zero1:?} {zero2:?}"
+    );
+    assert!(zero3[0] < zero2[0], "{zero2:?} {zero3:?}");
+    assert!(
+        step3 > step0,
+        "ZeRO-3 gathers weights every pass: {step0} {step3}"
+    );
+    assert!(err.contains("--zero-stage 3 for 0"), "{err}");
+    let (code, _, err) = plan(&["--zero-stage", "4"]);
+    assert_eq!(code, Some(2));
+    assert!(err.contains("zero_stage is 4; it must be 0"), "{err}");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
 /// A file of the planner's outside datasets.
 fn outside(name: &str) -> std::path::PathBuf {
     std::path::Path::new(env!("CARGO_MANIFEST_DIR"))

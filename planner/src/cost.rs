@@ -441,14 +441,17 @@ fn megatron_terms(
     mb: Microbatching,
 ) -> Terms {
     let params = stage.params(model) as f64 / stage.tp.max(1) as f64;
-    let shard = if settings.shard_optimizer {
-        stage.dp.max(1) as f64
-    } else {
-        1.0
-    };
-    let weights = params * settings.dtype.bytes() as f64;
-    let gradients = params * settings.grad_bytes();
-    let optimizer = params * settings.optimizer_bytes() / shard;
+    let shards = settings.shards(stage.dp);
+    // Under ZeRO-3 a unit's weights are gathered whole for its pass, and
+    // the next unit's while it runs (prefetched); under ZeRO-2 and up a
+    // unit's gradients are whole until they are reduce-scattered.
+    let unit = largest_unit_params(model, stage).min(params);
+    let whole = |shard: f64| if shard > 1.0 { 1.0 - 1.0 / shard } else { 0.0 };
+    let weights = settings.dtype.bytes() as f64
+        * (params / shards.weights + (2.0 * unit).min(params) * whole(shards.weights));
+    let gradients =
+        settings.grad_bytes() * (params / shards.gradients + unit * whole(shards.gradients));
+    let optimizer = params * settings.optimizer_bytes() / shards.optimizer;
     let n = (stage.layers.end - stage.layers.start) as f64;
     let kept = kept_micro_batches(settings, stage, mb);
     // A profile's measured bytes per block replace the formula (without
@@ -564,11 +567,9 @@ fn polychip_terms(
     let params = stage.params(model) as f64 / t;
     let c = settings.dtype.bytes();
     let [w, g, o] = counts::state_bytes(c);
-    let shard = if settings.shard_optimizer {
-        stage.dp.max(1) as f64
-    } else {
-        1.0
-    };
+    // `polychip train` shards the optimizer state only (ZeRO-1): plans of
+    // higher stages on its chips are refused ([`check_zero_frameworks`]).
+    let shard = settings.shards(stage.dp).optimizer;
     let (weights, gradients) = (params * w as f64, params * g as f64);
     let optimizer = params * o as f64 / shard;
     let shape = counts::Shape {
@@ -1018,6 +1019,7 @@ pub fn stage_timing(
     if !stage.chip.measured.is_empty() {
         crate::profile::apply_measured(&mut timing, model, settings, cluster, stage, mb);
     }
+    zero_collectives(model, settings, cluster, stage, &mut timing);
     if stage.chip.framework == Framework::Polychip {
         if timing.dp_allreduce > 0.0 {
             timing.dp_allreduce = overlapped_reduction(model, settings, stage, &timing);
@@ -1026,6 +1028,105 @@ pub fn stage_timing(
         timing.sends_async = true;
     }
     timing
+}
+
+/// The parameters (per chip of its `tp`) of the largest unit `stage`
+/// gathers or reduces whole under ZeRO-2 and ZeRO-3: a layer, or the
+/// embedding or the head it holds (vocabulary-wide, often larger).
+fn largest_unit_params(model: &ModelSpec, stage: &StageShape) -> f64 {
+    let mut unit = if stage.layers.is_empty() {
+        0
+    } else {
+        model.layer_params()
+    };
+    if stage.holds_embedding() {
+        unit = unit.max(model.embedding_params());
+    }
+    if stage.holds_head() {
+        unit = unit.max(model.head_params());
+    }
+    unit as f64 / stage.tp.max(1) as f64
+}
+
+/// The collectives of ZeRO-2 and ZeRO-3 over a stage's data-parallel
+/// group of `d` replicas, each an all-gather or a reduce-scatter of
+/// `(d - 1)/d` of its bytes over the group's slowest link (the link its
+/// all-reduce is priced over, [`dp_bandwidth`]):
+///
+/// - ZeRO-2 reduce-scatters the stage's gradients after every
+///   micro-batch's backward pass, not once a step (DeepSpeed's stage 2
+///   keeps only its partition between micro-batches), outside the pass
+///   (`overlap_comm` is off by default), and gathers the updated weights
+///   after the optimizer step, in place of the all-reduce;
+/// - ZeRO-3 (DeepSpeed's stage 3, FSDP's full sharding) gathers the
+///   weights for every forward pass and again for every backward pass, and
+///   reduce-scatters the gradients after it; the gathers and reductions of
+///   one unit (a layer, or the embedding or head) overlap the compute of
+///   the next (both prefetch by default), so a pass takes the longer of
+///   its compute and its collectives plus the one unit's collective that
+///   nothing overlaps; nothing is left for the step's end.
+///
+/// ZeRO-1 (and nothing sharded) keep the step's all-reduce.
+fn zero_collectives(
+    model: &ModelSpec,
+    settings: &TrainingSettings,
+    cluster: &ClusterSpec,
+    stage: &StageShape,
+    timing: &mut StageTiming,
+) {
+    let zero = settings.zero();
+    let d = stage.dp.max(1);
+    if zero < 2 || d == 1 {
+        return;
+    }
+    let tp = stage.tp.max(1);
+    let params = stage.params(model) as f64 / tp as f64;
+    if params <= 0.0 {
+        return;
+    }
+    let bandwidth = dp_bandwidth(
+        cluster,
+        stage.chip,
+        d,
+        tp,
+        stage.dp_peers,
+        stage.dp_one_node,
+    );
+    let part = |bytes: f64| (d - 1) as f64 / d as f64 * bytes / bandwidth;
+    let gradients = part(params * settings.grad_bytes());
+    let weights = part(params * settings.dtype.bytes() as f64);
+    if zero == 2 {
+        timing.backward += gradients;
+        timing.dp_allreduce = weights;
+        return;
+    }
+    let unit = largest_unit_params(model, stage).min(params) / params;
+    timing.forward = timing.forward.max(weights) + unit * weights;
+    timing.backward = timing.backward.max(weights + gradients) + unit * gradients;
+    timing.dp_allreduce = 0.0;
+}
+
+/// Refuses ZeRO-2 and ZeRO-3 on a cluster with a chip type of `polychip
+/// train`'s (`framework = "polychip"`), which shards the optimizer state
+/// only (ZeRO-1): its memory and steps would be priced as it does not run.
+pub fn check_zero_frameworks(
+    cluster: &ClusterSpec,
+    settings: &TrainingSettings,
+) -> Result<(), crate::error::SpecError> {
+    let zero = settings.zero();
+    match cluster
+        .chip_types
+        .iter()
+        .find(|c| c.framework == Framework::Polychip)
+    {
+        Some(chip) if zero >= 2 => Err(crate::error::SpecError::Settings(format!(
+            "zero_stage is {zero}, but chip type {} is priced as polychip train runs it \
+             (framework = \"polychip\"), which shards the optimizer state only (ZeRO-1): give \
+             zero_stage 0 or 1 (shard_optimizer)",
+            chip.name
+        ))),
+        _ => Ok(()),
+    }
 }
 
 /// The part of a stage's gradient reduction `polychip train` leaves after
@@ -1067,11 +1168,7 @@ fn overlapped_reduction(
 /// over `dp`): reading gradients and weights and reading and writing the
 /// optimizer state, at the chip's memory bandwidth.
 pub fn optimizer_time(settings: &TrainingSettings, chip: &ChipType, params: f64, dp: u64) -> f64 {
-    let shard = if settings.shard_optimizer {
-        dp.max(1) as f64
-    } else {
-        1.0
-    };
+    let shard = settings.shards(dp).optimizer;
     let per_param =
         settings.grad_bytes() + settings.dtype.bytes() as f64 + 2.0 * settings.optimizer_bytes();
     params / shard * per_param / chip.memory_bandwidth_or_default()

@@ -586,3 +586,108 @@ fn a_polychip_chips_reduction_is_priced_overlapped() {
     assert!(overlapped.dp_allreduce < whole.dp_allreduce);
     assert!((overlapped.dp_allreduce - want).abs() <= want * 1e-6 + 1e-12);
 }
+
+/// The ZeRO stages divide the training state as the ZeRO paper counts it
+/// (Rajbhandari et al. 2020, Figure 1: `(2 + 2 + K) Ψ` bytes, K = 12, over
+/// `N_d` = 64 replicas: 16 Ψ; `4 Ψ + K Ψ / N_d`; `2 Ψ + 14 Ψ / N_d`;
+/// `16 Ψ / N_d`, their 120, 31.4, 16.6 and 1.9 GB for 7.5 B parameters),
+/// plus what is whole for a moment: one unit's gradients before they are
+/// reduce-scattered (ZeRO-2 and 3), two units' weights, the one running
+/// and the one prefetched (ZeRO-3). A unit is a layer here.
+#[test]
+fn zero_stages_shard_the_state_as_the_zero_paper_counts() {
+    let (m, c) = (ModelSpec::llama_70b(), cluster());
+    let mut s = TrainingSettings::new(64);
+    s.bf16_gradients = true;
+    let st = shape(&c, 10..20, 1, 64, 1);
+    let psi = 10.0 * LAYER;
+    let state = |s: &TrainingSettings| {
+        let x = stage_memory(&m, s, &st, ONE);
+        [x.weights, x.gradients, x.optimizer]
+    };
+    let sum = |s: &TrainingSettings| state(s).iter().sum::<f64>();
+    close(sum(&s), 16.0 * psi);
+    s.zero_stage = 1;
+    close(sum(&s), 4.0 * psi + 12.0 * psi / 64.0);
+    s.zero_stage = 2;
+    let whole = 63.0 / 64.0;
+    close(sum(&s), 2.0 * psi + 14.0 * psi / 64.0 + 2.0 * LAYER * whole);
+    s.zero_stage = 3;
+    let [w, g, o] = state(&s);
+    close(w, 2.0 * psi / 64.0 + 2.0 * 2.0 * LAYER * whole);
+    close(g, 2.0 * psi / 64.0 + 2.0 * LAYER * whole);
+    close(o, 12.0 * psi / 64.0);
+    // `shard_optimizer` is ZeRO-1 and a higher stage keeps its own.
+    s.zero_stage = 0;
+    s.shard_optimizer = true;
+    assert_eq!(s.zero(), 1);
+    close(sum(&s), 4.0 * psi + 12.0 * psi / 64.0);
+    s.zero_stage = 3;
+    assert_eq!(s.zero(), 3);
+    // One replica shards nothing.
+    let alone = shape(&c, 10..20, 1, 1, 1);
+    let x = stage_memory(&m, &s, &alone, ONE);
+    close(x.weights + x.gradients + x.optimizer, 16.0 * psi);
+}
+
+/// ZeRO-2 reduce-scatters the gradients after every micro-batch's backward
+/// pass and gathers the updated weights once a step; ZeRO-3 gathers the
+/// weights for both passes and reduce-scatters after the backward, each
+/// overlapping the compute but for one unit's share.
+#[test]
+fn zero_collectives_are_priced_per_micro_batch() {
+    let (m, c) = (ModelSpec::llama_70b(), cluster());
+    let mut s = TrainingSettings::new(64);
+    let st = shape(&c, 10..20, 1, 4, 1);
+    let base = stage_timing(&m, &s, &c, &st, ONE);
+    // d = 4 fits a node of 8: 3/4 of the bytes over 100 GB/s.
+    let params = 10.0 * LAYER;
+    let scatter = 0.75 * params * 4.0 / 100e9;
+    let gather = 0.75 * params * 2.0 / 100e9;
+    close(base.dp_allreduce, 2.0 * scatter);
+    // ZeRO-1 keeps the all-reduce; each replica steps a quarter.
+    s.zero_stage = 1;
+    let t = stage_timing(&m, &s, &c, &st, ONE);
+    assert_eq!((t.forward, t.backward), (base.forward, base.backward));
+    assert_eq!(t.dp_allreduce, base.dp_allreduce);
+    close(t.optimizer, base.optimizer / 4.0);
+    s.zero_stage = 2;
+    let t = stage_timing(&m, &s, &c, &st, ONE);
+    close(t.forward, base.forward);
+    close(t.backward, base.backward + scatter);
+    close(t.dp_allreduce, gather);
+    s.zero_stage = 3;
+    let t = stage_timing(&m, &s, &c, &st, ONE);
+    close(t.forward, base.forward.max(gather) + gather / 10.0);
+    close(
+        t.backward,
+        base.backward.max(gather + scatter) + scatter / 10.0,
+    );
+    assert_eq!(t.dp_allreduce, 0.0);
+    // A stage alone has nothing to gather or scatter.
+    let alone = shape(&c, 10..20, 1, 1, 1);
+    let t1 = stage_timing(&m, &s, &c, &alone, ONE);
+    s.zero_stage = 0;
+    assert_eq!(t1, stage_timing(&m, &s, &c, &alone, ONE));
+}
+
+/// `polychip train` shards the optimizer state only: ZeRO-2 and 3 on a
+/// cluster with its chips are refused, naming the chip type.
+#[test]
+fn zero_beyond_one_is_refused_on_polychip_chips() {
+    let mut c = cluster();
+    let mut s = TrainingSettings::new(64);
+    s.zero_stage = 2;
+    assert!(check_zero_frameworks(&c, &s).is_ok());
+    c.chip_types[1].framework = crate::framework::Framework::Polychip;
+    let e = check_zero_frameworks(&c, &s).unwrap_err().to_string();
+    assert!(
+        e.contains("zero_stage is 2") && e.contains("chip type Y"),
+        "{e}"
+    );
+    s.zero_stage = 1;
+    assert!(check_zero_frameworks(&c, &s).is_ok());
+    s.zero_stage = 4;
+    let e = s.validate().unwrap_err().to_string();
+    assert!(e.contains("zero_stage is 4"), "{e}");
+}

@@ -1379,6 +1379,8 @@ pub fn evaluate(
         settings.run_ahead = r;
     }
     settings.check_interleaving()?;
+    settings.check_zero()?;
+    crate::cost::check_zero_frameworks(cluster, &settings)?;
     let layouts = spec.layouts(model, cluster, settings.virtual_stages)?;
     settings.global_batch = layouts
         .iter()

@@ -1066,11 +1066,7 @@ pub(crate) fn apply_measured(
         b *= split(from.1, to.1, from0.1, to0.1);
     }
     let params = stage.params(model) as f64 / tp as f64;
-    let shard = if settings.shard_optimizer {
-        stage.dp.max(1) as f64
-    } else {
-        1.0
-    };
+    let shard = settings.shards(stage.dp).optimizer;
     // The schedule's part, as the trainer's measured search prices it: the
     // backward pass run whole where the stage does not split it, and both
     // passes slower where it holds other micro-batches in flight (1 where

@@ -246,6 +246,7 @@ pub fn plan(
     model.validate()?;
     cluster.validate()?;
     settings.validate()?;
+    crate::cost::check_zero_frameworks(cluster, settings)?;
     if settings.virtual_stages > 1 {
         return Err(crate::error::SpecError::Settings(format!(
             "virtual_stages is {}, but the search proposes plans without interleaving; score \
@@ -988,9 +989,11 @@ impl<'a> Ctx<'a> {
             return true;
         }
         let s = self.settings;
-        let shard = if s.shard_optimizer { d as f64 } else { 1.0 };
+        let shards = s.shards(d);
         let need = self.model.total_params() as f64
-            * (s.dtype.bytes() as f64 + s.grad_bytes() + s.optimizer_bytes() / shard);
+            * (s.dtype.bytes() as f64 / shards.weights
+                + s.grad_bytes() / shards.gradients
+                + s.optimizer_bytes() / shards.optimizer);
         let have: f64 = used
             .iter()
             .map(|g| (g.k * g.tp) as f64 * self.chip(g.ty).memory_bytes as f64)

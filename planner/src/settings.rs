@@ -81,6 +81,16 @@ pub struct TrainingSettings {
     /// `6 + 12/d` bytes per parameter instead of 18. Off by default.
     #[serde(default)]
     pub shard_optimizer: bool,
+    /// How much of the training state the data-parallel replicas of a
+    /// stage shard among themselves (ZeRO's stages, Rajbhandari et al.
+    /// 2020): 0, nothing; 1, the optimizer state (as `shard_optimizer`);
+    /// 2, the gradients too, reduce-scattered after every micro-batch's
+    /// backward pass (DeepSpeed's ZeRO-2); 3, the weights too, gathered
+    /// for every forward and backward pass (DeepSpeed's ZeRO-3, PyTorch
+    /// FSDP's full sharding). 0 by default; `shard_optimizer` makes it at
+    /// least 1. [`TrainingSettings::zero`] is the stage in force.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub zero_stage: u8,
     /// Keep gradients in bf16 (16 bytes per parameter instead of 18).
     #[serde(default)]
     pub bf16_gradients: bool,
@@ -119,6 +129,18 @@ pub struct TrainingSettings {
     pub run_ahead: u64,
 }
 
+/// What each part of the training state is divided by over a stage's
+/// data-parallel replicas ([`TrainingSettings::shards`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Shards {
+    /// The optimizer state (ZeRO-1 and up).
+    pub optimizer: f64,
+    /// The gradients (ZeRO-2 and up).
+    pub gradients: f64,
+    /// The weights (ZeRO-3).
+    pub weights: f64,
+}
+
 /// The most model chunks per device an interleaved plan may have.
 pub const MAX_VIRTUAL_STAGES: u64 = 64;
 
@@ -134,6 +156,13 @@ fn yes() -> bool {
     true
 }
 
+fn is_zero(v: &u8) -> bool {
+    *v == 0
+}
+
+/// The highest ZeRO stage ([`TrainingSettings::zero_stage`]).
+pub const MAX_ZERO_STAGE: u8 = 3;
+
 fn default_micro_batches() -> Vec<u64> {
     vec![1, 2, 4, 8]
 }
@@ -146,6 +175,7 @@ impl TrainingSettings {
             dtype: Dtype::default(),
             recompute: Recompute::default(),
             shard_optimizer: false,
+            zero_stage: 0,
             bf16_gradients: false,
             flash_attention: true,
             sequence_parallel: true,
@@ -207,6 +237,37 @@ impl TrainingSettings {
         Ok(())
     }
 
+    /// Checks `zero_stage`: 0 to [`MAX_ZERO_STAGE`].
+    pub fn check_zero(&self) -> Result<(), SpecError> {
+        if self.zero_stage > MAX_ZERO_STAGE {
+            return Err(SpecError::Settings(format!(
+                "zero_stage is {}; it must be 0 (nothing sharded), 1 (the optimizer state), 2 \
+                 (and the gradients) or 3 (and the weights: ZeRO-3, FSDP)",
+                self.zero_stage
+            )));
+        }
+        Ok(())
+    }
+
+    /// The ZeRO stage in force: `zero_stage`, at least 1 with
+    /// `shard_optimizer`.
+    pub fn zero(&self) -> u8 {
+        self.zero_stage.max(u8::from(self.shard_optimizer))
+    }
+
+    /// What the optimizer state, the gradients and the weights of a stage
+    /// are each divided by over its `dp` data-parallel replicas under the
+    /// ZeRO stage in force ([`TrainingSettings::zero`]).
+    pub fn shards(&self, dp: u64) -> Shards {
+        let d = dp.max(1) as f64;
+        let by = |stage: u8| if self.zero() >= stage { d } else { 1.0 };
+        Shards {
+            optimizer: by(1),
+            gradients: by(2),
+            weights: by(3),
+        }
+    }
+
     /// Checks the batch and the micro-batch candidates.
     pub fn validate(&self) -> Result<(), SpecError> {
         if self.global_batch == 0 {
@@ -242,6 +303,7 @@ impl TrainingSettings {
             ));
         }
         self.check_interleaving()?;
+        self.check_zero()?;
         if self.micro_batch_sizes.contains(&0) {
             return Err(SpecError::Settings(
                 "micro_batch_sizes contains 0; sizes must be at least 1".into(),
