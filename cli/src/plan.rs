@@ -1,6 +1,6 @@
 //! `polychip plan --cluster FILE --model PRESET_OR_FILE [--global-batch N]
 //! [--dtype bf16] [--recompute none|selective|full] [--shard-optimizer] [--zero-stage N]
-//! [--half-gradients]
+//! [--overlap-grad-reduce] [--half-gradients]
 //! [--no-flash-attention] [--schedule 1f1b|1f1b-deferred|zero-bubble|gpipe]
 //! [--profile FILE] [--exhaustive] [--json] [--trace out.json]`: runs the
 //! HeteroAuto search (`polychip_planner::search`) and prints the plan as a
@@ -78,6 +78,11 @@ pub struct Args {
     /// --evaluate of a report, the report's].
     #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = crate::numbers::whole::<u8>(0))]
     zero_stage: Option<u8>,
+    /// The data-parallel gradient reduction overlaps the last backward pass
+    /// in buckets (Megatron-LM's --overlap-grad-reduce, PyTorch DDP's
+    /// default, DeepSpeed's overlap_comm) instead of following it.
+    #[arg(long)]
+    overlap_grad_reduce: bool,
     /// Gradients kept and all-reduced in 16 bits (2 bytes a parameter, not
     /// 4): Megatron-LM's fp16/bf16 gradient buffer without
     /// `--accumulate-allreduce-grads-in-fp32`, DeepSpeed's fp16 and bf16
@@ -251,6 +256,7 @@ fn plan(args: &Args) -> Result<(), String> {
     if let Some(z) = args.zero_stage {
         settings.zero_stage = z;
     }
+    settings.overlap_grad_reduce |= args.overlap_grad_reduce;
     settings.bf16_gradients |= args.half_gradients;
     settings.flash_attention &= !args.no_flash_attention;
     settings.sequence_parallel &= !args.no_sequence_parallel;
@@ -503,6 +509,9 @@ fn flags_changing(recorded: &TrainingSettings, given: &TrainingSettings) -> Vec<
     }
     if a.shard_optimizer != b.shard_optimizer {
         out.push("--shard-optimizer".into());
+    }
+    if a.overlap_grad_reduce != b.overlap_grad_reduce {
+        out.push("--overlap-grad-reduce".into());
     }
     if a.zero_stage != b.zero_stage {
         out.push(format!(

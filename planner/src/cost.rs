@@ -1020,10 +1020,15 @@ pub fn stage_timing(
         crate::profile::apply_measured(&mut timing, model, settings, cluster, stage, mb);
     }
     zero_collectives(model, settings, cluster, stage, &mut timing);
-    if stage.chip.framework == Framework::Polychip {
-        if timing.dp_allreduce > 0.0 {
-            timing.dp_allreduce = overlapped_reduction(model, settings, stage, &timing);
-        }
+    let polychip = stage.chip.framework == Framework::Polychip;
+    // Under ZeRO-2 and 3 the step's end holds the weights' gather, which
+    // no backward pass overlaps.
+    let reduces_at_end = settings.zero() <= 1;
+    if (polychip || settings.overlap_grad_reduce) && reduces_at_end && timing.dp_allreduce > 0.0 {
+        timing.dp_allreduce =
+            overlapped_reduction(model, settings, stage, &timing, timing.dp_allreduce);
+    }
+    if polychip {
         // `polychip train` sends from a thread of each rank's own.
         timing.sends_async = true;
     }
@@ -1056,7 +1061,8 @@ fn largest_unit_params(model: &ModelSpec, stage: &StageShape) -> f64 {
 /// - ZeRO-2 reduce-scatters the stage's gradients after every
 ///   micro-batch's backward pass, not once a step (DeepSpeed's stage 2
 ///   keeps only its partition between micro-batches), outside the pass
-///   (`overlap_comm` is off by default), and gathers the updated weights
+///   (`overlap_comm` is off by default; with `overlap_grad_reduce` in
+///   buckets while it goes on), and gathers the updated weights
 ///   after the optimizer step, in place of the all-reduce;
 /// - ZeRO-3 (DeepSpeed's stage 3, FSDP's full sharding) gathers the
 ///   weights for every forward pass and again for every backward pass, and
@@ -1096,7 +1102,13 @@ fn zero_collectives(
     let gradients = part(params * settings.grad_bytes());
     let weights = part(params * settings.dtype.bytes() as f64);
     if zero == 2 {
-        timing.backward += gradients;
+        // With `overlap_grad_reduce` (DeepSpeed's `overlap_comm`) each
+        // bucket is reduced while the pass goes on, as the step's
+        // all-reduce is below.
+        timing.backward += match settings.overlap_grad_reduce {
+            true => overlapped_reduction(model, settings, stage, timing, gradients),
+            false => gradients,
+        };
         timing.dp_allreduce = weights;
         return;
     }
@@ -1129,17 +1141,20 @@ pub fn check_zero_frameworks(
     }
 }
 
-/// The part of a stage's gradient reduction `polychip train` leaves after
-/// the last backward pass: it reduces its gradients in buckets of half
-/// blocks while the pass goes on ([`crate::overlap`]). The frameworks the
-/// other chip types stand for reduce after the pass, as the runs this
-/// model is validated against did (Megatron-LM's and DeepSpeed's defaults
-/// then). Each block is taken as two halves of equal parameters.
+/// The part of a stage's gradient reduction of `reduce` seconds left after
+/// its last backward pass when each bucket is reduced as soon as the pass
+/// has produced it. `polychip train` does this in buckets of half blocks
+/// ([`crate::overlap::BUCKET_BYTES`]); the frameworks the other chip types
+/// stand for reduce after the pass unless the settings say they overlap
+/// (`overlap_grad_reduce`), as Megatron-LM does in buckets of at least
+/// `max(4e7, 1e6 d)` parameters ([`megatron_bucket_params`]). Each block is
+/// taken as two halves of equal parameters.
 fn overlapped_reduction(
     model: &ModelSpec,
     settings: &TrainingSettings,
     stage: &StageShape,
     timing: &StageTiming,
+    reduce: f64,
 ) -> f64 {
     let per_param = settings.grad_bytes() / stage.tp.max(1) as f64;
     let bytes = |params: u64| (params as f64 * per_param) as u64;
@@ -1161,7 +1176,17 @@ fn overlapped_reduction(
         timing.backward,
         timing.weight_grad,
     );
-    crate::overlap::exposed_reduction_of_units(timing.dp_allreduce, window, &units)
+    let min_bytes = match stage.chip.framework {
+        Framework::Polychip => crate::overlap::BUCKET_BYTES,
+        Framework::Megatron => (megatron_bucket_params(stage.dp) as f64 * per_param) as u64,
+    };
+    crate::overlap::exposed_reduction_in_buckets(reduce, window, &units, min_bytes)
+}
+
+/// Megatron-LM's gradient bucket, in parameters of a chip's own share: its
+/// `--ddp-bucket-size` default, `max(40,000,000, 1,000,000 d)`.
+pub fn megatron_bucket_params(dp: u64) -> u64 {
+    40_000_000u64.max(1_000_000u64.saturating_mul(dp))
 }
 
 /// The optimizer step of `params` parameters (per chip, before sharding

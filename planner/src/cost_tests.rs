@@ -691,3 +691,46 @@ fn zero_beyond_one_is_refused_on_polychip_chips() {
     let e = s.validate().unwrap_err().to_string();
     assert!(e.contains("zero_stage is 4"), "{e}");
 }
+
+/// With `overlap_grad_reduce` a Megatron-LM chip's reduction overlaps the
+/// last backward pass in buckets of at least 40 M parameters (two layers of
+/// this shape's 855 M are each a bucket of their own here: each half block
+/// is 428 M), so only the last bucket's share is left; ZeRO-2's reduce-
+/// scatter after each micro-batch overlaps its pass likewise.
+#[test]
+fn an_overlapped_megatron_reduction_leaves_its_last_bucket() {
+    let (m, c) = (ModelSpec::llama_70b(), cluster());
+    let mut s = TrainingSettings::new(64);
+    let st = shape(&c, 10..20, 1, 4, 1);
+    let whole = stage_timing(&m, &s, &c, &st, ONE);
+    s.overlap_grad_reduce = true;
+    let t = stage_timing(&m, &s, &c, &st, ONE);
+    assert_eq!((t.forward, t.backward), (whole.forward, whole.backward));
+    let units = vec![LAYER as u64 * 2; 20];
+    let min = megatron_bucket_params(4) * 4;
+    assert_eq!(min, 160_000_000);
+    let want = crate::overlap::exposed_reduction_in_buckets(
+        whole.dp_allreduce,
+        whole.backward,
+        &units,
+        min,
+    );
+    assert!(t.dp_allreduce < whole.dp_allreduce);
+    assert!(
+        (t.dp_allreduce - want).abs() <= want * 1e-9,
+        "{} {want}",
+        t.dp_allreduce
+    );
+    // The reduction (0.51 s) outlasts the pass (0.32 s): what is left is
+    // the whole reduction less the pass, with the last bucket after it.
+    assert!(t.dp_allreduce > whole.dp_allreduce - whole.backward);
+    // ZeRO-2's reduce-scatter after each micro-batch's pass.
+    s.zero_stage = 2;
+    let z = stage_timing(&m, &s, &c, &st, ONE);
+    let scatter = 0.75 * 10.0 * LAYER * 4.0 / 100e9;
+    let left = crate::overlap::exposed_reduction_in_buckets(scatter, whole.backward, &units, min);
+    close(z.backward, whole.backward + left);
+    assert!(left < scatter);
+    // Megatron-LM's bucket grows with the replicas.
+    assert_eq!(megatron_bucket_params(64), 64_000_000);
+}

@@ -86,7 +86,19 @@ pub fn overlap_window(
 /// `unit_bytes` of gradients, bucketed as the trainer buckets them
 /// ([`reduction_buckets`] at [`BUCKET_BYTES`]).
 pub fn exposed_reduction_of_units(reduce: f64, backward: f64, unit_bytes: &[u64]) -> f64 {
-    let buckets: Vec<u64> = reduction_buckets(unit_bytes, BUCKET_BYTES)
+    exposed_reduction_in_buckets(reduce, backward, unit_bytes, BUCKET_BYTES)
+}
+
+/// [`exposed_reduction`] of a stage whose units (in model order) hold
+/// `unit_bytes` of gradients, in buckets of at least `min_bytes`
+/// ([`reduction_buckets`]).
+pub fn exposed_reduction_in_buckets(
+    reduce: f64,
+    backward: f64,
+    unit_bytes: &[u64],
+    min_bytes: u64,
+) -> f64 {
+    let buckets: Vec<u64> = reduction_buckets(unit_bytes, min_bytes)
         .into_iter()
         .map(|r| unit_bytes[r].iter().sum())
         .collect();

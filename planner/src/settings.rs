@@ -91,6 +91,15 @@ pub struct TrainingSettings {
     /// least 1. [`TrainingSettings::zero`] is the stage in force.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub zero_stage: u8,
+    /// The data-parallel gradient reduction runs in buckets while the last
+    /// micro-batch's backward pass produces them (Megatron-LM's
+    /// `--overlap-grad-reduce`, PyTorch DDP's default, DeepSpeed's
+    /// `overlap_comm`; under ZeRO-2 every micro-batch's reduce-scatter),
+    /// instead of after it. Off by default (the frameworks' default in
+    /// the outside runs the model was validated on); `polychip train`'s
+    /// chips always overlap.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub overlap_grad_reduce: bool,
     /// Keep gradients in bf16 (16 bytes per parameter instead of 18).
     #[serde(default)]
     pub bf16_gradients: bool,
@@ -156,6 +165,10 @@ fn yes() -> bool {
     true
 }
 
+fn is_false(v: &bool) -> bool {
+    !*v
+}
+
 fn is_zero(v: &u8) -> bool {
     *v == 0
 }
@@ -176,6 +189,7 @@ impl TrainingSettings {
             recompute: Recompute::default(),
             shard_optimizer: false,
             zero_stage: 0,
+            overlap_grad_reduce: false,
             bf16_gradients: false,
             flash_attention: true,
             sequence_parallel: true,
