@@ -1098,9 +1098,7 @@ fn zero_collectives(
         stage.dp_peers,
         stage.dp_one_node,
     );
-    let part = |bytes: f64| (d - 1) as f64 / d as f64 * bytes / bandwidth;
-    let gradients = part(params * settings.grad_bytes());
-    let weights = part(params * settings.dtype.bytes() as f64);
+    let [weights, gradients] = zero_collective_seconds(settings, params, d, bandwidth);
     if zero == 2 {
         // With `overlap_grad_reduce` (DeepSpeed's `overlap_comm`) each
         // bucket is reduced while the pass goes on, as the step's
@@ -1116,6 +1114,25 @@ fn zero_collectives(
     timing.forward = timing.forward.max(weights) + unit * weights;
     timing.backward = timing.backward.max(weights + gradients) + unit * gradients;
     timing.dp_allreduce = 0.0;
+}
+
+/// Seconds of ZeRO's all-gather of `params` weights (a chip's share) and
+/// of its reduce-scatter of their gradients over `d` replicas at
+/// `bandwidth`: `(d - 1)/d` of the bytes each ([`zero_collectives`]).
+pub fn zero_collective_seconds(
+    settings: &TrainingSettings,
+    params: f64,
+    d: u64,
+    bandwidth: f64,
+) -> [f64; 2] {
+    if d <= 1 {
+        return [0.0, 0.0];
+    }
+    let part = |bytes: f64| (d - 1) as f64 / d as f64 * bytes / bandwidth;
+    [
+        part(params * settings.dtype.bytes() as f64),
+        part(params * settings.grad_bytes()),
+    ]
 }
 
 /// Refuses ZeRO-2 and ZeRO-3 on a cluster with a chip type of `polychip

@@ -60,7 +60,7 @@ use serde::{Deserialize, Serialize};
 use crate::cluster::{ChipType, ClusterSpec};
 use crate::cost::{
     Microbatching, StageShape, allreduce_time, dp_bandwidth, optimizer_time, pipeline_send_time,
-    stage_memory, stage_params, stage_timing,
+    stage_memory, stage_params, stage_timing, zero_collective_seconds,
 };
 use crate::error::SpecError;
 use crate::evaluate::{Layout, LayoutStage, assemble};
@@ -686,7 +686,7 @@ impl<'a> Ctx<'a> {
         };
         let lb = self.big.layers;
         let mut coefs = Vec::with_capacity(p);
-        for (i, &(ty, tp, _)) in st.iter().enumerate() {
+        for (i, &(ty, tp, at)) in st.iter().enumerate() {
             let chip = self.chip(ty);
             let cap = chip.memory_bytes as f64;
             let nmax = if p == 1 {
@@ -724,11 +724,38 @@ impl<'a> Ctx<'a> {
             if i + 1 == p {
                 extra += lt.head;
             }
-            coefs.push(StageCoef {
-                c: lt.c,
-                extra,
-                nmax,
-            });
+            let mut c = lt.c;
+            if settings.zero() >= 2 && dp > 1 {
+                // ZeRO-2 and 3's collectives every micro-batch, per layer
+                // and for the embedding's and head's parameters, as
+                // `cost::zero_collectives` prices a stage's (ZeRO-3's
+                // overlap taken per layer; the unit nothing overlaps and
+                // ZeRO-2's buckets under `overlap_grad_reduce` left to
+                // the plan's own evaluation).
+                let bandwidth =
+                    dp_bandwidth(self.cluster, chip, dp, tp, peers, at.replicas_same_node);
+                let per = |params: u64| {
+                    zero_collective_seconds(settings, params as f64 / tp as f64, dp, bandwidth)
+                };
+                let mut ends = 0;
+                if i == 0 {
+                    ends += stage_params(&self.big, &(0..1)) - self.big.layer_params();
+                }
+                if i + 1 == p {
+                    ends += stage_params(&self.big, &(lb - 1..lb)) - self.big.layer_params();
+                }
+                let ([lg, ls], [eg, es]) = (per(self.big.layer_params()), per(ends));
+                if settings.zero() == 2 {
+                    if !settings.overlap_grad_reduce {
+                        c += ls;
+                        extra += es;
+                    }
+                } else {
+                    c = c.max(2.0 * lg + ls);
+                    extra = extra.max(2.0 * eg + es);
+                }
+            }
+            coefs.push(StageCoef { c, extra, nmax });
         }
         let layers = min_max(&coefs, l)?;
         // The step-time terms, as cost::stage_timing computes them.
@@ -754,11 +781,14 @@ impl<'a> Ctx<'a> {
             max_t = max_t.max(t);
             sum_t += t;
             let params = stage_params(model, &(start..start + n)) as f64 / tp as f64;
-            let ar = allreduce_time(
-                params * settings.grad_bytes(),
-                dp,
-                dp_bandwidth(self.cluster, chip, dp, tp, peers, at.replicas_same_node),
-            );
+            let bandwidth = dp_bandwidth(self.cluster, chip, dp, tp, peers, at.replicas_same_node);
+            // The step's end: ZeRO-2 gathers the updated weights, ZeRO-3
+            // nothing; below, the gradients' all-reduce.
+            let ar = match settings.zero() {
+                0 | 1 => allreduce_time(params * settings.grad_bytes(), dp, bandwidth),
+                2 => zero_collective_seconds(settings, params, dp, bandwidth)[0],
+                _ => 0.0,
+            };
             let opt = optimizer_time(settings, chip, params, dp);
             tail = tail.max(ar + opt);
             start += n;
