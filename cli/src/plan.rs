@@ -23,7 +23,7 @@ use polychip_planner::model::ModelSpec;
 use polychip_planner::profile::ProfileFile;
 use polychip_planner::schedule::PipelineSchedule;
 use polychip_planner::search::{self, PlanOptions, PlanReport, fmt_bytes};
-use polychip_planner::settings::{Dtype, Recompute, TrainingSettings};
+use polychip_planner::settings::{Dtype, Recompute, RecomputeMethod, TrainingSettings};
 use polychip_planner::validate::{self, RunsFile, ScoredRun, Scores};
 use polychip_train::config::ModelConfig;
 
@@ -68,6 +68,17 @@ pub struct Args {
     /// with --evaluate of a report, the report's].
     #[arg(long, value_name = "KIND")]
     recompute: Option<String>,
+    /// Under --recompute full, which layers are recomputed: uniform (every
+    /// layer, inputs kept per group of --recompute-num-layers) or block
+    /// (only the first --recompute-num-layers of each stage), as
+    /// Megatron-LM's --recompute-method [default: uniform; with --evaluate
+    /// of a report, the report's].
+    #[arg(long, value_name = "METHOD")]
+    recompute_method: Option<String>,
+    /// Megatron-LM's --recompute-num-layers under --recompute full [default:
+    /// 1; with --evaluate of a report, the report's].
+    #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = crate::numbers::whole::<u64>(1))]
+    recompute_num_layers: Option<u64>,
     /// Shard the optimizer state over data-parallel replicas (ZeRO-1).
     #[arg(long)]
     shard_optimizer: bool,
@@ -251,6 +262,16 @@ fn plan(args: &Args) -> Result<(), String> {
             "full" => Recompute::Full,
             r => return Err(format!("--recompute {r}: expected none, selective or full")),
         };
+    }
+    if let Some(m) = &args.recompute_method {
+        settings.recompute_method = match m.as_str() {
+            "uniform" => RecomputeMethod::Uniform,
+            "block" => RecomputeMethod::Block,
+            m => return Err(format!("--recompute-method {m}: expected uniform or block")),
+        };
+    }
+    if let Some(n) = args.recompute_num_layers {
+        settings.recompute_num_layers = n;
     }
     settings.shard_optimizer |= args.shard_optimizer;
     if let Some(z) = args.zero_stage {
@@ -506,6 +527,21 @@ fn flags_changing(recorded: &TrainingSettings, given: &TrainingSettings) -> Vec<
     }
     if a.recompute != b.recompute {
         out.push(format!("--recompute {:?} for {:?}", b.recompute, a.recompute).to_lowercase());
+    }
+    if a.recompute_method != b.recompute_method {
+        out.push(
+            format!(
+                "--recompute-method {:?} for {:?}",
+                b.recompute_method, a.recompute_method
+            )
+            .to_lowercase(),
+        );
+    }
+    if a.recompute_num_layers != b.recompute_num_layers {
+        out.push(format!(
+            "--recompute-num-layers {} for {}",
+            b.recompute_num_layers, a.recompute_num_layers
+        ));
     }
     if a.shard_optimizer != b.shard_optimizer {
         out.push("--shard-optimizer".into());

@@ -239,7 +239,8 @@ pub fn stage_params(model: &ModelSpec, layers: &Range<u64>) -> u64 {
 /// by the dtype's size over 2): `s b h (34 + 5 a s / h) / t` with sequence
 /// parallelism, `s b h (10 + 24 / t + 5 a s / (h t))` without; with flash
 /// attention or selective recomputation the score term is 0; with full
-/// recomputation `2 s b h` (the layer input only).
+/// recomputation `2 s b h` (the layer input only; over `t` with sequence
+/// parallelism).
 pub fn layer_activation_bytes(
     model: &ModelSpec,
     settings: &TrainingSettings,
@@ -247,15 +248,28 @@ pub fn layer_activation_bytes(
     tp: u64,
 ) -> f64 {
     if settings.recompute == Recompute::Full {
-        return checkpoint_bytes(model, settings, micro_batch);
+        return checkpoint_bytes(model, settings, micro_batch, tp);
     }
     full_layer_activation_bytes(model, settings, micro_batch, tp)
 }
 
-/// `2 s b h` (16-bit): the layer input that full recomputation keeps.
-fn checkpoint_bytes(model: &ModelSpec, settings: &TrainingSettings, micro_batch: u64) -> f64 {
+/// `2 s b h` (16-bit): the layer input that full recomputation keeps,
+/// split over the `tp` chips under sequence parallelism, where the layers'
+/// inputs lie split along the sequence (Korthikanti et al. 2022: `2 s b h /
+/// t` a layer; until 2026-12-07 whole on every chip, as without it, which
+/// every outside set with full recomputation ran).
+fn checkpoint_bytes(
+    model: &ModelSpec,
+    settings: &TrainingSettings,
+    micro_batch: u64,
+    tp: u64,
+) -> f64 {
     let sbh = (model.seq_len * micro_batch * model.hidden) as f64;
-    sbh * settings.dtype.bytes() as f64
+    let split = match settings.sequence_parallel {
+        true => tp.max(1) as f64,
+        false => 1.0,
+    };
+    sbh * settings.dtype.bytes() as f64 / split
 }
 
 /// One layer's activations without full recomputation.
@@ -452,19 +466,19 @@ fn megatron_terms(
     let gradients =
         settings.grad_bytes() * (params / shards.gradients + unit * whole(shards.gradients));
     let optimizer = params * settings.optimizer_bytes() / shards.optimizer;
-    let n = (stage.layers.end - stage.layers.start) as f64;
     let kept = kept_micro_batches(settings, stage, mb);
-    // A profile's measured bytes per block replace the formula (without
-    // full recomputation, which keeps less than was measured).
-    let measured = measured_block_activations(model, settings, stage, mb);
-    let per_layer =
-        measured.unwrap_or_else(|| layer_activation_bytes(model, settings, mb.size, stage.tp));
-    let recomputed = if settings.recompute == Recompute::Full && n > 0.0 {
-        full_layer_activation_bytes(model, settings, mb.size, stage.tp)
-    } else {
-        0.0
-    };
-    let activations = n * kept * per_layer
+    // Layers that keep every activation, inputs kept for recomputation,
+    // and the layers a recomputation rebuilds at once.
+    let split = settings.recompute_split(stage.layers.end - stage.layers.start);
+    // A profile's measured bytes per block replace the formula for the
+    // layers that keep every activation.
+    let whole = measured_block_activations(model, settings, stage, mb)
+        .unwrap_or_else(|| full_layer_activation_bytes(model, settings, mb.size, stage.tp));
+    let recomputed =
+        split.working * full_layer_activation_bytes(model, settings, mb.size, stage.tp);
+    let activations = kept
+        * (split.whole * whole
+            + split.checkpoints * checkpoint_bytes(model, settings, mb.size, stage.tp))
         + recomputed
         + kept * embedding_mask_bytes(model, settings, stage, mb.size);
     // The loss's buffers are freed before the last layer's backward (and,
@@ -516,10 +530,11 @@ pub fn kept_micro_batches(
 }
 
 /// A profile's measured activation bytes per block of `stage`'s chip at
-/// `mb`'s size, when it has them and full recomputation (which keeps less
-/// than was measured) is off. At a tensor-parallel degree the profile does
+/// `mb`'s size, when it has them: a block that keeps every activation
+/// (full recomputation keeps less than was measured of the blocks it
+/// recomputes). At a tensor-parallel degree the profile does
 /// not measure, the nearest measured degree's bytes scaled by the formula's
-/// ratio between the two degrees ([`layer_activation_bytes`]), as its times
+/// ratio between the two degrees (`full_layer_activation_bytes`), as its times
 /// are scaled by the FLOP model's (they were ignored there, silently).
 fn measured_block_activations(
     model: &ModelSpec,
@@ -527,9 +542,6 @@ fn measured_block_activations(
     stage: &StageShape,
     mb: Microbatching,
 ) -> Option<f64> {
-    if settings.recompute == Recompute::Full {
-        return None;
-    }
     let tp = stage.tp.max(1);
     let at = |t: u64| {
         stage
@@ -542,7 +554,7 @@ fn measured_block_activations(
     }
     let near = stage.chip.nearest_measured_tp(tp)?;
     let bytes = at(near)?;
-    let formula = |t: u64| layer_activation_bytes(model, settings, mb.size, t);
+    let formula = |t: u64| full_layer_activation_bytes(model, settings, mb.size, t);
     (formula(near) > 0.0).then(|| bytes * formula(tp) / formula(near))
 }
 
@@ -930,13 +942,18 @@ pub fn analytic_stage_timing(
     let sbh_bytes = (model.seq_len * b * model.hidden * settings.dtype.bytes()) as f64;
     let tp_ar = tp_allreduce_time(sbh_bytes, tp, chip.intra_node_bandwidth);
     let layer = layer_time(model, settings, &rates, b, tp);
+    // Selective recomputation reruns every layer's attention forward; full
+    // recomputation the whole forward of the layers it recomputes.
     let recompute = match settings.recompute {
         Recompute::None => 0.0,
-        Recompute::Selective => attention_time(model, &rates, b, tp).forward,
-        Recompute::Full => layer.forward + 2.0 * tp_ar,
+        Recompute::Selective => n * attention_time(model, &rates, b, tp).forward,
+        Recompute::Full => {
+            let split = settings.recompute_split(stage.layers.end - stage.layers.start);
+            split.recomputed * (layer.forward + 2.0 * tp_ar)
+        }
     };
     let mut forward = n * (layer.forward + 2.0 * tp_ar);
-    let mut backward = n * (layer.backward + 2.0 * tp_ar + recompute);
+    let mut backward = n * (layer.backward + 2.0 * tp_ar) + recompute;
     let weight_grads =
         |mms: &[Matmul]| -> f64 { mms.iter().map(|mm| rates.weight_grad_time(mm)).sum() };
     let mut weight_grad = n * weight_grads(&model.layer_matmuls(b, tp));

@@ -4,7 +4,7 @@
 
 use super::*;
 use crate::schedule::PipelineSchedule;
-use crate::settings::Dtype;
+use crate::settings::{Dtype, RecomputeMethod};
 
 const SBH: f64 = 33_554_432.0;
 const LAYER: f64 = 855_654_400.0;
@@ -102,7 +102,11 @@ fn activation_bytes_per_layer() {
     s.flash_attention = true;
     close(layer_activation_bytes(&m, &s, 1, 8), 142_606_336.0);
     s.recompute = Recompute::Full;
+    // 2 s b h over t: the layers' inputs lie split along the sequence.
+    close(layer_activation_bytes(&m, &s, 1, 8), 67_108_864.0 / 8.0);
+    s.sequence_parallel = false;
     close(layer_activation_bytes(&m, &s, 1, 8), 67_108_864.0); // 2 s b h
+    s.sequence_parallel = true;
     s.recompute = Recompute::None;
     s.dtype = Dtype::F32;
     close(layer_activation_bytes(&m, &s, 1, 8), 2.0 * 142_606_336.0);
@@ -148,7 +152,7 @@ fn one_f_one_b_first_stage_keeps_the_most() {
     let x = stage_memory(&m, &full, &shape(&c, 10..20, 0, 1, 8), ONE);
     close(
         x.activations,
-        40.0 * 67_108_864.0 + 142_606_336.0 + 4.0 * mask,
+        40.0 * 67_108_864.0 / 8.0 + 142_606_336.0 + 4.0 * mask,
     );
     close(
         x.total,
@@ -733,4 +737,47 @@ fn an_overlapped_megatron_reduction_leaves_its_last_bucket() {
     assert!(left < scatter);
     // Megatron-LM's bucket grows with the replicas.
     assert_eq!(megatron_bucket_params(64), 64_000_000);
+}
+
+/// Megatron-LM's `--recompute-method` and `--recompute-num-layers` under
+/// full recomputation: `uniform` keeps the input of each group of N layers
+/// and rebuilds a group at once; `block` recomputes only the first N
+/// layers of a stage, the others keeping every activation.
+#[test]
+fn partial_recomputation_keeps_what_megatron_keeps() {
+    let (m, c) = (ModelSpec::llama_70b(), cluster());
+    let mut s = TrainingSettings::new(64);
+    let st = shape(&c, 10..20, 1, 1, 8);
+    let mem = |s: &TrainingSettings| stage_memory(&m, s, &st, ONE).activations;
+    let time = |s: &TrainingSettings| stage_timing(&m, s, &c, &st, ONE);
+    let kept = kept_micro_batches(&s, &st, ONE);
+    let full = full_layer_activation_bytes(&m, &s, 1, 8);
+    let input = SBH * 2.0 / 8.0; // split over t = 8 with sequence parallelism
+    let mask = 0.0; // not the first stage
+    let none = time(&s);
+    s.recompute = Recompute::Full;
+    let every = time(&s);
+    close(mem(&s), kept * 10.0 * input + full + mask);
+    // Groups of 4: inputs of 3 groups, a group of 4 rebuilt at once, every
+    // layer recomputed.
+    s.recompute_num_layers = 4;
+    close(mem(&s), kept * 3.0 * input + 4.0 * full);
+    close(time(&s).backward, every.backward);
+    // The first 4 of the stage's 10 recomputed, one at a time; 6 whole.
+    s.recompute_method = RecomputeMethod::Block;
+    close(mem(&s), kept * (4.0 * input + 6.0 * full) + full);
+    let recompute_one = (every.backward - none.backward) / 10.0;
+    close(time(&s).backward, none.backward + 4.0 * recompute_one);
+    // More than the stage holds: every layer, as uniform with 1.
+    s.recompute_num_layers = 40;
+    close(mem(&s), kept * 10.0 * input + full);
+    close(time(&s).backward, every.backward);
+    // Only with full recomputation, and at least 1.
+    s.recompute = Recompute::Selective;
+    let e = s.validate().unwrap_err().to_string();
+    assert!(e.contains("recompute_num_layers 40 applies to full"), "{e}");
+    s.recompute = Recompute::Full;
+    s.recompute_num_layers = 0;
+    let e = s.validate().unwrap_err().to_string();
+    assert!(e.contains("recompute_num_layers is 0"), "{e}");
 }

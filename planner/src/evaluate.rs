@@ -1380,6 +1380,7 @@ pub fn evaluate(
     }
     settings.check_interleaving()?;
     settings.check_zero()?;
+    settings.check_recompute()?;
     crate::cost::check_zero_frameworks(cluster, &settings)?;
     let layouts = spec.layouts(model, cluster, settings.virtual_stages)?;
     settings.global_batch = layouts

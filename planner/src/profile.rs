@@ -999,7 +999,7 @@ pub(crate) fn apply_measured(
         (false, false) => 0.0,
     };
     if settings.recompute == crate::settings::Recompute::Full {
-        b += blocks as f64 * costs.block_forward;
+        b += settings.recompute_split(blocks as u64).recomputed * costs.block_forward;
     }
     // The cost model's passes of this stage at micro-batch `size` and
     // degree `tp`, with its dispatch floor (`whole`) or without (the work

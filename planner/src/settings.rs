@@ -57,6 +57,36 @@ pub enum Recompute {
     Full,
 }
 
+/// Which layers full recomputation recomputes (Megatron-LM's
+/// `--recompute-method`), with [`TrainingSettings::recompute_num_layers`]
+/// `N`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RecomputeMethod {
+    /// Every layer, its stage's layers in groups of `N` whose inputs are
+    /// kept: a group's activations are rebuilt at once (`N` = 1, the
+    /// default: each layer's input kept).
+    #[default]
+    Uniform,
+    /// Only the first `N` layers of each stage (of each model chunk under
+    /// interleaving); the others keep all their activations.
+    Block,
+}
+
+/// What full recomputation ([`TrainingSettings::recompute_split`]) makes of
+/// a stage's layers.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RecomputeSplit {
+    /// Inputs kept (`2 s b h` each) per micro-batch in flight.
+    pub checkpoints: f64,
+    /// Layers whose forward pass runs again in the backward pass.
+    pub recomputed: f64,
+    /// Layers that keep all their activations per micro-batch in flight.
+    pub whole: f64,
+    /// Layers whose activations a recomputation holds at once.
+    pub working: f64,
+}
+
 /// The largest global batch the planner accepts, in sequences: 64 times
 /// the 1024 of the largest published runs (at 4096 tokens, 268 M tokens per
 /// step). It bounds the micro-batches the simulator schedules.
@@ -77,6 +107,15 @@ pub struct TrainingSettings {
     /// Recomputation; `none` by default.
     #[serde(default)]
     pub recompute: Recompute,
+    /// Which layers full recomputation recomputes: `uniform` (the
+    /// default) or `block` (Megatron-LM's `--recompute-method`).
+    #[serde(default, skip_serializing_if = "is_uniform")]
+    pub recompute_method: RecomputeMethod,
+    /// Megatron-LM's `--recompute-num-layers` under full recomputation: the
+    /// layers of a group (`uniform`) or the layers recomputed per stage
+    /// (`block`); 1 by default.
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub recompute_num_layers: u64,
     /// Shard the optimizer state over data-parallel replicas (ZeRO-1):
     /// `6 + 12/d` bytes per parameter instead of 18. Off by default.
     #[serde(default)]
@@ -165,6 +204,10 @@ fn yes() -> bool {
     true
 }
 
+fn is_uniform(v: &RecomputeMethod) -> bool {
+    *v == RecomputeMethod::Uniform
+}
+
 fn is_false(v: &bool) -> bool {
     !*v
 }
@@ -172,6 +215,9 @@ fn is_false(v: &bool) -> bool {
 fn is_zero(v: &u8) -> bool {
     *v == 0
 }
+
+/// The most layers [`TrainingSettings::recompute_num_layers`] may give.
+pub const MAX_RECOMPUTE_NUM_LAYERS: u64 = 1_000_000;
 
 /// The highest ZeRO stage ([`TrainingSettings::zero_stage`]).
 pub const MAX_ZERO_STAGE: u8 = 3;
@@ -187,6 +233,8 @@ impl TrainingSettings {
             global_batch,
             dtype: Dtype::default(),
             recompute: Recompute::default(),
+            recompute_method: RecomputeMethod::default(),
+            recompute_num_layers: 1,
             shard_optimizer: false,
             zero_stage: 0,
             overlap_grad_reduce: false,
@@ -249,6 +297,72 @@ impl TrainingSettings {
             )));
         }
         Ok(())
+    }
+
+    /// Checks `recompute_num_layers` (1 to [`MAX_RECOMPUTE_NUM_LAYERS`])
+    /// and that it and `recompute_method` are given only with full
+    /// recomputation.
+    pub fn check_recompute(&self) -> Result<(), SpecError> {
+        let n = self.recompute_num_layers;
+        if !(1..=MAX_RECOMPUTE_NUM_LAYERS).contains(&n) {
+            return Err(SpecError::Settings(format!(
+                "recompute_num_layers is {n}; it must be 1 to {MAX_RECOMPUTE_NUM_LAYERS}"
+            )));
+        }
+        let partial = n != 1 || self.recompute_method != RecomputeMethod::Uniform;
+        if partial && self.recompute != Recompute::Full {
+            return Err(SpecError::Settings(format!(
+                "recompute_method {} with recompute_num_layers {n} applies to full \
+                 recomputation, but recompute is {}; give recompute = \"full\" (--recompute \
+                 full)",
+                match self.recompute_method {
+                    RecomputeMethod::Uniform => "uniform",
+                    RecomputeMethod::Block => "block",
+                },
+                match self.recompute {
+                    Recompute::None => "none",
+                    Recompute::Selective => "selective",
+                    Recompute::Full => "full",
+                }
+            )));
+        }
+        Ok(())
+    }
+
+    /// What recomputation makes of a stage's (or model chunk's) `layers`
+    /// layers: under full recomputation, `uniform` keeps the input of each
+    /// group of `N` (`ceil(n / N)`), recomputes every layer and rebuilds a
+    /// group (`min(N, n)` layers) at once; `block` keeps the input of and
+    /// recomputes the first `r = min(N, n)` layers, one at a time, and the
+    /// other `n - r` keep all their activations. Without it every layer
+    /// keeps its activations (selective recomputation's are counted by the
+    /// activation formula).
+    pub fn recompute_split(&self, layers: u64) -> RecomputeSplit {
+        let n = layers as f64;
+        let group = self.recompute_num_layers.max(1);
+        match (self.recompute, self.recompute_method) {
+            (Recompute::Full, RecomputeMethod::Uniform) => RecomputeSplit {
+                checkpoints: layers.div_ceil(group) as f64,
+                recomputed: n,
+                whole: 0.0,
+                working: layers.min(group) as f64,
+            },
+            (Recompute::Full, RecomputeMethod::Block) => {
+                let r = layers.min(group) as f64;
+                RecomputeSplit {
+                    checkpoints: r,
+                    recomputed: r,
+                    whole: n - r,
+                    working: r.min(1.0),
+                }
+            }
+            _ => RecomputeSplit {
+                checkpoints: 0.0,
+                recomputed: 0.0,
+                whole: n,
+                working: 0.0,
+            },
+        }
     }
 
     /// Checks `zero_stage`: 0 to [`MAX_ZERO_STAGE`].
@@ -318,6 +432,7 @@ impl TrainingSettings {
         }
         self.check_interleaving()?;
         self.check_zero()?;
+        self.check_recompute()?;
         if self.micro_batch_sizes.contains(&0) {
             return Err(SpecError::Settings(
                 "micro_batch_sizes contains 0; sizes must be at least 1".into(),
