@@ -1053,3 +1053,80 @@ fn a_plan_of_too_many_groups_is_refused_before_it_is_built() {
     let e = PlanSpec::parse(&format!(r#"{{"groups":[{few}]}}"#), true);
     assert!(e.is_ok(), "{:?}", e.err());
 }
+
+/// Every combination of the settings that shard, overlap and recompute
+/// scores the searched plan with finite, non-negative figures, each ZeRO
+/// stage holds no more of any stage's training state than the one before,
+/// and recomputing more layers keeps no more activations.
+#[test]
+fn every_sharding_overlap_and_recomputation_setting_scores_a_plan() {
+    use polychip_planner::settings::RecomputeMethod;
+    let (c, m) = (example_cluster(), ModelSpec::llama_7b());
+    let s = TrainingSettings::new(256);
+    let report = plan(&m, &c, &s, &PlanOptions::default()).unwrap();
+    let spec = PlanSpec::parse(&serde_json::to_string(&report).unwrap(), true).unwrap();
+    assert!(report.plan.dp > 1, "the plan has replicas to shard over");
+    let recomputations = [
+        (Recompute::None, RecomputeMethod::Uniform, 1),
+        (Recompute::Selective, RecomputeMethod::Uniform, 1),
+        (Recompute::Full, RecomputeMethod::Block, 2),
+        (Recompute::Full, RecomputeMethod::Uniform, 3),
+        (Recompute::Full, RecomputeMethod::Uniform, 1),
+    ];
+    for dtype in [Dtype::Bf16, Dtype::F32] {
+        for overlap in [false, true] {
+            let mut block_activations: Option<Vec<f64>> = None;
+            for (recompute, method, n) in recomputations {
+                let mut last_state: Option<Vec<f64>> = None;
+                for zero in 0..=3 {
+                    let mut t = s.clone();
+                    (t.dtype, t.overlap_grad_reduce, t.zero_stage) = (dtype, overlap, zero);
+                    (t.recompute, t.recompute_method, t.recompute_num_layers) =
+                        (recompute, method, n);
+                    let at = format!(
+                        "{dtype} overlap {overlap} {recompute:?} {method:?} {n} zero {zero}"
+                    );
+                    let ev = evaluate(&spec, &m, &c, &t).unwrap_or_else(|e| panic!("{at}: {e}"));
+                    let step = ev.plan.step_time_simulated;
+                    assert!(step.is_finite() && step > 0.0, "{at}: step {step}");
+                    let stages: Vec<_> = ev.plan.replicas.iter().flat_map(|r| &r.stages).collect();
+                    for st in &stages {
+                        let x = &st.memory;
+                        let tm = &st.timing;
+                        for v in [x.weights, x.gradients, x.optimizer, x.activations, x.logits]
+                            .into_iter()
+                            .chain([tm.forward, tm.backward, tm.dp_allreduce, tm.optimizer])
+                        {
+                            assert!(v.is_finite() && v >= 0.0, "{at}: {st:?}");
+                        }
+                    }
+                    let state: Vec<f64> = stages
+                        .iter()
+                        .map(|st| st.memory.weights + st.memory.gradients + st.memory.optimizer)
+                        .collect();
+                    if let Some(before) = &last_state {
+                        for (now, before) in state.iter().zip(before) {
+                            assert!(*now <= before * (1.0 + 1e-12), "{at}: {now} > {before}");
+                        }
+                    }
+                    last_state = Some(state);
+                    // Every layer recomputed keeps no more than only the
+                    // first two of each stage recomputed.
+                    let acts: Vec<f64> = stages.iter().map(|st| st.memory.activations).collect();
+                    match (recompute, method, n) {
+                        (Recompute::Full, RecomputeMethod::Block, _) if zero == 0 => {
+                            block_activations = Some(acts)
+                        }
+                        (Recompute::Full, RecomputeMethod::Uniform, 1) => {
+                            let block = block_activations.as_ref().expect("block ran first");
+                            for (now, block) in acts.iter().zip(block) {
+                                assert!(*now <= block * (1.0 + 1e-12), "{at}: {now} > {block}");
+                            }
+                        }
+                        _ => {}
+                    }
+                }
+            }
+        }
+    }
+}
