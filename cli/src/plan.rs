@@ -39,9 +39,15 @@ pub struct Args {
     #[arg(long, value_name = "FILE")]
     cluster: PathBuf,
     /// A model preset (llama-7b, llama-13b, llama-70b, h2-100b; or the
-    /// trainer's mini, tiny, small, deep) or a model TOML file.
+    /// trainer's mini, tiny, small, deep), a model TOML file, or a Hugging
+    /// Face model: its directory or its config.json (any dense decoder:
+    /// LLaMA, Mistral, Qwen, GPT-2, OPT, Falcon, ...).
     #[arg(long, value_name = "PRESET_OR_FILE")]
     model: String,
+    /// The training sequence length, in place of the model's [default: the
+    /// model's; a Hugging Face config's context, at most 4096].
+    #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = crate::numbers::whole::<u64>(1))]
+    seq_len: Option<u64>,
     /// Score this plan (`polychip plan --json` or `polychip train
     /// --save-plan` output, or a plan TOML) instead of searching.
     #[arg(long, value_name = "PLAN")]
@@ -176,10 +182,28 @@ pub(crate) fn file_error(e: &SpecError, path: &Path) -> String {
     crate::outputs::reshown(&e.to_string(), path)
 }
 
-/// A planner preset, a trainer preset, or a model TOML file (the
-/// planner's fields, or the trainer's).
-fn load_model(arg: &str) -> Result<ModelSpec, String> {
+/// A planner preset, a trainer preset, a model TOML file (the planner's
+/// fields, or the trainer's), or a Hugging Face model (its directory or
+/// its `config.json`); `seq_len` in place of the model's.
+fn load_model(arg: &str, seq_len: Option<u64>) -> Result<ModelSpec, String> {
+    let mut model = read_model(arg, seq_len)?;
+    if let Some(s) = seq_len {
+        model.seq_len = s;
+        model
+            .validate()
+            .map_err(|e| format!("--seq-len {s}: {e}"))?;
+    }
+    Ok(model)
+}
+
+fn read_model(arg: &str, seq_len: Option<u64>) -> Result<ModelSpec, String> {
     let path = Path::new(arg);
+    if arg.ends_with(".json") || path.join("config.json").is_file() {
+        return ModelSpec::load_hf(path, seq_len).map_err(|e| match e {
+            SpecError::Io { .. } => file_error(&e, path),
+            e => e.to_string(),
+        });
+    }
     // A name that can only be a file (a directory in it, or `.toml`) is
     // read as one, so that a missing file is said to be missing.
     if path.is_file() || arg.contains('/') || arg.ends_with(".toml") {
@@ -209,7 +233,7 @@ fn load_model(arg: &str) -> Result<ModelSpec, String> {
 
 fn plan(args: &Args) -> Result<(), String> {
     let mut cluster = load_cluster(&args.cluster)?;
-    let model = load_model(&args.model)?;
+    let model = load_model(&args.model, args.seq_len)?;
     if let Some(trace) = &args.trace {
         // Before searching, not after.
         crate::outputs::check_file("--trace", trace)?;

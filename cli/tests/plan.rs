@@ -184,6 +184,60 @@ fn zero_stages_shard_an_evaluated_plan() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
+/// A Hugging Face model's directory or config.json plans as its shape
+/// (`--seq-len` in place of its context); a mixture of experts is refused
+/// naming the field.
+#[test]
+fn a_hugging_face_config_plans_as_its_shape() {
+    let dir = std::env::temp_dir().join(format!("polychip-plan-hf-{}", std::process::id()));
+    let model = dir.join("qwen-tiny");
+    std::fs::create_dir_all(&model).unwrap();
+    std::fs::write(
+        model.join("config.json"),
+        r#"{"model_type": "qwen2", "hidden_act": "silu", "hidden_size": 896,
+            "intermediate_size": 4864, "max_position_embeddings": 32768,
+            "num_attention_heads": 14, "num_hidden_layers": 24, "num_key_value_heads": 2,
+            "vocab_size": 151936}"#,
+    )
+    .unwrap();
+    let cluster = example("china-mobile-3-vendor.toml");
+    let plan = |m: &str, extra: &[&str]| {
+        let base = [
+            "plan",
+            "--cluster",
+            &cluster,
+            "--model",
+            m,
+            "--global-batch",
+            "256",
+        ];
+        polychip(&[&base[..], &["--json"], extra].concat())
+    };
+    for (m, extra, seq) in [
+        (model.to_str().unwrap(), &[][..], 4096),
+        (
+            model.join("config.json").to_str().unwrap(),
+            &["--seq-len", "8192"][..],
+            8192,
+        ),
+    ] {
+        let (code, out, err) = plan(m, extra);
+        assert_eq!(code, Some(0), "{err}");
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(v["plan"]["model"], "qwen-tiny");
+        assert_eq!(v["plan"]["seq_len"], seq);
+    }
+    let moe = dir.join("moe.json");
+    std::fs::write(&moe, r#"{"model_type": "mixtral", "num_local_experts": 8}"#).unwrap();
+    let (code, _, err) = plan(moe.to_str().unwrap(), &[]);
+    assert_eq!(code, Some(2));
+    assert!(
+        err.contains("moe.json") && err.contains("`num_local_experts` = 8"),
+        "{err}"
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}
+
 /// A file of the planner's outside datasets.
 fn outside(name: &str) -> std::path::PathBuf {
     std::path::Path::new(env!("CARGO_MANIFEST_DIR"))

@@ -1,5 +1,6 @@
-//! The planner's cluster, model, profile and plan-to-evaluate files and the
-//! trainer's model and plan files from arbitrary text: parsed and
+//! The planner's cluster, model (TOML or a Hugging Face config.json),
+//! profile and plan-to-evaluate files and the trainer's model and plan
+//! files from arbitrary text: parsed and
 //! validated, or refused with an error naming the field, never a panic, an
 //! overflow or an unbounded allocation.
 
@@ -38,7 +39,15 @@ pub fn run(data: &[u8]) {
             let _ = ClusterSpec::from_toml_str(text);
         }
         1 => {
-            let _ = ModelSpec::from_toml_str(text);
+            // A planner model: TOML, or a Hugging Face config.json.
+            match text.trim_start().starts_with('{') {
+                true => {
+                    let _ = ModelSpec::from_hf_config(text, "fuzz", None);
+                }
+                false => {
+                    let _ = ModelSpec::from_toml_str(text);
+                }
+            }
         }
         2 => {
             if let Ok(cfg) = toml::from_str::<ModelConfig>(text) {

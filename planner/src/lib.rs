@@ -19,6 +19,7 @@ pub mod cost;
 pub mod error;
 pub mod evaluate;
 pub mod framework;
+pub mod hf;
 pub mod measured;
 pub mod model;
 pub mod overlap;

@@ -1,0 +1,361 @@
+//! A model's shape from a Hugging Face `config.json` (`polychip plan
+//! --model DIR_OR_CONFIG.json`): the layers, widths, heads, vocabulary and
+//! context of any dense decoder transformers describes, mapped onto
+//! [`ModelSpec`]. The planner models a SwiGLU feed-forward block (three
+//! matrices of `h x f`); a model whose MLP has two matrices (GPT-2, OPT,
+//! GPT-NeoX, Falcon, BLOOM, ...) of inner width `i` is the SwiGLU of width
+//! `2 i / 3`, which has its parameters and FLOPs. Mixtures of experts are
+//! refused (the planner models dense layers only), naming the field that
+//! says so.
+
+use std::path::Path;
+
+use serde_json::{Map, Value};
+
+use crate::error::{SpecError, read_file};
+use crate::model::ModelSpec;
+
+/// The sequence length taken when neither the caller nor the config gives
+/// a shorter context: the presets' 4096.
+pub const DEFAULT_SEQ_LEN: u64 = 4096;
+
+/// `model_type`s whose feed-forward block is gated (three matrices: SwiGLU
+/// or GeGLU). A type in neither list is taken as gated when its
+/// `hidden_act` is SiLU (every SiLU transformer in transformers gates its
+/// MLP), as plain otherwise.
+const GATED: &[&str] = &[
+    "llama",
+    "mistral",
+    "qwen",
+    "qwen2",
+    "qwen3",
+    "gemma",
+    "gemma2",
+    "gemma3_text",
+    "phi3",
+    "olmo",
+    "olmo2",
+    "internlm",
+    "internlm2",
+    "cohere",
+    "cohere2",
+    "granite",
+    "stablelm",
+    "baichuan",
+    "exaone",
+    "exaone4",
+    "chatglm",
+    "glm",
+    "glm4",
+    "smollm3",
+    "helium",
+    "deepseek",
+];
+
+/// `model_type`s whose MLP is two matrices (up and down).
+const PLAIN: &[&str] = &[
+    "gpt2",
+    "gpt_bigcode",
+    "gpt_neo",
+    "gpt_neox",
+    "gptj",
+    "codegen",
+    "opt",
+    "bloom",
+    "falcon",
+    "phi",
+    "starcoder2",
+    "nemotron",
+    "mpt",
+    "persimmon",
+];
+
+/// Fields that make a model a mixture of experts.
+const EXPERT_FIELDS: &[&str] = &[
+    "num_local_experts",
+    "num_experts",
+    "n_routed_experts",
+    "moe_num_experts",
+    "num_experts_per_tok",
+];
+
+impl ModelSpec {
+    /// Reads a Hugging Face model: `path` is its directory (holding
+    /// `config.json`) or the config file itself. `seq_len`: the training
+    /// sequence length; by default the config's context, at most
+    /// [`DEFAULT_SEQ_LEN`].
+    pub fn load_hf(path: &Path, seq_len: Option<u64>) -> Result<Self, SpecError> {
+        let file = match path.is_dir() {
+            true => path.join("config.json"),
+            false => path.to_path_buf(),
+        };
+        let name = model_name(path);
+        Self::from_hf_config(&read_file(&file)?, &name, seq_len).map_err(|e| SpecError::InFile {
+            path: file,
+            source: Box::new(e),
+        })
+    }
+
+    /// [`ModelSpec::load_hf`] from the config's text.
+    pub fn from_hf_config(text: &str, name: &str, seq_len: Option<u64>) -> Result<Self, SpecError> {
+        let bad = |problem: String| SpecError::Model {
+            model: name.to_string(),
+            problem,
+        };
+        let root = match polychip_files::parse_json_value(text) {
+            Ok(Value::Object(m)) => m,
+            Ok(_) => return Err(bad("config.json is not a JSON object".into())),
+            Err(e) => return Err(bad(format!("config.json is not valid JSON: {e}"))),
+        };
+        // A multimodal model's language model is its `text_config`.
+        let map = match root.get("text_config") {
+            Some(Value::Object(text)) if first(&root, HIDDEN).is_none() => text,
+            _ => &root,
+        };
+        let fields = Fields { map, bad: &bad };
+        for key in EXPERT_FIELDS {
+            if let Some(n) = fields.get(key).and_then(Value::as_u64)
+                && n > 1
+            {
+                return Err(bad(format!(
+                    "config.json has `{key}` = {n}: a mixture of experts, which the planner does \
+                     not model (its layers are dense); describe a dense model"
+                )));
+            }
+        }
+        let model_type = fields.string("model_type")?.unwrap_or("");
+        let act = fields
+            .string("hidden_act")?
+            .or(fields.string("activation_function")?)
+            .unwrap_or("");
+        let gated = GATED.contains(&model_type)
+            || (!PLAIN.contains(&model_type) && matches!(act, "silu" | "swish" | "swiglu"));
+        let layers = fields.size(LAYERS)?;
+        let hidden = fields.size(HIDDEN)?;
+        let heads = fields.size(HEADS)?;
+        let kv_heads = match fields.optional_size(KV_HEADS)? {
+            Some(kv) => kv,
+            // Falcon's and GPT-BigCode's one key/value head.
+            None if fields.get("multi_query").and_then(Value::as_bool) == Some(true) => 1,
+            None => heads,
+        };
+        let inner = fields.optional_size(FFN)?;
+        let ffn = match (gated, inner) {
+            (true, Some(f)) => f,
+            (true, None) => {
+                return Err(bad(format!(
+                    "config.json gives no feed-forward width (one of {}) for its gated MLP",
+                    list(FFN)
+                )));
+            }
+            // Two matrices of `i` are a SwiGLU of `2 i / 3`; 4h unless
+            // given, as GPT-2's `n_inner: null` means.
+            (false, inner) => (2 * inner.unwrap_or(4 * hidden)).div_ceil(3),
+        };
+        let vocab = fields.size(VOCAB)?;
+        let context = fields.optional_size(CONTEXT)?;
+        let seq_len = match (seq_len, context) {
+            (Some(s), _) => s,
+            (None, Some(c)) => c.min(DEFAULT_SEQ_LEN),
+            (None, None) => DEFAULT_SEQ_LEN,
+        };
+        let model = ModelSpec {
+            name: name.to_string(),
+            layers,
+            hidden,
+            ffn,
+            heads,
+            kv_heads,
+            vocab,
+            seq_len,
+        };
+        model.validate()?;
+        Ok(model)
+    }
+}
+
+/// The names transformers' configs give each size, in the order tried.
+const LAYERS: &[&str] = &["num_hidden_layers", "n_layer", "num_layers", "n_layers"];
+const HIDDEN: &[&str] = &["hidden_size", "n_embd", "d_model", "dim"];
+const HEADS: &[&str] = &["num_attention_heads", "n_head", "num_heads", "n_heads"];
+const KV_HEADS: &[&str] = &[
+    "num_key_value_heads",
+    "num_kv_heads",
+    "n_head_kv",
+    "multi_query_group_num",
+];
+const FFN: &[&str] = &[
+    "intermediate_size",
+    "n_inner",
+    "ffn_dim",
+    "ffn_hidden_size",
+    "d_ff",
+    "hidden_dim",
+];
+const VOCAB: &[&str] = &["vocab_size", "padded_vocab_size", "n_vocab"];
+const CONTEXT: &[&str] = &[
+    "max_position_embeddings",
+    "n_positions",
+    "seq_length",
+    "max_sequence_length",
+    "n_ctx",
+];
+
+/// The first of `keys` that `map` holds (not null), with its name.
+fn first<'a>(
+    map: &'a Map<String, Value>,
+    keys: &[&'static str],
+) -> Option<(&'static str, &'a Value)> {
+    keys.iter()
+        .find_map(|&k| map.get(k).filter(|v| !v.is_null()).map(|v| (k, v)))
+}
+
+fn list(keys: &[&'static str]) -> String {
+    keys.iter()
+        .map(|k| format!("`{k}`"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+struct Fields<'a> {
+    map: &'a Map<String, Value>,
+    bad: &'a dyn Fn(String) -> SpecError,
+}
+
+impl Fields<'_> {
+    fn get(&self, key: &str) -> Option<&Value> {
+        self.map.get(key).filter(|v| !v.is_null())
+    }
+
+    fn string(&self, key: &str) -> Result<Option<&str>, SpecError> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(v) => v
+                .as_str()
+                .map(Some)
+                .ok_or_else(|| (self.bad)(format!("config.json has `{key}` = {v}, not a string"))),
+        }
+    }
+
+    /// The first of `keys` present, a positive integer; `None` when none is.
+    fn optional_size(&self, keys: &[&'static str]) -> Result<Option<u64>, SpecError> {
+        let Some((key, v)) = first(self.map, keys) else {
+            return Ok(None);
+        };
+        match v.as_u64() {
+            Some(n) if n > 0 => Ok(Some(n)),
+            _ => Err((self.bad)(format!(
+                "config.json has `{key}` = {v}, not a positive integer"
+            ))),
+        }
+    }
+
+    fn size(&self, keys: &[&'static str]) -> Result<u64, SpecError> {
+        self.optional_size(keys)?.ok_or_else(|| {
+            (self.bad)(format!(
+                "config.json has none of {}; the planner needs it for the model's shape",
+                list(keys)
+            ))
+        })
+    }
+}
+
+/// A model's name from its path: the directory's name for a directory or
+/// its `config.json`, else the file's stem (`mistral-7b.json`).
+fn model_name(path: &Path) -> String {
+    let dir = match path.is_dir() {
+        true => Some(path),
+        false if path.file_name().is_some_and(|n| n == "config.json") => path.parent(),
+        false => None,
+    };
+    dir.and_then(|d| d.canonicalize().ok())
+        .as_deref()
+        .and_then(Path::file_name)
+        .or_else(|| path.file_stem())
+        .and_then(|n| n.to_str())
+        .unwrap_or("model")
+        .to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Llama 2 7B's config.json (as published, trimmed of the fields the
+    /// planner does not read): the preset's shape.
+    #[test]
+    fn a_llama_config_is_the_llama_preset() {
+        let text = r#"{"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+            "hidden_act": "silu", "hidden_size": 4096, "intermediate_size": 11008,
+            "max_position_embeddings": 4096, "num_attention_heads": 32,
+            "num_hidden_layers": 32, "num_key_value_heads": 32, "vocab_size": 32000,
+            "rope_scaling": null, "torch_dtype": "float16"}"#;
+        let m = ModelSpec::from_hf_config(text, "llama-7b", None).unwrap();
+        assert_eq!(m, ModelSpec::llama_7b());
+        let m = ModelSpec::from_hf_config(text, "llama-7b", Some(2048)).unwrap();
+        assert_eq!(m.seq_len, 2048);
+    }
+
+    /// GPT-2's two-matrix MLP of 4h (`n_inner: null`) is a SwiGLU of 8h/3:
+    /// the same parameters.
+    #[test]
+    fn a_gpt2_config_has_its_parameters() {
+        let text = r#"{"model_type": "gpt2", "activation_function": "gelu_new",
+            "n_embd": 768, "n_head": 12, "n_layer": 12, "n_inner": null,
+            "n_positions": 1024, "vocab_size": 50257}"#;
+        let m = ModelSpec::from_hf_config(text, "gpt2", None).unwrap();
+        assert_eq!((m.layers, m.hidden, m.heads, m.kv_heads), (12, 768, 12, 12));
+        assert_eq!((m.ffn, m.vocab, m.seq_len), (2048, 50257, 1024));
+        // 2 h 4h = 3 h f: the MLP's weights.
+        assert_eq!(3 * m.hidden * m.ffn, 2 * 768 * 3072);
+        // Falcon's multi-query attention: one key/value head.
+        let falcon = r#"{"model_type": "falcon", "hidden_size": 4544, "num_attention_heads": 71,
+            "num_hidden_layers": 32, "multi_query": true, "vocab_size": 65024}"#;
+        let m = ModelSpec::from_hf_config(falcon, "falcon-7b", None).unwrap();
+        assert_eq!((m.kv_heads, m.ffn, m.seq_len), (1, 12118, 4096));
+    }
+
+    /// A multimodal config's language model, a mixture of experts refused,
+    /// and every missing or malformed size named.
+    #[test]
+    fn configs_the_planner_cannot_take_are_refused_by_field() {
+        let vlm = r#"{"model_type": "llava", "text_config": {"model_type": "llama",
+            "hidden_size": 4096, "intermediate_size": 11008, "num_attention_heads": 32,
+            "num_hidden_layers": 32, "vocab_size": 32064}}"#;
+        let m = ModelSpec::from_hf_config(vlm, "llava", None).unwrap();
+        assert_eq!((m.hidden, m.vocab), (4096, 32064));
+        let refusals = [
+            (
+                r#"{"model_type": "mixtral", "hidden_size": 4096, "num_local_experts": 8}"#,
+                "`num_local_experts` = 8: a mixture of experts",
+            ),
+            (
+                r#"{"model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
+                    "num_attention_heads": 4, "vocab_size": 256}"#,
+                "none of `num_hidden_layers`, `n_layer`",
+            ),
+            (
+                r#"{"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2,
+                    "num_attention_heads": 4, "vocab_size": 256}"#,
+                "no feed-forward width",
+            ),
+            (
+                r#"{"model_type": "llama", "num_hidden_layers": 2, "hidden_size": -64}"#,
+                "`hidden_size` = -64, not a positive integer",
+            ),
+            (
+                r#"{"model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
+                    "num_hidden_layers": 2, "num_attention_heads": 5, "vocab_size": 256}"#,
+                "heads 5 does not divide hidden 64",
+            ),
+            ("[1, 2]", "not a JSON object"),
+            ("{", "not valid JSON"),
+        ];
+        for (text, says) in refusals {
+            let e = ModelSpec::from_hf_config(text, "m", None)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(says), "{e}");
+        }
+    }
+}
