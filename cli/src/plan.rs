@@ -199,10 +199,14 @@ fn load_model(arg: &str, seq_len: Option<u64>) -> Result<ModelSpec, String> {
 fn read_model(arg: &str, seq_len: Option<u64>) -> Result<ModelSpec, String> {
     let path = Path::new(arg);
     if arg.ends_with(".json") || path.join("config.json").is_file() {
-        return ModelSpec::load_hf(path, seq_len).map_err(|e| match e {
+        let (model, notes) = ModelSpec::load_hf(path, seq_len).map_err(|e| match e {
             SpecError::Io { .. } => file_error(&e, path),
             e => e.to_string(),
-        });
+        })?;
+        for note in notes {
+            eprintln!("note: {}: {note}", polychip_files::shown_path(path));
+        }
+        return Ok(model);
     }
     // A name that can only be a file (a directory in it, or `.toml`) is
     // read as one, so that a missing file is said to be missing.

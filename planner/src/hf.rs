@@ -70,30 +70,45 @@ const PLAIN: &[&str] = &[
     "persimmon",
 ];
 
-/// Fields that make a model a mixture of experts.
-const EXPERT_FIELDS: &[&str] = &[
-    "num_local_experts",
-    "num_experts",
-    "n_routed_experts",
-    "moe_num_experts",
-    "num_experts_per_tok",
-];
+/// A field that makes the model a mixture of experts, with its count:
+/// one whose name holds "experts" (`num_local_experts`, `num_experts`,
+/// `n_routed_experts`, `num_experts_per_tok`, ...) and whose value is a
+/// count above 1, in the config or in one of its sections (DBRX's
+/// `ffn_config.moe_num_experts`).
+fn experts(map: &Map<String, Value>) -> Option<(String, u64)> {
+    let here = |map: &Map<String, Value>, at: &str| {
+        map.iter().find_map(|(k, v)| {
+            let n = v.as_u64().filter(|&n| n > 1)?;
+            k.contains("experts").then(|| (format!("{at}{k}"), n))
+        })
+    };
+    here(map, "").or_else(|| {
+        map.iter().find_map(|(k, v)| match v {
+            Value::Object(inner) => here(inner, &format!("{k}.")),
+            _ => None,
+        })
+    })
+}
 
 impl ModelSpec {
     /// Reads a Hugging Face model: `path` is its directory (holding
     /// `config.json`) or the config file itself. `seq_len`: the training
     /// sequence length; by default the config's context, at most
-    /// [`DEFAULT_SEQ_LEN`].
-    pub fn load_hf(path: &Path, seq_len: Option<u64>) -> Result<Self, SpecError> {
+    /// [`DEFAULT_SEQ_LEN`]. With the model, what of the config it does not
+    /// represent exactly ([`hf_notes`]).
+    pub fn load_hf(path: &Path, seq_len: Option<u64>) -> Result<(Self, Vec<String>), SpecError> {
         let file = match path.is_dir() {
             true => path.join("config.json"),
             false => path.to_path_buf(),
         };
         let name = model_name(path);
-        Self::from_hf_config(&read_file(&file)?, &name, seq_len).map_err(|e| SpecError::InFile {
-            path: file,
+        let text = read_file(&file)?;
+        let in_file = |e| SpecError::InFile {
+            path: file.clone(),
             source: Box::new(e),
-        })
+        };
+        let model = Self::from_hf_config(&text, &name, seq_len).map_err(in_file)?;
+        Ok((model, hf_notes(&text)))
     }
 
     /// [`ModelSpec::load_hf`] from the config's text.
@@ -113,15 +128,19 @@ impl ModelSpec {
             _ => &root,
         };
         let fields = Fields { map, bad: &bad };
-        for key in EXPERT_FIELDS {
-            if let Some(n) = fields.get(key).and_then(Value::as_u64)
-                && n > 1
-            {
-                return Err(bad(format!(
-                    "config.json has `{key}` = {n}: a mixture of experts, which the planner does \
-                     not model (its layers are dense); describe a dense model"
-                )));
-            }
+        if let Some((key, n)) = experts(map) {
+            return Err(bad(format!(
+                "config.json has `{key}` = {n}: a mixture of experts, which the planner does not \
+                 model (its layers are dense); describe a dense model"
+            )));
+        }
+        if fields.get("is_encoder_decoder").and_then(Value::as_bool) == Some(true) {
+            return Err(bad(
+                "config.json describes an encoder-decoder model (`is_encoder_decoder`: true); \
+                 the planner models one stack of layers (a decoder, or an encoder): describe it \
+                 as a model TOML"
+                    .into(),
+            ));
         }
         let model_type = fields.string("model_type")?.unwrap_or("");
         let act = fields
@@ -139,7 +158,13 @@ impl ModelSpec {
             None if fields.get("multi_query").and_then(Value::as_bool) == Some(true) => 1,
             None => heads,
         };
-        let inner = fields.optional_size(FFN)?;
+        // MPT gives its MLP as a multiple of the width.
+        let inner = match fields.optional_size(FFN)? {
+            Some(f) => Some(f),
+            None => fields
+                .optional_size(&["expansion_ratio"])?
+                .map(|r| r.saturating_mul(hidden)),
+        };
         let ffn = match (gated, inner) {
             (true, Some(f)) => f,
             (true, None) => {
@@ -174,6 +199,42 @@ impl ModelSpec {
     }
 }
 
+/// What a config says that [`ModelSpec::from_hf_config`]'s model does not
+/// represent exactly, as sentences: a `head_dim` other than `hidden /
+/// heads` (Gemma's 256 at hidden 3072 and 16 heads), whose projections the
+/// planner counts at `hidden / heads`.
+pub fn hf_notes(text: &str) -> Vec<String> {
+    let Ok(Value::Object(root)) = polychip_files::parse_json_value(text) else {
+        return Vec::new();
+    };
+    let map = match root.get("text_config") {
+        Some(Value::Object(text)) if first(&root, HIDDEN).is_none() => text,
+        _ => &root,
+    };
+    let size = |keys: &[&'static str]| first(map, keys).and_then(|(_, v)| v.as_u64());
+    let mut notes = Vec::new();
+    if let (Some(hidden), Some(heads), Some(head_dim)) = (
+        size(HIDDEN),
+        size(HEADS),
+        map.get("head_dim").and_then(Value::as_u64),
+    ) && heads > 0
+        && head_dim * heads != hidden
+    {
+        notes.push(format!(
+            "config.json's head_dim {head_dim} is not hidden / heads ({hidden} / {heads}); the \
+             planner counts the attention's projections and scores at heads of {}, so its \
+             attention is priced {} than the model's",
+            hidden / heads,
+            if head_dim * heads > hidden {
+                "smaller"
+            } else {
+                "larger"
+            }
+        ));
+    }
+    notes
+}
+
 /// The names transformers' configs give each size, in the order tried.
 const LAYERS: &[&str] = &["num_hidden_layers", "n_layer", "num_layers", "n_layers"];
 const HIDDEN: &[&str] = &["hidden_size", "n_embd", "d_model", "dim"];
@@ -198,6 +259,7 @@ const CONTEXT: &[&str] = &[
     "n_positions",
     "seq_length",
     "max_sequence_length",
+    "max_seq_len",
     "n_ctx",
 ];
 
@@ -315,6 +377,30 @@ mod tests {
         assert_eq!((m.kv_heads, m.ffn, m.seq_len), (1, 12118, 4096));
     }
 
+    /// MPT's MLP as a multiple of the width, and Gemma's wide heads said as
+    /// what the model does not represent.
+    #[test]
+    fn an_expansion_ratio_and_a_head_dim_apart_from_the_width() {
+        let mpt = r#"{"model_type": "mpt", "d_model": 2048, "n_heads": 16, "n_layers": 24,
+            "expansion_ratio": 4, "max_seq_len": 2048, "vocab_size": 50368}"#;
+        let m = ModelSpec::from_hf_config(mpt, "mpt", None).unwrap();
+        assert_eq!((m.ffn, m.seq_len), (2 * 4 * 2048 / 3 + 1, 2048));
+        assert!(hf_notes(mpt).is_empty());
+        let gemma = r#"{"model_type": "gemma", "hidden_act": "gelu_pytorch_tanh",
+            "hidden_size": 3072, "intermediate_size": 24576, "num_attention_heads": 16,
+            "num_key_value_heads": 16, "head_dim": 256, "num_hidden_layers": 28,
+            "vocab_size": 256000, "max_position_embeddings": 8192}"#;
+        let m = ModelSpec::from_hf_config(gemma, "gemma-7b", None).unwrap();
+        // GeGLU is gated: the width as given.
+        assert_eq!(m.ffn, 24576);
+        let notes = hf_notes(gemma);
+        assert_eq!(notes.len(), 1);
+        assert!(
+            notes[0].contains("head_dim 256 is not hidden / heads (3072 / 16)"),
+            "{notes:?}"
+        );
+    }
+
     /// A multimodal config's language model, a mixture of experts refused,
     /// and every missing or malformed size named.
     #[test]
@@ -347,6 +433,16 @@ mod tests {
                 r#"{"model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
                     "num_hidden_layers": 2, "num_attention_heads": 5, "vocab_size": 256}"#,
                 "heads 5 does not divide hidden 64",
+            ),
+            (
+                r#"{"d_model": 2048, "n_heads": 16, "n_layers": 24, "vocab_size": 100352,
+                    "ffn_config": {"ffn_hidden_size": 3584, "moe_num_experts": 4}}"#,
+                "`ffn_config.moe_num_experts` = 4: a mixture of experts",
+            ),
+            (
+                r#"{"model_type": "t5", "d_model": 512, "num_layers": 6, "num_heads": 8,
+                    "d_ff": 2048, "vocab_size": 32128, "is_encoder_decoder": true}"#,
+                "encoder-decoder",
             ),
             ("[1, 2]", "not a JSON object"),
             ("{", "not valid JSON"),
