@@ -87,7 +87,7 @@ impl StageShape<'_> {
         if self.holds_head() {
             params += model.head_params();
         }
-        params
+        params - model.shared_table_params(self.holds_embedding(), self.holds_head())
     }
 }
 
@@ -231,7 +231,7 @@ pub fn stage_params(model: &ModelSpec, layers: &Range<u64>) -> u64 {
     if layers.end == model.layers {
         params += model.head_params();
     }
-    params
+    params - model.shared_table_params(layers.start == 0, layers.end == model.layers)
 }
 
 /// Activation bytes one layer keeps per micro-batch of `micro_batch`
@@ -1202,7 +1202,8 @@ fn overlapped_reduction(
         units.push(bytes(layer - layer / 2));
     }
     if stage.holds_head() {
-        units.push(bytes(model.head_params()));
+        let shared = model.shared_table_params(stage.holds_embedding(), true);
+        units.push(bytes(model.head_params() - shared));
     }
     let window = crate::overlap::overlap_window(
         settings.schedule,

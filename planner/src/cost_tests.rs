@@ -172,6 +172,7 @@ fn mid_size() -> ModelSpec {
         kv_heads: 16,
         vocab: 32000,
         seq_len: 2048,
+        tied_embeddings: false,
     }
 }
 
@@ -780,4 +781,29 @@ fn partial_recomputation_keeps_what_megatron_keeps() {
     s.recompute_num_layers = 0;
     let e = s.validate().unwrap_err().to_string();
     assert!(e.contains("recompute_num_layers is 0"), "{e}");
+}
+
+/// A tied head is the embedding's table: a stage holding both ends holds
+/// it once; a pipeline's first and last stages each hold a copy, as
+/// Megatron-LM keeps one on each and reduces their gradients.
+#[test]
+fn a_tied_table_is_held_once_by_a_stage_holding_both_ends() {
+    let (mut m, c) = (ModelSpec::llama_7b(), cluster());
+    let table = m.vocab * m.hidden;
+    let untied = (m.total_params(), stage_params(&m, &(0..32)));
+    m.tied_embeddings = true;
+    assert_eq!(m.total_params(), untied.0 - table);
+    assert_eq!(stage_params(&m, &(0..32)), untied.1 - table);
+    assert_eq!(m.checked_total_params(), Some(m.total_params()));
+    let mut one = shape(&c, 0..32, 0, 1, 1);
+    one.num_stages = 1;
+    assert_eq!(one.params(&m), m.total_params());
+    // Two stages: the first holds the embedding, the last the head's copy.
+    let (mut first, mut last) = (shape(&c, 0..16, 0, 1, 1), shape(&c, 16..32, 1, 1, 1));
+    (first.num_stages, last.num_stages) = (2, 2);
+    assert_eq!(first.params(&m) + last.params(&m), m.total_params() + table);
+    assert_eq!(
+        stage_params(&m, &(0..16)) + stage_params(&m, &(16..32)),
+        m.total_params() + table
+    );
 }

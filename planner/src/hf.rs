@@ -184,6 +184,15 @@ impl ModelSpec {
             (None, Some(c)) => c.min(DEFAULT_SEQ_LEN),
             (None, None) => DEFAULT_SEQ_LEN,
         };
+        // transformers' default when a config leaves it out is tied.
+        let tied = match fields.get("tie_word_embeddings") {
+            None => true,
+            Some(v) => v.as_bool().ok_or_else(|| {
+                bad(format!(
+                    "config.json has `tie_word_embeddings` = {v}, not true or false"
+                ))
+            })?,
+        };
         let model = ModelSpec {
             name: name.to_string(),
             layers,
@@ -193,6 +202,7 @@ impl ModelSpec {
             kv_heads,
             vocab,
             seq_len,
+            tied_embeddings: tied,
         };
         model.validate()?;
         Ok(model)
@@ -351,7 +361,7 @@ mod tests {
             "hidden_act": "silu", "hidden_size": 4096, "intermediate_size": 11008,
             "max_position_embeddings": 4096, "num_attention_heads": 32,
             "num_hidden_layers": 32, "num_key_value_heads": 32, "vocab_size": 32000,
-            "rope_scaling": null, "torch_dtype": "float16"}"#;
+            "rope_scaling": null, "tie_word_embeddings": false, "torch_dtype": "float16"}"#;
         let m = ModelSpec::from_hf_config(text, "llama-7b", None).unwrap();
         assert_eq!(m, ModelSpec::llama_7b());
         let m = ModelSpec::from_hf_config(text, "llama-7b", Some(2048)).unwrap();
@@ -368,8 +378,12 @@ mod tests {
         let m = ModelSpec::from_hf_config(text, "gpt2", None).unwrap();
         assert_eq!((m.layers, m.hidden, m.heads, m.kv_heads), (12, 768, 12, 12));
         assert_eq!((m.ffn, m.vocab, m.seq_len), (2048, 50257, 1024));
-        // 2 h 4h = 3 h f: the MLP's weights.
+        // 2 h 4h = 3 h f: the MLP's weights; the head is the embedding
+        // (transformers' default), so GPT-2 small counts 124 M parameters.
         assert_eq!(3 * m.hidden * m.ffn, 2 * 768 * 3072);
+        assert!(m.tied_embeddings);
+        let p = m.total_params();
+        assert!((123_000_000..125_000_000).contains(&p), "{p}");
         // Falcon's multi-query attention: one key/value head.
         let falcon = r#"{"model_type": "falcon", "hidden_size": 4544, "num_attention_heads": 71,
             "num_hidden_layers": 32, "multi_query": true, "vocab_size": 65024}"#;

@@ -34,6 +34,14 @@ pub struct ModelSpec {
     pub vocab: u64,
     /// Sequence length in tokens (`s`).
     pub seq_len: u64,
+    /// The output head is the input embedding's table (`tie_word_embeddings`
+    /// of Hugging Face configs; GPT-2, OPT, BLOOM, Gemma): a chip that holds
+    /// both ends holds the table once. Megatron-LM keeps a copy on the
+    /// last stage of a pipeline and reduces the two copies' gradients, so
+    /// a pipeline of several stages holds it twice, as untied. Off by
+    /// default.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub tied_embeddings: bool,
 }
 
 /// The largest value each size of a model may take: far beyond any model
@@ -67,6 +75,7 @@ impl ModelSpec {
             kv_heads: kv,
             vocab: 32000,
             seq_len: 4096,
+            tied_embeddings: false,
         }
     }
 
@@ -186,9 +195,10 @@ impl ModelSpec {
         let ffn = h.checked_mul(self.ffn)?.checked_mul(3)?;
         let layer = attention.checked_add(ffn)?.checked_add(h.checked_mul(2)?)?;
         let vh = self.vocab.checked_mul(h)?;
+        let tables = if self.tied_embeddings { 1 } else { 2 };
         self.layers
             .checked_mul(layer)?
-            .checked_add(vh.checked_mul(2)?)?
+            .checked_add(vh.checked_mul(tables)?)?
             .checked_add(h)
     }
 
@@ -253,9 +263,21 @@ impl ModelSpec {
         self.hidden + self.vocab * self.hidden
     }
 
-    /// Every parameter: embedding, all layers, final norm and head.
+    /// Every parameter: embedding, all layers, final norm and head (the
+    /// table once when tied).
     pub fn total_params(&self) -> u64 {
         self.embedding_params() + self.layers * self.layer_params() + self.head_params()
+            - self.shared_table_params(true, true)
+    }
+
+    /// The parameters a stage holding the embedding (`embedding`) and the
+    /// head (`head`) holds once rather than twice: the table (`V h`) when
+    /// it holds both and they are tied, else 0.
+    pub fn shared_table_params(&self, embedding: bool, head: bool) -> u64 {
+        match self.tied_embeddings && embedding && head {
+            true => self.vocab * self.hidden,
+            false => 0,
+        }
     }
 
     /// Megatron-LM's FLOPs of one training iteration (forward and backward,
@@ -678,6 +700,7 @@ mod tests {
             kv_heads: 1 << 16,
             vocab: 1 << 24,
             seq_len: 1 << 20,
+            tied_embeddings: false,
         };
         big.validate().unwrap();
         assert_eq!(big.checked_total_params(), Some(big.total_params()));

@@ -99,6 +99,7 @@ fn random_case(rng: &mut XorShift) -> (ClusterSpec, ModelSpec, TrainingSettings)
         kv_heads: rng.pick(&[hidden / 128, 8]),
         vocab: 32000,
         seq_len: 2048,
+        tied_embeddings: false,
     };
     let settings = TrainingSettings::new(rng.pick(&[8u64, 16, 32, 64]));
     (cluster, model, settings)

@@ -257,6 +257,7 @@ impl ModelConfig {
             kv_heads: self.kv_heads as u64,
             vocab: self.vocab as u64,
             seq_len: self.seq_len as u64,
+            tied_embeddings: false,
         }
     }
 }
