@@ -1213,7 +1213,10 @@ fn overlapped_reduction(
     );
     let min_bytes = match stage.chip.framework {
         Framework::Polychip => crate::overlap::BUCKET_BYTES,
-        Framework::Megatron => (megatron_bucket_params(stage.dp) as f64 * per_param) as u64,
+        // A bucket counts the chip's own share of the parameters.
+        Framework::Megatron => {
+            (megatron_bucket_params(stage.dp) as f64 * settings.grad_bytes()) as u64
+        }
     };
     crate::overlap::exposed_reduction_in_buckets(reduce, window, &units, min_bytes)
 }

@@ -738,6 +738,33 @@ fn an_overlapped_megatron_reduction_leaves_its_last_bucket() {
     assert!(left < scatter);
     // Megatron-LM's bucket grows with the replicas.
     assert_eq!(megatron_bucket_params(64), 64_000_000);
+    // It counts a chip's own share of the parameters: at tp 8 a half
+    // block of the 1.2B model is 3.2 M of a chip's parameters, so a
+    // bucket of 40 M holds 13 of them (12.8 MB each, 160 MB a bucket), not
+    // 2 (as a bucket counted over the whole group's parameters would).
+    s.zero_stage = 0;
+    let mid = mid_size();
+    let st8 = shape(&c, 1..21, 1, 4, 8);
+    let whole8 = {
+        let mut s = s.clone();
+        s.overlap_grad_reduce = false;
+        stage_timing(&mid, &s, &c, &st8, ONE)
+    };
+    let t8 = stage_timing(&mid, &s, &c, &st8, ONE);
+    let half = mid.layer_params() / 2;
+    let units8: Vec<u64> = (0..20)
+        .flat_map(|_| [half * 4 / 8, (mid.layer_params() - half) * 4 / 8])
+        .collect();
+    let exposed = |bucket: u64| {
+        crate::overlap::exposed_reduction_in_buckets(
+            whole8.dp_allreduce,
+            whole8.backward,
+            &units8,
+            bucket,
+        )
+    };
+    assert!((t8.dp_allreduce - exposed(160_000_000)).abs() <= exposed(160_000_000) * 1e-9);
+    assert!((exposed(160_000_000) - exposed(20_000_000)).abs() > 1e-6 * exposed(20_000_000));
 }
 
 /// Megatron-LM's `--recompute-method` and `--recompute-num-layers` under
