@@ -1,5 +1,6 @@
-//! `polychip plan --cluster FILE --model PRESET_OR_FILE [--global-batch N]
-//! [--dtype bf16] [--recompute none|selective|full] [--shard-optimizer] [--zero-stage N]
+//! `polychip plan --cluster FILE --model PRESET_OR_FILE [--seq-len N] [--global-batch N]
+//! [--dtype bf16] [--recompute none|selective|full] [--recompute-method uniform|block]
+//! [--recompute-num-layers N] [--shard-optimizer] [--zero-stage N]
 //! [--overlap-grad-reduce] [--half-gradients]
 //! [--no-flash-attention] [--schedule 1f1b|1f1b-deferred|zero-bubble|gpipe]
 //! [--profile FILE] [--exhaustive] [--json] [--trace out.json]`: runs the
@@ -9,7 +10,8 @@
 //! (`polychip_planner::evaluate`), with `--score RUNS` a file of measured
 //! runs (`polychip_planner::validate`). The cluster is a cluster TOML file or
 //! `polychip devices --json` output (`.json`); the model a planner preset,
-//! a trainer preset (tiny, deep, ...) or a model TOML file. Exit status 2
+//! a trainer preset (tiny, deep, ...), a model TOML file or a Hugging Face
+//! model's directory or `config.json` (`polychip_planner::hf`). Exit status 2
 //! when an input is invalid or no plan fits, with the reason on stderr.
 
 use std::path::{Path, PathBuf};

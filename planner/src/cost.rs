@@ -460,11 +460,12 @@ fn megatron_terms(
     // the next unit's while it runs (prefetched); under ZeRO-2 and up a
     // unit's gradients are whole until they are reduce-scattered.
     let unit = largest_unit_params(model, stage).min(params);
-    let whole = |shard: f64| if shard > 1.0 { 1.0 - 1.0 / shard } else { 0.0 };
+    // What a whole unit adds to a chip's shard of it.
+    let beyond_shard = |shard: f64| if shard > 1.0 { 1.0 - 1.0 / shard } else { 0.0 };
     let weights = settings.dtype.bytes() as f64
-        * (params / shards.weights + (2.0 * unit).min(params) * whole(shards.weights));
+        * (params / shards.weights + (2.0 * unit).min(params) * beyond_shard(shards.weights));
     let gradients =
-        settings.grad_bytes() * (params / shards.gradients + unit * whole(shards.gradients));
+        settings.grad_bytes() * (params / shards.gradients + unit * beyond_shard(shards.gradients));
     let optimizer = params * settings.optimizer_bytes() / shards.optimizer;
     let kept = kept_micro_batches(settings, stage, mb);
     // Layers that keep every activation, inputs kept for recomputation,
