@@ -1,7 +1,7 @@
 //! `polychip plan --cluster FILE --model PRESET_OR_FILE [--seq-len N] [--global-batch N]
 //! [--dtype bf16] [--recompute none|selective|full] [--recompute-method uniform|block]
 //! [--recompute-num-layers N] [--shard-optimizer] [--zero-stage N]
-//! [--overlap-grad-reduce] [--half-gradients]
+//! [--overlap-grad-reduce] [--context-parallel N] [--half-gradients]
 //! [--no-flash-attention] [--schedule 1f1b|1f1b-deferred|zero-bubble|gpipe]
 //! [--profile FILE] [--exhaustive] [--json] [--trace out.json]`: runs the
 //! HeteroAuto search (`polychip_planner::search`) and prints the plan as a
@@ -97,6 +97,12 @@ pub struct Args {
     /// --evaluate of a report, the report's].
     #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = crate::numbers::whole::<u8>(0))]
     zero_stage: Option<u8>,
+    /// Context parallelism with --evaluate: each stage's sequences split over
+    /// this many groups of its tp chips (Megatron-LM's
+    /// --context-parallel-size) [default: 1; with --evaluate of a report,
+    /// the report's].
+    #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = crate::numbers::whole::<u64>(1))]
+    context_parallel: Option<u64>,
     /// The data-parallel gradient reduction overlaps the last backward pass
     /// in buckets (Megatron-LM's --overlap-grad-reduce, PyTorch DDP's
     /// default, DeepSpeed's overlap_comm) instead of following it.
@@ -308,6 +314,9 @@ fn plan(args: &Args) -> Result<(), String> {
         settings.zero_stage = z;
     }
     settings.overlap_grad_reduce |= args.overlap_grad_reduce;
+    if let Some(c) = args.context_parallel {
+        settings.context_parallel = c;
+    }
     settings.bf16_gradients |= args.half_gradients;
     settings.flash_attention &= !args.no_flash_attention;
     settings.sequence_parallel &= !args.no_sequence_parallel;
@@ -575,6 +584,12 @@ fn flags_changing(recorded: &TrainingSettings, given: &TrainingSettings) -> Vec<
     }
     if a.shard_optimizer != b.shard_optimizer {
         out.push("--shard-optimizer".into());
+    }
+    if a.context_parallel != b.context_parallel {
+        out.push(format!(
+            "--context-parallel {} for {}",
+            b.context_parallel, a.context_parallel
+        ));
     }
     if a.overlap_grad_reduce != b.overlap_grad_reduce {
         out.push("--overlap-grad-reduce".into());

@@ -238,6 +238,97 @@ fn a_hugging_face_config_plans_as_its_shape() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
+/// `--context-parallel` scores a plan with each stage's sequences split
+/// over groups of its chips: twice the chips, half the activations, about
+/// half the step; the search, a sequence that does not split and a plan
+/// past the cluster's chips are refused by name.
+#[test]
+fn context_parallelism_scores_a_plan_with_its_sequences_split() {
+    let dir = std::env::temp_dir().join(format!("polychip-plan-cp-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("plan.json");
+    std::fs::write(
+        &file,
+        r#"{"groups": [{"copies": 8, "micro_batch_size": 1, "micro_batches": 8, "stages": [
+            {"chip": "nvidia-a800-class", "tp": 4, "layers": [0, 16]},
+            {"chip": "nvidia-a800-class", "tp": 4, "layers": [16, 32]}]}]}"#,
+    )
+    .unwrap();
+    let cluster = example("china-mobile-3-vendor.toml");
+    let plan = |extra: &[&str]| {
+        let base = [
+            "plan",
+            "--cluster",
+            &cluster,
+            "--model",
+            "llama-7b",
+            "--seq-len",
+            "16384",
+        ];
+        polychip(&[&base[..], extra].concat())
+    };
+    let scored = |cp: &str| {
+        let (code, out, err) = plan(&[
+            "--evaluate",
+            file.to_str().unwrap(),
+            "--json",
+            "--context-parallel",
+            cp,
+        ]);
+        assert_eq!(code, Some(0), "{err}");
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        let p = &v["plan"];
+        let acts = p["replicas"][0]["stages"][0]["memory"]["activations"]
+            .as_f64()
+            .unwrap();
+        (
+            p["chips_used"].as_u64().unwrap(),
+            p["step_time_simulated"].as_f64().unwrap(),
+            acts,
+        )
+    };
+    let (chips1, step1, acts1) = scored("1");
+    let (chips2, step2, acts2) = scored("2");
+    assert_eq!((chips1, chips2), (64, 128));
+    assert!(
+        (acts2 - acts1 / 2.0).abs() < 1e-6 * acts1,
+        "{acts1} {acts2}"
+    );
+    assert!(
+        step2 < 0.6 * step1 && step2 > 0.4 * step1,
+        "{step1} {step2}"
+    );
+    for (extra, says) in [
+        (
+            &["--context-parallel", "2"][..],
+            "the search proposes plans without context",
+        ),
+        (
+            &[
+                "--evaluate",
+                file.to_str().unwrap(),
+                "--context-parallel",
+                "3",
+            ][..],
+            "do not split into 6 equal chunks",
+        ),
+        (
+            &[
+                "--evaluate",
+                file.to_str().unwrap(),
+                "--context-parallel",
+                "8",
+            ][..],
+            "(context parallel 8: each replica's tp chips 8 times)",
+        ),
+    ] {
+        let (code, _, err) = plan(extra);
+        assert_eq!(code, Some(2), "{err}");
+        assert!(err.contains(says), "{err}");
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
 /// A file of the planner's outside datasets.
 fn outside(name: &str) -> std::path::PathBuf {
     std::path::Path::new(env!("CARGO_MANIFEST_DIR"))

@@ -91,6 +91,34 @@ impl StageShape<'_> {
     }
 }
 
+/// The replicas a stage's gradients are reduced over and its training
+/// state is sharded over: its data-parallel replicas times the context-
+/// parallel groups of each (`TrainingSettings::context_parallel`), as
+/// Megatron-LM reduces over its data- and context-parallel group.
+pub fn reduction_group(settings: &TrainingSettings, stage: &StageShape) -> u64 {
+    stage
+        .dp
+        .max(1)
+        .saturating_mul(settings.context_parallel.max(1))
+}
+
+/// The model as each chip of a context-parallel group sees it: `s / c`
+/// tokens of each sequence (its activations, its matmuls' rows, its
+/// boundary sends); the model itself without context parallelism. Its
+/// attention attends `s` keys, which [`analytic_stage_timing`] adds.
+pub fn per_chip_model<'m>(
+    model: &'m ModelSpec,
+    settings: &TrainingSettings,
+) -> std::borrow::Cow<'m, ModelSpec> {
+    match settings.context_parallel {
+        0 | 1 => std::borrow::Cow::Borrowed(model),
+        c => std::borrow::Cow::Owned(ModelSpec {
+            seq_len: (model.seq_len / c).max(1),
+            ..model.clone()
+        }),
+    }
+}
+
 /// Micro-batch size (sequences, `b`) and count per step (`m`) of one
 /// pipeline.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -439,6 +467,7 @@ pub fn stage_memory(
     stage: &StageShape,
     mb: Microbatching,
 ) -> MemoryBreakdown {
+    let model = &*per_chip_model(model, settings);
     let terms = match stage.chip.framework {
         Framework::Megatron => megatron_terms(model, settings, stage, mb),
         Framework::Polychip => polychip_terms(model, settings, stage, mb),
@@ -455,7 +484,7 @@ fn megatron_terms(
     mb: Microbatching,
 ) -> Terms {
     let params = stage.params(model) as f64 / stage.tp.max(1) as f64;
-    let shards = settings.shards(stage.dp);
+    let shards = settings.shards(reduction_group(settings, stage));
     // Under ZeRO-3 a unit's weights are gathered whole for its pass, and
     // the next unit's while it runs (prefetched); under ZeRO-2 and up a
     // unit's gradients are whole until they are reduce-scattered.
@@ -947,7 +976,12 @@ pub fn analytic_stage_timing(
     // recomputation the whole forward of the layers it recomputes.
     let recompute = match settings.recompute {
         Recompute::None => 0.0,
-        Recompute::Selective => n * attention_time(model, &rates, b, tp).forward,
+        // (Each chip's attention attends every key: `c` times the per-chip
+        // model's under context parallelism.)
+        Recompute::Selective => {
+            let c = settings.context_parallel.max(1) as f64;
+            n * c * attention_time(model, &rates, b, tp).forward
+        }
         Recompute::Full => {
             let split = settings.recompute_split(stage.layers.end - stage.layers.start);
             split.recomputed * (layer.forward + 2.0 * tp_ar)
@@ -955,6 +989,10 @@ pub fn analytic_stage_timing(
     };
     let mut forward = n * (layer.forward + 2.0 * tp_ar);
     let mut backward = n * (layer.backward + 2.0 * tp_ar) + recompute;
+    let (cp_forward, cp_backward) =
+        context_parallel_attention(model, settings, cluster, stage, &rates, b);
+    forward += n * cp_forward;
+    backward += n * cp_backward;
     let weight_grads =
         |mms: &[Matmul]| -> f64 { mms.iter().map(|mm| rates.weight_grad_time(mm)).sum() };
     let mut weight_grad = n * weight_grads(&model.layer_matmuls(b, tp));
@@ -983,17 +1021,11 @@ pub fn analytic_stage_timing(
         })
     });
     let params = stage.params(model) as f64 / tp as f64;
+    let group = reduction_group(settings, stage);
     let dp_allreduce = allreduce_time(
         params * settings.grad_bytes(),
-        stage.dp,
-        dp_bandwidth(
-            cluster,
-            chip,
-            stage.dp,
-            tp,
-            stage.dp_peers,
-            stage.dp_one_node,
-        ),
+        group,
+        dp_bandwidth(cluster, chip, group, tp, stage.dp_peers, stage.dp_one_node),
     );
     StageTiming {
         name: format!(
@@ -1016,10 +1048,49 @@ pub fn analytic_stage_timing(
         backward,
         send_next,
         dp_allreduce,
-        optimizer: optimizer_time(settings, chip, params, stage.dp),
+        optimizer: optimizer_time(settings, chip, params, group),
         sends_async: false,
         weight_grad,
     }
+}
+
+/// What context parallelism adds to one layer's forward and backward pass
+/// on each chip, `model` being the per-chip model ([`per_chip_model`]: `s
+/// / c` tokens of a sequence): its attention attends all `s` keys, `c`
+/// times the per-chip model's scores (the causal work shared evenly, as
+/// Megatron-LM's load-balanced split does), and the ring exchanges each
+/// chip's keys and values with the `c - 1` others, `(c - 1) 2 b (s / c)
+/// kv / t` elements forward and twice that backward (the keys and values
+/// again, and their gradients), overlapped with the attention it feeds:
+/// only what the exchange takes beyond it is added. The ring runs over
+/// the node's links when its `t c` chips fit in a node, else over each
+/// chip's NIC (at most the network's bandwidth). Nothing without it.
+fn context_parallel_attention(
+    model: &ModelSpec,
+    settings: &TrainingSettings,
+    cluster: &ClusterSpec,
+    stage: &StageShape,
+    rates: &ChipRates,
+    b: u64,
+) -> (f64, f64) {
+    let c = settings.context_parallel;
+    if c <= 1 {
+        return (0.0, 0.0);
+    }
+    let tp = stage.tp.max(1);
+    let chip = stage.chip;
+    let attention = attention_time(model, rates, b, tp);
+    let (compute_f, compute_b) = (c as f64 * attention.forward, c as f64 * attention.backward);
+    let chunk = (2 * b * model.seq_len * model.kv_dim()) as f64 / tp as f64 * rates.elem;
+    let link = match tp.saturating_mul(c) <= chip.chips_per_node {
+        true => chip.intra_node_bandwidth,
+        false => chip.nic_bandwidth.min(cluster.inter_node_bandwidth),
+    };
+    let exchange = (c - 1) as f64 * chunk / link;
+    (
+        compute_f - attention.forward + (exchange - compute_f).max(0.0),
+        compute_b - attention.backward + (2.0 * exchange - compute_b).max(0.0),
+    )
 }
 
 /// The timings of `stage` for micro-batches of `mb.size` sequences: those
@@ -1033,6 +1104,7 @@ pub fn stage_timing(
     stage: &StageShape,
     mb: Microbatching,
 ) -> StageTiming {
+    let model = &*per_chip_model(model, settings);
     let mut timing = analytic_stage_timing(model, settings, cluster, stage, mb);
     if !stage.chip.measured.is_empty() {
         crate::profile::apply_measured(&mut timing, model, settings, cluster, stage, mb);
@@ -1099,7 +1171,7 @@ fn zero_collectives(
     timing: &mut StageTiming,
 ) {
     let zero = settings.zero();
-    let d = stage.dp.max(1);
+    let d = reduction_group(settings, stage);
     if zero < 2 || d == 1 {
         return;
     }
@@ -1216,7 +1288,8 @@ fn overlapped_reduction(
         Framework::Polychip => crate::overlap::BUCKET_BYTES,
         // A bucket counts the chip's own share of the parameters.
         Framework::Megatron => {
-            (megatron_bucket_params(stage.dp) as f64 * settings.grad_bytes()) as u64
+            let group = reduction_group(settings, stage);
+            (megatron_bucket_params(group) as f64 * settings.grad_bytes()) as u64
         }
     };
     crate::overlap::exposed_reduction_in_buckets(reduce, window, &units, min_bytes)

@@ -834,3 +834,64 @@ fn a_tied_table_is_held_once_by_a_stage_holding_both_ends() {
         m.total_params() + table
     );
 }
+
+/// Context parallelism: each chip of a stage's `c` groups holds `s / c`
+/// tokens of a sequence (its activations and its layers' rows), attends
+/// every key (its attention `c` times the per-chip model's), exchanges
+/// keys and values over the ring beyond what the attention covers, and
+/// reduces its gradients and shards its state over the replicas times `c`.
+#[test]
+fn context_parallel_groups_split_the_sequence() {
+    let (m, c) = (ModelSpec::llama_70b(), cluster());
+    let mut s = TrainingSettings::new(64);
+    s.shard_optimizer = true;
+    let st = shape(&c, 10..20, 1, 4, 8);
+    let one = stage_memory(&m, &s, &st, ONE);
+    let t1 = stage_timing(&m, &s, &c, &st, ONE);
+    s.context_parallel = 2;
+    let two = stage_memory(&m, &s, &st, ONE);
+    close(two.activations, one.activations / 2.0);
+    assert_eq!((two.weights, two.gradients), (one.weights, one.gradients));
+    // ZeRO-1 over 4 replicas times 2 groups.
+    close(two.optimizer, one.optimizer / 2.0);
+    let t2 = stage_timing(&m, &s, &c, &st, ONE);
+    // Each chip attends all 4,096 keys for its 2,048 queries.
+    let half = ModelSpec {
+        seq_len: 2048,
+        ..m.clone()
+    };
+    let rates = ChipRates::new(&c.chip_types[0], &s);
+    let att = attention_time(&half, &rates, 1, 8);
+    let mut plain = s.clone();
+    plain.context_parallel = 1;
+    let base = stage_timing(&half, &plain, &c, &st, ONE);
+    // t c = 16 chips span two nodes: the exchange runs at the NIC's 25 GB/s,
+    // 2 x 2,048 x 1,024 x 2 B / 8 a chunk, and hides behind the attention.
+    let exchange = 2.0 * 2048.0 * 1024.0 * 2.0 / 8.0 / 25e9;
+    assert!(exchange < 2.0 * att.forward);
+    close(t2.forward, base.forward + 10.0 * att.forward);
+    close(t2.backward, base.backward + 10.0 * att.backward);
+    assert!(t2.forward < t1.forward && t2.forward > t1.forward / 2.0);
+    // The gradients are all-reduced over 8 members, as 8 replicas are.
+    let mut eight = shape(&c, 10..20, 1, 8, 8);
+    eight.dp_one_node = st.dp_one_node;
+    close(
+        t2.dp_allreduce,
+        stage_timing(&m, &plain, &c, &eight, ONE).dp_allreduce,
+    );
+    // Refused without flash attention, and past its bound.
+    s.flash_attention = false;
+    let e = s.validate().unwrap_err().to_string();
+    assert!(
+        e.contains("context_parallel is 2 without flash attention"),
+        "{e}"
+    );
+    s.flash_attention = true;
+    s.context_parallel = 0;
+    assert!(
+        s.validate()
+            .unwrap_err()
+            .to_string()
+            .contains("context_parallel is 0")
+    );
+}

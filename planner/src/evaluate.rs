@@ -91,8 +91,13 @@ pub(crate) fn assemble(
             // devices, chunk `i` on device `i % devices`, which are placed.
             let v = settings.virtual_stages.max(1) as usize;
             let devices = (p / v).max(1);
-            let types: Vec<(usize, u64)> =
-                g.stages[..devices].iter().map(|s| (s.ty, s.tp)).collect();
+            // A stage's replica is `tp` chips times its context-parallel
+            // groups, adjacent (Megatron-LM's tp-cp-dp-pp order).
+            let cp = settings.context_parallel.max(1);
+            let types: Vec<(usize, u64)> = g.stages[..devices]
+                .iter()
+                .map(|s| (s.ty, s.tp.saturating_mul(cp)))
+                .collect();
             let placed = crate::placement::place(cluster, g.copies, &types);
             // The last device's send to the first one's next chunk stays in
             // a node when the whole pipeline does.
@@ -117,9 +122,10 @@ pub(crate) fn assemble(
                             true => placed[device].send_same_node,
                             false => wraps_in_node,
                         },
-                        // The group's replicas of each stage send at once.
-                        senders: s.tp.saturating_mul(g.copies),
-                        receivers: n.tp.saturating_mul(g.copies),
+                        // The group's replicas of each stage send at once
+                        // (each context-parallel group its part).
+                        senders: s.tp.saturating_mul(cp).saturating_mul(g.copies),
+                        receivers: n.tp.saturating_mul(cp).saturating_mul(g.copies),
                     }),
                     dp_peers: &peers,
                     // Replicas of other groups sit elsewhere.
@@ -189,7 +195,8 @@ pub(crate) fn assemble(
             if si == last {
                 fwd += model.head_forward_flops(r.micro_batch_size);
             }
-            let stage_peak = c.peak_flops.get(dtype) * s.tp as f64;
+            let stage_peak =
+                c.peak_flops.get(dtype) * (s.tp * settings.context_parallel.max(1)) as f64;
             s.mfu = 3.0 * fwd * r.micro_batches as f64 / (step_s * stage_peak);
             // A device's chips once, not once per chunk.
             if si < devices {
@@ -201,7 +208,8 @@ pub(crate) fn assemble(
         .iter()
         .max_by(|a, b| a.step_time_simulated.total_cmp(&b.step_time_simulated))
         .map_or(0.0, |r| r.bubble_fraction);
-    let chips_used = replicas.iter().map(Replica::chips).sum();
+    let chips_used =
+        replicas.iter().map(Replica::chips).sum::<u64>() * settings.context_parallel.max(1);
     Plan {
         model: model.name.clone(),
         kind,
@@ -922,6 +930,7 @@ impl PlanSpec {
         model: &ModelSpec,
         cluster: &ClusterSpec,
         virtual_stages: u64,
+        context_parallel: u64,
     ) -> Result<Vec<Layout>, SpecError> {
         let mut used = vec![0u64; cluster.chip_types.len()];
         let mut sequences = 0u64;
@@ -991,7 +1000,8 @@ impl PlanSpec {
                 next = end;
                 // Under interleaving a device's chips hold its every chunk.
                 if si < devices {
-                    used[ty] = used[ty].saturating_add(g.copies.saturating_mul(s.tp));
+                    let chips = g.copies.saturating_mul(s.tp);
+                    used[ty] = used[ty].saturating_add(chips.saturating_mul(context_parallel));
                 } else if let Some(d) = stages.get(si % devices)
                     && (d.ty, d.tp) != (ty, s.tp)
                 {
@@ -1045,14 +1055,61 @@ impl PlanSpec {
         for (ty, &n) in used.iter().enumerate() {
             let c = &cluster.chip_types[ty];
             if n > c.count {
+                let cp = match context_parallel {
+                    1 => String::new(),
+                    cp => format!(" (context parallel {cp}: each replica's tp chips {cp} times)"),
+                };
                 return Err(plan_err(format!(
-                    "uses {n} chips of type {:?}, but the cluster has {}",
+                    "uses {n} chips of type {:?}{cp}, but the cluster has {}",
                     c.name, c.count
                 )));
             }
         }
         Ok(out)
     }
+}
+
+/// Refuses context parallelism where it cannot be priced: a sequence the
+/// groups cannot split into `2 c` equal chunks (Megatron-LM's
+/// load-balanced split needs it), a chip type priced from a profile (which
+/// measures whole sequences), or one of `polychip train`'s (which has none).
+fn check_context_parallel(
+    model: &ModelSpec,
+    cluster: &ClusterSpec,
+    settings: &TrainingSettings,
+) -> Result<(), SpecError> {
+    let c = settings.context_parallel;
+    if c <= 1 {
+        return Ok(());
+    }
+    if model.seq_len % (2 * c) != 0 {
+        return Err(SpecError::Settings(format!(
+            "context_parallel is {c}, but the model's sequences of {} tokens do not split into \
+             {} equal chunks (two a group, as Megatron-LM balances the causal work)",
+            model.seq_len,
+            2 * c
+        )));
+    }
+    let chip = |keep: &dyn Fn(&crate::cluster::ChipType) -> bool| {
+        cluster
+            .chip_types
+            .iter()
+            .find(|t| keep(t))
+            .map(|t| t.name.clone())
+    };
+    if let Some(name) = chip(&|t| !t.measured.is_empty()) {
+        return Err(SpecError::Settings(format!(
+            "context_parallel is {c}, but chip type {name} is priced from a profile, which \
+             measures whole sequences; score context parallelism without --profile"
+        )));
+    }
+    if let Some(name) = chip(&|t| t.framework == crate::framework::Framework::Polychip) {
+        return Err(SpecError::Settings(format!(
+            "context_parallel is {c}, but chip type {name} is priced as polychip train runs it \
+             (framework = \"polychip\"), which splits no sequence"
+        )));
+    }
+    Ok(())
 }
 
 /// The keys of `polychip plan --json`'s report (and of `--evaluate
@@ -1381,8 +1438,15 @@ pub fn evaluate(
     settings.check_interleaving()?;
     settings.check_zero()?;
     settings.check_recompute()?;
+    settings.check_context_parallel()?;
     crate::cost::check_zero_frameworks(cluster, &settings)?;
-    let layouts = spec.layouts(model, cluster, settings.virtual_stages)?;
+    check_context_parallel(model, cluster, &settings)?;
+    let layouts = spec.layouts(
+        model,
+        cluster,
+        settings.virtual_stages,
+        settings.context_parallel,
+    )?;
     settings.global_batch = layouts
         .iter()
         .map(|g| g.copies * g.micro_batch_size * g.micro_batches)

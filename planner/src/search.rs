@@ -247,6 +247,14 @@ pub fn plan(
     cluster.validate()?;
     settings.validate()?;
     crate::cost::check_zero_frameworks(cluster, settings)?;
+    if settings.context_parallel > 1 {
+        return Err(crate::error::SpecError::Settings(format!(
+            "context_parallel is {}, but the search proposes plans without context \
+             parallelism; score such a plan with polychip plan --evaluate",
+            settings.context_parallel
+        ))
+        .into());
+    }
     if settings.virtual_stages > 1 {
         return Err(crate::error::SpecError::Settings(format!(
             "virtual_stages is {}, but the search proposes plans without interleaving; score \

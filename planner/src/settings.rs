@@ -139,6 +139,14 @@ pub struct TrainingSettings {
     /// chips always overlap.
     #[serde(default, skip_serializing_if = "is_false")]
     pub overlap_grad_reduce: bool,
+    /// Context parallelism (Megatron-LM's `--context-parallel-size`,
+    /// Transformer Engine's ring attention): each stage's sequences are
+    /// split over this many groups of its `tp` chips, which exchange keys
+    /// and values for attention and reduce their gradients together with
+    /// the data-parallel replicas. 1 (the default): none. Scored by
+    /// `polychip plan --evaluate`; the search proposes plans without it.
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub context_parallel: u64,
     /// Keep gradients in bf16 (16 bytes per parameter instead of 18).
     #[serde(default)]
     pub bf16_gradients: bool,
@@ -219,6 +227,10 @@ fn is_zero(v: &u8) -> bool {
 /// The most layers [`TrainingSettings::recompute_num_layers`] may give.
 pub const MAX_RECOMPUTE_NUM_LAYERS: u64 = 1_000_000;
 
+/// The most groups [`TrainingSettings::context_parallel`] may split a
+/// sequence over.
+pub const MAX_CONTEXT_PARALLEL: u64 = 1024;
+
 /// The highest ZeRO stage ([`TrainingSettings::zero_stage`]).
 pub const MAX_ZERO_STAGE: u8 = 3;
 
@@ -238,6 +250,7 @@ impl TrainingSettings {
             shard_optimizer: false,
             zero_stage: 0,
             overlap_grad_reduce: false,
+            context_parallel: 1,
             bf16_gradients: false,
             flash_attention: true,
             sequence_parallel: true,
@@ -365,6 +378,26 @@ impl TrainingSettings {
         }
     }
 
+    /// Checks `context_parallel`: 1 to [`MAX_CONTEXT_PARALLEL`], and above
+    /// 1 only with flash attention (Transformer Engine's ring attention,
+    /// which Megatron-LM's context parallelism runs on).
+    pub fn check_context_parallel(&self) -> Result<(), SpecError> {
+        let c = self.context_parallel;
+        if !(1..=MAX_CONTEXT_PARALLEL).contains(&c) {
+            return Err(SpecError::Settings(format!(
+                "context_parallel is {c}; it must be 1 (none) to {MAX_CONTEXT_PARALLEL}"
+            )));
+        }
+        if c > 1 && !self.flash_attention {
+            return Err(SpecError::Settings(format!(
+                "context_parallel is {c} without flash attention; context parallelism runs on \
+                 fused (flash) attention kernels, so drop flash_attention = false \
+                 (--no-flash-attention)"
+            )));
+        }
+        Ok(())
+    }
+
     /// Checks `zero_stage`: 0 to [`MAX_ZERO_STAGE`].
     pub fn check_zero(&self) -> Result<(), SpecError> {
         if self.zero_stage > MAX_ZERO_STAGE {
@@ -433,6 +466,7 @@ impl TrainingSettings {
         self.check_interleaving()?;
         self.check_zero()?;
         self.check_recompute()?;
+        self.check_context_parallel()?;
         if self.micro_batch_sizes.contains(&0) {
             return Err(SpecError::Settings(
                 "micro_batch_sizes contains 0; sizes must be at least 1".into(),
