@@ -329,6 +329,66 @@ fn context_parallelism_scores_a_plan_with_its_sequences_split() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
+/// A heterogeneous FSDP plan (two groups of two chip types, each replica
+/// the whole 7B model, the batch dealt unevenly): under ZeRO-3 both types
+/// hold it, sharded over all 16 replicas, where unsharded neither does and
+/// ZeRO-2 leaves the smaller chip short; ZeRO-3's gathers, hidden behind
+/// the passes but for a layer's, leave no step-end reduction.
+#[test]
+fn a_heterogeneous_fsdp_plan_fits_under_zero_3() {
+    let dir = std::env::temp_dir().join(format!("polychip-plan-fsdp-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("plan.json");
+    std::fs::write(
+        &file,
+        r#"{"groups": [
+            {"copies": 8, "micro_batch_size": 2, "micro_batches": 4,
+             "stages": [{"chip": "nvidia-a800-class", "tp": 1, "layers": [0, 32]}]},
+            {"copies": 8, "micro_batch_size": 1, "micro_batches": 4,
+             "stages": [{"chip": "iluvatar-bi-v100-class", "tp": 1, "layers": [0, 32]}]}]}"#,
+    )
+    .unwrap();
+    let cluster = example("china-mobile-3-vendor.toml");
+    let fits = |zero: &str| {
+        let args = [
+            "plan",
+            "--cluster",
+            &cluster,
+            "--model",
+            "llama-7b",
+            "--json",
+        ];
+        let (code, out, err) = polychip(
+            &[
+                &args[..],
+                &["--evaluate", file.to_str().unwrap(), "--zero-stage", zero],
+            ]
+            .concat(),
+        );
+        assert_eq!(code, Some(0), "{err}");
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        let stages: Vec<(bool, f64)> = (0..2)
+            .map(|g| {
+                let s = &v["plan"]["replicas"][g]["stages"][0];
+                let fits = s["memory"]["total"].as_f64() <= s["memory_capacity"].as_f64();
+                (fits, s["timing"]["dp_allreduce"].as_f64().unwrap())
+            })
+            .collect();
+        stages
+    };
+    assert!(fits("0").iter().all(|s| !s.0));
+    assert_eq!(
+        fits("2").iter().map(|s| s.0).collect::<Vec<_>>(),
+        [true, false]
+    );
+    let zero3 = fits("3");
+    assert!(
+        zero3.iter().all(|&(fit, reduce)| fit && reduce == 0.0),
+        "{zero3:?}"
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}
+
 /// A file of the planner's outside datasets.
 fn outside(name: &str) -> std::path::PathBuf {
     std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
