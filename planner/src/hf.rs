@@ -175,7 +175,11 @@ impl ModelSpec {
             }
             // Two matrices of `i` are a SwiGLU of `2 i / 3`; 4h unless
             // given, as GPT-2's `n_inner: null` means.
-            (false, inner) => (2 * inner.unwrap_or(4 * hidden)).div_ceil(3),
+            // (Saturating: the sizes' bounds are checked below.)
+            (false, inner) => inner
+                .unwrap_or(hidden.saturating_mul(4))
+                .saturating_mul(2)
+                .div_ceil(3),
         };
         let vocab = fields.size(VOCAB)?;
         let context = fields.optional_size(CONTEXT)?;
@@ -228,18 +232,15 @@ pub fn hf_notes(text: &str) -> Vec<String> {
         size(HEADS),
         map.get("head_dim").and_then(Value::as_u64),
     ) && heads > 0
-        && head_dim * heads != hidden
+        && head_dim.checked_mul(heads) != Some(hidden)
     {
+        let wider = head_dim.saturating_mul(heads) > hidden;
         notes.push(format!(
             "config.json's head_dim {head_dim} is not hidden / heads ({hidden} / {heads}); the \
              planner counts the attention's projections and scores at heads of {}, so its \
              attention is priced {} than the model's",
             hidden / heads,
-            if head_dim * heads > hidden {
-                "smaller"
-            } else {
-                "larger"
-            }
+            if wider { "smaller" } else { "larger" }
         ));
     }
     notes
@@ -413,6 +414,10 @@ mod tests {
             notes[0].contains("head_dim 256 is not hidden / heads (3072 / 16)"),
             "{notes:?}"
         );
+        // Any head_dim, however large, is said, not multiplied past u64.
+        let huge = gemma.replace("\"head_dim\": 256", "\"head_dim\": 18446744073709551615");
+        let notes = hf_notes(&huge);
+        assert!(notes[0].contains("priced smaller"), "{notes:?}");
     }
 
     /// A multimodal config's language model, a mixture of experts refused,
@@ -457,6 +462,11 @@ mod tests {
                 r#"{"model_type": "t5", "d_model": 512, "num_layers": 6, "num_heads": 8,
                     "d_ff": 2048, "vocab_size": 32128, "is_encoder_decoder": true}"#,
                 "encoder-decoder",
+            ),
+            (
+                r#"{"model_type": "gpt2", "n_layer": 2, "n_embd": 18446744073709551615,
+                    "n_head": 1, "vocab_size": 256}"#,
+                "more than the planner accepts",
             ),
             ("[1, 2]", "not a JSON object"),
             ("{", "not valid JSON"),
