@@ -206,7 +206,10 @@ fn load_model(arg: &str, seq_len: Option<u64>) -> Result<ModelSpec, String> {
 
 fn read_model(arg: &str, seq_len: Option<u64>) -> Result<ModelSpec, String> {
     let path = Path::new(arg);
-    if arg.ends_with(".json") || path.join("config.json").is_file() {
+    // A directory with a config.json of any kind (a FIFO there is refused
+    // by name, unread, as any file the planner reads).
+    let config = path.join("config.json");
+    if arg.ends_with(".json") || config.symlink_metadata().is_ok() {
         let (model, notes) = ModelSpec::load_hf(path, seq_len).map_err(|e| match e {
             SpecError::Io { .. } => file_error(&e, path),
             e => e.to_string(),

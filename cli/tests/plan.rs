@@ -235,6 +235,22 @@ fn a_hugging_face_config_plans_as_its_shape() {
         err.contains("moe.json") && err.contains("`num_local_experts` = 8"),
         "{err}"
     );
+    // A directory whose config.json is a FIFO: refused by name, unread
+    // (until 2026-12-07 it was read as a model TOML path and said to be a
+    // directory).
+    let fifo_dir = dir.join("fifo");
+    std::fs::create_dir_all(&fifo_dir).unwrap();
+    let made = std::process::Command::new("mkfifo")
+        .arg(fifo_dir.join("config.json"))
+        .status()
+        .unwrap();
+    assert!(made.success());
+    let (code, _, err) = plan(fifo_dir.to_str().unwrap(), &[]);
+    assert_eq!(code, Some(2));
+    assert!(
+        err.contains("config.json: it is a FIFO, not a regular file"),
+        "{err}"
+    );
     std::fs::remove_dir_all(&dir).ok();
 }
 
