@@ -492,7 +492,8 @@ fn plan(args: &Args) -> Result<(), String> {
                 serde_json::to_string_pretty(&ev).map_err(|e| e.to_string())?
             );
         } else {
-            print!("{}", printable_lines(&evaluation_table(&ev)));
+            let text = format!("{}{}", settings_line(&settings), evaluation_table(&ev));
+            print!("{}", printable_lines(&text));
         }
         return Ok(());
     }
@@ -524,9 +525,49 @@ fn plan(args: &Args) -> Result<(), String> {
         let text = serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?;
         println!("{text}");
     } else {
-        print!("{}", printable_lines(&table(&report)));
+        let text = format!("{}{}", settings_line(&report.settings), table(&report));
+        print!("{}", printable_lines(&text));
     }
     Ok(())
+}
+
+/// The line that opens the text outputs: the settings a plan is priced
+/// under, those at their defaults left out but the dtype.
+fn settings_line(s: &TrainingSettings) -> String {
+    use polychip_planner::settings::RecomputeMethod;
+    let mut parts = vec![s.dtype.to_string()];
+    match s.zero() {
+        0 => {}
+        1 => parts.push("ZeRO-1 (optimizer state sharded)".into()),
+        z => parts.push(format!("ZeRO-{z}")),
+    }
+    if s.overlap_grad_reduce {
+        parts.push("gradient reduction overlapped".into());
+    }
+    if s.bf16_gradients {
+        parts.push("16-bit gradients".into());
+    }
+    match (s.recompute, s.recompute_method, s.recompute_num_layers) {
+        (Recompute::None, ..) => {}
+        (Recompute::Selective, ..) => parts.push("selective recomputation".into()),
+        (Recompute::Full, RecomputeMethod::Uniform, 1) => parts.push("full recomputation".into()),
+        (Recompute::Full, RecomputeMethod::Uniform, n) => {
+            parts.push(format!("full recomputation in groups of {n} layers"))
+        }
+        (Recompute::Full, RecomputeMethod::Block, n) => {
+            parts.push(format!("full recomputation of {n} layer(s) a stage"))
+        }
+    }
+    if s.context_parallel > 1 {
+        parts.push(format!("context parallel {}", s.context_parallel));
+    }
+    if !s.flash_attention {
+        parts.push("no flash attention".into());
+    }
+    if !s.sequence_parallel {
+        parts.push("no sequence parallelism".into());
+    }
+    format!("settings: {}\n", parts.join(", "))
 }
 
 /// A note naming the runs of `runs` that `pick` picks (the first five),

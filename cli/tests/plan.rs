@@ -178,6 +178,12 @@ fn zero_stages_shard_an_evaluated_plan() {
             "ZeRO-{zero}: {searched} s against {unaware} s"
         );
     }
+    // The text output opens with the settings it priced.
+    let base = ["plan", "--cluster", &cluster, "--model", "llama-70b"];
+    let (code, out, err) =
+        polychip(&[&base[..], &["--evaluate", file, "--zero-stage", "3"]].concat());
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(out.lines().next(), Some("settings: bf16, ZeRO-3"), "{out}");
     let (code, _, err) = plan(&["--zero-stage", "4"]);
     assert_eq!(code, Some(2));
     assert!(err.contains("zero_stage is 4; it must be 0"), "{err}");
