@@ -1,7 +1,7 @@
 //! `polychip plan --cluster FILE --model PRESET_OR_FILE [--seq-len N] [--global-batch N]
 //! [--dtype bf16] [--recompute none|selective|full] [--recompute-method uniform|block]
 //! [--recompute-num-layers N] [--shard-optimizer] [--zero-stage N]
-//! [--overlap-grad-reduce] [--context-parallel N] [--half-gradients]
+//! [--overlap-grad-reduce] [--overlap-param-gather] [--context-parallel N] [--half-gradients]
 //! [--no-flash-attention] [--schedule 1f1b|1f1b-deferred|zero-bubble|gpipe]
 //! [--profile FILE] [--exhaustive] [--json] [--trace out.json]`: runs the
 //! HeteroAuto search (`polychip_planner::search`) and prints the plan as a
@@ -108,6 +108,11 @@ pub struct Args {
     /// default, DeepSpeed's overlap_comm) instead of following it.
     #[arg(long)]
     overlap_grad_reduce: bool,
+    /// With the optimizer state sharded (--shard-optimizer), the updated
+    /// weights' all-gather overlaps the next step's first forward pass
+    /// (Megatron-LM's --overlap-param-gather).
+    #[arg(long)]
+    overlap_param_gather: bool,
     /// Gradients kept and all-reduced in 16 bits (2 bytes a parameter, not
     /// 4): Megatron-LM's fp16/bf16 gradient buffer without
     /// `--accumulate-allreduce-grads-in-fp32`, DeepSpeed's fp16 and bf16
@@ -317,6 +322,7 @@ fn plan(args: &Args) -> Result<(), String> {
         settings.zero_stage = z;
     }
     settings.overlap_grad_reduce |= args.overlap_grad_reduce;
+    settings.overlap_param_gather |= args.overlap_param_gather;
     if let Some(c) = args.context_parallel {
         settings.context_parallel = c;
     }
@@ -544,6 +550,9 @@ fn settings_line(s: &TrainingSettings) -> String {
     if s.overlap_grad_reduce {
         parts.push("gradient reduction overlapped".into());
     }
+    if s.overlap_param_gather {
+        parts.push("weight gather overlapped".into());
+    }
     if s.bf16_gradients {
         parts.push("16-bit gradients".into());
     }
@@ -637,6 +646,9 @@ fn flags_changing(recorded: &TrainingSettings, given: &TrainingSettings) -> Vec<
     }
     if a.overlap_grad_reduce != b.overlap_grad_reduce {
         out.push("--overlap-grad-reduce".into());
+    }
+    if a.overlap_param_gather != b.overlap_param_gather {
+        out.push("--overlap-param-gather".into());
     }
     if a.zero_stage != b.zero_stage {
         out.push(format!(

@@ -1114,9 +1114,26 @@ pub fn stage_timing(
     // Under ZeRO-2 and 3 the step's end holds the weights' gather, which
     // no backward pass overlaps.
     let reduces_at_end = settings.zero() <= 1;
-    if (polychip || settings.overlap_grad_reduce) && reduces_at_end && timing.dp_allreduce > 0.0 {
-        timing.dp_allreduce =
-            overlapped_reduction(model, settings, stage, &timing, timing.dp_allreduce);
+    if reduces_at_end && timing.dp_allreduce > 0.0 {
+        // A sharded optimizer's reduction is a reduce-scatter of the
+        // gradients and an all-gather of the updated weights, each half of
+        // the all-reduce's time; the gather may overlap the next step's
+        // first forward pass, but for its first unit.
+        let (reduce, gather) = match settings.overlap_param_gather {
+            true => (timing.dp_allreduce / 2.0, timing.dp_allreduce / 2.0),
+            false => (timing.dp_allreduce, 0.0),
+        };
+        let reduce = match polychip || settings.overlap_grad_reduce {
+            true => overlapped_reduction(model, settings, stage, &timing, reduce),
+            false => reduce,
+        };
+        let params = stage.params(model) as f64 / stage.tp.max(1) as f64;
+        let unit = match params > 0.0 {
+            true => largest_unit_params(model, stage).min(params) / params,
+            false => 0.0,
+        };
+        let gather = (gather - timing.forward).max(0.0) + unit * gather;
+        timing.dp_allreduce = reduce + gather;
     }
     if polychip {
         // `polychip train` sends from a thread of each rank's own.
@@ -1225,9 +1242,11 @@ pub fn zero_collective_seconds(
     ]
 }
 
-/// Refuses ZeRO-2 and ZeRO-3 on a cluster with a chip type of `polychip
-/// train`'s (`framework = "polychip"`), which shards the optimizer state
-/// only (ZeRO-1): its memory and steps would be priced as it does not run.
+/// Refuses ZeRO-2 and ZeRO-3, and an overlapped parameter gather, on a
+/// cluster with a chip type of `polychip train`'s (`framework =
+/// "polychip"`), which shards the optimizer state only (ZeRO-1) and
+/// gathers at the step's end: its memory and steps would be priced as it
+/// does not run.
 pub fn check_zero_frameworks(
     cluster: &ClusterSpec,
     settings: &TrainingSettings,
@@ -1244,6 +1263,14 @@ pub fn check_zero_frameworks(
              zero_stage 0 or 1 (shard_optimizer)",
             chip.name
         ))),
+        Some(chip) if settings.overlap_param_gather => {
+            Err(crate::error::SpecError::Settings(format!(
+                "overlap_param_gather is set, but chip type {} is priced as polychip train runs \
+                 it (framework = \"polychip\"), which gathers its sharded weights at the step's \
+                 end",
+                chip.name
+            )))
+        }
         _ => Ok(()),
     }
 }

@@ -895,3 +895,33 @@ fn context_parallel_groups_split_the_sequence() {
             .contains("context_parallel is 0")
     );
 }
+
+/// Megatron-LM's `--overlap-param-gather` with its distributed optimizer
+/// (ZeRO-1): the reduction's all-gather half overlaps the next step's
+/// first forward pass but for the first unit's share, the reduce-scatter
+/// half stays; refused without a sharded optimizer and on polychip chips.
+#[test]
+fn an_overlapped_parameter_gather_leaves_the_reduce_scatter() {
+    let (m, mut c) = (ModelSpec::llama_70b(), cluster());
+    let mut s = TrainingSettings::new(64);
+    s.shard_optimizer = true;
+    let st = shape(&c, 10..20, 1, 4, 1);
+    let whole = stage_timing(&m, &s, &c, &st, ONE);
+    s.overlap_param_gather = true;
+    let t = stage_timing(&m, &s, &c, &st, ONE);
+    let half = whole.dp_allreduce / 2.0;
+    // The gather (0.26 s) outlasts the 10 layers' forward pass (0.16 s).
+    assert!(half > whole.forward);
+    close(t.dp_allreduce, half + (half - whole.forward) + half / 10.0);
+    assert!(s.validate().is_ok());
+    s.shard_optimizer = false;
+    let e = s.validate().unwrap_err().to_string();
+    assert!(e.contains("the ZeRO stage is 0"), "{e}");
+    s.shard_optimizer = true;
+    c.chip_types[0].framework = crate::framework::Framework::Polychip;
+    let e = check_zero_frameworks(&c, &s).unwrap_err().to_string();
+    assert!(
+        e.contains("overlap_param_gather is set, but chip type X"),
+        "{e}"
+    );
+}

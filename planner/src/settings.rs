@@ -139,6 +139,12 @@ pub struct TrainingSettings {
     /// chips always overlap.
     #[serde(default, skip_serializing_if = "is_false")]
     pub overlap_grad_reduce: bool,
+    /// With the optimizer state sharded (ZeRO-1, Megatron-LM's distributed
+    /// optimizer), the updated weights' all-gather overlaps the next
+    /// step's first forward pass (Megatron-LM's `--overlap-param-gather`)
+    /// instead of ending the step. Off by default.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub overlap_param_gather: bool,
     /// Context parallelism (Megatron-LM's `--context-parallel-size`,
     /// Transformer Engine's ring attention): each stage's sequences are
     /// split over this many groups of its `tp` chips, which exchange keys
@@ -250,6 +256,7 @@ impl TrainingSettings {
             shard_optimizer: false,
             zero_stage: 0,
             overlap_grad_reduce: false,
+            overlap_param_gather: false,
             context_parallel: 1,
             bf16_gradients: false,
             flash_attention: true,
@@ -398,13 +405,24 @@ impl TrainingSettings {
         Ok(())
     }
 
-    /// Checks `zero_stage`: 0 to [`MAX_ZERO_STAGE`].
+    /// Checks `zero_stage`: 0 to [`MAX_ZERO_STAGE`]; and
+    /// `overlap_param_gather` only with the optimizer state sharded and
+    /// the weights not (ZeRO-1: ZeRO-2 gathers at the step's end as it
+    /// always has, ZeRO-3 for every pass).
     pub fn check_zero(&self) -> Result<(), SpecError> {
         if self.zero_stage > MAX_ZERO_STAGE {
             return Err(SpecError::Settings(format!(
                 "zero_stage is {}; it must be 0 (nothing sharded), 1 (the optimizer state), 2 \
                  (and the gradients) or 3 (and the weights: ZeRO-3, FSDP)",
                 self.zero_stage
+            )));
+        }
+        if self.overlap_param_gather && self.zero() != 1 {
+            return Err(SpecError::Settings(format!(
+                "overlap_param_gather overlaps the gather of the weights a sharded optimizer \
+                 updated (ZeRO-1, Megatron-LM's distributed optimizer), but the ZeRO stage is \
+                 {}; give shard_optimizer (--shard-optimizer) or zero_stage 1",
+                self.zero()
             )));
         }
         Ok(())
