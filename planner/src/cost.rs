@@ -1117,9 +1117,13 @@ pub fn stage_timing(
     if reduces_at_end && timing.dp_allreduce > 0.0 {
         // A sharded optimizer's reduction is a reduce-scatter of the
         // gradients and an all-gather of the updated weights, each half of
-        // the all-reduce's time; the gather may overlap the next step's
-        // first forward pass, but for its first unit.
-        let (reduce, gather) = match settings.overlap_param_gather {
+        // the all-reduce's time: only the first can overlap the backward
+        // pass (the weights are updated after it), and the gather follows
+        // the optimizer step, or overlaps the next step's first forward
+        // pass but for its first unit (`overlap_param_gather`). Until
+        // 2026-12-07 the whole all-reduce was overlapped with the backward
+        // pass where the reduction overlapped.
+        let (reduce, gather) = match settings.zero() == 1 {
             true => (timing.dp_allreduce / 2.0, timing.dp_allreduce / 2.0),
             false => (timing.dp_allreduce, 0.0),
         };
@@ -1127,12 +1131,17 @@ pub fn stage_timing(
             true => overlapped_reduction(model, settings, stage, &timing, reduce),
             false => reduce,
         };
-        let params = stage.params(model) as f64 / stage.tp.max(1) as f64;
-        let unit = match params > 0.0 {
-            true => largest_unit_params(model, stage).min(params) / params,
-            false => 0.0,
+        let gather = match settings.overlap_param_gather {
+            true => {
+                let params = stage.params(model) as f64 / stage.tp.max(1) as f64;
+                let unit = match params > 0.0 {
+                    true => largest_unit_params(model, stage).min(params) / params,
+                    false => 0.0,
+                };
+                (gather - timing.forward).max(0.0) + unit * gather
+            }
+            false => gather,
         };
-        let gather = (gather - timing.forward).max(0.0) + unit * gather;
         timing.dp_allreduce = reduce + gather;
     }
     if polychip {

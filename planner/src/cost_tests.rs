@@ -914,6 +914,17 @@ fn an_overlapped_parameter_gather_leaves_the_reduce_scatter() {
     assert!(half > whole.forward);
     close(t.dp_allreduce, half + (half - whole.forward) + half / 10.0);
     assert!(s.validate().is_ok());
+    // With the reduction overlapped, only the reduce-scatter half overlaps
+    // the backward pass: the weights it gathers are updated after it (the
+    // whole all-reduce was overlapped until 2026-12-07).
+    s.overlap_param_gather = false;
+    s.overlap_grad_reduce = true;
+    let o = stage_timing(&m, &s, &c, &st, ONE);
+    let units = vec![LAYER as u64 * 2; 20];
+    let bucket = megatron_bucket_params(4) * 4;
+    let hidden = crate::overlap::exposed_reduction_in_buckets(half, whole.backward, &units, bucket);
+    close(o.dp_allreduce, hidden + half);
+    (s.overlap_param_gather, s.overlap_grad_reduce) = (true, false);
     s.shard_optimizer = false;
     let e = s.validate().unwrap_err().to_string();
     assert!(e.contains("the ZeRO stage is 0"), "{e}");

@@ -1057,7 +1057,8 @@ fn a_plan_of_too_many_groups_is_refused_before_it_is_built() {
 /// Every combination of the settings that shard, overlap and recompute
 /// scores the searched plan with finite, non-negative figures, each ZeRO
 /// stage holds no more of any stage's training state than the one before,
-/// and recomputing more layers keeps no more activations.
+/// recomputing more layers keeps no more activations, and overlapping a
+/// sharded optimizer's gather never lengthens the step.
 #[test]
 fn every_sharding_overlap_and_recomputation_setting_scores_a_plan() {
     use polychip_planner::settings::RecomputeMethod;
@@ -1110,6 +1111,19 @@ fn every_sharding_overlap_and_recomputation_setting_scores_a_plan() {
                         }
                     }
                     last_state = Some(state);
+                    // Under ZeRO-1 the weights' gather may overlap the next
+                    // step's first forward pass: never a longer step.
+                    if zero == 1 {
+                        let mut g = t.clone();
+                        g.overlap_param_gather = true;
+                        let gathered = evaluate(&spec, &m, &c, &g)
+                            .unwrap_or_else(|e| panic!("{at} gather overlapped: {e}"));
+                        let overlapped = gathered.plan.step_time_simulated;
+                        assert!(
+                            overlapped.is_finite() && overlapped <= step * (1.0 + 1e-12),
+                            "{at}: {overlapped} > {step}"
+                        );
+                    }
                     // Every layer recomputed keeps no more than only the
                     // first two of each stage recomputed.
                     let acts: Vec<f64> = stages.iter().map(|st| st.memory.activations).collect();
