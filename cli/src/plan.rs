@@ -614,60 +614,75 @@ fn note_runs(
 fn flags_changing(recorded: &TrainingSettings, given: &TrainingSettings) -> Vec<String> {
     let (a, b) = (recorded, given);
     let mut out = Vec::new();
-    if a.dtype != b.dtype {
-        out.push(format!("--dtype {} for {}", b.dtype, a.dtype));
+    // A flag with a value: "--flag NEW for OLD"; a switch: its name.
+    fn valued<T: PartialEq + std::fmt::Debug>(out: &mut Vec<String>, flag: &str, a: &T, b: &T) {
+        if a != b {
+            out.push(format!("{flag} {b:?} for {a:?}").to_lowercase());
+        }
     }
-    if a.recompute != b.recompute {
-        out.push(format!("--recompute {:?} for {:?}", b.recompute, a.recompute).to_lowercase());
-    }
-    if a.recompute_method != b.recompute_method {
-        out.push(
-            format!(
-                "--recompute-method {:?} for {:?}",
-                b.recompute_method, a.recompute_method
-            )
-            .to_lowercase(),
-        );
-    }
-    if a.recompute_num_layers != b.recompute_num_layers {
-        out.push(format!(
-            "--recompute-num-layers {} for {}",
-            b.recompute_num_layers, a.recompute_num_layers
-        ));
-    }
-    if a.shard_optimizer != b.shard_optimizer {
-        out.push("--shard-optimizer".into());
-    }
-    if a.context_parallel != b.context_parallel {
-        out.push(format!(
-            "--context-parallel {} for {}",
-            b.context_parallel, a.context_parallel
-        ));
-    }
-    if a.overlap_grad_reduce != b.overlap_grad_reduce {
-        out.push("--overlap-grad-reduce".into());
-    }
-    if a.overlap_param_gather != b.overlap_param_gather {
-        out.push("--overlap-param-gather".into());
-    }
-    if a.zero_stage != b.zero_stage {
-        out.push(format!(
-            "--zero-stage {} for {}",
-            b.zero_stage, a.zero_stage
-        ));
-    }
-    if a.bf16_gradients != b.bf16_gradients {
-        out.push("--half-gradients".into());
-    }
-    if a.flash_attention != b.flash_attention {
-        out.push("--no-flash-attention".into());
-    }
-    if a.sequence_parallel != b.sequence_parallel {
-        out.push("--no-sequence-parallel".into());
-    }
-    if a.schedule != b.schedule {
-        out.push(format!("--schedule {:?} for {:?}", b.schedule, a.schedule).to_lowercase());
-    }
+    let switched = |out: &mut Vec<String>, flag: &str, a: bool, b: bool| {
+        if a != b {
+            out.push(flag.to_string());
+        }
+    };
+    valued(&mut out, "--dtype", &a.dtype, &b.dtype);
+    valued(&mut out, "--recompute", &a.recompute, &b.recompute);
+    valued(
+        &mut out,
+        "--recompute-method",
+        &a.recompute_method,
+        &b.recompute_method,
+    );
+    valued(
+        &mut out,
+        "--recompute-num-layers",
+        &a.recompute_num_layers,
+        &b.recompute_num_layers,
+    );
+    switched(
+        &mut out,
+        "--shard-optimizer",
+        a.shard_optimizer,
+        b.shard_optimizer,
+    );
+    valued(
+        &mut out,
+        "--context-parallel",
+        &a.context_parallel,
+        &b.context_parallel,
+    );
+    switched(
+        &mut out,
+        "--overlap-grad-reduce",
+        a.overlap_grad_reduce,
+        b.overlap_grad_reduce,
+    );
+    switched(
+        &mut out,
+        "--overlap-param-gather",
+        a.overlap_param_gather,
+        b.overlap_param_gather,
+    );
+    valued(&mut out, "--zero-stage", &a.zero_stage, &b.zero_stage);
+    switched(
+        &mut out,
+        "--half-gradients",
+        a.bf16_gradients,
+        b.bf16_gradients,
+    );
+    switched(
+        &mut out,
+        "--no-flash-attention",
+        a.flash_attention,
+        b.flash_attention,
+    );
+    switched(
+        &mut out,
+        "--no-sequence-parallel",
+        a.sequence_parallel,
+        b.sequence_parallel,
+    );
+    valued(&mut out, "--schedule", &a.schedule, &b.schedule);
     out
 }
 

@@ -488,7 +488,7 @@ fn megatron_terms(
     // Under ZeRO-3 a unit's weights are gathered whole for its pass, and
     // the next unit's while it runs (prefetched); under ZeRO-2 and up a
     // unit's gradients are whole until they are reduce-scattered.
-    let unit = largest_unit_params(model, stage).min(params);
+    let unit = largest_unit_params(model, stage);
     // What a whole unit adds to a chip's shard of it.
     let beyond_shard = |shard: f64| if shard > 1.0 { 1.0 - 1.0 / shard } else { 0.0 };
     let weights = settings.dtype.bytes() as f64
@@ -610,7 +610,7 @@ fn polychip_terms(
     let c = settings.dtype.bytes();
     let [w, g, o] = counts::state_bytes(c);
     // `polychip train` shards the optimizer state only (ZeRO-1): plans of
-    // higher stages on its chips are refused ([`check_zero_frameworks`]).
+    // higher stages on its chips are refused ([`check_cluster_settings`]).
     let shard = settings.shards(stage.dp).optimizer;
     let (weights, gradients) = (params * w as f64, params * g as f64);
     let optimizer = params * o as f64 / shard;
@@ -667,12 +667,19 @@ pub fn pipeline_send_time(
     bytes / t / link() + gather
 }
 
-/// Ring all-reduce of `bytes` over `n` members: `2 (n - 1)/n * bytes / bw`.
+/// Ring all-reduce of `bytes` over `n` members: a reduce-scatter and an
+/// all-gather ([`ring_pass_time`] each), `2 (n - 1)/n * bytes / bw`.
 pub fn allreduce_time(bytes: f64, n: u64, bandwidth: f64) -> f64 {
+    2.0 * ring_pass_time(bytes, n, bandwidth)
+}
+
+/// A ring reduce-scatter or all-gather of `bytes` over `n` members: `(n -
+/// 1)/n * bytes / bw`; 0 for one member.
+pub fn ring_pass_time(bytes: f64, n: u64, bandwidth: f64) -> f64 {
     if n <= 1 {
         return 0.0;
     }
-    2.0 * (n - 1) as f64 / n as f64 * bytes / bandwidth
+    (n - 1) as f64 / n as f64 * bytes / bandwidth
 }
 
 /// A tensor-parallel all-reduce: [`allreduce_time`] at the bandwidth a
@@ -1133,11 +1140,7 @@ pub fn stage_timing(
         };
         let gather = match settings.overlap_param_gather {
             true => {
-                let params = stage.params(model) as f64 / stage.tp.max(1) as f64;
-                let unit = match params > 0.0 {
-                    true => largest_unit_params(model, stage).min(params) / params,
-                    false => 0.0,
-                };
+                let unit = largest_unit_share(model, stage);
                 (gather - timing.forward).max(0.0) + unit * gather
             }
             false => gather,
@@ -1153,7 +1156,8 @@ pub fn stage_timing(
 
 /// The parameters (per chip of its `tp`) of the largest unit `stage`
 /// gathers or reduces whole under ZeRO-2 and ZeRO-3: a layer, or the
-/// embedding or the head it holds (vocabulary-wide, often larger).
+/// embedding or the head it holds (vocabulary-wide, often larger); at most
+/// the stage's own.
 fn largest_unit_params(model: &ModelSpec, stage: &StageShape) -> f64 {
     let mut unit = if stage.layers.is_empty() {
         0
@@ -1166,7 +1170,17 @@ fn largest_unit_params(model: &ModelSpec, stage: &StageShape) -> f64 {
     if stage.holds_head() {
         unit = unit.max(model.head_params());
     }
-    unit as f64 / stage.tp.max(1) as f64
+    unit.min(stage.params(model)) as f64 / stage.tp.max(1) as f64
+}
+
+/// [`largest_unit_params`]' share of the stage's parameters: the part of
+/// a collective over the stage's weights or gradients that no pass
+/// overlaps (0 for a stage of no parameters).
+fn largest_unit_share(model: &ModelSpec, stage: &StageShape) -> f64 {
+    match stage.params(model) {
+        0 => 0.0,
+        params => largest_unit_params(model, stage) * stage.tp.max(1) as f64 / params as f64,
+    }
 }
 
 /// The collectives of ZeRO-2 and ZeRO-3 over a stage's data-parallel
@@ -1226,7 +1240,7 @@ fn zero_collectives(
         timing.dp_allreduce = weights;
         return;
     }
-    let unit = largest_unit_params(model, stage).min(params) / params;
+    let unit = largest_unit_share(model, stage);
     timing.forward = timing.forward.max(weights) + unit * weights;
     timing.backward = timing.backward.max(weights + gradients) + unit * gradients;
     timing.dp_allreduce = 0.0;
@@ -1234,54 +1248,77 @@ fn zero_collectives(
 
 /// Seconds of ZeRO's all-gather of `params` weights (a chip's share) and
 /// of its reduce-scatter of their gradients over `d` replicas at
-/// `bandwidth`: `(d - 1)/d` of the bytes each ([`zero_collectives`]).
+/// `bandwidth` ([`ring_pass_time`] each; [`zero_collectives`]).
 pub fn zero_collective_seconds(
     settings: &TrainingSettings,
     params: f64,
     d: u64,
     bandwidth: f64,
 ) -> [f64; 2] {
-    if d <= 1 {
-        return [0.0, 0.0];
-    }
-    let part = |bytes: f64| (d - 1) as f64 / d as f64 * bytes / bandwidth;
     [
-        part(params * settings.dtype.bytes() as f64),
-        part(params * settings.grad_bytes()),
+        ring_pass_time(params * settings.dtype.bytes() as f64, d, bandwidth),
+        ring_pass_time(params * settings.grad_bytes(), d, bandwidth),
     ]
 }
 
-/// Refuses ZeRO-2 and ZeRO-3, and an overlapped parameter gather, on a
-/// cluster with a chip type of `polychip train`'s (`framework =
-/// "polychip"`), which shards the optimizer state only (ZeRO-1) and
-/// gathers at the step's end: its memory and steps would be priced as it
-/// does not run.
-pub fn check_zero_frameworks(
+/// Refuses settings the cluster's chip types cannot be priced under.
+/// Chip types of `polychip train`'s (`framework = "polychip"`), which
+/// shards the optimizer state only (ZeRO-1), gathers its sharded weights
+/// at the step's end and splits no sequence: ZeRO-2 and ZeRO-3, an
+/// overlapped parameter gather, context parallelism. Context parallelism
+/// also on a chip type priced from a profile (which measures whole
+/// sequences), and for sequences that do not split into `2 c` equal chunks
+/// (Megatron-LM's load-balanced split needs them).
+pub fn check_cluster_settings(
+    model: &ModelSpec,
     cluster: &ClusterSpec,
     settings: &TrainingSettings,
 ) -> Result<(), crate::error::SpecError> {
-    let zero = settings.zero();
-    match cluster
-        .chip_types
-        .iter()
-        .find(|c| c.framework == Framework::Polychip)
-    {
-        Some(chip) if zero >= 2 => Err(crate::error::SpecError::Settings(format!(
-            "zero_stage is {zero}, but chip type {} is priced as polychip train runs it \
-             (framework = \"polychip\"), which shards the optimizer state only (ZeRO-1): give \
-             zero_stage 0 or 1 (shard_optimizer)",
+    let refuse = |m: String| Err(crate::error::SpecError::Settings(m));
+    let (zero, c) = (settings.zero(), settings.context_parallel);
+    let chip = |keep: &dyn Fn(&ChipType) -> bool| cluster.chip_types.iter().find(|t| keep(t));
+    if let Some(chip) = chip(&|t| t.framework == Framework::Polychip) {
+        let polychip = format!(
+            "chip type {} is priced as polychip train runs it (framework = \"polychip\")",
             chip.name
-        ))),
-        Some(chip) if settings.overlap_param_gather => {
-            Err(crate::error::SpecError::Settings(format!(
-                "overlap_param_gather is set, but chip type {} is priced as polychip train runs \
-                 it (framework = \"polychip\"), which gathers its sharded weights at the step's \
-                 end",
-                chip.name
-            )))
+        );
+        if zero >= 2 {
+            return refuse(format!(
+                "zero_stage is {zero}, but {polychip}, which shards the optimizer state only \
+                 (ZeRO-1): give zero_stage 0 or 1 (shard_optimizer)"
+            ));
         }
-        _ => Ok(()),
+        if settings.overlap_param_gather {
+            return refuse(format!(
+                "overlap_param_gather is set, but {polychip}, which gathers its sharded weights \
+                 at the step's end"
+            ));
+        }
+        if c > 1 {
+            return refuse(format!(
+                "context_parallel is {c}, but {polychip}, which splits no sequence"
+            ));
+        }
     }
+    if c <= 1 {
+        return Ok(());
+    }
+    if model.seq_len % (2 * c) != 0 {
+        return refuse(format!(
+            "context_parallel is {c}, but the model's sequences of {} tokens do not split into \
+             {} equal chunks (two a group, as Megatron-LM balances the causal work)",
+            model.seq_len,
+            2 * c
+        ));
+    }
+    if let Some(chip) = chip(&|t| !t.measured.is_empty()) {
+        return refuse(format!(
+            "context_parallel is {c}, but chip type {} is priced from a profile, which measures \
+             whole sequences; score context parallelism without --profile",
+            chip.name
+        ));
+    }
+    Ok(())
 }
 
 /// The part of a stage's gradient reduction of `reduce` seconds left after

@@ -676,22 +676,31 @@ fn zero_collectives_are_priced_per_micro_batch() {
     assert_eq!(t1, stage_timing(&m, &s, &c, &alone, ONE));
 }
 
-/// `polychip train` shards the optimizer state only: ZeRO-2 and 3 on a
-/// cluster with its chips are refused, naming the chip type.
+/// `polychip train` shards the optimizer state only and splits no
+/// sequence: ZeRO-2 and 3 and context parallelism on a cluster with its
+/// chips are refused, naming the chip type.
 #[test]
 fn zero_beyond_one_is_refused_on_polychip_chips() {
-    let mut c = cluster();
+    let (m, mut c) = (ModelSpec::llama_70b(), cluster());
     let mut s = TrainingSettings::new(64);
     s.zero_stage = 2;
-    assert!(check_zero_frameworks(&c, &s).is_ok());
+    assert!(check_cluster_settings(&m, &c, &s).is_ok());
     c.chip_types[1].framework = crate::framework::Framework::Polychip;
-    let e = check_zero_frameworks(&c, &s).unwrap_err().to_string();
+    let e = check_cluster_settings(&m, &c, &s).unwrap_err().to_string();
     assert!(
         e.contains("zero_stage is 2") && e.contains("chip type Y"),
         "{e}"
     );
     s.zero_stage = 1;
-    assert!(check_zero_frameworks(&c, &s).is_ok());
+    assert!(check_cluster_settings(&m, &c, &s).is_ok());
+    // Nor does it split sequences.
+    s.context_parallel = 2;
+    let e = check_cluster_settings(&m, &c, &s).unwrap_err().to_string();
+    assert!(
+        e.contains("context_parallel is 2") && e.contains("chip type Y"),
+        "{e}"
+    );
+    s.context_parallel = 1;
     s.zero_stage = 4;
     let e = s.validate().unwrap_err().to_string();
     assert!(e.contains("zero_stage is 4"), "{e}");
@@ -930,7 +939,7 @@ fn an_overlapped_parameter_gather_leaves_the_reduce_scatter() {
     assert!(e.contains("the ZeRO stage is 0"), "{e}");
     s.shard_optimizer = true;
     c.chip_types[0].framework = crate::framework::Framework::Polychip;
-    let e = check_zero_frameworks(&c, &s).unwrap_err().to_string();
+    let e = check_cluster_settings(&m, &c, &s).unwrap_err().to_string();
     assert!(
         e.contains("overlap_param_gather is set, but chip type X"),
         "{e}"

@@ -1069,49 +1069,6 @@ impl PlanSpec {
     }
 }
 
-/// Refuses context parallelism where it cannot be priced: a sequence the
-/// groups cannot split into `2 c` equal chunks (Megatron-LM's
-/// load-balanced split needs it), a chip type priced from a profile (which
-/// measures whole sequences), or one of `polychip train`'s (which has none).
-fn check_context_parallel(
-    model: &ModelSpec,
-    cluster: &ClusterSpec,
-    settings: &TrainingSettings,
-) -> Result<(), SpecError> {
-    let c = settings.context_parallel;
-    if c <= 1 {
-        return Ok(());
-    }
-    if model.seq_len % (2 * c) != 0 {
-        return Err(SpecError::Settings(format!(
-            "context_parallel is {c}, but the model's sequences of {} tokens do not split into \
-             {} equal chunks (two a group, as Megatron-LM balances the causal work)",
-            model.seq_len,
-            2 * c
-        )));
-    }
-    let chip = |keep: &dyn Fn(&crate::cluster::ChipType) -> bool| {
-        cluster
-            .chip_types
-            .iter()
-            .find(|t| keep(t))
-            .map(|t| t.name.clone())
-    };
-    if let Some(name) = chip(&|t| !t.measured.is_empty()) {
-        return Err(SpecError::Settings(format!(
-            "context_parallel is {c}, but chip type {name} is priced from a profile, which \
-             measures whole sequences; score context parallelism without --profile"
-        )));
-    }
-    if let Some(name) = chip(&|t| t.framework == crate::framework::Framework::Polychip) {
-        return Err(SpecError::Settings(format!(
-            "context_parallel is {c}, but chip type {name} is priced as polychip train runs it \
-             (framework = \"polychip\"), which splits no sequence"
-        )));
-    }
-    Ok(())
-}
-
 /// The keys of `polychip plan --json`'s report (and of `--evaluate
 /// --json`'s) around its `plan` object.
 const REPORT_KEYS: &[&str] = &[
@@ -1439,8 +1396,7 @@ pub fn evaluate(
     settings.check_zero()?;
     settings.check_recompute()?;
     settings.check_context_parallel()?;
-    crate::cost::check_zero_frameworks(cluster, &settings)?;
-    check_context_parallel(model, cluster, &settings)?;
+    crate::cost::check_cluster_settings(model, cluster, &settings)?;
     let layouts = spec.layouts(
         model,
         cluster,

@@ -246,7 +246,6 @@ pub fn plan(
     model.validate()?;
     cluster.validate()?;
     settings.validate()?;
-    crate::cost::check_zero_frameworks(cluster, settings)?;
     if settings.context_parallel > 1 {
         return Err(crate::error::SpecError::Settings(format!(
             "context_parallel is {}, but the search proposes plans without context \
@@ -255,6 +254,7 @@ pub fn plan(
         ))
         .into());
     }
+    crate::cost::check_cluster_settings(model, cluster, settings)?;
     if settings.virtual_stages > 1 {
         return Err(crate::error::SpecError::Settings(format!(
             "virtual_stages is {}, but the search proposes plans without interleaving; score \

@@ -335,15 +335,8 @@ impl TrainingSettings {
                 "recompute_method {} with recompute_num_layers {n} applies to full \
                  recomputation, but recompute is {}; give recompute = \"full\" (--recompute \
                  full)",
-                match self.recompute_method {
-                    RecomputeMethod::Uniform => "uniform",
-                    RecomputeMethod::Block => "block",
-                },
-                match self.recompute {
-                    Recompute::None => "none",
-                    Recompute::Selective => "selective",
-                    Recompute::Full => "full",
-                }
+                format!("{:?}", self.recompute_method).to_lowercase(),
+                format!("{:?}", self.recompute).to_lowercase(),
             )));
         }
         Ok(())
