@@ -103,6 +103,12 @@ pub struct Args {
     /// the report's].
     #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = crate::numbers::whole::<u64>(1))]
     context_parallel: Option<u64>,
+    /// Expert parallelism for a mixture-of-experts model: each stage's
+    /// replicas in groups of N, each chip holding 1/N of every layer's
+    /// experts (Megatron-LM's --expert-model-parallel-size) [default: 1;
+    /// with --evaluate of a report, the report's].
+    #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = crate::numbers::whole::<u64>(1))]
+    expert_parallel: Option<u64>,
     /// The data-parallel gradient reduction overlaps the last backward pass
     /// in buckets (Megatron-LM's --overlap-grad-reduce, PyTorch DDP's
     /// default, DeepSpeed's overlap_comm) instead of following it.
@@ -325,6 +331,9 @@ fn plan(args: &Args) -> Result<(), String> {
     settings.overlap_param_gather |= args.overlap_param_gather;
     if let Some(c) = args.context_parallel {
         settings.context_parallel = c;
+    }
+    if let Some(e) = args.expert_parallel {
+        settings.expert_parallel = e;
     }
     settings.bf16_gradients |= args.half_gradients;
     settings.flash_attention &= !args.no_flash_attention;
@@ -570,6 +579,9 @@ fn settings_line(s: &TrainingSettings) -> String {
     if s.context_parallel > 1 {
         parts.push(format!("context parallel {}", s.context_parallel));
     }
+    if s.expert_parallel > 1 {
+        parts.push(format!("expert parallel {}", s.expert_parallel));
+    }
     if !s.flash_attention {
         parts.push("no flash attention".into());
     }
@@ -650,6 +662,12 @@ fn flags_changing(recorded: &TrainingSettings, given: &TrainingSettings) -> Vec<
         "--context-parallel",
         &a.context_parallel,
         &b.context_parallel,
+    );
+    valued(
+        &mut out,
+        "--expert-parallel",
+        &a.expert_parallel,
+        &b.expert_parallel,
     );
     switched(
         &mut out,

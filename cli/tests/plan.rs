@@ -233,12 +233,27 @@ fn a_hugging_face_config_plans_as_its_shape() {
         assert_eq!(v["plan"]["model"], "qwen-tiny");
         assert_eq!(v["plan"]["seq_len"], seq);
     }
+    // A mixture of experts plans as its experts; one with dense layers
+    // among them is refused naming the field.
     let moe = dir.join("moe.json");
-    std::fs::write(&moe, r#"{"model_type": "mixtral", "num_local_experts": 8}"#).unwrap();
+    let config = r#"{"model_type": "qwen3_moe", "hidden_act": "silu", "hidden_size": 2048,
+        "intermediate_size": 6144, "moe_intermediate_size": 768, "num_experts": 128,
+        "num_experts_per_tok": 8, "num_attention_heads": 32, "num_key_value_heads": 4,
+        "num_hidden_layers": 48, "vocab_size": 151936, "decoder_sparse_step": 1}"#;
+    std::fs::write(&moe, config).unwrap();
+    let (code, out, err) = plan(moe.to_str().unwrap(), &["--expert-parallel", "8"]);
+    assert_eq!(code, Some(0), "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["plan"]["model"], "moe");
+    std::fs::write(
+        &moe,
+        config.replace("\"decoder_sparse_step\": 1", "\"decoder_sparse_step\": 2"),
+    )
+    .unwrap();
     let (code, _, err) = plan(moe.to_str().unwrap(), &[]);
     assert_eq!(code, Some(2));
     assert!(
-        err.contains("moe.json") && err.contains("`num_local_experts` = 8"),
+        err.contains("moe.json") && err.contains("`decoder_sparse_step` = 2"),
         "{err}"
     );
     // A directory whose config.json is a FIFO: refused by name, unread
@@ -257,6 +272,73 @@ fn a_hugging_face_config_plans_as_its_shape() {
         err.contains("config.json: it is a FIFO, not a regular file"),
         "{err}"
     );
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// `--expert-parallel` on Mixtral 8x7B: the search keeps every stage's
+/// replicas a multiple of the groups, each chip holds a share of the
+/// experts (less weight memory than every expert on every chip), the text
+/// names the setting, and an evaluated plan whose replicas the degree does
+/// not divide is refused by name, as is the degree on a dense model.
+#[test]
+fn expert_parallelism_divides_a_mixtures_experts() {
+    let dir = std::env::temp_dir().join(format!("polychip-plan-ep-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let cluster = example("china-mobile-3-vendor.toml");
+    let plan = |model: &str, extra: &[&str]| {
+        let base = ["plan", "--cluster", &cluster, "--model", model];
+        polychip(&[&base[..], &["--global-batch", "512"], extra].concat())
+    };
+    let weights_and_replicas = |ep: &str| {
+        let (code, out, err) = plan("mixtral-8x7b", &["--json", "--expert-parallel", ep]);
+        assert_eq!(code, Some(0), "{err}");
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        let r = &v["plan"]["replicas"][0];
+        let weights: Vec<f64> = r["stages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| {
+                let layers = s["end_layer"].as_f64().unwrap() - s["first_layer"].as_f64().unwrap();
+                s["memory"]["weights"].as_f64().unwrap() * s["tp"].as_f64().unwrap() / layers
+            })
+            .collect();
+        (weights, v["plan"]["dp"].as_u64().unwrap(), out)
+    };
+    let (one, _, _) = weights_and_replicas("1");
+    let (eight, dp, out) = weights_and_replicas("8");
+    assert_eq!(dp % 8, 0, "{out}");
+    // A layer's weights on a chip (times its tp): at most the dense part
+    // and an eighth of the experts, where every expert took 2.8 GB.
+    assert!(eight.iter().all(|&w| w < 0.6e9), "{eight:?}");
+    assert!(one.iter().all(|&w| w > 2.8e9), "{one:?}");
+    let file = dir.join("plan.json");
+    std::fs::write(&file, &out).unwrap();
+    let file = file.to_str().unwrap();
+    let (code, text, err) = plan("mixtral-8x7b", &["--evaluate", file]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        text.starts_with("settings: bf16, expert parallel 8\n"),
+        "{text}"
+    );
+    // The plan's replicas, in groups of 8 not of 3 * 8.
+    let mut odd: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let copies = odd["plan"]["replicas"][0]["copies"].as_u64().unwrap();
+    odd["plan"]["replicas"][0]["copies"] = (copies - 4).into();
+    odd["plan"]["dp"] = (copies - 4).into();
+    let sequences = odd["plan"]["global_batch"].as_u64().unwrap() / copies * (copies - 4);
+    odd["plan"]["global_batch"] = sequences.into();
+    std::fs::write(dir.join("odd.json"), odd.to_string()).unwrap();
+    let odd = dir.join("odd.json");
+    let (code, _, err) = plan("mixtral-8x7b", &["--evaluate", odd.to_str().unwrap()]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("expert_parallel is 8, which does not divide"),
+        "{err}"
+    );
+    let (code, _, err) = plan("llama-7b", &["--expert-parallel", "2"]);
+    assert_eq!(code, Some(2));
+    assert!(err.contains("is dense"), "{err}");
     std::fs::remove_dir_all(&dir).ok();
 }
 

@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 use crate::cluster::{ChipType, ClusterSpec, Framework};
 use crate::model::{Matmul, MemoryPass, ModelSpec};
 use crate::schedule::StageTiming;
-use crate::settings::{Recompute, TrainingSettings};
+use crate::settings::{Recompute, Shards, TrainingSettings};
 
 /// The stage after this one: its chip type and whether the boundary stays
 /// inside a node (only possible for the same chip type).
@@ -100,6 +100,84 @@ pub fn reduction_group(settings: &TrainingSettings, stage: &StageShape) -> u64 {
         .dp
         .max(1)
         .saturating_mul(settings.context_parallel.max(1))
+}
+
+/// The expert-parallel degree that divides `model`'s experts: the
+/// settings' `expert_parallel` for a mixture of experts, 1 for a dense
+/// model (which [`check_cluster_settings`] refuses it for).
+pub fn expert_parallel(model: &ModelSpec, settings: &TrainingSettings) -> u64 {
+    match model.is_moe() {
+        true => settings.expert_parallel.max(1),
+        false => 1,
+    }
+}
+
+/// A stage's parameters on each of its chips: the dense ones (attention,
+/// norms, router, shared expert, embedding and head) over its `tp`, and a
+/// mixture of experts' routed experts over `tp` times the expert-parallel
+/// degree. The dense ones are reduced and sharded over the stage's
+/// reduction group ([`reduction_group`]), the experts over its `1 / ep`,
+/// the replicas that hold the same experts (Megatron-LM's expert
+/// data-parallel group).
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct ChipParams {
+    /// Dense parameters a chip holds.
+    pub dense: f64,
+    /// Routed experts' parameters a chip holds.
+    pub experts: f64,
+}
+
+impl ChipParams {
+    /// Of `params` parameters of which `layers` layers' routed experts, on
+    /// each of `tp` chips under `model`'s expert-parallel degree.
+    pub fn split(
+        model: &ModelSpec,
+        settings: &TrainingSettings,
+        params: u64,
+        layers: u64,
+        tp: u64,
+    ) -> ChipParams {
+        let t = tp.max(1) as f64;
+        if !model.is_moe() {
+            return ChipParams {
+                dense: params as f64 / t,
+                experts: 0.0,
+            };
+        }
+        let experts = layers.saturating_mul(model.expert_params()).min(params);
+        ChipParams {
+            dense: (params - experts) as f64 / t,
+            experts: experts as f64 / t / expert_parallel(model, settings) as f64,
+        }
+    }
+
+    /// Of `stage`, on each of its chips.
+    pub fn of(model: &ModelSpec, settings: &TrainingSettings, stage: &StageShape) -> ChipParams {
+        let layers = stage.layers.end - stage.layers.start;
+        Self::split(model, settings, stage.params(model), layers, stage.tp)
+    }
+
+    /// Both parts.
+    pub fn total(&self) -> f64 {
+        self.dense + self.experts
+    }
+
+    /// `f(part, its group)` summed over the two parts, the dense part's
+    /// group being `group` and the experts' `group / ep`.
+    pub fn over_groups(
+        &self,
+        model: &ModelSpec,
+        settings: &TrainingSettings,
+        group: u64,
+        f: impl Fn(f64, u64) -> f64,
+    ) -> f64 {
+        let ep = expert_parallel(model, settings);
+        let mut total = f(self.dense, group);
+        if self.experts > 0.0 {
+            total += f(self.experts, (group / ep).max(1));
+        }
+        total
+    }
 }
 
 /// The model as each chip of a context-parallel group sees it: `s / c`
@@ -329,7 +407,29 @@ fn full_layer_activation_bytes(
         true => 34.0 / t,
         false => 10.0 + 24.0 / t,
     };
-    sbh * (kept * scale + scores / t)
+    sbh * (kept * scale + scores / t) + moe_activation_bytes(model, micro_batch, tp) * scale
+}
+
+/// What a mixture of experts' FFN block keeps beyond the dense MLP's 19
+/// bytes per element of Korthikanti et al.'s 34 (16-bit), on each of `tp`
+/// chips: per token the normed input (`2 h`), its `k` permuted copies
+/// (`2 k h`), each expert's gate, up and product outputs (`6 k f`, over
+/// `t`), the shared expert's (`6 f_s`, over `t`) and the router's f32
+/// probabilities and routing map (`8 E`); less the dense MLP's `19 h`.
+/// 0 for a dense model.
+fn moe_activation_bytes(model: &ModelSpec, micro_batch: u64, tp: u64) -> f64 {
+    if !model.is_moe() {
+        return 0.0;
+    }
+    let t = tp.max(1) as f64;
+    let (h, f, k) = (
+        model.hidden as f64,
+        model.ffn as f64,
+        model.experts_per_token as f64,
+    );
+    let (fs, e) = (model.shared_ffn as f64, model.experts as f64);
+    let per_token = 2.0 * h + 2.0 * k * h + 6.0 * (k * f + fs) / t + 8.0 * e - 19.0 * h / t;
+    (model.seq_len * micro_batch) as f64 * per_token
 }
 
 /// Bytes of the logits and loss buffers on each of `tp` chips of the last
@@ -434,7 +534,8 @@ fn layer_workspace_bytes(
     let t = stage.tp.max(1) as f64;
     let e = settings.dtype.bytes() as f64;
     let tokens = (micro_batch * model.seq_len) as f64;
-    let (h, kv, f) = (model.hidden as f64, model.kv_dim() as f64, model.ffn as f64);
+    let (h, kv) = (model.hidden as f64, model.kv_dim() as f64);
+    let f = model.active_ffn() as f64;
     let ffn = 3.0 * tokens * f / t * e;
     let attention = if settings.flash_attention {
         tokens / t * ((h + 2.0 * kv) * e + 4.0 * h)
@@ -483,19 +584,30 @@ fn megatron_terms(
     stage: &StageShape,
     mb: Microbatching,
 ) -> Terms {
-    let params = stage.params(model) as f64 / stage.tp.max(1) as f64;
-    let shards = settings.shards(reduction_group(settings, stage));
+    let chip_params = ChipParams::of(model, settings, stage);
+    let params = chip_params.total();
+    let group = reduction_group(settings, stage);
+    // Each part over its own group's shards (a mixture's experts over the
+    // replicas holding the same experts).
+    let shards = settings.shards(group);
+    let expert_shards = match chip_params.experts > 0.0 {
+        true => settings.shards((group / expert_parallel(model, settings)).max(1)),
+        false => shards,
+    };
+    let sharded = |of: fn(&Shards) -> f64| {
+        chip_params.dense / of(&shards) + chip_params.experts / of(&expert_shards)
+    };
     // Under ZeRO-3 a unit's weights are gathered whole for its pass, and
     // the next unit's while it runs (prefetched); under ZeRO-2 and up a
     // unit's gradients are whole until they are reduce-scattered.
-    let unit = largest_unit_params(model, stage);
+    let unit = largest_unit_params(model, settings, stage, params);
     // What a whole unit adds to a chip's shard of it.
     let beyond_shard = |shard: f64| if shard > 1.0 { 1.0 - 1.0 / shard } else { 0.0 };
     let weights = settings.dtype.bytes() as f64
-        * (params / shards.weights + (2.0 * unit).min(params) * beyond_shard(shards.weights));
+        * (sharded(|s| s.weights) + (2.0 * unit).min(params) * beyond_shard(shards.weights));
     let gradients =
-        settings.grad_bytes() * (params / shards.gradients + unit * beyond_shard(shards.gradients));
-    let optimizer = params * settings.optimizer_bytes() / shards.optimizer;
+        settings.grad_bytes() * (sharded(|s| s.gradients) + unit * beyond_shard(shards.gradients));
+    let optimizer = sharded(|s| s.optimizer) * settings.optimizer_bytes();
     let kept = kept_micro_batches(settings, stage, mb);
     // Layers that keep every activation, inputs kept for recomputation,
     // and the layers a recomputation rebuilds at once.
@@ -902,7 +1014,7 @@ pub fn layer_time(
     tp: u64,
 ) -> PassTime {
     let matmuls: PassTime = model
-        .layer_matmuls(micro_batch, tp)
+        .layer_matmuls(micro_batch, tp, expert_parallel(model, settings))
         .iter()
         .map(|mm| rates.matmul(mm))
         .sum();
@@ -978,7 +1090,11 @@ pub fn analytic_stage_timing(
     let rates = ChipRates::new(chip, settings);
     let sbh_bytes = (model.seq_len * b * model.hidden * settings.dtype.bytes()) as f64;
     let tp_ar = tp_allreduce_time(sbh_bytes, tp, chip.intra_node_bandwidth);
-    let layer = layer_time(model, settings, &rates, b, tp);
+    let mut layer = layer_time(model, settings, &rates, b, tp);
+    // A mixture of experts' token exchange, twice each way.
+    let a2a = expert_all_to_all_time(model, settings, chip, b, tp);
+    layer.forward += 2.0 * a2a;
+    layer.backward += 2.0 * a2a;
     // Selective recomputation reruns every layer's attention forward; full
     // recomputation the whole forward of the layers it recomputes.
     let recompute = match settings.recompute {
@@ -1002,7 +1118,8 @@ pub fn analytic_stage_timing(
     backward += n * cp_backward;
     let weight_grads =
         |mms: &[Matmul]| -> f64 { mms.iter().map(|mm| rates.weight_grad_time(mm)).sum() };
-    let mut weight_grad = n * weight_grads(&model.layer_matmuls(b, tp));
+    let ep = expert_parallel(model, settings);
+    let mut weight_grad = n * weight_grads(&model.layer_matmuls(b, tp, ep));
     if stage.holds_head() {
         weight_grad += weight_grads(&[model.head_matmul(b, tp)]);
         let head = head_time(model, &rates, b, tp);
@@ -1027,13 +1144,12 @@ pub fn analytic_stage_timing(
             )
         })
     });
-    let params = stage.params(model) as f64 / tp as f64;
+    let params = ChipParams::of(model, settings, stage);
     let group = reduction_group(settings, stage);
-    let dp_allreduce = allreduce_time(
-        params * settings.grad_bytes(),
-        group,
-        dp_bandwidth(cluster, chip, group, tp, stage.dp_peers, stage.dp_one_node),
-    );
+    let bandwidth = dp_bandwidth(cluster, chip, group, tp, stage.dp_peers, stage.dp_one_node);
+    let dp_allreduce = params.over_groups(model, settings, group, |p, g| {
+        allreduce_time(p * settings.grad_bytes(), g, bandwidth)
+    });
     StageTiming {
         name: format!(
             "stage {} ({} x{}, {})",
@@ -1055,10 +1171,58 @@ pub fn analytic_stage_timing(
         backward,
         send_next,
         dp_allreduce,
-        optimizer: optimizer_time(settings, chip, params, group),
+        optimizer: optimizer_time(model, settings, chip, params, group),
         sends_async: false,
         weight_grad,
     }
+}
+
+/// One all-to-all of a mixture of experts' token exchange on a chip, for a
+/// micro-batch of `b` sequences (0 for a dense model or without expert
+/// parallelism): each chip sends the `k` copies of its tokens (`b s / t`
+/// with sequence parallelism, whose tokens each chip of a tensor-parallel
+/// group dispatches its share of; `b s` without) to the experts' holders,
+/// all but the `1 / ep` of them it holds itself; a layer runs four (the
+/// dispatch and the combination, forward and backward), not overlapped
+/// (Megatron-LM's default). The expert-parallel group's `ep t` chips sit in
+/// one node when they fit there, and exchange over its links; else the
+/// share bound for other nodes, `(ep - q) / ep` of it (`q` of the group on
+/// a node), goes over the chip's share of its node's network
+/// ([`ChipType::nic_share`], every chip of the node sending at once) while
+/// the rest crosses the node. Each of the `ep - 1` messages also pays
+/// [`COLLECTIVE_HOP_LATENCY`].
+pub fn expert_all_to_all_time(
+    model: &ModelSpec,
+    settings: &TrainingSettings,
+    chip: &ChipType,
+    b: u64,
+    tp: u64,
+) -> f64 {
+    let ep = expert_parallel(model, settings);
+    if ep <= 1 {
+        return 0.0;
+    }
+    let t = tp.max(1);
+    let tokens = (b * model.seq_len) as f64
+        / match settings.sequence_parallel {
+            true => t as f64,
+            false => 1.0,
+        };
+    let bytes = tokens
+        * model.experts_per_token as f64
+        * model.hidden as f64
+        * settings.dtype.bytes() as f64;
+    let per_node = (chip.chips_per_node / t).clamp(1, ep);
+    let inside = (per_node - 1) as f64 / ep as f64 * bytes / chip.intra_node_bandwidth;
+    let outside = match ep > per_node {
+        true => {
+            // Every chip of the node sends out at once: each gets its
+            // share of the node's network.
+            (ep - per_node) as f64 / ep as f64 * bytes / chip.nic_share(chip.chips_per_node)
+        }
+        false => 0.0,
+    };
+    inside.max(outside) + (ep - 1) as f64 * COLLECTIVE_HOP_LATENCY
 }
 
 /// What context parallelism adds to one layer's forward and backward pass
@@ -1140,7 +1304,7 @@ pub fn stage_timing(
         };
         let gather = match settings.overlap_param_gather {
             true => {
-                let unit = largest_unit_share(model, stage);
+                let unit = largest_unit_share(model, settings, stage);
                 (gather - timing.forward).max(0.0) + unit * gather
             }
             false => gather,
@@ -1157,29 +1321,35 @@ pub fn stage_timing(
 /// The parameters (per chip of its `tp`) of the largest unit `stage`
 /// gathers or reduces whole under ZeRO-2 and ZeRO-3: a layer, or the
 /// embedding or the head it holds (vocabulary-wide, often larger); at most
-/// the stage's own.
-fn largest_unit_params(model: &ModelSpec, stage: &StageShape) -> f64 {
+/// the stage's own on a chip, `stage_params`.
+fn largest_unit_params(
+    model: &ModelSpec,
+    settings: &TrainingSettings,
+    stage: &StageShape,
+    stage_params: f64,
+) -> f64 {
+    let tp = stage.tp.max(1) as f64;
     let mut unit = if stage.layers.is_empty() {
-        0
+        0.0
     } else {
-        model.layer_params()
+        ChipParams::split(model, settings, model.layer_params(), 1, stage.tp).total()
     };
     if stage.holds_embedding() {
-        unit = unit.max(model.embedding_params());
+        unit = unit.max(model.embedding_params() as f64 / tp);
     }
     if stage.holds_head() {
-        unit = unit.max(model.head_params());
+        unit = unit.max(model.head_params() as f64 / tp);
     }
-    unit.min(stage.params(model)) as f64 / stage.tp.max(1) as f64
+    unit.min(stage_params)
 }
 
-/// [`largest_unit_params`]' share of the stage's parameters: the part of
-/// a collective over the stage's weights or gradients that no pass
-/// overlaps (0 for a stage of no parameters).
-fn largest_unit_share(model: &ModelSpec, stage: &StageShape) -> f64 {
-    match stage.params(model) {
-        0 => 0.0,
-        params => largest_unit_params(model, stage) * stage.tp.max(1) as f64 / params as f64,
+/// [`largest_unit_params`]' share of the stage's parameters on a chip:
+/// the part of a collective over the stage's weights or gradients that no
+/// pass overlaps (0 for a stage of no parameters).
+fn largest_unit_share(model: &ModelSpec, settings: &TrainingSettings, stage: &StageShape) -> f64 {
+    match ChipParams::of(model, settings, stage).total() {
+        p if p <= 0.0 => 0.0,
+        p => largest_unit_params(model, settings, stage, p) / p,
     }
 }
 
@@ -1216,8 +1386,8 @@ fn zero_collectives(
         return;
     }
     let tp = stage.tp.max(1);
-    let params = stage.params(model) as f64 / tp as f64;
-    if params <= 0.0 {
+    let params = ChipParams::of(model, settings, stage);
+    if params.total() <= 0.0 {
         return;
     }
     let bandwidth = dp_bandwidth(
@@ -1228,7 +1398,7 @@ fn zero_collectives(
         stage.dp_peers,
         stage.dp_one_node,
     );
-    let [weights, gradients] = zero_collective_seconds(settings, params, d, bandwidth);
+    let [weights, gradients] = zero_collective_seconds(model, settings, params, d, bandwidth);
     if zero == 2 {
         // With `overlap_grad_reduce` (DeepSpeed's `overlap_comm`) each
         // bucket is reduced while the pass goes on, as the step's
@@ -1240,7 +1410,7 @@ fn zero_collectives(
         timing.dp_allreduce = weights;
         return;
     }
-    let unit = largest_unit_share(model, stage);
+    let unit = largest_unit_share(model, settings, stage);
     timing.forward = timing.forward.max(weights) + unit * weights;
     timing.backward = timing.backward.max(weights + gradients) + unit * gradients;
     timing.dp_allreduce = 0.0;
@@ -1248,16 +1418,23 @@ fn zero_collectives(
 
 /// Seconds of ZeRO's all-gather of `params` weights (a chip's share) and
 /// of its reduce-scatter of their gradients over `d` replicas at
-/// `bandwidth` ([`ring_pass_time`] each; [`zero_collectives`]).
+/// `bandwidth` ([`ring_pass_time`] each; [`zero_collectives`]); a mixture's
+/// experts over the `d / ep` replicas holding the same ones.
 pub fn zero_collective_seconds(
+    model: &ModelSpec,
     settings: &TrainingSettings,
-    params: f64,
+    params: ChipParams,
     d: u64,
     bandwidth: f64,
 ) -> [f64; 2] {
+    let pass = |bytes: f64| {
+        params.over_groups(model, settings, d, |p, g| {
+            ring_pass_time(p * bytes, g, bandwidth)
+        })
+    };
     [
-        ring_pass_time(params * settings.dtype.bytes() as f64, d, bandwidth),
-        ring_pass_time(params * settings.grad_bytes(), d, bandwidth),
+        pass(settings.dtype.bytes() as f64),
+        pass(settings.grad_bytes()),
     ]
 }
 
@@ -1299,6 +1476,28 @@ pub fn check_cluster_settings(
                 "context_parallel is {c}, but {polychip}, which splits no sequence"
             ));
         }
+        if model.is_moe() {
+            return refuse(format!(
+                "the model is a mixture of {} experts, but {polychip}, which trains dense \
+                 models",
+                model.experts
+            ));
+        }
+    }
+    let ep = settings.expert_parallel;
+    if ep > 1 && !model.is_moe() {
+        return refuse(format!(
+            "expert_parallel is {ep}, but model \"{}\" is dense (no experts to divide); give \
+             expert_parallel 1, or a mixture of experts",
+            model.name
+        ));
+    }
+    if ep > 1 && model.experts % ep != 0 {
+        return refuse(format!(
+            "expert_parallel is {ep}, which does not divide the model's {} experts a layer \
+             (each chip of an expert-parallel group holds as many)",
+            model.experts
+        ));
     }
     if c <= 1 {
         return Ok(());
@@ -1338,14 +1537,17 @@ fn overlapped_reduction(
 ) -> f64 {
     let per_param = settings.grad_bytes() / stage.tp.max(1) as f64;
     let bytes = |params: u64| (params as f64 * per_param) as u64;
-    let layer = model.layer_params();
+    // A layer's gradients on a chip (a mixture's experts over `ep`), in
+    // bytes, as two halves.
+    let layer = (ChipParams::split(model, settings, model.layer_params(), 1, stage.tp).total()
+        * settings.grad_bytes()) as u64;
     let mut units = Vec::new();
     if stage.holds_embedding() {
         units.push(bytes(model.embedding_params()));
     }
     for _ in stage.layers.clone() {
-        units.push(bytes(layer / 2));
-        units.push(bytes(layer - layer / 2));
+        units.push(layer / 2);
+        units.push(layer - layer / 2);
     }
     if stage.holds_head() {
         let shared = model.shared_table_params(stage.holds_embedding(), true);
@@ -1375,13 +1577,20 @@ pub fn megatron_bucket_params(dp: u64) -> u64 {
 }
 
 /// The optimizer step of `params` parameters (per chip, before sharding
-/// over `dp`): reading gradients and weights and reading and writing the
-/// optimizer state, at the chip's memory bandwidth.
-pub fn optimizer_time(settings: &TrainingSettings, chip: &ChipType, params: f64, dp: u64) -> f64 {
-    let shard = settings.shards(dp).optimizer;
+/// over `dp`, a mixture's experts over `dp / ep`): reading gradients and
+/// weights and reading and writing the optimizer state, at the chip's
+/// memory bandwidth.
+pub fn optimizer_time(
+    model: &ModelSpec,
+    settings: &TrainingSettings,
+    chip: &ChipType,
+    params: ChipParams,
+    dp: u64,
+) -> f64 {
     let per_param =
         settings.grad_bytes() + settings.dtype.bytes() as f64 + 2.0 * settings.optimizer_bytes();
-    params / shard * per_param / chip.memory_bandwidth_or_default()
+    let updated = params.over_groups(model, settings, dp, |p, g| p / settings.shards(g).optimizer);
+    updated * per_param / chip.memory_bandwidth_or_default()
 }
 
 #[cfg(test)]

@@ -173,6 +173,9 @@ fn mid_size() -> ModelSpec {
         vocab: 32000,
         seq_len: 2048,
         tied_embeddings: false,
+        experts: 0,
+        experts_per_token: 0,
+        shared_ffn: 0,
     }
 }
 
@@ -944,4 +947,114 @@ fn an_overlapped_parameter_gather_leaves_the_reduce_scatter() {
         e.contains("overlap_param_gather is set, but chip type X"),
         "{e}"
     );
+}
+
+/// Mixtral 8x7B's per-layer counts (docs/planner.md, "Mixtures of
+/// experts"): 1,409,286,144 parameters of routed experts a layer and
+/// 41,984,000 dense ones (attention, norms, router).
+const EXPERTS: f64 = 1_409_286_144.0;
+const DENSE: f64 = 41_943_040.0 + 8192.0 + 4096.0 * 8.0;
+
+#[test]
+fn expert_parallelism_divides_the_experts_and_their_state() {
+    let (m, c) = (ModelSpec::mixtral_8x7b(), cluster());
+    let mut s = TrainingSettings::new(64);
+    s.expert_parallel = 4;
+    // Four middle layers on tp 2 in 8 replicas: each chip holds half of
+    // the dense parameters and an eighth of the experts (2 of 8, split by
+    // tp), and the experts are reduced over the 2 replicas holding the
+    // same ones.
+    let st = shape(&c, 10..14, 1, 8, 2);
+    let p = ChipParams::of(&m, &s, &st);
+    close(p.dense, 4.0 * DENSE / 2.0);
+    close(p.experts, 4.0 * EXPERTS / 8.0);
+    assert_eq!(p.over_groups(&m, &s, 8, |_, g| g as f64), 8.0 + 2.0);
+    let state = |s: &TrainingSettings| {
+        let x = stage_memory(&m, s, &st, ONE);
+        [x.weights, x.gradients, x.optimizer]
+    };
+    let [w, g, o] = state(&s);
+    close(w, 2.0 * p.total());
+    close(g, 4.0 * p.total());
+    close(o, 12.0 * p.total());
+    // ZeRO-1 shards the dense state over 8 replicas, the experts' over 2.
+    s.shard_optimizer = true;
+    close(state(&s)[2], 12.0 * (p.dense / 8.0 + p.experts / 2.0));
+    // Without expert parallelism every chip holds every expert.
+    s.expert_parallel = 1;
+    close(ChipParams::of(&m, &s, &st).experts, 4.0 * EXPERTS / 2.0);
+    // A dense model has no experts for the degree to divide.
+    let dense = ModelSpec::llama_70b();
+    s.expert_parallel = 4;
+    let q = ChipParams::of(&dense, &s, &st);
+    close(q.dense, 4.0 * LAYER / 2.0);
+    assert_eq!(q.experts, 0.0);
+}
+
+#[test]
+fn the_token_exchange_stays_in_a_node_or_takes_the_nic() {
+    let (m, c) = (ModelSpec::mixtral_8x7b(), cluster());
+    let x = &c.chip_types[0];
+    let mut s = TrainingSettings::new(64);
+    // 1 sequence of 4096 tokens, 2 copies each, 8192 bytes a copy.
+    let bytes = 4096.0 * 2.0 * 4096.0 * 2.0;
+    s.expert_parallel = 1;
+    assert_eq!(expert_all_to_all_time(&m, &s, x, 1, 1), 0.0);
+    // 8 chips of a node: 7/8 of it over the node's links.
+    s.expert_parallel = 8;
+    close(
+        expert_all_to_all_time(&m, &s, x, 1, 1),
+        7.0 / 8.0 * bytes / 100e9 + 7.0 * COLLECTIVE_HOP_LATENCY,
+    );
+    // At tp 2 a node holds 4 of the group: half of it leaves over the
+    // NIC (25 GB/s), the tokens being each chip's half of the sequence.
+    close(
+        expert_all_to_all_time(&m, &s, x, 1, 2),
+        (4.0 / 8.0 * bytes / 2.0 / 25e9).max(3.0 / 8.0 * bytes / 2.0 / 100e9)
+            + 7.0 * COLLECTIVE_HOP_LATENCY,
+    );
+    // Four of them a layer, on top of the layer's compute.
+    let st = shape(&c, 10..14, 1, 8, 1);
+    let timing = |s: &TrainingSettings| analytic_stage_timing(&m, s, &c, &st, ONE);
+    let exchange = 2.0 * 4.0 * expert_all_to_all_time(&m, &s, x, 1, 1);
+    let with = timing(&s);
+    let rates = ChipRates::new(x, &s);
+    let layer = |s: &TrainingSettings| layer_time(&m, s, &rates, 1, 1).forward;
+    let here = layer(&s);
+    s.expert_parallel = 1;
+    let without = timing(&s);
+    // The expert matmuls are the same FLOPs at either degree, but at 1
+    // each chip runs all 8 over a quarter of the tokens each, a smaller
+    // shape (1,024 rows): a little slower. The rest is the exchange.
+    let compute = 4.0 * (here - layer(&s));
+    assert!(
+        compute < 0.0 && -compute < 0.2 * exchange,
+        "{compute} {exchange}"
+    );
+    close(with.forward - without.forward, exchange + compute);
+    // Its gradients: the experts' all-reduce over 1/8 of the replicas.
+    assert!(with.dp_allreduce < without.dp_allreduce);
+}
+
+#[test]
+fn expert_parallelism_is_refused_where_it_cannot_be_priced() {
+    let c = cluster();
+    let mut s = TrainingSettings::new(64);
+    s.expert_parallel = 2;
+    let e = check_cluster_settings(&ModelSpec::llama_7b(), &c, &s).unwrap_err();
+    assert!(e.to_string().contains("is dense"), "{e}");
+    s.expert_parallel = 3;
+    let e = check_cluster_settings(&ModelSpec::mixtral_8x7b(), &c, &s).unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("does not divide the model's 8 experts"),
+        "{e}"
+    );
+    s.expert_parallel = 8;
+    check_cluster_settings(&ModelSpec::mixtral_8x7b(), &c, &s).unwrap();
+    let mut poly = cluster();
+    poly.chip_types[1].framework = Framework::Polychip;
+    s.expert_parallel = 1;
+    let e = check_cluster_settings(&ModelSpec::mixtral_8x7b(), &poly, &s).unwrap_err();
+    assert!(e.to_string().contains("trains dense models"), "{e}");
 }

@@ -1396,6 +1396,7 @@ pub fn evaluate(
     settings.check_zero()?;
     settings.check_recompute()?;
     settings.check_context_parallel()?;
+    settings.check_expert_parallel()?;
     crate::cost::check_cluster_settings(model, cluster, &settings)?;
     let layouts = spec.layouts(
         model,
@@ -1403,6 +1404,22 @@ pub fn evaluate(
         settings.virtual_stages,
         settings.context_parallel,
     )?;
+    // Every replica of every group reduces its gradients together: the
+    // expert-parallel groups divide them (times the context-parallel
+    // groups, as Megatron-LM carves them).
+    let ep = crate::cost::expert_parallel(model, &settings);
+    let replicas = layouts
+        .iter()
+        .map(|g| g.copies)
+        .fold(0u64, u64::saturating_add)
+        .saturating_mul(settings.context_parallel.max(1));
+    if replicas % ep != 0 {
+        return Err(SpecError::Settings(format!(
+            "expert_parallel is {ep}, which does not divide the plan's {replicas} replicas of \
+             each stage (times its context-parallel groups): an expert-parallel group is {ep} \
+             of them"
+        )));
+    }
     settings.global_batch = layouts
         .iter()
         .map(|g| g.copies * g.micro_batch_size * g.micro_batches)

@@ -4,8 +4,11 @@
 //! [`ModelSpec`]. The planner models a SwiGLU feed-forward block (three
 //! matrices of `h x f`); a model whose MLP has two matrices (GPT-2, OPT,
 //! GPT-NeoX, Falcon, BLOOM, ...) of inner width `i` is the SwiGLU of width
-//! `2 i / 3`, which has its parameters and FLOPs. Mixtures of experts are
-//! refused (the planner models dense layers only), naming the field that
+//! `2 i / 3`, which has its parameters and FLOPs. A mixture of experts
+//! whose every layer is one (Mixtral, Qwen2/3-MoE, OLMoE, PhiMoE, Granite
+//! MoE, GPT-OSS) is read as its experts, top-k, expert width and shared
+//! expert; one that mixes dense and expert layers, or runs layers of
+//! linear attention or latent attention, is refused naming the field that
 //! says so.
 
 use std::path::Path;
@@ -50,6 +53,18 @@ const GATED: &[&str] = &[
     "smollm3",
     "helium",
     "deepseek",
+    "mixtral",
+    "qwen2_moe",
+    "qwen3_moe",
+    "olmoe",
+    "flex_olmo",
+    "phimoe",
+    "granitemoe",
+    "granitemoeshared",
+    "gpt_oss",
+    "jetmoe",
+    "glm4_moe",
+    "dots1",
 ];
 
 /// `model_type`s whose MLP is two matrices (up and down).
@@ -73,21 +88,108 @@ const PLAIN: &[&str] = &[
 /// A field that makes the model a mixture of experts, with its count:
 /// one whose name holds "experts" (`num_local_experts`, `num_experts`,
 /// `n_routed_experts`, `num_experts_per_tok`, ...) and whose value is a
-/// count above 1, in the config or in one of its sections (DBRX's
-/// `ffn_config.moe_num_experts`).
-fn experts(map: &Map<String, Value>) -> Option<(String, u64)> {
+/// count above 1, in one of the config's sections (DBRX's
+/// `ffn_config.moe_num_experts`), which the reader does not take.
+fn nested_experts(map: &Map<String, Value>) -> Option<(String, u64)> {
     let here = |map: &Map<String, Value>, at: &str| {
         map.iter().find_map(|(k, v)| {
             let n = v.as_u64().filter(|&n| n > 1)?;
             k.contains("experts").then(|| (format!("{at}{k}"), n))
         })
     };
-    here(map, "").or_else(|| {
-        map.iter().find_map(|(k, v)| match v {
-            Value::Object(inner) => here(inner, &format!("{k}.")),
-            _ => None,
-        })
+    map.iter().find_map(|(k, v)| match v {
+        Value::Object(inner) => here(inner, &format!("{k}.")),
+        _ => None,
     })
+}
+
+/// The routed experts' count, the experts a token runs, each expert's
+/// width and the shared experts' (by width, or by count of the experts'
+/// width), under transformers' names.
+const EXPERTS: &[&str] = &[
+    "num_local_experts",
+    "num_experts",
+    "n_routed_experts",
+    "moe_num_experts",
+];
+const TOP_K: &[&str] = &[
+    "num_experts_per_tok",
+    "experts_per_token",
+    "moe_topk",
+    "moe_k",
+    "moe_top_k",
+];
+const EXPERT_FFN: &[&str] = &["moe_intermediate_size", "expert_ffn_hidden_size"];
+const SHARED_FFN: &[&str] = &[
+    "shared_expert_intermediate_size",
+    "shared_intermediate_size",
+];
+const SHARED_COUNT: &[&str] = &[
+    "n_shared_experts",
+    "num_shared_experts",
+    "moe_num_shared_experts",
+];
+
+/// Fields that say some layers of a mixture of experts are dense (a
+/// count or step other than the default), with the value each takes when
+/// every layer is a mixture.
+const MIXED_LAYERS: &[(&str, u64)] = &[
+    ("first_k_dense_replace", 0),
+    ("num_dense_layers", 0),
+    ("decoder_sparse_step", 1),
+    ("expert_layer_period", 1),
+    ("moe_layer_start_index", 0),
+    ("moe_layer_interval", 1),
+    ("interleave_moe_layer_step", 1),
+    ("moe_layer_freq", 1),
+];
+
+/// Why the planner cannot model a config's layers, naming the field:
+/// latent attention (DeepSeek's `kv_lora_rank`), layers of linear
+/// attention (`layer_types`), or (for a mixture of experts) dense layers
+/// among the expert ones.
+fn unmodelled_layers(fields: &Fields, moe: bool) -> Option<String> {
+    if let Some(v) = fields.get("kv_lora_rank") {
+        return Some(format!(
+            "config.json has `kv_lora_rank` = {v}: multi-head latent attention, which the \
+             planner does not model (its attention is grouped-query)"
+        ));
+    }
+    if let Some(Value::Array(types)) = fields.get("layer_types")
+        && let Some(t) = types
+            .iter()
+            .filter_map(Value::as_str)
+            .find(|t| t.contains("linear") || t.contains("mamba") || t.contains("conv"))
+    {
+        return Some(format!(
+            "config.json's `layer_types` holds \"{t}\" layers, which the planner does not \
+             model (its layers are attention and a feed-forward block)"
+        ));
+    }
+    if !moe {
+        return None;
+    }
+    for &(key, all) in MIXED_LAYERS {
+        if let Some(v) = fields.get(key)
+            && v.as_u64() != Some(all)
+        {
+            return Some(format!(
+                "config.json has `{key}` = {v}: a mixture of experts with dense layers among \
+                 its expert ones, which the planner does not model (every layer alike); \
+                 describe it as a model TOML of its expert layers"
+            ));
+        }
+    }
+    if let Some(Value::Array(dense)) = fields.get("mlp_only_layers")
+        && !dense.is_empty()
+    {
+        return Some(format!(
+            "config.json lists {} `mlp_only_layers`: a mixture of experts with dense layers \
+             among its expert ones, which the planner does not model (every layer alike)",
+            dense.len()
+        ));
+    }
+    None
 }
 
 impl ModelSpec {
@@ -128,11 +230,20 @@ impl ModelSpec {
             _ => &root,
         };
         let fields = Fields { map, bad: &bad };
-        if let Some((key, n)) = experts(map) {
+        let routed = first(map, EXPERTS)
+            .and_then(|(_, v)| v.as_u64())
+            .filter(|&e| e > 1);
+        if routed.is_none()
+            && let Some((key, n)) = nested_experts(map)
+        {
             return Err(bad(format!(
-                "config.json has `{key}` = {n}: a mixture of experts, which the planner does not \
-                 model (its layers are dense); describe a dense model"
+                "config.json has `{key}` = {n}: a mixture of experts whose sizes sit in a \
+                 section the reader does not take; describe it as a model TOML (experts, \
+                 experts_per_token, ffn)"
             )));
+        }
+        if let Some(why) = unmodelled_layers(&fields, routed.is_some()) {
+            return Err(bad(why));
         }
         if fields.get("is_encoder_decoder").and_then(Value::as_bool) == Some(true) {
             return Err(bad(
@@ -165,6 +276,19 @@ impl ModelSpec {
                 .optional_size(&["expansion_ratio"])?
                 .map(|r| r.saturating_mul(hidden)),
         };
+        // An expert's width, where the config gives one apart from the
+        // dense MLP's.
+        let inner = match routed {
+            Some(_) => fields.optional_size(EXPERT_FFN)?.or(inner),
+            None => inner,
+        };
+        // Two matrices of `i` are a SwiGLU of `2 i / 3`; 4h unless given,
+        // as GPT-2's `n_inner: null` means. (Saturating: the sizes'
+        // bounds are checked below.)
+        let as_swiglu = |i: u64| match gated {
+            true => i,
+            false => i.saturating_mul(2).div_ceil(3),
+        };
         let ffn = match (gated, inner) {
             (true, Some(f)) => f,
             (true, None) => {
@@ -173,13 +297,33 @@ impl ModelSpec {
                     list(FFN)
                 )));
             }
-            // Two matrices of `i` are a SwiGLU of `2 i / 3`; 4h unless
-            // given, as GPT-2's `n_inner: null` means.
-            // (Saturating: the sizes' bounds are checked below.)
-            (false, inner) => inner
-                .unwrap_or(hidden.saturating_mul(4))
-                .saturating_mul(2)
-                .div_ceil(3),
+            (false, inner) => as_swiglu(inner.unwrap_or(hidden.saturating_mul(4))),
+        };
+        let (experts, experts_per_token, shared_ffn) = match routed {
+            None => (0, 0, 0),
+            Some(e) => {
+                let k = fields.optional_size(TOP_K)?.ok_or_else(|| {
+                    bad(format!(
+                        "config.json gives {e} experts but not how many a token runs (one of \
+                         {})",
+                        list(TOP_K)
+                    ))
+                })?;
+                // By width (as the config's MLP), or by count of experts.
+                let shared = match first(map, SHARED_FFN) {
+                    // Granite's `shared_intermediate_size` of 0: none.
+                    Some((_, v)) if v.as_u64() == Some(0) => 0,
+                    Some(_) => as_swiglu(fields.size(SHARED_FFN)?),
+                    // Llama 4's MoE block runs a shared expert of the
+                    // experts' width, which its config does not name.
+                    None if model_type.starts_with("llama4") => ffn,
+                    None => match first(map, SHARED_COUNT).map(|(_, v)| v.as_u64()) {
+                        None | Some(Some(0)) => 0,
+                        Some(_) => fields.size(SHARED_COUNT)?.saturating_mul(ffn),
+                    },
+                };
+                (e, k, shared)
+            }
         };
         let vocab = fields.size(VOCAB)?;
         let context = fields.optional_size(CONTEXT)?;
@@ -207,6 +351,9 @@ impl ModelSpec {
             vocab,
             seq_len,
             tied_embeddings: tied,
+            experts,
+            experts_per_token,
+            shared_ffn,
         };
         model.validate()?;
         Ok(model)
@@ -420,7 +567,56 @@ mod tests {
         assert!(notes[0].contains("priced smaller"), "{notes:?}");
     }
 
-    /// A multimodal config's language model, a mixture of experts refused,
+    /// Mixtures of experts as transformers writes them: Mixtral (experts of
+    /// the config's `intermediate_size`), Qwen2-MoE (`moe_intermediate_size`
+    /// and a shared expert by width), a DeepSeek-style shared expert by
+    /// count, GPT-2-style two-matrix experts as SwiGLUs of `2 i / 3`, and
+    /// Granite's shared width of 0 (none).
+    #[test]
+    fn mixtures_of_experts_read_their_experts() {
+        let mixtral = r#"{"model_type": "mixtral", "hidden_act": "silu", "hidden_size": 4096,
+            "intermediate_size": 14336, "num_attention_heads": 32, "num_hidden_layers": 32,
+            "num_key_value_heads": 8, "vocab_size": 32000, "max_position_embeddings": 32768,
+            "num_local_experts": 8, "num_experts_per_tok": 2, "tie_word_embeddings": false}"#;
+        let m = ModelSpec::from_hf_config(mixtral, "mixtral-8x7b", None).unwrap();
+        assert_eq!(m, ModelSpec::mixtral_8x7b());
+        let qwen = r#"{"model_type": "qwen2_moe", "hidden_size": 2048, "hidden_act": "silu",
+            "intermediate_size": 5632, "moe_intermediate_size": 1408,
+            "shared_expert_intermediate_size": 5632, "num_experts": 60,
+            "num_experts_per_tok": 4, "decoder_sparse_step": 1, "mlp_only_layers": [],
+            "num_attention_heads": 16, "num_hidden_layers": 24, "vocab_size": 151936,
+            "layer_types": ["full_attention"]}"#;
+        let m = ModelSpec::from_hf_config(qwen, "q", None).unwrap();
+        assert_eq!(
+            (m.experts, m.experts_per_token, m.ffn, m.shared_ffn),
+            (60, 4, 1408, 5632)
+        );
+        let by_count = r#"{"model_type": "deepseek", "hidden_size": 2048,
+            "intermediate_size": 10944, "moe_intermediate_size": 1408, "n_routed_experts": 64,
+            "n_shared_experts": 2, "num_experts_per_tok": 6, "first_k_dense_replace": 0,
+            "num_attention_heads": 16, "num_hidden_layers": 28, "vocab_size": 102400}"#;
+        let m = ModelSpec::from_hf_config(by_count, "d", None).unwrap();
+        assert_eq!((m.ffn, m.shared_ffn), (1408, 2 * 1408));
+        let plain = r#"{"model_type": "gpt2", "n_embd": 96, "n_head": 4, "n_layer": 2,
+            "n_inner": 300, "vocab_size": 256, "num_experts": 4, "num_experts_per_tok": 1,
+            "shared_intermediate_size": 150}"#;
+        let m = ModelSpec::from_hf_config(plain, "p", None).unwrap();
+        assert_eq!((m.ffn, m.shared_ffn, m.experts), (200, 100, 4));
+        let granite = r#"{"model_type": "granitemoeshared", "hidden_size": 64,
+            "intermediate_size": 128, "num_attention_heads": 4, "num_hidden_layers": 2,
+            "vocab_size": 256, "num_local_experts": 8, "num_experts_per_tok": 2,
+            "shared_intermediate_size": 0}"#;
+        let m = ModelSpec::from_hf_config(granite, "g", None).unwrap();
+        assert_eq!((m.ffn, m.shared_ffn, m.experts), (128, 0, 8));
+        // One expert is a dense model (HunYuan's default `num_experts`: 1).
+        let one = granite.replace("\"num_local_experts\": 8", "\"num_local_experts\": 1");
+        let m = ModelSpec::from_hf_config(&one, "o", None).unwrap();
+        assert!(!m.is_moe() && m.experts_per_token == 0);
+    }
+
+    /// A multimodal config's language model; mixtures of experts the
+    /// planner cannot describe (no top-k, dense layers among the expert
+    /// ones, sizes in a section), latent and linear attention, refused;
     /// and every missing or malformed size named.
     #[test]
     fn configs_the_planner_cannot_take_are_refused_by_field() {
@@ -431,8 +627,33 @@ mod tests {
         assert_eq!((m.hidden, m.vocab), (4096, 32064));
         let refusals = [
             (
-                r#"{"model_type": "mixtral", "hidden_size": 4096, "num_local_experts": 8}"#,
-                "`num_local_experts` = 8: a mixture of experts",
+                r#"{"model_type": "mixtral", "hidden_size": 64, "intermediate_size": 128,
+                    "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 256,
+                    "num_local_experts": 8}"#,
+                "gives 8 experts but not how many a token runs",
+            ),
+            (
+                r#"{"model_type": "glm4_moe", "hidden_size": 64, "intermediate_size": 128,
+                    "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 256,
+                    "n_routed_experts": 8, "num_experts_per_tok": 2,
+                    "first_k_dense_replace": 1}"#,
+                "`first_k_dense_replace` = 1: a mixture of experts with dense layers",
+            ),
+            (
+                r#"{"model_type": "qwen2_moe", "hidden_size": 64, "intermediate_size": 128,
+                    "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 256,
+                    "num_experts": 8, "num_experts_per_tok": 2, "mlp_only_layers": [0]}"#,
+                "lists 1 `mlp_only_layers`",
+            ),
+            (
+                r#"{"model_type": "deepseek_v3", "hidden_size": 64, "kv_lora_rank": 16,
+                    "n_routed_experts": 8}"#,
+                "`kv_lora_rank` = 16: multi-head latent attention",
+            ),
+            (
+                r#"{"model_type": "qwen3_next", "hidden_size": 64,
+                    "layer_types": ["linear_attention", "full_attention"]}"#,
+                "holds \"linear_attention\" layers",
             ),
             (
                 r#"{"model_type": "llama", "hidden_size": 64, "intermediate_size": 128,

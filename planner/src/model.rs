@@ -42,6 +42,26 @@ pub struct ModelSpec {
     /// default.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub tied_embeddings: bool,
+    /// Routed experts of every layer's feed-forward block: 0 (the
+    /// default) for a dense model; 2 or more make each block a mixture of
+    /// experts (Mixtral, Qwen-MoE, OLMoE, GPT-OSS): a router (`h x E`),
+    /// `experts` SwiGLU experts of width `ffn` each, of which each token
+    /// runs `experts_per_token`, and a shared expert of width
+    /// `shared_ffn` that every token runs. Every layer is alike (a model
+    /// mixing dense and expert layers is not described).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub experts: u64,
+    /// Experts each token is routed to (top-k); with `experts` only.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub experts_per_token: u64,
+    /// Width of the shared experts (summed) every token runs beside its
+    /// routed ones (Qwen2-MoE, DeepSeek); 0: none. With `experts` only.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub shared_ffn: u64,
+}
+
+fn is_zero(v: &u64) -> bool {
+    *v == 0
 }
 
 /// The largest value each size of a model may take: far beyond any model
@@ -61,8 +81,18 @@ pub const MODEL_LIMITS: [(&str, u64); 7] = [
     ("seq_len", 1 << 20),
 ];
 
+/// The most routed experts a layer may have ([`ModelSpec::experts`]):
+/// far beyond today's (DeepSeek-V3's 256, Qwen3's 128).
+pub const MAX_EXPERTS: u64 = 1 << 16;
+
 /// The preset names that [`ModelSpec::preset`] knows.
-pub const PRESETS: [&str; 4] = ["llama-7b", "llama-13b", "llama-70b", "h2-100b"];
+pub const PRESETS: [&str; 5] = [
+    "llama-7b",
+    "llama-13b",
+    "llama-70b",
+    "h2-100b",
+    "mixtral-8x7b",
+];
 
 impl ModelSpec {
     fn new(name: &str, layers: u64, hidden: u64, ffn: u64, heads: u64, kv: u64) -> Self {
@@ -76,6 +106,9 @@ impl ModelSpec {
             vocab: 32000,
             seq_len: 4096,
             tied_embeddings: false,
+            experts: 0,
+            experts_per_token: 0,
+            shared_ffn: 0,
         }
     }
 
@@ -109,6 +142,19 @@ impl ModelSpec {
         Self::new("h2-100b", 96, 8192, 36864, 64, 8)
     }
 
+    /// Mixtral 8x7B (Jiang et al. 2024): Mistral 7B's 32 layers of hidden
+    /// 4096, 32 heads and 8 KV heads, each feed-forward block 8 SwiGLU
+    /// experts of width 14336 of which each token runs 2; vocabulary
+    /// 32000, sequences of 4096 here. 46.7e9 parameters, 12.9e9 of them
+    /// active for a token.
+    pub fn mixtral_8x7b() -> Self {
+        ModelSpec {
+            experts: 8,
+            experts_per_token: 2,
+            ..Self::new("mixtral-8x7b", 32, 4096, 14336, 32, 8)
+        }
+    }
+
     /// A preset by name (one of [`PRESETS`]; `_` may stand for `-`, case
     /// does not matter).
     pub fn preset(name: &str) -> Result<Self, SpecError> {
@@ -117,6 +163,7 @@ impl ModelSpec {
             "llama-13b" => Ok(Self::llama_13b()),
             "llama-70b" => Ok(Self::llama_70b()),
             "h2-100b" => Ok(Self::h2_100b()),
+            "mixtral-8x7b" => Ok(Self::mixtral_8x7b()),
             _ => Err(SpecError::UnknownPreset(name.to_string())),
         }
     }
@@ -177,10 +224,69 @@ impl ModelSpec {
                 self.kv_heads, self.heads
             )));
         }
+        self.check_experts().map_err(bad)?;
         if self.checked_total_params().is_none() {
             return Err(bad("its parameter count does not fit in 64 bits".into()));
         }
         Ok(())
+    }
+
+    /// Checks the mixture of experts' fields: none for a dense model;
+    /// 2 to [`MAX_EXPERTS`] experts, each token routed to 1 to all of
+    /// them, a shared expert of at most the `ffn` limit's width.
+    fn check_experts(&self) -> Result<(), String> {
+        let (e, k, shared) = (self.experts, self.experts_per_token, self.shared_ffn);
+        if e == 0 {
+            return match (k, shared) {
+                (0, 0) => Ok(()),
+                (0, _) => Err(format!(
+                    "shared_ffn is {shared} without experts; a shared expert belongs to a \
+                     mixture of experts (give experts and experts_per_token)"
+                )),
+                _ => Err(format!(
+                    "experts_per_token is {k} without experts; give experts (the routed experts \
+                     of a layer) too, or neither for a dense model"
+                )),
+            };
+        }
+        if e == 1 {
+            return Err(
+                "experts is 1; give 0 for a dense model or the routed experts of a layer \
+                 (at least 2)"
+                    .into(),
+            );
+        }
+        if e > MAX_EXPERTS {
+            return Err(format!(
+                "experts is {e}, more than the planner accepts ({MAX_EXPERTS})"
+            ));
+        }
+        if k == 0 || k > e {
+            return Err(format!(
+                "experts_per_token is {k}; each token runs 1 to {e} of the layer's {e} experts"
+            ));
+        }
+        let ffn_limit = MODEL_LIMITS[2].1;
+        if shared > ffn_limit {
+            return Err(format!(
+                "shared_ffn is {shared}, more than the planner accepts ({ffn_limit})"
+            ));
+        }
+        Ok(())
+    }
+
+    /// Whether its feed-forward blocks are mixtures of experts.
+    pub fn is_moe(&self) -> bool {
+        self.experts >= 2
+    }
+
+    /// The feed-forward width each token runs: `ffn` (dense), or its
+    /// experts' `k f` plus the shared expert's width.
+    pub fn active_ffn(&self) -> u64 {
+        match self.is_moe() {
+            true => self.experts_per_token * self.ffn + self.shared_ffn,
+            false => self.ffn,
+        }
     }
 
     /// [`Self::total_params`] with every product and sum checked: `None`
@@ -192,7 +298,13 @@ impl ModelSpec {
             .checked_mul(h)?
             .checked_add(h.checked_mul(kv)?)?
             .checked_mul(2)?;
-        let ffn = h.checked_mul(self.ffn)?.checked_mul(3)?;
+        let copies = if self.is_moe() { self.experts } else { 1 };
+        let ffn = h
+            .checked_mul(self.ffn)?
+            .checked_mul(3)?
+            .checked_mul(copies)?
+            .checked_add(h.checked_mul(self.shared_ffn)?.checked_mul(3)?)?
+            .checked_add(h.checked_mul(if self.is_moe() { self.experts } else { 0 })?)?;
         let layer = attention.checked_add(ffn)?.checked_add(h.checked_mul(2)?)?;
         let vh = self.vocab.checked_mul(h)?;
         let tables = if self.tied_embeddings { 1 } else { 2 };
@@ -241,9 +353,26 @@ impl ModelSpec {
         2 * h * h + 2 * h * self.kv_dim()
     }
 
-    /// SwiGLU FFN parameters of one layer: gate, up and down, `3 h f`.
+    /// FFN parameters of one layer: a SwiGLU's gate, up and down, `3 h
+    /// f`; in a mixture of experts, its experts' ([`Self::expert_params`]),
+    /// the shared expert's `3 h f_s` and the router's `h E`.
     pub fn ffn_params(&self) -> u64 {
-        3 * self.hidden * self.ffn
+        match self.is_moe() {
+            true => {
+                let h = self.hidden;
+                self.expert_params() + 3 * h * self.shared_ffn + h * self.experts
+            }
+            false => 3 * self.hidden * self.ffn,
+        }
+    }
+
+    /// The routed experts' parameters of one layer, `3 h f E` (0 for a
+    /// dense model): what expert parallelism divides over its group.
+    pub fn expert_params(&self) -> u64 {
+        match self.is_moe() {
+            true => 3 * self.hidden * self.ffn * self.experts,
+            false => 0,
+        }
     }
 
     /// RMSNorm parameters of one layer (before attention and before the
@@ -282,7 +411,9 @@ impl ModelSpec {
 
     /// Megatron-LM's FLOPs of one training iteration (forward and backward,
     /// no recomputation) over `batch` sequences:
-    /// `12 B s L h^2 (1 + g/a + (3/2) f/h + s/h + V/(2 L h))`.
+    /// `12 B s L h^2 (1 + g/a + (3/2) f/h + s/h + V/(2 L h))`, with `f` the
+    /// width each token runs ([`Self::active_ffn`]: a mixture of experts'
+    /// `k f + f_s`, as Megatron-LM counts it, the router left out).
     pub fn flops_per_iteration(&self, batch: u64) -> f64 {
         let (b, s, l, h) = (
             batch as f64,
@@ -291,7 +422,7 @@ impl ModelSpec {
             self.hidden as f64,
         );
         let (f, a, g, v) = (
-            self.ffn as f64,
+            self.active_ffn() as f64,
             self.heads as f64,
             self.kv_heads as f64,
             self.vocab as f64,
@@ -316,9 +447,12 @@ impl ModelSpec {
     }
 
     /// The part of [`Self::layer_forward_flops`] that multiplies by weights:
-    /// `2 b s (attention + FFN weights)`.
+    /// `2 b s (attention + FFN weights)`, the FFN's a token runs (a
+    /// mixture of experts' `3 h (k f + f_s)` and its router's `h E`).
     pub fn matmul_forward_flops(&self, micro_batch: u64) -> f64 {
-        let weights = (self.attention_params() + self.ffn_params()) as f64;
+        let router = if self.is_moe() { self.experts } else { 0 };
+        let ffn = 3 * self.hidden * self.active_ffn() + self.hidden * router;
+        let weights = (self.attention_params() + ffn) as f64;
         2.0 * micro_batch as f64 * self.seq_len as f64 * weights
     }
 
@@ -341,9 +475,49 @@ impl ModelSpec {
     }
 }
 
+/// At most `N` items kept in place (a layer's matmuls or memory-bound
+/// passes, which the search prices in its inner loop, where a heap
+/// allocation each cost a tenth of its time).
+#[derive(Debug, Clone, Copy)]
+pub struct Few<T: Copy + Default, const N: usize> {
+    items: [T; N],
+    len: usize,
+}
+
+impl<T: Copy + Default, const N: usize> Few<T, N> {
+    fn of(items: &[T]) -> Self {
+        let mut few = Few {
+            items: [T::default(); N],
+            len: 0,
+        };
+        few.extend(items);
+        few
+    }
+
+    fn extend(&mut self, items: &[T]) {
+        self.items[self.len..self.len + items.len()].copy_from_slice(items);
+        self.len += items.len();
+    }
+}
+
+impl<T: Copy + Default, const N: usize> std::ops::Deref for Few<T, N> {
+    type Target = [T];
+    fn deref(&self) -> &[T] {
+        &self.items[..self.len]
+    }
+}
+
+impl<'a, T: Copy + Default, const N: usize> IntoIterator for &'a Few<T, N> {
+    type Item = &'a T;
+    type IntoIter = std::slice::Iter<'a, T>;
+    fn into_iter(self) -> Self::IntoIter {
+        self.iter()
+    }
+}
+
 /// One class of matrix multiplication: `batch` independent products of an
 /// `m x k` matrix by a `k x n` one (`2 m n k` FLOPs each).
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct Matmul {
     /// What it computes, for reports and tests.
     pub name: &'static str,
@@ -399,7 +573,7 @@ impl Matmul {
 /// One memory-bound pass (a kernel that streams tensors: a norm, an
 /// elementwise product, a residual add, a softmax): bytes moved forward and
 /// in its backward, and whether tensor parallelism splits it.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct MemoryPass {
     /// What it computes.
     pub name: &'static str,
@@ -424,24 +598,56 @@ impl ModelSpec {
     /// chips (Megatron's split: QKV and the FFN's gate and up by columns, the
     /// attention output and the FFN's down projection by rows). Their FLOPs
     /// times `tp` are [`Self::matmul_forward_flops`].
-    pub fn layer_matmuls(&self, micro_batch: u64, tp: u64) -> [Matmul; 5] {
+    ///
+    /// In a mixture of experts the FFN is the router (`(b s) x h` by `h x
+    /// E`, on each chip's `1/t` of the tokens), each chip's `E / ep` experts
+    /// as grouped matmuls (the tokens routed to them from the `ep` chips of
+    /// its expert-parallel group, `b s k ep / E` an expert when the router
+    /// balances them; each expert split over `tp` as a dense FFN is,
+    /// Megatron-LM's expert tensor parallelism at its default, the `tp`),
+    /// and the shared expert as a dense FFN of its width.
+    pub fn layer_matmuls(&self, micro_batch: u64, tp: u64, ep: u64) -> Few<Matmul, 9> {
         let t = tp.max(1) as f64;
         let m = self.tokens(micro_batch);
         let (h, kv, f) = (self.hidden as f64, self.kv_dim() as f64, self.ffn as f64);
-        let mm = |name, n, k| Matmul {
+        let mm = |name, m, n, k, batch| Matmul {
             name,
             m,
             n,
             k,
-            batch: 1.0,
+            batch,
         };
-        [
-            mm("qkv", (h + 2.0 * kv) / t, h),
-            mm("attention output", h, h / t),
-            mm("ffn gate", f / t, h),
-            mm("ffn up", f / t, h),
-            mm("ffn down", h, f / t),
-        ]
+        let mut mms = Few::of(&[
+            mm("qkv", m, (h + 2.0 * kv) / t, h, 1.0),
+            mm("attention output", m, h, h / t, 1.0),
+        ]);
+        if !self.is_moe() {
+            mms.extend(&[
+                mm("ffn gate", m, f / t, h, 1.0),
+                mm("ffn up", m, f / t, h, 1.0),
+                mm("ffn down", m, h, f / t, 1.0),
+            ]);
+            return mms;
+        }
+        let (e, k) = (self.experts as f64, self.experts_per_token as f64);
+        let local = e / ep.clamp(1, self.experts) as f64;
+        // Tokens each local expert runs, and the experts a chip holds.
+        let per_expert = m * k / local;
+        mms.extend(&[
+            mm("router", m / t, e, h, 1.0),
+            mm("expert gate", per_expert, f / t, h, local),
+            mm("expert up", per_expert, f / t, h, local),
+            mm("expert down", per_expert, h, f / t, local),
+        ]);
+        if self.shared_ffn > 0 {
+            let fs = self.shared_ffn as f64;
+            mms.extend(&[
+                mm("shared expert gate", m, fs / t, h, 1.0),
+                mm("shared expert up", m, fs / t, h, 1.0),
+                mm("shared expert down", m, h, fs / t, 1.0),
+            ]);
+        }
+        mms
     }
 
     /// The two products of attention for a micro-batch on each of `tp`
@@ -482,30 +688,49 @@ impl ModelSpec {
     /// the gradient and writes two). Each is one kernel of its own (the
     /// two norms and the two adds four), so that each pays the chip's
     /// dispatch floor.
+    ///
+    /// In a mixture of experts the SwiGLU product runs over the width each
+    /// token runs ([`Self::active_ffn`]), and two passes more: the router's
+    /// softmax and top-k over the `E` scores (replicated), and the tokens'
+    /// permutation to their experts and back (each way reading the tokens
+    /// and writing their `k` copies, and the reverse; over `t` with
+    /// sequence parallelism, whose tokens each chip of the group dispatches
+    /// its share of).
     pub fn layer_memory_passes(
         &self,
         micro_batch: u64,
         tp: u64,
         elem: f64,
         sequence_parallel: bool,
-    ) -> [MemoryPass; 6] {
+    ) -> Few<MemoryPass, 8> {
         let t = tp.max(1) as f64;
         let x = self.tokens(micro_batch) * elem;
-        let (h, kv, f) = (self.hidden as f64, self.kv_dim() as f64, self.ffn as f64);
+        let (h, kv) = (self.hidden as f64, self.kv_dim() as f64);
+        let f = self.active_ffn() as f64;
         let pass = |name, fwd: f64, bwd: f64, width: f64| MemoryPass {
             name,
             forward_bytes: fwd * x * width,
             backward_bytes: bwd * x * width,
         };
         let replicated = if sequence_parallel { h / t } else { h };
-        [
+        let mut passes = Few::of(&[
             pass("rmsnorm (attention)", 2.0, 3.0, replicated),
             pass("rmsnorm (ffn)", 2.0, 3.0, replicated),
             pass("residual add (attention)", 3.0, 3.0, replicated),
             pass("residual add (ffn)", 3.0, 3.0, replicated),
             pass("rope (q, k)", 2.0, 2.0, (h + kv) / t),
             pass("swiglu", 3.0, 5.0, f / t),
-        ]
+        ]);
+        if self.is_moe() {
+            let k = self.experts_per_token as f64;
+            let split = if sequence_parallel { t } else { 1.0 };
+            let permute = 2.0 * (1.0 + k) * h / split;
+            passes.extend(&[
+                pass("router softmax and top-k", 2.0, 3.0, self.experts as f64),
+                pass("token permutation", permute, permute, 1.0),
+            ]);
+        }
+        passes
     }
 
     /// The output head's matmul on each of `tp` chips, split by vocabulary
@@ -617,10 +842,19 @@ mod tests {
 
     #[test]
     fn op_tables_add_up_to_the_flop_counts() {
-        for m in [ModelSpec::llama_7b(), ModelSpec::llama_70b()] {
-            for (b, tp) in [(1, 1), (2, 2), (3, 8)] {
+        let shared = ModelSpec {
+            shared_ffn: 5632,
+            ..ModelSpec::mixtral_8x7b()
+        };
+        for m in [
+            ModelSpec::llama_7b(),
+            ModelSpec::llama_70b(),
+            ModelSpec::mixtral_8x7b(),
+            shared,
+        ] {
+            for (b, tp, ep) in [(1, 1, 1), (2, 2, 1), (3, 8, 1), (2, 1, 8), (2, 2, 4)] {
                 let t = tp as f64;
-                let weights: f64 = m.layer_matmuls(b, tp).iter().map(Matmul::flops).sum();
+                let weights: f64 = m.layer_matmuls(b, tp, ep).iter().map(Matmul::flops).sum();
                 let want = m.matmul_forward_flops(b);
                 assert!(
                     (weights * t - want).abs() <= want * 1e-12,
@@ -632,7 +866,7 @@ mod tests {
                 assert!((attn * t - want).abs() <= want * 1e-12);
                 let head = m.head_matmul(b, tp).flops() * t;
                 assert!((head - m.head_forward_flops(b)).abs() <= head * 1e-12);
-                for mm in m.layer_matmuls(b, tp) {
+                for mm in m.layer_matmuls(b, tp, ep).iter() {
                     let [dx, dw] = mm.backward();
                     assert_eq!((dx.flops(), dw.flops()), (mm.flops(), mm.flops()));
                 }
@@ -646,7 +880,93 @@ mod tests {
             assert!(mm.backward().iter().all(|x| x.smallest_dim() == 128.0));
         }
         // The o projection is split by rows: its inner dimension shrinks.
-        assert_eq!(m.layer_matmuls(1, 8)[1].k, 1024.0);
+        assert_eq!(m.layer_matmuls(1, 8, 1)[1].k, 1024.0);
+    }
+
+    /// Mixtral 8x7B's published counts (Jiang et al. 2024: 46.7B
+    /// parameters, 12.9B active a token), by hand: attention `2 h^2 + 2 h
+    /// kv` = 41.9 M and norms 8192 a layer, experts `8 x 3 x 4096 x 14336`
+    /// = 1409.3 M, the router `4096 x 8`; embedding and head 131.1 M each.
+    /// A chip of an 8-way expert-parallel group runs one expert a layer
+    /// over the tokens routed to it: `2 b s` of them when the router
+    /// balances, twice the micro-batch's.
+    #[test]
+    fn a_mixture_of_experts_counts_its_experts_and_runs_its_top_k() {
+        let m = ModelSpec::mixtral_8x7b();
+        m.validate().unwrap();
+        assert_eq!(m.expert_params(), 8 * 3 * 4096 * 14336);
+        assert_eq!(
+            m.layer_params(),
+            41_943_040 + 1_409_286_144 + 4096 * 8 + 8192
+        );
+        assert_eq!(m.total_params(), 46_702_792_704);
+        assert_eq!((m.total_params() as f64 / 1e8).round(), 467.0);
+        let active = m.total_params() - 32 * 6 * 3 * 4096 * 14336;
+        assert_eq!((active as f64 / 1e8).round(), 129.0);
+        assert_eq!(m.active_ffn(), 2 * 14336);
+        let mms = m.layer_matmuls(1, 1, 8);
+        let gate = mms.iter().find(|mm| mm.name == "expert gate").unwrap();
+        assert_eq!((gate.m, gate.batch), (2.0 * 4096.0, 1.0));
+        // Without expert parallelism a chip runs all 8 experts, each over
+        // a quarter of its tokens.
+        let gate = m.layer_matmuls(1, 1, 1)[3];
+        assert_eq!((gate.m, gate.batch), (1024.0, 8.0));
+        // Megatron-LM's count: the active width in place of the FFN's.
+        let dense = ModelSpec {
+            experts: 0,
+            experts_per_token: 0,
+            ffn: 2 * 14336,
+            ..m.clone()
+        };
+        assert_eq!(m.flops_per_iteration(3), dense.flops_per_iteration(3));
+    }
+
+    #[test]
+    fn the_experts_fields_are_checked_by_name() {
+        let m = ModelSpec::mixtral_8x7b();
+        let err = |f: &dyn Fn(&mut ModelSpec)| {
+            let mut m = m.clone();
+            f(&mut m);
+            m.validate().unwrap_err().to_string()
+        };
+        assert!(err(&|m| m.experts = 1).contains("experts is 1"));
+        assert!(err(&|m| m.experts_per_token = 9).contains("experts_per_token is 9"));
+        assert!(err(&|m| m.experts_per_token = 0).contains("experts_per_token is 0"));
+        assert!(err(&|m| m.experts = MAX_EXPERTS + 1).contains("more than the planner accepts"));
+        let dense = ModelSpec::llama_7b();
+        let mut k = dense.clone();
+        k.experts_per_token = 2;
+        assert!(
+            k.validate()
+                .unwrap_err()
+                .to_string()
+                .contains("without experts")
+        );
+        let mut s = dense.clone();
+        s.shared_ffn = 100;
+        assert!(
+            s.validate()
+                .unwrap_err()
+                .to_string()
+                .contains("shared_ffn is 100")
+        );
+        // Every count at its limit overflows 64 bits: refused, not wrapped.
+        let huge = ModelSpec {
+            experts: MAX_EXPERTS,
+            experts_per_token: 1,
+            ffn: 1 << 22,
+            hidden: 1 << 20,
+            heads: 1 << 16,
+            kv_heads: 1 << 16,
+            layers: 1024,
+            ..m.clone()
+        };
+        assert!(huge.validate().unwrap_err().to_string().contains("64 bits"));
+        // A dense model's TOML has none of the fields; a mixture's reads back.
+        let text = toml::to_string(&ModelSpec::llama_7b()).unwrap();
+        assert!(!text.contains("experts"), "{text}");
+        let text = toml::to_string(&m).unwrap();
+        assert_eq!(ModelSpec::from_toml_str(&text).unwrap(), m);
     }
 
     #[test]
@@ -701,6 +1021,9 @@ mod tests {
             vocab: 1 << 24,
             seq_len: 1 << 20,
             tied_embeddings: false,
+            experts: 0,
+            experts_per_token: 0,
+            shared_ffn: 0,
         };
         big.validate().unwrap();
         assert_eq!(big.checked_total_params(), Some(big.total_params()));

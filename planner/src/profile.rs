@@ -449,6 +449,13 @@ impl ProfileFile {
             ("kv_heads", a.kv_heads, b.kv_heads),
             ("vocab", a.vocab, b.vocab),
             ("seq_len", a.seq_len, b.seq_len),
+            ("experts", a.experts, b.experts),
+            (
+                "experts_per_token",
+                a.experts_per_token,
+                b.experts_per_token,
+            ),
+            ("shared_ffn", a.shared_ffn, b.shared_ffn),
         ];
         if let Some((f, x, y)) = fields.iter().find(|(_, x, y)| x != y) {
             return Err(SpecError::Profile(format!(
@@ -645,7 +652,12 @@ impl ClusterSpec {
             estimated.push("head");
         }
         if e.optimizer_per_param.is_none() {
-            e.optimizer_per_param = Some(crate::cost::optimizer_time(settings, chip, 1.0, 1));
+            let one = crate::cost::ChipParams {
+                dense: 1.0,
+                experts: 0.0,
+            };
+            e.optimizer_per_param =
+                Some(crate::cost::optimizer_time(model, settings, chip, one, 1));
             estimated.push("optimizer");
         }
         (e, estimated)
@@ -998,9 +1010,25 @@ pub(crate) fn apply_measured(
         (false, true) => timing.weight_grad / timing.backward,
         (false, false) => 0.0,
     };
-    if settings.recompute == crate::settings::Recompute::Full {
-        b += settings.recompute_split(blocks as u64).recomputed * costs.block_forward;
-    }
+    let recomputed = match settings.recompute {
+        crate::settings::Recompute::Full => settings.recompute_split(blocks as u64).recomputed,
+        _ => 0.0,
+    };
+    b += recomputed * costs.block_forward;
+    // A mixture's token exchange under expert parallelism, which a
+    // profile's blocks (measured on one chip) do not hold: priced by the
+    // cost model, added to the measured passes, and left out of the model's
+    // passes the carries below scale by.
+    let exchange =
+        2.0 * crate::cost::expert_all_to_all_time(model, settings, stage.chip, mb.size, tp);
+    let (exchange_f, exchange_b) = (
+        blocks as f64 * exchange,
+        (blocks as f64 + recomputed) * exchange,
+    );
+    let local = crate::settings::TrainingSettings {
+        expert_parallel: 1,
+        ..settings.clone()
+    };
     // The cost model's passes of this stage at micro-batch `size` and
     // degree `tp`, with its dispatch floor (`whole`) or without (the work
     // alone; its chip type is made only when a carry needs it).
@@ -1019,7 +1047,7 @@ pub(crate) fn apply_measured(
             ..stage.clone()
         };
         let mb = crate::cost::Microbatching { size, ..mb };
-        let t = crate::cost::analytic_stage_timing(model, settings, cluster, &s, mb);
+        let t = crate::cost::analytic_stage_timing(model, &local, cluster, &s, mb);
         (t.forward, t.backward)
     };
     // The model at this stage's micro-batch size and the measured degree,
@@ -1060,13 +1088,16 @@ pub(crate) fn apply_measured(
         // with the work (Sailor's GH200 blocks run 1.8-2.4 times the
         // model's at tp 1 and speed up more than it with tp).
         // `timing` holds the model's passes at this shape, floor included.
-        let ((from, from0), to) = (here(), (timing.forward, timing.backward));
+        let to = (timing.forward - exchange_f, timing.backward - exchange_b);
+        let (from, from0) = here();
         let to0 = model_at(mb.size, tp, false);
         f *= split(from.0, to.0, from0.0, to0.0);
         b *= split(from.1, to.1, from0.1, to0.1);
     }
-    let params = stage.params(model) as f64 / tp as f64;
-    let shard = settings.shards(stage.dp).optimizer;
+    let params = crate::cost::ChipParams::of(model, settings, stage);
+    let updated = params.over_groups(model, settings, stage.dp, |p, g| {
+        p / settings.shards(g).optimizer
+    });
     // The schedule's part, as the trainer's measured search prices it: the
     // backward pass run whole where the stage does not split it, and both
     // passes slower where it holds other micro-batches in flight (1 where
@@ -1078,10 +1109,10 @@ pub(crate) fn apply_measured(
         stage.num_stages,
         mb.count as usize,
     );
-    timing.forward = f * ff;
-    timing.backward = b * fb;
-    timing.weight_grad = (weight_share * timing.backward).min(timing.backward);
-    timing.optimizer = params / shard * costs.optimizer_per_param;
+    timing.forward = f * ff + exchange_f;
+    timing.backward = b * fb + exchange_b;
+    timing.weight_grad = (weight_share * b * fb).min(timing.backward);
+    timing.optimizer = updated * costs.optimizer_per_param;
 }
 
 /// The factor that carries a measured time from one tensor-parallel
@@ -1660,5 +1691,48 @@ mod tests {
         let parsed = ProfileFile::from_json_str(&text).unwrap();
         let c = parsed.entries[0].costs("x:0");
         assert_eq!((c.stage_forward, c.stage_backward), (0.5, 0.25));
+    }
+
+    /// A profile's blocks are one chip's: under expert parallelism the
+    /// token exchange (priced by the cost model) comes on top of them,
+    /// twice each way a block, and the rest is the measured passes.
+    #[test]
+    fn expert_parallelism_adds_its_exchange_to_measured_blocks() {
+        let mut c = ClusterSpec::from_toml_str(include_str!(
+            "../../examples/clusters/china-mobile-3-vendor.toml"
+        ))
+        .unwrap();
+        let model = ModelSpec::mixtral_8x7b();
+        let name = c.chip_types[0].name.clone();
+        let profile = ProfileFile {
+            model: model.clone(),
+            ..file(vec![entry(&name, 1, 0.05)])
+        };
+        c.apply_profile(&profile, &model, &bf16()).unwrap();
+        let chip = &c.chip_types[0];
+        let shape = crate::cost::StageShape {
+            chip,
+            layers: 4..8,
+            index: 1,
+            num_stages: 4,
+            dp: 8,
+            tp: 1,
+            next: None,
+            dp_peers: &[],
+            dp_one_node: false,
+        };
+        let mb = crate::cost::Microbatching { size: 1, count: 8 };
+        let mut s = bf16();
+        let local = crate::cost::stage_timing(&model, &s, &c, &shape, mb);
+        s.expert_parallel = 8;
+        let spread = crate::cost::stage_timing(&model, &s, &c, &shape, mb);
+        let exchange = 4.0 * 2.0 * crate::cost::expert_all_to_all_time(&model, &s, chip, 1, 1);
+        assert!(exchange > 0.0);
+        // The measured blocks: 4 of 0.05 s forward, 0.1 s backward.
+        assert!((local.forward - 0.2).abs() < 1e-12, "{}", local.forward);
+        assert!((spread.forward - local.forward - exchange).abs() < 1e-12);
+        assert!((spread.backward - local.backward - exchange).abs() < 1e-12);
+        // The optimizer updates a chip's share: an eighth of the experts.
+        assert!(spread.optimizer < local.optimizer / 4.0);
     }
 }

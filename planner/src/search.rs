@@ -59,8 +59,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::cluster::{ChipType, ClusterSpec};
 use crate::cost::{
-    Microbatching, StageShape, allreduce_time, dp_bandwidth, optimizer_time, pipeline_send_time,
-    stage_memory, stage_params, stage_timing, zero_collective_seconds,
+    ChipParams, Microbatching, StageShape, allreduce_time, dp_bandwidth, expert_parallel,
+    optimizer_time, pipeline_send_time, stage_memory, stage_params, stage_timing,
+    zero_collective_seconds,
 };
 use crate::error::SpecError;
 use crate::evaluate::{Layout, LayoutStage, assemble};
@@ -685,8 +686,9 @@ impl<'a> Ctx<'a> {
             .chip(ty)
             .intra_node_bandwidth
             .max(self.cluster.inter_node_bandwidth);
-        let params = self.big.layer_params() as f64 / tp.max(1) as f64;
-        let [gather, scatter] = zero_collective_seconds(self.settings, params, d, fastest);
+        let params = ChipParams::split(&self.big, self.settings, self.big.layer_params(), 1, tp);
+        let [gather, scatter] =
+            zero_collective_seconds(&self.big, self.settings, params, d, fastest);
         match zero {
             2 if self.settings.overlap_grad_reduce => c,
             2 => c + scatter,
@@ -711,6 +713,10 @@ impl<'a> Ctx<'a> {
         let l = model.layers;
         let p = st.len();
         if p as u64 > l || p == 0 {
+            return None;
+        }
+        // A mixture's expert-parallel groups divide each stage's replicas.
+        if dp % expert_parallel(model, settings) != 0 {
             return None;
         }
         let mb = Microbatching {
@@ -767,8 +773,9 @@ impl<'a> Ctx<'a> {
                 // the plan's own evaluation).
                 let bandwidth =
                     dp_bandwidth(self.cluster, chip, dp, tp, peers, at.replicas_same_node);
-                let per = |params: u64| {
-                    zero_collective_seconds(settings, params as f64 / tp as f64, dp, bandwidth)
+                let per = |params: u64, layers: u64| {
+                    let params = ChipParams::split(&self.big, settings, params, layers, tp);
+                    zero_collective_seconds(&self.big, settings, params, dp, bandwidth)
                 };
                 let mut ends = 0;
                 if i == 0 {
@@ -777,7 +784,7 @@ impl<'a> Ctx<'a> {
                 if i + 1 == p {
                     ends += stage_params(&self.big, &(lb - 1..lb)) - self.big.layer_params();
                 }
-                let ([lg, ls], [eg, es]) = (per(self.big.layer_params()), per(ends));
+                let ([lg, ls], [eg, es]) = (per(self.big.layer_params(), 1), per(ends, 0));
                 if settings.zero() == 2 {
                     if !settings.overlap_grad_reduce {
                         c += ls;
@@ -813,16 +820,19 @@ impl<'a> Ctx<'a> {
             }
             max_t = max_t.max(t);
             sum_t += t;
-            let params = stage_params(model, &(start..start + n)) as f64 / tp as f64;
+            let range = start..start + n;
+            let params = ChipParams::split(model, settings, stage_params(model, &range), n, tp);
             let bandwidth = dp_bandwidth(self.cluster, chip, dp, tp, peers, at.replicas_same_node);
             // The step's end: ZeRO-2 gathers the updated weights, ZeRO-3
             // nothing; below, the gradients' all-reduce.
             let ar = match settings.zero() {
-                0 | 1 => allreduce_time(params * settings.grad_bytes(), dp, bandwidth),
-                2 => zero_collective_seconds(settings, params, dp, bandwidth)[0],
+                0 | 1 => params.over_groups(model, settings, dp, |p, g| {
+                    allreduce_time(p * settings.grad_bytes(), g, bandwidth)
+                }),
+                2 => zero_collective_seconds(model, settings, params, dp, bandwidth)[0],
                 _ => 0.0,
             };
-            let opt = optimizer_time(settings, chip, params, dp);
+            let opt = optimizer_time(model, settings, chip, params, dp);
             tail = tail.max(ar + opt);
             start += n;
         }

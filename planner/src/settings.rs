@@ -153,6 +153,15 @@ pub struct TrainingSettings {
     /// `polychip plan --evaluate`; the search proposes plans without it.
     #[serde(default = "one", skip_serializing_if = "is_one")]
     pub context_parallel: u64,
+    /// Expert parallelism for a mixture-of-experts model (Megatron-LM's
+    /// `--expert-model-parallel-size`): each stage's replicas (times its
+    /// context-parallel groups) form groups of this many, each holding `E /
+    /// ep` of every layer's experts, exchanging the tokens routed to them
+    /// (an all-to-all before and after the experts, each way), and
+    /// reducing the experts' gradients over the `d / ep` replicas holding
+    /// the same experts. 1 (the default): every replica holds every expert.
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub expert_parallel: u64,
     /// Keep gradients in bf16 (16 bytes per parameter instead of 18).
     #[serde(default)]
     pub bf16_gradients: bool,
@@ -237,6 +246,10 @@ pub const MAX_RECOMPUTE_NUM_LAYERS: u64 = 1_000_000;
 /// sequence over.
 pub const MAX_CONTEXT_PARALLEL: u64 = 1024;
 
+/// The largest [`TrainingSettings::expert_parallel`] degree: the most
+/// experts a model may have ([`crate::model::MAX_EXPERTS`]).
+pub const MAX_EXPERT_PARALLEL: u64 = crate::model::MAX_EXPERTS;
+
 /// The highest ZeRO stage ([`TrainingSettings::zero_stage`]).
 pub const MAX_ZERO_STAGE: u8 = 3;
 
@@ -258,6 +271,7 @@ impl TrainingSettings {
             overlap_grad_reduce: false,
             overlap_param_gather: false,
             context_parallel: 1,
+            expert_parallel: 1,
             bf16_gradients: false,
             flash_attention: true,
             sequence_parallel: true,
@@ -398,6 +412,19 @@ impl TrainingSettings {
         Ok(())
     }
 
+    /// Checks `expert_parallel`: 1 to [`MAX_EXPERT_PARALLEL`] (whether the
+    /// model has experts it divides is
+    /// [`crate::cost::check_cluster_settings`]'s).
+    pub fn check_expert_parallel(&self) -> Result<(), SpecError> {
+        if !(1..=MAX_EXPERT_PARALLEL).contains(&self.expert_parallel) {
+            return Err(SpecError::Settings(format!(
+                "expert_parallel is {}; it must be 1 (none) to {MAX_EXPERT_PARALLEL}",
+                self.expert_parallel
+            )));
+        }
+        Ok(())
+    }
+
     /// Checks `zero_stage`: 0 to [`MAX_ZERO_STAGE`]; and
     /// `overlap_param_gather` only with the optimizer state sharded and
     /// the weights not (ZeRO-1: ZeRO-2 gathers at the step's end as it
@@ -478,6 +505,7 @@ impl TrainingSettings {
         self.check_zero()?;
         self.check_recompute()?;
         self.check_context_parallel()?;
+        self.check_expert_parallel()?;
         if self.micro_batch_sizes.contains(&0) {
             return Err(SpecError::Settings(
                 "micro_batch_sizes contains 0; sizes must be at least 1".into(),

@@ -100,6 +100,9 @@ fn random_case(rng: &mut XorShift) -> (ClusterSpec, ModelSpec, TrainingSettings)
         vocab: 32000,
         seq_len: 2048,
         tied_embeddings: false,
+        experts: 0,
+        experts_per_token: 0,
+        shared_ffn: 0,
     };
     let settings = TrainingSettings::new(rng.pick(&[8u64, 16, 32, 64]));
     (cluster, model, settings)

@@ -1,8 +1,11 @@
 """`polychip plan --model DIR` on the configs transformers itself writes:
 every default config of the dense architectures the planner's reader
-lists plans on the three-vendor example cluster, and the mixtures of
-experts, the encoder-decoder and the attention-free model are refused,
-each naming what it cannot take (docs/planner.md, "The model")."""
+lists, and of the mixtures of experts whose every layer is one, plans on
+the three-vendor example cluster (the mixtures with and without expert
+parallelism); the mixtures with dense layers among the expert ones, those
+of latent or linear attention, the encoder-decoder and the attention-free
+model are refused, each naming what it cannot take (docs/planner.md, "The
+model")."""
 
 import json
 import os
@@ -24,14 +27,17 @@ DENSE = ["LlamaConfig", "MistralConfig", "Qwen2Config", "Qwen3Config", "GemmaCon
          "StableLmConfig", "Starcoder2Config", "NemotronConfig", "GPT2Config",
          "GPTBigCodeConfig", "GPTNeoConfig", "GPTNeoXConfig", "GPTJConfig", "CodeGenConfig",
          "OPTConfig", "BloomConfig", "FalconConfig", "MptConfig", "BertConfig"]
-REFUSED = {"MixtralConfig": "a mixture of experts", "Qwen2MoeConfig": "a mixture of experts",
-           "DbrxConfig": "`ffn_config.moe_num_experts`", "JambaConfig": "a mixture of experts",
-           "T5Config": "encoder-decoder", "MambaConfig": "`num_attention_heads`"}
+MOE = ["MixtralConfig", "Qwen2MoeConfig", "Qwen3MoeConfig", "OlmoeConfig", "PhimoeConfig",
+       "GraniteMoeConfig", "GptOssConfig", "Llama4TextConfig"]
+REFUSED = {"DbrxConfig": "`ffn_config.moe_num_experts`", "JambaConfig": "`expert_layer_period`",
+           "Glm4MoeConfig": "`first_k_dense_replace`", "DeepseekV3Config": "`kv_lora_rank`",
+           "Qwen3NextConfig": "linear_attention", "T5Config": "encoder-decoder",
+           "MambaConfig": "`num_attention_heads`"}
 
 
-def plan(directory):
+def plan(directory, *extra):
     return subprocess.run([POLYCHIP, "plan", "--cluster", CLUSTER, "--model", str(directory),
-                           "--global-batch", "64", "--json"],
+                           "--global-batch", "64", "--json", *extra],
                           capture_output=True, text=True, timeout=120, env=dict(os.environ))
 
 
@@ -49,6 +55,22 @@ def test_a_dense_architectures_default_config_plans(tmp_path, name):
     report = json.loads(r.stdout)
     assert report["plan"]["model"] == name
     assert report["plan"]["step_time_simulated"] > 0
+
+
+@pytest.mark.parametrize("name", MOE)
+def test_a_mixture_of_experts_default_config_plans_with_and_without_expert_parallelism(
+        tmp_path, name):
+    directory = written(tmp_path, name)
+    experts = json.loads((directory / "config.json").read_text()).get("num_local_experts") or \
+        json.loads((directory / "config.json").read_text())["num_experts"]
+    tokens = []
+    for ep in ("1", "2"):
+        r = plan(directory, "--expert-parallel", ep)
+        assert r.returncode == 0, r.stderr
+        report = json.loads(r.stdout)
+        assert report["plan"]["dp"] % int(ep) == 0
+        tokens.append(report["plan"]["tokens_per_s"])
+    assert experts % 2 == 0 and all(t > 0 for t in tokens)
 
 
 @pytest.mark.parametrize("name", sorted(REFUSED))

@@ -258,6 +258,9 @@ impl ModelConfig {
             vocab: self.vocab as u64,
             seq_len: self.seq_len as u64,
             tied_embeddings: false,
+            experts: 0,
+            experts_per_token: 0,
+            shared_ffn: 0,
         }
     }
 }
