@@ -109,6 +109,11 @@ pub struct Args {
     /// with --evaluate of a report, the report's].
     #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = crate::numbers::whole::<u64>(1))]
     expert_parallel: Option<u64>,
+    /// FP8 training: the layers' weight matmuls in FP8 at each chip type's
+    /// peak_flops.fp8 (Transformer Engine's recipes, Megatron-LM's
+    /// --fp8-format), beside a bf16 or f16 --dtype.
+    #[arg(long)]
+    fp8: bool,
     /// The data-parallel gradient reduction overlaps the last backward pass
     /// in buckets (Megatron-LM's --overlap-grad-reduce, PyTorch DDP's
     /// default, DeepSpeed's overlap_comm) instead of following it.
@@ -335,6 +340,7 @@ fn plan(args: &Args) -> Result<(), String> {
     if let Some(e) = args.expert_parallel {
         settings.expert_parallel = e;
     }
+    settings.fp8 |= args.fp8;
     settings.bf16_gradients |= args.half_gradients;
     settings.flash_attention &= !args.no_flash_attention;
     settings.sequence_parallel &= !args.no_sequence_parallel;
@@ -550,7 +556,10 @@ fn plan(args: &Args) -> Result<(), String> {
 /// under, those at their defaults left out but the dtype.
 fn settings_line(s: &TrainingSettings) -> String {
     use polychip_planner::settings::RecomputeMethod;
-    let mut parts = vec![s.dtype.to_string()];
+    let mut parts = vec![match s.fp8 {
+        true => format!("{} with FP8 matmuls", s.dtype),
+        false => s.dtype.to_string(),
+    }];
     match s.zero() {
         0 => {}
         1 => parts.push("ZeRO-1 (optimizer state sharded)".into()),
@@ -669,6 +678,7 @@ fn flags_changing(recorded: &TrainingSettings, given: &TrainingSettings) -> Vec<
         &a.expert_parallel,
         &b.expert_parallel,
     );
+    switched(&mut out, "--fp8", a.fp8, b.fp8);
     switched(
         &mut out,
         "--overlap-grad-reduce",

@@ -342,6 +342,45 @@ fn expert_parallelism_divides_a_mixtures_experts() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
+/// `--fp8`: on a cluster whose chip types give an fp8 peak the search
+/// prices the layers' matmuls there (a shorter step than in bf16) and the
+/// text says so; on one without, refused naming the chip type.
+#[test]
+fn fp8_plans_where_the_chips_have_fp8_matmuls() {
+    let h100 = format!(
+        "{}/../planner/tests/data/outside/megatron-bridge-h100/dgx-h100.toml",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let step = |extra: &[&str]| {
+        let base = ["plan", "--cluster", &h100, "--model", "llama-70b"];
+        let (code, out, err) = polychip(&[&base[..], &["--global-batch", "256"], extra].concat());
+        assert_eq!(code, Some(0), "{err}");
+        let at = out.find("predicted step time: ").unwrap() + 21;
+        let secs: f64 = out[at..].split(' ').next().unwrap().parse().unwrap();
+        (secs, out)
+    };
+    let (bf16, _) = step(&[]);
+    let (fp8, out) = step(&["--fp8"]);
+    assert!(
+        out.starts_with("settings: bf16 with FP8 matmuls\n"),
+        "{out}"
+    );
+    assert!(fp8 < 0.8 * bf16, "{fp8} {bf16}");
+    let cluster = example("china-mobile-3-vendor.toml");
+    let (code, _, err) = polychip(&[
+        "plan",
+        "--cluster",
+        &cluster,
+        "--model",
+        "llama-7b",
+        "--global-batch",
+        "64",
+        "--fp8",
+    ]);
+    assert_eq!(code, Some(2));
+    assert!(err.contains("gives no peak_flops.fp8"), "{err}");
+}
+
 /// `--context-parallel` scores a plan with each stage's sequences split
 /// over groups of its chips: twice the chips, half the activations, about
 /// half the step; the search, a sequence that does not split and a plan

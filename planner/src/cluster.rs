@@ -117,6 +117,11 @@ pub struct PeakFlops {
     pub bf16: f64,
     /// f16.
     pub f16: f64,
+    /// fp8 (dense, Hopper-class and later): what the layers' matmuls run
+    /// at under FP8 training (`TrainingSettings::fp8`); none where the
+    /// chip has no FP8 matmuls.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fp8: Option<f64>,
 }
 
 impl PeakFlops {
@@ -350,7 +355,11 @@ impl ChipType {
                 "bytes/s",
             )
         });
-        for (field, value, lo, hi, unit) in ranged.into_iter().chain(optional) {
+        let fp8 = self
+            .peak_flops
+            .fp8
+            .map(|f| ("peak_flops.fp8", f, MIN_FLOPS, MAX_FLOPS, "FLOP/s"));
+        for (field, value, lo, hi, unit) in ranged.into_iter().chain(optional).chain(fp8) {
             if !(value.is_finite() && (lo..=hi).contains(&value)) {
                 return Err(bad(format!(
                     "{field} is {}; it must be from {lo:e} to {hi:e} {unit}",
@@ -608,6 +617,7 @@ impl ClusterSpec {
                 f32: num(&["peak_flops", "f32"], false)?,
                 bf16: num(&["peak_flops", "bf16"], false)?,
                 f16: num(&["peak_flops", "f16"], false)?,
+                fp8: None,
             };
             let link = num(&["link_bandwidth"], true)?;
             let mem_bw = match dev.get("memory_bandwidth") {
@@ -644,6 +654,7 @@ impl ClusterSpec {
                             f32: t.peak_flops.f32.min(peak.f32),
                             bf16: t.peak_flops.bf16.min(peak.bf16),
                             f16: t.peak_flops.f16.min(peak.f16),
+                            fp8: None,
                         };
                         notes.push(format!(
                             "device {i} ({id}) is a \"{name}\" like {} but has {memory} bytes of \

@@ -290,6 +290,12 @@ fn matmul_workspace(chip: &ChipType) -> f64 {
         .map_or(MATMUL_WORKSPACE_BYTES, |b| b as f64)
 }
 
+/// Bytes a layer parameter takes beside its `dtype` copy under FP8
+/// training: its FP8 copy and that copy's transpose (Transformer Engine
+/// keeps both for the forward and backward matmuls on Hopper, across the
+/// step's micro-batches).
+pub const FP8_WEIGHT_BYTES: f64 = 2.0;
+
 /// A matmul library's own scratch space per device, 32 MiB (cuBLAS asks
 /// for up to 32 MiB on Hopper; our choice for every chip).
 pub const MATMUL_WORKSPACE_BYTES: f64 = 32.0 * 1024.0 * 1024.0;
@@ -408,6 +414,32 @@ fn full_layer_activation_bytes(
         false => 10.0 + 24.0 / t,
     };
     sbh * (kept * scale + scores / t) + moe_activation_bytes(model, micro_batch, tp) * scale
+        - fp8_saved_bytes(model, settings, micro_batch, tp)
+}
+
+/// What FP8 training keeps a byte smaller per element than the 16-bit
+/// count: the inputs of the QKV, gate-and-up and down matmuls, which
+/// Transformer Engine saves for the backward pass in FP8 (its
+/// `LayerNormLinear` and `Linear` keep their casts), `s b (2 h + f)`
+/// elements a layer, `f` the width a token runs; the `2 h` over `t` under
+/// sequence parallelism (each chip keeps its part of the sequence), the
+/// `f` always (split by the columns). 0 without `fp8`.
+fn fp8_saved_bytes(
+    model: &ModelSpec,
+    settings: &TrainingSettings,
+    micro_batch: u64,
+    tp: u64,
+) -> f64 {
+    if !settings.fp8 {
+        return 0.0;
+    }
+    let t = tp.max(1) as f64;
+    let sb = (model.seq_len * micro_batch) as f64;
+    let inputs = match settings.sequence_parallel {
+        true => 2.0 * model.hidden as f64 / t,
+        false => 2.0 * model.hidden as f64,
+    };
+    sb * (inputs + model.active_ffn() as f64 / t)
 }
 
 /// What a mixture of experts' FFN block keeps beyond the dense MLP's 19
@@ -603,8 +635,21 @@ fn megatron_terms(
     let unit = largest_unit_params(model, settings, stage, params);
     // What a whole unit adds to a chip's shard of it.
     let beyond_shard = |shard: f64| if shard > 1.0 { 1.0 - 1.0 / shard } else { 0.0 };
-    let weights = settings.dtype.bytes() as f64
+    let mut weights = settings.dtype.bytes() as f64
         * (sharded(|s| s.weights) + (2.0 * unit).min(params) * beyond_shard(shards.weights));
+    if settings.fp8 {
+        // The layers' FP8 weights and their transposes (Transformer
+        // Engine keeps both between micro-batches), of a chip's share.
+        let layers = stage.layers.end - stage.layers.start;
+        let held = ChipParams::split(
+            model,
+            settings,
+            layers * model.layer_params(),
+            layers,
+            stage.tp,
+        );
+        weights += FP8_WEIGHT_BYTES * held.total() / shards.weights;
+    }
     let gradients =
         settings.grad_bytes() * (sharded(|s| s.gradients) + unit * beyond_shard(shards.gradients));
     let optimizer = sharded(|s| s.optimizer) * settings.optimizer_bytes();
@@ -885,6 +930,9 @@ impl std::iter::Sum for PassTime {
 pub struct ChipRates {
     /// Large-matmul FLOP/s: `peak[dtype] * efficiency`.
     pub matmul: f64,
+    /// The layers' weight matmuls' FLOP/s: `matmul`, or under FP8
+    /// training `peak.fp8 * efficiency`.
+    pub layer_matmul: f64,
     /// Memory bandwidth, bytes/s
     /// ([`ChipType::memory_bandwidth_or_default`]).
     pub memory: f64,
@@ -899,11 +947,25 @@ pub struct ChipRates {
 impl ChipRates {
     /// The rates of `chip` in `settings.dtype`.
     pub fn new(chip: &ChipType, settings: &TrainingSettings) -> Self {
+        let matmul = chip.sustained_flops(settings.dtype);
+        let layer_matmul = match (settings.fp8, chip.peak_flops.fp8) {
+            (true, Some(fp8)) => fp8 * chip.efficiency,
+            _ => matmul,
+        };
         ChipRates {
-            matmul: chip.sustained_flops(settings.dtype),
+            matmul,
+            layer_matmul,
             memory: chip.memory_bandwidth_or_default(),
             elem: settings.dtype.bytes() as f64,
             dispatch: chip.kernel_dispatch_or_default(),
+        }
+    }
+
+    /// These rates with the layers' weight matmuls' as the matmul rate.
+    pub fn for_layer_matmuls(&self) -> ChipRates {
+        ChipRates {
+            matmul: self.layer_matmul,
+            ..*self
         }
     }
 
@@ -1013,18 +1075,42 @@ pub fn layer_time(
     micro_batch: u64,
     tp: u64,
 ) -> PassTime {
+    let layer_rates = rates.for_layer_matmuls();
     let matmuls: PassTime = model
         .layer_matmuls(micro_batch, tp, expert_parallel(model, settings))
         .iter()
-        .map(|mm| rates.matmul(mm))
+        .map(|mm| layer_rates.matmul(mm))
         .sum();
-    let passes: PassTime = model
+    let mut passes: PassTime = model
         .layer_memory_passes(micro_batch, tp, rates.elem, settings.sequence_parallel)
         .iter()
         .map(|p| rates.memory_pass(p))
         .sum();
+    if settings.fp8 {
+        passes = passes + rates.memory_pass(&fp8_casts(model, rates.elem, micro_batch, tp));
+    }
     let attention = attention_time_with(model, rates, micro_batch, tp, settings.flash_attention);
     matmuls + attention + passes
+}
+
+/// FP8 training's casts of one layer on each of `tp` chips: forward, the
+/// weight matmuls' inputs (the attention's and the FFN's normed inputs,
+/// the attention's output, the FFN's product: `3 h + f` elements a token,
+/// `f` the width a token runs); backward, their output gradients (`3 h +
+/// 2 kv + 2 f`); each read in the dtype and written in one byte, in one
+/// pass (the amax taken on the way, as Transformer Engine's fused casts
+/// do); split over `t` as the matmuls are.
+pub fn fp8_casts(model: &ModelSpec, elem: f64, micro_batch: u64, tp: u64) -> MemoryPass {
+    let t = tp.max(1) as f64;
+    let tokens = (micro_batch * model.seq_len) as f64;
+    let (h, kv) = (model.hidden as f64, model.kv_dim() as f64);
+    let f = model.active_ffn() as f64;
+    let bytes = tokens / t * (elem + 1.0);
+    MemoryPass {
+        name: "fp8 casts",
+        forward_bytes: bytes * (3.0 * h + f),
+        backward_bytes: bytes * (3.0 * h + 2.0 * kv + 2.0 * f),
+    }
 }
 
 /// The output side on each of `tp` chips, without its all-reduces: the
@@ -1116,12 +1202,14 @@ pub fn analytic_stage_timing(
         context_parallel_attention(model, settings, cluster, stage, &rates, b);
     forward += n * cp_forward;
     backward += n * cp_backward;
-    let weight_grads =
-        |mms: &[Matmul]| -> f64 { mms.iter().map(|mm| rates.weight_grad_time(mm)).sum() };
+    let weight_grads = |rates: &ChipRates, mms: &[Matmul]| -> f64 {
+        mms.iter().map(|mm| rates.weight_grad_time(mm)).sum()
+    };
     let ep = expert_parallel(model, settings);
-    let mut weight_grad = n * weight_grads(&model.layer_matmuls(b, tp, ep));
+    let mut weight_grad =
+        n * weight_grads(&rates.for_layer_matmuls(), &model.layer_matmuls(b, tp, ep));
     if stage.holds_head() {
-        weight_grad += weight_grads(&[model.head_matmul(b, tp)]);
+        weight_grad += weight_grads(&rates, &[model.head_matmul(b, tp)]);
         let head = head_time(model, &rates, b, tp);
         let loss_bytes = (b * model.seq_len) as f64 * 4.0;
         forward +=
@@ -1483,6 +1571,16 @@ pub fn check_cluster_settings(
                 model.experts
             ));
         }
+    }
+    if settings.fp8
+        && let Some(chip) = chip(&|t| t.peak_flops.fp8.is_none())
+    {
+        return refuse(format!(
+            "fp8 is set, but chip type {} gives no peak_flops.fp8 (a chip without FP8 \
+             matmuls, or a cluster file that does not say); give its fp8 peak, or plan \
+             without --fp8",
+            chip.name
+        ));
     }
     let ep = settings.expert_parallel;
     if ep > 1 && !model.is_moe() {

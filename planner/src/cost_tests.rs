@@ -25,6 +25,7 @@ fn chip(name: &str, nic: f64) -> ChipType {
         peak_flops: crate::cluster::PeakFlops {
             f32: 0.25e15,
             bf16: 1e15,
+            fp8: None,
             f16: 1e15,
         },
         efficiency: 0.5,
@@ -1057,4 +1058,83 @@ fn expert_parallelism_is_refused_where_it_cannot_be_priced() {
     s.expert_parallel = 1;
     let e = check_cluster_settings(&ModelSpec::mixtral_8x7b(), &poly, &s).unwrap_err();
     assert!(e.to_string().contains("trains dense models"), "{e}");
+}
+
+/// FP8 training: the layers' weight matmuls at the fp8 peak, their casts
+/// as memory-bound passes, attention and the head at the dtype's rate; the
+/// layers' FP8 weights and transposes beside the bf16 ones; refused on a
+/// chip type without an fp8 peak and beside an f32 dtype.
+#[test]
+fn fp8_runs_the_layers_matmuls_at_the_fp8_peak() {
+    let m = ModelSpec::llama_70b();
+    let mut c = cluster();
+    for t in &mut c.chip_types {
+        t.peak_flops.fp8 = Some(2e15);
+    }
+    let x = &c.chip_types[0];
+    let mut s = TrainingSettings::new(64);
+    let rates = ChipRates::new(x, &s);
+    s.fp8 = true;
+    let fast = ChipRates::new(x, &s);
+    assert_eq!((rates.layer_matmul, fast.layer_matmul), (0.5e15, 1e15));
+    assert_eq!(fast.matmul, rates.matmul);
+    // The layer's time: its weight matmuls at twice the rate, plus the
+    // casts; attention and the rest unchanged.
+    let mut bf16 = s.clone();
+    bf16.fp8 = false;
+    let mms: PassTime = m
+        .layer_matmuls(1, 1, 1)
+        .iter()
+        .map(|mm| rates.matmul(mm))
+        .sum();
+    let mms8: PassTime = m
+        .layer_matmuls(1, 1, 1)
+        .iter()
+        .map(|mm| fast.for_layer_matmuls().matmul(mm))
+        .sum();
+    let casts = rates.memory_pass(&fp8_casts(&m, 2.0, 1, 1));
+    let (was, now) = (
+        layer_time(&m, &bf16, &rates, 1, 1),
+        layer_time(&m, &s, &fast, 1, 1),
+    );
+    close(
+        now.forward,
+        was.forward - mms.forward + mms8.forward + casts.forward,
+    );
+    close(
+        now.backward,
+        was.backward - mms.backward + mms8.backward + casts.backward,
+    );
+    // Casts: forward (3 h + f) elements a token read in 2 bytes and written
+    // in 1.
+    close(
+        fp8_casts(&m, 2.0, 1, 1).forward_bytes,
+        SBH / 8192.0 * 3.0 * (3.0 * 8192.0 + 28672.0),
+    );
+    // The weights: 2 + 2 bytes a layer parameter, 2 for the embedding.
+    let st = shape(&c, 10..20, 1, 4, 1);
+    close(stage_memory(&m, &s, &st, ONE).weights, 4.0 * 10.0 * LAYER);
+    close(
+        stage_memory(&m, &bf16, &st, ONE).weights,
+        2.0 * 10.0 * LAYER,
+    );
+    // Activations: the QKV, gate-and-up and down inputs a byte smaller,
+    // `s b (2 h + f) / t` under sequence parallelism.
+    close(
+        layer_activation_bytes(&m, &bf16, 1, 8) - layer_activation_bytes(&m, &s, 1, 8),
+        4096.0 * (2.0 * 8192.0 + 28672.0) / 8.0,
+    );
+    check_cluster_settings(&m, &c, &s).unwrap();
+    c.chip_types[1].peak_flops.fp8 = None;
+    let e = check_cluster_settings(&m, &c, &s).unwrap_err().to_string();
+    assert!(e.contains("chip type Y gives no peak_flops.fp8"), "{e}");
+    s.dtype = Dtype::F32;
+    let e = s.validate().unwrap_err().to_string();
+    assert!(e.contains("fp8 is set with dtype f32"), "{e}");
+    c.chip_types[1].peak_flops.fp8 = Some(-1.0);
+    let e = c.validate().unwrap_err().to_string();
+    assert!(e.contains("peak_flops.fp8 is -1; it must be from"), "{e}");
+    // A cluster file gives it beside the others, or leaves it out.
+    let text = toml::to_string(&c.chip_types[0]).unwrap();
+    assert!(text.contains("fp8 = 2000000000000000.0"), "{text}");
 }

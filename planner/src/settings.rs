@@ -162,6 +162,15 @@ pub struct TrainingSettings {
     /// the same experts. 1 (the default): every replica holds every expert.
     #[serde(default = "one", skip_serializing_if = "is_one")]
     pub expert_parallel: u64,
+    /// FP8 training (Transformer Engine's recipes, Megatron-LM's
+    /// `--fp8-format`): the layers' weight matmuls run in FP8 at the chip's
+    /// `peak_flops.fp8`, their inputs (forward) and output gradients
+    /// (backward) cast to FP8 first, and each layer's weights kept in FP8
+    /// beside the `dtype` copy (with their transposes); attention, the
+    /// head, the embedding and the memory-bound passes stay in `dtype`
+    /// (bf16 or f16). Off by default.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub fp8: bool,
     /// Keep gradients in bf16 (16 bytes per parameter instead of 18).
     #[serde(default)]
     pub bf16_gradients: bool,
@@ -272,6 +281,7 @@ impl TrainingSettings {
             overlap_param_gather: false,
             context_parallel: 1,
             expert_parallel: 1,
+            fp8: false,
             bf16_gradients: false,
             flash_attention: true,
             sequence_parallel: true,
@@ -414,13 +424,22 @@ impl TrainingSettings {
 
     /// Checks `expert_parallel`: 1 to [`MAX_EXPERT_PARALLEL`] (whether the
     /// model has experts it divides is
-    /// [`crate::cost::check_cluster_settings`]'s).
+    /// [`crate::cost::check_cluster_settings`]'s); and `fp8` only beside a
+    /// 16-bit `dtype` (FP8 training keeps its activations and weights'
+    /// master copy there).
     pub fn check_expert_parallel(&self) -> Result<(), SpecError> {
         if !(1..=MAX_EXPERT_PARALLEL).contains(&self.expert_parallel) {
             return Err(SpecError::Settings(format!(
                 "expert_parallel is {}; it must be 1 (none) to {MAX_EXPERT_PARALLEL}",
                 self.expert_parallel
             )));
+        }
+        if self.fp8 && self.dtype == Dtype::F32 {
+            return Err(SpecError::Settings(
+                "fp8 is set with dtype f32; FP8 training runs its matmuls in FP8 beside 16-bit \
+                 activations: give dtype bf16 or f16"
+                    .into(),
+            ));
         }
         Ok(())
     }

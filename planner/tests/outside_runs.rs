@@ -1696,3 +1696,85 @@ fn the_cluster_model_scores_dlperfs_megatron_v100_runs() {
         "median peak-memory error {mem_err:.3}"
     );
 }
+
+/// NVIDIA's Megatron-Bridge performance runs on DGX H100
+/// (`tests/data/outside/megatron-bridge-h100/`, converted by
+/// `convert_megatron_bridge.py` from the project's published tables):
+/// Llama 3 8B under Megatron FSDP (ZeRO-3) on 8 GPUs, Llama 3 70B at tp 4
+/// and 8 interleaved stages of 5 chunks on 64, Llama 3.1 405B at tp 8, 8
+/// interleaved stages of 8 chunks and context parallelism 2 on 1,024, each
+/// in FP8 with current scaling; 5 runs (two global batches of the 70B and
+/// of the 405B), all of which ran. Scored without a profile, in FP8 and
+/// (for comparison) as if in bf16, ranked by seconds per token per GPU.
+/// The bar without a profile: Spearman >= 0.7; every run predicted to fit.
+#[test]
+fn the_cluster_model_scores_megatron_bridges_h100_runs() {
+    let dir = data("megatron-bridge-h100");
+    let text = std::fs::read_to_string(dir.join("megatron-bridge-h100-runs.json")).unwrap();
+    let runs: Value = serde_json::from_str(&text).unwrap();
+    let cluster = ClusterSpec::load(&dir.join("dgx-h100.toml")).unwrap();
+    println!("megatron-bridge-h100-runs.json on dgx-h100 (seconds per step):");
+    println!(
+        "  {:<22} {:>10} {:>10} {:>10} {:>9} {:>5}",
+        "run", "fp8", "as bf16", "measured", "peak/cap", "fits"
+    );
+    let (mut p, mut p16, mut m) = (Vec::new(), Vec::new(), Vec::new());
+    let mut fits = 0;
+    for run in runs["runs"].as_array().unwrap() {
+        let name = run["name"].as_str().unwrap();
+        let model =
+            ModelSpec::load(&dir.join(format!("{}.toml", run["model"].as_str().unwrap()))).unwrap();
+        let mut settings = TrainingSettings::new(1);
+        settings.dtype = Dtype::Bf16;
+        settings.fp8 = true;
+        settings.bf16_gradients = true;
+        settings.overlap_grad_reduce = true;
+        settings.zero_stage = run["settings"]["zero_stage"].as_u64().unwrap() as u8;
+        settings.overlap_param_gather = settings.zero_stage == 1;
+        settings.context_parallel = run["settings"]["context_parallel"].as_u64().unwrap();
+        let spec = PlanSpec::parse(&run["plan"].to_string(), true)
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        let ev =
+            evaluate(&spec, &model, &cluster, &settings).unwrap_or_else(|e| panic!("{name}: {e}"));
+        settings.fp8 = false;
+        let bf16 = evaluate(&spec, &model, &cluster, &settings).unwrap();
+        let measured = run["measured_step_s"].as_f64().unwrap();
+        let tokens = (run["gpus"].as_u64().unwrap() as f64)
+            * ev.plan.global_batch as f64
+            * model.seq_len as f64;
+        println!(
+            "  {:<22} {:>10.3} {:>10.3} {:>10.3} {:>9.2} {:>5}",
+            name,
+            ev.plan.step_time_simulated,
+            bf16.plan.step_time_simulated,
+            measured,
+            peak_share(&ev),
+            ev.fits
+        );
+        // Seconds per token per GPU: the runs train different models on
+        // different clusters.
+        p.push(ev.plan.step_time_simulated / tokens);
+        p16.push(bf16.plan.step_time_simulated / tokens);
+        m.push(measured / tokens);
+        fits += usize::from(ev.fits);
+    }
+    let (scale, rho) = (one_scale(&p, &m), spearman(&p, &m));
+    println!(
+        "  {} runs in fp8 without a profile: Spearman {rho:.3}, median error {:.1}% as given, \
+         {:.1}% after scaling by {scale:.3}; {fits}/{} predicted to fit (all ran)",
+        p.len(),
+        100.0 * median_error(&p, &m, 1.0),
+        100.0 * median_error(&p, &m, scale),
+        p.len()
+    );
+    let scale16 = one_scale(&p16, &m);
+    println!(
+        "  priced as bf16: Spearman {:.3}, median error {:.1}% as given, {:.1}% after scaling \
+         by {scale16:.3}",
+        spearman(&p16, &m),
+        100.0 * median_error(&p16, &m, 1.0),
+        100.0 * median_error(&p16, &m, scale16)
+    );
+    assert!(rho >= 0.7, "Spearman {rho:.3}");
+    assert_eq!(fits, p.len(), "every run ran");
+}

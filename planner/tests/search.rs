@@ -50,6 +50,7 @@ fn chip(rng: &mut XorShift, name: String, budget: u64) -> Option<ChipType> {
         memory_bytes: rng.range(4, 48) * GIB,
         peak_flops: PeakFlops {
             f32: bf16 / 8.0,
+            fp8: None,
             bf16,
             f16: bf16,
         },

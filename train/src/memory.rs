@@ -188,6 +188,7 @@ mod tests {
             peak_flops: PeakFlops {
                 f32: 1e12,
                 bf16: 1e12,
+                fp8: None,
                 f16: 1e12,
             },
             efficiency: 0.5,

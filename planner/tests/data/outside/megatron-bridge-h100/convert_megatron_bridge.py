@@ -1,0 +1,83 @@
+"""Writes megatron-bridge-h100-runs.json from NVIDIA's Megatron-Bridge
+performance tables (github.com/NVIDIA-NeMo/Megatron-Bridge,
+docs/performance-summary.md at 00b7660be0254ac6f95f44164ddd0c3e9cc798ed,
+"25.11 NeMo Container", and docs/performance-summary-archive.md at
+0a25f911b2ed6c6905a539504fdb8e5b40e3438b, "26.02 NeMo Container"): the
+dense runs on DGX-H100 (Llama 3 8B and 70B, Llama 3.1 405B, in FP8 with
+current scaling), one run for each distinct configuration (the latest
+release's where a configuration repeats). Each row gives the GPUs, global
+and micro-batch, sequence length, FSDP, TP, PP, CP, VP and the measured
+tokens per second per GPU; the step is global batch x sequence / (tokens
+per second per GPU x GPUs). The settings are those of Megatron-Bridge's
+performance recipes (scripts/performance/configs/llama: bf16 with FP8
+matmuls, gradients reduced in bf16 (`grad_reduce_in_fp32 = False` in
+set_llama3_common_configs), fused (flash) attention, sequence parallelism
+beside tensor parallelism, the distributed optimizer with its
+reduce-scatter and gather overlapped, no recomputation; Megatron FSDP where
+the row says FSDP (ZeRO-3)). Not priced: their tensor-parallel
+communication overlap (userbuffers) on the 70B and 405B runs.
+
+Run: python3 convert_megatron_bridge.py (writes the JSON beside it)."""
+
+import json
+from pathlib import Path
+
+SUMMARY = "NVIDIA-NeMo/Megatron-Bridge@00b7660be0254ac6f95f44164ddd0c3e9cc798ed:docs/performance-summary.md"
+ARCHIVE = "NVIDIA-NeMo/Megatron-Bridge@0a25f911b2ed6c6905a539504fdb8e5b40e3438b:docs/performance-summary-archive.md"
+
+# (name, model, layers, gpus, gbs, mbs, seq, fsdp, tp, pp, cp, vp, tokens/s/GPU, source)
+ROWS = [
+    ("llama3-8b/fsdp", "llama3-8b", 32, 8, 128, 1, 8192, True, 1, 1, 1, 1, 14451,
+     SUMMARY + " 25.11, DGX-H100, LLAMA3_8B"),
+    ("llama3-70b/gbs128", "llama3-70b", 80, 64, 128, 1, 8192, False, 4, 8, 1, 5, 1602,
+     SUMMARY + " 25.11, DGX-H100, LLAMA3_70B"),
+    ("llama3-70b/gbs256", "llama3-70b", 80, 64, 256, 1, 8192, False, 4, 8, 1, 5, 1621,
+     ARCHIVE + " 26.02, LLAMA3_70B, DGX-H100"),
+    ("llama31-405b/gbs512", "llama31-405b", 126, 1024, 512, 1, 8192, False, 8, 8, 2, 8, 292,
+     SUMMARY + " 25.11, DGX-H100, LLAMA3.1_405B"),
+    ("llama31-405b/gbs1536", "llama31-405b", 126, 1024, 1536, 1, 8192, False, 8, 8, 2, 8, 311,
+     ARCHIVE + " 26.02, LLAMA3.1_405B, DGX-H100"),
+]
+
+
+def chunks(layers, n):
+    """Layers of each of `n` model chunks: even where they divide; else
+    the first and last chunk one layer less than the others (Megatron's
+    account_for_embedding/loss_in_pipeline_split: the embedding and the
+    loss each counted as a layer), 126 over 64 as 1 + 62 x 2 + 1."""
+    if layers % n == 0:
+        return [layers // n] * n
+    per = (layers + 2) // n
+    assert per * n == layers + 2, (layers, n)
+    return [per - 1] + [per] * (n - 2) + [per - 1]
+
+
+runs = []
+for name, model, layers, gpus, gbs, mbs, seq, fsdp, tp, pp, cp, vp, tps, source in ROWS:
+    dp = gpus // (tp * pp * cp)
+    assert dp * tp * pp * cp == gpus and gbs % (mbs * dp) == 0, name
+    m = gbs // (mbs * dp)
+    plan = {"groups": [{"copies": dp, "micro_batch_size": mbs, "micro_batches": m,
+                        "stages": [{"layers": n, "chip": "H100", "tp": tp}
+                                   for n in chunks(layers, pp * vp)]}]}
+    if vp > 1:
+        plan["virtual_stages"] = vp
+    runs.append({
+        "name": name,
+        "source": source,
+        "model": model,
+        "gpus": gpus,
+        "settings": {"zero_stage": 3 if fsdp else 1, "context_parallel": cp},
+        "plan": plan,
+        "tokens_per_s_per_gpu": tps,
+        "measured_step_s": round(gbs * seq / (tps * gpus), 4),
+    })
+
+out = {
+    "settings": {"dtype": "bf16", "fp8": True, "bf16_gradients": True, "flash_attention": True,
+                 "sequence_parallel": True, "overlap_grad_reduce": True,
+                 "overlap_param_gather": "with the distributed optimizer (zero_stage 1)",
+                 "note": "zero_stage and context_parallel are per run"},
+    "runs": runs,
+}
+Path(__file__).with_name("megatron-bridge-h100-runs.json").write_text(json.dumps(out, indent=1) + "\n")
