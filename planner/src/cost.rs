@@ -423,7 +423,8 @@ fn full_layer_activation_bytes(
 /// `LayerNormLinear` and `Linear` keep their casts), `s b (2 h + f)`
 /// elements a layer, `f` the width a token runs; the `2 h` over `t` under
 /// sequence parallelism (each chip keeps its part of the sequence), the
-/// `f` always (split by the columns). 0 without `fp8`.
+/// `f` always (split by the columns); in a mixture of experts also the
+/// `k h` permuted copies its experts take. 0 without `fp8`.
 fn fp8_saved_bytes(
     model: &ModelSpec,
     settings: &TrainingSettings,
@@ -435,11 +436,18 @@ fn fp8_saved_bytes(
     }
     let t = tp.max(1) as f64;
     let sb = (model.seq_len * micro_batch) as f64;
+    let h = model.hidden as f64;
     let inputs = match settings.sequence_parallel {
-        true => 2.0 * model.hidden as f64 / t,
-        false => 2.0 * model.hidden as f64,
+        true => 2.0 * h / t,
+        false => 2.0 * h,
     };
-    sb * (inputs + model.active_ffn() as f64 / t)
+    // A mixture's experts take the `k` permuted copies of each token
+    // (beside the shared expert's, counted in the `2 h`).
+    let permuted = match model.is_moe() {
+        true => model.experts_per_token as f64 * h,
+        false => 0.0,
+    };
+    sb * (inputs + permuted + model.active_ffn() as f64 / t)
 }
 
 /// What a mixture of experts' FFN block keeps beyond the dense MLP's 19
@@ -566,11 +574,11 @@ fn layer_workspace_bytes(
     let t = stage.tp.max(1) as f64;
     let e = settings.dtype.bytes() as f64;
     let tokens = (micro_batch * model.seq_len) as f64;
-    let (h, kv) = (model.hidden as f64, model.kv_dim() as f64);
+    let (q, kv) = (model.q_dim() as f64, model.kv_dim() as f64);
     let f = model.active_ffn() as f64;
     let ffn = 3.0 * tokens * f / t * e;
     let attention = if settings.flash_attention {
-        tokens / t * ((h + 2.0 * kv) * e + 4.0 * h)
+        tokens / t * ((q + 2.0 * kv) * e + 4.0 * q)
     } else {
         let s = model.seq_len as f64;
         2.0 * (micro_batch * model.heads) as f64 / t * s * s * e
@@ -1048,9 +1056,9 @@ fn attention_time_with(
     }
     let t = tp.max(1) as f64;
     let tokens = (micro_batch * model.seq_len) as f64;
-    let (h, kv) = (model.hidden as f64, model.kv_dim() as f64);
+    let (q, kv) = (model.q_dim() as f64, model.kv_dim() as f64);
     let io = tokens / t * rates.elem;
-    let (fwd_io, bwd_io) = (io * (2.0 * h + 2.0 * kv), io * (4.0 * h + 4.0 * kv));
+    let (fwd_io, bwd_io) = (io * (2.0 * q + 2.0 * kv), io * (4.0 * q + 4.0 * kv));
     let compute = |mm: &Matmul| mm.flops() / (rates.matmul * ChipRates::shape_factor(mm));
     let fwd: f64 = mms.iter().map(compute).sum();
     let bwd: f64 = mms
@@ -1095,21 +1103,25 @@ pub fn layer_time(
 
 /// FP8 training's casts of one layer on each of `tp` chips: forward, the
 /// weight matmuls' inputs (the attention's and the FFN's normed inputs,
-/// the attention's output, the FFN's product: `3 h + f` elements a token,
-/// `f` the width a token runs); backward, their output gradients (`3 h +
-/// 2 kv + 2 f`); each read in the dtype and written in one byte, in one
+/// the attention's output, the FFN's product: `2 h + q + f` elements a
+/// token, `f` the width a token runs, `q` the queries'); backward, their
+/// output gradients (`2 h + q + 2 kv + 2 f`); each read in the dtype and written in one byte, in one
 /// pass (the amax taken on the way, as Transformer Engine's fused casts
 /// do); split over `t` as the matmuls are.
 pub fn fp8_casts(model: &ModelSpec, elem: f64, micro_batch: u64, tp: u64) -> MemoryPass {
     let t = tp.max(1) as f64;
     let tokens = (micro_batch * model.seq_len) as f64;
-    let (h, kv) = (model.hidden as f64, model.kv_dim() as f64);
+    let (h, q, kv) = (
+        model.hidden as f64,
+        model.q_dim() as f64,
+        model.kv_dim() as f64,
+    );
     let f = model.active_ffn() as f64;
     let bytes = tokens / t * (elem + 1.0);
     MemoryPass {
         name: "fp8 casts",
-        forward_bytes: bytes * (3.0 * h + f),
-        backward_bytes: bytes * (3.0 * h + 2.0 * kv + 2.0 * f),
+        forward_bytes: bytes * (2.0 * h + q + f),
+        backward_bytes: bytes * (2.0 * h + q + 2.0 * kv + 2.0 * f),
     }
 }
 

@@ -177,6 +177,7 @@ fn mid_size() -> ModelSpec {
         experts: 0,
         experts_per_token: 0,
         shared_ffn: 0,
+        head_dim: 0,
     }
 }
 

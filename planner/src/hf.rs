@@ -341,6 +341,20 @@ impl ModelSpec {
                 ))
             })?,
         };
+        // A head width apart from `hidden / heads` (Qwen3's, Gemma's);
+        // the default where it is that.
+        let head_dim = match fields.get("head_dim") {
+            None => 0,
+            Some(v) => match v.as_u64() {
+                Some(d) if d > 0 && d.checked_mul(heads) == Some(hidden) => 0,
+                Some(d) if d > 0 => d,
+                _ => {
+                    return Err(bad(format!(
+                        "config.json has `head_dim` = {v}, not a positive integer"
+                    )));
+                }
+            },
+        };
         let model = ModelSpec {
             name: name.to_string(),
             layers,
@@ -354,6 +368,7 @@ impl ModelSpec {
             experts,
             experts_per_token,
             shared_ffn,
+            head_dim,
         };
         model.validate()?;
         Ok(model)
@@ -361,9 +376,10 @@ impl ModelSpec {
 }
 
 /// What a config says that [`ModelSpec::from_hf_config`]'s model does not
-/// represent exactly, as sentences: a `head_dim` other than `hidden /
-/// heads` (Gemma's 256 at hidden 3072 and 16 heads), whose projections the
-/// planner counts at `hidden / heads`.
+/// represent exactly, as sentences: attention over a window or chunks of
+/// the sequence (`sliding_window`, Mistral's; sliding or chunked layers in
+/// `layer_types`, GPT-OSS's, Gemma 2's, Llama 4's), which the planner
+/// prices over the whole sequence.
 pub fn hf_notes(text: &str) -> Vec<String> {
     let Ok(Value::Object(root)) = polychip_files::parse_json_value(text) else {
         return Vec::new();
@@ -372,22 +388,26 @@ pub fn hf_notes(text: &str) -> Vec<String> {
         Some(Value::Object(text)) if first(&root, HIDDEN).is_none() => text,
         _ => &root,
     };
-    let size = |keys: &[&'static str]| first(map, keys).and_then(|(_, v)| v.as_u64());
     let mut notes = Vec::new();
-    if let (Some(hidden), Some(heads), Some(head_dim)) = (
-        size(HIDDEN),
-        size(HEADS),
-        map.get("head_dim").and_then(Value::as_u64),
-    ) && heads > 0
-        && head_dim.checked_mul(heads) != Some(hidden)
-    {
-        let wider = head_dim.saturating_mul(heads) > hidden;
+    let windowed = match map.get("layer_types") {
+        Some(Value::Array(types)) => types
+            .iter()
+            .filter_map(Value::as_str)
+            .filter(|t| t.contains("sliding") || t.contains("chunked"))
+            .count(),
+        _ => 0,
+    };
+    let window = map.get("sliding_window").and_then(Value::as_u64);
+    if windowed > 0 || window.is_some() {
+        let which = match windowed {
+            0 => "its layers'".to_string(),
+            n => format!("{n} layers'"),
+        };
+        let size = window.map_or(String::new(), |w| format!(" of {w} tokens"));
         notes.push(format!(
-            "config.json's head_dim {head_dim} is not hidden / heads ({hidden} / {heads}); the \
-             planner counts the attention's projections and scores at heads of {}, so its \
-             attention is priced {} than the model's",
-            hidden / heads,
-            if wider { "smaller" } else { "larger" }
+            "config.json gives {which} attention a window{size} (sliding_window, layer_types); \
+             the planner prices every layer's attention over the whole sequence, more than \
+             the model's when the sequence is longer than the window"
         ));
     }
     notes
@@ -539,10 +559,13 @@ mod tests {
         assert_eq!((m.kv_heads, m.ffn, m.seq_len), (1, 12118, 4096));
     }
 
-    /// MPT's MLP as a multiple of the width, and Gemma's wide heads said as
-    /// what the model does not represent.
+    /// MPT's MLP as a multiple of the width; Gemma's wide heads as its
+    /// `head_dim` (its attention twice the projections `hidden / heads`
+    /// would give), a Llama's `head_dim` of `hidden / heads` as the
+    /// default; a sliding window said as what the model does not
+    /// represent.
     #[test]
-    fn an_expansion_ratio_and_a_head_dim_apart_from_the_width() {
+    fn an_expansion_ratio_a_head_dim_and_a_window() {
         let mpt = r#"{"model_type": "mpt", "d_model": 2048, "n_heads": 16, "n_layers": 24,
             "expansion_ratio": 4, "max_seq_len": 2048, "vocab_size": 50368}"#;
         let m = ModelSpec::from_hf_config(mpt, "mpt", None).unwrap();
@@ -555,16 +578,37 @@ mod tests {
         let m = ModelSpec::from_hf_config(gemma, "gemma-7b", None).unwrap();
         // GeGLU is gated: the width as given.
         assert_eq!(m.ffn, 24576);
-        let notes = hf_notes(gemma);
-        assert_eq!(notes.len(), 1);
-        assert!(
-            notes[0].contains("head_dim 256 is not hidden / heads (3072 / 16)"),
-            "{notes:?}"
+        assert_eq!((m.head_dim(), m.q_dim(), m.kv_dim()), (256, 4096, 4096));
+        assert_eq!(m.attention_params(), 4 * 3072 * 4096);
+        assert!(hf_notes(gemma).is_empty());
+        let llama = gemma.replace("\"head_dim\": 256", "\"head_dim\": 192");
+        assert_eq!(
+            ModelSpec::from_hf_config(&llama, "l", None)
+                .unwrap()
+                .head_dim,
+            0
         );
-        // Any head_dim, however large, is said, not multiplied past u64.
+        // A head_dim past the bounds is refused, not multiplied past u64.
         let huge = gemma.replace("\"head_dim\": 256", "\"head_dim\": 18446744073709551615");
-        let notes = hf_notes(&huge);
-        assert!(notes[0].contains("priced smaller"), "{notes:?}");
+        let e = ModelSpec::from_hf_config(&huge, "g", None)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("head_dim is 18446744073709551615, more than"),
+            "{e}"
+        );
+        let bad = gemma.replace("\"head_dim\": 256", "\"head_dim\": -2");
+        let e = ModelSpec::from_hf_config(&bad, "g", None)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("`head_dim` = -2, not a positive integer"), "{e}");
+        let mistral = r#"{"model_type": "mistral", "hidden_size": 64, "num_attention_heads": 4,
+            "sliding_window": 4096}"#;
+        let notes = hf_notes(mistral);
+        assert!(notes[0].contains("window of 4096 tokens"), "{notes:?}");
+        let oss = r#"{"layer_types": ["sliding_attention", "full_attention",
+            "sliding_attention"], "sliding_window": 128}"#;
+        assert!(hf_notes(oss)[0].contains("gives 2 layers' attention a window of 128"));
     }
 
     /// Mixtures of experts as transformers writes them: Mixtral (experts of

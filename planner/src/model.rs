@@ -58,6 +58,12 @@ pub struct ModelSpec {
     /// routed ones (Qwen2-MoE, DeepSeek); 0: none. With `experts` only.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub shared_ffn: u64,
+    /// Width of one attention head where it is not `hidden / heads`
+    /// (Qwen3's 128 at hidden 2048 and 32 heads, Gemma 7B's 256 at 3072
+    /// and 16): the queries are `heads * head_dim` wide, the keys and
+    /// values `kv_heads * head_dim`. 0 (the default): `hidden / heads`.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub head_dim: u64,
 }
 
 fn is_zero(v: &u64) -> bool {
@@ -109,6 +115,7 @@ impl ModelSpec {
             experts: 0,
             experts_per_token: 0,
             shared_ffn: 0,
+            head_dim: 0,
         }
     }
 
@@ -212,10 +219,18 @@ impl ModelSpec {
                 )));
             }
         }
-        if self.hidden % self.heads != 0 {
+        if self.head_dim == 0 && self.hidden % self.heads != 0 {
             return Err(bad(format!(
-                "heads {} does not divide hidden {}",
+                "heads {} does not divide hidden {} (give head_dim where the heads are not \
+                 hidden / heads wide)",
                 self.heads, self.hidden
+            )));
+        }
+        let head_limit = MODEL_LIMITS[1].1;
+        if self.head_dim > head_limit {
+            return Err(bad(format!(
+                "head_dim is {}, more than the planner accepts ({head_limit})",
+                self.head_dim
             )));
         }
         if self.heads % self.kv_heads != 0 {
@@ -293,9 +308,13 @@ impl ModelSpec {
     /// when it overflows `u64` (never within [`MODEL_LIMITS`]).
     pub fn checked_total_params(&self) -> Option<u64> {
         let h = self.hidden;
-        let kv = h.checked_mul(self.kv_heads)? / self.heads.max(1);
+        let d = match self.head_dim {
+            0 => h / self.heads.max(1),
+            d => d,
+        };
+        let (q, kv) = (self.heads.checked_mul(d)?, self.kv_heads.checked_mul(d)?);
         let attention = h
-            .checked_mul(h)?
+            .checked_mul(q)?
             .checked_add(h.checked_mul(kv)?)?
             .checked_mul(2)?;
         let copies = if self.is_moe() { self.experts } else { 1 };
@@ -338,7 +357,14 @@ impl ModelSpec {
     }
 
     pub fn kv_dim(&self) -> u64 {
-        self.hidden * self.kv_heads / self.heads
+        self.kv_heads * self.head_dim()
+    }
+
+    /// Width of the queries (and of the attention's output before its
+    /// projection): `heads * head_dim`, `h` unless `head_dim` says
+    /// otherwise.
+    pub fn q_dim(&self) -> u64 {
+        self.heads * self.head_dim()
     }
 
     /// Input embedding parameters: `V h`.
@@ -346,11 +372,12 @@ impl ModelSpec {
         self.vocab * self.hidden
     }
 
-    /// Attention parameters of one layer: Q and O `h*h` each, K and V
-    /// `h*(h g/a)` each (no biases).
+    /// Attention parameters of one layer: Q and O `h*q` each, K and V
+    /// `h*kv` each (no biases; `q = h` and `kv = h g/a` unless `head_dim`
+    /// says otherwise).
     pub fn attention_params(&self) -> u64 {
         let h = self.hidden;
-        2 * h * h + 2 * h * self.kv_dim()
+        2 * h * self.q_dim() + 2 * h * self.kv_dim()
     }
 
     /// FFN parameters of one layer: a SwiGLU's gate, up and down, `3 h
@@ -413,7 +440,9 @@ impl ModelSpec {
     /// no recomputation) over `batch` sequences:
     /// `12 B s L h^2 (1 + g/a + (3/2) f/h + s/h + V/(2 L h))`, with `f` the
     /// width each token runs ([`Self::active_ffn`]: a mixture of experts'
-    /// `k f + f_s`, as Megatron-LM counts it, the router left out).
+    /// `k f + f_s`, as Megatron-LM counts it, the router left out); the
+    /// attention's terms `1 + g/a + s/h` times the queries' width over `h`
+    /// (Megatron-LM's `query_projection_to_hidden_size_ratio`).
     pub fn flops_per_iteration(&self, batch: u64) -> f64 {
         let (b, s, l, h) = (
             batch as f64,
@@ -427,7 +456,8 @@ impl ModelSpec {
             self.kv_heads as f64,
             self.vocab as f64,
         );
-        12.0 * b * s * l * h * h * (1.0 + g / a + 1.5 * f / h + s / h + v / (2.0 * l * h))
+        let q = self.q_dim() as f64 / h;
+        12.0 * b * s * l * h * h * ((1.0 + g / a + s / h) * q + 1.5 * f / h + v / (2.0 * l * h))
     }
 
     /// Training FLOPs per token: [`Self::flops_per_iteration`] of one
@@ -442,8 +472,7 @@ impl ModelSpec {
     /// with the values (`4 b s^2 h`, no causal saving, as Megatron counts).
     /// A stage of n layers costs n times this.
     pub fn layer_forward_flops(&self, micro_batch: u64) -> f64 {
-        let (h, s) = (self.hidden as f64, self.seq_len as f64);
-        self.matmul_forward_flops(micro_batch) + 4.0 * micro_batch as f64 * s * s * h
+        self.matmul_forward_flops(micro_batch) + self.attention_score_forward_flops(micro_batch)
     }
 
     /// The part of [`Self::layer_forward_flops`] that multiplies by weights:
@@ -457,10 +486,11 @@ impl ModelSpec {
     }
 
     /// The attention-score part of [`Self::layer_forward_flops`],
-    /// `4 b s^2 h`: what selective recomputation recomputes.
+    /// `4 b s^2 q` (`q = h` unless `head_dim` says otherwise): what
+    /// selective recomputation recomputes.
     pub fn attention_score_forward_flops(&self, micro_batch: u64) -> f64 {
-        let (h, s) = (self.hidden as f64, self.seq_len as f64);
-        4.0 * micro_batch as f64 * s * s * h
+        let (q, s) = (self.q_dim() as f64, self.seq_len as f64);
+        4.0 * micro_batch as f64 * s * s * q
     }
 
     /// Forward FLOPs of the output head for a micro-batch: `2 b s h V`.
@@ -589,9 +619,12 @@ impl ModelSpec {
         (micro_batch * self.seq_len) as f64
     }
 
-    /// Width of one attention head, `h / a`.
+    /// Width of one attention head: `head_dim`, or `h / a`.
     pub fn head_dim(&self) -> u64 {
-        self.hidden / self.heads
+        match self.head_dim {
+            0 => self.hidden / self.heads.max(1),
+            d => d,
+        }
     }
 
     /// The weight matmuls of one layer for a micro-batch on each of `tp`
@@ -610,6 +643,7 @@ impl ModelSpec {
         let t = tp.max(1) as f64;
         let m = self.tokens(micro_batch);
         let (h, kv, f) = (self.hidden as f64, self.kv_dim() as f64, self.ffn as f64);
+        let q = self.q_dim() as f64;
         let mm = |name, m, n, k, batch| Matmul {
             name,
             m,
@@ -618,8 +652,8 @@ impl ModelSpec {
             batch,
         };
         let mut mms = Few::of(&[
-            mm("qkv", m, (h + 2.0 * kv) / t, h, 1.0),
-            mm("attention output", m, h, h / t, 1.0),
+            mm("qkv", m, (q + 2.0 * kv) / t, h, 1.0),
+            mm("attention output", m, h, q / t, 1.0),
         ]);
         if !self.is_moe() {
             mms.extend(&[
@@ -718,7 +752,7 @@ impl ModelSpec {
             pass("rmsnorm (ffn)", 2.0, 3.0, replicated),
             pass("residual add (attention)", 3.0, 3.0, replicated),
             pass("residual add (ffn)", 3.0, 3.0, replicated),
-            pass("rope (q, k)", 2.0, 2.0, (h + kv) / t),
+            pass("rope (q, k)", 2.0, 2.0, (self.q_dim() as f64 + kv) / t),
             pass("swiglu", 3.0, 5.0, f / t),
         ]);
         if self.is_moe() {
@@ -822,10 +856,21 @@ mod tests {
 
     #[test]
     fn forward_pieces_add_up_to_a_third_of_megatron() {
+        // Qwen3-8B's heads: 32 of 128 at hidden 4096 and 8 key/value
+        // heads, its queries as wide as the hidden size; Qwen3-30B-A3B's:
+        // 32 of 128 at hidden 2048, twice as wide.
+        let wide = ModelSpec {
+            hidden: 2048,
+            heads: 32,
+            kv_heads: 4,
+            head_dim: 128,
+            ..ModelSpec::llama_7b()
+        };
         for m in [
             ModelSpec::llama_7b(),
             ModelSpec::llama_70b(),
             ModelSpec::h2_100b(),
+            wide,
         ] {
             let b = 3;
             let forward = m.layers as f64 * m.layer_forward_flops(b)
@@ -846,11 +891,16 @@ mod tests {
             shared_ffn: 5632,
             ..ModelSpec::mixtral_8x7b()
         };
+        let wide = ModelSpec {
+            head_dim: 256,
+            ..ModelSpec::mixtral_8x7b()
+        };
         for m in [
             ModelSpec::llama_7b(),
             ModelSpec::llama_70b(),
             ModelSpec::mixtral_8x7b(),
             shared,
+            wide,
         ] {
             for (b, tp, ep) in [(1, 1, 1), (2, 2, 1), (3, 8, 1), (2, 1, 8), (2, 2, 4)] {
                 let t = tp as f64;
@@ -1024,6 +1074,7 @@ mod tests {
             experts: 0,
             experts_per_token: 0,
             shared_ffn: 0,
+            head_dim: 0,
         };
         big.validate().unwrap();
         assert_eq!(big.checked_total_params(), Some(big.total_params()));

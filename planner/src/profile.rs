@@ -456,6 +456,7 @@ impl ProfileFile {
                 b.experts_per_token,
             ),
             ("shared_ffn", a.shared_ffn, b.shared_ffn),
+            ("head_dim", a.head_dim(), b.head_dim()),
         ];
         if let Some((f, x, y)) = fields.iter().find(|(_, x, y)| x != y) {
             return Err(SpecError::Profile(format!(

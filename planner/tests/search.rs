@@ -104,6 +104,7 @@ fn random_case(rng: &mut XorShift) -> (ClusterSpec, ModelSpec, TrainingSettings)
         experts: 0,
         experts_per_token: 0,
         shared_ffn: 0,
+        head_dim: 0,
     };
     let settings = TrainingSettings::new(rng.pick(&[8u64, 16, 32, 64]));
     (cluster, model, settings)

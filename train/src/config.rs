@@ -261,6 +261,7 @@ impl ModelConfig {
             experts: 0,
             experts_per_token: 0,
             shared_ffn: 0,
+            head_dim: 0,
         }
     }
 }
