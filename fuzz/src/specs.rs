@@ -25,6 +25,42 @@ fn example_cluster() -> ClusterSpec {
         .clone()
 }
 
+/// Prices a valid model's first layers (see [`run`]'s selector 1).
+fn price(m: &ModelSpec) {
+    use polychip_planner::cost::{
+        Microbatching, StageShape, analytic_stage_timing, check_cluster_settings, stage_memory,
+    };
+    let cluster = example_cluster();
+    let chip = &cluster.chip_types[0];
+    for tp in [1, 2] {
+        for ep in [1, 2, 8] {
+            let mut settings = TrainingSettings::new(8);
+            settings.expert_parallel = ep;
+            settings.recompute = polychip_planner::settings::Recompute::Full;
+            if check_cluster_settings(m, &cluster, &settings).is_err() {
+                continue;
+            }
+            let stage = StageShape {
+                chip,
+                layers: 0..m.layers.min(2),
+                index: 0,
+                num_stages: 2,
+                dp: 8,
+                tp,
+                next: None,
+                dp_peers: &[],
+                dp_one_node: false,
+            };
+            let mb = Microbatching { size: 2, count: 4 };
+            let memory = stage_memory(m, &settings, &stage, mb);
+            let timing = analytic_stage_timing(m, &settings, &cluster, &stage, mb);
+            for v in [memory.total, timing.forward, timing.backward, timing.dp_allreduce] {
+                assert!(!v.is_nan(), "{m:?} at tp {tp}, ep {ep}: {memory:?} {timing:?}");
+            }
+        }
+    }
+}
+
 /// One input: a selector byte (cluster, planner model, trainer model,
 /// profile, plan to evaluate, trainer plan), then the text.
 pub fn run(data: &[u8]) {
@@ -39,14 +75,17 @@ pub fn run(data: &[u8]) {
             let _ = ClusterSpec::from_toml_str(text);
         }
         1 => {
-            // A planner model: TOML, or a Hugging Face config.json.
-            match text.trim_start().starts_with('{') {
-                true => {
-                    let _ = ModelSpec::from_hf_config(text, "fuzz", None);
-                }
-                false => {
-                    let _ = ModelSpec::from_toml_str(text);
-                }
+            // A planner model: TOML, or a Hugging Face config.json; one
+            // that validates is priced (a stage of its first layers on
+            // the example's first chip type, at tp 1 and 2, each expert-
+            // parallel degree that divides its experts up to 8): memory
+            // and times are numbers, never NaN.
+            let model = match text.trim_start().starts_with('{') {
+                true => ModelSpec::from_hf_config(text, "fuzz", None),
+                false => ModelSpec::from_toml_str(text),
+            };
+            if let Ok(m) = model {
+                price(&m);
             }
         }
         2 => {
