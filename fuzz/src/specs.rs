@@ -54,8 +54,16 @@ fn price(m: &ModelSpec) {
             let mb = Microbatching { size: 2, count: 4 };
             let memory = stage_memory(m, &settings, &stage, mb);
             let timing = analytic_stage_timing(m, &settings, &cluster, &stage, mb);
-            for v in [memory.total, timing.forward, timing.backward, timing.dp_allreduce] {
-                assert!(!v.is_nan(), "{m:?} at tp {tp}, ep {ep}: {memory:?} {timing:?}");
+            for v in [
+                memory.total,
+                timing.forward,
+                timing.backward,
+                timing.dp_allreduce,
+            ] {
+                assert!(
+                    !v.is_nan(),
+                    "{m:?} at tp {tp}, ep {ep}: {memory:?} {timing:?}"
+                );
             }
         }
     }

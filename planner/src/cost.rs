@@ -1105,9 +1105,10 @@ pub fn layer_time(
 /// weight matmuls' inputs (the attention's and the FFN's normed inputs,
 /// the attention's output, the FFN's product: `2 h + q + f` elements a
 /// token, `f` the width a token runs, `q` the queries'); backward, their
-/// output gradients (`2 h + q + 2 kv + 2 f`); each read in the dtype and written in one byte, in one
-/// pass (the amax taken on the way, as Transformer Engine's fused casts
-/// do); split over `t` as the matmuls are.
+/// output gradients (`2 h + q + 2 kv + 2 f`); each read in the dtype and
+/// written in one byte, in one pass (the amax taken on the way, as
+/// Transformer Engine's fused casts do); split over `t` as the matmuls
+/// are.
 pub fn fp8_casts(model: &ModelSpec, elem: f64, micro_batch: u64, tp: u64) -> MemoryPass {
     let t = tp.max(1) as f64;
     let tokens = (micro_batch * model.seq_len) as f64;

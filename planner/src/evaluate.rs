@@ -1397,6 +1397,7 @@ pub fn evaluate(
     settings.check_recompute()?;
     settings.check_context_parallel()?;
     settings.check_expert_parallel()?;
+    settings.check_fp8()?;
     crate::cost::check_cluster_settings(model, cluster, &settings)?;
     let layouts = spec.layouts(
         model,

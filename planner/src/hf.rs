@@ -88,18 +88,22 @@ const PLAIN: &[&str] = &[
 /// A field that makes the model a mixture of experts, with its count:
 /// one whose name holds "experts" (`num_local_experts`, `num_experts`,
 /// `n_routed_experts`, `num_experts_per_tok`, ...) and whose value is a
-/// count above 1, in one of the config's sections (DBRX's
-/// `ffn_config.moe_num_experts`), which the reader does not take.
-fn nested_experts(map: &Map<String, Value>) -> Option<(String, u64)> {
+/// count above 1, in the config or one of its sections (DBRX's
+/// `ffn_config.moe_num_experts`): where the config names no routed
+/// experts under a name the reader knows ([`EXPERTS`]), such a field is a
+/// mixture it cannot read, refused rather than planned as dense.
+fn unread_experts(map: &Map<String, Value>) -> Option<(String, u64)> {
     let here = |map: &Map<String, Value>, at: &str| {
         map.iter().find_map(|(k, v)| {
             let n = v.as_u64().filter(|&n| n > 1)?;
             k.contains("experts").then(|| (format!("{at}{k}"), n))
         })
     };
-    map.iter().find_map(|(k, v)| match v {
-        Value::Object(inner) => here(inner, &format!("{k}.")),
-        _ => None,
+    here(map, "").or_else(|| {
+        map.iter().find_map(|(k, v)| match v {
+            Value::Object(inner) => here(inner, &format!("{k}.")),
+            _ => None,
+        })
     })
 }
 
@@ -233,13 +237,16 @@ impl ModelSpec {
         let routed = first(map, EXPERTS)
             .and_then(|(_, v)| v.as_u64())
             .filter(|&e| e > 1);
-        if routed.is_none()
-            && let Some((key, n)) = nested_experts(map)
+        // (A known name of 1 or 0 says the model is dense: HunYuan's
+        // `num_experts` of 1 beside its top-k.)
+        if first(map, EXPERTS).is_none()
+            && let Some((key, n)) = unread_experts(map)
         {
             return Err(bad(format!(
-                "config.json has `{key}` = {n}: a mixture of experts whose sizes sit in a \
-                 section the reader does not take; describe it as a model TOML (experts, \
-                 experts_per_token, ffn)"
+                "config.json has `{key}` = {n}: a mixture of experts whose routed experts the \
+                 reader does not find under a name it knows ({}, at the top of the config); \
+                 describe it as a model TOML (experts, experts_per_token, ffn)",
+                list(EXPERTS)
             )));
         }
         if let Some(why) = unmodelled_layers(&fields, routed.is_some()) {
@@ -688,6 +695,13 @@ mod tests {
                     "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 256,
                     "num_experts": 8, "num_experts_per_tok": 2, "mlp_only_layers": [0]}"#,
                 "lists 1 `mlp_only_layers`",
+            ),
+            (
+                r#"{"model_type": "x", "hidden_size": 64, "intermediate_size": 128,
+                    "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 256,
+                    "n_experts": 8}"#,
+                "`n_experts` = 8: a mixture of experts whose routed experts the reader does \
+                 not find",
             ),
             (
                 r#"{"model_type": "deepseek_v3", "hidden_size": 64, "kv_lora_rank": 16,

@@ -424,9 +424,7 @@ impl TrainingSettings {
 
     /// Checks `expert_parallel`: 1 to [`MAX_EXPERT_PARALLEL`] (whether the
     /// model has experts it divides is
-    /// [`crate::cost::check_cluster_settings`]'s); and `fp8` only beside a
-    /// 16-bit `dtype` (FP8 training keeps its activations and weights'
-    /// master copy there).
+    /// [`crate::cost::check_cluster_settings`]'s).
     pub fn check_expert_parallel(&self) -> Result<(), SpecError> {
         if !(1..=MAX_EXPERT_PARALLEL).contains(&self.expert_parallel) {
             return Err(SpecError::Settings(format!(
@@ -434,6 +432,13 @@ impl TrainingSettings {
                 self.expert_parallel
             )));
         }
+        Ok(())
+    }
+
+    /// Checks `fp8`: only beside a 16-bit `dtype` (FP8 training keeps its
+    /// activations and the weights' master copy there; whether the chips
+    /// have FP8 matmuls is [`crate::cost::check_cluster_settings`]'s).
+    pub fn check_fp8(&self) -> Result<(), SpecError> {
         if self.fp8 && self.dtype == Dtype::F32 {
             return Err(SpecError::Settings(
                 "fp8 is set with dtype f32; FP8 training runs its matmuls in FP8 beside 16-bit \
@@ -525,6 +530,7 @@ impl TrainingSettings {
         self.check_recompute()?;
         self.check_context_parallel()?;
         self.check_expert_parallel()?;
+        self.check_fp8()?;
         if self.micro_batch_sizes.contains(&0) {
             return Err(SpecError::Settings(
                 "micro_batch_sizes contains 0; sizes must be at least 1".into(),
