@@ -1026,10 +1026,11 @@ pub(crate) fn apply_measured(
         blocks as f64 * exchange,
         (blocks as f64 + recomputed) * exchange,
     );
-    let local = crate::settings::TrainingSettings {
+    let local = (exchange > 0.0).then(|| crate::settings::TrainingSettings {
         expert_parallel: 1,
         ..settings.clone()
-    };
+    });
+    let local = local.as_ref().unwrap_or(settings);
     // The cost model's passes of this stage at micro-batch `size` and
     // degree `tp`, with its dispatch floor (`whole`) or without (the work
     // alone; its chip type is made only when a carry needs it).
@@ -1048,7 +1049,7 @@ pub(crate) fn apply_measured(
             ..stage.clone()
         };
         let mb = crate::cost::Microbatching { size, ..mb };
-        let t = crate::cost::analytic_stage_timing(model, &local, cluster, &s, mb);
+        let t = crate::cost::analytic_stage_timing(model, local, cluster, &s, mb);
         (t.forward, t.backward)
     };
     // The model at this stage's micro-batch size and the measured degree,
