@@ -109,6 +109,11 @@ pub struct Args {
     /// with --evaluate of a report, the report's].
     #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = crate::numbers::whole::<u64>(1))]
     expert_parallel: Option<u64>,
+    /// With a mixture of experts, search each expert-parallel degree that
+    /// divides its experts (1, 2, 4, ... up to 64) and keep the fastest
+    /// plan, naming the degrees tried.
+    #[arg(long, conflicts_with_all = ["expert_parallel", "evaluate", "score"])]
+    search_expert_parallel: bool,
     /// FP8 training: the layers' weight matmuls in FP8 at each chip type's
     /// peak_flops.fp8 (Transformer Engine's recipes, Megatron-LM's
     /// --fp8-format), beside a bf16 or f16 --dtype.
@@ -523,7 +528,10 @@ fn plan(args: &Args) -> Result<(), String> {
         time_limit_seconds: args.search_timeout,
         ..PlanOptions::default()
     };
-    let report = search::plan(&model, &cluster, &settings, &options).map_err(|e| e.to_string())?;
+    let report = match args.search_expert_parallel {
+        false => search::plan(&model, &cluster, &settings, &options).map_err(|e| e.to_string())?,
+        true => search_expert_degrees(&model, &cluster, &settings, &options)?,
+    };
     if report.time_limited {
         eprintln!(
             "note: the search reached its time limit of {} s after {} candidates and stopped: \
@@ -550,6 +558,66 @@ fn plan(args: &Args) -> Result<(), String> {
         print!("{}", printable_lines(&text));
     }
     Ok(())
+}
+
+/// The expert-parallel degrees `--search-expert-parallel` tries for a
+/// mixture of `experts`: the powers of two that divide it, up to 64.
+fn expert_degrees(experts: u64) -> Vec<u64> {
+    (0..=6)
+        .map(|k| 1u64 << k)
+        .filter(|&d| d <= experts && experts % d == 0)
+        .collect()
+}
+
+/// `--search-expert-parallel`: the search at each of [`expert_degrees`],
+/// the fastest plan kept (by simulated tokens per second), a note naming
+/// what each degree gave; the last refusal when no degree has a plan.
+fn search_expert_degrees(
+    model: &ModelSpec,
+    cluster: &ClusterSpec,
+    settings: &TrainingSettings,
+    options: &PlanOptions,
+) -> Result<PlanReport, String> {
+    if !model.is_moe() {
+        return Err(format!(
+            "--search-expert-parallel: model \"{}\" is dense (no experts to divide); plan it \
+             without the flag",
+            model.name
+        ));
+    }
+    let (mut best, mut tried, mut refusal): (Option<PlanReport>, Vec<String>, _) =
+        (None, Vec::new(), None);
+    for ep in expert_degrees(model.experts) {
+        let s = TrainingSettings {
+            expert_parallel: ep,
+            ..settings.clone()
+        };
+        match search::plan(model, cluster, &s, options) {
+            Ok(r) => {
+                tried.push(format!(
+                    "{ep}: {:.0} tokens/s",
+                    r.plan.tokens_per_s_simulated
+                ));
+                let faster = best.as_ref().is_none_or(|b: &PlanReport| {
+                    r.plan.tokens_per_s_simulated > b.plan.tokens_per_s_simulated
+                });
+                if faster {
+                    best = Some(r);
+                }
+            }
+            Err(e) => {
+                tried.push(format!("{ep}: no plan"));
+                refusal = Some(e.to_string());
+            }
+        }
+    }
+    let best = best.ok_or_else(|| refusal.unwrap_or_default())?;
+    eprintln!(
+        "note: expert parallelism searched at {}; the plan is at {}",
+        tried.join(", "),
+        best.settings.expert_parallel
+    );
+    Ok(best)
 }
 
 /// The line that opens the text outputs: the settings a plan is priced

@@ -339,6 +339,25 @@ fn expert_parallelism_divides_a_mixtures_experts() {
     let (code, _, err) = plan("llama-7b", &["--expert-parallel", "2"]);
     assert_eq!(code, Some(2));
     assert!(err.contains("is dense"), "{err}");
+    // --search-expert-parallel keeps the fastest degree of 1, 2, 4 and 8.
+    let tokens = |out: &str| {
+        let v: serde_json::Value = serde_json::from_str(out).unwrap();
+        let ep = v["settings"]["expert_parallel"].as_u64().unwrap_or(1);
+        (v["plan"]["tokens_per_s_simulated"].as_f64().unwrap(), ep)
+    };
+    let (code, out, err) = plan("mixtral-8x7b", &["--json", "--search-expert-parallel"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(err.contains("expert parallelism searched at 1: "), "{err}");
+    let (best, ep) = tokens(&out);
+    for d in ["1", "2", "4", "8"] {
+        let (code, out, e) = plan("mixtral-8x7b", &["--json", "--expert-parallel", d]);
+        assert_eq!(code, Some(0), "{e}");
+        let (t, _) = tokens(&out);
+        assert!(t <= best, "degree {d}: {t} over the kept {best} at {ep}");
+    }
+    let (code, _, err) = plan("llama-7b", &["--search-expert-parallel"]);
+    assert_eq!(code, Some(2));
+    assert!(err.contains("is dense"), "{err}");
     std::fs::remove_dir_all(&dir).ok();
 }
 
