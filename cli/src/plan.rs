@@ -560,58 +560,23 @@ fn plan(args: &Args) -> Result<(), String> {
     Ok(())
 }
 
-/// The expert-parallel degrees `--search-expert-parallel` tries for a
-/// mixture of `experts`: the powers of two that divide it, up to 64.
-fn expert_degrees(experts: u64) -> Vec<u64> {
-    (0..=6)
-        .map(|k| 1u64 << k)
-        .filter(|&d| d <= experts && experts % d == 0)
-        .collect()
-}
-
-/// `--search-expert-parallel`: the search at each of [`expert_degrees`],
-/// the fastest plan kept (by simulated tokens per second), a note naming
-/// what each degree gave; the last refusal when no degree has a plan.
+/// `--search-expert-parallel`: [`search::plan_expert_degrees`], with a
+/// note naming what each degree gave.
 fn search_expert_degrees(
     model: &ModelSpec,
     cluster: &ClusterSpec,
     settings: &TrainingSettings,
     options: &PlanOptions,
 ) -> Result<PlanReport, String> {
-    if !model.is_moe() {
-        return Err(format!(
-            "--search-expert-parallel: model \"{}\" is dense (no experts to divide); plan it \
-             without the flag",
-            model.name
-        ));
-    }
-    let (mut best, mut tried, mut refusal): (Option<PlanReport>, Vec<String>, _) =
-        (None, Vec::new(), None);
-    for ep in expert_degrees(model.experts) {
-        let s = TrainingSettings {
-            expert_parallel: ep,
-            ..settings.clone()
-        };
-        match search::plan(model, cluster, &s, options) {
-            Ok(r) => {
-                tried.push(format!(
-                    "{ep}: {:.0} tokens/s",
-                    r.plan.tokens_per_s_simulated
-                ));
-                let faster = best.as_ref().is_none_or(|b: &PlanReport| {
-                    r.plan.tokens_per_s_simulated > b.plan.tokens_per_s_simulated
-                });
-                if faster {
-                    best = Some(r);
-                }
-            }
-            Err(e) => {
-                tried.push(format!("{ep}: no plan"));
-                refusal = Some(e.to_string());
-            }
-        }
-    }
-    let best = best.ok_or_else(|| refusal.unwrap_or_default())?;
+    let (best, tried) = search::plan_expert_degrees(model, cluster, settings, options)
+        .map_err(|e| format!("--search-expert-parallel: {e}"))?;
+    let tried: Vec<String> = tried
+        .iter()
+        .map(|(ep, tokens)| match tokens {
+            Some(t) => format!("{ep}: {t:.0} tokens/s"),
+            None => format!("{ep}: no plan"),
+        })
+        .collect();
     eprintln!(
         "note: expert parallelism searched at {}; the plan is at {}",
         tried.join(", "),

@@ -8,6 +8,18 @@ fn example(name: &str) -> String {
     format!("{}/../examples/clusters/{name}", env!("CARGO_MANIFEST_DIR"))
 }
 
+/// A scratch directory of this test process for the test `name`, created.
+fn scratch(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("polychip-plan-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// `polychip plan --cluster CLUSTER --model MODEL`, then `args`.
+fn plan_with(cluster: &str, model: &str, args: &[&str]) -> (Option<i32>, String, String) {
+    polychip(&[&["plan", "--cluster", cluster, "--model", model][..], args].concat())
+}
+
 #[test]
 fn plans_both_example_clusters_with_both_presets() {
     for cluster in ["h2-like-1024.toml", "china-mobile-3-vendor.toml"] {
@@ -74,13 +86,11 @@ fn json_and_trace() {
 
 #[test]
 fn half_gradients_halve_the_gradients_of_an_evaluated_plan() {
-    let dir = std::env::temp_dir().join(format!("polychip-plan-half-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = scratch("half");
     let cluster = example("china-mobile-3-vendor.toml");
     let plan = |extra: &[&str]| {
-        let base = ["plan", "--cluster", &cluster, "--model", "llama-70b"];
-        let (code, out, err) =
-            polychip(&[&base[..], &["--global-batch", "512", "--json"], extra].concat());
+        let args = [&["--global-batch", "512", "--json"][..], extra].concat();
+        let (code, out, err) = plan_with(&cluster, "llama-70b", &args);
         assert_eq!(code, Some(0), "{err}");
         (
             serde_json::from_str::<serde_json::Value>(&out).unwrap(),
@@ -111,12 +121,11 @@ fn half_gradients_halve_the_gradients_of_an_evaluated_plan() {
 /// past 3 is refused by name.
 #[test]
 fn zero_stages_shard_an_evaluated_plan() {
-    let dir = std::env::temp_dir().join(format!("polychip-plan-zero-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = scratch("zero");
     let cluster = example("china-mobile-3-vendor.toml");
     let plan = |extra: &[&str]| {
-        let base = ["plan", "--cluster", &cluster, "--model", "llama-70b"];
-        polychip(&[&base[..], &["--global-batch", "512", "--json"], extra].concat())
+        let args = [&["--global-batch", "512", "--json"][..], extra].concat();
+        plan_with(&cluster, "llama-70b", &args)
     };
     let (code, out, err) = plan(&[]);
     assert_eq!(code, Some(0), "{err}");
@@ -179,9 +188,11 @@ fn zero_stages_shard_an_evaluated_plan() {
         );
     }
     // The text output opens with the settings it priced.
-    let base = ["plan", "--cluster", &cluster, "--model", "llama-70b"];
-    let (code, out, err) =
-        polychip(&[&base[..], &["--evaluate", file, "--zero-stage", "3"]].concat());
+    let (code, out, err) = plan_with(
+        &cluster,
+        "llama-70b",
+        &["--evaluate", file, "--zero-stage", "3"],
+    );
     assert_eq!(code, Some(0), "{err}");
     assert_eq!(out.lines().next(), Some("settings: bf16, ZeRO-3"), "{out}");
     let (code, _, err) = plan(&["--zero-stage", "4"]);
@@ -208,16 +219,11 @@ fn a_hugging_face_config_plans_as_its_shape() {
     .unwrap();
     let cluster = example("china-mobile-3-vendor.toml");
     let plan = |m: &str, extra: &[&str]| {
-        let base = [
-            "plan",
-            "--cluster",
+        plan_with(
             &cluster,
-            "--model",
             m,
-            "--global-batch",
-            "256",
-        ];
-        polychip(&[&base[..], &["--json"], extra].concat())
+            &[&["--global-batch", "256", "--json"][..], extra].concat(),
+        )
     };
     for (m, extra, seq) in [
         (model.to_str().unwrap(), &[][..], 4096),
@@ -282,12 +288,14 @@ fn a_hugging_face_config_plans_as_its_shape() {
 /// not divide is refused by name, as is the degree on a dense model.
 #[test]
 fn expert_parallelism_divides_a_mixtures_experts() {
-    let dir = std::env::temp_dir().join(format!("polychip-plan-ep-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = scratch("ep");
     let cluster = example("china-mobile-3-vendor.toml");
     let plan = |model: &str, extra: &[&str]| {
-        let base = ["plan", "--cluster", &cluster, "--model", model];
-        polychip(&[&base[..], &["--global-batch", "512"], extra].concat())
+        plan_with(
+            &cluster,
+            model,
+            &[&["--global-batch", "512"][..], extra].concat(),
+        )
     };
     let weights_and_replicas = |ep: &str| {
         let (code, out, err) = plan("mixtral-8x7b", &["--json", "--expert-parallel", ep]);
@@ -366,13 +374,11 @@ fn expert_parallelism_divides_a_mixtures_experts() {
 /// text says so; on one without, refused naming the chip type.
 #[test]
 fn fp8_plans_where_the_chips_have_fp8_matmuls() {
-    let h100 = format!(
-        "{}/../planner/tests/data/outside/megatron-bridge-h100/dgx-h100.toml",
-        env!("CARGO_MANIFEST_DIR")
-    );
+    let h100 = outside("megatron-bridge-h100/dgx-h100.toml");
+    let h100 = h100.to_str().unwrap();
     let step = |extra: &[&str]| {
-        let base = ["plan", "--cluster", &h100, "--model", "llama-70b"];
-        let (code, out, err) = polychip(&[&base[..], &["--global-batch", "256"], extra].concat());
+        let args = [&["--global-batch", "256"][..], extra].concat();
+        let (code, out, err) = plan_with(h100, "llama-70b", &args);
         assert_eq!(code, Some(0), "{err}");
         let at = out.find("predicted step time: ").unwrap() + 21;
         let secs: f64 = out[at..].split(' ').next().unwrap().parse().unwrap();
@@ -386,16 +392,7 @@ fn fp8_plans_where_the_chips_have_fp8_matmuls() {
     );
     assert!(fp8 < 0.8 * bf16, "{fp8} {bf16}");
     let cluster = example("china-mobile-3-vendor.toml");
-    let (code, _, err) = polychip(&[
-        "plan",
-        "--cluster",
-        &cluster,
-        "--model",
-        "llama-7b",
-        "--global-batch",
-        "64",
-        "--fp8",
-    ]);
+    let (code, _, err) = plan_with(&cluster, "llama-7b", &["--global-batch", "64", "--fp8"]);
     assert_eq!(code, Some(2));
     assert!(err.contains("gives no peak_flops.fp8"), "{err}");
 }
@@ -406,8 +403,7 @@ fn fp8_plans_where_the_chips_have_fp8_matmuls() {
 /// past the cluster's chips are refused by name.
 #[test]
 fn context_parallelism_scores_a_plan_with_its_sequences_split() {
-    let dir = std::env::temp_dir().join(format!("polychip-plan-cp-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = scratch("cp");
     let file = dir.join("plan.json");
     std::fs::write(
         &file,
@@ -418,16 +414,11 @@ fn context_parallelism_scores_a_plan_with_its_sequences_split() {
     .unwrap();
     let cluster = example("china-mobile-3-vendor.toml");
     let plan = |extra: &[&str]| {
-        let base = [
-            "plan",
-            "--cluster",
+        plan_with(
             &cluster,
-            "--model",
             "llama-7b",
-            "--seq-len",
-            "16384",
-        ];
-        polychip(&[&base[..], extra].concat())
+            &[&["--seq-len", "16384"][..], extra].concat(),
+        )
     };
     let scored = |cp: &str| {
         let (code, out, err) = plan(&[
@@ -498,8 +489,7 @@ fn context_parallelism_scores_a_plan_with_its_sequences_split() {
 /// the passes but for a layer's, leave no step-end reduction.
 #[test]
 fn a_heterogeneous_fsdp_plan_fits_under_zero_3() {
-    let dir = std::env::temp_dir().join(format!("polychip-plan-fsdp-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = scratch("fsdp");
     let file = dir.join("plan.json");
     std::fs::write(
         &file,
@@ -512,21 +502,9 @@ fn a_heterogeneous_fsdp_plan_fits_under_zero_3() {
     .unwrap();
     let cluster = example("china-mobile-3-vendor.toml");
     let fits = |zero: &str| {
-        let args = [
-            "plan",
-            "--cluster",
-            &cluster,
-            "--model",
-            "llama-7b",
-            "--json",
-        ];
-        let (code, out, err) = polychip(
-            &[
-                &args[..],
-                &["--evaluate", file.to_str().unwrap(), "--zero-stage", zero],
-            ]
-            .concat(),
-        );
+        let file = file.to_str().unwrap();
+        let args = ["--json", "--evaluate", file, "--zero-stage", zero];
+        let (code, out, err) = plan_with(&cluster, "llama-7b", &args);
         assert_eq!(code, Some(0), "{err}");
         let v: serde_json::Value = serde_json::from_str(&out).unwrap();
         let stages: Vec<(bool, f64)> = (0..2)
@@ -587,8 +565,7 @@ fn score_ranks_measured_outside_runs_and_says_each_outcome() {
         "settings": { "dtype": "f32", "flash_attention": false },
         "runs": runs,
     });
-    let dir = std::env::temp_dir().join(format!("polychip-plan-score-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = scratch("score");
     let file = dir.join("runs.json");
     std::fs::write(&file, doc.to_string()).unwrap();
     let cluster = outside("clariden-gh200.toml");
@@ -656,8 +633,7 @@ fn score_ranks_measured_outside_runs_and_says_each_outcome() {
 
 #[test]
 fn an_infeasible_case_exits_2_with_the_shortfall() {
-    let dir = std::env::temp_dir().join(format!("polychip-plan-tiny-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = scratch("tiny");
     let file = dir.join("tiny.toml");
     std::fs::write(
         &file,

@@ -151,6 +151,27 @@ impl ChipParams {
         }
     }
 
+    /// Of `n` layers (without the embedding or head), on each of `tp`
+    /// chips.
+    pub fn layers(model: &ModelSpec, settings: &TrainingSettings, n: u64, tp: u64) -> ChipParams {
+        Self::split(
+            model,
+            settings,
+            n.saturating_mul(model.layer_params()),
+            n,
+            tp,
+        )
+    }
+
+    /// The parameters whose optimizer state a chip updates: each part over
+    /// its group's optimizer shards (ZeRO-1 and up; `group` the dense
+    /// part's, [`Self::over_groups`]).
+    pub fn updated(&self, model: &ModelSpec, settings: &TrainingSettings, group: u64) -> f64 {
+        self.over_groups(model, settings, group, |p, g| {
+            p / settings.shards(g).optimizer
+        })
+    }
+
     /// Of `stage`, on each of its chips.
     pub fn of(model: &ModelSpec, settings: &TrainingSettings, stage: &StageShape) -> ChipParams {
         let layers = stage.layers.end - stage.layers.start;
@@ -648,12 +669,10 @@ fn megatron_terms(
     if settings.fp8 {
         // The layers' FP8 weights and their transposes (Transformer
         // Engine keeps both between micro-batches), of a chip's share.
-        let layers = stage.layers.end - stage.layers.start;
-        let held = ChipParams::split(
+        let held = ChipParams::layers(
             model,
             settings,
-            layers * model.layer_params(),
-            layers,
+            stage.layers.end - stage.layers.start,
             stage.tp,
         );
         weights += FP8_WEIGHT_BYTES * held.total() / shards.weights;
@@ -1433,7 +1452,7 @@ fn largest_unit_params(
     let mut unit = if stage.layers.is_empty() {
         0.0
     } else {
-        ChipParams::split(model, settings, model.layer_params(), 1, stage.tp).total()
+        ChipParams::layers(model, settings, 1, stage.tp).total()
     };
     if stage.holds_embedding() {
         unit = unit.max(model.embedding_params() as f64 / tp);
@@ -1650,8 +1669,8 @@ fn overlapped_reduction(
     let bytes = |params: u64| (params as f64 * per_param) as u64;
     // A layer's gradients on a chip (a mixture's experts over `ep`), in
     // bytes, as two halves.
-    let layer = (ChipParams::split(model, settings, model.layer_params(), 1, stage.tp).total()
-        * settings.grad_bytes()) as u64;
+    let layer =
+        (ChipParams::layers(model, settings, 1, stage.tp).total() * settings.grad_bytes()) as u64;
     let mut units = Vec::new();
     if stage.holds_embedding() {
         units.push(bytes(model.embedding_params()));
@@ -1700,8 +1719,7 @@ pub fn optimizer_time(
 ) -> f64 {
     let per_param =
         settings.grad_bytes() + settings.dtype.bytes() as f64 + 2.0 * settings.optimizer_bytes();
-    let updated = params.over_groups(model, settings, dp, |p, g| p / settings.shards(g).optimizer);
-    updated * per_param / chip.memory_bandwidth_or_default()
+    params.updated(model, settings, dp) * per_param / chip.memory_bandwidth_or_default()
 }
 
 #[cfg(test)]

@@ -234,12 +234,11 @@ impl ModelSpec {
             _ => &root,
         };
         let fields = Fields { map, bad: &bad };
-        let routed = first(map, EXPERTS)
-            .and_then(|(_, v)| v.as_u64())
-            .filter(|&e| e > 1);
+        let declared = first(map, EXPERTS);
+        let routed = declared.and_then(|(_, v)| v.as_u64()).filter(|&e| e > 1);
         // (A known name of 1 or 0 says the model is dense: HunYuan's
         // `num_experts` of 1 beside its top-k.)
-        if first(map, EXPERTS).is_none()
+        if declared.is_none()
             && let Some((key, n)) = unread_experts(map)
         {
             return Err(bad(format!(

@@ -1096,10 +1096,8 @@ pub(crate) fn apply_measured(
         f *= split(from.0, to.0, from0.0, to0.0);
         b *= split(from.1, to.1, from0.1, to0.1);
     }
-    let params = crate::cost::ChipParams::of(model, settings, stage);
-    let updated = params.over_groups(model, settings, stage.dp, |p, g| {
-        p / settings.shards(g).optimizer
-    });
+    let updated =
+        crate::cost::ChipParams::of(model, settings, stage).updated(model, settings, stage.dp);
     // The schedule's part, as the trainer's measured search prices it: the
     // backward pass run whole where the stage does not split it, and both
     // passes slower where it holds other micro-batches in flight (1 where

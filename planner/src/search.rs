@@ -236,6 +236,69 @@ pub fn training_state_bytes(model: &ModelSpec, settings: &TrainingSettings) -> f
         * (settings.dtype.bytes() as f64 + settings.grad_bytes() + settings.optimizer_bytes())
 }
 
+/// Each expert-parallel degree [`plan_expert_degrees`] tried and the
+/// simulated tokens per second its plan gave (`None`: no plan).
+pub type DegreesTried = Vec<(u64, Option<f64>)>;
+
+/// The expert-parallel degrees [`plan_expert_degrees`] tries for a
+/// mixture of `experts`: the powers of two that divide it, up to 64.
+pub fn expert_degrees(experts: u64) -> Vec<u64> {
+    (0..=6)
+        .map(|k| 1u64 << k)
+        .filter(|&d| d <= experts && experts % d == 0)
+        .collect()
+}
+
+/// Plans a mixture of experts at each of [`expert_degrees`] (the
+/// settings' `expert_parallel` replaced) and keeps the fastest plan by
+/// simulated tokens per second; with it, each degree and the tokens per
+/// second it gave (`None`: no plan). Refuses a dense model; with no plan at
+/// any degree, the last degree's refusal.
+pub fn plan_expert_degrees(
+    model: &ModelSpec,
+    cluster: &ClusterSpec,
+    settings: &TrainingSettings,
+    options: &PlanOptions,
+) -> Result<(PlanReport, DegreesTried), PlanError> {
+    if !model.is_moe() {
+        return Err(SpecError::Settings(format!(
+            "model \"{}\" is dense (no experts to divide); plan it at one expert-parallel degree",
+            model.name
+        ))
+        .into());
+    }
+    let (mut best, mut tried, mut refusal): (Option<PlanReport>, Vec<_>, _) =
+        (None, Vec::new(), None);
+    for ep in expert_degrees(model.experts) {
+        let s = TrainingSettings {
+            expert_parallel: ep,
+            ..settings.clone()
+        };
+        match plan(model, cluster, &s, options) {
+            Ok(r) => {
+                let tokens = r.plan.tokens_per_s_simulated;
+                tried.push((ep, Some(tokens)));
+                if best
+                    .as_ref()
+                    .is_none_or(|b| tokens > b.plan.tokens_per_s_simulated)
+                {
+                    best = Some(r);
+                }
+            }
+            Err(e) => {
+                tried.push((ep, None));
+                refusal = Some(e);
+            }
+        }
+    }
+    match (best, refusal) {
+        (Some(best), _) => Ok((best, tried)),
+        (None, Some(e)) => Err(e),
+        // A mixture has at least 2 experts, so degrees 1 and 2 are tried.
+        (None, None) => unreachable!("no expert-parallel degree tried"),
+    }
+}
+
 /// Plans `model` on `cluster`.
 pub fn plan(
     model: &ModelSpec,
@@ -686,7 +749,7 @@ impl<'a> Ctx<'a> {
             .chip(ty)
             .intra_node_bandwidth
             .max(self.cluster.inter_node_bandwidth);
-        let params = ChipParams::split(&self.big, self.settings, self.big.layer_params(), 1, tp);
+        let params = ChipParams::layers(&self.big, self.settings, 1, tp);
         let [gather, scatter] =
             zero_collective_seconds(&self.big, self.settings, params, d, fastest);
         match zero {

@@ -292,3 +292,36 @@ fn turning_heteropp_off_plans_replicas_of_one_type_each() {
         assert!(r.stages.iter().all(|s| &s.chip == first), "{r:?}");
     }
 }
+
+/// The expert-parallel degrees tried for a mixture: the powers of two that
+/// divide its experts, up to 64; the kept plan is the fastest of those
+/// each degree's search gives, and a dense model is refused.
+#[test]
+fn the_expert_degree_search_keeps_the_fastest_degree() {
+    use polychip_planner::search::{expert_degrees, plan_expert_degrees};
+    assert_eq!(expert_degrees(8), [1, 2, 4, 8]);
+    assert_eq!(expert_degrees(60), [1, 2, 4]);
+    assert_eq!(expert_degrees(256), [1, 2, 4, 8, 16, 32, 64]);
+    let cluster = ClusterSpec::from_toml_str(include_str!(
+        "../../examples/clusters/china-mobile-3-vendor.toml"
+    ))
+    .unwrap();
+    let model = ModelSpec::mixtral_8x7b();
+    let settings = TrainingSettings::new(512);
+    let (best, tried) =
+        plan_expert_degrees(&model, &cluster, &settings, &PlanOptions::default()).unwrap();
+    assert_eq!(tried.iter().map(|t| t.0).collect::<Vec<_>>(), [1, 2, 4, 8]);
+    let fastest = tried.iter().filter_map(|t| t.1).fold(0.0, f64::max);
+    assert_eq!(best.plan.tokens_per_s_simulated, fastest);
+    let kept = tried.iter().find(|t| t.1 == Some(fastest)).unwrap().0;
+    assert_eq!(best.settings.expert_parallel, kept);
+    let e = plan_expert_degrees(
+        &ModelSpec::llama_7b(),
+        &cluster,
+        &settings,
+        &PlanOptions::default(),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("is dense"), "{e}");
+}
