@@ -80,7 +80,7 @@ impl StageShape<'_> {
     /// Its parameters: its layers', and the embedding's and the head's
     /// where it holds them.
     pub fn params(&self, model: &ModelSpec) -> u64 {
-        let mut params = (self.layers.end - self.layers.start) * model.layer_params();
+        let mut params = model.layers_params(&self.layers);
         if self.holds_embedding() {
             params += model.embedding_params();
         }
@@ -128,8 +128,9 @@ pub struct ChipParams {
 }
 
 impl ChipParams {
-    /// Of `params` parameters of which `layers` layers' routed experts, on
-    /// each of `tp` chips under `model`'s expert-parallel degree.
+    /// Of `params` parameters of which `layers` expert layers' routed
+    /// experts, on each of `tp` chips under `model`'s expert-parallel
+    /// degree.
     pub fn split(
         model: &ModelSpec,
         settings: &TrainingSettings,
@@ -151,7 +152,8 @@ impl ChipParams {
         }
     }
 
-    /// Of `n` layers (without the embedding or head), on each of `tp`
+    /// Of `n` layers like its last (without the embedding or head: a
+    /// mixture's expert layers, not its dense first ones), on each of `tp`
     /// chips.
     pub fn layers(model: &ModelSpec, settings: &TrainingSettings, n: u64, tp: u64) -> ChipParams {
         Self::split(
@@ -172,10 +174,22 @@ impl ChipParams {
         })
     }
 
+    /// Of the layers `range` (without the embedding or head), each of its
+    /// kind, on each of `tp` chips.
+    pub fn range(
+        model: &ModelSpec,
+        settings: &TrainingSettings,
+        range: &Range<u64>,
+        tp: u64,
+    ) -> ChipParams {
+        let experts = model.expert_layers_in(range);
+        Self::split(model, settings, model.layers_params(range), experts, tp)
+    }
+
     /// Of `stage`, on each of its chips.
     pub fn of(model: &ModelSpec, settings: &TrainingSettings, stage: &StageShape) -> ChipParams {
-        let layers = stage.layers.end - stage.layers.start;
-        Self::split(model, settings, stage.params(model), layers, stage.tp)
+        let experts = model.expert_layers_in(&stage.layers);
+        Self::split(model, settings, stage.params(model), experts, stage.tp)
     }
 
     /// Both parts.
@@ -357,7 +371,7 @@ pub const TP_HALF_BANDWIDTH_BYTES: f64 = 1024.0 * 1024.0;
 /// Parameters of the layers `layers`, plus the embedding if it starts at
 /// layer 0 and the final norm and head if it ends at the last layer.
 pub fn stage_params(model: &ModelSpec, layers: &Range<u64>) -> u64 {
-    let mut params = (layers.end - layers.start) * model.layer_params();
+    let mut params = model.layers_params(layers);
     if layers.start == 0 {
         params += model.embedding_params();
     }
@@ -580,6 +594,38 @@ pub fn embedding_mask_bytes(
     }
 }
 
+/// A per-layer figure over the layers `range` of each kind
+/// ([`ModelSpec::layer_kinds`]: a mixture's dense first layers and its
+/// expert ones): its mean and its largest; the model's own layer's for an
+/// empty range.
+#[derive(Debug, Clone, Copy)]
+pub struct OverKinds {
+    pub mean: f64,
+    pub max: f64,
+}
+
+pub fn over_kinds(
+    model: &ModelSpec,
+    range: &Range<u64>,
+    f: impl Fn(&ModelSpec) -> f64,
+) -> OverKinds {
+    let n = range.end.saturating_sub(range.start);
+    if n == 0 || model.dense_layers_in(range) == 0 {
+        let v = f(model);
+        return OverKinds { mean: v, max: v };
+    }
+    let (mut sum, mut max) = (0.0, f64::MIN);
+    for (m, k) in model.layer_kinds(range).iter() {
+        let v = f(m);
+        sum += k as f64 * v;
+        max = max.max(v);
+    }
+    OverKinds {
+        mean: sum / n as f64,
+        max,
+    }
+}
+
 /// The layers' part of [`workspace_bytes`]: the larger of one layer's FFN
 /// backward and its attention backward on each of `tp` chips of a stage
 /// with at least one layer (0 without layers).
@@ -596,7 +642,7 @@ fn layer_workspace_bytes(
     let e = settings.dtype.bytes() as f64;
     let tokens = (micro_batch * model.seq_len) as f64;
     let (q, kv) = (model.q_dim() as f64, model.kv_dim() as f64);
-    let f = model.active_ffn() as f64;
+    let f = over_kinds(model, &stage.layers, |m| m.active_ffn() as f64).max;
     let ffn = 3.0 * tokens * f / t * e;
     let attention = if settings.flash_attention {
         tokens / t * ((q + 2.0 * kv) * e + 4.0 * q)
@@ -669,12 +715,7 @@ fn megatron_terms(
     if settings.fp8 {
         // The layers' FP8 weights and their transposes (Transformer
         // Engine keeps both between micro-batches), of a chip's share.
-        let held = ChipParams::layers(
-            model,
-            settings,
-            stage.layers.end - stage.layers.start,
-            stage.tp,
-        );
+        let held = ChipParams::range(model, settings, &stage.layers, stage.tp);
         weights += FP8_WEIGHT_BYTES * held.total() / shards.weights;
     }
     let gradients =
@@ -686,10 +727,11 @@ fn megatron_terms(
     let split = settings.recompute_split(stage.layers.end - stage.layers.start);
     // A profile's measured bytes per block replace the formula for the
     // layers that keep every activation.
-    let whole = measured_block_activations(model, settings, stage, mb)
-        .unwrap_or_else(|| full_layer_activation_bytes(model, settings, mb.size, stage.tp));
-    let recomputed =
-        split.working * full_layer_activation_bytes(model, settings, mb.size, stage.tp);
+    let full = over_kinds(model, &stage.layers, |m| {
+        full_layer_activation_bytes(m, settings, mb.size, stage.tp)
+    });
+    let whole = measured_block_activations(model, settings, stage, mb).unwrap_or(full.mean);
+    let recomputed = split.working * full.max;
     let activations = kept
         * (split.whole * whole
             + split.checkpoints * checkpoint_bytes(model, settings, mb.size, stage.tp))
@@ -1208,38 +1250,42 @@ pub fn analytic_stage_timing(
     let rates = ChipRates::new(chip, settings);
     let sbh_bytes = (model.seq_len * b * model.hidden * settings.dtype.bytes()) as f64;
     let tp_ar = tp_allreduce_time(sbh_bytes, tp, chip.intra_node_bandwidth);
-    let mut layer = layer_time(model, settings, &rates, b, tp);
-    // A mixture of experts' token exchange, twice each way.
-    let a2a = expert_all_to_all_time(model, settings, chip, b, tp);
-    layer.forward += 2.0 * a2a;
-    layer.backward += 2.0 * a2a;
-    // Selective recomputation reruns every layer's attention forward; full
-    // recomputation the whole forward of the layers it recomputes.
-    let recompute = match settings.recompute {
-        Recompute::None => 0.0,
-        // (Each chip's attention attends every key: `c` times the per-chip
-        // model's under context parallelism.)
-        Recompute::Selective => {
-            let c = settings.context_parallel.max(1) as f64;
-            n * c * attention_time(model, &rates, b, tp).forward
-        }
-        Recompute::Full => {
-            let split = settings.recompute_split(stage.layers.end - stage.layers.start);
-            split.recomputed * (layer.forward + 2.0 * tp_ar)
-        }
+    let weight_grads = |rates: &ChipRates, mms: &[Matmul]| -> f64 {
+        mms.iter().map(|mm| rates.weight_grad_time(mm)).sum()
     };
-    let mut forward = n * (layer.forward + 2.0 * tp_ar);
-    let mut backward = n * (layer.backward + 2.0 * tp_ar) + recompute;
+    let split = settings.recompute_split(stage.layers.end - stage.layers.start);
+    let (mut forward, mut backward, mut weight_grad) = (0.0, 0.0, 0.0);
+    // Each kind of layer the stage holds (a mixture's dense first layers
+    // and its expert ones), `k` of its `n`.
+    for (m, k) in model.layer_kinds(&stage.layers).iter() {
+        let k = k as f64;
+        let mut layer = layer_time(m, settings, &rates, b, tp);
+        // A mixture of experts' token exchange, twice each way.
+        let a2a = expert_all_to_all_time(m, settings, chip, b, tp);
+        layer.forward += 2.0 * a2a;
+        layer.backward += 2.0 * a2a;
+        // Selective recomputation reruns every layer's attention forward;
+        // full recomputation the whole forward of the layers it recomputes
+        // (of each kind its share).
+        let recompute = match settings.recompute {
+            Recompute::None => 0.0,
+            // (Each chip's attention attends every key: `c` times the
+            // per-chip model's under context parallelism.)
+            Recompute::Selective => {
+                let c = settings.context_parallel.max(1) as f64;
+                k * c * attention_time(m, &rates, b, tp).forward
+            }
+            Recompute::Full => split.recomputed * k / n * (layer.forward + 2.0 * tp_ar),
+        };
+        forward += k * (layer.forward + 2.0 * tp_ar);
+        backward += k * (layer.backward + 2.0 * tp_ar) + recompute;
+        let ep = expert_parallel(m, settings);
+        weight_grad += k * weight_grads(&rates.for_layer_matmuls(), &m.layer_matmuls(b, tp, ep));
+    }
     let (cp_forward, cp_backward) =
         context_parallel_attention(model, settings, cluster, stage, &rates, b);
     forward += n * cp_forward;
     backward += n * cp_backward;
-    let weight_grads = |rates: &ChipRates, mms: &[Matmul]| -> f64 {
-        mms.iter().map(|mm| rates.weight_grad_time(mm)).sum()
-    };
-    let ep = expert_parallel(model, settings);
-    let mut weight_grad =
-        n * weight_grads(&rates.for_layer_matmuls(), &model.layer_matmuls(b, tp, ep));
     if stage.holds_head() {
         weight_grad += weight_grads(&rates, &[model.head_matmul(b, tp)]);
         let head = head_time(model, &rates, b, tp);
@@ -1449,10 +1495,14 @@ fn largest_unit_params(
     stage_params: f64,
 ) -> f64 {
     let tp = stage.tp.max(1) as f64;
-    let mut unit = if stage.layers.is_empty() {
-        0.0
-    } else {
-        ChipParams::layers(model, settings, 1, stage.tp).total()
+    let mut unit = match stage.layers.is_empty() {
+        true => 0.0,
+        false => {
+            over_kinds(model, &stage.layers, |m| {
+                ChipParams::layers(m, settings, 1, stage.tp).total()
+            })
+            .max
+        }
     };
     if stage.holds_embedding() {
         unit = unit.max(model.embedding_params() as f64 / tp);
@@ -1668,14 +1718,18 @@ fn overlapped_reduction(
     let per_param = settings.grad_bytes() / stage.tp.max(1) as f64;
     let bytes = |params: u64| (params as f64 * per_param) as u64;
     // A layer's gradients on a chip (a mixture's experts over `ep`), in
-    // bytes, as two halves.
-    let layer =
-        (ChipParams::layers(model, settings, 1, stage.tp).total() * settings.grad_bytes()) as u64;
+    // bytes, as two halves; a mixture's dense first layers' apart.
+    let layer_bytes = |m: &ModelSpec| {
+        (ChipParams::layers(m, settings, 1, stage.tp).total() * settings.grad_bytes()) as u64
+    };
+    let dense = model.dense_layer_model().map_or(0, |m| layer_bytes(&m));
+    let layer = layer_bytes(model);
     let mut units = Vec::new();
     if stage.holds_embedding() {
         units.push(bytes(model.embedding_params()));
     }
-    for _ in stage.layers.clone() {
+    for l in stage.layers.clone() {
+        let layer = if l < model.dense_layers { dense } else { layer };
         units.push(layer / 2);
         units.push(layer - layer / 2);
     }

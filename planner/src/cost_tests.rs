@@ -178,6 +178,8 @@ fn mid_size() -> ModelSpec {
         experts_per_token: 0,
         shared_ffn: 0,
         head_dim: 0,
+        dense_layers: 0,
+        dense_ffn: 0,
     }
 }
 
@@ -1138,4 +1140,67 @@ fn fp8_runs_the_layers_matmuls_at_the_fp8_peak() {
     // A cluster file gives it beside the others, or leaves it out.
     let text = toml::to_string(&c.chip_types[0]).unwrap();
     assert!(text.contains("fp8 = 2000000000000000.0"), "{text}");
+}
+
+/// Mixtral 8x7B with its first 4 layers a dense MLP of 14336: a stage is
+/// priced as its layers of each kind.
+#[test]
+fn a_stage_of_dense_and_expert_layers_is_priced_by_kind() {
+    let c = cluster();
+    let mixed = ModelSpec {
+        dense_layers: 4,
+        dense_ffn: 14336,
+        ..ModelSpec::mixtral_8x7b()
+    };
+    mixed.validate().unwrap();
+    let dense = mixed.dense_layer_model().unwrap();
+    let experts = ModelSpec::mixtral_8x7b();
+    let mut s = TrainingSettings::new(64);
+    s.expert_parallel = 4;
+    // A middle stage of layers 2-5 on tp 2 in 8 replicas: 2 dense layers
+    // and 2 expert ones.
+    let st = shape(&c, 2..6, 1, 8, 2);
+    let p = ChipParams::of(&mixed, &s, &st);
+    let two = |m: &ModelSpec| ChipParams::of(m, &s, &shape(&c, 10..12, 1, 8, 2));
+    let (pd, pe) = (two(&dense), two(&experts));
+    close(p.dense, pd.dense + pe.dense);
+    close(p.experts, pe.experts);
+    assert_eq!(pd.experts, 0.0);
+    // The passes: the sum of two layers of each kind, the exchange only
+    // the expert layers'.
+    let timing = |m: &ModelSpec, st: &StageShape| analytic_stage_timing(m, &s, &c, st, ONE);
+    let t = timing(&mixed, &st);
+    let (td, te) = (
+        timing(&dense, &shape(&c, 10..12, 1, 8, 2)),
+        timing(&experts, &shape(&c, 10..12, 1, 8, 2)),
+    );
+    close(t.forward, td.forward + te.forward);
+    close(t.backward, td.backward + te.backward);
+    close(t.weight_grad, td.weight_grad + te.weight_grad);
+    // Its activations a layer are the kinds' mean; the layers' FP8
+    // weights each kind's.
+    let acts = |m: &ModelSpec, st: &StageShape| stage_memory(m, &s, st, ONE).activations;
+    let (ad, ae) = (
+        acts(&dense, &shape(&c, 10..12, 1, 8, 2)),
+        acts(&experts, &shape(&c, 10..12, 1, 8, 2)),
+    );
+    close(acts(&mixed, &st), ad + ae);
+    assert!(ad < ae);
+    // A stage past the dense layers is an expert model's.
+    let late = shape(&c, 20..24, 1, 8, 2);
+    close(
+        timing(&mixed, &late).forward,
+        timing(&experts, &late).forward,
+    );
+    close(
+        stage_memory(&mixed, &s, &late, ONE).total,
+        stage_memory(&experts, &s, &late, ONE).total,
+    );
+    // A first stage of the embedding and the 4 dense layers holds a dense
+    // model's weights.
+    let first = shape(&c, 0..4, 0, 8, 2);
+    close(
+        stage_memory(&mixed, &s, &first, ONE).weights,
+        stage_memory(&dense, &s, &first, ONE).weights,
+    );
 }

@@ -190,8 +190,8 @@ pub(crate) fn assemble(
         let devices = r.devices();
         for (si, s) in r.stages.iter_mut().enumerate() {
             let c = cluster.chip(&s.chip).expect("chip of the plan");
-            let n = (s.end_layer - s.first_layer) as f64;
-            let mut fwd = n * model.layer_forward_flops(r.micro_batch_size);
+            let layers = s.first_layer..s.end_layer;
+            let mut fwd = model.layers_forward_flops(&layers, r.micro_batch_size);
             if si == last {
                 fwd += model.head_forward_flops(r.micro_batch_size);
             }

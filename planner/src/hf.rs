@@ -7,9 +7,11 @@
 //! `2 i / 3`, which has its parameters and FLOPs. A mixture of experts
 //! whose every layer is one (Mixtral, Qwen2/3-MoE, OLMoE, PhiMoE, Granite
 //! MoE, GPT-OSS) is read as its experts, top-k, expert width and shared
-//! expert; one that mixes dense and expert layers, or runs layers of
-//! linear attention or latent attention, is refused naming the field that
-//! says so.
+//! expert, and one whose first layers are dense (GLM-4.5, ERNIE 4.5,
+//! Qwen-MoE's `mlp_only_layers`) as those layers beside them; one whose
+//! dense layers lie elsewhere among the expert ones, or that runs layers
+//! of linear attention or latent attention, is refused naming the field
+//! that says so.
 
 use std::path::Path;
 
@@ -65,6 +67,8 @@ const GATED: &[&str] = &[
     "jetmoe",
     "glm4_moe",
     "dots1",
+    "ernie4_5",
+    "ernie4_5_moe",
 ];
 
 /// `model_type`s whose MLP is two matrices (up and down).
@@ -134,25 +138,100 @@ const SHARED_COUNT: &[&str] = &[
     "moe_num_shared_experts",
 ];
 
-/// Fields that say some layers of a mixture of experts are dense (a
-/// count or step other than the default), with the value each takes when
-/// every layer is a mixture.
-const MIXED_LAYERS: &[(&str, u64)] = &[
-    ("first_k_dense_replace", 0),
-    ("num_dense_layers", 0),
+/// Fields that say a mixture of experts' expert layers alternate with
+/// dense ones (a step or period other than 1), or give a count of dense
+/// layers whose place the reader does not know: refused.
+const ALTERNATING: &[(&str, u64)] = &[
     ("decoder_sparse_step", 1),
-    ("expert_layer_period", 1),
-    ("moe_layer_start_index", 0),
     ("moe_layer_interval", 1),
     ("interleave_moe_layer_step", 1),
     ("moe_layer_freq", 1),
+    ("expert_layer_period", 1),
+    ("num_dense_layers", 0),
 ];
+
+/// Fields that give how many of a mixture's first layers are dense:
+/// DeepSeek's, GLM-4.5's and Kimi K2's `first_k_dense_replace`, ERNIE
+/// 4.5's `moe_layer_start_index` (a list per modality: its least).
+const DENSE_FIRST: &[&str] = &["first_k_dense_replace", "moe_layer_start_index"];
+
+/// How many of a mixture of experts' first layers are dense, from the
+/// fields that say so ([`DENSE_FIRST`], Qwen-MoE's `mlp_only_layers` when
+/// they are the first ones); why not, naming the field, where its dense
+/// layers are elsewhere (alternating, [`ALTERNATING`]; the last ones,
+/// ERNIE's `moe_layer_end_index`; a list of other layers).
+fn dense_first_layers(fields: &Fields, layers: u64) -> Result<u64, String> {
+    let elsewhere = |what: String| {
+        format!(
+            "{what}: a mixture of experts with dense layers among its expert ones, which the \
+             planner does not model (it describes dense layers first, then expert ones); \
+             describe it as a model TOML"
+        )
+    };
+    for &(key, all) in ALTERNATING {
+        if let Some(v) = fields.get(key)
+            && v.as_u64() != Some(all)
+        {
+            return Err(elsewhere(format!("config.json has `{key}` = {v}")));
+        }
+    }
+    // A count, or (ERNIE's per-modality lists) its least or greatest.
+    let count = |key: &str, v: &Value, least: bool| -> Result<u64, String> {
+        let items = match v {
+            Value::Array(items) => items.iter().map(Value::as_u64).collect::<Option<Vec<_>>>(),
+            v => v.as_u64().map(|n| vec![n]),
+        };
+        let n = items.and_then(|ns| match least {
+            true => ns.into_iter().min(),
+            false => ns.into_iter().max(),
+        });
+        n.ok_or_else(|| format!("config.json has `{key}` = {v}, not a layer count or index"))
+    };
+    let mut dense = 0;
+    for &key in DENSE_FIRST {
+        if let Some(v) = fields.get(key) {
+            dense = dense.max(count(key, v, true)?);
+        }
+    }
+    if let Some(v) = fields.get("moe_layer_end_index") {
+        let end = count("moe_layer_end_index", v, false)?;
+        if end.saturating_add(1) < layers {
+            return Err(elsewhere(format!(
+                "config.json has `moe_layer_end_index` = {v} of {layers} layers (its last \
+                 {} dense)",
+                layers - 1 - end
+            )));
+        }
+    }
+    if let Some(v) = fields.get("mlp_only_layers") {
+        let Value::Array(items) = v else {
+            return Err(format!(
+                "config.json has `mlp_only_layers` = {v}, not a list of layers"
+            ));
+        };
+        let mut listed = items
+            .iter()
+            .map(Value::as_u64)
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| {
+                format!("config.json has `mlp_only_layers` = {v}, not a list of layers")
+            })?;
+        listed.sort_unstable();
+        listed.dedup();
+        if listed.iter().enumerate().any(|(i, &l)| l != i as u64) {
+            return Err(elsewhere(format!(
+                "config.json lists `mlp_only_layers` {v}, not the first ones"
+            )));
+        }
+        dense = dense.max(listed.len() as u64);
+    }
+    Ok(dense)
+}
 
 /// Why the planner cannot model a config's layers, naming the field:
 /// latent attention (DeepSeek's `kv_lora_rank`), layers of linear
-/// attention (`layer_types`), or (for a mixture of experts) dense layers
-/// among the expert ones.
-fn unmodelled_layers(fields: &Fields, moe: bool) -> Option<String> {
+/// attention (`layer_types`).
+fn unmodelled_layers(fields: &Fields) -> Option<String> {
     if let Some(v) = fields.get("kv_lora_rank") {
         return Some(format!(
             "config.json has `kv_lora_rank` = {v}: multi-head latent attention, which the \
@@ -168,29 +247,6 @@ fn unmodelled_layers(fields: &Fields, moe: bool) -> Option<String> {
         return Some(format!(
             "config.json's `layer_types` holds \"{t}\" layers, which the planner does not \
              model (its layers are attention and a feed-forward block)"
-        ));
-    }
-    if !moe {
-        return None;
-    }
-    for &(key, all) in MIXED_LAYERS {
-        if let Some(v) = fields.get(key)
-            && v.as_u64() != Some(all)
-        {
-            return Some(format!(
-                "config.json has `{key}` = {v}: a mixture of experts with dense layers among \
-                 its expert ones, which the planner does not model (every layer alike); \
-                 describe it as a model TOML of its expert layers"
-            ));
-        }
-    }
-    if let Some(Value::Array(dense)) = fields.get("mlp_only_layers")
-        && !dense.is_empty()
-    {
-        return Some(format!(
-            "config.json lists {} `mlp_only_layers`: a mixture of experts with dense layers \
-             among its expert ones, which the planner does not model (every layer alike)",
-            dense.len()
         ));
     }
     None
@@ -248,7 +304,7 @@ impl ModelSpec {
                 list(EXPERTS)
             )));
         }
-        if let Some(why) = unmodelled_layers(&fields, routed.is_some()) {
+        if let Some(why) = unmodelled_layers(&fields) {
             return Err(bad(why));
         }
         if fields.get("is_encoder_decoder").and_then(Value::as_bool) == Some(true) {
@@ -267,6 +323,13 @@ impl ModelSpec {
         let gated = GATED.contains(&model_type)
             || (!PLAIN.contains(&model_type) && matches!(act, "silu" | "swish" | "swiglu"));
         let layers = fields.size(LAYERS)?;
+        // A mixture's dense first layers; every layer dense is a dense
+        // model.
+        let dense_first = match routed {
+            Some(_) => dense_first_layers(&fields, layers).map_err(bad)?,
+            None => 0,
+        };
+        let routed = routed.filter(|_| dense_first < layers);
         let hidden = fields.size(HIDDEN)?;
         let heads = fields.size(HEADS)?;
         let kv_heads = match fields.optional_size(KV_HEADS)? {
@@ -282,6 +345,8 @@ impl ModelSpec {
                 .optional_size(&["expansion_ratio"])?
                 .map(|r| r.saturating_mul(hidden)),
         };
+        // The dense layers' MLP, beside a mixture's experts.
+        let mlp = inner;
         // An expert's width, where the config gives one apart from the
         // dense MLP's.
         let inner = match routed {
@@ -331,6 +396,19 @@ impl ModelSpec {
                 (e, k, shared)
             }
         };
+        let (dense_layers, dense_ffn) = match (routed, dense_first) {
+            (None, _) | (_, 0) => (0, 0),
+            (Some(_), k) => match mlp {
+                Some(i) => (k, as_swiglu(i)),
+                None => {
+                    return Err(bad(format!(
+                        "config.json says its first {k} layers are dense but gives no width \
+                         for their MLP (one of {})",
+                        list(FFN)
+                    )));
+                }
+            },
+        };
         let vocab = fields.size(VOCAB)?;
         let context = fields.optional_size(CONTEXT)?;
         let seq_len = match (seq_len, context) {
@@ -348,8 +426,11 @@ impl ModelSpec {
             })?,
         };
         // A head width apart from `hidden / heads` (Qwen3's, Gemma's);
-        // the default where it is that.
+        // the default where it is that. Without one, transformers' models
+        // take `hidden / heads` rounded down (GLM-4-MoE's default config:
+        // 96 heads at hidden 4096, of 42).
         let head_dim = match fields.get("head_dim") {
+            None if hidden % heads != 0 => hidden / heads,
             None => 0,
             Some(v) => match v.as_u64() {
                 Some(d) if d > 0 && d.checked_mul(heads) == Some(hidden) => 0,
@@ -375,6 +456,8 @@ impl ModelSpec {
             experts_per_token,
             shared_ffn,
             head_dim,
+            dense_layers,
+            dense_ffn,
         };
         model.validate()?;
         Ok(model)
@@ -594,6 +677,12 @@ mod tests {
                 .head_dim,
             0
         );
+        // Without a head_dim, heads that do not divide the width are
+        // `hidden / heads` wide, rounded down, as transformers takes them.
+        let glm = gemma.replace("\"head_dim\": 256,", "\"num_attention_heads\": 96,");
+        let glm = glm.replacen("\"num_attention_heads\": 16,", "", 1);
+        let m = ModelSpec::from_hf_config(&glm, "g", None).unwrap();
+        assert_eq!((m.heads, m.head_dim(), m.q_dim()), (96, 32, 3072));
         // A head_dim past the bounds is refused, not multiplied past u64.
         let huge = gemma.replace("\"head_dim\": 256", "\"head_dim\": 18446744073709551615");
         let e = ModelSpec::from_hf_config(&huge, "g", None)
@@ -664,6 +753,44 @@ mod tests {
         assert!(!m.is_moe() && m.experts_per_token == 0);
     }
 
+    /// GLM-4.5's config.json (zai-org/GLM-4.5, as published, trimmed of
+    /// the fields the planner does not read): its first 3 of 92 layers
+    /// dense (`first_k_dense_replace`), an MLP of `intermediate_size`; the
+    /// others 160 experts of `moe_intermediate_size` and a shared one. The
+    /// same from Qwen-MoE's `mlp_only_layers` when they are the first, and
+    /// from ERNIE 4.5's `moe_layer_start_index`; a config whose every layer
+    /// is dense is a dense model.
+    #[test]
+    fn a_mixture_s_dense_first_layers_are_read() {
+        let glm = r#"{"architectures": ["Glm4MoeForCausalLM"], "attention_bias": true,
+            "first_k_dense_replace": 3, "head_dim": 128, "hidden_act": "silu",
+            "hidden_size": 5120, "intermediate_size": 12288,
+            "max_position_embeddings": 131072, "model_type": "glm4_moe",
+            "moe_intermediate_size": 1536, "n_routed_experts": 160, "n_shared_experts": 1,
+            "num_attention_heads": 96, "num_experts_per_tok": 8, "num_hidden_layers": 92,
+            "num_key_value_heads": 8, "tie_word_embeddings": false, "vocab_size": 151552}"#;
+        let m = ModelSpec::from_hf_config(glm, "glm-4.5", None).unwrap();
+        assert_eq!((m.dense_layers, m.dense_ffn), (3, 12288));
+        assert_eq!((m.experts, m.experts_per_token, m.ffn), (160, 8, 1536));
+        assert_eq!((m.shared_ffn, m.head_dim, m.layers), (1536, 128, 92));
+        let qwen = r#"{"model_type": "qwen2_moe", "hidden_size": 64, "intermediate_size": 256,
+            "moe_intermediate_size": 32, "num_hidden_layers": 4, "num_attention_heads": 4,
+            "vocab_size": 256, "num_experts": 8, "num_experts_per_tok": 2,
+            "decoder_sparse_step": 1, "mlp_only_layers": [1, 0]}"#;
+        let m = ModelSpec::from_hf_config(qwen, "q", None).unwrap();
+        assert_eq!((m.dense_layers, m.dense_ffn, m.ffn), (2, 256, 32));
+        let ernie = r#"{"model_type": "ernie4_5_moe", "hidden_size": 64,
+            "intermediate_size": 256, "moe_intermediate_size": 32, "num_hidden_layers": 4,
+            "num_attention_heads": 4, "vocab_size": 256, "moe_num_experts": 8, "moe_k": 2,
+            "moe_layer_start_index": 1, "moe_layer_end_index": 3, "moe_layer_interval": 1}"#;
+        let m = ModelSpec::from_hf_config(ernie, "e", None).unwrap();
+        assert_eq!((m.dense_layers, m.dense_ffn, m.experts), (1, 256, 8));
+        let dense = qwen.replace("[1, 0]", "[0, 1, 2, 3]");
+        let m = ModelSpec::from_hf_config(&dense, "d", None).unwrap();
+        assert!(!m.is_moe());
+        assert_eq!((m.ffn, m.dense_layers, m.dense_ffn), (256, 0, 0));
+    }
+
     /// A multimodal config's language model; mixtures of experts the
     /// planner cannot describe (no top-k, dense layers among the expert
     /// ones, sizes in a section), latent and linear attention, refused;
@@ -683,17 +810,39 @@ mod tests {
                 "gives 8 experts but not how many a token runs",
             ),
             (
-                r#"{"model_type": "glm4_moe", "hidden_size": 64, "intermediate_size": 128,
-                    "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 256,
-                    "n_routed_experts": 8, "num_experts_per_tok": 2,
-                    "first_k_dense_replace": 1}"#,
-                "`first_k_dense_replace` = 1: a mixture of experts with dense layers",
+                r#"{"model_type": "llama4_text", "hidden_size": 64, "intermediate_size": 128,
+                    "num_hidden_layers": 4, "num_attention_heads": 4, "vocab_size": 256,
+                    "num_local_experts": 8, "num_experts_per_tok": 1,
+                    "interleave_moe_layer_step": 2}"#,
+                "`interleave_moe_layer_step` = 2: a mixture of experts with dense layers \
+                 among its expert ones",
             ),
             (
                 r#"{"model_type": "qwen2_moe", "hidden_size": 64, "intermediate_size": 128,
-                    "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 256,
-                    "num_experts": 8, "num_experts_per_tok": 2, "mlp_only_layers": [0]}"#,
-                "lists 1 `mlp_only_layers`",
+                    "num_hidden_layers": 4, "num_attention_heads": 4, "vocab_size": 256,
+                    "num_experts": 8, "num_experts_per_tok": 2, "mlp_only_layers": [0, 2]}"#,
+                "lists `mlp_only_layers` [0,2], not the first ones",
+            ),
+            (
+                r#"{"model_type": "ernie4_5_moe", "hidden_size": 64, "intermediate_size": 128,
+                    "num_hidden_layers": 4, "num_attention_heads": 4, "vocab_size": 256,
+                    "moe_num_experts": 8, "moe_k": 2, "moe_layer_start_index": 1,
+                    "moe_layer_end_index": 2}"#,
+                "`moe_layer_end_index` = 2 of 4 layers (its last 1 dense)",
+            ),
+            (
+                r#"{"model_type": "glm4_moe", "hidden_size": 64, "num_hidden_layers": 4,
+                    "num_attention_heads": 4, "vocab_size": 256, "n_routed_experts": 8,
+                    "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+                    "first_k_dense_replace": 1}"#,
+                "says its first 1 layers are dense but gives no width for their MLP",
+            ),
+            (
+                r#"{"model_type": "glm4_moe", "hidden_size": 64, "intermediate_size": 128,
+                    "num_hidden_layers": 4, "num_attention_heads": 4, "vocab_size": 256,
+                    "n_routed_experts": 8, "num_experts_per_tok": 2,
+                    "first_k_dense_replace": "all"}"#,
+                "`first_k_dense_replace` = \"all\", not a layer count or index",
             ),
             (
                 r#"{"model_type": "x", "hidden_size": 64, "intermediate_size": 128,
@@ -728,8 +877,9 @@ mod tests {
             ),
             (
                 r#"{"model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
-                    "num_hidden_layers": 2, "num_attention_heads": 5, "vocab_size": 256}"#,
-                "heads 5 does not divide hidden 64",
+                    "num_hidden_layers": 2, "num_attention_heads": 5, "num_key_value_heads": 2,
+                    "vocab_size": 256}"#,
+                "kv_heads 2 does not divide heads 5",
             ),
             (
                 r#"{"d_model": 2048, "n_heads": 16, "n_layers": 24, "vocab_size": 100352,

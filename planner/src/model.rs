@@ -6,6 +6,7 @@
 //! without recomputation, which is three times the forward pass (backward
 //! costs twice the forward).
 
+use std::ops::Range;
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
@@ -64,6 +65,18 @@ pub struct ModelSpec {
     /// values `kv_heads * head_dim`. 0 (the default): `hidden / heads`.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub head_dim: u64,
+    /// Of a mixture of experts, the first `dense_layers` layers are dense:
+    /// a SwiGLU MLP of width `dense_ffn` where the others have the
+    /// router and experts (DeepSeek-V2 and V3's and GLM-4.5's
+    /// `first_k_dense_replace`, Kimi K2's, ERNIE 4.5's
+    /// `moe_layer_start_index`). 0 (the default): every layer a mixture.
+    /// Dense layers elsewhere than first (Llama 4's alternate ones) are
+    /// not described.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub dense_layers: u64,
+    /// The MLP width of the `dense_layers` dense layers; with them only.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub dense_ffn: u64,
 }
 
 fn is_zero(v: &u64) -> bool {
@@ -116,6 +129,8 @@ impl ModelSpec {
             experts_per_token: 0,
             shared_ffn: 0,
             head_dim: 0,
+            dense_layers: 0,
+            dense_ffn: 0,
         }
     }
 
@@ -252,6 +267,13 @@ impl ModelSpec {
     fn check_experts(&self) -> Result<(), String> {
         let (e, k, shared) = (self.experts, self.experts_per_token, self.shared_ffn);
         if e == 0 {
+            if self.dense_layers > 0 || self.dense_ffn > 0 {
+                return Err(format!(
+                    "dense_layers {} and dense_ffn {} are given without experts; they say which \
+                     layers of a mixture of experts are dense (every layer of a dense model is)",
+                    self.dense_layers, self.dense_ffn
+                ));
+            }
             return match (k, shared) {
                 (0, 0) => Ok(()),
                 (0, _) => Err(format!(
@@ -287,6 +309,34 @@ impl ModelSpec {
                 "shared_ffn is {shared}, more than the planner accepts ({ffn_limit})"
             ));
         }
+        let (dense, dense_ffn) = (self.dense_layers, self.dense_ffn);
+        if dense >= self.layers {
+            return Err(format!(
+                "dense_layers is {dense} of the model's {} layers; a mixture of experts has at \
+                 least one layer of experts (give experts = 0 for a dense model)",
+                self.layers
+            ));
+        }
+        match (dense, dense_ffn) {
+            (0, 0) => {}
+            (0, f) => {
+                return Err(format!(
+                    "dense_ffn is {f} without dense_layers; give how many of the first layers \
+                     are dense"
+                ));
+            }
+            (d, 0) => {
+                return Err(format!(
+                    "dense_layers is {d} without dense_ffn; give the dense layers' MLP width"
+                ));
+            }
+            (_, f) if f > ffn_limit => {
+                return Err(format!(
+                    "dense_ffn is {f}, more than the planner accepts ({ffn_limit})"
+                ));
+            }
+            _ => {}
+        }
         Ok(())
     }
 
@@ -301,6 +351,67 @@ impl ModelSpec {
         match self.is_moe() {
             true => self.experts_per_token * self.ffn + self.shared_ffn,
             false => self.ffn,
+        }
+    }
+
+    /// How many of `range`'s layers are dense in a mixture of experts
+    /// with [`Self::dense_layers`] (the first ones); 0 otherwise.
+    pub fn dense_layers_in(&self, range: &Range<u64>) -> u64 {
+        let end = self.dense_layers.min(range.end);
+        end.saturating_sub(range.start)
+    }
+
+    /// The model of one of its [`Self::dense_layers`]: its attention, and a
+    /// dense MLP of `dense_ffn` in place of the experts. `None` where every
+    /// layer is alike.
+    pub fn dense_layer_model(&self) -> Option<ModelSpec> {
+        // (Field by field: a clone would copy the name, and the search
+        // prices layers in its inner loop.)
+        (self.dense_layers > 0).then(|| ModelSpec {
+            name: String::new(),
+            layers: self.layers,
+            hidden: self.hidden,
+            ffn: self.dense_ffn,
+            heads: self.heads,
+            kv_heads: self.kv_heads,
+            vocab: self.vocab,
+            seq_len: self.seq_len,
+            tied_embeddings: self.tied_embeddings,
+            experts: 0,
+            experts_per_token: 0,
+            shared_ffn: 0,
+            head_dim: self.head_dim,
+            dense_layers: 0,
+            dense_ffn: 0,
+        })
+    }
+
+    /// `range`'s layers by kind, each kind's model beside its count: the
+    /// dense layers of a mixture of experts that has some
+    /// ([`Self::dense_layer_model`]), and the others (this model's).
+    pub fn layer_kinds(&self, range: &Range<u64>) -> LayerKinds<'_> {
+        let n = range.end.saturating_sub(range.start);
+        let dense = self.dense_layers_in(range);
+        LayerKinds {
+            dense: self.dense_layer_model().map(|m| (m, dense)),
+            rest: (self, n - dense),
+        }
+    }
+
+    /// Parameters of the layers `range` (without the embedding or head).
+    pub fn layers_params(&self, range: &Range<u64>) -> u64 {
+        self.layer_kinds(range)
+            .iter()
+            .map(|(m, n)| n * m.layer_params())
+            .sum()
+    }
+
+    /// The layers of `range` whose feed-forward block is a mixture of
+    /// experts (0 for a dense model).
+    pub fn expert_layers_in(&self, range: &Range<u64>) -> u64 {
+        match self.is_moe() {
+            true => range.end.saturating_sub(range.start) - self.dense_layers_in(range),
+            false => 0,
         }
     }
 
@@ -325,10 +436,16 @@ impl ModelSpec {
             .checked_add(h.checked_mul(self.shared_ffn)?.checked_mul(3)?)?
             .checked_add(h.checked_mul(if self.is_moe() { self.experts } else { 0 })?)?;
         let layer = attention.checked_add(ffn)?.checked_add(h.checked_mul(2)?)?;
+        let dense = h.checked_mul(self.dense_ffn)?.checked_mul(3)?;
+        let dense_layer = attention
+            .checked_add(dense)?
+            .checked_add(h.checked_mul(2)?)?;
         let vh = self.vocab.checked_mul(h)?;
         let tables = if self.tied_embeddings { 1 } else { 2 };
-        self.layers
-            .checked_mul(layer)?
+        // (`dense_layers < layers` is checked before this is.)
+        let rest = self.layers.checked_sub(self.dense_layers)?;
+        rest.checked_mul(layer)?
+            .checked_add(self.dense_layers.checked_mul(dense_layer)?)?
             .checked_add(vh.checked_mul(tables)?)?
             .checked_add(h)
     }
@@ -422,7 +539,7 @@ impl ModelSpec {
     /// Every parameter: embedding, all layers, final norm and head (the
     /// table once when tied).
     pub fn total_params(&self) -> u64 {
-        self.embedding_params() + self.layers * self.layer_params() + self.head_params()
+        self.embedding_params() + self.layers_params(&(0..self.layers)) + self.head_params()
             - self.shared_table_params(true, true)
     }
 
@@ -440,7 +557,8 @@ impl ModelSpec {
     /// no recomputation) over `batch` sequences:
     /// `12 B s L h^2 (1 + g/a + (3/2) f/h + s/h + V/(2 L h))`, with `f` the
     /// width each token runs ([`Self::active_ffn`]: a mixture of experts'
-    /// `k f + f_s`, as Megatron-LM counts it, the router left out); the
+    /// `k f + f_s`, as Megatron-LM counts it, the router left out; its
+    /// dense layers' `dense_ffn`, each layer at its own width); the
     /// attention's terms `1 + g/a + s/h` times the queries' width over `h`
     /// (Megatron-LM's `query_projection_to_hidden_size_ratio`).
     pub fn flops_per_iteration(&self, batch: u64) -> f64 {
@@ -457,6 +575,9 @@ impl ModelSpec {
             self.vocab as f64,
         );
         let q = self.q_dim() as f64 / h;
+        // A mixture's dense layers run `dense_ffn` in place of `f`.
+        let dense = self.dense_layers as f64;
+        let f = f + dense / l * (self.dense_ffn as f64 - f);
         12.0 * b * s * l * h * h * ((1.0 + g / a + s / h) * q + 1.5 * f / h + v / (2.0 * l * h))
     }
 
@@ -473,6 +594,15 @@ impl ModelSpec {
     /// A stage of n layers costs n times this.
     pub fn layer_forward_flops(&self, micro_batch: u64) -> f64 {
         self.matmul_forward_flops(micro_batch) + self.attention_score_forward_flops(micro_batch)
+    }
+
+    /// [`Self::layer_forward_flops`] of the layers `range`, each at its
+    /// kind's ([`Self::layer_kinds`]).
+    pub fn layers_forward_flops(&self, range: &Range<u64>, micro_batch: u64) -> f64 {
+        self.layer_kinds(range)
+            .iter()
+            .map(|(m, n)| n as f64 * m.layer_forward_flops(micro_batch))
+            .sum()
     }
 
     /// The part of [`Self::layer_forward_flops`] that multiplies by weights:
@@ -502,6 +632,27 @@ impl ModelSpec {
     /// Megatron formula counts none either).
     pub fn embedding_forward_flops(&self, _micro_batch: u64) -> f64 {
         0.0
+    }
+}
+
+/// A range of layers by kind ([`ModelSpec::layer_kinds`]).
+#[derive(Debug, Clone)]
+pub struct LayerKinds<'m> {
+    /// The dense layers of a mixture of experts with some: their model
+    /// and how many of the range's they are.
+    pub dense: Option<(ModelSpec, u64)>,
+    /// The other layers: the model's own, and how many.
+    pub rest: (&'m ModelSpec, u64),
+}
+
+impl LayerKinds<'_> {
+    /// Each kind the range holds (a count above 0), with its count.
+    pub fn iter(&self) -> impl Iterator<Item = (&ModelSpec, u64)> {
+        self.dense
+            .iter()
+            .map(|(m, n)| (m, *n))
+            .chain(std::iter::once(self.rest))
+            .filter(|&(_, n)| n > 0)
     }
 }
 
@@ -971,6 +1122,112 @@ mod tests {
         assert_eq!(m.flops_per_iteration(3), dense.flops_per_iteration(3));
     }
 
+    /// GLM-4.5 (zai-org/GLM-4.5's config.json): 92 layers of hidden
+    /// 5120, 96 query heads and 8 key/value heads of 128; its first 3
+    /// layers a dense MLP of 12288, the other 89 each 160 experts of 1536
+    /// (8 a token) and a shared expert of 1536; untied head.
+    fn glm_4_5() -> ModelSpec {
+        ModelSpec {
+            name: "glm-4.5".into(),
+            layers: 92,
+            hidden: 5120,
+            ffn: 1536,
+            heads: 96,
+            kv_heads: 8,
+            head_dim: 128,
+            vocab: 151552,
+            experts: 160,
+            experts_per_token: 8,
+            shared_ffn: 1536,
+            dense_layers: 3,
+            dense_ffn: 12288,
+            ..ModelSpec::llama_7b()
+        }
+    }
+
+    #[test]
+    fn a_mixture_with_dense_first_layers_counts_each_kind() {
+        let m = glm_4_5();
+        m.validate().unwrap();
+        let dense = m.dense_layer_model().unwrap();
+        let attention = 2 * 5120 * (96 * 128) + 2 * 5120 * (8 * 128);
+        assert_eq!(
+            dense.layer_params(),
+            attention + 3 * 5120 * 12288 + 2 * 5120
+        );
+        assert_eq!(
+            m.layer_params(),
+            attention + 3 * 5120 * 1536 * 161 + 5120 * 160 + 2 * 5120
+        );
+        let tables = 2 * 151552 * 5120 + 5120;
+        assert_eq!(
+            m.total_params(),
+            3 * dense.layer_params() + 89 * m.layer_params() + tables
+        );
+        assert_eq!(m.checked_total_params(), Some(m.total_params()));
+        // Z.ai publishes 355 B parameters, its multi-token-prediction
+        // layer (an expert layer and a projection, not trained here)
+        // counted: 352.8 B here, 356.7 B with one more expert layer. The
+        // attention's biases and the query and key norms (15 k a layer)
+        // are not counted.
+        assert_eq!((m.total_params() as f64 / 1e8).round(), 3528.0);
+        // The layers by kind.
+        assert_eq!(m.dense_layers_in(&(0..2)), 2);
+        assert_eq!(m.dense_layers_in(&(2..10)), 1);
+        assert_eq!(m.dense_layers_in(&(5..9)), 0);
+        assert_eq!(m.expert_layers_in(&(0..10)), 7);
+        assert_eq!(m.expert_layers_in(&(0..0)), 0);
+        assert_eq!(
+            m.layers_params(&(1..5)),
+            2 * dense.layer_params() + 2 * m.layer_params()
+        );
+        let kinds: Vec<u64> = m.layer_kinds(&(2..6)).iter().map(|(_, n)| n).collect();
+        assert_eq!(kinds, [1, 3]);
+        let kinds: Vec<u64> = m.layer_kinds(&(6..9)).iter().map(|(_, n)| n).collect();
+        assert_eq!(kinds, [3]);
+        // Megatron-LM's count, each layer at its own width, is three times
+        // the forward pieces but the routers' (`2 b s h E` forward, which
+        // it leaves out).
+        let b = 2;
+        let forward = m.layers_forward_flops(&(0..92), b) + m.head_forward_flops(b);
+        let routers = 89.0 * 2.0 * (b * 4096 * 5120 * 160) as f64;
+        let megatron = m.flops_per_iteration(b);
+        assert!((3.0 * (forward - routers) - megatron).abs() <= megatron * 1e-12);
+        // A dense layer runs an MLP of 12288, an expert layer 9 x 1536 =
+        // 13824 (and its router), over a tenth of the parameters.
+        assert!(dense.layer_forward_flops(b) < m.layer_forward_flops(b));
+        assert!(10 * dense.layer_params() < m.layer_params());
+        // The TOML reads back; a model without dense layers writes none.
+        let text = toml::to_string(&m).unwrap();
+        assert!(text.contains("dense_layers = 3"), "{text}");
+        assert_eq!(ModelSpec::from_toml_str(&text).unwrap(), m);
+        let text = toml::to_string(&ModelSpec::mixtral_8x7b()).unwrap();
+        assert!(!text.contains("dense"), "{text}");
+    }
+
+    #[test]
+    fn dense_first_layers_are_checked_by_name() {
+        let err = |f: &dyn Fn(&mut ModelSpec)| {
+            let mut m = glm_4_5();
+            f(&mut m);
+            m.validate().unwrap_err().to_string()
+        };
+        assert!(err(&|m| m.dense_layers = 92).contains("dense_layers is 92 of the model's 92"));
+        assert!(err(&|m| m.dense_ffn = 0).contains("dense_layers is 3 without dense_ffn"));
+        assert!(err(&|m| m.dense_layers = 0).contains("dense_ffn is 12288 without dense_layers"));
+        assert!(err(&|m| m.dense_ffn = (1 << 22) + 1).contains("dense_ffn is 4194305, more"));
+        let dense = ModelSpec {
+            dense_layers: 2,
+            dense_ffn: 100,
+            ..ModelSpec::llama_7b()
+        };
+        let e = dense.validate().unwrap_err().to_string();
+        assert!(
+            e.contains("dense_layers 2 and dense_ffn 100 are given without experts"),
+            "{e}"
+        );
+    }
+
     #[test]
     fn the_experts_fields_are_checked_by_name() {
         let m = ModelSpec::mixtral_8x7b();
@@ -1075,6 +1332,8 @@ mod tests {
             experts_per_token: 0,
             shared_ffn: 0,
             head_dim: 0,
+            dense_layers: 0,
+            dense_ffn: 0,
         };
         big.validate().unwrap();
         assert_eq!(big.checked_total_params(), Some(big.total_params()));

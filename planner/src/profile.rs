@@ -457,12 +457,22 @@ impl ProfileFile {
             ),
             ("shared_ffn", a.shared_ffn, b.shared_ffn),
             ("head_dim", a.head_dim(), b.head_dim()),
+            ("dense_layers", a.dense_layers, b.dense_layers),
+            ("dense_ffn", a.dense_ffn, b.dense_ffn),
         ];
         if let Some((f, x, y)) = fields.iter().find(|(_, x, y)| x != y) {
             return Err(SpecError::Profile(format!(
                 "was measured on model {:?} whose {f} is {x}, but the model planned ({:?}) has \
                  {f} {y}; profile this model",
                 a.name, b.name
+            )));
+        }
+        if b.dense_layers > 0 {
+            return Err(SpecError::Profile(format!(
+                "prices every block as the one it measured, but model {:?} has two kinds: its \
+                 first {} layers dense, the others mixtures of experts; plan it without a \
+                 profile",
+                b.name, b.dense_layers
             )));
         }
         if self.dtype != dtype {

@@ -629,9 +629,13 @@ struct Ctx<'a> {
     /// layer, the extra of the first stage (the embedding) and of the last
     /// (the head).
     layer_time: std::collections::HashMap<(usize, u64, u64), LayerTime>,
-    /// The model with 4 more layers, for per-layer coefficients away from
-    /// the embedding and head.
+    /// The model with 4 more layers, every one like its last (a mixture's
+    /// expert layers), for per-layer coefficients away from the embedding
+    /// and head.
     big: ModelSpec,
+    /// A mixture with dense first layers: the model with 4 more layers,
+    /// those first, for what they change of the first stage's time.
+    big_dense: Option<ModelSpec>,
     candidates: u64,
     /// When the search must stop ([`PlanOptions::time_limit_seconds`]).
     deadline: Option<Instant>,
@@ -648,6 +652,9 @@ impl<'a> Ctx<'a> {
     ) -> Self {
         let mut big = model.clone();
         big.layers += 4;
+        let big_dense = (model.dense_layers > 0).then(|| big.clone());
+        big.dense_layers = 0;
+        big.dense_ffn = 0;
         Ctx {
             model,
             cluster,
@@ -656,6 +663,7 @@ impl<'a> Ctx<'a> {
             budget: options.full_enumeration_budget,
             layer_time: Default::default(),
             big,
+            big_dense,
             candidates: 0,
             deadline: None,
             time_limited: false,
@@ -718,16 +726,26 @@ impl<'a> Ctx<'a> {
         let (chip, lb) = (self.chip(ty), self.big.layers);
         let mbt = Microbatching { size: b, count: 1 };
         // One layer as the first, a middle and the last of three stages.
-        let time = |layers: std::ops::Range<u64>, index: usize| {
+        let time = |model: &ModelSpec, layers: std::ops::Range<u64>, index: usize| {
             let shape = self.shape(chip, layers, index, 3, 1, tp);
-            let t = stage_timing(&self.big, self.settings, self.cluster, &shape, mbt);
+            let t = stage_timing(model, self.settings, self.cluster, &shape, mbt);
             t.forward + t.backward
         };
-        let c = time(1..2, 1);
+        let c = time(&self.big, 1..2, 1);
+        // A mixture's dense first layers, which the first stage holds
+        // (when it holds as many layers), beside the embedding: what they
+        // take beyond as many expert layers.
+        let first = match &self.big_dense {
+            Some(big) => {
+                let k = big.dense_layers;
+                time(big, 0..k, 0) - k as f64 * c
+            }
+            None => time(&self.big, 0..1, 0) - c,
+        };
         let v = LayerTime {
             c,
-            first: time(0..1, 0) - c,
-            head: time(lb - 1..lb, 2) - c,
+            first,
+            head: time(&self.big, lb - 1..lb, 2) - c,
         };
         self.layer_time.insert((ty, tp, b), v);
         v
@@ -884,7 +902,9 @@ impl<'a> Ctx<'a> {
             max_t = max_t.max(t);
             sum_t += t;
             let range = start..start + n;
-            let params = ChipParams::split(model, settings, stage_params(model, &range), n, tp);
+            let experts = model.expert_layers_in(&range);
+            let params =
+                ChipParams::split(model, settings, stage_params(model, &range), experts, tp);
             let bandwidth = dp_bandwidth(self.cluster, chip, dp, tp, peers, at.replicas_same_node);
             // The step's end: ZeRO-2 gathers the updated weights, ZeRO-3
             // nothing; below, the gradients' all-reduce.

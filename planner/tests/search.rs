@@ -105,6 +105,8 @@ fn random_case(rng: &mut XorShift) -> (ClusterSpec, ModelSpec, TrainingSettings)
         experts_per_token: 0,
         shared_ffn: 0,
         head_dim: 0,
+        dense_layers: 0,
+        dense_ffn: 0,
     };
     let settings = TrainingSettings::new(rng.pick(&[8u64, 16, 32, 64]));
     (cluster, model, settings)
@@ -160,6 +162,46 @@ fn default_is_within_two_percent_of_exhaustive_and_always_fits() {
     for c in close {
         assert!(c * 100 >= cases * 95, "{c}/{cases} within 2%");
     }
+}
+
+/// A mixture of experts whose first layers are dense: the search prices
+/// its layers as expert ones and the first stage's dense ones apart;
+/// every plan it keeps fits as the plan's own evaluation counts it, and
+/// it stays within 2% of the exhaustive search.
+#[test]
+fn a_mixture_with_dense_first_layers_is_searched_and_fits() {
+    let mut rng = XorShift(0x51ed_270b_a3c4_1f27);
+    let (mut cases, mut feasible, mut close) = (0, 0, 0);
+    for _ in 0..60 {
+        let (cluster, dense, settings) = random_case(&mut rng);
+        if dense.layers < 3 {
+            continue;
+        }
+        let model = ModelSpec {
+            experts: 8,
+            experts_per_token: 2,
+            ffn: dense.ffn / 2,
+            dense_layers: rng.range(1, dense.layers / 2 + 1),
+            dense_ffn: dense.ffn,
+            ..dense
+        };
+        model.validate().unwrap();
+        cases += 1;
+        let ex = plan(&model, &cluster, &settings, &quick(true));
+        match (ex, plan(&model, &cluster, &settings, &quick(false))) {
+            (Ok(ex), Ok(de)) => {
+                feasible += 1;
+                assert!(ex.plan.fits() && de.plan.fits(), "{}", brief(&de));
+                close += usize::from(de.plan.tokens_per_s >= 0.98 * ex.plan.tokens_per_s);
+            }
+            (Err(_), Err(_)) => close += 1,
+            (Ok(_), Err(e)) => panic!("search found nothing ({e})"),
+            (Err(e), Ok(_)) => panic!("exhaustive found nothing but the search did: {e}"),
+        }
+    }
+    eprintln!("{cases} mixtures with dense first layers ({feasible} feasible): {close} within 2%");
+    assert!(feasible >= cases / 3, "only {feasible} of {cases} feasible");
+    assert!(close * 100 >= cases * 95, "{close}/{cases} within 2%");
 }
 
 fn brief(r: &PlanReport) -> String {

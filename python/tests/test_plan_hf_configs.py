@@ -1,10 +1,11 @@
 """`polychip plan --model DIR` on the configs transformers itself writes:
 every default config of the dense architectures the planner's reader
-lists, and of the mixtures of experts whose every layer is one, plans on
+lists, and of the mixtures of experts, plans on
 the three-vendor example cluster (the mixtures with and without expert
-parallelism); the mixtures with dense layers among the expert ones, those
-of latent or linear attention, the encoder-decoder and the attention-free
-model are refused, each naming what it cannot take (docs/planner.md, "The
+parallelism, those whose first layers are dense among them); the mixtures
+with dense layers elsewhere among the expert ones, those of latent or
+linear attention, the encoder-decoder and the attention-free model are
+refused, each naming what it cannot take (docs/planner.md, "The
 model")."""
 
 import json
@@ -28,9 +29,11 @@ DENSE = ["LlamaConfig", "MistralConfig", "Qwen2Config", "Qwen3Config", "GemmaCon
          "GPTBigCodeConfig", "GPTNeoConfig", "GPTNeoXConfig", "GPTJConfig", "CodeGenConfig",
          "OPTConfig", "BloomConfig", "FalconConfig", "MptConfig", "BertConfig"]
 MOE = ["MixtralConfig", "Qwen2MoeConfig", "Qwen3MoeConfig", "OlmoeConfig", "PhimoeConfig",
-       "GraniteMoeConfig", "GptOssConfig", "Llama4TextConfig"]
+       "GraniteMoeConfig", "GptOssConfig", "Llama4TextConfig",
+       # Their first layers dense (`first_k_dense_replace`, `moe_layer_start_index`).
+       "Glm4MoeConfig", "Ernie4_5_MoeConfig"]
 REFUSED = {"DbrxConfig": "`ffn_config.moe_num_experts`", "JambaConfig": "`expert_layer_period`",
-           "Glm4MoeConfig": "`first_k_dense_replace`", "DeepseekV3Config": "`kv_lora_rank`",
+           "DeepseekV3Config": "`kv_lora_rank`",
            "Qwen3NextConfig": "linear_attention", "T5Config": "encoder-decoder",
            "MambaConfig": "`num_attention_heads`"}
 

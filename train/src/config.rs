@@ -262,6 +262,8 @@ impl ModelConfig {
             experts_per_token: 0,
             shared_ffn: 0,
             head_dim: 0,
+            dense_layers: 0,
+            dense_ffn: 0,
         }
     }
 }
