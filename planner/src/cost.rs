@@ -448,7 +448,9 @@ fn full_layer_activation_bytes(
         true => 34.0 / t,
         false => 10.0 + 24.0 / t,
     };
-    sbh * (kept * scale + scores / t) + moe_activation_bytes(model, micro_batch, tp) * scale
+    let extra = moe_activation_bytes(model, micro_batch, tp)
+        + latent_activation_bytes(model, micro_batch, tp);
+    sbh * (kept * scale + scores / t) + extra * scale
         - fp8_saved_bytes(model, settings, micro_batch, tp)
 }
 
@@ -483,6 +485,24 @@ fn fp8_saved_bytes(
         false => 0.0,
     };
     sb * (inputs + permuted + model.active_ffn() as f64 / t)
+}
+
+/// What latent attention keeps beyond the attention's part of Korthikanti
+/// et al.'s 34 bytes per element (16-bit), on each of `tp` chips: per
+/// token its queries, keys, values and context at their widths (`2 (q +
+/// kv + v + c)` bytes over `t`, where the count takes `2 h` each), and the
+/// queries' and keys' latents and their norms' outputs (`2 (2 r_q +
+/// 2 r_kv + d_r)`, whole on every chip: the down projections are not
+/// split). 0 without it.
+fn latent_activation_bytes(model: &ModelSpec, micro_batch: u64, tp: u64) -> f64 {
+    if !model.is_mla() {
+        return 0.0;
+    }
+    let t = tp.max(1) as f64;
+    let h = model.hidden as f64;
+    let heads = model.attention_widths().sum() as f64;
+    let latents = (2 * model.q_lora_rank + 2 * model.kv_lora_rank + model.rope_head_dim) as f64;
+    (model.seq_len * micro_batch) as f64 * 2.0 * ((heads - 4.0 * h) / t + latents)
 }
 
 /// What a mixture of experts' FFN block keeps beyond the dense MLP's 19
@@ -594,23 +614,25 @@ pub fn embedding_mask_bytes(
     }
 }
 
-/// A per-layer figure over the layers `range` of each kind
-/// ([`ModelSpec::layer_kinds`]: a mixture's dense first layers and its
-/// expert ones): its mean and its largest; the model's own layer's for an
-/// empty range.
+/// A per-layer figure's mean and largest over a range of layers
+/// ([`over_kinds`]).
 #[derive(Debug, Clone, Copy)]
 pub struct OverKinds {
     pub mean: f64,
     pub max: f64,
 }
 
+/// `f` over the layers `range` of each kind ([`ModelSpec::layer_kinds`]:
+/// a mixture's dense first layers and its expert ones): its mean and its
+/// largest; the model's own layer's for an empty range.
+#[inline]
 pub fn over_kinds(
     model: &ModelSpec,
     range: &Range<u64>,
     f: impl Fn(&ModelSpec) -> f64,
 ) -> OverKinds {
     let n = range.end.saturating_sub(range.start);
-    if n == 0 || model.dense_layers_in(range) == 0 {
+    if model.dense_layers == 0 || n == 0 || model.dense_layers_in(range) == 0 {
         let v = f(model);
         return OverKinds { mean: v, max: v };
     }
@@ -641,11 +663,12 @@ fn layer_workspace_bytes(
     let t = stage.tp.max(1) as f64;
     let e = settings.dtype.bytes() as f64;
     let tokens = (micro_batch * model.seq_len) as f64;
-    let (q, kv) = (model.q_dim() as f64, model.kv_dim() as f64);
+    let w = model.attention_widths();
+    let (q, kv, v) = (w.q as f64, w.kv as f64, w.v as f64);
     let f = over_kinds(model, &stage.layers, |m| m.active_ffn() as f64).max;
     let ffn = 3.0 * tokens * f / t * e;
     let attention = if settings.flash_attention {
-        tokens / t * ((q + 2.0 * kv) * e + 4.0 * q)
+        tokens / t * ((q + kv + v) * e + 4.0 * q)
     } else {
         let s = model.seq_len as f64;
         2.0 * (micro_batch * model.heads) as f64 / t * s * s * e
@@ -1117,9 +1140,9 @@ fn attention_time_with(
     }
     let t = tp.max(1) as f64;
     let tokens = (micro_batch * model.seq_len) as f64;
-    let (q, kv) = (model.q_dim() as f64, model.kv_dim() as f64);
-    let io = tokens / t * rates.elem;
-    let (fwd_io, bwd_io) = (io * (2.0 * q + 2.0 * kv), io * (4.0 * q + 4.0 * kv));
+    // Q, K, V and the output ([`AttentionWidths::sum`]).
+    let io = tokens / t * rates.elem * model.attention_widths().sum() as f64;
+    let (fwd_io, bwd_io) = (io, 2.0 * io);
     let compute = |mm: &Matmul| mm.flops() / (rates.matmul * ChipRates::shape_factor(mm));
     let fwd: f64 = mms.iter().map(compute).sum();
     let bwd: f64 = mms
@@ -1164,26 +1187,27 @@ pub fn layer_time(
 
 /// FP8 training's casts of one layer on each of `tp` chips: forward, the
 /// weight matmuls' inputs (the attention's and the FFN's normed inputs,
-/// the attention's output, the FFN's product: `2 h + q + f` elements a
-/// token, `f` the width a token runs, `q` the queries'); backward, their
-/// output gradients (`2 h + q + 2 kv + 2 f`); each read in the dtype and
+/// the attention's output, the FFN's product: `2 h + c + f` elements a
+/// token, `f` the width a token runs, `c` the attention's context, the
+/// queries' `q` but where latent attention's values are narrower);
+/// backward, their output gradients (`2 h + q + kv + v + 2 f`, `kv` and `v`
+/// the keys' and values' widths; latent attention's latents are left
+/// out); each read in the dtype and
 /// written in one byte, in one pass (the amax taken on the way, as
 /// Transformer Engine's fused casts do); split over `t` as the matmuls
 /// are.
 pub fn fp8_casts(model: &ModelSpec, elem: f64, micro_batch: u64, tp: u64) -> MemoryPass {
     let t = tp.max(1) as f64;
     let tokens = (micro_batch * model.seq_len) as f64;
-    let (h, q, kv) = (
-        model.hidden as f64,
-        model.q_dim() as f64,
-        model.kv_dim() as f64,
-    );
+    let w = model.attention_widths();
+    let (h, q, kv) = (model.hidden as f64, w.q as f64, w.kv as f64);
+    let (v, c) = (w.v as f64, w.context as f64);
     let f = model.active_ffn() as f64;
     let bytes = tokens / t * (elem + 1.0);
     MemoryPass {
         name: "fp8 casts",
-        forward_bytes: bytes * (2.0 * h + q + f),
-        backward_bytes: bytes * (2.0 * h + q + 2.0 * kv + 2.0 * f),
+        forward_bytes: bytes * (2.0 * h + c + f),
+        backward_bytes: bytes * (2.0 * h + q + kv + v + 2.0 * f),
     }
 }
 
@@ -1418,7 +1442,8 @@ fn context_parallel_attention(
     let chip = stage.chip;
     let attention = attention_time(model, rates, b, tp);
     let (compute_f, compute_b) = (c as f64 * attention.forward, c as f64 * attention.backward);
-    let chunk = (2 * b * model.seq_len * model.kv_dim()) as f64 / tp as f64 * rates.elem;
+    let chunk =
+        (b * model.seq_len * (model.kv_dim() + model.v_dim())) as f64 / tp as f64 * rates.elem;
     let link = match tp.saturating_mul(c) <= chip.chips_per_node {
         true => chip.intra_node_bandwidth,
         false => chip.nic_bandwidth.min(cluster.inter_node_bandwidth),
@@ -1651,6 +1676,13 @@ pub fn check_cluster_settings(
                 "the model is a mixture of {} experts, but {polychip}, which trains dense \
                  models",
                 model.experts
+            ));
+        }
+        if model.is_mla() {
+            return refuse(format!(
+                "the model's attention is latent (kv_lora_rank {}), but {polychip}, whose \
+                 attention is grouped-query",
+                model.kv_lora_rank
             ));
         }
     }

@@ -180,6 +180,10 @@ fn mid_size() -> ModelSpec {
         head_dim: 0,
         dense_layers: 0,
         dense_ffn: 0,
+        kv_lora_rank: 0,
+        q_lora_rank: 0,
+        rope_head_dim: 0,
+        v_head_dim: 0,
     }
 }
 
@@ -1203,4 +1207,60 @@ fn a_stage_of_dense_and_expert_layers_is_priced_by_kind() {
         stage_memory(&mixed, &s, &first, ONE).weights,
         stage_memory(&dense, &s, &first, ONE).weights,
     );
+}
+
+/// Latent attention (16 heads of 128 + 64 rotary, values of 128, latents
+/// of 1536 and 512 at hidden 2048): a layer keeps its queries, keys,
+/// values and context at their widths and its latents whole beyond the
+/// 16-bit count; its attention's products take the values' width; it is
+/// refused on `polychip train`'s chips.
+#[test]
+fn latent_attention_is_priced_at_its_widths() {
+    let c = cluster();
+    let latent = ModelSpec {
+        head_dim: 192,
+        kv_lora_rank: 512,
+        q_lora_rank: 1536,
+        rope_head_dim: 64,
+        v_head_dim: 128,
+        ..mid_size()
+    };
+    latent.validate().unwrap();
+    let grouped = ModelSpec {
+        kv_lora_rank: 0,
+        q_lora_rank: 0,
+        rope_head_dim: 0,
+        v_head_dim: 0,
+        ..latent.clone()
+    };
+    let s = TrainingSettings::new(64);
+    let st = shape(&c, 2..3, 1, 1, 2);
+    let acts = |m: &ModelSpec| stage_memory(m, &s, &st, ONE).activations;
+    // Per token, over t = 2: q + kv + v + c = 3072 + 3072 + 2048 + 2048
+    // against the count's 4 h = 8192; whole: 2 (1536 + 512) + 64.
+    let per_token = (3072.0 + 3072.0 + 2048.0 + 2048.0 - 8192.0) / 2.0 + 4160.0;
+    let kept = kept_micro_batches(&s, &st, ONE);
+    close(
+        acts(&latent) - acts(&grouped),
+        kept * 2048.0 * 2.0 * per_token,
+    );
+    // The two products: `2 b s^2 (q + c)`, the grouped heads' `4 b s^2 q`.
+    let rates = ChipRates::new(&c.chip_types[0], &s);
+    let flops =
+        |m: &ModelSpec| -> f64 { m.attention_matmuls(1, 2).iter().map(Matmul::flops).sum() };
+    close(
+        flops(&latent) / flops(&grouped),
+        (3072.0 + 2048.0) / (2.0 * 3072.0),
+    );
+    assert!(
+        attention_time(&latent, &rates, 1, 2).forward
+            < attention_time(&grouped, &rates, 1, 2).forward
+    );
+    let mut poly = cluster();
+    poly.chip_types[0].framework = Framework::Polychip;
+    let e = check_cluster_settings(&latent, &poly, &s)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("attention is latent (kv_lora_rank 512)"), "{e}");
+    check_cluster_settings(&latent, &c, &s).unwrap();
 }

@@ -229,13 +229,17 @@ fn dense_first_layers(fields: &Fields, layers: u64) -> Result<u64, String> {
 }
 
 /// Why the planner cannot model a config's layers, naming the field:
-/// latent attention (DeepSeek's `kv_lora_rank`), layers of linear
-/// attention (`layer_types`).
+/// layers of linear attention or state-space layers (`layer_types`),
+/// zero-computation experts (LongCat-Flash's `zero_expert_num`, whose
+/// layers also run two attention blocks).
 fn unmodelled_layers(fields: &Fields) -> Option<String> {
-    if let Some(v) = fields.get("kv_lora_rank") {
+    if let Some(v) = fields.get("zero_expert_num")
+        && v.as_u64() != Some(0)
+    {
         return Some(format!(
-            "config.json has `kv_lora_rank` = {v}: multi-head latent attention, which the \
-             planner does not model (its attention is grouped-query)"
+            "config.json has `zero_expert_num` = {v}: zero-computation experts (and \
+             LongCat-Flash's layers of two attention blocks), which the planner does not \
+             model"
         ));
     }
     if let Some(Value::Array(types)) = fields.get("layer_types")
@@ -442,6 +446,27 @@ impl ModelSpec {
                 }
             },
         };
+        // Multi-head latent attention (DeepSeek-V2 and V3, Kimi K2): the
+        // heads' width is the queries' and keys' `qk_nope_head_dim +
+        // qk_rope_head_dim` (its `head_dim`, where a config gives one, is
+        // the rotary part), every head its own keys and values.
+        let (head_dim, kv_heads, kv_lora_rank, q_lora_rank, rope_head_dim, v_head_dim) =
+            match fields.optional_size(&["kv_lora_rank"])? {
+                None => (head_dim, kv_heads, 0, 0, 0, 0),
+                Some(rkv) => {
+                    let nope = fields.size(&["qk_nope_head_dim"])?;
+                    let rope = fields.size(&["qk_rope_head_dim"])?;
+                    let v = fields.size(&["v_head_dim"])?;
+                    let rq = fields.optional_size(&["q_lora_rank"])?.unwrap_or(0);
+                    let d = nope.saturating_add(rope);
+                    let head_dim = match d.checked_mul(heads) == Some(hidden) {
+                        true => 0,
+                        false => d,
+                    };
+                    let v = if v == d { 0 } else { v };
+                    (head_dim, heads, rkv, rq, rope, v)
+                }
+            };
         let model = ModelSpec {
             name: name.to_string(),
             layers,
@@ -458,6 +483,10 @@ impl ModelSpec {
             head_dim,
             dense_layers,
             dense_ffn,
+            kv_lora_rank,
+            q_lora_rank,
+            rope_head_dim,
+            v_head_dim,
         };
         model.validate()?;
         Ok(model)
@@ -468,7 +497,9 @@ impl ModelSpec {
 /// represent exactly, as sentences: attention over a window or chunks of
 /// the sequence (`sliding_window`, Mistral's; sliding or chunked layers in
 /// `layer_types`, GPT-OSS's, Gemma 2's, Llama 4's), which the planner
-/// prices over the whole sequence.
+/// prices over the whole sequence; multi-token-prediction layers
+/// (DeepSeek-V3's, GLM-4.5's `num_nextn_predict_layers`), which it leaves
+/// out.
 pub fn hf_notes(text: &str) -> Vec<String> {
     let Ok(Value::Object(root)) = polychip_files::parse_json_value(text) else {
         return Vec::new();
@@ -486,6 +517,17 @@ pub fn hf_notes(text: &str) -> Vec<String> {
             .count(),
         _ => 0,
     };
+    if let Some(n) = map
+        .get("num_nextn_predict_layers")
+        .and_then(Value::as_u64)
+        .filter(|&n| n > 0)
+    {
+        let layers = if n == 1 { "layer" } else { "layers" };
+        notes.push(format!(
+            "config.json gives {n} multi-token-prediction {layers} (num_nextn_predict_layers), \
+             which the planner leaves out (transformers' model does not train them)"
+        ));
+    }
     let window = map.get("sliding_window").and_then(Value::as_u64);
     if windowed > 0 || window.is_some() {
         let which = match windowed {
@@ -791,6 +833,43 @@ mod tests {
         assert_eq!((m.ffn, m.dense_layers, m.dense_ffn), (256, 0, 0));
     }
 
+    /// DeepSeek-V3's config.json (deepseek-ai/DeepSeek-V3, as published,
+    /// trimmed of the fields the planner does not read): latent attention
+    /// (queries through a latent of 1536, keys and values through one of
+    /// 512, heads of 128 + 64 rotary, values of 128), its first 3 of 61
+    /// layers dense. Its `head_dim`, where a config gives one, is the
+    /// rotary part (transformers'), not the heads' width.
+    #[test]
+    fn a_latent_attention_config_is_read() {
+        let text = r#"{"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3",
+            "hidden_act": "silu", "hidden_size": 7168, "intermediate_size": 18432,
+            "moe_intermediate_size": 2048, "num_hidden_layers": 61,
+            "num_attention_heads": 128, "num_key_value_heads": 128, "n_shared_experts": 1,
+            "n_routed_experts": 256, "num_experts_per_tok": 8, "first_k_dense_replace": 3,
+            "moe_layer_freq": 1, "q_lora_rank": 1536, "kv_lora_rank": 512,
+            "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128,
+            "head_dim": 64, "vocab_size": 129280, "tie_word_embeddings": false,
+            "max_position_embeddings": 163840, "num_nextn_predict_layers": 1}"#;
+        let m = ModelSpec::from_hf_config(text, "deepseek-v3", None).unwrap();
+        assert_eq!(
+            (m.kv_lora_rank, m.q_lora_rank, m.rope_head_dim),
+            (512, 1536, 64)
+        );
+        assert_eq!((m.head_dim(), m.v_head_dim(), m.kv_heads), (192, 128, 128));
+        assert_eq!((m.dense_layers, m.dense_ffn, m.experts), (3, 18432, 256));
+        assert_eq!((m.ffn, m.shared_ffn, m.experts_per_token), (2048, 2048, 8));
+        // DeepSeek-V2-Lite's queries come straight from the hidden state.
+        let lite = text.replace("\"q_lora_rank\": 1536", "\"q_lora_rank\": null");
+        let m = ModelSpec::from_hf_config(&lite, "lite", None).unwrap();
+        assert_eq!(m.q_lora_rank, 0);
+        // Its multi-token-prediction layer is noted, not planned.
+        let notes = hf_notes(text);
+        assert!(
+            notes.iter().any(|n| n.contains("num_nextn_predict_layers")),
+            "{notes:?}"
+        );
+    }
+
     /// A multimodal config's language model; mixtures of experts the
     /// planner cannot describe (no top-k, dense layers among the expert
     /// ones, sizes in a section), latent and linear attention, refused;
@@ -852,9 +931,21 @@ mod tests {
                  not find",
             ),
             (
-                r#"{"model_type": "deepseek_v3", "hidden_size": 64, "kv_lora_rank": 16,
-                    "n_routed_experts": 8}"#,
-                "`kv_lora_rank` = 16: multi-head latent attention",
+                r#"{"model_type": "deepseek_v3", "hidden_size": 64, "intermediate_size": 128,
+                    "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 256,
+                    "kv_lora_rank": 16, "qk_nope_head_dim": 16, "v_head_dim": 16}"#,
+                "none of `qk_rope_head_dim`",
+            ),
+            (
+                r#"{"model_type": "deepseek_v3", "hidden_size": 64, "intermediate_size": 128,
+                    "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 256,
+                    "kv_lora_rank": 16, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8,
+                    "v_head_dim": 2000000}"#,
+                "v_head_dim is 2000000, more than the planner accepts",
+            ),
+            (
+                r#"{"model_type": "longcat_flash", "hidden_size": 64, "zero_expert_num": 4}"#,
+                "`zero_expert_num` = 4: zero-computation experts",
             ),
             (
                 r#"{"model_type": "qwen3_next", "hidden_size": 64,

@@ -77,6 +77,27 @@ pub struct ModelSpec {
     /// The MLP width of the `dense_layers` dense layers; with them only.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub dense_ffn: u64,
+    /// Multi-head latent attention (DeepSeek-V2 and V3, Kimi K2): the keys
+    /// and values come up from a latent of this width (`h x (r_kv +
+    /// rope_head_dim)` down, a norm, `r_kv x a (head_dim -
+    /// rope_head_dim + v_head_dim)` up), every head its own (`kv_heads` =
+    /// `heads`). 0 (the default): grouped-query attention.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub kv_lora_rank: u64,
+    /// Under latent attention, the queries' latent width (`h x r_q` down,
+    /// a norm, `r_q x a head_dim` up); 0: projected directly (DeepSeek-V2
+    /// Lite).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub q_lora_rank: u64,
+    /// Under latent attention, the rotary part of `head_dim` (the queries'
+    /// and keys' width, DeepSeek's `qk_nope_head_dim + qk_rope_head_dim`),
+    /// whose key part all heads share.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub rope_head_dim: u64,
+    /// Under latent attention, the values' head width where it is not
+    /// `head_dim` (DeepSeek's `v_head_dim`); 0: `head_dim`.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub v_head_dim: u64,
 }
 
 fn is_zero(v: &u64) -> bool {
@@ -131,6 +152,10 @@ impl ModelSpec {
             head_dim: 0,
             dense_layers: 0,
             dense_ffn: 0,
+            kv_lora_rank: 0,
+            q_lora_rank: 0,
+            rope_head_dim: 0,
+            v_head_dim: 0,
         }
     }
 
@@ -255,6 +280,7 @@ impl ModelSpec {
             )));
         }
         self.check_experts().map_err(bad)?;
+        self.check_latent().map_err(bad)?;
         if self.checked_total_params().is_none() {
             return Err(bad("its parameter count does not fit in 64 bits".into()));
         }
@@ -340,6 +366,54 @@ impl ModelSpec {
         Ok(())
     }
 
+    /// Checks latent attention's fields: none without `kv_lora_rank`;
+    /// with it every head its own keys and values, a rotary part within
+    /// `head_dim`, each width at most the `hidden` limit.
+    fn check_latent(&self) -> Result<(), String> {
+        let fields = [
+            ("kv_lora_rank", self.kv_lora_rank),
+            ("q_lora_rank", self.q_lora_rank),
+            ("rope_head_dim", self.rope_head_dim),
+            ("v_head_dim", self.v_head_dim),
+        ];
+        if !self.is_mla() {
+            return match fields.iter().find(|(_, v)| *v > 0) {
+                None => Ok(()),
+                Some((name, v)) => Err(format!(
+                    "{name} is {v} without kv_lora_rank; it belongs to multi-head latent \
+                     attention (give kv_lora_rank, the keys' and values' latent width)"
+                )),
+            };
+        }
+        let limit = MODEL_LIMITS[1].1;
+        if let Some((name, v)) = fields.iter().find(|(_, v)| *v > limit) {
+            return Err(format!(
+                "{name} is {v}, more than the planner accepts ({limit})"
+            ));
+        }
+        if self.kv_heads != self.heads {
+            return Err(format!(
+                "kv_heads is {} of {} heads, but latent attention gives every head its own \
+                 keys and values: give kv_heads = heads",
+                self.kv_heads, self.heads
+            ));
+        }
+        if self.rope_head_dim > self.head_dim() {
+            return Err(format!(
+                "rope_head_dim {} is more than head_dim {}, of which it is the rotary part",
+                self.rope_head_dim,
+                self.head_dim()
+            ));
+        }
+        Ok(())
+    }
+
+    /// Whether its attention is multi-head latent attention
+    /// ([`Self::kv_lora_rank`]).
+    pub fn is_mla(&self) -> bool {
+        self.kv_lora_rank > 0
+    }
+
     /// Whether its feed-forward blocks are mixtures of experts.
     pub fn is_moe(&self) -> bool {
         self.experts >= 2
@@ -383,6 +457,10 @@ impl ModelSpec {
             head_dim: self.head_dim,
             dense_layers: 0,
             dense_ffn: 0,
+            kv_lora_rank: self.kv_lora_rank,
+            q_lora_rank: self.q_lora_rank,
+            rope_head_dim: self.rope_head_dim,
+            v_head_dim: self.v_head_dim,
         })
     }
 
@@ -400,6 +478,10 @@ impl ModelSpec {
 
     /// Parameters of the layers `range` (without the embedding or head).
     pub fn layers_params(&self, range: &Range<u64>) -> u64 {
+        // (The search's inner loop counts stages of every layer alike.)
+        if self.dense_layers == 0 {
+            return range.end.saturating_sub(range.start) * self.layer_params();
+        }
         self.layer_kinds(range)
             .iter()
             .map(|(m, n)| n * m.layer_params())
@@ -419,15 +501,9 @@ impl ModelSpec {
     /// when it overflows `u64` (never within [`MODEL_LIMITS`]).
     pub fn checked_total_params(&self) -> Option<u64> {
         let h = self.hidden;
-        let d = match self.head_dim {
-            0 => h / self.heads.max(1),
-            d => d,
-        };
-        let (q, kv) = (self.heads.checked_mul(d)?, self.kv_heads.checked_mul(d)?);
-        let attention = h
-            .checked_mul(q)?
-            .checked_add(h.checked_mul(kv)?)?
-            .checked_mul(2)?;
+        // (Within the fields' limits, which are checked first, one layer's
+        // attention stays under 2^60.)
+        let attention = self.attention_params();
         let copies = if self.is_moe() { self.experts } else { 1 };
         let ffn = h
             .checked_mul(self.ffn)?
@@ -477,11 +553,48 @@ impl ModelSpec {
         self.kv_heads * self.head_dim()
     }
 
-    /// Width of the queries (and of the attention's output before its
-    /// projection): `heads * head_dim`, `h` unless `head_dim` says
-    /// otherwise.
+    /// Width of the queries: `heads * head_dim`, `h` unless `head_dim`
+    /// says otherwise.
     pub fn q_dim(&self) -> u64 {
         self.heads * self.head_dim()
+    }
+
+    /// The attention's widths, the head's computed once (the search prices
+    /// layers in its inner loop): [`Self::q_dim`], [`Self::kv_dim`],
+    /// [`Self::v_dim`] and [`Self::context_dim`].
+    pub fn attention_widths(&self) -> AttentionWidths {
+        let d = self.head_dim();
+        let dv = match self.v_head_dim {
+            0 => d,
+            dv => dv,
+        };
+        AttentionWidths {
+            q: self.heads * d,
+            kv: self.kv_heads * d,
+            v: self.kv_heads * dv,
+            context: self.heads * dv,
+        }
+    }
+
+    /// A value head's width: `v_head_dim` (latent attention's), else
+    /// `head_dim`.
+    pub fn v_head_dim(&self) -> u64 {
+        match self.v_head_dim {
+            0 => self.head_dim(),
+            d => d,
+        }
+    }
+
+    /// Width of the values: `kv_heads * v_head_dim` ([`Self::kv_dim`]
+    /// unless latent attention's values are narrower than its keys).
+    pub fn v_dim(&self) -> u64 {
+        self.kv_heads * self.v_head_dim()
+    }
+
+    /// Width of the attention's output before its projection: `heads *
+    /// v_head_dim` ([`Self::q_dim`] unless the values are narrower).
+    pub fn context_dim(&self) -> u64 {
+        self.heads * self.v_head_dim()
     }
 
     /// Input embedding parameters: `V h`.
@@ -489,12 +602,33 @@ impl ModelSpec {
         self.vocab * self.hidden
     }
 
-    /// Attention parameters of one layer: Q and O `h*q` each, K and V
-    /// `h*kv` each (no biases; `q = h` and `kv = h g/a` unless `head_dim`
-    /// says otherwise).
-    pub fn attention_params(&self) -> u64 {
+    /// The attention's weight matrices of one layer, in parameters: Q and
+    /// O `h*q` each, K and V `h*kv` each (no biases; `q = h` and `kv = h
+    /// g/a` unless `head_dim` says otherwise). Under latent attention: the
+    /// queries' `h r_q + r_q a d` (or `h a d` without a query latent), the
+    /// keys' and values' down projection `h (r_kv + d_r)` and up projection
+    /// `r_kv a (d - d_r + d_v)`, the output's `a d_v h` (`d` the head's
+    /// width, `d_r` its rotary part, `d_v` a value head's).
+    pub fn attention_weights(&self) -> u64 {
         let h = self.hidden;
-        2 * h * self.q_dim() + 2 * h * self.kv_dim()
+        let AttentionWidths { q, kv, v, context } = self.attention_widths();
+        if !self.is_mla() {
+            return h * (q + kv + v) + context * h;
+        }
+        let (rq, rkv, rope) = (self.q_lora_rank, self.kv_lora_rank, self.rope_head_dim);
+        let queries = match rq {
+            0 => h * q,
+            r => h * r + r * q,
+        };
+        let nope = self.head_dim().saturating_sub(rope);
+        queries + h * (rkv + rope) + rkv * self.heads * (nope + self.v_head_dim()) + context * h
+    }
+
+    /// Attention parameters of one layer: its weights
+    /// ([`Self::attention_weights`]) and, under latent attention, its
+    /// latents' norms (`r_q + r_kv`).
+    pub fn attention_params(&self) -> u64 {
+        self.attention_weights() + self.q_lora_rank + self.kv_lora_rank
     }
 
     /// FFN parameters of one layer: a SwiGLU's gate, up and down, `3 h
@@ -568,17 +702,17 @@ impl ModelSpec {
             self.layers as f64,
             self.hidden as f64,
         );
-        let (f, a, g, v) = (
-            self.active_ffn() as f64,
-            self.heads as f64,
-            self.kv_heads as f64,
-            self.vocab as f64,
-        );
-        let q = self.q_dim() as f64 / h;
-        // A mixture's dense layers run `dense_ffn` in place of `f`.
+        // `6 b s` a weight of the layers (each kind's feed-forward width:
+        // a mixture's dense layers run `dense_ffn`) and of the head, and
+        // `6 b s^2` a query's and a context's element for the attention's
+        // two products: with `q = g/a kv`, `12 B s L h^2 (1 + g/a + s/h) q/h
+        // + ...` as above.
         let dense = self.dense_layers as f64;
-        let f = f + dense / l * (self.dense_ffn as f64 - f);
-        12.0 * b * s * l * h * h * ((1.0 + g / a + s / h) * q + 1.5 * f / h + v / (2.0 * l * h))
+        let ffn =
+            3.0 * h * ((l - dense) * self.active_ffn() as f64 + dense * self.dense_ffn as f64);
+        let weights = l * self.attention_weights() as f64 + ffn + h * self.vocab as f64;
+        let scores = l * (self.q_dim() + self.context_dim()) as f64;
+        6.0 * b * s * (weights + s * scores)
     }
 
     /// Training FLOPs per token: [`Self::flops_per_iteration`] of one
@@ -611,16 +745,18 @@ impl ModelSpec {
     pub fn matmul_forward_flops(&self, micro_batch: u64) -> f64 {
         let router = if self.is_moe() { self.experts } else { 0 };
         let ffn = 3 * self.hidden * self.active_ffn() + self.hidden * router;
-        let weights = (self.attention_params() + ffn) as f64;
+        let weights = (self.attention_weights() + ffn) as f64;
         2.0 * micro_batch as f64 * self.seq_len as f64 * weights
     }
 
     /// The attention-score part of [`Self::layer_forward_flops`],
-    /// `4 b s^2 q` (`q = h` unless `head_dim` says otherwise): what
-    /// selective recomputation recomputes.
+    /// `2 b s^2 (q + c)`, `4 b s^2 q` but where latent attention's values
+    /// are narrower (`q = h` unless `head_dim` says otherwise, `c` the
+    /// context's width): what selective recomputation recomputes.
     pub fn attention_score_forward_flops(&self, micro_batch: u64) -> f64 {
         let (q, s) = (self.q_dim() as f64, self.seq_len as f64);
-        4.0 * micro_batch as f64 * s * s * q
+        let c = self.context_dim() as f64;
+        2.0 * micro_batch as f64 * s * s * (q + c)
     }
 
     /// Forward FLOPs of the output head for a micro-batch: `2 b s h V`.
@@ -632,6 +768,25 @@ impl ModelSpec {
     /// Megatron formula counts none either).
     pub fn embedding_forward_flops(&self, _micro_batch: u64) -> f64 {
         0.0
+    }
+}
+
+/// The widths of a layer's attention ([`ModelSpec::attention_widths`]):
+/// the queries', keys', values' and the context's (its output before the
+/// projection).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AttentionWidths {
+    pub q: u64,
+    pub kv: u64,
+    pub v: u64,
+    pub context: u64,
+}
+
+impl AttentionWidths {
+    /// The four, summed: what flash attention reads and writes a token
+    /// (`2 q + 2 kv` but where latent attention's values are narrower).
+    pub fn sum(&self) -> u64 {
+        self.q + self.kv + self.v + self.context
     }
 }
 
@@ -790,11 +945,12 @@ impl ModelSpec {
     /// balances them; each expert split over `tp` as a dense FFN is,
     /// Megatron-LM's expert tensor parallelism at its default, the `tp`),
     /// and the shared expert as a dense FFN of its width.
-    pub fn layer_matmuls(&self, micro_batch: u64, tp: u64, ep: u64) -> Few<Matmul, 9> {
+    pub fn layer_matmuls(&self, micro_batch: u64, tp: u64, ep: u64) -> Few<Matmul, 12> {
         let t = tp.max(1) as f64;
         let m = self.tokens(micro_batch);
-        let (h, kv, f) = (self.hidden as f64, self.kv_dim() as f64, self.ffn as f64);
-        let q = self.q_dim() as f64;
+        let (h, f) = (self.hidden as f64, self.ffn as f64);
+        let w = self.attention_widths();
+        let (q, kv, v, context) = (w.q as f64, w.kv as f64, w.v as f64, w.context as f64);
         let mm = |name, m, n, k, batch| Matmul {
             name,
             m,
@@ -802,10 +958,29 @@ impl ModelSpec {
             k,
             batch,
         };
-        let mut mms = Few::of(&[
-            mm("qkv", m, (q + 2.0 * kv) / t, h, 1.0),
-            mm("attention output", m, h, q / t, 1.0),
-        ]);
+        let mut mms = Few::of(&[]);
+        if self.is_mla() {
+            // The down projections (not split by `tp`, as Megatron-LM
+            // runs them) on each chip's `1/t` of the tokens, as under
+            // sequence parallelism; the up projections split by heads.
+            let (rq, rkv) = (self.q_lora_rank as f64, self.kv_lora_rank as f64);
+            let rope = self.rope_head_dim as f64;
+            let up = (self.heads * (self.head_dim() - self.rope_head_dim)) as f64 + v;
+            match self.q_lora_rank {
+                0 => mms.extend(&[mm("q", m, q / t, h, 1.0)]),
+                _ => mms.extend(&[
+                    mm("q down", m / t, rq, h, 1.0),
+                    mm("q up", m, q / t, rq, 1.0),
+                ]),
+            }
+            mms.extend(&[
+                mm("kv down", m / t, rkv + rope, h, 1.0),
+                mm("kv up", m, up / t, rkv, 1.0),
+            ]);
+        } else {
+            mms.extend(&[mm("qkv", m, (q + kv + v) / t, h, 1.0)]);
+        }
+        mms.extend(&[mm("attention output", m, h, context / t, 1.0)]);
         if !self.is_moe() {
             mms.extend(&[
                 mm("ffn gate", m, f / t, h, 1.0),
@@ -836,9 +1011,11 @@ impl ModelSpec {
     }
 
     /// The two products of attention for a micro-batch on each of `tp`
-    /// chips (`a / t` heads each): the scores `Q K^T` (`s x s`, inner
-    /// `h / a`) and the context `P V` (`s x h/a`, inner `s`), causal masking
-    /// not exploited (as Megatron counts): `4 b s^2 h / t` FLOPs together.
+    /// chips (`a / t` heads each): the scores `Q K^T` (`s x s`, inner the
+    /// head's width, `h / a` unless `head_dim` says otherwise) and the
+    /// context `P V` (`s x d_v`, inner `s`), causal masking not exploited
+    /// (as Megatron counts): `4 b s^2 h / t` FLOPs together when the heads
+    /// are `h / a` wide.
     pub fn attention_matmuls(&self, micro_batch: u64, tp: u64) -> [Matmul; 2] {
         let batch = (micro_batch * self.heads) as f64 / tp.max(1) as f64;
         let (s, d) = (self.seq_len as f64, self.head_dim() as f64);
@@ -853,7 +1030,7 @@ impl ModelSpec {
             Matmul {
                 name: "attention context",
                 m: s,
-                n: d,
+                n: self.v_head_dim() as f64,
                 k: s,
                 batch,
             },
@@ -887,10 +1064,16 @@ impl ModelSpec {
         tp: u64,
         elem: f64,
         sequence_parallel: bool,
-    ) -> Few<MemoryPass, 8> {
+    ) -> Few<MemoryPass, 9> {
         let t = tp.max(1) as f64;
         let x = self.tokens(micro_batch) * elem;
         let (h, kv) = (self.hidden as f64, self.kv_dim() as f64);
+        // RoPE's elements: the queries' and keys' (under latent attention
+        // their rotary parts, the keys' shared by the heads).
+        let rope = match self.is_mla() {
+            false => (self.q_dim() as f64 + kv) / t,
+            true => (self.heads * self.rope_head_dim) as f64 / t + self.rope_head_dim as f64,
+        };
         let f = self.active_ffn() as f64;
         let pass = |name, fwd: f64, bwd: f64, width: f64| MemoryPass {
             name,
@@ -903,9 +1086,13 @@ impl ModelSpec {
             pass("rmsnorm (ffn)", 2.0, 3.0, replicated),
             pass("residual add (attention)", 3.0, 3.0, replicated),
             pass("residual add (ffn)", 3.0, 3.0, replicated),
-            pass("rope (q, k)", 2.0, 2.0, (self.q_dim() as f64 + kv) / t),
+            pass("rope (q, k)", 2.0, 2.0, rope),
             pass("swiglu", 3.0, 5.0, f / t),
         ]);
+        if self.is_mla() {
+            let latents = (self.q_lora_rank + self.kv_lora_rank) as f64;
+            passes.extend(&[pass("rmsnorm (latents)", 2.0, 3.0, latents)]);
+        }
         if self.is_moe() {
             let k = self.experts_per_token as f64;
             let split = if sequence_parallel { t } else { 1.0 };
@@ -1205,6 +1392,101 @@ mod tests {
         assert!(!text.contains("dense"), "{text}");
     }
 
+    /// DeepSeek-V3 (deepseek-ai/DeepSeek-V3's config.json): 61 layers of
+    /// hidden 7168, latent attention (128 heads of 128 + 64 rotary,
+    /// values of 128, latents of 1536 and 512), its first 3 layers a dense
+    /// MLP of 18432, the other 58 each 256 experts of 2048 (8 a token)
+    /// and a shared expert of 2048; untied head.
+    fn deepseek_v3() -> ModelSpec {
+        ModelSpec {
+            name: "deepseek-v3".into(),
+            layers: 61,
+            hidden: 7168,
+            ffn: 2048,
+            heads: 128,
+            kv_heads: 128,
+            head_dim: 192,
+            vocab: 129280,
+            experts: 256,
+            experts_per_token: 8,
+            shared_ffn: 2048,
+            dense_layers: 3,
+            dense_ffn: 18432,
+            kv_lora_rank: 512,
+            q_lora_rank: 1536,
+            rope_head_dim: 64,
+            v_head_dim: 128,
+            ..ModelSpec::llama_7b()
+        }
+    }
+
+    #[test]
+    fn latent_attention_counts_its_latents() {
+        let m = deepseek_v3();
+        m.validate().unwrap();
+        assert!(m.is_mla());
+        let (h, a) = (7168, 128);
+        let weights =
+            h * 1536 + 1536 * a * 192 + h * (512 + 64) + 512 * a * (128 + 128) + a * 128 * h;
+        assert_eq!(m.attention_weights(), weights);
+        assert_eq!(m.attention_params(), weights + 1536 + 512);
+        assert_eq!(
+            (m.q_dim(), m.kv_dim(), m.v_dim(), m.context_dim()),
+            (24576, 24576, 16384, 16384)
+        );
+        // DeepSeek publishes 671 B parameters, 37 B of them active for a
+        // token (without its 14 B multi-token-prediction module): 671.0 B
+        // here, and 37.6 B of them run for a token (the 8 routed experts,
+        // the shared one, the dense layers, attention, the head; 36.6 B
+        // without the embedding's table, which a token reads one row of).
+        assert_eq!((m.total_params() as f64 / 1e9).round(), 671.0);
+        let idle = 58 * (256 - 8) * 3 * h * 2048;
+        assert_eq!(((m.total_params() - idle) as f64 / 1e8).round(), 376.0);
+        let read = (m.total_params() - idle - m.embedding_params()) as f64;
+        assert_eq!((read / 1e8).round(), 366.0);
+        // Its matmuls add up to its FLOPs; the attention's two products
+        // take the queries' 192 and the values' 128.
+        for tp in [1, 8] {
+            let weights: f64 = m.layer_matmuls(2, tp, 8).iter().map(Matmul::flops).sum();
+            let want = m.matmul_forward_flops(2) / tp as f64;
+            assert!((weights - want).abs() <= want * 1e-12, "tp {tp}");
+        }
+        let [scores, context] = m.attention_matmuls(1, 1);
+        assert_eq!((scores.k, context.n), (192.0, 128.0));
+        let both = scores.flops() + context.flops();
+        assert!((both - m.attention_score_forward_flops(1)).abs() <= both * 1e-12);
+        // Megatron-LM's count is three times the forward pieces but the
+        // routers' (which it leaves out); its TOML reads back.
+        let b = 2;
+        let forward = m.layers_forward_flops(&(0..61), b) + m.head_forward_flops(b);
+        let routers = 58.0 * 2.0 * (b * 4096 * h * 256) as f64;
+        let megatron = m.flops_per_iteration(b);
+        assert!((3.0 * (forward - routers) - megatron).abs() <= megatron * 1e-12);
+        let text = toml::to_string(&m).unwrap();
+        assert_eq!(ModelSpec::from_toml_str(&text).unwrap(), m);
+    }
+
+    #[test]
+    fn latent_attention_fields_are_checked_by_name() {
+        let err = |f: &dyn Fn(&mut ModelSpec)| {
+            let mut m = deepseek_v3();
+            f(&mut m);
+            m.validate().unwrap_err().to_string()
+        };
+        assert!(err(&|m| m.kv_heads = 8).contains("kv_heads is 8 of 128 heads"));
+        assert!(
+            err(&|m| m.rope_head_dim = 200).contains("rope_head_dim 200 is more than head_dim 192")
+        );
+        assert!(err(&|m| m.q_lora_rank = (1 << 20) + 1).contains("q_lora_rank is 1048577, more"));
+        let e = err(&|m| m.kv_lora_rank = 0);
+        assert!(
+            e.contains("q_lora_rank is 1536 without kv_lora_rank"),
+            "{e}"
+        );
+        let text = toml::to_string(&ModelSpec::llama_7b()).unwrap();
+        assert!(!text.contains("lora"), "{text}");
+    }
+
     #[test]
     fn dense_first_layers_are_checked_by_name() {
         let err = |f: &dyn Fn(&mut ModelSpec)| {
@@ -1334,6 +1616,10 @@ mod tests {
             head_dim: 0,
             dense_layers: 0,
             dense_ffn: 0,
+            kv_lora_rank: 0,
+            q_lora_rank: 0,
+            rope_head_dim: 0,
+            v_head_dim: 0,
         };
         big.validate().unwrap();
         assert_eq!(big.checked_total_params(), Some(big.total_params()));

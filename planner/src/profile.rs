@@ -459,6 +459,10 @@ impl ProfileFile {
             ("head_dim", a.head_dim(), b.head_dim()),
             ("dense_layers", a.dense_layers, b.dense_layers),
             ("dense_ffn", a.dense_ffn, b.dense_ffn),
+            ("kv_lora_rank", a.kv_lora_rank, b.kv_lora_rank),
+            ("q_lora_rank", a.q_lora_rank, b.q_lora_rank),
+            ("rope_head_dim", a.rope_head_dim, b.rope_head_dim),
+            ("v_head_dim", a.v_head_dim(), b.v_head_dim()),
         ];
         if let Some((f, x, y)) = fields.iter().find(|(_, x, y)| x != y) {
             return Err(SpecError::Profile(format!(

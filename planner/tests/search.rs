@@ -107,6 +107,10 @@ fn random_case(rng: &mut XorShift) -> (ClusterSpec, ModelSpec, TrainingSettings)
         head_dim: 0,
         dense_layers: 0,
         dense_ffn: 0,
+        kv_lora_rank: 0,
+        q_lora_rank: 0,
+        rope_head_dim: 0,
+        v_head_dim: 0,
     };
     let settings = TrainingSettings::new(rng.pick(&[8u64, 16, 32, 64]));
     (cluster, model, settings)

@@ -2,11 +2,12 @@
 every default config of the dense architectures the planner's reader
 lists, and of the mixtures of experts, plans on
 the three-vendor example cluster (the mixtures with and without expert
-parallelism, those whose first layers are dense among them); the mixtures
-with dense layers elsewhere among the expert ones, those of latent or
-linear attention, the encoder-decoder and the attention-free model are
-refused, each naming what it cannot take (docs/planner.md, "The
-model")."""
+parallelism, those whose first layers are dense and those of latent
+attention among them; DeepSeek-V3's on an H100 cluster of its size); the
+mixtures with dense layers elsewhere among the expert ones or with
+zero-computation experts, those of linear attention, a config without
+its top-k, the encoder-decoder and the attention-free model are refused,
+each naming what it cannot take (docs/planner.md, "The model")."""
 
 import json
 import os
@@ -30,10 +31,12 @@ DENSE = ["LlamaConfig", "MistralConfig", "Qwen2Config", "Qwen3Config", "GemmaCon
          "OPTConfig", "BloomConfig", "FalconConfig", "MptConfig", "BertConfig"]
 MOE = ["MixtralConfig", "Qwen2MoeConfig", "Qwen3MoeConfig", "OlmoeConfig", "PhimoeConfig",
        "GraniteMoeConfig", "GptOssConfig", "Llama4TextConfig",
-       # Their first layers dense (`first_k_dense_replace`, `moe_layer_start_index`).
-       "Glm4MoeConfig", "Ernie4_5_MoeConfig"]
+       # Their first layers dense (`first_k_dense_replace`, `moe_layer_start_index`),
+       # and GLM-4.7-Flash's latent attention.
+       "Glm4MoeConfig", "Ernie4_5_MoeConfig", "Glm4MoeLiteConfig"]
 REFUSED = {"DbrxConfig": "`ffn_config.moe_num_experts`", "JambaConfig": "`expert_layer_period`",
-           "DeepseekV3Config": "`kv_lora_rank`",
+           "LongcatFlashConfig": "`zero_expert_num`",
+           "DeepseekV2Config": "64 experts but not how many a token runs",
            "Qwen3NextConfig": "linear_attention", "T5Config": "encoder-decoder",
            "MambaConfig": "`num_attention_heads`"}
 
@@ -73,6 +76,25 @@ def test_a_mixture_of_experts_default_config_plans_with_and_without_expert_paral
         assert report["settings"].get("expert_parallel", 1) == ep
         assert report["plan"]["dp"] % ep == 0
         assert report["plan"]["tokens_per_s"] > 0
+
+
+def test_deepseek_v3s_default_config_plans_on_an_h100_cluster(tmp_path):
+    """Latent attention and dense first layers at DeepSeek-V3's size (671 B
+    parameters): on 1,024 H100s with 8-way expert parallelism, full
+    recomputation and the optimizer state sharded (without them no
+    pipeline of its 61 layers holds a 1F1B warm-up's activations)."""
+    h100 = (Path(__file__).resolve().parents[2] / "planner" / "tests" / "data" / "outside"
+            / "megatron-bridge-h100" / "dgx-h100.toml")
+    r = subprocess.run([POLYCHIP, "plan", "--cluster", str(h100), "--model",
+                        str(written(tmp_path, "DeepseekV3Config")), "--global-batch", "512",
+                        "--expert-parallel", "8", "--recompute", "full", "--shard-optimizer",
+                        "--json"], capture_output=True, text=True, timeout=120,
+                       env=dict(os.environ))
+    assert r.returncode == 0, r.stderr
+    assert "multi-token-prediction layer" in r.stderr
+    report = json.loads(r.stdout)
+    assert report["plan"]["tokens_per_s"] > 0 and report["plan"]["dp"] % 8 == 0
+    assert report["settings"]["expert_parallel"] == 8
 
 
 @pytest.mark.parametrize("name", sorted(REFUSED))

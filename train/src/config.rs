@@ -264,6 +264,10 @@ impl ModelConfig {
             head_dim: 0,
             dense_layers: 0,
             dense_ffn: 0,
+            kv_lora_rank: 0,
+            q_lora_rank: 0,
+            rope_head_dim: 0,
+            v_head_dim: 0,
         }
     }
 }
