@@ -109,6 +109,12 @@ pub struct Args {
     /// with --evaluate of a report, the report's].
     #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = crate::numbers::whole::<u64>(1))]
     expert_parallel: Option<u64>,
+    /// With expert parallelism, each expert split over N chips of a stage's
+    /// tensor-parallel group (Megatron-LM's --expert-tensor-parallel-size;
+    /// DeepSeek-V3's and Qwen3-235B's recipes take 1) [default: each
+    /// stage's tp; with --evaluate of a report, the report's].
+    #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = crate::numbers::whole::<u64>(1))]
+    expert_tensor_parallel: Option<u64>,
     /// With a mixture of experts, search each expert-parallel degree that
     /// divides its experts (1, 2, 4, ... up to 64) and keep the fastest
     /// plan, naming the degrees tried.
@@ -344,6 +350,9 @@ fn plan(args: &Args) -> Result<(), String> {
     }
     if let Some(e) = args.expert_parallel {
         settings.expert_parallel = e;
+    }
+    if let Some(e) = args.expert_tensor_parallel {
+        settings.expert_tensor_parallel = e;
     }
     settings.fp8 |= args.fp8;
     settings.bf16_gradients |= args.half_gradients;
@@ -624,6 +633,12 @@ fn settings_line(s: &TrainingSettings) -> String {
     if s.expert_parallel > 1 {
         parts.push(format!("expert parallel {}", s.expert_parallel));
     }
+    if s.expert_tensor_parallel > 0 {
+        parts.push(format!(
+            "expert tensor parallel {}",
+            s.expert_tensor_parallel
+        ));
+    }
     if !s.flash_attention {
         parts.push("no flash attention".into());
     }
@@ -710,6 +725,12 @@ fn flags_changing(recorded: &TrainingSettings, given: &TrainingSettings) -> Vec<
         "--expert-parallel",
         &a.expert_parallel,
         &b.expert_parallel,
+    );
+    valued(
+        &mut out,
+        "--expert-tensor-parallel",
+        &a.expert_tensor_parallel,
+        &b.expert_tensor_parallel,
     );
     switched(&mut out, "--fp8", a.fp8, b.fp8);
     switched(

@@ -536,6 +536,73 @@ fn outside(name: &str) -> std::path::PathBuf {
         .join(name)
 }
 
+/// `--expert-tensor-parallel 1` beside tp 2 (Qwen3-235B-A22B's H100
+/// recipe: 32-way expert parallelism over 16 replicas of tp 2): the plan
+/// the degree of the tp cannot fold is evaluated, its experts whole on each
+/// chip, and the text names the setting; a degree that does not divide the
+/// tp is refused by name.
+#[test]
+fn an_expert_tensor_parallel_degree_folds_the_experts_over_the_tp() {
+    let dir = scratch("etp");
+    let runs: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(outside(
+            "megatron-bridge-h100/megatron-bridge-h100-runs.json",
+        ))
+        .unwrap(),
+    )
+    .unwrap();
+    let run = runs["runs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["name"] == "qwen3-235b-a22b/gbs2048")
+        .unwrap();
+    let file = dir.join("plan.json");
+    std::fs::write(&file, run["plan"].to_string()).unwrap();
+    let cluster = outside("megatron-bridge-h100/dgx-h100.toml");
+    let model = outside("megatron-bridge-h100/qwen3-235b-a22b.toml");
+    let evaluate = |extra: &[&str]| {
+        plan_with(
+            cluster.to_str().unwrap(),
+            model.to_str().unwrap(),
+            &[
+                &[
+                    "--evaluate",
+                    file.to_str().unwrap(),
+                    "--fp8",
+                    "--shard-optimizer",
+                    "--expert-parallel",
+                    "32",
+                ][..],
+                extra,
+            ]
+            .concat(),
+        )
+    };
+    let (code, _, err) = evaluate(&[]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("expert_parallel is 32, which does not divide a stage's 16 expert slices"),
+        "{err}"
+    );
+    let (code, text, err) = evaluate(&["--expert-tensor-parallel", "1"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        text.starts_with(
+            "settings: bf16 with FP8 matmuls, ZeRO-1 (optimizer state sharded), expert parallel \
+             32, expert tensor parallel 1\n"
+        ),
+        "{text}"
+    );
+    let (code, _, err) = evaluate(&["--expert-tensor-parallel", "4"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("expert_tensor_parallel 4 does not divide a stage's tp 2"),
+        "{err}"
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}
+
 #[test]
 fn score_ranks_measured_outside_runs_and_says_each_outcome() {
     // Sailor's GPT-Neo 2.7B runs on the GH200 cluster (fp32, no fused

@@ -14,7 +14,7 @@ use std::ops::Range;
 use serde::{Deserialize, Serialize};
 
 use crate::cluster::{ChipType, ClusterSpec, Framework};
-use crate::model::{Matmul, MemoryPass, ModelSpec};
+use crate::model::{ExpertSplit, Matmul, MemoryPass, ModelSpec};
 use crate::schedule::StageTiming;
 use crate::settings::{Recompute, Shards, TrainingSettings};
 
@@ -95,6 +95,7 @@ impl StageShape<'_> {
 /// state is sharded over: its data-parallel replicas times the context-
 /// parallel groups of each (`TrainingSettings::context_parallel`), as
 /// Megatron-LM reduces over its data- and context-parallel group.
+#[inline]
 pub fn reduction_group(settings: &TrainingSettings, stage: &StageShape) -> u64 {
     stage
         .dp
@@ -102,9 +103,20 @@ pub fn reduction_group(settings: &TrainingSettings, stage: &StageShape) -> u64 {
         .saturating_mul(settings.context_parallel.max(1))
 }
 
+/// How `model`'s experts are split at a stage's `tp`: the expert-parallel
+/// and expert tensor-parallel degrees ([`ModelSpec::layer_matmuls`]).
+#[inline]
+pub fn experts_split(model: &ModelSpec, settings: &TrainingSettings, tp: u64) -> ExpertSplit {
+    ExpertSplit {
+        ep: expert_parallel(model, settings),
+        etp: expert_tensor_parallel(model, settings, tp),
+    }
+}
+
 /// The expert-parallel degree that divides `model`'s experts: the
 /// settings' `expert_parallel` for a mixture of experts, 1 for a dense
 /// model (which [`check_cluster_settings`] refuses it for).
+#[inline]
 pub fn expert_parallel(model: &ModelSpec, settings: &TrainingSettings) -> u64 {
     match model.is_moe() {
         true => settings.expert_parallel.max(1),
@@ -112,25 +124,77 @@ pub fn expert_parallel(model: &ModelSpec, settings: &TrainingSettings) -> u64 {
     }
 }
 
+/// The expert tensor-parallel degree of a stage at `tp` (Megatron-LM's
+/// `--expert-tensor-parallel-size`): the settings'
+/// `expert_tensor_parallel` for a mixture of experts where it gives one,
+/// else the stage's `tp` (Megatron-LM's default).
+#[inline]
+pub fn expert_tensor_parallel(model: &ModelSpec, settings: &TrainingSettings, tp: u64) -> u64 {
+    match (model.is_moe(), settings.expert_tensor_parallel) {
+        (true, e) if e > 0 => e,
+        _ => tp.max(1),
+    }
+}
+
+/// Why a stage at `tp` in `replicas` data-parallel replicas (times its
+/// context-parallel groups) cannot hold a mixture's experts as the
+/// settings fold them (Megatron-LM's parallel folding: the expert
+/// tensor-parallel degree `e` divides the stage's `tp`, and the
+/// expert-parallel degree its `replicas tp / e` chips of one slice of the
+/// attention); `None` where it can, or for a dense model.
+#[inline]
+pub fn experts_unfolded(
+    model: &ModelSpec,
+    settings: &TrainingSettings,
+    tp: u64,
+    replicas: u64,
+) -> Option<String> {
+    let (ep, etp) = (
+        expert_parallel(model, settings),
+        expert_tensor_parallel(model, settings, tp),
+    );
+    let tp = tp.max(1);
+    if tp % etp != 0 {
+        return Some(format!(
+            "expert_tensor_parallel {etp} does not divide a stage's tp {tp} (the experts are \
+             split over a part of the attention's tensor-parallel group)"
+        ));
+    }
+    let chips = replicas.saturating_mul(tp / etp);
+    (chips % ep != 0).then(|| {
+        format!(
+            "expert_parallel is {ep}, which does not divide a stage's {chips} expert slices (its \
+             {replicas} replicas, times its context-parallel groups, times tp {tp} over \
+             expert_tensor_parallel {etp}): an expert-parallel group is {ep} of them"
+        )
+    })
+}
+
 /// A stage's parameters on each of its chips: the dense ones (attention,
 /// norms, router, shared expert, embedding and head) over its `tp`, and a
-/// mixture of experts' routed experts over `tp` times the expert-parallel
-/// degree. The dense ones are reduced and sharded over the stage's
-/// reduction group ([`reduction_group`]), the experts over its `1 / ep`,
-/// the replicas that hold the same experts (Megatron-LM's expert
-/// data-parallel group).
+/// mixture of experts' routed experts over the expert tensor-parallel
+/// degree `e` ([`expert_tensor_parallel`], the `tp` by default) times the
+/// expert-parallel degree. The dense ones are reduced and sharded over the
+/// stage's reduction group ([`reduction_group`]), the experts over its `tp
+/// / (e ep)` ([`Self::expert_group`]), the chips that hold the same
+/// experts (Megatron-LM's expert data-parallel group).
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct ChipParams {
     /// Dense parameters a chip holds.
     pub dense: f64,
     /// Routed experts' parameters a chip holds.
     pub experts: f64,
+    /// The stage's `tp` over the expert tensor-parallel degree: how many
+    /// more chips of a replica hold the same experts (1, or 0 for a dense
+    /// model, at the default).
+    pub tp_per_etp: u64,
 }
 
 impl ChipParams {
     /// Of `params` parameters of which `layers` expert layers' routed
     /// experts, on each of `tp` chips under `model`'s expert-parallel
     /// degree.
+    #[inline]
     pub fn split(
         model: &ModelSpec,
         settings: &TrainingSettings,
@@ -143,12 +207,15 @@ impl ChipParams {
             return ChipParams {
                 dense: params as f64 / t,
                 experts: 0.0,
+                tp_per_etp: 1,
             };
         }
         let experts = layers.saturating_mul(model.expert_params()).min(params);
+        let etp = expert_tensor_parallel(model, settings, tp);
         ChipParams {
             dense: (params - experts) as f64 / t,
-            experts: experts as f64 / t / expert_parallel(model, settings) as f64,
+            experts: experts as f64 / etp as f64 / expert_parallel(model, settings) as f64,
+            tp_per_etp: (tp.max(1) / etp).max(1),
         }
     }
 
@@ -187,18 +254,29 @@ impl ChipParams {
     }
 
     /// Of `stage`, on each of its chips.
+    #[inline]
     pub fn of(model: &ModelSpec, settings: &TrainingSettings, stage: &StageShape) -> ChipParams {
         let experts = model.expert_layers_in(&stage.layers);
         Self::split(model, settings, stage.params(model), experts, stage.tp)
     }
 
     /// Both parts.
+    #[inline]
     pub fn total(&self) -> f64 {
         self.dense + self.experts
     }
 
+    /// The experts' reduction group when the dense part's is `group`:
+    /// `group tp / (e ep)`, the chips holding the same experts.
+    #[inline]
+    pub fn expert_group(&self, model: &ModelSpec, settings: &TrainingSettings, group: u64) -> u64 {
+        let chips = group.saturating_mul(self.tp_per_etp.max(1));
+        (chips / expert_parallel(model, settings)).max(1)
+    }
+
     /// `f(part, its group)` summed over the two parts, the dense part's
-    /// group being `group` and the experts' `group / ep`.
+    /// group being `group` and the experts' [`Self::expert_group`].
+    #[inline]
     pub fn over_groups(
         &self,
         model: &ModelSpec,
@@ -206,10 +284,9 @@ impl ChipParams {
         group: u64,
         f: impl Fn(f64, u64) -> f64,
     ) -> f64 {
-        let ep = expert_parallel(model, settings);
         let mut total = f(self.dense, group);
         if self.experts > 0.0 {
-            total += f(self.experts, (group / ep).max(1));
+            total += f(self.experts, self.expert_group(model, settings, group));
         }
         total
     }
@@ -420,6 +497,7 @@ fn checkpoint_bytes(
 }
 
 /// One layer's activations without full recomputation.
+#[inline]
 fn full_layer_activation_bytes(
     model: &ModelSpec,
     settings: &TrainingSettings,
@@ -462,6 +540,7 @@ fn full_layer_activation_bytes(
 /// sequence parallelism (each chip keeps its part of the sequence), the
 /// `f` always (split by the columns); in a mixture of experts also the
 /// `k h` permuted copies its experts take. 0 without `fp8`.
+#[inline]
 fn fp8_saved_bytes(
     model: &ModelSpec,
     settings: &TrainingSettings,
@@ -494,6 +573,7 @@ fn fp8_saved_bytes(
 /// queries' and keys' latents and their norms' outputs (`2 (2 r_q +
 /// 2 r_kv + d_r)`, whole on every chip: the down projections are not
 /// split). 0 without it.
+#[inline]
 fn latent_activation_bytes(model: &ModelSpec, micro_batch: u64, tp: u64) -> f64 {
     if !model.is_mla() {
         return 0.0;
@@ -512,6 +592,7 @@ fn latent_activation_bytes(model: &ModelSpec, micro_batch: u64, tp: u64) -> f64 
 /// `t`), the shared expert's (`6 f_s`, over `t`) and the router's f32
 /// probabilities and routing map (`8 E`); less the dense MLP's `19 h`.
 /// 0 for a dense model.
+#[inline]
 fn moe_activation_bytes(model: &ModelSpec, micro_batch: u64, tp: u64) -> f64 {
     if !model.is_moe() {
         return 0.0;
@@ -631,11 +712,23 @@ pub fn over_kinds(
     range: &Range<u64>,
     f: impl Fn(&ModelSpec) -> f64,
 ) -> OverKinds {
-    let n = range.end.saturating_sub(range.start);
-    if model.dense_layers == 0 || n == 0 || model.dense_layers_in(range) == 0 {
+    if model.dense_layers == 0 || model.dense_layers_in(range) == 0 {
         let v = f(model);
         return OverKinds { mean: v, max: v };
     }
+    over_mixed_kinds(model, range, &f)
+}
+
+/// [`over_kinds`] of a range holding a mixture's dense first layers, out
+/// of line (the search's inner loop prices stages of layers alike).
+#[cold]
+#[inline(never)]
+fn over_mixed_kinds(
+    model: &ModelSpec,
+    range: &Range<u64>,
+    f: &dyn Fn(&ModelSpec) -> f64,
+) -> OverKinds {
+    let n = range.end.saturating_sub(range.start);
     let (mut sum, mut max) = (0.0, f64::MIN);
     for (m, k) in model.layer_kinds(range).iter() {
         let v = f(m);
@@ -643,7 +736,7 @@ pub fn over_kinds(
         max = max.max(v);
     }
     OverKinds {
-        mean: sum / n as f64,
+        mean: sum / n.max(1) as f64,
         max,
     }
 }
@@ -651,6 +744,7 @@ pub fn over_kinds(
 /// The layers' part of [`workspace_bytes`]: the larger of one layer's FFN
 /// backward and its attention backward on each of `tp` chips of a stage
 /// with at least one layer (0 without layers).
+#[inline]
 fn layer_workspace_bytes(
     model: &ModelSpec,
     settings: &TrainingSettings,
@@ -721,7 +815,7 @@ fn megatron_terms(
     // replicas holding the same experts).
     let shards = settings.shards(group);
     let expert_shards = match chip_params.experts > 0.0 {
-        true => settings.shards((group / expert_parallel(model, settings)).max(1)),
+        true => settings.shards(chip_params.expert_group(model, settings, group)),
         false => shards,
     };
     let sharded = |of: fn(&Shards) -> f64| {
@@ -1169,7 +1263,7 @@ pub fn layer_time(
 ) -> PassTime {
     let layer_rates = rates.for_layer_matmuls();
     let matmuls: PassTime = model
-        .layer_matmuls(micro_batch, tp, expert_parallel(model, settings))
+        .layer_matmuls(micro_batch, tp, experts_split(model, settings, tp))
         .iter()
         .map(|mm| layer_rates.matmul(mm))
         .sum();
@@ -1303,8 +1397,8 @@ pub fn analytic_stage_timing(
         };
         forward += k * (layer.forward + 2.0 * tp_ar);
         backward += k * (layer.backward + 2.0 * tp_ar) + recompute;
-        let ep = expert_parallel(m, settings);
-        weight_grad += k * weight_grads(&rates.for_layer_matmuls(), &m.layer_matmuls(b, tp, ep));
+        let split = experts_split(m, settings, tp);
+        weight_grad += k * weight_grads(&rates.for_layer_matmuls(), &m.layer_matmuls(b, tp, split));
     }
     let (cp_forward, cp_backward) =
         context_parallel_attention(model, settings, cluster, stage, &rates, b);
@@ -1402,7 +1496,10 @@ pub fn expert_all_to_all_time(
         * model.experts_per_token as f64
         * model.hidden as f64
         * settings.dtype.bytes() as f64;
-    let per_node = (chip.chips_per_node / t).clamp(1, ep);
+    // The group's members are `e` chips apart (the expert tensor-parallel
+    // degree, the `tp` by default).
+    let etp = expert_tensor_parallel(model, settings, t);
+    let per_node = (chip.chips_per_node / etp).clamp(1, ep);
     let inside = (per_node - 1) as f64 / ep as f64 * bytes / chip.intra_node_bandwidth;
     let outside = match ep > per_node {
         true => {
@@ -1513,6 +1610,7 @@ pub fn stage_timing(
 /// gathers or reduces whole under ZeRO-2 and ZeRO-3: a layer, or the
 /// embedding or the head it holds (vocabulary-wide, often larger); at most
 /// the stage's own on a chip, `stage_params`.
+#[inline]
 fn largest_unit_params(
     model: &ModelSpec,
     settings: &TrainingSettings,
@@ -1701,6 +1799,13 @@ pub fn check_cluster_settings(
         return refuse(format!(
             "expert_parallel is {ep}, but model \"{}\" is dense (no experts to divide); give \
              expert_parallel 1, or a mixture of experts",
+            model.name
+        ));
+    }
+    let etp = settings.expert_tensor_parallel;
+    if etp > 0 && !model.is_moe() {
+        return refuse(format!(
+            "expert_tensor_parallel is {etp}, but model \"{}\" is dense (no experts to split)",
             model.name
         ));
     }

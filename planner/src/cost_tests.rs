@@ -3,6 +3,7 @@
 //! at b = 1, and one layer holds 855,654,400 parameters).
 
 use super::*;
+use crate::model::ExpertSplit;
 use crate::schedule::PipelineSchedule;
 use crate::settings::{Dtype, RecomputeMethod};
 
@@ -1090,12 +1091,12 @@ fn fp8_runs_the_layers_matmuls_at_the_fp8_peak() {
     let mut bf16 = s.clone();
     bf16.fp8 = false;
     let mms: PassTime = m
-        .layer_matmuls(1, 1, 1)
+        .layer_matmuls(1, 1, ExpertSplit { ep: 1, etp: 1 })
         .iter()
         .map(|mm| rates.matmul(mm))
         .sum();
     let mms8: PassTime = m
-        .layer_matmuls(1, 1, 1)
+        .layer_matmuls(1, 1, ExpertSplit { ep: 1, etp: 1 })
         .iter()
         .map(|mm| fast.for_layer_matmuls().matmul(mm))
         .sum();
@@ -1263,4 +1264,61 @@ fn latent_attention_is_priced_at_its_widths() {
         .to_string();
     assert!(e.contains("attention is latent (kv_lora_rank 512)"), "{e}");
     check_cluster_settings(&latent, &c, &s).unwrap();
+}
+
+/// Expert tensor parallelism below the tp (Megatron-LM's
+/// `--expert-tensor-parallel-size 1` beside tp 2, DeepSeek-V3's recipe):
+/// each chip holds its experts whole, over `ep` groups folded over the
+/// replicas times `tp / e`; the exchange's group sits `e` chips apart.
+#[test]
+fn an_expert_tensor_parallel_degree_below_the_tp_folds_the_experts() {
+    let (m, c) = (ModelSpec::mixtral_8x7b(), cluster());
+    let mut s = TrainingSettings::new(64);
+    s.expert_parallel = 4;
+    s.expert_tensor_parallel = 1;
+    let st = shape(&c, 10..14, 1, 8, 2);
+    let p = ChipParams::of(&m, &s, &st);
+    close(p.dense, 4.0 * DENSE / 2.0);
+    close(p.experts, 4.0 * EXPERTS / 4.0);
+    // The same experts on 8 x 2 / 4 = 4 chips: reduced and sharded there.
+    assert_eq!(p.expert_group(&m, &s, 8), 4);
+    assert_eq!(p.over_groups(&m, &s, 8, |_, g| g as f64), 8.0 + 4.0);
+    // Each chip's 2 experts run whole on the rows of its group's 4 x 1
+    // slices of 4096 / 2 tokens routed to them (2 of 8 each).
+    let split = experts_split(&m, &s, 2);
+    assert_eq!((split.ep, split.etp), (4, 1));
+    let gate = m.layer_matmuls(1, 2, split)[3];
+    assert_eq!((gate.m, gate.n, gate.batch), (2048.0, 14336.0, 2.0));
+    let default = m.layer_matmuls(1, 2, ExpertSplit { ep: 4, etp: 2 })[3];
+    assert_eq!((default.m, default.n), (4096.0, 7168.0));
+    close(gate.flops(), default.flops());
+    // At 8-way expert parallelism the group of chips 1 apart stays in a
+    // node of 8; 2 apart it crosses the network.
+    s.expert_parallel = 8;
+    let one = expert_all_to_all_time(&m, &s, &c.chip_types[0], 1, 2);
+    s.expert_tensor_parallel = 2;
+    let two = expert_all_to_all_time(&m, &s, &c.chip_types[0], 1, 2);
+    assert!(one < two, "{one} {two}");
+    // A degree that does not divide the tp, or a group that does not
+    // divide the replicas' slices, is refused by name; so is one for a
+    // dense model.
+    s.expert_parallel = 4;
+    s.expert_tensor_parallel = 4;
+    let e = experts_unfolded(&m, &s, 2, 8).unwrap();
+    assert!(
+        e.contains("expert_tensor_parallel 4 does not divide a stage's tp 2"),
+        "{e}"
+    );
+    s.expert_tensor_parallel = 1;
+    let e = experts_unfolded(&m, &s, 2, 3).unwrap();
+    assert!(
+        e.contains("does not divide a stage's 6 expert slices"),
+        "{e}"
+    );
+    assert!(experts_unfolded(&m, &s, 2, 2).is_none());
+    s.expert_parallel = 1;
+    let e = check_cluster_settings(&ModelSpec::llama_7b(), &c, &s)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("expert_tensor_parallel is 1, but model"), "{e}");
 }

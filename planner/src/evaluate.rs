@@ -1407,19 +1407,17 @@ pub fn evaluate(
     )?;
     // Every replica of every group reduces its gradients together: the
     // expert-parallel groups divide them (times the context-parallel
-    // groups, as Megatron-LM carves them).
-    let ep = crate::cost::expert_parallel(model, &settings);
+    // groups and each stage's `tp` over the expert tensor-parallel degree,
+    // as Megatron-LM folds them).
     let replicas = layouts
         .iter()
         .map(|g| g.copies)
         .fold(0u64, u64::saturating_add)
         .saturating_mul(settings.context_parallel.max(1));
-    if replicas % ep != 0 {
-        return Err(SpecError::Settings(format!(
-            "expert_parallel is {ep}, which does not divide the plan's {replicas} replicas of \
-             each stage (times its context-parallel groups): an expert-parallel group is {ep} \
-             of them"
-        )));
+    for stage in layouts.iter().flat_map(|g| &g.stages) {
+        if let Some(why) = crate::cost::experts_unfolded(model, &settings, stage.tp, replicas) {
+            return Err(SpecError::Settings(why));
+        }
     }
     settings.global_batch = layouts
         .iter()

@@ -410,17 +410,20 @@ impl ModelSpec {
 
     /// Whether its attention is multi-head latent attention
     /// ([`Self::kv_lora_rank`]).
+    #[inline]
     pub fn is_mla(&self) -> bool {
         self.kv_lora_rank > 0
     }
 
     /// Whether its feed-forward blocks are mixtures of experts.
+    #[inline]
     pub fn is_moe(&self) -> bool {
         self.experts >= 2
     }
 
     /// The feed-forward width each token runs: `ffn` (dense), or its
     /// experts' `k f` plus the shared expert's width.
+    #[inline]
     pub fn active_ffn(&self) -> u64 {
         match self.is_moe() {
             true => self.experts_per_token * self.ffn + self.shared_ffn,
@@ -430,6 +433,7 @@ impl ModelSpec {
 
     /// How many of `range`'s layers are dense in a mixture of experts
     /// with [`Self::dense_layers`] (the first ones); 0 otherwise.
+    #[inline]
     pub fn dense_layers_in(&self, range: &Range<u64>) -> u64 {
         let end = self.dense_layers.min(range.end);
         end.saturating_sub(range.start)
@@ -477,11 +481,19 @@ impl ModelSpec {
     }
 
     /// Parameters of the layers `range` (without the embedding or head).
+    #[inline]
     pub fn layers_params(&self, range: &Range<u64>) -> u64 {
-        // (The search's inner loop counts stages of every layer alike.)
+        // (The search's inner loop counts stages of every layer alike:
+        // the kinds out of line.)
         if self.dense_layers == 0 {
             return range.end.saturating_sub(range.start) * self.layer_params();
         }
+        self.mixed_layers_params(range)
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn mixed_layers_params(&self, range: &Range<u64>) -> u64 {
         self.layer_kinds(range)
             .iter()
             .map(|(m, n)| n * m.layer_params())
@@ -490,6 +502,7 @@ impl ModelSpec {
 
     /// The layers of `range` whose feed-forward block is a mixture of
     /// experts (0 for a dense model).
+    #[inline]
     pub fn expert_layers_in(&self, range: &Range<u64>) -> u64 {
         match self.is_moe() {
             true => range.end.saturating_sub(range.start) - self.dense_layers_in(range),
@@ -549,12 +562,14 @@ impl ModelSpec {
         })
     }
 
+    #[inline]
     pub fn kv_dim(&self) -> u64 {
         self.kv_heads * self.head_dim()
     }
 
     /// Width of the queries: `heads * head_dim`, `h` unless `head_dim`
     /// says otherwise.
+    #[inline]
     pub fn q_dim(&self) -> u64 {
         self.heads * self.head_dim()
     }
@@ -562,6 +577,7 @@ impl ModelSpec {
     /// The attention's widths, the head's computed once (the search prices
     /// layers in its inner loop): [`Self::q_dim`], [`Self::kv_dim`],
     /// [`Self::v_dim`] and [`Self::context_dim`].
+    #[inline]
     pub fn attention_widths(&self) -> AttentionWidths {
         let d = self.head_dim();
         let dv = match self.v_head_dim {
@@ -578,6 +594,7 @@ impl ModelSpec {
 
     /// A value head's width: `v_head_dim` (latent attention's), else
     /// `head_dim`.
+    #[inline]
     pub fn v_head_dim(&self) -> u64 {
         match self.v_head_dim {
             0 => self.head_dim(),
@@ -587,17 +604,20 @@ impl ModelSpec {
 
     /// Width of the values: `kv_heads * v_head_dim` ([`Self::kv_dim`]
     /// unless latent attention's values are narrower than its keys).
+    #[inline]
     pub fn v_dim(&self) -> u64 {
         self.kv_heads * self.v_head_dim()
     }
 
     /// Width of the attention's output before its projection: `heads *
     /// v_head_dim` ([`Self::q_dim`] unless the values are narrower).
+    #[inline]
     pub fn context_dim(&self) -> u64 {
         self.heads * self.v_head_dim()
     }
 
     /// Input embedding parameters: `V h`.
+    #[inline]
     pub fn embedding_params(&self) -> u64 {
         self.vocab * self.hidden
     }
@@ -609,6 +629,7 @@ impl ModelSpec {
     /// keys' and values' down projection `h (r_kv + d_r)` and up projection
     /// `r_kv a (d - d_r + d_v)`, the output's `a d_v h` (`d` the head's
     /// width, `d_r` its rotary part, `d_v` a value head's).
+    #[inline]
     pub fn attention_weights(&self) -> u64 {
         let h = self.hidden;
         let AttentionWidths { q, kv, v, context } = self.attention_widths();
@@ -627,6 +648,7 @@ impl ModelSpec {
     /// Attention parameters of one layer: its weights
     /// ([`Self::attention_weights`]) and, under latent attention, its
     /// latents' norms (`r_q + r_kv`).
+    #[inline]
     pub fn attention_params(&self) -> u64 {
         self.attention_weights() + self.q_lora_rank + self.kv_lora_rank
     }
@@ -634,6 +656,7 @@ impl ModelSpec {
     /// FFN parameters of one layer: a SwiGLU's gate, up and down, `3 h
     /// f`; in a mixture of experts, its experts' ([`Self::expert_params`]),
     /// the shared expert's `3 h f_s` and the router's `h E`.
+    #[inline]
     pub fn ffn_params(&self) -> u64 {
         match self.is_moe() {
             true => {
@@ -646,6 +669,7 @@ impl ModelSpec {
 
     /// The routed experts' parameters of one layer, `3 h f E` (0 for a
     /// dense model): what expert parallelism divides over its group.
+    #[inline]
     pub fn expert_params(&self) -> u64 {
         match self.is_moe() {
             true => 3 * self.hidden * self.ffn * self.experts,
@@ -655,17 +679,20 @@ impl ModelSpec {
 
     /// RMSNorm parameters of one layer (before attention and before the
     /// FFN): `2 h`.
+    #[inline]
     pub fn layer_norm_params(&self) -> u64 {
         2 * self.hidden
     }
 
     /// All parameters of one transformer layer.
+    #[inline]
     pub fn layer_params(&self) -> u64 {
         self.attention_params() + self.ffn_params() + self.layer_norm_params()
     }
 
     /// The output side: final RMSNorm (`h`) and the untied output head
     /// (`V h`).
+    #[inline]
     pub fn head_params(&self) -> u64 {
         self.hidden + self.vocab * self.hidden
     }
@@ -680,6 +707,7 @@ impl ModelSpec {
     /// The parameters a stage holding the embedding (`embedding`) and the
     /// head (`head`) holds once rather than twice: the table (`V h`) when
     /// it holds both and they are tied, else 0.
+    #[inline]
     pub fn shared_table_params(&self, embedding: bool, head: bool) -> u64 {
         match self.tied_embeddings && embedding && head {
             true => self.vocab * self.hidden,
@@ -788,6 +816,16 @@ impl AttentionWidths {
     pub fn sum(&self) -> u64 {
         self.q + self.kv + self.v + self.context
     }
+}
+
+/// How a mixture's experts are split ([`ModelSpec::layer_matmuls`]): over
+/// `ep` expert-parallel groups of chips, each expert over `etp` chips
+/// (Megatron-LM's `--expert-model-parallel-size` and
+/// `--expert-tensor-parallel-size`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ExpertSplit {
+    pub ep: u64,
+    pub etp: u64,
 }
 
 /// A range of layers by kind ([`ModelSpec::layer_kinds`]).
@@ -921,11 +959,13 @@ pub struct MemoryPass {
 
 impl ModelSpec {
     /// Tokens of a micro-batch, `b s`.
+    #[inline]
     fn tokens(&self, micro_batch: u64) -> f64 {
         (micro_batch * self.seq_len) as f64
     }
 
     /// Width of one attention head: `head_dim`, or `h / a`.
+    #[inline]
     pub fn head_dim(&self) -> u64 {
         match self.head_dim {
             0 => self.hidden / self.heads.max(1),
@@ -945,7 +985,12 @@ impl ModelSpec {
     /// balances them; each expert split over `tp` as a dense FFN is,
     /// Megatron-LM's expert tensor parallelism at its default, the `tp`),
     /// and the shared expert as a dense FFN of its width.
-    pub fn layer_matmuls(&self, micro_batch: u64, tp: u64, ep: u64) -> Few<Matmul, 12> {
+    pub fn layer_matmuls(
+        &self,
+        micro_batch: u64,
+        tp: u64,
+        experts: ExpertSplit,
+    ) -> Few<Matmul, 12> {
         let t = tp.max(1) as f64;
         let m = self.tokens(micro_batch);
         let (h, f) = (self.hidden as f64, self.ffn as f64);
@@ -990,14 +1035,18 @@ impl ModelSpec {
             return mms;
         }
         let (e, k) = (self.experts as f64, self.experts_per_token as f64);
-        let local = e / ep.clamp(1, self.experts) as f64;
-        // Tokens each local expert runs, and the experts a chip holds.
-        let per_expert = m * k / local;
+        let ep = experts.ep.clamp(1, self.experts) as f64;
+        let etp = experts.etp.max(1) as f64;
+        let local = e / ep;
+        // Tokens each local expert runs (its group's `ep etp` slices of
+        // `b s / t` tokens, `k / E` of them each) and the experts a chip
+        // holds, each over `etp` chips.
+        let per_expert = m / t * etp * ep * k / e;
         mms.extend(&[
             mm("router", m / t, e, h, 1.0),
-            mm("expert gate", per_expert, f / t, h, local),
-            mm("expert up", per_expert, f / t, h, local),
-            mm("expert down", per_expert, h, f / t, local),
+            mm("expert gate", per_expert, f / etp, h, local),
+            mm("expert up", per_expert, f / etp, h, local),
+            mm("expert down", per_expert, h, f / etp, local),
         ]);
         if self.shared_ffn > 0 {
             let fs = self.shared_ffn as f64;
@@ -1240,9 +1289,24 @@ mod tests {
             shared,
             wide,
         ] {
-            for (b, tp, ep) in [(1, 1, 1), (2, 2, 1), (3, 8, 1), (2, 1, 8), (2, 2, 4)] {
+            // (At the default expert tensor-parallel degree, the tp, and
+            // at 1.)
+            for (b, tp, ep, etp) in [
+                (1, 1, 1, 1),
+                (2, 2, 1, 2),
+                (3, 8, 1, 8),
+                (2, 1, 8, 1),
+                (2, 2, 4, 2),
+                (2, 4, 4, 1),
+                (2, 8, 2, 4),
+            ] {
                 let t = tp as f64;
-                let weights: f64 = m.layer_matmuls(b, tp, ep).iter().map(Matmul::flops).sum();
+                let split = ExpertSplit { ep, etp };
+                let weights: f64 = m
+                    .layer_matmuls(b, tp, split)
+                    .iter()
+                    .map(Matmul::flops)
+                    .sum();
                 let want = m.matmul_forward_flops(b);
                 assert!(
                     (weights * t - want).abs() <= want * 1e-12,
@@ -1254,7 +1318,7 @@ mod tests {
                 assert!((attn * t - want).abs() <= want * 1e-12);
                 let head = m.head_matmul(b, tp).flops() * t;
                 assert!((head - m.head_forward_flops(b)).abs() <= head * 1e-12);
-                for mm in m.layer_matmuls(b, tp, ep).iter() {
+                for mm in m.layer_matmuls(b, tp, split).iter() {
                     let [dx, dw] = mm.backward();
                     assert_eq!((dx.flops(), dw.flops()), (mm.flops(), mm.flops()));
                 }
@@ -1268,7 +1332,10 @@ mod tests {
             assert!(mm.backward().iter().all(|x| x.smallest_dim() == 128.0));
         }
         // The o projection is split by rows: its inner dimension shrinks.
-        assert_eq!(m.layer_matmuls(1, 8, 1)[1].k, 1024.0);
+        assert_eq!(
+            m.layer_matmuls(1, 8, ExpertSplit { ep: 1, etp: 8 })[1].k,
+            1024.0
+        );
     }
 
     /// Mixtral 8x7B's published counts (Jiang et al. 2024: 46.7B
@@ -1292,12 +1359,12 @@ mod tests {
         let active = m.total_params() - 32 * 6 * 3 * 4096 * 14336;
         assert_eq!((active as f64 / 1e8).round(), 129.0);
         assert_eq!(m.active_ffn(), 2 * 14336);
-        let mms = m.layer_matmuls(1, 1, 8);
+        let mms = m.layer_matmuls(1, 1, ExpertSplit { ep: 8, etp: 1 });
         let gate = mms.iter().find(|mm| mm.name == "expert gate").unwrap();
         assert_eq!((gate.m, gate.batch), (2.0 * 4096.0, 1.0));
         // Without expert parallelism a chip runs all 8 experts, each over
         // a quarter of its tokens.
-        let gate = m.layer_matmuls(1, 1, 1)[3];
+        let gate = m.layer_matmuls(1, 1, ExpertSplit { ep: 1, etp: 1 })[3];
         assert_eq!((gate.m, gate.batch), (1024.0, 8.0));
         // Megatron-LM's count: the active width in place of the FFN's.
         let dense = ModelSpec {
@@ -1447,7 +1514,12 @@ mod tests {
         // Its matmuls add up to its FLOPs; the attention's two products
         // take the queries' 192 and the values' 128.
         for tp in [1, 8] {
-            let weights: f64 = m.layer_matmuls(2, tp, 8).iter().map(Matmul::flops).sum();
+            let split = ExpertSplit { ep: 8, etp: tp };
+            let weights: f64 = m
+                .layer_matmuls(2, tp, split)
+                .iter()
+                .map(Matmul::flops)
+                .sum();
             let want = m.matmul_forward_flops(2) / tp as f64;
             assert!((weights - want).abs() <= want * 1e-12, "tp {tp}");
         }

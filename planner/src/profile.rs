@@ -669,7 +669,7 @@ impl ClusterSpec {
         if e.optimizer_per_param.is_none() {
             let one = crate::cost::ChipParams {
                 dense: 1.0,
-                experts: 0.0,
+                ..Default::default()
             };
             e.optimizer_per_param =
                 Some(crate::cost::optimizer_time(model, settings, chip, one, 1));

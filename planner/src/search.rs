@@ -59,7 +59,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::cluster::{ChipType, ClusterSpec};
 use crate::cost::{
-    ChipParams, Microbatching, StageShape, allreduce_time, dp_bandwidth, expert_parallel,
+    ChipParams, Microbatching, StageShape, allreduce_time, dp_bandwidth, experts_unfolded,
     optimizer_time, pipeline_send_time, stage_memory, stage_params, stage_timing,
     zero_collective_seconds,
 };
@@ -796,8 +796,13 @@ impl<'a> Ctx<'a> {
         if p as u64 > l || p == 0 {
             return None;
         }
-        // A mixture's expert-parallel groups divide each stage's replicas.
-        if dp % expert_parallel(model, settings) != 0 {
+        // A mixture's expert-parallel groups divide each stage's replicas
+        // (times its `tp` over the expert tensor-parallel degree).
+        if model.is_moe()
+            && st
+                .iter()
+                .any(|&(_, tp, _)| experts_unfolded(model, settings, tp, dp).is_some())
+        {
             return None;
         }
         let mb = Microbatching {

@@ -162,6 +162,14 @@ pub struct TrainingSettings {
     /// the same experts. 1 (the default): every replica holds every expert.
     #[serde(default = "one", skip_serializing_if = "is_one")]
     pub expert_parallel: u64,
+    /// The expert tensor-parallel degree (Megatron-LM's
+    /// `--expert-tensor-parallel-size`): each expert split over this many
+    /// chips of a stage's tensor-parallel group, the expert-parallel groups
+    /// taken over the stage's replicas times `tp / e` (Megatron-LM's
+    /// parallel folding; DeepSeek-V3's and Qwen3-235B's recipes take 1).
+    /// 0 (the default): the stage's `tp`.
+    #[serde(default, skip_serializing_if = "is_zero_u64")]
+    pub expert_tensor_parallel: u64,
     /// FP8 training (Transformer Engine's recipes, Megatron-LM's
     /// `--fp8-format`): the layers' weight matmuls run in FP8 at the chip's
     /// `peak_flops.fp8`, their inputs (forward) and output gradients
@@ -244,6 +252,10 @@ fn is_false(v: &bool) -> bool {
     !*v
 }
 
+fn is_zero_u64(v: &u64) -> bool {
+    *v == 0
+}
+
 fn is_zero(v: &u8) -> bool {
     *v == 0
 }
@@ -258,6 +270,11 @@ pub const MAX_CONTEXT_PARALLEL: u64 = 1024;
 /// The largest [`TrainingSettings::expert_parallel`] degree: the most
 /// experts a model may have ([`crate::model::MAX_EXPERTS`]).
 pub const MAX_EXPERT_PARALLEL: u64 = crate::model::MAX_EXPERTS;
+
+/// The largest [`TrainingSettings::expert_tensor_parallel`] degree: a
+/// tensor-parallel group's largest (`polychip plan`'s tp is at most a
+/// node's chips).
+pub const MAX_EXPERT_TENSOR_PARALLEL: u64 = 1 << 16;
 
 /// The highest ZeRO stage ([`TrainingSettings::zero_stage`]).
 pub const MAX_ZERO_STAGE: u8 = 3;
@@ -281,6 +298,7 @@ impl TrainingSettings {
             overlap_param_gather: false,
             context_parallel: 1,
             expert_parallel: 1,
+            expert_tensor_parallel: 0,
             fp8: false,
             bf16_gradients: false,
             flash_attention: true,
@@ -430,6 +448,13 @@ impl TrainingSettings {
             return Err(SpecError::Settings(format!(
                 "expert_parallel is {}; it must be 1 (none) to {MAX_EXPERT_PARALLEL}",
                 self.expert_parallel
+            )));
+        }
+        if self.expert_tensor_parallel > MAX_EXPERT_TENSOR_PARALLEL {
+            return Err(SpecError::Settings(format!(
+                "expert_tensor_parallel is {}; it must be 0 (a stage's tp) to \
+                 {MAX_EXPERT_TENSOR_PARALLEL}",
+                self.expert_tensor_parallel
             )));
         }
         Ok(())

@@ -1722,7 +1722,7 @@ fn the_cluster_model_scores_megatron_bridges_h100_runs() {
     );
     // The dense runs, and the mixture's apart: (predicted in fp8, as bf16,
     // measured, fits) by seconds per token per GPU.
-    let (mut dense, mut moe) = (Vec::new(), Vec::new());
+    let (mut dense, mut moe, mut moe_names) = (Vec::new(), Vec::new(), Vec::new());
     for run in runs["runs"].as_array().unwrap() {
         let name = run["name"].as_str().unwrap();
         let model =
@@ -1736,6 +1736,8 @@ fn the_cluster_model_scores_megatron_bridges_h100_runs() {
         settings.overlap_param_gather = settings.zero_stage == 1;
         settings.context_parallel = run["settings"]["context_parallel"].as_u64().unwrap();
         settings.expert_parallel = run["settings"]["expert_parallel"].as_u64().unwrap();
+        settings.expert_tensor_parallel =
+            run["settings"]["expert_tensor_parallel"].as_u64().unwrap();
         let spec = PlanSpec::parse(&run["plan"].to_string(), true)
             .unwrap_or_else(|e| panic!("{name}: {e}"));
         let ev =
@@ -1764,7 +1766,10 @@ fn the_cluster_model_scores_megatron_bridges_h100_runs() {
             ev.fits,
         );
         match model.is_moe() {
-            true => moe.push(row),
+            true => {
+                moe.push(row);
+                moe_names.push((name.to_string(), row));
+            }
             false => dense.push(row),
         }
     }
@@ -1792,9 +1797,19 @@ fn the_cluster_model_scores_megatron_bridges_h100_runs() {
     let (rho, fits, _) = figures("dense", &dense);
     assert!(rho >= 0.7, "Spearman {rho:.3}");
     assert_eq!(fits, dense.len(), "every dense run ran");
-    // The mixture's two runs: a known miss (docs/planner.md), printed, its
-    // scale asserted only to be what the figures say (the steps priced
-    // less than half what they took).
-    let (_, _, moe_scale) = figures("mixture-of-experts", &moe);
-    assert!(moe_scale > 2.0, "the MoE runs' scale {moe_scale:.3}");
+    // The mixtures: ranked by their seconds a token a GPU; Qwen3-30B-A3B's
+    // two runs (hidden 2048, 128 experts of 768) took 2.3 times their
+    // predicted steps, a known miss (docs/planner.md), while Qwen3-235B's
+    // and DeepSeek-V3's took less than predicted, as the dense runs do
+    // (the planner's efficiency of 0.5 below what H100s reach).
+    let (rho, _, _) = figures("mixture-of-experts", &moe);
+    assert!(rho >= 0.7, "the mixtures' Spearman {rho:.3}");
+    for (name, (p, _, m, _)) in &moe_names {
+        let ratio = m / p;
+        println!("  {name}: measured / predicted {ratio:.3}");
+        match name.starts_with("qwen3-30b") {
+            true => assert!(ratio > 2.0, "{name}: {ratio:.3}"),
+            false => assert!((0.5..1.0).contains(&ratio), "{name}: {ratio:.3}"),
+        }
+    }
 }

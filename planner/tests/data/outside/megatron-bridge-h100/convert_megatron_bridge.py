@@ -4,12 +4,13 @@ docs/performance-summary.md at 00b7660be0254ac6f95f44164ddd0c3e9cc798ed,
 "25.11 NeMo Container", and docs/performance-summary-archive.md at
 0a25f911b2ed6c6905a539504fdb8e5b40e3438b, "26.02 NeMo Container"): the
 dense runs on DGX-H100 (Llama 3 8B and 70B, Llama 3.1 405B) and the
-mixture of experts whose every layer the planner can describe at tp 1
-(Qwen3-30B-A3B: Qwen3-235B-A22B's runs put 32-way expert parallelism over
-tp 2 x dp 16, an expert tensor-parallel degree of 1, which the planner
-does not model), all in FP8 with current scaling, one run for each
-distinct configuration (the latest release's where a configuration
-repeats). Each row gives the GPUs, global
+mixtures of experts (Qwen3-30B-A3B at tp 1; Qwen3-235B-A22B and
+DeepSeek-V3, whose recipes put 32- and 64-way expert parallelism over tp 2
+x dp 16 and 64 at an expert tensor-parallel degree of 1, the recipes'
+`expert_tensor_parallel_size=1`), all in FP8 with current scaling, one run
+for each distinct configuration (the latest release's where a
+configuration repeats; DeepSeek-V3's only H100 row is the 25.09
+container's dropless run, also in performance-summary-archive.md). Each row gives the GPUs, global
 and micro-batch, sequence length, FSDP, TP, PP, CP, VP and the measured
 tokens per second per GPU; the step is global batch x sequence / (tokens
 per second per GPU x GPUs). The settings are those of Megatron-Bridge's
@@ -29,23 +30,37 @@ from pathlib import Path
 SUMMARY = "NVIDIA-NeMo/Megatron-Bridge@00b7660be0254ac6f95f44164ddd0c3e9cc798ed:docs/performance-summary.md"
 ARCHIVE = "NVIDIA-NeMo/Megatron-Bridge@0a25f911b2ed6c6905a539504fdb8e5b40e3438b:docs/performance-summary-archive.md"
 
-# (name, model, layers, gpus, gbs, mbs, seq, fsdp, tp, pp, cp, vp, ep, tokens/s/GPU, source)
+# (name, model, layers, gpus, gbs, mbs, seq, fsdp, tp, pp, cp, vp, ep, etp, tokens/s/GPU, source);
+# etp 0: the tp (Megatron-LM's default).
 ROWS = [
-    ("llama3-8b/fsdp", "llama3-8b", 32, 8, 128, 1, 8192, True, 1, 1, 1, 1, 1, 14451,
+    ("llama3-8b/fsdp", "llama3-8b", 32, 8, 128, 1, 8192, True, 1, 1, 1, 1, 1, 0, 14451,
      SUMMARY + " 25.11, DGX-H100, LLAMA3_8B"),
-    ("llama3-70b/gbs128", "llama3-70b", 80, 64, 128, 1, 8192, False, 4, 8, 1, 5, 1, 1602,
+    ("llama3-70b/gbs128", "llama3-70b", 80, 64, 128, 1, 8192, False, 4, 8, 1, 5, 1, 0, 1602,
      SUMMARY + " 25.11, DGX-H100, LLAMA3_70B"),
-    ("llama3-70b/gbs256", "llama3-70b", 80, 64, 256, 1, 8192, False, 4, 8, 1, 5, 1, 1621,
+    ("llama3-70b/gbs256", "llama3-70b", 80, 64, 256, 1, 8192, False, 4, 8, 1, 5, 1, 0, 1621,
      ARCHIVE + " 26.02, LLAMA3_70B, DGX-H100"),
-    ("llama31-405b/gbs512", "llama31-405b", 126, 1024, 512, 1, 8192, False, 8, 8, 2, 8, 1, 292,
+    ("llama31-405b/gbs512", "llama31-405b", 126, 1024, 512, 1, 8192, False, 8, 8, 2, 8, 1, 0, 292,
      SUMMARY + " 25.11, DGX-H100, LLAMA3.1_405B"),
-    ("llama31-405b/gbs1536", "llama31-405b", 126, 1024, 1536, 1, 8192, False, 8, 8, 2, 8, 1, 311,
+    ("llama31-405b/gbs1536", "llama31-405b", 126, 1024, 1536, 1, 8192, False, 8, 8, 2, 8, 1, 0, 311,
      ARCHIVE + " 26.02, LLAMA3.1_405B, DGX-H100"),
-    ("qwen3-30b-a3b/gbs512", "qwen3-30b-a3b", 48, 16, 512, 2, 4096, False, 1, 2, 1, 24, 8, 5275,
+    ("qwen3-30b-a3b/gbs512", "qwen3-30b-a3b", 48, 16, 512, 2, 4096, False, 1, 2, 1, 24, 8, 1, 5275,
      SUMMARY + " 25.11, DGX-H100, Qwen3_30B_a3B"),
-    ("qwen3-30b-a3b/gbs1024", "qwen3-30b-a3b", 48, 16, 1024, 1, 4096, False, 1, 2, 1, 12, 8, 5113,
+    ("qwen3-30b-a3b/gbs1024", "qwen3-30b-a3b", 48, 16, 1024, 1, 4096, False, 1, 2, 1, 12, 8, 1, 5113,
      ARCHIVE + " 26.02, Qwen3_30B_a3B, DGX-H100"),
+    ("qwen3-235b-a22b/gbs2048", "qwen3-235b-a22b", 94, 256, 2048, 1, 4096, False, 2, 8, 1, 4,
+     32, 1, 1575, ARCHIVE + " 25.11, DGX-H100, Qwen3_235B_a22B"),
+    ("qwen3-235b-a22b/gbs8192", "qwen3-235b-a22b", 94, 256, 8192, 1, 4096, False, 2, 8, 1, 4,
+     32, 1, 1633, ARCHIVE + " 26.02, Qwen3_235B_a22B, DGX-H100"),
+    ("deepseek-v3/gbs8192", "deepseek-v3", 61, 1024, 8192, 1, 4096, False, 2, 8, 1, 4, 64, 1,
+     1297, ARCHIVE + " 25.09, DGX-H100, DeepSeekV3 (dropless)"),
 ]
+
+# Layouts the recipes give where they are not the even split:
+# DeepSeek-V3's H100 recipe (scripts/performance/configs/deepseek/
+# deepseek_workload_base_configs.py, `pp_layout="Et|(tt|)*30mL"`): the
+# embedding and one layer, 30 chunks of two, and a last chunk of its
+# multi-token-prediction layer and the loss (the MTP layer not priced).
+LAYOUTS = {"deepseek-v3/gbs8192": [1] + [2] * 30 + [0]}
 
 
 def chunks(layers, n):
@@ -61,13 +76,14 @@ def chunks(layers, n):
 
 
 runs = []
-for name, model, layers, gpus, gbs, mbs, seq, fsdp, tp, pp, cp, vp, ep, tps, source in ROWS:
+for name, model, layers, gpus, gbs, mbs, seq, fsdp, tp, pp, cp, vp, ep, etp, tps, source in ROWS:
     dp = gpus // (tp * pp * cp)
     assert dp * tp * pp * cp == gpus and gbs % (mbs * dp) == 0, name
     m = gbs // (mbs * dp)
     plan = {"groups": [{"copies": dp, "micro_batch_size": mbs, "micro_batches": m,
                         "stages": [{"layers": n, "chip": "H100", "tp": tp}
-                                   for n in chunks(layers, pp * vp)]}]}
+                                   for n in LAYOUTS.get(name) or chunks(layers, pp * vp)]}]}
+    assert sum(s["layers"] for s in plan["groups"][0]["stages"]) == layers, name
     if vp > 1:
         plan["virtual_stages"] = vp
     runs.append({
@@ -76,7 +92,7 @@ for name, model, layers, gpus, gbs, mbs, seq, fsdp, tp, pp, cp, vp, ep, tps, sou
         "model": model,
         "gpus": gpus,
         "settings": {"zero_stage": 3 if fsdp else 1, "context_parallel": cp,
-                     "expert_parallel": ep},
+                     "expert_parallel": ep, "expert_tensor_parallel": etp},
         "plan": plan,
         "tokens_per_s_per_gpu": tps,
         "measured_step_s": round(gbs * seq / (tps * gpus), 4),
@@ -86,7 +102,8 @@ out = {
     "settings": {"dtype": "bf16", "fp8": True, "bf16_gradients": True, "flash_attention": True,
                  "sequence_parallel": True, "overlap_grad_reduce": True,
                  "overlap_param_gather": "with the distributed optimizer (zero_stage 1)",
-                 "note": "zero_stage, context_parallel and expert_parallel are per run"},
+                 "note": "zero_stage, context_parallel, expert_parallel and expert_tensor_parallel "
+                         "(0: the tp) are per run"},
     "runs": runs,
 }
 Path(__file__).with_name("megatron-bridge-h100-runs.json").write_text(json.dumps(out, indent=1) + "\n")
