@@ -1,7 +1,8 @@
 //! `polychip plan --cluster FILE --model PRESET_OR_FILE [--seq-len N] [--global-batch N]
 //! [--dtype bf16] [--recompute none|selective|full] [--recompute-method uniform|block]
-//! [--recompute-num-layers N] [--shard-optimizer] [--zero-stage N]
-//! [--overlap-grad-reduce] [--overlap-param-gather] [--context-parallel N] [--half-gradients]
+//! [--recompute-num-layers N] [--recompute-modules core_attn,mlp,...] [--shard-optimizer]
+//! [--zero-stage N] [--overlap-grad-reduce] [--overlap-param-gather] [--context-parallel N]
+//! [--expert-parallel N] [--expert-tensor-parallel N] [--fp8] [--half-gradients]
 //! [--no-flash-attention] [--schedule 1f1b|1f1b-deferred|zero-bubble|gpipe]
 //! [--profile FILE] [--exhaustive] [--json] [--trace out.json]`: runs the
 //! HeteroAuto search (`polychip_planner::search`) and prints the plan as a
@@ -25,7 +26,9 @@ use polychip_planner::model::ModelSpec;
 use polychip_planner::profile::ProfileFile;
 use polychip_planner::schedule::PipelineSchedule;
 use polychip_planner::search::{self, PlanOptions, PlanReport, fmt_bytes};
-use polychip_planner::settings::{Dtype, Recompute, RecomputeMethod, TrainingSettings};
+use polychip_planner::settings::{
+    Dtype, Recompute, RecomputeMethod, RecomputeModule, TrainingSettings,
+};
 use polychip_planner::validate::{self, RunsFile, ScoredRun, Scores};
 use polychip_train::config::ModelConfig;
 
@@ -87,6 +90,13 @@ pub struct Args {
     /// 1; with --evaluate of a report, the report's].
     #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = crate::numbers::whole::<u64>(1))]
     recompute_num_layers: Option<u64>,
+    /// Selective recomputation of these parts of a layer, comma-separated,
+    /// as Megatron-LM's --recompute-modules names them: core_attn,
+    /// layernorm, mla_up_proj, mlp, moe, moe_act, shared_experts; implies
+    /// --recompute selective [default: core_attn; with --evaluate of a
+    /// report, the report's].
+    #[arg(long, value_name = "MODULES", value_delimiter = ',')]
+    recompute_modules: Option<Vec<String>>,
     /// Shard the optimizer state over data-parallel replicas (ZeRO-1).
     #[arg(long)]
     shard_optimizer: bool,
@@ -338,6 +348,25 @@ fn plan(args: &Args) -> Result<(), String> {
     }
     if let Some(n) = args.recompute_num_layers {
         settings.recompute_num_layers = n;
+    }
+    if let Some(names) = &args.recompute_modules {
+        let mut modules = Vec::new();
+        for name in names {
+            let module = RecomputeModule::from_name(name.trim()).ok_or_else(|| {
+                let known: Vec<&str> = RecomputeModule::ALL.iter().map(|(n, _)| *n).collect();
+                format!(
+                    "--recompute-modules {name}: expected some of {}",
+                    known.join(", ")
+                )
+            })?;
+            if !modules.contains(&module) {
+                modules.push(module);
+            }
+        }
+        settings.recompute_modules = modules;
+        if args.recompute.is_none() {
+            settings.recompute = Recompute::Selective;
+        }
     }
     settings.shard_optimizer |= args.shard_optimizer;
     if let Some(z) = args.zero_stage {
@@ -618,7 +647,13 @@ fn settings_line(s: &TrainingSettings) -> String {
     }
     match (s.recompute, s.recompute_method, s.recompute_num_layers) {
         (Recompute::None, ..) => {}
-        (Recompute::Selective, ..) => parts.push("selective recomputation".into()),
+        (Recompute::Selective, ..) if s.recompute_modules.is_empty() => {
+            parts.push("selective recomputation".into())
+        }
+        (Recompute::Selective, ..) => {
+            let names: Vec<&str> = s.recompute_modules.iter().map(|m| m.name()).collect();
+            parts.push(format!("selective recomputation of {}", names.join(", ")))
+        }
         (Recompute::Full, RecomputeMethod::Uniform, 1) => parts.push("full recomputation".into()),
         (Recompute::Full, RecomputeMethod::Uniform, n) => {
             parts.push(format!("full recomputation in groups of {n} layers"))
@@ -696,6 +731,12 @@ fn flags_changing(recorded: &TrainingSettings, given: &TrainingSettings) -> Vec<
     };
     valued(&mut out, "--dtype", &a.dtype, &b.dtype);
     valued(&mut out, "--recompute", &a.recompute, &b.recompute);
+    valued(
+        &mut out,
+        "--recompute-modules",
+        &a.recompute_modules,
+        &b.recompute_modules,
+    );
     valued(
         &mut out,
         "--recompute-method",

@@ -603,6 +603,33 @@ fn an_expert_tensor_parallel_degree_folds_the_experts_over_the_tp() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
+/// `--recompute-modules`: selective recomputation of the modules named
+/// (implied), in the text; an unknown name, or modules beside full
+/// recomputation, refused by name.
+#[test]
+fn recompute_modules_name_what_selective_recomputation_recomputes() {
+    let cluster = example("china-mobile-3-vendor.toml");
+    let plan = |extra: &[&str]| plan_with(&cluster, "llama-7b", extra);
+    let (code, text, err) = plan(&["--recompute-modules", "core_attn,mlp,mlp"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        text.starts_with("settings: bf16, selective recomputation of core_attn, mlp\n"),
+        "{text}"
+    );
+    let (code, _, err) = plan(&["--recompute-modules", "attention"]);
+    assert_eq!(code, Some(2));
+    assert!(
+        err.contains("--recompute-modules attention: expected some of core_attn, layernorm"),
+        "{err}"
+    );
+    let (code, _, err) = plan(&["--recompute", "full", "--recompute-modules", "mlp"]);
+    assert_eq!(code, Some(2));
+    assert!(
+        err.contains("recompute_modules [mlp] apply to selective recomputation"),
+        "{err}"
+    );
+}
+
 #[test]
 fn score_ranks_measured_outside_runs_and_says_each_outcome() {
     // Sailor's GPT-Neo 2.7B runs on the GH200 cluster (fp32, no fused

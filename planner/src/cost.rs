@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 use crate::cluster::{ChipType, ClusterSpec, Framework};
 use crate::model::{ExpertSplit, Matmul, MemoryPass, ModelSpec};
 use crate::schedule::StageTiming;
-use crate::settings::{Recompute, Shards, TrainingSettings};
+use crate::settings::{Recompute, RecomputeModule, Shards, TrainingSettings};
 
 /// The stage after this one: its chip type and whether the boundary stays
 /// inside a node (only possible for the same chip type).
@@ -514,7 +514,7 @@ fn full_layer_activation_bytes(
     // The score terms (softmax output, dropout mask and output: 5 bytes
     // per score) are not scaled by the dtype: measured fp32 runs keep what
     // Korthikanti's 16-bit figure gives (docs/planner.md, "Memory").
-    let scores = if settings.flash_attention || settings.recompute == Recompute::Selective {
+    let scores = if settings.flash_attention || settings.recomputes(RecomputeModule::CoreAttn) {
         0.0
     } else {
         5.0 * a * s / h
@@ -527,9 +527,144 @@ fn full_layer_activation_bytes(
         false => 10.0 + 24.0 / t,
     };
     let extra = moe_activation_bytes(model, micro_batch, tp)
-        + latent_activation_bytes(model, micro_batch, tp);
-    sbh * (kept * scale + scores / t) + extra * scale
-        - fp8_saved_bytes(model, settings, micro_batch, tp)
+        + latent_activation_bytes(model, micro_batch, tp)
+        - recomputed_module_bytes(model, settings, micro_batch, tp);
+    (sbh * (kept * scale + scores / t) + extra * scale
+        - fp8_saved_bytes(model, settings, micro_batch, tp))
+    .max(0.0)
+}
+
+/// What selective recomputation's modules ([`TrainingSettings::recomputes`])
+/// drop of one layer's activations on each of `tp` chips, 16-bit bytes per
+/// token times the tokens: the two norms' outputs (`4 h`, over `t` under
+/// sequence parallelism), latent attention's Q, K and V (`2 (q + kv + v) /
+/// t`), a dense MLP's all but its input (`17 h / t` of the count's `19 h /
+/// t`), a mixture's expert block all but its input (all it keeps beyond the
+/// count's MLP input, [`moe_activation_bytes`]), else its experts' SwiGLU
+/// product (`2 k f / t`) and its shared expert (`6 f_s / t`). 0 without
+/// selective recomputation or with the core attention alone (whose
+/// scores the activation formula drops).
+#[inline]
+fn recomputed_module_bytes(
+    model: &ModelSpec,
+    settings: &TrainingSettings,
+    micro_batch: u64,
+    tp: u64,
+) -> f64 {
+    use RecomputeModule::*;
+    if settings.recompute_modules.is_empty() || settings.recompute != Recompute::Selective {
+        return 0.0;
+    }
+    let t = tp.max(1) as f64;
+    let h = model.hidden as f64;
+    let norms = match settings.sequence_parallel {
+        true => 4.0 * h / t,
+        false => 4.0 * h,
+    };
+    let mut per_token = 0.0;
+    if settings.recomputes(Layernorm) {
+        per_token += norms;
+    }
+    if settings.recomputes(MlaUpProj) && model.is_mla() {
+        let w = model.attention_widths();
+        per_token += 2.0 * (w.q + w.kv + w.v) as f64 / t;
+    }
+    let tokens = (model.seq_len * micro_batch) as f64;
+    if !model.is_moe() {
+        if settings.recomputes(Mlp) {
+            per_token += 17.0 * h / t;
+        }
+        return tokens * per_token;
+    }
+    if settings.recomputes(Moe) {
+        // The count's MLP but its input, and all the expert block keeps
+        // beyond it.
+        return tokens * (per_token + 17.0 * h / t) + moe_activation_bytes(model, micro_batch, tp);
+    }
+    if settings.recomputes(MoeAct) {
+        per_token += 2.0 * (model.experts_per_token * model.ffn) as f64 / t;
+    }
+    if settings.recomputes(SharedExperts) {
+        per_token += 6.0 * model.shared_ffn as f64 / t;
+    }
+    tokens * per_token
+}
+
+/// The forward time selective recomputation runs again in one layer's
+/// backward pass on each of `tp` chips: the recomputed modules' matmuls
+/// and passes ([`TrainingSettings::recomputes`]; the core attention `c`
+/// times under context parallelism, its keys being every chip's), and a
+/// mixture's two all-to-alls (`a2a` each) when its whole expert block is
+/// recomputed. 0 without selective recomputation.
+fn recomputed_forward(
+    model: &ModelSpec,
+    settings: &TrainingSettings,
+    rates: &ChipRates,
+    b: u64,
+    tp: u64,
+    a2a: f64,
+) -> f64 {
+    use RecomputeModule::*;
+    if settings.recompute != Recompute::Selective {
+        return 0.0;
+    }
+    let mut time = 0.0;
+    if settings.recomputes(CoreAttn) {
+        let c = settings.context_parallel.max(1) as f64;
+        time += c * attention_time(model, rates, b, tp).forward;
+    }
+    // The layer's matmuls and passes each module reruns, by name.
+    let (mut matmuls, mut passes): (Vec<&str>, Vec<&str>) = (Vec::new(), Vec::new());
+    if settings.recomputes(Layernorm) {
+        passes.extend(["rmsnorm (attention)", "rmsnorm (ffn)"]);
+    }
+    if settings.recomputes(MlaUpProj) && model.is_mla() {
+        matmuls.extend(["q up", "kv up"]);
+        passes.push("rope (q, k)");
+    }
+    let shared = [
+        "shared expert gate",
+        "shared expert up",
+        "shared expert down",
+    ];
+    match (model.is_moe(), settings.recomputes(Moe)) {
+        (false, _) => {
+            if settings.recomputes(Mlp) {
+                matmuls.extend(["ffn gate", "ffn up", "ffn down"]);
+                passes.push("swiglu");
+            }
+        }
+        (true, true) => {
+            matmuls.extend(["router", "expert gate", "expert up", "expert down"]);
+            matmuls.extend(shared);
+            passes.extend(["swiglu", "router softmax and top-k", "token permutation"]);
+            time += 2.0 * a2a;
+        }
+        (true, false) => {
+            if settings.recomputes(MoeAct) {
+                passes.push("swiglu");
+            }
+            if settings.recomputes(SharedExperts) {
+                matmuls.extend(shared);
+            }
+        }
+    }
+    let layer_rates = rates.for_layer_matmuls();
+    for mm in model
+        .layer_matmuls(b, tp, experts_split(model, settings, tp))
+        .iter()
+        .filter(|mm| matmuls.contains(&mm.name))
+    {
+        time += layer_rates.matmul(mm).forward;
+    }
+    for pass in model
+        .layer_memory_passes(b, tp, rates.elem, settings.sequence_parallel)
+        .iter()
+        .filter(|p| passes.contains(&p.name))
+    {
+        time += rates.memory_pass(pass).forward;
+    }
+    time
 }
 
 /// What FP8 training keeps a byte smaller per element than the 16-bit
@@ -1387,12 +1522,7 @@ pub fn analytic_stage_timing(
         // (of each kind its share).
         let recompute = match settings.recompute {
             Recompute::None => 0.0,
-            // (Each chip's attention attends every key: `c` times the
-            // per-chip model's under context parallelism.)
-            Recompute::Selective => {
-                let c = settings.context_parallel.max(1) as f64;
-                k * c * attention_time(m, &rates, b, tp).forward
-            }
+            Recompute::Selective => k * recomputed_forward(m, settings, &rates, b, tp, a2a),
             Recompute::Full => split.recomputed * k / n * (layer.forward + 2.0 * tp_ar),
         };
         forward += k * (layer.forward + 2.0 * tp_ar);

@@ -1322,3 +1322,97 @@ fn an_expert_tensor_parallel_degree_below_the_tp_folds_the_experts() {
         .to_string();
     assert!(e.contains("expert_tensor_parallel is 1, but model"), "{e}");
 }
+
+/// Selective recomputation of Megatron-LM's modules: each drops what it
+/// recomputes from a layer's activations and adds its forward to the
+/// backward pass; the core attention alone (the default) is Korthikanti
+/// et al.'s; modules beside full recomputation are refused.
+#[test]
+fn recomputed_modules_trade_their_activations_for_their_forward() {
+    use crate::settings::RecomputeModule::{self, *};
+    let c = cluster();
+    let with = |modules: &[RecomputeModule]| {
+        let mut s = TrainingSettings::new(64);
+        s.recompute = Recompute::Selective;
+        s.recompute_modules = modules.to_vec();
+        s
+    };
+    let st = shape(&c, 2..3, 1, 8, 2);
+    let kept = kept_micro_batches(&with(&[]), &st, ONE);
+    let acts = |m: &ModelSpec, s: &TrainingSettings| stage_memory(m, s, &st, ONE).activations;
+    let backward =
+        |m: &ModelSpec, s: &TrainingSettings| analytic_stage_timing(m, s, &c, &st, ONE).backward;
+    let dense = mid_size();
+    let tokens = 2048.0;
+    let h = 2048.0;
+    // The default is the core attention: its modules named, the same.
+    assert!(with(&[]).recomputes(CoreAttn) && !with(&[]).recomputes(Mlp));
+    close(acts(&dense, &with(&[CoreAttn])), acts(&dense, &with(&[])));
+    // A dense MLP: all but its input (17 h / t), its three matmuls and
+    // product again.
+    let base = with(&[CoreAttn]);
+    let mlp = with(&[CoreAttn, Mlp]);
+    close(
+        acts(&dense, &base) - acts(&dense, &mlp),
+        kept * tokens * 17.0 * h / 2.0,
+    );
+    let rates = ChipRates::new(&c.chip_types[0], &base);
+    let split = experts_split(&dense, &base, 2);
+    let ffn: f64 = dense
+        .layer_matmuls(1, 2, split)
+        .iter()
+        .filter(|mm| mm.name.starts_with("ffn"))
+        .map(|mm| rates.matmul(mm).forward)
+        .sum();
+    let swiglu = dense.layer_memory_passes(1, 2, 2.0, true)[5];
+    assert_eq!(swiglu.name, "swiglu");
+    close(
+        backward(&dense, &mlp) - backward(&dense, &base),
+        ffn + rates.memory_pass(&swiglu).forward,
+    );
+    // The norms' outputs: 4 h / t.
+    close(
+        acts(&dense, &base) - acts(&dense, &with(&[CoreAttn, Layernorm])),
+        kept * tokens * 4.0 * h / 2.0,
+    );
+    // A mixture's expert block: all it keeps beyond its input, and its
+    // exchange again.
+    let mut moe_base = with(&[CoreAttn]);
+    moe_base.expert_parallel = 8;
+    let mut moe = moe_base.clone();
+    moe.recompute_modules.push(Moe);
+    let mixtral = ModelSpec {
+        seq_len: 2048,
+        ..ModelSpec::mixtral_8x7b()
+    };
+    let dropped = acts(&mixtral, &moe_base) - acts(&mixtral, &moe);
+    close(
+        dropped,
+        kept * (2048.0 * 17.0 * 4096.0 / 2.0 + moe_activation_bytes(&mixtral, 1, 2)),
+    );
+    let a2a = expert_all_to_all_time(&mixtral, &moe, &c.chip_types[0], 1, 2);
+    assert!(a2a > 0.0);
+    assert!(backward(&mixtral, &moe) - backward(&mixtral, &moe_base) > 2.0 * a2a);
+    // Latent attention's up projections: its Q, K and V.
+    let latent = ModelSpec {
+        head_dim: 192,
+        kv_lora_rank: 512,
+        q_lora_rank: 1536,
+        rope_head_dim: 64,
+        v_head_dim: 128,
+        ..mid_size()
+    };
+    close(
+        acts(&latent, &base) - acts(&latent, &with(&[CoreAttn, MlaUpProj])),
+        kept * tokens * 2.0 * (3072.0 + 3072.0 + 2048.0) / 2.0,
+    );
+    assert!(backward(&latent, &with(&[CoreAttn, MlaUpProj])) > backward(&latent, &base));
+    // Beside full recomputation, refused by name.
+    let mut full = with(&[Mlp]);
+    full.recompute = Recompute::Full;
+    let e = full.check_recompute().unwrap_err().to_string();
+    assert!(
+        e.contains("recompute_modules [mlp] apply to selective recomputation"),
+        "{e}"
+    );
+}

@@ -57,6 +57,56 @@ pub enum Recompute {
     Full,
 }
 
+/// A part of a layer that selective recomputation recomputes in the
+/// backward pass (Megatron-LM's `--recompute-modules`, its names): the
+/// activations inside it are not kept, its forward runs again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RecomputeModule {
+    /// The attention's scores and context (Korthikanti et al.'s selective
+    /// recomputation; with flash attention nothing is kept to drop).
+    CoreAttn,
+    /// The two RMSNorms' outputs.
+    Layernorm,
+    /// Latent attention's up projections and RoPE (their Q, K and V).
+    MlaUpProj,
+    /// A dense layer's MLP (its gate, up and product outputs).
+    Mlp,
+    /// A mixture's whole expert block (router, exchange, experts), its
+    /// input kept.
+    Moe,
+    /// The experts' SwiGLU product.
+    MoeAct,
+    /// The shared expert.
+    SharedExperts,
+}
+
+impl RecomputeModule {
+    /// Every module, by Megatron-LM's name.
+    pub const ALL: [(&'static str, RecomputeModule); 7] = [
+        ("core_attn", RecomputeModule::CoreAttn),
+        ("layernorm", RecomputeModule::Layernorm),
+        ("mla_up_proj", RecomputeModule::MlaUpProj),
+        ("mlp", RecomputeModule::Mlp),
+        ("moe", RecomputeModule::Moe),
+        ("moe_act", RecomputeModule::MoeAct),
+        ("shared_experts", RecomputeModule::SharedExperts),
+    ];
+
+    /// The module Megatron-LM calls `name`.
+    pub fn from_name(name: &str) -> Option<RecomputeModule> {
+        Self::ALL.iter().find(|(n, _)| *n == name).map(|&(_, m)| m)
+    }
+
+    /// Its Megatron-LM name.
+    pub fn name(self) -> &'static str {
+        Self::ALL
+            .iter()
+            .find(|(_, m)| *m == self)
+            .map_or("", |(n, _)| n)
+    }
+}
+
 /// Which layers full recomputation recomputes (Megatron-LM's
 /// `--recompute-method`), with [`TrainingSettings::recompute_num_layers`]
 /// `N`.
@@ -116,6 +166,12 @@ pub struct TrainingSettings {
     /// (`block`); 1 by default.
     #[serde(default = "one", skip_serializing_if = "is_one")]
     pub recompute_num_layers: u64,
+    /// Under selective recomputation, the parts of a layer recomputed
+    /// (Megatron-LM's `--recompute-modules`); empty (the default): the
+    /// core attention alone, Megatron-LM's default and Korthikanti et
+    /// al.'s ([`TrainingSettings::recomputes`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub recompute_modules: Vec<RecomputeModule>,
     /// Shard the optimizer state over data-parallel replicas (ZeRO-1):
     /// `6 + 12/d` bytes per parameter instead of 18. Off by default.
     #[serde(default)]
@@ -292,6 +348,7 @@ impl TrainingSettings {
             recompute: Recompute::default(),
             recompute_method: RecomputeMethod::default(),
             recompute_num_layers: 1,
+            recompute_modules: Vec::new(),
             shard_optimizer: false,
             zero_stage: 0,
             overlap_grad_reduce: false,
@@ -371,6 +428,15 @@ impl TrainingSettings {
                 "recompute_num_layers is {n}; it must be 1 to {MAX_RECOMPUTE_NUM_LAYERS}"
             )));
         }
+        if !self.recompute_modules.is_empty() && self.recompute != Recompute::Selective {
+            let names: Vec<&str> = self.recompute_modules.iter().map(|m| m.name()).collect();
+            return Err(SpecError::Settings(format!(
+                "recompute_modules [{}] apply to selective recomputation, but recompute is {}; \
+                 give recompute = \"selective\" (--recompute selective)",
+                names.join(", "),
+                format!("{:?}", self.recompute).to_lowercase(),
+            )));
+        }
         let partial = n != 1 || self.recompute_method != RecomputeMethod::Uniform;
         if partial && self.recompute != Recompute::Full {
             return Err(SpecError::Settings(format!(
@@ -382,6 +448,17 @@ impl TrainingSettings {
             )));
         }
         Ok(())
+    }
+
+    /// Whether selective recomputation recomputes `module`: one of
+    /// `recompute_modules`, or the core attention where they are empty.
+    #[inline]
+    pub fn recomputes(&self, module: RecomputeModule) -> bool {
+        self.recompute == Recompute::Selective
+            && match self.recompute_modules.is_empty() {
+                true => module == RecomputeModule::CoreAttn,
+                false => self.recompute_modules.contains(&module),
+            }
     }
 
     /// What recomputation makes of a stage's (or model chunk's) `layers`

@@ -36,7 +36,7 @@ use polychip_planner::cluster::ClusterSpec;
 use polychip_planner::evaluate::{Evaluation, PlanSpec, evaluate};
 use polychip_planner::model::ModelSpec;
 use polychip_planner::profile::{ProfileEntry, ProfileFile};
-use polychip_planner::settings::{Dtype, TrainingSettings};
+use polychip_planner::settings::{Dtype, Recompute, RecomputeModule, TrainingSettings};
 use polychip_planner::validate::{median, median_error, one_scale, spearman, topk_regret};
 use serde_json::Value;
 
@@ -1738,6 +1738,12 @@ fn the_cluster_model_scores_megatron_bridges_h100_runs() {
         settings.expert_parallel = run["settings"]["expert_parallel"].as_u64().unwrap();
         settings.expert_tensor_parallel =
             run["settings"]["expert_tensor_parallel"].as_u64().unwrap();
+        // Selective recomputation of the modules a recipe names.
+        for name in run["settings"]["recompute_modules"].as_array().unwrap() {
+            let module = RecomputeModule::from_name(name.as_str().unwrap()).unwrap();
+            settings.recompute = Recompute::Selective;
+            settings.recompute_modules.push(module);
+        }
         let spec = PlanSpec::parse(&run["plan"].to_string(), true)
             .unwrap_or_else(|e| panic!("{name}: {e}"));
         let ev =

@@ -18,8 +18,9 @@ performance recipes (scripts/performance/configs/llama: bf16 with FP8
 matmuls, gradients reduced in bf16 (`grad_reduce_in_fp32 = False` in
 set_llama3_common_configs), fused (flash) attention, sequence parallelism
 beside tensor parallelism, the distributed optimizer with its
-reduce-scatter and gather overlapped, no recomputation; Megatron FSDP where
-the row says FSDP (ZeRO-3)). Not priced: their tensor-parallel
+reduce-scatter and gather overlapped, no recomputation but DeepSeek-V3's
+of its latent attention's up projections and its dense MLPs
+(`recompute_modules`); Megatron FSDP where the row says FSDP (ZeRO-3)). Not priced: their tensor-parallel
 communication overlap (userbuffers) on the 70B and 405B runs.
 
 Run: python3 convert_megatron_bridge.py (writes the JSON beside it)."""
@@ -62,6 +63,11 @@ ROWS = [
 # multi-token-prediction layer and the loss (the MTP layer not priced).
 LAYOUTS = {"deepseek-v3/gbs8192": [1] + [2] * 30 + [0]}
 
+# Selective recomputation the recipes ask for by module (Megatron-LM's
+# `recompute_modules`), the same file: DeepSeek-V3's latent attention's up
+# projections and its dense MLPs.
+RECOMPUTE = {"deepseek-v3/gbs8192": ["mla_up_proj", "mlp"]}
+
 
 def chunks(layers, n):
     """Layers of each of `n` model chunks: even where they divide; else
@@ -92,7 +98,8 @@ for name, model, layers, gpus, gbs, mbs, seq, fsdp, tp, pp, cp, vp, ep, etp, tps
         "model": model,
         "gpus": gpus,
         "settings": {"zero_stage": 3 if fsdp else 1, "context_parallel": cp,
-                     "expert_parallel": ep, "expert_tensor_parallel": etp},
+                     "expert_parallel": ep, "expert_tensor_parallel": etp,
+                     "recompute_modules": RECOMPUTE.get(name, [])},
         "plan": plan,
         "tokens_per_s_per_gpu": tps,
         "measured_step_s": round(gbs * seq / (tps * gpus), 4),
@@ -102,8 +109,9 @@ out = {
     "settings": {"dtype": "bf16", "fp8": True, "bf16_gradients": True, "flash_attention": True,
                  "sequence_parallel": True, "overlap_grad_reduce": True,
                  "overlap_param_gather": "with the distributed optimizer (zero_stage 1)",
-                 "note": "zero_stage, context_parallel, expert_parallel and expert_tensor_parallel "
-                         "(0: the tp) are per run"},
+                 "note": "zero_stage, context_parallel, expert_parallel, expert_tensor_parallel "
+                         "(0: the tp) and recompute_modules (selective recomputation of "
+                         "them; none where empty) are per run"},
     "runs": runs,
 }
 Path(__file__).with_name("megatron-bridge-h100-runs.json").write_text(json.dumps(out, indent=1) + "\n")
