@@ -185,15 +185,15 @@ pub struct ChipParams {
     /// Routed experts' parameters a chip holds.
     pub experts: f64,
     /// The stage's `tp` over the expert tensor-parallel degree: how many
-    /// more chips of a replica hold the same experts (1, or 0 for a dense
-    /// model, at the default).
+    /// chips of a replica hold the same experts (1 at the default and for
+    /// a dense model; 0, in a `Default` value, is taken as 1).
     pub tp_per_etp: u64,
 }
 
 impl ChipParams {
     /// Of `params` parameters of which `layers` expert layers' routed
-    /// experts, on each of `tp` chips under `model`'s expert-parallel
-    /// degree.
+    /// experts, on each of `tp` chips under the settings' expert-parallel
+    /// and expert tensor-parallel degrees.
     #[inline]
     pub fn split(
         model: &ModelSpec,
@@ -1517,9 +1517,9 @@ pub fn analytic_stage_timing(
         let a2a = expert_all_to_all_time(m, settings, chip, b, tp);
         layer.forward += 2.0 * a2a;
         layer.backward += 2.0 * a2a;
-        // Selective recomputation reruns every layer's attention forward;
-        // full recomputation the whole forward of the layers it recomputes
-        // (of each kind its share).
+        // Selective recomputation reruns its modules' forward (the core
+        // attention's by default); full recomputation the whole forward of
+        // the layers it recomputes (of each kind its share).
         let recompute = match settings.recompute {
             Recompute::None => 0.0,
             Recompute::Selective => k * recomputed_forward(m, settings, &rates, b, tp, a2a),
@@ -1598,8 +1598,10 @@ pub fn analytic_stage_timing(
 /// group dispatches its share of; `b s` without) to the experts' holders,
 /// all but the `1 / ep` of them it holds itself; a layer runs four (the
 /// dispatch and the combination, forward and backward), not overlapped
-/// (Megatron-LM's default). The expert-parallel group's `ep t` chips sit in
-/// one node when they fit there, and exchange over its links; else the
+/// (Megatron-LM's default). The expert-parallel group's `ep` members,
+/// `e` chips apart (the expert tensor-parallel degree, the `tp` by
+/// default), sit in one node when its `ep e` chips fit there, and exchange
+/// over its links; else the
 /// share bound for other nodes, `(ep - q) / ep` of it (`q` of the group on
 /// a node), goes over the chip's share of its node's network
 /// ([`ChipType::nic_share`], every chip of the node sending at once) while
@@ -1626,8 +1628,6 @@ pub fn expert_all_to_all_time(
         * model.experts_per_token as f64
         * model.hidden as f64
         * settings.dtype.bytes() as f64;
-    // The group's members are `e` chips apart (the expert tensor-parallel
-    // degree, the `tp` by default).
     let etp = expert_tensor_parallel(model, settings, t);
     let per_node = (chip.chips_per_node / etp).clamp(1, ep);
     let inside = (per_node - 1) as f64 / ep as f64 * bytes / chip.intra_node_bandwidth;

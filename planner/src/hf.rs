@@ -8,10 +8,11 @@
 //! whose every layer is one (Mixtral, Qwen2/3-MoE, OLMoE, PhiMoE, Granite
 //! MoE, GPT-OSS) is read as its experts, top-k, expert width and shared
 //! expert, and one whose first layers are dense (GLM-4.5, ERNIE 4.5,
-//! Qwen-MoE's `mlp_only_layers`) as those layers beside them; one whose
-//! dense layers lie elsewhere among the expert ones, or that runs layers
-//! of linear attention or latent attention, is refused naming the field
-//! that says so.
+//! DeepSeek, Qwen-MoE's `mlp_only_layers`) as those layers beside them;
+//! multi-head latent attention (DeepSeek-V2 and V3, Kimi K2) as its
+//! latents and head widths. One whose dense layers lie elsewhere among the
+//! expert ones, or that runs layers of linear attention or
+//! zero-computation experts, is refused naming the field that says so.
 
 use std::path::Path;
 

@@ -976,15 +976,18 @@ impl ModelSpec {
     /// The weight matmuls of one layer for a micro-batch on each of `tp`
     /// chips (Megatron's split: QKV and the FFN's gate and up by columns, the
     /// attention output and the FFN's down projection by rows). Their FLOPs
-    /// times `tp` are [`Self::matmul_forward_flops`].
+    /// times `tp` are [`Self::matmul_forward_flops`]. Under latent
+    /// attention QKV is the latents' down projections (on each chip's `1/t`
+    /// of the tokens, not split) and up projections (split by heads).
     ///
     /// In a mixture of experts the FFN is the router (`(b s) x h` by `h x
     /// E`, on each chip's `1/t` of the tokens), each chip's `E / ep` experts
-    /// as grouped matmuls (the tokens routed to them from the `ep` chips of
-    /// its expert-parallel group, `b s k ep / E` an expert when the router
-    /// balances them; each expert split over `tp` as a dense FFN is,
-    /// Megatron-LM's expert tensor parallelism at its default, the `tp`),
-    /// and the shared expert as a dense FFN of its width.
+    /// as grouped matmuls (the tokens routed to them from the `ep etp`
+    /// slices of `b s / t` tokens of its expert-parallel group, `b s k ep
+    /// etp / (t E)` an expert when the router balances them; each expert
+    /// split over `etp` chips, `experts.etp`, Megatron-LM's expert tensor
+    /// parallelism, the `tp` by default), and the shared expert as a dense
+    /// FFN of its width.
     pub fn layer_matmuls(
         &self,
         micro_batch: u64,
@@ -1010,7 +1013,8 @@ impl ModelSpec {
             // sequence parallelism; the up projections split by heads.
             let (rq, rkv) = (self.q_lora_rank as f64, self.kv_lora_rank as f64);
             let rope = self.rope_head_dim as f64;
-            let up = (self.heads * (self.head_dim() - self.rope_head_dim)) as f64 + v;
+            let nope = self.head_dim().saturating_sub(self.rope_head_dim);
+            let up = (self.heads * nope) as f64 + v;
             match self.q_lora_rank {
                 0 => mms.extend(&[mm("q", m, q / t, h, 1.0)]),
                 _ => mms.extend(&[
