@@ -148,13 +148,30 @@ const ALTERNATING: &[(&str, u64)] = &[
     ("interleave_moe_layer_step", 1),
     ("moe_layer_freq", 1),
     ("expert_layer_period", 1),
-    ("num_dense_layers", 0),
 ];
 
 /// Fields that give how many of a mixture's first layers are dense:
 /// DeepSeek's, GLM-4.5's and Kimi K2's `first_k_dense_replace`, ERNIE
-/// 4.5's `moe_layer_start_index` (a list per modality: its least).
-const DENSE_FIRST: &[&str] = &["first_k_dense_replace", "moe_layer_start_index"];
+/// 4.5's `moe_layer_start_index` (a list per modality: its least), LFM2-MoE's
+/// and AFMoE's `num_dense_layers`.
+const DENSE_FIRST: &[&str] = &[
+    "first_k_dense_replace",
+    "moe_layer_start_index",
+    "num_dense_layers",
+];
+
+/// The `layer_types` of attention layers the planner prices (full, or
+/// over a window or chunks, which [`hf_notes`] notes, or DeepSeek's sparse
+/// attention over indexed keys, also noted); any other type is refused.
+const ATTENTION_LAYERS: &[&str] = &[
+    "full_attention",
+    "attention",
+    "sliding_attention",
+    "chunked_attention",
+    "window_attention",
+    "reference_sliding_attention",
+    "indexed_attention",
+];
 
 /// How many of a mixture of experts' first layers are dense, from the
 /// fields that say so ([`DENSE_FIRST`], Qwen-MoE's `mlp_only_layers` when
@@ -230,10 +247,20 @@ fn dense_first_layers(fields: &Fields, layers: u64) -> Result<u64, String> {
 }
 
 /// Why the planner cannot model a config's layers, naming the field:
-/// layers of linear attention or state-space layers (`layer_types`),
-/// zero-computation experts (LongCat-Flash's `zero_expert_num`, whose
-/// layers also run two attention blocks).
+/// layers of any type but attention's in `layer_types` (linear
+/// attention, state-space, convolution or compressed layers:
+/// [`ATTENTION_LAYERS`]), hyper-connections (`hc_mult`: a residual stream
+/// several wide, DeepSeek-V4's), zero-computation experts (LongCat-Flash's
+/// `zero_expert_num`, whose layers also run two attention blocks).
 fn unmodelled_layers(fields: &Fields) -> Option<String> {
+    if let Some(v) = fields.get("hc_mult")
+        && v.as_u64().is_none_or(|n| n > 1)
+    {
+        return Some(format!(
+            "config.json has `hc_mult` = {v}: hyper-connections (a residual stream {v} wide), \
+             which the planner does not model"
+        ));
+    }
     if let Some(v) = fields.get("zero_expert_num")
         && v.as_u64() != Some(0)
     {
@@ -246,9 +273,9 @@ fn unmodelled_layers(fields: &Fields) -> Option<String> {
     if let Some(Value::Array(types)) = fields.get("layer_types")
         && let Some(t) = types
             .iter()
-            .filter_map(Value::as_str)
-            .find(|t| t.contains("linear") || t.contains("mamba") || t.contains("conv"))
+            .find(|t| !t.as_str().is_some_and(|t| ATTENTION_LAYERS.contains(&t)))
     {
+        let t = t.as_str().map_or_else(|| t.to_string(), |t| t.to_string());
         return Some(format!(
             "config.json's `layer_types` holds \"{t}\" layers, which the planner does not \
              model (its layers are attention and a feed-forward block)"
@@ -498,9 +525,11 @@ impl ModelSpec {
 /// represent exactly, as sentences: attention over a window or chunks of
 /// the sequence (`sliding_window`, Mistral's; sliding or chunked layers in
 /// `layer_types`, GPT-OSS's, Gemma 2's, Llama 4's), which the planner
-/// prices over the whole sequence; multi-token-prediction layers
-/// (DeepSeek-V3's, GLM-4.5's `num_nextn_predict_layers`), which it leaves
-/// out.
+/// prices over the whole sequence; sparse attention over indexed keys
+/// (`indexed_attention` layers, DeepSeek-V3.2's and GLM-5's), priced over
+/// the whole sequence and without its indexer; multi-token-prediction
+/// layers (DeepSeek-V3's, GLM-4.5's `num_nextn_predict_layers`), which it
+/// leaves out.
 pub fn hf_notes(text: &str) -> Vec<String> {
     let Ok(Value::Object(root)) = polychip_files::parse_json_value(text) else {
         return Vec::new();
@@ -527,6 +556,24 @@ pub fn hf_notes(text: &str) -> Vec<String> {
         notes.push(format!(
             "config.json gives {n} multi-token-prediction {layers} (num_nextn_predict_layers), \
              which the planner leaves out (transformers' model does not train them)"
+        ));
+    }
+    let indexed = match map.get("layer_types") {
+        Some(Value::Array(types)) => types
+            .iter()
+            .filter(|t| t.as_str() == Some("indexed_attention"))
+            .count(),
+        _ => 0,
+    };
+    if indexed > 0 {
+        let keys = map
+            .get("index_topk")
+            .and_then(Value::as_u64)
+            .map_or(String::new(), |k| format!(" of {k} keys a query"));
+        notes.push(format!(
+            "config.json gives {indexed} layers sparse attention over indexed keys{keys} \
+             (`indexed_attention`, DeepSeek's sparse attention); the planner prices their \
+             attention over the whole sequence and not their indexer"
         ));
     }
     let window = map.get("sliding_window").and_then(Value::as_u64);
@@ -828,6 +875,27 @@ mod tests {
             "moe_layer_start_index": 1, "moe_layer_end_index": 3, "moe_layer_interval": 1}"#;
         let m = ModelSpec::from_hf_config(ernie, "e", None).unwrap();
         assert_eq!((m.dense_layers, m.dense_ffn, m.experts), (1, 256, 8));
+        // LFM2-MoE's and AFMoE's `num_dense_layers`: the first ones.
+        let lfm = r#"{"model_type": "lfm2_moe", "hidden_size": 64, "intermediate_size": 256,
+            "moe_intermediate_size": 32, "num_hidden_layers": 4, "num_attention_heads": 4,
+            "vocab_size": 256, "num_experts": 8, "num_experts_per_tok": 2,
+            "num_dense_layers": 2, "hidden_act": "silu"}"#;
+        let m = ModelSpec::from_hf_config(lfm, "l", None).unwrap();
+        assert_eq!((m.dense_layers, m.dense_ffn, m.experts), (2, 256, 8));
+        // DeepSeek-V3.2's sparse attention over indexed keys: noted.
+        let sparse = lfm.replace(
+            "\"num_dense_layers\": 2,",
+            "\"index_topk\": 2048, \"layer_types\": [\"indexed_attention\", \
+             \"indexed_attention\", \"full_attention\", \"indexed_attention\"],",
+        );
+        ModelSpec::from_hf_config(&sparse, "s", None).unwrap();
+        let notes = hf_notes(&sparse);
+        assert!(
+            notes.iter().any(|n| n.contains(
+                "gives 3 layers sparse attention over indexed keys of 2048 keys a query"
+            )),
+            "{notes:?}"
+        );
         let dense = qwen.replace("[1, 0]", "[0, 1, 2, 3]");
         let m = ModelSpec::from_hf_config(&dense, "d", None).unwrap();
         assert!(!m.is_moe());
@@ -947,6 +1015,19 @@ mod tests {
             (
                 r#"{"model_type": "longcat_flash", "hidden_size": 64, "zero_expert_num": 4}"#,
                 "`zero_expert_num` = 4: zero-computation experts",
+            ),
+            (
+                r#"{"model_type": "deepseek_v4", "hidden_size": 64, "hc_mult": 4}"#,
+                "`hc_mult` = 4: hyper-connections",
+            ),
+            (
+                r#"{"model_type": "inkling", "hidden_size": 64,
+                    "layer_types": ["hybrid_sliding", "hybrid"]}"#,
+                "holds \"hybrid_sliding\" layers",
+            ),
+            (
+                r#"{"model_type": "x", "hidden_size": 64, "layer_types": ["full_attention", 7]}"#,
+                "holds \"7\" layers",
             ),
             (
                 r#"{"model_type": "qwen3_next", "hidden_size": 64,

@@ -31,11 +31,13 @@ DENSE = ["LlamaConfig", "MistralConfig", "Qwen2Config", "Qwen3Config", "GemmaCon
          "OPTConfig", "BloomConfig", "FalconConfig", "MptConfig", "BertConfig"]
 MOE = ["MixtralConfig", "Qwen2MoeConfig", "Qwen3MoeConfig", "OlmoeConfig", "PhimoeConfig",
        "GraniteMoeConfig", "GptOssConfig", "Llama4TextConfig",
-       # Their first layers dense (`first_k_dense_replace`, `moe_layer_start_index`),
-       # and GLM-4.7-Flash's latent attention.
-       "Glm4MoeConfig", "Ernie4_5_MoeConfig", "Glm4MoeLiteConfig"]
+       # Their first layers dense (`first_k_dense_replace`, `moe_layer_start_index`,
+       # `num_dense_layers`), and GLM-4.7-Flash's latent attention.
+       "Glm4MoeConfig", "Ernie4_5_MoeConfig", "Glm4MoeLiteConfig", "Lfm2MoeConfig",
+       "AfmoeConfig"]
 REFUSED = {"DbrxConfig": "`ffn_config.moe_num_experts`", "JambaConfig": "`expert_layer_period`",
-           "LongcatFlashConfig": "`zero_expert_num`",
+           "LongcatFlashConfig": "`zero_expert_num`", "DeepseekV4Config": "`hc_mult`",
+           "InklingTextConfig": "\"hybrid_sliding\" layers",
            "DeepseekV2Config": "64 experts but not how many a token runs",
            "Qwen3NextConfig": "linear_attention", "T5Config": "encoder-decoder",
            "MambaConfig": "`num_attention_heads`"}
