@@ -126,8 +126,9 @@ pub struct Args {
     #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = crate::numbers::whole::<u64>(1))]
     expert_tensor_parallel: Option<u64>,
     /// With a mixture of experts, search each expert-parallel degree that
-    /// divides its experts (1, 2, 4, ... up to 64) and keep the fastest
-    /// plan, naming the degrees tried.
+    /// divides its experts (1, 2, 4, ... up to 64), each at the tp and with
+    /// every expert whole on a chip (unless --expert-tensor-parallel gives
+    /// a degree), and keep the fastest plan, naming the degrees tried.
     #[arg(long, conflicts_with_all = ["expert_parallel", "evaluate", "score"])]
     search_expert_parallel: bool,
     /// FP8 training: the layers' weight matmuls in FP8 at each chip type's
@@ -608,17 +609,24 @@ fn search_expert_degrees(
 ) -> Result<PlanReport, String> {
     let (best, tried) = search::plan_expert_degrees(model, cluster, settings, options)
         .map_err(|e| format!("--search-expert-parallel: {e}"))?;
+    let degrees = |ep: u64, etp: u64| match etp {
+        0 => ep.to_string(),
+        e => format!("{ep} (expert tp {e})"),
+    };
     let tried: Vec<String> = tried
         .iter()
-        .map(|(ep, tokens)| match tokens {
-            Some(t) => format!("{ep}: {t:.0} tokens/s"),
-            None => format!("{ep}: no plan"),
+        .map(|(d, tokens)| match tokens {
+            Some(t) => format!("{}: {t:.0} tokens/s", degrees(d.ep, d.etp)),
+            None => format!("{}: no plan", degrees(d.ep, d.etp)),
         })
         .collect();
     eprintln!(
         "note: expert parallelism searched at {}; the plan is at {}",
         tried.join(", "),
-        best.settings.expert_parallel
+        degrees(
+            best.settings.expert_parallel,
+            best.settings.expert_tensor_parallel
+        )
     );
     Ok(best)
 }

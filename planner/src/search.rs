@@ -238,7 +238,15 @@ pub fn training_state_bytes(model: &ModelSpec, settings: &TrainingSettings) -> f
 
 /// Each expert-parallel degree [`plan_expert_degrees`] tried and the
 /// simulated tokens per second its plan gave (`None`: no plan).
-pub type DegreesTried = Vec<(u64, Option<f64>)>;
+pub type DegreesTried = Vec<(ExpertDegrees, Option<f64>)>;
+
+/// One pair of degrees [`plan_expert_degrees`] tried: expert-parallel and
+/// expert tensor-parallel (0: each stage's tp).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ExpertDegrees {
+    pub ep: u64,
+    pub etp: u64,
+}
 
 /// The expert-parallel degrees [`plan_expert_degrees`] tries for a
 /// mixture of `experts`: the powers of two that divide it, up to 64.
@@ -250,10 +258,13 @@ pub fn expert_degrees(experts: u64) -> Vec<u64> {
 }
 
 /// Plans a mixture of experts at each of [`expert_degrees`] (the
-/// settings' `expert_parallel` replaced) and keeps the fastest plan by
-/// simulated tokens per second; with it, each degree and the tokens per
-/// second it gave (`None`: no plan). Refuses a dense model; with no plan at
-/// any degree, the last degree's refusal.
+/// settings' `expert_parallel` replaced), each at the settings' expert
+/// tensor-parallel degree, and where they leave it at the tp also at 1
+/// (every expert whole on a chip, as Megatron-LM's MoE recipes run them),
+/// and keeps the fastest plan by simulated tokens per second; with it,
+/// each pair of degrees and the tokens per second it gave (`None`: no
+/// plan). Refuses a dense model; with no plan at any degree, the last
+/// degree's refusal.
 pub fn plan_expert_degrees(
     model: &ModelSpec,
     cluster: &ClusterSpec,
@@ -269,25 +280,33 @@ pub fn plan_expert_degrees(
     }
     let (mut best, mut tried, mut refusal): (Option<PlanReport>, Vec<_>, _) =
         (None, Vec::new(), None);
+    let etps: &[u64] = match settings.expert_tensor_parallel {
+        0 => &[0, 1],
+        _ => &[settings.expert_tensor_parallel],
+    };
     for ep in expert_degrees(model.experts) {
-        let s = TrainingSettings {
-            expert_parallel: ep,
-            ..settings.clone()
-        };
-        match plan(model, cluster, &s, options) {
-            Ok(r) => {
-                let tokens = r.plan.tokens_per_s_simulated;
-                tried.push((ep, Some(tokens)));
-                if best
-                    .as_ref()
-                    .is_none_or(|b| tokens > b.plan.tokens_per_s_simulated)
-                {
-                    best = Some(r);
+        for &etp in etps {
+            let s = TrainingSettings {
+                expert_parallel: ep,
+                expert_tensor_parallel: etp,
+                ..settings.clone()
+            };
+            let degrees = ExpertDegrees { ep, etp };
+            match plan(model, cluster, &s, options) {
+                Ok(r) => {
+                    let tokens = r.plan.tokens_per_s_simulated;
+                    tried.push((degrees, Some(tokens)));
+                    if best
+                        .as_ref()
+                        .is_none_or(|b| tokens > b.plan.tokens_per_s_simulated)
+                    {
+                        best = Some(r);
+                    }
                 }
-            }
-            Err(e) => {
-                tried.push((ep, None));
-                refusal = Some(e);
+                Err(e) => {
+                    tried.push((degrees, None));
+                    refusal = Some(e);
+                }
             }
         }
     }

@@ -356,11 +356,33 @@ fn the_expert_degree_search_keeps_the_fastest_degree() {
     let settings = TrainingSettings::new(512);
     let (best, tried) =
         plan_expert_degrees(&model, &cluster, &settings, &PlanOptions::default()).unwrap();
-    assert_eq!(tried.iter().map(|t| t.0).collect::<Vec<_>>(), [1, 2, 4, 8]);
+    // Each degree at the tp and with every expert whole on a chip.
+    let degrees: Vec<(u64, u64)> = tried.iter().map(|t| (t.0.ep, t.0.etp)).collect();
+    assert_eq!(
+        degrees,
+        [
+            (1, 0),
+            (1, 1),
+            (2, 0),
+            (2, 1),
+            (4, 0),
+            (4, 1),
+            (8, 0),
+            (8, 1)
+        ]
+    );
     let fastest = tried.iter().filter_map(|t| t.1).fold(0.0, f64::max);
     assert_eq!(best.plan.tokens_per_s_simulated, fastest);
     let kept = tried.iter().find(|t| t.1 == Some(fastest)).unwrap().0;
-    assert_eq!(best.settings.expert_parallel, kept);
+    assert_eq!(best.settings.expert_parallel, kept.ep);
+    assert_eq!(best.settings.expert_tensor_parallel, kept.etp);
+    // A degree the settings give is the only one tried.
+    let one = TrainingSettings {
+        expert_tensor_parallel: 1,
+        ..settings.clone()
+    };
+    let (_, tried) = plan_expert_degrees(&model, &cluster, &one, &PlanOptions::default()).unwrap();
+    assert!(tried.iter().all(|t| t.0.etp == 1), "{tried:?}");
     let e = plan_expert_degrees(
         &ModelSpec::llama_7b(),
         &cluster,
