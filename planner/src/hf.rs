@@ -382,7 +382,17 @@ impl ModelSpec {
         // An expert's width, where the config gives one apart from the
         // dense MLP's.
         let inner = match routed {
-            Some(_) => fields.optional_size(EXPERT_FFN)?.or(inner),
+            Some(_) => {
+                // (ERNIE 4.5 VL's gives one a modality.)
+                if let Some((key, v @ Value::Array(_))) = first(map, EXPERT_FFN) {
+                    return Err(bad(format!(
+                        "config.json has `{key}` = {v}: an expert width per modality (a \
+                         multimodal mixture's text and vision experts), which the planner does \
+                         not model; describe its text experts as a model TOML"
+                    )));
+                }
+                fields.optional_size(EXPERT_FFN)?.or(inner)
+            }
             None => inner,
         };
         // Two matrices of `i` are a SwiGLU of `2 i / 3`; 4h unless given,
@@ -1019,6 +1029,12 @@ mod tests {
             (
                 r#"{"model_type": "deepseek_v4", "hidden_size": 64, "hc_mult": 4}"#,
                 "`hc_mult` = 4: hyper-connections",
+            ),
+            (
+                r#"{"model_type": "ernie4_5_vl_moe", "hidden_size": 64, "intermediate_size": 128,
+                    "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 256,
+                    "moe_num_experts": 8, "moe_k": 2, "moe_intermediate_size": [32, 16]}"#,
+                "`moe_intermediate_size` = [32,16]: an expert width per modality",
             ),
             (
                 r#"{"model_type": "inkling", "hidden_size": 64,

@@ -38,6 +38,7 @@ MOE = ["MixtralConfig", "Qwen2MoeConfig", "Qwen3MoeConfig", "OlmoeConfig", "Phim
 REFUSED = {"DbrxConfig": "`ffn_config.moe_num_experts`", "JambaConfig": "`expert_layer_period`",
            "LongcatFlashConfig": "`zero_expert_num`", "DeepseekV4Config": "`hc_mult`",
            "InklingTextConfig": "\"hybrid_sliding\" layers",
+           "Ernie4_5_VLMoeTextConfig": "an expert width per modality",
            "DeepseekV2Config": "64 experts but not how many a token runs",
            "Qwen3NextConfig": "linear_attention", "T5Config": "encoder-decoder",
            "MambaConfig": "`num_attention_heads`"}
