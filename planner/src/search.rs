@@ -236,8 +236,8 @@ pub fn training_state_bytes(model: &ModelSpec, settings: &TrainingSettings) -> f
         * (settings.dtype.bytes() as f64 + settings.grad_bytes() + settings.optimizer_bytes())
 }
 
-/// Each expert-parallel degree [`plan_expert_degrees`] tried and the
-/// simulated tokens per second its plan gave (`None`: no plan).
+/// Each pair of degrees [`plan_expert_degrees`] tried and the simulated
+/// tokens per second its plan gave (`None`: no plan).
 pub type DegreesTried = Vec<(ExpertDegrees, Option<f64>)>;
 
 /// One pair of degrees [`plan_expert_degrees`] tried: expert-parallel and
