@@ -4,8 +4,9 @@ lists, and of the mixtures of experts, plans on
 the three-vendor example cluster (the mixtures with and without expert
 parallelism, those whose first layers are dense and those of latent
 attention among them; DeepSeek-V3's on an H100 cluster of its size); the
-mixtures with dense layers elsewhere among the expert ones or with
-zero-computation experts, those of linear attention, a config without
+mixtures with dense layers elsewhere among the expert ones, with
+zero-computation experts or with an expert width per modality, those of
+linear attention, hybrid layers or hyper-connections, a config without
 its top-k, the encoder-decoder and the attention-free model are refused,
 each naming what it cannot take (docs/planner.md, "The model")."""
 
