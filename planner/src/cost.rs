@@ -613,54 +613,46 @@ fn recomputed_forward(
         let c = settings.context_parallel.max(1) as f64;
         time += c * attention_time(model, rates, b, tp).forward;
     }
+    // The core attention alone (the default): nothing else reruns.
+    if settings.recompute_modules.iter().all(|&m| m == CoreAttn) {
+        return time;
+    }
+    let (moe, whole_block) = (model.is_moe(), settings.recomputes(Moe));
     // The layer's matmuls and passes each module reruns, by name.
-    let (mut matmuls, mut passes): (Vec<&str>, Vec<&str>) = (Vec::new(), Vec::new());
-    if settings.recomputes(Layernorm) {
-        passes.extend(["rmsnorm (attention)", "rmsnorm (ffn)"]);
-    }
-    if settings.recomputes(MlaUpProj) && model.is_mla() {
-        matmuls.extend(["q up", "kv up"]);
-        passes.push("rope (q, k)");
-    }
-    let shared = [
-        "shared expert gate",
-        "shared expert up",
-        "shared expert down",
-    ];
-    match (model.is_moe(), settings.recomputes(Moe)) {
-        (false, _) => {
-            if settings.recomputes(Mlp) {
-                matmuls.extend(["ffn gate", "ffn up", "ffn down"]);
-                passes.push("swiglu");
-            }
+    let reruns_matmul = |name: &str| match name {
+        "q up" | "kv up" => settings.recomputes(MlaUpProj),
+        "ffn gate" | "ffn up" | "ffn down" => settings.recomputes(Mlp),
+        "router" | "expert gate" | "expert up" | "expert down" => whole_block,
+        "shared expert gate" | "shared expert up" | "shared expert down" => {
+            whole_block || settings.recomputes(SharedExperts)
         }
-        (true, true) => {
-            matmuls.extend(["router", "expert gate", "expert up", "expert down"]);
-            matmuls.extend(shared);
-            passes.extend(["swiglu", "router softmax and top-k", "token permutation"]);
-            time += 2.0 * a2a;
-        }
-        (true, false) => {
-            if settings.recomputes(MoeAct) {
-                passes.push("swiglu");
-            }
-            if settings.recomputes(SharedExperts) {
-                matmuls.extend(shared);
-            }
-        }
+        _ => false,
+    };
+    let reruns_pass = |name: &str| match name {
+        "rmsnorm (attention)" | "rmsnorm (ffn)" => settings.recomputes(Layernorm),
+        "rope (q, k)" => model.is_mla() && settings.recomputes(MlaUpProj),
+        "swiglu" => match moe {
+            true => whole_block || settings.recomputes(MoeAct),
+            false => settings.recomputes(Mlp),
+        },
+        "router softmax and top-k" | "token permutation" => whole_block,
+        _ => false,
+    };
+    if moe && whole_block {
+        time += 2.0 * a2a;
     }
     let layer_rates = rates.for_layer_matmuls();
     for mm in model
         .layer_matmuls(b, tp, experts_split(model, settings, tp))
         .iter()
-        .filter(|mm| matmuls.contains(&mm.name))
+        .filter(|mm| reruns_matmul(mm.name))
     {
         time += layer_rates.matmul(mm).forward;
     }
     for pass in model
         .layer_memory_passes(b, tp, rates.elem, settings.sequence_parallel)
         .iter()
-        .filter(|p| passes.contains(&p.name))
+        .filter(|p| reruns_pass(p.name))
     {
         time += rates.memory_pass(pass).forward;
     }
@@ -833,20 +825,16 @@ pub fn embedding_mask_bytes(
 /// A per-layer figure's mean and largest over a range of layers
 /// ([`over_kinds`]).
 #[derive(Debug, Clone, Copy)]
-pub struct OverKinds {
-    pub mean: f64,
-    pub max: f64,
+struct OverKinds {
+    mean: f64,
+    max: f64,
 }
 
 /// `f` over the layers `range` of each kind ([`ModelSpec::layer_kinds`]:
 /// a mixture's dense first layers and its expert ones): its mean and its
 /// largest; the model's own layer's for an empty range.
 #[inline]
-pub fn over_kinds(
-    model: &ModelSpec,
-    range: &Range<u64>,
-    f: impl Fn(&ModelSpec) -> f64,
-) -> OverKinds {
+fn over_kinds(model: &ModelSpec, range: &Range<u64>, f: impl Fn(&ModelSpec) -> f64) -> OverKinds {
     if model.dense_layers == 0 || model.dense_layers_in(range) == 0 {
         let v = f(model);
         return OverKinds { mean: v, max: v };

@@ -174,17 +174,20 @@ fn mid_size() -> ModelSpec {
         kv_heads: 16,
         vocab: 32000,
         seq_len: 2048,
-        tied_embeddings: false,
-        experts: 0,
-        experts_per_token: 0,
-        shared_ffn: 0,
-        head_dim: 0,
-        dense_layers: 0,
-        dense_ffn: 0,
-        kv_lora_rank: 0,
-        q_lora_rank: 0,
-        rope_head_dim: 0,
-        v_head_dim: 0,
+        ..Default::default()
+    }
+}
+
+/// [`mid_size`] with latent attention: 16 heads of 128 + 64 rotary,
+/// values of 128, latents of 1536 (queries) and 512 (keys and values).
+fn mid_size_latent() -> ModelSpec {
+    ModelSpec {
+        head_dim: 192,
+        kv_lora_rank: 512,
+        q_lora_rank: 1536,
+        rope_head_dim: 64,
+        v_head_dim: 128,
+        ..mid_size()
     }
 }
 
@@ -1218,14 +1221,7 @@ fn a_stage_of_dense_and_expert_layers_is_priced_by_kind() {
 #[test]
 fn latent_attention_is_priced_at_its_widths() {
     let c = cluster();
-    let latent = ModelSpec {
-        head_dim: 192,
-        kv_lora_rank: 512,
-        q_lora_rank: 1536,
-        rope_head_dim: 64,
-        v_head_dim: 128,
-        ..mid_size()
-    };
+    let latent = mid_size_latent();
     latent.validate().unwrap();
     let grouped = ModelSpec {
         kv_lora_rank: 0,
@@ -1394,14 +1390,7 @@ fn recomputed_modules_trade_their_activations_for_their_forward() {
     assert!(a2a > 0.0);
     assert!(backward(&mixtral, &moe) - backward(&mixtral, &moe_base) > 2.0 * a2a);
     // Latent attention's up projections: its Q, K and V.
-    let latent = ModelSpec {
-        head_dim: 192,
-        kv_lora_rank: 512,
-        q_lora_rank: 1536,
-        rope_head_dim: 64,
-        v_head_dim: 128,
-        ..mid_size()
-    };
+    let latent = mid_size_latent();
     close(
         acts(&latent, &base) - acts(&latent, &with(&[CoreAttn, MlaUpProj])),
         kept * tokens * 2.0 * (3072.0 + 3072.0 + 2048.0) / 2.0,

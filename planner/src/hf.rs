@@ -382,17 +382,7 @@ impl ModelSpec {
         // An expert's width, where the config gives one apart from the
         // dense MLP's.
         let inner = match routed {
-            Some(_) => {
-                // (ERNIE 4.5 VL's gives one a modality.)
-                if let Some((key, v @ Value::Array(_))) = first(map, EXPERT_FFN) {
-                    return Err(bad(format!(
-                        "config.json has `{key}` = {v}: an expert width per modality (a \
-                         multimodal mixture's text and vision experts), which the planner does \
-                         not model; describe its text experts as a model TOML"
-                    )));
-                }
-                fields.optional_size(EXPERT_FFN)?.or(inner)
-            }
+            Some(_) => fields.optional_size(EXPERT_FFN)?.or(inner),
             None => inner,
         };
         // Two matrices of `i` are a SwiGLU of `2 i / 3`; 4h unless given,
@@ -671,8 +661,15 @@ impl Fields<'_> {
         let Some((key, v)) = first(self.map, keys) else {
             return Ok(None);
         };
-        match v.as_u64() {
-            Some(n) if n > 0 => Ok(Some(n)),
+        match (v.as_u64(), v) {
+            (Some(n), _) if n > 0 => Ok(Some(n)),
+            // (ERNIE 4.5 VL's expert widths a modality, Swin's depths a
+            // stage.)
+            (_, Value::Array(_)) => Err((self.bad)(format!(
+                "config.json has `{key}` = {v}: a size for each of several parts (each \
+                 modality, stage or layer), where the planner takes one; describe the model \
+                 as a model TOML"
+            ))),
             _ => Err((self.bad)(format!(
                 "config.json has `{key}` = {v}, not a positive integer"
             ))),
@@ -1034,7 +1031,8 @@ mod tests {
                 r#"{"model_type": "ernie4_5_vl_moe", "hidden_size": 64, "intermediate_size": 128,
                     "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 256,
                     "moe_num_experts": 8, "moe_k": 2, "moe_intermediate_size": [32, 16]}"#,
-                "`moe_intermediate_size` = [32,16]: an expert width per modality",
+                "`moe_intermediate_size` = [32,16]: a size for each of several parts (each \
+                 modality",
             ),
             (
                 r#"{"model_type": "inkling", "hidden_size": 64,

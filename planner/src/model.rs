@@ -15,8 +15,10 @@ use crate::error::{SpecError, read_file};
 
 /// The shape of a decoder-only LLaMA-family transformer: RMSNorm before
 /// attention and FFN, grouped-query attention, a SwiGLU FFN, untied input
-/// embedding and output head.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// embedding and output head. Its `Default` is every size 0 and every
+/// option off: not a model ([`ModelSpec::validate`] refuses it), the base
+/// a literal's `..Default::default()` leaves the options at.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ModelSpec {
     /// A name for reports.
@@ -145,17 +147,7 @@ impl ModelSpec {
             kv_heads: kv,
             vocab: 32000,
             seq_len: 4096,
-            tied_embeddings: false,
-            experts: 0,
-            experts_per_token: 0,
-            shared_ffn: 0,
-            head_dim: 0,
-            dense_layers: 0,
-            dense_ffn: 0,
-            kv_lora_rank: 0,
-            q_lora_rank: 0,
-            rope_head_dim: 0,
-            v_head_dim: 0,
+            ..Default::default()
         }
     }
 
@@ -562,28 +554,28 @@ impl ModelSpec {
         })
     }
 
+    /// Width of the keys: `kv_heads * head_dim`
+    /// ([`Self::attention_widths`]).
     #[inline]
     pub fn kv_dim(&self) -> u64 {
-        self.kv_heads * self.head_dim()
+        self.attention_widths().kv
     }
 
     /// Width of the queries: `heads * head_dim`, `h` unless `head_dim`
-    /// says otherwise.
+    /// says otherwise ([`Self::attention_widths`]).
     #[inline]
     pub fn q_dim(&self) -> u64 {
-        self.heads * self.head_dim()
+        self.attention_widths().q
     }
 
-    /// The attention's widths, the head's computed once (the search prices
-    /// layers in its inner loop): [`Self::q_dim`], [`Self::kv_dim`],
-    /// [`Self::v_dim`] and [`Self::context_dim`].
+    /// The attention's widths, from the heads' and the value heads' widths
+    /// computed once (the search prices layers in its inner loop): the
+    /// queries' `heads * head_dim`, the keys' `kv_heads * head_dim`, the
+    /// values' `kv_heads * v_head_dim` and the context's `heads *
+    /// v_head_dim`.
     #[inline]
     pub fn attention_widths(&self) -> AttentionWidths {
-        let d = self.head_dim();
-        let dv = match self.v_head_dim {
-            0 => d,
-            dv => dv,
-        };
+        let (d, dv) = (self.head_dim(), self.v_head_dim());
         AttentionWidths {
             q: self.heads * d,
             kv: self.kv_heads * d,
@@ -602,18 +594,19 @@ impl ModelSpec {
         }
     }
 
-    /// Width of the values: `kv_heads * v_head_dim` ([`Self::kv_dim`]
-    /// unless latent attention's values are narrower than its keys).
+    /// Width of the values ([`Self::attention_widths`]): [`Self::kv_dim`]
+    /// unless latent attention's values are narrower than its keys.
     #[inline]
     pub fn v_dim(&self) -> u64 {
-        self.kv_heads * self.v_head_dim()
+        self.attention_widths().v
     }
 
-    /// Width of the attention's output before its projection: `heads *
-    /// v_head_dim` ([`Self::q_dim`] unless the values are narrower).
+    /// Width of the attention's output before its projection
+    /// ([`Self::attention_widths`]): [`Self::q_dim`] unless the values are
+    /// narrower.
     #[inline]
     pub fn context_dim(&self) -> u64 {
-        self.heads * self.v_head_dim()
+        self.attention_widths().context
     }
 
     /// Input embedding parameters: `V h`.
@@ -1685,17 +1678,7 @@ mod tests {
             kv_heads: 1 << 16,
             vocab: 1 << 24,
             seq_len: 1 << 20,
-            tied_embeddings: false,
-            experts: 0,
-            experts_per_token: 0,
-            shared_ffn: 0,
-            head_dim: 0,
-            dense_layers: 0,
-            dense_ffn: 0,
-            kv_lora_rank: 0,
-            q_lora_rank: 0,
-            rope_head_dim: 0,
-            v_head_dim: 0,
+            ..Default::default()
         };
         big.validate().unwrap();
         assert_eq!(big.checked_total_params(), Some(big.total_params()));

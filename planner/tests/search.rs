@@ -100,17 +100,7 @@ fn random_case(rng: &mut XorShift) -> (ClusterSpec, ModelSpec, TrainingSettings)
         kv_heads: rng.pick(&[hidden / 128, 8]),
         vocab: 32000,
         seq_len: 2048,
-        tied_embeddings: false,
-        experts: 0,
-        experts_per_token: 0,
-        shared_ffn: 0,
-        head_dim: 0,
-        dense_layers: 0,
-        dense_ffn: 0,
-        kv_lora_rank: 0,
-        q_lora_rank: 0,
-        rope_head_dim: 0,
-        v_head_dim: 0,
+        ..Default::default()
     };
     let settings = TrainingSettings::new(rng.pick(&[8u64, 16, 32, 64]));
     (cluster, model, settings)

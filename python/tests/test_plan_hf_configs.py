@@ -5,7 +5,7 @@ the three-vendor example cluster (the mixtures with and without expert
 parallelism, those whose first layers are dense and those of latent
 attention among them; DeepSeek-V3's on an H100 cluster of its size); the
 mixtures with dense layers elsewhere among the expert ones, with
-zero-computation experts or with an expert width per modality, those of
+zero-computation experts or with a size for each modality, those of
 linear attention, hybrid layers or hyper-connections, a config without
 its top-k, the encoder-decoder and the attention-free model are refused,
 each naming what it cannot take (docs/planner.md, "The model")."""
@@ -39,7 +39,7 @@ MOE = ["MixtralConfig", "Qwen2MoeConfig", "Qwen3MoeConfig", "OlmoeConfig", "Phim
 REFUSED = {"DbrxConfig": "`ffn_config.moe_num_experts`", "JambaConfig": "`expert_layer_period`",
            "LongcatFlashConfig": "`zero_expert_num`", "DeepseekV4Config": "`hc_mult`",
            "InklingTextConfig": "\"hybrid_sliding\" layers",
-           "Ernie4_5_VLMoeTextConfig": "an expert width per modality",
+           "Ernie4_5_VLMoeTextConfig": "`moe_intermediate_size` = [1536,512]: a size for each",
            "DeepseekV2Config": "64 experts but not how many a token runs",
            "Qwen3NextConfig": "linear_attention", "T5Config": "encoder-decoder",
            "MambaConfig": "`num_attention_heads`"}

@@ -257,17 +257,7 @@ impl ModelConfig {
             kv_heads: self.kv_heads as u64,
             vocab: self.vocab as u64,
             seq_len: self.seq_len as u64,
-            tied_embeddings: false,
-            experts: 0,
-            experts_per_token: 0,
-            shared_ffn: 0,
-            head_dim: 0,
-            dense_layers: 0,
-            dense_ffn: 0,
-            kv_lora_rank: 0,
-            q_lora_rank: 0,
-            rope_head_dim: 0,
-            v_head_dim: 0,
+            ..Default::default()
         }
     }
 }
