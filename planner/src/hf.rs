@@ -8,11 +8,13 @@
 //! whose every layer is one (Mixtral, Qwen2/3-MoE, OLMoE, PhiMoE, Granite
 //! MoE, GPT-OSS) is read as its experts, top-k, expert width and shared
 //! expert, and one whose first layers are dense (GLM-4.5, ERNIE 4.5,
-//! DeepSeek, Qwen-MoE's `mlp_only_layers`) as those layers beside them;
-//! multi-head latent attention (DeepSeek-V2 and V3, Kimi K2) as its
-//! latents and head widths. One whose dense layers lie elsewhere among the
-//! expert ones, or that runs layers of linear attention or
-//! zero-computation experts, is refused naming the field that says so.
+//! DeepSeek, Qwen-MoE's `mlp_only_layers`, `mlp_layer_types`, Llama 4's
+//! `moe_layers`) as those layers beside them; multi-head latent attention
+//! (DeepSeek-V2 and V3, Kimi K2) as its latents and head widths. One whose
+//! dense layers lie elsewhere among the expert ones, or that runs layers
+//! of linear attention, state-space or recurrent mixers (beside attention
+//! or instead of it) or zero-computation experts, is refused naming the
+//! field that says so.
 
 use std::path::Path;
 
@@ -70,6 +72,8 @@ const GATED: &[&str] = &[
     "dots1",
     "ernie4_5",
     "ernie4_5_moe",
+    "llama4",
+    "llama4_text",
 ];
 
 /// `model_type`s whose MLP is two matrices (up and down).
@@ -131,7 +135,9 @@ const TOP_K: &[&str] = &[
 const EXPERT_FFN: &[&str] = &["moe_intermediate_size", "expert_ffn_hidden_size"];
 const SHARED_FFN: &[&str] = &[
     "shared_expert_intermediate_size",
+    "shared_experts_intermediate_size",
     "shared_intermediate_size",
+    "share_expert_dim",
 ];
 const SHARED_COUNT: &[&str] = &[
     "n_shared_experts",
@@ -221,21 +227,23 @@ fn dense_first_layers(fields: &Fields, layers: u64) -> Result<u64, String> {
             )));
         }
     }
-    if let Some(v) = fields.get("mlp_only_layers") {
+    // A list of layer indices, sorted, each once.
+    let indices = |key: &str, v: &Value| {
+        let not_layers = || format!("config.json has `{key}` = {v}, not a list of layers");
         let Value::Array(items) = v else {
-            return Err(format!(
-                "config.json has `mlp_only_layers` = {v}, not a list of layers"
-            ));
+            return Err(not_layers());
         };
         let mut listed = items
             .iter()
             .map(Value::as_u64)
             .collect::<Option<Vec<_>>>()
-            .ok_or_else(|| {
-                format!("config.json has `mlp_only_layers` = {v}, not a list of layers")
-            })?;
+            .ok_or_else(not_layers)?;
         listed.sort_unstable();
         listed.dedup();
+        Ok(listed)
+    };
+    if let Some(v) = fields.get("mlp_only_layers") {
+        let listed = indices("mlp_only_layers", v)?;
         if listed.iter().enumerate().any(|(i, &l)| l != i as u64) {
             return Err(elsewhere(format!(
                 "config.json lists `mlp_only_layers` {v}, not the first ones"
@@ -243,16 +251,117 @@ fn dense_first_layers(fields: &Fields, layers: u64) -> Result<u64, String> {
         }
         dense = dense.max(listed.len() as u64);
     }
+    // A kind a layer: "dense" or "sparse" (GLM-4.7-Flash's, MiMo-V2-Flash's,
+    // Step 3.5's `mlp_layer_types`).
+    if let Some(v) = fields.get("mlp_layer_types") {
+        let not_kinds = || {
+            format!(
+                "config.json has `mlp_layer_types` = {v}, not a list of \"dense\" and \"sparse\" \
+                 a layer"
+            )
+        };
+        let Value::Array(items) = v else {
+            return Err(not_kinds());
+        };
+        let is_dense = items
+            .iter()
+            .map(|t| match t.as_str() {
+                Some("dense") => Some(true),
+                Some("sparse" | "moe") => Some(false),
+                _ => None,
+            })
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(not_kinds)?;
+        if is_dense.len() as u64 != layers {
+            return Err(format!(
+                "config.json's `mlp_layer_types` lists {} layers of its {layers}",
+                is_dense.len()
+            ));
+        }
+        let leading = is_dense.iter().take_while(|&&d| d).count();
+        if let Some(at) = is_dense[leading..].iter().position(|&d| d) {
+            return Err(elsewhere(format!(
+                "config.json's `mlp_layer_types` makes layer {} dense after expert ones",
+                leading + at
+            )));
+        }
+        dense = dense.max(leading as u64);
+    }
+    // The expert layers' indices (Llama 4's `moe_layers`): the others are
+    // dense, and must be the first ones.
+    if let Some(v) = fields.get("moe_layers") {
+        let listed = indices("moe_layers", v)?;
+        if listed.last().is_some_and(|&l| l >= layers) {
+            return Err(format!(
+                "config.json's `moe_layers` names layer {} of its {layers}",
+                listed[listed.len() - 1]
+            ));
+        }
+        let first = layers - listed.len() as u64;
+        if listed.iter().zip(first..).any(|(&l, i)| l != i) {
+            return Err(elsewhere(format!(
+                "config.json's `moe_layers` leaves layer {} dense among expert ones",
+                (0..layers)
+                    .find(|l| listed.binary_search(l).is_err() && *l > listed[0])
+                    .unwrap_or(0)
+            )));
+        }
+        dense = dense.max(first);
+    }
     Ok(dense)
+}
+
+/// Per-layer type lists under other names than `layer_types`, each with
+/// the entries that are attention layers the planner prices: Zamba's
+/// `layers_block_type` ("mamba", "hybrid"), RecurrentGemma's
+/// `block_types` ("recurrent"), Reformer's `attn_layers` ("lsh": hashed
+/// attention; "local" is attention over chunks, as `chunked_attention`).
+const LAYER_LISTS: &[(&str, &[&str])] = &[
+    ("layers_block_type", &["attention", "full_attention"]),
+    ("block_types", &["attention"]),
+    ("attn_layers", &["local"]),
+];
+
+/// `model_type`s with no attention layers to price: recurrent models
+/// whose configs may otherwise read as a transformer's (xLSTM's heads and
+/// widths, RWKV's).
+const RECURRENT_TYPES: &[&str] = &["xlstm", "rwkv", "rwkv5", "rwkv6", "rwkv7"];
+
+/// A field of a state-space (Mamba) mixer: Bamba's, Falcon-H1's, Zamba's
+/// and Granite 4's `mamba_*`, Nemotron-H's `ssm_state_size`, Mamba's own
+/// `state_size` and `time_step_rank`.
+fn state_space_field(key: &str) -> bool {
+    key.starts_with("mamba")
+        || key.contains("_mamba")
+        || key.starts_with("ssm_")
+        || matches!(key, "state_size" | "time_step_rank")
 }
 
 /// Why the planner cannot model a config's layers, naming the field:
 /// layers of any type but attention's in `layer_types` (linear
 /// attention, state-space, convolution or compressed layers:
-/// [`ATTENTION_LAYERS`]), hyper-connections (`hc_mult`: a residual stream
-/// several wide, DeepSeek-V4's), zero-computation experts (LongCat-Flash's
-/// `zero_expert_num`, whose layers also run two attention blocks).
+/// [`ATTENTION_LAYERS`]) or in another list of layer types
+/// ([`LAYER_LISTS`], Nemotron-H's `hybrid_override_pattern`, MiniMax-01's
+/// `attn_type_list`), a state-space mixer's fields without a
+/// `layer_types` that makes every layer attention ([`state_space_field`]:
+/// Bamba, Falcon-H1, whose layers run one beside their attention), a
+/// recurrent model ([`RECURRENT_TYPES`]), layers run several times a
+/// token (HRM's `H_cycles` and `L_cycles`), hyper-connections (`hc_mult`: a residual
+/// stream several wide, DeepSeek-V4's), zero-computation experts
+/// (LongCat-Flash's `zero_expert_num`, whose layers also run two attention
+/// blocks).
 fn unmodelled_layers(fields: &Fields) -> Option<String> {
+    if let Some(t) = fields
+        .get("model_type")
+        .and_then(Value::as_str)
+        .filter(|t| RECURRENT_TYPES.contains(t))
+    {
+        return Some(format!(
+            "config.json's `model_type` \"{t}\" is a recurrent model without attention \
+             layers, which the planner does not model (its layers are attention and a \
+             feed-forward block)"
+        ));
+    }
     if let Some(v) = fields.get("hc_mult")
         && v.as_u64().is_none_or(|n| n > 1)
     {
@@ -270,15 +379,71 @@ fn unmodelled_layers(fields: &Fields) -> Option<String> {
              model"
         ));
     }
-    if let Some(Value::Array(types)) = fields.get("layer_types")
+    for key in ["H_cycles", "L_cycles"] {
+        if let Some(v) = fields.get(key)
+            && v.as_u64() != Some(1)
+        {
+            return Some(format!(
+                "config.json has `{key}` = {v}: layers run several times a token (a \
+                 hierarchical recurrent model), which the planner does not model"
+            ));
+        }
+    }
+    let unpriced = |key: &str, t: &Value| {
+        let t = t.as_str().map_or_else(|| t.to_string(), |t| t.to_string());
+        format!(
+            "config.json's `{key}` holds \"{t}\" layers, which the planner does not model \
+             (its layers are attention and a feed-forward block)"
+        )
+    };
+    let layer_types = fields.get("layer_types");
+    if let Some(Value::Array(types)) = layer_types
         && let Some(t) = types
             .iter()
             .find(|t| !t.as_str().is_some_and(|t| ATTENTION_LAYERS.contains(&t)))
     {
-        let t = t.as_str().map_or_else(|| t.to_string(), |t| t.to_string());
+        return Some(unpriced("layer_types", t));
+    }
+    for &(key, attention) in LAYER_LISTS {
+        if let Some(Value::Array(types)) = fields.get(key)
+            && let Some(t) = types
+                .iter()
+                .find(|t| !t.as_str().is_some_and(|t| attention.contains(&t)))
+        {
+            return Some(unpriced(key, t));
+        }
+    }
+    if let Some(v) = fields.get("hybrid_override_pattern") {
         return Some(format!(
-            "config.json's `layer_types` holds \"{t}\" layers, which the planner does not \
+            "config.json has `hybrid_override_pattern` = {v}: layers of state-space mixers \
+             (M), attention (*), MLPs (-) or experts (E) apart, which the planner does not \
              model (its layers are attention and a feed-forward block)"
+        ));
+    }
+    if let Some(Value::Array(kinds)) = fields.get("attn_type_list")
+        && kinds.iter().any(|k| k.as_u64() != Some(1))
+    {
+        return Some(
+            "config.json's `attn_type_list` gives layers linear (lightning) attention (0), \
+             which the planner does not model (it prices softmax attention, 1)"
+                .into(),
+        );
+    }
+    // (Naming the state's width where the config gives it.)
+    let state_space = fields
+        .map
+        .iter()
+        .filter(|(k, v)| !matches!(v, Value::Null | Value::Bool(false)) && state_space_field(k))
+        .map(|(k, _)| k);
+    if layer_types.is_none()
+        && let Some(key) = state_space
+            .clone()
+            .find(|k| k.contains("state"))
+            .or_else(|| state_space.clone().next())
+    {
+        return Some(format!(
+            "config.json has `{key}`: state-space (Mamba) mixers in its layers, which the \
+             planner does not model (its layers are attention and a feed-forward block)"
         ));
     }
     None
@@ -377,8 +542,9 @@ impl ModelSpec {
                 .optional_size(&["expansion_ratio"])?
                 .map(|r| r.saturating_mul(hidden)),
         };
-        // The dense layers' MLP, beside a mixture's experts.
-        let mlp = inner;
+        // The dense layers' MLP, beside a mixture's experts (Llama 4's
+        // `intermediate_size_mlp`, its `intermediate_size` the experts').
+        let mlp = fields.optional_size(&["intermediate_size_mlp"])?.or(inner);
         // An expert's width, where the config gives one apart from the
         // dense MLP's.
         let inner = match routed {
@@ -907,6 +1073,37 @@ mod tests {
         let m = ModelSpec::from_hf_config(&dense, "d", None).unwrap();
         assert!(!m.is_moe());
         assert_eq!((m.ffn, m.dense_layers, m.dense_ffn), (256, 0, 0));
+        // A kind a layer (GLM-4.7-Flash's, MiMo-V2-Flash's, Step 3.5's
+        // `mlp_layer_types`), with Step's shared expert width
+        // (`share_expert_dim`), and Llama 4's expert layers by index.
+        let step = r#"{"model_type": "step3p5", "hidden_size": 64, "intermediate_size": 256,
+            "moe_intermediate_size": 32, "share_expert_dim": 48, "num_hidden_layers": 4,
+            "num_attention_heads": 4, "vocab_size": 256, "n_routed_experts": 8,
+            "num_experts_per_tok": 2, "hidden_act": "silu",
+            "mlp_layer_types": ["dense", "dense", "sparse", "sparse"]}"#;
+        let m = ModelSpec::from_hf_config(step, "s", None).unwrap();
+        assert_eq!(
+            (m.dense_layers, m.dense_ffn, m.ffn, m.shared_ffn),
+            (2, 256, 32, 48)
+        );
+        let llama4 = r#"{"model_type": "llama4_text", "hidden_size": 64,
+            "intermediate_size": 32, "intermediate_size_mlp": 256, "num_hidden_layers": 4,
+            "num_attention_heads": 4, "vocab_size": 256, "num_local_experts": 8,
+            "num_experts_per_tok": 1, "moe_layers": [3, 1, 2]}"#;
+        let m = ModelSpec::from_hf_config(llama4, "l4", None).unwrap();
+        assert_eq!(
+            (m.dense_layers, m.dense_ffn, m.ffn, m.experts),
+            (1, 256, 32, 8)
+        );
+        let dots = r#"{"model_type": "dots3", "hidden_size": 64, "intermediate_size": 256,
+            "moe_intermediate_size": 32, "shared_experts_intermediate_size": 40,
+            "num_hidden_layers": 4, "num_attention_heads": 4, "vocab_size": 256,
+            "n_routed_experts": 8, "num_experts_per_tok": 2, "hidden_act": "silu"}"#;
+        let m = ModelSpec::from_hf_config(dots, "d", None).unwrap();
+        assert_eq!((m.dense_layers, m.shared_ffn), (0, 40));
+        // Every layer dense by its kinds: a dense model.
+        let all = step.replace("\"sparse\", \"sparse\"", "\"dense\", \"dense\"");
+        assert!(!ModelSpec::from_hf_config(&all, "a", None).unwrap().is_moe());
     }
 
     /// DeepSeek-V3's config.json (deepseek-ai/DeepSeek-V3, as published,
@@ -1047,6 +1244,89 @@ mod tests {
                 r#"{"model_type": "qwen3_next", "hidden_size": 64,
                     "layer_types": ["linear_attention", "full_attention"]}"#,
                 "holds \"linear_attention\" layers",
+            ),
+            (
+                r#"{"model_type": "step3p5", "hidden_size": 64, "intermediate_size": 128,
+                    "num_hidden_layers": 4, "num_attention_heads": 4, "vocab_size": 256,
+                    "n_routed_experts": 8, "num_experts_per_tok": 2,
+                    "mlp_layer_types": ["dense", "sparse", "dense", "sparse"]}"#,
+                "`mlp_layer_types` makes layer 2 dense after expert ones: a mixture of experts \
+                 with dense layers among its expert ones",
+            ),
+            (
+                r#"{"model_type": "step3p5", "hidden_size": 64, "intermediate_size": 128,
+                    "num_hidden_layers": 4, "num_attention_heads": 4, "vocab_size": 256,
+                    "n_routed_experts": 8, "num_experts_per_tok": 2,
+                    "mlp_layer_types": ["dense", "sparse"]}"#,
+                "`mlp_layer_types` lists 2 layers of its 4",
+            ),
+            (
+                r#"{"model_type": "step3p5", "hidden_size": 64, "intermediate_size": 128,
+                    "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 256,
+                    "n_routed_experts": 8, "num_experts_per_tok": 2,
+                    "mlp_layer_types": ["dense", "mamba"]}"#,
+                "not a list of \"dense\" and \"sparse\" a layer",
+            ),
+            (
+                r#"{"model_type": "llama4_text", "hidden_size": 64, "intermediate_size": 128,
+                    "num_hidden_layers": 4, "num_attention_heads": 4, "vocab_size": 256,
+                    "num_local_experts": 8, "num_experts_per_tok": 1, "moe_layers": [1, 3]}"#,
+                "`moe_layers` leaves layer 2 dense among expert ones",
+            ),
+            (
+                r#"{"model_type": "llama4_text", "hidden_size": 64, "intermediate_size": 128,
+                    "num_hidden_layers": 4, "num_attention_heads": 4, "vocab_size": 256,
+                    "num_local_experts": 8, "num_experts_per_tok": 1, "moe_layers": [3, 4]}"#,
+                "`moe_layers` names layer 4 of its 4",
+            ),
+            // Mamba hybrids: in parallel in each layer (Falcon-H1), as
+            // layers of their own (Bamba, Zamba's `layers_block_type`,
+            // Nemotron-H's pattern), and state-space models; other
+            // recurrent layers (RecurrentGemma's, xLSTM's, HRM's cycles),
+            // MiniMax-01's lightning attention and Reformer's hashed one.
+            (
+                r#"{"model_type": "falcon_h1", "hidden_size": 64, "intermediate_size": 128,
+                    "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 256,
+                    "mamba_d_state": 16, "mamba_expand": 2}"#,
+                "has `mamba_d_state`: state-space (Mamba) mixers in its layers",
+            ),
+            (
+                r#"{"model_type": "mamba2", "hidden_size": 64, "num_hidden_layers": 2,
+                    "vocab_size": 256, "state_size": 16, "use_mamba_kernels": false}"#,
+                "has `state_size`: state-space (Mamba) mixers",
+            ),
+            (
+                r#"{"model_type": "zamba", "hidden_size": 64, "layers_block_type":
+                    ["mamba", "hybrid"]}"#,
+                "`layers_block_type` holds \"mamba\" layers",
+            ),
+            (
+                r#"{"model_type": "nemotron_h", "hidden_size": 64,
+                    "hybrid_override_pattern": "M-M*-"}"#,
+                "`hybrid_override_pattern` = \"M-M*-\": layers of state-space mixers (M)",
+            ),
+            (
+                r#"{"model_type": "recurrent_gemma", "hidden_size": 64,
+                    "block_types": ["recurrent", "recurrent", "attention"]}"#,
+                "`block_types` holds \"recurrent\" layers",
+            ),
+            (
+                r#"{"model_type": "xlstm", "hidden_size": 64, "num_hidden_layers": 2,
+                    "num_heads": 4, "vocab_size": 256}"#,
+                "`model_type` \"xlstm\" is a recurrent model without attention layers",
+            ),
+            (
+                r#"{"model_type": "hrm_text", "hidden_size": 64, "H_cycles": 2, "L_cycles": 3}"#,
+                "`H_cycles` = 2: layers run several times a token",
+            ),
+            (
+                r#"{"model_type": "minimax", "hidden_size": 64, "attn_type_list": [0, 0, 1]}"#,
+                "`attn_type_list` gives layers linear (lightning) attention",
+            ),
+            (
+                r#"{"model_type": "reformer", "hidden_size": 64,
+                    "attn_layers": ["local", "lsh"]}"#,
+                "`attn_layers` holds \"lsh\" layers",
             ),
             (
                 r#"{"model_type": "llama", "hidden_size": 64, "intermediate_size": 128,

@@ -6,8 +6,11 @@ parallelism, those whose first layers are dense and those of latent
 attention among them; DeepSeek-V3's on an H100 cluster of its size); the
 mixtures with dense layers elsewhere among the expert ones, with
 zero-computation experts or with a size for each modality, those of
-linear attention, hybrid layers or hyper-connections, a config without
-its top-k, the encoder-decoder and the attention-free model are refused,
+linear attention, hybrid layers or hyper-connections, the hybrids of
+attention and state-space or recurrent layers (Bamba, Falcon-H1, Zamba,
+RecurrentGemma), the recurrent models (Mamba, xLSTM, HRM's cycles),
+Reformer's hashed attention, a config without its top-k and the
+encoder-decoder model are refused,
 each naming what it cannot take (docs/planner.md, "The model")."""
 
 import json
@@ -35,14 +38,22 @@ MOE = ["MixtralConfig", "Qwen2MoeConfig", "Qwen3MoeConfig", "OlmoeConfig", "Phim
        # Their first layers dense (`first_k_dense_replace`, `moe_layer_start_index`,
        # `num_dense_layers`), and GLM-4.7-Flash's latent attention.
        "Glm4MoeConfig", "Ernie4_5_MoeConfig", "Glm4MoeLiteConfig", "Lfm2MoeConfig",
-       "AfmoeConfig"]
-REFUSED = {"DbrxConfig": "`ffn_config.moe_num_experts`", "JambaConfig": "`expert_layer_period`",
+       "AfmoeConfig",
+       # ... by a kind a layer (`mlp_layer_types`).
+       "MiMoV2FlashConfig", "Step3p7TextConfig"]
+REFUSED = {"DbrxConfig": "`ffn_config.moe_num_experts`", "JambaConfig": "`mamba_d_state`: state-space",
            "LongcatFlashConfig": "`zero_expert_num`", "DeepseekV4Config": "`hc_mult`",
            "InklingTextConfig": "\"hybrid_sliding\" layers",
            "Ernie4_5_VLMoeTextConfig": "`moe_intermediate_size` = [1536,512]: a size for each",
            "DeepseekV2Config": "64 experts but not how many a token runs",
            "Qwen3NextConfig": "linear_attention", "T5Config": "encoder-decoder",
-           "MambaConfig": "`num_attention_heads`"}
+           "MambaConfig": "`state_size`: state-space (Mamba) mixers",
+           # Hybrids of attention and state-space or recurrent layers, and
+           # other sequence mixers than attention.
+           "BambaConfig": "state-space (Mamba) mixers", "FalconH1Config": "`mamba_d_state`",
+           "ZambaConfig": "`layers_block_type` holds", "RecurrentGemmaConfig": "`block_types`",
+           "xLSTMConfig": "\"xlstm\" is a recurrent model", "ReformerConfig": "\"lsh\" layers",
+           "HrmTextConfig": "layers run several times a token"}
 
 
 def plan(directory, *extra):
