@@ -53,6 +53,12 @@ pub struct Args {
     /// model's; a Hugging Face config's context, at most 4096].
     #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = crate::numbers::whole::<u64>(1))]
     seq_len: Option<u64>,
+    /// Multi-token-prediction layers trained beside the model (DeepSeek-V3's
+    /// 1, a Hugging Face config's `num_nextn_predict_layers`; Megatron-LM's
+    /// `--mtp-num-layers`), in place of the model's [default: the model
+    /// TOML's `mtp_layers`; none for a Hugging Face config].
+    #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = crate::numbers::whole::<u64>(0))]
+    mtp_layers: Option<u64>,
     /// Score this plan (`polychip plan --json` or `polychip train
     /// --save-plan` output, or a plan TOML) instead of searching.
     #[arg(long, value_name = "PLAN")]
@@ -230,14 +236,25 @@ pub(crate) fn file_error(e: &SpecError, path: &Path) -> String {
 
 /// A planner preset, a trainer preset, a model TOML file (the planner's
 /// fields, or the trainer's), or a Hugging Face model (its directory or
-/// its `config.json`); `seq_len` in place of the model's.
-fn load_model(arg: &str, seq_len: Option<u64>) -> Result<ModelSpec, String> {
+/// its `config.json`); `seq_len` and `mtp_layers` in place of the
+/// model's.
+fn load_model(
+    arg: &str,
+    seq_len: Option<u64>,
+    mtp_layers: Option<u64>,
+) -> Result<ModelSpec, String> {
     let mut model = read_model(arg, seq_len)?;
     if let Some(s) = seq_len {
         model.seq_len = s;
         model
             .validate()
             .map_err(|e| format!("--seq-len {s}: {e}"))?;
+    }
+    if let Some(n) = mtp_layers {
+        model.mtp_layers = n;
+        model
+            .validate()
+            .map_err(|e| format!("--mtp-layers {n}: {e}"))?;
     }
     Ok(model)
 }
@@ -286,7 +303,7 @@ fn read_model(arg: &str, seq_len: Option<u64>) -> Result<ModelSpec, String> {
 
 fn plan(args: &Args) -> Result<(), String> {
     let mut cluster = load_cluster(&args.cluster)?;
-    let model = load_model(&args.model, args.seq_len)?;
+    let model = load_model(&args.model, args.seq_len, args.mtp_layers)?;
     if let Some(trace) = &args.trace {
         // Before searching, not after.
         crate::outputs::check_file("--trace", trace)?;
@@ -842,7 +859,14 @@ fn table(r: &PlanReport) -> String {
                 s.chip,
                 s.tp * rep.copies,
                 s.tp,
-                format!("{}-{}", s.first_layer, s.end_layer.saturating_sub(1)),
+                match s.mtp_layers {
+                    0 => format!("{}-{}", s.first_layer, s.end_layer.saturating_sub(1)),
+                    n => format!(
+                        "{}-{} +{n} MTP",
+                        s.first_layer,
+                        s.end_layer.saturating_sub(1)
+                    ),
+                },
                 format!(
                     "{} / {}",
                     fmt_bytes(s.memory.total),
@@ -1037,8 +1061,12 @@ fn evaluation_table(ev: &Evaluation) -> String {
                     i % r.devices()
                 ),
             };
+            let mtp = match s.mtp_layers {
+                0 => String::new(),
+                n => format!(" and {n} MTP"),
+            };
             line(format!(
-                "  {name}: {} x{} layers {}..{}: forward {:.3} ms, backward {:.3} ms, send \
+                "  {name}: {} x{} layers {}..{}{mtp}: forward {:.3} ms, backward {:.3} ms, send \
                  {:.3} ms, all-reduce {:.3} ms, optimizer {:.3} ms",
                 s.chip,
                 s.tp,

@@ -536,14 +536,11 @@ fn outside(name: &str) -> std::path::PathBuf {
         .join(name)
 }
 
-/// `--expert-tensor-parallel 1` beside tp 2 (Qwen3-235B-A22B's H100
-/// recipe: 32-way expert parallelism over 16 replicas of tp 2): the plan
-/// the degree of the tp cannot fold is evaluated, its experts whole on each
-/// chip, and the text names the setting; a degree that does not divide the
-/// tp is refused by name.
-#[test]
-fn an_expert_tensor_parallel_degree_folds_the_experts_over_the_tp() {
-    let dir = scratch("etp");
+/// `polychip plan --evaluate` of Megatron-Bridge's Qwen3-235B-A22B H100
+/// run (tp 2, 8 x 4 chunks, GBS 2,048) on its cluster, in FP8 with the
+/// optimizer state sharded and 32-way expert parallelism, and `extra`;
+/// the plan written under `dir`.
+fn evaluate_qwen3_235b(dir: &std::path::Path, extra: &[&str]) -> (Option<i32>, String, String) {
     let runs: serde_json::Value = serde_json::from_str(
         &std::fs::read_to_string(outside(
             "megatron-bridge-h100/megatron-bridge-h100-runs.json",
@@ -559,26 +556,34 @@ fn an_expert_tensor_parallel_degree_folds_the_experts_over_the_tp() {
         .unwrap();
     let file = dir.join("plan.json");
     std::fs::write(&file, run["plan"].to_string()).unwrap();
-    let cluster = outside("megatron-bridge-h100/dgx-h100.toml");
-    let model = outside("megatron-bridge-h100/qwen3-235b-a22b.toml");
-    let evaluate = |extra: &[&str]| {
-        plan_with(
-            cluster.to_str().unwrap(),
-            model.to_str().unwrap(),
-            &[
-                &[
-                    "--evaluate",
-                    file.to_str().unwrap(),
-                    "--fp8",
-                    "--shard-optimizer",
-                    "--expert-parallel",
-                    "32",
-                ][..],
-                extra,
-            ]
-            .concat(),
-        )
-    };
+    let flags = [
+        "--evaluate",
+        file.to_str().unwrap(),
+        "--fp8",
+        "--shard-optimizer",
+        "--expert-parallel",
+        "32",
+    ];
+    plan_with(
+        outside("megatron-bridge-h100/dgx-h100.toml")
+            .to_str()
+            .unwrap(),
+        outside("megatron-bridge-h100/qwen3-235b-a22b.toml")
+            .to_str()
+            .unwrap(),
+        &[&flags[..], extra].concat(),
+    )
+}
+
+/// `--expert-tensor-parallel 1` beside tp 2 (Qwen3-235B-A22B's H100
+/// recipe: 32-way expert parallelism over 16 replicas of tp 2): the plan
+/// the degree of the tp cannot fold is evaluated, its experts whole on each
+/// chip, and the text names the setting; a degree that does not divide the
+/// tp is refused by name.
+#[test]
+fn an_expert_tensor_parallel_degree_folds_the_experts_over_the_tp() {
+    let dir = scratch("etp");
+    let evaluate = |extra: &[&str]| evaluate_qwen3_235b(&dir, extra);
     let (code, _, err) = evaluate(&[]);
     assert_eq!(code, Some(2), "{err}");
     assert!(
@@ -598,6 +603,44 @@ fn an_expert_tensor_parallel_degree_folds_the_experts_over_the_tp() {
     assert_eq!(code, Some(2), "{err}");
     assert!(
         err.contains("expert_tensor_parallel 4 does not divide a stage's tp 2"),
+        "{err}"
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// `--mtp-layers 1` (DeepSeek-V3's and Megatron-LM's multi-token
+/// prediction) on Qwen3-235B-A22B's H100 plan: its last stage runs the
+/// layer more and the step is longer; too many layers are refused by name
+/// (and any on `polychip train`'s chips: `cost_tests.rs`).
+#[test]
+fn multi_token_prediction_layers_run_on_the_last_stage() {
+    let dir = scratch("mtp");
+    let evaluate = |extra: &[&str]| {
+        evaluate_qwen3_235b(&dir, &[&["--expert-tensor-parallel", "1"], extra].concat())
+    };
+    let step = |text: &str| -> f64 {
+        let line = text
+            .lines()
+            .find(|l| l.starts_with("predicted step: "))
+            .unwrap();
+        line["predicted step: ".len()..]
+            .split(' ')
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    let (code, without, err) = evaluate(&[]);
+    assert_eq!(code, Some(0), "{err}");
+    let (code, with, err) = evaluate(&["--mtp-layers", "1"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(with.contains("layers 92..94 and 1 MTP: "), "{with}");
+    assert!(!without.contains("MTP"), "{without}");
+    assert!(step(&with) > step(&without), "{with}\n{without}");
+    let (code, _, err) = evaluate(&["--mtp-layers", "17"]);
+    assert_eq!(code, Some(2));
+    assert!(
+        err.contains("--mtp-layers 17: model \"qwen3-235b-a22b\": mtp_layers is 17, more than"),
         "{err}"
     );
     std::fs::remove_dir_all(&dir).ok();

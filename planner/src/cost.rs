@@ -80,14 +80,16 @@ impl StageShape<'_> {
     /// Its parameters: its layers', and the embedding's and the head's
     /// where it holds them.
     pub fn params(&self, model: &ModelSpec) -> u64 {
+        let (embedding, head) = (self.holds_embedding(), self.holds_head());
         let mut params = model.layers_params(&self.layers);
-        if self.holds_embedding() {
+        if embedding {
             params += model.embedding_params();
         }
-        if self.holds_head() {
+        if head {
             params += model.head_params();
         }
-        params - model.shared_table_params(self.holds_embedding(), self.holds_head())
+        params + model.mtp_table_params(embedding, head)
+            - model.shared_table_params(embedding, head)
     }
 }
 
@@ -446,16 +448,18 @@ pub const COLLECTIVE_HOP_LATENCY: f64 = 10e-6;
 pub const TP_HALF_BANDWIDTH_BYTES: f64 = 1024.0 * 1024.0;
 
 /// Parameters of the layers `layers`, plus the embedding if it starts at
-/// layer 0 and the final norm and head if it ends at the last layer.
+/// layer 0 and the final norm and head if it ends at the last layer (or
+/// past it, with multi-token prediction's: [`ModelSpec::stage_layers`]).
 pub fn stage_params(model: &ModelSpec, layers: &Range<u64>) -> u64 {
+    let (embedding, head) = (layers.start == 0, layers.end >= model.layers);
     let mut params = model.layers_params(layers);
-    if layers.start == 0 {
+    if embedding {
         params += model.embedding_params();
     }
-    if layers.end == model.layers {
+    if head {
         params += model.head_params();
     }
-    params - model.shared_table_params(layers.start == 0, layers.end == model.layers)
+    params + model.mtp_table_params(embedding, head) - model.shared_table_params(embedding, head)
 }
 
 /// Activation bytes one layer keeps per micro-batch of `micro_batch`
@@ -985,8 +989,9 @@ fn megatron_terms(
     // layer's (and, on a one-stage pipeline, long after the loss's): the
     // workspace adds what it needs beyond both.
     let layer = recomputed + layer_workspace_bytes(model, settings, stage, mb.size);
+    // (Multi-token prediction keeps its heads' logits too.)
     let loss = match stage.holds_head() {
-        true => logits_bytes(model, settings, mb.size, stage.tp),
+        true => (1 + model.mtp_layers) as f64 * logits_bytes(model, settings, mb.size, stage.tp),
         false => 0.0,
     };
     let logits = (loss - layer).max(0.0);
@@ -1523,12 +1528,23 @@ pub fn analytic_stage_timing(
     forward += n * cp_forward;
     backward += n * cp_backward;
     if stage.holds_head() {
-        weight_grad += weight_grads(&rates, &[model.head_matmul(b, tp)]);
+        // The head, again for each multi-token-prediction layer after its
+        // projection (whose transformer layer is among the stage's).
+        let heads = 1.0 + model.mtp_layers as f64;
+        weight_grad += heads * weight_grads(&rates, &[model.head_matmul(b, tp)]);
         let head = head_time(model, &rates, b, tp);
         let loss_bytes = (b * model.seq_len) as f64 * 4.0;
-        forward +=
-            head.forward + 3.0 * tp_allreduce_time(loss_bytes, tp, chip.intra_node_bandwidth);
-        backward += head.backward + tp_ar;
+        let loss_ar = 3.0 * tp_allreduce_time(loss_bytes, tp, chip.intra_node_bandwidth);
+        forward += heads * (head.forward + loss_ar);
+        backward += heads * (head.backward + tp_ar);
+        if model.mtp_layers > 0 {
+            let mtp = model.mtp_layers as f64;
+            let projection = model.mtp_projection_matmul(b, tp);
+            let p = rates.matmul(&projection);
+            weight_grad += mtp * weight_grads(&rates, &[projection]);
+            forward += mtp * (p.forward + tp_ar);
+            backward += mtp * p.backward;
+        }
     }
     if stage.holds_embedding() {
         let embedding = embedding_time(model, settings, &rates, b);
@@ -1566,6 +1582,17 @@ pub fn analytic_stage_timing(
                 (true, true, _) => "the embedding alone".to_string(),
                 (true, false, true) => "the head alone".to_string(),
                 (true, false, false) => "no layer".to_string(),
+                (false, ..) if stage.layers.end > model.layers => {
+                    let mtp = stage.layers.end - model.layers;
+                    match stage.layers.start < model.layers {
+                        true => format!(
+                            "layers {}-{} and {mtp} MTP",
+                            stage.layers.start,
+                            model.layers - 1
+                        ),
+                        false => format!("the head and {mtp} MTP"),
+                    }
+                }
                 (false, ..) => format!("layers {}-{}", stage.layers.start, stage.layers.end - 1),
             }
         ),
@@ -1901,6 +1928,13 @@ pub fn check_cluster_settings(
                 model.kv_lora_rank
             ));
         }
+        if model.mtp_layers > 0 {
+            return refuse(format!(
+                "the model trains {} multi-token-prediction layers (mtp_layers), but \
+                 {polychip}, which predicts the next token only",
+                model.mtp_layers
+            ));
+        }
     }
     if settings.fp8
         && let Some(chip) = chip(&|t| t.peak_flops.fp8.is_none())
@@ -1989,8 +2023,10 @@ fn overlapped_reduction(
         units.push(layer - layer / 2);
     }
     if stage.holds_head() {
-        let shared = model.shared_table_params(stage.holds_embedding(), true);
-        units.push(bytes(model.head_params() - shared));
+        let embedding = stage.holds_embedding();
+        let shared = model.shared_table_params(embedding, true);
+        let again = model.mtp_table_params(embedding, true);
+        units.push(bytes(model.head_params() + again - shared));
     }
     let window = crate::overlap::overlap_window(
         settings.schedule,

@@ -1405,3 +1405,74 @@ fn recomputed_modules_trade_their_activations_for_their_forward() {
         "{e}"
     );
 }
+
+/// Multi-token prediction (one layer, Megatron-LM's `mtp_num_layers =
+/// 1`): the last stage runs a layer more, of the experts' kind, and the
+/// head twice beside the projection; it holds their parameters and, the
+/// head untied and the embedding elsewhere, the table again; its logits
+/// twice. It is refused on `polychip train`'s chips.
+#[test]
+fn multi_token_prediction_runs_on_the_last_stage() {
+    let c = cluster();
+    let m = ModelSpec::mixtral_8x7b();
+    let mtp = ModelSpec {
+        mtp_layers: 1,
+        ..m.clone()
+    };
+    mtp.validate().unwrap();
+    let mut s = TrainingSettings::new(64);
+    s.expert_parallel = 4;
+    let last = |model: &ModelSpec| shape(&c, model.stage_layers(28..32, true), 3, 8, 2);
+    let (with, without) = (last(&mtp), last(&m));
+    assert_eq!(
+        (with.layers.clone(), without.layers.clone()),
+        (28..33, 28..32)
+    );
+    let h = 4096;
+    assert_eq!(
+        with.params(&mtp) - without.params(&m),
+        m.layer_params() + 2 * h * h + 3 * h + 32000 * h
+    );
+    let (p, p0) = (
+        ChipParams::of(&mtp, &s, &with),
+        ChipParams::of(&m, &s, &without),
+    );
+    close(p.experts - p0.experts, p0.experts / 4.0);
+    // A layer more, as a middle stage's one, and the head again with the
+    // projection (a quarter of Mixtral's head's FLOPs) and its all-reduce.
+    let timing = |model: &ModelSpec, st: &StageShape| analytic_stage_timing(model, &s, &c, st, ONE);
+    let (t, t0) = (timing(&mtp, &with), timing(&m, &without));
+    let layer = timing(&m, &shape(&c, 10..11, 1, 8, 2));
+    let head = timing(&m, &shape(&c, 32..32, 3, 8, 2));
+    let more = t.forward - t0.forward - layer.forward - head.forward;
+    assert!(more > 0.0 && more < head.forward, "{more}");
+    assert!(t.backward - t0.backward > layer.backward + head.backward);
+    assert!(t.weight_grad > t0.weight_grad + layer.weight_grad + head.weight_grad);
+    assert!(t.name.contains("layers 28-31 and 1 MTP"), "{}", t.name);
+    let alone = shape(&c, mtp.stage_layers(32..32, true), 3, 8, 2);
+    assert!(
+        timing(&mtp, &alone)
+            .name
+            .contains("(X x2, the head and 1 MTP)")
+    );
+    // Its logits twice.
+    let (mem, mem0) = (
+        stage_memory(&mtp, &s, &with, ONE),
+        stage_memory(&m, &s, &without, ONE),
+    );
+    assert!(mem.logits > mem0.logits, "{} {}", mem.logits, mem0.logits);
+    assert!(mem.total > mem0.total);
+    // The other stages are as they were.
+    let middle = shape(&c, mtp.stage_layers(4..8, false), 1, 8, 2);
+    close(timing(&mtp, &middle).forward, timing(&m, &middle).forward);
+    let mut poly = cluster();
+    poly.chip_types[0].framework = Framework::Polychip;
+    let dense = ModelSpec {
+        mtp_layers: 2,
+        ..ModelSpec::llama_7b()
+    };
+    let e = check_cluster_settings(&dense, &poly, &TrainingSettings::new(64))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("trains 2 multi-token-prediction layers"), "{e}");
+}

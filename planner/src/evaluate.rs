@@ -111,7 +111,7 @@ pub(crate) fn assemble(
                     .collect();
                 let shape = StageShape {
                     chip: c,
-                    layers: start..start + s.layers,
+                    layers: model.stage_layers(start..start + s.layers, i + 1 == p),
                     index: i,
                     num_stages: p,
                     dp,
@@ -136,6 +136,7 @@ pub(crate) fn assemble(
                     tp: s.tp,
                     first_layer: start,
                     end_layer: start + s.layers,
+                    mtp_layers: shape.layers.end.saturating_sub(model.layers),
                     memory: stage_memory(model, settings, &shape, mb),
                     memory_capacity: c.memory_bytes,
                     mfu: 0.0,
@@ -190,7 +191,7 @@ pub(crate) fn assemble(
         let devices = r.devices();
         for (si, s) in r.stages.iter_mut().enumerate() {
             let c = cluster.chip(&s.chip).expect("chip of the plan");
-            let layers = s.first_layer..s.end_layer;
+            let layers = model.stage_layers(s.first_layer..s.end_layer, si == last);
             let mut fwd = model.layers_forward_flops(&layers, r.micro_batch_size);
             if si == last {
                 fwd += model.head_forward_flops(r.micro_batch_size);

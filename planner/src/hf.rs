@@ -681,6 +681,9 @@ impl ModelSpec {
             q_lora_rank,
             rope_head_dim,
             v_head_dim,
+            // Multi-token prediction: noted ([`hf_notes`]), priced where
+            // asked (`--mtp-layers`).
+            mtp_layers: 0,
         };
         model.validate()?;
         Ok(model)
@@ -721,7 +724,8 @@ pub fn hf_notes(text: &str) -> Vec<String> {
         let layers = if n == 1 { "layer" } else { "layers" };
         notes.push(format!(
             "config.json gives {n} multi-token-prediction {layers} (num_nextn_predict_layers), \
-             which the planner leaves out (transformers' model does not train them)"
+             which the planner leaves out (transformers' model does not train them); \
+             --mtp-layers {n} prices them as Megatron-LM trains them"
         ));
     }
     let indexed = match map.get("layer_types") {

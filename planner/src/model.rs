@@ -100,6 +100,18 @@ pub struct ModelSpec {
     /// `head_dim` (DeepSeek's `v_head_dim`); 0: `head_dim`.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub v_head_dim: u64,
+    /// Multi-token-prediction layers trained beside the model (DeepSeek-V3's
+    /// and GLM-4.5's `num_nextn_predict_layers`, Megatron-LM's
+    /// `--mtp-num-layers`): each runs after the last layer, on the stage
+    /// that holds the head, a projection of the hidden state and the next
+    /// token's embedding (`2h` to `h`, two RMSNorms before it and one
+    /// after), a transformer layer like the last one, and the output head
+    /// again with its loss. The planner counts its layer among the last
+    /// stage's ([`Self::stage_layers`]: layers `layers..layers + mtp`) and
+    /// the rest with the head ([`Self::head_params`],
+    /// [`Self::head_forward_flops`]). 0 (the default): none.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub mtp_layers: u64,
 }
 
 fn is_zero(v: &u64) -> bool {
@@ -126,6 +138,10 @@ pub const MODEL_LIMITS: [(&str, u64); 7] = [
 /// The most routed experts a layer may have ([`ModelSpec::experts`]):
 /// far beyond today's (DeepSeek-V3's 256, Qwen3's 128).
 pub const MAX_EXPERTS: u64 = 1 << 16;
+
+/// The most multi-token-prediction layers a model may give
+/// ([`ModelSpec::mtp_layers`]; DeepSeek-V3 trains 1, MiMo 1 to 3).
+pub const MAX_MTP_LAYERS: u64 = 16;
 
 /// The preset names that [`ModelSpec::preset`] knows.
 pub const PRESETS: [&str; 5] = [
@@ -273,6 +289,12 @@ impl ModelSpec {
         }
         self.check_experts().map_err(bad)?;
         self.check_latent().map_err(bad)?;
+        if self.mtp_layers > MAX_MTP_LAYERS {
+            return Err(bad(format!(
+                "mtp_layers is {}, more than the planner accepts ({MAX_MTP_LAYERS})",
+                self.mtp_layers
+            )));
+        }
         if self.checked_total_params().is_none() {
             return Err(bad("its parameter count does not fit in 64 bits".into()));
         }
@@ -457,6 +479,7 @@ impl ModelSpec {
             q_lora_rank: self.q_lora_rank,
             rope_head_dim: self.rope_head_dim,
             v_head_dim: self.v_head_dim,
+            mtp_layers: 0,
         })
     }
 
@@ -524,11 +547,18 @@ impl ModelSpec {
         let vh = self.vocab.checked_mul(h)?;
         let tables = if self.tied_embeddings { 1 } else { 2 };
         // (`dense_layers < layers` is checked before this is.)
-        let rest = self.layers.checked_sub(self.dense_layers)?;
+        // (Multi-token prediction's layers are expert ones, as the last.)
+        let rest = (self.layers.checked_add(self.mtp_layers)?).checked_sub(self.dense_layers)?;
+        let mtp = h
+            .checked_mul(h)?
+            .checked_mul(2)?
+            .checked_add(h.checked_mul(3)?)?
+            .checked_mul(self.mtp_layers)?;
         rest.checked_mul(layer)?
             .checked_add(self.dense_layers.checked_mul(dense_layer)?)?
             .checked_add(vh.checked_mul(tables)?)?
-            .checked_add(h)
+            .checked_add(h)?
+            .checked_add(mtp)
     }
 
     /// Width of the key (and of the value) projection: `h * g / a`.
@@ -684,16 +714,33 @@ impl ModelSpec {
     }
 
     /// The output side: final RMSNorm (`h`) and the untied output head
-    /// (`V h`).
+    /// (`V h`), and each multi-token-prediction layer's projection and
+    /// norms (`2 h^2 + 3 h`; its transformer layer is one of
+    /// [`Self::stage_layers`]).
     #[inline]
     pub fn head_params(&self) -> u64 {
-        self.hidden + self.vocab * self.hidden
+        let h = self.hidden;
+        h + self.vocab * h + self.mtp_layers * (2 * h * h + 3 * h)
     }
 
-    /// Every parameter: embedding, all layers, final norm and head (the
-    /// table once when tied).
+    /// The layers a stage of the layers `range` runs: those, and after the
+    /// last layer, on the stage holding the head (`head`), the
+    /// multi-token-prediction layers ([`Self::mtp_layers`]) as layers
+    /// `layers..layers + mtp`, of the last layer's kind.
+    #[inline]
+    pub fn stage_layers(&self, range: Range<u64>, head: bool) -> Range<u64> {
+        match head {
+            true => range.start..range.end + self.mtp_layers,
+            false => range,
+        }
+    }
+
+    /// Every parameter: embedding, all layers (multi-token prediction's
+    /// too), final norm and head (the table once when tied).
     pub fn total_params(&self) -> u64 {
-        self.embedding_params() + self.layers_params(&(0..self.layers)) + self.head_params()
+        self.embedding_params()
+            + self.layers_params(&self.stage_layers(0..self.layers, true))
+            + self.head_params()
             - self.shared_table_params(true, true)
     }
 
@@ -703,6 +750,19 @@ impl ModelSpec {
     #[inline]
     pub fn shared_table_params(&self, embedding: bool, head: bool) -> u64 {
         match self.tied_embeddings && embedding && head {
+            true => self.vocab * self.hidden,
+            false => 0,
+        }
+    }
+
+    /// The table a stage holding the head but not the embedding holds
+    /// again for multi-token prediction's embedding of the next tokens
+    /// (`V h`, Megatron-LM's copy on the last pipeline stage, reduced with
+    /// the first's): where the model predicts more tokens and its head is
+    /// not the table already (untied).
+    #[inline]
+    pub fn mtp_table_params(&self, embedding: bool, head: bool) -> u64 {
+        match self.mtp_layers > 0 && head && !embedding && !self.tied_embeddings {
             true => self.vocab * self.hidden,
             false => 0,
         }
@@ -728,10 +788,15 @@ impl ModelSpec {
         // `6 b s^2` a query's and a context's element for the attention's
         // two products: with `q = g/a kv`, `12 B s L h^2 (1 + g/a + s/h) q/h
         // + ...` as above.
-        let dense = self.dense_layers as f64;
+        // Multi-token prediction's layers count as the last layer's kind,
+        // beside their projections, norms and heads (Megatron-LM's
+        // `num_floating_point_operations` with `mtp_num_layers`).
+        let (dense, mtp) = (self.dense_layers as f64, self.mtp_layers as f64);
+        let l = l + mtp;
         let ffn =
             3.0 * h * ((l - dense) * self.active_ffn() as f64 + dense * self.dense_ffn as f64);
-        let weights = l * self.attention_weights() as f64 + ffn + h * self.vocab as f64;
+        let heads = (1.0 + mtp) * h * self.vocab as f64 + mtp * (2.0 * h * h + 3.0 * h);
+        let weights = l * self.attention_weights() as f64 + ffn + heads;
         let scores = l * (self.q_dim() + self.context_dim()) as f64;
         6.0 * b * s * (weights + s * scores)
     }
@@ -780,8 +845,17 @@ impl ModelSpec {
         2.0 * micro_batch as f64 * s * s * (q + c)
     }
 
-    /// Forward FLOPs of the output head for a micro-batch: `2 b s h V`.
+    /// Forward FLOPs of the output side for a micro-batch: the head's `2 b
+    /// s h V`, again for each multi-token-prediction layer with its
+    /// projection's `2 b s 2h h`.
     pub fn head_forward_flops(&self, micro_batch: u64) -> f64 {
+        let (h, mtp) = (self.hidden as f64, self.mtp_layers as f64);
+        let tokens = micro_batch as f64 * self.seq_len as f64;
+        (1.0 + mtp) * self.output_head_forward_flops(micro_batch) + mtp * 4.0 * tokens * h * h
+    }
+
+    /// Forward FLOPs of one output head for a micro-batch: `2 b s h V`.
+    pub fn output_head_forward_flops(&self, micro_batch: u64) -> f64 {
         2.0 * micro_batch as f64 * self.seq_len as f64 * self.hidden as f64 * self.vocab as f64
     }
 
@@ -1164,6 +1238,20 @@ impl ModelSpec {
         }
     }
 
+    /// A multi-token-prediction layer's projection of the hidden state and
+    /// the next token's embedding, concatenated, on each of `tp` chips:
+    /// `(b s) x 2h` by `2h x h/t` (Megatron-LM's column-parallel
+    /// `eh_proj`).
+    pub fn mtp_projection_matmul(&self, micro_batch: u64, tp: u64) -> Matmul {
+        Matmul {
+            name: "mtp projection",
+            m: self.tokens(micro_batch),
+            n: self.hidden as f64 / tp.max(1) as f64,
+            k: 2.0 * self.hidden as f64,
+            batch: 1.0,
+        }
+    }
+
     /// The memory-bound passes of the output side: the final RMSNorm
     /// (replicated) and the loss over the vocabulary (`b s V / t` logits per
     /// chip), as a fused softmax cross-entropy kernel (Megatron's
@@ -1533,6 +1621,60 @@ mod tests {
         assert!((3.0 * (forward - routers) - megatron).abs() <= megatron * 1e-12);
         let text = toml::to_string(&m).unwrap();
         assert_eq!(ModelSpec::from_toml_str(&text).unwrap(), m);
+    }
+
+    /// DeepSeek-V3's multi-token-prediction module: one layer like its
+    /// last (a mixture), the projection `2h -> h` and three norms, and a
+    /// second pass of the head; DeepSeek publishes 14 B parameters for it
+    /// in its checkpoint, which also holds copies of the embedding and the
+    /// head (1.85 B): 11.6 B here beside them.
+    #[test]
+    fn multi_token_prediction_is_a_layer_and_a_head_more() {
+        let m = deepseek_v3();
+        let mtp = ModelSpec {
+            mtp_layers: 1,
+            ..m.clone()
+        };
+        mtp.validate().unwrap();
+        let h = 7168;
+        let module = mtp.total_params() - m.total_params();
+        assert_eq!(module, m.layer_params() + 2 * h * h + 3 * h);
+        let copies = 2 * 129280 * h;
+        assert_eq!(((module + copies) as f64 / 1e8).round(), 135.0);
+        // The last stage runs it: layers 61.. of the expert kind.
+        assert_eq!(mtp.stage_layers(58..61, true), 58..62);
+        assert_eq!(mtp.stage_layers(0..3, false), 0..3);
+        assert_eq!(mtp.expert_layers_in(&mtp.stage_layers(58..61, true)), 4);
+        // A stage holding the head but not the embedding holds the table
+        // again (untied); one holding both, or a tied model's, does not.
+        assert_eq!(mtp.mtp_table_params(false, true), 129280 * h);
+        assert_eq!(mtp.mtp_table_params(true, true), 0);
+        assert_eq!(m.mtp_table_params(false, true), 0);
+        // Megatron-LM's count with `mtp_num_layers`: its layer among the
+        // layers, its projection and norms, and the logits twice.
+        let b = 2;
+        let layers = mtp.stage_layers(0..61, true);
+        let forward = mtp.layers_forward_flops(&layers, b) + mtp.head_forward_flops(b);
+        let routers = 59.0 * 2.0 * (b * 4096 * h * 256) as f64;
+        let norms = 6.0 * (b * 4096) as f64 * 3.0 * h as f64;
+        let megatron = mtp.flops_per_iteration(b);
+        assert!((3.0 * (forward - routers) + norms - megatron).abs() <= megatron * 1e-12);
+        let more = megatron / m.flops_per_iteration(b);
+        assert!(more > 1.03 && more < 1.05, "{more}");
+        // Read back from TOML; its limit said by name.
+        let text = toml::to_string(&mtp).unwrap();
+        assert!(text.contains("mtp_layers = 1"), "{text}");
+        assert_eq!(ModelSpec::from_toml_str(&text).unwrap(), mtp);
+        assert!(!toml::to_string(&m).unwrap().contains("mtp"));
+        let over = ModelSpec {
+            mtp_layers: 17,
+            ..m
+        };
+        let e = over.validate().unwrap_err().to_string();
+        assert!(
+            e.contains("mtp_layers is 17, more than the planner accepts (16)"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -16,6 +16,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::cost::MemoryBreakdown;
+#[cfg(doc)]
+use crate::model::ModelSpec;
 use crate::schedule::{PipelineSchedule, Schedule, StageTiming};
 use crate::sim::{self, SimResult};
 
@@ -31,6 +33,10 @@ pub struct StagePlan {
     pub first_layer: u64,
     /// One past the last layer.
     pub end_layer: u64,
+    /// The multi-token-prediction layers it runs after its layers (the
+    /// last stage, of a model with some: [`ModelSpec::mtp_layers`]).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub mtp_layers: u64,
     /// Memory of one of its chips.
     pub memory: MemoryBreakdown,
     /// Memory of one of its chips, bytes.
@@ -40,6 +46,10 @@ pub struct StagePlan {
     pub mfu: f64,
     /// Its costs per micro-batch and per step.
     pub timing: StageTiming,
+}
+
+fn is_zero(v: &u64) -> bool {
+    *v == 0
 }
 
 /// The most stage passes (stages times micro-batches of one replica) a

@@ -631,7 +631,7 @@ impl ClusterSpec {
             count: 1,
         };
         let layers = model.layers;
-        let at = |range: std::ops::Range<u64>, index: usize, stages: usize| {
+        let at = |model: &ModelSpec, range: std::ops::Range<u64>, index: usize, stages: usize| {
             let shape = crate::cost::StageShape {
                 chip,
                 layers: range,
@@ -645,7 +645,7 @@ impl ClusterSpec {
             };
             crate::cost::analytic_stage_timing(model, settings, self, &shape, mb)
         };
-        let block = at(0..1, 1, 3);
+        let block = at(model, 0..1, 1, 3);
         let ratio = |m: f64, a: f64| if a > 0.0 { m / a } else { 1.0 };
         let (sf, sb) = (
             ratio(e.block.forward, block.forward),
@@ -659,11 +659,17 @@ impl ClusterSpec {
             held: None,
         };
         if e.embedding.is_none() {
-            e.embedding = Some(scaled(at(0..0, 0, 2)));
+            e.embedding = Some(scaled(at(model, 0..0, 0, 2)));
             estimated.push("embedding");
         }
         if e.head.is_none() {
-            e.head = Some(scaled(at(layers..layers, 1, 2)));
+            // One output head: a stage of it alone, without multi-token
+            // prediction's (which `apply_measured` adds from it).
+            let one = ModelSpec {
+                mtp_layers: 0,
+                ..model.clone()
+            };
+            e.head = Some(scaled(at(&one, layers..layers, 1, 2)));
             estimated.push("head");
         }
         if e.optimizer_per_param.is_none() {
@@ -727,7 +733,7 @@ pub fn implausible(
     let peak = chip.peak_flops.get(dtype);
     let mut parts = vec![("block", e.block, block)];
     if let Some(h) = e.head {
-        parts.push(("head", h, model.head_forward_flops(b)));
+        parts.push(("head", h, model.output_head_forward_flops(b)));
     }
     if let Some(x) = e.embedding {
         parts.push(("embedding", x, 0.0));
@@ -1016,10 +1022,22 @@ pub(crate) fn apply_measured(
     let (embed, head) = (stage.holds_embedding(), stage.holds_head());
     let (mut f, mut b) =
         crate::measured::stage_passes(&costs, blocks as f64, blocks as f64, embed, head);
+    // Multi-token prediction's heads (its layers are among the blocks;
+    // its projection, a tenth of a head's work or less, is left out).
+    if head {
+        let mtp = model.mtp_layers as f64;
+        f += mtp * costs.head_forward;
+        b += mtp * costs.head_backward;
+    }
     // The weights' gradients' part: measured apart where the profile gives
     // it, else the cost model's share of the backward pass.
-    let measured_weights =
-        blocks as f64 * costs.block_weight_grad + if head { costs.head_weight_grad } else { 0.0 };
+    let heads = 1.0 + model.mtp_layers as f64;
+    let measured_weights = blocks as f64 * costs.block_weight_grad
+        + if head {
+            heads * costs.head_weight_grad
+        } else {
+            0.0
+        };
     let weight_share = match (measured_weights > 0.0 && b > 0.0, timing.backward > 0.0) {
         (true, _) => measured_weights / b,
         (false, true) => timing.weight_grad / timing.backward,

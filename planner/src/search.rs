@@ -727,7 +727,7 @@ impl<'a> Ctx<'a> {
     ) -> StageShape<'c> {
         StageShape {
             chip,
-            layers,
+            layers: self.model.stage_layers(layers, index + 1 == p),
             index,
             num_stages: p,
             dp,
@@ -887,7 +887,8 @@ impl<'a> Ctx<'a> {
                     ends += stage_params(&self.big, &(0..1)) - self.big.layer_params();
                 }
                 if i + 1 == p {
-                    ends += stage_params(&self.big, &(lb - 1..lb)) - self.big.layer_params();
+                    let last = self.big.stage_layers(lb - 1..lb, true);
+                    ends += stage_params(&self.big, &last) - self.big.layer_params();
                 }
                 let ([lg, ls], [eg, es]) = (per(self.big.layer_params(), 1), per(ends, 0));
                 if settings.zero() == 2 {
@@ -925,7 +926,7 @@ impl<'a> Ctx<'a> {
             }
             max_t = max_t.max(t);
             sum_t += t;
-            let range = start..start + n;
+            let range = model.stage_layers(start..start + n, i + 1 == p);
             let experts = model.expert_layers_in(&range);
             let params =
                 ChipParams::split(model, settings, stage_params(model, &range), experts, tp);

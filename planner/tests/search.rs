@@ -181,21 +181,72 @@ fn a_mixture_with_dense_first_layers_is_searched_and_fits() {
         };
         model.validate().unwrap();
         cases += 1;
-        let ex = plan(&model, &cluster, &settings, &quick(true));
-        match (ex, plan(&model, &cluster, &settings, &quick(false))) {
-            (Ok(ex), Ok(de)) => {
-                feasible += 1;
-                assert!(ex.plan.fits() && de.plan.fits(), "{}", brief(&de));
-                close += usize::from(de.plan.tokens_per_s >= 0.98 * ex.plan.tokens_per_s);
-            }
-            (Err(_), Err(_)) => close += 1,
-            (Ok(_), Err(e)) => panic!("search found nothing ({e})"),
-            (Err(e), Ok(_)) => panic!("exhaustive found nothing but the search did: {e}"),
-        }
+        let (f, c) = searched_as_exhaustive(&model, &cluster, &settings, |_| {});
+        (feasible, close) = (feasible + f, close + c);
     }
     eprintln!("{cases} mixtures with dense first layers ({feasible} feasible): {close} within 2%");
     assert!(feasible >= cases / 3, "only {feasible} of {cases} feasible");
     assert!(close * 100 >= cases * 95, "{close}/{cases} within 2%");
+}
+
+/// Multi-token prediction's layers on the last stage: the search prices
+/// them with the head; every plan it keeps fits as the plan's own
+/// evaluation counts it, runs them on its last stage, and stays within 2%
+/// of the exhaustive search.
+#[test]
+fn a_model_with_multi_token_prediction_is_searched_and_fits() {
+    let mut rng = XorShift(0x3c6e_f372_fe94_f82b);
+    let (mut cases, mut feasible, mut close) = (0, 0, 0);
+    for _ in 0..40 {
+        let (cluster, dense, settings) = random_case(&mut rng);
+        let model = ModelSpec {
+            mtp_layers: rng.range(1, 3),
+            ..dense
+        };
+        model.validate().unwrap();
+        cases += 1;
+        let (f, c) = searched_as_exhaustive(&model, &cluster, &settings, |de| {
+            for r in &de.plan.replicas {
+                let last = r.stages.len() - 1;
+                for (i, s) in r.stages.iter().enumerate() {
+                    let want = if i == last { model.mtp_layers } else { 0 };
+                    assert_eq!(s.mtp_layers, want, "{}", brief(de));
+                }
+            }
+        });
+        (feasible, close) = (feasible + f, close + c);
+    }
+    eprintln!(
+        "{cases} models with multi-token prediction ({feasible} feasible): {close} within 2%"
+    );
+    assert!(feasible >= cases / 3, "only {feasible} of {cases} feasible");
+    assert!(close * 100 >= cases * 95, "{close}/{cases} within 2%");
+}
+
+/// The search and the exhaustive search of one case: (1 if they found a
+/// plan, 1 if the search's is within 2% of the exhaustive one's or both
+/// found none), each plan found fitting by its own evaluation and the
+/// search's passing `check`.
+fn searched_as_exhaustive(
+    model: &ModelSpec,
+    cluster: &ClusterSpec,
+    settings: &TrainingSettings,
+    check: impl Fn(&PlanReport),
+) -> (usize, usize) {
+    let ex = plan(model, cluster, settings, &quick(true));
+    match (ex, plan(model, cluster, settings, &quick(false))) {
+        (Ok(ex), Ok(de)) => {
+            assert!(ex.plan.fits() && de.plan.fits(), "{}", brief(&de));
+            check(&de);
+            (
+                1,
+                usize::from(de.plan.tokens_per_s >= 0.98 * ex.plan.tokens_per_s),
+            )
+        }
+        (Err(_), Err(_)) => (0, 1),
+        (Ok(_), Err(e)) => panic!("search found nothing ({e})"),
+        (Err(e), Ok(_)) => panic!("exhaustive found nothing but the search did: {e}"),
+    }
 }
 
 fn brief(r: &PlanReport) -> String {

@@ -100,16 +100,28 @@ def test_deepseek_v3s_default_config_plans_on_an_h100_cluster(tmp_path):
     pipeline of its 61 layers holds a 1F1B warm-up's activations)."""
     h100 = (Path(__file__).resolve().parents[2] / "planner" / "tests" / "data" / "outside"
             / "megatron-bridge-h100" / "dgx-h100.toml")
-    r = subprocess.run([POLYCHIP, "plan", "--cluster", str(h100), "--model",
-                        str(written(tmp_path, "DeepseekV3Config")), "--global-batch", "512",
-                        "--expert-parallel", "8", "--recompute", "full", "--shard-optimizer",
-                        "--json"], capture_output=True, text=True, timeout=120,
-                       env=dict(os.environ))
+    directory = written(tmp_path, "DeepseekV3Config")
+
+    def deepseek(*extra):
+        return subprocess.run([POLYCHIP, "plan", "--cluster", str(h100), "--model",
+                               str(directory), "--global-batch", "512",
+                               "--expert-parallel", "8", "--recompute", "full",
+                               "--shard-optimizer", "--json", *extra],
+                              capture_output=True, text=True, timeout=120,
+                              env=dict(os.environ))
+    r = deepseek()
     assert r.returncode == 0, r.stderr
-    assert "multi-token-prediction layer" in r.stderr
+    assert "multi-token-prediction layer" in r.stderr and "--mtp-layers 1" in r.stderr
     report = json.loads(r.stdout)
     assert report["plan"]["tokens_per_s"] > 0 and report["plan"]["dp"] % 8 == 0
     assert report["settings"]["expert_parallel"] == 8
+    # Its multi-token-prediction layer, trained as Megatron-LM trains it,
+    # runs on the last stage.
+    r = deepseek("--mtp-layers", "1")
+    assert r.returncode == 0, r.stderr
+    stages = json.loads(r.stdout)["plan"]["replicas"][0]["stages"]
+    assert stages[-1]["mtp_layers"] == 1
+    assert all("mtp_layers" not in s for s in stages[:-1])
 
 
 @pytest.mark.parametrize("name", sorted(REFUSED))

@@ -60,7 +60,8 @@ ROWS = [
 # DeepSeek-V3's H100 recipe (scripts/performance/configs/deepseek/
 # deepseek_workload_base_configs.py, `pp_layout="Et|(tt|)*30mL"`): the
 # embedding and one layer, 30 chunks of two, and a last chunk of its
-# multi-token-prediction layer and the loss (the MTP layer not priced).
+# multi-token-prediction layer and the loss (the MTP layer priced from
+# deepseek-v3.toml's `mtp_layers = 1` on the last stage).
 LAYOUTS = {"deepseek-v3/gbs8192": [1] + [2] * 30 + [0]}
 
 # Selective recomputation the recipes ask for by module (Megatron-LM's
