@@ -1476,3 +1476,39 @@ fn multi_token_prediction_runs_on_the_last_stage() {
         .to_string();
     assert!(e.contains("trains 2 multi-token-prediction layers"), "{e}");
 }
+
+/// Attention over a sliding window: its layers' attention takes the share
+/// of the time its keys say, the stage's passes less than full attention's
+/// and its memory the same.
+#[test]
+fn a_sliding_window_shortens_the_attention_time() {
+    let c = cluster();
+    let m = mid_size();
+    let windowed = ModelSpec {
+        sliding_window: 256,
+        window_layers: 12,
+        ..m.clone()
+    };
+    windowed.validate().unwrap();
+    let s = TrainingSettings::new(64);
+    let rates = ChipRates::new(&c.chip_types[0], &s);
+    let (full, part) = (
+        attention_time(&m, &rates, 4, 1),
+        attention_time(&windowed, &rates, 4, 1),
+    );
+    let share = windowed.attention_span() / 2048.0;
+    assert!((0.6..0.65).contains(&share), "{share}");
+    assert!(part.forward < full.forward && part.forward >= share * full.forward * 0.99);
+    assert!(part.backward < full.backward);
+    let st = shape(&c, 4..8, 1, 4, 1);
+    let mb = Microbatching { size: 4, count: 8 };
+    let (tf, tw) = (
+        analytic_stage_timing(&m, &s, &c, &st, mb),
+        analytic_stage_timing(&windowed, &s, &c, &st, mb),
+    );
+    assert!(tw.forward < tf.forward && tw.backward < tf.backward);
+    close(
+        stage_memory(&windowed, &s, &st, mb).total,
+        stage_memory(&m, &s, &st, mb).total,
+    );
+}

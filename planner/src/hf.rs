@@ -608,6 +608,7 @@ impl ModelSpec {
             },
         };
         let vocab = fields.size(VOCAB)?;
+        let window = attention_window(map, layers);
         let context = fields.optional_size(CONTEXT)?;
         let seq_len = match (seq_len, context) {
             (Some(s), _) => s,
@@ -684,6 +685,8 @@ impl ModelSpec {
             // Multi-token prediction: noted ([`hf_notes`]), priced where
             // asked (`--mtp-layers`).
             mtp_layers: 0,
+            sliding_window: window.as_ref().map_or(0, |w| w.tokens),
+            window_layers: window.as_ref().map_or(0, |w| w.layers),
         };
         model.validate()?;
         Ok(model)
@@ -746,20 +749,91 @@ pub fn hf_notes(text: &str) -> Vec<String> {
              attention over the whole sequence and not their indexer"
         ));
     }
-    let window = map.get("sliding_window").and_then(Value::as_u64);
-    if windowed > 0 || window.is_some() {
-        let which = match windowed {
-            0 => "its layers'".to_string(),
-            n => format!("{n} layers'"),
-        };
-        let size = window.map_or(String::new(), |w| format!(" of {w} tokens"));
-        notes.push(format!(
-            "config.json gives {which} attention a window{size} (sliding_window, layer_types); \
-             the planner prices every layer's attention over the whole sequence, more than \
-             the model's when the sequence is longer than the window"
-        ));
+    let layers = first(map, LAYERS)
+        .and_then(|(_, v)| v.as_u64())
+        .unwrap_or(u64::MAX);
+    match attention_window(map, layers) {
+        Some(w) => {
+            let which = match w.layers {
+                0 => "its layers'".to_string(),
+                n => format!("{n} layers'"),
+            };
+            notes.push(match w.chunk {
+                Some(c) => format!(
+                    "config.json gives {which} attention chunks of {c} tokens \
+                     (attention_chunk_size, layer_types); the planner prices it as a window of \
+                     {} tokens, the keys a query attends on average (each stage at its \
+                     layers' mean)",
+                    w.tokens
+                ),
+                None => format!(
+                    "config.json gives {which} attention a window of {} tokens (sliding_window); \
+                     the planner prices their attention over it (each stage at its layers' \
+                     mean; the FLOP count and the activations as full attention's)",
+                    w.tokens
+                ),
+            });
+        }
+        None if windowed > 0 => notes.push(format!(
+            "config.json gives {windowed} layers' attention a window or chunks (layer_types) \
+             but not their width; the planner prices it over the whole sequence"
+        )),
+        None => {}
     }
     notes
+}
+
+/// The window a config's layers attend over ([`ModelSpec::sliding_window`]):
+/// its width in tokens, how many layers (0: every one) and, for attention
+/// in chunks, the chunk.
+struct Window {
+    tokens: u64,
+    layers: u64,
+    chunk: Option<u64>,
+}
+
+/// A config's [`Window`]: `sliding_window` on the `layer_types` entries that
+/// say sliding (every layer without `layer_types`; none with
+/// `use_sliding_window` false, Qwen2's), or Llama 4's
+/// `attention_chunk_size` on its chunked layers, as a window of half a
+/// chunk (the keys a query attends on average). `None`: full attention,
+/// or windowed layers whose width the config does not give.
+fn attention_window(map: &Map<String, Value>, layers: u64) -> Option<Window> {
+    let types = match map.get("layer_types") {
+        Some(Value::Array(types)) => Some(types),
+        _ => None,
+    };
+    let count = |word: &str| {
+        types.map_or(0, |t| {
+            t.iter()
+                .filter_map(Value::as_str)
+                .filter(|t| t.contains(word))
+                .count() as u64
+        })
+    };
+    let positive = |key: &str| map.get(key).and_then(Value::as_u64).filter(|&n| n > 0);
+    let chunked = count("chunked");
+    if chunked > 0 {
+        let chunk = positive("attention_chunk_size")?;
+        return Some(Window {
+            tokens: chunk.div_ceil(2),
+            layers: chunked.min(layers),
+            chunk: Some(chunk),
+        });
+    }
+    let tokens = positive("sliding_window")?;
+    if map.get("use_sliding_window").and_then(Value::as_bool) == Some(false) {
+        return None;
+    }
+    let layers = match types {
+        Some(_) => count("sliding").min(layers),
+        None => 0,
+    };
+    (types.is_none() || layers > 0).then_some(Window {
+        tokens,
+        layers,
+        chunk: None,
+    })
 }
 
 /// The names transformers' configs give each size, in the order tried.
@@ -967,10 +1041,43 @@ mod tests {
         let mistral = r#"{"model_type": "mistral", "hidden_size": 64, "num_attention_heads": 4,
             "sliding_window": 4096}"#;
         let notes = hf_notes(mistral);
-        assert!(notes[0].contains("window of 4096 tokens"), "{notes:?}");
+        assert!(
+            notes[0].contains("gives its layers' attention a window of 4096 tokens"),
+            "{notes:?}"
+        );
         let oss = r#"{"layer_types": ["sliding_attention", "full_attention",
             "sliding_attention"], "sliding_window": 128}"#;
         assert!(hf_notes(oss)[0].contains("gives 2 layers' attention a window of 128"));
+        // Read as the window and the layers that attend over it: GPT-OSS's
+        // every other layer, Mistral 7B v0.1's every one (0), none where
+        // Qwen2 turns it off; Llama 4's chunks as half a chunk.
+        let window = |text: &str| {
+            let m = ModelSpec::from_hf_config(text, "w", None).unwrap();
+            (m.sliding_window, m.window_layers)
+        };
+        let base = r#""hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
+            "num_hidden_layers": 4, "vocab_size": 256, "hidden_act": "silu""#;
+        let oss = format!(
+            r#"{{{base}, "sliding_window": 128, "layer_types": ["sliding_attention",
+            "full_attention", "sliding_attention", "full_attention"]}}"#
+        );
+        assert_eq!(window(&oss), (128, 2));
+        assert_eq!(
+            window(&format!(r#"{{{base}, "sliding_window": 4096}}"#)),
+            (4096, 0)
+        );
+        let qwen = format!(r#"{{{base}, "sliding_window": 4096, "use_sliding_window": false}}"#);
+        assert_eq!(window(&qwen), (0, 0));
+        assert!(hf_notes(&qwen).is_empty());
+        let llama4 = format!(
+            r#"{{{base}, "attention_chunk_size": 8192, "layer_types": ["chunked_attention",
+            "chunked_attention", "chunked_attention", "full_attention"]}}"#
+        );
+        assert_eq!(window(&llama4), (4096, 3));
+        assert!(hf_notes(&llama4)[0].contains("chunks of 8192 tokens"));
+        let no_width = format!(r#"{{{base}, "layer_types": ["sliding_attention"]}}"#);
+        assert_eq!(window(&no_width), (0, 0));
+        assert!(hf_notes(&no_width)[0].contains("but not their width"));
     }
 
     /// Mixtures of experts as transformers writes them: Mixtral (experts of

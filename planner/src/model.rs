@@ -112,6 +112,20 @@ pub struct ModelSpec {
     /// [`Self::head_forward_flops`]). 0 (the default): none.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub mtp_layers: u64,
+    /// Attention over a sliding window of the last `sliding_window` keys
+    /// (Mistral 7B v0.1's 4,096 on every layer, Gemma 2's and GPT-OSS's on
+    /// every other layer, Gemma 3's on five of six; Llama 4's chunks of `C`
+    /// as a window of `C / 2`, the keys a query attends on average), on
+    /// `window_layers` of the layers. Priced by the keys each query
+    /// attends ([`Self::attention_span`]); Megatron-LM's FLOP count and
+    /// the activations stay full attention's. 0 (the default): full.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub sliding_window: u64,
+    /// How many layers attend over [`Self::sliding_window`] (spread among
+    /// the others: each stage is priced at their mean); 0 with a window:
+    /// every layer.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub window_layers: u64,
 }
 
 fn is_zero(v: &u64) -> bool {
@@ -289,6 +303,18 @@ impl ModelSpec {
         }
         self.check_experts().map_err(bad)?;
         self.check_latent().map_err(bad)?;
+        if self.window_layers > 0 && self.sliding_window == 0 {
+            return Err(bad(format!(
+                "window_layers is {} without sliding_window; give the window's width in tokens",
+                self.window_layers
+            )));
+        }
+        if self.window_layers > self.layers {
+            return Err(bad(format!(
+                "window_layers is {} of the model's {} layers",
+                self.window_layers, self.layers
+            )));
+        }
         if self.mtp_layers > MAX_MTP_LAYERS {
             return Err(bad(format!(
                 "mtp_layers is {}, more than the planner accepts ({MAX_MTP_LAYERS})",
@@ -480,6 +506,8 @@ impl ModelSpec {
             rope_head_dim: self.rope_head_dim,
             v_head_dim: self.v_head_dim,
             mtp_layers: 0,
+            sliding_window: self.sliding_window,
+            window_layers: self.window_layers,
         })
     }
 
@@ -1139,11 +1167,12 @@ impl ModelSpec {
     pub fn attention_matmuls(&self, micro_batch: u64, tp: u64) -> [Matmul; 2] {
         let batch = (micro_batch * self.heads) as f64 / tp.max(1) as f64;
         let (s, d) = (self.seq_len as f64, self.head_dim() as f64);
+        let keys = self.attention_span();
         [
             Matmul {
                 name: "attention scores",
                 m: s,
-                n: s,
+                n: keys,
                 k: d,
                 batch,
             },
@@ -1151,10 +1180,28 @@ impl ModelSpec {
                 name: "attention context",
                 m: s,
                 n: self.v_head_dim() as f64,
-                k: s,
+                k: keys,
                 batch,
             },
         ]
+    }
+
+    /// The keys a query attends, on average over the layers, in the count
+    /// [`Self::attention_matmuls`] takes for full attention (`s`: causal
+    /// masking not exploited): a layer over a window of `w < s` keys
+    /// ([`Self::sliding_window`]) does `(s w - w^2 / 2) / (s^2 / 2)` of a
+    /// full layer's work, so `2 w - w^2 / s`; `s` without a window.
+    pub fn attention_span(&self) -> f64 {
+        let (s, w) = (self.seq_len as f64, self.sliding_window as f64);
+        if self.sliding_window == 0 || w >= s || self.layers == 0 {
+            return s;
+        }
+        let l = self.layers as f64;
+        let windowed = match self.window_layers {
+            0 => l,
+            n => n as f64,
+        };
+        ((l - windowed) * s + windowed * (2.0 * w - w * w / s)) / l
     }
 
     /// The memory-bound passes of one layer with activations of `elem`
@@ -1673,6 +1720,55 @@ mod tests {
         let e = over.validate().unwrap_err().to_string();
         assert!(
             e.contains("mtp_layers is 17, more than the planner accepts (16)"),
+            "{e}"
+        );
+    }
+
+    /// A sliding window of `w` keys: a windowed layer's products take
+    /// `2 w - w^2 / s` keys of the `s` a full layer's take, a stage the
+    /// layers' mean; a window past the sequence changes nothing; the FLOP
+    /// count stays full attention's.
+    #[test]
+    fn a_sliding_window_shortens_the_attention_it_covers() {
+        let m = ModelSpec {
+            seq_len: 4096,
+            ..ModelSpec::llama_7b()
+        };
+        assert_eq!(m.attention_span(), 4096.0);
+        let all = ModelSpec {
+            sliding_window: 1024,
+            ..m.clone()
+        };
+        all.validate().unwrap();
+        assert_eq!(all.attention_span(), 2048.0 - 256.0);
+        let half = ModelSpec {
+            window_layers: 16,
+            ..all.clone()
+        };
+        assert_eq!(half.attention_span(), (4096.0 + 1792.0) / 2.0);
+        let [scores, context] = half.attention_matmuls(1, 1);
+        assert_eq!((scores.m, scores.n, context.k), (4096.0, 2944.0, 2944.0));
+        let wide = ModelSpec {
+            sliding_window: 8192,
+            ..m.clone()
+        };
+        assert_eq!(wide.attention_span(), 4096.0);
+        assert_eq!(half.flops_per_iteration(2), m.flops_per_iteration(2));
+        let text = toml::to_string(&half).unwrap();
+        assert!(
+            text.contains("sliding_window = 1024\nwindow_layers = 16"),
+            "{text}"
+        );
+        assert_eq!(ModelSpec::from_toml_str(&text).unwrap(), half);
+        let err = |f: &dyn Fn(&mut ModelSpec)| {
+            let mut bad = all.clone();
+            f(&mut bad);
+            bad.validate().unwrap_err().to_string()
+        };
+        assert!(err(&|b| b.window_layers = 33).contains("window_layers is 33 of the model's 32"));
+        let e = err(&|b| (b.sliding_window, b.window_layers) = (0, 3));
+        assert!(
+            e.contains("window_layers is 3 without sliding_window"),
             "{e}"
         );
     }
