@@ -239,8 +239,9 @@ fn a_hugging_face_config_plans_as_its_shape() {
         assert_eq!(v["plan"]["model"], "qwen-tiny");
         assert_eq!(v["plan"]["seq_len"], seq);
     }
-    // A mixture of experts plans as its experts; one with dense layers
-    // among them is refused naming the field.
+    // A mixture of experts plans as its experts, one with dense layers
+    // among them too (every other layer, `decoder_sparse_step` 2); one
+    // whose expert layers follow no pattern is refused naming the fields.
     let moe = dir.join("moe.json");
     let config = r#"{"model_type": "qwen3_moe", "hidden_act": "silu", "hidden_size": 2048,
         "intermediate_size": 6144, "moe_intermediate_size": 768, "num_experts": 128,
@@ -257,9 +258,21 @@ fn a_hugging_face_config_plans_as_its_shape() {
     )
     .unwrap();
     let (code, _, err) = plan(moe.to_str().unwrap(), &[]);
+    assert_eq!(code, Some(0), "{err}");
+    std::fs::write(
+        &moe,
+        config.replace(
+            "\"decoder_sparse_step\": 1",
+            "\"decoder_sparse_step\": 2, \"mlp_only_layers\": [47]",
+        ),
+    )
+    .unwrap();
+    let (code, _, err) = plan(moe.to_str().unwrap(), &[]);
     assert_eq!(code, Some(2));
     assert!(
-        err.contains("moe.json") && err.contains("`decoder_sparse_step` = 2"),
+        err.contains("moe.json")
+            && err.contains("`decoder_sparse_step`, `mlp_only_layers` make layers 1, 3, 5")
+            && err.contains("(layer 47 dense)"),
         "{err}"
     );
     // A directory whose config.json is a FIFO: refused by name, unread

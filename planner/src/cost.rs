@@ -839,7 +839,7 @@ struct OverKinds {
 /// largest; the model's own layer's for an empty range.
 #[inline]
 fn over_kinds(model: &ModelSpec, range: &Range<u64>, f: impl Fn(&ModelSpec) -> f64) -> OverKinds {
-    if model.dense_layers == 0 || model.dense_layers_in(range) == 0 {
+    if !model.has_dense_layers() || model.dense_layers_in(range) == 0 {
         let v = f(model);
         return OverKinds { mean: v, max: v };
     }
@@ -950,8 +950,13 @@ fn megatron_terms(
     };
     // Under ZeRO-3 a unit's weights are gathered whole for its pass, and
     // the next unit's while it runs (prefetched); under ZeRO-2 and up a
-    // unit's gradients are whole until they are reduce-scattered.
-    let unit = largest_unit_params(model, settings, stage, params);
+    // unit's gradients are whole until they are reduce-scattered. (Nothing
+    // is whole beyond a shard where neither is sharded: the search's
+    // usual case, priced without the unit.)
+    let unit = match shards.weights > 1.0 || shards.gradients > 1.0 {
+        true => largest_unit_params(model, settings, stage, params),
+        false => 0.0,
+    };
     // What a whole unit adds to a chip's shard of it.
     let beyond_shard = |shard: f64| if shard > 1.0 { 1.0 - 1.0 / shard } else { 0.0 };
     let mut weights = settings.dtype.bytes() as f64
@@ -2018,7 +2023,10 @@ fn overlapped_reduction(
         units.push(bytes(model.embedding_params()));
     }
     for l in stage.layers.clone() {
-        let layer = if l < model.dense_layers { dense } else { layer };
+        let layer = match model.has_dense_layers() && !model.is_expert_layer(l) {
+            true => dense,
+            false => layer,
+        };
         units.push(layer / 2);
         units.push(layer - layer / 2);
     }

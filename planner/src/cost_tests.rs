@@ -1512,3 +1512,44 @@ fn a_sliding_window_shortens_the_attention_time() {
         stage_memory(&m, &s, &st, mb).total,
     );
 }
+
+/// Dense layers between expert ones (every other layer an expert one, as
+/// Llama 4 Maverick's): a stage's parameters, passes and activations are
+/// its layers' by kind, as a stage of the first dense layers' are; its
+/// buckets take each layer at its kind.
+#[test]
+fn a_stage_of_alternating_dense_and_expert_layers_is_priced_by_kind() {
+    let c = cluster();
+    let alternating = ModelSpec {
+        dense_layers: 1,
+        dense_ffn: 14336,
+        moe_layer_step: 2,
+        moe_layer_offset: 1,
+        ..ModelSpec::mixtral_8x7b()
+    };
+    alternating.validate().unwrap();
+    let first = ModelSpec {
+        dense_layers: 2,
+        moe_layer_step: 0,
+        moe_layer_offset: 0,
+        ..alternating.clone()
+    };
+    let mut s = TrainingSettings::new(64);
+    s.expert_parallel = 4;
+    // Layers 4-7: 4 and 6 dense, 5 and 7 expert ones; as layers 0-3 of a
+    // model whose first 2 are dense (a middle stage both).
+    let (st, st0) = (shape(&c, 4..8, 1, 8, 2), shape(&c, 0..4, 1, 8, 2));
+    assert_eq!(alternating.dense_layers_in(&(4..8)), 2);
+    close(
+        ChipParams::of(&alternating, &s, &st).total(),
+        ChipParams::of(&first, &s, &st0).total(),
+    );
+    let timing = |m: &ModelSpec, st: &StageShape| analytic_stage_timing(m, &s, &c, st, ONE);
+    let (t, t0) = (timing(&alternating, &st), timing(&first, &st0));
+    close(t.forward, t0.forward);
+    close(t.backward, t0.backward);
+    close(
+        stage_memory(&alternating, &s, &st, ONE).activations,
+        stage_memory(&first, &s, &st0, ONE).activations,
+    );
+}

@@ -7,14 +7,15 @@
 //! `2 i / 3`, which has its parameters and FLOPs. A mixture of experts
 //! whose every layer is one (Mixtral, Qwen2/3-MoE, OLMoE, PhiMoE, Granite
 //! MoE, GPT-OSS) is read as its experts, top-k, expert width and shared
-//! expert, and one whose first layers are dense (GLM-4.5, ERNIE 4.5,
-//! DeepSeek, Qwen-MoE's `mlp_only_layers`, `mlp_layer_types`, Llama 4's
-//! `moe_layers`) as those layers beside them; multi-head latent attention
-//! (DeepSeek-V2 and V3, Kimi K2) as its latents and head widths. One whose
-//! dense layers lie elsewhere among the expert ones, or that runs layers
-//! of linear attention, state-space or recurrent mixers (beside attention
-//! or instead of it) or zero-computation experts, is refused naming the
-//! field that says so.
+//! expert, and one with dense layers (GLM-4.5's, ERNIE 4.5's and DeepSeek's
+//! first ones; Llama 4 Maverick's every other layer) as those layers beside
+//! them (`expert_layer_pattern`); multi-head latent attention
+//! (DeepSeek-V2 and V3, Kimi K2) as its latents and head widths; attention
+//! over a window as its window. One whose expert layers follow no pattern
+//! of dense first layers and then every k-th layer, or that runs layers of
+//! linear attention, state-space or recurrent mixers (beside attention or
+//! instead of it) or zero-computation experts, is refused naming the field
+//! that says so.
 
 use std::path::Path;
 
@@ -145,15 +146,16 @@ const SHARED_COUNT: &[&str] = &[
     "moe_num_shared_experts",
 ];
 
-/// Fields that say a mixture of experts' expert layers alternate with
-/// dense ones (a step or period other than 1), or give a count of dense
-/// layers whose place the reader does not know: refused.
-const ALTERNATING: &[(&str, u64)] = &[
-    ("decoder_sparse_step", 1),
-    ("moe_layer_interval", 1),
-    ("interleave_moe_layer_step", 1),
-    ("moe_layer_freq", 1),
-    ("expert_layer_period", 1),
+/// Fields that give a mixture's expert layers by a step `k`, each with
+/// which layer of a step runs the experts: Qwen-MoE's `decoder_sparse_step`,
+/// ERNIE 4.5's `moe_layer_interval` and Llama 4's
+/// `interleave_moe_layer_step` the last (`(i + 1) % k == 0`, true),
+/// DeepSeek's `moe_layer_freq` the first (`i % k == 0`, false).
+const STEPS: &[(&str, bool)] = &[
+    ("decoder_sparse_step", true),
+    ("moe_layer_interval", true),
+    ("interleave_moe_layer_step", true),
+    ("moe_layer_freq", false),
 ];
 
 /// Fields that give how many of a mixture's first layers are dense:
@@ -179,26 +181,24 @@ const ATTENTION_LAYERS: &[&str] = &[
     "indexed_attention",
 ];
 
-/// How many of a mixture of experts' first layers are dense, from the
-/// fields that say so ([`DENSE_FIRST`], Qwen-MoE's `mlp_only_layers` when
-/// they are the first ones); why not, naming the field, where its dense
-/// layers are elsewhere (alternating, [`ALTERNATING`]; the last ones,
-/// ERNIE's `moe_layer_end_index`; a list of other layers).
-fn dense_first_layers(fields: &Fields, layers: u64) -> Result<u64, String> {
-    let elsewhere = |what: String| {
-        format!(
-            "{what}: a mixture of experts with dense layers among its expert ones, which the \
-             planner does not model (it describes dense layers first, then expert ones); \
-             describe it as a model TOML"
-        )
-    };
-    for &(key, all) in ALTERNATING {
-        if let Some(v) = fields.get(key)
-            && v.as_u64() != Some(all)
-        {
-            return Err(elsewhere(format!("config.json has `{key}` = {v}")));
-        }
+/// Which layers of a mixture of experts run the experts, as [`ModelSpec`]
+/// describes them: its dense first layers, then every `step`-th layer
+/// whose index is `offset` modulo the step (`(dense_layers, step,
+/// offset)`; every layer dense: `(layers, 1, 0)`), each layer's kind taken
+/// from every field that says it ([`DENSE_FIRST`], [`STEPS`], Jamba's
+/// `expert_layer_period` and `expert_layer_offset`, ERNIE's
+/// `moe_layer_end_index`, Qwen-MoE's `mlp_only_layers`, `mlp_layer_types`,
+/// Llama 4's `moe_layers`); why not, naming the fields, where the expert
+/// layers follow no such pattern (dense last layers, an irregular list).
+fn expert_layer_pattern(fields: &Fields, layers: u64) -> Result<(u64, u64, u64), String> {
+    // (A flag a layer only within the layers' limit, which the model's
+    // validation refuses past.)
+    if layers > crate::model::MODEL_LIMITS[0].1 {
+        return Ok((0, 1, 0));
     }
+    let n = layers as usize;
+    let mut expert = vec![true; n];
+    let mut said: Vec<&str> = Vec::new();
     // A count, or (ERNIE's per-modality lists) its least or greatest.
     let count = |key: &str, v: &Value, least: bool| -> Result<u64, String> {
         let items = match v {
@@ -211,23 +211,7 @@ fn dense_first_layers(fields: &Fields, layers: u64) -> Result<u64, String> {
         });
         n.ok_or_else(|| format!("config.json has `{key}` = {v}, not a layer count or index"))
     };
-    let mut dense = 0;
-    for &key in DENSE_FIRST {
-        if let Some(v) = fields.get(key) {
-            dense = dense.max(count(key, v, true)?);
-        }
-    }
-    if let Some(v) = fields.get("moe_layer_end_index") {
-        let end = count("moe_layer_end_index", v, false)?;
-        if end.saturating_add(1) < layers {
-            return Err(elsewhere(format!(
-                "config.json has `moe_layer_end_index` = {v} of {layers} layers (its last \
-                 {} dense)",
-                layers - 1 - end
-            )));
-        }
-    }
-    // A list of layer indices, sorted, each once.
+    // A list of layer indices, sorted, each once, each a layer.
     let indices = |key: &str, v: &Value| {
         let not_layers = || format!("config.json has `{key}` = {v}, not a list of layers");
         let Value::Array(items) = v else {
@@ -240,16 +224,56 @@ fn dense_first_layers(fields: &Fields, layers: u64) -> Result<u64, String> {
             .ok_or_else(not_layers)?;
         listed.sort_unstable();
         listed.dedup();
-        Ok(listed)
+        match listed.last() {
+            Some(&l) if l >= layers => Err(format!(
+                "config.json's `{key}` names layer {l} of its {layers}"
+            )),
+            _ => Ok(listed),
+        }
     };
+    let mut keep = |key: &'static str, on: &dyn Fn(usize) -> bool| {
+        for (i, e) in expert.iter_mut().enumerate() {
+            *e &= on(i);
+        }
+        said.push(key);
+    };
+    for &key in DENSE_FIRST {
+        if let Some(v) = fields.get(key) {
+            let k = count(key, v, true)?;
+            keep(key, &|i| i as u64 >= k);
+        }
+    }
+    if let Some(v) = fields.get("moe_layer_end_index") {
+        let end = count("moe_layer_end_index", v, false)?;
+        keep("moe_layer_end_index", &|i| i as u64 <= end);
+    }
+    for &(key, last) in STEPS {
+        if let Some(v) = fields.get(key) {
+            let k = v
+                .as_u64()
+                .filter(|&k| k > 0)
+                .ok_or_else(|| format!("config.json has `{key}` = {v}, not a positive step"))?;
+            let at = if last { k - 1 } else { 0 };
+            keep(key, &|i| i as u64 % k == at);
+        }
+    }
+    if let Some(v) = fields.get("expert_layer_period") {
+        let p = v.as_u64().filter(|&p| p > 0).ok_or_else(|| {
+            format!("config.json has `expert_layer_period` = {v}, not a positive step")
+        })?;
+        let o = fields
+            .get("expert_layer_offset")
+            .map_or(Some(0), Value::as_u64)
+            .ok_or_else(|| {
+                "config.json's `expert_layer_offset` is not a layer index".to_string()
+            })?;
+        keep("expert_layer_period", &|i| i as u64 % p == o % p);
+    }
     if let Some(v) = fields.get("mlp_only_layers") {
         let listed = indices("mlp_only_layers", v)?;
-        if listed.iter().enumerate().any(|(i, &l)| l != i as u64) {
-            return Err(elsewhere(format!(
-                "config.json lists `mlp_only_layers` {v}, not the first ones"
-            )));
-        }
-        dense = dense.max(listed.len() as u64);
+        keep("mlp_only_layers", &|i| {
+            listed.binary_search(&(i as u64)).is_err()
+        });
     }
     // A kind a layer: "dense" or "sparse" (GLM-4.7-Flash's, MiMo-V2-Flash's,
     // Step 3.5's `mlp_layer_types`).
@@ -272,43 +296,48 @@ fn dense_first_layers(fields: &Fields, layers: u64) -> Result<u64, String> {
             })
             .collect::<Option<Vec<_>>>()
             .ok_or_else(not_kinds)?;
-        if is_dense.len() as u64 != layers {
+        if is_dense.len() != n {
             return Err(format!(
                 "config.json's `mlp_layer_types` lists {} layers of its {layers}",
                 is_dense.len()
             ));
         }
-        let leading = is_dense.iter().take_while(|&&d| d).count();
-        if let Some(at) = is_dense[leading..].iter().position(|&d| d) {
-            return Err(elsewhere(format!(
-                "config.json's `mlp_layer_types` makes layer {} dense after expert ones",
-                leading + at
-            )));
-        }
-        dense = dense.max(leading as u64);
+        keep("mlp_layer_types", &|i| !is_dense[i]);
     }
-    // The expert layers' indices (Llama 4's `moe_layers`): the others are
-    // dense, and must be the first ones.
+    // The expert layers' indices (Llama 4's `moe_layers`).
     if let Some(v) = fields.get("moe_layers") {
         let listed = indices("moe_layers", v)?;
-        if listed.last().is_some_and(|&l| l >= layers) {
-            return Err(format!(
-                "config.json's `moe_layers` names layer {} of its {layers}",
-                listed[listed.len() - 1]
-            ));
-        }
-        let first = layers - listed.len() as u64;
-        if listed.iter().zip(first..).any(|(&l, i)| l != i) {
-            return Err(elsewhere(format!(
-                "config.json's `moe_layers` leaves layer {} dense among expert ones",
-                (0..layers)
-                    .find(|l| listed.binary_search(l).is_err() && *l > listed[0])
-                    .unwrap_or(0)
-            )));
-        }
-        dense = dense.max(first);
+        keep("moe_layers", &|i| listed.binary_search(&(i as u64)).is_ok());
     }
-    Ok(dense)
+    let first = expert.iter().take_while(|&&e| !e).count();
+    let experts: Vec<u64> = (first..n)
+        .filter(|&i| expert[i])
+        .map(|i| i as u64)
+        .collect();
+    let (step, offset) = match experts[..] {
+        [] => return Ok((layers, 1, 0)),
+        [only] => (layers, only),
+        [a, b, ..] => (b - a, a % (b - a)),
+    };
+    if let Some(i) = (first..n).find(|&i| expert[i] != (i as u64 % step == offset)) {
+        let shown: Vec<String> = experts.iter().take(8).map(u64::to_string).collect();
+        let more = if experts.len() > 8 { ", ..." } else { "" };
+        return Err(format!(
+            "config.json's {} make layers {}{more} of {layers} expert ones (layer {i} {}): a \
+             mixture of experts whose expert layers follow no pattern the planner models \
+             (dense first layers, then every k-th layer); describe it as a model TOML",
+            said.iter()
+                .map(|k| format!("`{k}`"))
+                .collect::<Vec<_>>()
+                .join(", "),
+            shown.join(", "),
+            match expert[i] {
+                true => "among them",
+                false => "dense",
+            }
+        ));
+    }
+    Ok((first as u64, step, offset))
 }
 
 /// Per-layer type lists under other names than `layer_types`, each with
@@ -520,13 +549,17 @@ impl ModelSpec {
         let gated = GATED.contains(&model_type)
             || (!PLAIN.contains(&model_type) && matches!(act, "silu" | "swish" | "swiglu"));
         let layers = fields.size(LAYERS)?;
-        // A mixture's dense first layers; every layer dense is a dense
-        // model.
-        let dense_first = match routed {
-            Some(_) => dense_first_layers(&fields, layers).map_err(bad)?,
-            None => 0,
+        // A mixture's dense first layers and the step of its expert ones;
+        // every layer dense is a dense model.
+        let (dense_first, moe_step, moe_offset) = match routed {
+            Some(_) => expert_layer_pattern(&fields, layers).map_err(bad)?,
+            None => (0, 1, 0),
         };
         let routed = routed.filter(|_| dense_first < layers);
+        let (moe_step, moe_offset) = match (routed, moe_step) {
+            (Some(_), k) if k > 1 => (k, moe_offset),
+            _ => (0, 0),
+        };
         let hidden = fields.size(HIDDEN)?;
         let heads = fields.size(HEADS)?;
         let kv_heads = match fields.optional_size(KV_HEADS)? {
@@ -594,14 +627,18 @@ impl ModelSpec {
                 (e, k, shared)
             }
         };
-        let (dense_layers, dense_ffn) = match (routed, dense_first) {
-            (None, _) | (_, 0) => (0, 0),
-            (Some(_), k) => match mlp {
+        let (dense_layers, dense_ffn) = match (routed, dense_first, moe_step) {
+            (None, ..) | (_, 0, 0) => (0, 0),
+            (Some(_), k, step) => match mlp {
                 Some(i) => (k, as_swiglu(i)),
                 None => {
+                    let which = match (k, step) {
+                        (k, 0) => format!("its first {k} layers are dense"),
+                        (_, step) => format!("one layer in {step} runs the experts"),
+                    };
                     return Err(bad(format!(
-                        "config.json says its first {k} layers are dense but gives no width \
-                         for their MLP (one of {})",
+                        "config.json says {which} but gives no width for its dense layers' \
+                         MLP (one of {})",
                         list(FFN)
                     )));
                 }
@@ -678,6 +715,8 @@ impl ModelSpec {
             head_dim,
             dense_layers,
             dense_ffn,
+            moe_layer_step: moe_step,
+            moe_layer_offset: moe_offset,
             kv_lora_rank,
             q_lora_rank,
             rope_head_dim,
@@ -1212,6 +1251,50 @@ mod tests {
             "n_routed_experts": 8, "num_experts_per_tok": 2, "hidden_act": "silu"}"#;
         let m = ModelSpec::from_hf_config(dots, "d", None).unwrap();
         assert_eq!((m.dense_layers, m.shared_ffn), (0, 40));
+        // Dense layers between expert ones: Llama 4 Maverick's every other
+        // (`interleave_moe_layer_step`, and its `moe_layers` saying the
+        // same), Qwen-MoE's `mlp_only_layers` of every other, a kind a
+        // layer, DeepSeek's `moe_layer_freq` after its dense first ones; a
+        // single expert layer.
+        let pattern = |text: &str| {
+            let m = ModelSpec::from_hf_config(text, "p", None).unwrap();
+            m.validate().unwrap();
+            (
+                m.dense_layers,
+                m.moe_layer_step,
+                m.moe_layer_offset,
+                m.dense_ffn,
+            )
+        };
+        let maverick = llama4.replace(
+            "\"moe_layers\": [3, 1, 2]",
+            "\"interleave_moe_layer_step\": 2",
+        );
+        assert_eq!(pattern(&maverick), (1, 2, 1, 256));
+        let both = maverick.replace(
+            "\"interleave_moe_layer_step\": 2",
+            "\"interleave_moe_layer_step\": 2, \"moe_layers\": [1, 3]",
+        );
+        assert_eq!(pattern(&both), (1, 2, 1, 256));
+        let every_other = qwen.replace("[1, 0]", "[0, 2]");
+        assert_eq!(pattern(&every_other), (1, 2, 1, 256));
+        let kinds = step.replace(
+            "[\"dense\", \"dense\", \"sparse\", \"sparse\"]",
+            "[\"sparse\", \"dense\", \"sparse\", \"dense\"]",
+        );
+        assert_eq!(pattern(&kinds), (0, 2, 0, 256));
+        let freq = glm.replace(
+            "\"first_k_dense_replace\": 3,",
+            "\"first_k_dense_replace\": 3, \"moe_layer_freq\": 2,",
+        );
+        let m = ModelSpec::from_hf_config(&freq, "f", None).unwrap();
+        assert_eq!(
+            (m.dense_layers, m.moe_layer_step, m.moe_layer_offset),
+            (4, 2, 0)
+        );
+        assert_eq!(m.expert_layers_before(92), 44);
+        let single = qwen.replace("[1, 0]", "[0, 1, 3]");
+        assert_eq!(pattern(&single), (2, 4, 2, 256));
         // Every layer dense by its kinds: a dense model.
         let all = step.replace("\"sparse\", \"sparse\"", "\"dense\", \"dense\"");
         assert!(!ModelSpec::from_hf_config(&all, "a", None).unwrap().is_moe());
@@ -1273,32 +1356,19 @@ mod tests {
                 "gives 8 experts but not how many a token runs",
             ),
             (
-                r#"{"model_type": "llama4_text", "hidden_size": 64, "intermediate_size": 128,
-                    "num_hidden_layers": 4, "num_attention_heads": 4, "vocab_size": 256,
-                    "num_local_experts": 8, "num_experts_per_tok": 1,
-                    "interleave_moe_layer_step": 2}"#,
-                "`interleave_moe_layer_step` = 2: a mixture of experts with dense layers \
-                 among its expert ones",
-            ),
-            (
-                r#"{"model_type": "qwen2_moe", "hidden_size": 64, "intermediate_size": 128,
-                    "num_hidden_layers": 4, "num_attention_heads": 4, "vocab_size": 256,
-                    "num_experts": 8, "num_experts_per_tok": 2, "mlp_only_layers": [0, 2]}"#,
-                "lists `mlp_only_layers` [0,2], not the first ones",
-            ),
-            (
                 r#"{"model_type": "ernie4_5_moe", "hidden_size": 64, "intermediate_size": 128,
                     "num_hidden_layers": 4, "num_attention_heads": 4, "vocab_size": 256,
                     "moe_num_experts": 8, "moe_k": 2, "moe_layer_start_index": 1,
                     "moe_layer_end_index": 2}"#,
-                "`moe_layer_end_index` = 2 of 4 layers (its last 1 dense)",
+                "`moe_layer_start_index`, `moe_layer_end_index` make layers 1, 2 of 4 expert \
+                 ones (layer 3 dense): a mixture of experts whose expert layers follow no pattern",
             ),
             (
                 r#"{"model_type": "glm4_moe", "hidden_size": 64, "num_hidden_layers": 4,
                     "num_attention_heads": 4, "vocab_size": 256, "n_routed_experts": 8,
                     "num_experts_per_tok": 2, "moe_intermediate_size": 32,
                     "first_k_dense_replace": 1}"#,
-                "says its first 1 layers are dense but gives no width for their MLP",
+                "says its first 1 layers are dense but gives no width for its dense layers' MLP",
             ),
             (
                 r#"{"model_type": "glm4_moe", "hidden_size": 64, "intermediate_size": 128,
@@ -1358,11 +1428,16 @@ mod tests {
             ),
             (
                 r#"{"model_type": "step3p5", "hidden_size": 64, "intermediate_size": 128,
+                    "num_hidden_layers": 6, "num_attention_heads": 4, "vocab_size": 256,
+                    "n_routed_experts": 8, "num_experts_per_tok": 2, "mlp_layer_types":
+                    ["dense", "sparse", "sparse", "dense", "sparse", "dense"]}"#,
+                "`mlp_layer_types` make layers 1, 2, 4 of 6 expert ones (layer 3 dense)",
+            ),
+            (
+                r#"{"model_type": "qwen2_moe", "hidden_size": 64, "intermediate_size": 128,
                     "num_hidden_layers": 4, "num_attention_heads": 4, "vocab_size": 256,
-                    "n_routed_experts": 8, "num_experts_per_tok": 2,
-                    "mlp_layer_types": ["dense", "sparse", "dense", "sparse"]}"#,
-                "`mlp_layer_types` makes layer 2 dense after expert ones: a mixture of experts \
-                 with dense layers among its expert ones",
+                    "num_experts": 8, "num_experts_per_tok": 2, "decoder_sparse_step": 0}"#,
+                "`decoder_sparse_step` = 0, not a positive step",
             ),
             (
                 r#"{"model_type": "step3p5", "hidden_size": 64, "intermediate_size": 128,
@@ -1377,12 +1452,6 @@ mod tests {
                     "n_routed_experts": 8, "num_experts_per_tok": 2,
                     "mlp_layer_types": ["dense", "mamba"]}"#,
                 "not a list of \"dense\" and \"sparse\" a layer",
-            ),
-            (
-                r#"{"model_type": "llama4_text", "hidden_size": 64, "intermediate_size": 128,
-                    "num_hidden_layers": 4, "num_attention_heads": 4, "vocab_size": 256,
-                    "num_local_experts": 8, "num_experts_per_tok": 1, "moe_layers": [1, 3]}"#,
-                "`moe_layers` leaves layer 2 dense among expert ones",
             ),
             (
                 r#"{"model_type": "llama4_text", "hidden_size": 64, "intermediate_size": 128,

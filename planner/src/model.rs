@@ -72,13 +72,25 @@ pub struct ModelSpec {
     /// router and experts (DeepSeek-V2 and V3's and GLM-4.5's
     /// `first_k_dense_replace`, Kimi K2's, ERNIE 4.5's
     /// `moe_layer_start_index`). 0 (the default): every layer a mixture.
-    /// Dense layers elsewhere than first (Llama 4's alternate ones) are
-    /// not described.
+    /// Dense layers among the expert ones in a period (Llama 4 Maverick's
+    /// alternate ones): [`Self::moe_layer_step`].
     #[serde(default, skip_serializing_if = "is_zero")]
     pub dense_layers: u64,
     /// The MLP width of the `dense_layers` dense layers; with them only.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub dense_ffn: u64,
+    /// Of a mixture of experts, after its dense first layers, every
+    /// `moe_layer_step`-th layer is an expert one, those whose index is
+    /// `moe_layer_offset` modulo the step, and the others dense (of
+    /// `dense_ffn`): Llama 4 Maverick's every other layer (step 2, offset
+    /// 1: `interleave_moe_layer_step`), Qwen-MoE's `decoder_sparse_step`,
+    /// DeepSeek's `moe_layer_freq`, Megatron-LM's `--moe-layer-freq`. 0 or
+    /// 1 (the default): every layer after the dense ones.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub moe_layer_step: u64,
+    /// See [`Self::moe_layer_step`]; below the step.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub moe_layer_offset: u64,
     /// Multi-head latent attention (DeepSeek-V2 and V3, Kimi K2): the keys
     /// and values come up from a latent of this width (`h x (r_kv +
     /// rope_head_dim)` down, a norm, `r_kv x a (head_dim -
@@ -340,6 +352,13 @@ impl ModelSpec {
                     self.dense_layers, self.dense_ffn
                 ));
             }
+            if self.moe_layer_step > 1 || self.moe_layer_offset > 0 {
+                return Err(format!(
+                    "moe_layer_step {} and moe_layer_offset {} are given without experts; they \
+                     say which layers of a mixture of experts are expert ones",
+                    self.moe_layer_step, self.moe_layer_offset
+                ));
+            }
             return match (k, shared) {
                 (0, 0) => Ok(()),
                 (0, _) => Err(format!(
@@ -383,6 +402,25 @@ impl ModelSpec {
                 self.layers
             ));
         }
+        let (step, offset) = (self.moe_step(), self.moe_layer_offset);
+        if offset >= step {
+            return Err(format!(
+                "moe_layer_offset is {offset}, not below moe_layer_step {step} (the expert \
+                 layers are those whose index is the offset modulo the step)"
+            ));
+        }
+        if self.expert_layers_before(self.layers) == 0 {
+            return Err(format!(
+                "no layer of the model's {} is an expert one (after dense_layers {dense}, every \
+                 {step}th from offset {offset}); give experts = 0 for a dense model",
+                self.layers
+            ));
+        }
+        // Dense layers among the expert ones count as dense layers here.
+        let dense = match step > 1 {
+            true => dense.max(1),
+            false => dense,
+        };
         match (dense, dense_ffn) {
             (0, 0) => {}
             (0, f) => {
@@ -472,11 +510,62 @@ impl ModelSpec {
     }
 
     /// How many of `range`'s layers are dense in a mixture of experts
-    /// with [`Self::dense_layers`] (the first ones); 0 otherwise.
+    /// with dense layers ([`Self::dense_layers`], the first ones, and
+    /// those between expert ones, [`Self::moe_layer_step`]); 0 otherwise.
     #[inline]
     pub fn dense_layers_in(&self, range: &Range<u64>) -> u64 {
-        let end = self.dense_layers.min(range.end);
-        end.saturating_sub(range.start)
+        if self.moe_layer_step <= 1 {
+            let end = self.dense_layers.min(range.end);
+            return end.saturating_sub(range.start);
+        }
+        self.alternating_dense_layers_in(range)
+    }
+
+    /// [`Self::dense_layers_in`] of a mixture whose expert layers have a
+    /// step, out of line (the search's inner loop counts stages of every
+    /// layer alike).
+    #[cold]
+    #[inline(never)]
+    fn alternating_dense_layers_in(&self, range: &Range<u64>) -> u64 {
+        let n = range.end.saturating_sub(range.start);
+        n - (self.expert_layers_before(range.end) - self.expert_layers_before(range.start)).min(n)
+    }
+
+    /// The step between a mixture's expert layers ([`Self::moe_layer_step`],
+    /// at least 1).
+    #[inline]
+    pub fn moe_step(&self) -> u64 {
+        self.moe_layer_step.max(1)
+    }
+
+    /// Whether the model has dense layers beside its expert ones: first
+    /// ones, or between them.
+    #[inline]
+    pub fn has_dense_layers(&self) -> bool {
+        // (A dense model's are 0 and 1, as validation checks.)
+        (self.dense_layers > 0 || self.moe_layer_step > 1) && self.is_moe()
+    }
+
+    /// Whether layer `i` runs the experts: one past the dense first layers
+    /// whose index is [`Self::moe_layer_offset`] modulo the step; past the
+    /// last layer (multi-token prediction's), as the last layer does.
+    pub fn is_expert_layer(&self, i: u64) -> bool {
+        let i = i.min(self.layers.saturating_sub(1));
+        self.is_moe() && i >= self.dense_layers && i % self.moe_step() == self.moe_layer_offset
+    }
+
+    /// A mixture's expert layers among the layers `0..n` (those past the
+    /// last, multi-token prediction's, of the last layer's kind).
+    pub fn expert_layers_before(&self, n: u64) -> u64 {
+        let (step, offset) = (self.moe_step(), self.moe_layer_offset);
+        let below = |x: u64| x / step + u64::from(x % step > offset);
+        let within = n.min(self.layers);
+        let main = below(within).saturating_sub(below(self.dense_layers.min(within)));
+        let past = n - within;
+        main + match past > 0 && self.is_expert_layer(self.layers.saturating_sub(1)) {
+            true => past,
+            false => 0,
+        }
     }
 
     /// The model of one of its [`Self::dense_layers`]: its attention, and a
@@ -485,7 +574,7 @@ impl ModelSpec {
     pub fn dense_layer_model(&self) -> Option<ModelSpec> {
         // (Field by field: a clone would copy the name, and the search
         // prices layers in its inner loop.)
-        (self.dense_layers > 0).then(|| ModelSpec {
+        self.has_dense_layers().then(|| ModelSpec {
             name: String::new(),
             layers: self.layers,
             hidden: self.hidden,
@@ -501,6 +590,8 @@ impl ModelSpec {
             head_dim: self.head_dim,
             dense_layers: 0,
             dense_ffn: 0,
+            moe_layer_step: 0,
+            moe_layer_offset: 0,
             kv_lora_rank: self.kv_lora_rank,
             q_lora_rank: self.q_lora_rank,
             rope_head_dim: self.rope_head_dim,
@@ -528,7 +619,7 @@ impl ModelSpec {
     pub fn layers_params(&self, range: &Range<u64>) -> u64 {
         // (The search's inner loop counts stages of every layer alike:
         // the kinds out of line.)
-        if self.dense_layers == 0 {
+        if !self.has_dense_layers() {
             return range.end.saturating_sub(range.start) * self.layer_params();
         }
         self.mixed_layers_params(range)
@@ -574,16 +665,17 @@ impl ModelSpec {
             .checked_add(h.checked_mul(2)?)?;
         let vh = self.vocab.checked_mul(h)?;
         let tables = if self.tied_embeddings { 1 } else { 2 };
-        // (`dense_layers < layers` is checked before this is.)
-        // (Multi-token prediction's layers are expert ones, as the last.)
-        let rest = (self.layers.checked_add(self.mtp_layers)?).checked_sub(self.dense_layers)?;
+        // (Multi-token prediction's layers are of the last one's kind.)
+        let all = self.layers.checked_add(self.mtp_layers)?;
+        let dense = self.dense_layers_in(&(0..all));
+        let rest = all.checked_sub(dense)?;
         let mtp = h
             .checked_mul(h)?
             .checked_mul(2)?
             .checked_add(h.checked_mul(3)?)?
             .checked_mul(self.mtp_layers)?;
         rest.checked_mul(layer)?
-            .checked_add(self.dense_layers.checked_mul(dense_layer)?)?
+            .checked_add(dense.checked_mul(dense_layer)?)?
             .checked_add(vh.checked_mul(tables)?)?
             .checked_add(h)?
             .checked_add(mtp)
@@ -819,7 +911,8 @@ impl ModelSpec {
         // Multi-token prediction's layers count as the last layer's kind,
         // beside their projections, norms and heads (Megatron-LM's
         // `num_floating_point_operations` with `mtp_num_layers`).
-        let (dense, mtp) = (self.dense_layers as f64, self.mtp_layers as f64);
+        let mtp = self.mtp_layers as f64;
+        let dense = self.dense_layers_in(&self.stage_layers(0..self.layers, true)) as f64;
         let l = l + mtp;
         let ffn =
             3.0 * h * ((l - dense) * self.active_ffn() as f64 + dense * self.dense_ffn as f64);
@@ -1720,6 +1813,99 @@ mod tests {
         let e = over.validate().unwrap_err().to_string();
         assert!(
             e.contains("mtp_layers is 17, more than the planner accepts (16)"),
+            "{e}"
+        );
+    }
+
+    /// Llama 4 Maverick (meta-llama's config.json): 48 layers of hidden
+    /// 5120, every other one (1, 3, ...) 128 experts of 8192 (one a token)
+    /// and a shared one, the others a dense MLP of 16384; Meta publishes
+    /// 400e9 parameters, 17e9 active. The layers' kinds by their step,
+    /// multi-token prediction's of the last one's, and the pattern's
+    /// fields checked by name.
+    #[test]
+    fn expert_layers_every_other_layer_are_counted_by_their_step() {
+        let m = ModelSpec {
+            name: "llama-4-maverick".into(),
+            layers: 48,
+            hidden: 5120,
+            ffn: 8192,
+            heads: 40,
+            kv_heads: 8,
+            head_dim: 128,
+            vocab: 202048,
+            seq_len: 4096,
+            tied_embeddings: false,
+            experts: 128,
+            experts_per_token: 1,
+            shared_ffn: 8192,
+            dense_layers: 1,
+            dense_ffn: 16384,
+            moe_layer_step: 2,
+            moe_layer_offset: 1,
+            ..Default::default()
+        };
+        m.validate().unwrap();
+        assert!(m.has_dense_layers());
+        assert_eq!(m.expert_layers_before(48), 24);
+        assert_eq!(m.dense_layers_in(&(0..5)), 3);
+        assert_eq!(m.expert_layers_in(&(1..4)), 2);
+        assert!(m.is_expert_layer(47) && !m.is_expert_layer(46) && !m.is_expert_layer(0));
+        assert_eq!((m.total_params() as f64 / 1e9).round(), 401.0);
+        let idle = 24 * 127 * 3 * 5120 * 8192;
+        assert_eq!(((m.total_params() - idle) as f64 / 1e9).round(), 17.0);
+        // A stage's parameters are its layers' by kind.
+        let dense = m.dense_layer_model().unwrap();
+        assert_eq!(
+            m.layers_params(&(2..6)),
+            2 * dense.layer_params() + 2 * m.layer_params()
+        );
+        // Multi-token prediction's layer is of the last layer's kind.
+        let mtp = ModelSpec {
+            mtp_layers: 1,
+            ..m.clone()
+        };
+        assert_eq!(mtp.expert_layers_in(&mtp.stage_layers(46..48, true)), 2);
+        let last_dense = ModelSpec {
+            moe_layer_offset: 0,
+            dense_layers: 0,
+            ..mtp.clone()
+        };
+        // (Layer 46 runs the experts, 47 and the prediction layer not.)
+        assert_eq!(
+            last_dense.expert_layers_in(&last_dense.stage_layers(46..48, true)),
+            1
+        );
+        // Its TOML reads back.
+        let text = toml::to_string(&m).unwrap();
+        assert!(
+            text.contains("moe_layer_step = 2\nmoe_layer_offset = 1"),
+            "{text}"
+        );
+        assert_eq!(ModelSpec::from_toml_str(&text).unwrap(), m);
+        let err = |f: &dyn Fn(&mut ModelSpec)| {
+            let mut bad = m.clone();
+            f(&mut bad);
+            bad.validate().unwrap_err().to_string()
+        };
+        let e = err(&|b| b.moe_layer_offset = 2);
+        assert!(
+            e.contains("moe_layer_offset is 2, not below moe_layer_step 2"),
+            "{e}"
+        );
+        let e = err(&|b| (b.dense_layers, b.moe_layer_step) = (46, 4));
+        assert!(
+            e.contains("no layer of the model's 48 is an expert one"),
+            "{e}"
+        );
+        let e = err(&|b| b.dense_ffn = 0);
+        assert!(e.contains("dense_layers is 1 without dense_ffn"), "{e}");
+        let e = err(&|b| {
+            (b.experts, b.experts_per_token, b.shared_ffn) = (0, 0, 0);
+            (b.dense_layers, b.dense_ffn) = (0, 0);
+        });
+        assert!(
+            e.contains("moe_layer_step 2 and moe_layer_offset 1 are given without experts"),
             "{e}"
         );
     }

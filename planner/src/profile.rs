@@ -463,6 +463,8 @@ impl ProfileFile {
             ("q_lora_rank", a.q_lora_rank, b.q_lora_rank),
             ("rope_head_dim", a.rope_head_dim, b.rope_head_dim),
             ("v_head_dim", a.v_head_dim(), b.v_head_dim()),
+            ("moe_layer_step", a.moe_step(), b.moe_step()),
+            ("moe_layer_offset", a.moe_layer_offset, b.moe_layer_offset),
         ];
         if let Some((f, x, y)) = fields.iter().find(|(_, x, y)| x != y) {
             return Err(SpecError::Profile(format!(
@@ -471,12 +473,13 @@ impl ProfileFile {
                 a.name, b.name
             )));
         }
-        if b.dense_layers > 0 {
+        if b.has_dense_layers() {
+            let dense = b.dense_layers_in(&(0..b.layers));
             return Err(SpecError::Profile(format!(
-                "prices every block as the one it measured, but model {:?} has two kinds: its \
-                 first {} layers dense, the others mixtures of experts; plan it without a \
+                "prices every block as the one it measured, but model {:?} has two kinds: {} \
+                 of its {} layers dense, the others mixtures of experts; plan it without a \
                  profile",
-                b.name, b.dense_layers
+                b.name, dense, b.layers
             )));
         }
         if self.dtype != dtype {

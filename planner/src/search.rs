@@ -671,9 +671,14 @@ impl<'a> Ctx<'a> {
     ) -> Self {
         let mut big = model.clone();
         big.layers += 4;
-        let big_dense = (model.dense_layers > 0).then(|| big.clone());
+        // (A mixture's dense layers between its expert ones are priced as
+        // expert ones here, as wide or wider in the models that have them;
+        // the plan kept is priced layer by layer.)
+        let big_dense = (model.is_moe() && model.dense_layers > 0).then(|| big.clone());
         big.dense_layers = 0;
         big.dense_ffn = 0;
+        big.moe_layer_step = 0;
+        big.moe_layer_offset = 0;
         Ctx {
             model,
             cluster,

@@ -189,6 +189,43 @@ fn a_mixture_with_dense_first_layers_is_searched_and_fits() {
     assert!(close * 100 >= cases * 95, "{close}/{cases} within 2%");
 }
 
+/// A mixture of experts whose expert layers alternate with dense ones
+/// (every second or third layer, from a random offset, after 0 to 2 dense
+/// first ones): the search prices its layers as expert ones; every plan it
+/// keeps fits as the plan's own evaluation counts it, and it stays within
+/// 2% of the exhaustive search.
+#[test]
+fn a_mixture_with_dense_layers_between_expert_ones_is_searched_and_fits() {
+    let mut rng = XorShift(0x6a09_e667_f3bc_c908);
+    let (mut cases, mut feasible, mut close) = (0, 0, 0);
+    for _ in 0..60 {
+        let (cluster, dense, settings) = random_case(&mut rng);
+        let step = rng.range(2, 4);
+        let model = ModelSpec {
+            experts: 8,
+            experts_per_token: 2,
+            ffn: dense.ffn / 2,
+            dense_layers: rng.range(0, 3).min(dense.layers.saturating_sub(step)),
+            dense_ffn: dense.ffn,
+            moe_layer_step: step,
+            moe_layer_offset: rng.range(0, step),
+            ..dense
+        };
+        if model.validate().is_err() {
+            continue;
+        }
+        cases += 1;
+        let (f, c) = searched_as_exhaustive(&model, &cluster, &settings, |_| {});
+        (feasible, close) = (feasible + f, close + c);
+    }
+    eprintln!("{cases} alternating mixtures ({feasible} feasible): {close} within 2%");
+    assert!(
+        cases >= 30 && feasible >= cases / 3,
+        "{feasible} of {cases} feasible"
+    );
+    assert!(close * 100 >= cases * 95, "{close}/{cases} within 2%");
+}
+
 /// Multi-token prediction's layers on the last stage: the search prices
 /// them with the head; every plan it keeps fits as the plan's own
 /// evaluation counts it, runs them on its last stage, and stays within 2%

@@ -124,6 +124,23 @@ def test_deepseek_v3s_default_config_plans_on_an_h100_cluster(tmp_path):
     assert all("mtp_layers" not in s for s in stages[:-1])
 
 
+@pytest.mark.parametrize("name,fields", [
+    ("Llama4TextConfig", {"interleave_moe_layer_step": 2}),   # Llama 4 Maverick's
+    ("Qwen2MoeConfig", {"decoder_sparse_step": 2}),
+    ("DeepseekV3Config", {"moe_layer_freq": 2}),
+])
+def test_a_mixture_whose_expert_layers_alternate_with_dense_ones_plans(tmp_path, name, fields):
+    """Transformers' own config with its dense layers between its expert
+    ones plans, where it was refused before stop 57."""
+    directory = tmp_path / name
+    directory.mkdir()
+    getattr(transformers, name)(**fields).to_json_file(str(directory / "config.json"))
+    extra = ("--recompute", "full", "--shard-optimizer") if name.startswith("Deepseek") else ()
+    r = plan(directory, "--expert-parallel", "2", *extra)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["plan"]["step_time_simulated"] > 0
+
+
 @pytest.mark.parametrize("name", sorted(REFUSED))
 def test_a_config_the_planner_cannot_model_is_refused_by_name(tmp_path, name):
     r = plan(written(tmp_path, name))
