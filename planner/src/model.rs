@@ -417,21 +417,23 @@ impl ModelSpec {
             ));
         }
         // Dense layers among the expert ones count as dense layers here.
-        let dense = match step > 1 {
-            true => dense.max(1),
-            false => dense,
-        };
-        match (dense, dense_ffn) {
-            (0, 0) => {}
-            (0, f) => {
+        match (dense > 0 || step > 1, dense_ffn) {
+            (false, 0) => {}
+            (false, f) => {
                 return Err(format!(
                     "dense_ffn is {f} without dense_layers; give how many of the first layers \
                      are dense"
                 ));
             }
-            (d, 0) => {
+            (true, 0) if dense > 0 => {
                 return Err(format!(
-                    "dense_layers is {d} without dense_ffn; give the dense layers' MLP width"
+                    "dense_layers is {dense} without dense_ffn; give the dense layers' MLP width"
+                ));
+            }
+            (true, 0) => {
+                return Err(format!(
+                    "moe_layer_step is {step}, so the layers between the expert ones are dense, \
+                     but dense_ffn is not given; give the dense layers' MLP width"
                 ));
             }
             (_, f) if f > ffn_limit => {
@@ -1900,6 +1902,11 @@ mod tests {
         );
         let e = err(&|b| b.dense_ffn = 0);
         assert!(e.contains("dense_layers is 1 without dense_ffn"), "{e}");
+        let e = err(&|b| (b.dense_layers, b.dense_ffn) = (0, 0));
+        assert!(
+            e.contains("moe_layer_step is 2, so the layers between the expert ones are dense"),
+            "{e}"
+        );
         let e = err(&|b| {
             (b.experts, b.experts_per_token, b.shared_ffn) = (0, 0, 0);
             (b.dense_layers, b.dense_ffn) = (0, 0);

@@ -1026,7 +1026,8 @@ pub(crate) fn apply_measured(
     let (mut f, mut b) =
         crate::measured::stage_passes(&costs, blocks as f64, blocks as f64, embed, head);
     // Multi-token prediction's heads (its layers are among the blocks;
-    // its projection, a tenth of a head's work or less, is left out).
+    // its projection, `2h / V` of a head's work, 11% of DeepSeek-V3's, is
+    // left out).
     if head {
         let mtp = model.mtp_layers as f64;
         f += mtp * costs.head_forward;
