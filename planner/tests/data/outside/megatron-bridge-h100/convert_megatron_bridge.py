@@ -7,7 +7,8 @@ dense runs on DGX-H100 (Llama 3 8B and 70B, Llama 3.1 405B) and the
 mixtures of experts (Qwen3-30B-A3B at tp 1; Qwen3-235B-A22B and
 DeepSeek-V3, whose recipes put 32- and 64-way expert parallelism over tp 2
 x dp 16 and 64 at an expert tensor-parallel degree of 1, the recipes'
-`expert_tensor_parallel_size=1`), all in FP8 with current scaling, one run
+`expert_tensor_parallel_size=1`; GPT-OSS 120B, 8-way over 16 replicas of
+4 stages), all in FP8 with current scaling but GPT-OSS's bf16, one run
 for each distinct configuration (the latest release's where a
 configuration repeats; DeepSeek-V3's only H100 row is the 25.09
 container's dropless run, also in performance-summary-archive.md). Each row gives the GPUs, global
@@ -54,7 +55,15 @@ ROWS = [
      32, 1, 1633, ARCHIVE + " 26.02, Qwen3_235B_a22B, DGX-H100"),
     ("deepseek-v3/gbs8192", "deepseek-v3", 61, 1024, 8192, 1, 4096, False, 2, 8, 1, 4, 64, 1,
      1297, ARCHIVE + " 25.09, DGX-H100, DeepSeekV3 (dropless)"),
+    ("gpt-oss-120b/gbs1280", "gpt-oss-120b", 36, 64, 1280, 1, 4096, False, 1, 4, 1, 1, 8, 1,
+     5993, ARCHIVE + " 26.02, GPT OSS 120B, DGX-H100"),
 ]
+
+# Runs in bf16 (the others in FP8 with current scaling): GPT-OSS 120B's
+# H100 recipe (scripts/performance/configs/gpt_oss/
+# gpt_oss_workload_base_configs.py, GPT_OSS_120B_PRETRAIN_CONFIG_H100_BF16_V2:
+# 64 GPUs, pp 4, ep 8 at expert tp 1, micro-batch 1, global batch 1,280).
+BF16 = {"gpt-oss-120b/gbs1280"}
 
 # Layouts the recipes give where they are not the even split:
 # DeepSeek-V3's H100 recipe (scripts/performance/configs/deepseek/
@@ -67,7 +76,10 @@ LAYOUTS = {"deepseek-v3/gbs8192": [1] + [2] * 30 + [0]}
 # Selective recomputation the recipes ask for by module (Megatron-LM's
 # `recompute_modules`), the same file: DeepSeek-V3's latent attention's up
 # projections and its dense MLPs.
-RECOMPUTE = {"deepseek-v3/gbs8192": ["mla_up_proj", "mlp"]}
+RECOMPUTE = {"deepseek-v3/gbs8192": ["mla_up_proj", "mlp"],
+             # GPT-OSS 120B's H100 recipe: its norms and the experts'
+             # activation.
+             "gpt-oss-120b/gbs1280": ["layernorm", "moe_act"]}
 
 
 def chunks(layers, n):
@@ -98,7 +110,8 @@ for name, model, layers, gpus, gbs, mbs, seq, fsdp, tp, pp, cp, vp, ep, etp, tps
         "source": source,
         "model": model,
         "gpus": gpus,
-        "settings": {"zero_stage": 3 if fsdp else 1, "context_parallel": cp,
+        "settings": {"fp8": name not in BF16, "zero_stage": 3 if fsdp else 1,
+                     "context_parallel": cp,
                      "expert_parallel": ep, "expert_tensor_parallel": etp,
                      "recompute_modules": RECOMPUTE.get(name, [])},
         "plan": plan,
@@ -107,12 +120,13 @@ for name, model, layers, gpus, gbs, mbs, seq, fsdp, tp, pp, cp, vp, ep, etp, tps
     })
 
 out = {
-    "settings": {"dtype": "bf16", "fp8": True, "bf16_gradients": True, "flash_attention": True,
+    "settings": {"dtype": "bf16", "bf16_gradients": True, "flash_attention": True,
                  "sequence_parallel": True, "overlap_grad_reduce": True,
                  "overlap_param_gather": "with the distributed optimizer (zero_stage 1)",
-                 "note": "zero_stage, context_parallel, expert_parallel, expert_tensor_parallel "
-                         "(0: the tp) and recompute_modules (selective recomputation of "
-                         "them; none where empty) are per run"},
+                 "note": "fp8 (FP8 matmuls with current scaling), zero_stage, "
+                         "context_parallel, expert_parallel, expert_tensor_parallel (0: the "
+                         "tp) and recompute_modules (selective recomputation of them; none "
+                         "where empty) are per run"},
     "runs": runs,
 }
 Path(__file__).with_name("megatron-bridge-h100-runs.json").write_text(json.dumps(out, indent=1) + "\n")
