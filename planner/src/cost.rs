@@ -193,29 +193,38 @@ pub struct ChipParams {
 }
 
 impl ChipParams {
-    /// Of `params` parameters of which `layers` expert layers' routed
-    /// experts, on each of `tp` chips under the settings' expert-parallel
-    /// and expert tensor-parallel degrees.
+    /// Of `params` parameters of `all` layers, `layers` of them expert
+    /// layers whose routed experts are among them, on each of `tp` chips
+    /// under the settings' expert-parallel and expert tensor-parallel
+    /// degrees; the layers' parameters tensor parallelism does not split
+    /// ([`ModelSpec::replicated_layer_params`]) whole on each.
     #[inline]
     pub fn split(
         model: &ModelSpec,
         settings: &TrainingSettings,
         params: u64,
         layers: u64,
+        all: u64,
         tp: u64,
     ) -> ChipParams {
         let t = tp.max(1) as f64;
+        let whole = all
+            .saturating_mul(model.replicated_layer_params())
+            .min(params);
+        let split = |p: u64| (p - whole) as f64 / t + whole as f64;
         if !model.is_moe() {
             return ChipParams {
-                dense: params as f64 / t,
+                dense: split(params),
                 experts: 0.0,
                 tp_per_etp: 1,
             };
         }
-        let experts = layers.saturating_mul(model.expert_params()).min(params);
+        let experts = layers
+            .saturating_mul(model.expert_params())
+            .min(params - whole);
         let etp = expert_tensor_parallel(model, settings, tp);
         ChipParams {
-            dense: (params - experts) as f64 / t,
+            dense: split(params - experts),
             experts: experts as f64 / etp as f64 / expert_parallel(model, settings) as f64,
             tp_per_etp: (tp.max(1) / etp).max(1),
         }
@@ -229,6 +238,7 @@ impl ChipParams {
             model,
             settings,
             n.saturating_mul(model.layer_params()),
+            n,
             n,
             tp,
         )
@@ -252,14 +262,23 @@ impl ChipParams {
         tp: u64,
     ) -> ChipParams {
         let experts = model.expert_layers_in(range);
-        Self::split(model, settings, model.layers_params(range), experts, tp)
+        let all = range.end.saturating_sub(range.start);
+        Self::split(
+            model,
+            settings,
+            model.layers_params(range),
+            experts,
+            all,
+            tp,
+        )
     }
 
     /// Of `stage`, on each of its chips.
     #[inline]
     pub fn of(model: &ModelSpec, settings: &TrainingSettings, stage: &StageShape) -> ChipParams {
         let experts = model.expert_layers_in(&stage.layers);
-        Self::split(model, settings, stage.params(model), experts, stage.tp)
+        let all = stage.layers.end.saturating_sub(stage.layers.start);
+        Self::split(model, settings, stage.params(model), experts, all, stage.tp)
     }
 
     /// Both parts.

@@ -1253,6 +1253,19 @@ fn latent_attention_is_priced_at_its_widths() {
         attention_time(&latent, &rates, 1, 2).forward
             < attention_time(&grouped, &rates, 1, 2).forward
     );
+    // Its down projections and their norms are whole on each chip of the
+    // tp group (Megatron-LM duplicates them), the rest split.
+    let down = 2048 * (1536 + 512 + 64) + 1536 + 512;
+    assert_eq!(latent.replicated_layer_params(), down);
+    assert_eq!(grouped.replicated_layer_params(), 0);
+    for tp in [1, 2, 4] {
+        let p = ChipParams::layers(&latent, &s, 3, tp);
+        let t = tp as f64;
+        close(
+            p.dense,
+            3.0 * ((latent.layer_params() - down) as f64 / t + down as f64),
+        );
+    }
     let mut poly = cluster();
     poly.chip_types[0].framework = Framework::Polychip;
     let e = check_cluster_settings(&latent, &poly, &s)

@@ -790,6 +790,22 @@ impl ModelSpec {
         queries + h * (rkv + rope) + rkv * self.heads * (nope + self.v_head_dim()) + context * h
     }
 
+    /// The parameters of one layer that tensor parallelism does not split,
+    /// whole on each chip of its group: latent attention's down projections
+    /// and their norms, `h (r_q + r_kv + d_r) + r_q + r_kv` (Megatron-LM
+    /// builds them duplicated); 0 otherwise (a layer's other norms, `2 h`,
+    /// are counted split with the rest).
+    #[inline]
+    pub fn replicated_layer_params(&self) -> u64 {
+        match self.is_mla() {
+            true => {
+                let (rq, rkv) = (self.q_lora_rank, self.kv_lora_rank);
+                self.hidden * (rq + rkv + self.rope_head_dim) + rq + rkv
+            }
+            false => 0,
+        }
+    }
+
     /// Attention parameters of one layer: its weights
     /// ([`Self::attention_weights`]) and, under latent attention, its
     /// latents' norms (`r_q + r_kv`).

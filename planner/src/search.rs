@@ -884,7 +884,7 @@ impl<'a> Ctx<'a> {
                 let bandwidth =
                     dp_bandwidth(self.cluster, chip, dp, tp, peers, at.replicas_same_node);
                 let per = |params: u64, layers: u64| {
-                    let params = ChipParams::split(&self.big, settings, params, layers, tp);
+                    let params = ChipParams::split(&self.big, settings, params, layers, layers, tp);
                     zero_collective_seconds(&self.big, settings, params, dp, bandwidth)
                 };
                 let mut ends = 0;
@@ -933,8 +933,15 @@ impl<'a> Ctx<'a> {
             sum_t += t;
             let range = model.stage_layers(start..start + n, i + 1 == p);
             let experts = model.expert_layers_in(&range);
-            let params =
-                ChipParams::split(model, settings, stage_params(model, &range), experts, tp);
+            let all = range.end - range.start;
+            let params = ChipParams::split(
+                model,
+                settings,
+                stage_params(model, &range),
+                experts,
+                all,
+                tp,
+            );
             let bandwidth = dp_bandwidth(self.cluster, chip, dp, tp, peers, at.replicas_same_node);
             // The step's end: ZeRO-2 gathers the updated weights, ZeRO-3
             // nothing; below, the gradients' all-reduce.
