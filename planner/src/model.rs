@@ -411,8 +411,9 @@ impl ModelSpec {
         }
         if self.expert_layers_before(self.layers) == 0 {
             return Err(format!(
-                "no layer of the model's {} is an expert one (after dense_layers {dense}, every \
-                 {step}th from offset {offset}); give experts = 0 for a dense model",
+                "no layer of the model's {} is an expert one (past dense_layers {dense}, those \
+                 whose index is moe_layer_offset {offset} modulo moe_layer_step {step}); give \
+                 experts = 0 for a dense model",
                 self.layers
             ));
         }
