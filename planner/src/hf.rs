@@ -725,6 +725,7 @@ impl ModelSpec {
             // asked (`--mtp-layers`).
             mtp_layers: 0,
             sliding_window: window.as_ref().map_or(0, |w| w.tokens),
+            attention_chunk: window.as_ref().and_then(|w| w.chunk).unwrap_or(0),
             window_layers: window.as_ref().map_or(0, |w| w.layers),
         };
         model.validate()?;
@@ -800,10 +801,9 @@ pub fn hf_notes(text: &str) -> Vec<String> {
             notes.push(match w.chunk {
                 Some(c) => format!(
                     "config.json gives {which} attention chunks of {c} tokens \
-                     (attention_chunk_size, layer_types); the planner prices it as a window of \
-                     {} tokens, the keys a query attends on average (each stage at its \
-                     layers' mean)",
-                    w.tokens
+                     (attention_chunk_size, layer_types); the planner prices it within them \
+                     (each stage at its layers' mean; the FLOP count and the activations as \
+                     full attention's)"
                 ),
                 None => format!(
                     "config.json gives {which} attention a window of {} tokens (sliding_window); \
@@ -822,9 +822,10 @@ pub fn hf_notes(text: &str) -> Vec<String> {
     notes
 }
 
-/// The window a config's layers attend over ([`ModelSpec::sliding_window`]):
-/// its width in tokens, how many layers (0: every one) and, for attention
-/// in chunks, the chunk.
+/// The window a config's layers attend over ([`ModelSpec::sliding_window`])
+/// or the chunks they attend within ([`ModelSpec::attention_chunk`]): the
+/// window's width in tokens (0 for chunks), how many layers (0: every
+/// one) and the chunk.
 struct Window {
     tokens: u64,
     layers: u64,
@@ -834,8 +835,7 @@ struct Window {
 /// A config's [`Window`]: `sliding_window` on the `layer_types` entries that
 /// say sliding (every layer without `layer_types`; none with
 /// `use_sliding_window` false, Qwen2's), or Llama 4's
-/// `attention_chunk_size` on its chunked layers, as a window of half a
-/// chunk (the keys a query attends on average). `None`: full attention,
+/// `attention_chunk_size` on its chunked layers. `None`: full attention,
 /// or windowed layers whose width the config does not give.
 fn attention_window(map: &Map<String, Value>, layers: u64) -> Option<Window> {
     let types = match map.get("layer_types") {
@@ -855,7 +855,7 @@ fn attention_window(map: &Map<String, Value>, layers: u64) -> Option<Window> {
     if chunked > 0 {
         let chunk = positive("attention_chunk_size")?;
         return Some(Window {
-            tokens: chunk.div_ceil(2),
+            tokens: 0,
             layers: chunked.min(layers),
             chunk: Some(chunk),
         });
@@ -1089,7 +1089,7 @@ mod tests {
         assert!(hf_notes(oss)[0].contains("gives 2 layers' attention a window of 128"));
         // Read as the window and the layers that attend over it: GPT-OSS's
         // every other layer, Mistral 7B v0.1's every one (0), none where
-        // Qwen2 turns it off; Llama 4's chunks as half a chunk.
+        // Qwen2 turns it off; Llama 4's chunks as chunks.
         let window = |text: &str| {
             let m = ModelSpec::from_hf_config(text, "w", None).unwrap();
             (m.sliding_window, m.window_layers)
@@ -1112,7 +1112,9 @@ mod tests {
             r#"{{{base}, "attention_chunk_size": 8192, "layer_types": ["chunked_attention",
             "chunked_attention", "chunked_attention", "full_attention"]}}"#
         );
-        assert_eq!(window(&llama4), (4096, 3));
+        assert_eq!(window(&llama4), (0, 3));
+        let m = ModelSpec::from_hf_config(&llama4, "l4", None).unwrap();
+        assert_eq!(m.attention_chunk, 8192);
         assert!(hf_notes(&llama4)[0].contains("chunks of 8192 tokens"));
         let no_width = format!(r#"{{{base}, "layer_types": ["sliding_attention"]}}"#);
         assert_eq!(window(&no_width), (0, 0));

@@ -126,16 +126,21 @@ pub struct ModelSpec {
     pub mtp_layers: u64,
     /// Attention over a sliding window of the last `sliding_window` keys
     /// (Mistral 7B v0.1's 4,096 on every layer, Gemma 2's and GPT-OSS's on
-    /// every other layer, Gemma 3's on five of six; Llama 4's chunks of `C`
-    /// as a window of `C / 2`, the keys a query attends on average), on
-    /// `window_layers` of the layers. Priced by the keys each query
-    /// attends ([`Self::attention_span`]); Megatron-LM's FLOP count and
-    /// the activations stay full attention's. 0 (the default): full.
+    /// every other layer, Gemma 3's on five of six), on `window_layers` of
+    /// the layers. Priced by the keys each query attends
+    /// ([`Self::attention_span`]); Megatron-LM's FLOP count and the
+    /// activations stay full attention's. 0 (the default): full.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub sliding_window: u64,
-    /// How many layers attend over [`Self::sliding_window`] (spread among
-    /// the others: each stage is priced at their mean); 0 with a window:
-    /// every layer.
+    /// Attention within chunks of `attention_chunk` tokens (Llama 4's
+    /// chunked layers: a query attends the keys of its chunk before it),
+    /// on `window_layers` of the layers; priced as
+    /// [`Self::sliding_window`] is. Not beside a sliding window.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub attention_chunk: u64,
+    /// How many layers attend over [`Self::sliding_window`] or within
+    /// [`Self::attention_chunk`] (spread among the others: each stage is
+    /// priced at their mean); 0 with a window or chunks: every layer.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub window_layers: u64,
 }
@@ -315,9 +320,17 @@ impl ModelSpec {
         }
         self.check_experts().map_err(bad)?;
         self.check_latent().map_err(bad)?;
-        if self.window_layers > 0 && self.sliding_window == 0 {
+        if self.sliding_window > 0 && self.attention_chunk > 0 {
             return Err(bad(format!(
-                "window_layers is {} without sliding_window; give the window's width in tokens",
+                "sliding_window {} and attention_chunk {} are both given; the planner prices \
+                 one of them on the window_layers",
+                self.sliding_window, self.attention_chunk
+            )));
+        }
+        if self.window_layers > 0 && self.sliding_window == 0 && self.attention_chunk == 0 {
+            return Err(bad(format!(
+                "window_layers is {} without sliding_window or attention_chunk; give the \
+                 window's or the chunks' width in tokens",
                 self.window_layers
             )));
         }
@@ -601,6 +614,7 @@ impl ModelSpec {
             v_head_dim: self.v_head_dim,
             mtp_layers: 0,
             sliding_window: self.sliding_window,
+            attention_chunk: self.attention_chunk,
             window_layers: self.window_layers,
         })
     }
@@ -1302,10 +1316,19 @@ impl ModelSpec {
     /// [`Self::attention_matmuls`] takes for full attention (`s`: causal
     /// masking not exploited): a layer over a window of `w < s` keys
     /// ([`Self::sliding_window`]) does `(s w - w^2 / 2) / (s^2 / 2)` of a
-    /// full layer's work, so `2 w - w^2 / s`; `s` without a window.
+    /// full layer's work, so `2 w - w^2 / s`; one within chunks of `c < s`
+    /// ([`Self::attention_chunk`]) `(s c / 2) / (s^2 / 2)` of it, so `c`;
+    /// `s` without either.
     pub fn attention_span(&self) -> f64 {
-        let (s, w) = (self.seq_len as f64, self.sliding_window as f64);
-        if self.sliding_window == 0 || w >= s || self.layers == 0 {
+        let s = self.seq_len as f64;
+        let (w, c) = (self.sliding_window as f64, self.attention_chunk as f64);
+        let span = match (self.sliding_window, self.attention_chunk) {
+            (0, 0) => return s,
+            (_, 0) if w < s => 2.0 * w - w * w / s,
+            (0, _) if c < s => c,
+            _ => return s,
+        };
+        if self.layers == 0 {
             return s;
         }
         let l = self.layers as f64;
@@ -1313,7 +1336,7 @@ impl ModelSpec {
             0 => l,
             n => n as f64,
         };
-        ((l - windowed) * s + windowed * (2.0 * w - w * w / s)) / l
+        ((l - windowed) * s + windowed * span) / l
     }
 
     /// The memory-bound passes of one layer with activations of `elem`
@@ -1963,6 +1986,24 @@ mod tests {
             ..m.clone()
         };
         assert_eq!(wide.attention_span(), 4096.0);
+        // Chunks of `c`: `c` keys of `s` (Llama 4's 8,192 at 16,384), and
+        // full attention where a chunk holds the sequence.
+        let chunked = ModelSpec {
+            attention_chunk: 8192,
+            window_layers: 24,
+            seq_len: 16384,
+            ..m.clone()
+        };
+        chunked.validate().unwrap();
+        assert_eq!(
+            chunked.attention_span(),
+            (8.0 * 16384.0 + 24.0 * 8192.0) / 32.0
+        );
+        let whole = ModelSpec {
+            seq_len: 8192,
+            ..chunked.clone()
+        };
+        assert_eq!(whole.attention_span(), 8192.0);
         assert_eq!(half.flops_per_iteration(2), m.flops_per_iteration(2));
         let text = toml::to_string(&half).unwrap();
         assert!(
@@ -1976,6 +2017,11 @@ mod tests {
             bad.validate().unwrap_err().to_string()
         };
         assert!(err(&|b| b.window_layers = 33).contains("window_layers is 33 of the model's 32"));
+        let e = err(&|b| b.attention_chunk = 64);
+        assert!(
+            e.contains("sliding_window 1024 and attention_chunk 64 are both given"),
+            "{e}"
+        );
         let e = err(&|b| (b.sliding_window, b.window_layers) = (0, 3));
         assert!(
             e.contains("window_layers is 3 without sliding_window"),
