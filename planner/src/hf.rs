@@ -724,8 +724,11 @@ impl ModelSpec {
             // Multi-token prediction: noted ([`hf_notes`]), priced where
             // asked (`--mtp-layers`).
             mtp_layers: 0,
-            sliding_window: window.as_ref().map_or(0, |w| w.tokens),
-            attention_chunk: window.as_ref().and_then(|w| w.chunk).unwrap_or(0),
+            sliding_window: window
+                .as_ref()
+                .filter(|w| !w.chunked)
+                .map_or(0, |w| w.width),
+            attention_chunk: window.as_ref().filter(|w| w.chunked).map_or(0, |w| w.width),
             window_layers: window.as_ref().map_or(0, |w| w.layers),
         };
         model.validate()?;
@@ -798,18 +801,19 @@ pub fn hf_notes(text: &str) -> Vec<String> {
                 0 => "its layers'".to_string(),
                 n => format!("{n} layers'"),
             };
-            notes.push(match w.chunk {
-                Some(c) => format!(
-                    "config.json gives {which} attention chunks of {c} tokens \
+            let width = w.width;
+            notes.push(match w.chunked {
+                true => format!(
+                    "config.json gives {which} attention chunks of {width} tokens \
                      (attention_chunk_size, layer_types); the planner prices it within them \
                      (each stage at its layers' mean; the FLOP count and the activations as \
                      full attention's)"
                 ),
-                None => format!(
-                    "config.json gives {which} attention a window of {} tokens (sliding_window); \
-                     the planner prices their attention over it (each stage at its layers' \
-                     mean; the FLOP count and the activations as full attention's)",
-                    w.tokens
+                false => format!(
+                    "config.json gives {which} attention a window of {width} tokens \
+                     (sliding_window); the planner prices their attention over it (each stage \
+                     at its layers' mean; the FLOP count and the activations as full \
+                     attention's)"
                 ),
             });
         }
@@ -823,13 +827,12 @@ pub fn hf_notes(text: &str) -> Vec<String> {
 }
 
 /// The window a config's layers attend over ([`ModelSpec::sliding_window`])
-/// or the chunks they attend within ([`ModelSpec::attention_chunk`]): the
-/// window's width in tokens (0 for chunks), how many layers (0: every
-/// one) and the chunk.
+/// or the chunks they attend within ([`ModelSpec::attention_chunk`],
+/// `chunked`): its width in tokens, and how many layers (0: every one).
 struct Window {
-    tokens: u64,
+    width: u64,
+    chunked: bool,
     layers: u64,
-    chunk: Option<u64>,
 }
 
 /// A config's [`Window`]: `sliding_window` on the `layer_types` entries that
@@ -855,9 +858,9 @@ fn attention_window(map: &Map<String, Value>, layers: u64) -> Option<Window> {
     if chunked > 0 {
         let chunk = positive("attention_chunk_size")?;
         return Some(Window {
-            tokens: 0,
+            width: chunk,
+            chunked: true,
             layers: chunked.min(layers),
-            chunk: Some(chunk),
         });
     }
     let tokens = positive("sliding_window")?;
@@ -869,9 +872,9 @@ fn attention_window(map: &Map<String, Value>, layers: u64) -> Option<Window> {
         None => 0,
     };
     (types.is_none() || layers > 0).then_some(Window {
-        tokens,
+        width: tokens,
+        chunked: false,
         layers,
-        chunk: None,
     })
 }
 

@@ -1843,6 +1843,17 @@ mod tests {
         assert!((3.0 * (forward - routers) + norms - megatron).abs() <= megatron * 1e-12);
         let more = megatron / m.flops_per_iteration(b);
         assert!(more > 1.03 && more < 1.05, "{more}");
+        // Megatron-LM's newer count halves the causal attention's products:
+        // 260.0e9 FLOPs a token with the layer, 249.8e9 without, where the
+        // Megatron-Bridge table's DeepSeek-V3 H100 row (338 TFLOP/s a GPU
+        // at 1,297 tokens/s) gives 260.6e9 (docs/planner.md).
+        let causal = |m: &ModelSpec| {
+            let l = (m.layers + m.mtp_layers) as f64;
+            let scores = 3.0 * 4096.0 * l * (m.q_dim() + m.context_dim()) as f64;
+            (m.flops_per_token() - scores) / 1e8
+        };
+        assert_eq!((causal(&mtp).round(), causal(&m).round()), (2600.0, 2498.0));
+        assert_eq!((338e12 / 1297.0 / 1e8_f64).round(), 2606.0);
         // Read back from TOML; its limit said by name.
         let text = toml::to_string(&mtp).unwrap();
         assert!(text.contains("mtp_layers = 1"), "{text}");
@@ -1986,6 +1997,15 @@ mod tests {
             ..m.clone()
         };
         assert_eq!(wide.attention_span(), 4096.0);
+        // GPT-OSS's 128 tokens on 18 of its 36 layers at 4,096: its
+        // attention's products 53% of full attention's (docs/planner.md).
+        let oss = ModelSpec {
+            layers: 36,
+            sliding_window: 128,
+            window_layers: 18,
+            ..m.clone()
+        };
+        assert_eq!((100.0 * oss.attention_span() / 4096.0).round(), 53.0);
         // Chunks of `c`: `c` keys of `s` (Llama 4's 8,192 at 16,384), and
         // full attention where a chunk holds the sequence.
         let chunked = ModelSpec {

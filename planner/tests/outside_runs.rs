@@ -1749,6 +1749,21 @@ fn the_cluster_model_scores_megatron_bridges_h100_runs() {
             .unwrap_or_else(|e| panic!("{name}: {e}"));
         let ev =
             evaluate(&spec, &model, &cluster, &settings).unwrap_or_else(|e| panic!("{name}: {e}"));
+        // A model attending over a window, also priced as if its every
+        // layer attended the whole sequence (what its window changes).
+        if model.window_layers > 0 {
+            let full = ModelSpec {
+                sliding_window: 0,
+                attention_chunk: 0,
+                window_layers: 0,
+                ..model.clone()
+            };
+            let whole = evaluate(&spec, &full, &cluster, &settings).unwrap();
+            println!(
+                "  {name}: {:.3} s with its window, {:.3} s without it",
+                ev.plan.step_time_simulated, whole.plan.step_time_simulated
+            );
+        }
         settings.fp8 = false;
         let bf16 = evaluate(&spec, &model, &cluster, &settings).unwrap();
         let measured = run["measured_step_s"].as_f64().unwrap();
