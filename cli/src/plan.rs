@@ -27,7 +27,7 @@ use polychip_planner::profile::ProfileFile;
 use polychip_planner::schedule::PipelineSchedule;
 use polychip_planner::search::{self, PlanOptions, PlanReport, fmt_bytes};
 use polychip_planner::settings::{
-    Dtype, Recompute, RecomputeMethod, RecomputeModule, TrainingSettings,
+    Dtype, LossKernel, Recompute, RecomputeMethod, RecomputeModule, TrainingSettings,
 };
 use polychip_planner::validate::{self, RunsFile, ScoredRun, Scores};
 use polychip_train::config::ModelConfig;
@@ -167,6 +167,15 @@ pub struct Args {
     /// dropouts' activations are whole on every chip of a group.
     #[arg(long)]
     no_sequence_parallel: bool,
+    /// How the framework's loss holds the last stage's logits, bytes a
+    /// logit in bf16: in-place (Megatron-LM's vocabulary-parallel
+    /// cross-entropy, Megatron-Core's since 2024, 2021's; 6), out-of-place
+    /// (Megatron-LM 2022-24, Microsoft's Megatron-DeepSpeed; 10), cloned
+    /// (Megatron-LM v1; 14), eager (PyTorch's cross_entropy over f32
+    /// logits; 12) or fused (Transformer Engine's, the gradient written
+    /// into the logits; 2). See docs/planner.md.
+    #[arg(long, value_name = "KIND")]
+    loss: Option<LossKernel>,
     /// The pipelines' schedule: 1f1b (Megatron-LM's and DeepSpeed's, the
     /// default), 1f1b-deferred and zero-bubble (as `polychip train
     /// --schedule` runs them) or gpipe (all forward passes, then all backward passes: PyTorch's
@@ -405,6 +414,9 @@ fn plan(args: &Args) -> Result<(), String> {
     settings.bf16_gradients |= args.half_gradients;
     settings.flash_attention &= !args.no_flash_attention;
     settings.sequence_parallel &= !args.no_sequence_parallel;
+    if let Some(loss) = args.loss {
+        settings.loss = loss;
+    }
     if let Some(schedule) = args.schedule {
         settings.schedule = schedule;
     }
@@ -705,6 +717,9 @@ fn settings_line(s: &TrainingSettings) -> String {
     if !s.sequence_parallel {
         parts.push("no sequence parallelism".into());
     }
+    if s.loss != LossKernel::default() {
+        parts.push(format!("{} loss", s.loss.name()));
+    }
     format!("settings: {}\n", parts.join(", "))
 }
 
@@ -831,6 +846,9 @@ fn flags_changing(recorded: &TrainingSettings, given: &TrainingSettings) -> Vec<
         b.sequence_parallel,
     );
     valued(&mut out, "--schedule", &a.schedule, &b.schedule);
+    if a.loss != b.loss {
+        out.push(format!("--loss {} for {}", b.loss.name(), a.loss.name()));
+    }
     out
 }
 

@@ -554,6 +554,18 @@ fn outside(name: &str) -> std::path::PathBuf {
 /// optimizer state sharded and 32-way expert parallelism, and `extra`;
 /// the plan written under `dir`.
 fn evaluate_qwen3_235b(dir: &std::path::Path, extra: &[&str]) -> (Option<i32>, String, String) {
+    evaluate_bridge_run(dir, "qwen3-235b-a22b/gbs2048", "32", extra)
+}
+
+/// `polychip plan --evaluate` of the Megatron-Bridge H100 run `name` (its
+/// model's TOML named by the run's model), FP8 with ZeRO-1 at expert
+/// parallelism `ep`, plus `extra`.
+fn evaluate_bridge_run(
+    dir: &std::path::Path,
+    name: &str,
+    ep: &str,
+    extra: &[&str],
+) -> (Option<i32>, String, String) {
     let runs: serde_json::Value = serde_json::from_str(
         &std::fs::read_to_string(outside(
             "megatron-bridge-h100/megatron-bridge-h100-runs.json",
@@ -565,8 +577,12 @@ fn evaluate_qwen3_235b(dir: &std::path::Path, extra: &[&str]) -> (Option<i32>, S
         .as_array()
         .unwrap()
         .iter()
-        .find(|r| r["name"] == "qwen3-235b-a22b/gbs2048")
+        .find(|r| r["name"] == name)
         .unwrap();
+    let model = format!(
+        "megatron-bridge-h100/{}.toml",
+        run["model"].as_str().unwrap()
+    );
     let file = dir.join("plan.json");
     std::fs::write(&file, run["plan"].to_string()).unwrap();
     let flags = [
@@ -575,17 +591,58 @@ fn evaluate_qwen3_235b(dir: &std::path::Path, extra: &[&str]) -> (Option<i32>, S
         "--fp8",
         "--shard-optimizer",
         "--expert-parallel",
-        "32",
+        ep,
     ];
     plan_with(
         outside("megatron-bridge-h100/dgx-h100.toml")
             .to_str()
             .unwrap(),
-        outside("megatron-bridge-h100/qwen3-235b-a22b.toml")
-            .to_str()
-            .unwrap(),
+        outside(&model).to_str().unwrap(),
         &[&flags[..], extra].concat(),
     )
+}
+
+/// `--loss`: Qwen3-30B-A3B's micro-batch-2 H100 run (8,192 tokens of a
+/// 151,936-word vocabulary on its last chunk's GPU) fits under
+/// Megatron-Core's in-place loss, the default, as it ran, and not at an
+/// eager loss's 12 bytes a logit, which the settings line names; an
+/// unknown kernel is refused by name.
+#[test]
+fn the_loss_kernel_decides_whether_the_last_stage_fits() {
+    let dir = scratch("loss-kernel");
+    let evaluate = |extra: &[&str]| {
+        let flags = [
+            &["--expert-tensor-parallel", "1", "--half-gradients"],
+            extra,
+        ]
+        .concat();
+        evaluate_bridge_run(&dir, "qwen3-30b-a3b/gbs512", "8", &flags)
+    };
+    // The last chunk's device's logits term, GB.
+    let logits = |out: &str| -> f64 {
+        let device1 = &out[out.find("memory for device 1").unwrap()..];
+        let at = device1.find("logits ").unwrap() + "logits ".len();
+        device1[at..].split(' ').next().unwrap().parse().unwrap()
+    };
+    let (code, out, err) = evaluate(&[]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(!out.contains("DOES NOT FIT"), "{out}");
+    assert!(!out.contains(" loss"), "the default is not named: {out}");
+    let (code, eager, err) = evaluate(&["--loss", "eager"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(eager.contains(", eager loss\n"), "{eager}");
+    assert!(
+        eager.contains("memory for device 1, all its chunks"),
+        "{eager}"
+    );
+    assert!(eager.contains("(DOES NOT FIT)"), "{eager}");
+    // b s V = 1,244,659,712 logits, 6 bytes more each (both terms less
+    // the same last layer's transients).
+    let (six, twelve) = (logits(&out), logits(&eager));
+    assert!((twelve - six - 7.468).abs() < 0.011, "{six} {twelve}");
+    let (code, _, err) = evaluate(&["--loss", "chunked"]);
+    assert_eq!(code, Some(2));
+    assert!(err.contains("unknown loss kernel `chunked`"), "{err}");
 }
 
 /// `--expert-tensor-parallel 1` beside tp 2 (Qwen3-235B-A22B's H100

@@ -761,13 +761,10 @@ fn moe_activation_bytes(model: &ModelSpec, micro_batch: u64, tp: u64) -> f64 {
 /// Bytes of the logits and loss buffers on each of `tp` chips of the last
 /// stage, for the one micro-batch whose loss is computed (under 1F1B the
 /// last stage runs a micro-batch's backward right after its forward, so
-/// only one is alive): `b s V / t` elements (vocabulary-parallel head), at
-/// the peak of the loss's backward: the logits in the compute dtype, the
-/// f32 log-probabilities the loss keeps, their f32 gradient, and (mixed
-/// precision only) that gradient cast back to the compute dtype: 12 bytes
-/// per element in bf16/f16 and in f32. The f32 copy of 16-bit logits that
-/// the loss reads is freed once the log-probabilities exist (its peak, in
-/// the forward, is 2 + 4 + 4 bytes, below the backward's).
+/// only one is alive): `b s V / t` elements (vocabulary-parallel head),
+/// each taking what the framework's loss holds at its peak
+/// ([`crate::settings::LossKernel::bytes_per_logit`]): 6 bytes in bf16 with Megatron-Core's
+/// in-place loss, 12 with an eager framework's.
 pub fn logits_bytes(
     model: &ModelSpec,
     settings: &TrainingSettings,
@@ -775,9 +772,7 @@ pub fn logits_bytes(
     tp: u64,
 ) -> f64 {
     let elements = (micro_batch * model.seq_len) as f64 * model.vocab as f64 / tp.max(1) as f64;
-    let e = settings.dtype.bytes() as f64;
-    let cast_back = if e < 4.0 { e } else { 0.0 };
-    elements * (e + 4.0 + 4.0 + cast_back)
+    elements * settings.loss.bytes_per_logit(settings.dtype.bytes() as f64)
 }
 
 /// The largest transient buffers of one layer's pass on each of `tp` chips

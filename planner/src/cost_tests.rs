@@ -5,7 +5,7 @@
 use super::*;
 use crate::model::ExpertSplit;
 use crate::schedule::PipelineSchedule;
-use crate::settings::{Dtype, RecomputeMethod};
+use crate::settings::{Dtype, LossKernel, RecomputeMethod};
 
 const SBH: f64 = 33_554_432.0;
 const LAYER: f64 = 855_654_400.0;
@@ -361,7 +361,7 @@ fn the_head_costs_less_than_its_flop_equivalent_layers() {
 fn the_loss_buffers_and_the_last_layers_transients_are_not_added() {
     // Under full recomputation without flash attention, Llama 2 70B's
     // recomputed layer (its scores) and its attention backward on 8 chips
-    // outweigh one micro-batch's logits (b s V / t at 12 bytes): the last
+    // outweigh one micro-batch's logits (b s V / t at 6 bytes): the last
     // stage's peak is the layer's, and its logits add nothing.
     let (m, c) = (ModelSpec::llama_70b(), cluster());
     let mut s = TrainingSettings::new(64);
@@ -386,16 +386,35 @@ fn logits_workspace_and_reserve() {
         stage_memory(&m, &s, &shape(&c, layers, index, 1, 8), ONE)
     };
     let (first, mid, last) = (mem(0..20, 0), mem(20..60, 1), mem(60..80, 3));
-    // Logits on the last stage only: b s V / t = 16,384,000 elements of 12
-    // bytes at the loss's backward (bf16 logits, f32 log-probabilities, f32
-    // gradient, bf16 gradient; the f32 copy of the logits is gone by then),
-    // less the last layer's backward transients they never coexist with
-    // (the FFN's 88,080,384 B below): the peak holds the larger.
+    // Logits on the last stage only: b s V / t = 16,384,000 elements of 6
+    // bytes under Megatron-Core's in-place loss (the bf16 logits beside
+    // their f32 copy in the forward; the f32 gradient beside its bf16 cast
+    // in the backward), less the last layer's backward transients they
+    // never coexist with (the FFN's 88,080,384 B below): the peak holds the
+    // larger.
     assert_eq!((first.logits, mid.logits), (0.0, 0.0));
-    close(last.logits, 196_608_000.0 - 88_080_384.0);
-    let mut f32s = s.clone();
-    f32s.dtype = Dtype::F32;
-    close(logits_bytes(&m, &f32s, 1, 8), 16_384_000.0 * 12.0);
+    close(last.logits, 98_304_000.0 - 88_080_384.0);
+    // Every loss kernel, in bf16 and in f32 (no f32 copy there).
+    let elements = 16_384_000.0;
+    for (kernel, bf16, f32) in [
+        (LossKernel::InPlace, 6.0, 4.0),
+        (LossKernel::OutOfPlace, 10.0, 8.0),
+        (LossKernel::Cloned, 14.0, 12.0),
+        (LossKernel::Eager, 12.0, 12.0),
+        (LossKernel::Fused, 2.0, 4.0),
+    ] {
+        let mut k = s.clone();
+        k.loss = kernel;
+        close(logits_bytes(&m, &k, 1, 8), elements * bf16);
+        k.dtype = Dtype::F32;
+        close(logits_bytes(&m, &k, 1, 8), elements * f32);
+        assert_eq!(kernel.name().parse::<LossKernel>(), Ok(kernel));
+    }
+    let err = "chunked".parse::<LossKernel>().unwrap_err();
+    assert!(
+        err.contains("`chunked`") && err.contains("in-place, out-of-place"),
+        "{err}"
+    );
     // Workspace: the FFN backward's 3 b s f / t bf16 elements (88,080,384
     // B, more than attention's 27,262,976) plus 32 MiB; the first stage's
     // embedding backward, after its first layer's, what it needs beyond

@@ -43,6 +43,96 @@ impl Dtype {
     }
 }
 
+/// How the training framework's loss holds the last stage's logits: the
+/// vocabulary-parallel softmax cross-entropy as each generation of the
+/// stacks ships it, which decides the bytes a logit takes at the loss's
+/// peak ([`crate::cost::logits_bytes`]). With `e` the compute dtype's
+/// bytes and mixed precision adding an f32 copy of the 16-bit logits:
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum LossKernel {
+    /// The f32 logits turned into their softmax and then into their
+    /// gradient in place, the gradient cast back to the compute dtype:
+    /// `e + 4` bytes mixed (the 16-bit logits beside their f32 copy in
+    /// the forward, the f32 gradient beside its cast in the backward), 4
+    /// in f32. Megatron-LM from March 2020 to September 2022 and again
+    /// since June 2024 (Megatron-Core's `vocab_parallel_cross_entropy`
+    /// and its `native` fused form; Megatron-Bridge, NeMo), BigScience's
+    /// Megatron-DeepSpeed. The default.
+    #[default]
+    InPlace,
+    /// As [`Self::InPlace`] but the maximum subtracted into a new f32
+    /// buffer: `e + 8` mixed, 8 in f32 (the logits, their f32 copy and the
+    /// difference in the forward). Megatron-LM from September 2022 to June
+    /// 2024, Microsoft's Megatron-DeepSpeed (DeepSpeed's, Sailor's).
+    OutOfPlace,
+    /// Megatron-LM before March 2020 (v1, whose 3D-parallel copy
+    /// DeepSpeed's examples and AMP's runs train): the f32 logits cloned,
+    /// then exponentiated into another buffer: `e + 12` mixed, 12 in f32.
+    Cloned,
+    /// PyTorch's `cross_entropy` over f32 logits, an eager framework's
+    /// loss: the logits, the f32 log-probabilities it keeps, their f32
+    /// gradient and (mixed) that gradient cast back, 12 bytes in 16-bit
+    /// and in f32.
+    Eager,
+    /// A fused kernel that writes the gradient into the logits' own
+    /// buffer in the forward (Transformer Engine's parallel
+    /// cross-entropy, Megatron-LM's `--cross-entropy-fusion-impl te`):
+    /// `e` bytes.
+    Fused,
+}
+
+impl LossKernel {
+    /// Every kernel, by its name on the command line and in files.
+    pub const ALL: [(&'static str, LossKernel); 5] = [
+        ("in-place", LossKernel::InPlace),
+        ("out-of-place", LossKernel::OutOfPlace),
+        ("cloned", LossKernel::Cloned),
+        ("eager", LossKernel::Eager),
+        ("fused", LossKernel::Fused),
+    ];
+
+    /// Its name on the command line and in files.
+    pub fn name(self) -> &'static str {
+        Self::ALL
+            .iter()
+            .find(|(_, k)| *k == self)
+            .map_or("in-place", |(n, _)| n)
+    }
+
+    /// Bytes a logit takes at the loss's peak, with `e` bytes an element
+    /// of the compute dtype (4: f32, no separate f32 copy).
+    pub fn bytes_per_logit(self, e: f64) -> f64 {
+        let mixed = e < 4.0;
+        let copy = if mixed { 4.0 } else { 0.0 };
+        match self {
+            LossKernel::InPlace => e + copy,
+            LossKernel::OutOfPlace => e + copy + 4.0,
+            LossKernel::Cloned => e + copy + 8.0,
+            LossKernel::Eager => e + 8.0 + if mixed { e } else { 0.0 },
+            LossKernel::Fused => e,
+        }
+    }
+}
+
+impl std::str::FromStr for LossKernel {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        Self::ALL
+            .iter()
+            .find(|(n, _)| *n == s)
+            .map(|(_, k)| *k)
+            .ok_or_else(|| {
+                let names: Vec<&str> = Self::ALL.iter().map(|(n, _)| *n).collect();
+                format!(
+                    "unknown loss kernel `{s}`: expected one of {}",
+                    names.join(", ")
+                )
+            })
+    }
+}
+
 /// Activation recomputation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -249,6 +339,10 @@ pub struct TrainingSettings {
     /// + 24 / t)`. On by default.
     #[serde(default = "yes")]
     pub sequence_parallel: bool,
+    /// How the loss holds the logits ([`LossKernel`]); `in-place`
+    /// (Megatron-Core's) by default.
+    #[serde(default, skip_serializing_if = "is_in_place")]
+    pub loss: LossKernel,
     /// Micro-batch sizes (sequences) the planner may choose from.
     #[serde(default = "default_micro_batches")]
     pub micro_batch_sizes: Vec<u64>,
@@ -302,6 +396,10 @@ fn yes() -> bool {
 
 fn is_uniform(v: &RecomputeMethod) -> bool {
     *v == RecomputeMethod::Uniform
+}
+
+fn is_in_place(v: &LossKernel) -> bool {
+    *v == LossKernel::InPlace
 }
 
 fn is_false(v: &bool) -> bool {
@@ -360,6 +458,7 @@ impl TrainingSettings {
             bf16_gradients: false,
             flash_attention: true,
             sequence_parallel: true,
+            loss: LossKernel::InPlace,
             micro_batch_sizes: default_micro_batches(),
             schedule: PipelineSchedule::default(),
             virtual_stages: 1,

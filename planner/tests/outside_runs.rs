@@ -36,7 +36,7 @@ use polychip_planner::cluster::ClusterSpec;
 use polychip_planner::evaluate::{Evaluation, PlanSpec, evaluate};
 use polychip_planner::model::ModelSpec;
 use polychip_planner::profile::{ProfileEntry, ProfileFile};
-use polychip_planner::settings::{Dtype, Recompute, RecomputeModule, TrainingSettings};
+use polychip_planner::settings::{Dtype, LossKernel, Recompute, RecomputeModule, TrainingSettings};
 use polychip_planner::validate::{median, median_error, one_scale, spearman, topk_regret};
 use serde_json::Value;
 
@@ -118,8 +118,11 @@ fn score_from(
             ModelSpec::load(&data(&format!("{}.toml", run["model"].as_str().unwrap()))).unwrap();
         let spec = PlanSpec::parse(&run["plan"].to_string(), true)
             .unwrap_or_else(|e| panic!("{name}: {e}"));
-        // fp32 training (the runs' Megatron-DeepSpeed options).
-        let settings = unfused(Dtype::F32);
+        // fp32 training (the runs' Megatron-DeepSpeed options), whose loss
+        // subtracts the logits' maximum into a new buffer (Microsoft's
+        // Megatron-DeepSpeed, `megatron/core/tensor_parallel/cross_entropy.py`).
+        let mut settings = unfused(Dtype::F32);
+        settings.loss = LossKernel::OutOfPlace;
         let ev =
             evaluate(&spec, &model, &cluster, &settings).unwrap_or_else(|e| panic!("{name}: {e}"));
         let model_name = run["model"].as_str().unwrap();
@@ -440,6 +443,10 @@ fn score_amp(runs_file: &str, cluster_name: &str, profiled_types: usize) -> AmpF
     // figures are the same with it: these runs are far from full).
     let mut settings = unfused(Dtype::F16);
     settings.sequence_parallel = false;
+    // Its loss clones the f32 logits and exponentiates them into another
+    // buffer (`megatron/mpu/cross_entropy.py` before Megatron-LM's 57064fd6
+    // of March 2020).
+    settings.loss = LossKernel::Cloned;
     let cluster = cluster(cluster_name, None);
     let profile = ProfileFile::load(&data("amp-profile-gpt2-medium.json")).unwrap();
     let mut measured_cluster = cluster.clone();
