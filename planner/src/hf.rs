@@ -738,13 +738,16 @@ impl ModelSpec {
 
 /// What a config says that [`ModelSpec::from_hf_config`]'s model does not
 /// represent exactly, as sentences: attention over a window or chunks of
-/// the sequence (`sliding_window`, Mistral's; sliding or chunked layers in
-/// `layer_types`, GPT-OSS's, Gemma 2's, Llama 4's), which the planner
-/// prices over the whole sequence; sparse attention over indexed keys
+/// the sequence (`attention_window`'s fields: Mistral's `sliding_window`,
+/// sliding or chunked layers in `layer_types`, GPT-Neo's local layers, an
+/// encoder's window around each token), which the planner prices over the
+/// window but counts as full attention's FLOPs and activations, or whose
+/// width the config does not give; sparse attention over indexed keys
 /// (`indexed_attention` layers, DeepSeek-V3.2's and GLM-5's), priced over
-/// the whole sequence and without its indexer; multi-token-prediction
-/// layers (DeepSeek-V3's, GLM-4.5's `num_nextn_predict_layers`), which it
-/// leaves out.
+/// the whole sequence and without its indexer; attention approximated in
+/// other ways (BigBird's, Nyströmformer's, YOSO's, MRA's, Longformer's
+/// global tokens), priced as full attention; multi-token-prediction layers (DeepSeek-V3's, GLM-4.5's
+/// `num_nextn_predict_layers`), which it leaves out.
 pub fn hf_notes(text: &str) -> Vec<String> {
     let Ok(Value::Object(root)) = polychip_files::parse_json_value(text) else {
         return Vec::new();
@@ -801,19 +804,24 @@ pub fn hf_notes(text: &str) -> Vec<String> {
                 0 => "its layers'".to_string(),
                 n => format!("{n} layers'"),
             };
-            let width = w.width;
-            notes.push(match w.chunked {
-                true => format!(
+            let (width, fields) = (w.width, w.fields);
+            notes.push(match (w.chunked, w.total) {
+                (true, _) => format!(
                     "config.json gives {which} attention chunks of {width} tokens \
-                     (attention_chunk_size, layer_types); the planner prices it within them \
-                     (each stage at its layers' mean; the FLOP count and the activations as \
-                     full attention's)"
+                     ({fields}); the planner prices it within them (each stage at its layers' \
+                     mean; the FLOP count and the activations as full attention's)"
                 ),
-                false => format!(
+                (false, None) => format!(
                     "config.json gives {which} attention a window of {width} tokens \
-                     (sliding_window); the planner prices their attention over it (each stage \
-                     at its layers' mean; the FLOP count and the activations as full \
+                     ({fields}); the planner prices their attention over it (each stage at \
+                     its layers' mean; the FLOP count and the activations as full \
                      attention's)"
+                ),
+                (false, Some(total)) => format!(
+                    "config.json gives {which} attention a window of {total} tokens around \
+                     each token ({fields}); the planner prices their attention over it, as a \
+                     causal window of {width} does the same work (each stage at its layers' \
+                     mean; the FLOP count and the activations as full attention's)"
                 ),
             });
         }
@@ -823,23 +831,36 @@ pub fn hf_notes(text: &str) -> Vec<String> {
         )),
         None => {}
     }
+    notes.extend(approximate_attention(map));
     notes
 }
 
 /// The window a config's layers attend over ([`ModelSpec::sliding_window`])
 /// or the chunks they attend within ([`ModelSpec::attention_chunk`],
-/// `chunked`): its width in tokens, and how many layers (0: every one).
+/// `chunked`): its width in tokens, and how many layers (0: every one). An
+/// encoder's window around each token (`total` keys, half on each side) is
+/// priced as a causal window of half that width, which does the same work
+/// ([`ModelSpec::attention_span`]: `2 w - w^2 / s` keys of Megatron-LM's
+/// causal count, `W - W^2 / 4s` of a two-sided window of `W = 2 w`).
 struct Window {
     width: u64,
     chunked: bool,
     layers: u64,
+    /// The config's fields it was read from.
+    fields: &'static str,
+    /// An encoder's window: the keys around each token, both sides.
+    total: Option<u64>,
 }
 
 /// A config's [`Window`]: `sliding_window` on the `layer_types` entries that
 /// say sliding (every layer without `layer_types`; none with
 /// `use_sliding_window` false, Qwen2's), or Llama 4's
-/// `attention_chunk_size` on its chunked layers. `None`: full attention,
-/// or windowed layers whose width the config does not give.
+/// `attention_chunk_size` on its chunked layers; GPT-Neo's `window_size` on
+/// its `local` layers (`attention_layers`, or `attention_types` unrolled);
+/// an encoder's window around each token on its sliding layers
+/// (ModernBERT's `local_attention`) or on every layer (Longformer's
+/// `attention_window`, the widest where each layer gives one). `None`:
+/// full attention, or windowed layers whose width the config does not give.
 fn attention_window(map: &Map<String, Value>, layers: u64) -> Option<Window> {
     let types = match map.get("layer_types") {
         Some(Value::Array(types)) => Some(types),
@@ -861,7 +882,45 @@ fn attention_window(map: &Map<String, Value>, layers: u64) -> Option<Window> {
             width: chunk,
             chunked: true,
             layers: chunked.min(layers),
+            fields: "attention_chunk_size, layer_types",
+            total: None,
         });
+    }
+    if let Some(local) = gpt_neo_local_layers(map) {
+        let width = positive("window_size")?;
+        return (local > 0).then_some(Window {
+            width,
+            chunked: false,
+            layers: local.min(layers),
+            fields: "window_size, attention_layers",
+            total: None,
+        });
+    }
+    let two_sided = |total: u64, layers: u64, fields| {
+        (total >= 2).then_some(Window {
+            width: total / 2,
+            chunked: false,
+            layers,
+            fields,
+            total: Some(total),
+        })
+    };
+    if map.get("sliding_window").is_none_or(Value::is_null) {
+        if let Some(total) = positive("local_attention") {
+            let sliding = count("sliding").min(layers);
+            return match types {
+                Some(_) if sliding == 0 => None,
+                _ => two_sided(total, sliding, "local_attention, layer_types"),
+            };
+        }
+        let widest = match map.get("attention_window") {
+            Some(Value::Array(widths)) => widths.iter().filter_map(Value::as_u64).max(),
+            Some(w) => w.as_u64(),
+            None => None,
+        };
+        if let Some(total) = widest.filter(|&w| w > 0) {
+            return two_sided(total, 0, "attention_window");
+        }
     }
     let tokens = positive("sliding_window")?;
     if map.get("use_sliding_window").and_then(Value::as_bool) == Some(false) {
@@ -875,7 +934,61 @@ fn attention_window(map: &Map<String, Value>, layers: u64) -> Option<Window> {
         width: tokens,
         chunked: false,
         layers,
+        fields: "sliding_window",
+        total: None,
     })
+}
+
+/// GPT-Neo's local (windowed) layers: the `local` entries of
+/// `attention_layers`, or of `attention_types` (`[[kinds, repeats], ...]`)
+/// unrolled; `None` when the config gives neither.
+fn gpt_neo_local_layers(map: &Map<String, Value>) -> Option<u64> {
+    if let Some(Value::Array(kinds)) = map.get("attention_layers") {
+        return Some(kinds.iter().filter(|k| k.as_str() == Some("local")).count() as u64);
+    }
+    let Some(Value::Array(groups)) = map.get("attention_types") else {
+        return None;
+    };
+    let mut local = 0u64;
+    for group in groups {
+        let Some([Value::Array(kinds), repeats]) = group.as_array().map(Vec::as_slice) else {
+            return None;
+        };
+        let n = kinds.iter().filter(|k| k.as_str() == Some("local")).count() as u64;
+        local = local.saturating_add(n.saturating_mul(repeats.as_u64()?));
+    }
+    Some(local)
+}
+
+/// A sentence for attention a config approximates in ways the planner does
+/// not price (it prices such attention over the whole sequence): BigBird's
+/// block-sparse attention, Nyströmformer's landmarks, YOSO's and MRA's
+/// approximations, Longformer's global tokens.
+fn approximate_attention(map: &Map<String, Value>) -> Option<String> {
+    let model_type = map.get("model_type").and_then(Value::as_str).unwrap_or("");
+    let what = match model_type {
+        _ if map.get("attention_type").and_then(Value::as_str) == Some("block_sparse") => {
+            "block-sparse attention (BigBird's `attention_type`: each block of queries over a \
+             few blocks of keys once the sequence is long enough)"
+        }
+        _ if map.contains_key("num_landmarks") => {
+            "attention approximated through landmarks (Nyströmformer's `num_landmarks`)"
+        }
+        "yoso" => "attention approximated by hashing (YOSO's `hash_code_len`)",
+        "mra" => "multi-resolution approximate attention (MRA's `approx_mode`)",
+        _ if map.contains_key("attention_window") => {
+            return Some(
+                "config.json's Longformer attention lets the tokens an input marks global \
+                 attend to and from every token; the planner prices only the window"
+                    .into(),
+            );
+        }
+        _ => return None,
+    };
+    Some(format!(
+        "config.json describes {what}; the planner prices each layer's attention as full \
+         attention over the whole sequence, more work than the model does"
+    ))
 }
 
 /// The names transformers' configs give each size, in the order tried.
@@ -1093,12 +1206,7 @@ mod tests {
         // Read as the window and the layers that attend over it: GPT-OSS's
         // every other layer, Mistral 7B v0.1's every one (0), none where
         // Qwen2 turns it off; Llama 4's chunks as chunks.
-        let window = |text: &str| {
-            let m = ModelSpec::from_hf_config(text, "w", None).unwrap();
-            (m.sliding_window, m.window_layers)
-        };
-        let base = r#""hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
-            "num_hidden_layers": 4, "vocab_size": 256, "hidden_act": "silu""#;
+        let base = WINDOW_BASE;
         let oss = format!(
             r#"{{{base}, "sliding_window": 128, "layer_types": ["sliding_attention",
             "full_attention", "sliding_attention", "full_attention"]}}"#
@@ -1122,6 +1230,104 @@ mod tests {
         let no_width = format!(r#"{{{base}, "layer_types": ["sliding_attention"]}}"#);
         assert_eq!(window(&no_width), (0, 0));
         assert!(hf_notes(&no_width)[0].contains("but not their width"));
+    }
+
+    /// A config's window and its windowed layers, as the model reads them.
+    fn window(text: &str) -> (u64, u64) {
+        let m = ModelSpec::from_hf_config(text, "w", None).unwrap();
+        (m.sliding_window, m.window_layers)
+    }
+
+    /// A small dense config's fields, to add a window's to.
+    const WINDOW_BASE: &str = r#""hidden_size": 64, "intermediate_size": 128,
+        "num_attention_heads": 4, "num_hidden_layers": 4, "vocab_size": 256,
+        "hidden_act": "silu""#;
+
+    /// Windows given in other fields: GPT-Neo's `window_size` on its
+    /// `local` layers (listed, or as `attention_types` groups); an
+    /// encoder's window around each token (ModernBERT's `local_attention`
+    /// on its sliding layers, Longformer's `attention_window`, the widest
+    /// of a list) as a causal window of half its width, which does the same
+    /// work; attention the planner does not price as what it is, noted.
+    #[test]
+    fn windows_of_gpt_neo_and_of_encoders() {
+        let base = WINDOW_BASE;
+        let neo = format!(
+            r#"{{{base}, "model_type": "gpt_neo", "window_size": 256,
+            "attention_types": [[["global", "local"], 2]]}}"#
+        );
+        assert_eq!(window(&neo), (256, 2));
+        assert!(hf_notes(&neo)[0].contains(
+            "2 layers' attention a window of 256 tokens \
+            (window_size, attention_layers)"
+        ));
+        let listed = neo.replace(
+            r#""attention_types": [[["global", "local"], 2]]"#,
+            r#""attention_layers": ["local", "local", "local", "global"]"#,
+        );
+        assert_eq!(window(&listed), (256, 3));
+        let global = neo.replace(r#"["global", "local"]"#, r#"["global", "global"]"#);
+        assert_eq!(window(&global), (0, 0));
+        assert!(hf_notes(&global).is_empty());
+        // GPT-Neo 2.7B's halves, at its 2,048 tokens: the local layers take
+        // 2 x 256 - 256^2 / 2048 = 480 keys, the mean (2048 + 480) / 2.
+        let neo = format!(
+            r#"{{{base}, "window_size": 256, "max_position_embeddings": 2048,
+            "attention_types": [[["global", "local"], 2]]}}"#
+        );
+        let m = ModelSpec::from_hf_config(&neo, "n", None).unwrap();
+        assert_eq!(m.attention_span(), (2048.0 + 480.0) / 2.0);
+        let modernbert = format!(
+            r#"{{{base}, "model_type": "modernbert", "local_attention": 128,
+            "layer_types": ["full_attention", "sliding_attention", "sliding_attention",
+            "full_attention"]}}"#
+        );
+        assert_eq!(window(&modernbert), (64, 2));
+        let notes = hf_notes(&modernbert);
+        assert!(
+            notes[0].contains(
+                "a window of 128 tokens around each token (local_attention, \
+                layer_types); the planner prices their attention over it, as a causal window \
+                of 64 does the same work"
+            ),
+            "{notes:?}"
+        );
+        // transformers' ModernBERT decoder writes the half as
+        // `sliding_window`, which it is.
+        let decoder = modernbert.replace(
+            r#""local_attention": 128"#,
+            r#""local_attention": 128,
+            "sliding_window": 64"#,
+        );
+        assert_eq!(window(&decoder), (64, 2));
+        let longformer = format!(r#"{{{base}, "attention_window": [512, 256, 512, 512]}}"#);
+        assert_eq!(window(&longformer), (256, 0));
+        let notes = hf_notes(&longformer);
+        assert!(notes[0].contains("its layers' attention a window of 512 tokens around"));
+        assert!(
+            notes[1].contains("the planner prices only the window"),
+            "{notes:?}"
+        );
+        // A two-sided window of W = 512 over s = 4096: W - W^2 / 4s keys.
+        let m = ModelSpec::from_hf_config(&longformer, "l", Some(4096)).unwrap();
+        assert_eq!(m.attention_span(), 512.0 - 512.0 * 512.0 / (4.0 * 4096.0));
+        for (fields, what) in [
+            (
+                r#""attention_type": "block_sparse", "block_size": 64"#,
+                "block-sparse",
+            ),
+            (r#""num_landmarks": 64"#, "landmarks"),
+            (r#""model_type": "yoso""#, "hashing"),
+            (r#""model_type": "mra""#, "multi-resolution"),
+        ] {
+            let text = format!("{{{base}, {fields}}}");
+            assert_eq!(window(&text), (0, 0));
+            let notes = hf_notes(&text);
+            assert!(
+                notes.len() == 1 && notes[0].contains(what) && notes[0].contains("full attention"),
+                "{notes:?}"
+            );
+        }
     }
 
     /// Mixtures of experts as transformers writes them: Mixtral (experts of

@@ -11,7 +11,10 @@ attention and state-space or recurrent layers (Bamba, Falcon-H1, Zamba,
 RecurrentGemma), the recurrent models (Mamba, xLSTM, HRM's cycles),
 Reformer's hashed attention, a config without its top-k and the
 encoder-decoder model are refused,
-each naming what it cannot take (docs/planner.md, "The model")."""
+each naming what it cannot take (docs/planner.md, "The model"); and
+attention over a window given in another field than `sliding_window`
+(GPT-Neo's, ModernBERT's, Longformer's) or approximated (BigBird,
+Nyströmformer, YOSO, MRA) plans with a note."""
 
 import json
 import os
@@ -146,3 +149,27 @@ def test_a_config_the_planner_cannot_model_is_refused_by_name(tmp_path, name):
     r = plan(written(tmp_path, name))
     assert r.returncode == 2, r.stdout
     assert "config.json" in r.stderr and REFUSED[name] in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("name,note", [
+    # GPT-Neo's local layers and the encoders' windows around each token.
+    ("GPTNeoConfig", "12 layers' attention a window of 256 tokens (window_size, attention_layers)"),
+    ("ModernBertConfig", "a window of 128 tokens around each token (local_attention"),
+    ("ModernBertDecoderConfig", "a window of 64 tokens (sliding_window)"),
+    ("LongformerConfig", "a window of 512 tokens around each token (attention_window)"),
+    # Attention approximated otherwise, priced as full attention.
+    ("BigBirdConfig", "block-sparse attention"),
+    ("NystromformerConfig", "landmarks"),
+    ("YosoConfig", "hashing"),
+    ("MraConfig", "multi-resolution"),
+])
+def test_attention_over_a_window_or_approximated_is_priced_or_noted(tmp_path, name, note):
+    """Transformers' own configs whose attention is not full plan, the
+    window read from the fields each architecture gives it in (stop 58:
+    GPT-Neo's, ModernBERT's and Longformer's were priced over the whole
+    sequence without a word), and the approximations the planner does not
+    price said."""
+    r = plan(written(tmp_path, name))
+    assert r.returncode == 0, r.stderr
+    assert note in r.stderr, r.stderr
+    assert json.loads(r.stdout)["plan"]["step_time_simulated"] > 0
