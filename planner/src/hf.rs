@@ -832,6 +832,20 @@ pub fn hf_notes(text: &str) -> Vec<String> {
         None => {}
     }
     notes.extend(approximate_attention(map));
+    // Step 3.5's sliding layers run other heads than its full ones.
+    let heads = first(map, HEADS).and_then(|(_, v)| v.as_u64());
+    let sliding_heads = ["num_sliding_attention_heads", "swa_num_attention_heads"]
+        .iter()
+        .find_map(|&k| map.get(k).and_then(Value::as_u64).map(|n| (k, n)));
+    if let (Some(heads), Some((key, sliding))) = (heads, sliding_heads)
+        && windowed > 0
+        && sliding != heads
+    {
+        notes.push(format!(
+            "config.json gives its sliding layers {sliding} attention heads (`{key}`) where \
+             the others have {heads}; the planner prices every layer's attention at {heads}"
+        ));
+    }
     notes
 }
 
@@ -1328,6 +1342,24 @@ mod tests {
                 "{notes:?}"
             );
         }
+        // Step 3.5's sliding layers of other heads.
+        let step = format!(
+            r#"{{{base}, "sliding_window": 512, "num_sliding_attention_heads": 8,
+            "layer_types": ["sliding_attention", "full_attention"]}}"#
+        );
+        let notes = hf_notes(&step);
+        assert!(
+            notes[1].contains(
+                "its sliding layers 8 attention heads (`num_sliding_attention_heads`) \
+                where the others have 4; the planner prices every layer's attention at 4"
+            ),
+            "{notes:?}"
+        );
+        let same = step.replace(
+            "\"num_sliding_attention_heads\": 8",
+            "\"num_sliding_attention_heads\": 4",
+        );
+        assert_eq!(hf_notes(&same).len(), 1);
     }
 
     /// Mixtures of experts as transformers writes them: Mixtral (experts of
