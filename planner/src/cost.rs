@@ -763,8 +763,11 @@ fn moe_activation_bytes(model: &ModelSpec, micro_batch: u64, tp: u64) -> f64 {
 /// last stage runs a micro-batch's backward right after its forward, so
 /// only one is alive): `b s V / t` elements (vocabulary-parallel head),
 /// each taking what the framework's loss holds at its peak
-/// ([`crate::settings::LossKernel::bytes_per_logit`]): 6 bytes in bf16 with Megatron-Core's
-/// in-place loss, 12 with an eager framework's.
+/// ([`crate::settings::LossKernel::bytes_per_logit`]): 6 bytes in bf16
+/// with Megatron-Core's in-place loss, 12 with an eager framework's. With
+/// `n` multi-token-prediction heads, whose losses run one after another in
+/// the forward, the last one's peak and what the `n` before it keep for
+/// their backward ([`crate::settings::LossKernel::kept_per_logit`]).
 pub fn logits_bytes(
     model: &ModelSpec,
     settings: &TrainingSettings,
@@ -772,7 +775,9 @@ pub fn logits_bytes(
     tp: u64,
 ) -> f64 {
     let elements = (micro_batch * model.seq_len) as f64 * model.vocab as f64 / tp.max(1) as f64;
-    elements * settings.loss.bytes_per_logit(settings.dtype.bytes() as f64)
+    let e = settings.dtype.bytes() as f64;
+    let earlier = model.mtp_layers as f64 * settings.loss.kept_per_logit(e);
+    elements * (settings.loss.bytes_per_logit(e) + earlier)
 }
 
 /// The largest transient buffers of one layer's pass on each of `tp` chips
@@ -1008,9 +1013,8 @@ fn megatron_terms(
     // layer's (and, on a one-stage pipeline, long after the loss's): the
     // workspace adds what it needs beyond both.
     let layer = recomputed + layer_workspace_bytes(model, settings, stage, mb.size);
-    // (Multi-token prediction keeps its heads' logits too.)
     let loss = match stage.holds_head() {
-        true => (1 + model.mtp_layers) as f64 * logits_bytes(model, settings, mb.size, stage.tp),
+        true => logits_bytes(model, settings, mb.size, stage.tp),
         false => 0.0,
     };
     let logits = (loss - layer).max(0.0);

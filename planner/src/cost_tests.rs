@@ -396,16 +396,22 @@ fn logits_workspace_and_reserve() {
     close(last.logits, 98_304_000.0 - 88_080_384.0);
     // Every loss kernel, in bf16 and in f32 (no f32 copy there).
     let elements = 16_384_000.0;
-    for (kernel, bf16, f32) in [
-        (LossKernel::InPlace, 6.0, 4.0),
-        (LossKernel::OutOfPlace, 10.0, 8.0),
-        (LossKernel::Cloned, 14.0, 12.0),
-        (LossKernel::Eager, 12.0, 12.0),
-        (LossKernel::Fused, 2.0, 4.0),
+    // With two multi-token-prediction heads, the two earlier heads keep
+    // what their backward reads (the f32 softmax; a fused kernel's bf16
+    // gradient) while the last one's loss peaks.
+    let mut mtp = m.clone();
+    mtp.mtp_layers = 2;
+    for (kernel, bf16, f32, kept) in [
+        (LossKernel::InPlace, 6.0, 4.0, 4.0),
+        (LossKernel::OutOfPlace, 10.0, 8.0, 4.0),
+        (LossKernel::Cloned, 14.0, 12.0, 4.0),
+        (LossKernel::Eager, 12.0, 12.0, 4.0),
+        (LossKernel::Fused, 2.0, 4.0, 2.0),
     ] {
         let mut k = s.clone();
         k.loss = kernel;
         close(logits_bytes(&m, &k, 1, 8), elements * bf16);
+        close(logits_bytes(&mtp, &k, 1, 8), elements * (bf16 + 2.0 * kept));
         k.dtype = Dtype::F32;
         close(logits_bytes(&m, &k, 1, 8), elements * f32);
         assert_eq!(kernel.name().parse::<LossKernel>(), Ok(kernel));

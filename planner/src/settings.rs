@@ -100,6 +100,18 @@ impl LossKernel {
             .map_or("in-place", |(n, _)| n)
     }
 
+    /// Bytes a logit keeps once its loss's forward has run, until its
+    /// backward: the f32 softmax (or log-probabilities) the backward reads,
+    /// or a fused kernel's gradient in the logits' own buffer (`e`). What
+    /// a multi-token-prediction head's logits hold while the next head's
+    /// loss runs.
+    pub fn kept_per_logit(self, e: f64) -> f64 {
+        match self {
+            LossKernel::Fused => e,
+            _ => 4.0,
+        }
+    }
+
     /// Bytes a logit takes at the loss's peak, with `e` bytes an element
     /// of the compute dtype (4: f32, no separate f32 copy).
     pub fn bytes_per_logit(self, e: f64) -> f64 {
