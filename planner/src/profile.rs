@@ -1025,17 +1025,18 @@ pub(crate) fn apply_measured(
     let (embed, head) = (stage.holds_embedding(), stage.holds_head());
     let (mut f, mut b) =
         crate::measured::stage_passes(&costs, blocks as f64, blocks as f64, embed, head);
-    // Multi-token prediction's heads (its layers are among the blocks;
-    // its projection, `2h / V` of a head's work, 11% of DeepSeek-V3's, is
-    // left out).
+    // Multi-token prediction's heads and their projections (its layers
+    // are among the blocks): each projection's matmul does `2h / V` of a
+    // head's (`h x 2h` against `h x V`; 11% of DeepSeek-V3's), priced as
+    // that share of the measured head.
+    let projection = 2.0 * model.hidden as f64 / model.vocab.max(1) as f64;
+    let heads = 1.0 + model.mtp_layers as f64 * (1.0 + projection);
     if head {
-        let mtp = model.mtp_layers as f64;
-        f += mtp * costs.head_forward;
-        b += mtp * costs.head_backward;
+        f += (heads - 1.0) * costs.head_forward;
+        b += (heads - 1.0) * costs.head_backward;
     }
     // The weights' gradients' part: measured apart where the profile gives
     // it, else the cost model's share of the backward pass.
-    let heads = 1.0 + model.mtp_layers as f64;
     let measured_weights = blocks as f64 * costs.block_weight_grad
         + if head {
             heads * costs.head_weight_grad
@@ -1429,6 +1430,47 @@ mod tests {
         assert!(chip.measured_costs(2, 2).is_none());
         assert_eq!(chip.nearest_measured_tp(4), Some(1));
         assert_eq!(c.chip_types[1].nearest_measured_tp(1), None);
+    }
+
+    /// A multi-token-prediction layer on the measured last stage: a block
+    /// more, and the measured head again with its projection, `2h / V` of
+    /// a head's matmul (a quarter of Llama 7B's at 4,096 of 32,000 words).
+    #[test]
+    fn multi_token_prediction_takes_the_measured_head_again() {
+        use crate::cost::{Microbatching, StageShape, stage_timing};
+        let mut c = ClusterSpec::from_toml_str(include_str!(
+            "../../examples/clusters/china-mobile-3-vendor.toml"
+        ))
+        .unwrap();
+        let m = ModelSpec::llama_7b();
+        let mtp = ModelSpec {
+            mtp_layers: 1,
+            ..m.clone()
+        };
+        let name = c.chip_types[0].name.clone();
+        c.apply_profile(&file(vec![entry(&name, 2, 0.2)]), &m, &bf16())
+            .unwrap();
+        let forward = |model: &ModelSpec| {
+            let stage = StageShape {
+                chip: &c.chip_types[0],
+                layers: model.stage_layers(28..32, true),
+                index: 2,
+                num_stages: 3,
+                dp: 1,
+                tp: 1,
+                next: None,
+                dp_peers: &[],
+                dp_one_node: true,
+            };
+            let mb = Microbatching { size: 2, count: 4 };
+            stage_timing(model, &bf16(), &c, &stage, mb).forward
+        };
+        let close = |a: f64, b: f64| assert!((a - b).abs() <= 1e-9 * b, "{a} against {b}");
+        // Four blocks and the head (three blocks' time); then five blocks,
+        // the head twice and the projection.
+        close(forward(&m), 4.0 * 0.2 + 0.6);
+        let projection = 2.0 * 4096.0 / 32000.0;
+        close(forward(&mtp), 5.0 * 0.2 + 0.6 * (2.0 + projection));
     }
 
     /// Beyond the measured sizes a stage takes the nearest measurement
