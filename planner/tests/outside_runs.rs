@@ -1740,6 +1740,10 @@ fn the_cluster_model_scores_megatron_bridges_h100_runs() {
         settings.fp8 = run["settings"]["fp8"].as_bool().unwrap();
         settings.bf16_gradients = true;
         settings.overlap_grad_reduce = true;
+        // Transformer Engine's cross-entropy (Megatron-Bridge's performance
+        // scripts set `cross_entropy_fusion_impl = "te"`), which wrote the
+        // gradient into the logits until July 2026.
+        settings.loss = LossKernel::Fused;
         settings.zero_stage = run["settings"]["zero_stage"].as_u64().unwrap() as u8;
         settings.overlap_param_gather = settings.zero_stage == 1;
         settings.context_parallel = run["settings"]["context_parallel"].as_u64().unwrap();

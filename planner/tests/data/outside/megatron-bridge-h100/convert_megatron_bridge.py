@@ -123,6 +123,7 @@ out = {
     "settings": {"dtype": "bf16", "bf16_gradients": True, "flash_attention": True,
                  "sequence_parallel": True, "overlap_grad_reduce": True,
                  "overlap_param_gather": "with the distributed optimizer (zero_stage 1)",
+                 "loss": "fused",
                  "note": "fp8 (FP8 matmuls with current scaling), zero_stage, "
                          "context_parallel, expert_parallel, expert_tensor_parallel (0: the "
                          "tp) and recompute_modules (selective recomputation of them; none "
