@@ -171,11 +171,11 @@ pub struct Args {
     /// logit in bf16: in-place (Megatron-LM's vocabulary-parallel
     /// cross-entropy of 2020-22 and since June 2024, Megatron-Core's; 6),
     /// out-of-place (Megatron-LM 2022-24, Microsoft's Megatron-DeepSpeed;
-    /// 10), cloned
-    /// (Megatron-LM v1; 14), eager (PyTorch's cross_entropy over f32
-    /// logits; 12) or fused (Transformer Engine's, the gradient written
-    /// into the logits; 2). Chip types counted as `polychip train` runs
-    /// (`framework = "polychip"`) keep their own. See docs/planner.md.
+    /// 10), cloned (Megatron-LM v1; 14), eager (PyTorch's cross_entropy
+    /// over f32 logits; 12) or fused (Transformer Engine's before July
+    /// 2026, the gradient written into the logits; 2). Chip types counted
+    /// as `polychip train` runs (`framework = "polychip"`) keep their own.
+    /// See docs/planner.md.
     #[arg(long, value_name = "KIND")]
     loss: Option<LossKernel>,
     /// The pipelines' schedule: 1f1b (Megatron-LM's and DeepSpeed's, the

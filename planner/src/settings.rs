@@ -57,8 +57,8 @@ pub enum LossKernel {
     /// the forward, the f32 gradient beside its cast in the backward), 4
     /// in f32. Megatron-LM from March 2020 to September 2022 and again
     /// since June 2024 (Megatron-Core's `vocab_parallel_cross_entropy`
-    /// and its `native` fused form; Megatron-Bridge, NeMo), BigScience's
-    /// Megatron-DeepSpeed. The default.
+    /// and its `native` fused form; Megatron-Bridge's recipes, NeMo),
+    /// BigScience's Megatron-DeepSpeed. The default.
     #[default]
     InPlace,
     /// As [`Self::InPlace`] but the maximum subtracted into a new f32
@@ -76,9 +76,10 @@ pub enum LossKernel {
     /// and in f32.
     Eager,
     /// A fused kernel that writes the gradient into the logits' own
-    /// buffer in the forward (Transformer Engine's parallel
-    /// cross-entropy, Megatron-LM's `--cross-entropy-fusion-impl te`):
-    /// `e` bytes.
+    /// buffer in the forward: `e` bytes. Transformer Engine's parallel
+    /// cross-entropy (Megatron-LM's `--cross-entropy-fusion-impl te`,
+    /// Megatron-Bridge's performance scripts) until July 2026, when it
+    /// began keeping the gradient in f32 ([`Self::InPlace`]'s bytes).
     Fused,
 }
 
