@@ -746,8 +746,9 @@ impl ModelSpec {
 /// (`indexed_attention` layers, DeepSeek-V3.2's and GLM-5's), priced over
 /// the whole sequence and without its indexer; attention approximated in
 /// other ways (BigBird's, Nyströmformer's, YOSO's, MRA's, Longformer's
-/// global tokens), priced as full attention; multi-token-prediction layers (DeepSeek-V3's, GLM-4.5's
-/// `num_nextn_predict_layers`), which it leaves out.
+/// global tokens), priced as full attention; multi-token-prediction layers
+/// (DeepSeek-V3's, GLM-4.5's `num_nextn_predict_layers`), which it leaves
+/// out; sliding layers of other heads than the full ones (Step 3.5's).
 pub fn hf_notes(text: &str) -> Vec<String> {
     let Ok(Value::Object(root)) = polychip_files::parse_json_value(text) else {
         return Vec::new();
