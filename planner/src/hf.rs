@@ -758,14 +758,17 @@ pub fn hf_notes(text: &str) -> Vec<String> {
         _ => &root,
     };
     let mut notes = Vec::new();
+    // Layers a config says attend over a window or chunks (GPT-Neo's
+    // `local` ones among them), whatever it gives of the width.
     let windowed = match map.get("layer_types") {
         Some(Value::Array(types)) => types
             .iter()
             .filter_map(Value::as_str)
             .filter(|t| t.contains("sliding") || t.contains("chunked"))
-            .count(),
+            .count() as u64,
         _ => 0,
-    };
+    }
+    .saturating_add(gpt_neo_local_layers(map).unwrap_or(0));
     if let Some(n) = map
         .get("num_nextn_predict_layers")
         .and_then(Value::as_u64)
@@ -827,8 +830,9 @@ pub fn hf_notes(text: &str) -> Vec<String> {
             });
         }
         None if windowed > 0 => notes.push(format!(
-            "config.json gives {windowed} layers' attention a window or chunks (layer_types) \
-             but not their width; the planner prices it over the whole sequence"
+            "config.json gives {windowed} layers' attention a window or chunks (layer_types, \
+             attention_layers) but not their width; the planner prices it over the whole \
+             sequence"
         )),
         None => {}
     }
@@ -1281,6 +1285,9 @@ mod tests {
             r#""attention_layers": ["local", "local", "local", "global"]"#,
         );
         assert_eq!(window(&listed), (256, 3));
+        let no_width = neo.replace(r#""window_size": 256,"#, "");
+        assert_eq!(window(&no_width), (0, 0));
+        assert!(hf_notes(&no_width)[0].contains("2 layers' attention a window or chunks"));
         let global = neo.replace(r#"["global", "local"]"#, r#"["global", "global"]"#);
         assert_eq!(window(&global), (0, 0));
         assert!(hf_notes(&global).is_empty());
