@@ -643,6 +643,30 @@ fn the_loss_kernel_decides_whether_the_last_stage_fits() {
     let (code, _, err) = evaluate(&["--loss", "chunked"]);
     assert_eq!(code, Some(2));
     assert!(err.contains("unknown loss kernel `chunked`"), "{err}");
+    // A report records its kernel, and --evaluate prices it under it
+    // unless the flag says otherwise, which it notes.
+    let cluster = example("china-mobile-3-vendor.toml");
+    let (code, report, err) = plan_with(&cluster, "llama-7b", &["--loss", "eager", "--json"]);
+    assert_eq!(code, Some(0), "{err}");
+    let json: serde_json::Value = serde_json::from_str(&report).unwrap();
+    assert_eq!(json["settings"]["loss"], "eager");
+    let file = dir.join("report.json");
+    std::fs::write(&file, &report).unwrap();
+    let file = file.to_str().unwrap();
+    let (code, out, err) = plan_with(&cluster, "llama-7b", &["--evaluate", file]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.starts_with("settings: bf16, eager loss\n"), "{out}");
+    let (code, out, err) = plan_with(
+        &cluster,
+        "llama-7b",
+        &["--evaluate", file, "--loss", "fused"],
+    );
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        err.contains("(--loss fused for eager); evaluated under the flags'"),
+        "{err}"
+    );
+    assert!(out.starts_with("settings: bf16, fused loss\n"), "{out}");
 }
 
 /// `--expert-tensor-parallel 1` beside tp 2 (Qwen3-235B-A22B's H100
