@@ -540,13 +540,20 @@ fn plan(args: &Args) -> Result<(), String> {
         })?;
         let scores = validate::scores(&scored);
         if args.json {
-            let doc = serde_json::json!({ "runs": scored, "scores": scores });
+            let doc = serde_json::json!({ "settings": settings, "runs": scored, "scores": scores });
             println!(
                 "{}",
                 serde_json::to_string_pretty(&doc).map_err(|e| e.to_string())?
             );
         } else {
-            print!("{}", printable_lines(&scores_table(&scored, &scores)));
+            // The settings every run was priced under, as the other
+            // outputs open.
+            let text = format!(
+                "{}{}",
+                settings_line(&settings),
+                scores_table(&scored, &scores)
+            );
+            print!("{}", printable_lines(&text));
         }
         return Ok(());
     }

@@ -833,9 +833,22 @@ fn score_ranks_measured_outside_runs_and_says_each_outcome() {
         s["median_memory_error"].as_f64().unwrap().abs() < 0.5,
         "{s}"
     );
-    // The table says the same.
+    // The settings the runs file gives, the loss at its default.
+    assert_eq!(v["settings"]["dtype"], "f32");
+    assert_eq!(v["settings"]["flash_attention"], false);
+    assert!(v["settings"].get("loss").is_none(), "{}", v["settings"]);
+    // The table says the same, under the settings' line.
     let (code, table, err) = score(&[]);
     assert_eq!(code, Some(0), "{err}");
+    assert_eq!(
+        table.lines().next(),
+        Some("settings: f32, no flash attention")
+    );
+    let (_, eager, _) = score(&["--loss", "eager"]);
+    assert_eq!(
+        eager.lines().next(),
+        Some("settings: f32, no flash attention, eager loss")
+    );
     assert!(
         table.contains("10 runs that ran (ranked by seconds per sequence): Spearman ")
             && table.contains(&format!("predicted to fit but did not run: {failed}")),
