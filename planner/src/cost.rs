@@ -845,6 +845,37 @@ pub fn embedding_mask_bytes(
     }
 }
 
+/// Bytes each multi-token-prediction layer's prologue keeps per micro-batch
+/// in flight on the stage holding the head (0 on the others), beyond its
+/// transformer layer, which is among the stage's layers: the next tokens'
+/// embedding its norm keeps (`h` elements a token) and the concatenation
+/// of that norm's and the hidden state's norm's outputs the `2h -> h`
+/// projection keeps (`2h`), in the compute dtype; under full recomputation
+/// (Megatron-LM checkpoints the projection with the layer) the embedding
+/// alone. Split over the `t` chips with sequence parallelism, whole on
+/// each without.
+pub fn mtp_prologue_bytes(
+    model: &ModelSpec,
+    settings: &TrainingSettings,
+    stage: &StageShape,
+    micro_batch: u64,
+) -> f64 {
+    if !stage.holds_head() || model.mtp_layers == 0 {
+        return 0.0;
+    }
+    let width = match settings.recompute {
+        Recompute::Full => 1.0,
+        _ => 3.0,
+    };
+    let split = match settings.sequence_parallel {
+        true => stage.tp.max(1) as f64,
+        false => 1.0,
+    };
+    let tokens = (micro_batch * model.seq_len) as f64;
+    let e = settings.dtype.bytes() as f64;
+    model.mtp_layers as f64 * tokens * width * model.hidden as f64 * e / split
+}
+
 /// A per-layer figure's mean and largest over a range of layers
 /// ([`over_kinds`]).
 #[derive(Debug, Clone, Copy)]
@@ -1004,7 +1035,8 @@ fn megatron_terms(
         * (split.whole * whole
             + split.checkpoints * checkpoint_bytes(model, settings, mb.size, stage.tp))
         + recomputed
-        + kept * embedding_mask_bytes(model, settings, stage, mb.size);
+        + kept * embedding_mask_bytes(model, settings, stage, mb.size)
+        + kept * mtp_prologue_bytes(model, settings, stage, mb.size);
     // The loss's buffers are freed before the last layer's backward (and,
     // under full recomputation, its recomputed forward) starts: they never
     // coexist with that layer's working set and backward transients, so

@@ -1500,6 +1500,23 @@ fn multi_token_prediction_runs_on_the_last_stage() {
     );
     assert!(mem.logits > mem0.logits, "{} {}", mem.logits, mem0.logits);
     assert!(mem.total > mem0.total);
+    // Its prologue keeps the next tokens' embedding and the concatenated
+    // `2h` (bf16, split over tp 2 with sequence parallelism): on the last
+    // stage only, the embedding alone under full recomputation, whole on
+    // each chip without sequence parallelism.
+    let tokens = mtp.seq_len as f64;
+    let prologue = |s: &TrainingSettings, st: &StageShape| mtp_prologue_bytes(&mtp, s, st, 1);
+    close(prologue(&s, &with), tokens * 3.0 * 4096.0 * 2.0 / 2.0);
+    assert_eq!(prologue(&s, &shape(&c, 4..8, 1, 8, 2)), 0.0);
+    assert_eq!(mtp_prologue_bytes(&m, &s, &without, 1), 0.0);
+    let mut full = s.clone();
+    full.recompute = Recompute::Full;
+    close(prologue(&full, &with), tokens * 4096.0 * 2.0 / 2.0);
+    let mut whole = s.clone();
+    whole.sequence_parallel = false;
+    close(prologue(&whole, &with), tokens * 3.0 * 4096.0 * 2.0);
+    let kept = kept_micro_batches(&s, &with, ONE);
+    assert!(mem.activations - mem0.activations >= kept * prologue(&s, &with));
     // The other stages are as they were.
     let middle = shape(&c, mtp.stage_layers(4..8, false), 1, 8, 2);
     close(timing(&mtp, &middle).forward, timing(&m, &middle).forward);
