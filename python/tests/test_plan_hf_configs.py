@@ -165,10 +165,10 @@ def test_a_config_the_planner_cannot_model_is_refused_by_name(tmp_path, name):
 ])
 def test_attention_over_a_window_or_approximated_is_priced_or_noted(tmp_path, name, note):
     """Transformers' own configs whose attention is not full plan, the
-    window read from the fields each architecture gives it in (stop 58:
-    GPT-Neo's, ModernBERT's and Longformer's were priced over the whole
-    sequence without a word), and the approximations the planner does not
-    price said."""
+    window read from the fields each architecture gives it in (until stop
+    58 GPT-Neo's, ModernBERT's and Longformer's were priced over the whole
+    sequence, only ModernBERT's with a note), and the approximations the
+    planner does not price said."""
     r = plan(written(tmp_path, name))
     assert r.returncode == 0, r.stderr
     assert note in r.stderr, r.stderr
