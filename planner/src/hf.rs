@@ -645,13 +645,13 @@ impl ModelSpec {
             },
         };
         let vocab = fields.size(VOCAB)?;
-        let window = attention_window(map, layers);
         let context = fields.optional_size(CONTEXT)?;
         let seq_len = match (seq_len, context) {
             (Some(s), _) => s,
             (None, Some(c)) => c.min(DEFAULT_SEQ_LEN),
             (None, None) => DEFAULT_SEQ_LEN,
         };
+        let window = attention_window(map, layers).or_else(|| block_sparse(map, seq_len));
         // transformers' default when a config leaves it out is tied.
         let tied = match fields.get("tie_word_embeddings") {
             None => true,
@@ -744,9 +744,10 @@ impl ModelSpec {
 /// window but counts as full attention's FLOPs and activations, or whose
 /// width the config does not give; sparse attention over indexed keys
 /// (`indexed_attention` layers, DeepSeek-V3.2's and GLM-5's), priced over
-/// the whole sequence and without its indexer; attention approximated in
-/// other ways (BigBird's, Nyströmformer's, YOSO's, MRA's, Longformer's
-/// global tokens), priced as full attention; multi-token-prediction layers
+/// the whole sequence and without its indexer; BigBird's block-sparse
+/// attention, priced by its mean keys; attention approximated in other ways
+/// (Nyströmformer's, YOSO's, MRA's, Longformer's global tokens), priced as
+/// full attention; multi-token-prediction layers
 /// (DeepSeek-V3's, GLM-4.5's `num_nextn_predict_layers`), which it leaves
 /// out; sliding layers of other heads than the full ones (Step 3.5's).
 pub fn hf_notes(text: &str) -> Vec<String> {
@@ -958,6 +959,41 @@ fn attention_window(map: &Map<String, Value>, layers: u64) -> Option<Window> {
     })
 }
 
+/// BigBird's block-sparse attention (`attention_type` "block_sparse") over
+/// `s` tokens in blocks of `b` (`block_size`) with `r` random blocks
+/// (`num_random_blocks`), as the causal window that does its work: the
+/// first and last blocks of queries attend every key, each other block
+/// three sliding blocks, the first and the last and `r` random ones, so a
+/// query attends `K = ((s/b - 2)(5 + r) b + 2 s) / (s/b)` keys on the mean,
+/// and a causal window of `w = s (1 - sqrt(1 - K/s))` does as much (`2 w -
+/// w^2/s = K`). `None` (full attention) where BigBird runs full attention:
+/// a sequence of at most `(5 + 2r) b` tokens.
+fn block_sparse(map: &Map<String, Value>, s: u64) -> Option<Window> {
+    if map.get("attention_type").and_then(Value::as_str) != Some("block_sparse") {
+        return None;
+    }
+    let b = map
+        .get("block_size")
+        .and_then(Value::as_u64)
+        .filter(|&b| b > 0)?;
+    let r = map.get("num_random_blocks").and_then(Value::as_u64)?;
+    let full = r.checked_mul(2)?.checked_add(5)?.checked_mul(b)?;
+    if s <= full {
+        return None;
+    }
+    let (s, b, r) = (s as f64, b as f64, r as f64);
+    let blocks = s / b;
+    let keys = (((blocks - 2.0) * (5.0 + r) * b + 2.0 * s) / blocks).min(s);
+    let width = (s * (1.0 - (1.0 - keys / s).sqrt())).round() as u64;
+    Some(Window {
+        width: width.max(1),
+        chunked: false,
+        layers: 0,
+        fields: "attention_type, block_size, num_random_blocks",
+        total: None,
+    })
+}
+
 /// GPT-Neo's local (windowed) layers: the `local` entries of
 /// `attention_layers`, or of `attention_types` (`[[kinds, repeats], ...]`)
 /// unrolled; `None` when the config gives neither.
@@ -979,16 +1015,24 @@ fn gpt_neo_local_layers(map: &Map<String, Value>) -> Option<u64> {
     Some(local)
 }
 
-/// A sentence for attention a config approximates in ways the planner does
-/// not price (it prices such attention over the whole sequence): BigBird's
-/// block-sparse attention, Nyströmformer's landmarks, YOSO's and MRA's
-/// approximations, Longformer's global tokens.
+/// A sentence for attention a config approximates: BigBird's block-sparse
+/// attention, which the planner prices by its mean keys ([`block_sparse`]),
+/// and what it does not price (it prices such attention over the whole
+/// sequence): Nyströmformer's landmarks, YOSO's and MRA's approximations,
+/// Longformer's global tokens.
 fn approximate_attention(map: &Map<String, Value>) -> Option<String> {
     let model_type = map.get("model_type").and_then(Value::as_str).unwrap_or("");
     let what = match model_type {
         _ if map.get("attention_type").and_then(Value::as_str) == Some("block_sparse") => {
-            "block-sparse attention (BigBird's `attention_type`: each block of queries over a \
-             few blocks of keys once the sequence is long enough)"
+            return Some(
+                "config.json describes block-sparse attention (BigBird's `attention_type`, \
+                 `block_size`, `num_random_blocks`); past `(5 + 2 r) b` tokens the planner \
+                 prices it by the keys a query attends on the mean, `((s/b - 2)(5 + r) b + \
+                 2 s) b / s`, as the causal window that does that work (the FLOP count and the \
+                 activations as full attention's), and below as full attention, as BigBird \
+                 runs it"
+                    .into(),
+            );
         }
         _ if map.contains_key("num_landmarks") => {
             "attention approximated through landmarks (Nyströmformer's `num_landmarks`)"
@@ -1334,10 +1378,6 @@ mod tests {
         let m = ModelSpec::from_hf_config(&longformer, "l", Some(4096)).unwrap();
         assert_eq!(m.attention_span(), 512.0 - 512.0 * 512.0 / (4.0 * 4096.0));
         for (fields, what) in [
-            (
-                r#""attention_type": "block_sparse", "block_size": 64"#,
-                "block-sparse",
-            ),
             (r#""num_landmarks": 64"#, "landmarks"),
             (r#""model_type": "yoso""#, "hashing"),
             (r#""model_type": "mra""#, "multi-resolution"),
@@ -1350,6 +1390,28 @@ mod tests {
                 "{notes:?}"
             );
         }
+        // BigBird's block-sparse attention at 4,096 tokens in blocks of 64
+        // with 3 random ones: (62 x 8 x 64 + 2 x 4096) / 64 = 624 keys a
+        // query on the mean, a causal window of 325 (2 x 325 - 325^2 /
+        // 4096 = 624.2); at 704 tokens or fewer BigBird attends fully.
+        let bigbird = format!(
+            r#"{{{base}, "attention_type": "block_sparse", "block_size": 64,
+            "num_random_blocks": 3, "max_position_embeddings": 4096}}"#
+        );
+        assert_eq!(window(&bigbird), (325, 0));
+        let m = ModelSpec::from_hf_config(&bigbird, "b", None).unwrap();
+        assert!(
+            (m.attention_span() - 624.0).abs() < 0.5,
+            "{}",
+            m.attention_span()
+        );
+        let m = ModelSpec::from_hf_config(&bigbird, "b", Some(704)).unwrap();
+        assert_eq!((m.sliding_window, m.attention_span()), (0, 704.0));
+        let notes = hf_notes(&bigbird);
+        assert!(
+            notes.len() == 1 && notes[0].contains("by the keys a query attends on the mean"),
+            "{notes:?}"
+        );
         // Step 3.5's sliding layers of other heads.
         let step = format!(
             r#"{{{base}, "sliding_window": 512, "num_sliding_attention_heads": 8,

@@ -13,8 +13,8 @@ Reformer's hashed attention, a config without its top-k and the
 encoder-decoder model are refused,
 each naming what it cannot take (docs/planner.md, "The model"); and
 attention over a window given in another field than `sliding_window`
-(GPT-Neo's, ModernBERT's, Longformer's) or approximated (BigBird,
-Nyströmformer, YOSO, MRA) plans with a note."""
+(GPT-Neo's, ModernBERT's, Longformer's), block-sparse (BigBird's) or
+approximated (Nyströmformer, YOSO, MRA) plans with a note."""
 
 import json
 import os
@@ -157,8 +157,9 @@ def test_a_config_the_planner_cannot_model_is_refused_by_name(tmp_path, name):
     ("ModernBertConfig", "a window of 128 tokens around each token (local_attention"),
     ("ModernBertDecoderConfig", "a window of 64 tokens (sliding_window)"),
     ("LongformerConfig", "a window of 512 tokens around each token (attention_window)"),
-    # Attention approximated otherwise, priced as full attention.
-    ("BigBirdConfig", "block-sparse attention"),
+    # BigBird's block-sparse attention, priced by its mean keys; attention
+    # approximated otherwise, priced as full attention.
+    ("BigBirdConfig", "by the keys a query attends on the mean"),
     ("NystromformerConfig", "landmarks"),
     ("YosoConfig", "hashing"),
     ("MraConfig", "multi-resolution"),
