@@ -394,7 +394,9 @@ fn logits_workspace_and_reserve() {
     // larger.
     assert_eq!((first.logits, mid.logits), (0.0, 0.0));
     close(last.logits, 98_304_000.0 - 88_080_384.0);
-    // Every loss kernel, in bf16 and in f32 (no f32 copy there).
+    // Every loss kernel, in bf16 and in f32 (no f32 copy there); at tp 1,
+    // 131,072,000 logits of 6 bytes (786 MB, docs/planner.md).
+    close(logits_bytes(&m, &s, 1, 1), 786_432_000.0);
     let elements = 16_384_000.0;
     // With two multi-token-prediction heads, the two earlier heads keep
     // what their backward reads (the f32 softmax; a fused kernel's bf16

@@ -1239,6 +1239,14 @@ mod tests {
         }
     }
 
+    /// The three-vendor example cluster (`examples/clusters/`).
+    fn three_vendor() -> ClusterSpec {
+        ClusterSpec::from_toml_str(include_str!(
+            "../../examples/clusters/china-mobile-3-vendor.toml"
+        ))
+        .unwrap()
+    }
+
     fn bf16() -> crate::settings::TrainingSettings {
         let mut s = crate::settings::TrainingSettings::new(1);
         s.dtype = Dtype::Bf16;
@@ -1277,10 +1285,7 @@ mod tests {
     /// an optimizer step of over an hour; a real entry is not.
     #[test]
     fn times_faster_than_the_peak_or_over_an_hour_are_flagged() {
-        let c = ClusterSpec::from_toml_str(include_str!(
-            "../../examples/clusters/china-mobile-3-vendor.toml"
-        ))
-        .unwrap();
+        let c = three_vendor();
         let (chip, model) = (&c.chip_types[0], ModelSpec::llama_7b());
         // One LLaMA-7B block on 4 sequences of 4096 is about 3.6 TFLOP
         // forward and backward: at 40% of the peak it takes seconds.
@@ -1381,10 +1386,7 @@ mod tests {
 
     #[test]
     fn interpolates_between_sizes_and_scales_beyond_them() {
-        let mut c = ClusterSpec::from_toml_str(include_str!(
-            "../../examples/clusters/china-mobile-3-vendor.toml"
-        ))
-        .unwrap();
+        let mut c = three_vendor();
         let name = c.chip_types[0].name.clone();
         let p = file(vec![entry(&name, 2, 1.0), entry(&name, 4, 3.0)]);
         let applied = c
@@ -1438,10 +1440,7 @@ mod tests {
     #[test]
     fn multi_token_prediction_takes_the_measured_head_again() {
         use crate::cost::{Microbatching, StageShape, stage_timing};
-        let mut c = ClusterSpec::from_toml_str(include_str!(
-            "../../examples/clusters/china-mobile-3-vendor.toml"
-        ))
-        .unwrap();
+        let mut c = three_vendor();
         let m = ModelSpec::llama_7b();
         let mtp = ModelSpec {
             mtp_layers: 1,
@@ -1481,10 +1480,7 @@ mod tests {
     #[test]
     fn extends_beyond_the_measured_sizes_growing_what_slow_kernels_explain() {
         use crate::cost::{Microbatching, StageShape, analytic_stage_timing, stage_timing};
-        let mut c = ClusterSpec::from_toml_str(include_str!(
-            "../../examples/clusters/china-mobile-3-vendor.toml"
-        ))
-        .unwrap();
+        let mut c = three_vendor();
         let (m, s) = (ModelSpec::llama_7b(), bf16());
         let name = c.chip_types[0].name.clone();
         let plain = c.clone();
@@ -1537,10 +1533,7 @@ mod tests {
     /// model, the first two scaled by the measured block over the model's.
     #[test]
     fn a_block_alone_is_completed_by_the_cost_model_scaled_to_it() {
-        let base = ClusterSpec::from_toml_str(include_str!(
-            "../../examples/clusters/china-mobile-3-vendor.toml"
-        ))
-        .unwrap();
+        let base = three_vendor();
         let name = base.chip_types[0].name.clone();
         let m = ModelSpec::llama_7b();
         let full = entry(&name, 2, 0.05);
@@ -1578,10 +1571,7 @@ mod tests {
 
     #[test]
     fn refuses_another_model_an_unknown_chip_and_bad_figures() {
-        let mut c = ClusterSpec::from_toml_str(include_str!(
-            "../../examples/clusters/china-mobile-3-vendor.toml"
-        ))
-        .unwrap();
+        let mut c = three_vendor();
         let p = file(vec![entry("no-such-chip", 2, 1.0)]);
         let err = c
             .apply_profile(&p, &ModelSpec::llama_13b(), &bf16())
@@ -1776,10 +1766,7 @@ mod tests {
     /// twice each way a block, and the rest is the measured passes.
     #[test]
     fn expert_parallelism_adds_its_exchange_to_measured_blocks() {
-        let mut c = ClusterSpec::from_toml_str(include_str!(
-            "../../examples/clusters/china-mobile-3-vendor.toml"
-        ))
-        .unwrap();
+        let mut c = three_vendor();
         let model = ModelSpec::mixtral_8x7b();
         let name = c.chip_types[0].name.clone();
         let profile = ProfileFile {

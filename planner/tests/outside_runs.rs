@@ -425,6 +425,8 @@ struct AmpFigures {
     error_profile: f64,
     rho_amp: f64,
     agree: usize,
+    /// Outcomes predicted under the in-place loss, not v1's.
+    agree_in_place: usize,
     runs: usize,
     empty: usize,
 }
@@ -528,6 +530,22 @@ fn score_amp(runs_file: &str, cluster_name: &str, profiled_types: usize) -> AmpF
         "  outcome predicted for {agree}/{} runs ({empty} with a stage of no layer)",
         runs.len()
     );
+    // The same plans under Megatron-Core's in-place loss (6 bytes a logit
+    // where v1's holds 14): the loss's version decides these outcomes.
+    let mut in_place = settings.clone();
+    in_place.loss = LossKernel::InPlace;
+    let agree_in_place = specs
+        .iter()
+        .zip(runs)
+        .filter(|(spec, r)| {
+            let ev = evaluate(spec, &model, &cluster, &in_place).unwrap();
+            ev.fits == r["ran"].as_bool().unwrap()
+        })
+        .count();
+    println!(
+        "  outcome predicted for {agree_in_place}/{} runs at Megatron-Core's in-place loss",
+        runs.len()
+    );
     for d in [100e-6, 200e-6, 300e-6] {
         let swept = score(&crate::cluster(cluster_name, Some(d)));
         let p = ran_only(&|i| swept[i].plan.step_time_simulated);
@@ -564,6 +582,7 @@ fn score_amp(runs_file: &str, cluster_name: &str, profiled_types: usize) -> AmpF
         error_profile: median_error(&q, &m, 1.0),
         rho_amp,
         agree,
+        agree_in_place,
         runs: runs.len(),
         empty,
     }
@@ -604,6 +623,9 @@ fn the_cluster_model_scores_amps_heterogeneous_runs() {
         f.rho_amp
     );
     assert!(f.agree >= 50, "{}/{} outcomes", f.agree, f.runs);
+    // At Megatron-Core's in-place loss, 47: three failed runs predicted to
+    // fit.
+    assert!(f.agree_in_place < f.agree, "{}", f.agree_in_place);
 }
 
 /// AMP's homogeneous runs (`amp-homogeneous-runs.json`): the same GPT-2 on
@@ -629,6 +651,8 @@ fn the_cluster_model_scores_amps_homogeneous_runs() {
         f.error_profile
     );
     assert!(f.agree >= 51, "{}/{} outcomes", f.agree, f.runs);
+    // At Megatron-Core's in-place loss, 49.
+    assert!(f.agree_in_place < f.agree, "{}", f.agree_in_place);
 }
 
 /// One vTrain run scored without a profile: its name, predicted and
@@ -1740,10 +1764,12 @@ fn the_cluster_model_scores_megatron_bridges_h100_runs() {
         settings.fp8 = run["settings"]["fp8"].as_bool().unwrap();
         settings.bf16_gradients = true;
         settings.overlap_grad_reduce = true;
-        // Transformer Engine's cross-entropy (Megatron-Bridge's performance
-        // scripts set `cross_entropy_fusion_impl = "te"`), which wrote the
-        // gradient into the logits until July 2026.
-        settings.loss = LossKernel::Fused;
+        // The loss the runs file gives: Transformer Engine's cross-entropy
+        // (Megatron-Bridge's performance scripts set
+        // `cross_entropy_fusion_impl = "te"`), which wrote the gradient into
+        // the logits until July 2026.
+        settings.loss = runs["settings"]["loss"].as_str().unwrap().parse().unwrap();
+        assert_eq!(settings.loss, LossKernel::Fused);
         settings.zero_stage = run["settings"]["zero_stage"].as_u64().unwrap() as u8;
         settings.overlap_param_gather = settings.zero_stage == 1;
         settings.context_parallel = run["settings"]["context_parallel"].as_u64().unwrap();

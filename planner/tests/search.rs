@@ -164,26 +164,26 @@ fn default_is_within_two_percent_of_exhaustive_and_always_fits() {
 /// it stays within 2% of the exhaustive search.
 #[test]
 fn a_mixture_with_dense_first_layers_is_searched_and_fits() {
-    let mut rng = XorShift(0x51ed_270b_a3c4_1f27);
-    let (mut cases, mut feasible, mut close) = (0, 0, 0);
-    for _ in 0..60 {
-        let (cluster, dense, settings) = random_case(&mut rng);
-        if dense.layers < 3 {
-            continue;
-        }
-        let model = ModelSpec {
-            experts: 8,
-            experts_per_token: 2,
-            ffn: dense.ffn / 2,
-            dense_layers: rng.range(1, dense.layers / 2 + 1),
-            dense_ffn: dense.ffn,
-            ..dense
-        };
-        model.validate().unwrap();
-        cases += 1;
-        let (f, c) = searched_as_exhaustive(&model, &cluster, &settings, |_| {});
-        (feasible, close) = (feasible + f, close + c);
-    }
+    let (cases, feasible, close) = searched_random_models(
+        0x51ed_270b_a3c4_1f27,
+        60,
+        |rng, dense| {
+            if dense.layers < 3 {
+                return None;
+            }
+            let model = ModelSpec {
+                experts: 8,
+                experts_per_token: 2,
+                ffn: dense.ffn / 2,
+                dense_layers: rng.range(1, dense.layers / 2 + 1),
+                dense_ffn: dense.ffn,
+                ..dense
+            };
+            model.validate().unwrap();
+            Some(model)
+        },
+        |_, _| {},
+    );
     eprintln!("{cases} mixtures with dense first layers ({feasible} feasible): {close} within 2%");
     assert!(feasible >= cases / 3, "only {feasible} of {cases} feasible");
     assert!(close * 100 >= cases * 95, "{close}/{cases} within 2%");
@@ -196,28 +196,25 @@ fn a_mixture_with_dense_first_layers_is_searched_and_fits() {
 /// 2% of the exhaustive search.
 #[test]
 fn a_mixture_with_dense_layers_between_expert_ones_is_searched_and_fits() {
-    let mut rng = XorShift(0x6a09_e667_f3bc_c908);
-    let (mut cases, mut feasible, mut close) = (0, 0, 0);
-    for _ in 0..60 {
-        let (cluster, dense, settings) = random_case(&mut rng);
-        let step = rng.range(2, 4);
-        let model = ModelSpec {
-            experts: 8,
-            experts_per_token: 2,
-            ffn: dense.ffn / 2,
-            dense_layers: rng.range(0, 3).min(dense.layers.saturating_sub(step)),
-            dense_ffn: dense.ffn,
-            moe_layer_step: step,
-            moe_layer_offset: rng.range(0, step),
-            ..dense
-        };
-        if model.validate().is_err() {
-            continue;
-        }
-        cases += 1;
-        let (f, c) = searched_as_exhaustive(&model, &cluster, &settings, |_| {});
-        (feasible, close) = (feasible + f, close + c);
-    }
+    let (cases, feasible, close) = searched_random_models(
+        0x6a09_e667_f3bc_c908,
+        60,
+        |rng, dense| {
+            let step = rng.range(2, 4);
+            let model = ModelSpec {
+                experts: 8,
+                experts_per_token: 2,
+                ffn: dense.ffn / 2,
+                dense_layers: rng.range(0, 3).min(dense.layers.saturating_sub(step)),
+                dense_ffn: dense.ffn,
+                moe_layer_step: step,
+                moe_layer_offset: rng.range(0, step),
+                ..dense
+            };
+            model.validate().is_ok().then_some(model)
+        },
+        |_, _| {},
+    );
     eprintln!("{cases} alternating mixtures ({feasible} feasible): {close} within 2%");
     assert!(
         cases >= 30 && feasible >= cases / 3,
@@ -232,17 +229,18 @@ fn a_mixture_with_dense_layers_between_expert_ones_is_searched_and_fits() {
 /// of the exhaustive search.
 #[test]
 fn a_model_with_multi_token_prediction_is_searched_and_fits() {
-    let mut rng = XorShift(0x3c6e_f372_fe94_f82b);
-    let (mut cases, mut feasible, mut close) = (0, 0, 0);
-    for _ in 0..40 {
-        let (cluster, dense, settings) = random_case(&mut rng);
-        let model = ModelSpec {
-            mtp_layers: rng.range(1, 3),
-            ..dense
-        };
-        model.validate().unwrap();
-        cases += 1;
-        let (f, c) = searched_as_exhaustive(&model, &cluster, &settings, |de| {
+    let (cases, feasible, close) = searched_random_models(
+        0x3c6e_f372_fe94_f82b,
+        40,
+        |rng, dense| {
+            let model = ModelSpec {
+                mtp_layers: rng.range(1, 3),
+                ..dense
+            };
+            model.validate().unwrap();
+            Some(model)
+        },
+        |model, de| {
             for r in &de.plan.replicas {
                 let last = r.stages.len() - 1;
                 for (i, s) in r.stages.iter().enumerate() {
@@ -250,14 +248,37 @@ fn a_model_with_multi_token_prediction_is_searched_and_fits() {
                     assert_eq!(s.mtp_layers, want, "{}", brief(de));
                 }
             }
-        });
-        (feasible, close) = (feasible + f, close + c);
-    }
+        },
+    );
     eprintln!(
         "{cases} models with multi-token prediction ({feasible} feasible): {close} within 2%"
     );
     assert!(feasible >= cases / 3, "only {feasible} of {cases} feasible");
     assert!(close * 100 >= cases * 95, "{close}/{cases} within 2%");
+}
+
+/// `rounds` random cases (seeded by `seed`), each dense model made into
+/// another by `build` (`None`: the case is skipped), each searched as
+/// [`searched_as_exhaustive`] with `check` given the model: (cases
+/// searched, feasible, within 2%).
+fn searched_random_models(
+    seed: u64,
+    rounds: usize,
+    mut build: impl FnMut(&mut XorShift, ModelSpec) -> Option<ModelSpec>,
+    check: impl Fn(&ModelSpec, &PlanReport),
+) -> (usize, usize, usize) {
+    let mut rng = XorShift(seed);
+    let (mut cases, mut feasible, mut close) = (0, 0, 0);
+    for _ in 0..rounds {
+        let (cluster, dense, settings) = random_case(&mut rng);
+        let Some(model) = build(&mut rng, dense) else {
+            continue;
+        };
+        cases += 1;
+        let (f, c) = searched_as_exhaustive(&model, &cluster, &settings, |de| check(&model, de));
+        (feasible, close) = (feasible + f, close + c);
+    }
+    (cases, feasible, close)
 }
 
 /// The search and the exhaustive search of one case: (1 if they found a
