@@ -517,6 +517,12 @@ impl ModelSpec {
         };
         let fields = Fields { map, bad: &bad };
         let declared = first(map, EXPERTS);
+        if let Some((key, v)) = declared.filter(|(_, v)| v.as_u64().is_none()) {
+            return Err(bad(format!(
+                "config.json has `{key}` = {v}, not a count of experts (a whole number; 0 or 1 \
+                 for a dense model)"
+            )));
+        }
         let routed = declared.and_then(|(_, v)| v.as_u64()).filter(|&e| e > 1);
         // (A known name of 1 or 0 says the model is dense: HunYuan's
         // `num_experts` of 1 beside its top-k.)
@@ -532,6 +538,15 @@ impl ModelSpec {
         }
         if let Some(why) = unmodelled_layers(&fields) {
             return Err(bad(why));
+        }
+        // Switches read as true or false: another value is refused, not
+        // read as false.
+        for key in ["is_encoder_decoder", "multi_query", "use_sliding_window"] {
+            if let Some(v) = fields.get(key).filter(|v| !v.is_boolean()) {
+                return Err(bad(format!(
+                    "config.json has `{key}` = {v:.200}, not true or false"
+                )));
+            }
         }
         if fields.get("is_encoder_decoder").and_then(Value::as_bool) == Some(true) {
             return Err(bad(
@@ -651,6 +666,7 @@ impl ModelSpec {
             (None, Some(c)) => c.min(DEFAULT_SEQ_LEN),
             (None, None) => DEFAULT_SEQ_LEN,
         };
+        check_attention_fields(&fields, layers)?;
         let window = attention_window(map, layers).or_else(|| block_sparse(map, seq_len));
         // transformers' default when a config leaves it out is tied.
         let tied = match fields.get("tie_word_embeddings") {
@@ -957,6 +973,90 @@ fn attention_window(map: &Map<String, Value>, layers: u64) -> Option<Window> {
         fields: "sliding_window",
         total: None,
     })
+}
+
+/// Refuses attention fields whose values the reader would otherwise take as
+/// full attention without a word: a window, chunk or block that is not a
+/// whole number of tokens (0 and null are no window, as transformers reads
+/// them), `layer_types`
+/// that is not one kind of layer a layer, GPT-Neo's `attention_layers`
+/// or `attention_types` that do not give its layers' kinds, and BigBird's
+/// block-sparse attention without its blocks.
+fn check_attention_fields(fields: &Fields, layers: u64) -> Result<(), SpecError> {
+    let bad = |key: &str, v: &Value, what: &str| {
+        (fields.bad)(format!("config.json has `{key}` = {v:.200}, {what}"))
+    };
+    let tokens = |key: &str| match fields.get(key) {
+        Some(v) if v.as_u64().is_none() => Err(bad(key, v, "not a whole number of tokens")),
+        _ => Ok(()),
+    };
+    for key in ["sliding_window", "attention_chunk_size", "local_attention"] {
+        tokens(key)?;
+    }
+    let kinds = |key: &str, v: &Value| match v.as_array() {
+        Some(kinds) if kinds.iter().all(Value::is_string) => Ok(kinds.len() as u64),
+        _ => Err(bad(key, v, "not a list of layer kinds (strings)")),
+    };
+    let count = |key: &str, n: u64| match n == layers {
+        true => Ok(()),
+        false => Err((fields.bad)(format!(
+            "config.json's `{key}` gives the kinds of {n} layers, but the model has {layers}"
+        ))),
+    };
+    if let Some(v) = fields.get("layer_types") {
+        count("layer_types", kinds("layer_types", v)?)?;
+    }
+    let widths = match fields.get("attention_window") {
+        Some(Value::Array(widths)) => widths.iter().collect(),
+        w => w.into_iter().collect::<Vec<_>>(),
+    };
+    if let Some(w) = widths.into_iter().find(|w| w.as_u64().is_none()) {
+        return Err(bad("attention_window", w, "not a whole number of tokens"));
+    }
+    // GPT-Neo's kinds of layers, and its window where it has local ones.
+    if let Some(v) = fields.get("attention_layers") {
+        count("attention_layers", kinds("attention_layers", v)?)?;
+    }
+    if let Some(v) = fields.get("attention_types") {
+        let pairs = "not a list of [layer kinds, repeats] pairs";
+        let groups = v
+            .as_array()
+            .ok_or_else(|| bad("attention_types", v, pairs))?;
+        let mut n = 0u64;
+        for group in groups {
+            let Some([g, repeats]) = group.as_array().map(Vec::as_slice) else {
+                return Err(bad("attention_types", v, pairs));
+            };
+            let repeats = repeats
+                .as_u64()
+                .ok_or_else(|| bad("attention_types", v, pairs))?;
+            n = n.saturating_add(kinds("attention_types", g)?.saturating_mul(repeats));
+        }
+        if fields.get("attention_layers").is_none() {
+            count("attention_types", n)?;
+        }
+    }
+    if gpt_neo_local_layers(fields.map).is_some_and(|n| n > 0) {
+        tokens("window_size")?;
+    }
+    if fields.get("attention_type").and_then(Value::as_str) == Some("block_sparse") {
+        for (key, least, what) in [
+            ("block_size", 1, "not a positive whole number of tokens"),
+            ("num_random_blocks", 0, "not a whole number of blocks"),
+        ] {
+            match fields.get(key) {
+                Some(v) if v.as_u64().is_some_and(|n| n >= least) => {}
+                Some(v) => return Err(bad(key, v, what)),
+                None => {
+                    return Err((fields.bad)(format!(
+                        "config.json has block-sparse attention (`attention_type` = \
+                         \"block_sparse\") but no `{key}`"
+                    )));
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 /// BigBird's block-sparse attention (`attention_type` "block_sparse") over
@@ -1290,7 +1390,10 @@ mod tests {
         let m = ModelSpec::from_hf_config(&llama4, "l4", None).unwrap();
         assert_eq!(m.attention_chunk, 8192);
         assert!(hf_notes(&llama4)[0].contains("chunks of 8192 tokens"));
-        let no_width = format!(r#"{{{base}, "layer_types": ["sliding_attention"]}}"#);
+        let no_width = format!(
+            r#"{{{base}, "layer_types": ["sliding_attention", "full_attention",
+            "full_attention", "full_attention"]}}"#
+        );
         assert_eq!(window(&no_width), (0, 0));
         assert!(hf_notes(&no_width)[0].contains("but not their width"));
     }
@@ -1432,6 +1535,130 @@ mod tests {
         assert_eq!(hf_notes(&same).len(), 1);
     }
 
+    /// Attention fields and expert counts that are not what transformers
+    /// reads are refused with the field and its value, not priced as full
+    /// attention or a dense model (until 2026-12-08 a Mixtral config of
+    /// `sliding_window` -4 or "4096", or a Qwen3-MoE config of
+    /// `num_experts` -1, planned so without a word). 0 and null stay no
+    /// window, and 0 or 1 expert a dense model.
+    #[test]
+    fn attention_fields_and_expert_counts_that_are_not_whole_numbers_are_refused() {
+        let base = WINDOW_BASE;
+        let refused = |extra: &str, want: &str| {
+            let text = format!("{{{base}, {extra}}}");
+            let e = ModelSpec::from_hf_config(&text, "m", None)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(want), "{extra}: {e}");
+        };
+        for (extra, want) in [
+            (
+                r#""sliding_window": -4"#,
+                "`sliding_window` = -4, not a whole number of tokens",
+            ),
+            (
+                r#""sliding_window": "4096""#,
+                r#"`sliding_window` = "4096", not a whole"#,
+            ),
+            (r#""sliding_window": 1.5"#, "`sliding_window` = 1.5, not"),
+            (
+                r#""attention_chunk_size": [8]"#,
+                "`attention_chunk_size` = [8], not",
+            ),
+            (
+                r#""local_attention": true"#,
+                "`local_attention` = true, not",
+            ),
+            (
+                r#""attention_window": [512, -1, 512, 512]"#,
+                "`attention_window` = -1, not",
+            ),
+            (
+                r#""attention_window": "512""#,
+                r#"`attention_window` = "512", not"#,
+            ),
+            (
+                r#""use_sliding_window": "false""#,
+                r#"`use_sliding_window` = "false", not true or false"#,
+            ),
+            (
+                r#""multi_query": 1"#,
+                "`multi_query` = 1, not true or false",
+            ),
+            (
+                r#""is_encoder_decoder": "true""#,
+                r#"`is_encoder_decoder` = "true", not true or false"#,
+            ),
+            (
+                r#""layer_types": 3"#,
+                "`layer_types` = 3, not a list of layer kinds",
+            ),
+            (
+                r#""layer_types": [1, 2, 3, 4]"#,
+                "`layer_types` holds \"1\" layers, which",
+            ),
+            (
+                r#""layer_types": ["full_attention", "sliding_attention"]"#,
+                "`layer_types` gives the kinds of 2 layers, but the model has 4",
+            ),
+            (
+                r#""attention_layers": ["local", "global"]"#,
+                "`attention_layers` gives the kinds of 2 layers, but the model has 4",
+            ),
+            (
+                r#""attention_types": [[["local"], -2]]"#,
+                "`attention_types` = [[[\"local\"],-2]], not a list of [layer kinds, repeats] pairs",
+            ),
+            (
+                r#""attention_types": "local""#,
+                "`attention_types` = \"local\", not a list of",
+            ),
+            (
+                r#""attention_types": [[["global", "local"], 3]]"#,
+                "`attention_types` gives the kinds of 6 layers, but the model has 4",
+            ),
+            (
+                r#""attention_types": [[["global", "local"], 2]], "window_size": -256"#,
+                "`window_size` = -256, not a whole number of tokens",
+            ),
+            (
+                r#""attention_type": "block_sparse", "block_size": 0, "num_random_blocks": 3"#,
+                "`block_size` = 0, not a positive whole number of tokens",
+            ),
+            (
+                r#""attention_type": "block_sparse", "block_size": 64"#,
+                "block-sparse attention (`attention_type` = \"block_sparse\") but no `num_random_blocks`",
+            ),
+            (
+                r#""num_experts": -1, "num_experts_per_tok": 2"#,
+                "`num_experts` = -1, not a count of experts",
+            ),
+            (
+                r#""num_local_experts": 1.5"#,
+                "`num_local_experts` = 1.5, not a count",
+            ),
+            (
+                r#""n_routed_experts": "8""#,
+                r#"`n_routed_experts` = "8", not a count"#,
+            ),
+        ] {
+            refused(extra, want);
+        }
+        // What transformers reads as no window, and as a dense model.
+        for extra in [
+            r#""sliding_window": 0"#,
+            r#""sliding_window": null, "use_sliding_window": null"#,
+            r#""attention_window": 0"#,
+            r#""window_size": -1"#,
+            r#""num_experts": 1"#,
+            r#""num_experts": 0, "num_local_experts": null"#,
+        ] {
+            let text = format!("{{{base}, {extra}}}");
+            let m = ModelSpec::from_hf_config(&text, "m", None).unwrap();
+            assert_eq!((m.sliding_window, m.experts), (0, 0), "{extra}");
+        }
+    }
+
     /// Mixtures of experts as transformers writes them: Mixtral (experts of
     /// the config's `intermediate_size`), Qwen2-MoE (`moe_intermediate_size`
     /// and a shared expert by width), a DeepSeek-style shared expert by
@@ -1449,8 +1676,8 @@ mod tests {
             "intermediate_size": 5632, "moe_intermediate_size": 1408,
             "shared_expert_intermediate_size": 5632, "num_experts": 60,
             "num_experts_per_tok": 4, "decoder_sparse_step": 1, "mlp_only_layers": [],
-            "num_attention_heads": 16, "num_hidden_layers": 24, "vocab_size": 151936,
-            "layer_types": ["full_attention"]}"#;
+            "num_attention_heads": 16, "num_hidden_layers": 2, "vocab_size": 151936,
+            "layer_types": ["full_attention", "full_attention"]}"#;
         let m = ModelSpec::from_hf_config(qwen, "q", None).unwrap();
         assert_eq!(
             (m.experts, m.experts_per_token, m.ffn, m.shared_ffn),
