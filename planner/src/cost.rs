@@ -860,20 +860,57 @@ pub fn mtp_prologue_bytes(
     stage: &StageShape,
     micro_batch: u64,
 ) -> f64 {
-    if !stage.holds_head() || model.mtp_layers == 0 {
-        return 0.0;
-    }
     let width = match settings.recompute {
         Recompute::Full => 1.0,
         _ => 3.0,
     };
+    let n = model.mtp_layers as f64 * width;
+    kept_beside_head(model, settings, stage, micro_batch, n)
+}
+
+/// `n h` elements a token of the compute dtype, for the stage holding the
+/// head (0 on the others): split over its `t` chips with sequence
+/// parallelism, whole on each without.
+fn kept_beside_head(
+    model: &ModelSpec,
+    settings: &TrainingSettings,
+    stage: &StageShape,
+    micro_batch: u64,
+    n: f64,
+) -> f64 {
+    if !stage.holds_head() {
+        return 0.0;
+    }
     let split = match settings.sequence_parallel {
         true => stage.tp.max(1) as f64,
         false => 1.0,
     };
     let tokens = (micro_batch * model.seq_len) as f64;
     let e = settings.dtype.bytes() as f64;
-    model.mtp_layers as f64 * tokens * width * model.hidden as f64 * e / split
+    n * tokens * model.hidden as f64 * e / split
+}
+
+/// Bytes the stage holding the head keeps per micro-batch in flight for
+/// the head's backward (0 on the other stages): the final norm's input,
+/// which its backward reads, and the head's input (the norm's output),
+/// which the head's weight gradient reads, `2 h` elements a token in the
+/// compute dtype, and as much for each multi-token-prediction layer's
+/// final norm and its pass through the shared head. Outside every
+/// transformer layer, they are kept under full recomputation too. Split
+/// over the `t` chips with sequence parallelism (Megatron-LM's head saves
+/// its input sharded and gathers it again for the backward), whole on each
+/// without. 134 MB a micro-batch for Llama 2 70B's 4,096 tokens at tp 1.
+/// Korthikanti et al. count the head's input (with the loss) for a
+/// pipeline of one stage only (Megatron-LM's `theoretical_memory_usage`),
+/// and the final norm's not at all.
+pub fn head_input_bytes(
+    model: &ModelSpec,
+    settings: &TrainingSettings,
+    stage: &StageShape,
+    micro_batch: u64,
+) -> f64 {
+    let heads = 1.0 + model.mtp_layers as f64;
+    kept_beside_head(model, settings, stage, micro_batch, 2.0 * heads)
 }
 
 /// A per-layer figure's mean and largest over a range of layers
@@ -951,7 +988,8 @@ fn layer_workspace_bytes(
 /// of its parameters split over `t` (norms included, a slight
 /// over-count), `dtype + grad + 12/d` bytes per parameter (18, 16 with bf16
 /// gradients, `6 + 12/d` sharded), and the activations of its layers for
-/// `min(p - i, m)` micro-batches. Full recomputation adds the working set of
+/// `min(p - i, m)` micro-batches (on the last stage with the final norm's
+/// and the head's inputs, [`head_input_bytes`]). Full recomputation adds the working set of
 /// the one layer being recomputed. The last stage adds the logits and loss
 /// buffers ([`logits_bytes`]) beyond that working set and the layer's
 /// backward transients, which are alive only after the loss's backward has
@@ -1036,7 +1074,8 @@ fn megatron_terms(
             + split.checkpoints * checkpoint_bytes(model, settings, mb.size, stage.tp))
         + recomputed
         + kept * embedding_mask_bytes(model, settings, stage, mb.size)
-        + kept * mtp_prologue_bytes(model, settings, stage, mb.size);
+        + kept * mtp_prologue_bytes(model, settings, stage, mb.size)
+        + kept * head_input_bytes(model, settings, stage, mb.size);
     // The loss's buffers are freed before the last layer's backward (and,
     // under full recomputation, its recomputed forward) starts: they never
     // coexist with that layer's working set and backward transients, so

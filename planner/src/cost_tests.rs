@@ -147,7 +147,9 @@ fn one_f_one_b_first_stage_keeps_the_most() {
     // parallel), 4,194,304 B.
     let mask = 4_194_304.0;
     close(acts[0], 10.0 * 4.0 * 142_606_336.0 + 4.0 * mask);
-    close(acts[3], 10.0 * 142_606_336.0);
+    // The last stage also keeps the final norm's and the head's inputs,
+    // 2 b s h / t elements in bf16: 16,777,216 B.
+    close(acts[3], 10.0 * 142_606_336.0 + 16_777_216.0);
     assert!(acts.windows(2).all(|w| w[0] > w[1]));
     let mut full = s.clone();
     full.recompute = Recompute::Full;
@@ -1519,6 +1521,23 @@ fn multi_token_prediction_runs_on_the_last_stage() {
     close(prologue(&whole, &with), tokens * 3.0 * 4096.0 * 2.0);
     let kept = kept_micro_batches(&s, &with, ONE);
     assert!(mem.activations - mem0.activations >= kept * prologue(&s, &with));
+    // The final norm's and the head's inputs, `2h` a token for the model
+    // and as much for its MTP layer, kept under full recomputation too, on
+    // the last stage only, split over tp with sequence parallelism.
+    let inputs =
+        |m: &ModelSpec, s: &TrainingSettings, st: &StageShape| head_input_bytes(m, s, st, 1);
+    close(inputs(&m, &s, &without), tokens * 2.0 * 4096.0 * 2.0 / 2.0);
+    close(
+        inputs(&mtp, &s, &with),
+        2.0 * tokens * 2.0 * 4096.0 * 2.0 / 2.0,
+    );
+    close(inputs(&mtp, &full, &with), inputs(&mtp, &s, &with));
+    close(inputs(&m, &whole, &without), tokens * 2.0 * 4096.0 * 2.0);
+    assert_eq!(inputs(&m, &s, &shape(&c, 4..8, 1, 8, 2)), 0.0);
+    assert!(
+        mem.activations - mem0.activations
+            >= kept * (prologue(&s, &with) + inputs(&mtp, &s, &with) - inputs(&m, &s, &without))
+    );
     // The other stages are as they were.
     let middle = shape(&c, mtp.stage_layers(4..8, false), 1, 8, 2);
     close(timing(&mtp, &middle).forward, timing(&m, &middle).forward);
