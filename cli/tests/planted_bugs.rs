@@ -364,6 +364,10 @@ bugs! {
     cumsum_first_65535_lines: "cumsum-first-65535-lines" on "cumsum" in "f32" => "more lines than 65,535";
     softmax_first_65535_rows: "softmax-first-65535-rows" on "softmax" in "f32" => "more rows than 65,535";
     sum_first_65535_outputs: "sum-first-65535-outputs" on "sum" in "f32" => "more outputs than 65,535";
+    // Mutation round 17: formulas exact in real arithmetic, wrong in f32.
+    layer_norm_one_pass_variance: "layer-norm-one-pass-variance" on "layer_norm" in "f32" => "rows with mean 100";
+    log_softmax_of_softmax: "log-softmax-of-softmax" on "log_softmax" in "f32" => "got -inf, want -";
+    pow_via_exp_log: "pow-via-exp-log" on "pow_scalar" in "f32" => "exponent 3 [40] strided: output out";
     // The host refuses step 0 itself (its argument checks run before any
     // plugin code), so no caller can reach this plugin's refusal: the bug is
     // unobservable through the host, and the suite cannot flag it.

@@ -19,7 +19,7 @@ use polychip_plugin_sdk::{
 
 use crate::mutants::{
     Bug, indexing as bad14, is, layout, numerics as bad, paths, round14 as r14, round15 as r15,
-    round16 as r16,
+    round16 as r16, round17 as r17,
 };
 
 /// The kernels' name for a dtype.
@@ -325,6 +325,10 @@ pub mod ops {
             }
             if is(Bug::PowScalarNanZeroExponent) {
                 bad::pow_nan_zero(i, o, e);
+                return done();
+            }
+            if is(Bug::PowViaExpLog) {
+                r17::pow_via_exp_log(i, o, e);
                 return done();
             }
             kernels::pow_scalar(i, o, e)
@@ -705,6 +709,10 @@ pub mod ops {
             if is(Bug::LogSoftmaxWideRowDropsTile) && bad::log_softmax_wide(i, o) {
                 return done();
             }
+            if is(Bug::LogSoftmaxOfSoftmax) {
+                r17::log_softmax_of_softmax(i, o);
+                return done();
+            }
             kernels::log_softmax(i, o)
         })
     }
@@ -755,6 +763,10 @@ pub mod ops {
     pub unsafe fn layer_norm(args: &LayerNormArgs<'_>) -> Result<()> {
         let eps = args.eps;
         run!("layer_norm", args => |[i, w, b, o, m, r]| {
+            if is(Bug::LayerNormOnePassVariance) && i.shape.last().is_some_and(|&n| n > 0) {
+                bad::layer_norm_by(i, [w, b, o, m, r], eps, r17::one_pass_stats);
+                return done();
+            }
             if is(Bug::LayerNormUnbiasedVariance) {
                 bad::layer_norm_unbiased(i, w, b, o, m, r, eps);
                 return done();

@@ -22,6 +22,7 @@ pub mod paths;
 pub mod round14;
 pub mod round15;
 pub mod round16;
+pub mod round17;
 
 use std::sync::OnceLock;
 
@@ -204,6 +205,9 @@ pub enum Bug {
     ScatterAddIntThroughF64,
     GatherIndexSelectDim0Only,
     CumsumFirst65535Lines,
+    LayerNormOnePassVariance,
+    LogSoftmaxOfSoftmax,
+    PowViaExpLog,
     SoftmaxFirst65535Rows,
     SumFirst65535Outputs,
     StreamWaitEventIgnored,
@@ -634,6 +638,17 @@ catalog! {
     SumFirst65535Outputs "sum-first-65535-outputs" "sum" Size:
         "sum launches one block per output in a grid's second dimension (65,535 at most): the outputs past it are never written"
         => "more outputs than 65,535";
+    // Mutation round 17: formulas exact in real arithmetic, wrong in the
+    // kernel's.
+    LayerNormOnePassVariance "layer-norm-one-pass-variance" "layer_norm" Numerics:
+        "layer_norm's variance from one pass of f32 sums, E[x^2] - E[x]^2, which cancels on rows whose mean is large beside their spread (activations with an offset)"
+        => "rows far from zero mean";
+    LogSoftmaxOfSoftmax "log-softmax-of-softmax" "log_softmax" Numerics:
+        "log_softmax as the log of a softmax in f32: a term more than about 104 below the row's maximum underflows to 0 and its log to -inf"
+        => "rows spread wider than f32's exp range";
+    PowViaExpLog "pow-via-exp-log" "pow_scalar" EdgeValues:
+        "pow_scalar as exp(e ln x): NaN for every negative base, the squares and cubes of negative numbers among them"
+        => "negative bases with integral exponents";
     // Stop 44: what a call leaves behind on its thread and in the process.
     ScaleLeavesFtzOn "scale-leaves-ftz-on" "scale" State:
         "scale turns on flush-to-zero and denormals-are-zero for speed and returns without restoring them: every later floating-point operation of the calling thread flushes subnormals (ABI rule 12)"

@@ -458,8 +458,7 @@ pub unsafe fn cast_nan_payload_inf(src: &View<'_>, dst: &View<'_>) -> bool {
     true
 }
 
-/// layer_norm with the unbiased variance.
-#[allow(clippy::too_many_arguments)]
+/// layer_norm with the unbiased variance (divides by n - 1).
 pub unsafe fn layer_norm_unbiased(
     input: &View<'_>,
     weight: &View<'_>,
@@ -469,16 +468,34 @@ pub unsafe fn layer_norm_unbiased(
     rstd: &View<'_>,
     eps: f64,
 ) {
+    // SAFETY: forwarded.
+    unsafe {
+        layer_norm_by(input, [weight, bias, out, mean, rstd], eps, |x| {
+            let n = x.len() as f64;
+            let mu = x.iter().sum::<f64>() / n;
+            // Planted: n - 1.
+            let var = x.iter().map(|v| (v - mu) * (v - mu)).sum::<f64>() / (n - 1.0).max(1.0);
+            (mu, var)
+        })
+    }
+}
+
+/// layer_norm of each row of `input` with the mean and variance `stats`
+/// gives for it: `outputs` are the weight, bias, output, mean and rstd.
+pub unsafe fn layer_norm_by(
+    input: &View<'_>,
+    outputs: [&View<'_>; 5],
+    eps: f64,
+    stats: impl Fn(&[f64]) -> (f64, f64),
+) {
+    let [weight, bias, out, mean, rstd] = outputs;
     let (w, b) = (addresses(weight), addresses(bias));
     let (m, r) = (addresses(mean), addresses(rstd));
     for (k, (ri, ro)) in rows(input).iter().zip(rows(out)).enumerate() {
         // SAFETY: addresses of live elements.
         unsafe {
             let x: Vec<f64> = ri.iter().map(|&p| load(input.dtype, p)).collect();
-            let n = x.len() as f64;
-            let mu = x.iter().sum::<f64>() / n;
-            // Planted: n - 1.
-            let var = x.iter().map(|v| (v - mu) * (v - mu)).sum::<f64>() / (n - 1.0).max(1.0);
+            let (mu, var) = stats(&x);
             let rs = 1.0 / (var + eps).sqrt();
             for (i, (v, &o)) in x.iter().zip(&ro).enumerate() {
                 let y = (v - mu) * rs * load(weight.dtype, w[i]) + load(bias.dtype, b[i]);
