@@ -978,10 +978,9 @@ fn attention_window(map: &Map<String, Value>, layers: u64) -> Option<Window> {
 /// Refuses attention fields whose values the reader would otherwise take as
 /// full attention without a word: a window, chunk or block that is not a
 /// whole number of tokens (0 and null are no window, as transformers reads
-/// them), `layer_types`
-/// that is not one kind of layer a layer, GPT-Neo's `attention_layers`
-/// or `attention_types` that do not give its layers' kinds, and BigBird's
-/// block-sparse attention without its blocks.
+/// them), `layer_types` that is not one kind of layer a layer, GPT-Neo's
+/// `attention_layers` or `attention_types` that do not give its layers'
+/// kinds, and BigBird's block-sparse attention without its blocks.
 fn check_attention_fields(fields: &Fields, layers: u64) -> Result<(), SpecError> {
     let bad = |key: &str, v: &Value, what: &str| {
         (fields.bad)(format!("config.json has `{key}` = {v:.200}, {what}"))
