@@ -989,8 +989,8 @@ fn layer_workspace_bytes(
 /// over-count), `dtype + grad + 12/d` bytes per parameter (18, 16 with bf16
 /// gradients, `6 + 12/d` sharded), and the activations of its layers for
 /// `min(p - i, m)` micro-batches (on the last stage with the final norm's
-/// and the head's inputs, [`head_input_bytes`]). Full recomputation adds the working set of
-/// the one layer being recomputed. The last stage adds the logits and loss
+/// and the head's inputs, [`head_input_bytes`]). Full recomputation adds
+/// the working set of the one layer being recomputed. The last stage adds the logits and loss
 /// buffers ([`logits_bytes`]) beyond that working set and the layer's
 /// backward transients, which are alive only after the loss's backward has
 /// freed them; the first stage its embedding's dropout mask per micro-batch

@@ -481,14 +481,15 @@ pub unsafe fn layer_norm_unbiased(
 }
 
 /// layer_norm of each row of `input` with the mean and variance `stats`
-/// gives for it: `outputs` are the weight, bias, output, mean and rstd.
+/// gives for it; `views` are its weight and bias, then its output, mean
+/// and rstd.
 pub unsafe fn layer_norm_by(
     input: &View<'_>,
-    outputs: [&View<'_>; 5],
+    views: [&View<'_>; 5],
     eps: f64,
     stats: impl Fn(&[f64]) -> (f64, f64),
 ) {
-    let [weight, bias, out, mean, rstd] = outputs;
+    let [weight, bias, out, mean, rstd] = views;
     let (w, b) = (addresses(weight), addresses(bias));
     let (m, r) = (addresses(mean), addresses(rstd));
     for (k, (ri, ro)) in rows(input).iter().zip(rows(out)).enumerate() {
