@@ -544,7 +544,7 @@ impl ModelSpec {
         for key in ["is_encoder_decoder", "multi_query", "use_sliding_window"] {
             if let Some(v) = fields.get(key).filter(|v| !v.is_boolean()) {
                 return Err(bad(format!(
-                    "config.json has `{key}` = {v:.200}, not true or false"
+                    "config.json has `{key}` = {v}, not true or false"
                 )));
             }
         }
@@ -983,7 +983,7 @@ fn attention_window(map: &Map<String, Value>, layers: u64) -> Option<Window> {
 /// kinds, and BigBird's block-sparse attention without its blocks.
 fn check_attention_fields(fields: &Fields, layers: u64) -> Result<(), SpecError> {
     let bad = |key: &str, v: &Value, what: &str| {
-        (fields.bad)(format!("config.json has `{key}` = {v:.200}, {what}"))
+        (fields.bad)(format!("config.json has `{key}` = {v}, {what}"))
     };
     let tokens = |key: &str| match fields.get(key) {
         Some(v) if v.as_u64().is_none() => Err(bad(key, v, "not a whole number of tokens")),
