@@ -726,6 +726,14 @@ impl ClusterSpec {
     }
 }
 
+/// An example cluster of `examples/clusters/` by file name, for the
+/// crate's tests.
+#[cfg(test)]
+pub(crate) fn example(name: &str) -> ClusterSpec {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/clusters/");
+    ClusterSpec::load(format!("{dir}{name}").as_ref()).unwrap()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -512,11 +512,7 @@ fn checkpoint_bytes(
     tp: u64,
 ) -> f64 {
     let sbh = (model.seq_len * micro_batch * model.hidden) as f64;
-    let split = match settings.sequence_parallel {
-        true => tp.max(1) as f64,
-        false => 1.0,
-    };
-    sbh * settings.dtype.bytes() as f64 / split
+    sbh * settings.dtype.bytes() as f64 / settings.sequence_split(tp)
 }
 
 /// One layer's activations without full recomputation.
@@ -580,10 +576,7 @@ fn recomputed_module_bytes(
     }
     let t = tp.max(1) as f64;
     let h = model.hidden as f64;
-    let norms = match settings.sequence_parallel {
-        true => 4.0 * h / t,
-        false => 4.0 * h,
-    };
+    let norms = 4.0 * h / settings.sequence_split(tp);
     let mut per_token = 0.0;
     if settings.recomputes(Layernorm) {
         per_token += norms;
@@ -703,10 +696,7 @@ fn fp8_saved_bytes(
     let t = tp.max(1) as f64;
     let sb = (model.seq_len * micro_batch) as f64;
     let h = model.hidden as f64;
-    let inputs = match settings.sequence_parallel {
-        true => 2.0 * h / t,
-        false => 2.0 * h,
-    };
+    let inputs = 2.0 * h / settings.sequence_split(tp);
     // A mixture's experts take the `k` permuted copies of each token
     // (beside the shared expert's, counted in the `2 h`).
     let permuted = match model.is_moe() {
@@ -839,10 +829,7 @@ pub fn embedding_mask_bytes(
         return 0.0;
     }
     let elements = (micro_batch * model.seq_len * model.hidden) as f64;
-    match settings.sequence_parallel {
-        true => elements / stage.tp.max(1) as f64,
-        false => elements,
-    }
+    elements / settings.sequence_split(stage.tp)
 }
 
 /// Bytes each multi-token-prediction layer's prologue keeps per micro-batch
@@ -881,13 +868,9 @@ fn kept_beside_head(
     if !stage.holds_head() {
         return 0.0;
     }
-    let split = match settings.sequence_parallel {
-        true => stage.tp.max(1) as f64,
-        false => 1.0,
-    };
     let tokens = (micro_batch * model.seq_len) as f64;
     let e = settings.dtype.bytes() as f64;
-    n * tokens * model.hidden as f64 * e / split
+    n * tokens * model.hidden as f64 * e / settings.sequence_split(stage.tp)
 }
 
 /// Bytes the stage holding the head keeps per micro-batch in flight for
@@ -1728,11 +1711,7 @@ pub fn expert_all_to_all_time(
         return 0.0;
     }
     let t = tp.max(1);
-    let tokens = (b * model.seq_len) as f64
-        / match settings.sequence_parallel {
-            true => t as f64,
-            false => 1.0,
-        };
+    let tokens = (b * model.seq_len) as f64 / settings.sequence_split(t);
     let bytes = tokens
         * model.experts_per_token as f64
         * model.hidden as f64

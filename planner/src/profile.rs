@@ -1241,10 +1241,7 @@ mod tests {
 
     /// The three-vendor example cluster (`examples/clusters/`).
     fn three_vendor() -> ClusterSpec {
-        ClusterSpec::from_toml_str(include_str!(
-            "../../examples/clusters/china-mobile-3-vendor.toml"
-        ))
-        .unwrap()
+        crate::cluster::example("china-mobile-3-vendor.toml")
     }
 
     fn bf16() -> crate::settings::TrainingSettings {

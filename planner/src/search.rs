@@ -1486,10 +1486,7 @@ fn smallest_micro_batch(settings: &TrainingSettings) -> u64 {
 mod tests {
     use super::*;
 
-    fn example(name: &str) -> ClusterSpec {
-        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/clusters/");
-        ClusterSpec::load(format!("{dir}{name}").as_ref()).unwrap()
-    }
+    use crate::cluster::example;
 
     /// The search's own step-time sum equals the analytic step time of the
     /// schedule built from `cost::stage_timing`.

@@ -451,6 +451,17 @@ fn default_micro_batches() -> Vec<u64> {
 }
 
 impl TrainingSettings {
+    /// What sequence parallelism divides the activations outside a
+    /// layer's tensor-parallel matmuls by on each of `tp` chips (norms,
+    /// dropouts, a layer's input): `tp` with it, 1 without, where they are
+    /// whole on every chip.
+    pub fn sequence_split(&self, tp: u64) -> f64 {
+        match self.sequence_parallel {
+            true => tp.max(1) as f64,
+            false => 1.0,
+        }
+    }
+
     /// The defaults with a given global batch.
     pub fn new(global_batch: u64) -> Self {
         TrainingSettings {
